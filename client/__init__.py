@@ -1,0 +1,1 @@
+"""toolsetd client library and CLI."""

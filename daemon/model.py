@@ -1,0 +1,262 @@
+"""The daemon's catalog data model: frozen values shared by catalog, registry, policy and runner.
+
+Theory of operation: a ``tools.json`` is parsed into one ``ToolSet`` holding its
+``ToolDef`` values. Discovery and overlay turn the sets of a home and a workspace into
+one ``Catalog`` snapshot: the tools that loaded (``LoadedTool``, in catalog order), one
+``SetEntry`` per candidate directory (whatever became of it), and the operator notes.
+Every value here is immutable, so a snapshot can be shared by any number of concurrent
+calls and replaced whole by a reload without locks. A call keeps the ``LoadedTool`` it
+started with, whatever later reloads do.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "DEFAULT_RESERVED_NAMES",
+    "DEFAULT_TIMEOUT_SECONDS",
+    "Approval",
+    "ApprovalSource",
+    "Catalog",
+    "CatalogName",
+    "Config",
+    "LoadedTool",
+    "Note",
+    "OutputMode",
+    "RunnerKind",
+    "SetEntry",
+    "SetState",
+    "Source",
+    "ToolDef",
+    "ToolSet",
+]
+
+#: The front ends' built-in tool names (contract section 3), compared case-sensitively.
+DEFAULT_RESERVED_NAMES: frozenset[str] = frozenset(
+    {
+        "read",
+        "describe_image",
+        "view_image",
+        "list",
+        "tree",
+        "glob",
+        "grep",
+        "search",
+        "todowrite",
+        "todoread",
+        "question",
+        "edit",
+        "write",
+        "bash",
+        "skill",
+    }
+)
+
+#: The default per-call timeout of a set (the reference host's bash timeout).
+DEFAULT_TIMEOUT_SECONDS = 120
+
+
+class Source(enum.StrEnum):
+    """Which tree a set came from. Values sort home before project, as the CLI rows do."""
+
+    HOME = "home"
+    PROJECT = "project"
+
+
+class CatalogName(enum.StrEnum):
+    """The product's two tool catalogs. Approval modes are not catalogs."""
+
+    PLAN = "plan"
+    WORK = "work"
+
+
+class Approval(enum.StrEnum):
+    """An author's approval declaration (set default, tool override)."""
+
+    INHERIT = "inherit"
+    ALWAYS = "always"
+
+
+class ApprovalSource(enum.StrEnum):
+    """Operator policy per source in ``config.json``: follow the author, or the host."""
+
+    AUTHOR = "author"
+    HOST = "host"
+
+
+class OutputMode(enum.StrEnum):
+    """How an exec tool's stdout is read."""
+
+    TEXT = "text"
+    CONTENT = "content"
+
+
+class RunnerKind(enum.StrEnum):
+    """The runner a set declares."""
+
+    EXEC = "exec"
+    DOTNET = "dotnet"
+
+
+class SetState(enum.StrEnum):
+    """What became of one candidate set directory (``sets[].state`` on the wire)."""
+
+    LOADED = "loaded"  # at least one tool registered
+    DISABLED = "disabled"  # "enabled": false
+    REFUSED = "refused"  # unreadable/invalid manifest, skipped runner, or every tool omitted
+    HIDDEN = "hidden"  # a home set replaced by a project set of the same directory name
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDef:
+    """One model-facing tool as its manifest declares it.
+
+    Attributes:
+        name: The model-facing name.
+        description: The model-facing description (trimmed).
+        schema: The tool's input JSON Schema, as written.
+        catalogs: Plan and/or Work, never empty.
+        approval: The declared approval (tool override, else the set default).
+        command: The tool's argv suffix (after the set prefix).
+        argv: ``(property, flag)`` pairs in manifest order.
+        path_arguments: Property names treated as filesystem paths, in manifest order.
+        output: ``text`` or ``content``.
+    """
+
+    name: str
+    description: str
+    schema: Mapping[str, Any]
+    catalogs: frozenset[CatalogName]
+    approval: Approval
+    command: tuple[str, ...] = ()
+    argv: tuple[tuple[str, str], ...] = ()
+    path_arguments: tuple[str, ...] = ()
+    output: OutputMode = OutputMode.TEXT
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSet:
+    """One parsed ``tools.json`` and the directory it lives in.
+
+    Attributes:
+        directory: The set's identity: its directory name.
+        source: Home or project.
+        path: The absolute set directory.
+        runner: exec or dotnet.
+        enabled: The manifest's ``enabled`` (default true).
+        approval: The set-level declared approval.
+        catalogs: The set-level default catalogs.
+        command: The set argv prefix.
+        stdin: Whether the argument object is written to the child's stdin.
+        timeout_seconds: The per-call timeout, or None for ``"unlimited"``.
+        tools: The exec tools in manifest order (empty for dotnet).
+        digest: ``sha256:`` of the manifest bytes, for change detection on reload.
+    """
+
+    directory: str
+    source: Source
+    path: Path
+    runner: RunnerKind
+    enabled: bool = True
+    approval: Approval = Approval.INHERIT
+    catalogs: frozenset[CatalogName] = frozenset({CatalogName.PLAN, CatalogName.WORK})
+    command: tuple[str, ...] = ()
+    stdin: bool = True
+    timeout_seconds: int | None = DEFAULT_TIMEOUT_SECONDS
+    tools: tuple[ToolDef, ...] = ()
+    digest: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedTool:
+    """A tool that made it into a catalog, with everything a call needs.
+
+    Attributes:
+        tool: The definition.
+        toolset: The set it belongs to.
+        effective_approval: The declared approval after the source policy
+            (``host`` turns every declaration into ``inherit``).
+        policy: The source policy that applied (``author`` or ``host``).
+        hash: ``sha256:`` of the canonical JSON of the definition (contract section 4).
+    """
+
+    tool: ToolDef
+    toolset: ToolSet
+    effective_approval: Approval
+    policy: ApprovalSource
+    hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class Note:
+    """One English operator note."""
+
+    set: str
+    source: Source | None
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class SetEntry:
+    """One candidate set directory and what became of it.
+
+    Attributes:
+        directory: The directory name.
+        source: Home or project.
+        path: The absolute set directory.
+        enabled: The manifest's ``enabled``, or None when the manifest did not parse.
+        state: loaded, disabled, refused or hidden.
+        tools: The names that registered from this set.
+        notes: The messages of the notes about this set.
+        toolset: The parsed set, when it parsed.
+        error: The manifest error when it did not parse, else None.
+    """
+
+    directory: str
+    source: Source
+    path: Path
+    enabled: bool | None
+    state: SetState
+    tools: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    toolset: ToolSet | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Operator settings from ``<home>/config.json``.
+
+    Attributes:
+        external_tools: Whether manifests are scanned at all (default true).
+        home_policy: The approval source policy for home sets (default author).
+        project_policy: The approval source policy for project sets (default host).
+    """
+
+    external_tools: bool = True
+    home_policy: ApprovalSource = ApprovalSource.AUTHOR
+    project_policy: ApprovalSource = ApprovalSource.HOST
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    """One immutable catalog snapshot for a home, or a home and a workspace.
+
+    Attributes:
+        workspace: The workspace this snapshot covers, or None for home sets only.
+        tools: Loaded tools by name, in catalog order (sets in order, tools in manifest order).
+        sets: Every candidate set entry, sorted by directory then source.
+        notes: Operator notes: discovery notes (home, then project), then load notes.
+        config: The settings the snapshot was built with.
+    """
+
+    workspace: Path | None
+    tools: Mapping[str, LoadedTool] = field(default_factory=dict)
+    sets: tuple[SetEntry, ...] = ()
+    notes: tuple[Note, ...] = ()
+    config: Config = field(default_factory=Config)
