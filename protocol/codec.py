@@ -1,0 +1,271 @@
+"""Sans-IO NDJSON framing: bytes in, JSON values out, and back.
+
+Theory of operation
+-------------------
+The wire is one UTF-8 JSON value per line, lines ending in ``\\n`` (a ``\\r`` just
+before it is tolerated). ``Codec`` never touches a socket: the caller feeds it
+whatever bytes arrived with ``receive_data`` (``b""`` meaning end of file) and then
+calls ``next_event`` until it returns ``NEED_DATA`` (or ``CLOSED``), the way h11's
+``Connection`` is driven::
+
+    codec.receive_data(chunk)
+    while (event := codec.next_event()) is not NEED_DATA:
+        ...
+
+``next_event`` returns, in stream order:
+
+* ``Message(value)`` for a line that parsed as JSON;
+* ``BadMessage(message)`` for a line that is not UTF-8 or not JSON. The line is
+  consumed and the stream stays usable: the server answers -32700 and carries on.
+  The message is ours and never echoes the input;
+* ``NEED_DATA`` when no complete line is buffered;
+* ``CLOSED`` after end of file once every buffered line has been returned.
+
+Blank lines (only whitespace) are skipped.
+
+Invariants:
+
+* The buffer holds at most one partial line of ``max_frame_size`` bytes plus
+  whatever the last ``receive_data`` added: a partial line longer than the cap
+  raises ``FrameTooLarge`` as soon as ``next_event`` sees it, without waiting for
+  its newline.
+* Each byte is searched for ``\\n`` once: ``_scanned`` remembers how far the last
+  search got, so a big line arriving in many small chunks costs O(n), not O(n²).
+* Any ``RemoteProtocolError`` (an oversize line, end of file in the middle of a
+  line) poisons the codec: every later call raises ``RemoteProtocolError``. The
+  caller closes the connection rather than trying to resynchronise.
+* Decoding raises only ``RemoteProtocolError`` (and ``FrameTooLarge``); ``encode``
+  raises only ``LocalProtocolError``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Final, Literal, TypeAlias
+
+import orjson
+
+from .errors import FrameTooLarge, LocalProtocolError, ParseError, RemoteProtocolError
+
+__all__ = [
+    "CLOSED",
+    "DEFAULT_MAX_FRAME_SIZE",
+    "NEED_DATA",
+    "BadMessage",
+    "Codec",
+    "Event",
+    "Message",
+    "Sentinel",
+    "encode",
+]
+
+#: The default cap on one line: 16 MiB (contract section 4).
+DEFAULT_MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
+
+_NEWLINE: Final = b"\n"
+_CR: Final = 0x0D
+_MSG_NOT_UTF8: Final = "Parse error: line is not valid UTF-8"
+_MSG_NOT_JSON: Final = "Parse error: line is not valid JSON"
+
+
+class Sentinel(enum.Enum):
+    """Markers ``next_event`` returns when it has no message to give."""
+
+    NEED_DATA = "NEED_DATA"
+    CLOSED = "CLOSED"
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+#: No complete line is buffered: call ``receive_data`` with more bytes.
+NEED_DATA: Final = Sentinel.NEED_DATA
+#: The peer closed its side and every buffered line has been returned.
+CLOSED: Final = Sentinel.CLOSED
+
+
+# Not frozen: a frozen dataclass's __init__ costs about three times as much, once per
+# message on the hot path. Treat instances as immutable.
+@dataclass(slots=True)
+class Message:
+    """One line that parsed as JSON.
+
+    Attributes:
+        value: The parsed JSON value (dict, list, str, int, float, bool or None).
+    """
+
+    value: Any
+
+
+@dataclass(slots=True)
+class BadMessage:
+    """One line that is not valid UTF-8 or not valid JSON; the stream stays usable.
+
+    Attributes:
+        message: Our English description; it never contains the peer's bytes.
+        code: The JSON-RPC code to answer with (always -32700, parse error).
+    """
+
+    message: str
+    code: int = ParseError.CODE
+
+
+Event: TypeAlias = Message | BadMessage | Literal[Sentinel.NEED_DATA, Sentinel.CLOSED]
+
+
+def encode(value: Any) -> bytes:
+    """Serialise one JSON value as a wire line.
+
+    Args:
+        value: A JSON-serialisable value (dicts with str keys, lists, str, int within
+            64 bits, float, bool, None).
+
+    Returns:
+        The compact UTF-8 JSON followed by ``\\n``.
+
+    Raises:
+        LocalProtocolError: The value cannot be serialised.
+    """
+    try:
+        return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError as exc:
+        raise LocalProtocolError(f"cannot encode message as JSON: {exc}") from exc
+
+
+class Codec:
+    """The NDJSON framing state of one connection (both directions).
+
+    Args:
+        max_frame_size: The longest accepted line in bytes, not counting its newline.
+    """
+
+    __slots__ = ("_buffer", "_eof", "_error", "_max", "_scanned", "_start")
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        if max_frame_size < 1:
+            raise ValueError("max_frame_size must be at least 1")
+        self._max = max_frame_size
+        self._buffer = bytearray()
+        # Offset of the first byte not yet returned as a line.
+        self._start = 0
+        # Offset up to which the buffer is known to hold no newline.
+        self._scanned = 0
+        self._eof = False
+        self._error: str | None = None
+
+    @property
+    def max_frame_size(self) -> int:
+        """The longest accepted line in bytes."""
+        return self._max
+
+    @property
+    def has_partial_data(self) -> bool:
+        """Whether bytes of an incomplete line are buffered (the server's idle timer)."""
+        return len(self._buffer) > self._start
+
+    @property
+    def poisoned(self) -> bool:
+        """Whether an earlier framing error made the codec unusable."""
+        return self._error is not None
+
+    @staticmethod
+    def encode(value: Any) -> bytes:
+        """Serialise one JSON value as a wire line; see the module-level ``encode``.
+
+        Args:
+            value: A JSON-serialisable value.
+
+        Returns:
+            The compact UTF-8 JSON followed by ``\\n``.
+
+        Raises:
+            LocalProtocolError: The value cannot be serialised.
+        """
+        return encode(value)
+
+    def receive_data(self, data: bytes) -> None:
+        """Buffer bytes received from the peer.
+
+        Args:
+            data: The bytes read; ``b""`` means the peer closed its side.
+
+        Raises:
+            RemoteProtocolError: The codec is poisoned by an earlier error.
+            LocalProtocolError: Non-empty data after end of file (a caller bug).
+        """
+        if self._error is not None:
+            raise RemoteProtocolError(self._error)
+        if data:
+            if self._eof:
+                raise LocalProtocolError("data received after end of file")
+            self._buffer += data
+        else:
+            self._eof = True
+
+    def next_event(self) -> Event:
+        """Return the next framing event.
+
+        Returns:
+            ``Message``, ``BadMessage``, ``NEED_DATA`` or ``CLOSED``.
+
+        Raises:
+            FrameTooLarge: A line is longer than ``max_frame_size``.
+            RemoteProtocolError: End of file in the middle of a line, or the codec is
+                poisoned by an earlier error.
+        """
+        if self._error is not None:
+            raise RemoteProtocolError(self._error)
+        buffer = self._buffer
+        while True:
+            start = self._start
+            newline = buffer.find(_NEWLINE, self._scanned)
+            if newline < 0:
+                return self._no_line()
+            self._start = self._scanned = newline + 1
+            if newline - start > self._max:
+                self._poison(f"line of {newline - start} bytes exceeds the limit of {self._max}")
+            end = newline - 1 if newline > start and buffer[newline - 1] == _CR else newline
+            line = buffer[start:end]
+            try:
+                return Message(orjson.loads(line))
+            except orjson.JSONDecodeError:
+                if line.isspace() or not line:
+                    continue
+                return BadMessage(_describe_bad_line(line))
+
+    def _no_line(self) -> Event:
+        """Handle a buffer without a complete line: wait, close, or fail."""
+        buffer = self._buffer
+        pending = len(buffer) - self._start
+        if pending > self._max:
+            self._poison(f"line of more than {self._max} bytes")
+        if self._start:
+            # Drop returned lines so the buffer holds only the partial one.
+            del buffer[: self._start]
+            self._start = 0
+        self._scanned = len(buffer)
+        if not self._eof:
+            return NEED_DATA
+        if buffer and not buffer.isspace():
+            self._error = "connection closed in the middle of a line"
+            raise RemoteProtocolError(self._error)
+        buffer.clear()
+        self._scanned = 0
+        return CLOSED
+
+    def _poison(self, detail: str) -> None:
+        """Poison the codec and raise ``FrameTooLarge``."""
+        self._buffer = bytearray()
+        self._start = self._scanned = 0
+        self._error = f"codec unusable after an oversize frame ({detail})"
+        raise FrameTooLarge(detail)
+
+
+def _describe_bad_line(line: bytearray) -> str:
+    """Say why a line is not a message, without echoing it."""
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError:
+        return _MSG_NOT_UTF8
+    return _MSG_NOT_JSON

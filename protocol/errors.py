@@ -1,0 +1,251 @@
+"""Protocol exceptions and the JSON-RPC error codes of the toolsetd wire.
+
+Two families live here. Protocol errors concern framing and envelopes and never
+cross the wire as such; RPC errors are the ``error`` member of a JSON-RPC response::
+
+    Exception
+    ├── ProtocolError               framing or envelope went wrong
+    │   ├── LocalProtocolError      we built something invalid (a bug on our side)
+    │   └── RemoteProtocolError     the peer sent garbage; the connection is closed
+    │       └── FrameTooLarge       a line longer than the frame cap
+    └── RpcError                    an error response: code, message, data
+        ├── ParseError              -32700
+        ├── InvalidRequest          -32600
+        ├── MethodNotFound          -32601
+        ├── InvalidParams           -32602
+        ├── InternalError           -32603
+        ├── UnknownTool             -32001
+        ├── InvalidArguments        -32002
+        ├── PolicyDenied            -32003
+        ├── ApprovalRequired        -32004
+        ├── UnknownCall             -32005
+        ├── InvalidWorkspace        -32006
+        ├── MessageTooLarge         -32007
+        ├── ServerBusy              -32008
+        ├── PeerNotAllowed          -32009
+        └── ShuttingDown            -32010
+
+Every ``RpcError`` subclass registers its ``CODE`` in one table, so
+``RpcError.from_error`` rebuilds the right class from a response received off the wire.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+__all__ = [
+    "ERROR_CLASSES",
+    "ApprovalRequired",
+    "FrameTooLarge",
+    "InternalError",
+    "InvalidArguments",
+    "InvalidParams",
+    "InvalidRequest",
+    "InvalidWorkspace",
+    "LocalProtocolError",
+    "MessageTooLarge",
+    "MethodNotFound",
+    "ParseError",
+    "PeerNotAllowed",
+    "PolicyDenied",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "RpcError",
+    "ServerBusy",
+    "ShuttingDown",
+    "UnknownCall",
+    "UnknownTool",
+]
+
+
+class ProtocolError(Exception):
+    """A framing or envelope failure; the base of the local/remote split."""
+
+
+class LocalProtocolError(ProtocolError):
+    """We tried to build or send something the protocol does not allow."""
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent bytes that break the framing; the connection cannot continue."""
+
+
+class FrameTooLarge(RemoteProtocolError):
+    """The peer sent a line longer than the codec's ``max_frame_size``."""
+
+
+#: The one table from code to class; filled by ``RpcError.__init_subclass__``.
+ERROR_CLASSES: dict[int, type[RpcError]] = {}
+
+
+class RpcError(Exception):
+    """An error that travels as the ``error`` member of a JSON-RPC response.
+
+    Attributes:
+        code: The JSON-RPC error code.
+        message: A short English sentence naming the offending field and what was expected.
+        data: Optional structured detail (JSON-serialisable), omitted on the wire when None.
+    """
+
+    CODE: ClassVar[int] = -32603
+    MESSAGE: ClassVar[str] = "Internal error"
+
+    def __init__(self, message: str | None = None, data: Any = None) -> None:
+        """Create the error.
+
+        Args:
+            message: The message; the class's ``MESSAGE`` when None.
+            data: Optional structured detail.
+        """
+        self.code: int = self.CODE
+        self.message: str = self.MESSAGE if message is None else message
+        self.data: Any = data
+        super().__init__(self.message)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.CODE in ERROR_CLASSES:
+            raise TypeError(f"error code {cls.CODE} is already taken")
+        ERROR_CLASSES[cls.CODE] = cls
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(code={self.code}, message={self.message!r})"
+
+    def to_error(self) -> dict[str, Any]:
+        """Return the JSON-RPC ``error`` object.
+
+        Returns:
+            ``{"code", "message"}`` plus ``"data"`` when data is not None.
+        """
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            error["data"] = self.data
+        return error
+
+    @classmethod
+    def from_error(cls, obj: dict[str, Any]) -> RpcError:
+        """Rebuild an error from a JSON-RPC ``error`` object.
+
+        Args:
+            obj: The ``error`` member of a response.
+
+        Returns:
+            An instance of the subclass registered for the code, or a base ``RpcError``
+            carrying the code when the code is unknown.
+        """
+        raw_code = obj.get("code")
+        code = raw_code if type(raw_code) is int else InternalError.CODE
+        raw_message = obj.get("message")
+        message = raw_message if isinstance(raw_message, str) else None
+        data = obj.get("data")
+        klass = ERROR_CLASSES.get(code)
+        if klass is not None:
+            return klass(message, data)
+        error = RpcError(message if message is not None else f"Error {code}", data)
+        error.code = code
+        return error
+
+
+class ParseError(RpcError):
+    """A line that is not valid UTF-8 or not valid JSON; the connection carries on."""
+
+    CODE = -32700
+    MESSAGE = "Parse error"
+
+
+class InvalidRequest(RpcError):
+    """A JSON value that is not a valid JSON-RPC 2.0 request (bad envelope, empty batch)."""
+
+    CODE = -32600
+    MESSAGE = "Invalid Request"
+
+
+class MethodNotFound(RpcError):
+    """A request for a method the daemon does not have."""
+
+    CODE = -32601
+    MESSAGE = "Method not found"
+
+
+class InvalidParams(RpcError):
+    """Params that fail the method's model; ``data`` lists ``{field, message}``, never values."""
+
+    CODE = -32602
+    MESSAGE = "Invalid params"
+
+
+class InternalError(RpcError):
+    """An unexpected failure in the daemon; the message is generic, the log has the detail."""
+
+    CODE = -32603
+    MESSAGE = "Internal error"
+
+
+class UnknownTool(RpcError):
+    """No such tool in the workspace's catalog, or not in the requested catalog."""
+
+    CODE = -32001
+    MESSAGE = "Unknown tool"
+
+
+class InvalidArguments(RpcError):
+    """Arguments fail the tool's JSON Schema; ``data.errors[]`` is ``{path, message}``."""
+
+    CODE = -32002
+    MESSAGE = "Invalid arguments"
+
+
+class PolicyDenied(RpcError):
+    """The classification says ``deny``; ``data`` is the classification."""
+
+    CODE = -32003
+    MESSAGE = "Policy denied"
+
+
+class ApprovalRequired(RpcError):
+    """An ``ask`` or ``review`` decision without ``approved: true``; ``data`` is the classification."""
+
+    CODE = -32004
+    MESSAGE = "Approval required"
+
+
+class UnknownCall(RpcError):
+    """``cancel`` of a call id that is not in flight on this daemon."""
+
+    CODE = -32005
+    MESSAGE = "Unknown call"
+
+
+class InvalidWorkspace(RpcError):
+    """A workspace that is not an absolute path or not a directory."""
+
+    CODE = -32006
+    MESSAGE = "Invalid workspace"
+
+
+class MessageTooLarge(RpcError):
+    """A line over the size limit; sent just before the daemon closes the connection."""
+
+    CODE = -32007
+    MESSAGE = "Message too large"
+
+
+class ServerBusy(RpcError):
+    """A connection or in-flight limit is reached; the client may retry later."""
+
+    CODE = -32008
+    MESSAGE = "Server busy"
+
+
+class PeerNotAllowed(RpcError):
+    """The connecting peer's credentials (``SO_PEERCRED``) are not allowed to call."""
+
+    CODE = -32009
+    MESSAGE = "Peer not allowed"
+
+
+class ShuttingDown(RpcError):
+    """The daemon is stopping and takes no new calls, or ended an in-flight one."""
+
+    CODE = -32010
+    MESSAGE = "Shutting down"
