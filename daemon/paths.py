@@ -1,0 +1,386 @@
+"""Path fencing: resolve path arguments, scope them, rewrite what the child receives.
+
+Theory of operation
+-------------------
+A tool names some of its properties in ``pathArguments``. Each string value of such a
+property is turned into one absolute, canonical path, and that path is both what the
+policy judges and what the child receives. Because the two are the same string, a
+child never sees a path other than the one that was classified (short of the
+filesystem changing between ``classify`` and the spawn, see below).
+
+Resolution (``resolve_path``) follows the kernel, not a lexical normaliser:
+
+1. ``~`` and ``~/...`` expand to the operator's user profile (passed in, never read
+   from ``$HOME`` here). ``~user`` forms are **not** expanded: ``~root`` is an
+   ordinary relative name under the workspace, as the reference host's
+   ``GetFullPath`` treats it. The child receives the absolute result, so nothing
+   downstream can expand it differently, and the answer never depends on the
+   system's user database.
+2. A relative path is joined to the workspace.
+3. The path is walked component by component from ``/``. Each existing component
+   is ``lstat``-ed; a symlink is replaced by its target (an absolute target restarts
+   at ``/``) and walking continues through the target, so a ``..`` after a link
+   applies to the link's target, as it does in the kernel. Components that do not
+   exist (yet) are kept as written; ``.``, empty components and trailing slashes
+   vanish. Every component is looked up, even after a missing one, so
+   ``missing/../link`` still resolves ``link``.
+4. Anything the kernel would refuse, or that cannot be told safely, raises
+   ``PathError("Path is not valid.")`` with a ``detail`` for the operator: a NUL byte,
+   a path longer than ``PATH_MAX`` or a component longer than ``NAME_MAX``, more
+   than 40 links (loops included), an unreadable directory on the way, text that is
+   not valid UTF-8.
+
+The module only reads the filesystem (``os.lstat``, ``os.readlink``); it never writes.
+Nothing is cached: a link may change between two calls, and a cache would hide it.
+
+Scope (``scope_of``) is one of ``workspace``, ``outsideWorkspace`` or ``forbidden``.
+Credential paths (``.ssh``, ``.gnupg``, ``.crystal/credentials.json`` segments,
+case-insensitive) are checked on the raw text and on the resolved path, so a link
+into ``~/.ssh`` is caught. A value that cannot be resolved is never "inside": it
+counts as outside the workspace (fail closed). Inside means equal to the canonical
+workspace or below it, compared component-wise (``/ws2`` is not inside ``/ws``).
+
+Limits, stated rather than hidden: a hard link or a bind mount of a credential file
+inside the workspace has no credential segment and scopes as ``workspace``; and a
+path rewritten at ``classify`` time can be changed on disk before the child opens it
+(a race only a process that can already write the workspace can win).
+"""
+
+from __future__ import annotations
+
+import enum
+import errno
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from toolsetd.daemon.model import ToolDef
+
+__all__ = [
+    "INVALID_PATH_MESSAGE",
+    "MAX_SYMLINKS",
+    "NAME_MAX",
+    "PATH_MAX",
+    "ArgumentsError",
+    "PathError",
+    "Scope",
+    "canonical_workspace",
+    "expand_user",
+    "is_credential_path",
+    "is_within",
+    "resolve_path",
+    "rewrite_arguments",
+    "scope_of",
+]
+
+#: The reference host's message for a path that cannot be resolved.
+INVALID_PATH_MESSAGE = "Path is not valid."
+
+#: Linux ``PATH_MAX``: a path of this many bytes or more is refused (it includes the NUL).
+PATH_MAX = 4096
+#: Linux ``NAME_MAX``: the longest single component, in bytes.
+NAME_MAX = 255
+#: Linux ``MAXSYMLINKS``: more link expansions than this is a loop as far as we care.
+MAX_SYMLINKS = 40
+
+#: Whole segments that make a path a credential path (compared case-folded).
+_CREDENTIAL_SEGMENTS: frozenset[str] = frozenset({".ssh", ".gnupg"})
+#: Adjacent segment pairs that make a path a credential path (compared case-folded).
+_CREDENTIAL_PAIRS: frozenset[tuple[str, str]] = frozenset({(".crystal", "credentials.json")})
+
+#: lstat errors that mean "this component is not there": keep it, and the rest, as written.
+_MISSING_ERRNOS: frozenset[int] = frozenset({errno.ENOENT, errno.ENOTDIR})
+
+
+class PathError(Exception):
+    """A path value that cannot be resolved safely.
+
+    Attributes:
+        message: The reference host's message, ``Path is not valid.``
+        detail: Why, in plain English, for reasons and logs (never the path itself).
+    """
+
+    def __init__(self, detail: str, message: str = INVALID_PATH_MESSAGE) -> None:
+        super().__init__(message)
+        self.message = message
+        self.detail = detail
+
+
+class ArgumentsError(Exception):
+    """Arguments that the fence cannot rewrite; ``invoke`` reports them as invalid.
+
+    Attributes:
+        message: The reference host's message, e.g. ``Arguments must be a JSON object.``
+        argument: The offending property, when one is to blame.
+    """
+
+    def __init__(self, message: str, argument: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.argument = argument
+
+
+class Scope(enum.StrEnum):
+    """Where a path (or a whole call, the worst of its paths) lands."""
+
+    WORKSPACE = "workspace"
+    OUTSIDE = "outsideWorkspace"
+    FORBIDDEN = "forbidden"
+
+
+def expand_user(raw: str, user_home: Path) -> str:
+    """Expand a leading ``~`` or ``~/`` to the user profile; leave every other text alone.
+
+    ``~user`` is deliberately not expanded (see the module docstring): it stays a
+    relative name, so it lands under the workspace.
+
+    Args:
+        raw: The path text as the caller sent it.
+        user_home: The operator's user profile directory.
+
+    Returns:
+        The text with the home prefix substituted, or ``raw`` unchanged.
+    """
+    if raw == "~":
+        return os.fspath(user_home)
+    if raw.startswith("~/"):
+        return os.fspath(user_home) + raw[1:]
+    return raw
+
+
+def _encoded(text: str) -> bytes:
+    """Encode ``text`` as the kernel will see it, refusing what JSON cannot carry."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PathError("it is not valid UTF-8") from None
+
+
+def _check_whole(text: str) -> None:
+    """Refuse NUL bytes and paths the kernel would call too long."""
+    if "\x00" in text:
+        raise PathError("it contains a NUL byte")
+    # A cheap character bound first, so a megabyte of text is not encoded for nothing.
+    if len(text) >= PATH_MAX or len(_encoded(text)) >= PATH_MAX:
+        raise PathError(f"it is longer than {PATH_MAX - 1} bytes")
+
+
+def _check_name(name: str) -> None:
+    """Refuse a component the kernel would call too long."""
+    if len(name) > NAME_MAX or len(_encoded(name)) > NAME_MAX:
+        raise PathError(f"a component is longer than {NAME_MAX} bytes")
+
+
+def _canonicalize(path: str) -> str:
+    """Resolve an absolute path component by component, following links as the kernel does.
+
+    Args:
+        path: An absolute path (``/`` first).
+
+    Returns:
+        The canonical path: no links among its existing components, no ``.``, ``..``
+        or empty components, no trailing slash.
+
+    Raises:
+        PathError: A loop or too many links, an over-long component, an unreadable
+            directory on the way.
+    """
+    # ``pending`` is a stack of components still to walk, the next one last.
+    pending = path.split("/")
+    pending.reverse()
+    resolved = ""  # the canonical prefix walked so far; "" stands for "/"
+    links = 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            # ``resolved`` holds no links, so its lexical parent is its real parent.
+            resolved = resolved.rpartition("/")[0]
+            continue
+        _check_name(name)
+        candidate = f"{resolved}/{name}"
+        try:
+            mode = os.lstat(candidate).st_mode
+        except OSError as exc:
+            if exc.errno in _MISSING_ERRNOS:
+                resolved = candidate
+                continue
+            raise PathError(f"it cannot be looked up ({os.strerror(exc.errno or 0)})") from None
+        if not stat.S_ISLNK(mode):
+            resolved = candidate
+            continue
+        links += 1
+        if links > MAX_SYMLINKS:
+            raise PathError("it is a symbolic link loop or has too many links")
+        try:
+            target = os.readlink(candidate)
+        except OSError as exc:
+            raise PathError(f"a link cannot be read ({os.strerror(exc.errno or 0)})") from None
+        if "\x00" in target:  # pragma: no cover - the kernel never returns one
+            raise PathError("a link target contains a NUL byte")
+        if target.startswith("/"):
+            resolved = ""
+        # Walk the target next; a ``..`` after the link now climbs from the target.
+        pending.extend(reversed(target.split("/")))
+    return resolved or "/"
+
+
+def resolve_path(raw: str, workspace: Path, user_home: Path) -> Path:
+    """Resolve a path argument to the absolute, canonical path the child will receive.
+
+    Args:
+        raw: The argument's string value.
+        workspace: The absolute workspace directory (a symlinked one is fine).
+        user_home: The operator's user profile, for ``~`` and ``~/``.
+
+    Returns:
+        The canonical absolute path. Components that do not exist are kept as written.
+
+    Raises:
+        PathError: The value is not a non-blank string, holds a NUL byte, is too long,
+            runs into a link loop or an unreadable directory, or is not valid UTF-8.
+        ValueError: ``workspace`` is not absolute (a caller bug, not bad input).
+    """
+    if not isinstance(raw, str):
+        raise PathError("it is not a string")
+    if not raw.strip():
+        raise PathError("it is empty")
+    _check_whole(raw)
+    text = expand_user(raw, user_home)
+    if not text.startswith("/"):
+        base = os.fspath(workspace)
+        if not base.startswith("/"):
+            raise ValueError(f"workspace must be an absolute path, got {base!r}")
+        text = f"{base}/{text}"
+    _check_whole(text)
+    result = _canonicalize(text)
+    _check_whole(result)
+    return Path(result)
+
+
+def canonical_workspace(workspace: Path) -> Path:
+    """Return the workspace with its links resolved, so containment checks compare like with like.
+
+    Args:
+        workspace: The absolute workspace directory, possibly reached through links.
+
+    Returns:
+        The canonical workspace, or its lexical normal form when it cannot be resolved.
+    """
+    text = os.fspath(workspace)
+    try:
+        _check_whole(text)
+        return Path(_canonicalize(text))
+    except PathError:
+        return Path(os.path.normpath(text))
+
+
+def is_within(path: Path, workspace: Path) -> bool:
+    """Tell whether ``path`` is ``workspace`` or below it, component-wise.
+
+    Args:
+        path: A canonical absolute path.
+        workspace: A canonical absolute directory.
+
+    Returns:
+        True when ``path`` is the workspace or inside it (``/ws2`` is not inside ``/ws``).
+    """
+    return path == workspace or workspace in path.parents
+
+
+def is_credential_path(path: str, user_home: Path | None = None) -> bool:
+    """Tell whether a path text names a credential location.
+
+    After ``~`` expansion (when ``user_home`` is given), backslashes become slashes and
+    trailing slashes are trimmed; then the path is a credential path when any whole
+    segment is ``.ssh`` or ``.gnupg``, or a ``.crystal`` segment is immediately
+    followed by ``credentials.json``. Segments compare case-insensitively (case-folded,
+    which errs on the side of matching). Text with a NUL byte is also judged on the
+    part before it, which is what a C program would open.
+
+    Args:
+        path: The raw or resolved path text.
+        user_home: The operator's user profile, for ``~`` expansion.
+
+    Returns:
+        True for a credential path.
+    """
+    texts = [path]
+    if "\x00" in path:
+        texts.append(path.partition("\x00")[0])
+    for text in texts:
+        if user_home is not None:
+            text = expand_user(text, user_home)
+        segments = [s.casefold() for s in text.replace("\\", "/").rstrip("/").split("/")]
+        if any(s in _CREDENTIAL_SEGMENTS for s in segments):
+            return True
+        if any(pair in _CREDENTIAL_PAIRS for pair in zip(segments, segments[1:], strict=False)):
+            return True
+    return False
+
+
+def scope_of(raw: str, resolved: Path | None, workspace: Path, user_home: Path) -> Scope:
+    """Scope one path argument.
+
+    Args:
+        raw: The argument's text as sent.
+        resolved: Its canonical path, or None when it could not be resolved.
+        workspace: The workspace directory (canonicalized here if it is not already).
+        user_home: The operator's user profile.
+
+    Returns:
+        ``forbidden`` when the raw or the resolved path is a credential path;
+        ``outsideWorkspace`` when it is outside the workspace or could not be
+        resolved; ``workspace`` otherwise.
+    """
+    if is_credential_path(raw, user_home):
+        return Scope.FORBIDDEN
+    if resolved is None:
+        return Scope.OUTSIDE
+    if is_credential_path(os.fspath(resolved), user_home):
+        return Scope.FORBIDDEN
+    if is_within(resolved, canonical_workspace(workspace)):
+        return Scope.WORKSPACE
+    return Scope.OUTSIDE
+
+
+def rewrite_arguments(tool: ToolDef, arguments: Any, workspace: Path, user_home: Path) -> Any:
+    """Build the arguments the child receives: path arguments rewritten to absolute paths.
+
+    Only tools with ``pathArguments`` are touched. Their arguments must be an object;
+    each named property holding a string is resolved, other values (numbers, null,
+    arrays, objects) and other properties pass through unchanged, in their order.
+
+    Args:
+        tool: The tool definition (its ``path_arguments``).
+        arguments: The arguments as the caller sent them.
+        workspace: The workspace directory.
+        user_home: The operator's user profile.
+
+    Returns:
+        ``arguments`` itself when the tool declares no path arguments, else a new dict.
+
+    Raises:
+        ArgumentsError: ``Arguments must be a JSON object.``, ``Argument '<name>' must
+            be a path string.`` for a blank value, ``Path is not valid.`` for a value
+            that cannot be resolved.
+    """
+    if not tool.path_arguments:
+        return arguments
+    if not isinstance(arguments, Mapping):
+        raise ArgumentsError("Arguments must be a JSON object.")
+    names = frozenset(tool.path_arguments)
+    rewritten: dict[str, Any] = {}
+    for name, value in arguments.items():
+        if name in names and isinstance(value, str):
+            if not value.strip():
+                raise ArgumentsError(f"Argument '{name}' must be a path string.", name)
+            try:
+                value = os.fspath(resolve_path(value, workspace, user_home))
+            except PathError as exc:
+                raise ArgumentsError(exc.message, name) from None
+        rewritten[name] = value
+    return rewritten

@@ -1,0 +1,490 @@
+"""Tests for the invocation policy: modes, the decision table, and classify."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from toolsetd.daemon.model import (
+    Approval,
+    ApprovalSource,
+    CatalogName,
+    LoadedTool,
+    RunnerKind,
+    Source,
+    ToolDef,
+    ToolSet,
+)
+from toolsetd.daemon.paths import Scope
+from toolsetd.daemon.policy import (
+    DECISION_TABLE,
+    Classification,
+    Decision,
+    Mode,
+    Rule,
+    classify,
+    decide,
+    parse_mode,
+)
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "policy.md"
+
+# --- the decision table --------------------------------------------------------------
+
+WORKSPACE_GRANTS = ("once", "session", "persistent")
+
+
+def expected_rule(scope: Scope, mode: Mode, approval: Approval, headless: bool) -> Rule:
+    """The reference host's table (crystal-behaviour.md section 5), written out independently."""
+    reviewing = mode in (Mode.REVIEW, Mode.AUDIT)
+    if scope == Scope.FORBIDDEN:
+        # Only the operator: the reviewer's allow does not count, so ask in every mode.
+        decision = Decision.ASK
+    elif scope == Scope.OUTSIDE:
+        # Never automatic; review modes consult the reviewer first.
+        decision = Decision.REVIEW if reviewing else Decision.ASK
+    elif approval == Approval.ALWAYS or mode == Mode.FULL:
+        decision = Decision.ALLOW
+    else:
+        decision = Decision.REVIEW if reviewing else Decision.ASK
+    if headless and decision == Decision.ASK:
+        decision = Decision.DENY
+    if decision in (Decision.ALLOW, Decision.DENY):
+        grants: tuple[str, ...] = ()
+    elif scope == Scope.WORKSPACE:
+        grants = WORKSPACE_GRANTS
+    else:
+        grants = ("once",)
+    return Rule(decision, scope == Scope.FORBIDDEN, grants)
+
+
+ALL_COMBINATIONS = list(itertools.product(Scope, Mode, Approval, (False, True)))
+
+
+def test_decision_table_covers_every_combination() -> None:
+    """The table has exactly one rule for each of the 72 combinations."""
+    assert len(ALL_COMBINATIONS) == 72
+    assert set(DECISION_TABLE) == set(ALL_COMBINATIONS)
+
+
+@pytest.mark.parametrize(("scope", "mode", "approval", "headless"), ALL_COMBINATIONS)
+def test_decide_matches_reference_table(
+    scope: Scope, mode: Mode, approval: Approval, headless: bool
+) -> None:
+    """Every cell of the table matches the independent reading of the reference table."""
+    assert decide(scope, mode, approval, headless) == expected_rule(scope, mode, approval, headless)
+
+
+@pytest.mark.parametrize(("scope", "mode", "approval", "headless"), ALL_COMBINATIONS)
+def test_decide_safety_invariants(
+    scope: Scope, mode: Mode, approval: Approval, headless: bool
+) -> None:
+    """Only workspace calls run unasked; forbidden calls always need the operator."""
+    rule = decide(scope, mode, approval, headless)
+    if rule.decision == Decision.ALLOW:
+        assert scope == Scope.WORKSPACE
+    if scope == Scope.FORBIDDEN:
+        assert rule.require_prompt
+        assert rule.decision in (Decision.ASK, Decision.DENY)
+    if headless:
+        assert rule.decision != Decision.ASK
+    if scope != Scope.WORKSPACE:
+        assert set(rule.grant_scopes) <= {"once"}
+
+
+def test_decide_accepts_wire_strings() -> None:
+    """Plain strings from the wire look up the same rules."""
+    rule = decide("workspace", "full", "inherit", False)  # type: ignore[arg-type]
+    assert rule.decision == Decision.ALLOW
+    with pytest.raises(ValueError, match="auto"):
+        decide(Scope.WORKSPACE, "auto", Approval.INHERIT, False)  # type: ignore[arg-type]
+
+
+def test_docs_table_matches_code() -> None:
+    """docs/policy.md prints the same table as the code, cell for cell."""
+    rows = [
+        [cell.strip().strip("`*") for cell in line.strip().strip("|").split("|")]
+        for line in DOCS.read_text(encoding="utf-8").splitlines()
+        if re.match(r"^\|\s*`?(workspace|outsideWorkspace|forbidden)`?\s*\|", line)
+    ]
+    modes = [Mode.PLAN, Mode.DEFAULT, Mode.EDIT, Mode.REVIEW, Mode.AUDIT, Mode.FULL]
+    seen = set()
+    for scope, approval, headless, *cells in rows:
+        assert len(cells) == len(modes)
+        for mode, cell in zip(modes, cells, strict=True):
+            key = (Scope(scope), mode, Approval(approval), {"no": False, "yes": True}[headless])
+            assert DECISION_TABLE[key].decision.value == cell, key
+            seen.add(key)
+    assert seen == set(DECISION_TABLE)
+
+
+# --- classify ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A canonical temporary root."""
+    return Path(os.path.realpath(tmp_path))
+
+
+@pytest.fixture
+def home(root: Path) -> Path:
+    """A fake user profile with ``.ssh/id_rsa``."""
+    path = root / "home"
+    (path / ".ssh").mkdir(parents=True)
+    (path / ".ssh" / "id_rsa").write_text("secret")
+    return path
+
+
+@pytest.fixture
+def ws(root: Path) -> Path:
+    """A canonical workspace."""
+    path = root / "ws"
+    path.mkdir()
+    (path / "file.txt").write_text("x")
+    return path
+
+
+def loaded(
+    *path_arguments: str,
+    declared: Approval = Approval.INHERIT,
+    policy: ApprovalSource = ApprovalSource.AUTHOR,
+) -> LoadedTool:
+    """A loaded exec tool with the given path arguments and approval."""
+    tool = ToolDef(
+        name="fmt",
+        description="Format a file.",
+        schema={"type": "object"},
+        catalogs=frozenset({CatalogName.WORK}),
+        approval=declared,
+        path_arguments=path_arguments,
+    )
+    toolset = ToolSet(
+        directory="formatters",
+        source=Source.HOME,
+        path=Path("/nonexistent/formatters"),
+        runner=RunnerKind.EXEC,
+        tools=(tool,),
+    )
+    effective = Approval.INHERIT if policy == ApprovalSource.HOST else declared
+    return LoadedTool(tool, toolset, effective, policy, "sha256:0")
+
+
+def run(
+    tool: LoadedTool,
+    arguments: Any,
+    ws: Path,
+    home: Path,
+    mode: Mode | str = Mode.DEFAULT,
+    headless: bool = False,
+) -> Classification:
+    """Classify and check the wire form is JSON."""
+    result = classify(tool, arguments, ws, mode, headless, home)
+    json.dumps(result.to_wire())
+    return result
+
+
+def test_classify_floor_without_path_arguments(ws: Path, home: Path) -> None:
+    """A tool without path arguments gets the floor: write, workspace."""
+    result = run(loaded(), {"path": "~/.ssh/id_rsa"}, ws, home)
+    assert result.authority == "write"
+    assert result.scope == Scope.WORKSPACE
+    assert result.paths == ()
+    assert result.decision == Decision.ASK
+    assert result.grant_scopes == ("once", "session", "persistent")
+    assert result.reason == (
+        "External tools need approval in default mode; this call stays inside the workspace."
+    )
+    assert result.arguments == {"path": "~/.ssh/id_rsa"}
+
+
+def test_classify_wire_shape(ws: Path, home: Path) -> None:
+    """``to_wire`` gives exactly the contract's camelCase fields."""
+    tool = loaded("path", declared=Approval.ALWAYS, policy=ApprovalSource.HOST)
+    wire = run(tool, {"path": "file.txt", "n": 1}, ws, home, Mode.FULL).to_wire()
+    assert wire == {
+        "tool": "fmt",
+        "set": "formatters",
+        "source": "home",
+        "authority": "write",
+        "scope": "workspace",
+        "paths": [
+            {
+                "argument": "path",
+                "value": "file.txt",
+                "resolved": str(ws / "file.txt"),
+                "scope": "workspace",
+            }
+        ],
+        "approval": {"declared": "always", "policy": "host", "effective": "inherit"},
+        "requirePrompt": False,
+        "grantScopes": [],
+        "decision": "allow",
+        "reason": "Full mode runs external tools without asking; "
+        "this call stays inside the workspace.",
+        "arguments": {"path": str(ws / "file.txt"), "n": 1},
+    }
+    assert all(type(v) in (str, bool, list, dict) for v in wire.values())
+
+
+def test_classify_always_runs_in_workspace(ws: Path, home: Path) -> None:
+    """Effective ``always`` runs a workspace call in every mode, without asking."""
+    tool = loaded("path", declared=Approval.ALWAYS)
+    for mode in Mode:
+        result = run(tool, {"path": "file.txt"}, ws, home, mode)
+        assert result.decision == Decision.ALLOW
+        assert "'always'" in result.reason
+
+
+def test_classify_outside_path(ws: Path, home: Path) -> None:
+    """An absolute path outside the workspace asks, offering once only."""
+    result = run(loaded("path"), {"path": "/etc//passwd/"}, ws, home, Mode.FULL)
+    assert result.scope == Scope.OUTSIDE
+    assert result.decision == Decision.ASK
+    assert result.grant_scopes == ("once",)
+    assert result.arguments == {"path": "/etc/passwd"}
+    assert "Argument 'path' resolves to /etc/passwd, outside the workspace" in result.reason
+
+
+def test_classify_dotdot_escape(ws: Path, home: Path, root: Path) -> None:
+    """``work/../../etc/passwd`` climbs out of the workspace: outside."""
+    result = run(loaded("path"), {"path": "work/../../etc/passwd"}, ws, home)
+    assert result.scope == Scope.OUTSIDE
+    assert result.paths[0].resolved == str(root / "etc" / "passwd")
+
+
+def test_classify_tilde_ssh_is_forbidden(ws: Path, home: Path) -> None:
+    """``~/.ssh/id_rsa`` is forbidden: ask, requirePrompt, once only."""
+    result = run(loaded("path"), {"path": "~/.ssh/id_rsa"}, ws, home, Mode.FULL)
+    assert result.scope == Scope.FORBIDDEN
+    assert result.decision == Decision.ASK
+    assert result.require_prompt is True
+    assert result.grant_scopes == ("once",)
+    assert result.reason == (
+        f"Argument 'path' resolves to {home}/.ssh/id_rsa, a credential path: "
+        "only the operator can approve it, once."
+    )
+
+
+def test_classify_link_into_ssh_is_forbidden(ws: Path, home: Path) -> None:
+    """A workspace link into ``~/.ssh`` is caught on the resolved path."""
+    (ws / "notes.txt").symlink_to(home / ".ssh" / "id_rsa")
+    result = run(loaded("path"), {"path": "notes.txt"}, ws, home, Mode.AUDIT)
+    assert result.scope == Scope.FORBIDDEN
+    assert result.decision == Decision.ASK
+    assert result.arguments == {"path": str(home / ".ssh" / "id_rsa")}
+    assert "reviewing model's allow does not count" in result.reason
+
+
+def test_classify_link_out_then_dotdot(ws: Path, home: Path, root: Path) -> None:
+    """A link out of the workspace followed by ``..`` stays outside."""
+    (root / "out" / "deep").mkdir(parents=True)
+    (ws / "o").symlink_to(root / "out" / "deep")
+    result = run(loaded("path"), {"path": "o/../x"}, ws, home)
+    assert result.scope == Scope.OUTSIDE
+    assert result.arguments == {"path": str(root / "out" / "x")}
+
+
+def test_classify_symlinked_workspace(ws: Path, home: Path, root: Path) -> None:
+    """A workspace given through a link still scopes its own files as workspace."""
+    link = root / "wslink"
+    link.symlink_to(ws)
+    result = run(loaded("path"), {"path": str(link / "file.txt")}, link, home, Mode.FULL)
+    assert result.scope == Scope.WORKSPACE
+    assert result.decision == Decision.ALLOW
+    assert result.arguments == {"path": str(ws / "file.txt")}
+
+
+def test_classify_tilde_user_is_workspace(ws: Path, home: Path) -> None:
+    """``~root`` is a workspace name, and the child receives that workspace path."""
+    result = run(loaded("path"), {"path": "~root"}, ws, home, Mode.FULL)
+    assert result.scope == Scope.WORKSPACE
+    assert result.arguments == {"path": str(ws / "~root")}
+
+
+def test_classify_worst_scope_wins_credential_last(ws: Path, home: Path) -> None:
+    """A credential path wins over an outside path, whatever its position."""
+    tool = loaded("a", "b", "c")
+    arguments = {"c": "~/.ssh", "a": "file.txt", "b": "/etc/passwd"}
+    result = run(tool, arguments, ws, home)
+    assert [p.argument for p in result.paths] == ["a", "b", "c"]
+    assert [p.scope for p in result.paths] == [Scope.WORKSPACE, Scope.OUTSIDE, Scope.FORBIDDEN]
+    assert result.scope == Scope.FORBIDDEN
+    assert result.reason.startswith("Argument 'c' resolves to")
+    assert list(result.arguments) == ["c", "a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("value", "detail"),
+    [("\x00", "NUL"), ("x" * 5000, "longer"), ("y" * 300, "component"), ("loop", "loop")],
+)
+def test_classify_unresolvable_fails_closed(ws: Path, home: Path, value: str, detail: str) -> None:
+    """A path that cannot be resolved is outside (never workspace), and invoke will refuse it."""
+    (ws / "loop").symlink_to("loop")
+    result = run(loaded("path"), {"path": value}, ws, home, Mode.FULL)
+    assert result.scope == Scope.OUTSIDE
+    assert result.decision == Decision.ASK
+    assert result.paths[0].resolved is None
+    assert "cannot be resolved" in result.reason
+    assert detail in result.reason
+    assert result.arguments == {"path": value}
+    assert result.arguments_error == "Path is not valid."
+
+
+def test_classify_unresolvable_credential_is_forbidden(ws: Path, home: Path) -> None:
+    """A credential raw text is forbidden even when it cannot be resolved."""
+    result = run(loaded("path"), {"path": "~/.ssh/id_rsa\x00"}, ws, home)
+    assert result.scope == Scope.FORBIDDEN
+    assert result.require_prompt
+
+
+@pytest.mark.parametrize("value", ["", "   "])
+def test_classify_blank_is_skipped_and_flagged(ws: Path, home: Path, value: str) -> None:
+    """A blank path is not inspected, but the fence's refusal is reported."""
+    result = run(loaded("path"), {"path": value}, ws, home)
+    assert result.paths == ()
+    assert result.scope == Scope.WORKSPACE
+    assert result.arguments_error == "Argument 'path' must be a path string."
+    assert result.reason.endswith(
+        "The arguments are refused: Argument 'path' must be a path string."
+    )
+
+
+@pytest.mark.parametrize("arguments", [["x"], "x", 3, None])
+def test_classify_non_object_arguments(ws: Path, home: Path, arguments: Any) -> None:
+    """Non-object arguments get the floor, and the fence's refusal is reported."""
+    result = run(loaded("path"), arguments, ws, home)
+    assert result.scope == Scope.WORKSPACE
+    assert result.arguments == arguments
+    assert result.arguments_error == "Arguments must be a JSON object."
+
+
+@pytest.mark.parametrize("value", [None, 3, 2.5, True, False])
+def test_classify_scalar_non_strings_pass_through(ws: Path, home: Path, value: Any) -> None:
+    """Numbers, booleans and null name no path: the floor, and unchanged arguments."""
+    result = run(loaded("path"), {"path": value}, ws, home, Mode.FULL)
+    assert result.paths == ()
+    assert result.decision == Decision.ALLOW
+    assert result.arguments == {"path": value}
+    assert result.arguments_error is None
+
+
+@pytest.mark.parametrize(
+    ("value", "scope"),
+    [
+        (["file.txt"], Scope.OUTSIDE),
+        ({"p": "file.txt"}, Scope.OUTSIDE),
+        ([], Scope.OUTSIDE),
+        (["~/.ssh/id_rsa"], Scope.FORBIDDEN),
+        ([[{"deep": [".gnupg"]}]], Scope.FORBIDDEN),
+        ({".ssh": 1}, Scope.FORBIDDEN),
+        (["key"], Scope.FORBIDDEN),
+        ([f"f{i}" for i in range(100)], Scope.FORBIDDEN),
+    ],
+)
+def test_classify_container_values_fail_closed(
+    ws: Path, home: Path, value: Any, scope: Scope
+) -> None:
+    """Arrays and objects in a path argument are never workspace; credentials: forbidden."""
+    (ws / "key").symlink_to(home / ".ssh")
+    result = run(loaded("path"), {"path": value}, ws, home, Mode.FULL)
+    assert result.scope == scope
+    assert result.decision == Decision.ASK
+    assert result.paths[0].resolved is None
+    assert result.arguments == {"path": value}
+
+
+def test_classify_headless_denies_ask(ws: Path, home: Path) -> None:
+    """Headless, an ask becomes deny with the headless sentence first."""
+    result = run(loaded("path"), {"path": "file.txt"}, ws, home, Mode.DEFAULT, headless=True)
+    assert result.decision == Decision.DENY
+    assert result.grant_scopes == ()
+    assert result.reason == (
+        "Headless run: a call that needs a person's approval is denied. "
+        "External tools need approval in default mode; this call stays inside the workspace."
+    )
+
+
+def test_classify_headless_review_stays_review(ws: Path, home: Path) -> None:
+    """Headless review still consults the reviewer for a non-forbidden call."""
+    result = run(loaded("path"), {"path": "/etc/hosts"}, ws, home, "fullreview", headless=True)
+    assert result.decision == Decision.REVIEW
+    assert result.grant_scopes == ("once",)
+    assert result.reason.endswith(
+        "Headless run: unless the reviewing model allows it, it is denied."
+    )
+
+
+def test_classify_headless_forbidden_denies(ws: Path, home: Path) -> None:
+    """Headless, a forbidden call is denied even in review modes, and still requires the prompt."""
+    for mode in Mode:
+        result = run(loaded("path"), {"path": "~/.gnupg"}, ws, home, mode, headless=True)
+        assert result.decision == Decision.DENY
+        assert result.require_prompt is True
+
+
+def test_classify_always_does_not_cover_outside(ws: Path, home: Path) -> None:
+    """Approval ``always`` does not cover paths outside the workspace, and says so."""
+    result = run(loaded("path", declared=Approval.ALWAYS), {"path": "/tmp"}, ws, home, Mode.FULL)
+    assert result.decision == Decision.ASK
+    assert result.reason.endswith("Approval 'always' covers only calls inside the workspace.")
+
+
+def test_classify_rejects_bad_mode(ws: Path, home: Path) -> None:
+    """An unknown mode is a ValueError listing the names."""
+    with pytest.raises(ValueError, match="invalid mode"):
+        classify(loaded(), {}, ws, "auto", False, home)
+
+
+JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text()
+JSON_VALUES = st.recursive(
+    JSON_SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+PATHISH = st.lists(
+    st.sampled_from(["~", "/", "..", ".", "key", "loop", ".ssh", "~root", "x", "\x00", " ", "//"])
+).map("".join)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    value=PATHISH | JSON_VALUES,
+    mode=st.sampled_from(list(Mode)),
+    approval=st.sampled_from(list(Approval)),
+    headless=st.booleans(),
+)
+def test_classify_never_crashes_or_leaks_credentials(
+    ws: Path, home: Path, value: Any, mode: Mode, approval: Approval, headless: bool
+) -> None:
+    """Any value classifies; nothing that reaches a credential path runs without the operator."""
+    if not (ws / "loop").is_symlink():
+        (ws / "loop").symlink_to("loop")
+        (ws / "key").symlink_to(home / ".ssh" / "id_rsa")
+    result = run(loaded("path", declared=approval), {"path": value}, ws, home, mode, headless)
+    if result.decision == Decision.ALLOW:
+        assert result.scope == Scope.WORKSPACE
+        child = result.arguments["path"]
+        if isinstance(child, str) and result.arguments_error is None:
+            assert child == str(ws) or child.startswith(str(ws) + "/")
+            assert ".ssh" not in child.split("/")
+    touches_ssh = isinstance(value, str) and (".ssh" in value or "key" in value)
+    if touches_ssh and result.arguments_error is None:
+        child = result.arguments["path"]
+        if ".ssh" in child.split("/"):
+            assert result.scope == Scope.FORBIDDEN
+            assert result.decision in (Decision.ASK, Decision.DENY)
