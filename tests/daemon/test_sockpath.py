@@ -1,0 +1,217 @@
+"""Tests for toolsetd.daemon.sockpath on real folders, sockets and locks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from toolsetd.daemon.sockpath import (
+    AlreadyRunning,
+    InstanceLocked,
+    NotASocket,
+    SocketPathError,
+    UnsafeSocketDir,
+    acquire_instance_lock,
+    check_stale,
+    default_socket_path,
+    lock_path_for,
+    prepare_socket_dir,
+)
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    """A fresh folder with a short path (AF_UNIX paths are limited to ~108 bytes)."""
+    with tempfile.TemporaryDirectory() as folder:
+        yield Path(folder)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({"TOOLSETD_SOCKET": "/srv/t.sock", "XDG_RUNTIME_DIR": "/run/user/1"}, "/srv/t.sock"),
+        ({"XDG_RUNTIME_DIR": "/run/user/1"}, "/run/user/1/toolsetd/toolsetd.sock"),
+        (
+            {"TOOLSETD_SOCKET": "", "XDG_RUNTIME_DIR": "/run/user/1"},
+            "/run/user/1/toolsetd/toolsetd.sock",
+        ),
+        ({"XDG_RUNTIME_DIR": "relative/dir"}, "/tmp/toolsetd-<uid>/toolsetd.sock"),
+        ({}, "/tmp/toolsetd-<uid>/toolsetd.sock"),
+    ],
+)
+def test_default_socket_path_order(env: dict[str, str], expected: str) -> None:
+    """TOOLSETD_SOCKET wins, then an absolute XDG_RUNTIME_DIR, then /tmp/toolsetd-<uid>."""
+    assert default_socket_path(env) == Path(expected.replace("<uid>", str(os.geteuid())))
+
+
+def test_prepare_socket_dir_creates_0700_despite_umask(short_dir: Path) -> None:
+    """A missing socket folder is created with mode 0700 even under a restrictive umask."""
+    socket_path = short_dir / "new" / "toolsetd.sock"
+    old = os.umask(0o277)
+    try:
+        prepare_socket_dir(socket_path)
+    finally:
+        os.umask(old)
+    info = socket_path.parent.stat()
+    assert stat.S_IMODE(info.st_mode) == 0o700
+    assert info.st_uid == os.geteuid()
+
+
+def test_prepare_socket_dir_accepts_own_private_dir(short_dir: Path) -> None:
+    """An existing folder of ours that nobody else can write is accepted as it is."""
+    folder = short_dir / "mine"
+    folder.mkdir(mode=0o750)
+    os.chmod(folder, 0o750)
+    prepare_socket_dir(folder / "toolsetd.sock")
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o750
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o777, 0o702])
+def test_prepare_socket_dir_refuses_writable_by_others(short_dir: Path, mode: int) -> None:
+    """A socket folder writable by group or others is refused, not repaired."""
+    folder = short_dir / "open"
+    folder.mkdir()
+    os.chmod(folder, mode)
+    with pytest.raises(UnsafeSocketDir, match="writable by group or others"):
+        prepare_socket_dir(folder / "toolsetd.sock")
+    assert stat.S_IMODE(folder.stat().st_mode) == mode
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a folder owned by another uid")
+def test_prepare_socket_dir_refuses_foreign_owner(short_dir: Path) -> None:
+    """A pre-created folder owned by another user (the /tmp attack) is refused."""
+    folder = short_dir / "toolsetd-0"
+    folder.mkdir(mode=0o700)
+    os.chown(folder, 65534, 65534)
+    with pytest.raises(UnsafeSocketDir, match="owned by uid 65534"):
+        prepare_socket_dir(folder / "toolsetd.sock")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create a symlink owned by another uid")
+def test_prepare_socket_dir_refuses_foreign_symlink(short_dir: Path) -> None:
+    """A symlink planted by another user is refused even when it points at our own folder."""
+    target = short_dir / "ours"
+    target.mkdir(mode=0o700)
+    link = short_dir / "toolsetd-0"
+    link.symlink_to(target)
+    os.lchown(link, 65534, 65534)
+    with pytest.raises(UnsafeSocketDir, match="symlink owned by uid 65534"):
+        prepare_socket_dir(link / "toolsetd.sock")
+
+
+def test_prepare_socket_dir_refuses_non_directory(short_dir: Path) -> None:
+    """A regular file where the socket folder should be is refused."""
+    (short_dir / "file").write_text("x")
+    with pytest.raises(UnsafeSocketDir, match="not a directory"):
+        prepare_socket_dir(short_dir / "file" / "toolsetd.sock")
+
+
+def test_prepare_socket_dir_refuses_too_long_path(short_dir: Path) -> None:
+    """A path longer than sun_path allows is refused with the limit in the message."""
+    with pytest.raises(SocketPathError, match="AF_UNIX allows at most 107"):
+        prepare_socket_dir(short_dir / ("x" * 120) / "toolsetd.sock")
+
+
+def _listening(path: Path) -> socket.socket:
+    """Bind and listen on ``path``."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(os.fspath(path))
+    sock.listen()
+    return sock
+
+
+def test_check_stale_missing_path_is_fine(short_dir: Path) -> None:
+    """Nothing at the path: nothing to do."""
+    check_stale(short_dir / "toolsetd.sock")
+
+
+def test_check_stale_removes_dead_socket(short_dir: Path) -> None:
+    """A socket file nobody listens on is a leftover and is removed."""
+    path = short_dir / "toolsetd.sock"
+    _listening(path).close()  # closing does not unlink: a crashed daemon's leftover
+    assert stat.S_ISSOCK(path.lstat().st_mode)
+    check_stale(path)
+    assert not path.exists()
+
+
+def test_check_stale_refuses_live_socket(short_dir: Path) -> None:
+    """A socket that accepts connections means a daemon is running: refuse, keep it."""
+    path = short_dir / "toolsetd.sock"
+    with _listening(path), pytest.raises(AlreadyRunning, match=f"already running on {path}"):
+        check_stale(path)
+    assert stat.S_ISSOCK(path.lstat().st_mode)
+
+
+def test_check_stale_refuses_regular_file(short_dir: Path) -> None:
+    """A regular file at the socket path is the operator's: refused and left alone."""
+    path = short_dir / "toolsetd.sock"
+    path.write_text("notes")
+    with pytest.raises(NotASocket, match="is not a socket"):
+        check_stale(path)
+    assert path.read_text() == "notes"
+
+
+def test_instance_lock_writes_pid_and_releases(short_dir: Path) -> None:
+    """The lock file is 0600 with our pid, and release removes it and frees the lock."""
+    socket_path = short_dir / "toolsetd.sock"
+    with acquire_instance_lock(socket_path) as handle:
+        lock = lock_path_for(socket_path)
+        assert handle.path == lock
+        assert lock == short_dir / "toolsetd.sock.lock"
+        assert stat.S_IMODE(lock.stat().st_mode) == 0o600
+        assert lock.read_text() == f"{os.getpid()}\n"
+    assert not handle.held
+    assert not lock.exists()
+    acquire_instance_lock(socket_path).release()
+
+
+def test_instance_lock_refuses_second_holder_in_process(short_dir: Path) -> None:
+    """A second acquisition fails while the first is held (flock is per open file)."""
+    socket_path = short_dir / "toolsetd.sock"
+    with acquire_instance_lock(socket_path):
+        with pytest.raises(InstanceLocked, match=f"pid {os.getpid()}"):
+            acquire_instance_lock(socket_path)
+        assert lock_path_for(socket_path).exists()
+
+
+_HOLD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.write(fd, b"%d\\n" % os.getpid())
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.anyio
+async def test_instance_lock_held_by_other_process_is_refused(short_dir: Path) -> None:
+    """A lock held by another process is refused with that process's pid in the message."""
+    socket_path = short_dir / "toolsetd.sock"
+    lock = lock_path_for(socket_path)
+    with anyio.fail_after(15):
+        async with await anyio.open_process(
+            [sys.executable, "-c", _HOLD, os.fspath(lock)]
+        ) as holder:
+            assert holder.stdout is not None
+            assert holder.stdin is not None
+            assert (await holder.stdout.receive()).startswith(b"locked")
+            with pytest.raises(
+                InstanceLocked,
+                match=f"another toolsetd is already serving {socket_path} \\(pid {holder.pid}\\)",
+            ):
+                acquire_instance_lock(socket_path)
+            await holder.stdin.aclose()
+            assert await holder.wait() == 0
+    # The holder died; the kernel released its lock, and its stale file is reused.
+    with acquire_instance_lock(socket_path) as handle:
+        assert lock.read_text() == f"{os.getpid()}\n"
+        assert handle.held
