@@ -1,0 +1,460 @@
+"""Discovery, overlay and loading of tool sets into one immutable ``Catalog`` snapshot.
+
+Theory of operation: ``build_catalog`` scans ``<home>/tools`` and then
+``<workspace>/.crystal/tools``. Every immediate subdirectory (symlinks followed) that
+holds a ``tools.json`` is a candidate set, taken in ordinal name order. A project
+candidate hides the home set of the same directory name *before* its manifest is read,
+so a broken project manifest still hides the home set. The enabled sets that survive
+are loaded in ordinal directory order; each exec tool registers its name unless a
+reserved name or an earlier set already took it, in which case only that tool is
+omitted with a note. Dotnet sets are validated and then skipped (no .NET runtime).
+Every candidate ends as one ``SetEntry`` (loaded, disabled, refused or hidden), and
+every problem as one English ``Note``: config notes first, then discovery notes (home
+scan, then project scan), then load notes in set order.
+
+``ManifestCache`` makes a rebuild cheap: a manifest is re-read only when its stat
+signature changed and re-parsed only when its bytes changed; the schema-check cache and
+the per-tool hashes live with it. It is shared by worker threads, so a lock guards its
+dicts; file I/O and parsing happen outside the lock.
+
+The manifest and config readers never block on special files: they ``stat`` first,
+accept only regular files, and open with ``O_NONBLOCK`` so a FIFO swapped in after the
+``stat`` cannot hang a worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from .config_file import MAX_MANIFEST_BYTES, ManifestUnreadable, load_config, read_regular_file
+from .manifest import ManifestError, is_directory_name, parse_manifest
+from .model import (
+    Approval,
+    ApprovalSource,
+    Catalog,
+    Config,
+    LoadedTool,
+    Note,
+    RunnerKind,
+    SetEntry,
+    SetState,
+    Source,
+    ToolDef,
+    ToolSet,
+)
+from .validation import SchemaChecker, canonical_json
+
+__all__ = [
+    "MANIFEST_NAME",
+    "MAX_MANIFEST_BYTES",
+    "ManifestCache",
+    "ManifestUnreadable",
+    "build_catalog",
+    "load_config",
+    "note_info",
+    "set_info",
+    "tool_hash",
+    "tool_info",
+]
+
+MANIFEST_NAME = "tools.json"
+
+
+# --- the manifest cache ----------------------------------------------------------------
+
+
+def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
+
+
+@dataclass(slots=True)
+class _Cached:
+    signature: tuple[int, int, int, int]
+    digest: bytes
+    reserved: frozenset[str]
+    result: ToolSet | ManifestError
+    hashes: dict[tuple[str, ApprovalSource], str] = field(default_factory=dict)
+
+
+class ManifestCache:
+    """Parsed manifests by path: re-read on a new stat signature, re-parse on new bytes.
+
+    Attributes:
+        reads: How many times a manifest file was read.
+        parses: How many times manifest bytes were parsed.
+        schemas: The schema-check cache the parser uses.
+    """
+
+    def __init__(self, schemas: SchemaChecker | None = None) -> None:
+        """Create an empty cache.
+
+        Args:
+            schemas: The schema-check cache to share; a fresh one when None.
+        """
+        self.schemas = schemas if schemas is not None else SchemaChecker()
+        self.reads = 0
+        self.parses = 0
+        self._entries: dict[tuple[str, Source], _Cached] = {}
+        self._lock = threading.Lock()
+
+    def get(
+        self,
+        set_dir: str | Path,
+        source: Source,
+        reserved: frozenset[str],
+        *,
+        stat_result: os.stat_result | None = None,
+    ) -> ToolSet:
+        """Return the parsed set in ``set_dir``, reading and parsing only what changed.
+
+        Args:
+            set_dir: The set directory.
+            source: Home or project.
+            reserved: Reserved tool names (a change forces a re-parse).
+            stat_result: A fresh ``os.stat`` of the manifest, when the caller has one.
+
+        Returns:
+            The parsed set.
+
+        Raises:
+            ManifestUnreadable: The file could not be read.
+            ManifestError: The manifest is invalid (cached like a success).
+        """
+        # Plain strings: pathlib costs more than the stat on a warm rebuild.
+        set_dir = os.path.abspath(set_dir)
+        manifest = os.path.join(set_dir, MANIFEST_NAME)
+        key = (manifest, source)
+        if stat_result is None:
+            try:
+                stat_result = os.stat(manifest)
+            except OSError as exc:
+                raise ManifestUnreadable("tools.json could not be read.") from exc
+        with self._lock:
+            cached = self._entries.get(key)
+        if cached is not None and cached.signature == _signature(stat_result) and cached.reserved == reserved:
+            return self._unwrap(cached)
+        text, st = read_regular_file(manifest, stat_result)
+        digest = hashlib.sha256(text).digest()
+        with self._lock:
+            self.reads += 1
+            if cached is not None and cached.digest == digest and cached.reserved == reserved:
+                cached.signature = _signature(st)
+                return self._unwrap(cached)
+        result: ToolSet | ManifestError
+        try:
+            result = parse_manifest(
+                text, set_dir=Path(set_dir), source=source, reserved=reserved, schemas=self.schemas
+            )
+        except ManifestError as exc:
+            result = exc
+        with self._lock:
+            self.parses += 1
+            self._entries[key] = _Cached(_signature(st), digest, reserved, result)
+        return self._unwrap(self._entries[key])
+
+    @staticmethod
+    def _unwrap(cached: _Cached) -> ToolSet:
+        if isinstance(cached.result, ManifestError):
+            raise ManifestError(cached.result.message)
+        return cached.result
+
+    def tool_hash(self, tool: ToolDef, toolset: ToolSet, policy: ApprovalSource) -> str:
+        """``tool_hash`` memoised with the cached manifest, so unchanged sets hash once.
+
+        Args:
+            tool: The tool.
+            toolset: Its set (as returned by ``get``).
+            policy: The source policy that applies.
+
+        Returns:
+            The ``sha256:`` hash.
+        """
+        with self._lock:
+            cached = self._entries.get((os.path.join(str(toolset.path), MANIFEST_NAME), toolset.source))
+        memo = cached.hashes if cached is not None and cached.result is toolset else None
+        if memo is not None and (found := memo.get((tool.name, policy))) is not None:
+            return found
+        value = tool_hash(tool, toolset, policy)
+        if memo is not None:
+            with self._lock:
+                memo[(tool.name, policy)] = value
+        return value
+
+    def forget(self, keep: set[str] | None = None) -> None:
+        """Drop cached manifests, all of them or those whose manifest path is not in ``keep``.
+
+        Args:
+            keep: Manifest paths (``<set dir>/tools.json``, absolute) to keep.
+        """
+        with self._lock:
+            for key in [k for k in self._entries if keep is None or k[0] not in keep]:
+                del self._entries[key]
+
+
+# --- hashes and wire helpers -----------------------------------------------------------
+
+
+def _effective(tool: ToolDef, policy: ApprovalSource) -> Approval:
+    return tool.approval if policy is ApprovalSource.AUTHOR else Approval.INHERIT
+
+
+def _definition(tool: ToolDef, toolset: ToolSet, policy: ApprovalSource) -> dict[str, Any]:
+    return {
+        "name": tool.name,
+        "description": tool.description,
+        "inputSchema": tool.schema,
+        "set": toolset.directory,
+        "source": toolset.source.value,
+        "runner": toolset.runner.value,
+        "catalogs": sorted(c.value for c in tool.catalogs),
+        "approval": {
+            "declared": tool.approval.value,
+            "policy": policy.value,
+            "effective": _effective(tool, policy).value,
+        },
+        "timeoutSeconds": toolset.timeout_seconds,
+        "output": tool.output.value,
+        "pathArguments": list(tool.path_arguments),
+    }
+
+
+def tool_hash(tool: ToolDef, toolset: ToolSet, policy: ApprovalSource) -> str:
+    """Hash a tool's wire definition plus how it runs (contract section 4, ``hash``).
+
+    The hashed object is the ``tools[]`` entry without ``hash``, plus ``command`` (set
+    prefix then tool suffix), ``argv`` (``[[property, flag], ...]``) and ``stdin``,
+    serialised by ``canonical_json``.
+
+    Args:
+        tool: The tool.
+        toolset: Its set.
+        policy: The source policy that applies.
+
+    Returns:
+        ``"sha256:"`` and 64 hex digits.
+    """
+    body = _definition(tool, toolset, policy)
+    body["command"] = [*toolset.command, *tool.command]
+    body["argv"] = [list(pair) for pair in tool.argv]
+    body["stdin"] = toolset.stdin
+    return "sha256:" + hashlib.sha256(canonical_json(body)).hexdigest()
+
+
+def tool_info(loaded: LoadedTool) -> dict[str, Any]:
+    """The contract's ``tools[]`` entry for one loaded tool.
+
+    Args:
+        loaded: The tool.
+
+    Returns:
+        A camelCase dict.
+    """
+    info = _definition(loaded.tool, loaded.toolset, loaded.policy)
+    info["hash"] = loaded.hash
+    return info
+
+
+def set_info(entry: SetEntry) -> dict[str, Any]:
+    """The contract's ``sets[]`` entry.
+
+    Args:
+        entry: The set entry.
+
+    Returns:
+        A camelCase dict.
+    """
+    return {
+        "directory": entry.directory,
+        "source": entry.source.value,
+        "path": str(entry.path),
+        "enabled": entry.enabled,
+        "state": entry.state.value,
+        "tools": list(entry.tools),
+        "notes": list(entry.notes),
+    }
+
+
+def note_info(note: Note) -> dict[str, Any]:
+    """The contract's ``notes[]`` entry.
+
+    Args:
+        note: The note.
+
+    Returns:
+        A dict with ``set``, ``source`` (None for config notes) and ``message``.
+    """
+    return {
+        "set": note.set,
+        "source": note.source.value if note.source is not None else None,
+        "message": note.message,
+    }
+
+
+# --- discovery, overlay, load ----------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Candidate:
+    directory: str
+    source: Source
+    path: str
+    state: SetState = SetState.REFUSED
+    toolset: ToolSet | None = None
+    error: str | None = None
+    tools: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def freeze(self) -> SetEntry:
+        return SetEntry(
+            directory=self.directory,
+            source=self.source,
+            path=self.toolset.path if self.toolset is not None else Path(self.path),
+            enabled=self.toolset.enabled if self.toolset is not None else None,
+            state=self.state,
+            tools=tuple(self.tools),
+            notes=tuple(self.notes),
+            toolset=self.toolset,
+            error=self.error,
+        )
+
+
+class _Builder:
+    """The mutable working state of one ``build_catalog`` call."""
+
+    def __init__(self, reserved: frozenset[str], cache: ManifestCache) -> None:
+        self.reserved = reserved
+        self.cache = cache
+        self.notes: list[Note] = []
+        self.candidates: list[_Candidate] = []
+        self.active: dict[str, _Candidate] = {}  # overlay map: directory -> winning candidate
+        self.home: dict[str, _Candidate] = {}  # home candidates with a valid name, by directory
+
+    def note(self, candidate: _Candidate, message: str) -> None:
+        candidate.notes.append(message)
+        self.notes.append(Note(set=candidate.directory, source=candidate.source, message=message))
+
+    def scan(self, root: Path, source: Source) -> None:
+        try:
+            with os.scandir(root) as it:
+                names = sorted(entry.name for entry in it if entry.is_dir())  # follows symlinks
+        except OSError:
+            return  # a missing or unreadable root is skipped, as the reference host does
+        base = os.path.abspath(root)
+        for name in names:
+            set_dir = os.path.join(base, name)
+            try:
+                st = os.stat(os.path.join(set_dir, MANIFEST_NAME))
+            except OSError:
+                continue  # no tools.json: not a candidate
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            candidate = _Candidate(name, source, set_dir)
+            self.candidates.append(candidate)
+            if not is_directory_name(name):
+                self.note(candidate, f"External tool set '{name}' was skipped: directory name is invalid.")
+                continue
+            if source is Source.PROJECT:
+                if (home := self.home.get(name)) is not None:
+                    home.state = SetState.HIDDEN
+                self.active.pop(name, None)
+            else:
+                self.home[name] = candidate
+            try:
+                toolset = self.cache.get(set_dir, source, self.reserved, stat_result=st)
+            except ManifestError as exc:
+                candidate.error = exc.message
+                self.note(candidate, f"External tool set '{name}' was skipped: {exc.message}")
+                continue
+            candidate.toolset = toolset
+            if toolset.enabled:
+                self.active[name] = candidate
+            else:
+                candidate.state = SetState.DISABLED
+                self.active.pop(name, None)
+
+    def load(self, config: Config) -> dict[str, LoadedTool]:
+        registered = set(self.reserved)
+        tools: dict[str, LoadedTool] = {}
+        for name in sorted(self.active):
+            candidate = self.active[name]
+            toolset = candidate.toolset
+            assert toolset is not None
+            if toolset.runner is RunnerKind.DOTNET:
+                self.note(
+                    candidate,
+                    f"External tool set '{name}' was skipped: dotnet runner is not supported by "
+                    "toolsetd (no .NET runtime); the manifest is valid.",
+                )
+                continue
+            policy = config.home_policy if toolset.source is Source.HOME else config.project_policy
+            for tool in toolset.tools:
+                if tool.name in registered:
+                    self.note(
+                        candidate,
+                        f"External tool '{tool.name}' was omitted because the name is already registered.",
+                    )
+                    continue
+                registered.add(tool.name)
+                tools[tool.name] = LoadedTool(
+                    tool=tool,
+                    toolset=toolset,
+                    effective_approval=_effective(tool, policy),
+                    policy=policy,
+                    hash=self.cache.tool_hash(tool, toolset, policy),
+                )
+                candidate.tools.append(tool.name)
+            candidate.state = SetState.LOADED if candidate.tools else SetState.REFUSED
+        return tools
+
+
+def build_catalog(
+    home: Path,
+    workspace: Path | None,
+    *,
+    reserved: frozenset[str],
+    cache: ManifestCache,
+    config: Config | None = None,
+) -> Catalog:
+    """Discover, overlay and load the tool sets of a home and an optional workspace.
+
+    Args:
+        home: The Crystal home; sets live in ``<home>/tools``.
+        workspace: The workspace; its sets live in ``<workspace>/.crystal/tools``. None
+            for home sets only.
+        reserved: Names no external tool may take (case-sensitive).
+        cache: The manifest cache to read through.
+        config: The settings; when None, ``load_config(home)`` is read and its notes
+            come first in the catalog's notes.
+
+    Returns:
+        The immutable snapshot. With ``externalTools`` false nothing is scanned: no
+        tools, no sets, and only config notes.
+    """
+    config_notes: list[Note] = []
+    if config is None:
+        config, config_notes = load_config(home)
+    if not config.external_tools:
+        return Catalog(workspace=workspace, notes=tuple(config_notes), config=config)
+    builder = _Builder(reserved, cache)
+    builder.scan(home / "tools", Source.HOME)
+    if workspace is not None:
+        builder.scan(workspace / ".crystal" / "tools", Source.PROJECT)
+    tools = builder.load(config)
+    entries = sorted(
+        (candidate.freeze() for candidate in builder.candidates),
+        key=lambda entry: (entry.directory, entry.source),
+    )
+    return Catalog(
+        workspace=workspace,
+        tools=MappingProxyType(tools),
+        sets=tuple(entries),
+        notes=(*config_notes, *builder.notes),
+        config=config,
+    )

@@ -1,0 +1,150 @@
+"""Reading operator files safely, and ``<home>/config.json``.
+
+Theory of operation: ``read_regular_file`` is the one way toolsetd reads a manifest or
+the config file. It never blocks and never reads without bound: it accepts only regular
+files (after following symlinks), checks the size before reading, opens with
+``O_NONBLOCK`` so a FIFO swapped in after the ``stat`` cannot hang a worker thread,
+re-checks the opened descriptor, and stops reading past ``MAX_MANIFEST_BYTES``.
+
+``load_config`` keeps the daemon serving whatever the file says: each bad part falls
+back to its default and yields an operator ``Note`` naming the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from .manifest import ManifestError
+from .model import ApprovalSource, Config, Note, Source
+
+__all__ = ["MAX_MANIFEST_BYTES", "ManifestUnreadable", "load_config", "read_regular_file"]
+
+#: Manifests and config.json larger than this are refused unread.
+MAX_MANIFEST_BYTES = 1 << 20
+_CONFIG_SET = "config.json"
+
+
+class ManifestUnreadable(ManifestError):
+    """A ``tools.json`` that could not be read (missing, not a regular file, too large, I/O)."""
+
+
+def read_regular_file(path: str | Path, st: os.stat_result | None = None) -> tuple[bytes, os.stat_result]:
+    """Read a regular file of at most ``MAX_MANIFEST_BYTES`` without ever blocking.
+
+    Args:
+        path: The file.
+        st: A fresh ``os.stat(path)`` when the caller already has one.
+
+    Returns:
+        The bytes and the ``fstat`` of the descriptor they were read from.
+
+    Raises:
+        ManifestUnreadable: ``<file name> could not be read.`` (caused by the OSError, if
+            any) or ``<file name> is larger than 1 MiB.``
+    """
+    name = os.path.basename(path)
+    unreadable = ManifestUnreadable(f"{name} could not be read.")
+    too_large = ManifestUnreadable(f"{name} is larger than {MAX_MANIFEST_BYTES >> 20} MiB.")
+    try:
+        if st is None:
+            st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise unreadable
+        if st.st_size > MAX_MANIFEST_BYTES:
+            raise too_large
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise unreadable
+            chunks: list[bytes] = []
+            size = 0
+            while chunk := os.read(fd, MAX_MANIFEST_BYTES + 1 - size):
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > MAX_MANIFEST_BYTES:
+                    raise too_large
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise unreadable from exc
+    return b"".join(chunks), st
+
+
+
+
+
+def load_config(home: Path) -> tuple[Config, list[Note]]:
+    """Read ``<home>/config.json``; a bad part falls back to its default with a note.
+
+    Args:
+        home: The Crystal home directory.
+
+    Returns:
+        The settings and the operator notes (``set`` is ``config.json``, ``source`` None).
+    """
+    notes: list[Note] = []
+
+    def note(message: str) -> None:
+        notes.append(Note(set=_CONFIG_SET, source=None, message=message))
+
+    path = home / _CONFIG_SET
+    try:
+        text, _ = read_regular_file(path)
+    except ManifestUnreadable as exc:
+        if not isinstance(exc.__cause__, FileNotFoundError):
+            note(f"{exc.message} Using the defaults.")
+        return Config(), notes
+    try:
+        root = json.loads(text.decode("utf-8-sig", "replace"), parse_constant=_reject)
+    except (ValueError, RecursionError) as exc:
+        note(f"config.json is not valid JSON: {exc}; using the defaults.")
+        return Config(), notes
+    if not isinstance(root, dict):
+        note("config.json must be a JSON object; using the defaults.")
+        return Config(), notes
+
+    external_tools = root.get("externalTools")
+    if external_tools is None:
+        external_tools = True
+    elif not isinstance(external_tools, bool):
+        note("config.json: externalTools must be true or false; using the default, true.")
+        external_tools = True
+
+    policies = {Source.HOME: ApprovalSource.AUTHOR, Source.PROJECT: ApprovalSource.HOST}
+    approval = root.get("externalToolApproval")
+    if approval is not None and not isinstance(approval, dict):
+        note(
+            'config.json: externalToolApproval must be an object such as {"home": "author", '
+            '"project": "host"}; using the defaults, home author and project host.'
+        )
+    elif approval is not None:
+        for source, default in list(policies.items()):
+            value = approval.get(source.value)
+            if value is None:
+                continue
+            word = value.strip().lower() if isinstance(value, str) else None
+            if word in ("author", "host"):
+                policies[source] = ApprovalSource(word)
+            else:
+                note(
+                    f"config.json: externalToolApproval.{source.value} must be author or host. "
+                    f"External tool trust policy must be author or host. "
+                    f"Using the default, {default.value}, until it is fixed."
+                )
+    return (
+        Config(
+            external_tools=external_tools,
+            home_policy=policies[Source.HOME],
+            project_policy=policies[Source.PROJECT],
+        ),
+        notes,
+    )
+
+
+def _reject(name: str) -> Any:
+    raise ValueError(f"{name} is not a valid JSON value.")

@@ -1,0 +1,437 @@
+"""Parse one ``tools.json`` into a frozen ``ToolSet``, with the reference host's messages.
+
+Theory of operation: ``parse_manifest`` is a pure function of the manifest bytes, the set
+directory's path, its source and the reserved names (plus an injected ``SchemaChecker``
+cache). It applies the reference host's rules (``reference/crystal-behaviour.md`` section
+1) in their order and stops at the first failure, raising ``ManifestError`` whose
+``message`` is the reference host's exact English text. Only after every structural rule
+passes does it check each exec tool's input schema with jsonschema, a toolsetd addition
+the reference host does not make.
+
+A few facts of the reference host's JSON layer (System.Text.Json) are reproduced so a
+set behaves the same under both hosts: a leading byte order mark is accepted (UTF-8, and
+UTF-16/32 as ``File.ReadAllText`` detects them), invalid UTF-8 decodes to U+FFFD, the
+literals ``NaN``/``Infinity`` are invalid, nesting deeper than 64 is invalid, duplicate
+keys keep the last value, and "blank" and "trim" use .NET's notion of white space.
+The parser messages themselves are Python's ``json`` module's.
+"""
+
+from __future__ import annotations
+
+import codecs
+import hashlib
+import json
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NoReturn
+
+from .model import (
+    DEFAULT_TIMEOUT_SECONDS,
+    Approval,
+    CatalogName,
+    OutputMode,
+    RunnerKind,
+    Source,
+    ToolDef,
+    ToolSet,
+)
+from .validation import SchemaChecker
+
+__all__ = ["ManifestError", "is_directory_name", "is_tool_name", "parse_manifest"]
+
+_DIRECTORY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
+_TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
+#: .NET ``char.IsWhiteSpace``: categories Zs, Zl, Zp plus U+0009-U+000D, U+0085, U+00A0.
+_WHITESPACE = (
+    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
+    "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+#: System.Text.Json's default maximum depth.
+_MAX_DEPTH = 64
+#: Upper bound of timeoutSeconds: (uint.MaxValue - 1) / 1000.
+_MAX_TIMEOUT_SECONDS = 4_294_967
+_BOTH = frozenset({CatalogName.PLAN, CatalogName.WORK})
+_BOMS = (
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+_SHORTHAND_NON_NULL = ("description", "argv", "pathArguments", "output")
+_MISSING: Any = object()
+
+
+class ManifestError(Exception):
+    """A ``tools.json`` that cannot be used; ``message`` is the operator-facing English text.
+
+    Attributes:
+        message: The reference host's message, e.g. ``stdin must be a boolean.``
+    """
+
+    def __init__(self, message: str) -> None:
+        """Create the error.
+
+        Args:
+            message: The operator-facing English text.
+        """
+        super().__init__(message)
+        self.message = message
+
+
+def _fail(message: str) -> NoReturn:
+    raise ManifestError(message)
+
+
+def is_directory_name(name: str) -> bool:
+    """Whether ``name`` is a legal set directory name (``^[A-Za-z][A-Za-z0-9._-]*$``, <= 64).
+
+    Args:
+        name: The directory name.
+
+    Returns:
+        True when legal.
+    """
+    return _DIRECTORY_NAME.fullmatch(name) is not None
+
+
+def is_tool_name(name: str, reserved: frozenset[str]) -> bool:
+    """Whether ``name`` is a legal, unreserved tool name (``^[A-Za-z][A-Za-z0-9_-]*$``, <= 64).
+
+    Args:
+        name: The model-facing name.
+        reserved: Names no external tool may take, compared case-sensitively.
+
+    Returns:
+        True when legal and not reserved.
+    """
+    return _TOOL_NAME.fullmatch(name) is not None and name not in reserved
+
+
+def _decode(text: bytes) -> str:
+    for bom, encoding in _BOMS:
+        if text.startswith(bom):
+            return text[len(bom) :].decode(encoding, "replace")
+    return text.decode("utf-8", "replace")
+
+
+def _reject_constant(name: str) -> NoReturn:
+    raise ValueError(f"{name} is not a valid JSON value.")
+
+
+def _too_deep(value: Any) -> bool:
+    """Whether containers nest deeper than System.Text.Json's default of 64."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        for child in children:
+            if isinstance(child, dict | list):
+                if depth + 1 > _MAX_DEPTH:
+                    return True
+                stack.append((child, depth + 1))
+    return False
+
+
+def _load_json(text: bytes) -> Any:
+    decoded = _decode(text)
+    try:
+        value = json.loads(decoded, parse_constant=_reject_constant)
+    except RecursionError:
+        _fail(f"tools.json is not valid JSON: the maximum nesting depth of {_MAX_DEPTH} was exceeded.")
+    except ValueError as exc:  # JSONDecodeError, NaN/Infinity, over-long integers
+        _fail(f"tools.json is not valid JSON: {exc}")
+    # Counting brackets is an upper bound on depth, so most manifests skip the walk.
+    if isinstance(value, dict | list) and decoded.count("{") + decoded.count("[") > _MAX_DEPTH:
+        if _too_deep(value):
+            _fail(
+                f"tools.json is not valid JSON: the maximum nesting depth of {_MAX_DEPTH} was exceeded."
+            )
+    return value
+
+
+def _blank(value: str) -> bool:
+    return not value.strip(_WHITESPACE)
+
+
+def _string(obj: Mapping[str, Any], key: str) -> str | None:
+    """A present, non-blank string, trimmed; else None (``TryReadString``)."""
+    value = obj.get(key)
+    if isinstance(value, str) and not _blank(value):
+        return value.strip(_WHITESPACE)
+    return None
+
+
+def _string_list(obj: Mapping[str, Any], key: str, message: str) -> tuple[str, ...] | None:
+    """An optional array of non-blank strings, each trimmed; None when absent or null."""
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, list):
+        _fail(message)
+    items: list[str] = []
+    for item in value:
+        if not isinstance(item, str) or _blank(item):
+            _fail(message)
+        items.append(item.strip(_WHITESPACE))
+    return tuple(items)
+
+
+def _catalogs(obj: Mapping[str, Any], default: frozenset[CatalogName], message: str) -> frozenset[CatalogName]:
+    values = _string_list(obj, "catalogs", message)
+    if values is None:
+        return default
+    members = {value.lower() for value in values}
+    if not values or not members <= {"plan", "work"}:
+        _fail(message)
+    return frozenset(CatalogName(member) for member in members)
+
+
+def _approval(obj: Mapping[str, Any], default: Approval, prefix: str = "") -> Approval:
+    value = obj.get("approval")
+    if value is None:
+        return default
+    if isinstance(value, str):
+        if _blank(value):
+            return Approval.INHERIT  # blank means inherit, even under an "always" set
+        word = value.strip(_WHITESPACE).lower()
+        if word in ("inherit", "always"):
+            return Approval(word)
+    _fail(f"{prefix}approval must be inherit or always.")
+
+
+def _optional_bool(obj: Mapping[str, Any], key: str) -> bool:
+    value = obj.get(key)
+    if value is None:
+        return True
+    if not isinstance(value, bool):
+        _fail(f"{key} must be a boolean.")
+    return value
+
+
+def _timeout(root: Mapping[str, Any]) -> int | None:
+    value = root.get("timeoutSeconds", _MISSING)
+    if value is _MISSING:
+        return DEFAULT_TIMEOUT_SECONDS
+    if value == "unlimited" and isinstance(value, str):
+        return None
+    # bool is an int subclass in Python; JSON true is not a number. 1.0 parses as float.
+    if type(value) is int and 1 <= value <= _MAX_TIMEOUT_SECONDS:
+        return value
+    _fail("timeoutSeconds must be a supported positive integer or unlimited.")
+
+
+def _argv(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    value = obj.get("argv")
+    if value is None:
+        return ()
+    if not isinstance(value, dict):
+        _fail("argv must be an object of flag strings.")
+    pairs: list[tuple[str, str]] = []
+    for key, flag in value.items():
+        if not isinstance(flag, str) or _blank(flag):
+            _fail(f"argv '{key}' must be a flag string.")
+        pairs.append((key, flag.strip(_WHITESPACE)))
+    return tuple(pairs)
+
+
+def _output(obj: Mapping[str, Any], name: str) -> OutputMode:
+    value = obj.get("output", _MISSING)
+    if value is _MISSING:
+        return OutputMode.TEXT
+    if isinstance(value, str) and value.strip(_WHITESPACE).lower() in ("text", "content"):
+        return OutputMode(value.strip(_WHITESPACE).lower())
+    _fail(f"Tool '{name}' has invalid output: output must be text or content.")
+
+
+def _exec_tool(
+    obj: Mapping[str, Any],
+    *,
+    name: str | None,
+    catalogs: frozenset[CatalogName],
+    approval: Approval,
+    reserved: frozenset[str],
+) -> ToolDef:
+    """Read one exec tool (an element of ``tools``, or the root for shorthand)."""
+    shorthand = name is not None
+    if name is None:
+        name = _string(obj, "name")
+        if name is None:
+            _fail("Each exec tool requires name.")
+    if not is_tool_name(name, reserved):
+        _fail(f"Tool name '{name}' is reserved or invalid.")
+    description = _string(obj, "description")
+    if description is None:
+        _fail(f"Tool '{name}' requires description.")
+    schema = obj.get("schema")
+    if not isinstance(schema, dict):
+        _fail(f"Tool '{name}' requires a JSON Schema object.")
+    tool_catalogs = _catalogs(obj, catalogs, f"Tool '{name}' has invalid catalogs.")
+    argv = _argv(obj)
+    suffix = _string_list(obj, "command", f"Tool '{name}' command must be an array of strings.")
+    path_arguments = _string_list(
+        obj, "pathArguments", f"Tool '{name}' pathArguments must be an array of strings."
+    )
+    try:
+        tool_approval = _approval(obj, approval)
+    except ManifestError as exc:
+        _fail(f"Tool '{name}' has invalid approval: {exc.message}")
+    output = _output(obj, name)
+    return ToolDef(
+        name=name,
+        description=description,
+        schema=schema,
+        catalogs=tool_catalogs,
+        approval=tool_approval,
+        # Shorthand: the root ``command`` is the set prefix, not also a suffix (seed wins).
+        command=() if shorthand else (suffix or ()),
+        argv=argv,
+        path_arguments=path_arguments or (),
+        output=output,
+    )
+
+
+def _exec_tools(
+    root: Mapping[str, Any],
+    tools: Any,
+    *,
+    directory: str,
+    catalogs: frozenset[CatalogName],
+    approval: Approval,
+    reserved: frozenset[str],
+) -> tuple[ToolDef, ...]:
+    if tools is None:
+        if not is_tool_name(directory, reserved):
+            _fail(f"Directory '{directory}' is not a valid tool name for exec shorthand.")
+        return (_exec_tool(root, name=directory, catalogs=catalogs, approval=approval, reserved=reserved),)
+    result: list[ToolDef] = []
+    names: set[str] = set()
+    for element in tools:
+        if not isinstance(element, dict):
+            _fail("Each exec tool must be a JSON object.")
+        tool = _exec_tool(element, name=None, catalogs=catalogs, approval=approval, reserved=reserved)
+        if tool.name in names:
+            _fail(f"Duplicate tool name '{tool.name}'.")
+        names.add(tool.name)
+        result.append(tool)
+    if not result:
+        _fail("exec tools array must not be empty.")
+    return tuple(result)
+
+
+def _dotnet_overlays(
+    overlays: Mapping[str, Any], *, catalogs: frozenset[CatalogName], approval: Approval, reserved: frozenset[str]
+) -> None:
+    """Validate dotnet overlays with every reference rule; toolsetd never runs them."""
+    for key, value in overlays.items():
+        if not is_tool_name(key, reserved):
+            _fail(f"Overlay '{key}' is reserved or invalid.")
+        if not isinstance(value, dict):
+            _fail(f"Overlay '{key}' must be a JSON object.")
+        if "output" in value:
+            _fail(f"Overlay '{key}' cannot set output.")
+        _catalogs(value, catalogs, f"Overlay '{key}' has invalid catalogs.")
+        _argv(value)
+        _string_list(value, "pathArguments", f"Overlay '{key}' pathArguments must be an array of strings.")
+        try:
+            _approval(value, approval)
+        except ManifestError as exc:
+            _fail(f"Overlay '{key}' has invalid approval: {exc.message}")
+
+
+def parse_manifest(
+    text: bytes,
+    *,
+    set_dir: Path,
+    source: Source,
+    reserved: frozenset[str],
+    schemas: SchemaChecker | None = None,
+) -> ToolSet:
+    """Parse one ``tools.json``; the first failing rule raises.
+
+    Args:
+        text: The manifest bytes.
+        set_dir: The set directory; its last segment is the set's identity.
+        source: Home or project.
+        reserved: Tool names no external tool may take (case-sensitive).
+        schemas: The schema-check cache to use; a fresh one when None.
+
+    Returns:
+        The parsed set. Dotnet sets come back with ``runner`` DOTNET and no tools.
+
+    Raises:
+        ManifestError: With the reference host's message for the first rule that fails,
+            or ``Tool '<name>' has an invalid JSON Schema: ...`` after all of them pass.
+    """
+    raw = os.fspath(set_dir)
+    if not raw or "\x00" in raw:
+        _fail("Tool set directory is not a valid path.")
+    absolute = os.path.abspath(raw)  # GetFullPath: absolute, ".." applied lexically
+    path = set_dir if isinstance(set_dir, Path) and absolute == raw else Path(absolute)
+    directory = path.name
+    if not is_directory_name(directory):
+        _fail(f"Tool set directory '{directory}' is not a valid name.")
+    root = _load_json(text)
+    if not isinstance(root, dict):
+        _fail("tools.json must be a JSON object.")
+
+    runner_text = _string(root, "runner")
+    if runner_text is None or runner_text.lower() not in ("exec", "dotnet"):
+        _fail("tools.json must set runner to exec or dotnet.")
+    runner = RunnerKind(runner_text.lower())
+    catalogs = _catalogs(root, _BOTH, "catalogs must be plan, work, or both.")
+    approval = _approval(root, Approval.INHERIT)
+    timeout = _timeout(root)
+    stdin = _optional_bool(root, "stdin")
+    enabled = _optional_bool(root, "enabled")
+    command = _string_list(root, "command", "command must be an array of strings.") or ()
+    tools = root.get("tools")
+    if not isinstance(tools, list | dict):
+        tools = None  # any other kind, such as a string, is ignored
+    shorthand = any(root.get(key) is not None for key in _SHORTHAND_NON_NULL) or isinstance(
+        root.get("schema"), dict
+    )
+    if runner is RunnerKind.DOTNET and "output" in root:
+        _fail("output is only valid for exec.")
+
+    common: dict[str, Any] = {
+        "directory": directory,
+        "source": source,
+        "path": path,
+        "runner": runner,
+        "enabled": enabled,
+        "approval": approval,
+        "catalogs": catalogs,
+        "command": command,
+        "stdin": stdin,
+        "timeout_seconds": timeout,
+        "digest": "sha256:" + hashlib.sha256(text).hexdigest(),
+    }
+
+    if runner is RunnerKind.DOTNET:
+        if isinstance(tools, list):
+            _fail("dotnet tools must be a JSON object of overlays.")
+        if _string(root, "assembly") is None:
+            _fail("dotnet runner requires assembly.")
+        _string_list(root, "types", "types must be an array of strings.")
+        if tools is not None:
+            _dotnet_overlays(tools, catalogs=catalogs, approval=approval, reserved=reserved)
+        return ToolSet(**common)
+
+    if isinstance(tools, dict):
+        _fail("exec tools must be a JSON array.")
+    if tools is not None and shorthand:
+        _fail("exec shorthand fields cannot mix with a tools array.")
+    defs = _exec_tools(
+        root, tools, directory=directory, catalogs=catalogs, approval=approval, reserved=reserved
+    )
+    if not command and not any(tool.command for tool in defs):
+        _fail("exec requires a command array.")
+    checker = schemas if schemas is not None else SchemaChecker()
+    for tool in defs:
+        problem = checker.problem(tool.schema)
+        if problem is not None:
+            _fail(f"Tool '{tool.name}' has an invalid JSON Schema: {problem}")
+    return ToolSet(**common, tools=defs)

@@ -1,0 +1,296 @@
+"""JSON Schema work for the catalog: checking tool schemas and validating call arguments.
+
+Theory of operation: every exec tool declares an input JSON Schema. Two costs matter.
+
+* ``check_schema`` (is the schema itself valid?) costs about 0.8 ms per Draft 2020-12
+  schema, so a catalog of 1,000 sets would spend most of its load time on it.
+  ``SchemaChecker`` caches each verdict by the SHA-256 of the schema's canonical JSON,
+  so a reload of unchanged sets (or many sets sharing one schema) checks nothing again.
+* Validating arguments needs a compiled validator. ``ArgumentValidators`` builds one per
+  tool hash (the hash covers the schema) and keeps it until the cache is full.
+
+Both caches are instances holding a dict and a lock; there is no module-level mutable
+state, so the composition root decides their lifetime and tests get fresh ones.
+
+The schema dialect is chosen by ``$schema`` and defaults to Draft 2020-12 (also for an
+unknown ``$schema``). References resolve only against the bundled meta-schemas: nothing
+is fetched from the network, so a remote ``$ref`` is reported as an argument error
+rather than becoming a request the daemon makes on a tool author's behalf.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import jsonschema_specifications
+import referencing.exceptions
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import ValidationError, best_match
+from jsonschema.protocols import Validator
+from jsonschema.validators import validator_for
+
+if TYPE_CHECKING:
+    from .model import LoadedTool
+
+__all__ = [
+    "ArgumentValidators",
+    "SchemaChecker",
+    "canonical_json",
+    "json_pointer",
+]
+
+#: Longest echo of a value (argument or enum) inside a message, in characters.
+_ECHO_LIMIT = 80
+#: Longest jsonschema message kept in a schema-check note, in characters.
+_SCHEMA_MESSAGE_LIMIT = 300
+#: Most argument errors reported for one call.
+_MAX_ERRORS = 100
+
+
+def canonical_json(value: Any) -> bytes:
+    """Serialise a JSON value canonically: sorted keys, no spaces, UTF-8, non-ASCII kept.
+
+    Args:
+        value: A JSON-compatible value.
+
+    Returns:
+        The UTF-8 bytes (lone surrogates from ``\\ud800`` escapes pass through).
+    """
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return text.encode("utf-8", "surrogatepass")
+
+
+def json_pointer(parts: Iterable[str | int]) -> str:
+    """Build an RFC 6901 JSON Pointer (``""`` is the root; ``~`` and ``/`` escaped).
+
+    Args:
+        parts: Object keys and array indices from the root down.
+
+    Returns:
+        The pointer text.
+    """
+    return "".join("/" + str(part).replace("~", "~0").replace("/", "~1") for part in parts)
+
+
+def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
+    """Pick the validator class for ``schema``'s ``$schema`` (Draft 2020-12 by default)."""
+    declared = schema.get("$schema")
+    if not isinstance(declared, str):
+        # A non-string $schema is reported by check_schema; validator_for would crash on a
+        # list or an object (unhashable).
+        return Draft202012Validator  # type: ignore[return-value]
+    cls: type[Validator] = validator_for(schema, default=Draft202012Validator)
+    return cls
+
+
+def _clip(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _echo(value: Any) -> str:
+    """Render a value as short JSON for a message, never verbatim when huge."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):  # pragma: no cover - arguments come from JSON
+        text = repr(value)
+    return _clip(text, _ECHO_LIMIT)
+
+
+def _name(name: Any) -> str:
+    """Quote a property name for a message, as jsonschema and the examples do."""
+    return "'" + _clip(str(name), _ECHO_LIMIT) + "'"
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__  # pragma: no cover - arguments come from JSON
+
+
+class SchemaChecker:
+    """Checks tool input schemas against their meta-schema, caching by content hash.
+
+    Attributes:
+        checks: How many schemas were actually checked (cache misses).
+    """
+
+    def __init__(self) -> None:
+        """Create an empty cache."""
+        self._verdicts: dict[bytes, str | None] = {}
+        self._lock = threading.Lock()
+        self.checks = 0
+
+    def problem(self, schema: Mapping[str, Any]) -> str | None:
+        """Return why ``schema`` is not a valid JSON Schema, or None when it is.
+
+        Args:
+            schema: The tool's ``schema`` object.
+
+        Returns:
+            None, or ``"<jsonschema message> (at <JSON Pointer into the schema>)"``.
+        """
+        key = hashlib.sha256(canonical_json(schema)).digest()
+        with self._lock:
+            if key in self._verdicts:
+                return self._verdicts[key]
+        verdict = self._check(schema)
+        with self._lock:
+            self.checks += 1
+            self._verdicts[key] = verdict
+        return verdict
+
+    @staticmethod
+    def _check(schema: Mapping[str, Any]) -> str | None:
+        cls = _validator_class(schema)
+        meta = cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)  # type: ignore[call-arg]
+        try:
+            error = next(iter(meta.iter_errors(schema)), None)
+        except RecursionError:
+            return "the schema is nested too deeply (at the schema root)"
+        if error is None:
+            return None
+        pointer = json_pointer(error.absolute_path) or "the schema root"
+        return f"{_clip(error.message, _SCHEMA_MESSAGE_LIMIT)} (at {pointer})"
+
+
+class ArgumentValidators:
+    """Compiled argument validators, one per tool hash, shared by concurrent calls."""
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        """Create an empty cache.
+
+        Args:
+            max_entries: How many compiled validators to keep; the oldest goes first.
+        """
+        self._validators: dict[str, Validator] = {}
+        self._lock = threading.Lock()
+        self._max_entries = max_entries
+        self.compiled = 0
+
+    def _validator(self, loaded: LoadedTool) -> Validator:
+        with self._lock:
+            found = self._validators.get(loaded.hash)
+        if found is not None:
+            return found
+        schema = loaded.tool.schema
+        cls = _validator_class(schema)
+        validator = cls(schema, registry=jsonschema_specifications.REGISTRY)  # type: ignore[call-arg]
+        with self._lock:
+            self.compiled += 1
+            while len(self._validators) >= self._max_entries:
+                del self._validators[next(iter(self._validators))]
+            self._validators[loaded.hash] = validator
+        return validator
+
+    def errors(self, loaded: LoadedTool, arguments: Any) -> list[dict[str, str]]:
+        """List every way ``arguments`` fails the tool's input schema.
+
+        Args:
+            loaded: The tool being called.
+            arguments: The decoded argument value.
+
+        Returns:
+            ``{"path", "message"}`` dicts sorted by path then message (empty when valid).
+            ``path`` is a JSON Pointer into the arguments (``""`` is the root); at most
+            100 errors are reported.
+        """
+        validator = self._validator(loaded)
+        found: set[tuple[str, str]] = set()
+        try:
+            for error in validator.iter_errors(arguments):
+                found.update(_describe(error))
+                if len(found) >= _MAX_ERRORS:
+                    break
+        except referencing.exceptions.Unresolvable as exc:
+            reason = _clip(str(exc), _SCHEMA_MESSAGE_LIMIT)
+            return [{"path": "", "message": f"the tool's input schema cannot be used: {reason}"}]
+        except RecursionError:
+            return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
+        return [{"path": p, "message": m} for p, m in sorted(found)[:_MAX_ERRORS]]
+
+
+def _describe(error: ValidationError) -> list[tuple[str, str]]:
+    """Turn one jsonschema error into ``(pointer, message)`` pairs a model can act on."""
+    path = json_pointer(error.absolute_path)
+    keyword = error.validator
+    value = error.validator_value
+    instance = error.instance
+    schema = error.schema if isinstance(error.schema, Mapping) else {}
+
+    def at(detail: str, where: str = path) -> tuple[str, str]:
+        return where, f"{where}: {detail}" if where else detail
+
+    if keyword == "required" and isinstance(instance, dict):
+        return [at(f"required property {_name(name)} is missing") for name in value if name not in instance]
+    if keyword == "additionalProperties" and isinstance(instance, dict):
+        known = schema.get("properties", {})
+        patterns = list(schema.get("patternProperties", {}))
+        extras = [
+            name for name in instance
+            if name not in known and not any(re.search(p, name) for p in patterns)
+        ]
+        return [at(f"property {_name(name)} is not allowed") for name in extras] or [
+            at(_clip(error.message, _SCHEMA_MESSAGE_LIMIT))
+        ]
+    if keyword == "dependentRequired" and isinstance(instance, dict):
+        return [
+            at(f"required property {_name(dep)} is missing (needed when {_name(name)} is present)")
+            for name, deps in value.items() if name in instance
+            for dep in deps if dep not in instance
+        ]
+    return [at(_detail(error, keyword, value, instance))]
+
+
+def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> str:
+    """The message text for keywords that describe the value itself."""
+    got = f"got {_json_type(instance)}"
+    simple = {
+        "type": lambda: f"expected {value if isinstance(value, str) else ' or '.join(value)}, {got}",
+        "enum": lambda: f"expected one of {_echo(value)}, got {_echo(instance)}",
+        "const": lambda: f"expected {_echo(value)}, got {_echo(instance)}",
+        "minimum": lambda: f"expected a number >= {value}, got {_echo(instance)}",
+        "maximum": lambda: f"expected a number <= {value}, got {_echo(instance)}",
+        "exclusiveMinimum": lambda: f"expected a number > {value}, got {_echo(instance)}",
+        "exclusiveMaximum": lambda: f"expected a number < {value}, got {_echo(instance)}",
+        "multipleOf": lambda: f"expected a multiple of {value}, got {_echo(instance)}",
+        "minLength": lambda: f"expected at least {value} characters, got {len(instance)}",
+        "maxLength": lambda: f"expected at most {value} characters, got {len(instance)}",
+        "minItems": lambda: f"expected at least {value} items, got {len(instance)}",
+        "maxItems": lambda: f"expected at most {value} items, got {len(instance)}",
+        "minProperties": lambda: f"expected at least {value} properties, got {len(instance)}",
+        "maxProperties": lambda: f"expected at most {value} properties, got {len(instance)}",
+        "uniqueItems": lambda: "expected unique items, got duplicates",
+        "pattern": lambda: f"expected a string matching {_echo(value)}, got {_echo(instance)}",
+        "not": lambda: f"the value {_echo(instance)} matches a schema it must not match",
+        "contains": lambda: "expected at least one item matching the 'contains' schema",
+    }
+    if keyword in simple:
+        return simple[keyword]()
+    if keyword in ("anyOf", "oneOf"):
+        if not error.context:
+            return f"the value {_echo(instance)} matches more than one alternative; {keyword} needs exactly one"
+        closest = best_match(error.context)
+        inner = _detail(closest, closest.validator, closest.validator_value, closest.instance)
+        where = json_pointer(closest.relative_path)
+        hint = f"{where}: {inner}" if where else inner
+        return f"matches none of the allowed alternatives ({keyword}); closest: {hint}"
+    if keyword is None:  # a `false` schema
+        return "no value is allowed here"
+    return _clip(error.message, _SCHEMA_MESSAGE_LIMIT)

@@ -1,0 +1,449 @@
+"""Tests for ``toolsetd.daemon.catalog``: discovery, overlay, notes, config, cache and hashes."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from toolsetd.daemon.catalog import (
+    ManifestCache,
+    build_catalog,
+    load_config,
+    note_info,
+    set_info,
+    tool_info,
+)
+from toolsetd.daemon.model import (
+    DEFAULT_RESERVED_NAMES,
+    Approval,
+    ApprovalSource,
+    Catalog,
+    Config,
+    SetState,
+    Source,
+)
+
+SCHEMA: dict[str, Any] = {"type": "object", "properties": {"environment": {"type": "string"}}}
+
+
+def tool(name: str, **fields: Any) -> dict[str, Any]:
+    """One valid exec tool object."""
+    return {"name": name, "description": f"{name} tool", "schema": SCHEMA, **fields}
+
+
+def manifest(*names: str, **root: Any) -> dict[str, Any]:
+    """An exec manifest with one tool per name."""
+    return {"runner": "exec", "command": ["acme"], "tools": [tool(n) for n in names], **root}
+
+
+def write(root: Path, directory: str, body: Any) -> Path:
+    """Write ``body`` (dict or bytes) as ``root/directory/tools.json``; return the set directory."""
+    set_dir = root / directory
+    set_dir.mkdir(parents=True, exist_ok=True)
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    (set_dir / "tools.json").write_bytes(data)
+    return set_dir
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    """An empty Crystal home."""
+    path = tmp_path / "home"
+    (path / "tools").mkdir(parents=True)
+    return path
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Path:
+    """An empty workspace with a project tools root."""
+    path = tmp_path / "ws"
+    (path / ".crystal" / "tools").mkdir(parents=True)
+    return path
+
+
+def build(home: Path, workspace: Path | None = None, **kwargs: Any) -> Catalog:
+    """Build a catalog with a fresh cache and the default reserved names."""
+    kwargs.setdefault("reserved", DEFAULT_RESERVED_NAMES)
+    kwargs.setdefault("cache", ManifestCache())
+    return build_catalog(home, workspace, **kwargs)
+
+
+def states(catalog: Catalog) -> list[tuple[str, str, str]]:
+    """``(directory, source, state)`` for every set entry, in catalog order."""
+    return [(e.directory, e.source.value, e.state.value) for e in catalog.sets]
+
+
+def messages(catalog: Catalog) -> list[str]:
+    """The catalog's note messages in order."""
+    return [n.message for n in catalog.notes]
+
+
+def test_build_catalog_loads_home_and_project_sets(home: Path, workspace: Path) -> None:
+    """Home and project sets load; tools keep set order, then manifest order."""
+    write(home / "tools", "alpha", manifest("a2", "a1"))
+    write(workspace / ".crystal" / "tools", "beta", manifest("b1"))
+    catalog = build(home, workspace)
+    assert list(catalog.tools) == ["a2", "a1", "b1"]
+    assert states(catalog) == [("alpha", "home", "loaded"), ("beta", "project", "loaded")]
+    assert catalog.notes == ()
+    assert catalog.tools["b1"].toolset.source is Source.PROJECT
+
+
+def test_build_catalog_without_workspace_scans_home_only(home: Path, workspace: Path) -> None:
+    """With no workspace only the home tree is scanned."""
+    write(workspace / ".crystal" / "tools", "beta", manifest("b1"))
+    assert build(home, None).sets == ()
+
+
+def test_build_catalog_broken_project_hides_home(home: Path, workspace: Path) -> None:
+    """A project set with an invalid manifest still hides the home set of the same name."""
+    write(home / "tools", "acme", manifest("deploy"))
+    write(workspace / ".crystal" / "tools", "acme", b"{")
+    catalog = build(home, workspace)
+    assert catalog.tools == {}
+    assert states(catalog) == [("acme", "home", "hidden"), ("acme", "project", "refused")]
+    assert messages(catalog) == [
+        "External tool set 'acme' was skipped: tools.json is not valid JSON: "
+        "Expecting property name enclosed in double quotes: line 1 column 2 (char 1)"
+    ]
+    assert catalog.sets[1].error is not None and catalog.sets[1].enabled is None
+
+
+def test_build_catalog_disabled_project_hides_home(home: Path, workspace: Path) -> None:
+    """A disabled project set hides the home set and drops out without a note."""
+    write(home / "tools", "acme", manifest("deploy"))
+    write(workspace / ".crystal" / "tools", "acme", manifest("deploy", enabled=False))
+    catalog = build(home, workspace)
+    assert catalog.tools == {}
+    assert catalog.notes == ()
+    assert states(catalog) == [("acme", "home", "hidden"), ("acme", "project", "disabled")]
+    assert catalog.sets[1].enabled is False
+
+
+def test_build_catalog_project_replaces_home_whole(home: Path, workspace: Path) -> None:
+    """The project set replaces the home set as a whole; lists are not merged."""
+    write(home / "tools", "acme", manifest("deploy", "inventory"))
+    write(workspace / ".crystal" / "tools", "acme", manifest("deploy"))
+    catalog = build(home, workspace)
+    assert list(catalog.tools) == ["deploy"]
+    assert catalog.tools["deploy"].toolset.source is Source.PROJECT
+
+
+def test_build_catalog_overlay_is_case_sensitive(home: Path, workspace: Path) -> None:
+    """Home ``Acme`` and project ``acme`` are two separate sets on Linux."""
+    write(home / "tools", "Acme", manifest("a"))
+    write(workspace / ".crystal" / "tools", "acme", manifest("b"))
+    assert states(build(home, workspace)) == [("Acme", "home", "loaded"), ("acme", "project", "loaded")]
+
+
+def test_build_catalog_ordinal_order_first_set_wins(home: Path) -> None:
+    """Sets load in ordinal order (``Zeta`` before ``alpha``); the later duplicate tool is omitted alone."""
+    write(home / "tools", "alpha", manifest("deploy", "inventory"))
+    write(home / "tools", "Zeta", manifest("deploy"))
+    catalog = build(home)
+    assert list(catalog.tools) == ["deploy", "inventory"]
+    assert catalog.tools["deploy"].toolset.directory == "Zeta"
+    assert [e.directory for e in catalog.sets] == ["Zeta", "alpha"]
+    assert messages(catalog) == ["External tool 'deploy' was omitted because the name is already registered."]
+    alpha = catalog.sets[1]
+    assert (alpha.state, alpha.tools, alpha.notes) == (SetState.LOADED, ("inventory",), tuple(messages(catalog)))
+    assert note_info(catalog.notes[0]) == {"set": "alpha", "source": "home", "message": messages(catalog)[0]}
+
+
+def test_build_catalog_every_tool_omitted_refuses_set(home: Path) -> None:
+    """A set whose every tool was omitted is refused."""
+    write(home / "tools", "a", manifest("deploy"))
+    write(home / "tools", "b", manifest("deploy"))
+    assert states(build(home)) == [("a", "home", "loaded"), ("b", "home", "refused")]
+
+
+def test_build_catalog_reserved_name_refuses_set(home: Path) -> None:
+    """A tool named like a reserved name (here a --reserve name) refuses its whole exec set."""
+    write(home / "tools", "acme", manifest("inventory", "deploy"))
+    catalog = build(home, reserved=DEFAULT_RESERVED_NAMES | {"deploy"})
+    assert catalog.tools == {}
+    assert messages(catalog) == ["External tool set 'acme' was skipped: Tool name 'deploy' is reserved or invalid."]
+
+
+def test_build_catalog_external_tools_off(home: Path, workspace: Path) -> None:
+    """``externalTools: false`` yields an empty catalog with no notes and no sets."""
+    write(home / "tools", "acme", b"{")
+    (home / "config.json").write_text('{"externalTools": false}')
+    catalog = build(home, workspace)
+    assert (dict(catalog.tools), catalog.sets, catalog.notes) == ({}, (), ())
+    assert catalog.config.external_tools is False
+
+
+def test_build_catalog_invalid_directory_names(home: Path) -> None:
+    """An invalid directory name gets a note only when it holds a tools.json."""
+    write(home / "tools", "my tools", manifest("a"))
+    (home / "tools" / ".git").mkdir()
+    (home / "tools" / "9lives").mkdir()
+    catalog = build(home)
+    assert messages(catalog) == ["External tool set 'my tools' was skipped: directory name is invalid."]
+    assert states(catalog) == [("my tools", "home", "refused")]
+
+
+def test_build_catalog_directory_without_manifest_is_silent(home: Path) -> None:
+    """A valid directory without tools.json, or with a directory named tools.json, is no candidate."""
+    (home / "tools" / "empty").mkdir()
+    (home / "tools" / "odd" / "tools.json").mkdir(parents=True)
+    (home / "tools" / "stray.json").write_text("{}")
+    catalog = build(home)
+    assert (catalog.sets, catalog.notes) == ((), ())
+
+
+def test_build_catalog_fifo_manifest_does_not_hang(home: Path, workspace: Path) -> None:
+    """A FIFO named tools.json is unreadable, is never opened blocking, and still hides home."""
+    write(home / "tools", "acme", manifest("deploy"))
+    (workspace / ".crystal" / "tools" / "acme").mkdir()
+    os.mkfifo(workspace / ".crystal" / "tools" / "acme" / "tools.json")
+    catalog = build(home, workspace)
+    assert messages(catalog) == ["External tool set 'acme' was skipped: tools.json could not be read."]
+    assert states(catalog) == [("acme", "home", "hidden"), ("acme", "project", "refused")]
+
+
+def test_build_catalog_oversized_manifest(home: Path) -> None:
+    """A manifest over 1 MiB is refused without being parsed."""
+    write(home / "tools", "big", b" " * (1 << 20) + b"{}")
+    assert messages(build(home)) == ["External tool set 'big' was skipped: tools.json is larger than 1 MiB."]
+
+
+def test_build_catalog_follows_symlinked_set_directory(home: Path, tmp_path: Path) -> None:
+    """A set directory that is a symlink loads like any other."""
+    target = write(tmp_path / "elsewhere", "real", manifest("linked"))
+    (home / "tools" / "linked").symlink_to(target)
+    catalog = build(home)
+    assert list(catalog.tools) == ["linked"]
+    assert catalog.sets[0].path == home / "tools" / "linked"
+
+
+def test_build_catalog_dotnet_set_skipped_with_note(home: Path, workspace: Path) -> None:
+    """A valid dotnet set is refused with the no-.NET note, and a project dotnet set still hides home."""
+    write(home / "tools", "Acme.Tools", manifest("deploy"))
+    write(workspace / ".crystal" / "tools", "Acme.Tools", {"runner": "dotnet", "assembly": "Acme.Tools.dll"})
+    catalog = build(home, workspace)
+    assert catalog.tools == {}
+    assert states(catalog) == [("Acme.Tools", "home", "hidden"), ("Acme.Tools", "project", "refused")]
+    assert messages(catalog) == [
+        "External tool set 'Acme.Tools' was skipped: dotnet runner is not supported by toolsetd "
+        "(no .NET runtime); the manifest is valid."
+    ]
+
+
+def test_build_catalog_disabled_invalid_set_gets_note(home: Path) -> None:
+    """A disabled set whose manifest is invalid is still skipped with a note."""
+    write(home / "tools", "acme", {"runner": "exec", "enabled": False, "stdin": "x"})
+    assert messages(build(home)) == ["External tool set 'acme' was skipped: stdin must be a boolean."]
+
+
+def test_build_catalog_note_order(home: Path, workspace: Path) -> None:
+    """Notes run config first, then home discovery, then project discovery, then load notes."""
+    (home / "config.json").write_text('{"externalToolApproval": {"home": "maybe"}}')
+    write(home / "tools", "b", manifest("x"))
+    write(home / "tools", "c", b"[]")
+    write(workspace / ".crystal" / "tools", "a", b"[]")
+    write(workspace / ".crystal" / "tools", "d", manifest("x"))
+    catalog = build(home, workspace)
+    assert [(n.set, n.source) for n in catalog.notes] == [
+        ("config.json", None),
+        ("c", Source.HOME),
+        ("a", Source.PROJECT),
+        ("d", Source.PROJECT),
+    ]
+
+
+def test_build_catalog_sets_sorted_by_directory_then_source(home: Path, workspace: Path) -> None:
+    """Set entries sort by directory name, then home before project."""
+    write(workspace / ".crystal" / "tools", "b", manifest("p"))
+    write(home / "tools", "b", manifest("h"))
+    write(home / "tools", "a", manifest("a"))
+    assert [(e.directory, e.source.value) for e in build(home, workspace).sets] == [
+        ("a", "home"),
+        ("b", "home"),
+        ("b", "project"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("config", "home_effective", "project_effective"),
+    [
+        ({}, Approval.ALWAYS, Approval.INHERIT),
+        ({"externalToolApproval": {"home": "host"}}, Approval.INHERIT, Approval.INHERIT),
+        ({"externalToolApproval": {"project": " Author "}}, Approval.ALWAYS, Approval.ALWAYS),
+    ],
+)
+def test_build_catalog_source_policy(
+    home: Path, workspace: Path, config: dict[str, Any], home_effective: Approval, project_effective: Approval
+) -> None:
+    """The effective approval follows the author under ``author`` and is inherit under ``host``."""
+    (home / "config.json").write_text(json.dumps(config))
+    write(home / "tools", "h", manifest("ht", approval="always"))
+    write(workspace / ".crystal" / "tools", "p", manifest("pt", approval="always"))
+    catalog = build(home, workspace)
+    assert catalog.tools["ht"].effective_approval is home_effective
+    assert catalog.tools["pt"].effective_approval is project_effective
+    assert catalog.tools["pt"].tool.approval is Approval.ALWAYS
+
+
+def test_build_catalog_explicit_config_skips_config_file(home: Path) -> None:
+    """A passed Config is used as is, and the config file is not read (no config notes)."""
+    (home / "config.json").write_text("{")
+    write(home / "tools", "acme", manifest("t", approval="always"))
+    catalog = build(home, config=Config(home_policy=ApprovalSource.HOST))
+    assert catalog.notes == ()
+    assert catalog.tools["t"].effective_approval is Approval.INHERIT
+
+
+def test_tool_info_wire_shape(home: Path) -> None:
+    """``tool_info`` renders the contract's camelCase tools[] entry."""
+    write(home / "tools", "acme", manifest("deploy", catalogs=["work", "plan"], timeoutSeconds="unlimited"))
+    loaded = build(home).tools["deploy"]
+    assert tool_info(loaded) == {
+        "name": "deploy",
+        "description": "deploy tool",
+        "inputSchema": SCHEMA,
+        "set": "acme",
+        "source": "home",
+        "runner": "exec",
+        "catalogs": ["plan", "work"],
+        "approval": {"declared": "inherit", "policy": "author", "effective": "inherit"},
+        "timeoutSeconds": None,
+        "output": "text",
+        "pathArguments": [],
+        "hash": loaded.hash,
+    }
+
+
+def test_set_info_wire_shape(home: Path) -> None:
+    """``set_info`` renders the contract's sets[] entry."""
+    set_dir = write(home / "tools", "acme", manifest("deploy"))
+    assert set_info(build(home).sets[0]) == {
+        "directory": "acme",
+        "source": "home",
+        "path": str(set_dir),
+        "enabled": True,
+        "state": "loaded",
+        "tools": ["deploy"],
+        "notes": [],
+    }
+
+
+def test_tool_hash_stable_and_sensitive(home: Path) -> None:
+    """The hash is stable across builds and changes with anything that changes how the tool runs."""
+    write(home / "tools", "acme", manifest("deploy"))
+    first = build(home).tools["deploy"].hash
+    assert first.startswith("sha256:") and len(first) == 7 + 64
+    assert build(home).tools["deploy"].hash == first
+    variants = [
+        manifest("deploy", command=["other"]),
+        manifest("deploy", stdin=False),
+        manifest("deploy", timeoutSeconds=5),
+        {**manifest(), "tools": [tool("deploy", argv={"environment": "--env"})]},
+        {**manifest(), "tools": [tool("deploy", description="changed")]},
+    ]
+    seen = {first}
+    for body in variants:
+        write(home / "tools", "acme", body)
+        seen.add(build(home).tools["deploy"].hash)
+    assert len(seen) == len(variants) + 1
+    write(home / "tools", "acme", manifest("deploy"))
+    assert build(home, config=Config(home_policy=ApprovalSource.HOST)).tools["deploy"].hash != first
+
+
+def test_manifest_cache_skips_unchanged_sets(home: Path, workspace: Path) -> None:
+    """A rebuild with unchanged files neither re-reads nor re-parses any manifest."""
+    write(home / "tools", "a", manifest("a"))
+    write(home / "tools", "b", b"{")
+    cache = ManifestCache()
+    first = build(home, workspace, cache=cache)
+    assert (cache.reads, cache.parses) == (2, 2)
+    second = build(home, workspace, cache=cache)
+    assert (cache.reads, cache.parses) == (2, 2)
+    assert second.tools["a"] is not first.tools["a"]
+    assert second.tools["a"].toolset is first.tools["a"].toolset
+    assert messages(second) == messages(first)
+
+
+def test_manifest_cache_touched_identical_file_is_not_reparsed(home: Path) -> None:
+    """A touched file with identical bytes is re-read but not re-parsed; changed bytes are re-parsed."""
+    set_dir = write(home / "tools", "a", manifest("a"))
+    cache = ManifestCache()
+    build(home, cache=cache)
+    os.utime(set_dir / "tools.json", ns=(1, 1))
+    build(home, cache=cache)
+    assert (cache.reads, cache.parses) == (2, 1)
+    write(home / "tools", "a", manifest("b"))
+    assert list(build(home, cache=cache).tools) == ["b"]
+    assert (cache.reads, cache.parses) == (3, 2)
+
+
+def test_manifest_cache_reserved_change_reparses(home: Path) -> None:
+    """A different reserved set forces a re-parse, since names may become reserved."""
+    write(home / "tools", "a", manifest("deploy"))
+    cache = ManifestCache()
+    assert list(build(home, cache=cache).tools) == ["deploy"]
+    assert build(home, cache=cache, reserved=frozenset({"deploy"})).tools == {}
+    assert cache.parses == 2
+
+
+def test_manifest_cache_reuses_schema_checks(home: Path) -> None:
+    """Sets sharing one schema content are checked once."""
+    for name in ("a", "b", "c"):
+        write(home / "tools", name, manifest(name + "1", name + "2"))
+    cache = ManifestCache()
+    build(home, cache=cache)
+    assert cache.schemas.checks == 1
+
+
+def test_load_config_missing_file_defaults(home: Path) -> None:
+    """No config.json means the defaults and no notes."""
+    assert load_config(home) == (Config(), [])
+
+
+@pytest.mark.parametrize(
+    ("text", "expected", "note"),
+    [
+        ("{", Config(), "config.json is not valid JSON: Expecting property name enclosed in double quotes: "
+         "line 1 column 2 (char 1); using the defaults."),
+        ("[]", Config(), "config.json must be a JSON object; using the defaults."),
+        ('{"externalTools": "no"}', Config(),
+         "config.json: externalTools must be true or false; using the default, true."),
+        ('{"externalToolApproval": "host"}', Config(),
+         'config.json: externalToolApproval must be an object such as {"home": "author", "project": "host"}; '
+         "using the defaults, home author and project host."),
+        ('{"externalToolApproval": {"home": "maybe", "project": "AUTHOR"}}',
+         Config(project_policy=ApprovalSource.AUTHOR),
+         "config.json: externalToolApproval.home must be author or host. External tool trust policy must be "
+         "author or host. Using the default, author, until it is fixed."),
+        ('{"externalToolApproval": {"project": 1}}', Config(),
+         "config.json: externalToolApproval.project must be author or host. External tool trust policy must be "
+         "author or host. Using the default, host, until it is fixed."),
+    ],
+)
+def test_load_config_bad_parts_fall_back_with_note(home: Path, text: str, expected: Config, note: str) -> None:
+    """Each bad part of config.json keeps its default and yields one note naming the field and the fix."""
+    (home / "config.json").write_text(text)
+    config, notes = load_config(home)
+    assert config == expected
+    assert [(n.set, n.source, n.message) for n in notes] == [("config.json", None, note)]
+
+
+def test_load_config_valid_values(home: Path) -> None:
+    """Valid values are read, trimmed and case-insensitive; nulls mean the default."""
+    (home / "config.json").write_text(
+        '{"externalTools": false, "externalToolApproval": {"home": " Host ", "project": null}}'
+    )
+    assert load_config(home) == (Config(external_tools=False, home_policy=ApprovalSource.HOST), [])
+
+
+def test_load_config_fifo_is_unreadable(home: Path) -> None:
+    """A FIFO config.json does not hang the loader; the defaults apply with a note."""
+    os.mkfifo(home / "config.json")
+    config, notes = load_config(home)
+    assert config == Config()
+    assert [n.message for n in notes] == ["config.json could not be read. Using the defaults."]
