@@ -1,2 +1,16 @@
+"""``python -m toolsetd.client`` and the ``toolsetctl`` entry point."""
+
+from __future__ import annotations
+
+import sys
+
+
 def main() -> None:
-    print("client")
+    """Run ``toolsetctl`` with ``sys.argv`` and exit with its code."""
+    from toolsetd.client.cli import run
+
+    sys.exit(run())
+
+
+if __name__ == "__main__":
+    main()

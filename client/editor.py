@@ -1,0 +1,190 @@
+"""Editing a tool set's ``enabled`` field in place (``toolsetctl enable|disable``).
+
+Theory of operation, the reference host's rules (``ToolSetInventory.TrySetEnabled``):
+
+1. ``locate_set`` picks the manifest. The directory name is trimmed and must be a legal
+   set directory name (``Directory name is invalid.``). With ``--source`` that copy must
+   exist (``Tool set '<d>' was not found in Home.`` / ``... in Project.``); without it the
+   project copy wins over the home copy (``Tool set '<d>' was not found.``).
+2. ``set_enabled`` reads the bytes. A manifest that is not JSON, not an object, or (when
+   the caller passes ``check``, the full manifest parser) fails to parse is left
+   byte-for-byte untouched and its parse error is raised.
+3. When ``enabled`` (absent or null meaning true) already has the wanted value nothing is
+   written. Otherwise the key is set: an existing key keeps its position, a new one is
+   appended last. The file is rewritten as ``json.dumps(obj, indent=2,
+   ensure_ascii=False)`` plus a newline, through a temporary file in the same folder,
+   fsync, and ``os.replace``, keeping the file's permission bits. A symlinked
+   ``tools.json`` is written through to its target, so the link survives.
+
+Nothing here talks to the daemon or imports it; the CLI asks a running daemon to reload
+afterwards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from toolsetd.client.render import is_directory_name
+
+__all__ = ["EditError", "EditOutcome", "locate_set", "manifest_path", "set_enabled"]
+
+_MANIFEST = "tools.json"
+
+
+class EditError(Exception):
+    """The edit cannot be done; ``message`` is the operator-facing sentence.
+
+    Attributes:
+        message: The English message, printed as is.
+    """
+
+    def __init__(self, message: str) -> None:
+        """Create the error.
+
+        Args:
+            message: The English message.
+        """
+        super().__init__(message)
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class EditOutcome:
+    """What ``set_enabled`` did.
+
+    Attributes:
+        path: The manifest path.
+        changed: Whether the file was rewritten (False: it already had the value).
+    """
+
+    path: Path
+    changed: bool
+
+
+def manifest_path(home: Path, workspace: Path, directory: str, source: str) -> Path:
+    """Return the ``tools.json`` path of a set directory.
+
+    Args:
+        home: The Crystal home.
+        workspace: The workspace root.
+        directory: The set directory name.
+        source: ``home`` or ``project``.
+    """
+    root = home / "tools" if source == "home" else workspace / ".crystal" / "tools"
+    return root / directory / _MANIFEST
+
+
+def locate_set(
+    home: Path, workspace: Path, directory: str, source: str | None
+) -> tuple[str, str, Path]:
+    """Find the manifest a command means (the project copy wins without ``source``).
+
+    Args:
+        home: The Crystal home.
+        workspace: The workspace root.
+        directory: The directory name as the operator typed it.
+        source: ``home``, ``project`` or None.
+
+    Returns:
+        ``(directory, source, manifest path)``.
+
+    Raises:
+        EditError: The name is invalid or no such set exists.
+    """
+    name = directory.strip()
+    if not name or not is_directory_name(name):
+        raise EditError("Directory name is invalid.")
+    if source is not None:
+        path = manifest_path(home, workspace, name, source)
+        if not path.is_file():
+            where = "Home" if source == "home" else "Project"
+            raise EditError(f"Tool set '{name}' was not found in {where}.")
+        return name, source, path
+    for candidate in ("project", "home"):
+        path = manifest_path(home, workspace, name, candidate)
+        if path.is_file():
+            return name, candidate, path
+    raise EditError(f"Tool set '{name}' was not found.")
+
+
+def _load_object(data: bytes) -> dict[str, Any]:
+    """Parse manifest bytes into an ordered object, or raise the parse error."""
+    try:
+        text = data.decode("utf-8-sig")
+        value = json.loads(text, parse_constant=_reject_constant)
+    except UnicodeDecodeError as exc:
+        raise EditError(f"tools.json is not valid JSON: {exc.reason}.") from exc
+    except (json.JSONDecodeError, ValueError) as exc:
+        raise EditError(f"tools.json is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise EditError("tools.json must be a JSON object.")
+    return value
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"'{name}' is not a JSON value")
+
+
+def set_enabled(
+    path: Path, enabled: bool, *, check: Callable[[bytes], str | None] | None = None
+) -> EditOutcome:
+    """Write ``enabled`` into one manifest, leaving the rest of it as it was.
+
+    Args:
+        path: The ``tools.json`` path.
+        enabled: The wanted value.
+        check: The full manifest check: returns the parse error of the bytes, or None
+            when they parse. Without it only JSON and the object root are checked.
+
+    Returns:
+        The path and whether the file changed.
+
+    Raises:
+        EditError: The file cannot be read, does not parse (it is left untouched), or
+            cannot be written.
+    """
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise EditError("tools.json could not be read.") from exc
+    if check is not None:
+        problem = check(data)
+        if problem is not None:
+            raise EditError(problem)
+    document = _load_object(data)
+    current = document.get("enabled")
+    current_value = True if current is None else current
+    if current_value is enabled:
+        return EditOutcome(path, changed=False)
+    document["enabled"] = enabled
+    text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    try:
+        _replace(Path(os.path.realpath(path)), text.encode("utf-8"))
+    except OSError as exc:
+        raise EditError("tools.json could not be written.") from exc
+    return EditOutcome(path, changed=True)
+
+
+def _replace(target: Path, data: bytes) -> None:
+    """Atomically replace ``target`` with ``data``, keeping its permission bits."""
+    mode = stat.S_IMODE(target.stat().st_mode)
+    fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=".tools.json.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temp_name, mode)
+        os.replace(temp_name, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp_name)
+        raise

@@ -1,0 +1,171 @@
+"""Client-side transport errors, and the mapping from socket failures to them.
+
+The wire's own errors (``RpcError`` and its subclasses, rebuilt by code from a response)
+live in ``toolsetd.protocol.errors`` and are re-exported here so callers need one import.
+Transport failures are mapped at the I/O edge, once, by ``map_connect_errors`` and
+``map_stream_errors``, as httpcore's ``map_exceptions`` does::
+
+    Exception
+    ├── ClientError              a transport failure talking to toolsetd
+    │   ├── ConnectError         could not reach the socket (ENOENT, ECONNREFUSED, EACCES, timeout)
+    │   ├── ConnectionClosed     the connection ended while a call was waiting (EOF, broken, closed)
+    │   └── RequestTimeout       a call got no response within the caller's timeout
+    └── RpcError                 an error response from the daemon (toolsetd.protocol.errors)
+
+``ConnectionClosed`` keeps anyio's distinction in its ``reason``: ``"closed"`` (closed by
+us), ``"broken"`` (the peer broke the stream), ``"eof"`` (a clean end of stream) or
+``"protocol"`` (the daemon sent bytes that break the framing).
+"""
+
+from __future__ import annotations
+
+import errno
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import anyio
+
+from toolsetd.protocol.errors import (
+    ApprovalRequired,
+    InternalError,
+    InvalidArguments,
+    InvalidParams,
+    InvalidRequest,
+    InvalidWorkspace,
+    MessageTooLarge,
+    MethodNotFound,
+    ParseError,
+    PeerNotAllowed,
+    PolicyDenied,
+    ProtocolError,
+    RemoteProtocolError,
+    RpcError,
+    ServerBusy,
+    ShuttingDown,
+    UnknownCall,
+    UnknownTool,
+)
+
+__all__ = [
+    "ApprovalRequired",
+    "ClientError",
+    "ConnectError",
+    "ConnectionClosed",
+    "InternalError",
+    "InvalidArguments",
+    "InvalidParams",
+    "InvalidRequest",
+    "InvalidWorkspace",
+    "MessageTooLarge",
+    "MethodNotFound",
+    "ParseError",
+    "PeerNotAllowed",
+    "PolicyDenied",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "RequestTimeout",
+    "RpcError",
+    "ServerBusy",
+    "ShuttingDown",
+    "UnknownCall",
+    "UnknownTool",
+    "map_connect_errors",
+    "map_stream_errors",
+]
+
+
+class ClientError(Exception):
+    """A transport failure while talking to toolsetd."""
+
+
+class ConnectError(ClientError):
+    """The daemon's socket could not be reached.
+
+    Attributes:
+        path: The socket path that was tried.
+    """
+
+    def __init__(self, message: str, path: str) -> None:
+        """Create the error.
+
+        Args:
+            message: An English sentence naming the socket path.
+            path: The socket path.
+        """
+        super().__init__(message)
+        self.path = path
+
+
+class ConnectionClosed(ClientError):
+    """The connection ended; every call still waiting on it fails with this error.
+
+    Attributes:
+        reason: ``closed`` (by us), ``broken`` (by the peer), ``eof`` (clean end of
+            stream) or ``protocol`` (the daemon sent bytes that break the framing).
+    """
+
+    def __init__(self, message: str, reason: str) -> None:
+        """Create the error.
+
+        Args:
+            message: An English sentence.
+            reason: One of ``closed``, ``broken``, ``eof``, ``protocol``.
+        """
+        super().__init__(message)
+        self.reason = reason
+
+
+class RequestTimeout(ClientError):
+    """A call got no response within the timeout the caller gave."""
+
+
+def _connect_message(path: str, exc: OSError) -> str:
+    """Word a connect failure for the operator, naming the socket path."""
+    if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+        return f"toolsetd is not running at {path} (no such socket)."
+    if exc.errno == errno.ECONNREFUSED:
+        return f"toolsetd is not running at {path} (connection refused)."
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return f"Permission denied connecting to toolsetd at {path}."
+    detail = exc.strerror or str(exc)
+    return f"Cannot connect to toolsetd at {path}: {detail}."
+
+
+@contextmanager
+def map_connect_errors(path: str | Path, timeout: float) -> Iterator[None]:
+    """Turn the failures of opening the socket into ``ConnectError``.
+
+    Args:
+        path: The socket path being connected to (for the message).
+        timeout: The connect timeout in seconds (for the message).
+
+    Raises:
+        ConnectError: For a missing socket, a refused or forbidden connect, any other
+            ``OSError`` and a connect timeout.
+    """
+    where = str(path)
+    try:
+        yield
+    except TimeoutError as exc:
+        raise ConnectError(
+            f"Timed out after {timeout:g} s connecting to toolsetd at {where}.", where
+        ) from exc
+    except OSError as exc:
+        raise ConnectError(_connect_message(where, exc), where) from exc
+
+
+@contextmanager
+def map_stream_errors() -> Iterator[None]:
+    """Turn the failures of sending on an open connection into ``ConnectionClosed``.
+
+    Raises:
+        ConnectionClosed: ``closed`` when we closed the stream, ``broken`` when the peer
+            broke it (or any other ``OSError``).
+    """
+    try:
+        yield
+    except anyio.ClosedResourceError as exc:
+        raise ConnectionClosed("The connection to toolsetd is closed.", "closed") from exc
+    except (anyio.BrokenResourceError, OSError) as exc:
+        raise ConnectionClosed("The connection to toolsetd was broken.", "broken") from exc

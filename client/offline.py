@@ -1,0 +1,285 @@
+"""The CLI's offline commands: reading tool sets from disk without a daemon.
+
+This is the one module of ``toolsetd.client`` that imports ``toolsetd.daemon`` (the
+exception named in ``docs/architecture.md``): the pure, file-reading parts only, namely
+``daemon.manifest`` (the parser), ``daemon.catalog`` (config, discovery, the wire
+helpers), ``daemon.validation`` (the schema checker) and ``daemon.model`` (their values).
+Nothing here opens a socket, starts a process or logs.
+
+* ``inventory`` is the reference host's ``ToolSetInventory.List``: every immediate
+  subdirectory of ``<home>/tools`` and ``<workspace>/.crystal/tools`` that holds a
+  ``tools.json``, parsed on its own, whatever ``externalTools`` says. A copy is
+  *effective* when its name is valid and no project copy of the same name hides it.
+* ``offline_list`` is what the daemon's ``list`` would say, built by ``build_catalog``.
+* ``validate_set`` checks one directory and collects every problem it can: the
+  directory name, the first structural failure of the parser (which stops there), and
+  the schema problem of every tool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from toolsetd.client.render import SetRow, catalogs_label
+from toolsetd.daemon.catalog import (
+    ManifestCache,
+    build_catalog,
+    load_config,
+    note_info,
+    set_info,
+    tool_info,
+)
+from toolsetd.daemon.manifest import ManifestError, is_directory_name, parse_manifest
+from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Approval, Source, ToolSet
+from toolsetd.daemon.validation import SchemaChecker
+
+__all__ = [
+    "ValidationReport",
+    "discovery_enabled",
+    "inventory",
+    "manifest_problem",
+    "offline_list",
+    "validate_set",
+]
+
+_MANIFEST = "tools.json"
+_PLACEHOLDER = "toolsetctl-validate"
+
+
+def discovery_enabled(home: Path) -> bool:
+    """Return ``externalTools`` from ``<home>/config.json`` (true when absent)."""
+    config, _notes = load_config(home)
+    return bool(config.external_tools)
+
+
+def manifest_problem(
+    data: bytes, set_dir: Path, source: str, reserved: frozenset[str] = DEFAULT_RESERVED_NAMES
+) -> str | None:
+    """Return the parser's message for a manifest, or None when it parses.
+
+    Args:
+        data: The manifest bytes.
+        set_dir: The set directory.
+        source: ``home`` or ``project``.
+        reserved: The reserved tool names.
+    """
+    try:
+        parse_manifest(data, set_dir=set_dir, source=Source(source), reserved=reserved)
+    except ManifestError as exc:
+        return exc.message
+    return None
+
+
+def _tool_label(name: str, approval: Approval) -> str:
+    return name if approval is Approval.INHERIT else f"{name} ({approval.value})"
+
+
+def _row(
+    directory: str,
+    source: Source,
+    set_dir: Path,
+    effective: bool,
+    reserved: frozenset[str],
+    catalog: str | None,
+) -> SetRow:
+    manifest = str(set_dir / _MANIFEST)
+    if not is_directory_name(directory):
+        return SetRow(
+            directory, source.value, manifest, None, False, error="directory name is invalid."
+        )
+    try:
+        data = (set_dir / _MANIFEST).read_bytes()
+    except OSError:
+        return SetRow(
+            directory, source.value, manifest, None, effective, error="tools.json could not be read."
+        )
+    try:
+        toolset = parse_manifest(data, set_dir=set_dir, source=source, reserved=reserved)
+    except ManifestError as exc:
+        return SetRow(directory, source.value, manifest, None, effective, error=exc.message)
+    return SetRow(
+        directory=directory,
+        source=source.value,
+        path=manifest,
+        enabled=toolset.enabled,
+        effective=effective,
+        runner=toolset.runner.value,
+        catalogs=catalogs_label(c.value for c in toolset.catalogs),
+        approval=toolset.approval.value,
+        tools=tuple(
+            _tool_label(t.name, t.approval)
+            for t in toolset.tools
+            if catalog is None or any(c.value == catalog for c in t.catalogs)
+        ),
+    )
+
+
+def _scan(root: Path) -> list[Path]:
+    try:
+        children = sorted(root.iterdir(), key=lambda p: p.name)
+    except OSError:
+        return []
+    return [child for child in children if child.is_dir() and (child / _MANIFEST).is_file()]
+
+
+def inventory(
+    home: Path,
+    workspace: Path,
+    catalog: str | None = None,
+    reserved: frozenset[str] = DEFAULT_RESERVED_NAMES,
+) -> list[SetRow]:
+    """List every tool set on disk, home and project, as the reference host's CLI does.
+
+    Args:
+        home: The Crystal home.
+        workspace: The workspace root.
+        catalog: ``plan`` or ``work`` to show only that catalog's tools in each row.
+        reserved: The reserved tool names.
+
+    Returns:
+        The rows sorted by directory, then source.
+    """
+    home_dirs = _scan(home / "tools")
+    project_dirs = _scan(workspace / ".crystal" / "tools")
+    project_names = {d.name for d in project_dirs if is_directory_name(d.name)}
+    rows = [
+        _row(d.name, Source.HOME, d, d.name not in project_names, reserved, catalog)
+        for d in home_dirs
+    ]
+    rows += [_row(d.name, Source.PROJECT, d, True, reserved, catalog) for d in project_dirs]
+    rows.sort(key=lambda row: (row.directory, row.source))
+    return rows
+
+
+def offline_list(
+    home: Path,
+    workspace: Path,
+    catalog: str | None = None,
+    reserved: frozenset[str] = DEFAULT_RESERVED_NAMES,
+) -> dict[str, Any]:
+    """Build, from the files, the result a daemon's ``list`` would give.
+
+    Args:
+        home: The Crystal home.
+        workspace: The workspace root.
+        catalog: ``plan`` or ``work`` to keep only that catalog's tools.
+        reserved: The reserved tool names.
+
+    Returns:
+        ``{"generation": 0, "tools", "sets", "notes"}``.
+    """
+    built = build_catalog(home, workspace, reserved=reserved, cache=ManifestCache())
+    tools = [
+        tool_info(loaded)
+        for loaded in built.tools.values()
+        if catalog is None or any(c.value == catalog for c in loaded.tool.catalogs)
+    ]
+    return {
+        "generation": 0,
+        "tools": tools,
+        "sets": [set_info(entry) for entry in built.sets],
+        "notes": [note_info(note) for note in built.notes],
+    }
+
+
+@dataclass(slots=True)
+class ValidationReport:
+    """The outcome of ``validate_set``.
+
+    Attributes:
+        directory: The directory name.
+        path: The manifest path.
+        problems: Every problem found, in order; empty when the set is valid.
+        tools: The tool names, in manifest order, when the manifest parsed.
+        runner: The runner, when the manifest parsed.
+    """
+
+    directory: str
+    path: Path
+    problems: list[str] = field(default_factory=list)
+    tools: list[str] = field(default_factory=list)
+    runner: str | None = None
+
+    @property
+    def valid(self) -> bool:
+        """Whether no problem was found."""
+        return not self.problems
+
+    def to_json(self) -> dict[str, Any]:
+        """The report as a JSON object."""
+        return {
+            "directory": self.directory,
+            "path": str(self.path),
+            "valid": self.valid,
+            "runner": self.runner,
+            "tools": self.tools,
+            "problems": self.problems,
+        }
+
+
+def _shorthand_problem(directory: str) -> str:
+    return f"Directory '{directory}' is not a valid tool name for exec shorthand."
+
+
+class _NoSchemaCheck(SchemaChecker):
+    """A checker that passes every schema, so the parser returns every tool."""
+
+    def problem(self, schema: Mapping[str, Any]) -> str | None:
+        return None
+
+
+def validate_set(
+    set_dir: Path, reserved: frozenset[str] = DEFAULT_RESERVED_NAMES
+) -> ValidationReport:
+    """Check one set directory as a home set and collect its problems.
+
+    The parser stops at its first failure, so the problems are: the directory name,
+    the first structural failure, and (when the structure is sound) the schema problem
+    of each tool.
+
+    Args:
+        set_dir: The set directory (the one holding ``tools.json``).
+        reserved: The reserved tool names.
+
+    Returns:
+        The report.
+    """
+    set_dir = Path(set_dir).absolute()
+    directory = set_dir.name
+    report = ValidationReport(directory, set_dir / _MANIFEST)
+    parse_dir = set_dir
+    if not is_directory_name(directory):
+        report.problems.append(f"Tool set directory '{directory}' is not a valid name.")
+        parse_dir = set_dir.parent / _PLACEHOLDER
+    if not set_dir.is_dir():
+        report.problems.append(f"Tool set directory '{set_dir}' does not exist.")
+        return report
+    try:
+        data = (set_dir / _MANIFEST).read_bytes()
+    except OSError:
+        report.problems.append("tools.json could not be read.")
+        return report
+    try:
+        toolset: ToolSet = parse_manifest(
+            data, set_dir=parse_dir, source=Source.HOME, reserved=reserved, schemas=_NoSchemaCheck()
+        )
+    except ManifestError as exc:
+        if parse_dir is not set_dir and _PLACEHOLDER in exc.message:
+            report.problems.append(_shorthand_problem(directory))
+        else:
+            report.problems.append(exc.message)
+        return report
+    report.runner = toolset.runner.value
+    if parse_dir is not set_dir and [t.name for t in toolset.tools] == [_PLACEHOLDER]:
+        report.problems.append(_shorthand_problem(directory))
+        return report
+    report.tools = [tool.name for tool in toolset.tools]
+    checker = SchemaChecker()
+    for tool in toolset.tools:
+        problem = checker.problem(tool.schema)
+        if problem is not None:
+            report.problems.append(f"Tool '{tool.name}' has an invalid JSON Schema: {problem}")
+    return report

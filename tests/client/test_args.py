@@ -1,0 +1,63 @@
+"""``--args`` parsing: inline JSON, ``@FILE``, ``-`` for stdin, and the usage errors."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from toolsetd.client.cli import UsageError, parse_arguments
+
+
+def test_parse_arguments_inline_json() -> None:
+    """Inline JSON text is the argument object."""
+    assert parse_arguments('{"path": "a.txt", "n": 2}', io.StringIO()) == {"path": "a.txt", "n": 2}
+
+
+def test_parse_arguments_absent_is_empty_object() -> None:
+    """Without ``--args`` the arguments are ``{}``."""
+    assert parse_arguments(None, io.StringIO()) == {}
+
+
+def test_parse_arguments_from_file(tmp_path: Path) -> None:
+    """``@FILE`` reads the object from that file."""
+    path = tmp_path / "args.json"
+    path.write_text('{"q": "ünïcode"}', encoding="utf-8")
+    assert parse_arguments(f"@{path}", io.StringIO()) == {"q": "ünïcode"}
+
+
+def test_parse_arguments_from_stdin() -> None:
+    """``-`` reads the object from stdin."""
+    assert parse_arguments("-", io.StringIO('{"a": [1]}\n')) == {"a": [1]}
+
+
+@pytest.mark.parametrize(
+    ("spec", "stdin", "message"),
+    [
+        ("{bad", "", "--args is not valid JSON: "),
+        ("[1]", "", "--args must be a JSON object."),
+        ("-", "nope", "--args from stdin is not valid JSON: "),
+        ("@/nonexistent/args.json", "", "Cannot read the --args file /nonexistent/args.json: "),
+    ],
+)
+def test_parse_arguments_errors(spec: str, stdin: str, message: str) -> None:
+    """Bad ``--args`` raise ``UsageError`` with a message naming the source."""
+    with pytest.raises(UsageError) as caught:
+        parse_arguments(spec, io.StringIO(stdin))
+    assert str(caught.value).startswith(message)
+
+
+def test_cli_invalid_args_json_exits_2(tmp_path: Path) -> None:
+    """``classify`` with invalid ``--args`` JSON exits 2 with the message on stderr, before any connect."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolsetd.client", "classify", "t", "--args", "{bad",
+         "--socket", str(tmp_path / "none.sock")],
+        capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("--args is not valid JSON: ")
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr

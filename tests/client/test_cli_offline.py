@@ -1,0 +1,317 @@
+"""``toolsetctl`` as a subprocess with no daemon: validate, list, show, enable, disable, exit 5.
+
+Every run points ``--socket`` at a path where nothing listens and keeps ``--home`` and
+``--workspace`` under ``tmp_path``, so nothing outside the test is read or written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+NOT_RUNNING = "toolsetd is not running at {}; showing the tool sets on disk.\n"
+DISCOVERY_OFF = (
+    "External tool discovery is off. Enabled tool sets will not load until external tool "
+    "discovery is turned on."
+)
+
+
+class Env:
+    """A home, a workspace and a dead socket path, plus a runner for ``toolsetctl``."""
+
+    def __init__(self, root: Path) -> None:
+        self.home = root / "home"
+        self.workspace = root / "ws"
+        self.socket = root / "no-daemon.sock"
+        self.home.mkdir()
+        self.workspace.mkdir()
+
+    def home_set(self, name: str, manifest: dict[str, object] | str) -> Path:
+        """Write a home set's ``tools.json``."""
+        return self._write(self.home / "tools" / name / "tools.json", manifest)
+
+    def project_set(self, name: str, manifest: dict[str, object] | str) -> Path:
+        """Write a project set's ``tools.json``."""
+        return self._write(self.workspace / ".crystal" / "tools" / name / "tools.json", manifest)
+
+    @staticmethod
+    def _write(path: Path, manifest: dict[str, object] | str) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        text = manifest if isinstance(manifest, str) else json.dumps(manifest)
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    def run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run ``python -m toolsetd.client`` with the global options after the subcommand."""
+        env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
+        return subprocess.run(
+            [sys.executable, "-m", "toolsetd.client", *args,
+             "--home", str(self.home), "--workspace", str(self.workspace),
+             "--socket", str(self.socket)],
+            capture_output=True, text=True, timeout=60, check=False, input=stdin, env=env,
+        )
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Env:
+    """A fresh hermetic environment."""
+    return Env(tmp_path)
+
+
+def exec_set(*names: str, **extra: object) -> dict[str, object]:
+    """An exec manifest with one tool per name."""
+    return {
+        "runner": "exec",
+        "command": ["true"],
+        "tools": [{"name": n, "description": f"{n} tool", "schema": {"type": "object"}} for n in names],
+        **extra,
+    }
+
+
+# -- validate ---------------------------------------------------------------------------
+
+
+def test_validate_valid_set_exits_0(env: Env) -> None:
+    """A valid set prints its tools and exits 0."""
+    path = env.home_set("acme", exec_set("fmt", "lint"))
+    proc = env.run("validate", str(path.parent))
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        0, "Tool set acme is valid: 2 tools (fmt, lint).\n", "",
+    )
+
+
+def test_validate_reports_parse_error_exits_2(env: Env) -> None:
+    """A manifest failing a structural rule prints the parser's message and exits 2."""
+    path = env.home_set("acme", {"runner": "perl"})
+    proc = env.run("validate", str(path.parent))
+    assert proc.returncode == 2
+    assert proc.stdout == (
+        "Tool set acme is not valid:\n- tools.json must set runner to exec or dotnet.\n"
+    )
+
+
+def test_validate_reports_every_schema_problem(env: Env) -> None:
+    """Each tool's invalid schema is reported, not only the first."""
+    manifest = exec_set("a", "b")
+    for tool in manifest["tools"]:  # type: ignore[attr-defined]
+        tool["schema"] = {"type": 5}
+    path = env.home_set("acme", manifest)
+    proc = env.run("validate", str(path.parent))
+    assert proc.returncode == 2
+    problems = [line for line in proc.stdout.splitlines() if line.startswith("- ")]
+    assert len(problems) == 2
+    assert problems[0].startswith("- Tool 'a' has an invalid JSON Schema: ")
+    assert problems[1].startswith("- Tool 'b' has an invalid JSON Schema: ")
+
+
+def test_validate_reports_directory_name_and_parse_error(env: Env) -> None:
+    """An invalid directory name is reported along with the manifest's own problem."""
+    path = env.home_set(
+        "9lives", {"runner": "exec", "command": ["true"], "description": "d", "schema": {}}
+    )
+    proc = env.run("validate", str(path.parent))
+    assert proc.returncode == 2
+    assert proc.stdout.splitlines() == [
+        "Tool set 9lives is not valid:",
+        "- Tool set directory '9lives' is not a valid name.",
+        "- Directory '9lives' is not a valid tool name for exec shorthand.",
+    ]
+    path = env.home_set("my.set", {"runner": "exec", "tools": [{"name": "t"}]})
+    proc = env.run("validate", str(path.parent))
+    assert proc.stdout.splitlines()[1:] == ["- Tool 't' requires description."]
+
+
+def test_validate_json_format(env: Env) -> None:
+    """``--format json`` prints the report object."""
+    path = env.home_set("acme", exec_set("fmt"))
+    proc = env.run("validate", str(path.parent), "--format", "json")
+    assert proc.returncode == 0
+    report = json.loads(proc.stdout)
+    assert report["valid"] is True
+    assert report["tools"] == ["fmt"]
+    assert report["problems"] == []
+
+
+# -- list and show without a daemon -----------------------------------------------------
+
+
+def test_list_offline_text(env: Env) -> None:
+    """Without a daemon, list says so on stderr and prints the inventory from disk."""
+    env.home_set("acme", exec_set("fmt"))
+    env.project_set("acme", exec_set("p1", approval="always", catalogs=["work"]))
+    env.home_set("broken", "{")
+    proc = env.run("list", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == NOT_RUNNING.format(env.socket)
+    lines = proc.stdout.splitlines()
+    assert lines[0].split() == [
+        "Directory", "Source", "Enabled", "Effective", "Path", "Runner", "Catalogs", "Approval", "Tools",
+    ]
+    assert lines[1].split()[:8] == [
+        "acme", "Home", "Yes", "No", str(env.home / "tools/acme/tools.json"), "exec", "Plan+Work", "inherit",
+    ]
+    assert lines[1].endswith("  fmt")
+    assert lines[2].split()[:8] == [
+        "acme", "Project", "Yes", "Yes", str(env.workspace / ".crystal/tools/acme/tools.json"),
+        "exec", "Work", "always",
+    ]
+    assert lines[2].endswith("  p1 (always)")
+    assert lines[3].startswith("broken     Home     -        Yes")
+    assert "tools.json is not valid JSON" in lines[3]
+    assert any(line.startswith("- ") and "broken" in line for line in lines[4:])
+
+
+def test_list_offline_discovery_off_line(env: Env) -> None:
+    """With ``externalTools`` false the list ends with the discovery-off line."""
+    (env.home / "config.json").write_text('{"externalTools": false}')
+    env.home_set("acme", exec_set("fmt"))
+    proc = env.run("list", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == DISCOVERY_OFF
+    assert proc.stdout.splitlines()[1].startswith("acme")
+
+
+def test_list_offline_json(env: Env) -> None:
+    """``--format json`` prints a list-shaped result built from disk."""
+    env.home_set("acme", exec_set("fmt"))
+    proc = env.run("list", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout)
+    assert [t["name"] for t in result["tools"]] == ["fmt"]
+    assert [s["directory"] for s in result["sets"]] == ["acme"]
+
+
+def test_show_offline_set_and_tool(env: Env) -> None:
+    """show prints a set's fields by directory, and a tool's fields by tool name."""
+    env.home_set("acme", exec_set("fmt"))
+    proc = env.run("show", "acme", "--source", "home", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "Directory  acme"
+    assert "Tools      fmt" in proc.stdout.splitlines()
+    proc = env.run("show", "fmt", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0].split() == ["Name", "fmt"]
+
+
+def test_show_offline_broken_set_has_error_line(env: Env) -> None:
+    """A broken set's show output ends with its ``Error`` line."""
+    env.home_set("acme", '{"runner": 1}')
+    proc = env.run("show", "acme", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "Error      tools.json must set runner to exec or dotnet."
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("show", "ghost"), "Tool set 'ghost' was not found.\n"),
+        (("show", "ghost", "--source", "home"), "Tool set 'ghost' was not found in Home.\n"),
+        (("show", "ghost", "--source", "project"), "Tool set 'ghost' was not found in Project.\n"),
+        (("show", "my tools"), "Directory name is invalid.\n"),
+    ],
+)
+def test_show_offline_not_found_exits_2(env: Env, args: tuple[str, ...], message: str) -> None:
+    """show of a missing set prints the reference message and exits 2."""
+    proc = env.run(*args)
+    assert proc.returncode == 2
+    assert proc.stderr == NOT_RUNNING.format(env.socket) + message
+
+
+# -- enable and disable without a daemon -------------------------------------------------
+
+
+def test_disable_then_enable_project_set(env: Env) -> None:
+    """disable writes ``enabled: false`` in the project copy; enable then appends nothing new."""
+    path = env.project_set("acme", exec_set("fmt"))
+    env.home_set("acme", exec_set("other"))
+    proc = env.run("disable", "acme", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "Tool set acme disabled."
+    assert "Source     Project" in proc.stdout.splitlines()
+    assert "Enabled    No" in proc.stdout.splitlines()
+    document = json.loads(path.read_text())
+    assert list(document)[-1] == "enabled" and document["enabled"] is False
+    assert path.read_text().endswith("}\n")
+    proc = env.run("enable", "acme", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "Tool set acme enabled."
+    assert json.loads(path.read_text())["enabled"] is True
+
+
+def test_enable_already_enabled_message(env: Env) -> None:
+    """Enabling an enabled set says so and leaves the file byte-identical."""
+    path = env.home_set("acme", '{"runner":"exec","command":["true"],"description":"d","schema":{}}')
+    before = path.read_bytes()
+    proc = env.run("enable", "acme", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "Tool set acme is already enabled."
+    assert path.read_bytes() == before
+
+
+def test_enable_broken_manifest_left_alone_exits_2(env: Env) -> None:
+    """A manifest that does not parse is reported, exit 2, and not touched."""
+    path = env.home_set("acme", '{"runner": "exec",')
+    before = path.read_bytes()
+    proc = env.run("disable", "acme")
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("tools.json is not valid JSON: ")
+    assert path.read_bytes() == before
+
+
+def test_enable_with_discovery_off_prints_the_line(env: Env) -> None:
+    """Enabling while ``externalTools`` is false adds the discovery-off line."""
+    (env.home / "config.json").write_text('{"externalTools": false}')
+    env.home_set("acme", exec_set("fmt", enabled=False))
+    proc = env.run("enable", "acme", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-2:] == ["Tool set acme enabled.", DISCOVERY_OFF]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("enable", "my tools"), "Directory name is invalid.\n"),
+        (("disable", "ghost"), "Tool set 'ghost' was not found.\n"),
+        (("enable", "ghost", "--source", "project"), "Tool set 'ghost' was not found in Project.\n"),
+    ],
+)
+def test_enable_errors_exit_2(env: Env, args: tuple[str, ...], message: str) -> None:
+    """Bad names and missing sets give the reference messages on stderr and exit 2."""
+    proc = env.run(*args)
+    assert (proc.returncode, proc.stderr) == (2, message)
+
+
+# -- commands that need the daemon -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("status",), ("reload",), ("classify", "fmt"), ("invoke", "fmt", "--args", "{}")],
+)
+def test_daemon_commands_exit_5_naming_the_socket(env: Env, args: tuple[str, ...]) -> None:
+    """A command that needs the daemon exits 5 with a message naming the socket path."""
+    proc = env.run(*args)
+    assert proc.returncode == 5
+    assert str(env.socket) in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_global_options_before_subcommand(env: Env) -> None:
+    """Global options work before the subcommand too."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolsetd.client", "--socket", str(env.socket), "status"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 5
+    assert str(env.socket) in proc.stderr
+
+
+def test_usage_error_exits_2(env: Env) -> None:
+    """An unknown flag is a usage error: exit 2."""
+    proc = env.run("list", "--bogus")
+    assert proc.returncode == 2

@@ -1,0 +1,137 @@
+"""The enabled-field editor: the reference host's rules for rewriting ``tools.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from toolsetd.client.editor import EditError, locate_set, set_enabled
+
+
+def write(path: Path, text: str) -> Path:
+    """Write ``text`` as a manifest, creating its folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_set_enabled_existing_key_keeps_position(tmp_path: Path) -> None:
+    """An existing ``enabled`` key is rewritten where it stands; other keys keep their order."""
+    path = write(tmp_path / "tools.json", '{"runner":"exec","enabled":true,"command":["x"]}')
+    outcome = set_enabled(path, False)
+    assert outcome.changed
+    assert list(json.loads(path.read_text())) == ["runner", "enabled", "command"]
+    assert path.read_text() == '{\n  "runner": "exec",\n  "enabled": false,\n  "command": [\n    "x"\n  ]\n}\n'
+
+
+def test_set_enabled_new_key_appended_last(tmp_path: Path) -> None:
+    """A missing ``enabled`` key is appended after every other key."""
+    path = write(tmp_path / "tools.json", '{"runner":"exec","command":["x"],"zeta":1}')
+    set_enabled(path, False)
+    assert list(json.loads(path.read_text())) == ["runner", "command", "zeta", "enabled"]
+
+
+def test_set_enabled_writes_two_space_json_with_newline_and_keeps_non_ascii(tmp_path: Path) -> None:
+    """The file is ``json.dumps(indent=2, ensure_ascii=False)`` plus a trailing newline."""
+    document = {"runner": "exec", "command": ["échó"], "enabled": True}
+    path = write(tmp_path / "tools.json", json.dumps(document))
+    set_enabled(path, False)
+    document["enabled"] = False
+    assert path.read_text(encoding="utf-8") == json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+
+
+def test_set_enabled_already_enabled_leaves_file_alone(tmp_path: Path) -> None:
+    """Enabling a set whose ``enabled`` is absent, true or null changes nothing."""
+    for text in ('{"runner":"exec"}', '{"runner":"exec","enabled":true}', '{"enabled":null}'):
+        path = write(tmp_path / "tools.json", text)
+        assert not set_enabled(path, True).changed
+        assert path.read_text() == text
+
+
+def test_set_enabled_already_disabled_reports_unchanged(tmp_path: Path) -> None:
+    """Disabling a disabled set reports no change and does not rewrite."""
+    text = '{"enabled": false,   "runner":"exec"}'
+    path = write(tmp_path / "tools.json", text)
+    assert not set_enabled(path, False).changed
+    assert path.read_text() == text
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('{"runner": "exec",', "tools.json is not valid JSON: "),
+        ("[1, 2]", "tools.json must be a JSON object."),
+        ('{"a": NaN}', "tools.json is not valid JSON: "),
+    ],
+)
+def test_set_enabled_broken_manifest_left_byte_identical(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """A manifest that is not JSON or not an object is reported and left untouched."""
+    path = write(tmp_path / "tools.json", text)
+    before = path.read_bytes()
+    with pytest.raises(EditError) as caught:
+        set_enabled(path, False)
+    assert caught.value.message.startswith(message)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tools.json"]
+
+
+def test_set_enabled_check_failure_leaves_file_untouched(tmp_path: Path) -> None:
+    """When the full manifest check reports a problem, that message is raised and nothing is written."""
+    path = write(tmp_path / "tools.json", '{"runner": "perl"}')
+    with pytest.raises(EditError, match=r"^tools\.json must set runner to exec or dotnet\.$"):
+        set_enabled(path, False, check=lambda data: "tools.json must set runner to exec or dotnet.")
+    assert path.read_text() == '{"runner": "perl"}'
+
+
+def test_set_enabled_keeps_file_mode(tmp_path: Path) -> None:
+    """The rewritten file keeps the permission bits of the original."""
+    path = write(tmp_path / "tools.json", '{"runner":"exec"}')
+    os.chmod(path, 0o640)
+    set_enabled(path, False)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o640
+
+
+def test_set_enabled_writes_through_a_symlink(tmp_path: Path) -> None:
+    """A symlinked ``tools.json`` stays a symlink; its target gets the edit."""
+    target = write(tmp_path / "real.json", '{"runner":"exec"}')
+    link = tmp_path / "set" / "tools.json"
+    link.parent.mkdir()
+    link.symlink_to(target)
+    set_enabled(link, False)
+    assert link.is_symlink()
+    assert json.loads(target.read_text())["enabled"] is False
+
+
+def test_locate_set_project_wins_over_home(tmp_path: Path) -> None:
+    """Without a source the project copy is chosen; with one, that copy."""
+    home, workspace = tmp_path / "home", tmp_path / "ws"
+    write(home / "tools" / "acme" / "tools.json", "{}")
+    write(workspace / ".crystal" / "tools" / "acme" / "tools.json", "{}")
+    assert locate_set(home, workspace, " acme ", None)[1] == "project"
+    assert locate_set(home, workspace, "acme", "home")[1] == "home"
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "message"),
+    [
+        ("my tools", None, "Directory name is invalid."),
+        ("9lives", None, "Directory name is invalid."),
+        ("", None, "Directory name is invalid."),
+        ("ghost", None, "Tool set 'ghost' was not found."),
+        ("ghost", "home", "Tool set 'ghost' was not found in Home."),
+        ("ghost", "project", "Tool set 'ghost' was not found in Project."),
+    ],
+)
+def test_locate_set_errors_use_reference_messages(
+    tmp_path: Path, name: str, source: str | None, message: str
+) -> None:
+    """Bad names and missing sets give the reference host's messages."""
+    with pytest.raises(EditError) as caught:
+        locate_set(tmp_path / "home", tmp_path / "ws", name, source)
+    assert caught.value.message == message

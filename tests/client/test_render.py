@@ -1,0 +1,103 @@
+"""Rendering: the list inventory in its plain-text form, fields, and call content."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from toolsetd.client.render import (
+    SET_HEADERS,
+    Output,
+    aligned_fields,
+    aligned_rows,
+    content_lines,
+    set_rows_from_list,
+)
+
+
+def _tool(name: str, set_: str, source: str, declared: str, catalogs: list[str]) -> dict[str, Any]:
+    return {
+        "name": name,
+        "description": "d",
+        "inputSchema": {"type": "object"},
+        "set": set_,
+        "source": source,
+        "runner": "exec",
+        "catalogs": catalogs,
+        "approval": {"declared": declared, "policy": "author", "effective": declared},
+        "timeoutSeconds": 120,
+        "output": "text",
+        "pathArguments": [],
+        "hash": "sha256:00",
+    }
+
+
+LIST_RESULT: dict[str, Any] = {
+    "generation": 3,
+    "tools": [
+        _tool("fmt", "acme", "project", "always", ["plan", "work"]),
+        _tool("lint", "acme", "project", "inherit", ["plan", "work"]),
+        _tool("zap", "zeta", "home", "inherit", ["work"]),
+    ],
+    "sets": [
+        {"directory": "zeta", "source": "home", "path": "/h/tools/zeta", "enabled": True,
+         "state": "loaded", "tools": ["zap"], "notes": []},
+        {"directory": "acme", "source": "project", "path": "/w/.crystal/tools/acme",
+         "enabled": True, "state": "loaded", "tools": ["fmt", "lint"], "notes": []},
+        {"directory": "acme", "source": "home", "path": "/h/tools/acme", "enabled": False,
+         "state": "hidden", "tools": [], "notes": []},
+        {"directory": "bad", "source": "home", "path": "/h/tools/bad", "enabled": None,
+         "state": "refused", "tools": [],
+         "notes": ["External tool set 'bad' was skipped: tools.json must be a JSON object."]},
+    ],
+    "notes": [],
+}
+
+
+def test_list_text_form_snapshot() -> None:
+    """The plain form: sorted by directory then source, two-space gaps, last column unpadded."""
+    rows = set_rows_from_list(LIST_RESULT)
+    assert aligned_rows(SET_HEADERS, [row.cells() for row in rows]) == [
+        "Directory  Source   Enabled  Effective  Path                               Runner  Catalogs   Approval  Tools",
+        "acme       Home     No       No         /h/tools/acme/tools.json           -       -          -         -",
+        "acme       Project  Yes      Yes        /w/.crystal/tools/acme/tools.json  exec    Plan+Work  -         fmt (always), lint",
+        "bad        Home     -        Yes        /h/tools/bad/tools.json            -       -          -         External tool set 'bad' was skipped: tools.json must be a JSON object.",
+        "zeta       Home     Yes      Yes        /h/tools/zeta/tools.json           exec    Work       -         zap",
+    ]
+
+
+def test_list_rows_use_set_level_fields_when_sent() -> None:
+    """Set-level runner, catalogs, approval, effective and error win over derived values."""
+    result = {
+        "tools": [],
+        "sets": [{"directory": "d", "source": "home", "path": "/h/tools/d", "enabled": True,
+                  "state": "disabled", "tools": [], "notes": [], "runner": "dotnet",
+                  "catalogs": ["plan"], "approval": "always", "effective": False,
+                  "error": "boom"}],
+    }
+    (row,) = set_rows_from_list(result)
+    assert row.cells() == ["d", "Home", "Yes", "No", "/h/tools/d/tools.json", "dotnet", "Plan",
+                           "always", "boom"]
+
+
+def test_output_text_rows_and_empty() -> None:
+    """The text format prints aligned rows, and the empty message when there are none."""
+    stdout = io.StringIO()
+    out = Output("text", stdout, io.StringIO())
+    out.rows(("A", "Bee"), [["xx", "1"], ["y", "22"]], empty="No tool sets.")
+    out.rows(("A",), [], empty="No tool sets.")
+    assert stdout.getvalue() == "A   Bee\nxx  1\ny   22\nNo tool sets.\n"
+
+
+def test_aligned_fields_pads_labels() -> None:
+    """Fields print as ``Label  value`` with labels padded to the widest."""
+    assert aligned_fields([("Directory", "a"), ("Error", "x")]) == ["Directory  a", "Error      x"]
+
+
+def test_content_lines_text_and_image() -> None:
+    """Text content prints as is; an image prints its type and decoded size."""
+    content = [
+        {"type": "text", "text": "hello"},
+        {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
+    ]
+    assert content_lines(content) == ["hello", "[image image/png, 8 bytes]"]
