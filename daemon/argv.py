@@ -1,0 +1,150 @@
+"""Argv composition and executable resolution for exec tools (pure, no I/O but one stat).
+
+Theory of operation: the argv of one call is the set ``command``, then the tool's
+``command`` suffix, then, for each ``argv`` entry of the manifest in manifest order whose
+property is present in the arguments, the flag followed by the rendered value
+(reference host section 3, step 1). Values arrive as Python objects (the arguments were
+parsed and validated before the runner sees them), so:
+
+* a string is passed as is;
+* ``True``/``False`` render as ``true``/``false`` (a deliberate difference from the
+  reference host's ``True``/``False``), checked before numbers because ``bool`` is an ``int``;
+* an ``int`` renders as ``str(int)``; a ``float`` as its JSON text (orjson). The reference host
+  passes the raw JSON text (``1.50`` stays ``1.50``); once parsed that text is gone, so
+  ``1.50`` renders as ``1.5``;
+* a list of strings adds the flag once per element, an empty list adds nothing;
+* anything else fails with the reference host's messages.
+
+Executable resolution (step 2): a bare name (no ``/`` or ``\\``, not rooted) that exists as a
+file in the set directory runs from there, else it is left for the PATH search of the child
+environment; a relative path containing a separator must stay inside the set directory
+(checked lexically, as .NET ``GetFullPath`` does); an absolute path is used as given.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from toolsetd.daemon.model import LoadedTool
+
+__all__ = [
+    "ArgvError",
+    "build_argv",
+    "render_flags",
+    "resolve_executable",
+]
+
+COMMAND_REQUIRED = "exec requires a command array."
+ARGUMENTS_NOT_OBJECT = "Arguments must be a JSON object."
+EXECUTABLE_OUTSIDE = "Executable path must stay inside the tool set directory."
+EXECUTABLE_INVALID = "Executable path is not valid."
+
+
+class ArgvError(Exception):
+    """The argv of a call could not be built; ``message`` is the model-facing text."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _render_number(value: float) -> str:
+    try:
+        return orjson.dumps(value).decode()
+    except (TypeError, orjson.JSONEncodeError):  # nan/inf cannot come from JSON; be safe
+        return repr(value)
+
+
+def render_flags(flags: Sequence[tuple[str, str]], arguments: Any) -> list[str]:
+    """Render the manifest's ``argv`` map against one call's arguments.
+
+    Args:
+        flags: ``(property, flag)`` pairs in manifest order.
+        arguments: The (fenced) argument value.
+
+    Returns:
+        The flag/value words, in manifest order.
+
+    Raises:
+        ArgvError: With the reference host's message.
+    """
+    if not flags:
+        return []
+    if not isinstance(arguments, Mapping):
+        raise ArgvError(ARGUMENTS_NOT_OBJECT)
+    words: list[str] = []
+    for prop, flag in flags:
+        if prop not in arguments:
+            continue
+        value = arguments[prop]
+        if isinstance(value, str):
+            words += (flag, value)
+        elif isinstance(value, bool):
+            words += (flag, "true" if value else "false")
+        elif isinstance(value, int):
+            words += (flag, str(value))
+        elif isinstance(value, float):
+            words += (flag, _render_number(value))
+        elif isinstance(value, list | tuple):
+            if not all(isinstance(item, str) for item in value):
+                raise ArgvError(f"Argument for '{flag}' arrays must contain strings.")
+            for item in value:
+                words += (flag, item)
+        else:
+            raise ArgvError(
+                f"Argument for '{flag}' must be a string, number, boolean, or string array."
+            )
+    return words
+
+
+def resolve_executable(name: str, set_dir: Path) -> str:
+    """Resolve argv[0] as the reference host does.
+
+    Args:
+        name: The first word of the command.
+        set_dir: The absolute set directory.
+
+    Returns:
+        The path to execute, or the bare name for a PATH search.
+
+    Raises:
+        ArgvError: When the path is invalid or a relative path leaves the set directory.
+    """
+    if not name or "\0" in name:
+        raise ArgvError(EXECUTABLE_INVALID)
+    if name.startswith("/"):
+        return name
+    base = os.path.normpath(str(set_dir))
+    if "/" not in name and "\\" not in name:
+        candidate = os.path.join(base, name)
+        return candidate if os.path.isfile(candidate) else name
+    candidate = os.path.normpath(os.path.join(base, name))
+    if not candidate.startswith(base.rstrip("/") + "/"):
+        raise ArgvError(EXECUTABLE_OUTSIDE)
+    return candidate
+
+
+def build_argv(loaded: LoadedTool, arguments: Any) -> list[str]:
+    """Compose the full argv of one call: set prefix, tool suffix, flags; argv[0] resolved.
+
+    Args:
+        loaded: The tool being called.
+        arguments: The validated, fenced arguments.
+
+    Returns:
+        The argv list, argv[0] resolved.
+
+    Raises:
+        ArgvError: ``exec requires a command array.``, a rendering error or an executable error.
+    """
+    command = [*loaded.toolset.command, *loaded.tool.command]
+    if not command:
+        raise ArgvError(COMMAND_REQUIRED)
+    flags = render_flags(loaded.tool.argv, arguments)
+    command[0] = resolve_executable(command[0], loaded.toolset.path)
+    return command + flags

@@ -1,0 +1,553 @@
+"""The exec runner with real children: spawn, drain, timeout, kill, events, results."""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import anyio
+import orjson
+import pytest
+
+from tests.daemon.conftest import (
+    Env,
+    RecordingSink,
+    make_tool,
+    open_fds,
+    python_tool,
+    sh_tool,
+)
+from toolsetd.daemon.model import LoadedTool, OutputMode
+from toolsetd.daemon.runner import CallOutcome, CallRequest, Runner, RunnerSettings
+
+pytestmark = pytest.mark.anyio
+
+FAST = RunnerSettings(
+    kill_grace_seconds=0.5,
+    drain_after_exit_seconds=0.3,
+    progress_interval_seconds=0.1,
+    progress_min_gap_seconds=0.05,
+)
+PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
+
+
+def alive(pid: int) -> bool:
+    """Whether a process exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def dies(pid: int, within: float = 1.0) -> bool:
+    """Whether a process is gone within a short time (SIGKILL delivery is asynchronous)."""
+    end = time.monotonic() + within
+    while alive(pid):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+@pytest.fixture
+def runner() -> Runner:
+    return Runner(FAST, anyio.CapacityLimiter(8), os.environ)
+
+
+@pytest.fixture(autouse=True)
+def no_fd_leak() -> Iterator[None]:
+    """Every test leaves the test process's descriptors as it found them."""
+    before = open_fds()
+    yield
+    assert open_fds() - before == set()
+
+
+async def run(
+    runner: Runner,
+    env: Env,
+    loaded: LoadedTool,
+    arguments: Any = None,
+    *,
+    sink: RecordingSink | None = None,
+    cancel: anyio.Event | None = None,
+    call_id: str = "call-1",
+    images: bool = True,
+    limit: float = 20,
+) -> CallOutcome:
+    sink = sink if sink is not None else RecordingSink()
+    request = CallRequest(
+        call_id=call_id,
+        loaded=loaded,
+        arguments={} if arguments is None else arguments,
+        workspace=env.workspace,
+        home=env.home,
+        session="sess",
+        approval_mode="default",
+        images=images,
+    )
+    with anyio.fail_after(limit):
+        outcome = await runner.run(request, sink, cancel or anyio.Event())
+    for args in sink.of("started"):
+        assert not alive(args["pid"])
+    return outcome
+
+
+def text(outcome: CallOutcome) -> str:
+    return outcome.content[0]["text"]
+
+
+@pytest.mark.parametrize("code", [0, 1, 42])
+async def test_runner_exit_codes(runner: Runner, env: Env, code: int) -> None:
+    """The exit line carries the code; only 0 is a success."""
+    outcome = await run(runner, env, sh_tool(env.set_dir, f"echo out; exit {code}"))
+    assert text(outcome) == f"exit {code}\nout\n"
+    assert outcome.exit_code == code
+    assert outcome.is_error is (code != 0)
+    assert outcome.status == ("ok" if code == 0 else "error")
+    assert outcome.started
+    assert outcome.stdout_bytes == 4
+    assert outcome.stderr_bytes == 0
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ("printf out", "exit 0\nout"),
+        ("printf err >&2", "exit 0\nerr"),
+        ("printf out; printf err >&2", "exit 0\nout\nerr"),
+        ("true", "exit 0\n"),
+    ],
+)
+async def test_runner_text_combination(runner: Runner, env: Env, script: str, expected: str) -> None:
+    """stdout alone, stderr alone, or both joined by one LF."""
+    assert text(await run(runner, env, sh_tool(env.set_dir, script))) == expected
+
+
+async def test_runner_signal_exit_reports_128_plus(runner: Runner, env: Env) -> None:
+    """A child killed by a signal of its own reports 128 + signum."""
+    outcome = await run(runner, env, sh_tool(env.set_dir, "kill -9 $$"))
+    assert outcome.exit_code == 137
+    assert text(outcome) == "exit 137\n"
+    assert outcome.status == "error"
+
+
+async def test_runner_interleaved_streams(runner: Runner, env: Env) -> None:
+    """Both streams are drained concurrently and keep their own order."""
+    code = (
+        "import sys\n"
+        "for i in range(2000):\n"
+        "    sys.stdout.write(f'o{i}\\n'); sys.stdout.flush()\n"
+        "    sys.stderr.write(f'e{i}\\n' * 50); sys.stderr.flush()\n"
+    )
+    settings = replace(FAST, output_limit_chars=10_000_000)
+    big = Runner(settings, anyio.CapacityLimiter(1), os.environ)
+    outcome = await run(big, env, python_tool(env.set_dir, code))
+    out, err = text(outcome).removeprefix("exit 0\n").split("\n\ne0\n", 1)
+    assert out.split("\n") == [f"o{i}" for i in range(2000)]
+    assert err.count("\n") == 2000 * 50 - 1
+    assert outcome.stderr_bytes > 500_000
+
+
+async def test_runner_invalid_utf8_is_replaced(runner: Runner, env: Env) -> None:
+    """Invalid UTF-8 becomes U+FFFD."""
+    outcome = await run(runner, env, sh_tool(env.set_dir, r"printf 'a\377b'"))
+    assert text(outcome) == "exit 0\na\ufffdb"
+
+
+async def test_runner_stdin_bytes(runner: Runner, env: Env) -> None:
+    """stdin is the compact JSON of the arguments, key order and non-ASCII kept, then EOF."""
+    arguments = {"z": 1, "a": "é ✓ <&>", "n": [1.5, None, True], "big": 2**70}
+    outcome = await run(runner, env, sh_tool(env.set_dir, "cat"), arguments)
+    expected = '{"z":1,"a":"é ✓ <&>","n":[1.5,null,true],"big":1180591620717411303424}'
+    assert text(outcome) == "exit 0\n" + expected
+    small = {"q": "ü"}
+    outcome = await run(runner, env, sh_tool(env.set_dir, "cat"), small)
+    assert text(outcome).encode() == b"exit 0\n" + orjson.dumps(small)
+
+
+async def test_runner_stdin_off_is_closed(runner: Runner, env: Env) -> None:
+    """With stdin false the child reads EOF at once."""
+    loaded = sh_tool(env.set_dir, "cat; echo done", stdin=False)
+    assert text(await run(runner, env, loaded, {"a": 1})) == "exit 0\ndone\n"
+
+
+async def test_runner_unread_large_stdin_does_not_deadlock(runner: Runner, env: Env) -> None:
+    """A child that never reads a large stdin finishes normally (EPIPE is not an error)."""
+    arguments = {"blob": "x" * 4_000_000}
+    outcome = await run(runner, env, sh_tool(env.set_dir, "echo ignored"), arguments)
+    assert text(outcome) == "exit 0\nignored\n"
+    assert outcome.status == "ok"
+    outcome = await run(runner, env, sh_tool(env.set_dir, "head -c 10; echo; exit 3"), arguments)
+    assert text(outcome) == 'exit 3\n{"blob":"x\n'
+
+
+async def test_runner_environment_cwd_and_data_dirs(runner: Runner, env: Env) -> None:
+    """The child runs in the workspace with the reference variables and both data folders."""
+    script = (
+        'pwd; echo "$CRYSTAL_WORKSPACE|$CRYSTAL_SESSION|$CRYSTAL_APPROVAL";'
+        'echo "$CRYSTAL_TOOL_DATA"; echo "$CRYSTAL_PROJECT_DATA"; echo "$TOOLSETD_CALL_ID";'
+        'test -d "$CRYSTAL_TOOL_DATA" && test -d "$CRYSTAL_PROJECT_DATA" && echo dirs;'
+        'echo "$TOOLSETD_PROGRESS_FD"; echo "$TOOLSETD_TEST_MARK"'
+    )
+    runner = Runner(FAST, anyio.CapacityLimiter(1), {**os.environ, "TOOLSETD_TEST_MARK": "m"})
+    outcome = await run(runner, env, sh_tool(env.set_dir, script), call_id="cid-7")
+    lines = text(outcome).split("\n")
+    ws = str(env.workspace)
+    assert lines[1] == ws
+    assert lines[2] == f"{ws}|sess|default"
+    assert lines[3] == str(env.home / "data" / "tools" / "acme")
+    assert lines[4] == f"{ws}/.crystal/data/tools/acme"
+    assert lines[5] == "cid-7"
+    assert lines[6] == "dirs"
+    assert lines[7].isdigit()
+    assert lines[8] == "m"
+
+
+async def test_runner_argv_and_executable_in_set_dir(runner: Runner, env: Env) -> None:
+    """A bare name found in the set directory runs from there with the rendered flags."""
+    script = env.set_dir / "acme"
+    script.write_text('#!/bin/sh\nfor a in "$@"; do echo "[$a]"; done\n')
+    script.chmod(0o755)
+    loaded = make_tool(env.set_dir, command=("acme",), argv=(("flag", "--f"), ("on", "--on")))
+    outcome = await run(runner, env, loaded, {"on": False, "flag": ["a b", "c"]})
+    assert text(outcome) == "exit 0\n[--f]\n[a b]\n[--f]\n[c]\n[--on]\n[false]\n"
+
+
+async def test_runner_argv_error_starts_nothing(runner: Runner, env: Env) -> None:
+    """An argv error is an error result before any process starts."""
+    sink = RecordingSink()
+    loaded = make_tool(env.set_dir, command=("sh",), argv=(("x", "--x"),))
+    outcome = await run(runner, env, loaded, {"x": None}, sink=sink)
+    assert outcome.is_error
+    assert not outcome.started
+    assert outcome.status == "error"
+    assert text(outcome) == "Argument for '--x' must be a string, number, boolean, or string array."
+    assert sink.events == []
+    outcome = await run(runner, env, make_tool(env.set_dir), {})
+    assert text(outcome) == "exec requires a command array."
+
+
+async def test_runner_start_failure(runner: Runner, env: Env) -> None:
+    """A missing executable gives the start failure text and no started event."""
+    sink = RecordingSink()
+    loaded = make_tool(env.set_dir, command=("./does-not-exist",))
+    outcome = await run(runner, env, loaded, sink=sink)
+    assert text(outcome) == "The external process failed to start: No such file or directory"
+    assert (outcome.status, outcome.started, outcome.exit_code) == ("error", False, None)
+    assert sink.events == []
+
+
+async def test_runner_truncation_spills_full_output(env: Env) -> None:
+    """A cut text names a spill file holding the whole output."""
+    runner = Runner(replace(FAST, output_limit_chars=1000), anyio.CapacityLimiter(1), os.environ)
+    script = "head -c 50000 /dev/zero | tr '\\0' a; printf err >&2"
+    outcome = await run(runner, env, sh_tool(env.set_dir, script), call_id="../evil/id")
+    assert outcome.truncated
+    assert outcome.output_path is not None
+    path = Path(outcome.output_path)
+    assert path.parent == env.workspace / ".crystal/data/tools/acme/tool-output"
+    assert path.read_bytes() == b"a" * 50000 + b"\nerr"
+    body = text(outcome)
+    assert body.startswith("exit 0\naaa")
+    assert body.endswith(
+        "\n[truncated to 1000 characters]\n"
+        f"[full output: {path} (50004 bytes); read it with a file tool]"
+    )
+    assert len(body.split("\n[truncated")[0]) == 1000
+    assert outcome.stdout_bytes == 50000
+    assert os.listdir(path.parent) == [path.name]
+
+
+async def test_runner_spill_capped_both_streams(env: Env) -> None:
+    """Both streams past memory go to disk, in order, capped, with the marker line."""
+    settings = replace(FAST, output_limit_chars=100, spill_cap_bytes=3000)
+    runner = Runner(settings, anyio.CapacityLimiter(1), os.environ)
+    script = (
+        "head -c 2000 /dev/zero | tr '\\0' o; head -c 5000 /dev/zero | tr '\\0' e >&2"
+    )
+    outcome = await run(runner, env, sh_tool(env.set_dir, script))
+    assert outcome.output_path is not None
+    data = Path(outcome.output_path).read_bytes()
+    assert data == b"o" * 2000 + b"\n" + b"e" * 999 + b"\n[output capped at 3000 of 7001 bytes]\n"
+    assert "(first 3000 of 7001 bytes)" in text(outcome)
+
+
+async def test_runner_spill_pruned_by_count(env: Env) -> None:
+    """Old spill files are pruned beyond the configured count."""
+    settings = replace(FAST, output_limit_chars=10, spill_keep_files=2)
+    runner = Runner(settings, anyio.CapacityLimiter(1), os.environ)
+    loaded = sh_tool(env.set_dir, "echo 0123456789abcdef")
+    for i in range(4):
+        outcome = await run(runner, env, loaded, call_id=f"c{i}")
+        assert outcome.truncated
+        os.utime(outcome.output_path or "", (time.time() - 10 + i, time.time() - 10 + i))
+    folder = env.workspace / ".crystal/data/tools/acme/tool-output"
+    assert sorted(os.listdir(folder)) == ["c2", "c3"]
+
+
+async def test_runner_no_spill_when_not_cut(env: Env) -> None:
+    """Output that outgrows memory but is not cut (content error) leaves no file behind."""
+    runner = Runner(replace(FAST, output_limit_chars=100), anyio.CapacityLimiter(1), os.environ)
+    loaded = sh_tool(env.set_dir, "head -c 100000 /dev/zero", output=OutputMode.CONTENT)
+    outcome = await run(runner, env, loaded)
+    assert text(outcome) == "Tool output exceeds the output limit."
+    assert outcome.output_path is None
+    folder = env.workspace / ".crystal/data/tools/acme/tool-output"
+    assert not folder.exists() or os.listdir(folder) == []
+
+
+async def test_runner_timeout_sigterm_ignored(runner: Runner, env: Env) -> None:
+    """A child ignoring SIGTERM is killed after the grace period; exitCode is null."""
+    loaded = sh_tool(env.set_dir, "trap '' TERM; echo started; sleep 30", timeout=1)
+    start = time.monotonic()
+    outcome = await run(runner, env, loaded)
+    elapsed = time.monotonic() - start
+    assert 1.4 <= elapsed < 3
+    assert text(outcome) == "The command timed out after 1 second."
+    assert (outcome.status, outcome.exit_code, outcome.is_error) == ("timeout", None, True)
+    assert outcome.started
+
+
+async def test_runner_timeout_plural_and_closed_stdout(runner: Runner, env: Env) -> None:
+    """A child that closes its output early and keeps running still times out."""
+    loaded = sh_tool(env.set_dir, "exec >&- 2>&-; sleep 30", timeout=2)
+    outcome = await run(runner, env, loaded)
+    assert text(outcome) == "The command timed out after 2 seconds."
+    assert outcome.status == "timeout"
+
+
+async def test_runner_unlimited_timeout(runner: Runner, env: Env) -> None:
+    """timeoutSeconds unlimited sets no timer."""
+    outcome = await run(runner, env, sh_tool(env.set_dir, "sleep 0.2; echo ok", timeout=None))
+    assert text(outcome) == "exit 0\nok\n"
+
+
+async def test_runner_grandchild_holding_pipes(runner: Runner, env: Env) -> None:
+    """A grandchild holding the pipes neither delays the call much nor survives it."""
+    pidfile = env.workspace / "gc.pid"
+    loaded = sh_tool(env.set_dir, f"sleep 30 & echo $! > {pidfile}; echo hi")
+    start = time.monotonic()
+    outcome = await run(runner, env, loaded)
+    assert time.monotonic() - start < 2
+    assert text(outcome) == "exit 0\nhi\n"
+    assert dies(int(pidfile.read_text()))
+
+
+async def test_runner_grandchild_detached_from_pipes_is_killed(runner: Runner, env: Env) -> None:
+    """A background grandchild that closed its pipes is killed when the leader exits."""
+    pidfile = env.workspace / "gc.pid"
+    loaded = sh_tool(env.set_dir, f"sleep 30 >/dev/null 2>&1 & echo $! > {pidfile}")
+    start = time.monotonic()
+    outcome = await run(runner, env, loaded)
+    assert time.monotonic() - start < 1
+    assert outcome.status == "ok"
+    assert dies(int(pidfile.read_text()))
+
+
+async def test_runner_cancel_mid_call(runner: Runner, env: Env) -> None:
+    """Setting the cancel event ends the whole group; status cancelled, exitCode null."""
+    pidfile = env.workspace / "gc.pid"
+    loaded = sh_tool(env.set_dir, f"sleep 30 & echo $! > {pidfile}; wait", timeout=None)
+    sink = RecordingSink()
+    cancel = anyio.Event()
+    result: list[CallOutcome] = []
+
+    async def call() -> None:
+        result.append(await run(runner, env, loaded, sink=sink, cancel=cancel))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            await anyio.sleep(0.01)
+        cancel.set()
+    outcome = result[0]
+    assert (outcome.status, outcome.exit_code, outcome.is_error) == ("cancelled", None, True)
+    assert text(outcome) == "The call was cancelled."
+    assert outcome.duration_ms < 2000
+    assert dies(int(pidfile.read_text()))
+
+
+async def test_runner_outer_cancellation_kills_group(runner: Runner, env: Env) -> None:
+    """Cancelling run() itself kills the group and re-raises."""
+    pidfile = env.workspace / "gc.pid"
+    loaded = sh_tool(env.set_dir, f"echo $$ > {pidfile}; sleep 30")
+    sink = RecordingSink()
+    request = CallRequest("c", loaded, {}, env.workspace, env.home)
+    with anyio.move_on_after(0.5):
+        await runner.run(request, sink, anyio.Event())
+    assert dies(int(pidfile.read_text()))
+
+
+async def test_runner_progress_fd_json_and_text(runner: Runner, env: Env) -> None:
+    """Lines on TOOLSETD_PROGRESS_FD become progress events (JSON object or plain text)."""
+    script = (
+        'echo \'{"message": "half", "fraction": 0.5}\' >&$TOOLSETD_PROGRESS_FD; sleep 0.1;'
+        'echo "plain words" >&$TOOLSETD_PROGRESS_FD; sleep 0.1;'
+        'echo \'{"fraction": 7}\' >&$TOOLSETD_PROGRESS_FD; sleep 0.1;'
+        'echo \'{"other": 1}\' >&$TOOLSETD_PROGRESS_FD; echo "" >&$TOOLSETD_PROGRESS_FD'
+    )
+    slow_ticks = replace(FAST, progress_interval_seconds=60)
+    runner = Runner(slow_ticks, anyio.CapacityLimiter(1), os.environ)
+    sink = RecordingSink()
+    loaded = make_tool(env.set_dir, command=("/bin/bash", "-c", script))
+    await run(runner, env, loaded, sink=sink)
+    reported = [(p["message"], p["fraction"]) for p in sink.of("progress")]
+    assert reported == [("half", 0.5), ("plain words", None), (None, 1.0)]
+    assert sink.events[0][0] == "started"
+
+
+async def test_runner_progress_rate_limited(env: Env) -> None:
+    """A chatty child cannot flood the client; the last line still arrives."""
+    settings = replace(FAST, progress_interval_seconds=60, progress_min_gap_seconds=0.1)
+    runner = Runner(settings, anyio.CapacityLimiter(1), os.environ)
+    code = (
+        "import os, time\n"
+        "fd = int(os.environ['TOOLSETD_PROGRESS_FD'])\n"
+        "end = time.monotonic() + 0.5\n"
+        "i = 0\n"
+        "while time.monotonic() < end:\n"
+        "    os.write(fd, b'step %d\\n' % i); i += 1\n"
+        "os.write(fd, b'x' * 100000 + b'\\n')\n"
+        "os.write(fd, b'last\\n')\n"
+        "time.sleep(0.2)\n"
+    )
+    sink = RecordingSink()
+    await run(runner, env, python_tool(env.set_dir, code), sink=sink)
+    messages = [p["message"] for p in sink.of("progress")]
+    assert 3 <= len(messages) <= 9
+    assert messages[-1] == "last"
+
+
+async def test_runner_periodic_progress(runner: Runner, env: Env) -> None:
+    """Progress arrives at the interval with elapsed time and byte counts."""
+    sink = RecordingSink()
+    await run(runner, env, sh_tool(env.set_dir, "printf abc; printf de >&2; sleep 0.55"), sink=sink)
+    ticks = sink.of("progress")
+    assert len(ticks) >= 3
+    assert all(not t.get("queued") for t in ticks)
+    assert [t["elapsed_ms"] for t in ticks] == sorted(t["elapsed_ms"] for t in ticks)
+    assert (ticks[-1]["stdout_bytes"], ticks[-1]["stderr_bytes"]) == (3, 2)
+
+
+async def test_runner_queued_under_limiter(env: Env) -> None:
+    """Calls beyond the limiter wait, reporting queued progress; a cancel while queued starts nothing."""
+    runner = Runner(FAST, anyio.CapacityLimiter(1), os.environ)
+    first, second, third = RecordingSink(), RecordingSink(), RecordingSink()
+    cancel_third = anyio.Event()
+    outcomes: dict[str, CallOutcome] = {}
+
+    async def call(name: str, sink: RecordingSink, cancel: anyio.Event | None = None) -> None:
+        outcomes[name] = await run(
+            runner, env, sh_tool(env.set_dir, "sleep 0.4; echo ok"), sink=sink, cancel=cancel
+        )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call, "first", first)
+        await anyio.sleep(0.05)
+        tg.start_soon(call, "second", second)
+        tg.start_soon(call, "third", third, cancel_third)
+        await anyio.sleep(0.3)
+        cancel_third.set()
+    assert text(outcomes["first"]) == text(outcomes["second"]) == "exit 0\nok\n"
+    queued = [p for p in second.of("progress") if p.get("queued")]
+    assert len(queued) >= 3
+    assert second.events.index(("progress", queued[-1])) < [e[0] for e in second.events].index(
+        "started"
+    )
+    assert outcomes["third"].status == "cancelled"
+    assert not outcomes["third"].started
+    assert third.of("started") == []
+
+
+async def test_runner_content_mode_images(runner: Runner, env: Env) -> None:
+    """Content mode returns text and images (base64 and by path), sniffed."""
+    (env.workspace / "pic.png").write_bytes(PNG)
+    data = base64.b64encode(PNG).decode()
+    body = orjson.dumps(
+        {
+            "text": "see",
+            "images": [
+                {"mimeType": "image/png", "base64": data},
+                {"mimeType": "image/png", "path": "pic.png"},
+            ],
+        }
+    ).decode()
+    loaded = sh_tool(env.set_dir, f"printf '%s' '{body}'; echo log >&2", output=OutputMode.CONTENT)
+    outcome = await run(runner, env, loaded)
+    assert outcome.status == "ok"
+    assert outcome.content == (
+        {"type": "text", "text": "see\nlog\n"},
+        {"type": "image", "data": data, "mimeType": "image/png"},
+        {"type": "image", "data": data, "mimeType": "image/png"},
+    )
+    outcome = await run(runner, env, loaded, images=False)
+    assert outcome.content == ({"type": "text", "text": "This model cannot accept tool images."},)
+    assert outcome.is_error
+    bad = sh_tool(env.set_dir, "echo nope; exit 2", output=OutputMode.CONTENT)
+    outcome = await run(runner, env, bad)
+    assert text(outcome) == "exit 2\nTool output is not valid content JSON.\nnope"
+
+
+async def test_runner_to_wire(runner: Runner, env: Env) -> None:
+    """to_wire gives the contract's camelCase call result."""
+    outcome = await run(runner, env, sh_tool(env.set_dir, "echo hi"))
+    wire = outcome.to_wire("c1")
+    assert set(wire) == {
+        "callId", "status", "exitCode", "content", "isError", "truncated", "outputPath",
+        "durationMs", "stdoutBytes", "stderrBytes",
+    }
+    assert wire["callId"] == "c1"
+    assert wire["content"] == [{"type": "text", "text": "exit 0\nhi\n"}]
+    orjson.dumps(wire)
+
+
+def _rss() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+async def _flood(env: Env, size: int) -> None:
+    settings = replace(FAST, spill_cap_bytes=1 << 20)
+    runner = Runner(settings, anyio.CapacityLimiter(1), os.environ)
+    warm = sh_tool(env.set_dir, "head -c 8000000 /dev/zero; head -c 8000000 /dev/zero >&2")
+    await run(runner, env, warm)
+    before = _rss()
+    script = f"head -c {size} /dev/zero & head -c {size} /dev/zero >&2; wait"
+    outcome = await run(runner, env, sh_tool(env.set_dir, script, timeout=60), limit=60)
+    growth = _rss() - before
+    assert outcome.stdout_bytes == outcome.stderr_bytes == size
+    assert outcome.truncated
+    assert growth < 8 * 1024 * 1024, growth
+    assert os.path.getsize(outcome.output_path or "") < (1 << 20) + 100
+
+
+async def test_runner_flood_bounded_memory(env: Env) -> None:
+    """A 256 MiB flood on both streams keeps memory growth under 8 MiB."""
+    await _flood(env, 256 * 1024 * 1024)
+
+
+@pytest.mark.slow
+async def test_runner_flood_gigabyte(env: Env) -> None:
+    """A 1 GiB flood on both streams keeps memory growth under 8 MiB."""
+    await _flood(env, 1024 * 1024 * 1024)
+
+
+async def test_runner_no_process_left_and_limiter_released(env: Env) -> None:
+    """After many short calls of every kind the limiter is free again."""
+    limiter = anyio.CapacityLimiter(2)
+    runner = Runner(FAST, limiter, os.environ)
+    for script in ("true", "exit 3", "kill -9 $$"):
+        await run(runner, env, sh_tool(env.set_dir, script))
+    await run(runner, env, make_tool(env.set_dir, command=("./missing",)))
+    assert limiter.borrowed_tokens == 0
+    assert signal.SIGKILL == 9
