@@ -1,0 +1,429 @@
+"""Watch the tool-set folders and tell the reload path which snapshots to rebuild.
+
+Theory of operation
+-------------------
+A tool set is exactly ``<root>/<dir>/tools.json`` with ``<root>`` one of ``<home>/tools``
+or ``<workspace>/.crystal/tools``, and operator settings are ``<home>/config.json``.
+So the directories whose *direct* entries matter are few and known:
+
+* ``<home>`` (``config.json``, the ``tools`` root appearing or vanishing),
+* each tools root and each immediate set directory inside it,
+* per workspace, ``<ws>/.crystal`` when it exists (the ``tools`` root appearing or
+  vanishing), otherwise ``<ws>`` itself (``.crystal`` appearing).
+
+The watcher runs **one** ``watchfiles.awatch(..., recursive=False)`` over exactly that
+set of directories. Nothing is ever watched recursively: not a workspace (``.git``,
+``node_modules``), not ``<home>/data`` or ``.crystal/data`` (tools write runtime data
+there), not a set's own ``venv``. The cost is that the set of directories moves when a
+root or a set directory appears or vanishes; each such move **restarts** the awatch
+through its ``stop_event`` (the Rust thread sees it within one ``step``; cancelling
+the awatch instead waits out ``rust_timeout``).
+
+Four sibling tasks in one task group:
+
+* **supervisor**: one awatch *generation* at a time over the current directories.
+  Each batch is mapped to reload keys (``None`` = home, which affects every snapshot;
+  a workspace path = that workspace) by :meth:`Watcher._keys_for`, a whitelist, so data
+  directories and unrelated files map to nothing.
+* **timer**: the *poller* and the *settler*. The poller ``stat``s every root, set
+  directory and manifest (a *probe*, off the event loop) every ``recheck_seconds``,
+  right after each relevant batch, and a quarter second after each restart. When the
+  probed directories differ from the watched ones it restarts the watch; when a key's
+  stat signature changed since the previous probe it reloads that key. The poller is
+  what makes the design robust: events lost while a generation restarts, a set
+  directory created between a probe and the watch starting, a symlinked
+  ``config.json`` edited elsewhere, or a filesystem with no working notifications all
+  end up as a changed signature within one recheck. A batch's keys are probed just
+  before they are sent, so the poll does not report the same change twice. The settler
+  re-sends the keys of recent batches once no batch arrived for ``settle_seconds``, so
+  a manifest caught half-written is replaced by its final version even if no later
+  event reports it.
+* **deliverer**: calls ``on_change`` one call at a time. Keys that arrive while a call
+  is in flight are merged into the next call; keys of workspaces removed meanwhile are
+  dropped (reloading them would rebuild an evicted snapshot).
+* **host** (``run`` itself): waits for cancellation and then sets the current stop event.
+
+Failure: if awatch raises (``OSError`` "OS file watch limit reached", a directory that
+vanished between probe and watch, an unsupported filesystem), the watcher logs
+``watch_unavailable`` once, keeps serving from the poller alone, and retries the watch
+when the directories change or after ``retry_seconds``. Nothing but cancellation leaves
+``run``. Reload through the RPC path is unaffected either way.
+
+Duplicate calls are expected (an event, then the settle call, sometimes a poll) and
+cheap: the registry re-stats manifests, re-parses only changed ones, and reports
+whether anything changed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import structlog
+import watchfiles
+from anyio.abc import TaskStatus
+from watchfiles import Change
+
+__all__ = ["ReloadKey", "Watcher"]
+
+log = structlog.get_logger("toolsetd.watcher")
+
+ReloadKey = Path | None
+"""``None`` means the home sets (reload every snapshot); a path names one workspace."""
+
+_TOOLS = "tools"
+_CRYSTAL = ".crystal"
+_CONFIG = "config.json"
+_MANIFEST = "tools.json"
+_STEP_MS = 50  # how often the Rust thread looks at the stop event and for quiet
+_RESTART_PROBE_DELAY = 0.25  # seconds: long enough for a new awatch to be established
+_RUST_TIMEOUT_MS = 5_000  # the thread returns to Python this often even with no events
+
+_StatSig = tuple[int, int, int, int] | None
+_Signature = tuple[tuple[str, _StatSig], ...]
+WatchFactory = Callable[..., AsyncIterator[set[tuple[Change, str]]]]
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    """What one key looks like on disk: the directories to watch and a stat signature."""
+
+    dirs: frozenset[Path]
+    signature: _Signature
+
+
+class Watcher:
+    """Follow the home tool sets, ``config.json`` and each workspace's project sets.
+
+    Args:
+        home: The toolsetd home (absolute); ``<home>/tools`` and ``<home>/config.json``.
+        on_change: Awaited with the keys to reload; ``None`` in the set means "all".
+        debounce_ms: awatch's grouping window for one batch.
+        settle_seconds: Quiet time after a batch before its keys are sent once more.
+        recheck_seconds: Period of the stat poll (the safety net and the fallback).
+        retry_seconds: Period of retries of a watch that could not be started.
+        watch_factory: ``watchfiles.awatch`` or a fake with its signature.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        on_change: Callable[[set[ReloadKey]], Awaitable[None]],
+        *,
+        debounce_ms: int = 300,
+        settle_seconds: float = 0.5,
+        recheck_seconds: float = 2.0,
+        retry_seconds: float = 30.0,
+        watch_factory: WatchFactory = watchfiles.awatch,
+    ) -> None:
+        self._home = home
+        self._home_tools = home / _TOOLS
+        self._config = home / _CONFIG
+        self._on_change = on_change
+        self._debounce_ms = debounce_ms
+        self._settle = settle_seconds
+        self._recheck = recheck_seconds
+        self._retry = retry_seconds
+        self._factory = watch_factory
+        self._workspaces: set[Path] = set()
+        self._running = False
+        # Watch generation state (supervisor).
+        self._stop: anyio.Event | None = None
+        self._watching: frozenset[Path] | None = None
+        self._degraded = False
+        # Poll and settle timers (timer task).
+        self._signatures: dict[ReloadKey, _Signature] = {}
+        self._poll_due = math.inf
+        self._settle_due = math.inf
+        self._settle_keys: set[ReloadKey] = set()
+        self._timer_wake = anyio.Event()
+        # Delivery (deliverer task).
+        self._pending: set[ReloadKey] = set()
+        self._deliver_wake = anyio.Event()
+
+    @property
+    def workspaces(self) -> frozenset[Path]:
+        """The workspaces currently followed."""
+        return frozenset(self._workspaces)
+
+    def add_workspace(self, workspace: Path) -> None:
+        """Start following ``<workspace>/.crystal/tools`` (created later or deleted included).
+
+        Args:
+            workspace: The canonical workspace path, as the registry keys it.
+        """
+        if workspace in self._workspaces:
+            return
+        self._workspaces.add(workspace)
+        self._schedule_poll(0.0)  # the poll sees new directories and restarts the watch
+
+    def remove_workspace(self, workspace: Path) -> None:
+        """Stop following a workspace and forget anything pending for it.
+
+        Args:
+            workspace: A path given to :meth:`add_workspace`; unknown paths are ignored.
+        """
+        if workspace not in self._workspaces:
+            return
+        self._workspaces.discard(workspace)
+        self._pending.discard(workspace)
+        self._settle_keys.discard(workspace)
+        self._signatures.pop(workspace, None)
+        self._schedule_poll(0.0)
+
+    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+        """Watch until cancelled; readiness is signalled once the baseline probe is taken.
+
+        Args:
+            task_status: Set started after the first probe, so any later change is seen.
+        """
+        self._running = True
+        try:
+            await self._poll_once()  # the baseline: later signatures are compared to it
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self._supervise)
+                tg.start_soon(self._run_timers)
+                tg.start_soon(self._deliver)
+                task_status.started()
+                try:
+                    await anyio.sleep_forever()
+                finally:
+                    # Event.set() is synchronous, so cancellation cannot interrupt it;
+                    # it makes the Rust thread return within one step instead of waiting
+                    # out rust_timeout inside a non-cancellable to_thread call.
+                    self._stop_generation()
+        finally:
+            self._running = False
+
+    # -- mapping ---------------------------------------------------------------------
+
+    def _keys_for(self, raw: str) -> set[ReloadKey]:
+        """Map one changed path to reload keys; unrelated and data paths map to nothing."""
+        path = Path(raw)
+        keys: set[ReloadKey] = set()
+        if path == self._config:
+            keys.add(None)
+        if path.name == _CRYSTAL and path.parent in self._workspaces:
+            keys.add(path.parent)  # .crystal came or went, and its tools root with it
+        for candidate in (path, *path.parents):
+            if candidate == self._home_tools:
+                keys.add(None)
+            elif (
+                candidate.name == _TOOLS
+                and candidate.parent.name == _CRYSTAL
+                and candidate.parent.parent in self._workspaces
+            ):
+                keys.add(candidate.parent.parent)
+        return keys
+
+    async def _handle_batch(self, batch: set[tuple[Change, str]]) -> None:
+        keys: set[ReloadKey] = set()
+        for _change, raw in batch:
+            keys |= self._keys_for(raw)
+        if not keys:
+            return
+        log.info("watch_changed", keys=len(keys))
+        # Record what the reload is about to see, so the next poll does not report this
+        # change a second time. Probing *before* sending keeps the invariant the poller
+        # relies on: every state absorbed into a baseline was, or is about to be, sent.
+        workspaces = tuple(k for k in keys if k is not None)
+        try:
+            probes = await anyio.to_thread.run_sync(_probe_all, self._home, workspaces)
+        except Exception:  # only costs a duplicate call from the next poll
+            probes = {}
+        for key in keys & probes.keys() & self._signatures.keys():
+            self._signatures[key] = probes[key].signature
+        self._enqueue(keys)
+        self._settle_keys |= keys
+        self._settle_due = anyio.current_time() + self._settle
+        self._timer_wake.set()
+        self._schedule_poll(0.0)  # a root or set directory may have come or gone
+
+    # -- supervisor: awatch generations -----------------------------------------------
+
+    def _stop_generation(self) -> None:
+        if self._stop is not None:
+            self._stop.set()
+
+    async def _supervise(self) -> None:
+        while True:
+            probes = await anyio.to_thread.run_sync(_probe_all, self._home, tuple(self._workspaces))
+            dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
+            stop = anyio.Event()
+            self._stop, self._watching = stop, dirs
+            if not dirs:
+                await stop.wait()  # nothing exists yet; the poller restarts us when it does
+                continue
+            # Events between the previous generation's end and this one's start are lost;
+            # a probe shortly after the start turns them into signature changes.
+            self._schedule_poll(min(_RESTART_PROBE_DELAY, self._recheck))
+            log.info("watch_started", paths=len(dirs))
+            try:
+                await self._watch(dirs, stop)
+            except Exception as exc:  # any failure of the watch degrades to polling
+                if self._degraded:
+                    log.debug("watch_retry_failed", error=type(exc).__name__)
+                else:
+                    self._degraded = True
+                    log.warning("watch_unavailable", error=type(exc).__name__, message=str(exc))
+                with anyio.move_on_after(self._retry):
+                    await stop.wait()
+                continue
+            self._degraded = False
+            if not stop.is_set():  # the iterator ended by itself: do not spin
+                with anyio.move_on_after(self._recheck):
+                    await stop.wait()
+
+    async def _watch(self, dirs: frozenset[Path], stop: anyio.Event) -> None:
+        changes = self._factory(
+            *sorted(dirs),
+            stop_event=stop,
+            debounce=self._debounce_ms,
+            step=_STEP_MS,
+            recursive=False,
+            watch_filter=None,  # _keys_for is the filter (a whitelist)
+            yield_on_timeout=False,
+            rust_timeout=_RUST_TIMEOUT_MS,
+        )
+        try:
+            async for batch in changes:
+                self._degraded = False
+                await self._handle_batch(batch)
+        finally:
+            aclose = getattr(changes, "aclose", None)
+            if aclose is not None:
+                with anyio.move_on_after(1, shield=True):
+                    await aclose()
+
+    # -- timers: poll and settle ------------------------------------------------------
+
+    def _schedule_poll(self, delay: float) -> None:
+        if not self._running:
+            return  # run() takes a fresh probe when it starts
+        due = anyio.current_time() + delay
+        if due < self._poll_due:
+            self._poll_due = due
+            self._timer_wake.set()
+
+    async def _run_timers(self) -> None:
+        self._poll_due = min(self._poll_due, anyio.current_time() + self._recheck)
+        while True:
+            now = anyio.current_time()
+            if self._settle_due <= now:
+                keys, self._settle_keys, self._settle_due = self._settle_keys, set(), math.inf
+                self._enqueue(keys)
+            if self._poll_due <= now:
+                self._poll_due = now + self._recheck
+                await self._poll_once()
+                continue
+            with anyio.move_on_after(min(self._poll_due, self._settle_due) - now):
+                await self._timer_wake.wait()
+            if self._timer_wake.is_set():
+                self._timer_wake = anyio.Event()
+
+    async def _poll_once(self) -> None:
+        try:
+            probes = await anyio.to_thread.run_sync(_probe_all, self._home, tuple(self._workspaces))
+        except Exception as exc:  # a probe must never stop the watcher
+            log.warning("watch_poll_failed", error=type(exc).__name__, message=str(exc))
+            return
+        probes = {k: p for k, p in probes.items() if k is None or k in self._workspaces}
+        changed = {
+            key
+            for key, probe in probes.items()
+            if key in self._signatures and self._signatures[key] != probe.signature
+        }
+        self._signatures = {key: probe.signature for key, probe in probes.items()}
+        if changed:
+            log.info("watch_changed", keys=len(changed))
+            self._enqueue(changed)
+        dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
+        if self._watching is not None and dirs != self._watching:
+            self._stop_generation()
+
+    # -- delivery ---------------------------------------------------------------------
+
+    def _enqueue(self, keys: Iterable[ReloadKey]) -> None:
+        self._pending.update(keys)
+        if self._pending:
+            self._deliver_wake.set()
+
+    async def _deliver(self) -> None:
+        while True:
+            await self._deliver_wake.wait()
+            self._deliver_wake = anyio.Event()
+            keys = {k for k in self._pending if k is None or k in self._workspaces}
+            self._pending = set()
+            if not keys:
+                continue
+            try:
+                await self._on_change(keys)
+            except Exception as exc:  # the reload path's failure must not stop watching
+                log.warning("watch_reload_failed", error=type(exc).__name__, exc_info=True)
+
+
+# -- probes (blocking; run in a worker thread) ----------------------------------------
+
+
+def _stat(path: Path) -> _StatSig:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:  # missing, unreadable, a loop: not something to watch
+        return False
+
+
+def _probe_root(root: Path, dirs: set[Path], signature: list[tuple[str, _StatSig]]) -> None:
+    """Add a tools root, its set directories and their manifests to a probe."""
+    signature.append((str(root), _stat(root)))
+    try:
+        with os.scandir(root) as it:
+            names = sorted(entry.name for entry in it if entry.is_dir())  # follows symlinks
+    except OSError:
+        return
+    dirs.add(root)
+    for name in names:
+        set_dir = root / name
+        dirs.add(set_dir)
+        signature.append((str(set_dir), _stat(set_dir)))
+        signature.append((str(set_dir / _MANIFEST), _stat(set_dir / _MANIFEST)))
+
+
+def _probe_home(home: Path) -> _Probe:
+    dirs: set[Path] = set()
+    signature: list[tuple[str, _StatSig]] = [(str(home / _CONFIG), _stat(home / _CONFIG))]
+    if _is_dir(home):
+        dirs.add(home)
+    _probe_root(home / _TOOLS, dirs, signature)
+    return _Probe(frozenset(dirs), tuple(signature))
+
+
+def _probe_workspace(workspace: Path) -> _Probe:
+    dirs: set[Path] = set()
+    signature: list[tuple[str, _StatSig]] = []
+    crystal = workspace / _CRYSTAL
+    if _is_dir(crystal):
+        dirs.add(crystal)
+    elif _is_dir(workspace):
+        dirs.add(workspace)  # flat: only to see .crystal appear; never recursive
+    _probe_root(crystal / _TOOLS, dirs, signature)
+    return _Probe(frozenset(dirs), tuple(signature))
+
+
+def _probe_all(home: Path, workspaces: tuple[Path, ...]) -> dict[ReloadKey, _Probe]:
+    probes: dict[ReloadKey, _Probe] = {None: _probe_home(home)}
+    for workspace in workspaces:
+        probes[workspace] = _probe_workspace(workspace)
+    return probes

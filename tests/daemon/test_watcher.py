@@ -1,0 +1,343 @@
+"""Watcher tests: mapping, settle, restarts and fallback on a fake awatch, then the real one."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from structlog.testing import capture_logs
+from watchfiles import Change
+
+from toolsetd.daemon.watcher import ReloadKey, Watcher
+
+pytestmark = pytest.mark.anyio
+
+Batch = set[tuple[Change, str]]
+Layout = tuple[Path, Path]
+
+
+class FakeWatch:
+    """A stand-in for ``watchfiles.awatch``: yields batches sent to it, stops on its stop event."""
+
+    def __init__(self) -> None:
+        self.send, self._receive = anyio.create_memory_object_stream[Batch](100)
+        self.calls: list[tuple[tuple[Path, ...], dict[str, Any]]] = []
+        self.stops: list[anyio.Event] = []
+        self.started = anyio.Event()
+
+    async def __call__(
+        self, *paths: Path, stop_event: anyio.Event, **kwargs: Any
+    ) -> AsyncIterator[Batch]:
+        self.calls.append((paths, kwargs))
+        self.stops.append(stop_event)
+        self.started.set()
+        while not stop_event.is_set():
+            with anyio.move_on_after(0.01):
+                yield await self._receive.receive()
+
+    def close(self) -> None:
+        """Close both ends of the batch stream."""
+        self.send.close()
+        self._receive.close()
+
+    async def wait_calls(self, count: int) -> None:
+        """Wait until the watcher has started ``count`` generations."""
+        while len(self.calls) < count:
+            await anyio.sleep(0.01)
+
+
+class Recorder:
+    """An ``on_change`` that records each call and lets a test wait for one."""
+
+    def __init__(self) -> None:
+        self.calls: list[set[ReloadKey]] = []
+        self.times: list[float] = []
+        self._event = anyio.Event()
+
+    async def __call__(self, keys: set[ReloadKey]) -> None:
+        self.calls.append(set(keys))
+        self.times.append(anyio.current_time())
+        self._event.set()
+        self._event = anyio.Event()
+
+    async def wait_for(self, key: ReloadKey, since: int = 0) -> int:
+        """Wait for a call at index ``since`` or later holding ``key``; return its index."""
+        while True:
+            for index in range(since, len(self.calls)):
+                if key in self.calls[index]:
+                    return index
+            await self._event.wait()
+
+    def seen(self, key: ReloadKey, since: int) -> bool:
+        """Whether a call at index ``since`` or later held ``key``."""
+        return any(key in keys for keys in self.calls[since:])
+
+
+@pytest.fixture
+def layout(tmp_path: Path) -> Layout:
+    """A home with one set and a workspace without ``.crystal``."""
+    home = tmp_path / "home"
+    (home / "tools" / "a").mkdir(parents=True)
+    (home / "tools" / "a" / "tools.json").write_text("{}")
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    return home, workspace
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeWatch]:
+    """A fake awatch whose stream is closed after the test."""
+    watch = FakeWatch()
+    yield watch
+    watch.close()
+
+
+def _fake_watcher(home: Path, recorder: Recorder, fake: FakeWatch, **kwargs: Any) -> Watcher:
+    options: dict[str, Any] = {"settle_seconds": 30.0, "recheck_seconds": 30.0} | kwargs
+    return Watcher(home, recorder, watch_factory=fake, **options)
+
+
+async def test_watcher_maps_home_changes_to_reload_all(layout: Layout, fake: FakeWatch) -> None:
+    """A change to a home manifest or to config.json reloads every snapshot (key None)."""
+    home, workspace = layout
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake)
+    watcher.add_workspace(workspace)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            await fake.send.send({(Change.modified, str(home / "tools" / "a" / "tools.json"))})
+            await recorder.wait_for(None)
+            await fake.send.send({(Change.added, str(home / "config.json"))})
+            await recorder.wait_for(None, since=1)
+            tg.cancel_scope.cancel()
+    assert recorder.calls == [{None}, {None}]
+
+
+async def test_watcher_maps_workspace_changes_to_workspace_key(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """Changes under <ws>/.crystal/tools, or .crystal itself, reload that workspace alone."""
+    home, workspace = layout
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake)
+    watcher.add_workspace(workspace)
+    tools = workspace / ".crystal" / "tools"
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            await fake.send.send({(Change.added, str(tools / "p" / "tools.json"))})
+            await recorder.wait_for(workspace)
+            await fake.send.send({(Change.deleted, str(workspace / ".crystal"))})
+            await recorder.wait_for(workspace, since=1)
+            await fake.send.send(
+                {(Change.deleted, str(tools / "p")), (Change.modified, str(home / "tools" / "a"))}
+            )
+            await recorder.wait_for(None, since=2)
+            tg.cancel_scope.cancel()
+    assert recorder.calls == [{workspace}, {workspace}, {workspace, None}]
+
+
+async def test_watcher_ignores_data_dirs_and_unrelated_files(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """Runtime data under <home>/data or .crystal/data and other project files trigger no reload."""
+    home, workspace = layout
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake)
+    watcher.add_workspace(workspace)
+    ignored = {
+        (Change.added, str(home / "data" / "tools" / "x" / "file")),
+        (Change.modified, str(home / "data")),
+        (Change.added, str(workspace / ".crystal" / "data" / "tools" / "p" / "tool-output" / "c1")),
+        (Change.modified, str(workspace / "src" / "tools" / "main.py")),
+        (Change.modified, str(workspace / "README.md")),
+        (Change.modified, str(home / "notes.txt")),
+    }
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            await fake.send.send(ignored)
+            # A relevant batch afterwards proves the ignored one was consumed, not pending.
+            await fake.send.send({(Change.modified, str(home / "config.json"))})
+            await recorder.wait_for(None)
+            tg.cancel_scope.cancel()
+    assert recorder.calls == [{None}]
+
+
+async def test_watcher_settles_with_one_more_call(layout: Layout, fake: FakeWatch) -> None:
+    """A batch is followed, settle_seconds after the last batch, by one more call with its keys."""
+    home, workspace = layout
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake, settle_seconds=0.2)
+    watcher.add_workspace(workspace)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            manifest = workspace / ".crystal" / "tools" / "p" / "tools.json"
+            await fake.send.send({(Change.modified, str(manifest))})
+            await recorder.wait_for(workspace)
+            await recorder.wait_for(workspace, since=1)
+            tg.cancel_scope.cancel()
+    assert recorder.calls[:2] == [{workspace}, {workspace}]
+    assert recorder.times[1] - recorder.times[0] >= 0.2
+
+
+async def test_watcher_watches_only_known_directories_flat(layout: Layout, fake: FakeWatch) -> None:
+    """One flat awatch covers home, the tools root, its set dirs and the bare workspace."""
+    home, workspace = layout
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake, debounce_ms=123)
+    watcher.add_workspace(workspace)
+    (home / "data" / "tools").mkdir(parents=True)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            tg.cancel_scope.cancel()
+    paths, kwargs = fake.calls[0]
+    assert set(paths) == {home, home / "tools", home / "tools" / "a", workspace}
+    assert kwargs["recursive"] is False
+    assert kwargs["debounce"] == 123
+
+
+async def test_watcher_restarts_on_workspace_add_and_remove(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """Adding or removing a workspace stops the running awatch and starts one over the new paths."""
+    home, workspace = layout
+    (workspace / ".crystal" / "tools" / "p").mkdir(parents=True)
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.wait_calls(1)
+            watcher.add_workspace(workspace)
+            await fake.wait_calls(2)
+            assert fake.stops[0].is_set()
+            assert workspace / ".crystal" / "tools" / "p" in fake.calls[1][0]
+            watcher.remove_workspace(workspace)
+            await fake.wait_calls(3)
+            assert fake.stops[1].is_set()
+            manifest = workspace / ".crystal" / "tools" / "p" / "tools.json"
+            await fake.send.send({(Change.modified, str(manifest))})
+            await fake.send.send({(Change.modified, str(home / "config.json"))})
+            await recorder.wait_for(None)
+            tg.cancel_scope.cancel()
+    assert watcher.workspaces == frozenset()
+    assert not any(workspace in keys for keys in recorder.calls)
+    assert not any(p.is_relative_to(workspace) for p in fake.calls[2][0])
+
+
+async def test_watcher_falls_back_to_polling_when_watch_unavailable(layout: Layout) -> None:
+    """An awatch that raises is logged as watch_unavailable and polling still reports changes."""
+    home, workspace = layout
+    attempts: list[int] = []
+
+    async def broken(*paths: Path, **kwargs: Any) -> AsyncIterator[Batch]:
+        attempts.append(len(paths))
+        raise OSError("OS file watch limit reached")
+        yield set()  # pragma: no cover - makes this an async generator
+
+    recorder = Recorder()
+    watcher = Watcher(
+        home, recorder, settle_seconds=30.0, recheck_seconds=0.05, watch_factory=broken
+    )
+    with capture_logs() as logs, anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            while not attempts:
+                await anyio.sleep(0.01)
+            (home / "tools" / "a" / "tools.json").write_text('{"runner": "exec"}')
+            await recorder.wait_for(None)
+            tg.cancel_scope.cancel()
+    warnings = [entry for entry in logs if entry["event"] == "watch_unavailable"]
+    assert len(warnings) == 1
+    assert warnings[0]["error"] == "OSError"
+    assert warnings[0]["log_level"] == "warning"
+
+
+async def test_watcher_survives_on_change_failure(layout: Layout, fake: FakeWatch) -> None:
+    """An exception from on_change is logged and later batches are still delivered."""
+    home, _workspace = layout
+    calls: list[set[ReloadKey]] = []
+    delivered = anyio.Event()
+
+    async def flaky(keys: set[ReloadKey]) -> None:
+        calls.append(keys)
+        if len(calls) == 1:
+            raise RuntimeError("reload broke")
+        delivered.set()
+
+    watcher = Watcher(home, flaky, settle_seconds=30.0, recheck_seconds=30.0, watch_factory=fake)
+    with capture_logs() as logs, anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            await fake.send.send({(Change.modified, str(home / "config.json"))})
+            while not calls:
+                await anyio.sleep(0.01)
+            await fake.send.send({(Change.modified, str(home / "config.json"))})
+            await delivered.wait()
+            tg.cancel_scope.cancel()
+    assert [entry["event"] for entry in logs].count("watch_reload_failed") == 1
+
+
+async def _poke_until(recorder: Recorder, key: ReloadKey, manifest: Path) -> None:
+    """Rewrite ``manifest`` until a call holding ``key`` follows (covers a watch still starting)."""
+    for attempt in range(40):
+        since = len(recorder.calls)
+        manifest.write_text(f'{{"attempt": {attempt}}}')
+        with anyio.move_on_after(0.5):
+            await recorder.wait_for(key, since)
+            return
+    pytest.fail(f"no reload of {key} after rewriting {manifest}")
+
+
+async def test_watcher_follows_real_filesystem_changes(layout: Layout) -> None:
+    """Real watchfiles: home and late project sets are seen; data and removed workspaces not."""
+    home, workspace = layout
+    recorder = Recorder()
+    # Long settle and recheck: every call below comes from a file event, not from a timer.
+    watcher = Watcher(home, recorder, debounce_ms=50, settle_seconds=60.0, recheck_seconds=60.0)
+    watcher.add_workspace(workspace)
+    project = workspace / ".crystal" / "tools"
+    with anyio.fail_after(15):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await _poke_until(recorder, None, home / "tools" / "a" / "tools.json")
+
+            since = len(recorder.calls)
+            (project / "p").mkdir(parents=True)  # the project root did not exist at start
+            (project / "p" / "tools.json").write_text("{}")
+            await recorder.wait_for(workspace, since)
+            assert not recorder.seen(None, since)
+            # Modifying the manifest is only visible to a watch that now covers the new set dir.
+            await _poke_until(recorder, workspace, project / "p" / "tools.json")
+
+            since = len(recorder.calls)
+            shutil.rmtree(project)
+            await recorder.wait_for(workspace, since)
+
+            since = len(recorder.calls)
+            watcher.remove_workspace(workspace)
+            (project / "q").mkdir(parents=True)
+            (project / "q" / "tools.json").write_text("{}")
+            (home / "data" / "tools" / "x").mkdir(parents=True)
+            (home / "data" / "tools" / "x" / "file").write_text("runtime data")
+            await anyio.sleep(1.0)  # a bounded wait for calls that must not come
+            assert recorder.calls[since:] == []
+
+            await _poke_until(recorder, None, home / "tools" / "a" / "tools.json")  # still alive
+            tg.cancel_scope.cancel()
+            cancelled_at = anyio.current_time()
+    assert anyio.current_time() - cancelled_at < 2.0
