@@ -278,12 +278,11 @@ def _rpc_failure(ctx: _Context, exc: RpcError) -> NoReturn:
     data = exc.data if isinstance(exc.data, dict) else {}
     if isinstance(exc, InvalidArguments):
         for item in data.get("errors") or []:
-            ctx.out.error(f"  {item.get('path') or '/'}: {item.get('message', '')}")
+            # Each message names its field already (it starts with the JSON Pointer).
+            ctx.out.error(f"  {item.get('message', '')}")
         raise _Exit(EXIT_USAGE)
     if isinstance(exc, PolicyDenied | ApprovalRequired):
-        reason = data.get("reason")
-        if reason:
-            ctx.out.error(str(reason))
+        # The daemon's message already carries the classification's reason.
         raise _Exit(EXIT_DENIED)
     if isinstance(exc, UnknownTool | InvalidParams | InvalidWorkspace):
         raise _Exit(EXIT_USAGE)

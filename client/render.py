@@ -295,6 +295,13 @@ def set_rows_from_list(result: Mapping[str, Any]) -> list[SetRow]:
     return rows
 
 
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 def _compact(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
@@ -465,7 +472,10 @@ class Output:
         self.format = fmt
         self.stdout = stdout
         self.stderr = stderr
-        self._console = Console(file=stdout, highlight=False, soft_wrap=False)
+        # Off a terminal rich would wrap every table to 80 columns; let rows run long
+        # so piped output stays one row a line.
+        width = None if _isatty(stdout) else 1000
+        self._console = Console(file=stdout, highlight=False, soft_wrap=False, width=width)
 
     @property
     def is_json(self) -> bool:

@@ -262,7 +262,12 @@ def tool_info(loaded: LoadedTool) -> dict[str, Any]:
 
 
 def set_info(entry: SetEntry) -> dict[str, Any]:
-    """The contract's ``sets[]`` entry.
+    """The contract's ``sets[]`` entry, plus the reference inventory's columns.
+
+    Beyond the contract's fields it carries ``runner``, ``catalogs`` and ``approval``
+    (the set-level values, null when the manifest did not parse) and ``error`` (the
+    manifest error, else null), so a front end can draw the operator's inventory table
+    without reading files.
 
     Args:
         entry: The set entry.
@@ -270,6 +275,7 @@ def set_info(entry: SetEntry) -> dict[str, Any]:
     Returns:
         A camelCase dict.
     """
+    toolset = entry.toolset
     return {
         "directory": entry.directory,
         "source": entry.source.value,
@@ -278,6 +284,10 @@ def set_info(entry: SetEntry) -> dict[str, Any]:
         "state": entry.state.value,
         "tools": list(entry.tools),
         "notes": list(entry.notes),
+        "runner": toolset.runner.value if toolset else None,
+        "catalogs": sorted(c.value for c in toolset.catalogs) if toolset else None,
+        "approval": toolset.approval.value if toolset else None,
+        "error": entry.error,
     }
 
 

@@ -189,6 +189,10 @@ class SetInfo(_Wire):
     state: Literal["loaded", "disabled", "refused", "hidden"]
     tools: list[str]
     notes: list[str]
+    runner: Literal["exec", "dotnet"] | None = None
+    catalogs: list[Catalog] | None = None
+    approval: Literal["inherit", "always"] | None = None
+    error: str | None = None
 
 
 class NoteInfo(_Wire):

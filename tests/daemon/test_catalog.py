@@ -330,7 +330,21 @@ def test_set_info_wire_shape(home: Path) -> None:
         "state": "loaded",
         "tools": ["deploy"],
         "notes": [],
+        "runner": "exec",
+        "catalogs": ["plan", "work"],
+        "approval": "inherit",
+        "error": None,
     }
+
+
+def test_set_info_of_a_broken_manifest_carries_its_error(home: Path) -> None:
+    """A set whose manifest did not parse has null set-level fields and its error."""
+    (home / "tools" / "broken").mkdir(parents=True)
+    (home / "tools" / "broken" / "tools.json").write_text("{")
+    info = set_info(build(home).sets[0])
+    assert info["state"] == "refused"
+    assert info["runner"] is None and info["catalogs"] is None and info["approval"] is None
+    assert info["error"].startswith("tools.json is not valid JSON")
 
 
 def test_tool_hash_stable_and_sensitive(home: Path) -> None:

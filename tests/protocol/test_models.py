@@ -35,7 +35,8 @@ TOOL = {
     "timeoutSeconds": None, "output": "text", "pathArguments": ["path"], "hash": "sha256:00",
 }
 SET = {"directory": "dev", "source": "project", "path": "/w/.crystal/tools/dev", "enabled": None,
-       "state": "loaded", "tools": ["fmt"], "notes": []}
+       "state": "loaded", "tools": ["fmt"], "notes": [],
+       "runner": "exec", "catalogs": ["work"], "approval": "inherit", "error": None}
 CLASSIFICATION = {
     "tool": "fmt", "set": "dev", "source": "project", "authority": "write",
     "scope": "workspace",

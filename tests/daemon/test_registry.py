@@ -1,0 +1,130 @@
+"""The registry: snapshots built on first use, swapped whole, and cheap reloads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import anyio
+import pytest
+
+from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Source
+from toolsetd.daemon.registry import Registry, SetChange
+
+pytestmark = pytest.mark.anyio
+
+
+def _write(root: Path, directory: str, description: str = "d", **extra: object) -> Path:
+    set_dir = root / directory
+    set_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "runner": "exec", "description": description, "schema": {"type": "object"},
+        "command": ["true"], **extra,
+    }
+    (set_dir / "tools.json").write_text(json.dumps(manifest))
+    return set_dir
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    (tmp_path / "home" / "tools").mkdir(parents=True)
+    return tmp_path / "home"
+
+
+async def test_registry_unchanged_reload_parses_nothing(home: Path, tmp_path: Path) -> None:
+    """A reload of unchanged sets re-parses no manifest and leaves the generation alone."""
+    for i in range(5):
+        _write(home / "tools", f"set{i}")
+    ws = tmp_path / "ws"
+    _write(ws / ".crystal" / "tools", "proj")
+    registry = Registry(home, DEFAULT_RESERVED_NAMES)
+    await registry.catalog(None)
+    await registry.catalog(ws)
+    parses, generation = registry.cache.parses, registry.generation
+    assert parses == 6
+    outcome = await registry.reload()
+    assert registry.cache.parses == parses
+    assert outcome.all_changes() == []
+    assert registry.generation == generation
+
+
+async def test_registry_reload_reparses_only_the_changed_set(home: Path) -> None:
+    """Changing one manifest re-parses that one and reports it updated, bumping the generation."""
+    for i in range(3):
+        _write(home / "tools", f"set{i}")
+    registry = Registry(home, DEFAULT_RESERVED_NAMES)
+    await registry.catalog(None)
+    parses, generation = registry.cache.parses, registry.generation
+    _write(home / "tools", "set1", description="changed")
+    outcome = await registry.reload()
+    assert registry.cache.parses == parses + 1
+    assert outcome.all_changes() == [SetChange("set1", Source.HOME, "updated")]
+    assert registry.generation == generation + 1
+
+
+async def test_registry_reload_reports_added_removed_and_broken(home: Path) -> None:
+    """Adding, removing and breaking sets are reported as added, removed and updated."""
+    _write(home / "tools", "keep")
+    gone = _write(home / "tools", "gone")
+    registry = Registry(home, DEFAULT_RESERVED_NAMES)
+    await registry.catalog(None)
+    for f in gone.iterdir():
+        f.unlink()
+    gone.rmdir()
+    _write(home / "tools", "new")
+    (home / "tools" / "keep" / "tools.json").write_text("{ half")
+    outcome = await registry.reload()
+    assert outcome.all_changes() == [
+        SetChange("gone", Source.HOME, "removed"),
+        SetChange("keep", Source.HOME, "updated"),
+        SetChange("new", Source.HOME, "added"),
+    ]
+    catalog = await registry.catalog(None)
+    assert list(catalog.tools) == ["new"]
+
+
+async def test_registry_snapshot_held_by_a_caller_survives_reload(home: Path) -> None:
+    """A snapshot fetched before a reload still holds the old definition afterwards."""
+    _write(home / "tools", "tool", description="old")
+    registry = Registry(home, DEFAULT_RESERVED_NAMES)
+    before = await registry.catalog(None)
+    _write(home / "tools", "tool", description="new")
+    await registry.reload()
+    after = await registry.catalog(None)
+    assert before.tools["tool"].tool.description == "old"
+    assert after.tools["tool"].tool.description == "new"
+
+
+async def test_registry_concurrent_first_use_builds_once(home: Path, tmp_path: Path) -> None:
+    """Many concurrent first uses of one workspace build its snapshot once."""
+    _write(home / "tools", "tool")
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    registry = Registry(home, DEFAULT_RESERVED_NAMES)
+    results = []
+
+    async def use() -> None:
+        results.append(await registry.catalog(ws))
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(20):
+            tg.start_soon(use)
+    assert all(r is results[0] for r in results)
+    assert registry.cache.parses == 1
+
+
+async def test_registry_evicts_idle_workspaces(home: Path, tmp_path: Path) -> None:
+    """Workspaces unused for longer than the idle time are released; home stays."""
+    now = [0.0]
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, idle_seconds=10, clock=lambda: now[0])
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    await registry.catalog(None)
+    await registry.catalog(a)
+    now[0] = 8.0
+    await registry.catalog(b)
+    now[0] = 12.0
+    assert registry.evict_idle() == [a]
+    assert registry.workspaces == [b]
+    assert registry.cached(None) is not None

@@ -1,0 +1,238 @@
+"""A real daemon on a temporary socket, with a temporary home and workspace.
+
+The daemon runs as a subprocess (``python -m toolsetd.daemon``) so signals, process
+groups and the socket behave exactly as in production. ``RawConn`` speaks NDJSON on a
+plain socket for conformance and bad-input tests; the async ``Client`` is the library
+front ends use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples" / "tools"
+
+
+@dataclass
+class Daemon:
+    """A running toolsetd subprocess and the files it serves."""
+
+    proc: subprocess.Popen[bytes]
+    socket: Path
+    home: Path
+    workspace: Path
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+
+    def log(self) -> str:
+        """The daemon's stderr so far."""
+        return self.log_path.read_text(errors="replace")
+
+    def log_events(self) -> list[dict[str, Any]]:
+        """The daemon's JSON log lines, parsed."""
+        events = []
+        for line in self.log().splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return events
+
+    def raw(self, timeout: float = 10.0) -> RawConn:
+        """A new raw NDJSON connection."""
+        return RawConn(self.socket, timeout)
+
+    def call(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One request on a fresh connection; returns the whole response message."""
+        with self.raw() as conn:
+            return conn.request(method, params)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
+        """Signal the daemon and wait for it to exit."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        return self.proc.wait(timeout=timeout)
+
+
+class RawConn:
+    """A blocking NDJSON connection for tests."""
+
+    def __init__(self, path: Path, timeout: float = 10.0) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(timeout)
+        try:
+            self.sock.connect(str(path))
+        except OSError:
+            self.sock.close()
+            raise
+        self._buffer = b""
+        self._next_id = 1
+
+    def __enter__(self) -> RawConn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection."""
+        self.sock.close()
+
+    def send_bytes(self, data: bytes) -> None:
+        """Send raw bytes."""
+        self.sock.sendall(data)
+
+    def send(self, message: Any) -> None:
+        """Send one message as a line."""
+        self.send_bytes(json.dumps(message).encode() + b"\n")
+
+    def receive(self) -> Any:
+        """Read one message; raises EOFError when the daemon closed the connection."""
+        while b"\n" not in self._buffer:
+            chunk = self.sock.recv(1 << 20)
+            if not chunk:
+                raise EOFError("connection closed")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def request(self, method: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Send a request and return its response, collecting nothing else."""
+        request_id = self._next_id
+        self._next_id += 1
+        message: dict[str, Any] = {"jsonrpc": "2.0", "method": method, "id": request_id}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+        while True:
+            reply = self.receive()
+            if isinstance(reply, dict) and reply.get("id") == request_id:
+                return reply
+
+    def invoke(self, params: dict[str, Any]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        """Send an invoke; return (notifications in order, the response)."""
+        request_id = self._next_id
+        self._next_id += 1
+        self.send({"jsonrpc": "2.0", "method": "invoke", "id": request_id, "params": params})
+        events: list[dict[str, Any]] = []
+        while True:
+            reply = self.receive()
+            if "method" in reply:
+                events.append(reply)
+            elif reply.get("id") == request_id:
+                return events, reply
+
+    def closed_by_peer(self, timeout: float = 5.0) -> bool:
+        """Whether the daemon closes this connection within ``timeout``."""
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                if not self.sock.recv(65536):
+                    return True
+        except (TimeoutError, socket.timeout):
+            return False
+        except OSError:
+            return True
+
+
+def write_set(root: Path, directory: str, manifest: dict[str, Any] | str, **files: str) -> Path:
+    """Write a tool set: its tools.json and any executable files beside it."""
+    set_dir = root / directory
+    set_dir.mkdir(parents=True, exist_ok=True)
+    text = manifest if isinstance(manifest, str) else json.dumps(manifest, indent=2)
+    (set_dir / "tools.json").write_text(text)
+    for name, body in files.items():
+        path = set_dir / name
+        path.write_text(body)
+        path.chmod(0o755)
+    return set_dir
+
+
+def start_daemon(
+    home: Path, workspace: Path, base: Path, extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Daemon:
+    """Start toolsetd and wait until it accepts connections."""
+    sock = base / "s.sock"
+    log_path = base / "daemon.log"
+    args = [
+        sys.executable, "-m", "toolsetd.daemon",
+        "--home", str(home), "--socket", str(sock), "--log-level", "debug",
+        *(extra_args or []),
+    ]
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("TOOLSETD_SOCKET", None)
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(args, stderr=log_file, stdout=log_file, env=full_env)  # noqa: S603
+    daemon = Daemon(proc, sock, home, workspace, log_path, args)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"toolsetd exited early ({proc.returncode}):\n{daemon.log()}")
+        try:
+            # Ready means answering, not merely listening: status proves the handlers run.
+            with RawConn(sock, timeout=5) as probe:
+                if "result" in probe.request("status"):
+                    return daemon
+        except (OSError, EOFError):
+            time.sleep(0.02)
+    proc.kill()
+    raise RuntimeError(f"toolsetd did not start:\n{daemon.log()}")
+
+
+@pytest.fixture
+def tmp_base() -> Iterator[Path]:
+    """A short temporary directory (AF_UNIX paths are limited to ~108 bytes)."""
+    base = Path(tempfile.mkdtemp(prefix="tsd-"))
+    try:
+        yield base
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def home(tmp_base: Path) -> Path:
+    """A Crystal home holding the bundled example sets."""
+    path = tmp_base / "home"
+    (path / "tools").mkdir(parents=True)
+    shutil.copytree(EXAMPLES, path / "tools", dirs_exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def workspace(tmp_base: Path) -> Path:
+    """An empty workspace directory."""
+    path = tmp_base / "ws"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def daemon(home: Path, workspace: Path, tmp_base: Path) -> Iterator[Daemon]:
+    """A running daemon over the example sets; stopped (and checked) at teardown."""
+    d = start_daemon(home, workspace, tmp_base)
+    try:
+        yield d
+    finally:
+        if d.proc.poll() is None:
+            d.proc.send_signal(signal.SIGTERM)
+            try:
+                d.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                d.proc.kill()
+                d.proc.wait()

@@ -1,0 +1,196 @@
+"""A live catalog: reload, watching, SIGHUP, catalogChanged, enable/disable, idle release."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Daemon, start_daemon, write_set
+
+SIMPLE = {"runner": "exec", "description": "d", "schema": {"type": "object"}, "command": ["true"]}
+
+
+def names(daemon: Daemon, workspace: Path | None = None) -> list[str]:
+    params = {"workspace": str(workspace)} if workspace else {}
+    return [t["name"] for t in daemon.call("list", params)["result"]["tools"]]
+
+
+def eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
+    """Poll until check() holds, failing after the deadline (no fixed sleeps)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached before the deadline")
+        time.sleep(0.05)
+
+
+@pytest.fixture
+def unwatched(home: Path, workspace: Path, tmp_base: Path) -> Daemon:
+    """A daemon with watching off, so only explicit reloads change its catalog."""
+    d = start_daemon(home, workspace, tmp_base, ["--no-watch"])
+    yield d
+    d.stop()
+
+
+def test_reload_reports_home_and_project_changes(unwatched: Daemon, workspace: Path) -> None:
+    """reload answers added, removed and updated sets with their sources, and bumps the generation."""
+    d = unwatched
+    project = workspace / ".crystal" / "tools"
+    assert "extra" not in names(d, workspace)
+    before = d.call("status")["result"]["generation"]
+    write_set(d.home / "tools", "extra", SIMPLE)
+    write_set(project, "proj", SIMPLE)
+    shutil.rmtree(d.home / "tools" / "swatch")
+    (d.home / "tools" / "hello" / "tools.json").write_text("{ broken")
+    result = d.call("reload", {"workspace": str(workspace)})["result"]
+    changed = {(c["set"], c["source"], c["change"]) for c in result["changed"]}
+    assert changed == {
+        ("extra", "home", "added"),
+        ("proj", "project", "added"),
+        ("swatch", "home", "removed"),
+        ("hello", "home", "updated"),
+    }
+    assert result["generation"] > before
+    assert any("hello" in n["message"] for n in result["notes"])
+    assert set(names(d, workspace)) == {"notes_add", "notes_list", "notes_index", "extra", "proj"}
+
+
+def test_reload_without_changes_keeps_the_generation(unwatched: Daemon) -> None:
+    """A reload that finds nothing new changes nothing and keeps the generation."""
+    first = unwatched.call("reload")["result"]
+    second = unwatched.call("reload")["result"]
+    assert second["changed"] == []
+    assert second["generation"] == first["generation"]
+
+
+def test_reload_rename_is_removed_plus_added(unwatched: Daemon) -> None:
+    """Renaming a set directory reports the old name removed and the new one added."""
+    (unwatched.home / "tools" / "hello").rename(unwatched.home / "tools" / "greet")
+    result = unwatched.call("reload")
+    changed = {(c["set"], c["change"]) for c in result["result"]["changed"]}, result
+    assert changed[0] == {("hello", "removed"), ("greet", "added")}, changed[1]
+
+
+def test_reload_call_in_flight_keeps_its_definition(unwatched: Daemon, workspace: Path) -> None:
+    """A call started before a reload that removes its set finishes with its definition."""
+    d = unwatched
+    write_set(d.home / "tools", "slow", {
+        "runner": "exec", "description": "d", "schema": {"type": "object"},
+        "command": ["slow.sh"], "stdin": False, "approval": "always",
+    }, **{"slow.sh": "#!/bin/sh\nsleep 1\necho done-$0\n"})
+    d.call("reload")
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        with d.raw() as conn:
+            result["events"], result["reply"] = conn.invoke(
+                {"tool": "slow", "arguments": {}, "workspace": str(workspace)}
+            )
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    eventually(lambda: d.call("status")["result"]["inFlight"] == 1)
+    shutil.rmtree(d.home / "tools" / "slow")
+    assert ("slow", "removed") in {
+        (c["set"], c["change"]) for c in d.call("reload")["result"]["changed"]
+    }
+    thread.join(30)
+    reply = result["reply"]["result"]
+    assert reply["status"] == "ok"
+    assert "done-" in reply["content"][0]["text"]
+    assert "slow" not in names(d)
+
+
+def test_reload_catalog_changed_only_to_subscribers(unwatched: Daemon, workspace: Path) -> None:
+    """catalogChanged reaches a connection that listed with subscribe, and not one that did not."""
+    d = unwatched
+    with d.raw() as subscriber, d.raw() as bystander:
+        subscriber.request("list", {"workspace": str(workspace), "subscribe": True})
+        bystander.request("list", {"workspace": str(workspace)})
+        write_set(workspace / ".crystal" / "tools", "proj", SIMPLE)
+        d.call("reload")
+        note = subscriber.receive()
+        assert note["method"] == "catalogChanged"
+        assert note["params"]["workspace"] == str(workspace.resolve())
+        assert {"set": "proj", "source": "project", "change": "added"} in note["params"]["changed"]
+        # The bystander's next message is the answer to its own request, nothing before it.
+        bystander.send({"jsonrpc": "2.0", "method": "status", "id": "probe"})
+        assert bystander.receive()["id"] == "probe"
+
+
+def test_reload_sighup_reloads(unwatched: Daemon) -> None:
+    """SIGHUP makes the daemon rescan its tool sets."""
+    write_set(unwatched.home / "tools", "viahup", SIMPLE)
+    unwatched.proc.send_signal(signal.SIGHUP)
+    eventually(lambda: "viahup" in names(unwatched))
+
+
+def test_reload_watcher_follows_home_and_project(daemon: Daemon, workspace: Path) -> None:
+    """With watching on, adding, breaking and removing sets shows up without a reload call."""
+    assert "watched" not in names(daemon, workspace)
+    write_set(daemon.home / "tools", "watched", SIMPLE)
+    eventually(lambda: "watched" in names(daemon, workspace))
+    write_set(workspace / ".crystal" / "tools", "proj", SIMPLE)
+    eventually(lambda: "proj" in names(daemon, workspace))
+    shutil.rmtree(daemon.home / "tools" / "watched")
+    eventually(lambda: "watched" not in names(daemon, workspace))
+
+
+def test_reload_half_written_manifest_settles_to_the_final_version(
+    daemon: Daemon, workspace: Path
+) -> None:
+    """A manifest caught half-written is replaced by its final version without any reload call."""
+    set_dir = daemon.home / "tools" / "halfway"
+    set_dir.mkdir()
+    text = json.dumps(SIMPLE)
+    with open(set_dir / "tools.json", "w") as f:
+        f.write(text[: len(text) // 2])
+        f.flush()
+        eventually(lambda: any(
+            "halfway" in n["message"] for n in daemon.call("list")["result"]["notes"]
+        ))
+        f.write(text[len(text) // 2:])
+    eventually(lambda: "halfway" in names(daemon))
+
+
+def test_reload_idle_workspaces_are_released(home: Path, workspace: Path, tmp_base: Path) -> None:
+    """A workspace unused for the idle time is dropped from the daemon."""
+    d = start_daemon(home, workspace, tmp_base, ["--workspace-idle", "0.5"])
+    try:
+        d.call("list", {"workspace": str(workspace)})
+        assert d.call("status")["result"]["workspaces"] == [str(workspace.resolve())]
+        eventually(lambda: d.call("status")["result"]["workspaces"] == [])
+    finally:
+        d.stop()
+
+
+def test_reload_disable_and_enable_through_the_cli(daemon: Daemon, workspace: Path) -> None:
+    """toolsetctl disable edits the manifest and the running daemon drops the set at once."""
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(  # noqa: S603
+            [sys.executable, "-m", "toolsetd.client", "--socket", str(daemon.socket),
+             "--home", str(daemon.home), "--workspace", str(workspace), *args],
+            capture_output=True, text=True, timeout=30, check=False,
+        )
+
+    out = ctl("disable", "hello")
+    assert out.returncode == 0, out.stderr
+    assert "Tool set hello disabled." in out.stdout
+    assert "hello" not in names(daemon, workspace)
+    manifest = json.loads((daemon.home / "tools" / "hello" / "tools.json").read_text())
+    assert manifest["enabled"] is False
+    assert list(manifest)[-1] == "enabled"
+    assert "already disabled" in ctl("disable", "hello").stdout
+    assert ctl("enable", "hello").returncode == 0
+    assert "hello" in names(daemon, workspace)
