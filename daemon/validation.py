@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import jsonschema_specifications
+import orjson
 import referencing.exceptions
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
@@ -61,8 +62,13 @@ def canonical_json(value: Any) -> bytes:
     Returns:
         The UTF-8 bytes (lone surrogates from ``\\ud800`` escapes pass through).
     """
-    text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return text.encode("utf-8", "surrogatepass")
+    try:
+        # orjson writes the same compact, sorted, UTF-8 form about ten times faster.
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except (orjson.JSONEncodeError, TypeError):
+        # Lone surrogates (from \ud800 escapes) and integers beyond 64 bits.
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return text.encode("utf-8", "surrogatepass")
 
 
 def json_pointer(parts: Iterable[str | int]) -> str:
@@ -124,6 +130,81 @@ def _json_type(value: Any) -> str:
     return type(value).__name__  # pragma: no cover - arguments come from JSON
 
 
+# -- the fast path of check_schema ------------------------------------------------------
+#
+# Validating a schema against the Draft 2020-12 meta-schema costs ~0.85 ms (the
+# meta-schema's $dynamicRef resolution dominates), which is most of a cold load of many
+# sets. Most tool schemas use a handful of keywords whose meta-schema rules are simple,
+# so _plainly_valid decides those exactly: True means the meta-schema accepts the schema.
+# Anything else (another keyword, $schema, $ref, pattern, a float where an integer is
+# due) returns False and goes to jsonschema, which also words every error we show.
+
+_JSON_TYPES = frozenset({"array", "boolean", "integer", "null", "number", "object", "string"})
+_TEXT_KEYWORDS = frozenset({"title", "description", "$comment", "format"})
+_ANY_KEYWORDS = frozenset({"default", "const"})
+_BOOL_KEYWORDS = frozenset({"deprecated", "readOnly", "writeOnly", "uniqueItems"})
+_COUNT_KEYWORDS = frozenset({
+    "minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties",
+})
+_NUMBER_KEYWORDS = frozenset({"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})
+_SUBSCHEMA_KEYWORDS = frozenset({"additionalProperties", "items", "not", "propertyNames"})
+_SCHEMA_LIST_KEYWORDS = frozenset({"anyOf", "oneOf", "allOf"})
+_FAST_PATH_DEPTH = 32
+
+
+def _plainly_valid(schema: Any, depth: int = 0) -> bool:
+    """Whether ``schema`` is certainly a valid Draft 2020-12 schema (False: ask jsonschema)."""
+    if isinstance(schema, bool):
+        return True
+    if not isinstance(schema, dict) or depth > _FAST_PATH_DEPTH:
+        return False
+    for key, value in schema.items():
+        if key in _TEXT_KEYWORDS:
+            ok = isinstance(value, str)
+        elif key in _ANY_KEYWORDS:
+            ok = True
+        elif key in _BOOL_KEYWORDS:
+            ok = isinstance(value, bool)
+        elif key in _COUNT_KEYWORDS:
+            ok = type(value) is int and value >= 0
+        elif key in _NUMBER_KEYWORDS:
+            ok = type(value) in (int, float)
+        elif key == "multipleOf":
+            ok = type(value) in (int, float) and value > 0
+        elif key == "type":
+            ok = (isinstance(value, str) and value in _JSON_TYPES) or (
+                isinstance(value, list)
+                and len(value) > 0
+                and all(isinstance(t, str) and t in _JSON_TYPES for t in value)
+                and len(set(value)) == len(value)
+            )
+        elif key in ("enum", "examples"):
+            ok = isinstance(value, list)
+        elif key == "required":
+            ok = (
+                isinstance(value, list)
+                and all(isinstance(name, str) for name in value)
+                and len(set(value)) == len(value)
+            )
+        elif key == "properties":
+            ok = isinstance(value, dict) and all(
+                _plainly_valid(sub, depth + 1) for sub in value.values()
+            )
+        elif key in _SUBSCHEMA_KEYWORDS:
+            ok = _plainly_valid(value, depth + 1)
+        elif key in _SCHEMA_LIST_KEYWORDS:
+            ok = (
+                isinstance(value, list)
+                and len(value) > 0
+                and all(_plainly_valid(sub, depth + 1) for sub in value)
+            )
+        else:
+            ok = False
+        if not ok:
+            return False
+    return True
+
+
 class SchemaChecker:
     """Checks tool input schemas against their meta-schema, caching by content hash.
 
@@ -158,6 +239,8 @@ class SchemaChecker:
 
     @staticmethod
     def _check(schema: Mapping[str, Any]) -> str | None:
+        if _plainly_valid(schema):
+            return None
         cls = _validator_class(schema)
         meta = cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)  # type: ignore[call-arg]
         try:

@@ -180,3 +180,110 @@ def test_canonical_json_is_order_independent_and_utf8() -> None:
     """Canonical JSON sorts keys, has no spaces and keeps non-ASCII as UTF-8."""
     assert canonical_json({"b": 1, "a": "é"}) == '{"a":"é","b":1}'.encode()
     assert canonical_json({"a": "\ud800"}) == b'{"a":"\xed\xa0\x80"}'
+
+
+# -- the check_schema fast path ------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from jsonschema import Draft202012Validator  # noqa: E402
+from jsonschema.exceptions import SchemaError  # noqa: E402
+
+from toolsetd.daemon.validation import SchemaChecker, _plainly_valid  # noqa: E402
+
+_ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-2, 2, allow_nan=False)
+    | st.sampled_from(["", "string", "object", "x", "integer", "nope"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+def _schemas() -> st.SearchStrategy[object]:
+    """Schemas that are mostly valid, with near misses a sloppy fast path would let through."""
+    types = st.sampled_from(["string", "object", "integer", "array", "null", "strin", "Object"])
+    names = st.sampled_from(["a", "b", "c"])
+    count = st.integers(-1, 3) | st.sampled_from([1.0, True, "1"])
+    number = st.integers(-3, 3) | st.floats(-2, 2, allow_nan=False) | st.sampled_from([True, "1"])
+
+    def keyword_values(sub: st.SearchStrategy[object]) -> dict[str, st.SearchStrategy[object]]:
+        return {
+            "type": types | st.lists(types, max_size=3),
+            "properties": st.dictionaries(names, sub, max_size=3) | st.just([]),
+            "required": st.lists(names, max_size=3) | st.just("a"),
+            "items": sub | st.lists(sub, max_size=2),
+            "additionalProperties": sub | st.just(1),
+            "not": sub,
+            "propertyNames": sub,
+            "anyOf": st.lists(sub, max_size=2),
+            "oneOf": st.lists(sub, max_size=2),
+            "allOf": st.lists(sub, max_size=2) | sub,
+            "enum": st.lists(_ANY_JSON, max_size=2) | _ANY_JSON,
+            "examples": st.lists(_ANY_JSON, max_size=2) | _ANY_JSON,
+            "const": _ANY_JSON,
+            "default": _ANY_JSON,
+            "description": st.text(max_size=3) | st.just(5),
+            "title": st.text(max_size=3) | st.none(),
+            "format": st.sampled_from(["date", "x"]) | st.just(3),
+            "minLength": count,
+            "maxItems": count,
+            "minimum": number,
+            "exclusiveMinimum": number,
+            "multipleOf": number,
+            "uniqueItems": st.booleans() | st.just(0),
+            "deprecated": st.booleans() | st.just("yes"),
+            "pattern": st.sampled_from(["^a$", "("]),
+            "$ref": st.just("#"),
+            "unknownKw": _ANY_JSON,
+        }
+
+    def objects(sub: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+        values = keyword_values(sub)
+        return st.lists(st.sampled_from(sorted(values)), max_size=4, unique=True).flatmap(
+            lambda keys: st.fixed_dictionaries({k: values[k] for k in keys})
+        )
+
+    leaf = st.booleans() | objects(st.booleans() | st.just({}))
+    return st.recursive(leaf, objects, max_leaves=8)
+
+
+def _meta_accepts(schema: object) -> bool:
+    try:
+        Draft202012Validator.check_schema(schema)  # type: ignore[arg-type]
+    except SchemaError:
+        return False
+    return True
+
+
+@settings(max_examples=600, deadline=None)
+@given(_schemas())
+def test_schema_fast_path_never_accepts_what_the_meta_schema_rejects(schema: object) -> None:
+    """Whatever the fast path calls valid, jsonschema's check_schema accepts too."""
+    if _plainly_valid(schema):
+        assert _meta_accepts(schema)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_schemas())
+def test_schema_checker_verdict_matches_check_schema(schema: object) -> None:
+    """The checker, fast path included, says valid exactly when check_schema does."""
+    if not isinstance(schema, dict):
+        return
+    assert (SchemaChecker().problem(schema) is None) == _meta_accepts(schema)
+
+
+def test_schema_fast_path_takes_the_common_tool_schema() -> None:
+    """A typical tool schema is decided by the fast path, without the meta-schema."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "environment": {"type": "string", "enum": ["dev", "prod"], "description": "where"},
+            "count": {"type": "integer", "minimum": 1},
+            "tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+        },
+        "required": ["environment"],
+        "additionalProperties": False,
+    }
+    assert _plainly_valid(schema)
+    assert not _plainly_valid({**schema, "required": ["a", "a"]})
+    assert not _plainly_valid({"type": "strin"})
