@@ -79,8 +79,11 @@ class _Events:
         self._connection = connection
         self._call_id = call_id
         self._loaded = loaded
+        #: Whether ``started`` went out (so exactly one ``completed`` must follow).
+        self.started_sent = False
 
     async def started(self, pid: int) -> None:
+        self.started_sent = True
         await self._connection.notify(
             m.NOTIFICATION_STARTED,
             {
@@ -373,8 +376,27 @@ class Handlers:
             images=p.images,
         )
         log.info("call_started", call_id=call_id, tool=loaded.tool.name, set=loaded.toolset.directory)
+        events = _Events(connection, call_id, loaded)
+        started_at = time.monotonic()
         try:
-            outcome = await self._runner.run(request, _Events(connection, call_id, loaded), cancel)
+            try:
+                outcome = await self._runner.run(request, events, cancel)
+            except BaseException:
+                # The runner answers with an outcome, never an exception; should one escape
+                # anyway, the client that saw ``started`` still gets its ``completed``.
+                if events.started_sent:
+                    with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                        await connection.notify(
+                            m.NOTIFICATION_COMPLETED,
+                            {
+                                "callId": call_id,
+                                "status": "error",
+                                "exitCode": None,
+                                "durationMs": int((time.monotonic() - started_at) * 1000),
+                                "truncated": False,
+                            },
+                        )
+                raise
             if outcome.started:
                 with anyio.CancelScope(shield=True):
                     await connection.notify(

@@ -303,7 +303,23 @@ class Connection:
             else:
                 response = await self._server.dispatch_one(self, value)
             if response is not None:
-                await self.send_message(response)
+                try:
+                    await self.send_message(response)
+                except rpc_errors.LocalProtocolError:
+                    # A result we cannot serialise is our bug: answer it, keep the connection.
+                    incident = uuid.uuid4().hex[:12]
+                    log.exception("response_not_serialisable", incident=incident)
+                    request_id = response.get("id") if isinstance(response, dict) else None
+                    await self.send_message(
+                        error_message(
+                            request_id,
+                            rpc_errors.InternalError(
+                                f"Internal error (incident {incident}); the daemon log has "
+                                "the details.",
+                                {"incident": incident},
+                            ),
+                        )
+                    )
         finally:
             self._in_flight -= 1
 

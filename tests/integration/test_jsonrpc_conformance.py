@@ -271,3 +271,26 @@ async def test_jsonrpc_handler_exception_never_leaks_its_text() -> None:
     assert "secret" not in json.dumps(reply)
     assert "RuntimeError" not in json.dumps(reply)
     assert reply["error"]["data"]["incident"]
+
+
+async def test_jsonrpc_unserialisable_result_is_an_internal_error_not_a_lost_connection() -> None:
+    """A result that cannot be serialised answers Internal error, and the connection lives on."""
+
+    async def bad(ctx: RequestContext, params: Any) -> Any:
+        return {1, 2, 3}
+
+    with tempfile.TemporaryDirectory(prefix="tsd-") as tmp:
+        path = str(Path(tmp) / "rpc.sock")
+        listener = await anyio.abc.SocketListener.from_socket(bind_unix_socket(path))
+        server = Server(ServerSettings(), {"bad": bad, **METHODS}, PeerPolicy.default())
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve, listener)
+            first, second = await exchange(
+                path,
+                '{"jsonrpc": "2.0", "method": "bad", "id": 1}',
+                '{"jsonrpc": "2.0", "method": "get_data", "id": 2}',
+            )
+            tg.cancel_scope.cancel()
+    assert first["id"] == 1
+    assert first["error"]["code"] == -32603
+    assert second == {"jsonrpc": "2.0", "result": ["hello", 5], "id": 2}
