@@ -187,6 +187,11 @@ class ManifestCache:
                 memo[(tool.name, policy)] = value
         return value
 
+    def __len__(self) -> int:
+        """How many manifests are cached."""
+        with self._lock:
+            return len(self._entries)
+
     def forget(self, keep: set[str] | None = None) -> None:
         """Drop cached manifests, all of them or those whose manifest path is not in ``keep``.
 

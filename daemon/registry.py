@@ -19,6 +19,7 @@ their watches), so a daemon that served many projects does not keep them all.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -206,6 +207,7 @@ class Registry:
                     changes[key] = diff
             if changes:
                 self.generation += 1
+            self._prune_cache()
             outcome = ReloadOutcome(self.generation, changes, catalogs)
             log.info(
                 "catalog_reloaded",
@@ -215,6 +217,15 @@ class Registry:
                 parses=self.cache.parses,
             )
             return outcome
+
+    def _prune_cache(self) -> None:
+        """Forget cached manifests no snapshot refers to (deleted sets, released workspaces)."""
+        keep = {
+            os.path.join(entry.path, "tools.json")
+            for snapshot in self._snapshots.values()
+            for entry in snapshot.sets
+        }
+        self.cache.forget(keep)
 
     def evict_idle(self) -> list[Path]:
         """Drop the workspaces unused for longer than ``idle_seconds``.
@@ -232,5 +243,6 @@ class Registry:
             self._snapshots.pop(key, None)
             self._last_used.pop(key, None)
         if dropped:
+            self._prune_cache()
             log.info("workspaces_released", count=len(dropped))
         return [k for k in dropped if k is not None]

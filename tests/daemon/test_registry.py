@@ -128,3 +128,26 @@ async def test_registry_evicts_idle_workspaces(home: Path, tmp_path: Path) -> No
     assert registry.evict_idle() == [a]
     assert registry.workspaces == [b]
     assert registry.cached(None) is not None
+
+
+async def test_registry_forgets_manifests_of_deleted_sets_and_released_workspaces(
+    home: Path, tmp_path: Path
+) -> None:
+    """The manifest cache holds only sets some snapshot still refers to."""
+    _write(home / "tools", "keep")
+    gone = _write(home / "tools", "gone")
+    ws = tmp_path / "ws"
+    _write(ws / ".crystal" / "tools", "proj")
+    now = [0.0]
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, idle_seconds=10, clock=lambda: now[0])
+    await registry.catalog(None)
+    await registry.catalog(ws)
+    assert len(registry.cache) == 3
+    (gone / "tools.json").unlink()
+    gone.rmdir()
+    await registry.reload()
+    assert len(registry.cache) == 2
+    now[0] = 100.0
+    await registry.catalog(None)
+    assert registry.evict_idle() == [ws]
+    assert len(registry.cache) == 1
