@@ -30,6 +30,8 @@ from typing import Any
 
 import orjson
 
+from toolsetd.daemon.paths import is_credential_path
+
 __all__ = [
     "CANCELLED_TEXT",
     "ContentError",
@@ -39,7 +41,7 @@ __all__ = [
     "combine",
     "content_result",
     "io_failure_text",
-    "is_credential_path",
+    "is_credential_path",  # re-exported from paths: the one credential-path check
     "load_image",
     "parse_content",
     "sniff_image",
@@ -221,21 +223,6 @@ def sniff_image(data: bytes) -> str | None:
     if len(data) >= 12 and data[:4] == b"RIFF" and data[8:12] == b"WEBP":
         return "image/webp"
     return None
-
-
-def is_credential_path(path: str) -> bool:
-    """Whether a path names a credential location (``.ssh``, ``.gnupg``, ``.crystal/credentials.json``).
-
-    Segments are matched whole and case-insensitively, after turning backslashes into
-    slashes and trimming trailing slashes (the reference host's ``IsCredentialPath``).
-    """
-    segments = [s.lower() for s in path.replace("\\", "/").rstrip("/").split("/")]
-    for i, segment in enumerate(segments):
-        if segment in (".ssh", ".gnupg"):
-            return True
-        if segment == ".crystal" and i + 1 < len(segments) and segments[i + 1] == "credentials.json":
-            return True
-    return False
 
 
 def _size_limit_message(max_bytes: int) -> str:
