@@ -468,9 +468,9 @@ class Handlers:
             outcome = await self._registry.reload(workspaces)
         finally:
             self._notifier.ready()
+        # Every key in outcome.changes moved the generation (a set, or only the notes,
+        # changed), so every one is announced: generation and catalogChanged go together.
         for key, changes in outcome.changes.items():
-            if not changes:
-                continue
             name = str(key) if key is not None else None
             params = {
                 "workspace": name,

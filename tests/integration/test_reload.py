@@ -194,3 +194,19 @@ def test_reload_disable_and_enable_through_the_cli(daemon: Daemon, workspace: Pa
     assert "already disabled" in ctl("disable", "hello").stdout
     assert ctl("enable", "hello").returncode == 0
     assert "hello" in names(daemon, workspace)
+
+
+def test_reload_notes_only_change_is_announced(unwatched: Daemon) -> None:
+    """A reload that changes only the notes (a broken config.json) still tells subscribers."""
+    d = unwatched
+    with d.raw() as subscriber:
+        before = subscriber.request("list", {"subscribe": True})["result"]["generation"]
+        (d.home / "config.json").write_text('{"externalToolApproval": {"home": "sometimes"}}')
+        result = d.call("reload")["result"]
+        assert result["generation"] == before + 1
+        assert any("config.json" in n["message"] for n in result["notes"])
+        note = subscriber.receive()
+        assert note["method"] == "catalogChanged"
+        assert note["params"]["workspace"] is None
+        assert note["params"]["changed"] == []
+        assert note["params"]["generation"] == before + 1
