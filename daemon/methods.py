@@ -9,8 +9,8 @@ boundary), and returns a plain dict in the contract's wire shape. Domain refusal
 
 ``invoke`` enforces everything ``classify`` computes before any process starts, in this
 order: workspace, mode, the tool in the (requested) catalog, the arguments against the
-tool's JSON Schema, the policy decision (deny, or ask/review without ``approved``), and
-the path rewriting. It then registers the call (so ``cancel`` and a disconnect can reach
+tool's JSON Schema, the path fence (arguments it refuses are InvalidArguments, before
+anyone is asked), and the policy decision (deny, or ask/review without ``approved``). It then registers the call (so ``cancel`` and a disconnect can reach
 it), runs it, and sends ``completed`` before returning the result: the response follows
 on the same ordered writer, so the client always sees started, completed, response.
 """
@@ -341,6 +341,9 @@ class Handlers:
         workspace, mode, loaded, classification = await self._prepare(
             p.tool, p.arguments, p.workspace, p.mode, p.headless, p.catalog
         )
+        if classification.arguments_error is not None:
+            # Arguments the fence refuses can never run: say so before asking anyone.
+            raise self._fence_error(loaded, workspace, p.arguments, classification.arguments_error)
         decision = classification.decision
         wire = classification.to_wire()
         if decision == "deny":
@@ -351,8 +354,6 @@ class Handlers:
                 "again with approved: true.",
                 wire,
             )
-        if classification.arguments_error is not None:
-            raise self._fence_error(loaded, workspace, p.arguments, classification.arguments_error)
         # The child receives exactly the arguments that were classified: resolving the
         # paths a second time could let a symlink swapped in between go unjudged.
         fenced = classification.arguments

@@ -229,10 +229,10 @@ class Codec:
             line = buffer[start:end]
             try:
                 return Message(orjson.loads(line))
-            except orjson.JSONDecodeError:
+            except orjson.JSONDecodeError as exc:
                 if line.isspace() or not line:
                     continue
-                return BadMessage(_describe_bad_line(line))
+                return BadMessage(_describe_bad_line(line, exc))
 
     def _no_line(self) -> Event:
         """Handle a buffer without a complete line: wait, close, or fail."""
@@ -262,10 +262,17 @@ class Codec:
         raise FrameTooLarge(detail)
 
 
-def _describe_bad_line(line: bytearray) -> str:
-    """Say why a line is not a message, without echoing it."""
+def _describe_bad_line(line: bytearray, exc: orjson.JSONDecodeError) -> str:
+    """Say why a line is not a message, without echoing it.
+
+    orjson's own text names the problem and its position (``unexpected character: line
+    1 column 9 (char 8)``, ``no low surrogate in string: ...``) and never quotes the
+    input, so it is passed on.
+    """
     try:
         line.decode("utf-8")
     except UnicodeDecodeError:
         return _MSG_NOT_UTF8
-    return _MSG_NOT_JSON
+    detail = str(exc.msg if hasattr(exc, "msg") else exc)
+    position = f": line {exc.lineno} column {exc.colno} (char {exc.pos})" if exc.lineno else ""
+    return f"{_MSG_NOT_JSON} ({detail}{position})"

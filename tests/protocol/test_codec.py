@@ -83,8 +83,20 @@ def test_codec_valid_frames(data: bytes, expected: list[Event]) -> None:
          "ff-fe", "utf8-surrogate", "truncated-utf8"],
 )
 def test_codec_bad_line_is_reported_and_stream_continues(line: bytes, expected: Event) -> None:
-    """A bad line yields BadMessage(-32700) and the next line still decodes."""
-    assert feed(line + b"\n2\n") == [expected, Message(2), CLOSED]
+    """A bad line yields BadMessage(-32700), saying why, and the next line still decodes."""
+    bad, *rest = feed(line + b"\n2\n")
+    assert rest == [Message(2), CLOSED]
+    assert isinstance(bad, BadMessage) and isinstance(expected, BadMessage)
+    assert bad.code == -32700
+    assert bad.message.startswith(expected.message)
+
+
+def test_codec_bad_line_names_the_problem_and_position() -> None:
+    """The parse error carries the parser's reason and position, such as an unpaired surrogate."""
+    (bad, *_) = feed(b'{"path": "\\ud800"}\n')
+    assert isinstance(bad, BadMessage)
+    assert "surrogate" in bad.message
+    assert "line 1 column" in bad.message
 
 
 def test_codec_bad_message_never_echoes_input() -> None:
