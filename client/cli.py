@@ -278,8 +278,11 @@ def _rpc_failure(ctx: _Context, exc: RpcError) -> NoReturn:
     data = exc.data if isinstance(exc.data, dict) else {}
     if isinstance(exc, InvalidArguments):
         for item in data.get("errors") or []:
-            # Each message names its field already (it starts with the JSON Pointer).
-            ctx.out.error(f"  {item.get('message', '')}")
+            # Each message names its field already (it starts with the JSON Pointer). The
+            # summary line carries the first one; do not print it twice.
+            message = str(item.get("message", "")) if isinstance(item, dict) else str(item)
+            if message and message not in exc.message:
+                ctx.out.error(f"  {message}")
         raise _Exit(EXIT_USAGE)
     if isinstance(exc, PolicyDenied | ApprovalRequired):
         # The daemon's message already carries the classification's reason.
