@@ -41,9 +41,11 @@ import anyio.abc
 import structlog
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 from jsonrpcserver import Error, Success
-from jsonrpcserver.async_main import dispatch_to_response
+from jsonrpcserver.async_dispatcher import dispatch_request
+from jsonrpcserver.dispatcher import to_response
+from jsonrpcserver.request import Request as JsonRpcRequest
 from jsonrpcserver.response import ErrorResponse, SuccessResponse
-from jsonrpcserver.sentinels import NODATA
+from jsonrpcserver.sentinels import NODATA, NOID
 from pydantic import ValidationError
 
 from toolsetd.protocol import errors as rpc_errors
@@ -483,23 +485,16 @@ class Server:
             )
             return None if request_id is _NO_ID else error_message(request_id, error)
         params = envelope.params
-        request: dict[str, Any] = {
-            "jsonrpc": "2.0",
-            "method": method,
-            "params": {} if params is None else params,
-        }
-        if request_id is not _NO_ID:
-            request["id"] = request_id
+        request = JsonRpcRequest(method, {} if params is None else params, _request_id(request_id))
         context = RequestContext(conn, None if request_id is _NO_ID else request_id)
-        response = await dispatch_to_response(
-            request,  # type: ignore[arg-type]  # already parsed: the deserializer is the identity
-            self._jsonrpc_methods,
-            context=context,
-            deserializer=_identity,
-            validator=_identity,
-            post_process=_unwrap,
-        )
-        return _to_wire(response)
+        # jsonrpcserver's per-request pipeline (method lookup, argument binding, call).
+        # Its batch-level entry points run even one request through asyncio.gather,
+        # outside anyio's cancel scopes, where a handler's shielded cleanup (killing a
+        # child, reaping it) can be cut short; this entry point awaits the handler here.
+        _, result = await dispatch_request(self._jsonrpc_methods, context, request)
+        if request_id is _NO_ID:
+            return None
+        return _to_wire(_unwrap(to_response(request, result)))
 
 
 class _NoId:
@@ -509,8 +504,9 @@ class _NoId:
 _NO_ID: Any = _NoId()
 
 
-def _identity(value: Any) -> Any:
-    return value
+def _request_id(request_id: Any) -> Any:
+    """Our notification marker as jsonrpcserver's."""
+    return NOID if request_id is _NO_ID else request_id
 
 
 def _unwrap(either: Any) -> Any:
