@@ -8,14 +8,22 @@ per call with a large heap). ``run_daemon`` is the only place that builds object
 opens the top-level task group:
 
 1. the systemd notifier and socket activation read (and remove) their variables first,
-   so no child inherits them;
+   so no child inherits them; then the orphan guard's sentinel starts
+   (``reaper.OrphanGuard``), before any tool can be spawned;
 2. without activation, the socket directory is prepared (0700), the instance lock is
    taken, a stale socket is replaced and a live one refused, and the socket is bound 0600;
 3. registry, runner, handlers and server are built, the home catalog is loaded, and
-   ``READY=1`` is sent once the listener accepts calls;
-4. SIGHUP reloads; the first SIGTERM or SIGINT starts a graceful stop (no new calls,
-   in-flight calls get ``shutdown_grace`` seconds, then they are cancelled and their
-   process groups killed); a second one stops at once, still killing every child.
+   ``READY=1`` is sent once the listener accepts calls; a ``STATUS=`` line with the load
+   follows whenever it changes (checked every ``status_interval`` seconds), and
+   ``WATCHDOG=1`` every half ``WATCHDOG_USEC`` when systemd asks for it;
+4. SIGHUP reloads; the first SIGTERM or SIGINT starts a graceful stop (``STOPPING=1``,
+   the listener closes, in-flight calls get ``shutdown_grace`` seconds, then they are
+   cancelled and their process groups killed, the connections closed after their last
+   answer); a second one stops at once: every registered process group is SIGKILLed
+   first, then every task is cancelled;
+5. on the way out the socket is removed (unless systemd owns it), the lock released, and
+   the orphan guard closed last (nothing is registered any more by then). Should the
+   daemon die without this cleanup, the guard's sentinel kills the groups still running.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -37,8 +46,9 @@ from toolsetd.protocol import __version__
 from .activation import ActivationError, listen_fds
 from .logs import configure_logging
 from .methods import Handlers, HandlerSettings
-from .model import DEFAULT_RESERVED_NAMES
+from .model import DEFAULT_RESERVED_NAMES, SetState, Source
 from .peercred import PeerPolicy
+from .reaper import OrphanGuard
 from .registry import Registry
 from .runner import Runner, RunnerSettings
 from .sdnotify import Notifier, scrub_environment
@@ -70,6 +80,9 @@ class DaemonOptions:
         runner: Exec runner settings.
         max_running: Children running at once, daemon-wide; further calls wait.
         shutdown_grace: Seconds in-flight calls get on a graceful stop.
+        status_interval: Seconds between checks whether systemd's ``STATUS=`` line changed.
+        orphan_guard: Whether to run the sentinel that kills the tools' process groups
+            if the daemon dies without cleaning up.
         workspace_idle_seconds: Workspaces unused this long are released.
         watch: Whether tool-set directories are watched for changes.
         allow_group: A group whose members may call, besides our own uid and root.
@@ -83,6 +96,8 @@ class DaemonOptions:
     runner: RunnerSettings = field(default_factory=RunnerSettings)
     max_running: int = 64
     shutdown_grace: float = 10.0
+    status_interval: float = 2.0
+    orphan_guard: bool = True
     workspace_idle_seconds: float = 3600.0
     watch: bool = True
     allow_group: str | None = None
@@ -123,6 +138,28 @@ async def _run(
     notifier = Notifier.from_environ(os.environ)
     activated = listen_fds(os.environ)
     base_env = scrub_environment(os.environ)
+    guard = OrphanGuard() if options.orphan_guard else None
+    if guard is not None:
+        try:
+            guard.start()
+        except OSError as exc:  # the daemon still serves; the groups are still tracked
+            log.error("orphan_guard_unavailable", error=exc.strerror or str(exc))
+    try:
+        await _serve(options, signals, task_status, notifier, activated, base_env, guard)
+    finally:
+        if guard is not None:
+            guard.close()
+
+
+async def _serve(
+    options: DaemonOptions,
+    signals: AsyncIterator[int],
+    task_status: anyio.abc.TaskStatus[str],
+    notifier: Notifier,
+    activated: list[socket.socket],
+    base_env: dict[str, str],
+    guard: OrphanGuard | None,
+) -> None:
     lock = None
     socket_path: Path
     if activated:
@@ -144,7 +181,9 @@ async def _run(
     if options.allow_group:
         peer_policy = PeerPolicy.from_group_name(options.allow_group, peer_policy)
     registry = Registry(options.home, options.reserved, idle_seconds=options.workspace_idle_seconds)
-    runner = Runner(options.runner, anyio.CapacityLimiter(options.max_running), base_env)
+    runner = Runner(
+        options.runner, anyio.CapacityLimiter(options.max_running), base_env, guard=guard
+    )
     server: Server
     watcher: Watcher | None = None
 
@@ -179,6 +218,7 @@ async def _run(
             interval = notifier.watchdog_interval()
             if interval:
                 tg.start_soon(_watchdog, notifier, interval)
+            state = _State()
             log.info(
                 "daemon_started",
                 version=__version__,
@@ -187,9 +227,15 @@ async def _run(
                 home=str(options.home),
                 activated=bool(activated),
             )
-            notifier.ready(_status_text(registry, handlers))
+            state.status = _status_text(registry, handlers, state)
+            notifier.ready(state.status)
+            if notifier.enabled:
+                tg.start_soon(_report_status, notifier, registry, handlers, state,
+                              options.status_interval)
             task_status.started(str(socket_path))
-            await _handle_signals(signals, tg, options, server, handlers, listener, notifier)
+            await _handle_signals(
+                signals, tg, options, server, handlers, listener, notifier, guard, state
+            )
     finally:
         with anyio.CancelScope(shield=True):
             if owns_socket:
@@ -202,6 +248,14 @@ async def _run(
             log.info("daemon_stopped")
 
 
+@dataclass(slots=True)
+class _State:
+    """What the status reporter shares with the signal handling."""
+
+    stopping: bool = False
+    status: str = ""
+
+
 async def _handle_signals(
     signals: AsyncIterator[int],
     tg: anyio.abc.TaskGroup,
@@ -210,18 +264,28 @@ async def _handle_signals(
     handlers: Handlers,
     listener: anyio.abc.SocketListener,
     notifier: Notifier,
+    guard: OrphanGuard | None,
+    state: _State,
 ) -> None:
     async for signum in signals:
         if signum == signal.SIGHUP:
             log.info("reload_requested", signal="SIGHUP")
             tg.start_soon(handlers.reload_catalogs, None)
             continue
-        log.info("stop_requested", signal=signal.Signals(signum).name)
+        log.info("stop_requested", signal=signal.Signals(signum).name,
+                 in_flight=len(handlers.calls))
+        state.stopping = True
         notifier.stopping()
         tg.start_soon(_graceful_stop, options, server, handlers, listener)
         async for again in signals:
             if again in (signal.SIGTERM, signal.SIGINT):
-                log.info("stop_forced", signal=signal.Signals(again).name)
+                log.info("stop_forced", signal=signal.Signals(again).name,
+                         in_flight=len(handlers.calls))
+                # SIGKILL every tool's group first: a call already in its shielded
+                # SIGTERM-then-wait (the grace ran out) must not hold the exit for the
+                # kill grace, and a child ignoring SIGTERM must not survive.
+                if guard is not None:
+                    guard.kill_all()
                 for call in list(handlers.calls.values()):
                     call.cancel.set()
                 tg.cancel_scope.cancel()
@@ -270,15 +334,40 @@ async def _evict_idle(registry: Registry, watcher: Watcher | None, idle_seconds:
 
 
 async def _watchdog(notifier: Notifier, interval: float) -> None:
+    """Ping systemd's watchdog from the event loop: a hung loop stops the pings."""
     while True:
-        notifier.watchdog()
+        if not notifier.watchdog():
+            log.debug("watchdog_not_delivered")
         await anyio.sleep(interval)
 
 
-def _status_text(registry: Registry, handlers: Handlers) -> str:
+async def _report_status(
+    notifier: Notifier, registry: Registry, handlers: Handlers, state: _State, interval: float
+) -> None:
+    """Send ``STATUS=`` whenever the load changed since the last one sent."""
+    while True:
+        await anyio.sleep(interval)
+        text = _status_text(registry, handlers, state)
+        if text != state.status and notifier.status(text):
+            state.status = text
+
+
+def _status_text(registry: Registry, handlers: Handlers, state: _State) -> str:
+    """The one-line load ``systemctl status`` shows: sets, workspaces, calls in flight."""
+    calls = len(handlers.calls)
+    if state.stopping:
+        return f"Stopping; {calls} calls in flight"
     home = registry.cached(None)
-    sets = len(home.sets) if home else 0
-    return f"Serving {sets} home tool sets; {len(handlers.calls)} calls in flight"
+    sets = sum(1 for e in home.sets if e.state == SetState.LOADED) if home else 0
+    workspaces = registry.workspaces
+    for workspace in workspaces:
+        catalog = registry.cached(workspace)
+        if catalog is not None:
+            sets += sum(
+                1 for e in catalog.sets
+                if e.source == Source.PROJECT and e.state == SetState.LOADED
+            )
+    return f"Serving {sets} tool sets ({len(workspaces)} workspaces); {calls} calls in flight"
 
 
 def parse_args(argv: Sequence[str] | None = None) -> DaemonOptions:
@@ -317,6 +406,12 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonOptions:
                         help="seconds between progress notifications (default 1)")
     parser.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
                         help="seconds in-flight calls get when stopping (default 10)")
+    parser.add_argument("--status-interval", type=float, default=2.0, metavar="SECONDS",
+                        help="seconds between checks of the STATUS= line sent to systemd "
+                        "(default 2)")
+    parser.add_argument("--no-orphan-guard", action="store_true",
+                        help="do not run the sentinel process that kills the tools if the "
+                        "daemon dies (under systemd the unit's cgroup does that too)")
     parser.add_argument("--max-connections", type=int, default=256, metavar="N")
     parser.add_argument("--max-calls-per-connection", type=int, default=128, metavar="N")
     parser.add_argument("--idle-timeout", type=float, default=30.0, metavar="SECONDS",
@@ -331,7 +426,7 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonOptions:
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     for name in ("kill_grace", "progress_interval", "shutdown_grace", "idle_timeout",
-                 "workspace_idle"):
+                 "workspace_idle", "status_interval"):
         if getattr(args, name) <= 0:
             parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
     configure_logging(args.log_format, args.log_level)
@@ -356,6 +451,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonOptions:
         ),
         max_running=args.max_running,
         shutdown_grace=args.shutdown_grace,
+        status_interval=args.status_interval,
+        orphan_guard=not args.no_orphan_guard,
         workspace_idle_seconds=args.workspace_idle,
         watch=not args.no_watch,
         allow_group=args.allow_group,

@@ -17,7 +17,10 @@ ends the call without a process), creates both data folders, then spawns the chi
   pidfd on the event loop. This is what ``anyio.open_process`` does minus its stream
   wrappers and the asyncio child watcher thread: the pidfd tells us when the leader has
   exited *without reaping it*, and an unreaped leader keeps its pid reserved as the
-  group id, so every ``killpg`` below can never hit a recycled group.
+  group id, so every ``killpg`` below can never hit a recycled group. There is no
+  ``preexec_fn`` (it would force ``fork()``), so no ``PR_SET_PDEATHSIG``: the optional
+  ``guard`` (``reaper.OrphanGuard``) is told the group right after the spawn and again
+  after the final reap, and kills the groups still registered if the daemon dies.
 * stdout and stderr are drained by two sibling tasks reading non-blocking fds with
   ``os.readv`` into one preallocated 1 MiB buffer each (no allocation per read), waiting
   with ``anyio.wait_readable`` only when a pipe is empty. Each stream keeps a prefix of at
@@ -94,6 +97,7 @@ from toolsetd.daemon.output import (
     timeout_text,
     truncate,
 )
+from toolsetd.daemon.reaper import NullGuard, ProcessGroupGuard
 from toolsetd.daemon.spill import SPILL_FOLDER, Spill, SpillResult, prune
 
 __all__ = ["CallOutcome", "CallRequest", "EventSink", "Runner", "RunnerSettings"]
@@ -351,14 +355,22 @@ class Runner:
         settings: Limits and timings.
         limiter: The daemon-wide limit on running children.
         base_env: The environment every child starts from (the daemon's).
+        guard: Told each child's process group right after the spawn and again once the
+            group is killed and its leader reaped (``reaper.OrphanGuard``: the groups are
+            killed should the daemon die meanwhile). Default: nothing is told.
     """
 
     def __init__(
-        self, settings: RunnerSettings, limiter: anyio.CapacityLimiter, base_env: Mapping[str, str]
+        self,
+        settings: RunnerSettings,
+        limiter: anyio.CapacityLimiter,
+        base_env: Mapping[str, str],
+        guard: ProcessGroupGuard | None = None,
     ) -> None:
         self._s = settings
         self._limiter = limiter
         self._base_env = dict(base_env)
+        self._guard: ProcessGroupGuard = guard if guard is not None else NullGuard()
 
     # -- outcomes without a process --------------------------------------------------------
 
@@ -498,6 +510,7 @@ class Runner:
         finally:
             for fd in (in_r, out_w, err_w, prog_w):
                 fds.close(fd)
+        self._guard.register(proc.pid)  # it leads its own session: pgid == pid
         try:
             pidfd: int | None = os.pidfd_open(proc.pid)
         except OSError:
@@ -549,6 +562,7 @@ class Runner:
                 if not killed:
                     _killpg(proc.pid, signal.SIGKILL)
                 await self._reap(proc, pidfd)
+                self._guard.unregister(proc.pid)
                 fds.close_all()
                 if pidfd is not None:
                     os.close(pidfd)
