@@ -214,7 +214,7 @@ async def _serve(
             if watcher is not None:
                 await tg.start(watcher.run)
             await tg.start(server.serve, listener)
-            tg.start_soon(_evict_idle, registry, watcher, options.workspace_idle_seconds)
+            tg.start_soon(_evict_idle, registry, watcher, server, options.workspace_idle_seconds)
             interval = notifier.watchdog_interval()
             if interval:
                 tg.start_soon(_watchdog, notifier, interval)
@@ -323,12 +323,24 @@ async def _graceful_stop(
     raise _Stop
 
 
-async def _evict_idle(registry: Registry, watcher: Watcher | None, idle_seconds: float) -> None:
-    """Release idle workspaces, and their watches with them."""
+async def _evict_idle(
+    registry: Registry, watcher: Watcher | None, server: Server, idle_seconds: float
+) -> None:
+    """Release idle workspaces, and their watches with them.
+
+    A workspace some connection subscribed to is in use for as long as that connection
+    lasts: releasing it would silently end the subscriber's catalogChanged.
+    """
     period = max(0.5, min(idle_seconds / 4, 300.0))
     while True:
         await anyio.sleep(period)
-        for workspace in registry.evict_idle():
+        subscribed = {
+            Path(key)
+            for conn in server.connections.values()
+            for key in conn.subscriptions
+            if key is not None
+        }
+        for workspace in registry.evict_idle(in_use=subscribed):
             if watcher is not None:
                 watcher.remove_workspace(workspace)
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -227,13 +227,19 @@ class Registry:
         }
         self.cache.forget(keep)
 
-    def evict_idle(self) -> list[Path]:
+    def evict_idle(self, in_use: Collection[Path] = ()) -> list[Path]:
         """Drop the workspaces unused for longer than ``idle_seconds``.
+
+        Args:
+            in_use: Workspaces to count as used now (for example, subscribed to).
 
         Returns:
             The workspaces dropped.
         """
         now = self._clock()
+        for key in in_use:
+            if key in self._last_used:
+                self._last_used[key] = now
         dropped = [
             key
             for key, used in self._last_used.items()

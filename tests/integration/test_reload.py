@@ -210,3 +210,25 @@ def test_reload_notes_only_change_is_announced(unwatched: Daemon) -> None:
         assert note["params"]["workspace"] is None
         assert note["params"]["changed"] == []
         assert note["params"]["generation"] == before + 1
+
+
+def test_reload_subscribed_workspace_is_not_released(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A workspace with a subscriber stays loaded past the idle time and keeps notifying."""
+    d = start_daemon(home, workspace, tmp_base, ["--workspace-idle", "0.5", "--no-watch"])
+    other = tmp_base / "other"
+    other.mkdir()
+    try:
+        with d.raw() as subscriber:
+            subscriber.request("list", {"workspace": str(workspace), "subscribe": True})
+            d.call("list", {"workspace": str(other)})
+            ws = str(workspace.resolve())
+            eventually(lambda: d.call("status")["result"]["workspaces"] == [ws])
+            write_set(workspace / ".crystal" / "tools", "late", SIMPLE)
+            d.call("reload")
+            note = subscriber.receive()
+            assert note["method"] == "catalogChanged"
+            assert note["params"]["workspace"] == ws
+    finally:
+        d.stop()
