@@ -489,10 +489,7 @@ async def _cmd_enable(ctx: _Context, args: argparse.Namespace) -> int:
 
 async def _cmd_validate(ctx: _Context, args: argparse.Namespace) -> int:
     offline = _offline_module(ctx)
-    from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES
-
-    reserved = DEFAULT_RESERVED_NAMES | frozenset(args.reserve)
-    report = offline.validate_set(Path(args.directory), reserved)
+    report = offline.validate_set(Path(args.directory), args.reserve)
     if ctx.out.is_json:
         ctx.out.json(report.to_json())
     elif report.valid:

@@ -18,7 +18,7 @@ Nothing here opens a socket, starts a process or logs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,9 +231,7 @@ class _NoSchemaCheck(SchemaChecker):
         return None
 
 
-def validate_set(
-    set_dir: Path, reserved: frozenset[str] = DEFAULT_RESERVED_NAMES
-) -> ValidationReport:
+def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> ValidationReport:
     """Check one set directory as a home set and collect its problems.
 
     The parser stops at its first failure, so the problems are: the directory name,
@@ -242,11 +240,12 @@ def validate_set(
 
     Args:
         set_dir: The set directory (the one holding ``tools.json``).
-        reserved: The reserved tool names.
+        extra_reserved: Names reserved besides the front ends' built-ins (``--reserve``).
 
     Returns:
         The report.
     """
+    reserved = DEFAULT_RESERVED_NAMES | frozenset(extra_reserved)
     set_dir = Path(set_dir).absolute()
     directory = set_dir.name
     report = ValidationReport(directory, set_dir / _MANIFEST)

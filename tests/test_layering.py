@@ -30,9 +30,6 @@ _PROTOCOL_THIRD_PARTY = frozenset({"pydantic", "orjson"})
 #: import (None: any). ``offline.py`` is the designed exception (style.md section 1).
 _CLIENT_DAEMON_EXCEPTIONS: dict[str, frozenset[str] | None] = {
     "client/offline.py": None,
-    # TODO(client owner): cli.py's ``validate`` imports DEFAULT_RESERVED_NAMES lazily;
-    # move that into offline.py and delete this entry.
-    "client/cli.py": frozenset({"toolsetd.daemon.model"}),
 }
 
 #: Calls that bypass structured concurrency or run a shell: (module, attribute).
