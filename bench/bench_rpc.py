@@ -1,0 +1,213 @@
+"""RPC benchmark (goal 3): ``status`` through the real daemon vs an orjson NDJSON echo.
+
+``python -m bench.bench_rpc [--quick]``
+
+* Round trip: one blocking client sends ``status`` sequentially on one connection, to the
+  daemon and to ``bench._baseline --mode status`` (asyncio streams + orjson, answering a
+  canned status-like result), interleaved round by round. Median and p99 in µs; the goal
+  ratio is the median of per-round ratios of the medians (daemon / echo).
+* Throughput: requests/s with 1 and 32 connections (an asyncio client in this process,
+  each connection one request at a time), same pairing.
+* Dispatch CPU, in process: ``Server.dispatch_one`` on an already parsed request dict for a
+  trivial method, µs per call; and for reference jsonrpcserver's default
+  ``dispatch(str)`` (json + per-request jsonschema envelope check) of the same request, and
+  the full line path (orjson decode + dispatch_one + encode).
+
+The daemon runs with ``--no-watch --log-level warning``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "bench"  # noqa: A001
+
+import argparse
+import gc
+import time
+from typing import Any
+
+import anyio
+import orjson
+
+from bench._common import (
+    Goal,
+    Section,
+    median,
+    now_ns,
+    paired,
+    percentile,
+    print_goals,
+    print_table,
+    ratio_of_pairs,
+    sequential_latency,
+    start_baseline,
+    start_daemon,
+    temp_base,
+    throughput,
+    write_results,
+)
+
+
+def _dispatch_cpu(n: int) -> dict[str, float]:
+    """µs per call of the daemon's dispatch and of jsonrpcserver's default dispatch."""
+    from jsonrpcserver import Success
+    from jsonrpcserver import dispatch as jrs_dispatch
+
+    from toolsetd.daemon.logs import configure_logging
+    from toolsetd.daemon.peercred import PeerPolicy
+    from toolsetd.daemon.server import Server, ServerSettings
+    from toolsetd.protocol.codec import Codec
+
+    configure_logging("json", "warning")
+    result = {"ok": True}
+
+    async def trivial(ctx: Any, params: Any) -> dict[str, bool]:
+        return result
+
+    server = Server(ServerSettings(), {"status": trivial}, PeerPolicy.default())
+    line = b'{"jsonrpc": "2.0", "id": 7, "method": "status"}'
+    request = orjson.loads(line)
+    codec = Codec()
+
+    out: dict[str, float] = {}
+
+    async def ours() -> None:
+        for _ in range(2000):  # warm up
+            await server.dispatch_one(None, request)  # type: ignore[arg-type]
+        samples = []
+        for _ in range(7):
+            gc.collect()
+            t0 = now_ns()
+            for _ in range(n):
+                await server.dispatch_one(None, request)  # type: ignore[arg-type]
+            samples.append((now_ns() - t0) / n / 1000)
+        out["dispatch_one_us"] = median(samples)
+        samples = []
+        for _ in range(7):
+            t0 = now_ns()
+            for _ in range(n):
+                codec.receive_data(line + b"\n")
+                value = codec.next_event().value  # type: ignore[union-attr]
+                codec.encode(await server.dispatch_one(None, value))  # type: ignore[arg-type]
+            samples.append((now_ns() - t0) / n / 1000)
+        out["line_path_us"] = median(samples)
+
+    anyio.run(ours, backend="asyncio")
+
+    methods = {"status": lambda: Success(result)}
+    text = line.decode()
+    for _ in range(500):
+        jrs_dispatch(text, methods=methods)
+    samples = []
+    for _ in range(7):
+        gc.collect()
+        t0 = now_ns()
+        for _ in range(n // 4):
+            jrs_dispatch(text, methods=methods)
+        samples.append((now_ns() - t0) / (n // 4) / 1000)
+    out["jsonrpcserver_default_us"] = median(samples)
+    return out
+
+
+def run(quick: bool = False) -> Section:
+    rounds = 5 if quick else 9
+    n_req = 1000 if quick else 3000
+    seconds = 1.0 if quick else 2.0
+    section = Section("rpc")
+    data = section.data
+    with temp_base() as base:
+        home = base / "home"
+        (home / "tools").mkdir(parents=True)
+        daemon = start_daemon(home, base)
+        echo = None
+        try:
+            echo = start_baseline("status", base)
+            lat: dict[str, list[int]] = {"daemon": [], "echo": []}
+
+            def measure(which: str, sock: Path) -> float:
+                samples = sequential_latency(sock, "status", None, n_req)
+                lat[which].extend(samples)
+                return median(samples)
+
+            d_med, e_med = paired(
+                rounds,
+                lambda: measure("daemon", daemon.socket),
+                lambda: measure("echo", echo.socket),
+            )
+            data["status_round_trip"] = {
+                "daemon_median_us": median(d_med) / 1000,
+                "daemon_p99_us": percentile(lat["daemon"], 99) / 1000,
+                "echo_median_us": median(e_med) / 1000,
+                "echo_p99_us": percentile(lat["echo"], 99) / 1000,
+                "ratio": ratio_of_pairs(d_med, e_med),
+                "rounds": rounds,
+                "requests_per_round": n_req,
+            }
+            for conc in (1, 32):
+                d_rps, e_rps = paired(
+                    max(3, rounds // 2),
+                    lambda c=conc: throughput(daemon.socket, "status", {}, c, seconds),
+                    lambda c=conc: throughput(echo.socket, "status", {}, c, seconds),
+                )
+                data[f"status_rps_c{conc}"] = {
+                    "daemon": median(d_rps),
+                    "echo": median(e_rps),
+                    "ratio": ratio_of_pairs(d_rps, e_rps),
+                }
+        finally:
+            daemon.stop()
+            if echo is not None:
+                echo.stop()
+    data["dispatch_cpu"] = _dispatch_cpu(5000 if quick else 20000)
+
+    rt = data["status_round_trip"]
+    dc = data["dispatch_cpu"]
+    print_table(
+        "status round trip (sequential, one connection)",
+        ["server", "median µs", "p99 µs"],
+        [["toolsetd", rt["daemon_median_us"], rt["daemon_p99_us"]],
+         ["orjson echo", rt["echo_median_us"], rt["echo_p99_us"]],
+         ["ratio", rt["ratio"], ""]],
+    )
+    print_table(
+        "status requests/s",
+        ["connections", "toolsetd", "orjson echo", "ratio (echo/toolsetd)"],
+        [[c, data[f"status_rps_c{c}"]["daemon"], data[f"status_rps_c{c}"]["echo"],
+          1 / data[f"status_rps_c{c}"]["ratio"]] for c in (1, 32)],
+    )
+    print_table(
+        "dispatch CPU per request (in process)",
+        ["path", "µs"],
+        [["Server.dispatch_one (parsed dict)", dc["dispatch_one_us"]],
+         ["codec decode + dispatch_one + encode", dc["line_path_us"]],
+         ["jsonrpcserver default dispatch(str)", dc["jsonrpcserver_default_us"]]],
+    )
+    section.goals = [
+        Goal("3", "status round trip / orjson echo (median)", rt["ratio"], 1.2, "<=",
+             f"{rt['daemon_median_us']:.0f} vs {rt['echo_median_us']:.0f} µs"),
+        Goal("3", "status throughput, 32 conns: echo / toolsetd", 1 / data["status_rps_c32"]["ratio"], 1.2, "<=",
+             f"{data['status_rps_c32']['daemon']:.0f} vs {data['status_rps_c32']['echo']:.0f} req/s"),
+        Goal("3", "dispatch CPU µs/request (absolute, µs)", dc["dispatch_one_us"], 10, "<=",
+             f"jsonrpcserver default {dc['jsonrpcserver_default_us']:.0f} µs"),
+    ]
+    return section
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    t0 = time.monotonic()
+    section = run(args.quick)
+    print_goals(section.goals)
+    path = write_results("rpc", {"quick": args.quick, "goals": section.goals, **section.data,
+                                 "seconds": time.monotonic() - t0})
+    print(f"\nresults: {path}")
+
+
+if __name__ == "__main__":
+    main()
