@@ -28,6 +28,8 @@ import hashlib
 import os
 import stat
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -70,13 +72,33 @@ MANIFEST_NAME = "tools.json"
 # --- the manifest cache ----------------------------------------------------------------
 
 
+#: A file modified this recently may be modified again within the same timestamp tick
+#: without its stat signature changing ("racy git"), so its signature is not trusted yet.
+RACY_NS = 2_000_000_000
+
+
 def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
 
 
+def trusted_signature(
+    st: os.stat_result, now_ns: int
+) -> tuple[int, int, int, int] | None:
+    """The stat signature, or None while the file is too fresh to be judged by it.
+
+    Timestamps advance in ticks (milliseconds on most filesystems), so two writes of the
+    same size inside one tick leave mtime, ctime and size alike. A signature is trusted
+    only once the file is older than ``RACY_NS``; until then the caller re-reads the bytes
+    (and re-parses only if they changed).
+    """
+    if now_ns - max(st.st_mtime_ns, st.st_ctime_ns) < RACY_NS:
+        return None
+    return _signature(st)
+
+
 @dataclass(slots=True)
 class _Cached:
-    signature: tuple[int, int, int, int]
+    signature: tuple[int, int, int, int] | None
     digest: bytes
     reserved: frozenset[str]
     result: ToolSet | ManifestError
@@ -92,13 +114,18 @@ class ManifestCache:
         schemas: The schema-check cache the parser uses.
     """
 
-    def __init__(self, schemas: SchemaChecker | None = None) -> None:
+    def __init__(
+        self, schemas: SchemaChecker | None = None, *, clock_ns: Callable[[], int] = time.time_ns
+    ) -> None:
         """Create an empty cache.
 
         Args:
             schemas: The schema-check cache to share; a fresh one when None.
+            clock_ns: Wall-clock nanoseconds, to judge whether a file is too fresh for its
+                stat signature to be trusted (injectable for tests).
         """
         self.schemas = schemas if schemas is not None else SchemaChecker()
+        self._clock_ns = clock_ns
         self.reads = 0
         self.parses = 0
         self._entries: dict[tuple[str, Source], _Cached] = {}
@@ -145,7 +172,7 @@ class ManifestCache:
         with self._lock:
             self.reads += 1
             if cached is not None and cached.digest == digest and cached.reserved == reserved:
-                cached.signature = _signature(st)
+                cached.signature = trusted_signature(st, self._clock_ns())
                 return self._unwrap(cached)
         result: ToolSet | ManifestError
         try:
@@ -156,7 +183,9 @@ class ManifestCache:
             result = exc
         with self._lock:
             self.parses += 1
-            self._entries[key] = _Cached(_signature(st), digest, reserved, result)
+            self._entries[key] = _Cached(
+                trusted_signature(st, self._clock_ns()), digest, reserved, result
+            )
         return self._unwrap(self._entries[key])
 
     @staticmethod

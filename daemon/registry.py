@@ -28,7 +28,7 @@ from pathlib import Path
 import anyio
 import structlog
 
-from .catalog import ManifestCache, build_catalog, load_config
+from .catalog import ManifestCache, build_catalog, load_config, trusted_signature
 from .model import Catalog, SetEntry, Source
 
 __all__ = ["Registry", "ReloadOutcome", "SetChange", "diff_catalogs"]
@@ -97,6 +97,21 @@ def diff_catalogs(old: Catalog | None, new: Catalog) -> tuple[SetChange, ...]:
     return tuple(changes)
 
 
+class _TooFresh(Exception):
+    """A file changed too recently for its stat signature to be trusted."""
+
+
+def _file_signature(path: str, now_ns: int) -> object:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    signature = trusted_signature(st, now_ns)
+    if signature is None:
+        raise _TooFresh
+    return signature
+
+
 class Registry:
     """Holds the catalog snapshots and rebuilds them.
 
@@ -106,6 +121,7 @@ class Registry:
         cache: The manifest cache shared by every snapshot.
         idle_seconds: How long an unused workspace is kept.
         clock: A monotonic clock (injectable for tests).
+        clock_ns: Wall-clock nanoseconds, to tell files too fresh to judge by their stat.
     """
 
     def __init__(
@@ -116,15 +132,19 @@ class Registry:
         *,
         idle_seconds: float = 3600.0,
         clock: Callable[[], float] = time.monotonic,
+        clock_ns: Callable[[], int] = time.time_ns,
     ) -> None:
         self.home = home
         self.reserved = reserved
         self.cache = cache if cache is not None else ManifestCache()
         self.idle_seconds = idle_seconds
         self._clock = clock
+        self._clock_ns = clock_ns
         self._snapshots: dict[Key, Catalog] = {}
         self._last_used: dict[Key, float] = {}
         self._building: dict[Key, anyio.Event] = {}
+        #: What the files looked like when each snapshot was built (None: not trusted).
+        self._scans: dict[Key, tuple[object, ...] | None] = {}
         self._reload_lock = anyio.Lock()
         self.generation = 1
 
@@ -168,7 +188,43 @@ class Registry:
             event.set()
 
     async def _build(self, workspace: Key) -> Catalog:
-        return await anyio.to_thread.run_sync(self._build_sync, workspace)
+        catalog = await anyio.to_thread.run_sync(self._refresh_sync, workspace, True)
+        assert catalog is not None
+        return catalog
+
+    def _refresh_sync(self, workspace: Key, force: bool) -> Catalog | None:
+        """Rebuild a snapshot, or return None when its files provably did not change.
+
+        The scan (the roots' listings and a stat of every manifest and of config.json) is
+        taken before the build, so a change made during the build shows in the next one.
+        """
+        scan = self._scan(workspace)
+        if not force and scan is not None and scan == self._scans.get(workspace):
+            return None
+        catalog = self._build_sync(workspace)
+        self._scans[workspace] = scan
+        return catalog
+
+    def _scan(self, workspace: Key) -> tuple[object, ...] | None:
+        """A cheap fingerprint of everything a snapshot is built from; None if too fresh."""
+        now = self._clock_ns()
+        roots = [os.path.join(self.home, "tools")]
+        if workspace is not None:
+            roots.append(os.path.join(workspace, ".crystal", "tools"))
+        try:
+            parts: list[object] = [_file_signature(os.path.join(self.home, "config.json"), now)]
+            for root in roots:
+                try:
+                    names = sorted(os.listdir(root))
+                except OSError:
+                    parts.append(None)
+                    continue
+                parts.append(
+                    tuple((n, _file_signature(os.path.join(root, n, "tools.json"), now)) for n in names)
+                )
+        except _TooFresh:
+            return None
+        return tuple(parts)
 
     def _build_sync(self, workspace: Key) -> Catalog:
         config, config_notes = load_config(self.home)
@@ -196,8 +252,15 @@ class Registry:
             changes: dict[Key, tuple[SetChange, ...]] = {}
             catalogs: dict[Key, Catalog] = {}
             for key in keys:
-                new = await self._build(key)
                 old = self._snapshots.get(key)
+                refreshed = await anyio.to_thread.run_sync(
+                    self._refresh_sync, key, old is None
+                )
+                if refreshed is None:  # nothing on disk changed: keep the snapshot
+                    assert old is not None
+                    catalogs[key] = old
+                    continue
+                new = refreshed
                 diff = diff_catalogs(old, new)
                 notes_changed = old is None or old.notes != new.notes
                 self._snapshots[key] = new
@@ -248,6 +311,7 @@ class Registry:
         for key in dropped:
             self._snapshots.pop(key, None)
             self._last_used.pop(key, None)
+            self._scans.pop(key, None)
         if dropped:
             self._prune_cache()
             log.info("workspaces_released", count=len(dropped))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from toolsetd.daemon.catalog import (
+    RACY_NS,
     ManifestCache,
     build_catalog,
     load_config,
@@ -373,7 +375,8 @@ def test_manifest_cache_skips_unchanged_sets(home: Path, workspace: Path) -> Non
     """A rebuild with unchanged files neither re-reads nor re-parses any manifest."""
     write(home / "tools", "a", manifest("a"))
     write(home / "tools", "b", b"{")
-    cache = ManifestCache()
+    later = time.time_ns() + 10 * RACY_NS  # the files are old enough to be judged by stat
+    cache = ManifestCache(clock_ns=lambda: later)
     first = build(home, workspace, cache=cache)
     assert (cache.reads, cache.parses) == (2, 2)
     second = build(home, workspace, cache=cache)
@@ -381,6 +384,20 @@ def test_manifest_cache_skips_unchanged_sets(home: Path, workspace: Path) -> Non
     assert second.tools["a"] is not first.tools["a"]
     assert second.tools["a"].toolset is first.tools["a"].toolset
     assert messages(second) == messages(first)
+
+
+def test_manifest_cache_rereads_a_fresh_file_until_it_settles(home: Path) -> None:
+    """A manifest modified within the racy window is re-read (not re-parsed) until it is older."""
+    write(home / "tools", "a", manifest("a"))
+    now = [time.time_ns()]
+    cache = ManifestCache(clock_ns=lambda: now[0])
+    build(home, cache=cache)
+    build(home, cache=cache)
+    assert (cache.reads, cache.parses) == (2, 1)
+    now[0] += 10 * RACY_NS
+    build(home, cache=cache)
+    build(home, cache=cache)
+    assert (cache.reads, cache.parses) == (3, 1)
 
 
 def test_manifest_cache_touched_identical_file_is_not_reparsed(home: Path) -> None:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import anyio
 import pytest
 
+from toolsetd.daemon.catalog import RACY_NS
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Source
 from toolsetd.daemon.registry import Registry, SetChange
 
@@ -151,3 +153,29 @@ async def test_registry_forgets_manifests_of_deleted_sets_and_released_workspace
     await registry.catalog(None)
     assert registry.evict_idle() == [ws]
     assert len(registry.cache) == 1
+
+
+async def test_registry_unchanged_reload_keeps_the_snapshot_without_reading(home: Path) -> None:
+    """When no file changed (and none is too fresh to judge), reload keeps the snapshot whole."""
+    _write(home / "tools", "a")
+    later = [time.time_ns() + 10 * RACY_NS]
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, clock_ns=lambda: later[0])
+    before = await registry.catalog(None)
+    reads = registry.cache.reads
+    await registry.reload()
+    assert await registry.catalog(None) is before
+    assert registry.cache.reads == reads
+    _write(home / "tools", "a", description="changed, and longer")
+    later[0] = time.time_ns() + 10 * RACY_NS
+    outcome = await registry.reload()
+    assert outcome.all_changes() == [SetChange("a", Source.HOME, "updated")]
+    assert await registry.catalog(None) is not before
+
+
+async def test_registry_fresh_files_are_always_rebuilt(home: Path) -> None:
+    """Files modified within the racy window are rescanned on every reload."""
+    _write(home / "tools", "a")
+    registry = Registry(home, DEFAULT_RESERVED_NAMES)
+    before = await registry.catalog(None)
+    await registry.reload()
+    assert await registry.catalog(None) is not before
