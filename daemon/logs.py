@@ -2,7 +2,8 @@
 
 Events are snake_case past-tense names with key-value pairs. The argument JSON of a call,
 environments and outputs are never logged (they may hold secrets): only their sizes.
-``conn_id``, ``method`` and ``request_id`` are bound per request through contextvars.
+``conn_id`` is bound once per connection and ``method`` and ``request_id`` for each
+handler's run, through contextvars (see ``server.py``).
 """
 
 from __future__ import annotations

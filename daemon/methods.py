@@ -21,7 +21,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -260,7 +260,11 @@ class Handlers:
 
     async def status(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """Report the daemon's state."""
-        m.StatusParams.model_validate(self._named(params))
+        if params or type(params) is not dict:
+            # ``status`` takes no params: only a non-empty object or an array can be wrong,
+            # and the empty object every status call carries skips the model.
+            m.StatusParams.model_validate(self._named(params))
+        connections = self._connections()
         return {
             "version": __version__,
             "pid": os.getpid(),
@@ -270,7 +274,9 @@ class Handlers:
             "generation": self._registry.generation,
             "workspaces": [str(w) for w in self._registry.workspaces],
             "inFlight": len(self.calls),
-            "connections": sum(1 for _ in self._connections()),
+            "connections": (
+                len(connections) if isinstance(connections, Sized) else sum(1 for _ in connections)
+            ),
         }
 
     async def list(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
