@@ -14,28 +14,37 @@ that the daemon died. The guard covers that case outside systemd (under systemd 
   pipe whose write end only the daemon holds: the write end is ``O_CLOEXEC``, so no tool
   inherits it, and the sentinel is spawned with ``close_fds`` so it holds nothing else of
   the daemon's.
-* After spawning a call's child the runner calls :meth:`register` (``+<pgid>\\n``); after
-  its final ``SIGKILL`` and reap, :meth:`unregister` (``-<pgid>\\n``). Each child leads its
-  own session, so its pgid is its pid.
+* The registered groups live in a table both processes see: a ``memfd`` (``MFD_CLOEXEC``,
+  passed to the sentinel alone with ``pass_fds``) mapped into the daemon, one 32-bit slot per
+  group, 0 for a free slot. After spawning a call's child the runner calls :meth:`register`,
+  which stores the pgid in a free slot; after the child's final ``SIGKILL`` and reap,
+  :meth:`unregister`, which zeroes it. Both are a store into shared memory, so the sentinel
+  never wakes up during a call (a pipe line per event would wake a third process twice per
+  tool run, on a two-core machine); ``register`` adds one non-blocking ``waitpid`` to notice
+  a sentinel that died. The sentinel reads the table only after the daemon's end, so a group
+  is guarded from the instant ``register`` returns. The table grows (``ftruncate`` + a new
+  mapping) when every slot is taken. Each child leads its own session, so its pgid is its
+  pid.
 * When the daemon dies, however it dies (``SIGKILL`` and the OOM killer included), the
-  kernel closes the write end; the sentinel reads EOF, sends ``SIGKILL`` to every
-  process group still registered, and exits. The pipe's EOF plays the role of a
-  parent-death signal for all the tools at once.
+  kernel closes the write end; the sentinel reads EOF, reads the table, sends ``SIGKILL``
+  to every process group still in it, and exits. The pipe's EOF plays the role of a
+  parent-death signal for all the tools at once. (Without ``memfd_create`` the guard falls
+  back to ``+<pgid>\\n`` / ``-<pgid>\\n`` lines on the pipe, which the sentinel also reads.)
 * On a normal stop the daemon has already ended every group itself; :meth:`close` closes
   the pipe (nothing is registered any more) and waits briefly for the sentinel to exit.
 
-Writes are a few bytes (atomic, below ``PIPE_BUF``) on a non-blocking descriptor, so they
-never stall the event loop. If the sentinel is gone (``EPIPE``) or its pipe is full, the
-write is dropped and ``orphan_guard_lost`` is logged once: the daemon keeps serving, without
-that guarantee. Limits: a grandchild that left its tool's process group (``setsid``, a
-double-forking daemon) is out of reach, and so is everything if the sentinel itself is
-killed together with the daemon (for example by ``kill -9 <daemon pid> <sentinel pid>``);
-only a cgroup (systemd) covers those.
+Registering never blocks and never fails. If the sentinel is gone (it exited, or in the
+line fallback ``EPIPE`` or a full pipe), ``orphan_guard_lost`` is logged once: the daemon
+keeps serving, without that guarantee. Limits: a grandchild that left its tool's process
+group (``setsid``, a double-forking daemon) is out of reach, and so is everything if the
+sentinel itself is killed together with the daemon (for example by ``kill -9 <daemon pid>
+<sentinel pid>``); only a cgroup (systemd) covers those.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import signal
 import subprocess
@@ -48,11 +57,13 @@ __all__ = ["SENTINEL_SCRIPT", "NullGuard", "OrphanGuard", "ProcessGroupGuard"]
 
 log = structlog.get_logger("toolsetd.reaper")
 
-#: The sentinel's program: track ``+pgid``/``-pgid`` lines on stdin; on EOF kill the rest.
+#: The sentinel's program: on EOF of stdin, kill the groups in the table (the memfd named by
+#: ``argv[1]``, native 32-bit ints, 0 = free) and those of ``+pgid``/``-pgid`` stdin lines.
 SENTINEL_SCRIPT = r"""# toolsetd orphan guard: on EOF, SIGKILL the registered process groups
-import os, signal
+import os, signal, sys
 for s in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
     signal.signal(s, signal.SIG_IGN)
+table = int(sys.argv[1]) if len(sys.argv) > 1 else -1
 groups = set()
 pending = b""
 while True:
@@ -77,12 +88,23 @@ while True:
             groups.add(pgid)
         elif line[:1] == b"-":
             groups.discard(pgid)
+if table >= 0:
+    try:
+        data = os.pread(table, os.fstat(table).st_size, 0)
+    except OSError:
+        data = b""
+    for i in range(0, len(data) - 3, 4):
+        pgid = int.from_bytes(data[i : i + 4], sys.byteorder, signed=True)
+        if pgid > 1:
+            groups.add(pgid)
 for pgid in groups:
     try:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
 """
+
+_FIRST_SLOTS = 1024  # 4 KiB: one page of 32-bit slots; doubled when full
 
 
 class ProcessGroupGuard(Protocol):
@@ -106,7 +128,7 @@ class NullGuard:
 
 
 class OrphanGuard:
-    """The sentinel process and the daemon's end of its pipe.
+    """The sentinel process, the daemon's end of its pipe, and the shared table of groups.
 
     Args:
         python: The interpreter to run the sentinel with.
@@ -117,7 +139,12 @@ class OrphanGuard:
         self._fd: int | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._lost = False
-        self._groups: set[int] = set()
+        self._groups: dict[int, int] = {}  # pgid -> its slot in the table (-1: line fallback)
+        self._table_fd: int | None = None
+        self._map: mmap.mmap | None = None
+        self._slots: memoryview | None = None  # the map as native ints
+        self._free: list[int] = []
+        self._used = 0  # slots ever handed out (the rest of the table is untouched zeros)
 
     @property
     def pid(self) -> int | None:
@@ -137,24 +164,66 @@ class OrphanGuard:
         """
         if self._proc is not None:
             raise RuntimeError("the orphan guard is already started")
+        table = self._open_table()
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        argv = [self._python, "-S", "-c", SENTINEL_SCRIPT]
+        if table is not None:
+            argv.append(str(table))
         try:
             self._proc = subprocess.Popen(  # noqa: S603, TID251 - fixed argv, no shell
-                [self._python, "-S", "-c", SENTINEL_SCRIPT],
+                argv,
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,
                 cwd="/",
                 close_fds=True,
+                pass_fds=() if table is None else (table,),
                 start_new_session=True,
             )
         except BaseException:
             os.close(write_end)
+            self._close_table()
             raise
         finally:
             os.close(read_end)
         os.set_blocking(write_end, False)
         self._fd = write_end
-        log.debug("orphan_guard_started", sentinel_pid=self._proc.pid)
+        log.debug("orphan_guard_started", sentinel_pid=self._proc.pid, table=table is not None)
+
+    def _open_table(self) -> int | None:
+        """Create the shared table; None (line fallback) where memfd or mmap is unavailable."""
+        try:
+            fd = os.memfd_create("toolsetd-orphan-guard", os.MFD_CLOEXEC)
+        except (AttributeError, OSError):
+            return None
+        self._table_fd = fd
+        try:
+            self._map_table(_FIRST_SLOTS)
+        except (OSError, ValueError):
+            self._close_table()
+            return None
+        return fd
+
+    def _map_table(self, slots: int) -> None:
+        assert self._table_fd is not None
+        os.ftruncate(self._table_fd, slots * 4)  # new bytes read as zeros: free slots
+        if self._slots is not None:
+            self._slots.release()
+        if self._map is not None:
+            self._map.close()
+        self._map = mmap.mmap(self._table_fd, slots * 4)
+        self._slots = memoryview(self._map).cast("i")
+
+    def _close_table(self) -> None:
+        if self._slots is not None:
+            self._slots.release()
+            self._slots = None
+        if self._map is not None:
+            self._map.close()
+            self._map = None
+        if self._table_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._table_fd)
+            self._table_fd = None
 
     @property
     def groups(self) -> frozenset[int]:
@@ -163,13 +232,42 @@ class OrphanGuard:
 
     def register(self, pgid: int) -> None:
         """Have the sentinel kill group ``pgid`` should the daemon die before it ends."""
-        self._groups.add(pgid)
-        self._write(b"+%d\n" % pgid)
+        if pgid in self._groups:
+            return
+        slots = self._slots
+        if slots is None or self._fd is None:
+            self._groups[pgid] = -1
+            self._write(b"+%d\n" % pgid)
+            return
+        if self._free:
+            slot = self._free.pop()
+        else:
+            slot = self._used
+            if slot >= len(slots):
+                try:
+                    self._map_table(2 * len(slots))
+                except (OSError, ValueError) as exc:
+                    self._groups[pgid] = -1
+                    self._write(b"+%d\n" % pgid)
+                    log.warning("orphan_guard_table_full", error=str(exc))
+                    return
+                assert self._slots is not None
+                slots = self._slots
+            self._used = slot + 1
+        slots[slot] = pgid
+        self._groups[pgid] = slot
+        self._check_alive()
 
     def unregister(self, pgid: int) -> None:
         """Group ``pgid`` is dead and reaped: forget it."""
-        self._groups.discard(pgid)
-        self._write(b"-%d\n" % pgid)
+        slot = self._groups.pop(pgid, None)
+        if slot is None:
+            return
+        if slot < 0:
+            self._write(b"-%d\n" % pgid)
+        elif self._slots is not None:
+            self._slots[slot] = 0
+            self._free.append(slot)
 
     def kill_all(self, sig: int = signal.SIGKILL) -> int:
         """Signal every registered group now (a forced stop); returns how many were signalled.
@@ -184,15 +282,24 @@ class OrphanGuard:
                 count += 1
         return count
 
+    def _check_alive(self) -> None:
+        # A store into the table cannot fail, so ask whether the sentinel still runs
+        # (waitpid WNOHANG: one cheap system call, and nothing wakes up).
+        proc = self._proc
+        if not self._lost and proc is not None and proc.poll() is not None:
+            self._lose(f"the sentinel exited ({proc.returncode})")
+
+    def _lose(self, error: str) -> None:
+        self._lost = True
+        log.error("orphan_guard_lost", error=error, sentinel_pid=self.pid)
+
     def _write(self, data: bytes) -> None:
         if self._fd is None or self._lost:
             return
         try:
             os.write(self._fd, data)
         except OSError as exc:  # EPIPE: the sentinel is gone; EAGAIN: it stopped reading
-            self._lost = True
-            log.error("orphan_guard_lost", error=exc.strerror or str(exc),
-                      sentinel_pid=self.pid)
+            self._lose(exc.strerror or str(exc))
 
     def close(self, wait: float = 2.0) -> None:
         """Close the pipe (the sentinel kills what is still registered, then exits).
@@ -204,6 +311,7 @@ class OrphanGuard:
         if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
+        self._close_table()  # the sentinel holds its own descriptor of the table
         proc = self._proc
         if proc is None:
             return

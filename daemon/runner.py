@@ -5,7 +5,9 @@ Theory of operation
 ``Runner.run`` builds the argv (``argv.build_argv``; a failure is an ``isError`` result
 with ``started=False``), waits for a slot of the daemon-wide ``CapacityLimiter`` (sending
 ``queued=True`` progress at the progress interval while it waits; a cancel while queued
-ends the call without a process), creates both data folders, then spawns the child:
+ends the call without a process), makes sure both data folders exist (their paths are
+computed once per home, workspace and set; each call costs one ``stat`` per folder, and a
+folder deleted meanwhile is created again), then spawns the child:
 
 * Pipes are made here with ``O_CLOEXEC`` (so concurrent spawns never inherit each other's
   ends), stdout/stderr enlarged to 1 MiB with ``F_SETPIPE_SZ`` when the kernel allows it
@@ -21,14 +23,20 @@ ends the call without a process), creates both data folders, then spawns the chi
   ``preexec_fn`` (it would force ``fork()``), so no ``PR_SET_PDEATHSIG``: the optional
   ``guard`` (``reaper.OrphanGuard``) is told the group right after the spawn and again
   after the final reap, and kills the groups still registered if the daemon dies.
-* stdout and stderr are drained by two sibling tasks reading non-blocking fds with
-  ``os.readv`` into one preallocated 1 MiB buffer each (no allocation per read), waiting
+* stdout and stderr are drained by two sibling tasks reading non-blocking fds, waiting
   with ``anyio.wait_readable`` only when a pipe is empty. Each stream keeps a prefix of at
   most ``4 * (limit + 1)`` bytes (enough for ``limit + 1`` characters of any UTF-8), and
-  counts the rest. A stream that outgrows its prefix is streamed to the spill file
+  counts the rest. A stream that fills its prefix is streamed to the spill file
   (``spill.Spill``, capped), so memory per call is bounded whatever the child writes. The
   prefixes are decoded at the end (UTF-8, ``errors="replace"``, an incomplete sequence at a
-  cut is not turned into U+FFFD) and cut to ``limit + 1`` characters each.
+  cut is not turned into U+FFFD) and cut to ``limit + 1`` characters each. Reading goes in
+  three steps, so that the common small output costs nothing and a flood costs little:
+  ``os.read`` of 64 KiB into fresh bytes (no buffer to zero or map) until a read fills
+  64 KiB or the prefix is full; then ``os.readv`` into a 1 MiB buffer (kept by the runner
+  for reuse, at most four) until the prefix is full; past the prefix, ``os.splice`` moves
+  the bytes from the pipe into the spill file while it takes more, then into ``/dev/null``,
+  so they are never copied through the daemon (where ``splice`` fails, the readv path
+  carries on).
 * stdin (when the set's ``stdin`` is true) is the compact JSON of the arguments (orjson: key
   order kept, UTF-8, non-ASCII as is), written by a third sibling task, then closed;
   otherwise stdin is a pipe closed at once. ``BrokenPipeError`` on stdin is **not** an
@@ -40,7 +48,10 @@ ends the call without a process), creates both data folders, then spawns the chi
   line the child writes to its progress fd (a JSON object with ``message`` and/or
   ``fraction``, else the line as a message), at most one per ``progress_min_gap_seconds``
   (a burst is coalesced to its latest line, which is sent when the gap has passed). Lines
-  are bounded to 4 KiB. Event emissions are serialised by a lock.
+  are bounded to 4 KiB. Event emissions are serialised by a lock. The task that watches
+  ``cancel`` and sends the periodic progress starts only when the leader is still running
+  5 ms after the spawn (a trivial tool is done by then, and its call never starts, nor
+  cancels, that task); a cancel set earlier is acted on at that point.
 
 Ending
 ------
@@ -102,8 +113,13 @@ from toolsetd.daemon.spill import SPILL_FOLDER, Spill, SpillResult, prune
 
 __all__ = ["CallOutcome", "CallRequest", "EventSink", "Runner", "RunnerSettings"]
 
-_READ_SIZE = 1 << 20
+_READ_SIZE = 1 << 20  # a flood's read buffer: one full 1 MiB pipe per read
+_FIRST_READ = 1 << 16  # reads before a stream proves to be a flood
+_POOL_MAX = 4  # flood buffers a runner keeps for the next floods (4 MiB at most)
 _PIPE_SIZE = 1 << 20
+_PATHS_MAX = 1024  # (home, workspace, set) entries of the folder cache
+_HAVE_SPLICE = hasattr(os, "splice")
+_READERS_AFTER_SECONDS = 0.005  # a call running longer gets its reader and watcher tasks
 _PROGRESS_LINE_MAX = 4096
 _PROGRESS_MESSAGE_MAX = 1000
 _REAP_BOUND_SECONDS = 5.0
@@ -229,6 +245,38 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
+def _read_now(fd: int, capture: _Capture) -> bool:
+    """Feed what a pipe holds now; True at EOF (or a read error: the stream ends there)."""
+    try:
+        while data := os.read(fd, _FIRST_READ):
+            capture.feed(data)
+    except BlockingIOError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
+def _read_once(fd: int) -> bytes | None:
+    """One non-blocking read: b"" at EOF, None when the pipe is empty but still open."""
+    try:
+        return os.read(fd, 65536)
+    except BlockingIOError:
+        return None
+    except OSError:
+        return b""
+
+
+async def _all_set_within(seconds: float, *events: anyio.Event) -> None:
+    """Wait at most ``seconds`` for every event (no scope and no loop pass if all are set)."""
+    if all(event.is_set() for event in events):
+        return
+    with anyio.move_on_after(seconds):
+        for event in events:
+            if not event.is_set():  # waiting on a set anyio Event still costs a loop pass
+                await event.wait()
+
+
 def _decode(prefix: bytes | bytearray, complete: bool, limit: int) -> str:
     decoder = codecs.getincrementaldecoder("utf-8")("replace")
     return decoder.decode(bytes(prefix), final=complete)[: limit + 1]
@@ -272,7 +320,7 @@ class _Capture:
         self.total = 0
         self.spill = spill
 
-    def feed(self, data: memoryview) -> None:
+    def feed(self, data: bytes | memoryview) -> None:
         total = self.total
         self.total = total + len(data)
         if total >= self.keep:
@@ -280,10 +328,12 @@ class _Capture:
             return
         room = self.keep - total
         self.prefix += data[:room]
-        if len(data) > room:
-            # The stream outgrew what memory keeps: from now on it lives on disk.
+        if len(data) >= room:
+            # The prefix is full: from now on the stream lives on disk (the file starts
+            # with the prefix, also when the prefix filled exactly and more comes later).
             self.spill.write(self.which, self.prefix)
-            self.spill.write(self.which, data[room:])
+            if len(data) > room:
+                self.spill.write(self.which, data[room:])
 
     @property
     def complete(self) -> bool:
@@ -330,6 +380,9 @@ class _Fds:
     def __init__(self) -> None:
         self._open: set[int] = set()
 
+    def __contains__(self, fd: int) -> bool:
+        return fd in self._open
+
     def add(self, *fds: int) -> None:
         self._open.update(fds)
 
@@ -342,6 +395,18 @@ class _Fds:
     def close_all(self) -> None:
         for fd in list(self._open):
             self.close(fd)
+
+
+class _CallPaths:
+    """The folders of one (home, workspace, set), computed once per runner."""
+
+    __slots__ = ("project_data", "spill_folder", "tool_data", "workspace")
+
+    def __init__(self, workspace: str, tool_data: str, project_data: str, spill: Path) -> None:
+        self.workspace = workspace
+        self.tool_data = tool_data
+        self.project_data = project_data
+        self.spill_folder = spill
 
 
 # ---------------------------------------------------------------------------------------
@@ -371,6 +436,8 @@ class Runner:
         self._limiter = limiter
         self._base_env = dict(base_env)
         self._guard: ProcessGroupGuard = guard if guard is not None else NullGuard()
+        self._paths: dict[tuple[Path, Path, str], _CallPaths] = {}
+        self._buffers: list[bytearray] = []  # flood read buffers, reused (no zeroing per call)
 
     # -- outcomes without a process --------------------------------------------------------
 
@@ -389,7 +456,9 @@ class Runner:
             pid=None,
         )
 
-    async def run(self, request: CallRequest, events: EventSink, cancel: anyio.Event) -> CallOutcome:
+    async def run(
+        self, request: CallRequest, events: EventSink, cancel: anyio.Event
+    ) -> CallOutcome:
         """Run one exec call to its outcome.
 
         Args:
@@ -447,20 +516,37 @@ class Runner:
             return False
         return acquired
 
-    def _environment(self, request: CallRequest, fd: int) -> dict[str, str]:
+    def _call_paths(self, request: CallRequest) -> _CallPaths:
+        """The call's data folders, created if missing (a cached check: one stat each)."""
         directory = request.loaded.toolset.directory
-        tool_data = request.home / "data" / "tools" / directory
-        project_data = request.workspace / ".crystal" / "data" / "tools" / directory
-        for folder in (tool_data, project_data):
-            with contextlib.suppress(OSError):
-                os.makedirs(folder, exist_ok=True)
-        env = dict(self._base_env)
+        key = (request.home, request.workspace, directory)
+        paths = self._paths.get(key)
+        if paths is None:
+            if len(self._paths) >= _PATHS_MAX:
+                self._paths.clear()
+            project_data = request.workspace / ".crystal" / "data" / "tools" / directory
+            paths = _CallPaths(
+                str(request.workspace),
+                str(request.home / "data" / "tools" / directory),
+                str(project_data),
+                project_data / SPILL_FOLDER,
+            )
+            self._paths[key] = paths
+        for folder in (paths.tool_data, paths.project_data):
+            # isdir is one stat; a folder deleted meanwhile is simply created again.
+            if not os.path.isdir(folder):
+                with contextlib.suppress(OSError):
+                    os.makedirs(folder, exist_ok=True)
+        return paths
+
+    def _environment(self, request: CallRequest, paths: _CallPaths, fd: int) -> dict[str, str]:
+        env = self._base_env.copy()
         env.update(
-            CRYSTAL_WORKSPACE=str(request.workspace),
+            CRYSTAL_WORKSPACE=paths.workspace,
             CRYSTAL_SESSION=request.session,
             CRYSTAL_APPROVAL=request.approval_mode,
-            CRYSTAL_TOOL_DATA=str(tool_data),
-            CRYSTAL_PROJECT_DATA=str(project_data),
+            CRYSTAL_TOOL_DATA=paths.tool_data,
+            CRYSTAL_PROJECT_DATA=paths.project_data,
             TOOLSETD_CALL_ID=request.call_id,
             TOOLSETD_PROGRESS_FD=str(fd),
         )
@@ -491,14 +577,15 @@ class Runner:
         except OSError as exc:
             fds.close_all()
             return self._no_process(t0, start_failure_text(exc.strerror))
-        env = self._environment(request, prog_w)
+        paths = self._call_paths(request)
+        env = self._environment(request, paths, prog_w)
         try:
             proc = subprocess.Popen(  # noqa: TID251 -- see the module docstring: pidfd, no watcher
                 argv,
                 stdin=in_r,
                 stdout=out_w,
                 stderr=err_w,
-                cwd=request.workspace,
+                cwd=paths.workspace,
                 env=env,
                 start_new_session=True,
                 pass_fds=(prog_w,),
@@ -515,14 +602,12 @@ class Runner:
             pidfd: int | None = os.pidfd_open(proc.pid)
         except OSError:
             pidfd = None
-        spill_folder = (
-            request.workspace / ".crystal" / "data" / "tools" / toolset.directory / SPILL_FOLDER
-        )
-        spill = Spill(request.workspace, spill_folder, request.call_id, s.spill_cap_bytes)
+        spill = Spill(request.workspace, paths.spill_folder, request.call_id, s.spill_cap_bytes)
         keep = 4 * (s.output_limit_chars + 1)
         call = _Call(t0, events, _Capture(0, keep, spill), _Capture(1, keep, spill))
         done_out, done_err, done_progress = anyio.Event(), anyio.Event(), anyio.Event()
         killed = False
+        leader_gone = False  # the leader is known to have exited (so reaping it cannot block)
         try:
             os.set_blocking(in_w, False)
             if stdin_data is None or not stdin_data:
@@ -531,37 +616,66 @@ class Runner:
             if toolset.timeout_seconds is not None:
                 deadline = anyio.current_time() + toolset.timeout_seconds
             async with anyio.create_task_group() as tg:
-                tg.start_soon(self._drain, out_r, call.out, done_out, call)
-                tg.start_soon(self._drain, err_r, call.err, done_err, call)
-                if stdin_data:
-                    tg.start_soon(self._write_stdin, in_w, stdin_data, fds, call)
+                readers = False  # the drains, the progress reader and the watcher are started
                 with anyio.CancelScope(deadline=deadline) as wait_scope:
                     call.wait_scope = wait_scope
-                    tg.start_soon(self._watch_cancel, cancel, call)
                     await events.started(proc.pid)
-                    tg.start_soon(self._tick, call)
-                    tg.start_soon(self._read_progress, prog_r, call, done_progress)
-                    await self._wait_exit(proc.pid, pidfd)
-                    call.exited = True
+                    if stdin_data:
+                        rest = self._write_stdin_now(in_w, stdin_data, fds, call)
+                        if rest is not None:
+                            tg.start_soon(self._write_stdin, in_w, rest, fds, call)
+                    # Most tools are done within a few milliseconds, their output waiting in
+                    # the pipes: only a call that runs longer gets its reader tasks.
+                    with anyio.move_on_after(_READERS_AFTER_SECONDS):
+                        await self._wait_exit(proc.pid, pidfd)
+                        call.exited = leader_gone = True
+                    if not call.exited:
+                        readers = True
+                        tg.start_soon(self._drain, out_r, call.out, done_out, call)
+                        tg.start_soon(self._drain, err_r, call.err, done_err, call)
+                        tg.start_soon(self._read_progress, prog_r, call, done_progress)
+                        tg.start_soon(self._watch, cancel, call)
+                        await self._wait_exit(proc.pid, pidfd)
+                        call.exited = leader_gone = True
+                if not readers:
+                    # The leader is gone: what it wrote is in the pipes, complete unless
+                    # another process (a grandchild) still holds one. Read it now, and
+                    # start a reader only for a pipe still open.
+                    for fd, capture, done in (
+                        (out_r, call.out, done_out),
+                        (err_r, call.err, done_err),
+                    ):
+                        if _read_now(fd, capture):
+                            done.set()
+                        else:
+                            tg.start_soon(self._drain, fd, capture, done, call)
+                    first = _read_once(prog_r)
+                    if first == b"":
+                        done_progress.set()
+                    else:
+                        tg.start_soon(self._read_progress, prog_r, call, done_progress, first)
                 if call.exited:
-                    with anyio.move_on_after(s.drain_after_exit_seconds):
-                        await done_out.wait()
-                        await done_err.wait()
-                        await done_progress.wait()
+                    await _all_set_within(
+                        s.drain_after_exit_seconds, done_out, done_err, done_progress
+                    )
                     _killpg(proc.pid, signal.SIGKILL)
                 else:
                     call.reason = call.reason or "timeout"
-                    await self._terminate(proc.pid, pidfd)
+                    leader_gone = await self._terminate(proc.pid, pidfd)
                 killed = True
-                with anyio.move_on_after(s.drain_after_exit_seconds):
-                    await done_out.wait()
-                    await done_err.wait()
-                tg.cancel_scope.cancel()
+                await _all_set_within(s.drain_after_exit_seconds, done_out, done_err)
+                if readers or not (
+                    done_out.is_set()
+                    and done_err.is_set()
+                    and done_progress.is_set()
+                    and in_w not in fds
+                ):
+                    tg.cancel_scope.cancel()  # (costly: it formats the task's repr)
         finally:
             with anyio.CancelScope(shield=True):
                 if not killed:
                     _killpg(proc.pid, signal.SIGKILL)
-                await self._reap(proc, pidfd)
+                await self._reap(proc, pidfd, leader_gone)
                 self._guard.unregister(proc.pid)
                 fds.close_all()
                 if pidfd is not None:
@@ -589,46 +703,79 @@ class Runner:
             await anyio.sleep(delay)
             delay = min(delay * 2, 0.05)
 
-    async def _terminate(self, pgid: int, pidfd: int | None) -> None:
-        """SIGTERM the group, give the leader the grace period, then SIGKILL the group."""
+    async def _terminate(self, pgid: int, pidfd: int | None) -> bool:
+        """SIGTERM the group, give the leader the grace period, then SIGKILL the group.
+
+        Returns:
+            Whether the leader exited within the grace period.
+        """
+        exited = False
         with anyio.CancelScope(shield=True):
             _killpg(pgid, signal.SIGTERM)
             with anyio.move_on_after(self._s.kill_grace_seconds):
                 await self._wait_exit(pgid, pidfd)
+                exited = True
             _killpg(pgid, signal.SIGKILL)
+        return exited
 
-    async def _reap(self, proc: subprocess.Popen[bytes], pidfd: int | None) -> None:
-        with anyio.move_on_after(_REAP_BOUND_SECONDS):
-            await self._wait_exit(proc.pid, pidfd)
+    async def _reap(self, proc: subprocess.Popen[bytes], pidfd: int | None, gone: bool) -> None:
+        if not gone:
+            with anyio.move_on_after(_REAP_BOUND_SECONDS):
+                await self._wait_exit(proc.pid, pidfd)
         proc.poll()
 
-    @staticmethod
-    async def _watch_cancel(cancel: anyio.Event, call: _Call) -> None:
-        await cancel.wait()
-        call.stop("cancelled")
-
-    async def _tick(self, call: _Call) -> None:
+    async def _watch(self, cancel: anyio.Event, call: _Call) -> None:
+        """Stop the call when ``cancel`` is set; meanwhile and after, the periodic progress."""
         interval = self._s.progress_interval_seconds
+        while not cancel.is_set():
+            with anyio.move_on_after(interval):
+                await cancel.wait()
+            if not cancel.is_set():
+                await call.progress()
+        call.stop("cancelled")
         while True:
             await anyio.sleep(interval)
             await call.progress()
 
-    @staticmethod
-    async def _drain(fd: int, capture: _Capture, done: anyio.Event, call: _Call) -> None:
-        buf = bytearray(_READ_SIZE)
-        view = memoryview(buf)
-        readv = os.readv
+    async def _drain(self, fd: int, capture: _Capture, done: anyio.Event, call: _Call) -> None:
+        read = os.read
         feed = capture.feed
+        keep = capture.keep
         reads = 0
+        buf: bytearray | None = None
         try:
+            # Most tools write little: read into fresh small bytes (nothing to zero or map)
+            # until the prefix is full or one read fills _FIRST_READ (the pipe holds a flood).
             while True:
                 try:
-                    n = readv(fd, (buf,))
+                    data = read(fd, _FIRST_READ)
+                except BlockingIOError:
+                    await anyio.wait_readable(fd)
+                    continue
+                if not data:
+                    return
+                feed(data)
+                if capture.total >= keep or len(data) == _FIRST_READ:
+                    break
+                reads += 1
+                if not reads & 3:  # a child keeping the pipe non-empty must not starve the loop
+                    await anyio.lowlevel.checkpoint()
+            splicing = _HAVE_SPLICE
+            while True:
+                if splicing and capture.total >= keep:
+                    if await self._splice(fd, capture):
+                        return
+                    splicing = False  # splice refused: read and write the bytes instead
+                if buf is None:
+                    buf = self._buffers.pop() if self._buffers else bytearray(_READ_SIZE)
+                    view = memoryview(buf)
+                try:
+                    n = os.readv(fd, (buf,))
                 except BlockingIOError:
                     await anyio.wait_readable(fd)
                     continue
                 if not n:
-                    break
+                    return
                 feed(view[:n])
                 reads += 1
                 if not reads & 3:  # a flooding child never blocks us: stay fair to the loop
@@ -636,10 +783,62 @@ class Runner:
         except OSError as exc:
             call.stop("io", exc.strerror or str(exc))
         finally:
+            if buf is not None and len(self._buffers) < _POOL_MAX:
+                self._buffers.append(buf)
             done.set()
 
     @staticmethod
-    async def _write_stdin(fd: int, data: bytes, fds: _Fds, call: _Call) -> None:
+    async def _splice(fd: int, capture: _Capture) -> bool:
+        """Drain past the prefix without copying through the daemon; True at EOF.
+
+        The bytes go to the spill file while it takes more, then to ``/dev/null``, both
+        with ``splice`` (a pipe's pages dropped into ``/dev/null`` are never copied).
+        False when ``splice`` fails: nothing was lost, the caller reads the rest.
+        """
+        spill, which = capture.spill, capture.which
+        null = -1
+        moves = 0
+        try:
+            while True:
+                try:
+                    n = spill.splice(which, fd, _READ_SIZE)
+                    if n is None:
+                        if null < 0:
+                            null = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
+                        n = os.splice(fd, null, _READ_SIZE, flags=os.SPLICE_F_NONBLOCK)
+                except BlockingIOError:
+                    await anyio.wait_readable(fd)
+                    continue
+                except OSError:
+                    return False
+                if not n:
+                    return True
+                capture.total += n
+                moves += 1
+                if not moves & 3:  # a flooding child never blocks us: stay fair to the loop
+                    await anyio.lowlevel.checkpoint()
+        finally:
+            if null >= 0:
+                os.close(null)
+
+    @staticmethod
+    def _write_stdin_now(fd: int, data: bytes, fds: _Fds, call: _Call) -> memoryview | None:
+        """Write what the pipe takes now (usually all); returns the rest, None when done."""
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            return view
+        except OSError as exc:  # see _write_stdin
+            if exc.errno != errno.EPIPE:
+                call.stop("io", exc.strerror or str(exc))
+        view.release()
+        fds.close(fd)
+        return None
+
+    @staticmethod
+    async def _write_stdin(fd: int, data: bytes | memoryview, fds: _Fds, call: _Call) -> None:
         view = memoryview(data)
         try:
             while view:
@@ -658,13 +857,15 @@ class Runner:
             view.release()
             fds.close(fd)
 
-    async def _read_progress(self, fd: int, call: _Call, done: anyio.Event) -> None:
+    async def _read_progress(
+        self, fd: int, call: _Call, done: anyio.Event, first: bytes | None = None
+    ) -> None:
         try:
-            await self._read_progress_lines(fd, call)
+            await self._read_progress_lines(fd, call, first)
         finally:
             done.set()
 
-    async def _read_progress_lines(self, fd: int, call: _Call) -> None:
+    async def _read_progress_lines(self, fd: int, call: _Call, first: bytes | None) -> None:
         gap = self._s.progress_min_gap_seconds
         line = bytearray()
         overlong = False
@@ -672,7 +873,10 @@ class Runner:
         last = -math.inf
         while True:
             try:
-                chunk = os.read(fd, 65536)
+                if first:  # bytes read before this task started
+                    chunk, first = first, None
+                else:
+                    chunk = os.read(fd, 65536)
             except BlockingIOError:
                 if pending is None:
                     await anyio.wait_readable(fd)
@@ -759,7 +963,9 @@ class Runner:
                 blocks = [{"type": "text", "text": text_result(exit_code, stdout, stderr)}]
                 is_error = exit_code != 0
             status = "error" if is_error else "ok"
-            cut = [i for i, b in enumerate(blocks) if b["type"] == "text" and len(b["text"]) > limit]
+            cut = [
+                i for i, b in enumerate(blocks) if b["type"] == "text" and len(b["text"]) > limit
+            ]
             if cut:
                 truncated = True
                 result = await self._finish_spill(spill, call)
@@ -802,4 +1008,3 @@ class Runner:
 
         with anyio.CancelScope(shield=True):
             return await anyio.to_thread.run_sync(finish)
-

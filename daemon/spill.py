@@ -18,9 +18,12 @@ before anything is written, files are opened with ``O_NOFOLLOW`` and created 060
 pruning only unlinks regular files. The call id comes from the client: it is reduced to a safe
 file name (with a digest of the original when anything had to change).
 
-Writes during draining are plain blocking ``os.write`` calls into the page cache (at most
-``cap`` bytes per stream); :meth:`Spill.finish` and :func:`prune` may copy up to ``cap``
-bytes and list a folder, so the runner calls them in a worker thread.
+Writes during draining are blocking ``os.write`` calls into the page cache, or
+:meth:`Spill.splice` moving bytes from the child's pipe into the file inside the kernel. At
+most ``cap`` bytes of stdout are written, and of stderr only what stdout (on disk so far, and
+only growing) leaves of the cap, since no more of it can reach the final file.
+:meth:`Spill.finish` and :func:`prune` may copy up to ``cap`` bytes and list a folder, so the
+runner calls them in a worker thread.
 """
 
 from __future__ import annotations
@@ -84,14 +87,26 @@ class Spill:
     def __init__(self, workspace: Path, folder: Path, call_id: str, cap: int) -> None:
         self._workspace = workspace
         self.folder = folder
-        name = spill_name(call_id)
-        self.path = folder / name
-        self._temp = folder / f".{name}.stderr"
+        self._call_id = call_id
+        self._name: str | None = None  # named on first use: most calls never spill
         self._cap = cap
         self._fds: list[int | None] = [None, None]
         self._written = [0, 0]
         self._streaming = [False, False]
         self.failed = False
+
+    @property
+    def path(self) -> Path:
+        """The spill file."""
+        if self._name is None:
+            self._name = spill_name(self._call_id)
+        return self.folder / self._name
+
+    @property
+    def _temp(self) -> Path:
+        if self._name is None:
+            self._name = spill_name(self._call_id)
+        return self.folder / f".{self._name}.stderr"
 
     # -- while draining -------------------------------------------------------------------
 
@@ -132,7 +147,7 @@ class Spill:
             fd = self._open(which)
             if fd is None:
                 return
-        room = self._cap - self._written[which]
+        room = self._room(which)
         if room <= 0:
             return
         view = memoryview(data)[:room]
@@ -144,6 +159,40 @@ class Spill:
         except OSError:
             self.failed = True
             self._close(which)
+
+    def _room(self, which: int) -> int:
+        room = self._cap - self._written[which]
+        if which:
+            # The final file is stdout, then stderr, cut at the cap: stderr beyond what
+            # stdout (already on disk, and only growing) leaves of the cap is never needed.
+            room = min(room, self._cap - self._written[0])
+        return room
+
+    def splice(self, which: int, src: int, size: int) -> int | None:
+        """Move up to ``size`` bytes of stream ``which`` from pipe ``src`` into its file.
+
+        The bytes go from the pipe to the page cache inside the kernel (``splice``), never
+        through the daemon's memory. Only for a stream already being written (see
+        :meth:`streaming`).
+
+        Returns:
+            The bytes moved (0 at the pipe's EOF), or None when the file takes no more
+            (cap reached, or it failed).
+
+        Raises:
+            BlockingIOError: The pipe is empty.
+            OSError: ``splice`` failed (a file system without it, a full disk): nothing was
+                moved; the caller reads the bytes and :meth:`write` s them instead.
+        """
+        fd = self._fds[which]
+        if fd is None:
+            return None
+        room = self._room(which)
+        if room <= 0:
+            return None
+        n = os.splice(src, fd, min(room, size), flags=os.SPLICE_F_NONBLOCK)
+        self._written[which] += n
+        return n
 
     def _close(self, which: int) -> None:
         fd = self._fds[which]
@@ -177,7 +226,7 @@ class Spill:
                 self.write(0, b"\n")
             if self._streaming[1]:
                 with open(self._temp, "rb") as source:  # noqa: PTH123 -- plain binary copy
-                    while chunk := source.read(_COPY_CHUNK):
+                    while self._written[0] < self._cap and (chunk := source.read(_COPY_CHUNK)):
                         self.write(0, chunk)
             else:
                 self.write(0, stderr)

@@ -374,6 +374,21 @@ async def test_runner_cancel_mid_call(runner: Runner, env: Env) -> None:
     assert dies(int(pidfile.read_text()))
 
 
+async def test_runner_cancel_right_after_start(runner: Runner, env: Env) -> None:
+    """A cancel set the moment the child starts (before any watcher runs) still ends the call."""
+    cancel = anyio.Event()
+
+    class CancellingSink(RecordingSink):
+        async def started(self, pid: int) -> None:
+            await super().started(pid)
+            cancel.set()
+
+    loaded = sh_tool(env.set_dir, "sleep 30", timeout=None)
+    outcome = await run(runner, env, loaded, sink=CancellingSink(), cancel=cancel)
+    assert (outcome.status, outcome.exit_code) == ("cancelled", None)
+    assert outcome.duration_ms < 2000
+
+
 async def test_runner_outer_cancellation_kills_group(runner: Runner, env: Env) -> None:
     """Cancelling run() itself kills the group and re-raises."""
     pidfile = env.workspace / "gc.pid"
