@@ -288,6 +288,10 @@ async def _handle_signals(
                     guard.kill_all()
                 for call in list(handlers.calls.values()):
                     call.cancel.set()
+                # Close every connection now: a client that is not reading must not hold
+                # the exit while its answers wait for it.
+                for conn in list(server.connections.values()):
+                    conn.abort()
                 tg.cancel_scope.cancel()
                 return
         return

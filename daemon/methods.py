@@ -116,8 +116,9 @@ class _Events:
             params["fraction"] = fraction
         if queued:
             params["queued"] = True
-        # Periodic progress may be dropped for a slow reader; a child's own message may not.
-        await self._connection.notify(m.NOTIFICATION_PROGRESS, params, droppable=message is None)
+        # Progress is dropped for a client that is not keeping up (the next one carries
+        # the same counters); it must never queue behind, or hold up, a stalled reader.
+        await self._connection.notify(m.NOTIFICATION_PROGRESS, params, droppable=True)
 
 
 class Handlers:

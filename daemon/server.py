@@ -21,14 +21,16 @@ it. A connection then has three parts:
   else (``invoke``, ``list``, ``classify``, ``reload``, batches, errors) starts a task, so
   requests are pipelined and answered in any order, and a long call never holds the
   reader up. After 64 inline answers in a row the reader yields to the other tasks;
-* bounded sending. ``send_message`` hands the frame to the transport unless its buffer
-  is over ``send_buffer`` bytes (the peer is not reading) or older frames already wait.
-  Then progress notifications are dropped (the next one carries the same counters) and
-  everything else waits its turn, oldest first, for up to the write timeout, after
-  which the connection is closed. Frames go out in the order ``send_message`` was
-  called, so a call's started, completed and response stay in that order. The reader
-  never waits to send: an inline answer that cannot go out at once is handed to a task
-  and counts against the in-flight limit. Received bytes are bounded the same way: past
+* sending that never waits. ``send_message`` hands the frame to the transport unless
+  its buffer is over ``send_buffer`` bytes (the peer is not reading) or older frames
+  already wait. Then progress notifications are dropped (the next one carries the same
+  counters) and everything else is committed to the connection's ordered queue: a
+  sender (a runner slot, a reload announcing catalogChanged) is never held up by one
+  client's socket, and a frame, once sent, cannot be lost to its sender's cancellation,
+  so a call's started, completed and response always go out, in that order. While the
+  queue is backlogged the reader takes no further requests from that client, which is
+  what bounds the queue; a peer that takes nothing for the write timeout is
+  disconnected by one timer per connection. Received bytes are bounded too: past
   256 KiB not yet taken by the reader, the transport stops reading;
 * the set of calls it has in flight, cancelled when the client goes away. When the
   reader stops (EOF, idle timeout, framing error, ``close_gracefully``), the handlers
@@ -177,7 +179,14 @@ class _Wire(asyncio.Protocol):
         self.lost = False
         self._lost_waiters: list[asyncio.Future[None]] = []
         self._write_paused = False
-        self._pending: deque[tuple[bytes, asyncio.Future[None]]] = deque()
+        #: Frames committed in order but not yet handed to the transport.
+        self._pending: deque[bytes] = deque()
+        self._drained_waiters: list[asyncio.Future[None]] = []
+        self._stall_timer: asyncio.TimerHandle | None = None
+        #: Seconds the peer may leave us unable to write before ``on_stall`` runs.
+        self.stall_seconds = 30.0
+        #: Called (once) when the peer has not taken a byte for ``stall_seconds``.
+        self.on_stall: Callable[[], None] | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -201,17 +210,17 @@ class _Wire(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = self.eof = True
-        self.wake_reader()
-        for _, waiter in self._pending:
-            if not waiter.done():
-                waiter.set_result(None)
+        self._disarm_stall()
         self._pending.clear()
-        for waiter in self._lost_waiters:
+        self.wake_reader()
+        for waiter in (*self._drained_waiters, *self._lost_waiters):
             if not waiter.done():
                 waiter.set_result(None)
+        self._drained_waiters.clear()
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        self._arm_stall()
 
     def resume_writing(self) -> None:
         self._write_paused = False
@@ -219,10 +228,30 @@ class _Wire(asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         while pending and not self._write_paused:
-            frame, waiter = pending.popleft()
-            if not waiter.done():  # a waiter cancelled (timed out) gave its turn up
-                transport.write(frame)
-                waiter.set_result(None)
+            transport.write(pending.popleft())
+        if self.backlogged:
+            self._disarm_stall()  # the peer is reading: its clock starts again
+            self._arm_stall()
+        else:
+            self._disarm_stall()
+            for waiter in self._drained_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._drained_waiters.clear()
+
+    def _arm_stall(self) -> None:
+        if self._stall_timer is None and not self.lost:
+            self._stall_timer = self._loop.call_later(self.stall_seconds, self._stalled)
+
+    def _disarm_stall(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _stalled(self) -> None:
+        self._stall_timer = None
+        if self.backlogged and self.on_stall is not None:
+            self.on_stall()
 
     # -- the connection's side -----------------------------------------------------------
 
@@ -259,6 +288,11 @@ class _Wire(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    @property
+    def backlogged(self) -> bool:
+        """Whether frames wait for the peer to read (the reader takes no input meanwhile)."""
+        return not self.lost and (self._write_paused or bool(self._pending))
+
     def write_now(self, frame: bytes) -> bool:
         """Hand a frame to the transport if it may go now; False if it would have to wait.
 
@@ -272,12 +306,22 @@ class _Wire(asyncio.Protocol):
         self.transport.write(frame)
         return True
 
-    async def write(self, frame: bytes) -> None:
-        """Send a frame, waiting (oldest first) while the peer is not keeping up."""
-        if self.write_now(frame):
+    def enqueue(self, frame: bytes) -> None:
+        """Commit a frame to go out after every frame committed before it; never waits.
+
+        What bounds the queue is the reader: it takes no input while ``backlogged``, so
+        only the answers and events of calls already in flight can join it.
+        """
+        if not self.write_now(frame):
+            self._pending.append(frame)
+            self._arm_stall()
+
+    async def wait_drained(self) -> None:
+        """Wait until every committed frame is with the transport (or the socket is gone)."""
+        if not self.backlogged:
             return
         waiter = self._loop.create_future()
-        self._pending.append((frame, waiter))
+        self._drained_waiters.append(waiter)
         await waiter
 
     async def wait_closed(self) -> None:
@@ -322,28 +366,38 @@ class Connection:
         return self._closed
 
     async def send_message(self, message: Any, *, droppable: bool = False) -> None:
-        """Send one JSON-RPC message, in the order of the calls.
+        """Send one JSON-RPC message, in the order of the calls; it never waits.
+
+        A frame that cannot go out at once is committed to the connection's ordered queue,
+        so it can neither hold up its sender (a runner slot) nor be lost to the sender's
+        cancellation. A peer that takes nothing for the write timeout is disconnected.
 
         Args:
             message: A JSON-serialisable message.
             droppable: True for progress notifications, which are dropped rather than
-                waited for when the client is not keeping up.
+                queued when the client is not keeping up.
 
         Raises:
             LocalProtocolError: The message cannot be serialised.
         """
+        self.post(message, droppable=droppable)
+
+    def post(self, message: Any, *, droppable: bool = False) -> None:
+        """``send_message`` without a coroutine: commit the frame (or drop it) now."""
         wire = self._wire
         if self._closed or wire is None:
             return
         frame = encode(message)
-        if wire.write_now(frame) or droppable:
-            return
-        try:
-            with anyio.fail_after(self._settings.write_timeout):
-                await wire.write(frame)
-        except TimeoutError:
-            log.warning("connection_write_timeout", conn_id=self.conn_id)
-            self.abort()
+        if droppable:
+            wire.write_now(frame)  # dropped while the peer is behind
+        else:
+            wire.enqueue(frame)
+
+    def _stalled(self) -> None:
+        log.warning(
+            "connection_write_timeout", conn_id=self.conn_id, seconds=self._settings.write_timeout
+        )
+        self.abort()
 
     async def notify(
         self, method: str, params: Mapping[str, Any], *, droppable: bool = False
@@ -382,6 +436,8 @@ class Connection:
                 await self._stream.aclose()
             raise
         transport.set_write_buffer_limits(high=self._settings.send_buffer)
+        wire.stall_seconds = self._settings.write_timeout
+        wire.on_stall = self._stalled
         self._wire = wire
         try:
             async with anyio.create_task_group() as handlers:
@@ -390,8 +446,9 @@ class Connection:
                 self.cancel_calls()
             if not self._aborted and not wire.lost:
                 # Every handler has answered: flush, then close (bounded like any write).
-                transport.close()
                 with anyio.move_on_after(self._settings.write_timeout):
+                    await wire.wait_drained()
+                    transport.close()
                     await wire.wait_closed()
         finally:
             self._closed = True
@@ -417,6 +474,11 @@ class Connection:
         inline = self._server.inline_methods
         seen_request = False
         while not self._closed and not self._stop_reading:
+            if wire.backlogged:
+                # The peer is not taking our answers: take no more of its requests (this
+                # bounds what we hold; the stall timer ends a peer that never reads).
+                await wire.wait_drained()
+                continue
             if not wire.has_data and not wire.eof:
                 if not seen_request or codec.has_partial_data:
                     # Only the idle timer needs a cancel scope; a connection between
@@ -441,21 +503,21 @@ class Connection:
                     if event is NEED_DATA or event is CLOSED:
                         break
                     if type(event) is BadMessage:
-                        await self.send_message(
-                            error_message(None, rpc_errors.ParseError(event.message))
-                        )
+                        self.post(error_message(None, rpc_errors.ParseError(event.message)))
                         continue
                     assert isinstance(event, Message)
                     seen_request = True
                     value = event.value
                     if type(value) is dict and value.get("method") in inline:
-                        await self._answer_inline(tg, value)
+                        await self._answer_inline(value)
                         answered_inline += 1
                         if answered_inline % _INLINE_BURST == 0:
                             # A long pipelined run must not starve the other connections.
                             await anyio.lowlevel.checkpoint()
                     else:
                         self._start_message(tg, value)
+                    if wire.backlogged:
+                        await wire.wait_drained()
                 if event is CLOSED:
                     return
             except rpc_errors.FrameTooLarge:
@@ -478,33 +540,22 @@ class Connection:
                 )
                 return
 
-    async def _answer_inline(self, tg: anyio.abc.TaskGroup, value: Any) -> None:
-        """Answer a quick method in the reader: dispatch, then send if the socket has room.
+    async def _answer_inline(self, value: Any) -> None:
+        """Answer a quick method in the reader: dispatch, then commit the response.
 
-        The handler itself never waits (that is what marks a method as inline); only the
-        send might, and the reader must not, so a response that cannot go out now is
-        handed to a task, counted against the in-flight limit like any other call.
+        The handler itself never waits (that is what marks a method as inline), and
+        committing a frame never waits either.
         """
         response = await self._server.dispatch_one(self, value)
-        if response is None or self._closed:
-            return
-        wire = self._wire
-        assert wire is not None
-        try:
-            if wire.write_now(encode(response)):
-                return
-        except rpc_errors.LocalProtocolError:
-            pass  # _send_response answers it with an internal error
-        self._in_flight += 1
-        tg.start_soon(self._send_response, response)
+        if response is not None:
+            self._post_response(response)
 
     def _start_message(self, tg: anyio.abc.TaskGroup, value: Any) -> None:
         if self._in_flight >= self._settings.max_calls_per_connection:
             envelope = parse_envelope(value) if not isinstance(value, list) else None
             request_id = envelope.id if isinstance(envelope, Request) else None
             limit = self._settings.max_calls_per_connection
-            tg.start_soon(
-                self.send_message,
+            self.post(
                 error_message(
                     request_id,
                     rpc_errors.ServerBusy(
@@ -532,27 +583,28 @@ class Connection:
     async def _send_response(self, response: Any) -> None:
         """Send a response (of an in-flight call, which it ends)."""
         try:
-            if response is None:
-                return
-            try:
-                await self.send_message(response)
-            except rpc_errors.LocalProtocolError:
-                # A result we cannot serialise is our bug: answer it, keep the connection.
-                incident = uuid.uuid4().hex[:12]
-                log.exception("response_not_serialisable", incident=incident)
-                request_id = response.get("id") if isinstance(response, dict) else None
-                await self.send_message(
-                    error_message(
-                        request_id,
-                        rpc_errors.InternalError(
-                            f"Internal error (incident {incident}); the daemon log has "
-                            "the details.",
-                            {"incident": incident},
-                        ),
-                    )
-                )
+            if response is not None:
+                self._post_response(response)
         finally:
             self._in_flight -= 1
+
+    def _post_response(self, response: Any) -> None:
+        try:
+            self.post(response)
+        except rpc_errors.LocalProtocolError:
+            # A result we cannot serialise is our bug: answer it, keep the connection.
+            incident = uuid.uuid4().hex[:12]
+            log.exception("response_not_serialisable", incident=incident)
+            request_id = response.get("id") if isinstance(response, dict) else None
+            self.post(
+                error_message(
+                    request_id,
+                    rpc_errors.InternalError(
+                        f"Internal error (incident {incident}); the daemon log has the details.",
+                        {"incident": incident},
+                    ),
+                )
+            )
 
 
 class Server:

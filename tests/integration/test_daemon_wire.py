@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import socket
 import stat
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -258,3 +263,154 @@ def test_daemon_refuses_peer_with_other_uid(daemon: Daemon) -> None:
     with os.fdopen(read_fd) as f:
         answer = f.read()
     assert answer == "-32009"
+
+
+# -- a client that does not read --------------------------------------------------------
+
+SH_TOOL = {
+    "runner": "exec", "description": "run a script", "command": ["/bin/sh", "-c"],
+    "schema": {"type": "object", "properties": {"script": {"type": "string"}},
+               "required": ["script"]},
+    "argv": {"script": "--"}, "stdin": False, "approval": "always",
+}
+
+
+def _sh_daemon(home: Path, workspace: Path, tmp_base: Path, timeout: int = 120) -> Daemon:
+    # argv renders "--" then the script: sh -c 'eval "$2"' sh -- SCRIPT
+    tool = {**SH_TOOL, "command": ["/bin/sh", "-c", 'eval "$2"', "sh"]}
+    write_set(home / "tools", "sh", {**tool, "timeoutSeconds": timeout})
+    return start_daemon(home, workspace, tmp_base, ["--no-watch"])
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _in_flight(d: Daemon) -> int:
+    return int(d.call("status")["result"]["inFlight"])
+
+
+def _wait_until(check: Callable[[], bool], timeout: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "condition not reached before the deadline"
+        time.sleep(0.05)
+
+
+def test_daemon_unread_flood_keeps_memory_bounded(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A client pipelining requests it never reads stops being read; the daemon's memory stays flat."""
+    d = start_daemon(home, workspace, tmp_base, ["--no-watch"])
+    flood = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        before = _rss_kib(d.proc.pid)
+        flood.connect(str(d.socket))
+        line = b'{"jsonrpc": "2.0", "method": "status", "id": 1}\n' * 1000
+        stop = threading.Event()
+
+        def pour() -> None:
+            try:
+                while not stop.is_set():
+                    flood.sendall(line)
+            except OSError:
+                pass
+
+        writer = threading.Thread(target=pour, daemon=True)
+        writer.start()
+        deadline = time.monotonic() + 4
+        peak = 0
+        while time.monotonic() < deadline:  # a flood the daemon kept reading grew ~80 MB/s
+            peak = max(peak, _rss_kib(d.proc.pid) - before)
+            time.sleep(0.1)
+        assert peak < 64 * 1024, f"daemon RSS grew by {peak} KiB"
+        assert "result" in d.call("status")  # everyone else is still served
+        stop.set()
+    finally:
+        flood.close()
+        assert d.stop() == 0
+
+
+def test_daemon_unread_client_does_not_hold_other_clients_calls(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """Calls of a client that stops reading never keep another client's call from running."""
+    d = _sh_daemon(home, workspace, tmp_base)
+    stuck = d.raw()
+    try:
+        for i in range(8):  # answers the stuck client never reads fill its socket
+            stuck.send({"jsonrpc": "2.0", "id": f"big{i}", "method": "invoke", "params": {
+                "tool": "sh", "workspace": str(workspace), "arguments": {"script": "seq 1 300000"}}})
+        _wait_until(lambda: _in_flight(d) == 0)
+        for i in range(70):  # more calls than --max-running's default of 64, behind them
+            stuck.send({"jsonrpc": "2.0", "id": i, "method": "invoke", "params": {
+                "tool": "sh", "workspace": str(workspace), "arguments": {"script": "true"}}})
+        with d.raw(timeout=10) as other:  # the write timeout is 30 s: a stall would show
+            events, reply = other.invoke(
+                {"tool": "sh", "workspace": str(workspace), "arguments": {"script": "echo hi"}}
+            )
+        assert reply["result"]["status"] == "ok", reply
+        assert [e["method"] for e in events if e["method"] != "progress"] == [
+            "started", "completed"
+        ]
+    finally:
+        stuck.close()
+        assert d.stop() == 0
+
+
+def test_daemon_started_is_never_lost_behind_a_backlog(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A call that times out while its started waits behind unread answers still yields started first."""
+    d = _sh_daemon(home, workspace, tmp_base, timeout=1)
+    try:
+        with d.raw(timeout=30) as conn:
+            # The invoke first, then enough unread answers behind it that its started
+            # has to wait in the connection's queue while the call times out.
+            invoke = {"jsonrpc": "2.0", "id": "inv", "method": "invoke", "params": {
+                "tool": "sh", "workspace": str(workspace), "arguments": {"script": "sleep 5"}}}
+            conn.send_bytes(json.dumps(invoke).encode() + b"\n"
+                            + b'{"jsonrpc": "2.0", "method": "status", "id": "s"}\n' * 1500)
+            _wait_until(lambda: _in_flight(d) == 1)
+            _wait_until(lambda: _in_flight(d) == 0)  # timed out while we were not reading
+            seen: list[str] = []
+            while True:
+                message = conn.receive()
+                if message.get("id") == "s":
+                    continue
+                seen.append(message.get("method") or "response")
+                if message.get("id") == "inv":
+                    break
+        assert [m for m in seen if m != "progress"] == ["started", "completed", "response"]
+    finally:
+        assert d.stop() == 0
+
+
+def test_daemon_forced_stop_is_not_held_by_an_unread_client(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A second SIGTERM ends the daemon promptly even while a client leaves its answers unread."""
+    d = _sh_daemon(home, workspace, tmp_base)
+    stuck = d.raw()
+    try:
+        for i in range(4):  # calls that outlast the stop, started first so they are read
+            stuck.send({"jsonrpc": "2.0", "id": i, "method": "invoke", "params": {
+                "tool": "sh", "workspace": str(workspace),
+                "arguments": {"script": "trap '' TERM; sleep 100"}}})
+        _wait_until(lambda: _in_flight(d) == 4)
+        for i in range(8):  # then answers the client never reads fill its socket
+            stuck.send({"jsonrpc": "2.0", "id": f"big{i}", "method": "invoke", "params": {
+                "tool": "sh", "workspace": str(workspace), "arguments": {"script": "seq 1 300000"}}})
+        _wait_until(lambda: _in_flight(d) == 4)
+        d.proc.send_signal(signal.SIGTERM)
+        # Signals of one kind do not queue: send the second once the first was handled.
+        _wait_until(lambda: "stop_requested" in d.log())
+        d.proc.send_signal(signal.SIGTERM)
+        d.proc.wait(timeout=10)  # the write timeout (30 s) must not hold the exit
+    finally:
+        stuck.close()
+        d.stop()
