@@ -33,7 +33,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -297,6 +297,13 @@ async def _handle_signals(
         return
 
 
+async def _wait_until(done: Callable[[], bool], seconds: float) -> None:
+    """Poll until ``done()`` holds or ``seconds`` pass (a stop is rare: polling is enough)."""
+    with anyio.move_on_after(seconds):
+        while not done():
+            await anyio.sleep(0.05)
+
+
 async def _graceful_stop(
     options: DaemonOptions,
     server: Server,
@@ -306,21 +313,15 @@ async def _graceful_stop(
     """No new calls; in-flight calls get the grace period; then cancel them and close."""
     server.accepting = False
     await listener.aclose()
-    with anyio.move_on_after(options.shutdown_grace):
-        while handlers.calls:
-            await anyio.sleep(0.05)
+    await _wait_until(lambda: not handlers.calls, options.shutdown_grace)
     if handlers.calls:
         log.info("calls_cancelled_at_stop", count=len(handlers.calls))
     for call in list(handlers.calls.values()):
         call.cancel.set()
-    with anyio.move_on_after(options.runner.kill_grace_seconds + 5):
-        while handlers.calls:
-            await anyio.sleep(0.05)
+    await _wait_until(lambda: not handlers.calls, options.runner.kill_grace_seconds + 5)
     for conn in list(server.connections.values()):
         conn.close_gracefully()
-    with anyio.move_on_after(5):
-        while server.connections:
-            await anyio.sleep(0.05)
+    await _wait_until(lambda: not server.connections, 5)
     for conn in list(server.connections.values()):
         conn.abort()
     # The accept loop has ended and every connection is closed: the task group finishes.

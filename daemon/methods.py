@@ -94,6 +94,22 @@ class _Events:
             },
         )
 
+    async def completed(
+        self, *, status: str, exit_code: int | None, duration_ms: int, truncated: bool
+    ) -> None:
+        """Send ``completed``; shielded, so a cancelled call still closes its pair."""
+        with anyio.CancelScope(shield=True):
+            await self._connection.notify(
+                m.NOTIFICATION_COMPLETED,
+                {
+                    "callId": self._call_id,
+                    "status": status,
+                    "exitCode": exit_code,
+                    "durationMs": duration_ms,
+                    "truncated": truncated,
+                },
+            )
+
     async def progress(
         self,
         *,
@@ -242,6 +258,13 @@ class Handlers:
                 {"errors": errors},
             )
 
+    def _check_call_id_free(self, call_id: str) -> None:
+        if call_id in self.calls:
+            raise rpc_errors.InvalidParams(
+                f"Invalid params: 'callId' {call_id!r} is already in flight; use a new id.",
+                {"field": "callId"},
+            )
+
     def _fence_error(
         self, loaded: LoadedTool, workspace: Path, arguments: Any, message: str
     ) -> rpc_errors.InvalidArguments:
@@ -340,11 +363,7 @@ class Handlers:
                 "'.', '_', ':' or '-'.",
                 {"field": "callId"},
             )
-        if call_id in self.calls:
-            raise rpc_errors.InvalidParams(
-                f"Invalid params: 'callId' {call_id!r} is already in flight; use a new id.",
-                {"field": "callId"},
-            )
+        self._check_call_id_free(call_id)
         workspace, mode, loaded, classification = await self._prepare(
             p.tool, p.arguments, p.workspace, p.mode, p.headless, p.catalog
         )
@@ -364,11 +383,7 @@ class Handlers:
         # The child receives exactly the arguments that were classified: resolving the
         # paths a second time could let a symlink swapped in between go unjudged.
         fenced = classification.arguments
-        if call_id in self.calls:  # taken while we awaited the catalog
-            raise rpc_errors.InvalidParams(
-                f"Invalid params: 'callId' {call_id!r} is already in flight; use a new id.",
-                {"field": "callId"},
-            )
+        self._check_call_id_free(call_id)  # again: it may have been taken while we awaited
         cancel = anyio.Event()
         connection = ctx.connection
         self.calls[call_id] = _Call(connection, cancel)
@@ -393,30 +408,20 @@ class Handlers:
                 # The runner answers with an outcome, never an exception; should one escape
                 # anyway, the client that saw ``started`` still gets its ``completed``.
                 if events.started_sent:
-                    with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                        await connection.notify(
-                            m.NOTIFICATION_COMPLETED,
-                            {
-                                "callId": call_id,
-                                "status": "error",
-                                "exitCode": None,
-                                "durationMs": int((time.monotonic() - started_at) * 1000),
-                                "truncated": False,
-                            },
-                        )
+                    await events.completed(
+                        status="error",
+                        exit_code=None,
+                        duration_ms=int((time.monotonic() - started_at) * 1000),
+                        truncated=False,
+                    )
                 raise
             if outcome.started:
-                with anyio.CancelScope(shield=True):
-                    await connection.notify(
-                        m.NOTIFICATION_COMPLETED,
-                        {
-                            "callId": call_id,
-                            "status": outcome.status,
-                            "exitCode": outcome.exit_code,
-                            "durationMs": outcome.duration_ms,
-                            "truncated": outcome.truncated,
-                        },
-                    )
+                await events.completed(
+                    status=outcome.status,
+                    exit_code=outcome.exit_code,
+                    duration_ms=outcome.duration_ms,
+                    truncated=outcome.truncated,
+                )
         finally:
             self.calls.pop(call_id, None)
             connection.calls.pop(call_id, None)
