@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -148,6 +148,15 @@ class RawConn:
             return False
         except OSError:
             return True
+
+
+def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """Poll until check() holds, failing after the deadline (tests never sleep a fixed time)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not reached within {timeout} s")
+        time.sleep(0.02)
 
 
 def write_set(root: Path, directory: str, manifest: dict[str, Any] | str, **files: str) -> Path:

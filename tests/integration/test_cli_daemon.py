@@ -10,13 +10,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from .conftest import EXAMPLES, Daemon, start_daemon, write_set
+from .conftest import Daemon, EXAMPLES, eventually, start_daemon, write_set
 
 HEADERS = ["Directory", "Source", "Enabled", "Effective", "Path", "Runner", "Catalogs",
            "Approval", "Tools"]
@@ -71,15 +71,6 @@ def setup() -> Iterator[Setup]:
     finally:
         d.stop()
         shutil.rmtree(base, ignore_errors=True)
-
-
-def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll until check() holds, failing after the deadline."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached before the deadline")
-        time.sleep(0.02)
 
 
 def _rows(s: Setup) -> list[list[str]]:

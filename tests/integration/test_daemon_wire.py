@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -11,12 +12,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from .conftest import Daemon, RawConn, start_daemon, write_set
+from .conftest import Daemon, RawConn, eventually, start_daemon, write_set
+
+#: This file's deadline for waits that outlast a loaded machine.
+_wait_until = functools.partial(eventually, timeout=20.0)
 
 
 def test_daemon_status_reports_its_state(daemon: Daemon) -> None:
@@ -292,13 +295,6 @@ def _rss_kib(pid: int) -> int:
 
 def _in_flight(d: Daemon) -> int:
     return int(d.call("status")["result"]["inFlight"])
-
-
-def _wait_until(check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not reached before the deadline"
-        time.sleep(0.05)
 
 
 def test_daemon_unread_flood_keeps_memory_bounded(

@@ -12,13 +12,13 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from .conftest import EXAMPLES, Daemon, RawConn, start_daemon, write_set
+from .conftest import Daemon, EXAMPLES, RawConn, eventually, start_daemon, write_set
 
 # -- the tools -------------------------------------------------------------------------
 
@@ -136,15 +136,6 @@ def env() -> Iterator[Env]:
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll until check() holds, failing after the deadline."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached before the deadline")
-        time.sleep(0.02)
 
 
 def pid_gone(pid: int) -> bool:

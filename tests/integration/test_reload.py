@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .conftest import Daemon, start_daemon, write_set
+from .conftest import eventually as _eventually
+
+#: This file's deadline: its waits span daemon restarts and watcher settling.
+eventually = functools.partial(_eventually, timeout=15.0)
 
 SIMPLE = {"runner": "exec", "description": "d", "schema": {"type": "object"}, "command": ["true"]}
 
@@ -23,15 +26,6 @@ SIMPLE = {"runner": "exec", "description": "d", "schema": {"type": "object"}, "c
 def names(daemon: Daemon, workspace: Path | None = None) -> list[str]:
     params = {"workspace": str(workspace)} if workspace else {}
     return [t["name"] for t in daemon.call("list", params)["result"]["tools"]]
-
-
-def eventually(check: Callable[[], bool], timeout: float = 15.0) -> None:
-    """Poll until check() holds, failing after the deadline (no fixed sleeps)."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached before the deadline")
-        time.sleep(0.05)
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ import pytest
 from toolsetd.daemon.peercred import PeerPolicy
 from toolsetd.daemon.server import RequestContext, Server, ServerSettings, bind_unix_socket
 
-from .conftest import Daemon, RawConn, start_daemon, write_set
+from .conftest import Daemon, RawConn, eventually, start_daemon, write_set
 
 _SH = "#!/bin/sh\n"
 
@@ -65,15 +65,6 @@ def svc_home(home: Path) -> Path:
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """Poll until check() holds, failing after the deadline."""
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not reached within {timeout} s")
-        time.sleep(0.02)
 
 
 def pid_gone(pid: int) -> bool:
