@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,25 +15,6 @@ from structlog.testing import capture_logs
 from tests.daemon.conftest import Env, RecordingSink, sh_tool
 from toolsetd.daemon.reaper import OrphanGuard
 from toolsetd.daemon.runner import CallRequest, Runner, RunnerSettings
-
-
-def alive(pid: int) -> bool:
-    """Whether a process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def dies(pid: int, within: float = 5.0) -> bool:
-    """Whether a process is gone (or a zombie) before the deadline."""
-    end = time.monotonic() + within
-    while alive(pid):
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.01)
-    return True
 
 
 class Groups:
