@@ -3,35 +3,44 @@
 ``Client`` is the async (anyio) connection to a toolsetd daemon; the errors it raises are
 re-exported here: the transport errors (``ConnectError``, ``ConnectionClosed``,
 ``RequestTimeout``) and the daemon's ``RpcError`` subclasses, rebuilt by code.
+
+The names are loaded on first use (PEP 562): importing a submodule such as the stdlib-only
+``toolsetd.client.mcp`` pump must not pay for anyio and pydantic.
 """
 
 from __future__ import annotations
 
-from toolsetd.client.client import Client, EventHandler
-from toolsetd.client.errors import (
-    ApprovalRequired,
-    ClientError,
-    ConnectError,
-    ConnectionClosed,
-    InternalError,
-    InvalidArguments,
-    InvalidParams,
-    InvalidRequest,
-    InvalidWorkspace,
-    MessageTooLarge,
-    MethodNotFound,
-    ParseError,
-    PeerNotAllowed,
-    PolicyDenied,
-    ProtocolError,
-    RemoteProtocolError,
-    RequestTimeout,
-    RpcError,
-    ServerBusy,
-    ShuttingDown,
-    UnknownCall,
-    UnknownTool,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from toolsetd.client.client import Client, EventHandler
+    from toolsetd.client.errors import (
+        ApprovalRequired,
+        ClientError,
+        ConnectError,
+        ConnectionClosed,
+        InternalError,
+        InvalidArguments,
+        InvalidParams,
+        InvalidRequest,
+        InvalidWorkspace,
+        MessageTooLarge,
+        MethodNotFound,
+        ParseError,
+        PeerNotAllowed,
+        PolicyDenied,
+        ProtocolError,
+        RemoteProtocolError,
+        RequestTimeout,
+        RpcError,
+        ServerBusy,
+        ShuttingDown,
+        UnknownCall,
+        UnknownTool,
+    )
+
+_HOMES = {"Client": "client", "EventHandler": "client"}
 
 __all__ = [
     "ApprovalRequired",
@@ -59,3 +68,13 @@ __all__ = [
     "UnknownCall",
     "UnknownTool",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module the first time it is asked for."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = importlib.import_module(f"toolsetd.client.{_HOMES.get(name, 'errors')}")
+    value = getattr(module, name)
+    globals()[name] = value
+    return value

@@ -36,8 +36,13 @@ class FakeWatch:
         self.stops.append(stop_event)
         self.started.set()
         while not stop_event.is_set():
+            # Receive inside the timeout, yield outside it: an async generator that yields
+            # inside a cancel scope hands that scope to its consumer's task.
+            batch: Batch | None = None
             with anyio.move_on_after(0.01):
-                yield await self._receive.receive()
+                batch = await self._receive.receive()
+            if batch is not None:
+                yield batch
 
     def close(self) -> None:
         """Close both ends of the batch stream."""
