@@ -1,0 +1,396 @@
+"""One client connection: the reader, ordered sends, in-flight calls, subscriptions.
+
+Theory of operation
+-------------------
+A connection's socket is driven by the event loop's own socket transport (``Wire``, in
+``wire.py``). A connection then has three parts:
+
+* a reader that feeds received bytes to the sans-IO ``Codec``. A single request for one
+  of the *inline* methods (``ServerSettings.inline_methods``: ``status`` and ``cancel``,
+  whose handlers never wait) is dispatched and answered by the reader itself; everything
+  else (``invoke``, ``list``, ``classify``, ``reload``, batches, errors) starts a task, so
+  requests are pipelined and answered in any order, and a long call never holds the
+  reader up. After 64 inline answers in a row the reader yields to the other tasks;
+* sending that never waits. ``send_message`` hands the frame to the transport unless
+  its buffer is over ``send_buffer`` bytes (the peer is not reading) or older frames
+  already wait. Then progress notifications are dropped (the next one carries the same
+  counters) and everything else is committed to the connection's ordered queue: a
+  sender (a runner slot, a reload announcing catalogChanged) is never held up by one
+  client's socket, and a frame, once sent, cannot be lost to its sender's cancellation,
+  so a call's started, completed and response always go out, in that order. While the
+  queue is backlogged the reader takes no further requests from that client, which is
+  what bounds the queue; a peer that takes nothing for the write timeout is
+  disconnected by one timer per connection. Received bytes are bounded too: past
+  256 KiB not yet taken by the reader, the transport stops reading;
+* the set of calls it has in flight, cancelled when the client goes away. When the
+  reader stops (EOF, idle timeout, framing error, ``close_gracefully``), the handlers
+  finish and the transport flushes what is buffered, within the write timeout, then
+  closes.
+
+The connection does not know the methods: it hands each message to its ``Dispatch``
+(the ``Server``, whose ``Dispatcher`` in ``dispatch.py`` is the JSON-RPC layer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+import anyio.lowlevel
+import structlog
+from toolsetd.protocol import errors as rpc_errors
+from toolsetd.protocol.codec import CLOSED, NEED_DATA, BadMessage, Codec, Message, encode
+from toolsetd.protocol.jsonrpc import Request, error_message, notification_message, parse_envelope
+
+from .wire import Wire
+
+__all__ = ["INLINE_METHODS", "Connection", "Dispatch", "Handler", "RequestContext", "ServerSettings"]
+
+log = structlog.get_logger("toolsetd.server")
+
+#: A method handler: takes the request context and the params (an object, or an array
+#: when the client sent positional params), and returns the result.
+Handler = Callable[["RequestContext", Any], Awaitable[Any]]
+
+#: Received bytes held for the reader before the socket stops being read.
+_READ_BUFFER = 256 * 1024
+#: Inline answers in one run of the reader before it lets other tasks run.
+_INLINE_BURST = 64
+#: Methods answered in the reader itself: their handlers never wait on anything.
+INLINE_METHODS: frozenset[str] = frozenset({"status", "cancel"})
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """Limits of the socket server. Every wait on a peer has a bound.
+
+    Attributes:
+        max_frame_size: The longest line accepted (bytes).
+        max_connections: Connections served at once; one more is refused with ServerBusy.
+        max_calls_per_connection: Requests in flight per connection; beyond it, ServerBusy.
+        idle_timeout: Seconds a connection may hold an incomplete line, or stay without
+            sending its first complete request, before it is closed.
+        write_timeout: Seconds a response may wait for a slow reader before the
+            connection is closed.
+        send_buffer: Outgoing bytes buffered per connection beyond what the socket
+            holds; past it progress notifications are dropped and other messages wait.
+        inline_methods: Methods answered by the connection's reader itself, without a
+            task: only handlers that never wait (they run to their end at once).
+    """
+
+    max_frame_size: int = 16 * 1024 * 1024
+    max_connections: int = 256
+    max_calls_per_connection: int = 128
+    idle_timeout: float = 30.0
+    write_timeout: float = 30.0
+    send_buffer: int = 256 * 1024
+    inline_methods: frozenset[str] = INLINE_METHODS
+
+
+@dataclass(slots=True)
+class RequestContext:
+    """What a handler knows about the request it serves.
+
+    Attributes:
+        connection: The client connection (for notifications and subscriptions).
+        request_id: The JSON-RPC id, or None for a notification.
+    """
+
+    connection: Connection
+    request_id: Any
+
+
+class Dispatch(Protocol):
+    """What a connection needs of its server: the limits and the JSON-RPC layer."""
+
+    settings: ServerSettings
+    #: Methods the reader answers itself (see ``ServerSettings.inline_methods``).
+    inline_methods: frozenset[str]
+
+    async def dispatch_one(self, conn: Connection, value: Any) -> Any:
+        """Answer one request object; None for a notification."""
+        ...
+
+    async def dispatch_batch(self, conn: Connection, items: list[Any]) -> Any:
+        """Answer a batch; None if it holds no request."""
+        ...
+
+
+class Connection:
+    """One client connection: codec, bounded writes, in-flight calls, subscriptions."""
+
+    def __init__(
+        self,
+        conn_id: int,
+        stream: anyio.abc.SocketStream,
+        server: Dispatch,
+        peer: Any,
+    ) -> None:
+        self.conn_id = conn_id
+        self.peer = peer
+        self._stream = stream
+        self._server = server
+        self._settings = server.settings
+        self._codec = Codec(max_frame_size=server.settings.max_frame_size)
+        self._wire: Wire | None = None
+        self._closed = False
+        self._aborted = False
+        self._stop_reading = False
+        self._in_flight = 0
+        #: Cancel events of this connection's running invoke calls, by call id.
+        self.calls: dict[str, anyio.Event] = {}
+        #: Workspace keys (a path string, or None for home) this client subscribed to.
+        self.subscriptions: set[str | None] = set()
+        self._scope: anyio.CancelScope | None = None
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection is closing or closed."""
+        return self._closed
+
+    async def send_message(self, message: Any, *, droppable: bool = False) -> None:
+        """Send one JSON-RPC message, in the order of the calls; it never waits.
+
+        A frame that cannot go out at once is committed to the connection's ordered queue,
+        so it can neither hold up its sender (a runner slot) nor be lost to the sender's
+        cancellation. A peer that takes nothing for the write timeout is disconnected.
+
+        Args:
+            message: A JSON-serialisable message.
+            droppable: True for progress notifications, which are dropped rather than
+                queued when the client is not keeping up.
+
+        Raises:
+            LocalProtocolError: The message cannot be serialised.
+        """
+        self.post(message, droppable=droppable)
+
+    def post(self, message: Any, *, droppable: bool = False) -> None:
+        """``send_message`` without a coroutine: commit the frame (or drop it) now."""
+        wire = self._wire
+        if self._closed or wire is None:
+            return
+        frame = encode(message)
+        if droppable:
+            wire.write_now(frame)  # dropped while the peer is behind
+        else:
+            wire.enqueue(frame)
+
+    def _stalled(self) -> None:
+        log.warning(
+            "connection_write_timeout", conn_id=self.conn_id, seconds=self._settings.write_timeout
+        )
+        self.abort()
+
+    async def notify(
+        self, method: str, params: Mapping[str, Any], *, droppable: bool = False
+    ) -> None:
+        """Send a notification to this client."""
+        await self.send_message(notification_message(method, dict(params)), droppable=droppable)
+
+    def abort(self) -> None:
+        """Close the connection at once; in-flight calls are cancelled by the serve loop."""
+        self._closed = True
+        self._aborted = True
+        if self._scope is not None:
+            self._scope.cancel()
+        wire = self._wire
+        if wire is not None and wire.transport is not None and not wire.lost:
+            wire.transport.abort()  # also ends a final flush to a reader that stalled
+
+    async def serve(self) -> None:
+        """Serve this connection until the client leaves or an error closes it.
+
+        Message handlers run beside the reader. When the reader stops (EOF, a framing
+        error, the idle timeout, ``close_gracefully``), the client's calls are cancelled,
+        the handlers finish (a cancelled call still sends its ``completed`` and response
+        if the client can take them), and what is buffered is flushed, within the write
+        timeout, before the socket closes.
+        """
+        loop = asyncio.get_running_loop()
+        raw: socket.socket = self._stream.extra(anyio.abc.SocketAttribute.raw_socket)
+        try:
+            transport, wire = await loop.connect_accepted_socket(
+                lambda: Wire(loop, _READ_BUFFER), sock=raw
+            )
+        except BaseException:
+            self._closed = True
+            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
+                await self._stream.aclose()
+            raise
+        transport.set_write_buffer_limits(high=self._settings.send_buffer)
+        wire.stall_seconds = self._settings.write_timeout
+        wire.on_stall = self._stalled
+        self._wire = wire
+        try:
+            async with anyio.create_task_group() as handlers:
+                self._scope = handlers.cancel_scope
+                await self._reader(handlers)
+                self.cancel_calls()
+            if not self._aborted and not wire.lost:
+                # Every handler has answered: flush, then close (bounded like any write).
+                with anyio.move_on_after(self._settings.write_timeout):
+                    await wire.wait_drained()
+                    transport.close()
+                    await wire.wait_closed()
+        finally:
+            self._closed = True
+            self.cancel_calls()
+            if not wire.lost:
+                transport.abort()
+
+    def close_gracefully(self) -> None:
+        """Stop reading; the calls in flight finish and their answers are sent first."""
+        self._stop_reading = True
+        if self._wire is not None:
+            self._wire.wake_reader()
+
+    def cancel_calls(self) -> None:
+        """Cancel every invoke call this connection has in flight."""
+        for event in list(self.calls.values()):
+            event.set()
+
+    async def _reader(self, tg: anyio.abc.TaskGroup) -> None:
+        wire = self._wire
+        assert wire is not None
+        codec = self._codec
+        inline = self._server.inline_methods
+        seen_request = False
+        while not self._closed and not self._stop_reading:
+            if wire.backlogged:
+                # The peer is not taking our answers: take no more of its requests (this
+                # bounds what we hold; the stall timer ends a peer that never reads).
+                await wire.wait_drained()
+                continue
+            if not wire.has_data and not wire.eof:
+                if not seen_request or codec.has_partial_data:
+                    # Only the idle timer needs a cancel scope; a connection between
+                    # requests waits without one.
+                    try:
+                        with anyio.fail_after(self._settings.idle_timeout):
+                            await wire.wait_readable()
+                    except TimeoutError:
+                        log.info("connection_idle_closed", conn_id=self.conn_id)
+                        return
+                else:
+                    await wire.wait_readable()
+                continue
+            if wire.lost:
+                return
+            data = wire.take()
+            try:
+                codec.receive_data(data)
+                answered_inline = 0
+                while True:
+                    event = codec.next_event()
+                    if event is NEED_DATA or event is CLOSED:
+                        break
+                    if type(event) is BadMessage:
+                        self.post(error_message(None, rpc_errors.ParseError(event.message)))
+                        continue
+                    assert isinstance(event, Message)
+                    seen_request = True
+                    value = event.value
+                    if type(value) is dict and value.get("method") in inline:
+                        await self._answer_inline(value)
+                        answered_inline += 1
+                        if answered_inline % _INLINE_BURST == 0:
+                            # A long pipelined run must not starve the other connections.
+                            await anyio.lowlevel.checkpoint()
+                    else:
+                        self._start_message(tg, value)
+                    if wire.backlogged:
+                        await wire.wait_drained()
+                if event is CLOSED:
+                    return
+            except rpc_errors.FrameTooLarge:
+                limit = self._settings.max_frame_size
+                await self.send_message(
+                    error_message(
+                        None,
+                        rpc_errors.MessageTooLarge(
+                            f"Message too large: a line may hold at most {limit} bytes; "
+                            "the connection is closed.",
+                            {"limit": limit},
+                        ),
+                    )
+                )
+                log.warning("connection_frame_too_large", conn_id=self.conn_id, limit=limit)
+                return
+            except rpc_errors.RemoteProtocolError as exc:
+                log.info(
+                    "connection_protocol_error", conn_id=self.conn_id, error=type(exc).__name__
+                )
+                return
+
+    async def _answer_inline(self, value: Any) -> None:
+        """Answer a quick method in the reader: dispatch, then commit the response.
+
+        The handler itself never waits (that is what marks a method as inline), and
+        committing a frame never waits either.
+        """
+        response = await self._server.dispatch_one(self, value)
+        if response is not None:
+            self._post_response(response)
+
+    def _start_message(self, tg: anyio.abc.TaskGroup, value: Any) -> None:
+        if self._in_flight >= self._settings.max_calls_per_connection:
+            envelope = parse_envelope(value) if not isinstance(value, list) else None
+            request_id = envelope.id if isinstance(envelope, Request) else None
+            limit = self._settings.max_calls_per_connection
+            self.post(
+                error_message(
+                    request_id,
+                    rpc_errors.ServerBusy(
+                        f"Too many requests in flight on this connection: at most {limit}; "
+                        "wait for a response before sending more.",
+                        {"limit": limit},
+                    ),
+                ),
+            )
+            return
+        self._in_flight += 1
+        tg.start_soon(self._handle_message, value)
+
+    async def _handle_message(self, value: Any) -> None:
+        try:
+            if isinstance(value, list):
+                response: Any = await self._server.dispatch_batch(self, value)
+            else:
+                response = await self._server.dispatch_one(self, value)
+        except BaseException:
+            self._in_flight -= 1
+            raise
+        await self._send_response(response)
+
+    async def _send_response(self, response: Any) -> None:
+        """Send a response (of an in-flight call, which it ends)."""
+        try:
+            if response is not None:
+                self._post_response(response)
+        finally:
+            self._in_flight -= 1
+
+    def _post_response(self, response: Any) -> None:
+        try:
+            self.post(response)
+        except rpc_errors.LocalProtocolError:
+            # A result we cannot serialise is our bug: answer it, keep the connection.
+            incident = uuid.uuid4().hex[:12]
+            log.exception("response_not_serialisable", incident=incident)
+            request_id = response.get("id") if isinstance(response, dict) else None
+            self.post(
+                error_message(
+                    request_id,
+                    rpc_errors.InternalError(
+                        f"Internal error (incident {incident}); the daemon log has the details.",
+                        {"incident": incident},
+                    ),
+                )
+            )

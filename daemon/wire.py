@@ -1,0 +1,208 @@
+"""The asyncio end of one connection's socket: bytes in, frames out, flow control.
+
+Theory of operation
+-------------------
+A connection's socket is driven by the event loop's own socket transport (``Wire``, an
+``asyncio.Protocol``): the daemon runs on asyncio only, and the transport keeps the
+socket registered with the selector for the connection's life, reads up to 256 KiB per
+wake-up, and sends a frame at once when the socket has room, with no anyio checkpoint and
+no ``add_reader``/``remove_reader`` per receive. Every wait in it is a plain future, so
+anyio's cancel scopes (the idle and write timeouts, ``abort``, a forced stop) still reach
+it.
+
+``Wire`` holds no policy: the ``Connection`` (``connection.py``) decides what to read,
+what to drop and when to close; the wire only buffers, pauses and reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+
+__all__ = ["Wire"]
+
+
+class Wire(asyncio.Protocol):
+    """The asyncio end of one connection's socket: bytes in, frames out, flow control.
+
+    The daemon runs on asyncio only (``app.py``), so a connection uses the loop's socket
+    transport directly rather than anyio's socket stream: the socket stays registered
+    with the selector for the connection's life, a ``send`` goes out at once when the
+    socket has room, and no receive or send passes through a checkpoint. Every wait here
+    is a plain future, so anyio's cancel scopes (timeouts, ``abort``) still reach it.
+
+    * Received bytes wait as chunks until the reader takes them; past ``max_buffered``
+      bytes the transport stops reading, so a peer cannot make us buffer without limit.
+    * ``write_now`` hands a frame to the transport unless the transport's buffer is over
+      its high-water mark (``pause_writing``) or older frames are already waiting; then
+      frames that must not be dropped queue in ``_pending`` and go out, oldest first,
+      when the peer catches up (``resume_writing``).
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, max_buffered: int) -> None:
+        self._loop = loop
+        self.transport: asyncio.Transport | None = None
+        self._chunks: list[bytes] = []
+        self._buffered = 0
+        self._max_buffered = max_buffered
+        self._reading_paused = False
+        self._reader: asyncio.Future[None] | None = None
+        #: The peer closed its sending side (our answers may still go out).
+        self.eof = False
+        #: The socket is closed, by either side.
+        self.lost = False
+        self._lost_waiters: list[asyncio.Future[None]] = []
+        self._write_paused = False
+        #: Frames committed in order but not yet handed to the transport.
+        self._pending: deque[bytes] = deque()
+        self._drained_waiters: list[asyncio.Future[None]] = []
+        self._stall_timer: asyncio.TimerHandle | None = None
+        #: Seconds the peer may leave us unable to write before ``on_stall`` runs.
+        self.stall_seconds = 30.0
+        #: Called (once) when the peer has not taken a byte for ``stall_seconds``.
+        self.on_stall: Callable[[], None] | None = None
+
+    # -- asyncio.Protocol ----------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self._chunks.append(data)
+        self._buffered += len(data)
+        if self._buffered > self._max_buffered and not self._reading_paused:
+            self._reading_paused = True
+            assert self.transport is not None
+            self.transport.pause_reading()
+        self.wake_reader()
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        self.wake_reader()
+        return True  # keep our side open: the answers to what was sent still go out
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = self.eof = True
+        self._disarm_stall()
+        self._pending.clear()
+        self.wake_reader()
+        for waiter in (*self._drained_waiters, *self._lost_waiters):
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drained_waiters.clear()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._arm_stall()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        pending = self._pending
+        transport = self.transport
+        assert transport is not None
+        while pending and not self._write_paused:
+            transport.write(pending.popleft())
+        if self.backlogged:
+            self._disarm_stall()  # the peer is reading: its clock starts again
+            self._arm_stall()
+        else:
+            self._disarm_stall()
+            for waiter in self._drained_waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
+            self._drained_waiters.clear()
+
+    def _arm_stall(self) -> None:
+        if self._stall_timer is None and not self.lost:
+            self._stall_timer = self._loop.call_later(self.stall_seconds, self._stalled)
+
+    def _disarm_stall(self) -> None:
+        if self._stall_timer is not None:
+            self._stall_timer.cancel()
+            self._stall_timer = None
+
+    def _stalled(self) -> None:
+        self._stall_timer = None
+        if self.backlogged and self.on_stall is not None:
+            self.on_stall()
+
+    # -- the connection's side -----------------------------------------------------------
+
+    @property
+    def has_data(self) -> bool:
+        """Whether received bytes wait to be taken."""
+        return bool(self._chunks)
+
+    def take(self) -> bytes:
+        """Every received byte not taken yet (``b""`` when none)."""
+        chunks = self._chunks
+        if not chunks:
+            return b""
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        chunks.clear()
+        self._buffered = 0
+        if self._reading_paused and not self.lost:
+            self._reading_paused = False
+            assert self.transport is not None
+            self.transport.resume_reading()
+        return data
+
+    async def wait_readable(self) -> None:
+        """Wait until bytes arrive, the peer sends EOF, or ``wake_reader`` is called."""
+        waiter = self._reader = self._loop.create_future()
+        try:
+            await waiter
+        finally:
+            self._reader = None
+
+    def wake_reader(self) -> None:
+        """End a pending ``wait_readable``."""
+        waiter = self._reader
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    @property
+    def backlogged(self) -> bool:
+        """Whether frames wait for the peer to read (the reader takes no input meanwhile)."""
+        return not self.lost and (self._write_paused or bool(self._pending))
+
+    def write_now(self, frame: bytes) -> bool:
+        """Hand a frame to the transport if it may go now; False if it would have to wait.
+
+        Frames for a closed socket are discarded (True: there is nothing to wait for).
+        """
+        if self.lost:
+            return True
+        if self._write_paused or self._pending:
+            return False
+        assert self.transport is not None
+        self.transport.write(frame)
+        return True
+
+    def enqueue(self, frame: bytes) -> None:
+        """Commit a frame to go out after every frame committed before it; never waits.
+
+        What bounds the queue is the reader: it takes no input while ``backlogged``, so
+        only the answers and events of calls already in flight can join it.
+        """
+        if not self.write_now(frame):
+            self._pending.append(frame)
+            self._arm_stall()
+
+    async def wait_drained(self) -> None:
+        """Wait until every committed frame is with the transport (or the socket is gone)."""
+        if not self.backlogged:
+            return
+        waiter = self._loop.create_future()
+        self._drained_waiters.append(waiter)
+        await waiter
+
+    async def wait_closed(self) -> None:
+        """Wait until the socket is closed (after ``close`` it has flushed first)."""
+        if self.lost:
+            return
+        waiter = self._loop.create_future()
+        self._lost_waiters.append(waiter)
+        await waiter
