@@ -1,0 +1,184 @@
+"""One exec call's values: its request, settings, events sink, running state and outcome.
+
+Theory of operation
+-------------------
+These are the pieces the runner's rooms share (``runner`` orchestrates, ``streams``
+drains and feeds the pipes, ``progress`` reads the progress fd, ``ending`` kills, reaps
+and renders). ``CallState`` is the mutable state of one running call: its captures, why
+it is being stopped (``timeout``, ``cancelled`` or ``io``), and the lock that serialises
+its event emissions. ``CallOutcome.to_wire`` mirrors ``protocol.InvokeResult`` by hand:
+building the pydantic model for every result would cost microseconds per call.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import anyio
+
+from .model import LoadedTool
+
+if TYPE_CHECKING:
+    from .streams import Capture
+
+__all__ = [
+    "CallOutcome",
+    "CallRequest",
+    "CallState",
+    "EventSink",
+    "RunnerSettings",
+    "elapsed_ms",
+    "no_process_outcome",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerSettings:
+    """Limits and timings of the runner (all injectable so tests can shrink them)."""
+
+    output_limit_chars: int = 100_000
+    spill_cap_bytes: int = 64 * 1024 * 1024
+    spill_keep_files: int = 100  # prune beyond this many per folder
+    spill_max_age_seconds: float = 7 * 24 * 3600
+    kill_grace_seconds: float = 5.0
+    drain_after_exit_seconds: float = 0.5
+    progress_interval_seconds: float = 1.0
+    progress_min_gap_seconds: float = 0.1  # rate limit for child-reported progress
+    max_image_bytes: int = 20 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class CallRequest:
+    """One exec call, validated and fenced.
+
+    Attributes:
+        call_id: The call id (client-supplied; sanitised before it names a file).
+        loaded: The tool as loaded when the call started.
+        arguments: The validated, path-rewritten arguments.
+        workspace: The canonical absolute workspace.
+        home: The Crystal home (global data = ``home/data/tools/<dir>``).
+        session: ``CRYSTAL_SESSION``.
+        approval_mode: ``CRYSTAL_APPROVAL``.
+        images: Whether the caller can take images.
+    """
+
+    call_id: str
+    loaded: LoadedTool
+    arguments: Any
+    workspace: Path
+    home: Path
+    session: str = ""
+    approval_mode: str = ""
+    images: bool = True
+
+
+class EventSink(Protocol):
+    """Where the runner reports a call's life (the server turns these into notifications)."""
+
+    async def started(self, pid: int) -> None:
+        """The child is running."""
+
+    async def progress(
+        self,
+        *,
+        elapsed_ms: int,
+        stdout_bytes: int,
+        stderr_bytes: int,
+        message: str | None = None,
+        fraction: float | None = None,
+        queued: bool = False,
+    ) -> None:
+        """A periodic, child-reported or queued progress report."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallOutcome:
+    """What one call came to; ``to_wire`` gives the contract's call result."""
+
+    status: str  # "ok" | "error" | "timeout" | "cancelled"
+    exit_code: int | None  # None when killed or never started
+    content: tuple[dict[str, Any], ...]
+    is_error: bool
+    truncated: bool
+    output_path: str | None
+    duration_ms: int
+    stdout_bytes: int
+    stderr_bytes: int
+    started: bool  # a process was started (so the server sends completed)
+    pid: int | None
+
+    def to_wire(self, call_id: str) -> dict[str, Any]:
+        """The contract's camelCase call result."""
+        return {
+            "callId": call_id,
+            "status": self.status,
+            "exitCode": self.exit_code,
+            "content": [dict(block) for block in self.content],
+            "isError": self.is_error,
+            "truncated": self.truncated,
+            "outputPath": self.output_path,
+            "durationMs": self.duration_ms,
+            "stdoutBytes": self.stdout_bytes,
+            "stderrBytes": self.stderr_bytes,
+        }
+
+
+
+def elapsed_ms(t0: float) -> int:
+    """Milliseconds since the monotonic time ``t0``."""
+    return int((time.monotonic() - t0) * 1000)
+
+
+def no_process_outcome(t0: float, text: str, status: str = "error") -> CallOutcome:
+    """The outcome of a call that ended before any process started."""
+    return CallOutcome(
+        status=status,
+        exit_code=None,
+        content=({"type": "text", "text": text},),
+        is_error=True,
+        truncated=False,
+        output_path=None,
+        duration_ms=elapsed_ms(t0),
+        stdout_bytes=0,
+        stderr_bytes=0,
+        started=False,
+        pid=None,
+    )
+
+
+class CallState:
+    """Mutable state of one running call, shared by its tasks."""
+
+    def __init__(self, t0: float, events: EventSink, out: Capture, err: Capture) -> None:
+        self.t0 = t0
+        self.events = events
+        self.out = out
+        self.err = err
+        self.reason: str | None = None  # "timeout" | "cancelled" | "io"
+        self.io_message = ""
+        self.exited = False
+        self.wait_scope: anyio.CancelScope | None = None
+        self.lock = anyio.Lock()
+
+    def stop(self, reason: str, message: str = "") -> None:
+        """End the wait for the leader for ``reason`` unless it already exited."""
+        if self.exited or self.reason is not None:
+            return
+        self.reason = reason
+        self.io_message = message
+        if self.wait_scope is not None:
+            self.wait_scope.cancel()
+
+    async def progress(self, message: str | None = None, fraction: float | None = None) -> None:
+        async with self.lock:
+            await self.events.progress(
+                elapsed_ms=elapsed_ms(self.t0),
+                stdout_bytes=self.out.total,
+                stderr_bytes=self.err.total,
+                message=message,
+                fraction=fraction,
+            )
+

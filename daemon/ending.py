@@ -1,0 +1,196 @@
+"""The end of a call: killing its group, reaping its leader, and rendering its outcome.
+
+Theory of operation
+-------------------
+* The leader exits: wait at most ``drain_after_exit_seconds`` for both pipes to reach EOF
+  (a grandchild may hold them), then ``SIGKILL`` the rest of the group (no grandchild
+  outlives the call), wait the same bound again for EOF, stop draining, reap the leader.
+* Timeout (the set's ``timeoutSeconds``, timed from the spawn; none for ``"unlimited"``)
+  or cancel (the ``cancel`` event) or an I/O failure: ``SIGTERM`` to the group, wait up to
+  ``kill_grace_seconds`` for the leader, ``SIGKILL`` to the group (also when the leader
+  already went but members remain), reap, all shielded and bounded. ``exitCode`` is null.
+* If ``run`` itself is cancelled (daemon shutdown), the group is killed at once, the leader
+  reaped under a shield, and the cancellation re-raised.
+
+Exit codes: a child that exits normally reports its code. A child killed by a signal it did
+not get from us reports ``128 + signum`` (``exit 137`` for SIGKILL), which is what the
+reference host's .NET ``Process.ExitCode`` reports on Unix; it is an error like any non-zero
+exit. A child we killed (timeout, cancel, I/O failure) reports null.
+
+``wait_exit`` watches the leader through its pidfd without reaping it: an unreaped leader
+keeps its pid reserved as the group id, so no ``killpg`` here can hit a recycled group.
+
+Truncation and spill: when a text block is longer than the limit it is cut with the
+reference marker and, if the spill file could be written, followed by one hint line:
+``\\n[full output: <path> (<n> bytes); read it with a file tool]`` (``(first <cap> of <n>
+bytes)`` when the cap was hit). ``outputPath`` names the file. See ``spill`` for its format.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+
+from .call import CallOutcome, CallRequest, CallState, RunnerSettings, elapsed_ms
+from .model import OutputMode
+from .output import (
+    CANCELLED_TEXT,
+    content_result,
+    io_failure_text,
+    text_result,
+    timeout_text,
+    truncate,
+)
+from .spill import Spill, SpillResult, prune
+from .streams import decode
+
+__all__ = ["build_outcome", "killpg", "reap", "terminate", "wait_exit"]
+
+_REAP_BOUND_SECONDS = 5.0
+
+
+def killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+
+async def wait_exit(pid: int, pidfd: int | None) -> None:
+    """Return once the leader has exited, leaving it unreaped (its pid stays reserved)."""
+    if pidfd is not None:
+        await anyio.wait_readable(pidfd)
+        return
+    delay = 0.001
+    while True:  # no pidfd (old kernel): peek with WNOWAIT
+        try:
+            info = os.waitid(  # noqa: ASYNC222 -- WNOHANG: never blocks
+                os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT
+            )
+        except ChildProcessError:
+            return
+        if info is not None:
+            return
+        await anyio.sleep(delay)
+        delay = min(delay * 2, 0.05)
+
+async def terminate(pgid: int, pidfd: int | None, grace: float) -> bool:
+    """SIGTERM the group, give the leader the grace period, then SIGKILL the group.
+
+    Returns:
+        Whether the leader exited within the grace period.
+    """
+    exited = False
+    with anyio.CancelScope(shield=True):
+        killpg(pgid, signal.SIGTERM)
+        with anyio.move_on_after(grace):
+            await wait_exit(pgid, pidfd)
+            exited = True
+        killpg(pgid, signal.SIGKILL)
+    return exited
+
+async def reap(pid: int, pidfd: int | None, gone: bool, poll: Callable[[], object]) -> None:
+    """Reap the leader (``poll``), first waiting a bounded time unless it is known gone."""
+    if not gone:
+        with anyio.move_on_after(_REAP_BOUND_SECONDS):
+            await wait_exit(pid, pidfd)
+    poll()
+
+
+async def build_outcome(
+    request: CallRequest,
+    pid: int,
+    returncode: int | None,
+    call: CallState,
+    spill: Spill,
+    s: RunnerSettings,
+) -> CallOutcome:
+    """Render a finished call: status, exit code, the model-facing text, truncation, spill."""
+    toolset = request.loaded.toolset
+    exit_code: int | None = None
+    truncated = False
+    output_path: str | None = None
+    if call.reason == "timeout":
+        status, is_error = "timeout", True
+        blocks: list[dict[str, Any]] = [
+            {"type": "text", "text": timeout_text(toolset.timeout_seconds or 0)}
+        ]
+    elif call.reason == "cancelled":
+        status, is_error = "cancelled", True
+        blocks = [{"type": "text", "text": CANCELLED_TEXT}]
+    elif call.reason == "io":
+        status, is_error = "error", True
+        blocks = [{"type": "text", "text": io_failure_text(call.io_message)}]
+    else:
+        code = returncode
+        exit_code = 128 - code if code is not None and code < 0 else code
+        if exit_code is None:  # could not be reaped within the bound: treat as killed
+            exit_code = 128 + signal.SIGKILL
+        limit = s.output_limit_chars
+        stdout = decode(call.out.prefix, call.out.complete, limit)
+        stderr = decode(call.err.prefix, call.err.complete, limit)
+        if request.loaded.tool.output == OutputMode.CONTENT:
+            blocks, is_error = await anyio.to_thread.run_sync(
+                lambda: content_result(
+                    stdout,
+                    stderr,
+                    exit_code or 0,
+                    limit=limit,
+                    images_ok=request.images,
+                    workspace=request.workspace,
+                    max_image_bytes=s.max_image_bytes,
+                )
+            )
+        else:
+            blocks = [{"type": "text", "text": text_result(exit_code, stdout, stderr)}]
+            is_error = exit_code != 0
+        status = "error" if is_error else "ok"
+        cut = [
+            i for i, b in enumerate(blocks) if b["type"] == "text" and len(b["text"]) > limit
+        ]
+        if cut:
+            truncated = True
+            result = await _finish_spill(spill, call, s)
+            for i in cut:
+                text, _ = truncate(blocks[i]["text"], limit)
+                if result is not None:
+                    text += result.hint(s.spill_cap_bytes)
+                blocks[i] = {"type": "text", "text": text}
+            if result is not None:
+                output_path = str(result.path)
+        else:
+            spill.discard()
+    return CallOutcome(
+        status=status,
+        exit_code=exit_code,
+        content=tuple(blocks),
+        is_error=is_error,
+        truncated=truncated,
+        output_path=output_path,
+        duration_ms=elapsed_ms(call.t0),
+        stdout_bytes=call.out.total,
+        stderr_bytes=call.err.total,
+        started=True,
+        pid=pid,
+    )
+
+
+async def _finish_spill(spill: Spill, call: CallState, s: RunnerSettings) -> SpillResult | None:
+    out, err = call.out, call.err
+
+    def finish() -> SpillResult | None:
+        result = spill.finish(bytes(out.prefix), bytes(err.prefix), out.total, err.total)
+        if result is not None:
+            prune(
+                spill.folder,
+                keep=s.spill_keep_files,
+                max_age_seconds=s.spill_max_age_seconds,
+            )
+        return result
+
+    with anyio.CancelScope(shield=True):
+        return await anyio.to_thread.run_sync(finish)

@@ -1,0 +1,116 @@
+"""A call's progress fd: lines the child writes, parsed and rate-limited into events.
+
+Theory of operation
+-------------------
+The child writes lines to the fd named in ``TOOLSETD_PROGRESS_FD``: a JSON object with
+``message`` and/or ``fraction`` (clamped to 0..1), or any other line as a message. Lines are
+bounded to 4 KiB (the rest of a longer line is skipped) and messages to 1,000 characters.
+At most one event per ``gap`` seconds is sent: a burst is coalesced to its latest line,
+which goes out when the gap has passed, and the last line is always sent at EOF.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+
+import anyio
+import anyio.lowlevel
+import orjson
+
+from .call import CallState
+
+__all__ = ["parse_progress", "read_progress"]
+
+_PROGRESS_LINE_MAX = 4096
+_PROGRESS_MESSAGE_MAX = 1000
+
+
+def parse_progress(line: bytes) -> tuple[str | None, float | None] | None:
+    text = line.decode("utf-8", "replace").strip()
+    if not text:
+        return None
+    if text.startswith("{"):
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError:
+            value = None
+        if isinstance(value, dict):
+            raw_message = value.get("message")
+            raw_fraction = value.get("fraction")
+            message = raw_message[:_PROGRESS_MESSAGE_MAX] if isinstance(raw_message, str) else None
+            fraction = None
+            if (
+                isinstance(raw_fraction, int | float)
+                and not isinstance(raw_fraction, bool)
+                and math.isfinite(raw_fraction)
+            ):
+                fraction = min(1.0, max(0.0, float(raw_fraction)))
+            if message is None and fraction is None:
+                return None
+            return message, fraction
+    return text[:_PROGRESS_MESSAGE_MAX], None
+
+
+async def read_progress(
+    fd: int, call: CallState, done: anyio.Event, gap: float, first: bytes | None = None
+) -> None:
+    """Read progress lines until EOF, reporting them through ``call``; then set ``done``."""
+    try:
+        await _read_progress_lines(fd, call, gap, first)
+    finally:
+        done.set()
+
+
+async def _read_progress_lines(fd: int, call: CallState, gap: float, first: bytes | None) -> None:
+    line = bytearray()
+    overlong = False
+    pending: tuple[str | None, float | None] | None = None
+    last = -math.inf
+    while True:
+        try:
+            if first:  # bytes read before this task started
+                chunk, first = first, None
+            else:
+                chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            if pending is None:
+                await anyio.wait_readable(fd)
+                continue
+            wait = last + gap - time.monotonic()
+            if wait > 0:
+                with anyio.move_on_after(wait):
+                    await anyio.wait_readable(fd)
+                continue
+            last = time.monotonic()
+            await call.progress(*pending)
+            pending = None
+            continue
+        except OSError:
+            return
+        if not chunk:
+            break
+        await anyio.lowlevel.checkpoint()  # a chatty child must not monopolise the loop
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            end = len(chunk) if nl < 0 else nl
+            if not overlong:  # keep the first 4 KiB of a line, skip the rest of it
+                room = _PROGRESS_LINE_MAX - len(line)
+                line += chunk[start : min(end, start + room)]
+                overlong = end - start > room
+            if nl < 0:
+                break
+            parsed = parse_progress(bytes(line))
+            line.clear()
+            overlong = False
+            if parsed is not None:
+                pending = parsed
+            start = nl + 1
+        if pending is not None and time.monotonic() - last >= gap:
+            last = time.monotonic()
+            await call.progress(*pending)
+            pending = None
+    if pending is not None:
+        await call.progress(*pending)
