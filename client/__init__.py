@@ -14,8 +14,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from toolsetd.client.client import Client, EventHandler
-    from toolsetd.client.errors import (
+    from .client import Client, EventHandler
+    from .errors import (
         ApprovalRequired,
         ClientError,
         ConnectError,
@@ -74,7 +74,7 @@ def __getattr__(name: str) -> Any:
     """Import a public name from its module the first time it is asked for."""
     if name not in __all__:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(f"toolsetd.client.{_HOMES.get(name, 'errors')}")
+    module = importlib.import_module(f".{_HOMES.get(name, 'errors')}", __name__)
     value = getattr(module, name)
     globals()[name] = value
     return value

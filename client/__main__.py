@@ -7,7 +7,7 @@ import sys
 
 def main() -> None:
     """Run ``toolsetctl`` with ``sys.argv`` and exit with its code."""
-    from toolsetd.client.cli import run
+    from .cli import run
 
     sys.exit(run())
 

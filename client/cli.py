@@ -39,10 +39,9 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 import anyio
-
-from toolsetd.client.client import Client
-from toolsetd.client.editor import EditError, locate_set, set_enabled
-from toolsetd.client.errors import (
+from .client import Client
+from .editor import EditError, locate_set, set_enabled
+from .errors import (
     ApprovalRequired,
     ConnectError,
     ConnectionClosed,
@@ -54,7 +53,7 @@ from toolsetd.client.errors import (
     RpcError,
     UnknownTool,
 )
-from toolsetd.client.render import (
+from .render import (
     CHANGE_HEADERS,
     DISCOVERY_OFF,
     PATH_HEADERS,
@@ -311,7 +310,7 @@ async def _with_daemon(
 def _offline_module(ctx: _Context) -> Any:
     """Import the offline reader, or explain why it is unavailable (exit 2)."""
     try:
-        from toolsetd.client import offline  # the one daemon import, lazily
+        from . import offline  # the one daemon import, lazily
     except ImportError as exc:
         ctx.out.error(f"Reading tool sets from disk is unavailable: {exc}.")
         raise _Exit(EXIT_USAGE) from exc

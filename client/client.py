@@ -43,8 +43,7 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-
-from toolsetd.client.errors import (
+from .errors import (
     ConnectionClosed,
     RequestTimeout,
     map_connect_errors,
@@ -170,7 +169,7 @@ class Client:
     # -- lifecycle -------------------------------------------------------------------
 
     @classmethod
-    async def connect(cls, path: str | Path, *, timeout: float = 5.0) -> Client:
+    async def connect(cls, path: str | Path, *, timeout: float = 5.0) -> Client:  # noqa: ASYNC109 -- public API: a connect bound
         """Connect to the daemon's socket and start the reader.
 
         Args:
@@ -237,7 +236,11 @@ class Client:
     # -- calls -----------------------------------------------------------------------
 
     async def call(
-        self, method: str, params: dict[str, Any] | None = None, *, timeout: float | None = None
+        self,
+        method: str,
+        params: dict[str, Any] | None = None,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 -- public API: a per-call bound
     ) -> Any:
         """Send one request and wait for its response.
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolsetd.client.render import is_directory_name
+from .render import is_directory_name
 
 __all__ = ["EditError", "EditOutcome", "locate_set", "manifest_path", "set_enabled"]
 

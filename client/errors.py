@@ -25,7 +25,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import anyio
-
 from toolsetd.protocol.errors import (
     ApprovalRequired,
     InternalError,

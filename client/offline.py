@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolsetd.client.render import SetRow, catalogs_label
+from .render import SetRow, catalogs_label
 from toolsetd.daemon.catalog import (
     ManifestCache,
     build_catalog,

@@ -40,7 +40,6 @@ from pathlib import Path
 import anyio
 import anyio.abc
 import structlog
-
 from toolsetd.protocol import __version__
 
 from .activation import ActivationError, listen_fds
@@ -237,7 +236,7 @@ async def _serve(
                 signals, tg, options, server, handlers, listener, notifier, guard, state
             )
     finally:
-        with anyio.CancelScope(shield=True):
+        with anyio.CancelScope(shield=True):  # noqa: ASYNC100 -- it shields the awaits below
             if owns_socket:
                 try:
                     os.unlink(socket_path)
@@ -300,7 +299,7 @@ async def _handle_signals(
 async def _wait_until(done: Callable[[], bool], seconds: float) -> None:
     """Poll until ``done()`` holds or ``seconds`` pass (a stop is rare: polling is enough)."""
     with anyio.move_on_after(seconds):
-        while not done():
+        while not done():  # noqa: ASYNC110 -- done() is a plain predicate, no event to wait on
             await anyio.sleep(0.05)
 
 
@@ -481,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parse_args(argv)
     try:
         anyio.run(run_daemon, options, backend="asyncio")
-    except BaseException as exc:  # noqa: BLE001 - sorted below; anything else re-raises
+    except BaseException as exc:
         return _exit_code(exc)
     return 0
 

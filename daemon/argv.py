@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from toolsetd.daemon.model import LoadedTool
+from .model import LoadedTool
 
 __all__ = [
     "ArgvError",

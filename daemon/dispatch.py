@@ -93,7 +93,7 @@ class Dispatcher:
         envelope = parse_envelope(value)
         kind = type(envelope)
         if kind is Request:
-            request_id: Any = envelope.id
+            request_id: Any = envelope.id  # type: ignore[union-attr]  # kind is Request: it has one
         elif kind is Notification:
             request_id = _NO_ID
         else:
@@ -101,6 +101,7 @@ class Dispatcher:
             return error_message(envelope.id, rpc_errors.InvalidRequest(envelope.message))
         assert not isinstance(envelope, InvalidEnvelope)
         method = envelope.method
+        error: rpc_errors.RpcError
         if method not in self._jsonrpc_methods:
             known = ", ".join(sorted(self._methods))
             error = rpc_errors.MethodNotFound(

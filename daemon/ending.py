@@ -192,5 +192,7 @@ async def _finish_spill(spill: Spill, call: CallState, s: RunnerSettings) -> Spi
             )
         return result
 
+    result: SpillResult | None = None
     with anyio.CancelScope(shield=True):
-        return await anyio.to_thread.run_sync(finish)
+        result = await anyio.to_thread.run_sync(finish)
+    return result

@@ -144,11 +144,14 @@ def _load_json(text: bytes) -> Any:
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, over-long integers
         _fail(f"tools.json is not valid JSON: {exc}")
     # Counting brackets is an upper bound on depth, so most manifests skip the walk.
-    if isinstance(value, dict | list) and decoded.count("{") + decoded.count("[") > _MAX_DEPTH:
-        if _too_deep(value):
-            _fail(
-                f"tools.json is not valid JSON: the maximum nesting depth of {_MAX_DEPTH} was exceeded."
-            )
+    if (
+        isinstance(value, dict | list)
+        and decoded.count("{") + decoded.count("[") > _MAX_DEPTH
+        and _too_deep(value)
+    ):
+        _fail(
+            f"tools.json is not valid JSON: the maximum nesting depth of {_MAX_DEPTH} was exceeded."
+        )
     return value
 
 

@@ -28,7 +28,6 @@ from typing import Any
 
 import anyio
 import structlog
-
 from toolsetd.protocol import __version__
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol import models as m
@@ -43,7 +42,7 @@ from .sdnotify import Notifier
 from .server import Connection, Handler, RequestContext
 from .validation import ArgumentValidators
 
-__all__ = ["Handlers", "HandlerSettings"]
+__all__ = ["HandlerSettings", "Handlers"]
 
 log = structlog.get_logger("toolsetd.methods")
 

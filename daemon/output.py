@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from toolsetd.daemon.paths import is_credential_path
+from .paths import is_credential_path
 
 __all__ = [
     "CANCELLED_TEXT",

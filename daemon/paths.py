@@ -50,13 +50,14 @@ from __future__ import annotations
 
 import enum
 import errno
+import itertools
 import os
 import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from toolsetd.daemon.model import ToolDef
+from .model import ToolDef
 
 __all__ = [
     "INVALID_PATH_MESSAGE",
@@ -317,7 +318,7 @@ def is_credential_path(path: str, user_home: Path | None = None) -> bool:
         segments = [s.casefold() for s in text.replace("\\", "/").rstrip("/").split("/")]
         if any(s in _CREDENTIAL_SEGMENTS for s in segments):
             return True
-        if any(pair in _CREDENTIAL_PAIRS for pair in zip(segments, segments[1:], strict=False)):
+        if any(pair in _CREDENTIAL_PAIRS for pair in itertools.pairwise(segments)):
             return True
     return False
 

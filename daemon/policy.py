@@ -49,8 +49,8 @@ from typing import Any
 
 from toolsetd.protocol.models import Mode, parse_mode
 
-from toolsetd.daemon.model import Approval, ApprovalSource, LoadedTool, Source
-from toolsetd.daemon.paths import (
+from .model import Approval, ApprovalSource, LoadedTool, Source
+from .paths import (
     ArgumentsError,
     PathError,
     Scope,
@@ -316,9 +316,7 @@ def _check_container(name: str, value: Any, workspace: Path, user_home: Path) ->
     """
     strings = [s for s in _nested_strings(value) if s.strip()]
     scope = Scope.OUTSIDE
-    if any(is_credential_path(s, user_home) for s in strings):
-        scope = Scope.FORBIDDEN
-    elif len(strings) > _MAX_NESTED_STRINGS:
+    if any(is_credential_path(s, user_home) for s in strings) or len(strings) > _MAX_NESTED_STRINGS:
         scope = Scope.FORBIDDEN
     else:
         for text in strings:

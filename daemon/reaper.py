@@ -137,7 +137,7 @@ class OrphanGuard:
     def __init__(self, python: str = sys.executable) -> None:
         self._python = python
         self._fd: int | None = None
-        self._proc: subprocess.Popen[bytes] | None = None
+        self._proc: subprocess.Popen[bytes] | None = None  # noqa: TID251 -- the sentinel, see Popen below
         self._lost = False
         self._groups: dict[int, int] = {}  # pgid -> its slot in the table (-1: line fallback)
         self._table_fd: int | None = None
@@ -170,7 +170,7 @@ class OrphanGuard:
         if table is not None:
             argv.append(str(table))
         try:
-            self._proc = subprocess.Popen(  # noqa: S603, TID251 - fixed argv, no shell
+            self._proc = subprocess.Popen(  # noqa: TID251 -- fixed argv, no shell; it must outlive the loop
                 argv,
                 stdin=read_end,
                 stdout=subprocess.DEVNULL,

@@ -225,7 +225,7 @@ class Spill:
             if stdout_total and stderr_total:
                 self.write(0, b"\n")
             if self._streaming[1]:
-                with open(self._temp, "rb") as source:  # noqa: PTH123 -- plain binary copy
+                with open(self._temp, "rb") as source:
                     while self._written[0] < self._cap and (chunk := source.read(_COPY_CHUNK)):
                         self.write(0, chunk)
             else:

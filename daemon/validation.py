@@ -24,10 +24,10 @@ import hashlib
 import json
 import re
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import jsonschema_specifications
+import jsonschema_specifications  # type: ignore[import-untyped]  # it ships no py.typed
 import orjson
 import referencing.exceptions
 from jsonschema import Draft202012Validator
@@ -89,7 +89,7 @@ def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
     if not isinstance(declared, str):
         # A non-string $schema is reported by check_schema; validator_for would crash on a
         # list or an object (unhashable).
-        return Draft202012Validator  # type: ignore[return-value]
+        return Draft202012Validator
     cls: type[Validator] = validator_for(schema, default=Draft202012Validator)
     return cls
 
@@ -242,7 +242,7 @@ class SchemaChecker:
         if _plainly_valid(schema):
             return None
         cls = _validator_class(schema)
-        meta = cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)  # type: ignore[call-arg]
+        meta = cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)
         try:
             error = next(iter(meta.iter_errors(schema)), None)
         except RecursionError:
@@ -274,7 +274,7 @@ class ArgumentValidators:
             return found
         schema = loaded.tool.schema
         cls = _validator_class(schema)
-        validator = cls(schema, registry=jsonschema_specifications.REGISTRY)  # type: ignore[call-arg]
+        validator = cls(schema, registry=jsonschema_specifications.REGISTRY)
         with self._lock:
             self.compiled += 1
             while len(self._validators) >= self._max_entries:
@@ -313,7 +313,7 @@ def _describe(error: ValidationError) -> list[tuple[str, str]]:
     """Turn one jsonschema error into ``(pointer, message)`` pairs a model can act on."""
     path = json_pointer(error.absolute_path)
     keyword = error.validator
-    value = error.validator_value
+    value: Any = error.validator_value
     instance = error.instance
     schema = error.schema if isinstance(error.schema, Mapping) else {}
 
@@ -344,7 +344,7 @@ def _describe(error: ValidationError) -> list[tuple[str, str]]:
 def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> str:
     """The message text for keywords that describe the value itself."""
     got = f"got {_json_type(instance)}"
-    simple = {
+    simple: dict[str, Callable[[], str]] = {
         "type": lambda: f"expected {value if isinstance(value, str) else ' or '.join(value)}, {got}",
         "enum": lambda: f"expected one of {_echo(value)}, got {_echo(instance)}",
         "const": lambda: f"expected {_echo(value)}, got {_echo(instance)}",

@@ -158,3 +158,106 @@ def test_layering_no_unstructured_tasks_or_shell() -> None:
     """No module calls asyncio.create_task/gather/ensure_future or os.system."""
     bad = [hit for folder in sorted(_PACKAGES) for path in _sources(folder) for hit in _banned(path)]
     assert bad == []
+
+
+def _absolute_sibling_imports(path: Path) -> Iterator[str]:
+    """``from toolsetd.<own package>.x import y`` inside that package (one style: relative)."""
+    own = _PACKAGES[path.relative_to(_ROOT).parts[0]]
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if _under(node.module, own):
+                yield f"{_rel(path)}:{node.lineno}: from {node.module} import ..."
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if _under(alias.name, own):
+                    yield f"{_rel(path)}:{node.lineno}: import {alias.name}"
+
+
+def test_layering_one_import_style_inside_a_package() -> None:
+    """A module imports its own package's modules relatively; other packages absolutely."""
+    bad = [
+        hit
+        for folder in sorted(_PACKAGES)
+        for path in _sources(folder)
+        for hit in _absolute_sibling_imports(path)
+    ]
+    assert bad == []
+
+
+def _module_name(path: Path) -> str:
+    stem = path.stem
+    package = _package_of(path)
+    return package if stem == "__init__" else f"{package}.{stem}"
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_time_imports(path: Path, known: set[str]) -> set[str]:
+    """The project modules a file imports when it is imported: top level, not TYPE_CHECKING."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = _package_of(path)
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If):
+                if not _is_type_checking(node):
+                    visit(node.body)
+                    visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names if alias.name in known)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[: len(base) - (node.level - 1)]
+                    module = ".".join([*base, node.module] if node.module else base)
+                else:
+                    module = node.module or ""
+                for alias in node.names:
+                    if f"{module}.{alias.name}" in known:
+                        found.add(f"{module}.{alias.name}")
+                    elif module in known:
+                        found.add(module)
+
+    visit(tree.body)
+    return found
+
+
+def test_layering_no_import_cycles() -> None:
+    """No chain of import-time imports between the project's modules leads back to its start."""
+    paths = {_module_name(p): p for folder in sorted(_PACKAGES) for p in _sources(folder)}
+    known = set(paths)
+    graph = {name: _import_time_imports(path, known) - {name} for name, path in paths.items()}
+    # A package's __init__ importing its own submodules is how a package re-exports: the
+    # submodules importing a sibling never runs __init__ again, so that edge is no cycle.
+    for name in graph:
+        graph[name] = {m for m in graph[name] if not (name in _PACKAGES.values() and _under(m, name))}
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def walk(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append([*stack[stack.index(nxt) :], nxt])
+            elif nxt not in state:
+                walk(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            walk(name)
+    assert [" -> ".join(c) for c in cycles] == []

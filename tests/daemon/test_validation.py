@@ -255,6 +255,7 @@ def _meta_accepts(schema: object) -> bool:
     return True
 
 
+@pytest.mark.slow
 @settings(max_examples=600, deadline=None)
 @given(_schemas())
 def test_schema_fast_path_never_accepts_what_the_meta_schema_rejects(schema: object) -> None:

@@ -297,6 +297,7 @@ def _in_flight(d: Daemon) -> int:
     return int(d.call("status")["result"]["inFlight"])
 
 
+@pytest.mark.slow
 def test_daemon_unread_flood_keeps_memory_bounded(
     home: Path, workspace: Path, tmp_base: Path
 ) -> None:
