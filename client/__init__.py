@@ -13,6 +13,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# The list below repeats errors.py's re-exports on purpose: it is the public API, spelled
+# out for type checkers while the names themselves load lazily.
 if TYPE_CHECKING:
     from .client import Client, EventHandler
     from .errors import (

@@ -68,6 +68,15 @@ def _package_of(path: Path) -> str:
     return ".".join(parts)
 
 
+def _resolve(node: ast.ImportFrom, package: str) -> str:
+    """The absolute module a ``from ... import`` names (relative ones made absolute)."""
+    if not node.level:
+        return node.module or ""
+    base = package.split(".")
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join([*base, node.module] if node.module else base)
+
+
 def _imports(path: Path) -> Iterator[_Import]:
     """Every module a file imports, relative imports made absolute."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
@@ -77,12 +86,7 @@ def _imports(path: Path) -> Iterator[_Import]:
             for alias in node.names:
                 yield _Import(alias.name, _rel(path), node.lineno)
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")
-                base = base[: len(base) - (node.level - 1)]
-                module = ".".join([*base, node.module] if node.module else base)
-            else:
-                module = node.module or ""
+            module = _resolve(node, package)
             yield _Import(module, _rel(path), node.lineno)
             # ``from toolsetd import daemon`` / ``from toolsetd.daemon import runner``.
             for alias in node.names:
@@ -217,12 +221,7 @@ def _import_time_imports(path: Path, known: set[str]) -> set[str]:
             elif isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names if alias.name in known)
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")
-                    base = base[: len(base) - (node.level - 1)]
-                    module = ".".join([*base, node.module] if node.module else base)
-                else:
-                    module = node.module or ""
+                module = _resolve(node, package)
                 for alias in node.names:
                     if f"{module}.{alias.name}" in known:
                         found.add(f"{module}.{alias.name}")
