@@ -245,7 +245,10 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--approve", action="store_true", help="the operator approves")
             sub.add_argument("--session", metavar="S", help="session string for the child")
             sub.add_argument("--catalog", choices=("plan", "work"), help="require this catalog")
-    add("reload", "Reload the tool sets and print what changed.")
+    sub = add("reload", "Reload the config file and the tool sets and print what changed.")
+    sub.add_argument("--all", action="store_true", help="every loaded workspace, not only "
+                     "--workspace (what SIGHUP does; systemd's ExecReload uses it)")
+    add("metrics", "Print the daemon's Prometheus metrics (text exposition format).")
     return parser
 
 
@@ -653,13 +656,35 @@ def _print_result(ctx: _Context, result: Mapping[str, Any]) -> int:
 
 async def _cmd_reload(ctx: _Context, args: argparse.Namespace) -> int:
     async def work(client: Client) -> int:
-        result = await client.reload(ctx.workspace)
+        result = await client.reload(None if args.all else ctx.workspace)
+        config = result.get("config") or {}
+        # A config file the daemon could not use fails the reload (systemctl reload
+        # reports it); the daemon keeps its running settings.
+        code = EXIT_TOOL_ERROR if config.get("error") else EXIT_OK
         if ctx.out.is_json:
             ctx.out.json(result)
-            return EXIT_OK
+            return code
         rows = reload_rows(result)
         ctx.out.rows(CHANGE_HEADERS, rows, empty="Nothing changed.")
         _print_notes(ctx, result.get("notes") or [])
+        if config.get("error"):
+            ctx.out.error(f"toolsetd kept its settings: {config['error']}")
+        if config.get("applied"):
+            ctx.out.line(f"Config applied: {', '.join(config['applied'])}")
+        if config.get("restartNeeded"):
+            ctx.out.line(f"Config needs a restart: {', '.join(config['restartNeeded'])}")
+        return code
+
+    return await _with_daemon(ctx, work)
+
+
+async def _cmd_metrics(ctx: _Context, args: argparse.Namespace) -> int:
+    async def work(client: Client) -> int:
+        result = await client.call("metrics", {})
+        if ctx.out.is_json:
+            ctx.out.json(result)
+        else:
+            ctx.out.stdout.write(result.get("text", ""))
         return EXIT_OK
 
     return await _with_daemon(ctx, work)
@@ -675,6 +700,7 @@ _COMMANDS: dict[str, Callable[[_Context, argparse.Namespace], Awaitable[int]]] =
     "classify": _cmd_classify,
     "invoke": _cmd_invoke,
     "reload": _cmd_reload,
+    "metrics": _cmd_metrics,
 }
 
 

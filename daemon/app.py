@@ -34,8 +34,9 @@ import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -45,6 +46,8 @@ from toolsetd.protocol import __version__
 from .activation import ActivationError, listen_fds
 from .logs import configure_logging
 from .methods import Handlers, HandlerSettings
+from .metrics import Metrics, MetricsSources, serve_metrics
+from .observe import Observer, ObserverSet
 from .model import DEFAULT_RESERVED_NAMES, SetState, Source
 from .peercred import PeerPolicy
 from .reaper import OrphanGuard
@@ -52,6 +55,14 @@ from .registry import Registry
 from .runner import Runner, RunnerSettings
 from .sdnotify import Notifier, scrub_environment
 from .server import Server, ServerSettings, bind_unix_socket
+from .settings import (
+    ConfigError,
+    Settings,
+    format_settings,
+    load_settings,
+    parse_command_line,
+    reload_settings,
+)
 from .sockpath import (
     SocketPathError,
     acquire_instance_lock,
@@ -62,7 +73,7 @@ from .sockpath import (
 from .validation import ArgumentValidators
 from .watcher import Watcher
 
-__all__ = ["DaemonOptions", "main", "parse_args", "run_daemon"]
+__all__ = ["DaemonOptions", "main", "options_from_settings", "parse_args", "run_daemon"]
 
 log = structlog.get_logger("toolsetd.app")
 
@@ -86,6 +97,12 @@ class DaemonOptions:
         watch: Whether tool-set directories are watched for changes.
         allow_group: A group whose members may call, besides our own uid and root.
         user_home: The OS user's home, for ``~`` in path arguments.
+        metrics_listen: A loopback (host, port) to serve ``/metrics`` on, or None.
+        traces: ``off``, ``otlp`` or ``console`` (OpenTelemetry, ``toolsetd[otel]``).
+        tracer_provider: An OpenTelemetry ``TracerProvider`` to trace with (tests pass
+            one with an in-memory exporter); None builds one from ``traces``.
+        settings: The settings these options came from (a reload compares with them).
+        args: The parsed flags (a reload merges them with the file again).
     """
 
     home: Path
@@ -101,6 +118,11 @@ class DaemonOptions:
     watch: bool = True
     allow_group: str | None = None
     user_home: Path = field(default_factory=Path.home)
+    metrics_listen: tuple[str, int] | None = None
+    traces: str = "off"
+    tracer_provider: Any = None
+    settings: Settings | None = None
+    args: argparse.Namespace | None = None
 
 
 class _Stop(Exception):
@@ -180,15 +202,37 @@ async def _serve(
     if options.allow_group:
         peer_policy = PeerPolicy.from_group_name(options.allow_group, peer_policy)
     registry = Registry(options.home, options.reserved, idle_seconds=options.workspace_idle_seconds)
-    runner = Runner(
-        options.runner, anyio.CapacityLimiter(options.max_running), base_env, guard=guard
-    )
+    limiter = anyio.CapacityLimiter(options.max_running)
+    runner = Runner(options.runner, limiter, base_env, guard=guard)
     server: Server
     watcher: Watcher | None = None
+    state = _State(options=options)
 
     def follow_workspace(workspace: Path) -> None:
         if watcher is not None:
             watcher.add_workspace(workspace)
+
+    metrics = Metrics(
+        MetricsSources(
+            in_flight=lambda: len(handlers.calls),
+            queued=lambda: limiter.statistics().tasks_waiting,
+            connections_open=lambda: len(server.connections),
+            connections_accepted=lambda: server.accepted,
+            catalogs=lambda: [
+                c for c in (registry.cached(k) for k in (None, *registry.workspaces)) if c
+            ],
+            generation=lambda: registry.generation,
+        )
+    )
+    observers: list[Observer] = [metrics]
+    if options.tracer_provider is not None:
+        from .tracing import Tracing  # the otel extra: imported only when tracing is on
+
+        observers.append(Tracing(options.tracer_provider))
+    observer = ObserverSet(observers)
+
+    def reload_config() -> dict[str, Any]:
+        return _reload_config(state, runner, limiter, server, registry)
 
     handlers = Handlers(
         HandlerSettings(socket=str(socket_path), home=options.home, user_home=options.user_home),
@@ -198,8 +242,11 @@ async def _serve(
         notifier,
         lambda: server.connections.values(),
         on_workspace=follow_workspace,
+        observer=observer,
+        reload_config=reload_config,
+        metrics_text=metrics.exposition,
     )
-    server = Server(options.server, handlers.methods(), peer_policy)
+    server = Server(options.server, handlers.methods(), peer_policy, observer=observer)
 
     async def on_change(keys: set[Path | None]) -> None:
         await handlers.reload_catalogs(None if None in keys else keys)
@@ -212,12 +259,13 @@ async def _serve(
             await registry.catalog(None)
             if watcher is not None:
                 await tg.start(watcher.run)
+            if options.metrics_listen is not None:
+                await tg.start(serve_metrics, metrics, options.metrics_listen)
             await tg.start(server.serve, listener)
             tg.start_soon(_evict_idle, registry, watcher, server, options.workspace_idle_seconds)
             interval = notifier.watchdog_interval()
             if interval:
                 tg.start_soon(_watchdog, notifier, interval)
-            state = _State()
             log.info(
                 "daemon_started",
                 version=__version__,
@@ -225,15 +273,15 @@ async def _serve(
                 socket=str(socket_path),
                 home=str(options.home),
                 activated=bool(activated),
+                config=str(options.settings.config_path) if options.settings else None,
             )
             state.status = _status_text(registry, handlers, state)
             notifier.ready(state.status)
             if notifier.enabled:
-                tg.start_soon(_report_status, notifier, registry, handlers, state,
-                              options.status_interval)
+                tg.start_soon(_report_status, notifier, registry, handlers, state)
             task_status.started(str(socket_path))
             await _handle_signals(
-                signals, tg, options, server, handlers, listener, notifier, guard, state
+                signals, tg, server, handlers, listener, notifier, guard, state, reload_config
             )
     finally:
         with anyio.CancelScope(shield=True):  # noqa: ASYNC100 -- it shields the awaits below
@@ -249,33 +297,96 @@ async def _serve(
 
 @dataclass(slots=True)
 class _State:
-    """What the status reporter shares with the signal handling."""
+    """What the status reporter, the signal handling and a config reload share.
 
+    ``options`` is replaced whole by a config reload; readers take it afresh each time.
+    """
+
+    options: DaemonOptions
     stopping: bool = False
     status: str = ""
+
+
+def _reload_config(
+    state: _State, runner: Runner, limiter: anyio.CapacityLimiter, server: Server,
+    registry: Registry,
+) -> dict[str, Any]:
+    """Read the config file again and apply the keys that can change while running.
+
+    Returns:
+        ``reload``'s ``config`` member: ``applied``, ``restartNeeded``, ``error``.
+        A bad file keeps every running setting (``error`` says why).
+    """
+    options = state.options
+    if options.settings is None or options.args is None:
+        return {"applied": [], "restartNeeded": [], "error": None}
+    try:
+        outcome = reload_settings(options.settings, options.args, os.environ)
+    except ConfigError as exc:
+        log.error("config_reload_failed", error=str(exc))
+        return {"applied": [], "restartNeeded": [], "error": str(exc)}
+    fresh = options_from_settings(outcome.settings, options.args)
+    runner.update_settings(replace(runner.settings, **{
+        "output_limit_chars": fresh.runner.output_limit_chars,
+        "kill_grace_seconds": fresh.runner.kill_grace_seconds,
+        "progress_interval_seconds": fresh.runner.progress_interval_seconds,
+    }))
+    limiter.total_tokens = fresh.max_running
+    # A new value reaches the connections opened from now on (each keeps its own).
+    server.settings = replace(server.settings, **{
+        "max_frame_size": fresh.server.max_frame_size,
+        "max_connections": fresh.server.max_connections,
+        "max_calls_per_connection": fresh.server.max_calls_per_connection,
+        "idle_timeout": fresh.server.idle_timeout,
+    })
+    registry.idle_seconds = fresh.workspace_idle_seconds
+    state.options = replace(
+        options,
+        runner=runner.settings,
+        server=server.settings,
+        max_running=fresh.max_running,
+        shutdown_grace=fresh.shutdown_grace,
+        status_interval=fresh.status_interval,
+        workspace_idle_seconds=fresh.workspace_idle_seconds,
+        settings=outcome.settings,
+    )
+    log.info(
+        "config_reloaded",
+        path=str(outcome.settings.config_path) if outcome.settings.config_path else None,
+        applied=list(outcome.applied),
+        restart_needed=list(outcome.restart_needed),
+    )
+    if outcome.restart_needed:
+        log.warning("config_restart_needed", keys=list(outcome.restart_needed))
+    return {
+        "applied": list(outcome.applied),
+        "restartNeeded": list(outcome.restart_needed),
+        "error": None,
+    }
 
 
 async def _handle_signals(
     signals: AsyncIterator[int],
     tg: anyio.abc.TaskGroup,
-    options: DaemonOptions,
     server: Server,
     handlers: Handlers,
     listener: anyio.abc.SocketListener,
     notifier: Notifier,
     guard: OrphanGuard | None,
     state: _State,
+    reload_config: Callable[[], dict[str, Any]],
 ) -> None:
     async for signum in signals:
         if signum == signal.SIGHUP:
             log.info("reload_requested", signal="SIGHUP")
+            reload_config()
             tg.start_soon(handlers.reload_catalogs, None)
             continue
         log.info("stop_requested", signal=signal.Signals(signum).name,
                  in_flight=len(handlers.calls))
         state.stopping = True
         notifier.stopping()
-        tg.start_soon(_graceful_stop, options, server, handlers, listener)
+        tg.start_soon(_graceful_stop, state, server, handlers, listener)
         async for again in signals:
             if again in (signal.SIGTERM, signal.SIGINT):
                 log.info("stop_forced", signal=signal.Signals(again).name,
@@ -304,12 +415,13 @@ async def _wait_until(done: Callable[[], bool], seconds: float) -> None:
 
 
 async def _graceful_stop(
-    options: DaemonOptions,
+    state: _State,
     server: Server,
     handlers: Handlers,
     listener: anyio.abc.SocketListener,
 ) -> None:
     """No new calls; in-flight calls get the grace period; then cancel them and close."""
+    options = state.options
     server.accepting = False
     await listener.aclose()
     await _wait_until(lambda: not handlers.calls, options.shutdown_grace)
@@ -358,11 +470,11 @@ async def _watchdog(notifier: Notifier, interval: float) -> None:
 
 
 async def _report_status(
-    notifier: Notifier, registry: Registry, handlers: Handlers, state: _State, interval: float
+    notifier: Notifier, registry: Registry, handlers: Handlers, state: _State
 ) -> None:
     """Send ``STATUS=`` whenever the load changed since the last one sent."""
     while True:
-        await anyio.sleep(interval)
+        await anyio.sleep(state.options.status_interval)
         text = _status_text(registry, handlers, state)
         if text != state.status and notifier.status(text):
             state.status = text
@@ -386,103 +498,101 @@ def _status_text(registry: Registry, handlers: Handlers, state: _State) -> str:
     return f"Serving {sets} tool sets ({len(workspaces)} workspaces); {calls} calls in flight"
 
 
+def options_from_settings(settings: Settings, args: argparse.Namespace | None = None) -> DaemonOptions:
+    """The daemon's options from its effective settings.
+
+    Args:
+        settings: The merged settings (flags, environment, config file, defaults).
+        args: The parsed flags, kept so a reload can merge them again.
+    """
+    home = settings.home or Path(os.path.abspath(Path.home() / ".crystal"))
+    return DaemonOptions(
+        home=home,
+        socket=settings.socket,
+        reserved=DEFAULT_RESERVED_NAMES | frozenset(settings.reserve),
+        server=ServerSettings(
+            max_frame_size=settings.max_message_bytes,
+            max_connections=settings.max_connections,
+            max_calls_per_connection=settings.max_calls_per_connection,
+            idle_timeout=settings.idle_timeout,
+        ),
+        runner=RunnerSettings(
+            output_limit_chars=settings.output_limit,
+            kill_grace_seconds=settings.kill_grace,
+            progress_interval_seconds=settings.progress_interval,
+        ),
+        max_running=settings.max_running,
+        shutdown_grace=settings.shutdown_grace,
+        status_interval=settings.status_interval,
+        orphan_guard=not settings.no_orphan_guard,
+        workspace_idle_seconds=settings.workspace_idle,
+        watch=not settings.no_watch,
+        allow_group=settings.allow_group,
+        metrics_listen=settings.metrics_listen,
+        traces=settings.traces,
+        settings=settings,
+        args=args,
+    )
+
+
 def parse_args(argv: Sequence[str] | None = None) -> DaemonOptions:
-    """Parse the ``toolsetd`` command line (contract section 3).
+    """Parse the ``toolsetd`` command line and read the config file (contract section 3).
 
     Args:
         argv: The arguments, without the program name; None reads ``sys.argv``.
 
     Returns:
         The options.
+
+    Raises:
+        ConfigError: A flag value or the config file is unusable.
     """
-    parser = argparse.ArgumentParser(
-        prog="toolsetd",
-        description="Serve operator tool sets (tools.json) to coding agents over a Unix socket.",
-    )
-    parser.add_argument("--socket", type=Path, default=None,
-                        help="socket path (env TOOLSETD_SOCKET; default "
-                        "$XDG_RUNTIME_DIR/toolsetd/toolsetd.sock, else /tmp/toolsetd-<uid>/toolsetd.sock)")
-    parser.add_argument("--home", type=Path, default=None,
-                        help="the Crystal home (else $CRYSTAL_HOME, else ~/.crystal)")
-    parser.add_argument("--reserve", action="append", default=[], metavar="NAME",
-                        help="reserve one more tool name (repeatable)")
-    parser.add_argument("--log-format", choices=["json", "console"], default="json")
-    parser.add_argument("--log-level", default="info",
-                        choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--no-watch", action="store_true", help="do not watch tool-set folders")
-    parser.add_argument("--allow-group", default=None, metavar="GROUP",
-                        help="also serve members of this group")
-    parser.add_argument("--max-running", type=int, default=64, metavar="N",
-                        help="children running at once; further calls wait (default 64)")
-    parser.add_argument("--output-limit", type=int, default=100_000, metavar="CHARS",
-                        help="characters of output returned to the caller (default 100000)")
-    parser.add_argument("--kill-grace", type=float, default=5.0, metavar="SECONDS",
-                        help="seconds between SIGTERM and SIGKILL for a timed-out call (default 5)")
-    parser.add_argument("--progress-interval", type=float, default=1.0, metavar="SECONDS",
-                        help="seconds between progress notifications (default 1)")
-    parser.add_argument("--shutdown-grace", type=float, default=10.0, metavar="SECONDS",
-                        help="seconds in-flight calls get when stopping (default 10)")
-    parser.add_argument("--status-interval", type=float, default=2.0, metavar="SECONDS",
-                        help="seconds between checks of the STATUS= line sent to systemd "
-                        "(default 2)")
-    parser.add_argument("--no-orphan-guard", action="store_true",
-                        help="do not run the sentinel process that kills the tools if the "
-                        "daemon dies (under systemd the unit's cgroup does that too)")
-    parser.add_argument("--max-connections", type=int, default=256, metavar="N")
-    parser.add_argument("--max-calls-per-connection", type=int, default=128, metavar="N")
-    parser.add_argument("--idle-timeout", type=float, default=30.0, metavar="SECONDS",
-                        help="close a connection that holds an incomplete request this long")
-    parser.add_argument("--max-message-bytes", type=int, default=16 * 1024 * 1024, metavar="N")
-    parser.add_argument("--workspace-idle", type=float, default=3600.0, metavar="SECONDS",
-                        help="release a workspace unused this long (default 3600)")
-    parser.add_argument("--version", action="version", version=f"toolsetd {__version__}")
-    args = parser.parse_args(argv)
-    for name in ("max_running", "output_limit", "max_connections", "max_calls_per_connection",
-                 "max_message_bytes"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("kill_grace", "progress_interval", "shutdown_grace", "idle_timeout",
-                 "workspace_idle", "status_interval"):
-        if getattr(args, name) <= 0:
-            parser.error(f"--{name.replace('_', '-')} must be a positive number of seconds")
-    configure_logging(args.log_format, args.log_level)
-    home = args.home or Path(os.environ.get("CRYSTAL_HOME") or Path.home() / ".crystal")
-    socket_path = args.socket or (
-        Path(os.environ["TOOLSETD_SOCKET"]) if os.environ.get("TOOLSETD_SOCKET") else None
-    )
-    return DaemonOptions(
-        home=Path(os.path.abspath(home)),
-        socket=Path(os.path.abspath(socket_path)) if socket_path else None,
-        reserved=DEFAULT_RESERVED_NAMES | frozenset(args.reserve),
-        server=ServerSettings(
-            max_frame_size=args.max_message_bytes,
-            max_connections=args.max_connections,
-            max_calls_per_connection=args.max_calls_per_connection,
-            idle_timeout=args.idle_timeout,
-        ),
-        runner=RunnerSettings(
-            output_limit_chars=args.output_limit,
-            kill_grace_seconds=args.kill_grace,
-            progress_interval_seconds=args.progress_interval,
-        ),
-        max_running=args.max_running,
-        shutdown_grace=args.shutdown_grace,
-        status_interval=args.status_interval,
-        orphan_guard=not args.no_orphan_guard,
-        workspace_idle_seconds=args.workspace_idle,
-        watch=not args.no_watch,
-        allow_group=args.allow_group,
-    )
+    args = parse_command_line(argv, __version__)
+    settings = load_settings(args, os.environ)
+    return options_from_settings(settings, args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``toolsetd``; returns the process exit code."""
-    options = parse_args(argv)
+    args = parse_command_line(argv, __version__)
+    try:
+        settings = load_settings(args, os.environ)
+        options = options_from_settings(settings, args)
+        if getattr(args, "print_config", False):
+            resolved = {
+                "socket": str(default_socket_path(os.environ)),
+                "home": str(options.home),
+            }
+            sys.stdout.write(format_settings(settings, resolved))
+            return 0
+        if options.traces != "off":
+            options = replace(options, tracer_provider=_tracer_provider(options.traces))
+    except ConfigError as exc:
+        print(f"toolsetd: {exc}", file=sys.stderr)  # noqa: T201 - the operator's message
+        return 2
+    configure_logging(options.settings.log_format if options.settings else "json",
+                      options.settings.log_level if options.settings else "info")
     try:
         anyio.run(run_daemon, options, backend="asyncio")
     except BaseException as exc:
         return _exit_code(exc)
+    finally:
+        if options.tracer_provider is not None:
+            options.tracer_provider.shutdown()  # flush the spans still batched
     return 0
+
+
+def _tracer_provider(kind: str) -> Any:
+    """The OpenTelemetry tracer provider for ``traces = kind``, from the otel extra."""
+    try:
+        from .tracing import tracer_provider  # the otel extra: only when asked for
+    except ImportError:
+        raise ConfigError(
+            f'{kind} needs OpenTelemetry: install the extra (pipx install "toolsetd[otel]", '
+            'or /opt/toolsetd/bin/pip install "toolsetd[otel]"), or set traces = "off"',
+            key="traces",
+        ) from None
+    return tracer_provider(kind)
 
 
 def _exit_code(exc: BaseException) -> int:

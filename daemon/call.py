@@ -13,7 +13,8 @@ building the pydantic model for every result would cost microseconds per call.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -63,6 +64,8 @@ class CallRequest:
         session: ``CRYSTAL_SESSION``.
         approval_mode: ``CRYSTAL_APPROVAL``.
         images: Whether the caller can take images.
+        extra_env: Added to the child's environment before toolsetd's own variables
+            (``TRACEPARENT`` from ``observe``).
     """
 
     call_id: str
@@ -73,6 +76,7 @@ class CallRequest:
     session: str = ""
     approval_mode: str = ""
     images: bool = True
+    extra_env: Mapping[str, str] = field(default_factory=dict)
 
 
 class EventSink(Protocol):
@@ -109,6 +113,8 @@ class CallOutcome:
     stderr_bytes: int
     started: bool  # a process was started (so the server sends completed)
     pid: int | None
+    queue_ms: int = 0  # waited for a limiter slot
+    spawn_failed: bool = False  # the process could not be started
 
     def to_wire(self, call_id: str) -> dict[str, Any]:
         """The contract's camelCase call result."""
@@ -132,7 +138,9 @@ def elapsed_ms(t0: float) -> int:
     return int((time.monotonic() - t0) * 1000)
 
 
-def no_process_outcome(t0: float, text: str, status: str = "error") -> CallOutcome:
+def no_process_outcome(
+    t0: float, text: str, status: str = "error", spawn_failed: bool = False
+) -> CallOutcome:
     """The outcome of a call that ended before any process started."""
     return CallOutcome(
         status=status,
@@ -146,6 +154,7 @@ def no_process_outcome(t0: float, text: str, status: str = "error") -> CallOutco
         stderr_bytes=0,
         started=False,
         pid=None,
+        spawn_failed=spawn_failed,
     )
 
 

@@ -4,27 +4,67 @@ Events are snake_case past-tense names with key-value pairs. The argument JSON o
 environments and outputs are never logged (they may hold secrets): only their sizes.
 ``conn_id`` is bound once per connection and ``method`` and ``request_id`` for each
 handler's run, through contextvars (see ``server.py``).
+
+When stderr is the journal (systemd sets ``JOURNAL_STREAM`` to the device and inode of
+the stream it connected, and they match file descriptor 2), every line starts with its
+sd-daemon priority (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug), which
+journald strips and stores as the entry's priority, so ``journalctl -p warning``
+filters. The rest of the line is unchanged.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import structlog
 
-__all__ = ["configure_logging"]
+__all__ = ["PRIORITIES", "configure_logging", "stderr_is_journal"]
 
 LogFormat = Literal["json", "console"]
 
+#: sd-daemon(3) priority prefixes by log level.
+PRIORITIES: Mapping[str, str] = {
+    "debug": "<7>",
+    "info": "<6>",
+    "warning": "<4>",
+    "error": "<3>",
+    "critical": "<2>",
+    "exception": "<3>",
+}
 
-def configure_logging(fmt: LogFormat = "json", level: str = "info") -> None:
+
+def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> bool:
+    """Whether ``fd`` is the journal stream systemd announced in ``JOURNAL_STREAM``."""
+    value = (os.environ if environ is None else environ).get("JOURNAL_STREAM", "")
+    device, sep, inode = value.partition(":")
+    if not sep or not device.isdigit() or not inode.isdigit():
+        return False
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    return st.st_dev == int(device) and st.st_ino == int(inode)
+
+
+def _prefix_priority(_logger: Any, method: str, line: str | bytes) -> str:
+    """Put the sd-daemon priority in front of the rendered line (the last processor)."""
+    text = line.decode() if isinstance(line, bytes) else line
+    return PRIORITIES.get(method, "<6>") + text
+
+
+def configure_logging(
+    fmt: LogFormat | str = "json", level: str = "info", *, journal: bool | None = None
+) -> None:
     """Configure structlog for the daemon process.
 
     Args:
         fmt: ``json`` (one object per line) or ``console`` (for people at a terminal).
         level: A standard level name (debug, info, warning, error).
+        journal: Prefix each line with its priority; None decides by ``JOURNAL_STREAM``.
 
     Raises:
         ValueError: The level name is unknown.
@@ -32,19 +72,24 @@ def configure_logging(fmt: LogFormat = "json", level: str = "info") -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"unknown log level {level!r}: use debug, info, warning or error")
+    if journal is None:
+        journal = stderr_is_journal()
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty() and not journal)
     )
+    processors: list[structlog.typing.Processor] = [
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        structlog.processors.format_exc_info,
+        renderer,
+    ]
+    if journal:
+        processors.append(_prefix_priority)
     structlog.configure(
-        processors=[
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.format_exc_info,
-            renderer,
-        ],
+        processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(sys.stderr),
         cache_logger_on_first_use=True,

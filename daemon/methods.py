@@ -34,6 +34,7 @@ from toolsetd.protocol import models as m
 
 from .catalog import note_info, set_info, tool_info
 from .model import Catalog, CatalogName, LoadedTool
+from .observe import NO_OBSERVER, CallInfo, Observer
 from .paths import ArgumentsError, rewrite_arguments
 from .policy import classify
 from .registry import Registry, ReloadOutcome
@@ -147,6 +148,10 @@ class Handlers:
         notifier: systemd notify (a no-op outside systemd).
         connections: Counts the open connections (for ``status``).
         on_workspace: Called with each workspace first used (the watcher follows it).
+        observer: Told of each call and reload (metrics, tracing; ``observe.Observer``).
+        reload_config: Re-reads the config file on every ``reload``; returns the
+            result's ``config`` member.
+        metrics_text: Renders the metrics for ``metrics``: (text, content type).
     """
 
     def __init__(
@@ -158,7 +163,13 @@ class Handlers:
         notifier: Notifier,
         connections: Callable[[], Iterable[Connection]],
         on_workspace: Callable[[Path], None] | None = None,
+        observer: Observer = NO_OBSERVER,
+        reload_config: Callable[[], dict[str, Any]] | None = None,
+        metrics_text: Callable[[], tuple[str, str]] | None = None,
     ) -> None:
+        self._observer = observer
+        self._reload_config = reload_config
+        self._metrics_text = metrics_text
         self._settings = settings
         self._registry = registry
         self._runner = runner
@@ -179,6 +190,7 @@ class Handlers:
             m.METHOD_INVOKE: self.invoke,
             m.METHOD_CANCEL: self.cancel,
             m.METHOD_RELOAD: self.reload,
+            m.METHOD_METRICS: self.metrics,
         }
 
     # -- helpers -------------------------------------------------------------------------
@@ -366,14 +378,21 @@ class Handlers:
         workspace, mode, loaded, classification = await self._prepare(
             p.tool, p.arguments, p.workspace, p.mode, p.headless, p.catalog
         )
+        decision = classification.decision
+        observed = self._observer.call(CallInfo(
+            call_id, loaded.tool.name, loaded.toolset.directory, loaded.toolset.source.value,
+            decision, p.traceparent,
+        ))
         if classification.arguments_error is not None:
             # Arguments the fence refuses can never run: say so before asking anyone.
+            observed.refused("arguments")
             raise self._fence_error(loaded, workspace, p.arguments, classification.arguments_error)
-        decision = classification.decision
         wire = classification.to_wire()
         if decision == "deny":
+            observed.refused("deny")
             raise rpc_errors.PolicyDenied(f"Denied: {classification.reason}", wire)
         if decision in ("ask", "review") and not p.approved:
+            observed.refused("approval")
             raise rpc_errors.ApprovalRequired(
                 f"Approval required: {classification.reason} Ask the operator, then call "
                 "again with approved: true.",
@@ -396,6 +415,7 @@ class Handlers:
             session=p.session or "",
             approval_mode=mode.value,
             images=p.images,
+            extra_env=observed.child_env(),
         )
         log.info("call_started", call_id=call_id, tool=loaded.tool.name, set=loaded.toolset.directory)
         events = _Events(connection, call_id, loaded)
@@ -404,6 +424,7 @@ class Handlers:
             try:
                 outcome = await self._runner.run(request, events, cancel)
             except BaseException:
+                observed.finished(None)
                 # The runner answers with an outcome, never an exception; should one escape
                 # anyway, the client that saw ``started`` still gets its ``completed``.
                 if events.started_sent:
@@ -424,6 +445,7 @@ class Handlers:
         finally:
             self.calls.pop(call_id, None)
             connection.calls.pop(call_id, None)
+        observed.finished(outcome)
         log.info(
             "call_finished",
             call_id=call_id,
@@ -453,6 +475,7 @@ class Handlers:
         """Rescan tool sets and answer what changed."""
         p = m.ReloadParams.model_validate(self._named(params))
         workspace = self._workspace(p.workspace)
+        config = self._reload_config() if self._reload_config is not None else None
         if workspace is not None:
             await self._catalog(workspace)
             outcome = await self.reload_catalogs([None, workspace])
@@ -468,7 +491,18 @@ class Handlers:
                     info = note_info(note)
                     seen.setdefault((info["set"], info["source"], info["message"]), info)
             notes = list(seen.values())
-        return {"generation": outcome.generation, "changed": changed, "notes": notes}
+        result = {"generation": outcome.generation, "changed": changed, "notes": notes}
+        if config is not None:
+            result["config"] = config
+        return result
+
+    async def metrics(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
+        """The Prometheus exposition of the daemon's metrics."""
+        m.MetricsParams.model_validate(self._named(params))
+        if self._metrics_text is None:
+            raise rpc_errors.MethodNotFound("Method not found: this daemon keeps no metrics.")
+        text, content_type = self._metrics_text()
+        return {"contentType": content_type, "text": text}
 
     async def reload_catalogs(self, workspaces: Iterable[Path | None] | None) -> ReloadOutcome:
         """Reload, tell systemd, and send ``catalogChanged`` to subscribers.
@@ -476,10 +510,13 @@ class Handlers:
         This is the one reload path: the RPC, SIGHUP and the watcher all come here.
         """
         self._notifier.reloading()
+        began, failed = time.monotonic(), True
         try:
             outcome = await self._registry.reload(workspaces)
+            failed = False
         finally:
             self._notifier.ready()
+            self._observer.reload_finished(time.monotonic() - began, failed)
         # Every key in outcome.changes moved the generation (a set, or only the notes,
         # changed), so every one is announced: generation and catalogChanged go together.
         for key, changes in outcome.changes.items():

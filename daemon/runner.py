@@ -49,6 +49,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import anyio
@@ -129,6 +130,15 @@ class Runner:
         self._paths: dict[tuple[Path, Path, str], _CallPaths] = {}
         self._drainer = Drainer()
 
+    @property
+    def settings(self) -> RunnerSettings:
+        """The limits and timings new calls start with."""
+        return self._s
+
+    def update_settings(self, settings: RunnerSettings) -> None:
+        """Use new limits from the next call on (a call keeps the ones it started with)."""
+        self._s = settings
+
     async def run(
         self, request: CallRequest, events: EventSink, cancel: anyio.Event
     ) -> CallOutcome:
@@ -150,10 +160,12 @@ class Runner:
         stdin_data = encode_stdin(request.arguments) if request.loaded.toolset.stdin else None
         if cancel.is_set() or not await self._acquire(t0, events, cancel):
             return no_process_outcome(t0, CANCELLED_TEXT, "cancelled")
+        queue_ms = elapsed_ms(t0)
         try:
-            return await self._run_child(request, argv, stdin_data, events, cancel, t0)
+            outcome = await self._run_child(request, argv, stdin_data, events, cancel, t0)
         finally:
             self._limiter.release()
+        return replace(outcome, queue_ms=queue_ms) if queue_ms else outcome
 
     async def _acquire(self, t0: float, events: EventSink, cancel: anyio.Event) -> bool:
         """Take a limiter slot, reporting ``queued`` progress while waiting; False if cancelled."""
@@ -214,6 +226,8 @@ class Runner:
 
     def _environment(self, request: CallRequest, paths: _CallPaths, fd: int) -> dict[str, str]:
         env = self._base_env.copy()
+        if request.extra_env:
+            env.update(request.extra_env)
         env.update(
             CRYSTAL_WORKSPACE=paths.workspace,
             CRYSTAL_SESSION=request.session,
@@ -249,7 +263,7 @@ class Runner:
             os.set_blocking(prog_r, False)  # only our end: the child's end stays blocking
         except OSError as exc:
             fds.close_all()
-            return no_process_outcome(t0, start_failure_text(exc.strerror))
+            return no_process_outcome(t0, start_failure_text(exc.strerror), spawn_failed=True)
         paths = self._call_paths(request)
         env = self._environment(request, paths, prog_w)
         try:
@@ -267,7 +281,7 @@ class Runner:
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             fds.close_all()
             message = exc.strerror if isinstance(exc, OSError) else str(exc)
-            return no_process_outcome(t0, start_failure_text(message))
+            return no_process_outcome(t0, start_failure_text(message), spawn_failed=True)
         finally:
             for fd in (in_r, out_w, err_w, prog_w):
                 fds.close(fd)

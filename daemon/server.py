@@ -33,6 +33,7 @@ from toolsetd.protocol.jsonrpc import error_message
 
 from .connection import Connection, Handler, RequestContext, ServerSettings
 from .dispatch import Dispatcher
+from .observe import NO_OBSERVER, Observer
 from .peercred import PeerPolicy, peer_credentials
 
 # Connection, Handler, RequestContext and ServerSettings are re-exported on purpose: the
@@ -42,6 +43,12 @@ __all__ = ["Connection", "Handler", "RequestContext", "Server", "ServerSettings"
 log = structlog.get_logger("toolsetd.server")
 
 _ACCEPT_RETRY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+#: The ``toolsetd_connections_refused_total`` reason of each refusal.
+_REFUSAL_REASONS: dict[type[rpc_errors.RpcError], str] = {
+    rpc_errors.PeerNotAllowed: "peer",
+    rpc_errors.ServerBusy: "limit",
+    rpc_errors.ShuttingDown: "stopping",
+}
 
 
 class Server:
@@ -51,6 +58,7 @@ class Server:
         settings: Limits and timeouts.
         methods: Handlers by method name.
         peer_policy: Which peers may call.
+        observer: Told of each refused connection (``observe.Observer``).
     """
 
     def __init__(
@@ -58,8 +66,11 @@ class Server:
         settings: ServerSettings,
         methods: Mapping[str, Handler],
         peer_policy: PeerPolicy,
+        observer: Observer = NO_OBSERVER,
     ) -> None:
         self.settings = settings
+        self._observer = observer
+        self._accepted = 0
         self._dispatcher = Dispatcher(methods)
         #: Methods the reader answers itself (see ``ServerSettings.inline_methods``).
         self.inline_methods = settings.inline_methods & self._dispatcher.names
@@ -116,8 +127,13 @@ class Server:
                     raise
                 tg.start_soon(self._serve_connection, stream)
 
+    @property
+    def accepted(self) -> int:
+        """Connections accepted so far (refused ones included)."""
+        return self._accepted
+
     async def _serve_connection(self, stream: anyio.abc.SocketStream) -> None:
-        conn_id = next(self._ids)
+        conn_id = self._accepted = next(self._ids)
         with structlog.contextvars.bound_contextvars(conn_id=conn_id):
             try:
                 raw: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
@@ -165,6 +181,7 @@ class Server:
                 log.info("connection_closed")
 
     async def _refuse(self, stream: anyio.abc.SocketStream, error: rpc_errors.RpcError) -> None:
+        self._observer.connection_refused(_REFUSAL_REASONS.get(type(error), "other"))
         with anyio.CancelScope(shield=True), anyio.move_on_after(1):
             try:
                 await stream.send(Codec().encode(error_message(None, error)))

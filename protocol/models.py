@@ -13,6 +13,7 @@ Dump with ``model.model_dump(mode="json", by_alias=True)`` (the builders in
 from __future__ import annotations
 
 import enum
+import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal
@@ -24,6 +25,7 @@ from pydantic import (
     Field,
     SerializerFunctionWrapHandler,
     ValidationError,
+    field_validator,
     model_serializer,
 )
 from pydantic.alias_generators import to_camel
@@ -36,6 +38,7 @@ __all__ = [
     "METHOD_CLASSIFY",
     "METHOD_INVOKE",
     "METHOD_LIST",
+    "METHOD_METRICS",
     "METHOD_RELOAD",
     "METHOD_STATUS",
     "NOTIFICATIONS",
@@ -60,10 +63,13 @@ __all__ = [
     "InvokeResult",
     "ListParams",
     "ListResult",
+    "MetricsParams",
+    "MetricsResult",
     "Mode",
     "NoteInfo",
     "PathInfo",
     "ProgressParams",
+    "ReloadConfig",
     "ReloadParams",
     "ReloadResult",
     "SetChange",
@@ -84,8 +90,11 @@ METHOD_CLASSIFY: Final = "classify"
 METHOD_INVOKE: Final = "invoke"
 METHOD_CANCEL: Final = "cancel"
 METHOD_RELOAD: Final = "reload"
+#: toolsetd's own method (not in the contract's table): the Prometheus exposition.
+METHOD_METRICS: Final = "metrics"
 METHODS: Final = (
     METHOD_STATUS, METHOD_LIST, METHOD_CLASSIFY, METHOD_INVOKE, METHOD_CANCEL, METHOD_RELOAD,
+    METHOD_METRICS,
 )
 
 NOTIFICATION_STARTED: Final = "started"
@@ -164,6 +173,9 @@ def _coerce_mode(value: Any) -> Mode:
 
 
 ModeField = Annotated[Mode, BeforeValidator(_coerce_mode)]
+
+#: W3C Trace Context ``traceparent``, version 00 (ids of all zeros are invalid).
+_TRACEPARENT: Final = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
 Source = Literal["home", "project"]
 Catalog = Literal["plan", "work"]
 Scope = Literal["workspace", "outsideWorkspace", "forbidden"]
@@ -351,6 +363,17 @@ class InvokeParams(_Params):
     approved: bool = False
     session: str | None = None
     images: bool = True
+    #: The caller's W3C trace context, ``00-<32 hex trace id>-<16 hex parent id>-<2 hex>``.
+    traceparent: str | None = None
+
+    @field_validator("traceparent")
+    @classmethod
+    def _w3c_traceparent(cls, value: str | None) -> str | None:
+        if value is not None and not _TRACEPARENT.match(value):
+            raise ValueError(
+                "must be a W3C traceparent: 00-<32 hex digits>-<16 hex digits>-<2 hex digits>"
+            )
+        return value
 
 
 class InvokeResult(_Wire):
@@ -386,12 +409,32 @@ class ReloadParams(_Params):
     workspace: str | None = None
 
 
+class ReloadConfig(_Wire):
+    """What a ``reload`` did with the config file (``toolsetd.toml``)."""
+
+    applied: list[str]
+    restart_needed: list[str]
+    error: str | None = None
+
+
 class ReloadResult(_Wire):
     """The result of ``reload``."""
 
     generation: int
     changed: list[SetChange]
     notes: list[NoteInfo]
+    config: ReloadConfig | None = None
+
+
+class MetricsParams(_Params):
+    """The params of ``metrics`` (none)."""
+
+
+class MetricsResult(_Wire):
+    """The result of ``metrics``: the Prometheus text exposition."""
+
+    content_type: str
+    text: str
 
 
 # ---- notifications --------------------------------------------------------------------
@@ -452,10 +495,12 @@ class CatalogChangedParams(_Wire):
 PARAMS_MODELS: Final[Mapping[str, type[BaseModel]]] = MappingProxyType({
     METHOD_STATUS: StatusParams, METHOD_LIST: ListParams, METHOD_CLASSIFY: ClassifyParams,
     METHOD_INVOKE: InvokeParams, METHOD_CANCEL: CancelParams, METHOD_RELOAD: ReloadParams,
+    METHOD_METRICS: MetricsParams,
 })
 RESULT_MODELS: Final[Mapping[str, type[BaseModel]]] = MappingProxyType({
     METHOD_STATUS: StatusResult, METHOD_LIST: ListResult, METHOD_CLASSIFY: Classification,
     METHOD_INVOKE: InvokeResult, METHOD_CANCEL: CancelResult, METHOD_RELOAD: ReloadResult,
+    METHOD_METRICS: MetricsResult,
 })
 NOTIFICATION_PARAMS: Final[Mapping[str, type[BaseModel]]] = MappingProxyType({
     NOTIFICATION_STARTED: StartedParams, NOTIFICATION_PROGRESS: ProgressParams,

@@ -110,9 +110,9 @@ def test_models_are_frozen(model: type[BaseModel]) -> None:
 
 
 def test_models_registries_cover_every_method_and_notification() -> None:
-    """The params/result/notification tables cover exactly the contract's names."""
+    """The params/result/notification tables cover exactly the contract's names (and metrics)."""
     assert set(PARAMS_MODELS) == set(RESULT_MODELS) == set(models.METHODS) == {
-        "status", "list", "classify", "invoke", "cancel", "reload"}
+        "status", "list", "classify", "invoke", "cancel", "reload", "metrics"}
     assert set(NOTIFICATION_PARAMS) == set(models.NOTIFICATIONS) == {
         "started", "progress", "completed", "catalogChanged"}
 

@@ -1,0 +1,392 @@
+"""Prometheus metrics: counted in plain Python, exposed through ``prometheus-client``.
+
+Theory of operation
+-------------------
+``Metrics`` is an ``observe.Observer``. On the call path it only adds to dicts and
+histogram arrays owned by the event loop (no locks, no label lookups in a library):
+a call costs a few dict operations. Gauges (calls in flight and queued, open connections,
+the catalog's sets, tools and notes) are not counted at all: ``MetricsSources`` reads
+them from the daemon's own state when someone asks.
+
+``prometheus_client`` renders the exposition format. It is imported the first time
+metrics are asked for (``toolsetctl metrics`` or a scrape of ``/metrics``), so a daemon
+nobody scrapes never loads it, and start-up does not pay for it. The collector builds
+metric families from the counts at each scrape, on the event loop.
+
+Labels carry tool-set directory names, statuses, decisions and reasons only: never
+argument values, paths or output.
+
+``serve_metrics`` answers ``GET /metrics`` on a loopback TCP listener (``--metrics-listen``):
+one request per connection, a bounded request head, a timeout, ``Connection: close``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import structlog
+
+from toolsetd.protocol import __version__
+
+from .model import Catalog, Source
+from .observe import CallInfo
+
+if TYPE_CHECKING:
+    from .call import CallOutcome
+
+__all__ = ["Metrics", "MetricsSources", "serve_metrics"]
+
+log = structlog.get_logger("toolsetd.metrics")
+
+#: Histogram bucket bounds, in seconds.
+CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                120.0, 300.0)
+QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0)
+RELOAD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
+
+_HEAD_LIMIT = 8192
+_REQUEST_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsSources:
+    """Where the gauges are read from at scrape time (the composition root wires them)."""
+
+    in_flight: Callable[[], int]
+    queued: Callable[[], int]
+    connections_open: Callable[[], int]
+    connections_accepted: Callable[[], int]
+    catalogs: Callable[[], Sequence[Catalog]]
+    generation: Callable[[], int]
+
+
+class _Histogram:
+    """Bucket counts and a sum; ``buckets()`` gives Prometheus' cumulative pairs."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def buckets(self) -> list[tuple[str, int]]:
+        pairs: list[tuple[str, int]] = []
+        running = 0
+        for bound, count in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += count
+            pairs.append(("+Inf" if bound == float("inf") else repr(bound), running))
+        return pairs
+
+
+class _CallObservation:
+    __slots__ = ("_info", "_metrics")
+
+    def __init__(self, metrics: Metrics, info: CallInfo) -> None:
+        self._metrics = metrics
+        self._info = info
+
+    def child_env(self) -> Mapping[str, str]:
+        return {}
+
+    def refused(self, reason: str) -> None:
+        info = self._info
+        key = (info.set, "refused", info.decision)
+        calls = self._metrics.calls
+        calls[key] = calls.get(key, 0) + 1
+
+    def finished(self, outcome: CallOutcome | None) -> None:
+        info, m = self._info, self._metrics
+        status = outcome.status if outcome is not None else "error"
+        key = (info.set, status, info.decision)
+        m.calls[key] = m.calls.get(key, 0) + 1
+        if outcome is None:
+            return
+        duration = m.durations.get(info.set)
+        if duration is None:
+            duration = m.durations[info.set] = _Histogram(CALL_BUCKETS)
+        duration.observe(outcome.duration_ms / 1000)
+        m.queue_wait.observe(outcome.queue_ms / 1000)
+        if outcome.spawn_failed:
+            m.spawn_failures[info.set] = m.spawn_failures.get(info.set, 0) + 1
+        out = m.output_bytes
+        if outcome.stdout_bytes:
+            out[(info.set, "stdout")] = out.get((info.set, "stdout"), 0) + outcome.stdout_bytes
+        if outcome.stderr_bytes:
+            out[(info.set, "stderr")] = out.get((info.set, "stderr"), 0) + outcome.stderr_bytes
+        if outcome.truncated:
+            m.truncations[info.set] = m.truncations.get(info.set, 0) + 1
+
+
+class Metrics:
+    """The daemon's counters, and their exposition.
+
+    Args:
+        sources: Where the gauges are read from.
+    """
+
+    def __init__(self, sources: MetricsSources) -> None:
+        self._sources = sources
+        self.calls: dict[tuple[str, str, str], int] = {}
+        self.durations: dict[str, _Histogram] = {}
+        self.queue_wait = _Histogram(QUEUE_BUCKETS)
+        self.spawn_failures: dict[str, int] = {}
+        self.output_bytes: dict[tuple[str, str], int] = {}
+        self.truncations: dict[str, int] = {}
+        self.refusals: dict[str, int] = {}
+        self.reloads: dict[str, int] = {}
+        self.reload_durations = _Histogram(RELOAD_BUCKETS)
+        self._registry: Any = None
+        self._started = time.time()
+
+    # -- Observer ---------------------------------------------------------------------
+
+    def call(self, info: CallInfo) -> _CallObservation:
+        """Begin counting one call."""
+        return _CallObservation(self, info)
+
+    def connection_refused(self, reason: str) -> None:
+        """Count a refused connection by reason."""
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+
+    def reload_finished(self, seconds: float, failed: bool) -> None:
+        """Count a reload and its duration."""
+        result = "failed" if failed else "ok"
+        self.reloads[result] = self.reloads.get(result, 0) + 1
+        self.reload_durations.observe(seconds)
+
+    # -- exposition -------------------------------------------------------------------
+
+    def exposition(self) -> tuple[str, str]:
+        """The Prometheus text exposition and its content type (loads prometheus_client)."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self._collector_registry()).decode(), CONTENT_TYPE_LATEST
+
+    def _collector_registry(self) -> Any:
+        if self._registry is None:
+            from prometheus_client import CollectorRegistry, ProcessCollector
+
+            registry = CollectorRegistry(auto_describe=False)
+            registry.register(_Collector(self))
+            ProcessCollector(registry=registry)
+            self._registry = registry
+        return self._registry
+
+    def families(self) -> Iterator[Any]:
+        """The metric families, built from the counts now (used by the collector)."""
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+
+        s = self._sources
+        info = GaugeMetricFamily("toolsetd_build_info", "The running toolsetd version.",
+                                 labels=["version"])
+        info.add_metric([__version__], 1)
+        yield info
+        yield GaugeMetricFamily("toolsetd_start_time_seconds", "When the daemon started "
+                                "(Unix time).", value=self._started)
+
+        calls = CounterMetricFamily(
+            "toolsetd_calls", "invoke calls by tool set, result status (ok, error, timeout, "
+            "cancelled; refused when the policy or the path fence stopped the call) and "
+            "policy decision.", labels=["set", "status", "decision"],
+        )
+        for (name, status, decision), count in sorted(self.calls.items()):
+            calls.add_metric([name, status, decision], count)
+        yield calls
+        duration = HistogramMetricFamily(
+            "toolsetd_call_duration_seconds", "invoke calls from the runner's start to the "
+            "outcome (queue wait included), by tool set.", labels=["set"],
+        )
+        for name, hist in sorted(self.durations.items()):
+            duration.add_metric([name], hist.buckets(), hist.total)
+        yield duration
+        queue = HistogramMetricFamily(
+            "toolsetd_call_queue_wait_seconds", "Time calls waited for a --max-running slot.",
+        )
+        queue.add_metric([], self.queue_wait.buckets(), self.queue_wait.total)
+        yield queue
+        yield GaugeMetricFamily("toolsetd_calls_in_flight", "invoke calls accepted and not "
+                                "yet answered (queued ones included).", value=s.in_flight())
+        yield GaugeMetricFamily("toolsetd_calls_queued", "Calls waiting for a --max-running "
+                                "slot.", value=s.queued())
+        spawn = CounterMetricFamily("toolsetd_spawn_failures", "Tool processes that could "
+                                    "not be started, by tool set.", labels=["set"])
+        for name, count in sorted(self.spawn_failures.items()):
+            spawn.add_metric([name], count)
+        yield spawn
+        output = CounterMetricFamily("toolsetd_output_bytes", "Bytes tools wrote, by tool "
+                                     "set and stream.", labels=["set", "stream"])
+        for (name, stream), count in sorted(self.output_bytes.items()):
+            output.add_metric([name, stream], count)
+        yield output
+        cut = CounterMetricFamily("toolsetd_output_truncations", "Call results cut at "
+                                  "--output-limit, by tool set.", labels=["set"])
+        for name, count in sorted(self.truncations.items()):
+            cut.add_metric([name], count)
+        yield cut
+
+        yield CounterMetricFamily("toolsetd_connections", "Connections accepted (refused "
+                                  "ones included).", value=s.connections_accepted())
+        yield GaugeMetricFamily("toolsetd_connections_open", "Connections being served.",
+                                value=s.connections_open())
+        refused = CounterMetricFamily("toolsetd_connections_refused", "Connections turned "
+                                      "away: peer (SO_PEERCRED), limit (--max-connections), "
+                                      "stopping.", labels=["reason"])
+        for reason, count in sorted(self.refusals.items()):
+            refused.add_metric([reason], count)
+        yield refused
+
+        reloads = CounterMetricFamily("toolsetd_reloads", "Catalog reloads by result (ok, "
+                                      "failed).", labels=["result"])
+        for result, count in sorted(self.reloads.items()):
+            reloads.add_metric([result], count)
+        yield reloads
+        reload_time = HistogramMetricFamily("toolsetd_reload_duration_seconds",
+                                            "Catalog reload durations.")
+        reload_time.add_metric([], self.reload_durations.buckets(), self.reload_durations.total)
+        yield reload_time
+        yield from _catalog_families(s.catalogs(), s.generation(), GaugeMetricFamily)
+
+
+def _catalog_families(
+    catalogs: Sequence[Catalog], generation: int, gauge: Any
+) -> Iterator[Any]:
+    """Sets by source and state, tools and notes by source, over every loaded catalog.
+
+    The home catalog counts its home sets; a workspace catalog adds its project sets
+    (its home sets are the same ones, counted once).
+    """
+    sets: dict[tuple[str, str], int] = {}
+    tools: dict[str, int] = {}
+    notes: dict[str, int] = {}
+    workspaces = 0
+    for catalog in catalogs:
+        if catalog.workspace is not None:
+            workspaces += 1
+        keep = Source.HOME if catalog.workspace is None else Source.PROJECT
+        for entry in catalog.sets:
+            if entry.source == keep:
+                key = (entry.source.value, entry.state.value)
+                sets[key] = sets.get(key, 0) + 1
+        for loaded in catalog.tools.values():
+            if loaded.toolset.source == keep:
+                tools[keep.value] = tools.get(keep.value, 0) + 1
+        for note in catalog.notes:
+            source = note.source.value if note.source is not None else "config"
+            if (catalog.workspace is None) != (note.source == Source.PROJECT):
+                notes[source] = notes.get(source, 0) + 1
+    family = gauge("toolsetd_catalog_sets", "Tool sets by source and state (loaded, disabled, "
+                   "refused, hidden).", labels=["source", "state"])
+    for (source, state), count in sorted(sets.items()):
+        family.add_metric([source, state], count)
+    yield family
+    family = gauge("toolsetd_catalog_tools", "Tools in the catalogs, by source.",
+                   labels=["source"])
+    for source, count in sorted(tools.items()):
+        family.add_metric([source], count)
+    yield family
+    family = gauge("toolsetd_catalog_notes", "Operator notes, by source.", labels=["source"])
+    for source, count in sorted(notes.items()):
+        family.add_metric([source], count)
+    yield family
+    yield gauge("toolsetd_catalog_workspaces", "Workspaces loaded.", value=workspaces)
+    yield gauge("toolsetd_catalog_generation", "The catalog generation.", value=generation)
+
+
+class _Collector:
+    """A prometheus_client collector over ``Metrics``."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        self._metrics = metrics
+
+    def collect(self) -> Iterator[Any]:
+        return self._metrics.families()
+
+
+# -- the loopback /metrics listener -------------------------------------------------------
+
+
+async def serve_metrics(
+    metrics: Metrics,
+    address: tuple[str, int],
+    *,
+    task_status: anyio.abc.TaskStatus[tuple[str, int]] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Answer ``GET /metrics`` on a loopback address until cancelled.
+
+    Args:
+        metrics: What to expose.
+        address: A loopback (host, port); port 0 picks a free one.
+        task_status: Receives the bound (host, port).
+    """
+    host, port = address
+    listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+    async with listener:
+        bound = listener.extra(anyio.abc.SocketAttribute.local_address)
+        log.info("metrics_listening", address=f"{bound[0]}:{bound[1]}")
+        task_status.started((bound[0], bound[1]))
+        await listener.serve(lambda stream: _answer(metrics, stream))
+
+
+async def _answer(metrics: Metrics, stream: anyio.abc.SocketStream) -> None:
+    """One HTTP/1.x exchange; anything but ``GET``/``HEAD /metrics`` gets 404 or 405."""
+    try:
+        async with stream:
+            head = b""
+            with anyio.move_on_after(_REQUEST_TIMEOUT):
+                while b"\r\n\r\n" not in head and b"\n\n" not in head:
+                    chunk = await stream.receive(4096)
+                    head += chunk
+                    if len(head) > _HEAD_LIMIT:
+                        await stream.send(_response(431, "text/plain", b"request head too large\n"))
+                        return
+            parts = head.split(b"\r\n", 1)[0].split()
+            if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+                await stream.send(_response(400, "text/plain", b"bad request\n"))
+                return
+            method, target = parts[0], parts[1].split(b"?", 1)[0]
+            if target != b"/metrics":
+                await stream.send(_response(404, "text/plain", b"only /metrics is served here\n"))
+                return
+            if method not in (b"GET", b"HEAD"):
+                await stream.send(_response(405, "text/plain", b"use GET\n", allow=True))
+                return
+            text, content_type = metrics.exposition()
+            body = text.encode()
+            await stream.send(_response(200, content_type, b"" if method == b"HEAD" else body,
+                                        length=len(body)))
+    except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+        pass
+    except Exception:  # one scrape's bug must not end the listener
+        log.exception("metrics_request_failed")
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            431: "Request Header Fields Too Large"}
+
+
+def _response(status: int, content_type: str, body: bytes, *, length: int | None = None,
+              allow: bool = False) -> bytes:
+    headers = [
+        f"HTTP/1.1 {status} {_REASONS[status]}",
+        f"Content-Type: {content_type}",
+        f"Content-Length: {len(body) if length is None else length}",
+        "Connection: close",
+    ]
+    if allow:
+        headers.append("Allow: GET, HEAD")
+    return ("\r\n".join(headers) + "\r\n\r\n").encode() + body

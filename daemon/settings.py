@@ -1,0 +1,565 @@
+"""The daemon's settings: command line, ``toolsetd.toml``, environment and defaults.
+
+Theory of operation
+-------------------
+``OPTIONS`` is the one table of settings. Each row names a key, its type, its default,
+whether a running daemon can take a new value on reload, and the command-line flag,
+which is always ``--<key>``. The argument parser and the TOML reader are both built
+from the table, so a flag and its key can never drift apart.
+
+A value comes from the first of these that has it: the flag, the environment (only
+``socket``, from ``TOOLSETD_SOCKET``, and ``home``, from ``CRYSTAL_HOME``), the config
+file, the default. ``Settings.sources`` records which one, for ``--print-config``.
+
+The config file is TOML, read with ``tomllib``: ``--config PATH``, else
+``$CONFIGURATION_DIRECTORY/toolsetd.toml`` (systemd's ``ConfigurationDirectory=``),
+else ``/etc/toolsetd/toolsetd.toml`` for root, else
+``$XDG_CONFIG_HOME/toolsetd/toolsetd.toml`` (``~/.config`` when unset). A missing default
+file means no file; a missing ``--config`` file is an error. Every problem raises
+``ConfigError`` naming the file, the line and the key.
+
+On reload ``reload_settings`` reads the file again, keeps the flags and the environment
+of the start, and splits the keys whose effective value moved into those the daemon
+applies now (``Option.reloadable``) and those that need a restart.
+
+``<home>/config.json`` is not read here: it is the reference host's operator policy
+(``config_file.load_config``), and stays apart.
+
+To add a setting (for example per-set limits), add a row to ``OPTIONS`` and a field of
+the same name (dashes as underscores) to ``Settings``; a TOML table of its own (such as
+``[sets.<directory>]``) gets a reader in ``_read_tables`` and a field holding a typed,
+frozen value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import ipaddress
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Literal
+
+from .config_file import read_regular_file
+from .manifest import ManifestError
+
+__all__ = [
+    "OPTIONS",
+    "ConfigError",
+    "Option",
+    "Settings",
+    "SettingsReload",
+    "build_parser",
+    "default_config_path",
+    "format_settings",
+    "load_settings",
+    "reload_settings",
+]
+
+Kind = Literal["int", "float", "str", "bool", "path", "names", "choice", "listen"]
+Check = Literal["", "count", "seconds"]
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """One setting: its key (and flag ``--<key>``), type, default and reload behaviour.
+
+    Attributes:
+        key: The TOML key; the flag is ``--`` + key; the ``Settings`` field is the key
+            with dashes as underscores.
+        kind: The value's type.
+        default: The value when nothing sets it.
+        help: The ``--help`` text.
+        reloadable: Whether a reload applies a new value (else it needs a restart).
+        check: ``count`` (an integer of at least 1) or ``seconds`` (a positive number).
+        choices: The allowed values of a ``choice``.
+        metavar: The flag's value name in ``--help``.
+        env: An environment variable read when the flag is absent (before the file).
+    """
+
+    key: str
+    kind: Kind
+    default: Any
+    help: str
+    reloadable: bool = False
+    check: Check = ""
+    choices: tuple[str, ...] = ()
+    metavar: str | None = None
+    env: str | None = None
+
+    @property
+    def attr(self) -> str:
+        """The ``Settings`` field name."""
+        return self.key.replace("-", "_")
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag."""
+        return f"--{self.key}"
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("socket", "path", None, "socket path (default $XDG_RUNTIME_DIR/toolsetd/"
+           "toolsetd.sock, else /tmp/toolsetd-<uid>/toolsetd.sock)", metavar="PATH",
+           env="TOOLSETD_SOCKET"),
+    Option("home", "path", None, "the Crystal home (default ~/.crystal)", metavar="DIR",
+           env="CRYSTAL_HOME"),
+    Option("reserve", "names", (), "reserve one more tool name (repeatable; a list in the file)",
+           metavar="NAME"),
+    Option("log-format", "choice", "json", "log rendering (default json)",
+           choices=("json", "console")),
+    Option("log-level", "choice", "info", "log level (default info)",
+           choices=("debug", "info", "warning", "error")),
+    Option("no-watch", "bool", False, "do not watch tool-set folders"),
+    Option("allow-group", "str", None, "also serve members of this group", metavar="GROUP"),
+    Option("max-running", "int", 64, "children running at once; further calls wait "
+           "(default 64)", reloadable=True, check="count", metavar="N"),
+    Option("output-limit", "int", 100_000, "characters of output returned to the caller "
+           "(default 100000)", reloadable=True, check="count", metavar="CHARS"),
+    Option("kill-grace", "float", 5.0, "seconds between SIGTERM and SIGKILL for a timed-out "
+           "call (default 5)", reloadable=True, check="seconds", metavar="SECONDS"),
+    Option("progress-interval", "float", 1.0, "seconds between progress notifications "
+           "(default 1)", reloadable=True, check="seconds", metavar="SECONDS"),
+    Option("shutdown-grace", "float", 10.0, "seconds in-flight calls get when stopping "
+           "(default 10)", reloadable=True, check="seconds", metavar="SECONDS"),
+    Option("status-interval", "float", 2.0, "seconds between checks of the STATUS= line sent "
+           "to systemd (default 2)", reloadable=True, check="seconds", metavar="SECONDS"),
+    Option("no-orphan-guard", "bool", False, "do not run the sentinel process that kills the "
+           "tools if the daemon dies (under systemd the unit's cgroup does that too)"),
+    Option("max-connections", "int", 256, "connections served at once (default 256)",
+           reloadable=True, check="count", metavar="N"),
+    Option("max-calls-per-connection", "int", 128, "requests in flight per connection "
+           "(default 128)", reloadable=True, check="count", metavar="N"),
+    Option("idle-timeout", "float", 30.0, "close a connection that holds an incomplete "
+           "request this long (default 30)", reloadable=True, check="seconds",
+           metavar="SECONDS"),
+    Option("max-message-bytes", "int", 16 * 1024 * 1024, "longest request line "
+           "(default 16777216)", reloadable=True, check="count", metavar="N"),
+    Option("workspace-idle", "float", 3600.0, "release a workspace unused this long "
+           "(default 3600)", reloadable=True, check="seconds", metavar="SECONDS"),
+    Option("metrics-listen", "listen", None, "also serve Prometheus metrics at /metrics on "
+           "this loopback address", metavar="HOST:PORT"),
+    Option("traces", "choice", "off", "export OpenTelemetry traces (needs toolsetd[otel]; "
+           "default off)", choices=("off", "otlp", "console")),
+)
+
+_BY_KEY = {option.key: option for option in OPTIONS}
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """The effective settings, typed; one field per ``OPTIONS`` row.
+
+    Attributes:
+        sources: Where each key's value came from: ``default``, ``flag --<key>``,
+            ``env NAME`` or ``<file>:<line>``.
+        config_path: The config file read, or None when there was none.
+    """
+
+    socket: Path | None = None
+    home: Path | None = None
+    reserve: tuple[str, ...] = ()
+    log_format: str = "json"
+    log_level: str = "info"
+    no_watch: bool = False
+    allow_group: str | None = None
+    max_running: int = 64
+    output_limit: int = 100_000
+    kill_grace: float = 5.0
+    progress_interval: float = 1.0
+    shutdown_grace: float = 10.0
+    status_interval: float = 2.0
+    no_orphan_guard: bool = False
+    max_connections: int = 256
+    max_calls_per_connection: int = 128
+    idle_timeout: float = 30.0
+    max_message_bytes: int = 16 * 1024 * 1024
+    workspace_idle: float = 3600.0
+    metrics_listen: tuple[str, int] | None = None
+    traces: str = "off"
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    config_path: Path | None = field(default=None, compare=False)
+
+    def value(self, key: str) -> Any:
+        """The value of one key (``max-running``)."""
+        return getattr(self, _BY_KEY[key].attr)
+
+
+class ConfigError(Exception):
+    """A setting that cannot be used; the message names the file, the line and the key.
+
+    Attributes:
+        path: The config file, or None for a flag or the environment.
+        line: The line in that file, when known.
+        key: The key at fault, when there is one.
+    """
+
+    def __init__(self, message: str, path: Path | None = None, line: int | None = None,
+                 key: str | None = None) -> None:
+        where = ""
+        if path is not None:
+            where = f"{path}:{line}: " if line else f"{path}: "
+        super().__init__(f"{where}{f'{key}: ' if key else ''}{message}")
+        self.path = path
+        self.line = line
+        self.key = key
+
+
+@dataclass(frozen=True, slots=True)
+class SettingsReload:
+    """What a reload of the config file found.
+
+    Attributes:
+        settings: The settings to run with now (the running ones for restart-only keys).
+        applied: Keys whose new value takes effect now.
+        restart_needed: Keys whose new value waits for a restart.
+    """
+
+    settings: Settings
+    applied: tuple[str, ...]
+    restart_needed: tuple[str, ...]
+
+
+# -- the command line ------------------------------------------------------------------
+
+
+def build_parser(version: str) -> argparse.ArgumentParser:
+    """The ``toolsetd`` argument parser; an absent flag leaves no attribute."""
+    parser = argparse.ArgumentParser(
+        prog="toolsetd",
+        description="Serve operator tool sets (tools.json) to coding agents over a Unix socket.",
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", type=Path, metavar="PATH",
+                        help="the config file (default $XDG_CONFIG_HOME/toolsetd/toolsetd.toml; "
+                        "/etc/toolsetd/toolsetd.toml for root)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the effective settings and where each came from, then exit")
+    for option in OPTIONS:
+        if option.kind == "bool":
+            parser.add_argument(option.flag, action="store_true", help=option.help)
+        elif option.kind == "names":
+            parser.add_argument(option.flag, action="append", metavar=option.metavar,
+                                help=option.help)
+        elif option.kind == "choice":
+            parser.add_argument(option.flag, choices=option.choices, help=option.help)
+        else:
+            parser.add_argument(option.flag, metavar=option.metavar, help=option.help)
+    parser.add_argument("--version", action="version", version=f"toolsetd {version}")
+    return parser
+
+
+# -- reading ---------------------------------------------------------------------------
+
+
+def default_config_path(environ: Mapping[str, str], uid: int | None = None) -> Path:
+    """Where the config file is looked for when ``--config`` is not given."""
+    if environ.get("CONFIGURATION_DIRECTORY"):
+        # systemd's ConfigurationDirectory= (may list several; the first is ours).
+        return Path(environ["CONFIGURATION_DIRECTORY"].split(":")[0]) / "toolsetd.toml"
+    if (os.getuid() if uid is None else uid) == 0:
+        return Path("/etc/toolsetd/toolsetd.toml")
+    base = environ.get("XDG_CONFIG_HOME") or os.path.join(
+        environ.get("HOME") or os.path.expanduser("~"), ".config"
+    )
+    return Path(base) / "toolsetd" / "toolsetd.toml"
+
+
+def _key_lines(text: str) -> dict[str, int]:
+    """The line of each top-level ``key =`` and ``[table]`` (tomllib keeps no positions)."""
+    lines: dict[str, int] = {}
+    table = ""
+    header = re.compile(r"^\s*\[+\s*([^\]]+?)\s*\]+")
+    assignment = re.compile(r"""^\s*("[^"]*"|'[^']*'|[A-Za-z0-9_.-]+)\s*=""")
+    for number, line in enumerate(text.splitlines(), start=1):
+        match = header.match(line)
+        if match:
+            table = match.group(1).strip()
+            lines.setdefault(f"[{table}]", number)
+            continue
+        match = assignment.match(line)
+        if match:
+            key = match.group(1).strip("\"'")
+            lines.setdefault(f"{table}.{key}" if table else key, number)
+    return lines
+
+
+def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
+    try:
+        # Never blocks (a FIFO is refused) and reads at most 1 MiB: a reload reads the
+        # file on the event loop.
+        data, _ = read_regular_file(path)
+    except ManifestError as exc:
+        cause = exc.__cause__
+        reason = getattr(cause, "strerror", None) or exc.message.removeprefix(path.name + " ")
+        raise ConfigError(f"cannot be used: {reason}", path) from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ConfigError("is not UTF-8", path, line) from None
+    try:
+        table = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        found = re.search(r"at line (\d+)", str(exc))
+        raise ConfigError(
+            f"is not valid TOML: {exc}", path, int(found.group(1)) if found else None
+        ) from None
+    return table, _key_lines(text)
+
+
+def _check_value(option: Option, raw: Any, where: str) -> Any:
+    """Convert and check one value; raises ValueError with what was expected."""
+    kind = option.kind
+    if kind == "bool":
+        if not isinstance(raw, bool):
+            raise ValueError(f"must be true or false, got {_show(raw)}")
+        return raw
+    if kind == "int":
+        if isinstance(raw, str) and where == "flag":
+            try:
+                raw = int(raw)
+            except ValueError:
+                raise ValueError(f"must be an integer, got {_show(raw)}") from None
+        if isinstance(raw, bool) or not isinstance(raw, int):
+            raise ValueError(f"must be an integer, got {_show(raw)}")
+        if option.check == "count" and raw < 1:
+            raise ValueError(f"must be at least 1, got {raw}")
+        return raw
+    if kind == "float":
+        if isinstance(raw, str) and where == "flag":
+            try:
+                raw = float(raw)
+            except ValueError:
+                raise ValueError(f"must be a number of seconds, got {_show(raw)}") from None
+        if isinstance(raw, bool) or not isinstance(raw, int | float):
+            raise ValueError(f"must be a number of seconds, got {_show(raw)}")
+        if option.check == "seconds" and not raw > 0:
+            raise ValueError(f"must be a positive number of seconds, got {raw}")
+        return float(raw)
+    if kind == "names":
+        if isinstance(raw, str):
+            raw = [raw]
+        if not isinstance(raw, list) or not all(isinstance(n, str) and n for n in raw):
+            raise ValueError(f"must be a list of names, got {_show(raw)}")
+        return tuple(raw)
+    if not isinstance(raw, str):
+        raise ValueError(f"must be a string, got {_show(raw)}")
+    if kind == "choice":
+        if raw not in option.choices:
+            raise ValueError(f"must be one of {', '.join(option.choices)}; got {_show(raw)}")
+        return raw
+    if kind == "path":
+        expanded = os.path.expanduser(raw)
+        if not raw or "\x00" in raw:
+            raise ValueError("must be a path")
+        if where == "file" and not os.path.isabs(expanded):
+            raise ValueError(f"must be an absolute path (or start with ~), got {_show(raw)}")
+        return Path(os.path.abspath(expanded))
+    if kind == "listen":
+        return _parse_listen(raw)
+    if not raw:
+        raise ValueError("must not be empty")
+    return raw
+
+
+def _parse_listen(raw: str) -> tuple[str, int]:
+    host, sep, port_text = raw.rpartition(":")
+    host = host.strip("[]")
+    if not sep or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+        raise ValueError(f"must be HOST:PORT with a port from 0 (any free one) to 65535, "
+                         f"got {_show(raw)}")
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        raise ValueError(f"must be a loopback address (127.0.0.1 or [::1]), got {_show(raw)}") from None
+    if not address.is_loopback:
+        raise ValueError(f"must be a loopback address (127.0.0.1 or [::1]), got {_show(raw)}")
+    return str(address), int(port_text)
+
+
+def _show(raw: Any) -> str:
+    if isinstance(raw, bool):
+        return "true" if raw else "false"
+    if isinstance(raw, str):
+        return f'"{raw}"'
+    if isinstance(raw, dict):
+        return "a table"
+    if isinstance(raw, list):
+        return "a list"
+    return repr(raw)
+
+
+def _file_values(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
+    """Read and check the file: (values by attribute, sources by key)."""
+    table, lines = _read_file(path)
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for key, raw in table.items():
+        line = lines.get(key) or lines.get(f"[{key}]")
+        option = _BY_KEY.get(key)
+        if option is None:
+            guess = difflib.get_close_matches(key.replace("_", "-"), list(_BY_KEY), n=1)
+            hint = f"; did you mean {guess[0]!r}?" if guess else "; see toolsetd --help"
+            raise ConfigError(f"unknown key{hint}", path, line, key)
+        try:
+            values[option.attr] = _check_value(option, raw, "file")
+        except ValueError as exc:
+            raise ConfigError(str(exc), path, line, key) from None
+        sources[key] = f"{path}:{line}" if line else str(path)
+    return values, sources
+
+
+def _read_tables(path: Path, values: dict[str, Any]) -> None:
+    """Readers of TOML tables of their own; none yet (see the module docstring)."""
+
+
+def load_settings(
+    args: argparse.Namespace, environ: Mapping[str, str], *, uid: int | None = None
+) -> Settings:
+    """The effective settings from the parsed flags, the environment and the config file.
+
+    Args:
+        args: ``build_parser().parse_args()`` (absent flags leave no attribute).
+        environ: The environment.
+        uid: The user id deciding the default file (the process's by default).
+
+    Returns:
+        The settings, with the source of every value.
+
+    Raises:
+        ConfigError: A flag, an environment value or the file is unusable.
+    """
+    explicit = getattr(args, "config", None)
+    path: Path | None = Path(os.path.abspath(explicit)) if explicit else default_config_path(
+        environ, uid
+    )
+    file_values: dict[str, Any] = {}
+    file_sources: dict[str, str] = {}
+    if path is not None and (explicit or os.path.exists(path)):
+        file_values, file_sources = _file_values(path)
+        _read_tables(path, file_values)
+    elif not explicit:
+        path = None
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for option in OPTIONS:
+        raw = getattr(args, option.attr, None)
+        if raw is not None:
+            try:
+                values[option.attr] = _check_value(option, raw, "flag")
+            except ValueError as exc:
+                raise ConfigError(str(exc), key=option.flag) from None
+            sources[option.key] = f"flag {option.flag}"
+        elif option.env and environ.get(option.env):
+            try:
+                values[option.attr] = _check_value(option, environ[option.env], "env")
+            except ValueError as exc:
+                raise ConfigError(f"(from {option.env}) {exc}", key=option.key) from None
+            sources[option.key] = f"env {option.env}"
+        elif option.attr in file_values:
+            values[option.attr] = file_values[option.attr]
+            sources[option.key] = file_sources[option.key]
+        else:
+            sources[option.key] = "default"
+    return Settings(**values, sources=sources, config_path=path)
+
+
+def reload_settings(
+    running: Settings, args: argparse.Namespace, environ: Mapping[str, str]
+) -> SettingsReload:
+    """Read the config file again; split what moved into applied now and restart needed.
+
+    Args:
+        running: The settings the daemon runs with.
+        args: The flags of the start (they still win).
+        environ: The environment of the start.
+
+    Returns:
+        The settings to run with: new values for reloadable keys, the running ones for
+        the others.
+
+    Raises:
+        ConfigError: The file is unusable now; the running settings stay.
+    """
+    fresh = load_settings(args, environ)
+    applied: list[str] = []
+    restart: list[str] = []
+    keep: dict[str, Any] = {}
+    sources = dict(fresh.sources)
+    for option in OPTIONS:
+        old, new = getattr(running, option.attr), getattr(fresh, option.attr)
+        if old == new:
+            continue
+        if option.reloadable:
+            applied.append(option.key)
+        else:
+            restart.append(option.key)
+            keep[option.attr] = old
+            sources[option.key] = running.sources.get(option.key, "default")
+    settings = replace(fresh, **keep, sources=sources)
+    return SettingsReload(settings, tuple(applied), tuple(restart))
+
+
+# -- printing ----------------------------------------------------------------------------
+
+
+def _toml_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], int):
+        host = f"[{value[0]}]" if ":" in value[0] else value[0]
+        return f'"{host}:{value[1]}"'
+    if isinstance(value, tuple):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{text}"'
+
+
+def format_settings(settings: Settings, resolved: Mapping[str, str] | None = None) -> str:
+    """The effective settings as TOML, each line commented with its source.
+
+    Args:
+        settings: The settings.
+        resolved: Values shown for unset keys that the daemon fills in at start
+            (the default socket and home), by key.
+
+    Returns:
+        Text that is itself a valid ``toolsetd.toml``; unset keys are commented out.
+    """
+    resolved = resolved or {}
+    where = settings.config_path or "none"
+    lines = [f"# config file: {where}"]
+    width = max(len(o.key) for o in OPTIONS)
+    for option in OPTIONS:
+        value = settings.value(option.key)
+        source = settings.sources.get(option.key, "default")
+        reload_note = "" if option.reloadable else ", restart to change"
+        if value is None:
+            shown = resolved.get(option.key)
+            text = f'# {option.key} = "{shown}"' if shown else f"# {option.key} ="
+            lines.append(f"{text:<{width + 40}} # {source}{reload_note}")
+            continue
+        text = f"{option.key} = {_toml_value(value)}"
+        lines.append(f"{text:<{width + 40}} # {source}{reload_note}")
+    return "\n".join(lines) + "\n"
+
+
+def settings_fields() -> tuple[str, ...]:
+    """The ``Settings`` fields that hold values (for tests that check the table)."""
+    return tuple(f.name for f in fields(Settings) if f.name not in {"sources", "config_path"})
+
+
+def parse_command_line(argv: Sequence[str] | None, version: str) -> argparse.Namespace:
+    """Parse ``toolsetd``'s flags (exits with status 2 on a usage error)."""
+    return build_parser(version).parse_args(argv)
