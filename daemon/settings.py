@@ -294,8 +294,12 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         # file on the event loop.
         data, _ = read_regular_file(path)
     except ManifestError as exc:
-        cause = exc.__cause__
-        reason = getattr(cause, "strerror", None) or exc.message.removeprefix(path.name + " ")
+        reason = getattr(exc.__cause__, "strerror", None)
+        if reason is None:
+            reason = (
+                "it is larger than 1 MiB" if "larger" in exc.message
+                else "it is not a regular file"
+            )
         raise ConfigError(f"cannot be used: {reason}", path) from None
     try:
         text = data.decode("utf-8")
@@ -306,9 +310,8 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         found = re.search(r"at line (\d+)", str(exc))
-        raise ConfigError(
-            f"is not valid TOML: {exc}", path, int(found.group(1)) if found else None
-        ) from None
+        line = int(found.group(1)) if found else max(1, len(text.splitlines()))
+        raise ConfigError(f"is not valid TOML: {exc}", path, line) from None
     return table, _key_lines(text)
 
 

@@ -1,9 +1,9 @@
 """The shipped systemd units pass ``systemd-analyze verify`` and say what the contract needs.
 
 ``verify`` needs no running systemd (it loads the units into an offline manager), but it
-checks that ``ExecStart=`` names an existing executable, so each unit pair is copied into
-a temporary folder with the daemon path replaced by a real one (the venv's ``toolsetd``
-when installed, else ``/bin/true``). ``--man=no`` keeps it from looking up man pages.
+checks that ``ExecStart=`` and ``ExecReload=`` name existing executables, so each unit pair
+is copied into a temporary folder with those paths replaced by real ones (the venv's
+``toolsetd`` and ``toolsetctl`` when installed, else ``/bin/true``). ``--man=no`` keeps it from looking up man pages.
 The user pair is verified with ``--user``, which needs ``XDG_RUNTIME_DIR`` (a temporary
 one is given). ``verify`` only warns, exit status 0, about unknown keys and bad values, so
 the tests also require its output to be empty.
@@ -25,9 +25,9 @@ PAIRS = {"user": UNITS, "system": UNITS / "system"}
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 
 
-def _real_executable() -> str:
-    """An executable that exists here, to stand in for the installed daemon."""
-    candidate = Path(sys.executable).with_name("toolsetd")
+def _real_executable(name: str = "toolsetd") -> str:
+    """An executable that exists here, to stand in for the installed command."""
+    candidate = Path(sys.executable).with_name(name)
     return os.fspath(candidate) if os.access(candidate, os.X_OK) else "/bin/true"
 
 
@@ -52,10 +52,11 @@ def _directives(text: str) -> dict[str, list[str]]:
 async def test_units_pass_systemd_analyze_verify(kind: str, tmp_path: Path) -> None:
     """Each unit pair verifies cleanly: exit status 0 and no warning at all."""
     assert SYSTEMD_ANALYZE is not None
-    exe = _real_executable()
+    exe, ctl = _real_executable(), _real_executable("toolsetctl")
     for name in ("toolsetd.socket", "toolsetd.service"):
         text = _read(kind, name)
         text = re.sub(r"^ExecStart=\S+", f"ExecStart={exe}", text, flags=re.MULTILINE)
+        text = re.sub(r"^ExecReload=\S+", f"ExecReload={ctl}", text, flags=re.MULTILINE)
         (tmp_path / name).write_text(text)
     runtime = tmp_path / "runtime"
     runtime.mkdir(mode=0o700)
@@ -79,19 +80,27 @@ def test_units_socket_and_kill_settings(kind: str) -> None:
     if kind == "user":
         assert socket_unit["ListenStream"] == ["%t/toolsetd/toolsetd.sock"]
         assert socket_unit["SocketMode"] == ["0600"]
+        # pipx and `uv tool install` put the console scripts in ~/.local/bin.
         assert service["ExecStart"][0].startswith("%h/.local/bin/toolsetd ")
+        assert service["ExecReload"][0].startswith("%h/.local/bin/toolsetctl ")
     else:
         assert socket_unit["ListenStream"] == ["/run/toolsetd/toolsetd.sock"]
         assert socket_unit["SocketMode"] == ["0660"]
         assert socket_unit["SocketGroup"] == ["toolsetd"]
         assert service["User"] == ["toolsetd"]
         assert service["RuntimeDirectory"] == ["toolsetd"]
-        assert service["ExecStart"][0].startswith("/usr/local/bin/toolsetd ")
+        # The venv of the system install (docs/operations.md).
+        assert service["ExecStart"][0].startswith("/opt/toolsetd/bin/toolsetd ")
+        assert service["ExecReload"][0].startswith("/opt/toolsetd/bin/toolsetctl ")
         assert "--allow-group toolsetd" in service["ExecStart"][0]
     assert service["KillMode"][0] in {"mixed", "control-group"}
     assert service["Type"][0] in {"notify", "notify-reload"}
     if service["Type"][0] == "notify":
-        assert service["ExecReload"] == ["/bin/kill -HUP $MAINPID"]
+        # A reload over the socket: it returns once the catalogs are rebuilt, and fails
+        # the unit's reload when they could not be (a SIGHUP would return at once).
+        assert service["ExecReload"][0].endswith(" reload --all")
+        assert f"--socket {socket_unit['ListenStream'][0]}" in service["ExecReload"][0]
+    assert service["ConfigurationDirectory"] == ["toolsetd"]
     assert service["NotifyAccess"] == ["main"]
     listen = socket_unit["ListenStream"][0]
     assert f"--socket {listen}" in service["ExecStart"][0]

@@ -179,10 +179,16 @@ def start_daemon(
     """Start toolsetd and wait until it accepts connections."""
     sock = base / "s.sock"
     log_path = base / "daemon.log"
+    extra_args = list(extra_args or [])
+    if "--config" not in extra_args:
+        # Hermetic: never the machine's /etc/toolsetd/toolsetd.toml or ~/.config one.
+        config = base / "toolsetd.toml"
+        config.touch()
+        extra_args += ["--config", str(config)]
     args = [
         sys.executable, "-m", "toolsetd.daemon",
         "--home", str(home), "--socket", str(sock), "--log-level", "debug",
-        *(extra_args or []),
+        *extra_args,
     ]
     full_env = {**os.environ, **(env or {})}
     full_env.pop("TOOLSETD_SOCKET", None)

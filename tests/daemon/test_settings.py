@@ -1,0 +1,232 @@
+"""toolsetd.toml: precedence, every error message, --print-config and the reload split."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from toolsetd.daemon.app import options_from_settings
+from toolsetd.daemon.settings import (
+    OPTIONS,
+    ConfigError,
+    Settings,
+    build_parser,
+    default_config_path,
+    format_settings,
+    load_settings,
+    reload_settings,
+    settings_fields,
+)
+
+
+def _args(*argv: str) -> argparse.Namespace:
+    return build_parser("test").parse_args(list(argv))
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "toolsetd.toml"
+    path.write_text(text)
+    return path
+
+
+def _load(path: Path, *argv: str, environ: dict[str, str] | None = None) -> Settings:
+    return load_settings(_args("--config", str(path), *argv), environ or {})
+
+
+def test_settings_table_matches_the_settings_fields() -> None:
+    """Every option row has a Settings field of its name, its default, and a --<key> flag."""
+    assert tuple(o.attr for o in OPTIONS) == settings_fields()
+    defaults = Settings()
+    for option in OPTIONS:
+        assert getattr(defaults, option.attr) == option.default or (
+            option.kind == "names" and getattr(defaults, option.attr) == ()
+        )
+        assert option.flag in build_parser("test").format_help()
+
+
+def test_settings_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None:
+    """A flag wins over the environment, which wins over the file, which wins over the default."""
+    path = _write(tmp_path, 'max-running = 8\nsocket = "/run/file.sock"\nhome = "/srv/home"\n'
+                  "kill-grace = 3\n")
+    s = _load(path, "--max-running", "4", environ={"TOOLSETD_SOCKET": "/run/env.sock"})
+    assert s.max_running == 4
+    assert s.sources["max-running"] == "flag --max-running"
+    assert s.socket == Path("/run/env.sock")
+    assert s.sources["socket"] == "env TOOLSETD_SOCKET"
+    assert s.home == Path("/srv/home")
+    assert s.sources["home"] == f"{path}:3"
+    assert s.kill_grace == 3.0 and isinstance(s.kill_grace, float)
+    assert s.sources["kill-grace"] == f"{path}:4"
+    assert s.output_limit == 100_000
+    assert s.sources["output-limit"] == "default"
+    assert s.config_path == path
+
+
+def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
+    """Each key is its flag without the dashes, and sets the same field."""
+    text = "\n".join([
+        'socket = "/tmp/x.sock"', 'home = "~/crystal"', 'reserve = ["deploy", "ship"]',
+        'log-format = "console"', 'log-level = "debug"', "no-watch = true",
+        'allow-group = "staff"', "max-running = 2", "output-limit = 10", "kill-grace = 1.5",
+        "progress-interval = 0.5", "shutdown-grace = 4", "status-interval = 9",
+        "no-orphan-guard = true", "max-connections = 3", "max-calls-per-connection = 4",
+        "idle-timeout = 5", "max-message-bytes = 4096", "workspace-idle = 60",
+        'metrics-listen = "127.0.0.1:9464"', 'traces = "console"',
+    ])
+    s = _load(_write(tmp_path, text))
+    assert {k for k, v in s.sources.items() if v != "default"} == {o.key for o in OPTIONS}
+    assert s.home == Path(os.path.expanduser("~/crystal"))
+    assert s.reserve == ("deploy", "ship")
+    assert s.no_watch is True and s.no_orphan_guard is True
+    assert s.metrics_listen == ("127.0.0.1", 9464)
+    options = options_from_settings(s)
+    assert options.max_running == 2 and options.runner.output_limit_chars == 10
+    assert options.server.max_frame_size == 4096 and options.server.idle_timeout == 5.0
+    assert {"deploy", "ship"} <= options.reserved and "bash" in options.reserved
+    assert options.watch is False and options.orphan_guard is False
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("max-running = 0\n", "toolsetd.toml:1: max-running: must be at least 1, got 0"),
+        ('max-running = "8"\n', 'toolsetd.toml:1: max-running: must be an integer, got "8"'),
+        ("max-running = true\n", "max-running: must be an integer, got true"),
+        ("\n\nkill-grace = -1\n", "toolsetd.toml:3: kill-grace: must be a positive number of "
+         "seconds, got -1"),
+        ('kill-grace = "5"\n', 'kill-grace: must be a number of seconds, got "5"'),
+        ("no-watch = 1\n", "no-watch: must be true or false, got 1"),
+        ('log-level = "loud"\n', 'log-level: must be one of debug, info, warning, error; got '
+         '"loud"'),
+        ('socket = "relative.sock"\n', 'socket: must be an absolute path (or start with ~), got '
+         '"relative.sock"'),
+        ("reserve = [1]\n", "reserve: must be a list of names, got a list"),
+        ("allow-group = 5\n", "allow-group: must be a string, got 5"),
+        ('allow-group = ""\n', "allow-group: must not be empty"),
+        ('metrics-listen = "0.0.0.0:9464"\n', 'metrics-listen: must be a loopback address '
+         '(127.0.0.1 or [::1]), got "0.0.0.0:9464"'),
+        ('metrics-listen = "9464"\n', "metrics-listen: must be HOST:PORT"),
+        ("max-runing = 3\n", "toolsetd.toml:1: max-runing: unknown key; did you mean "
+         "'max-running'?"),
+        ("[limits]\nx = 1\n", "toolsetd.toml:1: limits: unknown key"),
+        ("max-running = \n", "toolsetd.toml:1: is not valid TOML: Invalid value (at line 1, "
+         "column 15)"),
+    ],
+)
+def test_settings_file_errors_name_file_line_and_key(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """A bad file raises ConfigError naming the file, the line and the key, and the fix."""
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as caught:
+        _load(path)
+    assert message in str(caught.value)
+    assert str(caught.value).startswith(str(path))
+
+
+def test_settings_file_not_utf8_or_not_a_file(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8, a directory and a missing --config file are refused."""
+    path = tmp_path / "toolsetd.toml"
+    path.write_bytes(b"max-running = 1\n\xff\n")
+    with pytest.raises(ConfigError, match=r"toolsetd\.toml:2: is not UTF-8"):
+        _load(path)
+    with pytest.raises(ConfigError, match="cannot be used: it is not a regular file"):
+        _load(tmp_path)
+    path.write_text("#" * (1 << 20) + "\n")
+    with pytest.raises(ConfigError, match="cannot be used: it is larger than 1 MiB"):
+        _load(path)
+    with pytest.raises(ConfigError, match="No such file or directory"):
+        _load(tmp_path / "missing.toml")
+
+
+def test_settings_flag_and_env_errors() -> None:
+    """A bad flag value names the flag; a bad environment value names its variable."""
+    with pytest.raises(ConfigError, match="--max-running: must be at least 1, got 0"):
+        load_settings(_args("--max-running", "0"), {}, uid=1000)
+    with pytest.raises(ConfigError, match="--kill-grace: must be a number of seconds"):
+        load_settings(_args("--kill-grace", "soon"), {}, uid=1000)
+    with pytest.raises(ConfigError, match="--metrics-listen: must be a loopback address"):
+        load_settings(_args("--metrics-listen", "10.0.0.1:80"), {}, uid=1000)
+
+
+def test_settings_default_path_and_missing_default_file(tmp_path: Path) -> None:
+    """The default file is systemd's, else /etc for root, else XDG; missing means defaults."""
+    assert default_config_path({"CONFIGURATION_DIRECTORY": "/etc/toolsetd"}, 1000) == Path(
+        "/etc/toolsetd/toolsetd.toml")
+    assert default_config_path({}, 0) == Path("/etc/toolsetd/toolsetd.toml")
+    assert default_config_path({"XDG_CONFIG_HOME": "/x"}, 1000) == Path(
+        "/x/toolsetd/toolsetd.toml")
+    assert default_config_path({"HOME": "/home/a"}, 1000) == Path(
+        "/home/a/.config/toolsetd/toolsetd.toml")
+    s = load_settings(_args(), {"XDG_CONFIG_HOME": str(tmp_path)}, uid=1000)
+    assert s.config_path is None and set(s.sources.values()) == {"default"}
+    (tmp_path / "toolsetd").mkdir()
+    (tmp_path / "toolsetd" / "toolsetd.toml").write_text("max-running = 5\n")
+    s = load_settings(_args(), {"XDG_CONFIG_HOME": str(tmp_path)}, uid=1000)
+    assert s.max_running == 5
+
+
+def test_settings_print_format_is_valid_toml_with_sources(tmp_path: Path) -> None:
+    """--print-config output parses as TOML giving the same values, each line with its source."""
+    path = _write(tmp_path, "max-running = 7\n")
+    s = _load(path, "--no-watch")
+    text = format_settings(s, {"socket": "/run/x.sock"})
+    assert f"# config file: {path}" in text
+    assert "max-running = 7" in text and f"# {path}:1" in text
+    assert "# flag --no-watch, restart to change" in text
+    assert '# socket = "/run/x.sock"' in text
+    again = tomllib.loads(text)
+    assert again["max-running"] == 7 and again["no-watch"] is True
+    assert load_settings(_args("--config", str(_write(tmp_path, text))), {}).max_running == 7
+
+
+def test_settings_reload_splits_applied_and_restart(tmp_path: Path) -> None:
+    """A reload applies the changed limits, keeps restart-only keys, and flags still win."""
+    path = _write(tmp_path, 'max-running = 8\nallow-group = "a"\noutput-limit = 10\n')
+    args = _args("--config", str(path), "--output-limit", "20")
+    running = load_settings(args, {})
+    path.write_text('max-running = 9\nallow-group = "b"\noutput-limit = 30\nkill-grace = 2\n')
+    outcome = reload_settings(running, args, {})
+    assert outcome.applied == ("max-running", "kill-grace")
+    assert outcome.restart_needed == ("allow-group",)
+    assert outcome.settings.max_running == 9 and outcome.settings.kill_grace == 2.0
+    assert outcome.settings.allow_group == "a"  # still the running value
+    assert outcome.settings.output_limit == 20  # the flag wins
+    path.write_text("max-running = nine\n")
+    with pytest.raises(ConfigError, match="toolsetd.toml:1: is not valid TOML"):
+        reload_settings(running, args, {})
+
+
+def _toolsetd(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: TID251 - a short-lived CLI process in a test
+        [sys.executable, "-m", "toolsetd.daemon", *argv], capture_output=True, text=True,
+        timeout=30, env={**os.environ, **(env or {})}, check=False,
+    )
+
+
+def test_settings_bad_file_stops_startup(tmp_path: Path) -> None:
+    """toolsetd exits 2 before serving, with the file, the line and the key."""
+    path = _write(tmp_path, "# limits\nmax-running = -3\n")
+    result = _toolsetd("--config", str(path), "--socket", str(tmp_path / "s.sock"))
+    assert result.returncode == 2
+    assert result.stderr == f"toolsetd: {path}:2: max-running: must be at least 1, got -3\n"
+    assert not (tmp_path / "s.sock").exists()
+
+
+def test_settings_print_config_command(tmp_path: Path) -> None:
+    """toolsetd --print-config prints each value and its source, then exits 0."""
+    path = _write(tmp_path, 'log-level = "warning"\n')
+    result = _toolsetd("--config", str(path), "--max-running", "3", "--print-config",
+                       env={"CRYSTAL_HOME": "/srv/crystal"})
+    assert result.returncode == 0, result.stderr
+    lines = {line.split(" = ")[0].lstrip("# "): line for line in result.stdout.splitlines()}
+    assert lines["log-level"].split("#")[1].strip().startswith(f"{path}:1")
+    assert "# flag --max-running" in lines["max-running"]
+    assert 'home = "/srv/crystal"' in lines["home"] and "env CRYSTAL_HOME" in lines["home"]
+    assert "# default" in lines["output-limit"]

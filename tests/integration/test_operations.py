@@ -1,0 +1,292 @@
+"""Operating a real daemon: config reload, ExecReload, journald priorities, metrics, TRACEPARENT."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import REPO, Daemon, RawConn, eventually, start_daemon, write_set
+
+_SH = "#!/bin/sh\n"
+
+
+def _set(root: Path, name: str, body: str, **manifest: Any) -> None:
+    write_set(root, name, {
+        "runner": "exec", "description": f"test set {name}", "schema": {"type": "object"},
+        "command": [f"{name}.sh"], "stdin": False, "approval": "always", **manifest,
+    }, **{f"{name}.sh": _SH + body})
+
+
+@pytest.fixture
+def ops_home(tmp_base: Path) -> Path:
+    home = tmp_base / "home"
+    tools = home / "tools"
+    _set(tools, "quick", "echo ok\n")
+    _set(tools, "slow", "sleep 30\n", timeoutSeconds=1)
+    _set(tools, "guarded", "echo never\n", approval="inherit")
+    _set(tools, "sleepy", "sleep 30\n")
+    _set(tools, "big", "head -c 300 /dev/zero | tr '\\000' x\n")
+    _set(tools, "trace", 'printf "%s" "$TRACEPARENT"\n')
+    return home
+
+
+def _config(tmp_base: Path, text: str) -> Path:
+    path = tmp_base / "toolsetd.toml"
+    path.write_text(text)
+    return path
+
+
+def _invoke(d: Daemon, workspace: Path, tool: str, **extra: Any) -> dict[str, Any]:
+    with d.raw(timeout=30) as conn:
+        _, reply = conn.invoke({"tool": tool, "arguments": {}, "workspace": str(workspace),
+                                **extra})
+    return reply
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def _metrics(d: Daemon) -> Samples:
+    return _samples(d.call("metrics", {})["result"])
+
+
+def _samples(result: dict[str, Any]) -> Samples:
+    assert result["contentType"].startswith("text/plain")
+    samples = {}
+    for family in text_string_to_metric_families(result["text"]):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def test_metrics_after_a_known_sequence_of_calls(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """3 ok, 1 timeout, 1 denied, 1 cancelled, a refused connection and a reload, as counted."""
+    config = _config(tmp_base, "max-connections = 2\nkill-grace = 1\n")
+    d = start_daemon(ops_home, workspace, tmp_base, ["--config", str(config), "--no-watch"])
+    try:
+        for _ in range(3):
+            assert _invoke(d, workspace, "quick")["result"]["status"] == "ok"
+        assert _invoke(d, workspace, "slow")["result"]["status"] == "timeout"
+        denied = _invoke(d, workspace, "guarded", headless=True)
+        assert denied["error"]["code"] == -32003
+        assert "result" in d.call("reload", {})
+        with d.raw(timeout=30) as a:
+            # Earlier connections are closed, but counted until the daemon saw their EOF:
+            # wait for a to be alone, so b is accepted and the third one is refused.
+            eventually(lambda: a.request("status")["result"]["connections"] == 1,
+                       what="a alone")
+            b = d.raw(timeout=30)
+            a.send({"jsonrpc": "2.0", "id": 1, "method": "invoke", "params": {
+                "tool": "sleepy", "arguments": {}, "workspace": str(workspace),
+                "callId": "c-sleepy"}})
+            assert a.receive()["method"] == "started"
+            assert b.request("status")["result"]["connections"] == 2
+            with RawConn(d.socket) as third:  # over max-connections = 2
+                assert third.receive()["error"]["code"] == -32008
+            assert b.request("cancel", {"callId": "c-sleepy"})["result"] == {"cancelled": True}
+            while "id" not in (reply := a.receive()):
+                pass
+            assert reply["result"]["status"] == "cancelled"
+            m = _samples(b.request("metrics", {})["result"])
+            b.close()
+    finally:
+        d.stop()
+
+    def calls(set_: str, status: str, decision: str) -> float:
+        labels = (("decision", decision), ("set", set_), ("status", status))
+        return m.get(("toolsetd_calls_total", labels), 0)
+
+    assert calls("quick", "ok", "allow") == 3
+    assert calls("slow", "timeout", "allow") == 1
+    assert calls("guarded", "refused", "deny") == 1
+    assert calls("sleepy", "cancelled", "allow") == 1
+    assert sum(v for (name, _), v in m.items() if name == "toolsetd_calls_total") == 6
+    assert m[("toolsetd_call_duration_seconds_count", (("set", "quick"),))] == 3
+    assert m[("toolsetd_call_duration_seconds_count", (("set", "slow"),))] == 1
+    assert m[("toolsetd_call_duration_seconds_sum", (("set", "slow"),))] >= 1.0
+    assert m[("toolsetd_call_queue_wait_seconds_count", ())] == 5
+    assert m[("toolsetd_output_bytes_total", (("set", "quick"), ("stream", "stdout")))] == 9
+    assert m[("toolsetd_connections_refused_total", (("reason", "limit"),))] == 1
+    assert m[("toolsetd_reloads_total", (("result", "ok"),))] == 1
+    assert m[("toolsetd_reload_duration_seconds_count", ())] == 1
+    assert m[("toolsetd_calls_in_flight", ())] == 0
+    assert m[("toolsetd_calls_queued", ())] == 0
+    assert m[("toolsetd_catalog_sets", (("source", "home"), ("state", "loaded")))] == 6
+    assert m[("toolsetd_catalog_tools", (("source", "home"),))] == 6
+    assert m[("toolsetd_connections_total", ())] >= 10
+    # Labels carry names, statuses and decisions only: never arguments or paths.
+    for _, labels in m:
+        for key, value in labels:
+            assert str(workspace) not in value and key in {
+                "set", "status", "decision", "stream", "reason", "result", "source", "state",
+                "version", "le"}
+
+
+def test_metrics_listener_serves_only_get_metrics(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """metrics-listen serves GET /metrics on loopback; other paths 404, other methods 405."""
+    config = _config(tmp_base, 'metrics-listen = "127.0.0.1:0"\n')
+    d = start_daemon(ops_home, workspace, tmp_base, ["--config", str(config)])
+    try:
+        address = next(e["address"] for e in d.log_events() if e["event"] == "metrics_listening")
+        _invoke(d, workspace, "quick")
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:  # noqa: S310 - loopback
+            body = response.read().decode()
+            assert response.headers["Content-Type"].startswith("text/plain")
+        assert 'toolsetd_calls_total{decision="allow",set="quick",status="ok"} 1.0' in body
+        for path, method, code in (("/", "GET", 404), ("/metrics", "POST", 405)):
+            request = urllib.request.Request(f"http://{address}{path}", method=method)  # noqa: S310
+            with pytest.raises(urllib.error.HTTPError) as caught:
+                urllib.request.urlopen(request, timeout=10)  # noqa: S310 - loopback
+            assert caught.value.code == code
+            caught.value.close()
+    finally:
+        d.stop()
+
+
+def test_config_reload_applies_limits_and_names_restart_keys(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """reload re-reads toolsetd.toml: limits apply at once, others need a restart, bad keeps."""
+    config = _config(tmp_base, "output-limit = 100\n")
+    d = start_daemon(ops_home, workspace, tmp_base, ["--config", str(config), "--no-watch"])
+    try:
+        assert _invoke(d, workspace, "big")["result"]["truncated"] is True
+        config.write_text('output-limit = 100000\nallow-group = "root"\n')
+        result = d.call("reload", {})["result"]
+        assert result["config"] == {
+            "applied": ["output-limit"], "restartNeeded": ["allow-group"], "error": None}
+        assert _invoke(d, workspace, "big")["result"]["truncated"] is False
+        config.write_text("output-limit = 10\nmax-running = [\n")
+        result = d.call("reload", {})["result"]
+        assert result["config"]["error"].startswith(f"{config}:2: is not valid TOML")
+        assert _invoke(d, workspace, "big")["result"]["truncated"] is False  # kept
+        failed = [e for e in d.log_events() if e["event"] == "config_reload_failed"]
+        assert failed and failed[0]["level"] == "error" and str(config) in failed[0]["error"]
+        config.write_text("output-limit = 50\n")
+        d.proc.send_signal(signal.SIGHUP)
+        eventually(lambda: any(e["event"] == "config_reloaded" and e["applied"] == [
+            "output-limit"] for e in d.log_events()), what="SIGHUP config reload")
+        assert _invoke(d, workspace, "big")["result"]["truncated"] is True
+    finally:
+        d.stop()
+
+
+def _exec_reload(unit: Path, socket: Path) -> list[str]:
+    """The unit's ExecReload= command, pointed at this checkout and this daemon's socket."""
+    line = next(raw for raw in unit.read_text().splitlines() if raw.startswith("ExecReload="))
+    argv = shlex.split(line.removeprefix("ExecReload="))
+    assert argv[0].endswith("/toolsetctl")
+    argv = [sys.executable, "-m", "toolsetd.client", *argv[1:]]
+    index = argv.index("--socket")
+    argv[index + 1] = str(socket)
+    return argv
+
+
+@pytest.mark.parametrize("unit", ["toolsetd.service", "system/toolsetd.service"])
+def test_exec_reload_returns_after_the_new_generation(
+    ops_home: Path, workspace: Path, tmp_base: Path, unit: str
+) -> None:
+    """The units' ExecReload returns once the reload is done, and fails on a bad config file."""
+    config = _config(tmp_base, "")
+    d = start_daemon(ops_home, workspace, tmp_base, ["--config", str(config), "--no-watch"])
+    try:
+        before = d.call("status")["result"]["generation"]
+        _set(ops_home / "tools", "fresh", "echo new\n")
+        command = _exec_reload(REPO / "systemd" / unit, d.socket)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30,  # noqa: TID251 - the CLI under test
+                              cwd="/", check=False)
+        assert done.returncode == 0, done.stderr
+        # No waiting: when the command has returned, the new catalog is in place.
+        assert d.call("status")["result"]["generation"] == before + 1
+        assert "fresh" in {t["name"] for t in d.call("list", {})["result"]["tools"]}
+        assert "/" not in d.call("status")["result"]["workspaces"]
+        config.write_text("max-running = 0\n")
+        failed = subprocess.run(command, capture_output=True, text=True, timeout=30,  # noqa: TID251
+                                cwd="/", check=False)
+        assert failed.returncode == 1
+        assert f"{config}:1: max-running: must be at least 1, got 0" in failed.stderr
+    finally:
+        d.stop()
+
+
+def test_journald_priority_prefixes_when_stderr_is_the_journal(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """With JOURNAL_STREAM naming stderr, each line starts <N> and keeps its JSON fields."""
+    log_path = tmp_base / "daemon.log"
+    log_path.touch()
+    st = os.stat(log_path)
+    config = _config(tmp_base, "")
+    d = start_daemon(ops_home, workspace, tmp_base,
+                     ["--config", str(config), "--max-message-bytes", "1024"],
+                     env={"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+    try:
+        _invoke(d, workspace, "quick")
+        with d.raw() as conn:
+            conn.send_bytes(b"x" * 2048 + b"\n")  # over the limit: a warning
+            assert conn.closed_by_peer()
+        config.write_text("max-running = 0\n")
+        d.call("reload", {})  # a bad file at reload: an error
+        eventually(lambda: "config_reload_failed" in d.log(), what="error logged")
+    finally:
+        d.stop()
+    lines = [line for line in d.log().splitlines() if line.startswith("<")]
+    assert lines and len(lines) == len([x for x in d.log().splitlines() if x.strip()])
+    by_event = {}
+    for line in lines:
+        prefix, record = line[:3], json.loads(line[3:])
+        by_event.setdefault(record["event"], (prefix, record))
+    assert by_event["daemon_started"][0] == "<6>"
+    assert by_event["request_served"][0] == "<7>"
+    assert by_event["connection_frame_too_large"][0] == "<4>"
+    assert by_event["config_reload_failed"][0] == "<3>"
+    prefix, finished = by_event["call_finished"]
+    assert prefix == "<6>" and finished["tool"] == "quick" and finished["status"] == "ok"
+
+
+def test_journald_no_prefix_when_journal_stream_is_another_file(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A JOURNAL_STREAM that names another file leaves plain JSON lines."""
+    other = os.stat(tmp_base)
+    d = start_daemon(ops_home, workspace, tmp_base,
+                     env={"JOURNAL_STREAM": f"{other.st_dev}:{other.st_ino}"})
+    d.stop()
+    events = d.log_events()
+    assert events and all(line.startswith("{") for line in d.log().splitlines() if line)
+
+
+def test_traceparent_reaches_the_child_and_nothing_optional_is_imported(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """Without tracing the caller's traceparent reaches the child as TRACEPARENT; OpenTelemetry
+    is never imported and prometheus_client only once metrics are asked for."""
+    d = start_daemon(ops_home, workspace, tmp_base, env={"PYTHONPROFILEIMPORTTIME": "1"})
+    try:
+        parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        reply = _invoke(d, workspace, "trace", traceparent=parent)
+        assert reply["result"]["content"][0]["text"] == f"exit 0\n{parent}"
+        assert _invoke(d, workspace, "trace")["result"]["content"][0]["text"] == "exit 0\n"
+        bad = _invoke(d, workspace, "trace", traceparent="00-xyz")
+        assert bad["error"]["code"] == -32602 and "traceparent" in bad["error"]["message"]
+        assert "prometheus_client" not in d.log()
+        _metrics(d)
+        eventually(lambda: "prometheus_client" in d.log(), what="lazy import")
+    finally:
+        d.stop()
+    assert "opentelemetry" not in d.log()
