@@ -292,6 +292,7 @@ class Client:
         catalog: str | None = None,
         session: str | None = None,
         images: bool | None = None,
+        traceparent: str | None = None,
         on_event: EventHandler | None = None,
     ) -> dict[str, Any]:
         """Run a tool and wait for its result, delivering its events to ``on_event``.
@@ -311,6 +312,8 @@ class Client:
             catalog: ``plan`` or ``work``.
             session: The session string passed to the child.
             images: Whether the caller can take image content.
+            traceparent: The caller's W3C trace context; the daemon's span (or, without
+                tracing, the tool) continues that trace.
             on_event: Called as ``on_event(method, params)`` for ``started``, ``progress``
                 and ``completed``, plain or async, from the caller's task.
 
@@ -337,6 +340,7 @@ class Client:
             "catalog": catalog,
             "session": session,
             "images": images,
+            "traceparent": traceparent,
         }
         params.update({key: value for key, value in optional.items() if value is not None})
         if call_id in self._calls:
