@@ -47,8 +47,8 @@ from .activation import ActivationError, listen_fds
 from .logs import configure_logging
 from .methods import Handlers, HandlerSettings
 from .metrics import Metrics, MetricsSources, serve_metrics
-from .observe import Observer, ObserverSet
 from .model import DEFAULT_RESERVED_NAMES, SetState, Source
+from .observe import Observer, ObserverSet
 from .peercred import PeerPolicy
 from .reaper import OrphanGuard
 from .registry import Registry
@@ -326,19 +326,23 @@ def _reload_config(
         log.error("config_reload_failed", error=str(exc))
         return {"applied": [], "restartNeeded": [], "error": str(exc)}
     fresh = options_from_settings(outcome.settings, options.args)
-    runner.update_settings(replace(runner.settings, **{
-        "output_limit_chars": fresh.runner.output_limit_chars,
-        "kill_grace_seconds": fresh.runner.kill_grace_seconds,
-        "progress_interval_seconds": fresh.runner.progress_interval_seconds,
-    }))
+    runner.update_settings(
+        replace(
+            runner.settings,
+            output_limit_chars=fresh.runner.output_limit_chars,
+            kill_grace_seconds=fresh.runner.kill_grace_seconds,
+            progress_interval_seconds=fresh.runner.progress_interval_seconds,
+        )
+    )
     limiter.total_tokens = fresh.max_running
     # A new value reaches the connections opened from now on (each keeps its own).
-    server.settings = replace(server.settings, **{
-        "max_frame_size": fresh.server.max_frame_size,
-        "max_connections": fresh.server.max_connections,
-        "max_calls_per_connection": fresh.server.max_calls_per_connection,
-        "idle_timeout": fresh.server.idle_timeout,
-    })
+    server.settings = replace(
+        server.settings,
+        max_frame_size=fresh.server.max_frame_size,
+        max_connections=fresh.server.max_connections,
+        max_calls_per_connection=fresh.server.max_calls_per_connection,
+        idle_timeout=fresh.server.idle_timeout,
+    )
     registry.idle_seconds = fresh.workspace_idle_seconds
     state.options = replace(
         options,
@@ -498,7 +502,9 @@ def _status_text(registry: Registry, handlers: Handlers, state: _State) -> str:
     return f"Serving {sets} tool sets ({len(workspaces)} workspaces); {calls} calls in flight"
 
 
-def options_from_settings(settings: Settings, args: argparse.Namespace | None = None) -> DaemonOptions:
+def options_from_settings(
+    settings: Settings, args: argparse.Namespace | None = None
+) -> DaemonOptions:
     """The daemon's options from its effective settings.
 
     Args:

@@ -50,7 +50,7 @@ def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> 
     return st.st_dev == int(device) and st.st_ino == int(inode)
 
 
-def _prefix_priority(_logger: Any, method: str, line: str | bytes) -> str:
+def _prefix_priority(_logger: Any, method: str, line: Any) -> str:
     """Put the sd-daemon priority in front of the rendered line (the last processor)."""
     text = line.decode() if isinstance(line, bytes) else line
     return PRIORITIES.get(method, "<6>") + text

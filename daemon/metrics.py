@@ -31,7 +31,6 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 import structlog
-
 from toolsetd.protocol import __version__
 
 from .model import Catalog, Source
@@ -45,8 +44,23 @@ __all__ = ["Metrics", "MetricsSources", "serve_metrics"]
 log = structlog.get_logger("toolsetd.metrics")
 
 #: Histogram bucket bounds, in seconds.
-CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                120.0, 300.0)
+CALL_BUCKETS = (
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+    300.0,
+)
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0)
 RELOAD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
 
@@ -192,79 +206,107 @@ class Metrics:
         )
 
         s = self._sources
-        info = GaugeMetricFamily("toolsetd_build_info", "The running toolsetd version.",
-                                 labels=["version"])
+        info = GaugeMetricFamily(
+            "toolsetd_build_info", "The running toolsetd version.", labels=["version"]
+        )
         info.add_metric([__version__], 1)
         yield info
-        yield GaugeMetricFamily("toolsetd_start_time_seconds", "When the daemon started "
-                                "(Unix time).", value=self._started)
+        yield GaugeMetricFamily(
+            "toolsetd_start_time_seconds",
+            "When the daemon started (Unix time).",
+            value=self._started,
+        )
 
         calls = CounterMetricFamily(
-            "toolsetd_calls", "invoke calls by tool set, result status (ok, error, timeout, "
+            "toolsetd_calls",
+            "invoke calls by tool set, result status (ok, error, timeout, "
             "cancelled; refused when the policy or the path fence stopped the call) and "
-            "policy decision.", labels=["set", "status", "decision"],
+            "policy decision.",
+            labels=["set", "status", "decision"],
         )
         for (name, status, decision), count in sorted(self.calls.items()):
             calls.add_metric([name, status, decision], count)
         yield calls
         duration = HistogramMetricFamily(
-            "toolsetd_call_duration_seconds", "invoke calls from the runner's start to the "
-            "outcome (queue wait included), by tool set.", labels=["set"],
+            "toolsetd_call_duration_seconds",
+            "invoke calls from the runner's start to the "
+            "outcome (queue wait included), by tool set.",
+            labels=["set"],
         )
         for name, hist in sorted(self.durations.items()):
             duration.add_metric([name], hist.buckets(), hist.total)
         yield duration
         queue = HistogramMetricFamily(
-            "toolsetd_call_queue_wait_seconds", "Time calls waited for a --max-running slot.",
+            "toolsetd_call_queue_wait_seconds",
+            "Time calls waited for a --max-running slot.",
         )
         queue.add_metric([], self.queue_wait.buckets(), self.queue_wait.total)
         yield queue
-        yield GaugeMetricFamily("toolsetd_calls_in_flight", "invoke calls accepted and not "
-                                "yet answered (queued ones included).", value=s.in_flight())
-        yield GaugeMetricFamily("toolsetd_calls_queued", "Calls waiting for a --max-running "
-                                "slot.", value=s.queued())
-        spawn = CounterMetricFamily("toolsetd_spawn_failures", "Tool processes that could "
-                                    "not be started, by tool set.", labels=["set"])
+        yield GaugeMetricFamily(
+            "toolsetd_calls_in_flight",
+            "invoke calls accepted and not yet answered (queued ones included).",
+            value=s.in_flight(),
+        )
+        yield GaugeMetricFamily(
+            "toolsetd_calls_queued", "Calls waiting for a --max-running slot.", value=s.queued()
+        )
+        spawn = CounterMetricFamily(
+            "toolsetd_spawn_failures",
+            "Tool processes that could not be started, by tool set.",
+            labels=["set"],
+        )
         for name, count in sorted(self.spawn_failures.items()):
             spawn.add_metric([name], count)
         yield spawn
-        output = CounterMetricFamily("toolsetd_output_bytes", "Bytes tools wrote, by tool "
-                                     "set and stream.", labels=["set", "stream"])
+        output = CounterMetricFamily(
+            "toolsetd_output_bytes",
+            "Bytes tools wrote, by tool set and stream.",
+            labels=["set", "stream"],
+        )
         for (name, stream), count in sorted(self.output_bytes.items()):
             output.add_metric([name, stream], count)
         yield output
-        cut = CounterMetricFamily("toolsetd_output_truncations", "Call results cut at "
-                                  "--output-limit, by tool set.", labels=["set"])
+        cut = CounterMetricFamily(
+            "toolsetd_output_truncations",
+            "Call results cut at --output-limit, by tool set.",
+            labels=["set"],
+        )
         for name, count in sorted(self.truncations.items()):
             cut.add_metric([name], count)
         yield cut
 
-        yield CounterMetricFamily("toolsetd_connections", "Connections accepted (refused "
-                                  "ones included).", value=s.connections_accepted())
-        yield GaugeMetricFamily("toolsetd_connections_open", "Connections being served.",
-                                value=s.connections_open())
-        refused = CounterMetricFamily("toolsetd_connections_refused", "Connections turned "
-                                      "away: peer (SO_PEERCRED), limit (--max-connections), "
-                                      "stopping.", labels=["reason"])
+        yield CounterMetricFamily(
+            "toolsetd_connections",
+            "Connections accepted (refused ones included).",
+            value=s.connections_accepted(),
+        )
+        yield GaugeMetricFamily(
+            "toolsetd_connections_open", "Connections being served.", value=s.connections_open()
+        )
+        refused = CounterMetricFamily(
+            "toolsetd_connections_refused",
+            "Connections turned away: peer (SO_PEERCRED), limit (--max-connections), stopping.",
+            labels=["reason"],
+        )
         for reason, count in sorted(self.refusals.items()):
             refused.add_metric([reason], count)
         yield refused
 
-        reloads = CounterMetricFamily("toolsetd_reloads", "Catalog reloads by result (ok, "
-                                      "failed).", labels=["result"])
+        reloads = CounterMetricFamily(
+            "toolsetd_reloads", "Catalog reloads by result (ok, failed).", labels=["result"]
+        )
         for result, count in sorted(self.reloads.items()):
             reloads.add_metric([result], count)
         yield reloads
-        reload_time = HistogramMetricFamily("toolsetd_reload_duration_seconds",
-                                            "Catalog reload durations.")
+        reload_time = HistogramMetricFamily(
+            "toolsetd_reload_duration_seconds", "Catalog reload durations."
+        )
         reload_time.add_metric([], self.reload_durations.buckets(), self.reload_durations.total)
         yield reload_time
         yield from _catalog_families(s.catalogs(), s.generation(), GaugeMetricFamily)
 
 
-def _catalog_families(
-    catalogs: Sequence[Catalog], generation: int, gauge: Any
-) -> Iterator[Any]:
+def _catalog_families(catalogs: Sequence[Catalog], generation: int, gauge: Any) -> Iterator[Any]:
     """Sets by source and state, tools and notes by source, over every loaded catalog.
 
     The home catalog counts its home sets; a workspace catalog adds its project sets
@@ -289,13 +331,15 @@ def _catalog_families(
             source = note.source.value if note.source is not None else "config"
             if (catalog.workspace is None) != (note.source == Source.PROJECT):
                 notes[source] = notes.get(source, 0) + 1
-    family = gauge("toolsetd_catalog_sets", "Tool sets by source and state (loaded, disabled, "
-                   "refused, hidden).", labels=["source", "state"])
+    family = gauge(
+        "toolsetd_catalog_sets",
+        "Tool sets by source and state (loaded, disabled, refused, hidden).",
+        labels=["source", "state"],
+    )
     for (source, state), count in sorted(sets.items()):
         family.add_metric([source, state], count)
     yield family
-    family = gauge("toolsetd_catalog_tools", "Tools in the catalogs, by source.",
-                   labels=["source"])
+    family = gauge("toolsetd_catalog_tools", "Tools in the catalogs, by source.", labels=["source"])
     for source, count in sorted(tools.items()):
         family.add_metric([source], count)
     yield family
@@ -337,8 +381,10 @@ async def serve_metrics(
     listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
     async with listener:
         bound = listener.extra(anyio.abc.SocketAttribute.local_address)
-        log.info("metrics_listening", address=f"{bound[0]}:{bound[1]}")
-        task_status.started((bound[0], bound[1]))
+        host_bound, port_bound = str(bound[0]), int(bound[1])
+        shown = f"[{host_bound}]" if ":" in host_bound else host_bound
+        log.info("metrics_listening", address=f"{shown}:{port_bound}")
+        task_status.started((host_bound, port_bound))
         await listener.serve(lambda stream: _answer(metrics, stream))
 
 
@@ -367,20 +413,27 @@ async def _answer(metrics: Metrics, stream: anyio.abc.SocketStream) -> None:
                 return
             text, content_type = metrics.exposition()
             body = text.encode()
-            await stream.send(_response(200, content_type, b"" if method == b"HEAD" else body,
-                                        length=len(body)))
+            await stream.send(
+                _response(200, content_type, b"" if method == b"HEAD" else body, length=len(body))
+            )
     except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         pass
     except Exception:  # one scrape's bug must not end the listener
         log.exception("metrics_request_failed")
 
 
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            431: "Request Header Fields Too Large"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    431: "Request Header Fields Too Large",
+}
 
 
-def _response(status: int, content_type: str, body: bytes, *, length: int | None = None,
-              allow: bool = False) -> bytes:
+def _response(
+    status: int, content_type: str, body: bytes, *, length: int | None = None, allow: bool = False
+) -> bytes:
     headers = [
         f"HTTP/1.1 {status} {_REASONS[status]}",
         f"Content-Type: {content_type}",

@@ -20,7 +20,6 @@ argument values, environments or output.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -29,22 +28,11 @@ if TYPE_CHECKING:
     from .call import CallOutcome
 
 __all__ = [
-    "TRACEPARENT",
     "CallInfo",
     "CallObservation",
     "Observer",
     "ObserverSet",
-    "valid_traceparent",
 ]
-
-#: W3C Trace Context ``traceparent``: version 00, a 32-hex trace id and a 16-hex parent id,
-#: neither all zeros, and the flags.
-TRACEPARENT = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
-
-
-def valid_traceparent(value: str) -> bool:
-    """Whether ``value`` is a W3C ``traceparent`` of version 00."""
-    return TRACEPARENT.match(value) is not None
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,48 +103,162 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("socket", "path", None, "socket path (default $XDG_RUNTIME_DIR/toolsetd/"
-           "toolsetd.sock, else /tmp/toolsetd-<uid>/toolsetd.sock)", metavar="PATH",
-           env="TOOLSETD_SOCKET"),
-    Option("home", "path", None, "the Crystal home (default ~/.crystal)", metavar="DIR",
-           env="CRYSTAL_HOME"),
-    Option("reserve", "names", (), "reserve one more tool name (repeatable; a list in the file)",
-           metavar="NAME"),
-    Option("log-format", "choice", "json", "log rendering (default json)",
-           choices=("json", "console")),
-    Option("log-level", "choice", "info", "log level (default info)",
-           choices=("debug", "info", "warning", "error")),
+    Option(
+        "socket",
+        "path",
+        None,
+        "socket path (default $XDG_RUNTIME_DIR/toolsetd/"
+        "toolsetd.sock, else /tmp/toolsetd-<uid>/toolsetd.sock)",
+        metavar="PATH",
+        env="TOOLSETD_SOCKET",
+    ),
+    Option(
+        "home",
+        "path",
+        None,
+        "the Crystal home (default ~/.crystal)",
+        metavar="DIR",
+        env="CRYSTAL_HOME",
+    ),
+    Option(
+        "reserve",
+        "names",
+        (),
+        "reserve one more tool name (repeatable; a list in the file)",
+        metavar="NAME",
+    ),
+    Option(
+        "log-format", "choice", "json", "log rendering (default json)", choices=("json", "console")
+    ),
+    Option(
+        "log-level",
+        "choice",
+        "info",
+        "log level (default info)",
+        choices=("debug", "info", "warning", "error"),
+    ),
     Option("no-watch", "bool", False, "do not watch tool-set folders"),
     Option("allow-group", "str", None, "also serve members of this group", metavar="GROUP"),
-    Option("max-running", "int", 64, "children running at once; further calls wait "
-           "(default 64)", reloadable=True, check="count", metavar="N"),
-    Option("output-limit", "int", 100_000, "characters of output returned to the caller "
-           "(default 100000)", reloadable=True, check="count", metavar="CHARS"),
-    Option("kill-grace", "float", 5.0, "seconds between SIGTERM and SIGKILL for a timed-out "
-           "call (default 5)", reloadable=True, check="seconds", metavar="SECONDS"),
-    Option("progress-interval", "float", 1.0, "seconds between progress notifications "
-           "(default 1)", reloadable=True, check="seconds", metavar="SECONDS"),
-    Option("shutdown-grace", "float", 10.0, "seconds in-flight calls get when stopping "
-           "(default 10)", reloadable=True, check="seconds", metavar="SECONDS"),
-    Option("status-interval", "float", 2.0, "seconds between checks of the STATUS= line sent "
-           "to systemd (default 2)", reloadable=True, check="seconds", metavar="SECONDS"),
-    Option("no-orphan-guard", "bool", False, "do not run the sentinel process that kills the "
-           "tools if the daemon dies (under systemd the unit's cgroup does that too)"),
-    Option("max-connections", "int", 256, "connections served at once (default 256)",
-           reloadable=True, check="count", metavar="N"),
-    Option("max-calls-per-connection", "int", 128, "requests in flight per connection "
-           "(default 128)", reloadable=True, check="count", metavar="N"),
-    Option("idle-timeout", "float", 30.0, "close a connection that holds an incomplete "
-           "request this long (default 30)", reloadable=True, check="seconds",
-           metavar="SECONDS"),
-    Option("max-message-bytes", "int", 16 * 1024 * 1024, "longest request line "
-           "(default 16777216)", reloadable=True, check="count", metavar="N"),
-    Option("workspace-idle", "float", 3600.0, "release a workspace unused this long "
-           "(default 3600)", reloadable=True, check="seconds", metavar="SECONDS"),
-    Option("metrics-listen", "listen", None, "also serve Prometheus metrics at /metrics on "
-           "this loopback address", metavar="HOST:PORT"),
-    Option("traces", "choice", "off", "export OpenTelemetry traces (needs toolsetd[otel]; "
-           "default off)", choices=("off", "otlp", "console")),
+    Option(
+        "max-running",
+        "int",
+        64,
+        "children running at once; further calls wait (default 64)",
+        reloadable=True,
+        check="count",
+        metavar="N",
+    ),
+    Option(
+        "output-limit",
+        "int",
+        100_000,
+        "characters of output returned to the caller (default 100000)",
+        reloadable=True,
+        check="count",
+        metavar="CHARS",
+    ),
+    Option(
+        "kill-grace",
+        "float",
+        5.0,
+        "seconds between SIGTERM and SIGKILL for a timed-out call (default 5)",
+        reloadable=True,
+        check="seconds",
+        metavar="SECONDS",
+    ),
+    Option(
+        "progress-interval",
+        "float",
+        1.0,
+        "seconds between progress notifications (default 1)",
+        reloadable=True,
+        check="seconds",
+        metavar="SECONDS",
+    ),
+    Option(
+        "shutdown-grace",
+        "float",
+        10.0,
+        "seconds in-flight calls get when stopping (default 10)",
+        reloadable=True,
+        check="seconds",
+        metavar="SECONDS",
+    ),
+    Option(
+        "status-interval",
+        "float",
+        2.0,
+        "seconds between checks of the STATUS= line sent to systemd (default 2)",
+        reloadable=True,
+        check="seconds",
+        metavar="SECONDS",
+    ),
+    Option(
+        "no-orphan-guard",
+        "bool",
+        False,
+        "do not run the sentinel process that kills the "
+        "tools if the daemon dies (under systemd the unit's cgroup does that too)",
+    ),
+    Option(
+        "max-connections",
+        "int",
+        256,
+        "connections served at once (default 256)",
+        reloadable=True,
+        check="count",
+        metavar="N",
+    ),
+    Option(
+        "max-calls-per-connection",
+        "int",
+        128,
+        "requests in flight per connection (default 128)",
+        reloadable=True,
+        check="count",
+        metavar="N",
+    ),
+    Option(
+        "idle-timeout",
+        "float",
+        30.0,
+        "close a connection that holds an incomplete request this long (default 30)",
+        reloadable=True,
+        check="seconds",
+        metavar="SECONDS",
+    ),
+    Option(
+        "max-message-bytes",
+        "int",
+        16 * 1024 * 1024,
+        "longest request line (default 16777216)",
+        reloadable=True,
+        check="count",
+        metavar="N",
+    ),
+    Option(
+        "workspace-idle",
+        "float",
+        3600.0,
+        "release a workspace unused this long (default 3600)",
+        reloadable=True,
+        check="seconds",
+        metavar="SECONDS",
+    ),
+    Option(
+        "metrics-listen",
+        "listen",
+        None,
+        "also serve Prometheus metrics at /metrics on this loopback address",
+        metavar="HOST:PORT",
+    ),
+    Option(
+        "traces",
+        "choice",
+        "off",
+        "export OpenTelemetry traces (needs toolsetd[otel]; default off)",
+        choices=("off", "otlp", "console"),
+    ),
 )
 
 _BY_KEY = {option.key: option for option in OPTIONS}
@@ -198,8 +312,13 @@ class ConfigError(Exception):
         key: The key at fault, when there is one.
     """
 
-    def __init__(self, message: str, path: Path | None = None, line: int | None = None,
-                 key: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        path: Path | None = None,
+        line: int | None = None,
+        key: str | None = None,
+    ) -> None:
         where = ""
         if path is not None:
             where = f"{path}:{line}: " if line else f"{path}: "
@@ -234,17 +353,25 @@ def build_parser(version: str) -> argparse.ArgumentParser:
         description="Serve operator tool sets (tools.json) to coding agents over a Unix socket.",
         argument_default=argparse.SUPPRESS,
     )
-    parser.add_argument("--config", type=Path, metavar="PATH",
-                        help="the config file (default $XDG_CONFIG_HOME/toolsetd/toolsetd.toml; "
-                        "/etc/toolsetd/toolsetd.toml for root)")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the effective settings and where each came from, then exit")
+    parser.add_argument(
+        "--config",
+        type=Path,
+        metavar="PATH",
+        help="the config file (default $XDG_CONFIG_HOME/toolsetd/toolsetd.toml; "
+        "/etc/toolsetd/toolsetd.toml for root)",
+    )
+    parser.add_argument(
+        "--print-config",
+        action="store_true",
+        help="print the effective settings and where each came from, then exit",
+    )
     for option in OPTIONS:
         if option.kind == "bool":
             parser.add_argument(option.flag, action="store_true", help=option.help)
         elif option.kind == "names":
-            parser.add_argument(option.flag, action="append", metavar=option.metavar,
-                                help=option.help)
+            parser.add_argument(
+                option.flag, action="append", metavar=option.metavar, help=option.help
+            )
         elif option.kind == "choice":
             parser.add_argument(option.flag, choices=option.choices, help=option.help)
         else:
@@ -297,8 +424,7 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         reason = getattr(exc.__cause__, "strerror", None)
         if reason is None:
             reason = (
-                "it is larger than 1 MiB" if "larger" in exc.message
-                else "it is not a regular file"
+                "it is larger than 1 MiB" if "larger" in exc.message else "it is not a regular file"
             )
         raise ConfigError(f"cannot be used: {reason}", path) from None
     try:
@@ -374,14 +500,17 @@ def _parse_listen(raw: str) -> tuple[str, int]:
     host, sep, port_text = raw.rpartition(":")
     host = host.strip("[]")
     if not sep or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
-        raise ValueError(f"must be HOST:PORT with a port from 0 (any free one) to 65535, "
-                         f"got {_show(raw)}")
+        raise ValueError(
+            f"must be HOST:PORT with a port from 0 (any free one) to 65535, got {_show(raw)}"
+        )
     if host == "localhost":
         host = "127.0.0.1"
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        raise ValueError(f"must be a loopback address (127.0.0.1 or [::1]), got {_show(raw)}") from None
+        raise ValueError(
+            f"must be a loopback address (127.0.0.1 or [::1]), got {_show(raw)}"
+        ) from None
     if not address.is_loopback:
         raise ValueError(f"must be a loopback address (127.0.0.1 or [::1]), got {_show(raw)}")
     return str(address), int(port_text)
@@ -440,8 +569,8 @@ def load_settings(
         ConfigError: A flag, an environment value or the file is unusable.
     """
     explicit = getattr(args, "config", None)
-    path: Path | None = Path(os.path.abspath(explicit)) if explicit else default_config_path(
-        environ, uid
+    path: Path | None = (
+        Path(os.path.abspath(explicit)) if explicit else default_config_path(environ, uid)
     )
     file_values: dict[str, Any] = {}
     file_sources: dict[str, str] = {}

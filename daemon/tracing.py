@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
 from toolsetd.protocol import __version__
 
 from .observe import CallInfo
@@ -47,8 +46,11 @@ if TYPE_CHECKING:
 __all__ = ["Tracing", "tracer_provider"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
-_REFUSALS = {"deny": "policy_denied", "approval": "approval_required",
-             "arguments": "invalid_arguments"}
+_REFUSALS = {
+    "deny": "policy_denied",
+    "approval": "approval_required",
+    "arguments": "invalid_arguments",
+}
 
 
 class _CallSpan:
@@ -108,12 +110,15 @@ class _CallSpan:
         context = trace.set_span_in_context(span)
         run_began = max(self._began, now - outcome.duration_ms * 1_000_000)
         slot = min(now, run_began + outcome.queue_ms * 1_000_000)
-        queue = self._tracer.start_span("toolsetd.queue_wait", context=context,
-                                        start_time=run_began)
+        queue = self._tracer.start_span(
+            "toolsetd.queue_wait", context=context, start_time=run_began
+        )
         queue.end(end_time=slot)
         if outcome.started or outcome.spawn_failed:
             process = self._tracer.start_span(
-                "toolsetd.process", context=context, start_time=slot,
+                "toolsetd.process",
+                context=context,
+                start_time=slot,
                 attributes={"process.pid": outcome.pid} if outcome.pid else None,
             )
             if outcome.exit_code is not None:

@@ -10,7 +10,6 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 from toolsetd.daemon.app import options_from_settings
 from toolsetd.daemon.settings import (
     OPTIONS,
@@ -52,8 +51,9 @@ def test_settings_table_matches_the_settings_fields() -> None:
 
 def test_settings_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None:
     """A flag wins over the environment, which wins over the file, which wins over the default."""
-    path = _write(tmp_path, 'max-running = 8\nsocket = "/run/file.sock"\nhome = "/srv/home"\n'
-                  "kill-grace = 3\n")
+    path = _write(
+        tmp_path, 'max-running = 8\nsocket = "/run/file.sock"\nhome = "/srv/home"\nkill-grace = 3\n'
+    )
     s = _load(path, "--max-running", "4", environ={"TOOLSETD_SOCKET": "/run/env.sock"})
     assert s.max_running == 4
     assert s.sources["max-running"] == "flag --max-running"
@@ -70,15 +70,31 @@ def test_settings_precedence_flag_over_env_over_file_over_default(tmp_path: Path
 
 def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
     """Each key is its flag without the dashes, and sets the same field."""
-    text = "\n".join([
-        'socket = "/tmp/x.sock"', 'home = "~/crystal"', 'reserve = ["deploy", "ship"]',
-        'log-format = "console"', 'log-level = "debug"', "no-watch = true",
-        'allow-group = "staff"', "max-running = 2", "output-limit = 10", "kill-grace = 1.5",
-        "progress-interval = 0.5", "shutdown-grace = 4", "status-interval = 9",
-        "no-orphan-guard = true", "max-connections = 3", "max-calls-per-connection = 4",
-        "idle-timeout = 5", "max-message-bytes = 4096", "workspace-idle = 60",
-        'metrics-listen = "127.0.0.1:9464"', 'traces = "console"',
-    ])
+    text = "\n".join(
+        [
+            'socket = "/tmp/x.sock"',
+            'home = "~/crystal"',
+            'reserve = ["deploy", "ship"]',
+            'log-format = "console"',
+            'log-level = "debug"',
+            "no-watch = true",
+            'allow-group = "staff"',
+            "max-running = 2",
+            "output-limit = 10",
+            "kill-grace = 1.5",
+            "progress-interval = 0.5",
+            "shutdown-grace = 4",
+            "status-interval = 9",
+            "no-orphan-guard = true",
+            "max-connections = 3",
+            "max-calls-per-connection = 4",
+            "idle-timeout = 5",
+            "max-message-bytes = 4096",
+            "workspace-idle = 60",
+            'metrics-listen = "127.0.0.1:9464"',
+            'traces = "console"',
+        ]
+    )
     s = _load(_write(tmp_path, text))
     assert {k for k, v in s.sources.items() if v != "default"} == {o.key for o in OPTIONS}
     assert s.home == Path(os.path.expanduser("~/crystal"))
@@ -98,25 +114,37 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
         ("max-running = 0\n", "toolsetd.toml:1: max-running: must be at least 1, got 0"),
         ('max-running = "8"\n', 'toolsetd.toml:1: max-running: must be an integer, got "8"'),
         ("max-running = true\n", "max-running: must be an integer, got true"),
-        ("\n\nkill-grace = -1\n", "toolsetd.toml:3: kill-grace: must be a positive number of "
-         "seconds, got -1"),
+        (
+            "\n\nkill-grace = -1\n",
+            "toolsetd.toml:3: kill-grace: must be a positive number of seconds, got -1",
+        ),
         ('kill-grace = "5"\n', 'kill-grace: must be a number of seconds, got "5"'),
         ("no-watch = 1\n", "no-watch: must be true or false, got 1"),
-        ('log-level = "loud"\n', 'log-level: must be one of debug, info, warning, error; got '
-         '"loud"'),
-        ('socket = "relative.sock"\n', 'socket: must be an absolute path (or start with ~), got '
-         '"relative.sock"'),
+        (
+            'log-level = "loud"\n',
+            'log-level: must be one of debug, info, warning, error; got "loud"',
+        ),
+        (
+            'socket = "relative.sock"\n',
+            'socket: must be an absolute path (or start with ~), got "relative.sock"',
+        ),
         ("reserve = [1]\n", "reserve: must be a list of names, got a list"),
         ("allow-group = 5\n", "allow-group: must be a string, got 5"),
         ('allow-group = ""\n', "allow-group: must not be empty"),
-        ('metrics-listen = "0.0.0.0:9464"\n', 'metrics-listen: must be a loopback address '
-         '(127.0.0.1 or [::1]), got "0.0.0.0:9464"'),
+        (
+            'metrics-listen = "0.0.0.0:9464"\n',
+            'metrics-listen: must be a loopback address (127.0.0.1 or [::1]), got "0.0.0.0:9464"',
+        ),
         ('metrics-listen = "9464"\n', "metrics-listen: must be HOST:PORT"),
-        ("max-runing = 3\n", "toolsetd.toml:1: max-runing: unknown key; did you mean "
-         "'max-running'?"),
+        (
+            "max-runing = 3\n",
+            "toolsetd.toml:1: max-runing: unknown key; did you mean 'max-running'?",
+        ),
         ("[limits]\nx = 1\n", "toolsetd.toml:1: limits: unknown key"),
-        ("max-running = \n", "toolsetd.toml:1: is not valid TOML: Invalid value (at line 1, "
-         "column 15)"),
+        (
+            "max-running = \n",
+            "toolsetd.toml:1: is not valid TOML: Invalid value (at line 1, column 15)",
+        ),
     ],
 )
 def test_settings_file_errors_name_file_line_and_key(
@@ -158,12 +186,13 @@ def test_settings_flag_and_env_errors() -> None:
 def test_settings_default_path_and_missing_default_file(tmp_path: Path) -> None:
     """The default file is systemd's, else /etc for root, else XDG; missing means defaults."""
     assert default_config_path({"CONFIGURATION_DIRECTORY": "/etc/toolsetd"}, 1000) == Path(
-        "/etc/toolsetd/toolsetd.toml")
+        "/etc/toolsetd/toolsetd.toml"
+    )
     assert default_config_path({}, 0) == Path("/etc/toolsetd/toolsetd.toml")
-    assert default_config_path({"XDG_CONFIG_HOME": "/x"}, 1000) == Path(
-        "/x/toolsetd/toolsetd.toml")
+    assert default_config_path({"XDG_CONFIG_HOME": "/x"}, 1000) == Path("/x/toolsetd/toolsetd.toml")
     assert default_config_path({"HOME": "/home/a"}, 1000) == Path(
-        "/home/a/.config/toolsetd/toolsetd.toml")
+        "/home/a/.config/toolsetd/toolsetd.toml"
+    )
     s = load_settings(_args(), {"XDG_CONFIG_HOME": str(tmp_path)}, uid=1000)
     assert s.config_path is None and set(s.sources.values()) == {"default"}
     (tmp_path / "toolsetd").mkdir()
@@ -205,8 +234,12 @@ def test_settings_reload_splits_applied_and_restart(tmp_path: Path) -> None:
 
 def _toolsetd(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(  # noqa: TID251 - a short-lived CLI process in a test
-        [sys.executable, "-m", "toolsetd.daemon", *argv], capture_output=True, text=True,
-        timeout=30, env={**os.environ, **(env or {})}, check=False,
+        [sys.executable, "-m", "toolsetd.daemon", *argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, **(env or {})},
+        check=False,
     )
 
 
@@ -222,8 +255,14 @@ def test_settings_bad_file_stops_startup(tmp_path: Path) -> None:
 def test_settings_print_config_command(tmp_path: Path) -> None:
     """toolsetd --print-config prints each value and its source, then exits 0."""
     path = _write(tmp_path, 'log-level = "warning"\n')
-    result = _toolsetd("--config", str(path), "--max-running", "3", "--print-config",
-                       env={"CRYSTAL_HOME": "/srv/crystal"})
+    result = _toolsetd(
+        "--config",
+        str(path),
+        "--max-running",
+        "3",
+        "--print-config",
+        env={"CRYSTAL_HOME": "/srv/crystal"},
+    )
     assert result.returncode == 0, result.stderr
     lines = {line.split(" = ")[0].lstrip("# "): line for line in result.stdout.splitlines()}
     assert lines["log-level"].split("#")[1].strip().startswith(f"{path}:1")

@@ -18,16 +18,15 @@ import pytest
 
 pytest.importorskip("opentelemetry.sdk")
 
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider  # noqa: E402 - after the skip
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor  # noqa: E402
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import (  # noqa: E402
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
     InMemorySpanExporter,
 )
-from opentelemetry.trace import StatusCode  # noqa: E402
-
-from toolsetd.client import Client  # noqa: E402
-from toolsetd.daemon.app import DaemonOptions, run_daemon  # noqa: E402
-from toolsetd.protocol.errors import PolicyDenied  # noqa: E402
+from opentelemetry.trace import StatusCode
+from toolsetd.client import Client
+from toolsetd.daemon.app import DaemonOptions, run_daemon
+from toolsetd.protocol.errors import PolicyDenied
 
 PARENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = f"00-{PARENT_TRACE}-00f067aa0ba902b7-01"
@@ -36,10 +35,19 @@ PARENT = f"00-{PARENT_TRACE}-00f067aa0ba902b7-01"
 def _write_set(root: Path, name: str, script: str, **manifest: Any) -> None:
     folder = root / name
     folder.mkdir(parents=True)
-    (folder / "tools.json").write_text(json.dumps({
-        "runner": "exec", "description": name, "schema": {"type": "object"},
-        "command": [f"{name}.sh"], "stdin": True, "approval": "always", **manifest,
-    }))
+    (folder / "tools.json").write_text(
+        json.dumps(
+            {
+                "runner": "exec",
+                "description": name,
+                "schema": {"type": "object"},
+                "command": [f"{name}.sh"],
+                "stdin": True,
+                "approval": "always",
+                **manifest,
+            }
+        )
+    )
     (folder / f"{name}.sh").write_text("#!/bin/sh\n" + script)
     (folder / f"{name}.sh").chmod(0o755)
 
@@ -64,7 +72,10 @@ async def traced(base: Path) -> AsyncIterator[tuple[Client, InMemorySpanExporter
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     options = DaemonOptions(
-        home=base / "home", socket=base / "s.sock", orphan_guard=False, watch=False,
+        home=base / "home",
+        socket=base / "s.sock",
+        orphan_guard=False,
+        watch=False,
         tracer_provider=provider,
     )
     async with anyio.create_task_group() as tg:
@@ -90,8 +101,9 @@ async def test_tracing_invoke_span_children_and_traceparent(
     child's TRACEPARENT naming that span; no argument or output in any span."""
     client, exporter, ws = traced
     with anyio.fail_after(20):
-        result = await client.invoke("echoenv", {"secret": "s3cr3t-value"}, ws,
-                                     call_id="c-1", traceparent=PARENT)
+        result = await client.invoke(
+            "echoenv", {"secret": "s3cr3t-value"}, ws, call_id="c-1", traceparent=PARENT
+        )
     spans = _by_name(exporter.get_finished_spans())
     assert set(spans) == {"execute_tool echoenv", "toolsetd.queue_wait", "toolsetd.process"}
     call = spans["execute_tool echoenv"]
@@ -149,5 +161,8 @@ async def test_tracing_error_and_denied_calls(
     assert attributes["error.type"] == "policy_denied"
     # A refused call never reached the runner: no queue or process span under it.
     assert denied.context is not None
-    assert not [s for s in exporter.get_finished_spans()
-                if s.parent is not None and s.parent.span_id == denied.context.span_id]
+    assert not [
+        s
+        for s in exporter.get_finished_spans()
+        if s.parent is not None and s.parent.span_id == denied.context.span_id
+    ]

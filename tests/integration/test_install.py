@@ -24,8 +24,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 def _run(*argv: str | Path, cwd: Path, timeout: float = 600) -> str:
     result = subprocess.run(  # noqa: TID251 - building and installing, not the daemon
-        [str(a) for a in argv], cwd=cwd, capture_output=True, text=True, timeout=timeout,
-        check=False, env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        [str(a) for a in argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )
     assert result.returncode == 0, f"{argv}:\n{result.stdout}\n{result.stderr}"
     return result.stdout
@@ -34,16 +39,30 @@ def _run(*argv: str | Path, cwd: Path, timeout: float = 600) -> str:
 def test_install_wheel_into_a_fresh_venv_and_serve(tmp_base: Path) -> None:
     """The wheel installs into a new venv whose toolsetd serves and whose toolsetctl reaches it."""
     wheels = tmp_base / "wheels"
-    _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", wheels, REPO,
-         cwd=tmp_base)
+    _run(
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--no-deps",
+        "--quiet",
+        "-w",
+        wheels,
+        REPO,
+        cwd=tmp_base,
+    )
     (wheel,) = wheels.glob("toolsetd-*.whl")
     venv = tmp_base / "opt-toolsetd"
     _run(sys.executable, "-m", "venv", venv, cwd=tmp_base)
     _run(venv / "bin" / "pip", "install", "--quiet", wheel, cwd=tmp_base)
     toolsetd, toolsetctl = venv / "bin" / "toolsetd", venv / "bin" / "toolsetctl"
     assert os.access(toolsetd, os.X_OK) and os.access(toolsetctl, os.X_OK)
-    where = _run(venv / "bin" / "python", "-c", "import toolsetd.daemon; print(toolsetd.daemon.__file__)",
-                 cwd=tmp_base)
+    where = _run(
+        venv / "bin" / "python",
+        "-c",
+        "import toolsetd.daemon; print(toolsetd.daemon.__file__)",
+        cwd=tmp_base,
+    )
     assert where.startswith(str(venv)), where
 
     home = tmp_base / "home"
@@ -60,8 +79,11 @@ def test_install_wheel_into_a_fresh_venv_and_serve(tmp_base: Path) -> None:
     assert "max-running = 4" in printed and f"{config}:2" in printed
 
     log = (tmp_base / "daemon.log").open("wb")
-    proc = subprocess.Popen(  # noqa: TID251, S603 - the installed daemon under test
-        [toolsetd, "--config", config, "--socket", sock], cwd=tmp_base, stderr=log, stdout=log,
+    proc = subprocess.Popen(  # noqa: TID251 - the installed daemon under test
+        [toolsetd, "--config", config, "--socket", sock],
+        cwd=tmp_base,
+        stderr=log,
+        stdout=log,
     )
     try:
         deadline = time.monotonic() + 30
@@ -73,8 +95,18 @@ def test_install_wheel_into_a_fresh_venv_and_serve(tmp_base: Path) -> None:
             assert conn.request("status")["result"]["home"] == str(home)
         status = _run(toolsetctl, "--socket", sock, "--format", "json", "status", cwd=tmp_base)
         assert '"home"' in status
-        ran = _run(toolsetctl, "--socket", sock, "--workspace", tmp_base, "invoke", "hello",
-                   "--args", '{"name": "installed"}', cwd=tmp_base)
+        ran = _run(
+            toolsetctl,
+            "--socket",
+            sock,
+            "--workspace",
+            tmp_base,
+            "invoke",
+            "hello",
+            "--args",
+            '{"name": "installed"}',
+            cwd=tmp_base,
+        )
         assert "Hello, installed!" in ran
         metrics = _run(toolsetctl, "--socket", sock, "metrics", cwd=tmp_base)
         assert 'toolsetd_calls_total{decision="allow",set="hello",status="ok"} 1.0' in metrics

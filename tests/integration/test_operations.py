@@ -22,10 +22,20 @@ _SH = "#!/bin/sh\n"
 
 
 def _set(root: Path, name: str, body: str, **manifest: Any) -> None:
-    write_set(root, name, {
-        "runner": "exec", "description": f"test set {name}", "schema": {"type": "object"},
-        "command": [f"{name}.sh"], "stdin": False, "approval": "always", **manifest,
-    }, **{f"{name}.sh": _SH + body})
+    write_set(
+        root,
+        name,
+        {
+            "runner": "exec",
+            "description": f"test set {name}",
+            "schema": {"type": "object"},
+            "command": [f"{name}.sh"],
+            "stdin": False,
+            "approval": "always",
+            **manifest,
+        },
+        **{f"{name}.sh": _SH + body},
+    )
 
 
 @pytest.fixture
@@ -49,8 +59,9 @@ def _config(tmp_base: Path, text: str) -> Path:
 
 def _invoke(d: Daemon, workspace: Path, tool: str, **extra: Any) -> dict[str, Any]:
     with d.raw(timeout=30) as conn:
-        _, reply = conn.invoke({"tool": tool, "arguments": {}, "workspace": str(workspace),
-                                **extra})
+        _, reply = conn.invoke(
+            {"tool": tool, "arguments": {}, "workspace": str(workspace), **extra}
+        )
     return reply
 
 
@@ -86,12 +97,21 @@ def test_metrics_after_a_known_sequence_of_calls(
         with d.raw(timeout=30) as a:
             # Earlier connections are closed, but counted until the daemon saw their EOF:
             # wait for a to be alone, so b is accepted and the third one is refused.
-            eventually(lambda: a.request("status")["result"]["connections"] == 1,
-                       what="a alone")
+            eventually(lambda: a.request("status")["result"]["connections"] == 1, what="a alone")
             b = d.raw(timeout=30)
-            a.send({"jsonrpc": "2.0", "id": 1, "method": "invoke", "params": {
-                "tool": "sleepy", "arguments": {}, "workspace": str(workspace),
-                "callId": "c-sleepy"}})
+            a.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": 1,
+                    "method": "invoke",
+                    "params": {
+                        "tool": "sleepy",
+                        "arguments": {},
+                        "workspace": str(workspace),
+                        "callId": "c-sleepy",
+                    },
+                }
+            )
             assert a.receive()["method"] == "started"
             assert b.request("status")["result"]["connections"] == 2
             with RawConn(d.socket) as third:  # over max-connections = 2
@@ -131,8 +151,17 @@ def test_metrics_after_a_known_sequence_of_calls(
     for _, labels in m:
         for key, value in labels:
             assert str(workspace) not in value and key in {
-                "set", "status", "decision", "stream", "reason", "result", "source", "state",
-                "version", "le"}
+                "set",
+                "status",
+                "decision",
+                "stream",
+                "reason",
+                "result",
+                "source",
+                "state",
+                "version",
+                "le",
+            }
 
 
 def test_metrics_listener_serves_only_get_metrics(
@@ -144,12 +173,12 @@ def test_metrics_listener_serves_only_get_metrics(
     try:
         address = next(e["address"] for e in d.log_events() if e["event"] == "metrics_listening")
         _invoke(d, workspace, "quick")
-        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:  # noqa: S310 - loopback
+        with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
             body = response.read().decode()
             assert response.headers["Content-Type"].startswith("text/plain")
         assert 'toolsetd_calls_total{decision="allow",set="quick",status="ok"} 1.0' in body
         for path, method, code in (("/", "GET", 404), ("/metrics", "POST", 405)):
-            request = urllib.request.Request(f"http://{address}{path}", method=method)  # noqa: S310
+            request = urllib.request.Request(f"http://{address}{path}", method=method)
             with pytest.raises(urllib.error.HTTPError) as caught:
                 urllib.request.urlopen(request, timeout=10)  # noqa: S310 - loopback
             assert caught.value.code == code
@@ -169,7 +198,10 @@ def test_config_reload_applies_limits_and_names_restart_keys(
         config.write_text('output-limit = 100000\nallow-group = "root"\n')
         result = d.call("reload", {})["result"]
         assert result["config"] == {
-            "applied": ["output-limit"], "restartNeeded": ["allow-group"], "error": None}
+            "applied": ["output-limit"],
+            "restartNeeded": ["allow-group"],
+            "error": None,
+        }
         assert _invoke(d, workspace, "big")["result"]["truncated"] is False
         config.write_text("output-limit = 10\nmax-running = [\n")
         result = d.call("reload", {})["result"]
@@ -179,8 +211,13 @@ def test_config_reload_applies_limits_and_names_restart_keys(
         assert failed and failed[0]["level"] == "error" and str(config) in failed[0]["error"]
         config.write_text("output-limit = 50\n")
         d.proc.send_signal(signal.SIGHUP)
-        eventually(lambda: any(e["event"] == "config_reloaded" and e["applied"] == [
-            "output-limit"] for e in d.log_events()), what="SIGHUP config reload")
+        eventually(
+            lambda: any(
+                e["event"] == "config_reloaded" and e["applied"] == ["output-limit"]
+                for e in d.log_events()
+            ),
+            what="SIGHUP config reload",
+        )
         assert _invoke(d, workspace, "big")["result"]["truncated"] is True
     finally:
         d.stop()
@@ -197,6 +234,13 @@ def _exec_reload(unit: Path, socket: Path) -> list[str]:
     return argv
 
 
+def _run_cli(command: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run it as systemd would: from /, waiting for it to exit."""
+    return subprocess.run(  # noqa: TID251 - the CLI under test, not the daemon
+        command, capture_output=True, text=True, timeout=30, cwd="/", check=False
+    )
+
+
 @pytest.mark.parametrize("unit", ["toolsetd.service", "system/toolsetd.service"])
 def test_exec_reload_returns_after_the_new_generation(
     ops_home: Path, workspace: Path, tmp_base: Path, unit: str
@@ -208,16 +252,14 @@ def test_exec_reload_returns_after_the_new_generation(
         before = d.call("status")["result"]["generation"]
         _set(ops_home / "tools", "fresh", "echo new\n")
         command = _exec_reload(REPO / "systemd" / unit, d.socket)
-        done = subprocess.run(command, capture_output=True, text=True, timeout=30,  # noqa: TID251 - the CLI under test
-                              cwd="/", check=False)
+        done = _run_cli(command)
         assert done.returncode == 0, done.stderr
         # No waiting: when the command has returned, the new catalog is in place.
         assert d.call("status")["result"]["generation"] == before + 1
         assert "fresh" in {t["name"] for t in d.call("list", {})["result"]["tools"]}
         assert "/" not in d.call("status")["result"]["workspaces"]
         config.write_text("max-running = 0\n")
-        failed = subprocess.run(command, capture_output=True, text=True, timeout=30,  # noqa: TID251
-                                cwd="/", check=False)
+        failed = _run_cli(command)
         assert failed.returncode == 1
         assert f"{config}:1: max-running: must be at least 1, got 0" in failed.stderr
     finally:
@@ -232,9 +274,13 @@ def test_journald_priority_prefixes_when_stderr_is_the_journal(
     log_path.touch()
     st = os.stat(log_path)
     config = _config(tmp_base, "")
-    d = start_daemon(ops_home, workspace, tmp_base,
-                     ["--config", str(config), "--max-message-bytes", "1024"],
-                     env={"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"})
+    d = start_daemon(
+        ops_home,
+        workspace,
+        tmp_base,
+        ["--config", str(config), "--max-message-bytes", "1024"],
+        env={"JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"},
+    )
     try:
         _invoke(d, workspace, "quick")
         with d.raw() as conn:
@@ -264,8 +310,9 @@ def test_journald_no_prefix_when_journal_stream_is_another_file(
 ) -> None:
     """A JOURNAL_STREAM that names another file leaves plain JSON lines."""
     other = os.stat(tmp_base)
-    d = start_daemon(ops_home, workspace, tmp_base,
-                     env={"JOURNAL_STREAM": f"{other.st_dev}:{other.st_ino}"})
+    d = start_daemon(
+        ops_home, workspace, tmp_base, env={"JOURNAL_STREAM": f"{other.st_dev}:{other.st_ino}"}
+    )
     d.stop()
     events = d.log_events()
     assert events and all(line.startswith("{") for line in d.log().splitlines() if line)

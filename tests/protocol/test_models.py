@@ -216,7 +216,7 @@ def test_models_mode_defaults_and_wire_form() -> None:
     assert ClassifyParams(tool="t", arguments=None, workspace="/w").mode is Mode.DEFAULT
 
 
-ALLOWED_IMPORTS = {"__future__", "collections", "dataclasses", "enum", "types", "typing",
+ALLOWED_IMPORTS = {"__future__", "collections", "dataclasses", "enum", "re", "types", "typing",
                    "pydantic", "orjson"}
 
 
