@@ -205,109 +205,137 @@ class Metrics:
             HistogramMetricFamily,
         )
 
+        def labelled(
+            kind: Any, name: str, text: str, labels: Sequence[str], counts: Mapping[Any, float]
+        ) -> Any:
+            family = kind(name, text, labels=list(labels))
+            for key, count in sorted(counts.items()):
+                family.add_metric(list(key) if isinstance(key, tuple) else [key], count)
+            return family
+
+        def histograms(
+            name: str, text: str, labels: Sequence[str], by: Mapping[tuple[str, ...], _Histogram]
+        ) -> Any:
+            family = HistogramMetricFamily(name, text, labels=list(labels))
+            for key, hist in sorted(by.items()):
+                family.add_metric(list(key), hist.buckets(), hist.total)
+            return family
+
         s = self._sources
-        info = GaugeMetricFamily(
-            "toolsetd_build_info", "The running toolsetd version.", labels=["version"]
+        counter, gauge = CounterMetricFamily, GaugeMetricFamily
+        yield labelled(
+            gauge,
+            "toolsetd_build_info",
+            "The running toolsetd version.",
+            ["version"],
+            {__version__: 1},
         )
-        info.add_metric([__version__], 1)
-        yield info
-        yield GaugeMetricFamily(
+        yield gauge(
             "toolsetd_start_time_seconds",
             "When the daemon started (Unix time).",
             value=self._started,
         )
-
-        calls = CounterMetricFamily(
+        yield labelled(
+            counter,
             "toolsetd_calls",
-            "invoke calls by tool set, result status (ok, error, timeout, "
-            "cancelled; refused when the policy or the path fence stopped the call) and "
-            "policy decision.",
-            labels=["set", "status", "decision"],
+            "invoke calls by tool set, result status "
+            "(ok, error, timeout, cancelled; refused when the policy or the path "
+            "fence stopped the call) and policy decision.",
+            ["set", "status", "decision"],
+            self.calls,
         )
-        for (name, status, decision), count in sorted(self.calls.items()):
-            calls.add_metric([name, status, decision], count)
-        yield calls
-        duration = HistogramMetricFamily(
+        yield histograms(
             "toolsetd_call_duration_seconds",
-            "invoke calls from the runner's start to the "
-            "outcome (queue wait included), by tool set.",
-            labels=["set"],
+            "invoke calls from the runner's "
+            "start to the outcome (queue wait included), by tool set.",
+            ["set"],
+            {(name,): hist for name, hist in self.durations.items()},
         )
-        for name, hist in sorted(self.durations.items()):
-            duration.add_metric([name], hist.buckets(), hist.total)
-        yield duration
-        queue = HistogramMetricFamily(
+        yield histograms(
             "toolsetd_call_queue_wait_seconds",
             "Time calls waited for a --max-running slot.",
+            [],
+            {(): self.queue_wait},
         )
-        queue.add_metric([], self.queue_wait.buckets(), self.queue_wait.total)
-        yield queue
-        yield GaugeMetricFamily(
+        yield gauge(
             "toolsetd_calls_in_flight",
             "invoke calls accepted and not yet answered (queued ones included).",
             value=s.in_flight(),
         )
-        yield GaugeMetricFamily(
+        yield gauge(
             "toolsetd_calls_queued", "Calls waiting for a --max-running slot.", value=s.queued()
         )
-        spawn = CounterMetricFamily(
+        yield labelled(
+            counter,
             "toolsetd_spawn_failures",
             "Tool processes that could not be started, by tool set.",
-            labels=["set"],
+            ["set"],
+            self.spawn_failures,
         )
-        for name, count in sorted(self.spawn_failures.items()):
-            spawn.add_metric([name], count)
-        yield spawn
-        output = CounterMetricFamily(
+        yield labelled(
+            counter,
             "toolsetd_output_bytes",
             "Bytes tools wrote, by tool set and stream.",
-            labels=["set", "stream"],
+            ["set", "stream"],
+            self.output_bytes,
         )
-        for (name, stream), count in sorted(self.output_bytes.items()):
-            output.add_metric([name, stream], count)
-        yield output
-        cut = CounterMetricFamily(
+        yield labelled(
+            counter,
             "toolsetd_output_truncations",
             "Call results cut at --output-limit, by tool set.",
-            labels=["set"],
+            ["set"],
+            self.truncations,
         )
-        for name, count in sorted(self.truncations.items()):
-            cut.add_metric([name], count)
-        yield cut
-
-        yield CounterMetricFamily(
+        yield counter(
             "toolsetd_connections",
             "Connections accepted (refused ones included).",
             value=s.connections_accepted(),
         )
-        yield GaugeMetricFamily(
+        yield gauge(
             "toolsetd_connections_open", "Connections being served.", value=s.connections_open()
         )
-        refused = CounterMetricFamily(
+        yield labelled(
+            counter,
             "toolsetd_connections_refused",
             "Connections turned away: peer (SO_PEERCRED), limit (--max-connections), stopping.",
-            labels=["reason"],
+            ["reason"],
+            self.refusals,
         )
-        for reason, count in sorted(self.refusals.items()):
-            refused.add_metric([reason], count)
-        yield refused
-
-        reloads = CounterMetricFamily(
-            "toolsetd_reloads", "Catalog reloads by result (ok, failed).", labels=["result"]
+        yield labelled(
+            counter,
+            "toolsetd_reloads",
+            "Catalog reloads by result (ok, failed).",
+            ["result"],
+            self.reloads,
         )
-        for result, count in sorted(self.reloads.items()):
-            reloads.add_metric([result], count)
-        yield reloads
-        reload_time = HistogramMetricFamily(
-            "toolsetd_reload_duration_seconds", "Catalog reload durations."
+        yield histograms(
+            "toolsetd_reload_duration_seconds",
+            "Catalog reload durations.",
+            [],
+            {(): self.reload_durations},
         )
-        reload_time.add_metric([], self.reload_durations.buckets(), self.reload_durations.total)
-        yield reload_time
-        yield from _catalog_families(s.catalogs(), s.generation(), GaugeMetricFamily)
+        sets, tools, notes, workspaces = _catalog_counts(s.catalogs())
+        yield labelled(
+            gauge,
+            "toolsetd_catalog_sets",
+            "Tool sets by source and state (loaded, disabled, refused, hidden).",
+            ["source", "state"],
+            sets,
+        )
+        yield labelled(
+            gauge, "toolsetd_catalog_tools", "Tools in the catalogs, by source.", ["source"], tools
+        )
+        yield labelled(
+            gauge, "toolsetd_catalog_notes", "Operator notes, by source.", ["source"], notes
+        )
+        yield gauge("toolsetd_catalog_workspaces", "Workspaces loaded.", value=workspaces)
+        yield gauge("toolsetd_catalog_generation", "The catalog generation.", value=s.generation())
 
 
-def _catalog_families(catalogs: Sequence[Catalog], generation: int, gauge: Any) -> Iterator[Any]:
-    """Sets by source and state, tools and notes by source, over every loaded catalog.
+def _catalog_counts(
+    catalogs: Sequence[Catalog],
+) -> tuple[dict[tuple[str, str], int], dict[str, int], dict[str, int], int]:
+    """Sets by (source, state), tools and notes by source, and workspaces, over every catalog.
 
     The home catalog counts its home sets; a workspace catalog adds its project sets
     (its home sets are the same ones, counted once).
@@ -331,24 +359,7 @@ def _catalog_families(catalogs: Sequence[Catalog], generation: int, gauge: Any) 
             source = note.source.value if note.source is not None else "config"
             if (catalog.workspace is None) != (note.source == Source.PROJECT):
                 notes[source] = notes.get(source, 0) + 1
-    family = gauge(
-        "toolsetd_catalog_sets",
-        "Tool sets by source and state (loaded, disabled, refused, hidden).",
-        labels=["source", "state"],
-    )
-    for (source, state), count in sorted(sets.items()):
-        family.add_metric([source, state], count)
-    yield family
-    family = gauge("toolsetd_catalog_tools", "Tools in the catalogs, by source.", labels=["source"])
-    for source, count in sorted(tools.items()):
-        family.add_metric([source], count)
-    yield family
-    family = gauge("toolsetd_catalog_notes", "Operator notes, by source.", labels=["source"])
-    for source, count in sorted(notes.items()):
-        family.add_metric([source], count)
-    yield family
-    yield gauge("toolsetd_catalog_workspaces", "Workspaces loaded.", value=workspaces)
-    yield gauge("toolsetd_catalog_generation", "The catalog generation.", value=generation)
+    return sets, tools, notes, workspaces
 
 
 class _Collector:

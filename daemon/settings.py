@@ -449,27 +449,15 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
             raise ValueError(f"must be true or false, got {_show(raw)}")
         return raw
     if kind == "int":
-        if isinstance(raw, str) and where == "flag":
-            try:
-                raw = int(raw)
-            except ValueError:
-                raise ValueError(f"must be an integer, got {_show(raw)}") from None
-        if isinstance(raw, bool) or not isinstance(raw, int):
-            raise ValueError(f"must be an integer, got {_show(raw)}")
-        if option.check == "count" and raw < 1:
-            raise ValueError(f"must be at least 1, got {raw}")
-        return raw
+        number = _number(raw, where, int, "an integer")
+        if option.check == "count" and number < 1:
+            raise ValueError(f"must be at least 1, got {number}")
+        return number
     if kind == "float":
-        if isinstance(raw, str) and where == "flag":
-            try:
-                raw = float(raw)
-            except ValueError:
-                raise ValueError(f"must be a number of seconds, got {_show(raw)}") from None
-        if isinstance(raw, bool) or not isinstance(raw, int | float):
-            raise ValueError(f"must be a number of seconds, got {_show(raw)}")
-        if option.check == "seconds" and not raw > 0:
-            raise ValueError(f"must be a positive number of seconds, got {raw}")
-        return float(raw)
+        seconds = float(_number(raw, where, float, "a number of seconds"))
+        if option.check == "seconds" and not seconds > 0:
+            raise ValueError(f"must be a positive number of seconds, got {_show(raw)}")
+        return seconds
     if kind == "names":
         if isinstance(raw, str):
             raw = [raw]
@@ -493,6 +481,19 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
         return _parse_listen(raw)
     if not raw:
         raise ValueError("must not be empty")
+    return raw
+
+
+def _number(raw: Any, where: str, convert: type[int] | type[float], what: str) -> int | float:
+    """A number from the file (an int or float, never a bool) or a flag's text."""
+    if isinstance(raw, str) and where == "flag":
+        try:
+            return convert(raw)
+        except ValueError:
+            raise ValueError(f"must be {what}, got {_show(raw)}") from None
+    allowed = int if convert is int else (int, float)
+    if isinstance(raw, bool) or not isinstance(raw, allowed):
+        raise ValueError(f"must be {what}, got {_show(raw)}")
     return raw
 
 

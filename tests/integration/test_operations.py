@@ -57,6 +57,12 @@ def _config(tmp_base: Path, text: str) -> Path:
     return path
 
 
+def _configured(base: Path, text: str, *flags: str) -> tuple[Daemon, Path]:
+    """A daemon over base/home reading base/toolsetd.toml (written with ``text``)."""
+    config = _config(base, text)
+    return start_daemon(base / "home", base / "ws", base, ["--config", str(config), *flags]), config
+
+
 def _invoke(d: Daemon, workspace: Path, tool: str, **extra: Any) -> dict[str, Any]:
     with d.raw(timeout=30) as conn:
         _, reply = conn.invoke(
@@ -85,8 +91,7 @@ def test_metrics_after_a_known_sequence_of_calls(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """3 ok, 1 timeout, 1 denied, 1 cancelled, a refused connection and a reload, as counted."""
-    config = _config(tmp_base, "max-connections = 2\nkill-grace = 1\n")
-    d = start_daemon(ops_home, workspace, tmp_base, ["--config", str(config), "--no-watch"])
+    d, config = _configured(tmp_base, "max-connections = 2\nkill-grace = 1\n", "--no-watch")
     try:
         for _ in range(3):
             assert _invoke(d, workspace, "quick")["result"]["status"] == "ok"
@@ -168,8 +173,7 @@ def test_metrics_listener_serves_only_get_metrics(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """metrics-listen serves GET /metrics on loopback; other paths 404, other methods 405."""
-    config = _config(tmp_base, 'metrics-listen = "127.0.0.1:0"\n')
-    d = start_daemon(ops_home, workspace, tmp_base, ["--config", str(config)])
+    d, _ = _configured(tmp_base, 'metrics-listen = "127.0.0.1:0"\n')
     try:
         address = next(e["address"] for e in d.log_events() if e["event"] == "metrics_listening")
         _invoke(d, workspace, "quick")
@@ -191,8 +195,7 @@ def test_config_reload_applies_limits_and_names_restart_keys(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """reload re-reads toolsetd.toml: limits apply at once, others need a restart, bad keeps."""
-    config = _config(tmp_base, "output-limit = 100\n")
-    d = start_daemon(ops_home, workspace, tmp_base, ["--config", str(config), "--no-watch"])
+    d, config = _configured(tmp_base, "output-limit = 100\n", "--no-watch")
     try:
         assert _invoke(d, workspace, "big")["result"]["truncated"] is True
         config.write_text('output-limit = 100000\nallow-group = "root"\n')
@@ -246,8 +249,7 @@ def test_exec_reload_returns_after_the_new_generation(
     ops_home: Path, workspace: Path, tmp_base: Path, unit: str
 ) -> None:
     """The units' ExecReload returns once the reload is done, and fails on a bad config file."""
-    config = _config(tmp_base, "")
-    d = start_daemon(ops_home, workspace, tmp_base, ["--config", str(config), "--no-watch"])
+    d, config = _configured(tmp_base, "", "--no-watch")
     try:
         before = d.call("status")["result"]["generation"]
         _set(ops_home / "tools", "fresh", "echo new\n")
