@@ -34,11 +34,9 @@ frozen value.
 from __future__ import annotations
 
 import argparse
-import difflib
 import ipaddress
 import os
 import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -432,6 +430,8 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ConfigError("is not UTF-8", path, line) from None
+    import tomllib  # only when there is a file: a daemon without one never loads it
+
     try:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -538,6 +538,8 @@ def _file_values(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
         line = lines.get(key) or lines.get(f"[{key}]")
         option = _BY_KEY.get(key)
         if option is None:
+            import difflib  # only for the error message
+
             guess = difflib.get_close_matches(key.replace("_", "-"), list(_BY_KEY), n=1)
             hint = f"; did you mean {guess[0]!r}?" if guess else "; see toolsetd --help"
             raise ConfigError(f"unknown key{hint}", path, line, key)
