@@ -58,6 +58,7 @@ from .server import Server, ServerSettings, bind_unix_socket
 from .settings import (
     ConfigError,
     Settings,
+    default_config_path,
     format_settings,
     load_settings,
     parse_command_line,
@@ -569,7 +570,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "socket": str(default_socket_path(os.environ)),
                 "home": str(options.home),
             }
-            sys.stdout.write(format_settings(settings, resolved))
+            sys.stdout.write(
+                format_settings(settings, resolved, default_config_path(os.environ))
+            )
             return 0
         if options.traces != "off":
             options = replace(options, tracer_provider=_tracer_provider(options.traces))

@@ -661,19 +661,26 @@ def _toml_value(value: Any) -> str:
     return f'"{text}"'
 
 
-def format_settings(settings: Settings, resolved: Mapping[str, str] | None = None) -> str:
+def format_settings(
+    settings: Settings,
+    resolved: Mapping[str, str] | None = None,
+    looked_for: Path | None = None,
+) -> str:
     """The effective settings as TOML, each line commented with its source.
 
     Args:
         settings: The settings.
         resolved: Values shown for unset keys that the daemon fills in at start
             (the default socket and home), by key.
+        looked_for: Where a config file was looked for, when none was found.
 
     Returns:
         Text that is itself a valid ``toolsetd.toml``; unset keys are commented out.
     """
     resolved = resolved or {}
-    where = settings.config_path or "none"
+    where: object = settings.config_path or "none"
+    if settings.config_path is None and looked_for is not None:
+        where = f"none ({looked_for} does not exist)"
     lines = [f"# config file: {where}"]
     width = max(len(o.key) for o in OPTIONS)
     for option in OPTIONS:

@@ -269,3 +269,11 @@ def test_settings_print_config_command(tmp_path: Path) -> None:
     assert "# flag --max-running" in lines["max-running"]
     assert 'home = "/srv/crystal"' in lines["home"] and "env CRYSTAL_HOME" in lines["home"]
     assert "# default" in lines["output-limit"]
+
+
+def test_settings_print_format_says_where_it_looked(tmp_path: Path) -> None:
+    """Without a file, --print-config names the file it looked for."""
+    looked = tmp_path / "toolsetd" / "toolsetd.toml"
+    s = load_settings(_args(), {"XDG_CONFIG_HOME": str(tmp_path)}, uid=1000)
+    text = format_settings(s, looked_for=looked)
+    assert text.splitlines()[0] == f"# config file: none ({looked} does not exist)"
