@@ -10,6 +10,7 @@ dependencies (pip's cache makes a second run quicker).
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -38,6 +39,15 @@ def _run(*argv: str | Path, cwd: Path, timeout: float = 600) -> str:
 
 def test_install_wheel_into_a_fresh_venv_and_serve(tmp_base: Path) -> None:
     """The wheel installs into a new venv whose toolsetd serves and whose toolsetctl reaches it."""
+    # Build from a copy: an in-tree build would leave build/ and *.egg-info in the checkout.
+    source = tmp_base / "src"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    for folder in ("protocol", "daemon", "client"):
+        shutil.copytree(
+            REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__")
+        )
     wheels = tmp_base / "wheels"
     _run(
         sys.executable,
@@ -48,7 +58,7 @@ def test_install_wheel_into_a_fresh_venv_and_serve(tmp_base: Path) -> None:
         "--quiet",
         "-w",
         wheels,
-        REPO,
+        source,
         cwd=tmp_base,
     )
     (wheel,) = wheels.glob("toolsetd-*.whl")
