@@ -48,6 +48,18 @@ def ops_home(tmp_base: Path) -> Path:
     _set(tools, "sleepy", "sleep 30\n")
     _set(tools, "big", "head -c 300 /dev/zero | tr '\\000' x\n")
     _set(tools, "trace", 'printf "%s" "$TRACEPARENT"\n')
+    write_set(
+        tools,
+        "missing",
+        {
+            "runner": "exec",
+            "description": "no such program",
+            "schema": {"type": "object"},
+            "command": ["toolsetd-no-such-program-xyz"],
+            "stdin": False,
+            "approval": "always",
+        },
+    )
     return home
 
 
@@ -149,8 +161,8 @@ def test_metrics_after_a_known_sequence_of_calls(
     assert m[("toolsetd_reload_duration_seconds_count", ())] == 1
     assert m[("toolsetd_calls_in_flight", ())] == 0
     assert m[("toolsetd_calls_queued", ())] == 0
-    assert m[("toolsetd_catalog_sets", (("source", "home"), ("state", "loaded")))] == 6
-    assert m[("toolsetd_catalog_tools", (("source", "home"),))] == 6
+    assert m[("toolsetd_catalog_sets", (("source", "home"), ("state", "loaded")))] == 7
+    assert m[("toolsetd_catalog_tools", (("source", "home"),))] == 7
     assert m[("toolsetd_connections_total", ())] >= 10
     # Labels carry names, statuses and decisions only: never arguments or paths.
     for _, labels in m:
@@ -172,15 +184,21 @@ def test_metrics_after_a_known_sequence_of_calls(
 def test_metrics_listener_serves_only_get_metrics(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
-    """metrics-listen serves GET /metrics on loopback; other paths 404, other methods 405."""
-    d, _ = _configured(tmp_base, 'metrics-listen = "127.0.0.1:0"\n')
+    """metrics-listen serves GET /metrics on loopback (spawn failures and truncations counted);
+    other paths 404, other methods 405."""
+    d, _ = _configured(tmp_base, 'metrics-listen = "127.0.0.1:0"\noutput-limit = 100\n')
     try:
         address = next(e["address"] for e in d.log_events() if e["event"] == "metrics_listening")
         _invoke(d, workspace, "quick")
+        _invoke(d, workspace, "big")
+        assert _invoke(d, workspace, "missing")["result"]["exitCode"] is None
         with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
             body = response.read().decode()
             assert response.headers["Content-Type"].startswith("text/plain")
         assert 'toolsetd_calls_total{decision="allow",set="quick",status="ok"} 1.0' in body
+        assert 'toolsetd_spawn_failures_total{set="missing"} 1.0' in body
+        assert 'toolsetd_calls_total{decision="allow",set="missing",status="error"} 1.0' in body
+        assert 'toolsetd_output_truncations_total{set="big"} 1.0' in body
         for path, method, code in (("/", "GET", 404), ("/metrics", "POST", 405)):
             request = urllib.request.Request(f"http://{address}{path}", method=method)
             with pytest.raises(urllib.error.HTTPError) as caught:
