@@ -21,6 +21,12 @@ delivered before ``invoke`` returns. Progress events are coalesced when the hand
 falls behind (the oldest pending progress is dropped); ``started`` and ``completed``
 never are.
 
+An error response whose ``id`` is null is the daemon's word on the whole connection (a
+refused peer, a full server, a daemon shutting down): every waiting call, and every call
+made after it, fails with that ``RpcError``. When a send fails because the daemon has
+already closed, the reader is given a moment to read what the daemon wrote first, so the
+caller sees the daemon's sentence rather than a broken pipe.
+
 When the connection ends (EOF, broken stream, ``aclose``, or anything from the daemon
 that is not a response or a notification: a protocol violation ends the connection) every
 waiting call fails with ``ConnectionClosed`` and the notification stream ends. An
@@ -62,6 +68,8 @@ CALL_EVENTS: frozenset[str] = frozenset({"started", "progress", "completed"})
 EventHandler = Callable[[str, dict[str, Any]], Awaitable[None] | None]
 
 _READ_CHUNK = 65536
+#: Seconds a failed send waits for the reader to take what the daemon wrote before closing.
+_LAST_WORDS_SECONDS = 1.0
 _DEFAULT_MAX_FRAME = 16 * 1024 * 1024
 
 
@@ -161,6 +169,9 @@ class Client:
         self._pending: dict[int, _Pending] = {}
         self._calls: dict[str, _CallEvents] = {}
         self._closed: ConnectionClosed | None = None
+        #: The daemon's error for the whole connection (an error response with a null id).
+        self._refusal: RpcError | None = None
+        self._reader_done = anyio.Event()
         self._task_group: anyio.abc.TaskGroup | None = None
         send, receive = anyio.create_memory_object_stream[dict[str, Any]](notification_buffer)
         self._notify_send: MemoryObjectSendStream[dict[str, Any]] = send
@@ -257,6 +268,8 @@ class Client:
             ConnectionClosed: The connection ended first.
             RequestTimeout: No response within ``timeout``.
         """
+        if self._refusal is not None:
+            raise self._refusal
         if self._closed is not None:
             raise self._closed_error()
         request_id = next(self._ids)
@@ -266,7 +279,14 @@ class Client:
         slot = _Pending()
         self._pending[request_id] = slot
         try:
-            await self._send(message)
+            try:
+                await self._send(message)
+            except ConnectionClosed:
+                with anyio.move_on_after(_LAST_WORDS_SECONDS):
+                    await self._reader_done.wait()
+                if self._refusal is not None:
+                    raise self._refusal from None
+                raise
             with anyio.move_on_after(math.inf if timeout is None else timeout) as scope:
                 await slot.event.wait()
             if scope.cancelled_caught:
@@ -274,6 +294,8 @@ class Client:
         finally:
             self._pending.pop(request_id, None)
         if isinstance(slot.error, ConnectionClosed):
+            if self._refusal is not None:
+                raise self._refusal
             raise self._closed_error()
         if slot.error is not None:
             raise slot.error
@@ -522,6 +544,7 @@ class Client:
             reason = ConnectionClosed(f"toolsetd sent an invalid message: {exc}", "protocol")
         finally:
             self._shutdown(reason)
+            self._reader_done.set()
 
     def _route(self, value: Any) -> None:
         """Route one decoded message (or a batch of them).
@@ -538,9 +561,16 @@ class Client:
             params = message.params if isinstance(message.params, dict) else {}
             self._notify(message.method, params)
             return
+        if message.id is None and isinstance(message, ErrorResponse):
+            # Not an answer to one request: the daemon's word on the whole connection.
+            if self._refusal is None:
+                self._refusal = message.error
+            for waiting in list(self._pending.values()):
+                waiting.resolve(error=message.error)
+            return
         slot = self._pending.get(message.id) if type(message.id) is int else None
         if slot is None:
-            return  # an abandoned call, or an error the daemon could not match to a request
+            return  # an abandoned call
         if isinstance(message, ErrorResponse):
             slot.resolve(error=message.error)
         else:

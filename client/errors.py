@@ -24,7 +24,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import anyio
 from toolsetd.protocol.errors import (
     ApprovalRequired,
     InternalError,
@@ -162,6 +161,8 @@ def map_stream_errors() -> Iterator[None]:
         ConnectionClosed: ``closed`` when we closed the stream, ``broken`` when the peer
             broke it (or any other ``OSError``).
     """
+    import anyio  # here, not at the top: the CLI imports this module without anyio
+
     try:
         yield
     except anyio.ClosedResourceError as exc:

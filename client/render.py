@@ -1,14 +1,20 @@
-"""How ``toolsetctl`` prints: rich tables, aligned plain text, or JSON.
+"""How ``toolsetctl`` prints: tables fitted to the terminal, aligned plain text, or JSON.
 
 Theory of operation: commands turn wire results into neutral shapes (rows of cells,
 ``(label, value)`` fields, lines) with the pure helpers here, then hand them to an
 ``Output`` bound to one format and two text streams:
 
-* ``table``: a rich table (``box.SIMPLE``, as the reference host's Spectre tables);
-* ``text``: the reference host's ``AlignedRows``: columns joined by two spaces, every
-  column but the last padded to its widest cell; fields as ``Label  value`` lines with
-  the labels padded to the widest label;
-* ``json``: the wire result as returned, indented, UTF-8.
+* ``table``: for people. Headers over a rule, columns two spaces apart, fitted to a
+  width (``$COLUMNS``, else the terminal's; none when stdout is not a terminal): cells of
+  the foldable columns wrap inside their column. The inventory is fitted by
+  ``inventory_table``: paths shortened, low-value columns folded or dropped by width;
+  ``wide`` shows every column in full;
+* ``text``: the reference host's ``AlignedRows``, exactly: columns joined by two spaces,
+  every column but the last padded to its widest cell; fields as ``Label  value`` lines
+  with the labels padded to the widest label; never fitted, never shortened;
+* ``json``: the wire result as returned, indented, UTF-8; ``jsonl``: the same, one line.
+
+Nothing here imports rich or pydantic: ``toolsetctl`` pays for its output at every start.
 
 The tool set inventory (``list``, ``show``, ``enable``, ``disable``) is carried by
 ``SetRow``, the reference host's ``ToolSetEntry``: built from a daemon's ``list`` result
@@ -18,15 +24,12 @@ by ``set_rows_from_list``, or from the files on disk by ``toolsetd.client.offlin
 from __future__ import annotations
 
 import json
+import os
 import re
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
-
-from rich import box
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 __all__ = [
     "DISCOVERY_OFF",
@@ -39,7 +42,11 @@ __all__ = [
     "classification_fields",
     "classification_path_rows",
     "content_lines",
+    "inventory_table",
     "is_directory_name",
+    "output_width",
+    "short_path",
+    "table_lines",
     "reload_rows",
     "set_rows_from_list",
     "source_label",
@@ -459,28 +466,245 @@ def content_lines(content: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
+def output_width(stream: TextIO, env: Mapping[str, str] | None = None) -> int | None:
+    """The width a table on ``stream`` must fit: ``$COLUMNS``, else the terminal's, else None.
+
+    Args:
+        stream: Where the table goes.
+        env: The environment (``os.environ`` when None).
+
+    Returns:
+        Columns, or None (no limit) when ``stream`` is not a terminal and ``COLUMNS`` is unset.
+    """
+    env = os.environ if env is None else env
+    columns = env.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    if not _isatty(stream):
+        return None
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or None
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _wrap(cell: str, width: int) -> list[str]:
+    """Fold one cell into lines of at most ``width``, breaking after ``, `` or ``/``."""
+    if len(cell) <= width:
+        return [cell]
+    pieces = re.findall(r"[^/ ]*(?:/|, | |$)", cell)
+    lines: list[str] = []
+    current = ""
+    for piece in pieces:
+        if not piece:
+            continue
+        if current and len(current) + len(piece.rstrip()) > width:
+            lines.append(current.rstrip())
+            current = ""
+        while len(piece) > width:  # one piece longer than the column: cut it
+            lines.append((current + piece)[:width])
+            piece = (current + piece)[width:]
+            current = ""
+        current += piece
+    if current.strip():
+        lines.append(current.rstrip())
+    return lines or [""]
+
+
+def _natural(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
+    widths = [len(header) for header in headers]
+    for row in rows:
+        for index, cell in enumerate(row):
+            widths[index] = max(widths[index], len(cell))
+    return widths
+
+
+def _fitted_widths(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    width: int | None,
+    foldable: Sequence[int],
+) -> list[int] | None:
+    """Column widths that fit ``width`` by folding ``foldable`` columns; None if impossible."""
+    natural = _natural(headers, rows)
+    if width is None or sum(natural) + 2 * (len(natural) - 1) <= width:
+        return natural
+    fixed = sum(w for i, w in enumerate(natural) if i not in foldable) + 2 * (len(natural) - 1)
+    room = width - fixed
+    floors = {i: min(natural[i], max(len(headers[i]), 12)) for i in foldable}
+    if not foldable or room < sum(floors.values()):
+        return None
+    widths = list(natural)
+    # Share the room out: each foldable column gets what it needs up to an equal share,
+    # and what a narrow one leaves goes to the others.
+    left = sorted(foldable, key=lambda i: natural[i])
+    while left:
+        share = room // len(left)
+        index = left.pop(0)
+        widths[index] = max(floors[index], min(natural[index], share))
+        room -= widths[index]
+    return widths
+
+
+def table_lines(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    width: int | None = None,
+    foldable: Sequence[int] = (),
+) -> list[str]:
+    """Lay a table out: headers, a rule, then the rows, two spaces between columns.
+
+    Args:
+        headers: The column headers.
+        rows: The rows, each as long as ``headers``.
+        width: The width to fit, or None for no limit.
+        foldable: The columns whose cells may wrap (the last one when empty).
+
+    Returns:
+        The lines, trailing spaces stripped. When even folding cannot fit ``width`` the
+        table is laid out at its natural width.
+    """
+    foldable = tuple(foldable) or (len(headers) - 1,)
+    widths = _fitted_widths(headers, rows, width, foldable) or _natural(headers, rows)
+    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    out.append("  ".join("─" * w for w in widths))
+    for row in rows:
+        cells = [_wrap(cell, w) for cell, w in zip(row, widths, strict=True)]
+        for depth in range(max(len(lines) for lines in cells)):
+            line = "  ".join(
+                (lines[depth] if depth < len(lines) else "").ljust(w)
+                for lines, w in zip(cells, widths, strict=True)
+            )
+            out.append(line.rstrip())
+    return out
+
+
+def short_path(path: str, workspace: str | None, user_home: str | None) -> str:
+    """Shorten a path for people: relative to the workspace, else ``~/``, else as it is.
+
+    Args:
+        path: An absolute path.
+        workspace: The workspace root, or None.
+        user_home: The user's home directory (``~``), or None.
+    """
+    for root, prefix in ((workspace, ""), (user_home, "~/")):
+        if root and root != "/" and path.startswith(root.rstrip("/") + "/"):
+            return prefix + path[len(root.rstrip("/")) + 1 :]
+    return path
+
+
+def _state(row: SetRow) -> str:
+    if row.enabled is None:
+        return "-"
+    if not row.enabled:
+        return "off"
+    return "on" if row.effective else "hidden"
+
+
+#: The inventory's foldings, applied in turn until the table fits: what the table shows
+#: in place of the reference columns when they are too wide.
+_INVENTORY_STEPS: tuple[str, ...] = ("state", "runner", "catalogs", "approval", "path")
+
+
+def inventory_table(
+    rows: Sequence[SetRow],
+    width: int | None,
+    *,
+    wide: bool = False,
+    workspace: str | None = None,
+    user_home: str | None = None,
+) -> tuple[list[str], list[list[str]], list[int]]:
+    """The inventory as a table that fits ``width``.
+
+    Unless ``wide``, paths are shown as their set's folder, shortened by ``short_path``.
+    While the rows do not fit, in turn: Enabled and Effective fold into one State column
+    (``on``, ``off``, ``hidden`` for a copy that does not take effect, ``-`` for a manifest
+    that does not parse); Runner, Catalogs and Approval are dropped; Path and Tools wrap
+    inside their columns; last, Path is dropped.
+
+    Args:
+        rows: The inventory rows.
+        width: The width to fit, or None for no limit.
+        wide: Every column in full (nothing shortened, folded or dropped).
+        workspace: The workspace, for shortening paths.
+        user_home: The user's home directory, for shortening paths.
+
+    Returns:
+        ``(headers, cells, foldable column indexes)``.
+    """
+    if wide:
+        return list(SET_HEADERS), [row.cells() for row in rows], [4, 8]
+    folded: set[str] = set()
+
+    def layout() -> tuple[list[str], list[list[str]], list[int]]:
+        headers: list[str] = ["Directory", "Source"]
+        headers += ["State"] if "state" in folded else ["Enabled", "Effective"]
+        for name, step in (("Path", "path"), ("Runner", "runner"), ("Catalogs", "catalogs")):
+            if step not in folded:
+                headers.append(name)
+        if "approval" not in folded:
+            headers.append("Approval")
+        headers.append("Tools")
+        cells = []
+        for row in rows:
+            full = dict(zip(SET_HEADERS, row.cells(), strict=True))
+            folder = row.path.removesuffix("/tools.json")
+            full["Path"] = short_path(folder, workspace, user_home)
+            full["State"] = _state(row)
+            cells.append([full[header] for header in headers])
+        foldable = [headers.index(h) for h in ("Path", "Tools") if h in headers]
+        return headers, cells, foldable
+
+    headers, cells, foldable = layout()
+    for step in _INVENTORY_STEPS:
+        natural = _natural(headers, cells)
+        if width is None or sum(natural) + 2 * (len(natural) - 1) <= width:
+            break
+        if step == "path" and _fitted_widths(headers, cells, width, foldable) is not None:
+            break  # folding Path and Tools is enough
+        folded.add(step)
+        headers, cells, foldable = layout()
+    return headers, cells, foldable
+
+
+def _fields_lines(fields: Sequence[tuple[str, str]], width: int | None) -> list[str]:
+    """``Label  value`` lines, the values wrapped under themselves to fit ``width``."""
+    label_width = max((len(label) for label, _ in fields), default=0)
+    room = None if width is None else max(width - label_width - 2, 20)
+    out = []
+    for label, value in fields:
+        lines = (
+            [value]
+            if room is None or len(value) <= room
+            else textwrap.wrap(value, room, break_on_hyphens=False) or [""]
+        )
+        out.append(f"{label.ljust(label_width)}  {lines[0]}".rstrip())
+        out.extend(f"{'':{label_width}}  {line}".rstrip() for line in lines[1:])
+    return out
+
+
 class Output:
     """Prints in one format to one stdout and one stderr.
 
     Args:
-        fmt: ``table``, ``text`` or ``json``.
+        fmt: ``table``, ``text``, ``json`` or ``jsonl``.
         stdout: Where results go.
         stderr: Where errors and notices go.
+        width: The table width (``output_width(stdout)`` when not given).
     """
 
-    def __init__(self, fmt: str, stdout: TextIO, stderr: TextIO) -> None:
+    def __init__(
+        self, fmt: str, stdout: TextIO, stderr: TextIO, width: int | None | bool = False
+    ) -> None:
         self.format = fmt
         self.stdout = stdout
         self.stderr = stderr
-        # Off a terminal rich would wrap every table to 80 columns; let rows run long
-        # so piped output stays one row a line.
-        width = None if _isatty(stdout) else 1000
-        self._console = Console(file=stdout, highlight=False, soft_wrap=False, width=width)
+        self.width: int | None = output_width(stdout) if width is False else width or None
 
     @property
     def is_json(self) -> bool:
-        """Whether results print as JSON."""
-        return self.format == "json"
+        """Whether results print as JSON (``json`` or ``jsonl``)."""
+        return self.format in ("json", "jsonl")
 
     def line(self, text: str = "") -> None:
         """Print one plain line to stdout."""
@@ -492,37 +716,40 @@ class Output:
         self.stderr.flush()
 
     def json(self, value: Any) -> None:
-        """Print a JSON value, indented, UTF-8."""
-        self.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+        """Print a JSON value: indented (``json``) or on one line (``jsonl``), UTF-8."""
+        if self.format == "jsonl":
+            self.stdout.write(json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n")
+            self.stdout.flush()
+        else:
+            self.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
 
-    def rows(self, headers: Sequence[str], rows: Sequence[Sequence[str]], *, empty: str) -> None:
-        """Print a table (rich or aligned text); ``empty`` when there are no rows."""
+    def rows(
+        self,
+        headers: Sequence[str],
+        rows: Sequence[Sequence[str]],
+        *,
+        empty: str,
+        foldable: Sequence[int] = (),
+    ) -> None:
+        """Print a table (fitted, or aligned text); ``empty`` when there are no rows."""
         if not rows:
             self.line(empty)
             return
-        if self.format == "text":
-            for text in aligned_rows(headers, rows):
-                self.line(text)
-            return
-        table = Table(box=box.SIMPLE)
-        for header in headers:
-            table.add_column(escape(header))
-        for row in rows:
-            table.add_row(*(escape(cell) for cell in row))
-        self._console.print(table)
+        lines = (
+            aligned_rows(headers, rows)
+            if self.format == "text"
+            else table_lines(headers, rows, self.width, foldable)
+        )
+        for text in lines:
+            self.line(text)
 
     def fields(self, fields: Sequence[tuple[str, str]]) -> None:
-        """Print ``Label  value`` pairs (rich Field/Value table, or aligned text)."""
-        if self.format == "text":
-            for text in aligned_fields(fields):
-                self.line(text)
-            return
-        table = Table(box=box.SIMPLE)
-        table.add_column("Field")
-        table.add_column("Value")
-        for label, value in fields:
-            table.add_row(escape(label), escape(value))
-        self._console.print(table)
+        """Print ``Label  value`` pairs (values wrapped to the width in ``table``)."""
+        lines = (
+            aligned_fields(fields) if self.format == "text" else _fields_lines(fields, self.width)
+        )
+        for text in lines:
+            self.line(text)
 
     def flush(self) -> None:
         """Flush stdout."""

@@ -2,9 +2,16 @@
 
 The public API is re-exported here; see ``errors``, ``codec``, ``jsonrpc`` and
 ``models`` for the details and theory of operation.
+
+The names of ``models`` (pydantic) are loaded on first use (PEP 562): the framing, the
+envelope and the errors are stdlib and orjson only, so ``toolsetctl`` can use them
+without paying for pydantic at every start.
 """
 
 from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from .codec import (
     CLOSED,
@@ -54,52 +61,104 @@ from .jsonrpc import (
     parse_response,
     result_message,
 )
-from .models import (
-    METHOD_CANCEL,
-    METHOD_CLASSIFY,
-    METHOD_INVOKE,
-    METHOD_LIST,
-    METHOD_RELOAD,
-    METHOD_STATUS,
-    METHODS,
-    NOTIFICATION_CATALOG_CHANGED,
-    NOTIFICATION_COMPLETED,
-    NOTIFICATION_PARAMS,
-    NOTIFICATION_PROGRESS,
-    NOTIFICATION_STARTED,
-    NOTIFICATIONS,
-    PARAMS_MODELS,
-    RESULT_MODELS,
-    ApprovalInfo,
-    CallStatus,
-    CancelParams,
-    CancelResult,
-    CatalogChangedParams,
-    Classification,
-    ClassifyParams,
-    CompletedParams,
-    ContentBlock,
-    ImageContent,
-    InvokeParams,
-    InvokeResult,
-    ListParams,
-    ListResult,
-    Mode,
-    NoteInfo,
-    PathInfo,
-    ProgressParams,
-    ReloadParams,
-    ReloadResult,
-    SetChange,
-    SetInfo,
-    Source,
-    StartedParams,
-    StatusParams,
-    StatusResult,
-    TextContent,
-    ToolInfo,
-    params_error,
-    parse_mode,
+
+if TYPE_CHECKING:
+    from .models import (
+        METHOD_CANCEL,
+        METHOD_CLASSIFY,
+        METHOD_INVOKE,
+        METHOD_LIST,
+        METHOD_RELOAD,
+        METHOD_STATUS,
+        METHODS,
+        NOTIFICATION_CATALOG_CHANGED,
+        NOTIFICATION_COMPLETED,
+        NOTIFICATION_PARAMS,
+        NOTIFICATION_PROGRESS,
+        NOTIFICATION_STARTED,
+        NOTIFICATIONS,
+        PARAMS_MODELS,
+        RESULT_MODELS,
+        ApprovalInfo,
+        CallStatus,
+        CancelParams,
+        CancelResult,
+        CatalogChangedParams,
+        Classification,
+        ClassifyParams,
+        CompletedParams,
+        ContentBlock,
+        ImageContent,
+        InvokeParams,
+        InvokeResult,
+        ListParams,
+        ListResult,
+        Mode,
+        NoteInfo,
+        PathInfo,
+        ProgressParams,
+        ReloadParams,
+        ReloadResult,
+        SetChange,
+        SetInfo,
+        Source,
+        StartedParams,
+        StatusParams,
+        StatusResult,
+        TextContent,
+        ToolInfo,
+        params_error,
+        parse_mode,
+    )
+
+_MODEL_NAMES = frozenset(
+    {
+        "METHOD_CANCEL",
+        "METHOD_CLASSIFY",
+        "METHOD_INVOKE",
+        "METHOD_LIST",
+        "METHOD_RELOAD",
+        "METHOD_STATUS",
+        "METHODS",
+        "NOTIFICATION_CATALOG_CHANGED",
+        "NOTIFICATION_COMPLETED",
+        "NOTIFICATION_PARAMS",
+        "NOTIFICATION_PROGRESS",
+        "NOTIFICATION_STARTED",
+        "NOTIFICATIONS",
+        "PARAMS_MODELS",
+        "RESULT_MODELS",
+        "ApprovalInfo",
+        "CallStatus",
+        "CancelParams",
+        "CancelResult",
+        "CatalogChangedParams",
+        "Classification",
+        "ClassifyParams",
+        "CompletedParams",
+        "ContentBlock",
+        "ImageContent",
+        "InvokeParams",
+        "InvokeResult",
+        "ListParams",
+        "ListResult",
+        "Mode",
+        "NoteInfo",
+        "PathInfo",
+        "ProgressParams",
+        "ReloadParams",
+        "ReloadResult",
+        "SetChange",
+        "SetInfo",
+        "Source",
+        "StartedParams",
+        "StatusParams",
+        "StatusResult",
+        "TextContent",
+        "ToolInfo",
+        "params_error",
+        "parse_mode",
+    }
 )
 
 __version__ = "0.1.0"
@@ -194,3 +253,12 @@ __all__ = [
     "parse_response",
     "result_message",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import a name of ``models`` the first time it is asked for."""
+    if name not in _MODEL_NAMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.models"), name)
+    globals()[name] = value
+    return value

@@ -21,8 +21,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final, TypeAlias
 
-from pydantic import BaseModel
-
 from .errors import RemoteProtocolError, RpcError
 
 __all__ = [
@@ -175,8 +173,10 @@ def parse_envelope(value: Any) -> Request | Notification | InvalidEnvelope:
 
 def _wire(value: Any) -> Any:
     """Dump a pydantic model to its camelCase JSON form; pass anything else through."""
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", by_alias=True)
+    # Duck-typed so this module does not import pydantic (the CLI uses it at every start).
+    dump = getattr(value, "model_dump", None)
+    if dump is not None:
+        return dump(mode="json", by_alias=True)
     return value
 
 

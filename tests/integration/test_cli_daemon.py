@@ -92,9 +92,9 @@ def _rows(s: Setup) -> list[list[str]]:
 # -- list, status, show, reload --------------------------------------------------------
 
 
-def test_cli_list_table_shows_columns_and_rows(setup: Setup) -> None:
-    """The default (table) list shows every inventory column and one row per set."""
-    r = setup.ctl("list")
+def test_cli_list_wide_table_shows_columns_and_rows(setup: Setup) -> None:
+    """The wide table (-w) shows every inventory column in full and one row per set."""
+    r = setup.ctl("list", "-w")
     assert r.returncode == 0, r.stderr
     header = next(line for line in r.stdout.splitlines() if "Directory" in line)
     assert header.split() == HEADERS
@@ -215,7 +215,7 @@ def test_cli_invoke_approval_required_exit_3(setup: Setup) -> None:
 def test_cli_invoke_headless_ask_exit_3_at_once(setup: Setup) -> None:
     """--headless turns the ask into a denial: exit 3, quickly, naming the headless rule."""
     t0 = time.monotonic()
-    r = setup.ctl("invoke", "notes_add", "--args", '{"text":"x"}', "--headless", "--approve")
+    r = setup.ctl("invoke", "notes_add", "--args", '{"text":"x"}', "--headless")
     assert r.returncode == 3
     assert "Headless" in r.stderr
     assert time.monotonic() - t0 < 10

@@ -1,0 +1,271 @@
+"""A blocking, one-connection toolsetd client for ``toolsetctl``: no anyio, no pydantic.
+
+Why a second transport beside ``Client``: ``toolsetctl`` runs one command and exits, and
+its start-up is its cost (importing asyncio and anyio alone is more than twice a bare
+``python -c pass``). This module uses only the standard library and the protocol's
+stdlib-and-orjson parts: the same ``Codec`` framing, ``parse_response`` and
+``RpcError.from_error`` the async client uses, and the same transport errors
+(``ConnectError``, ``ConnectionClosed``), so both clients fail alike.
+
+Theory of operation: ``BlockingClient.connect`` opens the Unix socket (bounded by the
+connect timeout), then reads with no timeout unless the caller gives a deadline.
+``send`` writes one request and returns its id; ``wait(id)`` reads messages until that
+id is answered: answers to other ids are kept for their own ``wait``, the events of a
+call (``started``, ``progress``, ``completed``) go to ``on_event``, other notifications
+are dropped. Ctrl-C (``KeyboardInterrupt``) escapes ``wait`` with the connection still
+usable, so the caller can send ``cancel`` and wait again.
+
+An error whose ``id`` is null is the daemon's word on the whole connection (a refused
+peer, a full server, a daemon shutting down); it is raised from every ``wait`` and
+``send`` that follows. When a send fails because the daemon already closed, what it
+wrote before closing is read first, so that sentence is what the caller sees, not the
+broken pipe.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from toolsetd.client.errors import ConnectionClosed, RequestTimeout, map_connect_errors
+from toolsetd.protocol.codec import CLOSED, NEED_DATA, BadMessage, Codec, Message
+from toolsetd.protocol.errors import RemoteProtocolError, RpcError
+from toolsetd.protocol.jsonrpc import ErrorResponse, Notification, parse_response
+
+__all__ = ["CALL_EVENTS", "BlockingClient", "RawJson"]
+
+#: The notifications that belong to one ``invoke`` call.
+CALL_EVENTS: frozenset[str] = frozenset({"started", "progress", "completed"})
+
+_READ_CHUNK = 65536
+#: Seconds spent reading what a daemon wrote before it closed, after a failed send.
+_LAST_WORDS_SECONDS = 1.0
+
+
+class RawJson:
+    """A params member sent as the caller's own JSON text (numbers keep their spelling).
+
+    Args:
+        text: One JSON value, already checked to parse.
+    """
+
+    __slots__ = ("text",)
+
+    def __init__(self, text: str) -> None:
+        # A raw line break in valid JSON is whitespace (strings cannot hold one): fold it
+        # so the value stays on the request's one line.
+        self.text = text.replace("\r", " ").replace("\n", " ").strip()
+
+
+def _frame(message: Mapping[str, Any]) -> bytes:
+    """Encode one request as a line; ``RawJson`` params members are spliced in as written."""
+    params = message.get("params")
+    head = {key: value for key, value in message.items() if key != "params"}
+    text = json.dumps(head, ensure_ascii=False, separators=(",", ":"))
+    if params is None:
+        return (text + "\n").encode()
+    members = [
+        json.dumps(key, ensure_ascii=False)
+        + ":"
+        + (value.text if isinstance(value, RawJson) else json.dumps(value, ensure_ascii=False))
+        for key, value in params.items()
+    ]
+    return f'{text[:-1]},"params":{{{",".join(members)}}}}}\n'.encode()
+
+
+class BlockingClient:
+    """One blocking connection to toolsetd.
+
+    Create it with ``BlockingClient.connect(path)``; close it with ``close()`` or use it
+    as a context manager.
+    """
+
+    def __init__(self, sock: socket.socket, path: str) -> None:
+        """Wrap a connected socket. Prefer ``BlockingClient.connect``.
+
+        Args:
+            sock: The connected Unix stream socket.
+            path: The socket path (for messages).
+        """
+        self.path = path
+        self._sock = sock
+        self._codec = Codec()
+        self._next_id = 1
+        self._answers: dict[int, ErrorResponse | Any] = {}
+        #: The daemon's error for the whole connection (an error with a null id).
+        self._refusal: RpcError | None = None
+        self._closed: ConnectionClosed | None = None
+
+    @classmethod
+    def connect(cls, path: str, *, timeout: float = 5.0) -> BlockingClient:
+        """Connect to the daemon's socket.
+
+        Args:
+            path: The Unix socket path.
+            timeout: Seconds allowed for the connect.
+
+        Returns:
+            A connected client.
+
+        Raises:
+            ConnectError: The socket is missing, refuses, is forbidden, or timed out.
+        """
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            with map_connect_errors(path, timeout):
+                sock.settimeout(timeout)
+                sock.connect(path)
+        except BaseException:
+            sock.close()
+            raise
+        sock.settimeout(None)
+        return cls(sock, path)
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection. Idempotent."""
+        self._sock.close()
+
+    # -- requests --------------------------------------------------------------------
+
+    def send(self, method: str, params: Mapping[str, Any] | None = None) -> int:
+        """Send one request and return its id.
+
+        Args:
+            method: The method name.
+            params: The params object (``RawJson`` members go as written); None omits it.
+
+        Raises:
+            RpcError: The daemon already refused this connection (its own sentence).
+            ConnectionClosed: The connection is gone.
+        """
+        self._raise_if_ended()
+        request_id = self._next_id
+        self._next_id += 1
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = dict(params)
+        try:
+            self._sock.sendall(_frame(message))
+        except OSError as exc:
+            self._read_last_words()
+            self._raise_if_ended()
+            raise ConnectionClosed("The connection to toolsetd was broken.", "broken") from exc
+        return request_id
+
+    def wait(
+        self,
+        request_id: int,
+        *,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Read until ``request_id`` is answered; return its result.
+
+        Args:
+            request_id: The id ``send`` returned.
+            on_event: Called with ``(method, params)`` for each call event read meanwhile.
+            timeout: Seconds to wait at most; None waits as long as it takes.
+
+        Raises:
+            RpcError: The daemon answered with an error (or refused the connection).
+            ConnectionClosed: The connection ended first.
+            RequestTimeout: No answer within ``timeout``.
+            KeyboardInterrupt: Ctrl-C; the connection stays usable.
+        """
+        self._sock.settimeout(timeout)
+        try:
+            while request_id not in self._answers:
+                self._raise_if_ended()
+                try:
+                    self._read_once(on_event)
+                except TimeoutError as exc:
+                    raise RequestTimeout(f"No response within {timeout:g} s.") from exc
+        finally:
+            if self._sock.fileno() != -1:
+                self._sock.settimeout(None)
+        answer = self._answers.pop(request_id)
+        if isinstance(answer, ErrorResponse):
+            raise answer.error
+        return answer
+
+    def call(
+        self,
+        method: str,
+        params: Mapping[str, Any] | None = None,
+        *,
+        on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    ) -> Any:
+        """Send one request and wait for its result (see ``send`` and ``wait``)."""
+        return self.wait(self.send(method, params), on_event=on_event)
+
+    # -- reading ---------------------------------------------------------------------
+
+    def _raise_if_ended(self) -> None:
+        if self._refusal is not None:
+            raise self._refusal
+        if self._closed is not None:
+            raise ConnectionClosed(str(self._closed), self._closed.reason)
+
+    def _read_once(self, on_event: Callable[[str, dict[str, Any]], None] | None) -> None:
+        """Read one chunk (or take buffered lines) and route every whole message."""
+        try:
+            event = self._codec.next_event()
+            if event is NEED_DATA:
+                try:
+                    data = self._sock.recv(_READ_CHUNK)
+                except TimeoutError:
+                    raise
+                except OSError:
+                    self._end(ConnectionClosed("The connection to toolsetd was broken.", "broken"))
+                    return
+                self._codec.receive_data(data)
+                return
+            if event is CLOSED:
+                self._end(ConnectionClosed("toolsetd closed the connection.", "eof"))
+            elif isinstance(event, Message):
+                self._route(event.value, on_event)
+            elif isinstance(event, BadMessage):
+                raise RemoteProtocolError(event.message)
+        except RemoteProtocolError as exc:
+            self._end(ConnectionClosed(f"toolsetd sent an invalid message: {exc}", "protocol"))
+
+    def _end(self, reason: ConnectionClosed) -> None:
+        if self._closed is None:
+            self._closed = reason
+
+    def _route(self, value: Any, on_event: Callable[[str, dict[str, Any]], None] | None) -> None:
+        if isinstance(value, list):
+            for item in value:
+                self._route(item, on_event)
+            return
+        message = parse_response(value)
+        if isinstance(message, Notification):
+            params = message.params if isinstance(message.params, dict) else {}
+            if on_event is not None and message.method in CALL_EVENTS:
+                on_event(message.method, params)
+            return
+        if message.id is None:
+            if isinstance(message, ErrorResponse) and self._refusal is None:
+                self._refusal = message.error
+            return
+        if type(message.id) is int:
+            self._answers[message.id] = (
+                message if isinstance(message, ErrorResponse) else message.result
+            )
+
+    def _read_last_words(self) -> None:
+        """After a failed send: read, briefly, what the daemon wrote before it closed."""
+        self._sock.settimeout(_LAST_WORDS_SECONDS)
+        try:
+            while self._refusal is None and self._closed is None:
+                self._read_once(None)
+        except OSError:  # the timeout: whatever it wrote has been read
+            pass
