@@ -12,18 +12,22 @@ Nothing here opens a socket, starts a process or logs.
   *effective* when its name is valid and no project copy of the same name hides it.
 * ``offline_list`` is what the daemon's ``list`` would say, built by ``build_catalog``.
 * ``validate_set`` checks one directory and collects every problem it can: the
-  directory name, the first structural failure of the parser (which stops there), and
-  the schema problem of every tool.
+  directory name, the first structural failure of the parser (which stops there), every
+  schema problem of every tool, and the command files ``invoke`` would fail to start
+  (missing, not a file, not executable, a bare name found neither in the set folder nor
+  on ``PATH``).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .render import SetRow, catalogs_label
+from toolsetd.daemon.argv import ArgvError, resolve_executable
 from toolsetd.daemon.catalog import (
     ManifestCache,
     build_catalog,
@@ -33,8 +37,10 @@ from toolsetd.daemon.catalog import (
     tool_info,
 )
 from toolsetd.daemon.manifest import ManifestError, is_directory_name, parse_manifest
-from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Approval, Source, ToolSet
+from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Approval, RunnerKind, Source, ToolSet
 from toolsetd.daemon.validation import SchemaChecker
+
+from .render import SetRow, catalogs_label
 
 __all__ = [
     "ValidationReport",
@@ -276,9 +282,46 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
         report.problems.append(_shorthand_problem(directory))
         return report
     report.tools = [tool.name for tool in toolset.tools]
-    checker = SchemaChecker()
     for tool in toolset.tools:
-        problem = checker.problem(tool.schema)
-        if problem is not None:
+        for problem in SchemaChecker.problems(tool.schema):
             report.problems.append(f"Tool '{tool.name}' has an invalid JSON Schema: {problem}")
+    if toolset.runner is RunnerKind.EXEC:
+        report.problems.extend(_command_problems(toolset, set_dir))
     return report
+
+
+def _command_problems(toolset: ToolSet, set_dir: Path) -> list[str]:
+    """What would stop each tool's process from starting, once per command file."""
+    users: dict[str, list[str]] = {}
+    problems: dict[str, str] = {}
+    for tool in toolset.tools:
+        command = [*toolset.command, *tool.command]
+        if not command:
+            continue  # the parser reports a missing command
+        try:
+            resolved = resolve_executable(command[0], set_dir)
+        except ArgvError as exc:
+            key, problem = command[0], f"Command '{command[0]}': {exc.message}"
+        else:
+            key, problem = resolved, _executable_problem(resolved, set_dir)
+        if problem:
+            users.setdefault(key, []).append(tool.name)
+            problems[key] = problem
+    return [f"{problems[key]} (used by {', '.join(names)})" for key, names in users.items()]
+
+
+def _executable_problem(resolved: str, set_dir: Path) -> str:
+    if "/" not in resolved:
+        if shutil.which(resolved) is None:
+            return (
+                f"Command '{resolved}' is neither a file in {set_dir} nor found on PATH "
+                "(toolsetd searches its own PATH)."
+            )
+        return ""
+    if not os.path.exists(resolved):
+        return f"Command file {resolved} does not exist."
+    if not os.path.isfile(resolved):
+        return f"Command file {resolved} is not a file."
+    if not os.access(resolved, os.X_OK):
+        return f"Command file {resolved} is not executable: run chmod +x {resolved}."
+    return ""

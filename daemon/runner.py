@@ -281,6 +281,8 @@ class Runner:
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             fds.close_all()
             message = exc.strerror if isinstance(exc, OSError) else str(exc)
+            if isinstance(exc, OSError) and exc.filename:
+                message = f"{message}: {exc.filename}"  # say which file: the fix is there
             return no_process_outcome(t0, start_failure_text(message), spawn_failed=True)
         finally:
             for fd in (in_r, out_w, err_w, prog_w):

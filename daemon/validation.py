@@ -253,6 +253,36 @@ class SchemaChecker:
         return f"{_clip(error.message, _SCHEMA_MESSAGE_LIMIT)} (at {pointer})"
 
 
+    @staticmethod
+    def problems(schema: Mapping[str, Any], limit: int = _MAX_ERRORS) -> list[str]:
+        """Return every reason ``schema`` is not a valid JSON Schema (``validate`` uses it).
+
+        Uncached: the catalog needs only the first problem (``problem``); an operator
+        checking one set wants them all.
+
+        Args:
+            schema: The tool's ``schema`` object.
+            limit: The most problems returned.
+
+        Returns:
+            ``"<jsonschema message> (at <JSON Pointer into the schema>)"`` each, in the
+            order of the schema; empty when it is valid.
+        """
+        if _plainly_valid(schema):
+            return []
+        cls = _validator_class(schema)
+        meta = cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)  # type: ignore[call-arg]
+        try:
+            errors = sorted(meta.iter_errors(schema), key=lambda e: [str(p) for p in e.absolute_path])
+        except RecursionError:
+            return ["the schema is nested too deeply (at the schema root)"]
+        out = []
+        for error in errors[:limit]:
+            pointer = json_pointer(error.absolute_path) or "the schema root"
+            out.append(f"{_clip(error.message, _SCHEMA_MESSAGE_LIMIT)} (at {pointer})")
+        return out
+
+
 class ArgumentValidators:
     """Compiled argument validators, one per tool hash, shared by concurrent calls."""
 

@@ -239,7 +239,10 @@ async def test_runner_start_failure(runner: Runner, env: Env) -> None:
     sink = RecordingSink()
     loaded = make_tool(env.set_dir, command=("./does-not-exist",))
     outcome = await run(runner, env, loaded, sink=sink)
-    assert text(outcome) == "The external process failed to start: No such file or directory"
+    assert text(outcome) == (
+        "The external process failed to start: No such file or directory: "
+        f"{env.set_dir / 'does-not-exist'}"
+    )
     assert (outcome.status, outcome.started, outcome.exit_code) == ("error", False, None)
     assert sink.events == []
 

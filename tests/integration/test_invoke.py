@@ -592,19 +592,21 @@ def test_invoke_child_inherits_no_daemon_descriptors(env: Env) -> None:
 
 
 @pytest.mark.parametrize(
-    ("tool", "text"),
+    ("tool", "text", "file"),
     [
-        ("noexec", "The external process failed to start: Permission denied"),
-        ("missing", "The external process failed to start: No such file or directory"),
+        ("noexec", "The external process failed to start: Permission denied: ", "/noexec/noexec.sh"),
+        ("missing", "The external process failed to start: No such file or directory: ",
+         "toolsetd-no-such-program-xyz"),
     ],
 )
-def test_invoke_start_failure_gets_no_events(env: Env, tool: str, text: str) -> None:
-    """A child that cannot be spawned is an isError result with the reference text, and no events."""
+def test_invoke_start_failure_gets_no_events(env: Env, tool: str, text: str, file: str) -> None:
+    """A child that cannot be spawned is an isError result with the reference text naming the file."""
     events, reply = env.invoke(tool)
     assert events == []
     result = reply["result"]
     assert (result["status"], result["exitCode"], result["isError"]) == ("error", None, True)
-    assert result["content"] == [{"type": "text", "text": text}]
+    [item] = result["content"]
+    assert item["text"].startswith(text) and item["text"].endswith(file), item
 
 
 def test_invoke_working_directory_is_the_canonical_workspace(env: Env, tmp_path: Path) -> None:
