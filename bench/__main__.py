@@ -1,6 +1,6 @@
 """Run every benchmark and print the goals table (``make bench`` / ``python -m bench``).
 
-``python -m bench [--quick] [--only rpc,invoke,catalog,mcp,drain] [--skip ...]``
+``python -m bench [--quick] [--only rpc,invoke,catalog,mcp,drain,cli] [--skip ...]``
 
 Each benchmark measures toolsetd and its baseline in the same run, interleaved; the table
 gives every goal of ``/work/shared/performance.md`` (see ``docs/benchmarks.md``) as a
@@ -17,10 +17,10 @@ import sys
 import time
 from typing import Any
 
-from bench import bench_catalog, bench_invoke, bench_mcp, bench_rpc
+from bench import bench_catalog, bench_cli, bench_invoke, bench_mcp, bench_rpc
 from bench._common import PYTHON, REPO, Goal, Section, machine, print_goals, write_results
 
-ALL = ("rpc", "invoke", "drain", "catalog", "mcp")
+ALL = ("rpc", "invoke", "drain", "catalog", "mcp", "cli")
 _DRAIN_LINE = re.compile(
     r"(one stream|both streams)\s*: C\s+([\d.]+) GB/s\s+runner\s+([\d.]+) GB/s\s+ratio\s+([\d.]+)\s+"
     r"peak RSS growth\s+([\d.]+) MiB"
@@ -68,7 +68,7 @@ def main() -> None:
         parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
     runners: dict[str, Any] = {
         "rpc": bench_rpc.run, "invoke": bench_invoke.run, "drain": run_drain,
-        "catalog": bench_catalog.run, "mcp": bench_mcp.run,
+        "catalog": bench_catalog.run, "mcp": bench_mcp.run, "cli": bench_cli.run,
     }
     info = machine()
     print(f"toolsetd benchmarks ({'quick' if args.quick else 'full'}): {info['date']}, "

@@ -30,6 +30,7 @@ import orjson
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
+EXAMPLES = REPO / "examples" / "tools"
 PYTHON = sys.executable
 now_ns = time.perf_counter_ns
 

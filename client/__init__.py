@@ -11,11 +11,14 @@ The names are loaded on first use (PEP 562): importing a submodule such as the s
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+
+TYPE_CHECKING = False  # not typing's: importing typing is a share of toolsetctl's start-up
 
 # The list below repeats errors.py's re-exports on purpose: it is the public API, spelled
 # out for type checkers while the names themselves load lazily.
 if TYPE_CHECKING:
+    from typing import Any
+
     from .client import Client, EventHandler
     from .errors import (
         ApprovalRequired,

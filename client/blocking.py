@@ -1,11 +1,14 @@
 """A blocking, one-connection toolsetd client for ``toolsetctl``: no anyio, no pydantic.
 
 Why a second transport beside ``Client``: ``toolsetctl`` runs one command and exits, and
-its start-up is its cost (importing asyncio and anyio alone is more than twice a bare
-``python -c pass``). This module uses only the standard library and the protocol's
-stdlib-and-orjson parts: the same ``Codec`` framing, ``parse_response`` and
-``RpcError.from_error`` the async client uses, and the same transport errors
-(``ConnectError``, ``ConnectionClosed``), so both clients fail alike.
+its start-up is its cost. Importing asyncio and anyio alone is more than twice a bare
+``python -c pass``; typing, dataclasses (which pulls in inspect and ast) and orjson
+together cost about as much again. So this module is standard library only (socket, json)
+and reads the wire with the smallest reader that is still strict: lines of at most
+``MAX_LINE_BYTES``, each one JSON value, each a response (``result`` xor ``error``, with an
+id) or a notification; anything else ends the connection as a protocol error, as in
+``Client``. The errors are the same: ``RpcError.from_error`` rebuilds the daemon's, and
+transport failures are ``ConnectError`` and ``ConnectionClosed``.
 
 Theory of operation: ``BlockingClient.connect`` opens the Unix socket (bounded by the
 connect timeout), then reads with no timeout unless the caller gives a deadline.
@@ -27,14 +30,19 @@ from __future__ import annotations
 import json
 import socket
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from toolsetd.client.errors import ConnectionClosed, RequestTimeout, map_connect_errors
-from toolsetd.protocol.codec import CLOSED, NEED_DATA, BadMessage, Codec, Message
 from toolsetd.protocol.errors import RemoteProtocolError, RpcError
-from toolsetd.protocol.jsonrpc import ErrorResponse, Notification, parse_response
 
-__all__ = ["CALL_EVENTS", "BlockingClient", "RawJson"]
+TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["CALL_EVENTS", "MAX_LINE_BYTES", "BlockingClient", "RawJson"]
+
+#: The longest line accepted from the daemon: the protocol codec's default frame limit
+#: (a test holds the two equal).
+MAX_LINE_BYTES = 16 * 1024 * 1024
 
 #: The notifications that belong to one ``invoke`` call.
 CALL_EVENTS: frozenset[str] = frozenset({"started", "progress", "completed"})
@@ -91,9 +99,12 @@ class BlockingClient:
         """
         self.path = path
         self._sock = sock
-        self._codec = Codec()
+        self._buffer = bytearray()
+        self._scanned = 0
+        self._eof = False
         self._next_id = 1
-        self._answers: dict[int, ErrorResponse | Any] = {}
+        #: Answers read for requests nobody waits on yet: ``(error, result)``.
+        self._answers: dict[int, tuple[RpcError | None, Any]] = {}
         #: The daemon's error for the whole connection (an error with a null id).
         self._refusal: RpcError | None = None
         self._closed: ConnectionClosed | None = None
@@ -191,10 +202,10 @@ class BlockingClient:
         finally:
             if self._sock.fileno() != -1:
                 self._sock.settimeout(None)
-        answer = self._answers.pop(request_id)
-        if isinstance(answer, ErrorResponse):
-            raise answer.error
-        return answer
+        error, result = self._answers.pop(request_id)
+        if error is not None:
+            raise error
+        return result
 
     def call(
         self,
@@ -215,10 +226,16 @@ class BlockingClient:
             raise ConnectionClosed(str(self._closed), self._closed.reason)
 
     def _read_once(self, on_event: Callable[[str, dict[str, Any]], None] | None) -> None:
-        """Read one chunk (or take buffered lines) and route every whole message."""
+        """Route one buffered line, or read one chunk; a bad line ends the connection."""
         try:
-            event = self._codec.next_event()
-            if event is NEED_DATA:
+            newline = self._buffer.find(b"\n", self._scanned)
+            if newline < 0:
+                self._scanned = len(self._buffer)
+                if self._scanned > MAX_LINE_BYTES:
+                    raise RemoteProtocolError(f"line of more than {MAX_LINE_BYTES} bytes")
+                if self._eof:
+                    self._end(ConnectionClosed("toolsetd closed the connection.", "eof"))
+                    return
                 try:
                     data = self._sock.recv(_READ_CHUNK)
                 except TimeoutError:
@@ -226,14 +243,18 @@ class BlockingClient:
                 except OSError:
                     self._end(ConnectionClosed("The connection to toolsetd was broken.", "broken"))
                     return
-                self._codec.receive_data(data)
+                self._eof = not data
+                self._buffer += data
                 return
-            if event is CLOSED:
-                self._end(ConnectionClosed("toolsetd closed the connection.", "eof"))
-            elif isinstance(event, Message):
-                self._route(event.value, on_event)
-            elif isinstance(event, BadMessage):
-                raise RemoteProtocolError(event.message)
+            line = bytes(self._buffer[:newline])
+            del self._buffer[: newline + 1]
+            self._scanned = 0
+            if line.strip():
+                try:
+                    value = json.loads(line)
+                except ValueError as exc:
+                    raise RemoteProtocolError("a line that is not JSON") from exc
+                self._route(value, on_event)
         except RemoteProtocolError as exc:
             self._end(ConnectionClosed(f"toolsetd sent an invalid message: {exc}", "protocol"))
 
@@ -242,24 +263,39 @@ class BlockingClient:
             self._closed = reason
 
     def _route(self, value: Any, on_event: Callable[[str, dict[str, Any]], None] | None) -> None:
+        """Route one message (or a batch): keep an answer, deliver an event, note a refusal."""
         if isinstance(value, list):
             for item in value:
                 self._route(item, on_event)
             return
-        message = parse_response(value)
-        if isinstance(message, Notification):
-            params = message.params if isinstance(message.params, dict) else {}
-            if on_event is not None and message.method in CALL_EVENTS:
-                on_event(message.method, params)
+        if type(value) is not dict or value.get("jsonrpc") != "2.0":
+            raise RemoteProtocolError("a message that is not a JSON-RPC 2.0 object")
+        if "id" not in value:
+            method, params = value.get("method"), value.get("params")
+            if type(method) is not str:
+                raise RemoteProtocolError("a message with neither an id nor a method")
+            if on_event is not None and method in CALL_EVENTS and type(params) is dict:
+                on_event(method, params)
             return
-        if message.id is None:
-            if isinstance(message, ErrorResponse) and self._refusal is None:
-                self._refusal = message.error
-            return
-        if type(message.id) is int:
-            self._answers[message.id] = (
-                message if isinstance(message, ErrorResponse) else message.result
+        request_id = value["id"]
+        error = value.get("error")
+        if ("result" in value) == ("error" in value) or (
+            "error" in value
+            and not (
+                type(error) is dict
+                and type(error.get("code")) is int
+                and type(error.get("message")) is str
             )
+        ):
+            raise RemoteProtocolError("a response without exactly one valid result or error")
+        rebuilt = RpcError.from_error(error) if error is not None else None
+        if request_id is None:
+            # Not an answer to one request: the daemon's word on the whole connection.
+            if rebuilt is not None and self._refusal is None:
+                self._refusal = rebuilt
+            return
+        if type(request_id) is int:
+            self._answers[request_id] = (rebuilt, value.get("result"))
 
     def _read_last_words(self) -> None:
         """After a failed send: read, briefly, what the daemon wrote before it closed."""

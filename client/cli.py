@@ -44,11 +44,14 @@ import json
 import os
 import sys
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+
+# Not typing's TYPE_CHECKING: typing (like dataclasses, which pulls in inspect and ast) is
+# a share of the start-up this module avoids; the names are only used in annotations.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn, TextIO
 
 from toolsetd.client.blocking import BlockingClient, RawJson
 from toolsetd.client.errors import ConnectError, ConnectionClosed, RequestTimeout
@@ -139,15 +142,23 @@ class UsageError(Exception):
     """A usage problem found after parsing (bad ``--args``); printed, exit 2."""
 
 
-@dataclass
 class _Failure(Exception):
     """A command failed: its exit code, and the error object printed for it."""
 
-    exit_code: int
-    code: int
-    message: str
-    data: Any = None
-    details: list[str] = field(default_factory=list)
+    def __init__(
+        self,
+        exit_code: int,
+        code: int,
+        message: str,
+        data: Any = None,
+        details: list[str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.code = code
+        self.message = message
+        self.data = data
+        self.details = details or []
 
     def error(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "data": self.data}
@@ -281,8 +292,27 @@ def _global_options() -> argparse.ArgumentParser:
     return common
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Build the ``toolsetctl`` argument parser."""
+def _command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (the first word that is not an option or its value)."""
+    takes_value = {"--socket", "--format", "--workspace", "--home"}
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in takes_value:
+            skip = True
+        elif arg == "--" or not arg.startswith("-"):
+            return arg
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Build the ``toolsetctl`` argument parser.
+
+    Args:
+        only: Build only this subcommand (argparse spends most of a short command's
+            parse time building the other eight); None builds them all.
+    """
     common = _global_options()
     parser = _Parser(
         prog="toolsetctl",
@@ -301,6 +331,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def add(name: str, text: str) -> argparse.ArgumentParser:
+        if only is not None and name != only:
+            return _Parser(add_help=False)  # never attached: a place for the arguments
         return commands.add_parser(name, help=text, description=text, parents=[common])
 
     source_help = "which copy of the set (default: the project copy wins over the home copy)"
@@ -368,19 +400,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-@dataclass(slots=True)
 class _Context:
-    """What every command needs."""
+    """What every command needs.
 
-    out: Output
-    socket: str
-    workspace: Path
-    #: ``--home`` as given, or None (then the daemon's home, else the default).
-    home_option: Path | None
-    default_home: Path
-    stdin: TextIO
-    wide: bool
-    env: Mapping[str, str]
+    ``home_option`` is ``--home`` as given, or None (then the daemon's home, else
+    ``default_home``).
+    """
+
+    def __init__(
+        self,
+        *,
+        out: Output,
+        socket: str,
+        workspace: Path,
+        home_option: Path | None,
+        default_home: Path,
+        stdin: TextIO,
+        wide: bool,
+        env: Mapping[str, str],
+    ) -> None:
+        self.out = out
+        self.socket = socket
+        self.workspace = workspace
+        self.home_option = home_option
+        self.default_home = default_home
+        self.stdin = stdin
+        self.wide = wide
+        self.env = env
 
     def emit(self, value: Any) -> None:
         """Print a result document (``jsonl`` wraps it as ``{"result": ...}``)."""
@@ -454,6 +500,15 @@ def _offline_module() -> Any:
     return offline
 
 
+def _listing_discovery(listing: _Listing) -> bool:
+    """Whether discovery is on for a listing: a set the daemon loaded proves it."""
+    if listing.from_daemon and any(
+        entry.get("state") == "loaded" for entry in listing.result.get("sets") or []
+    ):
+        return True  # no need to import the daemon's config reader
+    return _discovery_enabled(listing.home)
+
+
 def _discovery_enabled(home: Path) -> bool:
     try:
         return bool(_offline_module().discovery_enabled(home))
@@ -484,12 +539,16 @@ def _print_notes(ctx: _Context, notes: Sequence[Mapping[str, Any]]) -> None:
         ctx.out.line(f"- {note.get('message', '')}")
 
 
-@dataclass(slots=True)
 class _Listing:
-    result: dict[str, Any]
-    rows: list[SetRow]
-    home: Path
-    from_daemon: bool
+    """A ``list`` result, its inventory rows and the home they were read from."""
+
+    def __init__(
+        self, result: dict[str, Any], rows: list[SetRow], home: Path, *, from_daemon: bool
+    ) -> None:
+        self.result = result
+        self.rows = rows
+        self.home = home
+        self.from_daemon = from_daemon
 
 
 def _listing(ctx: _Context, catalog: str | None) -> _Listing:
@@ -540,7 +599,7 @@ def _cmd_list(ctx: _Context, args: argparse.Namespace) -> int:
         return EXIT_OK
     _inventory(ctx, listing.rows)
     _print_notes(ctx, listing.result.get("notes") or [])
-    if not _discovery_enabled(listing.home):
+    if not _listing_discovery(listing):
         ctx.out.line(DISCOVERY_OFF)
     return EXIT_OK
 
@@ -593,7 +652,7 @@ def _cmd_show(ctx: _Context, args: argparse.Namespace) -> int:
         ctx.emit(raw_sets.get((row.directory, row.source)) or row.to_json())
         return EXIT_OK
     ctx.out.fields(row.fields())
-    if not _discovery_enabled(listing.home):
+    if not _listing_discovery(listing):
         ctx.out.line(DISCOVERY_OFF)
     return EXIT_OK
 
@@ -845,7 +904,7 @@ def _cmd_invoke(ctx: _Context, args: argparse.Namespace) -> int:
             {"options": ["--headless", "--approve"]},
         )
     _, text = _read_arguments(args.arguments, ctx.stdin)
-    call_id = uuid.uuid4().hex
+    call_id = os.urandom(16).hex()
     params = _call_params(ctx, args, text)
     params["callId"] = call_id
     optional = {
@@ -995,7 +1054,8 @@ def run(
     stdin = sys.stdin if stdin is None else stdin
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = build_parser().parse_args(argv)
+        command = _command_in(argv)
+        args = build_parser(command if command in _COMMANDS else None).parse_args(argv)
     except _ParseError as exc:
         out = Output(_requested_format(argv), stdout, stderr, width=None)
         if not out.is_json:

@@ -28,8 +28,10 @@ import os
 import re
 import textwrap
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, TextIO
+
+TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
+if TYPE_CHECKING:
+    from typing import Any, TextIO
 
 __all__ = [
     "DISCOVERY_OFF",
@@ -148,9 +150,10 @@ def aligned_fields(fields: Sequence[tuple[str, str]]) -> list[str]:
     return [f"{label.ljust(width)}  {value}" for label, value in fields]
 
 
-@dataclass(frozen=True, slots=True)
 class SetRow:
     """One tool set as the inventory shows it (the reference host's ``ToolSetEntry``).
+
+    A plain immutable value (not a dataclass: toolsetctl does not import dataclasses).
 
     Attributes:
         directory: The directory name.
@@ -165,16 +168,65 @@ class SetRow:
         error: Why the manifest is broken, or ``""``.
     """
 
-    directory: str
-    source: str
-    path: str
-    enabled: bool | None
-    effective: bool
-    runner: str = ""
-    catalogs: str = ""
-    approval: str = ""
-    tools: tuple[str, ...] = ()
-    error: str = ""
+    __slots__ = (
+        "approval",
+        "catalogs",
+        "directory",
+        "effective",
+        "enabled",
+        "error",
+        "path",
+        "runner",
+        "source",
+        "tools",
+    )
+
+    def __init__(
+        self,
+        directory: str,
+        source: str,
+        path: str,
+        enabled: bool | None,
+        effective: bool,
+        runner: str = "",
+        catalogs: str = "",
+        approval: str = "",
+        tools: tuple[str, ...] = (),
+        error: str = "",
+    ) -> None:
+        self.directory = directory
+        self.source = source
+        self.path = path
+        self.enabled = enabled
+        self.effective = effective
+        self.runner = runner
+        self.catalogs = catalogs
+        self.approval = approval
+        self.tools = tools
+        self.error = error
+
+    def _key(self) -> tuple[Any, ...]:
+        return (
+            self.directory,
+            self.source,
+            self.path,
+            self.enabled,
+            self.effective,
+            self.runner,
+            self.catalogs,
+            self.approval,
+            self.tools,
+            self.error,
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SetRow) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return f"SetRow{self._key()!r}"
 
     def tools_cell(self) -> str:
         """The Tools column: the error when broken, else the labels or ``-``."""

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # `make run`: serve the bundled example tool sets from a throwaway home, in the foreground.
+# It prints the lines that point a second terminal at this daemon; the README's commands
+# work as they are once those lines have been pasted.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 demo=$(mktemp -d "${TMPDIR:-/tmp}/toolsetd-demo.XXXXXX")
@@ -9,9 +11,16 @@ sock="$demo/toolsetd.sock"
 bin="$PWD/.venv/bin"
 cat <<MSG
 toolsetd demo: home $demo/home, workspace $demo/workspace
-In another terminal, try:
-  $bin/toolsetctl --socket $sock --workspace $demo/workspace list
-  $bin/toolsetctl --socket $sock --workspace $demo/workspace invoke hello --args '{"name": "Ada"}'
+In another terminal, paste these lines:
+  export PATH="$bin:\$PATH"
+  export TOOLSETD_SOCKET="$sock"
+  export CRYSTAL_HOME="$demo/home"
+  cd "$demo/workspace"
+then try:
+  toolsetctl list
+  toolsetctl invoke hello --args '{"name": "Ada"}'
+  toolsetctl disable hello
+  toolsetctl enable hello
 Stop with Ctrl-C.
 MSG
 exec "$bin/toolsetd" --home "$demo/home" --socket "$sock" --log-format console

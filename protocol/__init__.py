@@ -3,66 +3,65 @@
 The public API is re-exported here; see ``errors``, ``codec``, ``jsonrpc`` and
 ``models`` for the details and theory of operation.
 
-The names of ``models`` (pydantic) are loaded on first use (PEP 562): the framing, the
-envelope and the errors are stdlib and orjson only, so ``toolsetctl`` can use them
-without paying for pydantic at every start.
+Every name is loaded from its submodule on first use (PEP 562): ``toolsetctl`` imports
+``toolsetd.protocol.errors`` at every start and must not pay for pydantic (``models``),
+orjson (``codec``) or dataclasses (``jsonrpc``) there.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
-
-from .codec import (
-    CLOSED,
-    DEFAULT_MAX_FRAME_SIZE,
-    NEED_DATA,
-    BadMessage,
-    Codec,
-    Event,
-    Message,
-    Sentinel,
-    encode,
-)
-from .errors import (
-    ERROR_CLASSES,
-    ApprovalRequired,
-    FrameTooLarge,
-    InternalError,
-    InvalidArguments,
-    InvalidParams,
-    InvalidRequest,
-    InvalidWorkspace,
-    LocalProtocolError,
-    MessageTooLarge,
-    MethodNotFound,
-    ParseError,
-    PeerNotAllowed,
-    PolicyDenied,
-    ProtocolError,
-    RemoteProtocolError,
-    RpcError,
-    ServerBusy,
-    ShuttingDown,
-    UnknownCall,
-    UnknownTool,
-)
-from .jsonrpc import (
-    JSONRPC_VERSION,
-    ErrorResponse,
-    InvalidEnvelope,
-    Notification,
-    Request,
-    RequestId,
-    Response,
-    error_message,
-    notification_message,
-    parse_envelope,
-    parse_response,
-    result_message,
-)
-
+TYPE_CHECKING = False  # not typing's: see errors.py
 if TYPE_CHECKING:
+    from typing import Any
+
+    from .codec import (
+        CLOSED,
+        DEFAULT_MAX_FRAME_SIZE,
+        NEED_DATA,
+        BadMessage,
+        Codec,
+        Event,
+        Message,
+        Sentinel,
+        encode,
+    )
+    from .errors import (
+        ERROR_CLASSES,
+        ApprovalRequired,
+        FrameTooLarge,
+        InternalError,
+        InvalidArguments,
+        InvalidParams,
+        InvalidRequest,
+        InvalidWorkspace,
+        LocalProtocolError,
+        MessageTooLarge,
+        MethodNotFound,
+        ParseError,
+        PeerNotAllowed,
+        PolicyDenied,
+        ProtocolError,
+        RemoteProtocolError,
+        RpcError,
+        ServerBusy,
+        ShuttingDown,
+        UnknownCall,
+        UnknownTool,
+    )
+    from .jsonrpc import (
+        JSONRPC_VERSION,
+        ErrorResponse,
+        InvalidEnvelope,
+        Notification,
+        Request,
+        RequestId,
+        Response,
+        error_message,
+        notification_message,
+        parse_envelope,
+        parse_response,
+        result_message,
+    )
     from .models import (
         METHOD_CANCEL,
         METHOD_CLASSIFY,
@@ -111,8 +110,52 @@ if TYPE_CHECKING:
         parse_mode,
     )
 
-_MODEL_NAMES = frozenset(
-    {
+#: Where each public name lives: the submodule is imported when the name is first used.
+_HOMES: dict[str, str] = {
+    "CLOSED": "codec",
+    "DEFAULT_MAX_FRAME_SIZE": "codec",
+    "NEED_DATA": "codec",
+    "BadMessage": "codec",
+    "Codec": "codec",
+    "Event": "codec",
+    "Message": "codec",
+    "Sentinel": "codec",
+    "encode": "codec",
+    "ERROR_CLASSES": "errors",
+    "ApprovalRequired": "errors",
+    "FrameTooLarge": "errors",
+    "InternalError": "errors",
+    "InvalidArguments": "errors",
+    "InvalidParams": "errors",
+    "InvalidRequest": "errors",
+    "InvalidWorkspace": "errors",
+    "LocalProtocolError": "errors",
+    "MessageTooLarge": "errors",
+    "MethodNotFound": "errors",
+    "ParseError": "errors",
+    "PeerNotAllowed": "errors",
+    "PolicyDenied": "errors",
+    "ProtocolError": "errors",
+    "RemoteProtocolError": "errors",
+    "RpcError": "errors",
+    "ServerBusy": "errors",
+    "ShuttingDown": "errors",
+    "UnknownCall": "errors",
+    "UnknownTool": "errors",
+    "JSONRPC_VERSION": "jsonrpc",
+    "ErrorResponse": "jsonrpc",
+    "InvalidEnvelope": "jsonrpc",
+    "Notification": "jsonrpc",
+    "Request": "jsonrpc",
+    "RequestId": "jsonrpc",
+    "Response": "jsonrpc",
+    "error_message": "jsonrpc",
+    "notification_message": "jsonrpc",
+    "parse_envelope": "jsonrpc",
+    "parse_response": "jsonrpc",
+    "result_message": "jsonrpc",
+    **dict.fromkeys(
+        {
         "METHOD_CANCEL",
         "METHOD_CLASSIFY",
         "METHOD_INVOKE",
@@ -158,8 +201,10 @@ _MODEL_NAMES = frozenset(
         "ToolInfo",
         "params_error",
         "parse_mode",
-    }
-)
+        },
+        "models",
+    ),
+}
 
 __version__ = "0.1.0"
 
@@ -256,9 +301,10 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Import a name of ``models`` the first time it is asked for."""
-    if name not in _MODEL_NAMES:
+    """Import a public name from its submodule the first time it is asked for."""
+    home = _HOMES.get(name)
+    if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.models"), name)
+    value = getattr(__import__(f"{__name__}.{home}", fromlist=[name]), name)
     globals()[name] = value
     return value
