@@ -176,6 +176,8 @@ class Client:
         send, receive = anyio.create_memory_object_stream[dict[str, Any]](notification_buffer)
         self._notify_send: MemoryObjectSendStream[dict[str, Any]] = send
         self._notify_receive: MemoryObjectReceiveStream[dict[str, Any]] = receive
+        #: Whether a caller took the notification stream (then it is theirs to close).
+        self._notifications_taken = False
 
     # -- lifecycle -------------------------------------------------------------------
 
@@ -220,6 +222,8 @@ class Client:
         if task_group is not None:
             task_group.cancel_scope.cancel()
             await task_group.__aexit__(None, None, None)
+        if not self._notifications_taken:
+            self._notify_receive.close()  # nobody will drain it; anyio warns if left open
 
     async def __aenter__(self) -> Self:
         return self
@@ -240,8 +244,9 @@ class Client:
     def notifications(self) -> MemoryObjectReceiveStream[dict[str, Any]]:
         """Return the stream of unsolicited notifications (``{"method", "params"}``).
 
-        It ends when the connection ends. Only one consumer should drain it.
+        It ends when the connection ends. Only one consumer should drain it, and closes it.
         """
+        self._notifications_taken = True
         return self._notify_receive
 
     # -- calls -----------------------------------------------------------------------

@@ -1,0 +1,734 @@
+"""toolsetctl for CI jobs and operators (issue 12), as a subprocess against a real daemon.
+
+Each test runs ``python -m toolsetd.client`` (the real CLI) against a daemon on a
+temporary socket; where a terminal matters, the CLI's stderr or stdout is a pty from the
+stdlib ``pty`` module. The exit-code table of docs/cli.md is tested row by row here and in
+test_cli_daemon.py (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from toolsetd.client import Client, ServerBusy
+
+from .conftest import EXAMPLES, REPO, Daemon, RawConn, eventually, start_daemon, write_set
+
+SH = "#!/bin/sh\n"
+TOOL = {"description": "d", "schema": {"type": "object"}}
+PROGRESS = (
+    SH + 'printf \'{"message": "step 1 of 5", "fraction": 0.2}\\n\' > "/dev/fd/$TOOLSETD_PROGRESS_FD"\n'
+    'echo working\ni=0\nwhile [ ! -e "$CRYSTAL_WORKSPACE/go" ] && [ $i -lt 200 ]; do\n'
+    "  sleep 0.05; i=$((i+1))\ndone\necho done\n"
+)
+
+
+class Ctl:
+    """A daemon over the examples plus test sets, and a way to run toolsetctl against it."""
+
+    def __init__(self, daemon: Daemon, base: Path) -> None:
+        self.daemon = daemon
+        self.base = base
+        self.workspace = daemon.workspace
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "toolsetd.client", "--socket", str(self.daemon.socket),
+                "--workspace", str(self.workspace), *args]
+
+    def env(self, **extra: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME", "CI", "COLUMNS")}
+        env["HOME"] = str(self.base / "user")  # not the daemon's home: ~ is somewhere else
+        env.update(extra)
+        return env
+
+    def run(self, *args: str, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(self.argv(*args), capture_output=True, text=True, input=stdin,
+                              timeout=60, env=self.env(**env), cwd=self.base)
+
+
+def one_document(r: subprocess.CompletedProcess[str]) -> Any:
+    """stdout holds exactly one JSON document; return it."""
+    return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def ctl() -> Iterator[Ctl]:
+    base = Path(tempfile.mkdtemp(prefix="tso-"))
+    home = base / "home"
+    shutil.copytree(EXAMPLES, home / "tools")
+    (base / "user").mkdir()
+    write_set(home / "tools", "c", {
+        "runner": "exec", "stdin": False, "approval": "always",
+        "tools": [{**TOOL, "name": "c_fail", "command": ["fail.sh"]},
+                  {**TOOL, "name": "c_progress", "command": ["progress.sh"]}],
+    }, **{"fail.sh": SH + "echo broken >&2\nexit 7\n", "progress.sh": PROGRESS})
+    write_set(home / "tools", "ct", {
+        "runner": "exec", **TOOL, "command": ["t.sh"], "stdin": False, "approval": "always",
+        "timeoutSeconds": 1,
+    }, **{"t.sh": SH + "sleep 30\n"})
+    workspace = base / "ws"
+    write_set(workspace / ".crystal" / "tools", "proj", {
+        "runner": "exec", **TOOL, "command": ["true"], "approval": "always",
+    })
+    daemon = start_daemon(home, workspace, base, ["--no-watch", "--progress-interval", "0.1"])
+    try:
+        yield Ctl(daemon, base)
+    finally:
+        daemon.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# -- 1. JSON on every path --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("args", "exit_code", "code"), [
+    (["invoke", "notes_add", "--args", '{"text": "x"}'], 3, -32004),
+    (["invoke", "notes_add", "--args", '{"text": "x"}', "--headless"], 3, -32003),
+    (["invoke", "notes_add", "--args", '{"text": 5}', "--approve"], 2, -32002),
+    (["invoke", "no_such_tool"], 2, -32001),
+    (["invoke", "hello", "--args", "{not json"], 2, -32090),
+    (["invoke", "hello", "--headless", "--approve"], 2, -32090),
+    (["classify", "hello", "--mode", "bogus"], 2, -32602),
+    (["show", "nope"], 2, -32093),
+    (["show", "9bad"], 2, -32093),
+    (["list", "--catalog", "nope"], 2, -32090),
+])
+def test_cli_json_errors_are_one_document(ctl: Ctl, args: list[str], exit_code: int, code: int) -> None:
+    """In json mode a failure is one {"error": {code, message, data}} on stdout, same exit code."""
+    text = ctl.run(*args)
+    r = ctl.run(*args, "--format", "json")
+    assert r.returncode == text.returncode == exit_code, (r.stdout, r.stderr, text.stderr)
+    error = one_document(r)["error"]
+    assert error["code"] == code
+    assert error["message"] and error["message"].splitlines()[0] in text.stderr
+    assert set(error) == {"code", "message", "data"}
+    assert r.stderr == ""
+
+
+def test_cli_json_error_data_carries_the_classification(ctl: Ctl) -> None:
+    """A refusal keeps the daemon's data: the classification of a denial, the pointer errors."""
+    r = ctl.run("invoke", "notes_add", "--args", '{"text": "x"}', "--headless", "--format", "json")
+    data = one_document(r)["error"]["data"]
+    assert (data["tool"], data["decision"]) == ("notes_add", "deny")
+    r = ctl.run("invoke", "notes_add", "--args", '{"tags": [1]}', "--approve", "--format", "json")
+    errors = one_document(r)["error"]["data"]["errors"]
+    assert {e["path"] for e in errors} >= {"/tags/0"}
+
+
+def test_cli_json_unreachable_daemon(ctl: Ctl, tmp_path: Path) -> None:
+    """An unreachable daemon is a JSON error naming the socket, exit 5."""
+    sock = str(tmp_path / "none.sock")
+    r = subprocess.run([sys.executable, "-m", "toolsetd.client", "--socket", sock, "status",
+                        "--format", "json"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 5
+    error = one_document(r)["error"]
+    assert error["code"] == -32091 and sock in error["message"] and error["data"] == {"socket": sock}
+
+
+def test_cli_json_offline_notice_stays_on_stderr(ctl: Ctl, tmp_path: Path) -> None:
+    """Without a daemon, list --format json prints one document; the notice goes to stderr."""
+    r = subprocess.run([sys.executable, "-m", "toolsetd.client", "--socket", str(tmp_path / "x.sock"),
+                        "--home", str(ctl.daemon.home), "--workspace", str(ctl.workspace),
+                        "list", "--format", "json"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "hello" in {s["directory"] for s in one_document(r)["sets"]}
+    assert "not running" in r.stderr
+
+
+def test_cli_json_results_and_failed_tool(ctl: Ctl) -> None:
+    """A tool that fails is a result (not an error document); stdout is only that JSON."""
+    r = ctl.run("invoke", "c_fail", "--format", "json")
+    assert r.returncode == 1
+    result = one_document(r)
+    assert (result["status"], result["exitCode"], result["stderrBytes"]) == ("error", 7, 7)
+    assert r.stderr == ""
+
+
+# -- 2. invoke --format jsonl -----------------------------------------------------------
+
+
+def test_cli_invoke_jsonl_streams_events_as_they_happen(ctl: Ctl) -> None:
+    """jsonl prints started, progress and completed as they happen, then the result."""
+    go = ctl.workspace / "go"
+    go.unlink(missing_ok=True)
+    proc = subprocess.Popen(ctl.argv("invoke", "c_progress", "--format", "jsonl"),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ctl.env())
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        assert first["method"] == "started" and first["params"]["tool"] == "c_progress"
+        line = json.loads(proc.stdout.readline())
+        assert line["method"] == "progress"  # while the tool still waits for its go file
+        assert proc.poll() is None
+        go.write_text("")
+        rest = [json.loads(text) for text in proc.stdout]
+        assert proc.wait(timeout=30) == 0
+    finally:
+        go.unlink(missing_ok=True)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+    methods = [m.get("method") for m in rest]
+    assert methods[-2] == "completed" and set(methods[:-2]) <= {"progress"}
+    assert list(rest[-1]) == ["result"] and rest[-1]["result"]["status"] == "ok"
+    messages = [m["params"].get("message") for m in [line, *rest[:-2]]]
+    assert "step 1 of 5" in messages
+
+
+def test_cli_jsonl_error_is_one_line(ctl: Ctl) -> None:
+    """A failure in jsonl is a single {"error": ...} line."""
+    r = ctl.run("invoke", "notes_add", "--args", '{"text": "x"}', "--format", "jsonl")
+    assert r.returncode == 3
+    [line] = r.stdout.splitlines()
+    assert json.loads(line)["error"]["code"] == -32004
+
+
+# -- 3. exit codes, one meaning each ----------------------------------------------------
+
+
+def test_cli_exit_0_and_1_and_4(ctl: Ctl) -> None:
+    """0 success, 1 the tool reported an error, 4 it timed out."""
+    assert ctl.run("invoke", "hello", "--args", '{"name": "x"}').returncode == 0
+    assert ctl.run("invoke", "c_fail").returncode == 1
+    assert ctl.run("invoke", "ct").returncode == 4
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--mode", "full"], 0),  # allow
+    ([], 3),  # ask
+    (["--headless"], 3),  # deny
+    (["--mode", "review"], 3),  # review
+])
+def test_cli_classify_exits_like_invoke(ctl: Ctl, args: list[str], expected: int) -> None:
+    """classify exits 0 for allow and 3 for deny, ask or review."""
+    r = ctl.run("classify", "notes_add", "--args", '{"text": "x"}', *args, "--format", "json")
+    assert r.returncode == expected, r.stderr
+    decision = one_document(r)["decision"]
+    assert (decision == "allow") == (expected == 0)
+
+
+def test_cli_tool_exit_code(ctl: Ctl) -> None:
+    """--tool-exit-code exits with the tool's own code once it ran; a timeout stays 4."""
+    assert ctl.run("invoke", "c_fail", "--tool-exit-code").returncode == 7
+    assert ctl.run("invoke", "hello", "--args", '{"name": "x"}', "--tool-exit-code").returncode == 0
+    assert ctl.run("invoke", "ct", "--tool-exit-code").returncode == 4
+    assert ctl.run("invoke", "notes_add", "--args", '{"text": "x"}', "--tool-exit-code").returncode == 3
+
+
+def test_cli_exit_5_lost_connection(ctl: Ctl, tmp_path: Path) -> None:
+    """A daemon that closes mid-call is a lost connection: exit 5, naming the socket."""
+    path = tmp_path / "s.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        conn.recv(65536)
+        conn.close()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        r = subprocess.run([sys.executable, "-m", "toolsetd.client", "--socket", str(path),
+                            "status", "--format", "json"], capture_output=True, text=True, timeout=30)
+    finally:
+        thread.join(10)
+        server.close()
+    assert r.returncode == 5
+    error = one_document(r)["error"]
+    assert error["code"] == -32092 and str(path) in error["message"]
+
+
+def test_cli_exit_6_cancelled_by_the_daemon(tmp_path: Path) -> None:
+    """A call the daemon cancels while stopping exits 6, not 130 (that is Ctrl-C)."""
+    base = Path(tempfile.mkdtemp(prefix="tsx-"))
+    try:
+        home, workspace = base / "home", base / "ws"
+        workspace.mkdir()
+        write_set(home / "tools", "slow", {
+            "runner": "exec", **TOOL, "command": ["slow.sh"], "stdin": False, "approval": "always",
+        }, **{"slow.sh": SH + "sleep 60\n"})
+        daemon = start_daemon(home, workspace, base, ["--no-watch", "--shutdown-grace", "0.5"])
+        ctl = Ctl(daemon, base)
+        (base / "user").mkdir()
+        proc = subprocess.Popen(ctl.argv("invoke", "slow", "--format", "json"), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=ctl.env())
+        try:
+            eventually(lambda: daemon.call("status")["result"]["inFlight"] == 1, 15, "started")
+            daemon.proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            daemon.stop()
+        assert proc.returncode == 6, (out, err)
+        assert json.loads(out)["status"] == "cancelled"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_cli_exit_7_not_allowed_shows_the_daemon_sentence(ctl: Ctl) -> None:
+    """A peer the daemon refuses sees the daemon's sentence and exits 7 (not allowed).
+
+    The CLI runs as ``nobody``. That user cannot exec this interpreter (it lives under
+    /root), so the child forks from this process, drops to nobody and calls the same
+    ``run()`` the toolsetctl entry point calls.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("needs root to connect as another user")
+    import pwd
+
+    from toolsetd.client.cli import run
+
+    nobody = pwd.getpwnam("nobody")
+    os.chmod(ctl.daemon.socket.parent, 0o755)
+    os.chmod(ctl.daemon.socket, 0o666)
+    results = {}
+    for fmt in ("text", "json"):
+        read_fd, write_fd = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: become nobody, run the CLI, report what it printed
+            os.close(read_fd)
+            code = 99
+            try:
+                import io
+
+                os.setgid(nobody.pw_gid)
+                os.setuid(nobody.pw_uid)
+                out, err = io.StringIO(), io.StringIO()
+                code = run(["--socket", str(ctl.daemon.socket), "status", "--format", fmt],
+                           stdout=out, stderr=err)
+                os.write(write_fd, json.dumps([code, out.getvalue(), err.getvalue()]).encode())
+            finally:
+                os._exit(0)
+        os.close(write_fd)
+        os.waitpid(pid, 0)
+        with os.fdopen(read_fd) as f:
+            results[fmt] = json.loads(f.read())
+    code, out, err = results["text"]
+    assert code == 7, err
+    assert "may not call toolsetd" in err and "broken" not in err
+    code, out, err = results["json"]
+    assert code == 7
+    assert json.loads(out)["error"]["code"] == -32009
+
+
+@contextlib.contextmanager
+def _hold_the_only_connection(daemon: Daemon) -> Iterator[RawConn]:
+    """Hold a daemon's one connection slot (retrying while the readiness probe's closes)."""
+    held: list[RawConn] = []
+
+    def take() -> bool:
+        conn = RawConn(daemon.socket)
+        try:
+            if "result" in conn.request("status"):
+                held.append(conn)
+                return True
+        except OSError:
+            pass
+        conn.close()
+        return False
+
+    eventually(take, 15, "the only connection")
+    try:
+        yield held[0]
+    finally:
+        held[0].close()
+
+
+def test_cli_exit_8_busy(tmp_path: Path) -> None:
+    """A daemon at its connection limit refuses with its sentence: exit 8 (try again)."""
+    base = Path(tempfile.mkdtemp(prefix="tsb-"))
+    try:
+        (base / "home" / "tools").mkdir(parents=True)
+        (base / "ws").mkdir()
+        (base / "user").mkdir()
+        daemon = start_daemon(base / "home", base / "ws", base, ["--no-watch", "--max-connections", "1"])
+        try:
+            with _hold_the_only_connection(daemon):
+                r = Ctl(daemon, base).run("status")
+                assert r.returncode == 8, r.stderr
+                assert "Too many connections" in r.stderr
+        finally:
+            daemon.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.anyio
+async def test_client_raises_the_daemon_refusal_not_a_broken_pipe(tmp_path: Path) -> None:
+    """The async Client raises the error the daemon sent with a null id (here ServerBusy)."""
+    base = Path(tempfile.mkdtemp(prefix="tsb-"))
+    try:
+        (base / "home" / "tools").mkdir(parents=True)
+        (base / "ws").mkdir()
+        daemon = start_daemon(base / "home", base / "ws", base, ["--no-watch", "--max-connections", "1"])
+        try:
+            with _hold_the_only_connection(daemon):
+                with anyio.fail_after(20):
+                    async with await Client.connect(daemon.socket) as client:
+                        with pytest.raises(ServerBusy, match="Too many connections"):
+                            await client.status()
+                        with pytest.raises(ServerBusy):  # and every later call too
+                            await client.status()
+        finally:
+            daemon.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_cli_exit_9_internal_error(tmp_path: Path) -> None:
+    """A daemon internal error (-32603) exits 9 with its message.
+
+    The real daemon answers -32603 only for its own bugs, so a socket stub answers here.
+    """
+    path = tmp_path / "s.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen()
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        request = json.loads(conn.recv(65536).split(b"\n")[0])
+        reply = {"jsonrpc": "2.0", "id": request["id"],
+                 "error": {"code": -32603, "message": "Internal error (incident 42)"}}
+        conn.sendall(json.dumps(reply).encode() + b"\n")
+        conn.close()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        r = subprocess.run([sys.executable, "-m", "toolsetd.client", "--socket", str(path), "status"],
+                           capture_output=True, text=True, timeout=30)
+    finally:
+        thread.join(10)
+        server.close()
+    assert r.returncode == 9
+    assert "incident 42" in r.stderr
+
+
+def test_cli_exit_2_usage(ctl: Ctl) -> None:
+    """Usage errors exit 2: unknown option, --headless with --approve (explained)."""
+    r = ctl.run("status", "--bogus")
+    assert r.returncode == 2 and "--bogus" in r.stderr
+    r = ctl.run("invoke", "notes_add", "--args", '{"text": "x"}', "--headless", "--approve")
+    assert r.returncode == 2
+    assert "--headless and --approve cannot be used together" in r.stderr
+    assert not (ctl.workspace / ".crystal" / "data" / "tools" / "Acme.Notes").exists()
+
+
+# -- 4. the approval message names --approve --------------------------------------------
+
+
+def test_cli_approval_message_names_the_flag(ctl: Ctl) -> None:
+    """Approval required tells the operator about --approve, not the wire's approved: true."""
+    r = ctl.run("invoke", "notes_add", "--args", '{"text": "x"}')
+    assert r.returncode == 3
+    assert "--approve" in r.stderr and "approved: true" not in r.stderr
+    assert "default mode" in r.stderr  # the classification's reason is kept
+
+
+# -- 5. the progress line ---------------------------------------------------------------
+
+
+def _run_on_pty(ctl: Ctl, args: list[str], *, stdout_tty: bool, stderr_tty: bool,
+                **env: str) -> tuple[int, str, str]:
+    """Run the CLI with stdout and/or stderr on a pty (80x24); return (code, stdout, stderr)."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    go = ctl.workspace / "go"
+    go.unlink(missing_ok=True)
+    proc = subprocess.Popen(
+        ctl.argv(*args), env=ctl.env(**env), stdin=subprocess.DEVNULL,
+        stdout=slave if stdout_tty else subprocess.PIPE,
+        stderr=slave if stderr_tty else subprocess.PIPE,
+    )
+    os.close(slave)
+    seen = bytearray()
+    started = time.monotonic()
+    try:
+        while True:
+            ready, _, _ = select.select([master], [], [], 0.05)
+            if ready:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: every writer of the pty is gone
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            if time.monotonic() - started > 1.2 and not go.exists():
+                go.write_text("")  # let the tool finish after a few progress ticks
+            if proc.poll() is not None and not ready:
+                break
+        out, err = proc.communicate(timeout=30)
+    finally:
+        go.unlink(missing_ok=True)
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    tty = seen.decode(errors="replace")
+    text_out = tty if stdout_tty else (out or b"").decode()
+    text_err = tty if stderr_tty else (err or b"").decode()
+    return proc.returncode, text_out, text_err
+
+
+def _frames(text: str) -> list[str]:
+    """The progress lines drawn ("\\r\\x1b[2K" then the line), in order."""
+    return [frame for frame in text.split("\r\x1b[2K") if frame.strip()]
+
+
+def test_cli_progress_keeps_the_tool_message_between_ticks(ctl: Ctl) -> None:
+    """With stdout redirected and stderr a terminal, progress goes to stderr and keeps the
+    tool's last message and fraction while periodic ticks update the time."""
+    code, out, err = _run_on_pty(ctl, ["invoke", "c_progress"], stdout_tty=False, stderr_tty=True)
+    assert code == 0, err
+    assert out == "exit 0\nworking\ndone\n"
+    frames = [f for f in _frames(err) if f.startswith("c_progress  ") and "bytes" in f]
+    late = [f for f in frames if float(re.search(r"  (\d+\.\d)s  ", f).group(1)) >= 0.5]
+    assert late, frames
+    assert all("20%  step 1 of 5" in f for f in late), late
+    assert err.endswith("\r\x1b[2K")  # the line is removed at the end
+    assert all(len(f) < 80 for f in frames)
+
+
+@pytest.mark.parametrize(("stdout_tty", "stderr_tty", "env"), [
+    (False, False, {}),  # neither is a terminal
+    (True, True, {"CI": "true"}),  # CI is set
+    (True, False, {}),  # only stdout is a terminal: progress never goes there
+])
+def test_cli_progress_off(ctl: Ctl, stdout_tty: bool, stderr_tty: bool, env: dict[str, str]) -> None:
+    """No progress line when stderr is not a terminal, or when CI is set."""
+    code, out, err = _run_on_pty(ctl, ["invoke", "c_progress"], stdout_tty=stdout_tty,
+                                 stderr_tty=stderr_tty, **env)
+    assert code == 0, err
+    assert "\x1b[2K" not in out + err and "bytes" not in out + err
+    assert out.replace("\r\n", "\n") == "exit 0\nworking\ndone\n"
+
+
+# -- 6. a table readable at 80 columns --------------------------------------------------
+
+
+def test_cli_list_fits_80_columns_on_a_terminal(ctl: Ctl) -> None:
+    """On an 80-column terminal the table fits, paths shortened (~, workspace-relative)."""
+    env_home = str(ctl.daemon.home.parent)  # ~ is the folder holding the daemon's home
+    code, out, _ = _run_on_pty(ctl, ["list"], stdout_tty=True, stderr_tty=True, HOME=env_home)
+    assert code == 0
+    lines = [line for line in out.replace("\r\n", "\n").splitlines() if line.strip()]
+    assert lines[0].split()[:2] == ["Directory", "Source"]
+    assert all(len(line) <= 80 for line in lines), lines
+    assert "~/home/tools/hello" in out
+    assert ".crystal/tools/proj" in out and str(ctl.workspace) not in out
+
+
+def test_cli_list_columns_fold_by_width_and_wide_shows_all(ctl: Ctl) -> None:
+    """COLUMNS narrows the table; -w shows every reference column with full paths."""
+    narrow = ctl.run("list", COLUMNS="80")
+    assert all(len(line) <= 80 for line in narrow.stdout.splitlines()), narrow.stdout
+    assert "State" in narrow.stdout.splitlines()[0]
+    wide = ctl.run("list", "-w", COLUMNS="80")
+    header = wide.stdout.splitlines()[0].split()
+    assert header == ["Directory", "Source", "Enabled", "Effective", "Path", "Runner",
+                      "Catalogs", "Approval", "Tools"]
+    assert str(ctl.daemon.home / "tools" / "hello" / "tools.json") in wide.stdout
+    text = ctl.run("list", "--format", "text", COLUMNS="80")
+    assert str(ctl.daemon.home / "tools" / "hello" / "tools.json") in text.stdout
+    assert max(len(line) for line in text.stdout.splitlines()) > 80  # text is never fitted
+
+
+# -- 7. enable/disable use the running daemon's home ------------------------------------
+
+
+def test_cli_disable_edits_the_daemons_home(ctl: Ctl) -> None:
+    """Without --home, disable edits the daemon's home (not ~/.crystal) and says so."""
+    manifest = ctl.daemon.home / "tools" / "hello" / "tools.json"
+    before = manifest.read_bytes()
+    try:
+        r = ctl.run("disable", "hello")
+        assert r.returncode == 0, r.stderr
+        assert "Tool set hello disabled." in r.stdout
+        assert str(ctl.daemon.home) in r.stderr and str(ctl.daemon.socket) in r.stderr
+        assert json.loads(manifest.read_text())["enabled"] is False
+        listed = one_document(ctl.run("list", "--format", "json"))
+        hello = next(s for s in listed["sets"] if s["directory"] == "hello")
+        assert hello["enabled"] is False  # the daemon reloaded
+        r = ctl.run("enable", "hello", "--format", "json")
+        done = one_document(r)
+        assert (done["homeFrom"], done["home"], done["reloaded"]) == ("daemon", str(ctl.daemon.home), True)
+    finally:
+        manifest.write_bytes(before)
+        ctl.run("reload")
+
+
+def test_cli_enable_with_home_option_and_a_missing_home(ctl: Ctl, tmp_path: Path) -> None:
+    """--home wins over the daemon's home; a home that does not exist is named."""
+    r = ctl.run("disable", "hello", "--home", str(tmp_path / "nowhere"), "--format", "json")
+    assert r.returncode == 2
+    error = one_document(r)["error"]
+    assert error["code"] == -32093 and error["data"]["home"] == str(tmp_path / "nowhere")
+    r = ctl.run("disable", "hello", "--home", str(tmp_path / "nowhere"))
+    assert f"The home {tmp_path / 'nowhere'} does not exist." in r.stderr
+
+
+def test_make_run_prints_lines_that_make_the_readme_work(tmp_path: Path) -> None:
+    """The export lines run-demo.sh prints make the README's commands work as printed."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Trying it", 1)[1].split("\n## ", 1)[0]
+    commands = [line for line in section.splitlines() if line.startswith("toolsetctl ")]
+    assert {"toolsetctl list", "toolsetctl disable hello"} <= set(commands)
+    env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
+    env["TMPDIR"] = str(tmp_path)
+    demo = subprocess.Popen(["bash", str(REPO / "examples" / "run-demo.sh")], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+    try:
+        assert demo.stdout is not None
+        printed = []
+        for line in demo.stdout:
+            printed.append(line)
+            if line.startswith("Stop with"):
+                break
+        setup = [line.strip() for line in printed if line.strip().startswith(("export ", "cd "))]
+        assert [s.split()[0] for s in setup] == ["export", "export", "export", "cd"], printed
+        assert all(c.strip() in "".join(printed) for c in commands)
+        sock = next(s for s in setup if "TOOLSETD_SOCKET" in s).split("=", 1)[1].strip('"')
+        eventually(lambda: os.path.exists(sock), 30, "demo socket")
+        script = "set -e\n" + "\n".join(setup) + "\n" + "\n".join(
+            f"{c}\necho \"== $?\"" for c in commands)
+        r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120,
+                           env={**env, "HOME": str(tmp_path)})
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "Hello, Ada!" in r.stdout
+        assert "Tool set hello disabled." in r.stdout and "was not found" not in r.stderr
+        assert r.stdout.count("== 0") == len(commands)
+    finally:
+        os.killpg(demo.pid, signal.SIGTERM)
+        demo.wait(timeout=30)
+        if demo.stdout is not None:
+            demo.stdout.close()
+
+
+# -- 8. --version and a description for every flag --------------------------------------
+
+
+def _options_without_help(help_text: str) -> list[str]:
+    """The option lines of an argparse --help that carry no description."""
+    lines = help_text.splitlines()
+    missing = []
+    for index, line in enumerate(lines):
+        if not line.startswith("  -"):
+            continue
+        described = re.search(r"\S\s{2,}\S", line.strip()) is not None
+        nxt = lines[index + 1] if index + 1 < len(lines) else ""
+        if not described and not (nxt.startswith(" " * 6) and not nxt.strip().startswith("-")):
+            missing.append(line.strip())
+    return missing
+
+
+def test_cli_version_and_every_flag_described(ctl: Ctl) -> None:
+    """toolsetctl --version prints the version; every flag of every command has a description."""
+    r = ctl.run("--version")
+    assert (r.returncode, r.stdout.strip()) == (0, "toolsetctl 0.1.0")
+    for command in ("", "status", "list", "show", "enable", "disable", "validate", "classify",
+                    "invoke", "reload"):
+        r = ctl.run(*command.split(), "--help")
+        assert r.returncode == 0
+        assert _options_without_help(r.stdout) == [], (command, r.stdout)
+
+
+def test_toolsetd_help_describes_every_flag() -> None:
+    """toolsetd --help leaves no flag without a description."""
+    r = subprocess.run([sys.executable, "-m", "toolsetd.daemon", "--help"], capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode == 0
+    assert _options_without_help(r.stdout) == [], r.stdout
+
+
+# -- 9. start-up: the status path loads none of the heavy modules -----------------------
+
+
+def test_cli_status_imports_nothing_heavy(ctl: Ctl) -> None:
+    """toolsetctl status runs without importing pydantic, rich, anyio, asyncio, orjson,
+    jsonschema, typing or dataclasses (their import is most of a slow start)."""
+    code = (
+        "import sys, io\n"
+        "from toolsetd.client.cli import run\n"
+        f"code = run(['--socket', {str(ctl.daemon.socket)!r}, 'status'], stdout=io.StringIO())\n"
+        "heavy = {'pydantic', 'rich', 'anyio', 'asyncio', 'orjson', 'jsonschema', 'typing',\n"
+        "         'dataclasses', 'toolsetd.daemon', 'toolsetd.protocol.models'}\n"
+        "print(code, sorted(m for m in sys.modules if m in heavy or m.split('.')[0] in heavy))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=30, env=ctl.env())
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "0 []"
+
+
+# -- 11. validate finds what invoke would trip on ---------------------------------------
+
+
+def test_cli_validate_finds_a_command_file_invoke_cannot_start(ctl: Ctl, tmp_path: Path) -> None:
+    """A non-executable command file: validate names it, and invoke's failure names it too."""
+    tools = ctl.workspace / ".crystal" / "tools"
+    set_dir = write_set(tools, "noexec", {
+        "runner": "exec", **TOOL, "command": ["run.sh"], "approval": "always", "stdin": False,
+    }, **{"run.sh": SH + "echo hi\n"})
+    script = set_dir / "run.sh"
+    script.chmod(0o644)
+    try:
+        r = ctl.run("validate", str(set_dir))
+        assert r.returncode == 2
+        assert f"Command file {script} is not executable: run chmod +x {script}." in r.stdout
+        ctl.run("reload")
+        r = ctl.run("invoke", "noexec", "--approve")
+        assert r.returncode == 1
+        assert r.stdout.strip() == f"The external process failed to start: Permission denied: {script}"
+        script.chmod(0o755)
+        r = ctl.run("validate", "noexec")  # by name: found in the workspace
+        assert (r.returncode, r.stdout) == (0, "Tool set noexec is valid: 1 tool (noexec).\n")
+    finally:
+        shutil.rmtree(set_dir)
+        ctl.run("reload")
+
+
+def test_cli_validate_lists_every_schema_problem_and_a_missing_home(ctl: Ctl, tmp_path: Path) -> None:
+    """Every meta-schema problem of a tool is listed, and a --home that does not exist."""
+    set_dir = write_set(tmp_path, "bad", {
+        "runner": "exec", "command": ["true"], "description": "d",
+        "schema": {"type": "objct", "properties": {"a": {"minimum": "x"}}, "required": "a"},
+    })
+    r = ctl.run("validate", str(set_dir), "--home", str(tmp_path / "missing"), "--format", "json")
+    assert r.returncode == 2
+    problems = one_document(r)["problems"]
+    assert problems[0] == f"The home {tmp_path / 'missing'} (--home) does not exist."
+    schema_problems = [p for p in problems if "invalid JSON Schema" in p]
+    assert len(schema_problems) == 3, problems
+    assert any("(at /type)" in p for p in schema_problems)
+    assert any("(at /properties/a/minimum)" in p for p in schema_problems)
+    assert any("(at /required)" in p for p in schema_problems)
