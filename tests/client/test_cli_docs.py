@@ -1,0 +1,36 @@
+"""docs/cli.md's tables match the code: one exit-code table, one table of toolsetctl's own error codes."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from toolsetd.client import cli
+
+DOC = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+
+
+def _first_column(section: str) -> list[int]:
+    body = DOC.split(section, 1)[1].split("\n#", 1)[0]
+    return [int(m.group(1)) for m in re.finditer(r"^\| (-?\d+) \|", body, re.M)]
+
+
+def test_cli_docs_exit_code_table_matches_the_code() -> None:
+    """Every EXIT_* constant has exactly one row in docs/cli.md, and no row is extra."""
+    codes = {value for name, value in vars(cli).items() if name.startswith("EXIT_")}
+    rows = _first_column("## Exit codes")
+    assert sorted(rows) == sorted(codes)
+    assert DOC.count("## Exit codes") == 1
+
+
+def test_cli_docs_error_code_table_matches_the_code() -> None:
+    """The error.code table lists exactly toolsetctl's own codes."""
+    assert sorted(_first_column("### `error.code`")) == sorted(cli.CLI_ERROR_CODES.values())
+
+
+def test_cli_module_docstring_table_matches_the_code() -> None:
+    """The table in cli.py's docstring has the same codes as the constants."""
+    assert cli.__doc__ is not None
+    rows = [int(m.group(1)) for m in re.finditer(r"^(\d+)\s{2,}\S", cli.__doc__, re.M)]
+    codes = {value for name, value in vars(cli).items() if name.startswith("EXIT_")}
+    assert sorted(rows) == sorted(codes)
