@@ -287,11 +287,27 @@ def _manifest_path(path: str) -> str:
     return f"{path.rstrip('/')}/{_MANIFEST}"
 
 
+def _tool_label(item: Any, loaded: Mapping[str, Mapping[str, Any]]) -> str:
+    """One Tools label: ``name`` or ``name (always)``.
+
+    A ``sets[]`` tool is a name, or an object ``{name, approval}`` (the declared tools of
+    a set that did not load); the approval is the object's, else the loaded tool's.
+    """
+    if isinstance(item, Mapping):
+        name = str(item.get("name", ""))
+        approval = item.get("approval")
+    else:
+        name = str(item)
+        approval = loaded.get(name, {}).get("approval")
+    declared = approval.get("declared") if isinstance(approval, Mapping) else approval
+    return f"{name} ({declared})" if isinstance(declared, str) and declared not in ("", "inherit") else name
+
+
 def set_rows_from_list(result: Mapping[str, Any]) -> list[SetRow]:
     """Build the inventory rows from a daemon's ``list`` result.
 
     A ``sets[]`` entry carries ``directory``, ``source``, ``path``, ``enabled``, ``state``,
-    ``tools`` and ``notes``; the set-level ``runner``, ``catalogs``, ``approval`` and an
+    ``tools`` (names, or ``{name, approval}`` objects) and ``notes``; the set-level ``runner``, ``catalogs``, ``approval`` and an
     ``error`` are used when the daemon sends them, and otherwise taken from the set's
     loaded tools (runner, the union of catalogs, ``(always)`` labels) and notes.
 
@@ -328,10 +344,7 @@ def set_rows_from_list(result: Mapping[str, Any]) -> list[SetRow]:
         approval = entry.get("approval")
         if isinstance(approval, Mapping):
             approval = approval.get("declared")
-        labels = []
-        for name in entry.get("tools") or []:
-            declared = (loaded.get(str(name), {}).get("approval") or {}).get("declared")
-            labels.append(f"{name} ({declared})" if declared and declared != "inherit" else name)
+        labels = [_tool_label(item, loaded) for item in entry.get("tools") or []]
         error = entry.get("error")
         if not isinstance(error, str):
             notes = entry.get("notes") or []

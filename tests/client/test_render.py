@@ -101,3 +101,14 @@ def test_content_lines_text_and_image() -> None:
         {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
     ]
     assert content_lines(content) == ["hello", "[image image/png, 8 bytes]"]
+
+
+def test_set_rows_take_declared_tools_of_a_set_that_did_not_load() -> None:
+    """A sets[] tool given as {name, approval} (a disabled set) is labelled like a loaded one."""
+    result = {"tools": [], "notes": [], "sets": [
+        {"directory": "web", "source": "home", "path": "/h/tools/web", "enabled": False,
+         "state": "disabled", "notes": [], "error": None,
+         "tools": [{"name": "web", "approval": "always"}, {"name": "fetch", "approval": "inherit"}]},
+    ]}
+    (row,) = set_rows_from_list(result)
+    assert row.tools_cell() == "web (always), fetch"
