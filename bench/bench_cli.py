@@ -16,7 +16,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "bench"  # noqa: A001
+    __package__ = "bench"
 
 import argparse
 import shutil
@@ -76,27 +76,37 @@ def run(quick: bool = False) -> Section:
             )
         finally:
             daemon.stop()
-    data.update({
-        "python_pass_ms": median(bare),
-        "status_ms": median(status),
-        "list_ms": median(listing),
-        "version_ms": median(version),
-        "status_ratio": ratio_of_pairs(status, bare),
-        "list_ratio": ratio_of_pairs(listing, bare),
-        "rounds": rounds,
-        "runs_per_round": per_round,
-    })
+    data.update(
+        {
+            "python_pass_ms": median(bare),
+            "status_ms": median(status),
+            "list_ms": median(listing),
+            "version_ms": median(version),
+            "status_ratio": ratio_of_pairs(status, bare),
+            "list_ratio": ratio_of_pairs(listing, bare),
+            "rounds": rounds,
+            "runs_per_round": per_round,
+        }
+    )
     print_table(
         "toolsetctl start-up (wall time, spawn to exit)",
         ["command", "median ms", "/ python -c pass"],
-        [["python -c pass", data["python_pass_ms"], 1.0],
-         ["toolsetctl status", data["status_ms"], data["status_ratio"]],
-         ["toolsetctl list", data["list_ms"], data["list_ratio"]],
-         ["toolsetctl --version", data["version_ms"], ratio_of_pairs(version, bare)]],
+        [
+            ["python -c pass", data["python_pass_ms"], 1.0],
+            ["toolsetctl status", data["status_ms"], data["status_ratio"]],
+            ["toolsetctl list", data["list_ms"], data["list_ratio"]],
+            ["toolsetctl --version", data["version_ms"], ratio_of_pairs(version, bare)],
+        ],
     )
     section.goals = [
-        Goal("7", "toolsetctl status / python -c pass (wall)", data["status_ratio"], 3.0, "<=",
-             f"{data['status_ms']:.0f} vs {data['python_pass_ms']:.0f} ms"),
+        Goal(
+            "7",
+            "toolsetctl status / python -c pass (wall)",
+            data["status_ratio"],
+            3.0,
+            "<=",
+            f"{data['status_ms']:.0f} vs {data['python_pass_ms']:.0f} ms",
+        ),
     ]
     return section
 
@@ -108,8 +118,15 @@ def main() -> None:
     t0 = time.monotonic()
     section = run(args.quick)
     print_goals(section.goals)
-    path = write_results("cli", {"quick": args.quick, "goals": section.goals, **section.data,
-                                 "seconds": time.monotonic() - t0})
+    path = write_results(
+        "cli",
+        {
+            "quick": args.quick,
+            "goals": section.goals,
+            **section.data,
+            "seconds": time.monotonic() - t0,
+        },
+    )
     print(f"\nresults: {path}")
 
 

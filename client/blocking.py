@@ -31,8 +31,9 @@ import json
 import socket
 from collections.abc import Callable, Mapping
 
-from toolsetd.client.errors import ConnectionClosed, RequestTimeout, map_connect_errors
 from toolsetd.protocol.errors import RemoteProtocolError, RpcError
+
+from .errors import ConnectionClosed, RequestTimeout, map_connect_errors
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:

@@ -49,15 +49,16 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+from toolsetd.protocol.codec import CLOSED, NEED_DATA, BadMessage, Codec, Message
+from toolsetd.protocol.errors import RemoteProtocolError, RpcError
+from toolsetd.protocol.jsonrpc import ErrorResponse, Notification, parse_response
+
 from .errors import (
     ConnectionClosed,
     RequestTimeout,
     map_connect_errors,
     map_stream_errors,
 )
-from toolsetd.protocol.codec import CLOSED, NEED_DATA, BadMessage, Codec, Message
-from toolsetd.protocol.errors import RemoteProtocolError, RpcError
-from toolsetd.protocol.jsonrpc import ErrorResponse, Notification, parse_response
 
 __all__ = ["CALL_EVENTS", "Client", "EventHandler"]
 

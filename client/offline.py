@@ -100,7 +100,12 @@ def _row(
         data = (set_dir / _MANIFEST).read_bytes()
     except OSError:
         return SetRow(
-            directory, source.value, manifest, None, effective, error="tools.json could not be read."
+            directory,
+            source.value,
+            manifest,
+            None,
+            effective,
+            error="tools.json could not be read.",
         )
     try:
         toolset = parse_manifest(data, set_dir=set_dir, source=source, reserved=reserved)

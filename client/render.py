@@ -24,10 +24,10 @@ by ``set_rows_from_list``, or from the files on disk by ``toolsetd.client.offlin
 from __future__ import annotations
 
 import json
-import os
 import re
-import textwrap
 from collections.abc import Iterable, Mapping, Sequence
+
+from .table import fields_lines, fits, fitted_widths, output_width, short_path, table_lines
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
@@ -47,12 +47,12 @@ __all__ = [
     "inventory_table",
     "is_directory_name",
     "output_width",
-    "short_path",
-    "table_lines",
     "reload_rows",
     "set_rows_from_list",
+    "short_path",
     "source_label",
     "status_fields",
+    "table_lines",
     "tool_fields",
     "yes_no",
 ]
@@ -300,16 +300,19 @@ def _tool_label(item: Any, loaded: Mapping[str, Mapping[str, Any]]) -> str:
         name = str(item)
         approval = loaded.get(name, {}).get("approval")
     declared = approval.get("declared") if isinstance(approval, Mapping) else approval
-    return f"{name} ({declared})" if isinstance(declared, str) and declared not in ("", "inherit") else name
+    if isinstance(declared, str) and declared not in ("", "inherit"):
+        return f"{name} ({declared})"
+    return name
 
 
 def set_rows_from_list(result: Mapping[str, Any]) -> list[SetRow]:
     """Build the inventory rows from a daemon's ``list`` result.
 
     A ``sets[]`` entry carries ``directory``, ``source``, ``path``, ``enabled``, ``state``,
-    ``tools`` (names, or ``{name, approval}`` objects) and ``notes``; the set-level ``runner``, ``catalogs``, ``approval`` and an
-    ``error`` are used when the daemon sends them, and otherwise taken from the set's
-    loaded tools (runner, the union of catalogs, ``(always)`` labels) and notes.
+    ``tools`` (names, or ``{name, approval}`` objects) and ``notes``; the set-level
+    ``runner``, ``catalogs``, ``approval`` and an ``error`` are used when the daemon sends
+    them, and otherwise taken from the set's loaded tools (runner, the union of catalogs,
+    ``(always)`` labels) and notes.
 
     Args:
         result: The ``list`` result.
@@ -531,133 +534,6 @@ def content_lines(content: Iterable[Mapping[str, Any]]) -> list[str]:
     return out
 
 
-def output_width(stream: TextIO, env: Mapping[str, str] | None = None) -> int | None:
-    """The width a table on ``stream`` must fit: ``$COLUMNS``, else the terminal's, else None.
-
-    Args:
-        stream: Where the table goes.
-        env: The environment (``os.environ`` when None).
-
-    Returns:
-        Columns, or None (no limit) when ``stream`` is not a terminal and ``COLUMNS`` is unset.
-    """
-    env = os.environ if env is None else env
-    columns = env.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
-        return int(columns)
-    if not _isatty(stream):
-        return None
-    try:
-        return os.get_terminal_size(stream.fileno()).columns or None
-    except (AttributeError, ValueError, OSError):
-        return None
-
-
-def _wrap(cell: str, width: int) -> list[str]:
-    """Fold one cell into lines of at most ``width``, breaking after ``, `` or ``/``."""
-    if len(cell) <= width:
-        return [cell]
-    pieces = re.findall(r"[^/ ]*(?:/|, | |$)", cell)
-    lines: list[str] = []
-    current = ""
-    for piece in pieces:
-        if not piece:
-            continue
-        if current and len(current) + len(piece.rstrip()) > width:
-            lines.append(current.rstrip())
-            current = ""
-        while len(piece) > width:  # one piece longer than the column: cut it
-            lines.append((current + piece)[:width])
-            piece = (current + piece)[width:]
-            current = ""
-        current += piece
-    if current.strip():
-        lines.append(current.rstrip())
-    return lines or [""]
-
-
-def _natural(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
-    widths = [len(header) for header in headers]
-    for row in rows:
-        for index, cell in enumerate(row):
-            widths[index] = max(widths[index], len(cell))
-    return widths
-
-
-def _fitted_widths(
-    headers: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    width: int | None,
-    foldable: Sequence[int],
-) -> list[int] | None:
-    """Column widths that fit ``width`` by folding ``foldable`` columns; None if impossible."""
-    natural = _natural(headers, rows)
-    if width is None or sum(natural) + 2 * (len(natural) - 1) <= width:
-        return natural
-    fixed = sum(w for i, w in enumerate(natural) if i not in foldable) + 2 * (len(natural) - 1)
-    room = width - fixed
-    floors = {i: min(natural[i], max(len(headers[i]), 12)) for i in foldable}
-    if not foldable or room < sum(floors.values()):
-        return None
-    widths = list(natural)
-    # Share the room out: each foldable column gets what it needs up to an equal share,
-    # and what a narrow one leaves goes to the others.
-    left = sorted(foldable, key=lambda i: natural[i])
-    while left:
-        share = room // len(left)
-        index = left.pop(0)
-        widths[index] = max(floors[index], min(natural[index], share))
-        room -= widths[index]
-    return widths
-
-
-def table_lines(
-    headers: Sequence[str],
-    rows: Sequence[Sequence[str]],
-    width: int | None = None,
-    foldable: Sequence[int] = (),
-) -> list[str]:
-    """Lay a table out: headers, a rule, then the rows, two spaces between columns.
-
-    Args:
-        headers: The column headers.
-        rows: The rows, each as long as ``headers``.
-        width: The width to fit, or None for no limit.
-        foldable: The columns whose cells may wrap (the last one when empty).
-
-    Returns:
-        The lines, trailing spaces stripped. When even folding cannot fit ``width`` the
-        table is laid out at its natural width.
-    """
-    foldable = tuple(foldable) or (len(headers) - 1,)
-    widths = _fitted_widths(headers, rows, width, foldable) or _natural(headers, rows)
-    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
-    out.append("  ".join("─" * w for w in widths))
-    for row in rows:
-        cells = [_wrap(cell, w) for cell, w in zip(row, widths, strict=True)]
-        for depth in range(max(len(lines) for lines in cells)):
-            line = "  ".join(
-                (lines[depth] if depth < len(lines) else "").ljust(w)
-                for lines, w in zip(cells, widths, strict=True)
-            )
-            out.append(line.rstrip())
-    return out
-
-
-def short_path(path: str, workspace: str | None, user_home: str | None) -> str:
-    """Shorten a path for people: relative to the workspace, else ``~/``, else as it is.
-
-    Args:
-        path: An absolute path.
-        workspace: The workspace root, or None.
-        user_home: The user's home directory (``~``), or None.
-    """
-    for root, prefix in ((workspace, ""), (user_home, "~/")):
-        if root and root != "/" and path.startswith(root.rstrip("/") + "/"):
-            return prefix + path[len(root.rstrip("/")) + 1 :]
-    return path
-
-
 def _state(row: SetRow) -> str:
     if row.enabled is None:
         return "-"
@@ -722,30 +598,13 @@ def inventory_table(
 
     headers, cells, foldable = layout()
     for step in _INVENTORY_STEPS:
-        natural = _natural(headers, cells)
-        if width is None or sum(natural) + 2 * (len(natural) - 1) <= width:
+        if fits(headers, cells, width):
             break
-        if step == "path" and _fitted_widths(headers, cells, width, foldable) is not None:
+        if step == "path" and fitted_widths(headers, cells, width, foldable) is not None:
             break  # folding Path and Tools is enough
         folded.add(step)
         headers, cells, foldable = layout()
     return headers, cells, foldable
-
-
-def _fields_lines(fields: Sequence[tuple[str, str]], width: int | None) -> list[str]:
-    """``Label  value`` lines, the values wrapped under themselves to fit ``width``."""
-    label_width = max((len(label) for label, _ in fields), default=0)
-    room = None if width is None else max(width - label_width - 2, 20)
-    out = []
-    for label, value in fields:
-        lines = (
-            [value]
-            if room is None or len(value) <= room
-            else textwrap.wrap(value, room, break_on_hyphens=False) or [""]
-        )
-        out.append(f"{label.ljust(label_width)}  {lines[0]}".rstrip())
-        out.extend(f"{'':{label_width}}  {line}".rstrip() for line in lines[1:])
-    return out
 
 
 class Output:
@@ -759,7 +618,7 @@ class Output:
     """
 
     def __init__(
-        self, fmt: str, stdout: TextIO, stderr: TextIO, width: int | None | bool = False
+        self, fmt: str, stdout: TextIO, stderr: TextIO, width: int | bool | None = False
     ) -> None:
         self.format = fmt
         self.stdout = stdout
@@ -811,7 +670,7 @@ class Output:
     def fields(self, fields: Sequence[tuple[str, str]]) -> None:
         """Print ``Label  value`` pairs (values wrapped to the width in ``table``)."""
         lines = (
-            aligned_fields(fields) if self.format == "text" else _fields_lines(fields, self.width)
+            aligned_fields(fields) if self.format == "text" else fields_lines(fields, self.width)
         )
         for text in lines:
             self.line(text)

@@ -271,9 +271,11 @@ class SchemaChecker:
         if _plainly_valid(schema):
             return []
         cls = _validator_class(schema)
-        meta = cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)  # type: ignore[call-arg]
+        meta = cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)
         try:
-            errors = sorted(meta.iter_errors(schema), key=lambda e: [str(p) for p in e.absolute_path])
+            errors = sorted(
+                meta.iter_errors(schema), key=lambda e: [str(p) for p in e.absolute_path]
+            )
         except RecursionError:
             return ["the schema is nested too deeply (at the schema root)"]
         out = []

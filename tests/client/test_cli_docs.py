@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from toolsetd.client import cli
+from toolsetd.client import cli, exits
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
 
@@ -17,7 +17,7 @@ def _first_column(section: str) -> list[int]:
 
 def test_cli_docs_exit_code_table_matches_the_code() -> None:
     """Every EXIT_* constant has exactly one row in docs/cli.md, and no row is extra."""
-    codes = {value for name, value in vars(cli).items() if name.startswith("EXIT_")}
+    codes = {value for name, value in vars(exits).items() if name.startswith("EXIT_")}
     rows = _first_column("## Exit codes")
     assert sorted(rows) == sorted(codes)
     assert DOC.count("## Exit codes") == 1
@@ -25,12 +25,12 @@ def test_cli_docs_exit_code_table_matches_the_code() -> None:
 
 def test_cli_docs_error_code_table_matches_the_code() -> None:
     """The error.code table lists exactly toolsetctl's own codes."""
-    assert sorted(_first_column("### `error.code`")) == sorted(cli.CLI_ERROR_CODES.values())
+    assert sorted(_first_column("### `error.code`")) == sorted(exits.CLI_ERROR_CODES.values())
 
 
-def test_cli_module_docstring_table_matches_the_code() -> None:
-    """The table in cli.py's docstring has the same codes as the constants."""
-    assert cli.__doc__ is not None
-    rows = [int(m.group(1)) for m in re.finditer(r"^(\d+)\s{2,}\S", cli.__doc__, re.M)]
-    codes = {value for name, value in vars(cli).items() if name.startswith("EXIT_")}
+def test_cli_exits_docstring_table_matches_the_code() -> None:
+    """The table in exits.py's docstring has the same codes as the constants."""
+    assert exits.__doc__ is not None
+    rows = [int(m.group(1)) for m in re.finditer(r"^(\d+)\s{2,}\S", exits.__doc__, re.M)]
+    codes = {value for name, value in vars(exits).items() if name.startswith("EXIT_")}
     assert sorted(rows) == sorted(codes)

@@ -28,8 +28,10 @@ SCHEMA = json.loads((REPO / "schema" / "tools.schema.json").read_text())
 #: Rejected manifests of the corpus whose rule a schema cannot state (the schema may still
 #: reject them for another reason). docs/manifest.md lists the same rules; LIMITS proves each.
 NOT_EXPRESSIBLE: dict[str, str] = {
-    **{name: "the folder name is not in the file" for name in (
-        "dir-digit", "dir-space", "dir-dot", "dir-65", "dir-newline")},
+    **{
+        name: "the folder name is not in the file"
+        for name in ("dir-digit", "dir-space", "dir-dot", "dir-65", "dir-newline")
+    },
     "shorthand-dotted-dir": "shorthand needs a folder name that is a legal tool name",
     "shorthand-reserved-dir": "shorthand needs a folder name that is a legal tool name",
     "json-depth-65": "nesting deeper than 64",
@@ -63,22 +65,35 @@ def _accepted() -> Iterator[tuple[str, Any]]:
             yield f"set-fields-{index}", manifest
     for mark in corpus.test_parse_manifest_tool_fields.pytestmark:  # type: ignore[attr-defined]
         for index, (fields, _attribute, _expected) in enumerate(mark.args[1]):
-            yield f"tool-fields-{index}", corpus.exec_set(
-                catalogs=["plan"], approval="always", tools=[corpus.tool(**fields)]
+            yield (
+                f"tool-fields-{index}",
+                corpus.exec_set(
+                    catalogs=["plan"], approval="always", tools=[corpus.tool(**fields)]
+                ),
             )
     yield "shorthand", corpus.shorthand(name="ignored")
-    yield "case-sensitive-names", corpus.exec_set(
-        tools=[corpus.tool("t"), corpus.tool("T"), corpus.tool("Read")]
+    yield (
+        "case-sensitive-names",
+        corpus.exec_set(tools=[corpus.tool("t"), corpus.tool("T"), corpus.tool("Read")]),
     )
-    yield "some-without-command", corpus.exec_set(
-        command=None, tools=[corpus.tool("a", command=["x"]), corpus.tool("b")]
+    yield (
+        "some-without-command",
+        corpus.exec_set(command=None, tools=[corpus.tool("a", command=["x"]), corpus.tool("b")]),
     )
-    yield "ignored-fields", corpus.shorthand(
-        tools="nope", name=1, assembly=5, types=5, schema=corpus.SCHEMA, extra=[1]
+    yield (
+        "ignored-fields",
+        corpus.shorthand(
+            tools="nope", name=1, assembly=5, types=5, schema=corpus.SCHEMA, extra=[1]
+        ),
     )
     yield "non-object-schema", corpus.exec_set(schema="x", output=None, description=None, argv=None)
-    yield "dotnet-overlays", corpus.dotnet(
-        types=["Acme.Tool"], description=5, tools={"acme_x": {"catalogs": ["plan"], "argv": {"a": "-a"}}}
+    yield (
+        "dotnet-overlays",
+        corpus.dotnet(
+            types=["Acme.Tool"],
+            description=5,
+            tools={"acme_x": {"catalogs": ["plan"], "argv": {"a": "-a"}}},
+        ),
     )
     deep: Any = {}
     for _ in range(61):
@@ -118,7 +133,8 @@ def test_schema_accepts_what_the_parser_accepts(name: str, manifest: Any, tmp_pa
 
 
 @pytest.mark.parametrize(
-    ("name", "directory", "manifest"), [(r[0], r[1], r[2]) for r in corpus.REJECTED],
+    ("name", "directory", "manifest"),
+    [(r[0], r[1], r[2]) for r in corpus.REJECTED],
     ids=[r[0] for r in corpus.REJECTED],
 )
 def test_schema_rejects_what_the_parser_rejects(
@@ -144,8 +160,11 @@ LIMITS: list[tuple[str, str, bytes]] = [
     ("depth-65", "acme", b"{" + _VALID + b', "x": ' + b"[" * 64 + b"]" * 64 + b"}"),
     ("timeout-1.0", "acme", b"{" + _VALID + b', "timeoutSeconds": 1.0}'),
     ("timeout-1e2", "acme", b"{" + _VALID + b', "timeoutSeconds": 1e2}'),
-    ("duplicate-name", "acme", json.dumps(
-        corpus.exec_set(tools=[corpus.tool("t"), corpus.tool("t")])).encode()),
+    (
+        "duplicate-name",
+        "acme",
+        json.dumps(corpus.exec_set(tools=[corpus.tool("t"), corpus.tool("t")])).encode(),
+    ),
     ("reserve-option", "deploy", b"{" + _VALID + b"}"),
 ]
 

@@ -25,7 +25,7 @@ import tempfile
 import termios
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,8 @@ from .conftest import EXAMPLES, REPO, Daemon, RawConn, eventually, start_daemon,
 SH = "#!/bin/sh\n"
 TOOL = {"description": "d", "schema": {"type": "object"}}
 PROGRESS = (
-    SH + 'printf \'{"message": "step 1 of 5", "fraction": 0.2}\\n\' > "/dev/fd/$TOOLSETD_PROGRESS_FD"\n'
+    SH
+    + 'printf \'{"message": "step 1 of 5", "fraction": 0.2}\\n\' > "/dev/fd/$TOOLSETD_PROGRESS_FD"\n'
     'echo working\ni=0\nwhile [ ! -e "$CRYSTAL_WORKSPACE/go" ] && [ $i -lt 200 ]; do\n'
     "  sleep 0.05; i=$((i+1))\ndone\necho done\n"
 )
@@ -54,19 +55,39 @@ class Ctl:
         self.workspace = daemon.workspace
 
     def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "toolsetd.client", "--socket", str(self.daemon.socket),
-                "--workspace", str(self.workspace), *args]
+        return [
+            sys.executable,
+            "-m",
+            "toolsetd.client",
+            "--socket",
+            str(self.daemon.socket),
+            "--workspace",
+            str(self.workspace),
+            *args,
+        ]
 
     def env(self, **extra: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items()
-               if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME", "CI", "COLUMNS")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME", "CI", "COLUMNS")
+        }
         env["HOME"] = str(self.base / "user")  # not the daemon's home: ~ is somewhere else
         env.update(extra)
         return env
 
-    def run(self, *args: str, stdin: str | None = None, **env: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(self.argv(*args), capture_output=True, text=True, input=stdin,
-                              timeout=60, env=self.env(**env), cwd=self.base)
+    def run(
+        self, *args: str, stdin: str | None = None, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            self.argv(*args),
+            capture_output=True,
+            text=True,
+            input=stdin,
+            timeout=60,
+            env=self.env(**env),
+            cwd=self.base,
+        )
 
 
 def one_document(r: subprocess.CompletedProcess[str]) -> Any:
@@ -80,19 +101,44 @@ def ctl() -> Iterator[Ctl]:
     home = base / "home"
     shutil.copytree(EXAMPLES, home / "tools")
     (base / "user").mkdir()
-    write_set(home / "tools", "c", {
-        "runner": "exec", "stdin": False, "approval": "always",
-        "tools": [{**TOOL, "name": "c_fail", "command": ["fail.sh"]},
-                  {**TOOL, "name": "c_progress", "command": ["progress.sh"]}],
-    }, **{"fail.sh": SH + "echo broken >&2\nexit 7\n", "progress.sh": PROGRESS})
-    write_set(home / "tools", "ct", {
-        "runner": "exec", **TOOL, "command": ["t.sh"], "stdin": False, "approval": "always",
-        "timeoutSeconds": 1,
-    }, **{"t.sh": SH + "sleep 30\n"})
+    write_set(
+        home / "tools",
+        "c",
+        {
+            "runner": "exec",
+            "stdin": False,
+            "approval": "always",
+            "tools": [
+                {**TOOL, "name": "c_fail", "command": ["fail.sh"]},
+                {**TOOL, "name": "c_progress", "command": ["progress.sh"]},
+            ],
+        },
+        **{"fail.sh": SH + "echo broken >&2\nexit 7\n", "progress.sh": PROGRESS},
+    )
+    write_set(
+        home / "tools",
+        "ct",
+        {
+            "runner": "exec",
+            **TOOL,
+            "command": ["t.sh"],
+            "stdin": False,
+            "approval": "always",
+            "timeoutSeconds": 1,
+        },
+        **{"t.sh": SH + "sleep 30\n"},
+    )
     workspace = base / "ws"
-    write_set(workspace / ".crystal" / "tools", "proj", {
-        "runner": "exec", **TOOL, "command": ["true"], "approval": "always",
-    })
+    write_set(
+        workspace / ".crystal" / "tools",
+        "proj",
+        {
+            "runner": "exec",
+            **TOOL,
+            "command": ["true"],
+            "approval": "always",
+        },
+    )
     daemon = start_daemon(home, workspace, base, ["--no-watch", "--progress-interval", "0.1"])
     try:
         yield Ctl(daemon, base)
@@ -104,19 +150,24 @@ def ctl() -> Iterator[Ctl]:
 # -- 1. JSON on every path --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("args", "exit_code", "code"), [
-    (["invoke", "notes_add", "--args", '{"text": "x"}'], 3, -32004),
-    (["invoke", "notes_add", "--args", '{"text": "x"}', "--headless"], 3, -32003),
-    (["invoke", "notes_add", "--args", '{"text": 5}', "--approve"], 2, -32002),
-    (["invoke", "no_such_tool"], 2, -32001),
-    (["invoke", "hello", "--args", "{not json"], 2, -32090),
-    (["invoke", "hello", "--headless", "--approve"], 2, -32090),
-    (["classify", "hello", "--mode", "bogus"], 2, -32602),
-    (["show", "nope"], 2, -32093),
-    (["show", "9bad"], 2, -32093),
-    (["list", "--catalog", "nope"], 2, -32090),
-])
-def test_cli_json_errors_are_one_document(ctl: Ctl, args: list[str], exit_code: int, code: int) -> None:
+@pytest.mark.parametrize(
+    ("args", "exit_code", "code"),
+    [
+        (["invoke", "notes_add", "--args", '{"text": "x"}'], 3, -32004),
+        (["invoke", "notes_add", "--args", '{"text": "x"}', "--headless"], 3, -32003),
+        (["invoke", "notes_add", "--args", '{"text": 5}', "--approve"], 2, -32002),
+        (["invoke", "no_such_tool"], 2, -32001),
+        (["invoke", "hello", "--args", "{not json"], 2, -32090),
+        (["invoke", "hello", "--headless", "--approve"], 2, -32090),
+        (["classify", "hello", "--mode", "bogus"], 2, -32602),
+        (["show", "nope"], 2, -32093),
+        (["show", "9bad"], 2, -32093),
+        (["list", "--catalog", "nope"], 2, -32090),
+    ],
+)
+def test_cli_json_errors_are_one_document(
+    ctl: Ctl, args: list[str], exit_code: int, code: int
+) -> None:
     """In json mode a failure is one {"error": {code, message, data}} on stdout, same exit code."""
     text = ctl.run(*args)
     r = ctl.run(*args, "--format", "json")
@@ -141,18 +192,40 @@ def test_cli_json_error_data_carries_the_classification(ctl: Ctl) -> None:
 def test_cli_json_unreachable_daemon(ctl: Ctl, tmp_path: Path) -> None:
     """An unreachable daemon is a JSON error naming the socket, exit 5."""
     sock = str(tmp_path / "none.sock")
-    r = subprocess.run([sys.executable, "-m", "toolsetd.client", "--socket", sock, "status",
-                        "--format", "json"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "toolsetd.client", "--socket", sock, "status", "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 5
     error = one_document(r)["error"]
-    assert error["code"] == -32091 and sock in error["message"] and error["data"] == {"socket": sock}
+    assert (
+        error["code"] == -32091 and sock in error["message"] and error["data"] == {"socket": sock}
+    )
 
 
 def test_cli_json_offline_notice_stays_on_stderr(ctl: Ctl, tmp_path: Path) -> None:
     """Without a daemon, list --format json prints one document; the notice goes to stderr."""
-    r = subprocess.run([sys.executable, "-m", "toolsetd.client", "--socket", str(tmp_path / "x.sock"),
-                        "--home", str(ctl.daemon.home), "--workspace", str(ctl.workspace),
-                        "list", "--format", "json"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolsetd.client",
+            "--socket",
+            str(tmp_path / "x.sock"),
+            "--home",
+            str(ctl.daemon.home),
+            "--workspace",
+            str(ctl.workspace),
+            "list",
+            "--format",
+            "json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0, r.stderr
     assert "hello" in {s["directory"] for s in one_document(r)["sets"]}
     assert "not running" in r.stderr
@@ -174,8 +247,13 @@ def test_cli_invoke_jsonl_streams_events_as_they_happen(ctl: Ctl) -> None:
     """jsonl prints started, progress and completed as they happen, then the result."""
     go = ctl.workspace / "go"
     go.unlink(missing_ok=True)
-    proc = subprocess.Popen(ctl.argv("invoke", "c_progress", "--format", "jsonl"),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ctl.env())
+    proc = subprocess.Popen(
+        ctl.argv("invoke", "c_progress", "--format", "jsonl"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=ctl.env(),
+    )
     try:
         assert proc.stdout is not None
         first = json.loads(proc.stdout.readline())
@@ -218,12 +296,15 @@ def test_cli_exit_0_and_1_and_4(ctl: Ctl) -> None:
     assert ctl.run("invoke", "ct").returncode == 4
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["--mode", "full"], 0),  # allow
-    ([], 3),  # ask
-    (["--headless"], 3),  # deny
-    (["--mode", "review"], 3),  # review
-])
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--mode", "full"], 0),  # allow
+        ([], 3),  # ask
+        (["--headless"], 3),  # deny
+        (["--mode", "review"], 3),  # review
+    ],
+)
 def test_cli_classify_exits_like_invoke(ctl: Ctl, args: list[str], expected: int) -> None:
     """classify exits 0 for allow and 3 for deny, ask or review."""
     r = ctl.run("classify", "notes_add", "--args", '{"text": "x"}', *args, "--format", "json")
@@ -237,7 +318,10 @@ def test_cli_tool_exit_code(ctl: Ctl) -> None:
     assert ctl.run("invoke", "c_fail", "--tool-exit-code").returncode == 7
     assert ctl.run("invoke", "hello", "--args", '{"name": "x"}', "--tool-exit-code").returncode == 0
     assert ctl.run("invoke", "ct", "--tool-exit-code").returncode == 4
-    assert ctl.run("invoke", "notes_add", "--args", '{"text": "x"}', "--tool-exit-code").returncode == 3
+    assert (
+        ctl.run("invoke", "notes_add", "--args", '{"text": "x"}', "--tool-exit-code").returncode
+        == 3
+    )
 
 
 def test_cli_exit_5_lost_connection(ctl: Ctl, tmp_path: Path) -> None:
@@ -255,8 +339,21 @@ def test_cli_exit_5_lost_connection(ctl: Ctl, tmp_path: Path) -> None:
     thread = threading.Thread(target=serve)
     thread.start()
     try:
-        r = subprocess.run([sys.executable, "-m", "toolsetd.client", "--socket", str(path),
-                            "status", "--format", "json"], capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "toolsetd.client",
+                "--socket",
+                str(path),
+                "status",
+                "--format",
+                "json",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     finally:
         thread.join(10)
         server.close()
@@ -271,14 +368,28 @@ def test_cli_exit_6_cancelled_by_the_daemon(tmp_path: Path) -> None:
     try:
         home, workspace = base / "home", base / "ws"
         workspace.mkdir()
-        write_set(home / "tools", "slow", {
-            "runner": "exec", **TOOL, "command": ["slow.sh"], "stdin": False, "approval": "always",
-        }, **{"slow.sh": SH + "sleep 60\n"})
+        write_set(
+            home / "tools",
+            "slow",
+            {
+                "runner": "exec",
+                **TOOL,
+                "command": ["slow.sh"],
+                "stdin": False,
+                "approval": "always",
+            },
+            **{"slow.sh": SH + "sleep 60\n"},
+        )
         daemon = start_daemon(home, workspace, base, ["--no-watch", "--shutdown-grace", "0.5"])
         ctl = Ctl(daemon, base)
         (base / "user").mkdir()
-        proc = subprocess.Popen(ctl.argv("invoke", "slow", "--format", "json"), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=ctl.env())
+        proc = subprocess.Popen(
+            ctl.argv("invoke", "slow", "--format", "json"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ctl.env(),
+        )
         try:
             eventually(lambda: daemon.call("status")["result"]["inFlight"] == 1, 15, "started")
             daemon.proc.send_signal(signal.SIGTERM)
@@ -322,8 +433,11 @@ def test_cli_exit_7_not_allowed_shows_the_daemon_sentence(ctl: Ctl) -> None:
                 os.setgid(nobody.pw_gid)
                 os.setuid(nobody.pw_uid)
                 out, err = io.StringIO(), io.StringIO()
-                code = run(["--socket", str(ctl.daemon.socket), "status", "--format", fmt],
-                           stdout=out, stderr=err)
+                code = run(
+                    ["--socket", str(ctl.daemon.socket), "status", "--format", fmt],
+                    stdout=out,
+                    stderr=err,
+                )
                 os.write(write_fd, json.dumps([code, out.getvalue(), err.getvalue()]).encode())
             finally:
                 os._exit(0)
@@ -369,7 +483,9 @@ def test_cli_exit_8_busy(tmp_path: Path) -> None:
         (base / "home" / "tools").mkdir(parents=True)
         (base / "ws").mkdir()
         (base / "user").mkdir()
-        daemon = start_daemon(base / "home", base / "ws", base, ["--no-watch", "--max-connections", "1"])
+        daemon = start_daemon(
+            base / "home", base / "ws", base, ["--no-watch", "--max-connections", "1"]
+        )
         try:
             with _hold_the_only_connection(daemon):
                 r = Ctl(daemon, base).run("status")
@@ -388,7 +504,9 @@ async def test_client_raises_the_daemon_refusal_not_a_broken_pipe(tmp_path: Path
     try:
         (base / "home" / "tools").mkdir(parents=True)
         (base / "ws").mkdir()
-        daemon = start_daemon(base / "home", base / "ws", base, ["--no-watch", "--max-connections", "1"])
+        daemon = start_daemon(
+            base / "home", base / "ws", base, ["--no-watch", "--max-connections", "1"]
+        )
         try:
             with _hold_the_only_connection(daemon):
                 with anyio.fail_after(20):
@@ -416,16 +534,23 @@ def test_cli_exit_9_internal_error(tmp_path: Path) -> None:
     def serve() -> None:
         conn, _ = server.accept()
         request = json.loads(conn.recv(65536).split(b"\n")[0])
-        reply = {"jsonrpc": "2.0", "id": request["id"],
-                 "error": {"code": -32603, "message": "Internal error (incident 42)"}}
+        reply = {
+            "jsonrpc": "2.0",
+            "id": request["id"],
+            "error": {"code": -32603, "message": "Internal error (incident 42)"},
+        }
         conn.sendall(json.dumps(reply).encode() + b"\n")
         conn.close()
 
     thread = threading.Thread(target=serve)
     thread.start()
     try:
-        r = subprocess.run([sys.executable, "-m", "toolsetd.client", "--socket", str(path), "status"],
-                           capture_output=True, text=True, timeout=30)
+        r = subprocess.run(
+            [sys.executable, "-m", "toolsetd.client", "--socket", str(path), "status"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     finally:
         thread.join(10)
         server.close()
@@ -457,15 +582,28 @@ def test_cli_approval_message_names_the_flag(ctl: Ctl) -> None:
 # -- 5. the progress line ---------------------------------------------------------------
 
 
-def _run_on_pty(ctl: Ctl, args: list[str], *, stdout_tty: bool, stderr_tty: bool,
-                **env: str) -> tuple[int, str, str]:
-    """Run the CLI with stdout and/or stderr on a pty (80x24); return (code, stdout, stderr)."""
+def _run_on_pty(
+    ctl: Ctl,
+    args: list[str],
+    *,
+    stdout_tty: bool,
+    stderr_tty: bool,
+    release: Callable[[str], bool] | None = None,
+    **env: str,
+) -> tuple[int, str, str]:
+    """Run the CLI with stdout and/or stderr on a pty (80x24); return (code, stdout, stderr).
+
+    A waiting tool is let go (its go file written) once ``release`` holds for what the
+    pty showed so far, or after 1.5 s without one (20 s at the most).
+    """
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     go = ctl.workspace / "go"
     go.unlink(missing_ok=True)
     proc = subprocess.Popen(
-        ctl.argv(*args), env=ctl.env(**env), stdin=subprocess.DEVNULL,
+        ctl.argv(*args),
+        env=ctl.env(**env),
+        stdin=subprocess.DEVNULL,
         stdout=slave if stdout_tty else subprocess.PIPE,
         stderr=slave if stderr_tty else subprocess.PIPE,
     )
@@ -483,8 +621,12 @@ def _run_on_pty(ctl: Ctl, args: list[str], *, stdout_tty: bool, stderr_tty: bool
                 if not chunk:
                     break
                 seen += chunk
-            if time.monotonic() - started > 1.2 and not go.exists():
-                go.write_text("")  # let the tool finish after a few progress ticks
+            if not go.exists() and (
+                time.monotonic() - started > 20
+                or (release is not None and release(seen.decode(errors="replace")))
+                or (release is None and time.monotonic() - started > 1.5)
+            ):
+                go.write_text("")  # let the tool finish
             if proc.poll() is not None and not ready:
                 break
         out, err = proc.communicate(timeout=30)
@@ -508,7 +650,12 @@ def _frames(text: str) -> list[str]:
 def test_cli_progress_keeps_the_tool_message_between_ticks(ctl: Ctl) -> None:
     """With stdout redirected and stderr a terminal, progress goes to stderr and keeps the
     tool's last message and fraction while periodic ticks update the time."""
-    code, out, err = _run_on_pty(ctl, ["invoke", "c_progress"], stdout_tty=False, stderr_tty=True)
+    def ticked(seen: str) -> bool:  # a periodic tick at least 0.6 s into the call
+        return any(float(t) >= 0.6 for t in re.findall(r"  (\d+\.\d)s  ", seen))
+
+    code, out, err = _run_on_pty(
+        ctl, ["invoke", "c_progress"], stdout_tty=False, stderr_tty=True, release=ticked
+    )
     assert code == 0, err
     assert out == "exit 0\nworking\ndone\n"
     frames = [f for f in _frames(err) if f.startswith("c_progress  ") and "bytes" in f]
@@ -519,15 +666,21 @@ def test_cli_progress_keeps_the_tool_message_between_ticks(ctl: Ctl) -> None:
     assert all(len(f) < 80 for f in frames)
 
 
-@pytest.mark.parametrize(("stdout_tty", "stderr_tty", "env"), [
-    (False, False, {}),  # neither is a terminal
-    (True, True, {"CI": "true"}),  # CI is set
-    (True, False, {}),  # only stdout is a terminal: progress never goes there
-])
-def test_cli_progress_off(ctl: Ctl, stdout_tty: bool, stderr_tty: bool, env: dict[str, str]) -> None:
+@pytest.mark.parametrize(
+    ("stdout_tty", "stderr_tty", "env"),
+    [
+        (False, False, {}),  # neither is a terminal
+        (True, True, {"CI": "true"}),  # CI is set
+        (True, False, {}),  # only stdout is a terminal: progress never goes there
+    ],
+)
+def test_cli_progress_off(
+    ctl: Ctl, stdout_tty: bool, stderr_tty: bool, env: dict[str, str]
+) -> None:
     """No progress line when stderr is not a terminal, or when CI is set."""
-    code, out, err = _run_on_pty(ctl, ["invoke", "c_progress"], stdout_tty=stdout_tty,
-                                 stderr_tty=stderr_tty, **env)
+    code, out, err = _run_on_pty(
+        ctl, ["invoke", "c_progress"], stdout_tty=stdout_tty, stderr_tty=stderr_tty, **env
+    )
     assert code == 0, err
     assert "\x1b[2K" not in out + err and "bytes" not in out + err
     assert out.replace("\r\n", "\n") == "exit 0\nworking\ndone\n"
@@ -555,8 +708,17 @@ def test_cli_list_columns_fold_by_width_and_wide_shows_all(ctl: Ctl) -> None:
     assert "State" in narrow.stdout.splitlines()[0]
     wide = ctl.run("list", "-w", COLUMNS="80")
     header = wide.stdout.splitlines()[0].split()
-    assert header == ["Directory", "Source", "Enabled", "Effective", "Path", "Runner",
-                      "Catalogs", "Approval", "Tools"]
+    assert header == [
+        "Directory",
+        "Source",
+        "Enabled",
+        "Effective",
+        "Path",
+        "Runner",
+        "Catalogs",
+        "Approval",
+        "Tools",
+    ]
     assert str(ctl.daemon.home / "tools" / "hello" / "tools.json") in wide.stdout
     text = ctl.run("list", "--format", "text", COLUMNS="80")
     assert str(ctl.daemon.home / "tools" / "hello" / "tools.json") in text.stdout
@@ -581,7 +743,11 @@ def test_cli_disable_edits_the_daemons_home(ctl: Ctl) -> None:
         assert hello["enabled"] is False  # the daemon reloaded
         r = ctl.run("enable", "hello", "--format", "json")
         done = one_document(r)
-        assert (done["homeFrom"], done["home"], done["reloaded"]) == ("daemon", str(ctl.daemon.home), True)
+        assert (done["homeFrom"], done["home"], done["reloaded"]) == (
+            "daemon",
+            str(ctl.daemon.home),
+            True,
+        )
     finally:
         manifest.write_bytes(before)
         ctl.run("reload")
@@ -605,8 +771,14 @@ def test_make_run_prints_lines_that_make_the_readme_work(tmp_path: Path) -> None
     assert {"toolsetctl list", "toolsetctl disable hello"} <= set(commands)
     env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
     env["TMPDIR"] = str(tmp_path)
-    demo = subprocess.Popen(["bash", str(REPO / "examples" / "run-demo.sh")], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=env, start_new_session=True)
+    demo = subprocess.Popen(
+        ["bash", str(REPO / "examples" / "run-demo.sh")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         assert demo.stdout is not None
         printed = []
@@ -619,10 +791,16 @@ def test_make_run_prints_lines_that_make_the_readme_work(tmp_path: Path) -> None
         assert all(c.strip() in "".join(printed) for c in commands)
         sock = next(s for s in setup if "TOOLSETD_SOCKET" in s).split("=", 1)[1].strip('"')
         eventually(lambda: os.path.exists(sock), 30, "demo socket")
-        script = "set -e\n" + "\n".join(setup) + "\n" + "\n".join(
-            f"{c}\necho \"== $?\"" for c in commands)
-        r = subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=120,
-                           env={**env, "HOME": str(tmp_path)})
+        script = (
+            "set -e\n" + "\n".join(setup) + "\n" + "\n".join(f'{c}\necho "== $?"' for c in commands)
+        )
+        r = subprocess.run(
+            ["bash", "-c", script],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**env, "HOME": str(tmp_path)},
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         assert "Hello, Ada!" in r.stdout
         assert "Tool set hello disabled." in r.stdout and "was not found" not in r.stderr
@@ -655,8 +833,18 @@ def test_cli_version_and_every_flag_described(ctl: Ctl) -> None:
     """toolsetctl --version prints the version; every flag of every command has a description."""
     r = ctl.run("--version")
     assert (r.returncode, r.stdout.strip()) == (0, "toolsetctl 0.1.0")
-    for command in ("", "status", "list", "show", "enable", "disable", "validate", "classify",
-                    "invoke", "reload"):
+    for command in (
+        "",
+        "status",
+        "list",
+        "show",
+        "enable",
+        "disable",
+        "validate",
+        "classify",
+        "invoke",
+        "reload",
+    ):
         r = ctl.run(*command.split(), "--help")
         assert r.returncode == 0
         assert _options_without_help(r.stdout) == [], (command, r.stdout)
@@ -664,8 +852,12 @@ def test_cli_version_and_every_flag_described(ctl: Ctl) -> None:
 
 def test_toolsetd_help_describes_every_flag() -> None:
     """toolsetd --help leaves no flag without a description."""
-    r = subprocess.run([sys.executable, "-m", "toolsetd.daemon", "--help"], capture_output=True,
-                       text=True, timeout=30)
+    r = subprocess.run(
+        [sys.executable, "-m", "toolsetd.daemon", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 0
     assert _options_without_help(r.stdout) == [], r.stdout
 
@@ -684,8 +876,9 @@ def test_cli_status_imports_nothing_heavy(ctl: Ctl) -> None:
         "         'dataclasses', 'toolsetd.daemon', 'toolsetd.protocol.models'}\n"
         "print(code, sorted(m for m in sys.modules if m in heavy or m.split('.')[0] in heavy))\n"
     )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=30, env=ctl.env())
+    r = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=30, env=ctl.env()
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "0 []"
 
@@ -696,9 +889,18 @@ def test_cli_status_imports_nothing_heavy(ctl: Ctl) -> None:
 def test_cli_validate_finds_a_command_file_invoke_cannot_start(ctl: Ctl, tmp_path: Path) -> None:
     """A non-executable command file: validate names it, and invoke's failure names it too."""
     tools = ctl.workspace / ".crystal" / "tools"
-    set_dir = write_set(tools, "noexec", {
-        "runner": "exec", **TOOL, "command": ["run.sh"], "approval": "always", "stdin": False,
-    }, **{"run.sh": SH + "echo hi\n"})
+    set_dir = write_set(
+        tools,
+        "noexec",
+        {
+            "runner": "exec",
+            **TOOL,
+            "command": ["run.sh"],
+            "approval": "always",
+            "stdin": False,
+        },
+        **{"run.sh": SH + "echo hi\n"},
+    )
     script = set_dir / "run.sh"
     script.chmod(0o644)
     try:
@@ -708,7 +910,9 @@ def test_cli_validate_finds_a_command_file_invoke_cannot_start(ctl: Ctl, tmp_pat
         ctl.run("reload")
         r = ctl.run("invoke", "noexec", "--approve")
         assert r.returncode == 1
-        assert r.stdout.strip() == f"The external process failed to start: Permission denied: {script}"
+        assert (
+            r.stdout.strip() == f"The external process failed to start: Permission denied: {script}"
+        )
         script.chmod(0o755)
         r = ctl.run("validate", "noexec")  # by name: found in the workspace
         assert (r.returncode, r.stdout) == (0, "Tool set noexec is valid: 1 tool (noexec).\n")
@@ -717,12 +921,20 @@ def test_cli_validate_finds_a_command_file_invoke_cannot_start(ctl: Ctl, tmp_pat
         ctl.run("reload")
 
 
-def test_cli_validate_lists_every_schema_problem_and_a_missing_home(ctl: Ctl, tmp_path: Path) -> None:
+def test_cli_validate_lists_every_schema_problem_and_a_missing_home(
+    ctl: Ctl, tmp_path: Path
+) -> None:
     """Every meta-schema problem of a tool is listed, and a --home that does not exist."""
-    set_dir = write_set(tmp_path, "bad", {
-        "runner": "exec", "command": ["true"], "description": "d",
-        "schema": {"type": "objct", "properties": {"a": {"minimum": "x"}}, "required": "a"},
-    })
+    set_dir = write_set(
+        tmp_path,
+        "bad",
+        {
+            "runner": "exec",
+            "command": ["true"],
+            "description": "d",
+            "schema": {"type": "objct", "properties": {"a": {"minimum": "x"}}, "required": "a"},
+        },
+    )
     r = ctl.run("validate", str(set_dir), "--home", str(tmp_path / "missing"), "--format", "json")
     assert r.returncode == 2
     problems = one_document(r)["problems"]

@@ -1,0 +1,166 @@
+"""What every ``toolsetctl`` command needs: the context, the daemon, the arguments.
+
+``Context`` holds the output, the socket, the workspace and the homes. ``connect``,
+``call`` and ``request`` reach the daemon over ``BlockingClient`` and turn every daemon
+or transport failure into a ``Failure`` with its exit code. ``read_arguments`` reads
+``--args`` and keeps its text, which goes on the wire as written (``RawJson``), so
+numbers keep their spelling.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+from toolsetd.protocol.errors import RpcError
+
+from .blocking import BlockingClient, RawJson
+from .errors import ConnectError, ConnectionClosed, RequestTimeout
+from .exits import CLI_ERROR_CODES, EXIT_UNREACHABLE, Failure, rpc_failure
+from .render import Output
+
+TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any, TextIO
+
+__all__ = [
+    "Context",
+    "UsageError",
+    "call",
+    "call_params",
+    "connect",
+    "lost",
+    "parse_arguments",
+    "read_arguments",
+    "request",
+]
+
+#: Seconds allowed to connect to the daemon.
+CONNECT_TIMEOUT = 5.0
+
+
+class UsageError(Exception):
+    """A usage problem found after parsing (bad ``--args``); printed, exit 2."""
+
+
+def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str]:
+    """Read ``--args``: the argument object and its JSON text as written."""
+    if spec is None:
+        return {}, "{}"
+    if spec == "-":
+        text, where = stdin.read(), "--args from stdin"
+    elif spec.startswith("@"):
+        name = spec[1:]
+        try:
+            text = Path(name).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            raise UsageError(f"Cannot read the --args file {name}: {reason}.") from exc
+        where = f"--args file {name}"
+    else:
+        text, where = spec, "--args"
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{where} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise UsageError(f"{where} must be a JSON object.")
+    return value, text
+
+
+def parse_arguments(spec: str | None, stdin: TextIO) -> dict[str, Any]:
+    """Read a tool's argument object from ``--args``.
+
+    Args:
+        spec: JSON text, ``@FILE`` (read that file), ``-`` (read stdin), or None (``{}``).
+        stdin: The standard input.
+
+    Returns:
+        The argument object.
+
+    Raises:
+        UsageError: The file cannot be read, the text is not JSON, or not an object.
+    """
+    return read_arguments(spec, stdin)[0]
+
+
+class Context:
+    """What every command needs.
+
+    ``home_option`` is ``--home`` as given, or None (then the daemon's home, else
+    ``default_home``).
+    """
+
+    def __init__(
+        self,
+        *,
+        out: Output,
+        socket: str,
+        workspace: Path,
+        home_option: Path | None,
+        default_home: Path,
+        stdin: TextIO,
+        wide: bool,
+        env: Mapping[str, str],
+    ) -> None:
+        self.out = out
+        self.socket = socket
+        self.workspace = workspace
+        self.home_option = home_option
+        self.default_home = default_home
+        self.stdin = stdin
+        self.wide = wide
+        self.env = env
+
+    def emit(self, value: Any) -> None:
+        """Print a result document (``jsonl`` wraps it as ``{"result": ...}``)."""
+        self.out.json({"result": value} if self.out.format == "jsonl" else value)
+
+
+def connect(ctx: Context) -> BlockingClient:
+    try:
+        return BlockingClient.connect(ctx.socket, timeout=CONNECT_TIMEOUT)
+    except ConnectError as exc:
+        raise Failure(
+            EXIT_UNREACHABLE, CLI_ERROR_CODES["unreachable"], str(exc), {"socket": ctx.socket}
+        ) from exc
+
+
+def lost(ctx: Context, exc: ConnectionClosed | RequestTimeout) -> Failure:
+    reason = getattr(exc, "reason", "timeout")
+    return Failure(
+        EXIT_UNREACHABLE,
+        CLI_ERROR_CODES["connection_lost"],
+        f"Lost the connection to toolsetd at {ctx.socket}: {exc}",
+        {"socket": ctx.socket, "reason": reason},
+    )
+
+
+def call(ctx: Context, client: BlockingClient, method: str, params: Any = None) -> Any:
+    """One request on ``client``; every daemon or transport failure becomes a ``Failure``."""
+    try:
+        return client.call(method, params)
+    except RpcError as exc:
+        raise rpc_failure(exc) from exc
+    except (ConnectionClosed, RequestTimeout) as exc:
+        raise lost(ctx, exc) from exc
+
+
+def request(ctx: Context, method: str, params: Any = None) -> Any:
+    with connect(ctx) as client:
+        return call(ctx, client, method, params)
+
+
+def call_params(ctx: Context, args: argparse.Namespace, text: str) -> dict[str, Any]:
+    params: dict[str, Any] = {
+        "tool": args.tool,
+        "arguments": RawJson(text),  # sent as written: numbers keep their spelling
+        "workspace": str(ctx.workspace),
+    }
+    if args.mode is not None:
+        params["mode"] = args.mode
+    if args.headless:
+        params["headless"] = True
+    return params

@@ -1,0 +1,140 @@
+"""``toolsetctl``'s exit codes and failures: one table, one meaning per code.
+
+The exit codes (each means one thing; ``docs/cli.md`` carries the same table):
+
+====  =============================================================================
+code  meaning
+====  =============================================================================
+0     success (``classify``: the decision is ``allow``)
+1     the tool ran and reported an error
+2     usage: bad options or ``--args``, unknown tool, arguments that fail its schema,
+      a set that is not found or does not parse, ``validate`` found problems
+3     the policy stops the call: denied, or approval required (``classify``: ``deny``,
+      ``ask`` or ``review``)
+4     the tool timed out
+5     the daemon is unreachable, or the connection was lost
+6     the daemon cancelled the call, or refused it because it is shutting down
+7     not allowed: the daemon refuses this user (-32009)
+8     the daemon is busy (-32008); try again later
+9     an internal error, in the daemon or in toolsetctl
+130   interrupted (Ctrl-C; ``invoke`` cancels the call in the daemon first)
+====  =============================================================================
+
+With ``invoke --tool-exit-code``, a tool that ran and exited gives its own exit code.
+
+A ``Failure`` is how a command ends when it does not succeed: its exit code and the error
+object printed for it (``code``, ``message``, ``data``, and detail lines for stderr).
+``rpc_failure`` maps a daemon error to one, by its JSON-RPC code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from toolsetd.protocol.errors import RpcError
+
+TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = [
+    "CLI_ERROR_CODES",
+    "EXIT_BUSY",
+    "EXIT_DAEMON_CANCELLED",
+    "EXIT_DENIED",
+    "EXIT_INTERNAL",
+    "EXIT_INTERRUPTED",
+    "EXIT_NOT_ALLOWED",
+    "EXIT_OK",
+    "EXIT_TIMEOUT",
+    "EXIT_TOOL_ERROR",
+    "EXIT_UNREACHABLE",
+    "EXIT_USAGE",
+    "Failure",
+    "rpc_failure",
+    "usage",
+]
+
+EXIT_OK = 0
+EXIT_TOOL_ERROR = 1
+EXIT_USAGE = 2
+EXIT_DENIED = 3
+EXIT_TIMEOUT = 4
+EXIT_UNREACHABLE = 5
+EXIT_DAEMON_CANCELLED = 6
+EXIT_NOT_ALLOWED = 7
+EXIT_BUSY = 8
+EXIT_INTERNAL = 9
+EXIT_INTERRUPTED = 130
+
+#: ``error.code`` of the failures toolsetctl finds itself (the daemon's keep their code).
+CLI_ERROR_CODES: Mapping[str, int] = {
+    "usage": -32090,
+    "unreachable": -32091,
+    "connection_lost": -32092,
+    "not_found": -32093,
+    "invalid_set": -32094,
+    "interrupted": -32095,
+    "internal": -32096,
+}
+
+#: The exit code of each daemon error code; any other code is an internal error (9).
+_RPC_EXITS: Mapping[int, int] = {
+    -32001: EXIT_USAGE,  # UnknownTool
+    -32002: EXIT_USAGE,  # InvalidArguments
+    -32602: EXIT_USAGE,  # InvalidParams
+    -32006: EXIT_USAGE,  # InvalidWorkspace
+    -32003: EXIT_DENIED,  # PolicyDenied
+    -32004: EXIT_DENIED,  # ApprovalRequired
+    -32010: EXIT_DAEMON_CANCELLED,  # ShuttingDown
+    -32009: EXIT_NOT_ALLOWED,  # PeerNotAllowed
+    -32008: EXIT_BUSY,  # ServerBusy
+}
+
+
+class Failure(Exception):
+    """A command failed: its exit code, and the error object printed for it."""
+
+    def __init__(
+        self,
+        exit_code: int,
+        code: int,
+        message: str,
+        data: Any = None,
+        details: list[str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.code = code
+        self.message = message
+        self.data = data
+        self.details = details or []
+
+    def error(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "data": self.data}
+
+
+def usage(message: str, data: Any = None) -> Failure:
+    """A usage failure (exit 2) found by toolsetctl."""
+    return Failure(EXIT_USAGE, CLI_ERROR_CODES["usage"], message, data)
+
+
+def rpc_failure(exc: RpcError) -> Failure:
+    """The failure a daemon error means: its exit code, message and detail lines."""
+    data = exc.data if isinstance(exc.data, dict) else {}
+    message = exc.message
+    details: list[str] = []
+    if exc.code == -32002:  # InvalidArguments
+        for item in data.get("errors") or []:
+            # Each message names its field already (it starts with the JSON Pointer). The
+            # summary line carries the first one; do not print it twice.
+            text = str(item.get("message", "")) if isinstance(item, dict) else str(item)
+            if text and text not in message:
+                details.append(f"  {text}")
+    elif exc.code == -32004 and isinstance(data.get("reason"), str):  # ApprovalRequired
+        message = (
+            f"Approval required: {data['reason']} If the operator agrees, run the command "
+            "again with --approve."
+        )
+    exit_code = _RPC_EXITS.get(exc.code, EXIT_INTERNAL)
+    return Failure(exit_code, exc.code, message, exc.data, details)

@@ -1,0 +1,136 @@
+"""``toolsetctl invoke``: run a tool, stream its events, map its outcome to an exit code.
+
+The call goes out on one ``BlockingClient`` connection with a fresh call id; its events
+feed the progress line (``toolsetd.client.progress``) and, in ``jsonl``, are printed as
+they arrive. Ctrl-C sends ``cancel`` for the call on the same connection and waits up to
+``CANCEL_GRACE`` seconds for the result (a second Ctrl-C stops waiting): exit 130. A call
+the daemon cancels by itself exits 6; ``--tool-exit-code`` exits with the tool's code.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+
+from toolsetd.protocol.errors import RpcError
+
+from .blocking import BlockingClient
+from .context import Context, call_params, connect, lost, read_arguments
+from .errors import ConnectionClosed, RequestTimeout
+from .exits import (
+    CLI_ERROR_CODES,
+    EXIT_DAEMON_CANCELLED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_TIMEOUT,
+    EXIT_TOOL_ERROR,
+    Failure,
+    rpc_failure,
+    usage,
+)
+from .progress import Progress, progress_stream
+from .render import content_lines
+
+TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
+if TYPE_CHECKING:
+    import argparse
+    from typing import Any
+
+__all__ = ["CANCEL_GRACE", "cmd_invoke"]
+
+#: Seconds to wait for the ``invoke`` response after sending ``cancel`` on Ctrl-C.
+CANCEL_GRACE = 5.0
+
+
+def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
+    if args.headless and args.approve:
+        raise usage(
+            "--headless and --approve cannot be used together: headless turns every 'ask' "
+            "into 'deny', so the approval would never count. Drop --headless to approve the "
+            "call, or --approve to run it headless.",
+            {"options": ["--headless", "--approve"]},
+        )
+    _, text = read_arguments(args.arguments, ctx.stdin)
+    call_id = os.urandom(16).hex()
+    params = call_params(ctx, args, text)
+    params["callId"] = call_id
+    optional = {
+        "approved": True if args.approve else None,
+        "catalog": args.catalog,
+        "session": args.session,
+    }
+    params.update({key: value for key, value in optional.items() if value is not None})
+    progress = Progress(
+        args.tool,
+        progress_stream(ctx.env, ctx.out.stdout, ctx.out.stderr, json_output=ctx.out.is_json),
+    )
+    streaming = ctx.out.format == "jsonl"
+
+    def on_event(method: str, event: dict[str, Any]) -> None:
+        if streaming:
+            ctx.out.json({"method": method, "params": event})
+        progress.event(method, event)
+
+    interrupted = False
+    with connect(ctx) as client:
+        try:
+            try:
+                request_id = client.send("invoke", params)
+                result = client.wait(request_id, on_event=on_event)
+            except KeyboardInterrupt:
+                interrupted = True
+                progress.stop()
+                ctx.out.error("Interrupted; cancelling the call.")
+                result = _cancel(client, call_id, request_id, on_event)
+        except RpcError as exc:
+            raise rpc_failure(exc) from exc
+        except (ConnectionClosed, RequestTimeout) as exc:
+            raise lost(ctx, exc) from exc
+        finally:
+            progress.stop()
+    if result is None:
+        raise Failure(
+            EXIT_INTERRUPTED,
+            CLI_ERROR_CODES["interrupted"],
+            "Interrupted; the call was cancelled.",
+            {"callId": call_id},
+        )
+    return _print_result(ctx, result, interrupted=interrupted, tool_exit_code=args.tool_exit_code)
+
+
+def _cancel(
+    client: BlockingClient,
+    call_id: str,
+    request_id: int,
+    on_event: Callable[[str, dict[str, Any]], None],
+) -> Any:
+    """After Ctrl-C: cancel the call and wait (bounded) for its result; None if none came."""
+    try:
+        client.send("cancel", {"callId": call_id})
+        return client.wait(request_id, on_event=on_event, timeout=CANCEL_GRACE)
+    except KeyboardInterrupt:  # a second Ctrl-C: stop waiting at once
+        return None
+    except (RpcError, ConnectionClosed, RequestTimeout):
+        return None
+
+
+def _print_result(
+    ctx: Context, result: Mapping[str, Any], *, interrupted: bool, tool_exit_code: bool
+) -> int:
+    """Print a call result; return the exit code it means."""
+    if ctx.out.is_json:
+        ctx.emit(result)
+    else:
+        for text in content_lines(result.get("content") or []):
+            ctx.out.stdout.write(text if text.endswith("\n") else text + "\n")
+    status = result.get("status")
+    exit_code = result.get("exitCode")
+    if status == "cancelled":
+        return EXIT_INTERRUPTED if interrupted else EXIT_DAEMON_CANCELLED
+    if status == "timeout":
+        return EXIT_TIMEOUT
+    if tool_exit_code and type(exit_code) is int and status in ("ok", "error"):
+        return exit_code & 0xFF
+    if result.get("isError") or status == "error":
+        return EXIT_TOOL_ERROR
+    return EXIT_OK

@@ -1,0 +1,206 @@
+"""``toolsetctl``'s argument parser.
+
+Every global option is accepted before or after the subcommand. argparse raises
+``ParseError`` instead of exiting, so the CLI can print the error in the format asked
+for. Building a subparser is most of a short command's parse time, so ``build_parser``
+builds only the subcommand the command line names (``command_in``), and all of them for
+``--help`` and for a word it does not know.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from toolsetd.protocol import __version__
+
+TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
+if TYPE_CHECKING:
+    from typing import NoReturn
+
+__all__ = ["COMMANDS", "FORMATS", "ParseError", "build_parser", "command_in"]
+
+#: The output formats.
+FORMATS = ("table", "text", "json", "jsonl")
+#: The subcommands.
+COMMANDS = (
+    "status",
+    "list",
+    "show",
+    "enable",
+    "disable",
+    "validate",
+    "classify",
+    "invoke",
+    "reload",
+)
+
+
+class ParseError(Exception):
+    """argparse found a usage error (raised instead of exiting, to print it our way)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise ParseError(self, message)
+
+
+def _global_options() -> _Parser:
+    """The options every command takes, before or after the subcommand."""
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--socket",
+        metavar="PATH",
+        default=argparse.SUPPRESS,
+        help="the daemon's socket (env TOOLSETD_SOCKET, else "
+        "$XDG_RUNTIME_DIR/toolsetd/toolsetd.sock, else /tmp/toolsetd-<uid>/toolsetd.sock)",
+    )
+    common.add_argument(
+        "--format",
+        choices=FORMATS,
+        default=argparse.SUPPRESS,
+        help="table (default: for people, fitted to the terminal), text (aligned columns, "
+        "as the reference host prints them), json (one document: the result, or "
+        '{"error": ...}), jsonl (one object a line; invoke streams its events)',
+    )
+    common.add_argument(
+        "-w",
+        "--wide",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="table: every column in full (no shortened paths, no folded columns)",
+    )
+    common.add_argument(
+        "--workspace",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="the workspace whose project sets count (default the current directory)",
+    )
+    common.add_argument(
+        "--home",
+        metavar="DIR",
+        default=argparse.SUPPRESS,
+        help="the Crystal home for the commands that read or edit files (default: the "
+        "running daemon's home, else env CRYSTAL_HOME, else ~/.crystal)",
+    )
+    return common
+
+
+def command_in(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (the first word that is not an option or its value)."""
+    takes_value = {"--socket", "--format", "--workspace", "--home"}
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in takes_value:
+            skip = True
+        elif arg == "--" or not arg.startswith("-"):
+            return arg
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """Build the ``toolsetctl`` argument parser.
+
+    Args:
+        only: Build only this subcommand (argparse spends most of a short command's
+            parse time building the other eight); None builds them all.
+    """
+    common = _global_options()
+    parser = _Parser(
+        prog="toolsetctl",
+        description="Operate toolsetd: list, check, edit and run operator tool sets.",
+        epilog="Exit codes: 0 ok, 1 tool error, 2 usage, 3 denied or approval required, "
+        "4 timeout, 5 daemon unreachable, 6 cancelled by the daemon, 7 not allowed, "
+        "8 daemon busy, 9 internal error, 130 interrupted (see docs/cli.md).",
+        parents=[common],
+    )
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"toolsetctl {__version__}",
+        help="print the version and exit",
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add(name: str, text: str) -> argparse.ArgumentParser:
+        if only is not None and name != only:
+            return _Parser(add_help=False)  # never attached: a place for the arguments
+        return commands.add_parser(name, help=text, description=text, parents=[common])
+
+    source_help = "which copy of the set (default: the project copy wins over the home copy)"
+    add("status", "Show the daemon's status.")
+    sub = add("list", "List the tool sets, then the notes.")
+    sub.add_argument("--catalog", choices=("plan", "work"), help="only this catalog's tools")
+    sub = add("show", "Show one tool by name, or one tool set by directory name.")
+    sub.add_argument("name", metavar="NAME", help="a tool name, or a set's directory name")
+    sub.add_argument("--source", choices=("home", "project"), help=source_help)
+    for verb in ("enable", "disable"):
+        sub = add(verb, f"{verb.capitalize()} a tool set (writes 'enabled' in its tools.json).")
+        sub.add_argument("directory", metavar="DIR", help="the set's directory name")
+        sub.add_argument("--source", choices=("home", "project"), help=source_help)
+    sub = add("validate", "Check one tool set offline and print every problem.")
+    sub.add_argument(
+        "directory",
+        metavar="DIR",
+        help="the set's folder, or the directory name of a set in the workspace or the home",
+    )
+    sub.add_argument(
+        "--reserve",
+        metavar="NAME",
+        action="append",
+        default=[],
+        help="one more reserved tool name (repeatable), as toolsetd --reserve",
+    )
+    for verb, text in (
+        ("classify", "Classify a call without running it."),
+        ("invoke", "Run a tool."),
+    ):
+        sub = add(verb, text)
+        sub.add_argument("tool", metavar="TOOL", help="the tool name")
+        sub.add_argument(
+            "--args",
+            dest="arguments",
+            metavar="JSON|@FILE|-",
+            help="the argument object: inline JSON, @FILE to read a file, - to read stdin "
+            "(default {})",
+        )
+        sub.add_argument(
+            "--mode",
+            metavar="M",
+            help="approval mode: plan, default, edit, review, audit or full (default default)",
+        )
+        sub.add_argument(
+            "--headless",
+            action="store_true",
+            help="no operator is there to ask: every 'ask' becomes 'deny'",
+        )
+        if verb == "invoke":
+            sub.add_argument(
+                "--approve",
+                action="store_true",
+                help="the operator approves this call (an 'ask' or 'review' decision)",
+            )
+            sub.add_argument(
+                "--session",
+                metavar="S",
+                help="session string, passed to the tool as CRYSTAL_SESSION",
+            )
+            sub.add_argument(
+                "--catalog",
+                choices=("plan", "work"),
+                help="refuse the tool unless it is in this catalog",
+            )
+            sub.add_argument(
+                "--tool-exit-code",
+                action="store_true",
+                help="once the tool ran and exited, exit with its exit code",
+            )
+    add("reload", "Reload the tool sets and print what changed.")
+    return parser

@@ -1,0 +1,114 @@
+"""The live progress line of ``toolsetctl invoke``.
+
+It goes to stderr, and only when stderr is a terminal and ``CI`` is not set (in ``json``
+and ``jsonl`` also not when stdout is that terminal too: the JSON would be drawn over).
+It is one line, redrawn in place (``\\r`` and erase-line), cut to the terminal's width,
+and removed when the call ends.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+
+TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
+if TYPE_CHECKING:
+    from typing import Any, TextIO
+
+__all__ = ["Progress", "progress_stream"]
+
+
+def progress_stream(
+    env: Mapping[str, str], stdout: TextIO, stderr: TextIO, *, json_output: bool
+) -> TextIO | None:
+    """Where the progress line goes: stderr when it is a terminal, never under CI.
+
+    Args:
+        env: The environment.
+        stdout: Where results go.
+        stderr: Where the line would go.
+        json_output: Whether stdout carries JSON.
+
+    Returns:
+        ``stderr``, or None for no progress line.
+    """
+    if env.get("CI"):
+        return None
+    if not _isatty(stderr):
+        return None
+    if json_output and _isatty(stdout):
+        return None  # the JSON lines would be drawn over
+    return stderr
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class Progress:
+    """The live progress line of ``invoke``: one line on a terminal, redrawn in place.
+
+    It shows the tool, the elapsed time and the bytes written, and keeps the tool's last
+    message and fraction until the tool sends new ones (periodic ticks carry neither).
+    """
+
+    def __init__(self, tool: str, stream: TextIO | None) -> None:
+        self._tool = tool
+        self._stream = stream
+        self._started = time.monotonic()
+        self._drawn = False
+        self._elapsed_ms = 0.0
+        self._bytes = 0
+        self._message: str | None = None
+        self._fraction: float | None = None
+
+    def line(self) -> str:
+        """The line as it reads now."""
+        parts = [self._tool, f"{self._elapsed_ms / 1000:.1f}s", f"{self._bytes} bytes"]
+        if self._fraction is not None:
+            parts.append(f"{self._fraction:.0%}")
+        if self._message:
+            parts.append(self._message)
+        return "  ".join(parts)
+
+    def event(self, method: str, params: dict[str, Any]) -> None:
+        """Update the line from one ``started``/``progress``/``completed`` event."""
+        if method == "progress":
+            size = int(params.get("stdoutBytes") or 0) + int(params.get("stderrBytes") or 0)
+            self._bytes = size
+            elapsed = params.get("elapsedMs")
+            self._elapsed_ms = (
+                float(elapsed)
+                if isinstance(elapsed, int | float)
+                else (time.monotonic() - self._started) * 1000
+            )
+            if isinstance(params.get("message"), str):
+                self._message = params["message"]
+            fraction = params.get("fraction")
+            if isinstance(fraction, int | float) and not isinstance(fraction, bool):
+                self._fraction = float(fraction)
+            self._draw(self.line())
+        elif method == "started":
+            self._draw(f"{self._tool}  started (pid {params.get('pid')})")
+
+    def _draw(self, text: str) -> None:
+        if self._stream is None:
+            return
+        try:
+            columns = os.get_terminal_size(self._stream.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = 80
+        self._stream.write("\r\x1b[2K" + text[: max(columns - 1, 10)])
+        self._stream.flush()
+        self._drawn = True
+
+    def stop(self) -> None:
+        """Remove the line."""
+        if self._stream is not None and self._drawn:
+            self._stream.write("\r\x1b[2K")
+            self._stream.flush()
+            self._drawn = False
