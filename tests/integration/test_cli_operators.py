@@ -476,49 +476,42 @@ def _hold_the_only_connection(daemon: Daemon) -> Iterator[RawConn]:
         held[0].close()
 
 
-def test_cli_exit_8_busy(tmp_path: Path) -> None:
-    """A daemon at its connection limit refuses with its sentence: exit 8 (try again)."""
+@contextlib.contextmanager
+def _full_daemon() -> Iterator[tuple[Daemon, Path]]:
+    """A daemon allowed one connection, with that connection held: every newcomer is refused."""
     base = Path(tempfile.mkdtemp(prefix="tsb-"))
     try:
-        (base / "home" / "tools").mkdir(parents=True)
-        (base / "ws").mkdir()
-        (base / "user").mkdir()
+        for folder in ("home/tools", "ws", "user"):
+            (base / folder).mkdir(parents=True)
         daemon = start_daemon(
             base / "home", base / "ws", base, ["--no-watch", "--max-connections", "1"]
         )
         try:
             with _hold_the_only_connection(daemon):
-                r = Ctl(daemon, base).run("status")
-                assert r.returncode == 8, r.stderr
-                assert "Too many connections" in r.stderr
+                yield daemon, base
         finally:
             daemon.stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_cli_exit_8_busy() -> None:
+    """A daemon at its connection limit refuses with its sentence: exit 8 (try again)."""
+    with _full_daemon() as (daemon, base):
+        r = Ctl(daemon, base).run("status")
+    assert r.returncode == 8, r.stderr
+    assert "Too many connections" in r.stderr
 
 
 @pytest.mark.anyio
-async def test_client_raises_the_daemon_refusal_not_a_broken_pipe(tmp_path: Path) -> None:
+async def test_client_raises_the_daemon_refusal_not_a_broken_pipe() -> None:
     """The async Client raises the error the daemon sent with a null id (here ServerBusy)."""
-    base = Path(tempfile.mkdtemp(prefix="tsb-"))
-    try:
-        (base / "home" / "tools").mkdir(parents=True)
-        (base / "ws").mkdir()
-        daemon = start_daemon(
-            base / "home", base / "ws", base, ["--no-watch", "--max-connections", "1"]
-        )
-        try:
-            with _hold_the_only_connection(daemon):
-                with anyio.fail_after(20):
-                    async with await Client.connect(daemon.socket) as client:
-                        with pytest.raises(ServerBusy, match="Too many connections"):
-                            await client.status()
-                        with pytest.raises(ServerBusy):  # and every later call too
-                            await client.status()
-        finally:
-            daemon.stop()
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    with _full_daemon() as (daemon, _base), anyio.fail_after(20):
+        async with await Client.connect(daemon.socket) as client:
+            with pytest.raises(ServerBusy, match="Too many connections"):
+                await client.status()
+            with pytest.raises(ServerBusy):  # and every later call too
+                await client.status()
 
 
 def test_cli_exit_9_internal_error(tmp_path: Path) -> None:
@@ -650,6 +643,7 @@ def _frames(text: str) -> list[str]:
 def test_cli_progress_keeps_the_tool_message_between_ticks(ctl: Ctl) -> None:
     """With stdout redirected and stderr a terminal, progress goes to stderr and keeps the
     tool's last message and fraction while periodic ticks update the time."""
+
     def ticked(seen: str) -> bool:  # a periodic tick at least 0.6 s into the call
         return any(float(t) >= 0.6 for t in re.findall(r"  (\d+\.\d)s  ", seen))
 
