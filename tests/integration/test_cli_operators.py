@@ -604,16 +604,18 @@ def _run_on_pty(
     seen = bytearray()
     started = time.monotonic()
     try:
+        reading = True  # until every writer of the pty is gone (EIO)
         while True:
-            ready, _, _ = select.select([master], [], [], 0.05)
+            ready = select.select([master], [], [], 0.05)[0] if reading else []
+            if not reading:
+                time.sleep(0.05)
             if ready:
                 try:
                     chunk = os.read(master, 65536)
-                except OSError:  # EIO: every writer of the pty is gone
-                    break
-                if not chunk:
-                    break
+                except OSError:
+                    chunk = b""
                 seen += chunk
+                reading = bool(chunk)
             if not go.exists() and (
                 time.monotonic() - started > 20
                 or (release is not None and release(seen.decode(errors="replace")))
@@ -757,6 +759,7 @@ def test_cli_enable_with_home_option_and_a_missing_home(ctl: Ctl, tmp_path: Path
     assert f"The home {tmp_path / 'nowhere'} does not exist." in r.stderr
 
 
+@pytest.mark.slow
 def test_make_run_prints_lines_that_make_the_readme_work(tmp_path: Path) -> None:
     """The export lines run-demo.sh prints make the README's commands work as printed."""
     readme = (REPO / "README.md").read_text()
@@ -823,6 +826,7 @@ def _options_without_help(help_text: str) -> list[str]:
     return missing
 
 
+@pytest.mark.slow
 def test_cli_version_and_every_flag_described(ctl: Ctl) -> None:
     """toolsetctl --version prints the version; every flag of every command has a description."""
     r = ctl.run("--version")
