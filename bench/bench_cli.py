@@ -55,6 +55,7 @@ def _wall_ms(argv: list[str], n: int) -> float:
 
 
 def run(quick: bool = False) -> Section:
+    """Measure goal 7 and return its section (``python -m bench`` calls it)."""
     rounds = 5 if quick else 9
     per_round = 5 if quick else 15
     section = Section("cli")
@@ -112,6 +113,7 @@ def run(quick: bool = False) -> Section:
 
 
 def main() -> None:
+    """``python -m bench.bench_cli [--quick]``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()

@@ -120,6 +120,7 @@ class Context:
 
 
 def connect(ctx: Context) -> BlockingClient:
+    """Connect to the daemon at ``ctx.socket``; unreachable is a ``Failure`` (exit 5)."""
     try:
         return BlockingClient.connect(ctx.socket, timeout=CONNECT_TIMEOUT)
     except ConnectError as exc:
@@ -129,6 +130,7 @@ def connect(ctx: Context) -> BlockingClient:
 
 
 def lost(ctx: Context, exc: ConnectionClosed | RequestTimeout) -> Failure:
+    """The failure of a connection that ended before its answer came (exit 5)."""
     reason = getattr(exc, "reason", "timeout")
     return Failure(
         EXIT_UNREACHABLE,
@@ -149,11 +151,13 @@ def call(ctx: Context, client: BlockingClient, method: str, params: Any = None) 
 
 
 def request(ctx: Context, method: str, params: Any = None) -> Any:
+    """One request on a connection of its own (see ``call``)."""
     with connect(ctx) as client:
         return call(ctx, client, method, params)
 
 
 def call_params(ctx: Context, args: argparse.Namespace, text: str) -> dict[str, Any]:
+    """The params ``classify`` and ``invoke`` share: tool, arguments as written, workspace."""
     params: dict[str, Any] = {
         "tool": args.tool,
         "arguments": RawJson(text),  # sent as written: numbers keep their spelling

@@ -111,6 +111,7 @@ class Failure(Exception):
         self.details = details or []
 
     def error(self) -> dict[str, Any]:
+        """The error object: ``{"code", "message", "data"}``."""
         return {"code": self.code, "message": self.message, "data": self.data}
 
 

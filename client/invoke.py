@@ -43,6 +43,7 @@ CANCEL_GRACE = 5.0
 
 
 def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
+    """Run ``toolsetctl invoke``; return the exit code (failures raise ``Failure``)."""
     if args.headless and args.approve:
         raise usage(
             "--headless and --approve cannot be used together: headless turns every 'ask' "
@@ -72,12 +73,15 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
         progress.event(method, event)
 
     interrupted = False
+    request_id: int | None = None
     with connect(ctx) as client:
         try:
             try:
                 request_id = client.send("invoke", params)
                 result = client.wait(request_id, on_event=on_event)
             except KeyboardInterrupt:
+                if request_id is None:
+                    raise  # nothing was sent: nothing to cancel
                 interrupted = True
                 progress.stop()
                 ctx.out.error("Interrupted; cancelling the call.")

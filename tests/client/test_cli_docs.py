@@ -1,4 +1,4 @@
-"""docs/cli.md's tables match the code: one exit-code table, one table of toolsetctl's own error codes."""
+"""Tables and limits that must agree: docs/cli.md with the code, the CLI reader with the codec."""
 
 from __future__ import annotations
 
@@ -34,3 +34,12 @@ def test_cli_exits_docstring_table_matches_the_code() -> None:
     rows = [int(m.group(1)) for m in re.finditer(r"^(\d+)\s{2,}\S", exits.__doc__, re.M)]
     codes = {value for name, value in vars(exits).items() if name.startswith("EXIT_")}
     assert sorted(rows) == sorted(codes)
+
+
+def test_blocking_client_accepts_the_frames_the_codec_allows() -> None:
+    """The CLI's reader takes lines as long as the protocol codec and the async client do."""
+    from toolsetd.client import blocking, client
+    from toolsetd.protocol import codec
+
+    assert blocking.MAX_LINE_BYTES == codec.DEFAULT_MAX_FRAME_SIZE
+    assert client._DEFAULT_MAX_FRAME == codec.DEFAULT_MAX_FRAME_SIZE
