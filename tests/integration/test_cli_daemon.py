@@ -153,6 +153,9 @@ def test_cli_show_tool_and_set(setup: Setup) -> None:
 
 def test_cli_reload(setup: Setup) -> None:
     """reload prints what changed: a new set shows as added, then nothing changed."""
+    # Load the workspace first: a reload is compared with what was loaded before, and
+    # under xdist this test may be the first of its worker to use the workspace.
+    assert setup.ctl("list").returncode == 0
     write_set(setup.workspace / ".crystal" / "tools", "fresh", {
         "runner": "exec", "description": "d", "schema": {"type": "object"}, "command": ["true"],
     })
