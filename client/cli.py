@@ -430,12 +430,37 @@ def _cmd_classify(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _cmd_reload(ctx: Context, args: argparse.Namespace) -> int:
-    result = request(ctx, "reload", {"workspace": str(ctx.workspace)})
+    result = request(ctx, "reload", {} if args.all else {"workspace": str(ctx.workspace)})
+    config = result.get("config") or {}
+    error = config.get("error")
     if ctx.out.is_json:
+        if error:  # a config file the daemon could not use fails the reload (systemctl
+            # reload reports it); the daemon keeps its running settings
+            raise Failure(EXIT_USAGE, CLI_ERROR_CODES["invalid_config"], str(error), result)
         ctx.emit(result)
         return EXIT_OK
     ctx.out.rows(CHANGE_HEADERS, reload_rows(result), empty="Nothing changed.")
     _print_notes(ctx, result.get("notes") or [])
+    if config.get("applied"):
+        ctx.out.line(f"Config applied: {', '.join(config['applied'])}")
+    if config.get("restartNeeded"):
+        ctx.out.line(f"Config needs a restart: {', '.join(config['restartNeeded'])}")
+    if error:
+        raise Failure(
+            EXIT_USAGE,
+            CLI_ERROR_CODES["invalid_config"],
+            f"toolsetd kept its settings: {error}",
+            result,
+        )
+    return EXIT_OK
+
+
+def _cmd_metrics(ctx: Context, args: argparse.Namespace) -> int:
+    result = request(ctx, "metrics", {})
+    if ctx.out.is_json:
+        ctx.emit(result)
+    else:
+        ctx.out.stdout.write(str(result.get("text", "")))
     return EXIT_OK
 
 
@@ -449,6 +474,7 @@ _COMMANDS: dict[str, Callable[[Context, argparse.Namespace], int]] = {
     "classify": _cmd_classify,
     "invoke": cmd_invoke,
     "reload": _cmd_reload,
+    "metrics": _cmd_metrics,
 }
 
 

@@ -8,7 +8,8 @@ code  meaning
 0     success (``classify``: the decision is ``allow``)
 1     the tool ran and reported an error
 2     usage: bad options or ``--args``, unknown tool, arguments that fail its schema,
-      a set that is not found or does not parse, ``validate`` found problems
+      a set that is not found or does not parse, ``validate`` found problems,
+      ``reload`` found the daemon's config file unusable
 3     the policy stops the call: denied, or approval required (``classify``: ``deny``,
       ``ask`` or ``review``)
 4     the tool timed out
@@ -76,6 +77,7 @@ CLI_ERROR_CODES: Mapping[str, int] = {
     "invalid_set": -32094,
     "interrupted": -32095,
     "internal": -32096,
+    "invalid_config": -32097,
 }
 
 #: The exit code of each daemon error code; any other code is an internal error (9).

@@ -33,6 +33,7 @@ COMMANDS = (
     "classify",
     "invoke",
     "reload",
+    "metrics",
 )
 
 
@@ -202,5 +203,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
                 action="store_true",
                 help="once the tool ran and exited, exit with its exit code",
             )
-    add("reload", "Reload the tool sets and print what changed.")
+    sub = add("reload", "Reload the config file and the tool sets and print what changed.")
+    sub.add_argument(
+        "--all",
+        action="store_true",
+        help="every loaded workspace, not only --workspace (what SIGHUP does; systemd's "
+        "ExecReload uses it)",
+    )
+    add("metrics", "Print the daemon's Prometheus metrics (text exposition format).")
     return parser

@@ -842,6 +842,7 @@ def test_cli_version_and_every_flag_described(ctl: Ctl) -> None:
         "classify",
         "invoke",
         "reload",
+        "metrics",
     ):
         r = ctl.run(*command.split(), "--help")
         assert r.returncode == 0

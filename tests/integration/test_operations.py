@@ -280,7 +280,7 @@ def test_exec_reload_returns_after_the_new_generation(
         assert "/" not in d.call("status")["result"]["workspaces"]
         config.write_text("max-running = 0\n")
         failed = _run_cli(command)
-        assert failed.returncode == 1
+        assert failed.returncode == 2  # docs/cli.md: a file the command names is unusable
         assert f"{config}:1: max-running: must be at least 1, got 0" in failed.stderr
     finally:
         d.stop()
