@@ -33,6 +33,7 @@ import anyio
 import pytest
 
 from toolsetd.client import Client, ServerBusy
+from toolsetd.client.parser import COMMANDS
 
 from .conftest import EXAMPLES, REPO, Daemon, RawConn, eventually, start_daemon, write_set
 
@@ -831,19 +832,7 @@ def test_cli_version_and_every_flag_described(ctl: Ctl) -> None:
     """toolsetctl --version prints the version; every flag of every command has a description."""
     r = ctl.run("--version")
     assert (r.returncode, r.stdout.strip()) == (0, "toolsetctl 0.1.0")
-    for command in (
-        "",
-        "status",
-        "list",
-        "show",
-        "enable",
-        "disable",
-        "validate",
-        "classify",
-        "invoke",
-        "reload",
-        "metrics",
-    ):
+    for command in ("", *COMMANDS):
         r = ctl.run(*command.split(), "--help")
         assert r.returncode == 0
         assert _options_without_help(r.stdout) == [], (command, r.stdout)
