@@ -45,6 +45,8 @@ from toolsetd.protocol import __version__
 
 from .activation import ActivationError, listen_fds
 from .logs import configure_logging
+from .mcp_session import McpServer
+from .mcp_socket import METHOD_MCP_BIND, McpBinder
 from .methods import Handlers
 from .metrics import Metrics, MetricsSources, serve_metrics
 from .model import DEFAULT_RESERVED_NAMES, SetState, Source
@@ -245,9 +247,11 @@ async def _serve(
         on_workspace=follow_workspace,
         observer=observer,
     )
+    mcp = McpServer(service)
     handlers = Handlers(
         service,
         lambda: server.connections.values(),
+        extra={METHOD_MCP_BIND: McpBinder(mcp).bind},
         reload_config=reload_config,
         metrics_text=metrics.exposition,
     )
