@@ -249,6 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--all", action="store_true", help="every loaded workspace, not only "
                      "--workspace (what SIGHUP does; systemd's ExecReload uses it)")
     add("metrics", "Print the daemon's Prometheus metrics (text exposition format).")
+    sub = add("mcp", "Serve the workspace's tools to an MCP host on stdin/stdout (docs/mcp.md).")
+    sub.add_argument("--catalog", choices=("plan", "work"), help="only this catalog's tools")
+    sub.add_argument("--mode", metavar="M", help="approval mode (default 'default')")
+    sub.add_argument("--headless", action="store_true", help="turn every 'ask' into 'deny'")
+    sub.add_argument(
+        "--no-autostart", action="store_true", help="fail instead of starting toolsetd"
+    )
     return parser
 
 
@@ -747,6 +754,11 @@ def run(
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    if args.command == "mcp":
+        # The stdlib-only pump (``__main__`` goes there directly, without this module).
+        from .mcp import main as mcp_main
+
+        return mcp_main(sys.argv[1:] if argv is None else argv)
     env = os.environ
     socket_path = getattr(args, "socket", None) or default_socket_path(env)
     workspace = Path(os.path.abspath(os.path.expanduser(getattr(args, "workspace", None) or ".")))
