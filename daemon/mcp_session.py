@@ -550,6 +550,8 @@ class McpSession:
         })
         if honoured:
             self._listens[request_id] = (out, flight)
+            # A change is a difference to a snapshot: make sure there is one to differ from.
+            await self._service.catalog(self.binding.workspace)
         try:
             with anyio.CancelScope() as scope:
                 flight.wait_scope = scope
