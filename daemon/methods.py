@@ -27,9 +27,8 @@ from toolsetd.protocol import models as m
 
 from .catalog import note_info, set_info, tool_info
 from .model import Catalog, CatalogName, LoadedTool
-from .registry import ReloadOutcome
 from .server import Connection, Handler, RequestContext
-from .service import Completion, InvokeRequest, ProgressReport, Service
+from .service import Completion, InvokeRequest, ProgressReport, ReloadOutcome, Service
 
 __all__ = ["Handlers"]
 

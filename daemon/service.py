@@ -67,6 +67,7 @@ __all__ = [
     "InvokeRequest",
     "Prepared",
     "ProgressReport",
+    "ReloadOutcome",
     "Service",
     "ServiceSettings",
     "approval_digest",

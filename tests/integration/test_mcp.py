@@ -491,3 +491,44 @@ def test_mcp_autostarts_a_daemon(autostart_base: Path, workspace: Path, tmp_base
     assert str(log) in said
     assert str(sock) in said
     assert log.exists()
+
+
+# -- a real host ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def claude_cli() -> Path:
+    """Claude Code from npm, installed once into a cache folder outside the repository."""
+    npm, node = shutil.which("npm"), shutil.which("node")
+    if npm is None or node is None:
+        pytest.skip("npm and node are needed to install Claude Code")
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "toolsetd-tests" / "claude-code"
+    binary = cache / "node_modules" / ".bin" / "claude"
+    if not binary.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(  # noqa: S603
+            [npm, "install", "--prefix", str(cache), "@anthropic-ai/claude-code"],
+            capture_output=True, timeout=600, check=False,
+        )
+        if done.returncode != 0 or not binary.exists():
+            pytest.skip(f"could not install Claude Code: {done.stderr.decode()[-300:]}")
+    return binary
+
+
+@pytest.mark.slow
+def test_mcp_claude_code_connects(claude_cli: Path, mcp_daemon: Daemon, workspace: Path, tmp_base: Path) -> None:
+    """``claude mcp add`` then ``claude mcp list`` reports toolsetctl mcp as Connected."""
+    env = {**os.environ, "HOME": str(tmp_base / "claude-home")}
+    (tmp_base / "claude-home").mkdir()
+    command = [PY, *pump_args(mcp_daemon, workspace)]
+    subprocess.run(  # noqa: S603
+        [str(claude_cli), "mcp", "add", "tools", "--", *command],
+        cwd=workspace, env=env, capture_output=True, timeout=60, check=True,
+    )
+    listed = subprocess.run(  # noqa: S603
+        [str(claude_cli), "mcp", "list"], cwd=workspace, env=env, capture_output=True,
+        timeout=120, check=False,
+    )
+    out = listed.stdout.decode()
+    assert "tools:" in out
+    assert "Connected" in out, out
