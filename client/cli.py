@@ -53,6 +53,8 @@ from .errors import (
     RpcError,
     UnknownTool,
 )
+# One socket default for the CLI and the MCP pump (the pump is stdlib-only, so it owns it).
+from .mcp import default_socket_path
 from .render import (
     CHANGE_HEADERS,
     DISCOVERY_OFF,
@@ -109,25 +111,6 @@ class _Exit(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
-
-
-def default_socket_path(env: Mapping[str, str] | None = None) -> str:
-    """Return the socket path: ``$TOOLSETD_SOCKET``, else the runtime-dir default.
-
-    Args:
-        env: The environment (``os.environ`` when None).
-
-    Returns:
-        ``$TOOLSETD_SOCKET``, else ``$XDG_RUNTIME_DIR/toolsetd/toolsetd.sock``, else
-        ``/tmp/toolsetd-<uid>/toolsetd.sock``.
-    """
-    env = os.environ if env is None else env
-    if env.get("TOOLSETD_SOCKET"):
-        return env["TOOLSETD_SOCKET"]
-    runtime = env.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return os.path.join(runtime, "toolsetd", "toolsetd.sock")
-    return f"/tmp/toolsetd-{os.getuid()}/toolsetd.sock"  # noqa: S108 - the contract's path
 
 
 def default_home(env: Mapping[str, str] | None = None) -> str:

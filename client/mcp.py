@@ -87,8 +87,12 @@ def _parse(argv: Sequence[str]) -> dict[str, object]:
     """The options of ``toolsetctl ... mcp ...`` (globals before or after ``mcp``)."""
     options: dict[str, object] = {"headless": False, "autostart": True}
     valued = {
-        "--socket": "socket", "--workspace": "workspace", "--catalog": "catalog",
-        "--mode": "mode", "--home": "home", "--format": "format",
+        "--socket": "socket",
+        "--workspace": "workspace",
+        "--catalog": "catalog",
+        "--mode": "mode",
+        "--home": "home",
+        "--format": "format",
     }
     seen_mcp = False
     args = list(argv)
@@ -144,7 +148,7 @@ def _start_daemon(path: str) -> socket.socket:
     sys.stderr.write(f"toolsetctl mcp: starting toolsetd on {path}; its log is {log_path}\n")
     sys.stderr.flush()
     with open(log_path, "ab") as log_file:
-        daemon = subprocess.Popen(  # noqa: S603, TID251 -- a detached daemon, not a child we wait on
+        daemon = subprocess.Popen(  # noqa: TID251 -- a detached daemon, not a child we wait on
             [sys.executable, "-m", "toolsetd.daemon", "--socket", path],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
@@ -166,7 +170,9 @@ def _start_daemon(path: str) -> socket.socket:
                 f"{_last_line(log_path)} (log: {log_path})"
             )
         time.sleep(0.01)
-    raise OSError(f"toolsetd did not answer on {path} within {_START_TIMEOUT:.0f} s (log: {log_path})")
+    raise OSError(
+        f"toolsetd did not answer on {path} within {_START_TIMEOUT:.0f} s (log: {log_path})"
+    )
 
 
 def _last_line(log_path: str) -> str:
@@ -175,7 +181,9 @@ def _last_line(log_path: str) -> str:
         with open(log_path, "rb") as f:
             f.seek(0, os.SEEK_END)
             f.seek(max(0, f.tell() - 4096))
-            lines = [line for line in f.read().decode(errors="replace").splitlines() if line.strip()]
+            lines = [
+                line for line in f.read().decode(errors="replace").splitlines() if line.strip()
+            ]
     except OSError:
         return "no log"
     if not lines:
@@ -228,7 +236,9 @@ def _bind_error(line: bytes) -> str | None:
     error = reply.get("error") if isinstance(reply, dict) else None
     if isinstance(error, dict):
         if error.get("code") == -32601:
-            return "this toolsetd does not serve MCP (mcp.bind is unknown): upgrade it and restart it"
+            return (
+                "this toolsetd does not serve MCP (mcp.bind is unknown): upgrade it and restart it"
+            )
         return str(error.get("message"))
     return "unexpected answer to mcp.bind"
 
@@ -302,6 +312,8 @@ def _pump_socket(sock: socket.socket, path: str) -> int:
         sys.stderr.write(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
         return EXIT_UNREACHABLE
     if not bound:
-        sys.stderr.write(f"toolsetctl mcp: toolsetd at {path} closed the connection before binding\n")
+        sys.stderr.write(
+            f"toolsetctl mcp: toolsetd at {path} closed the connection before binding\n"
+        )
         return EXIT_UNREACHABLE
     return EXIT_OK

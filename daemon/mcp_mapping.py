@@ -103,7 +103,7 @@ class ToolPages:
         if cached is not None and cached[0] is catalog:
             return cached[1], cached[2]
         want = CatalogName(wanted) if wanted else None
-        tools = [
+        tools: list[dict[str, Any]] = [
             {
                 "name": loaded.tool.name,
                 "description": loaded.tool.description,
@@ -118,7 +118,9 @@ class ToolPages:
             for _, loaded in sorted(catalog.tools.items())
             if want is None or want in loaded.tool.catalogs
         ]
-        tag = hashlib.sha256("\n".join(t["_meta"]["toolsetd/hash"] for t in tools).encode()).hexdigest()[:16]
+        tag = hashlib.sha256(
+            "\n".join(t["_meta"]["toolsetd/hash"] for t in tools).encode()
+        ).hexdigest()[:16]
         if len(self._cache) > 64:
             self._cache.clear()
         self._cache[key] = (catalog, tools, tag)
@@ -150,11 +152,18 @@ def _read_cursor(cursor: Any, tag: str) -> int:
         seen, offset = text.split(":")
         value = int(offset)
     except (ValueError, UnicodeDecodeError):
-        raise McpError(-32602, "Invalid params: 'cursor' is not a cursor toolsetd gave out; "
-                               "list again without it.", {"field": "cursor"}) from None
+        raise McpError(
+            -32602,
+            "Invalid params: 'cursor' is not a cursor toolsetd gave out; list again without it.",
+            {"field": "cursor"},
+        ) from None
     if seen != tag:
-        raise McpError(-32602, "Invalid params: 'cursor' belongs to a tool list that has "
-                               "changed since; list again without it.", {"field": "cursor"})
+        raise McpError(
+            -32602,
+            "Invalid params: 'cursor' belongs to a tool list that has "
+            "changed since; list again without it.",
+            {"field": "cursor"},
+        )
     return max(value, 0)
 
 
@@ -186,7 +195,9 @@ def refusal_result(exc: rpc_errors.RpcError) -> dict[str, Any]:
     errors = data.get("errors")
     if isinstance(errors, list) and len(errors) > 1:
         lines.append("Every problem (JSON Pointer into the arguments: message):")
-        lines.extend(f"- {e.get('path') or '(the arguments object)'}: {e.get('message')}" for e in errors)
+        lines.extend(
+            f"- {e.get('path') or '(the arguments object)'}: {e.get('message')}" for e in errors
+        )
     return _text_result("\n".join(lines))
 
 
@@ -317,9 +328,12 @@ class StateSigner:
             body, mac = b"", b""
         expected = hmac.new(self._key, body, hashlib.sha256).digest()
         if not body or not hmac.compare_digest(mac, expected):
-            raise McpError(-32602, "Invalid params: 'requestState' is not a state toolsetd gave "
-                                   "out, or it was changed; call the tool again without it.",
-                           {"field": "requestState"})
+            raise McpError(
+                -32602,
+                "Invalid params: 'requestState' is not a state toolsetd gave "
+                "out, or it was changed; call the tool again without it.",
+                {"field": "requestState"},
+            )
         payload: dict[str, Any] = orjson.loads(body)
         if float(payload.get("x", 0)) < self._clock():
             return None
@@ -339,7 +353,9 @@ def _call_key(binding_key: str, tool: str, arguments: Any) -> str:
         args = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
     except TypeError:
         args = repr(arguments).encode()
-    return hashlib.sha256(binding_key.encode() + b"\x00" + tool.encode() + b"\x00" + args).hexdigest()
+    return hashlib.sha256(
+        binding_key.encode() + b"\x00" + tool.encode() + b"\x00" + args
+    ).hexdigest()
 
 
 def input_required_result(
@@ -393,9 +409,12 @@ def approval_answer(
     if payload is None:
         return Answer(None)  # expired: ask again
     if payload.get("c") != _call_key(binding_key, tool, arguments):
-        raise McpError(-32602, "Invalid params: 'requestState' was given out for another call "
-                               "(tool or arguments differ); call the tool again without it.",
-                       {"field": "requestState"})
+        raise McpError(
+            -32602,
+            "Invalid params: 'requestState' was given out for another call "
+            "(tool or arguments differ); call the tool again without it.",
+            {"field": "requestState"},
+        )
     responses = params.get("inputResponses")
     answer = responses.get(APPROVAL_KEY) if isinstance(responses, dict) else None
     action = answer.get("action") if isinstance(answer, dict) else None

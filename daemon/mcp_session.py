@@ -54,7 +54,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -164,7 +164,9 @@ class Binding:
             )
         mode = params.get("mode", "default")
         if not isinstance(mode, str):
-            raise rpc_errors.InvalidParams("Invalid params: 'mode' must be a string.", {"field": "mode"})
+            raise rpc_errors.InvalidParams(
+                "Invalid params: 'mode' must be a string.", {"field": "mode"}
+            )
         Service.mode(mode)
         headless = params.get("headless", False)
         if type(headless) is not bool:
@@ -260,8 +262,14 @@ class McpSession:
         """Serve one message from the host; returns the response, or None."""
         out = outbox or self._outbox
         if type(message) is list:
-            return _error(None, McpError(-32600, "Invalid Request: MCP does not take batches; "
-                                                 "send one JSON-RPC message per line."))
+            return _error(
+                None,
+                McpError(
+                    -32600,
+                    "Invalid Request: MCP does not take batches; "
+                    "send one JSON-RPC message per line.",
+                ),
+            )
         if type(message) is not dict:
             return _error(None, McpError(-32600, "Invalid Request: expected a JSON object."))
         if "method" not in message:
@@ -272,10 +280,17 @@ class McpSession:
             await self._notification(message)
             return None
         if type(request_id) not in (str, int):
-            return _error(None, McpError(-32600, "Invalid Request: 'id' must be a string or an integer."))
+            return _error(
+                None, McpError(-32600, "Invalid Request: 'id' must be a string or an integer.")
+            )
         if request_id in self._in_flight:
-            return _error(request_id, McpError(
-                -32600, f"Invalid Request: id {request_id!r} is already in flight; use a new id."))
+            return _error(
+                request_id,
+                McpError(
+                    -32600,
+                    f"Invalid Request: id {request_id!r} is already in flight; use a new id.",
+                ),
+            )
         flight = self._in_flight[request_id] = _InFlight()
         try:
             result = await self._request(request_id, message, out, flight)
@@ -288,11 +303,18 @@ class McpSession:
         except Exception:
             incident = uuid.uuid4().hex[:12]
             log.exception("mcp_request_failed", incident=incident, method=message.get("method"))
-            response = _error(request_id, McpError(
-                -32603, f"Internal error (incident {incident}); the daemon log has the details.",
-                {"incident": incident}))
+            response = _error(
+                request_id,
+                McpError(
+                    -32603,
+                    f"Internal error (incident {incident}); the daemon log has the details.",
+                    {"incident": incident},
+                ),
+            )
         else:
-            response = None if result is None else {"jsonrpc": "2.0", "id": request_id, "result": result}
+            response = (
+                None if result is None else {"jsonrpc": "2.0", "id": request_id, "result": result}
+            )
         finally:
             del self._in_flight[request_id]
         if flight.cancelled:
@@ -343,7 +365,9 @@ class McpSession:
         if params is None:
             params = {}
         if not isinstance(method, str) or not isinstance(params, dict):
-            raise McpError(-32600, "Invalid Request: 'method' must be a string and 'params' an object.")
+            raise McpError(
+                -32600, "Invalid Request: 'method' must be a string and 'params' an object."
+            )
         if method == "initialize":
             return await self._initialize(params)
         era = self._era(method, params)
@@ -448,8 +472,11 @@ class McpSession:
     ) -> dict[str, Any]:
         name = params.get("name")
         if not isinstance(name, str):
-            raise McpError(-32602, "Invalid params: 'name' must be the tool's name (a string).",
-                           {"field": "name"})
+            raise McpError(
+                -32602,
+                "Invalid params: 'name' must be the tool's name (a string).",
+                {"field": "name"},
+            )
         arguments = params.get("arguments", {})
         if arguments is None:
             arguments = {}
@@ -485,7 +512,12 @@ class McpSession:
             digest = approval_digest(classification)
             if era.modern:
                 return mapping.input_required_result(
-                    self._server.signer, classification, digest, binding_key(binding), name, arguments
+                    self._server.signer,
+                    classification,
+                    digest,
+                    binding_key(binding),
+                    name,
+                    arguments,
                 )
             action = await self._elicit(out, flight, classification, era)
             if action != "accept":
@@ -515,7 +547,9 @@ class McpSession:
         asked_id = f"toolsetd-elicit-{next(self._asked_ids)}"
         asked = self._asked[asked_id] = _Asked()
         params = mapping.elicitation_params(classification, with_mode=era.version != "2025-06-18")
-        out.post({"jsonrpc": "2.0", "id": asked_id, "method": "elicitation/create", "params": params})
+        out.post(
+            {"jsonrpc": "2.0", "id": asked_id, "method": "elicitation/create", "params": params}
+        )
         try:
             with anyio.CancelScope() as scope:
                 flight.wait_scope = scope
@@ -538,16 +572,24 @@ class McpSession:
         self, era: _Era, request_id: Any, params: dict[str, Any], out: Outbox, flight: _InFlight
     ) -> dict[str, Any] | None:
         if not era.modern:
-            raise McpError(-32601, "Method not found: 'subscriptions/listen' is a 2026-07-28 "
-                                   "method; after initialize, list_changed comes unasked.")
+            raise McpError(
+                -32601,
+                "Method not found: 'subscriptions/listen' is a 2026-07-28 "
+                "method; after initialize, list_changed comes unasked.",
+            )
         wanted = params.get("notifications")
-        honoured = {"toolsListChanged": True} if isinstance(wanted, dict) and wanted.get(
-            "toolsListChanged") is True else {}
-        out.post({
-            "jsonrpc": "2.0",
-            "method": "notifications/subscriptions/acknowledged",
-            "params": {"_meta": {_SUBSCRIPTION: request_id}, "notifications": honoured},
-        })
+        honoured = (
+            {"toolsListChanged": True}
+            if isinstance(wanted, dict) and wanted.get("toolsListChanged") is True
+            else {}
+        )
+        out.post(
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/subscriptions/acknowledged",
+                "params": {"_meta": {_SUBSCRIPTION: request_id}, "notifications": honoured},
+            }
+        )
         if honoured:
             self._listens[request_id] = (out, flight)
             # A change is a difference to a snapshot: make sure there is one to differ from.
@@ -564,18 +606,20 @@ class McpSession:
         return None  # only reached by cancellation: no response goes out
 
     async def _catalog_changed(
-        self, key: Path | None, generation: int, changed: list[dict[str, Any]]
+        self, key: Path | None, generation: int, changed: Sequence[dict[str, Any]]
     ) -> None:
         if self._closed:
             return
         if self.legacy_version is not None:
             self._outbox.post({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         for request_id, (out, _) in list(self._listens.items()):
-            out.post({
-                "jsonrpc": "2.0",
-                "method": "notifications/tools/list_changed",
-                "params": {"_meta": {_SUBSCRIPTION: request_id}},
-            })
+            out.post(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/tools/list_changed",
+                    "params": {"_meta": {_SUBSCRIPTION: request_id}},
+                }
+            )
 
 
 def binding_key(binding: Binding) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sized
+from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +44,12 @@ class _NativeSink:
     async def started(self, call_id: str, loaded: LoadedTool, pid: int) -> None:
         await self._connection.notify(
             m.NOTIFICATION_STARTED,
-            {"callId": call_id, "tool": loaded.tool.name, "set": loaded.toolset.directory, "pid": pid},
+            {
+                "callId": call_id,
+                "tool": loaded.tool.name,
+                "set": loaded.toolset.directory,
+                "pid": pid,
+            },
         )
 
     async def progress(self, call_id: str, report: ProgressReport) -> None:
@@ -183,7 +188,7 @@ class Handlers:
         prepared = await self.service.prepare(
             p.tool, p.arguments, p.workspace, p.mode, p.headless, None
         )
-        return prepared.classification.to_wire()  # type: ignore[no-any-return]
+        return prepared.classification.to_wire()
 
     async def invoke(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """Run a tool: enforce the classification, stream events, answer the result."""
@@ -252,7 +257,7 @@ class Handlers:
         return await self.service.reload_catalogs(workspaces)
 
     async def _announce(
-        self, key: Path | None, generation: int, changed: list[dict[str, Any]]
+        self, key: Path | None, generation: int, changed: Sequence[dict[str, Any]]
     ) -> None:
         """``catalogChanged`` to the connections that listed ``key`` with ``subscribe``."""
         name = str(key) if key is not None else None

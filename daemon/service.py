@@ -41,7 +41,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -149,7 +149,7 @@ class CallSink(Protocol):
 
 #: Called after a reload that changed a key's catalog: (workspace key, generation,
 #: the changes in wire shape).
-CatalogListener = Callable[[Path | None, int, list[dict[str, Any]]], Awaitable[None]]
+CatalogListener = Callable[[Path | None, int, Sequence[dict[str, Any]]], Awaitable[None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +206,9 @@ class _Call:
 
 def approval_digest(classification_wire: dict[str, Any]) -> str:
     """A digest of what the operator is shown and approves: the whole classification."""
-    return hashlib.sha256(orjson.dumps(classification_wire, option=orjson.OPT_SORT_KEYS)).hexdigest()
+    return hashlib.sha256(
+        orjson.dumps(classification_wire, option=orjson.OPT_SORT_KEYS)
+    ).hexdigest()
 
 
 class _Bookkeeping:
@@ -329,7 +331,9 @@ class Service:
         try:
             return m.parse_mode(raw)
         except ValueError as exc:
-            raise rpc_errors.InvalidParams(f"Invalid params: 'mode': {exc}", {"field": "mode"}) from None
+            raise rpc_errors.InvalidParams(
+                f"Invalid params: 'mode': {exc}", {"field": "mode"}
+            ) from None
 
     @staticmethod
     def lookup(catalog: Catalog, name: str, wanted: str | None) -> LoadedTool:
@@ -343,7 +347,11 @@ class Service:
         if loaded is None:
             names = list(catalog.tools)
             shown = ", ".join(names[:_MAX_LISTED_NAMES]) or "none"
-            more = f" and {len(names) - _MAX_LISTED_NAMES} more" if len(names) > _MAX_LISTED_NAMES else ""
+            more = (
+                f" and {len(names) - _MAX_LISTED_NAMES} more"
+                if len(names) > _MAX_LISTED_NAMES
+                else ""
+            )
             raise rpc_errors.UnknownTool(
                 f"Unknown tool '{name}': no such tool in the catalog of {where}. "
                 f"Loaded tools: {shown}{more}.",
@@ -421,7 +429,9 @@ class Service:
             # Arguments the fence refuses can never run: say so before asking anyone.
             observed.refused("arguments")
             raise self._fence_error(
-                prepared.loaded, prepared.workspace, request.arguments,
+                prepared.loaded,
+                prepared.workspace,
+                request.arguments,
                 classification.arguments_error,
             )
         decision = classification.decision
@@ -472,8 +482,12 @@ class Service:
             )
         self._check_call_id_free(call_id)
         prepared = await self.prepare(
-            request.tool, request.arguments, request.workspace, request.mode,
-            request.headless, request.catalog,
+            request.tool,
+            request.arguments,
+            request.workspace,
+            request.mode,
+            request.headless,
+            request.catalog,
         )
         loaded = prepared.loaded
         observed = self._observer.call(
@@ -506,7 +520,9 @@ class Service:
             every_progress_line=request.every_progress_line,
             extra_env=observed.child_env(),
         )
-        log.info("call_started", call_id=call_id, tool=loaded.tool.name, set=loaded.toolset.directory)
+        log.info(
+            "call_started", call_id=call_id, tool=loaded.tool.name, set=loaded.toolset.directory
+        )
         events = _Bookkeeping(sink, call_id, loaded)
         started_at = time.monotonic()
         try:
@@ -518,12 +534,16 @@ class Service:
                 # anyway, the client that saw ``started`` still gets its ``completed``.
                 if events.started_sent:
                     await events.completed(
-                        Completion("error", None, int((time.monotonic() - started_at) * 1000), False)
+                        Completion(
+                            "error", None, int((time.monotonic() - started_at) * 1000), False
+                        )
                     )
                 raise
             if outcome.started:
                 await events.completed(
-                    Completion(outcome.status, outcome.exit_code, outcome.duration_ms, outcome.truncated)
+                    Completion(
+                        outcome.status, outcome.exit_code, outcome.duration_ms, outcome.truncated
+                    )
                 )
         finally:
             self.calls.pop(call_id, None)

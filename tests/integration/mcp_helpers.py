@@ -44,9 +44,7 @@ PROGRESS3 = script(
     "print('counted')\n"
 )
 SLEEPER = script(
-    "import os, time\n"
-    "open('sleeper.pid', 'w').write(str(os.getpid()))\n"
-    "time.sleep(60)\n"
+    "import os, time\nopen('sleeper.pid', 'w').write(str(os.getpid()))\ntime.sleep(60)\n"
 )
 BIG = script("import sys\nsys.stdout.write('y' * 99_993)\n")
 BIG_IMAGE = script(
@@ -73,15 +71,21 @@ def write_test_sets(home: Path) -> None:
 
 def write_project_asker(workspace: Path, name: str = "asker") -> None:
     """A project set: the host policy makes its calls ask in the default mode."""
-    write_set(
-        workspace / ".crystal" / "tools", name, tool(f"{name}.py"), **{f"{name}.py": ASKER}
-    )
+    write_set(workspace / ".crystal" / "tools", name, tool(f"{name}.py"), **{f"{name}.py": ASKER})
 
 
 def pump_args(daemon: Daemon, workspace: Path, *extra: str, autostart: bool = False) -> list[str]:
     """``python -m toolsetd.client ... mcp ...`` for this daemon and workspace."""
-    args = ["-m", "toolsetd.client", "--socket", str(daemon.socket), "--workspace", str(workspace),
-            "mcp", *extra]
+    args = [
+        "-m",
+        "toolsetd.client",
+        "--socket",
+        str(daemon.socket),
+        "--workspace",
+        str(workspace),
+        "mcp",
+        *extra,
+    ]
     if not autostart:
         args.append("--no-autostart")
     return args
@@ -98,7 +102,7 @@ class RawPump:
     """``toolsetctl mcp`` as a subprocess spoken to line by line (for what the SDK won't send)."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.proc = subprocess.Popen(  # noqa: S603
+        self.proc = subprocess.Popen(
             [PY, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

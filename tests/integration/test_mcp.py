@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import json
 import os
 import shutil
 import signal
@@ -17,10 +16,10 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
-from mcp import Client, StdioServerParameters
+from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from .conftest import EXAMPLES, Daemon, RawConn, eventually, start_daemon, write_set
+from .conftest import EXAMPLES, Daemon, RawConn, eventually, write_set
 from .mcp_helpers import (
     PY,
     RawPump,
@@ -37,21 +36,16 @@ MODERN = "2026-07-28"
 
 
 @pytest.fixture
-def mcp_daemon(home: Path, workspace: Path, tmp_base: Path) -> Iterator[Daemon]:
-    """A daemon over the example sets, the MCP test sets and a project set that asks."""
+def mcp_sets(home: Path, workspace: Path) -> None:
+    """The MCP test sets in the home, and a project set that asks, before the daemon starts."""
     write_test_sets(home)
     write_project_asker(workspace)
-    d = start_daemon(home, workspace, tmp_base)
-    try:
-        yield d
-    finally:
-        if d.proc.poll() is None:
-            d.proc.send_signal(signal.SIGTERM)
-            try:
-                d.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                d.proc.kill()
-                d.proc.wait()
+
+
+@pytest.fixture
+def mcp_daemon(mcp_sets: None, daemon: Daemon) -> Daemon:
+    """The integration daemon, started over the example sets and the MCP test sets."""
+    return daemon
 
 
 def _text(result: types.CallToolResult) -> str:
@@ -62,7 +56,9 @@ def _text(result: types.CallToolResult) -> str:
 
 
 @pytest.mark.parametrize(("mode", "version"), [("auto", MODERN), ("legacy", "2025-11-25")])
-async def test_mcp_era_lists_and_calls(mcp_daemon: Daemon, workspace: Path, mode: str, version: str) -> None:
+async def test_mcp_era_lists_and_calls(
+    mcp_daemon: Daemon, workspace: Path, mode: str, version: str
+) -> None:
     """Both eras list the workspace's tools with the mapping's fields and run a call."""
     with anyio.fail_after(30):
         async with Client(server(mcp_daemon, workspace), mode=mode) as client:  # type: ignore[arg-type]
@@ -92,7 +88,9 @@ def test_mcp_discover_then_initialize_2025_06_18(mcp_daemon: Daemon, workspace: 
     """A host that probes server/discover and then initializes (2025-06-18) is served."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        found = pump.request(1, "server/discover", {"_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}})
+        found = pump.request(
+            1, "server/discover", {"_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}}
+        )
         assert found["result"]["resultType"] == "complete"
         assert MODERN in found["result"]["supportedVersions"]
         assert found["result"]["capabilities"]["tools"]["listChanged"] is True
@@ -100,17 +98,24 @@ def test_mcp_discover_then_initialize_2025_06_18(mcp_daemon: Daemon, workspace: 
         before = pump.request(2, "tools/list")
         assert before["error"]["code"] == -32602
         assert "initialize" in before["error"]["message"]
-        init = pump.request(3, "initialize", {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": {"name": "probe", "version": "1"},
-        })
+        init = pump.request(
+            3,
+            "initialize",
+            {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "probe", "version": "1"},
+            },
+        )
         assert init["result"]["protocolVersion"] == "2025-06-18"
         assert init["result"]["capabilities"] == {"tools": {"listChanged": True}}
         pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         listed = pump.request(4, "tools/list")
         assert "resultType" not in listed["result"]
         assert any(t["name"] == "hello" for t in listed["result"]["tools"])
-        odd = pump.request(5, "tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "1999-01-01"}})
+        odd = pump.request(
+            5, "tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "1999-01-01"}}
+        )
         assert odd["error"]["code"] == -32022
         assert MODERN in odd["error"]["data"]["supported"]
         assert pump.request(6, "resources/list")["error"]["code"] == -32601
@@ -140,7 +145,9 @@ def test_mcp_garbage_on_stdin_is_answered_and_survived(mcp_daemon: Daemon, works
 # -- calls ---------------------------------------------------------------------------------
 
 
-async def test_mcp_call_results_image_error_and_refusals(mcp_daemon: Daemon, workspace: Path) -> None:
+async def test_mcp_call_results_image_error_and_refusals(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
     """Images carry over; a failing tool, a schema error and a fence refusal are isError."""
     with anyio.fail_after(30):
         async with Client(server(mcp_daemon, workspace), mode="legacy") as client:
@@ -201,8 +208,11 @@ async def test_mcp_cancel_ends_the_call_and_its_child(mcp_daemon: Daemon, worksp
                 assert time.monotonic() < deadline, "the cancelled tool still runs"
                 await anyio.sleep(0.05)
             assert "Hello, B!" in _text(await client.call_tool("hello", {"name": "B"}))
-    finished = [e for e in mcp_daemon.log_events() if e.get("event") == "call_finished"
-                and e.get("tool") == "sleeper"]
+    finished = [
+        e
+        for e in mcp_daemon.log_events()
+        if e.get("event") == "call_finished" and e.get("tool") == "sleeper"
+    ]
     assert finished
     assert finished[0]["status"] == "cancelled"
 
@@ -219,9 +229,18 @@ def test_mcp_stdin_closing_cancels_the_hosts_calls(mcp_daemon: Daemon, workspace
     """When the host goes away (stdin closes), its running call is cancelled and the pump exits."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
-    pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "sleeper", "arguments": {}}})
+    pump.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "sleeper", "arguments": {}},
+        }
+    )
     pid_file = workspace / "sleeper.pid"
-    eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="the sleeper to start")
+    eventually(
+        lambda: pid_file.exists() and bool(pid_file.read_text()), what="the sleeper to start"
+    )
     pid = int(pid_file.read_text())
     assert pump.close() == 0
     eventually(lambda: not _alive(pid), timeout=15, what="the sleeper to be killed")
@@ -248,7 +267,9 @@ async def test_mcp_big_text_and_15_mib_image(mcp_daemon: Daemon, workspace: Path
 # -- catalog changes -----------------------------------------------------------------------
 
 
-async def test_mcp_list_changed_after_editing_a_tools_json(mcp_daemon: Daemon, workspace: Path) -> None:
+async def test_mcp_list_changed_after_editing_a_tools_json(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
     """Editing a tools.json sends notifications/tools/list_changed; the new tool lists."""
     changed = anyio.Event()
 
@@ -257,9 +278,13 @@ async def test_mcp_list_changed_after_editing_a_tools_json(mcp_daemon: Daemon, w
             changed.set()
 
     with anyio.fail_after(30):
-        async with Client(server(mcp_daemon, workspace), mode="legacy", message_handler=on_message) as client:
+        async with Client(
+            server(mcp_daemon, workspace), mode="legacy", message_handler=on_message
+        ) as client:
             assert "greet2" not in {t.name for t in (await client.list_tools()).tools}
-            write_set(mcp_daemon.home / "tools", "greet2", tool("g.py"), **{"g.py": f"#!{PY}\nprint(2)\n"})
+            write_set(
+                mcp_daemon.home / "tools", "greet2", tool("g.py"), **{"g.py": f"#!{PY}\nprint(2)\n"}
+            )
             await changed.wait()  # the watcher saw the edit and reloaded
             assert "greet2" in {t.name for t in (await client.list_tools()).tools}
 
@@ -270,7 +295,12 @@ async def test_mcp_list_changed_modern_listen(mcp_daemon: Daemon, workspace: Pat
         async with Client(server(mcp_daemon, workspace)) as client:
             async with client.listen(tools_list_changed=True) as sub:
                 assert "fresh" not in {t.name for t in (await client.list_tools()).tools}
-                write_set(workspace / ".crystal" / "tools", "fresh", tool("f.py"), **{"f.py": f"#!{PY}\nprint(1)\n"})
+                write_set(
+                    workspace / ".crystal" / "tools",
+                    "fresh",
+                    tool("f.py"),
+                    **{"f.py": f"#!{PY}\nprint(1)\n"},
+                )
                 mcp_daemon.call("reload", {"workspace": str(workspace)})
                 async for _event in sub:
                     break
@@ -289,12 +319,17 @@ def _elicit(action: str, seen: list[str]) -> Any:
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
-async def test_mcp_elicitation_accept_runs_the_call(mcp_daemon: Daemon, workspace: Path, mode: str) -> None:
+async def test_mcp_elicitation_accept_runs_the_call(
+    mcp_daemon: Daemon, workspace: Path, mode: str
+) -> None:
     """An ask is put to the operator (both eras); accept runs the call."""
     seen: list[str] = []
     with anyio.fail_after(30):
-        async with Client(server(mcp_daemon, workspace), mode=mode,  # type: ignore[arg-type]
-                          elicitation_callback=_elicit("accept", seen)) as client:
+        async with Client(
+            server(mcp_daemon, workspace),
+            mode=mode,  # type: ignore[arg-type]
+            elicitation_callback=_elicit("accept", seen),
+        ) as client:
             result = await client.call_tool("asker", {})
     assert result.is_error is False
     assert "asked and ran" in _text(result)
@@ -304,12 +339,17 @@ async def test_mcp_elicitation_accept_runs_the_call(mcp_daemon: Daemon, workspac
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
-async def test_mcp_elicitation_decline_refuses(mcp_daemon: Daemon, workspace: Path, mode: str) -> None:
+async def test_mcp_elicitation_decline_refuses(
+    mcp_daemon: Daemon, workspace: Path, mode: str
+) -> None:
     """Decline gives an isError result saying the operator declined; nothing ran."""
     seen: list[str] = []
     with anyio.fail_after(30):
-        async with Client(server(mcp_daemon, workspace), mode=mode,  # type: ignore[arg-type]
-                          elicitation_callback=_elicit("decline", seen)) as client:
+        async with Client(
+            server(mcp_daemon, workspace),
+            mode=mode,  # type: ignore[arg-type]
+            elicitation_callback=_elicit("decline", seen),
+        ) as client:
             result = await client.call_tool("asker", {})
     assert result.is_error is True
     assert "declined" in _text(result)
@@ -317,7 +357,9 @@ async def test_mcp_elicitation_decline_refuses(mcp_daemon: Daemon, workspace: Pa
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
-async def test_mcp_without_elicitation_says_how_to_allow(mcp_daemon: Daemon, workspace: Path, mode: str) -> None:
+async def test_mcp_without_elicitation_says_how_to_allow(
+    mcp_daemon: Daemon, workspace: Path, mode: str
+) -> None:
     """A host without elicitation gets an isError result that says why and how to allow it."""
     with anyio.fail_after(30):
         async with Client(server(mcp_daemon, workspace), mode=mode) as client:  # type: ignore[arg-type]
@@ -334,7 +376,9 @@ async def test_mcp_headless_denies_an_ask(mcp_daemon: Daemon, workspace: Path) -
     seen: list[str] = []
     params = server(mcp_daemon, workspace, "--headless")
     with anyio.fail_after(30):
-        async with Client(params, mode="legacy", elicitation_callback=_elicit("accept", seen)) as client:
+        async with Client(
+            params, mode="legacy", elicitation_callback=_elicit("accept", seen)
+        ) as client:
             result = await client.call_tool("asker", {})
     assert result.is_error is True
     assert _text(result).startswith("Denied:")
@@ -344,22 +388,51 @@ async def test_mcp_headless_denies_an_ask(mcp_daemon: Daemon, workspace: Path) -
 def test_mcp_modern_request_state_is_checked(mcp_daemon: Daemon, workspace: Path) -> None:
     """A forged or foreign requestState is refused; an input-required result names the approval."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
-    meta = {"io.modelcontextprotocol/protocolVersion": MODERN,
-            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+    }
     try:
         first = pump.request(1, "tools/call", {"name": "asker", "arguments": {}, "_meta": meta})
         assert first["result"]["resultType"] == "input_required"
         state = first["result"]["requestState"]
         (key,) = first["result"]["inputRequests"]
         accept = {key: {"action": "accept", "content": {}}}
-        forged = pump.request(2, "tools/call", {"name": "asker", "arguments": {}, "_meta": meta,
-                                                "inputResponses": accept, "requestState": state[:-2] + "AA"})
+        forged = pump.request(
+            2,
+            "tools/call",
+            {
+                "name": "asker",
+                "arguments": {},
+                "_meta": meta,
+                "inputResponses": accept,
+                "requestState": state[:-2] + "AA",
+            },
+        )
         assert forged["error"]["code"] == -32602
-        other = pump.request(3, "tools/call", {"name": "asker", "arguments": {"x": 1}, "_meta": meta,
-                                               "inputResponses": accept, "requestState": state})
+        other = pump.request(
+            3,
+            "tools/call",
+            {
+                "name": "asker",
+                "arguments": {"x": 1},
+                "_meta": meta,
+                "inputResponses": accept,
+                "requestState": state,
+            },
+        )
         assert other["error"]["code"] == -32602
-        ran = pump.request(4, "tools/call", {"name": "asker", "arguments": {}, "_meta": meta,
-                                             "inputResponses": accept, "requestState": state})
+        ran = pump.request(
+            4,
+            "tools/call",
+            {
+                "name": "asker",
+                "arguments": {},
+                "_meta": meta,
+                "inputResponses": accept,
+                "requestState": state,
+            },
+        )
         assert ran["result"]["isError"] is False
     finally:
         assert pump.close() == 0
@@ -368,7 +441,9 @@ def test_mcp_modern_request_state_is_checked(mcp_daemon: Daemon, workspace: Path
 # -- many at once --------------------------------------------------------------------------
 
 
-async def test_mcp_two_hosts_and_a_native_client(mcp_daemon: Daemon, workspace: Path, tmp_base: Path) -> None:
+async def test_mcp_two_hosts_and_a_native_client(
+    mcp_daemon: Daemon, workspace: Path, tmp_base: Path
+) -> None:
     """Two hosts on two workspaces and a native client share a daemon; each sees its own."""
     other = tmp_base / "ws2"
     other.mkdir()
@@ -379,6 +454,7 @@ async def test_mcp_two_hosts_and_a_native_client(mcp_daemon: Daemon, workspace: 
         async def on_message(message: Any) -> None:
             if isinstance(message, types.ToolListChangedNotification):
                 changed[key].set()
+
         return on_message
 
     with anyio.fail_after(40):
@@ -397,8 +473,14 @@ async def test_mcp_two_hosts_and_a_native_client(mcp_daemon: Daemon, workspace: 
             async def native() -> None:
                 def run() -> Any:
                     with RawConn(mcp_daemon.socket) as conn:
-                        return conn.invoke({"tool": "hello", "arguments": {"name": "N"},
-                                            "workspace": str(workspace)})
+                        return conn.invoke(
+                            {
+                                "tool": "hello",
+                                "arguments": {"name": "N"},
+                                "workspace": str(workspace),
+                            }
+                        )
+
                 results["native"] = await anyio.to_thread.run_sync(run)
 
             async def host(key: str, client: Client) -> None:
@@ -413,7 +495,12 @@ async def test_mcp_two_hosts_and_a_native_client(mcp_daemon: Daemon, workspace: 
             assert [e["method"] for e in events][0] == "started"
             assert "counted" in _text(results["a"])
             assert "counted" in _text(results["b"])
-            write_set(other / ".crystal" / "tools", "late", tool("l.py"), **{"l.py": f"#!{PY}\nprint(3)\n"})
+            write_set(
+                other / ".crystal" / "tools",
+                "late",
+                tool("l.py"),
+                **{"l.py": f"#!{PY}\nprint(3)\n"},
+            )
             mcp_daemon.call("reload", {"workspace": str(other)})
             await changed["b"].wait()
             assert "late" in {t.name for t in (await b.list_tools()).tools}
@@ -427,9 +514,12 @@ async def test_mcp_two_hosts_and_a_native_client(mcp_daemon: Daemon, workspace: 
 def test_mcp_no_autostart_fails_with_one_clear_line(tmp_base: Path, workspace: Path) -> None:
     """With --no-autostart and no daemon, one stderr line and exit code 5."""
     missing = tmp_base / "none.sock"
-    proc = subprocess.run(  # noqa: S603
+    proc = subprocess.run(
         [PY, "-m", "toolsetd.client", "--socket", str(missing), "mcp", "--no-autostart"],
-        input=b"", capture_output=True, timeout=20, check=False,
+        input=b"",
+        capture_output=True,
+        timeout=20,
+        check=False,
     )
     assert proc.returncode == 5
     lines = proc.stderr.decode().strip().splitlines()
@@ -441,10 +531,22 @@ def test_mcp_no_autostart_fails_with_one_clear_line(tmp_base: Path, workspace: P
 
 def test_mcp_bad_workspace_is_one_clear_line(mcp_daemon: Daemon, tmp_base: Path) -> None:
     """A workspace that is not a directory is refused at bind time, on stderr, exit 2."""
-    proc = subprocess.run(  # noqa: S603
-        [PY, "-m", "toolsetd.client", "--socket", str(mcp_daemon.socket), "--workspace",
-         str(tmp_base / "nope"), "mcp", "--no-autostart"],
-        input=b"", capture_output=True, timeout=20, check=False,
+    proc = subprocess.run(
+        [
+            PY,
+            "-m",
+            "toolsetd.client",
+            "--socket",
+            str(mcp_daemon.socket),
+            "--workspace",
+            str(tmp_base / "nope"),
+            "mcp",
+            "--no-autostart",
+        ],
+        input=b"",
+        capture_output=True,
+        timeout=20,
+        check=False,
     )
     assert proc.returncode == 2
     assert "not a directory" in proc.stderr.decode()
@@ -474,7 +576,9 @@ def test_mcp_autostarts_a_daemon(autostart_base: Path, workspace: Path, tmp_base
     sock = autostart_base / "run" / "t.sock"
     env = {**os.environ, "CRYSTAL_HOME": str(home)}
     env.pop("TOOLSETD_SOCKET", None)
-    pump = RawPump(["-m", "toolsetd.client", "--socket", str(sock), "--workspace", str(workspace), "mcp"], env)
+    pump = RawPump(
+        ["-m", "toolsetd.client", "--socket", str(sock), "--workspace", str(workspace), "mcp"], env
+    )
     try:
         init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
         assert init["result"]["serverInfo"]["name"] == "toolsetd"
@@ -502,13 +606,19 @@ def claude_cli() -> Path:
     npm, node = shutil.which("npm"), shutil.which("node")
     if npm is None or node is None:
         pytest.skip("npm and node are needed to install Claude Code")
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "toolsetd-tests" / "claude-code"
+    cache = (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        / "toolsetd-tests"
+        / "claude-code"
+    )
     binary = cache / "node_modules" / ".bin" / "claude"
     if not binary.exists():
         cache.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(  # noqa: S603
+        done = subprocess.run(
             [npm, "install", "--prefix", str(cache), "@anthropic-ai/claude-code"],
-            capture_output=True, timeout=600, check=False,
+            capture_output=True,
+            timeout=600,
+            check=False,
         )
         if done.returncode != 0 or not binary.exists():
             pytest.skip(f"could not install Claude Code: {done.stderr.decode()[-300:]}")
@@ -516,18 +626,28 @@ def claude_cli() -> Path:
 
 
 @pytest.mark.slow
-def test_mcp_claude_code_connects(claude_cli: Path, mcp_daemon: Daemon, workspace: Path, tmp_base: Path) -> None:
+def test_mcp_claude_code_connects(
+    claude_cli: Path, mcp_daemon: Daemon, workspace: Path, tmp_base: Path
+) -> None:
     """``claude mcp add`` then ``claude mcp list`` reports toolsetctl mcp as Connected."""
     env = {**os.environ, "HOME": str(tmp_base / "claude-home")}
     (tmp_base / "claude-home").mkdir()
     command = [PY, *pump_args(mcp_daemon, workspace)]
-    subprocess.run(  # noqa: S603
+    subprocess.run(
         [str(claude_cli), "mcp", "add", "tools", "--", *command],
-        cwd=workspace, env=env, capture_output=True, timeout=60, check=True,
+        cwd=workspace,
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=True,
     )
-    listed = subprocess.run(  # noqa: S603
-        [str(claude_cli), "mcp", "list"], cwd=workspace, env=env, capture_output=True,
-        timeout=120, check=False,
+    listed = subprocess.run(
+        [str(claude_cli), "mcp", "list"],
+        cwd=workspace,
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
     )
     out = listed.stdout.decode()
     assert "tools:" in out
