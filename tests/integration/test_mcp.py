@@ -318,19 +318,24 @@ def _elicit(action: str, seen: list[str]) -> Any:
     return callback
 
 
+async def _ask(daemon: Daemon, workspace: Path, mode: str, action: str) -> tuple[Any, list[str]]:
+    """Call the asking tool with a host that answers the approval with ``action``."""
+    seen: list[str] = []
+    with anyio.fail_after(30):
+        async with Client(
+            server(daemon, workspace),
+            mode=mode,  # type: ignore[arg-type]
+            elicitation_callback=_elicit(action, seen),
+        ) as client:
+            return await client.call_tool("asker", {}), seen
+
+
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_mcp_elicitation_accept_runs_the_call(
     mcp_daemon: Daemon, workspace: Path, mode: str
 ) -> None:
-    """An ask is put to the operator (both eras); accept runs the call."""
-    seen: list[str] = []
-    with anyio.fail_after(30):
-        async with Client(
-            server(mcp_daemon, workspace),
-            mode=mode,  # type: ignore[arg-type]
-            elicitation_callback=_elicit("accept", seen),
-        ) as client:
-            result = await client.call_tool("asker", {})
+    """An ask is put to the operator (both eras) with the classification; accept runs it."""
+    result, seen = await _ask(mcp_daemon, workspace, mode, "accept")
     assert result.is_error is False
     assert "asked and ran" in _text(result)
     assert len(seen) == 1
@@ -339,20 +344,15 @@ async def test_mcp_elicitation_accept_runs_the_call(
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
+@pytest.mark.parametrize("action", ["decline", "cancel"])
 async def test_mcp_elicitation_decline_refuses(
-    mcp_daemon: Daemon, workspace: Path, mode: str
+    mcp_daemon: Daemon, workspace: Path, mode: str, action: str
 ) -> None:
-    """Decline gives an isError result saying the operator declined; nothing ran."""
-    seen: list[str] = []
-    with anyio.fail_after(30):
-        async with Client(
-            server(mcp_daemon, workspace),
-            mode=mode,  # type: ignore[arg-type]
-            elicitation_callback=_elicit("decline", seen),
-        ) as client:
-            result = await client.call_tool("asker", {})
+    """Decline or cancel gives an isError result saying so; nothing ran."""
+    result, seen = await _ask(mcp_daemon, workspace, mode, action)
     assert result.is_error is True
-    assert "declined" in _text(result)
+    assert "declined" in _text(result) or "cancelled" in _text(result)
+    assert len(seen) == 1
     assert not [e for e in mcp_daemon.log_events() if e.get("event") == "call_started"]
 
 
