@@ -438,6 +438,7 @@ async def _graceful_stop(
     """No new calls; in-flight calls get the grace period; then cancel them and close."""
     options = state.options
     server.accepting = False
+    handlers.service.stopping = True  # the MCP face too: no new calls on any face
     await listener.aclose()
     await _wait_until(lambda: not handlers.service.calls, options.shutdown_grace)
     if handlers.service.calls:

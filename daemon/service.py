@@ -280,6 +280,8 @@ class Service:
         self.started_at = time.monotonic()
         #: Every call in flight on this daemon, by call id.
         self.calls: dict[str, _Call] = {}
+        #: Set when a graceful stop begins: no new call starts, on any face.
+        self.stopping = False
         self._listeners: dict[Path | None, set[CatalogListener]] = {}
         self._listen_all: list[CatalogListener] = []
 
@@ -473,6 +475,8 @@ class Service:
             RpcError: InvalidParams, InvalidWorkspace, UnknownTool, InvalidArguments,
                 PolicyDenied or ApprovalRequired; no process was started.
         """
+        if self.stopping:
+            raise rpc_errors.ShuttingDown("toolsetd is shutting down: no new calls are accepted.")
         call_id = request.call_id if request.call_id is not None else uuid.uuid4().hex
         if not _CALL_ID.match(call_id):
             raise rpc_errors.InvalidParams(

@@ -19,7 +19,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from .conftest import EXAMPLES, Daemon, RawConn, eventually, write_set
+from .conftest import EXAMPLES, Daemon, RawConn, eventually, start_daemon, write_set
 from .mcp_helpers import (
     PY,
     RawPump,
@@ -246,6 +246,7 @@ def test_mcp_stdin_closing_cancels_the_hosts_calls(mcp_daemon: Daemon, workspace
     eventually(lambda: not _alive(pid), timeout=15, what="the sleeper to be killed")
 
 
+@pytest.mark.slow
 async def test_mcp_big_text_and_15_mib_image(mcp_daemon: Daemon, workspace: Path) -> None:
     """A 100,000-character result and a 15 MiB image arrive whole."""
     with anyio.fail_after(60):
@@ -652,3 +653,31 @@ def test_mcp_claude_code_connects(
     out = listed.stdout.decode()
     assert "tools:" in out
     assert "Connected" in out, out
+
+
+def test_mcp_no_new_call_during_a_graceful_stop(
+    mcp_sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """After SIGTERM a new tools/call is refused (-32010); the running one is cancelled."""
+    d = start_daemon(home, workspace, tmp_base, ["--shutdown-grace", "2"])
+    pump = RawPump(pump_args(d, workspace))
+    try:
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        call = {"name": "sleeper", "arguments": {}}
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        pid_file = workspace / "sleeper.pid"
+        eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="the sleeper")
+        d.proc.send_signal(signal.SIGTERM)
+        eventually(lambda: "stop_requested" in d.log(), what="the stop to begin")
+        refused = pump.request(3, "tools/call", {"name": "hello", "arguments": {"name": "x"}})
+        assert refused["error"]["code"] == -32010
+        cancelled = pump.receive()
+        assert cancelled["id"] == 2
+        assert cancelled["result"]["isError"] is True
+        assert d.proc.wait(timeout=20) == 0
+        assert not _alive(int(pid_file.read_text()))
+    finally:
+        pump.close()
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
