@@ -28,7 +28,11 @@ A connection's socket is driven by the event loop's own socket transport (``Wire
   closes.
 
 The connection does not know the methods: it hands each message to its ``Dispatch``
-(the ``Server``, whose ``Dispatcher`` in ``dispatch.py`` is the JSON-RPC layer).
+(the ``Server``, whose ``Dispatcher`` in ``dispatch.py`` is the JSON-RPC layer). A bind
+method (``mcp.bind``, answered inline, so the frames pipelined behind it are read after
+it) may set the connection's ``route``: from then on every message goes to that
+``Route`` (an MCP session) instead, with no inline answers, and ``cancel_calls`` closes
+the route too.
 """
 
 from __future__ import annotations
