@@ -18,7 +18,8 @@ itself. The daemon speaks MCP on its socket (``daemon/mcp_socket.py``); this is 
    read here: an error there (a bad workspace or mode) is printed on stderr, exit 2.
 5. When stdin closes, shut down the socket's sending side: the daemon cancels this
    host's calls and closes the connection; the pump exits when the socket closes (or
-   after ``_EXIT_GRACE`` seconds). When the daemon closes first, the pump exits too.
+   after ``_EXIT_GRACE`` seconds). When the daemon closes first (it stopped, or a line was
+   over its size limit), the pump says so on stderr and exits 5.
 
 Frames are copied as bytes, unparsed; the daemon answers garbage with JSON-RPC errors.
 """
@@ -39,6 +40,8 @@ EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 5
 _BIND_ID = "toolsetctl-mcp-bind"
+#: ``_pump_socket``: the daemon closed the bound connection (main decides what it means).
+_DAEMON_CLOSED = -1
 _START_TIMEOUT = 15.0
 _EXIT_GRACE = 10.0
 _USAGE = (
@@ -205,7 +208,7 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[written:]
 
 
-def _pump_stdin(sock: socket.socket) -> None:
+def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
     """stdin to the socket; at EOF, half-close it so the daemon cancels this host's calls."""
     try:
         while True:
@@ -215,6 +218,7 @@ def _pump_stdin(sock: socket.socket) -> None:
             sock.sendall(data)
     except OSError:
         pass
+    stdin_closed.set()
     try:
         sock.shutdown(socket.SHUT_WR)
     except OSError:
@@ -279,8 +283,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         sys.stderr.write(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
         return EXIT_UNREACHABLE
-    threading.Thread(target=_pump_stdin, args=(sock,), daemon=True).start()
-    return _pump_socket(sock, path)
+    stdin_closed = threading.Event()
+    threading.Thread(target=_pump_stdin, args=(sock, stdin_closed), daemon=True).start()
+    code = _pump_socket(sock, path)
+    if code == _DAEMON_CLOSED:
+        if stdin_closed.is_set():
+            return EXIT_OK
+        # The daemon ended the session while the host was still there (it stopped, or the
+        # host sent a line over the size limit): say so, the host shows it.
+        sys.stderr.write(f"toolsetctl mcp: toolsetd at {path} closed the connection\n")
+        return EXIT_UNREACHABLE
+    return code
 
 
 def _pump_socket(sock: socket.socket, path: str) -> int:
@@ -316,4 +329,4 @@ def _pump_socket(sock: socket.socket, path: str) -> int:
             f"toolsetctl mcp: toolsetd at {path} closed the connection before binding\n"
         )
         return EXIT_UNREACHABLE
-    return EXIT_OK
+    return _DAEMON_CLOSED

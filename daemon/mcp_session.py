@@ -417,6 +417,7 @@ class McpSession:
 
     @staticmethod
     def _complete(era: _Era, result: dict[str, Any]) -> dict[str, Any]:
+        """A result for ``era``: 2026-07-28 adds ``resultType`` (unless set) and serverInfo."""
         if era.modern:
             result = {"resultType": "complete", **result}
             meta = dict(result.get("_meta") or {})
@@ -511,13 +512,16 @@ class McpSession:
                 return self._complete(era, mapping.approval_unavailable_result(classification))
             digest = approval_digest(classification)
             if era.modern:
-                return mapping.input_required_result(
-                    self._server.signer,
-                    classification,
-                    digest,
-                    binding_key(binding),
-                    name,
-                    arguments,
+                return self._complete(
+                    era,
+                    mapping.input_required_result(
+                        self._server.signer,
+                        classification,
+                        digest,
+                        binding_key(binding),
+                        name,
+                        arguments,
+                    ),
                 )
             action = await self._elicit(out, flight, classification, era)
             if action != "accept":

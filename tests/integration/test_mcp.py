@@ -676,8 +676,11 @@ def test_mcp_no_new_call_during_a_graceful_stop(
         assert cancelled["result"]["isError"] is True
         assert d.proc.wait(timeout=20) == 0
         assert not _alive(int(pid_file.read_text()))
+        assert pump.close() == 5  # the daemon went away under the host: one line says so
+        assert "closed the connection" in pump.stderr()
     finally:
-        pump.close()
+        if pump.proc.poll() is None:
+            pump.close()
         if d.proc.poll() is None:
             d.proc.kill()
             d.proc.wait()
