@@ -55,6 +55,7 @@ BIG_IMAGE = script(
 )
 FAILS = script("import sys\nprint('it broke', file=sys.stderr)\nsys.exit(3)\n")
 ASKER = script("print('asked and ran')\n")
+READER = script("import json, sys\nprint('read', json.load(sys.stdin)['path'])\n")
 
 
 def write_test_sets(home: Path) -> None:
@@ -67,6 +68,12 @@ def write_test_sets(home: Path) -> None:
         tools, "bigimage", tool("bigimage.py", output="content"), **{"bigimage.py": BIG_IMAGE}
     )
     write_set(tools, "fails", tool("fails.py"), **{"fails.py": FAILS})
+    reader = tool(
+        "reader.py",
+        schema={"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        pathArguments=["path"],
+    )
+    write_set(tools, "reader", reader, **{"reader.py": READER})
 
 
 def write_project_asker(workspace: Path, name: str = "asker") -> None:

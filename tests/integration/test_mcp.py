@@ -372,6 +372,62 @@ async def test_mcp_without_elicitation_says_how_to_allow(
     assert "--approve" in text
 
 
+async def test_mcp_forbidden_call_passes_only_an_explicit_accept(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """In full mode a call on a credential path still asks; only the operator's accept runs it."""
+    call = {"path": ".ssh/id_rsa"}
+    with anyio.fail_after(30):
+        async with Client(server(mcp_daemon, workspace, "--mode", "full"), mode="legacy") as bare:
+            unasked = await bare.call_tool("reader", call)
+            allowed = await bare.call_tool("reader", {"path": "notes.txt"})
+        seen: list[str] = []
+        async with Client(
+            server(mcp_daemon, workspace, "--mode", "full"),
+            mode="legacy",
+            elicitation_callback=_elicit("accept", seen),
+        ) as asking:
+            accepted = await asking.call_tool("reader", call)
+    assert allowed.is_error is False  # full mode runs a workspace call unasked
+    assert unasked.is_error is True
+    assert "no mode or grant passes it" in _text(unasked)
+    assert "forbidden path" in seen[0]
+    assert accepted.is_error is False
+    assert "read" in _text(accepted)
+
+
+def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> None:
+    """After notifications/cancelled nothing more goes out for that request."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        params = {"name": "sleeper", "arguments": {}, "_meta": {"progressToken": "p"}}
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params})
+        pid_file = workspace / "sleeper.pid"
+        eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="the sleeper")
+        pid = int(pid_file.read_text())
+        pump.send(
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": 2, "reason": "test"},
+            }
+        )
+        eventually(lambda: not _alive(pid), timeout=15, what="the sleeper to be killed")
+        eventually(
+            lambda: any(e.get("event") == "call_finished" for e in mcp_daemon.log_events()),
+            what="the call to end",
+        )
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        while True:  # everything up to the ping's answer: no response for the cancelled call
+            message = pump.receive()
+            assert message.get("id") != 2, message
+            if message.get("id") == 3:
+                break
+    finally:
+        assert pump.close() == 0
+
+
 async def test_mcp_headless_denies_an_ask(mcp_daemon: Daemon, workspace: Path) -> None:
     """--headless turns an ask into a deny: an isError with the reason, never a question."""
     seen: list[str] = []
