@@ -272,10 +272,20 @@ class McpSession:
             )
         if type(message) is not dict:
             return _error(None, McpError(-32600, "Invalid Request: expected a JSON object."))
-        if "method" not in message:
-            self._answered(message)
-            return None
         request_id = message.get("id", _ABSENT)
+        if "method" not in message:
+            if request_id is not _ABSENT and ("result" in message or "error" in message):
+                self._answered(message)  # the host's answer to a request of ours
+                return None
+            return _error(
+                None,
+                McpError(-32600, "Invalid Request: a message needs 'method' (or is a response)."),
+            )
+        if message.get("jsonrpc") != "2.0":
+            return _error(
+                request_id if type(request_id) in (str, int) else None,
+                McpError(-32600, "Invalid Request: 'jsonrpc' must be exactly \"2.0\"."),
+            )
         if request_id is _ABSENT:
             await self._notification(message)
             return None

@@ -135,6 +135,17 @@ def test_mcp_garbage_on_stdin_is_answered_and_survived(mcp_daemon: Daemon, works
         assert pump.receive()["error"]["code"] == -32600
         pump.send(b"42\n")
         assert pump.receive()["error"]["code"] == -32600
+        pump.send({"foo": 1})
+        assert pump.receive()["error"]["code"] == -32600
+        pump.send({"jsonrpc": "1.0", "id": 5, "method": "ping"})
+        assert pump.receive() == {
+            "jsonrpc": "2.0",
+            "id": 5,
+            "error": {
+                "code": -32600,
+                "message": "Invalid Request: 'jsonrpc' must be exactly \"2.0\".",
+            },
+        }
         init = pump.request(7, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
         assert init["result"]["protocolVersion"] == "2025-11-25"
         assert pump.request(8, "ping")["result"] == {}
