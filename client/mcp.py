@@ -156,8 +156,9 @@ def _start_daemon(path: str) -> socket.socket:
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=log_file,
-            start_new_session=True,
+            start_new_session=True,  # the host may kill the pump's group: not the daemon's
             close_fds=True,
+            cwd="/",  # hold no workspace open
         )
     deadline = time.monotonic() + _START_TIMEOUT
     while time.monotonic() < deadline:
