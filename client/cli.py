@@ -52,6 +52,8 @@ from .exits import (
 )
 from .invoke import cmd_invoke
 from .parser import COMMANDS, FORMATS, ParseError, build_parser, command_in
+# One socket default for the CLI and the MCP pump (the pump is stdlib-only, so it owns it).
+from .mcp import default_socket_path
 from .render import (
     CHANGE_HEADERS,
     DISCOVERY_OFF,
@@ -95,25 +97,6 @@ __all__ = [
     "parse_arguments",
     "run",
 ]
-
-
-def default_socket_path(env: Mapping[str, str] | None = None) -> str:
-    """Return the socket path: ``$TOOLSETD_SOCKET``, else the runtime-dir default.
-
-    Args:
-        env: The environment (``os.environ`` when None).
-
-    Returns:
-        ``$TOOLSETD_SOCKET``, else ``$XDG_RUNTIME_DIR/toolsetd/toolsetd.sock``, else
-        ``/tmp/toolsetd-<uid>/toolsetd.sock``.
-    """
-    env = os.environ if env is None else env
-    if env.get("TOOLSETD_SOCKET"):
-        return env["TOOLSETD_SOCKET"]
-    runtime = env.get("XDG_RUNTIME_DIR")
-    if runtime:
-        return os.path.join(runtime, "toolsetd", "toolsetd.sock")
-    return f"/tmp/toolsetd-{os.getuid()}/toolsetd.sock"  # noqa: S108 - the contract's path
 
 
 def default_home(env: Mapping[str, str] | None = None) -> str:
@@ -522,8 +505,13 @@ def run(
     stderr = sys.stderr if stderr is None else stderr
     stdin = sys.stdin if stdin is None else stdin
     argv = list(sys.argv[1:] if argv is None else argv)
+    command = command_in(argv)
+    if command == "mcp" and not {"-h", "--help"} & set(argv):
+        # The stdlib-only pump (``__main__`` goes there directly, without this module).
+        from .mcp import main as mcp_main
+
+        return mcp_main(argv)
     try:
-        command = command_in(argv)
         args = build_parser(command if command in COMMANDS else None).parse_args(argv)
     except ParseError as exc:
         out = Output(_requested_format(argv), stdout, stderr, width=None)

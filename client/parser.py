@@ -34,6 +34,7 @@ COMMANDS = (
     "invoke",
     "reload",
     "metrics",
+    "mcp",
 )
 
 
@@ -211,4 +212,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         "ExecReload uses it)",
     )
     add("metrics", "Print the daemon's Prometheus metrics (text exposition format).")
+    # ``toolsetctl mcp`` is served by the stdlib-only pump (client/mcp.py), which parses its
+    # own options; this entry gives it a place in --help.
+    sub = add("mcp", "Serve the workspace's tools to an MCP host on stdin/stdout (docs/mcp.md).")
+    sub.add_argument("--catalog", choices=("plan", "work"), help="only this catalog's tools")
+    sub.add_argument("--mode", metavar="M", help="approval mode (default 'default')")
+    sub.add_argument("--headless", action="store_true", help="turn every 'ask' into 'deny'")
+    sub.add_argument(
+        "--no-autostart", action="store_true", help="fail instead of starting toolsetd"
+    )
     return parser

@@ -45,7 +45,9 @@ from toolsetd.protocol import __version__
 
 from .activation import ActivationError, listen_fds
 from .logs import configure_logging
-from .methods import Handlers, HandlerSettings
+from .mcp_session import McpServer
+from .mcp_socket import METHOD_MCP_BIND, McpBinder
+from .methods import Handlers
 from .metrics import Metrics, MetricsSources, serve_metrics
 from .model import DEFAULT_RESERVED_NAMES, SetState, Source
 from .observe import Observer, ObserverSet
@@ -55,6 +57,7 @@ from .registry import Registry
 from .runner import Runner, RunnerSettings
 from .sdnotify import Notifier, scrub_environment
 from .server import Server, ServerSettings, bind_unix_socket
+from .service import Service, ServiceSettings
 from .settings import (
     ConfigError,
     Settings,
@@ -215,7 +218,7 @@ async def _serve(
 
     metrics = Metrics(
         MetricsSources(
-            in_flight=lambda: len(handlers.calls),
+            in_flight=lambda: len(service.calls),
             queued=lambda: limiter.statistics().tasks_waiting,
             connections_open=lambda: len(server.connections),
             connections_accepted=lambda: server.accepted,
@@ -235,15 +238,20 @@ async def _serve(
     def reload_config() -> dict[str, Any]:
         return _reload_config(state, runner, limiter, server, registry)
 
-    handlers = Handlers(
-        HandlerSettings(socket=str(socket_path), home=options.home, user_home=options.user_home),
+    service = Service(
+        ServiceSettings(socket=str(socket_path), home=options.home, user_home=options.user_home),
         registry,
         runner,
         ArgumentValidators(),
         notifier,
-        lambda: server.connections.values(),
         on_workspace=follow_workspace,
         observer=observer,
+    )
+    mcp = McpServer(service)
+    handlers = Handlers(
+        service,
+        lambda: server.connections.values(),
+        extra={METHOD_MCP_BIND: McpBinder(mcp).bind},
         reload_config=reload_config,
         metrics_text=metrics.exposition,
     )
@@ -263,7 +271,9 @@ async def _serve(
             if options.metrics_listen is not None:
                 await tg.start(serve_metrics, metrics, options.metrics_listen)
             await tg.start(server.serve, listener)
-            tg.start_soon(_evict_idle, registry, watcher, server, options.workspace_idle_seconds)
+            tg.start_soon(
+                _evict_idle, registry, watcher, server, service, options.workspace_idle_seconds
+            )
             interval = notifier.watchdog_interval()
             if interval:
                 tg.start_soon(_watchdog, notifier, interval)
@@ -388,20 +398,20 @@ async def _handle_signals(
             tg.start_soon(handlers.reload_catalogs, None)
             continue
         log.info("stop_requested", signal=signal.Signals(signum).name,
-                 in_flight=len(handlers.calls))
+                 in_flight=len(handlers.service.calls))
         state.stopping = True
         notifier.stopping()
         tg.start_soon(_graceful_stop, state, server, handlers, listener)
         async for again in signals:
             if again in (signal.SIGTERM, signal.SIGINT):
                 log.info("stop_forced", signal=signal.Signals(again).name,
-                         in_flight=len(handlers.calls))
+                         in_flight=len(handlers.service.calls))
                 # SIGKILL every tool's group first: a call already in its shielded
                 # SIGTERM-then-wait (the grace ran out) must not hold the exit for the
                 # kill grace, and a child ignoring SIGTERM must not survive.
                 if guard is not None:
                     guard.kill_all()
-                for call in list(handlers.calls.values()):
+                for call in list(handlers.service.calls.values()):
                     call.cancel.set()
                 # Close every connection now: a client that is not reading must not hold
                 # the exit while its answers wait for it.
@@ -428,13 +438,14 @@ async def _graceful_stop(
     """No new calls; in-flight calls get the grace period; then cancel them and close."""
     options = state.options
     server.accepting = False
+    handlers.service.stopping = True  # the MCP face too: no new calls on any face
     await listener.aclose()
-    await _wait_until(lambda: not handlers.calls, options.shutdown_grace)
-    if handlers.calls:
-        log.info("calls_cancelled_at_stop", count=len(handlers.calls))
-    for call in list(handlers.calls.values()):
+    await _wait_until(lambda: not handlers.service.calls, options.shutdown_grace)
+    if handlers.service.calls:
+        log.info("calls_cancelled_at_stop", count=len(handlers.service.calls))
+    for call in list(handlers.service.calls.values()):
         call.cancel.set()
-    await _wait_until(lambda: not handlers.calls, options.runner.kill_grace_seconds + 5)
+    await _wait_until(lambda: not handlers.service.calls, options.runner.kill_grace_seconds + 5)
     for conn in list(server.connections.values()):
         conn.close_gracefully()
     await _wait_until(lambda: not server.connections, 5)
@@ -445,7 +456,11 @@ async def _graceful_stop(
 
 
 async def _evict_idle(
-    registry: Registry, watcher: Watcher | None, server: Server, idle_seconds: float
+    registry: Registry,
+    watcher: Watcher | None,
+    server: Server,
+    service: Service,
+    idle_seconds: float,
 ) -> None:
     """Release idle workspaces, and their watches with them.
 
@@ -460,7 +475,7 @@ async def _evict_idle(
             for conn in server.connections.values()
             for key in conn.subscriptions
             if key is not None
-        }
+        } | service.listened()
         for workspace in registry.evict_idle(in_use=subscribed):
             if watcher is not None:
                 watcher.remove_workspace(workspace)
@@ -487,7 +502,7 @@ async def _report_status(
 
 def _status_text(registry: Registry, handlers: Handlers, state: _State) -> str:
     """The one-line load ``systemctl status`` shows: sets, workspaces, calls in flight."""
-    calls = len(handlers.calls)
+    calls = len(handlers.service.calls)
     if state.stopping:
         return f"Stopping; {calls} calls in flight"
     home = registry.cached(None)

@@ -66,6 +66,8 @@ class CallRequest:
         images: Whether the caller can take images.
         extra_env: Added to the child's environment before toolsetd's own variables
             (``TRACEPARENT`` from ``observe``).
+        every_progress_line: Report every line the child writes to its progress fd,
+            without coalescing bursts (MCP hosts count them).
     """
 
     call_id: str
@@ -77,6 +79,7 @@ class CallRequest:
     approval_mode: str = ""
     images: bool = True
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    every_progress_line: bool = False
 
 
 class EventSink(Protocol):
@@ -171,6 +174,8 @@ class CallState:
         self.exited = False
         self.wait_scope: anyio.CancelScope | None = None
         self.lock = anyio.Lock()
+        #: Report every progress line (no coalescing of bursts).
+        self.every_progress_line = False
 
     def stop(self, reason: str, message: str = "") -> None:
         """End the wait for the leader for ``reason`` unless it already exited."""

@@ -28,7 +28,11 @@ A connection's socket is driven by the event loop's own socket transport (``Wire
   closes.
 
 The connection does not know the methods: it hands each message to its ``Dispatch``
-(the ``Server``, whose ``Dispatcher`` in ``dispatch.py`` is the JSON-RPC layer).
+(the ``Server``, whose ``Dispatcher`` in ``dispatch.py`` is the JSON-RPC layer). A bind
+method (``mcp.bind``, answered inline, so the frames pipelined behind it are read after
+it) may set the connection's ``route``: from then on every message goes to that
+``Route`` (an MCP session) instead, with no inline answers, and ``cancel_calls`` closes
+the route too.
 """
 
 from __future__ import annotations
@@ -50,7 +54,15 @@ from toolsetd.protocol.jsonrpc import Request, error_message, notification_messa
 
 from .wire import Wire
 
-__all__ = ["INLINE_METHODS", "Connection", "Dispatch", "Handler", "RequestContext", "ServerSettings"]
+__all__ = [
+    "INLINE_METHODS",
+    "Connection",
+    "Dispatch",
+    "Handler",
+    "RequestContext",
+    "Route",
+    "ServerSettings",
+]
 
 log = structlog.get_logger("toolsetd.server")
 
@@ -63,7 +75,7 @@ _READ_BUFFER = 256 * 1024
 #: Inline answers in one run of the reader before it lets other tasks run.
 _INLINE_BURST = 64
 #: Methods answered in the reader itself: their handlers never wait on anything.
-INLINE_METHODS: frozenset[str] = frozenset({"status", "cancel"})
+INLINE_METHODS: frozenset[str] = frozenset({"status", "cancel", "mcp.bind"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +134,18 @@ class Dispatch(Protocol):
         ...
 
 
+class Route(Protocol):
+    """Another protocol a connection was bound to (MCP): it takes every later message."""
+
+    async def receive(self, message: Any) -> Any:
+        """Serve one decoded message; the response to send, or None."""
+        ...
+
+    def close(self) -> None:
+        """The peer is gone (or the connection closes): cancel what it has in flight."""
+        ...
+
+
 class Connection:
     """One client connection: codec, bounded writes, in-flight calls, subscriptions."""
 
@@ -147,6 +171,8 @@ class Connection:
         self.calls: dict[str, anyio.Event] = {}
         #: Workspace keys (a path string, or None for home) this client subscribed to.
         self.subscriptions: set[str | None] = set()
+        #: Set by a bind method (``mcp.bind``): from then on every message goes to it.
+        self.route: Route | None = None
         self._scope: anyio.CancelScope | None = None
 
     @property
@@ -181,6 +207,14 @@ class Connection:
             wire.write_now(frame)  # dropped while the peer is behind
         else:
             wire.enqueue(frame)
+
+    async def wait_drained(self) -> None:
+        """Wait until every committed frame is with the transport (or the socket is gone).
+
+        Bounded by the write timeout: a peer that takes nothing for it is disconnected.
+        """
+        if self._wire is not None:
+            await self._wire.wait_drained()
 
     def _stalled(self) -> None:
         log.warning(
@@ -255,6 +289,8 @@ class Connection:
         """Cancel every invoke call this connection has in flight."""
         for event in list(self.calls.values()):
             event.set()
+        if self.route is not None:
+            self.route.close()
 
     async def _reader(self, tg: anyio.abc.TaskGroup) -> None:
         wire = self._wire
@@ -297,7 +333,7 @@ class Connection:
                     assert isinstance(event, Message)
                     seen_request = True
                     value = event.value
-                    if type(value) is dict and value.get("method") in inline:
+                    if self.route is None and type(value) is dict and value.get("method") in inline:
                         await self._answer_inline(value)
                         answered_inline += 1
                         if answered_inline % _INLINE_BURST == 0:
@@ -360,8 +396,10 @@ class Connection:
 
     async def _handle_message(self, value: Any) -> None:
         try:
-            if isinstance(value, list):
-                response: Any = await self._server.dispatch_batch(self, value)
+            if self.route is not None:
+                response: Any = await self.route.receive(value)
+            elif isinstance(value, list):
+                response = await self._server.dispatch_batch(self, value)
             else:
                 response = await self._server.dispatch_one(self, value)
         except BaseException:

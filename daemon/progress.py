@@ -6,7 +6,8 @@ The child writes lines to the fd named in ``TOOLSETD_PROGRESS_FD``: a JSON objec
 ``message`` and/or ``fraction`` (clamped to 0..1), or any other line as a message. Lines are
 bounded to 4 KiB (the rest of a longer line is skipped) and messages to 1,000 characters.
 At most one event per ``gap`` seconds is sent: a burst is coalesced to its latest line,
-which goes out when the gap has passed, and the last line is always sent at EOF.
+which goes out when the gap has passed, and the last line is always sent at EOF. A call
+with ``CallRequest.every_progress_line`` (MCP) gets every line, none coalesced.
 """
 
 from __future__ import annotations
@@ -106,7 +107,10 @@ async def _read_progress_lines(fd: int, call: CallState, gap: float, first: byte
             line.clear()
             overlong = False
             if parsed is not None:
-                pending = parsed
+                if call.every_progress_line:
+                    await call.progress(*parsed)  # no coalescing: every line counts
+                else:
+                    pending = parsed
             start = nl + 1
         if pending is not None and time.monotonic() - last >= gap:
             last = time.monotonic()

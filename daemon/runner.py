@@ -29,7 +29,8 @@ folder deleted meanwhile is created again), then spawns the child:
   ``progress_interval_seconds`` with elapsed time and byte counts; and a progress for each
   line the child writes to its progress fd (a JSON object with ``message`` and/or
   ``fraction``, else the line as a message), at most one per ``progress_min_gap_seconds``
-  (a burst is coalesced to its latest line, which is sent when the gap has passed). Lines
+  (a burst is coalesced to its latest line, which is sent when the gap has passed; with
+  ``CallRequest.every_progress_line``, as MCP asks, every line is reported). Lines
   are bounded to 4 KiB. Event emissions are serialised by a lock. The task that watches
   ``cancel`` and sends the periodic progress starts only when the leader is still running
   5 ms after the spawn (a trivial tool is done by then, and its call never starts, nor
@@ -295,6 +296,7 @@ class Runner:
         spill = Spill(request.workspace, paths.spill_folder, request.call_id, s.spill_cap_bytes)
         keep = 4 * (s.output_limit_chars + 1)
         call = CallState(t0, events, Capture(0, keep, spill), Capture(1, keep, spill))
+        call.every_progress_line = request.every_progress_line
         done_out, done_err, done_progress = anyio.Event(), anyio.Event(), anyio.Event()
         killed = False
         leader_gone = False  # the leader is known to have exited (so reaping it cannot block)

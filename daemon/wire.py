@@ -58,6 +58,8 @@ class Wire(asyncio.Protocol):
         self._pending: deque[bytes] = deque()
         self._drained_waiters: list[asyncio.Future[None]] = []
         self._stall_timer: asyncio.TimerHandle | None = None
+        #: The transport's unsent bytes when the stall timer was armed.
+        self._stall_mark = 0
         #: Seconds the peer may leave us unable to write before ``on_stall`` runs.
         self.stall_seconds = 30.0
         #: Called (once) when the peer has not taken a byte for ``stall_seconds``.
@@ -116,7 +118,12 @@ class Wire(asyncio.Protocol):
 
     def _arm_stall(self) -> None:
         if self._stall_timer is None and not self.lost:
+            self._stall_mark = self._unsent()
             self._stall_timer = self._loop.call_later(self.stall_seconds, self._stalled)
+
+    def _unsent(self) -> int:
+        transport = self.transport
+        return transport.get_write_buffer_size() if transport is not None else 0
 
     def _disarm_stall(self) -> None:
         if self._stall_timer is not None:
@@ -125,8 +132,14 @@ class Wire(asyncio.Protocol):
 
     def _stalled(self) -> None:
         self._stall_timer = None
-        if self.backlogged and self.on_stall is not None:
-            self.on_stall()
+        if not self.backlogged or self.on_stall is None:
+            return
+        if self._unsent() < self._stall_mark:
+            # The peer took bytes since the timer was armed: it reads slowly (a big frame
+            # to a slow host), it has not stopped. Its clock starts again.
+            self._arm_stall()
+            return
+        self.on_stall()
 
     # -- the connection's side -----------------------------------------------------------
 

@@ -260,3 +260,55 @@ def test_layering_no_import_cycles() -> None:
         if name not in state:
             walk(name)
     assert [" -> ".join(c) for c in cycles] == []
+
+
+#: The faces: they translate shapes and call the service, nothing below it.
+_FACES = ("daemon/methods.py", "daemon/mcp_session.py", "daemon/mcp_socket.py", "daemon/mcp_mapping.py")
+#: What only the service core may reach: lookup, validation, classification, the run.
+_CORE_ONLY = frozenset({
+    "toolsetd.daemon.policy", "toolsetd.daemon.paths", "toolsetd.daemon.validation",
+    "toolsetd.daemon.registry", "toolsetd.daemon.argv",
+})
+
+
+def _calls(path: Path) -> Iterator[tuple[str, int]]:
+    """Every called name or attribute in a file: ``classify(...)`` and ``x.run(...)``."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name):
+                yield func.id, node.lineno
+            elif isinstance(func, ast.Attribute):
+                yield func.attr, node.lineno
+
+
+def test_layering_faces_reach_the_core_only_through_the_service() -> None:
+    """No face imports the policy, the paths, the validators, the registry or argv."""
+    bad = [
+        str(imp)
+        for face in _FACES
+        for imp in _imports(_ROOT / face)
+        if any(_under(imp.module, core) for core in _CORE_ONLY)
+    ]
+    assert bad == []
+
+
+def test_layering_one_invoke_and_policy_path() -> None:
+    """Only the service classifies a call, checks its schema, enforces and runs it."""
+    owners: dict[str, set[str]] = {}
+    for path in _sources("daemon"):
+        for name, _ in _calls(path):
+            if name in {"classify", "errors", "_enforce", "run"}:
+                owners.setdefault(name, set()).add(_rel(path))
+    assert owners["_enforce"] == {"daemon/service.py"}
+    # ``classify`` is defined in policy.py; the service is its one caller.
+    assert owners["classify"] - {"daemon/policy.py"} == {"daemon/service.py"}
+    # ``Runner.run`` and ``ArgumentValidators.errors``: called by the service alone.
+    assert "daemon/service.py" in owners["run"]
+    assert not owners["run"] & set(_FACES)
+    assert not owners["errors"] & set(_FACES)
+    # The runner's event bookkeeping has one implementation: the service's.
+    bookkeepers = [
+        _rel(path) for path in _sources("daemon") if "started_sent" in path.read_text()
+    ]
+    assert bookkeepers == ["daemon/service.py"]

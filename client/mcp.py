@@ -1,0 +1,333 @@
+"""``toolsetctl mcp``: an MCP server on stdin/stdout, pumped to the daemon's socket.
+
+Theory of operation
+-------------------
+MCP hosts spawn their stdio servers once per session, so this process must answer fast:
+it imports the standard library only (no anyio, no pydantic, no MCP SDK) and does no MCP
+itself. The daemon speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
+
+1. Parse the few options by hand (``argparse`` alone would cost a tenth of the budget).
+2. Connect to the socket. When nobody answers and ``--no-autostart`` is not given, start
+   ``toolsetd`` in the background on that socket with the default home, in its own
+   session with its log in a file beside the socket (said on stderr), and wait for it to
+   answer. A failure is one line on stderr and exit code 5.
+3. Send ``mcp.bind`` (workspace, catalog, mode, headless) as the first frame, and at once
+   start copying stdin to the socket: the host's first request follows the bind frame
+   in the same stream, and the daemon reads it as MCP.
+4. Copy the socket to stdout, except the bind's own response (the first line), which is
+   read here: an error there (a bad workspace or mode) is printed on stderr, exit 2.
+5. When stdin closes, shut down the socket's sending side: the daemon cancels this
+   host's calls and closes the connection; the pump exits when the socket closes (or
+   after ``_EXIT_GRACE`` seconds). When the daemon closes first (it stopped, or a line was
+   over its size limit), the pump says so on stderr and exits 5.
+
+Frames are copied as bytes, unparsed; the daemon answers garbage with JSON-RPC errors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+
+__all__ = ["default_socket_path", "main"]
+
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 5
+_BIND_ID = "toolsetctl-mcp-bind"
+#: ``_pump_socket``: the daemon closed the bound connection (main decides what it means).
+_DAEMON_CLOSED = -1
+_START_TIMEOUT = 15.0
+_EXIT_GRACE = 10.0
+_USAGE = (
+    "usage: toolsetctl [--socket PATH] [--workspace DIR] mcp [--catalog plan|work] "
+    "[--mode MODE] [--headless] [--no-autostart]"
+)
+_HELP = f"""{_USAGE}
+
+Serve the tool sets of one workspace to an MCP host on stdin/stdout, e.g.
+  claude mcp add tools -- toolsetctl mcp
+
+options:
+  --socket PATH      the daemon's socket (env TOOLSETD_SOCKET)
+  --workspace DIR    the workspace (default: the current directory)
+  --catalog C        only the tools of catalog plan or work
+  --mode MODE        the approval mode (default: default)
+  --headless         nobody can be asked: calls that need approval are denied
+  --no-autostart     fail instead of starting toolsetd when none answers
+"""
+
+
+def default_socket_path(env: Mapping[str, str] | None = None) -> str:
+    """Return the socket path: ``$TOOLSETD_SOCKET``, else the runtime-dir default.
+
+    Args:
+        env: The environment (``os.environ`` when None).
+
+    Returns:
+        ``$TOOLSETD_SOCKET``, else ``$XDG_RUNTIME_DIR/toolsetd/toolsetd.sock``, else
+        ``/tmp/toolsetd-<uid>/toolsetd.sock``.
+    """
+    env = os.environ if env is None else env
+    if env.get("TOOLSETD_SOCKET"):
+        return env["TOOLSETD_SOCKET"]
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime):
+        return os.path.join(runtime, "toolsetd", "toolsetd.sock")
+    return f"/tmp/toolsetd-{os.geteuid()}/toolsetd.sock"  # noqa: S108 -- the contract's default
+
+
+class _Usage(Exception):
+    """A command-line mistake (exit 2)."""
+
+
+def _parse(argv: Sequence[str]) -> dict[str, object]:
+    """The options of ``toolsetctl ... mcp ...`` (globals before or after ``mcp``)."""
+    options: dict[str, object] = {"headless": False, "autostart": True}
+    valued = {
+        "--socket": "socket",
+        "--workspace": "workspace",
+        "--catalog": "catalog",
+        "--mode": "mode",
+        "--home": "home",
+        "--format": "format",
+    }
+    seen_mcp = False
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        name, eq, inline = arg.partition("=")
+        if name in valued:
+            if eq:
+                value = inline
+            elif i + 1 < len(args):
+                i += 1
+                value = args[i]
+            else:
+                raise _Usage(f"{name} needs a value")
+            options[valued[name]] = value
+        elif arg == "--headless":
+            options["headless"] = True
+        elif arg == "--no-autostart":
+            options["autostart"] = False
+        elif arg in ("-h", "--help"):
+            options["help"] = True
+        elif arg == "mcp" and not seen_mcp:
+            seen_mcp = True
+        else:
+            raise _Usage(f"unrecognized argument: {arg}")
+        i += 1
+    if options.get("catalog") not in (None, "plan", "work"):
+        raise _Usage("--catalog must be plan or work")
+    return options
+
+
+def _connect(path: str) -> socket.socket | None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError:
+        sock.close()
+        return None
+    return sock
+
+
+def _start_daemon(path: str) -> socket.socket:
+    """Start ``toolsetd`` on ``path`` and connect to it; raises OSError with one line."""
+    import subprocess  # only on this path: it costs milliseconds
+
+    folder = os.path.dirname(path) or "."
+    try:
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise OSError(f"cannot create the socket folder {folder}: {exc.strerror}") from None
+    log_path = os.path.join(folder, "toolsetd.log")
+    sys.stderr.write(f"toolsetctl mcp: starting toolsetd on {path}; its log is {log_path}\n")
+    sys.stderr.flush()
+    with open(log_path, "ab") as log_file:
+        daemon = subprocess.Popen(  # noqa: TID251 -- a detached daemon, not a child we wait on
+            [sys.executable, "-m", "toolsetd.daemon", "--socket", path],
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=log_file,
+            start_new_session=True,  # the host may kill the pump's group: not the daemon's
+            close_fds=True,
+            cwd="/",  # hold no workspace open
+        )
+    deadline = time.monotonic() + _START_TIMEOUT
+    while time.monotonic() < deadline:
+        sock = _connect(path)
+        if sock is not None:
+            return sock
+        if daemon.poll() is not None:
+            sock = _connect(path)  # another pump's daemon may have won the race
+            if sock is not None:
+                return sock
+            raise OSError(
+                f"toolsetd exited with code {daemon.returncode} while starting: "
+                f"{_last_line(log_path)} (log: {log_path})"
+            )
+        time.sleep(0.01)
+    raise OSError(
+        f"toolsetd did not answer on {path} within {_START_TIMEOUT:.0f} s (log: {log_path})"
+    )
+
+
+def _last_line(log_path: str) -> str:
+    """The last log line's event or message, for the one line a host shows."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            lines = [
+                line for line in f.read().decode(errors="replace").splitlines() if line.strip()
+            ]
+    except OSError:
+        return "no log"
+    if not lines:
+        return "no log output"
+    last = lines[-1]
+    try:
+        event = json.loads(last)
+    except ValueError:
+        return last[:300]
+    if isinstance(event, dict):
+        return str(event.get("message") or event.get("error") or event.get("event") or last)[:300]
+    return last[:300]
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
+    """stdin to the socket; at EOF, half-close it so the daemon cancels this host's calls."""
+    try:
+        while True:
+            data = os.read(0, 65536)
+            if not data:
+                break
+            sock.sendall(data)
+    except OSError:
+        pass
+    stdin_closed.set()
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+    # The daemon closes the connection once the calls are cancelled; do not outwait it.
+    timer = threading.Timer(_EXIT_GRACE, os._exit, (EXIT_OK,))
+    timer.daemon = True
+    timer.start()
+
+
+def _bind_error(line: bytes) -> str | None:
+    """None when the bind's response is a success, else the message to print."""
+    try:
+        reply = json.loads(line)
+    except ValueError:
+        return "the daemon's answer to mcp.bind is not JSON"
+    if isinstance(reply, dict) and isinstance(reply.get("result"), dict):
+        return None
+    error = reply.get("error") if isinstance(reply, dict) else None
+    if isinstance(error, dict):
+        if error.get("code") == -32601:
+            return (
+                "this toolsetd does not serve MCP (mcp.bind is unknown): upgrade it and restart it"
+            )
+        return str(error.get("message"))
+    return "unexpected answer to mcp.bind"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the pump; returns the exit code (see the module docstring)."""
+    try:
+        options = _parse(sys.argv[1:] if argv is None else argv)
+    except _Usage as exc:
+        sys.stderr.write(f"{_USAGE}\ntoolsetctl mcp: error: {exc}\n")
+        return EXIT_USAGE
+    if options.get("help"):
+        sys.stdout.write(_HELP)
+        return EXIT_OK
+    path = str(options.get("socket") or default_socket_path())
+    workspace = os.path.abspath(str(options.get("workspace") or os.getcwd()))
+    sock = _connect(path)
+    if sock is None:
+        if not options["autostart"]:
+            sys.stderr.write(
+                f"toolsetctl mcp: toolsetd is not running at {path} (--no-autostart is set): "
+                "start it with `toolsetd` or `systemctl --user start toolsetd.socket`\n"
+            )
+            return EXIT_UNREACHABLE
+        try:
+            sock = _start_daemon(path)
+        except OSError as exc:
+            sys.stderr.write(f"toolsetctl mcp: cannot start toolsetd: {exc}\n")
+            return EXIT_UNREACHABLE
+    params: dict[str, object] = {"workspace": workspace, "headless": options["headless"]}
+    if options.get("catalog"):
+        params["catalog"] = options["catalog"]
+    if options.get("mode"):
+        params["mode"] = options["mode"]
+    bind = {"jsonrpc": "2.0", "id": _BIND_ID, "method": "mcp.bind", "params": params}
+    try:
+        sock.sendall(json.dumps(bind).encode() + b"\n")
+    except OSError as exc:
+        sys.stderr.write(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
+        return EXIT_UNREACHABLE
+    stdin_closed = threading.Event()
+    threading.Thread(target=_pump_stdin, args=(sock, stdin_closed), daemon=True).start()
+    code = _pump_socket(sock, path)
+    if code == _DAEMON_CLOSED:
+        if stdin_closed.is_set():
+            return EXIT_OK
+        # The daemon ended the session while the host was still there (it stopped, or the
+        # host sent a line over the size limit): say so, the host shows it.
+        sys.stderr.write(f"toolsetctl mcp: toolsetd at {path} closed the connection\n")
+        return EXIT_UNREACHABLE
+    return code
+
+
+def _pump_socket(sock: socket.socket, path: str) -> int:
+    """The socket to stdout, after reading the bind's response off the front."""
+    pending = b""
+    bound = False
+    try:
+        while True:
+            data = sock.recv(1 << 20)
+            if not data:
+                break
+            if not bound:
+                pending += data
+                newline = pending.find(b"\n")
+                if newline < 0:
+                    continue
+                error = _bind_error(pending[:newline])
+                if error is not None:
+                    sys.stderr.write(f"toolsetctl mcp: {error}\n")
+                    return EXIT_USAGE
+                bound = True
+                data, pending = pending[newline + 1 :], b""
+                if not data:
+                    continue
+            _write_all(1, data)
+    except BrokenPipeError:
+        return EXIT_OK  # the host stopped reading: it is gone
+    except OSError as exc:
+        sys.stderr.write(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
+        return EXIT_UNREACHABLE
+    if not bound:
+        sys.stderr.write(
+            f"toolsetctl mcp: toolsetd at {path} closed the connection before binding\n"
+        )
+        return EXIT_UNREACHABLE
+    return _DAEMON_CLOSED

@@ -1,0 +1,483 @@
+"""The MCP face's shapes: tools, results, progress, approvals (pure but for the clock).
+
+Theory of operation
+-------------------
+``mcp_session.py`` decides what to do with a request; this module says how toolsetd's
+values look in MCP (contract section 7, the table in ``docs/mcp.md``):
+
+* ``ToolPages``: ``tools/list`` entries of a catalog snapshot, computed once per snapshot
+  and catalog filter, ordered by name (deterministic), paged by an opaque cursor that
+  names the snapshot it was cut from (a cursor of an older snapshot is -32602: list
+  again). Each entry: ``name``, ``description``, ``inputSchema`` exactly as declared,
+  ``annotations`` (``readOnlyHint: false``, ``destructiveHint: true``: every external
+  tool has write authority), ``_meta`` with ``toolsetd/set``, ``toolsetd/source``,
+  ``toolsetd/hash``.
+* results: a run's content and ``isError`` as they are (text and image blocks have the
+  same shape in both); a schema or fence refusal and a ``deny`` are ``isError`` results
+  whose text names each JSON Pointer (SEP-1303: the model can correct itself).
+* ``ProgressSink``: the service's call events as ``notifications/progress`` on the
+  request's token. ``progress`` is in percent when the tool reports a fraction (with
+  ``total: 100``); a report that would not increase it (a tick, a message, a fraction
+  that went back) is nudged up by a millionth, so ``progress`` increases strictly and
+  the percentage still reads true. A line the tool wrote is never dropped (the sink waits
+  for the peer instead); a periodic tick may be, for a peer that is behind.
+* approvals: the ``elicitation/create`` params that show the classification (reason,
+  scope, paths, arguments); the 2026-07-28 input-required result with a ``requestState``
+  signed by ``StateSigner`` (HMAC-SHA256 over the approved classification's digest, the
+  host's binding, the tool, the arguments' digest and an expiry), and reading the retry.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from toolsetd.protocol import errors as rpc_errors
+
+from .model import Catalog, CatalogName
+from .runner import CallOutcome
+from .service import Completion, ProgressReport
+
+__all__ = [
+    "APPROVAL_KEY",
+    "Answer",
+    "McpError",
+    "ProgressSink",
+    "StateSigner",
+    "ToolPages",
+    "approval_answer",
+    "approval_unavailable_result",
+    "call_result",
+    "can_elicit",
+    "changed_result",
+    "declined_result",
+    "elicitation_params",
+    "input_required_result",
+    "refusal_result",
+]
+
+#: The key of toolsetd's one input request in an input-required result.
+APPROVAL_KEY = "toolsetd_approval"
+_ANNOTATIONS = {"readOnlyHint": False, "destructiveHint": True}
+_NUDGE = 1e-6
+_MAX_SHOWN_ARGUMENTS = 2000
+
+
+class McpError(Exception):
+    """A JSON-RPC error answer of the MCP face (its codes are MCP's, not toolsetd's)."""
+
+    def __init__(self, code: int, message: str, data: Any = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.data = data
+
+    def to_error(self) -> dict[str, Any]:
+        """The JSON-RPC ``error`` member."""
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.data is not None:
+            error["data"] = self.data
+        return error
+
+
+# -- tools/list ----------------------------------------------------------------------------
+
+
+class ToolPages:
+    """``tools/list`` entries per catalog snapshot and filter, computed once each."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[int, str | None], tuple[Catalog, list[dict[str, Any]], str]] = {}
+
+    def entries(self, catalog: Catalog, wanted: str | None) -> tuple[list[dict[str, Any]], str]:
+        """Every entry of ``catalog`` (in ``wanted`` when given), by name, and its tag."""
+        key = (id(catalog), wanted)
+        cached = self._cache.get(key)
+        if cached is not None and cached[0] is catalog:
+            return cached[1], cached[2]
+        want = CatalogName(wanted) if wanted else None
+        tools: list[dict[str, Any]] = [
+            {
+                "name": loaded.tool.name,
+                "description": loaded.tool.description,
+                "inputSchema": loaded.tool.schema,
+                "annotations": _ANNOTATIONS,
+                "_meta": {
+                    "toolsetd/set": loaded.toolset.directory,
+                    "toolsetd/source": loaded.toolset.source.value,
+                    "toolsetd/hash": loaded.hash,
+                },
+            }
+            for _, loaded in sorted(catalog.tools.items())
+            if want is None or want in loaded.tool.catalogs
+        ]
+        tag = hashlib.sha256(
+            "\n".join(t["_meta"]["toolsetd/hash"] for t in tools).encode()
+        ).hexdigest()[:16]
+        if len(self._cache) > 64:
+            self._cache.clear()
+        self._cache[key] = (catalog, tools, tag)
+        return tools, tag
+
+    def page(
+        self, catalog: Catalog, wanted: str | None, cursor: Any, size: int
+    ) -> tuple[list[dict[str, Any]], str | None]:
+        """One page from ``cursor`` (None: the first) and the next page's cursor.
+
+        Raises:
+            McpError: -32602 for a cursor that is not ours or of an older catalog.
+        """
+        tools, tag = self.entries(catalog, wanted)
+        start = 0
+        if cursor is not None:
+            start = _read_cursor(cursor, tag)
+        end = start + size
+        return tools[start:end], (_cursor(tag, end) if end < len(tools) else None)
+
+
+def _cursor(tag: str, offset: int) -> str:
+    return base64.urlsafe_b64encode(f"{tag}:{offset}".encode()).decode()
+
+
+def _read_cursor(cursor: Any, tag: str) -> int:
+    try:
+        text = base64.urlsafe_b64decode(str(cursor).encode()).decode()
+        seen, offset = text.split(":")
+        value = int(offset)
+    except (ValueError, UnicodeDecodeError):
+        raise McpError(
+            -32602,
+            "Invalid params: 'cursor' is not a cursor toolsetd gave out; list again without it.",
+            {"field": "cursor"},
+        ) from None
+    if seen != tag:
+        raise McpError(
+            -32602,
+            "Invalid params: 'cursor' belongs to a tool list that has "
+            "changed since; list again without it.",
+            {"field": "cursor"},
+        )
+    return max(value, 0)
+
+
+# -- results -------------------------------------------------------------------------------
+
+
+def _text_result(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": True}
+
+
+def call_result(outcome: CallOutcome) -> dict[str, Any]:
+    """A run's ``CallToolResult``: its content and ``isError`` as they are."""
+    return {
+        "content": [dict(block) for block in outcome.content],
+        "isError": outcome.is_error,
+        "_meta": {
+            "toolsetd/status": outcome.status,
+            "toolsetd/exitCode": outcome.exit_code,
+            "toolsetd/truncated": outcome.truncated,
+            "toolsetd/outputPath": outcome.output_path,
+        },
+    }
+
+
+def refusal_result(exc: rpc_errors.RpcError) -> dict[str, Any]:
+    """A schema or fence refusal, or a ``deny``, as an ``isError`` result the model reads."""
+    lines = [exc.message]
+    data = exc.data if isinstance(exc.data, dict) else {}
+    errors = data.get("errors")
+    if isinstance(errors, list) and len(errors) > 1:
+        lines.append("Every problem (JSON Pointer into the arguments: message):")
+        lines.extend(
+            f"- {e.get('path') or '(the arguments object)'}: {e.get('message')}" for e in errors
+        )
+    return _text_result("\n".join(lines))
+
+
+def declined_result(action: str) -> dict[str, Any]:
+    """The operator did not approve (declined, cancelled, no answer): the call did not run."""
+    why = {
+        "decline": "The operator declined this call",
+        "cancel": "The operator cancelled the approval request",
+        "timeout": "The operator did not answer the approval request in time",
+    }.get(action, "The host could not ask the operator for approval")
+    return _text_result(f"{why}; it did not run. Do not retry it unless the operator asks you to.")
+
+
+def changed_result() -> dict[str, Any]:
+    """The call classifies differently from what the operator approved."""
+    return _text_result(
+        "The call changed while the operator was asked (a tool set or a path changed), so the "
+        "approval no longer matches it; it did not run. Call the tool again to ask anew."
+    )
+
+
+def approval_unavailable_result(classification: dict[str, Any]) -> dict[str, Any]:
+    """An ask or review this host cannot put to the operator (no elicitation)."""
+    tool = classification.get("tool", "?")
+    reason = classification.get("reason", "")
+    if classification.get("requirePrompt"):
+        how = (
+            "It touches a path only the operator may allow, one call at a time, so no mode or "
+            "grant passes it: the operator can run it with `toolsetctl invoke "
+            f"{tool} --args '<json>' --approve` in the workspace."
+        )
+    else:
+        how = (
+            "To allow it, the operator can run it with `toolsetctl invoke "
+            f"{tool} --args '<json>' --approve`, register this server with a mode that "
+            "allows it (`toolsetctl mcp --mode full` runs workspace calls unasked), or use "
+            "an MCP host that supports elicitation, which asks the operator."
+        )
+    return _text_result(
+        f"Approval required: {reason} This MCP host did not declare elicitation, so toolsetd "
+        f"cannot ask the operator; the call did not run. {how}"
+    )
+
+
+# -- approvals -----------------------------------------------------------------------------
+
+
+def can_elicit(capabilities: dict[str, Any]) -> bool:
+    """Whether the client declared form elicitation (an empty object means form)."""
+    elicitation = capabilities.get("elicitation")
+    if not isinstance(elicitation, dict):
+        return False
+    return not elicitation or "form" in elicitation or "url" not in elicitation
+
+
+def approval_message(classification: dict[str, Any]) -> str:
+    """What the operator is shown: the tool, the reason, the scope, paths and arguments."""
+    source = classification.get("source", "")
+    lines = [
+        f"Allow the tool '{classification.get('tool')}' (set '{classification.get('set')}', "
+        f"{source}) to run?",
+        f"Why you are asked: {classification.get('reason', '')}",
+        f"Scope: {classification.get('scope')}; authority: {classification.get('authority')}.",
+    ]
+    paths = classification.get("paths") or []
+    if paths:
+        lines.append("Paths:")
+        lines.extend(
+            f"- {p.get('argument')}: {p.get('value')} -> {p.get('resolved')} ({p.get('scope')})"
+            for p in paths
+        )
+    shown = orjson.dumps(classification.get("arguments")).decode()
+    if len(shown) > _MAX_SHOWN_ARGUMENTS:
+        shown = shown[:_MAX_SHOWN_ARGUMENTS] + " ..."
+    lines.append(f"Arguments: {shown}")
+    if classification.get("requirePrompt"):
+        lines.append("This call reaches a forbidden path: only your explicit accept passes it.")
+    lines.append("Accept runs this call once; decline refuses it.")
+    return "\n".join(lines)
+
+
+def elicitation_params(classification: dict[str, Any], *, with_mode: bool) -> dict[str, Any]:
+    """``elicitation/create`` params asking to approve one call (an empty form)."""
+    params: dict[str, Any] = {
+        "message": approval_message(classification),
+        "requestedSchema": {"type": "object", "properties": {}},
+    }
+    if with_mode:
+        params = {"mode": "form", **params}
+    return params
+
+
+class StateSigner:
+    """Signs and checks approval ``requestState``s (HMAC-SHA256, a key per daemon).
+
+    Args:
+        ttl_seconds: How long a state stays valid.
+        key: The HMAC key (random by default; tests pass one).
+        clock: The wall clock (``time.time``).
+    """
+
+    def __init__(
+        self,
+        ttl_seconds: float,
+        key: bytes | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._key = key or os.urandom(32)
+        self._ttl = ttl_seconds
+        self._clock = clock
+
+    def sign(self, payload: dict[str, Any]) -> str:
+        """A state carrying ``payload`` and an expiry."""
+        body = orjson.dumps({**payload, "x": self._clock() + self._ttl})
+        mac = hmac.new(self._key, body, hashlib.sha256).digest()
+        return f"{_b64(body)}.{_b64(mac)}"
+
+    def verify(self, state: Any) -> dict[str, Any] | None:
+        """The payload of a state we signed, None when it expired.
+
+        Raises:
+            McpError: -32602 when the state is not one we signed unchanged.
+        """
+        try:
+            body_text, mac_text = str(state).split(".")
+            body, mac = _unb64(body_text), _unb64(mac_text)
+        except ValueError:
+            body, mac = b"", b""
+        expected = hmac.new(self._key, body, hashlib.sha256).digest()
+        if not body or not hmac.compare_digest(mac, expected):
+            raise McpError(
+                -32602,
+                "Invalid params: 'requestState' is not a state toolsetd gave "
+                "out, or it was changed; call the tool again without it.",
+                {"field": "requestState"},
+            )
+        payload: dict[str, Any] = orjson.loads(body)
+        if float(payload.get("x", 0)) < self._clock():
+            return None
+        return payload
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).decode().rstrip("=")
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def _call_key(binding_key: str, tool: str, arguments: Any) -> str:
+    try:
+        args = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
+    except TypeError:
+        args = repr(arguments).encode()
+    return hashlib.sha256(
+        binding_key.encode() + b"\x00" + tool.encode() + b"\x00" + args
+    ).hexdigest()
+
+
+def input_required_result(
+    signer: StateSigner,
+    classification: dict[str, Any],
+    digest: str,
+    binding_key: str,
+    tool: str,
+    arguments: Any,
+) -> dict[str, Any]:
+    """The 2026-07-28 ``InputRequiredResult``: ask the operator, then retry with the state."""
+    return {
+        "resultType": "input_required",
+        "inputRequests": {
+            APPROVAL_KEY: {
+                "method": "elicitation/create",
+                "params": elicitation_params(classification, with_mode=True),
+            }
+        },
+        "requestState": signer.sign({"d": digest, "c": _call_key(binding_key, tool, arguments)}),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What a 2026-07-28 retry says about the approval.
+
+    Attributes:
+        digest: The approved classification's digest (None: ask again).
+        declined: The operator declined or cancelled.
+        action: The operator's action as sent.
+    """
+
+    digest: str | None
+    declined: bool = False
+    action: str = ""
+
+
+def approval_answer(
+    signer: StateSigner, params: dict[str, Any], binding_key: str, tool: str, arguments: Any
+) -> Answer:
+    """Read a retry's ``requestState`` and ``inputResponses``.
+
+    Raises:
+        McpError: -32602 for a state we did not sign, or one signed for another call.
+    """
+    state = params.get("requestState")
+    if state is None:
+        return Answer(None)
+    payload = signer.verify(state)
+    if payload is None:
+        return Answer(None)  # expired: ask again
+    if payload.get("c") != _call_key(binding_key, tool, arguments):
+        raise McpError(
+            -32602,
+            "Invalid params: 'requestState' was given out for another call "
+            "(tool or arguments differ); call the tool again without it.",
+            {"field": "requestState"},
+        )
+    responses = params.get("inputResponses")
+    answer = responses.get(APPROVAL_KEY) if isinstance(responses, dict) else None
+    action = answer.get("action") if isinstance(answer, dict) else None
+    if action == "accept":
+        return Answer(str(payload.get("d")), action="accept")
+    if action in ("decline", "cancel"):
+        return Answer(None, declined=True, action=str(action))
+    return Answer(None)
+
+
+# -- progress ------------------------------------------------------------------------------
+
+
+class _Poster:
+    """What the sink needs of an outbox (``mcp_session.Outbox``)."""
+
+    def post(self, message: dict[str, Any], *, droppable: bool = False) -> None: ...
+
+    async def drained(self) -> None: ...
+
+
+class ProgressSink:
+    """The service's call events as ``notifications/progress`` on one request's token.
+
+    Args:
+        outbox: Where the notifications go.
+        token: The request's ``progressToken`` (None: no progress is sent).
+        cancelled: Whether the request was cancelled (then nothing more is sent).
+    """
+
+    def __init__(self, outbox: Any, token: Any, cancelled: Callable[[], bool]) -> None:
+        self._outbox = outbox
+        self._token = token
+        self._cancelled = cancelled
+        self._last: float | None = None
+
+    async def started(self, call_id: str, loaded: Any, pid: int) -> None:
+        """Nothing: MCP has no started event."""
+
+    async def completed(self, call_id: str, completion: Completion) -> None:
+        """Nothing: the response follows."""
+
+    async def progress(self, call_id: str, report: ProgressReport) -> None:
+        """One ``notifications/progress``; a line the tool wrote waits for the peer."""
+        if self._token is None or self._cancelled():
+            return
+        last = self._last
+        value = last if last is not None else 0.0
+        if report.fraction is not None:
+            value = min(max(report.fraction, 0.0), 1.0) * 100.0
+        if last is not None and value <= last:
+            value = last + _NUDGE
+        self._last = value
+        params: dict[str, Any] = {"progressToken": self._token, "progress": value}
+        if report.fraction is not None:
+            params["total"] = 100
+        if report.message is not None:
+            params["message"] = report.message
+        elif report.queued:
+            params["message"] = "waiting for a free runner slot"
+        message = {"jsonrpc": "2.0", "method": "notifications/progress", "params": params}
+        if report.reported:
+            self._outbox.post(message)
+            await self._outbox.drained()
+        else:
+            self._outbox.post(message, droppable=True)

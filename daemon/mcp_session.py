@@ -1,0 +1,648 @@
+"""The MCP face: one MCP session per bound host, independent of the transport.
+
+Interface (for every transport: the Unix socket and stdio pump, Streamable HTTP)
+---------------------------------------------------------------------------------
+``McpServer(service, settings)`` is built once per daemon (it holds the key that signs
+approval states). ``server.session(binding, outbox, calls)`` opens one ``McpSession``:
+
+* ``binding``: ``Binding(workspace, catalog, mode, headless)``: the one workspace (a
+  canonical path), catalog and approval mode this host sees. ``Binding.from_params``
+  checks raw values.
+* ``outbox``: an ``Outbox``, where the session sends messages that no response carries:
+  ``post(message, droppable=False)`` commits one JSON-RPC message and never waits
+  (``droppable`` for periodic progress a slow peer may miss); ``await drained()``
+  returns once the peer has taken what was posted (the session waits on it after each
+  progress line a tool reported, so a tool that floods its progress fd is slowed down
+  rather than any line lost).
+* ``calls``: the transport's own map of in-flight call ids to cancel events; the
+  transport sets them all when the host goes away.
+
+Then, for each JSON-RPC message from the host: ``response = await session.receive(message,
+outbox=None)``. ``message`` is one decoded JSON value (a request, a notification, a
+response to a request of ours, or garbage); ``response`` is the JSON-RPC response to send,
+or None (notifications, responses, a cancelled request). Messages that belong to the
+request (``notifications/progress``, the legacy ``elicitation/create`` request) go to
+the given ``outbox``, else to the session's; for HTTP that is the request's own stream.
+``receive`` may be called concurrently (one task per message): a ``tools/call`` runs for
+as long as the tool does. ``session.close()`` is for when the host is gone: in-flight calls
+are cancelled, waits for an elicitation answer end, subscriptions stop.
+
+Theory of operation
+-------------------
+Both protocol eras are served on one session, decided per request:
+
+* a request whose ``_meta`` carries ``io.modelcontextprotocol/protocolVersion`` is served
+  statelessly by the 2026-07-28 rules (capabilities from the same ``_meta``; results carry
+  ``resultType`` and ``serverInfo``; ``tools/list`` carries ``ttlMs`` and ``cacheScope``;
+  ``subscriptions/listen`` opens the list_changed stream; approvals are input-required
+  results whose ``requestState`` is signed). A version we do not serve is -32022;
+* ``initialize`` (2025-06-18 or 2025-11-25) opens the legacy era for the session: its
+  capabilities count for the requests after it, ``notifications/tools/list_changed`` go to
+  the session's outbox, approvals are ``elicitation/create`` requests to the host;
+* ``server/discover`` and ``ping`` need neither, so a host may probe ``server/discover``
+  and then send ``initialize``;
+* any other request without either is -32602, saying what to send first.
+
+Everything a call means is the service's (``Service.invoke``); the mapping of its shapes
+is in ``mcp_mapping.py``. The bookkeeping here is the MCP protocol's own: which requests
+are in flight (for ``notifications/cancelled``: the call's cancel event is set, the
+process group ends as any cancelled call's does, and no response or progress goes out for
+it afterwards), the requests we sent the host (elicitation), and listen subscriptions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import structlog
+from toolsetd.protocol import __version__
+from toolsetd.protocol import errors as rpc_errors
+
+from . import mcp_mapping as mapping
+from .mcp_mapping import McpError
+from .service import CatalogListener, InvokeRequest, Service, approval_digest
+
+__all__ = ["Binding", "McpServer", "McpSession", "McpSettings", "Outbox"]
+
+log = structlog.get_logger("toolsetd.mcp")
+
+#: Legacy revisions answered by ``initialize``, newest first.
+HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18")
+#: Stateless revisions served by per-request ``_meta``.
+MODERN_VERSIONS = ("2026-07-28",)
+SUPPORTED_VERSIONS = (*MODERN_VERSIONS, *HANDSHAKE_VERSIONS)
+
+_PV = "io.modelcontextprotocol/protocolVersion"
+_CAPS = "io.modelcontextprotocol/clientCapabilities"
+_SERVER_INFO = "io.modelcontextprotocol/serverInfo"
+_SUBSCRIPTION = "io.modelcontextprotocol/subscriptionId"
+_SERVER = {"name": "toolsetd", "version": __version__}
+_INSTRUCTIONS = (
+    "The operator's external tools for this workspace (toolsetd). Every tool may write; "
+    "calls that need approval are put to the operator."
+)
+_CAPABILITIES = {"tools": {"listChanged": True}}
+
+
+class Outbox(Protocol):
+    """Where a session sends messages no response carries (see the module docstring)."""
+
+    def post(self, message: dict[str, Any], *, droppable: bool = False) -> None:
+        """Commit one message to the peer, in order; never waits."""
+
+    async def drained(self) -> None:
+        """Return once the peer has taken every message posted so far (or is gone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class McpSettings:
+    """Limits of the MCP face.
+
+    Attributes:
+        page_size: Tools per ``tools/list`` page.
+        elicitation_timeout: Seconds to wait for the host's answer to an approval request.
+        state_ttl_seconds: How long an input-required approval state stays valid.
+        list_ttl_ms: ``ttlMs`` of ``tools/list`` and ``server/discover`` (2026-07-28).
+    """
+
+    page_size: int = 1000
+    elicitation_timeout: float = 600.0
+    state_ttl_seconds: float = 600.0
+    list_ttl_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """The workspace, catalog and approval mode one host is bound to.
+
+    Attributes:
+        workspace: The canonical workspace.
+        catalog: ``plan``, ``work`` or None (every tool).
+        mode: The approval mode (checked: one of the modes or an alias).
+        headless: Nobody can be asked: ``ask`` becomes ``deny``.
+    """
+
+    workspace: Path
+    catalog: str | None = None
+    mode: str = "default"
+    headless: bool = False
+
+    @classmethod
+    def from_params(cls, params: Any) -> Binding:
+        """Check raw bind params (``workspace``, ``catalog?``, ``mode?``, ``headless?``).
+
+        Raises:
+            InvalidParams, InvalidWorkspace: A value is wrong; the message names it.
+        """
+        if not isinstance(params, dict):
+            raise rpc_errors.InvalidParams("Invalid params: params must be an object.")
+        unknown = sorted(set(params) - {"workspace", "catalog", "mode", "headless"})
+        if unknown:
+            raise rpc_errors.InvalidParams(
+                f"Invalid params: unknown field '{unknown[0]}'; expected workspace, catalog, "
+                "mode, headless.",
+                {"field": unknown[0]},
+            )
+        raw = params.get("workspace")
+        if not isinstance(raw, str):
+            raise rpc_errors.InvalidParams(
+                "Invalid params: 'workspace' must be an absolute path (a string).",
+                {"field": "workspace"},
+            )
+        workspace = Service.workspace(raw)
+        assert workspace is not None
+        catalog = params.get("catalog")
+        if catalog not in (None, "plan", "work"):
+            raise rpc_errors.InvalidParams(
+                "Invalid params: 'catalog' must be 'plan' or 'work'.", {"field": "catalog"}
+            )
+        mode = params.get("mode", "default")
+        if not isinstance(mode, str):
+            raise rpc_errors.InvalidParams(
+                "Invalid params: 'mode' must be a string.", {"field": "mode"}
+            )
+        Service.mode(mode)
+        headless = params.get("headless", False)
+        if type(headless) is not bool:
+            raise rpc_errors.InvalidParams(
+                "Invalid params: 'headless' must be true or false.", {"field": "headless"}
+            )
+        return cls(workspace, catalog, mode, headless)
+
+
+class McpServer:
+    """The daemon-wide MCP core: opens sessions, holds the approval-state key.
+
+    Args:
+        service: The service core.
+        settings: Limits.
+    """
+
+    def __init__(self, service: Service, settings: McpSettings | None = None) -> None:
+        self.service = service
+        self.settings = settings or McpSettings()
+        self.signer = mapping.StateSigner(ttl_seconds=self.settings.state_ttl_seconds)
+        self.pages = mapping.ToolPages()
+        self._ids = itertools.count(1)
+
+    def session(
+        self, binding: Binding, outbox: Outbox, calls: MutableMapping[str, anyio.Event]
+    ) -> McpSession:
+        """Open a session for one host bound to ``binding``."""
+        return McpSession(self, binding, outbox, calls, next(self._ids))
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """One request of the host being served."""
+
+    cancel: anyio.Event = field(default_factory=anyio.Event)
+    cancelled: bool = False
+    #: Cancelled when the request is cancelled while it waits (not while a tool runs:
+    #: the call ends through ``cancel``, the way every cancelled call does).
+    wait_scope: anyio.CancelScope | None = None
+
+
+@dataclass(slots=True)
+class _Asked:
+    """A request we sent the host, waiting for its response."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    response: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Era:
+    """How one request is served: its version and the capabilities it may count on."""
+
+    version: str
+    modern: bool
+    capabilities: dict[str, Any]
+
+
+class McpSession:
+    """One host's MCP session (see the module docstring for the interface)."""
+
+    def __init__(
+        self,
+        server: McpServer,
+        binding: Binding,
+        outbox: Outbox,
+        calls: MutableMapping[str, anyio.Event],
+        number: int,
+    ) -> None:
+        self._server = server
+        self._service = server.service
+        self.binding = binding
+        self._outbox = outbox
+        self._calls = calls
+        self.session_id = f"mcp-{number}-{uuid.uuid4().hex[:8]}"
+        self._call_ids = itertools.count(1)
+        self._asked_ids = itertools.count(1)
+        #: The legacy era's negotiated version (after ``initialize``), else None.
+        self.legacy_version: str | None = None
+        self._legacy_caps: dict[str, Any] = {}
+        self._in_flight: dict[Any, _InFlight] = {}
+        self._asked: dict[Any, _Asked] = {}
+        #: Open ``subscriptions/listen`` requests: request id -> their outbox.
+        self._listens: dict[Any, tuple[Outbox, _InFlight]] = {}
+        self._closed = False
+        listener: CatalogListener = self._catalog_changed
+        self._stop_listening = self._service.listen(binding.workspace, listener)
+
+    # -- the interface -------------------------------------------------------------------
+
+    async def receive(self, message: Any, outbox: Outbox | None = None) -> Any:
+        """Serve one message from the host; returns the response, or None."""
+        out = outbox or self._outbox
+        if type(message) is list:
+            return _error(
+                None,
+                McpError(
+                    -32600,
+                    "Invalid Request: MCP does not take batches; "
+                    "send one JSON-RPC message per line.",
+                ),
+            )
+        if type(message) is not dict:
+            return _error(None, McpError(-32600, "Invalid Request: expected a JSON object."))
+        request_id = message.get("id", _ABSENT)
+        if "method" not in message:
+            if request_id is not _ABSENT and ("result" in message or "error" in message):
+                self._answered(message)  # the host's answer to a request of ours
+                return None
+            return _error(
+                None,
+                McpError(-32600, "Invalid Request: a message needs 'method' (or is a response)."),
+            )
+        if message.get("jsonrpc") != "2.0":
+            return _error(
+                request_id if type(request_id) in (str, int) else None,
+                McpError(-32600, "Invalid Request: 'jsonrpc' must be exactly \"2.0\"."),
+            )
+        if request_id is _ABSENT:
+            await self._notification(message)
+            return None
+        if type(request_id) not in (str, int):
+            return _error(
+                None, McpError(-32600, "Invalid Request: 'id' must be a string or an integer.")
+            )
+        if request_id in self._in_flight:
+            return _error(
+                request_id,
+                McpError(
+                    -32600,
+                    f"Invalid Request: id {request_id!r} is already in flight; use a new id.",
+                ),
+            )
+        flight = self._in_flight[request_id] = _InFlight()
+        try:
+            result = await self._request(request_id, message, out, flight)
+        except McpError as exc:
+            response: Any = _error(request_id, exc)
+        except rpc_errors.RpcError as exc:
+            response = _error(request_id, McpError(exc.code, exc.message, exc.data))
+        except anyio.get_cancelled_exc_class():
+            raise
+        except Exception:
+            incident = uuid.uuid4().hex[:12]
+            log.exception("mcp_request_failed", incident=incident, method=message.get("method"))
+            response = _error(
+                request_id,
+                McpError(
+                    -32603,
+                    f"Internal error (incident {incident}); the daemon log has the details.",
+                    {"incident": incident},
+                ),
+            )
+        else:
+            response = (
+                None if result is None else {"jsonrpc": "2.0", "id": request_id, "result": result}
+            )
+        finally:
+            del self._in_flight[request_id]
+        if flight.cancelled:
+            return None  # no response for a cancelled request
+        return response
+
+    def close(self) -> None:
+        """The host is gone: cancel its calls, end its waits and subscriptions."""
+        if self._closed:
+            return
+        self._closed = True
+        self._stop_listening()
+        for flight in list(self._in_flight.values()):
+            self._cancel(flight)
+        for asked in self._asked.values():
+            asked.done.set()
+
+    # -- dispatch ------------------------------------------------------------------------
+
+    async def _notification(self, message: dict[str, Any]) -> None:
+        method = message.get("method")
+        params = message.get("params")
+        if method == "notifications/cancelled" and isinstance(params, dict):
+            flight = self._in_flight.get(params.get("requestId"))
+            if flight is not None:
+                log.info("mcp_request_cancelled", reason=str(params.get("reason", ""))[:200])
+                self._cancel(flight)
+        # notifications/initialized, roots/list_changed and the like need nothing from us;
+        # unknown notifications are ignored, as JSON-RPC asks.
+
+    def _answered(self, message: dict[str, Any]) -> None:
+        asked = self._asked.get(message.get("id"))
+        if asked is not None:
+            asked.response = message
+            asked.done.set()
+
+    def _cancel(self, flight: _InFlight) -> None:
+        flight.cancelled = True
+        flight.cancel.set()
+        if flight.wait_scope is not None:
+            flight.wait_scope.cancel()
+
+    async def _request(
+        self, request_id: Any, message: dict[str, Any], out: Outbox, flight: _InFlight
+    ) -> Any:
+        method = message.get("method")
+        params = message.get("params", {})
+        if params is None:
+            params = {}
+        if not isinstance(method, str) or not isinstance(params, dict):
+            raise McpError(
+                -32600, "Invalid Request: 'method' must be a string and 'params' an object."
+            )
+        if method == "initialize":
+            return await self._initialize(params)
+        era = self._era(method, params)
+        if method == "ping":
+            return self._complete(era, {})
+        if method == "server/discover":
+            return self._discover(era)
+        if method == "tools/list":
+            return await self._tools_list(era, params)
+        if method == "tools/call":
+            return await self._tools_call(era, params, out, flight)
+        if method == "subscriptions/listen":
+            return await self._listen(era, request_id, params, out, flight)
+        raise McpError(
+            -32601,
+            f"Method not found: '{method}'. toolsetd serves tools only: initialize, ping, "
+            "server/discover, tools/list, tools/call, subscriptions/listen.",
+            {"method": method},
+        )
+
+    def _era(self, method: str, params: dict[str, Any]) -> _Era:
+        meta = params.get("_meta")
+        version = meta.get(_PV) if isinstance(meta, dict) else None
+        if version is not None:
+            if version not in MODERN_VERSIONS:
+                raise McpError(
+                    -32022,
+                    f"Unsupported protocol version {version!r}: toolsetd serves "
+                    f"{', '.join(MODERN_VERSIONS)} per request, and "
+                    f"{', '.join(HANDSHAKE_VERSIONS)} through initialize.",
+                    {"supported": list(SUPPORTED_VERSIONS), "requested": version},
+                )
+            assert isinstance(meta, dict)
+            caps = meta.get(_CAPS)
+            return _Era(version, True, caps if isinstance(caps, dict) else {})
+        if self.legacy_version is not None:
+            return _Era(self.legacy_version, False, self._legacy_caps)
+        if method in ("ping", "server/discover"):
+            return _Era(MODERN_VERSIONS[-1], method == "server/discover", {})
+        raise McpError(
+            -32602,
+            f"Invalid params: '{method}' before initialize: send initialize first (protocol "
+            f"{' or '.join(HANDSHAKE_VERSIONS)}), or carry _meta "
+            f"'{_PV}': '{MODERN_VERSIONS[-1]}' on every request.",
+            {"field": "_meta"},
+        )
+
+    @staticmethod
+    def _complete(era: _Era, result: dict[str, Any]) -> dict[str, Any]:
+        """A result for ``era``: 2026-07-28 adds ``resultType`` (unless set) and serverInfo."""
+        if era.modern:
+            result = {"resultType": "complete", **result}
+            meta = dict(result.get("_meta") or {})
+            meta[_SERVER_INFO] = _SERVER
+            result["_meta"] = meta
+        return result
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        asked = params.get("protocolVersion")
+        version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
+        caps = params.get("capabilities")
+        self._legacy_caps = caps if isinstance(caps, dict) else {}
+        self.legacy_version = version
+        await self._service.catalog(self.binding.workspace)  # the watcher follows it from now
+        return {
+            "protocolVersion": version,
+            "capabilities": _CAPABILITIES,
+            "serverInfo": _SERVER,
+            "instructions": _INSTRUCTIONS,
+        }
+
+    def _discover(self, era: _Era) -> dict[str, Any]:
+        return self._complete(
+            _Era(era.version, True, era.capabilities),
+            {
+                "supportedVersions": list(SUPPORTED_VERSIONS),
+                "capabilities": _CAPABILITIES,
+                "instructions": _INSTRUCTIONS,
+                "ttlMs": self._server.settings.list_ttl_ms,
+                "cacheScope": "private",
+            },
+        )
+
+    # -- tools ---------------------------------------------------------------------------
+
+    async def _tools_list(self, era: _Era, params: dict[str, Any]) -> dict[str, Any]:
+        catalog = await self._service.catalog(self.binding.workspace)
+        tools, cursor = self._server.pages.page(
+            catalog, self.binding.catalog, params.get("cursor"), self._server.settings.page_size
+        )
+        result: dict[str, Any] = {"tools": tools}
+        if cursor is not None:
+            result["nextCursor"] = cursor
+        if era.modern:
+            result["ttlMs"] = self._server.settings.list_ttl_ms
+            result["cacheScope"] = "private"
+        return self._complete(era, result)
+
+    async def _tools_call(
+        self, era: _Era, params: dict[str, Any], out: Outbox, flight: _InFlight
+    ) -> dict[str, Any]:
+        name = params.get("name")
+        if not isinstance(name, str):
+            raise McpError(
+                -32602,
+                "Invalid params: 'name' must be the tool's name (a string).",
+                {"field": "name"},
+            )
+        arguments = params.get("arguments", {})
+        if arguments is None:
+            arguments = {}
+        meta = params.get("_meta")
+        token = meta.get("progressToken") if isinstance(meta, dict) else None
+        binding = self.binding
+        request = InvokeRequest(
+            tool=name,
+            arguments=arguments,
+            workspace=str(binding.workspace),
+            call_id=f"{self.session_id}-{next(self._call_ids)}",
+            catalog=binding.catalog,
+            mode=binding.mode,
+            headless=binding.headless,
+            session=self.session_id,
+            images=True,
+            every_progress_line=True,
+        )
+        if era.modern and ("requestState" in params or "inputResponses" in params):
+            answer = mapping.approval_answer(
+                self._server.signer, params, binding_key(binding), name, arguments
+            )
+            if answer.declined:
+                return self._complete(era, mapping.declined_result(answer.action))
+            request = replace(request, approved_digest=answer.digest)
+        sink = mapping.ProgressSink(out, token, lambda: flight.cancelled)
+        try:
+            return self._complete(era, await self._run(request, sink, flight))
+        except rpc_errors.ApprovalRequired as exc:
+            classification = exc.data if isinstance(exc.data, dict) else {}
+            if not mapping.can_elicit(era.capabilities):
+                return self._complete(era, mapping.approval_unavailable_result(classification))
+            digest = approval_digest(classification)
+            if era.modern:
+                return self._complete(
+                    era,
+                    mapping.input_required_result(
+                        self._server.signer,
+                        classification,
+                        digest,
+                        binding_key(binding),
+                        name,
+                        arguments,
+                    ),
+                )
+            action = await self._elicit(out, flight, classification, era)
+            if action != "accept":
+                return mapping.declined_result(action)
+            request = replace(request, approved_digest=digest)
+            try:
+                return await self._run(request, sink, flight)
+            except rpc_errors.ApprovalRequired:
+                return mapping.changed_result()
+
+    async def _run(
+        self, request: InvokeRequest, sink: mapping.ProgressSink, flight: _InFlight
+    ) -> dict[str, Any]:
+        """Invoke through the service; the policy's refusals become MCP shapes."""
+        try:
+            _, outcome = await self._service.invoke(request, sink, self._calls, flight.cancel)
+        except rpc_errors.UnknownTool as exc:
+            raise McpError(-32602, exc.message, exc.data) from None
+        except (rpc_errors.InvalidArguments, rpc_errors.PolicyDenied) as exc:
+            return mapping.refusal_result(exc)
+        return mapping.call_result(outcome)
+
+    async def _elicit(
+        self, out: Outbox, flight: _InFlight, classification: dict[str, Any], era: _Era
+    ) -> str:
+        """Ask the operator through the host (legacy ``elicitation/create``): the action."""
+        asked_id = f"toolsetd-elicit-{next(self._asked_ids)}"
+        asked = self._asked[asked_id] = _Asked()
+        params = mapping.elicitation_params(classification, with_mode=era.version != "2025-06-18")
+        out.post(
+            {"jsonrpc": "2.0", "id": asked_id, "method": "elicitation/create", "params": params}
+        )
+        try:
+            with anyio.CancelScope() as scope:
+                flight.wait_scope = scope
+                with anyio.move_on_after(self._server.settings.elicitation_timeout):
+                    await asked.done.wait()
+        finally:
+            flight.wait_scope = None
+            del self._asked[asked_id]
+        response = asked.response
+        if response is None:
+            return "timeout" if not flight.cancelled and not self._closed else "cancel"
+        result = response.get("result")
+        if isinstance(result, dict) and result.get("action") in ("accept", "decline", "cancel"):
+            return str(result["action"])
+        return "error"
+
+    # -- list_changed --------------------------------------------------------------------
+
+    async def _listen(
+        self, era: _Era, request_id: Any, params: dict[str, Any], out: Outbox, flight: _InFlight
+    ) -> dict[str, Any] | None:
+        if not era.modern:
+            raise McpError(
+                -32601,
+                "Method not found: 'subscriptions/listen' is a 2026-07-28 "
+                "method; after initialize, list_changed comes unasked.",
+            )
+        wanted = params.get("notifications")
+        honoured = (
+            {"toolsListChanged": True}
+            if isinstance(wanted, dict) and wanted.get("toolsListChanged") is True
+            else {}
+        )
+        out.post(
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/subscriptions/acknowledged",
+                "params": {"_meta": {_SUBSCRIPTION: request_id}, "notifications": honoured},
+            }
+        )
+        if honoured:
+            self._listens[request_id] = (out, flight)
+            # A change is a difference to a snapshot: make sure there is one to differ from.
+            await self._service.catalog(self.binding.workspace)
+        try:
+            with anyio.CancelScope() as scope:
+                flight.wait_scope = scope
+                if self._closed:
+                    scope.cancel()
+                await anyio.sleep_forever()
+        finally:
+            flight.wait_scope = None
+            self._listens.pop(request_id, None)
+        return None  # only reached by cancellation: no response goes out
+
+    async def _catalog_changed(
+        self, key: Path | None, generation: int, changed: Sequence[dict[str, Any]]
+    ) -> None:
+        if self._closed:
+            return
+        if self.legacy_version is not None:
+            self._outbox.post({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
+        for request_id, (out, _) in list(self._listens.items()):
+            out.post(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/tools/list_changed",
+                    "params": {"_meta": {_SUBSCRIPTION: request_id}},
+                }
+            )
+
+
+def binding_key(binding: Binding) -> str:
+    """What an approval state is bound to, besides the call: the host's binding."""
+    return f"{binding.workspace}\x00{binding.catalog}\x00{binding.mode}\x00{binding.headless}"
+
+
+_ABSENT: Any = object()
+
+
+def _error(request_id: Any, exc: McpError) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": request_id, "error": exc.to_error()}

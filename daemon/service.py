@@ -1,0 +1,625 @@
+"""The service core: the one place that looks tools up, judges calls, runs them and reloads.
+
+Theory of operation
+-------------------
+toolsetd has several faces (the native JSON-RPC methods in ``methods.py``, MCP in
+``mcp_session.py``, over the socket or stdio and over HTTP). Each face only translates
+shapes; everything a call *means* happens here, once:
+
+* ``workspace`` checks a raw workspace (absolute, an existing directory) and canonicalises
+  it; ``catalog`` returns its snapshot from the ``Registry`` (built on first use, after
+  which the watcher follows the workspace); ``lookup`` finds a tool in the (requested)
+  catalog.
+* ``prepare`` is the order of the checks every call goes through: workspace, mode, the
+  tool in the catalog, the arguments against the tool's JSON Schema, then
+  ``policy.classify`` (paths resolved and scoped, the decision). ``classify`` answers
+  that; ``invoke`` goes on to enforce it: arguments the fence refuses are
+  InvalidArguments (before anyone is asked), ``deny`` is PolicyDenied, and ``ask`` or
+  ``review`` without approval is ApprovalRequired, whose ``data`` is the classification.
+  An approval is either ``approved=True`` (the native wire) or ``approved_digest``, the
+  ``approval_digest`` of the classification the operator saw: the call then runs only if
+  it still classifies exactly so (MCP asks the operator, who approves *that* call).
+* ``invoke`` then registers the call (daemon-wide in ``calls``, and in the caller's own
+  ``owner_calls`` so a disconnect can cancel it), runs it, and keeps its event
+  bookkeeping: the runner reports ``started`` and ``progress`` through ``_Bookkeeping``,
+  which forwards them to the face's ``CallSink``; once a process started, exactly one
+  ``completed`` follows (shielded, even when the call is cancelled or the runner fails),
+  and only then does ``invoke`` return the outcome. The face answers after that, so its
+  client sees started, progress*, completed, response.
+* ``reload_catalogs`` is the one reload path (RPC, SIGHUP, the watcher): the registry
+  reloads, systemd hears about it, and every ``CatalogListener`` registered for a
+  changed key with ``listen`` is told (native ``catalogChanged``, MCP
+  ``notifications/tools/list_changed``).
+
+Errors are the protocol's ``RpcError`` subclasses; each face maps them to its wire.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import orjson
+import structlog
+from toolsetd.protocol import errors as rpc_errors
+from toolsetd.protocol import models as m
+
+from .model import Catalog, CatalogName, LoadedTool
+from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
+from .paths import ArgumentsError, rewrite_arguments
+from .policy import Classification, classify
+from .registry import Registry, ReloadOutcome
+from .runner import CallOutcome, CallRequest, Runner
+from .sdnotify import Notifier
+from .validation import ArgumentValidators
+
+__all__ = [
+    "CallSink",
+    "CatalogListener",
+    "InvokeRequest",
+    "Prepared",
+    "ProgressReport",
+    "ReloadOutcome",
+    "Service",
+    "ServiceSettings",
+    "approval_digest",
+]
+
+log = structlog.get_logger("toolsetd.service")
+
+_CALL_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+_MAX_LISTED_NAMES = 20
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceSettings:
+    """Facts the service reports or needs.
+
+    Attributes:
+        socket: The socket path served (for ``status``).
+        home: The Crystal home.
+        user_home: The OS user's home, for ``~`` in path arguments.
+    """
+
+    socket: str
+    home: Path
+    user_home: Path
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressReport:
+    """One progress event of a running (or queued) call.
+
+    Attributes:
+        elapsed_ms: Milliseconds since the call began.
+        stdout_bytes: Bytes the child wrote to stdout so far.
+        stderr_bytes: Bytes the child wrote to stderr so far.
+        message: The child's message, if this report carries one.
+        fraction: The child's fraction (0 to 1), if this report carries one.
+        queued: The call still waits for a runner slot.
+    """
+
+    elapsed_ms: int
+    stdout_bytes: int
+    stderr_bytes: int
+    message: str | None = None
+    fraction: float | None = None
+    queued: bool = False
+
+    @property
+    def reported(self) -> bool:
+        """Whether the child itself reported this (a line on its progress fd)."""
+        return self.message is not None or self.fraction is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """How a call that started a process ended (the ``completed`` event)."""
+
+    status: str
+    exit_code: int | None
+    duration_ms: int
+    truncated: bool
+
+
+class CallSink(Protocol):
+    """Where a face receives the events of one call (its wire shapes are its own).
+
+    ``started`` comes once when the child runs; ``progress`` any number of times;
+    ``completed`` exactly once after ``started``, shielded from cancellation.
+    """
+
+    async def started(self, call_id: str, loaded: LoadedTool, pid: int) -> None:
+        """The child is running."""
+
+    async def progress(self, call_id: str, report: ProgressReport) -> None:
+        """A periodic, child-reported or queued progress report."""
+
+    async def completed(self, call_id: str, completion: Completion) -> None:
+        """The call that started a process has ended."""
+
+
+#: Called after a reload that changed a key's catalog: (workspace key, generation,
+#: the changes in wire shape).
+CatalogListener = Callable[[Path | None, int, Sequence[dict[str, Any]]], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class InvokeRequest:
+    """One call as a face asks for it (raw values; the service judges them).
+
+    Attributes:
+        tool: The tool name.
+        arguments: The arguments as sent.
+        workspace: The workspace as sent (must be absolute).
+        call_id: The caller's call id, else one is made.
+        catalog: ``plan`` or ``work`` to require the tool in that catalog.
+        mode: The approval mode (or an alias).
+        headless: Nobody can be asked: ``ask`` becomes ``deny``.
+        approved: The operator (or reviewer) approved this call.
+        approved_digest: The ``approval_digest`` of the classification the operator
+            approved; the call runs only if it still classifies so.
+        session: ``CRYSTAL_SESSION`` for the child.
+        images: Whether the caller can take images.
+        every_progress_line: Deliver every progress line the child writes (no
+            coalescing of bursts).
+        traceparent: The caller's W3C ``traceparent`` (for the observers), or None.
+    """
+
+    tool: str
+    arguments: Any
+    workspace: str
+    call_id: str | None = None
+    catalog: str | None = None
+    mode: str = "default"
+    headless: bool = False
+    approved: bool = False
+    approved_digest: str | None = None
+    session: str = ""
+    images: bool = True
+    every_progress_line: bool = False
+    traceparent: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A call that passed the catalog and schema checks, with its classification."""
+
+    workspace: Path
+    mode: m.Mode
+    loaded: LoadedTool
+    classification: Classification
+
+
+@dataclass(slots=True)
+class _Call:
+    cancel: anyio.Event
+
+
+def approval_digest(classification_wire: dict[str, Any]) -> str:
+    """A digest of what the operator is shown and approves: the whole classification."""
+    return hashlib.sha256(
+        orjson.dumps(classification_wire, option=orjson.OPT_SORT_KEYS)
+    ).hexdigest()
+
+
+class _Bookkeeping:
+    """The runner's event sink for one call: forwards to the face, tracks ``started``."""
+
+    __slots__ = ("_call_id", "_loaded", "_sink", "started_sent")
+
+    def __init__(self, sink: CallSink, call_id: str, loaded: LoadedTool) -> None:
+        self._sink = sink
+        self._call_id = call_id
+        self._loaded = loaded
+        #: Whether ``started`` went out (so exactly one ``completed`` must follow).
+        self.started_sent = False
+
+    async def started(self, pid: int) -> None:
+        self.started_sent = True
+        await self._sink.started(self._call_id, self._loaded, pid)
+
+    async def progress(
+        self,
+        *,
+        elapsed_ms: int,
+        stdout_bytes: int,
+        stderr_bytes: int,
+        message: str | None = None,
+        fraction: float | None = None,
+        queued: bool = False,
+    ) -> None:
+        await self._sink.progress(
+            self._call_id,
+            ProgressReport(elapsed_ms, stdout_bytes, stderr_bytes, message, fraction, queued),
+        )
+
+    async def completed(self, completion: Completion) -> None:
+        with anyio.CancelScope(shield=True):
+            await self._sink.completed(self._call_id, completion)
+
+
+class Service:
+    """The core every face calls: catalogs, the checks in order, calls, cancel, reload.
+
+    Args:
+        settings: Facts for ``status`` and path resolution.
+        registry: The catalog snapshots.
+        runner: Runs exec calls.
+        validators: Compiled argument validators.
+        notifier: systemd notify (a no-op outside systemd).
+        on_workspace: Called with each workspace first used (the watcher follows it).
+        observer: Told of each call and reload (metrics, tracing; ``observe.Observer``).
+    """
+
+    def __init__(
+        self,
+        settings: ServiceSettings,
+        registry: Registry,
+        runner: Runner,
+        validators: ArgumentValidators,
+        notifier: Notifier,
+        on_workspace: Callable[[Path], None] | None = None,
+        observer: Observer = NO_OBSERVER,
+    ) -> None:
+        self.settings = settings
+        self._observer = observer
+        self.registry = registry
+        self._runner = runner
+        self._validators = validators
+        self._notifier = notifier
+        self._on_workspace = on_workspace
+        self.started_at = time.monotonic()
+        #: Every call in flight on this daemon, by call id.
+        self.calls: dict[str, _Call] = {}
+        #: Set when a graceful stop begins: no new call starts, on any face.
+        self.stopping = False
+        self._listeners: dict[Path | None, set[CatalogListener]] = {}
+        self._listen_all: list[CatalogListener] = []
+
+    # -- lookup --------------------------------------------------------------------------
+
+    @staticmethod
+    def workspace(raw: str | None) -> Path | None:
+        """Check and canonicalise a workspace as sent; None stays None (home alone).
+
+        Raises:
+            InvalidWorkspace: Not absolute, or not an existing directory.
+        """
+        if raw is None:
+            return None
+        if "\x00" in raw or not os.path.isabs(raw):
+            raise rpc_errors.InvalidWorkspace(
+                "Invalid workspace: 'workspace' must be an absolute path to a directory; "
+                "got a relative path.",
+                {"field": "workspace"},
+            )
+        try:
+            canonical = Path(os.path.realpath(raw))
+            is_dir = canonical.is_dir()
+        except (OSError, ValueError):
+            is_dir = False
+        if not is_dir:
+            raise rpc_errors.InvalidWorkspace(
+                f"Invalid workspace: {raw!r} is not a directory; 'workspace' must be an "
+                "absolute path to an existing directory.",
+                {"field": "workspace"},
+            )
+        return canonical
+
+    async def catalog(self, workspace: Path | None) -> Catalog:
+        """The workspace's catalog snapshot (home alone for None), built on first use."""
+        first_use = workspace is not None and self.registry.cached(workspace) is None
+        catalog = await self.registry.catalog(workspace)
+        if first_use and workspace is not None and self._on_workspace is not None:
+            self._on_workspace(workspace)
+        return catalog
+
+    @staticmethod
+    def mode(raw: str) -> m.Mode:
+        """Parse an approval mode or alias.
+
+        Raises:
+            InvalidParams: Not a mode; the message lists the valid names.
+        """
+        try:
+            return m.parse_mode(raw)
+        except ValueError as exc:
+            raise rpc_errors.InvalidParams(
+                f"Invalid params: 'mode': {exc}", {"field": "mode"}
+            ) from None
+
+    @staticmethod
+    def lookup(catalog: Catalog, name: str, wanted: str | None) -> LoadedTool:
+        """The tool ``name`` of ``catalog``, required in catalog ``wanted`` when given.
+
+        Raises:
+            UnknownTool: No such tool, or not in the requested catalog.
+        """
+        loaded = catalog.tools.get(name)
+        where = f"workspace {catalog.workspace}" if catalog.workspace else "the home tool sets"
+        if loaded is None:
+            names = list(catalog.tools)
+            shown = ", ".join(names[:_MAX_LISTED_NAMES]) or "none"
+            more = (
+                f" and {len(names) - _MAX_LISTED_NAMES} more"
+                if len(names) > _MAX_LISTED_NAMES
+                else ""
+            )
+            raise rpc_errors.UnknownTool(
+                f"Unknown tool '{name}': no such tool in the catalog of {where}. "
+                f"Loaded tools: {shown}{more}.",
+                {"tool": name},
+            )
+        if wanted is not None and CatalogName(wanted) not in loaded.tool.catalogs:
+            raise rpc_errors.UnknownTool(
+                f"Unknown tool '{name}' in the {wanted} catalog: the tool is registered for "
+                f"{', '.join(sorted(c.value for c in loaded.tool.catalogs))} only.",
+                {"tool": name, "catalog": wanted},
+            )
+        return loaded
+
+    # -- the checks, in order ------------------------------------------------------------
+
+    async def prepare(
+        self,
+        tool: str,
+        arguments: Any,
+        workspace_raw: str,
+        mode_raw: str,
+        headless: bool,
+        catalog_name: str | None,
+    ) -> Prepared:
+        """Workspace, mode, the tool in the catalog, the schema, then the classification.
+
+        Raises:
+            InvalidWorkspace, InvalidParams, UnknownTool, InvalidArguments: In that order.
+        """
+        workspace = self.workspace(workspace_raw)
+        assert workspace is not None
+        mode = self.mode(mode_raw)
+        catalog = await self.catalog(workspace)
+        loaded = self.lookup(catalog, tool, catalog_name)
+        errors = self._validators.errors(loaded, arguments)
+        if errors:
+            more = f" ({len(errors) - 1} more in data.errors)" if len(errors) > 1 else ""
+            raise rpc_errors.InvalidArguments(
+                f"Invalid arguments for '{loaded.tool.name}': {errors[0]['message']}{more}",
+                {"errors": errors},
+            )
+        classification = classify(
+            loaded, arguments, workspace, mode, headless, self.settings.user_home
+        )
+        return Prepared(workspace, mode, loaded, classification)
+
+    def _fence_error(
+        self, loaded: LoadedTool, workspace: Path, arguments: Any, message: str
+    ) -> rpc_errors.InvalidArguments:
+        pointer = ""
+        try:
+            rewrite_arguments(loaded.tool, arguments, workspace, self.settings.user_home)
+        except ArgumentsError as exc:
+            if exc.argument is not None:
+                pointer = "/" + exc.argument.replace("~", "~0").replace("/", "~1")
+        where = pointer or "(the arguments object)"
+        return rpc_errors.InvalidArguments(
+            f"Invalid arguments for '{loaded.tool.name}': {where}: {message}",
+            {"errors": [{"path": pointer, "message": message}]},
+        )
+
+    def _check_call_id_free(self, call_id: str) -> None:
+        if call_id in self.calls:
+            raise rpc_errors.InvalidParams(
+                f"Invalid params: 'callId' {call_id!r} is already in flight; use a new id.",
+                {"field": "callId"},
+            )
+
+    def _enforce(
+        self, request: InvokeRequest, prepared: Prepared, observed: CallObservation
+    ) -> None:
+        """The policy's verdict on a prepared call: return to run it, or raise."""
+        classification = prepared.classification
+        if classification.arguments_error is not None:
+            # Arguments the fence refuses can never run: say so before asking anyone.
+            observed.refused("arguments")
+            raise self._fence_error(
+                prepared.loaded,
+                prepared.workspace,
+                request.arguments,
+                classification.arguments_error,
+            )
+        decision = classification.decision
+        if decision == "allow":
+            return
+        wire = classification.to_wire()
+        if decision == "deny":
+            observed.refused("deny")
+            raise rpc_errors.PolicyDenied(f"Denied: {classification.reason}", wire)
+        approved = request.approved or (
+            request.approved_digest is not None and request.approved_digest == approval_digest(wire)
+        )
+        if not approved:
+            observed.refused("approval")
+            raise rpc_errors.ApprovalRequired(
+                f"Approval required: {classification.reason} Ask the operator, then call "
+                "again with approved: true.",
+                wire,
+            )
+
+    # -- calls ---------------------------------------------------------------------------
+
+    async def invoke(
+        self,
+        request: InvokeRequest,
+        sink: CallSink,
+        owner_calls: MutableMapping[str, anyio.Event],
+        cancel: anyio.Event | None = None,
+    ) -> tuple[str, CallOutcome]:
+        """Judge and run one call; events go to ``sink``; returns (call id, outcome).
+
+        Args:
+            request: The call as the face received it.
+            sink: Receives started, progress and completed.
+            owner_calls: The caller's own in-flight calls (cancelled when it goes away).
+            cancel: Set to cancel the call (else one is made; ``cancel`` reaches it too).
+
+        Raises:
+            RpcError: InvalidParams, InvalidWorkspace, UnknownTool, InvalidArguments,
+                PolicyDenied or ApprovalRequired; no process was started.
+        """
+        if self.stopping:
+            raise rpc_errors.ShuttingDown("toolsetd is shutting down: no new calls are accepted.")
+        call_id = request.call_id if request.call_id is not None else uuid.uuid4().hex
+        if not _CALL_ID.match(call_id):
+            raise rpc_errors.InvalidParams(
+                "Invalid params: 'callId' must be 1 to 128 characters of letters, digits, "
+                "'.', '_', ':' or '-'.",
+                {"field": "callId"},
+            )
+        self._check_call_id_free(call_id)
+        prepared = await self.prepare(
+            request.tool,
+            request.arguments,
+            request.workspace,
+            request.mode,
+            request.headless,
+            request.catalog,
+        )
+        loaded = prepared.loaded
+        observed = self._observer.call(
+            CallInfo(
+                call_id,
+                loaded.tool.name,
+                loaded.toolset.directory,
+                loaded.toolset.source.value,
+                prepared.classification.decision,
+                request.traceparent,
+            )
+        )
+        self._enforce(request, prepared, observed)
+        self._check_call_id_free(call_id)  # again: it may have been taken while we awaited
+        if cancel is None:
+            cancel = anyio.Event()
+        self.calls[call_id] = _Call(cancel)
+        owner_calls[call_id] = cancel
+        run = CallRequest(
+            call_id=call_id,
+            loaded=loaded,
+            # The child receives exactly the arguments that were classified: resolving the
+            # paths a second time could let a symlink swapped in between go unjudged.
+            arguments=prepared.classification.arguments,
+            workspace=prepared.workspace,
+            home=self.settings.home,
+            session=request.session,
+            approval_mode=prepared.mode.value,
+            images=request.images,
+            every_progress_line=request.every_progress_line,
+            extra_env=observed.child_env(),
+        )
+        log.info(
+            "call_started", call_id=call_id, tool=loaded.tool.name, set=loaded.toolset.directory
+        )
+        events = _Bookkeeping(sink, call_id, loaded)
+        started_at = time.monotonic()
+        try:
+            try:
+                outcome = await self._runner.run(run, events, cancel)
+            except BaseException:
+                observed.finished(None)
+                # The runner answers with an outcome, never an exception; should one escape
+                # anyway, the client that saw ``started`` still gets its ``completed``.
+                if events.started_sent:
+                    await events.completed(
+                        Completion(
+                            "error", None, int((time.monotonic() - started_at) * 1000), False
+                        )
+                    )
+                raise
+            if outcome.started:
+                await events.completed(
+                    Completion(
+                        outcome.status, outcome.exit_code, outcome.duration_ms, outcome.truncated
+                    )
+                )
+        finally:
+            self.calls.pop(call_id, None)
+            owner_calls.pop(call_id, None)
+        observed.finished(outcome)
+        log.info(
+            "call_finished",
+            call_id=call_id,
+            tool=loaded.tool.name,
+            status=outcome.status,
+            exit_code=outcome.exit_code,
+            duration_ms=outcome.duration_ms,
+            stdout_bytes=outcome.stdout_bytes,
+            stderr_bytes=outcome.stderr_bytes,
+            truncated=outcome.truncated,
+        )
+        return call_id, outcome
+
+    def cancel(self, call_id: str) -> None:
+        """Cancel an in-flight call by id (any caller's).
+
+        Raises:
+            UnknownCall: No call with this id is in flight.
+        """
+        call = self.calls.get(call_id)
+        if call is None:
+            raise rpc_errors.UnknownCall(
+                f"Unknown call '{call_id}': no call with this id is in flight on this daemon.",
+                {"callId": call_id},
+            )
+        call.cancel.set()
+
+    # -- reload --------------------------------------------------------------------------
+
+    def listen(self, key: Path | None, listener: CatalogListener) -> Callable[[], None]:
+        """Tell ``listener`` about every reload that changes ``key``; returns the undo."""
+        self._listeners.setdefault(key, set()).add(listener)
+
+        def stop() -> None:
+            listeners = self._listeners.get(key)
+            if listeners is not None:
+                listeners.discard(listener)
+                if not listeners:
+                    del self._listeners[key]
+
+        return stop
+
+    def listen_all(self, listener: CatalogListener) -> None:
+        """Tell ``listener`` about every reload that changes any key (for the native face)."""
+        self._listen_all.append(listener)
+
+    def listened(self) -> set[Path]:
+        """The workspaces someone listens to (they are in use: never released as idle)."""
+        return {key for key in self._listeners if key is not None}
+
+    async def reload_catalogs(self, workspaces: Iterable[Path | None] | None) -> ReloadOutcome:
+        """Reload, tell systemd, and tell the listeners of every changed key.
+
+        This is the one reload path: the RPC, SIGHUP and the watcher all come here.
+        """
+        self._notifier.reloading()
+        began, failed = time.monotonic(), True
+        try:
+            outcome = await self.registry.reload(workspaces)
+            failed = False
+        finally:
+            self._notifier.ready()
+            self._observer.reload_finished(time.monotonic() - began, failed)
+        # Every key in outcome.changes moved the generation (a set, or only the notes,
+        # changed), so every one is announced: generation and the announcement go together.
+        for key, changes in outcome.changes.items():
+            wire = [c.to_wire() for c in changes]
+            for listener in [*self._listen_all, *self._listeners.get(key, ())]:
+                await listener(key, outcome.generation, wire)
+        return outcome

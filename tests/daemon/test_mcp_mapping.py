@@ -1,0 +1,120 @@
+"""The MCP face's pure shapes: tools/list pages and cursors, signed approval states."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolsetd.daemon.catalog import ManifestCache, build_catalog
+from toolsetd.daemon.mcp_mapping import (
+    McpError,
+    StateSigner,
+    ToolPages,
+    approval_answer,
+    input_required_result,
+)
+from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES
+
+
+def _home(tmp_path: Path, names: list[str]) -> Path:
+    for name in names:
+        folder = tmp_path / "tools" / name
+        folder.mkdir(parents=True)
+        (folder / "tools.json").write_text(
+            json.dumps(
+                {
+                    "runner": "exec",
+                    "description": f"tool {name}",
+                    "schema": {"type": "object"},
+                    "command": ["/bin/true"],
+                    "approval": "always",
+                }
+            )
+        )
+    return tmp_path
+
+
+def _catalog(home: Path):  # type: ignore[no-untyped-def]
+    return build_catalog(home, None, reserved=DEFAULT_RESERVED_NAMES, cache=ManifestCache())
+
+
+def test_mcp_pages_walk_the_catalog_in_name_order(tmp_path: Path) -> None:
+    """Pages of two walk every tool once, by name, and the last page has no cursor."""
+    home = _home(tmp_path, ["echo", "alpha", "delta", "bravo", "charlie"])
+    catalog = _catalog(home)
+    pages = ToolPages()
+    seen: list[str] = []
+    cursor = None
+    for _ in range(5):
+        tools, cursor = pages.page(catalog, None, cursor, 2)
+        seen += [t["name"] for t in tools]
+        if cursor is None:
+            break
+    assert seen == ["alpha", "bravo", "charlie", "delta", "echo"]
+    first = pages.page(catalog, None, None, 10)[0][0]
+    assert first["annotations"] == {"readOnlyHint": False, "destructiveHint": True}
+    assert first["_meta"]["toolsetd/set"] == "alpha"
+    assert first["inputSchema"] == {"type": "object"}
+
+
+def test_mcp_cursor_of_a_changed_catalog_or_garbage_is_refused(tmp_path: Path) -> None:
+    """A cursor from before a change, or one we never gave out, is -32602."""
+    home = _home(tmp_path, ["alpha", "bravo", "charlie"])
+    pages = ToolPages()
+    _, cursor = pages.page(_catalog(home), None, None, 1)
+    _home(tmp_path, ["delta"])
+    with pytest.raises(McpError) as changed:
+        pages.page(_catalog(home), None, cursor, 1)
+    assert changed.value.code == -32602
+    assert "changed" in changed.value.message
+    for junk in ("not-a-cursor", 7, "YWJj"):
+        with pytest.raises(McpError) as bad:
+            pages.page(_catalog(home), None, junk, 1)
+        assert bad.value.code == -32602
+
+
+def _params(state: str, action: str = "accept", arguments: object = None) -> dict[str, object]:
+    return {
+        "requestState": state,
+        "arguments": arguments or {},
+        "inputResponses": {"toolsetd_approval": {"action": action}},
+    }
+
+
+def test_mcp_state_round_trip_and_answers() -> None:
+    """A signed state gives back its digest on accept; decline is a decline."""
+    signer = StateSigner(600, key=b"k" * 32)
+    result = input_required_result(signer, {"tool": "t"}, "digest-1", "bind", "t", {"a": 1})
+    state = result["requestState"]
+    assert result["resultType"] == "input_required"
+    answer = approval_answer(signer, _params(state), "bind", "t", {"a": 1})
+    assert answer.digest == "digest-1"
+    declined = approval_answer(signer, _params(state, "decline"), "bind", "t", {"a": 1})
+    assert declined.declined
+    assert declined.digest is None
+
+
+def test_mcp_state_tampered_foreign_or_expired() -> None:
+    """A changed state, a state of another call or binding is refused; an expired one asks again."""
+    now = [1000.0]
+    signer = StateSigner(600, key=b"k" * 32, clock=lambda: now[0])
+    state = input_required_result(signer, {}, "d", "bind", "t", {"a": 1})["requestState"]
+    body, mac = state.split(".")
+    for bad in (f"{body}x.{mac}", f"{body}.{mac[:-2]}AA", "garbage", ""):
+        with pytest.raises(McpError):
+            approval_answer(signer, _params(bad), "bind", "t", {"a": 1})
+    for binding, tool, arguments in (
+        ("other", "t", {"a": 1}),
+        ("bind", "u", {"a": 1}),
+        ("bind", "t", {"a": 2}),
+    ):
+        with pytest.raises(McpError):
+            approval_answer(signer, _params(state), binding, tool, arguments)
+    with pytest.raises(McpError):
+        approval_answer(StateSigner(600, key=b"j" * 32), _params(state), "bind", "t", {"a": 1})
+    now[0] += 601
+    expired = approval_answer(signer, _params(state), "bind", "t", {"a": 1})
+    assert expired.digest is None
+    assert not expired.declined

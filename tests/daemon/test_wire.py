@@ -1,0 +1,65 @@
+"""The wire's stall timer: a peer that reads slowly is not a peer that stopped reading."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import anyio
+import pytest
+from toolsetd.daemon.wire import Wire
+
+pytestmark = pytest.mark.anyio
+
+_FRAME = 4 * 1024 * 1024
+
+
+async def _serve(stall: float) -> tuple[Wire, asyncio.Transport, socket.socket, list[bool]]:
+    loop = asyncio.get_running_loop()
+    ours, theirs = socket.socketpair()
+    transport, wire = await loop.connect_accepted_socket(lambda: Wire(loop, 1 << 20), sock=ours)
+    transport.set_write_buffer_limits(high=64 * 1024)
+    stalled: list[bool] = []
+    wire.stall_seconds = stall
+    wire.on_stall = lambda: stalled.append(True)
+    theirs.setblocking(False)
+    return wire, transport, theirs, stalled
+
+
+async def _read(peer: socket.socket, total: int, chunk: int, pause: float) -> int:
+    loop = asyncio.get_running_loop()
+    got = 0
+    while got < total:
+        data = await loop.sock_recv(peer, chunk)
+        if not data:
+            break
+        got += len(data)
+        await anyio.sleep(pause)
+    return got
+
+
+async def test_wire_slow_reader_of_a_big_frame_is_not_stalled() -> None:
+    """A peer taking a 4 MiB frame in 256 KiB steps over ~1.5 s outlasts a 0.3 s stall timer."""
+    with anyio.fail_after(20):
+        wire, transport, peer, stalled = await _serve(0.3)
+        try:
+            wire.enqueue(b"x" * _FRAME)
+            got = await _read(peer, _FRAME, 256 * 1024, 0.1)
+        finally:
+            transport.abort()
+            peer.close()
+    assert got == _FRAME
+    assert stalled == []
+
+
+async def test_wire_peer_that_takes_nothing_is_stalled() -> None:
+    """A peer that takes nothing of a big frame is reported once the stall timer runs out."""
+    with anyio.fail_after(20):
+        wire, transport, peer, stalled = await _serve(0.3)
+        try:
+            wire.enqueue(b"x" * _FRAME)
+            await anyio.sleep(0.8)
+        finally:
+            transport.abort()
+            peer.close()
+    assert stalled == [True]

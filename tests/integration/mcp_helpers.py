@@ -1,0 +1,163 @@
+"""Helpers for the MCP tests: test tool sets, the pump's command line, a raw stdio pump."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from mcp import StdioServerParameters
+
+from .conftest import Daemon, write_set
+
+PY = sys.executable
+
+
+def script(body: str) -> str:
+    """An executable Python script for a tool set."""
+    return f"#!{PY}\n{body}"
+
+
+def tool(command: str, *, schema: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """A shorthand tools.json with one exec tool."""
+    return {
+        "runner": "exec",
+        "description": f"Test tool {command}.",
+        "schema": schema or {"type": "object"},
+        "command": [command],
+        "stdin": True,
+        "approval": "always",
+        "timeoutSeconds": 60,
+        **extra,
+    }
+
+
+PROGRESS3 = script(
+    "import json, os, time\n"
+    "fd = int(os.environ['TOOLSETD_PROGRESS_FD'])\n"
+    "for n in (0, 50, 100):\n"
+    "    os.write(fd, (json.dumps({'message': f'{n}/100', 'fraction': n / 100}) + '\\n').encode())\n"
+    "    time.sleep(0.05)\n"
+    "print('counted')\n"
+)
+SLEEPER = script(
+    "import os, time\nopen('sleeper.pid', 'w').write(str(os.getpid()))\ntime.sleep(60)\n"
+)
+BIG = script("import sys\nsys.stdout.write('y' * 99_993)\n")
+BIG_IMAGE = script(
+    "import json, os\n"
+    "with open('big.png', 'wb') as f:\n"
+    "    f.write(b'\\x89PNG\\r\\n\\x1a\\n' + os.urandom(15 * 1024 * 1024))\n"
+    "print(json.dumps({'text': 'a big one', 'images': [{'mimeType': 'image/png', 'path': 'big.png'}]}))\n"
+)
+FAILS = script("import sys\nprint('it broke', file=sys.stderr)\nsys.exit(3)\n")
+ASKER = script("print('asked and ran')\n")
+READER = script("import json, sys\nprint('read', json.load(sys.stdin)['path'])\n")
+
+
+def write_test_sets(home: Path) -> None:
+    """The home tool sets the MCP tests call (all run unasked: approval always)."""
+    tools = home / "tools"
+    write_set(tools, "progress3", tool("progress3.py"), **{"progress3.py": PROGRESS3})
+    write_set(tools, "sleeper", tool("sleeper.py"), **{"sleeper.py": SLEEPER})
+    write_set(tools, "big", tool("big.py"), **{"big.py": BIG})
+    write_set(
+        tools, "bigimage", tool("bigimage.py", output="content"), **{"bigimage.py": BIG_IMAGE}
+    )
+    write_set(tools, "fails", tool("fails.py"), **{"fails.py": FAILS})
+    reader = tool(
+        "reader.py",
+        schema={"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]},
+        pathArguments=["path"],
+    )
+    write_set(tools, "reader", reader, **{"reader.py": READER})
+
+
+def write_project_asker(workspace: Path, name: str = "asker") -> None:
+    """A project set: the host policy makes its calls ask in the default mode."""
+    write_set(workspace / ".crystal" / "tools", name, tool(f"{name}.py"), **{f"{name}.py": ASKER})
+
+
+def pump_args(daemon: Daemon, workspace: Path, *extra: str, autostart: bool = False) -> list[str]:
+    """``python -m toolsetd.client ... mcp ...`` for this daemon and workspace."""
+    args = [
+        "-m",
+        "toolsetd.client",
+        "--socket",
+        str(daemon.socket),
+        "--workspace",
+        str(workspace),
+        "mcp",
+        *extra,
+    ]
+    if not autostart:
+        args.append("--no-autostart")
+    return args
+
+
+def server(daemon: Daemon, workspace: Path, *extra: str) -> StdioServerParameters:
+    """The SDK's stdio parameters for ``toolsetctl mcp`` against ``daemon``."""
+    return StdioServerParameters(
+        command=PY, args=pump_args(daemon, workspace, *extra), env=dict(os.environ)
+    )
+
+
+class RawPump:
+    """``toolsetctl mcp`` as a subprocess spoken to line by line (for what the SDK won't send)."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.proc = subprocess.Popen(
+            [PY, *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=env,
+        )
+        self._stderr = ""
+
+    def send(self, message: Any) -> None:
+        """Write one message (or raw bytes) to the pump's stdin."""
+        assert self.proc.stdin is not None
+        data = message if isinstance(message, bytes) else json.dumps(message).encode() + b"\n"
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def receive(self) -> Any:
+        """Read one message from the pump's stdout."""
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if not line:
+            raise EOFError("the pump closed its stdout")
+        return json.loads(line)
+
+    def request(self, request_id: Any, method: str, params: dict[str, Any] | None = None) -> Any:
+        """Send a request and return its response (skipping notifications)."""
+        message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+        if params is not None:
+            message["params"] = params
+        self.send(message)
+        while True:
+            reply = self.receive()
+            if reply.get("id") == request_id and "method" not in reply:
+                return reply
+
+    def close(self, timeout: float = 15.0) -> int:
+        """Close stdin and wait for the pump to exit."""
+        assert self.proc.stdin is not None
+        assert self.proc.stdout is not None
+        assert self.proc.stderr is not None
+        self.proc.stdin.close()
+        try:
+            code = self.proc.wait(timeout=timeout)
+        finally:
+            self._stderr = self.proc.stderr.read().decode(errors="replace")
+            self.proc.stdout.close()
+            self.proc.stderr.close()
+        return code
+
+    def stderr(self) -> str:
+        """What the pump wrote on stderr (read when it exited)."""
+        return self._stderr

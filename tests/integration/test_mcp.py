@@ -1,0 +1,754 @@
+"""MCP over stdio: the official MCP SDK client against ``toolsetctl mcp`` and a real daemon."""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from .conftest import EXAMPLES, Daemon, RawConn, eventually, start_daemon, write_set
+from .mcp_helpers import (
+    PY,
+    RawPump,
+    pump_args,
+    server,
+    tool,
+    write_project_asker,
+    write_test_sets,
+)
+
+pytestmark = pytest.mark.anyio
+
+MODERN = "2026-07-28"
+
+
+@pytest.fixture
+def mcp_sets(home: Path, workspace: Path) -> None:
+    """The MCP test sets in the home, and a project set that asks, before the daemon starts."""
+    write_test_sets(home)
+    write_project_asker(workspace)
+
+
+@pytest.fixture
+def mcp_daemon(mcp_sets: None, daemon: Daemon) -> Daemon:
+    """The integration daemon, started over the example sets and the MCP test sets."""
+    return daemon
+
+
+def _text(result: types.CallToolResult) -> str:
+    return "".join(block.text for block in result.content if isinstance(block, types.TextContent))
+
+
+# -- eras ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "version"), [("auto", MODERN), ("legacy", "2025-11-25")])
+async def test_mcp_era_lists_and_calls(
+    mcp_daemon: Daemon, workspace: Path, mode: str, version: str
+) -> None:
+    """Both eras list the workspace's tools with the mapping's fields and run a call."""
+    with anyio.fail_after(30):
+        async with Client(server(mcp_daemon, workspace), mode=mode) as client:  # type: ignore[arg-type]
+            assert client.protocol_version == version
+            listed = await client.list_tools()
+            by_name = {t.name: t for t in listed.tools}
+            names = [t.name for t in listed.tools]
+            assert names == sorted(names)
+            assert {"hello", "swatch", "asker", "progress3"} <= set(by_name)
+            hello = by_name["hello"]
+            assert hello.input_schema["required"] == ["name"]
+            assert hello.annotations is not None
+            assert hello.annotations.read_only_hint is False
+            assert hello.annotations.destructive_hint is True
+            assert hello.meta is not None
+            assert hello.meta["toolsetd/set"] == "hello"
+            assert hello.meta["toolsetd/source"] == "home"
+            assert hello.meta["toolsetd/hash"].startswith("sha256:")
+            assert by_name["asker"].meta is not None
+            assert by_name["asker"].meta["toolsetd/source"] == "project"
+            result = await client.call_tool("hello", {"name": "Ada"})
+            assert result.is_error is False
+            assert "Hello, Ada!" in _text(result)
+
+
+def test_mcp_discover_then_initialize_2025_06_18(mcp_daemon: Daemon, workspace: Path) -> None:
+    """A host that probes server/discover and then initializes (2025-06-18) is served."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        found = pump.request(
+            1, "server/discover", {"_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}}
+        )
+        assert found["result"]["resultType"] == "complete"
+        assert MODERN in found["result"]["supportedVersions"]
+        assert found["result"]["capabilities"]["tools"]["listChanged"] is True
+        assert "ttlMs" in found["result"]
+        before = pump.request(2, "tools/list")
+        assert before["error"]["code"] == -32602
+        assert "initialize" in before["error"]["message"]
+        init = pump.request(
+            3,
+            "initialize",
+            {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "probe", "version": "1"},
+            },
+        )
+        assert init["result"]["protocolVersion"] == "2025-06-18"
+        assert init["result"]["capabilities"] == {"tools": {"listChanged": True}}
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        listed = pump.request(4, "tools/list")
+        assert "resultType" not in listed["result"]
+        assert any(t["name"] == "hello" for t in listed["result"]["tools"])
+        odd = pump.request(
+            5, "tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": "1999-01-01"}}
+        )
+        assert odd["error"]["code"] == -32022
+        assert MODERN in odd["error"]["data"]["supported"]
+        assert pump.request(6, "resources/list")["error"]["code"] == -32601
+    finally:
+        assert pump.close() == 0
+
+
+def test_mcp_garbage_on_stdin_is_answered_and_survived(mcp_daemon: Daemon, workspace: Path) -> None:
+    """Lines that are not JSON, not JSON-RPC or a batch get errors; the session carries on."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.send(b"this is not json\n")
+        assert pump.receive()["error"]["code"] == -32700
+        pump.send(b"\xff\xfe\x00 binary\n")
+        assert pump.receive()["error"]["code"] == -32700
+        pump.send([{"jsonrpc": "2.0", "id": 1, "method": "ping"}])
+        assert pump.receive()["error"]["code"] == -32600
+        pump.send(b"42\n")
+        assert pump.receive()["error"]["code"] == -32600
+        pump.send({"foo": 1})
+        assert pump.receive()["error"]["code"] == -32600
+        pump.send({"jsonrpc": "1.0", "id": 5, "method": "ping"})
+        assert pump.receive() == {
+            "jsonrpc": "2.0",
+            "id": 5,
+            "error": {
+                "code": -32600,
+                "message": "Invalid Request: 'jsonrpc' must be exactly \"2.0\".",
+            },
+        }
+        init = pump.request(7, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        assert init["result"]["protocolVersion"] == "2025-11-25"
+        assert pump.request(8, "ping")["result"] == {}
+    finally:
+        assert pump.close() == 0
+
+
+# -- calls ---------------------------------------------------------------------------------
+
+
+async def test_mcp_call_results_image_error_and_refusals(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """Images carry over; a failing tool, a schema error and a fence refusal are isError."""
+    with anyio.fail_after(30):
+        async with Client(server(mcp_daemon, workspace), mode="legacy") as client:
+            swatch = await client.call_tool("swatch", {"color": "#00ff00"})
+            assert swatch.is_error is False
+            images = [b for b in swatch.content if isinstance(b, types.ImageContent)]
+            assert images
+            assert images[0].mime_type == "image/png"
+            assert base64.b64decode(images[0].data).startswith(b"\x89PNG")
+            failed = await client.call_tool("fails", {})
+            assert failed.is_error is True
+            assert "exit 3" in _text(failed)
+            assert "it broke" in _text(failed)
+            bad = await client.call_tool("swatch", {"color": 7})
+            assert bad.is_error is True
+            assert "/color" in _text(bad)
+            missing = await client.call_tool("hello", {})
+            assert missing.is_error is True
+            assert "name" in _text(missing)
+            with pytest.raises(MCPError) as unknown:
+                await client.call_tool("no_such_tool", {})
+            assert unknown.value.error.code == -32602
+            assert "no_such_tool" in unknown.value.error.message
+
+
+async def test_mcp_progress_delivers_every_tool_line(mcp_daemon: Daemon, workspace: Path) -> None:
+    """Three progress lines 50 ms apart arrive as three notifications, in order, increasing."""
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    with anyio.fail_after(30):
+        async with Client(server(mcp_daemon, workspace)) as client:
+            result = await client.call_tool("progress3", {}, progress_callback=on_progress)
+    assert "counted" in _text(result)
+    reported = [s for s in seen if s[2] is not None]
+    assert [s[2] for s in reported] == ["0/100", "50/100", "100/100"]
+    assert [(s[0], s[1]) for s in reported] == [(0.0, 100), (50.0, 100), (100.0, 100)]
+    values = [s[0] for s in seen]
+    assert all(a < b for a, b in zip(values, values[1:], strict=False))
+
+
+async def test_mcp_cancel_ends_the_call_and_its_child(mcp_daemon: Daemon, workspace: Path) -> None:
+    """notifications/cancelled kills the tool's process group; the session carries on."""
+    pid_file = workspace / "sleeper.pid"
+    with anyio.fail_after(40):
+        async with Client(server(mcp_daemon, workspace)) as client:
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(client.call_tool, "sleeper", {})
+                    while not pid_file.exists() or not pid_file.read_text():
+                        await anyio.sleep(0.02)
+                    scope.cancel()
+            pid = int(pid_file.read_text())
+            deadline = time.monotonic() + 15
+            while _alive(pid):
+                assert time.monotonic() < deadline, "the cancelled tool still runs"
+                await anyio.sleep(0.05)
+            assert "Hello, B!" in _text(await client.call_tool("hello", {"name": "B"}))
+    finished = [
+        e
+        for e in mcp_daemon.log_events()
+        if e.get("event") == "call_finished" and e.get("tool") == "sleeper"
+    ]
+    assert finished
+    assert finished[0]["status"] == "cancelled"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_mcp_stdin_closing_cancels_the_hosts_calls(mcp_daemon: Daemon, workspace: Path) -> None:
+    """When the host goes away (stdin closes), its running call is cancelled and the pump exits."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+    pump.send(
+        {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "method": "tools/call",
+            "params": {"name": "sleeper", "arguments": {}},
+        }
+    )
+    pid_file = workspace / "sleeper.pid"
+    eventually(
+        lambda: pid_file.exists() and bool(pid_file.read_text()), what="the sleeper to start"
+    )
+    pid = int(pid_file.read_text())
+    assert pump.close() == 0
+    eventually(lambda: not _alive(pid), timeout=15, what="the sleeper to be killed")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # the SDK client's own parse of a 20 MB line takes minutes when loaded
+async def test_mcp_big_text_and_15_mib_image(mcp_daemon: Daemon, workspace: Path) -> None:
+    """A 100,000-character result and a 15 MiB image arrive whole."""
+    with anyio.fail_after(240):
+        async with Client(server(mcp_daemon, workspace), mode="legacy") as client:
+            big = await client.call_tool("big", {})
+            assert big.is_error is False
+            assert len(_text(big)) == 100_000  # the whole limit, not cut
+            assert _text(big).count("y") == 99_993
+            assert big.meta is not None
+            assert big.meta["toolsetd/truncated"] is False
+            image = await client.call_tool("bigimage", {})
+    images = [b for b in image.content if isinstance(b, types.ImageContent)]
+    assert len(images) == 1
+    data = base64.b64decode(images[0].data)
+    assert len(data) == 8 + 15 * 1024 * 1024
+    assert data == (workspace / "big.png").read_bytes()
+
+
+# -- catalog changes -----------------------------------------------------------------------
+
+
+async def test_mcp_list_changed_after_editing_a_tools_json(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """Editing a tools.json sends notifications/tools/list_changed; the new tool lists."""
+    changed = anyio.Event()
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    with anyio.fail_after(30):
+        async with Client(
+            server(mcp_daemon, workspace), mode="legacy", message_handler=on_message
+        ) as client:
+            assert "greet2" not in {t.name for t in (await client.list_tools()).tools}
+            write_set(
+                mcp_daemon.home / "tools", "greet2", tool("g.py"), **{"g.py": f"#!{PY}\nprint(2)\n"}
+            )
+            await changed.wait()  # the watcher saw the edit and reloaded
+            assert "greet2" in {t.name for t in (await client.list_tools()).tools}
+
+
+async def test_mcp_list_changed_modern_listen(mcp_daemon: Daemon, workspace: Path) -> None:
+    """On 2026-07-28, subscriptions/listen carries list_changed after a reload."""
+    with anyio.fail_after(30):
+        async with Client(server(mcp_daemon, workspace)) as client:
+            async with client.listen(tools_list_changed=True) as sub:
+                assert "fresh" not in {t.name for t in (await client.list_tools()).tools}
+                write_set(
+                    workspace / ".crystal" / "tools",
+                    "fresh",
+                    tool("f.py"),
+                    **{"f.py": f"#!{PY}\nprint(1)\n"},
+                )
+                mcp_daemon.call("reload", {"workspace": str(workspace)})
+                async for _event in sub:
+                    break
+            assert "fresh" in {t.name for t in (await client.list_tools()).tools}
+
+
+# -- approvals -----------------------------------------------------------------------------
+
+
+def _elicit(action: str, seen: list[str]) -> Any:
+    async def callback(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        seen.append(params.message)
+        return types.ElicitResult(action=action)  # type: ignore[arg-type]
+
+    return callback
+
+
+async def _ask(daemon: Daemon, workspace: Path, mode: str, action: str) -> tuple[Any, list[str]]:
+    """Call the asking tool with a host that answers the approval with ``action``."""
+    seen: list[str] = []
+    with anyio.fail_after(30):
+        async with Client(
+            server(daemon, workspace),
+            mode=mode,  # type: ignore[arg-type]
+            elicitation_callback=_elicit(action, seen),
+        ) as client:
+            return await client.call_tool("asker", {}), seen
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_mcp_elicitation_accept_runs_the_call(
+    mcp_daemon: Daemon, workspace: Path, mode: str
+) -> None:
+    """An ask is put to the operator (both eras) with the classification; accept runs it."""
+    result, seen = await _ask(mcp_daemon, workspace, mode, "accept")
+    assert result.is_error is False
+    assert "asked and ran" in _text(result)
+    assert len(seen) == 1
+    assert "asker" in seen[0]
+    assert "Scope: workspace" in seen[0]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+@pytest.mark.parametrize("action", ["decline", "cancel"])
+async def test_mcp_elicitation_decline_refuses(
+    mcp_daemon: Daemon, workspace: Path, mode: str, action: str
+) -> None:
+    """Decline or cancel gives an isError result saying so; nothing ran."""
+    result, seen = await _ask(mcp_daemon, workspace, mode, action)
+    assert result.is_error is True
+    assert "declined" in _text(result) or "cancelled" in _text(result)
+    assert len(seen) == 1
+    assert not [e for e in mcp_daemon.log_events() if e.get("event") == "call_started"]
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_mcp_without_elicitation_says_how_to_allow(
+    mcp_daemon: Daemon, workspace: Path, mode: str
+) -> None:
+    """A host without elicitation gets an isError result that says why and how to allow it."""
+    with anyio.fail_after(30):
+        async with Client(server(mcp_daemon, workspace), mode=mode) as client:  # type: ignore[arg-type]
+            result = await client.call_tool("asker", {})
+    assert result.is_error is True
+    text = _text(result)
+    assert "Approval required" in text
+    assert "elicitation" in text
+    assert "--approve" in text
+
+
+async def test_mcp_forbidden_call_passes_only_an_explicit_accept(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """In full mode a call on a credential path still asks; only the operator's accept runs it."""
+    call = {"path": ".ssh/id_rsa"}
+    with anyio.fail_after(30):
+        async with Client(server(mcp_daemon, workspace, "--mode", "full"), mode="legacy") as bare:
+            unasked = await bare.call_tool("reader", call)
+            allowed = await bare.call_tool("reader", {"path": "notes.txt"})
+        seen: list[str] = []
+        async with Client(
+            server(mcp_daemon, workspace, "--mode", "full"),
+            mode="legacy",
+            elicitation_callback=_elicit("accept", seen),
+        ) as asking:
+            accepted = await asking.call_tool("reader", call)
+    assert allowed.is_error is False  # full mode runs a workspace call unasked
+    assert unasked.is_error is True
+    assert "no mode or grant passes it" in _text(unasked)
+    assert "forbidden path" in seen[0]
+    assert accepted.is_error is False
+    assert "read" in _text(accepted)
+
+
+def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> None:
+    """After notifications/cancelled nothing more goes out for that request."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        params = {"name": "sleeper", "arguments": {}, "_meta": {"progressToken": "p"}}
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params})
+        pid_file = workspace / "sleeper.pid"
+        eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="the sleeper")
+        pid = int(pid_file.read_text())
+        pump.send(
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": 2, "reason": "test"},
+            }
+        )
+        eventually(lambda: not _alive(pid), timeout=15, what="the sleeper to be killed")
+        eventually(
+            lambda: any(e.get("event") == "call_finished" for e in mcp_daemon.log_events()),
+            what="the call to end",
+        )
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        while True:  # everything up to the ping's answer: no response for the cancelled call
+            message = pump.receive()
+            assert message.get("id") != 2, message
+            if message.get("id") == 3:
+                break
+    finally:
+        assert pump.close() == 0
+
+
+async def test_mcp_headless_denies_an_ask(mcp_daemon: Daemon, workspace: Path) -> None:
+    """--headless turns an ask into a deny: an isError with the reason, never a question."""
+    seen: list[str] = []
+    params = server(mcp_daemon, workspace, "--headless")
+    with anyio.fail_after(30):
+        async with Client(
+            params, mode="legacy", elicitation_callback=_elicit("accept", seen)
+        ) as client:
+            result = await client.call_tool("asker", {})
+    assert result.is_error is True
+    assert _text(result).startswith("Denied:")
+    assert seen == []
+
+
+def test_mcp_modern_request_state_is_checked(mcp_daemon: Daemon, workspace: Path) -> None:
+    """A forged or foreign requestState is refused; an input-required result names the approval."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}},
+    }
+    try:
+        first = pump.request(1, "tools/call", {"name": "asker", "arguments": {}, "_meta": meta})
+        assert first["result"]["resultType"] == "input_required"
+        state = first["result"]["requestState"]
+        (key,) = first["result"]["inputRequests"]
+        accept = {key: {"action": "accept", "content": {}}}
+        forged = pump.request(
+            2,
+            "tools/call",
+            {
+                "name": "asker",
+                "arguments": {},
+                "_meta": meta,
+                "inputResponses": accept,
+                "requestState": state[:-2] + "AA",
+            },
+        )
+        assert forged["error"]["code"] == -32602
+        other = pump.request(
+            3,
+            "tools/call",
+            {
+                "name": "asker",
+                "arguments": {"x": 1},
+                "_meta": meta,
+                "inputResponses": accept,
+                "requestState": state,
+            },
+        )
+        assert other["error"]["code"] == -32602
+        ran = pump.request(
+            4,
+            "tools/call",
+            {
+                "name": "asker",
+                "arguments": {},
+                "_meta": meta,
+                "inputResponses": accept,
+                "requestState": state,
+            },
+        )
+        assert ran["result"]["isError"] is False
+    finally:
+        assert pump.close() == 0
+
+
+# -- many at once --------------------------------------------------------------------------
+
+
+async def test_mcp_two_hosts_and_a_native_client(
+    mcp_daemon: Daemon, workspace: Path, tmp_base: Path
+) -> None:
+    """Two hosts on two workspaces and a native client share a daemon; each sees its own."""
+    other = tmp_base / "ws2"
+    other.mkdir()
+    write_project_asker(other, "otherasker")
+    changed: dict[str, anyio.Event] = {"a": anyio.Event(), "b": anyio.Event()}
+
+    def watch(key: str) -> Any:
+        async def on_message(message: Any) -> None:
+            if isinstance(message, types.ToolListChangedNotification):
+                changed[key].set()
+
+        return on_message
+
+    with anyio.fail_after(40):
+        async with (
+            Client(server(mcp_daemon, workspace), mode="legacy", message_handler=watch("a")) as a,
+            Client(server(mcp_daemon, other), mode="legacy", message_handler=watch("b")) as b,
+        ):
+            names_a = {t.name for t in (await a.list_tools()).tools}
+            names_b = {t.name for t in (await b.list_tools()).tools}
+            assert "asker" in names_a
+            assert "asker" not in names_b
+            assert "otherasker" in names_b
+            assert "otherasker" not in names_a
+            results: dict[str, Any] = {}
+
+            async def native() -> None:
+                def run() -> Any:
+                    with RawConn(mcp_daemon.socket) as conn:
+                        return conn.invoke(
+                            {
+                                "tool": "hello",
+                                "arguments": {"name": "N"},
+                                "workspace": str(workspace),
+                            }
+                        )
+
+                results["native"] = await anyio.to_thread.run_sync(run)
+
+            async def host(key: str, client: Client) -> None:
+                results[key] = await client.call_tool("progress3", {})
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(native)
+                tg.start_soon(host, "a", a)
+                tg.start_soon(host, "b", b)
+            events, response = results["native"]
+            assert "Hello, N!" in response["result"]["content"][0]["text"]
+            assert [e["method"] for e in events][0] == "started"
+            assert "counted" in _text(results["a"])
+            assert "counted" in _text(results["b"])
+            write_set(
+                other / ".crystal" / "tools",
+                "late",
+                tool("l.py"),
+                **{"l.py": f"#!{PY}\nprint(3)\n"},
+            )
+            mcp_daemon.call("reload", {"workspace": str(other)})
+            await changed["b"].wait()
+            assert "late" in {t.name for t in (await b.list_tools()).tools}
+            assert "late" not in {t.name for t in (await a.list_tools()).tools}
+            assert not changed["a"].is_set()
+
+
+# -- autostart -----------------------------------------------------------------------------
+
+
+def test_mcp_no_autostart_fails_with_one_clear_line(tmp_base: Path, workspace: Path) -> None:
+    """With --no-autostart and no daemon, one stderr line and exit code 5."""
+    missing = tmp_base / "none.sock"
+    proc = subprocess.run(
+        [PY, "-m", "toolsetd.client", "--socket", str(missing), "mcp", "--no-autostart"],
+        input=b"",
+        capture_output=True,
+        timeout=20,
+        check=False,
+    )
+    assert proc.returncode == 5
+    lines = proc.stderr.decode().strip().splitlines()
+    assert len(lines) == 1
+    assert str(missing) in lines[0]
+    assert "--no-autostart" in lines[0]
+    assert proc.stdout == b""
+
+
+def test_mcp_bad_workspace_is_one_clear_line(mcp_daemon: Daemon, tmp_base: Path) -> None:
+    """A workspace that is not a directory is refused at bind time, on stderr, exit 2."""
+    proc = subprocess.run(
+        [
+            PY,
+            "-m",
+            "toolsetd.client",
+            "--socket",
+            str(mcp_daemon.socket),
+            "--workspace",
+            str(tmp_base / "nope"),
+            "mcp",
+            "--no-autostart",
+        ],
+        input=b"",
+        capture_output=True,
+        timeout=20,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert "not a directory" in proc.stderr.decode()
+    assert proc.stdout == b""
+
+
+@pytest.fixture
+def autostart_base() -> Iterator[Path]:
+    """A short folder for an autostarted daemon's socket, which is stopped afterwards."""
+    base = Path(tempfile.mkdtemp(prefix="tsa-"))
+    try:
+        yield base
+    finally:
+        pid_file = base / "pid"
+        if pid_file.exists():
+            try:
+                os.kill(int(pid_file.read_text()), signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_mcp_autostarts_a_daemon(autostart_base: Path, workspace: Path, tmp_base: Path) -> None:
+    """With no daemon on the socket, toolsetctl mcp starts one and says where it logs."""
+    home = tmp_base / "autohome"
+    shutil.copytree(EXAMPLES, home / "tools")
+    sock = autostart_base / "run" / "t.sock"
+    env = {**os.environ, "CRYSTAL_HOME": str(home)}
+    env.pop("TOOLSETD_SOCKET", None)
+    pump = RawPump(
+        ["-m", "toolsetd.client", "--socket", str(sock), "--workspace", str(workspace), "mcp"], env
+    )
+    try:
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        assert init["result"]["serverInfo"]["name"] == "toolsetd"
+        called = pump.request(2, "tools/call", {"name": "hello", "arguments": {"name": "Auto"}})
+        assert "Hello, Auto!" in called["result"]["content"][0]["text"]
+    finally:
+        assert pump.close() == 0
+    with RawConn(sock) as conn:
+        status = conn.request("status")["result"]
+    (autostart_base / "pid").write_text(str(status["pid"]))
+    assert status["home"] == str(home)
+    log = sock.parent / "toolsetd.log"
+    said = pump.stderr()
+    assert str(log) in said
+    assert str(sock) in said
+    assert log.exists()
+
+
+# -- a real host ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def claude_cli() -> Path:
+    """Claude Code from npm, installed once into a cache folder outside the repository."""
+    npm, node = shutil.which("npm"), shutil.which("node")
+    if npm is None or node is None:
+        pytest.skip("npm and node are needed to install Claude Code")
+    cache = (
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+        / "toolsetd-tests"
+        / "claude-code"
+    )
+    binary = cache / "node_modules" / ".bin" / "claude"
+    if not binary.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(
+            [npm, "install", "--prefix", str(cache), "@anthropic-ai/claude-code"],
+            capture_output=True,
+            timeout=600,
+            check=False,
+        )
+        if done.returncode != 0 or not binary.exists():
+            pytest.skip(f"could not install Claude Code: {done.stderr.decode()[-300:]}")
+    return binary
+
+
+@pytest.mark.slow
+def test_mcp_claude_code_connects(
+    claude_cli: Path, mcp_daemon: Daemon, workspace: Path, tmp_base: Path
+) -> None:
+    """``claude mcp add`` then ``claude mcp list`` reports toolsetctl mcp as Connected."""
+    env = {**os.environ, "HOME": str(tmp_base / "claude-home")}
+    (tmp_base / "claude-home").mkdir()
+    command = [PY, *pump_args(mcp_daemon, workspace)]
+    subprocess.run(
+        [str(claude_cli), "mcp", "add", "tools", "--", *command],
+        cwd=workspace,
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    listed = subprocess.run(
+        [str(claude_cli), "mcp", "list"],
+        cwd=workspace,
+        env=env,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    out = listed.stdout.decode()
+    assert "tools:" in out
+    assert "Connected" in out, out
+
+
+def test_mcp_no_new_call_during_a_graceful_stop(
+    mcp_sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """After SIGTERM a new tools/call is refused (-32010); the running one is cancelled."""
+    d = start_daemon(home, workspace, tmp_base, ["--shutdown-grace", "2"])
+    pump = RawPump(pump_args(d, workspace))
+    try:
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        call = {"name": "sleeper", "arguments": {}}
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        pid_file = workspace / "sleeper.pid"
+        eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="the sleeper")
+        d.proc.send_signal(signal.SIGTERM)
+        eventually(lambda: "stop_requested" in d.log(), what="the stop to begin")
+        refused = pump.request(3, "tools/call", {"name": "hello", "arguments": {"name": "x"}})
+        assert refused["error"]["code"] == -32010
+        cancelled = pump.receive()
+        assert cancelled["id"] == 2
+        assert cancelled["result"]["isError"] is True
+        assert d.proc.wait(timeout=20) == 0
+        assert not _alive(int(pid_file.read_text()))
+        assert pump.close() == 5  # the daemon went away under the host: one line says so
+        assert "closed the connection" in pump.stderr()
+    finally:
+        if pump.proc.poll() is None:
+            pump.close()
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
