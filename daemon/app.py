@@ -44,6 +44,7 @@ import structlog
 from toolsetd.protocol import __version__
 
 from .activation import ActivationError, listen_fds
+from .confinement import Confinement, ConfinementConfig
 from .logs import configure_logging
 from .mcp_session import McpServer
 from .mcp_socket import METHOD_MCP_BIND, McpBinder
@@ -107,6 +108,7 @@ class DaemonOptions:
             one with an in-memory exporter); None builds one from ``traces``.
         settings: The settings these options came from (a reload compares with them).
         args: The parsed flags (a reload merges them with the file again).
+        confinement: The ``[confinement]`` table: cgroups, sandbox, per-set choices.
     """
 
     home: Path
@@ -127,6 +129,7 @@ class DaemonOptions:
     tracer_provider: Any = None
     settings: Settings | None = None
     args: argparse.Namespace | None = None
+    confinement: ConfinementConfig = field(default_factory=ConfinementConfig)
 
 
 class _Stop(Exception):
@@ -163,17 +166,29 @@ async def _run(
     notifier = Notifier.from_environ(os.environ)
     activated = listen_fds(os.environ)
     base_env = scrub_environment(os.environ)
+    if activated:
+        socket_path = Path(activated[0].getsockname() or "/")
+    else:
+        socket_path = options.socket or default_socket_path(os.environ)
+    # Before the sentinel starts: it must know the cgroup tree it kills should we die.
+    confinement = Confinement.probe(
+        options.confinement, options.user_home, options.home, socket_path
+    )
     guard = OrphanGuard() if options.orphan_guard else None
     if guard is not None:
         try:
-            guard.start()
+            cgroups = confinement.cgroups
+            guard.start(cgroup=str(cgroups.folder) if cgroups is not None else None)
         except OSError as exc:  # the daemon still serves; the groups are still tracked
             log.error("orphan_guard_unavailable", error=exc.strerror or str(exc))
     try:
-        await _serve(options, signals, task_status, notifier, activated, base_env, guard)
+        await _serve(
+            options, signals, task_status, notifier, activated, base_env, guard, confinement
+        )
     finally:
         if guard is not None:
             guard.close()
+        confinement.close()
 
 
 async def _serve(
@@ -184,6 +199,7 @@ async def _serve(
     activated: list[socket.socket],
     base_env: dict[str, str],
     guard: OrphanGuard | None,
+    confinement: Confinement,
 ) -> None:
     lock = None
     socket_path: Path
@@ -207,7 +223,7 @@ async def _serve(
         peer_policy = PeerPolicy.from_group_name(options.allow_group, peer_policy)
     registry = Registry(options.home, options.reserved, idle_seconds=options.workspace_idle_seconds)
     limiter = anyio.CapacityLimiter(options.max_running)
-    runner = Runner(options.runner, limiter, base_env, guard=guard)
+    runner = Runner(options.runner, limiter, base_env, guard=guard, confinement=confinement)
     server: Server
     watcher: Watcher | None = None
     state = _State(options=options)
@@ -246,6 +262,7 @@ async def _serve(
         notifier,
         on_workspace=follow_workspace,
         observer=observer,
+        confinement=confinement,
     )
     mcp = McpServer(service)
     handlers = Handlers(
@@ -554,6 +571,7 @@ def options_from_settings(
         traces=settings.traces,
         settings=settings,
         args=args,
+        confinement=settings.confinement,
     )
 
 

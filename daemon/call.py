@@ -68,6 +68,8 @@ class CallRequest:
             (``TRACEPARENT`` from ``observe``).
         every_progress_line: Report every line the child writes to its progress fd,
             without coalescing bursts (MCP hosts count them).
+        approved_paths: The call's approved outside-workspace paths (a sandboxed call may
+            write exactly these).
     """
 
     call_id: str
@@ -80,6 +82,7 @@ class CallRequest:
     images: bool = True
     extra_env: Mapping[str, str] = field(default_factory=dict)
     every_progress_line: bool = False
+    approved_paths: tuple[str, ...] = ()
 
 
 class EventSink(Protocol):
@@ -118,6 +121,8 @@ class CallOutcome:
     pid: int | None
     queue_ms: int = 0  # waited for a limiter slot
     spawn_failed: bool = False  # the process could not be started
+    peak_memory_bytes: int | None = None  # the call's cgroup's memory.peak, when known
+    cpu_ms: int | None = None  # the call's cgroup's CPU time, when known
 
     def to_wire(self, call_id: str) -> dict[str, Any]:
         """The contract's camelCase call result."""

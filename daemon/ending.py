@@ -78,8 +78,17 @@ async def wait_exit(pid: int, pidfd: int | None) -> None:
         await anyio.sleep(delay)
         delay = min(delay * 2, 0.05)
 
-async def terminate(pgid: int, pidfd: int | None, grace: float) -> bool:
+async def terminate(
+    pgid: int, pidfd: int | None, grace: float, kill_all: Callable[[], None] | None = None
+) -> bool:
     """SIGTERM the group, give the leader the grace period, then SIGKILL the group.
+
+    Args:
+        pgid: The group (its leader's pid).
+        pidfd: The leader's pidfd, if any.
+        grace: Seconds between SIGTERM and SIGKILL.
+        kill_all: Also called with the SIGKILL: the call's ``cgroup.kill``, which reaches the
+            processes that left the group.
 
     Returns:
         Whether the leader exited within the grace period.
@@ -91,6 +100,8 @@ async def terminate(pgid: int, pidfd: int | None, grace: float) -> bool:
             await wait_exit(pgid, pidfd)
             exited = True
         killpg(pgid, signal.SIGKILL)
+        if kill_all is not None:
+            kill_all()
     return exited
 
 async def reap(pid: int, pidfd: int | None, gone: bool, poll: Callable[[], object]) -> None:

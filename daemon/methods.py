@@ -153,6 +153,9 @@ class Handlers:
             "connections": (
                 len(connections) if isinstance(connections, Sized) else sum(1 for _ in connections)
             ),
+            "confinement": (
+                service.confinement.status() if service.confinement is not None else None
+            ),
         }
 
     async def list(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
@@ -188,7 +191,7 @@ class Handlers:
         prepared = await self.service.prepare(
             p.tool, p.arguments, p.workspace, p.mode, p.headless, None
         )
-        return prepared.classification.to_wire()
+        return self.service.classification_wire(prepared)
 
     async def invoke(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """Run a tool: enforce the classification, stream events, answer the result."""

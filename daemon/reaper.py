@@ -58,7 +58,8 @@ __all__ = ["SENTINEL_SCRIPT", "NullGuard", "OrphanGuard", "ProcessGroupGuard"]
 log = structlog.get_logger("toolsetd.reaper")
 
 #: The sentinel's program: on EOF of stdin, kill the groups in the table (the memfd named by
-#: ``argv[1]``, native 32-bit ints, 0 = free) and those of ``+pgid``/``-pgid`` stdin lines.
+#: ``argv[1]``, native 32-bit ints, 0 = free; -1: none) and those of ``+pgid``/``-pgid``
+#: stdin lines, then write ``cgroup.kill`` of the cgroup folder ``argv[2]``, if given.
 SENTINEL_SCRIPT = r"""# toolsetd orphan guard: on EOF, SIGKILL the registered process groups
 import os, signal, sys
 for s in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
@@ -100,6 +101,12 @@ if table >= 0:
 for pgid in groups:
     try:
         os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+if len(sys.argv) > 2 and sys.argv[2]:
+    try:
+        with open(os.path.join(sys.argv[2], "cgroup.kill"), "w") as f:
+            f.write("1")
     except OSError:
         pass
 """
@@ -156,8 +163,13 @@ class OrphanGuard:
         """Whether registrations still reach a sentinel."""
         return self._fd is not None and not self._lost
 
-    def start(self) -> None:
+    def start(self, cgroup: str | None = None) -> None:
         """Spawn the sentinel.
+
+        Args:
+            cgroup: The daemon's cgroup folder (``cgroup.CgroupTree.folder``): the
+                sentinel also writes its ``cgroup.kill``, which reaches the tools'
+                processes that left their groups.
 
         Raises:
             OSError: The pipe or the process could not be created.
@@ -166,9 +178,9 @@ class OrphanGuard:
             raise RuntimeError("the orphan guard is already started")
         table = self._open_table()
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
-        argv = [self._python, "-S", "-c", SENTINEL_SCRIPT]
-        if table is not None:
-            argv.append(str(table))
+        argv = [self._python, "-S", "-c", SENTINEL_SCRIPT, str(table if table is not None else -1)]
+        if cgroup is not None:
+            argv.append(cgroup)
         try:
             self._proc = subprocess.Popen(  # noqa: TID251 -- fixed argv, no shell; it must outlive the loop
                 argv,

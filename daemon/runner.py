@@ -65,6 +65,15 @@ from .call import (
     elapsed_ms,
     no_process_outcome,
 )
+from .cgroup import CallUsage
+from .confinement import (
+    Confinement,
+    ConfinementError,
+    ExecutableError,
+    Prepared,
+    setup_failure,
+    usage_text,
+)
 from .ending import build_outcome, killpg, reap, terminate, wait_exit
 from .output import CANCELLED_TEXT, start_failure_text
 from .progress import read_progress
@@ -103,8 +112,6 @@ class _CallPaths:
         self.spill_folder = spill
 
 
-
-
 class Runner:
     """Runs exec calls.
 
@@ -115,6 +122,8 @@ class Runner:
         guard: Told each child's process group right after the spawn and again once the
             group is killed and its leader reaped (``reaper.OrphanGuard``: the groups are
             killed should the daemon die meanwhile). Default: nothing is told.
+        confinement: The cgroup per call and the sandbox (``confinement.Confinement``).
+            Default: neither (process groups, no sandbox).
     """
 
     def __init__(
@@ -123,8 +132,10 @@ class Runner:
         limiter: anyio.CapacityLimiter,
         base_env: Mapping[str, str],
         guard: ProcessGroupGuard | None = None,
+        confinement: Confinement | None = None,
     ) -> None:
         self._s = settings
+        self._confinement = confinement
         self._limiter = limiter
         self._base_env = dict(base_env)
         self._guard: ProcessGroupGuard = guard if guard is not None else NullGuard()
@@ -267,8 +278,28 @@ class Runner:
             return no_process_outcome(t0, start_failure_text(exc.strerror), spawn_failed=True)
         paths = self._call_paths(request)
         env = self._environment(request, paths, prog_w)
+        prepared: Prepared | None = None
+        if self._confinement is not None:
+            try:
+                prepared = self._confinement.prepare(
+                    toolset,
+                    argv,
+                    paths.workspace,
+                    (paths.workspace, paths.tool_data, paths.project_data),
+                    request.approved_paths,
+                    env.get("PATH"),
+                )
+            except ConfinementError as exc:
+                fds.close_all()
+                return no_process_outcome(t0, str(exc))
+            except ExecutableError as exc:
+                fds.close_all()
+                return no_process_outcome(t0, start_failure_text(str(exc)))
+            argv = prepared.argv
+        cgroup = prepared.cgroup if prepared is not None else None
+        kill_all = cgroup.kill if cgroup is not None else None
+        usage = CallUsage()
         try:
-
             proc = subprocess.Popen(  # noqa: TID251, ASYNC220
                 argv,
                 stdin=in_r,
@@ -281,6 +312,8 @@ class Runner:
             )
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             fds.close_all()
+            if cgroup is not None:
+                cgroup.discard()
             message = exc.strerror if isinstance(exc, OSError) else str(exc)
             if isinstance(exc, OSError) and exc.filename:
                 message = f"{message}: {exc.filename}"  # say which file: the fix is there
@@ -353,9 +386,11 @@ class Runner:
                         s.drain_after_exit_seconds, done_out, done_err, done_progress
                     )
                     killpg(proc.pid, signal.SIGKILL)
+                    if kill_all is not None:
+                        kill_all()
                 else:
                     call.reason = call.reason or "timeout"
-                    leader_gone = await terminate(proc.pid, pidfd, s.kill_grace_seconds)
+                    leader_gone = await terminate(proc.pid, pidfd, s.kill_grace_seconds, kill_all)
                 killed = True
                 await all_set_within(s.drain_after_exit_seconds, done_out, done_err)
                 if readers or not (
@@ -369,16 +404,52 @@ class Runner:
             with anyio.CancelScope(shield=True):
                 if not killed:
                     killpg(proc.pid, signal.SIGKILL)
+                    if kill_all is not None:
+                        kill_all()
                 await reap(proc.pid, pidfd, leader_gone, proc.poll)
+                if cgroup is not None:
+                    usage = await cgroup.finish()
                 self._guard.unregister(proc.pid)
                 fds.close_all()
                 if pidfd is not None:
                     os.close(pidfd)
                 if not call.exited or call.reason is not None:
                     spill.discard()
-        return await build_outcome(request, proc.pid, proc.returncode, call, spill, s)
+        outcome = await build_outcome(request, proc.pid, proc.returncode, call, spill, s)
+        if prepared is not None:
+            outcome = self._confined(outcome, prepared, proc.returncode, call, usage)
+        return outcome
 
-
+    def _confined(
+        self,
+        outcome: CallOutcome,
+        prepared: Prepared,
+        returncode: int | None,
+        call: CallState,
+        usage: CallUsage,
+    ) -> CallOutcome:
+        """Say why a confined call failed to start or was OOM-killed; add its usage."""
+        cpu_ms = usage.cpu_usec // 1000 if usage.cpu_usec is not None else None
+        outcome = replace(outcome, peak_memory_bytes=usage.peak_memory_bytes, cpu_ms=cpu_ms)
+        failure = setup_failure(prepared, returncode, bytes(call.err.prefix[:4096]))
+        if failure is not None:
+            return replace(
+                outcome,
+                status="error",
+                is_error=True,
+                exit_code=None,
+                content=({"type": "text", "text": failure},),
+            )
+        assert self._confinement is not None
+        note = usage_text(usage, prepared.limits)
+        if note is None:
+            return outcome
+        blocks = list(outcome.content)
+        if blocks and blocks[0].get("type") == "text":
+            blocks[0] = {"type": "text", "text": f"{note}\n{blocks[0]['text']}"}
+        else:
+            blocks.insert(0, {"type": "text", "text": note})
+        return replace(outcome, status="error", is_error=True, content=tuple(blocks))
 
     async def _watch(self, cancel: anyio.Event, call: CallState) -> None:
         """Stop the call when ``cancel`` is set; meanwhile and after, the periodic progress."""

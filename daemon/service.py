@@ -52,9 +52,10 @@ import structlog
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol import models as m
 
+from .confinement import Confinement
 from .model import Catalog, CatalogName, LoadedTool
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
-from .paths import ArgumentsError, rewrite_arguments
+from .paths import ArgumentsError, Scope, rewrite_arguments
 from .policy import Classification, classify
 from .registry import Registry, ReloadOutcome
 from .runner import CallOutcome, CallRequest, Runner
@@ -258,6 +259,8 @@ class Service:
         notifier: systemd notify (a no-op outside systemd).
         on_workspace: Called with each workspace first used (the watcher follows it).
         observer: Told of each call and reload (metrics, tracing; ``observe.Observer``).
+        confinement: The cgroups and the sandbox (``status`` and the classification
+            report them; the runner applies them).
     """
 
     def __init__(
@@ -269,8 +272,10 @@ class Service:
         notifier: Notifier,
         on_workspace: Callable[[Path], None] | None = None,
         observer: Observer = NO_OBSERVER,
+        confinement: Confinement | None = None,
     ) -> None:
         self.settings = settings
+        self.confinement = confinement
         self._observer = observer
         self.registry = registry
         self._runner = runner
@@ -400,6 +405,19 @@ class Service:
         )
         return Prepared(workspace, mode, loaded, classification)
 
+    def classification_wire(self, prepared: Prepared) -> dict[str, Any]:
+        """The classification's wire shape with the confinement the call would get.
+
+        It is what ``classify`` answers and what a refusal carries, so an approval digest
+        covers the sandbox the operator was shown.
+        """
+        wire: dict[str, Any] = prepared.classification.to_wire()
+        if self.confinement is not None:
+            wire["confinement"] = self.confinement.describe(
+                prepared.loaded.toolset, _outside_paths(prepared.classification)
+            )
+        return wire
+
     def _fence_error(
         self, loaded: LoadedTool, workspace: Path, arguments: Any, message: str
     ) -> rpc_errors.InvalidArguments:
@@ -439,7 +457,7 @@ class Service:
         decision = classification.decision
         if decision == "allow":
             return
-        wire = classification.to_wire()
+        wire = self.classification_wire(prepared)
         if decision == "deny":
             observed.refused("deny")
             raise rpc_errors.PolicyDenied(f"Denied: {classification.reason}", wire)
@@ -523,6 +541,7 @@ class Service:
             images=request.images,
             every_progress_line=request.every_progress_line,
             extra_env=observed.child_env(),
+            approved_paths=_outside_paths(prepared.classification),
         )
         log.info(
             "call_started", call_id=call_id, tool=loaded.tool.name, set=loaded.toolset.directory
@@ -563,6 +582,8 @@ class Service:
             stdout_bytes=outcome.stdout_bytes,
             stderr_bytes=outcome.stderr_bytes,
             truncated=outcome.truncated,
+            peak_memory_bytes=outcome.peak_memory_bytes,
+            cpu_ms=outcome.cpu_ms,
         )
         return call_id, outcome
 
@@ -623,3 +644,10 @@ class Service:
             for listener in [*self._listen_all, *self._listeners.get(key, ())]:
                 await listener(key, outcome.generation, wire)
         return outcome
+
+
+def _outside_paths(classification: Classification) -> tuple[str, ...]:
+    """The resolved outside-workspace paths of a call the decision lets run."""
+    return tuple(
+        p.resolved for p in classification.paths if p.scope == Scope.OUTSIDE and p.resolved
+    )

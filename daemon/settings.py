@@ -27,8 +27,9 @@ applies now (``Option.reloadable``) and those that need a restart.
 
 To add a setting (for example per-set limits), add a row to ``OPTIONS`` and a field of
 the same name (dashes as underscores) to ``Settings``; a TOML table of its own (such as
-``[sets.<directory>]``) gets a reader in ``_read_tables`` and a field holding a typed,
-frozen value.
+``[sets.<directory>]``) gets a reader in ``_TABLES`` and a field holding a typed,
+frozen value. ``[confinement]`` is one (``confinement.parse_confinement``: cgroups,
+sandbox profiles and limits per source and per set); a change to it needs a restart.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from .config_file import read_regular_file
+from .confinement import ConfinementConfig, parse_confinement
 from .manifest import ManifestError
 
 __all__ = [
@@ -293,6 +295,7 @@ class Settings:
     workspace_idle: float = 3600.0
     metrics_listen: tuple[str, int] | None = None
     traces: str = "off"
+    confinement: ConfinementConfig = field(default_factory=ConfinementConfig)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     config_path: Path | None = field(default=None, compare=False)
 
@@ -536,6 +539,10 @@ def _file_values(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     sources: dict[str, str] = {}
     for key, raw in table.items():
         line = lines.get(key) or lines.get(f"[{key}]")
+        if key in _TABLES:
+            values[key] = _read_table(key, raw, path, lines)
+            sources[key] = f"{path}:{line}" if line else str(path)
+            continue
         option = _BY_KEY.get(key)
         if option is None:
             import difflib  # only for the error message
@@ -551,8 +558,20 @@ def _file_values(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
     return values, sources
 
 
-def _read_tables(path: Path, values: dict[str, Any]) -> None:
-    """Readers of TOML tables of their own; none yet (see the module docstring)."""
+#: The TOML tables with a reader of their own, by key (the ``Settings`` field's name).
+_TABLES: dict[str, Any] = {"confinement": parse_confinement}
+
+
+def _read_table(key: str, raw: Any, path: Path, lines: Mapping[str, int]) -> Any:
+    """One table through its reader; its ``ValueError`` names the dotted key at fault."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"must be a table ([{key}]), got {_show(raw)}", path, lines.get(key), key)
+    try:
+        return _TABLES[key](raw, key)
+    except ValueError as exc:
+        where, _, message = str(exc).partition(": ")
+        line = lines.get(where) or lines.get(f"[{where}]") or lines.get(f"[{key}]")
+        raise ConfigError(message, path, line, where) from None
 
 
 def load_settings(
@@ -579,7 +598,6 @@ def load_settings(
     file_sources: dict[str, str] = {}
     if path is not None and (explicit or os.path.exists(path)):
         file_values, file_sources = _file_values(path)
-        _read_tables(path, file_values)
     elif not explicit:
         path = None
     values: dict[str, Any] = {}
@@ -603,6 +621,10 @@ def load_settings(
             sources[option.key] = file_sources[option.key]
         else:
             sources[option.key] = "default"
+    for key in _TABLES:
+        if key in file_values:
+            values[key] = file_values[key]
+            sources[key] = file_sources[key]
     return Settings(**values, sources=sources, config_path=path)
 
 
@@ -638,6 +660,11 @@ def reload_settings(
             restart.append(option.key)
             keep[option.attr] = old
             sources[option.key] = running.sources.get(option.key, "default")
+    for key in _TABLES:
+        if getattr(running, key) != getattr(fresh, key):
+            restart.append(key)
+            keep[key] = getattr(running, key)
+            sources[key] = running.sources.get(key, "default")
     settings = replace(fresh, **keep, sources=sources)
     return SettingsReload(settings, tuple(applied), tuple(restart))
 
@@ -694,12 +721,16 @@ def format_settings(
             continue
         text = f"{option.key} = {_toml_value(value)}"
         lines.append(f"{text:<{width + 40}} # {source}{reload_note}")
+    for key in _TABLES:  # tables are shown by where they came from, not spelled out
+        text = f"# [{key}] (see the file)" if key in settings.sources else f"# [{key}] ="
+        lines.append(f"{text:<{width + 40}} # {settings.sources.get(key, 'default')}, restart to change")
     return "\n".join(lines) + "\n"
 
 
 def settings_fields() -> tuple[str, ...]:
     """The ``Settings`` fields that hold values (for tests that check the table)."""
-    return tuple(f.name for f in fields(Settings) if f.name not in {"sources", "config_path"})
+    skip = {"sources", "config_path", *_TABLES}
+    return tuple(f.name for f in fields(Settings) if f.name not in skip)
 
 
 def parse_command_line(argv: Sequence[str] | None, version: str) -> argparse.Namespace:

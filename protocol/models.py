@@ -304,6 +304,7 @@ class StatusResult(_Wire):
     workspaces: list[str]
     in_flight: int
     connections: int
+    confinement: dict[str, Any] | None = None  # cgroup and sandbox modes (docs/security.md)
 
 
 class ListParams(_Params):
@@ -348,6 +349,7 @@ class Classification(_Wire):
     decision: Literal["allow", "ask", "review", "deny"]
     reason: str
     arguments: Any
+    confinement: dict[str, Any] | None = None  # the sandbox and cgroup the call would get
 
 
 class InvokeParams(_Params):

@@ -27,7 +27,7 @@ def test_daemon_status_reports_its_state(daemon: Daemon) -> None:
     result = daemon.call("status")["result"]
     assert set(result) == {
         "version", "pid", "uptimeSeconds", "socket", "home", "generation", "workspaces",
-        "inFlight", "connections",
+        "inFlight", "connections", "confinement",
     }
     assert result["pid"] == daemon.proc.pid
     assert result["socket"] == str(daemon.socket)

@@ -81,7 +81,7 @@ def test_reload_call_in_flight_keeps_its_definition(unwatched: Daemon, workspace
     write_set(d.home / "tools", "slow", {
         "runner": "exec", "description": "d", "schema": {"type": "object"},
         "command": ["slow.sh"], "stdin": False, "approval": "always",
-    }, **{"slow.sh": "#!/bin/sh\nsleep 1\necho done-$0\n"})
+    }, **{"slow.sh": '#!/bin/sh\n: > "$CRYSTAL_WORKSPACE/slow-ran"\nsleep 1\necho done-$0\n'})
     d.call("reload")
     result: dict[str, Any] = {}
 
@@ -93,7 +93,9 @@ def test_reload_call_in_flight_keeps_its_definition(unwatched: Daemon, workspace
 
     thread = threading.Thread(target=run)
     thread.start()
-    eventually(lambda: d.call("status")["result"]["inFlight"] == 1)
+    # The tool itself says it runs: a confined child execs its tool a moment after the
+    # call is in flight (it joins its cgroup first), and the file must still be there then.
+    eventually(lambda: (workspace / "slow-ran").exists())
     shutil.rmtree(d.home / "tools" / "slow")
     assert ("slow", "removed") in {
         (c["set"], c["change"]) for c in d.call("reload")["result"]["changed"]

@@ -1,0 +1,481 @@
+"""A cgroup v2 per call: its limits, its kill, its peak memory and CPU time.
+
+Theory of operation
+-------------------
+The daemon needs a cgroup v2 subtree it may write. ``CgroupTree.probe`` finds one:
+
+* ``cgroup = "off"``: none (process groups, as without a writable tree);
+* ``cgroup = "<path>"``: the named folder on a cgroup2 mount (created when its parent is
+  writable); the operator enables the controllers in its parent;
+* ``cgroup = "auto"`` (the default): the daemon's own cgroup, from ``/proc/self/cgroup``,
+  when systemd delegated it (``Delegate=yes`` marks it with the ``trusted.delegate`` or
+  ``user.delegate`` attribute) or when it is the root of the hierarchy (a container, or
+  this host, where the unified hierarchy sits at ``/sys/fs/cgroup/unified``). In a
+  delegated cgroup the daemon first moves itself into the leaf ``daemon`` (cgroup v2
+  lets a cgroup that hands controllers to its children hold no process) and enables the
+  controllers it was given for its children.
+
+Under that base the daemon makes its own folder ``toolsetd-<pid>`` (so two daemons sharing
+a base never touch each other's calls; a folder of a pid that is gone is a dead daemon's,
+and is killed and removed at start) with every controller of ``memory``, ``pids``, ``cpu``
+it can get enabled for its children, and one child ``c<n>`` per call.
+
+A call's child enters its cgroup before the tool's first instruction: the runner spawns
+``/bin/sh -c 'echo 0 >"$1" || exit 125; shift; exec "$@"'`` (``JOIN_ARGV``) with the cgroup's
+``cgroup.procs`` and the tool's argv. ``echo`` is a builtin, so the write (which moves the
+writer, pid 0 meaning "me") happens in the shell itself, and ``exec`` then replaces it with
+the tool, already inside; a ``fork`` or ``setsid`` the tool does is inside too. Python
+cannot reach ``clone3(CLONE_INTO_CGROUP)`` (glibc's ``pidfd_spawn`` with a cgroup arrived
+in 2.39; ``os.posix_spawn`` has no such attribute), and moving the child from the daemon
+after the spawn races with the tool's first ``fork``; ``bench/bench_confine.py`` measures
+the shell against a blocker the daemon moves and releases.
+
+At the end of the call (the leader exited, timeout, cancel, shutdown) ``CallCgroup.kill``
+writes ``cgroup.kill``: every process in it gets ``SIGKILL`` at once, ``setsid``'d
+grandchildren included. ``finish`` then waits (bounded) until ``cgroup.events`` says
+``populated 0``, reads ``memory.peak``, ``cpu.stat``'s ``usage_usec`` and
+``memory.events``' ``oom_kill``, and removes the folder (a folder still busy is retried
+at the next call and at close).
+
+Limits (``Limits``) are written before the child starts: ``memory.max`` (and
+``memory.swap.max = 0`` and ``memory.oom.group = 1``, so the cap is real and an OOM kill
+takes the whole call), ``pids.max`` and ``cpu.max``. A limit whose controller the tree
+does not have raises ``CgroupError``: the call fails closed instead of running unlimited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import os
+import re
+import signal
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+import structlog
+
+__all__ = [
+    "CONTROLLERS",
+    "JOIN_ARGV",
+    "JOIN_FAILED_EXIT",
+    "CallCgroup",
+    "CallUsage",
+    "CgroupError",
+    "CgroupTree",
+    "Limits",
+    "parse_limits",
+]
+
+log = structlog.get_logger("toolsetd.cgroup")
+
+#: The controllers a call's limits use.
+CONTROLLERS: tuple[str, ...] = ("memory", "pids", "cpu")
+#: The exit status of the joining shell when it cannot enter the cgroup.
+JOIN_FAILED_EXIT = 125
+#: The argv prefix that moves the child into the cgroup named by the next argument, then
+#: executes the rest. The tool's own argv follows the ``cgroup.procs`` path.
+JOIN_ARGV: tuple[str, ...] = (
+    "/bin/sh",
+    "-c",
+    'echo 0 >"$1" 2>/dev/null || { echo "toolsetd-join: cannot enter the cgroup $1" >&2; '
+    f'exit {JOIN_FAILED_EXIT}; }}; shift; exec "$@"',
+    "toolsetd-join",
+)
+
+_PREFIX = "toolsetd-"
+_DRAIN_BOUND_SECONDS = 2.0
+_TRASH_MAX = 256
+_SIZE = re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)[iI]?[bB]?\s*$")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_PERIOD_USEC = 100_000
+
+
+class CgroupError(Exception):
+    """A cgroup that cannot be set up; the message names the setting and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """One set's cgroup limits (None: no limit).
+
+    Attributes:
+        memory_max: Bytes (``memory.max``).
+        pids_max: Tasks (``pids.max``).
+        cpu_max: ``cpu.max`` text, ``"<quota> <period>"`` in microseconds.
+    """
+
+    memory_max: int | None = None
+    pids_max: int | None = None
+    cpu_max: str | None = None
+
+    def needs(self) -> tuple[str, ...]:
+        """The controllers these limits need."""
+        wanted = (
+            ("memory", self.memory_max),
+            ("pids", self.pids_max),
+            ("cpu", self.cpu_max),
+        )
+        return tuple(name for name, value in wanted if value is not None)
+
+    def describe(self) -> dict[str, object]:
+        """The limits as the config spells them (for ``classify`` and logs)."""
+        out: dict[str, object] = {}
+        if self.memory_max is not None:
+            out["memoryMax"] = self.memory_max
+        if self.pids_max is not None:
+            out["pidsMax"] = self.pids_max
+        if self.cpu_max is not None:
+            out["cpuMax"] = self.cpu_max
+        return out
+
+
+def parse_limits(table: dict[str, object], where: str) -> Limits:
+    """Read ``memory-max``, ``pids-max`` and ``cpu-max`` of one config table.
+
+    Args:
+        table: The table (other keys are ignored here).
+        where: The table's name, for messages (``sets.lint``).
+
+    Raises:
+        ValueError: A value of the wrong shape; the message names the key and the fix.
+    """
+    memory = table.get("memory-max")
+    pids = table.get("pids-max")
+    cpu = table.get("cpu-max")
+    memory_max: int | None = None
+    if memory is not None:
+        match = _SIZE.match(str(memory)) if isinstance(memory, (int, str)) else None
+        if match is None or isinstance(memory, bool):
+            raise ValueError(
+                f"{where}.memory-max: must be bytes as an integer or a size such as '512M' "
+                f"or '2G'; got {memory!r}."
+            )
+        memory_max = int(match.group(1)) * _UNITS[match.group(2).lower()]
+        if memory_max < 1 << 20:
+            raise ValueError(f"{where}.memory-max: must be at least 1M; got {memory!r}.")
+    if pids is not None and (not isinstance(pids, int) or isinstance(pids, bool) or pids < 1):
+        raise ValueError(f"{where}.pids-max: must be an integer of at least 1; got {pids!r}.")
+    cpu_max: str | None = None
+    if cpu is not None:
+        if isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not 0.01 <= cpu <= 1024:
+            raise ValueError(
+                f"{where}.cpu-max: must be a number of CPUs between 0.01 and 1024 (0.5 is half "
+                f"a core); got {cpu!r}."
+            )
+        cpu_max = f"{round(cpu * _PERIOD_USEC)} {_PERIOD_USEC}"
+    return Limits(memory_max, pids if isinstance(pids, int) else None, cpu_max)
+
+
+@dataclass(frozen=True, slots=True)
+class CallUsage:
+    """What one call's cgroup used (None where the kernel does not tell).
+
+    Attributes:
+        peak_memory_bytes: ``memory.peak``.
+        cpu_usec: ``cpu.stat`` ``usage_usec`` (user + system).
+        oom_killed: ``memory.events`` counted an OOM kill.
+    """
+
+    peak_memory_bytes: int | None = None
+    cpu_usec: int | None = None
+    oom_killed: bool = False
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w", encoding="ascii") as f:
+        f.write(text)
+
+
+def _field(text: str | None, name: str) -> int | None:
+    if text is None:
+        return None
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == name and value.strip().isdigit():
+            return int(value)
+    return None
+
+
+def _cgroup2_mounts() -> list[str]:
+    mounts = []
+    text = _read("/proc/self/mountinfo") or ""
+    for line in text.splitlines():
+        left, _, right = line.partition(" - ")
+        parts = left.split()
+        if right.split()[:1] == ["cgroup2"] and len(parts) > 4:
+            mounts.append(parts[4].replace("\\040", " "))
+    return mounts
+
+
+def _on_cgroup2(path: Path, mounts: list[str]) -> bool:
+    text = str(path)
+    return any(text == m or text.startswith(m.rstrip("/") + "/") for m in mounts)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _kill_tree(folder: str) -> None:
+    """Kill everything in ``folder`` and below, then remove the folders (best effort)."""
+    with contextlib.suppress(OSError):
+        _write(os.path.join(folder, "cgroup.kill"), "1")
+    for root, dirs, _ in os.walk(folder, topdown=False):
+        for name in dirs:
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(root, name))
+    with contextlib.suppress(OSError):
+        os.rmdir(folder)
+
+
+class CallCgroup:
+    """One call's cgroup."""
+
+    __slots__ = ("_tree", "path", "procs")
+
+    def __init__(self, tree: CgroupTree, path: str) -> None:
+        self._tree = tree
+        self.path = path
+        self.procs = os.path.join(path, "cgroup.procs")
+
+    def kill(self) -> None:
+        """SIGKILL every process in the cgroup at once."""
+        try:
+            _write(os.path.join(self.path, "cgroup.kill"), "1")
+        except OSError:
+            # No cgroup.kill (kernel < 5.14; the probe refuses such a tree) or gone.
+            for line in (_read(self.procs) or "").split():
+                with contextlib.suppress(OSError):
+                    os.kill(int(line), signal.SIGKILL)
+
+    def signal_all(self, sig: int) -> None:
+        """Send ``sig`` to every process in the cgroup (the grace signal of a timeout)."""
+        for line in (_read(self.procs) or "").split():
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(line), sig)
+
+    def discard(self) -> None:
+        """Remove the cgroup of a child that never started."""
+        self._tree.remove(self.path)
+
+    def populated(self) -> bool:
+        """Whether any process is still in the cgroup."""
+        return _field(_read(os.path.join(self.path, "cgroup.events")), "populated") != 0
+
+    async def finish(self) -> CallUsage:
+        """Kill what is left, wait (bounded) until it is empty, read the usage, remove it."""
+        self.kill()
+        delay = 0.0002
+        with anyio.move_on_after(_DRAIN_BOUND_SECONDS):
+            while self.populated():
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 0.02)
+        usage = self.usage()
+        self._tree.remove(self.path)
+        return usage
+
+    def usage(self) -> CallUsage:
+        """Peak memory, CPU time and whether the OOM killer struck."""
+        events = _read(os.path.join(self.path, "memory.events"))
+        peak = _read(os.path.join(self.path, "memory.peak"))
+        return CallUsage(
+            peak_memory_bytes=int(peak) if peak is not None and peak.strip().isdigit() else None,
+            cpu_usec=_field(_read(os.path.join(self.path, "cpu.stat")), "usage_usec"),
+            oom_killed=(_field(events, "oom_kill") or 0) > 0
+            or (_field(events, "oom_group_kill") or 0) > 0,
+        )
+
+
+class CgroupTree:
+    """The daemon's own cgroup folder, and its calls' cgroups below it.
+
+    Args:
+        folder: The daemon's folder (``<base>/toolsetd-<pid>``), created by ``probe``.
+        controllers: The controllers enabled for the calls' cgroups.
+    """
+
+    def __init__(self, folder: Path, controllers: frozenset[str]) -> None:
+        self.folder = folder
+        self.controllers = controllers
+        self._counter = itertools.count(1)
+        self._trash: list[str] = []
+
+    @classmethod
+    def probe(cls, setting: str) -> tuple[CgroupTree | None, str]:
+        """Find and claim a writable cgroup v2 subtree.
+
+        Args:
+            setting: ``auto``, ``off`` or an absolute path.
+
+        Returns:
+            The tree, or None and why not (one sentence, for the log and ``status``).
+        """
+        if setting == "off":
+            return None, 'cgroups are off in the config (cgroup = "off")'
+        mounts = _cgroup2_mounts()
+        if not mounts:
+            return None, "no cgroup v2 hierarchy is mounted (/proc/self/mountinfo has no cgroup2)"
+        try:
+            if setting == "auto":
+                base = cls._own_base(mounts)
+            else:
+                base = Path(setting)
+                if not base.is_absolute() or not _on_cgroup2(base, mounts):
+                    return None, (
+                        f"cgroup = {setting!r} is not a folder on a cgroup v2 mount "
+                        f"({', '.join(mounts)})"
+                    )
+                base.mkdir(exist_ok=True)
+            return cls._claim(base), ""
+        except CgroupError as exc:
+            return None, str(exc)
+        except OSError as exc:
+            return None, f"the cgroup subtree cannot be written: {exc.strerror} ({exc.filename})"
+
+    @staticmethod
+    def _own_base(mounts: list[str]) -> Path:
+        text = _read("/proc/self/cgroup") or ""
+        relative = next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
+        if relative is None:
+            raise CgroupError("the daemon is in no cgroup v2 (/proc/self/cgroup has no 0:: line)")
+        mount = next((m for m in mounts if os.path.exists(os.path.join(m, "cgroup.procs"))), None)
+        if mount is None:
+            raise CgroupError("no cgroup v2 mount is readable")
+        own = Path(mount + relative.rstrip("/")) if relative != "/" else Path(mount)
+        if relative == "/":
+            if not os.access(own, os.W_OK):
+                raise CgroupError(f"the cgroup v2 root {own} is not writable by the daemon")
+            return own
+        delegated = False
+        for attr in ("trusted.delegate", "user.delegate"):
+            with contextlib.suppress(OSError):
+                delegated = delegated or os.getxattr(own, attr) == b"1"
+        if not delegated:
+            raise CgroupError(
+                f"the daemon's cgroup {own} is not delegated to it (add Delegate=yes to the "
+                'unit, or name a writable subtree with cgroup = "/sys/fs/cgroup/...")'
+            )
+        leaf = own / "daemon"
+        leaf.mkdir(exist_ok=True)
+        _write(str(leaf / "cgroup.procs"), "0")  # the whole daemon, so own may hand out controllers
+        available = (_read(str(own / "cgroup.controllers")) or "").split()
+        for name in CONTROLLERS:
+            if name in available:
+                with contextlib.suppress(OSError):
+                    _write(str(own / "cgroup.subtree_control"), f"+{name}")
+        return own
+
+    @classmethod
+    def _claim(cls, base: Path) -> CgroupTree:
+        for entry in base.iterdir():
+            name = entry.name
+            if name.startswith(_PREFIX) and name[len(_PREFIX) :].isdigit():
+                pid = int(name[len(_PREFIX) :])
+                if pid != os.getpid() and not _pid_alive(pid):
+                    log.info("cgroup_stale_removed", folder=str(entry))
+                    _kill_tree(str(entry))
+        folder = base / f"{_PREFIX}{os.getpid()}"
+        folder.mkdir(exist_ok=True)
+        if not (folder / "cgroup.kill").exists():
+            _kill_tree(str(folder))
+            raise CgroupError(
+                "the kernel has no cgroup.kill (Linux 5.14 or later is needed to kill a "
+                "call's processes at once)"
+            )
+        available = (_read(str(folder / "cgroup.controllers")) or "").split()
+        enabled = []
+        for name in CONTROLLERS:
+            if name in available:
+                try:
+                    _write(str(folder / "cgroup.subtree_control"), f"+{name}")
+                except OSError:
+                    continue
+                enabled.append(name)
+        return cls(folder, frozenset(enabled))
+
+    def describe(self) -> str:
+        """One phrase for ``status``: where, and which controllers."""
+        controllers = ", ".join(sorted(self.controllers)) or "none"
+        return f"{self.folder} (controllers: {controllers})"
+
+    def check(self, limits: Limits, what: str) -> str | None:
+        """Why ``limits`` cannot be enforced here (a controller is missing), else None."""
+        missing = [name for name in limits.needs() if name not in self.controllers]
+        if not missing:
+            return None
+        offered = ", ".join(sorted(self.controllers)) or "none"
+        return (
+            f"the limits of {what} need the {', '.join(missing)} controller(s), which the "
+            f"cgroup tree {self.folder} does not offer (enabled: {offered}); enable them "
+            "in its parent's cgroup.subtree_control or remove the limits from toolsetd.toml"
+        )
+
+    def create(self, limits: Limits, what: str) -> CallCgroup:
+        """Make one call's cgroup with its limits.
+
+        Args:
+            limits: The set's limits.
+            what: The set, for messages (``set 'lint'``).
+
+        Raises:
+            CgroupError: A limit's controller is missing, or the folder cannot be made.
+        """
+        problem = self.check(limits, what)
+        if problem is not None:
+            raise CgroupError(problem)
+        self._empty_trash()
+        path = os.path.join(self.folder, f"c{next(self._counter)}")
+        try:
+            os.mkdir(path)
+            if limits.memory_max is not None:
+                _write(os.path.join(path, "memory.max"), str(limits.memory_max))
+                with contextlib.suppress(OSError):  # no swap accounting: nothing to cap
+                    _write(os.path.join(path, "memory.swap.max"), "0")
+                with contextlib.suppress(OSError):
+                    _write(os.path.join(path, "memory.oom.group"), "1")
+            if limits.pids_max is not None:
+                _write(os.path.join(path, "pids.max"), str(limits.pids_max))
+            if limits.cpu_max is not None:
+                _write(os.path.join(path, "cpu.max"), limits.cpu_max)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.rmdir(path)
+            raise CgroupError(
+                f"the call's cgroup under {self.folder} cannot be set up: {exc.strerror}"
+            ) from exc
+        return CallCgroup(self, path)
+
+    def remove(self, path: str) -> None:
+        """Remove an emptied call cgroup now, or later if the kernel still holds it."""
+        try:
+            os.rmdir(path)
+        except OSError as exc:
+            if exc.errno == errno.EBUSY and len(self._trash) < _TRASH_MAX:
+                self._trash.append(path)
+
+    def _empty_trash(self) -> None:
+        if self._trash:
+            pending, self._trash = self._trash, []
+            for path in pending:
+                self.remove(path)
+
+    def close(self) -> None:
+        """Kill whatever is still in the tree and remove it (the daemon stops)."""
+        _kill_tree(str(self.folder))

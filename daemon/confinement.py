@@ -1,0 +1,503 @@
+"""Confinement: which cgroup limits and which sandbox each call gets, and how it is set up.
+
+Theory of operation
+-------------------
+The operator decides, in the daemon config (the ``[confinement]`` table of
+``toolsetd.toml``; never in ``tools.json``, which comes with the tool set), per source and
+per set:
+
+.. code-block:: toml
+
+    [confinement]
+    cgroup = "auto"          # "auto" | "off" | "/sys/fs/cgroup/<a writable subtree>"
+    sandbox = "auto"         # "auto" (bubblewrap on PATH) | "off" | "/path/to/bwrap"
+    hide = ["~/.aws"]        # more paths hidden from every sandboxed call
+
+    [confinement.project]    # sets that came with a workspace
+    profile = "workspace-write"
+    network = false
+    memory-max = "2G"
+
+    [confinement.home]       # sets of the Crystal home
+    profile = "off"
+
+    [confinement.sets.lint]  # a set, by its directory name (either source); wins
+    profile = "read-only"
+    pids-max = 64
+    cpu-max = 0.5
+
+A set's settings are its ``sets.<directory>`` table over its source's table over the
+defaults: profile ``workspace-write`` for project sets and ``off`` for home sets where
+bubblewrap works (``off`` where it does not, logged once at start); network denied under
+``workspace-write`` and ``read-only``, allowed under ``off``; no limits.
+
+A profile the operator *named* that cannot be set up (no bubblewrap) makes the set's calls
+fail closed with a result text that says why; so does a limit the cgroup tree cannot
+enforce. ``Confinement.prepare`` gives the runner the argv prefix (the cgroup join, then
+bubblewrap) and the call's cgroup; ``describe`` is what ``classify`` reports, and
+``status`` what ``status`` reports.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import stat
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from .cgroup import (
+    JOIN_ARGV,
+    JOIN_FAILED_EXIT,
+    CallCgroup,
+    CallUsage,
+    CgroupError,
+    CgroupTree,
+    Limits,
+    parse_limits,
+)
+from .model import Source, ToolSet
+from .sandbox import SETUP_FAILED_PREFIX, Profile, SandboxPlan, bwrap_argv, prepare_writable
+
+__all__ = [
+    "Confinement",
+    "ConfinementConfig",
+    "ConfinementError",
+    "ExecutableError",
+    "Prepared",
+    "SetConfinement",
+    "load_confinement_config",
+    "parse_confinement",
+    "setup_failure",
+    "usage_text",
+]
+
+log = structlog.get_logger("toolsetd.confinement")
+
+#: The credential paths hidden from every sandboxed call, relative to the user's home
+#: (the same locations ``paths.is_credential_path`` forbids as arguments).
+_USER_CREDENTIALS = (".ssh", ".gnupg")
+_JOIN_FAILED_TEXT = b"toolsetd-join"
+_SET_KEYS = frozenset({"profile", "network", "memory-max", "pids-max", "cpu-max"})
+_TOP_KEYS = frozenset({"cgroup", "sandbox", "hide", "home", "project", "sets"})
+
+
+class ConfinementError(Exception):
+    """A call whose confinement cannot be set up; the message is its result text."""
+
+
+class ExecutableError(Exception):
+    """The tool's executable cannot be started; the message is the ``strerror``.
+
+    A confined child is a shell that joins the cgroup and then ``exec``s the tool, so the
+    spawn itself no longer fails for a missing or non-executable tool: the same check is
+    made here first, so such a call still gets the start-failure result and no events.
+    """
+
+
+def check_executable(name: str, search_path: str | None) -> None:
+    """Raise ``ExecutableError`` when ``name`` could not be executed.
+
+    Args:
+        name: argv[0] (a path, or a name looked up in ``search_path``).
+        search_path: The child's ``PATH``.
+    """
+    if os.sep not in name:
+        if shutil.which(name, path=search_path) is None:
+            raise ExecutableError(os.strerror(errno.ENOENT))
+        return
+    try:
+        info = os.stat(name)
+    except OSError as exc:
+        raise ExecutableError(exc.strerror or os.strerror(errno.ENOENT)) from exc
+    if stat.S_ISDIR(info.st_mode) or not os.access(name, os.X_OK):
+        raise ExecutableError(os.strerror(errno.EACCES))
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    profile: Profile | None = None
+    network: bool | None = None
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass(frozen=True, slots=True)
+class ConfinementConfig:
+    """The ``[confinement]`` table, typed.
+
+    Attributes:
+        cgroup: ``auto``, ``off`` or a subtree path.
+        sandbox: ``auto``, ``off`` or the bubblewrap binary.
+        hide: Extra paths hidden from sandboxed calls (``~`` is the user's home).
+        sources: Per source (``home``, ``project``) settings.
+        sets: Per set directory settings.
+    """
+
+    cgroup: str = "auto"
+    sandbox: str = "auto"
+    hide: tuple[str, ...] = ()
+    sources: Mapping[Source, _Layer] = field(default_factory=dict)
+    sets: Mapping[str, _Layer] = field(default_factory=dict)
+
+
+def _layer(table: Any, where: str) -> _Layer:
+    if not isinstance(table, dict):
+        raise ValueError(f"{where}: must be a table; got {type(table).__name__}.")
+    unknown = sorted(set(table) - _SET_KEYS)
+    if unknown:
+        raise ValueError(
+            f"{where}.{unknown[0]}: unknown key; the keys are {', '.join(sorted(_SET_KEYS))}."
+        )
+    profile = table.get("profile")
+    if profile is not None:
+        try:
+            profile = Profile(profile)
+        except ValueError:
+            names = ", ".join(repr(p.value) for p in Profile)
+            raise ValueError(f"{where}.profile: must be one of {names}; got {profile!r}.") from None
+    network = table.get("network")
+    if network is not None and not isinstance(network, bool):
+        raise ValueError(f"{where}.network: must be true or false; got {network!r}.")
+    return _Layer(profile, network, parse_limits(table, where))
+
+
+def parse_confinement(table: Mapping[str, Any], where: str = "confinement") -> ConfinementConfig:
+    """Read the ``[confinement]`` table of the daemon config.
+
+    Raises:
+        ValueError: A key or value that cannot be used; the message names it and the fix.
+    """
+    unknown = sorted(set(table) - _TOP_KEYS)
+    if unknown:
+        raise ValueError(
+            f"{where}.{unknown[0]}: unknown key; the keys are {', '.join(sorted(_TOP_KEYS))}."
+        )
+    for key in ("cgroup", "sandbox"):
+        value = table.get(key, "auto")
+        if not isinstance(value, str) or not (value in ("auto", "off") or value.startswith("/")):
+            raise ValueError(
+                f'{where}.{key}: must be "auto", "off" or an absolute path; got {value!r}.'
+            )
+    hide = table.get("hide", [])
+    if not isinstance(hide, list) or not all(isinstance(h, str) and h for h in hide):
+        raise ValueError(f"{where}.hide: must be a list of paths; got {hide!r}.")
+    sources = {
+        source: _layer(table[source.value], f"{where}.{source.value}")
+        for source in Source
+        if source.value in table
+    }
+    sets_table = table.get("sets", {})
+    if not isinstance(sets_table, dict):
+        raise ValueError(f"{where}.sets: must be a table of set directories.")
+    sets = {name: _layer(value, f"{where}.sets.{name}") for name, value in sets_table.items()}
+    return ConfinementConfig(
+        cgroup=table.get("cgroup", "auto"),
+        sandbox=table.get("sandbox", "auto"),
+        hide=tuple(hide),
+        sources=sources,
+        sets=sets,
+    )
+
+
+def load_confinement_config(path: Path | None) -> ConfinementConfig:
+    """Read ``[confinement]`` from a TOML file (None: the defaults).
+
+    Raises:
+        ValueError: The file cannot be read or its table is wrong (the message names both).
+    """
+    if path is None:
+        return ConfinementConfig()
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot be read: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+    table = data.get("confinement", {})
+    if not isinstance(table, dict):
+        raise ValueError(f"{path}: confinement: must be a table.")
+    try:
+        return parse_confinement(table)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class SetConfinement:
+    """What one set's calls get.
+
+    Attributes:
+        profile: The sandbox profile that applies.
+        network: Whether calls keep the network.
+        limits: The cgroup limits.
+        failure: Why its calls cannot run as configured (fail closed), else None.
+    """
+
+    profile: Profile
+    network: bool
+    limits: Limits
+    failure: str | None = None
+
+
+@dataclass(slots=True)
+class Prepared:
+    """A call's confinement, ready to spawn.
+
+    Attributes:
+        argv: The argv to spawn (the prefixes, then the tool's argv).
+        cgroup: The call's cgroup, or None (process groups).
+        sandboxed: Whether bubblewrap runs the tool.
+        limits: The set's cgroup limits.
+    """
+
+    argv: list[str]
+    cgroup: CallCgroup | None
+    sandboxed: bool
+    limits: Limits
+
+
+class Confinement:
+    """The daemon's cgroup tree and sandbox, and the operator's per-set choices.
+
+    Args:
+        config: The ``[confinement]`` settings.
+        cgroups: The cgroup tree, or None.
+        cgroup_reason: Why there is none.
+        bwrap: The bubblewrap binary, or None.
+        sandbox_reason: Why there is none.
+        user_home: The operator's home (``~``).
+        crystal_home: The Crystal home.
+        socket_path: The daemon's socket (hidden from sandboxed calls: a tool cannot call
+            the daemon).
+    """
+
+    def __init__(
+        self,
+        config: ConfinementConfig,
+        cgroups: CgroupTree | None,
+        cgroup_reason: str,
+        bwrap: str | None,
+        sandbox_reason: str,
+        user_home: Path,
+        crystal_home: Path,
+        socket_path: Path | None = None,
+    ) -> None:
+        self.config = config
+        self.cgroups = cgroups
+        self.cgroup_reason = cgroup_reason
+        self.bwrap = bwrap
+        self.sandbox_reason = sandbox_reason
+        self._cache: dict[tuple[Source, str], SetConfinement] = {}
+        home = str(user_home)
+        hidden = [os.path.join(home, name) for name in _USER_CREDENTIALS]
+        hidden.append(str(crystal_home / "credentials.json"))
+        if socket_path is not None:
+            hidden.append(str(socket_path))
+        hidden.extend(
+            home + extra[1:] if extra == "~" or extra.startswith("~/") else extra
+            for extra in config.hide
+        )
+        self._hidden = tuple(hidden)
+
+    @classmethod
+    def probe(
+        cls,
+        config: ConfinementConfig,
+        user_home: Path,
+        crystal_home: Path,
+        socket_path: Path | None = None,
+    ) -> Confinement:
+        """Probe the cgroup tree and bubblewrap, logging once what is not available."""
+        from .sandbox import probe_bwrap
+
+        cgroups, cgroup_reason = CgroupTree.probe(config.cgroup)
+        bwrap, sandbox_reason = probe_bwrap(config.sandbox)
+        if cgroups is None:
+            log.warning("cgroups_unavailable", reason=cgroup_reason, fallback="process groups")
+        else:
+            log.info("cgroups_enabled", tree=str(cgroups.folder),
+                     controllers=sorted(cgroups.controllers))  # fmt: skip
+        if bwrap is None:
+            log.warning("sandbox_unavailable", reason=sandbox_reason)
+        return cls(
+            config, cgroups, cgroup_reason, bwrap, sandbox_reason, user_home, crystal_home,
+            socket_path,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Remove the cgroup tree (the daemon stops)."""
+        if self.cgroups is not None:
+            self.cgroups.close()
+
+    # -- per set -------------------------------------------------------------------------
+
+    def for_set(self, toolset: ToolSet) -> SetConfinement:
+        """The confinement of one set's calls (cached per source and directory)."""
+        key = (toolset.source, toolset.directory)
+        found = self._cache.get(key)
+        if found is None:
+            found = self._resolve(toolset.source, toolset.directory)
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            self._cache[key] = found
+        return found
+
+    def _resolve(self, source: Source, directory: str) -> SetConfinement:
+        found = (self.config.sets.get(directory), self.config.sources.get(source))
+        layers = [layer for layer in found if layer is not None]
+        named = next((lay.profile for lay in layers if lay.profile), None)
+        network = next((lay.network for lay in layers if lay.network is not None), None)
+        limits = next((lay.limits for lay in layers if lay.limits.needs()), Limits())
+        failure = None
+        if named is None:
+            default = Profile.WORKSPACE_WRITE if source == Source.PROJECT else Profile.OFF
+            profile = default if self.bwrap is not None else Profile.OFF
+        else:
+            profile = named
+            if profile != Profile.OFF and self.bwrap is None:
+                failure = (
+                    f"the sandbox profile '{profile}' the daemon config sets for this set "
+                    f"cannot be set up: {self.sandbox_reason}. The call did not run; install "
+                    'bubblewrap or set profile = "off" for it in toolsetd.toml.'
+                )
+        if limits.needs() and failure is None:
+            if self.cgroups is None:
+                failure = (
+                    "the cgroup limits the daemon config sets for this set cannot be enforced: "
+                    f"{self.cgroup_reason}. The call did not run; give the daemon a writable "
+                    "cgroup v2 subtree or remove the limits from toolsetd.toml."
+                )
+            else:
+                problem = self.cgroups.check(limits, f"set '{directory}'")
+                if problem is not None:
+                    failure = f"{problem}. The call did not run."
+        if network is None:
+            network = profile == Profile.OFF
+        return SetConfinement(profile, network, limits, failure)
+
+    def describe(self, toolset: ToolSet, writable: Sequence[str] = ()) -> dict[str, Any]:
+        """What ``classify`` reports: the sandbox and the cgroup a call would get."""
+        conf = self.for_set(toolset)
+        sandbox: dict[str, Any] = {"profile": conf.profile.value, "network": conf.network}
+        if conf.profile == Profile.WORKSPACE_WRITE and writable:
+            sandbox["alsoWritable"] = list(writable)
+        return {
+            "sandbox": sandbox,
+            "cgroup": self.cgroups is not None,
+            "limits": conf.limits.describe(),
+            "failure": conf.failure,
+        }
+
+    def status(self) -> dict[str, Any]:
+        """What ``status`` reports: which mode is active, and why not when it is not."""
+        cgroup: dict[str, Any] = (
+            {"mode": "cgroup", "tree": str(self.cgroups.folder),
+             "controllers": sorted(self.cgroups.controllers)}
+            if self.cgroups is not None
+            else {"mode": "process-group", "reason": self.cgroup_reason}
+        )  # fmt: skip
+        sandbox: dict[str, Any] = (
+            {"mechanism": "bubblewrap", "binary": self.bwrap}
+            if self.bwrap is not None
+            else {"mechanism": "none", "reason": self.sandbox_reason}
+        )
+        return {"cgroup": cgroup, "sandbox": sandbox}
+
+    # -- per call ------------------------------------------------------------------------
+
+    def prepare(
+        self,
+        toolset: ToolSet,
+        argv: list[str],
+        cwd: str,
+        writable: Sequence[str],
+        approved: Sequence[str],
+        search_path: str | None = None,
+    ) -> Prepared:
+        """Build the call's argv and cgroup.
+
+        Args:
+            toolset: The call's set.
+            argv: The tool's argv.
+            cwd: The working directory (the workspace).
+            writable: The workspace and the two data folders.
+            approved: The approved outside-workspace paths (writable for this call only).
+            search_path: The child's ``PATH``, to check the executable.
+
+        Raises:
+            ConfinementError: It cannot be set up; the message is the call's result text.
+            ExecutableError: The tool's executable cannot be started.
+        """
+        conf = self.for_set(toolset)
+        if conf.failure is not None:
+            raise ConfinementError(f"toolsetd: {conf.failure}")
+        full = argv
+        sandboxed = conf.profile != Profile.OFF and self.bwrap is not None
+        if sandboxed or self.cgroups is not None:
+            check_executable(argv[0], search_path)
+        if sandboxed:
+            assert self.bwrap is not None
+            if conf.profile == Profile.WORKSPACE_WRITE:
+                try:
+                    prepare_writable(approved)
+                except OSError as exc:
+                    raise ConfinementError(
+                        "toolsetd: the approved outside-workspace path cannot be made "
+                        f"writable in the sandbox: {exc.strerror} ({exc.filename}). The call "
+                        "did not run."
+                    ) from exc
+                plan = SandboxPlan(
+                    conf.profile, conf.network, (str(toolset.path),),
+                    (*writable, *approved), self._hidden, cwd,
+                )  # fmt: skip
+            else:
+                plan = SandboxPlan(
+                    conf.profile, conf.network, (str(toolset.path), *writable), (),
+                    self._hidden, cwd,
+                )  # fmt: skip
+            full = [*bwrap_argv(self.bwrap, plan), *argv]
+        cgroup = None
+        if self.cgroups is not None:
+            try:
+                cgroup = self.cgroups.create(conf.limits, f"set '{toolset.directory}'")
+            except CgroupError as exc:
+                raise ConfinementError(f"toolsetd: {exc}. The call did not run.") from exc
+            full = [*JOIN_ARGV, cgroup.procs, *full]
+        return Prepared(full, cgroup, sandboxed, conf.limits)
+
+
+def setup_failure(prepared: Prepared, returncode: int | None, stderr: bytes) -> str | None:
+    """The result text of a call whose confinement failed in the child, else None."""
+    if (
+        prepared.cgroup is not None
+        and returncode == JOIN_FAILED_EXIT
+        and stderr.startswith(_JOIN_FAILED_TEXT)
+    ):
+        return (
+            "toolsetd: the call could not enter its cgroup, so it did not run: "
+            + stderr.decode(errors="replace").strip()
+        )
+    if prepared.sandboxed and returncode == 1 and stderr.startswith(SETUP_FAILED_PREFIX):
+        return (
+            "toolsetd: the sandbox could not be set up, so the tool did not run: "
+            + stderr.decode(errors="replace").strip().splitlines()[0]
+        )
+    return None
+
+
+def usage_text(usage: CallUsage, limits: Limits) -> str | None:
+    """The note a call killed by the OOM killer gets in its result text, else None."""
+    if not usage.oom_killed:
+        return None
+    cap = f" ({limits.memory_max} bytes, memory-max)" if limits.memory_max else ""
+    return (
+        f"toolsetd: the tool was killed by the out-of-memory killer: the call reached the "
+        f"memory limit of its set{cap}."
+    )

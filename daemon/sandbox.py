@@ -1,0 +1,171 @@
+"""The filesystem sandbox: bubblewrap argv for the three profiles.
+
+Theory of operation
+-------------------
+A sandboxed call's child is ``bwrap <options> -- <the tool's argv>`` (bubblewrap, Debian's
+``bubblewrap`` package, what Codex CLI and Claude Code's sandbox runtime use on Linux).
+bubblewrap builds a new mount namespace in which:
+
+* ``/`` is bound read-only (``--ro-bind / /``): the whole system stays readable;
+* ``/dev`` is a minimal device tree, ``/proc`` the sandbox's own (``--proc``), ``/tmp`` a
+  fresh tmpfs: private to the call, gone with it;
+* the set's own folder is bound read-only (it may live under the hidden ``/tmp``);
+* the writable paths are bound read-write on top: for ``workspace-write`` the workspace,
+  the set's two data folders and, for a call whose outside-workspace paths were approved,
+  exactly those paths; for ``read-only`` nothing (the workspace is bound read-only);
+* the credential paths are hidden last: a directory under an empty read-only tmpfs, a
+  file under ``/dev/null``, so neither a path nor a symlink to it reaches the content.
+  The daemon's own socket is hidden too (``/dev/null`` over it refuses ``connect``), so
+  a tool cannot call the daemon.
+
+``--unshare-pid`` gives the call its own PID namespace (its first process is pid 1 there;
+when it dies the kernel kills every process in the namespace, ``setsid``'d grandchildren
+included), and ``--die-with-parent`` ties that first process to bubblewrap, which is the
+daemon's child: a daemon killed by ``SIGKILL`` takes the whole sandbox with it, sentinel or
+not. ``--unshare-net`` (network denied) leaves the call a loopback device only;
+abstract Unix sockets are per network namespace, so they go too.
+
+Why bubblewrap and not Landlock (this kernel reports ABI 7): Landlock grants access per
+file hierarchy and cannot take a sub-folder (``~/.ssh``) back out of a readable tree; its
+network rules cover TCP ``bind``/``connect`` only (UDP and Unix sockets stay); and it must
+be applied by the child itself before ``exec``, which a Python daemon can do only through
+``preexec_fn`` (forcing ``fork()`` of the whole daemon, running Python in the forked
+child) or a helper interpreter per call. bubblewrap needs none of that and gives the PID
+namespace too. Its cost is measured in ``bench/bench_confine.py``.
+
+``probe`` runs bubblewrap once with every option the profiles use; a machine where it is
+missing or the kernel refuses a namespace gets the reason, for the log and ``status``.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = [
+    "SETUP_FAILED_PREFIX",
+    "Profile",
+    "SandboxPlan",
+    "bwrap_argv",
+    "prepare_writable",
+    "probe_bwrap",
+]
+
+#: bubblewrap's messages start with this; with exit status 1 it means "not set up".
+SETUP_FAILED_PREFIX = b"bwrap: "
+_PROBE_SECONDS = 10.0
+#: The private /tmp: a fresh tmpfs inside the sandbox, not the host's shared one.
+_PRIVATE_TMP = ("--tmpfs", "/tmp")  # noqa: S108 -- a mount point in the sandbox, no file
+
+
+class Profile(enum.StrEnum):
+    """What a sandboxed call may touch."""
+
+    OFF = "off"
+    WORKSPACE_WRITE = "workspace-write"
+    READ_ONLY = "read-only"
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxPlan:
+    """The sandbox of one call.
+
+    Attributes:
+        profile: The profile (never ``off`` here).
+        network: Whether the call keeps the host's network.
+        readable: Folders bound read-only over the private ``/tmp`` (the set's folder).
+        writable: Paths bound read-write, in this order.
+        hidden: Paths made unreadable.
+        cwd: The working directory inside.
+    """
+
+    profile: Profile
+    network: bool
+    readable: tuple[str, ...]
+    writable: tuple[str, ...]
+    hidden: tuple[str, ...]
+    cwd: str
+
+
+def probe_bwrap(setting: str) -> tuple[str | None, str]:
+    """Find bubblewrap and check it can build every namespace the profiles use.
+
+    Args:
+        setting: ``auto`` (``bwrap`` on PATH), ``off``, or the path of the binary.
+
+    Returns:
+        The binary's path, or None and why not (one sentence).
+    """
+    if setting == "off":
+        return None, 'the sandbox is off in the config (sandbox = "off")'
+    binary = shutil.which("bwrap") if setting == "auto" else setting
+    if binary is None or not os.access(binary, os.X_OK):
+        return None, (
+            "bubblewrap is not installed (bwrap not found on PATH; install the 'bubblewrap' "
+            "package)"
+            if setting == "auto"
+            else f"sandbox = {setting!r} is not an executable file"
+        )
+    argv = [
+        binary, "--die-with-parent", "--unshare-pid", "--unshare-net",
+        "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *_PRIVATE_TMP,
+        "--", "/bin/true",
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(  # noqa: TID251 -- a fixed argv, once at start-up
+            argv, capture_output=True, timeout=_PROBE_SECONDS, check=False
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"bubblewrap at {binary} cannot run: {exc}"
+    if done.returncode != 0:
+        message = done.stderr.decode(errors="replace").strip().splitlines()
+        why = message[-1] if message else f"exit status {done.returncode}"
+        return None, f"bubblewrap at {binary} cannot build its namespaces: {why}"
+    return binary, ""
+
+
+def _existing(paths: Iterable[str]) -> list[str]:
+    seen: list[str] = []
+    for path in paths:
+        if path not in seen and os.path.lexists(path):
+            seen.append(path)
+    return seen
+
+
+def bwrap_argv(binary: str, plan: SandboxPlan) -> list[str]:
+    """The bubblewrap prefix of a call's argv (the tool's argv follows it).
+
+    A writable path that does not exist is left out (the fence refuses nothing here;
+    the runner creates the data folders and ``prepare_writable`` the approved paths).
+    """
+    argv = [binary, "--die-with-parent", "--unshare-pid"]
+    if not plan.network:
+        argv.append("--unshare-net")
+    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *_PRIVATE_TMP]
+    for path in _existing(plan.readable):
+        argv += ["--ro-bind", path, path]
+    for path in _existing(plan.writable):
+        argv += ["--bind", path, path]
+    for path in _existing(plan.hidden):
+        if os.path.isdir(path) and not os.path.islink(path):
+            argv += ["--tmpfs", path, "--remount-ro", path]
+        else:
+            argv += ["--ro-bind", "/dev/null", path]
+    argv += ["--chdir", plan.cwd, "--"]
+    return argv
+
+
+def prepare_writable(paths: Iterable[str]) -> None:
+    """Make each approved path exist so it can be bound: a missing one becomes an empty file.
+
+    Raises:
+        OSError: A path cannot be created (its folder is missing or not writable).
+    """
+    for path in paths:
+        if not os.path.lexists(path):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            os.close(fd)
