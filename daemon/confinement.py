@@ -40,6 +40,7 @@ bubblewrap) and the call's cgroup; ``describe`` is what ``classify`` reports, an
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -99,6 +100,42 @@ class ExecutableError(Exception):
     spawn itself no longer fails for a missing or non-executable tool: the same check is
     made here first, so such a call still gets the start-failure result and no events.
     """
+
+
+def linked_credential(hidden: Sequence[str]) -> str | None:
+    """The first credential file with a second hard link, else None.
+
+    The sandbox hides paths, not files: another name of the same file (a hard link, which
+    can live anywhere on the same filesystem, the workspace included) would show its
+    content. A tool inside cannot make one (the path is hidden), so a second link was
+    made outside; the sandboxed calls refuse to run until it is gone.
+    """
+    for path in hidden:
+        try:
+            entries = [path] if not os.path.isdir(path) else _files_below(path)
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                info = os.lstat(entry)
+            except OSError:
+                continue
+            if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+                return entry
+    return None
+
+
+def _files_below(folder: str, depth: int = 2) -> list[str]:
+    found = []
+    with os.scandir(folder) as it:
+        for entry in it:
+            if entry.is_dir(follow_symlinks=False):
+                if depth > 1:
+                    with contextlib.suppress(OSError):
+                        found.extend(_files_below(entry.path, depth - 1))
+            else:
+                found.append(entry.path)
+    return found
 
 
 def check_executable(name: str, search_path: str | None) -> None:
@@ -444,6 +481,13 @@ class Confinement:
             check_executable(argv[0], search_path)
         if sandboxed:
             assert self.bwrap is not None
+            linked = linked_credential(self._hidden)
+            if linked is not None:
+                raise ConfinementError(
+                    f"toolsetd: the credential file {linked} has another hard link, which "
+                    "the sandbox cannot hide (it could be in the workspace). The call did not "
+                    "run; remove the extra link (find / -xdev -samefile FILE)."
+                )
             if conf.profile == Profile.WORKSPACE_WRITE:
                 try:
                     prepare_writable(approved)

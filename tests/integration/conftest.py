@@ -251,3 +251,32 @@ def daemon(home: Path, workspace: Path, tmp_base: Path) -> Iterator[Daemon]:
             except subprocess.TimeoutExpired:
                 d.proc.kill()
                 d.proc.wait()
+
+
+def ensure_bubblewrap() -> str | None:
+    """Make sure ``bwrap`` is on PATH; return why not when it cannot be.
+
+    CI machines start empty: as root with apt-get, the Debian ``bubblewrap`` package is
+    installed here (once per machine); elsewhere the sandbox tests skip with the reason.
+    """
+    if shutil.which("bwrap"):
+        return None
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "bubblewrap is not installed and cannot be (needs root and apt-get): install the 'bubblewrap' package"
+    lock = Path(tempfile.gettempdir()) / "toolsetd-tests-bubblewrap.lock"
+    with open(lock, "w") as f:
+        import fcntl  # noqa: PLC0415 - only where an install may run
+
+        fcntl.flock(f, fcntl.LOCK_EX)  # parallel workers: one apt-get at a time
+        if shutil.which("bwrap"):
+            return None
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        install = ["apt-get", "install", "-y", "-q", "bubblewrap"]
+        done = subprocess.run(install, capture_output=True, env=env, check=False)  # noqa: S603
+        if done.returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env, check=False)  # noqa: S603
+            done = subprocess.run(install, capture_output=True, env=env, check=False)  # noqa: S603
+    if shutil.which("bwrap") is None:
+        tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+        return f"bubblewrap could not be installed with apt-get: {tail[0]}"
+    return None

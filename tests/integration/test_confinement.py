@@ -1,0 +1,548 @@
+"""Confinement end to end: a cgroup per call, the bubblewrap sandbox, and no orphans.
+
+Everything here runs real tools under a real daemon. The cgroup tests need a writable
+cgroup v2 tree (as root on this host: ``/sys/fs/cgroup/unified``), the limit tests the
+controller each limit needs, the sandbox tests bubblewrap (installed by
+``ensure_bubblewrap`` where it can be); each skips with the reason the daemon's ``status``
+gives otherwise. The trees live under ``/var/tmp``, not ``/tmp``: a sandboxed call gets a
+private ``/tmp``, which would hide a home under ``/tmp`` for the wrong reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import subprocess
+import textwrap
+import threading
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Daemon, ensure_bubblewrap, eventually, start_daemon, write_set
+
+# One tool, many actions: it reports what each attempt did as one JSON line.
+PROBE = textwrap.dedent(
+    """\
+    #!{python}
+    import json, os, socket, subprocess, sys, time
+    args = json.load(sys.stdin)
+    action, target = args["action"], args.get("target", "")
+    result = {{"ok": True}}
+    try:
+        if action == "write":
+            with open(target, "w") as f:
+                f.write("written by the tool\\n")
+        elif action == "read":
+            with open(target) as f:
+                result["content"] = f.read()
+        elif action == "hardlink-read":
+            link = os.path.join(os.environ["CRYSTAL_WORKSPACE"], "hl-" + args["name"])
+            os.link(target, link)
+            with open(link) as f:
+                result["content"] = f.read()
+        elif action == "connect":
+            host, port = target.rsplit(":", 1)
+            socket.create_connection((host, int(port)), timeout=3).close()
+        elif action == "write-both":
+            with open(args["path"], "w") as f:
+                f.write("approved\\n")
+            with open(target, "w") as f:
+                f.write("not approved\\n")
+        elif action == "escape":
+            marker = args["marker"]
+            subprocess.Popen(
+                [sys.executable, "-c", "import time; time.sleep(1000)", marker],
+                start_new_session=True, stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+            if args.get("wait"):
+                time.sleep(1000)
+        elif action == "fork-bomb":
+            children = 0
+            try:
+                for _ in range(10000):
+                    subprocess.Popen(["sleep", "30"])
+                    children += 1
+            except OSError as exc:
+                result["stopped"] = exc.strerror
+            result["children"] = children
+        elif action == "hog":
+            chunks = []
+            while True:
+                chunks.append(bytearray(16 << 20))
+    except OSError as exc:
+        result = {{"ok": False, "error": exc.strerror}}
+    print(json.dumps(result))
+    """
+)
+
+
+def _manifest(prefix: str, **extra: Any) -> dict[str, Any]:
+    tool = {
+        "name": f"{prefix}_probe", "description": "d", "approval": "always", "command": ["probe.py"],
+        "schema": {"type": "object"},
+    }
+    approved = {**tool, "name": f"{prefix}_probe_path", "pathArguments": ["path"]}
+    return {"runner": "exec", "stdin": True, "tools": [tool, approved], **extra}
+
+
+def _marked(marker: str) -> list[int]:
+    """The pids whose command line carries ``marker`` (zombies excluded)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
+def _kill_marked(marker: str) -> None:
+    for pid in _marked(marker):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+@dataclass
+class Tree:
+    """A daemon with the probe as a home set (``hp``) and a project set (``pp``)."""
+
+    daemon: Daemon
+    base: Path
+    workspace: Path
+    user_home: Path
+
+    def invoke(self, tool: str, arguments: dict[str, Any], *, project: bool = True,
+               **extra: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+        name = f"p_{tool}" if project else f"h_{tool}"
+        with self.daemon.raw(timeout=60) as conn:
+            return conn.invoke({"tool": name, "arguments": arguments,
+                                "workspace": str(self.workspace), **extra})
+
+    def probe(self, arguments: dict[str, Any], **kw: Any) -> dict[str, Any]:
+        """Run the probe and parse the line it printed."""
+        _, reply = self.invoke("probe", arguments, **kw)
+        result = reply["result"]
+        text = result["content"][0]["text"]
+        try:
+            return {**json.loads(text.strip().splitlines()[-1]), "isError": result["isError"]}
+        except (json.JSONDecodeError, IndexError):
+            return {"ok": None, "text": text, "isError": result["isError"]}
+
+    def status(self) -> dict[str, Any]:
+        return self.daemon.call("status")["result"]["confinement"]
+
+
+def _make_tree(config: str = "", args: tuple[str, ...] = (), **manifest: Any) -> Tree:
+    base = Path(tempfile.mkdtemp(prefix="tsc-", dir="/var/tmp"))  # noqa: S108 - see the docstring
+    home = base / "home"
+    workspace = base / "ws"
+    user_home = base / "uh"
+    probe = PROBE.format(python=sys.executable)
+    write_set(home / "tools", "hp", _manifest("h", **manifest), **{"probe.py": probe})
+    write_set(workspace / ".crystal" / "tools", "pp", _manifest("p", **manifest),
+              **{"probe.py": probe})
+    (home / "config.json").write_text(json.dumps({"externalToolApproval": {"project": "author"}}))
+    (user_home / ".ssh").mkdir(parents=True)
+    (user_home / ".ssh" / "id_rsa").write_text("PRIVATE KEY\n")
+    (user_home / ".bashrc").write_text("# bashrc\n")
+    (base / "other-ws").mkdir()
+    extra = list(args)
+    if config:
+        (base / "toolsetd.toml").write_text(textwrap.dedent(config))
+        extra += ["--confinement-config", str(base / "toolsetd.toml")]
+    daemon = start_daemon(home, workspace, base, ["--no-watch", *extra],
+                          env={"HOME": str(user_home)})
+    return Tree(daemon, base, workspace, user_home)
+
+
+def _close(tree: Tree) -> None:
+    tree.daemon.stop(signal.SIGKILL if tree.daemon.proc.poll() is None else signal.SIGTERM)
+    shutil.rmtree(tree.base, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def tree() -> Iterator[Tree]:
+    """The default config: cgroups where writable, project sets sandboxed."""
+    reason = ensure_bubblewrap()
+    t = _make_tree(timeoutSeconds=2)
+    try:
+        t.bwrap_missing = reason  # type: ignore[attr-defined]
+        yield t
+    finally:
+        _close(t)
+
+
+def _need_cgroup(t: Tree) -> dict[str, Any]:
+    cgroup: dict[str, Any] = t.status()["cgroup"]
+    if cgroup["mode"] != "cgroup":
+        pytest.skip(f"no writable cgroup v2 tree: {cgroup['reason']}")
+    return cgroup
+
+
+def _need_sandbox(t: Tree) -> None:
+    sandbox = t.status()["sandbox"]
+    if sandbox["mechanism"] != "bubblewrap":
+        pytest.skip(f"no sandbox: {sandbox['reason']}")
+
+
+def _need_controller(t: Tree, name: str) -> None:
+    cgroup = _need_cgroup(t)
+    if name not in cgroup["controllers"]:
+        v1 = [line for line in Path("/proc/self/cgroup").read_text().splitlines()
+              if name in line.split(":")[1].split(",")]
+        where = f"; it is bound to a cgroup v1 hierarchy ({v1[0]})" if v1 else ""
+        pytest.skip(
+            f"the cgroup tree {cgroup['tree']} has no {name} controller (enabled: "
+            f"{', '.join(cgroup['controllers']) or 'none'}{where})"
+        )
+
+
+# -- status and classify -------------------------------------------------------------------
+
+
+def test_confinement_status_says_which_mode_is_active(tree: Tree) -> None:
+    """status names the cgroup mode (or why process groups) and the sandbox (or why none)."""
+    status = tree.status()
+    assert status["cgroup"]["mode"] in ("cgroup", "process-group")
+    if status["cgroup"]["mode"] == "cgroup":
+        assert Path(status["cgroup"]["tree"]).name == f"toolsetd-{tree.daemon.proc.pid}"
+        assert (Path(status["cgroup"]["tree"]) / "cgroup.procs").exists()
+    else:
+        assert status["cgroup"]["reason"]
+    assert status["sandbox"]["mechanism"] in ("bubblewrap", "none")
+
+
+def test_confinement_classify_reports_the_sandbox(tree: Tree) -> None:
+    """classify says which profile and network a call would get: project sandboxed, home not."""
+    _need_sandbox(tree)
+    outside = str(tree.base / "outside.txt")
+    wire = tree.daemon.call("classify", {
+        "tool": "p_probe_path", "arguments": {"path": outside, "action": "x"},
+        "workspace": str(tree.workspace),
+    })["result"]
+    assert wire["confinement"]["sandbox"] == {
+        "profile": "workspace-write", "network": False, "alsoWritable": [outside],
+    }
+    home = tree.daemon.call("classify", {
+        "tool": "h_probe", "arguments": {}, "workspace": str(tree.workspace),
+    })["result"]
+    assert home["confinement"]["sandbox"] == {"profile": "off", "network": True}
+    assert home["confinement"]["failure"] is None
+
+
+# -- the cgroup --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["exit", "timeout", "cancel"])
+def test_confinement_setsid_grandchild_dies_with_the_call(tree: Tree, how: str) -> None:
+    """A grandchild that called setsid is gone when the call ends: exit, timeout or cancel."""
+    _need_cgroup(tree)
+    marker = f"tsc-{uuid.uuid4().hex}"
+    arguments = {"action": "escape", "marker": marker, "wait": how != "exit"}
+    try:
+        if how == "cancel":
+            call_id = f"c-{marker}"
+            result: dict[str, Any] = {}
+
+            def run() -> None:
+                result["reply"] = tree.invoke("probe", arguments, project=False,
+                                              callId=call_id)[1]
+
+            thread = threading.Thread(target=run)
+            thread.start()
+            eventually(lambda: bool(_marked(marker)), what="the grandchild")
+            assert tree.daemon.call("cancel", {"callId": call_id})["result"]["cancelled"]
+            thread.join(30)
+            reply = result["reply"]["result"]
+            assert reply["status"] == "cancelled"
+        else:
+            reply = tree.invoke("probe", arguments, project=False)[1]["result"]
+            assert reply["status"] == ("ok" if how == "exit" else "timeout"), reply
+        # The answer comes after the cgroup is empty: nothing to wait for.
+        assert _marked(marker) == []
+    finally:
+        _kill_marked(marker)
+
+
+def test_confinement_without_cgroup_the_grandchild_survives() -> None:
+    """The control: with cgroup = "off" the setsid'd grandchild outlives its call."""
+    t = _make_tree('[confinement]\ncgroup = "off"\nsandbox = "off"\n')
+    marker = f"tsc-{uuid.uuid4().hex}"
+    try:
+        assert t.status()["cgroup"] == {
+            "mode": "process-group", "reason": 'cgroups are off in the config (cgroup = "off")',
+        }
+        t.invoke("probe", {"action": "escape", "marker": marker}, project=False)
+        assert _marked(marker) != []
+    finally:
+        _kill_marked(marker)
+        _close(t)
+
+
+def test_confinement_call_usage_in_the_log_line(tree: Tree) -> None:
+    """call_finished carries the call's CPU time (and peak memory where the kernel tells)."""
+    _need_cgroup(tree)
+    _, reply = tree.invoke("probe", {"action": "read", "target": "/etc/hostname"}, project=False,
+                           callId="usage-1")
+    assert reply["result"]["status"] == "ok"
+    eventually(lambda: any(e.get("call_id") == "usage-1" and e.get("event") == "call_finished"
+                           for e in tree.daemon.log_events()))
+    line = next(e for e in tree.daemon.log_events()
+                if e.get("call_id") == "usage-1" and e.get("event") == "call_finished")
+    assert isinstance(line["cpu_ms"], int)
+    assert line["cpu_ms"] >= 1  # a Python interpreter start costs milliseconds
+    assert "peak_memory_bytes" in line
+
+
+def test_confinement_fork_bomb_capped_by_pids_max() -> None:
+    """A fork bomb stops at pids.max; the call still ends and takes every child with it."""
+    t = _make_tree('[confinement.home]\npids-max = 20\n')
+    try:
+        _need_controller(t, "pids")
+        result = t.probe({"action": "fork-bomb"}, project=False)
+        assert result["ok"] is True
+        assert result["children"] < 20
+        assert result["stopped"]
+    finally:
+        _close(t)
+
+
+def test_confinement_memory_hog_killed_by_memory_max() -> None:
+    """A tool that outgrows memory.max is OOM-killed, and its result text says so."""
+    t = _make_tree('[confinement.home]\nmemory-max = "64M"\n')
+    try:
+        _need_controller(t, "memory")
+        _, reply = t.invoke("probe", {"action": "hog"}, project=False)
+        result = reply["result"]
+        assert result["isError"] is True
+        assert "killed by the out-of-memory killer" in result["content"][0]["text"]
+    finally:
+        _close(t)
+
+
+def test_confinement_limit_without_its_controller_fails_closed() -> None:
+    """A limit the cgroup tree cannot enforce: the call does not run, and the text says why."""
+    t = _make_tree('[confinement.home]\npids-max = 20\nmemory-max = "64M"\n')
+    try:
+        cgroup = _need_cgroup(t)
+        if {"pids", "memory"} <= set(cgroup["controllers"]):
+            pytest.skip("the tree has both controllers: the limits are enforced, not refused")
+        events, reply = t.invoke("probe", {"action": "write", "target": "x"}, project=False)
+        assert events == []
+        result = reply["result"]
+        assert result["isError"] is True
+        text = result["content"][0]["text"]
+        assert "controller" in text
+        assert "did not run" in text
+        assert not (t.workspace / "x").exists()
+    finally:
+        _close(t)
+
+
+# -- the sandbox -------------------------------------------------------------------------
+
+
+def _targets(t: Tree) -> dict[str, str]:
+    key = str(t.user_home / ".ssh" / "id_rsa")
+    link = t.workspace / "key-link"
+    if not link.is_symlink():
+        link.symlink_to(key)
+    return {
+        "bashrc": str(t.user_home / ".bashrc"),
+        "etc": "/etc/toolsetd-sandbox-test",
+        "other": str(t.base / "other-ws" / "file"),
+        "key": key,
+        "key-link": str(link),
+    }
+
+
+@pytest.mark.parametrize(
+    ("action", "target"),
+    [
+        ("write", "bashrc"),
+        ("write", "etc"),
+        ("write", "other"),
+        ("read", "key"),
+        ("read", "key-link"),
+        ("hardlink-read", "key"),
+    ],
+)
+def test_confinement_sandbox_refuses(tree: Tree, action: str, target: str) -> None:
+    """workspace-write: writing outside, reading the key (direct, symlink, hard link) fail."""
+    _need_sandbox(tree)
+    path = _targets(tree)[target]
+    before = Path(path).read_bytes() if Path(path).exists() else None
+    result = tree.probe({"action": action, "target": path, "name": uuid.uuid4().hex})
+    assert result["ok"] is False, result
+    assert "content" not in result
+    after = Path(path).read_bytes() if Path(path).exists() else None
+    assert after == before
+
+
+def test_confinement_sandbox_writes_the_workspace_and_its_tmp(tree: Tree) -> None:
+    """workspace-write: the workspace takes the write; the home set (off) is not sandboxed."""
+    _need_sandbox(tree)
+    target = tree.workspace / "out.txt"
+    assert tree.probe({"action": "write", "target": str(target)})["ok"] is True
+    assert target.read_text() == "written by the tool\n"
+    assert tree.probe({"action": "write", "target": "/tmp/private"})["ok"] is True  # noqa: S108
+    assert not Path("/tmp/private").exists()  # noqa: S108 - the sandbox's /tmp was private
+    readable = tree.probe({"action": "read", "target": str(tree.user_home / ".bashrc")})
+    assert readable["content"] == "# bashrc\n"
+    # The home set runs unsandboxed by default: the same read of the key works there.
+    assert tree.probe({"action": "read", "target": _targets(tree)["key"]},
+                      project=False)["content"] == "PRIVATE KEY\n"
+
+
+def test_confinement_sandbox_denies_the_network(tree: Tree) -> None:
+    """With the network denied a TCP connection to a listening host port fails."""
+    _need_sandbox(tree)
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        address = f"127.0.0.1:{server.getsockname()[1]}"
+        assert tree.probe({"action": "connect", "target": address}, project=False)["ok"] is True
+        assert tree.probe({"action": "connect", "target": address})["ok"] is False
+
+
+def test_confinement_sandbox_hides_the_daemon_socket(tree: Tree) -> None:
+    """A sandboxed tool cannot call the daemon through its socket."""
+    _need_sandbox(tree)
+    result = tree.probe({"action": "read", "target": str(tree.daemon.socket)})
+    assert result.get("content", "") == ""  # /dev/null over it
+
+
+def test_confinement_approved_outside_path_for_that_call_only(tree: Tree) -> None:
+    """An approved outside path is writable in its call; another outside path is not."""
+    _need_sandbox(tree)
+    approved = tree.base / "outside-approved.txt"
+    other = tree.base / "outside-other.txt"
+    arguments = {"action": "write-both", "path": str(approved), "target": str(other)}
+    _, reply = tree.invoke("probe_path", arguments, approved=True)
+    text = reply["result"]["content"][0]["text"]
+    assert json.loads(text.strip().splitlines()[-1])["ok"] is False
+    assert approved.read_text() == "approved\n"
+    assert not other.exists()
+    # A later call that is not given the path cannot write it any more.
+    result = tree.probe({"action": "write", "target": str(approved)})
+    assert result["ok"] is False
+    assert approved.read_text() == "approved\n"
+
+
+def test_confinement_planted_hard_link_fails_closed(tree: Tree) -> None:
+    """A second hard link to a credential file: sandboxed calls refuse to run, saying why."""
+    _need_sandbox(tree)
+    key = tree.user_home / ".ssh" / "id_rsa"
+    planted = tree.workspace / "planted"
+    os.link(key, planted)
+    try:
+        events, reply = tree.invoke("probe", {"action": "read", "target": str(planted)})
+        assert events == []
+        text = reply["result"]["content"][0]["text"]
+        assert "hard link" in text
+        assert "PRIVATE KEY" not in text
+    finally:
+        planted.unlink()
+
+
+def test_confinement_read_only_profile_and_named_profile_fails_closed() -> None:
+    """read-only: the workspace cannot be written; a named profile without bwrap fails closed."""
+    reason = ensure_bubblewrap()
+    t = _make_tree(textwrap.dedent("""\
+        [confinement.sets.pp]
+        profile = "read-only"
+        network = true
+    """))
+    try:
+        if reason is not None or t.status()["sandbox"]["mechanism"] != "bubblewrap":
+            pytest.skip(f"no sandbox: {reason or t.status()['sandbox']['reason']}")
+        result = t.probe({"action": "write", "target": str(t.workspace / "ro.txt")})
+        assert result["ok"] is False
+        assert not (t.workspace / "ro.txt").exists()
+    finally:
+        _close(t)
+    t = _make_tree('[confinement]\nsandbox = "off"\n[confinement.project]\nprofile = "workspace-write"\n')
+    try:
+        events, reply = t.invoke("probe", {"action": "write", "target": str(t.workspace / "x")})
+        assert events == []
+        text = reply["result"]["content"][0]["text"]
+        assert "'workspace-write'" in text
+        assert "did not run" in text
+        assert not (t.workspace / "x").exists()
+    finally:
+        _close(t)
+
+
+# -- orphans -------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sandboxed", [True, False])
+def test_confinement_daemon_sigkill_leaves_no_tool(sandboxed: bool) -> None:
+    """SIGKILL the daemon mid-call: no tool process (setsid'd grandchildren too) survives.
+
+    Sandboxed calls are covered by the PID namespace without the sentinel
+    (``--no-orphan-guard``); unsandboxed ones by the sentinel writing ``cgroup.kill``.
+    """
+    reason = ensure_bubblewrap()
+    args = ("--no-orphan-guard",) if sandboxed else ()
+    t = _make_tree(args=args)
+    marker = f"tsc-{uuid.uuid4().hex}"
+    try:
+        if sandboxed and t.status()["sandbox"]["mechanism"] != "bubblewrap":
+            pytest.skip(f"no sandbox: {reason or t.status()['sandbox']['reason']}")
+        if not sandboxed:
+            _need_cgroup(t)
+        threads = []
+        for _ in range(2):
+            thread = threading.Thread(target=lambda: _swallow(t, marker, sandboxed), daemon=True)
+            thread.start()
+            threads.append(thread)
+        eventually(lambda: len(_marked(marker)) >= 2, what="both grandchildren")
+        t.daemon.proc.send_signal(signal.SIGKILL)
+        t.daemon.proc.wait(10)
+        eventually(lambda: _marked(marker) == [], timeout=10, what="no tool left")
+    finally:
+        _kill_marked(marker)
+        _close(t)
+
+
+def _swallow(t: Tree, marker: str, project: bool) -> None:
+    try:
+        t.invoke("probe", {"action": "escape", "marker": marker, "wait": True}, project=project)
+    except (OSError, EOFError):
+        pass  # the daemon was killed under it
+
+
+def test_confinement_bad_config_names_the_key(tmp_base: Path) -> None:
+    """A wrong value in [confinement] stops the start with a message naming the key."""
+    config = tmp_base / "bad.toml"
+    config.write_text('[confinement.sets.lint]\nprofile = "strict"\n')
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "toolsetd.daemon", "--confinement-config", str(config)],
+        capture_output=True, timeout=30, check=False,
+    )
+    assert done.returncode == 2
+    assert "confinement.sets.lint.profile: must be one of 'off', 'workspace-write', 'read-only'" in (
+        done.stderr.decode()
+    )
