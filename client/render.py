@@ -441,7 +441,26 @@ def status_fields(status: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("Workspaces", workspaces_text),
         ("In flight", str(status.get("inFlight", "-"))),
         ("Connections", str(status.get("connections", "-"))),
+        *_confinement_rows(status.get("confinement")),
     ]
+
+
+def _confinement_rows(confinement: Any) -> list[tuple[str, str]]:
+    """``Cgroups`` and ``Sandbox``: which mode is active, or why not."""
+    if not isinstance(confinement, Mapping):
+        return []
+    cgroup = confinement.get("cgroup") or {}
+    sandbox = confinement.get("sandbox") or {}
+    if cgroup.get("mode") == "cgroup":
+        controllers = ", ".join(cgroup.get("controllers") or []) or "no controllers"
+        cgroup_text = f"a cgroup per call under {cgroup.get('tree')} ({controllers})"
+    else:
+        cgroup_text = f"process groups ({_dash(cgroup.get('reason'))})"
+    if sandbox.get("mechanism") == "bubblewrap":
+        sandbox_text = f"bubblewrap ({sandbox.get('binary')})"
+    else:
+        sandbox_text = f"none ({_dash(sandbox.get('reason'))})"
+    return [("Cgroups", cgroup_text), ("Sandbox", sandbox_text)]
 
 
 def classification_fields(classification: Mapping[str, Any]) -> list[tuple[str, str]]:
@@ -465,7 +484,23 @@ def classification_fields(classification: Mapping[str, Any]) -> list[tuple[str, 
         ("Grant scopes", ", ".join(classification.get("grantScopes") or []) or "-"),
         ("Reason", _dash(classification.get("reason"))),
         ("Arguments", _compact(classification.get("arguments", {}))),
+        *_sandbox_rows(classification.get("confinement")),
     ]
+
+
+def _sandbox_rows(confinement: Any) -> list[tuple[str, str]]:
+    """The sandbox a call would get, and why it would not run if it would not."""
+    if not isinstance(confinement, Mapping):
+        return []
+    sandbox = confinement.get("sandbox") or {}
+    text = f"{sandbox.get('profile', '-')}, network {'allowed' if sandbox.get('network') else 'denied'}"
+    extra = sandbox.get("alsoWritable")
+    if extra:
+        text += f", also writable: {', '.join(str(p) for p in extra)}"
+    rows = [("Sandbox", text)]
+    if confinement.get("failure"):
+        rows.append(("Confinement", f"fails closed: {confinement['failure']}"))
+    return rows
 
 
 #: The headers of the classification's path table.

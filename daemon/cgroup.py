@@ -20,15 +20,25 @@ a base never touch each other's calls; a folder of a pid that is gone is a dead 
 and is killed and removed at start) with every controller of ``memory``, ``pids``, ``cpu``
 it can get enabled for its children, and one child ``c<n>`` per call.
 
-A call's child enters its cgroup before the tool's first instruction: the runner spawns
-``/bin/sh -c 'echo 0 >"$1" || exit 125; shift; exec "$@"'`` (``JOIN_ARGV``) with the cgroup's
-``cgroup.procs`` and the tool's argv. ``echo`` is a builtin, so the write (which moves the
-writer, pid 0 meaning "me") happens in the shell itself, and ``exec`` then replaces it with
-the tool, already inside; a ``fork`` or ``setsid`` the tool does is inside too. Python
-cannot reach ``clone3(CLONE_INTO_CGROUP)`` (glibc's ``pidfd_spawn`` with a cgroup arrived
-in 2.39; ``os.posix_spawn`` has no such attribute), and moving the child from the daemon
-after the spawn races with the tool's first ``fork``; ``bench/bench_confine.py`` measures
-the shell against a blocker the daemon moves and releases.
+A call's child is in its cgroup before the tool's first instruction, one of two ways:
+
+* **The daemon steps in** (``CgroupTree.entered``): it writes ``0`` (itself, all its
+  threads) to the call's ``cgroup.procs``, spawns the child, which is born there, and
+  writes itself back to its own cgroup. Two writes, no extra process: the default.
+  Not for a set with ``memory.max`` or ``pids.max``: for that moment the daemon's threads
+  and the pages it touches would count against the call's limits (and an OOM kill inside
+  could pick the daemon).
+* **The child joins by itself**: the runner spawns
+  ``/bin/sh -c 'echo 0 >"$1" || exit 125; shift; exec "$@"'`` (``JOIN_ARGV``) with the
+  cgroup's ``cgroup.procs`` and the tool's argv. ``echo`` is a builtin, so the write
+  (which moves the writer, pid 0 meaning "me") happens in the shell itself, and ``exec``
+  then replaces it with the tool, already inside. It costs one ``exec`` of the shell.
+
+Either way a ``fork`` or ``setsid`` the tool does is inside too. Python cannot reach
+``clone3(CLONE_INTO_CGROUP)`` (glibc's ``pidfd_spawn`` with a cgroup attribute arrived in
+2.39, ``os.posix_spawn`` has no such attribute), and moving the child from the daemon
+after the spawn races with the tool's first ``fork``. ``bench/bench_confine.py`` measures
+both ways against a blocker the daemon moves and then releases.
 
 At the end of the call (the leader exited, timeout, cancel, shutdown) ``CallCgroup.kill``
 writes ``cgroup.kill``: every process in it gets ``SIGKILL`` at once, ``setsid``'d
@@ -51,6 +61,7 @@ import itertools
 import os
 import re
 import signal
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -80,7 +91,7 @@ JOIN_FAILED_EXIT = 125
 JOIN_ARGV: tuple[str, ...] = (
     "/bin/sh",
     "-c",
-    'echo 0 >"$1" 2>/dev/null || { echo "toolsetd-join: cannot enter the cgroup $1" >&2; '
+    '{ echo 0 >"$1"; } 2>/dev/null || { echo "toolsetd-join: cannot enter the cgroup $1" >&2; '
     f'exit {JOIN_FAILED_EXIT}; }}; shift; exec "$@"',
     "toolsetd-join",
 )
@@ -223,6 +234,19 @@ def _on_cgroup2(path: Path, mounts: list[str]) -> bool:
     return any(text == m or text.startswith(m.rstrip("/") + "/") for m in mounts)
 
 
+def _own_cgroup(mounts: list[str]) -> Path | None:
+    """The daemon's own cgroup folder (where it returns after a spawn), if it can be found."""
+    text = _read("/proc/self/cgroup") or ""
+    relative = next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
+    if relative is None:
+        return None
+    for mount in mounts:
+        folder = Path(mount + relative.rstrip("/")) if relative != "/" else Path(mount)
+        if (folder / "cgroup.procs").exists() and os.access(folder / "cgroup.procs", os.W_OK):
+            return folder
+    return None
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -248,15 +272,17 @@ def _kill_tree(folder: str) -> None:
 class CallCgroup:
     """One call's cgroup."""
 
-    __slots__ = ("_tree", "path", "procs")
+    __slots__ = ("path", "procs", "tree")
 
     def __init__(self, tree: CgroupTree, path: str) -> None:
-        self._tree = tree
+        self.tree = tree
         self.path = path
         self.procs = os.path.join(path, "cgroup.procs")
 
     def kill(self) -> None:
-        """SIGKILL every process in the cgroup at once."""
+        """SIGKILL every process in the cgroup at once (never one the daemon is stuck in)."""
+        if self.tree.daemon_inside == self.path:
+            return
         try:
             _write(os.path.join(self.path, "cgroup.kill"), "1")
         except OSError:
@@ -273,7 +299,7 @@ class CallCgroup:
 
     def discard(self) -> None:
         """Remove the cgroup of a child that never started."""
-        self._tree.remove(self.path)
+        self.tree.remove(self.path)
 
     def populated(self) -> bool:
         """Whether any process is still in the cgroup."""
@@ -281,14 +307,15 @@ class CallCgroup:
 
     async def finish(self) -> CallUsage:
         """Kill what is left, wait (bounded) until it is empty, read the usage, remove it."""
-        self.kill()
-        delay = 0.0002
-        with anyio.move_on_after(_DRAIN_BOUND_SECONDS):
-            while self.populated():
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 0.02)
+        if self.populated():  # usually not: the leader is reaped and nothing stayed behind
+            self.kill()
+            delay = 0.0002
+            with anyio.move_on_after(_DRAIN_BOUND_SECONDS):
+                while self.populated():
+                    await anyio.sleep(delay)
+                    delay = min(delay * 2, 0.02)
         usage = self.usage()
-        self._tree.remove(self.path)
+        self.tree.remove(self.path)
         return usage
 
     def usage(self) -> CallUsage:
@@ -311,11 +338,38 @@ class CgroupTree:
         controllers: The controllers enabled for the calls' cgroups.
     """
 
-    def __init__(self, folder: Path, controllers: frozenset[str]) -> None:
+    def __init__(self, folder: Path, controllers: frozenset[str], home: Path | None = None) -> None:
         self.folder = folder
         self.controllers = controllers
+        self._home_procs = str(home / "cgroup.procs") if home is not None else None
         self._counter = itertools.count(1)
         self._trash: list[str] = []
+        self.daemon_inside: str | None = None  # a call cgroup the daemon failed to leave
+
+    @property
+    def can_enter(self) -> bool:
+        """Whether the daemon may step into a call's cgroup to spawn its child there."""
+        return self._home_procs is not None and self.daemon_inside is None
+
+    @contextlib.contextmanager
+    def entered(self, call: CallCgroup) -> Iterator[None]:
+        """Run the block (the spawn) with the whole daemon inside ``call``'s cgroup.
+
+        The child is then born inside: no helper process, no race with its first fork. Only
+        for cgroups without ``memory.max`` or ``pids.max``: the daemon's threads and pages
+        would count against them. If the daemon cannot leave again, that cgroup is never
+        killed (``kill`` falls back to the process group) and entering stops.
+        """
+        assert self._home_procs is not None
+        _write(call.procs, "0")
+        try:
+            yield
+        finally:
+            try:
+                _write(self._home_procs, "0")
+            except OSError as exc:
+                self.daemon_inside = call.path
+                log.error("cgroup_leave_failed", cgroup=call.path, error=exc.strerror)
 
     @classmethod
     def probe(cls, setting: str) -> tuple[CgroupTree | None, str]:
@@ -408,7 +462,8 @@ class CgroupTree:
                 except OSError:
                     continue
                 enabled.append(name)
-        return cls(folder, frozenset(enabled))
+        own = _own_cgroup(_cgroup2_mounts())
+        return cls(folder, frozenset(enabled), own)
 
     def describe(self) -> str:
         """One phrase for ``status``: where, and which controllers."""
@@ -478,4 +533,5 @@ class CgroupTree:
 
     def close(self) -> None:
         """Kill whatever is still in the tree and remove it (the daemon stops)."""
-        _kill_tree(str(self.folder))
+        if self.daemon_inside is None:
+            _kill_tree(str(self.folder))

@@ -292,12 +292,21 @@ class Prepared:
         cgroup: The call's cgroup, or None (process groups).
         sandboxed: Whether bubblewrap runs the tool.
         limits: The set's cgroup limits.
+        enter: Spawn with the daemon inside the cgroup (``CgroupTree.entered``) instead
+            of the joining shell.
     """
 
     argv: list[str]
     cgroup: CallCgroup | None
     sandboxed: bool
     limits: Limits
+    enter: bool = False
+
+    def spawning(self) -> contextlib.AbstractContextManager[None]:
+        """The context to spawn the child in (inside the cgroup when ``enter``)."""
+        if self.enter and self.cgroup is not None:
+            return self.cgroup.tree.entered(self.cgroup)
+        return contextlib.nullcontext()
 
 
 class Confinement:
@@ -508,19 +517,27 @@ class Confinement:
                 )  # fmt: skip
             full = [*bwrap_argv(self.bwrap, plan), *argv]
         cgroup = None
+        enter = False
         if self.cgroups is not None:
             try:
                 cgroup = self.cgroups.create(conf.limits, f"set '{toolset.directory}'")
             except CgroupError as exc:
                 raise ConfinementError(f"toolsetd: {exc}. The call did not run.") from exc
-            full = [*JOIN_ARGV, cgroup.procs, *full]
-        return Prepared(full, cgroup, sandboxed, conf.limits)
+            # Memory and pids limits would count the daemon while it stands inside: those
+            # calls' children join by themselves, through the shell, before the tool runs.
+            enter = self.cgroups.can_enter and (
+                conf.limits.memory_max is None and conf.limits.pids_max is None
+            )
+            if not enter:
+                full = [*JOIN_ARGV, cgroup.procs, *full]
+        return Prepared(full, cgroup, sandboxed, conf.limits, enter)
 
 
 def setup_failure(prepared: Prepared, returncode: int | None, stderr: bytes) -> str | None:
     """The result text of a call whose confinement failed in the child, else None."""
     if (
         prepared.cgroup is not None
+        and not prepared.enter
         and returncode == JOIN_FAILED_EXIT
         and stderr.startswith(_JOIN_FAILED_TEXT)
     ):

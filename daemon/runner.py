@@ -299,17 +299,19 @@ class Runner:
         cgroup = prepared.cgroup if prepared is not None else None
         kill_all = cgroup.kill if cgroup is not None else None
         usage = CallUsage()
+        spawning = prepared.spawning() if prepared is not None else contextlib.nullcontext()
         try:
-            proc = subprocess.Popen(  # noqa: TID251, ASYNC220
-                argv,
-                stdin=in_r,
-                stdout=out_w,
-                stderr=err_w,
-                cwd=paths.workspace,
-                env=env,
-                start_new_session=True,
-                pass_fds=(prog_w,),
-            )
+            with spawning:
+                proc = subprocess.Popen(  # noqa: TID251, ASYNC220
+                    argv,
+                    stdin=in_r,
+                    stdout=out_w,
+                    stderr=err_w,
+                    cwd=paths.workspace,
+                    env=env,
+                    start_new_session=True,
+                    pass_fds=(prog_w,),
+                )
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             fds.close_all()
             if cgroup is not None:

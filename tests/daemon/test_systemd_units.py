@@ -106,6 +106,16 @@ def test_units_socket_and_kill_settings(kind: str) -> None:
     assert f"--socket {listen}" in service["ExecStart"][0]
 
 
+@pytest.mark.parametrize("kind", ["user", "system"])
+def test_units_delegate_the_cgroup(kind: str) -> None:
+    """Both units delegate their cgroup (one per call) and leave it and bwrap's namespaces usable."""
+    service = _directives(_read(kind, "toolsetd.service"))
+    assert service["Delegate"] == ["yes"]
+    assert service.get("ProtectControlGroups", ["no"]) == ["no"]
+    allowed = service.get("RestrictNamespaces", ["no"])[0].split()
+    assert allowed == ["no"] or {"mnt", "pid", "net"} <= set(allowed)
+
+
 @pytest.mark.parametrize(
     "path",
     sorted(p.relative_to(UNITS) for p in UNITS.rglob("toolsetd.*")),

@@ -1,0 +1,271 @@
+"""Confinement benchmark (goal 8): invoke with a cgroup per call and with the sandbox.
+
+``python -m bench.bench_confine [--quick]``
+
+Four daemons in the same run serve the trivial ``noop`` home set (``/bin/true``), each with
+its own ``[confinement]`` table: nothing (``cgroup = "off"``, ``sandbox = "off"``), the
+cgroup alone, the sandbox alone (``[confinement.home] profile = "workspace-write"``), both.
+
+* Latency: sequential ``invoke`` calls, cgroup vs nothing and sandbox vs nothing,
+  interleaved rounds; the ratio is the median of the per-round ratios.
+* Throughput: calls/s at 8 callers, both vs nothing, interleaved.
+* The spawn alternatives, in process (``subprocess.Popen`` of ``/bin/true`` with three pipes,
+  waited): bare; the joining shell the runner uses; a blocker shell that the parent moves
+  into the cgroup and releases through a pipe; the same shell without the move (its exec
+  alone); bubblewrap with and without a network namespace.
+
+A machine without a writable cgroup v2 tree or without bubblewrap reports the rows it can
+and says why the others are missing.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    __package__ = "bench"  # noqa: A001
+
+import argparse
+import errno
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any
+
+from toolsetd.daemon.cgroup import JOIN_ARGV, CgroupTree, Limits
+
+from bench._common import (
+    TRUE_SET,
+    BlockingConn,
+    Goal,
+    Section,
+    make_home,
+    median,
+    paired,
+    print_goals,
+    print_table,
+    ratio_of_pairs,
+    sequential_latency,
+    start_daemon,
+    temp_base,
+    throughput,
+    write_results,
+)
+
+CONFIGS = {
+    "none": '[confinement]\ncgroup = "off"\nsandbox = "off"\n',
+    "cgroup": '[confinement]\ncgroup = "auto"\nsandbox = "off"\n',
+    "sandbox": '[confinement]\ncgroup = "off"\n[confinement.home]\nprofile = "workspace-write"\n',
+    "both": '[confinement]\ncgroup = "auto"\n[confinement.home]\nprofile = "workspace-write"\n',
+}
+BLOCK = 'read _ <&3; exec 3<&-; exec "$@"'
+
+
+def _status(sock: Path) -> dict[str, Any]:
+    with BlockingConn(sock) as conn:
+        reply: dict[str, Any] = conn.request("status", {})["result"]["confinement"]
+        return reply
+
+
+# --- spawn alternatives, in process --------------------------------------------------------
+
+
+def _popen(argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+    p = subprocess.Popen(  # noqa: S603
+        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True, **kw,
+    )
+    return p
+
+
+def _rmdir(path: str) -> None:
+    for _ in range(10_000):
+        try:
+            os.rmdir(path)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            time.sleep(0.0001)
+
+
+def spawn_alternatives(n: int, rounds: int) -> dict[str, Any]:
+    """Median µs per spawn+wait of each way of starting a child (inside a cgroup or not)."""
+    tree = None
+    tree, why = CgroupTree.probe("auto")
+    counter = iter(range(10**9))
+    bwrap = shutil.which("bwrap")
+
+    def base() -> None:
+        _popen(["/bin/true"]).communicate()
+
+    def shell() -> None:
+        _popen(["/bin/sh", "-c", 'shift; exec "$@"', "sh", "x", "/bin/true"]).communicate()
+
+    def join() -> None:
+        assert tree is not None
+        call = tree.create(Limits(), "bench")
+        _popen([*JOIN_ARGV, call.procs, "/bin/true"]).communicate()
+        _rmdir(call.path)
+
+    def enter() -> None:
+        assert tree is not None
+        call = tree.create(Limits(), "bench")
+        with tree.entered(call):
+            p = _popen(["/bin/true"])
+        p.communicate()
+        _rmdir(call.path)
+
+    def blocker() -> None:
+        assert tree is not None
+        path = os.path.join(tree.folder, f"b{next(counter)}")
+        os.mkdir(path)
+        r, w = os.pipe()
+        p = _popen(["/bin/sh", "-c", BLOCK, "sh", "/bin/true"], pass_fds=(r,))
+        os.close(r)
+        with open(path + "/cgroup.procs", "w") as f:
+            f.write(str(p.pid))
+        os.write(w, b"\n")
+        os.close(w)
+        p.communicate()
+        _rmdir(path)
+
+    bw = [bwrap or "bwrap", "--die-with-parent", "--unshare-pid", "--ro-bind", "/", "/",
+          "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]  # noqa: S108
+
+    def bwrap_net() -> None:
+        _popen([*bw, "--", "/bin/true"]).communicate()
+
+    def bwrap_nonet() -> None:
+        _popen([*bw, "--unshare-net", "--", "/bin/true"]).communicate()
+
+    measures: dict[str, Callable[[], None]] = {"popen /bin/true": base, "sh exec": shell}
+    if tree is not None:
+        measures["daemon steps in (default)"] = enter
+        measures["join shell (sets with memory/pids limits)"] = join
+        measures["blocker + move + release"] = blocker
+    if bwrap:
+        measures["bwrap, network kept"] = bwrap_net
+        measures["bwrap, network denied"] = bwrap_nonet
+
+    def timed(fn: Callable[[], None]) -> Callable[[], float]:
+        def run() -> float:
+            samples = []
+            for _ in range(n):
+                t = time.perf_counter_ns()
+                fn()
+                samples.append(time.perf_counter_ns() - t)
+            return median(samples) / 1000
+
+        return run
+
+    try:
+        for fn in measures.values():
+            fn()
+        results = paired(rounds, *(timed(fn) for fn in measures.values()))
+    finally:
+        if tree is not None:
+            tree.close()
+    out = {name: median(r) for name, r in zip(measures, results, strict=True)}
+    out["ratios_vs_popen"] = {
+        name: ratio_of_pairs(r, results[0]) for name, r in zip(measures, results, strict=True)
+    }
+    if tree is None:
+        out["cgroup_missing"] = why
+    if not bwrap:
+        out["bwrap_missing"] = "bwrap not on PATH"
+    return out
+
+
+# --- through the daemon ---------------------------------------------------------------------
+
+
+def run(quick: bool = False) -> Section:
+    rounds = 5 if quick else 9
+    n_calls = 100 if quick else 300
+    seconds = 1.0 if quick else 2.0
+    section = Section("confine")
+    data = section.data
+    with temp_base() as base:
+        home = make_home(base, 0, trivial=True)
+        ws = base / "ws"
+        ws.mkdir()
+        params = {"tool": TRUE_SET, "arguments": {}, "workspace": str(ws)}
+        daemons = {}
+        try:
+            for name, config in CONFIGS.items():
+                path = base / f"{name}.toml"
+                path.write_text(config)
+                daemons[name] = start_daemon(
+                    home, base, name=name,
+                    extra=["--progress-interval", "60", "--confinement-config", str(path)],
+                )
+            modes = {name: _status(d.socket) for name, d in daemons.items()}
+            data["modes"] = modes
+            for name, d in daemons.items():
+                with BlockingConn(d.socket) as conn:
+                    reply = conn.request("invoke", params)
+                    if reply.get("result", {}).get("status") != "ok":
+                        raise RuntimeError(f"trivial invoke under {name} failed: {reply}")
+
+            def latency(name: str) -> float:
+                return median(sequential_latency(daemons[name].socket, "invoke", params,
+                                                 n_calls, warmup=10))
+
+            none, cg, sb = paired(rounds, lambda: latency("none"), lambda: latency("cgroup"),
+                                  lambda: latency("sandbox"))
+            data["latency_us"] = {"none": median(none) / 1000, "cgroup": median(cg) / 1000,
+                                  "sandbox": median(sb) / 1000,
+                                  "cgroup_ratio": ratio_of_pairs(cg, none),
+                                  "sandbox_ratio": ratio_of_pairs(sb, none)}
+            t_none, t_both = paired(
+                max(3, rounds // 2),
+                lambda: throughput(daemons["none"].socket, "invoke", params, 8, seconds),
+                lambda: throughput(daemons["both"].socket, "invoke", params, 8, seconds),
+            )
+            data["calls_per_s_c8"] = {"none": median(t_none), "both": median(t_both),
+                                      "ratio": ratio_of_pairs(t_both, t_none)}
+        finally:
+            for d in daemons.values():
+                d.stop()
+    data["spawn_alternatives_us"] = spawn_alternatives(50 if quick else 200, 3 if quick else 5)
+    lat = data["latency_us"]
+    active = {name: (m["cgroup"]["mode"], m["sandbox"]["mechanism"]) for name, m in modes.items()}
+    print_table("confinement modes", ["daemon", "cgroup", "sandbox"],
+                [[name, *mode] for name, mode in active.items()])
+    print_table("invoke latency (µs, median)", ["none", "cgroup", "sandbox"],
+                [[lat["none"], lat["cgroup"], lat["sandbox"]]])
+    alternatives = data["spawn_alternatives_us"]
+    print_table("spawn alternatives (µs per spawn+wait, median; ratio vs popen)", ["how", "µs", "ratio"],
+                [[k, v, alternatives["ratios_vs_popen"][k]] for k, v in alternatives.items()
+                 if isinstance(v, float)])
+    note = "" if active["both"] == ("cgroup", "bubblewrap") else f" (modes: {active['both']})"
+    section.goals = [
+        Goal("8", "invoke latency, cgroup on / off", lat["cgroup_ratio"], 1.3, "<=",
+             f"{lat['cgroup']:.0f} vs {lat['none']:.0f} µs{note}"),
+        Goal("8", "invoke latency, sandbox on / off", lat["sandbox_ratio"], 1.5, "<=",
+             f"{lat['sandbox']:.0f} vs {lat['none']:.0f} µs"),
+        Goal("8", "calls/s at 8 callers, both on / off", data["calls_per_s_c8"]["ratio"], 0.7, ">=",
+             f"{data['calls_per_s_c8']['both']:.0f} vs {data['calls_per_s_c8']['none']:.0f}/s"),
+    ]
+    return section
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    t0 = time.monotonic()
+    section = run(args.quick)
+    print_goals(section.goals)
+    path = write_results("confine", {"quick": args.quick, "goals": section.goals, **section.data,
+                                     "seconds": time.monotonic() - t0})
+    print(f"\nresults: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,103 @@
+"""The cgroup tree: both ways into a call's cgroup, the kill, the usage, the removal.
+
+These need a writable cgroup v2 tree (as root on this host) and skip with the probe's
+reason elsewhere.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from toolsetd.daemon.cgroup import JOIN_ARGV, JOIN_FAILED_EXIT, CgroupTree, Limits
+
+
+@pytest.fixture
+def tree() -> Iterator[CgroupTree]:
+    found, reason = CgroupTree.probe("auto")
+    if found is None:
+        pytest.skip(f"no writable cgroup v2 tree: {reason}")
+    try:
+        yield found
+    finally:
+        found.close()
+
+
+def _cgroup_of(text: str) -> str:
+    return next(line[3:] for line in text.splitlines() if line.startswith("0::"))
+
+
+def _relative(tree: CgroupTree, path: str) -> str:
+    mount = str(tree.folder.parent)
+    return "/" + os.path.relpath(path, mount) if path != mount else "/"
+
+
+def test_cgroup_join_shell_moves_the_child_before_exec(tree: CgroupTree) -> None:
+    """The joining shell puts itself in the cgroup and then runs the tool there."""
+    call = tree.create(Limits(), "set 't'")
+    argv = [*JOIN_ARGV, call.procs, "/bin/cat", "/proc/self/cgroup"]
+    out = subprocess.run(argv, capture_output=True, check=True).stdout.decode()  # noqa: S603
+    assert _cgroup_of(out).endswith("/" + Path(call.path).name)
+    assert _cgroup_of(out).endswith(_relative(tree, call.path).split("/", 2)[-1])
+    call.discard()
+
+
+def test_cgroup_join_shell_refuses_to_run_outside(tmp_path: Path) -> None:
+    """A cgroup that cannot be entered: the tool never runs; exit 125 and the marker."""
+    marker = tmp_path / "ran"
+    argv = [*JOIN_ARGV, str(tmp_path / "gone" / "cgroup.procs"), "/bin/touch", str(marker)]
+    done = subprocess.run(argv, capture_output=True, check=False)  # noqa: S603
+    assert done.returncode == JOIN_FAILED_EXIT
+    assert done.stderr.startswith(b"toolsetd-join: cannot enter the cgroup")
+    assert not marker.exists()
+
+
+def test_cgroup_entered_spawns_inside_and_returns(tree: CgroupTree) -> None:
+    """With the daemon stepped in, the child is born in the cgroup; the daemon goes back."""
+    before = Path("/proc/self/cgroup").read_text()
+    call = tree.create(Limits(), "set 't'")
+    assert tree.can_enter
+    with tree.entered(call):
+        child = subprocess.Popen(  # noqa: S603
+            ["/bin/cat", "/proc/self/cgroup"], stdout=subprocess.PIPE
+        )
+    out = child.communicate()[0].decode()
+    assert _cgroup_of(out).endswith("/" + Path(call.path).name)
+    assert Path("/proc/self/cgroup").read_text() == before
+    call.discard()
+
+
+@pytest.mark.anyio
+async def test_cgroup_finish_kills_everything_and_removes_it(tree: CgroupTree) -> None:
+    """finish: cgroup.kill reaches a setsid'd process, then the cgroup is read and removed."""
+    call = tree.create(Limits(), "set 't'")
+    with tree.entered(call):
+        child = subprocess.Popen(  # noqa: S603
+            ["/bin/sh", "-c", "setsid sleep 1000 & sleep 1000"], start_new_session=True
+        )
+    with anyio.fail_after(10):
+        while len(Path(call.procs).read_text().split()) < 2:
+            await anyio.sleep(0.01)
+        usage = await call.finish()
+    child.wait(5)
+    assert child.returncode == -9
+    assert not os.path.exists(call.path)
+    assert usage.cpu_usec is not None
+    assert usage.oom_killed is False
+
+
+def test_cgroup_limit_without_controller_is_refused(tree: CgroupTree) -> None:
+    """A limit the tree has no controller for is refused with a message naming it."""
+    missing = [name for name in ("memory", "pids", "cpu") if name not in tree.controllers]
+    if not missing:
+        pytest.skip("every controller is enabled here")
+    limits = {"memory": Limits(memory_max=1 << 30), "pids": Limits(pids_max=9),
+              "cpu": Limits(cpu_max="50000 100000")}[missing[0]]
+    problem = tree.check(limits, "set 'x'")
+    assert problem is not None
+    assert f"need the {missing[0]} controller" in problem

@@ -1,0 +1,169 @@
+"""The confinement settings: the [confinement] table, per-set resolution, bubblewrap argv."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from toolsetd.daemon.cgroup import Limits, parse_limits
+from toolsetd.daemon.confinement import (
+    Confinement,
+    ConfinementError,
+    ExecutableError,
+    check_executable,
+    load_confinement_config,
+    parse_confinement,
+)
+from toolsetd.daemon.model import RunnerKind, Source, ToolSet
+from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv
+
+
+def _set(directory: str, source: Source, path: Path | None = None) -> ToolSet:
+    return ToolSet(directory=directory, source=source, path=path or Path("/sets") / directory,
+                   runner=RunnerKind.EXEC)
+
+
+def _confinement(table: dict[str, object], bwrap: str | None = "/usr/bin/bwrap",
+                 home: Path = Path("/home/u")) -> Confinement:
+    return Confinement(parse_confinement(table), None, "no tree here", bwrap,
+                       "bwrap not found", home, home / ".crystal", home / "run" / "s.sock")
+
+
+@pytest.mark.parametrize(
+    ("table", "message"),
+    [
+        ({"sandbox": "on"}, 'confinement.sandbox: must be "auto", "off" or an absolute path'),
+        ({"cgroup": "relative/path"}, "confinement.cgroup: must be"),
+        ({"profiles": {}}, "confinement.profiles: unknown key"),
+        ({"project": {"profile": "strict"}}, "confinement.project.profile: must be one of"),
+        ({"home": {"network": "yes"}}, "confinement.home.network: must be true or false"),
+        ({"sets": {"lint": {"memory-max": "lots"}}}, "confinement.sets.lint.memory-max: must be"),
+        ({"sets": {"lint": {"memory-max": 1000}}}, "memory-max: must be at least 1M"),
+        ({"sets": {"lint": {"pids-max": 0}}}, "confinement.sets.lint.pids-max: must be an integer"),
+        ({"sets": {"lint": {"cpu-max": "half"}}}, "confinement.sets.lint.cpu-max: must be a number"),
+        ({"sets": {"lint": {"color": 1}}}, "confinement.sets.lint.color: unknown key"),
+        ({"hide": "~/.aws"}, "confinement.hide: must be a list of paths"),
+    ],
+)
+def test_confinement_config_errors_name_the_key(table: dict[str, object], message: str) -> None:
+    """Every wrong key or value is refused with a message naming it and what it must be."""
+    with pytest.raises(ValueError) as info:
+        parse_confinement(table)
+    assert message in str(info.value)
+    assert str(info.value).startswith("confinement.")
+
+
+def test_confinement_limits_parse_sizes_and_cpus() -> None:
+    """Sizes take K/M/G suffixes; cpu-max is a number of CPUs written as quota and period."""
+    limits = parse_limits({"memory-max": "512M", "pids-max": 64, "cpu-max": 0.5}, "sets.x")
+    assert limits == Limits(512 << 20, 64, "50000 100000")
+    assert parse_limits({"memory-max": "2GiB"}, "x").memory_max == 2 << 30
+    assert parse_limits({}, "x").needs() == ()
+
+
+def test_confinement_file_is_read_and_errors_name_the_file(tmp_path: Path) -> None:
+    """The TOML file's [confinement] table is read; a bad file names itself."""
+    good = tmp_path / "good.toml"
+    good.write_text('[confinement]\ncgroup = "off"\n[confinement.sets.lint]\npids-max = 9\n')
+    config = load_confinement_config(good)
+    assert config.cgroup == "off"
+    assert config.sets["lint"].limits.pids_max == 9
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[confinement\n")
+    with pytest.raises(ValueError, match=str(bad)):
+        load_confinement_config(bad)
+    assert load_confinement_config(None).sandbox == "auto"
+
+
+def test_confinement_defaults_project_sandboxed_home_not() -> None:
+    """Defaults: workspace-write without network for project sets, off with network for home."""
+    c = _confinement({})
+    project = c.for_set(_set("lint", Source.PROJECT))
+    assert (project.profile, project.network, project.failure) == (
+        Profile.WORKSPACE_WRITE, False, None)
+    home = c.for_set(_set("lint", Source.HOME))
+    assert (home.profile, home.network) == (Profile.OFF, True)
+
+
+def test_confinement_set_wins_over_source() -> None:
+    """A sets.<directory> table overrides its source's table, key by key."""
+    c = _confinement({
+        "project": {"profile": "read-only", "network": False},
+        "sets": {"web": {"network": True}, "lint": {"profile": "off"}},
+    })
+    web = c.for_set(_set("web", Source.PROJECT))
+    assert (web.profile, web.network) == (Profile.READ_ONLY, True)
+    lint = c.for_set(_set("lint", Source.PROJECT))
+    assert lint.profile == Profile.OFF
+    assert lint.network is False  # the source said so; profile off does not reopen it
+
+
+def test_confinement_without_bwrap_default_off_named_fails_closed() -> None:
+    """No bubblewrap: a default profile becomes off; a profile the operator named fails closed."""
+    c = _confinement({"sets": {"lint": {"profile": "workspace-write"}}}, bwrap=None)
+    assert c.for_set(_set("other", Source.PROJECT)).profile == Profile.OFF
+    named = c.for_set(_set("lint", Source.PROJECT))
+    assert named.failure is not None
+    assert "bwrap not found" in named.failure
+    with pytest.raises(ConfinementError, match="did not run"):
+        c.prepare(_set("lint", Source.PROJECT), ["/bin/true"], "/ws", ("/ws",), ())
+
+
+def test_confinement_limits_without_cgroups_fail_closed() -> None:
+    """A limit with no cgroup tree cannot be enforced: the set's calls fail closed."""
+    c = _confinement({"home": {"pids-max": 10}})
+    failure = c.for_set(_set("x", Source.HOME)).failure
+    assert failure is not None
+    assert "no tree here" in failure
+
+
+def test_confinement_describe_for_classify() -> None:
+    """describe gives the profile, network, approved writable paths, limits and failure."""
+    c = _confinement({"project": {"memory-max": "1G"}})
+    wire = c.describe(_set("lint", Source.PROJECT), ["/elsewhere/file"])
+    assert wire["sandbox"] == {"profile": "workspace-write", "network": False,
+                               "alsoWritable": ["/elsewhere/file"]}
+    assert wire["limits"] == {"memoryMax": 1 << 30}
+    assert wire["cgroup"] is False
+    assert wire["failure"] is not None  # the memory limit has no cgroup tree here
+
+
+def test_confinement_bwrap_argv_binds_in_order(tmp_path: Path) -> None:
+    """Root read-only, private /tmp, set folder, writable binds, then the hidden paths."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    ssh = tmp_path / ".ssh"
+    ssh.mkdir()
+    cred = tmp_path / "credentials.json"
+    cred.write_text("{}")
+    plan = SandboxPlan(Profile.WORKSPACE_WRITE, False, (str(tmp_path),), (str(ws), "/missing"),
+                       (str(ssh), str(cred), "/not/there"), str(ws))
+    argv = bwrap_argv("/usr/bin/bwrap", plan)
+    assert argv[:4] == ["/usr/bin/bwrap", "--die-with-parent", "--unshare-pid", "--unshare-net"]
+    text = " ".join(argv)
+    assert "--ro-bind / / --dev /dev --proc /proc --tmpfs /tmp" in text
+    assert text.index(f"--ro-bind {tmp_path} {tmp_path}") < text.index(f"--bind {ws} {ws}")
+    assert text.index(f"--bind {ws} {ws}") < text.index(f"--tmpfs {ssh} --remount-ro {ssh}")
+    assert f"--ro-bind /dev/null {cred}" in text
+    assert "/missing" not in text
+    assert "/not/there" not in text
+    assert argv[-3:] == ["--chdir", str(ws), "--"]
+    open_net = bwrap_argv("/b", SandboxPlan(Profile.READ_ONLY, True, (), (), (), "/"))
+    assert "--unshare-net" not in open_net
+
+
+def test_confinement_check_executable(tmp_path: Path) -> None:
+    """A missing or non-executable tool is refused before any process starts."""
+    script = tmp_path / "tool"
+    script.write_text("#!/bin/sh\n")
+    with pytest.raises(ExecutableError, match="Permission denied"):
+        check_executable(str(script), None)
+    script.chmod(0o755)
+    check_executable(str(script), None)
+    with pytest.raises(ExecutableError, match="No such file"):
+        check_executable(str(tmp_path / "absent"), None)
+    with pytest.raises(ExecutableError, match="No such file"):
+        check_executable("no-such-tool-anywhere", str(tmp_path))
+    with pytest.raises(ExecutableError, match="Permission denied"):
+        check_executable(str(tmp_path), None)
