@@ -8,7 +8,7 @@ WORKERS ?= 4
 LINTED := protocol daemon client bench
 TYPECHECK := build/typecheck/toolsetd
 
-.PHONY: run test test-fast bench lint typecheck-tree clean
+.PHONY: run test test-fast bench lint typecheck-tree sandbox-deps clean
 
 # The venv is rebuilt whenever pyproject.toml changes.
 $(STAMP): pyproject.toml
@@ -41,6 +41,12 @@ lint: $(STAMP) typecheck-tree
 	$(BIN)/ruff check $(LINTED)
 	$(BIN)/ruff format --check $(LINTED)
 	$(BIN)/mypy -p toolsetd.protocol -p toolsetd.daemon -p toolsetd.client -p bench
+
+# The sandbox's one system dependency (Debian's bubblewrap), for CI and a fresh machine.
+# The tests install it themselves when they can (root with apt-get) and skip otherwise.
+sandbox-deps:
+	@command -v bwrap >/dev/null || { apt-get install -y -q bubblewrap || \
+		{ apt-get update -q && apt-get install -y -q bubblewrap; }; }
 
 clean:
 	rm -rf $(VENV) build *.egg-info

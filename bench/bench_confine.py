@@ -25,7 +25,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "bench"  # noqa: A001
+    __package__ = "bench"
 
 import argparse
 import errno
@@ -75,9 +75,13 @@ def _status(sock: Path) -> dict[str, Any]:
 
 
 def _popen(argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
-    p = subprocess.Popen(  # noqa: S603
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True, **kw,
+    p = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        **kw,
     )
     return p
 
@@ -134,8 +138,20 @@ def spawn_alternatives(n: int, rounds: int) -> dict[str, Any]:
         p.communicate()
         _rmdir(path)
 
-    bw = [bwrap or "bwrap", "--die-with-parent", "--unshare-pid", "--ro-bind", "/", "/",
-          "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]  # noqa: S108
+    bw = [
+        bwrap or "bwrap",
+        "--die-with-parent",
+        "--unshare-pid",
+        "--ro-bind",
+        "/",
+        "/",
+        "--dev",
+        "/dev",
+        "--proc",
+        "/proc",
+        "--tmpfs",
+        "/tmp",  # noqa: S108 -- a mount point inside the sandbox
+    ]
 
     def bwrap_net() -> None:
         _popen([*bw, "--", "/bin/true"]).communicate()
@@ -154,7 +170,7 @@ def spawn_alternatives(n: int, rounds: int) -> dict[str, Any]:
 
     def timed(fn: Callable[[], None]) -> Callable[[], float]:
         def run() -> float:
-            samples = []
+            samples: list[float] = []
             for _ in range(n):
                 t = time.perf_counter_ns()
                 fn()
@@ -170,7 +186,7 @@ def spawn_alternatives(n: int, rounds: int) -> dict[str, Any]:
     finally:
         if tree is not None:
             tree.close()
-    out = {name: median(r) for name, r in zip(measures, results, strict=True)}
+    out: dict[str, Any] = {name: median(r) for name, r in zip(measures, results, strict=True)}
     out["ratios_vs_popen"] = {
         name: ratio_of_pairs(r, results[0]) for name, r in zip(measures, results, strict=True)
     }
@@ -201,7 +217,9 @@ def run(quick: bool = False) -> Section:
                 path = base / f"{name}.toml"
                 path.write_text(config)
                 daemons[name] = start_daemon(
-                    home, base, name=name,
+                    home,
+                    base,
+                    name=name,
                     extra=["--progress-interval", "60", "--confinement-config", str(path)],
                 )
             modes = {name: _status(d.socket) for name, d in daemons.items()}
@@ -213,44 +231,84 @@ def run(quick: bool = False) -> Section:
                         raise RuntimeError(f"trivial invoke under {name} failed: {reply}")
 
             def latency(name: str) -> float:
-                return median(sequential_latency(daemons[name].socket, "invoke", params,
-                                                 n_calls, warmup=10))
+                samples = sequential_latency(daemons[name].socket, "invoke", params, n_calls, 10)
+                return median([float(x) for x in samples])
 
-            none, cg, sb = paired(rounds, lambda: latency("none"), lambda: latency("cgroup"),
-                                  lambda: latency("sandbox"))
-            data["latency_us"] = {"none": median(none) / 1000, "cgroup": median(cg) / 1000,
-                                  "sandbox": median(sb) / 1000,
-                                  "cgroup_ratio": ratio_of_pairs(cg, none),
-                                  "sandbox_ratio": ratio_of_pairs(sb, none)}
+            none, cg, sb = paired(
+                rounds,
+                lambda: latency("none"),
+                lambda: latency("cgroup"),
+                lambda: latency("sandbox"),
+            )
+            data["latency_us"] = {
+                "none": median(none) / 1000,
+                "cgroup": median(cg) / 1000,
+                "sandbox": median(sb) / 1000,
+                "cgroup_ratio": ratio_of_pairs(cg, none),
+                "sandbox_ratio": ratio_of_pairs(sb, none),
+            }
             t_none, t_both = paired(
                 max(3, rounds // 2),
                 lambda: throughput(daemons["none"].socket, "invoke", params, 8, seconds),
                 lambda: throughput(daemons["both"].socket, "invoke", params, 8, seconds),
             )
-            data["calls_per_s_c8"] = {"none": median(t_none), "both": median(t_both),
-                                      "ratio": ratio_of_pairs(t_both, t_none)}
+            data["calls_per_s_c8"] = {
+                "none": median(t_none),
+                "both": median(t_both),
+                "ratio": ratio_of_pairs(t_both, t_none),
+            }
         finally:
             for d in daemons.values():
                 d.stop()
     data["spawn_alternatives_us"] = spawn_alternatives(50 if quick else 200, 3 if quick else 5)
     lat = data["latency_us"]
     active = {name: (m["cgroup"]["mode"], m["sandbox"]["mechanism"]) for name, m in modes.items()}
-    print_table("confinement modes", ["daemon", "cgroup", "sandbox"],
-                [[name, *mode] for name, mode in active.items()])
-    print_table("invoke latency (µs, median)", ["none", "cgroup", "sandbox"],
-                [[lat["none"], lat["cgroup"], lat["sandbox"]]])
+    print_table(
+        "confinement modes",
+        ["daemon", "cgroup", "sandbox"],
+        [[name, *mode] for name, mode in active.items()],
+    )
+    print_table(
+        "invoke latency (µs, median)",
+        ["none", "cgroup", "sandbox"],
+        [[lat["none"], lat["cgroup"], lat["sandbox"]]],
+    )
     alternatives = data["spawn_alternatives_us"]
-    print_table("spawn alternatives (µs per spawn+wait, median; ratio vs popen)", ["how", "µs", "ratio"],
-                [[k, v, alternatives["ratios_vs_popen"][k]] for k, v in alternatives.items()
-                 if isinstance(v, float)])
+    print_table(
+        "spawn alternatives (µs per spawn+wait, median; ratio vs popen)",
+        ["how", "µs", "ratio"],
+        [
+            [k, v, alternatives["ratios_vs_popen"][k]]
+            for k, v in alternatives.items()
+            if isinstance(v, float)
+        ],
+    )
     note = "" if active["both"] == ("cgroup", "bubblewrap") else f" (modes: {active['both']})"
     section.goals = [
-        Goal("8", "invoke latency, cgroup on / off", lat["cgroup_ratio"], 1.3, "<=",
-             f"{lat['cgroup']:.0f} vs {lat['none']:.0f} µs{note}"),
-        Goal("8", "invoke latency, sandbox on / off", lat["sandbox_ratio"], 1.5, "<=",
-             f"{lat['sandbox']:.0f} vs {lat['none']:.0f} µs"),
-        Goal("8", "calls/s at 8 callers, both on / off", data["calls_per_s_c8"]["ratio"], 0.7, ">=",
-             f"{data['calls_per_s_c8']['both']:.0f} vs {data['calls_per_s_c8']['none']:.0f}/s"),
+        Goal(
+            "8",
+            "invoke latency, cgroup on / off",
+            lat["cgroup_ratio"],
+            1.3,
+            "<=",
+            f"{lat['cgroup']:.0f} vs {lat['none']:.0f} µs{note}",
+        ),
+        Goal(
+            "8",
+            "invoke latency, sandbox on / off",
+            lat["sandbox_ratio"],
+            1.5,
+            "<=",
+            f"{lat['sandbox']:.0f} vs {lat['none']:.0f} µs",
+        ),
+        Goal(
+            "8",
+            "calls/s at 8 callers, both on / off",
+            data["calls_per_s_c8"]["ratio"],
+            0.7,
+            ">=",
+            f"{data['calls_per_s_c8']['both']:.0f} vs {data['calls_per_s_c8']['none']:.0f}/s",
+        ),
     ]
     return section
 
@@ -262,8 +320,15 @@ def main() -> None:
     t0 = time.monotonic()
     section = run(args.quick)
     print_goals(section.goals)
-    path = write_results("confine", {"quick": args.quick, "goals": section.goals, **section.data,
-                                     "seconds": time.monotonic() - t0})
+    path = write_results(
+        "confine",
+        {
+            "quick": args.quick,
+            "goals": section.goals,
+            **section.data,
+            "seconds": time.monotonic() - t0,
+        },
+    )
     print(f"\nresults: {path}")
 
 

@@ -493,7 +493,8 @@ def _sandbox_rows(confinement: Any) -> list[tuple[str, str]]:
     if not isinstance(confinement, Mapping):
         return []
     sandbox = confinement.get("sandbox") or {}
-    text = f"{sandbox.get('profile', '-')}, network {'allowed' if sandbox.get('network') else 'denied'}"
+    network = "allowed" if sandbox.get("network") else "denied"
+    text = f"{sandbox.get('profile', '-')}, network {network}"
     extra = sandbox.get("alsoWritable")
     if extra:
         text += f", also writable: {', '.join(str(p) for p in extra)}"

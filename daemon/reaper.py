@@ -33,12 +33,17 @@ that the daemon died. The guard covers that case outside systemd (under systemd 
 * On a normal stop the daemon has already ended every group itself; :meth:`close` closes
   the pipe (nothing is registered any more) and waits briefly for the sentinel to exit.
 
+With a cgroup tree (``cgroup.CgroupTree``) the sentinel is also given the daemon's cgroup
+folder, and after the groups it writes that folder's ``cgroup.kill``: every call's
+processes die, those that left their process group included.
+
 Registering never blocks and never fails. If the sentinel is gone (it exited, or in the
 line fallback ``EPIPE`` or a full pipe), ``orphan_guard_lost`` is logged once: the daemon
 keeps serving, without that guarantee. Limits: a grandchild that left its tool's process
 group (``setsid``, a double-forking daemon) is out of reach, and so is everything if the
 sentinel itself is killed together with the daemon (for example by ``kill -9 <daemon pid>
-<sentinel pid>``); only a cgroup (systemd) covers those.
+<sentinel pid>``); only a cgroup (systemd's, or the daemon's own with the sentinel's
+``cgroup.kill``) or a sandbox's PID namespace covers those.
 """
 
 from __future__ import annotations
