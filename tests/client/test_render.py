@@ -6,6 +6,8 @@ import io
 from typing import Any
 
 from toolsetd.client.render import (
+    classification_fields,
+    status_fields,
     SET_HEADERS,
     Output,
     aligned_fields,
@@ -112,3 +114,27 @@ def test_set_rows_take_declared_tools_of_a_set_that_did_not_load() -> None:
     ]}
     (row,) = set_rows_from_list(result)
     assert row.tools_cell() == "web (always), fetch"
+
+
+def test_render_status_says_which_confinement_is_active() -> None:
+    """status shows the cgroup mode and the sandbox, or why each is missing."""
+    on = {"cgroup": {"mode": "cgroup", "tree": "/sys/fs/cgroup/t", "controllers": ["pids"]},
+          "sandbox": {"mechanism": "bubblewrap", "binary": "/usr/bin/bwrap"}}
+    rows = dict(status_fields({"confinement": on}))
+    assert rows["Cgroups"] == "a cgroup per call under /sys/fs/cgroup/t (pids)"
+    assert rows["Sandbox"] == "bubblewrap (/usr/bin/bwrap)"
+    off = {"cgroup": {"mode": "process-group", "reason": "no cgroup v2"},
+           "sandbox": {"mechanism": "none", "reason": "bwrap not found"}}
+    rows = dict(status_fields({"confinement": off}))
+    assert rows["Cgroups"] == "process groups (no cgroup v2)"
+    assert rows["Sandbox"] == "none (bwrap not found)"
+    assert "Cgroups" not in dict(status_fields({}))  # an older daemon
+
+
+def test_render_classification_shows_the_sandbox() -> None:
+    """classify shows the profile, the network, approved paths and a fail-closed reason."""
+    confinement = {"sandbox": {"profile": "workspace-write", "network": False,
+                               "alsoWritable": ["/x/y"]}, "failure": "no bwrap"}
+    rows = dict(classification_fields({"confinement": confinement}))
+    assert rows["Sandbox"] == "workspace-write, network denied, also writable: /x/y"
+    assert rows["Confinement"] == "fails closed: no bwrap"
