@@ -61,9 +61,15 @@ STATUS = {"version": "0.1.0", "pid": 42, "uptimeSeconds": 1.5, "socket": "/run/t
     [
         (ListResult, {"generation": 1, "tools": [TOOL], "sets": [SET],
                       "notes": [{"set": "dev", "source": None, "message": "m"}]}),
-        (Classification, CLASSIFICATION),
+        (Classification, {**CLASSIFICATION, "confinement": None}),
+        (Classification, {**CLASSIFICATION, "confinement": {
+            "sandbox": {"profile": "workspace-write", "network": False}, "cgroup": True,
+            "limits": {}, "failure": None}}),
         (InvokeResult, INVOKE_RESULT),
-        (StatusResult, STATUS),
+        (StatusResult, {**STATUS, "confinement": None}),
+        (StatusResult, {**STATUS, "confinement": {
+            "cgroup": {"mode": "process-group", "reason": "r"},
+            "sandbox": {"mechanism": "none", "reason": "r"}}}),
         (ProgressParams, {"callId": "c", "elapsedMs": 1000, "stdoutBytes": 1, "stderrBytes": 2,
                           "message": "half", "fraction": 0.5, "queued": False}),
     ],
