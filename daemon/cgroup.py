@@ -61,6 +61,7 @@ import itertools
 import os
 import re
 import signal
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -258,9 +259,16 @@ def _pid_alive(pid: int) -> bool:
 
 
 def _kill_tree(folder: str) -> None:
-    """Kill everything in ``folder`` and below, then remove the folders (best effort)."""
+    """Kill everything in ``folder`` and below, then remove the folders (best effort).
+
+    Blocking, bounded: for start-up and stop only.
+    """
     with contextlib.suppress(OSError):
         _write(os.path.join(folder, "cgroup.kill"), "1")
+    deadline = time.monotonic() + _DRAIN_BOUND_SECONDS
+    events = os.path.join(folder, "cgroup.events")
+    while _field(_read(events), "populated") == 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
     for root, dirs, _ in os.walk(folder, topdown=False):
         for name in dirs:
             with contextlib.suppress(OSError):

@@ -101,3 +101,24 @@ def test_cgroup_limit_without_controller_is_refused(tree: CgroupTree) -> None:
     problem = tree.check(limits, "set 'x'")
     assert problem is not None
     assert f"need the {missing[0]} controller" in problem
+
+
+def test_cgroup_probe_sweeps_a_dead_daemons_folder(tree: CgroupTree) -> None:
+    """A toolsetd-<pid> folder of a pid that is gone: its processes are killed, it is removed."""
+    base = tree.folder.parent
+    dead = base / "toolsetd-4194303"  # above any pid_max default: never a live process here
+    (dead / "c1").mkdir(parents=True)
+    orphan = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True)  # noqa: S603
+    try:
+        (dead / "c1" / "cgroup.procs").write_text(str(orphan.pid))
+        again, reason = CgroupTree.probe("auto")
+        assert again is not None, reason
+        assert orphan.wait(5) == -9
+        assert not dead.exists()
+        assert tree.folder.exists()  # our own (live pid) folder is left alone
+    finally:
+        orphan.kill()
+        orphan.wait()
+        if dead.exists():
+            (dead / "c1").rmdir()
+            dead.rmdir()
