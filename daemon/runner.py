@@ -388,8 +388,8 @@ class Runner:
                         s.drain_after_exit_seconds, done_out, done_err, done_progress
                     )
                     killpg(proc.pid, signal.SIGKILL)
-                    if kill_all is not None:
-                        kill_all()
+                    if cgroup is not None and cgroup.populated():  # one read, most calls
+                        cgroup.kill()
                 else:
                     call.reason = call.reason or "timeout"
                     leader_gone = await terminate(proc.pid, pidfd, s.kill_grace_seconds, kill_all)
