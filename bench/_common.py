@@ -7,6 +7,7 @@ client code, in the same run, interleaved round by round.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import datetime as _dt
@@ -466,3 +467,16 @@ class Section:
     name: str
     goals: list[Goal] = field(default_factory=list)
     data: dict[str, Any] = field(default_factory=dict)
+
+
+def standalone(name: str, run: Callable[[bool], Section], doc: str | None) -> None:
+    """``python -m bench.bench_<name> [--quick]``: run one benchmark, print its goals, save it."""
+    parser = argparse.ArgumentParser(description=(doc or name).splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    t0 = time.monotonic()
+    section = run(args.quick)
+    print_goals(section.goals)
+    body = {"quick": args.quick, "goals": section.goals, **section.data,
+            "seconds": time.monotonic() - t0}
+    print(f"\nresults: {write_results(name, body)}")

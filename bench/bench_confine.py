@@ -27,7 +27,6 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "bench"
 
-import argparse
 import errno
 import os
 import shutil
@@ -46,14 +45,13 @@ from bench._common import (
     make_home,
     median,
     paired,
-    print_goals,
     print_table,
     ratio_of_pairs,
     sequential_latency,
+    standalone,
     start_daemon,
     temp_base,
     throughput,
-    write_results,
 )
 
 CONFIGS = {
@@ -314,22 +312,7 @@ def run(quick: bool = False) -> Section:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    t0 = time.monotonic()
-    section = run(args.quick)
-    print_goals(section.goals)
-    path = write_results(
-        "confine",
-        {
-            "quick": args.quick,
-            "goals": section.goals,
-            **section.data,
-            "seconds": time.monotonic() - t0,
-        },
-    )
-    print(f"\nresults: {path}")
+    standalone("confine", run, __doc__)
 
 
 if __name__ == "__main__":
