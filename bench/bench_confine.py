@@ -38,7 +38,6 @@ from typing import Any
 from toolsetd.daemon.cgroup import JOIN_ARGV, CgroupTree, Limits
 
 from bench._common import (
-    TRUE_SET,
     BlockingConn,
     Goal,
     Section,
@@ -53,6 +52,7 @@ from bench._common import (
     temp_base,
     throughput,
 )
+from bench.bench_invoke import invoke_params
 
 CONFIGS = {
     "none": '[confinement]\ncgroup = "off"\nsandbox = "off"\n',
@@ -208,7 +208,7 @@ def run(quick: bool = False) -> Section:
         home = make_home(base, 0, trivial=True)
         ws = base / "ws"
         ws.mkdir()
-        params = {"tool": TRUE_SET, "arguments": {}, "workspace": str(ws)}
+        params = invoke_params(ws)
         daemons = {}
         try:
             for name, config in CONFIGS.items():
