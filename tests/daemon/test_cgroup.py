@@ -122,3 +122,22 @@ def test_cgroup_probe_sweeps_a_dead_daemons_folder(tree: CgroupTree) -> None:
         if dead.exists():
             (dead / "c1").rmdir()
             dead.rmdir()
+
+
+def test_cgroup_probe_named_subtree_and_bad_names(tree: CgroupTree) -> None:
+    """A named subtree on cgroup2 is claimed (made when missing); other paths say why not."""
+    named = tree.folder.parent / f"toolsetd-named-{os.getpid()}"
+    found, reason = CgroupTree.probe(str(named))
+    try:
+        assert found is not None, reason
+        assert found.folder == named / f"toolsetd-{os.getpid()}"
+    finally:
+        if found is not None:
+            found.close()
+        named.rmdir()
+    missing, reason = CgroupTree.probe("/var/tmp")
+    assert missing is None
+    assert "is not a folder on a cgroup v2 mount" in reason
+    off, reason = CgroupTree.probe("off")
+    assert off is None
+    assert reason == 'cgroups are off in the config (cgroup = "off")'

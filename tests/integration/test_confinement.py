@@ -546,3 +546,24 @@ def test_confinement_bad_config_names_the_key(tmp_base: Path) -> None:
     assert "confinement.sets.lint.profile: must be one of 'off', 'workspace-write', 'read-only'" in (
         done.stderr.decode()
     )
+
+
+def test_confinement_sandbox_failing_at_the_call_fails_closed() -> None:
+    """bubblewrap refusing a call's set-up: the tool does not run and the text says why."""
+    reason = ensure_bubblewrap()
+    t = _make_tree('[confinement]\nhide = ["~/dangling"]\n')
+    try:
+        if reason is not None or t.status()["sandbox"]["mechanism"] != "bubblewrap":
+            pytest.skip(f"no sandbox: {reason or t.status()['sandbox']['reason']}")
+        # A hidden path that is a dangling symlink: bubblewrap cannot mount /dev/null on it.
+        (t.user_home / "dangling").symlink_to(t.base / "nowhere" / "x")
+        target = t.workspace / "ran.txt"
+        _, reply = t.invoke("probe", {"action": "write", "target": str(target)})
+        result = reply["result"]
+        assert result["isError"] is True
+        assert result["exitCode"] is None
+        text = result["content"][0]["text"]
+        assert text.startswith("toolsetd: the sandbox could not be set up, so the tool did not run: bwrap: ")
+        assert not target.exists()
+    finally:
+        _close(t)
