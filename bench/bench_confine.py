@@ -218,7 +218,7 @@ def run(quick: bool = False) -> Section:
                     home,
                     base,
                     name=name,
-                    extra=["--progress-interval", "60", "--confinement-config", str(path)],
+                    extra=["--progress-interval", "60", "--config", str(path)],
                 )
             modes = {name: _status(d.socket) for name, d in daemons.items()}
             data["modes"] = modes

@@ -123,6 +123,7 @@ class CallOutcome:
     spawn_failed: bool = False  # the process could not be started
     peak_memory_bytes: int | None = None  # the call's cgroup's memory.peak, when known
     cpu_ms: int | None = None  # the call's cgroup's CPU time, when known
+    oom_killed: bool = False  # the OOM killer struck in the call's cgroup
 
     def to_wire(self, call_id: str) -> dict[str, Any]:
         """The contract's camelCase call result."""

@@ -45,7 +45,6 @@ import errno
 import os
 import shutil
 import stat
-import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +72,6 @@ __all__ = [
     "ExecutableError",
     "Prepared",
     "SetConfinement",
-    "load_confinement_config",
     "parse_confinement",
     "setup_failure",
     "usage_text",
@@ -240,30 +238,6 @@ def parse_confinement(table: Mapping[str, Any], where: str = "confinement") -> C
         sources=sources,
         sets=sets,
     )
-
-
-def load_confinement_config(path: Path | None) -> ConfinementConfig:
-    """Read ``[confinement]`` from a TOML file (None: the defaults).
-
-    Raises:
-        ValueError: The file cannot be read or its table is wrong (the message names both).
-    """
-    if path is None:
-        return ConfinementConfig()
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except OSError as exc:
-        raise ValueError(f"{path}: cannot be read: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ValueError(f"{path}: {exc}") from exc
-    table = data.get("confinement", {})
-    if not isinstance(table, dict):
-        raise ValueError(f"{path}: confinement: must be a table.")
-    try:
-        return parse_confinement(table)
-    except ValueError as exc:
-        raise ValueError(f"{path}: {exc}") from exc
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,6 +43,8 @@ __all__ = ["Metrics", "MetricsSources", "serve_metrics"]
 
 log = structlog.get_logger("toolsetd.metrics")
 
+#: Peak memory bucket bounds, in bytes (1 MiB to 16 GiB, by 4).
+MEMORY_BUCKETS = tuple(float(1 << n) for n in range(20, 35, 2))
 #: Histogram bucket bounds, in seconds.
 CALL_BUCKETS = (
     0.005,
@@ -140,6 +142,15 @@ class _CallObservation:
             out[(info.set, "stderr")] = out.get((info.set, "stderr"), 0) + outcome.stderr_bytes
         if outcome.truncated:
             m.truncations[info.set] = m.truncations.get(info.set, 0) + 1
+        if outcome.cpu_ms is not None:  # the call had a cgroup of its own
+            m.cpu_seconds[info.set] = m.cpu_seconds.get(info.set, 0) + outcome.cpu_ms / 1000
+        if outcome.peak_memory_bytes is not None:
+            peak = m.peak_memory.get(info.set)
+            if peak is None:
+                peak = m.peak_memory[info.set] = _Histogram(MEMORY_BUCKETS)
+            peak.observe(outcome.peak_memory_bytes)
+        if outcome.oom_killed:
+            m.oom_kills[info.set] = m.oom_kills.get(info.set, 0) + 1
 
 
 class Metrics:
@@ -157,6 +168,9 @@ class Metrics:
         self.spawn_failures: dict[str, int] = {}
         self.output_bytes: dict[tuple[str, str], int] = {}
         self.truncations: dict[str, int] = {}
+        self.cpu_seconds: dict[str, float] = {}
+        self.peak_memory: dict[str, _Histogram] = {}
+        self.oom_kills: dict[str, int] = {}
         self.refusals: dict[str, int] = {}
         self.reloads: dict[str, int] = {}
         self.reload_durations = _Histogram(RELOAD_BUCKETS)
@@ -285,6 +299,26 @@ class Metrics:
             "Call results cut at --output-limit, by tool set.",
             ["set"],
             self.truncations,
+        )
+        yield labelled(
+            counter,
+            "toolsetd_call_cpu_seconds",
+            "CPU time (user + system) of calls that ran in a cgroup of their own, by tool set.",
+            ["set"],
+            self.cpu_seconds,
+        )
+        yield histograms(
+            "toolsetd_call_peak_memory_bytes",
+            "Peak memory of calls that ran in a cgroup with the memory controller, by tool set.",
+            ["set"],
+            {(name,): hist for name, hist in self.peak_memory.items()},
+        )
+        yield labelled(
+            counter,
+            "toolsetd_call_oom_kills",
+            "Calls the out-of-memory killer struck in their cgroup (memory-max), by tool set.",
+            ["set"],
+            self.oom_kills,
         )
         yield counter(
             "toolsetd_connections",

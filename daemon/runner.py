@@ -432,7 +432,12 @@ class Runner:
     ) -> CallOutcome:
         """Say why a confined call failed to start or was OOM-killed; add its usage."""
         cpu_ms = usage.cpu_usec // 1000 if usage.cpu_usec is not None else None
-        outcome = replace(outcome, peak_memory_bytes=usage.peak_memory_bytes, cpu_ms=cpu_ms)
+        outcome = replace(
+            outcome,
+            peak_memory_bytes=usage.peak_memory_bytes,
+            cpu_ms=cpu_ms,
+            oom_killed=usage.oom_killed,
+        )
         failure = setup_failure(prepared, returncode, bytes(call.err.prefix[:4096]))
         if failure is not None:
             return replace(

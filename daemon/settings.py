@@ -723,7 +723,8 @@ def format_settings(
         lines.append(f"{text:<{width + 40}} # {source}{reload_note}")
     for key in _TABLES:  # tables are shown by where they came from, not spelled out
         text = f"# [{key}] (see the file)" if key in settings.sources else f"# [{key}] ="
-        lines.append(f"{text:<{width + 40}} # {settings.sources.get(key, 'default')}, restart to change")
+        source = settings.sources.get(key, "default")
+        lines.append(f"{text:<{width + 40}} # {source}, restart to change")
     return "\n".join(lines) + "\n"
 
 

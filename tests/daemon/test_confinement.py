@@ -12,11 +12,11 @@ from toolsetd.daemon.confinement import (
     ConfinementError,
     ExecutableError,
     check_executable,
-    load_confinement_config,
     parse_confinement,
 )
 from toolsetd.daemon.model import RunnerKind, Source, ToolSet
 from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv
+from toolsetd.daemon.settings import ConfigError, build_parser, load_settings, reload_settings
 
 
 def _set(directory: str, source: Source, path: Path | None = None) -> ToolSet:
@@ -62,18 +62,31 @@ def test_confinement_limits_parse_sizes_and_cpus() -> None:
     assert parse_limits({}, "x").needs() == ()
 
 
-def test_confinement_file_is_read_and_errors_name_the_file(tmp_path: Path) -> None:
-    """The TOML file's [confinement] table is read; a bad file names itself."""
+def test_confinement_table_of_toolsetd_toml(tmp_path: Path) -> None:
+    """toolsetd.toml's [confinement] table is read; an error names the file, line and key."""
     good = tmp_path / "good.toml"
     good.write_text('[confinement]\ncgroup = "off"\n[confinement.sets.lint]\npids-max = 9\n')
-    config = load_confinement_config(good)
-    assert config.cgroup == "off"
-    assert config.sets["lint"].limits.pids_max == 9
+    settings = load_settings(build_parser("t").parse_args(["--config", str(good)]), {})
+    assert settings.confinement.cgroup == "off"
+    assert settings.confinement.sets["lint"].limits.pids_max == 9
+    assert settings.sources["confinement"] == f"{good}:1"
     bad = tmp_path / "bad.toml"
-    bad.write_text("[confinement\n")
-    with pytest.raises(ValueError, match=str(bad)):
-        load_confinement_config(bad)
-    assert load_confinement_config(None).sandbox == "auto"
+    bad.write_text('[confinement]\ncgroup = "off"\n\n[confinement.sets.lint]\ncolor = 1\n')
+    with pytest.raises(ConfigError) as info:
+        load_settings(build_parser("t").parse_args(["--config", str(bad)]), {})
+    assert str(info.value).startswith(f"{bad}:5: confinement.sets.lint.color: unknown key")
+
+
+def test_confinement_change_needs_a_restart(tmp_path: Path) -> None:
+    """A reload that finds a new [confinement] keeps the running one and says restart."""
+    path = tmp_path / "t.toml"
+    path.write_text('[confinement]\ncgroup = "off"\n')
+    args = build_parser("t").parse_args(["--config", str(path)])
+    running = load_settings(args, {})
+    path.write_text('[confinement]\ncgroup = "auto"\n')
+    outcome = reload_settings(running, args, {})
+    assert outcome.restart_needed == ("confinement",)
+    assert outcome.settings.confinement.cgroup == "off"
 
 
 def test_confinement_defaults_project_sandboxed_home_not() -> None:

@@ -169,7 +169,7 @@ def _make_tree(config: str = "", args: tuple[str, ...] = (), **manifest: Any) ->
     extra = list(args)
     if config:
         (base / "toolsetd.toml").write_text(textwrap.dedent(config))
-        extra += ["--confinement-config", str(base / "toolsetd.toml")]
+        extra += ["--config", str(base / "toolsetd.toml")]
     daemon = start_daemon(home, workspace, base, ["--no-watch", *extra],
                           env={"HOME": str(user_home)})
     return Tree(daemon, base, workspace, user_home)
@@ -312,6 +312,11 @@ def test_confinement_call_usage_in_the_log_line(tree: Tree) -> None:
     assert isinstance(line["cpu_ms"], int)
     assert line["cpu_ms"] >= 1  # a Python interpreter start costs milliseconds
     assert "peak_memory_bytes" in line
+    text = tree.daemon.call("metrics", {})["result"]["text"]
+    cpu = [row for row in text.splitlines()
+           if row.startswith('toolsetd_call_cpu_seconds_total{set="hp"}')]
+    assert cpu, text
+    assert float(cpu[0].split()[-1]) >= line["cpu_ms"] / 1000
 
 
 def test_confinement_fork_bomb_capped_by_pids_max() -> None:
@@ -539,7 +544,7 @@ def test_confinement_bad_config_names_the_key(tmp_base: Path) -> None:
     config = tmp_base / "bad.toml"
     config.write_text('[confinement.sets.lint]\nprofile = "strict"\n')
     done = subprocess.run(  # noqa: S603
-        [sys.executable, "-m", "toolsetd.daemon", "--confinement-config", str(config)],
+        [sys.executable, "-m", "toolsetd.daemon", "--config", str(config)],
         capture_output=True, timeout=30, check=False,
     )
     assert done.returncode == 2
