@@ -294,7 +294,7 @@ class Runner:
                 return no_process_outcome(t0, str(exc))
             except ExecutableError as exc:
                 fds.close_all()
-                return no_process_outcome(t0, start_failure_text(str(exc)))
+                return no_process_outcome(t0, start_failure_text(str(exc)), spawn_failed=True)
             argv = prepared.argv
         cgroup = prepared.cgroup if prepared is not None else None
         kill_all = cgroup.kill if cgroup is not None else None
