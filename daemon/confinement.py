@@ -139,20 +139,22 @@ def _files_below(folder: str, depth: int = 2) -> list[str]:
 def check_executable(name: str, search_path: str | None) -> None:
     """Raise ``ExecutableError`` when ``name`` could not be executed.
 
+    The message is what the spawn itself would have said: the reason, then the file.
+
     Args:
         name: argv[0] (a path, or a name looked up in ``search_path``).
         search_path: The child's ``PATH``.
     """
     if os.sep not in name:
         if shutil.which(name, path=search_path) is None:
-            raise ExecutableError(os.strerror(errno.ENOENT))
+            raise ExecutableError(f"{os.strerror(errno.ENOENT)}: {name}")
         return
     try:
         info = os.stat(name)
     except OSError as exc:
-        raise ExecutableError(exc.strerror or os.strerror(errno.ENOENT)) from exc
+        raise ExecutableError(f"{exc.strerror or os.strerror(errno.ENOENT)}: {name}") from exc
     if stat.S_ISDIR(info.st_mode) or not os.access(name, os.X_OK):
-        raise ExecutableError(os.strerror(errno.EACCES))
+        raise ExecutableError(f"{os.strerror(errno.EACCES)}: {name}")
 
 
 @dataclass(frozen=True, slots=True)
