@@ -17,7 +17,15 @@ import sys
 import time
 from typing import Any
 
-from bench import bench_catalog, bench_cli, bench_confine, bench_invoke, bench_mcp, bench_mcp_face, bench_rpc
+from bench import (
+    bench_catalog,
+    bench_cli,
+    bench_confine,
+    bench_invoke,
+    bench_mcp,
+    bench_mcp_face,
+    bench_rpc,
+)
 from bench._common import PYTHON, REPO, Goal, Section, machine, print_goals, write_results
 
 ALL = ("rpc", "invoke", "drain", "catalog", "mcp", "mcp_face", "cli", "confine")
