@@ -48,6 +48,7 @@ if TYPE_CHECKING:
         UnknownCall,
         UnknownTool,
     )
+    from .jsontext import JsonNumber
     from .jsonrpc import (
         JSONRPC_VERSION,
         ErrorResponse,
@@ -143,6 +144,7 @@ _HOMES: dict[str, str] = {
     "UnknownCall": "errors",
     "UnknownTool": "errors",
     "JSONRPC_VERSION": "jsonrpc",
+    "JsonNumber": "jsontext",
     "ErrorResponse": "jsonrpc",
     "InvalidEnvelope": "jsonrpc",
     "Notification": "jsonrpc",
@@ -253,6 +255,7 @@ __all__ = [
     "InvalidWorkspace",
     "InvokeParams",
     "InvokeResult",
+    "JsonNumber",
     "ListParams",
     "ListResult",
     "LocalProtocolError",

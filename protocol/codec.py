@@ -14,7 +14,8 @@ calls ``next_event`` until it returns ``NEED_DATA`` (or ``CLOSED``), the way h11
 
 ``next_event`` returns, in stream order:
 
-* ``Message(value)`` for a line that parsed as JSON;
+* ``Message(value)`` for a line that parsed as JSON (numbers kept exactly as written,
+  see ``jsontext``);
 * ``BadMessage(message)`` for a line that is not UTF-8 or not JSON. The line is
   consumed and the stream stays usable: the server answers -32700 and carries on.
   The message is ours and never echoes the input;
@@ -47,6 +48,7 @@ from typing import Any, Final, Literal, TypeAlias
 import orjson
 
 from .errors import FrameTooLarge, LocalProtocolError, ParseError, RemoteProtocolError
+from .jsontext import dumps, loads
 
 __all__ = [
     "CLOSED",
@@ -118,8 +120,8 @@ def encode(value: Any) -> bytes:
     """Serialise one JSON value as a wire line.
 
     Args:
-        value: A JSON-serialisable value (dicts with str keys, lists, str, int within
-            64 bits, float, bool, None).
+        value: A JSON-serialisable value (dicts with str keys, lists, str, int of any
+            width, float, ``JsonNumber``, bool, None).
 
     Returns:
         The compact UTF-8 JSON followed by ``\\n``.
@@ -128,7 +130,7 @@ def encode(value: Any) -> bytes:
         LocalProtocolError: The value cannot be serialised.
     """
     try:
-        return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
+        return dumps(value, orjson.OPT_APPEND_NEWLINE)
     except orjson.JSONEncodeError as exc:
         raise LocalProtocolError(f"cannot encode message as JSON: {exc}") from exc
 
@@ -228,7 +230,7 @@ class Codec:
             end = newline - 1 if newline > start and buffer[newline - 1] == _CR else newline
             line = buffer[start:end]
             try:
-                return Message(orjson.loads(line))
+                return Message(loads(line))
             except orjson.JSONDecodeError as exc:
                 if line.isspace() or not line:
                     continue
