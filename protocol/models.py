@@ -58,6 +58,7 @@ __all__ = [
     "ClassifyParams",
     "CompletedParams",
     "ContentBlock",
+    "DeclaredTool",
     "ImageContent",
     "InvokeParams",
     "InvokeResult",
@@ -226,6 +227,14 @@ class ToolInfo(_Wire):
     hash: str
 
 
+class DeclaredTool(_Wire):
+    """One tool a set's manifest declares, whether it loaded or not (``sets[].declaredTools``)."""
+
+    name: str
+    approval: Literal["inherit", "always"]
+    catalogs: list[Catalog]
+
+
 class SetInfo(_Wire):
     """One ``sets[]`` entry of ``list``."""
 
@@ -239,6 +248,7 @@ class SetInfo(_Wire):
     runner: Literal["exec", "dotnet"] | None = None
     catalogs: list[Catalog] | None = None
     approval: Literal["inherit", "always"] | None = None
+    declared_tools: list[DeclaredTool] = []
     error: str | None = None
 
 

@@ -8,7 +8,10 @@ otherwise hide what the daemon wrote).
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,3 +103,72 @@ def test_a_wide_integer_id_is_echoed_exactly(fid: Daemon) -> None:
         line = _response(conn, b'{"jsonrpc":"2.0","id":' + wide + b',"method":"status"}', wide)
     value = json.loads(line)
     assert value["id"] == 2**70 and "result" in value, line
+
+
+# -- item 2: the inventory is the same with and without a daemon ---------------------------
+
+
+def _ctl(d: Daemon, *args: str, online: bool = True) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "TOOLSETD_SOCKET"}
+    socket_path = d.socket if online else d.socket.with_name("none.sock")
+    return subprocess.run(
+        [sys.executable, "-m", "toolsetd.client", "--socket", str(socket_path),
+         "--workspace", str(d.workspace), "--home", str(d.home), *args],
+        capture_output=True, text=True, timeout=30, env=env, check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def inventory_daemon() -> Iterator[Daemon]:
+    """Sets that did not load, each a different way, plus a two-catalog set."""
+    base = Path(tempfile.mkdtemp(prefix="tsv-"))
+    home, workspace = base / "home", base / "ws"
+    tool = {"description": "d", "schema": {"type": "object"}, "command": ["x"]}
+    tools = home / "tools"
+    write_set(tools, "off", {"runner": "exec", "enabled": False, "tools": [
+        {**tool, "name": "off_a", "approval": "always"}, {**tool, "name": "off_b"}]})
+    write_set(tools, "web", {"runner": "exec", "tools": [{**tool, "name": "web"}]})
+    write_set(workspace / ".crystal" / "tools", "web", {
+        "runner": "exec", "tools": [{**tool, "name": "web_project"}]})
+    write_set(tools, "bad name", {"runner": "exec", "tools": [{**tool, "name": "bad"}]})
+    write_set(tools, "dup", {"runner": "exec", "tools": [{**tool, "name": "web_project"}]})
+    write_set(tools, "mixed", {"runner": "exec", "tools": [
+        {**tool, "name": "m_plan", "catalogs": ["plan"]},
+        {**tool, "name": "m_work", "catalogs": ["work"]}]})
+    write_set(tools, "broken", '{"runner": "exec", "tools": [')
+    d = start_daemon(home, workspace, base, ["--no-watch"])
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("args", [("list",), ("list", "--catalog", "plan"),
+                                  ("list", "--catalog", "work"), ("show", "off"),
+                                  ("show", "web", "--source", "home"), ("show", "bad name"),
+                                  ("show", "dup")])
+def test_inventory_agrees_with_and_without_a_daemon(inventory_daemon: Daemon, args: tuple[str, ...]) -> None:
+    d = inventory_daemon
+    online = _ctl(d, *args)
+    offline = _ctl(d, *args, online=False)
+    assert "not running" in offline.stderr and "not running" not in online.stderr
+    assert online.stdout == offline.stdout, (online.stdout, offline.stdout)
+    assert online.returncode == offline.returncode
+
+
+def test_inventory_tools_cells(inventory_daemon: Daemon) -> None:
+    d = inventory_daemon
+    out = _ctl(d, "list").stdout
+    rows = [line.strip() for line in out.splitlines()]
+    off = next(row for row in rows if row.startswith("off "))
+    assert off.endswith("off_a (always), off_b"), out
+    web_home = next(row for row in rows if row.startswith("web ") and "Home" in row)
+    assert web_home.endswith(" web"), out
+    assert "m_work" not in _ctl(d, "list", "--catalog", "plan").stdout
+
+
+def test_invalid_name_error_cell_on_the_wire(inventory_daemon: Daemon) -> None:
+    entry = next(s for s in inventory_daemon.call("list")["result"]["sets"]
+                 if s["directory"] == "bad name")
+    assert entry["error"] == "directory name is invalid."

@@ -36,7 +36,8 @@ TOOL = {
 }
 SET = {"directory": "dev", "source": "project", "path": "/w/.crystal/tools/dev", "enabled": None,
        "state": "loaded", "tools": ["fmt"], "notes": [],
-       "runner": "exec", "catalogs": ["work"], "approval": "inherit", "error": None}
+       "runner": "exec", "catalogs": ["work"], "approval": "inherit",
+       "declaredTools": [{"name": "fmt", "approval": "always", "catalogs": ["work"]}], "error": None}
 CLASSIFICATION = {
     "tool": "fmt", "set": "dev", "source": "project", "authority": "write",
     "scope": "workspace",
