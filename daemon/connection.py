@@ -49,7 +49,15 @@ import anyio.abc
 import anyio.lowlevel
 import structlog
 from toolsetd.protocol import errors as rpc_errors
-from toolsetd.protocol.codec import CLOSED, NEED_DATA, BadMessage, Codec, Message, encode
+from toolsetd.protocol.codec import (
+    CLOSED,
+    MAX_DAEMON_LINE,
+    NEED_DATA,
+    BadMessage,
+    Codec,
+    Message,
+    encode,
+)
 from toolsetd.protocol.jsonrpc import Request, error_message, notification_message, parse_envelope
 
 from .wire import Wire
@@ -199,10 +207,14 @@ class Connection:
 
     def post(self, message: Any, *, droppable: bool = False) -> None:
         """``send_message`` without a coroutine: commit the frame (or drop it) now."""
+        if self._closed or self._wire is None:
+            return
+        self._commit(encode(message), droppable=droppable)
+
+    def _commit(self, frame: bytes, *, droppable: bool = False) -> None:
         wire = self._wire
         if self._closed or wire is None:
             return
-        frame = encode(message)
         if droppable:
             wire.write_now(frame)  # dropped while the peer is behind
         else:
@@ -417,7 +429,7 @@ class Connection:
 
     def _post_response(self, response: Any) -> None:
         try:
-            self.post(response)
+            frame = encode(response)
         except rpc_errors.LocalProtocolError:
             # A result we cannot serialise is our bug: answer it, keep the connection.
             incident = uuid.uuid4().hex[:12]
@@ -432,3 +444,20 @@ class Connection:
                     ),
                 )
             )
+            return
+        if len(frame) > MAX_DAEMON_LINE:
+            # Never send what our own client would refuse: say so instead.
+            request_id = response.get("id") if isinstance(response, dict) else None
+            log.warning("response_too_large", conn_id=self.conn_id, size=len(frame))
+            frame = encode(
+                error_message(
+                    request_id,
+                    rpc_errors.MessageTooLarge(
+                        f"Response too large: it would be a line of {len(frame)} bytes, and the "
+                        f"daemon sends at most {MAX_DAEMON_LINE}; ask for less (one catalog, "
+                        "a smaller result).",
+                        {"limit": MAX_DAEMON_LINE, "size": len(frame)},
+                    ),
+                )
+            )
+        self._commit(frame)

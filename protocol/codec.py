@@ -53,6 +53,7 @@ from .jsontext import dumps, loads
 __all__ = [
     "CLOSED",
     "DEFAULT_MAX_FRAME_SIZE",
+    "MAX_DAEMON_LINE",
     "NEED_DATA",
     "BadMessage",
     "Codec",
@@ -62,8 +63,13 @@ __all__ = [
     "encode",
 ]
 
-#: The default cap on one line: 16 MiB (contract section 4).
+#: The default cap on one line: 16 MiB (contract section 4). The daemon accepts lines
+#: this long from a client (``--max-message-bytes``).
 DEFAULT_MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
+#: The longest line the daemon ever sends, and so the cap its own client reads with: the
+#: largest legal result (32 MiB of images as base64, a text of the largest output limit)
+#: fits, and a response that would not is replaced by a -32007 error. See docs/protocol.md.
+MAX_DAEMON_LINE: Final = 64 * 1024 * 1024
 
 _NEWLINE: Final = b"\n"
 _CR: Final = 0x0D

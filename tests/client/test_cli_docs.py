@@ -41,5 +41,5 @@ def test_blocking_client_accepts_the_frames_the_codec_allows() -> None:
     from toolsetd.client import blocking, client
     from toolsetd.protocol import codec
 
-    assert blocking.MAX_LINE_BYTES == codec.DEFAULT_MAX_FRAME_SIZE
+    assert blocking.MAX_LINE_BYTES == codec.MAX_DAEMON_LINE
     assert client._DEFAULT_MAX_FRAME == codec.DEFAULT_MAX_FRAME_SIZE

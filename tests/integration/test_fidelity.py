@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from .conftest import Daemon, RawConn, start_daemon, write_set
@@ -34,6 +35,11 @@ def _write_sets(tools: Path) -> None:
         "schema": {"type": "object"},
         "argv": {"n": "--n", "m": "--m", "big": "--big", "z": "--z"},
     }, **{"echo.sh": _ECHO})
+    write_set(tools, "inline", {
+        "runner": "exec", "description": "prints a content file", "command": ["cat.sh"],
+        "stdin": False, "approval": "always", "output": "content",
+        "schema": {"type": "object"}, "argv": {"spec": "--spec"},
+    }, **{"cat.sh": _SH + 'cat "$2"\necho warn >&2\n'})
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +178,123 @@ def test_invalid_name_error_cell_on_the_wire(inventory_daemon: Daemon) -> None:
     entry = next(s for s in inventory_daemon.call("list")["result"]["sets"]
                  if s["directory"] == "bad name")
     assert entry["error"] == "directory name is invalid."
+
+
+# -- item 3: what the daemon may send, its client accepts ---------------------------------
+
+_PNG = b"\x89PNG\r\n\x1a\n"
+_MIB = 1024 * 1024
+
+
+def _content_tool(tools: Path) -> None:
+    # Prints the content JSON given in $1 (a file name in the workspace), then floods stderr
+    # with $2 bytes of \x01, the character with the longest JSON escape.
+    write_set(tools, "pics", {
+        "runner": "exec", "description": "returns images", "command": ["pics.sh"],
+        "stdin": False, "approval": "always", "output": "content",
+        "schema": {"type": "object"}, "argv": {"spec": "--spec", "noise": "--noise"},
+    }, **{"pics.sh": _SH + 'cat "$2"\nhead -c "$4" /dev/zero | tr "\\000" "\\001" >&2\n'})
+
+
+def _image(path: Path, size: int) -> None:
+    with open(path, "wb") as f:
+        f.write(_PNG)
+        f.truncate(size)
+
+
+@pytest.fixture(scope="module")
+def big() -> Iterator[Daemon]:
+    """A daemon at the largest output limit, with the content tool."""
+    base = Path(tempfile.mkdtemp(prefix="tsb-"))
+    home = base / "home"
+    _content_tool(home / "tools")
+    workspace = base / "ws"
+    workspace.mkdir()
+    d = start_daemon(home, workspace, base, ["--progress-interval", "60",
+                                             "--output-limit", "1000000"])
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _invoke_with_client(d: Daemon, arguments: dict[str, Any]) -> dict[str, Any]:
+    from toolsetd.client.client import Client
+
+    async def go() -> dict[str, Any]:
+        async with await Client.connect(d.socket) as client:
+            try:
+                return await client.invoke("pics", arguments, d.workspace, images=True)
+            finally:
+                # aclose leaves the notification stream's receiving end open (a
+                # ResourceWarning when it is collected): close it here.
+                client.notifications().close()
+
+    return anyio.run(go)
+
+
+@pytest.mark.slow
+def test_the_largest_legal_result_reaches_the_bundled_client(big: Daemon) -> None:
+    """32 MiB of images by path plus a text at the largest output limit, all escapes."""
+    _image(big.workspace / "a.png", 20 * _MIB)
+    _image(big.workspace / "b.png", 12 * _MIB)
+    (big.workspace / "spec.json").write_text(json.dumps({"text": "t", "images": [
+        {"mimeType": "image/png", "path": "a.png"}, {"mimeType": "image/png", "path": "b.png"}]}))
+    result = _invoke_with_client(big, {"spec": "spec.json", "noise": 1_100_000})
+    assert result["status"] == "ok", result["content"][0]["text"][:300]
+    text, first, second = result["content"]
+    assert text["text"].startswith("t\n\x01") and "[truncated to 1000000 characters]" in text["text"]
+    assert len(first["data"]) == (20 * _MIB + 2) // 3 * 4
+    assert len(second["data"]) == (12 * _MIB + 2) // 3 * 4
+
+
+def test_a_15_mib_image_by_path_reaches_the_bundled_client(big: Daemon) -> None:
+    _image(big.workspace / "c.png", 15 * _MIB)
+    (big.workspace / "c.json").write_text(json.dumps({"images": [
+        {"mimeType": "image/png", "path": "c.png"}]}))
+    result = _invoke_with_client(big, {"spec": "c.json", "noise": 0})
+    assert result["status"] == "ok"
+    assert len(result["content"][1]["data"]) == 15 * _MIB // 3 * 4
+
+
+def test_images_over_the_result_limit_say_so(big: Daemon) -> None:
+    for name in ("d1", "d2"):
+        _image(big.workspace / f"{name}.png", 17 * _MIB)
+    (big.workspace / "d.json").write_text(json.dumps({"images": [
+        {"mimeType": "image/png", "path": "d1.png"}, {"mimeType": "image/png", "path": "d2.png"}]}))
+    result = _invoke_with_client(big, {"spec": "d.json", "noise": 0})
+    assert result["status"] == "error"
+    assert result["content"][0]["text"].startswith(
+        "The images of this result exceed the 32 MiB limit of one result"), result
+
+
+def test_inline_base64_over_the_output_limit_names_sizes_and_path(fid: Daemon) -> None:
+    inline = {"images": [{"mimeType": "image/png", "base64": "A" * 200 * 1024}]}
+    (fid.workspace / "inline.json").write_text(json.dumps(inline))
+    with fid.raw() as conn:
+        _, response = conn.invoke({"tool": "inline", "arguments": {"spec": "inline.json"},
+                                   "workspace": str(fid.workspace), "images": True})
+    text = response["result"]["content"][0]["text"]
+    size = len(json.dumps(inline)) + 0
+    assert text.startswith("Tool output exceeds the output limit."), text
+    assert f"{size:,} bytes" in text and "100,000 characters" in text and '"path"' in text, text
+
+
+def test_output_limit_above_the_line_budget_is_refused(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "toolsetd.daemon", "--output-limit", "1000001",
+                           "--socket", str(tmp_path / "s.sock")],
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert proc.returncode == 2 and "--output-limit: must be at most 1000000" in proc.stderr
+
+
+def test_images_refused_without_the_multimodal_channel_stand_alone(fid: Daemon) -> None:
+    """images: false and declared images: the reference message alone, no stderr (docs)."""
+    (fid.workspace / "one.json").write_text(json.dumps(
+        {"text": "t", "images": [{"mimeType": "image/png", "base64": "iVBORw0KGgo="}]}))
+    with fid.raw() as conn:
+        _, response = conn.invoke({"tool": "inline", "arguments": {"spec": "one.json"},
+                                   "workspace": str(fid.workspace), "images": False})
+    result = response["result"]
+    assert result["isError"] is True
+    assert result["content"] == [{"type": "text", "text": "This model cannot accept tool images."}]

@@ -219,8 +219,7 @@ def test_models_mode_defaults_and_wire_form() -> None:
 
 # json: jsontext re-reads a line whose numbers orjson would change (pure, no I/O).
 ALLOWED_IMPORTS = {"__future__", "collections", "dataclasses", "enum", "json", "re", "types",
-                   "typing",
-                   "pydantic", "orjson"}
+                   "typing", "pydantic", "orjson"}
 
 
 @pytest.mark.parametrize("path", sorted(Path(protocol.__file__).parent.glob("*.py")),
