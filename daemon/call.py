@@ -68,6 +68,8 @@ class CallRequest:
             (``TRACEPARENT`` from ``observe``).
         every_progress_line: Report every line the child writes to its progress fd,
             without coalescing bursts (MCP hosts count them).
+        user_home: The operator's user profile (content-mode image paths may not be its
+            credential files); None for the process's home.
     """
 
     call_id: str
@@ -80,6 +82,7 @@ class CallRequest:
     images: bool = True
     extra_env: Mapping[str, str] = field(default_factory=dict)
     every_progress_line: bool = False
+    user_home: Path | None = None
 
 
 class EventSink(Protocol):

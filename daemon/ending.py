@@ -144,6 +144,7 @@ async def build_outcome(
                     workspace=request.workspace,
                     max_image_bytes=s.max_image_bytes,
                     stdout_bytes=call.out.total,
+                    user_home=request.user_home,
                 )
             )
         else:

@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from .paths import is_credential_path
+from .paths import is_credential_identity, is_credential_path
 
 __all__ = [
     "CANCELLED_TEXT",
@@ -277,13 +277,15 @@ def _check_bytes(data: bytes, declared: str, max_bytes: int) -> dict[str, str]:
     return {"type": "image", "data": base64.b64encode(data).decode("ascii"), "mimeType": sniffed}
 
 
-def _read_image_file(raw: str, workspace: Path, max_bytes: int) -> bytes:
+def _read_image_file(raw: str, workspace: Path, max_bytes: int, user_home: Path | None) -> bytes:
     root = os.path.normpath(str(workspace))
     joined = os.path.normpath(os.path.join(root, raw))
     if is_credential_path(raw) or is_credential_path(joined):
         raise ContentError("Reading credential paths is not allowed.")
     resolved = os.path.realpath(joined)
-    if is_credential_path(resolved):
+    if is_credential_path(resolved) or is_credential_identity(
+        resolved, user_home if user_home is not None else Path.home()
+    ):
         raise ContentError("Reading credential paths is not allowed.")
     if resolved != root and not resolved.startswith(root.rstrip("/") + "/"):
         raise ContentError("Path is outside the workspace.")
@@ -330,13 +332,17 @@ def _read_image_file(raw: str, workspace: Path, max_bytes: int) -> bytes:
     return data
 
 
-def load_image(spec: ImageSpec, workspace: Path, max_bytes: int) -> dict[str, str]:
+def load_image(
+    spec: ImageSpec, workspace: Path, max_bytes: int, user_home: Path | None = None
+) -> dict[str, str]:
     """Load one declared image into a content block (blocking: call it off the loop).
 
     Args:
         spec: The declared image.
         workspace: The canonical workspace; a path must resolve inside it.
         max_bytes: The per-image size limit.
+        user_home: The operator's user profile, whose credential files a path may not be
+            (by name or by identity); None for the process's home.
 
     Returns:
         ``{"type": "image", "data": <base64>, "mimeType": <sniffed>}``.
@@ -356,7 +362,8 @@ def load_image(spec: ImageSpec, workspace: Path, max_bytes: int) -> dict[str, st
             raise ContentError("Image base64 is not valid.")
         return _check_bytes(data, spec.mime_type, max_bytes)
     assert spec.path is not None
-    return _check_bytes(_read_image_file(spec.path, workspace, max_bytes), spec.mime_type, max_bytes)
+    data = _read_image_file(spec.path, workspace, max_bytes, user_home)
+    return _check_bytes(data, spec.mime_type, max_bytes)
 
 
 def content_result(
@@ -370,6 +377,7 @@ def content_result(
     max_image_bytes: int,
     max_total_image_bytes: int = MAX_RESULT_IMAGE_BYTES,
     stdout_bytes: int | None = None,
+    user_home: Path | None = None,
 ) -> tuple[list[dict[str, str]], bool]:
     """The content blocks and error flag of a content-mode call (blocking when images load).
 
@@ -383,6 +391,7 @@ def content_result(
         max_image_bytes: The per-image size limit.
         max_total_image_bytes: The limit of all images of the result together.
         stdout_bytes: The whole stdout's size in bytes (for the over-the-limit message).
+        user_home: The operator's user profile (credential files by identity).
 
     Returns:
         The content blocks (text blocks not yet truncated) and ``is_error``.
@@ -403,7 +412,7 @@ def content_result(
     total = 0
     for spec in parsed.images:
         try:
-            block = load_image(spec, workspace, max_image_bytes)
+            block = load_image(spec, workspace, max_image_bytes, user_home)
             data = block["data"]
             total += len(data) // 4 * 3 - data[-2:].count("=")
             if total > max_total_image_bytes:

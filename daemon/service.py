@@ -523,6 +523,7 @@ class Service:
             images=request.images,
             every_progress_line=request.every_progress_line,
             extra_env=observed.child_env(),
+            user_home=self.settings.user_home,
         )
         log.info(
             "call_started", call_id=call_id, tool=loaded.tool.name, set=loaded.toolset.directory

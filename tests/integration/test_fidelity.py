@@ -40,6 +40,11 @@ def _write_sets(tools: Path) -> None:
         "stdin": False, "approval": "always", "output": "content",
         "schema": {"type": "object"}, "argv": {"spec": "--spec"},
     }, **{"cat.sh": _SH + 'cat "$2"\necho warn >&2\n'})
+    write_set(tools, "reader", {
+        "runner": "exec", "description": "reads a file", "command": ["read.sh"],
+        "stdin": False, "approval": "always", "pathArguments": ["path"],
+        "schema": {"type": "object"}, "argv": {"path": "--path"},
+    }, **{"read.sh": _SH + 'cat "$2"\n'})
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +54,11 @@ def fid() -> Iterator[Daemon]:
     _write_sets(home / "tools")
     workspace = base / "ws"
     workspace.mkdir()
-    d = start_daemon(home, workspace, base, ["--progress-interval", "60"])
+    user = base / "user"  # the daemon's $HOME: its credential files
+    (user / ".ssh").mkdir(parents=True)
+    (user / ".ssh" / "id_rsa").write_text("PRIVATE KEY")
+    d = start_daemon(home, workspace, base, ["--progress-interval", "60"],
+                     env={"HOME": str(user)})
     try:
         yield d
     finally:
@@ -298,3 +307,37 @@ def test_images_refused_without_the_multimodal_channel_stand_alone(fid: Daemon) 
     result = response["result"]
     assert result["isError"] is True
     assert result["content"] == [{"type": "text", "text": "This model cannot accept tool images."}]
+
+
+# -- item 9: credential paths by identity --------------------------------------------------
+
+
+def test_a_hard_link_to_a_key_is_forbidden_not_workspace(fid: Daemon) -> None:
+    key = fid.workspace.parent / "user" / ".ssh" / "id_rsa"
+    link = fid.workspace / "notes.txt"
+    if not link.exists():
+        os.link(key, link)
+    params = {"tool": "reader", "arguments": {"path": "notes.txt"}, "workspace": str(fid.workspace)}
+    result = fid.call("classify", params)["result"]
+    assert result["paths"][0]["scope"] == "forbidden", result
+    direct = fid.call("classify", {**params, "arguments": {"path": str(key)}})["result"]
+    assert result["decision"] == direct["decision"] != "allow", (result, direct)
+    assert "hard link" in result["reason"], result
+    with fid.raw() as conn:
+        _, response = conn.invoke(params)
+    assert response["error"]["code"] in (-32003, -32004), response
+    assert "PRIVATE KEY" not in json.dumps(response)
+
+
+def test_an_image_path_hard_linked_to_a_key_is_refused(fid: Daemon) -> None:
+    key = fid.workspace.parent / "user" / ".ssh" / "id_rsa"
+    link = fid.workspace / "pic.png"
+    if not link.exists():
+        os.link(key, link)
+    (fid.workspace / "pic.json").write_text(json.dumps(
+        {"images": [{"mimeType": "image/png", "path": "pic.png"}]}))
+    with fid.raw() as conn:
+        _, response = conn.invoke({"tool": "inline", "arguments": {"spec": "pic.json"},
+                                   "workspace": str(fid.workspace), "images": True})
+    text = response["result"]["content"][0]["text"]
+    assert text.startswith("Reading credential paths is not allowed."), text
