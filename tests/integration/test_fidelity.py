@@ -45,6 +45,11 @@ def _write_sets(tools: Path) -> None:
         "stdin": False, "approval": "always", "pathArguments": ["path"],
         "schema": {"type": "object"}, "argv": {"path": "--path"},
     }, **{"read.sh": _SH + 'cat "$2"\n'})
+    write_set(tools, "asker", {
+        "runner": "exec", "description": "needs approval", "command": ["read.sh"],
+        "stdin": False, "pathArguments": ["path"],
+        "schema": {"type": "object"}, "argv": {"path": "--path"},
+    }, **{"read.sh": _SH + 'cat "$2"\n'})
 
 
 @pytest.fixture(scope="module")
@@ -341,3 +346,30 @@ def test_an_image_path_hard_linked_to_a_key_is_refused(fid: Daemon) -> None:
                                    "workspace": str(fid.workspace), "images": True})
     text = response["result"]["content"][0]["text"]
     assert text.startswith("Reading credential paths is not allowed."), text
+
+
+# -- item 10: the docs say what the daemon does ---------------------------------------------
+
+_REPO = Path(__file__).resolve().parents[2]
+
+
+def test_parse_error_transcripts_match_the_daemon(fid: Daemon) -> None:
+    """The Framing transcript's -32700 answers are what the daemon sends, byte for byte."""
+    lines = (_REPO / "docs" / "protocol.md").read_text().splitlines()
+    pairs = [(lines[i][2:], lines[i + 1][2:]) for i in range(len(lines) - 1)
+             if lines[i].startswith("→ ") and "-32700" in lines[i + 1]]
+    assert len(pairs) == 2, pairs
+    with fid.raw() as conn:
+        for sent, expected in pairs:
+            data = sent.encode().decode("unicode_escape").encode("latin-1")
+            conn.send_bytes(data + b"\n")
+            assert conn.receive() == json.loads(expected), sent
+
+
+def test_the_path_fence_runs_before_the_approval_decision(fid: Daemon) -> None:
+    """An ask tool with an unusable path: -32002 (the fence), not -32004 (docs/protocol.md)."""
+    params = {"tool": "asker", "arguments": {"path": "a\x00b"}, "workspace": str(fid.workspace)}
+    assert fid.call("classify", params)["result"]["decision"] == "ask"
+    with fid.raw() as conn:
+        _, response = conn.invoke(params)
+    assert response["error"]["code"] == -32002, response
