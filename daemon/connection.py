@@ -345,7 +345,10 @@ class Connection:
                     assert isinstance(event, Message)
                     seen_request = True
                     value = event.value
-                    if self.route is None and type(value) is dict and value.get("method") in inline:
+                    # ``method`` may be anything the peer sent (a list is unhashable): only
+                    # a string can name an inline method; the rest goes to the envelope check.
+                    method = value.get("method") if type(value) is dict else None
+                    if self.route is None and type(method) is str and method in inline:
                         await self._answer_inline(value)
                         answered_inline += 1
                         if answered_inline % _INLINE_BURST == 0:

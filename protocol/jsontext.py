@@ -36,7 +36,7 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["JsonNumber", "dumps", "loads"]
+__all__ = ["JsonNumber", "dumps", "loads", "nesting_exceeds"]
 
 _INT64_MIN: Final = -(2**63)
 _UINT64_MAX: Final = 2**64 - 1
@@ -63,6 +63,40 @@ class JsonNumber(float):
         return self.text
 
     __str__ = __repr__
+
+
+def nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether a JSON value nests objects and arrays more than ``limit`` levels deep.
+
+    A scalar is level 0, ``{}`` and ``[]`` level 1. Iterative, and it stops at the first
+    container past the limit, so a hostile value costs at most one walk.
+
+    Args:
+        value: The JSON value.
+        limit: The deepest nesting allowed.
+
+    Returns:
+        True when some container sits deeper than ``limit``.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    pop = stack.pop
+    push = stack.append
+    while stack:
+        item, level = pop()
+        kind = type(item)
+        if kind is dict:
+            children: Any = item.values()
+        elif kind is list:
+            children = item
+        else:
+            continue
+        if level > limit:
+            return True
+        for child in children:
+            kind = type(child)
+            if kind is dict or kind is list:
+                push((child, level + 1))
+    return False
 
 
 def _parse_int(text: str) -> int | JsonNumber:

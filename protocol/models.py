@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -31,8 +32,10 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from .errors import InvalidParams
+from .jsontext import nesting_exceeds
 
 __all__ = [
+    "MAX_ARGUMENT_DEPTH",
     "METHODS",
     "METHOD_CANCEL",
     "METHOD_CLASSIFY",
@@ -177,6 +180,24 @@ ModeField = Annotated[Mode, BeforeValidator(_coerce_mode)]
 
 #: W3C Trace Context ``traceparent``, version 00 (ids of all zeros are invalid).
 _TRACEPARENT: Final = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
+
+#: The deepest ``arguments`` accepted (objects and arrays, the arguments object itself
+#: counting as 1), as System.Text.Json's default in the reference host. Deeper arguments get
+#: -32602: every response that echoes them (classify, -32003/-32004 data) stays encodable.
+MAX_ARGUMENT_DEPTH: Final = 64
+
+
+def _check_depth(value: Any) -> Any:
+    if nesting_exceeds(value, MAX_ARGUMENT_DEPTH):
+        raise ValueError(
+            f"must nest at most {MAX_ARGUMENT_DEPTH} levels of objects and arrays "
+            "(the arguments object is level 1)"
+        )
+    return value
+
+
+#: The ``arguments`` of classify and invoke: any JSON value, nested at most 64 deep.
+ArgumentsField = Annotated[Any, AfterValidator(_check_depth)]
 Source = Literal["home", "project"]
 Catalog = Literal["plan", "work"]
 Scope = Literal["workspace", "outsideWorkspace", "forbidden"]
@@ -337,7 +358,7 @@ class ClassifyParams(_Params):
     """The params of ``classify``."""
 
     tool: str
-    arguments: Any
+    arguments: ArgumentsField
     workspace: str
     mode: ModeField = Mode.DEFAULT
     headless: bool = False
@@ -364,7 +385,7 @@ class InvokeParams(_Params):
     """The params of ``invoke``."""
 
     tool: str
-    arguments: Any
+    arguments: ArgumentsField
     workspace: str
     call_id: str | None = None
     catalog: Catalog | None = None

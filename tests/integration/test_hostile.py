@@ -1,0 +1,234 @@
+"""Hostile and broken clients: every frame that needs an answer gets one, nobody else suffers.
+
+The oracle of "needs an answer" is the JSON-RPC 2.0 specification, written out here
+independently of the daemon's envelope check: only a valid notification (an object with
+``"jsonrpc": "2.0"``, a string ``method``, no ``id`` member, ``params`` absent or an object
+or an array, no other member), or a batch made only of those, goes unanswered. The answer
+carries the frame's id when that id is a string or an integer, else ``null``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import socket
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Daemon, RawConn, start_daemon
+
+#: One value of every JSON type (and a few shapes of each that have caught parsers out).
+VALUES: list[Any] = [
+    None, True, False, 0, -1, 7, 2**70, 1.5, -0.0, "", "2.0", "status", "list", "cancel",
+    "no-such", [], [1], ["status"], [{}], {}, {"a": 1}, {"method": "status"},
+    [[[]]], {"": {"": {}}},
+]
+MEMBERS = ("jsonrpc", "method", "params", "id")
+_ABSENT = object()
+
+
+def _valid_id(value: Any) -> bool:
+    return type(value) is str or type(value) is int
+
+
+def needs_answer(frame: Any) -> bool:
+    """Whether the specification requires a response to this one (non-batch) value."""
+    if type(frame) is not dict or "id" in frame:
+        return True
+    if frame.get("jsonrpc") != "2.0" or type(frame.get("method")) is not str:
+        return True
+    if not set(frame) <= {"jsonrpc", "method", "params"}:
+        return True
+    return "params" in frame and type(frame["params"]) not in (dict, list)
+
+
+def expected_id(frame: Any) -> Any:
+    if type(frame) is dict and _valid_id(frame.get("id")):
+        return frame["id"]
+    return None
+
+
+def envelope_frames() -> Iterator[dict[str, Any]]:
+    """Each member given every value (the others valid), and each member left out."""
+    base: dict[str, Any] = {"jsonrpc": "2.0", "method": "status", "params": {}, "id": 1}
+    for member in MEMBERS:
+        for value in [*VALUES, _ABSENT]:
+            frame = dict(base)
+            if value is _ABSENT:
+                del frame[member]
+            else:
+                frame[member] = value
+            yield frame
+    # Pairs of members varied together, for the interactions (method x id above all).
+    for (m1, m2), (v1, v2) in itertools.product(
+        [("method", "id"), ("method", "params"), ("jsonrpc", "id")],
+        itertools.product(VALUES[::3], VALUES[1::3]),
+    ):
+        yield {**base, m1: v1, m2: v2}
+
+
+@pytest.fixture(scope="module")
+def plain() -> Iterator[Daemon]:
+    base = Path(tempfile.mkdtemp(prefix="tsh-"))
+    (base / "home" / "tools").mkdir(parents=True)
+    workspace = base / "ws"
+    workspace.mkdir()
+    d = start_daemon(base / "home", workspace, base, ["--no-watch"])
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _answers(conn: RawConn, count: int, probe: str) -> list[Any]:
+    """Read answers until the probe's response arrives; return everything before it."""
+    got: list[Any] = []
+    while True:
+        message = conn.receive()
+        if isinstance(message, dict) and message.get("id") == probe:
+            return got
+        got.append(message)
+        assert len(got) <= count, "more answers than frames"
+
+
+def test_every_envelope_member_of_every_type_is_answered(plain: Daemon) -> None:
+    """Single frames: the right answers (id and all), no -32603, and the connection lives."""
+    frames = list(envelope_frames())
+    expected = Counter(json.dumps(expected_id(f)) for f in frames if needs_answer(f))
+    with plain.raw(timeout=30) as conn:
+        payload = b"".join(json.dumps(f).encode() + b"\n" for f in frames)
+        conn.send_bytes(payload + b'{"jsonrpc":"2.0","method":"status","id":"probe"}\n')
+        got = _answers(conn, len(frames), "probe")
+        assert all("method" not in m for m in got), [m for m in got if "method" in m][:3]
+        assert Counter(json.dumps(m["id"]) for m in got) == expected
+        codes = Counter(m["error"]["code"] for m in got if "error" in m)
+        assert -32603 not in codes, codes
+        assert "result" in conn.request("status")
+    assert plain.proc.poll() is None
+
+
+def test_batches_of_hostile_frames_are_answered_in_one_array(plain: Daemon) -> None:
+    frames = list(envelope_frames())
+    batches = [frames[i:i + 7] for i in range(0, len(frames), 7)]
+    with plain.raw(timeout=30) as conn:
+        for batch in batches:
+            conn.send(batch)
+            wanted = [f for f in batch if needs_answer(f)]
+            if not wanted:
+                continue
+            answer = conn.receive()
+            assert isinstance(answer, list), answer
+            assert Counter(json.dumps(a["id"]) for a in answer) == Counter(
+                json.dumps(expected_id(f)) for f in wanted)
+            assert all(a.get("error", {}).get("code") != -32603 for a in answer), answer
+        assert "result" in conn.request("status")
+
+
+@pytest.mark.parametrize("method", [[1], {"a": 1}, ["status"], {}])
+def test_a_method_that_is_an_array_or_object_gets_32600(plain: Daemon, method: Any) -> None:
+    """It used to kill the connection (unhashable type) and every call in flight on it."""
+    with plain.raw() as conn:
+        conn.send({"jsonrpc": "2.0", "id": 5, "method": method})
+        answer = conn.receive()
+        assert answer["id"] == 5 and answer["error"]["code"] == -32600, answer
+        assert "'method' must be a string" in answer["error"]["message"]
+        conn.send({"jsonrpc": "2.0", "method": method})  # no id: still not a notification
+        assert conn.receive()["error"]["code"] == -32600
+        assert "result" in conn.request("status")
+
+
+def test_a_call_in_flight_survives_a_hostile_frame_beside_it(plain: Daemon) -> None:
+    """The hostile frame arrives while a reload runs: the reload still gets its answer."""
+    with plain.raw() as conn:
+        conn.send({"jsonrpc": "2.0", "id": "r", "method": "reload", "params": {}})
+        conn.send({"jsonrpc": "2.0", "id": "h", "method": ["x"]})
+        ids = {conn.receive()["id"] for _ in range(2)}
+        assert ids == {"r", "h"}
+
+
+def test_the_connection_is_not_closed_after_hostile_frames(plain: Daemon) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(str(plain.socket))
+    try:
+        sock.sendall(b'{"jsonrpc":"2.0","method":{"x":[]}}\n' * 50)
+        time.sleep(0.2)
+        sock.sendall(b'{"jsonrpc":"2.0","method":"status","id":"alive"}\n')
+        data = b""
+        while b'"alive"' not in data:
+            chunk = sock.recv(65536)
+            assert chunk, "the daemon closed the connection"
+            data += chunk
+    finally:
+        sock.close()
+
+
+# -- deep nesting ------------------------------------------------------------------------
+
+
+def _nested_text(depth: int) -> str:
+    """The JSON text of an arguments object ``depth`` levels deep: {"a":[{"a":[...null]}]}."""
+    kinds = [k % 2 == 1 for k in range(1, depth + 1)]  # level 1 (the top) is an object
+    return ("".join('{"a":' if obj else "[" for obj in kinds) + "null"
+            + "".join("}" if obj else "]" for obj in reversed(kinds)))
+
+
+def _request(d: Daemon, method: str, tool: str, depth: int) -> dict[str, Any]:
+    text = (f'{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{{"tool":"{tool}",'
+            f'"workspace":{json.dumps(str(d.workspace))},"arguments":{_nested_text(depth)}}}}}')
+    with d.raw() as conn:
+        conn.send_bytes(text.encode() + b"\n")
+        while True:
+            buffer = b""
+            while b"\n" not in buffer:
+                buffer += conn.sock.recv(1 << 20)
+            line = buffer.split(b"\n", 1)[0]
+            if b'"method"' not in line[:30]:
+                return dict(json.loads(line))
+
+
+@pytest.fixture(scope="module")
+def echo_daemon() -> Iterator[Daemon]:
+    from .conftest import write_set
+
+    base = Path(tempfile.mkdtemp(prefix="tsn-"))
+    tools = base / "home" / "tools"
+    write_set(tools, "deep", {"runner": "exec", "description": "d", "command": ["true"],
+                              "stdin": False, "approval": "always", "schema": {"type": "object"}})
+    write_set(tools, "deepask", {"runner": "exec", "description": "d", "command": ["true"],
+                                 "stdin": False, "schema": {"type": "object"},
+                                 "pathArguments": ["a"]})
+    workspace = base / "ws"
+    workspace.mkdir()
+    d = start_daemon(base / "home", workspace, base, ["--no-watch"])
+    try:
+        yield d
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("depth", [65, 251, 300, 1000])
+@pytest.mark.parametrize(("method", "tool"), [("classify", "deep"), ("invoke", "deepask")])
+def test_arguments_nested_too_deep_get_32602_naming_the_limit(
+    echo_daemon: Daemon, depth: int, method: str, tool: str
+) -> None:
+    response = _request(echo_daemon, method, tool, depth)
+    assert response["error"]["code"] == -32602, response
+    assert "'arguments' must nest at most 64 levels" in response["error"]["message"]
+
+
+@pytest.mark.parametrize(("method", "tool"), [("classify", "deep"), ("invoke", "deepask")])
+def test_arguments_at_the_depth_limit_are_echoed(echo_daemon: Daemon, method: str, tool: str) -> None:
+    arguments = json.loads(_nested_text(64))
+    response = _request(echo_daemon, method, tool, 64)
+    echoed = response["result"] if method == "classify" else response["error"]["data"]
+    assert echoed["arguments"] == arguments, response
