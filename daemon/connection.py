@@ -102,6 +102,8 @@ class ServerSettings:
             holds; past it progress notifications are dropped and other messages wait.
         inline_methods: Methods answered by the connection's reader itself, without a
             task: only handlers that never wait (they run to their end at once).
+        linger_seconds: On closing, after shutting down our side, how long the peer's
+            unread bytes are drained while waiting for its end of file (lingering close).
     """
 
     max_frame_size: int = 16 * 1024 * 1024
@@ -111,6 +113,7 @@ class ServerSettings:
     write_timeout: float = 30.0
     send_buffer: int = 256 * 1024
     inline_methods: frozenset[str] = INLINE_METHODS
+    linger_seconds: float = 2.0
 
 
 @dataclass(slots=True)
@@ -182,6 +185,36 @@ class Connection:
         #: Set by a bind method (``mcp.bind``): from then on every message goes to it.
         self.route: Route | None = None
         self._scope: anyio.CancelScope | None = None
+        #: When the last complete message arrived (the connection's start until then):
+        #: the idlest connection without calls or subscriptions makes room for a new one.
+        self.last_active = anyio.current_time()
+
+    @property
+    def evictable(self) -> bool:
+        """Whether closing it loses nothing: no request in flight, no subscription."""
+        return (
+            not self._closed
+            and self._in_flight == 0
+            and not self.calls
+            and not self.subscriptions
+            and not (self._wire is not None and (self._wire.has_data or self._wire.backlogged))
+        )
+
+    def evict(self) -> None:
+        """Close an idle connection to make room: say why, then close gracefully."""
+        limit = self._settings.max_connections
+        self.post(
+            error_message(
+                None,
+                rpc_errors.ServerBusy(
+                    f"Connection closed to make room: toolsetd serves at most {limit} "
+                    "connections, and this one was the longest idle (no request in flight, "
+                    "no subscription). Connect again when needed.",
+                    {"limit": limit},
+                ),
+            )
+        )
+        self.close_gracefully()
 
     @property
     def closed(self) -> bool:
@@ -283,7 +316,7 @@ class Connection:
                 # Every handler has answered: flush, then close (bounded like any write).
                 with anyio.move_on_after(self._settings.write_timeout):
                     await wire.wait_drained()
-                    transport.close()
+                    await wire.linger(self._settings.linger_seconds)
                     await wire.wait_closed()
         finally:
             self._closed = True
@@ -309,6 +342,11 @@ class Connection:
         assert wire is not None
         codec = self._codec
         inline = self._server.inline_methods
+        timeout = self._settings.idle_timeout
+        # The idle deadline: from connecting until the first complete line, then from the
+        # first byte of each incomplete line. Bytes that arrive do not move it, so a line
+        # dribbled one byte at a time still has to be complete within the idle timeout.
+        deadline: float | None = anyio.current_time() + timeout
         seen_request = False
         while not self._closed and not self._stop_reading:
             if wire.backlogged:
@@ -317,11 +355,11 @@ class Connection:
                 await wire.wait_drained()
                 continue
             if not wire.has_data and not wire.eof:
-                if not seen_request or codec.has_partial_data:
+                if deadline is not None:
                     # Only the idle timer needs a cancel scope; a connection between
                     # requests waits without one.
                     try:
-                        with anyio.fail_after(self._settings.idle_timeout):
+                        with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
                             await wire.wait_readable()
                     except TimeoutError:
                         log.info("connection_idle_closed", conn_id=self.conn_id)
@@ -332,17 +370,21 @@ class Connection:
             if wire.lost:
                 return
             data = wire.take()
+            arrived = anyio.current_time()
             try:
                 codec.receive_data(data)
                 answered_inline = 0
+                completed = False
                 while True:
                     event = codec.next_event()
                     if event is NEED_DATA or event is CLOSED:
                         break
+                    completed = True
                     if type(event) is BadMessage:
                         self.post(error_message(None, rpc_errors.ParseError(event.message)))
                         continue
                     assert isinstance(event, Message)
+                    self.last_active = arrived
                     seen_request = True
                     value = event.value
                     # ``method`` may be anything the peer sent (a list is unhashable): only
@@ -360,6 +402,11 @@ class Connection:
                         await wire.wait_drained()
                 if event is CLOSED:
                     return
+                if codec.has_partial_data:
+                    if completed or deadline is None:
+                        deadline = arrived + timeout  # a new line began in this chunk
+                elif seen_request:
+                    deadline = None  # between requests: no timer (a subscriber waits here)
             except rpc_errors.FrameTooLarge:
                 limit = self._settings.max_frame_size
                 await self.send_message(

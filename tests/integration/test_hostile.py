@@ -232,3 +232,146 @@ def test_arguments_at_the_depth_limit_are_echoed(echo_daemon: Daemon, method: st
     response = _request(echo_daemon, method, tool, 64)
     echoed = response["result"] if method == "classify" else response["error"]["data"]
     assert echoed["arguments"] == arguments, response
+
+
+# -- slow and idle clients -------------------------------------------------------------------
+
+
+@pytest.fixture
+def small(tmp_base: Path) -> Iterator[Daemon]:
+    """A daemon with 4 connection slots and a 1 s idle timeout."""
+    (tmp_base / "home" / "tools").mkdir(parents=True)
+    workspace = tmp_base / "ws"
+    workspace.mkdir()
+    d = start_daemon(tmp_base / "home", workspace, tmp_base,
+                     ["--no-watch", "--max-connections", "4", "--idle-timeout", "1"])
+    try:
+        yield d
+    finally:
+        d.stop()
+
+
+def _closed_within(sock: socket.socket, seconds: float, drip: bytes | None = None) -> float | None:
+    """Seconds until the daemon closes ``sock`` (dripping a byte every 0.2 s), or None."""
+    started = time.monotonic()
+    sock.settimeout(0.2)
+    while time.monotonic() - started < seconds:
+        if drip is not None:
+            try:
+                sock.sendall(drip)
+            except OSError:
+                return time.monotonic() - started
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            return time.monotonic() - started
+        if not data:
+            return time.monotonic() - started
+    return None
+
+
+def _connect(d: Daemon) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(d.socket))
+    return sock
+
+
+def test_an_incomplete_line_must_complete_within_the_idle_timeout(small: Daemon) -> None:
+    """One byte every 0.2 s used to keep a connection forever (the timer restarted)."""
+    with _connect(small) as sock:
+        sock.sendall(b'{"jsonrpc":"2.0","id":1,"method":"status"}\n')
+        sock.settimeout(5)
+        assert b'"result"' in sock.recv(65536)
+        waited = _closed_within(sock, 4.0, drip=b" ")
+    assert waited is not None and waited < 2.5, waited
+
+
+def test_a_connection_that_never_completes_a_request_is_closed(small: Daemon) -> None:
+    with _connect(small) as sock:
+        waited = _closed_within(sock, 4.0, drip=b"\n")  # blank lines are not requests
+    assert waited is not None and waited < 2.5, waited
+
+
+def test_idle_connections_make_room_for_a_newcomer(small: Daemon) -> None:
+    """A full table of idle clients: the idlest is told why and closed; the newcomer served."""
+    idle = [small.raw() for _ in range(4)]
+    try:
+        for conn in idle:
+            assert "result" in conn.request("status")
+        with small.raw() as newcomer:
+            assert "result" in newcomer.request("status")
+        notice = idle[0].receive()
+        assert notice["id"] is None and notice["error"]["code"] == -32008, notice
+        assert "make room" in notice["error"]["message"]
+        assert idle[0].closed_by_peer()
+        assert "result" in idle[1].request("status")  # the others live on
+    finally:
+        for conn in idle:
+            conn.close()
+
+
+def test_busy_connections_are_never_evicted(small: Daemon) -> None:
+    """Subscribers hold their slots: with all four subscribed, a newcomer is refused."""
+    subscribers = [small.raw() for _ in range(4)]
+    try:
+        for conn in subscribers:
+            assert "result" in conn.request("list", {"subscribe": True})
+        with small.raw() as newcomer:
+            refused = newcomer.receive()
+        assert refused["error"]["code"] == -32008 and "Too many connections" in refused["error"]["message"]
+        for conn in subscribers:
+            assert "result" in conn.request("status")
+    finally:
+        for conn in subscribers:
+            conn.close()
+
+
+# -- refusals arrive (lingering close) -------------------------------------------------------
+
+
+async def _asyncio_exchange(path: Path, payload: bytes) -> bytes:
+    import asyncio
+
+    reader, writer = await asyncio.open_unix_connection(str(path), limit=1 << 20)
+    try:
+        writer.write(payload)
+        try:
+            await writer.drain()
+        except ConnectionError:
+            pass
+        return await asyncio.wait_for(reader.readline(), 10)
+    finally:
+        writer.close()
+
+
+def test_a_refused_asyncio_client_reads_the_error_not_a_reset(small: Daemon) -> None:
+    import asyncio
+
+    subscribers = [small.raw() for _ in range(4)]
+    try:
+        for conn in subscribers:
+            assert "result" in conn.request("list", {"subscribe": True})
+        payload = b'{"jsonrpc":"2.0","id":1,"method":"status"}\n' * 2000
+        for _ in range(10):
+            line = asyncio.run(_asyncio_exchange(small.socket, payload))
+            assert json.loads(line)["error"]["code"] == -32008, line
+    finally:
+        for conn in subscribers:
+            conn.close()
+
+
+def test_an_oversize_line_is_answered_before_the_close(tmp_base: Path) -> None:
+    import asyncio
+
+    (tmp_base / "home" / "tools").mkdir(parents=True)
+    (tmp_base / "ws").mkdir()
+    d = start_daemon(tmp_base / "home", tmp_base / "ws", tmp_base,
+                     ["--no-watch", "--max-message-bytes", "65536"])
+    try:
+        for _ in range(5):
+            line = asyncio.run(_asyncio_exchange(d.socket, b'{"x":"' + b"a" * 8_000_000 + b'"}\n'))
+            assert json.loads(line)["error"]["code"] == -32007, line
+    finally:
+        d.stop()
