@@ -58,7 +58,13 @@ from toolsetd.protocol.codec import (
     Message,
     encode,
 )
-from toolsetd.protocol.jsonrpc import Request, error_message, notification_message, parse_envelope
+from toolsetd.protocol.jsonrpc import (
+    InvalidEnvelope,
+    Request,
+    error_message,
+    notification_message,
+    parse_envelope,
+)
 
 from .wire import Wire
 
@@ -439,22 +445,44 @@ class Connection:
 
     def _start_message(self, tg: anyio.abc.TaskGroup, value: Any) -> None:
         if self._in_flight >= self._settings.max_calls_per_connection:
-            envelope = parse_envelope(value) if not isinstance(value, list) else None
-            request_id = envelope.id if isinstance(envelope, Request) else None
-            limit = self._settings.max_calls_per_connection
-            self.post(
-                error_message(
-                    request_id,
-                    rpc_errors.ServerBusy(
-                        f"Too many requests in flight on this connection: at most {limit}; "
-                        "wait for a response before sending more.",
-                        {"limit": limit},
-                    ),
-                ),
-            )
+            self._refuse_busy(value)
             return
         self._in_flight += 1
         tg.start_soon(self._handle_message, value)
+
+    def _refuse_busy(self, value: Any) -> None:
+        """Answer a message past the in-flight limit as its request would have been answered.
+
+        A request gets -32008 with its id; an invalid envelope its -32600 (that costs
+        nothing); a notification nothing; a batch one array with an answer per item that
+        needs one (nothing when it holds only notifications).
+        """
+        limit = self._settings.max_calls_per_connection
+        busy = rpc_errors.ServerBusy(
+            f"Too many requests in flight on this connection: at most {limit}; "
+            "wait for a response before sending more.",
+            {"limit": limit},
+        )
+
+        def answer(item: Any) -> Any:
+            envelope = parse_envelope(item)
+            if isinstance(envelope, Request):
+                return error_message(envelope.id, busy)
+            if isinstance(envelope, InvalidEnvelope):
+                return error_message(envelope.id, rpc_errors.InvalidRequest(envelope.message))
+            return None
+
+        if isinstance(value, list):
+            if not value:
+                response: Any = error_message(
+                    None, rpc_errors.InvalidRequest("Invalid Request: a batch must not be empty.")
+                )
+            else:
+                response = [a for a in map(answer, value) if a is not None] or None
+        else:
+            response = answer(value)
+        if response is not None:
+            self._post_response(response)
 
     async def _handle_message(self, value: Any) -> None:
         try:

@@ -89,14 +89,17 @@ def plain() -> Iterator[Daemon]:
 
 
 def _answers(conn: RawConn, count: int, probe: str) -> list[Any]:
-    """Read answers until the probe's response arrives; return everything before it."""
+    """Read ``count`` answers and the probe's (answers come in completion order: the probe,
+    answered at once, may overtake slower frames); return all but the probe's."""
     got: list[Any] = []
-    while True:
+    probed = False
+    while not (probed and len(got) >= count):
         message = conn.receive()
         if isinstance(message, dict) and message.get("id") == probe:
-            return got
-        got.append(message)
-        assert len(got) <= count, "more answers than frames"
+            probed = True
+        else:
+            got.append(message)
+    return got
 
 
 def test_every_envelope_member_of_every_type_is_answered(plain: Daemon) -> None:
@@ -106,7 +109,7 @@ def test_every_envelope_member_of_every_type_is_answered(plain: Daemon) -> None:
     with plain.raw(timeout=30) as conn:
         payload = b"".join(json.dumps(f).encode() + b"\n" for f in frames)
         conn.send_bytes(payload + b'{"jsonrpc":"2.0","method":"status","id":"probe"}\n')
-        got = _answers(conn, len(frames), "probe")
+        got = _answers(conn, sum(expected.values()), "probe")
         assert all("method" not in m for m in got), [m for m in got if "method" in m][:3]
         assert Counter(json.dumps(m["id"]) for m in got) == expected
         codes = Counter(m["error"]["code"] for m in got if "error" in m)
@@ -373,5 +376,29 @@ def test_an_oversize_line_is_answered_before_the_close(tmp_base: Path) -> None:
         for _ in range(5):
             line = asyncio.run(_asyncio_exchange(d.socket, b'{"x":"' + b"a" * 8_000_000 + b'"}\n'))
             assert json.loads(line)["error"]["code"] == -32007, line
+    finally:
+        d.stop()
+
+
+def test_past_the_in_flight_limit_each_frame_is_answered_as_itself(tmp_base: Path) -> None:
+    """-32008 carries the request's id; a notification gets nothing; a batch an array."""
+    (tmp_base / "home" / "tools").mkdir(parents=True)
+    (tmp_base / "ws").mkdir()
+    d = start_daemon(tmp_base / "home", tmp_base / "ws", tmp_base,
+                     ["--no-watch", "--max-calls-per-connection", "1"])
+    try:
+        with d.raw() as conn:
+            frames = [{"jsonrpc": "2.0", "id": i, "method": "list"} for i in range(5)]
+            frames += [{"jsonrpc": "2.0", "method": "list"},
+                       [{"jsonrpc": "2.0", "id": "b1", "method": "list"},
+                        {"jsonrpc": "2.0", "method": "list"}],
+                       {"jsonrpc": "2.0", "id": "bad", "method": "list", "x": 1}]
+            conn.send_bytes(b"".join(json.dumps(f).encode() + b"\n" for f in frames))
+            got = [conn.receive() for _ in range(7)]
+            singles = sorted(str(m["id"]) for m in got if isinstance(m, dict))
+            assert singles == ["0", "1", "2", "3", "4", "bad"], got
+            batch = next(m for m in got if isinstance(m, list))
+            assert [m["id"] for m in batch] == ["b1"], batch
+            assert "result" in conn.request("status")  # nothing else was sent
     finally:
         d.stop()
