@@ -27,7 +27,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "bench"  # noqa: A001
+    __package__ = "bench"
 
 import argparse
 import asyncio
@@ -49,8 +49,11 @@ def _params(rng: random.Random, workspace: str) -> Any:
     if roll < 0.4:
         return rng.choice(VALUES)
     if roll < 0.7:
-        return {"tool": rng.choice([TRUE_SET, "nope", 1, None]), "workspace": rng.choice(
-            [workspace, "relative", 7]), "arguments": rng.choice([{}, {"a": 1.50}, [], None])}
+        return {
+            "tool": rng.choice([TRUE_SET, "nope", 1, None]),
+            "workspace": rng.choice([workspace, "relative", 7]),
+            "arguments": rng.choice([{}, {"a": 1.50}, [], None]),
+        }
     if roll < 0.8:
         return {"callId": rng.choice(["x", 1, None, "y" * 200])}
     if roll < 0.9:
@@ -89,8 +92,12 @@ def _line(rng: random.Random, workspace: str, next_id: list[int]) -> tuple[bytes
         return rng.choice([b"{not json", b"\xff\xfe", b'{"a":', b"[" * 1100 + b"]" * 1100]), [None]
     if roll < 0.03:
         next_id[0] += 1
-        call = {"jsonrpc": "2.0", "id": next_id[0], "method": "invoke",
-                "params": {"tool": TRUE_SET, "arguments": {}, "workspace": workspace}}
+        call = {
+            "jsonrpc": "2.0",
+            "id": next_id[0],
+            "method": "invoke",
+            "params": {"tool": TRUE_SET, "arguments": {}, "workspace": workspace},
+        }
         return json.dumps(call).encode(), [next_id[0]]
     if roll < 0.10:
         batch = [_envelope(rng, workspace, next_id) for _ in range(rng.randint(1, 6))]
@@ -101,8 +108,9 @@ def _line(rng: random.Random, workspace: str, next_id: list[int]) -> tuple[bytes
     return json.dumps(frame).encode(), [expected_id(frame)] if needs_answer(frame) else []
 
 
-async def _one_connection(sock: Path, lines: list[tuple[bytes, list[Any]]], probe: str,
-                          stats: Counter[str]) -> None:
+async def _one_connection(
+    sock: Path, lines: list[tuple[bytes, list[Any]]], probe: str, stats: Counter[str]
+) -> None:
     reader, writer = await asyncio.open_unix_connection(str(sock), limit=64 << 20)
     expected: Counter[str] = Counter()
     for _, answers in lines:
@@ -113,20 +121,21 @@ async def _one_connection(sock: Path, lines: list[tuple[bytes, list[Any]]], prob
         for text, _ in lines:
             writer.write(text + b"\n")
             await writer.drain()
-        writer.write(json.dumps({"jsonrpc": "2.0", "id": probe, "method": "status"}).encode() + b"\n")
+        probe_frame = {"jsonrpc": "2.0", "id": probe, "method": "status"}
+        writer.write(json.dumps(probe_frame).encode() + b"\n")
         await writer.drain()
 
     got: Counter[str] = Counter()
     want = sum(expected.values())
     probed = False
-    sender = asyncio.ensure_future(send())  # noqa: TID251 (a bench client, not daemon code)
+    sender = asyncio.ensure_future(send())
     try:
         # Answers come in completion order (the probe, answered inline, may overtake
         # earlier frames): read until the probe and every expected answer are in.
         while not (probed and sum(got.values()) >= want):
             try:
                 line = await asyncio.wait_for(reader.readline(), 20)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 stats["connections that went silent"] += 1
                 break
             if not line:
@@ -134,7 +143,9 @@ async def _one_connection(sock: Path, lines: list[tuple[bytes, list[Any]]], prob
                 break
             message = json.loads(line)
             if isinstance(message, list):
-                stats["internal errors"] += sum(1 for m in message if m.get("error", {}).get("code") == -32603)
+                stats["internal errors"] += sum(
+                    1 for m in message if m.get("error", {}).get("code") == -32603
+                )
                 # a batch answer: its ids as a multiset (items are answered in order, but
                 # the oracle only says which items need one)
                 got[repr(("batch", tuple(sorted(json.dumps(m["id"]) for m in message))))] += 1
@@ -158,13 +169,17 @@ async def _one_connection(sock: Path, lines: list[tuple[bytes, list[Any]]], prob
         missing = expected - got
         extra = got - expected
         if stats["connections with wrong answers"] <= 3:
-            print(f"  mismatch: missing {dict(list(missing.items())[:5])} "
-                  f"extra {dict(list(extra.items())[:5])}", file=sys.stderr)
+            print(
+                f"  mismatch: missing {dict(list(missing.items())[:5])} "
+                f"extra {dict(list(extra.items())[:5])}",
+                file=sys.stderr,
+            )
 
 
-async def _run(sock: Path, workspace: str, frames: int, connections: int, parallel: int,
-               seed: int) -> Counter[str]:
-    rng = random.Random(seed)
+async def _run(
+    sock: Path, workspace: str, frames: int, connections: int, parallel: int, seed: int
+) -> Counter[str]:
+    rng = random.Random(seed)  # noqa: S311 (reproducible fuzz input, not a secret)
     next_id = [0]
     per = frames // connections
     plans = [[_line(rng, workspace, next_id) for _ in range(per)] for _ in range(connections)]
@@ -175,11 +190,11 @@ async def _run(sock: Path, workspace: str, frames: int, connections: int, parall
         async with gate:
             try:
                 await _one_connection(sock, plans[index], f"probe-{index}", stats)
-            except (ConnectionError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, ConnectionError) as exc:
                 stats["connections closed without an answer"] += 1
                 print(f"  connection {index}: {type(exc).__name__}", file=sys.stderr)
 
-    await asyncio.gather(*(guarded(i) for i in range(connections)))  # noqa: TID251 (bench client)
+    await asyncio.gather(*(guarded(i) for i in range(connections)))
     return stats
 
 
@@ -197,21 +212,39 @@ def main() -> int:
         daemon = start_daemon(home, base, extra=["--progress-interval", "60"])
         try:
             started = time.monotonic()
-            stats = asyncio.run(_run(daemon.socket, str(workspace), args.frames,
-                                     args.connections, args.parallel, args.seed))
+            stats = asyncio.run(
+                _run(
+                    daemon.socket,
+                    str(workspace),
+                    args.frames,
+                    args.connections,
+                    args.parallel,
+                    args.seed,
+                )
+            )
             seconds = time.monotonic() - started
             alive = daemon.popen.poll() is None
         finally:
             daemon.stop()
-    for key in ("frames", "answers expected", "answers received",
-                "connections closed without an answer", "internal errors",
-                "connections with wrong answers", "connections that went silent"):
+    for key in (
+        "frames",
+        "answers expected",
+        "answers received",
+        "connections closed without an answer",
+        "internal errors",
+        "connections with wrong answers",
+        "connections that went silent",
+    ):
         print(f"{key:40} {stats[key]:>9,}")
     print(f"{'daemon alive at the end':40} {alive!s:>9}")
     print(f"{'seconds':40} {seconds:>9.1f}")
     write_results("fuzz", {"stats": dict(stats), "seconds": seconds, "seed": args.seed})
-    bad = (stats["connections closed without an answer"] + stats["internal errors"]
-           + stats["connections with wrong answers"] + stats["connections that went silent"])
+    bad = (
+        stats["connections closed without an answer"]
+        + stats["internal errors"]
+        + stats["connections with wrong answers"]
+        + stats["connections that went silent"]
+    )
     return 0 if bad == 0 and alive else 1
 
 

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-
 from toolsetd.protocol.jsontext import JsonNumber
 
 from .model import LoadedTool

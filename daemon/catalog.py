@@ -418,7 +418,9 @@ class _Builder:
             self.candidates.append(candidate)
             if not is_directory_name(name):
                 candidate.error = INVALID_DIRECTORY_NAME
-                self.note(candidate, f"External tool set '{name}' was skipped: {INVALID_DIRECTORY_NAME}")
+                self.note(
+                    candidate, f"External tool set '{name}' was skipped: {INVALID_DIRECTORY_NAME}"
+                )
                 continue
             if source is Source.PROJECT:
                 if (home := self.home.get(name)) is not None:

@@ -81,8 +81,8 @@ __all__ = [
     "PathError",
     "Scope",
     "canonical_workspace",
-    "expand_user",
     "credential_identities",
+    "expand_user",
     "is_credential_identity",
     "is_credential_path",
     "is_within",
@@ -356,7 +356,9 @@ def _collect_identities(path: str, found: set[tuple[int, int]], depth: int) -> N
         return
     try:
         with os.scandir(path) as entries:
-            names = [entry.path for _, entry in zip(range(_IDENTITY_ENTRIES), entries, strict=False)]
+            names = [
+                entry.path for _, entry in zip(range(_IDENTITY_ENTRIES), entries, strict=False)
+            ]
     except OSError:
         return
     for name in names:

@@ -21,8 +21,9 @@ pipe into the spill file while it takes more, then into ``/dev/null``, so they a
 copied through the daemon (where ``splice`` fails, the readv path carries on).
 
 stdin (when the set's ``stdin`` is true) is the compact JSON of the arguments (orjson: key
-order kept, UTF-8, non-ASCII as is, every number as the caller wrote it), written at once as far as the pipe takes it, the rest
-by a sibling task, then closed; otherwise stdin is a pipe closed at once.
+order kept, UTF-8, non-ASCII as is, every number as the caller wrote it), written at once
+as far as the pipe takes it, the rest by a sibling task, then closed; otherwise stdin is
+a pipe closed at once.
 ``BrokenPipeError`` on stdin is **not** an error: a child may exit (or close stdin) without
 reading its input, and its exit code and output say what happened. Any other I/O error on
 stdin or the output pipes ends the group and gives ``The external process stdin or output
@@ -40,7 +41,6 @@ from typing import Any
 
 import anyio
 import anyio.lowlevel
-
 from toolsetd.protocol import jsontext
 
 from .call import CallState

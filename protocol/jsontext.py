@@ -53,7 +53,7 @@ class JsonNumber(float):
 
     text: str
 
-    def __new__(cls, text: str | float) -> JsonNumber:  # noqa: PYI034 (float's own __new__ returns Self too)
+    def __new__(cls, text: str | float) -> JsonNumber:
         self = super().__new__(cls, text)
         # copy/pickle rebuild from the float value first, then restore the slot.
         self.text = text if isinstance(text, str) else float.__repr__(float(text))
@@ -164,9 +164,12 @@ def _wide_ints_as_text(value: Any) -> Any:
         return {key: _wide_ints_as_text(item) for key, item in value.items()}
     if kind is list or kind is tuple:
         return [_wide_ints_as_text(item) for item in value]
-    if isinstance(value, int) and not isinstance(value, bool):
-        if not _INT64_MIN <= value <= _UINT64_MAX:
-            return orjson.Fragment(str(int(value)))
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and not (_INT64_MIN <= value <= _UINT64_MAX)
+    ):
+        return orjson.Fragment(str(int(value)))
     return value
 
 

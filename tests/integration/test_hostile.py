@@ -388,7 +388,7 @@ def test_past_the_in_flight_limit_each_frame_is_answered_as_itself(tmp_base: Pat
                      ["--no-watch", "--max-calls-per-connection", "1"])
     try:
         with d.raw() as conn:
-            frames = [{"jsonrpc": "2.0", "id": i, "method": "list"} for i in range(5)]
+            frames: list[Any] = [{"jsonrpc": "2.0", "id": i, "method": "list"} for i in range(5)]
             frames += [{"jsonrpc": "2.0", "method": "list"},
                        [{"jsonrpc": "2.0", "id": "b1", "method": "list"},
                         {"jsonrpc": "2.0", "method": "list"}],
