@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 import pytest
 
-from .conftest import Daemon, RawConn, start_daemon, write_set
+from .conftest import Daemon, RawConn, daemon_in, write_set
 
 _SH = "#!/bin/sh\n"
 
@@ -53,22 +53,20 @@ def _write_sets(tools: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def fid() -> Iterator[Daemon]:
-    base = Path(tempfile.mkdtemp(prefix="tsf-"))
-    home = base / "home"
-    _write_sets(home / "tools")
-    workspace = base / "ws"
-    workspace.mkdir()
-    user = base / "user"  # the daemon's $HOME: its credential files
-    (user / ".ssh").mkdir(parents=True)
+def user_home() -> Iterator[Path]:
+    """The daemon's $HOME, with a private key in ~/.ssh."""
+    user = Path(tempfile.mkdtemp(prefix="tsu-"))
+    (user / ".ssh").mkdir()
     (user / ".ssh" / "id_rsa").write_text("PRIVATE KEY")
-    d = start_daemon(home, workspace, base, ["--progress-interval", "60"],
-                     env={"HOME": str(user)})
-    try:
+    yield user
+    shutil.rmtree(user, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def fid(user_home: Path) -> Iterator[Daemon]:
+    with daemon_in("tsf-", lambda home, _: _write_sets(home / "tools"),
+                   ["--progress-interval", "60"], env={"HOME": str(user_home)}) as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _lines(conn: RawConn, text: bytes) -> Iterator[bytes]:
@@ -138,11 +136,7 @@ def _ctl(d: Daemon, *args: str, online: bool = True) -> subprocess.CompletedProc
     )
 
 
-@pytest.fixture(scope="module")
-def inventory_daemon() -> Iterator[Daemon]:
-    """Sets that did not load, each a different way, plus a two-catalog set."""
-    base = Path(tempfile.mkdtemp(prefix="tsv-"))
-    home, workspace = base / "home", base / "ws"
+def _inventory_sets(home: Path, workspace: Path) -> None:
     tool = {"description": "d", "schema": {"type": "object"}, "command": ["x"]}
     tools = home / "tools"
     write_set(tools, "off", {"runner": "exec", "enabled": False, "tools": [
@@ -156,12 +150,13 @@ def inventory_daemon() -> Iterator[Daemon]:
         {**tool, "name": "m_plan", "catalogs": ["plan"]},
         {**tool, "name": "m_work", "catalogs": ["work"]}]})
     write_set(tools, "broken", '{"runner": "exec", "tools": [')
-    d = start_daemon(home, workspace, base, ["--no-watch"])
-    try:
+
+
+@pytest.fixture(scope="module")
+def inventory_daemon() -> Iterator[Daemon]:
+    """Sets that did not load, each a different way, plus a two-catalog set."""
+    with daemon_in("tsv-", _inventory_sets, ["--no-watch"]) as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.parametrize("args", [("list",), ("list", "--catalog", "plan"),
@@ -219,18 +214,9 @@ def _image(path: Path, size: int) -> None:
 @pytest.fixture(scope="module")
 def big() -> Iterator[Daemon]:
     """A daemon at the largest output limit, with the content tool."""
-    base = Path(tempfile.mkdtemp(prefix="tsb-"))
-    home = base / "home"
-    _content_tool(home / "tools")
-    workspace = base / "ws"
-    workspace.mkdir()
-    d = start_daemon(home, workspace, base, ["--progress-interval", "60",
-                                             "--output-limit", "1000000"])
-    try:
+    with daemon_in("tsb-", lambda home, _: _content_tool(home / "tools"),
+                   ["--progress-interval", "60", "--output-limit", "1000000"]) as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _invoke_with_client(d: Daemon, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -317,8 +303,8 @@ def test_images_refused_without_the_multimodal_channel_stand_alone(fid: Daemon) 
 # -- item 9: credential paths by identity --------------------------------------------------
 
 
-def test_a_hard_link_to_a_key_is_forbidden_not_workspace(fid: Daemon) -> None:
-    key = fid.workspace.parent / "user" / ".ssh" / "id_rsa"
+def test_a_hard_link_to_a_key_is_forbidden_not_workspace(fid: Daemon, user_home: Path) -> None:
+    key = user_home / ".ssh" / "id_rsa"
     link = fid.workspace / "notes.txt"
     if not link.exists():
         os.link(key, link)
@@ -334,8 +320,8 @@ def test_a_hard_link_to_a_key_is_forbidden_not_workspace(fid: Daemon) -> None:
     assert "PRIVATE KEY" not in json.dumps(response)
 
 
-def test_an_image_path_hard_linked_to_a_key_is_refused(fid: Daemon) -> None:
-    key = fid.workspace.parent / "user" / ".ssh" / "id_rsa"
+def test_an_image_path_hard_linked_to_a_key_is_refused(fid: Daemon, user_home: Path) -> None:
+    key = user_home / ".ssh" / "id_rsa"
     link = fid.workspace / "pic.png"
     if not link.exists():
         os.link(key, link)

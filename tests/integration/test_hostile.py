@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 import socket
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -22,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Daemon, RawConn, start_daemon
+from .conftest import Daemon, RawConn, daemon_in, write_set
 
 #: One value of every JSON type (and a few shapes of each that have caught parsers out).
 VALUES: list[Any] = [
@@ -76,16 +74,8 @@ def envelope_frames() -> Iterator[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def plain() -> Iterator[Daemon]:
-    base = Path(tempfile.mkdtemp(prefix="tsh-"))
-    (base / "home" / "tools").mkdir(parents=True)
-    workspace = base / "ws"
-    workspace.mkdir()
-    d = start_daemon(base / "home", workspace, base, ["--no-watch"])
-    try:
+    with daemon_in("tsh-", args=["--no-watch"]) as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def _answers(conn: RawConn, count: int, probe: str) -> list[Any]:
@@ -198,25 +188,19 @@ def _request(d: Daemon, method: str, tool: str, depth: int) -> dict[str, Any]:
                 return dict(json.loads(line))
 
 
-@pytest.fixture(scope="module")
-def echo_daemon() -> Iterator[Daemon]:
-    from .conftest import write_set
-
-    base = Path(tempfile.mkdtemp(prefix="tsn-"))
-    tools = base / "home" / "tools"
+def _deep_sets(home: Path, _: Path) -> None:
+    tools = home / "tools"
     write_set(tools, "deep", {"runner": "exec", "description": "d", "command": ["true"],
                               "stdin": False, "approval": "always", "schema": {"type": "object"}})
     write_set(tools, "deepask", {"runner": "exec", "description": "d", "command": ["true"],
                                  "stdin": False, "schema": {"type": "object"},
                                  "pathArguments": ["a"]})
-    workspace = base / "ws"
-    workspace.mkdir()
-    d = start_daemon(base / "home", workspace, base, ["--no-watch"])
-    try:
+
+
+@pytest.fixture(scope="module")
+def echo_daemon() -> Iterator[Daemon]:
+    with daemon_in("tsn-", _deep_sets, ["--no-watch"]) as d:
         yield d
-    finally:
-        d.stop()
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.parametrize("depth", [65, 251, 300, 1000])
@@ -241,17 +225,10 @@ def test_arguments_at_the_depth_limit_are_echoed(echo_daemon: Daemon, method: st
 
 
 @pytest.fixture
-def small(tmp_base: Path) -> Iterator[Daemon]:
+def small() -> Iterator[Daemon]:
     """A daemon with 4 connection slots and a 1 s idle timeout."""
-    (tmp_base / "home" / "tools").mkdir(parents=True)
-    workspace = tmp_base / "ws"
-    workspace.mkdir()
-    d = start_daemon(tmp_base / "home", workspace, tmp_base,
-                     ["--no-watch", "--max-connections", "4", "--idle-timeout", "1"])
-    try:
+    with daemon_in("tsl-", args=["--no-watch", "--max-connections", "4", "--idle-timeout", "1"]) as d:
         yield d
-    finally:
-        d.stop()
 
 
 def _closed_within(sock: socket.socket, seconds: float, drip: bytes | None = None) -> float | None:
@@ -365,40 +342,28 @@ def test_a_refused_asyncio_client_reads_the_error_not_a_reset(small: Daemon) -> 
             conn.close()
 
 
-def test_an_oversize_line_is_answered_before_the_close(tmp_base: Path) -> None:
+def test_an_oversize_line_is_answered_before_the_close() -> None:
     import asyncio
 
-    (tmp_base / "home" / "tools").mkdir(parents=True)
-    (tmp_base / "ws").mkdir()
-    d = start_daemon(tmp_base / "home", tmp_base / "ws", tmp_base,
-                     ["--no-watch", "--max-message-bytes", "65536"])
-    try:
+    with daemon_in("tso-", args=["--no-watch", "--max-message-bytes", "65536"]) as d:
         for _ in range(5):
             line = asyncio.run(_asyncio_exchange(d.socket, b'{"x":"' + b"a" * 8_000_000 + b'"}\n'))
             assert json.loads(line)["error"]["code"] == -32007, line
-    finally:
-        d.stop()
 
 
-def test_past_the_in_flight_limit_each_frame_is_answered_as_itself(tmp_base: Path) -> None:
+def test_past_the_in_flight_limit_each_frame_is_answered_as_itself() -> None:
     """-32008 carries the request's id; a notification gets nothing; a batch an array."""
-    (tmp_base / "home" / "tools").mkdir(parents=True)
-    (tmp_base / "ws").mkdir()
-    d = start_daemon(tmp_base / "home", tmp_base / "ws", tmp_base,
-                     ["--no-watch", "--max-calls-per-connection", "1"])
-    try:
-        with d.raw() as conn:
-            frames: list[Any] = [{"jsonrpc": "2.0", "id": i, "method": "list"} for i in range(5)]
-            frames += [{"jsonrpc": "2.0", "method": "list"},
-                       [{"jsonrpc": "2.0", "id": "b1", "method": "list"},
-                        {"jsonrpc": "2.0", "method": "list"}],
-                       {"jsonrpc": "2.0", "id": "bad", "method": "list", "x": 1}]
-            conn.send_bytes(b"".join(json.dumps(f).encode() + b"\n" for f in frames))
-            got = [conn.receive() for _ in range(7)]
-            singles = sorted(str(m["id"]) for m in got if isinstance(m, dict))
-            assert singles == ["0", "1", "2", "3", "4", "bad"], got
-            batch = next(m for m in got if isinstance(m, list))
-            assert [m["id"] for m in batch] == ["b1"], batch
-            assert "result" in conn.request("status")  # nothing else was sent
-    finally:
-        d.stop()
+    args = ["--no-watch", "--max-calls-per-connection", "1"]
+    with daemon_in("tsq-", args=args) as d, d.raw() as conn:
+        frames: list[Any] = [{"jsonrpc": "2.0", "id": i, "method": "list"} for i in range(5)]
+        frames += [{"jsonrpc": "2.0", "method": "list"},
+                   [{"jsonrpc": "2.0", "id": "b1", "method": "list"},
+                    {"jsonrpc": "2.0", "method": "list"}],
+                   {"jsonrpc": "2.0", "id": "bad", "method": "list", "x": 1}]
+        conn.send_bytes(b"".join(json.dumps(f).encode() + b"\n" for f in frames))
+        got = [conn.receive() for _ in range(7)]
+        singles = sorted(str(m["id"]) for m in got if isinstance(m, dict))
+        assert singles == ["0", "1", "2", "3", "4", "bad"], got
+        batch = next(m for m in got if isinstance(m, list))
+        assert [m["id"] for m in batch] == ["b1"], batch
+        assert "result" in conn.request("status")  # nothing else was sent
