@@ -106,21 +106,22 @@ def _parse_int(text: str) -> int | JsonNumber:
 
 def _may_lose_text(value: Any, line: bytes | bytearray | memoryview | str) -> bool:
     """Whether orjson's reading of ``line`` may have changed a number's text."""
+    zero = False
     stack = [value]
     pop = stack.pop
-    push = stack.extend
-    zero = False
+    push = stack.append
     while stack:
-        item = pop()
-        kind = type(item)
-        if kind is dict:
-            push(item.values())
-        elif kind is list:
-            push(item)
-        elif kind is float:
-            return True
-        elif kind is int and item == 0:
-            zero = True
+        container = pop()
+        for item in container.values() if type(container) is dict else container:  # list, tuple
+            kind = type(item)
+            if kind is str:
+                continue
+            if kind is dict or kind is list:
+                push(item)
+            elif kind is float:
+                return True
+            elif kind is int and item == 0:
+                zero = True
     if not zero:
         return False
     needle: Any = "-0" if isinstance(line, str) else b"-0"
@@ -140,7 +141,11 @@ def loads(line: bytes | bytearray | memoryview | str) -> Any:
         orjson.JSONDecodeError: The text is not valid JSON (orjson's verdict).
     """
     value = orjson.loads(line)
-    if not _may_lose_text(value, line):
+    kind = type(value)
+    if kind is dict or kind is list:
+        if not _may_lose_text(value, line):
+            return value
+    elif not _may_lose_text((value,), line):  # a bare scalar
         return value
     text = line if isinstance(line, str) else bytes(line).decode("utf-8")
     try:
