@@ -178,14 +178,16 @@ def output_limit_text(stdout_bytes: int | None, limit: int) -> str:
 
     Returns:
         ``Tool output exceeds the output limit.`` followed by how big the output was, the
-        limit, and that images returned by ``path`` do not count against it.
+        limit, and that images returned by ``path`` do not count against it; the reference
+        sentence alone when that would not fit the limit itself (it would be cut).
     """
     size = f"stdout was {stdout_bytes:,} bytes" if stdout_bytes is not None else "stdout was longer"
-    return (
+    text = (
         f"{OUTPUT_LIMIT_TEXT} ({size}; the limit is {limit:,} characters.) Return large images "
         'by "path" (a file in the workspace) instead of inline "base64": an image file does '
         "not count against the output limit."
     )
+    return text if len(text) <= limit else OUTPUT_LIMIT_TEXT
 
 
 def parse_content(stdout: str, limit: int, stdout_bytes: int | None = None) -> ContentOutput:
