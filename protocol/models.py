@@ -198,6 +198,7 @@ def _check_depth(value: Any) -> Any:
 
 #: The ``arguments`` of classify and invoke: any JSON value, nested at most 64 deep.
 ArgumentsField = Annotated[Any, AfterValidator(_check_depth)]
+
 Source = Literal["home", "project"]
 Catalog = Literal["plan", "work"]
 Scope = Literal["workspace", "outsideWorkspace", "forbidden"]
