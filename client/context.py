@@ -62,11 +62,7 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
     else:
         text, where = spec, "--args"
     try:
-        # Numbers keep the text they were typed as (1.50 stays 1.50 for the tool); loaded
-        # here, not at import, so the status path stays free of orjson.
-        from toolsetd.protocol.jsontext import JsonNumber
-
-        value = json.loads(text, parse_float=JsonNumber)
+        value = json.loads(text)
     except ValueError as exc:
         raise UsageError(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):

@@ -17,14 +17,6 @@ def test_parse_arguments_inline_json() -> None:
     assert parse_arguments('{"path": "a.txt", "n": 2}', io.StringIO()) == {"path": "a.txt", "n": 2}
 
 
-def test_parse_arguments_keeps_number_text() -> None:
-    """A number typed as ``1.50`` reaches the daemon as ``1.50``, not ``1.5`` (issue 11)."""
-    from toolsetd.protocol.codec import encode
-
-    value = parse_arguments('{"n": 1.50, "e": 1E3, "big": 123456789012345678901234567890}', io.StringIO())
-    assert encode(value) == b'{"n":1.50,"e":1E3,"big":123456789012345678901234567890}\n'
-
-
 def test_parse_arguments_absent_is_empty_object() -> None:
     """Without ``--args`` the arguments are ``{}``."""
     assert parse_arguments(None, io.StringIO()) == {}

@@ -106,6 +106,14 @@ def test_numbers_reach_argv_and_stdin_as_written(fid: Daemon) -> None:
     assert words[8] == "stdin=" + _NUMBERS.replace(b" ", b"").decode(), text
 
 
+def test_toolsetctl_invoke_passes_the_numbers_as_typed(fid: Daemon) -> None:
+    """The whole chain: --args text, the wire, the daemon, argv and stdin of the child."""
+    proc = _ctl(fid, "invoke", "nums", "--args", _NUMBERS.decode())
+    assert proc.returncode == 0, proc.stderr
+    assert "--n\n1.50\n--m\n1e3\n--big\n123456789012345678901234567890\n--z\n-0" in proc.stdout
+    assert "stdin=" + _NUMBERS.replace(b" ", b"").decode() in proc.stdout, proc.stdout
+
+
 def test_classify_echoes_the_numbers_as_written(fid: Daemon) -> None:
     frame = (b'{"jsonrpc":"2.0","id":2,"method":"classify","params":{"tool":"nums","arguments":'
              + _NUMBERS + b',"workspace":' + json.dumps(str(fid.workspace)).encode() + b"}}")
