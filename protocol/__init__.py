@@ -48,7 +48,6 @@ if TYPE_CHECKING:
         UnknownCall,
         UnknownTool,
     )
-    from .jsontext import JsonNumber
     from .jsonrpc import (
         JSONRPC_VERSION,
         ErrorResponse,
@@ -63,6 +62,7 @@ if TYPE_CHECKING:
         parse_response,
         result_message,
     )
+    from .jsontext import JsonNumber
     from .models import (
         METHOD_CANCEL,
         METHOD_CLASSIFY,
