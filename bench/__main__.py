@@ -3,7 +3,7 @@
 ``python -m bench [--quick] [--only rpc,invoke,catalog,mcp,drain,cli] [--skip ...]``
 
 Each benchmark measures toolsetd and its baseline in the same run, interleaved; the table
-gives every goal of ``/work/shared/performance.md`` (see ``docs/benchmarks.md``) as a
+gives every goal of ``docs/benchmarks.md`` (section Goals) as a
 measured ratio against its target. ``--quick`` shortens every run (a few minutes in all;
 the numbers are noisier). Results go to ``bench/results/`` (gitignored).
 """

@@ -41,9 +41,10 @@ if TYPE_CHECKING:
 
 __all__ = ["CALL_EVENTS", "MAX_LINE_BYTES", "BlockingClient", "RawJson"]
 
-#: The longest line accepted from the daemon: the protocol codec's default frame limit
-#: (a test holds the two equal).
-MAX_LINE_BYTES = 16 * 1024 * 1024
+#: The longest line accepted from the daemon: the longest line the daemon sends
+#: (``protocol.codec.MAX_DAEMON_LINE``; a test holds the two equal), so every legal result,
+#: 32 MiB of images included, reaches ``toolsetctl``.
+MAX_LINE_BYTES = 64 * 1024 * 1024
 
 #: The notifications that belong to one ``invoke`` call.
 CALL_EVENTS: frozenset[str] = frozenset({"started", "progress", "completed"})

@@ -185,7 +185,7 @@ def _listing(ctx: Context, catalog: str | None) -> _Listing:
     with client:
         result = call(ctx, client, "list", params)
         home = _daemon_home(ctx, client)
-    return _Listing(result, set_rows_from_list(result), home, from_daemon=True)
+    return _Listing(result, set_rows_from_list(result, catalog), home, from_daemon=True)
 
 
 def _inventory(ctx: Context, rows: Sequence[SetRow]) -> None:

@@ -49,7 +49,7 @@ from typing import Any, Self
 import anyio
 import anyio.abc
 from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
-from toolsetd.protocol.codec import CLOSED, NEED_DATA, BadMessage, Codec, Message
+from toolsetd.protocol.codec import CLOSED, MAX_DAEMON_LINE, NEED_DATA, BadMessage, Codec, Message
 from toolsetd.protocol.errors import RemoteProtocolError, RpcError
 from toolsetd.protocol.jsonrpc import ErrorResponse, Notification, parse_response
 
@@ -71,7 +71,8 @@ EventHandler = Callable[[str, dict[str, Any]], Awaitable[None] | None]
 _READ_CHUNK = 65536
 #: Seconds a failed send waits for the reader to take what the daemon wrote before closing.
 _LAST_WORDS_SECONDS = 1.0
-_DEFAULT_MAX_FRAME = 16 * 1024 * 1024
+#: What the daemon may send is what its client accepts (docs/protocol.md, Limits).
+_DEFAULT_MAX_FRAME = MAX_DAEMON_LINE
 
 
 class _Pending:

@@ -29,6 +29,7 @@ from typing import Any
 
 from toolsetd.daemon.argv import ArgvError, resolve_executable
 from toolsetd.daemon.catalog import (
+    INVALID_DIRECTORY_NAME,
     ManifestCache,
     build_catalog,
     load_config,
@@ -94,7 +95,7 @@ def _row(
     manifest = str(set_dir / _MANIFEST)
     if not is_directory_name(directory):
         return SetRow(
-            directory, source.value, manifest, None, False, error="directory name is invalid."
+            directory, source.value, manifest, None, False, error=INVALID_DIRECTORY_NAME
         )
     try:
         data = (set_dir / _MANIFEST).read_bytes()

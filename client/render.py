@@ -305,17 +305,28 @@ def _tool_label(item: Any, loaded: Mapping[str, Mapping[str, Any]]) -> str:
     return name
 
 
-def set_rows_from_list(result: Mapping[str, Any]) -> list[SetRow]:
+def _catalogs_of(item: Any, loaded: Mapping[str, Mapping[str, Any]]) -> list[Any]:
+    """The catalogs of a ``sets[]`` tool: its own (``declaredTools``), else the loaded tool's."""
+    if isinstance(item, Mapping) and isinstance(item.get("catalogs"), list):
+        return list(item["catalogs"])
+    name = str(item.get("name", "")) if isinstance(item, Mapping) else str(item)
+    return list(loaded.get(name, {}).get("catalogs") or [])
+
+
+def set_rows_from_list(result: Mapping[str, Any], catalog: str | None = None) -> list[SetRow]:
     """Build the inventory rows from a daemon's ``list`` result.
 
     A ``sets[]`` entry carries ``directory``, ``source``, ``path``, ``enabled``, ``state``,
     ``tools`` (names, or ``{name, approval}`` objects) and ``notes``; the set-level
-    ``runner``, ``catalogs``, ``approval`` and an ``error`` are used when the daemon sends
-    them, and otherwise taken from the set's loaded tools (runner, the union of catalogs,
+    ``runner``, ``catalogs``, ``approval``, ``declaredTools`` (every declared tool, loaded
+    or not, ``{name, approval, catalogs}``: the Tools cell then names them all, as the
+    offline reader does) and an ``error`` are used when the daemon sends them, and
+    otherwise taken from the set's loaded tools (runner, the union of catalogs,
     ``(always)`` labels) and notes.
 
     Args:
         result: The ``list`` result.
+        catalog: ``plan`` or ``work`` to name only that catalog's tools in each row.
 
     Returns:
         The rows sorted by directory, then source (``home`` before ``project``).
@@ -347,7 +358,13 @@ def set_rows_from_list(result: Mapping[str, Any]) -> list[SetRow]:
         approval = entry.get("approval")
         if isinstance(approval, Mapping):
             approval = approval.get("declared")
-        labels = [_tool_label(item, loaded) for item in entry.get("tools") or []]
+        declared_tools = entry.get("declaredTools")
+        items: list[Any] = (
+            declared_tools if isinstance(declared_tools, list) else list(entry.get("tools") or [])
+        )
+        if catalog is not None:
+            items = [item for item in items if catalog in _catalogs_of(item, loaded)]
+        labels = [_tool_label(item, loaded) for item in items]
         error = entry.get("error")
         if not isinstance(error, str):
             notes = entry.get("notes") or []

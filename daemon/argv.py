@@ -9,9 +9,11 @@ parsed and validated before the runner sees them), so:
 * a string is passed as is;
 * ``True``/``False`` render as ``true``/``false`` (a deliberate difference from the
   reference host's ``True``/``False``), checked before numbers because ``bool`` is an ``int``;
-* an ``int`` renders as ``str(int)``; a ``float`` as its JSON text (orjson). The reference host
-  passes the raw JSON text (``1.50`` stays ``1.50``); once parsed that text is gone, so
-  ``1.50`` renders as ``1.5``;
+* a number renders as its JSON text exactly as the caller wrote it, as the reference host
+  does (``1.50`` stays ``1.50``, ``1e3`` stays ``1e3``): the codec keeps that text in a
+  ``JsonNumber`` (``protocol.jsontext``) and integers exactly at any width, so an ``int``
+  renders as ``str(int)`` and a ``JsonNumber`` as its ``text``; any other ``float`` (not
+  from the wire) as orjson writes it;
 * a list of strings adds the flag once per element, an empty list adds nothing;
 * anything else fails with the reference host's messages.
 
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from toolsetd.protocol.jsontext import JsonNumber
 
 from .model import LoadedTool
 
@@ -54,6 +57,8 @@ class ArgvError(Exception):
 
 
 def _render_number(value: float) -> str:
+    if type(value) is JsonNumber:
+        return value.text
     try:
         return orjson.dumps(value).decode()
     except (TypeError, orjson.JSONEncodeError):  # nan/inf cannot come from JSON; be safe

@@ -70,6 +70,8 @@ class CallRequest:
             without coalescing bursts (MCP hosts count them).
         approved_paths: The call's approved outside-workspace paths (a sandboxed call may
             write exactly these).
+        user_home: The operator's user profile (content-mode image paths may not be its
+            credential files); None for the process's home.
     """
 
     call_id: str
@@ -83,6 +85,7 @@ class CallRequest:
     extra_env: Mapping[str, str] = field(default_factory=dict)
     every_progress_line: bool = False
     approved_paths: tuple[str, ...] = ()
+    user_home: Path | None = None
 
 
 class EventSink(Protocol):

@@ -54,6 +54,7 @@ from .model import (
 from .validation import SchemaChecker, canonical_json
 
 __all__ = [
+    "INVALID_DIRECTORY_NAME",
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
     "ManifestCache",
@@ -67,6 +68,8 @@ __all__ = [
 ]
 
 MANIFEST_NAME = "tools.json"
+#: The inventory's error cell of a set whose directory name is not legal (both paths).
+INVALID_DIRECTORY_NAME = "directory name is invalid."
 
 
 # --- the manifest cache ----------------------------------------------------------------
@@ -299,9 +302,11 @@ def set_info(entry: SetEntry) -> dict[str, Any]:
     """The contract's ``sets[]`` entry, plus the reference inventory's columns.
 
     Beyond the contract's fields it carries ``runner``, ``catalogs`` and ``approval``
-    (the set-level values, null when the manifest did not parse) and ``error`` (the
-    manifest error, else null), so a front end can draw the operator's inventory table
-    without reading files.
+    (the set-level values, null when the manifest did not parse), ``declaredTools`` (every
+    tool the manifest declares, loaded or not: ``name``, declared ``approval``,
+    ``catalogs``) and ``error`` (the manifest error, or ``directory name is invalid.``,
+    else null), so a front end draws the operator's inventory table without reading files,
+    exactly as the offline reader does.
 
     Args:
         entry: The set entry.
@@ -321,6 +326,16 @@ def set_info(entry: SetEntry) -> dict[str, Any]:
         "runner": toolset.runner.value if toolset else None,
         "catalogs": sorted(c.value for c in toolset.catalogs) if toolset else None,
         "approval": toolset.approval.value if toolset else None,
+        "declaredTools": [
+            {
+                "name": tool.name,
+                "approval": tool.approval.value,
+                "catalogs": sorted(c.value for c in tool.catalogs),
+            }
+            for tool in toolset.tools
+        ]
+        if toolset
+        else [],
         "error": entry.error,
     }
 
@@ -402,7 +417,10 @@ class _Builder:
             candidate = _Candidate(name, source, set_dir)
             self.candidates.append(candidate)
             if not is_directory_name(name):
-                self.note(candidate, f"External tool set '{name}' was skipped: directory name is invalid.")
+                candidate.error = INVALID_DIRECTORY_NAME
+                self.note(
+                    candidate, f"External tool set '{name}' was skipped: {INVALID_DIRECTORY_NAME}"
+                )
                 continue
             if source is Source.PROJECT:
                 if (home := self.home.get(name)) is not None:

@@ -49,8 +49,22 @@ import anyio.abc
 import anyio.lowlevel
 import structlog
 from toolsetd.protocol import errors as rpc_errors
-from toolsetd.protocol.codec import CLOSED, NEED_DATA, BadMessage, Codec, Message, encode
-from toolsetd.protocol.jsonrpc import Request, error_message, notification_message, parse_envelope
+from toolsetd.protocol.codec import (
+    CLOSED,
+    MAX_DAEMON_LINE,
+    NEED_DATA,
+    BadMessage,
+    Codec,
+    Message,
+    encode,
+)
+from toolsetd.protocol.jsonrpc import (
+    InvalidEnvelope,
+    Request,
+    error_message,
+    notification_message,
+    parse_envelope,
+)
 
 from .wire import Wire
 
@@ -94,6 +108,8 @@ class ServerSettings:
             holds; past it progress notifications are dropped and other messages wait.
         inline_methods: Methods answered by the connection's reader itself, without a
             task: only handlers that never wait (they run to their end at once).
+        linger_seconds: On closing, after shutting down our side, how long the peer's
+            unread bytes are drained while waiting for its end of file (lingering close).
     """
 
     max_frame_size: int = 16 * 1024 * 1024
@@ -103,6 +119,7 @@ class ServerSettings:
     write_timeout: float = 30.0
     send_buffer: int = 256 * 1024
     inline_methods: frozenset[str] = INLINE_METHODS
+    linger_seconds: float = 2.0
 
 
 @dataclass(slots=True)
@@ -174,6 +191,36 @@ class Connection:
         #: Set by a bind method (``mcp.bind``): from then on every message goes to it.
         self.route: Route | None = None
         self._scope: anyio.CancelScope | None = None
+        #: When the last complete message arrived (the connection's start until then):
+        #: the idlest connection without calls or subscriptions makes room for a new one.
+        self.last_active = anyio.current_time()
+
+    @property
+    def evictable(self) -> bool:
+        """Whether closing it loses nothing: no request in flight, no subscription."""
+        return (
+            not self._closed
+            and self._in_flight == 0
+            and not self.calls
+            and not self.subscriptions
+            and not (self._wire is not None and (self._wire.has_data or self._wire.backlogged))
+        )
+
+    def evict(self) -> None:
+        """Close an idle connection to make room: say why, then close gracefully."""
+        limit = self._settings.max_connections
+        self.post(
+            error_message(
+                None,
+                rpc_errors.ServerBusy(
+                    f"Connection closed to make room: toolsetd serves at most {limit} "
+                    "connections, and this one was the longest idle (no request in flight, "
+                    "no subscription). Connect again when needed.",
+                    {"limit": limit},
+                ),
+            )
+        )
+        self.close_gracefully()
 
     @property
     def closed(self) -> bool:
@@ -199,10 +246,14 @@ class Connection:
 
     def post(self, message: Any, *, droppable: bool = False) -> None:
         """``send_message`` without a coroutine: commit the frame (or drop it) now."""
+        if self._closed or self._wire is None:
+            return
+        self._commit(encode(message), droppable=droppable)
+
+    def _commit(self, frame: bytes, *, droppable: bool = False) -> None:
         wire = self._wire
         if self._closed or wire is None:
             return
-        frame = encode(message)
         if droppable:
             wire.write_now(frame)  # dropped while the peer is behind
         else:
@@ -271,7 +322,7 @@ class Connection:
                 # Every handler has answered: flush, then close (bounded like any write).
                 with anyio.move_on_after(self._settings.write_timeout):
                     await wire.wait_drained()
-                    transport.close()
+                    await wire.linger(self._settings.linger_seconds)
                     await wire.wait_closed()
         finally:
             self._closed = True
@@ -297,6 +348,11 @@ class Connection:
         assert wire is not None
         codec = self._codec
         inline = self._server.inline_methods
+        timeout = self._settings.idle_timeout
+        # The idle deadline: from connecting until the first complete line, then from the
+        # first byte of each incomplete line. Bytes that arrive do not move it, so a line
+        # dribbled one byte at a time still has to be complete within the idle timeout.
+        deadline: float | None = anyio.current_time() + timeout
         seen_request = False
         while not self._closed and not self._stop_reading:
             if wire.backlogged:
@@ -305,11 +361,11 @@ class Connection:
                 await wire.wait_drained()
                 continue
             if not wire.has_data and not wire.eof:
-                if not seen_request or codec.has_partial_data:
+                if deadline is not None:
                     # Only the idle timer needs a cancel scope; a connection between
                     # requests waits without one.
                     try:
-                        with anyio.fail_after(self._settings.idle_timeout):
+                        with anyio.fail_after(max(0.0, deadline - anyio.current_time())):
                             await wire.wait_readable()
                     except TimeoutError:
                         log.info("connection_idle_closed", conn_id=self.conn_id)
@@ -320,20 +376,27 @@ class Connection:
             if wire.lost:
                 return
             data = wire.take()
+            arrived = anyio.current_time()
             try:
                 codec.receive_data(data)
                 answered_inline = 0
+                completed = False
                 while True:
                     event = codec.next_event()
                     if event is NEED_DATA or event is CLOSED:
                         break
+                    completed = True
                     if type(event) is BadMessage:
                         self.post(error_message(None, rpc_errors.ParseError(event.message)))
                         continue
                     assert isinstance(event, Message)
+                    self.last_active = arrived
                     seen_request = True
                     value = event.value
-                    if self.route is None and type(value) is dict and value.get("method") in inline:
+                    # ``method`` may be anything the peer sent (a list is unhashable): only
+                    # a string can name an inline method; the rest goes to the envelope check.
+                    method = value.get("method") if type(value) is dict else None
+                    if self.route is None and type(method) is str and method in inline:
                         await self._answer_inline(value)
                         answered_inline += 1
                         if answered_inline % _INLINE_BURST == 0:
@@ -345,6 +408,11 @@ class Connection:
                         await wire.wait_drained()
                 if event is CLOSED:
                     return
+                if codec.has_partial_data:
+                    if completed or deadline is None:
+                        deadline = arrived + timeout  # a new line began in this chunk
+                elif seen_request:
+                    deadline = None  # between requests: no timer (a subscriber waits here)
             except rpc_errors.FrameTooLarge:
                 limit = self._settings.max_frame_size
                 await self.send_message(
@@ -377,22 +445,44 @@ class Connection:
 
     def _start_message(self, tg: anyio.abc.TaskGroup, value: Any) -> None:
         if self._in_flight >= self._settings.max_calls_per_connection:
-            envelope = parse_envelope(value) if not isinstance(value, list) else None
-            request_id = envelope.id if isinstance(envelope, Request) else None
-            limit = self._settings.max_calls_per_connection
-            self.post(
-                error_message(
-                    request_id,
-                    rpc_errors.ServerBusy(
-                        f"Too many requests in flight on this connection: at most {limit}; "
-                        "wait for a response before sending more.",
-                        {"limit": limit},
-                    ),
-                ),
-            )
+            self._refuse_busy(value)
             return
         self._in_flight += 1
         tg.start_soon(self._handle_message, value)
+
+    def _refuse_busy(self, value: Any) -> None:
+        """Answer a message past the in-flight limit as its request would have been answered.
+
+        A request gets -32008 with its id; an invalid envelope its -32600 (that costs
+        nothing); a notification nothing; a batch one array with an answer per item that
+        needs one (nothing when it holds only notifications).
+        """
+        limit = self._settings.max_calls_per_connection
+        busy = rpc_errors.ServerBusy(
+            f"Too many requests in flight on this connection: at most {limit}; "
+            "wait for a response before sending more.",
+            {"limit": limit},
+        )
+
+        def answer(item: Any) -> Any:
+            envelope = parse_envelope(item)
+            if isinstance(envelope, Request):
+                return error_message(envelope.id, busy)
+            if isinstance(envelope, InvalidEnvelope):
+                return error_message(envelope.id, rpc_errors.InvalidRequest(envelope.message))
+            return None
+
+        if isinstance(value, list):
+            if not value:
+                response: Any = error_message(
+                    None, rpc_errors.InvalidRequest("Invalid Request: a batch must not be empty.")
+                )
+            else:
+                response = [a for a in map(answer, value) if a is not None] or None
+        else:
+            response = answer(value)
+        if response is not None:
+            self._post_response(response)
 
     async def _handle_message(self, value: Any) -> None:
         try:
@@ -417,7 +507,7 @@ class Connection:
 
     def _post_response(self, response: Any) -> None:
         try:
-            self.post(response)
+            frame = encode(response)
         except rpc_errors.LocalProtocolError:
             # A result we cannot serialise is our bug: answer it, keep the connection.
             incident = uuid.uuid4().hex[:12]
@@ -432,3 +522,20 @@ class Connection:
                     ),
                 )
             )
+            return
+        if len(frame) > MAX_DAEMON_LINE:
+            # Never send what our own client would refuse: say so instead.
+            request_id = response.get("id") if isinstance(response, dict) else None
+            log.warning("response_too_large", conn_id=self.conn_id, size=len(frame))
+            frame = encode(
+                error_message(
+                    request_id,
+                    rpc_errors.MessageTooLarge(
+                        f"Response too large: it would be a line of {len(frame)} bytes, and the "
+                        f"daemon sends at most {MAX_DAEMON_LINE}; ask for less (one catalog, "
+                        "a smaller result).",
+                        {"limit": MAX_DAEMON_LINE, "size": len(frame)},
+                    ),
+                )
+            )
+        self._commit(frame)

@@ -154,6 +154,8 @@ async def build_outcome(
                     images_ok=request.images,
                     workspace=request.workspace,
                     max_image_bytes=s.max_image_bytes,
+                    stdout_bytes=call.out.total,
+                    user_home=request.user_home,
                 )
             )
         else:

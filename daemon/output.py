@@ -30,10 +30,15 @@ from typing import Any
 
 import orjson
 
-from .paths import is_credential_path
+from .paths import is_credential_identity, is_credential_path
 
 __all__ = [
     "CANCELLED_TEXT",
+    "MAX_IMAGES",
+    "MAX_IMAGE_BYTES",
+    "MAX_OUTPUT_LIMIT_CHARS",
+    "MAX_RESULT_IMAGE_BYTES",
+    "OUTPUT_LIMIT_TEXT",
     "ContentError",
     "ContentOutput",
     "ImageSpec",
@@ -43,6 +48,7 @@ __all__ = [
     "io_failure_text",
     "is_credential_path",  # re-exported from paths: the one credential-path check
     "load_image",
+    "output_limit_text",
     "parse_content",
     "sniff_image",
     "start_failure_text",
@@ -53,6 +59,16 @@ __all__ = [
 
 CANCELLED_TEXT = "The call was cancelled."
 MAX_IMAGES = 8
+#: One image's limit (the reference host's): 20 MiB.
+MAX_IMAGE_BYTES = 20 * 1024 * 1024
+#: All images of one result together: 32 MiB decoded, about 42.7 MiB of base64, so the
+#: largest result (images plus a text of the largest output limit) fits the 64 MiB line
+#: the daemon may send (``protocol.codec.MAX_DAEMON_LINE``; docs/protocol.md, Limits).
+MAX_RESULT_IMAGE_BYTES = 32 * 1024 * 1024
+#: The largest ``--output-limit``: a text of this many characters is at most 6 MB of JSON
+#: (``\u0001`` is the longest escape of one character), which the line budget above holds.
+MAX_OUTPUT_LIMIT_CHARS = 1_000_000
+OUTPUT_LIMIT_TEXT = "Tool output exceeds the output limit."
 _BODY_PREVIEW = 2000
 _WHITESPACE = re.compile(r"\s+")
 
@@ -153,12 +169,34 @@ def _optional_string(obj: Mapping[str, Any], key: str, type_message: str, empty:
     return value
 
 
-def parse_content(stdout: str, limit: int) -> ContentOutput:
+def output_limit_text(stdout_bytes: int | None, limit: int) -> str:
+    """The reference message for a content stdout over the limit, with the figures and the fix.
+
+    Args:
+        stdout_bytes: How many bytes the tool wrote to stdout, when known.
+        limit: The output limit in characters.
+
+    Returns:
+        ``Tool output exceeds the output limit.`` followed by how big the output was, the
+        limit, and that images returned by ``path`` do not count against it; the reference
+        sentence alone when that would not fit the limit itself (it would be cut).
+    """
+    size = f"stdout was {stdout_bytes:,} bytes" if stdout_bytes is not None else "stdout was longer"
+    text = (
+        f"{OUTPUT_LIMIT_TEXT} ({size}; the limit is {limit:,} characters.) Return large images "
+        'by "path" (a file in the workspace) instead of inline "base64": an image file does '
+        "not count against the output limit."
+    )
+    return text if len(text) <= limit else OUTPUT_LIMIT_TEXT
+
+
+def parse_content(stdout: str, limit: int, stdout_bytes: int | None = None) -> ContentOutput:
     """Parse a content-mode stdout in the reference order of checks.
 
     Args:
         stdout: The decoded stdout (at most ``limit + 1`` characters are needed).
         limit: The output limit in characters.
+        stdout_bytes: The whole stdout's size in bytes, for the over-the-limit message.
 
     Returns:
         The text and the declared images.
@@ -167,7 +205,7 @@ def parse_content(stdout: str, limit: int) -> ContentOutput:
         ContentError: The first failing check's message.
     """
     if len(stdout) > limit:
-        raise ContentError("Tool output exceeds the output limit.")
+        raise ContentError(output_limit_text(stdout_bytes, limit))
     body = stdout.removeprefix("\ufeff").strip()
     try:
         value = orjson.loads(body)
@@ -241,13 +279,15 @@ def _check_bytes(data: bytes, declared: str, max_bytes: int) -> dict[str, str]:
     return {"type": "image", "data": base64.b64encode(data).decode("ascii"), "mimeType": sniffed}
 
 
-def _read_image_file(raw: str, workspace: Path, max_bytes: int) -> bytes:
+def _read_image_file(raw: str, workspace: Path, max_bytes: int, user_home: Path | None) -> bytes:
     root = os.path.normpath(str(workspace))
     joined = os.path.normpath(os.path.join(root, raw))
     if is_credential_path(raw) or is_credential_path(joined):
         raise ContentError("Reading credential paths is not allowed.")
     resolved = os.path.realpath(joined)
-    if is_credential_path(resolved):
+    if is_credential_path(resolved) or is_credential_identity(
+        resolved, user_home if user_home is not None else Path.home()
+    ):
         raise ContentError("Reading credential paths is not allowed.")
     if resolved != root and not resolved.startswith(root.rstrip("/") + "/"):
         raise ContentError("Path is outside the workspace.")
@@ -294,13 +334,17 @@ def _read_image_file(raw: str, workspace: Path, max_bytes: int) -> bytes:
     return data
 
 
-def load_image(spec: ImageSpec, workspace: Path, max_bytes: int) -> dict[str, str]:
+def load_image(
+    spec: ImageSpec, workspace: Path, max_bytes: int, user_home: Path | None = None
+) -> dict[str, str]:
     """Load one declared image into a content block (blocking: call it off the loop).
 
     Args:
         spec: The declared image.
         workspace: The canonical workspace; a path must resolve inside it.
         max_bytes: The per-image size limit.
+        user_home: The operator's user profile, whose credential files a path may not be
+            (by name or by identity); None for the process's home.
 
     Returns:
         ``{"type": "image", "data": <base64>, "mimeType": <sniffed>}``.
@@ -320,7 +364,8 @@ def load_image(spec: ImageSpec, workspace: Path, max_bytes: int) -> dict[str, st
             raise ContentError("Image base64 is not valid.")
         return _check_bytes(data, spec.mime_type, max_bytes)
     assert spec.path is not None
-    return _check_bytes(_read_image_file(spec.path, workspace, max_bytes), spec.mime_type, max_bytes)
+    data = _read_image_file(spec.path, workspace, max_bytes, user_home)
+    return _check_bytes(data, spec.mime_type, max_bytes)
 
 
 def content_result(
@@ -332,6 +377,9 @@ def content_result(
     images_ok: bool,
     workspace: Path,
     max_image_bytes: int,
+    max_total_image_bytes: int = MAX_RESULT_IMAGE_BYTES,
+    stdout_bytes: int | None = None,
+    user_home: Path | None = None,
 ) -> tuple[list[dict[str, str]], bool]:
     """The content blocks and error flag of a content-mode call (blocking when images load).
 
@@ -343,12 +391,15 @@ def content_result(
         images_ok: Whether the caller can take images (the multimodal channel).
         workspace: The canonical workspace for image paths.
         max_image_bytes: The per-image size limit.
+        max_total_image_bytes: The limit of all images of the result together.
+        stdout_bytes: The whole stdout's size in bytes (for the over-the-limit message).
+        user_home: The operator's user profile (credential files by identity).
 
     Returns:
         The content blocks (text blocks not yet truncated) and ``is_error``.
     """
     try:
-        parsed = parse_content(stdout, limit)
+        parsed = parse_content(stdout, limit, stdout_bytes)
     except ContentError as exc:
         text = _exit_prefixed(exit_code, _with_stderr(exc.message, stderr))
         return [{"type": "text", "text": text}], True
@@ -360,9 +411,23 @@ def content_result(
     if not images_ok:
         return [{"type": "text", "text": "This model cannot accept tool images."}], True
     blocks: list[dict[str, str]] = [{"type": "text", "text": text}]
+    total = 0
     for spec in parsed.images:
         try:
-            blocks.append(load_image(spec, workspace, max_image_bytes))
+            block = load_image(spec, workspace, max_image_bytes, user_home)
+            data = block["data"]
+            total += len(data) // 4 * 3 - data[-2:].count("=")
+            if total > max_total_image_bytes:
+                raise ContentError(_total_limit_message(total, max_total_image_bytes))
+            blocks.append(block)
         except ContentError as exc:
             return [{"type": "text", "text": _with_stderr(exc.message, stderr)}], True
     return blocks, False
+
+
+def _total_limit_message(total: int, max_bytes: int) -> str:
+    mib = 1024 * 1024
+    return (
+        f"The images of this result exceed the {max_bytes / mib:g} MiB limit of one result "
+        f"(at least {total / mib:.1f} MiB so far); return fewer or smaller images."
+    )

@@ -40,10 +40,23 @@ into ``~/.ssh`` is caught. A value that cannot be resolved is never "inside": it
 counts as outside the workspace (fail closed). Inside means equal to the canonical
 workspace or below it, compared component-wise (``/ws2`` is not inside ``/ws``).
 
-Limits, stated rather than hidden: a hard link or a bind mount of a credential file
-inside the workspace has no credential segment and scopes as ``workspace``; and a
-path rewritten at ``classify`` time can be changed on disk before the child opens it
-(a race only a process that can already write the workspace can win).
+Credential paths are also caught by identity (``is_credential_identity``): the resolved
+path and each of its existing ancestors are ``stat``-ed, and a ``(st_dev, st_ino)`` equal
+to that of a credential location of the user's home (``~/.ssh`` and ``~/.gnupg``, each
+with everything below it up to ``_IDENTITY_DEPTH`` levels and ``_IDENTITY_ENTRIES`` entries
+a folder, and ``~/.crystal/credentials.json``), read at the time of the check, makes the
+path ``forbidden``. That catches a hard link to a key inside the workspace, and a bind
+mount of a credential folder or file (a file below a bind-mounted folder too, since the
+folder is an ancestor).
+
+Limits, stated rather than hidden: a credential file created (or hard-linked into the
+workspace) after the check, a copy of a key (a copy is a new file), a key in a folder
+deeper or fuller than the bounds above, a credential outside the user's home (another
+user's, a key in a project folder under another name), and a file reached through a
+different mount of the same file system that shows other inode numbers (some network and
+FUSE file systems) are not recognised; and a path rewritten at ``classify`` time can be
+changed on disk before the child opens it (a race only a process that can already write
+the workspace can win).
 """
 
 from __future__ import annotations
@@ -68,7 +81,9 @@ __all__ = [
     "PathError",
     "Scope",
     "canonical_workspace",
+    "credential_identities",
     "expand_user",
+    "is_credential_identity",
     "is_credential_path",
     "is_within",
     "resolve_path",
@@ -90,6 +105,14 @@ MAX_SYMLINKS = 40
 _CREDENTIAL_SEGMENTS: frozenset[str] = frozenset({".ssh", ".gnupg"})
 #: Adjacent segment pairs that make a path a credential path (compared case-folded).
 _CREDENTIAL_PAIRS: frozenset[tuple[str, str]] = frozenset({(".crystal", "credentials.json")})
+
+#: Credential folders (below the user's home) whose contents are credentials by identity.
+_CREDENTIAL_FOLDERS: tuple[str, ...] = (".ssh", ".gnupg")
+#: Credential files (below the user's home), by identity.
+_CREDENTIAL_FILES: tuple[tuple[str, ...], ...] = ((".crystal", "credentials.json"),)
+#: How deep below a credential folder identities are collected, and how many entries a folder.
+_IDENTITY_DEPTH = 4
+_IDENTITY_ENTRIES = 1024
 
 #: lstat errors that mean "this component is not there": keep it, and the rest, as written.
 _MISSING_ERRNOS: frozenset[int] = frozenset({errno.ENOENT, errno.ENOTDIR})
@@ -323,6 +346,74 @@ def is_credential_path(path: str, user_home: Path | None = None) -> bool:
     return False
 
 
+def _collect_identities(path: str, found: set[tuple[int, int]], depth: int) -> None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return
+    found.add((st.st_dev, st.st_ino))
+    if not stat.S_ISDIR(st.st_mode) or depth >= _IDENTITY_DEPTH:
+        return
+    try:
+        with os.scandir(path) as entries:
+            names = [
+                entry.path for _, entry in zip(range(_IDENTITY_ENTRIES), entries, strict=False)
+            ]
+    except OSError:
+        return
+    for name in names:
+        _collect_identities(name, found, depth + 1)
+
+
+def credential_identities(user_home: Path) -> frozenset[tuple[int, int]]:
+    """The ``(st_dev, st_ino)`` of the user's credential folders and files, read now.
+
+    Args:
+        user_home: The operator's user profile.
+
+    Returns:
+        The identities of ``~/.ssh`` and ``~/.gnupg`` and what is below them (bounded),
+        and of ``~/.crystal/credentials.json``; those that do not exist are left out.
+    """
+    found: set[tuple[int, int]] = set()
+    home = os.fspath(user_home)
+    for folder in _CREDENTIAL_FOLDERS:
+        _collect_identities(os.path.join(home, folder), found, 0)
+    for parts in _CREDENTIAL_FILES:
+        _collect_identities(os.path.join(home, *parts), found, _IDENTITY_DEPTH)
+    return frozenset(found)
+
+
+def is_credential_identity(resolved: Path | str, user_home: Path) -> bool:
+    """Tell whether a resolved path is, or lies below, a credential location by identity.
+
+    A hard link to ``~/.ssh/id_rsa`` or a bind mount of ``~/.ssh`` has no credential
+    segment; its device and inode give it away. The path and each existing ancestor are
+    compared with ``credential_identities(user_home)``.
+
+    Args:
+        resolved: The canonical path (symlinks already resolved).
+        user_home: The operator's user profile.
+
+    Returns:
+        True when the path or an ancestor is a credential file or folder.
+    """
+    mine: set[tuple[int, int]] = set()
+    current = os.fspath(resolved)
+    while True:
+        try:
+            st = os.stat(current)
+        except (OSError, ValueError):
+            pass
+        else:
+            mine.add((st.st_dev, st.st_ino))
+        parent = os.path.dirname(current)
+        if parent == current:
+            break
+        current = parent
+    return not mine.isdisjoint(credential_identities(user_home))
+
+
 def scope_of(raw: str, resolved: Path | None, workspace: Path, user_home: Path) -> Scope:
     """Scope one path argument.
 
@@ -333,7 +424,8 @@ def scope_of(raw: str, resolved: Path | None, workspace: Path, user_home: Path) 
         user_home: The operator's user profile.
 
     Returns:
-        ``forbidden`` when the raw or the resolved path is a credential path;
+        ``forbidden`` when the raw or the resolved path is a credential path, or the
+        resolved path is one by identity (``is_credential_identity``);
         ``outsideWorkspace`` when it is outside the workspace or could not be
         resolved; ``workspace`` otherwise.
     """
@@ -342,6 +434,8 @@ def scope_of(raw: str, resolved: Path | None, workspace: Path, user_home: Path) 
     if resolved is None:
         return Scope.OUTSIDE
     if is_credential_path(os.fspath(resolved), user_home):
+        return Scope.FORBIDDEN
+    if is_credential_identity(resolved, user_home):
         return Scope.FORBIDDEN
     if is_within(resolved, canonical_workspace(workspace)):
         return Scope.WORKSPACE

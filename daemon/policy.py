@@ -55,6 +55,7 @@ from .paths import (
     PathError,
     Scope,
     canonical_workspace,
+    is_credential_identity,
     is_credential_path,
     resolve_path,
     rewrite_arguments,
@@ -361,6 +362,11 @@ def _where(check: PathCheck, user_home: Path) -> str:
     if check.scope is Scope.FORBIDDEN:
         if check.resolved is not None and is_credential_path(check.resolved, user_home):
             return f"Argument '{name}' resolves to {_show(check.resolved)}, a credential path"
+        if check.resolved is not None and is_credential_identity(check.resolved, user_home):
+            return (
+                f"Argument '{name}' resolves to {_show(check.resolved)}, which is a credential "
+                "file or folder of the user's home under another name (a hard link or a mount)"
+            )
         if isinstance(check.value, str):
             return f"Argument '{name}' names a credential path ({_show(check.value)})"
         return (

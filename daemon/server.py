@@ -8,7 +8,12 @@ One ``Server`` owns the listening socket and a task group. The accept loop (afte
 closes that connection only.
 
 A peer is checked (``SO_PEERCRED`` against the ``PeerPolicy``), then the stop flag and
-the connection limit; a refused peer gets one error line and the connection closes.
+the connection limit; a refused peer gets one error line and the connection closes
+gracefully (shut down writing, drain briefly and boundedly, close: a lingering close, so
+the peer reads the error rather than a reset). When the table is full, the idlest
+connection that holds nothing (no request in flight, no subscription) is closed to make
+room, with a -32008 line saying why; only when every connection is busy is the newcomer
+refused. Idle connections therefore cannot starve new ones.
 
 The parts live in their own modules: ``wire.py`` (the socket transport and flow
 control), ``connection.py`` (one client: reader, ordered sends, calls, subscriptions),
@@ -49,6 +54,8 @@ _REFUSAL_REASONS: dict[type[rpc_errors.RpcError], str] = {
     rpc_errors.ServerBusy: "limit",
     rpc_errors.ShuttingDown: "stopping",
 }
+#: What a refused peer may still send before it sees the error and closes (lingering close).
+_REFUSE_DRAIN_BYTES = 1024 * 1024
 
 
 class Server:
@@ -158,7 +165,7 @@ class Server:
             if not self.accepting:
                 await self._refuse(stream, rpc_errors.ShuttingDown("toolsetd is shutting down."))
                 return
-            if len(self.connections) >= self.settings.max_connections:
+            if len(self.connections) >= self.settings.max_connections and not self._make_room():
                 limit = self.settings.max_connections
                 log.warning("connection_limit", limit=limit)
                 await self._refuse(
@@ -180,14 +187,53 @@ class Server:
                 self.connections.pop(conn_id, None)
                 log.info("connection_closed")
 
+    def _make_room(self) -> bool:
+        """Close the idlest connection that holds nothing, so a new one can be served.
+
+        Idle means no request in flight, no subscription, nothing buffered either way;
+        idlest means the longest since its last complete message (bytes of an incomplete
+        line do not count). Connections evicted but not yet gone still count against
+        the limit, so one eviction makes room for one newcomer.
+
+        Returns:
+            True when a connection was evicted.
+        """
+        candidates = [c for c in self.connections.values() if c.evictable]
+        if not candidates:
+            return False
+        victim = min(candidates, key=lambda c: c.last_active)
+        log.info("connection_evicted", victim=victim.conn_id,
+                 idle_seconds=round(anyio.current_time() - victim.last_active, 3))
+        victim.evict()
+        self.connections.pop(victim.conn_id, None)
+        return True
+
     async def _refuse(self, stream: anyio.abc.SocketStream, error: rpc_errors.RpcError) -> None:
+        """Send one error line and close gracefully (a lingering close, as HTTP servers do).
+
+        Closing with the peer's request still unread would make the kernel reset the
+        connection, and the peer would likely see the reset instead of the error. So: send
+        the error, shut down writing, drain what the peer sends (at most
+        ``_REFUSE_DRAIN_BYTES``, for at most ``linger_seconds``) until its end of file, close.
+        """
         self._observer.connection_refused(_REFUSAL_REASONS.get(type(error), "other"))
-        with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-            try:
-                await stream.send(Codec().encode(error_message(None, error)))
-            except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-                pass
-            await stream.aclose()
+        with anyio.CancelScope(shield=True):
+            with anyio.move_on_after(1):
+                try:
+                    await stream.send(Codec().encode(error_message(None, error)))
+                    await stream.send_eof()
+                except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
+                    pass
+            with anyio.move_on_after(self.settings.linger_seconds):
+                drained = 0
+                try:
+                    while drained < _REFUSE_DRAIN_BYTES:
+                        drained += len(await stream.receive())
+                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError,
+                        OSError):
+                    pass
+            with anyio.move_on_after(1):
+                await stream.aclose()
 
 
 def bind_unix_socket(path: os.PathLike[str] | str, backlog: int = 1024) -> socket.socket:

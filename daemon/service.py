@@ -542,6 +542,7 @@ class Service:
             every_progress_line=request.every_progress_line,
             extra_env=observed.child_env(),
             approved_paths=_outside_paths(prepared.classification),
+            user_home=self.settings.user_home,
         )
         log.info(
             "call_started", call_id=call_id, tool=loaded.tool.name, set=loaded.toolset.directory

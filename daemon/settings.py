@@ -46,6 +46,7 @@ from typing import Any, Literal
 from .config_file import read_regular_file
 from .confinement import ConfinementConfig, parse_confinement
 from .manifest import ManifestError
+from .output import MAX_OUTPUT_LIMIT_CHARS
 
 __all__ = [
     "OPTIONS",
@@ -76,6 +77,7 @@ class Option:
         help: The ``--help`` text.
         reloadable: Whether a reload applies a new value (else it needs a restart).
         check: ``count`` (an integer of at least 1) or ``seconds`` (a positive number).
+        maximum: The largest value of an ``int``, when it has one.
         choices: The allowed values of a ``choice``.
         metavar: The flag's value name in ``--help``.
         env: An environment variable read when the flag is absent (before the file).
@@ -87,6 +89,7 @@ class Option:
     help: str
     reloadable: bool = False
     check: Check = ""
+    maximum: int | None = None
     choices: tuple[str, ...] = ()
     metavar: str | None = None
     env: str | None = None
@@ -152,9 +155,11 @@ OPTIONS: tuple[Option, ...] = (
         "output-limit",
         "int",
         100_000,
-        "characters of output returned to the caller (default 100000)",
+        "characters of output returned to the caller (default 100000, at most "
+        f"{MAX_OUTPUT_LIMIT_CHARS}: a result must fit the longest line the daemon sends)",
         reloadable=True,
         check="count",
+        maximum=MAX_OUTPUT_LIMIT_CHARS,
         metavar="CHARS",
     ),
     Option(
@@ -455,6 +460,8 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
         number = _number(raw, where, int, "an integer")
         if option.check == "count" and number < 1:
             raise ValueError(f"must be at least 1, got {number}")
+        if option.maximum is not None and number > option.maximum:
+            raise ValueError(f"must be at most {option.maximum}, got {number}")
         return number
     if kind == "float":
         seconds = float(_number(raw, where, float, "a number of seconds"))

@@ -21,8 +21,9 @@ pipe into the spill file while it takes more, then into ``/dev/null``, so they a
 copied through the daemon (where ``splice`` fails, the readv path carries on).
 
 stdin (when the set's ``stdin`` is true) is the compact JSON of the arguments (orjson: key
-order kept, UTF-8, non-ASCII as is), written at once as far as the pipe takes it, the rest
-by a sibling task, then closed; otherwise stdin is a pipe closed at once.
+order kept, UTF-8, non-ASCII as is, every number as the caller wrote it), written at once
+as far as the pipe takes it, the rest by a sibling task, then closed; otherwise stdin is
+a pipe closed at once.
 ``BrokenPipeError`` on stdin is **not** an error: a child may exit (or close stdin) without
 reading its input, and its exit code and output say what happened. Any other I/O error on
 stdin or the output pipes ends the group and gives ``The external process stdin or output
@@ -35,13 +36,12 @@ import codecs
 import contextlib
 import errno
 import fcntl
-import json
 import os
 from typing import Any
 
 import anyio
 import anyio.lowlevel
-import orjson
+from toolsetd.protocol import jsontext
 
 from .call import CallState
 from .spill import Spill
@@ -68,11 +68,8 @@ _HAVE_SPLICE = hasattr(os, "splice")
 
 
 def encode_stdin(arguments: Any) -> bytes:
-    try:
-        return orjson.dumps(arguments)
-    except (TypeError, orjson.JSONEncodeError):
-        # orjson refuses integers beyond 64 bits, which JSON allows.
-        return json.dumps(arguments, ensure_ascii=False, separators=(",", ":")).encode()
+    # Numbers as the caller wrote them (JsonNumber text, integers of any width).
+    return jsontext.dumps(arguments)
 
 
 def output_pipe() -> tuple[int, int]:

@@ -64,6 +64,10 @@ class Wire(asyncio.Protocol):
         self.stall_seconds = 30.0
         #: Called (once) when the peer has not taken a byte for ``stall_seconds``.
         self.on_stall: Callable[[], None] | None = None
+        #: Lingering close: received bytes are counted and dropped, not buffered.
+        self._discarding = False
+        self.discarded = 0
+        self._eof_waiters: list[asyncio.Future[None]] = []
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -72,6 +76,9 @@ class Wire(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:
+        if self._discarding:
+            self.discarded += len(data)
+            return
         self._chunks.append(data)
         self._buffered += len(data)
         if self._buffered > self._max_buffered and not self._reading_paused:
@@ -83,7 +90,14 @@ class Wire(asyncio.Protocol):
     def eof_received(self) -> bool:
         self.eof = True
         self.wake_reader()
+        self._wake_eof()
         return True  # keep our side open: the answers to what was sent still go out
+
+    def _wake_eof(self) -> None:
+        for waiter in self._eof_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._eof_waiters.clear()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = self.eof = True
@@ -94,6 +108,7 @@ class Wire(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_result(None)
         self._drained_waiters.clear()
+        self._wake_eof()
 
     def pause_writing(self) -> None:
         self._write_paused = True
@@ -211,6 +226,40 @@ class Wire(asyncio.Protocol):
         waiter = self._loop.create_future()
         self._drained_waiters.append(waiter)
         await waiter
+
+    async def linger(self, seconds: float) -> None:
+        """Close as HTTP servers do their lingering close: nothing sent is lost to a reset.
+
+        Closing a socket whose receive buffer holds unread bytes makes the kernel send a
+        reset, and a peer that gets it may never read the answer waiting for it (an
+        asyncio client usually sees only ``ConnectionResetError``). So: shut down our
+        writing side once what is buffered has gone out (``write_eof``), then read and
+        drop whatever the peer still sends until it closes its side or ``seconds`` pass,
+        then close.
+
+        Args:
+            seconds: The longest wait for the peer's end of file.
+        """
+        transport = self.transport
+        if transport is None or self.lost:
+            return
+        self._discarding = True
+        self._chunks.clear()
+        self._buffered = 0
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        if not self.eof:
+            if transport.can_write_eof():
+                transport.write_eof()
+            waiter = self._loop.create_future()
+            self._eof_waiters.append(waiter)
+            timer = self._loop.call_later(seconds, self._wake_eof)
+            try:
+                await waiter
+            finally:
+                timer.cancel()
+        transport.close()
 
     async def wait_closed(self) -> None:
         """Wait until the socket is closed (after ``close`` it has flushed first)."""

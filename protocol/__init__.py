@@ -62,6 +62,7 @@ if TYPE_CHECKING:
         parse_response,
         result_message,
     )
+    from .jsontext import JsonNumber
     from .models import (
         METHOD_CANCEL,
         METHOD_CLASSIFY,
@@ -143,6 +144,7 @@ _HOMES: dict[str, str] = {
     "UnknownCall": "errors",
     "UnknownTool": "errors",
     "JSONRPC_VERSION": "jsonrpc",
+    "JsonNumber": "jsontext",
     "ErrorResponse": "jsonrpc",
     "InvalidEnvelope": "jsonrpc",
     "Notification": "jsonrpc",
@@ -253,6 +255,7 @@ __all__ = [
     "InvalidWorkspace",
     "InvokeParams",
     "InvokeResult",
+    "JsonNumber",
     "ListParams",
     "ListResult",
     "LocalProtocolError",

@@ -14,7 +14,8 @@ calls ``next_event`` until it returns ``NEED_DATA`` (or ``CLOSED``), the way h11
 
 ``next_event`` returns, in stream order:
 
-* ``Message(value)`` for a line that parsed as JSON;
+* ``Message(value)`` for a line that parsed as JSON (numbers kept exactly as written,
+  see ``jsontext``);
 * ``BadMessage(message)`` for a line that is not UTF-8 or not JSON. The line is
   consumed and the stream stays usable: the server answers -32700 and carries on.
   The message is ours and never echoes the input;
@@ -47,10 +48,12 @@ from typing import Any, Final, Literal, TypeAlias
 import orjson
 
 from .errors import FrameTooLarge, LocalProtocolError, ParseError, RemoteProtocolError
+from .jsontext import dumps, loads
 
 __all__ = [
     "CLOSED",
     "DEFAULT_MAX_FRAME_SIZE",
+    "MAX_DAEMON_LINE",
     "NEED_DATA",
     "BadMessage",
     "Codec",
@@ -60,8 +63,13 @@ __all__ = [
     "encode",
 ]
 
-#: The default cap on one line: 16 MiB (contract section 4).
+#: The default cap on one line: 16 MiB (contract section 4). The daemon accepts lines
+#: this long from a client (``--max-message-bytes``).
 DEFAULT_MAX_FRAME_SIZE: Final = 16 * 1024 * 1024
+#: The longest line the daemon ever sends, and so the cap its own client reads with: the
+#: largest legal result (32 MiB of images as base64, a text of the largest output limit)
+#: fits, and a response that would not is replaced by a -32007 error. See docs/protocol.md.
+MAX_DAEMON_LINE: Final = 64 * 1024 * 1024
 
 _NEWLINE: Final = b"\n"
 _CR: Final = 0x0D
@@ -118,8 +126,8 @@ def encode(value: Any) -> bytes:
     """Serialise one JSON value as a wire line.
 
     Args:
-        value: A JSON-serialisable value (dicts with str keys, lists, str, int within
-            64 bits, float, bool, None).
+        value: A JSON-serialisable value (dicts with str keys, lists, str, int of any
+            width, float, ``JsonNumber``, bool, None).
 
     Returns:
         The compact UTF-8 JSON followed by ``\\n``.
@@ -128,7 +136,7 @@ def encode(value: Any) -> bytes:
         LocalProtocolError: The value cannot be serialised.
     """
     try:
-        return orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE)
+        return dumps(value, orjson.OPT_APPEND_NEWLINE)
     except orjson.JSONEncodeError as exc:
         raise LocalProtocolError(f"cannot encode message as JSON: {exc}") from exc
 
@@ -228,7 +236,7 @@ class Codec:
             end = newline - 1 if newline > start and buffer[newline - 1] == _CR else newline
             line = buffer[start:end]
             try:
-                return Message(orjson.loads(line))
+                return Message(loads(line))
             except orjson.JSONDecodeError as exc:
                 if line.isspace() or not line:
                     continue

@@ -19,6 +19,7 @@ from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -31,8 +32,10 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from .errors import InvalidParams
+from .jsontext import nesting_exceeds
 
 __all__ = [
+    "MAX_ARGUMENT_DEPTH",
     "METHODS",
     "METHOD_CANCEL",
     "METHOD_CLASSIFY",
@@ -58,6 +61,7 @@ __all__ = [
     "ClassifyParams",
     "CompletedParams",
     "ContentBlock",
+    "DeclaredTool",
     "ImageContent",
     "InvokeParams",
     "InvokeResult",
@@ -176,6 +180,25 @@ ModeField = Annotated[Mode, BeforeValidator(_coerce_mode)]
 
 #: W3C Trace Context ``traceparent``, version 00 (ids of all zeros are invalid).
 _TRACEPARENT: Final = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
+
+#: The deepest ``arguments`` accepted (objects and arrays, the arguments object itself
+#: counting as 1), as System.Text.Json's default in the reference host. Deeper arguments get
+#: -32602: every response that echoes them (classify, -32003/-32004 data) stays encodable.
+MAX_ARGUMENT_DEPTH: Final = 64
+
+
+def _check_depth(value: Any) -> Any:
+    if nesting_exceeds(value, MAX_ARGUMENT_DEPTH):
+        raise ValueError(
+            f"must nest at most {MAX_ARGUMENT_DEPTH} levels of objects and arrays "
+            "(the arguments object is level 1)"
+        )
+    return value
+
+
+#: The ``arguments`` of classify and invoke: any JSON value, nested at most 64 deep.
+ArgumentsField = Annotated[Any, AfterValidator(_check_depth)]
+
 Source = Literal["home", "project"]
 Catalog = Literal["plan", "work"]
 Scope = Literal["workspace", "outsideWorkspace", "forbidden"]
@@ -226,6 +249,14 @@ class ToolInfo(_Wire):
     hash: str
 
 
+class DeclaredTool(_Wire):
+    """One tool a set's manifest declares, whether it loaded or not (``sets[].declaredTools``)."""
+
+    name: str
+    approval: Literal["inherit", "always"]
+    catalogs: list[Catalog]
+
+
 class SetInfo(_Wire):
     """One ``sets[]`` entry of ``list``."""
 
@@ -239,6 +270,7 @@ class SetInfo(_Wire):
     runner: Literal["exec", "dotnet"] | None = None
     catalogs: list[Catalog] | None = None
     approval: Literal["inherit", "always"] | None = None
+    declared_tools: list[DeclaredTool] = []
     error: str | None = None
 
 
@@ -328,7 +360,7 @@ class ClassifyParams(_Params):
     """The params of ``classify``."""
 
     tool: str
-    arguments: Any
+    arguments: ArgumentsField
     workspace: str
     mode: ModeField = Mode.DEFAULT
     headless: bool = False
@@ -356,7 +388,7 @@ class InvokeParams(_Params):
     """The params of ``invoke``."""
 
     tool: str
-    arguments: Any
+    arguments: ArgumentsField
     workspace: str
     call_id: str | None = None
     catalog: Catalog | None = None

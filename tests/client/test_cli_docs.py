@@ -37,9 +37,9 @@ def test_cli_exits_docstring_table_matches_the_code() -> None:
 
 
 def test_blocking_client_accepts_the_frames_the_codec_allows() -> None:
-    """The CLI's reader takes lines as long as the protocol codec and the async client do."""
+    """The CLI's reader and the async client take the longest line the daemon sends."""
     from toolsetd.client import blocking, client
     from toolsetd.protocol import codec
 
-    assert blocking.MAX_LINE_BYTES == codec.DEFAULT_MAX_FRAME_SIZE
-    assert client._DEFAULT_MAX_FRAME == codec.DEFAULT_MAX_FRAME_SIZE
+    assert blocking.MAX_LINE_BYTES == codec.MAX_DAEMON_LINE
+    assert client._DEFAULT_MAX_FRAME == codec.MAX_DAEMON_LINE

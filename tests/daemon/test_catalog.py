@@ -335,8 +335,26 @@ def test_set_info_wire_shape(home: Path) -> None:
         "runner": "exec",
         "catalogs": ["plan", "work"],
         "approval": "inherit",
+        "declaredTools": [{"name": "deploy", "approval": "inherit", "catalogs": ["plan", "work"]}],
         "error": None,
     }
+
+
+def test_set_info_of_a_disabled_set_names_its_declared_tools(home: Path) -> None:
+    """A set that did not load still names its tools with their approval (issue 11)."""
+    body = manifest("deploy", enabled=False)
+    body["tools"][0]["approval"] = "always"
+    write(home / "tools", "acme", body)
+    info = set_info(build(home).sets[0])
+    assert info["state"] == "disabled" and info["tools"] == []
+    assert info["declaredTools"] == [{"name": "deploy", "approval": "always", "catalogs": ["plan", "work"]}]
+
+
+def test_set_info_of_an_invalid_name_has_the_short_error_cell(home: Path) -> None:
+    write(home / "tools", "bad name", manifest("deploy"))
+    info = set_info(build(home).sets[0])
+    assert info["error"] == "directory name is invalid."
+    assert info["declaredTools"] == []
 
 
 def test_set_info_of_a_broken_manifest_carries_its_error(home: Path) -> None:

@@ -17,7 +17,9 @@ from toolsetd.daemon.paths import (
     PathError,
     Scope,
     canonical_workspace,
+    credential_identities,
     expand_user,
+    is_credential_identity,
     is_credential_path,
     is_within,
     resolve_path,
@@ -385,6 +387,48 @@ def test_scope_link_into_ssh_is_forbidden(ws: Path, home: Path) -> None:
     (ws / "notes").symlink_to(home / ".ssh")
     resolved = resolve_path("notes/id_rsa", ws, home)
     assert scope_of("notes/id_rsa", resolved, ws, home) is Scope.FORBIDDEN
+
+
+def test_scope_hard_link_to_a_key_is_forbidden(ws: Path, home: Path) -> None:
+    """A hard link to ``~/.ssh/id_rsa`` has no credential segment; its inode gives it away."""
+    os.link(home / ".ssh" / "id_rsa", ws / "innocent.txt")
+    resolved = resolve_path("innocent.txt", ws, home)
+    assert is_credential_identity(resolved, home)
+    assert scope_of("innocent.txt", resolved, ws, home) is Scope.FORBIDDEN
+
+
+def test_scope_hard_link_to_credentials_json_and_gnupg_files(ws: Path, home: Path) -> None:
+    (home / ".crystal").mkdir()
+    (home / ".crystal" / "credentials.json").write_text("{}")
+    (home / ".gnupg" / "private-keys-v1.d").mkdir(parents=True)
+    (home / ".gnupg" / "private-keys-v1.d" / "k.key").write_text("k")
+    os.link(home / ".crystal" / "credentials.json", ws / "a.json")
+    os.link(home / ".gnupg" / "private-keys-v1.d" / "k.key", ws / "b")
+    for name in ("a.json", "b"):
+        assert scope_of(name, ws / name, ws, home) is Scope.FORBIDDEN
+    assert scope_of("file.txt", ws / "file.txt", ws, home) is Scope.WORKSPACE
+
+
+def test_credential_identities_skip_what_is_missing(root: Path) -> None:
+    assert credential_identities(root / "nobody") == frozenset()
+
+
+def test_scope_bind_mount_of_ssh_is_forbidden(ws: Path, home: Path) -> None:
+    """A bind mount of ``~/.ssh`` inside the workspace: the folder and its files, by identity."""
+    import subprocess
+
+    target = ws / "keys"
+    target.mkdir()
+    mounted = subprocess.run(["mount", "--bind", str(home / ".ssh"), str(target)],
+                             capture_output=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip("bind mounts need CAP_SYS_ADMIN here")
+    try:
+        (home / ".ssh" / "later").write_text("made after the mount")
+        for raw in ("keys", "keys/id_rsa", "keys/later"):
+            assert scope_of(raw, resolve_path(raw, ws, home), ws, home) is Scope.FORBIDDEN, raw
+    finally:
+        subprocess.run(["umount", str(target)], check=False)
 
 
 def test_scope_link_out_of_workspace_is_outside(root: Path, ws: Path, home: Path) -> None:

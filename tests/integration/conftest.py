@@ -8,6 +8,7 @@ front ends use.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -208,6 +209,33 @@ def start_daemon(
             time.sleep(0.02)
     proc.kill()
     raise RuntimeError(f"toolsetd did not start:\n{daemon.log()}")
+
+
+@contextlib.contextmanager
+def daemon_in(
+    prefix: str,
+    fill: Callable[[Path, Path], None] | None = None,
+    args: list[str] | None = None,
+    env: dict[str, str] | None = None,
+) -> Iterator[Daemon]:
+    """A daemon over a fresh temporary home and workspace, removed afterwards.
+
+    ``fill(home, workspace)`` writes the sets first (``home/tools`` exists already).
+    """
+    base = Path(tempfile.mkdtemp(prefix=prefix))
+    home, workspace = base / "home", base / "ws"
+    (home / "tools").mkdir(parents=True)
+    workspace.mkdir()
+    try:
+        if fill is not None:
+            fill(home, workspace)
+        d = start_daemon(home, workspace, base, args, env=env)
+        try:
+            yield d
+        finally:
+            d.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.fixture

@@ -456,13 +456,19 @@ def test_cli_exit_7_not_allowed_shows_the_daemon_sentence(ctl: Ctl) -> None:
 
 @contextlib.contextmanager
 def _hold_the_only_connection(daemon: Daemon) -> Iterator[RawConn]:
-    """Hold a daemon's one connection slot (retrying while the readiness probe's closes)."""
+    """Hold a daemon's one connection slot (retrying while the readiness probe's closes).
+
+    The holder subscribes: an idle connection would be closed to make room for a newcomer
+    (docs/protocol.md, Limits), a subscriber keeps its slot.
+    """
     held: list[RawConn] = []
 
     def take() -> bool:
         conn = RawConn(daemon.socket)
         try:
-            if "result" in conn.request("status"):
+            if "result" in conn.request("status") and "result" in conn.request(
+                "list", {"subscribe": True}
+            ):
                 held.append(conn)
                 return True
         except OSError:

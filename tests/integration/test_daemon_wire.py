@@ -205,15 +205,19 @@ def test_daemon_many_connections_at_once(daemon: Daemon) -> None:
 def test_daemon_connection_limit_refuses_extra_clients(
     home: Path, workspace: Path, tmp_base: Path
 ) -> None:
-    """Past --max-connections a client gets ServerBusy and is closed."""
+    """Past --max-connections, with every slot busy, a client gets ServerBusy and is closed.
+
+    (Idle connections make room instead: tests/integration/test_hostile.py.)
+    """
     d = start_daemon(home, workspace, tmp_base, ["--max-connections", "2"])
     try:
         with d.raw() as a:
             # Wait for start_daemon's readiness probe to be gone, so only `a` counts.
             while a.request("status")["result"]["connections"] != 1:
                 pass
+            assert "result" in a.request("list", {"subscribe": True})
             b = d.raw()
-            assert "result" in b.request("status")
+            assert "result" in b.request("list", {"subscribe": True})
             with d.raw() as c:
                 reply = c.receive()
                 assert reply["error"]["code"] == -32008

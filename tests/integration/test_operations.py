@@ -131,6 +131,9 @@ def test_metrics_after_a_known_sequence_of_calls(
             )
             assert a.receive()["method"] == "started"
             assert b.request("status")["result"]["connections"] == 2
+            # An idle connection would make room for the third (docs/protocol.md, Limits):
+            # a subscriber keeps its slot, so the table is full of busy connections.
+            assert "result" in b.request("list", {"subscribe": True})
             with RawConn(d.socket) as third:  # over max-connections = 2
                 assert third.receive()["error"]["code"] == -32008
             assert b.request("cancel", {"callId": "c-sleepy"})["result"] == {"cancelled": True}

@@ -252,7 +252,7 @@ def test_codec_encode_is_compact_line(value: Any, expected: bytes) -> None:
     assert Codec().encode(value) == expected
 
 
-@pytest.mark.parametrize("value", [object(), {1: "non-str key"}, 2**64, {"k": {b"bytes-key": 1}}])
+@pytest.mark.parametrize("value", [object(), {1: "non-str key"}, {"k": {b"bytes-key": 1}}])
 def test_codec_encode_unserialisable_raises_local_error(value: Any) -> None:
     """A value orjson cannot serialise raises LocalProtocolError."""
     with pytest.raises(LocalProtocolError):

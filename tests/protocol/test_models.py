@@ -36,7 +36,8 @@ TOOL = {
 }
 SET = {"directory": "dev", "source": "project", "path": "/w/.crystal/tools/dev", "enabled": None,
        "state": "loaded", "tools": ["fmt"], "notes": [],
-       "runner": "exec", "catalogs": ["work"], "approval": "inherit", "error": None}
+       "runner": "exec", "catalogs": ["work"], "approval": "inherit",
+       "declaredTools": [{"name": "fmt", "approval": "always", "catalogs": ["work"]}], "error": None}
 CLASSIFICATION = {
     "tool": "fmt", "set": "dev", "source": "project", "authority": "write",
     "scope": "workspace",
@@ -222,8 +223,9 @@ def test_models_mode_defaults_and_wire_form() -> None:
     assert ClassifyParams(tool="t", arguments=None, workspace="/w").mode is Mode.DEFAULT
 
 
-ALLOWED_IMPORTS = {"__future__", "collections", "dataclasses", "enum", "re", "types", "typing",
-                   "pydantic", "orjson"}
+# json: jsontext re-reads a line whose numbers orjson would change (pure, no I/O).
+ALLOWED_IMPORTS = {"__future__", "collections", "dataclasses", "enum", "json", "re", "types",
+                   "typing", "pydantic", "orjson"}
 
 
 @pytest.mark.parametrize("path", sorted(Path(protocol.__file__).parent.glob("*.py")),

@@ -1,0 +1,199 @@
+"""JSON values that keep their numbers exactly as written (pure, no I/O).
+
+Theory of operation
+-------------------
+orjson is the parser and the serialiser on every hot path, but it turns each number with a
+fraction or an exponent into a binary ``float`` (``1.50`` becomes ``1.5``, ``1e3`` becomes
+``1000.0``) and each integer outside the 64-bit range into a float too
+(``123456789012345678901234567890`` becomes ``1.2345678901234568e+29``). The reference host
+passes a caller's numbers to the child as written, in argv and on stdin, so we must not lose
+that text, and an integer must never silently become a float.
+
+``loads`` therefore parses with orjson first and looks at the result, which costs one walk
+over the containers (numbers and containers only; strings are skipped). Only when it holds a
+``float`` (or an integer zero, which might have been written ``-0``) and the line contains
+such text is the line parsed again with the standard library's ``json``, whose hooks see
+each number's text:
+
+* a number with a fraction or exponent (and ``-0``) becomes a ``JsonNumber``: a ``float``
+  (so validation, comparison and arithmetic work unchanged) that carries ``text``, the
+  exact JSON text; ``str()`` and ``repr()`` give that text;
+* an integer becomes an exact Python ``int`` of any width.
+
+``dumps`` is orjson with a ``default`` that writes a ``JsonNumber`` as its ``text``
+(``orjson.Fragment``) and, only when orjson refuses an integer wider than 64 bits, a second
+pass that writes such integers as their exact decimal text. So a value read by ``loads``
+is written back by ``dumps`` with every number as it was written.
+
+Both functions raise only what orjson raises (``orjson.JSONDecodeError``, which is a
+``ValueError``, and ``orjson.JSONEncodeError``, a ``TypeError``); the callers map them.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Final
+
+import orjson
+
+__all__ = ["JsonNumber", "dumps", "loads", "nesting_exceeds"]
+
+_INT64_MIN: Final = -(2**63)
+_UINT64_MAX: Final = 2**64 - 1
+
+
+class JsonNumber(float):
+    """A JSON number with a fraction or an exponent, kept with its exact text.
+
+    It is a ``float`` for every computation; ``text`` (also its ``str`` and ``repr``) is the
+    number exactly as the peer wrote it, e.g. ``1.50`` or ``1E3``.
+    """
+
+    __slots__ = ("text",)
+
+    text: str
+
+    def __new__(cls, text: str | float) -> JsonNumber:
+        self = super().__new__(cls, text)
+        # copy/pickle rebuild from the float value first, then restore the slot.
+        self.text = text if isinstance(text, str) else float.__repr__(float(text))
+        return self
+
+    def __repr__(self) -> str:
+        return self.text
+
+    __str__ = __repr__
+
+
+def nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether a JSON value nests objects and arrays more than ``limit`` levels deep.
+
+    A scalar is level 0, ``{}`` and ``[]`` level 1. Iterative, and it stops at the first
+    container past the limit, so a hostile value costs at most one walk.
+
+    Args:
+        value: The JSON value.
+        limit: The deepest nesting allowed.
+
+    Returns:
+        True when some container sits deeper than ``limit``.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    pop = stack.pop
+    push = stack.append
+    while stack:
+        item, level = pop()
+        kind = type(item)
+        if kind is dict:
+            children: Any = item.values()
+        elif kind is list:
+            children = item
+        else:
+            continue
+        if level > limit:
+            return True
+        for child in children:
+            kind = type(child)
+            if kind is dict or kind is list:
+                push((child, level + 1))
+    return False
+
+
+def _parse_int(text: str) -> int | JsonNumber:
+    """An integer's text as an exact ``int`` (``-0`` keeps its sign as a ``JsonNumber``)."""
+    return JsonNumber(text) if text == "-0" else int(text)
+
+
+def _may_lose_text(value: Any, line: bytes | bytearray | memoryview | str) -> bool:
+    """Whether orjson's reading of ``line`` may have changed a number's text."""
+    zero = False
+    stack = [value]
+    pop = stack.pop
+    push = stack.append
+    while stack:
+        container = pop()
+        for item in container.values() if type(container) is dict else container:  # list, tuple
+            kind = type(item)
+            if kind is str:
+                continue
+            if kind is dict or kind is list:
+                push(item)
+            elif kind is float:
+                return True
+            elif kind is int and item == 0:
+                zero = True
+    if not zero:
+        return False
+    needle: Any = "-0" if isinstance(line, str) else b"-0"
+    return needle in line
+
+
+def loads(line: bytes | bytearray | memoryview | str) -> Any:
+    """Parse one JSON text, keeping every number exactly (see the module docstring).
+
+    Args:
+        line: The JSON text (UTF-8 bytes or str).
+
+    Returns:
+        The value: dicts, lists, str, bool, None, exact ``int`` and ``JsonNumber``.
+
+    Raises:
+        orjson.JSONDecodeError: The text is not valid JSON (orjson's verdict).
+    """
+    value = orjson.loads(line)
+    kind = type(value)
+    if kind is dict or kind is list:
+        if not _may_lose_text(value, line):
+            return value
+    elif not _may_lose_text((value,), line):  # a bare scalar
+        return value
+    text = line if isinstance(line, str) else bytes(line).decode("utf-8")
+    try:
+        return json.loads(text, parse_float=JsonNumber, parse_int=_parse_int)
+    except (ValueError, RecursionError):
+        # orjson accepted it, so this is the stdlib's own limit (nesting, digits): keep
+        # orjson's value rather than refuse a valid line.
+        return value
+
+
+def _default(value: Any) -> Any:
+    if type(value) is JsonNumber:
+        return orjson.Fragment(value.text)
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def _wide_ints_as_text(value: Any) -> Any:
+    """A copy of ``value`` with every integer beyond 64 bits as an ``orjson.Fragment``."""
+    kind = type(value)
+    if kind is dict:
+        return {key: _wide_ints_as_text(item) for key, item in value.items()}
+    if kind is list or kind is tuple:
+        return [_wide_ints_as_text(item) for item in value]
+    if (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and not (_INT64_MIN <= value <= _UINT64_MAX)
+    ):
+        return orjson.Fragment(str(int(value)))
+    return value
+
+
+def dumps(value: Any, option: int = 0) -> bytes:
+    """Serialise a JSON value compactly with orjson, numbers as ``loads`` read them.
+
+    Args:
+        value: A JSON value; ``JsonNumber`` and integers of any width are allowed.
+        option: orjson options (e.g. ``orjson.OPT_APPEND_NEWLINE``).
+
+    Returns:
+        The UTF-8 JSON text.
+
+    Raises:
+        orjson.JSONEncodeError: The value is not JSON-serialisable.
+    """
+    try:
+        return orjson.dumps(value, default=_default, option=option)
+    except orjson.JSONEncodeError as exc:
+        if "64-bit" not in str(exc):
+            raise
+    return orjson.dumps(_wide_ints_as_text(value), default=_default, option=option)

@@ -1,0 +1,369 @@
+"""Hostile and broken clients: every frame that needs an answer gets one, nobody else suffers.
+
+The oracle of "needs an answer" is the JSON-RPC 2.0 specification, written out here
+independently of the daemon's envelope check: only a valid notification (an object with
+``"jsonrpc": "2.0"``, a string ``method``, no ``id`` member, ``params`` absent or an object
+or an array, no other member), or a batch made only of those, goes unanswered. The answer
+carries the frame's id when that id is a string or an integer, else ``null``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import socket
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import Daemon, RawConn, daemon_in, write_set
+
+#: One value of every JSON type (and a few shapes of each that have caught parsers out).
+VALUES: list[Any] = [
+    None, True, False, 0, -1, 7, 2**70, 1.5, -0.0, "", "2.0", "status", "list", "cancel",
+    "no-such", [], [1], ["status"], [{}], {}, {"a": 1}, {"method": "status"},
+    [[[]]], {"": {"": {}}},
+]
+MEMBERS = ("jsonrpc", "method", "params", "id")
+_ABSENT = object()
+
+
+def _valid_id(value: Any) -> bool:
+    return type(value) is str or type(value) is int
+
+
+def needs_answer(frame: Any) -> bool:
+    """Whether the specification requires a response to this one (non-batch) value."""
+    if type(frame) is not dict or "id" in frame:
+        return True
+    if frame.get("jsonrpc") != "2.0" or type(frame.get("method")) is not str:
+        return True
+    if not set(frame) <= {"jsonrpc", "method", "params"}:
+        return True
+    return "params" in frame and type(frame["params"]) not in (dict, list)
+
+
+def expected_id(frame: Any) -> Any:
+    if type(frame) is dict and _valid_id(frame.get("id")):
+        return frame["id"]
+    return None
+
+
+def envelope_frames() -> Iterator[dict[str, Any]]:
+    """Each member given every value (the others valid), and each member left out."""
+    base: dict[str, Any] = {"jsonrpc": "2.0", "method": "status", "params": {}, "id": 1}
+    for member in MEMBERS:
+        for value in [*VALUES, _ABSENT]:
+            frame = dict(base)
+            if value is _ABSENT:
+                del frame[member]
+            else:
+                frame[member] = value
+            yield frame
+    # Pairs of members varied together, for the interactions (method x id above all).
+    for (m1, m2), (v1, v2) in itertools.product(
+        [("method", "id"), ("method", "params"), ("jsonrpc", "id")],
+        itertools.product(VALUES[::3], VALUES[1::3]),
+    ):
+        yield {**base, m1: v1, m2: v2}
+
+
+@pytest.fixture(scope="module")
+def plain() -> Iterator[Daemon]:
+    with daemon_in("tsh-", args=["--no-watch"]) as d:
+        yield d
+
+
+def _answers(conn: RawConn, count: int, probe: str) -> list[Any]:
+    """Read ``count`` answers and the probe's (answers come in completion order: the probe,
+    answered at once, may overtake slower frames); return all but the probe's."""
+    got: list[Any] = []
+    probed = False
+    while not (probed and len(got) >= count):
+        message = conn.receive()
+        if isinstance(message, dict) and message.get("id") == probe:
+            probed = True
+        else:
+            got.append(message)
+    return got
+
+
+def test_every_envelope_member_of_every_type_is_answered(plain: Daemon) -> None:
+    """Single frames: the right answers (id and all), no -32603, and the connection lives."""
+    frames = list(envelope_frames())
+    expected = Counter(json.dumps(expected_id(f)) for f in frames if needs_answer(f))
+    with plain.raw(timeout=30) as conn:
+        payload = b"".join(json.dumps(f).encode() + b"\n" for f in frames)
+        conn.send_bytes(payload + b'{"jsonrpc":"2.0","method":"status","id":"probe"}\n')
+        got = _answers(conn, sum(expected.values()), "probe")
+        assert all("method" not in m for m in got), [m for m in got if "method" in m][:3]
+        assert Counter(json.dumps(m["id"]) for m in got) == expected
+        codes = Counter(m["error"]["code"] for m in got if "error" in m)
+        assert -32603 not in codes, codes
+        assert "result" in conn.request("status")
+    assert plain.proc.poll() is None
+
+
+def test_batches_of_hostile_frames_are_answered_in_one_array(plain: Daemon) -> None:
+    frames = list(envelope_frames())
+    batches = [frames[i:i + 7] for i in range(0, len(frames), 7)]
+    with plain.raw(timeout=30) as conn:
+        for batch in batches:
+            conn.send(batch)
+            wanted = [f for f in batch if needs_answer(f)]
+            if not wanted:
+                continue
+            answer = conn.receive()
+            assert isinstance(answer, list), answer
+            assert Counter(json.dumps(a["id"]) for a in answer) == Counter(
+                json.dumps(expected_id(f)) for f in wanted)
+            assert all(a.get("error", {}).get("code") != -32603 for a in answer), answer
+        assert "result" in conn.request("status")
+
+
+@pytest.mark.parametrize("method", [[1], {"a": 1}, ["status"], {}])
+def test_a_method_that_is_an_array_or_object_gets_32600(plain: Daemon, method: Any) -> None:
+    """It used to kill the connection (unhashable type) and every call in flight on it."""
+    with plain.raw() as conn:
+        conn.send({"jsonrpc": "2.0", "id": 5, "method": method})
+        answer = conn.receive()
+        assert answer["id"] == 5 and answer["error"]["code"] == -32600, answer
+        assert "'method' must be a string" in answer["error"]["message"]
+        conn.send({"jsonrpc": "2.0", "method": method})  # no id: still not a notification
+        assert conn.receive()["error"]["code"] == -32600
+        assert "result" in conn.request("status")
+
+
+def test_a_call_in_flight_survives_a_hostile_frame_beside_it(plain: Daemon) -> None:
+    """The hostile frame arrives while a reload runs: the reload still gets its answer."""
+    with plain.raw() as conn:
+        conn.send({"jsonrpc": "2.0", "id": "r", "method": "reload", "params": {}})
+        conn.send({"jsonrpc": "2.0", "id": "h", "method": ["x"]})
+        ids = {conn.receive()["id"] for _ in range(2)}
+        assert ids == {"r", "h"}
+
+
+def test_the_connection_is_not_closed_after_hostile_frames(plain: Daemon) -> None:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(5)
+    sock.connect(str(plain.socket))
+    try:
+        sock.sendall(b'{"jsonrpc":"2.0","method":{"x":[]}}\n' * 50)
+        time.sleep(0.2)
+        sock.sendall(b'{"jsonrpc":"2.0","method":"status","id":"alive"}\n')
+        data = b""
+        while b'"alive"' not in data:
+            chunk = sock.recv(65536)
+            assert chunk, "the daemon closed the connection"
+            data += chunk
+    finally:
+        sock.close()
+
+
+# -- deep nesting ------------------------------------------------------------------------
+
+
+def _nested_text(depth: int) -> str:
+    """The JSON text of an arguments object ``depth`` levels deep: {"a":[{"a":[...null]}]}."""
+    kinds = [k % 2 == 1 for k in range(1, depth + 1)]  # level 1 (the top) is an object
+    return ("".join('{"a":' if obj else "[" for obj in kinds) + "null"
+            + "".join("}" if obj else "]" for obj in reversed(kinds)))
+
+
+def _request(d: Daemon, method: str, tool: str, depth: int) -> dict[str, Any]:
+    text = (f'{{"jsonrpc":"2.0","id":1,"method":"{method}","params":{{"tool":"{tool}",'
+            f'"workspace":{json.dumps(str(d.workspace))},"arguments":{_nested_text(depth)}}}}}')
+    with d.raw() as conn:
+        conn.send_bytes(text.encode() + b"\n")
+        while True:
+            buffer = b""
+            while b"\n" not in buffer:
+                buffer += conn.sock.recv(1 << 20)
+            line = buffer.split(b"\n", 1)[0]
+            if b'"method"' not in line[:30]:
+                return dict(json.loads(line))
+
+
+def _deep_sets(home: Path, _: Path) -> None:
+    tools = home / "tools"
+    write_set(tools, "deep", {"runner": "exec", "description": "d", "command": ["true"],
+                              "stdin": False, "approval": "always", "schema": {"type": "object"}})
+    write_set(tools, "deepask", {"runner": "exec", "description": "d", "command": ["true"],
+                                 "stdin": False, "schema": {"type": "object"},
+                                 "pathArguments": ["a"]})
+
+
+@pytest.fixture(scope="module")
+def echo_daemon() -> Iterator[Daemon]:
+    with daemon_in("tsn-", _deep_sets, ["--no-watch"]) as d:
+        yield d
+
+
+@pytest.mark.parametrize("depth", [65, 251, 300, 1000])
+@pytest.mark.parametrize(("method", "tool"), [("classify", "deep"), ("invoke", "deepask")])
+def test_arguments_nested_too_deep_get_32602_naming_the_limit(
+    echo_daemon: Daemon, depth: int, method: str, tool: str
+) -> None:
+    response = _request(echo_daemon, method, tool, depth)
+    assert response["error"]["code"] == -32602, response
+    assert "'arguments' must nest at most 64 levels" in response["error"]["message"]
+
+
+@pytest.mark.parametrize(("method", "tool"), [("classify", "deep"), ("invoke", "deepask")])
+def test_arguments_at_the_depth_limit_are_echoed(echo_daemon: Daemon, method: str, tool: str) -> None:
+    arguments = json.loads(_nested_text(64))
+    response = _request(echo_daemon, method, tool, 64)
+    echoed = response["result"] if method == "classify" else response["error"]["data"]
+    assert echoed["arguments"] == arguments, response
+
+
+# -- slow and idle clients -------------------------------------------------------------------
+
+
+@pytest.fixture
+def small() -> Iterator[Daemon]:
+    """A daemon with 4 connection slots and a 1 s idle timeout."""
+    with daemon_in("tsl-", args=["--no-watch", "--max-connections", "4", "--idle-timeout", "1"]) as d:
+        yield d
+
+
+def _closed_within(sock: socket.socket, seconds: float, drip: bytes | None = None) -> float | None:
+    """Seconds until the daemon closes ``sock`` (dripping a byte every 0.2 s), or None."""
+    started = time.monotonic()
+    sock.settimeout(0.2)
+    while time.monotonic() - started < seconds:
+        if drip is not None:
+            try:
+                sock.sendall(drip)
+            except OSError:
+                return time.monotonic() - started
+        try:
+            data = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            return time.monotonic() - started
+        if not data:
+            return time.monotonic() - started
+    return None
+
+
+def _connect(d: Daemon) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(d.socket))
+    return sock
+
+
+def test_an_incomplete_line_must_complete_within_the_idle_timeout(small: Daemon) -> None:
+    """One byte every 0.2 s used to keep a connection forever (the timer restarted)."""
+    with _connect(small) as sock:
+        sock.sendall(b'{"jsonrpc":"2.0","id":1,"method":"status"}\n')
+        sock.settimeout(5)
+        assert b'"result"' in sock.recv(65536)
+        waited = _closed_within(sock, 4.0, drip=b" ")
+    assert waited is not None and waited < 2.5, waited
+
+
+def test_a_connection_that_never_completes_a_request_is_closed(small: Daemon) -> None:
+    with _connect(small) as sock:
+        waited = _closed_within(sock, 4.0, drip=b"\n")  # blank lines are not requests
+    assert waited is not None and waited < 2.5, waited
+
+
+def test_idle_connections_make_room_for_a_newcomer(small: Daemon) -> None:
+    """A full table of idle clients: the idlest is told why and closed; the newcomer served."""
+    idle = [small.raw() for _ in range(4)]
+    try:
+        for conn in idle:
+            assert "result" in conn.request("status")
+        with small.raw() as newcomer:
+            assert "result" in newcomer.request("status")
+        notice = idle[0].receive()
+        assert notice["id"] is None and notice["error"]["code"] == -32008, notice
+        assert "make room" in notice["error"]["message"]
+        assert idle[0].closed_by_peer()
+        assert "result" in idle[1].request("status")  # the others live on
+    finally:
+        for conn in idle:
+            conn.close()
+
+
+def test_busy_connections_are_never_evicted(small: Daemon) -> None:
+    """Subscribers hold their slots: with all four subscribed, a newcomer is refused."""
+    subscribers = [small.raw() for _ in range(4)]
+    try:
+        for conn in subscribers:
+            assert "result" in conn.request("list", {"subscribe": True})
+        with small.raw() as newcomer:
+            refused = newcomer.receive()
+        assert refused["error"]["code"] == -32008 and "Too many connections" in refused["error"]["message"]
+        for conn in subscribers:
+            assert "result" in conn.request("status")
+    finally:
+        for conn in subscribers:
+            conn.close()
+
+
+# -- refusals arrive (lingering close) -------------------------------------------------------
+
+
+async def _asyncio_exchange(path: Path, payload: bytes) -> bytes:
+    import asyncio
+
+    reader, writer = await asyncio.open_unix_connection(str(path), limit=1 << 20)
+    try:
+        writer.write(payload)
+        try:
+            await writer.drain()
+        except ConnectionError:
+            pass
+        return await asyncio.wait_for(reader.readline(), 10)
+    finally:
+        writer.close()
+
+
+def test_a_refused_asyncio_client_reads_the_error_not_a_reset(small: Daemon) -> None:
+    import asyncio
+
+    subscribers = [small.raw() for _ in range(4)]
+    try:
+        for conn in subscribers:
+            assert "result" in conn.request("list", {"subscribe": True})
+        payload = b'{"jsonrpc":"2.0","id":1,"method":"status"}\n' * 2000
+        for _ in range(10):
+            line = asyncio.run(_asyncio_exchange(small.socket, payload))
+            assert json.loads(line)["error"]["code"] == -32008, line
+    finally:
+        for conn in subscribers:
+            conn.close()
+
+
+def test_an_oversize_line_is_answered_before_the_close() -> None:
+    import asyncio
+
+    with daemon_in("tso-", args=["--no-watch", "--max-message-bytes", "65536"]) as d:
+        for _ in range(5):
+            line = asyncio.run(_asyncio_exchange(d.socket, b'{"x":"' + b"a" * 8_000_000 + b'"}\n'))
+            assert json.loads(line)["error"]["code"] == -32007, line
+
+
+def test_past_the_in_flight_limit_each_frame_is_answered_as_itself() -> None:
+    """-32008 carries the request's id; a notification gets nothing; a batch an array."""
+    args = ["--no-watch", "--max-calls-per-connection", "1"]
+    with daemon_in("tsq-", args=args) as d, d.raw() as conn:
+        frames: list[Any] = [{"jsonrpc": "2.0", "id": i, "method": "list"} for i in range(5)]
+        frames += [{"jsonrpc": "2.0", "method": "list"},
+                   [{"jsonrpc": "2.0", "id": "b1", "method": "list"},
+                    {"jsonrpc": "2.0", "method": "list"}],
+                   {"jsonrpc": "2.0", "id": "bad", "method": "list", "x": 1}]
+        conn.send_bytes(b"".join(json.dumps(f).encode() + b"\n" for f in frames))
+        got = [conn.receive() for _ in range(7)]
+        singles = sorted(str(m["id"]) for m in got if isinstance(m, dict))
+        assert singles == ["0", "1", "2", "3", "4", "bad"], got
+        batch = next(m for m in got if isinstance(m, list))
+        assert [m["id"] for m in batch] == ["b1"], batch
+        assert "result" in conn.request("status")  # nothing else was sent

@@ -1,0 +1,77 @@
+"""jsontext: every JSON number keeps its text through loads and dumps."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from toolsetd.protocol.codec import Codec, Message, encode
+from toolsetd.protocol.jsontext import JsonNumber, dumps, loads
+
+# RFC 8259 number grammar: -? int frac? exp?
+_INT = st.one_of(st.just("0"), st.from_regex(r"[1-9][0-9]{0,40}", fullmatch=True))
+_FRAC = st.one_of(st.just(""), st.from_regex(r"\.[0-9]{1,20}", fullmatch=True))
+_EXP = st.one_of(st.just(""), st.from_regex(r"[eE][+-]?[0-9]{1,2}", fullmatch=True))
+json_numbers = st.tuples(st.sampled_from(["", "-"]), _INT, _FRAC, _EXP).map("".join)
+
+
+@given(json_numbers)
+def test_any_number_text_survives_loads_and_dumps(text: str) -> None:
+    """A number written any legal way comes back byte for byte, alone and nested."""
+    assert dumps(loads(text)).decode() == text
+    nested = f'{{"a":[{text},{{"b":{text}}}],"s":"x"}}'
+    assert dumps(loads(nested.encode())).decode() == nested
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "value"),
+    [
+        ("1.50", JsonNumber, 1.5),
+        ("1e3", JsonNumber, 1000.0),
+        ("-0", JsonNumber, 0.0),
+        ("123456789012345678901234567890", int, 123456789012345678901234567890),
+        ("-9223372036854775809", int, -9223372036854775809),
+        ("18446744073709551616", int, 2**64),
+        ("7", int, 7),
+    ],
+)
+def test_loads_gives_exact_values(text: str, kind: type, value: object) -> None:
+    """Fractions stay JsonNumber (a float); integers stay int at any width, never float."""
+    parsed = loads(f"[{text}]".encode())[0]
+    assert type(parsed) is kind and parsed == value
+    assert str(parsed) == repr(parsed) == text
+
+
+def test_plain_values_take_the_orjson_path_unchanged() -> None:
+    """Without a float the value is orjson's own (no second parse)."""
+    value = loads(b'{"a":[1,2,{"b":"1.5"}],"c":"2024-01-05","d":null}')
+    assert value == {"a": [1, 2, {"b": "1.5"}], "c": "2024-01-05", "d": None}
+
+
+def test_json_number_copies_and_pickles_with_its_text() -> None:
+    number = JsonNumber("1.50")
+    assert copy.deepcopy(number).text == "1.50"
+    assert pickle.loads(pickle.dumps(number)).text == "1.50"  # noqa: S301 (our own bytes)
+
+
+def test_dumps_writes_wide_integers_exactly() -> None:
+    assert dumps({"n": [2**64, -(2**63) - 1, 1]}) == b'{"n":[18446744073709551616,-9223372036854775809,1]}'
+    assert encode(2**70) == b"1180591620717411303424\n"
+
+
+def test_dumps_still_refuses_what_is_not_json() -> None:
+    with pytest.raises(orjson.JSONEncodeError):
+        dumps({"k": object()})
+
+
+def test_codec_message_keeps_the_text() -> None:
+    codec = Codec()
+    codec.receive_data(b'{"n":1.50}\n')
+    event = codec.next_event()
+    assert isinstance(event, Message)
+    assert encode(event.value) == b'{"n":1.50}\n'
