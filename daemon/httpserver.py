@@ -21,7 +21,8 @@ daemon without the endpoint never loads h11.
   write is bounded by ``write_timeout``; a peer that does not read is disconnected.
 * **The peer leaving.** While the handler runs, a sibling task keeps reading the socket:
   bytes a client pipelines are handed to h11 (which keeps them for the next cycle), and
-  EOF or a reset sets ``Exchange.disconnected`` and cancels the handler's scope, so a
+  EOF or a reset sets ``Exchange.disconnected`` and cancels the handler's scope (unless
+  the handler cleared ``cancel_on_disconnect`` to end the work on its own terms), so a
   client that drops a stream mid-call cancels the call.
 * **Who may connect.** ``admit(stream)`` runs once per connection before any byte is
   read; it returns None to serve, or a :class:`Refusal` that answers the first request
@@ -31,6 +32,7 @@ daemon without the endpoint never loads h11.
 from __future__ import annotations
 
 import errno
+import http
 import itertools
 import math
 from collections.abc import Awaitable, Callable, Sequence
@@ -58,6 +60,7 @@ log = structlog.get_logger("toolsetd.http")
 _ACCEPT_RETRY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _SERVER_HEADER = (b"server", b"toolsetd")
 _READ_SIZE = 65536
+_REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,9 @@ class Exchange:
         self.finished = False
         #: Set when the peer closes or resets the connection while the handler runs.
         self.disconnected = anyio.Event()
+        #: Whether the peer leaving cancels the handler (else it watches ``disconnected``
+        #: and ends on its own terms).
+        self.cancel_on_disconnect = True
 
     @property
     def started(self) -> bool:
@@ -162,7 +168,8 @@ class Exchange:
         self.finished = True
         head = [(k.encode(), v.encode()) for k, v in headers]
         head.append((b"content-length", str(len(body)).encode()))
-        await self._conn.send(h11.Response(status_code=status, headers=[_SERVER_HEADER, *head]))
+        await self._conn.send(h11.Response(status_code=status, headers=[_SERVER_HEADER, *head],
+                         reason=_REASONS.get(status, b"")))
         if body:
             await self._conn.send(h11.Data(data=body))
         await self._conn.send(h11.EndOfMessage())
@@ -180,7 +187,8 @@ class Exchange:
         assert not self.started
         self.streaming = True
         head = [(k.encode(), v.encode()) for k, v in headers]
-        await self._conn.send(h11.Response(status_code=status, headers=[_SERVER_HEADER, *head]))
+        await self._conn.send(h11.Response(status_code=status, headers=[_SERVER_HEADER, *head],
+                         reason=_REASONS.get(status, b"")))
 
     async def send(self, data: bytes) -> None:
         """Send one piece of a streamed response."""
@@ -422,7 +430,8 @@ class HttpServer:
                 while not conn.eof:
                     await conn.receive_into_h11()
                 exchange.disconnected.set()
-                tg.cancel_scope.cancel()
+                if exchange.cancel_on_disconnect:
+                    tg.cancel_scope.cancel()
 
             tg.start_soon(watch_peer)
             try:
@@ -449,6 +458,7 @@ class HttpServer:
             await conn.send(
                 h11.Response(
                     status_code=status,
+                    reason=_REASONS.get(status, b""),
                     headers=[
                         _SERVER_HEADER,
                         (b"content-type", b"application/json"),
