@@ -109,7 +109,9 @@ def parse_listen(text: str) -> ListenAddress:
             "such as 127.0.0.1 or [::1]."
         ) from None
     if isinstance(address, ipaddress.IPv6Address) and not host.startswith("["):
-        raise ListenError(f"--mcp-listen {text!r}: write an IPv6 address in brackets, as [::1]:PORT.")
+        raise ListenError(
+            f"--mcp-listen {text!r}: write an IPv6 address in brackets, as [::1]:PORT."
+        )
     if not address.is_loopback:
         raise ListenError(
             f"--mcp-listen {text!r}: refusing to listen on {literal}, which is not a loopback "
@@ -162,7 +164,9 @@ def read_token_file(path: Path) -> str:
     return token
 
 
-def peer_refusal(cred: PeerCred | None, policy: PeerPolicy, *, token: bool) -> tuple[int, str] | None:
+def peer_refusal(
+    cred: PeerCred | None, policy: PeerPolicy, *, token: bool
+) -> tuple[int, str] | None:
     """Whether a connection's peer is refused (``403``), and why.
 
     Args:

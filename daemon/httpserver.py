@@ -168,8 +168,13 @@ class Exchange:
         self.finished = True
         head = [(k.encode(), v.encode()) for k, v in headers]
         head.append((b"content-length", str(len(body)).encode()))
-        await self._conn.send(h11.Response(status_code=status, headers=[_SERVER_HEADER, *head],
-                         reason=_REASONS.get(status, b"")))
+        await self._conn.send(
+            h11.Response(
+                status_code=status,
+                headers=[_SERVER_HEADER, *head],
+                reason=_REASONS.get(status, b""),
+            )
+        )
         if body:
             await self._conn.send(h11.Data(data=body))
         await self._conn.send(h11.EndOfMessage())
@@ -187,12 +192,18 @@ class Exchange:
         assert not self.started
         self.streaming = True
         head = [(k.encode(), v.encode()) for k, v in headers]
-        await self._conn.send(h11.Response(status_code=status, headers=[_SERVER_HEADER, *head],
-                         reason=_REASONS.get(status, b"")))
+        await self._conn.send(
+            h11.Response(
+                status_code=status,
+                headers=[_SERVER_HEADER, *head],
+                reason=_REASONS.get(status, b""),
+            )
+        )
 
     async def send(self, data: bytes) -> None:
         """Send one piece of a streamed response."""
-        assert self.streaming and not self.finished
+        assert self.streaming
+        assert not self.finished
         if data:
             await self._conn.send(h11.Data(data=data))
 
@@ -213,23 +224,27 @@ Admit = Callable[[anyio.abc.SocketStream], tuple[Any, Refusal | None]]
 class _HttpConnection:
     stream: anyio.abc.SocketStream
     settings: HttpSettings
-    h11: h11.Connection = field(init=False)
+    parser: h11.Connection = field(init=False)
     eof: bool = False
 
     def __post_init__(self) -> None:
-        self.h11 = h11.Connection(
+        self.parser = h11.Connection(
             h11.SERVER, max_incomplete_event_size=self.settings.max_header_bytes
         )
 
     async def send(self, event: h11.Event) -> None:
-        data = self.h11.send(event)
+        data = self.parser.send(event)
         if data:
             try:
                 with anyio.fail_after(self.settings.write_timeout):
                     await self.stream.send(data)
-            except (TimeoutError, anyio.BrokenResourceError, anyio.ClosedResourceError,
-                    OSError) as exc:
-                self.h11.send_failed()
+            except (
+                TimeoutError,
+                anyio.BrokenResourceError,
+                anyio.ClosedResourceError,
+                OSError,
+            ) as exc:
+                self.parser.send_failed()
                 raise _Closed("write failed") from exc
 
     async def receive_into_h11(self) -> None:
@@ -237,18 +252,17 @@ class _HttpConnection:
             return
         try:
             data = await self.stream.receive(_READ_SIZE)
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError,
-                OSError):
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             data = b""
         if not data:
             self.eof = True
-        self.h11.receive_data(data)
+        self.parser.receive_data(data)
 
-    async def next_event(self, timeout: float) -> h11.Event | type[h11.PAUSED]:
-        """The next h11 event, reading as needed, within ``timeout`` seconds in all."""
-        with anyio.fail_after(timeout):
+    async def next_event(self, deadline: float) -> h11.Event | type[h11.PAUSED]:
+        """The next h11 event, reading as needed, within ``deadline`` seconds in all."""
+        with anyio.fail_after(deadline):
             while True:
-                event = self.h11.next_event()
+                event = self.parser.next_event()
                 if event is h11.NEED_DATA:
                     if self.eof:
                         raise _Closed("peer closed")
@@ -339,29 +353,35 @@ class HttpServer:
             with anyio.CancelScope(shield=True), anyio.move_on_after(1):
                 await stream.aclose()
 
-    async def _serve_requests(self, conn: _HttpConnection, peer: Any, refusal: Refusal | None) -> None:
+    async def _serve_requests(
+        self, conn: _HttpConnection, peer: Any, refusal: Refusal | None
+    ) -> None:
         settings = self.settings
         first = True
         while True:
             if not first:
                 try:
-                    conn.h11.start_next_cycle()
+                    conn.parser.start_next_cycle()
                 except h11.LocalProtocolError:
                     return
             # Wait for a request's first byte: a new connection for the head timeout, a
             # keep-alive one for the idle timeout; then the whole head must follow within
             # the head timeout (a slowloris peer is cut off there).
-            if not conn.h11.trailing_data[0] and not conn.eof:
+            if not conn.parser.trailing_data[0] and not conn.eof:
                 with anyio.move_on_after(settings.head_timeout if first else settings.idle_timeout):
                     await conn.receive_into_h11()
-                if not conn.h11.trailing_data[0] and not conn.eof:
+                if not conn.parser.trailing_data[0] and not conn.eof:
                     return
             first = False
             try:
                 event = await conn.next_event(settings.head_timeout)
             except TimeoutError:
-                await self._fail(conn, 408, "Request timeout: the request head did not arrive "
-                                 f"within {settings.head_timeout:g} s.")
+                await self._fail(
+                    conn,
+                    408,
+                    "Request timeout: the request head did not arrive "
+                    f"within {settings.head_timeout:g} s.",
+                )
                 return
             except h11.RemoteProtocolError as exc:
                 await self._fail(conn, exc.error_status_hint, _protocol_message(exc))
@@ -372,21 +392,28 @@ class HttpServer:
             if sum(len(k) + len(v) + 4 for k, v in event.headers) > settings.max_header_bytes:
                 # h11 bounds only a head still incomplete; one that arrived whole in a
                 # single read is measured here.
-                await self._fail(conn, 431, "Request header fields too large: at most "
-                                 f"{settings.max_header_bytes} bytes.")
+                await self._fail(
+                    conn,
+                    431,
+                    f"Request header fields too large: at most {settings.max_header_bytes} bytes.",
+                )
                 return
             try:
                 body = await self._read_body(conn)
             except TimeoutError:
-                await self._fail(conn, 408, "Request timeout: the body did not arrive within "
-                                 f"{settings.body_timeout:g} s.")
+                await self._fail(
+                    conn,
+                    408,
+                    f"Request timeout: the body did not arrive within {settings.body_timeout:g} s.",
+                )
                 return
             except h11.RemoteProtocolError as exc:
                 await self._fail(conn, exc.error_status_hint, _protocol_message(exc))
                 return
             except _BodyTooLarge:
-                await self._fail(conn, 413, "Request body too large: at most "
-                                 f"{settings.max_body_bytes} bytes.")
+                await self._fail(
+                    conn, 413, f"Request body too large: at most {settings.max_body_bytes} bytes."
+                )
                 return
             request = _request(event, body)
             exchange = Exchange(conn)
@@ -399,7 +426,7 @@ class HttpServer:
             await self._run_handler(conn, request, exchange, peer)
             if not exchange.finished:
                 return  # the handler gave up mid-stream (the peer left): nothing to reuse
-            if conn.h11.our_state is h11.MUST_CLOSE or conn.h11.their_state is not h11.DONE:
+            if conn.parser.our_state is h11.MUST_CLOSE or conn.parser.their_state is not h11.DONE:
                 return
 
     async def _read_body(self, conn: _HttpConnection) -> bytes:
@@ -451,7 +478,7 @@ class HttpServer:
     async def _fail(self, conn: _HttpConnection, status: int, message: str) -> None:
         """Answer a request we cannot serve (if a response may still go out), then close."""
         log.info("http_bad_request", status=status, message=message)
-        if conn.h11.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+        if conn.parser.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         body = json_response_body({"error": message})
         try:
@@ -485,8 +512,7 @@ async def _linger(stream: anyio.abc.SocketStream, seconds: float = 1.0) -> None:
             await stream.send_eof()
             while await stream.receive(_READ_SIZE):
                 pass
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError,
-                OSError):
+        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
             pass
 
 

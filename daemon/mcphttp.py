@@ -47,7 +47,6 @@ import anyio
 import anyio.abc
 import orjson
 import structlog
-
 from toolsetd.protocol import errors as rpc_errors
 
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
@@ -275,8 +274,9 @@ class McpHttpEndpoint:
                     port = sock.getsockname()[1]
                     listener = await anyio.abc.SocketListener.from_socket(sock)
                     self._listeners.append(listener)
-                    server = HttpServer(self.http_settings, self._handler(address, port),
-                                        self._admit)
+                    server = HttpServer(
+                        self.http_settings, self._handler(address, port), self._admit
+                    )
                     self._servers.append(server)
                     await tg.start(server.serve, [listener])
                     urls.append(address.url(port))
@@ -316,7 +316,11 @@ class McpHttpEndpoint:
         return handle
 
     async def _handle(
-        self, request: HttpRequest, exchange: Exchange, peer: Any, address: ListenAddress,
+        self,
+        request: HttpRequest,
+        exchange: Exchange,
+        peer: Any,
+        address: ListenAddress,
         port: int,
     ) -> None:
         if request.path != "/mcp":
@@ -342,8 +346,10 @@ class McpHttpEndpoint:
         else:
             await exchange.respond_json(
                 405,
-                {"error": f"Method not allowed: {request.method}; /mcp takes POST, GET and "
-                          "DELETE."},
+                {
+                    "error": f"Method not allowed: {request.method}; /mcp takes POST, GET and "
+                    "DELETE."
+                },
                 [("allow", "GET, POST, DELETE")],
             )
 
@@ -352,29 +358,53 @@ class McpHttpEndpoint:
     async def _post(self, request: HttpRequest, exchange: Exchange) -> None:
         content_type = (request.header("content-type") or "").split(";")[0].strip().lower()
         if content_type != "application/json":
-            await _rpc_error(exchange, 415, None, rpc_errors.InvalidRequest(
-                "Unsupported media type: a POST to /mcp carries one JSON-RPC message with "
-                "Content-Type: application/json."))
+            await _rpc_error(
+                exchange,
+                415,
+                None,
+                rpc_errors.InvalidRequest(
+                    "Unsupported media type: a POST to /mcp carries one JSON-RPC message with "
+                    "Content-Type: application/json."
+                ),
+            )
             return
         try:
             message = orjson.loads(request.body)
         except orjson.JSONDecodeError as exc:
-            await _rpc_error(exchange, 400, None, rpc_errors.ParseError(
-                f"Parse error: the body is not JSON ({exc.msg} at character {exc.pos})."))
+            await _rpc_error(
+                exchange,
+                400,
+                None,
+                rpc_errors.ParseError(
+                    f"Parse error: the body is not JSON ({exc.msg} at character {exc.pos})."
+                ),
+            )
             return
         if not isinstance(message, dict):
-            await _rpc_error(exchange, 400, None, rpc_errors.InvalidRequest(
-                "Invalid Request: the body must be one JSON-RPC message object; MCP takes no "
-                "batches."))
+            await _rpc_error(
+                exchange,
+                400,
+                None,
+                rpc_errors.InvalidRequest(
+                    "Invalid Request: the body must be one JSON-RPC message object; MCP takes no "
+                    "batches."
+                ),
+            )
             return
         session_id = request.header(_SESSION_HEADER)
         fresh = False
         if session_id is not None:
             session = self.sessions.get(session_id)
             if session is None:
-                await _rpc_error(exchange, 404, message.get("id"), rpc_errors.InvalidRequest(
-                    f"Session not found: Mcp-Session-Id {session_id!r} is not (or no longer) a "
-                    "session of this daemon; send initialize for a new one."))
+                await _rpc_error(
+                    exchange,
+                    404,
+                    message.get("id"),
+                    rpc_errors.InvalidRequest(
+                        f"Session not found: Mcp-Session-Id {session_id!r} is not (or no longer) a "
+                        "session of this daemon; send initialize for a new one."
+                    ),
+                )
                 return
         elif message.get("method") == "initialize" and "id" in message:
             opened = await self._open(request, exchange, message, stateless=False)
@@ -387,9 +417,15 @@ class McpHttpEndpoint:
                 return
             session = opened
         else:
-            await _rpc_error(exchange, 400, None, rpc_errors.InvalidRequest(
-                "Bad request: a notification or response needs its session's Mcp-Session-Id "
-                "header."))
+            await _rpc_error(
+                exchange,
+                400,
+                None,
+                rpc_errors.InvalidRequest(
+                    "Bad request: a notification or response needs its session's Mcp-Session-Id "
+                    "header."
+                ),
+            )
             return
         session.last_used = time.monotonic()
         try:
@@ -400,7 +436,11 @@ class McpHttpEndpoint:
                 self._end_session(session)
 
     async def _open(
-        self, request: HttpRequest, exchange: Exchange, message: dict[str, Any], *,
+        self,
+        request: HttpRequest,
+        exchange: Exchange,
+        message: dict[str, Any],
+        *,
         stateless: bool,
     ) -> _Session | None:
         """A session (or a stateless exchange) bound to the URL's query, or a 400 answer."""
@@ -411,18 +451,30 @@ class McpHttpEndpoint:
             if values:
                 bind[name] = values[-1]
         if "workspace" not in bind:
-            await _rpc_error(exchange, 400, request_id, rpc_errors.InvalidWorkspace(
-                "Invalid workspace: the URL must name the workspace, as "
-                "/mcp?workspace=/absolute/path (optionally &catalog=plan|work&mode=MODE).",
-                {"field": "workspace"}))
+            await _rpc_error(
+                exchange,
+                400,
+                request_id,
+                rpc_errors.InvalidWorkspace(
+                    "Invalid workspace: the URL must name the workspace, as "
+                    "/mcp?workspace=/absolute/path (optionally &catalog=plan|work&mode=MODE).",
+                    {"field": "workspace"},
+                ),
+            )
             return None
         if not stateless:
             await self._expire_idle()
             if len(self.sessions) >= self.settings.max_sessions:
                 limit = self.settings.max_sessions
-                await _rpc_error(exchange, 503, request_id, rpc_errors.ServerBusy(
-                    f"Too many MCP sessions: at most {limit}; end one with DELETE first.",
-                    {"limit": limit}))
+                await _rpc_error(
+                    exchange,
+                    503,
+                    request_id,
+                    rpc_errors.ServerBusy(
+                        f"Too many MCP sessions: at most {limit}; end one with DELETE first.",
+                        {"limit": limit},
+                    ),
+                )
                 return None
         outbox = _StreamOutbox(keep_until_attached=False)
         session = _Session(None if stateless else secrets.token_urlsafe(24), outbox)
@@ -466,11 +518,13 @@ class McpHttpEndpoint:
             await exchange.disconnected.wait()
             outbox.close()
             if not done.is_set() and not session.closed:
-                await core.receive({
-                    "jsonrpc": "2.0",
-                    "method": "notifications/cancelled",
-                    "params": {"requestId": request_id, "reason": "the client disconnected"},
-                })
+                await core.receive(
+                    {
+                        "jsonrpc": "2.0",
+                        "method": "notifications/cancelled",
+                        "params": {"requestId": request_id, "reason": "the client disconnected"},
+                    }
+                )
 
         session.requests.add(request_id)
         try:
@@ -488,7 +542,11 @@ class McpHttpEndpoint:
             outbox.close()
 
     async def _write_answer(
-        self, exchange: Exchange, outbox: _StreamOutbox, done: anyio.Event, answer: list[Any],
+        self,
+        exchange: Exchange,
+        outbox: _StreamOutbox,
+        done: anyio.Event,
+        answer: list[Any],
         headers: list[tuple[str, str]],
     ) -> None:
         """JSON if the answer comes first, else SSE: the request's messages, then the answer."""

@@ -82,8 +82,10 @@ def peer_uid_from_sock_diag(
     ) + _SOCKID_TAIL.pack(0, _INET_DIAG_NOCOOKIE, _INET_DIAG_NOCOOKIE)
     body = _REQ_HEAD.pack(family, socket.IPPROTO_TCP, 0, 0xFFFFFFFF) + sockid
     seq = 1
-    message = _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), _SOCK_DIAG_BY_FAMILY,
-                              _NLM_F_REQUEST, seq, 0) + body
+    message = (
+        _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, seq, 0)
+        + body
+    )
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
         nl.settimeout(timeout)
         nl.sendto(message, (0, 0))
@@ -112,7 +114,7 @@ def _proc_address(text: str, family: int) -> tuple[str, int]:
     host_hex, _, port_hex = text.partition(":")
     raw = bytes.fromhex(host_hex)
     # The kernel prints each 32-bit word of the address in host byte order.
-    words = [raw[i:i + 4] for i in range(0, len(raw), 4)]
+    words = [raw[i : i + 4] for i in range(0, len(raw), 4)]
     native = b"".join(w[::-1] if struct.pack("=I", 1)[0] == 1 else w for w in words)
     return socket.inet_ntop(family, native), int(port_hex, 16)
 
@@ -146,7 +148,8 @@ def peer_uid_from_proc(
             here_host, here_port = _proc_address(fields[1], family)
             there_host, there_port = _proc_address(fields[2], family)
             if (ipaddress.ip_address(here_host), here_port) == want_local and (
-                ipaddress.ip_address(there_host), there_port
+                ipaddress.ip_address(there_host),
+                there_port,
             ) == want_remote:
                 return int(fields[7])
     return None
