@@ -3,9 +3,10 @@
 Theory of operation
 -------------------
 h11 owns HTTP/1.1 framing, as our ``Codec`` owns NDJSON: bytes in, events out, no I/O.
-This module drives it on an anyio socket stream, one task per connection, and hands each
-complete request to a handler. It is imported only when ``--mcp-listen`` is given, so a
-daemon without the endpoint never loads h11.
+This module drives it on the event loop's socket transport (the ``Wire`` the Unix socket
+connections use), one task per connection, and hands each complete request to a handler.
+It is imported only when ``--mcp-listen`` is given, so a daemon without the endpoint never
+loads h11.
 
 * **Reading a request.** The request head must arrive within ``head_timeout`` seconds of
   its first byte being awaited (a slowloris peer that trickles header bytes is answered
@@ -19,24 +20,28 @@ daemon without the endpoint never loads h11.
   ``respond`` (a whole body with ``Content-Length``), or ``start_stream`` then any number
   of ``send`` and one ``end`` (chunked transfer coding, for server-sent events). Every
   write is bounded by ``write_timeout``; a peer that does not read is disconnected.
-* **The peer leaving.** While the handler runs, a sibling task keeps reading the socket:
-  bytes a client pipelines are handed to h11 (which keeps them for the next cycle), and
-  EOF or a reset sets ``Exchange.disconnected`` and cancels the handler's scope (unless
+* **The peer leaving.** The wire reports EOF and resets as they happen: while a handler
+  runs, either sets ``Exchange.disconnected`` and cancels the connection's scope (unless
   the handler cleared ``cancel_on_disconnect`` to end the work on its own terms), so a
-  client that drops a stream mid-call cancels the call.
-* **Who may connect.** ``admit(stream)`` runs once per connection before any byte is
+  client that drops a stream mid-call cancels the call. Bytes a client pipelines wait in
+  the wire for the next cycle.
+* **Cost.** A request costs no task and no cancel scope of its own: deadlines are loop
+  timers that wake the reader, and writes go to the transport at once.
+* **Who may connect.** ``admit(sock)`` runs once per connection before any byte is
   read; it returns None to serve, or a :class:`Refusal` that answers the first request
   with its status and message and closes.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import errno
 import http
 import itertools
-import math
+import socket
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -45,6 +50,8 @@ import anyio.abc
 import h11
 import orjson
 import structlog
+
+from .wire import Wire
 
 __all__ = [
     "Exchange",
@@ -59,7 +66,10 @@ log = structlog.get_logger("toolsetd.http")
 
 _ACCEPT_RETRY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _SERVER_HEADER = (b"server", b"toolsetd")
-_READ_SIZE = 65536
+#: Received bytes held for the parser before the socket stops being read.
+_READ_BUFFER = 256 * 1024
+#: Outgoing bytes the transport buffers before a writer waits for the peer.
+_SEND_BUFFER = 256 * 1024
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 
 
@@ -154,6 +164,8 @@ class Exchange:
         #: Whether the peer leaving cancels the handler (else it watches ``disconnected``
         #: and ends on its own terms).
         self.cancel_on_disconnect = True
+        #: Called (once, without waiting) when the peer leaves while the handler runs.
+        self.on_disconnect: Callable[[], None] | None = None
 
     @property
     def started(self) -> bool:
@@ -168,16 +180,16 @@ class Exchange:
         self.finished = True
         head = [(k.encode(), v.encode()) for k, v in headers]
         head.append((b"content-length", str(len(body)).encode()))
+        # One write for the whole response: head, body and end go out in one segment.
         await self._conn.send(
             h11.Response(
                 status_code=status,
                 headers=[_SERVER_HEADER, *head],
                 reason=_REASONS.get(status, b""),
-            )
+            ),
+            h11.Data(data=body),
+            h11.EndOfMessage(),
         )
-        if body:
-            await self._conn.send(h11.Data(data=body))
-        await self._conn.send(h11.EndOfMessage())
 
     async def respond_json(
         self, status: int, value: Any, headers: Sequence[tuple[str, str]] = ()
@@ -213,62 +225,192 @@ class Exchange:
             self.finished = True
             await self._conn.send(h11.EndOfMessage())
 
+    # -- without waiting (for senders that must never wait, such as an MCP outbox) --------
+
+    def start_stream_now(self, status: int, headers: Sequence[tuple[str, str]] = ()) -> None:
+        """``start_stream`` without waiting: the head is committed to go out in order."""
+        assert not self.started
+        self.streaming = True
+        head = [(k.encode(), v.encode()) for k, v in headers]
+        self._conn.post(
+            h11.Response(
+                status_code=status,
+                headers=[_SERVER_HEADER, *head],
+                reason=_REASONS.get(status, b""),
+            )
+        )
+
+    def send_now(self, data: bytes) -> None:
+        """``send`` without waiting: committed to go out after what was sent before it."""
+        assert self.streaming
+        if data and not self.finished:
+            self._conn.post(h11.Data(data=data))
+
+    @property
+    def backlogged(self) -> bool:
+        """Whether written bytes wait for a peer that is not reading."""
+        return self._conn.wire.backlogged
+
+    async def drained(self) -> None:
+        """Wait until everything written is with the socket (or the peer is gone)."""
+        await self._conn.wire.wait_drained()
+
 
 #: A request handler: the request, where to answer, and what ``admit`` learnt of the peer.
 Handler = Callable[[HttpRequest, Exchange, Any], Awaitable[None]]
-#: Decides whether a connection is served: (stream) -> (peer info, refusal or None).
-Admit = Callable[[anyio.abc.SocketStream], tuple[Any, Refusal | None]]
+#: Decides whether a connection is served: (socket) -> (peer info, refusal or None).
+Admit = Callable[[socket.socket], tuple[Any, Refusal | None]]
 
 
-@dataclass(slots=True)
+class _HttpWire(Wire):
+    """The connection's ``Wire``, telling the connection when the peer leaves."""
+
+    on_gone: Callable[[], None] | None = None
+
+    def eof_received(self) -> bool:
+        keep = super().eof_received()
+        if self.on_gone is not None:
+            self.on_gone()
+        return keep
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.on_gone is not None:
+            self.on_gone()
+
+
 class _HttpConnection:
-    stream: anyio.abc.SocketStream
-    settings: HttpSettings
-    parser: h11.Connection = field(init=False)
-    eof: bool = False
+    """One HTTP connection: h11 over the loop's socket transport (``Wire``).
 
-    def __post_init__(self) -> None:
+    Reads wait on plain futures with a loop timer as their deadline, and writes never
+    wait unless the peer is behind (then the wire's stall timer bounds the wait): a
+    request costs no cancel scope and no task of its own.
+    """
+
+    def __init__(self, wire: _HttpWire, settings: HttpSettings) -> None:
+        self.wire = wire
+        self.settings = settings
         self.parser = h11.Connection(
-            h11.SERVER, max_incomplete_event_size=self.settings.max_header_bytes
+            h11.SERVER, max_incomplete_event_size=settings.max_header_bytes
         )
+        self.loop = asyncio.get_running_loop()
+        #: The exchange whose handler is running (told when the peer leaves).
+        self.exchange: Exchange | None = None
+        self.scope: anyio.CancelScope | None = None
+        wire.on_gone = self._gone
 
-    async def send(self, event: h11.Event) -> None:
-        data = self.parser.send(event)
-        if data:
-            try:
-                with anyio.fail_after(self.settings.write_timeout):
-                    await self.stream.send(data)
-            except (
-                TimeoutError,
-                anyio.BrokenResourceError,
-                anyio.ClosedResourceError,
-                OSError,
-            ) as exc:
-                self.parser.send_failed()
-                raise _Closed("write failed") from exc
+    @property
+    def eof(self) -> bool:
+        return self.wire.eof
 
-    async def receive_into_h11(self) -> None:
-        if self.eof:
+    def _gone(self) -> None:
+        exchange = self.exchange
+        if exchange is not None and not exchange.disconnected.is_set():
+            exchange.disconnected.set()
+            if exchange.on_disconnect is not None:
+                exchange.on_disconnect()
+            if exchange.cancel_on_disconnect and self.scope is not None:
+                self.scope.cancel()
+
+    def post(self, *events: h11.Event) -> None:
+        """Commit events to go out in order without waiting (dropped if the peer is gone)."""
+        parser = self.parser
+        if self.wire.lost:
             return
-        try:
-            data = await self.stream.receive(_READ_SIZE)
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            data = b""
-        if not data:
-            self.eof = True
-        self.parser.receive_data(data)
+        data = b"".join(parser.send(event) or b"" for event in events)
+        if data:
+            self.wire.enqueue(data)
+
+    async def send(self, *events: h11.Event) -> None:
+        parser = self.parser
+        data = b"".join(parser.send(event) or b"" for event in events)
+        wire = self.wire
+        if wire.lost:
+            parser.send_failed()
+            raise _Closed("the peer is gone")
+        if data:
+            wire.enqueue(data)
+            if wire.backlogged:
+                # The peer is behind: wait for it (the wire's stall timer ends a peer
+                # that takes nothing for the write timeout).
+                await wire.wait_drained()
+                if wire.lost:
+                    parser.send_failed()
+                    raise _Closed("the peer is gone")
+
+    async def fill(self, deadline: float) -> None:
+        """Hand h11 the bytes received, waiting for some until ``deadline`` (loop time).
+
+        Raises:
+            TimeoutError: Nothing arrived by the deadline.
+        """
+        wire = self.wire
+        if not wire.has_data and not wire.eof:
+            if deadline <= self.loop.time():
+                raise TimeoutError
+            timer = self.loop.call_at(deadline, wire.wake_reader)
+            try:
+                await wire.wait_readable()
+            finally:
+                timer.cancel()
+            if not wire.has_data and not wire.eof:
+                raise TimeoutError
+        data = wire.take()
+        if data:
+            self.parser.receive_data(data)
+        elif wire.eof and not self.parser.trailing_data[1]:
+            self.parser.receive_data(b"")
 
     async def next_event(self, deadline: float) -> h11.Event | type[h11.PAUSED]:
-        """The next h11 event, reading as needed, within ``deadline`` seconds in all."""
-        with anyio.fail_after(deadline):
-            while True:
-                event = self.parser.next_event()
-                if event is h11.NEED_DATA:
-                    if self.eof:
-                        raise _Closed("peer closed")
-                    await self.receive_into_h11()
-                    continue
-                return event  # type: ignore[return-value]  # NEED_DATA handled above
+        """The next h11 event, reading as needed, by ``deadline`` (loop time)."""
+        while True:
+            event = self.parser.next_event()
+            if event is h11.NEED_DATA:
+                if self.parser.trailing_data[1]:
+                    raise _Closed("peer closed")
+                await self.fill(deadline)
+                continue
+            return event  # type: ignore[return-value]  # NEED_DATA handled above
+
+    async def close(self) -> None:
+        """Flush what is queued (bounded by the stall timer), then close the socket."""
+        wire = self.wire
+        transport = wire.transport
+        if transport is None or wire.lost:
+            return
+        await wire.wait_drained()
+        transport.close()
+        with anyio.move_on_after(self.settings.write_timeout):
+            await wire.wait_closed()
+        if not wire.lost:
+            transport.abort()
+
+    def abort(self) -> None:
+        transport = self.wire.transport
+        if transport is not None and not self.wire.lost:
+            transport.abort()
+
+    async def linger(self, seconds: float = 1.0) -> None:
+        """Close our sending side, then drain the peer's bytes briefly before the close.
+
+        Closing a socket with unread input sends a reset, and a reset can destroy the
+        error response the peer has not read yet (a slow peer still sending its head).
+        """
+        wire = self.wire
+        transport = wire.transport
+        if transport is None or wire.lost:
+            return
+        await wire.wait_drained()
+        if transport.can_write_eof():
+            transport.write_eof()
+        deadline = self.loop.time() + seconds
+        while not wire.eof and not wire.lost and self.loop.time() < deadline:
+            wire.take()
+            timer = self.loop.call_at(deadline, wire.wake_reader)
+            try:
+                await wire.wait_readable()
+            finally:
+                timer.cancel()
 
 
 class HttpServer:
@@ -287,62 +429,89 @@ class HttpServer:
         self._ids = itertools.count(1)
         self.connections = 0
         self._scopes: set[anyio.CancelScope] = set()
+        self._accepting: anyio.CancelScope | None = None
 
     async def serve(
         self,
-        listeners: Sequence[anyio.abc.SocketListener],
+        sockets: Sequence[socket.socket],
         *,
         task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Accept on every listener until cancelled; the listeners are closed at the end."""
+        """Accept on every listening socket until cancelled; they are closed at the end.
+
+        After ``stop_accepting`` the connections already open are served to their end.
+        """
         try:
-            async with anyio.create_task_group() as tg:
-                for listener in listeners:
-                    tg.start_soon(self._accept_loop, listener, tg)
+            # The connections' group outlives the accept loops' (``stop_accepting``).
+            async with (
+                anyio.create_task_group() as connections,
+                anyio.create_task_group() as accepting,
+            ):
+                self._accepting = accepting.cancel_scope
+                for sock in sockets:
+                    sock.setblocking(False)
+                    accepting.start_soon(self._accept_loop, sock, connections)
                 task_status.started()
         finally:
-            with anyio.CancelScope(shield=True):
-                for listener in listeners:
-                    await listener.aclose()
+            for sock in sockets:
+                sock.close()
+
+    def stop_accepting(self) -> None:
+        """Accept no more connections (a graceful stop); open ones go on."""
+        if self._accepting is not None:
+            self._accepting.cancel()
 
     def close_all(self) -> None:
         """Cancel every connection (a stop)."""
+        self.stop_accepting()
         for scope in list(self._scopes):
             scope.cancel()
 
-    async def _accept_loop(
-        self, listener: anyio.abc.SocketListener, tg: anyio.abc.TaskGroup
-    ) -> None:
+    async def _accept_loop(self, sock: socket.socket, tg: anyio.abc.TaskGroup) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                stream = await listener.accept()
-            except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                return
+                conn, _ = await loop.sock_accept(sock)
             except OSError as exc:
                 if exc.errno in _ACCEPT_RETRY_ERRNOS:
                     log.warning("http_accept_retry", errno=exc.errno)
                     await anyio.sleep(0.1)
                     continue
                 raise
-            tg.start_soon(self._serve_connection, stream)
+            tg.start_soon(self._serve_connection, conn)
 
-    async def _serve_connection(self, stream: anyio.abc.SocketStream) -> None:
+    async def _serve_connection(self, raw: socket.socket) -> None:
         conn_id = next(self._ids)
-        conn = _HttpConnection(stream, self.settings)
+        # Answers are written whole; waiting for the peer's ACK (Nagle) would only add
+        # the delayed-ACK pause to every response and SSE event.
+        with contextlib.suppress(OSError):
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.connections += 1
         scope = anyio.CancelScope()
         self._scopes.add(scope)
+        conn: _HttpConnection | None = None
         try:
             with structlog.contextvars.bound_contextvars(http_conn_id=conn_id), scope:
-                peer, refusal = self._admit(stream)
+                peer, refusal = self._admit(raw)
                 if refusal is None and self.connections > self.settings.max_connections:
                     refusal = Refusal(
                         503,
                         f"Too many connections: toolsetd serves at most "
                         f"{self.settings.max_connections} HTTP connections at once.",
                     )
+                loop = asyncio.get_running_loop()
+                raw.setblocking(False)
+                transport, wire = await loop.connect_accepted_socket(
+                    lambda: _HttpWire(loop, _READ_BUFFER), sock=raw
+                )
+                transport.set_write_buffer_limits(high=_SEND_BUFFER)
+                wire.stall_seconds = self.settings.write_timeout
+                conn = _HttpConnection(wire, self.settings)
+                wire.on_stall = conn.abort
+                conn.scope = scope
                 try:
                     await self._serve_requests(conn, peer, refusal)
+                    await conn.close()
                 except _Closed:
                     pass
                 except Exception:
@@ -350,31 +519,39 @@ class HttpServer:
         finally:
             self.connections -= 1
             self._scopes.discard(scope)
-            with anyio.CancelScope(shield=True), anyio.move_on_after(1):
-                await stream.aclose()
+            if conn is not None:
+                conn.abort()
+            else:
+                raw.close()
 
     async def _serve_requests(
         self, conn: _HttpConnection, peer: Any, refusal: Refusal | None
     ) -> None:
         settings = self.settings
+        loop = conn.loop
+        parser = conn.parser
         first = True
         while True:
             if not first:
                 try:
-                    conn.parser.start_next_cycle()
+                    parser.start_next_cycle()
                 except h11.LocalProtocolError:
                     return
             # Wait for a request's first byte: a new connection for the head timeout, a
             # keep-alive one for the idle timeout; then the whole head must follow within
             # the head timeout (a slowloris peer is cut off there).
-            if not conn.parser.trailing_data[0] and not conn.eof:
-                with anyio.move_on_after(settings.head_timeout if first else settings.idle_timeout):
-                    await conn.receive_into_h11()
-                if not conn.parser.trailing_data[0] and not conn.eof:
+            if not parser.trailing_data[0]:
+                wait = settings.head_timeout if first else settings.idle_timeout
+                try:
+                    await conn.fill(loop.time() + wait)
+                except TimeoutError:
                     return
+                if not parser.trailing_data[0]:
+                    return  # closed between requests
             first = False
+            deadline = loop.time() + settings.head_timeout
             try:
-                event = await conn.next_event(settings.head_timeout)
+                event = await conn.next_event(deadline)
             except TimeoutError:
                 await self._fail(
                     conn,
@@ -399,7 +576,7 @@ class HttpServer:
                 )
                 return
             try:
-                body = await self._read_body(conn)
+                body = await self._read_body(conn, loop.time() + settings.body_timeout)
             except TimeoutError:
                 await self._fail(
                     conn,
@@ -424,49 +601,42 @@ class HttpServer:
                 )
                 return
             await self._run_handler(conn, request, exchange, peer)
-            if not exchange.finished:
+            if not exchange.finished or exchange.disconnected.is_set():
                 return  # the handler gave up mid-stream (the peer left): nothing to reuse
-            if conn.parser.our_state is h11.MUST_CLOSE or conn.parser.their_state is not h11.DONE:
+            if parser.our_state is h11.MUST_CLOSE or parser.their_state is not h11.DONE:
                 return
 
-    async def _read_body(self, conn: _HttpConnection) -> bytes:
+    async def _read_body(self, conn: _HttpConnection, deadline: float) -> bytes:
+        """The whole body, by one deadline: a peer trickling bytes cannot hold us longer."""
         parts: list[bytes] = []
         size = 0
-        # One deadline for the whole body: a peer trickling bytes cannot hold us longer.
-        with anyio.fail_after(self.settings.body_timeout):
-            while True:
-                event = await conn.next_event(math.inf)
-                if isinstance(event, h11.Data):
-                    size += len(event.data)
-                    if size > self.settings.max_body_bytes:
-                        raise _BodyTooLarge
-                    parts.append(bytes(event.data))
-                elif isinstance(event, h11.EndOfMessage):
-                    return b"".join(parts)
-                else:
-                    raise h11.RemoteProtocolError("unexpected event in the request body")
+        while True:
+            event = await conn.next_event(deadline)
+            if isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > self.settings.max_body_bytes:
+                    raise _BodyTooLarge
+                parts.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            else:
+                raise h11.RemoteProtocolError("unexpected event in the request body")
 
     async def _run_handler(
         self, conn: _HttpConnection, request: HttpRequest, exchange: Exchange, peer: Any
     ) -> None:
-        async with anyio.create_task_group() as tg:
-
-            async def watch_peer() -> None:
-                # Keep reading: pipelined bytes go to h11 for the next cycle; EOF or a
-                # reset means the client left, which cancels what it asked for.
-                while not conn.eof:
-                    await conn.receive_into_h11()
-                exchange.disconnected.set()
-                if exchange.cancel_on_disconnect:
-                    tg.cancel_scope.cancel()
-
-            tg.start_soon(watch_peer)
-            try:
-                await self._handler(request, exchange, peer)
-            except _Closed:
-                exchange.disconnected.set()
-            finally:
-                tg.cancel_scope.cancel()
+        # The peer leaving while the handler runs sets ``exchange.disconnected`` and, unless
+        # the handler cleared ``cancel_on_disconnect``, cancels the connection's scope (the
+        # connection cannot carry another request anyway). Pipelined bytes wait in the wire.
+        conn.exchange = exchange
+        if conn.eof:
+            conn._gone()
+        try:
+            await self._handler(request, exchange, peer)
+        except _Closed:
+            exchange.disconnected.set()
+        finally:
+            conn.exchange = None
         if exchange.disconnected.is_set():
             return
         if not exchange.started:
@@ -492,28 +662,13 @@ class HttpServer:
                         (b"content-length", str(len(body)).encode()),
                         (b"connection", b"close"),
                     ],
-                )
+                ),
+                h11.Data(data=body),
+                h11.EndOfMessage(),
             )
-            await conn.send(h11.Data(data=body))
-            await conn.send(h11.EndOfMessage())
         except (_Closed, h11.LocalProtocolError):
             return
-        await _linger(conn.stream)
-
-
-async def _linger(stream: anyio.abc.SocketStream, seconds: float = 1.0) -> None:
-    """Close our sending side, then drain the peer's bytes briefly before the close.
-
-    Closing a socket with unread input sends a reset, and a reset can destroy the error
-    response the peer has not read yet (a slow peer still sending its head).
-    """
-    with anyio.move_on_after(seconds):
-        try:
-            await stream.send_eof()
-            while await stream.receive(_READ_SIZE):
-                pass
-        except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            pass
+        await conn.linger()
 
 
 class _BodyTooLarge(Exception):

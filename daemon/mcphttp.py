@@ -18,19 +18,21 @@ only carried, and each request's own messages are kept on that request's stream.
   ``initialize`` is one self-contained exchange: a core session lives for that request
   alone, bound to the URL's query, and ends with its answer.
 * **POST** carries one JSON-RPC message. A notification, or a response (the host's answer
-  to an elicitation), is ``202``. A request is answered on that POST: as one JSON body
-  when the core answers before it has sent anything else for that request, or else as an
-  SSE stream that carries, in order, what the core posts for the request (progress, the
-  ``elicitation/create`` it asks) and finally its response. A client that closes the
-  POST before the answer (it left mid-call) has the request cancelled through the core's
-  own ``notifications/cancelled`` path, as a disconnect cancels calls on the Unix socket.
+  to an elicitation), is ``202``. A request is served in the POST's own task and answered
+  on that POST: as one JSON body when the core answers before it has posted anything for
+  that request, or else as an SSE stream that begins with the first thing the core posts
+  for the request (progress, the ``elicitation/create`` it asks) and ends with its
+  response. A client that closes the POST before the answer (it left mid-call) has the
+  request cancelled through the core's own ``notifications/cancelled`` path, as a
+  disconnect cancels calls on the Unix socket.
 * **GET** opens the session's one server-to-client SSE stream (a second is 409). It is
   the session's outbox: what belongs to no request, ``notifications/tools/list_changed``
   above all; with no GET stream open, such messages are dropped (list_changed only says
   "list again").
-* **Flow.** An outbox never makes the core wait (``post``); progress the stream cannot
-  keep up with is dropped (the next one carries the same counters), everything else
-  queues. ``drained`` lets the core wait until a stream took what it posted.
+* **Flow.** An outbox never makes the core wait (``post`` commits to the connection in
+  order); progress a client is not keeping up with is dropped (the next one carries the
+  same counters), everything else queues. ``drained`` lets the core wait until the
+  client took what it posted.
 """
 
 from __future__ import annotations
@@ -82,15 +84,12 @@ class McpHttpSettings:
     Attributes:
         max_sessions: Sessions held at once; one more ``initialize`` is 503.
         session_idle_seconds: A session with no request and no stream this long ends.
-        ping_seconds: Seconds between SSE comment lines on an idle stream.
-        cancel_grace_seconds: How long a request cancelled by a disconnect may take to
-            end (its tool's process group is being killed meanwhile).
+        ping_seconds: Seconds between SSE comment lines on an idle GET stream.
     """
 
     max_sessions: int = 1024
     session_idle_seconds: float = 3600.0
     ping_seconds: float = 20.0
-    cancel_grace_seconds: float = 30.0
 
 
 class Outbox(Protocol):
@@ -143,27 +142,53 @@ def _sse(message: Any) -> bytes:
     return b"event: message\ndata: " + orjson.dumps(message) + b"\n\n"
 
 
-class _StreamOutbox:
-    """An outbox feeding one SSE stream (a POST's, or the session's GET stream).
+class _PostOutbox:
+    """A request's outbox: its POST, which turns into an SSE stream at the first message.
 
-    ``post`` queues and wakes the stream's writer; until a writer attaches (a GET stream
-    not open), messages are dropped. ``drained`` waits until the writer has sent what
-    was posted before it was called, or the stream is gone.
+    ``post`` never waits: the stream's head and each event are committed to the
+    connection in order. Progress (droppable) is dropped while the client is behind.
     """
 
-    def __init__(self, *, keep_until_attached: bool) -> None:
+    def __init__(self, exchange: Exchange, headers: list[tuple[str, str]]) -> None:
+        self._exchange = exchange
+        self._headers = headers
+        self.closed = False
+
+    def post(self, message: dict[str, Any], *, droppable: bool = False) -> None:
+        exchange = self._exchange
+        if self.closed or exchange.finished or exchange.disconnected.is_set():
+            return
+        if droppable and exchange.backlogged:
+            return
+        if not exchange.streaming:
+            exchange.start_stream_now(200, [*_SSE_HEADERS, *self._headers])
+        exchange.send_now(_sse(message))
+
+    async def drained(self) -> None:
+        if not self.closed and not self._exchange.disconnected.is_set():
+            await self._exchange.drained()
+
+
+class _StreamOutbox:
+    """A session's outbox: its GET stream.
+
+    ``post`` queues and wakes the stream's writer; while no GET stream is open, messages
+    are dropped. ``drained`` waits until the writer has sent what was posted before it
+    was called, or the stream is gone.
+    """
+
+    def __init__(self) -> None:
         self._queue: deque[tuple[int, dict[str, Any], bool]] = deque()
         self._posted = 0
         self._sent = 0
-        self._dropped_while_detached = not keep_until_attached
-        self.attached = keep_until_attached
+        self.attached = False
         self.closed = False
         self._wake = anyio.Event()
         self._progress = anyio.Event()
         self._last_taken = 0
 
     def post(self, message: dict[str, Any], *, droppable: bool = False) -> None:
-        if self.closed or (not self.attached and self._dropped_while_detached):
+        if self.closed or not self.attached:
             return
         if droppable and len(self._queue) > _DROP_BEYOND:
             return
@@ -185,10 +210,6 @@ class _StreamOutbox:
         if not self._queue:
             await self._wake.wait()
         self._wake = anyio.Event()
-
-    def wake(self) -> None:
-        """End a pending ``wait`` (the request's answer is ready)."""
-        self._wake.set()
 
     def take(self) -> list[dict[str, Any]]:
         """Every waiting message, oldest first."""
@@ -256,7 +277,8 @@ class McpHttpEndpoint:
         self.http_settings = http or HttpSettings()
         self.sessions: dict[str, _Session] = {}
         self._servers: list[HttpServer] = []
-        self._listeners: list[anyio.abc.SocketListener] = []
+        #: The endpoint's task group (for cancelling the requests of clients that left).
+        self._tg: anyio.abc.TaskGroup | None = None
 
     # -- serving -------------------------------------------------------------------------
 
@@ -270,15 +292,14 @@ class McpHttpEndpoint:
         urls = []
         try:
             async with anyio.create_task_group() as tg:
+                self._tg = tg
                 for address, sock in sockets:
                     port = sock.getsockname()[1]
-                    listener = await anyio.abc.SocketListener.from_socket(sock)
-                    self._listeners.append(listener)
                     server = HttpServer(
                         self.http_settings, self._handler(address, port), self._admit
                     )
                     self._servers.append(server)
-                    await tg.start(server.serve, [listener])
+                    await tg.start(server.serve, [sock])
                     urls.append(address.url(port))
                     log.info("mcp_http_listening", url=address.url(port))
                 task_status.started(urls)
@@ -287,9 +308,9 @@ class McpHttpEndpoint:
                 self._end_session(session)
 
     async def stop_accepting(self) -> None:
-        """Close the listeners (a graceful stop): no new connections."""
-        for listener in self._listeners:
-            await listener.aclose()
+        """Accept no more connections (a graceful stop); requests under way go on."""
+        for server in self._servers:
+            server.stop_accepting()
 
     def close(self) -> None:
         """End every session (cancelling its calls) and close every connection."""
@@ -298,8 +319,7 @@ class McpHttpEndpoint:
         for server in self._servers:
             server.close_all()
 
-    def _admit(self, stream: anyio.abc.SocketStream) -> tuple[Any, Refusal | None]:
-        raw: socket.socket = stream.extra(anyio.abc.SocketAttribute.raw_socket)
+    def _admit(self, raw: socket.socket) -> tuple[Any, Refusal | None]:
         cred = tcp_peer_credentials(raw)
         refused = peer_refusal(cred, self._policy, token=self._token is not None)
         if refused is not None:
@@ -476,7 +496,7 @@ class McpHttpEndpoint:
                     ),
                 )
                 return None
-        outbox = _StreamOutbox(keep_until_attached=False)
+        outbox = _StreamOutbox()
         session = _Session(None if stateless else secrets.token_urlsafe(24), outbox)
         try:
             session.core = self._factory(bind, outbox, session.calls)
@@ -500,91 +520,42 @@ class McpHttpEndpoint:
             await exchange.respond(202, headers)
             return
         request_id = message["id"]
-        outbox = _StreamOutbox(keep_until_attached=True)
-        done = anyio.Event()
-        answer: list[Any] = []
-        # The request is answered by this handler; a disconnect must not cut it off, but
-        # cancel it through the core (see _on_disconnect).
+        outbox = _PostOutbox(exchange, headers)
+        # The request is answered by this task; a client that leaves does not cut it
+        # off but has it cancelled through the core, which then ends it.
         exchange.cancel_on_disconnect = False
-
-        async def serve() -> None:
-            try:
-                answer.append(await core.receive(message, outbox))
-            finally:
-                done.set()
-                outbox.wake()
-
-        async def on_disconnect() -> None:
-            await exchange.disconnected.wait()
-            outbox.close()
-            if not done.is_set() and not session.closed:
-                await core.receive(
-                    {
-                        "jsonrpc": "2.0",
-                        "method": "notifications/cancelled",
-                        "params": {"requestId": request_id, "reason": "the client disconnected"},
-                    }
-                )
-
+        exchange.on_disconnect = lambda: self._cancel_request(core, request_id)
         session.requests.add(request_id)
         try:
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(serve)
-                tg.start_soon(on_disconnect)
-                await self._write_answer(exchange, outbox, done, answer, headers)
-                if not done.is_set():
-                    # The client left: the core ends the request; wait for it, bounded.
-                    with anyio.move_on_after(self.settings.cancel_grace_seconds):
-                        await done.wait()
-                tg.cancel_scope.cancel()
+            response = await core.receive(message, outbox)
         finally:
             session.requests.discard(request_id)
-            outbox.close()
-
-    async def _write_answer(
-        self,
-        exchange: Exchange,
-        outbox: _StreamOutbox,
-        done: anyio.Event,
-        answer: list[Any],
-        headers: list[tuple[str, str]],
-    ) -> None:
-        """JSON if the answer comes first, else SSE: the request's messages, then the answer."""
-        await outbox.wait()
-        if outbox.closed:
-            return  # the client left
-        if done.is_set() and not outbox.pending():
-            response = answer[0] if answer else None
-            if response is None:
-                await exchange.respond(202, headers)
-            else:
-                await exchange.respond(
-                    200, [("content-type", "application/json"), *headers], orjson.dumps(response)
-                )
+            outbox.closed = True
+        if exchange.disconnected.is_set():
             return
-        try:
-            await exchange.start_stream(200, [*_SSE_HEADERS, *headers])
-            while True:
-                items = outbox.take()
-                if items:
-                    await exchange.send(b"".join(_sse(item) for item in items))
-                    outbox.mark_sent()
-                if outbox.closed:
-                    return  # the client left
-                if done.is_set() and not outbox.pending():
-                    break
-                with anyio.move_on_after(self.settings.ping_seconds) as idle:
-                    await outbox.wait()
-                if idle.cancelled_caught:
-                    await exchange.send(b": ping\n\n")
-            if answer and answer[0] is not None:
-                await exchange.send(_sse(answer[0]))
+        if exchange.streaming:
+            if response is not None:
+                exchange.send_now(_sse(response))
             await exchange.end()
-        except anyio.get_cancelled_exc_class():
-            raise
-        except Exception:
-            if not exchange.disconnected.is_set():
-                raise
+        elif response is None:
+            await exchange.respond(202, headers)
+        else:
+            await exchange.respond(
+                200, [("content-type", "application/json"), *headers], orjson.dumps(response)
+            )
+
+    def _cancel_request(self, core: CoreSession, request_id: Any) -> None:
+        """The client left before its answer: cancel the request through the core."""
+        if self._tg is None:
+            return
+        self._tg.start_soon(
+            core.receive,
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": request_id, "reason": "the client disconnected"},
+            },
+        )
 
     # -- GET and DELETE --------------------------------------------------------------------
 

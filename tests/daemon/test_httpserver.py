@@ -47,9 +47,11 @@ class Recorder:
 @contextlib.asynccontextmanager
 async def _serve(settings: HttpSettings, handler: Recorder, refusal: Refusal | None = None
                  ) -> AsyncIterator[tuple[int, Recorder]]:
-    listener = (await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)).listeners[0]
-    port = listener.extra(anyio.abc.SocketAttribute.local_port)
-    server = HttpServer(settings, handler, lambda stream: (None, refusal))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    server = HttpServer(settings, handler, lambda sock: (None, refusal))
     async with anyio.create_task_group() as tg:
         await tg.start(server.serve, [listener])
         yield port, handler
