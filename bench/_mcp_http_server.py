@@ -12,11 +12,11 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import anyio  # noqa: E402 - after the path entry that finds the sibling module
+import anyio
 
-from _mcp_server import build  # noqa: E402
+from bench._mcp_server import build
 
 
 def main() -> None:
@@ -25,8 +25,11 @@ def main() -> None:
     parser.add_argument("--sse", action="store_true")
     args = parser.parse_args()
     server = build(1)
-    anyio.run(lambda: server.run_streamable_http_async(
-        host="127.0.0.1", port=args.port, json_response=not args.sse))
+    anyio.run(
+        lambda: server.run_streamable_http_async(
+            host="127.0.0.1", port=args.port, json_response=not args.sse
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -4,11 +4,11 @@
 
 * ``tools/call`` of the ``/bin/true`` tool over ``toolsetd --mcp-listen`` (one session,
   keep-alive, JSON answers) against native ``invoke`` of the same tool on the same daemon:
-  median latency, paired rounds (goal: ≤ 1.3×).
+  median latency, paired rounds (goal: <= 1.3x).
 * Throughput with 8 sessions, each on its own connection with one call in flight: toolsetd's
   endpoint against the MCP Python SDK's own Streamable HTTP server (``MCPServer`` under
   uvicorn, sessions, JSON answers, its faster mode; ``bench/_mcp_http_server.py``), the same
-  client driving both, in the same run (goal: ≥ 2×).
+  client driving both, in the same run (goal: >= 2x).
 * Cold start: spawn → first ``status`` answered, with the endpoint off and on (h11 and the
   HTTP modules are imported only when it is on).
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "bench"  # noqa: A001
+    __package__ = "bench"
 
 import argparse
 import asyncio
@@ -38,6 +38,7 @@ import orjson
 from bench._common import (
     PYTHON,
     REPO,
+    TRUE_SET,
     Goal,
     Section,
     make_home,
@@ -51,7 +52,7 @@ from bench._common import (
     temp_base,
     write_results,
 )
-from bench.bench_invoke import DAEMON_ARGS, TRUE_SET, invoke_params
+from bench.bench_invoke import DAEMON_ARGS, invoke_params
 
 _INIT = {
     "protocolVersion": "2025-11-25",
@@ -79,8 +80,9 @@ class HttpMcp:
 
     async def open(self) -> None:
         self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
-        reply, headers = await self.post({"jsonrpc": "2.0", "id": 0, "method": "initialize",
-                                          "params": _INIT})
+        _, headers = await self.post(
+            {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": _INIT}
+        )
         self.session = headers.get("mcp-session-id")
         await self.post({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
@@ -94,9 +96,11 @@ class HttpMcp:
         assert self._reader is not None
         assert self._writer is not None
         body = orjson.dumps(message)
-        head = (f"POST {self.path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
-                "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
-                f"Content-Length: {len(body)}\r\n")
+        head = (
+            f"POST {self.path} HTTP/1.1\r\nHost: 127.0.0.1:{self.port}\r\n"
+            "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+            f"Content-Length: {len(body)}\r\n"
+        )
         if self.session:
             head += f"Mcp-Session-Id: {self.session}\r\nMcp-Protocol-Version: 2025-11-25\r\n"
         self._writer.write(head.encode() + b"\r\n" + body)
@@ -136,25 +140,31 @@ class HttpMcp:
 
     async def call(self, name: str) -> Any:
         self._id += 1
-        reply, _ = await self.post({"jsonrpc": "2.0", "id": self._id, "method": "tools/call",
-                                    "params": {"name": name, "arguments": {}}})
+        reply, _ = await self.post(
+            {
+                "jsonrpc": "2.0",
+                "id": self._id,
+                "method": "tools/call",
+                "params": {"name": name, "arguments": {}},
+            }
+        )
         result = reply.get("result") if isinstance(reply, dict) else None
         if not isinstance(result, dict) or result.get("isError"):
             raise RuntimeError(f"tools/call {name} failed: {reply}")
         return result
 
 
-async def _latency(port: int, path: str, tool: str, n: int, warmup: int) -> list[int]:
+async def _latency(port: int, path: str, tool: str, n: int, warmup: int) -> list[float]:
     client = HttpMcp(port, path)
     await client.open()
     try:
         for _ in range(warmup):
             await client.call(tool)
-        out = []
+        out: list[float] = []
         for _ in range(n):
             t0 = time.perf_counter_ns()
             await client.call(tool)
-            out.append(time.perf_counter_ns() - t0)
+            out.append(float(time.perf_counter_ns() - t0))
         return out
     finally:
         await client.close()
@@ -175,7 +185,7 @@ async def _throughput(port: int, path: str, tool: str, sessions: int, seconds: f
 
     t0 = time.perf_counter_ns()
     try:
-        await asyncio.gather(*(worker(i) for i in range(sessions)))  # noqa: TID251 - a benchmark client
+        await asyncio.gather(*(worker(i) for i in range(sessions)))
     finally:
         for client in clients:
             await client.close()
@@ -216,9 +226,10 @@ def run(quick: bool = False) -> Section:
         path = f"/mcp?workspace={ws}"
         daemon = start_daemon(home, base, extra=[*DAEMON_ARGS, "--mcp-listen", f"127.0.0.1:{port}"])
         sdk_port = _free_port()
-        sdk = subprocess.Popen(  # noqa: S603
+        sdk = subprocess.Popen(
             [PYTHON, str(REPO / "bench" / "_mcp_http_server.py"), str(sdk_port)],
-            stdout=subprocess.DEVNULL, stderr=(base / "sdk.log").open("wb"),
+            stdout=subprocess.DEVNULL,
+            stderr=(base / "sdk.log").open("wb"),
         )
         try:
             _wait_http(sdk_port, sdk)
@@ -228,7 +239,12 @@ def run(quick: bool = False) -> Section:
 
             native, over_http = paired(
                 rounds,
-                lambda: median(sequential_latency(daemon.socket, "invoke", params, n_calls, 10)),
+                lambda: median(
+                    [
+                        float(t)
+                        for t in sequential_latency(daemon.socket, "invoke", params, n_calls, 10)
+                    ]
+                ),
                 lambda: median(asyncio.run(_latency(port, path, TRUE_SET, n_calls, 10))),
             )
             ts_rps, sdk_rps = paired(
@@ -257,28 +273,58 @@ def run(quick: bool = False) -> Section:
         "latency_ratio": ratio_of_pairs(over_http, native),
     }
     data["throughput_8"] = {
-        "toolsetd_calls_per_s": median(ts_rps), "sdk_calls_per_s": median(sdk_rps),
+        "toolsetd_calls_per_s": median(ts_rps),
+        "sdk_calls_per_s": median(sdk_rps),
         "ratio": ratio_of_pairs(ts_rps, sdk_rps),
     }
     data["cold_start"] = {
-        "off_ms": median(off) / 1e6, "on_ms": median(on) / 1e6, "ratio": ratio_of_pairs(on, off),
+        "off_ms": median(off) / 1e6,
+        "on_ms": median(on) / 1e6,
+        "ratio": ratio_of_pairs(on, off),
     }
     c, t, k = data["call"], data["throughput_8"], data["cold_start"]
     print_table(
         "MCP over Streamable HTTP",
         ["what", "toolsetd HTTP", "baseline", "ratio"],
-        [["tools/call vs native invoke, median µs", c["http_tools_call_median_us"],
-          c["native_invoke_median_us"], c["latency_ratio"]],
-         ["  the SDK's HTTP server, tools/call median µs", "", c["sdk_http_tools_call_median_us"], ""],
-         ["calls/s, 8 sessions, vs the SDK's HTTP server", t["toolsetd_calls_per_s"],
-          t["sdk_calls_per_s"], t["ratio"]],
-         ["cold start, endpoint on vs off, ms", k["on_ms"], k["off_ms"], k["ratio"]]],
+        [
+            [
+                "tools/call vs native invoke, median µs",
+                c["http_tools_call_median_us"],
+                c["native_invoke_median_us"],
+                c["latency_ratio"],
+            ],
+            [
+                "  the SDK's HTTP server, tools/call median µs",
+                "",
+                c["sdk_http_tools_call_median_us"],
+                "",
+            ],
+            [
+                "calls/s, 8 sessions, vs the SDK's HTTP server",
+                t["toolsetd_calls_per_s"],
+                t["sdk_calls_per_s"],
+                t["ratio"],
+            ],
+            ["cold start, endpoint on vs off, ms", k["on_ms"], k["off_ms"], k["ratio"]],
+        ],
     )
     section.goals = [
-        Goal("6", "tools/call over HTTP / native invoke", c["latency_ratio"], 1.3, "<=",
-             f"{c['http_tools_call_median_us']:.0f} vs {c['native_invoke_median_us']:.0f} µs"),
-        Goal("6", "HTTP calls/s (8 sessions) / SDK Streamable HTTP", t["ratio"], 2.0, ">=",
-             f"{t['toolsetd_calls_per_s']:.0f} vs {t['sdk_calls_per_s']:.0f}/s"),
+        Goal(
+            "6",
+            "tools/call over HTTP / native invoke",
+            c["latency_ratio"],
+            1.3,
+            "<=",
+            f"{c['http_tools_call_median_us']:.0f} vs {c['native_invoke_median_us']:.0f} µs",
+        ),
+        Goal(
+            "6",
+            "HTTP calls/s (8 sessions) / SDK Streamable HTTP",
+            t["ratio"],
+            2.0,
+            ">=",
+            f"{t['toolsetd_calls_per_s']:.0f} vs {t['sdk_calls_per_s']:.0f}/s",
+        ),
     ]
     return section
 
@@ -290,8 +336,15 @@ def main() -> None:
     t0 = time.monotonic()
     section = run(args.quick)
     print_goals(section.goals)
-    path = write_results("mcp_http", {"quick": args.quick, "goals": section.goals,
-                                      **section.data, "seconds": time.monotonic() - t0})
+    path = write_results(
+        "mcp_http",
+        {
+            "quick": args.quick,
+            "goals": section.goals,
+            **section.data,
+            "seconds": time.monotonic() - t0,
+        },
+    )
     print(f"\nresults: {path}")
 
 
