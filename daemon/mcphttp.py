@@ -466,10 +466,15 @@ class McpHttpEndpoint:
         """A session (or a stateless exchange) bound to the URL's query, or a 400 answer."""
         request_id = message.get("id")
         bind: dict[str, Any] = {}
-        for name in ("workspace", "catalog", "mode"):
+        for name in ("workspace", "catalog", "mode", "headless"):
             values = request.query.get(name)
             if values:
                 bind[name] = values[-1]
+        if "headless" in bind:
+            # The query carries text; the core takes a boolean and refuses anything else.
+            bind["headless"] = {"true": True, "false": False}.get(
+                bind["headless"], bind["headless"]
+            )
         if "workspace" not in bind:
             await _rpc_error(
                 exchange,
