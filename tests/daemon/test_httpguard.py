@@ -202,3 +202,23 @@ def test_tcp_peer_uid_of_another_user() -> None:
                 accepted.sendall(b"x")
         finally:
             child.wait(timeout=10)
+
+
+def test_endpoint_modules_load_only_with_mcp_listen() -> None:
+    """Without --mcp-listen the daemon never imports h11 or the HTTP modules (cold start)."""
+    code = (
+        "import sys\n"
+        "from toolsetd.daemon.app import parse_args\n"
+        "parse_args(['--home', '/tmp'])\n"
+        "names = ('h11', 'toolsetd.daemon.httpserver', 'toolsetd.daemon.mcphttp',\n"
+        "         'toolsetd.daemon.httpguard', 'toolsetd.daemon.tcppeer')\n"
+        "print(sorted(n for n in names if n in sys.modules))\n"
+        "options = parse_args(['--home', '/tmp', '--mcp-listen', '127.0.0.1:0'])\n"
+        "print(sorted(n for n in names if n in sys.modules), options.mcp_listen[0].host)\n"
+    )
+    out = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    without, with_listen = out.stdout.splitlines()
+    assert without == "[]"
+    assert with_listen == "['toolsetd.daemon.httpguard'] 127.0.0.1"
