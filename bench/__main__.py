@@ -17,10 +17,18 @@ import sys
 import time
 from typing import Any
 
-from bench import bench_catalog, bench_cli, bench_invoke, bench_mcp, bench_mcp_face, bench_rpc
+from bench import (
+    bench_catalog,
+    bench_cli,
+    bench_invoke,
+    bench_mcp,
+    bench_mcp_face,
+    bench_mcp_http,
+    bench_rpc,
+)
 from bench._common import PYTHON, REPO, Goal, Section, machine, print_goals, write_results
 
-ALL = ("rpc", "invoke", "drain", "catalog", "mcp", "mcp_face", "cli")
+ALL = ("rpc", "invoke", "drain", "catalog", "mcp", "mcp_face", "mcp_http", "cli")
 _DRAIN_LINE = re.compile(
     r"(one stream|both streams)\s*: C\s+([\d.]+) GB/s\s+runner\s+([\d.]+) GB/s\s+ratio\s+([\d.]+)\s+"
     r"peak RSS growth\s+([\d.]+) MiB"
@@ -70,6 +78,7 @@ def main() -> None:
         "rpc": bench_rpc.run, "invoke": bench_invoke.run, "drain": run_drain,
         "catalog": bench_catalog.run, "mcp": bench_mcp.run, "mcp_face": bench_mcp_face.run,
         "cli": bench_cli.run,
+        "mcp_http": bench_mcp_http.run,
     }
     info = machine()
     print(f"toolsetd benchmarks ({'quick' if args.quick else 'full'}): {info['date']}, "

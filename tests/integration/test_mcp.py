@@ -19,7 +19,16 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from .conftest import EXAMPLES, Daemon, RawConn, eventually, start_daemon, write_set
+from .conftest import (
+    EXAMPLES,
+    Daemon,
+    RawConn,
+    alive,
+    eventually,
+    shut_down,
+    start_daemon,
+    write_set,
+)
 from .http_helpers import listening_urls
 from .mcp_helpers import (
     PY,
@@ -66,7 +75,7 @@ def mcp_host(
     try:
         yield daemon
     finally:
-        daemon.stop()
+        shut_down(daemon)
 
 
 def _text(result: types.CallToolResult) -> str:
@@ -236,7 +245,7 @@ async def test_mcp_cancel_ends_the_call_and_its_child(mcp_host: Daemon, workspac
                     scope.cancel()
             pid = int(pid_file.read_text())
             deadline = time.monotonic() + 15
-            while _alive(pid):
+            while alive(pid):
                 assert time.monotonic() < deadline, "the cancelled tool still runs"
                 await anyio.sleep(0.05)
             assert "Hello, B!" in _text(await client.call_tool("hello", {"name": "B"}))
@@ -247,14 +256,6 @@ async def test_mcp_cancel_ends_the_call_and_its_child(mcp_host: Daemon, workspac
     ]
     assert finished
     assert finished[0]["status"] == "cancelled"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_mcp_stdin_closing_cancels_the_hosts_calls(mcp_daemon: Daemon, workspace: Path) -> None:
@@ -275,7 +276,7 @@ def test_mcp_stdin_closing_cancels_the_hosts_calls(mcp_daemon: Daemon, workspace
     )
     pid = int(pid_file.read_text())
     assert pump.close() == 0
-    eventually(lambda: not _alive(pid), timeout=15, what="the sleeper to be killed")
+    eventually(lambda: not alive(pid), timeout=15, what="the sleeper to be killed")
 
 
 @pytest.mark.slow
@@ -446,7 +447,7 @@ def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> No
                 "params": {"requestId": 2, "reason": "test"},
             }
         )
-        eventually(lambda: not _alive(pid), timeout=15, what="the sleeper to be killed")
+        eventually(lambda: not alive(pid), timeout=15, what="the sleeper to be killed")
         eventually(
             lambda: any(e.get("event") == "call_finished" for e in mcp_daemon.log_events()),
             what="the call to end",
@@ -764,7 +765,7 @@ def test_mcp_no_new_call_during_a_graceful_stop(
         assert cancelled["id"] == 2
         assert cancelled["result"]["isError"] is True
         assert d.proc.wait(timeout=20) == 0
-        assert not _alive(int(pid_file.read_text()))
+        assert not alive(int(pid_file.read_text()))
         assert pump.close() == 5  # the daemon went away under the host: one line says so
         assert "closed the connection" in pump.stderr()
     finally:

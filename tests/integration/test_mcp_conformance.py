@@ -19,14 +19,13 @@ import fcntl
 import os
 import re
 import shutil
-import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, Daemon
+from .conftest import REPO, Daemon, shut_down
 from .http_helpers import endpoint, start_http_daemon
 
 SUITE_VERSION = "0.1.16"
@@ -47,7 +46,7 @@ def _cache_dir() -> Path:
 
 
 def _node_major(node: str) -> int:
-    out = subprocess.run([node, "--version"], capture_output=True, text=True, check=True)  # noqa: S603
+    out = subprocess.run([node, "--version"], capture_output=True, text=True, check=True)
     return int(out.stdout.strip().lstrip("v").split(".")[0])
 
 
@@ -81,7 +80,7 @@ def install_suite() -> Path:
     with open(folder / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not entry.exists():
-            out = subprocess.run(  # noqa: S603
+            out = subprocess.run(
                 [npm, "install", "--prefix", str(folder), "--no-audit", "--no-fund",
                  "--loglevel=error", f"@modelcontextprotocol/conformance@{SUITE_VERSION}",
                  f"glob@{GLOB_VERSION}"],
@@ -105,12 +104,7 @@ def conformance_daemon(tmp_base: Path) -> Iterator[tuple[Daemon, str, Path]]:
     try:
         yield daemon, base, workspace
     finally:
-        daemon.proc.send_signal(signal.SIGTERM)
-        try:
-            daemon.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            daemon.proc.kill()
-            daemon.proc.wait()
+        shut_down(daemon)
 
 
 @pytest.mark.slow
@@ -121,7 +115,7 @@ def test_official_conformance_suite_server_scenarios(conformance_daemon) -> None
     node = shutil.which("node")
     assert node is not None
     daemon, base, workspace = conformance_daemon
-    out = subprocess.run(  # noqa: S603
+    out = subprocess.run(
         [node, str(entry), "server", "--suite", "all", "--url", endpoint(base, workspace),
          "--expected-failures", str(CONFORMANCE / "expected-failures.yml")],
         capture_output=True, text=True, timeout=600, check=False,

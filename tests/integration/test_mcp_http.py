@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +18,9 @@ import pytest
 from mcp import types
 from mcp.client.client import Client
 
-from .conftest import Daemon, eventually, write_set
+from toolsetd.daemon.app import parse_args
+
+from .conftest import Daemon, alive, eventually, shut_down, start_daemon, write_set
 from .http_helpers import (
     INIT_PARAMS,
     endpoint,
@@ -29,14 +30,11 @@ from .http_helpers import (
     rpc,
     start_http_daemon,
 )
+from .mcp_helpers import PROGRESS3, script
 
 PY = sys.executable
 #: An interpreter another user can run (the venv's lives under root's home).
 SYSTEM_PY = "/usr/bin/python3"
-
-
-def _script(body: str) -> str:
-    return f"#!{PY}\n{body}"
 
 
 def _tool(command: str, **extra: Any) -> dict[str, Any]:
@@ -46,23 +44,15 @@ def _tool(command: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-PROGRESS3 = _script(
-    "import json, os, time\n"
-    "fd = int(os.environ['TOOLSETD_PROGRESS_FD'])\n"
-    "for n in (0, 50, 100):\n"
-    "    os.write(fd, (json.dumps({'message': f'{n}/100', 'fraction': n / 100}) + '\\n').encode())\n"
-    "    time.sleep(0.05)\n"
-    "print('counted')\n"
-)
 #: Writes its pid, reports progress (so the POST turns into SSE), then sleeps.
-SLEEPER = _script(
+SLEEPER = script(
     "import json, os, time\n"
     "open('sleeper.pid', 'w').write(str(os.getpid()))\n"
     "fd = int(os.environ['TOOLSETD_PROGRESS_FD'])\n"
     "os.write(fd, b'{\"message\": \"sleeping\", \"fraction\": 0.1}\\n')\n"
     "time.sleep(60)\n"
 )
-ASKER = _script("print('asked and ran')\n")
+ASKER = script("print('asked and ran')\n")
 
 
 @pytest.fixture
@@ -77,25 +67,7 @@ def http_daemon(home: Path, workspace: Path, tmp_base: Path) -> Iterator[tuple[D
     try:
         yield daemon, url
     finally:
-        _stop(daemon)
-
-
-def _stop(daemon: Daemon) -> None:
-    if daemon.proc.poll() is None:
-        daemon.proc.send_signal(signal.SIGTERM)
-        try:
-            daemon.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            daemon.proc.kill()
-            daemon.proc.wait()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+        shut_down(daemon)
 
 
 # -- sessions, over raw HTTP ----------------------------------------------------------------
@@ -246,7 +218,7 @@ def test_http_other_user_is_refused_403(http_daemon, workspace: Path) -> None:
     )
     host_port = base.split("//")[1].split("/")[0]
     host, port = host_port.rsplit(":", 1)
-    out = subprocess.run(  # noqa: S603
+    out = subprocess.run(
         [SYSTEM_PY, "-S", "-c", code, host, port, "/mcp?workspace=/"], user=65534, group=65534,
         extra_groups=[], capture_output=True, text=True, timeout=30, check=True, cwd="/",
     )
@@ -255,21 +227,22 @@ def test_http_other_user_is_refused_403(http_daemon, workspace: Path) -> None:
     assert "uid 65534 may not call toolsetd" in reply["body"]
 
 
-def test_http_non_loopback_bind_refused(tmp_base: Path) -> None:
+def test_http_non_loopback_bind_refused(
+    tmp_base: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """--mcp-listen on a non-loopback address is refused at start-up, saying why."""
     for value in ("0.0.0.0:0", "[::]:0", "192.0.2.1:8080", "example.com:80", "127.0.0.1:99999",
                   "::1:80"):
-        out = subprocess.run(  # noqa: S603
-            [PY, "-m", "toolsetd.daemon", "--home", str(tmp_base), "--socket",
-             str(tmp_base / "x.sock"), "--mcp-listen", value],
-            capture_output=True, text=True, timeout=30, check=False,
-        )
-        assert out.returncode == 2, (value, out.stderr)
-        assert "--mcp-listen" in out.stderr
+        with pytest.raises(SystemExit) as exited:
+            parse_args(["--home", str(tmp_base), "--mcp-listen", value])
+        assert exited.value.code == 2, value
+        assert "--mcp-listen" in capsys.readouterr().err
+    # The real command line says so too, with exit status 2.
     out = subprocess.run(  # noqa: S603
         [PY, "-m", "toolsetd.daemon", "--home", str(tmp_base), "--socket", str(tmp_base / "x.sock"),
-         "--mcp-listen", "0.0.0.0:8765"], capture_output=True, text=True, timeout=30, check=False,
+         "--mcp-listen", "0.0.0.0:8765"], capture_output=True, text=True, timeout=60, check=False,
     )
+    assert out.returncode == 2
     assert "not a loopback address" in out.stderr
 
 
@@ -278,7 +251,7 @@ def test_http_token_file_must_be_private(home: Path, workspace: Path, tmp_base: 
     token = tmp_base / "token"
     token.write_text("s3cret\n")
     token.chmod(0o644)
-    out = subprocess.run(  # noqa: S603
+    out = subprocess.run(
         [PY, "-m", "toolsetd.daemon", "--home", str(home), "--socket", str(tmp_base / "t.sock"),
          "--mcp-listen", "127.0.0.1:0", "--mcp-token-file", str(token)],
         capture_output=True, text=True, timeout=30, check=False,
@@ -291,15 +264,14 @@ def test_http_token_file_must_be_private(home: Path, workspace: Path, tmp_base: 
         # Our own uid is established, so no token is needed.
         assert http(endpoint(base, workspace), body=rpc(1, "initialize", INIT_PARAMS)).status == 200
     finally:
-        _stop(daemon)
+        shut_down(daemon)
 
 
 def test_http_ipv6_and_ipv4_together(home: Path, workspace: Path, tmp_base: Path) -> None:
     """--mcp-listen is repeatable: 127.0.0.1 and [::1] both serve."""
     if not socket.has_ipv6:
         pytest.skip("no IPv6 on this machine")
-    daemon = Daemon  # for the type checker
-    daemon = __import__("tests.integration.conftest", fromlist=["start_daemon"]).start_daemon(
+    daemon = start_daemon(
         home, workspace, tmp_base, ["--mcp-listen", "127.0.0.1:0", "--mcp-listen", "[::1]:0"]
     )
     try:
@@ -310,7 +282,7 @@ def test_http_ipv6_and_ipv4_together(home: Path, workspace: Path, tmp_base: Path
             reply = http(endpoint(url, workspace), body=rpc(1, "initialize", INIT_PARAMS))
             assert reply.status == 200
     finally:
-        _stop(daemon)
+        shut_down(daemon)
 
 
 # -- streams and disconnects ------------------------------------------------------------------
@@ -354,7 +326,7 @@ def test_http_dropped_sse_stream_cancels_the_call(http_daemon, workspace: Path) 
                 break  # the first progress event: the tool runs
     eventually(pid_file.exists, what="the sleeper's pid file")
     pid = int(pid_file.read_text())
-    eventually(lambda: not _alive(pid), what="the sleeper killed after the disconnect")
+    eventually(lambda: not alive(pid), what="the sleeper killed after the disconnect")
     eventually(
         lambda: any(e.get("event") == "call_finished" and e.get("status") == "cancelled"
                     for e in daemon.log_events()),
@@ -379,7 +351,7 @@ def test_http_delete_cancels_the_sessions_calls(http_daemon, workspace: Path) ->
     eventually(pid_file.exists, what="the sleeper's pid file")
     pid = int(pid_file.read_text())
     assert http(url, "DELETE", headers={"mcp-session-id": session}).status == 204
-    eventually(lambda: not _alive(pid), what="the sleeper killed by DELETE")
+    eventually(lambda: not alive(pid), what="the sleeper killed by DELETE")
     caller.join(20)
     assert replies
     assert replies[0].status in (200, 202)
@@ -555,4 +527,4 @@ def test_sdk_cancelled_call_kills_the_tool(http_daemon, workspace: Path) -> None
 
     anyio.run(main)
     pid = int(pid_file.read_text())
-    eventually(lambda: not _alive(pid), what="the sleeper killed after the cancel")
+    eventually(lambda: not alive(pid), what="the sleeper killed after the cancel")
