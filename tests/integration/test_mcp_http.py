@@ -19,6 +19,7 @@ from mcp import types
 from mcp.client.client import Client
 
 from toolsetd.daemon.app import parse_args
+from toolsetd.daemon.settings import ConfigError
 
 from .conftest import Daemon, alive, eventually, shut_down, start_daemon, write_set
 from .http_helpers import (
@@ -227,16 +228,12 @@ def test_http_other_user_is_refused_403(http_daemon, workspace: Path) -> None:
     assert "uid 65534 may not call toolsetd" in reply["body"]
 
 
-def test_http_non_loopback_bind_refused(
-    tmp_base: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_http_non_loopback_bind_refused(tmp_base: Path) -> None:
     """--mcp-listen on a non-loopback address is refused at start-up, saying why."""
     for value in ("0.0.0.0:0", "[::]:0", "192.0.2.1:8080", "example.com:80", "127.0.0.1:99999",
                   "::1:80"):
-        with pytest.raises(SystemExit) as exited:
+        with pytest.raises(ConfigError, match="--mcp-listen"):
             parse_args(["--home", str(tmp_base), "--mcp-listen", value])
-        assert exited.value.code == 2, value
-        assert "--mcp-listen" in capsys.readouterr().err
     # The real command line says so too, with exit status 2.
     out = subprocess.run(  # noqa: S603
         [PY, "-m", "toolsetd.daemon", "--home", str(tmp_base), "--socket", str(tmp_base / "x.sock"),
