@@ -262,8 +262,7 @@ OPTIONS: tuple[Option, ...] = (
         "mcp-token-file",
         "path",
         None,
-        "a 0600 file with a bearer token for MCP HTTP callers whose user cannot be "
-        "established",
+        "a 0600 file with a bearer token for MCP HTTP callers whose user cannot be established",
         metavar="PATH",
     ),
     Option(
