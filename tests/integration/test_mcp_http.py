@@ -321,7 +321,7 @@ def test_http_dropped_sse_stream_cancels_the_call(http_daemon, workspace: Path) 
         for line in response.iter_lines():
             if line.startswith("data:"):
                 break  # the first progress event: the tool runs
-    eventually(pid_file.exists, what="the sleeper's pid file")
+    eventually(lambda: pid_file.exists() and pid_file.read_text() != "", what="the sleeper's pid")
     pid = int(pid_file.read_text())
     eventually(lambda: not alive(pid), what="the sleeper killed after the disconnect")
     eventually(
@@ -345,7 +345,7 @@ def test_http_delete_cancels_the_sessions_calls(http_daemon, workspace: Path) ->
         url, body=rpc(1, "tools/call", {"name": "sleeper", "arguments": {}}),
         headers={"mcp-session-id": session})))
     caller.start()
-    eventually(pid_file.exists, what="the sleeper's pid file")
+    eventually(lambda: pid_file.exists() and pid_file.read_text() != "", what="the sleeper's pid")
     pid = int(pid_file.read_text())
     assert http(url, "DELETE", headers={"mcp-session-id": session}).status == 204
     eventually(lambda: not alive(pid), what="the sleeper killed by DELETE")
@@ -518,7 +518,7 @@ def test_sdk_cancelled_call_kills_the_tool(http_daemon, workspace: Path) -> None
             async with _sdk(endpoint(base, workspace)) as client, \
                     anyio.create_task_group() as tg:
                 tg.start_soon(client.call_tool, "sleeper", {})
-                while not pid_file.exists():
+                while not pid_file.exists() or not pid_file.read_text():
                     await anyio.sleep(0.02)
                 tg.cancel_scope.cancel()
 
