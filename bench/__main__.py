@@ -24,11 +24,12 @@ from bench import (
     bench_invoke,
     bench_mcp,
     bench_mcp_face,
+    bench_mcp_http,
     bench_rpc,
 )
 from bench._common import PYTHON, REPO, Goal, Section, machine, print_goals, write_results
 
-ALL = ("rpc", "invoke", "drain", "catalog", "mcp", "mcp_face", "cli", "confine")
+ALL = ("rpc", "invoke", "drain", "catalog", "mcp", "mcp_face", "mcp_http", "cli", "confine")
 _DRAIN_LINE = re.compile(
     r"(one stream|both streams)\s*: C\s+([\d.]+) GB/s\s+runner\s+([\d.]+) GB/s\s+ratio\s+([\d.]+)\s+"
     r"peak RSS growth\s+([\d.]+) MiB"
@@ -78,7 +79,11 @@ def main() -> None:
         "rpc": bench_rpc.run, "invoke": bench_invoke.run, "drain": run_drain,
         "catalog": bench_catalog.run, "mcp": bench_mcp.run, "mcp_face": bench_mcp_face.run,
         "cli": bench_cli.run,
-        "confine": bench_confine.run,
+    bench_confine,
+    bench_invoke,
+    bench_mcp,
+    bench_mcp_face,
+    bench_mcp_http,
     }
     info = machine()
     print(f"toolsetd benchmarks ({'quick' if args.quick else 'full'}): {info['date']}, "

@@ -36,7 +36,7 @@ import sys
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -78,6 +78,9 @@ from .sockpath import (
 from .validation import ArgumentValidators
 from .watcher import Watcher
 
+if TYPE_CHECKING:  # the HTTP endpoint's modules load only when --mcp-listen is given
+    from .httpguard import ListenAddress
+
 __all__ = ["DaemonOptions", "main", "options_from_settings", "parse_args", "run_daemon"]
 
 log = structlog.get_logger("toolsetd.app")
@@ -109,6 +112,10 @@ class DaemonOptions:
         settings: The settings these options came from (a reload compares with them).
         args: The parsed flags (a reload merges them with the file again).
         confinement: The ``[confinement]`` table: cgroups, sandbox, per-set choices.
+        mcp_listen: Loopback addresses to serve MCP over Streamable HTTP on (none: the
+            endpoint is off, and its HTTP code is never imported).
+        mcp_token_file: A 0600 file holding the bearer token for HTTP callers whose uid
+            cannot be established.
     """
 
     home: Path
@@ -130,10 +137,57 @@ class DaemonOptions:
     settings: Settings | None = None
     args: argparse.Namespace | None = None
     confinement: ConfinementConfig = field(default_factory=ConfinementConfig)
+    mcp_listen: tuple[ListenAddress, ...] = ()
+    mcp_token_file: Path | None = None
 
 
 class _Stop(Exception):
     """Raised out of the signal task to end the daemon at once."""
+
+
+class StartupError(Exception):
+    """The daemon cannot start as asked (an address taken, an unsafe token file)."""
+
+
+def _bind_mcp_http(options: DaemonOptions) -> tuple[list[tuple[Any, socket.socket]], str | None]:
+    """Bind the MCP HTTP listeners and read the token, before anything is served.
+
+    Imported here, not at the top: a daemon without ``--mcp-listen`` never loads h11.
+    """
+    if not options.mcp_listen:
+        return [], None
+    from .httpguard import TokenFileError, read_token_file
+    from .mcphttp import bind_listen
+
+    token = None
+    if options.mcp_token_file is not None:
+        try:
+            token = read_token_file(options.mcp_token_file)
+        except TokenFileError as exc:
+            raise StartupError(str(exc)) from None
+    bound: list[tuple[Any, socket.socket]] = []
+    try:
+        for address in options.mcp_listen:
+            bound.append((address, bind_listen(address)))
+    except OSError as exc:
+        for _, sock in bound:
+            sock.close()
+        raise StartupError(
+            f"--mcp-listen {address.url().removesuffix('/mcp')}: cannot listen there "
+            f"({exc.strerror or exc})."
+        ) from None
+    return bound, token
+
+
+def _mcp_http_endpoint(mcp: McpServer, policy: PeerPolicy, token: str | None) -> Any:
+    """The MCP HTTP endpoint over the daemon's one MCP core (imported only with --mcp-listen)."""
+    from .mcp_session import Binding
+    from .mcphttp import McpHttpEndpoint
+
+    def open_session(bind: dict[str, Any], outbox: Any, calls: dict[str, anyio.Event]) -> Any:
+        return mcp.session(Binding.from_params(bind), outbox, calls)
+
+    return McpHttpEndpoint(open_session, policy, token)
 
 
 async def run_daemon(
@@ -217,6 +271,7 @@ async def _serve(
         sock = bind_unix_socket(socket_path)
         owns_socket = True
     listener = await anyio.abc.SocketListener.from_socket(sock)
+    http_sockets, http_token = _bind_mcp_http(options)
 
     peer_policy = PeerPolicy.default()
     if options.allow_group:
@@ -294,6 +349,9 @@ async def _serve(
             interval = notifier.watchdog_interval()
             if interval:
                 tg.start_soon(_watchdog, notifier, interval)
+            if http_sockets:
+                state.http = _mcp_http_endpoint(mcp, peer_policy, http_token)
+                await tg.start(state.http.serve, http_sockets)
             log.info(
                 "daemon_started",
                 version=__version__,
@@ -333,6 +391,8 @@ class _State:
     options: DaemonOptions
     stopping: bool = False
     status: str = ""
+    #: The MCP HTTP endpoint (``mcphttp.McpHttpEndpoint``) when ``--mcp-listen`` is on.
+    http: Any = None
 
 
 def _reload_config(
@@ -418,7 +478,7 @@ async def _handle_signals(
                  in_flight=len(handlers.service.calls))
         state.stopping = True
         notifier.stopping()
-        tg.start_soon(_graceful_stop, state, server, handlers, listener)
+        tg.start_soon(_graceful_stop, state, server, handlers, listener, state.http)
         async for again in signals:
             if again in (signal.SIGTERM, signal.SIGINT):
                 log.info("stop_forced", signal=signal.Signals(again).name,
@@ -434,6 +494,8 @@ async def _handle_signals(
                 # the exit while its answers wait for it.
                 for conn in list(server.connections.values()):
                     conn.abort()
+                if state.http is not None:
+                    state.http.close()
                 tg.cancel_scope.cancel()
                 return
         return
@@ -451,18 +513,23 @@ async def _graceful_stop(
     server: Server,
     handlers: Handlers,
     listener: anyio.abc.SocketListener,
+    http: Any = None,
 ) -> None:
     """No new calls; in-flight calls get the grace period; then cancel them and close."""
     options = state.options
     server.accepting = False
     handlers.service.stopping = True  # the MCP face too: no new calls on any face
     await listener.aclose()
+    if http is not None:
+        await http.stop_accepting()
     await _wait_until(lambda: not handlers.service.calls, options.shutdown_grace)
     if handlers.service.calls:
         log.info("calls_cancelled_at_stop", count=len(handlers.service.calls))
     for call in list(handlers.service.calls.values()):
         call.cancel.set()
     await _wait_until(lambda: not handlers.service.calls, options.runner.kill_grace_seconds + 5)
+    if http is not None:
+        http.close()
     for conn in list(server.connections.values()):
         conn.close_gracefully()
     await _wait_until(lambda: not server.connections, 5)
@@ -545,6 +612,17 @@ def options_from_settings(
         args: The parsed flags, kept so a reload can merge them again.
     """
     home = settings.home or Path(os.path.abspath(Path.home() / ".crystal"))
+    mcp_listen: list[ListenAddress] = []
+    if settings.mcp_listen:
+        from .httpguard import ListenError, parse_listen  # only with the endpoint on
+
+        for text in settings.mcp_listen:
+            try:
+                mcp_listen.append(parse_listen(text))
+            except ListenError as exc:
+                raise ConfigError(str(exc)) from None
+    elif settings.mcp_token_file is not None:
+        raise ConfigError("--mcp-token-file needs --mcp-listen: the token is for the HTTP endpoint")
     return DaemonOptions(
         home=home,
         socket=settings.socket,
@@ -569,6 +647,8 @@ def options_from_settings(
         allow_group=settings.allow_group,
         metrics_listen=settings.metrics_listen,
         traces=settings.traces,
+        mcp_listen=tuple(mcp_listen),
+        mcp_token_file=settings.mcp_token_file,
         settings=settings,
         args=args,
         confinement=settings.confinement,
@@ -642,7 +722,7 @@ def _exit_code(exc: BaseException) -> int:
     leaves = list(_leaves(exc))
     if all(isinstance(e, _Stop) for e in leaves):
         return 0
-    startup = [e for e in leaves if isinstance(e, SocketPathError | ActivationError)]
+    startup = [e for e in leaves if isinstance(e, SocketPathError | ActivationError | StartupError)]
     if startup:
         for error in startup:
             print(f"toolsetd: {error}", file=sys.stderr)  # noqa: T201 - the operator's message

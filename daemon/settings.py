@@ -258,6 +258,21 @@ OPTIONS: tuple[Option, ...] = (
         metavar="HOST:PORT",
     ),
     Option(
+        "mcp-listen",
+        "names",
+        (),
+        "also serve MCP over Streamable HTTP at http://HOST:PORT/mcp; loopback only "
+        "(127.0.0.1, [::1], localhost); repeatable",
+        metavar="HOST:PORT",
+    ),
+    Option(
+        "mcp-token-file",
+        "path",
+        None,
+        "a 0600 file with a bearer token for MCP HTTP callers whose user cannot be established",
+        metavar="PATH",
+    ),
+    Option(
         "traces",
         "choice",
         "off",
@@ -299,6 +314,8 @@ class Settings:
     max_message_bytes: int = 16 * 1024 * 1024
     workspace_idle: float = 3600.0
     metrics_listen: tuple[str, int] | None = None
+    mcp_listen: tuple[str, ...] = ()
+    mcp_token_file: Path | None = None
     traces: str = "off"
     confinement: ConfinementConfig = field(default_factory=ConfinementConfig)
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)

@@ -92,6 +92,8 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
             "max-message-bytes = 4096",
             "workspace-idle = 60",
             'metrics-listen = "127.0.0.1:9464"',
+            'mcp-listen = ["127.0.0.1:8765", "[::1]:8765"]',
+            'mcp-token-file = "~/mcp-token"',
             'traces = "console"',
         ]
     )
@@ -106,6 +108,8 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
     assert options.server.max_frame_size == 4096 and options.server.idle_timeout == 5.0
     assert {"deploy", "ship"} <= options.reserved and "bash" in options.reserved
     assert options.watch is False and options.orphan_guard is False
+    assert [(a.host, a.port) for a in options.mcp_listen] == [("127.0.0.1", 8765), ("::1", 8765)]
+    assert options.mcp_token_file == Path(os.path.expanduser("~/mcp-token"))
 
 
 @pytest.mark.parametrize(

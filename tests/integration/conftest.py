@@ -160,6 +160,15 @@ def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "co
         time.sleep(0.02)
 
 
+def alive(pid: int) -> bool:
+    """Whether a process with this pid exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def write_set(root: Path, directory: str, manifest: dict[str, Any] | str, **files: str) -> Path:
     """Write a tool set: its tools.json and any executable files beside it."""
     set_dir = root / directory
@@ -272,13 +281,18 @@ def daemon(home: Path, workspace: Path, tmp_base: Path) -> Iterator[Daemon]:
     try:
         yield d
     finally:
-        if d.proc.poll() is None:
-            d.proc.send_signal(signal.SIGTERM)
-            try:
-                d.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                d.proc.kill()
-                d.proc.wait()
+        shut_down(d)
+
+
+def shut_down(d: Daemon) -> None:
+    """Stop a daemon with SIGTERM; kill it if it has not exited within 20 s."""
+    if d.proc.poll() is None:
+        d.proc.send_signal(signal.SIGTERM)
+        try:
+            d.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            d.proc.kill()
+            d.proc.wait()
 
 
 def ensure_bubblewrap() -> str | None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 from mcp import StdioServerParameters
 
@@ -98,11 +99,24 @@ def pump_args(daemon: Daemon, workspace: Path, *extra: str, autostart: bool = Fa
     return args
 
 
-def server(daemon: Daemon, workspace: Path, *extra: str) -> StdioServerParameters:
-    """The SDK's stdio parameters for ``toolsetctl mcp`` against ``daemon``."""
-    return StdioServerParameters(
-        command=PY, args=pump_args(daemon, workspace, *extra), env=dict(os.environ)
-    )
+def server(daemon: Daemon, workspace: Path, *extra: str) -> StdioServerParameters | str:
+    """What the SDK's ``Client`` connects to for ``daemon``: ``toolsetctl mcp`` over stdio,
+    or, when the daemon serves ``--mcp-listen`` (``mcp_url`` set), the endpoint's URL with
+    the pump's options (``--mode M``, ``--catalog C``, ``--headless``) in its query."""
+    url = getattr(daemon, "mcp_url", None)
+    if url is None:
+        return StdioServerParameters(
+            command=PY, args=pump_args(daemon, workspace, *extra), env=dict(os.environ)
+        )
+    query = {"workspace": str(workspace)}
+    args = list(extra)
+    while args:
+        flag = args.pop(0)
+        if flag == "--headless":
+            query["headless"] = "true"
+        else:
+            query[flag.removeprefix("--")] = args.pop(0)
+    return f"{url}?{urlencode(query)}"
 
 
 class RawPump:

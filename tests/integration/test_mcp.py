@@ -19,7 +19,17 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from .conftest import EXAMPLES, Daemon, RawConn, eventually, start_daemon, write_set
+from .conftest import (
+    EXAMPLES,
+    Daemon,
+    RawConn,
+    alive,
+    eventually,
+    shut_down,
+    start_daemon,
+    write_set,
+)
+from .http_helpers import listening_urls
 from .mcp_helpers import (
     PY,
     RawPump,
@@ -48,6 +58,26 @@ def mcp_daemon(mcp_sets: None, daemon: Daemon) -> Daemon:
     return daemon
 
 
+@pytest.fixture(params=["stdio", "http"])
+def mcp_host(
+    request: pytest.FixtureRequest, mcp_sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> Iterator[Daemon]:
+    """The daemon a host reaches over stdio (``toolsetctl mcp``) or Streamable HTTP.
+
+    The tests that take it run once per transport: ``server(daemon, workspace)`` is the
+    pump's stdio parameters, or the endpoint's URL when the daemon serves ``--mcp-listen``.
+    """
+    if request.param == "stdio":
+        yield request.getfixturevalue("daemon")
+        return
+    daemon = start_daemon(home, workspace, tmp_base, ["--mcp-listen", "127.0.0.1:0"])
+    daemon.mcp_url = listening_urls(daemon)[0]  # type: ignore[attr-defined]
+    try:
+        yield daemon
+    finally:
+        shut_down(daemon)
+
+
 def _text(result: types.CallToolResult) -> str:
     return "".join(block.text for block in result.content if isinstance(block, types.TextContent))
 
@@ -57,11 +87,11 @@ def _text(result: types.CallToolResult) -> str:
 
 @pytest.mark.parametrize(("mode", "version"), [("auto", MODERN), ("legacy", "2025-11-25")])
 async def test_mcp_era_lists_and_calls(
-    mcp_daemon: Daemon, workspace: Path, mode: str, version: str
+    mcp_host: Daemon, workspace: Path, mode: str, version: str
 ) -> None:
     """Both eras list the workspace's tools with the mapping's fields and run a call."""
     with anyio.fail_after(30):
-        async with Client(server(mcp_daemon, workspace), mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(server(mcp_host, workspace), mode=mode) as client:  # type: ignore[arg-type]
             assert client.protocol_version == version
             listed = await client.list_tools()
             by_name = {t.name: t for t in listed.tools}
@@ -157,11 +187,11 @@ def test_mcp_garbage_on_stdin_is_answered_and_survived(mcp_daemon: Daemon, works
 
 
 async def test_mcp_call_results_image_error_and_refusals(
-    mcp_daemon: Daemon, workspace: Path
+    mcp_host: Daemon, workspace: Path
 ) -> None:
     """Images carry over; a failing tool, a schema error and a fence refusal are isError."""
     with anyio.fail_after(30):
-        async with Client(server(mcp_daemon, workspace), mode="legacy") as client:
+        async with Client(server(mcp_host, workspace), mode="legacy") as client:
             swatch = await client.call_tool("swatch", {"color": "#00ff00"})
             assert swatch.is_error is False
             images = [b for b in swatch.content if isinstance(b, types.ImageContent)]
@@ -184,7 +214,7 @@ async def test_mcp_call_results_image_error_and_refusals(
             assert "no_such_tool" in unknown.value.error.message
 
 
-async def test_mcp_progress_delivers_every_tool_line(mcp_daemon: Daemon, workspace: Path) -> None:
+async def test_mcp_progress_delivers_every_tool_line(mcp_host: Daemon, workspace: Path) -> None:
     """Three progress lines 50 ms apart arrive as three notifications, in order, increasing."""
     seen: list[tuple[float, float | None, str | None]] = []
 
@@ -192,7 +222,7 @@ async def test_mcp_progress_delivers_every_tool_line(mcp_daemon: Daemon, workspa
         seen.append((progress, total, message))
 
     with anyio.fail_after(30):
-        async with Client(server(mcp_daemon, workspace)) as client:
+        async with Client(server(mcp_host, workspace)) as client:
             result = await client.call_tool("progress3", {}, progress_callback=on_progress)
     assert "counted" in _text(result)
     reported = [s for s in seen if s[2] is not None]
@@ -202,11 +232,11 @@ async def test_mcp_progress_delivers_every_tool_line(mcp_daemon: Daemon, workspa
     assert all(a < b for a, b in zip(values, values[1:], strict=False))
 
 
-async def test_mcp_cancel_ends_the_call_and_its_child(mcp_daemon: Daemon, workspace: Path) -> None:
+async def test_mcp_cancel_ends_the_call_and_its_child(mcp_host: Daemon, workspace: Path) -> None:
     """notifications/cancelled kills the tool's process group; the session carries on."""
     pid_file = workspace / "sleeper.pid"
     with anyio.fail_after(40):
-        async with Client(server(mcp_daemon, workspace)) as client:
+        async with Client(server(mcp_host, workspace)) as client:
             with anyio.CancelScope() as scope:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(client.call_tool, "sleeper", {})
@@ -215,25 +245,17 @@ async def test_mcp_cancel_ends_the_call_and_its_child(mcp_daemon: Daemon, worksp
                     scope.cancel()
             pid = int(pid_file.read_text())
             deadline = time.monotonic() + 15
-            while _alive(pid):
+            while alive(pid):
                 assert time.monotonic() < deadline, "the cancelled tool still runs"
                 await anyio.sleep(0.05)
             assert "Hello, B!" in _text(await client.call_tool("hello", {"name": "B"}))
     finished = [
         e
-        for e in mcp_daemon.log_events()
+        for e in mcp_host.log_events()
         if e.get("event") == "call_finished" and e.get("tool") == "sleeper"
     ]
     assert finished
     assert finished[0]["status"] == "cancelled"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_mcp_stdin_closing_cancels_the_hosts_calls(mcp_daemon: Daemon, workspace: Path) -> None:
@@ -254,15 +276,15 @@ def test_mcp_stdin_closing_cancels_the_hosts_calls(mcp_daemon: Daemon, workspace
     )
     pid = int(pid_file.read_text())
     assert pump.close() == 0
-    eventually(lambda: not _alive(pid), timeout=15, what="the sleeper to be killed")
+    eventually(lambda: not alive(pid), timeout=15, what="the sleeper to be killed")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)  # the SDK client's own parse of a 20 MB line takes minutes when loaded
-async def test_mcp_big_text_and_15_mib_image(mcp_daemon: Daemon, workspace: Path) -> None:
+async def test_mcp_big_text_and_15_mib_image(mcp_host: Daemon, workspace: Path) -> None:
     """A 100,000-character result and a 15 MiB image arrive whole."""
     with anyio.fail_after(240):
-        async with Client(server(mcp_daemon, workspace), mode="legacy") as client:
+        async with Client(server(mcp_host, workspace), mode="legacy") as client:
             big = await client.call_tool("big", {})
             assert big.is_error is False
             assert len(_text(big)) == 100_000  # the whole limit, not cut
@@ -281,7 +303,7 @@ async def test_mcp_big_text_and_15_mib_image(mcp_daemon: Daemon, workspace: Path
 
 
 async def test_mcp_list_changed_after_editing_a_tools_json(
-    mcp_daemon: Daemon, workspace: Path
+    mcp_host: Daemon, workspace: Path
 ) -> None:
     """Editing a tools.json sends notifications/tools/list_changed; the new tool lists."""
     changed = anyio.Event()
@@ -292,20 +314,20 @@ async def test_mcp_list_changed_after_editing_a_tools_json(
 
     with anyio.fail_after(30):
         async with Client(
-            server(mcp_daemon, workspace), mode="legacy", message_handler=on_message
+            server(mcp_host, workspace), mode="legacy", message_handler=on_message
         ) as client:
             assert "greet2" not in {t.name for t in (await client.list_tools()).tools}
             write_set(
-                mcp_daemon.home / "tools", "greet2", tool("g.py"), **{"g.py": f"#!{PY}\nprint(2)\n"}
+                mcp_host.home / "tools", "greet2", tool("g.py"), **{"g.py": f"#!{PY}\nprint(2)\n"}
             )
             await changed.wait()  # the watcher saw the edit and reloaded
             assert "greet2" in {t.name for t in (await client.list_tools()).tools}
 
 
-async def test_mcp_list_changed_modern_listen(mcp_daemon: Daemon, workspace: Path) -> None:
+async def test_mcp_list_changed_modern_listen(mcp_host: Daemon, workspace: Path) -> None:
     """On 2026-07-28, subscriptions/listen carries list_changed after a reload."""
     with anyio.fail_after(30):
-        async with Client(server(mcp_daemon, workspace)) as client:
+        async with Client(server(mcp_host, workspace)) as client:
             async with client.listen(tools_list_changed=True) as sub:
                 assert "fresh" not in {t.name for t in (await client.list_tools()).tools}
                 write_set(
@@ -314,7 +336,7 @@ async def test_mcp_list_changed_modern_listen(mcp_daemon: Daemon, workspace: Pat
                     tool("f.py"),
                     **{"f.py": f"#!{PY}\nprint(1)\n"},
                 )
-                mcp_daemon.call("reload", {"workspace": str(workspace)})
+                mcp_host.call("reload", {"workspace": str(workspace)})
                 async for _event in sub:
                     break
             assert "fresh" in {t.name for t in (await client.list_tools()).tools}
@@ -345,10 +367,10 @@ async def _ask(daemon: Daemon, workspace: Path, mode: str, action: str) -> tuple
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_mcp_elicitation_accept_runs_the_call(
-    mcp_daemon: Daemon, workspace: Path, mode: str
+    mcp_host: Daemon, workspace: Path, mode: str
 ) -> None:
     """An ask is put to the operator (both eras) with the classification; accept runs it."""
-    result, seen = await _ask(mcp_daemon, workspace, mode, "accept")
+    result, seen = await _ask(mcp_host, workspace, mode, "accept")
     assert result.is_error is False
     assert "asked and ran" in _text(result)
     assert len(seen) == 1
@@ -359,23 +381,23 @@ async def test_mcp_elicitation_accept_runs_the_call(
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 @pytest.mark.parametrize("action", ["decline", "cancel"])
 async def test_mcp_elicitation_decline_refuses(
-    mcp_daemon: Daemon, workspace: Path, mode: str, action: str
+    mcp_host: Daemon, workspace: Path, mode: str, action: str
 ) -> None:
     """Decline or cancel gives an isError result saying so; nothing ran."""
-    result, seen = await _ask(mcp_daemon, workspace, mode, action)
+    result, seen = await _ask(mcp_host, workspace, mode, action)
     assert result.is_error is True
     assert "declined" in _text(result) or "cancelled" in _text(result)
     assert len(seen) == 1
-    assert not [e for e in mcp_daemon.log_events() if e.get("event") == "call_started"]
+    assert not [e for e in mcp_host.log_events() if e.get("event") == "call_started"]
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_mcp_without_elicitation_says_how_to_allow(
-    mcp_daemon: Daemon, workspace: Path, mode: str
+    mcp_host: Daemon, workspace: Path, mode: str
 ) -> None:
     """A host without elicitation gets an isError result that says why and how to allow it."""
     with anyio.fail_after(30):
-        async with Client(server(mcp_daemon, workspace), mode=mode) as client:  # type: ignore[arg-type]
+        async with Client(server(mcp_host, workspace), mode=mode) as client:  # type: ignore[arg-type]
             result = await client.call_tool("asker", {})
     assert result.is_error is True
     text = _text(result)
@@ -385,17 +407,17 @@ async def test_mcp_without_elicitation_says_how_to_allow(
 
 
 async def test_mcp_forbidden_call_passes_only_an_explicit_accept(
-    mcp_daemon: Daemon, workspace: Path
+    mcp_host: Daemon, workspace: Path
 ) -> None:
     """In full mode a call on a credential path still asks; only the operator's accept runs it."""
     call = {"path": ".ssh/id_rsa"}
     with anyio.fail_after(30):
-        async with Client(server(mcp_daemon, workspace, "--mode", "full"), mode="legacy") as bare:
+        async with Client(server(mcp_host, workspace, "--mode", "full"), mode="legacy") as bare:
             unasked = await bare.call_tool("reader", call)
             allowed = await bare.call_tool("reader", {"path": "notes.txt"})
         seen: list[str] = []
         async with Client(
-            server(mcp_daemon, workspace, "--mode", "full"),
+            server(mcp_host, workspace, "--mode", "full"),
             mode="legacy",
             elicitation_callback=_elicit("accept", seen),
         ) as asking:
@@ -425,7 +447,7 @@ def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> No
                 "params": {"requestId": 2, "reason": "test"},
             }
         )
-        eventually(lambda: not _alive(pid), timeout=15, what="the sleeper to be killed")
+        eventually(lambda: not alive(pid), timeout=15, what="the sleeper to be killed")
         eventually(
             lambda: any(e.get("event") == "call_finished" for e in mcp_daemon.log_events()),
             what="the call to end",
@@ -440,10 +462,10 @@ def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> No
         assert pump.close() == 0
 
 
-async def test_mcp_headless_denies_an_ask(mcp_daemon: Daemon, workspace: Path) -> None:
+async def test_mcp_headless_denies_an_ask(mcp_host: Daemon, workspace: Path) -> None:
     """--headless turns an ask into a deny: an isError with the reason, never a question."""
     seen: list[str] = []
-    params = server(mcp_daemon, workspace, "--headless")
+    params = server(mcp_host, workspace, "--headless")
     with anyio.fail_after(30):
         async with Client(
             params, mode="legacy", elicitation_callback=_elicit("accept", seen)
@@ -511,7 +533,7 @@ def test_mcp_modern_request_state_is_checked(mcp_daemon: Daemon, workspace: Path
 
 
 async def test_mcp_two_hosts_and_a_native_client(
-    mcp_daemon: Daemon, workspace: Path, tmp_base: Path
+    mcp_host: Daemon, workspace: Path, tmp_base: Path
 ) -> None:
     """Two hosts on two workspaces and a native client share a daemon; each sees its own."""
     other = tmp_base / "ws2"
@@ -528,8 +550,8 @@ async def test_mcp_two_hosts_and_a_native_client(
 
     with anyio.fail_after(40):
         async with (
-            Client(server(mcp_daemon, workspace), mode="legacy", message_handler=watch("a")) as a,
-            Client(server(mcp_daemon, other), mode="legacy", message_handler=watch("b")) as b,
+            Client(server(mcp_host, workspace), mode="legacy", message_handler=watch("a")) as a,
+            Client(server(mcp_host, other), mode="legacy", message_handler=watch("b")) as b,
         ):
             names_a = {t.name for t in (await a.list_tools()).tools}
             names_b = {t.name for t in (await b.list_tools()).tools}
@@ -541,7 +563,7 @@ async def test_mcp_two_hosts_and_a_native_client(
 
             async def native() -> None:
                 def run() -> Any:
-                    with RawConn(mcp_daemon.socket) as conn:
+                    with RawConn(mcp_host.socket) as conn:
                         return conn.invoke(
                             {
                                 "tool": "hello",
@@ -570,7 +592,7 @@ async def test_mcp_two_hosts_and_a_native_client(
                 tool("l.py"),
                 **{"l.py": f"#!{PY}\nprint(3)\n"},
             )
-            mcp_daemon.call("reload", {"workspace": str(other)})
+            mcp_host.call("reload", {"workspace": str(other)})
             await changed["b"].wait()
             assert "late" in {t.name for t in (await b.list_tools()).tools}
             assert "late" not in {t.name for t in (await a.list_tools()).tools}
@@ -743,7 +765,7 @@ def test_mcp_no_new_call_during_a_graceful_stop(
         assert cancelled["id"] == 2
         assert cancelled["result"]["isError"] is True
         assert d.proc.wait(timeout=20) == 0
-        assert not _alive(int(pid_file.read_text()))
+        assert not alive(int(pid_file.read_text()))
         assert pump.close() == 5  # the daemon went away under the host: one line says so
         assert "closed the connection" in pump.stderr()
     finally:

@@ -1,0 +1,696 @@
+"""A small HTTP/1.1 server: h11 (sans-IO) on anyio, every wait bounded.
+
+Theory of operation
+-------------------
+h11 owns HTTP/1.1 framing, as our ``Codec`` owns NDJSON: bytes in, events out, no I/O.
+This module drives it on the event loop's socket transport (the ``Wire`` the Unix socket
+connections use), one task per connection, and hands each complete request to a handler.
+It is imported only when ``--mcp-listen`` is given, so a daemon without the endpoint never
+loads h11.
+
+* **Reading a request.** The request head must arrive within ``head_timeout`` seconds of
+  its first byte being awaited (a slowloris peer that trickles header bytes is answered
+  ``408`` and closed); a head over ``max_header_bytes`` is ``431`` (h11's
+  ``max_incomplete_event_size``); a body over ``max_body_bytes`` is ``413``; a body that
+  stops arriving for ``body_timeout`` is ``408``; malformed framing (bad chunk sizes, a
+  broken request line) is ``400``. After any of these the connection closes: h11 is
+  poisoned by a protocol error, and we do not resynchronise. A keep-alive connection may
+  sit idle between requests for ``idle_timeout``.
+* **Answering.** The handler gets the request and an :class:`Exchange`: either one
+  ``respond`` (a whole body with ``Content-Length``), or ``start_stream`` then any number
+  of ``send`` and one ``end`` (chunked transfer coding, for server-sent events). Every
+  write is bounded by ``write_timeout``; a peer that does not read is disconnected.
+* **The peer leaving.** The wire reports EOF and resets as they happen: while a handler
+  runs, either sets ``Exchange.disconnected`` and cancels the connection's scope (unless
+  the handler cleared ``cancel_on_disconnect`` to end the work on its own terms), so a
+  client that drops a stream mid-call cancels the call. Bytes a client pipelines wait in
+  the wire for the next cycle.
+* **Cost.** A request costs no task and no cancel scope of its own: deadlines are loop
+  timers that wake the reader, and writes go to the transport at once.
+* **Who may connect.** ``admit(sock)`` runs once per connection before any byte is
+  read; it returns None to serve, or a :class:`Refusal` that answers the first request
+  with its status and message and closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import http
+import itertools
+import socket
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import anyio
+import anyio.abc
+import h11
+import orjson
+import structlog
+
+from .wire import Wire
+
+__all__ = [
+    "Exchange",
+    "HttpRequest",
+    "HttpServer",
+    "HttpSettings",
+    "Refusal",
+    "json_response_body",
+]
+
+log = structlog.get_logger("toolsetd.http")
+
+_ACCEPT_RETRY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+_SERVER_HEADER = (b"server", b"toolsetd")
+#: Received bytes held for the parser before the socket stops being read.
+_READ_BUFFER = 256 * 1024
+#: Outgoing bytes the transport buffers before a writer waits for the peer.
+_SEND_BUFFER = 256 * 1024
+_REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+
+
+@dataclass(frozen=True, slots=True)
+class HttpSettings:
+    """Limits of the HTTP server. Every wait on a peer has a bound.
+
+    Attributes:
+        max_header_bytes: The longest request head accepted (431 beyond).
+        max_body_bytes: The largest request body accepted (413 beyond).
+        head_timeout: Seconds a request head may take to arrive (408 beyond).
+        body_timeout: Seconds the whole body may take to arrive (408 beyond).
+        idle_timeout: Seconds a keep-alive connection may wait for its next request.
+        write_timeout: Seconds one write may wait for a peer that does not read.
+        max_connections: Connections served at once; one more is answered 503.
+    """
+
+    max_header_bytes: int = 16 * 1024
+    max_body_bytes: int = 16 * 1024 * 1024
+    head_timeout: float = 10.0
+    body_timeout: float = 30.0
+    idle_timeout: float = 60.0
+    write_timeout: float = 30.0
+    max_connections: int = 256
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """One complete HTTP request.
+
+    Attributes:
+        method: ``GET``, ``POST``, ...
+        target: The request target as sent (path and query).
+        path: The path part of the target.
+        query: The query parameters (every value of each name).
+        headers: Header names (lower case) and values, in order, repeats kept.
+        body: The whole body.
+    """
+
+    method: str
+    target: str
+    path: str
+    query: dict[str, list[str]]
+    headers: list[tuple[str, str]]
+    body: bytes
+
+    def header(self, name: str) -> str | None:
+        """The first value of a header (name in lower case), or None."""
+        for key, value in self.headers:
+            if key == name:
+                return value
+        return None
+
+    def header_count(self, name: str) -> int:
+        """How many times a header (name in lower case) was sent."""
+        return sum(1 for key, _ in self.headers if key == name)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """An answer given instead of serving a connection (a peer the policy refuses).
+
+    Attributes:
+        status: The HTTP status.
+        message: The sentence for the client (and the log).
+        headers: Extra response headers (``WWW-Authenticate``, ...).
+    """
+
+    status: int
+    message: str
+    headers: Sequence[tuple[str, str]] = ()
+
+
+def json_response_body(value: Any) -> bytes:
+    """Serialise a JSON body."""
+    return orjson.dumps(value)
+
+
+class _Closed(Exception):
+    """The connection cannot carry another request (peer gone, protocol error, timeout)."""
+
+
+class Exchange:
+    """The answering side of one request: a whole response, or a chunked stream."""
+
+    def __init__(self, conn: _HttpConnection) -> None:
+        self._conn = conn
+        self.streaming = False
+        self.finished = False
+        #: Set when the peer closes or resets the connection while the handler runs.
+        self.disconnected = anyio.Event()
+        #: Whether the peer leaving cancels the handler (else it watches ``disconnected``
+        #: and ends on its own terms).
+        self.cancel_on_disconnect = True
+        #: Called (once, without waiting) when the peer leaves while the handler runs.
+        self.on_disconnect: Callable[[], None] | None = None
+
+    @property
+    def started(self) -> bool:
+        """Whether the response head went out."""
+        return self.streaming or self.finished
+
+    async def respond(
+        self, status: int, headers: Sequence[tuple[str, str]] = (), body: bytes = b""
+    ) -> None:
+        """Send a whole response (``Content-Length`` framing)."""
+        assert not self.started
+        self.finished = True
+        head = [(k.encode(), v.encode()) for k, v in headers]
+        head.append((b"content-length", str(len(body)).encode()))
+        # One write for the whole response: head, body and end go out in one segment.
+        await self._conn.send(
+            h11.Response(
+                status_code=status,
+                headers=[_SERVER_HEADER, *head],
+                reason=_REASONS.get(status, b""),
+            ),
+            h11.Data(data=body),
+            h11.EndOfMessage(),
+        )
+
+    async def respond_json(
+        self, status: int, value: Any, headers: Sequence[tuple[str, str]] = ()
+    ) -> None:
+        """Send a JSON body."""
+        await self.respond(
+            status, [("content-type", "application/json"), *headers], json_response_body(value)
+        )
+
+    async def start_stream(self, status: int, headers: Sequence[tuple[str, str]] = ()) -> None:
+        """Send the head of a streamed (chunked) response."""
+        assert not self.started
+        self.streaming = True
+        head = [(k.encode(), v.encode()) for k, v in headers]
+        await self._conn.send(
+            h11.Response(
+                status_code=status,
+                headers=[_SERVER_HEADER, *head],
+                reason=_REASONS.get(status, b""),
+            )
+        )
+
+    async def send(self, data: bytes) -> None:
+        """Send one piece of a streamed response."""
+        assert self.streaming
+        assert not self.finished
+        if data:
+            await self._conn.send(h11.Data(data=data))
+
+    async def end(self) -> None:
+        """End a streamed response."""
+        if self.streaming and not self.finished:
+            self.finished = True
+            await self._conn.send(h11.EndOfMessage())
+
+    # -- without waiting (for senders that must never wait, such as an MCP outbox) --------
+
+    def start_stream_now(self, status: int, headers: Sequence[tuple[str, str]] = ()) -> None:
+        """``start_stream`` without waiting: the head is committed to go out in order."""
+        assert not self.started
+        self.streaming = True
+        head = [(k.encode(), v.encode()) for k, v in headers]
+        self._conn.post(
+            h11.Response(
+                status_code=status,
+                headers=[_SERVER_HEADER, *head],
+                reason=_REASONS.get(status, b""),
+            )
+        )
+
+    def send_now(self, data: bytes) -> None:
+        """``send`` without waiting: committed to go out after what was sent before it."""
+        assert self.streaming
+        if data and not self.finished:
+            self._conn.post(h11.Data(data=data))
+
+    @property
+    def backlogged(self) -> bool:
+        """Whether written bytes wait for a peer that is not reading."""
+        return self._conn.wire.backlogged
+
+    async def drained(self) -> None:
+        """Wait until everything written is with the socket (or the peer is gone)."""
+        await self._conn.wire.wait_drained()
+
+
+#: A request handler: the request, where to answer, and what ``admit`` learnt of the peer.
+Handler = Callable[[HttpRequest, Exchange, Any], Awaitable[None]]
+#: Decides whether a connection is served: (socket) -> (peer info, refusal or None).
+Admit = Callable[[socket.socket], tuple[Any, Refusal | None]]
+
+
+class _HttpWire(Wire):
+    """The connection's ``Wire``, telling the connection when the peer leaves."""
+
+    on_gone: Callable[[], None] | None = None
+
+    def eof_received(self) -> bool:
+        keep = super().eof_received()
+        if self.on_gone is not None:
+            self.on_gone()
+        return keep
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.on_gone is not None:
+            self.on_gone()
+
+
+class _HttpConnection:
+    """One HTTP connection: h11 over the loop's socket transport (``Wire``).
+
+    Reads wait on plain futures with a loop timer as their deadline, and writes never
+    wait unless the peer is behind (then the wire's stall timer bounds the wait): a
+    request costs no cancel scope and no task of its own.
+    """
+
+    def __init__(self, wire: _HttpWire, settings: HttpSettings) -> None:
+        self.wire = wire
+        self.settings = settings
+        self.parser = h11.Connection(
+            h11.SERVER, max_incomplete_event_size=settings.max_header_bytes
+        )
+        self.loop = asyncio.get_running_loop()
+        #: The exchange whose handler is running (told when the peer leaves).
+        self.exchange: Exchange | None = None
+        self.scope: anyio.CancelScope | None = None
+        wire.on_gone = self._gone
+
+    @property
+    def eof(self) -> bool:
+        return self.wire.eof
+
+    def _gone(self) -> None:
+        exchange = self.exchange
+        if exchange is not None and not exchange.disconnected.is_set():
+            exchange.disconnected.set()
+            if exchange.on_disconnect is not None:
+                exchange.on_disconnect()
+            if exchange.cancel_on_disconnect and self.scope is not None:
+                self.scope.cancel()
+
+    def post(self, *events: h11.Event) -> None:
+        """Commit events to go out in order without waiting (dropped if the peer is gone)."""
+        parser = self.parser
+        if self.wire.lost:
+            return
+        data = b"".join(parser.send(event) or b"" for event in events)
+        if data:
+            self.wire.enqueue(data)
+
+    async def send(self, *events: h11.Event) -> None:
+        parser = self.parser
+        data = b"".join(parser.send(event) or b"" for event in events)
+        wire = self.wire
+        if wire.lost:
+            parser.send_failed()
+            raise _Closed("the peer is gone")
+        if data:
+            wire.enqueue(data)
+            if wire.backlogged:
+                # The peer is behind: wait for it (the wire's stall timer ends a peer
+                # that takes nothing for the write timeout).
+                await wire.wait_drained()
+                if wire.lost:
+                    parser.send_failed()
+                    raise _Closed("the peer is gone")
+
+    async def fill(self, deadline: float) -> None:
+        """Hand h11 the bytes received, waiting for some until ``deadline`` (loop time).
+
+        Raises:
+            TimeoutError: Nothing arrived by the deadline.
+        """
+        wire = self.wire
+        if not wire.has_data and not wire.eof:
+            if deadline <= self.loop.time():
+                raise TimeoutError
+            timer = self.loop.call_at(deadline, wire.wake_reader)
+            try:
+                await wire.wait_readable()
+            finally:
+                timer.cancel()
+            if not wire.has_data and not wire.eof:
+                raise TimeoutError
+        data = wire.take()
+        if data:
+            self.parser.receive_data(data)
+        elif wire.eof and not self.parser.trailing_data[1]:
+            self.parser.receive_data(b"")
+
+    async def next_event(self, deadline: float) -> h11.Event | type[h11.PAUSED]:
+        """The next h11 event, reading as needed, by ``deadline`` (loop time)."""
+        while True:
+            event = self.parser.next_event()
+            if event is h11.NEED_DATA:
+                if self.parser.trailing_data[1]:
+                    raise _Closed("peer closed")
+                await self.fill(deadline)
+                continue
+            return event  # type: ignore[return-value]  # NEED_DATA handled above
+
+    async def close(self) -> None:
+        """Flush what is queued (bounded by the stall timer), then close the socket."""
+        wire = self.wire
+        transport = wire.transport
+        if transport is None or wire.lost:
+            return
+        await wire.wait_drained()
+        transport.close()
+        with anyio.move_on_after(self.settings.write_timeout):
+            await wire.wait_closed()
+        if not wire.lost:
+            transport.abort()
+
+    def abort(self) -> None:
+        transport = self.wire.transport
+        if transport is not None and not self.wire.lost:
+            transport.abort()
+
+    async def linger(self, seconds: float = 1.0) -> None:
+        """Close our sending side, then drain the peer's bytes briefly before the close.
+
+        Closing a socket with unread input sends a reset, and a reset can destroy the
+        error response the peer has not read yet (a slow peer still sending its head).
+        """
+        wire = self.wire
+        transport = wire.transport
+        if transport is None or wire.lost:
+            return
+        await wire.wait_drained()
+        if transport.can_write_eof():
+            transport.write_eof()
+        deadline = self.loop.time() + seconds
+        while not wire.eof and not wire.lost and self.loop.time() < deadline:
+            wire.take()
+            timer = self.loop.call_at(deadline, wire.wake_reader)
+            try:
+                await wire.wait_readable()
+            finally:
+                timer.cancel()
+
+
+class HttpServer:
+    """Serves HTTP/1.1 on one or more listeners with one handler.
+
+    Args:
+        settings: Limits and timeouts.
+        handler: Answers each request.
+        admit: Decides, per connection, whether the peer is served.
+    """
+
+    def __init__(self, settings: HttpSettings, handler: Handler, admit: Admit) -> None:
+        self.settings = settings
+        self._handler = handler
+        self._admit = admit
+        self._ids = itertools.count(1)
+        self.connections = 0
+        self._scopes: set[anyio.CancelScope] = set()
+        self._accepting: anyio.CancelScope | None = None
+
+    async def serve(
+        self,
+        sockets: Sequence[socket.socket],
+        *,
+        task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Accept on every listening socket until cancelled; they are closed at the end.
+
+        After ``stop_accepting`` the connections already open are served to their end.
+        """
+        try:
+            # The connections' group outlives the accept loops' (``stop_accepting``).
+            async with (
+                anyio.create_task_group() as connections,
+                anyio.create_task_group() as accepting,
+            ):
+                self._accepting = accepting.cancel_scope
+                for sock in sockets:
+                    sock.setblocking(False)
+                    accepting.start_soon(self._accept_loop, sock, connections)
+                task_status.started()
+        finally:
+            for sock in sockets:
+                sock.close()
+
+    def stop_accepting(self) -> None:
+        """Accept no more connections (a graceful stop); open ones go on."""
+        if self._accepting is not None:
+            self._accepting.cancel()
+
+    def close_all(self) -> None:
+        """Cancel every connection (a stop)."""
+        self.stop_accepting()
+        for scope in list(self._scopes):
+            scope.cancel()
+
+    async def _accept_loop(self, sock: socket.socket, tg: anyio.abc.TaskGroup) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(sock)
+            except OSError as exc:
+                if exc.errno in _ACCEPT_RETRY_ERRNOS:
+                    log.warning("http_accept_retry", errno=exc.errno)
+                    await anyio.sleep(0.1)
+                    continue
+                raise
+            tg.start_soon(self._serve_connection, conn)
+
+    async def _serve_connection(self, raw: socket.socket) -> None:
+        conn_id = next(self._ids)
+        # Answers are written whole; waiting for the peer's ACK (Nagle) would only add
+        # the delayed-ACK pause to every response and SSE event.
+        with contextlib.suppress(OSError):
+            raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.connections += 1
+        scope = anyio.CancelScope()
+        self._scopes.add(scope)
+        conn: _HttpConnection | None = None
+        try:
+            with structlog.contextvars.bound_contextvars(http_conn_id=conn_id), scope:
+                peer, refusal = self._admit(raw)
+                if refusal is None and self.connections > self.settings.max_connections:
+                    refusal = Refusal(
+                        503,
+                        f"Too many connections: toolsetd serves at most "
+                        f"{self.settings.max_connections} HTTP connections at once.",
+                    )
+                loop = asyncio.get_running_loop()
+                raw.setblocking(False)
+                transport, wire = await loop.connect_accepted_socket(
+                    lambda: _HttpWire(loop, _READ_BUFFER), sock=raw
+                )
+                transport.set_write_buffer_limits(high=_SEND_BUFFER)
+                wire.stall_seconds = self.settings.write_timeout
+                conn = _HttpConnection(wire, self.settings)
+                wire.on_stall = conn.abort
+                conn.scope = scope
+                try:
+                    await self._serve_requests(conn, peer, refusal)
+                    await conn.close()
+                except _Closed:
+                    pass
+                except Exception:
+                    log.exception("http_connection_failed")
+        finally:
+            self.connections -= 1
+            self._scopes.discard(scope)
+            if conn is not None:
+                conn.abort()
+            else:
+                raw.close()
+
+    async def _serve_requests(
+        self, conn: _HttpConnection, peer: Any, refusal: Refusal | None
+    ) -> None:
+        settings = self.settings
+        loop = conn.loop
+        parser = conn.parser
+        first = True
+        while True:
+            if not first:
+                try:
+                    parser.start_next_cycle()
+                except h11.LocalProtocolError:
+                    return
+            # Wait for a request's first byte: a new connection for the head timeout, a
+            # keep-alive one for the idle timeout; then the whole head must follow within
+            # the head timeout (a slowloris peer is cut off there).
+            if not parser.trailing_data[0]:
+                wait = settings.head_timeout if first else settings.idle_timeout
+                try:
+                    await conn.fill(loop.time() + wait)
+                except TimeoutError:
+                    return
+                if not parser.trailing_data[0]:
+                    return  # closed between requests
+            first = False
+            deadline = loop.time() + settings.head_timeout
+            try:
+                event = await conn.next_event(deadline)
+            except TimeoutError:
+                await self._fail(
+                    conn,
+                    408,
+                    "Request timeout: the request head did not arrive "
+                    f"within {settings.head_timeout:g} s.",
+                )
+                return
+            except h11.RemoteProtocolError as exc:
+                await self._fail(conn, exc.error_status_hint, _protocol_message(exc))
+                return
+            if isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+                return
+            assert isinstance(event, h11.Request), event
+            if sum(len(k) + len(v) + 4 for k, v in event.headers) > settings.max_header_bytes:
+                # h11 bounds only a head still incomplete; one that arrived whole in a
+                # single read is measured here.
+                await self._fail(
+                    conn,
+                    431,
+                    f"Request header fields too large: at most {settings.max_header_bytes} bytes.",
+                )
+                return
+            try:
+                body = await self._read_body(conn, loop.time() + settings.body_timeout)
+            except TimeoutError:
+                await self._fail(
+                    conn,
+                    408,
+                    f"Request timeout: the body did not arrive within {settings.body_timeout:g} s.",
+                )
+                return
+            except h11.RemoteProtocolError as exc:
+                await self._fail(conn, exc.error_status_hint, _protocol_message(exc))
+                return
+            except _BodyTooLarge:
+                await self._fail(
+                    conn, 413, f"Request body too large: at most {settings.max_body_bytes} bytes."
+                )
+                return
+            request = _request(event, body)
+            exchange = Exchange(conn)
+            if refusal is not None:
+                log.warning("http_refused", status=refusal.status, path=request.path)
+                await exchange.respond_json(
+                    refusal.status, {"error": refusal.message}, refusal.headers
+                )
+                return
+            await self._run_handler(conn, request, exchange, peer)
+            if not exchange.finished or exchange.disconnected.is_set():
+                return  # the handler gave up mid-stream (the peer left): nothing to reuse
+            if parser.our_state is h11.MUST_CLOSE or parser.their_state is not h11.DONE:
+                return
+
+    async def _read_body(self, conn: _HttpConnection, deadline: float) -> bytes:
+        """The whole body, by one deadline: a peer trickling bytes cannot hold us longer."""
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            event = await conn.next_event(deadline)
+            if isinstance(event, h11.Data):
+                size += len(event.data)
+                if size > self.settings.max_body_bytes:
+                    raise _BodyTooLarge
+                parts.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            else:
+                raise h11.RemoteProtocolError("unexpected event in the request body")
+
+    async def _run_handler(
+        self, conn: _HttpConnection, request: HttpRequest, exchange: Exchange, peer: Any
+    ) -> None:
+        # The peer leaving while the handler runs sets ``exchange.disconnected`` and, unless
+        # the handler cleared ``cancel_on_disconnect``, cancels the connection's scope (the
+        # connection cannot carry another request anyway). Pipelined bytes wait in the wire.
+        conn.exchange = exchange
+        if conn.eof:
+            conn._gone()
+        try:
+            await self._handler(request, exchange, peer)
+        except _Closed:
+            exchange.disconnected.set()
+        finally:
+            conn.exchange = None
+        if exchange.disconnected.is_set():
+            return
+        if not exchange.started:
+            log.error("http_handler_no_answer", path=request.path)
+            await exchange.respond_json(500, {"error": "Internal error: no answer was made."})
+        elif not exchange.finished:
+            await exchange.end()
+
+    async def _fail(self, conn: _HttpConnection, status: int, message: str) -> None:
+        """Answer a request we cannot serve (if a response may still go out), then close."""
+        log.info("http_bad_request", status=status, message=message)
+        if conn.parser.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
+            return
+        body = json_response_body({"error": message})
+        try:
+            await conn.send(
+                h11.Response(
+                    status_code=status,
+                    reason=_REASONS.get(status, b""),
+                    headers=[
+                        _SERVER_HEADER,
+                        (b"content-type", b"application/json"),
+                        (b"content-length", str(len(body)).encode()),
+                        (b"connection", b"close"),
+                    ],
+                ),
+                h11.Data(data=body),
+                h11.EndOfMessage(),
+            )
+        except (_Closed, h11.LocalProtocolError):
+            return
+        await conn.linger()
+
+
+class _BodyTooLarge(Exception):
+    """The request body exceeded ``max_body_bytes``."""
+
+
+def _protocol_message(exc: h11.RemoteProtocolError) -> str:
+    if exc.error_status_hint == 431:
+        return "Request header fields too large."
+    return f"Bad request: malformed HTTP/1.1 ({exc})."
+
+
+def _request(event: h11.Request, body: bytes) -> HttpRequest:
+    target = event.target.decode("ascii", errors="replace")
+    parts = urlsplit(target)
+    return HttpRequest(
+        method=event.method.decode("ascii", errors="replace"),
+        target=target,
+        path=parts.path,
+        query=parse_qs(parts.query, keep_blank_values=True),
+        headers=[
+            (k.decode("ascii", errors="replace"), v.decode("latin-1")) for k, v in event.headers
+        ],
+        body=body,
+    )

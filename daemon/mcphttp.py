@@ -1,0 +1,653 @@
+"""MCP over Streamable HTTP: ``/mcp`` on loopback, one MCP core session per HTTP session.
+
+Theory of operation
+-------------------
+This module is a transport only: every MCP message is served by the MCP core session
+(``mcp_session.McpSession``) that also serves the Unix socket and stdio; here messages are
+only carried, and each request's own messages are kept on that request's stream.
+
+* **Who may call** (``httpguard``): per connection, the peer's uid by the kernel (403 for
+  another user); per request, ``Host`` and ``Origin`` (421/403), and the bearer token when
+  the uid could not be established (401).
+* **Sessions** (2025-06-18, 2025-11-25): a POST of ``initialize`` without
+  ``Mcp-Session-Id`` opens a session bound to the URL's ``workspace`` (required, absolute,
+  an existing directory: else 400), ``catalog`` and ``mode``; its answer carries the new
+  ``Mcp-Session-Id``. Every later request names it (an unknown id is 404, a missing one
+  400). ``DELETE`` ends the session: its calls are cancelled.
+* **Stateless** (2026-07-28): a POST without a session id whose request is not
+  ``initialize`` is one self-contained exchange: a core session lives for that request
+  alone, bound to the URL's query, and ends with its answer.
+* **POST** carries one JSON-RPC message. A notification, or a response (the host's answer
+  to an elicitation), is ``202``. A request is served in the POST's own task and answered
+  on that POST: as one JSON body when the core answers before it has posted anything for
+  that request, or else as an SSE stream that begins with the first thing the core posts
+  for the request (progress, the ``elicitation/create`` it asks) and ends with its
+  response. A client that closes the POST before the answer (it left mid-call) has the
+  request cancelled through the core's own ``notifications/cancelled`` path, as a
+  disconnect cancels calls on the Unix socket.
+* **GET** opens the session's one server-to-client SSE stream (a second is 409). It is
+  the session's outbox: what belongs to no request, ``notifications/tools/list_changed``
+  above all; with no GET stream open, such messages are dropped (list_changed only says
+  "list again").
+* **Flow.** An outbox never makes the core wait (``post`` commits to the connection in
+  order); progress a client is not keeping up with is dropped (the next one carries the
+  same counters), everything else queues. ``drained`` lets the core wait until the
+  client took what it posted.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+import anyio.abc
+import orjson
+import structlog
+from toolsetd.protocol import errors as rpc_errors
+
+from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
+from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
+from .peercred import PeerPolicy
+from .tcppeer import tcp_peer_credentials
+
+__all__ = [
+    "CoreSession",
+    "McpHttpEndpoint",
+    "McpHttpSettings",
+    "Outbox",
+    "SessionFactory",
+    "bind_listen",
+]
+
+log = structlog.get_logger("toolsetd.mcphttp")
+
+_SESSION_HEADER = "mcp-session-id"
+_SSE_HEADERS = (
+    ("content-type", "text/event-stream"),
+    ("cache-control", "no-cache, no-transform"),
+    ("x-accel-buffering", "no"),
+)
+#: Droppable messages (periodic progress) waiting beyond this many are dropped.
+_DROP_BEYOND = 64
+
+
+@dataclass(frozen=True, slots=True)
+class McpHttpSettings:
+    """Limits of the MCP HTTP endpoint.
+
+    Attributes:
+        max_sessions: Sessions held at once; one more ``initialize`` is 503.
+        session_idle_seconds: A session with no request and no stream this long ends.
+        ping_seconds: Seconds between SSE comment lines on an idle GET stream.
+    """
+
+    max_sessions: int = 1024
+    session_idle_seconds: float = 3600.0
+    ping_seconds: float = 20.0
+
+
+class Outbox(Protocol):
+    """Where a core session sends messages no response carries (``mcp_session.Outbox``)."""
+
+    def post(self, message: dict[str, Any], *, droppable: bool = False) -> None:
+        """Commit one message to the peer, in order; never waits."""
+
+    async def drained(self) -> None:
+        """Return once the peer has taken every message posted so far (or is gone)."""
+
+
+class CoreSession(Protocol):
+    """One MCP core session (``mcp_session.McpSession``), as this transport drives it."""
+
+    async def receive(self, message: Any, outbox: Outbox | None = None) -> Any:
+        """Serve one message from the host; returns the response, or None."""
+
+    def close(self) -> None:
+        """The host is gone: cancel its calls, end its waits and subscriptions."""
+
+
+#: Opens a core session: (bind params from the URL, the session's outbox, the
+#: transport's in-flight calls) -> session. Raises ``InvalidWorkspace`` or
+#: ``InvalidParams`` for a query the core refuses (the client gets 400).
+SessionFactory = Callable[[dict[str, Any], Outbox, dict[str, anyio.Event]], CoreSession]
+
+
+def bind_listen(address: ListenAddress, backlog: int = 256) -> socket.socket:
+    """Bind and listen on a loopback address (``[::1]`` is IPv6 only, never both).
+
+    Raises:
+        OSError: The address is taken or cannot be bound.
+    """
+    sock = socket.socket(address.family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if address.family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((address.host, address.port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _sse(message: Any) -> bytes:
+    return b"event: message\ndata: " + orjson.dumps(message) + b"\n\n"
+
+
+class _PostOutbox:
+    """A request's outbox: its POST, which turns into an SSE stream at the first message.
+
+    ``post`` never waits: the stream's head and each event are committed to the
+    connection in order. Progress (droppable) is dropped while the client is behind.
+    """
+
+    def __init__(self, exchange: Exchange, headers: list[tuple[str, str]]) -> None:
+        self._exchange = exchange
+        self._headers = headers
+        self.closed = False
+
+    def post(self, message: dict[str, Any], *, droppable: bool = False) -> None:
+        exchange = self._exchange
+        if self.closed or exchange.finished or exchange.disconnected.is_set():
+            return
+        if droppable and exchange.backlogged:
+            return
+        if not exchange.streaming:
+            exchange.start_stream_now(200, [*_SSE_HEADERS, *self._headers])
+        exchange.send_now(_sse(message))
+
+    async def drained(self) -> None:
+        if not self.closed and not self._exchange.disconnected.is_set():
+            await self._exchange.drained()
+
+
+class _StreamOutbox:
+    """A session's outbox: its GET stream.
+
+    ``post`` queues and wakes the stream's writer; while no GET stream is open, messages
+    are dropped. ``drained`` waits until the writer has sent what was posted before it
+    was called, or the stream is gone.
+    """
+
+    def __init__(self) -> None:
+        self._queue: deque[tuple[int, dict[str, Any], bool]] = deque()
+        self._posted = 0
+        self._sent = 0
+        self.attached = False
+        self.closed = False
+        self._wake = anyio.Event()
+        self._progress = anyio.Event()
+        self._last_taken = 0
+
+    def post(self, message: dict[str, Any], *, droppable: bool = False) -> None:
+        if self.closed or not self.attached:
+            return
+        if droppable and len(self._queue) > _DROP_BEYOND:
+            return
+        self._posted += 1
+        self._queue.append((self._posted, message, droppable))
+        self._wake.set()
+
+    async def drained(self) -> None:
+        target = self._posted
+        while self.attached and not self.closed and self._sent < target:
+            await self._progress.wait()
+
+    def pending(self) -> bool:
+        """Whether messages wait to be written."""
+        return bool(self._queue)
+
+    async def wait(self) -> None:
+        """Wait until something is posted (returns at once if something waits)."""
+        if not self._queue:
+            await self._wake.wait()
+        self._wake = anyio.Event()
+
+    def take(self) -> list[dict[str, Any]]:
+        """Every waiting message, oldest first."""
+        items = [message for _, message, _ in self._queue]
+        if self._queue:
+            self._last_taken = self._queue[-1][0]
+        self._queue.clear()
+        return items
+
+    def mark_sent(self) -> None:
+        """The messages last taken are with the socket."""
+        self._sent = self._last_taken
+        progress, self._progress = self._progress, anyio.Event()
+        progress.set()
+
+    def close(self) -> None:
+        """The stream is gone: drop what waits, release every ``drained``."""
+        self.closed = True
+        self._queue.clear()
+        self._wake.set()
+        self._progress.set()
+
+
+@dataclass(slots=True)
+class _Session:
+    """One HTTP session, or one stateless exchange, and its core session."""
+
+    session_id: str | None
+    outbox: _StreamOutbox
+    core: CoreSession | None = None
+    calls: dict[str, anyio.Event] = field(default_factory=dict)
+    requests: set[Any] = field(default_factory=set)
+    get_open: bool = False
+    last_used: float = field(default_factory=time.monotonic)
+    closed: bool = False
+
+
+def _is_request(message: dict[str, Any]) -> bool:
+    return "method" in message and "id" in message
+
+
+class McpHttpEndpoint:
+    """The ``/mcp`` endpoint: guards, sessions, POST, GET and DELETE.
+
+    Args:
+        factory: Opens a core session for an HTTP session (or a stateless exchange).
+        policy: The Unix socket's peer policy.
+        token: The bearer token, or None.
+        settings: Session limits.
+        http: HTTP limits.
+    """
+
+    def __init__(
+        self,
+        factory: SessionFactory,
+        policy: PeerPolicy,
+        token: str | None = None,
+        settings: McpHttpSettings | None = None,
+        http: HttpSettings | None = None,
+    ) -> None:
+        self._factory = factory
+        self._policy = policy
+        self._token = token
+        self.settings = settings or McpHttpSettings()
+        self.http_settings = http or HttpSettings()
+        self.sessions: dict[str, _Session] = {}
+        self._servers: list[HttpServer] = []
+        #: The endpoint's task group (for cancelling the requests of clients that left).
+        self._tg: anyio.abc.TaskGroup | None = None
+
+    # -- serving -------------------------------------------------------------------------
+
+    async def serve(
+        self,
+        sockets: Sequence[tuple[ListenAddress, socket.socket]],
+        *,
+        task_status: anyio.abc.TaskStatus[list[str]] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Serve on every bound socket until cancelled; reports the URLs served."""
+        urls = []
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                for address, sock in sockets:
+                    port = sock.getsockname()[1]
+                    server = HttpServer(
+                        self.http_settings, self._handler(address, port), self._admit
+                    )
+                    self._servers.append(server)
+                    await tg.start(server.serve, [sock])
+                    urls.append(address.url(port))
+                    log.info("mcp_http_listening", url=address.url(port))
+                task_status.started(urls)
+        finally:
+            for session in list(self.sessions.values()):
+                self._end_session(session)
+
+    async def stop_accepting(self) -> None:
+        """Accept no more connections (a graceful stop); requests under way go on."""
+        for server in self._servers:
+            server.stop_accepting()
+
+    def close(self) -> None:
+        """End every session (cancelling its calls) and close every connection."""
+        for session in list(self.sessions.values()):
+            self._end_session(session)
+        for server in self._servers:
+            server.close_all()
+
+    def _admit(self, raw: socket.socket) -> tuple[Any, Refusal | None]:
+        cred = tcp_peer_credentials(raw)
+        refused = peer_refusal(cred, self._policy, token=self._token is not None)
+        if refused is not None:
+            log.warning("mcp_http_peer_refused", uid=getattr(cred, "uid", None))
+            return cred, Refusal(*refused)
+        return cred, None
+
+    def _handler(
+        self, address: ListenAddress, port: int
+    ) -> Callable[[HttpRequest, Exchange, Any], Awaitable[None]]:
+        async def handle(request: HttpRequest, exchange: Exchange, peer: Any) -> None:
+            await self._handle(request, exchange, peer, address, port)
+
+        return handle
+
+    async def _handle(
+        self,
+        request: HttpRequest,
+        exchange: Exchange,
+        peer: Any,
+        address: ListenAddress,
+        port: int,
+    ) -> None:
+        if request.path != "/mcp":
+            await exchange.respond_json(
+                404, {"error": f"Not found: {request.path!r}; the MCP endpoint is /mcp."}
+            )
+            return
+        refused = check_host_origin(request.header("host"), request.header("origin"), address, port)
+        if refused is None and peer is None and self._token is not None:
+            refused = check_token(request.header("authorization"), self._token)
+        if refused is not None:
+            status, message = refused
+            log.warning("mcp_http_refused", status=status)
+            headers = [("www-authenticate", "Bearer")] if status == 401 else []
+            await exchange.respond_json(status, {"error": message}, headers)
+            return
+        if request.method == "POST":
+            await self._post(request, exchange)
+        elif request.method == "GET":
+            await self._get(request, exchange)
+        elif request.method == "DELETE":
+            await self._delete(request, exchange)
+        else:
+            await exchange.respond_json(
+                405,
+                {
+                    "error": f"Method not allowed: {request.method}; /mcp takes POST, GET and "
+                    "DELETE."
+                },
+                [("allow", "GET, POST, DELETE")],
+            )
+
+    # -- POST ----------------------------------------------------------------------------
+
+    async def _post(self, request: HttpRequest, exchange: Exchange) -> None:
+        content_type = (request.header("content-type") or "").split(";")[0].strip().lower()
+        if content_type != "application/json":
+            await _rpc_error(
+                exchange,
+                415,
+                None,
+                rpc_errors.InvalidRequest(
+                    "Unsupported media type: a POST to /mcp carries one JSON-RPC message with "
+                    "Content-Type: application/json."
+                ),
+            )
+            return
+        try:
+            message = orjson.loads(request.body)
+        except orjson.JSONDecodeError as exc:
+            await _rpc_error(
+                exchange,
+                400,
+                None,
+                rpc_errors.ParseError(
+                    f"Parse error: the body is not JSON ({exc.msg} at character {exc.pos})."
+                ),
+            )
+            return
+        if not isinstance(message, dict):
+            await _rpc_error(
+                exchange,
+                400,
+                None,
+                rpc_errors.InvalidRequest(
+                    "Invalid Request: the body must be one JSON-RPC message object; MCP takes no "
+                    "batches."
+                ),
+            )
+            return
+        session_id = request.header(_SESSION_HEADER)
+        fresh = False
+        if session_id is not None:
+            session = self.sessions.get(session_id)
+            if session is None:
+                await _rpc_error(
+                    exchange,
+                    404,
+                    message.get("id"),
+                    rpc_errors.InvalidRequest(
+                        f"Session not found: Mcp-Session-Id {session_id!r} is not (or no longer) a "
+                        "session of this daemon; send initialize for a new one."
+                    ),
+                )
+                return
+        elif message.get("method") == "initialize" and "id" in message:
+            opened = await self._open(request, exchange, message, stateless=False)
+            if opened is None:
+                return
+            session, fresh = opened, True
+        elif _is_request(message):
+            opened = await self._open(request, exchange, message, stateless=True)
+            if opened is None:
+                return
+            session = opened
+        else:
+            await _rpc_error(
+                exchange,
+                400,
+                None,
+                rpc_errors.InvalidRequest(
+                    "Bad request: a notification or response needs its session's Mcp-Session-Id "
+                    "header."
+                ),
+            )
+            return
+        session.last_used = time.monotonic()
+        try:
+            await self._serve_message(session, message, exchange, fresh)
+        finally:
+            session.last_used = time.monotonic()
+            if session.session_id is None:
+                self._end_session(session)
+
+    async def _open(
+        self,
+        request: HttpRequest,
+        exchange: Exchange,
+        message: dict[str, Any],
+        *,
+        stateless: bool,
+    ) -> _Session | None:
+        """A session (or a stateless exchange) bound to the URL's query, or a 400 answer."""
+        request_id = message.get("id")
+        bind: dict[str, Any] = {}
+        for name in ("workspace", "catalog", "mode", "headless"):
+            values = request.query.get(name)
+            if values:
+                bind[name] = values[-1]
+        if "headless" in bind:
+            # The query carries text; the core takes a boolean and refuses anything else.
+            bind["headless"] = {"true": True, "false": False}.get(
+                bind["headless"], bind["headless"]
+            )
+        if "workspace" not in bind:
+            await _rpc_error(
+                exchange,
+                400,
+                request_id,
+                rpc_errors.InvalidWorkspace(
+                    "Invalid workspace: the URL must name the workspace, as "
+                    "/mcp?workspace=/absolute/path (optionally &catalog=plan|work&mode=MODE).",
+                    {"field": "workspace"},
+                ),
+            )
+            return None
+        if not stateless:
+            await self._expire_idle()
+            if len(self.sessions) >= self.settings.max_sessions:
+                limit = self.settings.max_sessions
+                await _rpc_error(
+                    exchange,
+                    503,
+                    request_id,
+                    rpc_errors.ServerBusy(
+                        f"Too many MCP sessions: at most {limit}; end one with DELETE first.",
+                        {"limit": limit},
+                    ),
+                )
+                return None
+        outbox = _StreamOutbox()
+        session = _Session(None if stateless else secrets.token_urlsafe(24), outbox)
+        try:
+            session.core = self._factory(bind, outbox, session.calls)
+        except rpc_errors.RpcError as exc:
+            await _rpc_error(exchange, 400, request_id, exc)
+            return None
+        if session.session_id is not None:
+            self.sessions[session.session_id] = session
+            log.info("mcp_http_session_opened", sessions=len(self.sessions))
+        return session
+
+    async def _serve_message(
+        self, session: _Session, message: dict[str, Any], exchange: Exchange, fresh: bool
+    ) -> None:
+        core = session.core
+        assert core is not None
+        headers = [(_SESSION_HEADER, session.session_id)] if fresh and session.session_id else []
+        if not _is_request(message):
+            # A notification, or the host's answer to an elicitation: the core takes it.
+            await core.receive(message)
+            await exchange.respond(202, headers)
+            return
+        request_id = message["id"]
+        outbox = _PostOutbox(exchange, headers)
+        # The request is answered by this task; a client that leaves does not cut it
+        # off but has it cancelled through the core, which then ends it.
+        exchange.cancel_on_disconnect = False
+        exchange.on_disconnect = lambda: self._cancel_request(core, request_id)
+        session.requests.add(request_id)
+        try:
+            response = await core.receive(message, outbox)
+        finally:
+            session.requests.discard(request_id)
+            outbox.closed = True
+        if exchange.disconnected.is_set():
+            return
+        if exchange.streaming:
+            if response is not None:
+                exchange.send_now(_sse(response))
+            await exchange.end()
+        elif response is None:
+            await exchange.respond(202, headers)
+        else:
+            await exchange.respond(
+                200, [("content-type", "application/json"), *headers], orjson.dumps(response)
+            )
+
+    def _cancel_request(self, core: CoreSession, request_id: Any) -> None:
+        """The client left before its answer: cancel the request through the core."""
+        if self._tg is None:
+            return
+        self._tg.start_soon(
+            core.receive,
+            {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": request_id, "reason": "the client disconnected"},
+            },
+        )
+
+    # -- GET and DELETE --------------------------------------------------------------------
+
+    async def _session_of(self, request: HttpRequest, exchange: Exchange) -> _Session | None:
+        session_id = request.header(_SESSION_HEADER)
+        if session_id is None:
+            await exchange.respond_json(
+                400, {"error": "Bad request: the Mcp-Session-Id header is required."}
+            )
+            return None
+        session = self.sessions.get(session_id)
+        if session is None:
+            await exchange.respond_json(
+                404, {"error": f"Session not found: Mcp-Session-Id {session_id!r}."}
+            )
+            return None
+        return session
+
+    async def _get(self, request: HttpRequest, exchange: Exchange) -> None:
+        accept = (request.header("accept") or "").lower()
+        if "text/event-stream" not in accept and "*/*" not in accept:
+            await exchange.respond_json(
+                406, {"error": "Not acceptable: GET /mcp answers with text/event-stream only."}
+            )
+            return
+        session = await self._session_of(request, exchange)
+        if session is None:
+            return
+        if session.get_open:
+            await exchange.respond_json(
+                409, {"error": "Conflict: this session's server-to-client stream is already open."}
+            )
+            return
+        outbox = session.outbox
+        session.get_open = True
+        outbox.attached = True
+        try:
+            await exchange.start_stream(200, _SSE_HEADERS)
+            while not outbox.closed:
+                items = outbox.take()
+                if items:
+                    await exchange.send(b"".join(_sse(item) for item in items))
+                    outbox.mark_sent()
+                    continue
+                with anyio.move_on_after(self.settings.ping_seconds) as idle:
+                    await outbox.wait()
+                if idle.cancelled_caught:
+                    await exchange.send(b": ping\n\n")
+            await exchange.end()
+        finally:
+            session.get_open = False
+            outbox.attached = False
+            outbox.mark_sent()
+            session.last_used = time.monotonic()
+
+    async def _delete(self, request: HttpRequest, exchange: Exchange) -> None:
+        session = await self._session_of(request, exchange)
+        if session is None:
+            return
+        self._end_session(session)
+        await exchange.respond(204)
+
+    def _end_session(self, session: _Session) -> None:
+        if session.closed:
+            return
+        session.closed = True
+        if session.session_id is not None:
+            self.sessions.pop(session.session_id, None)
+            log.info("mcp_http_session_closed", sessions=len(self.sessions))
+        session.outbox.close()
+        if session.core is not None:
+            session.core.close()
+        for event in list(session.calls.values()):
+            event.set()
+
+    async def _expire_idle(self) -> None:
+        """End sessions nobody used for ``session_idle_seconds`` (no request, no stream)."""
+        cutoff = time.monotonic() - self.settings.session_idle_seconds
+        for session in list(self.sessions.values()):
+            if session.last_used < cutoff and not session.requests and not session.get_open:
+                log.info("mcp_http_session_expired")
+                self._end_session(session)
+
+
+async def _rpc_error(
+    exchange: Exchange, status: int, request_id: Any, error: rpc_errors.RpcError
+) -> None:
+    await exchange.respond_json(
+        status, {"jsonrpc": "2.0", "id": request_id, "error": error.to_error()}
+    )

@@ -1,0 +1,203 @@
+"""Who owns the other end of a loopback TCP connection (``sock_diag``, ``/proc/net/tcp``).
+
+Theory of operation
+-------------------
+A Unix socket tells its server the peer's uid (``SO_PEERCRED``); TCP does not. On
+loopback, though, both ends of a connection are sockets of this very kernel, and the
+kernel records the uid that created each one. The peer of an accepted connection is the
+socket whose local address is our remote address and whose remote address is our local
+address. :func:`tcp_peer_uid` asks for exactly that socket:
+
+1. through ``sock_diag`` netlink (``NETLINK_SOCK_DIAG``, ``SOCK_DIAG_BY_FAMILY``, an
+   exact lookup by the four-tuple: one request, one answer, no table walk), which carries
+   the owner uid in ``inet_diag_msg``;
+2. failing that (a kernel without ``inet_diag``, a seccomp filter), by reading
+   ``/proc/net/tcp`` or ``/proc/net/tcp6`` and finding the line of that four-tuple; its
+   ``uid`` column is the same field.
+
+Both answers are the kernel's: the peer cannot forge them. A connection whose peer the
+kernel no longer knows (it closed at once) has no answer, and an unknown peer is never
+allowed. The pid of a TCP peer is not known; the allow-group check uses the uid's groups
+from the user database instead (:func:`tcp_peer_credentials`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import ipaddress
+import os
+import pwd
+import socket
+import struct
+from pathlib import Path
+
+from .peercred import PeerCred
+
+__all__ = ["peer_uid_from_proc", "peer_uid_from_sock_diag", "tcp_peer_credentials", "tcp_peer_uid"]
+
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLMSG_ERROR = 2
+_NLM_F_REQUEST = 1
+_NLMSG_HDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
+# inet_diag_req_v2: family, protocol, ext, pad, states, then inet_diag_sockid.
+_REQ_HEAD = struct.Struct("=BBBxI")
+# inet_diag_sockid: sport, dport (big-endian), src[4], dst[4] (network order), if, cookie[2].
+_SOCKID = struct.Struct("!HH16s16s")
+_SOCKID_TAIL = struct.Struct("=III")
+_INET_DIAG_NOCOOKIE = 0xFFFFFFFF
+# inet_diag_msg: family, state, timer, retrans, sockid (48 bytes), expires, rqueue,
+# wqueue, uid, inode.
+_MSG_HEAD = struct.Struct("=BBBB")
+_MSG_TAIL = struct.Struct("=IIIII")
+_SOCKID_SIZE = _SOCKID.size + _SOCKID_TAIL.size
+
+
+def _packed_address(family: int, host: str) -> bytes:
+    """An address as the 16 bytes of ``inet_diag_sockid`` (IPv4 in the first four)."""
+    raw = socket.inet_pton(family, host)
+    return raw.ljust(16, b"\x00")
+
+
+def peer_uid_from_sock_diag(
+    family: int, local: tuple[str, int], remote: tuple[str, int], timeout: float = 1.0
+) -> int | None:
+    """Ask ``sock_diag`` for the uid owning the socket at ``remote`` connected to ``local``.
+
+    Args:
+        family: ``AF_INET`` or ``AF_INET6``.
+        local: Our end of the connection (host, port).
+        remote: The peer's end (host, port).
+        timeout: Seconds to wait for the kernel's answer.
+
+    Returns:
+        The owner's uid, or None when the kernel knows no such socket.
+
+    Raises:
+        OSError: Netlink or ``inet_diag`` is unavailable.
+    """
+    sockid = _SOCKID.pack(
+        remote[1], local[1], _packed_address(family, remote[0]), _packed_address(family, local[0])
+    ) + _SOCKID_TAIL.pack(0, _INET_DIAG_NOCOOKIE, _INET_DIAG_NOCOOKIE)
+    body = _REQ_HEAD.pack(family, socket.IPPROTO_TCP, 0, 0xFFFFFFFF) + sockid
+    seq = 1
+    message = (
+        _NLMSG_HDR.pack(_NLMSG_HDR.size + len(body), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST, seq, 0)
+        + body
+    )
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+        nl.settimeout(timeout)
+        nl.sendto(message, (0, 0))
+        data = nl.recv(65536)
+    offset = 0
+    while offset + _NLMSG_HDR.size <= len(data):
+        length, kind, _, _, _ = _NLMSG_HDR.unpack_from(data, offset)
+        if length < _NLMSG_HDR.size:
+            break
+        payload = offset + _NLMSG_HDR.size
+        if kind == _NLMSG_ERROR:
+            (code,) = struct.unpack_from("=i", data, payload)
+            if code == -errno.ENOENT:
+                return None
+            raise OSError(-code, os.strerror(-code))
+        if kind == _SOCK_DIAG_BY_FAMILY:
+            tail = payload + _MSG_HEAD.size + _SOCKID_SIZE
+            _, _, _, uid, _ = _MSG_TAIL.unpack_from(data, tail)
+            return int(uid)
+        offset += (length + 3) & ~3
+    return None
+
+
+def _proc_address(text: str, family: int) -> tuple[str, int]:
+    """Decode ``0100007F:1F90`` (host-order words in hex) into (host, port)."""
+    host_hex, _, port_hex = text.partition(":")
+    raw = bytes.fromhex(host_hex)
+    # The kernel prints each 32-bit word of the address in host byte order.
+    words = [raw[i : i + 4] for i in range(0, len(raw), 4)]
+    native = b"".join(w[::-1] if struct.pack("=I", 1)[0] == 1 else w for w in words)
+    return socket.inet_ntop(family, native), int(port_hex, 16)
+
+
+def peer_uid_from_proc(
+    family: int, local: tuple[str, int], remote: tuple[str, int], proc: Path = Path("/proc")
+) -> int | None:
+    """Find the uid of the peer's socket in ``/proc/net/tcp`` or ``tcp6``.
+
+    Args:
+        family: ``AF_INET`` or ``AF_INET6``.
+        local: Our end of the connection (host, port).
+        remote: The peer's end (host, port).
+        proc: The procfs mount point (a parameter so tests can point elsewhere).
+
+    Returns:
+        The owner's uid, or None when no line matches.
+    """
+    name = "tcp6" if family == socket.AF_INET6 else "tcp"
+    want_local = (ipaddress.ip_address(remote[0]), remote[1])
+    want_remote = (ipaddress.ip_address(local[0]), local[1])
+    try:
+        lines = (proc / "net" / name).read_text(encoding="ascii").splitlines()[1:]
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        with contextlib.suppress(ValueError, OSError):
+            here_host, here_port = _proc_address(fields[1], family)
+            there_host, there_port = _proc_address(fields[2], family)
+            if (ipaddress.ip_address(here_host), here_port) == want_local and (
+                ipaddress.ip_address(there_host),
+                there_port,
+            ) == want_remote:
+                return int(fields[7])
+    return None
+
+
+def tcp_peer_uid(sock: socket.socket) -> int | None:
+    """The uid owning the other end of an accepted loopback TCP connection.
+
+    Args:
+        sock: The accepted connection.
+
+    Returns:
+        The uid, or None when the kernel no longer knows the peer (or ``sock`` is
+        not connected).
+    """
+    family = sock.family
+    try:
+        local = sock.getsockname()[:2]
+        remote = sock.getpeername()[:2]
+    except OSError:
+        return None
+    try:
+        return peer_uid_from_sock_diag(family, local, remote)
+    except OSError:
+        return peer_uid_from_proc(family, local, remote)
+
+
+def tcp_peer_credentials(sock: socket.socket) -> PeerCred | None:
+    """The peer of a loopback TCP connection as a :class:`PeerCred` for ``PeerPolicy``.
+
+    The pid is unknown (0); the primary and supplementary groups are the uid's own in
+    the user database, which is what ``--allow-group`` means for a TCP caller.
+
+    Args:
+        sock: The accepted connection.
+
+    Returns:
+        The credentials, or None when the peer cannot be established.
+    """
+    uid = tcp_peer_uid(sock)
+    if uid is None:
+        return None
+    try:
+        entry = pwd.getpwuid(uid)
+    except KeyError:
+        return PeerCred(pid=0, uid=uid, gid=0xFFFFFFFF, groups=frozenset())
+    try:
+        groups = frozenset(os.getgrouplist(entry.pw_name, entry.pw_gid))
+    except OSError:
+        groups = frozenset({entry.pw_gid})
+    return PeerCred(pid=0, uid=uid, gid=entry.pw_gid, groups=groups)

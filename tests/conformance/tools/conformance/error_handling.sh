@@ -1,0 +1,3 @@
+#!/bin/sh
+echo "This tool intentionally returns an error for testing" >&2
+exit 1

@@ -1,0 +1,2 @@
+#!/bin/sh
+echo "This is a simple text response for testing."

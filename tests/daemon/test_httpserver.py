@@ -1,0 +1,200 @@
+"""Tests for toolsetd.daemon.httpserver: real loopback sockets, malformed and slow peers."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import anyio.abc
+import pytest
+
+from toolsetd.daemon.httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
+
+pytestmark = pytest.mark.anyio
+
+SETTINGS = HttpSettings(
+    max_header_bytes=4096, max_body_bytes=1024, head_timeout=0.5, body_timeout=0.5,
+    idle_timeout=0.5, write_timeout=1.0,
+)
+
+
+class Recorder:
+    """A handler that echoes the request and records what it saw."""
+
+    def __init__(self) -> None:
+        self.requests: list[HttpRequest] = []
+        self.cancelled = anyio.Event()
+
+    async def __call__(self, request: HttpRequest, exchange: Exchange, peer: Any) -> None:
+        self.requests.append(request)
+        if request.path == "/stream":
+            await exchange.start_stream(200, [("content-type", "text/event-stream")])
+            await exchange.send(b"data: one\n\n")
+            try:
+                await anyio.sleep(30)
+            finally:
+                self.cancelled.set()
+        await exchange.respond_json(
+            200, {"method": request.method, "path": request.path, "query": request.query,
+                  "body": request.body.decode()},
+        )
+
+
+@contextlib.asynccontextmanager
+async def _serve(settings: HttpSettings, handler: Recorder, refusal: Refusal | None = None
+                 ) -> AsyncIterator[tuple[int, Recorder]]:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    server = HttpServer(settings, handler, lambda sock: (None, refusal))
+    async with anyio.create_task_group() as tg:
+        await tg.start(server.serve, [listener])
+        yield port, handler
+        tg.cancel_scope.cancel()
+
+
+def served() -> contextlib.AbstractAsyncContextManager[tuple[int, Recorder]]:
+    """A server with small limits on an ephemeral loopback port."""
+    return _serve(SETTINGS, Recorder())
+
+
+async def _exchange(port: int, data: bytes, *, read_until_close: bool = True) -> bytes:
+    """Send raw bytes, then read until the server closes (or 3 s pass)."""
+    async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+        await stream.send(data)
+        chunks = []
+        with anyio.move_on_after(3):
+            while True:
+                try:
+                    chunk = await stream.receive()
+                except (anyio.EndOfStream, anyio.BrokenResourceError):
+                    break
+                chunks.append(chunk)
+                if not read_until_close:
+                    break
+        return b"".join(chunks)
+
+
+def _status(response: bytes) -> int:
+    return int(response.split(b" ", 2)[1])
+
+
+def _body(response: bytes) -> Any:
+    return json.loads(response.split(b"\r\n\r\n", 1)[1])
+
+
+async def test_http_request_answered_and_kept_alive() -> None:
+    """Two requests on one connection are both answered, with their bodies and queries."""
+    async with served() as (port, handler):
+        request = (b"POST /mcp?workspace=/tmp&x=1 HTTP/1.1\r\nHost: localhost\r\n"
+                   b"Content-Length: 5\r\n\r\nhello")
+        with anyio.fail_after(5):
+            async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                for _ in range(2):
+                    await stream.send(request)
+                    data = b""
+                    while not data.endswith(b"}"):
+                        data += await stream.receive()
+                    assert _status(data) == 200
+                    assert _body(data) == {"method": "POST", "path": "/mcp", "body": "hello",
+                                           "query": {"workspace": ["/tmp"], "x": ["1"]}}
+        assert len(handler.requests) == 2
+
+
+async def test_http_chunked_body_is_assembled() -> None:
+    """A chunked request body reaches the handler whole."""
+    async with served() as (port, handler):
+        data = await _exchange(port, b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                               b"\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n", read_until_close=False)
+        assert _body(data)["body"] == "abcde"
+
+
+@pytest.mark.parametrize(
+    ("raw", "status"),
+    [
+        pytest.param(b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"zz\r\nabc\r\n0\r\n\r\n", 400, id="bad-chunk-size"),
+        pytest.param(b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"3\r\nabcdef\r\n0\r\n\r\n", 400, id="chunk-longer-than-its-size"),
+        pytest.param(b"GARBAGE\r\n\r\n", 400, id="bad-request-line"),
+        pytest.param(b"GET /a HTTP/1.1\r\n\r\n", 400, id="no-host"),
+        pytest.param(b"GET /a HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 8000 + b"\r\n\r\n", 431,
+                     id="huge-header"),
+        pytest.param(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n" + b"a" * 2000,
+                     413, id="body-too-large"),
+        pytest.param(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc", 408,
+                     id="body-never-completes"),
+    ],
+)
+async def test_http_malformed_request_answered_and_closed(raw: bytes, status: int) -> None:
+    """Malformed or oversized requests get their 4xx and the connection closes."""
+    async with served() as (port, handler):
+        with anyio.fail_after(5):
+            data = await _exchange(port, raw)
+        assert _status(data) == status
+        assert "error" in _body(data)
+        assert handler.requests == []
+
+
+async def test_http_slowloris_head_is_cut_off() -> None:
+    """A peer trickling its request head is answered 408 within the head timeout."""
+    async with served() as (port, handler):
+        with anyio.fail_after(5):
+            async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                data = b""
+                for byte in b"GET /a HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100:
+                    await stream.send(bytes([byte]))
+                    with anyio.move_on_after(0.05):
+                        data += await stream.receive()
+                    if data:
+                        break
+                with anyio.move_on_after(2):
+                    while b"}" not in data:
+                        data += await stream.receive()
+        assert _status(data) == 408
+        assert handler.requests == []
+
+
+async def test_http_silent_connection_is_closed() -> None:
+    """A connection that never sends a byte is closed after the head timeout."""
+    async with served() as (port, handler):
+        with anyio.fail_after(5):
+            assert await _exchange(port, b"") == b""
+
+
+async def test_http_stream_disconnect_cancels_handler() -> None:
+    """A client closing a streamed response cancels the handler serving it."""
+    async with served() as (port, handler):
+        with anyio.fail_after(5):
+            async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                await stream.send(b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n")
+                data = b""
+                while b"data: one" not in data:
+                    data += await stream.receive()
+                assert b"transfer-encoding: chunked" in data.lower()
+            await handler.cancelled.wait()
+
+
+async def test_http_refusal_answers_and_closes() -> None:
+    """A refused peer gets the refusal's status and message, and the handler never runs."""
+    async with _serve(SETTINGS, Recorder(), Refusal(403, "Forbidden: no.")) as (port, handler):
+        with anyio.fail_after(5):
+            data = await _exchange(port, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert _status(data) == 403
+        assert _body(data) == {"error": "Forbidden: no."}
+        assert handler.requests == []
+
+
+def test_http_settings_defaults_bound_every_wait() -> None:
+    """Every timeout of the defaults is finite."""
+    settings = HttpSettings()
+    assert all(
+        0 < t < 3600 for t in (settings.head_timeout, settings.body_timeout,
+                               settings.idle_timeout, settings.write_timeout)
+    )
+    assert socket.AF_INET  # the module under test needs IPv4 loopback

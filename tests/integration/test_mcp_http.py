@@ -1,0 +1,527 @@
+"""MCP over Streamable HTTP against a real daemon: sessions, guards, streams, the SDK client."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx2 as httpx
+import pytest
+from mcp import types
+from mcp.client.client import Client
+
+from toolsetd.daemon.app import parse_args
+from toolsetd.daemon.settings import ConfigError
+
+from .conftest import Daemon, alive, eventually, shut_down, start_daemon, write_set
+from .http_helpers import (
+    INIT_PARAMS,
+    endpoint,
+    http,
+    initialize,
+    listening_urls,
+    rpc,
+    start_http_daemon,
+)
+from .mcp_helpers import PROGRESS3, script
+
+PY = sys.executable
+#: An interpreter another user can run (the venv's lives under root's home).
+SYSTEM_PY = "/usr/bin/python3"
+
+
+def _tool(command: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "runner": "exec", "description": f"Test tool {command}.", "schema": {"type": "object"},
+        "command": [command], "stdin": True, "approval": "always", "timeoutSeconds": 60, **extra,
+    }
+
+
+#: Writes its pid, reports progress (so the POST turns into SSE), then sleeps.
+SLEEPER = script(
+    "import json, os, time\n"
+    "open('sleeper.pid', 'w').write(str(os.getpid()))\n"
+    "fd = int(os.environ['TOOLSETD_PROGRESS_FD'])\n"
+    "os.write(fd, b'{\"message\": \"sleeping\", \"fraction\": 0.1}\\n')\n"
+    "time.sleep(60)\n"
+)
+ASKER = script("print('asked and ran')\n")
+
+
+@pytest.fixture
+def http_daemon(home: Path, workspace: Path, tmp_base: Path) -> Iterator[tuple[Daemon, str]]:
+    """A daemon serving MCP over HTTP on 127.0.0.1, with the test tool sets."""
+    tools = home / "tools"
+    write_set(tools, "progress3", _tool("progress3.py"), **{"progress3.py": PROGRESS3})
+    write_set(tools, "sleeper", _tool("sleeper.py"), **{"sleeper.py": SLEEPER})
+    write_set(workspace / ".crystal" / "tools", "asker", _tool("asker.py"),
+              **{"asker.py": ASKER})
+    daemon, url = start_http_daemon(home, workspace, tmp_base)
+    try:
+        yield daemon, url
+    finally:
+        shut_down(daemon)
+
+
+# -- sessions, over raw HTTP ----------------------------------------------------------------
+
+
+def test_http_session_initialize_list_call_delete(http_daemon, workspace: Path) -> None:
+    """initialize opens a session; tools/list and tools/call answer in it; DELETE ends it."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    headers = {"mcp-session-id": session}
+    listed = http(url, body=rpc(2, "tools/list"), headers=headers)
+    assert listed.status == 200
+    names = {t["name"] for t in listed.json()["result"]["tools"]}
+    assert {"hello", "progress3", "sleeper", "asker"} <= names
+    called = http(url, body=rpc(3, "tools/call", {"name": "hello", "arguments": {"name": "Ada"}}),
+                  headers=headers)
+    assert called.status == 200
+    assert called.headers["content-type"] == "application/json"
+    result = called.json()["result"]
+    assert result["isError"] is False
+    assert "Ada" in result["content"][0]["text"]
+    assert http(url, "DELETE", headers=headers).status == 204
+    gone = http(url, body=rpc(4, "tools/list"), headers=headers)
+    assert gone.status == 404
+    assert "initialize" in gone.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("workspace_value", "needle"),
+    [
+        pytest.param(None, "must name the workspace", id="missing"),
+        pytest.param("relative/path", "absolute path", id="relative"),
+        pytest.param("/no/such/dir/anywhere", "not a directory", id="not-a-directory"),
+    ],
+)
+def test_http_bad_workspace_is_400(http_daemon, workspace_value: str | None, needle: str) -> None:
+    """A missing or bad workspace in the URL is a 400 whose message says what to send."""
+    _, base = http_daemon
+    reply = http(endpoint(base, workspace_value), body=rpc(1, "initialize", INIT_PARAMS))
+    assert reply.status == 400
+    error = reply.json()["error"]
+    assert error["code"] == -32006
+    assert needle in error["message"]
+
+
+def test_http_bad_catalog_or_mode_is_400(http_daemon, workspace: Path) -> None:
+    """A catalog or mode the core refuses is a 400 naming the field."""
+    _, base = http_daemon
+    for query, field in (({"catalog": "nope"}, "catalog"), ({"mode": "wild"}, "mode")):
+        reply = http(endpoint(base, workspace, **query), body=rpc(1, "initialize", INIT_PARAMS))
+        assert reply.status == 400
+        assert f"'{field}'" in reply.json()["error"]["message"]
+
+
+def test_http_request_without_session_or_modern_meta(http_daemon, workspace: Path) -> None:
+    """A legacy request with no session is answered by the core: initialize first."""
+    _, base = http_daemon
+    reply = http(endpoint(base, workspace), body=rpc(1, "tools/list"))
+    assert reply.status == 200
+    assert "initialize first" in reply.json()["error"]["message"]
+
+
+def test_http_stateless_2026_request_needs_no_session(http_daemon, workspace: Path) -> None:
+    """A 2026-07-28 request is one exchange: no session id, an answer with resultType."""
+    _, base = http_daemon
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    reply = http(endpoint(base, workspace), body=rpc(1, "tools/list", {"_meta": meta}),
+                 headers={"mcp-protocol-version": "2026-07-28"})
+    assert reply.status == 200
+    assert "mcp-session-id" not in reply.headers
+    result = reply.json()["result"]
+    assert result["resultType"] == "complete"
+    assert any(t["name"] == "hello" for t in result["tools"])
+    discover = http(endpoint(base, workspace), body=rpc(2, "server/discover", {"_meta": meta}))
+    assert "2026-07-28" in discover.json()["result"]["supportedVersions"]
+
+
+def test_http_post_rejects_bad_bodies(http_daemon, workspace: Path) -> None:
+    """Not JSON, a batch, the wrong content type: 4xx with a JSON-RPC error saying why."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    reply = http(url, body=b"{nope")
+    assert reply.status == 400
+    assert reply.json()["error"]["code"] == -32700
+    reply = http(url, body=[rpc(1, "ping")])
+    assert reply.status == 400
+    assert "batches" in reply.json()["error"]["message"]
+    reply = http(url, body=b"{}", headers={"content-type": "text/plain"})
+    assert reply.status == 415
+    assert http(url, "PUT", body=b"").status == 405
+    assert http(base.replace("/mcp", "/other"), "GET").status == 404
+
+
+def test_http_get_stream_needs_session_and_is_single(http_daemon, workspace: Path) -> None:
+    """GET needs a known session and text/event-stream; a second stream is 409."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    assert http(url, "GET", headers={"accept": "text/event-stream"}).status == 400
+    assert http(url, "GET", headers={"accept": "text/event-stream",
+                                     "mcp-session-id": "nope"}).status == 404
+    session = initialize(url)
+    assert http(url, "GET", headers={"accept": "application/json",
+                                     "mcp-session-id": session}).status == 406
+    with httpx.Client(timeout=10) as client, client.stream(
+        "GET", url, headers={"accept": "text/event-stream", "mcp-session-id": session}
+    ) as first:
+        assert first.status_code == 200
+        assert first.headers["content-type"] == "text/event-stream"
+        second = http(url, "GET", headers={"accept": "text/event-stream",
+                                           "mcp-session-id": session})
+        assert second.status == 409
+
+
+# -- the guards --------------------------------------------------------------------------------
+
+
+def test_http_dns_rebinding_host_and_origin(http_daemon, workspace: Path) -> None:
+    """A foreign Host is 421 and a foreign Origin 403; loopback names are served."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    port = base.split(":")[2].split("/")[0]
+    body = rpc(1, "initialize", INIT_PARAMS)
+    assert http(url, body=body, headers={"host": "evil.example.com"}).status == 421
+    assert http(url, body=body, headers={"host": f"evil.example.com:{port}"}).status == 421
+    assert http(url, body=body, headers={"host": "localhost:1"}).status == 421
+    refused = http(url, body=body, headers={"origin": "http://evil.example.com"})
+    assert refused.status == 403
+    assert "DNS rebinding" in refused.json()["error"]
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", "localhost"):
+        ok = http(url, body=body, headers={"host": host, "origin": f"http://{host}"})
+        assert ok.status == 200, (host, ok)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
+@pytest.mark.skipif(not os.access(SYSTEM_PY, os.X_OK), reason=f"no {SYSTEM_PY} for the other user")
+def test_http_other_user_is_refused_403(http_daemon, workspace: Path) -> None:
+    """A client running as nobody is refused with 403 and a message naming its uid."""
+    _, base = http_daemon
+    code = (
+        "import http.client, sys, json\n"
+        "host, port = sys.argv[1], int(sys.argv[2])\n"
+        "c = http.client.HTTPConnection(host, port, timeout=10)\n"
+        "c.request('POST', sys.argv[3], body=b'{}', headers={'content-type': 'application/json'})\n"
+        "r = c.getresponse()\n"
+        "print(json.dumps({'status': r.status, 'body': r.read().decode()}))\n"
+    )
+    host_port = base.split("//")[1].split("/")[0]
+    host, port = host_port.rsplit(":", 1)
+    out = subprocess.run(
+        [SYSTEM_PY, "-S", "-c", code, host, port, "/mcp?workspace=/"], user=65534, group=65534,
+        extra_groups=[], capture_output=True, text=True, timeout=30, check=True, cwd="/",
+    )
+    reply = json.loads(out.stdout)
+    assert reply["status"] == 403
+    assert "uid 65534 may not call toolsetd" in reply["body"]
+
+
+def test_http_non_loopback_bind_refused(tmp_base: Path) -> None:
+    """--mcp-listen on a non-loopback address is refused at start-up, saying why."""
+    for value in ("0.0.0.0:0", "[::]:0", "192.0.2.1:8080", "example.com:80", "127.0.0.1:99999",
+                  "::1:80"):
+        with pytest.raises(ConfigError, match="--mcp-listen"):
+            parse_args(["--home", str(tmp_base), "--mcp-listen", value])
+    # The real command line says so too, with exit status 2.
+    out = subprocess.run(  # noqa: S603
+        [PY, "-m", "toolsetd.daemon", "--home", str(tmp_base), "--socket", str(tmp_base / "x.sock"),
+         "--mcp-listen", "0.0.0.0:8765"], capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert out.returncode == 2
+    assert "not a loopback address" in out.stderr
+
+
+def test_http_token_file_must_be_private(home: Path, workspace: Path, tmp_base: Path) -> None:
+    """A token file others can read stops the start with the fix; a 0600 one is served."""
+    token = tmp_base / "token"
+    token.write_text("s3cret\n")
+    token.chmod(0o644)
+    out = subprocess.run(
+        [PY, "-m", "toolsetd.daemon", "--home", str(home), "--socket", str(tmp_base / "t.sock"),
+         "--mcp-listen", "127.0.0.1:0", "--mcp-token-file", str(token)],
+        capture_output=True, text=True, timeout=30, check=False,
+    )
+    assert out.returncode == 1
+    assert "chmod 600" in out.stderr
+    token.chmod(0o600)
+    daemon, base = start_http_daemon(home, workspace, tmp_base, ["--mcp-token-file", str(token)])
+    try:
+        # Our own uid is established, so no token is needed.
+        assert http(endpoint(base, workspace), body=rpc(1, "initialize", INIT_PARAMS)).status == 200
+    finally:
+        shut_down(daemon)
+
+
+def test_http_ipv6_and_ipv4_together(home: Path, workspace: Path, tmp_base: Path) -> None:
+    """--mcp-listen is repeatable: 127.0.0.1 and [::1] both serve."""
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 on this machine")
+    daemon = start_daemon(
+        home, workspace, tmp_base, ["--mcp-listen", "127.0.0.1:0", "--mcp-listen", "[::1]:0"]
+    )
+    try:
+        urls = listening_urls(daemon, 2)
+        assert urls[0].startswith("http://127.0.0.1:")
+        assert urls[1].startswith("http://[::1]:")
+        for url in urls:
+            reply = http(endpoint(url, workspace), body=rpc(1, "initialize", INIT_PARAMS))
+            assert reply.status == 200
+    finally:
+        shut_down(daemon)
+
+
+# -- streams and disconnects ------------------------------------------------------------------
+
+
+def test_http_progress_comes_as_sse_before_the_answer(http_daemon, workspace: Path) -> None:
+    """A call with a progressToken answers as SSE: every progress line, then the result."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    reply = http(url, body=rpc(7, "tools/call", {"name": "progress3", "arguments": {},
+                                                 "_meta": {"progressToken": "p1"}}),
+                 headers={"mcp-session-id": session})
+    assert reply.headers["content-type"] == "text/event-stream"
+    messages = reply.messages()
+    progress = [m["params"] for m in messages if m.get("method") == "notifications/progress"]
+    assert [p["progressToken"] for p in progress] == ["p1"] * len(progress)
+    values = [p["progress"] for p in progress]
+    assert values == sorted(set(values))
+    assert {"0/100", "50/100", "100/100"} <= {p.get("message") for p in progress}
+    assert messages[-1]["id"] == 7
+    assert "counted" in messages[-1]["result"]["content"][0]["text"]
+
+
+def test_http_dropped_sse_stream_cancels_the_call(http_daemon, workspace: Path) -> None:
+    """A client closing its POST's SSE stream mid-call has the tool's process killed."""
+    daemon, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    pid_file = workspace / "sleeper.pid"
+    with httpx.Client(timeout=10) as client, client.stream(
+        "POST", url, headers={"content-type": "application/json",
+                              "accept": "application/json, text/event-stream",
+                              "mcp-session-id": session},
+        content=json.dumps(rpc(9, "tools/call", {"name": "sleeper", "arguments": {},
+                                                 "_meta": {"progressToken": 9}})),
+    ) as response:
+        assert response.headers["content-type"] == "text/event-stream"
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                break  # the first progress event: the tool runs
+    eventually(lambda: pid_file.exists() and pid_file.read_text() != "", what="the sleeper's pid")
+    pid = int(pid_file.read_text())
+    eventually(lambda: not alive(pid), what="the sleeper killed after the disconnect")
+    eventually(
+        lambda: any(e.get("event") == "call_finished" and e.get("status") == "cancelled"
+                    for e in daemon.log_events()),
+        what="call_finished cancelled",
+    )
+    # The session goes on.
+    again = http(url, body=rpc(10, "tools/list"), headers={"mcp-session-id": session})
+    assert again.status == 200
+
+
+def test_http_delete_cancels_the_sessions_calls(http_daemon, workspace: Path) -> None:
+    """DELETE ends the session and cancels the calls it has in flight."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    pid_file = workspace / "sleeper.pid"
+    replies: list[Any] = []
+    caller = threading.Thread(target=lambda: replies.append(http(
+        url, body=rpc(1, "tools/call", {"name": "sleeper", "arguments": {}}),
+        headers={"mcp-session-id": session})))
+    caller.start()
+    eventually(lambda: pid_file.exists() and pid_file.read_text() != "", what="the sleeper's pid")
+    pid = int(pid_file.read_text())
+    assert http(url, "DELETE", headers={"mcp-session-id": session}).status == 204
+    eventually(lambda: not alive(pid), what="the sleeper killed by DELETE")
+    caller.join(20)
+    assert replies
+    assert replies[0].status in (200, 202)
+
+
+def test_http_get_stream_carries_list_changed(http_daemon, workspace: Path, home: Path) -> None:
+    """After a reload that changes the catalog, the GET stream carries tools/list_changed."""
+    daemon, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    with httpx.Client(timeout=20) as client, client.stream(
+        "GET", url, headers={"accept": "text/event-stream", "mcp-session-id": session}
+    ) as stream:
+        write_set(home / "tools", "newset", _tool("asker.py"), **{"asker.py": ASKER})
+        assert "result" in daemon.call("reload", {})
+        for line in stream.iter_lines():
+            if line.startswith("data:"):
+                assert json.loads(line[5:])["method"] == "notifications/tools/list_changed"
+                break
+
+
+def test_http_64_concurrent_sessions(http_daemon, workspace: Path) -> None:
+    """64 sessions at once each initialize, list and call, and all are answered."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+
+    async def one(client: httpx.AsyncClient, n: int) -> str:
+        reply = await client.post(url, json=rpc(1, "initialize", INIT_PARAMS))
+        session = reply.headers["mcp-session-id"]
+        headers = {"mcp-session-id": session}
+        await client.post(url, json={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                          headers=headers)
+        listed = await client.post(url, json=rpc(2, "tools/list"), headers=headers)
+        assert listed.status_code == 200
+        called = await client.post(
+            url, json=rpc(3, "tools/call", {"name": "hello", "arguments": {"name": f"n{n}"}}),
+            headers=headers,
+        )
+        assert (await client.delete(url, headers=headers)).status_code == 204
+        return str(called.json()["result"]["content"][0]["text"])
+
+    async def main() -> list[str]:
+        results: list[str] = [""] * 64
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=60, limits=limits,
+                                     headers={"accept": "application/json, text/event-stream"}
+                                     ) as client:
+
+            async def run(n: int) -> None:
+                results[n] = await one(client, n)
+
+            with anyio.fail_after(90):
+                async with anyio.create_task_group() as tg:
+                    for n in range(64):
+                        tg.start_soon(run, n)
+        return results
+
+    results = anyio.run(main)
+    assert all(f"n{n}" in text for n, text in enumerate(results))
+
+
+def test_http_malformed_requests_leave_the_daemon_serving(http_daemon, workspace: Path) -> None:
+    """Bad chunking and a huge header are refused, and the next client is served."""
+    daemon, base = http_daemon
+    host, port = base.split("//")[1].split("/")[0].rsplit(":", 1)
+    for raw in (
+        b"POST /mcp HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"GET /mcp HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n",
+    ):
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(raw)
+            data = b""
+            try:
+                while chunk := sock.recv(65536):
+                    data += chunk
+            except ConnectionResetError:
+                pass
+        assert data.split(b" ")[1] in (b"400", b"431"), data[:200]
+    assert http(endpoint(base, workspace), body=rpc(1, "initialize", INIT_PARAMS)).status == 200
+    assert daemon.proc.poll() is None
+
+
+# -- the official SDK client (streamable_http_client) ----------------------------------------
+
+
+def _sdk(url: str, **kwargs: Any) -> Client:
+    return Client(url, mode=kwargs.pop("mode", "legacy"), **kwargs)
+
+
+def test_sdk_lists_and_calls_over_http(http_daemon, workspace: Path) -> None:
+    """The SDK's Streamable HTTP client lists the tool sets and calls one, with progress."""
+    _, base = http_daemon
+    seen: list[float] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append(progress)
+
+    async def main() -> tuple[list[str], types.CallToolResult]:
+        with anyio.fail_after(60):
+            async with _sdk(endpoint(base, workspace)) as client:
+                tools = await client.list_tools()
+                result = await client.call_tool("progress3", {}, progress_callback=on_progress)
+        return [t.name for t in tools.tools], result
+
+    names, result = anyio.run(main)
+    assert "progress3" in names
+    assert result.is_error is False
+    assert seen == sorted(set(seen))
+    assert len(seen) >= 3
+
+
+@pytest.mark.parametrize("action", ["accept", "decline"])
+def test_sdk_elicitation_legacy_era(http_daemon, workspace: Path, action: str) -> None:
+    """An ask call is put to the operator by elicitation/create on the POST's stream."""
+    _, base = http_daemon
+    asked: list[str] = []
+
+    async def elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action=action, content={} if action == "accept" else None)
+
+    async def main() -> types.CallToolResult:
+        with anyio.fail_after(60):
+            async with _sdk(endpoint(base, workspace), elicitation_callback=elicit) as client:
+                return await client.call_tool("asker", {})
+
+    result = anyio.run(main)
+    assert asked
+    assert "asker" in asked[0]
+    text = result.content[0].text  # type: ignore[union-attr]
+    if action == "accept":
+        assert result.is_error is False
+        assert "asked and ran" in text
+    else:
+        assert result.is_error is True
+        assert "declined" in text
+
+
+def test_sdk_elicitation_2026_era(http_daemon, workspace: Path) -> None:
+    """In the 2026-07-28 era the approval is an input-required round trip, stateless."""
+    _, base = http_daemon
+    asked: list[str] = []
+
+    async def elicit(context: Any, params: Any) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={})
+
+    async def main() -> types.CallToolResult:
+        with anyio.fail_after(60):
+            async with _sdk(endpoint(base, workspace), mode="2026-07-28",
+                            elicitation_callback=elicit) as client:
+                return await client.call_tool("asker", {})
+
+    result = anyio.run(main)
+    assert asked
+    assert result.is_error is False
+    assert "asked and ran" in result.content[0].text  # type: ignore[union-attr]
+
+
+def test_sdk_cancelled_call_kills_the_tool(http_daemon, workspace: Path) -> None:
+    """A call the SDK client abandons (cancel scope) ends the tool's process group."""
+    _, base = http_daemon
+    pid_file = workspace / "sleeper.pid"
+
+    async def main() -> None:
+        with anyio.fail_after(60):
+            async with _sdk(endpoint(base, workspace)) as client, \
+                    anyio.create_task_group() as tg:
+                tg.start_soon(client.call_tool, "sleeper", {})
+                while not pid_file.exists() or not pid_file.read_text():
+                    await anyio.sleep(0.02)
+                tg.cancel_scope.cancel()
+
+    anyio.run(main)
+    pid = int(pid_file.read_text())
+    eventually(lambda: not alive(pid), what="the sleeper killed after the cancel")
