@@ -188,12 +188,15 @@ async def test_watcher_settles_with_one_more_call(layout: Layout, fake: FakeWatc
             await tg.start(watcher.run)
             await fake.started.wait()
             manifest = workspace / ".crystal" / "tools" / "p" / "tools.json"
+            sent = anyio.current_time()
             await fake.send.send({(Change.modified, str(manifest))})
             await recorder.wait_for(workspace)
             await recorder.wait_for(workspace, since=1)
             tg.cancel_scope.cancel()
     assert recorder.calls[:2] == [{workspace}, {workspace}]
-    assert recorder.times[1] - recorder.times[0] >= 0.2
+    # The settle call is timed from the batch, not from the first call: on a loaded machine
+    # the first call itself may run late, so the gap between the two calls can be shorter.
+    assert recorder.times[1] - sent >= 0.2
 
 
 async def test_watcher_watches_only_known_directories_flat(layout: Layout, fake: FakeWatch) -> None:
