@@ -51,9 +51,10 @@ from .exits import (
     usage,
 )
 from .invoke import cmd_invoke
-from .parser import COMMANDS, FORMATS, ParseError, build_parser, command_in
+
 # One socket default for the CLI and the MCP pump (the pump is stdlib-only, so it owns it).
 from .mcp import default_socket_path
+from .parser import COMMANDS, FORMATS, ParseError, build_parser, command_in
 from .render import (
     CHANGE_HEADERS,
     DISCOVERY_OFF,

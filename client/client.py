@@ -6,9 +6,9 @@ client as ``async with await Client.connect(path) as client`` so both happen in 
 task). Writers serialise whole lines under a lock; request ids are increasing integers.
 The reader feeds bytes to the sans-IO ``Codec`` and routes each message:
 
-* a response (``parse_response``: ``id`` with ``result`` or ``error``) fills the slot of the waiting call and
-  sets its event; a response for an id nobody waits for (a call that was abandoned) is
-  dropped;
+* a response (``parse_response``: ``id`` with ``result`` or ``error``) fills the slot of the
+  waiting call and sets its event; a response for an id nobody waits for (a call that was
+  abandoned) is dropped;
 * ``started``, ``progress`` and ``completed`` go, by ``params.callId``, to the event
   queue of the ``invoke`` that registered that call id before sending the request;
 * every other notification (``catalogChanged``) goes into a bounded memory stream

@@ -94,9 +94,7 @@ def _row(
 ) -> SetRow:
     manifest = str(set_dir / _MANIFEST)
     if not is_directory_name(directory):
-        return SetRow(
-            directory, source.value, manifest, None, False, error=INVALID_DIRECTORY_NAME
-        )
+        return SetRow(directory, source.value, manifest, None, False, error=INVALID_DIRECTORY_NAME)
     try:
         data = (set_dir / _MANIFEST).read_bytes()
     except OSError:

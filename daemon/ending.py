@@ -59,7 +59,6 @@ def killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-
 async def wait_exit(pid: int, pidfd: int | None) -> None:
     """Return once the leader has exited, leaving it unreaped (its pid stays reserved)."""
     if pidfd is not None:
@@ -77,6 +76,7 @@ async def wait_exit(pid: int, pidfd: int | None) -> None:
             return
         await anyio.sleep(delay)
         delay = min(delay * 2, 0.05)
+
 
 async def terminate(
     pgid: int, pidfd: int | None, grace: float, kill_all: Callable[[], None] | None = None
@@ -103,6 +103,7 @@ async def terminate(
         if kill_all is not None:
             kill_all()
     return exited
+
 
 async def reap(pid: int, pidfd: int | None, gone: bool, poll: Callable[[], object]) -> None:
     """Reap the leader (``poll``), first waiting a bounded time unless it is known gone."""
@@ -162,9 +163,7 @@ async def build_outcome(
             blocks = [{"type": "text", "text": text_result(exit_code, stdout, stderr)}]
             is_error = exit_code != 0
         status = "error" if is_error else "ok"
-        cut = [
-            i for i, b in enumerate(blocks) if b["type"] == "text" and len(b["text"]) > limit
-        ]
+        cut = [i for i, b in enumerate(blocks) if b["type"] == "text" and len(b["text"]) > limit]
         if cut:
             truncated = True
             result = await _finish_spill(spill, call, s)

@@ -140,7 +140,9 @@ def _load_json(text: bytes) -> Any:
     try:
         value = json.loads(decoded, parse_constant=_reject_constant)
     except RecursionError:
-        _fail(f"tools.json is not valid JSON: the maximum nesting depth of {_MAX_DEPTH} was exceeded.")
+        _fail(
+            f"tools.json is not valid JSON: the maximum nesting depth of {_MAX_DEPTH} was exceeded."
+        )
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, over-long integers
         _fail(f"tools.json is not valid JSON: {exc}")
     # Counting brackets is an upper bound on depth, so most manifests skip the walk.
@@ -182,7 +184,9 @@ def _string_list(obj: Mapping[str, Any], key: str, message: str) -> tuple[str, .
     return tuple(items)
 
 
-def _catalogs(obj: Mapping[str, Any], default: frozenset[CatalogName], message: str) -> frozenset[CatalogName]:
+def _catalogs(
+    obj: Mapping[str, Any], default: frozenset[CatalogName], message: str
+) -> frozenset[CatalogName]:
     values = _string_list(obj, "catalogs", message)
     if values is None:
         return default
@@ -308,13 +312,19 @@ def _exec_tools(
     if tools is None:
         if not is_tool_name(directory, reserved):
             _fail(f"Directory '{directory}' is not a valid tool name for exec shorthand.")
-        return (_exec_tool(root, name=directory, catalogs=catalogs, approval=approval, reserved=reserved),)
+        return (
+            _exec_tool(
+                root, name=directory, catalogs=catalogs, approval=approval, reserved=reserved
+            ),
+        )
     result: list[ToolDef] = []
     names: set[str] = set()
     for element in tools:
         if not isinstance(element, dict):
             _fail("Each exec tool must be a JSON object.")
-        tool = _exec_tool(element, name=None, catalogs=catalogs, approval=approval, reserved=reserved)
+        tool = _exec_tool(
+            element, name=None, catalogs=catalogs, approval=approval, reserved=reserved
+        )
         if tool.name in names:
             _fail(f"Duplicate tool name '{tool.name}'.")
         names.add(tool.name)
@@ -325,7 +335,11 @@ def _exec_tools(
 
 
 def _dotnet_overlays(
-    overlays: Mapping[str, Any], *, catalogs: frozenset[CatalogName], approval: Approval, reserved: frozenset[str]
+    overlays: Mapping[str, Any],
+    *,
+    catalogs: frozenset[CatalogName],
+    approval: Approval,
+    reserved: frozenset[str],
 ) -> None:
     """Validate dotnet overlays with every reference rule; toolsetd never runs them."""
     for key, value in overlays.items():
@@ -337,7 +351,9 @@ def _dotnet_overlays(
             _fail(f"Overlay '{key}' cannot set output.")
         _catalogs(value, catalogs, f"Overlay '{key}' has invalid catalogs.")
         _argv(value)
-        _string_list(value, "pathArguments", f"Overlay '{key}' pathArguments must be an array of strings.")
+        _string_list(
+            value, "pathArguments", f"Overlay '{key}' pathArguments must be an array of strings."
+        )
         try:
             _approval(value, approval)
         except ManifestError as exc:

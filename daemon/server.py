@@ -43,7 +43,14 @@ from .peercred import PeerPolicy, peer_credentials
 
 # Connection, Handler, RequestContext and ServerSettings are re-exported on purpose: the
 # server is where the handlers and the composition root meet them.
-__all__ = ["Connection", "Handler", "RequestContext", "Server", "ServerSettings", "bind_unix_socket"]
+__all__ = [
+    "Connection",
+    "Handler",
+    "RequestContext",
+    "Server",
+    "ServerSettings",
+    "bind_unix_socket",
+]
 
 log = structlog.get_logger("toolsetd.server")
 
@@ -202,8 +209,11 @@ class Server:
         if not candidates:
             return False
         victim = min(candidates, key=lambda c: c.last_active)
-        log.info("connection_evicted", victim=victim.conn_id,
-                 idle_seconds=round(anyio.current_time() - victim.last_active, 3))
+        log.info(
+            "connection_evicted",
+            victim=victim.conn_id,
+            idle_seconds=round(anyio.current_time() - victim.last_active, 3),
+        )
         victim.evict()
         self.connections.pop(victim.conn_id, None)
         return True
@@ -229,8 +239,12 @@ class Server:
                 try:
                     while drained < _REFUSE_DRAIN_BYTES:
                         drained += len(await stream.receive())
-                except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError,
-                        OSError):
+                except (
+                    anyio.EndOfStream,
+                    anyio.BrokenResourceError,
+                    anyio.ClosedResourceError,
+                    OSError,
+                ):
                     pass
             with anyio.move_on_after(1):
                 await stream.aclose()

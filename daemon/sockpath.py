@@ -253,13 +253,9 @@ def acquire_instance_lock(socket_path: Path) -> LockHandle:
     lock_path = lock_path_for(socket_path)
     for _ in range(_LOCK_ATTEMPTS):
         try:
-            fd = os.open(
-                lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
-            )
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
-            raise SocketPathError(
-                f"cannot open lock file {lock_path}: {exc.strerror}"
-            ) from None
+            raise SocketPathError(f"cannot open lock file {lock_path}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -341,6 +337,4 @@ def check_stale(socket_path: Path, timeout: float = 0.5) -> None:
     try:
         socket_path.unlink(missing_ok=True)
     except OSError as exc:
-        raise SocketPathError(
-            f"cannot remove stale socket {socket_path}: {exc.strerror}"
-        ) from None
+        raise SocketPathError(f"cannot remove stale socket {socket_path}: {exc.strerror}") from None

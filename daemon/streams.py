@@ -80,7 +80,6 @@ def output_pipe() -> tuple[int, int]:
     return r, w
 
 
-
 def read_now(fd: int, capture: Capture) -> bool:
     """Feed what a pipe holds now; True at EOF (or a read error: the stream ends there)."""
     try:
@@ -118,7 +117,6 @@ def decode(prefix: bytes | bytearray, complete: bool, limit: int) -> str:
     return decoder.decode(bytes(prefix), final=complete)[: limit + 1]
 
 
-
 class Capture:
     """One output stream: a bounded prefix, a byte count, and the spill beyond the prefix."""
 
@@ -151,7 +149,6 @@ class Capture:
         return self.total <= self.keep
 
 
-
 class Fds:
     """The daemon's ends of a call's pipes; each closed exactly once."""
 
@@ -173,7 +170,6 @@ class Fds:
     def close_all(self) -> None:
         for fd in list(self._open):
             self.close(fd)
-
 
 
 class Drainer:
@@ -281,6 +277,7 @@ def write_stdin_now(fd: int, data: bytes, fds: Fds, call: CallState) -> memoryvi
     view.release()
     fds.close(fd)
     return None
+
 
 async def write_stdin(fd: int, data: bytes | memoryview, fds: Fds, call: CallState) -> None:
     view = memoryview(data)

@@ -208,7 +208,10 @@ class PolicyDenied(RpcError):
 
 
 class ApprovalRequired(RpcError):
-    """An ``ask`` or ``review`` decision without ``approved: true``; ``data`` is the classification."""
+    """An ``ask`` or ``review`` decision without ``approved: true``.
+
+    ``data`` is the classification.
+    """
 
     CODE = -32004
     MESSAGE = "Approval required"
