@@ -60,9 +60,17 @@ def ms(ns: float) -> float:
     return ns / 1e6
 
 
+#: Every goal row is the median of at least this many paired rounds.
+MIN_ROUNDS = 5
+
+
 @dataclass
 class Goal:
-    """One goal row: a measured ratio against its target."""
+    """One goal row: the median of per-round measurements against its target.
+
+    ``samples`` holds one value per paired round (a ratio, or an absolute figure where
+    the target is absolute); ``ratio`` is their median and the spread is their range.
+    """
 
     goal: str  # "1", "2", ...
     name: str
@@ -70,6 +78,14 @@ class Goal:
     target: float
     op: str  # "<=" or ">="
     detail: str = ""
+    samples: list[float] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, goal: str, name: str, samples: list[float], target: float, op: str,
+           detail: str = "") -> Goal:
+        """A goal row from its per-round samples (the ratio is their median)."""
+        clean = [s for s in samples if s == s]
+        return cls(goal, name, median(clean), target, op, detail, clean)
 
     @property
     def passed(self) -> bool:
@@ -77,9 +93,30 @@ class Goal:
             return False
         return self.ratio <= self.target if self.op == "<=" else self.ratio >= self.target
 
+    @property
+    def spread(self) -> tuple[float, float]:
+        """The lowest and highest per-round value (the median's own value without samples)."""
+        if not self.samples:
+            return (self.ratio, self.ratio)
+        return (min(self.samples), max(self.samples))
+
+    @property
+    def rounds(self) -> int:
+        return len(self.samples)
+
+    def worse(self, other: Goal) -> bool:
+        """Whether this row is further on the wrong side of the target than ``other``."""
+        if self.ratio != self.ratio:
+            return True
+        if other.ratio != other.ratio:
+            return False
+        return self.ratio > other.ratio if self.op == "<=" else self.ratio < other.ratio
+
     def row(self) -> dict[str, Any]:
         d = asdict(self)
         d["passed"] = self.passed
+        d["spread"] = list(self.spread)
+        d["rounds"] = self.rounds
         return d
 
 
@@ -95,11 +132,18 @@ def print_table(title: str, header: list[str], rows: list[list[Any]]) -> None:
     sys.stdout.flush()
 
 
-def print_goals(goals: list[Goal]) -> None:
+def _ratio_text(value: float) -> str:
+    return "n/a" if value != value else f"{value:.3f}"
+
+
+def print_goals(goals: list[Goal], title: str = "goals") -> None:
+    """The goals table: median of the paired rounds, their spread (min-max) and count."""
     print_table(
-        "goals",
-        ["goal", "what", "ratio", "target", "verdict"],
-        [[g.goal, g.name, f"{g.ratio:.3f}", f"{g.op} {g.target:g}", "PASS" if g.passed else "MISS"] for g in goals],
+        title,
+        ["goal", "what", "median", "spread (min-max)", "rounds", "target", "verdict"],
+        [[g.goal, g.name, _ratio_text(g.ratio),
+          f"{_ratio_text(g.spread[0])}-{_ratio_text(g.spread[1])}", str(g.rounds),
+          f"{g.op} {g.target:g}", "PASS" if g.passed else "MISS"] for g in goals],
     )
 
 
@@ -210,7 +254,8 @@ def spawn_server(argv: list[str], sock: Path, log: Path, *, timeout: float = 120
     """
     with contextlib.suppress(FileNotFoundError):
         sock.unlink()
-    full_env = {**os.environ, **(env or {})}
+    # The daemon's set cache lives beside the socket, in the benchmark's temp folder.
+    full_env = {**os.environ, "XDG_CACHE_HOME": str(sock.parent / "cache"), **(env or {})}
     full_env.pop("TOOLSETD_SOCKET", None)
     with open(log, "wb") as log_file:
         t0 = now_ns()
@@ -398,9 +443,19 @@ def paired(rounds: int, *measures: Callable[[], float]) -> list[list[float]]:
     return out
 
 
+def ratios(a: list[float], b: list[float]) -> list[float]:
+    """The per-round ratios a/b of two paired series."""
+    return [x / y if y else float("nan") for x, y in zip(a, b, strict=True)]
+
+
 def ratio_of_pairs(a: list[float], b: list[float]) -> float:
     """Median of the per-round ratios a/b (robust to drift between rounds)."""
-    return median([x / y for x, y in zip(a, b, strict=True) if y])
+    return median([r for r in ratios(a, b) if r == r])
+
+
+def load() -> str:
+    """The load averages (1, 5, 15 min) as ``uptime`` prints them."""
+    return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 # --- tool sets --------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """Drain benchmark: the runner against a C reader, one stream and both at once.
 
-Usage: ``.venv/bin/python bench/bench_drain.py [--size-mib 1024] [--repeat 3]``
+Usage: ``.venv/bin/python bench/bench_drain.py [--size-mib 1024] [--repeat 5]``
 
 For each case the same writer (``head -c N /dev/zero``, on stdout, or on stdout and stderr
 at once) is drained twice per round: by a tiny C program compiled with ``cc`` into a temp
@@ -15,6 +15,7 @@ file's disk writes).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -158,7 +159,7 @@ async def _runner_run(runner: Runner, root: Path, command: str) -> tuple[int, fl
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=1024)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     size = args.size_mib * 1024 * 1024
     with tempfile.TemporaryDirectory() as tmp:
@@ -170,22 +171,32 @@ async def main() -> None:
         await _runner_run(runner, root, _writer(16 << 20, True))  # warm up buffers and imports
         print(f"python {sys.version.split()[0]}, {args.size_mib} MiB per stream, "
               f"median of {args.repeat}")
+        per_round: dict[str, list[float]] = {}
         for both in (False, True):
             command = _writer(size, both)
             c_rates, r_rates, growth = [], [], []
-            for _ in range(args.repeat):
-                total, seconds = _c_run(binary, command)
-                c_rates.append(total / seconds)
-                total, seconds, grew = await _runner_run(runner, root, command)
-                r_rates.append(total / seconds)
+            for k in range(args.repeat):  # paired rounds, the order alternating
+                if k % 2:
+                    total, seconds, grew = await _runner_run(runner, root, command)
+                    r_rates.append(total / seconds)
+                    total, seconds = _c_run(binary, command)
+                    c_rates.append(total / seconds)
+                else:
+                    total, seconds = _c_run(binary, command)
+                    c_rates.append(total / seconds)
+                    total, seconds, grew = await _runner_run(runner, root, command)
+                    r_rates.append(total / seconds)
                 growth.append(grew)
             c, r = statistics.median(c_rates), statistics.median(r_rates)
+            ratios = [rr / cc for rr, cc in zip(r_rates, c_rates, strict=True)]
+            per_round["both" if both else "one"] = ratios
+            per_round[("both" if both else "one") + "_growth_mib"] = [g / 2**20 for g in growth]
             label = "both streams" if both else "one stream  "
             print(
                 f"{label}: C {c / 1e9:5.2f} GB/s  runner {r / 1e9:5.2f} GB/s  "
-                f"ratio {r / c:4.2f}  peak RSS growth {max(growth) / 2**20:5.2f} MiB"
+                f"ratio {statistics.median(ratios):4.2f}  peak RSS growth {max(growth) / 2**20:5.2f} MiB"
             )
-
+        print("ROUNDS " + json.dumps(per_round))
 
 if __name__ == "__main__":
     anyio.run(main)
