@@ -44,6 +44,7 @@ import structlog
 from toolsetd.protocol import __version__
 
 from .activation import ActivationError, listen_fds
+from .catalog import ManifestCache
 from .confinement import Confinement, ConfinementConfig
 from .logs import configure_logging
 from .mcp_session import McpServer
@@ -68,6 +69,7 @@ from .settings import (
     parse_command_line,
     reload_settings,
 )
+from .setcache import SetStore, default_cache_dir
 from .sockpath import (
     SocketPathError,
     acquire_instance_lock,
@@ -116,6 +118,8 @@ class DaemonOptions:
             endpoint is off, and its HTTP code is never imported).
         mcp_token_file: A 0600 file holding the bearer token for HTTP callers whose uid
             cannot be established.
+        cache_dir: Where parsed tool sets are cached across restarts (``setcache.py``),
+            or None for no persistent cache.
     """
 
     home: Path
@@ -139,6 +143,7 @@ class DaemonOptions:
     confinement: ConfinementConfig = field(default_factory=ConfinementConfig)
     mcp_listen: tuple[ListenAddress, ...] = ()
     mcp_token_file: Path | None = None
+    cache_dir: Path | None = None
 
 
 class _Stop(Exception):
@@ -276,7 +281,13 @@ async def _serve(
     peer_policy = PeerPolicy.default()
     if options.allow_group:
         peer_policy = PeerPolicy.from_group_name(options.allow_group, peer_policy)
-    registry = Registry(options.home, options.reserved, idle_seconds=options.workspace_idle_seconds)
+    store = SetStore(options.cache_dir) if options.cache_dir is not None else None
+    registry = Registry(
+        options.home,
+        options.reserved,
+        ManifestCache(store=store),
+        idle_seconds=options.workspace_idle_seconds,
+    )
     limiter = anyio.CapacityLimiter(options.max_running)
     runner = Runner(options.runner, limiter, base_env, guard=guard, confinement=confinement)
     server: Server
@@ -645,6 +656,9 @@ def options_from_settings(
         workspace_idle_seconds=settings.workspace_idle,
         watch=not settings.no_watch,
         allow_group=settings.allow_group,
+        cache_dir=None if settings.no_cache else Path(
+            os.path.abspath(settings.cache_dir or default_cache_dir(os.environ))
+        ),
         metrics_listen=settings.metrics_listen,
         traces=settings.traces,
         mcp_listen=tuple(mcp_listen),

@@ -14,8 +14,10 @@ scan, then project scan), then load notes in set order.
 
 ``ManifestCache`` makes a rebuild cheap: a manifest is re-read only when its stat
 signature changed and re-parsed only when its bytes changed; the schema-check cache and
-the per-tool hashes live with it. It is shared by worker threads, so a lock guards its
-dicts; file I/O and parsing happen outside the lock.
+the per-tool hashes live with it. Given a ``SetStore`` (``setcache.py``) it also looks new
+bytes up on disk before parsing them, so a daemon's cold start decides again only the
+manifests that changed since any daemon last saw them. It is shared by worker threads, so
+a lock guards its dicts; file I/O and parsing happen outside the lock.
 
 The manifest and config readers never block on special files: they ``stat`` first,
 accept only regular files, and open with ``O_NONBLOCK`` so a FIFO swapped in after the
@@ -37,6 +39,7 @@ from typing import Any
 
 from .config_file import MAX_MANIFEST_BYTES, ManifestUnreadable, load_config, read_regular_file
 from .manifest import ManifestError, is_directory_name, parse_manifest
+from .setcache import SetStore, decode_record, encode_record, reserved_fingerprint
 from .model import (
     Approval,
     ApprovalSource,
@@ -108,6 +111,10 @@ class _Cached:
     hashes: dict[tuple[str, ApprovalSource], str] = field(default_factory=dict)
 
 
+def _set_path(set_dir: str, parent: Path | None) -> Path:
+    return parent / os.path.basename(set_dir) if parent is not None else Path(set_dir)
+
+
 class ManifestCache:
     """Parsed manifests by path: re-read on a new stat signature, re-parse on new bytes.
 
@@ -118,7 +125,11 @@ class ManifestCache:
     """
 
     def __init__(
-        self, schemas: SchemaChecker | None = None, *, clock_ns: Callable[[], int] = time.time_ns
+        self,
+        schemas: SchemaChecker | None = None,
+        *,
+        clock_ns: Callable[[], int] = time.time_ns,
+        store: SetStore | None = None,
     ) -> None:
         """Create an empty cache.
 
@@ -126,8 +137,12 @@ class ManifestCache:
             schemas: The schema-check cache to share; a fresh one when None.
             clock_ns: Wall-clock nanoseconds, to judge whether a file is too fresh for its
                 stat signature to be trusted (injectable for tests).
+            store: The persistent cache of parse results to consult before parsing (and
+                to fill; ``flush`` writes it), or None for none.
         """
         self.schemas = schemas if schemas is not None else SchemaChecker()
+        self.store = store
+        self._reserved_fps: dict[frozenset[str], str] = {}
         self._clock_ns = clock_ns
         self.reads = 0
         self.parses = 0
@@ -160,39 +175,154 @@ class ManifestCache:
         # Plain strings: pathlib costs more than the stat on a warm rebuild.
         set_dir = os.path.abspath(set_dir)
         manifest = os.path.join(set_dir, MANIFEST_NAME)
-        key = (manifest, source)
         if stat_result is None:
             try:
                 stat_result = os.stat(manifest)
             except OSError as exc:
                 raise ManifestUnreadable("tools.json could not be read.") from exc
+        return self._unwrap(self.entry(set_dir, manifest, source, reserved, stat_result, None))
+
+    def entry(
+        self,
+        set_dir: str,
+        manifest: str,
+        source: Source,
+        reserved: frozenset[str],
+        stat_result: os.stat_result,
+        parent: Path | None,
+    ) -> _Cached:
+        """``get`` for a caller that already has the absolute paths and a fresh stat.
+
+        Args:
+            set_dir: The absolute set directory.
+            manifest: ``set_dir``'s ``tools.json``.
+            source: Home or project.
+            reserved: Reserved tool names.
+            stat_result: A fresh ``os.stat`` of the manifest.
+            parent: ``set_dir``'s parent folder as a ``Path``, when the caller has one (a
+                child path is cheaper to build than a parsed one).
+
+        Returns:
+            The cache entry (``_unwrap`` gives the set or raises its error).
+
+        Raises:
+            ManifestUnreadable: The file could not be read.
+        """
+        key = (manifest, source)
         with self._lock:
             cached = self._entries.get(key)
         if cached is not None and cached.signature == _signature(stat_result) and cached.reserved == reserved:
-            return self._unwrap(cached)
+            return cached
+        if self.store is not None and cached is None:
+            found = self._indexed(manifest, set_dir, source, reserved, stat_result, parent)
+            if found is not None:
+                with self._lock:
+                    self._entries[key] = found
+                return found
         text, st = read_regular_file(manifest, stat_result)
         digest = hashlib.sha256(text).digest()
+        signature = trusted_signature(st, self._clock_ns())
         with self._lock:
             self.reads += 1
             if cached is not None and cached.digest == digest and cached.reserved == reserved:
-                cached.signature = trusted_signature(st, self._clock_ns())
-                return self._unwrap(cached)
+                cached.signature = signature
+                return cached
+        result, hashes, parsed, store_key = self._decide(
+            text, digest, set_dir, source, reserved, _set_path(set_dir, parent)
+        )
+        if store_key is not None and self.store is not None:
+            self.store.index(manifest, signature, store_key)
+        found = _Cached(signature, digest, reserved, result, hashes)
+        with self._lock:
+            self.parses += parsed
+            self._entries[key] = found
+        return found
+
+    def _key_suffix(self, source: Source, reserved: frozenset[str]) -> str:
+        """The part of a store key after the digest, up to the directory name."""
+        fp = self._reserved_fps.get(reserved)
+        if fp is None:
+            fp = self._reserved_fps[reserved] = reserved_fingerprint(reserved)
+        return f"/{source.value}/{fp}/"
+
+    def _indexed(
+        self, manifest: str, set_dir: str, source: Source, reserved: frozenset[str],
+        st: os.stat_result, parent: Path | None,
+    ) -> _Cached | None:
+        """The store's decision for a file it indexed with this trusted signature, unread."""
+        assert self.store is not None
+        signature = trusted_signature(st, self._clock_ns())
+        if signature is None or not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MANIFEST_BYTES:
+            return None
+        found = self.store.lookup(manifest, signature)
+        if found is None:
+            return None
+        store_key, record = found
+        directory = os.path.basename(set_dir)
+        if store_key[64:] != self._key_suffix(source, reserved) + directory:
+            return None  # indexed under another source or other reserved names
+        try:
+            result, hashes = decode_record(
+                record, directory=directory, source=source, path=_set_path(set_dir, parent)
+            )
+            digest = bytes.fromhex(store_key[:64])
+        except (ValueError, TypeError, KeyError, IndexError):
+            self.store.discard(store_key)
+            return None
+        value = ManifestError(result) if isinstance(result, str) else result
+        return _Cached(signature, digest, reserved, value, hashes)
+
+    def _decide(
+        self, text: bytes, digest: bytes, set_dir: str, source: Source, reserved: frozenset[str],
+        path: Path,
+    ) -> tuple[ToolSet | ManifestError, dict[tuple[str, ApprovalSource], str], bool, str | None]:
+        """Parse new bytes, or take the decision from the store.
+
+        Returns:
+            The result, the tools' hashes known so far, whether the bytes were parsed, and
+            the store key (None without a store).
+        """
+        store = self.store
+        key = None
+        if store is not None:
+            key = digest.hex() + self._key_suffix(source, reserved) + path.name
+            record = store.get(key)
+            if record is not None:
+                try:
+                    found, hashes = decode_record(record, directory=path.name, source=source, path=path)
+                except (ValueError, TypeError, KeyError, IndexError):
+                    store.discard(key)  # a bad record costs one parse, never a wrong set
+                else:
+                    value = ManifestError(found) if isinstance(found, str) else found
+                    return value, hashes, False, key
         result: ToolSet | ManifestError
         try:
             result = parse_manifest(
-                text, set_dir=Path(set_dir), source=source, reserved=reserved, schemas=self.schemas
+                text, set_dir=path, source=source, reserved=reserved, schemas=self.schemas
             )
         except ManifestError as exc:
             result = exc
-        with self._lock:
-            self.parses += 1
-            self._entries[key] = _Cached(
-                trusted_signature(st, self._clock_ns()), digest, reserved, result
-            )
-        return self._unwrap(self._entries[key])
+        if store is None or key is None:
+            return result, {}, True, None
+        if isinstance(result, ManifestError):
+            store.put(key, encode_record(result.message, {}))
+            return result, {}, True, key
+        computed = {
+            (tool.name, policy): tool_hash(tool, result, policy)
+            for tool in result.tools
+            for policy in ApprovalSource
+        }
+        store.put(key, encode_record(result, computed))
+        return result, computed, True, key
+
+    def flush(self) -> None:
+        """Write the persistent store's new records, if there is a store."""
+        if self.store is not None:
+            self.store.flush()
 
     @staticmethod
     def _unwrap(cached: _Cached) -> ToolSet:
+        """The set of an entry, or its error raised (a fresh exception each time)."""
         if isinstance(cached.result, ManifestError):
             raise ManifestError(cached.result.message)
         return cached.result
@@ -238,8 +368,21 @@ class ManifestCache:
 # --- hashes and wire helpers -----------------------------------------------------------
 
 
+# Enum members read through the class cost ~0.25 µs each on Python 3.11; the loops over
+# thousands of sets below use these module constants instead.
+_AUTHOR = ApprovalSource.AUTHOR
+_INHERIT = Approval.INHERIT
+_HOME = Source.HOME
+_PROJECT = Source.PROJECT
+_DOTNET = RunnerKind.DOTNET
+_LOADED = SetState.LOADED
+_REFUSED = SetState.REFUSED
+_DISABLED = SetState.DISABLED
+_HIDDEN = SetState.HIDDEN
+
+
 def _effective(tool: ToolDef, policy: ApprovalSource) -> Approval:
-    return tool.approval if policy is ApprovalSource.AUTHOR else Approval.INHERIT
+    return tool.approval if policy is _AUTHOR else _INHERIT
 
 
 def _definition(tool: ToolDef, toolset: ToolSet, policy: ApprovalSource) -> dict[str, Any]:
@@ -369,6 +512,8 @@ class _Candidate:
     error: str | None = None
     tools: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    #: The manifest cache's memo of this set's tool hashes.
+    hashes: dict[tuple[str, ApprovalSource], str] | None = None
 
     def freeze(self) -> SetEntry:
         return SetEntry(
@@ -406,10 +551,12 @@ class _Builder:
         except OSError:
             return  # a missing or unreadable root is skipped, as the reference host does
         base = os.path.abspath(root)
+        root_path = root if isinstance(root, Path) and str(root) == base else Path(base)
         for name in names:
-            set_dir = os.path.join(base, name)
+            set_dir = base + os.sep + name
+            manifest = set_dir + os.sep + MANIFEST_NAME
             try:
-                st = os.stat(os.path.join(set_dir, MANIFEST_NAME))
+                st = os.stat(manifest)
             except OSError:
                 continue  # no tools.json: not a candidate
             if stat.S_ISDIR(st.st_mode):
@@ -422,23 +569,25 @@ class _Builder:
                     candidate, f"External tool set '{name}' was skipped: {INVALID_DIRECTORY_NAME}"
                 )
                 continue
-            if source is Source.PROJECT:
+            if source is _PROJECT:
                 if (home := self.home.get(name)) is not None:
-                    home.state = SetState.HIDDEN
+                    home.state = _HIDDEN
                 self.active.pop(name, None)
             else:
                 self.home[name] = candidate
             try:
-                toolset = self.cache.get(set_dir, source, self.reserved, stat_result=st)
+                entry = self.cache.entry(set_dir, manifest, source, self.reserved, st, root_path)
+                toolset = self.cache._unwrap(entry)
             except ManifestError as exc:
                 candidate.error = exc.message
                 self.note(candidate, f"External tool set '{name}' was skipped: {exc.message}")
                 continue
             candidate.toolset = toolset
+            candidate.hashes = entry.hashes
             if toolset.enabled:
                 self.active[name] = candidate
             else:
-                candidate.state = SetState.DISABLED
+                candidate.state = _DISABLED
                 self.active.pop(name, None)
 
     def load(self, config: Config) -> dict[str, LoadedTool]:
@@ -448,14 +597,16 @@ class _Builder:
             candidate = self.active[name]
             toolset = candidate.toolset
             assert toolset is not None
-            if toolset.runner is RunnerKind.DOTNET:
+            if toolset.runner is _DOTNET:
                 self.note(
                     candidate,
                     f"External tool set '{name}' was skipped: dotnet runner is not supported by "
                     "toolsetd (no .NET runtime); the manifest is valid.",
                 )
                 continue
-            policy = config.home_policy if toolset.source is Source.HOME else config.project_policy
+            policy = config.home_policy if toolset.source is _HOME else config.project_policy
+            effective_author = policy is _AUTHOR
+            memo = candidate.hashes if candidate.hashes is not None else {}
             for tool in toolset.tools:
                 if tool.name in registered:
                     self.note(
@@ -464,15 +615,14 @@ class _Builder:
                     )
                     continue
                 registered.add(tool.name)
+                digest = memo.get((tool.name, policy))
+                if digest is None:
+                    digest = memo[(tool.name, policy)] = tool_hash(tool, toolset, policy)
                 tools[tool.name] = LoadedTool(
-                    tool=tool,
-                    toolset=toolset,
-                    effective_approval=_effective(tool, policy),
-                    policy=policy,
-                    hash=self.cache.tool_hash(tool, toolset, policy),
+                    tool, toolset, tool.approval if effective_author else _INHERIT, policy, digest
                 )
                 candidate.tools.append(tool.name)
-            candidate.state = SetState.LOADED if candidate.tools else SetState.REFUSED
+            candidate.state = _LOADED if candidate.tools else _REFUSED
         return tools
 
 

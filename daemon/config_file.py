@@ -32,6 +32,14 @@ class ManifestUnreadable(ManifestError):
     """A ``tools.json`` that could not be read (missing, not a regular file, too large, I/O)."""
 
 
+def _unreadable(path: str | Path) -> ManifestUnreadable:
+    return ManifestUnreadable(f"{os.path.basename(path)} could not be read.")
+
+
+def _too_large(path: str | Path) -> ManifestUnreadable:
+    return ManifestUnreadable(f"{os.path.basename(path)} is larger than {MAX_MANIFEST_BYTES >> 20} MiB.")
+
+
 def read_regular_file(path: str | Path, st: os.stat_result | None = None) -> tuple[bytes, os.stat_result]:
     """Read a regular file of at most ``MAX_MANIFEST_BYTES`` without ever blocking.
 
@@ -46,32 +54,29 @@ def read_regular_file(path: str | Path, st: os.stat_result | None = None) -> tup
         ManifestUnreadable: ``<file name> could not be read.`` (caused by the OSError, if
             any) or ``<file name> is larger than 1 MiB.``
     """
-    name = os.path.basename(path)
-    unreadable = ManifestUnreadable(f"{name} could not be read.")
-    too_large = ManifestUnreadable(f"{name} is larger than {MAX_MANIFEST_BYTES >> 20} MiB.")
     try:
         if st is None:
             st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
-            raise unreadable
+            raise _unreadable(path)
         if st.st_size > MAX_MANIFEST_BYTES:
-            raise too_large
+            raise _too_large(path)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
-                raise unreadable
+                raise _unreadable(path)
             chunks: list[bytes] = []
             size = 0
             while chunk := os.read(fd, MAX_MANIFEST_BYTES + 1 - size):
                 chunks.append(chunk)
                 size += len(chunk)
                 if size > MAX_MANIFEST_BYTES:
-                    raise too_large
+                    raise _too_large(path)
         finally:
             os.close(fd)
     except OSError as exc:
-        raise unreadable from exc
+        raise _unreadable(path) from exc
     return b"".join(chunks), st
 
 

@@ -10,6 +10,19 @@ Home sets are shared between snapshots through the ``ManifestCache``: a manifest
 file did not change is neither re-read nor re-parsed, so a reload of unchanged sets
 costs a ``stat`` per set.
 
+A reload first takes a *scan* of a snapshot's inputs: the roots' listings and the stat
+signature of every manifest and of ``config.json`` (a file too fresh to be judged by its
+stat counts as suspect). Equal to the last scan: the snapshot is kept whole. When only a
+few manifests are suspect, the same names are present and the config is unchanged, each
+suspect is re-read through the cache and, if its set still loads every tool it loaded,
+under the same names, the old snapshot is *patched*: that set's entry and its tools are
+replaced, everything else is shared, and the change list is known without a diff. That
+is exactly what a rebuild would produce, because a set's tool names are all that its
+neighbours see of it (collisions, overlay and notes depend on names only). Anything else
+(a set added, removed, renamed, broken, disabled, hidden or colliding) rebuilds the
+snapshot from the cache. So a reload costs a ``stat`` per set plus work in proportion to
+what changed.
+
 The generation is one counter for the daemon. It moves when a reload changes any
 snapshot, so a front end that saw generation N and sees N again has the same catalog.
 
@@ -28,8 +41,20 @@ from pathlib import Path
 import anyio
 import structlog
 
-from .catalog import ManifestCache, build_catalog, load_config, trusted_signature
-from .model import Catalog, SetEntry, Source
+from types import MappingProxyType
+
+from .catalog import MANIFEST_NAME, ManifestCache, build_catalog, load_config, trusted_signature
+from .manifest import ManifestError
+from .model import (
+    Approval,
+    ApprovalSource,
+    Catalog,
+    LoadedTool,
+    RunnerKind,
+    SetEntry,
+    SetState,
+    Source,
+)
 
 __all__ = ["Registry", "ReloadOutcome", "SetChange", "diff_catalogs"]
 
@@ -97,19 +122,27 @@ def diff_catalogs(old: Catalog | None, new: Catalog) -> tuple[SetChange, ...]:
     return tuple(changes)
 
 
-class _TooFresh(Exception):
-    """A file changed too recently for its stat signature to be trusted."""
+#: A scan value for a file too fresh to be judged by its stat signature.
+_FRESH = "fresh"
+
+_Changes = tuple[SetChange, ...]
 
 
-def _file_signature(path: str, now_ns: int) -> object:
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    """What a snapshot was built from: config.json and, per root, each name's manifest."""
+
+    config: object
+    roots: tuple[dict[str, object] | None, ...]
+
+
+def _signature_or_fresh(path: str, now_ns: int) -> object:
     try:
         st = os.stat(path)
     except OSError:
         return None
     signature = trusted_signature(st, now_ns)
-    if signature is None:
-        raise _TooFresh
-    return signature
+    return _FRESH if signature is None else signature
 
 
 class Registry:
@@ -143,8 +176,10 @@ class Registry:
         self._snapshots: dict[Key, Catalog] = {}
         self._last_used: dict[Key, float] = {}
         self._building: dict[Key, anyio.Event] = {}
-        #: What the files looked like when each snapshot was built (None: not trusted).
-        self._scans: dict[Key, tuple[object, ...] | None] = {}
+        #: What the files looked like when each snapshot was built.
+        self._scans: dict[Key, _Scan] = {}
+        #: Each snapshot's set positions by (directory, source), built on first patch.
+        self._positions: dict[Key, tuple[Catalog, dict[tuple[str, Source], int]]] = {}
         self._reload_lock = anyio.Lock()
         self.generation = 1
 
@@ -188,43 +223,153 @@ class Registry:
             event.set()
 
     async def _build(self, workspace: Key) -> Catalog:
-        catalog = await anyio.to_thread.run_sync(self._refresh_sync, workspace, True)
-        assert catalog is not None
-        return catalog
+        refreshed = await anyio.to_thread.run_sync(self._refresh_sync, workspace, True)
+        assert refreshed is not None
+        return refreshed[0]
 
-    def _refresh_sync(self, workspace: Key, force: bool) -> Catalog | None:
-        """Rebuild a snapshot, or return None when its files provably did not change.
+    def _refresh_sync(self, workspace: Key, force: bool) -> tuple[Catalog, _Changes | None] | None:
+        """Rebuild or patch a snapshot; None when its files provably did not change.
 
-        The scan (the roots' listings and a stat of every manifest and of config.json) is
-        taken before the build, so a change made during the build shows in the next one.
+        The scan is taken before the build, so a change made during the build shows in
+        the next one.
+
+        Returns:
+            The new snapshot and its changes (None: unknown, diff it), or None.
         """
         scan = self._scan(workspace)
-        if not force and scan is not None and scan == self._scans.get(workspace):
-            return None
-        catalog = self._build_sync(workspace)
+        previous = self._scans.get(workspace)
+        old = self._snapshots.get(workspace)
+        result: tuple[Catalog, _Changes | None] | None = None
+        if not force and old is not None and previous is not None:
+            suspects = self._suspects(scan, previous)
+            if suspects is not None and not suspects:
+                return None
+            if suspects is not None:
+                result = self._patch(workspace, old, suspects)
+        if result is None:
+            result = (self._build_sync(workspace), None)
         self._scans[workspace] = scan
-        return catalog
+        self.cache.flush()
+        return result
 
-    def _scan(self, workspace: Key) -> tuple[object, ...] | None:
-        """A cheap fingerprint of everything a snapshot is built from; None if too fresh."""
-        now = self._clock_ns()
-        roots = [os.path.join(self.home, "tools")]
+    def _roots(self, workspace: Key) -> list[tuple[str, Source]]:
+        roots = [(os.path.join(self.home, "tools"), Source.HOME)]
         if workspace is not None:
-            roots.append(os.path.join(workspace, ".crystal", "tools"))
-        try:
-            parts: list[object] = [_file_signature(os.path.join(self.home, "config.json"), now)]
-            for root in roots:
+            roots.append((os.path.join(workspace, ".crystal", "tools"), Source.PROJECT))
+        return roots
+
+    def _scan(self, workspace: Key) -> _Scan:
+        """A cheap fingerprint of everything a snapshot is built from."""
+        now = self._clock_ns()
+        config = _signature_or_fresh(os.path.join(self.home, "config.json"), now)
+        roots: list[dict[str, object] | None] = []
+        stat_ = os.stat
+        for root, _ in self._roots(workspace):
+            try:
+                names = os.listdir(root)
+            except OSError:
+                roots.append(None)
+                continue
+            found: dict[str, object] = {}
+            for name in names:
                 try:
-                    names = sorted(os.listdir(root))
+                    st = stat_(root + os.sep + name + os.sep + MANIFEST_NAME)
                 except OSError:
-                    parts.append(None)
+                    found[name] = None
                     continue
-                parts.append(
-                    tuple((n, _file_signature(os.path.join(root, n, "tools.json"), now)) for n in names)
-                )
-        except _TooFresh:
+                signature = trusted_signature(st, now)
+                found[name] = _FRESH if signature is None else signature
+            roots.append(found)
+        return _Scan(config, tuple(roots))
+
+    @staticmethod
+    def _suspects(scan: _Scan, previous: _Scan, limit: int = 64) -> list[tuple[int, str]] | None:
+        """The (root, name) pairs that may have changed; None when only a rebuild will do."""
+        if scan.config is _FRESH or scan.config != previous.config:
             return None
-        return tuple(parts)
+        suspects: list[tuple[int, str]] = []
+        for i, (now, before) in enumerate(zip(scan.roots, previous.roots, strict=True)):
+            if now is None or before is None:
+                if now is not before:
+                    return None
+                continue
+            if len(now) != len(before) or now.keys() != before.keys():
+                return None
+            for name, signature in now.items():
+                if signature is _FRESH or signature != before[name]:
+                    if signature is None and before[name] is None:
+                        continue
+                    suspects.append((i, name))
+                    if len(suspects) > limit:
+                        return None
+        return suspects
+
+    def _patch(
+        self, workspace: Key, old: Catalog, suspects: list[tuple[int, str]]
+    ) -> tuple[Catalog, _Changes] | None:
+        """Replace the suspect sets' entries and tools in ``old``; None if unsafe (rebuild)."""
+        roots = self._roots(workspace)
+        positions = self._positions.get(workspace)
+        if positions is None or positions[0] is not old:
+            index = {(e.directory, e.source): i for i, e in enumerate(old.sets)}
+        else:
+            index = positions[1]
+        tools: dict[str, LoadedTool] | None = None
+        sets: list[SetEntry] | None = None
+        changes: list[SetChange] = []
+        config = old.config
+        for root_index, name in suspects:
+            root, source = roots[root_index]
+            position = index.get((name, source))
+            if position is None:
+                return None
+            entry = old.sets[position]
+            before = entry.toolset
+            if (
+                before is None
+                or entry.state is not SetState.LOADED
+                or entry.notes
+                or before.runner is not RunnerKind.EXEC
+                or entry.tools != tuple(t.name for t in before.tools)
+            ):
+                return None
+            set_dir = root + os.sep + name
+            manifest = set_dir + os.sep + MANIFEST_NAME
+            try:
+                cached = self.cache.entry(
+                    set_dir, manifest, source, self.reserved, os.stat(manifest), None
+                )
+            except (OSError, ManifestError):
+                return None
+            after = cached.result
+            if after is before:
+                continue
+            if (
+                not isinstance(after, type(before))
+                or after.runner is not RunnerKind.EXEC
+                or not after.enabled
+                or tuple(t.name for t in after.tools) != entry.tools
+            ):
+                return None
+            if tools is None or sets is None:
+                tools, sets = dict(old.tools), list(old.sets)
+            policy = config.home_policy if source is Source.HOME else config.project_policy
+            for tool in after.tools:
+                tools[tool.name] = LoadedTool(
+                    tool,
+                    after,
+                    tool.approval if policy is ApprovalSource.AUTHOR else Approval.INHERIT,
+                    policy,
+                    self.cache.tool_hash(tool, after, policy),
+                )
+            sets[position] = replace(entry, path=after.path, toolset=after)
+            if before.digest != after.digest or entry.path != after.path:
+                changes.append(SetChange(name, source, "updated"))
+        if tools is None or sets is None:
+            return old, ()
+        new = replace(old, tools=MappingProxyType(tools), sets=tuple(sets))
+        self._positions[workspace] = (new, index)
+        return new, tuple(sorted(changes, key=lambda c: (c.set, c.source.value)))
 
     def _build_sync(self, workspace: Key) -> Catalog:
         config, config_notes = load_config(self.home)
@@ -251,18 +396,23 @@ class Registry:
                 keys.insert(0, None)
             changes: dict[Key, tuple[SetChange, ...]] = {}
             catalogs: dict[Key, Catalog] = {}
+            rebuilt = False
             for key in keys:
                 old = self._snapshots.get(key)
                 refreshed = await anyio.to_thread.run_sync(
                     self._refresh_sync, key, old is None
                 )
-                if refreshed is None:  # nothing on disk changed: keep the snapshot
+                if refreshed is None or refreshed[0] is old:  # nothing changed: keep it
                     assert old is not None
                     catalogs[key] = old
                     continue
-                new = refreshed
-                diff = diff_catalogs(old, new)
-                notes_changed = old is None or old.notes != new.notes
+                new, known = refreshed
+                if known is None:
+                    rebuilt = True
+                    diff = diff_catalogs(old, new)
+                    notes_changed = old is None or old.notes != new.notes
+                else:  # patched: same sets and notes, these entries replaced
+                    diff, notes_changed = known, False
                 self._snapshots[key] = new
                 self._last_used.setdefault(key, self._clock())
                 catalogs[key] = new
@@ -270,7 +420,8 @@ class Registry:
                     changes[key] = diff
             if changes:
                 self.generation += 1
-            self._prune_cache()
+            if rebuilt:  # a patch removes no set, so only a rebuild can leave manifests unused
+                self._prune_cache()
             outcome = ReloadOutcome(self.generation, changes, catalogs)
             log.info(
                 "catalog_reloaded",
@@ -312,6 +463,7 @@ class Registry:
             self._snapshots.pop(key, None)
             self._last_used.pop(key, None)
             self._scans.pop(key, None)
+            self._positions.pop(key, None)
         if dropped:
             self._prune_cache()
             log.info("workspaces_released", count=len(dropped))

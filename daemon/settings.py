@@ -251,6 +251,15 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS",
     ),
     Option(
+        "cache-dir",
+        "path",
+        None,
+        "where parsed tool sets are cached across restarts (default "
+        "$XDG_CACHE_HOME/toolsetd, else ~/.cache/toolsetd)",
+        metavar="DIR",
+    ),
+    Option("no-cache", "bool", False, "parse every tool set at start-up; keep no cache on disk"),
+    Option(
         "metrics-listen",
         "listen",
         None,
@@ -313,6 +322,8 @@ class Settings:
     idle_timeout: float = 30.0
     max_message_bytes: int = 16 * 1024 * 1024
     workspace_idle: float = 3600.0
+    cache_dir: Path | None = None
+    no_cache: bool = False
     metrics_listen: tuple[str, int] | None = None
     mcp_listen: tuple[str, ...] = ()
     mcp_token_file: Path | None = None

@@ -11,7 +11,7 @@ import pytest
 
 from toolsetd.daemon.catalog import RACY_NS
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Source
-from toolsetd.daemon.registry import Registry, SetChange
+from toolsetd.daemon.registry import Registry, SetChange, diff_catalogs
 
 pytestmark = pytest.mark.anyio
 
@@ -172,10 +172,84 @@ async def test_registry_unchanged_reload_keeps_the_snapshot_without_reading(home
     assert await registry.catalog(None) is not before
 
 
-async def test_registry_fresh_files_are_always_rebuilt(home: Path) -> None:
-    """Files modified within the racy window are rescanned on every reload."""
-    _write(home / "tools", "a")
+async def test_registry_fresh_files_are_always_reread(home: Path) -> None:
+    """Files modified within the racy window are re-read on every reload, so a same-size
+    rewrite inside one timestamp tick is still seen; equal bytes keep the snapshot."""
+    _write(home / "tools", "a", description="one")
     registry = Registry(home, DEFAULT_RESERVED_NAMES)
     before = await registry.catalog(None)
+    reads = registry.cache.reads
     await registry.reload()
-    assert await registry.catalog(None) is not before
+    assert registry.cache.reads == reads + 1
+    assert await registry.catalog(None) is before
+    _write(home / "tools", "a", description="two")  # same size, likely the same mtime tick
+    outcome = await registry.reload()
+    assert outcome.all_changes() == [SetChange("a", Source.HOME, "updated")]
+    after = await registry.catalog(None)
+    assert after.tools["a"].tool.description == "two"
+
+
+def _fresh_build(home: Path, workspace: Path | None = None):  # type: ignore[no-untyped-def]
+    from toolsetd.daemon.catalog import ManifestCache, build_catalog
+
+    return build_catalog(home, workspace, reserved=DEFAULT_RESERVED_NAMES, cache=ManifestCache())
+
+
+@pytest.mark.parametrize(
+    ("change", "patched"),
+    [
+        ({"description": "a new description"}, True),
+        ({"schema": {"type": "object", "properties": {"x": {"type": "integer"}}}}, True),
+        ({"approval": "always", "timeoutSeconds": 7, "stdin": False}, True),
+        ({"enabled": False}, False),
+        ({"runner": "perl"}, False),
+        ({"tools": [{"name": "set0", "description": "d", "schema": {"type": "object"}}],
+          "description": None, "schema": None}, False),  # collides with set0's tool
+        ({"tools": [{"name": "fresh", "description": "d", "schema": {"type": "object"}}],
+          "description": None, "schema": None}, False),  # a new tool name
+    ],
+)
+async def test_registry_one_changed_set_equals_a_rebuild(
+    home: Path, tmp_path: Path, change: dict[str, object], patched: bool
+) -> None:
+    """A reload after one set changed gives exactly what a fresh build gives; a change that
+    keeps the set's tool names is patched into the old snapshot, sharing the other entries."""
+    for i in range(8):
+        _write(home / "tools", f"set{i}")
+    ws = tmp_path / "ws"
+    _write(ws / ".crystal" / "tools", "proj")
+    later = [time.time_ns() + 10 * RACY_NS]
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, clock_ns=lambda: later[0])
+    before = await registry.catalog(None)
+    before_ws = await registry.catalog(ws)
+    fields = {k: v for k, v in change.items() if v is not None}
+    set_dir = _write(home / "tools", "set5", **fields)
+    manifest = json.loads((set_dir / "tools.json").read_text())
+    for key, value in change.items():
+        if value is None:
+            manifest.pop(key, None)
+    (set_dir / "tools.json").write_text(json.dumps(manifest))
+    later[0] = time.time_ns() + 10 * RACY_NS
+    outcome = await registry.reload()
+    after, after_ws = await registry.catalog(None), await registry.catalog(ws)
+    assert after == _fresh_build(home)
+    assert after_ws == _fresh_build(home, ws)
+    assert SetChange("set5", Source.HOME, "updated") in outcome.all_changes()
+    assert outcome.changes[None] == diff_catalogs(before, after)
+    assert outcome.changes[ws] == diff_catalogs(before_ws, after_ws)
+    assert (after.sets[0] is before.sets[0]) is patched
+
+
+async def test_registry_patch_reads_only_the_changed_set(home: Path) -> None:
+    """A reload with one of many sets changed reads that one manifest and no other."""
+    for i in range(30):
+        _write(home / "tools", f"set{i:02d}")
+    later = [time.time_ns() + 10 * RACY_NS]
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, clock_ns=lambda: later[0])
+    await registry.catalog(None)
+    reads, parses = registry.cache.reads, registry.cache.parses
+    _write(home / "tools", "set17", description="changed")
+    later[0] = time.time_ns() + 10 * RACY_NS
+    outcome = await registry.reload()
+    assert outcome.all_changes() == [SetChange("set17", Source.HOME, "updated")]
+    assert (registry.cache.reads, registry.cache.parses) == (reads + 1, parses + 1)

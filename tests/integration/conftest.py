@@ -200,7 +200,8 @@ def start_daemon(
         "--home", str(home), "--socket", str(sock), "--log-level", "debug",
         *extra_args,
     ]
-    full_env = {**os.environ, **(env or {})}
+    # The set cache goes under the test's own folder, never the user's ~/.cache.
+    full_env = {**os.environ, "XDG_CACHE_HOME": str(base / "cache"), **(env or {})}
     full_env.pop("TOOLSETD_SOCKET", None)
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(args, stderr=log_file, stdout=log_file, env=full_env)  # noqa: S603

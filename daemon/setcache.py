@@ -1,0 +1,399 @@
+"""A persistent cache of parsed and validated tool sets, keyed by manifest content.
+
+Theory of operation
+-------------------
+Parsing a ``tools.json`` (the reference host's rules, then the schema checks) costs far
+more than reading it, so a cold start with many sets spends most of its time re-deciding
+what it decided last time. ``SetStore`` keeps those decisions on disk, in one file under
+``$XDG_CACHE_HOME/toolsetd/`` (else ``~/.cache/toolsetd/``):
+
+* **Key.** A record is found by the SHA-256 of the manifest bytes, the set directory's
+  name (shorthand names the tool after it), its source and a fingerprint of the reserved
+  names. Nothing else goes into a parse, so equal keys mean equal results. Changed bytes
+  are a new key; the old record simply stops being used.
+* **What is kept.** The parse result (every field of the ``ToolSet`` and its ``ToolDef``
+  values except the path, or the manifest's error message) and each tool's hash under
+  both source policies. The file name carries a fingerprint of the code that parses
+  (``manifest.py``, ``validation.py``, ``model.py``, this module and the version), so a
+  daemon never reads decisions another build made.
+* **Only exact round trips.** A record is stored only if its JSON reads back equal: a
+  schema holding an integer beyond 64 bits, a lone surrogate or an infinite float is
+  parsed afresh every time rather than cached wrongly.
+* **Truncation and corruption.** The file is a magic line, the SHA-256 of the body, and
+  the body (JSON). A short, torn or altered file fails the check and is ignored as a
+  whole (the daemon parses, and rewrites it); a bad record is ignored alone.
+* **Concurrent daemons.** Writers never touch the live file: ``flush`` writes a
+  private temporary file in the same folder and renames it over the live one, which is
+  atomic, so a reader sees the old file or the new one, never a mix. Before writing it
+  merges the records another daemon wrote meanwhile; when two race, the last rename
+  wins and the loser's new records are parsed again next time: a cache can lose
+  entries, never give a wrong one.
+* **Bound.** At most ``max_records``; the records used by this process are kept first.
+
+The cache folder is created 0700. A cache that cannot be read or written (read-only
+home, full disk) only costs speed: every error here is swallowed after one log line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+import structlog
+
+from .model import (
+    Approval,
+    ApprovalSource,
+    CatalogName,
+    OutputMode,
+    RunnerKind,
+    Source,
+    ToolDef,
+    ToolSet,
+)
+
+__all__ = ["SetStore", "default_cache_dir"]
+
+log = structlog.get_logger("toolsetd.setcache")
+
+_MAGIC = b"toolsetd-sets 1\n"
+_DIGEST_SIZE = 32
+#: Records whose parse is an error are stored as ``[_ERROR, message]``.
+_ERROR = "error"
+_CATALOGS = {c.value: c for c in CatalogName}
+# Enum lookups by value through dicts: ``Approval(text)`` costs ~1 µs, a dict ~40 ns.
+_APPROVALS = {a.value: a for a in Approval}
+_OUTPUTS = {o.value: o for o in OutputMode}
+_RUNNERS = {r.value: r for r in RunnerKind}
+_AUTHOR = ApprovalSource.AUTHOR
+_HOST = ApprovalSource.HOST
+_CATALOG_SETS: dict[tuple[str, ...], frozenset[CatalogName]] = {}
+
+
+def default_cache_dir(environ: Mapping[str, str]) -> Path:
+    """``$XDG_CACHE_HOME/toolsetd`` when that is absolute, else ``~/.cache/toolsetd``.
+
+    Args:
+        environ: The environment to read.
+
+    Returns:
+        The folder (not created).
+    """
+    xdg = environ.get("XDG_CACHE_HOME", "")
+    if xdg and os.path.isabs(xdg):  # the XDG spec says to ignore a relative one
+        return Path(xdg) / "toolsetd"
+    return Path(environ.get("HOME") or os.path.expanduser("~")) / ".cache" / "toolsetd"
+
+
+def _code_fingerprint() -> str:
+    """A short hash of the code whose decisions the store keeps."""
+    from toolsetd.protocol import __version__
+
+    from . import manifest, model, validation
+
+    h = hashlib.sha256(__version__.encode())
+    for module in (manifest, model, validation):
+        with open(module.__file__ or "", "rb") as f:
+            h.update(f.read())
+    with open(__file__, "rb") as f:
+        h.update(f.read())
+    return h.hexdigest()[:16]
+
+
+def reserved_fingerprint(reserved: frozenset[str]) -> str:
+    """A short hash of a set of reserved names (part of every key)."""
+    return hashlib.sha256("\x00".join(sorted(reserved)).encode()).hexdigest()[:16]
+
+
+def _catalog_set(names: list[str]) -> frozenset[CatalogName]:
+    key = tuple(names)
+    found = _CATALOG_SETS.get(key)
+    if found is None:
+        found = _CATALOG_SETS[key] = frozenset(_CATALOGS[n] for n in names)
+    return found
+
+
+def encode_record(
+    result: ToolSet | str, hashes: Mapping[tuple[str, ApprovalSource], str]
+) -> list[Any]:
+    """The JSON form of a parse result: a set (without its path) or an error message.
+
+    Args:
+        result: The parsed set, or the manifest's error message.
+        hashes: Each tool's hash by (tool name, policy), for both policies.
+
+    Returns:
+        A JSON-compatible list.
+    """
+    if isinstance(result, str):
+        return [_ERROR, result]
+    tools = [
+        [
+            t.name, t.description, t.schema, sorted(c.value for c in t.catalogs), t.approval.value,
+            list(t.command), [list(pair) for pair in t.argv], list(t.path_arguments),
+            t.output.value, hashes[(t.name, _AUTHOR)], hashes[(t.name, _HOST)],
+        ]
+        for t in result.tools
+    ]
+    return [
+        "set", result.runner.value, result.enabled, result.approval.value,
+        sorted(c.value for c in result.catalogs), list(result.command), result.stdin,
+        result.timeout_seconds, result.digest, tools,
+    ]
+
+
+def decode_record(
+    record: list[Any], *, directory: str, source: Source, path: Path
+) -> tuple[ToolSet | str, dict[tuple[str, ApprovalSource], str]]:
+    """Rebuild a parse result from its JSON form (the inverse of ``encode_record``).
+
+    Args:
+        record: What ``encode_record`` returned, read back.
+        directory: The set's directory name.
+        source: Home or project.
+        path: The absolute set directory.
+
+    Returns:
+        The set or error message, and the tools' hashes.
+
+    Raises:
+        ValueError, TypeError, KeyError, IndexError: The record is malformed.
+    """
+    if record[0] == _ERROR:
+        message = record[1]
+        if not isinstance(message, str):
+            raise TypeError("error record without a message")
+        return message, {}
+    if record[0] != "set":
+        raise ValueError("unknown record kind")
+    _, runner, enabled, approval, catalogs, command, stdin, timeout, digest, tools = record
+    hashes: dict[tuple[str, ApprovalSource], str] = {}
+    defs = []
+    for name, description, schema, t_catalogs, t_approval, t_command, argv, path_args, output, h_author, h_host in tools:
+        if not isinstance(schema, dict):
+            raise TypeError("schema is not an object")
+        defs.append(
+            ToolDef(
+                name,
+                description,
+                schema,
+                _catalog_set(t_catalogs),
+                _APPROVALS[t_approval],
+                tuple(t_command),
+                tuple([(k, v) for k, v in argv]) if argv else (),
+                tuple(path_args),
+                _OUTPUTS[output],
+            )
+        )
+        hashes[(name, _AUTHOR)] = h_author
+        hashes[(name, _HOST)] = h_host
+    toolset = ToolSet(
+        directory=directory,
+        source=source,
+        path=path,
+        runner=_RUNNERS[runner],
+        enabled=bool(enabled),
+        approval=_APPROVALS[approval],
+        catalogs=_catalog_set(catalogs),
+        command=tuple(command),
+        stdin=bool(stdin),
+        timeout_seconds=timeout,
+        tools=tuple(defs),
+        digest=digest,
+    )
+    return toolset, hashes
+
+
+class SetStore:
+    """Parse results on disk, keyed by manifest content (see the module docstring).
+
+    Args:
+        folder: The cache folder (``default_cache_dir`` in the daemon).
+        max_records: How many records (and index entries) the file keeps at most.
+    """
+
+    def __init__(self, folder: Path, *, max_records: int = 100_000) -> None:
+        self.folder = folder
+        self.path = folder / f"sets-{_code_fingerprint()}.json"
+        self.max_records = max_records
+        self._records: dict[str, list[Any]] | None = None
+        self._index: dict[str, list[Any]] = {}
+        self._new: dict[str, list[Any]] = {}
+        self._new_index: dict[str, list[Any]] = {}
+        self._used: set[str] = set()
+        self._lock = threading.Lock()
+        self._warned = False
+        #: How many records were found (hits) and stored (puts) in this process.
+        self.hits = 0
+        self.puts = 0
+
+    def _read(self) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+        """The records and index of the live file; empty when missing, short or altered."""
+        try:
+            with open(self.path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return {}, {}
+        except OSError as exc:
+            log.warning("set_cache_unreadable", path=str(self.path), error=exc.strerror)
+            return {}, {}
+        head = len(_MAGIC) + _DIGEST_SIZE
+        body = data[head:]
+        if (
+            len(data) < head
+            or not data.startswith(_MAGIC)
+            or hashlib.sha256(body).digest() != data[len(_MAGIC) : head]
+        ):
+            log.warning("set_cache_ignored", path=str(self.path), reason="truncated or altered")
+            return {}, {}
+        try:
+            value = orjson.loads(body)
+            records, index = value["records"], value["index"]
+        except (orjson.JSONDecodeError, TypeError, KeyError):
+            return {}, {}
+        if not isinstance(records, dict) or not isinstance(index, dict):
+            return {}, {}
+        return records, index
+
+    def _loaded(self) -> dict[str, list[Any]]:
+        if self._records is None:
+            self._records, self._index = self._read()
+        return self._records
+
+    def get(self, key: str) -> list[Any] | None:
+        """The record stored under ``key``, or None."""
+        with self._lock:
+            record = self._new.get(key) or self._loaded().get(key)
+            if record is not None:
+                self._used.add(key)
+                self.hits += 1
+            return record
+
+    def lookup(self, manifest: str, signature: tuple[int, int, int, int]) -> tuple[str, list[Any]] | None:
+        """The key and record of a manifest whose stat signature is the one indexed.
+
+        The index maps a manifest path to the trusted stat signature its bytes had when
+        their key was recorded (see ``catalog.trusted_signature``), so an unchanged file
+        is found without being read.
+
+        Args:
+            manifest: The manifest's absolute path.
+            signature: Its current ``(mtime_ns, size, ino, ctime_ns)``.
+
+        Returns:
+            ``(key, record)``, or None when the file is not indexed with that signature.
+        """
+        with self._lock:
+            records = self._loaded()
+            entry = self._new_index.get(manifest) or self._index.get(manifest)
+            if (
+                entry is None
+                or len(entry) != 5
+                or entry[0] != signature[0]
+                or entry[1] != signature[1]
+                or entry[2] != signature[2]
+                or entry[3] != signature[3]
+            ):
+                return None
+            key = entry[4]
+            record = self._new.get(key) or records.get(key)
+            if record is None:
+                return None
+            self._used.add(key)
+            self.hits += 1
+            return key, record
+
+    def put(self, key: str, record: list[Any]) -> None:
+        """Remember a record, if it survives a JSON round trip exactly (flushed later)."""
+        try:
+            if orjson.loads(orjson.dumps(record)) != record:
+                return
+        except (orjson.JSONEncodeError, TypeError):
+            return  # integers beyond 64 bits, lone surrogates
+        with self._lock:
+            self._new[key] = record
+            self._used.add(key)
+            self.puts += 1
+
+    def index(self, manifest: str, signature: tuple[int, int, int, int] | None, key: str) -> None:
+        """Remember that ``manifest`` with a trusted ``signature`` holds the bytes of ``key``.
+
+        Args:
+            manifest: The manifest's absolute path.
+            signature: Its trusted stat signature; None (too fresh to trust) forgets it.
+            key: The record key of its bytes.
+        """
+        with self._lock:
+            self._loaded()
+            if signature is None:
+                if manifest in self._index or manifest in self._new_index:
+                    self._new_index[manifest] = []
+                return
+            entry = [*signature, key]
+            if self._index.get(manifest) != entry:
+                self._new_index[manifest] = entry
+
+    def discard(self, key: str) -> None:
+        """Forget a record that did not decode (it is not written back)."""
+        with self._lock:
+            self._new.pop(key, None)
+            if self._records is not None:
+                self._records.pop(key, None)
+            self._used.discard(key)
+
+    def flush(self) -> bool:
+        """Write what was added since the last flush; True when the file was written.
+
+        Merges what another daemon wrote meanwhile, keeps at most ``max_records`` (the
+        ones this process used first), then renames a private temporary file over the
+        live one.
+        """
+        with self._lock:
+            if not self._new and not self._new_index:
+                return False
+            new, self._new = self._new, {}
+            new_index, self._new_index = self._new_index, {}
+            used = set(self._used)
+            mine, my_index = dict(self._records or {}), dict(self._index)
+        try:
+            records, index = self._read()
+            records.update(mine)
+            records.update(new)
+            index.update(my_index)
+            index.update(new_index)
+            if len(records) > self.max_records:
+                keep = [k for k in records if k in used]
+                keep += [k for k in records if k not in used][: max(0, self.max_records - len(keep))]
+                records = {k: records[k] for k in keep[: self.max_records]}
+            index = {
+                path: entry for path, entry in index.items()
+                if len(entry) == 5 and entry[4] in records
+            }
+            if len(index) > self.max_records:
+                index = dict(list(index.items())[-self.max_records :])
+            body = orjson.dumps({"records": records, "index": index})
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=".sets-", suffix=".tmp", dir=self.folder)
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(_MAGIC + hashlib.sha256(body).digest() + body)
+                os.replace(tmp, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+                raise
+        except OSError as exc:
+            if not self._warned:  # once: a read-only cache folder is not news on every reload
+                self._warned = True
+                log.warning("set_cache_unwritable", path=str(self.path), error=exc.strerror)
+            return False
+        with self._lock:
+            self._records, self._index = records, index
+        return True

@@ -1,0 +1,254 @@
+"""Tests for ``toolsetd.daemon.setcache``: the persistent cache of parsed tool sets."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from toolsetd.daemon.catalog import RACY_NS, ManifestCache, build_catalog
+from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Catalog, Source
+from toolsetd.daemon.setcache import SetStore, default_cache_dir
+
+LATER = time.time_ns() + 10 * RACY_NS  # every file written by a test is "old" by then
+
+
+def _write(root: Path, directory: str, **fields: object) -> Path:
+    set_dir = root / directory
+    set_dir.mkdir(parents=True, exist_ok=True)
+    manifest = {
+        "runner": "exec",
+        "description": f"Tool {directory}.",
+        "schema": {"type": "object", "properties": {"q": {"type": "string"}}},
+        "command": ["/bin/true"],
+        **fields,
+    }
+    (set_dir / "tools.json").write_text(json.dumps(manifest))
+    return set_dir
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    home = tmp_path / "home"
+    for i in range(6):
+        _write(home / "tools", f"set{i}")
+    _write(home / "tools", "broken", runner="perl")
+    _write(home / "tools", "multi", tools=[
+        {"name": "m_one", "description": "One.", "schema": {"type": "object"}, "argv": {"q": "--q"}},
+        {"name": "m_two", "description": "Two.", "schema": {"type": "object"}, "approval": "always",
+         "catalogs": ["plan"], "pathArguments": ["p"], "output": "content"},
+    ], description=None, schema=None)
+    return home
+
+
+def _build(home: Path, folder: Path | None, *, clock: int = LATER, reserved: frozenset[str] = DEFAULT_RESERVED_NAMES,
+           workspace: Path | None = None) -> tuple[Catalog, ManifestCache]:
+    cache = ManifestCache(store=SetStore(folder) if folder else None, clock_ns=lambda: clock)
+    catalog = build_catalog(home, workspace, reserved=reserved, cache=cache)
+    cache.flush()
+    return catalog, cache
+
+
+def test_setstore_cold_load_equals_a_parse_and_reads_nothing(home: Path, tmp_path: Path) -> None:
+    """A second daemon's cold load takes every set from the store, unread, equal to a parse."""
+    folder = tmp_path / "cache"
+    first, cache = _build(home, folder)
+    assert cache.parses == 8
+    assert (folder / SetStore(folder).path.name).exists()
+    second, cache = _build(home, folder)
+    assert cache.parses == 0 and cache.reads == 0
+    plain, _ = _build(home, None)
+    assert second == first == plain
+    assert [e.error for e in second.sets if e.error] == [e.error for e in plain.sets if e.error]
+
+
+def test_setstore_changed_bytes_are_parsed_again(home: Path, tmp_path: Path) -> None:
+    """A manifest whose bytes changed is read and parsed; the others still come from the store."""
+    folder = tmp_path / "cache"
+    _build(home, folder)
+    _write(home / "tools", "set3", description="Now different.")
+    catalog, cache = _build(home, folder)
+    assert cache.parses == 1
+    assert catalog.tools["set3"].tool.description == "Now different."
+    assert catalog == _build(home, None)[0]
+
+
+def test_setstore_fresh_files_are_read_not_trusted_by_stat(home: Path, tmp_path: Path) -> None:
+    """A file younger than the racy window is read even when its stat matches the index."""
+    folder = tmp_path / "cache"
+    _build(home, folder)
+    catalog, cache = _build(home, folder, clock=time.time_ns())
+    assert cache.reads == 8 and cache.parses == 0
+    assert catalog == _build(home, None)[0]
+
+
+@pytest.mark.parametrize("damage", ["empty", "half", "one_byte_short", "flipped_byte", "garbage"])
+def test_setstore_damaged_file_is_ignored_and_rewritten(home: Path, tmp_path: Path, damage: str) -> None:
+    """A truncated or altered cache file is ignored whole; the load parses, then rewrites it."""
+    folder = tmp_path / "cache"
+    first, _ = _build(home, folder)
+    path = SetStore(folder).path
+    data = path.read_bytes()
+    damaged = {
+        "empty": b"",
+        "half": data[: len(data) // 2],
+        "one_byte_short": data[:-1],
+        "flipped_byte": data[:-10] + bytes([data[-10] ^ 0x01]) + data[-9:],
+        "garbage": b"not a cache at all",
+    }[damage]
+    path.write_bytes(damaged)
+    catalog, cache = _build(home, folder)
+    assert cache.parses == 8
+    assert catalog == first
+    assert path.read_bytes() != damaged  # rewritten whole
+    _, cache = _build(home, folder)
+    assert cache.parses == 0
+
+
+def test_setstore_malformed_record_is_parsed_instead(home: Path, tmp_path: Path) -> None:
+    """A record of the wrong shape (inside a file whose checksum holds) costs one parse, not a wrong set."""
+    folder = tmp_path / "cache"
+    first, _ = _build(home, folder)
+    store = SetStore(folder)
+    records = {k: v for k, v in store._read()[0].items()}  # noqa: SLF001 - the test damages the store's data
+    key = next(k for k in records if k.endswith("/set2"))
+    records[key] = ["set", "exec", True]  # too short to decode
+    bad = SetStore(folder)
+    bad._records, bad._index = records, store._read()[1]  # noqa: SLF001
+    bad._new = {key: records[key]}  # noqa: SLF001 - forces a write of the damaged record
+    assert bad.flush()
+    catalog, cache = _build(home, folder)
+    assert catalog == first
+    assert cache.parses == 1
+
+
+def test_setstore_keeps_only_exact_round_trips(tmp_path: Path) -> None:
+    """A schema JSON cannot carry exactly (an integer beyond 64 bits) is parsed every time."""
+    home = tmp_path / "home"
+    _write(home / "tools", "big", schema={"type": "integer", "maximum": 2**70})
+    _write(home / "tools", "small")
+    folder = tmp_path / "cache"
+    first, cache = _build(home, folder)
+    assert cache.parses == 2
+    second, cache = _build(home, folder)
+    assert cache.parses == 1
+    assert second == first
+    assert second.tools["big"].tool.schema["maximum"] == 2**70
+
+
+def test_setstore_errors_are_cached_with_their_message(home: Path, tmp_path: Path) -> None:
+    """An invalid manifest's error comes back from the store word for word."""
+    folder = tmp_path / "cache"
+    _build(home, folder)
+    catalog, cache = _build(home, folder)
+    assert cache.parses == 0
+    (entry,) = [e for e in catalog.sets if e.directory == "broken"]
+    assert entry.error == "tools.json must set runner to exec or dotnet."
+
+
+def test_setstore_key_covers_reserved_names_and_source(home: Path, tmp_path: Path) -> None:
+    """Other reserved names, or the same bytes as a project set, are decided afresh."""
+    folder = tmp_path / "cache"
+    _build(home, folder)
+    reserved = DEFAULT_RESERVED_NAMES | {"set1"}
+    catalog, cache = _build(home, folder, reserved=reserved)
+    assert cache.parses == 8
+    assert "set1" not in catalog.tools
+    assert catalog == _build(home, None, reserved=reserved)[0]
+    workspace = tmp_path / "ws"
+    (workspace / ".crystal" / "tools").mkdir(parents=True)
+    os.symlink(home / "tools" / "set4", workspace / ".crystal" / "tools" / "set4")
+    catalog, cache = _build(home, folder, workspace=workspace)
+    assert cache.parses == 1  # the project copy of set4
+    assert catalog.tools["set4"].toolset.source is Source.PROJECT
+    assert catalog == _build(home, None, workspace=workspace)[0]
+
+
+def test_setstore_unwritable_folder_only_costs_speed(home: Path, tmp_path: Path) -> None:
+    """A cache folder that cannot be created leaves the load correct and the daemon running."""
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    catalog, cache = _build(home, blocker / "cache")
+    assert catalog == _build(home, None)[0]
+    assert not SetStore(blocker / "cache").flush()
+
+
+def test_setstore_concurrent_writers_leave_a_valid_file(tmp_path: Path) -> None:
+    """Daemons flushing into one folder at once never leave a torn file or a stray temp file."""
+    folder = tmp_path / "cache"
+    script = textwrap.dedent(
+        """
+        import json, sys, time
+        from pathlib import Path
+        from toolsetd.daemon.catalog import ManifestCache, build_catalog
+        from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES
+        from toolsetd.daemon.setcache import SetStore
+        home, folder, tag = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+        for round in range(15):
+            d = home / "tools" / f"{tag}{round}"
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "tools.json").write_text(json.dumps({
+                "runner": "exec", "description": f"{tag} {round}", "schema": {"type": "object"},
+                "command": ["/bin/true"]}))
+            cache = ManifestCache(store=SetStore(folder))
+            catalog = build_catalog(home, None, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+            cache.flush()
+            assert all(t.tool.description for t in catalog.tools.values())
+        """
+    )
+    procs = [
+        subprocess.Popen(  # noqa: S603 - our own interpreter on our own script
+            [sys.executable, "-c", script, str(tmp_path / f"home{k}"), str(folder), f"w{k}x"]
+        )
+        for k in range(4)
+    ]
+    assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
+    records, _ = SetStore(folder)._read()  # noqa: SLF001 - the file's own contents
+    assert records  # (no index: every file was too fresh to be judged by its stat)
+    assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
+    for k in range(4):  # whatever survived the races decodes to what a parse gives
+        home = tmp_path / f"home{k}"
+        catalog, _ = _build(home, folder)
+        assert catalog == _build(home, None)[0]
+
+
+def test_setstore_threads_flushing_at_once(home: Path, tmp_path: Path) -> None:
+    """Two stores in one process flushing concurrently both succeed and the file stays valid."""
+    folder = tmp_path / "cache"
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(10):
+                _build(home, folder, clock=time.time_ns())
+        except BaseException as exc:  # noqa: BLE001 - reported by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    _, cache = _build(home, folder)
+    assert cache.parses == 0
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({"XDG_CACHE_HOME": "/var/c", "HOME": "/home/u"}, "/var/c/toolsetd"),
+        ({"XDG_CACHE_HOME": "relative", "HOME": "/home/u"}, "/home/u/.cache/toolsetd"),
+        ({"HOME": "/home/u"}, "/home/u/.cache/toolsetd"),
+    ],
+)
+def test_setstore_default_folder_follows_xdg(environ: dict[str, str], expected: str) -> None:
+    """An absolute XDG_CACHE_HOME wins; a relative one is ignored, as the XDG spec says."""
+    assert str(default_cache_dir(environ)) == expected
