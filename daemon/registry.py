@@ -43,7 +43,7 @@ import structlog
 
 from types import MappingProxyType
 
-from .catalog import MANIFEST_NAME, ManifestCache, build_catalog, load_config, trusted_signature
+from .catalog import MANIFEST_NAME, RACY_NS, ManifestCache, build_catalog, load_config, trusted_signature
 from .manifest import ManifestError
 from .model import (
     Approval,
@@ -271,14 +271,19 @@ class Registry:
                 roots.append(None)
                 continue
             found: dict[str, object] = {}
+            prefix, suffix = root + os.sep, os.sep + MANIFEST_NAME
+            fresh_after = now - RACY_NS  # trusted_signature, inlined: this loop is the reload
             for name in names:
                 try:
-                    st = stat_(root + os.sep + name + os.sep + MANIFEST_NAME)
+                    st = stat_(prefix + name + suffix)
                 except OSError:
                     found[name] = None
                     continue
-                signature = trusted_signature(st, now)
-                found[name] = _FRESH if signature is None else signature
+                mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
+                if mtime > fresh_after or ctime > fresh_after:
+                    found[name] = _FRESH
+                else:
+                    found[name] = (mtime, st.st_size, st.st_ino, ctime)
             roots.append(found)
         return _Scan(config, tuple(roots))
 

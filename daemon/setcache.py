@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Parsing a ``tools.json`` (the reference host's rules, then the schema checks) costs far
 more than reading it, so a cold start with many sets spends most of its time re-deciding
-what it decided last time. ``SetStore`` keeps those decisions on disk, in one file under
+what it decided last time. ``SetStore`` keeps those decisions on disk, under
 ``$XDG_CACHE_HOME/toolsetd/`` (else ``~/.cache/toolsetd/``):
 
 * **Key.** A record is found by the SHA-256 of the manifest bytes, the set directory's
@@ -16,18 +16,27 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, in one fi
   both source policies. The file name carries a fingerprint of the code that parses
   (``manifest.py``, ``validation.py``, ``model.py``, this module and the version), so a
   daemon never reads decisions another build made.
+* **Index.** Each manifest path maps to the stat signature its bytes had when their key
+  was recorded, once that signature can be trusted (``catalog.trusted_signature``), so a
+  restart neither reads nor parses an unchanged manifest.
 * **Only exact round trips.** A record is stored only if its JSON reads back equal: a
   schema holding an integer beyond 64 bits, a lone surrogate or an infinite float is
   parsed afresh every time rather than cached wrongly.
-* **Truncation and corruption.** The file is a magic line, the SHA-256 of the body, and
-  the body (JSON). A short, torn or altered file fails the check and is ignored as a
-  whole (the daemon parses, and rewrites it); a bad record is ignored alone.
-* **Concurrent daemons.** Writers never touch the live file: ``flush`` writes a
-  private temporary file in the same folder and renames it over the live one, which is
-  atomic, so a reader sees the old file or the new one, never a mix. Before writing it
-  merges the records another daemon wrote meanwhile; when two race, the last rename
-  wins and the loser's new records are parsed again next time: a cache can lose
-  entries, never give a wrong one.
+* **Files.** A *snapshot* (``sets-<build>.json``: a magic line, the SHA-256 of the
+  body, the body) and a *journal* (``sets-<build>.journal``) of checksummed lines, one
+  per flush that added a few records, so a reload that parsed one set appends one line
+  instead of rewriting thousands of records. A journal grown past a quarter of the
+  snapshot (or 1 MiB) is compacted into a new snapshot.
+* **Truncation and corruption.** A short, torn or altered snapshot fails its check and
+  is ignored as a whole (the daemon parses, and writes a new one); a journal line that
+  fails its check is skipped alone; a record that does not decode costs one parse.
+* **Concurrent daemons.** Writers never modify the live snapshot: a compaction writes a
+  private temporary file and renames it over the snapshot, which is atomic, so a reader
+  sees the old file or the new one, never a mix, and it merges what other daemons wrote
+  meanwhile. Journal lines go out as one ``write`` on an ``O_APPEND`` descriptor, so two
+  daemons' lines never interleave. When writers race, a compaction may drop a line
+  appended meanwhile and its sets are parsed again next time: a cache can lose entries,
+  never give a wrong one.
 * **Bound.** At most ``max_records``; the records used by this process are kept first.
 
 The cache folder is created 0700. A cache that cannot be read or written (read-only
@@ -65,6 +74,8 @@ log = structlog.get_logger("toolsetd.setcache")
 
 _MAGIC = b"toolsetd-sets 1\n"
 _DIGEST_SIZE = 32
+#: The journal is compacted into the snapshot once it outgrows this or a quarter of it.
+_JOURNAL_MIN_BYTES = 1 << 20
 #: Records whose parse is an error are stored as ``[_ERROR, message]``.
 _ERROR = "error"
 _CATALOGS = {c.value: c for c in CatalogName}
@@ -221,7 +232,11 @@ class SetStore:
 
     def __init__(self, folder: Path, *, max_records: int = 100_000) -> None:
         self.folder = folder
-        self.path = folder / f"sets-{_code_fingerprint()}.json"
+        build = _code_fingerprint()
+        self.path = folder / f"sets-{build}.json"
+        self.journal = folder / f"sets-{build}.journal"
+        self._snapshot_bytes = 0
+        self._journal_bytes = 0
         self.max_records = max_records
         self._records: dict[str, list[Any]] | None = None
         self._index: dict[str, list[Any]] = {}
@@ -235,32 +250,44 @@ class SetStore:
         self.puts = 0
 
     def _read(self) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
-        """The records and index of the live file; empty when missing, short or altered."""
-        try:
-            with open(self.path, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return {}, {}
-        except OSError as exc:
-            log.warning("set_cache_unreadable", path=str(self.path), error=exc.strerror)
-            return {}, {}
+        """The records and index of the snapshot plus the journal's intact lines.
+
+        A snapshot that is missing, short or altered counts as empty; a journal line that
+        is torn or altered is skipped (the lines after it still count).
+        """
+        records: dict[str, list[Any]] = {}
+        index: dict[str, list[Any]] = {}
+        data = self._read_file(self.path)
         head = len(_MAGIC) + _DIGEST_SIZE
-        body = data[head:]
-        if (
-            len(data) < head
-            or not data.startswith(_MAGIC)
-            or hashlib.sha256(body).digest() != data[len(_MAGIC) : head]
-        ):
-            log.warning("set_cache_ignored", path=str(self.path), reason="truncated or altered")
-            return {}, {}
-        try:
-            value = orjson.loads(body)
-            records, index = value["records"], value["index"]
-        except (orjson.JSONDecodeError, TypeError, KeyError):
-            return {}, {}
-        if not isinstance(records, dict) or not isinstance(index, dict):
-            return {}, {}
+        self._snapshot_bytes = 0  # no intact snapshot: the next flush writes one
+        if data:
+            body = data[head:]
+            if (
+                len(data) < head
+                or not data.startswith(_MAGIC)
+                or hashlib.sha256(body).digest() != data[len(_MAGIC) : head]
+            ):
+                log.warning("set_cache_ignored", path=str(self.path), reason="truncated or altered")
+            else:
+                _merge(records, index, body)
+                self._snapshot_bytes = len(body)
+        journal = self._read_file(self.journal)
+        self._journal_bytes = len(journal)
+        for line in journal.split(b"\n"):
+            digest, _, payload = line.partition(b" ")
+            if payload and hashlib.sha256(payload).hexdigest().encode() == digest:
+                _merge(records, index, payload)
         return records, index
+
+    def _read_file(self, path: Path) -> bytes:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except FileNotFoundError:
+            return b""
+        except OSError as exc:
+            log.warning("set_cache_unreadable", path=str(path), error=exc.strerror)
+            return b""
 
     def _loaded(self) -> dict[str, list[Any]]:
         if self._records is None:
@@ -349,51 +376,89 @@ class SetStore:
             self._used.discard(key)
 
     def flush(self) -> bool:
-        """Write what was added since the last flush; True when the file was written.
+        """Write what was added since the last flush; True when it was written.
 
-        Merges what another daemon wrote meanwhile, keeps at most ``max_records`` (the
-        ones this process used first), then renames a private temporary file over the
-        live one.
+        A few new records are appended to the journal as one checksummed line (one
+        ``write`` on an ``O_APPEND`` descriptor, so concurrent daemons' lines never
+        interleave). When the journal outgrows a quarter of the snapshot (or 1 MiB), the
+        store is compacted instead: the snapshot and journal are read, merged with what
+        is new, bounded to ``max_records`` (the ones this process used first), written to
+        a private temporary file and renamed over the snapshot; the journal is then
+        emptied the same way. A line another daemon appended during a compaction is
+        lost, which costs it one parse later.
         """
         with self._lock:
             if not self._new and not self._new_index:
                 return False
+            self._loaded()
             new, self._new = self._new, {}
             new_index, self._new_index = self._new_index, {}
             used = set(self._used)
-            mine, my_index = dict(self._records or {}), dict(self._index)
         try:
-            records, index = self._read()
-            records.update(mine)
-            records.update(new)
-            index.update(my_index)
-            index.update(new_index)
-            if len(records) > self.max_records:
-                keep = [k for k in records if k in used]
-                keep += [k for k in records if k not in used][: max(0, self.max_records - len(keep))]
-                records = {k: records[k] for k in keep[: self.max_records]}
-            index = {
-                path: entry for path, entry in index.items()
-                if len(entry) == 5 and entry[4] in records
-            }
-            if len(index) > self.max_records:
-                index = dict(list(index.items())[-self.max_records :])
-            body = orjson.dumps({"records": records, "index": index})
-            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".sets-", suffix=".tmp", dir=self.folder)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(_MAGIC + hashlib.sha256(body).digest() + body)
-                os.replace(tmp, self.path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
+            line = orjson.dumps({"records": new, "index": new_index})
+            limit = max(_JOURNAL_MIN_BYTES, self._snapshot_bytes // 4)
+            if self._snapshot_bytes and self._journal_bytes + len(line) <= limit:
+                self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                entry = hashlib.sha256(line).hexdigest().encode() + b" " + line + b"\n"
+                fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    os.write(fd, entry)
+                finally:
+                    os.close(fd)
+                self._journal_bytes += len(entry)
+            else:
+                self._compact(new, new_index, used)
         except OSError as exc:
             if not self._warned:  # once: a read-only cache folder is not news on every reload
                 self._warned = True
                 log.warning("set_cache_unwritable", path=str(self.path), error=exc.strerror)
             return False
+        return True
+
+    def _compact(
+        self, new: dict[str, list[Any]], new_index: dict[str, list[Any]], used: set[str]
+    ) -> None:
+        records, index = self._read()
+        with self._lock:
+            records.update(self._records or {})
+            index.update(self._index)
+        records.update(new)
+        index.update(new_index)
+        if len(records) > self.max_records:
+            keep = [k for k in records if k in used]
+            keep += [k for k in records if k not in used][: max(0, self.max_records - len(keep))]
+            records = {k: records[k] for k in keep[: self.max_records]}
+        index = {path: entry for path, entry in index.items() if len(entry) == 5 and entry[4] in records}
+        if len(index) > self.max_records:
+            index = dict(list(index.items())[-self.max_records :])
+        body = orjson.dumps({"records": records, "index": index})
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._replace(self.path, _MAGIC + hashlib.sha256(body).digest() + body)
+        self._replace(self.journal, b"")
+        self._snapshot_bytes, self._journal_bytes = len(body), 0
         with self._lock:
             self._records, self._index = records, index
-        return True
+
+    def _replace(self, path: Path, data: bytes) -> None:
+        """Write ``data`` to a private temporary file and rename it over ``path``."""
+        fd, tmp = tempfile.mkstemp(prefix=".sets-", suffix=".tmp", dir=self.folder)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+def _merge(records: dict[str, list[Any]], index: dict[str, list[Any]], payload: bytes) -> None:
+    """Add the records and index entries of one snapshot body or journal line."""
+    try:
+        value = orjson.loads(payload)
+        more, entries = value["records"], value["index"]
+    except (orjson.JSONDecodeError, TypeError, KeyError):
+        return
+    if isinstance(more, dict) and isinstance(entries, dict):
+        records.update(more)
+        index.update(entries)

@@ -17,7 +17,6 @@ from toolsetd.daemon.catalog import RACY_NS, ManifestCache, build_catalog
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Catalog, Source
 from toolsetd.daemon.setcache import SetStore, default_cache_dir
 
-LATER = time.time_ns() + 10 * RACY_NS  # every file written by a test is "old" by then
 
 
 def _write(root: Path, directory: str, **fields: object) -> Path:
@@ -48,9 +47,11 @@ def home(tmp_path: Path) -> Path:
     return home
 
 
-def _build(home: Path, folder: Path | None, *, clock: int = LATER, reserved: frozenset[str] = DEFAULT_RESERVED_NAMES,
+def _build(home: Path, folder: Path | None, *, clock: int | None = None, reserved: frozenset[str] = DEFAULT_RESERVED_NAMES,
            workspace: Path | None = None) -> tuple[Catalog, ManifestCache]:
-    cache = ManifestCache(store=SetStore(folder) if folder else None, clock_ns=lambda: clock)
+    # By default every file a test wrote counts as old (beyond the racy window).
+    now = clock if clock is not None else time.time_ns() + 10 * RACY_NS
+    cache = ManifestCache(store=SetStore(folder) if folder else None, clock_ns=lambda: now)
     catalog = build_catalog(home, workspace, reserved=reserved, cache=cache)
     cache.flush()
     return catalog, cache
@@ -110,6 +111,38 @@ def test_setstore_damaged_file_is_ignored_and_rewritten(home: Path, tmp_path: Pa
     assert path.read_bytes() != damaged  # rewritten whole
     _, cache = _build(home, folder)
     assert cache.parses == 0
+
+
+def test_setstore_journal_lines_are_checked_one_by_one(home: Path, tmp_path: Path) -> None:
+    """Changes after the first start go to the journal; a torn line costs its sets one parse."""
+    folder = tmp_path / "cache"
+    _build(home, folder)
+    journal = SetStore(folder).journal
+    _write(home / "tools", "set1", description="First change.")
+    _build(home, folder)
+    _write(home / "tools", "set2", description="Second change.")
+    _build(home, folder)
+    lines = journal.read_bytes().splitlines(keepends=True)
+    assert len(lines) == 2  # appended, not rewritten
+    journal.write_bytes(b"garbage without a checksum\n" + lines[0] + lines[1][:-7])
+    catalog, cache = _build(home, folder)
+    assert cache.parses == 1  # set2: its line was torn; set1's line still counts
+    assert catalog == _build(home, None)[0]
+
+
+def test_setstore_journal_is_compacted_into_the_snapshot(home: Path, tmp_path: Path) -> None:
+    """Once the journal outgrows its bound, the next flush rewrites the snapshot and empties it."""
+    folder = tmp_path / "cache"
+    _build(home, folder)
+    store = SetStore(folder)
+    big = "x" * 50_000
+    for i in range(30):  # ~1.5 MB of new records: over the 1 MiB bound
+        _write(home / "tools", "set0", description=f"{big} {i}")
+        _build(home, folder)
+    assert store.journal.stat().st_size < 1 << 20
+    catalog, cache = _build(home, folder)
+    assert cache.parses == 0
+    assert catalog == _build(home, None)[0]
 
 
 def test_setstore_malformed_record_is_parsed_instead(home: Path, tmp_path: Path) -> None:
