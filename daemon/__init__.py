@@ -1,1 +1,25 @@
-"""toolsetd daemon."""
+"""toolsetd daemon.
+
+Importing the package first imports structlog with ``rich`` hidden: structlog's ``dev``
+and ``tracebacks`` modules import rich (~100 ms, most of it ``rich.pretty`` and
+``rich.traceback``) whenever it is installed, even for JSON logs, and rich is installed
+for ``toolsetctl``'s tables. The daemon never renders with rich: its console format
+prints plain tracebacks. Everything else may import rich as usual afterwards.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def _import_structlog_without_rich() -> None:
+    if "structlog" in sys.modules or "rich" in sys.modules:
+        return  # already imported (rich too, or by someone who wants it): nothing to save
+    sys.modules["rich"] = None  # type: ignore[assignment]  # None makes `import rich` fail
+    try:
+        import structlog  # noqa: F401 - imported for its side effect on sys.modules
+    finally:
+        del sys.modules["rich"]
+
+
+_import_structlog_without_rich()

@@ -77,7 +77,10 @@ def configure_logging(
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty() and not journal)
+        else structlog.dev.ConsoleRenderer(
+            colors=sys.stderr.isatty() and not journal,
+            exception_formatter=structlog.dev.plain_traceback,
+        )
     )
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,

@@ -27,16 +27,17 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-import jsonschema_specifications  # type: ignore[import-untyped]  # it ships no py.typed
 import orjson
-import referencing.exceptions
-from jsonschema import Draft202012Validator
-from jsonschema.exceptions import ValidationError, best_match
-from jsonschema.protocols import Validator
-from jsonschema.validators import validator_for
 
 if TYPE_CHECKING:
+    from jsonschema.exceptions import ValidationError
+    from jsonschema.protocols import Validator
+
     from .model import LoadedTool
+
+# jsonschema (with referencing and the bundled meta-schemas) costs ~100 ms to import and
+# is needed only for a schema the fast path cannot decide, or the first argument check of
+# a call: it is imported on first use, never at start-up.
 
 __all__ = [
     "ArgumentValidators",
@@ -85,6 +86,9 @@ def json_pointer(parts: Iterable[str | int]) -> str:
 
 def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
     """Pick the validator class for ``schema``'s ``$schema`` (Draft 2020-12 by default)."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.validators import validator_for
+
     declared = schema.get("$schema")
     if not isinstance(declared, str):
         # A non-string $schema is reported by check_schema; validator_for would crash on a
@@ -306,6 +310,8 @@ class ArgumentValidators:
             return found
         schema = loaded.tool.schema
         cls = _validator_class(schema)
+        import jsonschema_specifications  # type: ignore[import-untyped]  # it ships no py.typed
+
         validator = cls(schema, registry=jsonschema_specifications.REGISTRY)
         with self._lock:
             self.compiled += 1
@@ -333,11 +339,15 @@ class ArgumentValidators:
                 found.update(_describe(error))
                 if len(found) >= _MAX_ERRORS:
                     break
-        except referencing.exceptions.Unresolvable as exc:
-            reason = _clip(str(exc), _SCHEMA_MESSAGE_LIMIT)
-            return [{"path": "", "message": f"the tool's input schema cannot be used: {reason}"}]
         except RecursionError:
             return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
+        except Exception as exc:
+            import referencing.exceptions  # loaded by jsonschema already; bound only here
+
+            if not isinstance(exc, referencing.exceptions.Unresolvable):
+                raise
+            reason = _clip(str(exc), _SCHEMA_MESSAGE_LIMIT)
+            return [{"path": "", "message": f"the tool's input schema cannot be used: {reason}"}]
         return [{"path": p, "message": m} for p, m in sorted(found)[:_MAX_ERRORS]]
 
 
@@ -401,6 +411,8 @@ def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> 
     if keyword in ("anyOf", "oneOf"):
         if not error.context:
             return f"the value {_echo(instance)} matches more than one alternative; {keyword} needs exactly one"
+        from jsonschema.exceptions import best_match
+
         closest = best_match(error.context)
         inner = _detail(closest, closest.validator, closest.validator_value, closest.instance)
         where = json_pointer(closest.relative_path)

@@ -205,11 +205,17 @@ Scope = Literal["workspace", "outsideWorkspace", "forbidden"]
 CallStatus = Literal["ok", "error", "timeout", "cancelled"]
 
 
+# ``defer_build``: a model's validator is built on its first use, not at import. Building
+# all of them cost ~150 ms of every start of the daemon and of toolsetctl, most of which
+# never use most of them.
+
+
 class _Params(BaseModel):
     """Base of params models: strict, frozen, unknown fields are errors."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="forbid", strict=True
+        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="forbid", strict=True,
+        defer_build=True,
     )
 
 
@@ -217,7 +223,8 @@ class _Wire(BaseModel):
     """Base of results, notifications and nested values: frozen, unknown fields ignored."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="ignore"
+        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="ignore",
+        defer_build=True,
     )
 
 
