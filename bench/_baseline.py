@@ -33,7 +33,7 @@ def _status(sock: str) -> dict[str, object]:
         "pid": os.getpid(),
         "uptimeSeconds": round(time.monotonic() - _STARTED, 3),
         "socket": sock,
-        "home": "/tmp/home",
+        "home": "/tmp/home",  # noqa: S108 - a canned value in a reply, never a path we use
         "generation": 1,
         "workspaces": [],
         "inFlight": 0,
@@ -48,7 +48,9 @@ async def _serve(sock: str, mode: str) -> None:
         try:
             while line := await reader.readline():
                 msg = loads(line)
-                writer.write(dumps({"jsonrpc": "2.0", "id": msg.get("id"), "result": _status(sock)}) + b"\n")
+                writer.write(
+                    dumps({"jsonrpc": "2.0", "id": msg.get("id"), "result": _status(sock)}) + b"\n"
+                )
         finally:
             writer.close()
 
@@ -65,14 +67,16 @@ async def _serve(sock: str, mode: str) -> None:
                         stdout=asyncio.subprocess.PIPE,
                         stderr=asyncio.subprocess.PIPE,
                     )
-                    out, err = await proc.communicate()
+                    out, _ = await proc.communicate()
                     result = {
                         "status": "ok" if proc.returncode == 0 else "error",
                         "exitCode": proc.returncode,
                         "content": [{"type": "text", "text": out.decode()}],
                         "isError": proc.returncode != 0,
                     }
-                writer.write(dumps({"jsonrpc": "2.0", "id": msg.get("id"), "result": result}) + b"\n")
+                writer.write(
+                    dumps({"jsonrpc": "2.0", "id": msg.get("id"), "result": result}) + b"\n"
+                )
         finally:
             writer.close()
 

@@ -22,7 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,16 +39,16 @@ now_ns = time.perf_counter_ns
 # --- statistics -------------------------------------------------------------------------
 
 
-def median(values: list[float]) -> float:
+def median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def percentile(values: list[float], q: float) -> float:
+def percentile(values: Sequence[float], q: float) -> float:
     """Nearest-rank percentile (q in 0..100)."""
     if not values:
         return float("nan")
     ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, int(round(q / 100 * len(ordered) + 0.5)) - 1))
+    rank = max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))
     return ordered[rank]
 
 
@@ -81,8 +81,9 @@ class Goal:
     samples: list[float] = field(default_factory=list)
 
     @classmethod
-    def of(cls, goal: str, name: str, samples: list[float], target: float, op: str,
-           detail: str = "") -> Goal:
+    def of(
+        cls, goal: str, name: str, samples: list[float], target: float, op: str, detail: str = ""
+    ) -> Goal:
         """A goal row from its per-round samples (the ratio is their median)."""
         clean = [s for s in samples if s == s]
         return cls(goal, name, median(clean), target, op, detail, clean)
@@ -123,12 +124,19 @@ class Goal:
 def print_table(title: str, header: list[str], rows: list[list[Any]]) -> None:
     """Print a small aligned table."""
     cells = [[_fmt(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)]
+    widths = [
+        max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(header)
+    ]
     print(f"\n{title}")
     print("  " + "  ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     print("  " + "  ".join("-" * w for w in widths))
     for row in cells:
-        print("  " + "  ".join(c.rjust(w) if _numeric(c) else c.ljust(w) for c, w in zip(row, widths, strict=True)))
+        print(
+            "  "
+            + "  ".join(
+                c.rjust(w) if _numeric(c) else c.ljust(w) for c, w in zip(row, widths, strict=True)
+            )
+        )
     sys.stdout.flush()
 
 
@@ -141,9 +149,18 @@ def print_goals(goals: list[Goal], title: str = "goals") -> None:
     print_table(
         title,
         ["goal", "what", "median", "spread (min-max)", "rounds", "target", "verdict"],
-        [[g.goal, g.name, _ratio_text(g.ratio),
-          f"{_ratio_text(g.spread[0])}-{_ratio_text(g.spread[1])}", str(g.rounds),
-          f"{g.op} {g.target:g}", "PASS" if g.passed else "MISS"] for g in goals],
+        [
+            [
+                g.goal,
+                g.name,
+                _ratio_text(g.ratio),
+                f"{_ratio_text(g.spread[0])}-{_ratio_text(g.spread[1])}",
+                str(g.rounds),
+                f"{g.op} {g.target:g}",
+                "PASS" if g.passed else "MISS",
+            ]
+            for g in goals
+        ],
     )
 
 
@@ -245,8 +262,14 @@ class Proc:
         self.stop()
 
 
-def spawn_server(argv: list[str], sock: Path, log: Path, *, timeout: float = 120.0,
-                 env: dict[str, str] | None = None) -> Proc:
+def spawn_server(
+    argv: list[str],
+    sock: Path,
+    log: Path,
+    *,
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+) -> Proc:
     """Spawn a server and wait until it answers ``status`` on ``sock``.
 
     ``ready_ns`` is the time from just before the spawn to the first answer. The probe
@@ -265,7 +288,9 @@ def spawn_server(argv: list[str], sock: Path, log: Path, *, timeout: float = 120
     try:
         while True:
             if popen.poll() is not None:
-                raise RuntimeError(f"{argv[:3]} exited early ({popen.returncode}):\n{proc.log_text()[-4000:]}")
+                raise RuntimeError(
+                    f"{argv[:3]} exited early ({popen.returncode}):\n{proc.log_text()[-4000:]}"
+                )
             try:
                 with BlockingConn(sock, timeout=timeout) as conn:
                     reply = conn.request("status")
@@ -282,20 +307,45 @@ def spawn_server(argv: list[str], sock: Path, log: Path, *, timeout: float = 120
         raise
 
 
-def daemon_argv(home: Path, sock: Path, *, watch: bool = False, log_level: str = "warning",
-                extra: list[str] | None = None) -> list[str]:
-    argv = [PYTHON, "-m", "toolsetd.daemon", "--home", str(home), "--socket", str(sock),
-            "--log-level", log_level]
+def daemon_argv(
+    home: Path,
+    sock: Path,
+    *,
+    watch: bool = False,
+    log_level: str = "warning",
+    extra: list[str] | None = None,
+) -> list[str]:
+    argv = [
+        PYTHON,
+        "-m",
+        "toolsetd.daemon",
+        "--home",
+        str(home),
+        "--socket",
+        str(sock),
+        "--log-level",
+        log_level,
+    ]
     if not watch:
         argv.append("--no-watch")
     return argv + (extra or [])
 
 
-def start_daemon(home: Path, base: Path, *, watch: bool = False, log_level: str = "warning",
-                 extra: list[str] | None = None, name: str = "d") -> Proc:
+def start_daemon(
+    home: Path,
+    base: Path,
+    *,
+    watch: bool = False,
+    log_level: str = "warning",
+    extra: list[str] | None = None,
+    name: str = "d",
+) -> Proc:
     sock = base / f"{name}.sock"
-    return spawn_server(daemon_argv(home, sock, watch=watch, log_level=log_level, extra=extra),
-                        sock, base / f"{name}.log")
+    return spawn_server(
+        daemon_argv(home, sock, watch=watch, log_level=log_level, extra=extra),
+        sock,
+        base / f"{name}.log",
+    )
 
 
 def start_baseline(mode: str, base: Path, name: str = "echo") -> Proc:
@@ -339,7 +389,7 @@ class BlockingConn:
         while True:
             i = buf.find(b"\n")
             if i >= 0:
-                self._buf = buf[i + 1:]
+                self._buf = buf[i + 1 :]
                 return orjson.loads(buf[:i])
             chunk = self.sock.recv(1 << 20)
             if not chunk:
@@ -377,8 +427,15 @@ def sequential_latency(sock: Path, method: str, params: Any, n: int, warmup: int
     return out
 
 
-async def _worker(sock: Path, method: str, params: Any, deadline: list[float], counts: list[int],
-                  idx: int, start: asyncio.Event) -> None:
+async def _worker(
+    sock: Path,
+    method: str,
+    params: Any,
+    deadline: list[float],
+    counts: list[int],
+    idx: int,
+    start: asyncio.Event,
+) -> None:
     reader, writer = await asyncio.open_unix_connection(str(sock), limit=1 << 24)
     try:
         rid = 0
@@ -387,7 +444,10 @@ async def _worker(sock: Path, method: str, params: Any, deadline: list[float], c
         loop = asyncio.get_running_loop()
         while loop.time() < deadline[0]:
             rid += 1
-            writer.write(orjson.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params}) + b"\n")
+            writer.write(
+                orjson.dumps({"jsonrpc": "2.0", "id": rid, "method": method, "params": params})
+                + b"\n"
+            )
             while True:
                 line = await reader.readline()
                 if not line:
@@ -404,13 +464,17 @@ async def _worker(sock: Path, method: str, params: Any, deadline: list[float], c
             await writer.wait_closed()
 
 
-async def _throughput(sock: Path, method: str, params: Any, concurrency: int, seconds: float) -> float:
+async def _throughput(
+    sock: Path, method: str, params: Any, concurrency: int, seconds: float
+) -> float:
     counts = [0] * concurrency
     loop = asyncio.get_running_loop()
     start = asyncio.Event()
     deadline = [0.0]
-    tasks = [asyncio.ensure_future(_worker(sock, method, params, deadline, counts, i, start))
-             for i in range(concurrency)]
+    tasks = [
+        asyncio.ensure_future(_worker(sock, method, params, deadline, counts, i, start))
+        for i in range(concurrency)
+    ]
     await asyncio.sleep(0.05)  # let every connection open
     deadline[0] = loop.time() + seconds
     t0 = now_ns()
@@ -443,12 +507,12 @@ def paired(rounds: int, *measures: Callable[[], float]) -> list[list[float]]:
     return out
 
 
-def ratios(a: list[float], b: list[float]) -> list[float]:
+def ratios(a: Sequence[float], b: Sequence[float]) -> list[float]:
     """The per-round ratios a/b of two paired series."""
     return [x / y if y else float("nan") for x, y in zip(a, b, strict=True)]
 
 
-def ratio_of_pairs(a: list[float], b: list[float]) -> float:
+def ratio_of_pairs(a: Sequence[float], b: Sequence[float]) -> float:
     """Median of the per-round ratios a/b (robust to drift between rounds)."""
     return median([r for r in ratios(a, b) if r == r])
 
@@ -465,34 +529,40 @@ TRUE_SET = "noop"
 
 def trivial_manifest(command: list[str] | None = None) -> bytes:
     """The trivial exec tool: ``/bin/true``, no stdin, approval always."""
-    return orjson.dumps({
-        "runner": "exec",
-        "description": "Runs /bin/true.",
-        "schema": {"type": "object", "properties": {}, "additionalProperties": False},
-        "command": command or ["/bin/true"],
-        "stdin": False,
-        "approval": "always",
-    }, option=orjson.OPT_INDENT_2)
+    return orjson.dumps(
+        {
+            "runner": "exec",
+            "description": "Runs /bin/true.",
+            "schema": {"type": "object", "properties": {}, "additionalProperties": False},
+            "command": command or ["/bin/true"],
+            "stdin": False,
+            "approval": "always",
+        },
+        option=orjson.OPT_INDENT_2,
+    )
 
 
 def small_manifest(i: int, variant: int = 0) -> bytes:
     """Set ``i``: one exec tool with a small schema distinct from every other set's."""
-    return orjson.dumps({
-        "runner": "exec",
-        "description": f"Tool number {i} (variant {variant}).",
-        "schema": {
-            "type": "object",
-            "properties": {
-                f"p{i}": {"type": "string", "description": f"Parameter of tool {i}."},
-                "count": {"type": "integer", "minimum": 0, "maximum": 1000 + i},
+    return orjson.dumps(
+        {
+            "runner": "exec",
+            "description": f"Tool number {i} (variant {variant}).",
+            "schema": {
+                "type": "object",
+                "properties": {
+                    f"p{i}": {"type": "string", "description": f"Parameter of tool {i}."},
+                    "count": {"type": "integer", "minimum": 0, "maximum": 1000 + i},
+                },
+                "required": [f"p{i}"],
+                "additionalProperties": False,
             },
-            "required": [f"p{i}"],
-            "additionalProperties": False,
+            "command": ["/bin/true"],
+            "stdin": False,
+            "approval": "always",
         },
-        "command": ["/bin/true"],
-        "stdin": False,
-        "approval": "always",
-    }, option=orjson.OPT_INDENT_2)
+        option=orjson.OPT_INDENT_2,
+    )
 
 
 def set_name(i: int) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -26,13 +25,18 @@ from pathlib import Path
 SERVER = str(Path(__file__).resolve().parent / "_mcp_server.py")
 now_ns = time.perf_counter_ns
 INIT = {
-    "jsonrpc": "2.0", "id": 0, "method": "initialize",
-    "params": {"protocolVersion": "2025-11-25", "capabilities": {},
-               "clientInfo": {"name": "bench", "version": "0"}},
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-11-25",
+        "capabilities": {},
+        "clientInfo": {"name": "bench", "version": "0"},
+    },
 }
 
 
-def _server_params(tools: int):  # noqa: ANN202
+def _server_params(tools: int):
     from mcp import StdioServerParameters
 
     return StdioServerParameters(command=sys.executable, args=[SERVER, "--tools", str(tools)])
@@ -59,7 +63,7 @@ async def _calls(n: int, conc: int, seconds: float) -> dict:
             count = 0
             stop_at = time.monotonic() + seconds
 
-            async def worker() -> None:
+            async def worker(stop_at: float = stop_at) -> None:
                 nonlocal count
                 while time.monotonic() < stop_at:
                     await s.call_tool("noop", {})
@@ -76,7 +80,10 @@ async def _calls(n: int, conc: int, seconds: float) -> dict:
 async def _list(tools: int, n: int) -> dict:
     from mcp import ClientSession, stdio_client
 
-    async with stdio_client(_server_params(tools)) as (read, write), ClientSession(read, write) as s:
+    async with (
+        stdio_client(_server_params(tools)) as (read, write),
+        ClientSession(read, write) as s,
+    ):
         await s.initialize()
         for _ in range(2):
             r = await s.list_tools()
@@ -102,15 +109,19 @@ def _raw_request(proc: subprocess.Popen, message: dict) -> dict:
 
 
 def _spawn(tools: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, SERVER, "--tools", str(tools)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, SERVER, "--tools", str(tools)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def _stop(proc: subprocess.Popen) -> None:
     try:
         proc.stdin.close()
         proc.wait(timeout=5)
-    except Exception:  # noqa: BLE001
+    except Exception:
         proc.kill()
         proc.wait()
 
@@ -135,13 +146,18 @@ def _raw_calls(n: int) -> dict:
         proc.stdin.flush()
         samples = []
         for i in range(1, n + 31):
-            message = {"jsonrpc": "2.0", "id": i, "method": "tools/call",
-                       "params": {"name": "noop", "arguments": {}}}
+            message = {
+                "jsonrpc": "2.0",
+                "id": i,
+                "method": "tools/call",
+                "params": {"name": "noop", "arguments": {}},
+            }
             t0 = now_ns()
             reply = _raw_request(proc, message)
             if i > 30:
                 samples.append(now_ns() - t0)
-            assert "result" in reply and not reply["result"].get("isError"), reply
+            assert "result" in reply, reply
+            assert not reply["result"].get("isError"), reply
     finally:
         _stop(proc)
     return {"latency_ns": samples}
@@ -149,15 +165,18 @@ def _raw_calls(n: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--mode", choices=["calls", "list", "cold", "raw-calls", "check"], required=True)
+    parser.add_argument(
+        "--mode", choices=["calls", "list", "cold", "raw-calls", "check"], required=True
+    )
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--tools", type=int, default=1000)
     parser.add_argument("--conc", type=int, default=8)
     parser.add_argument("--seconds", type=float, default=1.0)
     args = parser.parse_args()
     if args.mode == "check":
-        import mcp  # noqa: F401
         from importlib.metadata import version
+
+        import mcp  # noqa: F401
 
         print(json.dumps({"mcp": version("mcp"), "python": sys.version.split()[0]}))
         return

@@ -21,7 +21,9 @@ from mcp.server.mcpserver import MCPServer
 async def noop() -> str:
     """Runs /bin/true."""
     proc = await asyncio.create_subprocess_exec(
-        "/bin/true", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        "/bin/true",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     out, _ = await proc.communicate()

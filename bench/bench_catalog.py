@@ -28,13 +28,12 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "bench"  # noqa: A001
+    __package__ = "bench"
 
 import argparse
 import gc
 import json
 import os
-import socket
 import time
 from typing import Any
 
@@ -60,7 +59,6 @@ from bench._common import (
     temp_base,
     write_results,
 )
-
 
 # --- floors -------------------------------------------------------------------------------
 
@@ -175,9 +173,12 @@ def registry_reloads(home: Path, n_sets: int, rounds: int, folder: Path) -> dict
         target.write_bytes(small_manifest(n_sets // 2))
         await registry.reload(None)
         out.update(
-            read_ms=median(floor) / 1e6, unchanged_ms=median(unchanged) / 1e6,
-            one_changed_ms=median(changed) / 1e6, full_load_ms=median(full) / 1e6,
-            unchanged_vs_read=ratios(unchanged, floor), changed_vs_read=ratios(changed, floor),
+            read_ms=median(floor) / 1e6,
+            unchanged_ms=median(unchanged) / 1e6,
+            one_changed_ms=median(changed) / 1e6,
+            full_load_ms=median(full) / 1e6,
+            unchanged_vs_read=ratios(unchanged, floor),
+            changed_vs_read=ratios(changed, floor),
             changed_vs_full=ratios(changed, full),
         )
 
@@ -236,7 +237,7 @@ def watch_latency(home: Path, base: Path, writes: int) -> dict[str, Any]:
                 try:
                     while True:
                         conn.receive()
-                except (TimeoutError, socket.timeout):
+                except TimeoutError:
                     pass
                 conn.sock.settimeout(30)
     finally:
@@ -246,8 +247,12 @@ def watch_latency(home: Path, base: Path, writes: int) -> dict[str, Any]:
             (d / "tools.json").unlink(missing_ok=True)
             if d.exists():
                 d.rmdir()
-    return {"median_ms": median(samples) / 1e6, "min_ms": min(samples) / 1e6,
-            "max_ms": max(samples) / 1e6, "writes": len(samples)}
+    return {
+        "median_ms": median(samples) / 1e6,
+        "min_ms": min(samples) / 1e6,
+        "max_ms": max(samples) / 1e6,
+        "writes": len(samples),
+    }
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -276,14 +281,21 @@ def run(quick: bool = False) -> Section:
         # (no store, every set parsed), and a first start with the schema checks cached
         checker = warm_checker(home)
         bs, pf2, rf2, bc, bw = paired(
-            rounds, lambda: build_cold(home, store=store), lambda: parse_floor(home),
-            lambda: read_floor(home), lambda: build_cold(home), lambda: build_cold(home, checker),
+            rounds,
+            lambda: build_cold(home, store=store),
+            lambda: parse_floor(home),
+            lambda: read_floor(home),
+            lambda: build_cold(home),
+            lambda: build_cold(home, checker),
         )
         data["build_cold_1000"] = {
-            "store_ms": median(bs) / 1e6, "read_parse_ms": median(pf2) / 1e6,
+            "store_ms": median(bs) / 1e6,
+            "read_parse_ms": median(pf2) / 1e6,
             "read_ms": median(rf2) / 1e6,
-            "store_vs_read_parse": ratios(bs, pf2), "store_vs_read": ratios(bs, rf2),
-            "build_ms": median(bc) / 1e6, "ratio_vs_read_parse": ratio_of_pairs(bc, pf2),
+            "store_vs_read_parse": ratios(bs, pf2),
+            "store_vs_read": ratios(bs, rf2),
+            "build_ms": median(bc) / 1e6,
+            "ratio_vs_read_parse": ratio_of_pairs(bc, pf2),
             "build_schemas_cached_ms": median(bw) / 1e6,
             "schemas_cached_ratio_vs_read_parse": ratio_of_pairs(bw, pf2),
         }
@@ -297,7 +309,8 @@ def run(quick: bool = False) -> Section:
         cold(empty), cold(home)
         c1000, c0 = paired(rounds, lambda: cold(home), lambda: cold(empty))
         data["cold_start"] = {
-            "sets_1000_ms": median(c1000) / 1e6, "empty_ms": median(c0) / 1e6,
+            "sets_1000_ms": median(c1000) / 1e6,
+            "empty_ms": median(c0) / 1e6,
             "catalog_share_ms": (median(c1000) - median(c0)) / 1e6,
         }
 
@@ -309,7 +322,11 @@ def run(quick: bool = False) -> Section:
                 n_tools = len(reply["result"]["tools"])
                 list_bytes = len(json.dumps(reply))
             lat = sequential_latency(daemon.socket, "list", None, 30 if quick else 100, warmup=5)
-            data["list_1000"] = {"tools": n_tools, "median_ms": median(lat) / 1e6, "bytes": list_bytes}
+            data["list_1000"] = {
+                "tools": n_tools,
+                "median_ms": median(lat) / 1e6,
+                "bytes": list_bytes,
+            }
             data["rpc_reload_1000"] = rpc_reloads(daemon.socket, home, 1000, rounds)
         finally:
             daemon.stop()
@@ -339,50 +356,134 @@ def run(quick: bool = False) -> Section:
     f1, f10 = data["floors_1000"], data["floors_10000"]
     bc = data["build_cold_1000"]
     cs = data["cold_start"]
-    print_table("floors (plain loop over the same files)", ["sets", "read ms", "read+json.loads ms"],
-                [[1000, f1["read_ms"], f1["read_parse_ms"]], [10000, f10["read_ms"], f10["read_parse_ms"]]])
+    print_table(
+        "floors (plain loop over the same files)",
+        ["sets", "read ms", "read+json.loads ms"],
+        [[1000, f1["read_ms"], f1["read_parse_ms"]], [10000, f10["read_ms"], f10["read_parse_ms"]]],
+    )
     print_table(
         "cold load, 1,000 sets",
         ["what", "ms", "vs read+parse floor"],
-        [["build_catalog, restart (warm set store, in process)", bc["store_ms"], median(bc["store_vs_read_parse"])],
-         ["build_catalog, first start (no store: every set parsed)", bc["build_ms"], bc["ratio_vs_read_parse"]],
-         ["build_catalog, no store, schema checks cached", bc["build_schemas_cached_ms"],
-          bc["schemas_cached_ratio_vs_read_parse"]],
-         ["daemon spawn -> first status, 1,000 sets", cs["sets_1000_ms"], ""],
-         ["daemon spawn -> first status, empty home", cs["empty_ms"], ""],
-         ["  catalog's share", cs["catalog_share_ms"], cs["catalog_share_ms"] / f1["read_parse_ms"]],
-         ["daemon spawn -> first status, 10,000 sets (1 sample)", cs["sets_10000_ms"], ""]],
+        [
+            [
+                "build_catalog, restart (warm set store, in process)",
+                bc["store_ms"],
+                median(bc["store_vs_read_parse"]),
+            ],
+            [
+                "build_catalog, first start (no store: every set parsed)",
+                bc["build_ms"],
+                bc["ratio_vs_read_parse"],
+            ],
+            [
+                "build_catalog, no store, schema checks cached",
+                bc["build_schemas_cached_ms"],
+                bc["schemas_cached_ratio_vs_read_parse"],
+            ],
+            ["daemon spawn -> first status, 1,000 sets", cs["sets_1000_ms"], ""],
+            ["daemon spawn -> first status, empty home", cs["empty_ms"], ""],
+            [
+                "  catalog's share",
+                cs["catalog_share_ms"],
+                cs["catalog_share_ms"] / f1["read_parse_ms"],
+            ],
+            ["daemon spawn -> first status, 10,000 sets (1 sample)", cs["sets_10000_ms"], ""],
+        ],
     )
     rows = []
     for n in (1000, 10000):
         r, rpc = data[f"registry_reload_{n}"], data[f"rpc_reload_{n}"]
-        rows.append([n, "Registry.reload", r["unchanged_ms"], median(r["unchanged_vs_read"]),
-                     r["one_changed_ms"], median(r["changed_vs_read"]), median(r["changed_vs_full"])])
+        rows.append(
+            [
+                n,
+                "Registry.reload",
+                r["unchanged_ms"],
+                median(r["unchanged_vs_read"]),
+                r["one_changed_ms"],
+                median(r["changed_vs_read"]),
+                median(r["changed_vs_full"]),
+            ]
+        )
         rows.append([n, "reload RPC", rpc["unchanged_ms"], "", rpc["one_changed_ms"], "", ""])
         rows.append([n, "full load (restart, warm store)", r["full_load_ms"], "", "", "", ""])
-    print_table("reload", ["sets", "path", "unchanged ms", "/read floor", "one changed ms", "/read floor",
-                           "/full load"], rows)
-    print_table("list and watch", ["what", "ms"],
-                [[f"list of {data['list_1000']['tools']} tools ({data['list_1000']['bytes']:,} bytes), median",
-                  data["list_1000"]["median_ms"]],
-                 ["file write -> catalogChanged, median", data["watch"]["median_ms"]],
-                 ["file write -> catalogChanged, max", data["watch"]["max_ms"]]])
+    print_table(
+        "reload",
+        [
+            "sets",
+            "path",
+            "unchanged ms",
+            "/read floor",
+            "one changed ms",
+            "/read floor",
+            "/full load",
+        ],
+        rows,
+    )
+    print_table(
+        "list and watch",
+        ["what", "ms"],
+        [
+            [
+                f"list of {data['list_1000']['tools']} tools "
+                f"({data['list_1000']['bytes']:,} bytes), median",
+                data["list_1000"]["median_ms"],
+            ],
+            ["file write -> catalogChanged, median", data["watch"]["median_ms"]],
+            ["file write -> catalogChanged, max", data["watch"]["max_ms"]],
+        ],
+    )
 
     r1, r10 = data["registry_reload_1000"], data["registry_reload_10000"]
     section.goals = [
-        Goal.of("5", "cold load 1,000 sets / read+parse floor", bc["store_vs_read_parse"], 1.5, "<=",
-                f"{bc['store_ms']:.0f} vs {bc['read_parse_ms']:.1f} ms (restart; first start "
-                f"{bc['build_ms']:.0f} ms)"),
-        Goal.of("5", "cold load 1,000 sets / read floor", bc["store_vs_read"], 1.5, "<=",
-                f"{bc['store_ms']:.0f} vs {bc['read_ms']:.1f} ms"),
-        Goal.of("5", "unchanged reload 1,000 / read floor", r1["unchanged_vs_read"], 0.5, "<=",
-                f"{r1['unchanged_ms']:.1f} vs {r1['read_ms']:.1f} ms (Registry.reload)"),
-        Goal.of("5", "unchanged reload 10,000 / read floor", r10["unchanged_vs_read"], 0.5, "<=",
-                f"{r10['unchanged_ms']:.0f} vs {r10['read_ms']:.0f} ms (Registry.reload)"),
-        Goal.of("5", "one-set reload 10,000 / read floor", r10["changed_vs_read"], 0.5, "<=",
-                f"{r10['one_changed_ms']:.0f} vs {r10['read_ms']:.0f} ms (Registry.reload)"),
-        Goal.of("5", "one-set reload 10,000 / full load", r10["changed_vs_full"], 0.05, "<=",
-                f"{r10['one_changed_ms']:.0f} vs {r10['full_load_ms']:.0f} ms (restart, warm store)"),
+        Goal.of(
+            "5",
+            "cold load 1,000 sets / read+parse floor",
+            bc["store_vs_read_parse"],
+            1.5,
+            "<=",
+            f"{bc['store_ms']:.0f} vs {bc['read_parse_ms']:.1f} ms (restart; first start "
+            f"{bc['build_ms']:.0f} ms)",
+        ),
+        Goal.of(
+            "5",
+            "cold load 1,000 sets / read floor",
+            bc["store_vs_read"],
+            1.5,
+            "<=",
+            f"{bc['store_ms']:.0f} vs {bc['read_ms']:.1f} ms",
+        ),
+        Goal.of(
+            "5",
+            "unchanged reload 1,000 / read floor",
+            r1["unchanged_vs_read"],
+            0.5,
+            "<=",
+            f"{r1['unchanged_ms']:.1f} vs {r1['read_ms']:.1f} ms (Registry.reload)",
+        ),
+        Goal.of(
+            "5",
+            "unchanged reload 10,000 / read floor",
+            r10["unchanged_vs_read"],
+            0.5,
+            "<=",
+            f"{r10['unchanged_ms']:.0f} vs {r10['read_ms']:.0f} ms (Registry.reload)",
+        ),
+        Goal.of(
+            "5",
+            "one-set reload 10,000 / read floor",
+            r10["changed_vs_read"],
+            0.5,
+            "<=",
+            f"{r10['one_changed_ms']:.0f} vs {r10['read_ms']:.0f} ms (Registry.reload)",
+        ),
+        Goal.of(
+            "5",
+            "one-set reload 10,000 / full load",
+            r10["changed_vs_full"],
+            0.05,
+            "<=",
+            f"{r10['one_changed_ms']:.0f} vs {r10['full_load_ms']:.0f} ms (restart, warm store)",
+        ),
     ]
     return section
 
@@ -394,8 +495,15 @@ def main() -> None:
     t0 = time.monotonic()
     section = run(args.quick)
     print_goals(section.goals)
-    path = write_results("catalog", {"quick": args.quick, "goals": section.goals, **section.data,
-                                     "seconds": time.monotonic() - t0})
+    path = write_results(
+        "catalog",
+        {
+            "quick": args.quick,
+            "goals": section.goals,
+            **section.data,
+            "seconds": time.monotonic() - t0,
+        },
+    )
     print(f"\nresults: {path}")
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -25,7 +26,6 @@ import time
 from pathlib import Path
 
 import anyio
-
 from toolsetd.daemon.model import (
     Approval,
     ApprovalSource,
@@ -156,47 +156,59 @@ async def _runner_run(runner: Runner, root: Path, command: str) -> tuple[int, fl
     return outcome.stdout_bytes + outcome.stderr_bytes, seconds, peak - base
 
 
-async def main() -> None:
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size-mib", type=int, default=1024)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    size = args.size_mib * 1024 * 1024
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(os.path.realpath(tmp))
         binary = root / "reader"
         (root / "reader.c").write_text(C_READER)
-        subprocess.run(["cc", "-O2", "-o", str(binary), str(root / "reader.c")], check=True)
-        runner = Runner(RunnerSettings(spill_cap_bytes=int(os.environ.get("CAP", 64 << 20))), anyio.CapacityLimiter(4), os.environ)
-        await _runner_run(runner, root, _writer(16 << 20, True))  # warm up buffers and imports
-        print(f"python {sys.version.split()[0]}, {args.size_mib} MiB per stream, "
-              f"median of {args.repeat}")
-        per_round: dict[str, list[float]] = {}
-        for both in (False, True):
-            command = _writer(size, both)
-            c_rates, r_rates, growth = [], [], []
-            for k in range(args.repeat):  # paired rounds, the order alternating
-                if k % 2:
-                    total, seconds, grew = await _runner_run(runner, root, command)
-                    r_rates.append(total / seconds)
-                    total, seconds = _c_run(binary, command)
-                    c_rates.append(total / seconds)
-                else:
-                    total, seconds = _c_run(binary, command)
-                    c_rates.append(total / seconds)
-                    total, seconds, grew = await _runner_run(runner, root, command)
-                    r_rates.append(total / seconds)
-                growth.append(grew)
-            c, r = statistics.median(c_rates), statistics.median(r_rates)
-            ratios = [rr / cc for rr, cc in zip(r_rates, c_rates, strict=True)]
-            per_round["both" if both else "one"] = ratios
-            per_round[("both" if both else "one") + "_growth_mib"] = [g / 2**20 for g in growth]
-            label = "both streams" if both else "one stream  "
-            print(
-                f"{label}: C {c / 1e9:5.2f} GB/s  runner {r / 1e9:5.2f} GB/s  "
-                f"ratio {statistics.median(ratios):4.2f}  peak RSS growth {max(growth) / 2**20:5.2f} MiB"
-            )
-        print("ROUNDS " + json.dumps(per_round))
+        cc = shutil.which("cc") or "cc"
+        subprocess.run([cc, "-O2", "-o", str(binary), str(root / "reader.c")], check=True)
+        anyio.run(_measure, args, root, binary)
+
+
+async def _measure(args: argparse.Namespace, root: Path, binary: Path) -> None:
+    size = args.size_mib * 1024 * 1024
+    runner = Runner(
+        RunnerSettings(spill_cap_bytes=int(os.environ.get("CAP", 64 << 20))),
+        anyio.CapacityLimiter(4),
+        os.environ,
+    )
+    await _runner_run(runner, root, _writer(16 << 20, True))  # warm up buffers and imports
+    print(
+        f"python {sys.version.split()[0]}, {args.size_mib} MiB per stream, median of {args.repeat}"
+    )
+    per_round: dict[str, list[float]] = {}
+    for both in (False, True):
+        command = _writer(size, both)
+        c_rates, r_rates, growth = [], [], []
+        for k in range(args.repeat):  # paired rounds, the order alternating
+            if k % 2:
+                total, seconds, grew = await _runner_run(runner, root, command)
+                r_rates.append(total / seconds)
+                total, seconds = _c_run(binary, command)
+                c_rates.append(total / seconds)
+            else:
+                total, seconds = _c_run(binary, command)
+                c_rates.append(total / seconds)
+                total, seconds, grew = await _runner_run(runner, root, command)
+                r_rates.append(total / seconds)
+            growth.append(grew)
+        c, r = statistics.median(c_rates), statistics.median(r_rates)
+        ratios = [rr / cc for rr, cc in zip(r_rates, c_rates, strict=True)]
+        per_round["both" if both else "one"] = ratios
+        per_round[("both" if both else "one") + "_growth_mib"] = [g / 2**20 for g in growth]
+        label = "both streams" if both else "one stream  "
+        print(
+            f"{label}: C {c / 1e9:5.2f} GB/s  runner {r / 1e9:5.2f} GB/s  "
+            f"ratio {statistics.median(ratios):4.2f}  "
+            f"peak RSS growth {max(growth) / 2**20:5.2f} MiB"
+        )
+    print("ROUNDS " + json.dumps(per_round))
+
 
 if __name__ == "__main__":
-    anyio.run(main)
+    main()

@@ -27,10 +27,11 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "bench"  # noqa: A001
+    __package__ = "bench"
 
 import argparse
 import asyncio
+import functools
 import gc
 import json
 import os
@@ -39,10 +40,10 @@ import time
 from typing import Any
 
 from bench._common import (
+    MIN_ROUNDS,
     PYTHON,
     REPO,
     TRUE_SET,
-    MIN_ROUNDS,
     BlockingConn,
     Goal,
     Section,
@@ -75,7 +76,9 @@ def invoke_params(workspace: Path) -> dict[str, Any]:
 
 async def _spawn_once() -> None:
     proc = await asyncio.create_subprocess_exec(
-        "/bin/true", stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+        "/bin/true",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
     await proc.communicate()
@@ -130,7 +133,6 @@ def asyncio_spawn_throughput(concurrency: int, seconds: float) -> float:
 def _heap_child(n: int, heap_mb: int, rounds: int = MIN_ROUNDS) -> dict[str, Any]:
     """Runs in its own process: Runner.run latency without and with a large heap."""
     import anyio
-
     from toolsetd.daemon.model import (
         Approval,
         ApprovalSource,
@@ -142,6 +144,7 @@ def _heap_child(n: int, heap_mb: int, rounds: int = MIN_ROUNDS) -> dict[str, Any
         ToolSet,
     )
     from toolsetd.daemon.runner import CallRequest, Runner, RunnerSettings
+
     from bench._common import temp_base as _tb
 
     class Sink:
@@ -157,12 +160,27 @@ def _heap_child(n: int, heap_mb: int, rounds: int = MIN_ROUNDS) -> dict[str, Any
         set_dir = home / "tools" / TRUE_SET
         set_dir.mkdir(parents=True)
         ws.mkdir()
-        tool = ToolDef(name=TRUE_SET, description="true", schema={"type": "object"},
-                       catalogs=frozenset({CatalogName.WORK}), approval=Approval.ALWAYS)
-        toolset = ToolSet(directory=TRUE_SET, source=Source.HOME, path=set_dir, runner=RunnerKind.EXEC,
-                          command=("/bin/true",), stdin=False, timeout_seconds=None, tools=(tool,))
+        tool = ToolDef(
+            name=TRUE_SET,
+            description="true",
+            schema={"type": "object"},
+            catalogs=frozenset({CatalogName.WORK}),
+            approval=Approval.ALWAYS,
+        )
+        toolset = ToolSet(
+            directory=TRUE_SET,
+            source=Source.HOME,
+            path=set_dir,
+            runner=RunnerKind.EXEC,
+            command=("/bin/true",),
+            stdin=False,
+            timeout_seconds=None,
+            tools=(tool,),
+        )
         loaded = LoadedTool(tool, toolset, Approval.ALWAYS, ApprovalSource.AUTHOR, "sha256:bench")
-        runner = Runner(RunnerSettings(progress_interval_seconds=60), anyio.CapacityLimiter(64), os.environ)
+        runner = Runner(
+            RunnerSettings(progress_interval_seconds=60), anyio.CapacityLimiter(64), os.environ
+        )
 
         async def runner_lat(k: int) -> float:
             samples = []
@@ -178,7 +196,7 @@ def _heap_child(n: int, heap_mb: int, rounds: int = MIN_ROUNDS) -> dict[str, Any
             samples = []
             for _ in range(k):
                 t0 = now_ns()
-                subprocess.run(["/bin/true"], check=True, preexec_fn=lambda: None)  # noqa: PLW1509
+                subprocess.run(["/bin/true"], check=True, preexec_fn=lambda: None)
                 samples.append(now_ns() - t0)
             return median(samples) / 1000
 
@@ -234,11 +252,15 @@ def _rss_mb() -> float:
 def heap_test(n: int, heap_mb: int = 500) -> dict[str, Any]:
     out = subprocess.run(
         [PYTHON, "-m", "bench.bench_invoke", "--heap-child", str(n), "--heap-mb", str(heap_mb)],
-        capture_output=True, text=True, cwd=REPO, check=False,
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
     )
     if out.returncode != 0:
         raise RuntimeError(f"heap child failed:\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -285,16 +307,20 @@ def run(quick: bool = False) -> Section:
                 "ratio": ratio_of_pairs(d_med, b_med),
                 "ratios": ratios(d_med, b_med),
             }
+            srv = spawn_srv.socket
             for conc in (1, 8, 32):
                 d, b, a = paired(
                     rounds,
-                    lambda c=conc: throughput(daemon.socket, "invoke", params, c, seconds),
-                    lambda c=conc: throughput(spawn_srv.socket, "invoke", params, c, seconds),
-                    lambda c=conc: asyncio_spawn_throughput(c, seconds),
+                    functools.partial(throughput, daemon.socket, "invoke", params, conc, seconds),
+                    functools.partial(throughput, srv, "invoke", params, conc, seconds),
+                    functools.partial(asyncio_spawn_throughput, conc, seconds),
                 )
                 data[f"calls_per_s_c{conc}"] = {
-                    "daemon": median(d), "baseline_server": median(b), "bare_asyncio": median(a),
-                    "ratio_vs_bare": ratio_of_pairs(d, a), "ratio_vs_server": ratio_of_pairs(d, b),
+                    "daemon": median(d),
+                    "baseline_server": median(b),
+                    "bare_asyncio": median(a),
+                    "ratio_vs_bare": ratio_of_pairs(d, a),
+                    "ratio_vs_server": ratio_of_pairs(d, b),
                     "ratios_vs_bare": ratios(d, a),
                 }
         finally:
@@ -302,44 +328,92 @@ def run(quick: bool = False) -> Section:
             if spawn_srv is not None:
                 spawn_srv.stop()
         a_lat, s_lat = paired(
-            3, lambda: median(asyncio_spawn_latency(n_calls)), lambda: median(subprocess_run_latency(n_calls))
+            3,
+            lambda: median(asyncio_spawn_latency(n_calls)),
+            lambda: median(subprocess_run_latency(n_calls)),
         )
-        data["bare_spawn_latency"] = {"asyncio_us": median(a_lat) / 1000, "subprocess_run_us": median(s_lat) / 1000}
+        data["bare_spawn_latency"] = {
+            "asyncio_us": median(a_lat) / 1000,
+            "subprocess_run_us": median(s_lat) / 1000,
+        }
     data["heap"] = heap_test(100 if quick else 300)
 
     lt, bs, hp = data["latency"], data["bare_spawn_latency"], data["heap"]
     print_table(
         "trivial exec call, sequential on one connection",
         ["path", "median µs", "p99 µs"],
-        [["toolsetd invoke", lt["daemon_median_us"], lt["daemon_p99_us"]],
-         ["minimal asyncio spawn server", lt["baseline_median_us"], lt["baseline_p99_us"]],
-         ["bare asyncio.create_subprocess_exec (in process)", bs["asyncio_us"], ""],
-         ["bare subprocess.run (in process)", bs["subprocess_run_us"], ""],
-         ["Runner.run in process (heap child, no heap)", hp["runner_before_us"], ""]],
+        [
+            ["toolsetd invoke", lt["daemon_median_us"], lt["daemon_p99_us"]],
+            ["minimal asyncio spawn server", lt["baseline_median_us"], lt["baseline_p99_us"]],
+            ["bare asyncio.create_subprocess_exec (in process)", bs["asyncio_us"], ""],
+            ["bare subprocess.run (in process)", bs["subprocess_run_us"], ""],
+            ["Runner.run in process (heap child, no heap)", hp["runner_before_us"], ""],
+        ],
     )
     print_table(
         "calls/s",
         ["callers", "toolsetd", "minimal server", "bare asyncio", "toolsetd/bare"],
-        [[c, data[f"calls_per_s_c{c}"]["daemon"], data[f"calls_per_s_c{c}"]["baseline_server"],
-          data[f"calls_per_s_c{c}"]["bare_asyncio"], data[f"calls_per_s_c{c}"]["ratio_vs_bare"]]
-         for c in (1, 8, 32)],
+        [
+            [
+                c,
+                data[f"calls_per_s_c{c}"]["daemon"],
+                data[f"calls_per_s_c{c}"]["baseline_server"],
+                data[f"calls_per_s_c{c}"]["bare_asyncio"],
+                data[f"calls_per_s_c{c}"]["ratio_vs_bare"],
+            ]
+            for c in (1, 8, 32)
+        ],
     )
     print_table(
         f"spawn cost vs heap (child process, RSS with heap {hp['rss_with_heap_mb']:.0f} MB)",
         ["spawn path", "before µs", "with heap µs", "after µs", "heap ratio"],
-        [[k, hp[f"{k}_before_us"], hp[f"{k}_heap_us"], hp[f"{k}_after_us"], hp[f"{k}_heap_ratio"]]
-         for k in ("runner", "asyncio", "subprocess", "fork")],
+        [
+            [
+                k,
+                hp[f"{k}_before_us"],
+                hp[f"{k}_heap_us"],
+                hp[f"{k}_after_us"],
+                hp[f"{k}_heap_ratio"],
+            ]
+            for k in ("runner", "asyncio", "subprocess", "fork")
+        ],
     )
     section.goals = [
-        Goal.of("1", "invoke latency / minimal spawn server", lt["ratios"], 1.15, "<=",
-                f"{lt['daemon_median_us']:.0f} vs {lt['baseline_median_us']:.0f} µs"),
-        Goal.of("1", "invoke calls/s, 8 callers / bare asyncio spawn", data["calls_per_s_c8"]["ratios_vs_bare"],
-                0.9, ">=", f"{data['calls_per_s_c8']['daemon']:.0f} vs {data['calls_per_s_c8']['bare_asyncio']:.0f}/s"),
-        Goal.of("1", "invoke calls/s, 32 callers / bare asyncio spawn", data["calls_per_s_c32"]["ratios_vs_bare"],
-                0.9, ">=", f"{data['calls_per_s_c32']['daemon']:.0f} vs {data['calls_per_s_c32']['bare_asyncio']:.0f}/s"),
-        Goal.of("1", "Runner spawn with 500 MB heap / without", hp["runner_heap_ratios"], 1.1, "<=",
-                f"{hp['runner_heap_us']:.0f} vs {hp['runner_before_us']:.0f} µs (fork control "
-                f"{hp['fork_heap_ratio']:.1f}x)"),
+        Goal.of(
+            "1",
+            "invoke latency / minimal spawn server",
+            lt["ratios"],
+            1.15,
+            "<=",
+            f"{lt['daemon_median_us']:.0f} vs {lt['baseline_median_us']:.0f} µs",
+        ),
+        Goal.of(
+            "1",
+            "invoke calls/s, 8 callers / bare asyncio spawn",
+            data["calls_per_s_c8"]["ratios_vs_bare"],
+            0.9,
+            ">=",
+            f"{data['calls_per_s_c8']['daemon']:.0f} vs "
+            f"{data['calls_per_s_c8']['bare_asyncio']:.0f}/s",
+        ),
+        Goal.of(
+            "1",
+            "invoke calls/s, 32 callers / bare asyncio spawn",
+            data["calls_per_s_c32"]["ratios_vs_bare"],
+            0.9,
+            ">=",
+            f"{data['calls_per_s_c32']['daemon']:.0f} vs "
+            f"{data['calls_per_s_c32']['bare_asyncio']:.0f}/s",
+        ),
+        Goal.of(
+            "1",
+            "Runner spawn with 500 MB heap / without",
+            hp["runner_heap_ratios"],
+            1.1,
+            "<=",
+            f"{hp['runner_heap_us']:.0f} vs {hp['runner_before_us']:.0f} µs (fork control "
+            f"{hp['fork_heap_ratio']:.1f}x)",
+        ),
     ]
     return section
 
@@ -356,8 +430,15 @@ def main() -> None:
     t0 = time.monotonic()
     section = run(args.quick)
     print_goals(section.goals)
-    path = write_results("invoke", {"quick": args.quick, "goals": section.goals, **section.data,
-                                    "seconds": time.monotonic() - t0})
+    path = write_results(
+        "invoke",
+        {
+            "quick": args.quick,
+            "goals": section.goals,
+            **section.data,
+            "seconds": time.monotonic() - t0,
+        },
+    )
     print(f"\nresults: {path}")
 
 

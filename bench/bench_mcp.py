@@ -28,7 +28,7 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "bench"  # noqa: A001
+    __package__ = "bench"
 
 import argparse
 import json
@@ -61,24 +61,34 @@ CLIENT = str(REPO / "bench" / "_mcp_client.py")
 
 def mcp_python() -> str | None:
     """The interpreter with ``mcp``, or None (with the reason printed)."""
-    python = os.environ.get("BENCH_MCP_PYTHON", "/tmp/mcp-venv/bin/python")
+    # The default path the docs tell people to create; only ever executed, never written.
+    python = os.environ.get("BENCH_MCP_PYTHON", "/tmp/mcp-venv/bin/python")  # noqa: S108
     if not os.path.exists(python):
-        print(f"bench_mcp: skipped: no interpreter at {python} (set BENCH_MCP_PYTHON, or create it: "
-              "python3 -m venv /tmp/mcp-venv && /tmp/mcp-venv/bin/pip install mcp)")
+        print(
+            f"bench_mcp: skipped: no interpreter at {python} (set BENCH_MCP_PYTHON, or create it: "
+            "python3 -m venv /tmp/mcp-venv && /tmp/mcp-venv/bin/pip install mcp)"
+        )
         return None
-    out = subprocess.run([python, CLIENT, "--mode", "check"], capture_output=True, text=True, check=False)
+    out = subprocess.run(
+        [python, CLIENT, "--mode", "check"], capture_output=True, text=True, check=False
+    )
     if out.returncode != 0:
-        print(f"bench_mcp: skipped: {python} cannot import mcp "
-              f"({out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode})")
+        print(
+            f"bench_mcp: skipped: {python} cannot import mcp "
+            f"({out.stderr.strip().splitlines()[-1] if out.stderr.strip() else out.returncode})"
+        )
         return None
     return python
 
 
 def _mcp(python: str, *args: str) -> dict[str, Any]:
-    out = subprocess.run([python, CLIENT, *args], capture_output=True, text=True, check=False, timeout=600)
+    out = subprocess.run(
+        [python, CLIENT, *args], capture_output=True, text=True, check=False, timeout=600
+    )
     if out.returncode != 0:
         raise RuntimeError(f"MCP client failed ({args}):\n{out.stderr[-4000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
 
 
 def run(quick: bool = False) -> Section | None:
@@ -109,8 +119,17 @@ def run(quick: bool = False) -> Section | None:
             ts_rps: dict[int, list[float]] = {1: [], 8: []}
 
             def mcp_round() -> float:
-                d = _mcp(python, "--mode", "calls", "--n", str(n_calls), "--conc", "8",
-                         "--seconds", str(seconds))
+                d = _mcp(
+                    python,
+                    "--mode",
+                    "calls",
+                    "--n",
+                    str(n_calls),
+                    "--conc",
+                    "8",
+                    "--seconds",
+                    str(seconds),
+                )
                 mcp_lat.extend(d["latency_ns"])
                 for c in (1, 8):
                     mcp_rps[c].append(d[f"calls_per_s_c{c}"])
@@ -126,11 +145,15 @@ def run(quick: bool = False) -> Section | None:
             t_med, m_med = paired(rounds, ts_round, mcp_round)
         finally:
             daemon.stop()
-        raw = [median(_mcp(python, "--mode", "raw-calls", "--n", str(n_calls))["latency_ns"])
-               for _ in range(max(1, rounds // 2))]
+        raw = [
+            median(_mcp(python, "--mode", "raw-calls", "--n", str(n_calls))["latency_ns"])
+            for _ in range(max(1, rounds // 2))
+        ]
         data["call"] = {
-            "toolsetd_median_us": median(t_med) / 1000, "toolsetd_p99_us": percentile(ts_lat, 99) / 1000,
-            "mcp_median_us": median(m_med) / 1000, "mcp_p99_us": percentile(mcp_lat, 99) / 1000,
+            "toolsetd_median_us": median(t_med) / 1000,
+            "toolsetd_p99_us": percentile(ts_lat, 99) / 1000,
+            "mcp_median_us": median(m_med) / 1000,
+            "mcp_p99_us": percentile(mcp_lat, 99) / 1000,
             "mcp_raw_client_median_us": median(raw) / 1000,
             "latency_ratio": ratio_of_pairs(t_med, m_med),
         }
@@ -146,12 +169,19 @@ def run(quick: bool = False) -> Section | None:
             t_list, m_list = paired(
                 rounds,
                 lambda: median(sequential_latency(daemon.socket, "list", None, n_list, warmup=3)),
-                lambda: median(_mcp(python, "--mode", "list", "--tools", "1000", "--n", str(n_list))["latency_ns"]),
+                lambda: median(
+                    _mcp(python, "--mode", "list", "--tools", "1000", "--n", str(n_list))[
+                        "latency_ns"
+                    ]
+                ),
             )
         finally:
             daemon.stop()
-        data["list_1000"] = {"toolsetd_ms": median(t_list) / 1e6, "mcp_ms": median(m_list) / 1e6,
-                             "ratio": ratio_of_pairs(t_list, m_list)}
+        data["list_1000"] = {
+            "toolsetd_ms": median(t_list) / 1e6,
+            "mcp_ms": median(m_list) / 1e6,
+            "ratio": ratio_of_pairs(t_list, m_list),
+        }
 
         # -- cold start with 1,000 tools --------------------------------------------------
         def ts_cold() -> float:
@@ -162,32 +192,87 @@ def run(quick: bool = False) -> Section | None:
         t_cold, m_cold = paired(
             rounds, ts_cold, lambda: _mcp(python, "--mode", "cold", "--tools", "1000")["ready_ns"]
         )
-        data["cold_1000"] = {"toolsetd_ms": median(t_cold) / 1e6, "mcp_ms": median(m_cold) / 1e6,
-                             "ratio": ratio_of_pairs(t_cold, m_cold)}
+        data["cold_1000"] = {
+            "toolsetd_ms": median(t_cold) / 1e6,
+            "mcp_ms": median(m_cold) / 1e6,
+            "ratio": ratio_of_pairs(t_cold, m_cold),
+        }
 
     c, li, co = data["call"], data["list_1000"], data["cold_1000"]
     print_table(
         f"toolsetd vs MCP Python SDK {info['mcp']} (stdio)",
         ["what", "toolsetd", "MCP SDK", "ratio"],
-        [["trivial call, median µs", c["toolsetd_median_us"], c["mcp_median_us"], c["latency_ratio"]],
-         ["trivial call, p99 µs", c["toolsetd_p99_us"], c["mcp_p99_us"], ""],
-         ["  MCP server with a raw NDJSON client, median µs", "", c["mcp_raw_client_median_us"], ""],
-         ["calls/s, 1 in flight", c["toolsetd_calls_per_s_c1"], c["mcp_calls_per_s_c1"], c["calls_per_s_ratio_c1"]],
-         ["calls/s, 8 in flight", c["toolsetd_calls_per_s_c8"], c["mcp_calls_per_s_c8"], c["calls_per_s_ratio_c8"]],
-         ["list 1,000 tools, ms", li["toolsetd_ms"], li["mcp_ms"], li["ratio"]],
-         ["cold start, 1,000 tools, ms", co["toolsetd_ms"], co["mcp_ms"], co["ratio"]]],
+        [
+            [
+                "trivial call, median µs",
+                c["toolsetd_median_us"],
+                c["mcp_median_us"],
+                c["latency_ratio"],
+            ],
+            ["trivial call, p99 µs", c["toolsetd_p99_us"], c["mcp_p99_us"], ""],
+            [
+                "  MCP server with a raw NDJSON client, median µs",
+                "",
+                c["mcp_raw_client_median_us"],
+                "",
+            ],
+            [
+                "calls/s, 1 in flight",
+                c["toolsetd_calls_per_s_c1"],
+                c["mcp_calls_per_s_c1"],
+                c["calls_per_s_ratio_c1"],
+            ],
+            [
+                "calls/s, 8 in flight",
+                c["toolsetd_calls_per_s_c8"],
+                c["mcp_calls_per_s_c8"],
+                c["calls_per_s_ratio_c8"],
+            ],
+            ["list 1,000 tools, ms", li["toolsetd_ms"], li["mcp_ms"], li["ratio"]],
+            ["cold start, 1,000 tools, ms", co["toolsetd_ms"], co["mcp_ms"], co["ratio"]],
+        ],
     )
     section.goals = [
-        Goal("4", "invoke latency / MCP tools/call", c["latency_ratio"], 0.5, "<=",
-             f"{c['toolsetd_median_us']:.0f} vs {c['mcp_median_us']:.0f} µs"),
-        Goal("4", "calls/s (1 in flight) / MCP", c["calls_per_s_ratio_c1"], 2.0, ">=",
-             f"{c['toolsetd_calls_per_s_c1']:.0f} vs {c['mcp_calls_per_s_c1']:.0f}/s"),
-        Goal("4", "calls/s (8 in flight) / MCP", c["calls_per_s_ratio_c8"], 2.0, ">=",
-             f"{c['toolsetd_calls_per_s_c8']:.0f} vs {c['mcp_calls_per_s_c8']:.0f}/s"),
-        Goal("4", "list 1,000 tools / MCP tools/list", li["ratio"], 0.05, "<=",
-             f"{li['toolsetd_ms']:.1f} vs {li['mcp_ms']:.0f} ms"),
-        Goal("4", "cold start 1,000 / MCP cold start", co["ratio"], 0.15, "<=",
-             f"{co['toolsetd_ms']:.0f} vs {co['mcp_ms']:.0f} ms"),
+        Goal(
+            "4",
+            "invoke latency / MCP tools/call",
+            c["latency_ratio"],
+            0.5,
+            "<=",
+            f"{c['toolsetd_median_us']:.0f} vs {c['mcp_median_us']:.0f} µs",
+        ),
+        Goal(
+            "4",
+            "calls/s (1 in flight) / MCP",
+            c["calls_per_s_ratio_c1"],
+            2.0,
+            ">=",
+            f"{c['toolsetd_calls_per_s_c1']:.0f} vs {c['mcp_calls_per_s_c1']:.0f}/s",
+        ),
+        Goal(
+            "4",
+            "calls/s (8 in flight) / MCP",
+            c["calls_per_s_ratio_c8"],
+            2.0,
+            ">=",
+            f"{c['toolsetd_calls_per_s_c8']:.0f} vs {c['mcp_calls_per_s_c8']:.0f}/s",
+        ),
+        Goal(
+            "4",
+            "list 1,000 tools / MCP tools/list",
+            li["ratio"],
+            0.05,
+            "<=",
+            f"{li['toolsetd_ms']:.1f} vs {li['mcp_ms']:.0f} ms",
+        ),
+        Goal(
+            "4",
+            "cold start 1,000 / MCP cold start",
+            co["ratio"],
+            0.15,
+            "<=",
+            f"{co['toolsetd_ms']:.0f} vs {co['mcp_ms']:.0f} ms",
+        ),
     ]
     return section
 
@@ -201,8 +286,15 @@ def main() -> None:
     if section is None:
         return
     print_goals(section.goals)
-    path = write_results("mcp", {"quick": args.quick, "goals": section.goals, **section.data,
-                                 "seconds": time.monotonic() - t0})
+    path = write_results(
+        "mcp",
+        {
+            "quick": args.quick,
+            "goals": section.goals,
+            **section.data,
+            "seconds": time.monotonic() - t0,
+        },
+    )
     print(f"\nresults: {path}")
 
 

@@ -23,9 +23,10 @@ from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    __package__ = "bench"  # noqa: A001
+    __package__ = "bench"
 
 import argparse
+import functools
 import gc
 import time
 from typing import Any
@@ -58,7 +59,6 @@ def _dispatch_cpu(n: int) -> dict[str, Any]:
     """µs per call of the daemon's dispatch and of jsonrpcserver's default dispatch."""
     from jsonrpcserver import Success
     from jsonrpcserver import dispatch as jrs_dispatch
-
     from toolsetd.daemon.logs import configure_logging
     from toolsetd.daemon.peercred import PeerPolicy
     from toolsetd.daemon.server import Server, ServerSettings
@@ -154,8 +154,8 @@ def run(quick: bool = False) -> Section:
             for conc in (1, 32):
                 d_rps, e_rps = paired(
                     rounds,
-                    lambda c=conc: throughput(daemon.socket, "status", {}, c, seconds),
-                    lambda c=conc: throughput(echo.socket, "status", {}, c, seconds),
+                    functools.partial(throughput, daemon.socket, "status", {}, conc, seconds),
+                    functools.partial(throughput, echo.socket, "status", {}, conc, seconds),
                 )
                 data[f"status_rps_c{conc}"] = {
                     "daemon": median(d_rps),
@@ -174,32 +174,67 @@ def run(quick: bool = False) -> Section:
     print_table(
         "status round trip (sequential, one connection)",
         ["server", "median µs", "p99 µs"],
-        [["toolsetd", rt["daemon_median_us"], rt["daemon_p99_us"]],
-         ["orjson echo", rt["echo_median_us"], rt["echo_p99_us"]],
-         ["ratio", rt["ratio"], ""]],
+        [
+            ["toolsetd", rt["daemon_median_us"], rt["daemon_p99_us"]],
+            ["orjson echo", rt["echo_median_us"], rt["echo_p99_us"]],
+            ["ratio", rt["ratio"], ""],
+        ],
     )
     print_table(
         "status requests/s",
         ["connections", "toolsetd", "orjson echo", "ratio (echo/toolsetd)"],
-        [[c, data[f"status_rps_c{c}"]["daemon"], data[f"status_rps_c{c}"]["echo"],
-          1 / data[f"status_rps_c{c}"]["ratio"]] for c in (1, 32)],
+        [
+            [
+                c,
+                data[f"status_rps_c{c}"]["daemon"],
+                data[f"status_rps_c{c}"]["echo"],
+                1 / data[f"status_rps_c{c}"]["ratio"],
+            ]
+            for c in (1, 32)
+        ],
     )
     print_table(
         "dispatch CPU per request (in process)",
         ["path", "µs"],
-        [["Server.dispatch_one (parsed dict)", dc["dispatch_one_us"]],
-         ["codec decode + dispatch_one + encode", dc["line_path_us"]],
-         ["jsonrpcserver default dispatch(str)", dc["jsonrpcserver_default_us"]]],
+        [
+            ["Server.dispatch_one (parsed dict)", dc["dispatch_one_us"]],
+            ["codec decode + dispatch_one + encode", dc["line_path_us"]],
+            ["jsonrpcserver default dispatch(str)", dc["jsonrpcserver_default_us"]],
+        ],
     )
     section.goals = [
-        Goal.of("3", "status round trip / orjson echo (median)", rt["ratios"], 1.2, "<=",
-                f"{rt['daemon_median_us']:.0f} vs {rt['echo_median_us']:.0f} µs"),
-        Goal.of("3", "status throughput, 1 conn: echo / toolsetd", data["status_rps_c1"]["echo_over_daemon"],
-                1.2, "<=", f"{data['status_rps_c1']['daemon']:.0f} vs {data['status_rps_c1']['echo']:.0f} req/s"),
-        Goal.of("3", "status throughput, 32 conns: echo / toolsetd", data["status_rps_c32"]["echo_over_daemon"],
-                1.2, "<=", f"{data['status_rps_c32']['daemon']:.0f} vs {data['status_rps_c32']['echo']:.0f} req/s"),
-        Goal.of("3", "dispatch CPU µs/request (absolute, µs)", dc["dispatch_one_samples"], 10, "<=",
-                f"jsonrpcserver default {dc['jsonrpcserver_default_us']:.0f} µs"),
+        Goal.of(
+            "3",
+            "status round trip / orjson echo (median)",
+            rt["ratios"],
+            1.2,
+            "<=",
+            f"{rt['daemon_median_us']:.0f} vs {rt['echo_median_us']:.0f} µs",
+        ),
+        Goal.of(
+            "3",
+            "status throughput, 1 conn: echo / toolsetd",
+            data["status_rps_c1"]["echo_over_daemon"],
+            1.2,
+            "<=",
+            f"{data['status_rps_c1']['daemon']:.0f} vs {data['status_rps_c1']['echo']:.0f} req/s",
+        ),
+        Goal.of(
+            "3",
+            "status throughput, 32 conns: echo / toolsetd",
+            data["status_rps_c32"]["echo_over_daemon"],
+            1.2,
+            "<=",
+            f"{data['status_rps_c32']['daemon']:.0f} vs {data['status_rps_c32']['echo']:.0f} req/s",
+        ),
+        Goal.of(
+            "3",
+            "dispatch CPU µs/request (absolute, µs)",
+            dc["dispatch_one_samples"],
+            10,
+            "<=",
+            f"jsonrpcserver default {dc['jsonrpcserver_default_us']:.0f} µs",
+        ),
     ]
     return section
 
@@ -211,8 +246,15 @@ def main() -> None:
     t0 = time.monotonic()
     section = run(args.quick)
     print_goals(section.goals)
-    path = write_results("rpc", {"quick": args.quick, "goals": section.goals, **section.data,
-                                 "seconds": time.monotonic() - t0})
+    path = write_results(
+        "rpc",
+        {
+            "quick": args.quick,
+            "goals": section.goals,
+            **section.data,
+            "seconds": time.monotonic() - t0,
+        },
+    )
     print(f"\nresults: {path}")
 
 

@@ -39,7 +39,6 @@ from typing import Any
 
 from .config_file import MAX_MANIFEST_BYTES, ManifestUnreadable, load_config, read_regular_file
 from .manifest import ManifestError, is_directory_name, parse_manifest
-from .setcache import SetStore, decode_record, encode_record, reserved_fingerprint
 from .model import (
     Approval,
     ApprovalSource,
@@ -54,6 +53,7 @@ from .model import (
     ToolDef,
     ToolSet,
 )
+from .setcache import SetStore, decode_record, encode_record, reserved_fingerprint
 from .validation import SchemaChecker, canonical_json
 
 __all__ = [
@@ -211,7 +211,11 @@ class ManifestCache:
         key = (manifest, source)
         with self._lock:
             cached = self._entries.get(key)
-        if cached is not None and cached.signature == _signature(stat_result) and cached.reserved == reserved:
+        if (
+            cached is not None
+            and cached.signature == _signature(stat_result)
+            and cached.reserved == reserved
+        ):
             return cached
         if self.store is not None and cached is None:
             found = self._indexed(manifest, set_dir, source, reserved, stat_result, parent)
@@ -289,7 +293,9 @@ class ManifestCache:
             record = store.get(key)
             if record is not None:
                 try:
-                    found, hashes = decode_record(record, directory=path.name, source=source, path=path)
+                    found, hashes = decode_record(
+                        record, directory=path.name, source=source, path=path
+                    )
                 except (ValueError, TypeError, KeyError, IndexError):
                     store.discard(key)  # a bad record costs one parse, never a wrong set
                 else:
@@ -339,7 +345,8 @@ class ManifestCache:
             The ``sha256:`` hash.
         """
         with self._lock:
-            cached = self._entries.get((os.path.join(str(toolset.path), MANIFEST_NAME), toolset.source))
+            manifest = os.path.join(str(toolset.path), MANIFEST_NAME)
+            cached = self._entries.get((manifest, toolset.source))
         memo = cached.hashes if cached is not None and cached.result is toolset else None
         if memo is not None and (found := memo.get((tool.name, policy))) is not None:
             return found
@@ -611,7 +618,8 @@ class _Builder:
                 if tool.name in registered:
                     self.note(
                         candidate,
-                        f"External tool '{tool.name}' was omitted because the name is already registered.",
+                        f"External tool '{tool.name}' was omitted because the name is already "
+                        "registered.",
                     )
                     continue
                 registered.add(tool.name)

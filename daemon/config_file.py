@@ -37,10 +37,13 @@ def _unreadable(path: str | Path) -> ManifestUnreadable:
 
 
 def _too_large(path: str | Path) -> ManifestUnreadable:
-    return ManifestUnreadable(f"{os.path.basename(path)} is larger than {MAX_MANIFEST_BYTES >> 20} MiB.")
+    limit = MAX_MANIFEST_BYTES >> 20
+    return ManifestUnreadable(f"{os.path.basename(path)} is larger than {limit} MiB.")
 
 
-def read_regular_file(path: str | Path, st: os.stat_result | None = None) -> tuple[bytes, os.stat_result]:
+def read_regular_file(
+    path: str | Path, st: os.stat_result | None = None
+) -> tuple[bytes, os.stat_result]:
     """Read a regular file of at most ``MAX_MANIFEST_BYTES`` without ever blocking.
 
     Args:

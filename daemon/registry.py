@@ -37,13 +37,19 @@ import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 
 import anyio
 import structlog
 
-from types import MappingProxyType
-
-from .catalog import MANIFEST_NAME, RACY_NS, ManifestCache, build_catalog, load_config, trusted_signature
+from .catalog import (
+    MANIFEST_NAME,
+    RACY_NS,
+    ManifestCache,
+    build_catalog,
+    load_config,
+    trusted_signature,
+)
 from .manifest import ManifestError
 from .model import (
     Approval,
@@ -95,7 +101,9 @@ class ReloadOutcome:
 
 def _fingerprint(entry: SetEntry) -> tuple[object, ...]:
     digest = entry.toolset.digest if entry.toolset is not None else None
-    return (entry.state, entry.enabled, entry.tools, entry.notes, entry.error, digest, str(entry.path))
+    return (
+        entry.state, entry.enabled, entry.tools, entry.notes, entry.error, digest, str(entry.path)
+    )
 
 
 def diff_catalogs(old: Catalog | None, new: Catalog) -> tuple[SetChange, ...]:

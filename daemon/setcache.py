@@ -147,16 +147,31 @@ def encode_record(
         return [_ERROR, result]
     tools = [
         [
-            t.name, t.description, t.schema, sorted(c.value for c in t.catalogs), t.approval.value,
-            list(t.command), [list(pair) for pair in t.argv], list(t.path_arguments),
-            t.output.value, hashes[(t.name, _AUTHOR)], hashes[(t.name, _HOST)],
+            t.name,
+            t.description,
+            t.schema,
+            sorted(c.value for c in t.catalogs),
+            t.approval.value,
+            list(t.command),
+            [list(pair) for pair in t.argv],
+            list(t.path_arguments),
+            t.output.value,
+            hashes[(t.name, _AUTHOR)],
+            hashes[(t.name, _HOST)],
         ]
         for t in result.tools
     ]
     return [
-        "set", result.runner.value, result.enabled, result.approval.value,
-        sorted(c.value for c in result.catalogs), list(result.command), result.stdin,
-        result.timeout_seconds, result.digest, tools,
+        "set",
+        result.runner.value,
+        result.enabled,
+        result.approval.value,
+        sorted(c.value for c in result.catalogs),
+        list(result.command),
+        result.stdin,
+        result.timeout_seconds,
+        result.digest,
+        tools,
     ]
 
 
@@ -187,7 +202,19 @@ def decode_record(
     _, runner, enabled, approval, catalogs, command, stdin, timeout, digest, tools = record
     hashes: dict[tuple[str, ApprovalSource], str] = {}
     defs = []
-    for name, description, schema, t_catalogs, t_approval, t_command, argv, path_args, output, h_author, h_host in tools:
+    for (
+        name,
+        description,
+        schema,
+        t_catalogs,
+        t_approval,
+        t_command,
+        argv,
+        path_args,
+        output,
+        h_author,
+        h_host,
+    ) in tools:
         if not isinstance(schema, dict):
             raise TypeError("schema is not an object")
         defs.append(
@@ -303,7 +330,9 @@ class SetStore:
                 self.hits += 1
             return record
 
-    def lookup(self, manifest: str, signature: tuple[int, int, int, int]) -> tuple[str, list[Any]] | None:
+    def lookup(
+        self, manifest: str, signature: tuple[int, int, int, int]
+    ) -> tuple[str, list[Any]] | None:
         """The key and record of a manifest whose stat signature is the one indexed.
 
         The index maps a manifest path to the trusted stat signature its bytes had when
@@ -400,7 +429,9 @@ class SetStore:
             if self._snapshot_bytes and self._journal_bytes + len(line) <= limit:
                 self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
                 entry = hashlib.sha256(line).hexdigest().encode() + b" " + line + b"\n"
-                fd = os.open(self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                fd = os.open(
+                    self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
+                )
                 try:
                     os.write(fd, entry)
                 finally:
@@ -428,7 +459,9 @@ class SetStore:
             keep = [k for k in records if k in used]
             keep += [k for k in records if k not in used][: max(0, self.max_records - len(keep))]
             records = {k: records[k] for k in keep[: self.max_records]}
-        index = {path: entry for path, entry in index.items() if len(entry) == 5 and entry[4] in records}
+        index = {
+            path: entry for path, entry in index.items() if len(entry) == 5 and entry[4] in records
+        }
         if len(index) > self.max_records:
             index = dict(list(index.items())[-self.max_records :])
         body = orjson.dumps({"records": records, "index": index})

@@ -363,7 +363,11 @@ def _describe(error: ValidationError) -> list[tuple[str, str]]:
         return where, f"{where}: {detail}" if where else detail
 
     if keyword == "required" and isinstance(instance, dict):
-        return [at(f"required property {_name(name)} is missing") for name in value if name not in instance]
+        return [
+            at(f"required property {_name(name)} is missing")
+            for name in value
+            if name not in instance
+        ]
     if keyword == "additionalProperties" and isinstance(instance, dict):
         known = schema.get("properties", {})
         patterns = list(schema.get("patternProperties", {}))
@@ -387,7 +391,9 @@ def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> 
     """The message text for keywords that describe the value itself."""
     got = f"got {_json_type(instance)}"
     simple: dict[str, Callable[[], str]] = {
-        "type": lambda: f"expected {value if isinstance(value, str) else ' or '.join(value)}, {got}",
+        "type": lambda: (
+            f"expected {value if isinstance(value, str) else ' or '.join(value)}, {got}"
+        ),
         "enum": lambda: f"expected one of {_echo(value)}, got {_echo(instance)}",
         "const": lambda: f"expected {_echo(value)}, got {_echo(instance)}",
         "minimum": lambda: f"expected a number >= {value}, got {_echo(instance)}",
@@ -410,7 +416,10 @@ def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> 
         return simple[keyword]()
     if keyword in ("anyOf", "oneOf"):
         if not error.context:
-            return f"the value {_echo(instance)} matches more than one alternative; {keyword} needs exactly one"
+            return (
+                f"the value {_echo(instance)} matches more than one alternative; "
+                f"{keyword} needs exactly one"
+            )
         from jsonschema.exceptions import best_match
 
         closest = best_match(error.context)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-
 from toolsetd.daemon.catalog import RACY_NS
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Source
 from toolsetd.daemon.registry import Registry, SetChange, diff_catalogs

@@ -12,11 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-
 from toolsetd.daemon.catalog import RACY_NS, ManifestCache, build_catalog
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Catalog, Source
 from toolsetd.daemon.setcache import SetStore, default_cache_dir
-
 
 
 def _write(root: Path, directory: str, **fields: object) -> Path:
@@ -39,16 +37,40 @@ def home(tmp_path: Path) -> Path:
     for i in range(6):
         _write(home / "tools", f"set{i}")
     _write(home / "tools", "broken", runner="perl")
-    _write(home / "tools", "multi", tools=[
-        {"name": "m_one", "description": "One.", "schema": {"type": "object"}, "argv": {"q": "--q"}},
-        {"name": "m_two", "description": "Two.", "schema": {"type": "object"}, "approval": "always",
-         "catalogs": ["plan"], "pathArguments": ["p"], "output": "content"},
-    ], description=None, schema=None)
+    _write(
+        home / "tools",
+        "multi",
+        tools=[
+            {
+                "name": "m_one",
+                "description": "One.",
+                "schema": {"type": "object"},
+                "argv": {"q": "--q"},
+            },
+            {
+                "name": "m_two",
+                "description": "Two.",
+                "schema": {"type": "object"},
+                "approval": "always",
+                "catalogs": ["plan"],
+                "pathArguments": ["p"],
+                "output": "content",
+            },
+        ],
+        description=None,
+        schema=None,
+    )
     return home
 
 
-def _build(home: Path, folder: Path | None, *, clock: int | None = None, reserved: frozenset[str] = DEFAULT_RESERVED_NAMES,
-           workspace: Path | None = None) -> tuple[Catalog, ManifestCache]:
+def _build(
+    home: Path,
+    folder: Path | None,
+    *,
+    clock: int | None = None,
+    reserved: frozenset[str] = DEFAULT_RESERVED_NAMES,
+    workspace: Path | None = None,
+) -> tuple[Catalog, ManifestCache]:
     # By default every file a test wrote counts as old (beyond the racy window).
     now = clock if clock is not None else time.time_ns() + 10 * RACY_NS
     cache = ManifestCache(store=SetStore(folder) if folder else None, clock_ns=lambda: now)
@@ -64,7 +86,7 @@ def test_setstore_cold_load_equals_a_parse_and_reads_nothing(home: Path, tmp_pat
     assert cache.parses == 8
     assert (folder / SetStore(folder).path.name).exists()
     second, cache = _build(home, folder)
-    assert cache.parses == 0 and cache.reads == 0
+    assert (cache.parses, cache.reads) == (0, 0)
     plain, _ = _build(home, None)
     assert second == first == plain
     assert [e.error for e in second.sets if e.error] == [e.error for e in plain.sets if e.error]
@@ -86,12 +108,14 @@ def test_setstore_fresh_files_are_read_not_trusted_by_stat(home: Path, tmp_path:
     folder = tmp_path / "cache"
     _build(home, folder)
     catalog, cache = _build(home, folder, clock=time.time_ns())
-    assert cache.reads == 8 and cache.parses == 0
+    assert (cache.reads, cache.parses) == (8, 0)
     assert catalog == _build(home, None)[0]
 
 
 @pytest.mark.parametrize("damage", ["empty", "half", "one_byte_short", "flipped_byte", "garbage"])
-def test_setstore_damaged_file_is_ignored_and_rewritten(home: Path, tmp_path: Path, damage: str) -> None:
+def test_setstore_damaged_file_is_ignored_and_rewritten(
+    home: Path, tmp_path: Path, damage: str
+) -> None:
     """A truncated or altered cache file is ignored whole; the load parses, then rewrites it."""
     folder = tmp_path / "cache"
     first, _ = _build(home, folder)
@@ -146,16 +170,16 @@ def test_setstore_journal_is_compacted_into_the_snapshot(home: Path, tmp_path: P
 
 
 def test_setstore_malformed_record_is_parsed_instead(home: Path, tmp_path: Path) -> None:
-    """A record of the wrong shape (inside a file whose checksum holds) costs one parse, not a wrong set."""
+    """A record of the wrong shape (in an intact file) costs one parse, never a wrong set."""
     folder = tmp_path / "cache"
     first, _ = _build(home, folder)
     store = SetStore(folder)
-    records = {k: v for k, v in store._read()[0].items()}  # noqa: SLF001 - the test damages the store's data
+    records = dict(store._read()[0])
     key = next(k for k in records if k.endswith("/set2"))
     records[key] = ["set", "exec", True]  # too short to decode
     bad = SetStore(folder)
-    bad._records, bad._index = records, store._read()[1]  # noqa: SLF001
-    bad._new = {key: records[key]}  # noqa: SLF001 - forces a write of the damaged record
+    bad._records, bad._index = records, store._read()[1]
+    bad._new = {key: records[key]}
     assert bad.flush()
     catalog, cache = _build(home, folder)
     assert catalog == first
@@ -208,7 +232,7 @@ def test_setstore_unwritable_folder_only_costs_speed(home: Path, tmp_path: Path)
     """A cache folder that cannot be created leaves the load correct and the daemon running."""
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
-    catalog, cache = _build(home, blocker / "cache")
+    catalog, _ = _build(home, blocker / "cache")
     assert catalog == _build(home, None)[0]
     assert not SetStore(blocker / "cache").flush()
 
@@ -237,13 +261,13 @@ def test_setstore_concurrent_writers_leave_a_valid_file(tmp_path: Path) -> None:
         """
     )
     procs = [
-        subprocess.Popen(  # noqa: S603 - our own interpreter on our own script
+        subprocess.Popen(  # noqa: TID251 - the test starts separate processes, as daemons would be
             [sys.executable, "-c", script, str(tmp_path / f"home{k}"), str(folder), f"w{k}x"]
         )
         for k in range(4)
     ]
     assert [p.wait(timeout=60) for p in procs] == [0, 0, 0, 0]
-    records, _ = SetStore(folder)._read()  # noqa: SLF001 - the file's own contents
+    records, _ = SetStore(folder)._read()
     assert records  # (no index: every file was too fresh to be judged by its stat)
     assert not [p for p in folder.iterdir() if p.name.endswith(".tmp")]
     for k in range(4):  # whatever survived the races decodes to what a parse gives
@@ -261,7 +285,7 @@ def test_setstore_threads_flushing_at_once(home: Path, tmp_path: Path) -> None:
         try:
             for _ in range(10):
                 _build(home, folder, clock=time.time_ns())
-        except BaseException as exc:  # noqa: BLE001 - reported by the assert below
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=work) for _ in range(2)]
