@@ -458,6 +458,25 @@ def classify(
         ValueError: ``mode`` is not a mode name.
     """
     mode = parse_mode(mode)
+    if not loaded.tool.path_arguments:
+        # No path to judge: the scope is the workspace, the arguments go through as they
+        # are, and the rule and reason depend on (mode, approval, headless) alone.
+        approval = loaded.effective_approval
+        rule, reason = _PATHLESS[(mode, approval, bool(headless))]
+        return Classification(
+            tool=loaded.tool.name,
+            set=loaded.toolset.directory,
+            source=loaded.toolset.source,
+            authority=AUTHORITY,
+            scope=_WORKSPACE,
+            paths=(),
+            approval=ApprovalState(loaded.tool.approval, loaded.policy, approval),
+            require_prompt=rule.require_prompt,
+            grant_scopes=rule.grant_scopes,
+            decision=rule.decision,
+            reason=reason,
+            arguments=arguments,
+        )
     workspace = canonical_workspace(workspace)
     checks = _inspect(loaded, arguments, workspace, user_home)
     scope = Scope.WORKSPACE
@@ -489,3 +508,18 @@ def classify(
         arguments=child_arguments,
         arguments_error=arguments_error,
     )
+
+
+_WORKSPACE = Scope.WORKSPACE
+#: The rule and reason of every call without path arguments, by (mode, effective approval,
+#: headless): what ``classify`` computes for them, decided once at import (the reason of a
+#: workspace-scoped call names no path, so it does not depend on the user's home).
+_PATHLESS: Mapping[tuple[Mode, Approval, bool], tuple[Rule, str]] = {
+    (mode, approval, headless): (
+        decide(Scope.WORKSPACE, mode, approval, headless),
+        _reason(Scope.WORKSPACE, mode, approval, headless, None, Path("/")),
+    )
+    for mode in Mode
+    for approval in Approval
+    for headless in (False, True)
+}

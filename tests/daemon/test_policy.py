@@ -206,6 +206,24 @@ def test_classify_floor_without_path_arguments(ws: Path, home: Path) -> None:
     assert result.arguments == {"path": "~/.ssh/id_rsa"}
 
 
+@pytest.mark.parametrize(
+    ("mode", "declared", "policy", "headless"),
+    list(itertools.product(Mode, Approval, ApprovalSource, (False, True))),
+)
+def test_classify_pathless_fast_path_matches_the_general_one(
+    ws: Path, home: Path, mode: Mode, declared: Approval, policy: ApprovalSource, headless: bool
+) -> None:
+    """A tool without path arguments is classified exactly as one whose path arguments are
+    all absent (the general path), in every mode, approval, policy and headless state."""
+    arguments = {"q": 1, "path": "/etc/passwd"}
+    fast = run(loaded(declared=declared, policy=policy), arguments, ws, home, mode, headless)
+    general = run(
+        loaded("absent", declared=declared, policy=policy), arguments, ws, home, mode, headless
+    )
+    assert fast == general
+    assert fast.arguments is arguments
+
+
 def test_classify_wire_shape(ws: Path, home: Path) -> None:
     """``to_wire`` gives exactly the contract's camelCase fields."""
     tool = loaded("path", declared=Approval.ALWAYS, policy=ApprovalSource.HOST)

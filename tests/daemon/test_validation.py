@@ -6,6 +6,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from toolsetd.daemon.catalog import tool_hash
 from toolsetd.daemon.model import (
@@ -116,14 +118,14 @@ def test_argument_validators_compile_once_per_hash() -> None:
     validators.errors(tool, {})
     validators.errors(tool, {"environment": "prod"})
     assert validators.compiled == 1
-    validators.errors(loaded({"type": "object"}), {})
+    validators.errors(loaded({"type": "object", "properties": {"p": {"pattern": "x"}}}), {})
     assert validators.compiled == 2
 
 
 def test_argument_validators_cache_is_bounded() -> None:
     """The oldest compiled validator is dropped once the cache is full."""
     validators = ArgumentValidators(max_entries=1)
-    first, second = loaded(DEPLOY), loaded({"type": "object"})
+    first, second = loaded(DEPLOY), loaded({"type": "object", "required": ["x"]})
     validators.errors(first, {})
     validators.errors(second, {})
     validators.errors(first, {})
@@ -288,3 +290,93 @@ def test_schema_fast_path_takes_the_common_tool_schema() -> None:
     assert _plainly_valid(schema)
     assert not _plainly_valid({**schema, "required": ["a", "a"]})
     assert not _plainly_valid({"type": "strin"})
+
+
+# --- the plain fast path ------------------------------------------------------------
+
+PLAIN_KEYWORDS = st.recursive(
+    st.one_of(
+        st.booleans(),
+        st.fixed_dictionaries({}, optional={
+            "type": st.one_of(
+                st.sampled_from(["object", "array", "string", "boolean", "null", "number", "integer"]),
+                st.lists(st.sampled_from(["string", "integer", "null", "number", "boolean"]),
+                         min_size=1, max_size=3, unique=True),
+            ),
+            "minimum": st.integers(-3, 3) | st.floats(-3, 3, allow_nan=False),
+            "maximum": st.integers(-3, 3),
+            "exclusiveMinimum": st.floats(-3, 3, allow_nan=False),
+            "exclusiveMaximum": st.integers(-3, 3),
+            "minLength": st.integers(0, 3),
+            "maxLength": st.integers(0, 3),
+            "minItems": st.integers(0, 2),
+            "maxItems": st.integers(0, 3),
+            "minProperties": st.integers(0, 2),
+            "maxProperties": st.integers(0, 3),
+            "description": st.text(max_size=3),
+            "format": st.sampled_from(["email", "date-time"]),
+        }),
+    ),
+    lambda inner: st.fixed_dictionaries({}, optional={
+        "type": st.sampled_from(["object", "array"]),
+        "properties": st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, max_size=3),
+        "required": st.lists(st.sampled_from(["a", "b", "c"]), unique=True, max_size=3),
+        "additionalProperties": inner,
+        "items": inner,
+    }),
+    max_leaves=6,
+)
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-4, 4) | st.floats(-4, 4, allow_nan=False)
+    | st.sampled_from([1.0, -0.0, 2.5]) | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.sampled_from(["a", "b", "c", "d"]), inner, max_size=4),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema=PLAIN_KEYWORDS, value=JSON_VALUES)
+def test_argument_validators_plain_fast_path_agrees_with_jsonschema(schema: Any, value: Any) -> None:
+    """For schemas of the plain subset, the fast check accepts exactly what jsonschema does."""
+    from jsonschema import Draft202012Validator
+
+    from toolsetd.daemon.validation import _plain_subset, _satisfies
+
+    if not isinstance(schema, dict):
+        schema = {"items": schema}
+    assert _plain_subset(schema)
+    expected = not any(Draft202012Validator(schema).iter_errors(value))
+    assert _satisfies(schema, value) is expected
+
+
+def test_argument_validators_plain_valid_call_compiles_nothing() -> None:
+    """A valid call against a plain schema is answered without building a jsonschema validator."""
+    validators = ArgumentValidators()
+    tool = loaded({"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}},
+                   "required": ["n"], "additionalProperties": False})
+    assert validators.errors(tool, {"n": 3}) == []
+    assert validators.compiled == 0
+    assert validators.errors(tool, {"n": -1}) == [
+        {"path": "/n", "message": "/n: expected a number >= 0, got -1"}
+    ]
+    assert validators.compiled == 1
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"a": {"enum": [1]}}},
+        {"pattern": "x"},
+        {"$ref": "#/$defs/x", "$defs": {"x": {}}},
+        {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"},
+        {"anyOf": [{"type": "string"}]},
+        {"type": "object", "patternProperties": {"x": {}}},
+        {"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 2}}},
+    ],
+)
+def test_argument_validators_other_schemas_take_the_jsonschema_path(schema: dict[str, Any]) -> None:
+    """Any keyword outside the plain subset leaves the decision to jsonschema."""
+    from toolsetd.daemon.validation import _plain_subset
+
+    assert not _plain_subset(schema)
