@@ -648,6 +648,7 @@ def options_from_settings(
             output_limit_chars=settings.output_limit,
             kill_grace_seconds=settings.kill_grace,
             progress_interval_seconds=settings.progress_interval,
+            spawn_threads=settings.spawn_threads,
         ),
         max_running=settings.max_running,
         shutdown_grace=settings.shutdown_grace,

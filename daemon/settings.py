@@ -251,6 +251,14 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS",
     ),
     Option(
+        "spawn-threads",
+        "int",
+        4,
+        "worker threads that spawn tools while other calls run, so spawns overlap "
+        "(default 4; 0 always spawns on the event loop's thread)",
+        metavar="N",
+    ),
+    Option(
         "cache-dir",
         "path",
         None,
@@ -322,6 +330,7 @@ class Settings:
     idle_timeout: float = 30.0
     max_message_bytes: int = 16 * 1024 * 1024
     workspace_idle: float = 3600.0
+    spawn_threads: int = 4
     cache_dir: Path | None = None
     no_cache: bool = False
     metrics_listen: tuple[str, int] | None = None

@@ -403,6 +403,44 @@ async def test_runner_outer_cancellation_kills_group(runner: Runner, env: Env) -
     assert dies(int(pidfile.read_text()))
 
 
+async def test_runner_cancelled_during_the_spawn_still_kills_the_child(env: Env) -> None:
+    """A cancellation that lands while the spawn runs in its worker thread waits for the
+    spawn, then kills and reaps the child: a spawned child is never left unowned."""
+    pidfile = env.workspace / "spawned.pid"
+    loaded = sh_tool(env.set_dir, f"echo $$ > {pidfile}; sleep 30")
+    runner = Runner(FAST, anyio.CapacityLimiter(8), os.environ)
+    request = CallRequest("c", loaded, {}, env.workspace, env.home)
+    for _ in range(5):  # the cancel lands at some point of the spawn or just after it
+        pidfile.unlink(missing_ok=True)
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(runner.run, request, RecordingSink(), anyio.Event())
+                await anyio.sleep(0)
+                scope.cancel()
+        deadline = time.monotonic() + 0.5  # an orphan would have written it by then
+        while not pidfile.exists() and time.monotonic() < deadline:
+            await anyio.sleep(0.01)
+        if pidfile.exists() and pidfile.read_text().strip():
+            assert dies(int(pidfile.read_text()))
+
+
+@pytest.mark.parametrize("threads", [0, 1, 4])
+async def test_runner_concurrent_calls_with_any_spawn_threads(env: Env, threads: int) -> None:
+    """Spawning on the loop's thread or in 1 or 4 workers, 12 concurrent calls all complete
+    with their own output."""
+    runner = Runner(replace(FAST, spawn_threads=threads), anyio.CapacityLimiter(12), os.environ)
+    outcomes: dict[int, CallOutcome] = {}
+
+    async def one(i: int) -> None:
+        tool = sh_tool(env.set_dir, f"echo call{i}")
+        outcomes[i] = await run(runner, env, tool, call_id=f"c{i}")
+
+    async with anyio.create_task_group() as tg:
+        for i in range(12):
+            tg.start_soon(one, i)
+    assert {i: text(o) for i, o in outcomes.items()} == {i: f"exit 0\ncall{i}\n" for i in range(12)}
+
+
 async def test_runner_progress_fd_json_and_text(runner: Runner, env: Env) -> None:
     """Lines on TOOLSETD_PROGRESS_FD become progress events (JSON object or plain text)."""
     script = (
