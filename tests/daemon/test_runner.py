@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import orjson
 import pytest
 
@@ -415,7 +416,7 @@ async def test_runner_cancelled_during_the_spawn_still_kills_the_child(env: Env)
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
                 tg.start_soon(runner.run, request, RecordingSink(), anyio.Event())
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
                 scope.cancel()
         deadline = time.monotonic() + 0.5  # an orphan would have written it by then
         while not pidfile.exists() and time.monotonic() < deadline:
@@ -438,7 +439,8 @@ async def test_runner_concurrent_calls_with_any_spawn_threads(env: Env, threads:
     async with anyio.create_task_group() as tg:
         for i in range(12):
             tg.start_soon(one, i)
-    assert {i: text(o) for i, o in outcomes.items()} == {i: f"exit 0\ncall{i}\n" for i in range(12)}
+    expected = {i: f"exit 0\ncall{i}\n" for i in range(12)}
+    assert {i: text(o) for i, o in outcomes.items()} == expected
 
 
 async def test_runner_progress_fd_json_and_text(runner: Runner, env: Env) -> None:

@@ -1,0 +1,56 @@
+"""What starting the daemon imports: nothing it does not use before its first call."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+
+def _modules_after(code: str) -> dict[str, bool]:
+    probe = (
+        f"{code}\nimport json, sys\n"
+        "print(json.dumps({m: m in sys.modules for m in ('rich',)}))"
+    )
+    out = subprocess.run(  # noqa: TID251 - a fresh interpreter is the point of the test
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    result: dict[str, bool] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_daemon_start_imports_no_rich_and_builds_no_model() -> None:
+    """Importing the daemon (and configuring JSON logs) does not load rich, which structlog
+    would pull in, and builds no pydantic validator yet. (jsonschema still comes in, through
+    jsonrpcserver's own request validator.)"""
+    loaded = _modules_after(
+        "import toolsetd.daemon.app\n"
+        "from toolsetd.daemon.logs import configure_logging\n"
+        "configure_logging('json', 'info')\n"
+        "from toolsetd.protocol import models\n"
+        "assert not models.InvokeParams.__pydantic_complete__\n"
+    )
+    assert loaded == {"rich": False}
+
+
+def test_console_logs_still_print_exceptions_without_rich() -> None:
+    """The console format renders an exception as a plain traceback."""
+    code = (
+        "import toolsetd.daemon\n"
+        "from toolsetd.daemon.logs import configure_logging\n"
+        "import structlog\n"
+        "configure_logging('console', 'info')\n"
+        "try:\n    1 / 0\nexcept ZeroDivisionError:\n"
+        "    structlog.get_logger('t').exception('boom')\n"
+    )
+    out = subprocess.run(  # noqa: TID251 - a fresh interpreter is the point of the test
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert "boom" in out.stderr or "boom" in out.stdout
+    assert "ZeroDivisionError" in out.stderr + out.stdout
+
+
+def test_client_still_gets_rich_for_its_tables() -> None:
+    """rich is hidden only while structlog is imported: toolsetctl's tables still load it."""
+    loaded = _modules_after("import toolsetd.daemon\nimport toolsetd.client.render\n")
+    assert loaded["rich"] is True
