@@ -49,9 +49,9 @@ class RunnerSettings:
     progress_interval_seconds: float = 1.0
     progress_min_gap_seconds: float = 0.1  # rate limit for child-reported progress
     max_image_bytes: int = 20 * 1024 * 1024
-    #: Worker threads that spawn children (``fork_exec`` lets other threads run, so
-    #: spawns overlap each other and the event loop instead of stalling it); 0 spawns on
-    #: the event loop's thread.
+    #: Worker threads that spawn children while other calls run (``fork_exec`` lets other
+    #: threads run, so spawns overlap each other and the event loop instead of stalling
+    #: it); a call running alone spawns on the loop's thread, and so does every call with 0.
     spawn_threads: int = 4
 
 

@@ -145,6 +145,8 @@ class Runner:
         self._spawners = (
             anyio.CapacityLimiter(settings.spawn_threads) if settings.spawn_threads > 0 else None
         )
+        #: Calls between their limiter slot and their outcome (see ``_run_child``'s spawn).
+        self._running = 0
 
     @property
     def settings(self) -> RunnerSettings:
@@ -177,9 +179,11 @@ class Runner:
         if cancel.is_set() or not await self._acquire(t0, events, cancel):
             return no_process_outcome(t0, CANCELLED_TEXT, "cancelled")
         queue_ms = elapsed_ms(t0)
+        self._running += 1
         try:
             outcome = await self._run_child(request, argv, stdin_data, events, cancel, t0)
         finally:
+            self._running -= 1
             self._limiter.release()
         return replace(outcome, queue_ms=queue_ms) if queue_ms else outcome
 
@@ -316,13 +320,18 @@ class Runner:
             pass_fds=(prog_w,),
         )
         try:
-            # In a worker thread: the parent side of the spawn (~0.5 ms, most of it the
-            # kernel's) then overlaps other calls' spawns and the loop's work instead of
-            # holding the loop. Not when the spawn enters a cgroup: that moves the whole
-            # daemon into the call's cgroup for the spawn, so such spawns stay on the
-            # loop's thread, one at a time. Shielded: a child once spawned always gets an
-            # owner here.
-            if self._spawners is None or not isinstance(spawning, contextlib.nullcontext):
+            # With other calls running, in a worker thread: the parent side of the spawn
+            # (~0.5 ms, most of it the kernel's) then overlaps their spawns and the loop's
+            # work instead of holding the loop. A call alone spawns on the loop's thread,
+            # sparing the thread hand-off (tens of µs, milliseconds on a loaded machine).
+            # So does a spawn that enters a cgroup: that moves the whole daemon into the
+            # call's cgroup for the spawn, so such spawns go one at a time. Shielded: a
+            # child once spawned always gets an owner here.
+            if (
+                self._spawners is None
+                or self._running <= 1
+                or not isinstance(spawning, contextlib.nullcontext)
+            ):
                 with spawning:
                     proc = spawn()
             else:

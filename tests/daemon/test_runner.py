@@ -405,19 +405,32 @@ async def test_runner_outer_cancellation_kills_group(runner: Runner, env: Env) -
 
 
 async def test_runner_cancelled_during_the_spawn_still_kills_the_child(env: Env) -> None:
-    """A cancellation that lands while the spawn runs in its worker thread waits for the
-    spawn, then kills and reaps the child: a spawned child is never left unowned."""
+    """A cancellation that lands while a spawn runs in its worker thread (taken when another
+    call is running) waits for the spawn, then kills and reaps the child: a spawned child is
+    never left unowned."""
+    busy_pid = env.workspace / "busy.pid"
     pidfile = env.workspace / "spawned.pid"
-    loaded = sh_tool(env.set_dir, f"echo $$ > {pidfile}; sleep 30")
+    busy = CallRequest(
+        "busy", sh_tool(env.set_dir, f"echo $$ > {busy_pid}; sleep 30"), {}, env.workspace,
+        env.home,
+    )
+    target = CallRequest(
+        "c", sh_tool(env.set_dir, f"echo $$ > {pidfile}; sleep 30"), {}, env.workspace, env.home
+    )
     runner = Runner(FAST, anyio.CapacityLimiter(8), os.environ)
-    request = CallRequest("c", loaded, {}, env.workspace, env.home)
     for _ in range(5):  # the cancel lands at some point of the spawn or just after it
+        busy_pid.unlink(missing_ok=True)
         pidfile.unlink(missing_ok=True)
         with anyio.CancelScope() as scope:
             async with anyio.create_task_group() as tg:
-                tg.start_soon(runner.run, request, RecordingSink(), anyio.Event())
+                tg.start_soon(runner.run, busy, RecordingSink(), anyio.Event())
+                with anyio.fail_after(10):
+                    while not (busy_pid.exists() and busy_pid.read_text().strip()):
+                        await anyio.sleep(0.01)
+                tg.start_soon(runner.run, target, RecordingSink(), anyio.Event())
                 await anyio.lowlevel.checkpoint()
                 scope.cancel()
+        assert dies(int(busy_pid.read_text()))
         deadline = time.monotonic() + 0.5  # an orphan would have written it by then
         while not pidfile.exists() and time.monotonic() < deadline:
             await anyio.sleep(0.01)
