@@ -1,23 +1,26 @@
-"""The JSON-RPC layer: envelope, batches, jsonrpcserver dispatch, and the one boundary.
+"""The JSON-RPC layer: envelope, batches, dispatch, and the one boundary.
 
 Theory of operation
 -------------------
-We parse the envelope ourselves (a cheap hand-written check instead of
-jsonrpcserver's per-request schema validation, and correct batch and extra-member
-handling), then hand each single request to jsonrpcserver's per-request
-``dispatch_request`` (method lookup, argument check, call) with identity
-(de)serialisers, and read the response straight from its result. Its per-request costs
-are kept small: every wrapped handler carries one precomputed ``__signature__`` whose
-``bind`` needs no generic matching, so ``validate_args`` no longer rebuilds a signature
-per request. ``_boundary`` wraps every handler: it is the one place where exceptions
-become wire errors, and no exception text or traceback ever reaches a client. ``conn_id``
-is bound to the log context once per connection; ``method`` and ``request_id`` for each
-handler's run (token ``bind``/``reset``, not the context manager).
+We parse the envelope ourselves (a cheap hand-written check instead of a per-request
+schema validation, and correct batch and extra-member handling), look the method up and
+await its wrapped handler directly. ``_boundary`` wraps every handler: it is the one
+place where exceptions become wire errors, and no exception text or traceback ever
+reaches a client. ``conn_id`` is bound to the log context once per connection; ``method``
+and ``request_id`` for each handler's run (token ``bind``/``reset``, not the context
+manager).
+
+Until issue 16 each request went through jsonrpcserver's per-request
+``dispatch_request``; all it still did for us was to spread the params into arguments,
+bind them to a signature that accepts anything, call, and wrap the answer in an
+``Either`` that we took apart again: ~5 µs a request, and importing it costs ~100 ms of
+every start (its own request validator imports jsonschema). Params reach a handler as
+they did through it: an object as the dict, an array as the list, and an empty array or
+a missing member as ``{}``.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 import uuid
@@ -26,10 +29,6 @@ from typing import Any
 
 import anyio
 import structlog
-from jsonrpcserver import Error, Success
-from jsonrpcserver.async_dispatcher import dispatch_request
-from jsonrpcserver.request import Request as JsonRpcRequest
-from jsonrpcserver.sentinels import NODATA, NOID
 from pydantic import ValidationError
 from structlog.contextvars import bind_contextvars, reset_contextvars
 from toolsetd.protocol import errors as rpc_errors
@@ -115,18 +114,16 @@ class Dispatcher:
             return None if request_id is _NO_ID else error_message(request_id, error)
         params = envelope.params
         notification = request_id is _NO_ID
-        request = JsonRpcRequest(
-            method, {} if params is None else params, NOID if notification else request_id
-        )
         context = RequestContext(conn, None if notification else request_id)
-        # jsonrpcserver's per-request pipeline (method lookup, argument binding, call).
-        # Its batch-level entry points run even one request through asyncio.gather,
-        # outside anyio's cancel scopes, where a handler's shielded cleanup (killing a
-        # child, reaping it) can be cut short; this entry point awaits the handler here.
-        _, result = await dispatch_request(self._jsonrpc_methods, context, request)
+        answer = await self._jsonrpc_methods[method](context, params if params else {})
         if notification:
             return None
-        return _to_wire(request_id, result)
+        if type(answer) is _Failure:
+            wire: dict[str, Any] = {"code": answer.code, "message": answer.message}
+            if answer.data is not _NO_DATA:
+                wire["data"] = answer.data
+            return {"jsonrpc": "2.0", "error": wire, "id": request_id}
+        return {"jsonrpc": "2.0", "result": answer, "id": request_id}
 
 
 class _NoId:
@@ -134,85 +131,48 @@ class _NoId:
 
 
 _NO_ID: Any = _NoId()
+#: A ``_Failure`` without a ``data`` member (an RpcError raised without data).
+_NO_DATA: Any = object()
 
 
-def _to_wire(request_id: Any, result: Any) -> dict[str, Any]:
-    """jsonrpcserver's result (an oslash ``Right``/``Left``) as our response object.
+class _Failure:
+    """What a wrapped handler returns instead of a result: the error to answer with."""
 
-    Read straight from the result rather than through ``to_response``, which would build
-    a second pair of namedtuple and ``Either`` only for us to take them apart again.
-    """
-    failed = getattr(result, "_error", None)
-    if failed is None:
-        return {"jsonrpc": "2.0", "result": result._value.result, "id": request_id}
-    error: dict[str, Any] = {"code": failed.code, "message": failed.message}
-    if failed.data is not NODATA:
-        error["data"] = failed.data
-    return {"jsonrpc": "2.0", "error": error, "id": request_id}
+    __slots__ = ("code", "data", "message")
+
+    def __init__(self, code: int, message: str, data: Any) -> None:
+        self.code = code
+        self.message = message
+        self.data = data
 
 
-def _accept_any(context: Any, /, *args: Any, **kwargs: Any) -> None:
-    """The shape of every wrapped handler: the context, then any params."""
-
-
-class _AcceptAnySignature(inspect.Signature):
-    """The signature of ``_accept_any``, with a ``bind`` that skips the generic matching.
-
-    jsonrpcserver's ``validate_args`` binds every request's arguments to the method's
-    signature to answer Invalid Params early. A wrapped handler takes the context and
-    then anything (the boundary and the params models judge the params), so any call
-    with a context binds; ``bind`` builds that answer directly (~0.3 µs instead of
-    ~1.3 µs) and defers to the generic code for anything else.
-    """
-
-    __slots__ = ()
-
-    def bind(self, /, *args: Any, **kwargs: Any) -> inspect.BoundArguments:
-        if not args:
-            return super().bind(*args, **kwargs)
-        arguments: dict[str, Any] = {"context": args[0]}
-        if len(args) > 1:
-            arguments["args"] = args[1:]
-        if kwargs:
-            arguments["kwargs"] = kwargs
-        return inspect.BoundArguments(self, arguments)
-
-
-#: ``inspect.signature`` returns a callable's ``__signature__`` as it is; giving every
-#: wrapped handler this one, computed once, spares jsonrpcserver's per-request
-#: ``validate_args`` from rebuilding it from the code object each time.
-_ACCEPT_ANY = _AcceptAnySignature.from_callable(_accept_any)
-
-
-def _boundary(name: str, handler: Handler) -> Callable[..., Awaitable[Any]]:
+def _boundary(name: str, handler: Handler) -> Callable[[RequestContext, Any], Awaitable[Any]]:
     """Wrap a handler so that it is the one place exceptions become wire errors.
 
-    jsonrpcserver's own catch-all would send ``str(exc)`` to the client; this wrapper
-    never lets an exception reach it. ``method`` and ``request_id`` are bound to the log
+    The wrapper returns the handler's result, or a ``_Failure`` for an error: no exception
+    (text or traceback) gets past it. ``method`` and ``request_id`` are bound to the log
     context for the handler's run (``bind``/``reset`` with tokens: a third of the cost
     of the ``bound_contextvars`` context manager). Whether ``request_served`` (debug) is
     logged is decided once, here: a filtered-out call still costs a microsecond.
     """
     debug = log.bind().is_enabled_for(logging.DEBUG)
 
-    async def method(context: RequestContext, /, *args: Any, **kwargs: Any) -> Any:
-        # jsonrpcserver spreads params into arguments; gather them back unchanged.
-        params: Any = list(args) if args else kwargs
+    async def method(context: RequestContext, params: Any) -> Any:
         started = time.perf_counter()
         tokens = bind_contextvars(method=name, request_id=context.request_id)
         try:
             result = await handler(context, params)
         except rpc_errors.RpcError as exc:
             log.info("request_refused", code=exc.code, ms=_ms(started))
-            return Error(exc.code, exc.message, NODATA if exc.data is None else exc.data)
+            return _Failure(exc.code, exc.message, _NO_DATA if exc.data is None else exc.data)
         except ValidationError as exc:
             error = params_error(exc)
             log.info("request_refused", code=error.code, ms=_ms(started))
-            return Error(error.code, error.message, error.data)
+            return _Failure(error.code, error.message, error.data)
         except Exception:
             incident = uuid.uuid4().hex[:12]
             log.exception("request_failed", incident=incident)
-            return Error(
+            return _Failure(
                 rpc_errors.InternalError.CODE,
                 f"Internal error (incident {incident}); the daemon log has the details.",
                 {"incident": incident},
@@ -220,12 +180,11 @@ def _boundary(name: str, handler: Handler) -> Callable[..., Awaitable[Any]]:
         else:
             if debug:
                 log.debug("request_served", ms=_ms(started))
-            return Success(result)
+            return result
         finally:
             reset_contextvars(**tokens)
 
     method.__name__ = name
-    method.__signature__ = _ACCEPT_ANY  # type: ignore[attr-defined]
     return method
 
 

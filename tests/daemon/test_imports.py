@@ -10,7 +10,7 @@ import sys
 def _modules_after(code: str) -> dict[str, bool]:
     probe = (
         f"{code}\nimport json, sys\n"
-        "print(json.dumps({m: m in sys.modules for m in ('rich',)}))"
+        "print(json.dumps({m: m in sys.modules for m in ('rich', 'jsonschema', 'jsonrpcserver')}))"
     )
     out = subprocess.run(  # noqa: TID251 - a fresh interpreter is the point of the test
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
@@ -19,10 +19,9 @@ def _modules_after(code: str) -> dict[str, bool]:
     return result
 
 
-def test_daemon_start_imports_no_rich_and_builds_no_model() -> None:
-    """Importing the daemon (and configuring JSON logs) does not load rich, which structlog
-    would pull in, and builds no pydantic validator yet. (jsonschema still comes in, through
-    jsonrpcserver's own request validator.)"""
+def test_daemon_start_imports_no_rich_no_jsonschema_and_builds_no_model() -> None:
+    """Importing the daemon (and configuring JSON logs) loads neither rich (which structlog
+    would pull in) nor jsonschema or jsonrpcserver, and builds no pydantic validator yet."""
     loaded = _modules_after(
         "import toolsetd.daemon.app\n"
         "from toolsetd.daemon.logs import configure_logging\n"
@@ -30,7 +29,7 @@ def test_daemon_start_imports_no_rich_and_builds_no_model() -> None:
         "from toolsetd.protocol import models\n"
         "assert not models.InvokeParams.__pydantic_complete__\n"
     )
-    assert loaded == {"rich": False}
+    assert loaded == {"rich": False, "jsonschema": False, "jsonrpcserver": False}
 
 
 def test_console_logs_still_print_exceptions_without_rich() -> None:
