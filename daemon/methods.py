@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
 from pathlib import Path
 from typing import Any
 
+import orjson
 from toolsetd.protocol import __version__
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol import models as m
@@ -169,14 +170,17 @@ class Handlers:
         cached = self._list_cache.get(key)
         if cached is None or cached[0] is not catalog:
             wanted = CatalogName(p.catalog) if p.catalog else None
+            tools = [
+                tool_info(t)
+                for t in catalog.tools.values()
+                if wanted is None or wanted in t.tool.catalogs
+            ]
+            # Encoded once per snapshot and filter: a later list of the same catalog
+            # writes these bytes as they are (orjson embeds a Fragment verbatim).
             body = {
-                "tools": [
-                    tool_info(t)
-                    for t in catalog.tools.values()
-                    if wanted is None or wanted in t.tool.catalogs
-                ],
-                "sets": [set_info(e) for e in catalog.sets],
-                "notes": [note_info(n) for n in catalog.notes],
+                "tools": orjson.Fragment(orjson.dumps(tools)),
+                "sets": orjson.Fragment(orjson.dumps([set_info(e) for e in catalog.sets])),
+                "notes": orjson.Fragment(orjson.dumps([note_info(n) for n in catalog.notes])),
             }
             if len(self._list_cache) > 64:
                 self._list_cache.clear()
