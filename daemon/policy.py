@@ -458,41 +458,30 @@ def classify(
         ValueError: ``mode`` is not a mode name.
     """
     mode = parse_mode(mode)
+    approval = loaded.effective_approval
+    arguments_error: str | None = None
+    checks: tuple[PathCheck, ...] = ()
     if not loaded.tool.path_arguments:
         # No path to judge: the scope is the workspace, the arguments go through as they
         # are, and the rule and reason depend on (mode, approval, headless) alone.
-        approval = loaded.effective_approval
+        scope = _WORKSPACE
         rule, reason = _PATHLESS[(mode, approval, bool(headless))]
-        return Classification(
-            tool=loaded.tool.name,
-            set=loaded.toolset.directory,
-            source=loaded.toolset.source,
-            authority=AUTHORITY,
-            scope=_WORKSPACE,
-            paths=(),
-            approval=ApprovalState(loaded.tool.approval, loaded.policy, approval),
-            require_prompt=rule.require_prompt,
-            grant_scopes=rule.grant_scopes,
-            decision=rule.decision,
-            reason=reason,
-            arguments=arguments,
-        )
-    workspace = canonical_workspace(workspace)
-    checks = _inspect(loaded, arguments, workspace, user_home)
-    scope = Scope.WORKSPACE
-    culprit: PathCheck | None = None
-    for check in checks:
-        if _SEVERITY[check.scope] > _SEVERITY[scope]:
-            scope, culprit = check.scope, check
-    approval = loaded.effective_approval
-    rule = decide(scope, mode, approval, headless)
-    reason = _reason(scope, mode, approval, headless, culprit, user_home)
-    arguments_error: str | None = None
-    try:
-        child_arguments = rewrite_arguments(loaded.tool, arguments, workspace, user_home)
-    except ArgumentsError as exc:
-        child_arguments, arguments_error = arguments, exc.message
-        reason += f" The arguments are refused: {exc.message}"
+        child_arguments = arguments
+    else:
+        workspace = canonical_workspace(workspace)
+        checks = _inspect(loaded, arguments, workspace, user_home)
+        scope = Scope.WORKSPACE
+        culprit: PathCheck | None = None
+        for check in checks:
+            if _SEVERITY[check.scope] > _SEVERITY[scope]:
+                scope, culprit = check.scope, check
+        rule = decide(scope, mode, approval, headless)
+        reason = _reason(scope, mode, approval, headless, culprit, user_home)
+        try:
+            child_arguments = rewrite_arguments(loaded.tool, arguments, workspace, user_home)
+        except ArgumentsError as exc:
+            child_arguments, arguments_error = arguments, exc.message
+            reason += f" The arguments are refused: {exc.message}"
     return Classification(
         tool=loaded.tool.name,
         set=loaded.toolset.directory,
