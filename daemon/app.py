@@ -60,6 +60,7 @@ from .runner import Runner, RunnerSettings
 from .sdnotify import Notifier, scrub_environment
 from .server import Server, ServerSettings, bind_unix_socket
 from .service import Service, ServiceSettings
+from .setcache import SetStore, default_cache_dir
 from .settings import (
     ConfigError,
     Settings,
@@ -69,7 +70,6 @@ from .settings import (
     parse_command_line,
     reload_settings,
 )
-from .setcache import SetStore, default_cache_dir
 from .sockpath import (
     SocketPathError,
     acquire_instance_lock,
