@@ -2,9 +2,10 @@
 
 Importing the package first imports structlog with ``rich`` hidden: structlog's ``dev``
 and ``tracebacks`` modules import rich (~100 ms, most of it ``rich.pretty`` and
-``rich.traceback``) whenever it is installed, even for JSON logs, and rich is installed
-for ``toolsetctl``'s tables. The daemon never renders with rich: its console format
-prints plain tracebacks. Everything else may import rich as usual afterwards.
+``rich.traceback``) whenever it is installed, even for JSON logs. toolsetd does not depend
+on rich, but an environment it is installed into may have it. The daemon never renders
+with rich: its console format prints plain tracebacks. Everything else may import rich as
+usual afterwards.
 """
 
 from __future__ import annotations

@@ -95,6 +95,9 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
             'mcp-listen = ["127.0.0.1:8765", "[::1]:8765"]',
             'mcp-token-file = "~/mcp-token"',
             'traces = "console"',
+            "spawn-threads = 2",
+            'cache-dir = "/tmp/toolsetd-cache"',
+            "no-cache = true",
         ]
     )
     s = _load(_write(tmp_path, text))
@@ -110,6 +113,7 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
     assert options.watch is False and options.orphan_guard is False
     assert [(a.host, a.port) for a in options.mcp_listen] == [("127.0.0.1", 8765), ("::1", 8765)]
     assert options.mcp_token_file == Path(os.path.expanduser("~/mcp-token"))
+    assert options.runner.spawn_threads == 2 and options.cache_dir is None  # no-cache wins
 
 
 @pytest.mark.parametrize(
