@@ -98,12 +98,12 @@ def stages(base: Path, quick: bool) -> list[tuple[str, float, float, float]]:
     import anyio
     import structlog
     from toolsetd.daemon.logs import configure_logging
-    from toolsetd.daemon.methods import Handlers, HandlerSettings, _Call, _Events
     from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES
     from toolsetd.daemon.policy import classify
     from toolsetd.daemon.registry import Registry
     from toolsetd.daemon.runner import CallRequest, Runner, RunnerSettings
     from toolsetd.daemon.sdnotify import Notifier
+    from toolsetd.daemon.service import Service, ServiceSettings, _Bookkeeping, _Call
     from toolsetd.daemon.validation import ArgumentValidators
     from toolsetd.protocol import models as m
     from toolsetd.protocol.codec import encode
@@ -136,22 +136,22 @@ def stages(base: Path, quick: bool) -> list[tuple[str, float, float, float]]:
     runner = Runner(
         RunnerSettings(progress_interval_seconds=60), anyio.CapacityLimiter(64), os.environ
     )
-    handlers = Handlers(
-        HandlerSettings(socket="/x", home=home, user_home=Path.home()),
+    validators = ArgumentValidators()
+    service = Service(
+        ServiceSettings(socket="/x", home=home, user_home=Path.home()),
         registry,
         runner,
-        ArgumentValidators(),
+        validators,
         Notifier.from_environ({}),
-        list,
     )
     out: list[tuple[str, float, float, float]] = []
     wsp = Path(os.path.realpath(ws))
     user_home = Path.home()
 
     async def go() -> None:
-        catalog = await handlers._catalog(wsp)
-        loaded = handlers._lookup(catalog, TRUE_SET, None)
-        pathy = handlers._lookup(catalog, "pathy", None)
+        catalog = await service.catalog(wsp)
+        loaded = Service.lookup(catalog, TRUE_SET, None)
+        pathy = Service.lookup(catalog, "pathy", None)
         mode = m.parse_mode("default")
         out.append(
             (
@@ -162,31 +162,31 @@ def stages(base: Path, quick: bool) -> list[tuple[str, float, float, float]]:
         out.append(
             (
                 "call id (uuid4 + pattern + in-flight check)",
-                *_per_call_us(lambda: handlers._check_call_id_free(uuid.uuid4().hex), n, rounds),
+                *_per_call_us(lambda: service._check_call_id_free(uuid.uuid4().hex), n, rounds),
             )
         )
         out.append(
             (
                 "workspace check (realpath + is_dir)",
-                *_per_call_us(lambda: handlers._workspace(str(ws)), n, rounds),
+                *_per_call_us(lambda: Service.workspace(str(ws)), n, rounds),
             )
         )
         out.append(
             (
                 "catalog lookup (registry snapshot + tool)",
-                *await _per_call_us_async(lambda: handlers._catalog(wsp), n, rounds)(),
+                *await _per_call_us_async(lambda: service.catalog(wsp), n, rounds)(),
             )
         )
         out.append(
             (
                 "  of which the tool lookup",
-                *_per_call_us(lambda: handlers._lookup(catalog, TRUE_SET, None), n, rounds),
+                *_per_call_us(lambda: Service.lookup(catalog, TRUE_SET, None), n, rounds),
             )
         )
         out.append(
             (
                 "schema validation (compiled validator)",
-                *_per_call_us(lambda: handlers._check_arguments(loaded, {}), n, rounds),
+                *_per_call_us(lambda: validators.errors(loaded, {}), n, rounds),
             )
         )
         out.append(
@@ -211,10 +211,10 @@ def stages(base: Path, quick: bool) -> list[tuple[str, float, float, float]]:
 
         def bookkeeping() -> None:
             cancel = anyio.Event()
-            handlers.calls["x"] = _Call(None, cancel)  # type: ignore[arg-type]
+            service.calls["x"] = _Call(cancel)
             CallRequest("x", loaded, {}, wsp, home, "", "default", True)
-            _Events(None, "x", loaded)  # type: ignore[arg-type]
-            handlers.calls.pop("x", None)
+            _Bookkeeping(None, "x", loaded)  # type: ignore[arg-type]  # no sink: never called
+            service.calls.pop("x", None)
 
         out.append(
             (
