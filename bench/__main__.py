@@ -3,8 +3,9 @@
 ``python -m bench [--quick] [--repeat N] [--only rpc,invoke,catalog,mcp,drain,cli] [--skip ...]``
 
 Each benchmark measures toolsetd and its baseline in the same run, interleaved round by
-round (the goals are in ``docs/benchmarks.md``, section Goals); every goal row is the median of at least five paired rounds, printed with the
-spread (lowest and highest round) and the number of rounds. ``--repeat N`` runs the whole
+round (the goals are in ``docs/benchmarks.md``, section Goals); every goal row is the
+median of at least five paired rounds, printed with the spread (lowest and highest round)
+and the number of rounds. ``--repeat N`` runs the whole
 table N times and ends with each goal's **worst** run (the verdict is that run's), with
 the load average at the start and end of every run. ``--quick`` shortens every run (the
 numbers are noisier). Results go to ``bench/results/`` (gitignored).

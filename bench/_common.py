@@ -602,6 +602,10 @@ def standalone(name: str, run: Callable[[bool], Section], doc: str | None) -> No
     t0 = time.monotonic()
     section = run(args.quick)
     print_goals(section.goals)
-    body = {"quick": args.quick, "goals": section.goals, **section.data,
-            "seconds": time.monotonic() - t0}
+    body = {
+        "quick": args.quick,
+        "goals": section.goals,
+        **section.data,
+        "seconds": time.monotonic() - t0,
+    }
     print(f"\nresults: {write_results(name, body)}")

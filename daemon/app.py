@@ -407,7 +407,10 @@ class _State:
 
 
 def _reload_config(
-    state: _State, runner: Runner, limiter: anyio.CapacityLimiter, server: Server,
+    state: _State,
+    runner: Runner,
+    limiter: anyio.CapacityLimiter,
+    server: Server,
     registry: Registry,
 ) -> dict[str, Any]:
     """Read the config file again and apply the keys that can change while running.
@@ -485,15 +488,21 @@ async def _handle_signals(
             reload_config()
             tg.start_soon(handlers.reload_catalogs, None)
             continue
-        log.info("stop_requested", signal=signal.Signals(signum).name,
-                 in_flight=len(handlers.service.calls))
+        log.info(
+            "stop_requested",
+            signal=signal.Signals(signum).name,
+            in_flight=len(handlers.service.calls),
+        )
         state.stopping = True
         notifier.stopping()
         tg.start_soon(_graceful_stop, state, server, handlers, listener, state.http)
         async for again in signals:
             if again in (signal.SIGTERM, signal.SIGINT):
-                log.info("stop_forced", signal=signal.Signals(again).name,
-                         in_flight=len(handlers.service.calls))
+                log.info(
+                    "stop_forced",
+                    signal=signal.Signals(again).name,
+                    in_flight=len(handlers.service.calls),
+                )
                 # SIGKILL every tool's group first: a call already in its shielded
                 # SIGTERM-then-wait (the grace ran out) must not hold the exit for the
                 # kill grace, and a child ignoring SIGTERM must not survive.
@@ -607,8 +616,7 @@ def _status_text(registry: Registry, handlers: Handlers, state: _State) -> str:
         catalog = registry.cached(workspace)
         if catalog is not None:
             sets += sum(
-                1 for e in catalog.sets
-                if e.source == Source.PROJECT and e.state == SetState.LOADED
+                1 for e in catalog.sets if e.source == Source.PROJECT and e.state == SetState.LOADED
             )
     return f"Serving {sets} tool sets ({len(workspaces)} workspaces); {calls} calls in flight"
 
@@ -657,9 +665,9 @@ def options_from_settings(
         workspace_idle_seconds=settings.workspace_idle,
         watch=not settings.no_watch,
         allow_group=settings.allow_group,
-        cache_dir=None if settings.no_cache else Path(
-            os.path.abspath(settings.cache_dir or default_cache_dir(os.environ))
-        ),
+        cache_dir=None
+        if settings.no_cache
+        else Path(os.path.abspath(settings.cache_dir or default_cache_dir(os.environ))),
         metrics_listen=settings.metrics_listen,
         traces=settings.traces,
         mcp_listen=tuple(mcp_listen),
@@ -698,17 +706,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "socket": str(default_socket_path(os.environ)),
                 "home": str(options.home),
             }
-            sys.stdout.write(
-                format_settings(settings, resolved, default_config_path(os.environ))
-            )
+            sys.stdout.write(format_settings(settings, resolved, default_config_path(os.environ)))
             return 0
         if options.traces != "off":
             options = replace(options, tracer_provider=_tracer_provider(options.traces))
     except ConfigError as exc:
         print(f"toolsetd: {exc}", file=sys.stderr)  # noqa: T201 - the operator's message
         return 2
-    configure_logging(options.settings.log_format if options.settings else "json",
-                      options.settings.log_level if options.settings else "info")
+    configure_logging(
+        options.settings.log_format if options.settings else "json",
+        options.settings.log_level if options.settings else "info",
+    )
     try:
         anyio.run(run_daemon, options, backend="asyncio")
     except BaseException as exc:

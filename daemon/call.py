@@ -148,7 +148,6 @@ class CallOutcome:
         }
 
 
-
 def elapsed_ms(t0: float) -> int:
     """Milliseconds since the monotonic time ``t0``."""
     return int((time.monotonic() - t0) * 1000)
@@ -208,4 +207,3 @@ class CallState:
                 message=message,
                 fraction=fraction,
             )
-

@@ -87,9 +87,7 @@ def _signature(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_mtime_ns, st.st_size, st.st_ino, st.st_ctime_ns)
 
 
-def trusted_signature(
-    st: os.stat_result, now_ns: int
-) -> tuple[int, int, int, int] | None:
+def trusted_signature(st: os.stat_result, now_ns: int) -> tuple[int, int, int, int] | None:
     """The stat signature, or None while the file is too fresh to be judged by it.
 
     Timestamps advance in ticks (milliseconds on most filesystems), so two writes of the
@@ -250,8 +248,13 @@ class ManifestCache:
         return f"/{source.value}/{fp}/"
 
     def _indexed(
-        self, manifest: str, set_dir: str, source: Source, reserved: frozenset[str],
-        st: os.stat_result, parent: Path | None,
+        self,
+        manifest: str,
+        set_dir: str,
+        source: Source,
+        reserved: frozenset[str],
+        st: os.stat_result,
+        parent: Path | None,
     ) -> _Cached | None:
         """The store's decision for a file it indexed with this trusted signature, unread."""
         assert self.store is not None
@@ -277,7 +280,12 @@ class ManifestCache:
         return _Cached(signature, digest, reserved, value, hashes)
 
     def _decide(
-        self, text: bytes, digest: bytes, set_dir: str, source: Source, reserved: frozenset[str],
+        self,
+        text: bytes,
+        digest: bytes,
+        set_dir: str,
+        source: Source,
+        reserved: frozenset[str],
         path: Path,
     ) -> tuple[ToolSet | ManifestError, dict[tuple[str, ApprovalSource], str], bool, str | None]:
         """Parse new bytes, or take the decision from the store.

@@ -83,9 +83,6 @@ def read_regular_file(
     return b"".join(chunks), st
 
 
-
-
-
 def load_config(home: Path) -> tuple[Config, list[Note]]:
     """Read ``<home>/config.json``; a bad part falls back to its default with a note.
 

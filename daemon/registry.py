@@ -102,7 +102,13 @@ class ReloadOutcome:
 def _fingerprint(entry: SetEntry) -> tuple[object, ...]:
     digest = entry.toolset.digest if entry.toolset is not None else None
     return (
-        entry.state, entry.enabled, entry.tools, entry.notes, entry.error, digest, str(entry.path)
+        entry.state,
+        entry.enabled,
+        entry.tools,
+        entry.notes,
+        entry.error,
+        digest,
+        str(entry.path),
     )
 
 
@@ -412,9 +418,7 @@ class Registry:
             rebuilt = False
             for key in keys:
                 old = self._snapshots.get(key)
-                refreshed = await anyio.to_thread.run_sync(
-                    self._refresh_sync, key, old is None
-                )
+                refreshed = await anyio.to_thread.run_sync(self._refresh_sync, key, old is None)
                 if refreshed is None or refreshed[0] is old:  # nothing changed: keep it
                     assert old is not None
                     catalogs[key] = old

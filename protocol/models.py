@@ -97,7 +97,12 @@ METHOD_RELOAD: Final = "reload"
 #: toolsetd's own method (not in the contract's table): the Prometheus exposition.
 METHOD_METRICS: Final = "metrics"
 METHODS: Final = (
-    METHOD_STATUS, METHOD_LIST, METHOD_CLASSIFY, METHOD_INVOKE, METHOD_CANCEL, METHOD_RELOAD,
+    METHOD_STATUS,
+    METHOD_LIST,
+    METHOD_CLASSIFY,
+    METHOD_INVOKE,
+    METHOD_CANCEL,
+    METHOD_RELOAD,
     METHOD_METRICS,
 )
 
@@ -106,7 +111,9 @@ NOTIFICATION_PROGRESS: Final = "progress"
 NOTIFICATION_COMPLETED: Final = "completed"
 NOTIFICATION_CATALOG_CHANGED: Final = "catalogChanged"
 NOTIFICATIONS: Final = (
-    NOTIFICATION_STARTED, NOTIFICATION_PROGRESS, NOTIFICATION_COMPLETED,
+    NOTIFICATION_STARTED,
+    NOTIFICATION_PROGRESS,
+    NOTIFICATION_COMPLETED,
     NOTIFICATION_CATALOG_CHANGED,
 )
 
@@ -122,13 +129,15 @@ class Mode(enum.StrEnum):
     FULL = "full"
 
 
-_MODE_ALIASES: Final = MappingProxyType({
-    "autoedit": Mode.EDIT,
-    "fullreview": Mode.AUDIT,
-    "full-review": Mode.AUDIT,
-    "fullauto": Mode.FULL,
-    "yolo": Mode.FULL,
-})
+_MODE_ALIASES: Final = MappingProxyType(
+    {
+        "autoedit": Mode.EDIT,
+        "fullreview": Mode.AUDIT,
+        "full-review": Mode.AUDIT,
+        "fullauto": Mode.FULL,
+        "yolo": Mode.FULL,
+    }
+)
 _MODE_EXPECTED: Final = (
     f"must be one of {', '.join(Mode)} "
     f"or an alias ({', '.join(f'{a} for {m}' for a, m in _MODE_ALIASES.items())})"
@@ -214,7 +223,11 @@ class _Params(BaseModel):
     """Base of params models: strict, frozen, unknown fields are errors."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="forbid", strict=True,
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+        extra="forbid",
+        strict=True,
         defer_build=True,
     )
 
@@ -223,7 +236,10 @@ class _Wire(BaseModel):
     """Base of results, notifications and nested values: frozen, unknown fields ignored."""
 
     model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, frozen=True, extra="ignore",
+        alias_generator=to_camel,
+        populate_by_name=True,
+        frozen=True,
+        extra="ignore",
         defer_build=True,
     )
 
@@ -533,38 +549,56 @@ class CatalogChangedParams(_Wire):
     changed: list[SetChange]
 
 
-PARAMS_MODELS: Final[Mapping[str, type[BaseModel]]] = MappingProxyType({
-    METHOD_STATUS: StatusParams, METHOD_LIST: ListParams, METHOD_CLASSIFY: ClassifyParams,
-    METHOD_INVOKE: InvokeParams, METHOD_CANCEL: CancelParams, METHOD_RELOAD: ReloadParams,
-    METHOD_METRICS: MetricsParams,
-})
-RESULT_MODELS: Final[Mapping[str, type[BaseModel]]] = MappingProxyType({
-    METHOD_STATUS: StatusResult, METHOD_LIST: ListResult, METHOD_CLASSIFY: Classification,
-    METHOD_INVOKE: InvokeResult, METHOD_CANCEL: CancelResult, METHOD_RELOAD: ReloadResult,
-    METHOD_METRICS: MetricsResult,
-})
-NOTIFICATION_PARAMS: Final[Mapping[str, type[BaseModel]]] = MappingProxyType({
-    NOTIFICATION_STARTED: StartedParams, NOTIFICATION_PROGRESS: ProgressParams,
-    NOTIFICATION_COMPLETED: CompletedParams, NOTIFICATION_CATALOG_CHANGED: CatalogChangedParams,
-})
+PARAMS_MODELS: Final[Mapping[str, type[BaseModel]]] = MappingProxyType(
+    {
+        METHOD_STATUS: StatusParams,
+        METHOD_LIST: ListParams,
+        METHOD_CLASSIFY: ClassifyParams,
+        METHOD_INVOKE: InvokeParams,
+        METHOD_CANCEL: CancelParams,
+        METHOD_RELOAD: ReloadParams,
+        METHOD_METRICS: MetricsParams,
+    }
+)
+RESULT_MODELS: Final[Mapping[str, type[BaseModel]]] = MappingProxyType(
+    {
+        METHOD_STATUS: StatusResult,
+        METHOD_LIST: ListResult,
+        METHOD_CLASSIFY: Classification,
+        METHOD_INVOKE: InvokeResult,
+        METHOD_CANCEL: CancelResult,
+        METHOD_RELOAD: ReloadResult,
+        METHOD_METRICS: MetricsResult,
+    }
+)
+NOTIFICATION_PARAMS: Final[Mapping[str, type[BaseModel]]] = MappingProxyType(
+    {
+        NOTIFICATION_STARTED: StartedParams,
+        NOTIFICATION_PROGRESS: ProgressParams,
+        NOTIFICATION_COMPLETED: CompletedParams,
+        NOTIFICATION_CATALOG_CHANGED: CatalogChangedParams,
+    }
+)
 
 
 # ---- validation errors ----------------------------------------------------------------
 
-_EXPECTED: Final = MappingProxyType({
-    "string_type": "must be a string",
-    "bool_type": "must be a boolean",
-    "int_type": "must be an integer",
-    "int_from_float": "must be an integer",
-    "float_type": "must be a number",
-    "dict_type": "must be an object",
-    "model_type": "must be an object",
-    "model_attributes_type": "must be an object",
-    "list_type": "must be an array",
-    "enum": "must be a valid value",
-    "missing": "is required",
-    "extra_forbidden": "unknown parameter",
-})
+_EXPECTED: Final = MappingProxyType(
+    {
+        "string_type": "must be a string",
+        "bool_type": "must be a boolean",
+        "int_type": "must be an integer",
+        "int_from_float": "must be an integer",
+        "float_type": "must be a number",
+        "dict_type": "must be an object",
+        "model_type": "must be an object",
+        "model_attributes_type": "must be an object",
+        "list_type": "must be an array",
+        "enum": "must be a valid value",
+        "missing": "is required",
+        "extra_forbidden": "unknown parameter",
+    }
+)
 
 
 def _field_name(loc: tuple[int | str, ...]) -> str:
