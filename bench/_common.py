@@ -609,3 +609,29 @@ def standalone(name: str, run: Callable[[bool], Section], doc: str | None) -> No
         "seconds": time.monotonic() - t0,
     }
     print(f"\nresults: {write_results(name, body)}")
+
+
+def run_main(name: str, run: Callable[[bool], Section], doc: str | None) -> None:
+    """The ``main()`` of a benchmark module: ``--quick``, run, print the goals, keep the results.
+
+    Args:
+        name: The results file's name (``bench/results/<name>-*.json``).
+        run: The module's ``run(quick)``.
+        doc: The module's docstring (its first line is the ``--help`` description).
+    """
+    parser = argparse.ArgumentParser(description=(doc or name).splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    t0 = time.monotonic()
+    section = run(args.quick)
+    print_goals(section.goals)
+    path = write_results(
+        name,
+        {
+            "quick": args.quick,
+            "goals": section.goals,
+            **section.data,
+            "seconds": time.monotonic() - t0,
+        },
+    )
+    print(f"\nresults: {path}")

@@ -30,7 +30,6 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "bench"
 
-import argparse
 import gc
 import json
 import os
@@ -48,16 +47,15 @@ from bench._common import (
     median,
     now_ns,
     paired,
-    print_goals,
     print_table,
     ratio_of_pairs,
     ratios,
+    run_main,
     sequential_latency,
     set_name,
     small_manifest,
     start_daemon,
     temp_base,
-    write_results,
 )
 
 # --- floors -------------------------------------------------------------------------------
@@ -489,22 +487,8 @@ def run(quick: bool = False) -> Section:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    t0 = time.monotonic()
-    section = run(args.quick)
-    print_goals(section.goals)
-    path = write_results(
-        "catalog",
-        {
-            "quick": args.quick,
-            "goals": section.goals,
-            **section.data,
-            "seconds": time.monotonic() - t0,
-        },
-    )
-    print(f"\nresults: {path}")
+    """``python -m bench.bench_catalog [--quick]``."""
+    run_main("catalog", run, __doc__)
 
 
 if __name__ == "__main__":

@@ -18,10 +18,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "bench"
 
-import argparse
 import shutil
 import subprocess
-import time
 
 from bench._common import (
     EXAMPLES,
@@ -31,12 +29,11 @@ from bench._common import (
     median,
     now_ns,
     paired,
-    print_goals,
     print_table,
     ratio_of_pairs,
+    run_main,
     start_daemon,
     temp_base,
-    write_results,
 )
 
 _CTL = str(Path(PYTHON).with_name("toolsetctl"))
@@ -114,22 +111,7 @@ def run(quick: bool = False) -> Section:
 
 def main() -> None:
     """``python -m bench.bench_cli [--quick]``."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    t0 = time.monotonic()
-    section = run(args.quick)
-    print_goals(section.goals)
-    path = write_results(
-        "cli",
-        {
-            "quick": args.quick,
-            "goals": section.goals,
-            **section.data,
-            "seconds": time.monotonic() - t0,
-        },
-    )
-    print(f"\nresults: {path}")
+    run_main("cli", run, __doc__)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "bench"
 
-import argparse
 import asyncio
 import contextlib
 import socket
@@ -44,13 +43,12 @@ from bench._common import (
     make_home,
     median,
     paired,
-    print_goals,
     print_table,
     ratio_of_pairs,
+    run_main,
     sequential_latency,
     start_daemon,
     temp_base,
-    write_results,
 )
 from bench.bench_invoke import DAEMON_ARGS, invoke_params
 
@@ -330,22 +328,8 @@ def run(quick: bool = False) -> Section:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    t0 = time.monotonic()
-    section = run(args.quick)
-    print_goals(section.goals)
-    path = write_results(
-        "mcp_http",
-        {
-            "quick": args.quick,
-            "goals": section.goals,
-            **section.data,
-            "seconds": time.monotonic() - t0,
-        },
-    )
-    print(f"\nresults: {path}")
+    """``python -m bench.bench_mcp_http [--quick]``."""
+    run_main("mcp_http", run, __doc__)
 
 
 if __name__ == "__main__":

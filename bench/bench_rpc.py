@@ -25,10 +25,8 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "bench"
 
-import argparse
 import functools
 import gc
-import time
 from typing import Any
 
 import anyio
@@ -42,16 +40,15 @@ from bench._common import (
     now_ns,
     paired,
     percentile,
-    print_goals,
     print_table,
     ratio_of_pairs,
     ratios,
+    run_main,
     sequential_latency,
     start_baseline,
     start_daemon,
     temp_base,
     throughput,
-    write_results,
 )
 
 
@@ -240,22 +237,8 @@ def run(quick: bool = False) -> Section:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    t0 = time.monotonic()
-    section = run(args.quick)
-    print_goals(section.goals)
-    path = write_results(
-        "rpc",
-        {
-            "quick": args.quick,
-            "goals": section.goals,
-            **section.data,
-            "seconds": time.monotonic() - t0,
-        },
-    )
-    print(f"\nresults: {path}")
+    """``python -m bench.bench_rpc [--quick]``."""
+    run_main("rpc", run, __doc__)
 
 
 if __name__ == "__main__":
