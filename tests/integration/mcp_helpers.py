@@ -15,11 +15,15 @@ from mcp import StdioServerParameters
 from .conftest import Daemon, write_set
 
 PY = sys.executable
+#: The interpreter of the test tools' scripts: the venv's own interpreter file, outside the
+#: checkout, so a sandboxed project tool (whose /tmp is private) still finds it when the
+#: checkout lives under /tmp. The tools use the standard library only.
+TOOL_PY = os.path.realpath(sys.executable)
 
 
 def script(body: str) -> str:
     """An executable Python script for a tool set."""
-    return f"#!{PY}\n{body}"
+    return f"#!{TOOL_PY}\n{body}"
 
 
 def tool(command: str, *, schema: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:

@@ -61,7 +61,7 @@ PROBE = textwrap.dedent(
         elif action == "escape":
             marker = args["marker"]
             subprocess.Popen(
-                [sys.executable, "-c", "import time; time.sleep(1000)", marker],
+                [os.path.realpath(sys.executable), "-c", "import time; time.sleep(1000)", marker],
                 start_new_session=True, stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             )
@@ -157,7 +157,9 @@ def _make_tree(config: str = "", args: tuple[str, ...] = (), **manifest: Any) ->
     home = base / "home"
     workspace = base / "ws"
     user_home = base / "uh"
-    probe = PROBE.format(python=sys.executable)
+    # The interpreter file itself, not the venv link: a checkout under /tmp is hidden by the
+    # sandbox's private /tmp (the probe uses the standard library only).
+    probe = PROBE.format(python=os.path.realpath(sys.executable))
     write_set(home / "tools", "hp", _manifest("h", **manifest), **{"probe.py": probe})
     write_set(workspace / ".crystal" / "tools", "pp", _manifest("p", **manifest),
               **{"probe.py": probe})
