@@ -705,18 +705,22 @@ def claude_cli() -> Path:
     binary = cache / "node_modules" / ".bin" / "claude"
     if not binary.exists():
         cache.mkdir(parents=True, exist_ok=True)
-        done = subprocess.run(
-            [npm, "install", "--prefix", str(cache), "@anthropic-ai/claude-code"],
-            capture_output=True,
-            timeout=600,
-            check=False,
-        )
+        try:
+            done = subprocess.run(
+                [npm, "install", "--prefix", str(cache), "@anthropic-ai/claude-code"],
+                capture_output=True,
+                timeout=600,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.skip("npm did not install Claude Code within 600 s")
         if done.returncode != 0 or not binary.exists():
             pytest.skip(f"could not install Claude Code: {done.stderr.decode()[-300:]}")
     return binary
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # a fresh machine installs Claude Code from npm first
 def test_mcp_claude_code_connects(
     claude_cli: Path, mcp_daemon: Daemon, workspace: Path, tmp_base: Path
 ) -> None:
