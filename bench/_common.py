@@ -594,13 +594,18 @@ class Section:
     data: dict[str, Any] = field(default_factory=dict)
 
 
-def standalone(name: str, run: Callable[[bool], Section], doc: str | None) -> None:
-    """``python -m bench.bench_<name> [--quick]``: run one benchmark, print its goals, save it."""
+def standalone(name: str, run: Callable[[bool], Section | None], doc: str | None) -> None:
+    """``python -m bench.bench_<name> [--quick]``: run one benchmark, print its goals, save it.
+
+    A ``run`` that returns None skipped itself (it printed why): nothing is saved.
+    """
     parser = argparse.ArgumentParser(description=(doc or name).splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     t0 = time.monotonic()
     section = run(args.quick)
+    if section is None:
+        return
     print_goals(section.goals)
     body = {
         "quick": args.quick,
@@ -609,29 +614,3 @@ def standalone(name: str, run: Callable[[bool], Section], doc: str | None) -> No
         "seconds": time.monotonic() - t0,
     }
     print(f"\nresults: {write_results(name, body)}")
-
-
-def run_main(name: str, run: Callable[[bool], Section], doc: str | None) -> None:
-    """The ``main()`` of a benchmark module: ``--quick``, run, print the goals, keep the results.
-
-    Args:
-        name: The results file's name (``bench/results/<name>-*.json``).
-        run: The module's ``run(quick)``.
-        doc: The module's docstring (its first line is the ``--help`` description).
-    """
-    parser = argparse.ArgumentParser(description=(doc or name).splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    t0 = time.monotonic()
-    section = run(args.quick)
-    print_goals(section.goals)
-    path = write_results(
-        name,
-        {
-            "quick": args.quick,
-            "goals": section.goals,
-            **section.data,
-            "seconds": time.monotonic() - t0,
-        },
-    )
-    print(f"\nresults: {path}")

@@ -50,10 +50,10 @@ from bench._common import (
     print_table,
     ratio_of_pairs,
     ratios,
-    run_main,
     sequential_latency,
     set_name,
     small_manifest,
+    standalone,
     start_daemon,
     temp_base,
 )
@@ -488,7 +488,7 @@ def run(quick: bool = False) -> Section:
 
 def main() -> None:
     """``python -m bench.bench_catalog [--quick]``."""
-    run_main("catalog", run, __doc__)
+    standalone("catalog", run, __doc__)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from bench._common import (
     paired,
     print_table,
     ratio_of_pairs,
-    run_main,
+    standalone,
     start_daemon,
     temp_base,
 )
@@ -111,7 +111,7 @@ def run(quick: bool = False) -> Section:
 
 def main() -> None:
     """``python -m bench.bench_cli [--quick]``."""
-    run_main("cli", run, __doc__)
+    standalone("cli", run, __doc__)
 
 
 if __name__ == "__main__":

@@ -30,11 +30,9 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "bench"
 
-import argparse
 import json
 import os
 import subprocess
-import time
 from typing import Any
 
 from bench._common import (
@@ -46,15 +44,14 @@ from bench._common import (
     median,
     paired,
     percentile,
-    print_goals,
     print_table,
     ratio_of_pairs,
     ratios,
     sequential_latency,
+    standalone,
     start_daemon,
     temp_base,
     throughput,
-    write_results,
 )
 from bench.bench_invoke import DAEMON_ARGS, invoke_params
 
@@ -285,24 +282,8 @@ def run(quick: bool = False) -> Section | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    t0 = time.monotonic()
-    section = run(args.quick)
-    if section is None:
-        return
-    print_goals(section.goals)
-    path = write_results(
-        "mcp",
-        {
-            "quick": args.quick,
-            "goals": section.goals,
-            **section.data,
-            "seconds": time.monotonic() - t0,
-        },
-    )
-    print(f"\nresults: {path}")
+    """``python -m bench.bench_mcp [--quick]``."""
+    standalone("mcp", run, __doc__)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "bench"
 
-import argparse
 import json
 import subprocess
 import time
@@ -41,13 +40,12 @@ from bench._common import (
     make_home,
     median,
     paired,
-    print_goals,
     print_table,
     ratio_of_pairs,
     sequential_latency,
+    standalone,
     start_daemon,
     temp_base,
-    write_results,
 )
 from bench.bench_invoke import DAEMON_ARGS, invoke_params
 from bench.bench_mcp import mcp_python
@@ -411,24 +409,8 @@ def run(quick: bool = False) -> Section | None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    args = parser.parse_args()
-    t0 = time.monotonic()
-    section = run(args.quick)
-    if section is None:
-        return
-    print_goals(section.goals)
-    path = write_results(
-        "mcp_face",
-        {
-            "quick": args.quick,
-            "goals": section.goals,
-            **section.data,
-            "seconds": time.monotonic() - t0,
-        },
-    )
-    print(f"\nresults: {path}")
+    """``python -m bench.bench_mcp_face [--quick]``."""
+    standalone("mcp_face", run, __doc__)
 
 
 if __name__ == "__main__":

@@ -45,8 +45,8 @@ from bench._common import (
     paired,
     print_table,
     ratio_of_pairs,
-    run_main,
     sequential_latency,
+    standalone,
     start_daemon,
     temp_base,
 )
@@ -329,7 +329,7 @@ def run(quick: bool = False) -> Section:
 
 def main() -> None:
     """``python -m bench.bench_mcp_http [--quick]``."""
-    run_main("mcp_http", run, __doc__)
+    standalone("mcp_http", run, __doc__)
 
 
 if __name__ == "__main__":

@@ -43,8 +43,8 @@ from bench._common import (
     print_table,
     ratio_of_pairs,
     ratios,
-    run_main,
     sequential_latency,
+    standalone,
     start_baseline,
     start_daemon,
     temp_base,
@@ -238,7 +238,7 @@ def run(quick: bool = False) -> Section:
 
 def main() -> None:
     """``python -m bench.bench_rpc [--quick]``."""
-    run_main("rpc", run, __doc__)
+    standalone("rpc", run, __doc__)
 
 
 if __name__ == "__main__":
