@@ -4,21 +4,7 @@ from __future__ import annotations
 
 import sys
 
-#: Global options that take a value (so their value is not taken for the command).
-_VALUED = frozenset({"--socket", "--workspace", "--home", "--format"})
-
-
-def _command(argv: list[str]) -> str | None:
-    """The subcommand named in ``argv``: the first word that is not an option or its value."""
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in _VALUED:
-            skip = True
-        elif not arg.startswith("-"):
-            return arg
-    return None
+from .command import command_in
 
 
 def main() -> None:
@@ -27,7 +13,7 @@ def main() -> None:
     ``toolsetctl mcp`` goes to the stdlib-only pump before anything else is imported: MCP
     hosts start it once per session and wait for its first answer.
     """
-    if _command(sys.argv[1:]) == "mcp":
+    if command_in(sys.argv[1:]) == "mcp":
         from .mcp import main as mcp_main
 
         sys.exit(mcp_main(sys.argv[1:]))

@@ -79,6 +79,7 @@ if TYPE_CHECKING:
     import argparse
     from typing import Any, TextIO
 
+# The exit codes are re-exported on purpose: scripts and tests import them from the CLI.
 __all__ = [
     "CLI_ERROR_CODES",
     "EXIT_BUSY",

@@ -10,9 +10,10 @@ builds only the subcommand the command line names (``command_in``), and all of t
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 
 from toolsetd.protocol import __version__
+
+from .command import command_in
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
@@ -91,20 +92,6 @@ def _global_options() -> _Parser:
         "running daemon's home, else env CRYSTAL_HOME, else ~/.crystal)",
     )
     return common
-
-
-def command_in(argv: Sequence[str]) -> str | None:
-    """The subcommand ``argv`` names (the first word that is not an option or its value)."""
-    takes_value = {"--socket", "--format", "--workspace", "--home"}
-    skip = False
-    for arg in argv:
-        if skip:
-            skip = False
-        elif arg in takes_value:
-            skip = True
-        elif arg == "--" or not arg.startswith("-"):
-            return arg
-    return None
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
