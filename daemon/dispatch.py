@@ -29,7 +29,6 @@ from typing import Any
 
 import anyio
 import structlog
-from pydantic import ValidationError
 from structlog.contextvars import bind_contextvars, reset_contextvars
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol.jsonrpc import (
@@ -39,7 +38,6 @@ from toolsetd.protocol.jsonrpc import (
     error_message,
     parse_envelope,
 )
-from toolsetd.protocol.models import params_error
 
 from .connection import Connection, Handler, RequestContext
 
@@ -165,10 +163,6 @@ def _boundary(name: str, handler: Handler) -> Callable[[RequestContext, Any], Aw
         except rpc_errors.RpcError as exc:
             log.info("request_refused", code=exc.code, ms=_ms(started))
             return _Failure(exc.code, exc.message, _NO_DATA if exc.data is None else exc.data)
-        except ValidationError as exc:
-            error = params_error(exc)
-            log.info("request_refused", code=error.code, ms=_ms(started))
-            return _Failure(error.code, error.message, error.data)
         except Exception:
             incident = uuid.uuid4().hex[:12]
             log.exception("request_failed", incident=incident)

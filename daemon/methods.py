@@ -2,11 +2,12 @@
 
 Theory of operation
 -------------------
-Each handler takes the request context and the named params, validates the params with
-the protocol's pydantic model (a ``ValidationError`` becomes InvalidParams at the server's
-boundary), calls the ``Service`` (``service.py``), and returns a plain dict in the
-contract's wire shape. Everything a call means (the order of the checks, the policy, the
-run and its event bookkeeping) lives in the service; this module only translates shapes:
+Each handler takes the request context and the named params, checks the params with
+the protocol's plain checks (``protocol/params.py``: the params models' rules without
+pydantic; a bad field is InvalidParams naming it), calls the ``Service`` (``service.py``),
+and returns a plain dict in the contract's wire shape. Everything a call means (the
+order of the checks, the policy, the run and its event bookkeeping) lives in the
+service; this module only translates shapes:
 ``_NativeSink`` turns the service's call events into ``started``, ``progress`` and
 ``completed`` notifications on the calling connection, and a catalog listener turns
 reloads into ``catalogChanged`` for the connections that listed with ``subscribe``.
@@ -24,7 +25,8 @@ from typing import Any
 import orjson
 from toolsetd.protocol import __version__
 from toolsetd.protocol import errors as rpc_errors
-from toolsetd.protocol import models as m
+from toolsetd.protocol import names as m
+from toolsetd.protocol import params as params_check
 
 from .catalog import note_info, set_info, tool_info
 from .model import Catalog, CatalogName, LoadedTool
@@ -139,7 +141,7 @@ class Handlers:
         if params or type(params) is not dict:
             # ``status`` takes no params: only a non-empty object or an array can be wrong,
             # and the empty object every status call carries skips the model.
-            m.StatusParams.model_validate(self._named(params))
+            params_check.no_args(self._named(params))
         connections = self._connections()
         service = self.service
         return {
@@ -161,7 +163,7 @@ class Handlers:
 
     async def list(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """The catalog of a workspace (or of home alone): tools, sets and notes."""
-        p = m.ListParams.model_validate(self._named(params))
+        p = params_check.list_args(self._named(params))
         workspace = self.service.workspace(p.workspace)
         catalog = await self.service.catalog(workspace)
         if p.subscribe:
@@ -191,7 +193,7 @@ class Handlers:
 
     async def classify(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """Classify a prospective call: paths, scope, approval and the decision."""
-        p = m.ClassifyParams.model_validate(self._named(params))
+        p = params_check.classify_args(self._named(params))
         prepared = await self.service.prepare(
             p.tool, p.arguments, p.workspace, p.mode, p.headless, None
         )
@@ -199,7 +201,7 @@ class Handlers:
 
     async def invoke(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """Run a tool: enforce the classification, stream events, answer the result."""
-        p = m.InvokeParams.model_validate(self._named(params))
+        p = params_check.invoke_args(self._named(params))
         connection = ctx.connection
         call_id, outcome = await self.service.invoke(
             InvokeRequest(
@@ -222,13 +224,13 @@ class Handlers:
 
     async def cancel(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """Cancel an in-flight call by id (any connection's)."""
-        p = m.CancelParams.model_validate(self._named(params))
+        p = params_check.cancel_args(self._named(params))
         self.service.cancel(p.call_id)
         return {"cancelled": True}
 
     async def reload(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """Rescan tool sets and answer what changed."""
-        p = m.ReloadParams.model_validate(self._named(params))
+        p = params_check.reload_args(self._named(params))
         workspace = self.service.workspace(p.workspace)
         config = self._reload_config() if self._reload_config is not None else None
         if workspace is not None:
@@ -253,7 +255,7 @@ class Handlers:
 
     async def metrics(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """The Prometheus exposition of the daemon's metrics."""
-        m.MetricsParams.model_validate(self._named(params))
+        params_check.no_args(self._named(params))
         if self._metrics_text is None:
             raise rpc_errors.MethodNotFound("Method not found: this daemon keeps no metrics.")
         text, content_type = self._metrics_text()

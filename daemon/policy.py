@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from toolsetd.protocol.models import Mode, parse_mode
+from toolsetd.protocol.modes import Mode, parse_mode
 
 from .model import Approval, ApprovalSource, LoadedTool, Source
 from .paths import (

@@ -50,7 +50,7 @@ import anyio
 import orjson
 import structlog
 from toolsetd.protocol import errors as rpc_errors
-from toolsetd.protocol import models as m
+from toolsetd.protocol import modes as m
 
 from .confinement import Confinement
 from .model import Catalog, CatalogName, LoadedTool

@@ -1,7 +1,9 @@
 """toolsetd wire protocol: pure models, framing and error codes (no I/O).
 
 The public API is re-exported here; see ``errors``, ``codec``, ``jsonrpc`` and
-``models`` for the details and theory of operation.
+``models`` for the details and theory of operation. ``names`` (the method and notification
+names), ``modes`` (the approval modes) and ``params`` (the params checks the daemon runs,
+equal to the params models' rules) need no pydantic.
 
 Every name is loaded from its submodule on first use (PEP 562): ``toolsetctl`` imports
 ``toolsetd.protocol.errors`` at every start and must not pay for pydantic (``models``),
@@ -64,19 +66,7 @@ if TYPE_CHECKING:
     )
     from .jsontext import JsonNumber
     from .models import (
-        METHOD_CANCEL,
-        METHOD_CLASSIFY,
-        METHOD_INVOKE,
-        METHOD_LIST,
-        METHOD_RELOAD,
-        METHOD_STATUS,
-        METHODS,
-        NOTIFICATION_CATALOG_CHANGED,
-        NOTIFICATION_COMPLETED,
         NOTIFICATION_PARAMS,
-        NOTIFICATION_PROGRESS,
-        NOTIFICATION_STARTED,
-        NOTIFICATIONS,
         PARAMS_MODELS,
         RESULT_MODELS,
         ApprovalInfo,
@@ -93,7 +83,6 @@ if TYPE_CHECKING:
         InvokeResult,
         ListParams,
         ListResult,
-        Mode,
         NoteInfo,
         PathInfo,
         ProgressParams,
@@ -108,7 +97,21 @@ if TYPE_CHECKING:
         TextContent,
         ToolInfo,
         params_error,
-        parse_mode,
+    )
+    from .modes import Mode, parse_mode
+    from .names import (
+        METHOD_CANCEL,
+        METHOD_CLASSIFY,
+        METHOD_INVOKE,
+        METHOD_LIST,
+        METHOD_RELOAD,
+        METHOD_STATUS,
+        METHODS,
+        NOTIFICATION_CATALOG_CHANGED,
+        NOTIFICATION_COMPLETED,
+        NOTIFICATION_PROGRESS,
+        NOTIFICATION_STARTED,
+        NOTIFICATIONS,
     )
 
 #: Where each public name lives: the submodule is imported when the name is first used.
@@ -156,6 +159,8 @@ _HOMES: dict[str, str] = {
     "parse_envelope": "jsonrpc",
     "parse_response": "jsonrpc",
     "result_message": "jsonrpc",
+    "Mode": "modes",
+    "parse_mode": "modes",
     **dict.fromkeys(
         {
             "METHOD_CANCEL",
@@ -167,10 +172,15 @@ _HOMES: dict[str, str] = {
             "METHODS",
             "NOTIFICATION_CATALOG_CHANGED",
             "NOTIFICATION_COMPLETED",
-            "NOTIFICATION_PARAMS",
             "NOTIFICATION_PROGRESS",
             "NOTIFICATION_STARTED",
             "NOTIFICATIONS",
+        },
+        "names",
+    ),
+    **dict.fromkeys(
+        {
+            "NOTIFICATION_PARAMS",
             "PARAMS_MODELS",
             "RESULT_MODELS",
             "ApprovalInfo",
@@ -187,7 +197,6 @@ _HOMES: dict[str, str] = {
             "InvokeResult",
             "ListParams",
             "ListResult",
-            "Mode",
             "NoteInfo",
             "PathInfo",
             "ProgressParams",
@@ -202,7 +211,6 @@ _HOMES: dict[str, str] = {
             "TextContent",
             "ToolInfo",
             "params_error",
-            "parse_mode",
         },
         "models",
     ),

@@ -12,8 +12,6 @@ Dump with ``model.model_dump(mode="json", by_alias=True)`` (the builders in
 
 from __future__ import annotations
 
-import enum
-import re
 from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Annotated, Any, Final, Literal
@@ -32,7 +30,23 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from .errors import InvalidParams
-from .jsontext import nesting_exceeds
+from .modes import Mode, parse_mode
+from .names import (
+    METHOD_CANCEL,
+    METHOD_CLASSIFY,
+    METHOD_INVOKE,
+    METHOD_LIST,
+    METHOD_METRICS,
+    METHOD_RELOAD,
+    METHOD_STATUS,
+    METHODS,
+    NOTIFICATION_CATALOG_CHANGED,
+    NOTIFICATION_COMPLETED,
+    NOTIFICATION_PROGRESS,
+    NOTIFICATION_STARTED,
+    NOTIFICATIONS,
+)
+from .params import MAX_ARGUMENT_DEPTH, check_arguments, check_mode, check_traceparent
 
 __all__ = [
     "MAX_ARGUMENT_DEPTH",
@@ -88,125 +102,10 @@ __all__ = [
     "parse_mode",
 ]
 
-METHOD_STATUS: Final = "status"
-METHOD_LIST: Final = "list"
-METHOD_CLASSIFY: Final = "classify"
-METHOD_INVOKE: Final = "invoke"
-METHOD_CANCEL: Final = "cancel"
-METHOD_RELOAD: Final = "reload"
-#: toolsetd's own method (not in the contract's table): the Prometheus exposition.
-METHOD_METRICS: Final = "metrics"
-METHODS: Final = (
-    METHOD_STATUS,
-    METHOD_LIST,
-    METHOD_CLASSIFY,
-    METHOD_INVOKE,
-    METHOD_CANCEL,
-    METHOD_RELOAD,
-    METHOD_METRICS,
-)
-
-NOTIFICATION_STARTED: Final = "started"
-NOTIFICATION_PROGRESS: Final = "progress"
-NOTIFICATION_COMPLETED: Final = "completed"
-NOTIFICATION_CATALOG_CHANGED: Final = "catalogChanged"
-NOTIFICATIONS: Final = (
-    NOTIFICATION_STARTED,
-    NOTIFICATION_PROGRESS,
-    NOTIFICATION_COMPLETED,
-    NOTIFICATION_CATALOG_CHANGED,
-)
-
-
-class Mode(enum.StrEnum):
-    """The six approval modes of the reference host."""
-
-    PLAN = "plan"
-    DEFAULT = "default"
-    EDIT = "edit"
-    REVIEW = "review"
-    AUDIT = "audit"
-    FULL = "full"
-
-
-_MODE_ALIASES: Final = MappingProxyType(
-    {
-        "autoedit": Mode.EDIT,
-        "fullreview": Mode.AUDIT,
-        "full-review": Mode.AUDIT,
-        "fullauto": Mode.FULL,
-        "yolo": Mode.FULL,
-    }
-)
-_MODE_EXPECTED: Final = (
-    f"must be one of {', '.join(Mode)} "
-    f"or an alias ({', '.join(f'{a} for {m}' for a, m in _MODE_ALIASES.items())})"
-)
-
-
-def parse_mode(name: str) -> Mode:
-    """Parse an approval mode name the way the reference host does.
-
-    Args:
-        name: A mode or alias, compared case-insensitively after trimming.
-
-    Returns:
-        The mode.
-
-    Raises:
-        ValueError: Not a mode or alias (``auto`` included); the message lists the valid
-            names and aliases and never repeats the input.
-    """
-    if isinstance(name, Mode):
-        return name
-    if not isinstance(name, str):
-        raise ValueError(f"invalid mode: {_MODE_EXPECTED}")
-    key = name.strip().lower()
-    try:
-        return Mode(key)
-    except ValueError:
-        pass
-    mode = _MODE_ALIASES.get(key)
-    if mode is None:
-        raise ValueError(f"invalid mode: {_MODE_EXPECTED}")
-    return mode
-
-
-def _coerce_mode(value: Any) -> Mode:
-    """Turn a mode name or alias into a ``Mode`` for a params model."""
-    if isinstance(value, Mode):
-        return value
-    if isinstance(value, str):
-        try:
-            return parse_mode(value)
-        except ValueError:
-            pass
-    # The message (not the input) reaches params_error's output.
-    raise ValueError(_MODE_EXPECTED)
-
-
-ModeField = Annotated[Mode, BeforeValidator(_coerce_mode)]
-
-#: W3C Trace Context ``traceparent``, version 00 (ids of all zeros are invalid).
-_TRACEPARENT: Final = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
-
-#: The deepest ``arguments`` accepted (objects and arrays, the arguments object itself
-#: counting as 1), as System.Text.Json's default in the reference host. Deeper arguments get
-#: -32602: every response that echoes them (classify, -32003/-32004 data) stays encodable.
-MAX_ARGUMENT_DEPTH: Final = 64
-
-
-def _check_depth(value: Any) -> Any:
-    if nesting_exceeds(value, MAX_ARGUMENT_DEPTH):
-        raise ValueError(
-            f"must nest at most {MAX_ARGUMENT_DEPTH} levels of objects and arrays "
-            "(the arguments object is level 1)"
-        )
-    return value
-
+ModeField = Annotated[Mode, BeforeValidator(check_mode)]
 
 #: The ``arguments`` of classify and invoke: any JSON value, nested at most 64 deep.
-ArgumentsField = Annotated[Any, AfterValidator(_check_depth)]
+ArgumentsField = Annotated[Any, AfterValidator(check_arguments)]
 
 Source = Literal["home", "project"]
 Catalog = Literal["plan", "work"]
@@ -426,11 +325,7 @@ class InvokeParams(_Params):
     @field_validator("traceparent")
     @classmethod
     def _w3c_traceparent(cls, value: str | None) -> str | None:
-        if value is not None and not _TRACEPARENT.match(value):
-            raise ValueError(
-                "must be a W3C traceparent: 00-<32 hex digits>-<16 hex digits>-<2 hex digits>"
-            )
-        return value
+        return check_traceparent(value)  # type: ignore[no-any-return]  # str or None, as given
 
 
 class InvokeResult(_Wire):

@@ -13,7 +13,8 @@ import pytest
 def _modules_after(code: str) -> dict[str, bool]:
     probe = (
         f"{code}\nimport json, sys\n"
-        "print(json.dumps({m: m in sys.modules for m in ('rich', 'jsonschema', 'jsonrpcserver')}))"
+        "print(json.dumps({m: m in sys.modules for m in "
+        "('rich', 'jsonschema', 'jsonrpcserver', 'pydantic')}))"
     )
     out = subprocess.run(  # noqa: TID251 - a fresh interpreter is the point of the test
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
@@ -22,17 +23,25 @@ def _modules_after(code: str) -> dict[str, bool]:
     return result
 
 
-def test_daemon_start_imports_no_rich_no_jsonschema_and_builds_no_model() -> None:
+def test_daemon_start_imports_no_rich_no_jsonschema_no_pydantic() -> None:
     """Importing the daemon (and configuring JSON logs) loads neither rich (which structlog
-    would pull in) nor jsonschema or jsonrpcserver, and builds no pydantic validator yet."""
+    would pull in) nor jsonschema, jsonrpcserver or pydantic (params are checked by
+    ``protocol/params.py``)."""
     loaded = _modules_after(
         "import toolsetd.daemon.app\n"
         "from toolsetd.daemon.logs import configure_logging\n"
         "configure_logging('json', 'info')\n"
+    )
+    assert loaded == {"rich": False, "jsonschema": False, "jsonrpcserver": False, "pydantic": False}
+
+
+def test_client_models_build_no_validator_at_import() -> None:
+    """The models (for clients) build no pydantic validator until one is used."""
+    loaded = _modules_after(
         "from toolsetd.protocol import models\n"
         "assert not models.InvokeParams.__pydantic_complete__\n"
     )
-    assert loaded == {"rich": False, "jsonschema": False, "jsonrpcserver": False}
+    assert loaded["pydantic"] is True
 
 
 def test_console_logs_still_print_exceptions_without_rich() -> None:

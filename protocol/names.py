@@ -1,0 +1,54 @@
+"""The names of the methods and notifications on the wire.
+
+Pure constants (no pydantic): the daemon's native face builds its method table from them
+at every start; ``models`` re-exports them beside the models of each method.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+__all__ = [
+    "METHODS",
+    "METHOD_CANCEL",
+    "METHOD_CLASSIFY",
+    "METHOD_INVOKE",
+    "METHOD_LIST",
+    "METHOD_METRICS",
+    "METHOD_RELOAD",
+    "METHOD_STATUS",
+    "NOTIFICATIONS",
+    "NOTIFICATION_CATALOG_CHANGED",
+    "NOTIFICATION_COMPLETED",
+    "NOTIFICATION_PROGRESS",
+    "NOTIFICATION_STARTED",
+]
+
+METHOD_STATUS: Final = "status"
+METHOD_LIST: Final = "list"
+METHOD_CLASSIFY: Final = "classify"
+METHOD_INVOKE: Final = "invoke"
+METHOD_CANCEL: Final = "cancel"
+METHOD_RELOAD: Final = "reload"
+#: toolsetd's own method (not in the contract's table): the Prometheus exposition.
+METHOD_METRICS: Final = "metrics"
+METHODS: Final = (
+    METHOD_STATUS,
+    METHOD_LIST,
+    METHOD_CLASSIFY,
+    METHOD_INVOKE,
+    METHOD_CANCEL,
+    METHOD_RELOAD,
+    METHOD_METRICS,
+)
+
+NOTIFICATION_STARTED: Final = "started"
+NOTIFICATION_PROGRESS: Final = "progress"
+NOTIFICATION_COMPLETED: Final = "completed"
+NOTIFICATION_CATALOG_CHANGED: Final = "catalogChanged"
+NOTIFICATIONS: Final = (
+    NOTIFICATION_STARTED,
+    NOTIFICATION_PROGRESS,
+    NOTIFICATION_COMPLETED,
+    NOTIFICATION_CATALOG_CHANGED,
+)

@@ -1,0 +1,279 @@
+"""Plain checks of every method's params: what the pydantic params models accept, without pydantic.
+
+Theory of operation
+-------------------
+The daemon checks every request's params here, so neither its start nor its request path
+loads pydantic (importing it and the models was about a third of the daemon's imports).
+``models`` keeps the params models as the contract's description for clients and docs.
+``tests/protocol/test_params.py`` runs both over generated params and proves them alike:
+the same objects pass, with the same values, and the same objects fail, with the same
+``InvalidParams`` message and data.
+
+The rules are the models' own:
+
+* Strict types. A string is a ``str``, a boolean is a ``bool`` (never ``1``), ``null``
+  is accepted only where the field may be absent and has no other default.
+* Names. Each field is read under its camelCase wire name, else under its snake_case
+  Python name. When both are given, the wire name wins and the other is an unknown
+  parameter.
+* Errors. Every field is checked in the model's order, and then every unknown key in
+  the order given. Each error names the key it read, and no error repeats an input value.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from .errors import InvalidParams
+from .jsontext import nesting_exceeds
+from .modes import MODE_EXPECTED, Mode, parse_mode
+
+__all__ = [
+    "MAX_ARGUMENT_DEPTH",
+    "CancelArgs",
+    "ClassifyArgs",
+    "InvokeArgs",
+    "ListArgs",
+    "ReloadArgs",
+    "cancel_args",
+    "check_arguments",
+    "check_mode",
+    "check_traceparent",
+    "classify_args",
+    "invoke_args",
+    "list_args",
+    "no_args",
+    "reload_args",
+]
+
+#: The deepest ``arguments`` accepted (objects and arrays, the arguments object itself
+#: counting as 1), as System.Text.Json's default in the reference host. Deeper arguments get
+#: -32602: every response that echoes them (classify, -32003/-32004 data) stays encodable.
+MAX_ARGUMENT_DEPTH: Final = 64
+_TRACEPARENT: Final = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
+_REQUIRED: Final = object()
+
+
+class _Bad(ValueError):
+    """One field's value is wrong; the message says what was expected, never the value.
+
+    A ``ValueError``, so ``models`` uses the same checks as pydantic validators.
+    """
+
+
+def _string(value: Any) -> Any:
+    if type(value) is not str:
+        raise _Bad("must be a string")
+    return value
+
+
+def _optional_string(value: Any) -> Any:
+    return None if value is None else _string(value)
+
+
+def _boolean(value: Any) -> Any:
+    if type(value) is not bool:
+        raise _Bad("must be a boolean")
+    return value
+
+
+def _catalog(value: Any) -> Any:
+    if value is None or (type(value) is str and value in ("plan", "work")):
+        return value
+    raise _Bad("must be 'plan' or 'work'")
+
+
+def check_mode(value: Any) -> Mode:
+    """A mode name or alias as a ``Mode`` (``ValueError`` listing the names otherwise)."""
+    if isinstance(value, str):
+        try:
+            return parse_mode(value)
+        except ValueError:
+            pass
+    raise _Bad(MODE_EXPECTED)
+
+
+def check_arguments(value: Any) -> Any:
+    """``arguments``, unless nested deeper than ``MAX_ARGUMENT_DEPTH``."""
+    if nesting_exceeds(value, MAX_ARGUMENT_DEPTH):
+        raise _Bad(
+            f"must nest at most {MAX_ARGUMENT_DEPTH} levels of objects and arrays "
+            "(the arguments object is level 1)"
+        )
+    return value
+
+
+def check_traceparent(value: Any) -> Any:
+    """A W3C ``traceparent`` (version 00) or None."""
+    if value is None:
+        return None
+    if type(value) is not str:
+        raise _Bad("must be a string")
+    if not _TRACEPARENT.match(value):
+        raise _Bad("must be a W3C traceparent: 00-<32 hex digits>-<16 hex digits>-<2 hex digits>")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str  # the Python name
+    wire: str  # the camelCase name
+    check: Callable[[Any], Any]
+    default: Any = _REQUIRED
+
+
+def _fields(*spec: tuple[Any, ...]) -> tuple[_Field, ...]:
+    """Fields from ``(python_name, check[, default])``; the wire name is its camelCase."""
+    fields = []
+    for name, check, *default in spec:
+        head, *rest = name.split("_")
+        wire = head + "".join(part.title() for part in rest)
+        fields.append(_Field(name, wire, check, *default))
+    return tuple(fields)
+
+
+def _read(fields: tuple[_Field, ...], params: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of ``fields`` in ``params``, or ``InvalidParams`` naming every problem."""
+    values: dict[str, Any] = {}
+    problems: list[tuple[str, str]] = []
+    used = 0
+    for field in fields:
+        key = field.wire if field.wire in params else field.name
+        if key not in params:
+            if field.default is _REQUIRED:
+                problems.append((field.wire, "is required"))
+            else:
+                values[field.name] = field.default
+            continue
+        used += 1
+        try:
+            values[field.name] = field.check(params[key])
+        except _Bad as bad:
+            problems.append((key, str(bad)))
+    if used != len(params):
+        known = {f.wire for f in fields}
+        taken = {f.name for f in fields if f.wire not in params}
+        problems.extend(
+            (key, "unknown parameter") for key in params if key not in known and key not in taken
+        )
+    if problems:
+        parts = [
+            f"unknown parameter '{key}'" if message == "unknown parameter" else f"'{key}' {message}"
+            for key, message in problems
+        ]
+        data = [{"field": key, "message": message} for key, message in problems]
+        raise InvalidParams("Invalid params: " + "; ".join(parts), data)
+    return values
+
+
+@dataclass(frozen=True, slots=True)
+class ListArgs:
+    """The params of ``list``."""
+
+    workspace: str | None
+    catalog: str | None
+    subscribe: bool
+
+
+@dataclass(frozen=True, slots=True)
+class ClassifyArgs:
+    """The params of ``classify``."""
+
+    tool: str
+    arguments: Any
+    workspace: str
+    mode: Mode
+    headless: bool
+
+
+@dataclass(frozen=True, slots=True)
+class InvokeArgs:
+    """The params of ``invoke``."""
+
+    tool: str
+    arguments: Any
+    workspace: str
+    call_id: str | None
+    catalog: str | None
+    mode: Mode
+    headless: bool
+    approved: bool
+    session: str | None
+    images: bool
+    traceparent: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelArgs:
+    """The params of ``cancel``."""
+
+    call_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadArgs:
+    """The params of ``reload``."""
+
+    workspace: str | None
+
+
+_LIST: Final = _fields(
+    ("workspace", _optional_string, None),
+    ("catalog", _catalog, None),
+    ("subscribe", _boolean, False),
+)
+_CLASSIFY: Final = _fields(
+    ("tool", _string),
+    ("arguments", check_arguments),
+    ("workspace", _string),
+    ("mode", check_mode, Mode.DEFAULT),
+    ("headless", _boolean, False),
+)
+_INVOKE: Final = _fields(
+    ("tool", _string),
+    ("arguments", check_arguments),
+    ("workspace", _string),
+    ("call_id", _optional_string, None),
+    ("catalog", _catalog, None),
+    ("mode", check_mode, Mode.DEFAULT),
+    ("headless", _boolean, False),
+    ("approved", _boolean, False),
+    ("session", _optional_string, None),
+    ("images", _boolean, True),
+    ("traceparent", check_traceparent, None),
+)
+_CANCEL: Final = _fields(("call_id", _string))
+_RELOAD: Final = _fields(("workspace", _optional_string, None))
+
+
+def list_args(params: Mapping[str, Any]) -> ListArgs:
+    """Check ``list`` params."""
+    return ListArgs(**_read(_LIST, params))
+
+
+def classify_args(params: Mapping[str, Any]) -> ClassifyArgs:
+    """Check ``classify`` params."""
+    return ClassifyArgs(**_read(_CLASSIFY, params))
+
+
+def invoke_args(params: Mapping[str, Any]) -> InvokeArgs:
+    """Check ``invoke`` params."""
+    return InvokeArgs(**_read(_INVOKE, params))
+
+
+def cancel_args(params: Mapping[str, Any]) -> CancelArgs:
+    """Check ``cancel`` params."""
+    return CancelArgs(**_read(_CANCEL, params))
+
+
+def reload_args(params: Mapping[str, Any]) -> ReloadArgs:
+    """Check ``reload`` params."""
+    return ReloadArgs(**_read(_RELOAD, params))
+
+
+def no_args(params: Mapping[str, Any]) -> None:
+    """Check the params of a method that takes none (``status``, ``metrics``)."""
+    _read((), params)

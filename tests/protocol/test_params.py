@@ -1,0 +1,125 @@
+"""The plain params checks (``params``) decide exactly as the pydantic params models do.
+
+The daemon validates params with ``params`` (no pydantic at its start or on its request
+path); ``models`` describes the same params for clients and docs. Generated params, built
+from each method's field names under both spellings, stray keys, and values of every JSON
+type plus the special ones (modes and aliases, catalogs, traceparents, deep arguments), must
+give the same values or the same ``InvalidParams`` message and data on both sides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel, ValidationError
+
+from toolsetd.protocol import models, params
+from toolsetd.protocol.errors import InvalidParams
+
+from ..budget import examples
+
+CASES: dict[str, tuple[type[BaseModel], Callable[[dict[str, Any]], Any]]] = {
+    "status": (models.StatusParams, params.no_args),
+    "list": (models.ListParams, params.list_args),
+    "classify": (models.ClassifyParams, params.classify_args),
+    "invoke": (models.InvokeParams, params.invoke_args),
+    "cancel": (models.CancelParams, params.cancel_args),
+    "reload": (models.ReloadParams, params.reload_args),
+    "metrics": (models.MetricsParams, params.no_args),
+}
+
+GOOD_TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def _deep(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+SPECIAL = st.sampled_from([
+    "plan", "work", "review", "default", "full", "yolo", " YOLO ", "FullAuto", "auto", "",
+    GOOD_TRACE, GOOD_TRACE.upper(), "00-" + "0" * 32 + "-b7ad6b7169203331-01",
+    "/abs/ws", "relative", "x" * 3, _deep(63), _deep(64), _deep(65), {"a": _deep(64)},
+])
+SCALARS = st.one_of(
+    st.none(), st.booleans(), st.integers(-2, 2), st.floats(allow_nan=False), st.text(max_size=5)
+)
+JSON = st.recursive(
+    SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3),
+    max_leaves=6,
+)
+VALUES = st.one_of(SPECIAL, JSON)
+
+
+def _keys(model: type[BaseModel]) -> list[str]:
+    keys = ["bogus", "Tool", "call_Id"]
+    for name, field in model.model_fields.items():
+        keys += [name, field.alias or name]
+    return sorted(set(keys))
+
+
+def _outcome(check: Callable[[], Any]) -> tuple[str, Any]:
+    try:
+        return "ok", check()
+    except InvalidParams as exc:
+        return "error", (exc.message, exc.data)
+
+
+def _model_outcome(model: type[BaseModel], given_params: dict[str, Any]) -> tuple[str, Any]:
+    def run() -> Any:
+        try:
+            return dict(model.model_validate(given_params))
+        except ValidationError as exc:
+            raise models.params_error(exc) from None
+
+    return _outcome(run)
+
+
+def _plain_outcome(check: Callable[[dict[str, Any]], Any], given_params: dict[str, Any]) -> tuple[str, Any]:
+    def run() -> Any:
+        result = check(given_params)
+        return {} if result is None else asdict(result)
+
+    return _outcome(run)
+
+
+@pytest.mark.parametrize("method", sorted(CASES))
+@settings(max_examples=examples(400), deadline=None)
+@given(data=st.data())
+def test_params_checks_decide_as_the_models(method: str, data: st.DataObject) -> None:
+    """Same values, or the same message and data, for any params object."""
+    model, check = CASES[method]
+    given_params = data.draw(st.dictionaries(st.sampled_from(_keys(model)), VALUES, max_size=8))
+    assert _plain_outcome(check, given_params) == _model_outcome(model, given_params)
+
+
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_params_checks_accept_the_minimal_valid_params(method: str) -> None:
+    """The smallest valid params of each method pass both, so the property test sees passes too."""
+    model, check = CASES[method]
+    minimal = {
+        name: {"tool": "t", "arguments": {}, "workspace": "/w", "call_id": "c"}[name]
+        for name, field in model.model_fields.items()
+        if field.is_required()
+    }
+    assert _plain_outcome(check, minimal)[0] == "ok"
+    assert _plain_outcome(check, minimal) == _model_outcome(model, minimal)
+
+
+def test_params_both_spellings_wire_name_wins() -> None:
+    """``callId`` and ``call_id`` together: the wire name is read, the other is unknown."""
+    given_params = {"tool": "t", "arguments": {}, "workspace": "/w", "callId": "a", "call_id": 5}
+    with pytest.raises(InvalidParams) as caught:
+        params.invoke_args(given_params)
+    assert caught.value.message == "Invalid params: unknown parameter 'call_id'"
+    del given_params["callId"]
+    given_params["call_id"] = "b"
+    assert params.invoke_args(given_params).call_id == "b"
