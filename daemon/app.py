@@ -525,7 +525,7 @@ async def _wait_until(done: Callable[[], bool], seconds: float) -> None:
     """Poll until ``done()`` holds or ``seconds`` pass (a stop is rare: polling is enough)."""
     with anyio.move_on_after(seconds):
         while not done():  # noqa: ASYNC110 -- done() is a plain predicate, no event to wait on
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.01)
 
 
 async def _graceful_stop(

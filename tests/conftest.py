@@ -1,4 +1,7 @@
-"""Shared fixtures: the anyio backend for every async test, and a private cache folder."""
+"""Shared fixtures: the anyio backend for every async test, and a private cache folder.
+
+Under ``make test-fast`` the property tests run the ``fast`` profile (``budget.py``).
+"""
 
 from __future__ import annotations
 
@@ -6,6 +9,13 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
+
+from .budget import FAST
+
+settings.register_profile("fast", max_examples=20)
+if FAST:
+    settings.load_profile("fast")
 
 
 @pytest.fixture(scope="session")

@@ -27,6 +27,8 @@ from toolsetd.daemon.paths import (
     scope_of,
 )
 
+from ..budget import examples
+
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
@@ -285,7 +287,7 @@ def test_resolve_relative_workspace_is_a_caller_bug(home: Path) -> None:
 
 
 @settings(
-    max_examples=300,
+    max_examples=examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )

@@ -35,6 +35,8 @@ from toolsetd.daemon.policy import (
     parse_mode,
 )
 
+from ..budget import examples
+
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "policy.md"
 
 # --- the decision table --------------------------------------------------------------
@@ -476,7 +478,7 @@ PATHISH = st.lists(
 
 
 @settings(
-    max_examples=300,
+    max_examples=examples(300),
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )

@@ -22,6 +22,8 @@ from toolsetd.daemon.model import (
 )
 from toolsetd.daemon.validation import ArgumentValidators, SchemaChecker, canonical_json, json_pointer
 
+from ..budget import examples
+
 
 def loaded(schema: dict[str, Any]) -> LoadedTool:
     """A loaded exec tool with ``schema`` as its input schema."""
@@ -258,7 +260,7 @@ def _meta_accepts(schema: object) -> bool:
 
 
 @pytest.mark.slow
-@settings(max_examples=600, deadline=None)
+@settings(max_examples=examples(600), deadline=None)
 @given(_schemas())
 def test_schema_fast_path_never_accepts_what_the_meta_schema_rejects(schema: object) -> None:
     """Whatever the fast path calls valid, jsonschema's check_schema accepts too."""
@@ -266,7 +268,7 @@ def test_schema_fast_path_never_accepts_what_the_meta_schema_rejects(schema: obj
         assert _meta_accepts(schema)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_schemas())
 def test_schema_checker_verdict_matches_check_schema(schema: object) -> None:
     """The checker, fast path included, says valid exactly when check_schema does."""
@@ -335,7 +337,7 @@ JSON_VALUES = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(schema=PLAIN_KEYWORDS, value=JSON_VALUES)
 def test_argument_validators_plain_fast_path_agrees_with_jsonschema(schema: Any, value: Any) -> None:
     """For schemas of the plain subset, the fast check accepts exactly what jsonschema does."""
