@@ -24,6 +24,10 @@ opens the top-level task group:
 5. on the way out the socket is removed (unless systemd owns it), the lock released, and
    the orphan guard closed last (nothing is registered any more by then). Should the
    daemon die without this cleanup, the guard's sentinel kills the groups still running.
+
+Why one module of this size: it is the composition root. Start-up, the signal task, the
+graceful stop, the periodic status and the options-from-settings mapping each read or
+change the one ``_State`` and the top-level task group, which no other module may hold.
 """
 
 from __future__ import annotations

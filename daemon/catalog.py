@@ -22,6 +22,10 @@ a lock guards its dicts; file I/O and parsing happen outside the lock.
 The manifest and config readers never block on special files: they ``stat`` first,
 accept only regular files, and open with ``O_NONBLOCK`` so a FIFO swapped in after the
 ``stat`` cannot hang a worker.
+
+Why one module of this size: discovery, the overlay and the manifest cache decide together
+which bytes are read and which set wins; the wire shapes (``tool_info``, ``set_info``,
+``note_info``) sit beside them because ``tool_hash`` hashes exactly that shape.
 """
 
 from __future__ import annotations

@@ -51,6 +51,10 @@ Limits (``Limits``) are written before the child starts: ``memory.max`` (and
 ``memory.swap.max = 0`` and ``memory.oom.group = 1``, so the cap is real and an OOM kill
 takes the whole call), ``pids.max`` and ``cpu.max``. A limit whose controller the tree
 does not have raises ``CgroupError``: the call fails closed instead of running unlimited.
+
+Why one module of this size: parsing the limits, creating, joining, reading and removing
+a call's cgroup are one lifecycle over one tree; each step's failure mode (fail closed)
+is easier to check in one place.
 """
 
 from __future__ import annotations

@@ -36,6 +36,10 @@ fail closed with a result text that says why; so does a limit the cgroup tree ca
 enforce. ``Confinement.prepare`` gives the runner the argv prefix (the cgroup join, then
 bubblewrap) and the call's cgroup; ``describe`` is what ``classify`` reports, and
 ``status`` what ``status`` reports.
+
+Why one module of this size: the config, the per-call decision and the argv it produces
+(cgroup join, then bubblewrap) must agree with what ``classify`` and ``status`` report;
+keeping the three in one place keeps them from drifting.
 """
 
 from __future__ import annotations

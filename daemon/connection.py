@@ -33,6 +33,10 @@ method (``mcp.bind``, answered inline, so the frames pipelined behind it are rea
 it) may set the connection's ``route``: from then on every message goes to that
 ``Route`` (an MCP session) instead, with no inline answers, and ``cancel_calls`` closes
 the route too.
+
+Why one module of this size: one connection's reader, ordered writer, stall timer and
+in-flight table share its state; the framing lives in ``wire.py`` and the request
+pipeline in ``dispatch.py``.
 """
 
 from __future__ import annotations

@@ -30,6 +30,10 @@ loads h11.
 * **Who may connect.** ``admit(sock)`` runs once per connection before any byte is
   read; it returns None to serve, or a :class:`Refusal` that answers the first request
   with its status and message and closes.
+
+Why one module of this size: the exchange, the connection's read loop (pipelining,
+keep-alive, the body and idle timeouts) and the accept loop all drive one h11
+``Connection`` state machine; h11's own examples keep them together for the same reason.
 """
 
 from __future__ import annotations

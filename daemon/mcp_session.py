@@ -48,6 +48,11 @@ is in ``mcp_mapping.py``. The bookkeeping here is the MCP protocol's own: which 
 are in flight (for ``notifications/cancelled``: the call's cancel event is set, the
 process group ends as any cancelled call's does, and no response or progress goes out for
 it afterwards), the requests we sent the host (elicitation), and listen subscriptions.
+
+Why one module of this size: the handshake eras, the stateless 2026 requests, list, call
+(with progress, cancel and elicitation) and subscriptions all read the same per-request
+era and the session's in-flight table; the shapes they translate live in
+``mcp_mapping.py``.
 """
 
 from __future__ import annotations

@@ -33,6 +33,10 @@ only carried, and each request's own messages are kept on that request's stream.
   order); progress a client is not keeping up with is dropped (the next one carries the
   same counters), everything else queues. ``drained`` lets the core wait until the
   client took what it posted.
+
+Why one module of this size: the POST, GET and DELETE exchanges, the session table and
+the two SSE outboxes share each session's state (its streams, its calls, its last
+activity); the MCP semantics themselves live in ``mcp_session.py``.
 """
 
 from __future__ import annotations

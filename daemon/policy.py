@@ -36,6 +36,10 @@ end may offer when it asks: ``once``/``session``/``persistent`` for workspace ca
 ``classify`` is pure apart from the filesystem reads of path resolution; it returns
 the arguments as the child would receive them, so ``invoke`` enforces exactly what
 ``classify`` reported.
+
+Why one module of this size: the rule table, the path inspection and the reasons are one
+pure decision; ``tests/daemon/test_policy.py`` checks every one of its 72 cells against
+an independent reading of the reference host's table.
 """
 
 from __future__ import annotations

@@ -32,6 +32,12 @@ shapes; everything a call *means* happens here, once:
   ``notifications/tools/list_changed``).
 
 Errors are the protocol's ``RpcError`` subclasses; each face maps them to its wire.
+
+Why one module of this size: it is the one core every face calls. The lookup, the order of
+the checks, the verdict, the run and its started/progress/completed bookkeeping stay in
+one class on purpose: a second copy anywhere would be a defect, and
+``tests/test_layering.py`` checks that classify, the verdict and the run have this
+module as their only caller.
 """
 
 from __future__ import annotations

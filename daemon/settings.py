@@ -30,6 +30,11 @@ the same name (dashes as underscores) to ``Settings``; a TOML table of its own (
 ``[sets.<directory>]``) gets a reader in ``_TABLES`` and a field holding a typed,
 frozen value. ``[confinement]`` is one (``confinement.parse_confinement``: cgroups,
 sandbox profiles and limits per source and per set); a change to it needs a restart.
+
+Why one module of this size: a third of it is ``OPTIONS``, the one table of every setting
+(flag, file key, type, default, reload class, help). The parser, the file reader, the
+environment, reload and ``--print-config`` are each derived from that table here; split
+apart, the table and the code that interprets it would drift.
 """
 
 from __future__ import annotations

@@ -16,6 +16,10 @@ The schema dialect is chosen by ``$schema`` and defaults to Draft 2020-12 (also 
 unknown ``$schema``). References resolve only against the bundled meta-schemas: nothing
 is fetched from the network, so a remote ``$ref`` is reported as an argument error
 rather than becoming a request the daemon makes on a tool author's behalf.
+
+Why one module of this size: the plain fast path and the jsonschema fallback must agree
+to the letter (hypothesis tests compare them); side by side, one reading shows both,
+with the messages they share.
 """
 
 from __future__ import annotations
