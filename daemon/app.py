@@ -50,9 +50,8 @@ from toolsetd.protocol import __version__
 from .activation import ActivationError, listen_fds
 from .catalog import ManifestCache
 from .confinement import Confinement, ConfinementConfig
+from .connection import METHOD_MCP_BIND, RequestContext
 from .logs import configure_logging
-from .mcp_session import McpServer
-from .mcp_socket import METHOD_MCP_BIND, McpBinder
 from .methods import Handlers
 from .metrics import Metrics, MetricsSources, serve_metrics
 from .model import DEFAULT_RESERVED_NAMES, SetState, Source
@@ -86,6 +85,7 @@ from .watcher import Watcher
 
 if TYPE_CHECKING:  # the HTTP endpoint's modules load only when --mcp-listen is given
     from .httpguard import ListenAddress
+    from .mcp_session import McpServer
 
 __all__ = ["DaemonOptions", "main", "options_from_settings", "parse_args", "run_daemon"]
 
@@ -186,6 +186,32 @@ def _bind_mcp_http(options: DaemonOptions) -> tuple[list[tuple[Any, socket.socke
             f"({exc.strerror or exc})."
         ) from None
     return bound, token
+
+
+class _McpCore:
+    """The daemon's one MCP core, built when the first MCP host arrives.
+
+    A daemon that only native clients talk to never imports the MCP modules (~45 ms of
+    every start); the first ``mcp.bind``, or ``--mcp-listen`` at start, builds it.
+    """
+
+    def __init__(self, service: Service) -> None:
+        self._service = service
+        self._server: McpServer | None = None
+
+    def get(self) -> McpServer:
+        """The core, built on the first call."""
+        if self._server is None:
+            from .mcp_session import McpServer
+
+            self._server = McpServer(self._service)
+        return self._server
+
+    async def bind(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
+        """The socket's ``mcp.bind`` (``mcp_socket.McpBinder``) over the core."""
+        from .mcp_socket import McpBinder
+
+        return await McpBinder(self.get()).bind(ctx, params)
 
 
 def _mcp_http_endpoint(mcp: McpServer, policy: PeerPolicy, token: str | None) -> Any:
@@ -334,11 +360,11 @@ async def _serve(
         observer=observer,
         confinement=confinement,
     )
-    mcp = McpServer(service)
+    mcp = _McpCore(service)
     handlers = Handlers(
         service,
         lambda: server.connections.values(),
-        extra={METHOD_MCP_BIND: McpBinder(mcp).bind},
+        extra={METHOD_MCP_BIND: mcp.bind},
         reload_config=reload_config,
         metrics_text=metrics.exposition,
     )
@@ -365,7 +391,7 @@ async def _serve(
             if interval:
                 tg.start_soon(_watchdog, notifier, interval)
             if http_sockets:
-                state.http = _mcp_http_endpoint(mcp, peer_policy, http_token)
+                state.http = _mcp_http_endpoint(mcp.get(), peer_policy, http_token)
                 await tg.start(state.http.serve, http_sockets)
             log.info(
                 "daemon_started",

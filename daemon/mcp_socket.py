@@ -18,12 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .connection import Connection, RequestContext
+from .connection import METHOD_MCP_BIND, Connection, RequestContext
 from .mcp_session import SUPPORTED_VERSIONS, Binding, McpServer, McpSession
 
+# METHOD_MCP_BIND is connection.py's (its inline methods name it); re-exported here, its home.
 __all__ = ["METHOD_MCP_BIND", "McpBinder"]
-
-METHOD_MCP_BIND = "mcp.bind"
 
 
 class _ConnectionOutbox:
