@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -12,33 +13,48 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .conftest import Daemon, RawConn, eventually, start_daemon, write_set
+from .conftest import EXAMPLES, Daemon, RawConn, daemon_in, eventually, start_daemon, write_set
 
 #: This file's deadline for waits that outlast a loaded machine.
 _wait_until = functools.partial(eventually, timeout=20.0)
 
 
-def test_daemon_status_reports_its_state(daemon: Daemon) -> None:
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Daemon]:
+    """One daemon over the example sets for the tests that only ask it things.
+
+    Tests that change what it serves, its files' modes, or its workspaces take their own
+    (the ``daemon`` fixture, or ``start_daemon``).
+    """
+    def fill(home: Path, _: Path) -> None:
+        shutil.copytree(EXAMPLES, home / "tools", dirs_exist_ok=True)
+
+    with daemon_in("tsw-", fill) as d:
+        yield d
+
+
+def test_daemon_status_reports_its_state(shared: Daemon) -> None:
     """status answers every contract field with the daemon's own facts."""
-    result = daemon.call("status")["result"]
+    result = shared.call("status")["result"]
     assert set(result) == {
         "version", "pid", "uptimeSeconds", "socket", "home", "generation", "workspaces",
         "inFlight", "connections", "confinement",
     }
-    assert result["pid"] == daemon.proc.pid
-    assert result["socket"] == str(daemon.socket)
-    assert result["home"] == str(daemon.home)
+    assert result["pid"] == shared.proc.pid
+    assert result["socket"] == str(shared.socket)
+    assert result["home"] == str(shared.home)
     assert result["connections"] >= 1  # start_daemon's probe may not be reaped yet
     assert result["inFlight"] == 0
 
 
-def test_daemon_socket_and_folder_are_private(daemon: Daemon) -> None:
+def test_daemon_socket_and_folder_are_private(shared: Daemon) -> None:
     """The socket is 0600 and its folder 0700."""
-    assert stat.S_IMODE(os.stat(daemon.socket).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(shared.socket).st_mode) == 0o600
 
 
 def test_daemon_list_home_only_and_with_workspace(daemon: Daemon, workspace: Path) -> None:
@@ -59,11 +75,11 @@ def test_daemon_list_home_only_and_with_workspace(daemon: Daemon, workspace: Pat
     assert daemon.call("status")["result"]["workspaces"] == [str(workspace.resolve())]
 
 
-def test_daemon_list_catalog_filter(daemon: Daemon) -> None:
+def test_daemon_list_catalog_filter(shared: Daemon) -> None:
     """list with catalog: plan omits Work-only tools."""
-    plan = daemon.call("list", {"catalog": "plan"})["result"]
+    plan = shared.call("list", {"catalog": "plan"})["result"]
     assert "notes_index" not in [t["name"] for t in plan["tools"]]
-    work = daemon.call("list", {"catalog": "work"})["result"]
+    work = shared.call("list", {"catalog": "work"})["result"]
     assert "notes_index" in [t["name"] for t in work["tools"]]
 
 
@@ -78,29 +94,29 @@ def test_daemon_list_catalog_filter(daemon: Daemon) -> None:
     ],
 )
 def test_daemon_list_rejects_bad_params_naming_the_field(
-    daemon: Daemon, params: dict[str, object], code: int, needle: str
+    shared: Daemon, params: dict[str, object], code: int, needle: str
 ) -> None:
     """A bad list param gets the contract's code and a message naming the field."""
-    error = daemon.call("list", params)["error"]
+    error = shared.call("list", params)["error"]
     assert error["code"] == code
     assert needle in error["message"]
 
 
-def test_daemon_unknown_method_and_positional_params(daemon: Daemon) -> None:
+def test_daemon_unknown_method_and_positional_params(shared: Daemon) -> None:
     """An unknown method names itself; positional params are refused as by-name only."""
-    error = daemon.call("deploy")["error"]
+    error = shared.call("deploy")["error"]
     assert error["code"] == -32601
     assert "'deploy'" in error["message"]
-    with daemon.raw() as conn:
+    with shared.raw() as conn:
         conn.send({"jsonrpc": "2.0", "method": "status", "params": [1], "id": 1})
         reply = conn.receive()
     assert reply["error"]["code"] == -32602
     assert "named" in reply["error"]["message"]
 
 
-def test_daemon_garbage_and_bad_utf8_cost_only_that_line(daemon: Daemon) -> None:
+def test_daemon_garbage_and_bad_utf8_cost_only_that_line(shared: Daemon) -> None:
     """A garbage line and an invalid UTF-8 line each get a parse error; the connection goes on."""
-    with daemon.raw() as conn:
+    with shared.raw() as conn:
         conn.send_bytes(b"this is not json\n")
         assert conn.receive()["error"]["code"] == -32700
         conn.send_bytes(b'{"jsonrpc": "2.0", "method": "status", "id": "\xff\xfe"}\n')
@@ -141,26 +157,26 @@ def test_daemon_silent_client_is_closed_after_idle_timeout(
         assert d.stop() == 0
 
 
-def test_daemon_client_leaving_mid_line_harms_nobody(daemon: Daemon) -> None:
+def test_daemon_client_leaving_mid_line_harms_nobody(shared: Daemon) -> None:
     """A client that disconnects in the middle of a line costs only its own connection."""
-    conn = daemon.raw()
+    conn = shared.raw()
     conn.send_bytes(b'{"jsonrpc": "2.0", "method": "sta')
     conn.close()
-    assert "result" in daemon.call("status")
+    assert "result" in shared.call("status")
 
 
 def test_daemon_second_instance_on_live_socket_is_refused(
-    daemon: Daemon, tmp_base: Path
+    shared: Daemon
 ) -> None:
     """A second daemon on a live socket exits non-zero with a clear message."""
     proc = subprocess.run(  # noqa: S603
-        [sys.executable, "-m", "toolsetd.daemon", "--home", str(daemon.home),
-         "--socket", str(daemon.socket)],
+        [sys.executable, "-m", "toolsetd.daemon", "--home", str(shared.home),
+         "--socket", str(shared.socket)],
         capture_output=True, text=True, timeout=30, check=False,
     )
     assert proc.returncode != 0
     assert "toolsetd:" in proc.stderr
-    assert "result" in daemon.call("status")
+    assert "result" in shared.call("status")
 
 
 def test_daemon_stale_socket_is_replaced(home: Path, workspace: Path, tmp_base: Path) -> None:
@@ -176,22 +192,22 @@ def test_daemon_stale_socket_is_replaced(home: Path, workspace: Path, tmp_base: 
     assert not (tmp_base / "s.sock").exists()
 
 
-def test_daemon_logs_never_hold_argument_values(daemon: Daemon, workspace: Path) -> None:
+def test_daemon_logs_never_hold_argument_values(shared: Daemon, workspace: Path) -> None:
     """The argument JSON of a call never reaches the log."""
     secret = "s3cr3t-token-value"
-    with daemon.raw() as conn:
+    with shared.raw() as conn:
         conn.invoke({"tool": "hello", "arguments": {"name": secret}, "workspace": str(workspace)})
         conn.request("classify", {"tool": "hello", "arguments": {"name": secret},
                                   "workspace": str(workspace)})
         conn.request("invoke", {"tool": "hello", "arguments": {"name": 5, "x": secret},
                                 "workspace": str(workspace)})
-    assert "call_finished" in daemon.log()
-    assert secret not in daemon.log()
+    assert "call_finished" in shared.log()
+    assert secret not in shared.log()
 
 
-def test_daemon_many_connections_at_once(daemon: Daemon) -> None:
+def test_daemon_many_connections_at_once(shared: Daemon) -> None:
     """Fifty concurrent connections are each served."""
-    conns = [daemon.raw() for _ in range(50)]
+    conns = [shared.raw() for _ in range(50)]
     try:
         for i, conn in enumerate(conns):
             conn.send({"jsonrpc": "2.0", "method": "status", "id": i})
@@ -227,9 +243,9 @@ def test_daemon_connection_limit_refuses_extra_clients(
         assert d.stop() == 0
 
 
-def test_daemon_batch_mixes_our_methods(daemon: Daemon) -> None:
+def test_daemon_batch_mixes_our_methods(shared: Daemon) -> None:
     """A batch of our methods answers each request once, in order, and skips notifications."""
-    with daemon.raw() as conn:
+    with shared.raw() as conn:
         conn.send([
             {"jsonrpc": "2.0", "method": "status", "id": "a"},
             {"jsonrpc": "2.0", "method": "status"},
