@@ -39,6 +39,9 @@ class Daemon:
     workspace: Path
     log_path: Path
     args: list[str] = field(default_factory=list)
+    #: The MCP endpoint a host test reaches this daemon at (``--mcp-listen``); ``None``
+    #: means over stdio, through ``toolsetctl mcp`` on the socket.
+    mcp_url: str | None = None
 
     def log(self) -> str:
         """The daemon's stderr so far."""

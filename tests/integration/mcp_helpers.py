@@ -48,8 +48,12 @@ PROGRESS3 = script(
     "    time.sleep(0.05)\n"
     "print('counted')\n"
 )
+#: Writes its call id, then its pid (so the id is there once the pid is), then sleeps.
 SLEEPER = script(
-    "import os, time\nopen('sleeper.pid', 'w').write(str(os.getpid()))\ntime.sleep(60)\n"
+    "import os, time\n"
+    "open('sleeper.call', 'w').write(os.environ['TOOLSETD_CALL_ID'])\n"
+    "open('sleeper.pid', 'w').write(str(os.getpid()))\n"
+    "time.sleep(60)\n"
 )
 BIG = script("import sys\nsys.stdout.write('y' * 99_993)\n")
 BIG_IMAGE = script(
@@ -105,9 +109,9 @@ def pump_args(daemon: Daemon, workspace: Path, *extra: str, autostart: bool = Fa
 
 def server(daemon: Daemon, workspace: Path, *extra: str) -> StdioServerParameters | str:
     """What the SDK's ``Client`` connects to for ``daemon``: ``toolsetctl mcp`` over stdio,
-    or, when the daemon serves ``--mcp-listen`` (``mcp_url`` set), the endpoint's URL with
+    or, when ``daemon.mcp_url`` is set (it serves ``--mcp-listen``), the endpoint's URL with
     the pump's options (``--mode M``, ``--catalog C``, ``--headless``) in its query."""
-    url = getattr(daemon, "mcp_url", None)
+    url = daemon.mcp_url
     if url is None:
         return StdioServerParameters(
             command=PY, args=pump_args(daemon, workspace, *extra), env=dict(os.environ)

@@ -1,14 +1,25 @@
-"""MCP over stdio: the official MCP SDK client against ``toolsetctl mcp`` and a real daemon."""
+"""MCP over stdio: the official MCP SDK client against ``toolsetctl mcp`` and a real daemon.
+
+One daemon per module (per xdist worker) serves every test, over stdio and over HTTP
+(``--mcp-listen``): the example sets plus the MCP test sets in its home. Each test brings
+its own workspace (the ``workspace`` fixture) with its own project sets, so the files a
+tool writes there (``sleeper.pid``) and the project catalog are the test's alone. What the
+tests look up in the shared log they find by a call id or a tool name no other test uses;
+a set added to the home gets a name of its own. Only the graceful-stop test, which ends
+its daemon, starts one of its own (and the autostart test has the client start one).
+"""
 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +35,8 @@ from .conftest import (
     Daemon,
     RawConn,
     alive,
+    daemon_in,
     eventually,
-    shut_down,
     start_daemon,
     write_set,
 )
@@ -52,30 +63,46 @@ def mcp_sets(home: Path, workspace: Path) -> None:
     write_project_asker(workspace)
 
 
+@pytest.fixture(scope="module")
+def shared_daemon() -> Iterator[Daemon]:
+    """The module's daemon: the example sets and the MCP test sets, MCP on the socket and
+    on an ephemeral 127.0.0.1 port. Its ``mcp_url`` is that endpoint."""
+
+    def fill(home: Path, _workspace: Path) -> None:
+        shutil.copytree(EXAMPLES, home / "tools", dirs_exist_ok=True)
+        write_test_sets(home)
+
+    with daemon_in("tsm-", fill, ["--mcp-listen", "127.0.0.1:0"]) as d:
+        d.mcp_url = listening_urls(d)[0]
+        yield d
+
+
 @pytest.fixture
-def mcp_daemon(mcp_sets: None, daemon: Daemon) -> Daemon:
-    """The integration daemon, started over the example sets and the MCP test sets."""
-    return daemon
+def project(workspace: Path) -> None:
+    """This test's workspace holds a project set that asks (``asker``)."""
+    write_project_asker(workspace)
+
+
+@pytest.fixture
+def mcp_daemon(project: None, shared_daemon: Daemon) -> Daemon:
+    """The module's daemon, for tests that speak to ``toolsetctl mcp`` over stdio."""
+    return dataclasses.replace(shared_daemon, mcp_url=None)
 
 
 @pytest.fixture(params=["stdio", "http"])
-def mcp_host(
-    request: pytest.FixtureRequest, mcp_sets: None, home: Path, workspace: Path, tmp_base: Path
-) -> Iterator[Daemon]:
-    """The daemon a host reaches over stdio (``toolsetctl mcp``) or Streamable HTTP.
+def mcp_host(request: pytest.FixtureRequest, project: None, shared_daemon: Daemon) -> Daemon:
+    """The module's daemon as a host reaches it, over stdio (``toolsetctl mcp``) or HTTP.
 
     The tests that take it run once per transport: ``server(daemon, workspace)`` is the
-    pump's stdio parameters, or the endpoint's URL when the daemon serves ``--mcp-listen``.
+    pump's stdio parameters, or the endpoint's URL when ``mcp_url`` is set.
     """
-    if request.param == "stdio":
-        yield request.getfixturevalue("daemon")
-        return
-    daemon = start_daemon(home, workspace, tmp_base, ["--mcp-listen", "127.0.0.1:0"])
-    daemon.mcp_url = listening_urls(daemon)[0]  # type: ignore[attr-defined]
-    try:
-        yield daemon
-    finally:
-        shut_down(daemon)
+    url = shared_daemon.mcp_url if request.param == "http" else None
+    return dataclasses.replace(shared_daemon, mcp_url=url)
+
+
+def _unique(prefix: str) -> str:
+    """A set or tool name no other test of the module daemon uses."""
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
 def _text(result: types.CallToolResult) -> str:
@@ -244,6 +271,7 @@ async def test_mcp_cancel_ends_the_call_and_its_child(mcp_host: Daemon, workspac
                         await anyio.sleep(0.02)
                     scope.cancel()
             pid = int(pid_file.read_text())
+            call_id = (workspace / "sleeper.call").read_text()
             deadline = time.monotonic() + 15
             while alive(pid):
                 assert time.monotonic() < deadline, "the cancelled tool still runs"
@@ -252,9 +280,10 @@ async def test_mcp_cancel_ends_the_call_and_its_child(mcp_host: Daemon, workspac
     finished = [
         e
         for e in mcp_host.log_events()
-        if e.get("event") == "call_finished" and e.get("tool") == "sleeper"
+        if e.get("event") == "call_finished" and e.get("call_id") == call_id
     ]
     assert finished
+    assert finished[0]["tool"] == "sleeper"
     assert finished[0]["status"] == "cancelled"
 
 
@@ -306,6 +335,9 @@ async def test_mcp_list_changed_after_editing_a_tools_json(
     mcp_host: Daemon, workspace: Path
 ) -> None:
     """Editing a tools.json sends notifications/tools/list_changed; the new tool lists."""
+    # The home is the module daemon's: a name of its own, so neither transport's run finds
+    # it there already. The catalog changes once, so no later test gets a late notification.
+    name = _unique("greet2")
     changed = anyio.Event()
 
     async def on_message(message: Any) -> None:
@@ -316,12 +348,12 @@ async def test_mcp_list_changed_after_editing_a_tools_json(
         async with Client(
             server(mcp_host, workspace), mode="legacy", message_handler=on_message
         ) as client:
-            assert "greet2" not in {t.name for t in (await client.list_tools()).tools}
+            assert name not in {t.name for t in (await client.list_tools()).tools}
             write_set(
-                mcp_host.home / "tools", "greet2", tool("g.py"), **{"g.py": f"#!{PY}\nprint(2)\n"}
+                mcp_host.home / "tools", name, tool("g.py"), **{"g.py": f"#!{PY}\nprint(2)\n"}
             )
             await changed.wait()  # the watcher saw the edit and reloaded
-            assert "greet2" in {t.name for t in (await client.list_tools()).tools}
+            assert name in {t.name for t in (await client.list_tools()).tools}
 
 
 async def test_mcp_list_changed_modern_listen(mcp_host: Daemon, workspace: Path) -> None:
@@ -353,8 +385,10 @@ def _elicit(action: str, seen: list[str]) -> Any:
     return callback
 
 
-async def _ask(daemon: Daemon, workspace: Path, mode: str, action: str) -> tuple[Any, list[str]]:
-    """Call the asking tool with a host that answers the approval with ``action``."""
+async def _ask(
+    daemon: Daemon, workspace: Path, mode: str, action: str, name: str = "asker"
+) -> tuple[Any, list[str]]:
+    """Call an asking tool with a host that answers the approval with ``action``."""
     seen: list[str] = []
     with anyio.fail_after(30):
         async with Client(
@@ -362,7 +396,7 @@ async def _ask(daemon: Daemon, workspace: Path, mode: str, action: str) -> tuple
             mode=mode,  # type: ignore[arg-type]
             elicitation_callback=_elicit(action, seen),
         ) as client:
-            return await client.call_tool("asker", {}), seen
+            return await client.call_tool(name, {}), seen
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -384,11 +418,19 @@ async def test_mcp_elicitation_decline_refuses(
     mcp_host: Daemon, workspace: Path, mode: str, action: str
 ) -> None:
     """Decline or cancel gives an isError result saying so; nothing ran."""
-    result, seen = await _ask(mcp_host, workspace, mode, action)
+    # An asker of its own: the shared log holds other tests' calls of ``asker``.
+    name = _unique("asker")
+    write_project_asker(workspace, name)
+    result, seen = await _ask(mcp_host, workspace, mode, action, name)
     assert result.is_error is True
     assert "declined" in _text(result) or "cancelled" in _text(result)
     assert len(seen) == 1
-    assert not [e for e in mcp_host.log_events() if e.get("event") == "call_started"]
+    assert name in seen[0]
+    assert not [
+        e
+        for e in mcp_host.log_events()
+        if e.get("event") == "call_started" and e.get("tool") == name
+    ]
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -440,6 +482,7 @@ def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> No
         pid_file = workspace / "sleeper.pid"
         eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="the sleeper")
         pid = int(pid_file.read_text())
+        call_id = (workspace / "sleeper.call").read_text()
         pump.send(
             {
                 "jsonrpc": "2.0",
@@ -449,7 +492,10 @@ def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> No
         )
         eventually(lambda: not alive(pid), timeout=15, what="the sleeper to be killed")
         eventually(
-            lambda: any(e.get("event") == "call_finished" for e in mcp_daemon.log_events()),
+            lambda: any(
+                e.get("event") == "call_finished" and e.get("call_id") == call_id
+                for e in mcp_daemon.log_events()
+            ),
             what="the call to end",
         )
         pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})

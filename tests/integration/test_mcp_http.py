@@ -1,13 +1,23 @@
-"""MCP over Streamable HTTP against a real daemon: sessions, guards, streams, the SDK client."""
+"""MCP over Streamable HTTP against a real daemon: sessions, guards, streams, the SDK client.
+
+One daemon per module (per xdist worker) serves the tests that take ``http_daemon``: the
+example sets and the test sets in its home, MCP on an ephemeral 127.0.0.1 port. Each test
+brings its own workspace with its own ``asker`` project set, so the pid file the sleeper
+writes there is the test's alone; the shared log is searched by the call id the sleeper
+writes beside its pid, and a set added to the home gets a name of its own. The tests of a
+start-up setting (a token file, two listen addresses) start a daemon of their own.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +31,16 @@ from mcp.client.client import Client
 from toolsetd.daemon.app import parse_args
 from toolsetd.daemon.settings import ConfigError
 
-from .conftest import Daemon, alive, eventually, shut_down, start_daemon, write_set
+from .conftest import (
+    EXAMPLES,
+    Daemon,
+    alive,
+    daemon_in,
+    eventually,
+    shut_down,
+    start_daemon,
+    write_set,
+)
 from .http_helpers import (
     INIT_PARAMS,
     endpoint,
@@ -45,9 +64,11 @@ def _tool(command: str, **extra: Any) -> dict[str, Any]:
     }
 
 
-#: Writes its pid, reports progress (so the POST turns into SSE), then sleeps.
+#: Writes its call id, then its pid (so the id is there once the pid is), reports progress
+#: (so the POST turns into SSE), then sleeps.
 SLEEPER = script(
     "import json, os, time\n"
+    "open('sleeper.call', 'w').write(os.environ['TOOLSETD_CALL_ID'])\n"
     "open('sleeper.pid', 'w').write(str(os.getpid()))\n"
     "fd = int(os.environ['TOOLSETD_PROGRESS_FD'])\n"
     "os.write(fd, b'{\"message\": \"sleeping\", \"fraction\": 0.1}\\n')\n"
@@ -56,19 +77,28 @@ SLEEPER = script(
 ASKER = script("print('asked and ran')\n")
 
 
+@pytest.fixture(scope="module")
+def shared_http_daemon() -> Iterator[tuple[Daemon, str]]:
+    """The module's daemon serving MCP over HTTP on 127.0.0.1, with the test tool sets."""
+
+    def fill(home: Path, _workspace: Path) -> None:
+        tools = home / "tools"
+        shutil.copytree(EXAMPLES, tools, dirs_exist_ok=True)
+        write_set(tools, "progress3", _tool("progress3.py"), **{"progress3.py": PROGRESS3})
+        write_set(tools, "sleeper", _tool("sleeper.py"), **{"sleeper.py": SLEEPER})
+
+    with daemon_in("tsh-", fill, ["--mcp-listen", "127.0.0.1:0"]) as daemon:
+        yield daemon, listening_urls(daemon)[0]
+
+
 @pytest.fixture
-def http_daemon(home: Path, workspace: Path, tmp_base: Path) -> Iterator[tuple[Daemon, str]]:
-    """A daemon serving MCP over HTTP on 127.0.0.1, with the test tool sets."""
-    tools = home / "tools"
-    write_set(tools, "progress3", _tool("progress3.py"), **{"progress3.py": PROGRESS3})
-    write_set(tools, "sleeper", _tool("sleeper.py"), **{"sleeper.py": SLEEPER})
+def http_daemon(
+    shared_http_daemon: tuple[Daemon, str], workspace: Path
+) -> tuple[Daemon, str]:
+    """The module's daemon and its MCP URL; this test's workspace holds the ``asker`` set."""
     write_set(workspace / ".crystal" / "tools", "asker", _tool("asker.py"),
               **{"asker.py": ASKER})
-    daemon, url = start_http_daemon(home, workspace, tmp_base)
-    try:
-        yield daemon, url
-    finally:
-        shut_down(daemon)
+    return shared_http_daemon
 
 
 # -- sessions, over raw HTTP ----------------------------------------------------------------
@@ -323,10 +353,11 @@ def test_http_dropped_sse_stream_cancels_the_call(http_daemon, workspace: Path) 
                 break  # the first progress event: the tool runs
     eventually(lambda: pid_file.exists() and pid_file.read_text() != "", what="the sleeper's pid")
     pid = int(pid_file.read_text())
+    call_id = (workspace / "sleeper.call").read_text()
     eventually(lambda: not alive(pid), what="the sleeper killed after the disconnect")
     eventually(
-        lambda: any(e.get("event") == "call_finished" and e.get("status") == "cancelled"
-                    for e in daemon.log_events()),
+        lambda: any(e.get("event") == "call_finished" and e.get("call_id") == call_id
+                    and e.get("status") == "cancelled" for e in daemon.log_events()),
         what="call_finished cancelled",
     )
     # The session goes on.
@@ -354,15 +385,17 @@ def test_http_delete_cancels_the_sessions_calls(http_daemon, workspace: Path) ->
     assert replies[0].status in (200, 202)
 
 
-def test_http_get_stream_carries_list_changed(http_daemon, workspace: Path, home: Path) -> None:
+def test_http_get_stream_carries_list_changed(http_daemon, workspace: Path) -> None:
     """After a reload that changes the catalog, the GET stream carries tools/list_changed."""
     daemon, base = http_daemon
     url = endpoint(base, workspace)
     session = initialize(url)
+    # The home is the module daemon's: a set name no other run has added there.
+    name = f"newset_{uuid.uuid4().hex[:10]}"
     with httpx.Client(timeout=20) as client, client.stream(
         "GET", url, headers={"accept": "text/event-stream", "mcp-session-id": session}
     ) as stream:
-        write_set(home / "tools", "newset", _tool("asker.py"), **{"asker.py": ASKER})
+        write_set(daemon.home / "tools", name, _tool("asker.py"), **{"asker.py": ASKER})
         assert "result" in daemon.call("reload", {})
         for line in stream.iter_lines():
             if line.startswith("data:"):
