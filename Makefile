@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # The tests wait on sockets and children more than they compute: more workers than cores.
+# worksteal: a worker that runs out takes queued tests from the others, so the few long
+# tests do not leave the rest of the run waiting behind one worker.
 WORKERS ?= 4
 LINTED := protocol daemon client bench
 TYPECHECK := build/typecheck/toolsetd
@@ -27,12 +29,12 @@ run: $(STAMP)
 
 # The whole suite, slow tests included, in parallel; the 15 slowest are reported.
 test: $(STAMP) sandbox-try
-	$(BIN)/python -m pytest -n $(WORKERS) --durations=15
+	$(BIN)/python -m pytest -n $(WORKERS) --dist worksteal --durations=15
 
 # The edit-run loop: everything but the tests marked slow, the property tests at a tenth of
 # their examples (tests/budget.py).
 test-fast: $(STAMP) sandbox-try
-	TOOLSETD_TESTS=fast $(BIN)/python -m pytest -n $(WORKERS) -m "not slow"
+	TOOLSETD_TESTS=fast $(BIN)/python -m pytest -n $(WORKERS) --dist worksteal -m "not slow"
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

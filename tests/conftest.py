@@ -36,5 +36,3 @@ def _private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
             os.environ.pop("XDG_CACHE_HOME", None)
         else:
             os.environ["XDG_CACHE_HOME"] = old
-
-

@@ -307,6 +307,7 @@ async def test_runner_no_spill_when_not_cut(env: Env) -> None:
     assert not folder.exists() or os.listdir(folder) == []
 
 
+@pytest.mark.slow
 async def test_runner_timeout_sigterm_ignored(runner: Runner, env: Env) -> None:
     """A child ignoring SIGTERM is killed after the grace period; exitCode is null."""
     loaded = sh_tool(env.set_dir, "trap '' TERM; echo started; sleep 30", timeout=1)
@@ -319,6 +320,7 @@ async def test_runner_timeout_sigterm_ignored(runner: Runner, env: Env) -> None:
     assert outcome.started
 
 
+@pytest.mark.slow
 async def test_runner_timeout_plural_and_closed_stdout(runner: Runner, env: Env) -> None:
     """A child that closes its output early and keeps running still times out."""
     loaded = sh_tool(env.set_dir, "exec >&- 2>&-; sleep 30", timeout=2)
@@ -404,6 +406,7 @@ async def test_runner_outer_cancellation_kills_group(runner: Runner, env: Env) -
     assert dies(int(pidfile.read_text()))
 
 
+@pytest.mark.slow
 async def test_runner_cancelled_during_the_spawn_still_kills_the_child(env: Env) -> None:
     """A cancellation that lands while a spawn runs in its worker thread (taken when another
     call is running) waits for the spawn, then kills and reaps the child: a spawned child is

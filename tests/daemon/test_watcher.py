@@ -311,6 +311,7 @@ async def _poke_until(recorder: Recorder, key: ReloadKey, manifest: Path) -> Non
     pytest.fail(f"no reload of {key} after rewriting {manifest}")
 
 
+@pytest.mark.slow
 async def test_watcher_follows_real_filesystem_changes(layout: Layout) -> None:
     """Real watchfiles: home and late project sets are seen; data and removed workspaces not."""
     home, workspace = layout

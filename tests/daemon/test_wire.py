@@ -38,6 +38,7 @@ async def _read(peer: socket.socket, total: int, chunk: int, pause: float) -> in
     return got
 
 
+@pytest.mark.slow
 async def test_wire_slow_reader_of_a_big_frame_is_not_stalled() -> None:
     """A peer taking a 4 MiB frame in 256 KiB steps over ~1.5 s outlasts a 0.3 s stall timer."""
     with anyio.fail_after(20):

@@ -224,6 +224,7 @@ def test_cli_invoke_headless_ask_exit_3_at_once(setup: Setup) -> None:
     assert time.monotonic() - t0 < 10
 
 
+@pytest.mark.slow
 def test_cli_invoke_timeout_exit_4(setup: Setup) -> None:
     """A tool that times out exits 4 with the timeout sentence."""
     r = setup.ctl("invoke", "ct")

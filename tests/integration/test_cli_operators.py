@@ -290,6 +290,7 @@ def test_cli_jsonl_error_is_one_line(ctl: Ctl) -> None:
 # -- 3. exit codes, one meaning each ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_cli_exit_0_and_1_and_4(ctl: Ctl) -> None:
     """0 success, 1 the tool reported an error, 4 it timed out."""
     assert ctl.run("invoke", "hello", "--args", '{"name": "x"}').returncode == 0
@@ -314,6 +315,7 @@ def test_cli_classify_exits_like_invoke(ctl: Ctl, args: list[str], expected: int
     assert (decision == "allow") == (expected == 0)
 
 
+@pytest.mark.slow
 def test_cli_tool_exit_code(ctl: Ctl) -> None:
     """--tool-exit-code exits with the tool's own code once it ran; a timeout stays 4."""
     assert ctl.run("invoke", "c_fail", "--tool-exit-code").returncode == 7
@@ -669,6 +671,7 @@ def test_cli_progress_keeps_the_tool_message_between_ticks(ctl: Ctl) -> None:
     assert all(len(f) < 80 for f in frames)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("stdout_tty", "stderr_tty", "env"),
     [

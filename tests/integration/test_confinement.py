@@ -255,7 +255,7 @@ def test_confinement_classify_reports_the_sandbox(tree: Tree) -> None:
 # -- the cgroup --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("how", ["exit", "timeout", "cancel"])
+@pytest.mark.parametrize("how", ["exit", pytest.param("timeout", marks=pytest.mark.slow), "cancel"])
 def test_confinement_setsid_grandchild_dies_with_the_call(tree: Tree, how: str) -> None:
     """A grandchild that called setsid is gone when the call ends: exit, timeout or cancel."""
     _need_cgroup(tree)

@@ -379,6 +379,7 @@ def test_daemon_unread_client_does_not_hold_other_clients_calls(
         assert d.stop() == 0
 
 
+@pytest.mark.slow
 def test_daemon_started_is_never_lost_behind_a_backlog(
     home: Path, workspace: Path, tmp_base: Path
 ) -> None:

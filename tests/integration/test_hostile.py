@@ -258,6 +258,7 @@ def _connect(d: Daemon) -> socket.socket:
     return sock
 
 
+@pytest.mark.slow
 def test_an_incomplete_line_must_complete_within_the_idle_timeout(small: Daemon) -> None:
     """One byte every 0.2 s used to keep a connection forever (the timer restarted)."""
     with _connect(small) as sock:
@@ -268,6 +269,7 @@ def test_an_incomplete_line_must_complete_within_the_idle_timeout(small: Daemon)
     assert waited is not None and waited < 2.5, waited
 
 
+@pytest.mark.slow
 def test_a_connection_that_never_completes_a_request_is_closed(small: Daemon) -> None:
     with _connect(small) as sock:
         waited = _closed_within(sock, 4.0, drip=b"\n")  # blank lines are not requests

@@ -204,7 +204,7 @@ def finish_call(conn: RawConn, request_id: Any = "slow") -> tuple[list[dict[str,
     [
         ("ok", {}, "ok", 0, False),
         ("fail", {}, "error", 3, True),
-        ("slowset", {}, "timeout", None, True),
+        pytest.param("slowset", {}, "timeout", None, True, marks=pytest.mark.slow),
     ],
 )
 def test_invoke_events_started_progress_completed_then_response(
@@ -251,6 +251,7 @@ def test_invoke_render_error_gets_only_the_response(env: Env) -> None:
     assert not (env.workspace / "ran-render").exists()
 
 
+@pytest.mark.slow
 def test_invoke_periodic_progress_counts_up(env: Env) -> None:
     """A 1 s child under a 0.2 s progress interval gets several progress events, elapsedMs rising."""
     events, reply = env.invoke("sleeper", {"secs": "1"}, callId="periodic-1")
@@ -514,6 +515,7 @@ def test_invoke_bad_call_id_characters(env: Env, call_id: str) -> None:
     assert "callId" in reply["error"]["message"]
 
 
+@pytest.mark.slow
 def test_invoke_max_running_queues_the_second_call(tmp_base: Path) -> None:
     """With --max-running 1 the second of two slow calls reports queued progress before started."""
     home = tmp_base / "home"
@@ -653,6 +655,7 @@ def test_invoke_truncation_boundary(env: Env, chars: int, cut: bool) -> None:
         assert result["outputPath"] is None
 
 
+@pytest.mark.slow
 def test_invoke_timeout_escalates_to_sigkill(env: Env) -> None:
     """A child that ignores SIGTERM is killed after the grace period; the call is a timeout."""
     t0 = time.monotonic()
@@ -732,6 +735,7 @@ def test_invoke_cancel_and_disconnect_while_queued(tmp_base: Path) -> None:
         d.stop()
 
 
+@pytest.mark.slow
 def test_invoke_daemon_stop_kills_in_flight_children(tmp_base: Path) -> None:
     """SIGTERM to the daemon with a call in flight kills the child and grandchild; nothing outlives it."""
     home = tmp_base / "home"

@@ -795,6 +795,7 @@ def test_mcp_claude_code_connects(
     assert "Connected" in out, out
 
 
+@pytest.mark.slow
 def test_mcp_no_new_call_during_a_graceful_stop(
     mcp_sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:

@@ -99,6 +99,7 @@ def _samples(result: dict[str, Any]) -> Samples:
     return samples
 
 
+@pytest.mark.slow
 def test_metrics_after_a_known_sequence_of_calls(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:

@@ -75,6 +75,7 @@ def test_reload_rename_is_removed_plus_added(unwatched: Daemon) -> None:
     assert changed[0] == {("hello", "removed"), ("greet", "added")}, changed[1]
 
 
+@pytest.mark.slow
 def test_reload_call_in_flight_keeps_its_definition(unwatched: Daemon, workspace: Path) -> None:
     """A call started before a reload that removes its set finishes with its definition."""
     d = unwatched
@@ -159,6 +160,7 @@ def test_reload_half_written_manifest_settles_to_the_final_version(
     eventually(lambda: "halfway" in names(daemon))
 
 
+@pytest.mark.slow
 def test_reload_idle_workspaces_are_released(home: Path, workspace: Path, tmp_base: Path) -> None:
     """A workspace unused for the idle time is dropped from the daemon."""
     d = start_daemon(home, workspace, tmp_base, ["--workspace-idle", "0.5"])
@@ -208,6 +210,7 @@ def test_reload_notes_only_change_is_announced(unwatched: Daemon) -> None:
         assert note["params"]["generation"] == before + 1
 
 
+@pytest.mark.slow
 def test_reload_subscribed_workspace_is_not_released(
     home: Path, workspace: Path, tmp_base: Path
 ) -> None:

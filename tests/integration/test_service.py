@@ -363,6 +363,7 @@ def test_notify_watchdog_for_another_pid_sends_no_pings(
 # -- stopping --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_stop_graceful_finishes_short_calls_and_cancels_long_ones(
     svc_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
