@@ -2,10 +2,11 @@
 
 ``python -m bench.bench_mcp [--quick]``
 
-The MCP side runs under a separate interpreter that has ``mcp`` installed, taken from
-``BENCH_MCP_PYTHON`` (default ``/tmp/mcp-venv/bin/python``; make it with
-``python3 -m venv /tmp/mcp-venv && /tmp/mcp-venv/bin/pip install mcp``). It is never
-installed into the project venv. Without it, this benchmark is skipped with a message.
+The MCP side runs under an interpreter that has ``mcp`` installed: ``BENCH_MCP_PYTHON`` if
+set, else ``/tmp/mcp-venv/bin/python`` if it exists (for another SDK release:
+``python3 -m venv /tmp/mcp-venv && /tmp/mcp-venv/bin/pip install mcp==X``), else the
+project venv's own interpreter, which has the SDK the tests pin (the test extra's
+``mcp==2.3.0``). Without any of them, this benchmark is skipped with a message.
 
 Paired rounds, alternating the two sides:
 
@@ -60,8 +61,10 @@ CLIENT = str(REPO / "bench" / "_mcp_client.py")
 
 def mcp_python() -> str | None:
     """The interpreter with ``mcp``, or None (with the reason printed)."""
-    # The default path the docs tell people to create; only ever executed, never written.
+    # The path the docs tell people to create; only ever executed, never written.
     python = os.environ.get("BENCH_MCP_PYTHON", "/tmp/mcp-venv/bin/python")  # noqa: S108
+    if "BENCH_MCP_PYTHON" not in os.environ and not os.path.exists(python):
+        python = sys.executable  # the project venv: the test extra pins the SDK
     if not os.path.exists(python):
         print(
             f"bench_mcp: skipped: no interpreter at {python} (set BENCH_MCP_PYTHON, or create it: "
