@@ -279,25 +279,34 @@ class Registry:
         roots: list[dict[str, object] | None] = []
         stat_ = os.stat
         for root, _ in self._roots(workspace):
+            # Each manifest is stat'ed relative to the open tools folder: the kernel then
+            # walks two path components per set instead of the whole path.
             try:
-                names = os.listdir(root)
+                root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             except OSError:
                 roots.append(None)
                 continue
-            found: dict[str, object] = {}
-            prefix, suffix = root + os.sep, os.sep + MANIFEST_NAME
-            fresh_after = now - RACY_NS  # trusted_signature, inlined: this loop is the reload
-            for name in names:
-                try:
-                    st = stat_(prefix + name + suffix)
-                except OSError:
-                    found[name] = None
-                    continue
-                mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
-                if mtime > fresh_after or ctime > fresh_after:
-                    found[name] = _FRESH
-                else:
-                    found[name] = (mtime, st.st_size, st.st_ino, ctime)
+            try:
+                names = os.listdir(root_fd)
+                found: dict[str, object] = {}
+                suffix = os.sep + MANIFEST_NAME
+                fresh_after = now - RACY_NS  # trusted_signature, inlined: this loop is the reload
+                for name in names:
+                    try:
+                        st = stat_(name + suffix, dir_fd=root_fd)
+                    except OSError:
+                        found[name] = None
+                        continue
+                    mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
+                    if mtime > fresh_after or ctime > fresh_after:
+                        found[name] = _FRESH
+                    else:
+                        found[name] = (mtime, st.st_size, st.st_ino, ctime)
+            except OSError:
+                roots.append(None)
+                continue
+            finally:
+                os.close(root_fd)
             roots.append(found)
         return _Scan(config, tuple(roots))
 
