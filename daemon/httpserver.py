@@ -52,8 +52,8 @@ from urllib.parse import parse_qs, urlsplit
 import anyio
 import anyio.abc
 import h11
-import orjson
 import structlog
+from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .wire import Wire
 
@@ -148,8 +148,8 @@ class Refusal:
 
 
 def json_response_body(value: Any) -> bytes:
-    """Serialise a JSON body."""
-    return orjson.dumps(value)
+    """Serialise a JSON body (numbers as the request wrote them: ``jsontext``)."""
+    return json_dumps(value)
 
 
 class _Closed(Exception):

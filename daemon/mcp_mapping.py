@@ -40,6 +40,7 @@ from typing import Any
 
 import orjson
 from toolsetd.protocol import errors as rpc_errors
+from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .model import Catalog, CatalogName
 from .runner import CallOutcome
@@ -269,7 +270,7 @@ def approval_message(classification: dict[str, Any]) -> str:
             f"- {p.get('argument')}: {p.get('value')} -> {p.get('resolved')} ({p.get('scope')})"
             for p in paths
         )
-    shown = orjson.dumps(classification.get("arguments")).decode()
+    shown = json_dumps(classification.get("arguments")).decode()  # numbers as written
     if len(shown) > _MAX_SHOWN_ARGUMENTS:
         shown = shown[:_MAX_SHOWN_ARGUMENTS] + " ..."
     lines.append(f"Arguments: {shown}")
@@ -350,7 +351,7 @@ def _unb64(text: str) -> bytes:
 
 def _call_key(binding_key: str, tool: str, arguments: Any) -> str:
     try:
-        args = orjson.dumps(arguments, option=orjson.OPT_SORT_KEYS)
+        args = json_dumps(arguments, orjson.OPT_SORT_KEYS)
     except TypeError:
         args = repr(arguments).encode()
     return hashlib.sha256(

@@ -54,6 +54,8 @@ import anyio.abc
 import orjson
 import structlog
 from toolsetd.protocol import errors as rpc_errors
+from toolsetd.protocol.jsontext import dumps as json_dumps
+from toolsetd.protocol.jsontext import loads as json_loads
 
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
 from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
@@ -143,7 +145,7 @@ def bind_listen(address: ListenAddress, backlog: int = 256) -> socket.socket:
 
 
 def _sse(message: Any) -> bytes:
-    return b"event: message\ndata: " + orjson.dumps(message) + b"\n\n"
+    return b"event: message\ndata: " + json_dumps(message) + b"\n\n"
 
 
 class _PostOutbox:
@@ -393,7 +395,7 @@ class McpHttpEndpoint:
             )
             return
         try:
-            message = orjson.loads(request.body)
+            message = json_loads(request.body)  # numbers as written, as on the socket
         except orjson.JSONDecodeError as exc:
             await _rpc_error(
                 exchange,
@@ -550,7 +552,7 @@ class McpHttpEndpoint:
             await exchange.respond(202, headers)
         else:
             await exchange.respond(
-                200, [("content-type", "application/json"), *headers], orjson.dumps(response)
+                200, [("content-type", "application/json"), *headers], json_dumps(response)
             )
 
     def _cancel_request(self, core: CoreSession, request_id: Any) -> None:

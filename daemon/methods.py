@@ -27,6 +27,7 @@ from toolsetd.protocol import __version__
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol import names as m
 from toolsetd.protocol import params as params_check
+from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .catalog import note_info, set_info, tool_info
 from .model import Catalog, CatalogName, LoadedTool
@@ -178,11 +179,12 @@ class Handlers:
                 if wanted is None or wanted in t.tool.catalogs
             ]
             # Encoded once per snapshot and filter: a later list of the same catalog
-            # writes these bytes as they are (orjson embeds a Fragment verbatim).
+            # writes these bytes as they are (orjson embeds a Fragment verbatim). A schema
+            # may hold an integer wider than 64 bits: jsontext writes it exactly.
             body = {
-                "tools": orjson.Fragment(orjson.dumps(tools)),
-                "sets": orjson.Fragment(orjson.dumps([set_info(e) for e in catalog.sets])),
-                "notes": orjson.Fragment(orjson.dumps([note_info(n) for n in catalog.notes])),
+                "tools": orjson.Fragment(json_dumps(tools)),
+                "sets": orjson.Fragment(json_dumps([set_info(e) for e in catalog.sets])),
+                "notes": orjson.Fragment(json_dumps([note_info(n) for n in catalog.notes])),
             }
             if len(self._list_cache) > 64:
                 self._list_cache.clear()

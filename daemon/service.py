@@ -57,6 +57,7 @@ import orjson
 import structlog
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol import modes as m
+from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .confinement import Confinement
 from .model import Catalog, CatalogName, LoadedTool
@@ -213,9 +214,8 @@ class _Call:
 
 def approval_digest(classification_wire: dict[str, Any]) -> str:
     """A digest of what the operator is shown and approves: the whole classification."""
-    return hashlib.sha256(
-        orjson.dumps(classification_wire, option=orjson.OPT_SORT_KEYS)
-    ).hexdigest()
+    # jsontext: the arguments may hold exact numbers (JsonNumber, integers past 64 bits).
+    return hashlib.sha256(json_dumps(classification_wire, orjson.OPT_SORT_KEYS)).hexdigest()
 
 
 class _Bookkeeping:

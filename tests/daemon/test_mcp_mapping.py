@@ -118,3 +118,18 @@ def test_mcp_state_tampered_foreign_or_expired() -> None:
     expired = approval_answer(signer, _params(state), "bind", "t", {"a": 1})
     assert expired.digest is None
     assert not expired.declined
+
+
+def test_mcp_approval_shapes_keep_exact_numbers() -> None:
+    """What the operator is shown, and the digest of it, take 1.50 and a 90-bit integer as
+    written (orjson alone refuses both: a float subclass, and an int past 64 bits)."""
+    from toolsetd.daemon.mcp_mapping import approval_message
+    from toolsetd.daemon.service import approval_digest
+    from toolsetd.protocol.jsontext import loads
+
+    arguments = loads(b'{"n": 1.50, "big": 123456789012345678901234567890}')
+    classification = {"tool": "t", "reason": "asks", "paths": [], "arguments": arguments}
+    shown = approval_message(classification)
+    assert '{"n":1.50,"big":123456789012345678901234567890}' in shown
+    other = {**classification, "arguments": loads(b'{"n": 1.5, "big": 123456789012345678901234567890}')}
+    assert approval_digest(classification) != approval_digest(other)  # 1.50 is not 1.5

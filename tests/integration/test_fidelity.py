@@ -35,6 +35,13 @@ def _write_sets(tools: Path) -> None:
         "schema": {"type": "object"},
         "argv": {"n": "--n", "m": "--m", "big": "--big", "z": "--z"},
     }, **{"echo.sh": _ECHO})
+    write_set(tools, "wide", {
+        "runner": "exec", "description": "a schema with exact numbers", "command": ["echo.sh"],
+        "stdin": True, "approval": "always", "argv": {"n": "--n"},
+        "schema": {"type": "object", "properties": {"n": {
+            "type": "number", "maximum": 123456789012345678901234567890, "multipleOf": 0.50,
+        }}},
+    }, **{"echo.sh": _ECHO})
     write_set(tools, "inline", {
         "runner": "exec", "description": "prints a content file", "command": ["cat.sh"],
         "stdin": False, "approval": "always", "output": "content",
@@ -120,6 +127,20 @@ def test_classify_echoes_the_numbers_as_written(fid: Daemon) -> None:
     with fid.raw() as conn:
         line = _response(conn, frame, b"2")
     assert b'"arguments":' + _NUMBERS.replace(b" ", b"") in line, line
+
+
+def test_a_schema_with_a_wide_integer_is_listed_exactly(fid: Daemon) -> None:
+    """A manifest's integer past 64 bits reaches list as written; list never fails on it."""
+    frame = b'{"jsonrpc":"2.0","id":3,"method":"list"}'
+    with fid.raw() as conn:
+        line = _response(conn, frame, b"3")
+    assert b'"maximum":123456789012345678901234567890' in line, line[:300]
+    tool = next(t for t in json.loads(line)["result"]["tools"] if t["name"] == "wide")
+    assert tool["inputSchema"]["properties"]["n"]["maximum"] == 123456789012345678901234567890
+    with fid.raw() as conn:  # and the tool runs, its argument checked against that schema
+        events, reply = conn.invoke({"tool": "wide", "arguments": {"n": 2.5},
+                                     "workspace": str(fid.workspace)})
+    assert reply["result"]["status"] == "ok", reply
 
 
 def test_a_wide_integer_id_is_echoed_exactly(fid: Daemon) -> None:

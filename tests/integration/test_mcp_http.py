@@ -127,6 +127,29 @@ def test_http_session_initialize_list_call_delete(http_daemon, workspace: Path) 
     assert "initialize" in gone.json()["error"]["message"]
 
 
+def test_http_numbers_reach_the_tool_and_the_list_as_written(http_daemon, workspace: Path) -> None:
+    """Over HTTP as on the socket: 1.50 and a 90-bit integer reach argv as typed, and a schema
+    holding such an integer is listed exactly (no float, no failed tools/list)."""
+    _, base = http_daemon
+    wide = 123456789012345678901234567890
+    echo = "#!/bin/sh\nfor a in \"$@\"; do printf '%s\\n' \"$a\"; done\n"
+    write_set(workspace / ".crystal" / "tools", "numbers", _tool(
+        "echo.sh", argv={"n": "--n", "big": "--big"},
+        schema={"type": "object", "properties": {"big": {"type": "integer", "maximum": wide * 10}}},
+    ), **{"echo.sh": echo})
+    url = endpoint(base, workspace, mode="full")  # a project set: full runs it unasked
+    headers = {"mcp-session-id": initialize(url)}
+    listed = http(url, body=rpc(2, "tools/list"), headers=headers)
+    assert listed.status == 200
+    assert f'"maximum":{wide * 10}'.encode() in listed.body, listed.body[:300]
+    body = (b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"numbers",'
+            b'"arguments":{"n":1.50,"big":' + str(wide).encode() + b"}}}")
+    called = http(url, body=body, headers=headers)
+    assert called.status == 200, called
+    text = called.json()["result"]["content"][0]["text"]
+    assert f"--n\n1.50\n--big\n{wide}" in text, text
+
+
 @pytest.mark.parametrize(
     ("workspace_value", "needle"),
     [
