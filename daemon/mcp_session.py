@@ -68,6 +68,7 @@ import anyio
 import structlog
 from toolsetd.protocol import __version__
 from toolsetd.protocol import errors as rpc_errors
+from toolsetd.protocol.params import check_arguments
 
 from . import mcp_mapping as mapping
 from .mcp_mapping import McpError
@@ -496,6 +497,12 @@ class McpSession:
         arguments = params.get("arguments", {})
         if arguments is None:
             arguments = {}
+        try:  # the native face's cap (protocol/params.py): every echo of them stays encodable
+            check_arguments(arguments)
+        except ValueError as exc:
+            raise McpError(
+                -32602, f"Invalid params: 'arguments' {exc}", {"field": "arguments"}
+            ) from None
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
         binding = self.binding

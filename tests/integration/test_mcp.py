@@ -210,6 +210,26 @@ def test_mcp_garbage_on_stdin_is_answered_and_survived(mcp_daemon: Daemon, works
         assert pump.close() == 0
 
 
+def test_mcp_arguments_deeper_than_the_cap_are_refused_naming_it(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """tools/call arguments nested past 64 levels get -32602 naming 'arguments', as a native
+    invoke does; the session carries on."""
+    deep: Any = 1
+    for _ in range(300):
+        deep = [deep]
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        assert "result" in init
+        reply = pump.request(2, "tools/call", {"name": "hello", "arguments": {"name": deep}})
+        assert reply["error"]["code"] == -32602, reply
+        assert "'arguments'" in reply["error"]["message"] and "64" in reply["error"]["message"]
+        assert pump.request(3, "ping")["result"] == {}
+    finally:
+        assert pump.close() == 0
+
+
 # -- calls ---------------------------------------------------------------------------------
 
 
