@@ -432,3 +432,30 @@ def test_daemon_forced_stop_is_not_held_by_an_unread_client(
     finally:
         stuck.close()
         d.stop()
+
+
+@pytest.mark.slow
+def test_daemon_response_over_the_line_budget_is_an_error_naming_sizes(
+    workspace: Path, tmp_base: Path
+) -> None:
+    """A list that would exceed the daemon's 64 MiB line is answered -32007 with both sizes;
+    the connection and the daemon go on serving."""
+    home = tmp_base / "home"
+    description = "d" * (1_000_000 - 300)  # each manifest just under the 1 MiB manifest limit
+    for i in range(70):
+        write_set(home / "tools", f"big{i:02d}", {
+            "runner": "exec", "description": description, "schema": {"type": "object"},
+            "command": ["true"], "approval": "always",
+        })
+    d = start_daemon(home, workspace, tmp_base, ["--no-watch"])
+    try:
+        with d.raw(timeout=60) as conn:
+            error = conn.request("list")["error"]
+            assert error["code"] == -32007, error
+            assert error["data"]["limit"] == 64 * 1024 * 1024
+            assert error["data"]["size"] > error["data"]["limit"]
+            assert "Response too large" in error["message"] and "ask for less" in error["message"]
+            assert "result" in conn.request("status")  # the same connection goes on
+        assert "response_too_large" in d.log()
+    finally:
+        assert d.stop() == 0
