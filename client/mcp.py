@@ -3,8 +3,9 @@
 Theory of operation
 -------------------
 MCP hosts spawn their stdio servers once per session, so this process must answer fast:
-it imports the standard library only (no anyio, no pydantic, no MCP SDK) and does no MCP
-itself. The daemon speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
+it imports the standard library only (no anyio, no pydantic, no MCP SDK; from toolsetd,
+only the wire's method names in ``protocol/names.py``) and does no MCP itself. The daemon
+speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
 
 1. Parse the few options by hand (``argparse`` alone would cost a tenth of the budget).
 2. Connect to the socket. When nobody answers and ``--no-autostart`` is not given, start
@@ -33,6 +34,8 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+
+from toolsetd.protocol.names import METHOD_MCP_BIND
 
 __all__ = ["default_socket_path", "main"]
 
@@ -278,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         params["catalog"] = options["catalog"]
     if options.get("mode"):
         params["mode"] = options["mode"]
-    bind = {"jsonrpc": "2.0", "id": _BIND_ID, "method": "mcp.bind", "params": params}
+    bind = {"jsonrpc": "2.0", "id": _BIND_ID, "method": METHOD_MCP_BIND, "params": params}
     try:
         sock.sendall(json.dumps(bind).encode() + b"\n")
     except OSError as exc:

@@ -46,11 +46,12 @@ import anyio
 import anyio.abc
 import structlog
 from toolsetd.protocol import __version__
+from toolsetd.protocol.names import METHOD_MCP_BIND
 
 from .activation import ActivationError, listen_fds
 from .catalog import ManifestCache
 from .confinement import Confinement, ConfinementConfig
-from .connection import METHOD_MCP_BIND, RequestContext
+from .connection import RequestContext
 from .logs import configure_logging
 from .methods import Handlers
 from .metrics import Metrics, MetricsSources, serve_metrics

@@ -69,12 +69,12 @@ from toolsetd.protocol.jsonrpc import (
     notification_message,
     parse_envelope,
 )
+from toolsetd.protocol.names import METHOD_MCP_BIND
 
 from .wire import Wire
 
 __all__ = [
     "INLINE_METHODS",
-    "METHOD_MCP_BIND",
     "Connection",
     "Dispatch",
     "Handler",
@@ -93,8 +93,6 @@ Handler = Callable[["RequestContext", Any], Awaitable[Any]]
 _READ_BUFFER = 256 * 1024
 #: Inline answers in one run of the reader before it lets other tasks run.
 _INLINE_BURST = 64
-#: The socket's MCP binding method (``mcp_socket.py``); the pump sends it first.
-METHOD_MCP_BIND = "mcp.bind"
 #: Methods answered in the reader itself: their handlers never wait on anything.
 INLINE_METHODS: frozenset[str] = frozenset({"status", "cancel", METHOD_MCP_BIND})
 

@@ -18,11 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from .connection import METHOD_MCP_BIND, Connection, RequestContext
+from .connection import Connection, RequestContext
 from .mcp_session import SUPPORTED_VERSIONS, Binding, McpServer, McpSession
 
-# METHOD_MCP_BIND is connection.py's (its inline methods name it); re-exported here, its home.
-__all__ = ["METHOD_MCP_BIND", "McpBinder"]
+__all__ = ["McpBinder"]
 
 
 class _ConnectionOutbox:

@@ -6,7 +6,9 @@ at every start; ``models`` re-exports them beside the models of each method.
 
 from __future__ import annotations
 
-from typing import Final
+TYPE_CHECKING = False  # not typing's: ``toolsetctl mcp`` imports this at every start (errors.py)
+if TYPE_CHECKING:
+    from typing import Final
 
 __all__ = [
     "METHODS",
@@ -14,6 +16,7 @@ __all__ = [
     "METHOD_CLASSIFY",
     "METHOD_INVOKE",
     "METHOD_LIST",
+    "METHOD_MCP_BIND",
     "METHOD_METRICS",
     "METHOD_RELOAD",
     "METHOD_STATUS",
@@ -41,6 +44,10 @@ METHODS: Final = (
     METHOD_RELOAD,
     METHOD_METRICS,
 )
+
+#: The first frame of ``toolsetctl mcp`` on the daemon's socket: the connection is MCP after
+#: it (``daemon/mcp_socket.py``; not a method of the native face's table).
+METHOD_MCP_BIND: Final = "mcp.bind"
 
 NOTIFICATION_STARTED: Final = "started"
 NOTIFICATION_PROGRESS: Final = "progress"
