@@ -48,6 +48,8 @@ from .names import (
 )
 from .params import MAX_ARGUMENT_DEPTH, check_arguments, check_mode, check_traceparent
 
+# names and modes are re-exported (their names are in __all__): clients that import them from
+# models, as before they had their own modules, keep working.
 __all__ = [
     "MAX_ARGUMENT_DEPTH",
     "METHODS",
