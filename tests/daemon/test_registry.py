@@ -10,6 +10,7 @@ import anyio
 import pytest
 from toolsetd.daemon.catalog import RACY_NS
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Source
+from toolsetd.daemon import registry as registry_module
 from toolsetd.daemon.registry import Registry, SetChange, diff_catalogs
 
 pytestmark = pytest.mark.anyio
@@ -49,8 +50,17 @@ async def test_registry_unchanged_reload_parses_nothing(home: Path, tmp_path: Pa
     assert registry.generation == generation
 
 
-async def test_registry_reload_reparses_only_the_changed_set(home: Path) -> None:
-    """Changing one manifest re-parses that one and reports it updated, bumping the generation."""
+@pytest.mark.parametrize("scan", ["on the loop", "in a thread"])
+async def test_registry_reload_reparses_only_the_changed_set(
+    home: Path, scan: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Changing one manifest re-parses that one and reports it updated, bumping the generation.
+
+    Both ways of scanning: a small catalog's reload scans on the event loop and hands a
+    change on to a worker thread; a large one (here: any over 0 sets) scans in the thread.
+    """
+    if scan == "in a thread":
+        monkeypatch.setattr(registry_module, "INLINE_SCAN_MAX", 0)
     for i in range(3):
         _write(home / "tools", f"set{i}")
     registry = Registry(home, DEFAULT_RESERVED_NAMES)
