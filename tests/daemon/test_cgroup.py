@@ -14,7 +14,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from toolsetd.daemon.cgroup import JOIN_ARGV, JOIN_FAILED_EXIT, CgroupTree, Limits
+from toolsetd.daemon.cgroup import JOIN_ARGV, JOIN_FAILED_EXIT, CallCgroup, CgroupTree, Limits
 
 
 @pytest.fixture
@@ -86,9 +86,49 @@ async def test_cgroup_finish_kills_everything_and_removes_it(tree: CgroupTree) -
         usage = await call.finish()
     child.wait(5)
     assert child.returncode == -9
-    assert not os.path.exists(call.path)
+    # Removed, or kept empty as a spare (a call without limits, no memory controller).
+    assert not os.path.exists(call.path) or Path(call.procs).read_text() == ""
+    assert os.path.exists(call.path) == tree.reuse
     assert usage.cpu_usec is not None
     assert usage.oom_killed is False
+
+
+def _spawn_in(tree: CgroupTree, call: CallCgroup, argv: list[str]) -> subprocess.Popen[bytes]:
+    with tree.entered(call):
+        return subprocess.Popen(argv, start_new_session=True)  # noqa: S603
+
+
+_BURN = ["/bin/sh", "-c", "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"]
+
+
+@pytest.mark.anyio
+async def test_cgroup_spare_is_reused_and_reports_only_its_own_call(tree: CgroupTree) -> None:
+    """A spare cgroup's next call reports its own CPU time, and the spent one kills nothing.
+
+    Without the memory controller a finished call's cgroup (no limits) is the next call's;
+    with it every call gets a new one.
+    """
+    first = tree.create(Limits(), "set 't'")
+    _spawn_in(tree, first, _BURN).wait(30)
+    burned = await first.finish()
+    assert burned.cpu_usec is not None and burned.cpu_usec > 20_000
+    second = tree.create(Limits(), "set 't'")
+    assert (second.path == first.path) == tree.reuse
+    if not tree.reuse:
+        assert not os.path.exists(first.path)
+    sleeper = _spawn_in(tree, second, ["/bin/sleep", "1000"])
+    try:
+        first.kill()  # spent: it must not reach the cgroup's new call
+        first.signal_all(9)
+        with pytest.raises(subprocess.TimeoutExpired):
+            sleeper.wait(0.2)
+        usage = await second.finish()
+        assert sleeper.wait(5) == -9
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert usage.cpu_usec is not None
+    assert usage.cpu_usec < burned.cpu_usec // 2
 
 
 def test_cgroup_limit_without_controller_is_refused(tree: CgroupTree) -> None:
