@@ -348,6 +348,42 @@ def start_daemon(
     )
 
 
+def _pin(pid: int, cpus: set[int]) -> None:
+    """Set the CPU affinity of every thread of ``pid`` (threads started later inherit it)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with contextlib.suppress(ProcessLookupError):
+            os.sched_setaffinity(int(tid), cpus)
+
+
+@contextlib.contextmanager
+def placed(servers: Sequence[Proc], how: str) -> Iterator[str]:
+    """Place the servers and this process (the client) on CPUs for the block, then undo it.
+
+    ``how`` is ``"split"`` (servers on the last CPU, the client on the first: every
+    request crosses cores, as between an agent front end and the daemon) or ``"shared"``
+    (all on the first CPU). Left to itself, the scheduler sometimes settles a
+    single-threaded server on its client's core, where a round trip costs a third as much,
+    and keeps it there for a whole round: the placement, not the server, then decides a
+    ratio. Yields what was done (``"unpinned"`` with fewer than two CPUs).
+    """
+    mine = os.sched_getaffinity(0)
+    if len(mine) < 2:
+        yield "unpinned"
+        return
+    first, last = min(mine), max(mine)
+    server_cpus = {last} if how == "split" else {first}
+    try:
+        for server in servers:
+            _pin(server.popen.pid, server_cpus)
+        os.sched_setaffinity(0, {first})
+        yield how
+    finally:
+        os.sched_setaffinity(0, mine)
+        for server in servers:
+            with contextlib.suppress(OSError):
+                _pin(server.popen.pid, mine)
+
+
 def start_baseline(mode: str, base: Path, name: str = "echo") -> Proc:
     """The orjson + asyncio baseline server (``bench/_baseline.py``) in its own process."""
     sock = base / f"{name}.sock"

@@ -8,6 +8,12 @@
   ratio is the median of per-round ratios of the medians (daemon / echo).
 * Throughput: requests/s with 1 and 32 connections (an asyncio client in this process,
   each connection one request at a time), same pairing.
+* Placement: for the round trip and throughput, the client (this process) runs on the
+  first CPU and both servers on the last (``_common.placed``, ``"split"``), so every
+  request crosses cores the same way for both. Unpinned, the scheduler sometimes keeps the
+  one-threaded echo on its client's core for a whole round, where its round trip is a
+  third as long, and the ratio then measures the placement. The round trip with all of
+  them on one core is printed beside it, for the record (not a goal).
 * Dispatch CPU, in process: ``Server.dispatch_one`` on an already parsed request dict for a
   trivial method, µs per call; and for reference jsonrpcserver's default
   ``dispatch(str)`` (json + per-request jsonschema envelope check) of the same request, and
@@ -40,6 +46,7 @@ from bench._common import (
     now_ns,
     paired,
     percentile,
+    placed,
     print_table,
     ratio_of_pairs,
     ratios,
@@ -127,17 +134,19 @@ def run(quick: bool = False) -> Section:
         try:
             echo = start_baseline("status", base)
             lat: dict[str, list[int]] = {"daemon": [], "echo": []}
+            servers = (daemon, echo)
 
             def measure(which: str, sock: Path) -> float:
                 samples = sequential_latency(sock, "status", None, n_req)
                 lat[which].extend(samples)
                 return median(samples)
 
-            d_med, e_med = paired(
-                rounds,
-                lambda: measure("daemon", daemon.socket),
-                lambda: measure("echo", echo.socket),
-            )
+            with placed(servers, "split") as placement:
+                d_med, e_med = paired(
+                    rounds,
+                    lambda: measure("daemon", daemon.socket),
+                    lambda: measure("echo", echo.socket),
+                )
             data["status_round_trip"] = {
                 "daemon_median_us": median(d_med) / 1000,
                 "daemon_p99_us": percentile(lat["daemon"], 99) / 1000,
@@ -147,13 +156,29 @@ def run(quick: bool = False) -> Section:
                 "ratios": ratios(d_med, e_med),
                 "rounds": rounds,
                 "requests_per_round": n_req,
+                "placement": placement,
+            }
+            # For the record, not a goal: the same round trip with client and servers on
+            # one core, where each request's CPU time is the whole of its latency.
+            with placed(servers, "shared") as shared:
+                s_d, s_e = paired(
+                    MIN_ROUNDS,
+                    lambda: median(sequential_latency(daemon.socket, "status", None, n_req)),
+                    lambda: median(sequential_latency(echo.socket, "status", None, n_req)),
+                )
+            data["status_round_trip_one_core"] = {
+                "daemon_median_us": median(s_d) / 1000,
+                "echo_median_us": median(s_e) / 1000,
+                "ratio": ratio_of_pairs(s_d, s_e),
+                "placement": shared,
             }
             for conc in (1, 32):
-                d_rps, e_rps = paired(
-                    rounds,
-                    functools.partial(throughput, daemon.socket, "status", {}, conc, seconds),
-                    functools.partial(throughput, echo.socket, "status", {}, conc, seconds),
-                )
+                with placed(servers, "split"):
+                    d_rps, e_rps = paired(
+                        rounds,
+                        functools.partial(throughput, daemon.socket, "status", {}, conc, seconds),
+                        functools.partial(throughput, echo.socket, "status", {}, conc, seconds),
+                    )
                 data[f"status_rps_c{conc}"] = {
                     "daemon": median(d_rps),
                     "echo": median(e_rps),
@@ -175,6 +200,11 @@ def run(quick: bool = False) -> Section:
             ["toolsetd", rt["daemon_median_us"], rt["daemon_p99_us"]],
             ["orjson echo", rt["echo_median_us"], rt["echo_p99_us"]],
             ["ratio", rt["ratio"], ""],
+            [
+                f"one core ({data['status_round_trip_one_core']['placement']}), toolsetd / echo",
+                data["status_round_trip_one_core"]["daemon_median_us"],
+                data["status_round_trip_one_core"]["echo_median_us"],
+            ],
         ],
     )
     print_table(
