@@ -30,8 +30,9 @@ Resolution (``resolve_path``) follows the kernel, not a lexical normaliser:
    than 40 links (loops included), an unreadable directory on the way, text that is
    not valid UTF-8.
 
-The module only reads the filesystem (``os.lstat``, ``os.readlink``); it never writes.
-Nothing is cached: a link may change between two calls, and a cache would hide it.
+The module only reads the filesystem (``os.lstat``, ``os.readlink``, and ``O_PATH``
+opens for ``existing_directory``, the workspace check); it never writes. No resolution is
+cached: a link may change between two calls, and a cache would hide it.
 
 Scope (``scope_of``) is one of ``workspace``, ``outsideWorkspace`` or ``forbidden``.
 Credential paths (``.ssh``, ``.gnupg``, ``.crystal/credentials.json`` segments,
@@ -82,6 +83,7 @@ __all__ = [
     "Scope",
     "canonical_workspace",
     "credential_identities",
+    "existing_directory",
     "expand_user",
     "is_credential_identity",
     "is_credential_path",
@@ -300,6 +302,46 @@ def canonical_workspace(workspace: Path) -> Path:
         return Path(_canonicalize(text))
     except PathError:
         return Path(os.path.normpath(text))
+
+
+#: Opens a directory as a handle only (no read permission needed), following links.
+_DIRECTORY_HANDLE = getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY | os.O_CLOEXEC
+#: Canonical directory texts already turned into a ``Path`` (a request names few).
+_DIRECTORY_PATHS: dict[str, Path] = {}
+_DIRECTORY_PATHS_MAX = 1024
+
+
+def existing_directory(raw: str) -> Path | None:
+    """The canonical path of the existing directory ``raw`` names, or None.
+
+    The kernel resolves ``raw`` (links, ``..``) as it opens the directory, and
+    ``/proc/self/fd`` names what it opened: three system calls, where ``realpath`` then
+    ``is_dir`` would ``lstat`` every component from Python. A directory removed while it
+    is looked at (no links left) counts as missing. Without ``/proc``, ``realpath`` of
+    the open directory's text is used.
+
+    Args:
+        raw: An absolute path without NUL bytes.
+    """
+    try:
+        fd = os.open(raw, _DIRECTORY_HANDLE)
+    except (OSError, ValueError):
+        return None
+    try:
+        try:
+            canonical = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            canonical = os.path.realpath(raw)
+        if os.fstat(fd).st_nlink == 0:
+            return None
+    finally:
+        os.close(fd)
+    found = _DIRECTORY_PATHS.get(canonical)
+    if found is None:
+        if len(_DIRECTORY_PATHS) >= _DIRECTORY_PATHS_MAX:
+            _DIRECTORY_PATHS.clear()
+        found = _DIRECTORY_PATHS[canonical] = Path(canonical)
+    return found
 
 
 def is_within(path: Path, workspace: Path) -> bool:

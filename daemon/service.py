@@ -46,7 +46,6 @@ import hashlib
 import os
 import re
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,7 +61,7 @@ from toolsetd.protocol.jsontext import dumps as json_dumps
 from .confinement import Confinement
 from .model import Catalog, CatalogName, LoadedTool
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
-from .paths import ArgumentsError, Scope, rewrite_arguments
+from .paths import ArgumentsError, Scope, existing_directory, rewrite_arguments
 from .policy import Classification, classify
 from .registry import Registry, ReloadOutcome
 from .runner import CallOutcome, CallRequest, Runner
@@ -313,12 +312,8 @@ class Service:
                 "got a relative path.",
                 {"field": "workspace"},
             )
-        try:
-            canonical = Path(os.path.realpath(raw))
-            is_dir = canonical.is_dir()
-        except (OSError, ValueError):
-            is_dir = False
-        if not is_dir:
+        canonical = existing_directory(raw)
+        if canonical is None:
             raise rpc_errors.InvalidWorkspace(
                 f"Invalid workspace: {raw!r} is not a directory; 'workspace' must be an "
                 "absolute path to an existing directory.",
@@ -501,7 +496,8 @@ class Service:
         """
         if self.stopping:
             raise rpc_errors.ShuttingDown("toolsetd is shutting down: no new calls are accepted.")
-        call_id = request.call_id if request.call_id is not None else uuid.uuid4().hex
+        # A fresh id is 128 random bits in hex (the length of a uuid4's, a quarter the cost).
+        call_id = request.call_id if request.call_id is not None else os.urandom(16).hex()
         if not _CALL_ID.match(call_id):
             raise rpc_errors.InvalidParams(
                 "Invalid params: 'callId' must be 1 to 128 characters of letters, digits, "

@@ -18,6 +18,7 @@ from toolsetd.daemon.paths import (
     Scope,
     canonical_workspace,
     credential_identities,
+    existing_directory,
     expand_user,
     is_credential_identity,
     is_credential_path,
@@ -544,3 +545,37 @@ def test_resolve_unreadable_link_is_invalid(
     monkeypatch.setattr(os, "readlink", readlink)
     with pytest.raises(PathError):
         resolve_path("link", ws, home)
+
+
+def test_existing_directory_is_the_kernels_canonical_directory(tmp_path: Path) -> None:
+    """The workspace check: links and ``..`` resolved as the kernel does, like realpath."""
+    real = tmp_path / "a" / "b"
+    real.mkdir(parents=True)
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "to_b").symlink_to(real)
+    (tmp_path / "to_file").symlink_to(tmp_path / "file")
+    (tmp_path / "dangling").symlink_to(tmp_path / "missing")
+    cases = [
+        str(real),
+        str(tmp_path / "to_b"),
+        str(tmp_path / "to_b") + "/",
+        str(tmp_path / "to_b" / ".."),  # the link's parent: a, not tmp_path
+        str(tmp_path / "a" / "." / "b"),
+    ]
+    for raw in cases:
+        found = existing_directory(raw)
+        assert found == Path(os.path.realpath(raw)), raw
+        assert found is not None and found.is_dir()
+    assert existing_directory(str(tmp_path / "to_b" / "..")) == tmp_path / "a"
+    for raw in ("file", "to_file", "dangling", "missing", "to_b/missing/.."):
+        assert existing_directory(str(tmp_path / raw)) is None, raw
+
+
+def test_existing_directory_needs_no_read_permission_on_it(tmp_path: Path) -> None:
+    """A directory the daemon may not list is still a directory (as with ``is_dir``)."""
+    closed = tmp_path / "closed"
+    closed.mkdir(mode=0o000)
+    try:
+        assert existing_directory(str(closed)) == closed
+    finally:
+        closed.chmod(0o700)
