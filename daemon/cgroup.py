@@ -313,7 +313,7 @@ def _kill_tree(folder: str) -> None:
 class CallCgroup:
     """One call's cgroup."""
 
-    __slots__ = ("cpu_before", "emptied", "path", "procs", "reusable", "spent", "tree")
+    __slots__ = ("cpu_before", "emptied", "events", "path", "procs", "reusable", "spent", "tree")
 
     def __init__(
         self, tree: CgroupTree, path: str, *, reusable: bool = False, cpu_before: int = 0
@@ -321,6 +321,7 @@ class CallCgroup:
         self.tree = tree
         self.path = path
         self.procs = os.path.join(path, "cgroup.procs")
+        self.events = os.path.join(path, "cgroup.events")
         self.reusable = reusable  # no limits written: it may be a later call's spare
         self.cpu_before = cpu_before  # usage_usec when this call got it (a spare's)
         self.spent = False  # finished or discarded: the cgroup may be another call's now
@@ -361,7 +362,7 @@ class CallCgroup:
         """
         if self.emptied:
             return False
-        busy = _field(_read(os.path.join(self.path, "cgroup.events")), "populated") != 0
+        busy = _field(_read(self.events), "populated") != 0
         self.emptied = not busy
         return busy
 

@@ -37,6 +37,7 @@ from typing import Any
 import anyio
 
 from .call import CallOutcome, CallRequest, CallState, RunnerSettings, elapsed_ms
+from .cgroup import CallUsage
 from .model import OutputMode
 from .output import (
     CANCELLED_TEXT,
@@ -120,8 +121,12 @@ async def build_outcome(
     call: CallState,
     spill: Spill,
     s: RunnerSettings,
+    usage: CallUsage | None = None,
 ) -> CallOutcome:
-    """Render a finished call: status, exit code, the model-facing text, truncation, spill."""
+    """Render a finished call: status, exit code, the model-facing text, truncation, spill.
+
+    ``usage`` is what the call's cgroup reported, when it had one.
+    """
     toolset = request.loaded.toolset
     exit_code: int | None = None
     truncated = False
@@ -188,6 +193,9 @@ async def build_outcome(
         stderr_bytes=call.err.total,
         started=True,
         pid=pid,
+        peak_memory_bytes=usage.peak_memory_bytes if usage is not None else None,
+        cpu_ms=usage.cpu_usec // 1000 if usage is not None and usage.cpu_usec is not None else None,
+        oom_killed=usage.oom_killed if usage is not None else False,
     )
 
 

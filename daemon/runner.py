@@ -442,7 +442,8 @@ class Runner:
                     os.close(pidfd)
                 if not call.exited or call.reason is not None:
                     spill.discard()
-        outcome = await build_outcome(request, proc.pid, proc.returncode, call, spill, s)
+        measured = usage if cgroup is not None else None
+        outcome = await build_outcome(request, proc.pid, proc.returncode, call, spill, s, measured)
         if prepared is not None:
             outcome = self._confined(outcome, prepared, proc.returncode, call, usage)
         return outcome
@@ -455,14 +456,7 @@ class Runner:
         call: CallState,
         usage: CallUsage,
     ) -> CallOutcome:
-        """Say why a confined call failed to start or was OOM-killed; add its usage."""
-        cpu_ms = usage.cpu_usec // 1000 if usage.cpu_usec is not None else None
-        outcome = replace(
-            outcome,
-            peak_memory_bytes=usage.peak_memory_bytes,
-            cpu_ms=cpu_ms,
-            oom_killed=usage.oom_killed,
-        )
+        """Say why a confined call failed to start or was OOM-killed (``outcome`` has its usage)."""
         failure = setup_failure(prepared, returncode, bytes(call.err.prefix[:4096]))
         if failure is not None:
             return replace(
