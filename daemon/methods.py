@@ -27,6 +27,7 @@ from toolsetd.protocol import __version__
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol import names as m
 from toolsetd.protocol import params as params_check
+from toolsetd.protocol.jsonrpc import notification_message
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .catalog import note_info, set_info, tool_info
@@ -74,15 +75,18 @@ class _NativeSink:
         await self._connection.notify(m.NOTIFICATION_PROGRESS, params, droppable=True)
 
     async def completed(self, call_id: str, completion: Completion) -> None:
-        await self._connection.notify(
-            m.NOTIFICATION_COMPLETED,
-            {
-                "callId": call_id,
-                "status": completion.status,
-                "exitCode": completion.exit_code,
-                "durationMs": completion.duration_ms,
-                "truncated": completion.truncated,
-            },
+        # The response follows at once: both go out in one write.
+        self._connection.post_with_next(
+            notification_message(
+                m.NOTIFICATION_COMPLETED,
+                {
+                    "callId": call_id,
+                    "status": completion.status,
+                    "exitCode": completion.exit_code,
+                    "durationMs": completion.duration_ms,
+                    "truncated": completion.truncated,
+                },
+            )
         )
 
 

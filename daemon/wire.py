@@ -57,6 +57,8 @@ class Wire(asyncio.Protocol):
         #: Frames committed in order but not yet handed to the transport.
         self._pending: deque[bytes] = deque()
         self._drained_waiters: list[asyncio.Future[None]] = []
+        #: A frame waiting to share the next frame's write (``hold``).
+        self._held: bytes | None = None
         self._stall_timer: asyncio.TimerHandle | None = None
         #: The transport's unsent bytes when the stall timer was armed.
         self._stall_mark = 0
@@ -103,6 +105,7 @@ class Wire(asyncio.Protocol):
         self.lost = self.eof = True
         self._disarm_stall()
         self._pending.clear()
+        self._held = None
         self.wake_reader()
         for waiter in (*self._drained_waiters, *self._lost_waiters):
             if not waiter.done():
@@ -199,8 +202,11 @@ class Wire(asyncio.Protocol):
     def write_now(self, frame: bytes) -> bool:
         """Hand a frame to the transport if it may go now; False if it would have to wait.
 
-        Frames for a closed socket are discarded (True: there is nothing to wait for).
+        Frames for a closed socket are discarded (True: there is nothing to wait for). A
+        held frame goes first.
         """
+        if self._held is not None:
+            self.release()
         if self.lost:
             return True
         if self._write_paused or self._pending:
@@ -215,12 +221,39 @@ class Wire(asyncio.Protocol):
         What bounds the queue is the reader: it takes no input while ``backlogged``, so
         only the answers and events of calls already in flight can join it.
         """
+        held = self._held
+        if held is not None:
+            self._held = None
+            frame = held + frame
         if not self.write_now(frame):
             self._pending.append(frame)
             self._arm_stall()
 
+    def hold(self, frame: bytes) -> None:
+        """Commit ``frame`` to go out with the next frame committed in this loop step.
+
+        The two share one ``transport.write``: one ``send``, one wake-up of the peer.
+        Nothing is held past the current step of the event loop: with no frame after it,
+        the held frame goes out alone at the start of the next one. Order is kept: a
+        frame committed later, by any path, goes after it.
+        """
+        if self.lost:
+            return
+        if self._held is None:
+            self._held = frame
+            self._loop.call_soon(self.release)
+        else:
+            self._held += frame
+
+    def release(self) -> None:
+        """Commit the held frame now (``enqueue``), if there is one."""
+        frame, self._held = self._held, None
+        if frame is not None:
+            self.enqueue(frame)
+
     async def wait_drained(self) -> None:
         """Wait until every committed frame is with the transport (or the socket is gone)."""
+        self.release()
         if not self.backlogged:
             return
         waiter = self._loop.create_future()
@@ -240,6 +273,7 @@ class Wire(asyncio.Protocol):
         Args:
             seconds: The longest wait for the peer's end of file.
         """
+        self.release()  # (already empty after wait_drained; nothing may follow write_eof)
         transport = self.transport
         if transport is None or self.lost:
             return

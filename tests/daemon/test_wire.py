@@ -64,3 +64,53 @@ async def test_wire_peer_that_takes_nothing_is_stalled() -> None:
             transport.abort()
             peer.close()
     assert stalled == [True]
+
+
+def _record_writes(transport: asyncio.Transport) -> list[bytes]:
+    """Every ``transport.write`` from now on, as it was called (the transport still writes)."""
+    written: list[bytes] = []
+    write = transport.write
+
+    def recording(data: bytes | bytearray | memoryview) -> None:
+        written.append(bytes(data))
+        write(data)
+
+    transport.write = recording  # type: ignore[method-assign]
+    return written
+
+
+async def test_wire_held_frame_shares_the_next_frames_write_and_keeps_order() -> None:
+    """hold: the next frame committed in the same step goes out in the same write, after it."""
+    with anyio.fail_after(10):
+        wire, transport, peer, _ = await _serve(30)
+        written = _record_writes(transport)
+        loop = asyncio.get_running_loop()
+        try:
+            wire.hold(b"completed\n")
+            wire.enqueue(b"response\n")
+            assert written == [b"completed\nresponse\n"]
+            assert await loop.sock_recv(peer, 1 << 16) == b"completed\nresponse\n"
+            # With nothing after it, a held frame goes out alone once this step ends.
+            wire.hold(b"alone\n")
+            assert await loop.sock_recv(peer, 1 << 16) == b"alone\n"
+            # A droppable frame written right after it still goes second.
+            wire.hold(b"first\n")
+            assert wire.write_now(b"second\n")
+            assert written[-2:] == [b"first\n", b"second\n"]
+        finally:
+            transport.abort()
+            peer.close()
+
+
+async def test_wire_wait_drained_sends_a_held_frame() -> None:
+    """A final flush (wait_drained, as before a close) never leaves a held frame behind."""
+    with anyio.fail_after(10):
+        wire, transport, peer, _ = await _serve(30)
+        written = _record_writes(transport)
+        try:
+            wire.hold(b"last\n")
+            await wire.wait_drained()
+            assert written == [b"last\n"]
+        finally:
+            transport.abort()
+            peer.close()
