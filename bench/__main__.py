@@ -41,6 +41,7 @@ from bench._common import (
     machine,
     print_goals,
     print_table,
+    stop_cleanly_on_sigterm,
     write_results,
 )
 
@@ -223,6 +224,7 @@ def main() -> None:
         parser.error(f"unknown benchmark(s): {', '.join(sorted(unknown))}")
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
+    stop_cleanly_on_sigterm()
     info = machine()
     print(
         f"toolsetd benchmarks ({'quick' if args.quick else 'full'}, {args.repeat} run(s), "

@@ -630,6 +630,19 @@ class Section:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+def stop_cleanly_on_sigterm() -> None:
+    """Make SIGTERM (``kill``, ``timeout``) unwind like Ctrl-C: every ``finally`` runs.
+
+    Without it the benchmark dies at once and the servers it started (``bench._baseline``,
+    daemons, MCP servers) keep running, bound to sockets in a temp folder nobody removes.
+    """
+
+    def unwind(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, unwind)
+
+
 def standalone(name: str, run: Callable[[bool], Section | None], doc: str | None) -> None:
     """``python -m bench.bench_<name> [--quick]``: run one benchmark, print its goals, save it.
 
@@ -638,6 +651,7 @@ def standalone(name: str, run: Callable[[bool], Section | None], doc: str | None
     parser = argparse.ArgumentParser(description=(doc or name).splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
+    stop_cleanly_on_sigterm()
     t0 = time.monotonic()
     section = run(args.quick)
     if section is None:
