@@ -7,13 +7,15 @@ Two views of one trivial ``invoke`` (set ``noop``: ``/bin/true``, no path argume
 
 * **Stages, in process.** Each step the daemon takes for an invoke, run through the
   daemon's own objects (a real ``Registry``, ``Handlers``, ``Runner``, codec and
-  loggers) in a tight loop, µs per call (median of rounds): the params model, the call
+  loggers) in a tight loop, µs per call (median of rounds): the params check, the call
   id, the workspace check, the catalog lookup, schema validation, classification (and a
   tool with one path argument, for the path work), the classification's wire form, the
   call bookkeeping, the two log lines (filtered at ``warning``, rendered at ``info``),
   the event params, encoding the three frames, writing them (three ``send`` calls against
   one), and the spawn: ``Runner.run`` against bare ``asyncio.create_subprocess_exec`` +
   ``communicate()`` (their difference is the runner's drain set-up and bookkeeping).
+  The call's cgroup (the default where the daemon owns a cgroup v2 tree) is measured end
+  to end: a second daemon with ``cgroup = "off"`` in the same paired rounds.
 * **End to end, under cProfile.** A daemon started under ``cProfile`` serves sequential
   invokes (1 caller) and 8 concurrent callers; the top functions by own time are printed
   per run, and with ``--cprofile DIR`` the ``.prof`` files are kept.
@@ -42,7 +44,6 @@ import signal
 import socket
 import subprocess
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -105,7 +106,8 @@ def stages(base: Path, quick: bool) -> list[tuple[str, float, float, float]]:
     from toolsetd.daemon.sdnotify import Notifier
     from toolsetd.daemon.service import Service, ServiceSettings, _Bookkeeping, _Call
     from toolsetd.daemon.validation import ArgumentValidators
-    from toolsetd.protocol import models as m
+    from toolsetd.protocol import modes as m
+    from toolsetd.protocol import params as params_check
     from toolsetd.protocol.codec import encode
     from toolsetd.protocol.jsonrpc import notification_message
 
@@ -155,19 +157,19 @@ def stages(base: Path, quick: bool) -> list[tuple[str, float, float, float]]:
         mode = m.parse_mode("default")
         out.append(
             (
-                "params model (InvokeParams.model_validate)",
-                *_per_call_us(lambda: m.InvokeParams.model_validate(params), n, rounds),
+                "params check (protocol/params.invoke_args)",
+                *_per_call_us(lambda: params_check.invoke_args(params), n, rounds),
             )
         )
         out.append(
             (
-                "call id (uuid4 + pattern + in-flight check)",
-                *_per_call_us(lambda: service._check_call_id_free(uuid.uuid4().hex), n, rounds),
+                "call id (16 random bytes + in-flight check)",
+                *_per_call_us(lambda: service._check_call_id_free(os.urandom(16).hex()), n, rounds),
             )
         )
         out.append(
             (
-                "workspace check (realpath + is_dir)",
+                "workspace check (O_PATH open + /proc/self/fd)",
                 *_per_call_us(lambda: Service.workspace(str(ws)), n, rounds),
             )
         )
@@ -442,20 +444,38 @@ def main() -> None:
         ws = base / "ws"
         ws.mkdir()
         params = invoke_params(ws)
+        off = base / "cgroup-off.toml"
+        off.write_text('[confinement]\ncgroup = "off"\n')
         daemon = start_daemon(home, base, extra=DAEMON_ARGS)
+        daemon_off = start_daemon(home, base, extra=[*DAEMON_ARGS, "--config", str(off)], name="o")
         srv = start_baseline("spawn", base, name="spawn")
         try:
             n = 200 if args.quick else 500
-            d, b = paired(
+
+            def lat(sock: Path) -> float:
+                return median(sequential_latency(sock, "invoke", params, n, warmup=20))
+
+            d, o, b = paired(
                 MIN_ROUNDS,
-                lambda: median(sequential_latency(daemon.socket, "invoke", params, n, warmup=20)),
-                lambda: median(sequential_latency(srv.socket, "invoke", params, n, warmup=20)),
+                lambda: lat(daemon.socket),
+                lambda: lat(daemon_off.socket),
+                lambda: lat(srv.socket),
             )
         finally:
             daemon.stop()
+            daemon_off.stop()
             srv.stop()
         gap = [(x - y) / 1000 for x, y in zip(d, b, strict=True)]
+        cgroup_us = [(x - y) / 1000 for x, y in zip(d, o, strict=True)]
         rows = stages(base, args.quick)
+        rows.append(
+            (
+                "the call's cgroup, end to end (daemon as is - cgroup off)",
+                median(cgroup_us),
+                min(cgroup_us),
+                max(cgroup_us),
+            )
+        )
         tables = cprofile_runs(base, args.quick, args.cprofile)
     print_table(
         f"invoke latency: toolsetd {median(d) / 1000:.0f} µs, minimal server "
@@ -475,6 +495,7 @@ def main() -> None:
         "profile_invoke",
         {
             "gap_us": gap,
+            "cgroup_us": cgroup_us,
             "daemon_us": median(d) / 1000,
             "baseline_us": median(b) / 1000,
             "stages": rows,
