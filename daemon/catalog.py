@@ -113,8 +113,15 @@ class _Cached:
     hashes: dict[tuple[str, ApprovalSource], str] = field(default_factory=dict)
 
 
-def _set_path(set_dir: str, parent: Path | None) -> Path:
-    return parent / os.path.basename(set_dir) if parent is not None else Path(set_dir)
+def _set_path(set_dir: str, parent: Path | None, name: str | None = None) -> Path:
+    if parent is None:
+        return Path(set_dir)
+    if name is None:
+        name = os.path.basename(set_dir)
+    # A plain folder name below a Path already parsed: pathlib's own child constructor
+    # (what iterdir uses) skips parsing the name again, a third of ``parent / name``.
+    child = getattr(parent, "_make_child_relpath", None)
+    return child(name) if child is not None else parent / name
 
 
 class ManifestCache:
@@ -274,7 +281,10 @@ class ManifestCache:
             return None  # indexed under another source or other reserved names
         try:
             result, hashes = decode_record(
-                record, directory=directory, source=source, path=_set_path(set_dir, parent)
+                record,
+                directory=directory,
+                source=source,
+                path=_set_path(set_dir, parent, directory),
             )
             digest = bytes.fromhex(store_key[:64])
         except (ValueError, TypeError, KeyError, IndexError):
