@@ -48,15 +48,18 @@ grandchildren included. ``finish`` then waits (bounded) until ``cgroup.events`` 
 at the next call and at close). A finished call's ``CallCgroup`` is spent: its ``kill``
 and ``signal_all`` do nothing from then on.
 
-**Spare cgroups.** A call without limits, in a tree without the memory controller, gets
-an emptied cgroup of an earlier call when one is spare (up to ``SPARE_MAX`` are kept,
-empty, instead of removed). Making and removing a cgroup, and the kernel's set-up of the
-first process in a new one, cost ~65 µs per call, a third of what a cgroup adds to an
-invoke. What the cgroup reports stays the call's own: ``cpu.stat``'s ``usage_usec`` is
-counted from what it read when the last call finished. ``memory.peak`` cannot be
-restarted on every kernel, and the page cache an earlier call left stays charged, so
-with the memory controller every call gets a new cgroup, as does a call with limits (a
-spare has none written).
+**Spare cgroups.** In a tree with no controllers enabled for the calls (a cgroup v2
+hierarchy whose controllers are bound to v1, as on this project's benchmark host, or a
+delegation without them), a call gets an emptied cgroup of an earlier call when one is
+spare (up to ``SPARE_MAX`` are kept, empty, instead of removed). Making and removing a
+cgroup, and the kernel's set-up of the first process in a new one, cost ~65 µs per call,
+a third of what a cgroup adds to an invoke. A cgroup is kept only if it is as ``create``
+made it (``CallCgroup._clean``: empty, not frozen, no child cgroups, type ``domain``),
+since the tool may have written its files. What
+it reports stays the call's own: ``cpu.stat``'s ``usage_usec`` is counted from what it
+read when the last call finished. With any controller every call gets a new cgroup:
+``memory.peak`` cannot be restarted on every kernel, the page cache an earlier call left
+stays charged, and a tool could have written its own ``pids.max`` or ``cpu.max``.
 
 Limits (``Limits``) are written before the child starts: ``memory.max`` (and
 ``memory.swap.max = 0`` and ``memory.oom.group = 1``, so the cap is real and an OOM kill
@@ -382,11 +385,29 @@ class CallCgroup:
         cpu_total = _field(_read(os.path.join(self.path, "cpu.stat")), "usage_usec")
         usage = self.usage(cpu_total)
         self.spent = True
-        if self.reusable and cpu_total is not None and not busy:
+        if self.reusable and cpu_total is not None and not busy and self._clean():
             self.tree.spare(self.path, cpu_total)
         else:
             self.tree.remove(self.path)
         return usage
+
+    def _clean(self) -> bool:
+        """Whether the cgroup is as ``create`` made it, so a later call may have it.
+
+        The tool runs as the daemon's user and may write its own cgroup's files. In a
+        tree without controllers (the only kind that keeps spares) the files that change
+        what a process in it gets are ``cgroup.freeze`` (``frozen`` in ``cgroup.events``),
+        child cgroups and ``cgroup.type``; ``cgroup.subtree_control`` can enable nothing
+        where the parent enabled nothing. Read afresh, not from the kept ``emptied``: a
+        process that left the cgroup may have come back.
+        """
+        events = _read(self.events)
+        if _field(events, "populated") != 0 or _field(events, "frozen") not in (0, None):
+            return False
+        stat_text = _read(os.path.join(self.path, "cgroup.stat"))
+        if _field(stat_text, "nr_descendants") != 0:
+            return False
+        return (_read(os.path.join(self.path, "cgroup.type")) or "").strip() == "domain"
 
     def usage(self, cpu_total: int | None = None) -> CallUsage:
         """Peak memory, CPU time and whether the OOM killer struck.
@@ -427,7 +448,7 @@ class CgroupTree:
         self._counter = itertools.count(1)
         self._trash: list[str] = []
         self._spares: list[tuple[str, int]] = []  # (path, usage_usec when it was emptied)
-        self.reuse = "memory" not in controllers  # see "Spare cgroups" in the module doc
+        self.reuse = not controllers  # see "Spare cgroups" in the module doc
         self.daemon_inside: str | None = None  # a call cgroup the daemon failed to leave
 
     @property
@@ -579,11 +600,11 @@ class CgroupTree:
         problem = self.check(limits, what)
         if problem is not None:
             raise CgroupError(problem)
+        self._empty_trash()
         reusable = self.reuse and limits == _NO_LIMITS
         if reusable and self._spares:
             path, cpu_before = self._spares.pop()
             return CallCgroup(self, path, reusable=True, cpu_before=cpu_before)
-        self._empty_trash()
         path = os.path.join(self.folder, f"c{next(self._counter)}")
         try:
             os.mkdir(path)

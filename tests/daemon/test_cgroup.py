@@ -181,3 +181,30 @@ def test_cgroup_probe_named_subtree_and_bad_names(tree: CgroupTree) -> None:
     off, reason = CgroupTree.probe("off")
     assert off is None
     assert reason == 'cgroups are off in the config (cgroup = "off")'
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("poison", ["frozen", "child cgroup"])
+async def test_cgroup_a_cgroup_its_tool_changed_is_never_a_spare(
+    tree: CgroupTree, poison: str
+) -> None:
+    """The tool may write its own cgroup's files: a changed cgroup is removed, not reused.
+
+    The next call then gets a new cgroup and runs (a frozen spare would hang it).
+    """
+    if not tree.reuse:
+        pytest.skip("this tree keeps no spares (it has controllers)")
+    first = tree.create(Limits(), "set 't'")
+    _spawn_in(tree, first, ["/bin/true"]).wait(10)
+    if poison == "frozen":
+        Path(first.path, "cgroup.freeze").write_text("1")
+    else:
+        Path(first.path, "nested").mkdir()
+    await first.finish()
+    second = tree.create(Limits(), "set 't'")
+    assert second.path != first.path
+    child = _spawn_in(tree, second, ["/bin/true"])
+    assert child.wait(5) == 0
+    await second.finish()
+    if poison == "frozen":
+        assert not os.path.exists(first.path)
