@@ -138,7 +138,7 @@ def diff_catalogs(old: Catalog | None, new: Catalog) -> tuple[SetChange, ...]:
 
 #: A scan value for a file too fresh to be judged by its stat signature.
 _FRESH = "fresh"
-#: Up to this many manifests, a reload scans them on the event loop (``Registry._refresh``).
+#: Up to this many manifests in all, a reload stats them on the event loop (``_refresh``).
 INLINE_SCAN_MAX = 2_000
 
 _Changes = tuple[SetChange, ...]
@@ -248,15 +248,19 @@ class Registry:
         assert refreshed is not None
         return refreshed[0]
 
-    async def _refresh(self, workspace: Key, force: bool) -> tuple[Catalog, _Changes | None] | None:
-        """``_refresh_sync`` in a worker thread, or its scan on the loop for a small catalog.
+    async def _refresh(
+        self, workspace: Key, force: bool, inline: bool
+    ) -> tuple[Catalog, _Changes | None] | None:
+        """``_refresh_sync`` in a worker thread, or its scan on the loop (``inline``).
 
-        A reload of up to ``INLINE_SCAN_MAX`` manifests that finds nothing changed is one
-        ``stat`` per set (~2 ms for 1,000): the hand-off to a worker thread and back would
-        add a fifth to that. A scan that finds a change hands it on to the thread.
+        A reload that finds nothing changed is one ``stat`` per set (~2 ms for 1,000): for
+        a small catalog the hand-off to a worker thread and back would add a fifth to
+        that. ``reload`` allows at most ``INLINE_SCAN_MAX`` manifests on the loop in all,
+        over every snapshot it refreshes. A scan that finds a change hands it on to the
+        thread.
         """
         previous = self._scans.get(workspace)
-        if force or previous is None or previous.size > INLINE_SCAN_MAX:
+        if force or not inline or previous is None:
             return await anyio.to_thread.run_sync(self._refresh_sync, workspace, force)
         scan = self._scan(workspace)
         if self._suspects(scan, previous) == []:
@@ -455,9 +459,15 @@ class Registry:
             changes: dict[Key, tuple[SetChange, ...]] = {}
             catalogs: dict[Key, Catalog] = {}
             rebuilt = False
+            inline_budget = INLINE_SCAN_MAX  # manifests this reload may stat on the loop
             for key in keys:
                 old = self._snapshots.get(key)
-                refreshed = await self._refresh(key, old is None)
+                previous = self._scans.get(key)
+                inline = previous is not None and previous.size <= inline_budget
+                if inline:
+                    assert previous is not None
+                    inline_budget -= previous.size
+                refreshed = await self._refresh(key, old is None, inline)
                 if refreshed is None or refreshed[0] is old:  # nothing changed: keep it
                     assert old is not None
                     catalogs[key] = old
