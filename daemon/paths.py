@@ -315,10 +315,12 @@ def existing_directory(raw: str) -> Path | None:
     """The canonical path of the existing directory ``raw`` names, or None.
 
     The kernel resolves ``raw`` (links, ``..``) as it opens the directory, and
-    ``/proc/self/fd`` names what it opened: three system calls, where ``realpath`` then
-    ``is_dir`` would ``lstat`` every component from Python. A directory removed while it
-    is looked at (no links left) counts as missing. Without ``/proc``, ``realpath`` of
-    the open directory's text is used.
+    ``/proc/self/fd`` names what it opened: a few system calls, where ``realpath`` then
+    ``is_dir`` would ``lstat`` every component from Python. The name is then checked to
+    lead, in the daemon's own view, to the very directory opened (same device and inode):
+    that refuses a directory removed or renamed meanwhile, and one reached through a
+    ``/proc`` link into another mount namespace or root, whose name means something else
+    here. Without ``/proc``, ``realpath`` gives the name, under the same check.
 
     Args:
         raw: An absolute path without NUL bytes.
@@ -332,10 +334,14 @@ def existing_directory(raw: str) -> Path | None:
             canonical = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
             canonical = os.path.realpath(raw)
-        if os.fstat(fd).st_nlink == 0:
-            return None
+        opened = os.fstat(fd)
+        named = os.stat(canonical)
+    except (OSError, ValueError):
+        return None
     finally:
         os.close(fd)
+    if (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino):
+        return None
     found = _DIRECTORY_PATHS.get(canonical)
     if found is None:
         if len(_DIRECTORY_PATHS) >= _DIRECTORY_PATHS_MAX:

@@ -579,3 +579,35 @@ def test_existing_directory_needs_no_read_permission_on_it(tmp_path: Path) -> No
         assert existing_directory(str(closed)) == closed
     finally:
         closed.chmod(0o700)
+
+
+def test_existing_directory_refuses_a_name_that_leads_elsewhere_here(tmp_path: Path) -> None:
+    """A /proc link into another mount namespace opens a directory whose name is not it here.
+
+    The other process sits at the root of a tmpfs mounted only in its namespace; the name
+    read back from /proc is the mount point, which here is another, empty folder.
+    """
+    import shutil
+    import subprocess
+
+    assert existing_directory(f"/proc/{os.getpid()}/cwd") == Path(os.path.realpath(os.getcwd()))
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare for a private mount namespace")
+    point = tmp_path / "mnt"
+    point.mkdir()
+    script = f"mount -t tmpfs none {point} && cd {point} && echo ready && exec sleep 30"
+    other = subprocess.Popen(  # noqa: S603
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],  # noqa: S607
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert other.stdout is not None
+        if other.stdout.readline() != b"ready\n":
+            pytest.skip("unshare could not make a mount namespace here")
+        raw = f"/proc/{other.pid}/cwd"
+        assert os.readlink(raw) == str(point)  # a folder here too, but not that one
+        assert existing_directory(raw) is None
+        assert existing_directory(str(point)) == point
+    finally:
+        other.kill()
+        other.communicate()
