@@ -366,6 +366,7 @@ def placed(servers: Sequence[Proc], how: str) -> Iterator[str]:
     and keeps it there for a whole round: the placement, not the server, then decides a
     ratio. Yields what was done (``"unpinned"`` with fewer than two CPUs).
     """
+    assert how in ("split", "shared"), how
     mine = os.sched_getaffinity(0)
     if len(mine) < 2:
         yield "unpinned"

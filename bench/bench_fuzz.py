@@ -37,7 +37,14 @@ import time
 from collections import Counter
 from typing import Any
 
-from bench._common import TRUE_SET, make_home, start_daemon, temp_base, write_results
+from bench._common import (
+    TRUE_SET,
+    make_home,
+    start_daemon,
+    stop_cleanly_on_sigterm,
+    temp_base,
+    write_results,
+)
 from tests.integration.test_hostile import VALUES, expected_id, needs_answer
 
 _METHODS = ["status", "list", "classify", "cancel", "reload", "invoke", "nope", ""]
@@ -205,6 +212,7 @@ def main() -> int:
     parser.add_argument("--parallel", type=int, default=8)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
+    stop_cleanly_on_sigterm()
     with temp_base() as base:
         home = make_home(base, 0, trivial=True)
         workspace = base / "ws"

@@ -59,6 +59,7 @@ from bench._common import (
     sequential_latency,
     start_baseline,
     start_daemon,
+    stop_cleanly_on_sigterm,
     temp_base,
     throughput,
     write_results,
@@ -424,6 +425,7 @@ def main() -> None:
     parser.add_argument("--heap-child", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--heap-mb", type=int, default=500, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    stop_cleanly_on_sigterm()
     if args.heap_child:
         print(json.dumps(_heap_child(args.heap_child, args.heap_mb)))
         return

@@ -63,6 +63,7 @@ from bench._common import (
     sequential_latency,
     start_baseline,
     start_daemon,
+    stop_cleanly_on_sigterm,
     temp_base,
     throughput,
     write_results,
@@ -438,18 +439,24 @@ def main() -> None:
         help="keep the daemon's .prof files here",
     )
     args = parser.parse_args()
+    stop_cleanly_on_sigterm()
     print(f"profile_invoke: load at start {load()}")
     with temp_base() as base:
         home = make_home(base, 0, trivial=True)
         ws = base / "ws"
         ws.mkdir()
         params = invoke_params(ws)
-        off = base / "cgroup-off.toml"
+        # Two configs that differ in the cgroup alone (no operator config is read).
+        on, off = base / "cgroup-auto.toml", base / "cgroup-off.toml"
+        on.write_text('[confinement]\ncgroup = "auto"\n')
         off.write_text('[confinement]\ncgroup = "off"\n')
-        daemon = start_daemon(home, base, extra=DAEMON_ARGS)
+        daemon = start_daemon(home, base, extra=[*DAEMON_ARGS, "--config", str(on)])
         daemon_off = start_daemon(home, base, extra=[*DAEMON_ARGS, "--config", str(off)], name="o")
         srv = start_baseline("spawn", base, name="spawn")
         try:
+            with BlockingConn(daemon.socket) as conn:
+                status = conn.request("status")["result"]
+            cgroup_mode = ((status.get("confinement") or {}).get("cgroup") or {}).get("mode")
             n = 200 if args.quick else 500
 
             def lat(sock: Path) -> float:
@@ -470,7 +477,9 @@ def main() -> None:
         rows = stages(base, args.quick)
         rows.append(
             (
-                "the call's cgroup, end to end (daemon as is - cgroup off)",
+                "the call's cgroup, end to end (daemon as is - cgroup off)"
+                if cgroup_mode == "cgroup"
+                else f"(no cgroup here: mode {cgroup_mode}) cgroup auto - cgroup off",
                 median(cgroup_us),
                 min(cgroup_us),
                 max(cgroup_us),
