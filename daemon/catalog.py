@@ -113,15 +113,16 @@ class _Cached:
     hashes: dict[tuple[str, ApprovalSource], str] = field(default_factory=dict)
 
 
+#: pathlib's own child constructor (what ``iterdir`` uses): a plain folder name below a
+#: Path already parsed, without parsing the name again (a third of ``parent / name``).
+#: Private, so looked up once, with ``/`` where it is missing.
+_CHILD: Callable[[Path, str], Path] = getattr(Path, "_make_child_relpath", Path.__truediv__)
+
+
 def _set_path(set_dir: str, parent: Path | None, name: str | None = None) -> Path:
     if parent is None:
         return Path(set_dir)
-    if name is None:
-        name = os.path.basename(set_dir)
-    # A plain folder name below a Path already parsed: pathlib's own child constructor
-    # (what iterdir uses) skips parsing the name again, a third of ``parent / name``.
-    child = getattr(parent, "_make_child_relpath", None)
-    return child(name) if child is not None else parent / name
+    return _CHILD(parent, os.path.basename(set_dir) if name is None else name)
 
 
 class ManifestCache:

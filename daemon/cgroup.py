@@ -409,14 +409,12 @@ class CallCgroup:
             return False
         return (_read(os.path.join(self.path, "cgroup.type")) or "").strip() == "domain"
 
-    def usage(self, cpu_total: int | None = None) -> CallUsage:
+    def usage(self, cpu_total: int | None) -> CallUsage:
         """Peak memory, CPU time and whether the OOM killer struck.
 
         Args:
-            cpu_total: ``cpu.stat``'s ``usage_usec`` if already read (else it is read).
+            cpu_total: ``cpu.stat``'s ``usage_usec`` as ``finish`` read it (None: unknown).
         """
-        if cpu_total is None:
-            cpu_total = _field(_read(os.path.join(self.path, "cpu.stat")), "usage_usec")
         cpu = cpu_total - self.cpu_before if cpu_total is not None else None
         if "memory" not in self.tree.controllers:  # no memory.* files to read
             return CallUsage(cpu_usec=cpu)
