@@ -68,6 +68,7 @@ from bench._common import (
     throughput,
     write_results,
 )
+from bench.bench_confine import CONFIGS
 from bench.bench_invoke import DAEMON_ARGS, invoke_params
 
 
@@ -446,10 +447,10 @@ def main() -> None:
         ws = base / "ws"
         ws.mkdir()
         params = invoke_params(ws)
-        # Two configs that differ in the cgroup alone (no operator config is read).
+        # bench_confine's configs that differ in the cgroup alone (no operator config is read).
         on, off = base / "cgroup-auto.toml", base / "cgroup-off.toml"
-        on.write_text('[confinement]\ncgroup = "auto"\n')
-        off.write_text('[confinement]\ncgroup = "off"\n')
+        on.write_text(CONFIGS["cgroup"])
+        off.write_text(CONFIGS["none"])
         daemon = start_daemon(home, base, extra=[*DAEMON_ARGS, "--config", str(on)])
         daemon_off = start_daemon(home, base, extra=[*DAEMON_ARGS, "--config", str(off)], name="o")
         srv = start_baseline("spawn", base, name="spawn")
@@ -477,7 +478,7 @@ def main() -> None:
         rows = stages(base, args.quick)
         rows.append(
             (
-                "the call's cgroup, end to end (daemon as is - cgroup off)"
+                "the call's cgroup, end to end (cgroup auto - cgroup off)"
                 if cgroup_mode == "cgroup"
                 else f"(no cgroup here: mode {cgroup_mode}) cgroup auto - cgroup off",
                 median(cgroup_us),
