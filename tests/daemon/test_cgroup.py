@@ -190,17 +190,25 @@ async def test_cgroup_a_cgroup_its_tool_changed_is_never_a_spare(
 ) -> None:
     """The tool may write its own cgroup's files: a changed cgroup is removed, not reused.
 
-    The next call then gets a new cgroup and runs (a frozen spare would hang it).
+    The next call then gets a new cgroup and runs (a frozen spare would hang it). The
+    changed cgroup is a spare already, so the check reads it through the descriptors kept
+    from its first call: they must show it as it is now, and be closed with it.
     """
     if not tree.reuse:
         pytest.skip("this tree keeps no spares (it has controllers)")
+    warm = tree.create(Limits(), "set 't'")
+    _spawn_in(tree, warm, ["/bin/true"]).wait(10)
+    await warm.finish()
     first = tree.create(Limits(), "set 't'")
+    assert first.path == warm.path
     _spawn_in(tree, first, ["/bin/true"]).wait(10)
     if poison == "frozen":
         Path(first.path, "cgroup.freeze").write_text("1")
     else:
         Path(first.path, "nested").mkdir()
+    open_fds = len(os.listdir("/proc/self/fd"))
     await first.finish()
+    assert len(os.listdir("/proc/self/fd")) <= open_fds - 4  # its kept files are closed
     second = tree.create(Limits(), "set 't'")
     assert second.path != first.path
     child = _spawn_in(tree, second, ["/bin/true"])
