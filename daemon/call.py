@@ -49,10 +49,13 @@ class RunnerSettings:
     progress_interval_seconds: float = 1.0
     progress_min_gap_seconds: float = 0.1  # rate limit for child-reported progress
     max_image_bytes: int = 20 * 1024 * 1024
-    #: Worker threads that spawn children while other calls run (``fork_exec`` lets other
-    #: threads run, so spawns overlap each other and the event loop instead of stalling
-    #: it); a call running alone spawns on the loop's thread, and so does every call with 0.
+    #: Worker threads that spawn children while other calls run and the CPUs are busy
+    #: (spawns then overlap each other and the event loop instead of stalling it); a call
+    #: running alone spawns on the loop's thread, and so does every call with 0.
     spawn_threads: int = 4
+    #: A spawn on the loop's thread slower than this, twice in a row, sends the concurrent
+    #: spawns of the next second to the worker threads (``Runner._run_child``).
+    slow_spawn_seconds: float = 0.001
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import math
 import os
 import signal
 import time
@@ -441,15 +442,23 @@ async def test_runner_cancelled_during_the_spawn_still_kills_the_child(env: Env)
             assert dies(int(pidfile.read_text()))
 
 
-@pytest.mark.parametrize("threads", [0, 1, 4])
-async def test_runner_concurrent_calls_with_any_spawn_threads(env: Env, threads: int) -> None:
+@pytest.mark.parametrize(
+    ("threads", "slow", "threaded"),
+    [(0, 0.0, False), (1, 0.0, True), (4, 0.0, True), (4, math.inf, False)],
+    ids=["no-threads", "1-thread", "4-threads", "4-threads-idle-cpus"],
+)
+async def test_runner_concurrent_calls_with_any_spawn_threads(
+    env: Env, threads: int, slow: float, threaded: bool
+) -> None:
     """Spawning on the loop's thread or in 1 or 4 workers, 12 concurrent calls all complete
-    with their own output."""
-    runner = Runner(replace(FAST, spawn_threads=threads), anyio.CapacityLimiter(12), os.environ)
+    with their own output. The workers take spawns only once spawns on the loop were slow
+    (every one with ``slow_spawn_seconds=0``, none with infinity)."""
+    settings = replace(FAST, spawn_threads=threads, slow_spawn_seconds=slow)
+    runner = Runner(settings, anyio.CapacityLimiter(12), os.environ)
     outcomes: dict[int, CallOutcome] = {}
 
     async def one(i: int) -> None:
-        tool = sh_tool(env.set_dir, f"echo call{i}")
+        tool = sh_tool(env.set_dir, f"echo call{i}; sleep 0.05")
         outcomes[i] = await run(runner, env, tool, call_id=f"c{i}")
 
     async with anyio.create_task_group() as tg:
@@ -457,6 +466,7 @@ async def test_runner_concurrent_calls_with_any_spawn_threads(env: Env, threads:
             tg.start_soon(one, i)
     expected = {i: f"exit 0\ncall{i}\n" for i in range(12)}
     assert {i: text(o) for i, o in outcomes.items()} == expected
+    assert (runner.threaded_spawns > 0) is threaded, runner.threaded_spawns
 
 
 async def test_runner_progress_fd_json_and_text(runner: Runner, env: Env) -> None:
