@@ -36,6 +36,7 @@ from typing import Any
 
 import anyio
 
+from . import threads
 from .call import CallOutcome, CallRequest, CallState, RunnerSettings, elapsed_ms
 from .cgroup import CallUsage
 from .model import OutputMode
@@ -151,7 +152,7 @@ async def build_outcome(
         stdout = decode(call.out.prefix, call.out.complete, limit)
         stderr = decode(call.err.prefix, call.err.complete, limit)
         if request.loaded.tool.output == OutputMode.CONTENT:
-            blocks, is_error = await anyio.to_thread.run_sync(
+            blocks, is_error = await threads.run_sync(
                 lambda: content_result(
                     stdout,
                     stderr,
@@ -214,5 +215,5 @@ async def _finish_spill(spill: Spill, call: CallState, s: RunnerSettings) -> Spi
 
     result: SpillResult | None = None
     with anyio.CancelScope(shield=True):
-        result = await anyio.to_thread.run_sync(finish)
+        result = await threads.run_sync(finish)
     return result

@@ -42,6 +42,7 @@ from types import MappingProxyType
 import anyio
 import structlog
 
+from . import threads
 from .catalog import (
     MANIFEST_NAME,
     RACY_NS,
@@ -244,7 +245,7 @@ class Registry:
             event.set()
 
     async def _build(self, workspace: Key) -> Catalog:
-        refreshed = await anyio.to_thread.run_sync(self._refresh_sync, workspace, True)
+        refreshed = await threads.run_sync(self._refresh_sync, workspace, True)
         assert refreshed is not None
         return refreshed[0]
 
@@ -261,11 +262,11 @@ class Registry:
         """
         previous = self._scans.get(workspace)
         if force or not inline or previous is None:
-            return await anyio.to_thread.run_sync(self._refresh_sync, workspace, force)
+            return await threads.run_sync(self._refresh_sync, workspace, force)
         scan = self._scan(workspace)
         if self._suspects(scan, previous) == []:
             return None
-        return await anyio.to_thread.run_sync(self._refresh_sync, workspace, force, scan)
+        return await threads.run_sync(self._refresh_sync, workspace, force, scan)
 
     def _refresh_sync(
         self, workspace: Key, force: bool, scan: _Scan | None = None

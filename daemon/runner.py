@@ -56,6 +56,7 @@ from pathlib import Path
 
 import anyio
 
+from . import threads
 from .argv import ArgvError, build_argv
 from .call import (
     CallOutcome,
@@ -362,7 +363,7 @@ class Runner:
             else:
                 self.threaded_spawns += 1
                 with anyio.CancelScope(shield=True):
-                    proc = await anyio.to_thread.run_sync(spawn, limiter=self._spawners)
+                    proc = await threads.run_sync(spawn, limiter=self._spawners)
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             fds.close_all()
             if cgroup is not None:

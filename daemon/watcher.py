@@ -69,6 +69,8 @@ import watchfiles
 from anyio.abc import TaskStatus
 from watchfiles import Change
 
+from . import threads
+
 __all__ = ["ReloadKey", "Watcher"]
 
 log = structlog.get_logger("toolsetd.watcher")
@@ -233,7 +235,7 @@ class Watcher:
         # relies on: every state absorbed into a baseline was, or is about to be, sent.
         workspaces = tuple(k for k in keys if k is not None)
         try:
-            probes = await anyio.to_thread.run_sync(_probe_all, self._home, workspaces)
+            probes = await threads.run_sync(_probe_all, self._home, workspaces)
         except Exception:  # only costs a duplicate call from the next poll
             probes = {}
         for key in keys & probes.keys() & self._signatures.keys():
@@ -252,7 +254,7 @@ class Watcher:
 
     async def _supervise(self) -> None:
         while True:
-            probes = await anyio.to_thread.run_sync(_probe_all, self._home, tuple(self._workspaces))
+            probes = await threads.run_sync(_probe_all, self._home, tuple(self._workspaces))
             dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
             stop = anyio.Event()
             self._stop, self._watching = stop, dirs
@@ -328,7 +330,7 @@ class Watcher:
 
     async def _poll_once(self) -> None:
         try:
-            probes = await anyio.to_thread.run_sync(_probe_all, self._home, tuple(self._workspaces))
+            probes = await threads.run_sync(_probe_all, self._home, tuple(self._workspaces))
         except Exception as exc:  # a probe must never stop the watcher
             log.warning("watch_poll_failed", error=type(exc).__name__, message=str(exc))
             return

@@ -1,0 +1,134 @@
+"""Blocking work off the event loop, in worker threads that end once idle.
+
+Why not ``anyio.to_thread``: anyio keeps a worker thread after its job until another job
+comes (it prunes idle workers only when it hands out the next one), so a daemon that read
+its catalog in a thread at start keeps an idle thread for good. The number of threads
+costs where the daemon steps into a call's cgroup to spawn (``cgroup.CgroupTree.entered``):
+a write to ``cgroup.procs`` moves every thread of the process, and on the benchmark host
+the move there and back takes ~30 µs with one thread and ~66 µs with two. Here a worker
+waits ``IDLE_SECONDS`` for the next job, then ends. (The watcher's own threads, those of
+``watchfiles``, stay while it watches: a daemon run with ``--no-watch`` has one thread
+between bursts of blocking work, a watching one four.)
+
+``run_sync`` behaves as ``anyio.to_thread.run_sync`` without ``abandon_on_cancel``: the
+caller waits for the function and gets its result even when cancelled meanwhile (the
+cancellation reaches it at its next checkpoint), the function runs in a copy of the
+caller's context (``contextvars``: the log's bound fields), and an exception it raises is
+raised in the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import anyio
+
+__all__ = ["IDLE_SECONDS", "alive", "run_sync"]
+
+T = TypeVar("T")
+
+#: How long an idle worker waits for the next job before it ends.
+IDLE_SECONDS = 1.0
+
+_Job = tuple[
+    asyncio.AbstractEventLoop, "asyncio.Future[Any]", contextvars.Context, Callable[[], Any]
+]
+
+
+class _Pool:
+    """Worker threads taking jobs from one queue; a worker idle for ``IDLE_SECONDS`` ends."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ready = threading.Condition(self._lock)
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._idle = 0
+        self.threads = 0
+
+    def submit(self, job: _Job) -> None:
+        with self._lock:
+            self._jobs.append(job)
+            if self._idle >= len(self._jobs):  # an idle worker for each job waiting
+                self._ready.notify()
+                return
+            self.threads += 1
+        threading.Thread(target=self._work, name="toolsetd-worker", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            with self._lock:
+                while not self._jobs:
+                    self._idle += 1
+                    woken = self._ready.wait(IDLE_SECONDS)
+                    self._idle -= 1
+                    if not woken and not self._jobs:
+                        self.threads -= 1
+                        return
+                loop, future, context, fn = self._jobs.popleft()
+            try:
+                result = context.run(fn)
+            except BaseException as exc:  # handed to the caller, raised there
+                _settle_soon(loop, future, None, exc)
+            else:
+                _settle_soon(loop, future, result, None)
+            del loop, future, context, fn  # nothing of a job outlives it in an idle worker
+
+
+def _settle_soon(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future[Any],
+    result: Any,
+    exc: BaseException | None,
+) -> None:
+    try:
+        loop.call_soon_threadsafe(_settle, future, result, exc)
+    except RuntimeError:  # the loop is closed: nobody waits for the result any more
+        pass
+
+
+def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(result)
+    else:
+        future.set_exception(exc)
+
+
+_POOL = _Pool()
+
+
+def alive() -> int:
+    """The worker threads alive now (busy or idle)."""
+    return _POOL.threads
+
+
+async def run_sync(
+    fn: Callable[..., T], *args: Any, limiter: anyio.CapacityLimiter | None = None
+) -> T:
+    """Run ``fn(*args)`` in a worker thread and return its result.
+
+    Args:
+        fn: The blocking function.
+        args: Its arguments.
+        limiter: Taken for the job's duration, to bound how many such jobs run at once.
+    """
+    if limiter is not None:
+        async with limiter:
+            return await _run(fn, args)
+    return await _run(fn, args)
+
+
+async def _run(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+    context = contextvars.copy_context()
+    _POOL.submit((loop, future, context, lambda: fn(*args)))
+    with anyio.CancelScope(shield=True):
+        result = await future
+    return result

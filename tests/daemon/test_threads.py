@@ -1,0 +1,106 @@
+"""Blocking work in worker threads that end once idle (``daemon/threads.py``)."""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+import time
+
+import anyio
+import pytest
+from toolsetd.daemon import threads
+
+pytestmark = pytest.mark.anyio
+
+_VAR: contextvars.ContextVar[str] = contextvars.ContextVar("test_threads", default="unset")
+
+
+async def test_threads_result_exception_and_context_reach_the_caller() -> None:
+    """The result comes back, an exception is raised in the caller, the caller's context
+    (the log's bound fields live there) is the function's, and it runs off the loop."""
+    loop_thread = threading.get_ident()
+    _VAR.set("bound")
+
+    def look() -> tuple[str, int]:
+        return _VAR.get(), threading.get_ident()
+
+    value, where = await threads.run_sync(look)
+    assert value == "bound"
+    assert where != loop_thread
+
+    def fail(message: str) -> None:
+        raise LookupError(message)
+
+    with pytest.raises(LookupError, match="named"):
+        await threads.run_sync(fail, "named")
+
+
+async def test_threads_idle_workers_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker waits for the next job only ``IDLE_SECONDS``, then ends: no thread stays
+    behind for good (anyio's do until their next job)."""
+    monkeypatch.setattr(threads, "IDLE_SECONDS", 0.05)
+    before = {t.ident for t in threading.enumerate()}
+    results: list[int] = []
+
+    async def one(i: int) -> None:
+        await threads.run_sync(time.sleep, 0.05)
+        results.append(i)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(4):
+            tg.start_soon(one, i)
+    assert sorted(results) == [0, 1, 2, 3]
+    deadline = time.monotonic() + 5
+    while threads.alive() and time.monotonic() < deadline:
+        await anyio.sleep(0.01)
+    assert threads.alive() == 0
+    stayed = [
+        t for t in threading.enumerate() if t.ident not in before and t.name == "toolsetd-worker"
+    ]
+    assert stayed == []
+
+
+async def test_threads_jobs_run_at_once_and_a_limiter_bounds_them() -> None:
+    """Jobs run concurrently (8 that wait for each other all finish); with a limiter, no
+    more than its tokens run at a time."""
+    barrier = threading.Barrier(8, timeout=5)
+    async with anyio.create_task_group() as tg:
+        for _ in range(8):
+            tg.start_soon(threads.run_sync, barrier.wait)
+    running = peak = 0
+    lock = threading.Lock()
+
+    def job() -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.02)
+        with lock:
+            running -= 1
+
+    limiter = anyio.CapacityLimiter(2)
+    async with anyio.create_task_group() as tg:
+        for _ in range(6):
+            tg.start_soon(lambda: threads.run_sync(job, limiter=limiter))
+    assert peak == 2
+
+
+async def test_threads_a_cancelled_caller_waits_for_its_job() -> None:
+    """Cancelled meanwhile, the caller still waits for the function and gets its result;
+    the cancellation reaches it after."""
+    done = threading.Event()
+
+    def slow() -> str:
+        time.sleep(0.2)
+        done.set()
+        return "finished"
+
+    got = []
+    with anyio.move_on_after(0.02) as scope:
+        got.append(await threads.run_sync(slow))
+        await anyio.sleep(1)  # the pending cancellation lands here
+        got.append("not reached")
+    assert scope.cancelled_caught
+    assert done.is_set()
+    assert got == ["finished"]
