@@ -307,6 +307,14 @@ def spawn_server(
         raise
 
 
+#: The daemon's config in every benchmark that names none: unconfined, as the minimal
+#: servers and the MCP SDK's server run, and the same on every host (with
+#: ``cgroup = "auto"`` a host with a writable cgroup v2 tree would give every call a cgroup,
+#: and one without would not). Goal 8 (``bench_confine``) measures the cgroup and the
+#: sandbox against this.
+UNCONFINED = '[confinement]\ncgroup = "off"\nsandbox = "off"\n'
+
+
 def daemon_argv(
     home: Path,
     sock: Path,
@@ -315,6 +323,12 @@ def daemon_argv(
     log_level: str = "warning",
     extra: list[str] | None = None,
 ) -> list[str]:
+    """The daemon's command line; with ``UNCONFINED`` as its config unless ``extra`` names one."""
+    extra = list(extra or [])
+    if "--config" not in extra:
+        config = sock.parent / "unconfined.toml"
+        config.write_text(UNCONFINED)
+        extra += ["--config", str(config)]
     argv = [
         PYTHON,
         "-m",
@@ -328,7 +342,7 @@ def daemon_argv(
     ]
     if not watch:
         argv.append("--no-watch")
-    return argv + (extra or [])
+    return argv + extra
 
 
 def start_daemon(

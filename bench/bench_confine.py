@@ -38,6 +38,7 @@ from typing import Any
 from toolsetd.daemon.cgroup import JOIN_ARGV, CgroupTree, Limits
 
 from bench._common import (
+    UNCONFINED,
     BlockingConn,
     Goal,
     Section,
@@ -55,7 +56,7 @@ from bench._common import (
 from bench.bench_invoke import invoke_params
 
 CONFIGS = {
-    "none": '[confinement]\ncgroup = "off"\nsandbox = "off"\n',
+    "none": UNCONFINED,
     "cgroup": '[confinement]\ncgroup = "auto"\nsandbox = "off"\n',
     "sandbox": '[confinement]\ncgroup = "off"\n[confinement.home]\nprofile = "workspace-write"\n',
     "both": '[confinement]\ncgroup = "auto"\n[confinement.home]\nprofile = "workspace-write"\n',

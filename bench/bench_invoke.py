@@ -3,7 +3,9 @@
 ``python -m bench.bench_invoke [--quick]``
 
 The tool set ``noop`` runs ``/bin/true`` (``"stdin": false``, ``"approval": "always"``);
-the daemon runs with ``--progress-interval 60 --log-level warning --no-watch``.
+the daemon runs with ``--progress-interval 60 --log-level warning --no-watch`` and
+``bench._common.UNCONFINED`` (no cgroup, no sandbox, as the servers it is compared with;
+goal 8, ``bench_confine``, measures those).
 
 * Latency: sequential ``invoke`` calls on one connection (the client reads ``started`` and
   ``completed`` and stops at the response) vs ``bench._baseline --mode spawn`` (asyncio
@@ -288,6 +290,8 @@ def run(quick: bool = False) -> Section:
                 if reply.get("result", {}).get("status") != "ok":
                     raise RuntimeError(f"trivial invoke failed: {reply}")
                 data["notifications_per_call"] = [n.get("method") for n in notes]
+                # Unconfined (bench._common.UNCONFINED), as the servers it is compared with.
+                data["confinement"] = conn.request("status", {})["result"]["confinement"]
             lat: dict[str, list[int]] = {"daemon": [], "baseline": []}
 
             def measure(which: str, sock: Path, method: str) -> float:
