@@ -61,7 +61,9 @@ CONFIGS = {
     "sandbox": '[confinement]\ncgroup = "off"\n[confinement.home]\nprofile = "workspace-write"\n',
     "both": '[confinement]\ncgroup = "auto"\n[confinement.home]\nprofile = "workspace-write"\n',
 }
-BLOCK = 'read _ <&3; exec 3<&-; exec "$@"'
+#: Waits for a line on the descriptor named by its first argument, closes it, then runs the
+#: rest (the descriptor is whatever ``os.pipe`` gave: not always 3).
+BLOCK = 'fd=$1; shift; eval "read _ <&$fd; exec $fd<&-"; exec "$@"'
 
 
 def _status(sock: Path) -> dict[str, Any]:
@@ -113,6 +115,7 @@ def spawn_alternatives(n: int, rounds: int) -> dict[str, Any]:
         assert tree is not None
         call = tree.create(Limits(), "bench")
         _popen([*JOIN_ARGV, call.procs, "/bin/true"]).communicate()
+        call.files.close()  # the descriptors the tree kept for it
         _rmdir(call.path)
 
     def enter() -> None:
@@ -121,6 +124,7 @@ def spawn_alternatives(n: int, rounds: int) -> dict[str, Any]:
         with tree.entered(call):
             p = _popen(["/bin/true"])
         p.communicate()
+        call.files.close()  # the descriptors the tree kept for it
         _rmdir(call.path)
 
     def blocker() -> None:
@@ -128,7 +132,7 @@ def spawn_alternatives(n: int, rounds: int) -> dict[str, Any]:
         path = os.path.join(tree.folder, f"b{next(counter)}")
         os.mkdir(path)
         r, w = os.pipe()
-        p = _popen(["/bin/sh", "-c", BLOCK, "sh", "/bin/true"], pass_fds=(r,))
+        p = _popen(["/bin/sh", "-c", BLOCK, "sh", str(r), "/bin/true"], pass_fds=(r,))
         os.close(r)
         with open(path + "/cgroup.procs", "w") as f:
             f.write(str(p.pid))

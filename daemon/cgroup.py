@@ -62,13 +62,16 @@ read when the last call finished. With any controller every call gets a new cgro
 stays charged, and a tool could have written its own ``pids.max`` or ``cpu.max``.
 
 **Kept descriptors.** The files read or written on every call (``cgroup.procs``,
-``cgroup.events``, ``cpu.stat``, ``cgroup.stat``, ``cgroup.type``, ``cgroup.kill``) are
-opened once per cgroup and kept while it lives, a spare's with it (``_Files``): a
-``pread`` at offset 0 renders a cgroupfs file afresh, and each ``write`` to a kept
-``cgroup.procs`` is one command. That is ~1 µs a file instead of ~7 µs to open, read and
-close it, and halves the cgroup's own CPU per call (the stepping in and out remains). At
-most six descriptors per cgroup: with the default ``--max-running 64`` and spares
-never more than the peak of concurrent calls, a few hundred at most.
+``cgroup.events``, ``cpu.stat``, ``cgroup.stat``, ``cgroup.type``) are opened once per
+cgroup and kept while it lives, a spare's with it (``_Files``): a ``pread`` at offset 0
+renders a cgroupfs file afresh, and each ``write`` to a kept ``cgroup.procs`` is one
+command. That is ~1 µs a file instead of ~7 µs to open, read and close it, and halves the
+cgroup's own CPU per call (the stepping in and out remains). The daemon's own
+``cgroup.procs`` is opened with the tree (if it cannot be, the daemon never steps in). A
+cgroup is made only when no spare is left, so the running calls' cgroups and the spares
+together never outnumber the most calls that ran at once: at most five descriptors for
+each, 320 with the default ``--max-running 64``. A ``_Files`` once closed opens nothing
+again: a read gives None, a write fails.
 
 Limits (``Limits``) are written before the child starts: ``memory.max`` (and
 ``memory.swap.max = 0`` and ``memory.oom.group = 1``, so the cap is real and an OOM kill
@@ -263,15 +266,18 @@ class _Files:
     ~7 µs to open, read and close the file every time.
     """
 
-    __slots__ = ("fds", "folder")
+    __slots__ = ("closed", "fds", "folder")
 
     def __init__(self, folder: str) -> None:
         self.folder = folder
         self.fds: dict[str, int] = {}
+        self.closed = False
 
     def _fd(self, name: str, flags: int) -> int:
         fd = self.fds.get(name)
         if fd is None:
+            if self.closed:  # the cgroup is gone or another call's: never reopen
+                raise OSError(errno.EBADF, "the cgroup's files are closed", self.folder)
             fd = self.fds[name] = os.open(os.path.join(self.folder, name), flags | os.O_CLOEXEC)
         return fd
 
@@ -282,11 +288,16 @@ class _Files:
         except OSError:
             return None
 
+    def open_for_writing(self, name: str) -> None:
+        """Open ``name`` now (raises ``OSError``), so that a later ``write`` need not."""
+        self._fd(name, os.O_WRONLY)
+
     def write(self, name: str, text: str) -> None:
         """One ``write`` of ``text`` (raises ``OSError``, as ``_write``)."""
         os.write(self._fd(name, os.O_WRONLY), text.encode("ascii"))
 
     def close(self) -> None:
+        self.closed = True
         fds, self.fds = self.fds, {}
         for fd in fds.values():
             try:
@@ -402,7 +413,7 @@ class CallCgroup:
         if self.spent or self.tree.daemon_inside == self.path:
             return
         try:
-            self.files.write("cgroup.kill", "1")
+            _write(os.path.join(self.path, "cgroup.kill"), "1")  # rare: not kept open
         except OSError:
             # No cgroup.kill (kernel < 5.14; the probe refuses such a tree) or gone.
             for line in (_read(self.procs) or "").split():
@@ -509,7 +520,15 @@ class CgroupTree:
     def __init__(self, folder: Path, controllers: frozenset[str], home: Path | None = None) -> None:
         self.folder = folder
         self.controllers = controllers
-        self._home: _Files | None = _Files(str(home)) if home is not None else None
+        self._home: _Files | None = None
+        if home is not None:
+            files = _Files(str(home))
+            try:
+                files.open_for_writing("cgroup.procs")
+            except OSError as exc:
+                log.warning("cgroup_home_unwritable", cgroup=str(home), error=exc.strerror)
+            else:
+                self._home = files
         self._counter = itertools.count(1)
         self._trash: list[str] = []
         #: (path, usage_usec when it was emptied, its open files)

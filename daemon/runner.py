@@ -341,7 +341,7 @@ class Runner:
             # and the threads are faster (0.85 against 0.55 with two CPU-bound processes
             # beside). So spawns go to the loop until ``_SLOW_SPAWNS`` in a row there took
             # over ``slow_spawn_seconds``; the concurrent ones then go to the threads for
-            # ``_THREADS_FOR_SECONDS``, and the first after that tries the loop again. A
+            # ``_THREADS_FOR_SECONDS``; after that, two slow ones in a row again. A
             # call alone always spawns on the loop. So does a spawn that enters a cgroup:
             # that moves the whole daemon into the call's cgroup for the spawn, so such
             # spawns go one at a time. Shielded: a child once spawned always gets an owner.
@@ -354,12 +354,8 @@ class Runner:
             ):
                 with spawning:
                     proc = spawn()
-                if time.monotonic() - now <= s.slow_spawn_seconds:
-                    self._slow_spawns = 0
-                else:
-                    self._slow_spawns += 1
-                    if self._slow_spawns >= _SLOW_SPAWNS:
-                        self._threads_until = time.monotonic() + _THREADS_FOR_SECONDS
+                if isinstance(spawning, contextlib.nullcontext):  # not timed with cgroup moves
+                    self._timed_spawn(time.monotonic() - now)
             else:
                 self.threaded_spawns += 1
                 with anyio.CancelScope(shield=True):
@@ -474,6 +470,16 @@ class Runner:
         if prepared is not None:
             outcome = self._confined(outcome, prepared, proc.returncode, call, usage)
         return outcome
+
+    def _timed_spawn(self, seconds: float) -> None:
+        """Count a spawn on the loop's thread: two slow ones in a row open a thread window."""
+        if seconds <= self._s.slow_spawn_seconds:
+            self._slow_spawns = 0
+            return
+        self._slow_spawns += 1
+        if self._slow_spawns >= _SLOW_SPAWNS:
+            self._slow_spawns = 0  # after the window, two in a row again
+            self._threads_until = time.monotonic() + _THREADS_FOR_SECONDS
 
     def _confined(
         self,

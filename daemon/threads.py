@@ -10,11 +10,12 @@ waits ``IDLE_SECONDS`` for the next job, then ends. (The watcher's own threads, 
 ``watchfiles``, stay while it watches: a daemon run with ``--no-watch`` has one thread
 between bursts of blocking work, a watching one four.)
 
-``run_sync`` behaves as ``anyio.to_thread.run_sync`` without ``abandon_on_cancel``: the
-caller waits for the function and gets its result even when cancelled meanwhile (the
-cancellation reaches it at its next checkpoint), the function runs in a copy of the
-caller's context (``contextvars``: the log's bound fields), and an exception it raises is
-raised in the caller.
+``run_sync`` behaves as ``anyio.to_thread.run_sync`` without ``abandon_on_cancel``: a
+caller cancelled already starts nothing; one cancelled while the function runs waits for
+it and gets its result (the cancellation reaches it at its next checkpoint); the function
+runs in a copy of the caller's context (``contextvars``: the log's bound fields); an
+exception it raises is raised in the caller (``StopIteration`` as a ``RuntimeError``, as
+anyio does); at most ``MAX_THREADS`` workers run, further jobs wait for one.
 """
 
 from __future__ import annotations
@@ -27,14 +28,18 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
+import anyio.lowlevel
 
-__all__ = ["IDLE_SECONDS", "alive", "run_sync"]
+__all__ = ["IDLE_SECONDS", "MAX_THREADS", "alive", "run_sync"]
 
 T = TypeVar("T")
 
 #: How long an idle worker waits for the next job before it ends.
 IDLE_SECONDS = 1.0
+#: Workers at most (as anyio's default thread limiter); more jobs wait for one.
+MAX_THREADS = 40
 
+#: (the caller's loop, the future it waits on, its context, the call)
 _Job = tuple[
     asyncio.AbstractEventLoop, "asyncio.Future[Any]", contextvars.Context, Callable[[], Any]
 ]
@@ -51,13 +56,31 @@ class _Pool:
         self.threads = 0
 
     def submit(self, job: _Job) -> None:
+        """Queue ``job``; start a worker for it unless an idle one (or the cap) will do.
+
+        Raises:
+            RuntimeError: No worker could be started and none is alive to take the job
+                (the job is withdrawn: it never runs).
+        """
         with self._lock:
             self._jobs.append(job)
-            if self._idle >= len(self._jobs):  # an idle worker for each job waiting
+            if self._idle:
                 self._ready.notify()
+            if self._idle >= len(self._jobs) or self.threads >= MAX_THREADS:
                 return
             self.threads += 1
-        threading.Thread(target=self._work, name="toolsetd-worker", daemon=True).start()
+        try:
+            threading.Thread(target=self._work, name="toolsetd-worker", daemon=True).start()
+        except BaseException:
+            with self._lock:
+                self.threads -= 1
+                if self.threads:  # a live worker takes it once free
+                    return
+                try:
+                    self._jobs.remove(job)
+                except ValueError:  # taken already: it runs
+                    return
+            raise
 
     def _work(self) -> None:
         while True:
@@ -69,14 +92,23 @@ class _Pool:
                     if not woken and not self._jobs:
                         self.threads -= 1
                         return
-                loop, future, context, fn = self._jobs.popleft()
-            try:
-                result = context.run(fn)
-            except BaseException as exc:  # handed to the caller, raised there
-                _settle_soon(loop, future, None, exc)
-            else:
-                _settle_soon(loop, future, result, None)
-            del loop, future, context, fn  # nothing of a job outlives it in an idle worker
+                job = self._jobs.popleft()
+            _run_job(job)
+            del job  # nothing of a job outlives it in an idle worker
+
+
+def _run_job(job: _Job) -> None:
+    loop, future, context, fn = job
+    try:
+        result = context.run(fn)
+    except StopIteration as exc:  # a future cannot carry it; anyio raises this instead
+        failure = RuntimeError(f"the function raised StopIteration: {exc}")
+        failure.__cause__ = exc
+        _settle_soon(loop, future, None, failure)
+    except BaseException as exc:  # handed to the caller, raised there
+        _settle_soon(loop, future, None, exc)
+    else:
+        _settle_soon(loop, future, result, None)
 
 
 def _settle_soon(
@@ -125,6 +157,7 @@ async def run_sync(
 
 
 async def _run(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
+    await anyio.lowlevel.checkpoint_if_cancelled()  # a cancelled caller starts nothing
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
     context = contextvars.copy_context()

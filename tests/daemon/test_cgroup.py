@@ -98,6 +98,19 @@ def _spawn_in(tree: CgroupTree, call: CallCgroup, argv: list[str]) -> subprocess
         return subprocess.Popen(argv, start_new_session=True)  # noqa: S603
 
 
+def _fds_under(folder: str) -> list[str]:
+    """The paths of this process's open descriptors inside ``folder``."""
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(folder + "/"):
+            found.append(target)
+    return found
+
+
 _BURN = ["/bin/sh", "-c", "i=0; while [ $i -lt 100000 ]; do i=$((i+1)); done"]
 
 
@@ -206,9 +219,9 @@ async def test_cgroup_a_cgroup_its_tool_changed_is_never_a_spare(
         Path(first.path, "cgroup.freeze").write_text("1")
     else:
         Path(first.path, "nested").mkdir()
-    open_fds = len(os.listdir("/proc/self/fd"))
     await first.finish()
-    assert len(os.listdir("/proc/self/fd")) <= open_fds - 4  # its kept files are closed
+    assert _fds_under(first.path) == []  # its kept files are closed with it
+    assert first.files.read("cgroup.events") is None  # and never opened again
     second = tree.create(Limits(), "set 't'")
     assert second.path != first.path
     child = _spawn_in(tree, second, ["/bin/true"])

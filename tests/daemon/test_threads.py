@@ -104,3 +104,71 @@ async def test_threads_a_cancelled_caller_waits_for_its_job() -> None:
     assert scope.cancelled_caught
     assert done.is_set()
     assert got == ["finished"]
+
+
+async def test_threads_stop_iteration_is_raised_as_runtime_error() -> None:
+    """A future cannot carry StopIteration: the caller gets a RuntimeError (as from anyio),
+    not a wait that never ends."""
+
+    def stop() -> None:
+        raise StopIteration("done")
+
+    with anyio.fail_after(5), pytest.raises(RuntimeError, match="StopIteration"):
+        await threads.run_sync(stop)
+
+
+async def test_threads_a_caller_cancelled_already_starts_nothing() -> None:
+    """Cancelled before it asks, the caller runs no job."""
+    ran = threading.Event()
+    with anyio.CancelScope() as scope:
+        scope.cancel()
+        await threads.run_sync(ran.set)
+    assert scope.cancelled_caught
+    time.sleep(0.05)
+    assert not ran.is_set()
+
+
+async def test_threads_at_most_max_threads_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beyond ``MAX_THREADS`` busy workers, jobs wait for one instead of each taking a
+    new thread; all of them still run."""
+    monkeypatch.setattr(threads, "MAX_THREADS", 2)
+    monkeypatch.setattr(threads, "IDLE_SECONDS", 0.05)
+    deadline = time.monotonic() + 5  # the earlier tests' workers end first
+    while threads.alive() and time.monotonic() < deadline:
+        await anyio.sleep(0.01)
+    assert threads.alive() == 0
+    seen: list[int] = []
+
+    def job() -> None:
+        seen.append(threads.alive())
+        time.sleep(0.02)
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(8):
+            tg.start_soon(threads.run_sync, job)
+    assert len(seen) == 8
+    assert max(seen) <= 2
+
+
+async def test_threads_a_worker_that_cannot_start_fails_the_caller(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No worker alive and none can start (a thread limit): the caller gets the error
+    and the job is withdrawn, never to run later on a worker started afterwards."""
+    monkeypatch.setattr(threads, "IDLE_SECONDS", 0.02)
+    deadline = time.monotonic() + 5
+    while threads.alive() and time.monotonic() < deadline:
+        await anyio.sleep(0.01)
+    assert threads.alive() == 0
+
+    def refuse(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    ran = threading.Event()
+    with monkeypatch.context() as patch:
+        patch.setattr(threading.Thread, "start", refuse)
+        with pytest.raises(RuntimeError, match="can't start new thread"):
+            await threads.run_sync(ran.set)
+    assert threads.alive() == 0
+    assert await threads.run_sync(lambda: "next") == "next"
+    assert not ran.is_set()
