@@ -380,7 +380,6 @@ class CallCgroup:
     __slots__ = (
         "cpu_before",
         "emptied",
-        "events",
         "files",
         "path",
         "procs",
@@ -401,7 +400,6 @@ class CallCgroup:
         self.tree = tree
         self.path = path
         self.procs = os.path.join(path, "cgroup.procs")
-        self.events = os.path.join(path, "cgroup.events")
         self.files = files if files is not None else _Files(path)
         self.reusable = reusable  # no limits written: it may be a later call's spare
         self.cpu_before = cpu_before  # usage_usec when this call got it (a spare's)

@@ -345,16 +345,17 @@ class Runner:
             # call alone always spawns on the loop. So does a spawn that enters a cgroup:
             # that moves the whole daemon into the call's cgroup for the spawn, so such
             # spawns go one at a time. Shielded: a child once spawned always gets an owner.
+            plain = isinstance(spawning, contextlib.nullcontext)  # no cgroup to step into
             now = time.monotonic()
             if (
-                self._spawners is None
+                not plain
+                or self._spawners is None
                 or self._running <= 1
                 or now >= self._threads_until
-                or not isinstance(spawning, contextlib.nullcontext)
             ):
                 with spawning:
                     proc = spawn()
-                if isinstance(spawning, contextlib.nullcontext):  # not timed with cgroup moves
+                if plain:  # a spawn timed with the cgroup moves says nothing of the CPUs
                     self._timed_spawn(time.monotonic() - now)
             else:
                 self.threaded_spawns += 1
