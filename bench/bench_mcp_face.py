@@ -3,7 +3,8 @@
 ``python -m bench.bench_mcp_face [--quick]``
 
 Every MCP number here is taken with one raw NDJSON client over the server's stdio (the
-same code for both servers), so the servers are compared, not their clients:
+same code for both servers, decoding with orjson like the native client), so the servers
+are compared, not their clients:
 
 * ``tools/call`` of ``noop`` (``/bin/true``) through ``toolsetctl mcp`` vs native
   ``invoke`` of it on the same daemon (the benchmarks' blocking NDJSON client): median
@@ -26,11 +27,12 @@ if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     __package__ = "bench"
 
-import json
 import subprocess
 import time
 from collections.abc import Callable
 from typing import Any
+
+import orjson
 
 from bench._common import (
     PYTHON,
@@ -80,13 +82,13 @@ class Stdio:
     def request(self, message: dict[str, Any]) -> dict[str, Any]:
         assert self.proc.stdin is not None
         assert self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(message).encode() + b"\n")
+        self.proc.stdin.write(orjson.dumps(message) + b"\n")
         self.proc.stdin.flush()
         while True:
             line = self.proc.stdout.readline()
             if not line:
                 raise EOFError("server closed stdout")
-            reply: dict[str, Any] = json.loads(line)
+            reply: dict[str, Any] = orjson.loads(line)
             if reply.get("id") == message.get("id") and "method" not in reply:
                 return reply
 
@@ -117,7 +119,7 @@ class Stdio:
         assert self.proc.stdout is not None
         stdin, stdout = self.proc.stdin, self.proc.stdout
         for _ in range(depth):
-            stdin.write(json.dumps(self._message(method, params)).encode() + b"\n")
+            stdin.write(orjson.dumps(self._message(method, params)) + b"\n")
         stdin.flush()
         done = 0
         t0 = time.monotonic()
@@ -125,13 +127,13 @@ class Stdio:
         sending = True
         outstanding = depth
         while outstanding:
-            reply = json.loads(stdout.readline())
+            reply = orjson.loads(stdout.readline())
             if "method" in reply:
                 continue
             outstanding -= 1
             done += 1
             if sending and time.monotonic() < end:
-                stdin.write(json.dumps(self._message(method, params)).encode() + b"\n")
+                stdin.write(orjson.dumps(self._message(method, params)) + b"\n")
                 stdin.flush()
                 outstanding += 1
             else:
