@@ -38,6 +38,7 @@ from typing import Any
 from toolsetd.daemon.cgroup import JOIN_ARGV, CgroupTree, Limits
 
 from bench._common import (
+    MIN_ROUNDS,
     UNCONFINED,
     BlockingConn,
     Goal,
@@ -47,6 +48,7 @@ from bench._common import (
     paired,
     print_table,
     ratio_of_pairs,
+    ratios,
     sequential_latency,
     standalone,
     start_daemon,
@@ -249,9 +251,11 @@ def run(quick: bool = False) -> Section:
                 "sandbox": median(sb) / 1000,
                 "cgroup_ratio": ratio_of_pairs(cg, none),
                 "sandbox_ratio": ratio_of_pairs(sb, none),
+                "cgroup_ratios": ratios(cg, none),
+                "sandbox_ratios": ratios(sb, none),
             }
             t_none, t_both = paired(
-                max(3, rounds // 2),
+                max(MIN_ROUNDS, rounds // 2),
                 lambda: throughput(daemons["none"].socket, "invoke", params, 8, seconds),
                 lambda: throughput(daemons["both"].socket, "invoke", params, 8, seconds),
             )
@@ -259,6 +263,7 @@ def run(quick: bool = False) -> Section:
                 "none": median(t_none),
                 "both": median(t_both),
                 "ratio": ratio_of_pairs(t_both, t_none),
+                "ratios": ratios(t_both, t_none),
             }
         finally:
             for d in daemons.values():
@@ -288,26 +293,26 @@ def run(quick: bool = False) -> Section:
     )
     note = "" if active["both"] == ("cgroup", "bubblewrap") else f" (modes: {active['both']})"
     section.goals = [
-        Goal(
+        Goal.of(
             "8",
             "invoke latency, cgroup on / off",
-            lat["cgroup_ratio"],
+            lat["cgroup_ratios"],
             1.3,
             "<=",
             f"{lat['cgroup']:.0f} vs {lat['none']:.0f} µs{note}",
         ),
-        Goal(
+        Goal.of(
             "8",
             "invoke latency, sandbox on / off",
-            lat["sandbox_ratio"],
+            lat["sandbox_ratios"],
             1.5,
             "<=",
             f"{lat['sandbox']:.0f} vs {lat['none']:.0f} µs",
         ),
-        Goal(
+        Goal.of(
             "8",
             "calls/s at 8 callers, both on / off",
-            data["calls_per_s_c8"]["ratio"],
+            data["calls_per_s_c8"]["ratios"],
             0.7,
             ">=",
             f"{data['calls_per_s_c8']['both']:.0f} vs {data['calls_per_s_c8']['none']:.0f}/s",
