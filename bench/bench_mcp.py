@@ -16,6 +16,11 @@ Paired rounds, alternating the two sides:
   blocking NDJSON client: median latency, and calls/s with 1 and 8 calls in flight (MCP: 8
   concurrent calls on its one stdio session; toolsetd: 8 connections). A raw-NDJSON MCP
   client row shows how much of MCP's time is its client.
+* Floors, in the same rounds: the minimal spawn server (``bench._baseline --mode spawn``,
+  one ``create_subprocess_exec`` per request and one response frame, through the same
+  client) against the SDK, the best any daemon that spawns a child per call can do on these
+  rows; and for ``list``, the client's own ``orjson.loads`` of toolsetd's answer against
+  the SDK's ``tools/list``. They are printed beside the goals, not goals themselves.
 * ``tools/list`` with 1,000 tools vs toolsetd ``list`` with 1,000 tools (999 small sets +
   ``noop``).
 * Cold start with 1,000 tools: MCP spawn -> ``initialize`` answered vs toolsetd spawn ->
@@ -34,11 +39,15 @@ if __package__ in (None, ""):
 import json
 import os
 import subprocess
+import time
 from typing import Any
+
+import orjson
 
 from bench._common import (
     MIN_ROUNDS,
     REPO,
+    BlockingConn,
     Goal,
     Section,
     make_home,
@@ -50,6 +59,7 @@ from bench._common import (
     ratios,
     sequential_latency,
     standalone,
+    start_baseline,
     start_daemon,
     temp_base,
     throughput,
@@ -113,12 +123,16 @@ def run(quick: bool = False) -> Section | None:
 
         # -- tools/call vs invoke ---------------------------------------------------------
         daemon = start_daemon(home1, base, extra=DAEMON_ARGS)
+        spawn_srv = None
         try:
+            spawn_srv = start_baseline("spawn", base, name="spawn")
+            floor_srv = spawn_srv.socket
             sequential_latency(daemon.socket, "invoke", params, 50, warmup=20)
             mcp_lat: list[float] = []
             ts_lat: list[float] = []
             mcp_rps: dict[int, list[float]] = {1: [], 8: []}
             ts_rps: dict[int, list[float]] = {1: [], 8: []}
+            floor_rps: dict[int, list[float]] = {1: [], 8: []}
 
             def mcp_round() -> float:
                 d = _mcp(
@@ -144,9 +158,17 @@ def run(quick: bool = False) -> Section | None:
                     ts_rps[c].append(throughput(daemon.socket, "invoke", params, c, seconds))
                 return median(samples)
 
-            t_med, m_med = paired(rounds, ts_round, mcp_round)
+            def floor_round() -> float:
+                samples = sequential_latency(floor_srv, "invoke", params, n_calls, warmup=10)
+                for c in (1, 8):
+                    floor_rps[c].append(throughput(floor_srv, "invoke", params, c, seconds))
+                return median(samples)
+
+            t_med, m_med, f_med = paired(rounds, ts_round, mcp_round, floor_round)
         finally:
             daemon.stop()
+            if spawn_srv is not None:
+                spawn_srv.stop()
         raw = [
             median(_mcp(python, "--mode", "raw-calls", "--n", str(n_calls))["latency_ns"])
             for _ in range(max(1, rounds // 2))
@@ -165,12 +187,28 @@ def run(quick: bool = False) -> Section | None:
             data["call"][f"mcp_calls_per_s_c{c}"] = median(mcp_rps[c])
             data["call"][f"calls_per_s_ratio_c{c}"] = ratio_of_pairs(ts_rps[c], mcp_rps[c])
             data["call"][f"calls_per_s_ratios_c{c}"] = ratios(ts_rps[c], mcp_rps[c])
+        data["floor"] = {
+            "spawn_server_median_us": median(f_med) / 1000,
+            "latency_ratio": ratio_of_pairs(f_med, m_med),
+            **{f"calls_per_s_ratio_c{c}": ratio_of_pairs(floor_rps[c], mcp_rps[c]) for c in (1, 8)},
+        }
 
         # -- list of 1,000 tools ----------------------------------------------------------
         n_list = 10 if quick else 30
         daemon = start_daemon(home1k, base, name="l")
         try:
-            t_list, m_list = paired(
+            with BlockingConn(daemon.socket) as conn:  # the answer's size, as the client gets it
+                answer = orjson.dumps(conn.request("list"))
+
+            def decode() -> float:
+                times = []
+                for _ in range(n_list):
+                    t0 = time.perf_counter_ns()
+                    orjson.loads(answer)
+                    times.append(time.perf_counter_ns() - t0)
+                return median(times)
+
+            t_list, m_list, d_list = paired(
                 rounds,
                 lambda: median(sequential_latency(daemon.socket, "list", None, n_list, warmup=3)),
                 lambda: median(
@@ -178,12 +216,16 @@ def run(quick: bool = False) -> Section | None:
                         "latency_ns"
                     ]
                 ),
+                decode,
             )
         finally:
             daemon.stop()
         data["list_1000"] = {
             "toolsetd_ms": median(t_list) / 1e6,
             "mcp_ms": median(m_list) / 1e6,
+            "answer_bytes": len(answer),
+            "client_decode_ms": median(d_list) / 1e6,
+            "floor_ratio": ratio_of_pairs(d_list, m_list),
             "ratio": ratio_of_pairs(t_list, m_list),
             "ratios": ratios(t_list, m_list),
         }
@@ -204,7 +246,7 @@ def run(quick: bool = False) -> Section | None:
             "ratios": ratios(t_cold, m_cold),
         }
 
-    c, li, co = data["call"], data["list_1000"], data["cold_1000"]
+    c, li, co, fl = data["call"], data["list_1000"], data["cold_1000"], data["floor"]
     print_table(
         f"toolsetd vs MCP Python SDK {info['mcp']} (stdio)",
         ["what", "toolsetd", "MCP SDK", "ratio"],
@@ -214,6 +256,12 @@ def run(quick: bool = False) -> Section | None:
                 c["toolsetd_median_us"],
                 c["mcp_median_us"],
                 c["latency_ratio"],
+            ],
+            [
+                "  floor: minimal spawn server, median µs",
+                fl["spawn_server_median_us"],
+                "",
+                fl["latency_ratio"],
             ],
             ["trivial call, p99 µs", c["toolsetd_p99_us"], c["mcp_p99_us"], ""],
             [
@@ -228,13 +276,21 @@ def run(quick: bool = False) -> Section | None:
                 c["mcp_calls_per_s_c1"],
                 c["calls_per_s_ratio_c1"],
             ],
+            ["  floor: minimal spawn server", "", "", fl["calls_per_s_ratio_c1"]],
             [
                 "calls/s, 8 in flight",
                 c["toolsetd_calls_per_s_c8"],
                 c["mcp_calls_per_s_c8"],
                 c["calls_per_s_ratio_c8"],
             ],
+            ["  floor: minimal spawn server", "", "", fl["calls_per_s_ratio_c8"]],
             ["list 1,000 tools, ms", li["toolsetd_ms"], li["mcp_ms"], li["ratio"]],
+            [
+                f"  floor: the client's orjson.loads of the {li['answer_bytes']:,} bytes, ms",
+                li["client_decode_ms"],
+                "",
+                li["floor_ratio"],
+            ],
             ["cold start, 1,000 tools, ms", co["toolsetd_ms"], co["mcp_ms"], co["ratio"]],
         ],
     )
@@ -246,7 +302,8 @@ def run(quick: bool = False) -> Section | None:
             c["latency_ratios"],
             0.35,
             "<=",
-            f"{c['toolsetd_median_us']:.0f} vs {c['mcp_median_us']:.0f} µs",
+            f"{c['toolsetd_median_us']:.0f} vs {c['mcp_median_us']:.0f} µs "
+            f"(floor {fl['latency_ratio']:.2f})",
         ),
         Goal.of(
             "4",
@@ -254,7 +311,8 @@ def run(quick: bool = False) -> Section | None:
             c["calls_per_s_ratios_c1"],
             3.0,
             ">=",
-            f"{c['toolsetd_calls_per_s_c1']:.0f} vs {c['mcp_calls_per_s_c1']:.0f}/s",
+            f"{c['toolsetd_calls_per_s_c1']:.0f} vs {c['mcp_calls_per_s_c1']:.0f}/s "
+            f"(floor {fl['calls_per_s_ratio_c1']:.2f})",
         ),
         Goal.of(
             "4",
@@ -262,7 +320,8 @@ def run(quick: bool = False) -> Section | None:
             c["calls_per_s_ratios_c8"],
             3.0,
             ">=",
-            f"{c['toolsetd_calls_per_s_c8']:.0f} vs {c['mcp_calls_per_s_c8']:.0f}/s",
+            f"{c['toolsetd_calls_per_s_c8']:.0f} vs {c['mcp_calls_per_s_c8']:.0f}/s "
+            f"(floor {fl['calls_per_s_ratio_c8']:.2f})",
         ),
         Goal.of(
             "4",
@@ -270,7 +329,7 @@ def run(quick: bool = False) -> Section | None:
             li["ratios"],
             0.05,
             "<=",
-            f"{li['toolsetd_ms']:.1f} vs {li['mcp_ms']:.0f} ms",
+            f"{li['toolsetd_ms']:.1f} vs {li['mcp_ms']:.0f} ms (floor {li['floor_ratio']:.3f})",
         ),
         Goal.of(
             "4",
