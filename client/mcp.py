@@ -115,6 +115,8 @@ def _parse(argv: Sequence[str]) -> dict[str, object]:
             else:
                 raise _Usage(f"{name} needs a value")
             options[valued[name]] = value
+        elif arg in ("-w", "--wide"):
+            pass  # a global option of toolsetctl; the pump's stdout carries MCP only
         elif arg == "--headless":
             options["headless"] = True
         elif arg == "--no-autostart":

@@ -67,7 +67,7 @@ __all__ = [
 ]
 
 Kind = Literal["int", "float", "str", "bool", "path", "names", "choice", "listen"]
-Check = Literal["", "count", "seconds"]
+Check = Literal["", "count", "size", "seconds"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +81,8 @@ class Option:
         default: The value when nothing sets it.
         help: The ``--help`` text.
         reloadable: Whether a reload applies a new value (else it needs a restart).
-        check: ``count`` (an integer of at least 1) or ``seconds`` (a positive number).
+        check: ``count`` (an integer of at least 1), ``size`` (an integer of at least 0)
+            or ``seconds`` (a positive number).
         maximum: The largest value of an ``int``, when it has one.
         choices: The allowed values of a ``choice``.
         metavar: The flag's value name in ``--help``.
@@ -261,6 +262,7 @@ OPTIONS: tuple[Option, ...] = (
         4,
         "worker threads that spawn tools while other calls run, so spawns overlap "
         "(default 4; 0 always spawns on the event loop's thread)",
+        check="size",
         metavar="N",
     ),
     Option(
@@ -502,6 +504,8 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
         number = _number(raw, where, int, "an integer")
         if option.check == "count" and number < 1:
             raise ValueError(f"must be at least 1, got {number}")
+        if option.check == "size" and number < 0:
+            raise ValueError(f"must be at least 0, got {number}")
         if option.maximum is not None and number > option.maximum:
             raise ValueError(f"must be at most {option.maximum}, got {number}")
         return number

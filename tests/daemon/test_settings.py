@@ -120,6 +120,7 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("max-running = 0\n", "toolsetd.toml:1: max-running: must be at least 1, got 0"),
+        ("spawn-threads = -1\n", "toolsetd.toml:1: spawn-threads: must be at least 0, got -1"),
         ('max-running = "8"\n', 'toolsetd.toml:1: max-running: must be an integer, got "8"'),
         ("max-running = true\n", "max-running: must be an integer, got true"),
         (
@@ -185,6 +186,9 @@ def test_settings_flag_and_env_errors() -> None:
     """A bad flag value names the flag; a bad environment value names its variable."""
     with pytest.raises(ConfigError, match="--max-running: must be at least 1, got 0"):
         load_settings(_args("--max-running", "0"), {}, uid=1000)
+    with pytest.raises(ConfigError, match="--spawn-threads: must be at least 0, got -2"):
+        load_settings(_args("--spawn-threads", "-2"), {}, uid=1000)
+    assert load_settings(_args("--spawn-threads", "0"), {}, uid=1000).spawn_threads == 0
     with pytest.raises(ConfigError, match="--kill-grace: must be a number of seconds"):
         load_settings(_args("--kill-grace", "soon"), {}, uid=1000)
     with pytest.raises(ConfigError, match="--metrics-listen: must be a loopback address"):

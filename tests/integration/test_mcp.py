@@ -686,6 +686,25 @@ def test_mcp_no_autostart_fails_with_one_clear_line(tmp_base: Path, workspace: P
     assert proc.stdout == b""
 
 
+@pytest.mark.parametrize(
+    ("options", "code"),
+    [
+        (["-w", "mcp", "--format", "json", "--home", "/nonexistent"], 5),
+        (["mcp", "--wide", "--no-autostart"], 5),
+        (["mcp", "--widest"], 2),
+    ],
+)
+def test_mcp_takes_the_global_options(tmp_base: Path, options: list[str], code: int) -> None:
+    """toolsetctl's global options are accepted before or after mcp; an unknown one is not."""
+    missing = tmp_base / "none.sock"
+    argv = [PY, "-m", "toolsetd.client", "--socket", str(missing), *options, "--no-autostart"]
+    proc = subprocess.run(argv, input=b"", capture_output=True, timeout=20, check=False)
+    assert proc.returncode == code, proc.stderr
+    if code == 2:
+        assert "unrecognized argument: --widest" in proc.stderr.decode()
+    assert proc.stdout == b""
+
+
 def test_mcp_bad_workspace_is_one_clear_line(mcp_daemon: Daemon, tmp_base: Path) -> None:
     """A workspace that is not a directory is refused at bind time, on stderr, exit 2."""
     proc = subprocess.run(
