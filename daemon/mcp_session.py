@@ -284,7 +284,7 @@ class McpSession:
                 self._answered(message)  # the host's answer to a request of ours
                 return None
             return _error(
-                None,
+                request_id if type(request_id) in (str, int) else None,
                 McpError(-32600, "Invalid Request: a message needs 'method' (or is a response)."),
             )
         if message.get("jsonrpc") != "2.0":
@@ -354,7 +354,10 @@ class McpSession:
         method = message.get("method")
         params = message.get("params")
         if method == "notifications/cancelled" and isinstance(params, dict):
-            flight = self._in_flight.get(params.get("requestId"))
+            cancelled = params.get("requestId")
+            # Only a string or an integer can name a request in flight (an object or an
+            # array, unhashable, names none: the notification is ignored like any other).
+            flight = self._in_flight.get(cancelled) if type(cancelled) in (str, int) else None
             if flight is not None:
                 log.info("mcp_request_cancelled", reason=str(params.get("reason", ""))[:200])
                 self._cancel(flight)
@@ -362,7 +365,8 @@ class McpSession:
         # unknown notifications are ignored, as JSON-RPC asks.
 
     def _answered(self, message: dict[str, Any]) -> None:
-        asked = self._asked.get(message.get("id"))
+        answered = message.get("id")
+        asked = self._asked.get(answered) if type(answered) in (str, int) else None
         if asked is not None:
             asked.response = message
             asked.done.set()
@@ -380,9 +384,13 @@ class McpSession:
         params = message.get("params", {})
         if params is None:
             params = {}
-        if not isinstance(method, str) or not isinstance(params, dict):
+        if not isinstance(method, str) or not isinstance(params, (dict, list)):
             raise McpError(
                 -32600, "Invalid Request: 'method' must be a string and 'params' an object."
+            )
+        if isinstance(params, list):  # well-formed JSON-RPC, but MCP passes params by name
+            raise McpError(
+                -32602, f"Invalid params: {method} takes its params by name, as an object."
             )
         if method == "initialize":
             return await self._initialize(params)

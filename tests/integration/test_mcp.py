@@ -492,6 +492,28 @@ async def test_mcp_forbidden_call_passes_only_an_explicit_accept(
     assert "read" in _text(accepted)
 
 
+def test_mcp_odd_ids_and_params_keep_the_session(mcp_daemon: Daemon, workspace: Path) -> None:
+    """An object or array where an id belongs, or params as an array, ends nothing."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        for request_id in ({"a": 1}, [1]):  # unhashable: no request in flight has it
+            cancelled = {"requestId": request_id, "reason": "test"}
+            pump.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancelled})
+            pump.send({"jsonrpc": "2.0", "id": request_id, "result": {}})  # a "response"
+        assert pump.request(2, "ping")["result"] == {}
+        reply = pump.request(3, "tools/list", [])  # type: ignore[arg-type]
+        assert reply["error"]["code"] == -32602, reply
+        assert "by name" in reply["error"]["message"]
+        pump.send({"jsonrpc": "2.0", "id": 4})  # neither a request nor a response
+        reply = pump.receive()
+        assert (reply["id"], reply["error"]["code"]) == (4, -32600), reply
+        assert pump.request(5, "ping")["result"] == {}
+    finally:
+        assert pump.close() == 0
+    assert "connection_failed" not in {e.get("event") for e in mcp_daemon.log_events()}
+
+
 def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> None:
     """After notifications/cancelled nothing more goes out for that request."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
