@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -67,7 +68,7 @@ __all__ = [
 ]
 
 Kind = Literal["int", "float", "str", "bool", "path", "names", "choice", "listen"]
-Check = Literal["", "count", "size", "seconds"]
+Check = Literal["", "count", "size", "seconds", "loopback"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,9 +82,11 @@ class Option:
         default: The value when nothing sets it.
         help: The ``--help`` text.
         reloadable: Whether a reload applies a new value (else it needs a restart).
-        check: ``count`` (an integer of at least 1), ``size`` (an integer of at least 0)
-            or ``seconds`` (a positive number).
+        check: ``count`` (an integer of at least 1), ``size`` (an integer of at least 0),
+            ``seconds`` (a positive number) or ``loopback`` (names that are each a
+            loopback ``HOST:PORT``).
         maximum: The largest value of an ``int``, when it has one.
+        least: The smallest value of a ``seconds`` float, when it has a floor above 0.
         choices: The allowed values of a ``choice``.
         metavar: The flag's value name in ``--help``.
         env: An environment variable read when the flag is absent (before the file).
@@ -96,6 +99,7 @@ class Option:
     reloadable: bool = False
     check: Check = ""
     maximum: int | None = None
+    least: float | None = None
     choices: tuple[str, ...] = ()
     metavar: str | None = None
     env: str | None = None
@@ -181,9 +185,10 @@ OPTIONS: tuple[Option, ...] = (
         "progress-interval",
         "float",
         1.0,
-        "seconds between progress notifications (default 1)",
+        "seconds between progress notifications (default 1, at least 0.01)",
         reloadable=True,
         check="seconds",
+        least=0.01,
         metavar="SECONDS",
     ),
     Option(
@@ -199,9 +204,10 @@ OPTIONS: tuple[Option, ...] = (
         "status-interval",
         "float",
         2.0,
-        "seconds between checks of the STATUS= line sent to systemd (default 2)",
+        "seconds between checks of the STATUS= line sent to systemd (default 2, at least 0.01)",
         reloadable=True,
         check="seconds",
+        least=0.01,
         metavar="SECONDS",
     ),
     Option(
@@ -287,6 +293,7 @@ OPTIONS: tuple[Option, ...] = (
         (),
         "also serve MCP over Streamable HTTP at http://HOST:PORT/mcp; loopback only "
         "(127.0.0.1, [::1], localhost); repeatable",
+        check="loopback",
         metavar="HOST:PORT",
     ),
     Option(
@@ -513,12 +520,18 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
         seconds = float(_number(raw, where, float, "a number of seconds"))
         if option.check == "seconds" and not seconds > 0:
             raise ValueError(f"must be a positive number of seconds, got {_show(raw)}")
+        if not math.isfinite(seconds):  # an endless grace or interval is a wait with no bound
+            raise ValueError(f"must be a finite number of seconds, got {_show(raw)}")
+        if option.least is not None and seconds < option.least:
+            raise ValueError(f"must be at least {option.least} seconds, got {_show(raw)}")
         return seconds
     if kind == "names":
         if isinstance(raw, str):
             raw = [raw]
         if not isinstance(raw, list) or not all(isinstance(n, str) and n for n in raw):
             raise ValueError(f"must be a list of names, got {_show(raw)}")
+        if option.check == "loopback":
+            _check_loopback(raw)
         return tuple(raw)
     if not isinstance(raw, str):
         raise ValueError(f"must be a string, got {_show(raw)}")
@@ -551,6 +564,18 @@ def _number(raw: Any, where: str, convert: type[int] | type[float], what: str) -
     if isinstance(raw, bool) or not isinstance(raw, allowed):
         raise ValueError(f"must be {what}, got {_show(raw)}")
     return raw
+
+
+def _check_loopback(values: Sequence[str]) -> None:
+    """Refuse an address the HTTP endpoint would refuse to bind, at start and at reload."""
+    from .httpguard import ListenError, parse_listen  # its rules; loaded only when used
+
+    for text in values:
+        try:
+            parse_listen(text)
+        except ListenError as exc:
+            reason = str(exc).removeprefix(f"--mcp-listen {text!r}: ")
+            raise ValueError(f"{_show(text)}: {reason}") from None
 
 
 def _parse_listen(raw: str) -> tuple[str, int]:

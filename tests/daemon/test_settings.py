@@ -128,6 +128,8 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
             "toolsetd.toml:3: kill-grace: must be a positive number of seconds, got -1",
         ),
         ('kill-grace = "5"\n', 'kill-grace: must be a number of seconds, got "5"'),
+        ("kill-grace = inf\n", "toolsetd.toml:1: kill-grace: must be a finite number of seconds, got inf"),
+        ("progress-interval = 1e-300\n", "progress-interval: must be at least 0.01 seconds, got 1e-300"),
         ("no-watch = 1\n", "no-watch: must be true or false, got 1"),
         (
             'log-level = "loud"\n',
@@ -145,6 +147,11 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
             'metrics-listen: must be a loopback address (127.0.0.1 or [::1]), got "0.0.0.0:9464"',
         ),
         ('metrics-listen = "9464"\n', "metrics-listen: must be HOST:PORT"),
+        (
+            'mcp-listen = ["127.0.0.1:8765", "0.0.0.0:8765"]\n',
+            'toolsetd.toml:1: mcp-listen: "0.0.0.0:8765": refusing to listen on 0.0.0.0, which is '
+            "not a loopback address",
+        ),
         (
             "max-runing = 3\n",
             "toolsetd.toml:1: max-runing: unknown key; did you mean 'max-running'?",
@@ -191,8 +198,14 @@ def test_settings_flag_and_env_errors() -> None:
     assert load_settings(_args("--spawn-threads", "0"), {}, uid=1000).spawn_threads == 0
     with pytest.raises(ConfigError, match="--kill-grace: must be a number of seconds"):
         load_settings(_args("--kill-grace", "soon"), {}, uid=1000)
+    with pytest.raises(ConfigError, match="--kill-grace: must be a finite number of seconds"):
+        load_settings(_args("--kill-grace", "inf"), {}, uid=1000)
+    with pytest.raises(ConfigError, match="--idle-timeout: must be a finite number of seconds"):
+        load_settings(_args("--idle-timeout", "Infinity"), {}, uid=1000)
     with pytest.raises(ConfigError, match="--metrics-listen: must be a loopback address"):
         load_settings(_args("--metrics-listen", "10.0.0.1:80"), {}, uid=1000)
+    with pytest.raises(ConfigError, match='--mcp-listen: "10.0.0.1:80": refusing to listen'):
+        load_settings(_args("--mcp-listen", "10.0.0.1:80"), {}, uid=1000)
 
 
 def test_settings_default_path_and_missing_default_file(tmp_path: Path) -> None:
