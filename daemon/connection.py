@@ -195,6 +195,9 @@ class Connection:
         self.subscriptions: set[str | None] = set()
         #: Set by a bind method (``mcp.bind``): from then on every message goes to it.
         self.route: Route | None = None
+        #: True only while the reader answers the connection's first frame inline: the one
+        #: place where a bind method may take the connection over (``mcp.bind``).
+        self.may_bind = False
         self._scope: anyio.CancelScope | None = None
         #: When the last complete message arrived (the connection's start until then):
         #: the idlest connection without calls or subscriptions makes room for a new one.
@@ -370,6 +373,7 @@ class Connection:
         # dribbled one byte at a time still has to be complete within the idle timeout.
         deadline: float | None = anyio.current_time() + timeout
         seen_request = False
+        frames = 0  # complete lines read so far, good or bad
         while not self._closed and not self._stop_reading:
             if wire.backlogged:
                 # The peer is not taking our answers: take no more of its requests (this
@@ -402,6 +406,7 @@ class Connection:
                     if event is NEED_DATA or event is CLOSED:
                         break
                     completed = True
+                    frames += 1
                     if type(event) is BadMessage:
                         self.post(error_message(None, rpc_errors.ParseError(event.message)))
                         continue
@@ -413,7 +418,9 @@ class Connection:
                     # a string can name an inline method; the rest goes to the envelope check.
                     method = value.get("method") if type(value) is dict else None
                     if self.route is None and type(method) is str and method in inline:
+                        self.may_bind = frames == 1
                         await self._answer_inline(value)
+                        self.may_bind = False
                         answered_inline += 1
                         if answered_inline % _INLINE_BURST == 0:
                             # A long pipelined run must not starve the other connections.

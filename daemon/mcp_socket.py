@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from toolsetd.protocol.errors import InvalidRequest
+
 from .connection import Connection, RequestContext
 from .mcp_session import SUPPORTED_VERSIONS, Binding, McpServer, McpSession
 
@@ -69,8 +71,15 @@ class McpBinder:
 
         It never waits (the reader answers it inline), so the next frame is already MCP.
         """
-        binding = Binding.from_params(params)
         connection = ctx.connection
+        if not connection.may_bind:
+            # Frames read before the bind (or beside it, in a batch) were taken as this
+            # wire's; binding now would hand what follows them to MCP mid-stream.
+            raise InvalidRequest(
+                "Invalid Request: mcp.bind must be the connection's first frame, on its own "
+                "(not in a batch); open a new connection and send it first."
+            )
+        binding = Binding.from_params(params)
         session = self._server.session(binding, _ConnectionOutbox(connection), connection.calls)
         connection.route = _SessionRoute(session)
         return {

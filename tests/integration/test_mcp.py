@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -490,6 +491,30 @@ async def test_mcp_forbidden_call_passes_only_an_explicit_accept(
     assert "forbidden path" in seen[0]
     assert accepted.is_error is False
     assert "read" in _text(accepted)
+
+
+def test_mcp_bind_only_as_the_first_frame(mcp_daemon: Daemon, workspace: Path) -> None:
+    """A bind behind other frames, or in a batch, is refused; the wire stays native."""
+    bind = {"jsonrpc": "2.0", "id": "b", "method": "mcp.bind"}
+    bind["params"] = {"workspace": str(workspace)}
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "list", "params": {"workspace": str(workspace)}}
+    with mcp_daemon.raw() as conn:  # a list pipelined just before the bind
+        conn.send_bytes(json.dumps(listing).encode() + b"\n" + json.dumps(bind).encode() + b"\n")
+        replies = {r["id"]: r for r in (conn.receive(), conn.receive())}
+        assert "tools" in replies[1]["result"], replies[1]  # answered natively, not as MCP
+        assert replies["b"]["error"]["code"] == -32600
+        assert "first frame" in replies["b"]["error"]["message"]
+        assert "version" in conn.request("status")["result"]  # still the native wire
+    with mcp_daemon.raw() as conn:
+        conn.send([bind])
+        (reply,) = conn.receive()
+        assert reply["error"]["code"] == -32600 and "batch" in reply["error"]["message"]
+        assert "version" in conn.request("status")["result"]
+    with mcp_daemon.raw() as conn:  # first and alone: bound, and the next frame is MCP
+        conn.send(bind)
+        assert conn.receive()["result"]["bound"] is True
+        conn.send({"jsonrpc": "2.0", "id": 2, "method": "status"})
+        assert "error" in conn.receive()  # MCP now: no native status here
 
 
 def test_mcp_odd_ids_and_params_keep_the_session(mcp_daemon: Daemon, workspace: Path) -> None:
