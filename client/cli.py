@@ -304,7 +304,7 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
             raise failure from exc
         try:
             check = _manifest_check(offline, path.parent, source)
-            outcome = set_enabled(path, enabled, check=check)
+            outcome = set_enabled(path, enabled, check=check, read=offline.read_for_edit)
         except EditError as exc:
             raise Failure(
                 EXIT_USAGE, CLI_ERROR_CODES["invalid_set"], exc.message, {"path": str(path)}

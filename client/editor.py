@@ -134,7 +134,11 @@ def _reject_constant(name: str) -> Any:
 
 
 def set_enabled(
-    path: Path, enabled: bool, *, check: Callable[[bytes], str | None] | None = None
+    path: Path,
+    enabled: bool,
+    *,
+    check: Callable[[bytes], str | None] | None = None,
+    read: Callable[[Path], bytes] | None = None,
 ) -> EditOutcome:
     """Write ``enabled`` into one manifest, leaving the rest of it as it was.
 
@@ -143,6 +147,9 @@ def set_enabled(
         enabled: The wanted value.
         check: The full manifest check: returns the parse error of the bytes, or None
             when they parse. Without it only JSON and the object root are checked.
+        read: Reads the manifest's bytes, raising ``EditError`` when it cannot (the CLI
+            passes the daemon's reader: regular files only, never a blocking open).
+            Without it the file is read as it is.
 
     Returns:
         The path and whether the file changed.
@@ -152,7 +159,7 @@ def set_enabled(
             cannot be written.
     """
     try:
-        data = path.read_bytes()
+        data = read(path) if read is not None else path.read_bytes()
     except OSError as exc:
         raise EditError("tools.json could not be read.") from exc
     if check is not None:

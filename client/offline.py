@@ -37,6 +37,7 @@ from toolsetd.daemon.catalog import (
     set_info,
     tool_info,
 )
+from toolsetd.daemon.config_file import read_regular_file
 from toolsetd.daemon.manifest import ManifestError, is_directory_name, parse_manifest
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Approval, RunnerKind, Source, ToolSet
 from toolsetd.daemon.validation import SchemaChecker
@@ -49,6 +50,8 @@ __all__ = [
     "inventory",
     "manifest_problem",
     "offline_list",
+    "read_for_edit",
+    "read_manifest",
     "validate_set",
 ]
 
@@ -84,6 +87,28 @@ def _tool_label(name: str, approval: Approval) -> str:
     return name if approval is Approval.INHERIT else f"{name} ({approval.value})"
 
 
+def read_manifest(path: Path) -> bytes:
+    """A ``tools.json``'s bytes, read as the daemon reads it.
+
+    Only a regular file of at most 1 MiB, opened without blocking: a FIFO or a device in
+    its place (or a link to one) is unreadable, never waited on or read without end.
+
+    Raises:
+        ManifestError: ``tools.json could not be read.`` or ``... is larger than 1 MiB.``
+    """
+    return read_regular_file(path)[0]
+
+
+def read_for_edit(path: Path) -> bytes:
+    """``read_manifest`` for ``enable``/``disable``: a refusal is the editor's ``EditError``."""
+    from .editor import EditError
+
+    try:
+        return read_manifest(path)
+    except ManifestError as exc:
+        raise EditError(exc.message) from exc
+
+
 def _row(
     directory: str,
     source: Source,
@@ -96,16 +121,9 @@ def _row(
     if not is_directory_name(directory):
         return SetRow(directory, source.value, manifest, None, False, error=INVALID_DIRECTORY_NAME)
     try:
-        data = (set_dir / _MANIFEST).read_bytes()
-    except OSError:
-        return SetRow(
-            directory,
-            source.value,
-            manifest,
-            None,
-            effective,
-            error="tools.json could not be read.",
-        )
+        data = read_manifest(set_dir / _MANIFEST)
+    except ManifestError as exc:
+        return SetRow(directory, source.value, manifest, None, effective, error=exc.message)
     try:
         toolset = parse_manifest(data, set_dir=set_dir, source=source, reserved=reserved)
     except ManifestError as exc:
@@ -267,9 +285,9 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
         report.problems.append(f"Tool set directory '{set_dir}' does not exist.")
         return report
     try:
-        data = (set_dir / _MANIFEST).read_bytes()
-    except OSError:
-        report.problems.append("tools.json could not be read.")
+        data = read_manifest(set_dir / _MANIFEST)
+    except ManifestError as exc:
+        report.problems.append(exc.message)
         return report
     try:
         toolset: ToolSet = parse_manifest(

@@ -315,3 +315,24 @@ def test_usage_error_exits_2(env: Env) -> None:
     """An unknown flag is a usage error: exit 2."""
     proc = env.run("list", "--bogus")
     assert proc.returncode == 2
+
+
+def test_a_manifest_that_is_not_a_regular_file_is_unreadable_never_waited_on(env: Env) -> None:
+    """A FIFO or a link to a device as tools.json: reported as the daemon reports it, no hang."""
+    fifo_dir = env.home / "tools" / "fifo"
+    fifo_dir.mkdir(parents=True)
+    os.mkfifo(fifo_dir / "tools.json")  # nobody ever writes: a blocking read would hang
+    zero_dir = env.home / "tools" / "zero"
+    zero_dir.mkdir()
+    (zero_dir / "tools.json").symlink_to("/dev/zero")  # endless: an unbounded read would eat memory
+    for directory in (fifo_dir, zero_dir):
+        proc = env.run("validate", str(directory))
+        assert proc.returncode == 2, proc.stderr
+        assert "tools.json could not be read." in proc.stdout + proc.stderr
+    proc = env.run("list", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    rows = {row["directory"]: row for row in json.loads(proc.stdout)["sets"]}
+    assert set(rows) == {"fifo", "zero"}, rows
+    assert all(row["error"] == "tools.json could not be read." for row in rows.values()), rows
+    proc = env.run("enable", "fifo")  # not a file to edit: refused at once, nothing opened
+    assert (proc.returncode, proc.stderr) == (2, "Tool set 'fifo' was not found.\n")
