@@ -306,7 +306,13 @@ class Service:
         """
         if raw is None:
             return None
-        if "\x00" in raw or not os.path.isabs(raw):
+        if "\x00" in raw:  # no file name holds one: say so, not "relative"
+            raise rpc_errors.InvalidWorkspace(
+                "Invalid workspace: 'workspace' must be an absolute path to a directory; "
+                "got a path with a NUL character in it.",
+                {"field": "workspace"},
+            )
+        if not os.path.isabs(raw):
             raise rpc_errors.InvalidWorkspace(
                 "Invalid workspace: 'workspace' must be an absolute path to a directory; "
                 "got a relative path.",

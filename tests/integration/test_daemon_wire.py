@@ -86,7 +86,8 @@ def test_daemon_list_catalog_filter(shared: Daemon) -> None:
 @pytest.mark.parametrize(
     ("params", "code", "needle"),
     [
-        ({"workspace": "relative/path"}, -32006, "absolute"),
+        ({"workspace": "relative/path"}, -32006, "got a relative path"),
+        ({"workspace": "/tmp/a\x00b"}, -32006, "NUL character"),
         ({"workspace": "/nonexistent/toolsetd/ws"}, -32006, "not a directory"),
         ({"workspace": 5}, -32602, "workspace"),
         ({"catalog": "review"}, -32602, "catalog"),
