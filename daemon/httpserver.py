@@ -405,8 +405,13 @@ class _HttpConnection:
         if transport is None or wire.lost:
             return
         await wire.wait_drained()
+        if wire.eof or wire.lost:
+            return  # the peer has closed: nothing of its to drain, and it may have reset us
         if transport.can_write_eof():
-            transport.write_eof()
+            try:
+                transport.write_eof()
+            except OSError:  # ENOTCONN: the peer reset the connection meanwhile
+                return
         deadline = self.loop.time() + seconds
         while not wire.eof and not wire.lost and self.loop.time() < deadline:
             wire.take()
@@ -577,6 +582,13 @@ class HttpServer:
                     conn,
                     431,
                     f"Request header fields too large: at most {settings.max_header_bytes} bytes.",
+                )
+                return
+            declared = next((v for k, v in event.headers if k == b"content-length"), None)
+            if declared is not None and int(declared) > settings.max_body_bytes:
+                # h11 checked it is a number: refuse now, not after waiting for the body.
+                await self._fail(
+                    conn, 413, f"Request body too large: at most {settings.max_body_bytes} bytes."
                 )
                 return
             try:

@@ -487,6 +487,42 @@ def test_http_malformed_requests_leave_the_daemon_serving(http_daemon, workspace
     assert daemon.proc.poll() is None
 
 
+def test_http_client_gone_mid_body_is_no_incident(http_daemon, workspace: Path) -> None:
+    """A client that closes in the middle of its body is a bad request, not a failure."""
+    daemon, base = http_daemon
+    host, port = base.split("//")[1].split("/")[0].rsplit(":", 1)
+    head = (
+        f"POST /mcp?workspace={workspace} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+    )
+
+    def count(event: str) -> int:
+        return sum(e.get("event") == event for e in daemon.log_events())
+
+    bad, failed = count("http_bad_request"), count("http_connection_failed")
+    for _ in range(5):
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(head.encode())
+    assert http(endpoint(base, workspace), body=rpc(1, "initialize", INIT_PARAMS)).status == 200
+    eventually(lambda: count("http_bad_request") >= bad + 5, what="the five bad requests")
+    assert count("http_connection_failed") == failed
+
+
+def test_http_declared_body_over_the_limit_is_413_at_once(http_daemon, workspace: Path) -> None:
+    """A Content-Length past 16 MiB is refused from the head, not after the body's timeout."""
+    _, base = http_daemon
+    host, port = base.split("//")[1].split("/")[0].rsplit(":", 1)
+    head = (
+        f"POST /mcp?workspace={workspace} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 20000000\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=5) as sock:  # < the body timeout
+        sock.sendall(head.encode())
+        data = sock.recv(65536)
+    assert data.startswith(b"HTTP/1.1 413 "), data[:200]
+    assert b"at most 16777216 bytes" in data
+
+
 # -- the official SDK client (streamable_http_client) ----------------------------------------
 
 
