@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .context import reject_constant
 from .render import is_directory_name
 
 __all__ = ["EditError", "EditOutcome", "locate_set", "manifest_path", "set_enabled"]
@@ -119,7 +120,7 @@ def _load_object(data: bytes) -> dict[str, Any]:
     """Parse manifest bytes into an ordered object, or raise the parse error."""
     try:
         text = data.decode("utf-8-sig")
-        value = json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=reject_constant)
     except UnicodeDecodeError as exc:
         raise EditError(f"tools.json is not valid JSON: {exc.reason}.") from exc
     except (json.JSONDecodeError, ValueError) as exc:
@@ -127,10 +128,6 @@ def _load_object(data: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise EditError("tools.json must be a JSON object.")
     return value
-
-
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"'{name}' is not a JSON value")
 
 
 def set_enabled(

@@ -140,7 +140,12 @@ def loads(line: bytes | bytearray | memoryview | str) -> Any:
     Raises:
         orjson.JSONDecodeError: The text is not valid JSON (orjson's verdict).
     """
-    value = orjson.loads(line)
+    try:
+        value = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        if "infinity" not in str(exc):
+            raise
+        return _beyond_doubles(line, exc)
     kind = type(value)
     if kind is dict or kind is list:
         if not _may_lose_text(value, line):
@@ -154,6 +159,29 @@ def loads(line: bytes | bytearray | memoryview | str) -> Any:
         # orjson accepted it, so this is the stdlib's own limit (nesting, digits): keep
         # orjson's value rather than refuse a valid line.
         return value
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"'{name}' is not a JSON value")  # NaN, Infinity: Python's, not JSON
+
+
+def _beyond_doubles(line: bytes | bytearray | memoryview | str, error: Exception) -> Any:
+    """A line orjson refused only for a number past the double range (``1e999``).
+
+    JSON has no such range, so the number is kept like any other: a ``JsonNumber`` with its
+    text (its float is ±inf). Everything else must still be what orjson accepts: the
+    standard library's extras (``NaN``, ``Infinity``, lone surrogates) are refused with
+    orjson's error.
+    """
+    try:
+        text = line if isinstance(line, str) else bytes(line).decode("utf-8")
+        value = json.loads(
+            text, parse_float=JsonNumber, parse_int=_parse_int, parse_constant=_refuse_constant
+        )
+        dumps(value)  # a lone surrogate, which orjson never lets through, fails here
+    except (ValueError, TypeError, RecursionError):
+        raise error from None
+    return value
 
 
 def _default(value: Any) -> Any:

@@ -113,6 +113,21 @@ def test_numbers_reach_argv_and_stdin_as_written(fid: Daemon) -> None:
     assert words[8] == "stdin=" + _NUMBERS.replace(b" ", b"").decode(), text
 
 
+def test_a_number_past_the_double_range_is_a_number(fid: Daemon) -> None:
+    """1e999 is valid JSON: it reaches the child as written, and a schema bound refuses it."""
+    workspace = json.dumps(str(fid.workspace)).encode()
+    with fid.raw() as conn:
+        frame = (b'{"jsonrpc":"2.0","id":7,"method":"invoke","params":{"tool":"nums",'
+                 b'"arguments":{"n":1e999,"m":-1E+400},"workspace":' + workspace + b"}}")
+        response = json.loads(_response(conn, frame, b"7"))
+        text = response["result"]["content"][0]["text"]
+        assert text.split("\n")[1:5] == ["--n", "1e999", "--m", "-1E+400"], text
+        frame = (b'{"jsonrpc":"2.0","id":8,"method":"invoke","params":{"tool":"wide",'
+                 b'"arguments":{"n":1e999},"workspace":' + workspace + b"}}")
+        error = json.loads(_response(conn, frame, b"8"))["error"]
+        assert error["code"] == -32002, error  # over its maximum, not a parse error
+
+
 def test_toolsetctl_invoke_passes_the_numbers_as_typed(fid: Daemon) -> None:
     """The whole chain: --args text, the wire, the daemon, argv and stdin of the child."""
     proc = _ctl(fid, "invoke", "nums", "--args", _NUMBERS.decode())
