@@ -13,7 +13,7 @@ import json
 from collections.abc import Mapping
 from pathlib import Path
 
-from toolsetd.protocol.errors import RpcError
+from toolsetd.protocol.errors import RpcError, reject_json_constant
 
 from .blocking import BlockingClient, RawJson
 from .errors import ConnectError, ConnectionClosed, RequestTimeout
@@ -62,21 +62,12 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
     else:
         text, where = spec, "--args"
     try:
-        value = json.loads(text, parse_constant=reject_constant)
+        value = json.loads(text, parse_constant=reject_json_constant)
     except ValueError as exc:
         raise UsageError(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise UsageError(f"{where} must be a JSON object.")
     return value, text
-
-
-def reject_constant(name: str) -> object:
-    """A ``parse_constant`` hook: ``NaN`` and ``Infinity`` are Python's extensions, not JSON.
-
-    (``toolsetd.protocol.jsontext`` has its own: importing it would load orjson, ~10 ms of
-    every ``toolsetctl`` start.)
-    """
-    raise ValueError(f"'{name}' is not a JSON value")
 
 
 def parse_arguments(spec: str | None, stdin: TextIO) -> dict[str, Any]:

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .context import reject_constant
+from toolsetd.protocol.errors import reject_json_constant
+
 from .render import is_directory_name
 
 __all__ = ["EditError", "EditOutcome", "locate_set", "manifest_path", "set_enabled"]
@@ -120,7 +121,7 @@ def _load_object(data: bytes) -> dict[str, Any]:
     """Parse manifest bytes into an ordered object, or raise the parse error."""
     try:
         text = data.decode("utf-8-sig")
-        value = json.loads(text, parse_constant=reject_constant)
+        value = json.loads(text, parse_constant=reject_json_constant)
     except UnicodeDecodeError as exc:
         raise EditError(f"tools.json is not valid JSON: {exc.reason}.") from exc
     except (json.JSONDecodeError, ValueError) as exc:

@@ -419,8 +419,10 @@ class Connection:
                     method = value.get("method") if type(value) is dict else None
                     if self.route is None and type(method) is str and method in inline:
                         self.may_bind = frames == 1
-                        await self._answer_inline(value)
-                        self.may_bind = False
+                        try:
+                            await self._answer_inline(value)
+                        finally:
+                            self.may_bind = False
                         answered_inline += 1
                         if answered_inline % _INLINE_BURST == 0:
                             # A long pipelined run must not starve the other connections.

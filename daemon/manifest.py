@@ -27,6 +27,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
+from toolsetd.protocol.errors import reject_json_constant
+
 from .model import (
     DEFAULT_TIMEOUT_SECONDS,
     Approval,
@@ -117,10 +119,6 @@ def _decode(text: bytes) -> str:
     return text.decode("utf-8", "replace")
 
 
-def _reject_constant(name: str) -> NoReturn:
-    raise ValueError(f"{name} is not a valid JSON value.")
-
-
 def _too_deep(value: Any) -> bool:
     """Whether containers nest deeper than System.Text.Json's default of 64."""
     stack: list[tuple[Any, int]] = [(value, 1)]
@@ -138,7 +136,7 @@ def _too_deep(value: Any) -> bool:
 def _load_json(text: bytes) -> Any:
     decoded = _decode(text)
     try:
-        value = json.loads(decoded, parse_constant=_reject_constant)
+        value = json.loads(decoded, parse_constant=reject_json_constant)
     except RecursionError:
         _fail(
             f"tools.json is not valid JSON: the maximum nesting depth of {_MAX_DEPTH} was exceeded."

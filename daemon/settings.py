@@ -87,6 +87,9 @@ class Option:
             loopback ``HOST:PORT``).
         maximum: The largest value of an ``int``, when it has one.
         least: The smallest value of a ``seconds`` float, when it has a floor above 0.
+        endless: Whether a ``seconds`` float may be ``inf`` (never). Only where no wait on
+            a peer or a child depends on it: an endless grace never kills, an endless
+            interval never ticks, an endless idle timeout never frees a connection.
         choices: The allowed values of a ``choice``.
         metavar: The flag's value name in ``--help``.
         env: An environment variable read when the flag is absent (before the file).
@@ -100,6 +103,7 @@ class Option:
     check: Check = ""
     maximum: int | None = None
     least: float | None = None
+    endless: bool = False
     choices: tuple[str, ...] = ()
     metavar: str | None = None
     env: str | None = None
@@ -257,9 +261,10 @@ OPTIONS: tuple[Option, ...] = (
         "workspace-idle",
         "float",
         3600.0,
-        "release a workspace unused this long (default 3600)",
+        "release a workspace unused this long (default 3600; inf: never)",
         reloadable=True,
         check="seconds",
+        endless=True,
         metavar="SECONDS",
     ),
     Option(
@@ -520,6 +525,8 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
         seconds = float(_number(raw, where, float, "a number of seconds"))
         if option.check == "seconds" and not seconds > 0:
             raise ValueError(f"must be a positive number of seconds, got {_show(raw)}")
+        if seconds == math.inf and option.endless:
+            return seconds
         if not math.isfinite(seconds):  # an endless grace or interval is a wait with no bound
             raise ValueError(f"must be a finite number of seconds, got {_show(raw)}")
         if option.least is not None and seconds < option.least:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -101,36 +100,6 @@ def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
         return Draft202012Validator
     cls: type[Validator] = validator_for(schema, default=Draft202012Validator)
     return cls
-
-
-#: The instance validator of each draft's class, with ``multipleOf`` safe for ±inf.
-_INSTANCE_CLASSES: dict[type[Validator], type[Validator]] = {}
-
-
-def _instance_class(cls: type[Validator]) -> type[Validator]:
-    """``cls`` with a ``multipleOf`` that says no to ±inf instead of raising.
-
-    A number past the double range (``1e999``, valid JSON, kept with its text) is a float
-    infinity here, and jsonschema's ``multipleOf`` with a fractional divisor raises
-    OverflowError on it (``Fraction(inf)``). No infinity is a multiple of anything.
-    """
-    found = _INSTANCE_CLASSES.get(cls)
-    if found is not None:
-        return found
-    from jsonschema import ValidationError as _Error
-    from jsonschema.validators import extend
-
-    original = cls.VALIDATORS["multipleOf"]
-
-    def multiple_of(validator: Any, divisor: Any, instance: Any, schema: Any) -> Any:
-        if isinstance(instance, float) and instance in (math.inf, -math.inf):
-            yield _Error(f"{instance!r} is not a multiple of {divisor!r}")
-            return
-        yield from original(validator, divisor, instance, schema)
-
-    extended: type[Validator] = extend(cls, {"multipleOf": multiple_of})  # type: ignore[no-untyped-call]
-    _INSTANCE_CLASSES[cls] = extended
-    return extended
 
 
 def _clip(text: str, limit: int) -> str:
@@ -484,7 +453,7 @@ class ArgumentValidators:
         if found is not None:
             return found
         schema = loaded.tool.schema
-        cls = _instance_class(_validator_class(schema))
+        cls = _validator_class(schema)
         import jsonschema_specifications  # type: ignore[import-untyped]  # it ships no py.typed
 
         validator = cls(schema, registry=jsonschema_specifications.REGISTRY)
@@ -528,6 +497,17 @@ class ArgumentValidators:
                     break
         except RecursionError:
             return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
+        except OverflowError:
+            # A number past the double range (1e999, or an integer of 309 digits or more,
+            # both valid JSON and kept as written) divided by a fractional multipleOf: the
+            # check cannot be made, so the call does not pass it. Errors found so far stay.
+            found.add(
+                (
+                    "",
+                    "a number in the arguments is too large to check against the schema's "
+                    "multipleOf (beyond ±1.8e308); send a smaller number",
+                )
+            )
         except Exception as exc:
             import referencing.exceptions  # loaded by jsonschema already; bound only here
 

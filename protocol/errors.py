@@ -60,6 +60,7 @@ __all__ = [
     "ShuttingDown",
     "UnknownCall",
     "UnknownTool",
+    "reject_json_constant",
 ]
 
 
@@ -257,3 +258,13 @@ class ShuttingDown(RpcError):
 
     CODE = -32010
     MESSAGE = "Shutting down"
+
+
+def reject_json_constant(name: str) -> object:
+    """A ``parse_constant`` hook for the standard library's ``json``: refuse ``NaN``,
+    ``Infinity`` and ``-Infinity``, which are Python's extensions, not JSON.
+
+    Here, not in ``jsontext``: this module loads nothing (``toolsetctl`` imports it on every
+    start, and ``jsontext`` would load orjson).
+    """
+    raise ValueError(f"{name} is not a valid JSON value.")

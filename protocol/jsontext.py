@@ -25,6 +25,11 @@ each number's text:
 pass that writes such integers as their exact decimal text. So a value read by ``loads``
 is written back by ``dumps`` with every number as it was written.
 
+orjson refuses a number past the double range (``1e999``, or an integer of 309 digits or
+more), which JSON allows. Such a line is parsed by the standard library as above (with
+``NaN`` and ``Infinity`` refused and lone surrogates checked for, as orjson would): the
+number keeps its text, its float is ±inf.
+
 Both functions raise only what orjson raises (``orjson.JSONDecodeError``, which is a
 ``ValueError``, and ``orjson.JSONEncodeError``, a ``TypeError``); the callers map them.
 """
@@ -35,6 +40,8 @@ import json
 from typing import Any, Final
 
 import orjson
+
+from .errors import reject_json_constant
 
 __all__ = ["JsonNumber", "dumps", "loads", "nesting_exceeds"]
 
@@ -138,7 +145,8 @@ def loads(line: bytes | bytearray | memoryview | str) -> Any:
         The value: dicts, lists, str, bool, None, exact ``int`` and ``JsonNumber``.
 
     Raises:
-        orjson.JSONDecodeError: The text is not valid JSON (orjson's verdict).
+        orjson.JSONDecodeError: The text is not valid JSON (orjson's verdict; a number
+            past the double range is the one thing orjson refuses that this accepts).
     """
     try:
         value = orjson.loads(line)
@@ -161,27 +169,44 @@ def loads(line: bytes | bytearray | memoryview | str) -> Any:
         return value
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"'{name}' is not a JSON value")  # NaN, Infinity: Python's, not JSON
-
-
 def _beyond_doubles(line: bytes | bytearray | memoryview | str, error: Exception) -> Any:
     """A line orjson refused only for a number past the double range (``1e999``).
 
     JSON has no such range, so the number is kept like any other: a ``JsonNumber`` with its
     text (its float is ±inf). Everything else must still be what orjson accepts: the
     standard library's extras (``NaN``, ``Infinity``, lone surrogates) are refused with
-    orjson's error.
+    orjson's error. orjson says "infinity" for an integer of 309 digits or more too; those
+    become exact ``int``s, up to the interpreter's 4,300-digit limit for parsing one.
     """
     try:
         text = line if isinstance(line, str) else bytes(line).decode("utf-8")
         value = json.loads(
-            text, parse_float=JsonNumber, parse_int=_parse_int, parse_constant=_refuse_constant
+            text, parse_float=JsonNumber, parse_int=_parse_int, parse_constant=reject_json_constant
         )
-        dumps(value)  # a lone surrogate, which orjson never lets through, fails here
-    except (ValueError, TypeError, RecursionError):
+    except (ValueError, RecursionError):
         raise error from None
+    if _has_lone_surrogate(value):  # which orjson never lets through
+        raise error
     return value
+
+
+def _has_lone_surrogate(value: Any) -> bool:
+    """Whether a string (or key) anywhere in ``value`` holds a lone surrogate (iteratively:
+    orjson's own serialiser stops at 254 levels, the parser does not)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if type(item) is dict:
+            stack.extend(item.values())
+            stack.extend(item.keys())
+        elif type(item) is list:
+            stack.extend(item)
+        elif type(item) is str and not item.isascii():
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False
 
 
 def _default(value: Any) -> Any:

@@ -38,8 +38,8 @@ def test_parse_arguments_from_stdin() -> None:
     ("spec", "stdin", "message"),
     [
         ("{bad", "", "--args is not valid JSON: "),
-        ('{"n": NaN}', "", "--args is not valid JSON: 'NaN' is not a JSON value"),
-        ('{"n": -Infinity}', "", "--args is not valid JSON: '-Infinity' is not a JSON value"),
+        ('{"n": NaN}', "", "--args is not valid JSON: NaN is not a valid JSON value."),
+        ('{"n": -Infinity}', "", "--args is not valid JSON: -Infinity is not a valid JSON value."),
         ("[1]", "", "--args must be a JSON object."),
         ("-", "nope", "--args from stdin is not valid JSON: "),
         ("@/nonexistent/args.json", "", "Cannot read the --args file /nonexistent/args.json: "),

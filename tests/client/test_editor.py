@@ -135,3 +135,14 @@ def test_locate_set_errors_use_reference_messages(
     with pytest.raises(EditError) as caught:
         locate_set(tmp_path / "home", tmp_path / "ws", name, source)
     assert caught.value.message == message
+
+
+def test_set_enabled_with_the_daemons_reader_refuses_a_fifo_at_once(tmp_path: Path) -> None:
+    """A FIFO swapped in for tools.json after the set was located is refused, not waited on."""
+    from toolsetd.client.offline import read_for_edit
+
+    path = tmp_path / "tools.json"
+    os.mkfifo(path)  # nobody writes: a blocking open or read would hang the test
+    with pytest.raises(EditError, match=r"^tools\.json could not be read\.$"):
+        set_enabled(path, True, read=read_for_edit)
+    assert stat.S_ISFIFO(os.stat(path).st_mode)  # left as it was

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import subprocess
 import sys
@@ -202,6 +203,7 @@ def test_settings_flag_and_env_errors() -> None:
         load_settings(_args("--kill-grace", "inf"), {}, uid=1000)
     with pytest.raises(ConfigError, match="--idle-timeout: must be a finite number of seconds"):
         load_settings(_args("--idle-timeout", "Infinity"), {}, uid=1000)
+    assert load_settings(_args("--workspace-idle", "inf"), {}, uid=1000).workspace_idle == math.inf
     with pytest.raises(ConfigError, match="--metrics-listen: must be a loopback address"):
         load_settings(_args("--metrics-listen", "10.0.0.1:80"), {}, uid=1000)
     with pytest.raises(ConfigError, match='--mcp-listen: "10.0.0.1:80": refusing to listen'):

@@ -126,6 +126,16 @@ def test_a_number_past_the_double_range_is_a_number(fid: Daemon) -> None:
                  b'"arguments":{"n":1e999},"workspace":' + workspace + b"}}")
         error = json.loads(_response(conn, frame, b"8"))["error"]
         assert error["code"] == -32002, error  # over its maximum, not a parse error
+        wide = b"1" + b"0" * 400  # an integer past the double range: orjson's "infinity" too
+        frame = (b'{"jsonrpc":"2.0","id":9,"method":"invoke","params":{"tool":"nums",'
+                 b'"arguments":{"n":' + wide + b'},"workspace":' + workspace + b"}}")
+        text = json.loads(_response(conn, frame, b"9"))["result"]["content"][0]["text"]
+        assert text.split("\n")[1:3] == ["--n", wide.decode()], text
+        frame = (b'{"jsonrpc":"2.0","id":10,"method":"invoke","params":{"tool":"wide",'
+                 b'"arguments":{"n":' + wide + b'},"workspace":' + workspace + b"}}")
+        error = json.loads(_response(conn, frame, b"10"))["error"]
+        assert error["code"] == -32002, error  # multipleOf cannot divide it: refused, no crash
+        assert any("multipleOf" in e["message"] for e in error["data"]["errors"]), error
 
 
 def test_toolsetctl_invoke_passes_the_numbers_as_typed(fid: Daemon) -> None:

@@ -59,6 +59,19 @@ def test_a_huge_number_lets_nothing_else_through(text: str) -> None:
         loads(text.encode())
 
 
+def test_a_huge_number_in_a_deep_or_wide_value() -> None:
+    """1e999 300 levels deep, an integer of 400 digits, a surrogate pair: all kept."""
+    deep = loads(b"[" * 300 + b"1e999" + b"]" * 300)
+    for _ in range(300):
+        deep = deep[0]
+    assert str(deep) == "1e999"
+    wide = "1" + "0" * 400
+    assert loads(f"[{wide}]".encode()) == [int(wide)]
+    assert loads('[1e999, "\\ud83d\\ude00", {"\\u00e9": 1}]'.encode())[1:] == ["\U0001f600", {"é": 1}]
+    with pytest.raises(orjson.JSONDecodeError):  # a lone surrogate as a key, beside 1e999
+        loads(b'{"a": 1e999, "\\udc00": 1}')  # (orjson meets the number first)
+
+
 def test_plain_values_take_the_orjson_path_unchanged() -> None:
     """Without a float the value is orjson's own (no second parse)."""
     value = loads(b'{"a":[1,2,{"b":"1.5"}],"c":"2024-01-05","d":null}')
