@@ -474,8 +474,25 @@ class McpHttpEndpoint:
         bind: dict[str, Any] = {}
         for name in ("workspace", "catalog", "mode", "headless"):
             values = request.query.get(name)
+            if values and len(values) > 1:
+                # Which one was meant? Guessing (the last wins) could run the call in
+                # another workspace or mode than the host believes.
+                error_class = (
+                    rpc_errors.InvalidWorkspace if name == "workspace" else rpc_errors.InvalidParams
+                )
+                await _rpc_error(
+                    exchange,
+                    400,
+                    request_id,
+                    error_class(
+                        f"Invalid params: '{name}' is given {len(values)} times in the URL; "
+                        "give it once.",
+                        {"field": name},
+                    ),
+                )
+                return None
             if values:
-                bind[name] = values[-1]
+                bind[name] = values[0]
         if "headless" in bind:
             # The query carries text; the core takes a boolean and refuses anything else.
             bind["headless"] = {"true": True, "false": False}.get(

@@ -177,6 +177,17 @@ def test_http_bad_catalog_or_mode_is_400(http_daemon, workspace: Path) -> None:
         assert f"'{field}'" in reply.json()["error"]["message"]
 
 
+def test_http_a_query_parameter_given_twice_is_400(http_daemon, workspace: Path) -> None:
+    """mode=default&mode=plan (or two workspaces): refused naming it, never a guess."""
+    _, base = http_daemon
+    for extra, field in (("&mode=default&mode=plan", "mode"), (f"&workspace={workspace}", "workspace")):
+        reply = http(endpoint(base, workspace) + extra, body=rpc(1, "initialize", INIT_PARAMS))
+        assert reply.status == 400, reply
+        error = reply.json()["error"]
+        assert f"'{field}' is given 2 times" in error["message"], error
+        assert error["data"]["field"] == field
+
+
 def test_http_request_without_session_or_modern_meta(http_daemon, workspace: Path) -> None:
     """A legacy request with no session is answered by the core: initialize first."""
     _, base = http_daemon
