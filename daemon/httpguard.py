@@ -51,7 +51,15 @@ _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
 
 
 class ListenError(ValueError):
-    """A ``--mcp-listen`` value that cannot be served (not loopback, bad port, ...)."""
+    """A ``--mcp-listen`` value that cannot be served (not loopback, bad port, ...).
+
+    Attributes:
+        reason: Why, without the value (the config file names its key and line instead).
+    """
+
+    def __init__(self, text: str, reason: str) -> None:
+        super().__init__(f"--mcp-listen {text!r}: {reason}")
+        self.reason = reason
 
 
 class TokenFileError(ValueError):
@@ -92,11 +100,9 @@ def parse_listen(text: str) -> ListenAddress:
     """
     host, sep, port_text = text.rpartition(":")
     if not sep or not host:
-        raise ListenError(
-            f"--mcp-listen {text!r}: expected HOST:PORT, for example 127.0.0.1:8765 or [::1]:8765."
-        )
+        raise ListenError(text, "expected HOST:PORT, for example 127.0.0.1:8765 or [::1]:8765.")
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ListenError(f"--mcp-listen {text!r}: the port must be a number from 0 to 65535.")
+        raise ListenError(text, "the port must be a number from 0 to 65535.")
     port = int(port_text)
     if host == "localhost":
         return ListenAddress(socket.AF_INET, "127.0.0.1", port)
@@ -105,18 +111,17 @@ def parse_listen(text: str) -> ListenAddress:
         address = ipaddress.ip_address(literal)
     except ValueError:
         raise ListenError(
-            f"--mcp-listen {text!r}: {host!r} is not an IP address; give a loopback address "
-            "such as 127.0.0.1 or [::1]."
+            text,
+            f"{host!r} is not an IP address; give a loopback address such as 127.0.0.1 or [::1].",
         ) from None
     if isinstance(address, ipaddress.IPv6Address) and not host.startswith("["):
-        raise ListenError(
-            f"--mcp-listen {text!r}: write an IPv6 address in brackets, as [::1]:PORT."
-        )
+        raise ListenError(text, "write an IPv6 address in brackets, as [::1]:PORT.")
     if not address.is_loopback:
         raise ListenError(
-            f"--mcp-listen {text!r}: refusing to listen on {literal}, which is not a loopback "
+            text,
+            f"refusing to listen on {literal}, which is not a loopback "
             "address. toolsetd admits only its own user (and root, and --allow-group), and "
-            "it can tell who is calling only on loopback; use 127.0.0.1 or [::1]."
+            "it can tell who is calling only on loopback; use 127.0.0.1 or [::1].",
         )
     family = socket.AF_INET6 if isinstance(address, ipaddress.IPv6Address) else socket.AF_INET
     return ListenAddress(family, str(address), port)

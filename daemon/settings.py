@@ -581,8 +581,7 @@ def _check_loopback(values: Sequence[str]) -> None:
         try:
             parse_listen(text)
         except ListenError as exc:
-            reason = str(exc).removeprefix(f"--mcp-listen {text!r}: ")
-            raise ValueError(f"{_show(text)}: {reason}") from None
+            raise ValueError(f"{_show(text)}: {exc.reason}") from None
 
 
 def _parse_listen(raw: str) -> tuple[str, int]:

@@ -160,13 +160,20 @@ def loads(line: bytes | bytearray | memoryview | str) -> Any:
             return value
     elif not _may_lose_text((value,), line):  # a bare scalar
         return value
-    text = line if isinstance(line, str) else bytes(line).decode("utf-8")
     try:
-        return json.loads(text, parse_float=JsonNumber, parse_int=_parse_int)
+        return _exact_loads(line)
     except (ValueError, RecursionError):
         # orjson accepted it, so this is the stdlib's own limit (nesting, digits): keep
         # orjson's value rather than refuse a valid line.
         return value
+
+
+def _exact_loads(line: bytes | bytearray | memoryview | str) -> Any:
+    """The standard library's parse, with every number's text kept (and no ``NaN``)."""
+    text = line if isinstance(line, str) else bytes(line).decode("utf-8")
+    return json.loads(
+        text, parse_float=JsonNumber, parse_int=_parse_int, parse_constant=reject_json_constant
+    )
 
 
 def _beyond_doubles(line: bytes | bytearray | memoryview | str, error: Exception) -> Any:
@@ -179,10 +186,7 @@ def _beyond_doubles(line: bytes | bytearray | memoryview | str, error: Exception
     become exact ``int``s, up to the interpreter's 4,300-digit limit for parsing one.
     """
     try:
-        text = line if isinstance(line, str) else bytes(line).decode("utf-8")
-        value = json.loads(
-            text, parse_float=JsonNumber, parse_int=_parse_int, parse_constant=reject_json_constant
-        )
+        value = _exact_loads(line)
     except (ValueError, RecursionError):
         raise error from None
     if _has_lone_surrogate(value):  # which orjson never lets through

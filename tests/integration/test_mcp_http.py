@@ -477,15 +477,29 @@ def test_http_64_concurrent_sessions(http_daemon, workspace: Path) -> None:
     assert all(f"n{n}" in text for n, text in enumerate(results))
 
 
+def _address(base: str) -> tuple[str, int]:
+    """The endpoint's host and port, for a raw socket."""
+    host, port = base.split("//")[1].split("/")[0].rsplit(":", 1)
+    return host, int(port)
+
+
+def _post_head(base: str, workspace: Path, length: int) -> bytes:
+    """A POST's head to the endpoint, declaring a JSON body of ``length`` bytes."""
+    host, port = _address(base)
+    return (
+        f"POST /mcp?workspace={workspace} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
+
+
 def test_http_malformed_requests_leave_the_daemon_serving(http_daemon, workspace: Path) -> None:
     """Bad chunking and a huge header are refused, and the next client is served."""
     daemon, base = http_daemon
-    host, port = base.split("//")[1].split("/")[0].rsplit(":", 1)
     for raw in (
         b"POST /mcp HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
         b"GET /mcp HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 70000 + b"\r\n\r\n",
     ):
-        with socket.create_connection((host, int(port)), timeout=10) as sock:
+        with socket.create_connection(_address(base), timeout=10) as sock:
             sock.sendall(raw)
             data = b""
             try:
@@ -501,19 +515,15 @@ def test_http_malformed_requests_leave_the_daemon_serving(http_daemon, workspace
 def test_http_client_gone_mid_body_is_no_incident(http_daemon, workspace: Path) -> None:
     """A client that closes in the middle of its body is a bad request, not a failure."""
     daemon, base = http_daemon
-    host, port = base.split("//")[1].split("/")[0].rsplit(":", 1)
-    head = (
-        f"POST /mcp?workspace={workspace} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
-    )
+    head = _post_head(base, workspace, 100) + b"{"  # then the client closes
 
     def count(event: str) -> int:
         return sum(e.get("event") == event for e in daemon.log_events())
 
     bad, failed = count("http_bad_request"), count("http_connection_failed")
     for _ in range(5):
-        with socket.create_connection((host, int(port)), timeout=5) as sock:
-            sock.sendall(head.encode())
+        with socket.create_connection(_address(base), timeout=5) as sock:
+            sock.sendall(head)
     assert http(endpoint(base, workspace), body=rpc(1, "initialize", INIT_PARAMS)).status == 200
     eventually(lambda: count("http_bad_request") >= bad + 5, what="the five bad requests")
     assert count("http_connection_failed") == failed
@@ -522,13 +532,8 @@ def test_http_client_gone_mid_body_is_no_incident(http_daemon, workspace: Path) 
 def test_http_declared_body_over_the_limit_is_413_at_once(http_daemon, workspace: Path) -> None:
     """A Content-Length past 16 MiB is refused from the head, not after the body's timeout."""
     _, base = http_daemon
-    host, port = base.split("//")[1].split("/")[0].rsplit(":", 1)
-    head = (
-        f"POST /mcp?workspace={workspace} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        "Content-Type: application/json\r\nContent-Length: 20000000\r\n\r\n"
-    )
-    with socket.create_connection((host, int(port)), timeout=5) as sock:  # < the body timeout
-        sock.sendall(head.encode())
+    with socket.create_connection(_address(base), timeout=5) as sock:  # < the body timeout
+        sock.sendall(_post_head(base, workspace, 20_000_000))
         data = sock.recv(65536)
     assert data.startswith(b"HTTP/1.1 413 "), data[:200]
     assert b"at most 16777216 bytes" in data
