@@ -152,7 +152,8 @@ class ManifestCache:
         """
         self.schemas = schemas if schemas is not None else SchemaChecker()
         self.store = store
-        self._reserved_fps: dict[frozenset[str], str] = {}
+        #: Per set of reserved names, the store-key part after the digest, per source.
+        self._suffixes: dict[frozenset[str], dict[Source, str]] = {}
         self._clock_ns = clock_ns
         self.reads = 0
         self.parses = 0
@@ -254,10 +255,11 @@ class ManifestCache:
 
     def _key_suffix(self, source: Source, reserved: frozenset[str]) -> str:
         """The part of a store key after the digest, up to the directory name."""
-        fp = self._reserved_fps.get(reserved)
-        if fp is None:
-            fp = self._reserved_fps[reserved] = reserved_fingerprint(reserved)
-        return f"/{source.value}/{fp}/"
+        suffixes = self._suffixes.get(reserved)
+        if suffixes is None:
+            fp = reserved_fingerprint(reserved)
+            suffixes = self._suffixes[reserved] = {s: f"/{s.value}/{fp}/" for s in Source}
+        return suffixes[source]
 
     def _indexed(
         self,
@@ -277,7 +279,7 @@ class ManifestCache:
         if found is None:
             return None
         store_key, record = found
-        directory = os.path.basename(set_dir)
+        directory = set_dir[set_dir.rfind(os.sep) + 1 :]  # set_dir is absolute
         if store_key[64:] != self._key_suffix(source, reserved) + directory:
             return None  # indexed under another source or other reserved names
         try:
@@ -546,16 +548,17 @@ class _Candidate:
     hashes: dict[tuple[str, ApprovalSource], str] | None = None
 
     def freeze(self) -> SetEntry:
-        return SetEntry(
-            directory=self.directory,
-            source=self.source,
-            path=self.toolset.path if self.toolset is not None else Path(self.path),
-            enabled=self.toolset.enabled if self.toolset is not None else None,
-            state=self.state,
-            tools=tuple(self.tools),
-            notes=tuple(self.notes),
-            toolset=self.toolset,
-            error=self.error,
+        toolset = self.toolset
+        return SetEntry(  # positional: this runs once per set (fields in declaration order)
+            self.directory,
+            self.source,
+            toolset.path if toolset is not None else Path(self.path),
+            toolset.enabled if toolset is not None else None,
+            self.state,
+            tuple(self.tools),
+            tuple(self.notes),
+            toolset,
+            self.error,
         )
 
 

@@ -169,6 +169,29 @@ def test_setstore_journal_is_compacted_into_the_snapshot(home: Path, tmp_path: P
     assert catalog == _build(home, None)[0]
 
 
+def test_setstore_compaction_after_a_cold_load_keeps_what_it_handed_out(
+    home: Path, tmp_path: Path
+) -> None:
+    """Records a cold load took from the store (and dropped from memory) survive a compaction."""
+    folder = tmp_path / "cache"
+    _build(home, folder)
+    now = time.time_ns() + 10 * RACY_NS
+    cache = ManifestCache(store=SetStore(folder), clock_ns=lambda: now)
+    build_catalog(home, None, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+    assert cache.parses == 0
+    store = cache.store
+    assert store is not None
+    big = "x" * 50_000
+    for i in range(30):  # the same process compacts: over the journal's 1 MiB bound
+        _write(home / "tools", "set0", description=f"{big} {i}")
+        build_catalog(home, None, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+        cache.flush()
+    assert store.journal.stat().st_size < 1 << 20
+    catalog, fresh = _build(home, folder)
+    assert fresh.parses == 0
+    assert catalog == _build(home, None)[0]
+
+
 def test_setstore_malformed_record_is_parsed_instead(home: Path, tmp_path: Path) -> None:
     """A record of the wrong shape (in an intact file) costs one parse, never a wrong set."""
     folder = tmp_path / "cache"
