@@ -17,10 +17,20 @@ what to drop and when to close; the wire only buffers, pauses and reports.
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import socket
+import struct
+import termios
 from collections import deque
 from collections.abc import Callable
 
 __all__ = ["Wire"]
+
+#: A frame at least this long may not fit the socket's send buffer (Linux: 208 KiB).
+_LARGE_FRAME = 128 * 1024
+#: The most a Unix socket's send buffer is raised to for one frame (``SO_SNDBUF``; the
+#: kernel also caps it at ``net.core.wmem_max``).
+_SOCKET_BUFFER_MAX = 1 << 20
 
 
 class Wire(asyncio.Protocol):
@@ -70,6 +80,8 @@ class Wire(asyncio.Protocol):
         self._discarding = False
         self.discarded = 0
         self._eof_waiters: list[asyncio.Future[None]] = []
+        #: The Unix socket's send buffer in bytes once looked at; None until a large frame.
+        self._socket_buffer: int | None = None
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -123,7 +135,7 @@ class Wire(asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         while pending and not self._write_paused:
-            transport.write(pending.popleft())
+            self._write(transport, pending.popleft())
         if self.backlogged:
             self._disarm_stall()  # the peer is reading: its clock starts again
             self._arm_stall()
@@ -140,8 +152,24 @@ class Wire(asyncio.Protocol):
             self._stall_timer = self._loop.call_later(self.stall_seconds, self._stalled)
 
     def _unsent(self) -> int:
+        """Bytes the peer has not taken: the transport's buffer and the socket's queue.
+
+        The kernel's part counts because a socket only reports itself writable once most
+        of its queue is read (a quarter, for a Unix socket): with a send buffer raised for
+        a large frame, a slow reader takes a megabyte before the transport's count moves.
+        """
         transport = self.transport
-        return transport.get_write_buffer_size() if transport is not None else 0
+        if transport is None:
+            return 0
+        unsent = transport.get_write_buffer_size()
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:  # SIOCOUTQ (the same number as TIOCOUTQ on Linux)
+                queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+                unsent += struct.unpack("i", queued)[0]
+            except OSError:
+                pass  # closed meanwhile
+        return unsent
 
     def _disarm_stall(self) -> None:
         if self._stall_timer is not None:
@@ -212,8 +240,46 @@ class Wire(asyncio.Protocol):
         if self._write_paused or self._pending:
             return False
         assert self.transport is not None
-        self.transport.write(frame)
+        self._write(self.transport, frame)
         return True
+
+    def _write(self, transport: asyncio.Transport, frame: bytes) -> None:
+        if len(frame) >= _LARGE_FRAME:
+            self._fit(transport, len(frame))
+        transport.write(frame)
+
+    def _fit(self, transport: asyncio.Transport, size: int) -> None:
+        """Let a Unix socket's send buffer take a large frame in one ``send``.
+
+        With the default buffer (208 KiB on Linux), an 850 KB ``list`` answer goes out in
+        five sends, each waiting for the peer to read and for the loop to see the socket
+        writable again; the transport meanwhile copies what is left into its own buffer.
+        With room for the frame the kernel takes it at once: 7.6 ms against 5.6 ms a
+        ``list`` of 1,000 tools, paired, client decode included. Only connections that get
+        such frames grow, up to ``_SOCKET_BUFFER_MAX``; TCP keeps its own autotuning (a
+        set ``SO_SNDBUF`` would switch it off).
+        """
+        known = self._socket_buffer
+        if known is not None and (size <= known or known >= _SOCKET_BUFFER_MAX):
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is None or sock.family != socket.AF_UNIX:
+            self._socket_buffer = _SOCKET_BUFFER_MAX  # never look again
+            return
+        want = min(size, _SOCKET_BUFFER_MAX)
+        try:
+            if known is None:
+                # Linux reports twice what the frames may take (the rest is bookkeeping).
+                known = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
+                if size <= known:
+                    self._socket_buffer = known
+                    return
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, want)
+            got = sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2
+        except OSError:
+            got = _SOCKET_BUFFER_MAX  # cannot grow: stop trying
+        # Capped below what was asked (wmem_max): do not ask again for every frame.
+        self._socket_buffer = got if got >= want else _SOCKET_BUFFER_MAX
 
     def enqueue(self, frame: bytes) -> None:
         """Commit a frame to go out after every frame committed before it; never waits.

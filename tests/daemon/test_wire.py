@@ -114,3 +114,57 @@ async def test_wire_wait_drained_sends_a_held_frame() -> None:
         finally:
             transport.abort()
             peer.close()
+
+
+def _send_buffer(sock: socket.socket) -> int:
+    return sock.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) // 2  # Linux reports twice
+
+
+async def test_wire_large_frame_fits_a_unix_socket_in_one_write() -> None:
+    """A 900 KB frame raises a Unix socket's send buffer: the kernel takes it all at once."""
+    frame = b"x" * 900_000 + b"\n"
+    with anyio.fail_after(10):
+        wire, transport, peer, _ = await _serve(30)
+        ours = transport.get_extra_info("socket")
+        try:
+            before = _send_buffer(ours)
+            if before >= len(frame):
+                pytest.skip(f"the default send buffer ({before}) already holds the frame")
+            assert wire.write_now(b"small\n")
+            assert _send_buffer(ours) == before  # small frames never touch it
+            assert wire.write_now(frame)
+            assert _send_buffer(ours) >= len(frame)
+            assert transport.get_write_buffer_size() == 0  # nothing left in userspace
+            got = await _read(peer, len(frame) + 6, 1 << 20, 0)
+        finally:
+            transport.abort()
+            peer.close()
+    assert got == len(frame) + 6
+
+
+async def test_wire_send_buffer_growth_is_capped_and_tcp_keeps_its_own() -> None:
+    """Past 1 MiB the rest waits in the transport (backpressure); TCP's buffer is not set."""
+    with anyio.fail_after(10):
+        wire, transport, peer, _ = await _serve(30)
+        try:
+            wire.enqueue(b"x" * _FRAME)
+            assert _send_buffer(transport.get_extra_info("socket")) <= 1 << 20
+            assert wire.backlogged
+        finally:
+            transport.abort()
+            peer.close()
+        loop = asyncio.get_running_loop()
+        listener = socket.create_server(("127.0.0.1", 0))
+        client = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+        listener.close()
+        transport, wire = await loop.connect_accepted_socket(
+            lambda: Wire(loop, 1 << 20), sock=accepted
+        )
+        try:
+            before = _send_buffer(accepted)
+            wire.enqueue(b"x" * 900_000)
+            assert _send_buffer(accepted) == before
+        finally:
+            transport.abort()
+            client.close()
