@@ -36,7 +36,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -113,6 +113,10 @@ class _Cached:
     hashes: dict[tuple[str, ApprovalSource], str] = field(default_factory=dict)
 
 
+#: The fewest store decisions a manifest cache keeps before it may start over (it keeps up
+#: to twice as many as it has manifests).
+_DECIDED_MIN = 4096
+
 #: pathlib's own child constructor (what ``iterdir`` uses): a plain folder name below a
 #: Path already parsed, without parsing the name again (a third of ``parent / name``).
 #: Private, so looked up once, with ``/`` where it is missing.
@@ -158,6 +162,12 @@ class ManifestCache:
         self.reads = 0
         self.parses = 0
         self._entries: dict[tuple[str, Source], _Cached] = {}
+        #: The decisions made in this process by store key (the store hands each record
+        #: out once): a second manifest with the same key (the same set in two worktrees)
+        #: or one forgotten and seen again takes its decision from here, not a parse.
+        self._decided: dict[
+            str, tuple[ToolSet | ManifestError, dict[tuple[str, ApprovalSource], str]]
+        ] = {}
         self._lock = threading.Lock()
 
     def get(
@@ -282,19 +292,53 @@ class ManifestCache:
         directory = set_dir[set_dir.rfind(os.sep) + 1 :]  # set_dir is absolute
         if store_key[64:] != self._key_suffix(source, reserved) + directory:
             return None  # indexed under another source or other reserved names
+        path = _set_path(set_dir, parent, directory)
         try:
-            result, hashes = decode_record(
-                record,
-                directory=directory,
-                source=source,
-                path=_set_path(set_dir, parent, directory),
-            )
             digest = bytes.fromhex(store_key[:64])
+            if record is None:  # handed out before, in this process
+                decided = self._recall(store_key, path)
+                if decided is None:
+                    return None
+                value, hashes = decided
+            else:
+                result, hashes = decode_record(
+                    record, directory=directory, source=source, path=path
+                )
+                value = ManifestError(result) if isinstance(result, str) else result
+                self._remember(store_key, value, hashes)
         except (ValueError, TypeError, KeyError, IndexError):
             self.store.discard(store_key)
             return None
-        value = ManifestError(result) if isinstance(result, str) else result
         return _Cached(signature, digest, reserved, value, hashes)
+
+    def _remember(
+        self,
+        key: str,
+        value: ToolSet | ManifestError,
+        hashes: dict[tuple[str, ApprovalSource], str],
+    ) -> None:
+        """Keep the decision for a store key (bounded: past the bound it starts over)."""
+        with self._lock:
+            if len(self._decided) >= max(_DECIDED_MIN, 2 * len(self._entries)):
+                self._decided.clear()  # costs a parse at worst, never a wrong set
+            self._decided[key] = (value, hashes)
+
+    def _recall(
+        self, key: str, path: Path
+    ) -> tuple[ToolSet | ManifestError, dict[tuple[str, ApprovalSource], str]] | None:
+        """A decision this process made for ``key``, for the set at ``path``, or None.
+
+        Equal keys mean equal bytes, directory name, source and reserved names, so only
+        the path can differ (another worktree's copy of the same set).
+        """
+        with self._lock:
+            decided = self._decided.get(key)
+        if decided is None:
+            return None
+        value, hashes = decided
+        if isinstance(value, ToolSet) and value.path != path:
+            value = replace(value, path=path)
+        return value, dict(hashes)  # the memo of tool hashes grows per entry
 
     def _decide(
         self,
@@ -315,6 +359,9 @@ class ManifestCache:
         key = None
         if store is not None:
             key = digest.hex() + self._key_suffix(source, reserved) + path.name
+            decided = self._recall(key, path)
+            if decided is not None:
+                return decided[0], decided[1], False, key
             record = store.get(key)
             if record is not None:
                 try:
@@ -325,6 +372,7 @@ class ManifestCache:
                     store.discard(key)  # a bad record costs one parse, never a wrong set
                 else:
                     value = ManifestError(found) if isinstance(found, str) else found
+                    self._remember(key, value, hashes)
                     return value, hashes, False, key
         result: ToolSet | ManifestError
         try:
@@ -337,6 +385,7 @@ class ManifestCache:
             return result, {}, True, None
         if isinstance(result, ManifestError):
             store.put(key, encode_record(result.message, {}))
+            self._remember(key, result, {})
             return result, {}, True, key
         computed = {
             (tool.name, policy): tool_hash(tool, result, policy)
@@ -344,6 +393,7 @@ class ManifestCache:
             for policy in ApprovalSource
         }
         store.put(key, encode_record(result, computed))
+        self._remember(key, result, dict(computed))
         return result, computed, True, key
 
     def flush(self) -> None:

@@ -39,10 +39,12 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
   never give a wrong one.
 * **Bound.** At most ``max_records``; the records used by this process are kept first.
 * **Memory.** A record is handed out once and then dropped from memory: the set it
-  decodes into lives on in the manifest cache, and the file still holds the record (a
-  compaction re-reads the file). Keeping the decoded JSON of 10,000 sets alive beside
-  their sets doubled what the cyclic collector traversed: a cold load of 10,000 sets took
-  610 ms with them, 430 ms without.
+  decodes into lives on in the manifest cache, which also keeps the decision by key for
+  a second manifest with the same key (the same set in two worktrees) or one it forgot
+  and sees again; the file still holds the record (a compaction re-reads the file, and
+  keeps its result in memory until the next one). Keeping the decoded JSON of 10,000 sets
+  alive beside their sets doubled what the cyclic collector traversed: a cold load of
+  10,000 sets took 610 ms with them, 430 ms without.
 
 The cache folder is created 0700. A cache that cannot be read or written (read-only
 home, full disk) only costs speed: every error here is swallowed after one log line.
@@ -343,7 +345,7 @@ class SetStore:
 
     def lookup(
         self, manifest: str, signature: tuple[int, int, int, int]
-    ) -> tuple[str, list[Any]] | None:
+    ) -> tuple[str, list[Any] | None] | None:
         """The key and record of a manifest whose stat signature is the one indexed.
 
         The index maps a manifest path to the trusted stat signature its bytes had when
@@ -355,7 +357,9 @@ class SetStore:
             signature: Its current ``(mtime_ns, size, ino, ctime_ns)``.
 
         Returns:
-            ``(key, record)``, or None when the file is not indexed with that signature.
+            ``(key, record)``; the record is None when this process was handed it before
+            (the caller keeps what it decoded) or it is not in the store. None when the
+            file is not indexed with that signature.
         """
         with self._lock:
             records = self._loaded()
@@ -371,10 +375,9 @@ class SetStore:
                 return None
             key = entry[4]
             record = self._new.get(key) or records.pop(key, None)
-            if record is None:
-                return None
             self._used.add(key)
-            self.hits += 1
+            if record is not None:
+                self.hits += 1
             return key, record
 
     def put(self, key: str, record: list[Any]) -> None:

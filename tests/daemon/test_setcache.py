@@ -192,6 +192,44 @@ def test_setstore_compaction_after_a_cold_load_keeps_what_it_handed_out(
     assert catalog == _build(home, None)[0]
 
 
+def test_setstore_two_worktrees_with_the_same_sets_parse_nothing_on_restart(
+    home: Path, tmp_path: Path
+) -> None:
+    """Two worktrees holding the same project set share its store key: a restart serves
+    both from the store (the record is handed out once; the cache keeps the decision)."""
+    folder = tmp_path / "cache"
+    trees = [tmp_path / "wt1", tmp_path / "wt2"]
+    for tree in trees:
+        _write(tree / ".crystal" / "tools", "shared", description="The same bytes in both.")
+        _write(tree / ".crystal" / "tools", "broken", runner="perl")  # an error, shared too
+    now = time.time_ns() + 10 * RACY_NS
+    for restart in range(3):
+        cache = ManifestCache(store=SetStore(folder), clock_ns=lambda: now)
+        catalogs = [
+            build_catalog(home, tree, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+            for tree in trees
+        ]
+        cache.flush()
+        assert cache.parses == (10 if restart == 0 else 0), restart  # 8 home + 2 project
+        for tree, catalog in zip(trees, catalogs, strict=True):
+            assert catalog.tools["shared"].toolset.path == tree / ".crystal" / "tools" / "shared"
+            assert catalog == _build(home, None, workspace=tree)[0]
+    assert SetStore(folder).journal.stat().st_size == 0  # nothing new to write each time
+
+
+def test_setstore_a_forgotten_set_comes_back_without_a_parse(home: Path, tmp_path: Path) -> None:
+    """A workspace's entries dropped from the cache (forget) come back from its decisions."""
+    folder = tmp_path / "cache"
+    _build(home, folder)
+    now = time.time_ns() + 10 * RACY_NS
+    cache = ManifestCache(store=SetStore(folder), clock_ns=lambda: now)
+    first = build_catalog(home, None, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+    cache.forget()
+    again = build_catalog(home, None, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+    assert (cache.parses, cache.reads) == (0, 0)
+    assert again == first
+
+
 def test_setstore_malformed_record_is_parsed_instead(home: Path, tmp_path: Path) -> None:
     """A record of the wrong shape (in an intact file) costs one parse, never a wrong set."""
     folder = tmp_path / "cache"
