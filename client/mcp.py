@@ -27,11 +27,9 @@ Frames are copied as bytes, unparsed; the daemon answers garbage with JSON-RPC e
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import socket
-import stat
 import sys
 import threading
 import time
@@ -209,21 +207,6 @@ def _last_line(log_path: str) -> str:
     return last[:300]
 
 
-#: What the pump asks of its stdout when that is a pipe (Linux's default is 64 KiB; an
-#: unprivileged process may go up to ``/proc/sys/fs/pipe-max-size``, 1 MiB by default).
-_PIPE_SIZE = 1 << 20
-
-
-def _widen_stdout() -> None:
-    """Let a pipe on stdout take a large answer in one write (a tools/list of 1,000 tools
-    is ~850 KB: through 64 KiB it is 14 writes, each waiting for the host to read)."""
-    try:
-        if stat.S_ISFIFO(os.fstat(1).st_mode):
-            fcntl.fcntl(1, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
-    except OSError:
-        pass  # beyond the per-user pipe budget, or no stdout: the default size works
-
-
 def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
@@ -306,7 +289,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         sys.stderr.write(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
         return EXIT_UNREACHABLE
-    _widen_stdout()
     stdin_closed = threading.Event()
     threading.Thread(target=_pump_stdin, args=(sock, stdin_closed), daemon=True).start()
     code = _pump_socket(sock, path)
