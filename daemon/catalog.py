@@ -301,15 +301,24 @@ class ManifestCache:
                     return None
                 value, hashes = decided
             else:
-                result, hashes = decode_record(
-                    record, directory=directory, source=source, path=path
-                )
-                value = ManifestError(result) if isinstance(result, str) else result
-                self._remember(store_key, value, hashes)
+                value, hashes = self._from_record(store_key, record, directory, source, path)
         except (ValueError, TypeError, KeyError, IndexError):
             self.store.discard(store_key)
             return None
         return _Cached(signature, digest, reserved, value, hashes)
+
+    def _from_record(
+        self, key: str, record: list[Any], directory: str, source: Source, path: Path
+    ) -> tuple[ToolSet | ManifestError, dict[tuple[str, ApprovalSource], str]]:
+        """The decision a store record holds, remembered under its key.
+
+        Raises:
+            ValueError, TypeError, KeyError, IndexError: The record is malformed.
+        """
+        result, hashes = decode_record(record, directory=directory, source=source, path=path)
+        value = ManifestError(result) if isinstance(result, str) else result
+        self._remember(key, value, hashes)
+        return value, hashes
 
     def _remember(
         self,
@@ -365,14 +374,10 @@ class ManifestCache:
             record = store.get(key)
             if record is not None:
                 try:
-                    found, hashes = decode_record(
-                        record, directory=path.name, source=source, path=path
-                    )
+                    value, hashes = self._from_record(key, record, path.name, source, path)
                 except (ValueError, TypeError, KeyError, IndexError):
                     store.discard(key)  # a bad record costs one parse, never a wrong set
                 else:
-                    value = ManifestError(found) if isinstance(found, str) else found
-                    self._remember(key, value, hashes)
                     return value, hashes, False, key
         result: ToolSet | ManifestError
         try:
@@ -393,7 +398,7 @@ class ManifestCache:
             for policy in ApprovalSource
         }
         store.put(key, encode_record(result, computed))
-        self._remember(key, result, dict(computed))
+        self._remember(key, result, computed)
         return result, computed, True, key
 
     def flush(self) -> None:
