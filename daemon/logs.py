@@ -2,8 +2,11 @@
 
 Events are snake_case past-tense names with key-value pairs. The argument JSON of a call,
 environments and outputs are never logged (they may hold secrets): only their sizes.
-``conn_id`` is bound once per connection and ``method`` and ``request_id`` for each
-handler's run, through contextvars (see ``server.py``).
+``conn_id`` is bound once per connection through structlog's contextvars (see
+``server.py``); ``method`` and ``request_id`` are set for each handler's run in one
+variable of our own, ``REQUEST`` (see ``dispatch.py``), which ``merge_request`` adds
+to every event: one ``ContextVar.set`` and ``reset`` a request, against 1.7 µs for
+binding and resetting the two through structlog.
 
 When stderr is the journal (systemd sets ``JOURNAL_STREAM`` to the device and inode of
 the stream it connected, and they match file descriptor 2), every line starts with its
@@ -17,12 +20,13 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
+from contextvars import ContextVar
 from typing import Any, Literal
 
 import structlog
 
-__all__ = ["PRIORITIES", "configure_logging", "stderr_is_journal"]
+__all__ = ["PRIORITIES", "REQUEST", "configure_logging", "merge_request", "stderr_is_journal"]
 
 LogFormat = Literal["json", "console"]
 
@@ -35,6 +39,24 @@ PRIORITIES: Mapping[str, str] = {
     "critical": "<2>",
     "exception": "<3>",
 }
+
+
+#: The JSON-RPC request a handler serves, as (method, request id); None outside one.
+REQUEST: ContextVar[tuple[str, Any] | None] = ContextVar("toolsetd_request", default=None)
+
+
+def merge_request(
+    _logger: Any, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Add ``request_id`` and ``method`` of the request being served (a processor).
+
+    Like structlog's ``merge_contextvars``, a key the event already has is kept.
+    """
+    request = REQUEST.get()
+    if request is not None:
+        event_dict.setdefault("request_id", request[1])
+        event_dict.setdefault("method", request[0])
+    return event_dict
 
 
 def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> bool:
@@ -84,6 +106,7 @@ def configure_logging(
     )
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
+        merge_request,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,

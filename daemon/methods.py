@@ -116,6 +116,7 @@ class Handlers:
         self._reload_config = reload_config
         self._metrics_text = metrics_text
         self._list_cache: dict[tuple[int, str | None], tuple[Catalog, dict[str, Any]]] = {}
+        self._status_fixed: tuple[Any, ...] = (None, None)
         service.listen_all(self._announce)
 
     def methods(self) -> Mapping[str, Handler]:
@@ -149,22 +150,44 @@ class Handlers:
             params_check.no_args(self._named(params))
         connections = self._connections()
         service = self.service
+        fixed = self._status_fixed
+        if fixed[0] is not service.settings or fixed[1] is not service.confinement:
+            fixed = self._status_fixed = self._fixed_status()
+        _, _, pid, socket, home, confinement = fixed
+        registry = service.registry
         return {
             "version": __version__,
-            "pid": os.getpid(),
+            "pid": pid,
             "uptimeSeconds": round(time.monotonic() - service.started_at, 3),
-            "socket": service.settings.socket,
-            "home": str(service.settings.home),
-            "generation": service.registry.generation,
-            "workspaces": [str(w) for w in service.registry.workspaces],
+            "socket": socket,
+            "home": home,
+            "generation": registry.generation,
+            "workspaces": [str(w) for w in registry.workspaces],
             "inFlight": len(service.calls),
             "connections": (
                 len(connections) if isinstance(connections, Sized) else sum(1 for _ in connections)
             ),
-            "confinement": (
-                service.confinement.status() if service.confinement is not None else None
-            ),
+            "confinement": confinement,
         }
+
+    def _fixed_status(self) -> tuple[Any, Any, int, str, str, Any]:
+        """The members of ``status`` that only new settings or confinement change.
+
+        Worked out once (they were most of a status call's cost) and kept beside the
+        objects they came from. The confinement report is encoded once as well
+        (``orjson.Fragment``), so no response shares a mutable dict with another.
+        """
+        service = self.service
+        settings, confinement = service.settings, service.confinement
+        report = confinement.status() if confinement is not None else None
+        return (
+            settings,
+            confinement,
+            os.getpid(),  # the daemon never forks without exec
+            settings.socket,
+            str(settings.home),
+            orjson.Fragment(json_dumps(report)),
+        )
 
     async def list(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """The catalog of a workspace (or of home alone): tools, sets and notes."""

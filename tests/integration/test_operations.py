@@ -342,6 +342,40 @@ def test_journald_no_prefix_when_journal_stream_is_another_file(
     assert events and all(line.startswith("{") for line in d.log().splitlines() if line)
 
 
+def test_events_inside_a_request_name_it_and_events_after_it_do_not(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """``method`` and ``request_id`` mark every event of a request's run, and only those.
+
+    The refusal is logged by the boundary, ``call_started`` deep in the service, in a
+    task of the call; the frame error is logged by the same connection's reader right
+    after an inline ``status`` ran in it, so a request context left set would show there.
+    """
+    d = start_daemon(ops_home, workspace, tmp_base, ["--max-message-bytes", "1024"])
+    try:
+        with d.raw() as conn:
+            conn.send({"jsonrpc": "2.0", "method": "invoke", "id": "run-1",
+                       "params": {"tool": "quick", "arguments": {}, "workspace": str(workspace)}})
+            while conn.receive().get("id") != "run-1":
+                pass
+            conn.send({"jsonrpc": "2.0", "method": "invoke", "id": 42,
+                       "params": {"tool": "no-such-tool", "arguments": {}}})
+            assert "error" in conn.receive()
+            assert "result" in conn.request("status")
+            conn.send_bytes(b"x" * 2048 + b"\n")  # over the limit: logged by the reader
+            assert conn.closed_by_peer()
+    finally:
+        d.stop()
+    by_event = {e["event"]: e for e in d.log_events()}
+    started, refused = by_event["call_started"], by_event["request_refused"]
+    assert (started["method"], started["request_id"]) == ("invoke", "run-1")
+    assert (refused["method"], refused["request_id"]) == ("invoke", 42)
+    too_large = by_event["connection_frame_too_large"]
+    assert too_large["conn_id"] == started["conn_id"] == refused["conn_id"]
+    assert "method" not in too_large and "request_id" not in too_large
+    assert "method" not in by_event["daemon_stopped"]
+
+
 def test_traceparent_reaches_the_child_and_nothing_optional_is_imported(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
