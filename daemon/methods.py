@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence, Sized
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +105,7 @@ class Handlers:
     def __init__(
         self,
         service: Service,
-        connections: Callable[[], Iterable[Connection]],
+        connections: Callable[[], Collection[Connection]],
         extra: Mapping[str, Handler] | None = None,
         reload_config: Callable[[], dict[str, Any]] | None = None,
         metrics_text: Callable[[], tuple[str, str]] | None = None,
@@ -158,15 +158,14 @@ class Handlers:
         return {
             "version": __version__,
             "pid": pid,
-            "uptimeSeconds": round(time.monotonic() - service.started_at, 3),
+            # Whole milliseconds, truncated: a fifth of what ``round(x, 3)`` costs.
+            "uptimeSeconds": int((time.monotonic() - service.started_at) * 1000) / 1000,
             "socket": socket,
             "home": home,
             "generation": registry.generation,
-            "workspaces": [str(w) for w in registry.workspaces],
+            "workspaces": registry.workspace_names,
             "inFlight": len(service.calls),
-            "connections": (
-                len(connections) if isinstance(connections, Sized) else sum(1 for _ in connections)
-            ),
+            "connections": len(connections),
             "confinement": confinement,
         }
 

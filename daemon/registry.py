@@ -196,6 +196,8 @@ class Registry:
         self._clock = clock
         self._clock_ns = clock_ns
         self._snapshots: dict[Key, Catalog] = {}
+        #: ``workspace_names``, until a key is added to or removed from ``_snapshots``.
+        self._workspace_names: tuple[str, ...] | None = None
         self._last_used: dict[Key, float] = {}
         self._building: dict[Key, anyio.Event] = {}
         #: What the files looked like when each snapshot was built.
@@ -209,6 +211,17 @@ class Registry:
     def workspaces(self) -> list[Path]:
         """The workspaces with a snapshot, sorted."""
         return sorted(k for k in self._snapshots if k is not None)
+
+    @property
+    def workspace_names(self) -> tuple[str, ...]:
+        """``workspaces`` as strings, worked out again only when a snapshot comes or goes.
+
+        ``status`` reports it on every call.
+        """
+        names = self._workspace_names
+        if names is None:
+            names = self._workspace_names = tuple(str(w) for w in self.workspaces)
+        return names
 
     def cached(self, workspace: Key) -> Catalog | None:
         """The snapshot for a key if it was built, without building it."""
@@ -232,6 +245,7 @@ class Registry:
         try:
             snapshot = await self._build(workspace)
             self._snapshots[workspace] = snapshot
+            self._workspace_names = None
             log.info(
                 "catalog_built",
                 workspace=str(workspace) if workspace else None,
@@ -481,6 +495,7 @@ class Registry:
                 else:  # patched: same sets and notes, these entries replaced
                     diff, notes_changed = known, False
                 self._snapshots[key] = new
+                self._workspace_names = None
                 self._last_used.setdefault(key, self._clock())
                 catalogs[key] = new
                 if diff or notes_changed:
@@ -528,6 +543,7 @@ class Registry:
         ]
         for key in dropped:
             self._snapshots.pop(key, None)
+            self._workspace_names = None
             self._last_used.pop(key, None)
             self._scans.pop(key, None)
             self._positions.pop(key, None)

@@ -133,11 +133,15 @@ async def test_registry_evicts_idle_workspaces(home: Path, tmp_path: Path) -> No
     b.mkdir()
     await registry.catalog(None)
     await registry.catalog(a)
+    assert registry.workspace_names == (str(a),)  # status's copy, kept until keys change
     now[0] = 8.0
     await registry.catalog(b)
+    assert registry.workspace_names == (str(a), str(b))
+    await registry.reload([b])
     now[0] = 12.0
     assert registry.evict_idle() == [a]
     assert registry.workspaces == [b]
+    assert registry.workspace_names == (str(b),)
     assert registry.cached(None) is not None
 
 
