@@ -10,7 +10,11 @@ A connection's socket is driven by the event loop's own socket transport (``Wire
   whose handlers never wait) is dispatched and answered by the reader itself; everything
   else (``invoke``, ``list``, ``classify``, ``reload``, batches, errors) starts a task, so
   requests are pipelined and answered in any order, and a long call never holds the
-  reader up. After 64 inline answers in a row the reader yields to the other tasks;
+  reader up. After 64 inline answers in a row the reader yields to the other tasks.
+  While the reader waits between requests (no partial line, no idle timer, nothing
+  queued), a chunk that is one whole line holding an inline request is answered in the
+  transport's own callback (``_answer_at_once``), exactly as the reader would answer it,
+  without waking the reader: the wake-up was a fifth of such a request's cost;
 * sending that never waits. ``send_message`` hands the frame to the transport unless
   its buffer is over ``send_buffer`` bytes (the peer is not reading) or older frames
   already wait. Then progress notifications are dropped (the next one carries the same
@@ -43,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -51,6 +56,7 @@ from typing import Any, Protocol
 import anyio
 import anyio.abc
 import anyio.lowlevel
+import orjson
 import structlog
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol.codec import (
@@ -69,6 +75,7 @@ from toolsetd.protocol.jsonrpc import (
     notification_message,
     parse_envelope,
 )
+from toolsetd.protocol.jsontext import loads
 from toolsetd.protocol.names import METHOD_MCP_BIND
 
 from .wire import Wire
@@ -91,6 +98,10 @@ Handler = Callable[["RequestContext", Any], Awaitable[Any]]
 
 #: Received bytes held for the reader before the socket stops being read.
 _READ_BUFFER = 256 * 1024
+_NEWLINE = 0x0A
+#: The longest chunk ``_answer_at_once`` parses: inline requests are small, and a larger
+#: line (parsed again by the reader when it is not one) is left to the reader unread.
+_AT_ONCE_MAX = 4096
 #: Inline answers in one run of the reader before it lets other tasks run.
 _INLINE_BURST = 64
 #: Methods answered in the reader itself: their handlers never wait on anything.
@@ -199,6 +210,10 @@ class Connection:
         #: place where a bind method may take the connection over (``mcp.bind``).
         self.may_bind = False
         self._scope: anyio.CancelScope | None = None
+        #: True only while the reader waits between requests with no timer (see
+        #: ``_answer_at_once``); the loop's clock once the connection is served.
+        self._between_requests = False
+        self._clock: Callable[[], float] = time.monotonic
         #: When the last complete message arrived (the connection's start until then):
         #: the idlest connection without calls or subscriptions makes room for a new one.
         self.last_active = anyio.current_time()
@@ -331,6 +346,8 @@ class Connection:
         transport.set_write_buffer_limits(high=self._settings.send_buffer)
         wire.stall_seconds = self._settings.write_timeout
         wire.on_stall = self._stalled
+        wire.on_chunk = self._answer_at_once
+        self._clock = loop.time
         self._wire = wire
         try:
             async with anyio.create_task_group() as handlers:
@@ -394,7 +411,11 @@ class Connection:
                         log.info("connection_idle_closed", conn_id=self.conn_id)
                         return
                 else:
-                    await wire.wait_readable()
+                    self._between_requests = True  # a lone inline request is answered at once
+                    try:
+                        await wire.wait_readable()
+                    finally:
+                        self._between_requests = False
                 continue
             if wire.lost:
                 return
@@ -460,6 +481,59 @@ class Connection:
                     "connection_protocol_error", conn_id=self.conn_id, error=type(exc).__name__
                 )
                 return
+
+    def _answer_at_once(self, data: bytes) -> bool:
+        """Answer a chunk that is one inline request, in the transport's callback.
+
+        Taken only while the reader waits between requests (it has seen a request, holds
+        no partial line and no idle timer, and nothing waits to be sent), for a chunk of
+        exactly one line holding a request for an inline method: what the reader would do
+        with it is dispatch it and commit the answer, and that is done here, without the
+        future, the task step and the awaits that wake the reader. The frame count only
+        tells the reader's first frame (``may_bind``), which this never is. Anything else
+        is left untouched (False), and the reader takes it as before.
+        """
+        if (
+            not self._between_requests
+            or self.route is not None
+            or self._closed
+            or self._stop_reading
+            or len(data) > _AT_ONCE_MAX
+            or data.find(_NEWLINE) != len(data) - 1
+        ):
+            return False
+        wire = self._wire
+        if wire is None or wire.backlogged:
+            return False
+        try:
+            value = loads(data)
+        except orjson.JSONDecodeError:
+            return False  # the reader answers it (or skips a blank line)
+        method = value.get("method") if type(value) is dict else None
+        if type(method) is not str or method not in self._server.inline_methods:
+            return False
+        self.last_active = self._clock()
+        # An inline handler never waits, so its coroutine runs to its end in one step.
+        answering = self._server.dispatch_one(self, value)
+        try:
+            answering.send(None)
+        except StopIteration as done:
+            if done.value is not None:
+                self._post_response(done.value)
+            return True
+        answering.close()  # it waited: a bug in the method table, not in the request
+        incident = uuid.uuid4().hex[:12]
+        log.error("inline_method_waited", method=method, incident=incident)
+        self.post(
+            error_message(
+                value.get("id"),
+                rpc_errors.InternalError(
+                    f"Internal error (incident {incident}); the daemon log has the details.",
+                    {"incident": incident},
+                ),
+            )
+        )
+        return True
 
     async def _answer_inline(self, value: Any) -> None:
         """Answer a quick method in the reader: dispatch, then commit the response.

@@ -44,6 +44,9 @@ class Wire(asyncio.Protocol):
 
     * Received bytes wait as chunks until the reader takes them; past ``max_buffered``
       bytes the transport stops reading, so a peer cannot make us buffer without limit.
+    * ``on_chunk``, when set, sees each chunk that arrives while the reader waits with
+      nothing buffered; returning True, it has taken the chunk (the connection answered
+      it then and there), and the reader is not woken.
     * ``write_now`` hands a frame to the transport unless the transport's buffer is over
       its high-water mark (``pause_writing``) or older frames are already waiting; then
       frames that must not be dropped queue in ``_pending`` and go out, oldest first,
@@ -76,6 +79,9 @@ class Wire(asyncio.Protocol):
         self.stall_seconds = 30.0
         #: Called (once) when the peer has not taken a byte for ``stall_seconds``.
         self.on_stall: Callable[[], None] | None = None
+        #: Offered each chunk that arrives while the reader waits and nothing is buffered;
+        #: True means it took the chunk (``Connection._answer_at_once``).
+        self.on_chunk: Callable[[bytes], bool] | None = None
         #: Lingering close: received bytes are counted and dropped, not buffered.
         self._discarding = False
         self.discarded = 0
@@ -92,6 +98,14 @@ class Wire(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._discarding:
             self.discarded += len(data)
+            return
+        on_chunk = self.on_chunk
+        if (
+            on_chunk is not None
+            and self._reader is not None
+            and not self._chunks
+            and on_chunk(data)
+        ):
             return
         self._chunks.append(data)
         self._buffered += len(data)

@@ -294,6 +294,29 @@ def test_idle_connections_make_room_for_a_newcomer(small: Daemon) -> None:
             conn.close()
 
 
+def test_a_request_answered_at_once_counts_as_activity(small: Daemon) -> None:
+    """The idlest is the one that asked least recently, however its answer was made.
+
+    The first request of each connection is answered by its reader; the second one of
+    the first connection, arriving while that reader waits between requests, in the
+    transport's callback (``Connection._answer_at_once``). It must still count.
+    """
+    idle = [small.raw() for _ in range(4)]
+    try:
+        for conn in idle:
+            assert "result" in conn.request("status")
+        assert "result" in idle[0].request("status")
+        with small.raw() as newcomer:
+            assert "result" in newcomer.request("status")
+        notice = idle[1].receive()
+        assert notice["id"] is None and notice["error"]["code"] == -32008, notice
+        assert idle[1].closed_by_peer()
+        assert "result" in idle[0].request("status")
+    finally:
+        for conn in idle:
+            conn.close()
+
+
 def test_busy_connections_are_never_evicted(small: Daemon) -> None:
     """Subscribers hold their slots: with all four subscribed, a newcomer is refused."""
     subscribers = [small.raw() for _ in range(4)]

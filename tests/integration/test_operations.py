@@ -361,17 +361,23 @@ def test_events_inside_a_request_name_it_and_events_after_it_do_not(
             conn.send({"jsonrpc": "2.0", "method": "invoke", "id": 42,
                        "params": {"tool": "no-such-tool", "arguments": {}}})
             assert "error" in conn.receive()
+            # An inline method between requests is answered in the transport's callback.
+            conn.send({"jsonrpc": "2.0", "method": "cancel", "id": "c-9", "params": {}})
+            assert conn.receive()["error"]["code"] == -32602
             assert "result" in conn.request("status")
             conn.send_bytes(b"x" * 2048 + b"\n")  # over the limit: logged by the reader
             assert conn.closed_by_peer()
     finally:
         d.stop()
-    by_event = {e["event"]: e for e in d.log_events()}
-    started, refused = by_event["call_started"], by_event["request_refused"]
+    events = d.log_events()
+    by_event = {e["event"]: e for e in events}
+    started = by_event["call_started"]
+    refused, cancel = [e for e in events if e["event"] == "request_refused"]
     assert (started["method"], started["request_id"]) == ("invoke", "run-1")
     assert (refused["method"], refused["request_id"]) == ("invoke", 42)
+    assert (cancel["method"], cancel["request_id"]) == ("cancel", "c-9")
     too_large = by_event["connection_frame_too_large"]
-    assert too_large["conn_id"] == started["conn_id"] == refused["conn_id"]
+    assert too_large["conn_id"] == started["conn_id"] == refused["conn_id"] == cancel["conn_id"]
     assert "method" not in too_large and "request_id" not in too_large
     assert "method" not in by_event["daemon_stopped"]
 
