@@ -195,6 +195,8 @@ class Connection:
         self._server = server
         self._settings = server.settings
         self._codec = Codec(max_frame_size=server.settings.max_frame_size)
+        #: The inline methods as JSON strings (``b'"status"'``), for ``_answer_at_once``.
+        self._inline_names = tuple(orjson.dumps(name) for name in server.inline_methods)
         self._wire: Wire | None = None
         self._closed = False
         self._aborted = False
@@ -504,6 +506,11 @@ class Connection:
             return False
         wire = self._wire
         if wire is None or wire.backlogged:
+            return False
+        for name in self._inline_names:  # only a line naming one can hold one: parse no other
+            if name in data:
+                break
+        else:
             return False
         try:
             value = loads(data)

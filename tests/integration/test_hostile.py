@@ -317,6 +317,29 @@ def test_a_request_answered_at_once_counts_as_activity(small: Daemon) -> None:
             conn.close()
 
 
+def test_inline_requests_between_requests_are_answered_whatever_their_spelling(
+    small: Daemon,
+) -> None:
+    """What the at-once path does not take, the reader still answers, in order.
+
+    An escaped method name (not spotted by the at-once path's byte search), two requests
+    in one chunk, a CRLF line and a blank line before a request all arrive while the
+    reader waits between requests.
+    """
+    with small.raw() as conn:
+        assert "result" in conn.request("status")
+        conn.send_bytes(b'{"jsonrpc":"2.0","id":"esc","method":"st\\u0061tus"}\n')
+        assert conn.receive()["id"] == "esc"
+        conn.send_bytes(b'{"jsonrpc":"2.0","id":1,"method":"status"}\n'
+                        b'{"jsonrpc":"2.0","id":2,"method":"status"}\n')
+        assert [conn.receive()["id"], conn.receive()["id"]] == [1, 2]
+        conn.send_bytes(b'{"jsonrpc":"2.0","id":"crlf","method":"status"}\r\n')
+        assert conn.receive()["id"] == "crlf"
+        conn.send_bytes(b'\n{"jsonrpc":"2.0","id":"after-blank","method":"status"}\n')
+        reply = conn.receive()
+        assert reply["id"] == "after-blank" and "result" in reply
+
+
 def test_busy_connections_are_never_evicted(small: Daemon) -> None:
     """Subscribers hold their slots: with all four subscribed, a newcomer is refused."""
     subscribers = [small.raw() for _ in range(4)]
