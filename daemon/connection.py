@@ -14,7 +14,7 @@ A connection's socket is driven by the event loop's own socket transport (``Wire
   While the reader waits between requests (no partial line, no idle timer, nothing
   queued), a chunk that is one whole line holding an inline request is answered in the
   transport's own callback (``_answer_at_once``), exactly as the reader would answer it,
-  without waking the reader: the wake-up was a fifth of such a request's cost;
+  without waking the reader: the wake-up was over a quarter of such a request's cost;
 * sending that never waits. ``send_message`` hands the frame to the transport unless
   its buffer is over ``send_buffer`` bytes (the peer is not reading) or older frames
   already wait. Then progress notifications are dropped (the next one carries the same
