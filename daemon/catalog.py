@@ -42,6 +42,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .config_file import MAX_MANIFEST_BYTES, ManifestUnreadable, load_config, read_regular_file
+from .gcpause import GcPause
 from .manifest import ManifestError, is_directory_name, parse_manifest
 from .model import (
     Approval,
@@ -385,7 +386,9 @@ class ManifestCache:
                 text, set_dir=path, source=source, reserved=reserved, schemas=self.schemas
             )
         except ManifestError as exc:
-            result = exc
+            # Kept without its traceback: that holds the parser's frames (the manifest's
+            # bytes and parsed JSON) and this frame, a cycle only the collector can free.
+            result = ManifestError(exc.message)
         if store is None or key is None:
             return result, {}, True, None
         if isinstance(result, ManifestError):
@@ -620,9 +623,10 @@ class _Candidate:
 class _Builder:
     """The mutable working state of one ``build_catalog`` call."""
 
-    def __init__(self, reserved: frozenset[str], cache: ManifestCache) -> None:
+    def __init__(self, reserved: frozenset[str], cache: ManifestCache, pause: GcPause) -> None:
         self.reserved = reserved
         self.cache = cache
+        self.pause = pause
         self.notes: list[Note] = []
         self.candidates: list[_Candidate] = []
         self.active: dict[str, _Candidate] = {}  # overlay map: directory -> winning candidate
@@ -633,18 +637,34 @@ class _Builder:
         self.notes.append(Note(set=candidate.directory, source=candidate.source, message=message))
 
     def scan(self, root: Path, source: Source) -> None:
+        base = os.path.abspath(root)
         try:
-            with os.scandir(root) as it:
-                names = sorted(entry.name for entry in it if entry.is_dir())  # follows symlinks
+            root_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except OSError:
             return  # a missing or unreadable root is skipped, as the reference host does
-        base = os.path.abspath(root)
+        try:
+            self._scan(root, base, root_fd, source)
+        finally:
+            os.close(root_fd)
+
+    def _scan(self, root: Path, base: str, root_fd: int, source: Source) -> None:
+        try:
+            with os.scandir(root_fd) as it:
+                names = sorted(entry.name for entry in it if entry.is_dir())  # follows symlinks
+        except OSError:
+            return
         root_path = root if isinstance(root, Path) and str(root) == base else Path(base)
-        for name in names:
+        stat_ = os.stat
+        in_set = os.sep + MANIFEST_NAME
+        for count, name in enumerate(names, 1):
+            if not count & 255:
+                self.pause.expire_if_due()
             set_dir = base + os.sep + name
-            manifest = set_dir + os.sep + MANIFEST_NAME
+            manifest = set_dir + in_set
             try:
-                st = os.stat(manifest)
+                # Relative to the open folder: the kernel walks two path components, not
+                # the whole path (as the registry's reload scan does).
+                st = stat_(name + in_set, dir_fd=root_fd)
             except OSError:
                 continue  # no tools.json: not a candidate
             if stat.S_ISDIR(st.st_mode):
@@ -743,15 +763,17 @@ def build_catalog(
         config, config_notes = load_config(home)
     if not config.external_tools:
         return Catalog(workspace=workspace, notes=tuple(config_notes), config=config)
-    builder = _Builder(reserved, cache)
-    builder.scan(home / "tools", Source.HOME)
-    if workspace is not None:
-        builder.scan(workspace / ".crystal" / "tools", Source.PROJECT)
-    tools = builder.load(config)
-    entries = sorted(
-        (candidate.freeze() for candidate in builder.candidates),
-        key=lambda entry: (entry.directory, entry.source),
-    )
+    # Every object the build makes lives on in the snapshot: no collection can free any
+    # of them, so the collector is held off while they are made (gcpause.py).
+    with GcPause() as pause:
+        builder = _Builder(reserved, cache, pause)
+        builder.scan(home / "tools", Source.HOME)
+        if workspace is not None:
+            builder.scan(workspace / ".crystal" / "tools", Source.PROJECT)
+        tools = builder.load(config)
+        entries = [candidate.freeze() for candidate in builder.candidates]
+        if workspace is not None:  # one scan's candidates come in directory order already
+            entries.sort(key=lambda entry: (entry.directory, entry.source))
     return Catalog(
         workspace=workspace,
         tools=MappingProxyType(tools),

@@ -190,6 +190,38 @@ def test_build_catalog_invalid_directory_names(home: Path) -> None:
     assert states(catalog) == [("my tools", "home", "refused")]
 
 
+def test_build_catalog_home_sets_come_in_ordinal_order(home: Path) -> None:
+    """Without a workspace the entries keep the scan's ordinal order, invalid names included."""
+    for name in ("b", "A", "c"):
+        write(home / "tools", name, manifest(name.lower() + "x"))
+    write(home / "tools", "a b", manifest("ab"))
+    assert [e.directory for e in build(home).sets] == ["A", "a b", "b", "c"]
+
+
+def test_build_catalog_through_a_symlinked_tools_folder(home: Path, tmp_path: Path) -> None:
+    """The tools folder itself may be a link; a tools "folder" that is a file has no sets."""
+    elsewhere = tmp_path / "elsewhere"
+    write(elsewhere, "linked", manifest("l"))
+    (home / "tools").rmdir()
+    (home / "tools").symlink_to(elsewhere)
+    assert states(build(home)) == [("linked", "home", "loaded")]
+    (home / "tools").unlink()
+    (home / "tools").write_text("not a folder")
+    assert (build(home).sets, build(home).notes) == ((), ())
+
+
+def test_manifest_cache_keeps_an_error_without_its_traceback(home: Path) -> None:
+    """A cached manifest error holds its message only, not the parser's frames."""
+    write(home / "tools", "broken", b"{not json")
+    cache = ManifestCache()
+    catalog = build_catalog(home, None, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+    assert catalog.sets[0].error
+    (entry,) = cache._entries.values()
+    assert isinstance(entry.result, Exception)
+    assert entry.result.__traceback__ is None
+    assert entry.result.__cause__ is None and entry.result.__context__ is None
+
+
 def test_build_catalog_directory_without_manifest_is_silent(home: Path) -> None:
     """A valid directory without tools.json, or with a directory named tools.json, is no candidate."""
     (home / "tools" / "empty").mkdir()
