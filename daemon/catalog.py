@@ -763,9 +763,10 @@ def build_catalog(
         config, config_notes = load_config(home)
     if not config.external_tools:
         return Catalog(workspace=workspace, notes=tuple(config_notes), config=config)
-    # Every object the build makes lives on in the snapshot: no collection can free any
-    # of them, so the collector is held off while they are made (gcpause.py).
-    with GcPause() as pause:
+    # Every object the build makes lives on in the snapshot: no young collection can free
+    # any of them, so the collector is held off while they are made, and they go straight
+    # to the oldest generation after (gcpause.py).
+    with GcPause(promote=True) as pause:
         builder = _Builder(reserved, cache, pause)
         builder.scan(home / "tools", Source.HOME)
         if workspace is not None:

@@ -87,11 +87,52 @@ def test_an_expired_pause_does_not_end_another_holders_pause() -> None:
     assert gc.isenabled()
 
 
-def test_build_catalog_starts_no_collection_while_it_builds(tmp_path: Path) -> None:
-    """With a young collection every 50 allocations, a build starts one, after it.
+def _generation_of(obj: object) -> int | None:
+    for generation in range(3):
+        if any(o is obj for o in gc.get_objects(generation)):
+            return generation
+    return None
 
-    Without the pause this build of 40 sets starts dozens; with it, the first allocation
-    after the pause finds the count past the threshold and collects once.
+
+def test_a_promoting_pause_moves_what_it_made_to_the_oldest_generation() -> None:
+    with GcPause(promote=True):
+        made = [[]]
+    assert _generation_of(made) == 2
+    assert gc.get_freeze_count() == 0  # nothing is left frozen
+    with GcPause():
+        plain = [[]]
+    assert _generation_of(plain) == 0
+
+
+def test_a_pause_left_by_an_error_or_expired_promotes_nothing() -> None:
+    with pytest.raises(ValueError), GcPause(promote=True):
+        failed = [[]]
+        raise ValueError("boom")
+    assert _generation_of(failed) == 0
+    clock = Clock()
+    with GcPause(0.5, promote=True, clock=clock) as pause:
+        clock.now += 1
+        pause.expire_if_due()
+        late = [[]]
+    assert _generation_of(late) == 0
+
+
+def test_the_last_holder_promotes_for_an_earlier_one_that_asked() -> None:
+    outer, inner = GcPause(), GcPause(promote=True)
+    outer.__enter__()
+    inner.__enter__()
+    made = [[]]
+    inner.__exit__(None, None, None)
+    assert _generation_of(made) == 0
+    outer.__exit__(None, None, None)
+    assert _generation_of(made) == 2
+
+
+def test_build_catalog_starts_no_collection_while_it_builds(tmp_path: Path) -> None:
+    """With a young collection every 50 allocations, a build starts at most one.
+
+    Without the pause this build of 40 sets starts dozens; with it, only the allocations
+    after the promotion count.
     """
     tools = tmp_path / "home" / "tools"
     for i in range(40):
@@ -125,3 +166,4 @@ def test_build_catalog_starts_no_collection_while_it_builds(tmp_path: Path) -> N
     assert len(catalog.tools) == 40
     assert len(starts) <= 1, starts
     assert gc.isenabled()
+    assert _generation_of(catalog.tools["s00"]) == 2  # promoted, untraversed
