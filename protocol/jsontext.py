@@ -37,6 +37,7 @@ Both functions raise only what orjson raises (``orjson.JSONDecodeError``, which 
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Final
 
 import orjson
@@ -47,6 +48,8 @@ __all__ = ["JsonNumber", "dumps", "loads", "nesting_exceeds"]
 
 _INT64_MIN: Final = -(2**63)
 _UINT64_MAX: Final = 2**64 - 1
+#: The standard library's refusal of an integer past ``sys.get_int_max_str_digits``.
+_DIGIT_LIMIT: Final = re.compile(r"limit \((\d+) digits\) for integer string conversion")
 
 
 class JsonNumber(float):
@@ -176,18 +179,32 @@ def _exact_loads(line: bytes | bytearray | memoryview | str) -> Any:
     )
 
 
-def _beyond_doubles(line: bytes | bytearray | memoryview | str, error: Exception) -> Any:
+def _beyond_doubles(
+    line: bytes | bytearray | memoryview | str, error: orjson.JSONDecodeError
+) -> Any:
     """A line orjson refused only for a number past the double range (``1e999``).
 
     JSON has no such range, so the number is kept like any other: a ``JsonNumber`` with its
     text (its float is ±inf). Everything else must still be what orjson accepts: the
     standard library's extras (``NaN``, ``Infinity``, lone surrogates) are refused with
     orjson's error. orjson says "infinity" for an integer of 309 digits or more too; those
-    become exact ``int``s, up to the interpreter's 4,300-digit limit for parsing one.
+    become exact ``int``s, up to the interpreter's limit for parsing one
+    (``sys.get_int_max_str_digits``, 4,300 by default): past it the error says so, not
+    orjson's "infinity".
     """
     try:
         value = _exact_loads(line)
-    except (ValueError, RecursionError):
+    except ValueError as exc:
+        # The interpreter's digit limit: "Exceeds the limit (4300 digits) for integer
+        # string conversion: ..." (read from its text: the protocol package imports no sys).
+        if (limit := _DIGIT_LIMIT.search(str(exc))) is not None:
+            raise orjson.JSONDecodeError(
+                f"an integer has more than {int(limit[1]):,} digits, more than can be kept exactly",
+                error.doc,
+                error.pos,
+            ) from None
+        raise error from None
+    except RecursionError:
         raise error from None
     if _has_lone_surrogate(value):  # which orjson never lets through
         raise error

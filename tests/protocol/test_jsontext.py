@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import sys
 
 import orjson
 import pytest
@@ -100,3 +101,15 @@ def test_codec_message_keeps_the_text() -> None:
     event = codec.next_event()
     assert isinstance(event, Message)
     assert encode(event.value) == b'{"n":1.50}\n'
+
+
+def test_an_integer_past_the_interpreters_digit_limit_is_refused_saying_so() -> None:
+    """Up to ``sys.get_int_max_str_digits`` digits an integer is exact; past it the error
+    names the limit, not orjson's "number is infinity" (which it is not)."""
+    limit = sys.get_int_max_str_digits()
+    assert loads(b"[" + b"7" * limit + b"]") == [int("7" * limit)]
+    for text in (b"[" + b"7" * (limit + 1) + b"]", b'{"n": -' + b"1" * (limit + 700) + b"}"):
+        with pytest.raises(orjson.JSONDecodeError) as caught:
+            loads(text)
+        assert f"more than {limit:,} digits" in str(caught.value)
+        assert "infinity" not in str(caught.value)
