@@ -657,7 +657,7 @@ class _Builder:
         stat_ = os.stat
         in_set = os.sep + MANIFEST_NAME
         for count, name in enumerate(names, 1):
-            if not count & 255:
+            if not count & 63:
                 self.pause.expire_if_due()
             set_dir = base + os.sep + name
             manifest = set_dir + in_set
@@ -699,6 +699,7 @@ class _Builder:
                 self.active.pop(name, None)
 
     def load(self, config: Config) -> dict[str, LoadedTool]:
+        self.pause.expire_if_due()
         registered = set(self.reserved)
         tools: dict[str, LoadedTool] = {}
         for name in sorted(self.active):

@@ -12,87 +12,139 @@ Holding the collector off only defers the young collections: the first one after
 pause traverses everything the build made (at 1,000 sets that was as slow as the
 collections it replaced). So a pause asked to ``promote`` ends, on a clean exit, by moving
 every young object straight into the oldest generation (``gc.freeze`` then
-``gc.unfreeze``: two list splices, no traversal). They are traversed again only by a full
-collection, which they would have reached anyway. Paired in process against a plain
+``gc.unfreeze``: two list splices, no traversal). Paired in process against a plain
 pause: the build 0.87 of its time at 1,000 sets and 0.82 at 10,000.
 
-Rules:
+A promotion moves *every* young object, including cyclic garbage other threads made
+meanwhile, and neither it nor the counts it resets tell the collector that the oldest
+generation grew: such garbage waits for a full collection, which the promotions
+themselves never bring closer. So:
+
+* **Young garbage from before is collected first.** The first holder of a promoting pause
+  runs a young collection (``gc.collect(1)``) before turning the collector off; what is
+  promoted is what was made during the pause.
+* **Promotions are bounded.** At most ``PROMOTIONS_PER_FULL`` promoting pauses between two
+  full collections (``gc.get_stats``) promote; after that a pause defers only, its objects
+  reach the oldest generation the ordinary way, counted, and so bring the next full
+  collection, which frees whatever earlier promotions carried along.
+* **Only where the generations are the ones above.** CPython before 3.14 (whose
+  incremental collector has other generations): elsewhere a pause defers only.
+
+The pause itself:
 
 * **Process-wide and nested.** ``gc.disable`` is global, so pauses are counted: the first
-  holder turns the collector off (if it was on), the last one to leave turns it on again,
-  promoting first if any holder that asked for it left cleanly. Builds in two worker
-  threads at once compose.
-* **Bounded.** A pause expires ``max_seconds`` after it began (``expire_if_due``, which the
-  build calls between sets): a first start that parses thousands of manifests, or a build
-  while the event loop serves requests that make cyclic garbage, gets the collector back
-  within half a second, and an expired pause promotes nothing. A pause never outlives its
-  ``with`` block, whatever is raised.
-* **Deferred, never skipped.** Cyclic garbage made during a pause (by any thread) is found
-  by the next young collection, or, if a promotion moved it, by the next full one.
+  holder turns the collector off (if it was on) and starts the period's clock; the last
+  one to leave turns it on again, promoting first if a holder that asked for it left
+  cleanly. Builds in two worker threads at once compose.
+* **Bounded.** A period lasts ``MAX_PAUSE_SECONDS`` at most, however many holders come and
+  go in it: ``expire_if_due`` (which the build calls as it goes) turns the collector back
+  on for everyone once the first holder's deadline has passed, and an expired period
+  promotes nothing. So a first start that parses thousands of manifests, overlapping
+  builds, or a build while the event loop serves requests that make cyclic garbage, get
+  the collector back within about half a second. A pause never outlives its ``with``
+  block, whatever is raised.
 * **Nothing else freezes.** The promotion's ``unfreeze`` would thaw objects some other
   code froze on purpose (``gc.freeze`` before a ``fork``): toolsetd freezes nothing else.
+  Code that disables the collector during a pause finds it enabled again when the pause
+  ends.
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 import threading
 import time
 from collections.abc import Callable
 from types import TracebackType
 
-__all__ = ["MAX_PAUSE_SECONDS", "GcPause"]
+__all__ = ["MAX_PAUSE_SECONDS", "PROMOTIONS_PER_FULL", "GcPause"]
 
-#: How long one pause holds the collector off at most.
+#: How long one period of pauses holds the collector off at most.
 MAX_PAUSE_SECONDS = 0.5
+#: Promoting pauses allowed between two full collections.
+PROMOTIONS_PER_FULL = 8
+#: Whether ``gc.freeze`` / ``gc.unfreeze`` promote young objects as described above.
+CAN_PROMOTE = sys.implementation.name == "cpython" and sys.version_info < (3, 14)
 
 _lock = threading.Lock()
 #: Pauses held now.
 _holders = 0
-#: Whether the collector was on when the first holder came (so the last one turns it on).
+#: Whether the collector was on when the period began (so its end turns it on again).
 _was_enabled = False
-#: Whether a holder that asked to promote left cleanly during the current pause.
+#: When the period's pause ends at the latest (the first holder's clock).
+_deadline = 0.0
+#: Whether the period's pause ended early (the collector is on again).
+_expired = False
+#: Whether a holder that asked to promote left cleanly during the period.
 _promote = False
+#: Promotions since the full collection counted in ``_full_seen``.
+_promotions = 0
+_full_seen = -1
 
 
-def _hold() -> None:
-    global _holders, _was_enabled, _promote
+def _full_collections() -> int:
+    return int(gc.get_stats()[-1]["collections"])
+
+
+def _hold(now: float, max_seconds: float, promote: bool) -> None:
+    global _holders, _was_enabled, _deadline, _expired, _promote
     with _lock:
         if _holders == 0:
             _was_enabled = gc.isenabled()
+            _deadline = now + max_seconds
+            _expired = False
             _promote = False
             if _was_enabled:
+                if promote and CAN_PROMOTE:
+                    gc.collect(1)  # so what is promoted is what the pause made
                 gc.disable()
         _holders += 1
 
 
+def _expire(now: float) -> None:
+    global _expired
+    with _lock:
+        if _holders and not _expired and now >= _deadline:
+            _expired = True
+            if _was_enabled:
+                gc.enable()
+
+
 def _release(promote: bool) -> None:
-    global _holders, _promote
+    global _holders, _promote, _promotions, _full_seen
     with _lock:
         _holders -= 1
         _promote = _promote or promote
-        if _holders == 0 and _was_enabled:
-            if _promote:
+        if _holders or _expired or not _was_enabled:
+            return
+        if _promote and CAN_PROMOTE:
+            full = _full_collections()
+            if full != _full_seen:
+                _full_seen, _promotions = full, 0
+            if _promotions < PROMOTIONS_PER_FULL:
+                _promotions += 1
                 gc.freeze()  # every tracked object into the permanent generation,
                 gc.unfreeze()  # and all of them back into the oldest one
-            gc.enable()
+        gc.enable()
 
 
 class GcPause:
-    """A context manager that holds the collector off, for ``max_seconds`` at most.
+    """A context manager that holds the collector off (see the module docstring).
 
     Args:
-        max_seconds: When the pause expires (checked by ``expire_if_due``).
+        max_seconds: How long the period this pause begins may last; None for
+            ``MAX_PAUSE_SECONDS``. A pause that joins a period keeps that period's end.
         promote: On a clean exit, move the young objects into the oldest generation
             before the collector comes back (for a block whose objects outlive it).
         clock: A monotonic clock (injectable for tests).
     """
 
-    __slots__ = ("_clock", "_deadline", "_held", "_max_seconds", "_promote")
+    __slots__ = ("_clock", "_held", "_max_seconds", "_promote")
 
     def __init__(
         self,
-        max_seconds: float = MAX_PAUSE_SECONDS,
+        max_seconds: float | None = None,
         *,
         promote: bool = False,
         clock: Callable[[], float] = time.monotonic,
@@ -100,20 +152,24 @@ class GcPause:
         self._max_seconds = max_seconds
         self._promote = promote
         self._clock = clock
-        self._deadline = 0.0
         self._held = False
 
     def __enter__(self) -> GcPause:
-        _hold()
-        self._held = True
-        self._deadline = self._clock() + self._max_seconds
+        if self._held:
+            raise RuntimeError("a GcPause is held already; use a new one")
+        limit = MAX_PAUSE_SECONDS if self._max_seconds is None else self._max_seconds
+        self._held = True  # before the hold: __exit__ releases what __enter__ took
+        try:
+            _hold(self._clock(), limit, self._promote)
+        except BaseException:
+            self._held = False
+            raise
         return self
 
     def expire_if_due(self) -> None:
-        """Let the collector run again if this pause is past its time (promoting nothing)."""
-        if self._held and self._clock() >= self._deadline:
-            self._held = False
-            _release(False)
+        """Turn the collector back on if the period is past its deadline."""
+        if self._held:
+            _expire(self._clock())
 
     def __exit__(
         self,

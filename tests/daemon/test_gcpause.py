@@ -4,23 +4,32 @@ from __future__ import annotations
 
 import gc
 import json
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from toolsetd.daemon import gcpause
 from toolsetd.daemon.catalog import ManifestCache, build_catalog
 from toolsetd.daemon.gcpause import GcPause
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Config
 
+promoting = pytest.mark.skipif(
+    not gcpause.CAN_PROMOTE, reason="this interpreter's generations are not CPython 3.11-3.13's"
+)
+
 
 @pytest.fixture(autouse=True)
 def _collector_on() -> Iterator[None]:
-    """Each test starts with the collector on and leaves it as it found it."""
+    """Each test starts with the collector on, and leaves it, and the pauses, as it found them."""
     was = gc.isenabled()
     gc.enable()
     yield
-    if not was:
+    assert gcpause._holders == 0  # every pause a test took was given back
+    if was:
+        gc.enable()
+    else:
         gc.disable()
 
 
@@ -32,6 +41,19 @@ class Clock:
 
     def __call__(self) -> float:
         return self.now
+
+
+class Node:
+    """An object that can sit in a reference cycle and be watched through a weakref."""
+
+    me: Node | None = None
+
+
+def _generation_of(obj: object) -> int | None:
+    for generation in range(3):
+        if any(o is obj for o in gc.get_objects(generation)):
+            return generation
+    return None
 
 
 def test_a_pause_holds_the_collector_off_and_gives_it_back() -> None:
@@ -50,15 +72,24 @@ def test_nested_pauses_give_it_back_when_the_last_one_leaves() -> None:
     assert gc.isenabled()
 
 
+def test_a_pause_is_not_reentrant() -> None:
+    pause = GcPause()
+    with pause:
+        with pytest.raises(RuntimeError, match="held already"), pause:
+            pass
+        assert not gc.isenabled()
+    assert gc.isenabled()
+
+
 def test_a_pause_leaves_a_collector_someone_else_turned_off_alone() -> None:
     gc.disable()
-    with GcPause():
+    with GcPause(promote=True):
         assert not gc.isenabled()
     assert not gc.isenabled()
 
 
 def test_an_error_inside_a_pause_gives_the_collector_back() -> None:
-    with pytest.raises(ValueError), GcPause():
+    with pytest.raises(ValueError, match="boom"), GcPause():
         raise ValueError("boom")
     assert gc.isenabled()
 
@@ -72,29 +103,31 @@ def test_a_pause_expires_at_its_deadline_only() -> None:
         clock.now += 0.01
         pause.expire_if_due()
         assert gc.isenabled()
-        pause.expire_if_due()  # once expired, it holds nothing more to give back
+        pause.expire_if_due()
         assert gc.isenabled()
     assert gc.isenabled()
 
 
-def test_an_expired_pause_does_not_end_another_holders_pause() -> None:
+def test_overlapping_holders_cannot_keep_the_collector_off_past_the_first_deadline() -> None:
+    """A chain of holders (builds in worker threads) never lets the period end on its own:
+    the period's deadline is its first holder's, whatever the later ones ask."""
     clock = Clock()
-    with GcPause(0.5, clock=clock) as short, GcPause(60, clock=clock) as long:
-        clock.now += 1
-        short.expire_if_due()
-        long.expire_if_due()
-        assert not gc.isenabled()
+    first = GcPause(0.5, clock=clock).__enter__()
+    clock.now += 0.4
+    second = GcPause(60, clock=clock).__enter__()
+    first.__exit__(None, None, None)
+    clock.now += 0.4
+    third = GcPause(60, clock=clock).__enter__()
+    second.__exit__(None, None, None)
+    third.expire_if_due()
+    assert gc.isenabled()
+    third.__exit__(None, None, None)
     assert gc.isenabled()
 
 
-def _generation_of(obj: object) -> int | None:
-    for generation in range(3):
-        if any(o is obj for o in gc.get_objects(generation)):
-            return generation
-    return None
-
-
+@promoting
 def test_a_promoting_pause_moves_what_it_made_to_the_oldest_generation() -> None:
+    gc.collect()
     with GcPause(promote=True):
         made = [[]]
     assert _generation_of(made) == 2
@@ -104,8 +137,23 @@ def test_a_promoting_pause_moves_what_it_made_to_the_oldest_generation() -> None
     assert _generation_of(plain) == 0
 
 
+@promoting
+def test_a_promoting_pause_first_collects_the_young_garbage_made_before_it() -> None:
+    """Garbage from before the pause is freed by a young collection, not promoted."""
+    gc.collect()
+    node = Node()
+    node.me = node
+    watch = weakref.ref(node)
+    del node
+    with GcPause(promote=True):
+        pass
+    assert watch() is None
+
+
+@promoting
 def test_a_pause_left_by_an_error_or_expired_promotes_nothing() -> None:
-    with pytest.raises(ValueError), GcPause(promote=True):
+    gc.collect()
+    with pytest.raises(ValueError, match="boom"), GcPause(promote=True):
         failed = [[]]
         raise ValueError("boom")
     assert _generation_of(failed) == 0
@@ -117,7 +165,9 @@ def test_a_pause_left_by_an_error_or_expired_promotes_nothing() -> None:
     assert _generation_of(late) == 0
 
 
+@promoting
 def test_the_last_holder_promotes_for_an_earlier_one_that_asked() -> None:
+    gc.collect()
     outer, inner = GcPause(), GcPause(promote=True)
     outer.__enter__()
     inner.__enter__()
@@ -128,42 +178,91 @@ def test_the_last_holder_promotes_for_an_earlier_one_that_asked() -> None:
     assert _generation_of(made) == 2
 
 
-def test_build_catalog_starts_no_collection_while_it_builds(tmp_path: Path) -> None:
-    """With a young collection every 50 allocations, a build starts at most one.
+@promoting
+def test_promotions_stop_until_a_full_collection_has_run() -> None:
+    """Past PROMOTIONS_PER_FULL promotions with no full collection between, a pause only
+    defers: its objects reach the oldest generation counted, and bring the full collection
+    that frees what earlier promotions carried along."""
+    gc.collect()
+    threshold = gc.get_threshold()
+    gc.set_threshold(threshold[0], 10**6, 10**6)  # no middle or full collection on its own
+    try:
+        for _ in range(gcpause.PROMOTIONS_PER_FULL):
+            with GcPause(promote=True):
+                made = [[]]
+            assert _generation_of(made) == 2
+        with GcPause(promote=True):
+            deferred = [[]]
+        assert _generation_of(deferred) == 0
+        gc.collect()
+        with GcPause(promote=True):
+            again = [[]]
+        assert _generation_of(again) == 2
+    finally:
+        gc.set_threshold(*threshold)
 
-    Without the pause this build of 40 sets starts dozens; with it, only the allocations
-    after the promotion count.
-    """
-    tools = tmp_path / "home" / "tools"
-    for i in range(40):
-        (tools / f"s{i:02d}").mkdir(parents=True)
+
+def _write_sets(tools: Path, count: int) -> None:
+    for i in range(count):
+        (tools / f"s{i:03d}").mkdir(parents=True)
         body = {
             "runner": "exec",
             "command": ["/bin/true"],
             "description": f"tool {i}",
             "schema": {"type": "object"},
         }
-        (tools / f"s{i:02d}" / "tools.json").write_text(json.dumps(body))
-    cache = ManifestCache()
-    build_catalog(tmp_path / "home", None, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+        (tools / f"s{i:03d}" / "tools.json").write_text(json.dumps(body))
+
+
+def _collections_during_build(home: Path) -> tuple[int, Config, ManifestCache]:
+    """Build with a young collection due every 50 allocations; count the ones started."""
     starts: list[int] = []
 
     def count(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             starts.append(info["generation"])
 
-    home, fresh, config = tmp_path / "home", ManifestCache(), Config()
+    cache, config = ManifestCache(), Config()
     threshold = gc.get_threshold()
     gc.callbacks.append(count)
     gc.set_threshold(50, 1000, 1000)
     try:
-        catalog = build_catalog(
-            home, None, reserved=DEFAULT_RESERVED_NAMES, cache=fresh, config=config
-        )
+        catalog = build_catalog(home, None, reserved=DEFAULT_RESERVED_NAMES, cache=cache, config=config)
     finally:
         gc.set_threshold(*threshold)
         gc.callbacks.remove(count)
-    assert len(catalog.tools) == 40
-    assert len(starts) <= 1, starts
+    assert len(catalog.tools) == len(catalog.sets)
+    return len(starts), config, cache
+
+
+def test_build_catalog_starts_no_collection_while_it_builds(tmp_path: Path) -> None:
+    """Without the pause this build of 40 sets starts dozens of collections; with it, at
+    most the promoting pause's own young collection and one after."""
+    _write_sets(tmp_path / "home" / "tools", 40)
+    build_catalog(tmp_path / "home", None, reserved=DEFAULT_RESERVED_NAMES, cache=ManifestCache())
+    gc.collect()
+    starts, _, _ = _collections_during_build(tmp_path / "home")
+    assert starts <= 2, starts
     assert gc.isenabled()
-    assert _generation_of(catalog.tools["s00"]) == 2  # promoted, untraversed
+
+
+def test_build_catalog_gives_the_collector_back_when_its_period_is_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A build checks the period's deadline as it goes: with no time allowed, the collector
+    is back within 64 sets and collects through the rest of the build."""
+    _write_sets(tmp_path / "home" / "tools", 200)
+    build_catalog(tmp_path / "home", None, reserved=DEFAULT_RESERVED_NAMES, cache=ManifestCache())
+    monkeypatch.setattr(gcpause, "MAX_PAUSE_SECONDS", 0.0)
+    starts, _, _ = _collections_during_build(tmp_path / "home")
+    assert starts > 10, starts
+
+
+@promoting
+def test_build_catalog_promotes_what_it_built(tmp_path: Path) -> None:
+    _write_sets(tmp_path / "home" / "tools", 5)
+    gc.collect()
+    catalog = build_catalog(
+        tmp_path / "home", None, reserved=DEFAULT_RESERVED_NAMES, cache=ManifestCache()
+    )
+    assert _generation_of(catalog.tools["s000"]) == 2  # promoted, untraversed
