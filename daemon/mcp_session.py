@@ -452,6 +452,15 @@ class McpSession:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+        if self.legacy_version is not None:
+            # MCP's lifecycle: initialize is the session's first exchange, once. A second
+            # one would change the version and capabilities the first agreed on under the
+            # requests already in flight.
+            raise McpError(
+                -32600,
+                "Invalid Request: this session is already initialized (protocol "
+                f"{self.legacy_version}); start a new session to initialize again.",
+            )
         asked = params.get("protocolVersion")
         version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
         caps = params.get("capabilities")
@@ -513,6 +522,14 @@ class McpSession:
             ) from None
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
+        if token is not None and (type(token) is not int and not isinstance(token, str)):
+            # MCP: a progress token MUST be a string or an integer; anything else would be
+            # echoed back in every notifications/progress as the host never sent it.
+            raise McpError(
+                -32602,
+                "Invalid params: '_meta.progressToken' must be a string or an integer.",
+                {"field": "_meta.progressToken"},
+            )
         binding = self.binding
         request = InvokeRequest(
             tool=name,

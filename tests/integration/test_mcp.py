@@ -231,6 +231,47 @@ def test_mcp_arguments_deeper_than_the_cap_are_refused_naming_it(
         assert pump.close() == 0
 
 
+@pytest.mark.parametrize("token", [1.5, True, {"id": 1}, ["p"]], ids=repr)
+def test_mcp_progress_token_of_another_type_is_refused_naming_it(
+    mcp_daemon: Daemon, workspace: Path, token: Any
+) -> None:
+    """MCP: a progressToken MUST be a string or an integer. Any other type gets -32602 naming
+    '_meta.progressToken' (it would be echoed in every progress notification); a string, an
+    integer or null is taken, and the session carries on."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        assert "result" in init
+        call = {"name": "hello", "arguments": {"name": "Ada"}}
+        reply = pump.request(2, "tools/call", {**call, "_meta": {"progressToken": token}})
+        assert reply["error"]["code"] == -32602, reply
+        assert "'_meta.progressToken'" in reply["error"]["message"]
+        assert reply["error"]["data"] == {"field": "_meta.progressToken"}
+        for i, fine in enumerate((7, "p", None, 2**70)):
+            answer = pump.request(3 + i, "tools/call", {**call, "_meta": {"progressToken": fine}})
+            assert answer["result"]["isError"] is False, answer
+    finally:
+        assert pump.close() == 0
+
+
+def test_mcp_a_second_initialize_is_refused_and_the_first_stands(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """initialize is a session's first exchange, once: a second gets -32600 naming the
+    version agreed, and the session goes on under the first one's terms."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        first = pump.request(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}})
+        assert first["result"]["protocolVersion"] == "2025-06-18"
+        again = pump.request(2, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        assert again["error"]["code"] == -32600, again
+        assert "already initialized (protocol 2025-06-18)" in again["error"]["message"]
+        listed = pump.request(3, "tools/list")
+        assert any(t["name"] == "hello" for t in listed["result"]["tools"])
+    finally:
+        assert pump.close() == 0
+
+
 # -- calls ---------------------------------------------------------------------------------
 
 
