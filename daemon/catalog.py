@@ -702,7 +702,9 @@ class _Builder:
         self.pause.expire_if_due()
         registered = set(self.reserved)
         tools: dict[str, LoadedTool] = {}
-        for name in sorted(self.active):
+        for count, name in enumerate(sorted(self.active), 1):
+            if not count & 63:
+                self.pause.expire_if_due()
             candidate = self.active[name]
             toolset = candidate.toolset
             assert toolset is not None

@@ -22,7 +22,8 @@ themselves never bring closer. So:
 
 * **Young garbage from before is collected first.** The first holder of a promoting pause
   runs a young collection (``gc.collect(1)``) before turning the collector off; what is
-  promoted is what was made during the pause.
+  promoted is what was made during the pause. A period whose first holder did not ask
+  to promote promotes nothing, whoever joins it.
 * **Promotions are bounded.** At most ``PROMOTIONS_PER_FULL`` promoting pauses between two
   full collections (``gc.get_stats``) promote; after that a pause defers only, its objects
   reach the oldest generation the ordinary way, counted, and so bring the next full
@@ -37,16 +38,18 @@ The pause itself:
   one to leave turns it on again, promoting first if a holder that asked for it left
   cleanly. Builds in two worker threads at once compose.
 * **Bounded.** A period lasts ``MAX_PAUSE_SECONDS`` at most, however many holders come and
-  go in it: ``expire_if_due`` (which the build calls as it goes) turns the collector back
+  go in it: ``expire_if_due`` (which the build calls every 64 sets) turns the collector back
   on for everyone once the first holder's deadline has passed, and an expired period
   promotes nothing. So a first start that parses thousands of manifests, overlapping
   builds, or a build while the event loop serves requests that make cyclic garbage, get
-  the collector back within about half a second. A pause never outlives its ``with``
+  the collector back within about half a second plus 64 sets' work (a ``stat`` that
+  hangs on a network filesystem holds it longer). A pause never outlives its ``with``
   block, whatever is raised.
 * **Nothing else freezes.** The promotion's ``unfreeze`` would thaw objects some other
   code froze on purpose (``gc.freeze`` before a ``fork``): toolsetd freezes nothing else.
-  Code that disables the collector during a pause finds it enabled again when the pause
-  ends.
+* **The collector is the pauses' while they last.** Code that turns it off during a period
+  may find it turned on again (by the period's end or its expiry); code that turns it on
+  ends the pause early. toolsetd does neither.
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ _deadline = 0.0
 _expired = False
 #: Whether a holder that asked to promote left cleanly during the period.
 _promote = False
+#: Whether the period began with a young collection (only then may it promote).
+_collected = False
 #: Promotions since the full collection counted in ``_full_seen``.
 _promotions = 0
 _full_seen = -1
@@ -88,16 +93,18 @@ def _full_collections() -> int:
 
 
 def _hold(now: float, max_seconds: float, promote: bool) -> None:
-    global _holders, _was_enabled, _deadline, _expired, _promote
+    global _holders, _was_enabled, _deadline, _expired, _promote, _collected
     with _lock:
         if _holders == 0:
             _was_enabled = gc.isenabled()
             _deadline = now + max_seconds
             _expired = False
             _promote = False
+            _collected = False
             if _was_enabled:
                 if promote and CAN_PROMOTE:
                     gc.collect(1)  # so what is promoted is what the pause made
+                    _collected = True
                 gc.disable()
         _holders += 1
 
@@ -118,7 +125,7 @@ def _release(promote: bool) -> None:
         _promote = _promote or promote
         if _holders or _expired or not _was_enabled:
             return
-        if _promote and CAN_PROMOTE:
+        if _promote and _collected:
             full = _full_collections()
             if full != _full_seen:
                 _full_seen, _promotions = full, 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import gc
 import json
+import sys
+import threading
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,14 +170,66 @@ def test_a_pause_left_by_an_error_or_expired_promotes_nothing() -> None:
 @promoting
 def test_the_last_holder_promotes_for_an_earlier_one_that_asked() -> None:
     gc.collect()
-    outer, inner = GcPause(), GcPause(promote=True)
-    outer.__enter__()
-    inner.__enter__()
+    first, second = GcPause(promote=True), GcPause()
+    first.__enter__()
+    second.__enter__()
     made = [[]]
-    inner.__exit__(None, None, None)
+    first.__exit__(None, None, None)
     assert _generation_of(made) == 0
-    outer.__exit__(None, None, None)
+    second.__exit__(None, None, None)
     assert _generation_of(made) == 2
+
+
+@promoting
+def test_a_promoting_holder_that_joins_a_plain_period_promotes_nothing() -> None:
+    """Only a period that began with its young collection may promote."""
+    gc.collect()
+    plain = GcPause().__enter__()
+    with GcPause(promote=True):
+        made = [[]]
+    plain.__exit__(None, None, None)
+    assert _generation_of(made) == 0
+
+
+@promoting
+def test_a_holder_that_joins_an_expired_period_leaves_the_collector_on() -> None:
+    gc.collect()
+    clock = Clock()
+    first = GcPause(0.5, promote=True, clock=clock).__enter__()
+    clock.now += 1
+    first.expire_if_due()
+    with GcPause(promote=True, clock=clock):
+        assert gc.isenabled()
+        made = [[]]
+    assert gc.isenabled()
+    first.__exit__(None, None, None)
+    assert gc.isenabled()
+    assert _generation_of(made) == 0
+
+
+@promoting
+def test_holders_in_two_threads_compose() -> None:
+    """A build in one worker thread and one in another: the collector stays off until the
+    second leaves, and the promotion the first asked for happens then."""
+    gc.collect()
+    entered, leave = threading.Event(), threading.Event()
+    made: list[object] = []
+
+    def other() -> None:
+        with GcPause():
+            entered.set()
+            leave.wait(10)
+
+    with GcPause(promote=True):
+        worker = threading.Thread(target=other)
+        worker.start()
+        assert entered.wait(10)
+        made.append([[]])
+    assert not gc.isenabled()  # the other thread still holds the pause
+    leave.set()
+    worker.join(10)
+    assert gc.isenabled()
+    assert _generation_of(made[0]) == 2
 
 
 @promoting
@@ -250,12 +304,26 @@ def test_build_catalog_gives_the_collector_back_when_its_period_is_over(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A build checks the period's deadline as it goes: with no time allowed, the collector
-    is back within 64 sets and collects through the rest of the build."""
+    is back within 64 sets and collects during the scan itself (not only after it)."""
     _write_sets(tmp_path / "home" / "tools", 200)
     build_catalog(tmp_path / "home", None, reserved=DEFAULT_RESERVED_NAMES, cache=ManifestCache())
     monkeypatch.setattr(gcpause, "MAX_PAUSE_SECONDS", 0.0)
-    starts, _, _ = _collections_during_build(tmp_path / "home")
+    in_scan: list[bool] = []
+
+    def where(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            frame = sys._getframe(1)
+            while frame is not None and frame.f_code.co_name != "_scan":
+                frame = frame.f_back
+            in_scan.append(frame is not None)
+
+    gc.callbacks.append(where)
+    try:
+        starts, _, _ = _collections_during_build(tmp_path / "home")
+    finally:
+        gc.callbacks.remove(where)
     assert starts > 10, starts
+    assert any(in_scan), in_scan
 
 
 @promoting
