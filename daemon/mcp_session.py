@@ -68,6 +68,7 @@ import anyio
 import structlog
 from toolsetd.protocol import __version__
 from toolsetd.protocol import errors as rpc_errors
+from toolsetd.protocol.jsontext import JsonNumber
 from toolsetd.protocol.params import check_arguments
 
 from . import mcp_mapping as mapping
@@ -94,6 +95,13 @@ _INSTRUCTIONS = (
     "calls that need approval are put to the operator."
 )
 _CAPABILITIES = {"tools": {"listChanged": True}}
+
+
+def _is_progress_token(token: object) -> bool:
+    """A string or a JSON integer (``-0`` arrives as a ``JsonNumber`` keeping its text)."""
+    if isinstance(token, str) or type(token) is int:
+        return True
+    return isinstance(token, JsonNumber) and token.text == "-0"
 
 
 class Outbox(Protocol):
@@ -254,6 +262,8 @@ class McpSession:
         #: The legacy era's negotiated version (after ``initialize``), else None.
         self.legacy_version: str | None = None
         self._legacy_caps: dict[str, Any] = {}
+        #: An initialize is under way (its catalog not built yet).
+        self._initializing = False
         self._in_flight: dict[Any, _InFlight] = {}
         self._asked: dict[Any, _Asked] = {}
         #: Open ``subscriptions/listen`` requests: request id -> their outbox.
@@ -452,21 +462,26 @@ class McpSession:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
-        if self.legacy_version is not None:
+        if self.legacy_version is not None or self._initializing:
             # MCP's lifecycle: initialize is the session's first exchange, once. A second
             # one would change the version and capabilities the first agreed on under the
-            # requests already in flight.
+            # requests already in flight. (One that failed may be sent again.)
+            agreed = self.legacy_version or "still being agreed"
             raise McpError(
                 -32600,
-                "Invalid Request: this session is already initialized (protocol "
-                f"{self.legacy_version}); start a new session to initialize again.",
+                f"Invalid Request: this session is already initialized (protocol {agreed}); "
+                "start a new session to initialize again.",
             )
         asked = params.get("protocolVersion")
         version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
         caps = params.get("capabilities")
+        self._initializing = True
+        try:
+            await self._service.catalog(self.binding.workspace)  # the watcher follows it now
+        finally:
+            self._initializing = False
         self._legacy_caps = caps if isinstance(caps, dict) else {}
         self.legacy_version = version
-        await self._service.catalog(self.binding.workspace)  # the watcher follows it from now
         return {
             "protocolVersion": version,
             "capabilities": _CAPABILITIES,
@@ -522,7 +537,7 @@ class McpSession:
             ) from None
         meta = params.get("_meta")
         token = meta.get("progressToken") if isinstance(meta, dict) else None
-        if token is not None and (type(token) is not int and not isinstance(token, str)):
+        if token is not None and not _is_progress_token(token):
             # MCP: a progress token MUST be a string or an integer; anything else would be
             # echoed back in every notifications/progress as the host never sent it.
             raise McpError(

@@ -198,10 +198,15 @@ def _beyond_doubles(
         # The interpreter's digit limit: "Exceeds the limit (4300 digits) for integer
         # string conversion: ..." (read from its text: the protocol package imports no sys).
         if (limit := _DIGIT_LIMIT.search(str(exc))) is not None:
+            digits = int(limit[1])
+            # orjson's position is its first number past the double range, which may be
+            # another one: point at the first run of that many digits instead.
+            run = re.search(rf"\d{{{digits + 1},}}", error.doc)
             raise orjson.JSONDecodeError(
-                f"an integer has more than {int(limit[1]):,} digits, more than can be kept exactly",
+                f"an integer has more than {digits:,} digits, more than can be kept exactly "
+                "(send it as a string)",
                 error.doc,
-                error.pos,
+                error.pos if run is None else run.start(),
             ) from None
         raise error from None
     except RecursionError:

@@ -272,6 +272,33 @@ def test_mcp_a_second_initialize_is_refused_and_the_first_stands(
         assert pump.close() == 0
 
 
+def test_mcp_two_initializes_at_once_get_one_answer_and_one_refusal(
+    mcp_daemon: Daemon, tmp_path: Path
+) -> None:
+    """Two initializes sent back to back (the second while the first may still be building
+    a new workspace's catalog): exactly one succeeds."""
+    fresh = tmp_path / "fresh"
+    (fresh / ".crystal" / "tools").mkdir(parents=True)
+    pump = RawPump(pump_args(mcp_daemon, fresh))
+    try:
+        for request_id in (1, 2):
+            pump.send(
+                {
+                    "jsonrpc": "2.0",
+                    "id": request_id,
+                    "method": "initialize",
+                    "params": {"protocolVersion": "2025-11-25", "capabilities": {}},
+                }
+            )
+        answers = sorted((pump.receive() for _ in range(2)), key=lambda a: a["id"])
+        assert sorted("result" in a for a in answers) == [False, True], answers
+        refused = next(a for a in answers if "error" in a)
+        assert refused["error"]["code"] == -32600
+        assert "already initialized" in refused["error"]["message"]
+    finally:
+        assert pump.close() == 0
+
+
 # -- calls ---------------------------------------------------------------------------------
 
 

@@ -112,4 +112,10 @@ def test_an_integer_past_the_interpreters_digit_limit_is_refused_saying_so() -> 
         with pytest.raises(orjson.JSONDecodeError) as caught:
             loads(text)
         assert f"more than {limit:,} digits" in str(caught.value)
+        assert "(send it as a string)" in str(caught.value)
         assert "infinity" not in str(caught.value)
+    # orjson stops at the first number past the double range; the error names the long one.
+    text = b'{"a": 1e999, "b": ' + b"9" * 400 + b', "c": ' + b"7" * (limit + 1) + b"}"
+    with pytest.raises(orjson.JSONDecodeError) as caught:
+        loads(text)
+    assert caught.value.pos == text.index(b"777")
