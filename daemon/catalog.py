@@ -656,9 +656,9 @@ class _Builder:
         root_path = root if isinstance(root, Path) and str(root) == base else Path(base)
         stat_ = os.stat
         in_set = os.sep + MANIFEST_NAME
-        for count, name in enumerate(names, 1):
-            if not count & 63:
-                self.pause.expire_if_due()
+        tick = self.pause.tick
+        for name in names:
+            tick()
             set_dir = base + os.sep + name
             manifest = set_dir + in_set
             try:
@@ -699,12 +699,11 @@ class _Builder:
                 self.active.pop(name, None)
 
     def load(self, config: Config) -> dict[str, LoadedTool]:
-        self.pause.expire_if_due()
         registered = set(self.reserved)
         tools: dict[str, LoadedTool] = {}
-        for count, name in enumerate(sorted(self.active), 1):
-            if not count & 63:
-                self.pause.expire_if_due()
+        tick = self.pause.tick
+        for name in sorted(self.active):
+            tick()
             candidate = self.active[name]
             toolset = candidate.toolset
             assert toolset is not None

@@ -38,13 +38,13 @@ The pause itself:
   one to leave turns it on again, promoting first if a holder that asked for it left
   cleanly. Builds in two worker threads at once compose.
 * **Bounded.** A period lasts ``MAX_PAUSE_SECONDS`` at most, however many holders come and
-  go in it: ``expire_if_due`` (which the build calls every 64 sets) turns the collector back
-  on for everyone once the first holder's deadline has passed, and an expired period
-  promotes nothing. So a first start that parses thousands of manifests, overlapping
-  builds, or a build while the event loop serves requests that make cyclic garbage, get
-  the collector back within about half a second plus 64 sets' work (a ``stat`` that
-  hangs on a network filesystem holds it longer). A pause never outlives its ``with``
-  block, whatever is raised.
+  go in it: ``expire_if_due`` (which the build reaches through ``tick``, once in 64 sets
+  of its scan and load together) turns the collector back on for everyone once the first
+  holder's deadline has passed, and an expired period promotes nothing. So a first start
+  that parses thousands of manifests, overlapping builds, or a build while the event loop
+  serves requests that make cyclic garbage, get the collector back within about half a
+  second plus 64 sets' work (a ``stat`` that hangs on a network filesystem holds it
+  longer). A pause never outlives its ``with`` block, whatever is raised.
 * **Nothing else freezes.** The promotion's ``unfreeze`` would thaw objects some other
   code froze on purpose (``gc.freeze`` before a ``fork``): toolsetd freezes nothing else.
 * **The collector is the pauses' while they last.** Code that turns it off during a period
@@ -61,10 +61,12 @@ import time
 from collections.abc import Callable
 from types import TracebackType
 
-__all__ = ["MAX_PAUSE_SECONDS", "PROMOTIONS_PER_FULL", "GcPause"]
+__all__ = ["MAX_PAUSE_SECONDS", "PROMOTIONS_PER_FULL", "TICKS_PER_CHECK", "GcPause"]
 
 #: How long one period of pauses holds the collector off at most.
 MAX_PAUSE_SECONDS = 0.5
+#: ``tick`` looks at the clock once in this many calls (a power of two).
+TICKS_PER_CHECK = 64
 #: Promoting pauses allowed between two full collections.
 PROMOTIONS_PER_FULL = 8
 #: Whether ``gc.freeze`` / ``gc.unfreeze`` promote young objects as described above.
@@ -147,7 +149,7 @@ class GcPause:
         clock: A monotonic clock (injectable for tests).
     """
 
-    __slots__ = ("_clock", "_held", "_max_seconds", "_promote")
+    __slots__ = ("_clock", "_held", "_max_seconds", "_promote", "_ticks")
 
     def __init__(
         self,
@@ -160,6 +162,7 @@ class GcPause:
         self._promote = promote
         self._clock = clock
         self._held = False
+        self._ticks = 0
 
     def __enter__(self) -> GcPause:
         if self._held:
@@ -177,6 +180,13 @@ class GcPause:
         """Turn the collector back on if the period is past its deadline."""
         if self._held:
             _expire(self._clock())
+
+    def tick(self) -> None:
+        """One unit of the block's work is done: every ``TICKS_PER_CHECK``-th call is an
+        ``expire_if_due`` (a loop over thousands of sets calls this once a set)."""
+        self._ticks += 1
+        if not self._ticks & (TICKS_PER_CHECK - 1):
+            self.expire_if_due()
 
     def __exit__(
         self,

@@ -334,3 +334,14 @@ def test_build_catalog_promotes_what_it_built(tmp_path: Path) -> None:
         tmp_path / "home", None, reserved=DEFAULT_RESERVED_NAMES, cache=ManifestCache()
     )
     assert _generation_of(catalog.tools["s000"]) == 2  # promoted, untraversed
+
+
+def test_tick_looks_at_the_clock_once_in_ticks_per_check_calls() -> None:
+    clock = Clock()
+    with GcPause(0.5, clock=clock) as pause:
+        clock.now += 1
+        for _ in range(gcpause.TICKS_PER_CHECK - 1):
+            pause.tick()
+        assert not gc.isenabled()  # past the deadline, but not yet looked
+        pause.tick()
+        assert gc.isenabled()
