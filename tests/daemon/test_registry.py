@@ -266,3 +266,96 @@ async def test_registry_patch_reads_only_the_changed_set(home: Path) -> None:
     outcome = await registry.reload()
     assert outcome.all_changes() == [SetChange("set17", Source.HOME, "updated")]
     assert (registry.cache.reads, registry.cache.parses) == (reads + 1, parses + 1)
+
+
+def _remove_set(root: Path, directory: str) -> None:
+    for f in (root / directory).iterdir():
+        f.unlink()
+    (root / directory).rmdir()
+
+
+def _change_many(tools: Path, ws: Path) -> None:
+    for i in range(66):  # more than a patch takes (64)
+        _write(tools, f"many{i:02d}", description="changed")
+
+
+def _rename(tools: Path, ws: Path) -> None:
+    (tools / "set3").rename(tools / "set3b")
+
+
+def _manifest_gone(tools: Path, ws: Path) -> None:
+    (tools / "set3" / "tools.json").unlink()
+
+
+def _manifest_back(tools: Path, ws: Path) -> None:
+    _write(tools, "bare")
+
+
+def _still_bare(tools: Path, ws: Path) -> None:
+    _write(tools, "set2", description="changed")
+
+
+def _project_gone(tools: Path, ws: Path) -> None:
+    _remove_set(ws / ".crystal" / "tools", "proj")
+    (ws / ".crystal" / "tools").rmdir()
+
+
+def _project_came(tools: Path, ws: Path) -> None:
+    _write(ws / ".crystal" / "tools", "proj")
+
+
+def _config(tools: Path, ws: Path) -> None:
+    (tools.parent / "config.json").write_text('{"externalTools": false}')
+
+
+@pytest.mark.parametrize("scan", ["on the loop", "in a thread"])
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda tools, ws: _write(tools, "added"),
+        lambda tools, ws: _remove_set(tools, "set3"),
+        _rename,
+        _manifest_gone,
+        _manifest_back,
+        _still_bare,
+        _change_many,
+        _project_gone,
+        _project_came,
+        _config,
+    ],
+    ids=[
+        "set added", "set removed", "set renamed", "manifest removed", "manifest added",
+        "a set beside a bare folder changed", "more sets changed than a patch takes",
+        "project folder removed", "project folder created", "config.json changed",
+    ],
+)
+async def test_registry_reload_after_any_change_equals_a_rebuild(
+    home: Path, tmp_path: Path, change, scan: str, monkeypatch: pytest.MonkeyPatch  # type: ignore[no-untyped-def]
+) -> None:
+    """Whatever changed on disk, a reload gives what a fresh build gives: the scan compares
+    each manifest with the last scan as it goes, and names that came or went, a root that
+    came or went, a changed config and too many suspects all mean a rebuild."""
+    if scan == "in a thread":
+        monkeypatch.setattr(registry_module, "INLINE_SCAN_MAX", 0)
+    tools = home / "tools"
+    for i in range(6):
+        _write(tools, f"set{i}")
+    for i in range(66):
+        _write(tools, f"many{i:02d}")
+    (tools / "bare").mkdir()  # a folder without a manifest: a note, the same on each scan
+    ws = tmp_path / "ws"
+    if change is not _project_came:
+        _write(ws / ".crystal" / "tools", "proj")
+    else:
+        ws.mkdir()
+    later = [time.time_ns() + 10 * RACY_NS]
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, clock_ns=lambda: later[0])
+    await registry.catalog(None)
+    await registry.catalog(ws)
+    assert (await registry.reload()).all_changes() == []  # the scans are taken and alike
+    change(tools, ws)
+    later[0] = time.time_ns() + 10 * RACY_NS
+    outcome = await registry.reload()
+    assert outcome.all_changes()
+    assert await registry.catalog(None) == _fresh_build(home)
+    assert await registry.catalog(ws) == _fresh_build(home, ws)
