@@ -11,11 +11,13 @@ started with, whatever later reloads do.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 __all__ = [
     "DEFAULT_RESERVED_NAMES",
@@ -68,6 +70,54 @@ class Source(enum.StrEnum):
     PROJECT = "project"
 
 
+_T = TypeVar("_T")
+
+
+def _slot_init(cls: type[_T]) -> type[_T]:
+    """Give a frozen, slotted dataclass an ``__init__`` that stores through its slots.
+
+    A frozen dataclass's own ``__init__`` stores each field with
+    ``object.__setattr__(self, name, value)``: a global and an attribute lookup, then a
+    call that looks the name up again on the class. This one calls each slot's
+    ``__set__`` (what that lookup ends in), bound once, with the same parameters and
+    defaults: a ``ToolDef`` takes 0.5 µs instead of 1.1, and a catalog build makes four
+    such values a set. It replaces the dataclass's ``__init__``, so it is still the one
+    way to make a value; ``__setattr__`` still refuses every assignment.
+
+    Raises:
+        TypeError: ``cls`` is not a frozen, slotted dataclass whose fields are all plain
+            positional ``__init__`` parameters with at most a plain default, or the new
+            signature differs from the dataclass's.
+    """
+    params = getattr(cls, "__dataclass_params__", None)
+    if params is None or not params.frozen or "__slots__" not in cls.__dict__:
+        raise TypeError(f"{cls.__name__} is not a frozen, slotted dataclass")
+    if hasattr(cls, "__post_init__"):
+        raise TypeError(f"{cls.__name__} has a __post_init__")
+    namespace: dict[str, Any] = {}
+    parameters, body = [], []
+    for i, f in enumerate(dataclasses.fields(cls)):  # type: ignore[arg-type]
+        if not f.init or f.kw_only or f.default_factory is not dataclasses.MISSING:
+            raise TypeError(f"{cls.__name__}.{f.name} is not a plain __init__ parameter")
+        namespace[f"_set{i}"] = cls.__dict__[f.name].__set__
+        if f.default is dataclasses.MISSING:
+            parameters.append(f.name)
+        else:
+            namespace[f"_default{i}"] = f.default
+            parameters.append(f"{f.name}=_default{i}")
+        body.append(f"    _set{i}(self, {f.name})")
+    source = f"def __init__(self, {', '.join(parameters)}):\n" + "\n".join(body) + "\n"
+    exec(source, namespace)  # noqa: S102 - our own field names, checked by dataclasses
+    init = namespace["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    init.__annotations__ = dict(cls.__init__.__annotations__)
+    if inspect.signature(init) != inspect.signature(cls.__init__):
+        raise TypeError(f"{cls.__name__}: the slot __init__ would change the signature")
+    cls.__init__ = init  # type: ignore[method-assign]
+    return cls
+
+
 class CatalogName(enum.StrEnum):
     """The product's two tool catalogs. Approval modes are not catalogs."""
 
@@ -112,6 +162,7 @@ class SetState(enum.StrEnum):
     HIDDEN = "hidden"  # a home set replaced by a project set of the same directory name
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class ToolDef:
     """One model-facing tool as its manifest declares it.
@@ -139,6 +190,7 @@ class ToolDef:
     output: OutputMode = OutputMode.TEXT
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class ToolSet:
     """One parsed ``tools.json`` and the directory it lives in.
@@ -172,6 +224,7 @@ class ToolSet:
     digest: str = ""
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class LoadedTool:
     """A tool that made it into a catalog, with everything a call needs.
@@ -192,6 +245,7 @@ class LoadedTool:
     hash: str
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class Note:
     """One English operator note."""
@@ -201,6 +255,7 @@ class Note:
     message: str
 
 
+@_slot_init
 @dataclass(frozen=True, slots=True)
 class SetEntry:
     """One candidate set directory and what became of it.

@@ -1,0 +1,124 @@
+"""The catalog's values: built through their slots, and exactly what dataclasses would make."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from pathlib import Path
+from typing import Any
+
+import pytest
+from toolsetd.daemon import model
+from toolsetd.daemon.model import (
+    Approval,
+    ApprovalSource,
+    CatalogName,
+    LoadedTool,
+    Note,
+    OutputMode,
+    RunnerKind,
+    SetEntry,
+    SetState,
+    Source,
+    ToolDef,
+    ToolSet,
+)
+
+_TOOL = ToolDef("t", "d", {"type": "object"}, frozenset({CatalogName.PLAN}), Approval.ALWAYS)
+_SET = ToolSet("s", Source.HOME, Path("/h/tools/s"), RunnerKind.EXEC, tools=(_TOOL,))
+
+#: Each value built through ``_slot_init``, with the arguments of a full construction.
+_ALL: dict[type, tuple[Any, ...]] = {
+    ToolDef: (
+        "t", "d", {"type": "object"}, frozenset({CatalogName.WORK}), Approval.INHERIT,
+        ("run",), (("p", "--p"),), ("p",), OutputMode.CONTENT,
+    ),
+    ToolSet: (
+        "s", Source.PROJECT, Path("/w/s"), RunnerKind.DOTNET, False, Approval.ALWAYS,
+        frozenset({CatalogName.PLAN}), ("x",), False, None, (_TOOL,), "sha256:00",
+    ),
+    LoadedTool: (_TOOL, _SET, Approval.INHERIT, ApprovalSource.HOST, "sha256:11"),
+    Note: ("s", None, "a note"),
+    SetEntry: (
+        "s", Source.HOME, Path("/h/tools/s"), True, SetState.LOADED, ("t",), ("n",), _SET, None,
+    ),
+}
+
+
+def _twin(cls: type) -> type:
+    """The same fields made into a frozen, slotted dataclass by dataclasses alone."""
+    fields = [(f.name, f.type, f) for f in dataclasses.fields(cls)]
+    return dataclasses.make_dataclass(cls.__name__, fields, frozen=True, slots=True)
+
+
+def _values(value: object) -> list[object]:
+    return [getattr(value, f.name) for f in dataclasses.fields(value)]  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("cls", list(_ALL), ids=lambda c: c.__name__)
+def test_slot_init_builds_what_the_dataclass_init_builds(cls: type) -> None:
+    """Positional, keyword and default arguments give the values the dataclass's own
+    ``__init__`` gives, with the same signature and repr."""
+    twin, args = _twin(cls), _ALL[cls]
+    names = [f.name for f in dataclasses.fields(cls)]
+    assert cls.__init__.__qualname__ == f"{cls.__name__}.__init__"
+    assert inspect.signature(cls) == inspect.signature(twin)
+    required = [f for f in dataclasses.fields(cls) if f.default is dataclasses.MISSING]
+    for made, expected in [
+        (cls(*args), twin(*args)),
+        (cls(**dict(zip(names, args, strict=True))), twin(*args)),
+        (cls(*args[: len(required)]), twin(*args[: len(required)])),
+    ]:
+        assert _values(made) == _values(expected)
+        assert repr(made) == repr(expected)
+        assert made == cls(*_values(made))
+
+
+@pytest.mark.parametrize("cls", list(_ALL), ids=lambda c: c.__name__)
+def test_slot_init_refuses_what_the_dataclass_init_refuses(cls: type) -> None:
+    """Wrong arguments raise the TypeError the dataclass's own ``__init__`` raises, and
+    the value stays frozen."""
+    twin, args = _twin(cls), _ALL[cls]
+    for bad_args, bad_kwargs in [
+        ((), {}),
+        ((*args, "extra"), {}),
+        (args, {dataclasses.fields(cls)[0].name: "again"}),
+        (args[:-1], {"no_such_field": 1}),
+    ]:
+        with pytest.raises(TypeError) as ours:
+            cls(*bad_args, **bad_kwargs)
+        with pytest.raises(TypeError) as theirs:
+            twin(*bad_args, **bad_kwargs)
+        assert str(ours.value) == str(theirs.value)
+    value = cls(*args)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        setattr(value, dataclasses.fields(cls)[0].name, "changed")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: dataclasses.dataclass(slots=True)(type("Plain", (), {"__annotations__": {"a": "int"}})),
+        lambda: dataclasses.dataclass(frozen=True)(type("NoSlots", (), {"__annotations__": {"a": "int"}})),
+        lambda: dataclasses.dataclass(frozen=True, slots=True)(
+            type("Factory", (), {"__annotations__": {"a": "list"}, "a": dataclasses.field(default_factory=list)})
+        ),
+        lambda: dataclasses.dataclass(frozen=True, slots=True)(
+            type("KwOnly", (), {"__annotations__": {"a": "int"}, "a": dataclasses.field(kw_only=True)})
+        ),
+        lambda: dataclasses.dataclass(frozen=True, slots=True)(
+            type("NoInit", (), {"__annotations__": {"a": "int"}, "a": dataclasses.field(init=False, default=1)})
+        ),
+        lambda: dataclasses.dataclass(frozen=True, slots=True)(
+            type("PostInit", (), {"__annotations__": {"a": "int"}, "__post_init__": lambda self: None})
+        ),
+    ],
+    ids=["not frozen", "not slotted", "a default factory", "keyword-only", "init=False", "__post_init__"],
+)
+def test_slot_init_refuses_a_class_it_cannot_build_exactly(make: Any) -> None:
+    """Only a class whose every field is a plain positional parameter gets a slot init."""
+    cls = make()
+    before = cls.__init__
+    with pytest.raises(TypeError):
+        model._slot_init(cls)
+    assert cls.__init__ is before
