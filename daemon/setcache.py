@@ -13,9 +13,10 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
   are a new key; the old record simply stops being used.
 * **What is kept.** The parse result (every field of the ``ToolSet`` and its ``ToolDef``
   values except the path, or the manifest's error message) and each tool's hash under
-  both source policies. The file name carries a fingerprint of the code that parses
-  (``manifest.py``, ``validation.py``, ``model.py``, this module and the version), so a
-  daemon never reads decisions another build made.
+  both source policies, as a JSON list per set (enum members as their positions, sets of
+  catalogs as bit masks: it is parsed at every start). The file name carries a
+  fingerprint of the code that parses (``manifest.py``, ``validation.py``, ``model.py``,
+  this module and the version), so a daemon never reads decisions another build made.
 * **Index.** Each manifest path maps to the stat signature its bytes had when their key
   was recorded, once that signature can be trusted (``catalog.trusted_signature``), so a
   restart neither reads nor parses an unchanged manifest.
@@ -86,14 +87,23 @@ _DIGEST_SIZE = 32
 _JOURNAL_MIN_BYTES = 1 << 20
 #: Records whose parse is an error are stored as ``[_ERROR, message]``.
 _ERROR = "error"
-_CATALOGS = {c.value: c for c in CatalogName}
-# Enum lookups by value through dicts: ``Approval(text)`` costs ~1 µs, a dict ~40 ns.
-_APPROVALS = {a.value: a for a in Approval}
-_OUTPUTS = {o.value: o for o in OutputMode}
-_RUNNERS = {r.value: r for r in RunnerKind}
+# A record holds each enum member as its position in the enum, and a set of catalogs as a
+# bit mask over ``CatalogName``'s order: parsing the store of 1,000 sets made ~10 small
+# strings and lists a set out of the names, and decoding them took dict lookups of tuples.
+# (The order is the code's, and the store's file name changes with the code.)
+_RUNNERS = dict(enumerate(RunnerKind))
+_APPROVALS = dict(enumerate(Approval))
+_OUTPUTS = dict(enumerate(OutputMode))
+_RUNNER_CODES = {member: code for code, member in _RUNNERS.items()}
+_APPROVAL_CODES = {member: code for code, member in _APPROVALS.items()}
+_OUTPUT_CODES = {member: code for code, member in _OUTPUTS.items()}
+_CATALOG_BITS = {catalog: 1 << i for i, catalog in enumerate(CatalogName)}
+_CATALOG_SETS = {
+    mask: frozenset(c for c, bit in _CATALOG_BITS.items() if mask & bit)
+    for mask in range(1 << len(_CATALOG_BITS))
+}
 _AUTHOR = ApprovalSource.AUTHOR
 _HOST = ApprovalSource.HOST
-_CATALOG_SETS: dict[tuple[str, ...], frozenset[CatalogName]] = {}
 
 
 def default_cache_dir(environ: Mapping[str, str]) -> Path:
@@ -136,12 +146,11 @@ def reserved_fingerprint(reserved: frozenset[str]) -> str:
     return hashlib.sha256("\x00".join(sorted(reserved)).encode()).hexdigest()[:16]
 
 
-def _catalog_set(names: list[str]) -> frozenset[CatalogName]:
-    key = tuple(names)
-    found = _CATALOG_SETS.get(key)
-    if found is None:
-        found = _CATALOG_SETS[key] = frozenset(_CATALOGS[n] for n in names)
-    return found
+def _catalog_mask(catalogs: frozenset[CatalogName]) -> int:
+    mask = 0
+    for catalog in catalogs:
+        mask |= _CATALOG_BITS[catalog]
+    return mask
 
 
 def encode_record(
@@ -163,23 +172,22 @@ def encode_record(
             t.name,
             t.description,
             t.schema,
-            sorted(c.value for c in t.catalogs),
-            t.approval.value,
+            _catalog_mask(t.catalogs),
+            _APPROVAL_CODES[t.approval],
             list(t.command),
             [list(pair) for pair in t.argv],
             list(t.path_arguments),
-            t.output.value,
+            _OUTPUT_CODES[t.output],
             hashes[(t.name, _AUTHOR)],
             hashes[(t.name, _HOST)],
         ]
         for t in result.tools
     ]
     return [
-        "set",
-        result.runner.value,
+        _RUNNER_CODES[result.runner],
         result.enabled,
-        result.approval.value,
-        sorted(c.value for c in result.catalogs),
+        _APPROVAL_CODES[result.approval],
+        _catalog_mask(result.catalogs),
         list(result.command),
         result.stdin,
         result.timeout_seconds,
@@ -210,9 +218,7 @@ def decode_record(
         if not isinstance(message, str):
             raise TypeError("error record without a message")
         return message, {}
-    if record[0] != "set":
-        raise ValueError("unknown record kind")
-    _, runner, enabled, approval, catalogs, command, stdin, timeout, digest, tools = record
+    runner, enabled, approval, catalogs, command, stdin, timeout, digest, tools = record
     hashes: dict[tuple[str, ApprovalSource], str] = {}
     defs = []
     for (
@@ -235,7 +241,7 @@ def decode_record(
                 name,
                 description,
                 schema,
-                _catalog_set(t_catalogs),
+                _CATALOG_SETS[t_catalogs],
                 _APPROVALS[t_approval],
                 tuple(t_command),
                 tuple([(k, v) for k, v in argv]) if argv else (),
@@ -252,7 +258,7 @@ def decode_record(
         _RUNNERS[runner],
         bool(enabled),
         _APPROVALS[approval],
-        _catalog_set(catalogs),
+        _CATALOG_SETS[catalogs],
         tuple(command),
         bool(stdin),
         timeout,

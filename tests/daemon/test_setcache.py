@@ -11,10 +11,22 @@ import threading
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 from toolsetd.daemon.catalog import RACY_NS, ManifestCache, build_catalog
-from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Catalog, Source
-from toolsetd.daemon.setcache import SetStore, default_cache_dir
+from toolsetd.daemon.model import (
+    DEFAULT_RESERVED_NAMES,
+    Approval,
+    ApprovalSource,
+    Catalog,
+    CatalogName,
+    OutputMode,
+    RunnerKind,
+    Source,
+    ToolDef,
+    ToolSet,
+)
+from toolsetd.daemon.setcache import SetStore, decode_record, default_cache_dir, encode_record
 
 
 def _write(root: Path, directory: str, **fields: object) -> Path:
@@ -370,3 +382,32 @@ def test_setstore_threads_flushing_at_once(home: Path, tmp_path: Path) -> None:
 def test_setstore_default_folder_follows_xdg(environ: dict[str, str], expected: str) -> None:
     """An absolute XDG_CACHE_HOME wins; a relative one is ignored, as the XDG spec says."""
     assert str(default_cache_dir(environ)) == expected
+
+
+@pytest.mark.parametrize("runner", list(RunnerKind))
+@pytest.mark.parametrize("approval", list(Approval))
+@pytest.mark.parametrize("output", list(OutputMode))
+@pytest.mark.parametrize(
+    "catalogs", [frozenset(), *({c} for c in CatalogName), frozenset(CatalogName)], ids=repr
+)
+def test_setstore_record_round_trips_every_enum_value(
+    runner: RunnerKind, approval: Approval, output: OutputMode, catalogs: set[CatalogName]
+) -> None:
+    """A record stores enum members as codes and catalogs as a mask: each value, read back
+    through JSON, decodes to the set it was made from."""
+    path = Path("/h/tools/s")
+    tool = ToolDef(
+        "t", "d", {"type": "object"}, frozenset(catalogs), approval,
+        ("a",), (("q", "--q"),), ("p",), output,
+    )
+    other = next(a for a in Approval if a is not approval)  # the set's differ from the tool's
+    toolset = ToolSet(
+        "s", Source.HOME, path, runner, False, other, frozenset(CatalogName) - catalogs,
+        ("run",), False, None, (tool,), "sha256:00",
+    )
+    hashes = {("t", ApprovalSource.AUTHOR): "sha256:aa", ("t", ApprovalSource.HOST): "sha256:bb"}
+    record = orjson.loads(orjson.dumps(encode_record(toolset, hashes)))
+    assert decode_record(record, directory="s", source=Source.HOME, path=path) == (
+        toolset,
+        hashes,
+    )
