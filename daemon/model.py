@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,23 +95,37 @@ def _slot_init(cls: type[_T]) -> type[_T]:
         raise TypeError(f"{cls.__name__} is not a frozen, slotted dataclass")
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__} has a __post_init__")
-    namespace: dict[str, Any] = {}
+    values: dict[str, Any] = {}  # the setters and defaults, passed in as closure cells
     parameters, body = [], []
     for i, f in enumerate(dataclasses.fields(cls)):  # type: ignore[arg-type]
-        if not f.init or f.kw_only or f.default_factory is not dataclasses.MISSING:
+        slot: Any = cls.__dict__.get(f.name)
+        if (
+            not f.init
+            or f.kw_only
+            or f.default_factory is not dataclasses.MISSING
+            or f.name == "self"
+            or f.name.startswith("_slot_init_")
+            or not hasattr(slot, "__set__")  # a field of a base class: not this class's slot
+        ):
             raise TypeError(f"{cls.__name__}.{f.name} is not a plain __init__ parameter")
-        namespace[f"_set{i}"] = cls.__dict__[f.name].__set__
+        values[f"_slot_init_set{i}"] = slot.__set__
         if f.default is dataclasses.MISSING:
             parameters.append(f.name)
         else:
-            namespace[f"_default{i}"] = f.default
-            parameters.append(f"{f.name}=_default{i}")
-        body.append(f"    _set{i}(self, {f.name})")
-    source = f"def __init__(self, {', '.join(parameters)}):\n" + "\n".join(body) + "\n"
-    exec(source, namespace)  # noqa: S102 - our own field names, checked by dataclasses
-    init = namespace["__init__"]
+            values[f"_slot_init_default{i}"] = f.default
+            parameters.append(f"{f.name}=_slot_init_default{i}")
+        body.append(f"        _slot_init_set{i}(self, {f.name})")
+    # As dataclasses does: a factory run in the class's module, so the function's globals
+    # are the module's (typing.get_type_hints resolves its annotations there).
+    source = (
+        f"def _slot_init_factory({', '.join(values)}):\n"
+        f"    def __init__(self, {', '.join(parameters)}):\n" + "\n".join(body) + "\n"
+        "    return __init__\n"
+    )
+    factory: dict[str, Any] = {}
+    exec(source, sys.modules[cls.__module__].__dict__, factory)  # noqa: S102 - checked names
+    init = factory["_slot_init_factory"](**values)
     init.__qualname__ = f"{cls.__qualname__}.__init__"
-    init.__module__ = cls.__module__
     init.__annotations__ = dict(cls.__init__.__annotations__)
     if inspect.signature(init) != inspect.signature(cls.__init__):
         raise TypeError(f"{cls.__name__}: the slot __init__ would change the signature")

@@ -305,8 +305,8 @@ class Registry:
             The new snapshot and its changes (None: unknown, diff it), or None.
         """
         previous = self._scans.get(workspace)
-        if scanned is None:
-            scanned = self._scan(workspace, previous)
+        if scanned is None:  # forced: nothing to compare with
+            scanned = self._scan(workspace, None if force else previous)
         scan, suspects = scanned
         old = self._snapshots.get(workspace)
         result: tuple[Catalog, _Changes | None] | None = None
@@ -360,10 +360,10 @@ class Registry:
                 if before is not None:
                     suspects = None
                 continue
-            if before is None:
-                suspects = None
             try:
                 names = os.listdir(root_fd)
+                if before is None:  # a root that came (or could not be listed before)
+                    suspects = None
                 found: dict[str, object] = {}
                 suffix = os.sep + MANIFEST_NAME
                 fresh_after = now - RACY_NS  # trusted_signature, inlined: this loop is the reload
@@ -391,8 +391,9 @@ class Registry:
                         else:
                             suspects.append((i, name))
             except OSError:
-                roots.append(None)
-                suspects = None
+                roots.append(None)  # unlisted now: unchanged if it was unlisted before too
+                if before is not None:
+                    suspects = None
                 continue
             finally:
                 os.close(root_fd)

@@ -211,7 +211,10 @@ def decode_record(
         The set or error message, and the tools' hashes.
 
     Raises:
-        ValueError, TypeError, KeyError, IndexError: The record is malformed.
+        ValueError, TypeError, KeyError, IndexError: The record is malformed. (Its codes
+            are looked up, not type-checked: a ``true`` where a code goes would pass as
+            1. Only this module writes records, into a file named for this code, each
+            snapshot and journal line under its SHA-256.)
     """
     if record[0] == _ERROR:
         message = record[1]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -112,8 +113,25 @@ def test_slot_init_refuses_what_the_dataclass_init_refuses(cls: type) -> None:
         lambda: dataclasses.dataclass(frozen=True, slots=True)(
             type("PostInit", (), {"__annotations__": {"a": "int"}, "__post_init__": lambda self: None})
         ),
+        lambda: dataclasses.dataclass(frozen=True, slots=True)(
+            type("Clash", (), {"__annotations__": {"_slot_init_set1": "int", "b": "int"}})
+        ),
+        lambda: dataclasses.dataclass(frozen=True, slots=True)(
+            type("SelfField", (), {"__annotations__": {"self": "int"}})
+        ),
+        lambda: dataclasses.dataclass(frozen=True, slots=True)(
+            type(
+                "Inherited",
+                (dataclasses.dataclass(frozen=True, slots=True)(type("Base", (), {"__annotations__": {"a": "int"}})),),
+                {"__annotations__": {"b": "int"}},
+            )
+        ),
     ],
-    ids=["not frozen", "not slotted", "a default factory", "keyword-only", "init=False", "__post_init__"],
+    ids=[
+        "not frozen", "not slotted", "a default factory", "keyword-only", "init=False",
+        "__post_init__", "a field named like the generated names", "a field named self",
+        "a field of a base class",
+    ],
 )
 def test_slot_init_refuses_a_class_it_cannot_build_exactly(make: Any) -> None:
     """Only a class whose every field is a plain positional parameter gets a slot init."""
@@ -122,3 +140,24 @@ def test_slot_init_refuses_a_class_it_cannot_build_exactly(make: Any) -> None:
     with pytest.raises(TypeError):
         model._slot_init(cls)
     assert cls.__init__ is before
+
+
+@pytest.mark.parametrize("cls", list(_ALL), ids=lambda c: c.__name__)
+def test_slot_init_annotations_resolve_in_the_models_module(cls: type) -> None:
+    """``get_type_hints`` resolves the new ``__init__``'s annotations as it does the
+    dataclass's (its globals are the module's)."""
+    assert typing.get_type_hints(cls.__init__) == typing.get_type_hints(_twin_in_model(cls).__init__)
+    assert inspect.signature(cls, eval_str=True) == inspect.signature(
+        _twin_in_model(cls), eval_str=True
+    )
+
+
+def _twin_in_model(cls: type) -> type:
+    """``_twin``, made in the models' module (where its annotations resolve)."""
+    return dataclasses.make_dataclass(
+        cls.__name__,
+        [(f.name, f.type, f) for f in dataclasses.fields(cls)],
+        frozen=True,
+        slots=True,
+        namespace={"__module__": model.__name__},
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -353,9 +354,36 @@ async def test_registry_reload_after_any_change_equals_a_rebuild(
     await registry.catalog(None)
     await registry.catalog(ws)
     assert (await registry.reload()).all_changes() == []  # the scans are taken and alike
+    before = await registry.catalog(None)
     change(tools, ws)
     later[0] = time.time_ns() + 10 * RACY_NS
     outcome = await registry.reload()
     assert outcome.all_changes()
-    assert await registry.catalog(None) == _fresh_build(home)
+    after = await registry.catalog(None)
+    assert after == _fresh_build(home)
     assert await registry.catalog(ws) == _fresh_build(home, ws)
+    if change is _change_many:  # past the limit a reload rebuilds: no entry is shared
+        assert not any(a is b for a, b in zip(after.sets, before.sets, strict=True))
+
+
+async def test_registry_a_root_it_cannot_list_twice_is_unchanged(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tools folder that opens but cannot be listed, on this scan and the last, is no
+    change: the reload keeps the snapshot instead of rebuilding it every time."""
+    _write(home / "tools", "a")
+    later = [time.time_ns() + 10 * RACY_NS]
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, clock_ns=lambda: later[0])
+    listdir = os.listdir
+
+    def failing(path: object = ".") -> list[str]:
+        if isinstance(path, int):  # the registry lists the folder it opened
+            raise OSError(5, "Input/output error")
+        return listdir(path)  # type: ignore[arg-type]
+
+    await registry.catalog(None)
+    monkeypatch.setattr(os, "listdir", failing)
+    await registry.reload()  # unlisted now, listed before: rebuilt
+    snapshot = await registry.catalog(None)
+    await registry.reload()
+    assert await registry.catalog(None) is snapshot

@@ -10,6 +10,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -242,14 +243,27 @@ def test_setstore_a_forgotten_set_comes_back_without_a_parse(home: Path, tmp_pat
     assert again == first
 
 
-def test_setstore_malformed_record_is_parsed_instead(home: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "spoil",
+    [
+        lambda record: ["set", "exec", True],  # too short to decode
+        lambda record: ["set", *record],  # the earlier form's kind marker: one too many
+        lambda record: [99, *record[1:]],  # no such runner
+        lambda record: [*record[:3], [1, 2], *record[4:]],  # a list for a catalog mask
+        lambda record: [*record[:8], [[*record[8][0][:4], -1, *record[8][0][5:]]]],  # approval
+    ],
+    ids=["short", "earlier form", "unknown runner", "catalogs not a mask", "unknown approval"],
+)
+def test_setstore_malformed_record_is_parsed_instead(
+    home: Path, tmp_path: Path, spoil: Any
+) -> None:
     """A record of the wrong shape (in an intact file) costs one parse, never a wrong set."""
     folder = tmp_path / "cache"
     first, _ = _build(home, folder)
     store = SetStore(folder)
     records = dict(store._read()[0])
     key = next(k for k in records if k.endswith("/set2"))
-    records[key] = ["set", "exec", True]  # too short to decode
+    records[key] = spoil(records[key])
     bad = SetStore(folder)
     bad._records, bad._index = records, store._read()[1]
     bad._new = {key: records[key]}
