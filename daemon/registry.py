@@ -304,13 +304,12 @@ class Registry:
         Returns:
             The new snapshot and its changes (None: unknown, diff it), or None.
         """
-        previous = self._scans.get(workspace)
         if scanned is None:  # forced: nothing to compare with
-            scanned = self._scan(workspace, None if force else previous)
-        scan, suspects = scanned
+            scanned = self._scan(workspace, None if force else self._scans.get(workspace))
+        scan, suspects = scanned  # suspects: None without a last scan to compare with
         old = self._snapshots.get(workspace)
         result: tuple[Catalog, _Changes | None] | None = None
-        if not force and old is not None and previous is not None and suspects is not None:
+        if not force and old is not None and suspects is not None:
             if not suspects:
                 return None
             result = self._patch(workspace, old, suspects)
@@ -367,8 +366,9 @@ class Registry:
                 found: dict[str, object] = {}
                 suffix = os.sep + MANIFEST_NAME
                 fresh_after = now - RACY_NS  # trusted_signature, inlined: this loop is the reload
-                # The comparison with the last scan is made here, while each signature is
-                # at hand: a second pass over 10,000 entries cost a tenth of the reload.
+                # Each signature is compared with the last scan's here, as it is taken: the
+                # suspects come with the scan, and nothing walks the entries again (on the
+                # loop or in the thread).
                 for name in names:
                     try:
                         st = stat_(name + suffix, dir_fd=root_fd)
