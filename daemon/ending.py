@@ -28,6 +28,7 @@ bytes)`` when the cap was hit). ``outputPath`` names the file. See ``spill`` for
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
@@ -51,7 +52,7 @@ from .output import (
 from .spill import Spill, SpillResult, prune
 from .streams import decode
 
-__all__ = ["build_outcome", "killpg", "reap", "terminate", "wait_exit"]
+__all__ = ["build_outcome", "exited_within", "killpg", "reap", "terminate", "wait_exit"]
 
 _REAP_BOUND_SECONDS = 5.0
 
@@ -78,6 +79,35 @@ async def wait_exit(pid: int, pidfd: int | None) -> None:
             return
         await anyio.sleep(delay)
         delay = min(delay * 2, 0.05)
+
+
+async def exited_within(pid: int, pidfd: int | None, seconds: float) -> bool:
+    """Whether the leader exits within ``seconds`` (left unreaped, as by ``wait_exit``).
+
+    With a pidfd this waits on the event loop directly: a reader on the pidfd and a
+    timer settle one future. anyio's ``move_on_after`` around ``wait_readable`` costs a
+    cancel scope, an event and a loop pass more, and most calls wait here once.
+    Cancellation reaches the ``await`` as it reaches any (anyio cancels the task).
+    """
+    if pidfd is None:
+        with anyio.move_on_after(seconds):
+            await wait_exit(pid, pidfd)
+            return True
+        return False
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[bool] = loop.create_future()
+    loop.add_reader(pidfd, _settle, waiter, True)
+    timer = loop.call_later(seconds, _settle, waiter, False)
+    try:
+        return await waiter
+    finally:
+        timer.cancel()
+        loop.remove_reader(pidfd)
+
+
+def _settle(waiter: asyncio.Future[bool], value: bool) -> None:
+    if not waiter.done():
+        waiter.set_result(value)
 
 
 async def terminate(

@@ -31,10 +31,19 @@ folder deleted meanwhile is created again), then spawns the child:
   ``fraction``, else the line as a message), at most one per ``progress_min_gap_seconds``
   (a burst is coalesced to its latest line, which is sent when the gap has passed; with
   ``CallRequest.every_progress_line``, as MCP asks, every line is reported). Lines
-  are bounded to 4 KiB. Event emissions are serialised by a lock. The task that watches
-  ``cancel`` and sends the periodic progress starts only when the leader is still running
-  5 ms after the spawn (a trivial tool is done by then, and its call never starts, nor
-  cancels, that task); a cancel set earlier is acted on at that point.
+  are bounded to 4 KiB. Event emissions are serialised by a lock.
+* Most tools are done within a few milliseconds. For 5 ms after the spawn the runner
+  waits for the leader's pidfd on the event loop itself (``ending.exited_within``: one
+  future, one timer). A leader gone by then, whose pipes are all at EOF when read once,
+  finishes the call there: no task group, no cancel scope, no reader task, no watcher
+  (a task group, a deadline scope, a shield, a ``move_on_after`` and three events
+  fewer: 29 µs when those anyio objects alone are timed on this project's benchmark
+  host). Any other call (still running, stdin the pipe did not take at once, a pipe
+  held by a grandchild, progress lines to report) goes to ``_supervise``, which starts
+  the readers, the task that watches ``cancel`` and sends the periodic progress, and the
+  deadline's scope. A cancel set within the first 5 ms is acted on at that point.
+* The environment is encoded to bytes once per runner (``Popen`` would encode a str
+  environment again at every spawn) and the call's own variables once per call.
 
 The rooms: ``call`` (the call's values and state), ``streams`` (draining stdout and
 stderr, feeding stdin), ``progress`` (the progress fd), ``ending`` (killing, reaping,
@@ -67,7 +76,7 @@ from .call import (
     elapsed_ms,
     no_process_outcome,
 )
-from .cgroup import CallUsage
+from .cgroup import CallCgroup, CallUsage
 from .confinement import (
     Confinement,
     ConfinementError,
@@ -76,7 +85,7 @@ from .confinement import (
     setup_failure,
     usage_text,
 )
-from .ending import build_outcome, killpg, reap, terminate, wait_exit
+from .ending import build_outcome, exited_within, killpg, reap, terminate, wait_exit
 from .output import CANCELLED_TEXT, start_failure_text
 from .progress import read_progress
 from .reaper import NullGuard, ProcessGroupGuard
@@ -119,6 +128,44 @@ class _CallPaths:
         self.spill_folder = spill
 
 
+class _Pipes:
+    """The daemon's ends of a call's pipes, and what was read of them before supervision."""
+
+    __slots__ = (
+        "err",
+        "err_done",
+        "out",
+        "out_done",
+        "progress",
+        "progress_read",
+        "stdin",
+        "stdin_rest",
+    )
+
+    def __init__(
+        self,
+        out: int,
+        err: int,
+        progress: int,
+        stdin: int,
+        out_done: bool,
+        err_done: bool,
+        progress_read: bytes | None,
+        stdin_rest: memoryview | None,
+    ) -> None:
+        self.out = out
+        self.err = err
+        self.progress = progress
+        self.stdin = stdin
+        #: stdout and stderr read to their EOF already.
+        self.out_done = out_done
+        self.err_done = err_done
+        #: The progress pipe's first read (b"" at EOF, None when nothing was read).
+        self.progress_read = progress_read
+        #: What the stdin pipe did not take at once.
+        self.stdin_rest = stdin_rest
+
+
 class Runner:
     """Runs exec calls.
 
@@ -144,7 +191,9 @@ class Runner:
         self._s = settings
         self._confinement = confinement
         self._limiter = limiter
-        self._base_env = dict(base_env)
+        # Encoded once: ``Popen`` encodes a str environment again for every spawn, two
+        # ``os.fsencode`` calls a variable (34 µs a spawn for 42 variables, 23 as bytes).
+        self._base_env = {os.fsencode(k): os.fsencode(v) for k, v in base_env.items()}
         self._guard: ProcessGroupGuard = guard if guard is not None else NullGuard()
         self._paths: dict[tuple[Path, Path, str], _CallPaths] = {}
         self._drainer = Drainer()
@@ -256,19 +305,19 @@ class Runner:
                     os.makedirs(folder, exist_ok=True)
         return paths
 
-    def _environment(self, request: CallRequest, paths: _CallPaths, fd: int) -> dict[str, str]:
+    def _environment(self, request: CallRequest, paths: _CallPaths, fd: int) -> dict[bytes, bytes]:
+        """The child's environment, encoded as ``Popen`` would encode it."""
+        encode = os.fsencode
         env = self._base_env.copy()
         if request.extra_env:
-            env.update(request.extra_env)
-        env.update(
-            CRYSTAL_WORKSPACE=paths.workspace,
-            CRYSTAL_SESSION=request.session,
-            CRYSTAL_APPROVAL=request.approval_mode,
-            CRYSTAL_TOOL_DATA=paths.tool_data,
-            CRYSTAL_PROJECT_DATA=paths.project_data,
-            TOOLSETD_CALL_ID=request.call_id,
-            TOOLSETD_PROGRESS_FD=str(fd),
-        )
+            env.update({encode(k): encode(v) for k, v in request.extra_env.items()})
+        env[b"CRYSTAL_WORKSPACE"] = encode(paths.workspace)
+        env[b"CRYSTAL_SESSION"] = encode(request.session)
+        env[b"CRYSTAL_APPROVAL"] = encode(request.approval_mode)
+        env[b"CRYSTAL_TOOL_DATA"] = encode(paths.tool_data)
+        env[b"CRYSTAL_PROJECT_DATA"] = encode(paths.project_data)
+        env[b"TOOLSETD_CALL_ID"] = encode(request.call_id)
+        env[b"TOOLSETD_PROGRESS_FD"] = b"%d" % fd
         return env
 
     async def _run_child(
@@ -307,7 +356,7 @@ class Runner:
                     paths.workspace,
                     (paths.workspace, paths.tool_data, paths.project_data),
                     request.approved_paths,
-                    env.get("PATH"),
+                    os.fsdecode(env[b"PATH"]) if b"PATH" in env else None,
                 )
             except ConfinementError as exc:
                 fds.close_all()
@@ -381,7 +430,6 @@ class Runner:
         keep = 4 * (s.output_limit_chars + 1)
         call = CallState(t0, events, Capture(0, keep, spill), Capture(1, keep, spill))
         call.every_progress_line = request.every_progress_line
-        done_out, done_err, done_progress = anyio.Event(), anyio.Event(), anyio.Event()
         killed = False
         leader_gone = False  # the leader is known to have exited (so reaping it cannot block)
         try:
@@ -391,81 +439,58 @@ class Runner:
             deadline = math.inf
             if toolset.timeout_seconds is not None:
                 deadline = anyio.current_time() + toolset.timeout_seconds
-            async with anyio.create_task_group() as tg:
-                readers = False  # the drains, the progress reader and the watcher are started
-                with anyio.CancelScope(deadline=deadline) as wait_scope:
-                    call.wait_scope = wait_scope
-                    await events.started(proc.pid)
-                    if stdin_data:
-                        rest = write_stdin_now(in_w, stdin_data, fds, call)
-                        if rest is not None:
-                            tg.start_soon(write_stdin, in_w, rest, fds, call)
-                    # Most tools are done within a few milliseconds, their output waiting in
-                    # the pipes: only a call that runs longer gets its reader tasks.
-                    with anyio.move_on_after(_READERS_AFTER_SECONDS):
-                        await wait_exit(proc.pid, pidfd)
-                        call.exited = leader_gone = True
-                    if not call.exited:
-                        readers = True
-                        tg.start_soon(self._drainer.drain, out_r, call.out, done_out, call)
-                        tg.start_soon(self._drainer.drain, err_r, call.err, done_err, call)
-                        gap = s.progress_min_gap_seconds
-                        tg.start_soon(read_progress, prog_r, call, done_progress, gap)
-                        tg.start_soon(self._watch, cancel, call)
-                        await wait_exit(proc.pid, pidfd)
-                        call.exited = leader_gone = True
-                if not readers:
-                    # The leader is gone: what it wrote is in the pipes, complete unless
-                    # another process (a grandchild) still holds one. Read it now, and
-                    # start a reader only for a pipe still open.
-                    for fd, capture, done in (
-                        (out_r, call.out, done_out),
-                        (err_r, call.err, done_err),
-                    ):
-                        if read_now(fd, capture):
-                            done.set()
-                        else:
-                            tg.start_soon(self._drainer.drain, fd, capture, done, call)
-                    first = read_once(prog_r)
-                    if first == b"":
-                        done_progress.set()
-                    else:
-                        gap = s.progress_min_gap_seconds
-                        tg.start_soon(read_progress, prog_r, call, done_progress, gap, first)
-                if call.exited:
-                    await all_set_within(
-                        s.drain_after_exit_seconds, done_out, done_err, done_progress
-                    )
-                    killpg(proc.pid, signal.SIGKILL)
-                    if cgroup is not None and cgroup.populated():  # one read, most calls
-                        cgroup.kill()
-                else:
-                    call.reason = call.reason or "timeout"
-                    leader_gone = await terminate(proc.pid, pidfd, s.kill_grace_seconds, kill_all)
+            await events.started(proc.pid)
+            rest = write_stdin_now(in_w, stdin_data, fds, call) if stdin_data else None
+            # Most tools are done within a few milliseconds, their output waiting in the
+            # pipes: such a call is finished here, without a task group, a cancel scope or
+            # a reader task. Only a call that runs longer, or whose stdin the pipe did not
+            # take at once, goes on to ``_supervise``.
+            out_done = err_done = False
+            progress: bytes | None = None
+            if rest is None and call.reason is None:
+                window = min(_READERS_AFTER_SECONDS, deadline - anyio.current_time())
+                if window > 0 and await exited_within(proc.pid, pidfd, window):
+                    call.exited = leader_gone = True
+                    # What it wrote is in the pipes, complete unless another process (a
+                    # grandchild) still holds one.
+                    out_done = read_now(out_r, call.out)
+                    err_done = read_now(err_r, call.err)
+                    progress = read_once(prog_r)
+            if call.exited and out_done and err_done and progress == b"":
+                killpg(proc.pid, signal.SIGKILL)
+                if cgroup is not None and cgroup.populated():  # one read, most calls
+                    cgroup.kill()
                 killed = True
-                await all_set_within(s.drain_after_exit_seconds, done_out, done_err)
-                if readers or not (
-                    done_out.is_set()
-                    and done_err.is_set()
-                    and done_progress.is_set()
-                    and in_w not in fds
-                ):
-                    tg.cancel_scope.cancel()  # (costly: it formats the task's repr)
+            else:
+                leader_gone = await self._supervise(
+                    _Pipes(out_r, err_r, prog_r, in_w, out_done, err_done, progress, rest),
+                    proc.pid,
+                    pidfd,
+                    call,
+                    fds,
+                    cancel,
+                    deadline,
+                    cgroup,
+                )
+                killed = True
         finally:
-            with anyio.CancelScope(shield=True):
-                if not killed:
-                    killpg(proc.pid, signal.SIGKILL)
-                    if kill_all is not None:
-                        kill_all()
-                await reap(proc.pid, pidfd, leader_gone, proc.poll)
-                if cgroup is not None:
-                    usage = await cgroup.finish()
-                self._guard.unregister(proc.pid)
-                fds.close_all()
-                if pidfd is not None:
-                    os.close(pidfd)
-                if not call.exited or call.reason is not None:
-                    spill.discard()
+            if not killed:
+                killpg(proc.pid, signal.SIGKILL)
+                if kill_all is not None:
+                    kill_all()
+            if leader_gone and cgroup is None:
+                proc.poll()  # the leader has exited: reaping it cannot block
+            else:
+                with anyio.CancelScope(shield=True):
+                    await reap(proc.pid, pidfd, leader_gone, proc.poll)
+                    if cgroup is not None:
+                        usage = await cgroup.finish()
+            self._guard.unregister(proc.pid)
+            fds.close_all()
+            if pidfd is not None:
+                os.close(pidfd)
+            if not call.exited or call.reason is not None:
+                spill.discard()
         measured = usage if cgroup is not None else None
         outcome = await build_outcome(request, proc.pid, proc.returncode, call, spill, s, measured)
         if prepared is not None:
@@ -510,6 +535,75 @@ class Runner:
         else:
             blocks.insert(0, {"type": "text", "text": note})
         return replace(outcome, status="error", is_error=True, content=tuple(blocks))
+
+    async def _supervise(
+        self,
+        pipes: _Pipes,
+        pid: int,
+        pidfd: int | None,
+        call: CallState,
+        fds: Fds,
+        cancel: anyio.Event,
+        deadline: float,
+        cgroup: CallCgroup | None,
+    ) -> bool:
+        """See a call to its end that ``_run_child`` could not finish at once.
+
+        That is a call whose leader outlived the first window (the reader tasks, the
+        watcher of ``cancel`` and the deadline take over), whose stdin the pipe did not take
+        at once, or whose leader exited leaving a pipe open (a grandchild holds it). Kills
+        the group once the leader is gone or the wait ends (timeout, cancel, an I/O
+        failure).
+
+        Returns:
+            Whether the leader is known to have exited (so reaping it cannot block).
+        """
+        s = self._s
+        gap = s.progress_min_gap_seconds
+        kill_all = cgroup.kill if cgroup is not None else None
+        leader_gone = call.exited
+        done_out, done_err, done_progress = anyio.Event(), anyio.Event(), anyio.Event()
+        async with anyio.create_task_group() as tg:
+            if pipes.stdin_rest is not None:
+                tg.start_soon(write_stdin, pipes.stdin, pipes.stdin_rest, fds, call)
+            if call.exited:
+                # Read what is left of each pipe another process still holds.
+                for fd, capture, done, finished in (
+                    (pipes.out, call.out, done_out, pipes.out_done),
+                    (pipes.err, call.err, done_err, pipes.err_done),
+                ):
+                    if finished:
+                        done.set()
+                    else:
+                        tg.start_soon(self._drainer.drain, fd, capture, done, call)
+                if pipes.progress_read == b"":
+                    done_progress.set()
+                else:
+                    tg.start_soon(
+                        read_progress, pipes.progress, call, done_progress, gap, pipes.progress_read
+                    )
+            else:
+                with anyio.CancelScope(deadline=deadline) as wait_scope:
+                    call.wait_scope = wait_scope
+                    if call.reason is not None:  # stdin failed before there was a scope
+                        wait_scope.cancel()
+                    tg.start_soon(self._drainer.drain, pipes.out, call.out, done_out, call)
+                    tg.start_soon(self._drainer.drain, pipes.err, call.err, done_err, call)
+                    tg.start_soon(read_progress, pipes.progress, call, done_progress, gap)
+                    tg.start_soon(self._watch, cancel, call)
+                    await wait_exit(pid, pidfd)
+                    call.exited = leader_gone = True
+            if call.exited:
+                await all_set_within(s.drain_after_exit_seconds, done_out, done_err, done_progress)
+                killpg(pid, signal.SIGKILL)
+                if cgroup is not None and cgroup.populated():  # one read, most calls
+                    cgroup.kill()
+            else:
+                call.reason = call.reason or "timeout"
+                leader_gone = await terminate(pid, pidfd, s.kill_grace_seconds, kill_all)
+            await all_set_within(s.drain_after_exit_seconds, done_out, done_err)
+            tg.cancel_scope.cancel()  # the readers of pipes still held, the watcher
+        return leader_gone
 
     async def _watch(self, cancel: anyio.Event, call: CallState) -> None:
         """Stop the call when ``cancel`` is set; meanwhile and after, the periodic progress."""

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import math
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import replace
@@ -25,6 +27,7 @@ from tests.daemon.conftest import (
     python_tool,
     sh_tool,
 )
+from toolsetd.daemon.ending import exited_within
 from toolsetd.daemon.model import LoadedTool, OutputMode
 from toolsetd.daemon.runner import CallOutcome, CallRequest, Runner, RunnerSettings
 
@@ -405,6 +408,89 @@ async def test_runner_outer_cancellation_kills_group(runner: Runner, env: Env) -
     with anyio.move_on_after(0.5):
         await runner.run(request, sink, anyio.Event())
     assert dies(int(pidfile.read_text()))
+
+
+@pytest.mark.parametrize("after", [0.0, 0.001, 0.003, 0.006, 0.02])
+async def test_runner_cancelled_in_its_first_milliseconds(
+    runner: Runner, env: Env, after: float
+) -> None:
+    """A cancellation that lands while the runner waits on the pidfd by itself (the first
+    5 ms), or just after, kills the group, closes every descriptor, and leaves nothing
+    watched on the loop: the next call, which gets the same descriptor numbers, runs."""
+    loaded = sh_tool(env.set_dir, "exec sleep 30")
+    sink = RecordingSink()
+    request = CallRequest("c", loaded, {}, env.workspace, env.home)
+    # asyncio lists what it watches nowhere public; its selector's map is where a reader
+    # left on a closed pidfd would stay (and fire for whatever reuses the number).
+    selector = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
+    watched = set(selector.get_map())
+    with anyio.move_on_after(after) as scope:
+        await runner.run(request, sink, anyio.Event())
+    assert scope.cancelled_caught
+    assert set(selector.get_map()) == watched
+    [started] = sink.of("started")
+    assert dies(started["pid"])
+    outcome = await run(runner, env, sh_tool(env.set_dir, "echo after"))
+    assert text(outcome) == "exit 0\nafter\n"
+
+
+async def test_exited_within_answers_and_unwatches_the_pidfd() -> None:
+    """``exited_within`` says False while the leader runs, True once it exits (leaving it
+    unreaped), and leaves the pidfd unwatched after each answer and after a cancellation."""
+    selector = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
+    watched = set(selector.get_map())
+    proc = subprocess.Popen(["sleep", "30"])  # noqa: TID251 - reaped below
+    pidfd = os.pidfd_open(proc.pid)
+    try:
+        assert await exited_within(proc.pid, pidfd, 0.01) is False
+        assert set(selector.get_map()) == watched
+        with anyio.move_on_after(0.01) as scope:
+            await exited_within(proc.pid, pidfd, 30)
+        assert scope.cancelled_caught
+        assert set(selector.get_map()) == watched
+        proc.kill()
+        with anyio.fail_after(5):
+            assert await exited_within(proc.pid, pidfd, 30) is True
+        assert set(selector.get_map()) == watched
+        assert os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(pidfd)
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        "echo out; echo err >&2",  # over within the first 5 ms: no task group at all
+        "sleep 0.05; echo out; echo err >&2",  # past it: the readers and the watcher
+    ],
+)
+async def test_runner_quick_and_slow_calls_end_alike(
+    runner: Runner, env: Env, script: str
+) -> None:
+    """A call that ends within the first window and one that outlives it give the same
+    outcome shape, one started event, and leave no process behind."""
+    sink = RecordingSink()
+    outcome = await run(runner, env, sh_tool(env.set_dir, script), sink=sink)
+    assert (outcome.status, outcome.exit_code) == ("ok", 0)
+    assert text(outcome) == "exit 0\nout\n\nerr\n"
+    assert (outcome.stdout_bytes, outcome.stderr_bytes) == (4, 4)
+    assert len(sink.of("started")) == 1
+
+
+async def test_runner_progress_line_of_a_quick_child_is_reported(
+    runner: Runner, env: Env
+) -> None:
+    """A child that writes a progress line and exits at once still has it reported: what
+    the first read of the progress pipe took is handed on, not dropped."""
+    script = 'echo \'{"message": "half", "fraction": 0.5}\' >&$TOOLSETD_PROGRESS_FD'
+    loaded = make_tool(env.set_dir, command=("/bin/bash", "-c", script))
+    sink = RecordingSink()
+    outcome = await run(runner, env, loaded, sink=sink)
+    assert outcome.status == "ok"
+    reported = [(p.get("message"), p.get("fraction")) for p in sink.of("progress")]
+    assert ("half", 0.5) in reported
 
 
 @pytest.mark.slow
