@@ -12,9 +12,10 @@ A connection's socket is driven by the event loop's own socket transport (``Wire
   requests are pipelined and answered in any order, and a long call never holds the
   reader up. After 64 inline answers in a row the reader yields to the other tasks.
   While the reader waits between requests (no partial line, no idle timer, nothing
-  queued), a chunk that is one whole line holding an inline request is answered in the
-  transport's own callback (``_answer_at_once``), exactly as the reader would answer it,
-  without waking the reader: the wake-up was over a quarter of such a request's cost;
+  queued), a chunk that is one whole line is taken in the transport's own callback
+  (``_answer_at_once``), exactly as the reader would take it, without waking the
+  reader: an inline request is answered (the wake-up was over a quarter of its cost),
+  and any other message gets its handler task;
 * sending that never waits. ``send_message`` hands the frame to the transport unless
   its buffer is over ``send_buffer`` bytes (the peer is not reading) or older frames
   already wait. Then progress notifications are dropped (the next one carries the same
@@ -99,8 +100,8 @@ Handler = Callable[["RequestContext", Any], Awaitable[Any]]
 #: Received bytes held for the reader before the socket stops being read.
 _READ_BUFFER = 256 * 1024
 _NEWLINE = 0x0A
-#: The longest chunk ``_answer_at_once`` parses: inline requests are small, and a larger
-#: line (parsed again by the reader when it is not one) is left to the reader unread.
+#: The longest chunk ``_answer_at_once`` takes: requests are small, and a larger line is
+#: left to the reader unread.
 _AT_ONCE_MAX = 4096
 #: Inline answers in one run of the reader before it lets other tasks run.
 _INLINE_BURST = 64
@@ -195,8 +196,6 @@ class Connection:
         self._server = server
         self._settings = server.settings
         self._codec = Codec(max_frame_size=server.settings.max_frame_size)
-        #: The inline methods as JSON strings (``b'"status"'``), for ``_answer_at_once``.
-        self._inline_names = tuple(orjson.dumps(name) for name in server.inline_methods)
         self._wire: Wire | None = None
         self._closed = False
         self._aborted = False
@@ -212,6 +211,8 @@ class Connection:
         #: place where a bind method may take the connection over (``mcp.bind``).
         self.may_bind = False
         self._scope: anyio.CancelScope | None = None
+        #: The task group of the message handlers while the connection is served.
+        self._handlers: anyio.abc.TaskGroup | None = None
         #: True only while the reader waits between requests with no timer (see
         #: ``_answer_at_once``); the loop's clock once the connection is served.
         self._between_requests = False
@@ -354,7 +355,11 @@ class Connection:
         try:
             async with anyio.create_task_group() as handlers:
                 self._scope = handlers.cancel_scope
-                await self._reader(handlers)
+                self._handlers = handlers
+                try:
+                    await self._reader(handlers)
+                finally:
+                    self._handlers = None
                 self.cancel_calls()
             if not self._aborted and not wire.lost:
                 # Every handler has answered: flush, then close (bounded like any write).
@@ -485,40 +490,41 @@ class Connection:
                 return
 
     def _answer_at_once(self, data: bytes) -> bool:
-        """Answer a chunk that is one inline request, in the transport's callback.
+        """Take a chunk that is one whole message in the transport's callback.
 
         Taken only while the reader waits between requests (it has seen a request, holds
         no partial line and no idle timer, and nothing waits to be sent), for a chunk of
-        exactly one line holding a request for an inline method: what the reader would do
-        with it is dispatch it and commit the answer, and that is done here, without the
-        future, the task step and the awaits that wake the reader. The frame count only
-        tells the reader's first frame (``may_bind``), which this never is. Anything else
-        is left untouched (False), and the reader takes it as before.
+        exactly one line that parses: what the reader would do with it is done here,
+        without the future, the task step and the awaits that wake the reader. A request
+        for an inline method is dispatched and answered; any other message gets its
+        handler task (``_start_message``), as the reader would start it. The frame count
+        only tells the reader's first frame (``may_bind``), which this never is. Anything
+        else is left untouched (False), and the reader takes it as before.
         """
         if (
             not self._between_requests
-            or self.route is not None
             or self._closed
             or self._stop_reading
             or len(data) > _AT_ONCE_MAX
             or data.find(_NEWLINE) != len(data) - 1
         ):
             return False
-        wire = self._wire
-        if wire is None or wire.backlogged:
-            return False
-        for name in self._inline_names:  # only a line naming one can hold one: parse no other
-            if name in data:
-                break
-        else:
+        wire, handlers = self._wire, self._handlers
+        if wire is None or wire.backlogged or handlers is None:
             return False
         try:
             value = loads(data)
         except orjson.JSONDecodeError:
             return False  # the reader answers it (or skips a blank line)
         method = value.get("method") if type(value) is dict else None
-        if type(method) is not str or method not in self._server.inline_methods:
-            return False
+        if (
+            self.route is not None
+            or type(method) is not str
+            or method not in self._server.inline_methods
+        ):
+            self.last_active = self._clock()
+            self._start_message(handlers, value)
+            return True
         self.last_active = self._clock()
         # An inline handler never waits, so its coroutine runs to its end in one step.
         answering = self._server.dispatch_one(self, value)

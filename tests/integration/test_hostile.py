@@ -320,11 +320,11 @@ def test_a_request_answered_at_once_counts_as_activity(small: Daemon) -> None:
 def test_inline_requests_between_requests_are_answered_whatever_their_spelling(
     small: Daemon,
 ) -> None:
-    """What the at-once path does not take, the reader still answers, in order.
+    """Whichever path takes them, the answers come in order.
 
-    An escaped method name (not spotted by the at-once path's byte search), two requests
-    in one chunk, a CRLF line and a blank line before a request all arrive while the
-    reader waits between requests.
+    An escaped method name, two requests in one chunk (the reader's), a CRLF line and a
+    blank line before a request (the reader's) all arrive while the reader waits between
+    requests.
     """
     with small.raw() as conn:
         assert "result" in conn.request("status")
@@ -338,6 +338,44 @@ def test_inline_requests_between_requests_are_answered_whatever_their_spelling(
         conn.send_bytes(b'\n{"jsonrpc":"2.0","id":"after-blank","method":"status"}\n')
         reply = conn.receive()
         assert reply["id"] == "after-blank" and "result" in reply
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b"5\n", -32600),
+        (b"[]\n", -32600),
+        (b'{"jsonrpc":"2.0","id":"u","method":"no.such.method"}\n', -32601),
+        (b'{"jsonrpc":"2.0","id":"p","method":"invoke","params":{"tool":1}}\n', -32602),
+        (b'{"jsonrpc":"2.0","id":"p","method":"invoke","params":[1, 2]}\n', -32602),
+        (b'{"jsonrpc":"1.0","id":"v","method":"list"}\n', -32600),
+        (b"{not json\n", -32700),  # not taken at once: the reader answers it
+        (b'[{"jsonrpc":"2.0","id":"b","method":"status"}, 7]\n', "batch"),
+        (b'{"jsonrpc":"2.0","id":"l","method":"list","params":{}}\n', "result"),
+        (b'{"jsonrpc":"2.0","method":"status"}\n', "nothing"),  # a notification
+    ],
+    ids=lambda value: value.decode().strip()[:40] if isinstance(value, bytes) else str(value),
+)
+def test_a_message_between_requests_gets_the_readers_answer(
+    small: Daemon, line: bytes, expected: Any
+) -> None:
+    """A lone line that arrives while the reader waits between requests is taken in the
+    transport's callback (``Connection._answer_at_once``), whatever it holds: it gets the
+    answer the reader would give, and the connection goes on serving."""
+    with small.raw() as conn:
+        assert "result" in conn.request("status")  # now the reader waits between requests
+        conn.send_bytes(line)
+        if expected != "nothing":
+            reply = conn.receive()
+            if expected == "batch":
+                assert [item.get("id") for item in reply] == ["b", None], reply
+                assert "result" in reply[0] and reply[1]["error"]["code"] == -32600
+            elif expected == "result":
+                assert "result" in reply, reply
+            else:
+                assert reply["error"]["code"] == expected, reply
+        after = conn.request("status")
+        assert "result" in after and after["id"] == 2, after
 
 
 def test_busy_connections_are_never_evicted(small: Daemon) -> None:

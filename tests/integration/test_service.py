@@ -530,20 +530,32 @@ def test_orphans_die_when_the_daemon_process_group_is_sigkilled(
 # -- limits ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("delivery", ["one chunk", "a line at a time"])
 def test_limits_in_flight_calls_per_connection(
-    svc_home: Path, workspace: Path, tmp_base: Path
+    svc_home: Path, workspace: Path, tmp_base: Path, delivery: str
 ) -> None:
-    """With --max-calls-per-connection 2, a third pipelined invoke gets -32008 naming the limit."""
+    """With --max-calls-per-connection 2, a third pipelined invoke gets -32008 naming the limit.
+
+    In one chunk the reader takes the three; a line at a time, after a first request, each
+    arrives while the reader waits between requests and is taken in the transport's
+    callback (``Connection._answer_at_once``): the limit holds there too.
+    """
     d = start_daemon(svc_home, workspace, tmp_base,
                      ["--no-watch", "--max-calls-per-connection", "2"])
     try:
         with d.raw(timeout=15) as conn:
-            batch = b"".join(
+            lines = [
                 json.dumps({"jsonrpc": "2.0", "method": "invoke", "id": f"c{i}",
                             "params": params(workspace, "short", f"c{i}")}).encode() + b"\n"
                 for i in range(3)
-            )
-            conn.send_bytes(batch)
+            ]
+            if delivery == "one chunk":
+                conn.send_bytes(b"".join(lines))
+            else:
+                assert "result" in conn.request("status")
+                for line in lines:
+                    conn.send_bytes(line)
+                    time.sleep(0.05)  # each its own chunk, well within the 0.3 s calls
             responses: dict[str, dict[str, Any]] = {}
             while len(responses) < 3:
                 message = conn.receive()
