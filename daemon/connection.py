@@ -13,9 +13,10 @@ A connection's socket is driven by the event loop's own socket transport (``Wire
   reader up. After 64 inline answers in a row the reader yields to the other tasks.
   While the reader waits between requests (no partial line, no idle timer, nothing
   queued), a chunk that is one whole line is taken in the transport's own callback
-  (``_answer_at_once``), exactly as the reader would take it, without waking the
-  reader: an inline request is answered (the wake-up was over a quarter of its cost),
-  and any other message gets its handler task;
+  (``_answer_at_once``), without waking the reader: an inline request is answered (the
+  wake-up was over a quarter of its cost), and any other message gets its handler task,
+  as the reader would start it. A line over the frame limit, one that does not parse,
+  and a chunk of more or less than one line are left to the reader;
 * sending that never waits. ``send_message`` hands the frame to the transport unless
   its buffer is over ``send_buffer`` bytes (the peer is not reading) or older frames
   already wait. Then progress notifications are dropped (the next one carries the same
@@ -196,6 +197,9 @@ class Connection:
         self._server = server
         self._settings = server.settings
         self._codec = Codec(max_frame_size=server.settings.max_frame_size)
+        #: The longest chunk ``_answer_at_once`` takes: a line within the frame limit (the
+        #: codec's to enforce: it answers -32007 and closes) and within ``_AT_ONCE_MAX``.
+        self._at_once_max = min(_AT_ONCE_MAX, server.settings.max_frame_size + 1)
         self._wire: Wire | None = None
         self._closed = False
         self._aborted = False
@@ -505,7 +509,7 @@ class Connection:
             not self._between_requests
             or self._closed
             or self._stop_reading
-            or len(data) > _AT_ONCE_MAX
+            or len(data) > self._at_once_max
             or data.find(_NEWLINE) != len(data) - 1
         ):
             return False

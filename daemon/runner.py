@@ -38,10 +38,13 @@ folder deleted meanwhile is created again), then spawns the child:
   finishes the call there: no task group, no cancel scope, no reader task, no watcher
   (a task group, a deadline scope, a shield, a ``move_on_after`` and three events
   fewer: 29 µs when those anyio objects alone are timed on this project's benchmark
-  host). Any other call (still running, stdin the pipe did not take at once, a pipe
-  held by a grandchild, progress lines to report) goes to ``_supervise``, which starts
-  the readers, the task that watches ``cancel`` and sends the periodic progress, and the
-  deadline's scope. A cancel set within the first 5 ms is acted on at that point.
+  host). Any other call goes to ``_supervise``. A leader gone within the 5 ms whose
+  pipe another process still holds, or that wrote progress lines, gets readers for what
+  is left, bounded by ``drain_after_exit_seconds``. A leader still running after them,
+  or a call whose stdin the pipe did not take at once (it goes there straight after the
+  spawn), gets the readers, the stdin writer, the task that watches ``cancel`` and sends
+  the periodic progress, and the deadline's scope. A cancel set within the first 5 ms
+  is acted on only then: a call over by then is not cancelled.
 * The environment is encoded to bytes once per runner (``Popen`` would encode a str
   environment again at every spawn) and the call's own variables once per call.
 
@@ -346,7 +349,11 @@ class Runner:
             fds.close_all()
             return no_process_outcome(t0, start_failure_text(exc.strerror), spawn_failed=True)
         paths = self._call_paths(request)
-        env = self._environment(request, paths, prog_w)
+        try:
+            env = self._environment(request, paths, prog_w)
+        except ValueError as exc:  # a value the file system encoding cannot encode
+            fds.close_all()
+            return no_process_outcome(t0, start_failure_text(str(exc)), spawn_failed=True)
         prepared: Prepared | None = None
         if self._confinement is not None:
             try:

@@ -239,6 +239,19 @@ async def test_runner_argv_error_starts_nothing(runner: Runner, env: Env) -> Non
     assert text(outcome) == "exec requires a command array."
 
 
+async def test_runner_unencodable_environment_value_is_a_start_failure(
+    runner: Runner, env: Env
+) -> None:
+    """A value the environment cannot carry (a lone surrogate) fails the start like any
+    spawn failure: an error outcome, no process, every pipe closed (``no_fd_leak``)."""
+    request = CallRequest(
+        "c", sh_tool(env.set_dir, "true"), {}, env.workspace, env.home, session="\ud800"
+    )
+    outcome = await runner.run(request, RecordingSink(), anyio.Event())
+    assert (outcome.started, outcome.spawn_failed, outcome.is_error) == (False, True, True)
+    assert "surrogate" in text(outcome)
+
+
 async def test_runner_start_failure(runner: Runner, env: Env) -> None:
     """A missing executable gives the start failure text and no started event."""
     sink = RecordingSink()
@@ -420,8 +433,9 @@ async def test_runner_cancelled_in_its_first_milliseconds(
     loaded = sh_tool(env.set_dir, "exec sleep 30")
     sink = RecordingSink()
     request = CallRequest("c", loaded, {}, env.workspace, env.home)
-    # asyncio lists what it watches nowhere public; its selector's map is where a reader
-    # left on a closed pidfd would stay (and fire for whatever reuses the number).
+    # asyncio lists what it watches nowhere public; its selector's map shows anything the
+    # run left watched. (A reader exited_within left would be masked here by the reap's own
+    # wait on the same pidfd: test_exited_within_answers_and_unwatches_the_pidfd has it.)
     selector = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
     watched = set(selector.get_map())
     with anyio.move_on_after(after) as scope:

@@ -437,6 +437,27 @@ def test_an_oversize_line_is_answered_before_the_close() -> None:
             assert json.loads(line)["error"]["code"] == -32007, line
 
 
+@pytest.mark.parametrize("method", ["list", "status"])
+def test_an_oversize_line_between_requests_is_refused_too(method: str) -> None:
+    """The size limit holds for a lone line that arrives while the reader waits between
+    requests (taken in the transport's callback when it is within the limit): over it,
+    -32007 and the close, whether it names an inline method or not."""
+    with daemon_in("tsz-", args=["--no-watch", "--max-message-bytes", "100"]) as d:
+        with d.raw() as conn:
+            assert "result" in conn.request("status")
+            line = json.dumps({"jsonrpc": "2.0", "id": 2, "method": method,
+                               "params": {"pad": "a" * 200}}).encode() + b"\n"
+            conn.send_bytes(line)
+            reply = conn.receive()
+            assert reply["error"]["code"] == -32007, reply
+            assert conn.closed_by_peer()
+        with d.raw() as conn:  # just within the limit: answered
+            assert "result" in conn.request("status")
+            line = json.dumps({"jsonrpc": "2.0", "id": 2, "method": method}).encode()
+            conn.send_bytes(line + b" " * (100 - len(line)) + b"\n")
+            assert conn.receive()["id"] == 2
+
+
 def test_past_the_in_flight_limit_each_frame_is_answered_as_itself() -> None:
     """-32008 carries the request's id; a notification gets nothing; a batch an array."""
     args = ["--no-watch", "--max-calls-per-connection", "1"]
