@@ -520,16 +520,15 @@ class Connection:
             value = loads(data)
         except orjson.JSONDecodeError:
             return False  # the reader answers it (or skips a blank line)
+        self.last_active = self._clock()
         method = value.get("method") if type(value) is dict else None
         if (
             self.route is not None
             or type(method) is not str
             or method not in self._server.inline_methods
         ):
-            self.last_active = self._clock()
             self._start_message(handlers, value)
             return True
-        self.last_active = self._clock()
         # An inline handler never waits, so its coroutine runs to its end in one step.
         answering = self._server.dispatch_one(self, value)
         try:

@@ -131,6 +131,13 @@ class _CallPaths:
         self.spill_folder = spill
 
 
+def _kill_rest(pgid: int, cgroup: CallCgroup | None) -> None:
+    """The leader has exited: SIGKILL what is left of its group, and of its cgroup."""
+    killpg(pgid, signal.SIGKILL)
+    if cgroup is not None and cgroup.populated():  # one read, most calls
+        cgroup.kill()
+
+
 class _Pipes:
     """The daemon's ends of a call's pipes, and what was read of them before supervision."""
 
@@ -464,9 +471,7 @@ class Runner:
                     err_done = read_now(err_r, call.err)
                     progress = read_once(prog_r)
             if call.exited and out_done and err_done and progress == b"":
-                killpg(proc.pid, signal.SIGKILL)
-                if cgroup is not None and cgroup.populated():  # one read, most calls
-                    cgroup.kill()
+                _kill_rest(proc.pid, cgroup)
                 killed = True
             else:
                 leader_gone = await self._supervise(
@@ -602,9 +607,7 @@ class Runner:
                     call.exited = leader_gone = True
             if call.exited:
                 await all_set_within(s.drain_after_exit_seconds, done_out, done_err, done_progress)
-                killpg(pid, signal.SIGKILL)
-                if cgroup is not None and cgroup.populated():  # one read, most calls
-                    cgroup.kill()
+                _kill_rest(pid, cgroup)
             else:
                 call.reason = call.reason or "timeout"
                 leader_gone = await terminate(pid, pidfd, s.kill_grace_seconds, kill_all)
