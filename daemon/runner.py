@@ -13,10 +13,11 @@ folder deleted meanwhile is created again), then spawns the child:
   inherit each other's ends). The progress pipe's write end is passed with ``pass_fds``
   and named in ``TOOLSETD_PROGRESS_FD``. Every child end is closed in the daemon right
   after the spawn, and every daemon end in ``finally``.
-* The child is spawned with ``subprocess.Popen`` (argv list, no shell, explicit env and cwd,
-  ``start_new_session=True`` so it leads its own process group) and watched through a
-  pidfd on the event loop. This is what ``anyio.open_process`` does minus its stream
-  wrappers and the asyncio child watcher thread: the pidfd tells us when the leader has
+* The child is spawned by ``spawn.Spawner`` (what ``subprocess.Popen`` does for these
+  options, without its per-spawn checks and environment encoding: argv list, no shell,
+  explicit env and cwd, a new session so it leads its own process group) and watched
+  through a pidfd on the event loop. This is what ``anyio.open_process`` does minus its
+  stream wrappers and the asyncio child watcher thread: the pidfd tells us when the leader has
   exited *without reaping it*, and an unreaped leader keeps its pid reserved as the
   group id, so every ``killpg`` below can never hit a recycled group. There is no
   ``preexec_fn`` (it would force ``fork()``), so no ``PR_SET_PDEATHSIG``: the optional
@@ -45,8 +46,8 @@ folder deleted meanwhile is created again), then spawns the child:
   spawn), gets the readers, the stdin writer, the task that watches ``cancel`` and sends
   the periodic progress, and the deadline's scope. A cancel set within the first 5 ms
   is acted on only then: a call over by then is not cancelled.
-* The environment is encoded to bytes once per runner (``Popen`` would encode a str
-  environment again at every spawn) and the call's own variables once per call.
+* The environment is encoded to ``KEY=value`` bytes once per runner (``Popen`` would
+  encode it again at every spawn) and the call's own variables once per call.
 
 The rooms: ``call`` (the call's values and state), ``streams`` (draining stdout and
 stderr, feeding stdin), ``progress`` (the progress fd), ``ending`` (killing, reaping,
@@ -92,6 +93,7 @@ from .ending import build_outcome, exited_within, killpg, reap, terminate, wait_
 from .output import CANCELLED_TEXT, start_failure_text
 from .progress import read_progress
 from .reaper import NullGuard, ProcessGroupGuard
+from .spawn import Spawner
 from .spill import SPILL_FOLDER, Spill
 from .streams import (
     Capture,
@@ -117,6 +119,16 @@ _READERS_AFTER_SECONDS = 0.005  # a call running longer gets its reader and watc
 #: ``_THREADS_FOR_SECONDS``, go to the worker threads.
 _SLOW_SPAWNS = 2
 _THREADS_FOR_SECONDS = 1.0
+#: The variables every call sets in its child's environment (``_environment``).
+_CALL_VARIABLES = (
+    "CRYSTAL_WORKSPACE",
+    "CRYSTAL_SESSION",
+    "CRYSTAL_APPROVAL",
+    "CRYSTAL_TOOL_DATA",
+    "CRYSTAL_PROJECT_DATA",
+    "TOOLSETD_CALL_ID",
+    "TOOLSETD_PROGRESS_FD",
+)
 
 
 class _CallPaths:
@@ -201,9 +213,7 @@ class Runner:
         self._s = settings
         self._confinement = confinement
         self._limiter = limiter
-        # Encoded once: ``Popen`` encodes a str environment again for every spawn, two
-        # ``os.fsencode`` calls a variable (34 µs a spawn for 42 variables, 23 as bytes).
-        self._base_env = {os.fsencode(k): os.fsencode(v) for k, v in base_env.items()}
+        self._spawner = Spawner(base_env, _CALL_VARIABLES)
         self._guard: ProcessGroupGuard = guard if guard is not None else NullGuard()
         self._paths: dict[tuple[Path, Path, str], _CallPaths] = {}
         self._drainer = Drainer()
@@ -315,20 +325,21 @@ class Runner:
                     os.makedirs(folder, exist_ok=True)
         return paths
 
-    def _environment(self, request: CallRequest, paths: _CallPaths, fd: int) -> dict[bytes, bytes]:
-        """The child's environment, encoded as ``Popen`` would encode it."""
+    def _environment(self, request: CallRequest, paths: _CallPaths, fd: int) -> list[bytes]:
+        """The child's environment, as the ``KEY=value`` bytes ``execve`` takes."""
         encode = os.fsencode
-        env = self._base_env.copy()
-        if request.extra_env:
-            env.update({encode(k): encode(v) for k, v in request.extra_env.items()})
-        env[b"CRYSTAL_WORKSPACE"] = encode(paths.workspace)
-        env[b"CRYSTAL_SESSION"] = encode(request.session)
-        env[b"CRYSTAL_APPROVAL"] = encode(request.approval_mode)
-        env[b"CRYSTAL_TOOL_DATA"] = encode(paths.tool_data)
-        env[b"CRYSTAL_PROJECT_DATA"] = encode(paths.project_data)
-        env[b"TOOLSETD_CALL_ID"] = encode(request.call_id)
-        env[b"TOOLSETD_PROGRESS_FD"] = b"%d" % fd
-        return env
+        return self._spawner.environment(
+            request.extra_env,
+            (
+                (b"CRYSTAL_WORKSPACE", encode(paths.workspace)),
+                (b"CRYSTAL_SESSION", encode(request.session)),
+                (b"CRYSTAL_APPROVAL", encode(request.approval_mode)),
+                (b"CRYSTAL_TOOL_DATA", encode(paths.tool_data)),
+                (b"CRYSTAL_PROJECT_DATA", encode(paths.project_data)),
+                (b"TOOLSETD_CALL_ID", encode(request.call_id)),
+                (b"TOOLSETD_PROGRESS_FD", b"%d" % fd),
+            ),
+        )
 
     async def _run_child(
         self,
@@ -370,7 +381,7 @@ class Runner:
                     paths.workspace,
                     (paths.workspace, paths.tool_data, paths.project_data),
                     request.approved_paths,
-                    os.fsdecode(env[b"PATH"]) if b"PATH" in env else None,
+                    request.extra_env.get("PATH", self._spawner.path),
                 )
             except ConfinementError as exc:
                 fds.close_all()
@@ -384,14 +395,13 @@ class Runner:
         usage = CallUsage()
         spawning = prepared.spawning() if prepared is not None else contextlib.nullcontext()
         spawn = functools.partial(
-            subprocess.Popen,  # noqa: TID251 - waited for by pidfd, never reaped early
+            self._spawner.spawn,
             argv,
+            env=env,
+            cwd=paths.workspace,
             stdin=in_r,
             stdout=out_w,
             stderr=err_w,
-            cwd=paths.workspace,
-            env=env,
-            start_new_session=True,
             pass_fds=(prog_w,),
         )
         try:
