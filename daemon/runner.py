@@ -507,6 +507,8 @@ class Runner:
                     await reap(proc.pid, pidfd, leader_gone, proc.poll)
                     if cgroup is not None:
                         usage = await cgroup.finish()
+            if proc.returncode is None:  # not reaped within the bound: a later spawn reaps it
+                self._spawner.keep_unreaped(proc)
             self._guard.unregister(proc.pid)
             fds.close_all()
             if pidfd is not None:

@@ -17,6 +17,13 @@ allowed), then reads the exec-status pipe as ``Popen`` does. So the child, its f
 descriptors and its errors are ``Popen``'s: a failed exec is an ``OSError`` naming the
 file it failed on (the executable, or the working directory when ``chdir`` failed).
 
+Two things ``Popen`` does beside the spawn are kept. A failure before the exec is raised
+as this Python's ``Popen`` raises it (3.13 reports a failed ``chdir`` as ``noexec:chdir``
+and names no file for the other steps; 3.11 and 3.12 name the working directory for
+both). A child the runner could not reap within its bound is handed back
+(``keep_unreaped``) and reaped by a later spawn, as ``Popen``'s ``_cleanup`` reaps an
+instance dropped unreaped: no zombie is left for the daemon's lifetime.
+
 ``fork_exec`` is CPython's private API. Python 3.11 to 3.13 take the same 23 arguments
 (checked against each version's ``subprocess.py``; 3.14 drops the last); on any other
 version, or when ``direct`` is off, ``Spawner`` starts the child with ``Popen`` itself,
@@ -34,6 +41,7 @@ import builtins
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
@@ -108,6 +116,23 @@ class Spawner:
         if direct is None:
             direct = sys.version_info[:2] in _DIRECT_VERSIONS
         self.direct = direct
+        #: Children handed back unreaped (``keep_unreaped``), and the lock spawns in worker
+        #: threads take to reap them.
+        self._unreaped: list[Child] = []
+        self._unreaped_lock = threading.Lock()
+
+    def keep_unreaped(self, child: Child) -> None:
+        """Take a child that could not be reaped yet: the next spawns reap it once it exits.
+
+        ``Popen`` does this for an instance dropped unreaped (its ``__del__`` and
+        ``_cleanup``); a child started by ``fork_exec`` would stay a zombie instead.
+        """
+        with self._unreaped_lock:
+            self._unreaped.append(child)
+
+    def _reap_kept(self) -> None:
+        with self._unreaped_lock:
+            self._unreaped = [c for c in self._unreaped if c.poll() is None]
 
     def environment(
         self, extra: Mapping[str, str], fixed: Iterable[tuple[bytes, bytes]]
@@ -125,7 +150,10 @@ class Spawner:
             if any(b"=" in k for k in added):
                 raise ValueError("illegal environment variable name")
             if not added.keys().isdisjoint(self._base_keys):  # rare: replace in place
-                env = [e for e in env if e.partition(b"=")[0] not in added]
+                env = [
+                    k + b"=" + added.pop(k) if (k := e.partition(b"=")[0]) in added else e
+                    for e in env
+                ]
             env.extend(k + b"=" + v for k, v in added.items() if k not in self._fixed)
         env.extend(k + b"=" + v for k, v in fixed)
         return env
@@ -152,6 +180,8 @@ class Spawner:
                 NUL byte.
             subprocess.SubprocessError: The child failed in a way ``Popen`` reports so.
         """
+        if self._unreaped:
+            self._reap_kept()
         if not self.direct:
             return subprocess.Popen(  # noqa: TID251 - the runner waits by pidfd, reaps once
                 argv,
@@ -197,7 +227,7 @@ def _start(
                 argv,
                 executables,
                 True,  # close_fds
-                tuple(sorted((*pass_fds, errpipe_write))),
+                tuple(sorted({*pass_fds, errpipe_write})),
                 cwd,
                 env,
                 stdin,
@@ -247,10 +277,13 @@ def _raise_failure(pid: int, data: bytes, executable: str, cwd: str) -> None:
     kind = getattr(builtins, name.decode("ascii", "replace"), subprocess.SubprocessError)
     if isinstance(kind, type) and issubclass(kind, OSError) and hex_errno:
         number = int(hex_errno, 16)
-        never_exec = message == "noexec"
-        filename = cwd if never_exec else executable  # "noexec": chdir(cwd) failed
-        text = os.strerror(number) if number else ("" if never_exec else message)
-        raise kind(number, text, filename)
+        filename: str | None = executable
+        if message == "noexec:chdir":  # 3.13 on: the chdir(cwd) before the exec failed
+            filename, message = cwd, ""
+        elif message == "noexec":  # a step before the exec; before 3.13 it was the chdir
+            filename, message = (cwd if sys.version_info < (3, 13) else None), ""
+        text = os.strerror(number) if number else message
+        raise kind(number, text) if filename is None else kind(number, text, filename)
     if isinstance(kind, type) and issubclass(kind, BaseException):
         raise kind(message)
     raise subprocess.SubprocessError(message)

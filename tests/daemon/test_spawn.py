@@ -7,6 +7,7 @@ fail exactly as ``Popen`` fails.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -18,7 +19,7 @@ import pytest
 from tests.daemon.conftest import open_fds
 from toolsetd.daemon.spawn import Child, Spawner
 
-BASE = {"PATH": "/usr/bin:/bin", "KEEP": "base", "TRACEPARENT": "old", "CRYSTAL_SESSION": "stale"}
+BASE = {"PATH": "/usr/bin:/bin", "TRACEPARENT": "old", "KEEP": "base", "CRYSTAL_SESSION": "stale"}
 FIXED = ("CRYSTAL_SESSION", "TOOLSETD_CALL_ID")
 
 
@@ -81,8 +82,8 @@ def test_environment_is_the_base_with_the_call_over_it(spawner: Spawner) -> None
     )
     assert env == [
         b"PATH=/usr/bin:/bin",
-        b"KEEP=base",
         b"TRACEPARENT=new",
+        b"KEEP=base",
         b"EXTRA=\xc3\xa9",
         b"CRYSTAL_SESSION=s1",
         b"TOOLSETD_CALL_ID=c1",
@@ -191,6 +192,67 @@ def test_a_failed_exec_names_the_file_and_leaves_no_child(
     assert caught.value.filename == named
     assert caught.value.strerror == os.strerror(caught.value.errno)
     assert _children() == children
+
+
+def test_a_failure_before_the_exec_is_reported_as_popen_reports_it(tmp_path: Path) -> None:
+    """A step between the fork and the exec that fails (here the dup2 of a closed stdin)
+    raises what this Python's ``Popen`` raises for it: Python 3.13 names no file where
+    3.11 and 3.12 name the working directory; a failed chdir names it in every version."""
+    if not Spawner({}, ()).direct:
+        pytest.skip(f"fork_exec's arguments are not known on Python {sys.version_info[:2]}")
+    closed = 900
+    with pytest.raises(OSError):
+        os.fstat(closed)
+
+    def failure(direct: bool, stdin: int, cwd: str) -> tuple[type, int | None, str | None]:
+        spawner = Spawner(BASE, FIXED, direct=direct)
+        with pytest.raises(OSError) as caught:
+            spawner.spawn(
+                ["/bin/true"], env=[], cwd=cwd, stdin=stdin, stdout=1, stderr=2, pass_fds=()
+            )
+        return type(caught.value), caught.value.errno, caught.value.filename
+
+    for stdin, cwd in ((closed, str(tmp_path)), (0, str(tmp_path / "gone"))):
+        assert failure(True, stdin, cwd) == failure(False, stdin, cwd)
+    assert failure(True, closed, str(tmp_path))[1] == errno.EBADF
+
+
+def test_a_child_kept_unreaped_is_reaped_by_a_later_spawn(spawner: Spawner) -> None:
+    """The runner hands back a leader it could not reap within its bound; it must not stay
+    a zombie (a dropped ``Popen`` is reaped by the next ``Popen``; ``fork_exec``'s child
+    has nobody else)."""
+    r, w = os.pipe2(os.O_CLOEXEC)
+    try:
+        child = spawner.spawn(
+            ["/bin/sh", "-c", "read line"],
+            env=[],
+            cwd="/",
+            stdin=r,
+            stdout=1,
+            stderr=2,
+            pass_fds=(),
+        )
+    finally:
+        os.close(r)
+    assert child.poll() is None
+    spawner.keep_unreaped(child)
+    os.close(w)  # it reads EOF and exits
+    end = time.monotonic() + 10
+    while _state(child.pid) != "Z":
+        assert time.monotonic() < end, "the child did not exit"
+        time.sleep(0.002)
+    run(spawner, ["/bin/true"])
+    assert _state(child.pid) is None
+    assert child.returncode is not None
+
+
+def _state(pid: int) -> str | None:
+    """A process's state letter, None once it is gone (reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
 
 
 def test_a_nul_byte_is_refused_before_any_child(spawner: Spawner) -> None:
