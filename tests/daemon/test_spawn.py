@@ -98,11 +98,10 @@ def test_environment_is_the_base_with_the_call_over_it(spawner: Spawner) -> None
     [({"A=B": "x"}, "illegal environment variable name"), ({"A": "\ud800"}, "surrogate")],
     ids=["equals-in-name", "unencodable"],
 )
-def test_environment_refuses_what_execve_cannot_carry(
-    spawner: Spawner, extra: dict[str, str], fragment: str
-) -> None:
+def test_environment_refuses_what_execve_cannot_carry(extra: dict[str, str], fragment: str) -> None:
+    """One check for both ways of starting: the environment is built before either."""
     with pytest.raises(ValueError, match=fragment):
-        spawner.environment(extra, ())
+        Spawner(BASE, FIXED).environment(extra, ())
 
 
 def test_argv_cwd_and_the_bare_name_found_on_the_child_path(
@@ -161,6 +160,17 @@ def test_the_child_leads_a_new_session_with_default_signals(spawner: Spawner) ->
 def test_poll_reports_exit_codes_and_signals(spawner: Spawner) -> None:
     assert run(spawner, ["/bin/sh", "-c", "exit 7"])[1] == 7
     assert run(spawner, ["/bin/sh", "-c", "kill -TERM $$"])[1] == -15
+
+
+def test_poll_of_a_child_reaped_elsewhere_is_zero(spawner: Spawner) -> None:
+    """As ``Popen.poll``: a child someone else reaped (ECHILD) ends with code 0, not an
+    exception out of the runner's reap."""
+    child = spawner.spawn(
+        ["/bin/sh", "-c", "exit 3"], env=[], cwd="/", stdin=0, stdout=1, stderr=2, pass_fds=()
+    )
+    os.waitpid(child.pid, 0)
+    assert child.poll() == 0
+    assert child.returncode == 0
 
 
 @pytest.mark.parametrize(
