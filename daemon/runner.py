@@ -119,15 +119,15 @@ _READERS_AFTER_SECONDS = 0.005  # a call running longer gets its reader and watc
 #: ``_THREADS_FOR_SECONDS``, go to the worker threads.
 _SLOW_SPAWNS = 2
 _THREADS_FOR_SECONDS = 1.0
-#: The variables every call sets in its child's environment (``_environment``).
+#: The variables every call sets in its child's environment, in ``_environment``'s order.
 _CALL_VARIABLES = (
-    "CRYSTAL_WORKSPACE",
-    "CRYSTAL_SESSION",
-    "CRYSTAL_APPROVAL",
-    "CRYSTAL_TOOL_DATA",
-    "CRYSTAL_PROJECT_DATA",
-    "TOOLSETD_CALL_ID",
-    "TOOLSETD_PROGRESS_FD",
+    b"CRYSTAL_WORKSPACE",
+    b"CRYSTAL_SESSION",
+    b"CRYSTAL_APPROVAL",
+    b"CRYSTAL_TOOL_DATA",
+    b"CRYSTAL_PROJECT_DATA",
+    b"TOOLSETD_CALL_ID",
+    b"TOOLSETD_PROGRESS_FD",
 )
 
 
@@ -328,17 +328,17 @@ class Runner:
     def _environment(self, request: CallRequest, paths: _CallPaths, fd: int) -> list[bytes]:
         """The child's environment, as the ``KEY=value`` bytes ``execve`` takes."""
         encode = os.fsencode
+        values = (
+            encode(paths.workspace),
+            encode(request.session),
+            encode(request.approval_mode),
+            encode(paths.tool_data),
+            encode(paths.project_data),
+            encode(request.call_id),
+            b"%d" % fd,
+        )
         return self._spawner.environment(
-            request.extra_env,
-            (
-                (b"CRYSTAL_WORKSPACE", encode(paths.workspace)),
-                (b"CRYSTAL_SESSION", encode(request.session)),
-                (b"CRYSTAL_APPROVAL", encode(request.approval_mode)),
-                (b"CRYSTAL_TOOL_DATA", encode(paths.tool_data)),
-                (b"CRYSTAL_PROJECT_DATA", encode(paths.project_data)),
-                (b"TOOLSETD_CALL_ID", encode(request.call_id)),
-                (b"TOOLSETD_PROGRESS_FD", b"%d" % fd),
-            ),
+            request.extra_env, zip(_CALL_VARIABLES, values, strict=True)
         )
 
     async def _run_child(

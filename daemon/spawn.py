@@ -102,7 +102,10 @@ class Spawner:
     """
 
     def __init__(
-        self, base_env: Mapping[str, str], fixed: Iterable[str], direct: bool | None = None
+        self,
+        base_env: Mapping[str, str],
+        fixed: Iterable[str | bytes],
+        direct: bool | None = None,
     ) -> None:
         encode = os.fsencode
         self._fixed = frozenset(encode(name) for name in fixed)
