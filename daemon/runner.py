@@ -93,7 +93,7 @@ from .ending import build_outcome, exited_within, killpg, reap, terminate, wait_
 from .output import CANCELLED_TEXT, start_failure_text
 from .progress import read_progress
 from .reaper import NullGuard, ProcessGroupGuard
-from .spawn import Spawner
+from .spawn import Spawner, env_path
 from .spill import SPILL_FOLDER, Spill
 from .streams import (
     Capture,
@@ -381,7 +381,7 @@ class Runner:
                     paths.workspace,
                     (paths.workspace, paths.tool_data, paths.project_data),
                     request.approved_paths,
-                    request.extra_env.get("PATH", self._spawner.path),
+                    env_path(env),
                 )
             except ConfinementError as exc:
                 fds.close_all()

@@ -45,11 +45,11 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-__all__ = ["Child", "Spawner"]
+__all__ = ["Child", "Spawner", "env_path"]
 
 from _posixsubprocess import fork_exec as _fork_exec  # CPython on POSIX: the daemon's platform
 
-#: The versions whose ``fork_exec`` takes the arguments ``_start`` passes.
+#: The versions whose ``fork_exec`` takes the arguments ``Spawner.spawn`` passes.
 _DIRECT_VERSIONS = ((3, 11), (3, 12), (3, 13))
 #: Most bytes read from the exec-status pipe (``Popen``'s bound).
 _ERRPIPE_MAX = 50_000
@@ -114,8 +114,6 @@ class Spawner:
             env.pop(name, None)
         self._base_keys = frozenset(env)
         self._base = [k + b"=" + v for k, v in env.items()]
-        #: The base environment's PATH (None: it has none).
-        self.path: str | None = os.fsdecode(env[b"PATH"]) if b"PATH" in env else None
         if direct is None:
             direct = sys.version_info[:2] in _DIRECT_VERSIONS
         self.direct = direct
@@ -196,74 +194,68 @@ class Spawner:
                 start_new_session=True,
                 pass_fds=pass_fds,
             )
-        return _start(argv, env, cwd, stdin, stdout, stderr, pass_fds)
-
-
-def _start(
-    argv: list[str],
-    env: list[bytes],
-    cwd: str,
-    stdin: int,
-    stdout: int,
-    stderr: int,
-    pass_fds: tuple[int, ...],
-) -> _Started:
-    """``Popen._execute_child``'s POSIX path for these options, its checks left out."""
-    executable = os.fsencode(argv[0])
-    if os.path.dirname(executable):
-        executables: tuple[bytes, ...] = (executable,)
-    else:  # as Popen (and os._execvpe): each folder of the child's PATH
-        path = next((e[5:] for e in env if e.startswith(b"PATH=")), None)
-        folders = os.get_exec_path({"PATH": os.fsdecode(path)} if path is not None else {})
-        executables = tuple(os.path.join(os.fsencode(d), executable) for d in folders)
-    sys.audit("subprocess.Popen", argv[0], argv, cwd, env)
-    errpipe_read, errpipe_write = os.pipe()
-    low: list[int] = []
-    while errpipe_write < 3:  # as Popen: never one of the child's standard descriptors
-        low.append(errpipe_write)
-        errpipe_write = os.dup(errpipe_write)
-    for fd in low:
-        os.close(fd)
-    try:
+        # Popen._execute_child's POSIX path for these options, its checks left out.
+        executable = os.fsencode(argv[0])
+        if os.path.dirname(executable):
+            executables: tuple[bytes, ...] = (executable,)
+        else:  # as Popen (and os._execvpe): each folder of the child's PATH
+            path = env_path(env)
+            folders = os.get_exec_path({"PATH": path} if path is not None else {})
+            executables = tuple(os.path.join(os.fsencode(d), executable) for d in folders)
+        sys.audit("subprocess.Popen", argv[0], argv, cwd, env)
+        errpipe_read, errpipe_write = os.pipe()
+        low: list[int] = []
+        while errpipe_write < 3:  # as Popen: never one of the child's standard descriptors
+            low.append(errpipe_write)
+            errpipe_write = os.dup(errpipe_write)
+        for fd in low:
+            os.close(fd)
         try:
-            pid = _fork_exec(
-                argv,
-                executables,
-                True,  # close_fds
-                tuple(sorted({*pass_fds, errpipe_write})),
-                cwd,
-                env,
-                stdin,
-                -1,
-                -1,
-                stdout,
-                -1,
-                stderr,
-                errpipe_read,
-                errpipe_write,
-                True,  # restore_signals
-                True,  # start_new_session
-                -1,  # process_group
-                None,  # gid
-                None,  # extra groups
-                None,  # uid
-                -1,  # umask
-                None,  # type: ignore[arg-type]  # preexec_fn: none, as Popen passes it
-                getattr(subprocess, "_USE_VFORK", True),
-            )
+            try:
+                pid = _fork_exec(
+                    argv,
+                    executables,
+                    True,  # close_fds
+                    tuple(sorted({*pass_fds, errpipe_write})),
+                    cwd,
+                    env,
+                    stdin,
+                    -1,
+                    -1,
+                    stdout,
+                    -1,
+                    stderr,
+                    errpipe_read,
+                    errpipe_write,
+                    True,  # restore_signals
+                    True,  # start_new_session
+                    -1,  # process_group
+                    None,  # gid
+                    None,  # extra groups
+                    None,  # uid
+                    -1,  # umask
+                    None,  # type: ignore[arg-type]  # preexec_fn: none, as Popen passes it
+                    getattr(subprocess, "_USE_VFORK", True),
+                )
+            finally:
+                os.close(errpipe_write)
+            data = bytearray()
+            while True:  # EOF once the exec succeeded; the failure's report otherwise
+                part = os.read(errpipe_read, _ERRPIPE_MAX)
+                data += part
+                if not part or len(data) > _ERRPIPE_MAX:
+                    break
         finally:
-            os.close(errpipe_write)
-        data = bytearray()
-        while True:  # EOF once the exec succeeded; the failure's report otherwise
-            part = os.read(errpipe_read, _ERRPIPE_MAX)
-            data += part
-            if not part or len(data) > _ERRPIPE_MAX:
-                break
-    finally:
-        os.close(errpipe_read)
-    if data:
-        _raise_failure(pid, bytes(data), argv[0], cwd)
-    return _Started(pid)
+            os.close(errpipe_read)
+        if data:
+            _raise_failure(pid, bytes(data), argv[0], cwd)
+        return _Started(pid)
+
+
+def env_path(env: list[bytes]) -> str | None:
+    """The ``PATH`` of an environment in ``execve``'s form (None: it has none)."""
+    path = next((e[5:] for e in env if e.startswith(b"PATH=")), None)
+    return os.fsdecode(path) if path is not None else None
 
 
 def _raise_failure(pid: int, data: bytes, executable: str, cwd: str) -> None:

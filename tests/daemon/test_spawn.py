@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.daemon.conftest import open_fds
-from toolsetd.daemon.spawn import Child, Spawner
+from toolsetd.daemon.spawn import Child, Spawner, env_path
 
 BASE = {"PATH": "/usr/bin:/bin", "TRACEPARENT": "old", "KEEP": "base", "CRYSTAL_SESSION": "stale"}
 FIXED = ("CRYSTAL_SESSION", "TOOLSETD_CALL_ID")
@@ -90,7 +90,7 @@ def test_environment_is_the_base_with_the_call_over_it(spawner: Spawner) -> None
     ]
     output, code = run(spawner, ["/usr/bin/env"], env)
     assert (output.splitlines(), code) == (env, 0)
-    assert spawner.path == "/usr/bin:/bin"
+    assert env_path(env) == "/usr/bin:/bin"
 
 
 @pytest.mark.parametrize(
