@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import orjson
 import pytest
 
 from toolsetd.daemon.catalog import ManifestCache, build_catalog
@@ -18,7 +19,7 @@ from toolsetd.daemon.mcp_mapping import (
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES
 
 
-def _home(tmp_path: Path, names: list[str]) -> Path:
+def _home(tmp_path: Path, names: list[str], schema: object = None) -> Path:
     for name in names:
         folder = tmp_path / "tools" / name
         folder.mkdir(parents=True)
@@ -27,13 +28,20 @@ def _home(tmp_path: Path, names: list[str]) -> Path:
                 {
                     "runner": "exec",
                     "description": f"tool {name}",
-                    "schema": {"type": "object"},
+                    "schema": schema or {"type": "object"},
                     "command": ["/bin/true"],
                     "approval": "always",
                 }
             )
         )
     return tmp_path
+
+
+def _entries(page: object) -> list[dict[str, object]]:
+    """A page's entries as a client reads them (stdlib json: exact integers)."""
+    decoded = json.loads(orjson.dumps(page))
+    assert isinstance(decoded, list)
+    return decoded
 
 
 def _catalog(home: Path):  # type: ignore[no-untyped-def]
@@ -49,14 +57,42 @@ def test_mcp_pages_walk_the_catalog_in_name_order(tmp_path: Path) -> None:
     cursor = None
     for _ in range(5):
         tools, cursor = pages.page(catalog, None, cursor, 2)
-        seen += [t["name"] for t in tools]
+        seen += [t["name"] for t in _entries(tools)]
         if cursor is None:
             break
     assert seen == ["alpha", "bravo", "charlie", "delta", "echo"]
-    first = pages.page(catalog, None, None, 10)[0][0]
+    first = _entries(pages.page(catalog, None, None, 10)[0])[0]
     assert first["annotations"] == {"readOnlyHint": False, "destructiveHint": True}
     assert first["_meta"]["toolsetd/set"] == "alpha"
     assert first["inputSchema"] == {"type": "object"}
+
+
+def test_mcp_pages_are_encoded_once_and_bounded(tmp_path: Path) -> None:
+    """A page asked again is the same encoding; pages past the bound are still right."""
+    home = _home(tmp_path, [f"t{i:03d}" for i in range(ToolPages.MAX_PAGES + 3)])
+    catalog = _catalog(home)
+    pages = ToolPages()
+    first, cursor = pages.page(catalog, None, None, 1)
+    assert pages.page(catalog, None, None, 1)[0] is first
+    walked = _entries(first)
+    while cursor is not None:
+        page, cursor = pages.page(catalog, None, cursor, 1)
+        walked += _entries(page)
+    assert [t["name"] for t in walked] == [f"t{i:03d}" for i in range(ToolPages.MAX_PAGES + 3)]
+    # Past the bound, a page is encoded per request: equal, but not kept.
+    _, last = pages.page(catalog, None, None, ToolPages.MAX_PAGES + 1)
+    assert last is not None
+    again = pages.page(catalog, None, last, 1)[0]
+    assert again is not pages.page(catalog, None, last, 1)[0]
+    assert _entries(again)[0]["name"] == f"t{ToolPages.MAX_PAGES + 1:03d}"
+
+
+def test_mcp_page_writes_a_wide_integer_exactly(tmp_path: Path) -> None:
+    """An integer wider than 64 bits in a schema reaches the host as written."""
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 2**70}}}
+    catalog = _catalog(_home(tmp_path, ["wide"], schema))
+    entry = _entries(ToolPages().page(catalog, None, None, 10)[0])[0]
+    assert entry["inputSchema"] == schema
 
 
 def test_mcp_cursor_of_a_changed_catalog_or_garbage_is_refused(tmp_path: Path) -> None:
