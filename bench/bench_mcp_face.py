@@ -57,6 +57,9 @@ from bench.bench_invoke import DAEMON_ARGS, invoke_params
 from bench.bench_mcp import mcp_python
 
 SDK_SERVER = str(REPO / "bench" / "_mcp_server.py")
+#: The tools/call rows' floor: a minimal orjson + asyncio MCP stdio server that spawns
+#: ``/bin/true`` with pipes per call (``bench/_baseline.py``).
+FLOOR_ARGV = [PYTHON, str(REPO / "bench" / "_baseline.py"), "--mode", "mcp-stdio"]
 now_ns = time.perf_counter_ns
 INIT = {
     "jsonrpc": "2.0",
@@ -179,6 +182,11 @@ def _failure(reply: dict[str, Any]) -> dict[str, Any] | None:
     return None if ok else reply
 
 
+def _rate(client: Stdio, call: dict[str, Any], depth: int, seconds: float) -> Callable[[], float]:
+    """One paired measure: ``client``'s tools/call per second with ``depth`` in flight."""
+    return lambda: client.pipelined("tools/call", call, depth, seconds)
+
+
 def pump_argv(sock: Path, workspace: Path) -> list[str]:
     return [
         PYTHON,
@@ -250,19 +258,28 @@ def run(quick: bool = False) -> Section | None:
                 }
                 if sdk is not None:
                     other: Stdio = sdk
-                    t_ours, t_sdk = paired(
-                        rounds, through, lambda: median(other.latency("tools/call", call, n_calls))
-                    )
-                    r_ours, r_sdk = paired(
-                        rounds,
-                        lambda: pump.pipelined("tools/call", call, 1, seconds),
-                        lambda: other.pipelined("tools/call", call, 1, seconds),
-                    )
-                    r8_ours, r8_sdk = paired(
-                        rounds,
-                        lambda: pump.pipelined("tools/call", call, 8, seconds),
-                        lambda: other.pipelined("tools/call", call, 8, seconds),
-                    )
+                    spawner = Stdio(FLOOR_ARGV)
+                    spawner.start()
+                    try:
+                        t_ours, t_sdk, t_floor = paired(
+                            rounds,
+                            through,
+                            lambda: median(other.latency("tools/call", call, n_calls)),
+                            lambda: median(spawner.latency("tools/call", call, n_calls)),
+                        )
+                        rates = {
+                            depth: paired(
+                                rounds,
+                                *(
+                                    _rate(client, call, depth, seconds)
+                                    for client in (pump, other, spawner)
+                                ),
+                            )
+                            for depth in (1, 8)
+                        }
+                    finally:
+                        spawner.close()
+                    (r_ours, r_sdk, r_floor), (r8_ours, r8_sdk, r8_floor) = rates[1], rates[8]
                     data["call_vs_sdk"] = {
                         "mcp_us": median(t_ours) / 1000,
                         "sdk_us": median(t_sdk) / 1000,
@@ -276,6 +293,14 @@ def run(quick: bool = False) -> Section | None:
                         "sdk_calls_per_s_c8": median(r8_sdk),
                         "calls_per_s_ratio_c8": ratio_of_pairs(r8_ours, r8_sdk),
                         "calls_per_s_ratios_c8": ratios(r8_ours, r8_sdk),
+                    }
+                    data["call_floor"] = {
+                        "floor_us": median(t_floor) / 1000,
+                        "ratio": ratio_of_pairs(t_floor, t_sdk),
+                        "calls_per_s_c1": median(r_floor),
+                        "calls_per_s_ratio_c1": ratio_of_pairs(r_floor, r_sdk),
+                        "calls_per_s_c8": median(r8_floor),
+                        "calls_per_s_ratio_c8": ratio_of_pairs(r8_floor, r8_sdk),
                     }
             finally:
                 pump.close()
@@ -312,32 +337,32 @@ def run(quick: bool = False) -> Section | None:
             if sdk is not None:
                 sdk.start()
             n_list = 10 if quick else 30
-            answer = pump.request(pump._message("tools/list", {}))["result"]
-            result_file = base / "list-result.json"
-            result_file.write_bytes(orjson.dumps(answer))
-            canned = Stdio([PYTHON, "-c", CANNED_SERVER, str(result_file)])
             try:
 
                 def ours() -> float:
                     return median(pump.latency("tools/list", {}, n_list, warmup=3))
 
-                def floor() -> float:
-                    return median(canned.latency("tools/list", {}, n_list, warmup=3))
-
                 if sdk is not None:
                     lister: Stdio = sdk
-                    t_ours, t_sdk, t_floor = paired(
-                        rounds,
-                        ours,
-                        lambda: median(lister.latency("tools/list", {}, n_list, warmup=3)),
-                        floor,
-                    )
+                    answer = orjson.dumps(pump.request(pump._message("tools/list", {}))["result"])
+                    result_file = base / "list-result.json"
+                    result_file.write_bytes(answer)
+                    canned = Stdio([PYTHON, "-c", CANNED_SERVER, str(result_file)])
+                    try:
+                        t_ours, t_sdk, t_floor = paired(
+                            rounds,
+                            ours,
+                            lambda: median(lister.latency("tools/list", {}, n_list, warmup=3)),
+                            lambda: median(canned.latency("tools/list", {}, n_list, warmup=3)),
+                        )
+                    finally:
+                        canned.close()
                     data["list_1000"] = {
                         "mcp_ms": median(t_ours) / 1e6,
                         "sdk_ms": median(t_sdk) / 1e6,
                         "ratio": ratio_of_pairs(t_ours, t_sdk),
                         "ratios": ratios(t_ours, t_sdk),
-                        "answer_bytes": len(orjson.dumps(answer)),
+                        "answer_bytes": len(answer),
                         "floor_ms": median(t_floor) / 1e6,
                         "floor_ratio": ratio_of_pairs(t_floor, t_sdk),
                     }
@@ -345,7 +370,6 @@ def run(quick: bool = False) -> Section | None:
                     data["list_1000"] = {"mcp_ms": ours() / 1e6}
             finally:
                 pump.close()
-                canned.close()
                 if sdk is not None:
                     sdk.close()
         finally:
@@ -388,9 +412,10 @@ def run(quick: bool = False) -> Section | None:
         ),
     ]
     if "call_vs_sdk" in data:
-        cs, li = data["call_vs_sdk"], data["list_1000"]
+        cs, cf, li = data["call_vs_sdk"], data["call_floor"], data["list_1000"]
         rows += [
             ["tools/call / SDK server, µs", cs["mcp_us"], cs["sdk_us"], cs["ratio"]],
+            ["  floor: minimal MCP spawn server, µs", cf["floor_us"], cs["sdk_us"], cf["ratio"]],
             [
                 "calls/s 1 in flight / SDK",
                 cs["calls_per_s_c1"],
@@ -398,10 +423,22 @@ def run(quick: bool = False) -> Section | None:
                 cs["calls_per_s_ratio_c1"],
             ],
             [
+                "  floor: minimal MCP spawn server",
+                cf["calls_per_s_c1"],
+                cs["sdk_calls_per_s_c1"],
+                cf["calls_per_s_ratio_c1"],
+            ],
+            [
                 "calls/s 8 in flight / SDK",
                 cs["calls_per_s_c8"],
                 cs["sdk_calls_per_s_c8"],
                 cs["calls_per_s_ratio_c8"],
+            ],
+            [
+                "  floor: minimal MCP spawn server",
+                cf["calls_per_s_c8"],
+                cs["sdk_calls_per_s_c8"],
+                cf["calls_per_s_ratio_c8"],
             ],
             ["first answer / SDK server, ms", fa["pump_ms"], fa["sdk_ms"], fa["ratio_sdk"]],
             ["tools/list 1,000 tools / SDK, ms", li["mcp_ms"], li["sdk_ms"], li["ratio"]],
@@ -419,7 +456,7 @@ def run(quick: bool = False) -> Section | None:
                 cs["ratios"],
                 0.5,
                 "<=",
-                f"{cs['mcp_us']:.0f} vs {cs['sdk_us']:.0f} µs",
+                f"{cs['mcp_us']:.0f} vs {cs['sdk_us']:.0f} µs (floor {cf['ratio']:.3f})",
             ),
             Goal.of(
                 "10",
@@ -427,7 +464,8 @@ def run(quick: bool = False) -> Section | None:
                 cs["calls_per_s_ratios_c1"],
                 2.0,
                 ">=",
-                f"{cs['calls_per_s_c1']:.0f} vs {cs['sdk_calls_per_s_c1']:.0f}/s",
+                f"{cs['calls_per_s_c1']:.0f} vs {cs['sdk_calls_per_s_c1']:.0f}/s "
+                f"(floor {cf['calls_per_s_ratio_c1']:.2f})",
             ),
             Goal.of(
                 "10",
@@ -435,7 +473,8 @@ def run(quick: bool = False) -> Section | None:
                 cs["calls_per_s_ratios_c8"],
                 2.0,
                 ">=",
-                f"{cs['calls_per_s_c8']:.0f} vs {cs['sdk_calls_per_s_c8']:.0f}/s",
+                f"{cs['calls_per_s_c8']:.0f} vs {cs['sdk_calls_per_s_c8']:.0f}/s "
+                f"(floor {cf['calls_per_s_ratio_c8']:.2f})",
             ),
             Goal.of(
                 "10",

@@ -36,6 +36,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -110,17 +111,18 @@ class ToolPages:
     A page is encoded once as well (``orjson.Fragment``, embedded verbatim in the
     response): a listing of 1,000 tools is ~0.5 MB of JSON, and encoding it again per
     request cost ~0.3 ms. Responses share no mutable value this way.
+
+    One listing is kept per workspace and filter: a new snapshot replaces the old one's.
+    A cursor carries its offset, and a client can forge any: only the pages this class
+    gives cursors for (offsets that are multiples of the page size, inside the listing)
+    are kept, so a listing holds at most its own entries' JSON once per page size.
     """
 
-    #: Pages kept per listing. A cursor carries its offset, so a client can ask for any
-    #: start: beyond this, a page is encoded per request and not kept.
-    MAX_PAGES = 64
-
     def __init__(self) -> None:
-        self._cache: dict[tuple[int, str | None], _Listing] = {}
+        self._cache: dict[tuple[Path | None, str | None], _Listing] = {}
 
     def _listing(self, catalog: Catalog, wanted: str | None) -> _Listing:
-        key = (id(catalog), wanted)
+        key = (catalog.workspace, wanted)
         cached = self._cache.get(key)
         if cached is not None and cached.catalog is catalog:
             return cached
@@ -143,7 +145,7 @@ class ToolPages:
         tag = hashlib.sha256(
             "\n".join(t["_meta"]["toolsetd/hash"] for t in tools).encode()
         ).hexdigest()[:16]
-        if len(self._cache) > 64:
+        if key not in self._cache and len(self._cache) > 64:
             self._cache.clear()
         listing = self._cache[key] = _Listing(catalog, tools, tag)
         return listing
@@ -165,8 +167,8 @@ class ToolPages:
         if encoded is None:
             # A schema may hold an integer wider than 64 bits: jsontext writes it exactly.
             encoded = orjson.Fragment(json_dumps(listing.tools[start:end]))
-            if len(listing.pages) < self.MAX_PAGES:
-                listing.pages[(start, end)] = encoded
+            if start % size == 0 and (start == 0 or start < len(listing.tools)):
+                listing.pages[(start, end)] = encoded  # a page we hand out cursors for
         next_cursor = _cursor(listing.tag, end) if end < len(listing.tools) else None
         return encoded, next_cursor
 

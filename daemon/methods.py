@@ -115,7 +115,7 @@ class Handlers:
         self._extra = dict(extra or {})
         self._reload_config = reload_config
         self._metrics_text = metrics_text
-        self._list_cache: dict[tuple[int, str | None], tuple[Catalog, dict[str, Any]]] = {}
+        self._list_cache: dict[tuple[Path | None, str | None], tuple[Catalog, dict[str, Any]]] = {}
         self._status_fixed: tuple[Any, ...] = (None, None)
         service.listen_all(self._announce)
 
@@ -195,7 +195,7 @@ class Handlers:
         catalog = await self.service.catalog(workspace)
         if p.subscribe:
             ctx.connection.subscriptions.add(str(workspace) if workspace else None)
-        key = (id(catalog), p.catalog)
+        key = (catalog.workspace, p.catalog)  # a new snapshot replaces its workspace's
         cached = self._list_cache.get(key)
         if cached is None or cached[0] is not catalog:
             wanted = CatalogName(p.catalog) if p.catalog else None
@@ -212,7 +212,7 @@ class Handlers:
                 "sets": orjson.Fragment(json_dumps([set_info(e) for e in catalog.sets])),
                 "notes": orjson.Fragment(json_dumps([note_info(n) for n in catalog.notes])),
             }
-            if len(self._list_cache) > 64:
+            if key not in self._list_cache and len(self._list_cache) > 64:
                 self._list_cache.clear()
             self._list_cache[key] = (catalog, body)
         else:

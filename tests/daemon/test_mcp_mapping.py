@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 
@@ -67,24 +68,57 @@ def test_mcp_pages_walk_the_catalog_in_name_order(tmp_path: Path) -> None:
     assert first["inputSchema"] == {"type": "object"}
 
 
-def test_mcp_pages_are_encoded_once_and_bounded(tmp_path: Path) -> None:
-    """A page asked again is the same encoding; pages past the bound are still right."""
-    home = _home(tmp_path, [f"t{i:03d}" for i in range(ToolPages.MAX_PAGES + 3)])
-    catalog = _catalog(home)
+def _cursor_at(pages: ToolPages, catalog: object, offset: int) -> str:
+    """A cursor forged for ``offset`` (its tag read from one the class gave out)."""
+    _, given = pages.page(catalog, None, None, 1)  # type: ignore[arg-type]
+    assert given is not None
+    tag = base64.urlsafe_b64decode(given).decode().split(":")[0]
+    return base64.urlsafe_b64encode(f"{tag}:{offset}".encode()).decode()
+
+
+def test_mcp_pages_are_encoded_once(tmp_path: Path) -> None:
+    """Each page handed out is encoded once; a walk still sees every tool in order."""
+    names = [f"t{i:02d}" for i in range(7)]
+    catalog = _catalog(_home(tmp_path, names))
     pages = ToolPages()
-    first, cursor = pages.page(catalog, None, None, 1)
-    assert pages.page(catalog, None, None, 1)[0] is first
+    first, cursor = pages.page(catalog, None, None, 2)
+    assert pages.page(catalog, None, None, 2)[0] is first
     walked = _entries(first)
     while cursor is not None:
-        page, cursor = pages.page(catalog, None, cursor, 1)
+        page, following = pages.page(catalog, None, cursor, 2)
+        assert pages.page(catalog, None, cursor, 2)[0] is page
         walked += _entries(page)
-    assert [t["name"] for t in walked] == [f"t{i:03d}" for i in range(ToolPages.MAX_PAGES + 3)]
-    # Past the bound, a page is encoded per request: equal, but not kept.
-    _, last = pages.page(catalog, None, None, ToolPages.MAX_PAGES + 1)
-    assert last is not None
-    again = pages.page(catalog, None, last, 1)[0]
-    assert again is not pages.page(catalog, None, last, 1)[0]
-    assert _entries(again)[0]["name"] == f"t{ToolPages.MAX_PAGES + 1:03d}"
+        cursor = following
+    assert [t["name"] for t in walked] == names
+
+
+def test_mcp_forged_cursors_are_answered_but_not_kept(tmp_path: Path) -> None:
+    """Offsets we never hand out (mid-page, past the end) are encoded per request."""
+    catalog = _catalog(_home(tmp_path, ["a", "b", "c", "d", "e"]))
+    pages = ToolPages()
+    first = pages.page(catalog, None, None, 2)[0]
+    for offset in (1, 3, 5, 9, 10**6):
+        forged = _cursor_at(pages, catalog, offset)
+        page = pages.page(catalog, None, forged, 2)[0]
+        assert page is not pages.page(catalog, None, forged, 2)[0], offset
+        assert _entries(page) == _all(pages, catalog)[offset : offset + 2], offset
+    # The pages we do hand out are still kept (forged ones took no room).
+    assert pages.page(catalog, None, None, 2)[0] is first
+
+
+def _all(pages: ToolPages, catalog: object) -> list[dict[str, object]]:
+    return _entries(pages.page(catalog, None, None, 100)[0])  # type: ignore[arg-type]
+
+
+def test_mcp_a_new_snapshot_is_listed_fresh(tmp_path: Path) -> None:
+    """A tool added since is in the next snapshot's pages, not an older snapshot's."""
+    home = _home(tmp_path, ["alpha", "bravo"])
+    pages = ToolPages()
+    before = pages.page(_catalog(home), None, None, 10)[0]
+    assert [t["name"] for t in _entries(before)] == ["alpha", "bravo"]
+    _home(tmp_path, ["charlie"])
+    after = pages.page(_catalog(home), None, None, 10)[0]
+    assert [t["name"] for t in _entries(after)] == ["alpha", "bravo", "charlie"]
 
 
 def test_mcp_page_writes_a_wide_integer_exactly(tmp_path: Path) -> None:
