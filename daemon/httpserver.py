@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import http
 import itertools
 import socket
@@ -55,6 +54,7 @@ import h11
 import structlog
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
+from .exhaustion import out_of_resources
 from .wire import Wire
 
 __all__ = [
@@ -68,7 +68,6 @@ __all__ = [
 
 log = structlog.get_logger("toolsetd.http")
 
-_ACCEPT_RETRY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _SERVER_HEADER = (b"server", b"toolsetd")
 #: Received bytes held for the parser before the socket stops being read.
 _READ_BUFFER = 256 * 1024
@@ -481,8 +480,10 @@ class HttpServer:
         while True:
             try:
                 conn, _ = await loop.sock_accept(sock)
+            except ConnectionAbortedError:
+                continue  # the peer left before we took it
             except OSError as exc:
-                if exc.errno in _ACCEPT_RETRY_ERRNOS:
+                if out_of_resources(exc):
                     log.warning("http_accept_retry", errno=exc.errno)
                     await anyio.sleep(0.1)
                     continue

@@ -71,6 +71,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .exhaustion import out_of_resources
 from .model import ToolDef
 
 __all__ = [
@@ -324,10 +325,17 @@ def existing_directory(raw: str) -> Path | None:
 
     Args:
         raw: An absolute path without NUL bytes.
+
+    Raises:
+        OSError: The daemon is out of descriptors or memory (``exhaustion``).
     """
     try:
         fd = os.open(raw, _DIRECTORY_HANDLE)
-    except (OSError, ValueError):
+    except ValueError:
+        return None
+    except OSError as exc:
+        if out_of_resources(exc):
+            raise  # the daemon's want, not the path's
         return None
     try:
         try:

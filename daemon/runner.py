@@ -353,9 +353,9 @@ class Runner:
         s = self._s
         toolset = request.loaded.toolset
         fds = Fds()
-        out_r, out_w = output_pipe()
-        fds.add(out_r, out_w)
         try:
+            out_r, out_w = output_pipe()
+            fds.add(out_r, out_w)
             err_r, err_w = output_pipe()
             fds.add(err_r, err_w)
             in_r, in_w = os.pipe2(os.O_CLOEXEC)

@@ -23,7 +23,6 @@ together and is what a connection dispatches to.
 
 from __future__ import annotations
 
-import errno
 import itertools
 import os
 import socket
@@ -38,6 +37,7 @@ from toolsetd.protocol.jsonrpc import error_message
 
 from .connection import Connection, Handler, RequestContext, ServerSettings
 from .dispatch import Dispatcher
+from .exhaustion import out_of_resources
 from .observe import NO_OBSERVER, Observer
 from .peercred import PeerPolicy, peer_credentials
 
@@ -54,7 +54,8 @@ __all__ = [
 
 log = structlog.get_logger("toolsetd.server")
 
-_ACCEPT_RETRY_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+#: How long the accept loop waits after one of those before it tries again.
+_ACCEPT_RETRY_SECONDS = 0.1
 #: The ``toolsetd_connections_refused_total`` reason of each refusal.
 _REFUSAL_REASONS: dict[type[rpc_errors.RpcError], str] = {
     rpc_errors.PeerNotAllowed: "peer",
@@ -128,17 +129,33 @@ class Server:
     ) -> None:
         async with anyio.create_task_group() as tg:
             task_status.started()
+            retries = 0  # accept()s failed in a row for want of descriptors or memory
             while True:
                 try:
                     stream = await listener.accept()
-                except (anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    return
-                except OSError as exc:
-                    if exc.errno in _ACCEPT_RETRY_ERRNOS:
-                        log.warning("accept_retry", errno=exc.errno)
-                        await anyio.sleep(0.1)
+                except anyio.ClosedResourceError:
+                    return  # closed by us: the daemon is stopping
+                except (anyio.BrokenResourceError, OSError) as exc:
+                    # anyio wraps accept()'s OSError in BrokenResourceError (its
+                    # __cause__); the listening socket itself is still good.
+                    error = exc.__cause__ if isinstance(exc, anyio.BrokenResourceError) else exc
+                    if isinstance(error, ConnectionAbortedError):
+                        continue  # the peer left before we took it: nothing to serve
+                    if isinstance(error, OSError) and out_of_resources(error):
+                        # The connections in the backlog wait there until descriptors are
+                        # freed (a call ends, a client leaves). Said once per episode.
+                        if not retries:
+                            log.warning("accept_retry", errno=error.errno, error=error.strerror)
+                        retries += 1
+                        await anyio.sleep(_ACCEPT_RETRY_SECONDS)
                         continue
+                    # Anything else is not the peer's doing and will not pass: say so and
+                    # stop the daemon (a supervisor restarts it) rather than linger deaf.
+                    log.error("accept_failed", error=repr(error))
                     raise
+                if retries:
+                    log.info("accept_resumed", retries=retries)
+                    retries = 0
                 tg.start_soon(self._serve_connection, stream)
 
     @property

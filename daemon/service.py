@@ -59,6 +59,7 @@ from toolsetd.protocol import modes as m
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .confinement import Confinement
+from .exhaustion import OUT_OF_DESCRIPTORS
 from .model import Catalog, CatalogName, LoadedTool
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
 from .paths import ArgumentsError, Scope, existing_directory, rewrite_arguments
@@ -318,7 +319,14 @@ class Service:
                 "got a relative path.",
                 {"field": "workspace"},
             )
-        canonical = existing_directory(raw)
+        try:
+            canonical = existing_directory(raw)
+        except OSError as exc:  # out of descriptors or memory (exhaustion.py)
+            raise rpc_errors.ServerBusy(
+                f"Server busy: toolsetd could not open the workspace to check it "
+                f"({exc.strerror}); retry when some calls have finished.",
+                {"resource": "descriptors" if exc.errno in OUT_OF_DESCRIPTORS else "memory"},
+            ) from None
         if canonical is None:
             raise rpc_errors.InvalidWorkspace(
                 f"Invalid workspace: {raw!r} is not a directory; 'workspace' must be an "

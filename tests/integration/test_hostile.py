@@ -9,8 +9,11 @@ carries the frame's id when that id is a string or an integer, else ``null``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
+import resource
 import socket
 import time
 from collections import Counter
@@ -20,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Daemon, RawConn, daemon_in, write_set
+from .conftest import Daemon, RawConn, daemon_in, eventually, write_set
 
 #: One value of every JSON type (and a few shapes of each that have caught parsers out).
 VALUES: list[Any] = [
@@ -474,3 +477,63 @@ def test_past_the_in_flight_limit_each_frame_is_answered_as_itself() -> None:
         batch = next(m for m in got if isinstance(m, list))
         assert [m["id"] for m in batch] == ["b1"], batch
         assert "result" in conn.request("status")  # nothing else was sent
+
+
+# -- a daemon out of file descriptors ----------------------------------------------------
+
+
+def _noop_set(home: Path, workspace: Path) -> None:
+    write_set(home / "tools", "noop", {
+        "runner": "exec", "description": "true", "schema": {"type": "object"},
+        "command": ["/bin/true"], "approval": "always", "stdin": False,
+    })
+
+
+@contextlib.contextmanager
+def _descriptors_limited(pid: int, free: int = 0) -> Iterator[None]:
+    """Inside, ``pid`` can open ``free`` more descriptors (EMFILE after): the soft limit is
+    set just above its lowest free descriptor numbers."""
+    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    used = {int(name) for name in os.listdir(f"/proc/{pid}/fd")}
+    lowest = [n for n in range(len(used) + free + 1) if n not in used][:free]
+    limit = (lowest[-1] + 1) if lowest else 3  # 0-2 are always taken
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, before[1]))
+    try:
+        yield
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+
+
+def test_a_daemon_out_of_descriptors_keeps_its_socket_and_says_busy(tmp_path: Path) -> None:
+    """EMFILE at accept, at the workspace check and at a call's pipes: clear answers, and
+    the connections that waited are served once descriptors are free again."""
+    config = tmp_path / "unconfined.toml"
+    config.write_text('[confinement]\ncgroup = "off"\nsandbox = "off"\n')
+    call = {"tool": "noop", "arguments": {}}
+    with daemon_in("tsf-", _noop_set, args=["--no-watch", "--config", str(config)]) as d, \
+            d.raw() as held:
+        call["workspace"] = str(d.workspace)
+        assert "result" in held.request("invoke", call)  # the workspace's catalog is built
+        with _descriptors_limited(d.proc.pid):
+            waiting = RawConn(d.socket)  # in the backlog: accept() fails with EMFILE
+            waiting.send({"jsonrpc": "2.0", "id": "w", "method": "status"})
+            busy = held.request("invoke", call)
+            assert busy["error"]["code"] == -32008, busy
+            assert "Too many open files" in busy["error"]["message"], busy
+            assert busy["error"]["data"] == {"resource": "descriptors"}, busy
+            eventually(lambda: any(e.get("event") == "accept_retry" for e in d.log_events()),
+                       what="accept_retry logged")
+        with _descriptors_limited(d.proc.pid, free=1):
+            # One descriptor: enough for the workspace check, not for the call's pipes.
+            _, failed = held.invoke(call)
+            assert failed["result"]["status"] == "error", failed
+            assert "Too many open files" in json.dumps(failed["result"]), failed
+        with waiting:
+            assert "result" in waiting.receive(), "the connection that waited is served"
+        assert "result" in held.request("invoke", call)
+        with d.raw() as fresh:
+            assert "result" in fresh.request("status")
+        events = [e.get("event") for e in d.log_events()]
+        assert events.count("accept_retry") == 1, "said once per episode"
+        assert "accept_resumed" in events
+        assert "accept_failed" not in events
