@@ -46,6 +46,7 @@ import anyio
 import anyio.abc
 import structlog
 from toolsetd.protocol import __version__
+from toolsetd.protocol.errors import ServerBusy
 from toolsetd.protocol.names import METHOD_MCP_BIND
 
 from .activation import ActivationError, listen_fds
@@ -502,6 +503,14 @@ def _reload_config(
     }
 
 
+async def _reload_on_signal(handlers: Handlers) -> None:
+    """SIGHUP's reload: one the daemon is too short of descriptors to do is logged."""
+    try:
+        await handlers.reload_catalogs(None)
+    except ServerBusy as exc:  # the snapshots stay as they were; SIGHUP again later
+        log.warning("signal_reload_failed", error=exc.message)
+
+
 async def _handle_signals(
     signals: AsyncIterator[int],
     tg: anyio.abc.TaskGroup,
@@ -517,7 +526,7 @@ async def _handle_signals(
         if signum == signal.SIGHUP:
             log.info("reload_requested", signal="SIGHUP")
             reload_config()
-            tg.start_soon(handlers.reload_catalogs, None)
+            tg.start_soon(_reload_on_signal, handlers)
             continue
         log.info(
             "stop_requested",

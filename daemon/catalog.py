@@ -42,6 +42,7 @@ from types import MappingProxyType
 from typing import Any
 
 from .config_file import MAX_MANIFEST_BYTES, ManifestUnreadable, load_config, read_regular_file
+from .exhaustion import out_of_resources
 from .gcpause import GcPause
 from .manifest import ManifestError, is_directory_name, parse_manifest
 from .model import (
@@ -640,7 +641,9 @@ class _Builder:
         base = os.path.abspath(root)
         try:
             root_fd = os.open(base, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        except OSError:
+        except OSError as exc:
+            if out_of_resources(exc):
+                raise  # the daemon's want: no snapshot without the sets it could not see
             return  # a missing or unreadable root is skipped, as the reference host does
         try:
             self._scan(root, base, root_fd, source)
@@ -651,7 +654,9 @@ class _Builder:
         try:
             with os.scandir(root_fd) as it:
                 names = sorted(entry.name for entry in it if entry.is_dir())  # follows symlinks
-        except OSError:
+        except OSError as exc:
+            if out_of_resources(exc):
+                raise
             return
         root_path = root if isinstance(root, Path) and str(root) == base else Path(base)
         stat_ = os.stat
@@ -687,6 +692,9 @@ class _Builder:
                 entry = self.cache.entry(set_dir, manifest, source, self.reserved, st, root_path)
                 toolset = self.cache._unwrap(entry)
             except ManifestError as exc:
+                cause = exc.__cause__
+                if isinstance(cause, OSError) and out_of_resources(cause):
+                    raise cause from None  # not the set's fault: it is not skipped
                 candidate.error = exc.message
                 self.note(candidate, f"External tool set '{name}' was skipped: {exc.message}")
                 continue

@@ -7,14 +7,18 @@ say nothing about the peer, the path or the tool: they pass when calls finish an
 clients leave. So an accept loop waits and tries again (the connections in the backlog
 keep waiting; stopping would leave a daemon nobody can reach), and a request that needed
 the resource is told the daemon is busy (``ServerBusy``, -32008: retry later), never that
-its workspace is not a directory or that something internal broke.
+its workspace is not a directory, that a workspace has no tools, or that something
+internal broke. A catalog build that runs short stops (``catalog.py``) rather than drop
+the sets it could not read from the snapshot it would keep.
 """
 
 from __future__ import annotations
 
 import errno
 
-__all__ = ["OUT_OF_DESCRIPTORS", "OUT_OF_RESOURCES", "out_of_resources"]
+from toolsetd.protocol.errors import ServerBusy
+
+__all__ = ["OUT_OF_DESCRIPTORS", "OUT_OF_RESOURCES", "busy", "out_of_resources"]
 
 #: The ``errno`` values of a daemon short of file descriptors (its own, or the system's).
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
@@ -25,3 +29,13 @@ OUT_OF_RESOURCES = OUT_OF_DESCRIPTORS | {errno.ENOBUFS, errno.ENOMEM}
 def out_of_resources(exc: BaseException | None) -> bool:
     """Whether ``exc`` is an ``OSError`` that means the daemon ran short of a resource."""
     return isinstance(exc, OSError) and exc.errno in OUT_OF_RESOURCES
+
+
+def busy(exc: OSError, doing: str) -> ServerBusy:
+    """The ``ServerBusy`` for a request that ran short of a resource while ``doing``."""
+    resource = "descriptors" if exc.errno in OUT_OF_DESCRIPTORS else "memory"
+    return ServerBusy(
+        f"Server busy: toolsetd could not {doing} ({exc.strerror}); retry when some calls "
+        "have finished.",
+        {"resource": resource},
+    )

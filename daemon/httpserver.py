@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import http
 import itertools
 import socket
@@ -68,6 +69,22 @@ __all__ = [
 
 log = structlog.get_logger("toolsetd.http")
 
+#: accept(2)'s errors that belong to the one connection being taken (a peer that left,
+#: the network errors it says to treat like EAGAIN, a firewall's refusal): skipped.
+_PEER_ACCEPT_ERRNOS = frozenset(
+    {
+        errno.ECONNABORTED,
+        errno.EPROTO,
+        errno.ENOPROTOOPT,
+        errno.EHOSTDOWN,
+        errno.ENONET,
+        errno.EHOSTUNREACH,
+        errno.EOPNOTSUPP,
+        errno.ENETDOWN,
+        errno.ENETUNREACH,
+        errno.EPERM,
+    }
+)
 _SERVER_HEADER = (b"server", b"toolsetd")
 #: Received bytes held for the parser before the socket stops being read.
 _READ_BUFFER = 256 * 1024
@@ -480,9 +497,9 @@ class HttpServer:
         while True:
             try:
                 conn, _ = await loop.sock_accept(sock)
-            except ConnectionAbortedError:
-                continue  # the peer left before we took it
             except OSError as exc:
+                if exc.errno in _PEER_ACCEPT_ERRNOS:
+                    continue  # that connection's trouble (accept(2)): take the next one
                 if out_of_resources(exc):
                     log.warning("http_accept_retry", errno=exc.errno)
                     await anyio.sleep(0.1)

@@ -529,7 +529,9 @@ class McpHttpEndpoint:
         try:
             session.core = self._factory(bind, outbox, session.calls)
         except rpc_errors.RpcError as exc:
-            await _rpc_error(exchange, 400, request_id, exc)
+            # Busy passes (503: retry); anything else is the request's (400).
+            status = 503 if isinstance(exc, rpc_errors.ServerBusy) else 400
+            await _rpc_error(exchange, status, request_id, exc)
             return None
         if session.session_id is not None:
             self.sessions[session.session_id] = session

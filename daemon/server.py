@@ -150,8 +150,9 @@ class Server:
                         await anyio.sleep(_ACCEPT_RETRY_SECONDS)
                         continue
                     # Anything else is not the peer's doing and will not pass: say so and
-                    # stop the daemon (a supervisor restarts it) rather than linger deaf.
-                    log.error("accept_failed", error=repr(error))
+                    # let the daemon exit with the error (a supervisor restarts it) rather
+                    # than linger deaf.
+                    log.error("accept_failed", error=repr(error if error is not None else exc))
                     raise
                 if retries:
                     log.info("accept_resumed", retries=retries)

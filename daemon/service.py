@@ -59,7 +59,7 @@ from toolsetd.protocol import modes as m
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .confinement import Confinement
-from .exhaustion import OUT_OF_DESCRIPTORS
+from .exhaustion import busy, out_of_resources
 from .model import Catalog, CatalogName, LoadedTool
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
 from .paths import ArgumentsError, Scope, existing_directory, rewrite_arguments
@@ -322,11 +322,7 @@ class Service:
         try:
             canonical = existing_directory(raw)
         except OSError as exc:  # out of descriptors or memory (exhaustion.py)
-            raise rpc_errors.ServerBusy(
-                f"Server busy: toolsetd could not open the workspace to check it "
-                f"({exc.strerror}); retry when some calls have finished.",
-                {"resource": "descriptors" if exc.errno in OUT_OF_DESCRIPTORS else "memory"},
-            ) from None
+            raise busy(exc, "open the workspace to check it") from None
         if canonical is None:
             raise rpc_errors.InvalidWorkspace(
                 f"Invalid workspace: {raw!r} is not a directory; 'workspace' must be an "
@@ -338,7 +334,12 @@ class Service:
     async def catalog(self, workspace: Path | None) -> Catalog:
         """The workspace's catalog snapshot (home alone for None), built on first use."""
         first_use = workspace is not None and self.registry.cached(workspace) is None
-        catalog = await self.registry.catalog(workspace)
+        try:
+            catalog = await self.registry.catalog(workspace)
+        except OSError as exc:
+            if out_of_resources(exc):  # nothing was kept: the next request builds it
+                raise busy(exc, "read the tool sets") from None
+            raise
         if first_use and workspace is not None and self._on_workspace is not None:
             self._on_workspace(workspace)
         return catalog
@@ -651,6 +652,10 @@ class Service:
         try:
             outcome = await self.registry.reload(workspaces)
             failed = False
+        except OSError as exc:
+            if out_of_resources(exc):  # the snapshots not yet swapped stay as they were
+                raise busy(exc, "read the tool sets") from None
+            raise
         finally:
             self._notifier.ready()
             self._observer.reload_finished(time.monotonic() - began, failed)

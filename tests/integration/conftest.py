@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -326,3 +327,18 @@ def ensure_bubblewrap() -> str | None:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         return f"bubblewrap could not be installed with apt-get: {tail[0]}"
     return None
+
+
+@contextlib.contextmanager
+def descriptors_limited(pid: int, free: int = 0) -> Iterator[None]:
+    """Inside, ``pid`` can open ``free`` more descriptors (EMFILE after): the soft limit is
+    set just above its lowest free descriptor numbers."""
+    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    used = {int(name) for name in os.listdir(f"/proc/{pid}/fd")}
+    lowest = [n for n in range(len(used) + free + 1) if n not in used][:free]
+    limit = (lowest[-1] + 1) if lowest else 3  # 0-2 are always taken
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, before[1]))
+    try:
+        yield
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, before)

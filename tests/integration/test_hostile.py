@@ -9,11 +9,9 @@ carries the frame's id when that id is a string or an integer, else ``null``.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import os
-import resource
+import signal
 import socket
 import time
 from collections import Counter
@@ -23,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Daemon, RawConn, daemon_in, eventually, write_set
+from .conftest import Daemon, RawConn, daemon_in, descriptors_limited, eventually, write_set
 
 #: One value of every JSON type (and a few shapes of each that have caught parsers out).
 VALUES: list[Any] = [
@@ -489,32 +487,20 @@ def _noop_set(home: Path, workspace: Path) -> None:
     })
 
 
-@contextlib.contextmanager
-def _descriptors_limited(pid: int, free: int = 0) -> Iterator[None]:
-    """Inside, ``pid`` can open ``free`` more descriptors (EMFILE after): the soft limit is
-    set just above its lowest free descriptor numbers."""
-    before = resource.prlimit(pid, resource.RLIMIT_NOFILE)
-    used = {int(name) for name in os.listdir(f"/proc/{pid}/fd")}
-    lowest = [n for n in range(len(used) + free + 1) if n not in used][:free]
-    limit = (lowest[-1] + 1) if lowest else 3  # 0-2 are always taken
-    resource.prlimit(pid, resource.RLIMIT_NOFILE, (limit, before[1]))
-    try:
-        yield
-    finally:
-        resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+def _unconfined(tmp_path: Path) -> list[str]:
+    config = tmp_path / "unconfined.toml"
+    config.write_text('[confinement]\ncgroup = "off"\nsandbox = "off"\n')
+    return ["--no-watch", "--config", str(config)]
 
 
 def test_a_daemon_out_of_descriptors_keeps_its_socket_and_says_busy(tmp_path: Path) -> None:
     """EMFILE at accept, at the workspace check and at a call's pipes: clear answers, and
-    the connections that waited are served once descriptors are free again."""
-    config = tmp_path / "unconfined.toml"
-    config.write_text('[confinement]\ncgroup = "off"\nsandbox = "off"\n')
+    the connection that waited is served once descriptors are free again."""
     call = {"tool": "noop", "arguments": {}}
-    with daemon_in("tsf-", _noop_set, args=["--no-watch", "--config", str(config)]) as d, \
-            d.raw() as held:
+    with daemon_in("tsf-", _noop_set, args=_unconfined(tmp_path)) as d, d.raw() as held:
         call["workspace"] = str(d.workspace)
         assert "result" in held.request("invoke", call)  # the workspace's catalog is built
-        with _descriptors_limited(d.proc.pid):
+        with descriptors_limited(d.proc.pid):
             waiting = RawConn(d.socket)  # in the backlog: accept() fails with EMFILE
             waiting.send({"jsonrpc": "2.0", "id": "w", "method": "status"})
             busy = held.request("invoke", call)
@@ -523,17 +509,45 @@ def test_a_daemon_out_of_descriptors_keeps_its_socket_and_says_busy(tmp_path: Pa
             assert busy["error"]["data"] == {"resource": "descriptors"}, busy
             eventually(lambda: any(e.get("event") == "accept_retry" for e in d.log_events()),
                        what="accept_retry logged")
-        with _descriptors_limited(d.proc.pid, free=1):
-            # One descriptor: enough for the workspace check, not for the call's pipes.
-            _, failed = held.invoke(call)
-            assert failed["result"]["status"] == "error", failed
-            assert "Too many open files" in json.dumps(failed["result"]), failed
         with waiting:
             assert "result" in waiting.receive(), "the connection that waited is served"
-        assert "result" in held.request("invoke", call)
-        with d.raw() as fresh:
-            assert "result" in fresh.request("status")
         events = [e.get("event") for e in d.log_events()]
         assert events.count("accept_retry") == 1, "said once per episode"
         assert "accept_resumed" in events
         assert "accept_failed" not in events
+        with descriptors_limited(d.proc.pid, free=1):
+            # One descriptor: enough for the workspace check, not for the call's pipes.
+            _, failed = held.invoke(call)
+            assert failed["result"]["status"] == "error", failed
+            assert "Too many open files" in json.dumps(failed["result"]), failed
+        assert "result" in held.request("invoke", call)
+        with d.raw() as fresh:
+            assert "result" in fresh.request("status")
+
+
+def test_a_catalog_read_short_of_descriptors_is_not_kept(tmp_path: Path) -> None:
+    """A first build or a reload that runs out of descriptors is -32008 (SIGHUP's is
+    logged), and no snapshot loses the sets it could not read: once descriptors are free
+    the tools are all there."""
+    call = {"tool": "noop", "arguments": {}}
+    with daemon_in("tsc-", _noop_set, args=_unconfined(tmp_path)) as d, d.raw() as held:
+        other = d.workspace.parent / "other"
+        other.mkdir()
+        call["workspace"] = str(other)
+        assert "result" in held.request("status")
+        with descriptors_limited(d.proc.pid, free=1):
+            first = held.request("invoke", call)  # the workspace check passes, the scan not
+            reload = held.request("reload", {})
+            d.proc.send_signal(signal.SIGHUP)
+            eventually(
+                lambda: any(e.get("event") == "signal_reload_failed" for e in d.log_events()),
+                what="signal_reload_failed logged",
+            )
+        for answer in (first, reload):
+            assert answer["error"]["code"] == -32008, answer
+            assert "could not read the tool sets" in answer["error"]["message"], answer
+        assert d.proc.poll() is None, "SIGHUP's failed reload did not stop the daemon"
+        assert "result" in held.request("invoke", call), "the workspace's tools are all there"
+        listed = held.request("list", {"workspace": str(other)})["result"]
+        assert [t["name"] for t in listed["tools"]] == ["noop"], listed
+        assert listed["notes"] == [], listed

@@ -16,11 +16,14 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import httpx2 as httpx
@@ -36,6 +39,7 @@ from .conftest import (
     Daemon,
     alive,
     daemon_in,
+    descriptors_limited,
     eventually,
     shut_down,
     start_daemon,
@@ -633,3 +637,39 @@ def test_sdk_cancelled_call_kills_the_tool(http_daemon, workspace: Path) -> None
     anyio.run(main)
     pid = int(pid_file.read_text())
     eventually(lambda: not alive(pid), what="the sleeper killed after the cancel")
+
+
+def test_http_a_session_opened_short_of_descriptors_is_503_busy(
+    tmp_path: Path, home: Path, workspace: Path
+) -> None:
+    """Out of descriptors at a new session's workspace check: 503 and -32008 (retry
+    later), not 400 (the request's fault); the next initialize opens the session."""
+    config = tmp_path / "unconfined.toml"
+    config.write_text('[confinement]\ncgroup = "off"\nsandbox = "off"\n')
+    base = Path(tempfile.mkdtemp(prefix="tsb-"))
+    d, url = start_http_daemon(home, workspace, base, ["--no-watch", "--config", str(config)])
+    try:
+        target = urlsplit(endpoint(url, workspace))
+        path = f"{target.path}?{target.query}"
+        headers = {"content-type": "application/json",
+                   "accept": "application/json, text/event-stream"}
+        body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
+        conn = HTTPConnection(target.hostname, target.port, timeout=30)  # kept alive
+        try:
+            conn.request("POST", path, body=body, headers=headers)
+            opened = conn.getresponse()
+            opened.read()
+            assert opened.status == 200, opened.status
+            with descriptors_limited(d.proc.pid):
+                conn.request("POST", path, body=body, headers=headers)
+                busy = conn.getresponse()
+                answer = json.loads(busy.read())
+            assert busy.status == 503, (busy.status, answer)
+            assert answer["error"]["code"] == -32008, answer
+            assert answer["error"]["data"] == {"resource": "descriptors"}, answer
+        finally:
+            conn.close()
+        assert initialize(endpoint(url, workspace))
+    finally:
+        shut_down(d)
+        shutil.rmtree(base, ignore_errors=True)
