@@ -40,7 +40,9 @@ Four sibling tasks in one task group:
   event reports it.
 * **deliverer**: calls ``on_change`` one call at a time. Keys that arrive while a call
   is in flight are merged into the next call; keys of workspaces removed meanwhile are
-  dropped (reloading them would rebuild an evicted snapshot).
+  dropped (reloading them would rebuild an evicted snapshot). A call that fails with
+  ``ServerBusy`` (the daemon out of descriptors or memory) is made again a second later
+  with the same keys: the poller's baselines already hold that change.
 * **host** (``run`` itself): waits for cancellation and then sets the current stop event.
 
 Failure: if awatch raises (``OSError`` "OS file watch limit reached", a directory that
@@ -67,6 +69,7 @@ import anyio
 import structlog
 import watchfiles
 from anyio.abc import TaskStatus
+from toolsetd.protocol.errors import ServerBusy
 from watchfiles import Change
 
 from . import threads
@@ -85,6 +88,7 @@ _MANIFEST = "tools.json"
 _STEP_MS = 50  # how often the Rust thread looks at the stop event and for quiet
 _RESTART_PROBE_DELAY = 0.25  # seconds: long enough for a new awatch to be established
 _RUST_TIMEOUT_MS = 5_000  # the thread returns to Python this often even with no events
+_BUSY_RETRY_SECONDS = 1.0  # a reload the daemon was too short of descriptors for: again
 
 _StatSig = tuple[int, int, int, int] | None
 _Signature = tuple[tuple[str, _StatSig], ...]
@@ -365,6 +369,12 @@ class Watcher:
                 continue
             try:
                 await self._on_change(keys)
+            except ServerBusy as exc:
+                # Out of descriptors or memory: the signatures already took this change
+                # in, so no poll would send it again. Send it again later ourselves.
+                log.warning("watch_reload_deferred", error=exc.message)
+                await anyio.sleep(_BUSY_RETRY_SECONDS)
+                self._enqueue(keys)
             except Exception as exc:  # the reload path's failure must not stop watching
                 log.warning("watch_reload_failed", error=type(exc).__name__, exc_info=True)
 

@@ -551,3 +551,28 @@ def test_a_catalog_read_short_of_descriptors_is_not_kept(tmp_path: Path) -> None
         listed = held.request("list", {"workspace": str(other)})["result"]
         assert [t["name"] for t in listed["tools"]] == ["noop"], listed
         assert listed["notes"] == [], listed
+
+
+def test_a_change_the_watcher_could_not_reload_short_of_descriptors_is_not_lost(
+    tmp_path: Path,
+) -> None:
+    """A manifest edited while the daemon is out of descriptors reaches the catalog once
+    they are back, with no reload asked for."""
+    args = [a for a in _unconfined(tmp_path) if a != "--no-watch"]
+    with daemon_in("tsw-", _noop_set, args=args) as d, d.raw() as held:
+        def description() -> str:
+            listed = held.request("list", {"workspace": str(d.workspace)})["result"]
+            return {t["name"]: t["description"] for t in listed["tools"]}["noop"]
+
+        assert description() == "true"
+        eventually(lambda: any(e.get("event") == "watch_started" for e in d.log_events()),
+                   what="the watch started")
+        manifest = d.home / "tools" / "noop" / "tools.json"
+        edited = {**json.loads(manifest.read_text()), "description": "edited"}
+        with descriptors_limited(d.proc.pid):
+            manifest.write_text(json.dumps(edited))
+            eventually(
+                lambda: any(e.get("event") == "watch_reload_deferred" for e in d.log_events()),
+                what="the watcher's reload deferred",
+            )
+        eventually(lambda: description() == "edited", what="the edit in the catalog")
