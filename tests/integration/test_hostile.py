@@ -562,7 +562,9 @@ def test_a_change_the_watcher_could_not_reload_short_of_descriptors_is_not_lost(
     with daemon_in("tsw-", _noop_set, args=args) as d, d.raw() as held:
         def description() -> str:
             listed = held.request("list", {"workspace": str(d.workspace)})["result"]
-            return {t["name"]: t["description"] for t in listed["tools"]}["noop"]
+            found = {t["name"]: t["description"] for t in listed["tools"]}["noop"]
+            assert isinstance(found, str)
+            return found
 
         assert description() == "true"
         eventually(lambda: any(e.get("event") == "watch_started" for e in d.log_events()),
