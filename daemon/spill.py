@@ -36,7 +36,11 @@ import stat
 import time
 from pathlib import Path
 
+import structlog
+
 __all__ = ["SPILL_FOLDER", "Spill", "SpillResult", "prune", "spill_name"]
+
+log = structlog.get_logger("toolsetd.spill")
 
 SPILL_FOLDER = "tool-output"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
@@ -110,25 +114,34 @@ class Spill:
 
     # -- while draining -------------------------------------------------------------------
 
-    def _prepare_folder(self) -> bool:
+    def _prepare_folder(self) -> str | None:
+        """None when the folder is ready, else why it cannot be used."""
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             real = os.path.realpath(self.folder)
-        except OSError:
-            return False
+        except OSError as exc:
+            return exc.strerror or str(exc)
         root = os.path.normpath(str(self._workspace)).rstrip("/") + "/"
-        return real.startswith(root)
+        return None if real.startswith(root) else "it resolves outside the workspace"
+
+    def _fail(self, error: OSError | str) -> None:
+        """Give up on this spill file; say so once (the call's result has no path)."""
+        if not self.failed:
+            reason = error if isinstance(error, str) else (error.strerror or str(error))
+            log.warning("spill_failed", folder=str(self.folder), error=reason)
+        self.failed = True
 
     def _open(self, which: int) -> int | None:
         if self.failed:
             return None
-        if not self._prepare_folder():
-            self.failed = True
+        unusable = self._prepare_folder()
+        if unusable is not None:
+            self._fail(unusable)
             return None
         try:
             fd = os.open(self.path if which == 0 else self._temp, _OPEN_FLAGS, 0o600)
-        except OSError:
-            self.failed = True
+        except OSError as exc:
+            self._fail(exc)
             return None
         self._fds[which] = fd
         self._streaming[which] = True
@@ -156,8 +169,8 @@ class Spill:
                 n = os.write(fd, view)
                 self._written[which] += n
                 view = view[n:]
-        except OSError:
-            self.failed = True
+        except OSError as exc:
+            self._fail(exc)
             self._close(which)
 
     def _room(self, which: int) -> int:
@@ -241,8 +254,8 @@ class Spill:
             if capped:
                 os.write(fd, f"\n[output capped at {self._cap} of {total} bytes]\n".encode())
             return SpillResult(self.path, total, capped)
-        except OSError:
-            self.failed = True
+        except OSError as exc:
+            self._fail(exc)
             return None
         finally:
             self._close(0)

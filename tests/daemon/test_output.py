@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-
+from structlog.testing import capture_logs
 from toolsetd.daemon.output import (
     ContentError,
     ImageSpec,
@@ -345,3 +345,18 @@ def test_prune_by_age_and_count(tmp_path: Path) -> None:
     removed = prune(tmp_path, keep=2, max_age_seconds=45, now=now)
     assert removed == 5
     assert sorted(os.listdir(tmp_path)) == [".new.stderr", "f0", "f1", "link", "sub"]
+
+
+def test_a_spill_that_cannot_be_written_says_why_once(tmp_path: Path) -> None:
+    """The full output of a truncated call that cannot be kept is logged, once, with why."""
+    ws = Path(os.path.realpath(tmp_path))
+    (ws / "out").write_text("a file where the folder should be")
+    spill = Spill(ws, ws / "out", "c", cap=100)
+    with capture_logs() as logs:
+        spill.write(0, b"data")
+        spill.write(1, b"more")
+        assert spill.finish(b"", b"", 4, 4) is None
+    failed = [e for e in logs if e["event"] == "spill_failed"]
+    assert len(failed) == 1, logs
+    assert failed[0]["folder"] == str(ws / "out")
+    assert "File exists" in failed[0]["error"] or "Not a directory" in failed[0]["error"]
