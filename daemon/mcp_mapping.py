@@ -36,14 +36,13 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import orjson
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
-from .model import Catalog, CatalogName
+from .model import Catalog, CatalogName, SnapshotCache
 from .runner import CallOutcome
 from .service import Completion, ProgressReport
 
@@ -95,10 +94,9 @@ class McpError(Exception):
 class _Listing:
     """One snapshot's ``tools/list`` entries under one filter, and its pages as JSON."""
 
-    __slots__ = ("catalog", "pages", "tag", "tools")
+    __slots__ = ("pages", "tag", "tools")
 
-    def __init__(self, catalog: Catalog, tools: list[dict[str, Any]], tag: str) -> None:
-        self.catalog = catalog
+    def __init__(self, tools: list[dict[str, Any]], tag: str) -> None:
         self.tools = tools
         self.tag = tag
         #: (start, end) -> that slice of ``tools``, encoded once.
@@ -112,20 +110,17 @@ class ToolPages:
     response): a listing of 1,000 tools is ~0.5 MB of JSON, and encoding it again per
     request cost ~0.3 ms. Responses share no mutable value this way.
 
-    One listing is kept per workspace and filter: a new snapshot replaces the old one's.
-    A cursor carries its offset, and a client can forge any: only the pages this class
-    gives cursors for (offsets that are multiples of the page size, inside the listing)
-    are kept, so a listing holds at most its own entries' JSON once per page size.
+    One listing is kept per workspace and filter (``SnapshotCache``). A cursor carries
+    its offset, and a client can forge any: only the pages this class gives cursors for
+    (offsets that are multiples of the page size, inside the listing) are kept, so a
+    listing holds at most its own entries' JSON once per page size.
     """
 
     def __init__(self) -> None:
-        self._cache: dict[tuple[Path | None, str | None], _Listing] = {}
+        self._listings: SnapshotCache[_Listing] = SnapshotCache()
 
-    def _listing(self, catalog: Catalog, wanted: str | None) -> _Listing:
-        key = (catalog.workspace, wanted)
-        cached = self._cache.get(key)
-        if cached is not None and cached.catalog is catalog:
-            return cached
+    @staticmethod
+    def _listing(catalog: Catalog, wanted: str | None) -> _Listing:
         want = CatalogName(wanted) if wanted else None
         tools: list[dict[str, Any]] = [
             {
@@ -145,10 +140,7 @@ class ToolPages:
         tag = hashlib.sha256(
             "\n".join(t["_meta"]["toolsetd/hash"] for t in tools).encode()
         ).hexdigest()[:16]
-        if key not in self._cache and len(self._cache) > 64:
-            self._cache.clear()
-        listing = self._cache[key] = _Listing(catalog, tools, tag)
-        return listing
+        return _Listing(tools, tag)
 
     def page(
         self, catalog: Catalog, wanted: str | None, cursor: Any, size: int
@@ -158,7 +150,7 @@ class ToolPages:
         Raises:
             McpError: -32602 for a cursor that is not ours or of an older catalog.
         """
-        listing = self._listing(catalog, wanted)
+        listing = self._listings.get(catalog, wanted, lambda: self._listing(catalog, wanted))
         start = 0
         if cursor is not None:
             start = _read_cursor(cursor, listing.tag)

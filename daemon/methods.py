@@ -31,7 +31,7 @@ from toolsetd.protocol.jsonrpc import notification_message
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .catalog import note_info, set_info, tool_info
-from .model import Catalog, CatalogName, LoadedTool
+from .model import Catalog, CatalogName, LoadedTool, SnapshotCache
 from .server import Connection, Handler, RequestContext
 from .service import Completion, InvokeRequest, ProgressReport, ReloadOutcome, Service
 
@@ -90,6 +90,24 @@ class _NativeSink:
         )
 
 
+def _list_body(catalog: Catalog, wanted_name: str | None) -> dict[str, Any]:
+    """``list``'s tools, sets and notes of a snapshot, encoded once per snapshot and filter.
+
+    A later list of the same catalog writes these bytes as they are (orjson embeds a
+    Fragment verbatim). A schema may hold an integer wider than 64 bits: jsontext writes
+    it exactly.
+    """
+    wanted = CatalogName(wanted_name) if wanted_name else None
+    tools = [
+        tool_info(t) for t in catalog.tools.values() if wanted is None or wanted in t.tool.catalogs
+    ]
+    return {
+        "tools": orjson.Fragment(json_dumps(tools)),
+        "sets": orjson.Fragment(json_dumps([set_info(e) for e in catalog.sets])),
+        "notes": orjson.Fragment(json_dumps([note_info(n) for n in catalog.notes])),
+    }
+
+
 class Handlers:
     """The native method handlers over the service.
 
@@ -115,7 +133,7 @@ class Handlers:
         self._extra = dict(extra or {})
         self._reload_config = reload_config
         self._metrics_text = metrics_text
-        self._list_cache: dict[tuple[Path | None, str | None], tuple[Catalog, dict[str, Any]]] = {}
+        self._list_cache: SnapshotCache[dict[str, Any]] = SnapshotCache()
         self._status_fixed: tuple[Any, ...] = (None, None)
         service.listen_all(self._announce)
 
@@ -195,28 +213,7 @@ class Handlers:
         catalog = await self.service.catalog(workspace)
         if p.subscribe:
             ctx.connection.subscriptions.add(str(workspace) if workspace else None)
-        key = (catalog.workspace, p.catalog)  # a new snapshot replaces its workspace's
-        cached = self._list_cache.get(key)
-        if cached is None or cached[0] is not catalog:
-            wanted = CatalogName(p.catalog) if p.catalog else None
-            tools = [
-                tool_info(t)
-                for t in catalog.tools.values()
-                if wanted is None or wanted in t.tool.catalogs
-            ]
-            # Encoded once per snapshot and filter: a later list of the same catalog
-            # writes these bytes as they are (orjson embeds a Fragment verbatim). A schema
-            # may hold an integer wider than 64 bits: jsontext writes it exactly.
-            body = {
-                "tools": orjson.Fragment(json_dumps(tools)),
-                "sets": orjson.Fragment(json_dumps([set_info(e) for e in catalog.sets])),
-                "notes": orjson.Fragment(json_dumps([note_info(n) for n in catalog.notes])),
-            }
-            if key not in self._list_cache and len(self._list_cache) > 64:
-                self._list_cache.clear()
-            self._list_cache[key] = (catalog, body)
-        else:
-            body = cached[1]
+        body = self._list_cache.get(catalog, p.catalog, lambda: _list_body(catalog, p.catalog))
         return {"generation": self.service.registry.generation, **body}
 
     async def classify(self, ctx: RequestContext, params: Any) -> dict[str, Any]:

@@ -15,10 +15,10 @@ import dataclasses
 import enum
 import inspect
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = [
     "DEFAULT_RESERVED_NAMES",
@@ -34,6 +34,7 @@ __all__ = [
     "RunnerKind",
     "SetEntry",
     "SetState",
+    "SnapshotCache",
     "Source",
     "ToolDef",
     "ToolSet",
@@ -330,3 +331,33 @@ class Catalog:
     sets: tuple[SetEntry, ...] = ()
     notes: tuple[Note, ...] = ()
     config: Config = field(default_factory=Config)
+
+
+_V = TypeVar("_V")
+
+
+class SnapshotCache(Generic[_V]):
+    """A value worked out once per catalog snapshot and filter (``list``'s bytes, MCP pages).
+
+    One entry per workspace and filter: a new snapshot of a workspace replaces its entry
+    instead of keeping the old snapshot alive beside it. Past ``limit`` workspaces the
+    entries are dropped and built again on use.
+    """
+
+    __slots__ = ("_entries", "_limit")
+
+    def __init__(self, limit: int = 64) -> None:
+        self._entries: dict[tuple[Path | None, str | None], tuple[Catalog, _V]] = {}
+        self._limit = limit
+
+    def get(self, catalog: Catalog, wanted: str | None, build: Callable[[], _V]) -> _V:
+        """The value for ``catalog`` under filter ``wanted``, built by ``build`` the first time."""
+        key = (catalog.workspace, wanted)
+        cached = self._entries.get(key)
+        if cached is not None and cached[0] is catalog:
+            return cached[1]
+        value = build()
+        if key not in self._entries and len(self._entries) > self._limit:
+            self._entries.clear()
+        self._entries[key] = (catalog, value)
+        return value

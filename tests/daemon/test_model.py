@@ -13,6 +13,7 @@ from toolsetd.daemon import model
 from toolsetd.daemon.model import (
     Approval,
     ApprovalSource,
+    Catalog,
     CatalogName,
     LoadedTool,
     Note,
@@ -20,6 +21,7 @@ from toolsetd.daemon.model import (
     RunnerKind,
     SetEntry,
     SetState,
+    SnapshotCache,
     Source,
     ToolDef,
     ToolSet,
@@ -161,3 +163,30 @@ def _twin_in_model(cls: type) -> type:
         slots=True,
         namespace={"__module__": model.__name__},
     )
+
+
+def test_snapshot_cache_builds_once_per_snapshot_and_keeps_one_per_workspace() -> None:
+    """Built once per snapshot and filter; a new snapshot of a workspace replaces the old
+    one's entry; past the limit every entry is dropped, and built again on use."""
+    built: list[tuple[Path | None, str | None]] = []
+    cache: SnapshotCache[int] = SnapshotCache(limit=2)
+
+    def get(catalog: Catalog, wanted: str | None = None) -> int:
+        def build() -> int:
+            built.append((catalog.workspace, wanted))
+            return len(built)
+
+        return cache.get(catalog, wanted, build)
+
+    old, new = Catalog(workspace=Path("/w")), Catalog(workspace=Path("/w"))
+    assert get(old) == get(old) == 1
+    assert get(old, "plan") == 2  # another filter, another value
+    assert get(new) == 3  # a new snapshot of the same workspace
+    assert get(old) == 4, "the old snapshot's entry was replaced, not kept beside it"
+    others = [Catalog(workspace=Path(f"/o{i}")) for i in range(2)]
+    for catalog in others:  # /o0 is a third key; /o1 comes past the limit of 2
+        get(catalog)
+    assert len(built) == 6
+    assert get(others[1]) == 6, "the newcomer is kept"
+    assert get(others[0]) == 7, "dropped when /o1 came past the limit, built again"
+    assert get(old, "plan") == 8
