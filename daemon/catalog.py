@@ -692,9 +692,8 @@ class _Builder:
                 entry = self.cache.entry(set_dir, manifest, source, self.reserved, st, root_path)
                 toolset = self.cache._unwrap(entry)
             except ManifestError as exc:
-                cause = exc.__cause__
-                if isinstance(cause, OSError) and out_of_resources(cause):
-                    raise cause from None  # not the set's fault: it is not skipped
+                if out_of_resources(exc.__cause__):  # not the set's fault: it is not skipped
+                    raise exc.__cause__ from None
                 candidate.error = exc.message
                 self.note(candidate, f"External tool set '{name}' was skipped: {exc.message}")
                 continue

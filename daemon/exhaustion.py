@@ -14,11 +14,14 @@ the sets it could not read from the snapshot it would keep.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+from collections.abc import Iterator
+from typing import TypeGuard
 
 from toolsetd.protocol.errors import ServerBusy
 
-__all__ = ["OUT_OF_DESCRIPTORS", "OUT_OF_RESOURCES", "busy", "out_of_resources"]
+__all__ = ["OUT_OF_DESCRIPTORS", "OUT_OF_RESOURCES", "busy_when_short", "out_of_resources"]
 
 #: The ``errno`` values of a daemon short of file descriptors (its own, or the system's).
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
@@ -26,16 +29,26 @@ OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 OUT_OF_RESOURCES = OUT_OF_DESCRIPTORS | {errno.ENOBUFS, errno.ENOMEM}
 
 
-def out_of_resources(exc: BaseException | None) -> bool:
+def out_of_resources(exc: BaseException | None) -> TypeGuard[OSError]:
     """Whether ``exc`` is an ``OSError`` that means the daemon ran short of a resource."""
     return isinstance(exc, OSError) and exc.errno in OUT_OF_RESOURCES
 
 
-def busy(exc: OSError, doing: str) -> ServerBusy:
-    """The ``ServerBusy`` for a request that ran short of a resource while ``doing``."""
-    resource = "descriptors" if exc.errno in OUT_OF_DESCRIPTORS else "memory"
-    return ServerBusy(
-        f"Server busy: toolsetd could not {doing} ({exc.strerror}); retry when some calls "
-        "have finished.",
-        {"resource": resource},
-    )
+@contextlib.contextmanager
+def busy_when_short(doing: str) -> Iterator[None]:
+    """Inside, running short of a resource is ``ServerBusy`` (-32008) saying what failed.
+
+    Args:
+        doing: What the daemon could not do, after "could not" ("read the tool sets").
+    """
+    try:
+        yield
+    except OSError as exc:
+        if not out_of_resources(exc):
+            raise
+        resource = "descriptors" if exc.errno in OUT_OF_DESCRIPTORS else "memory"
+        raise ServerBusy(
+            f"Server busy: toolsetd could not {doing} ({exc.strerror}); retry when some "
+            "calls have finished.",
+            {"resource": resource},
+        ) from None

@@ -141,7 +141,7 @@ class Server:
                     error = exc.__cause__ if isinstance(exc, anyio.BrokenResourceError) else exc
                     if isinstance(error, ConnectionAbortedError):
                         continue  # the peer left before we took it: nothing to serve
-                    if isinstance(error, OSError) and out_of_resources(error):
+                    if out_of_resources(error):
                         # The connections in the backlog wait there until descriptors are
                         # freed (a call ends, a client leaves). Said once per episode.
                         if not retries:

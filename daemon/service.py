@@ -59,7 +59,7 @@ from toolsetd.protocol import modes as m
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .confinement import Confinement
-from .exhaustion import busy, out_of_resources
+from .exhaustion import busy_when_short
 from .model import Catalog, CatalogName, LoadedTool
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
 from .paths import ArgumentsError, Scope, existing_directory, rewrite_arguments
@@ -319,10 +319,8 @@ class Service:
                 "got a relative path.",
                 {"field": "workspace"},
             )
-        try:
+        with busy_when_short("open the workspace to check it"):
             canonical = existing_directory(raw)
-        except OSError as exc:  # out of descriptors or memory (exhaustion.py)
-            raise busy(exc, "open the workspace to check it") from None
         if canonical is None:
             raise rpc_errors.InvalidWorkspace(
                 f"Invalid workspace: {raw!r} is not a directory; 'workspace' must be an "
@@ -334,12 +332,8 @@ class Service:
     async def catalog(self, workspace: Path | None) -> Catalog:
         """The workspace's catalog snapshot (home alone for None), built on first use."""
         first_use = workspace is not None and self.registry.cached(workspace) is None
-        try:
+        with busy_when_short("read the tool sets"):  # nothing is kept: the next one builds it
             catalog = await self.registry.catalog(workspace)
-        except OSError as exc:
-            if out_of_resources(exc):  # nothing was kept: the next request builds it
-                raise busy(exc, "read the tool sets") from None
-            raise
         if first_use and workspace is not None and self._on_workspace is not None:
             self._on_workspace(workspace)
         return catalog
@@ -650,12 +644,10 @@ class Service:
         self._notifier.reloading()
         began, failed = time.monotonic(), True
         try:
-            outcome = await self.registry.reload(workspaces)
+            # Short of a resource, the snapshots not yet swapped stay as they were.
+            with busy_when_short("read the tool sets"):
+                outcome = await self.registry.reload(workspaces)
             failed = False
-        except OSError as exc:
-            if out_of_resources(exc):  # the snapshots not yet swapped stay as they were
-                raise busy(exc, "read the tool sets") from None
-            raise
         finally:
             self._notifier.ready()
             self._observer.reload_finished(time.monotonic() - began, failed)
