@@ -67,7 +67,14 @@ from .cgroup import (
     parse_limits,
 )
 from .model import Source, ToolSet
-from .sandbox import SETUP_FAILED_PREFIX, Profile, SandboxPlan, bwrap_argv, prepare_writable
+from .sandbox import (
+    SETUP_FAILED_PREFIX,
+    Profile,
+    SandboxPlan,
+    bwrap_argv,
+    data_binds,
+    prepare_writable,
+)
 
 __all__ = [
     "Confinement",
@@ -443,7 +450,7 @@ class Confinement:
         toolset: ToolSet,
         argv: list[str],
         cwd: str,
-        writable: Sequence[str],
+        data: tuple[str, str],
         approved: Sequence[str],
         search_path: str | None = None,
     ) -> Prepared:
@@ -453,7 +460,7 @@ class Confinement:
             toolset: The call's set.
             argv: The tool's argv.
             cwd: The working directory (the workspace).
-            writable: The workspace and the two data folders.
+            data: The set's two data folders (``CRYSTAL_TOOL_DATA``, ``CRYSTAL_PROJECT_DATA``).
             approved: The approved outside-workspace paths (writable for this call only).
             search_path: The child's ``PATH``, to check the executable.
 
@@ -476,6 +483,13 @@ class Confinement:
                     f"toolsetd: the credential file {linked} has another hard link, which "
                     "the sandbox cannot hide (it could be in the workspace). The call did not "
                     "run; remove the extra link (find / -xdev -samefile FILE)."
+                )
+            writable, escaped = data_binds(cwd, *data)
+            if escaped:
+                raise ConfinementError(
+                    f"toolsetd: the project data folder {data[1]} leads out of the workspace "
+                    f"(to {escaped}), and the sandbox will not bind it. The call did not run; "
+                    "remove the symbolic link."
                 )
             if conf.profile == Profile.WORKSPACE_WRITE:
                 try:

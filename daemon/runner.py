@@ -379,7 +379,7 @@ class Runner:
                     toolset,
                     argv,
                     paths.workspace,
-                    (paths.workspace, paths.tool_data, paths.project_data),
+                    (paths.tool_data, paths.project_data),
                     request.approved_paths,
                     env_path(env),
                 )

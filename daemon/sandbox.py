@@ -12,7 +12,11 @@ bubblewrap builds a new mount namespace in which:
 * the set's own folder is bound read-only (it may live under the hidden ``/tmp``);
 * the writable paths are bound read-write on top: for ``workspace-write`` the workspace,
   the set's two data folders and, for a call whose outside-workspace paths were approved,
-  exactly those paths; for ``read-only`` nothing (the workspace is bound read-only);
+  exactly those paths; for ``read-only`` nothing (the workspace is bound read-only). The
+  data folders go through ``data_binds`` first: the project data folder lies in the
+  workspace, where any sandboxed call of that workspace can swap a folder for a symlink,
+  so it is never bound by its own path (the workspace's bind covers it) and a call whose
+  project data folder leads out of the workspace does not run;
 * the credential paths are hidden last: a directory under an empty read-only tmpfs, a
   file under ``/dev/null``, so neither a path nor a symlink to it reaches the content.
   The daemon's own socket is hidden too (``/dev/null`` over it refuses ``connect``), so
@@ -51,6 +55,7 @@ __all__ = [
     "Profile",
     "SandboxPlan",
     "bwrap_argv",
+    "data_binds",
     "prepare_writable",
     "probe_bwrap",
 ]
@@ -157,6 +162,43 @@ def bwrap_argv(binary: str, plan: SandboxPlan) -> list[str]:
             argv += ["--ro-bind", "/dev/null", path]
     argv += ["--chdir", plan.cwd, "--"]
     return argv
+
+
+def _within(path: str, folder: str) -> bool:
+    return path == folder or path.startswith(folder if folder.endswith("/") else folder + "/")
+
+
+def data_binds(workspace: str, tool_data: str, project_data: str) -> tuple[tuple[str, ...], str]:
+    """What a sandboxed call binds for its workspace and its two data folders.
+
+    bubblewrap follows symlinks in a bind's source and its target, and a sandboxed call may
+    write anywhere in its workspace: a symlink planted at ``.crystal/data/tools/<set>`` (by
+    the repository, or by another call) would otherwise bind whatever it names, ``$HOME``
+    included, read-write. So each data folder is resolved now, and:
+
+    * one that resolves inside the workspace is not bound at all: the workspace's own bind
+      covers it (a symlink swapped in later then leads where the sandbox is read-only);
+    * the tool data folder (under the Crystal home, which calls cannot write) that resolves
+      elsewhere is bound by its resolved path;
+    * a project data folder that resolves outside the workspace is refused.
+
+    Args:
+        workspace: The call's workspace (bound by this path, which calls cannot change).
+        tool_data: ``CRYSTAL_TOOL_DATA``.
+        project_data: ``CRYSTAL_PROJECT_DATA``.
+
+    Returns:
+        The paths to bind, in order, and ``""``; or ``()`` and the path the project data
+        folder resolves to, when that is outside the workspace.
+    """
+    real_workspace = os.path.realpath(workspace)
+    project = os.path.realpath(project_data)
+    if not _within(project, real_workspace):
+        return (), project
+    tool = os.path.realpath(tool_data)
+    if _within(tool, real_workspace):
+        return (workspace,), ""
+    return (workspace, tool), ""
 
 
 def prepare_writable(paths: Iterable[str]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from toolsetd.daemon.confinement import (
     parse_confinement,
 )
 from toolsetd.daemon.model import RunnerKind, Source, ToolSet
-from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv
+from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv, data_binds
 from toolsetd.daemon.settings import ConfigError, build_parser, load_settings, reload_settings
 
 
@@ -120,7 +121,7 @@ def test_confinement_without_bwrap_default_off_named_fails_closed() -> None:
     assert named.failure is not None
     assert "bwrap not found" in named.failure
     with pytest.raises(ConfinementError, match="did not run"):
-        c.prepare(_set("lint", Source.PROJECT), ["/bin/true"], "/ws", ("/ws",), ())
+        c.prepare(_set("lint", Source.PROJECT), ["/bin/true"], "/ws", ("/d", "/ws/d"), ())
 
 
 def test_confinement_limits_without_cgroups_fail_closed() -> None:
@@ -164,6 +165,34 @@ def test_confinement_bwrap_argv_binds_in_order(tmp_path: Path) -> None:
     assert argv[-3:] == ["--chdir", str(ws), "--"]
     open_net = bwrap_argv("/b", SandboxPlan(Profile.READ_ONLY, True, (), (), (), "/"))
     assert "--unshare-net" not in open_net
+
+
+def test_confinement_data_binds_never_follow_a_link_out(tmp_path: Path) -> None:
+    """Data folders in the workspace ride on its bind; one linked out of it is refused."""
+    ws, home = tmp_path / "ws", tmp_path / "home"
+    project = ws / ".crystal" / "data" / "tools" / "s"
+    project.mkdir(parents=True)
+    (home / "data" / "tools" / "s").mkdir(parents=True)
+    tool = home / "data" / "tools" / "s"
+    assert data_binds(str(ws), str(tool), str(project)) == ((str(ws), str(tool)), "")
+    # An operator's link for the tool data folder is bound by where it leads.
+    elsewhere = tmp_path / "disk" / "s"
+    elsewhere.mkdir(parents=True)
+    tool.rmdir()
+    tool.symlink_to(elsewhere)
+    assert data_binds(str(ws), str(tool), str(project)) == ((str(ws), str(elsewhere)), "")
+    # A tool data folder that resolves into the workspace needs no bind of its own.
+    inside = ws / "td"
+    assert data_binds(str(ws), str(inside), str(project)) == ((str(ws),), "")
+    # A project data folder linked out of the workspace (relative link): refused.
+    project.rmdir()
+    project.symlink_to(os.path.relpath(home, project.parent))
+    assert data_binds(str(ws), str(tool), str(project)) == ((), str(home))
+    # ... and one linked to a sibling folder whose name starts like the workspace's.
+    (tmp_path / "ws2").mkdir()
+    project.unlink()
+    project.symlink_to(tmp_path / "ws2")
+    assert data_binds(str(ws), str(tool), str(project)) == ((), str(tmp_path / "ws2"))
 
 
 def test_confinement_check_executable(tmp_path: Path) -> None:

@@ -472,6 +472,34 @@ def test_confinement_planted_hard_link_fails_closed(tree: Tree) -> None:
         planted.unlink()
 
 
+def test_confinement_project_data_link_out_of_the_workspace_fails_closed(tree: Tree) -> None:
+    """A project data folder that is a symlink out of the workspace is never bound.
+
+    The repository (or another sandboxed call) can plant it; bound read-write, it made the
+    user's home writable to the sandboxed tool.
+    """
+    _need_sandbox(tree)
+    data = tree.workspace / ".crystal" / "data" / "tools" / "pp"
+    data.parent.mkdir(parents=True, exist_ok=True)
+    kept = data.with_name("pp.kept")
+    if data.exists():
+        data.rename(kept)
+    data.symlink_to(os.path.relpath(tree.user_home, data.parent))
+    bashrc = tree.user_home / ".bashrc"
+    try:
+        events, reply = tree.invoke("probe", {"action": "write", "target": str(bashrc)})
+        assert bashrc.read_text() == "# bashrc\n"
+        assert events == []
+        text = reply["result"]["content"][0]["text"]
+        assert "leads out of the workspace" in text
+        assert "did not run" in text
+    finally:
+        data.unlink()
+        if kept.exists():
+            kept.rename(data)
+    assert tree.probe({"action": "write", "target": str(data / "x")})["ok"] is True
+
+
 def test_confinement_read_only_profile_and_named_profile_fails_closed() -> None:
     """read-only: the workspace cannot be written; a named profile without bwrap fails closed."""
     reason = ensure_bubblewrap()
