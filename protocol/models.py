@@ -46,7 +46,13 @@ from .names import (
     NOTIFICATION_STARTED,
     NOTIFICATIONS,
 )
-from .params import MAX_ARGUMENT_DEPTH, check_arguments, check_mode, check_traceparent
+from .params import (
+    MAX_ARGUMENT_DEPTH,
+    check_arguments,
+    check_env_string,
+    check_mode,
+    check_traceparent,
+)
 
 # names and modes are re-exported (their names are in __all__): clients that import them from
 # models, as before they had their own modules, keep working.
@@ -328,6 +334,11 @@ class InvokeParams(_Params):
     @classmethod
     def _w3c_traceparent(cls, value: str | None) -> str | None:
         return check_traceparent(value)  # type: ignore[no-any-return]  # str or None, as given
+
+    @field_validator("session")
+    @classmethod
+    def _no_nul(cls, value: str | None) -> str | None:
+        return check_env_string(value)  # type: ignore[no-any-return]  # str or None, as given
 
 
 class InvokeResult(_Wire):

@@ -40,6 +40,7 @@ __all__ = [
     "ReloadArgs",
     "cancel_args",
     "check_arguments",
+    "check_env_string",
     "check_mode",
     "check_traceparent",
     "classify_args",
@@ -72,6 +73,13 @@ def _string(value: Any) -> Any:
 
 def _optional_string(value: Any) -> Any:
     return None if value is None else _string(value)
+
+
+def check_env_string(value: Any) -> Any:
+    """None, or a string the child gets in its environment (which cannot hold a NUL)."""
+    if value is not None and "\x00" in _string(value):
+        raise _Bad("must not contain a NUL character (the tool gets it in its environment)")
+    return value
 
 
 def _boolean(value: Any) -> Any:
@@ -241,7 +249,7 @@ _INVOKE: Final = _fields(
     ("mode", check_mode, Mode.DEFAULT),
     ("headless", _boolean, False),
     ("approved", _boolean, False),
-    ("session", _optional_string, None),
+    ("session", check_env_string, None),
     ("images", _boolean, True),
     ("traceparent", check_traceparent, None),
 )

@@ -46,7 +46,7 @@ def _deep(levels: int) -> Any:
 SPECIAL = st.sampled_from([
     "plan", "work", "review", "default", "full", "yolo", " YOLO ", "FullAuto", "auto", "",
     GOOD_TRACE, GOOD_TRACE.upper(), "00-" + "0" * 32 + "-b7ad6b7169203331-01",
-    "/abs/ws", "relative", "x" * 3, _deep(63), _deep(64), _deep(65), {"a": _deep(64)},
+    "/abs/ws", "relative", "x" * 3, "a\x00b", "\x00", _deep(63), _deep(64), _deep(65), {"a": _deep(64)},
 ])
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-2, 2), st.floats(allow_nan=False), st.text(max_size=5)
@@ -123,3 +123,18 @@ def test_params_both_spellings_wire_name_wins() -> None:
     del given_params["callId"]
     given_params["call_id"] = "b"
     assert params.invoke_args(given_params).call_id == "b"
+
+
+def test_params_session_refuses_nul() -> None:
+    """``session`` reaches the child's environment: a NUL is refused, naming the field.
+
+    (``callId`` has its own character set, checked after the params.)
+    """
+    key = "session"
+    given_params = {"tool": "t", "arguments": {}, "workspace": "/w", key: "a\x00b"}
+    with pytest.raises(InvalidParams) as caught:
+        params.invoke_args(given_params)
+    assert caught.value.data == [
+        {"field": key, "message": "must not contain a NUL character (the tool gets it in its environment)"}
+    ]
+    assert params.invoke_args({**given_params, key: "a b"}) is not None
