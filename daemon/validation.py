@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from .timelimit import TimeLimitExceeded, time_limit
+
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
     from jsonschema.protocols import Validator
@@ -44,6 +46,7 @@ if TYPE_CHECKING:
 # a call: it is imported on first use, never at start-up.
 
 __all__ = [
+    "TIME_LIMIT",
     "ArgumentValidators",
     "SchemaChecker",
     "canonical_json",
@@ -56,6 +59,10 @@ _ECHO_LIMIT = 80
 _SCHEMA_MESSAGE_LIMIT = 300
 #: Most argument errors reported for one call.
 _MAX_ERRORS = 100
+#: The most seconds jsonschema may spend on one call's arguments. Python's ``re``
+#: backtracks: a ``pattern`` like ``^(a+)+$`` would otherwise hold the event loop for as
+#: long as a model's value makes it. A real schema's check takes well under a millisecond.
+TIME_LIMIT = 0.1
 
 
 def canonical_json(value: Any) -> bytes:
@@ -435,12 +442,14 @@ class ArgumentValidators:
     (for the messages) or for any other schema.
     """
 
-    def __init__(self, max_entries: int = 4096) -> None:
+    def __init__(self, max_entries: int = 4096, time_limit: float = TIME_LIMIT) -> None:
         """Create an empty cache.
 
         Args:
             max_entries: How many compiled validators to keep; the oldest goes first.
+            time_limit: The most seconds one call's check may run (``timelimit``).
         """
+        self._time_limit = time_limit
         self._validators: dict[str, Validator] = {}
         self._plain: dict[str, bool] = {}
         self._lock = threading.Lock()
@@ -488,13 +497,24 @@ class ArgumentValidators:
                 return []
         except RecursionError:
             pass  # jsonschema below says so in its words
-        validator = self._validator(loaded)
+        validator = self._validator(loaded)  # built (jsonschema imported) before the limit
         found: set[tuple[str, str]] = set()
         try:
-            for error in validator.iter_errors(arguments):
-                found.update(_describe(error))
-                if len(found) >= _MAX_ERRORS:
-                    break
+            with time_limit(self._time_limit):
+                for error in validator.iter_errors(arguments):
+                    found.update(_describe(error))
+                    if len(found) >= _MAX_ERRORS:
+                        break
+        except TimeLimitExceeded:
+            found.add(
+                (
+                    "",
+                    "checking the arguments against the tool's input schema was stopped after "
+                    f"{self._time_limit:g} s (a pattern in the schema that backtracks on "
+                    "these values?); send shorter values, or ask the set's author to simplify "
+                    "the pattern",
+                )
+            )
         except RecursionError:
             return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
         except OverflowError:

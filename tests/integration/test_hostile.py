@@ -196,6 +196,11 @@ def _deep_sets(home: Path, _: Path) -> None:
     write_set(tools, "deepask", {"runner": "exec", "description": "d", "command": ["true"],
                                  "stdin": False, "schema": {"type": "object"},
                                  "pathArguments": ["a"]})
+    # A pattern that backtracks: each more "a" before the "!" doubles re's work.
+    write_set(tools, "redos", {"runner": "exec", "description": "d", "command": ["true"],
+                               "stdin": False, "approval": "always",
+                               "schema": {"type": "object",
+                                          "properties": {"s": {"pattern": "^(a+)+$"}}}})
 
 
 @pytest.fixture(scope="module")
@@ -220,6 +225,24 @@ def test_arguments_at_the_depth_limit_are_echoed(echo_daemon: Daemon, method: st
     response = _request(echo_daemon, method, tool, 64)
     echoed = response["result"] if method == "classify" else response["error"]["data"]
     assert echoed["arguments"] == arguments, response
+
+
+def test_a_pattern_that_backtracks_is_stopped_and_the_daemon_serves_on(echo_daemon: Daemon) -> None:
+    """A schema pattern against a model's value is bounded: the call is refused, not hung.
+
+    Unbounded, ``^(a+)+$`` against 40 ``a`` and a ``!`` holds the event loop for days.
+    """
+    params = {"tool": "redos", "arguments": {"s": "a" * 40 + "!"},
+              "workspace": str(echo_daemon.workspace)}
+    for method in ("invoke", "classify"):
+        response = echo_daemon.call(method, params)
+        assert response["error"]["code"] == -32002, response
+        message = response["error"]["data"]["errors"][0]["message"]
+        assert "was stopped after 0.1 s" in message
+        assert "pattern" in message
+    assert "result" in echo_daemon.call("status")
+    good = echo_daemon.call("invoke", {**params, "arguments": {"s": "aaaa"}})
+    assert good["result"]["status"] == "ok", good
 
 
 # -- slow and idle clients -------------------------------------------------------------------
