@@ -62,11 +62,22 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
     else:
         text, where = spec, "--args"
     try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # undecodable bytes, kept by surrogateescape
+        raise UsageError(f"{where} is not valid UTF-8 (at character {exc.start}).") from None
+    try:
         value = json.loads(text, parse_constant=reject_json_constant)
     except ValueError as exc:
         raise UsageError(f"{where} is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise UsageError(f"{where} must be a JSON object.")
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(
+            f"{where} has a \\u escape of half a surrogate pair (\\ud800 to \\udfff "
+            "without its other half), which is no character: the daemon refuses it."
+        ) from None
     return value, text
 
 

@@ -43,6 +43,9 @@ def test_parse_arguments_from_stdin() -> None:
         ("[1]", "", "--args must be a JSON object."),
         ("-", "nope", "--args from stdin is not valid JSON: "),
         ("@/nonexistent/args.json", "", "Cannot read the --args file /nonexistent/args.json: "),
+        ('{"s": "\\ud800"}', "", "--args has a \\u escape of half a surrogate pair"),
+        ('{"\\udc00": 1}', "", "--args has a \\u escape of half a surrogate pair"),
+        ("-", '{"a": "\udcff"}', "--args from stdin is not valid UTF-8 (at character 7)."),
     ],
 )
 def test_parse_arguments_errors(spec: str, stdin: str, message: str) -> None:
@@ -63,3 +66,14 @@ def test_cli_invalid_args_json_exits_2(tmp_path: Path) -> None:
     assert proc.stderr.startswith("--args is not valid JSON: ")
     assert proc.stdout == ""
     assert "Traceback" not in proc.stderr
+
+
+def test_cli_args_not_utf8_on_stdin_exits_2(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8 on stdin are a usage error (exit 2), not an internal one."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolsetd.client", "classify", "t", "--args", "-",
+         "--socket", str(tmp_path / "none.sock")],
+        input=b'{"a": "\xff"}', capture_output=True, timeout=30, check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(b"--args from stdin is not valid UTF-8")
