@@ -51,6 +51,7 @@ from typing import Any, Literal
 
 from .config_file import read_regular_file
 from .confinement import ConfinementConfig, parse_confinement
+from .exhaustion import out_of_resources
 from .manifest import ManifestError
 from .output import MAX_OUTPUT_LIMIT_CHARS
 
@@ -483,6 +484,15 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         # file on the event loop.
         data, _ = read_regular_file(path)
     except ManifestError as exc:
+        if out_of_resources(exc.__cause__):
+            # The daemon's state, not the file's: say so, or an operator goes hunting for
+            # a mistake in a file nobody could read.
+            raise ConfigError(
+                f"could not be read now ({exc.__cause__.strerror}): toolsetd is short of "
+                "descriptors or memory, and the file was not judged; reload again when some "
+                "calls have finished",
+                path,
+            ) from None
         reason = getattr(exc.__cause__, "strerror", None)
         if reason is None:
             reason = (

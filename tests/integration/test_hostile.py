@@ -570,6 +570,11 @@ def test_a_catalog_read_short_of_descriptors_is_not_kept(tmp_path: Path) -> None
             assert answer["error"]["code"] == -32008, answer
             assert "could not read the tool sets" in answer["error"]["message"], answer
         assert d.proc.poll() is None, "SIGHUP's failed reload did not stop the daemon"
+        with descriptors_limited(d.proc.pid, free=0):
+            assert held.request("reload", {})["error"]["code"] == -32008
+        config = [e for e in d.log_events() if e.get("event") == "config_reload_failed"]
+        assert config, "the config file could not be read with no descriptor free"
+        assert all("toolsetd is short of descriptors" in e["error"] for e in config), config
         assert "result" in held.request("invoke", call), "the workspace's tools are all there"
         listed = held.request("list", {"workspace": str(other)})["result"]
         assert [t["name"] for t in listed["tools"]] == ["noop"], listed
