@@ -6,8 +6,9 @@ The child writes lines to the fd named in ``TOOLSETD_PROGRESS_FD``: a JSON objec
 ``message`` and/or ``fraction`` (clamped to 0..1), or any other line as a message. Lines are
 bounded to 4 KiB (the rest of a longer line is skipped) and messages to 1,000 characters.
 At most one event per ``gap`` seconds is sent: a burst is coalesced to its latest line,
-which goes out when the gap has passed, and the last line is always sent at EOF. A call
-with ``CallRequest.every_progress_line`` (MCP) gets every line, none coalesced.
+which goes out when the gap has passed, and the last line is always sent at EOF (also when the
+child ended it without a newline: EOF ends a line too). A call with
+``CallRequest.every_progress_line`` (MCP) gets every line, none coalesced.
 """
 
 from __future__ import annotations
@@ -116,5 +117,7 @@ async def _read_progress_lines(fd: int, call: CallState, gap: float, first: byte
             last = time.monotonic()
             await call.progress(*pending)
             pending = None
+    if line and (parsed := parse_progress(bytes(line))) is not None:
+        pending = parsed  # a last line without its newline; sent at once, coalesced or not
     if pending is not None:
         await call.progress(*pending)

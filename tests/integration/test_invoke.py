@@ -44,6 +44,8 @@ T_TOOLS: dict[str, tuple[dict[str, Any], str]] = {
     "plainprog": ({}, '#!/bin/bash\necho "just text" >&$TOOLSETD_PROGRESS_FD\nsleep 0.4\n'),
     "longprog": ({}, "#!/bin/bash\nhead -c 10000 /dev/zero | tr '\\000' x >&$TOOLSETD_PROGRESS_FD\n"
                      "echo >&$TOOLSETD_PROGRESS_FD\nsleep 0.4\n"),
+    "nonlprog": ({}, "#!/bin/bash\nprintf 'first\\n' >&$TOOLSETD_PROGRESS_FD\nsleep 0.3\n"
+                     "printf 'last-without-newline' >&$TOOLSETD_PROGRESS_FD\nsleep 0.3\n"),
 }
 
 
@@ -555,6 +557,14 @@ def test_invoke_plain_text_progress_line(env: Env) -> None:
     reported = [e["params"] for e in events if e["params"].get("message") == "just text"]
     assert len(reported) == 1, events
     assert "fraction" not in reported[0]
+
+
+def test_invoke_last_progress_line_without_newline(env: Env) -> None:
+    """A last progress line the child ends by exiting, without a newline, is still reported."""
+    events, _ = env.invoke("nonlprog", callId="nonlprog-1")
+    check_event_order(events, "nonlprog-1")
+    messages = [e["params"].get("message") for e in events if e["method"] == "progress"]
+    assert [m for m in messages if m is not None] == ["first", "last-without-newline"]
 
 
 def test_invoke_progress_line_is_bounded(env: Env) -> None:
