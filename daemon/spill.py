@@ -15,8 +15,11 @@ than ``max_age`` go, then all but the ``keep`` newest.
 The folder is ``<workspace>/.crystal/data/tools/<dir>/tool-output``. It lies inside the
 workspace, which is untrusted content, so it is checked to resolve inside the workspace
 before anything is written, files are opened with ``O_NOFOLLOW`` and created 0600, and
-pruning only unlinks regular files. The call id comes from the client: it is reduced to a safe
-file name (with a digest of the original when anything had to change).
+pruning only unlinks regular files. The child can replace any name in the folder while it
+runs, so the stderr temp file is read back through the descriptor that wrote it, never
+reopened by name, and only as far as the daemon wrote it. The call id comes from the
+client: it is reduced to a safe file name (with a digest of the original when anything had
+to change).
 
 Writes during draining are blocking ``os.write`` calls into the page cache, or
 :meth:`Spill.splice` moving bytes from the child's pipe into the file inside the kernel. At
@@ -46,6 +49,8 @@ SPILL_FOLDER = "tool-output"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _MAX_NAME = 80
 _OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+# The stderr temp file is read back through the descriptor that wrote it.
+_TEMP_FLAGS = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
 _COPY_CHUNK = 1 << 20
 
 
@@ -139,7 +144,10 @@ class Spill:
             self._fail(unusable)
             return None
         try:
-            fd = os.open(self.path if which == 0 else self._temp, _OPEN_FLAGS, 0o600)
+            if which == 0:
+                fd = os.open(self.path, _OPEN_FLAGS, 0o600)
+            else:
+                fd = os.open(self._temp, _TEMP_FLAGS, 0o600)
         except OSError as exc:
             self._fail(exc)
             return None
@@ -227,7 +235,6 @@ class Spill:
             stdout_total: All stdout bytes the child wrote.
             stderr_total: All stderr bytes the child wrote.
         """
-        self._close(1)
         try:
             if self.failed:
                 return None
@@ -238,9 +245,7 @@ class Spill:
             if stdout_total and stderr_total:
                 self.write(0, b"\n")
             if self._streaming[1]:
-                with open(self._temp, "rb") as source:
-                    while self._written[0] < self._cap and (chunk := source.read(_COPY_CHUNK)):
-                        self.write(0, chunk)
+                self._copy_temp()
             else:
                 self.write(0, stderr)
             if self._fds[0] is None and not self._streaming[0]:
@@ -259,9 +264,27 @@ class Spill:
             return None
         finally:
             self._close(0)
+            self._close(1)
             self._unlink(self._temp)
             if self.failed:
                 self._unlink(self.path)
+
+    def _copy_temp(self) -> None:
+        """Append the streamed stderr to the spill file, read back through its descriptor.
+
+        Never reopened by name: the child can replace the name (with a link to a file it may
+        not read), not the file the daemon holds. At most what the daemon wrote is read.
+        """
+        fd = self._fds[1]
+        if fd is None:
+            return
+        offset = 0
+        while self._written[0] < self._cap and offset < self._written[1]:
+            chunk = os.pread(fd, min(_COPY_CHUNK, self._written[1] - offset), offset)
+            if not chunk:
+                break
+            self.write(0, chunk)
+            offset += len(chunk)
 
     def discard(self) -> None:
         """Close and remove whatever was written (the call's text was not cut)."""

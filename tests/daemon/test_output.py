@@ -317,6 +317,24 @@ def test_spill_from_memory_and_discard(tmp_path: Path) -> None:
     assert os.listdir(ws / "out") == ["c"]
 
 
+def test_spill_stderr_temp_swapped_for_a_link_is_not_followed(tmp_path: Path) -> None:
+    """A stderr temp file swapped for a link: the spill holds what was written, not its target."""
+    ws = Path(os.path.realpath(tmp_path)) / "ws"
+    ws.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"SECRET")
+    spill = Spill(ws, ws / "out", "c", cap=100)
+    spill.write(1, b"err")
+    temp = ws / "out" / ".c.stderr"
+    temp.unlink()
+    temp.symlink_to(secret)
+    result = spill.finish(b"out", b"", 3, 3)
+    assert result is not None
+    assert (ws / "out" / "c").read_bytes() == b"out\nerr"
+    assert secret.read_bytes() == b"SECRET"
+    assert os.listdir(ws / "out") == ["c"]
+
+
 def test_spill_refuses_folder_outside_workspace(tmp_path: Path) -> None:
     """A spill folder that resolves outside the workspace (a planted link) is not written."""
     ws = Path(os.path.realpath(tmp_path)) / "ws"

@@ -80,6 +80,28 @@ PROBE = textwrap.dedent(
             chunks = []
             while True:
                 chunks.append(bytearray(16 << 20))
+        elif action in ("spill-swap-temp", "spill-swap-folder"):
+            # Outgrow the kept prefix so the daemon streams to disk, wait for its file, then
+            # swap the stderr temp file (or the whole folder) for a link to ``target``.
+            folder = os.path.join(os.environ["CRYSTAL_PROJECT_DATA"], "tool-output")
+            call_id = os.environ["TOOLSETD_CALL_ID"]
+            if action == "spill-swap-temp":
+                os.write(2, b"E" * 600000)
+                planted = spilled = os.path.join(folder, "." + call_id + ".stderr")
+            else:
+                os.write(1, b"O" * 600000)
+                planted, spilled = folder, os.path.join(folder, call_id)
+            deadline = time.monotonic() + 5
+            while not os.path.lexists(spilled):
+                if time.monotonic() > deadline:
+                    raise OSError(0, "the daemon never spilled")
+                time.sleep(0.005)
+            if planted == folder:
+                os.rename(folder, folder + ".moved")
+            else:
+                os.unlink(planted)
+            os.symlink(target, planted)
+            result["planted"] = planted
     except OSError as exc:
         result = {{"ok": False, "error": exc.strerror}}
     print(json.dumps(result))
@@ -454,6 +476,26 @@ def test_confinement_approved_outside_path_for_that_call_only(tree: Tree) -> Non
     result = tree.probe({"action": "write", "target": str(approved)})
     assert result["ok"] is False
     assert approved.read_text() == "approved\n"
+
+
+@pytest.mark.parametrize("sandboxed", [True, False])
+def test_confinement_spill_temp_swapped_for_a_link_copies_nothing(
+    tree: Tree, sandboxed: bool
+) -> None:
+    """A tool that swaps its stderr spill temp file for a link to the key (which the sandbox
+    hides from it) gets its own output in outputPath, never the key's bytes."""
+    if sandboxed:
+        _need_sandbox(tree)
+    key = tree.user_home / ".ssh" / "id_rsa"
+    _, reply = tree.invoke("probe", {"action": "spill-swap-temp", "target": str(key)},
+                           project=sandboxed, callId=f"swap-temp-{sandboxed}")
+    result = reply["result"]
+    assert result["truncated"] is True, result
+    assert '"planted"' in result["content"][0]["text"], result["content"][0]["text"][:300]
+    data = Path(result["outputPath"]).read_bytes()
+    assert b"PRIVATE KEY" not in data
+    assert data.endswith(b"\n" + b"E" * 600000)
+    assert key.read_text() == "PRIVATE KEY\n"
 
 
 def test_confinement_planted_hard_link_fails_closed(tree: Tree) -> None:
