@@ -49,7 +49,7 @@ from .output import (
     timeout_text,
     truncate,
 )
-from .spill import Spill, SpillResult, prune
+from .spill import Spill, SpillResult
 from .streams import decode
 
 __all__ = ["build_outcome", "exited_within", "killpg", "reap", "terminate", "wait_exit"]
@@ -202,7 +202,7 @@ async def build_outcome(
         cut = [i for i, b in enumerate(blocks) if b["type"] == "text" and len(b["text"]) > limit]
         if cut:
             truncated = True
-            result = await _finish_spill(spill, call, s)
+            result = await _finish_spill(spill, call)
             for i in cut:
                 text, _ = truncate(blocks[i]["text"], limit)
                 if result is not None:
@@ -230,18 +230,11 @@ async def build_outcome(
     )
 
 
-async def _finish_spill(spill: Spill, call: CallState, s: RunnerSettings) -> SpillResult | None:
+async def _finish_spill(spill: Spill, call: CallState) -> SpillResult | None:
     out, err = call.out, call.err
 
-    def finish() -> SpillResult | None:
-        result = spill.finish(bytes(out.prefix), bytes(err.prefix), out.total, err.total)
-        if result is not None:
-            prune(
-                spill.folder,
-                keep=s.spill_keep_files,
-                max_age_seconds=s.spill_max_age_seconds,
-            )
-        return result
+    def finish() -> SpillResult | None:  # it prunes the folder too
+        return spill.finish(bytes(out.prefix), bytes(err.prefix), out.total, err.total)
 
     result: SpillResult | None = None
     with anyio.CancelScope(shield=True):

@@ -450,7 +450,14 @@ class Runner:
             pidfd: int | None = os.pidfd_open(proc.pid)
         except OSError:
             pidfd = None
-        spill = Spill(request.workspace, paths.spill_folder, request.call_id, s.spill_cap_bytes)
+        spill = Spill(
+            request.workspace,
+            paths.spill_folder,
+            request.call_id,
+            s.spill_cap_bytes,
+            keep=s.spill_keep_files,
+            max_age_seconds=s.spill_max_age_seconds,
+        )
         keep = 4 * (s.output_limit_chars + 1)
         call = CallState(t0, events, Capture(0, keep, spill), Capture(1, keep, spill))
         call.every_progress_line = request.every_progress_line

@@ -9,24 +9,31 @@ output, mirroring the model-facing combination: stdout, then ``\\n`` and stderr 
 non-empty (or stderr alone when stdout is empty), cut at ``cap`` bytes and then marked with a
 final line ``\\n[output capped at <cap> of <n> bytes]``. A stream that never outgrew its
 prefix is written from memory at that point. When the text was not cut, :meth:`Spill.discard`
-removes whatever was written. After a file is finished, the folder is pruned: files older
-than ``max_age`` go, then all but the ``keep`` newest.
+removes whatever was written. After a file is finished, :meth:`Spill.finish` prunes the
+folder: files older than ``max_age`` go, then all but the ``keep`` newest.
 
 The folder is ``<workspace>/.crystal/data/tools/<dir>/tool-output``. It lies inside the
-workspace, which is untrusted content, so it is checked to resolve inside the workspace
-before anything is written, files are opened with ``O_NOFOLLOW`` and created 0600, and
-pruning only unlinks regular files. The child can replace any name in the folder while it
-runs, so the stderr temp file is read back through the descriptor that wrote it, never
-reopened by name, and only as far as the daemon wrote it. The call id comes from the
-client: it is reduced to a safe file name (with a digest of the original when anything had
-to change).
+workspace, which is untrusted content, and the child runs while the daemon writes there: it
+can rename, replace or link any name in it, the folder's own included. So the folder is
+opened once, on the first spill (``O_DIRECTORY | O_NOFOLLOW``: never through a link), and
+checked to be inside the workspace by what ``/proc/self/fd`` names for that descriptor;
+every later step goes through the descriptor, never a path: files are made there new
+(``O_EXCL``, whatever the child left at the name is unlinked first, never opened: a link, a
+FIFO, a hard link to another file) and 0600, the stderr temp file is read back through the
+descriptor that wrote it (never reopened by name, and only as far as the daemon wrote it),
+and names are unlinked and pruned relative to it (regular files only, links never
+followed). The one path the client is given is checked last, after the file is complete: if
+it no longer leads to the file written (same device and inode), the child has replaced the
+folder or the file, so the result names no file, ``spill_failed`` says why, and the file is
+removed. The call id comes from the client: it is reduced to a safe file name (with a
+digest of the original when anything had to change).
 
 Writes during draining are blocking ``os.write`` calls into the page cache, or
 :meth:`Spill.splice` moving bytes from the child's pipe into the file inside the kernel. At
 most ``cap`` bytes of stdout are written, and of stderr only what stdout (on disk so far, and
 only growing) leaves of the cap, since no more of it can reach the final file.
-:meth:`Spill.finish` and :func:`prune` may copy up to ``cap`` bytes and list a folder, so the
-runner calls them in a worker thread.
+:meth:`Spill.finish` may copy up to ``cap`` bytes and list the folder (:func:`prune`), so
+the runner calls it in a worker thread.
 """
 
 from __future__ import annotations
@@ -48,9 +55,12 @@ log = structlog.get_logger("toolsetd.spill")
 SPILL_FOLDER = "tool-output"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _MAX_NAME = 80
-_OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+# The folder, opened once: every later step goes through this descriptor, never its path.
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+# Always a new file (O_EXCL): never one the tool left at the name (a FIFO, a hard link).
+_OPEN_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 # The stderr temp file is read back through the descriptor that wrote it.
-_TEMP_FLAGS = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+_TEMP_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _COPY_CHUNK = 1 << 20
 
 
@@ -91,14 +101,28 @@ class Spill:
         folder: The spill folder (inside the workspace).
         call_id: The client's call id.
         cap: The most bytes of output kept on disk.
+        keep: After a file is finished, prune all but this many newest files.
+        max_age_seconds: After a file is finished, prune files older than this.
     """
 
-    def __init__(self, workspace: Path, folder: Path, call_id: str, cap: int) -> None:
+    def __init__(
+        self,
+        workspace: Path,
+        folder: Path,
+        call_id: str,
+        cap: int,
+        *,
+        keep: int,
+        max_age_seconds: float,
+    ) -> None:
         self._workspace = workspace
         self.folder = folder
         self._call_id = call_id
         self._name: str | None = None  # named on first use: most calls never spill
         self._cap = cap
+        self._keep = keep
+        self._max_age = max_age_seconds
+        self._dir: int | None = None  # the folder, opened on first use
         self._fds: list[int | None] = [None, None]
         self._written = [0, 0]
         self._streaming = [False, False]
@@ -107,27 +131,49 @@ class Spill:
     @property
     def path(self) -> Path:
         """The spill file."""
-        if self._name is None:
-            self._name = spill_name(self._call_id)
-        return self.folder / self._name
+        return self.folder / self._file_name
 
     @property
-    def _temp(self) -> Path:
+    def _file_name(self) -> str:
         if self._name is None:
             self._name = spill_name(self._call_id)
-        return self.folder / f".{self._name}.stderr"
+        return self._name
+
+    @property
+    def _temp_name(self) -> str:
+        return f".{self._file_name}.stderr"
 
     # -- while draining -------------------------------------------------------------------
 
-    def _prepare_folder(self) -> str | None:
-        """None when the folder is ready, else why it cannot be used."""
+    def _open_folder(self) -> int | None:
+        """The folder's descriptor, opened once (made first if missing); None if unusable."""
+        if self._dir is not None:
+            return self._dir
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            real = os.path.realpath(self.folder)
+            try:
+                fd = os.open(self.folder, _FOLDER_FLAGS)
+            except FileNotFoundError:
+                self.folder.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.folder, _FOLDER_FLAGS)
         except OSError as exc:
-            return exc.strerror or str(exc)
+            self._fail(exc)
+            return None
         root = os.path.normpath(str(self._workspace)).rstrip("/") + "/"
-        return None if real.startswith(root) else "it resolves outside the workspace"
+        where = _opened_at(fd, self.folder)
+        if where is None or not where.startswith(root):
+            os.close(fd)
+            self._fail("it resolves outside the workspace")
+            return None
+        self._dir = fd
+        return fd
+
+    def _create(self, name: str, flags: int) -> int:
+        """A new file ``name`` in the folder; what the tool left at that name goes first."""
+        try:
+            return os.open(name, flags, 0o600, dir_fd=self._dir)
+        except FileExistsError:  # an earlier call's file under a reused call id, or a plant
+            os.unlink(name, dir_fd=self._dir)
+            return os.open(name, flags, 0o600, dir_fd=self._dir)
 
     def _fail(self, error: OSError | str) -> None:
         """Give up on this spill file; say so once (the call's result has no path)."""
@@ -137,17 +183,13 @@ class Spill:
         self.failed = True
 
     def _open(self, which: int) -> int | None:
-        if self.failed:
-            return None
-        unusable = self._prepare_folder()
-        if unusable is not None:
-            self._fail(unusable)
+        if self.failed or self._open_folder() is None:
             return None
         try:
             if which == 0:
-                fd = os.open(self.path, _OPEN_FLAGS, 0o600)
+                fd = self._create(self._file_name, _OPEN_FLAGS)
             else:
-                fd = os.open(self._temp, _TEMP_FLAGS, 0o600)
+                fd = self._create(self._temp_name, _TEMP_FLAGS)
         except OSError as exc:
             self._fail(exc)
             return None
@@ -258,6 +300,11 @@ class Spill:
                 return None
             if capped:
                 os.write(fd, f"\n[output capped at {self._cap} of {total} bytes]\n".encode())
+            if not self._reachable(fd):
+                self._fail("the folder or the file was replaced while the call ran")
+                return None
+            if self._dir is not None:
+                prune(self._dir, keep=self._keep, max_age_seconds=self._max_age)
             return SpillResult(self.path, total, capped)
         except OSError as exc:
             self._fail(exc)
@@ -265,9 +312,24 @@ class Spill:
         finally:
             self._close(0)
             self._close(1)
-            self._unlink(self._temp)
+            if self._streaming[1]:
+                self._unlink(self._temp_name)
             if self.failed:
-                self._unlink(self.path)
+                self._unlink(self._file_name)
+            self._close_folder()
+
+    def _reachable(self, fd: int) -> bool:
+        """Whether the path the client is given leads to the file written through ``fd``.
+
+        The tool may have moved the folder away and left a link to another in its place:
+        the daemon's writes went on in the folder it opened, wherever that is now.
+        """
+        try:
+            named = os.stat(self.path)
+        except OSError:
+            return False
+        written = os.fstat(fd)
+        return (named.st_dev, named.st_ino) == (written.st_dev, written.st_ino)
 
     def _copy_temp(self) -> None:
         """Append the streamed stderr to the spill file, read back through its descriptor.
@@ -291,21 +353,49 @@ class Spill:
         self._close(0)
         self._close(1)
         if self._streaming[0]:
-            self._unlink(self.path)
+            self._unlink(self._file_name)
         if self._streaming[1]:
-            self._unlink(self._temp)
+            self._unlink(self._temp_name)
+        self._close_folder()
 
-    @staticmethod
-    def _unlink(path: Path) -> None:
-        with contextlib.suppress(OSError):
-            path.unlink()
+    def _unlink(self, name: str) -> None:
+        if self._dir is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=self._dir)
+
+    def _close_folder(self) -> None:
+        fd = self._dir
+        if fd is not None:
+            self._dir = None
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
-def prune(folder: Path, *, keep: int, max_age_seconds: float, now: float | None = None) -> int:
+def _opened_at(fd: int, folder: Path) -> str | None:
+    """Where the directory open as ``fd`` is (``/proc/self/fd`` names it), or None.
+
+    Without ``/proc``, ``realpath`` names it if that name leads to the very directory opened.
+    """
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        pass
+    try:
+        real = os.path.realpath(folder)
+        named, opened = os.stat(real), os.fstat(fd)
+    except OSError:
+        return None
+    return real if (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino) else None
+
+
+def prune(folder: int, *, keep: int, max_age_seconds: float, now: float | None = None) -> int:
     """Remove old spill files: older than ``max_age_seconds``, then all but the ``keep`` newest.
 
-    Hidden temp files (calls in flight) are removed only by age. Only regular files are
-    touched; errors are ignored (another call may prune at the same time).
+    ``folder`` is a descriptor of the folder: it is listed, and its files are looked at and
+    removed, through that descriptor, never through a path (whose folder the tool may have
+    swapped for a link to another). Hidden temp files (calls in flight) are removed only by
+    age. Only regular files are touched, links never followed; errors are ignored (another
+    call may prune at the same time).
 
     Returns:
         How many files were removed.
@@ -314,7 +404,8 @@ def prune(folder: Path, *, keep: int, max_age_seconds: float, now: float | None 
     removed = 0
     survivors: list[tuple[float, str]] = []
     try:
-        entries = list(os.scandir(folder))
+        with os.scandir(folder) as listing:  # closing it rewinds the shared descriptor
+            entries = list(listing)
     except OSError:
         return 0
     for entry in entries:
@@ -326,14 +417,14 @@ def prune(folder: Path, *, keep: int, max_age_seconds: float, now: float | None 
             continue
         if now - st.st_mtime > max_age_seconds:
             with contextlib.suppress(OSError):
-                os.unlink(entry.path)
+                os.unlink(entry.name, dir_fd=folder)
                 removed += 1
             continue
         if not entry.name.startswith("."):
-            survivors.append((st.st_mtime, entry.path))
+            survivors.append((st.st_mtime, entry.name))
     survivors.sort(reverse=True)
-    for _, path in survivors[keep:]:
+    for _, name in survivors[keep:]:
         with contextlib.suppress(OSError):
-            os.unlink(path)
+            os.unlink(name, dir_fd=folder)
             removed += 1
     return removed

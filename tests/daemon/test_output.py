@@ -291,7 +291,7 @@ def test_spill_name_is_safe(call_id: str, safe: bool) -> None:
 def test_spill_streams_caps_and_marks(tmp_path: Path) -> None:
     """Streamed stdout and stderr are assembled in order, capped, and marked."""
     ws = Path(os.path.realpath(tmp_path))
-    spill = Spill(ws, ws / "out", "c", cap=10)
+    spill = Spill(ws, ws / "out", "c", cap=10, keep=100, max_age_seconds=3600)
     spill.write(0, b"0123456")
     spill.write(1, b"abcdef")
     result = spill.finish(b"", b"", 7, 6)
@@ -306,12 +306,12 @@ def test_spill_streams_caps_and_marks(tmp_path: Path) -> None:
 def test_spill_from_memory_and_discard(tmp_path: Path) -> None:
     """Unstreamed output is written from memory; discard removes streamed files."""
     ws = Path(os.path.realpath(tmp_path))
-    spill = Spill(ws, ws / "out", "c", cap=100)
+    spill = Spill(ws, ws / "out", "c", cap=100, keep=100, max_age_seconds=3600)
     result = spill.finish(b"", b"err", 0, 3)
     assert result is not None
     assert not result.capped
     assert (ws / "out" / "c").read_bytes() == b"err"
-    spill = Spill(ws, ws / "out", "d", cap=100)
+    spill = Spill(ws, ws / "out", "d", cap=100, keep=100, max_age_seconds=3600)
     spill.write(1, b"x")
     spill.discard()
     assert os.listdir(ws / "out") == ["c"]
@@ -323,7 +323,7 @@ def test_spill_stderr_temp_swapped_for_a_link_is_not_followed(tmp_path: Path) ->
     ws.mkdir()
     secret = tmp_path / "secret"
     secret.write_bytes(b"SECRET")
-    spill = Spill(ws, ws / "out", "c", cap=100)
+    spill = Spill(ws, ws / "out", "c", cap=100, keep=100, max_age_seconds=3600)
     spill.write(1, b"err")
     temp = ws / "out" / ".c.stderr"
     temp.unlink()
@@ -335,13 +335,68 @@ def test_spill_stderr_temp_swapped_for_a_link_is_not_followed(tmp_path: Path) ->
     assert os.listdir(ws / "out") == ["c"]
 
 
+def test_spill_folder_swapped_for_a_link_is_not_followed(tmp_path: Path) -> None:
+    """A folder swapped for a link after the spill began: nothing is written, named or pruned
+    through the link, the path is not reported, and the daemon's file is removed."""
+    ws = Path(os.path.realpath(tmp_path)) / "ws"
+    ws.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "old").write_text("precious")
+    os.utime(victim / "old", (time.time() - 86400, time.time() - 86400))
+    spill = Spill(ws, ws / "out", "c", cap=100, keep=0, max_age_seconds=60)
+    spill.write(0, b"data")
+    (ws / "out").rename(ws / "moved")
+    (ws / "out").symlink_to(victim)
+    with capture_logs() as logs:
+        assert spill.finish(b"", b"err", 4, 3) is None
+    assert [e["error"] for e in logs if e["event"] == "spill_failed"] == [
+        "the folder or the file was replaced while the call ran"
+    ]
+    assert os.listdir(victim) == ["old"]
+    assert (victim / "old").read_text() == "precious"
+    assert os.listdir(ws / "moved") == []
+
+
+def test_spill_file_swapped_for_a_link_is_not_reported(tmp_path: Path) -> None:
+    """The spill file swapped for a link to another file: no path leads the client there."""
+    ws = Path(os.path.realpath(tmp_path)) / "ws"
+    ws.mkdir()
+    secret = tmp_path / "secret"
+    secret.write_text("SECRET")
+    spill = Spill(ws, ws / "out", "c", cap=100, keep=100, max_age_seconds=3600)
+    spill.write(0, b"data")
+    (ws / "out" / "c").unlink()
+    (ws / "out" / "c").symlink_to(secret)
+    assert spill.finish(b"", b"", 4, 0) is None
+    assert os.listdir(ws / "out") == []
+    assert secret.read_text() == "SECRET"
+
+
+def test_spill_never_opens_what_was_planted_at_its_name(tmp_path: Path) -> None:
+    """A FIFO or a hard link left at the file's name is replaced, never opened or written."""
+    ws = Path(os.path.realpath(tmp_path)) / "ws"
+    (ws / "out").mkdir(parents=True)
+    os.mkfifo(ws / "out" / "c")  # opening it to write would block the daemon for good
+    other = ws / "other"
+    other.write_text("keep me")
+    os.link(other, ws / "out" / ".c.stderr")
+    spill = Spill(ws, ws / "out", "c", cap=100, keep=100, max_age_seconds=3600)
+    spill.write(0, b"data")
+    spill.write(1, b"err")
+    result = spill.finish(b"", b"", 4, 3)
+    assert result is not None
+    assert (ws / "out" / "c").read_bytes() == b"data\nerr"
+    assert other.read_text() == "keep me"
+
+
 def test_spill_refuses_folder_outside_workspace(tmp_path: Path) -> None:
     """A spill folder that resolves outside the workspace (a planted link) is not written."""
     ws = Path(os.path.realpath(tmp_path)) / "ws"
     ws.mkdir()
     (tmp_path / "elsewhere").mkdir()
     (ws / "out").symlink_to(tmp_path / "elsewhere")
-    spill = Spill(ws, ws / "out", "c", cap=100)
+    spill = Spill(ws, ws / "out", "c", cap=100, keep=100, max_age_seconds=3600)
     spill.write(0, b"data")
     assert spill.finish(b"", b"", 4, 0) is None
     assert os.listdir(tmp_path / "elsewhere") == []
@@ -360,7 +415,11 @@ def test_prune_by_age_and_count(tmp_path: Path) -> None:
     (tmp_path / ".new.stderr").write_text("x")
     (tmp_path / "sub").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "sub")
-    removed = prune(tmp_path, keep=2, max_age_seconds=45, now=now)
+    folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        removed = prune(folder, keep=2, max_age_seconds=45, now=now)
+    finally:
+        os.close(folder)
     assert removed == 5
     assert sorted(os.listdir(tmp_path)) == [".new.stderr", "f0", "f1", "link", "sub"]
 
@@ -369,7 +428,7 @@ def test_a_spill_that_cannot_be_written_says_why_once(tmp_path: Path) -> None:
     """The full output of a truncated call that cannot be kept is logged, once, with why."""
     ws = Path(os.path.realpath(tmp_path))
     (ws / "out").write_text("a file where the folder should be")
-    spill = Spill(ws, ws / "out", "c", cap=100)
+    spill = Spill(ws, ws / "out", "c", cap=100, keep=100, max_age_seconds=3600)
     with capture_logs() as logs:
         spill.write(0, b"data")
         spill.write(1, b"more")

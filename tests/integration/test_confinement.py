@@ -20,6 +20,7 @@ import tempfile
 import subprocess
 import textwrap
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -496,6 +497,40 @@ def test_confinement_spill_temp_swapped_for_a_link_copies_nothing(
     assert b"PRIVATE KEY" not in data
     assert data.endswith(b"\n" + b"E" * 600000)
     assert key.read_text() == "PRIVATE KEY\n"
+
+
+@pytest.mark.parametrize("sandboxed", [True, False])
+def test_confinement_spill_folder_swapped_for_a_link_deletes_nothing(
+    tree: Tree, sandboxed: bool
+) -> None:
+    """A tool that swaps the spill folder for a link to ~/.ssh after its output spilled has
+    nothing there pruned, and its result names no file (spill_failed says why)."""
+    if sandboxed:
+        _need_sandbox(tree)
+    victim = tree.user_home / ".ssh" / f"id_old_{sandboxed}"
+    victim.write_text("old key\n")
+    month_ago = time.time() - 30 * 86400
+    os.utime(victim, (month_ago, month_ago))
+    call_id = f"swap-folder-{sandboxed}"
+    folder = tree.workspace / ".crystal" / "data" / "tools" / ("pp" if sandboxed else "hp")
+    try:
+        _, reply = tree.invoke("probe", {"action": "spill-swap-folder",
+                                         "target": str(victim.parent)},
+                               project=sandboxed, callId=call_id)
+        result = reply["result"]
+        assert result["truncated"] is True, result
+        assert (folder / "tool-output").is_symlink()  # the tool did swap it
+        assert victim.read_text() == "old key\n"
+        assert result["outputPath"] is None
+        assert "[full output:" not in result["content"][0]["text"]
+        failed = [e for e in tree.daemon.log_events() if e.get("event") == "spill_failed"
+                  and "replaced" in e.get("error", "")]
+        assert failed, tree.daemon.log()[-2000:]
+        assert not (victim.parent / call_id).exists()
+    finally:
+        if (folder / "tool-output").is_symlink():
+            (folder / "tool-output").unlink()
+            (folder / "tool-output.moved").rename(folder / "tool-output")
 
 
 def test_confinement_planted_hard_link_fails_closed(tree: Tree) -> None:
