@@ -4,7 +4,9 @@ Theory of operation: ``read_regular_file`` is the one way toolsetd reads a manif
 the config file. It never blocks and never reads without bound: it accepts only regular
 files (after following symlinks), checks the size before reading, opens with
 ``O_NONBLOCK`` so a FIFO swapped in after the ``stat`` cannot hang a worker thread,
-re-checks the opened descriptor, and stops reading past ``MAX_MANIFEST_BYTES``.
+re-checks the opened descriptor, and stops reading past ``MAX_MANIFEST_BYTES``. Its last
+step, ``read_descriptor`` (read to the end, never past a bound), also serves the set cache,
+which opens and checks its files its own way (``setcache.py``).
 
 ``load_config`` keeps the daemon serving whatever the file says: each bad part falls
 back to its default and yields an operator ``Note`` naming the field and the fix.
@@ -21,7 +23,13 @@ from typing import Any
 from .manifest import ManifestError
 from .model import ApprovalSource, Config, Note, Source
 
-__all__ = ["MAX_MANIFEST_BYTES", "ManifestUnreadable", "load_config", "read_regular_file"]
+__all__ = [
+    "MAX_MANIFEST_BYTES",
+    "ManifestUnreadable",
+    "load_config",
+    "read_descriptor",
+    "read_regular_file",
+]
 
 #: Manifests and config.json larger than this are refused unread.
 MAX_MANIFEST_BYTES = 1 << 20
@@ -39,6 +47,29 @@ def _unreadable(path: str | Path) -> ManifestUnreadable:
 def _too_large(path: str | Path) -> ManifestUnreadable:
     limit = MAX_MANIFEST_BYTES >> 20
     return ManifestUnreadable(f"{os.path.basename(path)} is larger than {limit} MiB.")
+
+
+def read_descriptor(fd: int, limit: int) -> bytes | None:
+    """Read an open descriptor to its end, never holding more than ``limit`` + 1 bytes.
+
+    Args:
+        fd: The descriptor (its owner closes it).
+        limit: The most bytes accepted.
+
+    Returns:
+        The bytes, or None when there are more than ``limit``.
+
+    Raises:
+        OSError: The read failed.
+    """
+    chunks: list[bytes] = []
+    size = 0
+    while chunk := os.read(fd, limit + 1 - size):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            return None
+    return b"".join(chunks)
 
 
 def read_regular_file(
@@ -69,18 +100,14 @@ def read_regular_file(
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise _unreadable(path)
-            chunks: list[bytes] = []
-            size = 0
-            while chunk := os.read(fd, MAX_MANIFEST_BYTES + 1 - size):
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > MAX_MANIFEST_BYTES:
-                    raise _too_large(path)
+            data = read_descriptor(fd, MAX_MANIFEST_BYTES)
         finally:
             os.close(fd)
     except OSError as exc:
         raise _unreadable(path) from exc
-    return b"".join(chunks), st
+    if data is None:
+        raise _too_large(path)
+    return data, st
 
 
 def load_config(home: Path) -> tuple[Config, list[Note]]:

@@ -28,6 +28,11 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
   per flush that added a few records, so a reload that parsed one set appends one line
   instead of rewriting thousands of records. A journal grown past a quarter of the
   snapshot (or 1 MiB) is compacted into a new snapshot.
+* **Only regular files.** A snapshot or journal is opened without following a symlink and
+  without blocking, and read only if its ``fstat`` says it is a regular file of at most
+  ``MAX_CACHE_BYTES``: a FIFO in its place would block the start (and SIGTERM) forever, a
+  link to ``/dev/zero`` would be read until memory runs out. Anything else is ignored,
+  and replaced by the next compaction.
 * **Truncation and corruption.** A short, torn or altered snapshot fails its check and
   is ignored as a whole (the daemon parses, and writes a new one); a journal line that
   fails its check is skipped alone; a record that does not decode costs one parse.
@@ -54,9 +59,11 @@ home, full disk) only costs speed: every error here is swallowed after one log l
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import hashlib
 import os
+import stat
 import tempfile
 import threading
 from collections.abc import Mapping
@@ -66,6 +73,7 @@ from typing import Any
 import orjson
 import structlog
 
+from .config_file import read_descriptor
 from .model import (
     Approval,
     ApprovalSource,
@@ -77,12 +85,20 @@ from .model import (
     ToolSet,
 )
 
-__all__ = ["SetStore", "default_cache_dir"]
+__all__ = ["MAX_CACHE_BYTES", "SetStore", "default_cache_dir"]
 
 log = structlog.get_logger("toolsetd.setcache")
 
 _MAGIC = b"toolsetd-sets 1\n"
 _DIGEST_SIZE = 32
+#: A snapshot or journal larger than this is ignored unread, and never written. 10,000
+#: small sets (``bench_catalog``'s) make a 7.5 MB snapshot and at most a quarter of that
+#: in journal; 100,000 (``max_records``) of them, 75 MB.
+MAX_CACHE_BYTES = 128 << 20
+_READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_APPEND_FLAGS = (
+    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+)
 #: The journal is compacted into the snapshot once it outgrows this or a quarter of it.
 _JOURNAL_MIN_BYTES = 1 << 20
 #: Records whose parse is an error are stored as ``[_ERROR, message]``.
@@ -294,6 +310,7 @@ class SetStore:
         self._used: set[str] = set()
         self._lock = threading.Lock()
         self._warned = False
+        self._warned_paths: set[tuple[str, Path]] = set()
         #: How many records were found (hits) and stored (puts) in this process.
         self.hits = 0
         self.puts = 0
@@ -329,14 +346,41 @@ class SetStore:
         return records, index
 
     def _read_file(self, path: Path) -> bytes:
+        """The bytes of a cache file; empty when it is missing, or not one this store wrote.
+
+        Opened without following a symlink and without blocking (a FIFO answers the open
+        at once), then judged by the descriptor's ``fstat``: only a regular file of at
+        most ``MAX_CACHE_BYTES`` is read, so a FIFO or a link to ``/dev/zero`` is ignored
+        rather than hanging or filling memory.
+        """
         try:
-            with open(path, "rb") as f:
-                return f.read()
+            fd = os.open(path, _READ_FLAGS)
         except FileNotFoundError:
             return b""
-        except OSError as exc:
-            log.warning("set_cache_unreadable", path=str(path), error=exc.strerror)
+        except OSError as exc:  # ELOOP: a symlink
+            self._warn_once("set_cache_unreadable", path, error=exc.strerror)
             return b""
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                self._warn_once("set_cache_ignored", path, reason="not a regular file")
+                return b""
+            data = read_descriptor(fd, MAX_CACHE_BYTES)
+        except OSError as exc:
+            self._warn_once("set_cache_unreadable", path, error=exc.strerror)
+            return b""
+        finally:
+            os.close(fd)
+        if data is None:
+            reason = f"larger than {MAX_CACHE_BYTES >> 20} MiB"
+            self._warn_once("set_cache_ignored", path, reason=reason)
+            return b""
+        return data
+
+    def _warn_once(self, event: str, path: Path, **detail: str | None) -> None:
+        """Log a file the store cannot use, once per process (a compaction reads it again)."""
+        if (event, path) not in self._warned_paths:
+            self._warned_paths.add((event, path))
+            log.warning(event, path=str(path), **detail)
 
     def _loaded(self) -> dict[str, list[Any]]:
         if self._records is None:
@@ -452,14 +496,10 @@ class SetStore:
             if self._snapshot_bytes and self._journal_bytes + len(line) <= limit:
                 self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
                 entry = hashlib.sha256(line).hexdigest().encode() + b" " + line + b"\n"
-                fd = os.open(
-                    self.journal, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600
-                )
-                try:
-                    os.write(fd, entry)
-                finally:
-                    os.close(fd)
-                self._journal_bytes += len(entry)
+                if self._append(entry):
+                    self._journal_bytes += len(entry)
+                else:
+                    self._compact(new, new_index, used)
             else:
                 self._compact(new, new_index, used)
         except OSError as exc:
@@ -467,6 +507,27 @@ class SetStore:
                 self._warned = True
                 log.warning("set_cache_unwritable", path=str(self.path), error=exc.strerror)
             return False
+        return True
+
+    def _append(self, entry: bytes) -> bool:
+        """Append one line to the journal; False when it is not a regular file (compact then).
+
+        Not following a symlink, and not blocking: opening a FIFO for writing would wait
+        for a reader (here it fails with ENXIO instead). A compaction renames a new, empty
+        journal over whatever was there.
+        """
+        try:
+            fd = os.open(self.journal, _APPEND_FLAGS, 0o600)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO nobody reads
+                return False
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return False
+            os.write(fd, entry)
+        finally:
+            os.close(fd)
         return True
 
     def _compact(
@@ -488,6 +549,8 @@ class SetStore:
         if len(index) > self.max_records:
             index = dict(list(index.items())[-self.max_records :])
         body = orjson.dumps({"records": records, "index": index})
+        if len(body) > MAX_CACHE_BYTES:  # it would be ignored when read
+            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
         self._replace(self.path, _MAGIC + hashlib.sha256(body).digest() + body)
         self._replace(self.journal, b"")

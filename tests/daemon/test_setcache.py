@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 import pytest
+from structlog.testing import capture_logs
 from toolsetd.daemon.catalog import RACY_NS, ManifestCache, build_catalog
 from toolsetd.daemon.model import (
     DEFAULT_RESERVED_NAMES,
@@ -27,7 +28,13 @@ from toolsetd.daemon.model import (
     ToolDef,
     ToolSet,
 )
-from toolsetd.daemon.setcache import SetStore, decode_record, default_cache_dir, encode_record
+from toolsetd.daemon.setcache import (
+    MAX_CACHE_BYTES,
+    SetStore,
+    decode_record,
+    default_cache_dir,
+    encode_record,
+)
 
 
 def _write(root: Path, directory: str, **fields: object) -> Path:
@@ -322,6 +329,63 @@ def test_setstore_unwritable_folder_only_costs_speed(home: Path, tmp_path: Path)
     catalog, _ = _build(home, blocker / "cache")
     assert catalog == _build(home, None)[0]
     assert not SetStore(blocker / "cache").flush()
+
+
+def _special(path: Path, kind: str) -> None:
+    path.unlink(missing_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev_zero":
+        os.symlink("/dev/zero", path)
+    elif kind == "symlink":  # to a copy of a good file: still not one this store wrote
+        copy = path.with_name("elsewhere")
+        copy.write_bytes(b"")
+        os.symlink(copy, path)
+    else:
+        path.mkdir()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero", "symlink", "folder"])
+@pytest.mark.parametrize("which", ["path", "journal"])
+def test_setstore_special_files_are_ignored_unread(
+    home: Path, tmp_path: Path, which: str, kind: str
+) -> None:
+    """A FIFO, device link, symlink or folder as a cache file is ignored without blocking."""
+    folder = tmp_path / "cache"
+    _build(home, folder)
+    target = getattr(SetStore(folder), which)
+    _special(target, kind)
+    _write(home / "tools", "set3", description="Changed, so the load has a record to write.")
+    with capture_logs() as logs:
+        catalog, cache = _build(home, folder)
+    assert catalog == _build(home, None)[0]
+    assert cache.parses == (8 if which == "path" else 1)
+    warned = [e["event"] for e in logs if e.get("path") == str(target)]
+    assert warned[0] in ("set_cache_ignored", "set_cache_unreadable")
+    if kind == "folder":  # a file cannot be renamed over a folder: the cache stays unwritten
+        assert warned[1:] == (["set_cache_unwritable"] if which == "path" else [])
+    else:
+        assert len(warned) == 1
+        assert not target.is_symlink()  # replaced by a compaction
+        assert target.is_file()
+        _, cache = _build(home, folder)
+        assert cache.parses == 0
+
+
+def test_setstore_file_beyond_the_cap_is_ignored_unread(home: Path, tmp_path: Path) -> None:
+    """A snapshot larger than MAX_CACHE_BYTES is ignored (sparse here: cheap to make)."""
+    folder = tmp_path / "cache"
+    _build(home, folder)
+    path = SetStore(folder).path
+    with open(path, "r+b") as f:
+        f.truncate(MAX_CACHE_BYTES + 1)
+    with capture_logs() as logs:
+        _, cache = _build(home, folder)
+    assert cache.parses == 8
+    assert {"event": "set_cache_ignored", "path": str(path), "reason": "larger than 128 MiB"} in [
+        {k: e[k] for k in ("event", "path", "reason") if k in e} for e in logs
+    ]
+    assert path.stat().st_size < MAX_CACHE_BYTES  # rewritten
 
 
 def test_setstore_concurrent_writers_leave_a_valid_file(tmp_path: Path) -> None:
