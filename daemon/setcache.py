@@ -52,8 +52,16 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
   alive beside their sets doubled what the cyclic collector traversed: a cold load of
   10,000 sets took 610 ms with them, 430 ms without.
 
+* **Only the daemon's own.** A record decides what a tool runs, and the checksums have no
+  key: anyone who can write the folder or a file in it can re-sign one. So, as ssh does
+  with ``~/.ssh``, the folder is used only if it is owned by the daemon's uid and not
+  writable by group or others, and a file in it is read (or appended to) only if it is
+  too. The checks are ``fstat`` of the opened folder and files, and every file is opened
+  relative to the folder's descriptor, so what was checked is what is used.
+
 The cache folder is created 0700. A cache that cannot be read or written (read-only
-home, full disk) only costs speed: every error here is swallowed after one log line.
+home, full disk), or cannot be trusted, only costs speed: every error here is swallowed
+after one log line.
 """
 
 from __future__ import annotations
@@ -64,7 +72,6 @@ import functools
 import hashlib
 import os
 import stat
-import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -99,6 +106,7 @@ _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _APPEND_FLAGS = (
     os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 )
+_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: The journal is compacted into the snapshot once it outgrows this or a quarter of it.
 _JOURNAL_MIN_BYTES = 1 << 20
 #: Records whose parse is an error are stored as ``[_ERROR, message]``.
@@ -315,15 +323,18 @@ class SetStore:
         self.hits = 0
         self.puts = 0
 
-    def _read(self) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    def _read_in(self, folder: int) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
         """The records and index of the snapshot plus the journal's intact lines.
 
         A snapshot that is missing, short or altered counts as empty; a journal line that
         is torn or altered is skipped (the lines after it still count).
+
+        Args:
+            folder: A descriptor of the cache folder (``_open_folder``).
         """
         records: dict[str, list[Any]] = {}
         index: dict[str, list[Any]] = {}
-        data = self._read_file(self.path)
+        data = self._read_file(folder, self.path)
         head = len(_MAGIC) + _DIGEST_SIZE
         self._snapshot_bytes = 0  # no intact snapshot: the next flush writes one
         if data:
@@ -337,7 +348,7 @@ class SetStore:
             else:
                 _merge(records, index, body)
                 self._snapshot_bytes = len(body)
-        journal = self._read_file(self.journal)
+        journal = self._read_file(folder, self.journal)
         self._journal_bytes = len(journal)
         for line in journal.split(b"\n"):
             digest, _, payload = line.partition(b" ")
@@ -345,24 +356,28 @@ class SetStore:
                 _merge(records, index, payload)
         return records, index
 
-    def _read_file(self, path: Path) -> bytes:
+    def _read_file(self, folder: int, path: Path) -> bytes:
         """The bytes of a cache file; empty when it is missing, or not one this store wrote.
 
-        Opened without following a symlink and without blocking (a FIFO answers the open
-        at once), then judged by the descriptor's ``fstat``: only a regular file of at
-        most ``MAX_CACHE_BYTES`` is read, so a FIFO or a link to ``/dev/zero`` is ignored
-        rather than hanging or filling memory.
+        Opened in the folder's descriptor, without following a symlink and without
+        blocking (a FIFO answers the open at once), then judged by the descriptor's
+        ``fstat``: only a regular file of at most ``MAX_CACHE_BYTES``, this daemon's and
+        writable by it alone, is read. A FIFO or a link to ``/dev/zero`` is ignored rather
+        than hanging or filling memory, another user's file rather than obeyed.
         """
         try:
-            fd = os.open(path, _READ_FLAGS)
+            fd = os.open(path.name, _READ_FLAGS, dir_fd=folder)
         except FileNotFoundError:
             return b""
         except OSError as exc:  # ELOOP: a symlink
             self._warn_once("set_cache_unreadable", path, error=exc.strerror)
             return b""
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
                 self._warn_once("set_cache_ignored", path, reason="not a regular file")
+                return b""
+            if not self._trusted(st, path):
                 return b""
             data = read_descriptor(fd, MAX_CACHE_BYTES)
         except OSError as exc:
@@ -375,6 +390,61 @@ class SetStore:
             self._warn_once("set_cache_ignored", path, reason=reason)
             return b""
         return data
+
+    def _trusted(self, st: os.stat_result, path: Path) -> bool:
+        """Whether a cache folder or file is this daemon's alone (else logged once, with the fix).
+
+        As ssh does with ``~/.ssh``: owned by the daemon's uid, writable by nobody else.
+        Anyone else who can write a record decides what a tool runs (the checksums have no
+        key), so such a cache is not used: that only costs a parse.
+        """
+        uid = os.geteuid()
+        if st.st_uid != uid:
+            reason = f"owned by uid {st.st_uid}, not this daemon's uid {uid}"
+            fix = f"remove {path} (the daemon makes a new one) or give it another --cache-dir"
+        elif st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            reason = "writable by group or others"
+            fix = f"chmod {'700' if stat.S_ISDIR(st.st_mode) else '600'} {path}"
+        else:
+            return True
+        self._warn_once("set_cache_untrusted", path, reason=reason, fix=fix)
+        return False
+
+    def _open_folder(self) -> int | None:
+        """A descriptor of the cache folder, or None when it is not this daemon's alone.
+
+        Everything else is opened relative to it, so what was checked is what is used:
+        the folder cannot be swapped between the check and the reads or writes.
+
+        Raises:
+            OSError: It cannot be opened (FileNotFoundError: it does not exist yet).
+        """
+        fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            if self._trusted(os.fstat(fd), self.folder):
+                return fd
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+        return None
+
+    def _read(self) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+        """``_read_in`` the cache folder; empty when it is missing, unreadable or untrusted."""
+        try:
+            folder = self._open_folder()
+        except FileNotFoundError:
+            folder = None
+        except OSError as exc:
+            self._warn_once("set_cache_unreadable", self.folder, error=exc.strerror)
+            folder = None
+        if folder is None:
+            self._snapshot_bytes = self._journal_bytes = 0
+            return {}, {}
+        try:
+            return self._read_in(folder)
+        finally:
+            os.close(folder)
 
     def _warn_once(self, event: str, path: Path, **detail: str | None) -> None:
         """Log a file the store cannot use, once per process (a compaction reads it again)."""
@@ -491,17 +561,22 @@ class SetStore:
             new_index, self._new_index = self._new_index, {}
             used = set(self._used)
         try:
-            line = orjson.dumps({"records": new, "index": new_index})
-            limit = max(_JOURNAL_MIN_BYTES, self._snapshot_bytes // 4)
-            if self._snapshot_bytes and self._journal_bytes + len(line) <= limit:
-                self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-                entry = hashlib.sha256(line).hexdigest().encode() + b" " + line + b"\n"
-                if self._append(entry):
-                    self._journal_bytes += len(entry)
-                else:
-                    self._compact(new, new_index, used)
-            else:
-                self._compact(new, new_index, used)
+            self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            folder = self._open_folder()
+            if folder is None:
+                return False
+            try:
+                line = orjson.dumps({"records": new, "index": new_index})
+                limit = max(_JOURNAL_MIN_BYTES, self._snapshot_bytes // 4)
+                appended = False
+                if self._snapshot_bytes and self._journal_bytes + len(line) <= limit:
+                    entry = hashlib.sha256(line).hexdigest().encode() + b" " + line + b"\n"
+                    appended = self._append(folder, entry)  # False: not a journal to trust
+                    self._journal_bytes += len(entry) if appended else 0
+                if not appended:
+                    self._compact(folder, new, new_index, used)
+            finally:
+                os.close(folder)
         except OSError as exc:
             if not self._warned:  # once: a read-only cache folder is not news on every reload
                 self._warned = True
@@ -509,21 +584,22 @@ class SetStore:
             return False
         return True
 
-    def _append(self, entry: bytes) -> bool:
-        """Append one line to the journal; False when it is not a regular file (compact then).
+    def _append(self, folder: int, entry: bytes) -> bool:
+        """Append one line to the journal; False when it is not one to append to (compact then).
 
         Not following a symlink, and not blocking: opening a FIFO for writing would wait
         for a reader (here it fails with ENXIO instead). A compaction renames a new, empty
-        journal over whatever was there.
+        journal over whatever was there, another user's journal too.
         """
         try:
-            fd = os.open(self.journal, _APPEND_FLAGS, 0o600)
+            fd = os.open(self.journal.name, _APPEND_FLAGS, 0o600, dir_fd=folder)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO nobody reads
                 return False
             raise
         try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or not self._trusted(st, self.journal):
                 return False
             os.write(fd, entry)
         finally:
@@ -531,9 +607,13 @@ class SetStore:
         return True
 
     def _compact(
-        self, new: dict[str, list[Any]], new_index: dict[str, list[Any]], used: set[str]
+        self,
+        folder: int,
+        new: dict[str, list[Any]],
+        new_index: dict[str, list[Any]],
+        used: set[str],
     ) -> None:
-        records, index = self._read()
+        records, index = self._read_in(folder)
         with self._lock:
             records.update(self._records or {})
             index.update(self._index)
@@ -551,23 +631,24 @@ class SetStore:
         body = orjson.dumps({"records": records, "index": index})
         if len(body) > MAX_CACHE_BYTES:  # it would be ignored when read
             raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
-        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        self._replace(self.path, _MAGIC + hashlib.sha256(body).digest() + body)
-        self._replace(self.journal, b"")
+        self._replace(folder, self.path, _MAGIC + hashlib.sha256(body).digest() + body)
+        self._replace(folder, self.journal, b"")
         self._snapshot_bytes, self._journal_bytes = len(body), 0
         with self._lock:
             self._records, self._index = records, index
 
-    def _replace(self, path: Path, data: bytes) -> None:
-        """Write ``data`` to a private temporary file and rename it over ``path``."""
-        fd, tmp = tempfile.mkstemp(prefix=".sets-", suffix=".tmp", dir=self.folder)
+    @staticmethod
+    def _replace(folder: int, path: Path, data: bytes) -> None:
+        """Write ``data`` to a private temporary file and rename it over ``path``'s name."""
+        tmp = f".sets-{os.urandom(8).hex()}.tmp"
+        fd = os.open(tmp, _CREATE_FLAGS, 0o600, dir_fd=folder)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            os.replace(tmp, path)
+            os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
         except BaseException:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=folder)
             raise
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -386,6 +387,106 @@ def test_setstore_file_beyond_the_cap_is_ignored_unread(home: Path, tmp_path: Pa
         {k: e[k] for k in ("event", "path", "reason") if k in e} for e in logs
     ]
     assert path.stat().st_size < MAX_CACHE_BYTES  # rewritten
+
+
+ME = os.geteuid()
+OTHER = 65534  # nobody
+needs_root = pytest.mark.skipif(ME != 0, reason="only root can give a file to another uid")
+
+#: What a poisoned record would make every cached set run instead of its manifest's command.
+POISON = ["/bin/sh", "-c", "echo POISONED"]
+
+
+def _poisoned(snapshot: Path) -> bytes:
+    """The snapshot's body with every set's command replaced (no key: anyone can re-sign)."""
+    body = orjson.loads(snapshot.read_bytes()[len(b"toolsetd-sets 1\n") + 32 :])
+    for record in body["records"].values():
+        if record[0] != "error":
+            record[4] = POISON
+    return orjson.dumps(body)
+
+
+def _commands(catalog: Catalog) -> set[tuple[str, ...]]:
+    return {loaded.toolset.command for loaded in catalog.tools.values()}
+
+
+@pytest.mark.parametrize(
+    ("uid", "mode", "reason", "fix"),
+    [
+        pytest.param(OTHER, 0o777, f"owned by uid {OTHER}, not this daemon's uid {ME}",
+                     "remove {}", marks=needs_root, id="other_uid_777"),
+        pytest.param(OTHER, 0o700, f"owned by uid {OTHER}, not this daemon's uid {ME}",
+                     "remove {}", marks=needs_root, id="other_uid_700"),
+        pytest.param(ME, 0o777, "writable by group or others", "chmod 700 {}", id="mine_777"),
+        pytest.param(ME, 0o720, "writable by group or others", "chmod 700 {}", id="mine_720"),
+    ],
+)
+def test_setstore_folder_not_the_daemons_alone_is_not_used(
+    home: Path, tmp_path: Path, uid: int, mode: int, reason: str, fix: str
+) -> None:
+    """A cache folder another uid owns, or others may write, is neither read nor written."""
+    folder = tmp_path / "cache"
+    _build(home, folder)
+    path = SetStore(folder).path
+    body = _poisoned(path)
+    path.write_bytes(b"toolsetd-sets 1\n" + hashlib.sha256(body).digest() + body)
+    os.chown(folder, uid, uid)
+    os.chmod(folder, mode)
+    before = path.read_bytes()
+    with capture_logs() as logs:
+        catalog, cache = _build(home, folder)
+        _build(home, folder)  # a second store: the same line again, once
+    assert cache.parses == 8
+    assert catalog == _build(home, None)[0]
+    assert tuple(POISON) not in _commands(catalog)
+    untrusted = [e for e in logs if e["event"] == "set_cache_untrusted"]
+    assert untrusted == [
+        {**untrusted[0], "path": str(folder), "reason": reason}
+    ] * 2  # once per store
+    assert untrusted[0]["fix"].startswith(fix.format(folder))
+    assert path.read_bytes() == before  # not written either
+    assert os.stat(folder).st_uid == uid
+
+
+@pytest.mark.parametrize("which", ["path", "journal"])
+@pytest.mark.parametrize(
+    ("uid", "mode"),
+    [
+        pytest.param(OTHER, 0o600, marks=needs_root, id="other_uid_600"),
+        pytest.param(ME, 0o666, id="mine_666"),
+        pytest.param(ME, 0o620, id="mine_620"),
+    ],
+)
+def test_setstore_file_not_the_daemons_alone_is_ignored_and_replaced(
+    home: Path, tmp_path: Path, which: str, uid: int, mode: int
+) -> None:
+    """A poisoned snapshot or journal another uid owns, or others may write, is not read."""
+    folder = tmp_path / "cache"
+    _build(home, folder)
+    store = SetStore(folder)
+    body = _poisoned(store.path)
+    if which == "path":
+        store.path.write_bytes(b"toolsetd-sets 1\n" + hashlib.sha256(body).digest() + body)
+    else:
+        store.journal.write_bytes(hashlib.sha256(body).hexdigest().encode() + b" " + body + b"\n")
+    target = getattr(store, which)
+    os.chown(target, uid, uid)
+    os.chmod(target, mode)
+    _write(home / "tools", "set3", description="Changed, so the load has a record to write.")
+    with capture_logs() as logs:
+        catalog, cache = _build(home, folder)
+    assert cache.parses == (8 if which == "path" else 1)
+    assert catalog == _build(home, None)[0]
+    assert tuple(POISON) not in _commands(catalog)
+    untrusted = [e for e in logs if e["event"] == "set_cache_untrusted"]
+    assert [e["path"] for e in untrusted] == [str(target)]
+    fix = f"remove {target}" if uid != ME else f"chmod 600 {target}"
+    assert untrusted[0]["fix"].startswith(fix)
+    st = os.stat(target)  # replaced by the compaction: the daemon's own, private
+    assert (st.st_uid, st.st_mode & 0o077) == (ME, 0)
+    catalog, cache = _build(home, folder)
+    assert cache.parses == 0
+    assert tuple(POISON) not in _commands(catalog)
 
 
 def test_setstore_concurrent_writers_leave_a_valid_file(tmp_path: Path) -> None:

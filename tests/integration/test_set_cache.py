@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 from pathlib import Path
@@ -56,3 +58,33 @@ def test_a_fifo_as_a_cache_file_neither_hangs_the_start_nor_sigterm(
     assert [(e["event"], e.get("reason")) for e in events] == [
         ("set_cache_ignored", "not a regular file")
     ]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root can give a folder to another uid")
+def test_a_poisoned_cache_in_another_users_open_folder_does_not_choose_the_command(
+    tmp_base: Path,
+) -> None:
+    """A re-signed record in a folder another uid owns (mode 777) is not run; it is logged."""
+    home, workspace, snapshot = _first_start(tmp_base)
+    magic = b"toolsetd-sets 1\n"
+    body = json.loads(snapshot.read_bytes()[len(magic) + 32 :])
+    for record in body["records"].values():
+        record[4] = ["/bin/sh", "-c", "echo POISONED"]  # the set's command
+    poisoned = json.dumps(body).encode()
+    snapshot.write_bytes(magic + hashlib.sha256(poisoned).digest() + poisoned)
+    folder = snapshot.parent
+    for path in (folder, snapshot):
+        os.chown(path, 65534, 65534)
+    folder.chmod(0o777)
+    d = start_daemon(home, workspace, tmp_base)
+    try:
+        with d.raw(timeout=30) as conn:
+            _, reply = conn.invoke({"tool": "hello", "arguments": {}, "workspace": str(workspace)})
+        assert reply["result"]["content"] == [{"type": "text", "text": "exit 0\nfrom-manifest\n"}]
+    finally:
+        shut_down(d)
+    untrusted = [e for e in d.log_events() if e["event"] == "set_cache_untrusted"]
+    assert [(e["path"], e["reason"]) for e in untrusted] == [
+        (str(folder), "owned by uid 65534, not this daemon's uid 0")
+    ]
+    assert untrusted[0]["fix"].startswith(f"remove {folder}")
