@@ -15,8 +15,10 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
   values except the path, or the manifest's error message) and each tool's hash under
   both source policies, as a JSON list per set (enum members as their positions, sets of
   catalogs as bit masks: it is parsed at every start). The file name carries a
-  fingerprint of the code that parses (``manifest.py``, ``validation.py``, ``model.py``,
-  this module and the version), so a daemon never reads decisions another build made.
+  fingerprint of everything whose output a record holds (``_DECIDING_MODULES``: the
+  parser, its messages, the types, ``catalog.tool_hash`` and this module; the versions
+  of toolsetd, Python, orjson and jsonschema), so a daemon never reads decisions another
+  build made.
 * **Index.** Each manifest path maps to the stat signature its bytes had when their key
   was recorded, once that signature can be trusted (``catalog.trusted_signature``), so a
   restart neither reads nor parses an unchanged manifest.
@@ -70,8 +72,11 @@ import contextlib
 import errno
 import functools
 import hashlib
+import importlib
+import importlib.util
 import os
 import stat
+import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -145,24 +150,80 @@ def default_cache_dir(environ: Mapping[str, str]) -> Path:
     return Path(environ.get("HOME") or os.path.expanduser("~")) / ".cache" / "toolsetd"
 
 
+#: The modules whose output a record holds: the parser and its messages (``manifest``,
+#: ``validation``'s schema checks and ``canonical_json``, ``protocol.errors``'
+#: ``reject_json_constant``), the types (``model``), the tools' hashes (``catalog``'s
+#: ``tool_hash``) and the encoding (this module). A test traces the parses and hashes
+#: that records are made from and checks that this names every module they ran.
+_DECIDING_MODULES = (
+    "toolsetd.protocol.errors",
+    "toolsetd.daemon.catalog",
+    "toolsetd.daemon.manifest",
+    "toolsetd.daemon.model",
+    "toolsetd.daemon.setcache",
+    "toolsetd.daemon.validation",
+)
+#: The distributions whose output a record holds: jsonschema's schema-check messages
+#: and verdicts, which also depend on its meta-schemas and its resolver.
+_DECIDING_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing")
+
+
 @functools.cache
 def _code_fingerprint() -> str:
     """A short hash of the code whose decisions the store keeps (the code imported).
 
-    Computed once per process: what decides is the code this process runs, not what the
-    files hold by the time a later store is opened.
+    Covers ``_DECIDING_MODULES``' source, the version of toolsetd, of Python (its JSON
+    parser's messages, ``re``), of orjson (``canonical_json`` under ``tool_hash``) and of
+    ``_DECIDING_DISTRIBUTIONS``. Computed once per process: what decides is the code this
+    process runs, not what the files hold by the time a later store is opened. Cheap:
+    the start pays for it (0.4-0.8 ms here), so jsonschema is found, not imported (~100 ms),
+    and its version read from its ``.dist-info`` folder's name, not with
+    ``importlib.metadata`` (~30 ms).
     """
     from toolsetd.protocol import __version__
 
-    from . import manifest, model, validation
-
-    h = hashlib.sha256(__version__.encode())
-    for module in (manifest, model, validation):
+    h = hashlib.sha256("\x00".join([__version__, sys.version, orjson.__version__]).encode())
+    for name in _DECIDING_MODULES:
+        module = sys.modules.get(name) or importlib.import_module(name)
         with open(module.__file__ or "", "rb") as f:
             h.update(f.read())
-    with open(__file__, "rb") as f:
-        h.update(f.read())
+    listings: dict[str, list[str]] = {}  # they are usually installed side by side
+    for name in _DECIDING_DISTRIBUTIONS:
+        h.update(b"\x00" + _installed_version(name, listings).encode())
     return h.hexdigest()[:16]
+
+
+def _installed_version(package: str, listings: dict[str, list[str]]) -> str:
+    """What identifies the installed version of a top-level package, without importing it.
+
+    The name of its ``<package>-<version>.dist-info`` (or ``.egg-info``) folder beside it;
+    failing that, the path, size and mtime of its ``__init__`` (an unusual install).
+
+    Args:
+        package: The import name (here also the distribution's normalised name).
+        listings: Folder listings made so far, by folder.
+    """
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None:
+        return package + " missing"
+    site = os.path.dirname(os.path.dirname(spec.origin))
+    try:
+        if site not in listings:
+            listings[site] = os.listdir(site)
+        found = sorted(
+            name
+            for name in listings[site]
+            if name.startswith(package + "-") and name.endswith((".dist-info", ".egg-info"))
+        )
+        if found:
+            return " ".join(found)
+        st = os.stat(spec.origin)
+    except OSError:
+        return spec.origin
+    return f"{spec.origin} {st.st_size} {st.st_mtime_ns}"
 
 
 def reserved_fingerprint(reserved: frozenset[str]) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -16,7 +17,9 @@ from typing import Any
 import orjson
 import pytest
 from structlog.testing import capture_logs
-from toolsetd.daemon.catalog import RACY_NS, ManifestCache, build_catalog
+from toolsetd.daemon import setcache
+from toolsetd.daemon.catalog import RACY_NS, ManifestCache, build_catalog, tool_hash
+from toolsetd.daemon.manifest import ManifestError, parse_manifest
 from toolsetd.daemon.model import (
     DEFAULT_RESERVED_NAMES,
     Approval,
@@ -592,3 +595,87 @@ def test_setstore_record_round_trips_every_enum_value(
         toolset,
         hashes,
     )
+
+
+#: Manifests whose records between them run every path a record's values come from: a
+#: set and its hashes, the reference host's messages, Python's JSON parser's, the
+#: protocol's for NaN, and jsonschema's for a bad schema (of two dialects).
+DECIDING_MANIFESTS = [
+    {
+        "runner": "exec",
+        "command": ["x"],
+        "tools": [
+            {"name": "a", "description": "d", "schema": {"type": "object"}, "argv": {"q": "-q"}},
+            {"name": "b", "description": "d", "schema": {"type": "object"}, "output": "content"},
+        ],
+    },
+    {"runner": "dotnet", "assembly": "a.dll", "tools": {"a": {"approval": "always"}}},
+    {"runner": "perl"},
+    "{not json",
+    '{"runner": NaN}',
+    {
+        "runner": "exec",
+        "description": "d",
+        "schema": {"properties": {"q": {"type": 12}}},
+        "command": ["x"],
+    },
+    {
+        "runner": "exec",
+        "description": "d",
+        "schema": {"$schema": "http://json-schema.org/draft-07/schema#", "minimum": "a"},
+        "command": ["x"],
+    },
+]
+
+
+def test_setstore_fingerprint_covers_every_module_a_record_comes_from(tmp_path: Path) -> None:
+    """Every toolsetd module that runs while a record's values are made is fingerprinted."""
+    ran: set[str] = set()
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            ran.add(frame.f_code.co_filename)
+
+    for i, manifest in enumerate(DECIDING_MANIFESTS):
+        set_dir = tmp_path / f"s{i}"
+        text = (manifest if isinstance(manifest, str) else json.dumps(manifest)).encode()
+        sys.setprofile(profile)
+        try:
+            try:
+                result = parse_manifest(
+                    text, set_dir=set_dir, source=Source.HOME, reserved=DEFAULT_RESERVED_NAMES
+                )
+            except ManifestError as exc:
+                record = encode_record(exc.message, {})
+            else:
+                hashes = {
+                    (t.name, policy): tool_hash(t, result, policy)
+                    for t in result.tools
+                    for policy in ApprovalSource
+                }
+                record = encode_record(result, hashes)
+            decode_record(record, directory=set_dir.name, source=Source.HOME, path=set_dir)
+        finally:
+            sys.setprofile(None)
+    ours = {
+        os.path.realpath(module.__file__ or "")
+        for name, module in sys.modules.items()
+        if name.startswith("toolsetd.") and hasattr(module, "__file__")
+    }
+    fingerprinted = {
+        os.path.realpath(sys.modules[name].__file__ or "") for name in setcache._DECIDING_MODULES
+    }
+    ran_ours = {os.path.realpath(f) for f in ran} & ours
+    assert ran_ours - fingerprinted == set()
+    assert len(ran_ours) >= 5  # the trace saw the parser, the hash and this module
+    third_party = [Path(f).parts for f in ran if "site-packages" in Path(f).parts]
+    packages = {parts[parts.index("site-packages") + 1] for parts in third_party}
+    assert "jsonschema" in packages
+    assert "jsonschema" in setcache._DECIDING_DISTRIBUTIONS
+
+
+@pytest.mark.parametrize("package", setcache._DECIDING_DISTRIBUTIONS)
+def test_setstore_fingerprint_reads_the_installed_version(package: str) -> None:
+    """The fingerprint's cheap version lookup finds what importlib.metadata reports."""
+    version = importlib.metadata.version(package)
+    assert f"{package}-{version}.dist-info" in setcache._installed_version(package, {}).split()
