@@ -40,6 +40,14 @@ it) may set the connection's ``route``: from then on every message goes to that
 ``Route`` (an MCP session) instead, with no inline answers, and ``cancel_calls`` closes
 the route too.
 
+The limit of requests in flight (``max_calls_per_connection``) counts what may wait. On
+the native wire that is every message that gets a task (``status`` and ``cancel`` are
+answered inline and never wait; a request sent without an id still runs its method, so
+it counts). On a routed connection it is the requests alone: a response to a request of
+the daemon's (an elicitation's answer) or a notification (``notifications/cancelled``)
+frees a wait or a slot, so it is never counted nor refused; the check is two key
+lookups, on the routed path only.
+
 Why one module of this size: one connection's reader, ordered writer, stall timer and
 in-flight table share its state; the framing lives in ``wire.py`` and the request
 pipeline in ``dispatch.py``.
@@ -117,7 +125,8 @@ class ServerSettings:
     Attributes:
         max_frame_size: The longest line accepted (bytes).
         max_connections: Connections served at once; one more is refused with ServerBusy.
-        max_calls_per_connection: Requests in flight per connection; beyond it, ServerBusy.
+        max_calls_per_connection: Requests in flight per connection; beyond it, ServerBusy
+            (a routed connection's responses and notifications never count).
         idle_timeout: Seconds a connection may hold an incomplete line, or stay without
             sending its first complete request, before it is closed.
         write_timeout: Seconds a response may wait for a slow reader before the
@@ -562,25 +571,45 @@ class Connection:
             self._post_response(response)
 
     def _start_message(self, tg: anyio.abc.TaskGroup, value: Any) -> None:
-        if self._in_flight >= self._settings.max_calls_per_connection:
+        route = self.route
+        if route is not None:
+            # On a routed (MCP) connection only a request asks for work that may wait. A
+            # response (the host's answer to our elicitation/create) or a notification
+            # (notifications/cancelled) ends a wait or a call, and the route answers
+            # anything else at once: none of them counts or is refused for load, or the
+            # answer that frees a slot would itself be refused for want of one.
+            if type(value) is not dict or "method" not in value or "id" not in value:
+                tg.start_soon(self._deliver, route, value)
+                return
+            if self._in_flight >= self._settings.max_calls_per_connection:
+                request_id = value["id"]
+                echo = request_id if type(request_id) is str or type(request_id) is int else None
+                self._post_response(error_message(echo, self._busy()))
+                return
+        elif self._in_flight >= self._settings.max_calls_per_connection:
             self._refuse_busy(value)
             return
         self._in_flight += 1
         tg.start_soon(self._handle_message, value)
 
-    def _refuse_busy(self, value: Any) -> None:
-        """Answer a message past the in-flight limit as its request would have been answered.
-
-        A request gets -32008 with its id; an invalid envelope its -32600 (that costs
-        nothing); a notification nothing; a batch one array with an answer per item that
-        needs one (nothing when it holds only notifications).
-        """
+    def _busy(self) -> rpc_errors.ServerBusy:
         limit = self._settings.max_calls_per_connection
-        busy = rpc_errors.ServerBusy(
+        return rpc_errors.ServerBusy(
             f"Too many requests in flight on this connection: at most {limit}; "
             "wait for a response before sending more.",
             {"limit": limit},
         )
+
+    def _refuse_busy(self, value: Any) -> None:
+        """Answer a native message past the in-flight limit as its request would have been.
+
+        A request gets -32008 with its id; an invalid envelope its -32600 (that costs
+        nothing); a notification nothing (the native wire defines none from the client: a
+        request sent without an id still runs its method, so it counts like any request);
+        a batch one array with an answer per item that needs one (nothing when it holds
+        only notifications).
+        """
+        busy = self._busy()
 
         def answer(item: Any) -> Any:
             envelope = parse_envelope(item)
@@ -599,6 +628,12 @@ class Connection:
                 response = [a for a in map(answer, value) if a is not None] or None
         else:
             response = answer(value)
+        if response is not None:
+            self._post_response(response)
+
+    async def _deliver(self, route: Route, value: Any) -> None:
+        """Hand the route a message that is not a request (not counted: see above)."""
+        response = await route.receive(value)
         if response is not None:
             self._post_response(response)
 

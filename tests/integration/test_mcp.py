@@ -643,6 +643,74 @@ def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> No
         assert pump.close() == 0
 
 
+def _mcp_sets(home: Path, workspace: Path) -> None:
+    write_test_sets(home)
+    write_project_asker(workspace)
+
+
+def test_mcp_answers_and_cancels_pass_the_in_flight_limit() -> None:
+    """At the connection's limit of requests in flight, the host's elicitation answer and
+    its notifications/cancelled still get through (they free slots; they never take one);
+    only a request is refused, with -32008 and its id."""
+    args = ["--no-watch", "--max-calls-per-connection", "2"]
+    with daemon_in("tsl-", _mcp_sets, args) as d, d.raw() as conn:
+        bind = {"workspace": str(d.workspace)}
+        conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind", "params": bind})
+        assert conn.receive()["result"]["bound"] is True
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}}}
+        conn.send({"jsonrpc": "2.0", "id": "i", "method": "initialize", "params": hello})
+        assert "result" in conn.receive()
+        conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+        def call(request_id: str, name: str) -> None:
+            params = {"name": name, "arguments": {}}
+            conn.send(
+                {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+            )
+
+        def ping(request_id: str) -> dict[str, Any]:
+            conn.send({"jsonrpc": "2.0", "id": request_id, "method": "ping"})
+            reply: dict[str, Any] = conn.receive()
+            assert reply["id"] == request_id, reply
+            return reply
+
+        call("c0", "asker")
+        call("c1", "asker")
+        asked = [conn.receive(), conn.receive()]
+        assert [m["method"] for m in asked] == ["elicitation/create"] * 2, asked
+        call("c2", "asker")  # a third request: refused, naming it
+        busy = conn.receive()
+        assert (busy["id"], busy["error"]["code"]) == ("c2", -32008), busy
+        # Both slots taken: the answer to the first question still runs its call.
+        conn.send({"jsonrpc": "2.0", "id": asked[0]["id"], "result": {"action": "accept"}})
+        ran = conn.receive()
+        assert ran["id"] in ("c0", "c1"), ran
+        assert ran["result"]["isError"] is False, ran
+        assert "asked and ran" in ran["result"]["content"][0]["text"]
+        waiting = "c1" if ran["id"] == "c0" else "c0"
+        # Both slots taken again (one call still asks, a sleeper runs): the cancel ends it.
+        call("s", "sleeper")
+        pid_file = d.workspace / "sleeper.pid"
+        eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="the sleeper")
+        pid = int(pid_file.read_text())
+        cancelled = {"requestId": "s", "reason": "test"}
+        conn.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancelled})
+        eventually(lambda: not alive(pid), timeout=15, what="the sleeper to be killed")
+        pings = iter(range(1000))
+        eventually(  # the cancelled call gives its slot back
+            lambda: "result" in ping(f"p{next(pings)}"), what="a free slot"
+        )
+        # One call in flight: an answer and a request behind it in one write both pass.
+        answer = {"jsonrpc": "2.0", "id": asked[1]["id"], "result": {"action": "decline"}}
+        last = {"jsonrpc": "2.0", "id": "last", "method": "ping"}
+        conn.send_bytes(json.dumps(answer).encode() + b"\n" + json.dumps(last).encode() + b"\n")
+        replies = {m["id"]: m for m in (conn.receive(), conn.receive())}
+        assert replies.keys() == {waiting, "last"}, replies
+        assert replies["last"]["result"] == {}, replies
+        assert replies[waiting]["result"]["isError"] is True, replies
+        assert "declined" in replies[waiting]["result"]["content"][0]["text"], replies
+
+
 async def test_mcp_headless_denies_an_ask(mcp_host: Daemon, workspace: Path) -> None:
     """--headless turns an ask into a deny: an isError with the reason, never a question."""
     seen: list[str] = []
