@@ -27,7 +27,8 @@ values look in MCP (contract section 7, the table in ``docs/mcp.md``):
 * approvals: the ``elicitation/create`` params that show the classification (reason,
   scope, paths, arguments); the 2026-07-28 input-required result with a ``requestState``
   signed by ``StateSigner`` (HMAC-SHA256 over the approved classification's digest, the
-  host's binding, the tool, the arguments' digest and an expiry), and reading the retry.
+  host's binding, the tool, the arguments' digest, a serial number and an expiry), and
+  reading the retry: an accept spends its state, so a replay is asked again.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import itertools
 import os
 import time
 from collections.abc import Callable
@@ -319,10 +321,19 @@ def elicitation_params(classification: dict[str, Any], *, with_mode: bool) -> di
 class StateSigner:
     """Signs and checks approval ``requestState``s (HMAC-SHA256, a key per daemon).
 
+    Each state carries a serial number and an expiry, and an accept spends it: the
+    operator's "accept runs this call once" holds however often the host sends the state
+    back. Spent serials are kept until their states expire, at most ``max_spent`` at
+    once. At that cap, the expired ones are forgotten first; if none has expired, the
+    oldest spent serial is forgotten and every state numbered up to it is refused from
+    then on, spent or not (asked again, like an expired one). So memory stays bounded and
+    the cap fails closed: a state can be refused that would have run, never run twice.
+
     Args:
         ttl_seconds: How long a state stays valid.
         key: The HMAC key (random by default; tests pass one).
         clock: The wall clock (``time.time``).
+        max_spent: Spent states remembered at once.
     """
 
     def __init__(
@@ -330,19 +341,42 @@ class StateSigner:
         ttl_seconds: float,
         key: bytes | None = None,
         clock: Callable[[], float] = time.time,
+        max_spent: int = 1024,
     ) -> None:
         self._key = key or os.urandom(32)
         self._ttl = ttl_seconds
         self._clock = clock
+        self._max_spent = max_spent
+        self._serials = itertools.count(1)
+        #: Serials of the states accepted so far, with their expiry.
+        self._spent: dict[int, float] = {}
+        #: States numbered up to this are refused (see the class docstring).
+        self._floor = 0
 
     def sign(self, payload: dict[str, Any]) -> str:
-        """A state carrying ``payload`` and an expiry."""
-        body = orjson.dumps({**payload, "x": self._clock() + self._ttl})
+        """A state carrying ``payload``, a serial number and an expiry."""
+        body = orjson.dumps({**payload, "n": next(self._serials), "x": self._clock() + self._ttl})
         mac = hmac.new(self._key, body, hashlib.sha256).digest()
         return f"{_b64(body)}.{_b64(mac)}"
 
+    def spend(self, payload: dict[str, Any]) -> bool:
+        """Spend a verified state for a run: False if it was spent already (then run nothing)."""
+        serial = int(payload["n"])
+        if serial <= self._floor or serial in self._spent:
+            return False
+        if len(self._spent) >= self._max_spent:
+            now = self._clock()
+            self._spent = {n: x for n, x in self._spent.items() if x >= now}
+            if len(self._spent) >= self._max_spent:
+                oldest = min(self._spent)
+                del self._spent[oldest]
+                self._floor = oldest
+        if serial > self._floor:
+            self._spent[serial] = float(payload["x"])
+        return True
+
     def verify(self, state: Any) -> dict[str, Any] | None:
-        """The payload of a state we signed, None when it expired.
+        """The payload of a state we signed, None when it expired (or is below the floor).
 
         Raises:
             McpError: -32602 when the state is not one we signed unchanged.
@@ -361,7 +395,7 @@ class StateSigner:
                 {"field": "requestState"},
             )
         payload: dict[str, Any] = orjson.loads(body)
-        if float(payload.get("x", 0)) < self._clock():
+        if float(payload["x"]) < self._clock() or int(payload["n"]) <= self._floor:
             return None
         return payload
 
@@ -425,6 +459,8 @@ def approval_answer(
 ) -> Answer:
     """Read a retry's ``requestState`` and ``inputResponses``.
 
+    An expired state, or one an earlier accept spent, is no answer: the call asks again.
+
     Raises:
         McpError: -32602 for a state we did not sign, or one signed for another call.
     """
@@ -445,6 +481,8 @@ def approval_answer(
     answer = responses.get(APPROVAL_KEY) if isinstance(responses, dict) else None
     action = answer.get("action") if isinstance(answer, dict) else None
     if action == "accept":
+        if not signer.spend(payload):
+            return Answer(None)  # spent by an earlier accept: ask again, never run twice
         return Answer(str(payload.get("d")), action="accept")
     if action in ("decline", "cancel"):
         return Answer(None, declined=True, action=str(action))

@@ -190,6 +190,51 @@ def test_mcp_state_tampered_foreign_or_expired() -> None:
     assert not expired.declined
 
 
+def test_mcp_state_runs_its_call_once() -> None:
+    """An accepted state is spent: sent again it asks again (no digest); the same call
+    asked again gets a state of its own, good once too."""
+    signer = StateSigner(600, key=b"k" * 32)
+    state = input_required_result(signer, {}, "d", "bind", "t", {})["requestState"]
+    assert approval_answer(signer, _params(state), "bind", "t", {}).digest == "d"
+    again = approval_answer(signer, _params(state), "bind", "t", {})
+    assert (again.digest, again.declined) == (None, False)
+    other = input_required_result(signer, {}, "d", "bind", "t", {})["requestState"]
+    assert other != state  # the same call asked twice: two states, each good once
+    assert approval_answer(signer, _params(other), "bind", "t", {}).digest == "d"
+
+
+def test_mcp_spent_states_past_the_cap_fail_closed() -> None:
+    """With room for 3 spent states, 40 states each accepted three times in a mixed
+    order run at most once each, the memory stays at 3, and a new state still runs."""
+    now = [1000.0]
+    signer = StateSigner(600, key=b"k" * 32, clock=lambda: now[0], max_spent=3)
+    states = [
+        input_required_result(signer, {}, f"d{i}", "bind", "t", {})["requestState"]
+        for i in range(40)
+    ]
+    triple = [s for s in states for _ in range(3)]
+    order = [triple[i * 7 % len(triple)] for i in range(len(triple))]  # 7 is prime to 120
+    ran = [approval_answer(signer, _params(s), "bind", "t", {}).digest for s in order]
+    runs = [d for d in ran if d is not None]
+    assert len(runs) == len(set(runs)) >= 3
+    assert len(signer._spent) <= 3
+    fresh = input_required_result(signer, {}, "new", "bind", "t", {})["requestState"]
+    assert approval_answer(signer, _params(fresh), "bind", "t", {}).digest == "new"
+    now[0] += 601  # every spent state expired: forgotten first, nothing else refused
+    late = [
+        input_required_result(signer, {}, f"late{i}", "bind", "t", {})["requestState"]
+        for i in range(4)
+    ]
+    assert [approval_answer(signer, _params(s), "bind", "t", {}).digest for s in late[:3]] == [
+        "late0",
+        "late1",
+        "late2",
+    ]
+    assert approval_answer(signer, _params(late[0]), "bind", "t", {}).digest is None
+    assert approval_answer(signer, _params(late[3]), "bind", "t", {}).digest == "late3"
+    assert approval_answer(signer, _params(late[0]), "bind", "t", {}).digest is None
+
+
 def test_mcp_approval_shapes_keep_exact_numbers() -> None:
     """What the operator is shown, and the digest of it, take 1.50 and a 90-bit integer as
     written (orjson alone refuses both: a float subclass, and an int past 64 bits)."""

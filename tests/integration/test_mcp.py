@@ -747,7 +747,8 @@ async def test_mcp_headless_denies_an_ask(mcp_host: Daemon, workspace: Path) -> 
 
 
 def test_mcp_modern_request_state_is_checked(mcp_daemon: Daemon, workspace: Path) -> None:
-    """A forged or foreign requestState is refused; an input-required result names the approval."""
+    """A forged or foreign requestState is refused; an input-required result names the
+    approval; an accepted state runs its call once, and sent again it asks again."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     meta = {
         "io.modelcontextprotocol/protocolVersion": MODERN,
@@ -759,42 +760,21 @@ def test_mcp_modern_request_state_is_checked(mcp_daemon: Daemon, workspace: Path
         state = first["result"]["requestState"]
         (key,) = first["result"]["inputRequests"]
         accept = {key: {"action": "accept", "content": {}}}
-        forged = pump.request(
-            2,
-            "tools/call",
-            {
-                "name": "asker",
-                "arguments": {},
-                "_meta": meta,
-                "inputResponses": accept,
-                "requestState": state[:-2] + "AA",
-            },
-        )
+
+        def retry(request_id: int, state: str, arguments: dict[str, Any]) -> Any:
+            params = {"name": "asker", "arguments": arguments, "_meta": meta}
+            params |= {"inputResponses": accept, "requestState": state}
+            return pump.request(request_id, "tools/call", params)
+
+        forged = retry(2, state[:-2] + "AA", {})
         assert forged["error"]["code"] == -32602
-        other = pump.request(
-            3,
-            "tools/call",
-            {
-                "name": "asker",
-                "arguments": {"x": 1},
-                "_meta": meta,
-                "inputResponses": accept,
-                "requestState": state,
-            },
-        )
+        other = retry(3, state, {"x": 1})
         assert other["error"]["code"] == -32602
-        ran = pump.request(
-            4,
-            "tools/call",
-            {
-                "name": "asker",
-                "arguments": {},
-                "_meta": meta,
-                "inputResponses": accept,
-                "requestState": state,
-            },
-        )
+        ran = retry(4, state, {})
         assert ran["result"]["isError"] is False
+        replayed = retry(5, state, {})  # the accept ran its call once: now it asks again
+        assert replayed["result"]["resultType"] == "input_required", replayed
+        assert replayed["result"]["requestState"] != state
     finally:
         assert pump.close() == 0
 
