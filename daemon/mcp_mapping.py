@@ -18,12 +18,10 @@ values look in MCP (contract section 7, the table in ``docs/mcp.md``):
 * ``ProgressSink``: the service's call events as ``notifications/progress`` on the
   request's token. ``progress`` is in percent when the tool reports a fraction (with
   ``total: 100``); a report that would not increase it (a tick, a message, a fraction
-  that went back) is nudged up by a millionth, so ``progress`` increases strictly.
-  ``total`` goes only with a ``progress`` that does not pass it: once the tool has said
-  100% and reports again, the nudged value goes without ``total`` (MCP makes it optional,
-  for when it is unknown), so no notification reads more than 100%. A line the tool
-  wrote is never dropped (the sink waits for the peer instead); a periodic tick may be,
-  for a peer that is behind.
+  that went back) is nudged up by a millionth, so ``progress`` increases strictly (past
+  100% too: 100.000001 of 100, which a host rounds; ``total`` goes with every fraction).
+  A line the tool wrote is never dropped (the sink waits for the peer instead); a
+  periodic tick may be, for a peer that is behind.
 * approvals: the ``elicitation/create`` params that show the classification (reason,
   scope, paths, arguments); the 2026-07-28 input-required result with a ``requestState``
   signed by ``StateSigner`` (HMAC-SHA256 over the approved classification's digest, the
@@ -533,9 +531,7 @@ class ProgressSink:
             value = last + _NUDGE
         self._last = value
         params: dict[str, Any] = {"progressToken": self._token, "progress": value}
-        if report.fraction is not None and value <= 100.0:
-            # Past 100 (the tool said 100% and reports on) the total is no longer known:
-            # MCP lets it be left out, where sending it would show more than 100%.
+        if report.fraction is not None:
             params["total"] = 100
         if report.message is not None:
             params["message"] = report.message

@@ -48,16 +48,6 @@ PROGRESS3 = script(
     "    time.sleep(0.05)\n"
     "print('counted')\n"
 )
-#: Reports 100%, then goes on reporting: a message alone, 100% again, then 50%.
-PROGRESS_PAST = script(
-    "import json, os, time\n"
-    "fd = int(os.environ['TOOLSETD_PROGRESS_FD'])\n"
-    "for report in ({'fraction': 1.0, 'message': 'done?'}, {'message': 'more'},\n"
-    "               {'fraction': 1.0, 'message': 'again'}, {'fraction': 0.5, 'message': 'back'}):\n"
-    "    os.write(fd, (json.dumps(report) + '\\n').encode())\n"
-    "    time.sleep(0.02)\n"
-    "print('reported')\n"
-)
 #: Writes its call id, then its pid (so the id is there once the pid is), then sleeps.
 SLEEPER = script(
     "import os, time\n"
@@ -81,9 +71,6 @@ def write_test_sets(home: Path) -> None:
     """The home tool sets the MCP tests call (all run unasked: approval always)."""
     tools = home / "tools"
     write_set(tools, "progress3", tool("progress3.py"), **{"progress3.py": PROGRESS3})
-    write_set(
-        tools, "progress_past", tool("progress_past.py"), **{"progress_past.py": PROGRESS_PAST}
-    )
     write_set(tools, "sleeper", tool("sleeper.py"), **{"sleeper.py": SLEEPER})
     write_set(tools, "big", tool("big.py"), **{"big.py": BIG})
     write_set(
