@@ -35,6 +35,7 @@ from toolsetd.daemon.catalog import (
     load_config,
     note_info,
     set_info,
+    subdirectory_names,
     tool_info,
 )
 from toolsetd.daemon.config_file import read_regular_file
@@ -147,10 +148,17 @@ def _row(
 
 def _scan(root: Path) -> list[Path]:
     try:
-        children = sorted(root.iterdir(), key=lambda p: p.name)
+        names = subdirectory_names(root)  # an entry it cannot examine is left out
     except OSError:
         return []
-    return [child for child in children if child.is_dir() and (child / _MANIFEST).is_file()]
+    return [root / name for name in names if _is_file(root / name / _MANIFEST)]
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a folder this process may not search: no candidate, as in the daemon
+        return False
 
 
 def inventory(

@@ -2,7 +2,9 @@
 
 Theory of operation: ``build_catalog`` scans ``<home>/tools`` and then
 ``<workspace>/.crystal/tools``. Every immediate subdirectory (symlinks followed) that
-holds a ``tools.json`` is a candidate set, taken in ordinal name order. A project
+holds a ``tools.json`` is a candidate set, taken in ordinal name order; an entry that
+cannot be examined (a symlink loop, a link into a folder we may not search) is no
+subdirectory, and costs nothing but itself. A project
 candidate hides the home set of the same directory name *before* its manifest is read,
 so a broken project manifest still hides the home set. The enabled sets that survive
 are loaded in ordinal directory order; each exec tool registers its name unless a
@@ -72,6 +74,7 @@ __all__ = [
     "load_config",
     "note_info",
     "set_info",
+    "subdirectory_names",
     "tool_hash",
     "tool_info",
 ]
@@ -593,6 +596,37 @@ def note_info(note: Note) -> dict[str, Any]:
 # --- discovery, overlay, load ----------------------------------------------------------
 
 
+def subdirectory_names(folder: int | str | Path) -> list[str]:
+    """The names of a folder's subdirectories (symlinks followed), in ordinal order.
+
+    An entry that cannot be examined (a symlink loop, a symlink into a folder this process
+    may not search) is not a subdirectory: it is left out, and the rest are listed. That is
+    what the reference host's ``Directory.GetDirectories`` does (a link it cannot stat
+    counts as a file); raising instead would drop every set of the root for one bad entry.
+
+    Args:
+        folder: An open directory descriptor, or the folder's path.
+
+    Returns:
+        The sorted names.
+
+    Raises:
+        OSError: The folder itself could not be listed, or an entry could not be examined
+            for want of descriptors or memory (``out_of_resources``: not the entry's fault).
+    """
+    names: list[str] = []
+    with os.scandir(folder) as it:
+        for entry in it:
+            try:
+                if entry.is_dir():  # follows symlinks
+                    names.append(entry.name)
+            except OSError as exc:
+                if out_of_resources(exc):
+                    raise
+    names.sort()
+    return names
+
+
 @dataclass(slots=True)
 class _Candidate:
     directory: str
@@ -652,8 +686,7 @@ class _Builder:
 
     def _scan(self, root: Path, base: str, root_fd: int, source: Source) -> None:
         try:
-            with os.scandir(root_fd) as it:
-                names = sorted(entry.name for entry in it if entry.is_dir())  # follows symlinks
+            names = subdirectory_names(root_fd)
         except OSError as exc:
             if out_of_resources(exc):
                 raise

@@ -73,6 +73,7 @@ from toolsetd.protocol.errors import ServerBusy
 from watchfiles import Change
 
 from . import threads
+from .catalog import subdirectory_names
 
 __all__ = ["ReloadKey", "Watcher"]
 
@@ -401,8 +402,7 @@ def _probe_root(root: Path, dirs: set[Path], signature: list[tuple[str, _StatSig
     """Add a tools root, its set directories and their manifests to a probe."""
     signature.append((str(root), _stat(root)))
     try:
-        with os.scandir(root) as it:
-            names = sorted(entry.name for entry in it if entry.is_dir())  # follows symlinks
+        names = subdirectory_names(root)
     except OSError:
         return
     dirs.add(root)

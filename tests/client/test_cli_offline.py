@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -336,3 +338,31 @@ def test_a_manifest_that_is_not_a_regular_file_is_unreadable_never_waited_on(env
     assert all(row["error"] == "tools.json could not be read." for row in rows.values()), rows
     proc = env.run("enable", "fifo")  # not a file to edit: refused at once, nothing opened
     assert (proc.returncode, proc.stderr) == (2, "Tool set 'fifo' was not found.\n")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+def test_list_offline_skips_a_link_into_a_folder_it_may_not_search() -> None:
+    """Run as nobody, the text inventory leaves out a set linked from an unsearchable folder."""
+    base = Path(tempfile.mkdtemp(prefix="tsd-eacces-"))
+    try:
+        base.chmod(0o755)
+        env = Env(base)
+        env.home_set("good", exec_set("fmt"))
+        private = base / "private"
+        Env._write(private / "x" / "tools.json", exec_set("x"))
+        private.chmod(0o700)  # root's: nobody gets EACCES through the link
+        (env.home / "tools" / "zlink").symlink_to(private / "x")
+        proc = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             sys.executable, "-m", "toolsetd.client", "list", "--format", "text",
+             "--home", str(env.home), "--workspace", str(env.workspace),
+             "--socket", str(env.socket)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        rows = proc.stdout.splitlines()[1:]
+        assert [row.split()[0] for row in rows] == ["good"]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

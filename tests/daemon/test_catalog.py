@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -254,6 +258,55 @@ def test_build_catalog_follows_symlinked_set_directory(home: Path, tmp_path: Pat
     catalog = build(home)
     assert list(catalog.tools) == ["linked"]
     assert catalog.sets[0].path == home / "tools" / "linked"
+
+
+def test_build_catalog_an_entry_it_cannot_examine_is_skipped_alone(
+    home: Path, workspace: Path
+) -> None:
+    """A symlink loop in a tools root is skipped silently; every other set of the root loads."""
+    write(home / "tools", "good", manifest("g"))
+    (home / "tools" / "loopy").symlink_to("loopy")
+    write(workspace / ".crystal" / "tools", "proj", manifest("p"))
+    (workspace / ".crystal" / "tools" / "ploop").symlink_to("ploop")
+    catalog = build(home, workspace)
+    assert states(catalog) == [("good", "home", "loaded"), ("proj", "project", "loaded")]
+    assert catalog.notes == ()
+
+
+_AS_NOBODY = """
+import json, sys
+from pathlib import Path
+from toolsetd.daemon.catalog import ManifestCache, build_catalog
+from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES
+catalog = build_catalog(
+    Path(sys.argv[1]), None, reserved=DEFAULT_RESERVED_NAMES, cache=ManifestCache()
+)
+sets = [[e.directory, e.state.value] for e in catalog.sets]
+print(json.dumps(sets + [n.message for n in catalog.notes]))
+"""
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv"
+)
+def test_build_catalog_a_link_into_a_folder_it_may_not_search_is_skipped_alone() -> None:
+    """Run as nobody, a set linked from a folder nobody may search is skipped; the rest load."""
+    base = Path(tempfile.mkdtemp(prefix="tsd-eacces-"))
+    try:
+        base.chmod(0o755)
+        write(base / "home" / "tools", "good", manifest("g"))
+        write(base / "private", "x", manifest("x"))
+        (base / "private").chmod(0o700)  # root's: nobody gets EACCES through the link
+        (base / "home" / "tools" / "zlink").symlink_to(base / "private" / "x")
+        done = subprocess.run(
+            ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+             sys.executable, "-c", _AS_NOBODY, str(base / "home")],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout) == [["good", "loaded"]]
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_build_catalog_dotnet_set_skipped_with_note(home: Path, workspace: Path) -> None:

@@ -199,6 +199,18 @@ async def test_watcher_settles_with_one_more_call(layout: Layout, fake: FakeWatc
     assert recorder.times[1] - sent >= 0.2
 
 
+async def _first_watch(
+    watcher: Watcher, fake: FakeWatch
+) -> tuple[tuple[Path, ...], dict[str, Any]]:
+    """Run the watcher until its first awatch starts; return that call's paths and options."""
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            tg.cancel_scope.cancel()
+    return fake.calls[0]
+
+
 async def test_watcher_watches_only_known_directories_flat(layout: Layout, fake: FakeWatch) -> None:
     """One flat awatch covers home, the tools root, its set dirs and the bare workspace."""
     home, workspace = layout
@@ -206,15 +218,20 @@ async def test_watcher_watches_only_known_directories_flat(layout: Layout, fake:
     watcher = _fake_watcher(home, recorder, fake, debounce_ms=123)
     watcher.add_workspace(workspace)
     (home / "data" / "tools").mkdir(parents=True)
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            await tg.start(watcher.run)
-            await fake.started.wait()
-            tg.cancel_scope.cancel()
-    paths, kwargs = fake.calls[0]
+    paths, kwargs = await _first_watch(watcher, fake)
     assert set(paths) == {home, home / "tools", home / "tools" / "a", workspace}
     assert kwargs["recursive"] is False
     assert kwargs["debounce"] == 123
+
+
+async def test_watcher_an_entry_it_cannot_examine_leaves_the_rest_watched(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """A symlink loop in the tools root is not watched; the root and its set dirs still are."""
+    home, _ = layout
+    (home / "tools" / "loopy").symlink_to("loopy")
+    paths, _ = await _first_watch(_fake_watcher(home, Recorder(), fake), fake)
+    assert set(paths) == {home, home / "tools", home / "tools" / "a"}
 
 
 async def test_watcher_restarts_on_workspace_add_and_remove(

@@ -231,3 +231,20 @@ def test_reload_subscribed_workspace_is_not_released(
             assert note["params"]["workspace"] == ws
     finally:
         d.stop()
+
+
+def test_reload_a_symlink_loop_in_a_tools_root_drops_nothing_else(
+    unwatched: Daemon, workspace: Path
+) -> None:
+    """A self-referencing link in each tools root is skipped silently; every set still loads."""
+    d = unwatched
+    write_set(workspace / ".crystal" / "tools", "proj", SIMPLE)
+    before = set(names(d, workspace))
+    (d.home / "tools" / "loopy").symlink_to("loopy")
+    (workspace / ".crystal" / "tools" / "ploop").symlink_to("ploop")
+    result = d.call("reload", {"workspace": str(workspace)})["result"]
+    assert result["changed"] == []
+    listed = d.call("list", {"workspace": str(workspace)})["result"]
+    assert {t["name"] for t in listed["tools"]} == before
+    assert "proj" in before
+    assert listed["notes"] == []
