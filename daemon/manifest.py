@@ -64,6 +64,8 @@ _BOMS = (
 )
 _SHORTHAND_NON_NULL = ("description", "argv", "pathArguments", "output")
 _MISSING: Any = object()
+#: One escape inside a JSON string; group 1 holds the hex digits of a ``\\uXXXX``.
+_ESCAPE = re.compile(r"\\(?:u([0-9A-Fa-f]{4})|.)", re.DOTALL)
 
 
 class ManifestError(Exception):
@@ -133,6 +135,32 @@ def _too_deep(value: Any) -> bool:
     return False
 
 
+def _lone_surrogate(decoded: str) -> str | None:
+    """The parser message for the first ``\\uXXXX`` escape of a lone surrogate, else None.
+
+    Python's ``json`` reads ``"\\ud800"`` as a one-character string that UTF-8 cannot
+    carry; System.Text.Json refuses it as invalid UTF-16 when the string is read. ``decoded``
+    is valid JSON, so every backslash in it starts an escape inside a string.
+    """
+    high = None  # the escape of a high surrogate still waiting for its low half
+    for escape in _ESCAPE.finditer(decoded):
+        digits = escape[1]
+        code = int(digits, 16) if digits is not None else -1
+        if high is not None:
+            if escape.start() == high.end() and 0xDC00 <= code <= 0xDFFF:
+                high = None
+                continue
+            break
+        if 0xD800 <= code <= 0xDBFF:
+            high = escape
+        elif 0xDC00 <= code <= 0xDFFF:
+            high = escape
+            break
+    if high is None:
+        return None
+    return str(json.JSONDecodeError(f"Unpaired surrogate {high[0]}", decoded, high.start()))
+
+
 def _load_json(text: bytes) -> Any:
     decoded = _decode(text)
     try:
@@ -152,6 +180,8 @@ def _load_json(text: bytes) -> Any:
         _fail(
             f"tools.json is not valid JSON: the maximum nesting depth of {_MAX_DEPTH} was exceeded."
         )
+    if "\\u" in decoded and (problem := _lone_surrogate(decoded)) is not None:
+        _fail(f"tools.json is not valid JSON: {problem}")
     return value
 
 

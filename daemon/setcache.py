@@ -23,8 +23,9 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
   was recorded, once that signature can be trusted (``catalog.trusted_signature``), so a
   restart neither reads nor parses an unchanged manifest.
 * **Only exact round trips.** A record is stored only if its JSON reads back equal: a
-  schema holding an integer beyond 64 bits, a lone surrogate or an infinite float is
-  parsed afresh every time rather than cached wrongly.
+  schema holding an integer beyond 64 bits is parsed afresh every time rather than cached
+  wrongly. A manifest path that is not UTF-8 (a folder ``caf\xe9`` on the way) is not
+  indexed: JSON cannot hold it, so that set is read at every start.
 * **Files.** A *snapshot* (``sets-<build>.json``: a magic line, the SHA-256 of the
   body, the body) and a *journal* (``sets-<build>.journal``) of checksummed lines, one
   per flush that added a few records, so a reload that parsed one set appends one line
@@ -166,6 +167,15 @@ _DECIDING_MODULES = (
 #: The distributions whose output a record holds: jsonschema's schema-check messages
 #: and verdicts, which also depend on its meta-schemas and its resolver.
 _DECIDING_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing")
+
+
+def _utf8(text: str) -> bool:
+    """Whether UTF-8 can carry ``text`` (a file name's undecodable bytes are lone surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @functools.cache
@@ -584,6 +594,8 @@ class SetStore:
             signature: Its trusted stat signature; None (too fresh to trust) forgets it.
             key: The record key of its bytes.
         """
+        if not manifest.isascii() and not _utf8(manifest):
+            return  # file-name bytes that are not UTF-8: the store's JSON cannot hold the path
         with self._lock:
             self._loaded()
             if signature is None:

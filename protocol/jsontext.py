@@ -25,6 +25,13 @@ each number's text:
 pass that writes such integers as their exact decimal text. So a value read by ``loads``
 is written back by ``dumps`` with every number as it was written.
 
+The same second pass writes a string UTF-8 cannot carry: one holding a lone surrogate,
+which is how Python holds a file name's bytes that are not UTF-8 (``surrogateescape``: a
+folder ``caf\xe9``, a workspace reached through such a link, a spill folder). Those bytes
+are decoded as UTF-8 with U+FFFD for what does not decode, as .NET decodes file names,
+so the answer is still given (``caf\ufffd``) instead of failing the whole response. It
+costs nothing until orjson refuses a value.
+
 orjson refuses a number past the double range (``1e999``, or an integer of 309 digits or
 more), which JSON allows. Such a line is parsed by the standard library as above (with
 ``NaN`` and ``Infinity`` refused and lone surrogates checked for, as orjson would): the
@@ -241,13 +248,29 @@ def _default(value: Any) -> Any:
     raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
 
 
-def _wide_ints_as_text(value: Any) -> Any:
-    """A copy of ``value`` with every integer beyond 64 bits as an ``orjson.Fragment``."""
+def _utf8_text(text: str) -> str:
+    """``text`` as UTF-8 can carry it: lone surrogates (a file name's undecodable bytes)
+    decoded as UTF-8 with U+FFFD for what does not decode, as .NET decodes file names."""
+    try:
+        raw = text.encode("utf-8", "surrogateescape")  # the bytes the file name had
+    except UnicodeEncodeError:  # a surrogate that stands for no byte (U+D800)
+        raw = text.encode("utf-8", "surrogatepass")
+    return raw.decode("utf-8", "replace")
+
+
+def _encodable(value: Any) -> Any:
+    """A copy of ``value`` orjson can write: every integer beyond 64 bits as an
+    ``orjson.Fragment``, every string (and key) UTF-8 cannot carry through ``_utf8_text``."""
     kind = type(value)
+    if kind is str:
+        return value if value.isascii() else _utf8_text(value)
     if kind is dict:
-        return {key: _wide_ints_as_text(item) for key, item in value.items()}
+        return {
+            (key if type(key) is not str or key.isascii() else _utf8_text(key)): _encodable(item)
+            for key, item in value.items()
+        }
     if kind is list or kind is tuple:
-        return [_wide_ints_as_text(item) for item in value]
+        return [_encodable(item) for item in value]
     if (
         isinstance(value, int)
         and not isinstance(value, bool)
@@ -268,11 +291,13 @@ def dumps(value: Any, option: int = 0) -> bytes:
         The UTF-8 JSON text.
 
     Raises:
-        orjson.JSONEncodeError: The value is not JSON-serialisable.
+        orjson.JSONEncodeError: The value is not JSON-serialisable. A string holding a lone
+            surrogate is not such a value: it is written with U+FFFD (module docstring).
     """
     try:
         return orjson.dumps(value, default=_default, option=option)
     except orjson.JSONEncodeError as exc:
-        if "64-bit" not in str(exc):
+        reason = str(exc)
+        if "64-bit" not in reason and "surrogates" not in reason:
             raise
-    return orjson.dumps(_wide_ints_as_text(value), default=_default, option=option)
+    return orjson.dumps(_encodable(value), default=_default, option=option)

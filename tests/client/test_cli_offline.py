@@ -97,6 +97,19 @@ def test_validate_reports_parse_error_exits_2(env: Env) -> None:
     )
 
 
+def test_validate_refuses_a_lone_surrogate_escape(env: Env) -> None:
+    """A string holding a lone surrogate escape is invalid JSON to validate, as to the daemon."""
+    path = env.home_set(
+        "acme", '{"runner": "exec", "command": ["true"], "description": "x\\ud800", "schema": {}}'
+    )
+    proc = env.run("validate", str(path.parent))
+    assert proc.returncode == 2
+    assert proc.stdout == (
+        "Tool set acme is not valid:\n- tools.json is not valid JSON: Unpaired surrogate \\ud800: "
+        "line 1 column 58 (char 57)\n"
+    )
+
+
 def test_validate_reports_every_schema_problem(env: Env) -> None:
     """Each tool's invalid schema is reported, not only the first."""
     manifest = exec_set("a", "b")

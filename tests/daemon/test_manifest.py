@@ -78,6 +78,14 @@ REJECTED: list[tuple[str, str, Any, str]] = [
      "tools.json is not valid JSON: the maximum nesting depth of 64 was exceeded."),
     ("json-depth-deep", "acme", b"[" * 100_000 + b"]" * 100_000,
      "tools.json is not valid JSON: the maximum nesting depth of 64 was exceeded."),
+    ("json-lone-surrogate", "acme", b'{"runner": "exec", "description": "x\\ud800y"}',
+     "tools.json is not valid JSON: Unpaired surrogate \\ud800: line 1 column 37 (char 36)"),
+    ("json-lone-low-surrogate-key", "acme", b'{"runner": "exec", "\\uDC00": 1}',
+     "tools.json is not valid JSON: Unpaired surrogate \\uDC00: line 1 column 21 (char 20)"),
+    ("json-high-then-high", "acme", b'{"x": "\\ud83d\\ud83d\\ude00"}',
+     "tools.json is not valid JSON: Unpaired surrogate \\ud83d: line 1 column 8 (char 7)"),
+    ("json-high-at-end", "acme", b'{"x": "a\\ud83d", "y": "\\ude00"}',
+     "tools.json is not valid JSON: Unpaired surrogate \\ud83d: line 1 column 9 (char 8)"),
     ("root-array", "acme", [], "tools.json must be a JSON object."),
     ("root-string", "acme", "exec", "tools.json must be a JSON object."),
     # runner
@@ -205,6 +213,15 @@ def test_parse_manifest_rejects_with_reference_message(
 ) -> None:
     """Each broken manifest fails with the reference host's exact message for its first failing rule."""
     assert message(manifest, tmp_path, directory) == expected
+
+
+def test_parse_manifest_keeps_surrogate_pairs_and_escaped_backslashes(tmp_path: Path) -> None:
+    """A surrogate pair is one character, and an escaped backslash before ``ud800`` is text."""
+    text = b'{"runner": "exec", "command": ["x"], "description": "\\ud83d\\ude00 \\\\ud800", "schema": {}}'
+    toolset = parse_manifest(
+        text, set_dir=tmp_path / "acme", source=Source.HOME, reserved=frozenset()
+    )
+    assert toolset.tools[0].description == "\U0001f600 \\ud800"
 
 
 def test_parse_manifest_invalid_path_message(tmp_path: Path) -> None:

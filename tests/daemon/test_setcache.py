@@ -298,6 +298,18 @@ def test_setstore_keeps_only_exact_round_trips(tmp_path: Path) -> None:
     assert second.tools["big"].tool.schema["maximum"] == 2**70
 
 
+def test_setstore_a_path_that_is_not_utf8_is_read_not_indexed(tmp_path: Path) -> None:
+    """Sets below a folder whose name is not UTF-8 load again and again; the store still writes."""
+    home = Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9")) / "home"
+    _write(home / "tools", "set0")
+    folder = tmp_path / "cache"
+    first, cache = _build(home, folder)
+    assert [e.state.value for e in first.sets] == ["loaded"]
+    second, cache = _build(home, folder)
+    assert second == first
+    assert cache.reads == 1  # not indexed: read (the store still gives its decision)
+
+
 def test_setstore_errors_are_cached_with_their_message(home: Path, tmp_path: Path) -> None:
     """An invalid manifest's error comes back from the store word for word."""
     folder = tmp_path / "cache"

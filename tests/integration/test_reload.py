@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -248,3 +250,43 @@ def test_reload_a_symlink_loop_in_a_tools_root_drops_nothing_else(
     assert {t["name"] for t in listed["tools"]} == before
     assert "proj" in before
     assert listed["notes"] == []
+
+
+def test_reload_names_that_are_not_utf8_still_get_answers(tmp_base: Path) -> None:
+    """A folder name that is not UTF-8 and a lone-surrogate escape never cost anyone an answer.
+
+    The folder is shown as .NET decodes it (U+FFFD), the manifest is refused as invalid
+    JSON, and a workspace reached through a link into a non-UTF-8 folder lists, reloads
+    and survives a restart (its old manifests are then indexed by the set cache).
+    """
+    home, link = tmp_base / "home", tmp_base / "wslink"
+    write_set(home / "tools", "good", SIMPLE)
+    write_set(home / "tools", "evil", '{"runner": "exec", "description": "x\\ud800y"}')
+    tools = os.fsencode(home / "tools")
+    os.mkdir(tools + b"/caf\xe9")
+    with open(tools + b"/caf\xe9/tools.json", "wb") as f:
+        f.write(b"{}")
+    real = os.fsdecode(os.fsencode(tmp_base) + b"/w\xe9")
+    write_set(Path(real) / ".crystal" / "tools", "proj", SIMPLE)
+    link.symlink_to(real)
+    old = time.time() - 60  # past the set cache's racy window: indexed on the next start
+    for manifest in (*home.glob("tools/*/tools.json"), Path(real, ".crystal/tools/proj/tools.json")):
+        os.utime(manifest, (old, old))
+    d = start_daemon(home, link, tmp_base, ["--no-watch"])
+    try:
+        for _ in range(2):
+            listed = d.call("list", {"workspace": str(link)})["result"]
+            assert [t["name"] for t in listed["tools"]] == ["good", "proj"]
+            assert [n["message"] for n in listed["notes"]] == [
+                "External tool set 'caf\ufffd' was skipped: directory name is invalid.",
+                "External tool set 'evil' was skipped: tools.json is not valid JSON: "
+                "Unpaired surrogate \\ud800: line 1 column 37 (char 36)",
+            ]
+            assert listed["sets"][-1]["path"] == real.encode(
+                "utf-8", "surrogateescape").decode("utf-8", "replace") + "/.crystal/tools/proj"
+            assert "result" in d.call("reload", {"workspace": str(link)})
+            assert d.call("status")["result"]["workspaces"] == [listed["sets"][-1]["path"][:-20]]
+            d.stop()
+            d = start_daemon(home, link, tmp_base, ["--no-watch"])
+    finally:
+        d.stop()

@@ -90,6 +90,16 @@ def test_dumps_writes_wide_integers_exactly() -> None:
     assert encode(2**70) == b"1180591620717411303424\n"
 
 
+def test_dumps_writes_a_file_names_undecodable_bytes_as_replacement_characters() -> None:
+    """A string UTF-8 cannot carry (surrogateescape, or a bare surrogate) is written, with U+FFFD."""
+    name = b"caf\xe9".decode("utf-8", "surrogateescape")
+    value = {"set": name, name: [2**64, "x\ud800", "d\u00e9j\u00e0"]}
+    assert dumps(value).decode() == (
+        '{"set":"caf\ufffd","caf\ufffd":[18446744073709551616,"x\ufffd\ufffd\ufffd","d\u00e9j\u00e0"]}'
+    )
+    assert encode(name) == '"caf\ufffd"\n'.encode()
+
+
 def test_dumps_still_refuses_what_is_not_json() -> None:
     with pytest.raises(orjson.JSONEncodeError):
         dumps({"k": object()})
