@@ -21,8 +21,10 @@ from __future__ import annotations
 import codecs
 import hashlib
 import json
+import math
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NoReturn
@@ -64,6 +66,8 @@ _BOMS = (
 )
 _SHORTHAND_NON_NULL = ("description", "argv", "pathArguments", "output")
 _MISSING: Any = object()
+#: The start of the message for a valid JSON number toolsetd cannot keep as written.
+_CANNOT_HOLD = "tools.json has a number toolsetd cannot hold: "
 #: One escape inside a JSON string; group 1 holds the hex digits of a ``\\uXXXX``.
 _ESCAPE = re.compile(r"\\(?:u([0-9A-Fa-f]{4})|.)", re.DOTALL)
 
@@ -161,15 +165,38 @@ def _lone_surrogate(decoded: str) -> str | None:
     return str(json.JSONDecodeError(f"Unpaired surrogate {high[0]}", decoded, high.start()))
 
 
+def _finite(text: str) -> float:
+    """``parse_float``: the number, unless a double cannot hold it (Python reads ``1e400``
+    as infinity, which JSON cannot write back: it would become ``null``)."""
+    value = float(text)
+    if math.isinf(value):
+        shown = text if len(text) <= 40 else text[:39] + "…"
+        _fail(
+            f"{_CANNOT_HOLD}{shown} is beyond the range of a double (about ±1.8e308). "
+            "Write a smaller number, or leave it out."
+        )
+    return value
+
+
+def _too_many_digits(decoded: str) -> NoReturn:
+    """Refuse an integer longer than the interpreter converts (``sys.int_info``'s limit)."""
+    limit = sys.get_int_max_str_digits()
+    run = re.search(rf"\d{{{limit + 1},}}", decoded)
+    where = str(json.JSONDecodeError("", decoded, run.start() if run else 0))
+    _fail(f"{_CANNOT_HOLD}an integer of more than {limit:,} digits{where}. Write a shorter number.")
+
+
 def _load_json(text: bytes) -> Any:
     decoded = _decode(text)
     try:
-        value = json.loads(decoded, parse_constant=reject_json_constant)
+        value = json.loads(decoded, parse_float=_finite, parse_constant=reject_json_constant)
     except RecursionError:
         _fail(
             f"tools.json is not valid JSON: the maximum nesting depth of {_MAX_DEPTH} was exceeded."
         )
     except ValueError as exc:  # JSONDecodeError, NaN/Infinity, over-long integers
+        if not isinstance(exc, json.JSONDecodeError) and "integer string conversion" in str(exc):
+            _too_many_digits(decoded)
         _fail(f"tools.json is not valid JSON: {exc}")
     # Counting brackets is an upper bound on depth, so most manifests skip the walk.
     if (

@@ -69,7 +69,9 @@ def canonical_json(value: Any) -> bytes:
     """Serialise a JSON value canonically: sorted keys, no spaces, UTF-8, non-ASCII kept.
 
     Args:
-        value: A JSON-compatible value.
+        value: A JSON-compatible value with finite numbers only: orjson writes an infinite
+            float as ``null``, so ``1e400`` and ``null`` would share a key (the manifest
+            parser refuses a number a double cannot hold, so none reaches here).
 
     Returns:
         The UTF-8 bytes (lone surrogates from ``\\ud800`` escapes pass through).

@@ -309,6 +309,31 @@ def test_build_catalog_a_link_into_a_folder_it_may_not_search_is_skipped_alone()
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.parametrize("first", ["1e400", "null"])
+def test_build_catalog_a_number_beyond_a_double_never_shares_a_verdict_with_null(
+    home: Path, first: str
+) -> None:
+    """``maximum: 1e400`` is refused for its number, and ``null`` for its schema, in any order."""
+    def schema_set(maximum: str) -> bytes:
+        return (
+            b'{"runner": "exec", "command": ["x"], "description": "d", "schema": {"type": '
+            b'"object", "properties": {"n": {"type": "number", "maximum": %s}}}}' % maximum.encode()
+        )
+
+    second = "null" if first == "1e400" else "1e400"
+    write(home / "tools", "a1", schema_set(first))
+    write(home / "tools", "b1", schema_set(second))
+    cache = ManifestCache()  # one schema-check cache for both sets
+    errors = {e.directory: e.error for e in build(home, cache=cache).sets}
+    by_number = {first: errors["a1"], second: errors["b1"]}
+    assert by_number == {
+        "1e400": "tools.json has a number toolsetd cannot hold: 1e400 is beyond the range of a "
+        "double (about ±1.8e308). Write a smaller number, or leave it out.",
+        "null": "Tool 'a1' has an invalid JSON Schema: None is not of type 'number' "
+        "(at /properties/n/maximum)".replace("a1", "a1" if first == "null" else "b1"),
+    }
+
+
 def test_build_catalog_dotnet_set_skipped_with_note(home: Path, workspace: Path) -> None:
     """A valid dotnet set is refused with the no-.NET note, and a project dotnet set still hides home."""
     write(home / "tools", "Acme.Tools", manifest("deploy"))

@@ -86,6 +86,15 @@ REJECTED: list[tuple[str, str, Any, str]] = [
      "tools.json is not valid JSON: Unpaired surrogate \\ud83d: line 1 column 8 (char 7)"),
     ("json-high-at-end", "acme", b'{"x": "a\\ud83d", "y": "\\ude00"}',
      "tools.json is not valid JSON: Unpaired surrogate \\ud83d: line 1 column 9 (char 8)"),
+    ("json-number-beyond-double", "acme", b'{"schema": {"maximum": 1e400}}',
+     "tools.json has a number toolsetd cannot hold: 1e400 is beyond the range of a double "
+     "(about ±1.8e308). Write a smaller number, or leave it out."),
+    ("json-number-beyond-double-negative", "acme", b'{"x": -1.5E999}',
+     "tools.json has a number toolsetd cannot hold: -1.5E999 is beyond the range of a double "
+     "(about ±1.8e308). Write a smaller number, or leave it out."),
+    ("json-integer-too-long", "acme", b'{"x": "1234",\n "y": ' + b"9" * 5000 + b"}",
+     "tools.json has a number toolsetd cannot hold: an integer of more than 4,300 digits: "
+     "line 2 column 7 (char 20). Write a shorter number."),
     ("root-array", "acme", [], "tools.json must be a JSON object."),
     ("root-string", "acme", "exec", "tools.json must be a JSON object."),
     # runner

@@ -290,3 +290,35 @@ def test_reload_names_that_are_not_utf8_still_get_answers(tmp_base: Path) -> Non
             d = start_daemon(home, link, tmp_base, ["--no-watch"])
     finally:
         d.stop()
+
+
+def test_reload_numbers_a_double_cannot_hold_are_refused_by_name(tmp_base: Path) -> None:
+    """1e400 and a 5,000-digit integer refuse their sets with the fix; null is judged alone."""
+    home = tmp_base / "home"
+
+    def schema_set(directory: str, maximum: str) -> None:
+        write_set(home / "tools", directory, '{"runner": "exec", "command": ["true"], '
+                  '"description": "d", "schema": {"type": "object", "properties": '
+                  f'{{"n": {{"type": "number", "maximum": {maximum}}}}}}}}}')
+
+    schema_set("a1", "1e400")
+    schema_set("b1", "null")
+    schema_set("c1", "9" * 5000)
+    schema_set("d1", "1e300")
+    d = start_daemon(home, tmp_base, tmp_base, ["--no-watch"])
+    try:
+        listed = d.call("list")["result"]
+        assert [t["name"] for t in listed["tools"]] == ["d1"]
+        assert listed["tools"][0]["inputSchema"]["properties"]["n"]["maximum"] == 1e300
+        cannot = "tools.json has a number toolsetd cannot hold: "
+        assert {s["directory"]: s["error"] for s in listed["sets"]} == {
+            "a1": cannot + "1e400 is beyond the range of a double (about ±1.8e308). "
+            "Write a smaller number, or leave it out.",
+            "b1": "Tool 'b1' has an invalid JSON Schema: None is not of type 'number' "
+            "(at /properties/n/maximum)",
+            "c1": cannot + "an integer of more than 4,300 digits: line 1 column 140 "
+            "(char 139). Write a shorter number.",
+            "d1": None,
+        }
+    finally:
+        d.stop()
