@@ -10,70 +10,81 @@ client with it, for as long as it liked. ``re`` holds the GIL while it matches, 
 thread would not help.
 
 ``re``'s matcher does check for signals every few thousand steps, and a Python signal
-handler runs in the main thread, the event loop's. So ``time_limit`` arms a one-shot
-``ITIMER_REAL`` timer and a ``SIGALRM`` handler that raises ``TimeLimitExceeded`` while,
-and only while, the limited block runs: the match stops with the exception, the block's
-caller reports it, and the loop goes on. Arming and disarming is two ``setitimer`` calls
-(~1.5 µs together). Outside the main thread the block runs unlimited: the handler could
-only interrupt the main thread, whatever it was doing.
+handler runs in the main thread, the event loop's. So ``run_limited(seconds, fn)`` arms an
+``ITIMER_REAL`` timer and calls ``fn``; the ``SIGALRM`` handler raises
+``TimeLimitExceeded`` when, and only when, ``run_limited``'s own frame is on the stack it
+interrupts. So the exception can only come out of ``fn`` (or ``run_limited`` itself), never
+out of the event loop, a task or a callback that happens to run when a late alarm lands;
+such an alarm only disarms the timer. After the first alarm the timer fires again every
+``_AGAIN`` seconds until ``run_limited`` disarms it: an exception raised inside a finalizer
+that the garbage collector ran during ``fn`` is swallowed by Python, and the next alarm
+stops ``fn`` then. Arming and disarming is two ``setitimer`` calls (~1.5 µs together).
 
-An alarm that arrives after the block ended (between the flag being cleared and the timer
-being disarmed) finds the flag clear and does nothing; the handler clears the flag itself,
-so one alarm raises once. Children never see the timer: an
-interval timer is not inherited across ``fork``, and ``exec`` resets the handler.
+Outside the main thread, or while another ``ITIMER_REAL`` timer runs (a caller's own, or
+``run_limited`` inside ``run_limited``), ``fn`` runs unlimited: the handler could only
+interrupt the main thread, and one process has one such timer. Children never see the
+timer: an interval timer is not inherited across ``fork``, and ``exec`` resets the
+handler.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from types import FrameType
+from typing import TypeVar
 
-__all__ = ["TimeLimitExceeded", "time_limit"]
+__all__ = ["TimeLimitExceeded", "run_limited"]
+
+T = TypeVar("T")
+
+#: After the first alarm, how often it fires again until ``run_limited`` disarms it.
+_AGAIN = 0.01
 
 
 class TimeLimitExceeded(BaseException):
-    """The limited block ran past its time (raised inside it, by the alarm's handler).
+    """``run_limited``'s call ran past its time (raised inside it, by the alarm's handler).
 
-    A ``BaseException``, so that no ``except Exception`` in the library code the block
-    runs swallows it and lets the work go on unlimited.
+    A ``BaseException``, so that no ``except Exception`` in the library code the call runs
+    swallows it and lets the work go on.
     """
 
 
-_active = False
+def run_limited(seconds: float, fn: Callable[[], T]) -> T:
+    """Call ``fn``; stop it with ``TimeLimitExceeded`` once it has run ``seconds``.
 
-
-def _on_alarm(signum: int, frame: FrameType | None) -> None:
-    global _active
-    if _active:
-        _active = False  # one alarm, one exception, even if it lands in the cleanup
-        raise TimeLimitExceeded
-
-
-@contextmanager
-def time_limit(seconds: float) -> Iterator[None]:
-    """Stop the block with ``TimeLimitExceeded`` once it has run ``seconds``.
-
-    Only on the main thread (elsewhere the block runs unlimited), and not nested. The
-    block must not ``await``: the alarm interrupts whatever the main thread runs. The
-    exception can also come out of the ``with`` statement itself, when the alarm lands
-    just as the block ends.
+    ``fn`` must not ``await`` or hand control to other work: the alarm interrupts
+    whatever runs under this frame.
 
     Args:
         seconds: The limit, wall time; 0 or less means none.
+        fn: The work.
+
+    Returns:
+        What ``fn`` returns.
     """
-    global _active
-    if seconds <= 0 or _active or threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    if (
+        seconds <= 0
+        or threading.current_thread() is not threading.main_thread()
+        or signal.getitimer(signal.ITIMER_REAL)[0] > 0
+    ):
+        return fn()
     if signal.getsignal(signal.SIGALRM) is not _on_alarm:
         signal.signal(signal.SIGALRM, _on_alarm)
-    _active = True
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, seconds, _AGAIN)
     try:
-        yield
+        return fn()
     finally:
-        _active = False
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+_LIMITED = run_limited.__code__
+
+
+def _on_alarm(signum: int, frame: FrameType | None) -> None:
+    while frame is not None:
+        if frame.f_code is _LIMITED:
+            raise TimeLimitExceeded
+        frame = frame.f_back
+    signal.setitimer(signal.ITIMER_REAL, 0)  # run_limited has returned: a late alarm

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from .timelimit import TimeLimitExceeded, time_limit
+from .timelimit import TimeLimitExceeded, run_limited
 
 if TYPE_CHECKING:
     from jsonschema.exceptions import ValidationError
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "TIME_LIMIT",
+    "TIME_LIMIT_PER_MIB",
     "ArgumentValidators",
     "SchemaChecker",
     "canonical_json",
@@ -59,10 +60,15 @@ _ECHO_LIMIT = 80
 _SCHEMA_MESSAGE_LIMIT = 300
 #: Most argument errors reported for one call.
 _MAX_ERRORS = 100
-#: The most seconds jsonschema may spend on one call's arguments. Python's ``re``
-#: backtracks: a ``pattern`` like ``^(a+)+$`` would otherwise hold the event loop for as
-#: long as a model's value makes it. A real schema's check takes well under a millisecond.
+#: The most seconds jsonschema may spend on one call's arguments: this, plus
+#: ``TIME_LIMIT_PER_MIB`` for each MiB of them. Python's ``re`` backtracks: a ``pattern``
+#: like ``^(a+)+$`` would otherwise hold the event loop for as long as a model's value
+#: makes it (and ``uniqueItems`` over a long array of objects is quadratic). A real
+#: schema's check of small arguments takes well under a millisecond, and jsonschema checks
+#: ~4 MiB a second of a plain array of objects against ``$ref``/``anyOf`` schemas here
+#: (2,000 items, 424 KB, in ~0.1 s): the allowance per MiB is four times that.
 TIME_LIMIT = 0.1
+TIME_LIMIT_PER_MIB = 1.0
 
 
 def canonical_json(value: Any) -> bytes:
@@ -449,7 +455,8 @@ class ArgumentValidators:
 
         Args:
             max_entries: How many compiled validators to keep; the oldest goes first.
-            time_limit: The most seconds one call's check may run (``timelimit``).
+            time_limit: The most seconds one call's check may run before the allowance
+                for its size (``TIME_LIMIT_PER_MIB``); see ``timelimit``.
         """
         self._time_limit = time_limit
         self._validators: dict[str, Validator] = {}
@@ -501,22 +508,18 @@ class ArgumentValidators:
             pass  # jsonschema below says so in its words
         validator = self._validator(loaded)  # built (jsonschema imported) before the limit
         found: set[tuple[str, str]] = set()
+
+        def check() -> None:
+            for error in validator.iter_errors(arguments):
+                found.update(_describe(error))
+                if len(found) >= _MAX_ERRORS:
+                    break
+
+        limit = self._time_limit + TIME_LIMIT_PER_MIB * _size(arguments) / (1 << 20)
         try:
-            with time_limit(self._time_limit):
-                for error in validator.iter_errors(arguments):
-                    found.update(_describe(error))
-                    if len(found) >= _MAX_ERRORS:
-                        break
+            run_limited(limit, check)
         except TimeLimitExceeded:
-            found.add(
-                (
-                    "",
-                    "checking the arguments against the tool's input schema was stopped after "
-                    f"{self._time_limit:g} s (a pattern in the schema that backtracks on "
-                    "these values?); send shorter values, or ask the set's author to simplify "
-                    "the pattern",
-                )
-            )
+            found.add(("", _stopped(limit, self._time_limit, loaded.tool.schema)))
         except RecursionError:
             return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
         except OverflowError:
@@ -538,6 +541,30 @@ class ArgumentValidators:
             reason = _clip(str(exc), _SCHEMA_MESSAGE_LIMIT)
             return [{"path": "", "message": f"the tool's input schema cannot be used: {reason}"}]
         return [{"path": p, "message": m} for p, m in sorted(found)[:_MAX_ERRORS]]
+
+
+def _size(arguments: Any) -> int:
+    """The arguments' size as compact JSON, in bytes (what a client sent, about)."""
+    try:
+        return len(orjson.dumps(arguments))
+    except (orjson.JSONEncodeError, TypeError):  # integers beyond 64 bits
+        return len(json.dumps(arguments, ensure_ascii=False, separators=(",", ":")))
+
+
+def _stopped(limit: float, base: float, schema: Mapping[str, Any]) -> str:
+    """The error of a check stopped at its time limit, naming the likely cause."""
+    text = canonical_json(schema)
+    why = (
+        "a pattern in the schema may backtrack on these values"
+        if b'"pattern' in text
+        else "the schema costs more than that on arguments like these"
+    )
+    return (
+        f"checking the arguments against the tool's input schema was stopped after "
+        f"{limit:.2g} s ({base:g} s, plus {TIME_LIMIT_PER_MIB:g} s per MiB of arguments): "
+        f"{why}; send smaller "
+        "values, or ask the set's author to simplify the schema"
+    )
 
 
 def _describe(error: ValidationError) -> list[tuple[str, str]]:
