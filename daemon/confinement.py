@@ -73,6 +73,7 @@ from .sandbox import (
     SandboxPlan,
     bwrap_argv,
     data_binds,
+    outside_binds,
     prepare_writable,
 )
 
@@ -484,6 +485,7 @@ class Confinement:
                     "the sandbox cannot hide (it could be in the workspace). The call did not "
                     "run; remove the extra link (find / -xdev -samefile FILE)."
                 )
+            own = outside_binds(cwd, (str(toolset.path),))
             writable, escaped = data_binds(cwd, *data)
             if escaped:
                 raise ConfinementError(
@@ -501,13 +503,12 @@ class Confinement:
                         "did not run."
                     ) from exc
                 plan = SandboxPlan(
-                    conf.profile, conf.network, (str(toolset.path),),
+                    conf.profile, conf.network, own,
                     (*writable, *approved), self._hidden, cwd,
                 )  # fmt: skip
             else:
                 plan = SandboxPlan(
-                    conf.profile, conf.network, (str(toolset.path), *writable), (),
-                    self._hidden, cwd,
+                    conf.profile, conf.network, (*own, *writable), (), self._hidden, cwd,
                 )  # fmt: skip
             full = [*bwrap_argv(self.bwrap, plan), *argv]
         cgroup = None

@@ -9,7 +9,8 @@ bubblewrap builds a new mount namespace in which:
 * ``/`` is bound read-only (``--ro-bind / /``): the whole system stays readable;
 * ``/dev`` is a minimal device tree, ``/proc`` the sandbox's own (``--proc``), ``/tmp`` a
   fresh tmpfs: private to the call, gone with it;
-* the set's own folder is bound read-only (it may live under the hidden ``/tmp``);
+* the set's own folder is bound read-only (it may live under the hidden ``/tmp``), where
+  it resolves, unless that is in the workspace (``outside_binds``);
 * the writable paths are bound read-write on top: for ``workspace-write`` the workspace,
   the set's two data folders and, for a call whose outside-workspace paths were approved,
   exactly those paths; for ``read-only`` nothing (the workspace is bound read-only). The
@@ -56,6 +57,7 @@ __all__ = [
     "SandboxPlan",
     "bwrap_argv",
     "data_binds",
+    "outside_binds",
     "prepare_writable",
     "probe_bwrap",
 ]
@@ -191,14 +193,42 @@ def data_binds(workspace: str, tool_data: str, project_data: str) -> tuple[tuple
         The paths to bind, in order, and ``""``; or ``()`` and the path the project data
         folder resolves to, when that is outside the workspace.
     """
-    real_workspace = os.path.realpath(workspace)
     project = os.path.realpath(project_data)
-    if not _within(project, real_workspace):
+    if not _within(project, os.path.realpath(workspace)):
         return (), project
-    tool = os.path.realpath(tool_data)
-    if _within(tool, real_workspace):
-        return (workspace,), ""
-    return (workspace, tool), ""
+    return (workspace, *outside_binds(workspace, (tool_data,))), ""
+
+
+def outside_binds(workspace: str, paths: Iterable[str]) -> tuple[str, ...]:
+    """Each path as it resolves now, left out when it lies in the workspace.
+
+    A path in the workspace needs no bind of its own (the workspace's covers it), and must
+    not get one: any sandboxed call of that workspace can swap a folder on its way for a
+    symlink while another call's bubblewrap mounts it, and bubblewrap follows links in a
+    bind's target too (a project set's own folder, flipped to and from a link to the
+    host's ``/tmp``, put that over a sandbox's private one). So a path is left out when
+    its own spelling is in the workspace, wherever it resolves at this moment (resolving
+    it could meet the link mid-flip), and when it resolves into the workspace. Any other
+    path is bound where it resolves.
+
+    Args:
+        workspace: The call's workspace.
+        paths: The folders to bind.
+
+    Returns:
+        The resolved paths outside the workspace, in order, without repeats.
+    """
+    spelled = os.path.normpath(workspace)
+    real_workspace = os.path.realpath(workspace)
+    binds: list[str] = []
+    for path in paths:
+        normal = os.path.normpath(path)
+        if _within(normal, spelled) or _within(normal, real_workspace):
+            continue
+        real = os.path.realpath(path)
+        if not _within(real, real_workspace) and real not in binds:
+            binds.append(real)
+    return tuple(binds)
 
 
 def prepare_writable(paths: Iterable[str]) -> None:

@@ -16,7 +16,7 @@ from toolsetd.daemon.confinement import (
     parse_confinement,
 )
 from toolsetd.daemon.model import RunnerKind, Source, ToolSet
-from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv, data_binds
+from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv, data_binds, outside_binds
 from toolsetd.daemon.settings import ConfigError, build_parser, load_settings, reload_settings
 
 
@@ -193,6 +193,27 @@ def test_confinement_data_binds_never_follow_a_link_out(tmp_path: Path) -> None:
     project.unlink()
     project.symlink_to(tmp_path / "ws2")
     assert data_binds(str(ws), str(tool), str(project)) == ((), str(tmp_path / "ws2"))
+
+
+def test_confinement_outside_binds_never_bind_a_path_spelled_in_the_workspace(
+    tmp_path: Path,
+) -> None:
+    """A set folder in the workspace is never bound, even while it is a link out of it:
+    another sandboxed call can flip it to a link to the host's /tmp as bwrap mounts."""
+    ws = tmp_path / "ws"
+    own = ws / ".crystal" / "tools" / "pp"
+    own.parent.mkdir(parents=True)
+    own.symlink_to(os.path.relpath("/tmp", own.parent))  # the flip, caught mid-way  # noqa: S108
+    assert outside_binds(str(ws), (str(own),)) == ()
+    home_set = tmp_path / "home" / "tools" / "hs"
+    home_set.mkdir(parents=True)
+    linked = tmp_path / "linked"
+    linked.symlink_to(home_set)
+    # Outside the workspace: bound where it resolves, once.
+    assert outside_binds(str(ws), (str(home_set), str(linked))) == (str(home_set),)
+    # A path outside that resolves into the workspace rides on its bind.
+    (tmp_path / "into").symlink_to(ws)
+    assert outside_binds(str(ws), (str(tmp_path / "into"),)) == ()
 
 
 def test_confinement_check_executable(tmp_path: Path) -> None:
