@@ -33,6 +33,7 @@ from .modes import MODE_EXPECTED, Mode, parse_mode
 
 __all__ = [
     "MAX_ARGUMENT_DEPTH",
+    "MAX_ENV_STRING",
     "CancelArgs",
     "ClassifyArgs",
     "InvokeArgs",
@@ -54,6 +55,8 @@ __all__ = [
 #: counting as 1), as System.Text.Json's default in the reference host. Deeper arguments get
 #: -32602: every response that echoes them (classify, -32003/-32004 data) stays encodable.
 MAX_ARGUMENT_DEPTH: Final = 64
+#: The longest ``session`` accepted, in characters (it becomes ``CRYSTAL_SESSION``).
+MAX_ENV_STRING: Final = 4096
 _TRACEPARENT: Final = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
 _REQUIRED: Final = object()
 
@@ -76,9 +79,19 @@ def _optional_string(value: Any) -> Any:
 
 
 def check_env_string(value: Any) -> Any:
-    """None, or a string the child gets in its environment (which cannot hold a NUL)."""
-    if value is not None and "\x00" in _string(value):
+    """None, or a string the child gets in its environment.
+
+    An environment cannot hold a NUL, and Linux refuses to start a program with one
+    variable over 128 KiB (``E2BIG``); a session id needs far less than ``MAX_ENV_STRING``.
+    """
+    if value is None:
+        return value
+    if "\x00" in _string(value):
         raise _Bad("must not contain a NUL character (the tool gets it in its environment)")
+    if len(value) > MAX_ENV_STRING:
+        raise _Bad(
+            f"must be at most {MAX_ENV_STRING} characters (the tool gets it in its environment)"
+        )
     return value
 
 

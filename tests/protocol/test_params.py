@@ -46,7 +46,7 @@ def _deep(levels: int) -> Any:
 SPECIAL = st.sampled_from([
     "plan", "work", "review", "default", "full", "yolo", " YOLO ", "FullAuto", "auto", "",
     GOOD_TRACE, GOOD_TRACE.upper(), "00-" + "0" * 32 + "-b7ad6b7169203331-01",
-    "/abs/ws", "relative", "x" * 3, "a\x00b", "\x00", _deep(63), _deep(64), _deep(65), {"a": _deep(64)},
+    "/abs/ws", "relative", "x" * 3, "a\x00b", "\x00", "s" * 4097, _deep(63), _deep(64), _deep(65), {"a": _deep(64)},
 ])
 SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(-2, 2), st.floats(allow_nan=False), st.text(max_size=5)
@@ -138,3 +138,9 @@ def test_params_session_refuses_nul() -> None:
         {"field": key, "message": "must not contain a NUL character (the tool gets it in its environment)"}
     ]
     assert params.invoke_args({**given_params, key: "a b"}) is not None
+    assert params.invoke_args({**given_params, key: "s" * params.MAX_ENV_STRING}) is not None
+    with pytest.raises(InvalidParams) as caught:
+        params.invoke_args({**given_params, key: "s" * (params.MAX_ENV_STRING + 1)})
+    assert caught.value.data == [
+        {"field": key, "message": "must be at most 4096 characters (the tool gets it in its environment)"}
+    ]
