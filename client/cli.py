@@ -542,6 +542,18 @@ def run(
             code = _COMMANDS[args.command](ctx, args)
         except UsageError as exc:
             code = _report(out, usage(str(exc)))
+        except UnicodeEncodeError as exc:
+            # A name from the command line or the file system (argv and paths keep their
+            # undecodable bytes as lone surrogates); the daemon's wire is UTF-8 only.
+            text = str(exc.object)
+            around = text[max(0, exc.start - 40) : exc.end + 10].encode("utf-8", "surrogateescape")
+            code = _report(
+                out,
+                usage(
+                    "a name or value given is not valid UTF-8, which toolsetd needs "
+                    f"(the current folder's path counts): ...{around!r}..."
+                ),
+            )
         except Failure as failure:
             code = _report(out, failure)
         out.flush()

@@ -50,7 +50,16 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
     if spec is None:
         return {}, "{}"
     if spec == "-":
-        text, where = stdin.read(), "--args from stdin"
+        where = "--args from stdin"
+        raw = getattr(stdin, "buffer", None)  # bytes: the locale's decoder may be strict
+        if raw is None:
+            text = stdin.read()
+        else:
+            data = raw.read()
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UsageError(f"{where} is not valid UTF-8 (at byte {exc.start}).") from None
     elif spec.startswith("@"):
         name = spec[1:]
         try:

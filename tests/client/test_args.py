@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,15 @@ def test_cli_args_not_utf8_on_stdin_exits_2(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(b"--args from stdin is not valid UTF-8")
+
+
+def test_cli_args_not_utf8_on_stdin_exits_2_with_a_strict_decoder(tmp_path: Path) -> None:
+    """The same under a locale whose stdin decoder is strict (en_US.UTF-8, not C)."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolsetd.client", "classify", "t", "--args", "-",
+         "--socket", str(tmp_path / "none.sock")],
+        input=b'{"a": "\xff"}', capture_output=True, timeout=30, check=False,
+        env={**os.environ, "PYTHONIOENCODING": "utf-8:strict"},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(b"--args from stdin is not valid UTF-8 (at byte 7).")

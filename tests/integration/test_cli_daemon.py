@@ -198,6 +198,23 @@ def test_cli_invoke_invalid_arguments_exit_2(setup: Setup) -> None:
     assert r.returncode == 2 and "no_such_tool" in r.stderr
 
 
+@pytest.mark.parametrize("where", ["session", "tool", "workspace"])
+def test_cli_names_that_are_not_utf8_exit_2(setup: Setup, where: str) -> None:
+    """argv and folder names keep undecodable bytes; the wire cannot: a usage error."""
+    odd = os.fsdecode(b"x\xff")
+    workspace = setup.base / odd
+    workspace.mkdir(exist_ok=True)
+    args = {"session": ["invoke", "hello", "--session", odd],
+            "tool": ["invoke", odd],
+            "workspace": ["--workspace", str(workspace), "invoke", "hello"]}[where]
+    env = {k: v for k, v in os.environ.items() if k != "TOOLSETD_SOCKET"}
+    r = subprocess.run([os.fsencode(a) for a in setup.argv(*args)], capture_output=True,
+                       timeout=30, env=env, cwd=setup.base, check=False)
+    assert r.returncode == 2, r.stderr
+    assert b"is not valid UTF-8, which toolsetd needs" in r.stderr
+    assert b"Traceback" not in r.stderr
+
+
 def test_cli_invoke_schema_error_printed_once(setup: Setup) -> None:
     """A single schema error is printed once, not repeated under its own summary."""
     r = setup.ctl("invoke", "notes_add", "--args", "{}")
