@@ -94,7 +94,7 @@ from .output import CANCELLED_TEXT, start_failure_text
 from .progress import read_progress
 from .reaper import NullGuard, ProcessGroupGuard
 from .spawn import Spawner, env_path
-from .spill import SPILL_FOLDER, Spill
+from .spill import SPILL_FOLDER, Spill, open_folder_within
 from .streams import (
     Capture,
     Drainer,
@@ -318,11 +318,15 @@ class Runner:
                 project_data / SPILL_FOLDER,
             )
             self._paths[key] = paths
-        for folder in (paths.tool_data, paths.project_data):
-            # isdir is one stat; a folder deleted meanwhile is simply created again.
-            if not os.path.isdir(folder):
-                with contextlib.suppress(OSError):
-                    os.makedirs(folder, exist_ok=True)
+        # isdir is one stat; a folder deleted meanwhile is simply created again. The project
+        # data folder is in the workspace, whose content the daemon does not trust: it is
+        # made without following links (one on the way leaves it missing).
+        if not os.path.isdir(paths.tool_data):
+            with contextlib.suppress(OSError):
+                os.makedirs(paths.tool_data, exist_ok=True)
+        if not os.path.isdir(paths.project_data):
+            with contextlib.suppress(OSError, ValueError):
+                os.close(open_folder_within(paths.workspace, paths.project_data))
         return paths
 
     def _environment(self, request: CallRequest, paths: _CallPaths, fd: int) -> list[bytes]:

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import structlog
 
-__all__ = ["SPILL_FOLDER", "Spill", "SpillResult", "prune", "spill_name"]
+__all__ = ["SPILL_FOLDER", "Spill", "SpillResult", "open_folder_within", "prune", "spill_name"]
 
 log = structlog.get_logger("toolsetd.spill")
 
@@ -150,13 +150,9 @@ class Spill:
         if self._dir is not None:
             return self._dir
         try:
-            try:
-                fd = os.open(self.folder, _FOLDER_FLAGS)
-            except FileNotFoundError:
-                self.folder.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.folder, _FOLDER_FLAGS)
-        except OSError as exc:
-            self._fail(exc)
+            fd = open_folder_within(str(self._workspace), str(self.folder))
+        except (OSError, ValueError) as exc:
+            self._fail(exc if isinstance(exc, OSError) else "it is not in the workspace")
             return None
         root = os.path.normpath(str(self._workspace)).rstrip("/") + "/"
         where = _opened_at(fd, self.folder)
@@ -369,6 +365,42 @@ class Spill:
             self._dir = None
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def open_folder_within(root: str, folder: str) -> int:
+    """Open ``folder`` (a folder below ``root``), making what is missing, following no link.
+
+    Each component below ``root`` is made with ``mkdir`` and opened with ``O_NOFOLLOW``
+    relative to its parent's descriptor, so a symlink anywhere on the way (a repository
+    can ship ``.crystal/data`` as one, a sandboxed call can plant one) is ``ELOOP`` or
+    ``ENOTDIR``, never followed: nothing is made, and nothing is opened, outside ``root``.
+    ``root`` itself (the workspace) is opened as named.
+
+    Returns:
+        A descriptor of the folder; the caller closes it.
+
+    Raises:
+        OSError: A component is a link or not a folder, or cannot be made or opened.
+        ValueError: ``folder`` is not below ``root``.
+    """
+    relative = os.path.relpath(folder, root)
+    parts = [] if relative == "." else relative.split(os.sep)
+    if ".." in parts:
+        raise ValueError(f"{folder} is not below {root}")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts:
+            try:
+                os.mkdir(part, 0o777, dir_fd=fd)
+            except FileExistsError:
+                pass
+            inner = os.open(part, _FOLDER_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _opened_at(fd: int, folder: Path) -> str | None:

@@ -23,7 +23,7 @@ from toolsetd.daemon.output import (
     timeout_text,
     truncate,
 )
-from toolsetd.daemon.spill import Spill, prune, spill_name
+from toolsetd.daemon.spill import Spill, prune, spill_name, open_folder_within
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
 GIF = b"GIF89a" + b"\0" * 10
@@ -437,3 +437,20 @@ def test_a_spill_that_cannot_be_written_says_why_once(tmp_path: Path) -> None:
     assert len(failed) == 1, logs
     assert failed[0]["folder"] == str(ws / "out")
     assert "File exists" in failed[0]["error"] or "Not a directory" in failed[0]["error"]
+
+
+def test_open_folder_within_makes_folders_and_follows_no_link(tmp_path: Path) -> None:
+    """A link anywhere below the root stops it: nothing is made or opened outside."""
+    root, outside = tmp_path / "ws", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    fd = open_folder_within(str(root), str(root / ".crystal" / "data" / "tools" / "s"))
+    os.close(fd)
+    assert (root / ".crystal" / "data" / "tools" / "s").is_dir()
+    (root / "linked").symlink_to(outside)
+    for folder in (root / "linked" / "s", root / "linked"):
+        with pytest.raises(OSError):
+            open_folder_within(str(root), str(folder))
+    assert list(outside.iterdir()) == []
+    with pytest.raises(ValueError):
+        open_folder_within(str(root), str(outside / "s"))
