@@ -28,8 +28,11 @@ loads h11.
 * **Cost.** A request costs no task and no cancel scope of its own: deadlines are loop
   timers that wake the reader, and writes go to the transport at once.
 * **Who may connect.** ``admit(sock)`` runs once per connection before any byte is
-  read; it returns None to serve, or a :class:`Refusal` that answers the first request
-  with its status and message and closes.
+  read; it returns None to serve, or a :class:`Refusal`. A refused connection, and one
+  past ``max_connections``, is answered at once, before its request arrives (its status
+  and message, ``Connection: close``), and closed after a short linger; it does not count
+  toward ``max_connections``, so peers that are refused cannot crowd out those that are
+  not. As many refusals again may be under way; beyond, a connection is closed unanswered.
 
 Why one module of this size: the exchange, the connection's read loop (pipelining,
 keep-alive, the body and idle timeouts) and the accept loop all drive one h11
@@ -56,6 +59,7 @@ import structlog
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .exhaustion import out_of_resources
+from .logs import Throttle
 from .wire import Wire
 
 __all__ = [
@@ -452,7 +456,12 @@ class HttpServer:
         self._handler = handler
         self._admit = admit
         self._ids = itertools.count(1)
+        #: Connections being served (at most ``max_connections``).
         self.connections = 0
+        #: Refused connections still being answered (as many again at most; beyond,
+        #: they are closed unanswered).
+        self._refusing = 0
+        self._limit_log = Throttle()
         self._scopes: set[anyio.CancelScope] = set()
         self._accepting: anyio.CancelScope | None = None
 
@@ -513,19 +522,31 @@ class HttpServer:
         # the delayed-ACK pause to every response and SSE event.
         with contextlib.suppress(OSError):
             raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.connections += 1
+        # Whether the connection is served is known before its first byte: a refused one
+        # is answered at once and closed, and never holds one of the slots of those served
+        # (a peer the endpoint refuses cannot crowd out its owner by idling).
+        peer, refusal = self._admit(raw)
+        limit = self.settings.max_connections
+        if refusal is None and self.connections >= limit:
+            refusal = Refusal(
+                503,
+                f"Too many connections: toolsetd serves at most {limit} HTTP connections at once.",
+            )
+            said = self._limit_log.count(None)
+            if said is not None:
+                log.warning("http_connection_limit", limit=limit, refused=said)
+        if refusal is None:
+            self.connections += 1
+        elif self._refusing >= limit:
+            raw.close()  # refusals flood in: not even their answer is owed
+            return
+        else:
+            self._refusing += 1
         scope = anyio.CancelScope()
         self._scopes.add(scope)
         conn: _HttpConnection | None = None
         try:
             with structlog.contextvars.bound_contextvars(http_conn_id=conn_id), scope:
-                peer, refusal = self._admit(raw)
-                if refusal is None and self.connections > self.settings.max_connections:
-                    refusal = Refusal(
-                        503,
-                        f"Too many connections: toolsetd serves at most "
-                        f"{self.settings.max_connections} HTTP connections at once.",
-                    )
                 loop = asyncio.get_running_loop()
                 raw.setblocking(False)
                 transport, wire = await loop.connect_accepted_socket(
@@ -537,23 +558,29 @@ class HttpServer:
                 wire.on_stall = conn.abort
                 conn.scope = scope
                 try:
-                    await self._serve_requests(conn, peer, refusal)
+                    if refusal is not None:
+                        await self._answer_and_close(
+                            conn, refusal.status, refusal.message, refusal.headers
+                        )
+                    else:
+                        await self._serve_requests(conn, peer)
                     await conn.close()
                 except _Closed:
                     pass
                 except Exception:
                     log.exception("http_connection_failed")
         finally:
-            self.connections -= 1
+            if refusal is None:
+                self.connections -= 1
+            else:
+                self._refusing -= 1
             self._scopes.discard(scope)
             if conn is not None:
                 conn.abort()
             else:
                 raw.close()
 
-    async def _serve_requests(
-        self, conn: _HttpConnection, peer: Any, refusal: Refusal | None
-    ) -> None:
+    async def _serve_requests(self, conn: _HttpConnection, peer: Any) -> None:
         settings = self.settings
         loop = conn.loop
         parser = conn.parser
@@ -628,12 +655,6 @@ class HttpServer:
                 return
             request = _request(event, body)
             exchange = Exchange(conn)
-            if refusal is not None:
-                log.warning("http_refused", status=refusal.status, path=request.path)
-                await exchange.respond_json(
-                    refusal.status, {"error": refusal.message}, refusal.headers
-                )
-                return
             await self._run_handler(conn, request, exchange, peer)
             if not exchange.finished or exchange.disconnected.is_set():
                 return  # the handler gave up mid-stream (the peer left): nothing to reuse
@@ -682,6 +703,17 @@ class HttpServer:
     async def _fail(self, conn: _HttpConnection, status: int, message: str) -> None:
         """Answer a request we cannot serve (if a response may still go out), then close."""
         log.info("http_bad_request", status=status, message=message)
+        await self._answer_and_close(conn, status, message)
+
+    async def _answer_and_close(
+        self,
+        conn: _HttpConnection,
+        status: int,
+        message: str,
+        headers: Sequence[tuple[str, str]] = (),
+    ) -> None:
+        """Send an error response with ``Connection: close`` (whether or not a request
+        arrived), then linger so the peer reads it rather than a reset."""
         if conn.parser.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
         body = json_response_body({"error": message})
@@ -695,6 +727,7 @@ class HttpServer:
                         (b"content-type", b"application/json"),
                         (b"content-length", str(len(body)).encode()),
                         (b"connection", b"close"),
+                        *((k.encode(), v.encode()) for k, v in headers),
                     ],
                 ),
                 h11.Data(data=body),

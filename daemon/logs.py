@@ -13,6 +13,9 @@ the stream it connected, and they match file descriptor 2), every line starts wi
 sd-daemon priority (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug), which
 journald strips and stores as the entry's priority, so ``journalctl -p warning``
 filters. The rest of the line is unchanged.
+
+Events a peer can cause at will (a refused connection) go through a ``Throttle``: one line
+per key and interval, carrying the count since the last.
 """
 
 from __future__ import annotations
@@ -20,13 +23,21 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Mapping, MutableMapping
+import time
+from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
 from typing import Any, Literal
 
 import structlog
 
-__all__ = ["PRIORITIES", "REQUEST", "configure_logging", "merge_request", "stderr_is_journal"]
+__all__ = [
+    "PRIORITIES",
+    "REQUEST",
+    "Throttle",
+    "configure_logging",
+    "merge_request",
+    "stderr_is_journal",
+]
 
 LogFormat = Literal["json", "console"]
 
@@ -57,6 +68,34 @@ def merge_request(
         event_dict.setdefault("request_id", request[1])
         event_dict.setdefault("method", request[0])
     return event_dict
+
+
+class Throttle:
+    """At most one log line per key and interval, the next one counting what it stood for.
+
+    For events a peer can cause at will (a refused connection): each is counted, and a
+    line is due for the first of a key and then for the first after ``interval`` seconds,
+    carrying how many happened since the last line (itself included).
+
+    Args:
+        interval: Seconds between two lines of one key.
+        clock: Where the time comes from (seconds, monotonic).
+    """
+
+    def __init__(self, interval: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.interval = interval
+        self._clock = clock
+        self._keys: dict[Any, tuple[float, int]] = {}
+
+    def count(self, key: Any) -> int | None:
+        """Count one event of ``key``; returns the count to log now, or None to stay quiet."""
+        now = self._clock()
+        said, since = self._keys.get(key, (None, 0))
+        if said is not None and now - said < self.interval:
+            self._keys[key] = (said, since + 1)
+            return None
+        self._keys[key] = (now, 0)
+        return since + 1
 
 
 def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> bool:

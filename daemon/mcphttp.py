@@ -59,6 +59,7 @@ from toolsetd.protocol.jsontext import loads as json_loads
 
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
 from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
+from .logs import Throttle
 from .peercred import PeerPolicy
 from .tcppeer import tcp_peer_credentials
 
@@ -283,6 +284,7 @@ class McpHttpEndpoint:
         self.http_settings = http or HttpSettings()
         self.sessions: dict[str, _Session] = {}
         self._servers: list[HttpServer] = []
+        self._refused_log = Throttle()
         #: The endpoint's task group (for cancelling the requests of clients that left).
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -329,7 +331,11 @@ class McpHttpEndpoint:
         cred = tcp_peer_credentials(raw)
         refused = peer_refusal(cred, self._policy, token=self._token is not None)
         if refused is not None:
-            log.warning("mcp_http_peer_refused", uid=getattr(cred, "uid", None))
+            uid = getattr(cred, "uid", None)
+            # A peer can be refused as often as it connects: one line a minute per uid.
+            said = self._refused_log.count(uid)
+            if said is not None:
+                log.warning("mcp_http_peer_refused", uid=uid, refused=said)
             return cred, Refusal(*refused)
         return cred, None
 

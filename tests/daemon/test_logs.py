@@ -1,4 +1,5 @@
-"""journald detection: JOURNAL_STREAM must name the very stream on file descriptor 2."""
+"""journald detection (JOURNAL_STREAM must name the very stream on file descriptor 2), and
+the throttle of log lines a peer can cause at will."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 import pytest
 import structlog
 
-from toolsetd.daemon.logs import PRIORITIES, configure_logging, stderr_is_journal
+from toolsetd.daemon.logs import PRIORITIES, Throttle, configure_logging, stderr_is_journal
 
 
 def _stream_of(path: Path) -> tuple[int, str]:
@@ -49,3 +50,18 @@ def test_logs_priority_prefix_per_level(
         assert '"event": "something_happened"' in line
     finally:
         structlog.reset_defaults()
+
+
+def test_logs_throttle_says_each_key_once_per_interval_with_the_count() -> None:
+    """The first event of a key is said, the rest of the interval counted, and the first
+    after it said with that count; each key keeps its own interval."""
+    now = [0.0]
+    throttle = Throttle(60.0, clock=lambda: now[0])
+    assert throttle.count(1) == 1
+    assert [throttle.count(1) for _ in range(4)] == [None] * 4
+    assert throttle.count(2) == 1
+    now[0] = 59.9
+    assert throttle.count(1) is None
+    now[0] = 60.0
+    assert throttle.count(1) == 6
+    assert throttle.count(1) is None

@@ -296,6 +296,50 @@ def test_http_other_user_is_refused_403(http_daemon, workspace: Path) -> None:
     assert "uid 65534 may not call toolsetd" in reply["body"]
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
+@pytest.mark.skipif(not os.access(SYSTEM_PY, os.X_OK), reason=f"no {SYSTEM_PY} for the other user")
+def test_http_refused_peers_cannot_fill_the_connection_slots(http_daemon, workspace: Path) -> None:
+    """300 idle connections from another user are each answered 403 before they send a
+    byte and hold none of the 256 slots: the owner's own request is still served, and the
+    refusals are logged once, with their count, not once each."""
+    daemon, base = http_daemon
+    host, port = _address(base)
+    code = (
+        "import socket, sys\n"
+        "socks = [socket.create_connection((sys.argv[1], int(sys.argv[2]))) for _ in range(300)]\n"
+        "socks[0].settimeout(5)\n"
+        "first = b''\n"
+        "try:\n"
+        "    while b'\\r\\n' not in first:\n"
+        "        first += socks[0].recv(1024) or b'\\r\\n'\n"
+        "except OSError as exc:\n"
+        "    first = repr(exc).encode()\n"
+        "print(first.split(b'\\r\\n')[0].decode(), flush=True)\n"
+        "sys.stdin.read()\n"  # hold every connection until told
+    )
+
+    def refused_lines() -> list[dict[str, Any]]:
+        return [e for e in daemon.log_events()
+                if e.get("event") == "mcp_http_peer_refused" and e.get("uid") == 65534]
+
+    before = len(refused_lines())
+    with subprocess.Popen(
+        [SYSTEM_PY, "-S", "-c", code, host, str(port)], user=65534, group=65534,
+        extra_groups=[], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd="/",
+    ) as holder:
+        assert holder.stdin is not None
+        assert holder.stdout is not None
+        try:
+            # Read while the 300 are still open: the answer came without a request.
+            assert holder.stdout.readline().startswith("HTTP/1.1 403 ")
+            reply = http(endpoint(base, workspace), body=rpc(1, "initialize", INIT_PARAMS))
+            assert reply.status == 200, reply
+        finally:
+            holder.stdin.close()
+            holder.wait(30)
+    assert len(refused_lines()) - before <= 1
+
+
 def test_http_non_loopback_bind_refused(tmp_base: Path) -> None:
     """--mcp-listen on a non-loopback address is refused at start-up, saying why."""
     for value in ("0.0.0.0:0", "[::]:0", "192.0.2.1:8080", "example.com:80", "127.0.0.1:99999",
