@@ -20,6 +20,7 @@ loads h11.
   ``respond`` (a whole body with ``Content-Length``), or ``start_stream`` then any number
   of ``send`` and one ``end`` (chunked transfer coding, for server-sent events). Every
   write is bounded by ``write_timeout``; a peer that does not read is disconnected.
+  The answer to a ``HEAD`` goes out without its body, whatever the handler writes.
 * **The peer leaving.** The wire reports EOF and resets as they happen: while a handler
   runs, either sets ``Exchange.disconnected`` and cancels the connection's scope (unless
   the handler cleared ``cancel_on_disconnect`` to end the work on its own terms), so a
@@ -321,6 +322,8 @@ class _HttpConnection:
         #: The exchange whose handler is running (told when the peer leaves).
         self.exchange: Exchange | None = None
         self.scope: anyio.CancelScope | None = None
+        #: The request being answered is a HEAD: what is written goes out without a body.
+        self.head_request = False
         wire.on_gone = self._gone
 
     @property
@@ -336,18 +339,24 @@ class _HttpConnection:
             if exchange.cancel_on_disconnect and self.scope is not None:
                 self.scope.cancel()
 
+    def _encode(self, events: Sequence[h11.Event]) -> bytes:
+        if self.head_request:
+            # A response to HEAD has its head only (RFC 9110 9.3.2), whatever the handler
+            # writes; h11 would refuse the body and poison the connection.
+            events = [event for event in events if not isinstance(event, h11.Data)]
+        return b"".join(self.parser.send(event) or b"" for event in events)
+
     def post(self, *events: h11.Event) -> None:
         """Commit events to go out in order without waiting (dropped if the peer is gone)."""
-        parser = self.parser
         if self.wire.lost:
             return
-        data = b"".join(parser.send(event) or b"" for event in events)
+        data = self._encode(events)
         if data:
             self.wire.enqueue(data)
 
     async def send(self, *events: h11.Event) -> None:
         parser = self.parser
-        data = b"".join(parser.send(event) or b"" for event in events)
+        data = self._encode(events)
         wire = self.wire
         if wire.lost:
             parser.send_failed()
@@ -620,6 +629,7 @@ class HttpServer:
             if isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
                 return
             assert isinstance(event, h11.Request), event
+            conn.head_request = event.method == b"HEAD"
             if sum(len(k) + len(v) + 4 for k, v in event.headers) > settings.max_header_bytes:
                 # h11 bounds only a head still incomplete; one that arrived whole in a
                 # single read is measured here.

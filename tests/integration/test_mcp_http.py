@@ -232,6 +232,27 @@ def test_http_post_rejects_bad_bodies(http_daemon, workspace: Path) -> None:
     assert http(base.replace("/mcp", "/other"), "GET").status == 404
 
 
+def test_http_head_is_answered_without_a_body(http_daemon, workspace: Path) -> None:
+    """HEAD is 405 on /mcp and 404 elsewhere, head only, and the connection goes on."""
+    daemon, base = http_daemon
+    target = urlsplit(endpoint(base, workspace))
+    path = f"{target.path}?{target.query}"
+    failed = sum(e.get("event") == "http_connection_failed" for e in daemon.log_events())
+    conn = HTTPConnection(target.hostname, target.port, timeout=10)
+    try:
+        for where, status in ((path, 405), ("/nope", 404)):
+            conn.request("HEAD", where)
+            reply = conn.getresponse()
+            assert (reply.status, reply.read()) == (status, b"")
+        assert reply.getheader("content-type") == "application/json"
+        conn.request("POST", path, body=json.dumps(rpc(1, "initialize", INIT_PARAMS)),
+                     headers={"content-type": "application/json"})
+        assert conn.getresponse().status == 200
+    finally:
+        conn.close()
+    assert sum(e.get("event") == "http_connection_failed" for e in daemon.log_events()) == failed
+
+
 def test_http_get_stream_needs_session_and_is_single(http_daemon, workspace: Path) -> None:
     """GET needs a known session and text/event-stream; a second stream is 409."""
     _, base = http_daemon
