@@ -39,7 +39,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 from toolsetd.protocol import errors as rpc_errors
@@ -63,7 +63,9 @@ __all__ = [
     "changed_result",
     "declined_result",
     "elicitation_params",
+    "error_response",
     "input_required_result",
+    "is_request_id",
     "refusal_result",
 ]
 
@@ -89,6 +91,22 @@ class McpError(Exception):
         if self.data is not None:
             error["data"] = self.data
         return error
+
+
+def is_request_id(value: Any) -> TypeGuard[str | int]:
+    """Whether a value can name an MCP request: a string or an integer (a bool is neither)."""
+    kind = type(value)
+    return kind is str or kind is int
+
+
+def error_response(request_id: Any, error: dict[str, Any]) -> dict[str, Any]:
+    """A JSON-RPC error response, on every face: it echoes the id only when that can name
+    a request (``is_request_id``), else it carries ``null``."""
+    return {
+        "jsonrpc": "2.0",
+        "id": request_id if is_request_id(request_id) else None,
+        "error": error,
+    }
 
 
 # -- tools/list ----------------------------------------------------------------------------

@@ -294,18 +294,17 @@ class McpSession:
                 self._answered(message)  # the host's answer to a request of ours
                 return None
             return _error(
-                request_id if type(request_id) in (str, int) else None,
+                request_id,
                 McpError(-32600, "Invalid Request: a message needs 'method' (or is a response)."),
             )
         if message.get("jsonrpc") != "2.0":
             return _error(
-                request_id if type(request_id) in (str, int) else None,
-                McpError(-32600, "Invalid Request: 'jsonrpc' must be exactly \"2.0\"."),
+                request_id, McpError(-32600, "Invalid Request: 'jsonrpc' must be exactly \"2.0\".")
             )
         if request_id is _ABSENT:
             await self._notification(message)
             return None
-        if type(request_id) not in (str, int):
+        if not mapping.is_request_id(request_id):
             return _error(
                 None, McpError(-32600, "Invalid Request: 'id' must be a string or an integer.")
             )
@@ -367,7 +366,7 @@ class McpSession:
             cancelled = params.get("requestId")
             # Only a string or an integer can name a request in flight (an object or an
             # array, unhashable, names none: the notification is ignored like any other).
-            flight = self._in_flight.get(cancelled) if type(cancelled) in (str, int) else None
+            flight = self._in_flight.get(cancelled) if mapping.is_request_id(cancelled) else None
             if flight is not None:
                 log.info("mcp_request_cancelled", reason=str(params.get("reason", ""))[:200])
                 self._cancel(flight)
@@ -376,7 +375,7 @@ class McpSession:
 
     def _answered(self, message: dict[str, Any]) -> None:
         answered = message.get("id")
-        asked = self._asked.get(answered) if type(answered) in (str, int) else None
+        asked = self._asked.get(answered) if mapping.is_request_id(answered) else None
         if asked is not None:
             asked.response = message
             asked.done.set()
@@ -697,4 +696,4 @@ _ABSENT: Any = object()
 
 
 def _error(request_id: Any, exc: McpError) -> dict[str, Any]:
-    return {"jsonrpc": "2.0", "id": request_id, "error": exc.to_error()}
+    return mapping.error_response(request_id, exc.to_error())

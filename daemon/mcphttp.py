@@ -60,6 +60,7 @@ from toolsetd.protocol.jsontext import loads as json_loads
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
 from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
 from .logs import Throttle
+from .mcp_mapping import error_response
 from .peercred import PeerPolicy
 from .tcppeer import tcp_peer_credentials
 
@@ -679,6 +680,5 @@ class McpHttpEndpoint:
 async def _rpc_error(
     exchange: Exchange, status: int, request_id: Any, error: rpc_errors.RpcError
 ) -> None:
-    await exchange.respond_json(
-        status, {"jsonrpc": "2.0", "id": request_id, "error": error.to_error()}
-    )
+    """Answer with a JSON-RPC error; the id is echoed by the MCP core's rule."""
+    await exchange.respond_json(status, error_response(request_id, error.to_error()))

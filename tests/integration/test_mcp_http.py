@@ -192,6 +192,24 @@ def test_http_a_query_parameter_given_twice_is_400(http_daemon, workspace: Path)
         assert error["data"]["field"] == field
 
 
+def test_http_error_answers_echo_only_ids_that_name_a_request(
+    http_daemon, workspace: Path
+) -> None:
+    """The transport's own errors (unknown session, no workspace) echo an id by the core's
+    rule: a string or an integer as sent, an object, a float or a bool as null."""
+    _, base = http_daemon
+    for request_id, echoed in (({"x": [1, {"y": 2}]}, None), (1.5, None), (True, None),
+                               ("a", "a"), (7, 7)):
+        gone = http(endpoint(base, workspace), body=rpc(request_id, "ping"),
+                    headers={"mcp-session-id": "nope"})
+        assert gone.status == 404
+        assert gone.json()["id"] == echoed, (request_id, gone.body)
+        for method in ("initialize", "tools/list"):
+            bad = http(endpoint(base, None), body=rpc(request_id, method, INIT_PARAMS))
+            assert bad.status == 400
+            assert bad.json()["id"] == echoed, (request_id, method, bad.body)
+
+
 def test_http_request_without_session_or_modern_meta(http_daemon, workspace: Path) -> None:
     """A legacy request with no session is answered by the core: initialize first."""
     _, base = http_daemon
