@@ -75,7 +75,16 @@ from . import mcp_mapping as mapping
 from .mcp_mapping import McpError
 from .service import CatalogListener, InvokeRequest, Service, approval_digest
 
-__all__ = ["Binding", "McpServer", "McpSession", "McpSettings", "Outbox"]
+__all__ = [
+    "MODERN_VERSIONS",
+    "SUPPORTED_VERSIONS",
+    "Binding",
+    "McpServer",
+    "McpSession",
+    "McpSettings",
+    "Outbox",
+    "unsupported_version",
+]
 
 log = structlog.get_logger("toolsetd.mcp")
 
@@ -357,6 +366,20 @@ class McpSession:
         for asked in self._asked.values():
             asked.done.set()
 
+    def version_of(self, message: Any = None) -> str | None:
+        """The protocol version a message will be served by, as known before serving it.
+
+        That is the version its ``_meta`` names (the 2026-07-28 rules), else the one
+        ``initialize`` agreed on for this session, else None (not known yet: a probe, or
+        a request the session will refuse). Without a message: the session's version.
+        """
+        params = message.get("params") if isinstance(message, dict) else None
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        version = meta.get(_PV) if isinstance(meta, dict) else None
+        if isinstance(version, str):
+            return version
+        return self.legacy_version
+
     # -- dispatch ------------------------------------------------------------------------
 
     async def _notification(self, message: dict[str, Any]) -> None:
@@ -426,13 +449,7 @@ class McpSession:
         version = meta.get(_PV) if isinstance(meta, dict) else None
         if version is not None:
             if version not in MODERN_VERSIONS:
-                raise McpError(
-                    -32022,
-                    f"Unsupported protocol version {version!r}: toolsetd serves "
-                    f"{', '.join(MODERN_VERSIONS)} per request, and "
-                    f"{', '.join(HANDSHAKE_VERSIONS)} through initialize.",
-                    {"supported": list(SUPPORTED_VERSIONS), "requested": version},
-                )
+                raise unsupported_version(version)
             assert isinstance(meta, dict)
             caps = meta.get(_CAPS)
             return _Era(version, True, caps if isinstance(caps, dict) else {})
@@ -685,6 +702,18 @@ class McpSession:
                     "params": {"_meta": {_SUBSCRIPTION: request_id}},
                 }
             )
+
+
+def unsupported_version(version: Any) -> McpError:
+    """The error for a protocol version toolsetd does not serve (-32022, listing those it
+    does), whether a request's ``_meta`` or a transport's header named it."""
+    return McpError(
+        -32022,
+        f"Unsupported protocol version {version!r}: toolsetd serves "
+        f"{', '.join(MODERN_VERSIONS)} per request, and "
+        f"{', '.join(HANDSHAKE_VERSIONS)} through initialize.",
+        {"supported": list(SUPPORTED_VERSIONS), "requested": version},
+    )
 
 
 def binding_key(binding: Binding) -> str:

@@ -60,7 +60,8 @@ from toolsetd.protocol.jsontext import loads as json_loads
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
 from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
 from .logs import Throttle
-from .mcp_mapping import error_response
+from .mcp_mapping import McpError, error_response
+from .mcp_session import MODERN_VERSIONS, SUPPORTED_VERSIONS, unsupported_version
 from .peercred import PeerPolicy
 from .tcppeer import tcp_peer_credentials
 
@@ -76,6 +77,10 @@ __all__ = [
 log = structlog.get_logger("toolsetd.mcphttp")
 
 _SESSION_HEADER = "mcp-session-id"
+_VERSION_HEADER = "mcp-protocol-version"
+#: The version the transports page has a server assume when the header is absent: a
+#: client may also send it, and a handshake session takes it as its own.
+_ASSUMED_VERSION = "2025-03-26"
 _SSE_HEADERS = (
     ("content-type", "text/event-stream"),
     ("cache-control", "no-cache, no-transform"),
@@ -118,6 +123,9 @@ class CoreSession(Protocol):
 
     def close(self) -> None:
         """The host is gone: cancel its calls, end its waits and subscriptions."""
+
+    def version_of(self, message: Any = None) -> str | None:
+        """The protocol version a message will be served by, or None when not known yet."""
 
 
 #: Opens a core session: (bind params from the URL, the session's outbox, the
@@ -460,6 +468,14 @@ class McpHttpEndpoint:
                 ),
             )
             return
+        if not fresh:
+            assert session.core is not None
+            mismatch = _version_mismatch(request, session.core, message)
+            if mismatch is not None:
+                if session.session_id is None:
+                    self._end_session(session)
+                await _rpc_error(exchange, 400, message.get("id"), mismatch)
+                return
         session.last_used = time.monotonic()
         try:
             await self._serve_message(session, message, exchange, fresh)
@@ -609,6 +625,11 @@ class McpHttpEndpoint:
                 404, {"error": f"Session not found: Mcp-Session-Id {session_id!r}."}
             )
             return None
+        assert session.core is not None
+        mismatch = _version_mismatch(request, session.core)
+        if mismatch is not None:
+            await _rpc_error(exchange, 400, None, mismatch)
+            return None
         return session
 
     async def _get(self, request: HttpRequest, exchange: Exchange) -> None:
@@ -677,8 +698,41 @@ class McpHttpEndpoint:
                 self._end_session(session)
 
 
+def _version_mismatch(
+    request: HttpRequest, core: CoreSession, message: Any = None
+) -> McpError | None:
+    """Why the ``MCP-Protocol-Version`` header refuses this request (400), or None.
+
+    Without the header the session's own version holds (the spec's fallback). A version
+    toolsetd does not know is refused as the core refuses one in ``_meta``. The stateless
+    era binds the header to the body: a 2026-07-28 request's header must be its
+    ``_meta``'s version, and a 2026-07-28 header must come with such a request
+    (HeaderMismatch). Among the handshake versions, a session answers by the one
+    ``initialize`` agreed on whichever the header names, as the SDKs' servers do (the
+    official conformance suite sends ``2025-03-26``, the spec's fallback, in a
+    ``2025-11-25`` session).
+    """
+    header = request.header(_VERSION_HEADER)
+    if header is None:
+        return None
+    if header not in SUPPORTED_VERSIONS and header != _ASSUMED_VERSION:
+        return unsupported_version(header)
+    served = core.version_of(message)
+    if served is None or served == header:
+        return None
+    if header not in MODERN_VERSIONS and served not in MODERN_VERSIONS:
+        return None
+    return McpError(
+        -32020,
+        f"Header mismatch: MCP-Protocol-Version is {header!r}, but this request is served "
+        f"by protocol version {served!r} (its _meta's, or the one initialize agreed on); "
+        "send that one.",
+        {"header": header, "version": served},
+    )
+
+
 async def _rpc_error(
-    exchange: Exchange, status: int, request_id: Any, error: rpc_errors.RpcError
+    exchange: Exchange, status: int, request_id: Any, error: rpc_errors.RpcError | McpError
 ) -> None:
     """Answer with a JSON-RPC error; the id is echoed by the MCP core's rule."""
     await exchange.respond_json(status, error_response(request_id, error.to_error()))

@@ -234,6 +234,41 @@ def test_http_stateless_2026_request_needs_no_session(http_daemon, workspace: Pa
     assert "2026-07-28" in discover.json()["result"]["supportedVersions"]
 
 
+def test_http_protocol_version_header_is_checked(http_daemon, workspace: Path) -> None:
+    """MCP-Protocol-Version: absent, or a handshake version (the session answers by its
+    own), it is served; one toolsetd does not know is 400 (-32022), and a 2026-07-28 one
+    on a request not served by 2026-07-28, or the reverse, is 400 (-32020): on POST, GET
+    and DELETE."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)  # 2025-11-25
+    headers = {"mcp-session-id": session}
+    assert http(url, body=rpc(2, "ping"), headers=headers).status == 200
+    for version in ("2025-11-25", "2025-06-18", "2025-03-26"):
+        ok = http(url, body=rpc(3, "ping"), headers={**headers, "mcp-protocol-version": version})
+        assert ok.status == 200, (version, ok)
+    for version, code in (("1999-01-01", -32022), ("garbage", -32022), ("2026-07-28", -32020)):
+        versioned = {**headers, "mcp-protocol-version": version}
+        bad = http(url, body=rpc(4, "ping"), headers=versioned)
+        assert bad.status == 400, (version, bad)
+        assert bad.json()["error"]["code"] == code, (version, bad.body)
+        assert bad.json()["id"] == 4
+        note = http(url, body={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    headers=versioned)
+        assert note.status == 400, (version, note)
+        get = http(url, "GET", headers={**versioned, "accept": "text/event-stream"})
+        assert get.status == 400, (version, get)
+        assert http(url, "DELETE", headers=versioned).status == 400
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    modern = http(url, body=rpc(5, "tools/list", {"_meta": meta}),
+                  headers={"mcp-protocol-version": "2025-11-25"})
+    assert modern.status == 400, modern
+    assert modern.json()["error"]["code"] == -32020
+    assert http(url, "DELETE", headers={**headers, "mcp-protocol-version": "2025-11-25"}
+                ).status == 204
+
+
 def test_http_post_rejects_bad_bodies(http_daemon, workspace: Path) -> None:
     """Not JSON, a batch, the wrong content type: 4xx with a JSON-RPC error saying why."""
     _, base = http_daemon
