@@ -22,9 +22,10 @@ only carried, and each request's own messages are kept on that request's stream.
   on that POST: as one JSON body when the core answers before it has posted anything for
   that request, or else as an SSE stream that begins with the first thing the core posts
   for the request (progress, the ``elicitation/create`` it asks) and ends with its
-  response. A client that closes the POST before the answer (it left mid-call) has the
-  request cancelled through the core's own ``notifications/cancelled`` path, as a
-  disconnect cancels calls on the Unix socket.
+  response (a cancelled request has none: its stream ends empty, never 202). A client
+  that closes the POST before the answer (it left mid-call) has the request cancelled
+  through the core's own ``notifications/cancelled`` path, as a disconnect cancels calls
+  on the Unix socket.
 * **GET** opens the session's one server-to-client SSE stream (a second is 409). It is
   the session's outbox: what belongs to no request, ``notifications/tools/list_changed``
   above all; with no GET stream open, such messages are dropped (list_changed only says
@@ -591,7 +592,9 @@ class McpHttpEndpoint:
                 exchange.send_now(_sse(response))
             await exchange.end()
         elif response is None:
-            await exchange.respond(202, headers)
+            # No response (the request was cancelled), but a request's POST is answered
+            # with an event stream or JSON, never 202: a stream that ends with no event.
+            await exchange.respond(200, [*_SSE_HEADERS, *headers])
         else:
             await exchange.respond(
                 200, [("content-type", "application/json"), *headers], json_dumps(response)

@@ -538,7 +538,37 @@ def test_http_delete_cancels_the_sessions_calls(http_daemon, workspace: Path) ->
     eventually(lambda: not alive(pid), what="the sleeper killed by DELETE")
     caller.join(20)
     assert replies
-    assert replies[0].status in (200, 202)
+    # Cancelled: no response, but still an answer a request may get (not 202).
+    assert replies[0].status == 200
+    assert replies[0].headers["content-type"] == "text/event-stream"
+    assert replies[0].messages() == []
+
+
+def test_http_a_cancelled_requests_post_ends_as_an_empty_stream(
+    http_daemon, workspace: Path
+) -> None:
+    """notifications/cancelled from another POST: the call ends, and its own POST is
+    answered 200 with an event stream that carries no response (202 is for notifications)."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    headers = {"mcp-session-id": initialize(url)}
+    pid_file = workspace / "sleeper.pid"
+    replies: list[Any] = []
+    caller = threading.Thread(target=lambda: replies.append(http(
+        url, body=rpc("A", "tools/call", {"name": "sleeper", "arguments": {}}),
+        headers=headers)))
+    caller.start()
+    eventually(lambda: pid_file.exists() and pid_file.read_text() != "", what="the sleeper's pid")
+    pid = int(pid_file.read_text())
+    cancel = http(url, body={"jsonrpc": "2.0", "method": "notifications/cancelled",
+                             "params": {"requestId": "A"}}, headers=headers)
+    assert (cancel.status, cancel.body) == (202, b"")
+    caller.join(20)
+    assert replies
+    assert replies[0].status == 200, replies[0]
+    assert replies[0].headers["content-type"] == "text/event-stream"
+    assert replies[0].messages() == []
+    eventually(lambda: not alive(pid), what="the sleeper killed by the cancel")
 
 
 def test_http_get_stream_carries_list_changed(http_daemon, workspace: Path) -> None:
