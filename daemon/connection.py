@@ -317,12 +317,6 @@ class Connection:
         if self._wire is not None:
             await self._wire.wait_drained()
 
-    def _stalled(self) -> None:
-        log.warning(
-            "connection_write_timeout", conn_id=self.conn_id, seconds=self._settings.write_timeout
-        )
-        self.abort()
-
     async def notify(
         self, method: str, params: Mapping[str, Any], *, droppable: bool = False
     ) -> None:
@@ -361,7 +355,8 @@ class Connection:
             raise
         transport.set_write_buffer_limits(high=self._settings.send_buffer)
         wire.stall_seconds = self._settings.write_timeout
-        wire.on_stall = self._stalled
+        wire.on_stall = self.abort
+        wire.stall_fields = {"conn_id": self.conn_id}
         wire.on_chunk = self._answer_at_once
         self._clock = loop.time
         self._wire = wire

@@ -272,6 +272,12 @@ class Exchange:
             self._conn.post(h11.Data(data=data))
 
     @property
+    def write_timed_out(self) -> bool:
+        """Whether the connection ended because the peer read nothing for the write
+        timeout (our decision, logged as ``connection_write_timeout``), not the peer's."""
+        return self._conn.write_timed_out
+
+    @property
     def backlogged(self) -> bool:
         """Whether written bytes wait for a peer that is not reading."""
         return self._conn.wire.backlogged
@@ -324,6 +330,8 @@ class _HttpConnection:
         self.scope: anyio.CancelScope | None = None
         #: The request being answered is a HEAD: what is written goes out without a body.
         self.head_request = False
+        #: The daemon dropped the peer for not reading (the write timeout), not the peer.
+        self.write_timed_out = False
         wire.on_gone = self._gone
 
     @property
@@ -417,6 +425,11 @@ class _HttpConnection:
             await wire.wait_closed()
         if not wire.lost:
             transport.abort()
+
+    def stalled(self) -> None:
+        """The peer took nothing for the write timeout (the wire logged it): drop it."""
+        self.write_timed_out = True
+        self.abort()
 
     def abort(self) -> None:
         transport = self.wire.transport
@@ -564,7 +577,8 @@ class HttpServer:
                 transport.set_write_buffer_limits(high=_SEND_BUFFER)
                 wire.stall_seconds = self.settings.write_timeout
                 conn = _HttpConnection(wire, self.settings)
-                wire.on_stall = conn.abort
+                wire.on_stall = conn.stalled
+                wire.stall_fields = {"http_conn_id": conn_id}
                 conn.scope = scope
                 try:
                     if refusal is not None:

@@ -87,6 +87,10 @@ _SSE_HEADERS = (
     ("cache-control", "no-cache, no-transform"),
     ("x-accel-buffering", "no"),
 )
+#: Why a request whose connection ended is cancelled: the client closed it, or the
+#: daemon did, the client having read nothing for the write timeout.
+_DISCONNECTED = "the client disconnected"
+_WRITE_TIMEOUT = "the client did not read its answer for the write timeout"
 #: Droppable messages (periodic progress) waiting beyond this many are dropped.
 _DROP_BEYOND = 64
 
@@ -578,7 +582,9 @@ class McpHttpEndpoint:
         # The request is answered by this task; a client that leaves does not cut it
         # off but has it cancelled through the core, which then ends it.
         exchange.cancel_on_disconnect = False
-        exchange.on_disconnect = lambda: self._cancel_request(core, request_id)
+        exchange.on_disconnect = lambda: self._cancel_request(
+            core, request_id, _WRITE_TIMEOUT if exchange.write_timed_out else _DISCONNECTED
+        )
         session.requests.add(request_id)
         try:
             response = await core.receive(message, outbox)
@@ -600,8 +606,8 @@ class McpHttpEndpoint:
                 200, [("content-type", "application/json"), *headers], json_dumps(response)
             )
 
-    def _cancel_request(self, core: CoreSession, request_id: Any) -> None:
-        """The client left before its answer: cancel the request through the core."""
+    def _cancel_request(self, core: CoreSession, request_id: Any, reason: str) -> None:
+        """The connection ended before the answer: cancel the request through the core."""
         if self._tg is None:
             return
         self._tg.start_soon(
@@ -609,7 +615,7 @@ class McpHttpEndpoint:
             {
                 "jsonrpc": "2.0",
                 "method": "notifications/cancelled",
-                "params": {"requestId": request_id, "reason": "the client disconnected"},
+                "params": {"requestId": request_id, "reason": reason},
             },
         )
 

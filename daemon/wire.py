@@ -23,8 +23,13 @@ import struct
 import termios
 from collections import deque
 from collections.abc import Callable
+from typing import Any
+
+import structlog
 
 __all__ = ["Wire"]
+
+log = structlog.get_logger("toolsetd.wire")
 
 #: A frame at least this long may not fit the socket's send buffer (Linux: 208 KiB).
 _LARGE_FRAME = 128 * 1024
@@ -77,8 +82,10 @@ class Wire(asyncio.Protocol):
         self._stall_mark = 0
         #: Seconds the peer may leave us unable to write before ``on_stall`` runs.
         self.stall_seconds = 30.0
-        #: Called (once) when the peer has not taken a byte for ``stall_seconds``.
+        #: Called (once) when the peer has not taken a byte for ``stall_seconds``, after
+        #: ``connection_write_timeout`` is logged with ``stall_fields`` (which connection).
         self.on_stall: Callable[[], None] | None = None
+        self.stall_fields: dict[str, Any] = {}
         #: Offered each chunk that arrives while the reader waits and nothing is buffered;
         #: True means it took the chunk (``Connection._answer_at_once``).
         self.on_chunk: Callable[[bytes], bool] | None = None
@@ -199,6 +206,8 @@ class Wire(asyncio.Protocol):
             # to a slow host), it has not stopped. Its clock starts again.
             self._arm_stall()
             return
+        # The daemon's decision, said the same on every face that rides a wire.
+        log.warning("connection_write_timeout", seconds=self.stall_seconds, **self.stall_fields)
         self.on_stall()
 
     # -- the connection's side -----------------------------------------------------------

@@ -571,6 +571,56 @@ def test_http_a_cancelled_requests_post_ends_as_an_empty_stream(
     eventually(lambda: not alive(pid), what="the sleeper killed by the cancel")
 
 
+FLOOD = script(
+    "import json, os\n"
+    "open('flood.pid', 'w').write(str(os.getpid()))\n"
+    "fd = int(os.environ['TOOLSETD_PROGRESS_FD'])\n"
+    "for i in range(10 ** 7):\n"
+    "    os.write(fd, (json.dumps({'message': 'm%d' % i + 'x' * 200}) + '\\n').encode())\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_http_a_client_that_does_not_read_is_dropped_by_the_write_timeout(
+    http_daemon, workspace: Path
+) -> None:
+    """A client that never reads its POST's stream while the tool floods progress is
+    dropped after the write timeout, logged as the daemon's decision
+    (connection_write_timeout, as on the socket), and its call cancelled for that reason."""
+    daemon, base = http_daemon
+    write_set(workspace / ".crystal" / "tools", "flood", _tool("flood.py"), **{"flood.py": FLOOD})
+    url = endpoint(base, workspace, mode="full")  # a project set: full runs it unasked
+    session = initialize(url)
+    body = json.dumps(rpc("f", "tools/call", {"name": "flood", "arguments": {},
+                                              "_meta": {"progressToken": "t"}})).encode()
+    target = urlsplit(url)
+    sock = socket.socket()
+    try:
+        sock.connect(_address(base))
+        sock.sendall(
+            f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {target.netloc}\r\n"
+            f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
+            f"Mcp-Session-Id: {session}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        )
+        pid_file = workspace / "flood.pid"
+        eventually(lambda: pid_file.exists() and pid_file.read_text() != "", what="the flood")
+        eventually(
+            lambda: any(e.get("event") == "connection_write_timeout" and "http_conn_id" in e
+                        and e.get("seconds") == 30 for e in daemon.log_events()),
+            timeout=60, what="connection_write_timeout",
+        )
+        eventually(
+            lambda: any(e.get("event") == "call_finished" and e.get("tool") == "flood"
+                        and e.get("status") == "cancelled" for e in daemon.log_events()),
+            what="call_finished cancelled",
+        )
+        cancelled = [e for e in daemon.log_events() if e.get("event") == "mcp_request_cancelled"]
+        assert any("write timeout" in e.get("reason", "") for e in cancelled), cancelled
+    finally:
+        sock.close()
+
+
 def test_http_get_stream_carries_list_changed(http_daemon, workspace: Path) -> None:
     """After a reload that changes the catalog, the GET stream carries tools/list_changed."""
     daemon, base = http_daemon
