@@ -90,7 +90,7 @@ async def _read_progress_lines(fd: int, call: CallState, gap: float, first: byte
             pending = None
             continue
         except OSError:
-            return
+            break  # the pipe failed: what was read so far is still the tool's
         if not chunk:
             break
         await anyio.lowlevel.checkpoint()  # a chatty child must not monopolise the loop
