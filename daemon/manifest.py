@@ -169,11 +169,16 @@ def _finite(text: str) -> float:
     """``parse_float``: the number, unless a double cannot hold it (Python reads ``1e400``
     as infinity, which JSON cannot write back: it would become ``null``)."""
     value = float(text)
+    shown = text if len(text) <= 40 else text[:39] + "…"
     if math.isinf(value):
-        shown = text if len(text) <= 40 else text[:39] + "…"
         _fail(
             f"{_CANNOT_HOLD}{shown} is beyond the range of a double (about ±1.8e308). "
             "Write a smaller number, or leave it out."
+        )
+    if value == 0.0 and any(c in "123456789" for c in text.lower().partition("e")[0]):
+        _fail(  # 1e-400 would read as 0.0: the schema would not say what the file says
+            f"{_CANNOT_HOLD}{shown} is nearer zero than a double can be (about ±4.9e-324). "
+            "Write 0, or a larger number."
         )
     return value
 
@@ -181,7 +186,7 @@ def _finite(text: str) -> float:
 def _too_many_digits(decoded: str) -> NoReturn:
     """Refuse an integer longer than the interpreter converts (``sys.int_info``'s limit)."""
     limit = sys.get_int_max_str_digits()
-    run = re.search(rf"\d{{{limit + 1},}}", decoded)
+    run = re.search(rf"(?<![0-9])[0-9]{{{limit + 1}}}", decoded)  # linear: runs only
     where = str(json.JSONDecodeError("", decoded, run.start() if run else 0))
     _fail(f"{_CANNOT_HOLD}an integer of more than {limit:,} digits{where}. Write a shorter number.")
 

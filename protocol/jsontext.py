@@ -208,7 +208,7 @@ def _beyond_doubles(
             digits = int(limit[1])
             # orjson's position is its first number past the double range, which may be
             # another one: point at the first run of that many digits instead.
-            run = re.search(rf"\d{{{digits + 1},}}", error.doc)
+            run = re.search(rf"(?<![0-9])[0-9]{{{digits + 1}}}", error.doc)  # linear: runs only
             raise orjson.JSONDecodeError(
                 f"an integer has more than {digits:,} digits, more than can be kept exactly "
                 "(send it as a string)",

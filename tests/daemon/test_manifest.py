@@ -92,6 +92,13 @@ REJECTED: list[tuple[str, str, Any, str]] = [
     ("json-number-beyond-double-negative", "acme", b'{"x": -1.5E999}',
      "tools.json has a number toolsetd cannot hold: -1.5E999 is beyond the range of a double "
      "(about ±1.8e308). Write a smaller number, or leave it out."),
+    ("json-number-below-double", "acme", b'{"schema": {"exclusiveMinimum": 1e-400}}',
+     "tools.json has a number toolsetd cannot hold: 1e-400 is nearer zero than a double can "
+     "be (about ±4.9e-324). Write 0, or a larger number."),
+    ("json-integer-too-long-after-long-runs", "acme",
+     b'{"d": "' + b" ".join([b"7" * 4300] * 3) + b'", "y": ' + b"9" * 4301 + b"}",
+     "tools.json has a number toolsetd cannot hold: an integer of more than 4,300 digits: "
+     "line 1 column 12918 (char 12917). Write a shorter number."),
     ("json-integer-too-long", "acme", b'{"x": "1234",\n "y": ' + b"9" * 5000 + b"}",
      "tools.json has a number toolsetd cannot hold: an integer of more than 4,300 digits: "
      "line 2 column 7 (char 20). Write a shorter number."),
