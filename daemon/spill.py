@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import heapq
 import os
 import re
 import stat
@@ -55,6 +56,9 @@ log = structlog.get_logger("toolsetd.spill")
 SPILL_FOLDER = "tool-output"
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 _MAX_NAME = 80
+_DIGESTED = re.compile(r"-[0-9a-f]{12}$")
+#: The most folder entries one prune looks at.
+_PRUNE_SCAN = 10_000
 # The folder, opened once: every later step goes through this descriptor, never its path.
 _FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # Always a new file (O_EXCL): never one the tool left at the name (a FIFO, a hard link).
@@ -67,7 +71,9 @@ _COPY_CHUNK = 1 << 20
 def spill_name(call_id: str) -> str:
     """A safe file name for a client-supplied call id (never hidden, never a path)."""
     safe = _UNSAFE.sub("_", call_id)[:_MAX_NAME].lstrip(".-")
-    if safe != call_id or not safe:
+    # A changed id gets "-<12 hex>" of its own digest; so does an id that already ends
+    # like that, so two ids never share a name ("job:1" and "job_1-d1e888ce6b72").
+    if safe != call_id or not safe or _DIGESTED.search(safe):
         digest = hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:12]
         safe = f"{safe or 'call'}-{digest}"
     return safe
@@ -124,6 +130,9 @@ class Spill:
         self._max_age = max_age_seconds
         self._dir: int | None = None  # the folder, opened on first use
         self._fds: list[int | None] = [None, None]
+        # What each file is ((st_dev, st_ino)): only that is ever removed by name, not
+        # whatever another call or the tool put at the name since.
+        self._made: list[tuple[int, int] | None] = [None, None]
         self._written = [0, 0]
         self._streaming = [False, False]
         self.failed = False
@@ -190,6 +199,8 @@ class Spill:
             self._fail(exc)
             return None
         self._fds[which] = fd
+        made = os.fstat(fd)
+        self._made[which] = (made.st_dev, made.st_ino)
         self._streaming[which] = True
         return fd
 
@@ -309,9 +320,9 @@ class Spill:
             self._close(0)
             self._close(1)
             if self._streaming[1]:
-                self._unlink(self._temp_name)
+                self._unlink(1)
             if self.failed:
-                self._unlink(self._file_name)
+                self._unlink(0)
             self._close_folder()
 
     def _reachable(self, fd: int) -> bool:
@@ -349,14 +360,21 @@ class Spill:
         self._close(0)
         self._close(1)
         if self._streaming[0]:
-            self._unlink(self._file_name)
+            self._unlink(0)
         if self._streaming[1]:
-            self._unlink(self._temp_name)
+            self._unlink(1)
         self._close_folder()
 
-    def _unlink(self, name: str) -> None:
-        if self._dir is not None:
-            with contextlib.suppress(OSError):
+    def _unlink(self, which: int) -> None:
+        """Remove this spill's file ``which`` (0 the spill file, 1 the stderr temp file),
+        if the name still leads to it."""
+        made = self._made[which]
+        if self._dir is None or made is None:
+            return
+        name = self._file_name if which == 0 else self._temp_name
+        with contextlib.suppress(OSError):
+            found = os.stat(name, dir_fd=self._dir, follow_symlinks=False)
+            if (found.st_dev, found.st_ino) == made:
                 os.unlink(name, dir_fd=self._dir)
 
     def _close_folder(self) -> None:
@@ -433,29 +451,33 @@ def prune(folder: int, *, keep: int, max_age_seconds: float, now: float | None =
         How many files were removed.
     """
     now = time.time() if now is None else now
-    removed = 0
-    survivors: list[tuple[float, str]] = []
+    doomed: list[str] = []
+    newest: list[tuple[float, str]] = []  # a min-heap of the ``keep`` newest spill files
     try:
+        # Streamed, and at most _PRUNE_SCAN entries: a tool can fill its folder with
+        # links or folders prune never removes, and every later spill would list them all.
         with os.scandir(folder) as listing:  # closing it rewinds the shared descriptor
-            entries = list(listing)
+            for seen, entry in enumerate(listing):
+                if seen >= _PRUNE_SCAN:
+                    break
+                try:
+                    if not entry.is_file(follow_symlinks=False):  # d_type: no syscall
+                        continue
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                if now - st.st_mtime > max_age_seconds:
+                    doomed.append(entry.name)
+                elif not entry.name.startswith("."):
+                    heapq.heappush(newest, (st.st_mtime, entry.name))
+                    if len(newest) > keep:
+                        doomed.append(heapq.heappop(newest)[1])
     except OSError:
         return 0
-    for entry in entries:
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError:
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            continue
-        if now - st.st_mtime > max_age_seconds:
-            with contextlib.suppress(OSError):
-                os.unlink(entry.name, dir_fd=folder)
-                removed += 1
-            continue
-        if not entry.name.startswith("."):
-            survivors.append((st.st_mtime, entry.name))
-    survivors.sort(reverse=True)
-    for _, name in survivors[keep:]:
+    removed = 0
+    for name in doomed:  # after the listing: never unlink under a running readdir
         with contextlib.suppress(OSError):
             os.unlink(name, dir_fd=folder)
             removed += 1

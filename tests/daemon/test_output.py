@@ -332,7 +332,9 @@ def test_spill_stderr_temp_swapped_for_a_link_is_not_followed(tmp_path: Path) ->
     assert result is not None
     assert (ws / "out" / "c").read_bytes() == b"out\nerr"
     assert secret.read_bytes() == b"SECRET"
-    assert os.listdir(ws / "out") == ["c"]
+    # The daemon removes its own temp file only: the tool's link at that name stays.
+    assert sorted(os.listdir(ws / "out")) == [".c.stderr", "c"]
+    assert temp.is_symlink()
 
 
 def test_spill_folder_swapped_for_a_link_is_not_followed(tmp_path: Path) -> None:
@@ -369,7 +371,8 @@ def test_spill_file_swapped_for_a_link_is_not_reported(tmp_path: Path) -> None:
     (ws / "out" / "c").unlink()
     (ws / "out" / "c").symlink_to(secret)
     assert spill.finish(b"", b"", 4, 0) is None
-    assert os.listdir(ws / "out") == []
+    assert os.listdir(ws / "out") == ["c"]  # the tool's link: not the daemon's to remove
+    assert (ws / "out" / "c").is_symlink()
     assert secret.read_text() == "SECRET"
 
 
@@ -454,3 +457,39 @@ def test_open_folder_within_makes_folders_and_follows_no_link(tmp_path: Path) ->
     assert list(outside.iterdir()) == []
     with pytest.raises(ValueError):
         open_folder_within(str(root), str(outside / "s"))
+
+
+def test_spill_names_are_one_to_one() -> None:
+    """An id that is already safe but ends like a digested one is digested too."""
+    unsafe, safe = spill_name("job:1"), "job_1-d1e888ce6b72"
+    assert unsafe == safe  # what "job:1" becomes
+    assert spill_name(safe) != unsafe
+    assert spill_name("plain-id") == "plain-id"
+    assert spill_name("0123456789abcdef0123456789abcdef") == "0123456789abcdef0123456789abcdef"
+
+
+def test_spill_failure_removes_its_own_file_not_another_calls(tmp_path: Path) -> None:
+    """A spill that fails removes the file it wrote, never what is at the name now."""
+    ws = Path(os.path.realpath(tmp_path)) / "ws"
+    ws.mkdir()
+    a = Spill(ws, ws / "out", "c", cap=100, keep=100, max_age_seconds=3600)
+    a.write(0, b"mine")
+    (ws / "out" / "c").unlink()
+    (ws / "out" / "c").write_text("another call's")  # the name now leads elsewhere
+    assert a.finish(b"", b"", 4, 0) is None
+    assert (ws / "out" / "c").read_text() == "another call's"
+
+
+def test_prune_keeps_the_newest_from_a_streamed_listing(tmp_path: Path) -> None:
+    """All but the ``keep`` newest go (the listing is streamed into a heap of that size)."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    for i in range(5):
+        (folder / f"f{i}").write_text("x")
+        os.utime(folder / f"f{i}", (1000 + i, 1000 + i))
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert prune(fd, keep=2, max_age_seconds=1e12, now=2000) == 3
+        assert sorted(os.listdir(folder)) == ["f3", "f4"]
+    finally:
+        os.close(fd)
