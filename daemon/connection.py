@@ -572,9 +572,11 @@ class Connection:
             # response (the host's answer to our elicitation/create) or a notification
             # (notifications/cancelled) ends a wait or a call, and the route answers
             # anything else at once: none of them counts or is refused for load, or the
-            # answer that frees a slot would itself be refused for want of one.
+            # answer that frees a slot would itself be refused for want of one. And none
+            # gets a task: it is served here, so its answer is queued before the reader
+            # takes the next line and the reader's backlog check holds a flood of them.
             if type(value) is not dict or "method" not in value or "id" not in value:
-                tg.start_soon(self._deliver, route, value)
+                self._deliver_at_once(route, value)
                 return
             if self._in_flight >= self._settings.max_calls_per_connection:
                 request_id = value["id"]
@@ -626,11 +628,22 @@ class Connection:
         if response is not None:
             self._post_response(response)
 
-    async def _deliver(self, route: Route, value: Any) -> None:
-        """Hand the route a message that is not a request (not counted: see above)."""
-        response = await route.receive(value)
-        if response is not None:
-            self._post_response(response)
+    def _deliver_at_once(self, route: Route, value: Any) -> None:
+        """Hand the route a message that is not a request (not counted: see above).
+
+        The route never waits on one (it records an answer, cancels a call, or answers an
+        invalid message), so its coroutine runs to its end in one step, as an inline
+        method's does in ``_answer_at_once``.
+        """
+        delivering = route.receive(value)
+        try:
+            delivering.send(None)
+        except StopIteration as done:
+            if done.value is not None:
+                self._post_response(done.value)
+            return
+        delivering.close()  # it waited: a bug in the route, not in the message
+        log.error("route_message_waited", incident=uuid.uuid4().hex[:12])
 
     async def _handle_message(self, value: Any) -> None:
         try:

@@ -306,12 +306,12 @@ def _sh_daemon(home: Path, workspace: Path, tmp_base: Path, timeout: int = 120) 
     return start_daemon(home, workspace, tmp_base, ["--no-watch"])
 
 
-def _rss_kib(pid: int) -> int:
+def _rss_kib(pid: int, which: str = "VmRSS:") -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(which):
                 return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    raise AssertionError(f"no {which}")
 
 
 def _in_flight(d: Daemon) -> int:
@@ -348,6 +348,39 @@ def test_daemon_unread_flood_keeps_memory_bounded(
         assert peak < 64 * 1024, f"daemon RSS grew by {peak} KiB"
         assert "result" in d.call("status")  # everyone else is still served
         stop.set()
+    finally:
+        flood.close()
+        assert d.stop() == 0
+
+
+@pytest.mark.slow
+def test_daemon_unread_mcp_flood_of_non_requests_keeps_memory_bounded(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """An MCP client pouring messages that are not requests (uncounted; each gets an error
+    answer) and never reading: the daemon stops reading it, and its peak memory stays flat
+    (it grew ~75 MB when each message got a task of its own)."""
+    line = b'{"jsonrpc": "2.0"}\n'
+
+    d = start_daemon(home, workspace, tmp_base, ["--no-watch"])
+    flood = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        flood.connect(str(d.socket))
+        bind = {"jsonrpc": "2.0", "id": "b", "method": "mcp.bind",
+                "params": {"workspace": str(workspace)}}
+        flood.sendall(json.dumps(bind).encode() + b"\n")
+        assert b'"result"' in flood.recv(65536)
+        before = _rss_kib(d.proc.pid, "VmHWM:")
+        flood.settimeout(10)
+        try:
+            flood.sendall(line * (4 << 20 >> 5))  # ~4 MB of lines (each one a task, before)
+        except OSError:
+            pass  # the daemon stopped reading: what it should do
+        time.sleep(1)
+        grew = _rss_kib(d.proc.pid, "VmHWM:") - before
+        assert grew < 32 * 1024, f"daemon's peak RSS grew by {grew} KiB"
+        assert "result" in d.call("status")
     finally:
         flood.close()
         assert d.stop() == 0
