@@ -614,6 +614,7 @@ class HttpServer:
                     parser.start_next_cycle()
                 except h11.LocalProtocolError:
                     return
+                conn.head_request = False  # a 400 or 408 before the next head has a body
             # Wait for a request's first byte: a new connection for the head timeout, a
             # keep-alive one for the idle timeout; then the whole head must follow within
             # the head timeout (a slowloris peer is cut off there).

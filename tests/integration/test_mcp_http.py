@@ -303,6 +303,18 @@ def test_http_head_is_answered_without_a_body(http_daemon, workspace: Path) -> N
         assert conn.getresponse().status == 200
     finally:
         conn.close()
+    # A malformed request right after a HEAD, on the same connection, still gets its 400
+    # with a body: the HEAD's no-body rule ends with the HEAD.
+    head = b"HEAD /nope HTTP/1.1\r\nHost: %s:%d\r\n\r\n" % (
+        str(target.hostname).encode(), target.port or 80)
+    with socket.create_connection((target.hostname, target.port), timeout=10) as raw:
+        raw.sendall(head + b"THIS IS NOT HTTP\r\n\r\n")
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 404"), answer
+    assert b"HTTP/1.1 400" in answer, answer
+    assert answer.rstrip().endswith(b"}"), answer  # the 400's JSON body
     assert sum(e.get("event") == "http_connection_failed" for e in daemon.log_events()) == failed
 
 
