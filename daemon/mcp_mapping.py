@@ -345,10 +345,16 @@ class StateSigner:
     then on, spent or not (asked again, like an expired one). So memory stays bounded and
     the cap fails closed: a state can be refused that would have run, never run twice.
 
+    Every spend runs a tool, so the cap is high enough (65,536 within the 10 minutes a
+    state lives) that no host reaches it by accepting its own approvals and so costs
+    another host's operator a question. The clock is monotonic: the key lives as long as
+    the daemon, so a state needs no wall time, and a wall clock stepped forward then back
+    would let a forgotten spent state run again.
+
     Args:
         ttl_seconds: How long a state stays valid.
         key: The HMAC key (random by default; tests pass one).
-        clock: The wall clock (``time.time``).
+        clock: A monotonic clock (``time.monotonic``).
         max_spent: Spent states remembered at once.
     """
 
@@ -356,8 +362,8 @@ class StateSigner:
         self,
         ttl_seconds: float,
         key: bytes | None = None,
-        clock: Callable[[], float] = time.time,
-        max_spent: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+        max_spent: int = 65536,
     ) -> None:
         self._key = key or os.urandom(32)
         self._ttl = ttl_seconds
