@@ -42,6 +42,8 @@ activity); the MCP semantics themselves live in ``mcp_session.py``.
 
 from __future__ import annotations
 
+import base64
+import re
 import secrets
 import socket
 import time
@@ -722,11 +724,20 @@ def _version_mismatch(
     ``2025-11-25`` session).
     """
     header = request.header(_VERSION_HEADER)
+    served = core.version_of(message)
+    if request.header_count(_VERSION_HEADER) > 1:
+        return _header_mismatch(f"{_VERSION_HEADER} is sent more than once; send it once")
     if header is None:
+        if served in MODERN_VERSIONS:  # its POSTs MUST carry it
+            return _header_mismatch(
+                f"this request is served by protocol version {served!r}, whose requests "
+                f"must carry the MCP-Protocol-Version header; send {served!r}"
+            )
         return None
     if header not in SUPPORTED_VERSIONS and header != _ASSUMED_VERSION:
         return unsupported_version(header)
-    served = core.version_of(message)
+    if served in MODERN_VERSIONS and served == header and isinstance(message, dict):
+        return _standard_headers_mismatch(request, message)
     if served is None or served == header:
         return None
     if header not in MODERN_VERSIONS and served not in MODERN_VERSIONS:
@@ -738,6 +749,59 @@ def _version_mismatch(
         "send that one.",
         {"header": header, "version": served},
     )
+
+
+def _header_mismatch(why: str) -> McpError:
+    return McpError(-32020, f"Header mismatch: {why}.")
+
+
+#: The 2026-07-28 standard request headers: ``Mcp-Name`` is the body's ``params`` member
+#: named here, for these methods.
+_NAMED_BY = {"tools/call": "name", "prompts/get": "name", "resources/read": "uri"}
+_BASE64_SENTINEL = re.compile(r"=\?base64\?([A-Za-z0-9+/]*={0,2})\?=")
+
+
+def _standard_headers_mismatch(request: HttpRequest, message: dict[str, Any]) -> McpError | None:
+    """The 2026-07-28 ``Mcp-Method`` and ``Mcp-Name`` rules for one request, or None.
+
+    The transport mirrors the body's ``method`` (every request) and ``params.name`` or
+    ``params.uri`` (``tools/call``, ``prompts/get``, ``resources/read``) into headers so
+    that intermediaries can route on them; a server MUST refuse a request whose headers
+    are missing or differ from its body (``HeaderMismatch``), or an intermediary could
+    route by one thing while the server does another. ``Mcp-Name`` may be sent in the
+    Base64 sentinel form ``=?base64?...?=``.
+    """
+    method = message.get("method")
+    if "id" not in message or not isinstance(method, str):
+        return None  # not a request: the core answers it
+    for name in ("mcp-method", "mcp-name"):
+        if request.header_count(name) > 1:
+            return _header_mismatch(f"{name} is sent more than once; send it once")
+    sent = request.header("mcp-method")
+    if sent != method:
+        return _header_mismatch(
+            f"Mcp-Method is {sent!r}, but the body's method is {method!r}; send the same"
+            if sent is not None
+            else f"a {method} request must carry the Mcp-Method header ({method!r})"
+        )
+    member = _NAMED_BY.get(method)
+    params = message.get("params")
+    named = params.get(member) if member is not None and isinstance(params, dict) else None
+    if not isinstance(named, str):
+        return None  # no name to mirror: the core refuses the params themselves
+    header = request.header("mcp-name")
+    if header is not None and (encoded := _BASE64_SENTINEL.fullmatch(header)) is not None:
+        try:
+            header = base64.b64decode(encoded[1], validate=True).decode("utf-8")
+        except ValueError:
+            return _header_mismatch("Mcp-Name's =?base64?...?= value is not base64 of UTF-8")
+    if header != named:
+        return _header_mismatch(
+            f"Mcp-Name does not match the body's params.{member}; send the same"
+            if header is not None
+            else f"a {method} request must carry the Mcp-Name header (its params.{member})"
+        )
+    return None
 
 
 async def _rpc_error(

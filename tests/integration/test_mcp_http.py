@@ -10,6 +10,7 @@ start-up setting (a token file, two listen addresses) start a daemon of their ow
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -223,15 +224,44 @@ def test_http_stateless_2026_request_needs_no_session(http_daemon, workspace: Pa
     _, base = http_daemon
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {}}
+    modern = {"mcp-protocol-version": "2026-07-28"}
     reply = http(endpoint(base, workspace), body=rpc(1, "tools/list", {"_meta": meta}),
-                 headers={"mcp-protocol-version": "2026-07-28"})
+                 headers={**modern, "mcp-method": "tools/list"})
     assert reply.status == 200
     assert "mcp-session-id" not in reply.headers
     result = reply.json()["result"]
     assert result["resultType"] == "complete"
     assert any(t["name"] == "hello" for t in result["tools"])
-    discover = http(endpoint(base, workspace), body=rpc(2, "server/discover", {"_meta": meta}))
+    discover = http(endpoint(base, workspace), body=rpc(2, "server/discover", {"_meta": meta}),
+                    headers={**modern, "mcp-method": "server/discover"})
     assert "2026-07-28" in discover.json()["result"]["supportedVersions"]
+
+
+def test_http_2026_request_headers_must_mirror_the_body(http_daemon, workspace: Path) -> None:
+    """2026-07-28: MCP-Protocol-Version, Mcp-Method and (tools/call) Mcp-Name are required
+    and must match the body, or an intermediary routes by one thing while the server does
+    another: 400 with -32020 (HeaderMismatch)."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    call = rpc(1, "tools/call", {"_meta": meta, "name": "hello", "arguments": {"name": "Ada"}})
+    good = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "hello"}
+    assert http(url, body=call, headers=good).status == 200
+    sentinel = "=?base64?" + base64.b64encode(b"hello").decode() + "?="
+    assert http(url, body=call, headers={**good, "mcp-name": sentinel}).status == 200
+    for headers in (
+        {k: v for k, v in good.items() if k != "mcp-protocol-version"},
+        {k: v for k, v in good.items() if k != "mcp-method"},
+        {k: v for k, v in good.items() if k != "mcp-name"},
+        {**good, "mcp-method": "tools/list"},
+        {**good, "mcp-name": "asker"},
+        {**good, "mcp-name": "=?base64?not base64?="},
+    ):
+        bad = http(url, body=call, headers=headers)
+        assert bad.status == 400, (headers, bad)
+        assert bad.json()["error"]["code"] == -32020, (headers, bad.body)
+        assert bad.json()["id"] == 1
 
 
 def test_http_protocol_version_header_is_checked(http_daemon, workspace: Path) -> None:
