@@ -1,11 +1,16 @@
-"""Shared fixtures: the anyio backend for every async test, and a private cache folder.
+"""Shared fixtures: the anyio backend for every async test, a private cache folder, and
+``as_nobody`` (the command prefix that runs a program as uid 65534).
 
 Under ``make test-fast`` the property tests run the ``fast`` profile (``budget.py``).
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -36,3 +41,32 @@ def _private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
             os.environ.pop("XDG_CACHE_HOME", None)
         else:
             os.environ["XDG_CACHE_HOME"] = old
+
+
+NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")
+
+
+@functools.cache
+def _why_nobody_cannot_run() -> str | None:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        return "needs root and setpriv"
+    probe = subprocess.run(
+        [*NOBODY, sys.executable, "-c", "import toolsetd.daemon.catalog"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+    if probe.returncode == 0:
+        return None
+    last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
+    return (
+        "uid 65534 cannot run this checkout's interpreter and packages (a checkout under a "
+        f"folder only its owner may search, such as one made by mktemp -d): {last}"
+    )
+
+
+@pytest.fixture
+def as_nobody() -> tuple[str, ...]:
+    """The prefix that runs a command as uid 65534; skips where that cannot run toolsetd."""
+    reason = _why_nobody_cannot_run()
+    if reason is not None:
+        pytest.skip(reason)
+    return NOBODY
