@@ -72,8 +72,7 @@ from .sandbox import (
     Profile,
     SandboxPlan,
     bwrap_argv,
-    data_binds,
-    outside_binds,
+    call_binds,
     prepare_writable,
 )
 
@@ -485,8 +484,7 @@ class Confinement:
                     "the sandbox cannot hide (it could be in the workspace). The call did not "
                     "run; remove the extra link (find / -xdev -samefile FILE)."
                 )
-            own = outside_binds(cwd, (str(toolset.path),))
-            writable, escaped = data_binds(cwd, *data)
+            own, writable, escaped = call_binds(cwd, str(toolset.path), *data)
             if escaped:
                 raise ConfinementError(
                     f"toolsetd: the project data folder {data[1]} leads out of the workspace "

@@ -89,6 +89,7 @@ __all__ = [
     "is_credential_identity",
     "is_credential_path",
     "is_within",
+    "opened_directory_name",
     "resolve_path",
     "rewrite_arguments",
     "scope_of",
@@ -338,6 +339,28 @@ def existing_directory(raw: str) -> Path | None:
             raise  # the daemon's want, not the path's
         return None
     try:
+        canonical = opened_directory_name(fd, raw)
+    finally:
+        os.close(fd)
+    if canonical is None:
+        return None
+    found = _DIRECTORY_PATHS.get(canonical)
+    if found is None:
+        if len(_DIRECTORY_PATHS) >= _DIRECTORY_PATHS_MAX:
+            _DIRECTORY_PATHS.clear()
+        found = _DIRECTORY_PATHS[canonical] = Path(canonical)
+    return found
+
+
+def opened_directory_name(fd: int, raw: str) -> str | None:
+    """The canonical name of the directory open as ``fd`` (opened by the name ``raw``).
+
+    ``/proc/self/fd`` names it; without ``/proc``, ``realpath(raw)`` does. Either name
+    counts only if it leads, in the daemon's own view, to the very directory opened (same
+    device and inode): that refuses one removed or renamed since, and one reached through
+    a ``/proc`` link into another mount namespace or root. None otherwise.
+    """
+    try:
         try:
             canonical = os.readlink(f"/proc/self/fd/{fd}")
         except OSError:
@@ -346,16 +369,9 @@ def existing_directory(raw: str) -> Path | None:
         named = os.stat(canonical)
     except (OSError, ValueError):
         return None
-    finally:
-        os.close(fd)
     if (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino):
         return None
-    found = _DIRECTORY_PATHS.get(canonical)
-    if found is None:
-        if len(_DIRECTORY_PATHS) >= _DIRECTORY_PATHS_MAX:
-            _DIRECTORY_PATHS.clear()
-        found = _DIRECTORY_PATHS[canonical] = Path(canonical)
-    return found
+    return canonical
 
 
 def is_within(path: Path, workspace: Path) -> bool:

@@ -10,11 +10,11 @@ bubblewrap builds a new mount namespace in which:
 * ``/dev`` is a minimal device tree, ``/proc`` the sandbox's own (``--proc``), ``/tmp`` a
   fresh tmpfs: private to the call, gone with it;
 * the set's own folder is bound read-only (it may live under the hidden ``/tmp``), where
-  it resolves, unless that is in the workspace (``outside_binds``);
+  it resolves, unless that is in the workspace (``call_binds``);
 * the writable paths are bound read-write on top: for ``workspace-write`` the workspace,
   the set's two data folders and, for a call whose outside-workspace paths were approved,
   exactly those paths; for ``read-only`` nothing (the workspace is bound read-only). The
-  data folders go through ``data_binds`` first: the project data folder lies in the
+  data folders go through ``call_binds`` first: the project data folder lies in the
   workspace, where any sandboxed call of that workspace can swap a folder for a symlink,
   so it is never bound by its own path (the workspace's bind covers it) and a call whose
   project data folder leads out of the workspace does not run;
@@ -50,14 +50,16 @@ import shutil
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
+
+from .paths import is_within
 
 __all__ = [
     "SETUP_FAILED_PREFIX",
     "Profile",
     "SandboxPlan",
     "bwrap_argv",
-    "data_binds",
-    "outside_binds",
+    "call_binds",
     "prepare_writable",
     "probe_bwrap",
 ]
@@ -166,69 +168,49 @@ def bwrap_argv(binary: str, plan: SandboxPlan) -> list[str]:
     return argv
 
 
-def _within(path: str, folder: str) -> bool:
-    return path == folder or path.startswith(folder if folder.endswith("/") else folder + "/")
-
-
-def data_binds(workspace: str, tool_data: str, project_data: str) -> tuple[tuple[str, ...], str]:
-    """What a sandboxed call binds for its workspace and its two data folders.
+def call_binds(
+    workspace: str, set_folder: str, tool_data: str, project_data: str
+) -> tuple[tuple[str, ...], tuple[str, ...], str]:
+    """What a sandboxed call binds: its set's folder, and its workspace and data folders.
 
     bubblewrap follows symlinks in a bind's source and its target, and a sandboxed call may
-    write anywhere in its workspace: a symlink planted at ``.crystal/data/tools/<set>`` (by
-    the repository, or by another call) would otherwise bind whatever it names, ``$HOME``
-    included, read-write. So each data folder is resolved now, and:
+    write anywhere in its workspace. A path in the workspace needs no bind of its own (the
+    workspace's covers it), and must not get one: any sandboxed call of that workspace can
+    swap a folder on its way for a symlink while another call's bubblewrap mounts it (a
+    project data folder planted as a link to ``$HOME`` was bound read-write; a project
+    set's own folder, flipped to and from a link to the host's ``/tmp``, put that over a
+    sandbox's private one). So:
 
-    * one that resolves inside the workspace is not bound at all: the workspace's own bind
-      covers it (a symlink swapped in later then leads where the sandbox is read-only);
-    * the tool data folder (under the Crystal home, which calls cannot write) that resolves
-      elsewhere is bound by its resolved path;
+    * a path whose spelling is in the workspace, or that resolves into it, is left out,
+      wherever it resolves at this moment (resolving it could meet a link mid-flip);
+    * any other path (a home set's folder, the tool data folder under the home, which
+      calls cannot write) is bound where it resolves;
     * a project data folder that resolves outside the workspace is refused.
 
     Args:
         workspace: The call's workspace (bound by this path, which calls cannot change).
+        set_folder: The set's own folder (bound read-only).
         tool_data: ``CRYSTAL_TOOL_DATA``.
         project_data: ``CRYSTAL_PROJECT_DATA``.
 
     Returns:
-        The paths to bind, in order, and ``""``; or ``()`` and the path the project data
-        folder resolves to, when that is outside the workspace.
+        The set folder's binds, the writable binds in order, and ``""``; or two empty
+        tuples and the path the project data folder resolves to, when that is outside the
+        workspace.
     """
-    project = os.path.realpath(project_data)
-    if not _within(project, os.path.realpath(workspace)):
-        return (), project
-    return (workspace, *outside_binds(workspace, (tool_data,))), ""
+    spelled, real = Path(os.path.normpath(workspace)), Path(os.path.realpath(workspace))
+    project = Path(os.path.realpath(project_data))
+    if not is_within(project, real):
+        return (), (), str(project)
 
+    def outside(path: str) -> tuple[str, ...]:
+        normal = Path(os.path.normpath(path))
+        if is_within(normal, spelled) or is_within(normal, real):
+            return ()
+        resolved = Path(os.path.realpath(path))
+        return () if is_within(resolved, real) else (str(resolved),)
 
-def outside_binds(workspace: str, paths: Iterable[str]) -> tuple[str, ...]:
-    """Each path as it resolves now, left out when it lies in the workspace.
-
-    A path in the workspace needs no bind of its own (the workspace's covers it), and must
-    not get one: any sandboxed call of that workspace can swap a folder on its way for a
-    symlink while another call's bubblewrap mounts it, and bubblewrap follows links in a
-    bind's target too (a project set's own folder, flipped to and from a link to the
-    host's ``/tmp``, put that over a sandbox's private one). So a path is left out when
-    its own spelling is in the workspace, wherever it resolves at this moment (resolving
-    it could meet the link mid-flip), and when it resolves into the workspace. Any other
-    path is bound where it resolves.
-
-    Args:
-        workspace: The call's workspace.
-        paths: The folders to bind.
-
-    Returns:
-        The resolved paths outside the workspace, in order, without repeats.
-    """
-    spelled = os.path.normpath(workspace)
-    real_workspace = os.path.realpath(workspace)
-    binds: list[str] = []
-    for path in paths:
-        normal = os.path.normpath(path)
-        if _within(normal, spelled) or _within(normal, real_workspace):
-            continue
-        real = os.path.realpath(path)
-        if not _within(real, real_workspace) and real not in binds:
-            binds.append(real)
-    return tuple(binds)
+    return outside(set_folder), (workspace, *outside(tool_data)), ""
 
 
 def prepare_writable(paths: Iterable[str]) -> None:

@@ -49,6 +49,8 @@ from pathlib import Path
 
 import structlog
 
+from .paths import opened_directory_name
+
 __all__ = ["SPILL_FOLDER", "Spill", "SpillResult", "open_folder_within", "prune", "spill_name"]
 
 log = structlog.get_logger("toolsetd.spill")
@@ -164,7 +166,7 @@ class Spill:
             self._fail(exc if isinstance(exc, OSError) else "it is not in the workspace")
             return None
         root = os.path.normpath(str(self._workspace)).rstrip("/") + "/"
-        where = _opened_at(fd, self.folder)
+        where = opened_directory_name(fd, str(self.folder))
         if where is None or not where.startswith(root):
             os.close(fd)
             self._fail("it resolves outside the workspace")
@@ -419,23 +421,6 @@ def open_folder_within(root: str, folder: str) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def _opened_at(fd: int, folder: Path) -> str | None:
-    """Where the directory open as ``fd`` is (``/proc/self/fd`` names it), or None.
-
-    Without ``/proc``, ``realpath`` names it if that name leads to the very directory opened.
-    """
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        pass
-    try:
-        real = os.path.realpath(folder)
-        named, opened = os.stat(real), os.fstat(fd)
-    except OSError:
-        return None
-    return real if (named.st_dev, named.st_ino) == (opened.st_dev, opened.st_ino) else None
 
 
 def prune(folder: int, *, keep: int, max_age_seconds: float, now: float | None = None) -> int:

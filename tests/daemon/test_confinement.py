@@ -16,7 +16,7 @@ from toolsetd.daemon.confinement import (
     parse_confinement,
 )
 from toolsetd.daemon.model import RunnerKind, Source, ToolSet
-from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv, data_binds, outside_binds
+from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv, call_binds
 from toolsetd.daemon.settings import ConfigError, build_parser, load_settings, reload_settings
 
 
@@ -174,46 +174,60 @@ def test_confinement_data_binds_never_follow_a_link_out(tmp_path: Path) -> None:
     project.mkdir(parents=True)
     (home / "data" / "tools" / "s").mkdir(parents=True)
     tool = home / "data" / "tools" / "s"
-    assert data_binds(str(ws), str(tool), str(project)) == ((str(ws), str(tool)), "")
+    own = ws / ".crystal" / "tools" / "s"
+
+    def data_binds(tool_data: Path) -> tuple[tuple[str, ...], str]:
+        _, writable, escaped = call_binds(str(ws), str(own), str(tool_data), str(project))
+        return writable, escaped
+
+    assert data_binds(tool) == ((str(ws), str(tool)), "")
     # An operator's link for the tool data folder is bound by where it leads.
     elsewhere = tmp_path / "disk" / "s"
     elsewhere.mkdir(parents=True)
     tool.rmdir()
     tool.symlink_to(elsewhere)
-    assert data_binds(str(ws), str(tool), str(project)) == ((str(ws), str(elsewhere)), "")
+    assert data_binds(tool) == ((str(ws), str(elsewhere)), "")
     # A tool data folder that resolves into the workspace needs no bind of its own.
     inside = ws / "td"
-    assert data_binds(str(ws), str(inside), str(project)) == ((str(ws),), "")
+    assert data_binds(inside) == ((str(ws),), "")
     # A project data folder linked out of the workspace (relative link): refused.
     project.rmdir()
     project.symlink_to(os.path.relpath(home, project.parent))
-    assert data_binds(str(ws), str(tool), str(project)) == ((), str(home))
+    assert data_binds(tool) == ((), str(home))
     # ... and one linked to a sibling folder whose name starts like the workspace's.
     (tmp_path / "ws2").mkdir()
     project.unlink()
     project.symlink_to(tmp_path / "ws2")
-    assert data_binds(str(ws), str(tool), str(project)) == ((), str(tmp_path / "ws2"))
+    assert data_binds(tool) == ((), str(tmp_path / "ws2"))
 
 
-def test_confinement_outside_binds_never_bind_a_path_spelled_in_the_workspace(
+def test_confinement_set_binds_never_bind_a_path_spelled_in_the_workspace(
     tmp_path: Path,
 ) -> None:
     """A set folder in the workspace is never bound, even while it is a link out of it:
     another sandboxed call can flip it to a link to the host's /tmp as bwrap mounts."""
     ws = tmp_path / "ws"
+    project = ws / ".crystal" / "data" / "tools" / "pp"
+    project.mkdir(parents=True)
+    tool = str(tmp_path / "home" / "data" / "tools" / "pp")
+
+    def set_binds(folder: Path) -> tuple[str, ...]:
+        return call_binds(str(ws), str(folder), tool, str(project))[0]
+
     own = ws / ".crystal" / "tools" / "pp"
     own.parent.mkdir(parents=True)
     own.symlink_to(os.path.relpath("/tmp", own.parent))  # the flip, caught mid-way  # noqa: S108
-    assert outside_binds(str(ws), (str(own),)) == ()
+    assert set_binds(own) == ()
     home_set = tmp_path / "home" / "tools" / "hs"
     home_set.mkdir(parents=True)
     linked = tmp_path / "linked"
     linked.symlink_to(home_set)
-    # Outside the workspace: bound where it resolves, once.
-    assert outside_binds(str(ws), (str(home_set), str(linked))) == (str(home_set),)
+    # Outside the workspace: bound where it resolves.
+    assert set_binds(home_set) == (str(home_set),)
+    assert set_binds(linked) == (str(home_set),)
     # A path outside that resolves into the workspace rides on its bind.
     (tmp_path / "into").symlink_to(ws)
-    assert outside_binds(str(ws), (str(tmp_path / "into"),)) == ()
+    assert set_binds(tmp_path / "into") == ()
 
 
 def test_confinement_check_executable(tmp_path: Path) -> None:
