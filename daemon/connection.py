@@ -59,7 +59,7 @@ import asyncio
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -82,6 +82,7 @@ from toolsetd.protocol.jsonrpc import (
     InvalidEnvelope,
     Request,
     error_message,
+    is_request_id,
     notification_message,
     parse_envelope,
 )
@@ -534,14 +535,9 @@ class Connection:
             self._start_message(handlers, value)
             return True
         # An inline handler never waits, so its coroutine runs to its end in one step.
-        answering = self._server.dispatch_one(self, value)
-        try:
-            answering.send(None)
-        except StopIteration as done:
-            if done.value is not None:
-                self._post_response(done.value)
+        if self._post_at_once(self._server.dispatch_one(self, value)):
             return True
-        answering.close()  # it waited: a bug in the method table, not in the request
+        # It waited: a bug in the method table, not in the request.
         incident = uuid.uuid4().hex[:12]
         log.error("inline_method_waited", method=method, incident=incident)
         self.post(
@@ -580,7 +576,7 @@ class Connection:
                 return
             if self._in_flight >= self._settings.max_calls_per_connection:
                 request_id = value["id"]
-                echo = request_id if type(request_id) is str or type(request_id) is int else None
+                echo = request_id if is_request_id(request_id) else None
                 self._post_response(error_message(echo, self._busy()))
                 return
         elif self._in_flight >= self._settings.max_calls_per_connection:
@@ -635,15 +631,23 @@ class Connection:
         invalid message), so its coroutine runs to its end in one step, as an inline
         method's does in ``_answer_at_once``.
         """
-        delivering = route.receive(value)
+        if not self._post_at_once(route.receive(value)):  # it waited: the route's bug
+            log.error("route_message_waited", incident=uuid.uuid4().hex[:12])
+
+    def _post_at_once(self, step: Coroutine[Any, Any, Any]) -> bool:
+        """Run a coroutine that never waits to its end in one step, and post its response.
+
+        Returns:
+            False when it waited after all (it is closed, nothing is posted).
+        """
         try:
-            delivering.send(None)
+            step.send(None)
         except StopIteration as done:
             if done.value is not None:
                 self._post_response(done.value)
-            return
-        delivering.close()  # it waited: a bug in the route, not in the message
-        log.error("route_message_waited", incident=uuid.uuid4().hex[:12])
+            return True
+        step.close()
+        return False
 
     async def _handle_message(self, value: Any) -> None:
         try:

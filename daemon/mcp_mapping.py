@@ -39,10 +39,11 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeGuard
+from typing import Any
 
 import orjson
 from toolsetd.protocol import errors as rpc_errors
+from toolsetd.protocol.jsonrpc import is_request_id
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .model import Catalog, CatalogName, SnapshotCache
@@ -91,12 +92,6 @@ class McpError(Exception):
         if self.data is not None:
             error["data"] = self.data
         return error
-
-
-def is_request_id(value: Any) -> TypeGuard[str | int]:
-    """Whether a value can name an MCP request: a string or an integer (a bool is neither)."""
-    kind = type(value)
-    return kind is str or kind is int
 
 
 def error_response(request_id: Any, error: dict[str, Any]) -> dict[str, Any]:

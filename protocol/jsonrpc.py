@@ -19,7 +19,7 @@ that id was itself valid, so the error response can be matched; otherwise None.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final, TypeAlias
+from typing import Any, Final, TypeAlias, TypeGuard
 
 from .errors import RemoteProtocolError, RpcError
 
@@ -32,6 +32,7 @@ __all__ = [
     "RequestId",
     "Response",
     "error_message",
+    "is_request_id",
     "notification_message",
     "parse_envelope",
     "parse_response",
@@ -131,10 +132,17 @@ class ErrorResponse:
 _ABSENT: Final = object()
 
 
+def is_request_id(value: Any) -> TypeGuard[str | int]:
+    """Whether a value can name a request, so an answer echoes it: a string or an integer
+    (a bool is neither). ``null`` is a valid id that names none; every face answers what
+    it cannot echo with ``null``."""
+    kind = type(value)
+    return kind is str or kind is int
+
+
 def _valid_id(value: Any) -> bool:
     """Whether a value is an acceptable request id (str, int but not bool, or None)."""
-    kind = type(value)
-    return kind is str or kind is int or value is None
+    return value is None or is_request_id(value)
 
 
 def parse_envelope(value: Any) -> Request | Notification | InvalidEnvelope:
