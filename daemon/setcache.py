@@ -444,11 +444,7 @@ class SetStore:
             self._warn_once("set_cache_unreadable", path, error=exc.strerror)
             return b""
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                self._warn_once("set_cache_ignored", path, reason="not a regular file")
-                return b""
-            if not self._trusted(st, path):
+            if not self._usable(fd, path):
                 return b""
             data = read_descriptor(fd, MAX_CACHE_BYTES)
         except OSError as exc:
@@ -461,6 +457,15 @@ class SetStore:
             self._warn_once("set_cache_ignored", path, reason=reason)
             return b""
         return data
+
+    def _usable(self, fd: int, path: Path) -> bool:
+        """Whether the cache file open as ``fd`` may be read or appended to: a regular
+        file (not a FIFO or a device in its place), and ``_trusted``."""
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            self._warn_once("set_cache_ignored", path, reason="not a regular file")
+            return False
+        return self._trusted(st, path)
 
     def _trusted(self, st: os.stat_result, path: Path) -> bool:
         """Whether a cache folder or file is this daemon's alone (else logged once, with the fix).
@@ -671,8 +676,7 @@ class SetStore:
                 return False
             raise
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or not self._trusted(st, self.journal):
+            if not self._usable(fd, self.journal):
                 return False
             os.write(fd, entry)
         finally:
