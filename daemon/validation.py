@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .timelimit import TimeLimitExceeded, run_limited
 
@@ -515,7 +516,10 @@ class ArgumentValidators:
                 if len(found) >= _MAX_ERRORS:
                     break
 
-        limit = self._time_limit + TIME_LIMIT_PER_MIB * _size(arguments) / (1 << 20)
+        # The arguments' size as compact JSON (what a client sent, about), written by the
+        # wire's own encoder: numbers as written, wide integers and all.
+        size = len(json_dumps(arguments))
+        limit = self._time_limit + TIME_LIMIT_PER_MIB * size / (1 << 20)
         try:
             run_limited(limit, check)
         except TimeLimitExceeded:
@@ -541,14 +545,6 @@ class ArgumentValidators:
             reason = _clip(str(exc), _SCHEMA_MESSAGE_LIMIT)
             return [{"path": "", "message": f"the tool's input schema cannot be used: {reason}"}]
         return [{"path": p, "message": m} for p, m in sorted(found)[:_MAX_ERRORS]]
-
-
-def _size(arguments: Any) -> int:
-    """The arguments' size as compact JSON, in bytes (what a client sent, about)."""
-    try:
-        return len(orjson.dumps(arguments))
-    except (orjson.JSONEncodeError, TypeError):  # integers beyond 64 bits
-        return len(json.dumps(arguments, ensure_ascii=False, separators=(",", ":")))
 
 
 def _stopped(limit: float, base: float, schema: Mapping[str, Any]) -> str:
