@@ -742,17 +742,16 @@ def _version_mismatch(
         return None
     if header not in MODERN_VERSIONS and served not in MODERN_VERSIONS:
         return None
-    return McpError(
-        -32020,
-        f"Header mismatch: MCP-Protocol-Version is {header!r}, but this request is served "
-        f"by protocol version {served!r} (its _meta's, or the one initialize agreed on); "
-        "send that one.",
+    return _header_mismatch(
+        f"MCP-Protocol-Version is {header!r}, but this request is served by protocol "
+        f"version {served!r} (its _meta's, or the one initialize agreed on); send that one",
         {"header": header, "version": served},
     )
 
 
-def _header_mismatch(why: str) -> McpError:
-    return McpError(-32020, f"Header mismatch: {why}.")
+def _header_mismatch(why: str, data: dict[str, Any] | None = None) -> McpError:
+    """-32020 (``HeaderMismatch``, 2026-07-28): the headers do not say what the body does."""
+    return McpError(-32020, f"Header mismatch: {why}.", data)
 
 
 #: The 2026-07-28 standard request headers: ``Mcp-Name`` is the body's ``params`` member
