@@ -38,6 +38,7 @@ from toolsetd.protocol.jsonrpc import error_message
 from .connection import Connection, Handler, RequestContext, ServerSettings
 from .dispatch import Dispatcher
 from .exhaustion import out_of_resources
+from .logs import Throttle
 from .observe import NO_OBSERVER, Observer
 from .peercred import PeerPolicy, peer_credentials
 
@@ -94,6 +95,9 @@ class Server:
         self._peer_policy = peer_policy
         self._ids = itertools.count(1)
         self.connections: dict[int, Connection] = {}
+        # A peer can be refused as often as it connects: one line a minute per uid (per
+        # reason for the connection limit), counting the refusals since the last line.
+        self._refused_log = Throttle()
 
     @property
     def accepting(self) -> bool:
@@ -103,8 +107,6 @@ class Server:
     @accepting.setter
     def accepting(self, value: bool) -> None:
         self._dispatcher.accepting = value
-
-        self.refused_while_stopping: frozenset[str] = frozenset({"invoke", "reload"})
 
     # -- accept loop -----------------------------------------------------------------
 
@@ -173,12 +175,16 @@ class Server:
             except OSError:
                 cred = None
             if cred is None or not self._peer_policy.allows(cred):
-                log.warning(
-                    "peer_refused",
-                    pid=getattr(cred, "pid", None),
-                    uid=getattr(cred, "uid", None),
-                    gid=getattr(cred, "gid", None),
-                )
+                uid = getattr(cred, "uid", None)
+                said = self._refused_log.count(("peer", uid))
+                if said is not None:
+                    log.warning(
+                        "peer_refused",
+                        pid=getattr(cred, "pid", None),
+                        uid=uid,
+                        gid=getattr(cred, "gid", None),
+                        refused=said,
+                    )
                 await self._refuse(
                     stream,
                     rpc_errors.PeerNotAllowed(
@@ -192,7 +198,9 @@ class Server:
                 return
             if len(self.connections) >= self.settings.max_connections and not self._make_room():
                 limit = self.settings.max_connections
-                log.warning("connection_limit", limit=limit)
+                said = self._refused_log.count("limit")
+                if said is not None:
+                    log.warning("connection_limit", limit=limit, refused=said)
                 await self._refuse(
                     stream,
                     rpc_errors.ServerBusy(

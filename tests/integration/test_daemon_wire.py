@@ -235,13 +235,17 @@ def test_daemon_connection_limit_refuses_extra_clients(
             assert "result" in a.request("list", {"subscribe": True})
             b = d.raw()
             assert "result" in b.request("list", {"subscribe": True})
-            with d.raw() as c:
-                reply = c.receive()
-                assert reply["error"]["code"] == -32008
-                assert "2" in reply["error"]["message"]
+            for _ in range(3):
+                with d.raw() as c:
+                    reply = c.receive()
+                    assert reply["error"]["code"] == -32008
+                    assert "2" in reply["error"]["message"]
             b.close()
     finally:
         assert d.stop() == 0
+    # Refused as often as a client connects, logged once a minute with the count.
+    said = [e for e in d.log_events() if e.get("event") == "connection_limit"]
+    assert [(e["limit"], e["refused"]) for e in said] == [(2, 1)]
 
 
 def test_daemon_batch_mixes_our_methods(shared: Daemon) -> None:
@@ -259,7 +263,8 @@ def test_daemon_batch_mixes_our_methods(shared: Daemon) -> None:
 
 
 def test_daemon_refuses_peer_with_other_uid(daemon: Daemon) -> None:
-    """A client running as another user gets PeerNotAllowed and is closed."""
+    """A client running as another user gets PeerNotAllowed and is closed, each time; the
+    refusals are logged once a minute per uid, not once each."""
     if os.geteuid() != 0:
         pytest.skip("needs root to connect as another user")
     import pwd
@@ -275,9 +280,12 @@ def test_daemon_refuses_peer_with_other_uid(daemon: Daemon) -> None:
         try:
             os.setgid(nobody.pw_gid)
             os.setuid(nobody.pw_uid)
-            conn = RawConn(daemon.socket)
-            reply = conn.receive()
-            os.write(write_fd, str(reply["error"]["code"]).encode())
+            codes = []
+            for _ in range(3):
+                conn = RawConn(daemon.socket)
+                codes.append(str(conn.receive()["error"]["code"]))
+                conn.close()
+            os.write(write_fd, " ".join(codes).encode())
         except BaseException as exc:  # noqa: BLE001 - report anything to the parent
             os.write(write_fd, f"error {exc!r}".encode())
         finally:
@@ -286,7 +294,9 @@ def test_daemon_refuses_peer_with_other_uid(daemon: Daemon) -> None:
     os.waitpid(pid, 0)
     with os.fdopen(read_fd) as f:
         answer = f.read()
-    assert answer == "-32009"
+    assert answer == "-32009 -32009 -32009"
+    said = [e for e in daemon.log_events() if e.get("event") == "peer_refused"]
+    assert [(e["uid"], e["refused"]) for e in said] == [(nobody.pw_uid, 1)]
 
 
 # -- a client that does not read --------------------------------------------------------
