@@ -514,7 +514,13 @@ def scope_of(raw: str, resolved: Path | None, workspace: Path, user_home: Path) 
     return Scope.OUTSIDE
 
 
-def rewrite_arguments(tool: ToolDef, arguments: Any, workspace: Path, user_home: Path) -> Any:
+def rewrite_arguments(
+    tool: ToolDef,
+    arguments: Any,
+    workspace: Path,
+    user_home: Path,
+    resolved: Mapping[str, str | None] | None = None,
+) -> Any:
     """Build the arguments the child receives: path arguments rewritten to absolute paths.
 
     Only tools with ``pathArguments`` are touched. Their arguments must be an object;
@@ -526,6 +532,11 @@ def rewrite_arguments(tool: ToolDef, arguments: Any, workspace: Path, user_home:
         arguments: The arguments as the caller sent them.
         workspace: The workspace directory.
         user_home: The operator's user profile.
+        resolved: The paths already resolved (and judged) by property name, None for one
+            that could not be resolved. ``classify`` passes what it scoped, so the child
+            receives exactly the path that was judged: resolving a second time would let a
+            link swapped in between reach the child unjudged (a ``~/.ssh`` key under a name
+            that was scoped ``workspace``). A name missing here is resolved now.
 
     Returns:
         ``arguments`` itself when the tool declares no path arguments, else a new dict.
@@ -545,9 +556,15 @@ def rewrite_arguments(tool: ToolDef, arguments: Any, workspace: Path, user_home:
         if name in names and isinstance(value, str):
             if not value.strip():
                 raise ArgumentsError(f"Argument '{name}' must be a path string.", name)
-            try:
-                value = os.fspath(resolve_path(value, workspace, user_home))
-            except PathError as exc:
-                raise ArgumentsError(exc.message, name) from None
+            if resolved is not None and name in resolved:
+                judged = resolved[name]
+                if judged is None:
+                    raise ArgumentsError(INVALID_PATH_MESSAGE, name)
+                value = judged
+            else:
+                try:
+                    value = os.fspath(resolve_path(value, workspace, user_home))
+                except PathError as exc:
+                    raise ArgumentsError(exc.message, name) from None
         rewritten[name] = value
     return rewritten

@@ -227,6 +227,7 @@ class Classification:
             the fence refuses them).
         arguments_error: The fence's message when it refuses the arguments, else None
             (not on the wire; ``invoke`` reports it as invalid arguments).
+        arguments_error_argument: The property the fence refused, when one is to blame.
     """
 
     tool: str
@@ -242,6 +243,7 @@ class Classification:
     reason: str
     arguments: Any
     arguments_error: str | None = None
+    arguments_error_argument: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         """Return the contract's camelCase classification object."""
@@ -464,6 +466,7 @@ def classify(
     mode = parse_mode(mode)
     approval = loaded.effective_approval
     arguments_error: str | None = None
+    arguments_error_argument: str | None = None
     checks: tuple[PathCheck, ...] = ()
     if not loaded.tool.path_arguments:
         # No path to judge: the scope is the workspace, the arguments go through as they
@@ -481,10 +484,15 @@ def classify(
                 scope, culprit = check.scope, check
         rule = decide(scope, mode, approval, headless)
         reason = _reason(scope, mode, approval, headless, culprit, user_home)
+        # The child receives the paths judged above, never a second resolution of them.
+        judged = {c.argument: c.resolved for c in checks if isinstance(c.value, str)}
         try:
-            child_arguments = rewrite_arguments(loaded.tool, arguments, workspace, user_home)
+            child_arguments = rewrite_arguments(
+                loaded.tool, arguments, workspace, user_home, resolved=judged
+            )
         except ArgumentsError as exc:
             child_arguments, arguments_error = arguments, exc.message
+            arguments_error_argument = exc.argument
             reason += f" The arguments are refused: {exc.message}"
     return Classification(
         tool=loaded.tool.name,
@@ -500,6 +508,7 @@ def classify(
         reason=reason,
         arguments=child_arguments,
         arguments_error=arguments_error,
+        arguments_error_argument=arguments_error_argument,
     )
 
 

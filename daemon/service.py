@@ -62,7 +62,7 @@ from .confinement import Confinement
 from .exhaustion import busy_when_short
 from .model import Catalog, CatalogName, LoadedTool
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
-from .paths import ArgumentsError, Scope, existing_directory, rewrite_arguments
+from .paths import Scope, existing_directory
 from .policy import Classification, classify
 from .registry import Registry, ReloadOutcome
 from .runner import CallOutcome, CallRequest, Runner
@@ -428,15 +428,14 @@ class Service:
             )
         return wire
 
+    @staticmethod
     def _fence_error(
-        self, loaded: LoadedTool, workspace: Path, arguments: Any, message: str
+        loaded: LoadedTool, argument: str | None, message: str
     ) -> rpc_errors.InvalidArguments:
+        # The property the classification refused: the arguments are not resolved again.
         pointer = ""
-        try:
-            rewrite_arguments(loaded.tool, arguments, workspace, self.settings.user_home)
-        except ArgumentsError as exc:
-            if exc.argument is not None:
-                pointer = "/" + exc.argument.replace("~", "~0").replace("/", "~1")
+        if argument is not None:
+            pointer = "/" + argument.replace("~", "~0").replace("/", "~1")
         where = pointer or "(the arguments object)"
         return rpc_errors.InvalidArguments(
             f"Invalid arguments for '{loaded.tool.name}': {where}: {message}",
@@ -460,8 +459,7 @@ class Service:
             observed.refused("arguments")
             raise self._fence_error(
                 prepared.loaded,
-                prepared.workspace,
-                request.arguments,
+                classification.arguments_error_argument,
                 classification.arguments_error,
             )
         decision = classification.decision

@@ -313,6 +313,34 @@ def test_classify_link_out_then_dotdot(ws: Path, home: Path, root: Path) -> None
     assert result.arguments == {"path": str(root / "out" / "x")}
 
 
+def test_classify_child_gets_the_path_it_judged(
+    ws: Path, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A link swapped while the call is judged never hands the child an unjudged path.
+
+    The swap is made during the credential check, between the scoping of the path and
+    the rewrite of the arguments: a second resolution there would give the child
+    ``~/.ssh/id_rsa`` under a name that was scoped ``workspace`` and allowed headless.
+    """
+    from toolsetd.daemon import paths
+
+    (ws / "l").symlink_to(ws / "file.txt")
+    real = paths.credential_identities
+
+    def swap_then_read(user_home: Path) -> frozenset[tuple[int, int]]:
+        (ws / "l").unlink(missing_ok=True)
+        (ws / "l").symlink_to(home / ".ssh" / "id_rsa")
+        return real(user_home)
+
+    monkeypatch.setattr(paths, "credential_identities", swap_then_read)
+    result = run(
+        loaded("path", declared=Approval.ALWAYS), {"path": "l"}, ws, home, headless=True
+    )
+    assert result.paths[0].resolved == str(ws / "file.txt")
+    assert result.arguments == {"path": str(ws / "file.txt")}
+    assert result.decision == Decision.ALLOW
+
+
 def test_classify_symlinked_workspace(ws: Path, home: Path, root: Path) -> None:
     """A workspace given through a link still scopes its own files as workspace."""
     link = root / "wslink"
