@@ -193,6 +193,7 @@ async def build_outcome(
                     max_image_bytes=s.max_image_bytes,
                     stdout_bytes=call.out.total,
                     user_home=request.user_home,
+                    crystal_home=request.home,
                 )
             )
         else:

@@ -279,14 +279,20 @@ def _check_bytes(data: bytes, declared: str, max_bytes: int) -> dict[str, str]:
     return {"type": "image", "data": base64.b64encode(data).decode("ascii"), "mimeType": sniffed}
 
 
-def _read_image_file(raw: str, workspace: Path, max_bytes: int, user_home: Path | None) -> bytes:
+def _read_image_file(
+    raw: str,
+    workspace: Path,
+    max_bytes: int,
+    user_home: Path | None,
+    crystal_home: Path | None = None,
+) -> bytes:
     root = os.path.normpath(str(workspace))
     joined = os.path.normpath(os.path.join(root, raw))
     if is_credential_path(raw) or is_credential_path(joined):
         raise ContentError("Reading credential paths is not allowed.")
     resolved = os.path.realpath(joined)
     if is_credential_path(resolved) or is_credential_identity(
-        resolved, user_home if user_home is not None else Path.home()
+        resolved, user_home if user_home is not None else Path.home(), crystal_home
     ):
         raise ContentError("Reading credential paths is not allowed.")
     if resolved != root and not resolved.startswith(root.rstrip("/") + "/"):
@@ -335,7 +341,11 @@ def _read_image_file(raw: str, workspace: Path, max_bytes: int, user_home: Path 
 
 
 def load_image(
-    spec: ImageSpec, workspace: Path, max_bytes: int, user_home: Path | None = None
+    spec: ImageSpec,
+    workspace: Path,
+    max_bytes: int,
+    user_home: Path | None = None,
+    crystal_home: Path | None = None,
 ) -> dict[str, str]:
     """Load one declared image into a content block (blocking: call it off the loop).
 
@@ -345,6 +355,7 @@ def load_image(
         max_bytes: The per-image size limit.
         user_home: The operator's user profile, whose credential files a path may not be
             (by name or by identity); None for the process's home.
+        crystal_home: The Crystal home, whose ``credentials.json`` a path may not be.
 
     Returns:
         ``{"type": "image", "data": <base64>, "mimeType": <sniffed>}``.
@@ -364,7 +375,7 @@ def load_image(
             raise ContentError("Image base64 is not valid.")
         return _check_bytes(data, spec.mime_type, max_bytes)
     assert spec.path is not None
-    data = _read_image_file(spec.path, workspace, max_bytes, user_home)
+    data = _read_image_file(spec.path, workspace, max_bytes, user_home, crystal_home)
     return _check_bytes(data, spec.mime_type, max_bytes)
 
 
@@ -380,6 +391,7 @@ def content_result(
     max_total_image_bytes: int = MAX_RESULT_IMAGE_BYTES,
     stdout_bytes: int | None = None,
     user_home: Path | None = None,
+    crystal_home: Path | None = None,
 ) -> tuple[list[dict[str, str]], bool]:
     """The content blocks and error flag of a content-mode call (blocking when images load).
 
@@ -394,6 +406,7 @@ def content_result(
         max_total_image_bytes: The limit of all images of the result together.
         stdout_bytes: The whole stdout's size in bytes (for the over-the-limit message).
         user_home: The operator's user profile (credential files by identity).
+        crystal_home: The Crystal home (its ``credentials.json`` is a credential file).
 
     Returns:
         The content blocks (text blocks not yet truncated) and ``is_error``.
@@ -414,7 +427,7 @@ def content_result(
     total = 0
     for spec in parsed.images:
         try:
-            block = load_image(spec, workspace, max_image_bytes, user_home)
+            block = load_image(spec, workspace, max_image_bytes, user_home, crystal_home)
             data = block["data"]
             total += len(data) // 4 * 3 - data[-2:].count("=")
             if total > max_total_image_bytes:

@@ -46,9 +46,11 @@ path and each of its existing ancestors are ``stat``-ed, and a ``(st_dev, st_ino
 to that of a credential location of the user's home (``~/.ssh`` and ``~/.gnupg``, each
 with everything below it up to ``_IDENTITY_DEPTH`` levels and ``_IDENTITY_ENTRIES`` entries
 a folder, and ``~/.crystal/credentials.json``), read at the time of the check, makes the
-path ``forbidden``. That catches a hard link to a key inside the workspace, and a bind
-mount of a credential folder or file (a file below a bind-mounted folder too, since the
-folder is an ancestor).
+path ``forbidden``. So does the Crystal home's ``credentials.json`` (``--home``,
+``$CRYSTAL_HOME``; the file the sandbox hides), by its canonical path and by identity, since
+a home not called ``.crystal`` has no segment to name it. That catches a hard link to a key
+inside the workspace, and a bind mount of a credential folder or file (a file below a
+bind-mounted folder too, since the folder is an ancestor).
 
 Limits, stated rather than hidden: a credential file created (or hard-linked into the
 workspace) after the check, a copy of a key (a copy is a new file), a key in a folder
@@ -437,15 +439,20 @@ def _collect_identities(path: str, found: set[tuple[int, int]], depth: int) -> N
         _collect_identities(name, found, depth + 1)
 
 
-def credential_identities(user_home: Path) -> frozenset[tuple[int, int]]:
+def credential_identities(
+    user_home: Path, crystal_home: Path | None = None
+) -> frozenset[tuple[int, int]]:
     """The ``(st_dev, st_ino)`` of the user's credential folders and files, read now.
 
     Args:
         user_home: The operator's user profile.
+        crystal_home: The Crystal home (``--home``, ``$CRYSTAL_HOME``), when it is not
+            ``~/.crystal``: its ``credentials.json`` is a credential file too.
 
     Returns:
         The identities of ``~/.ssh`` and ``~/.gnupg`` and what is below them (bounded),
-        and of ``~/.crystal/credentials.json``; those that do not exist are left out.
+        and of ``~/.crystal/credentials.json`` and ``<crystal_home>/credentials.json``;
+        those that do not exist are left out.
     """
     found: set[tuple[int, int]] = set()
     home = os.fspath(user_home)
@@ -453,23 +460,42 @@ def credential_identities(user_home: Path) -> frozenset[tuple[int, int]]:
         _collect_identities(os.path.join(home, folder), found, 0)
     for parts in _CREDENTIAL_FILES:
         _collect_identities(os.path.join(home, *parts), found, _IDENTITY_DEPTH)
+    if crystal_home is not None:
+        _collect_identities(
+            os.path.join(os.fspath(crystal_home), _CREDENTIAL_FILES[0][-1]), found, _IDENTITY_DEPTH
+        )
     return frozenset(found)
 
 
-def is_credential_identity(resolved: Path | str, user_home: Path) -> bool:
+def _crystal_credentials(crystal_home: Path) -> Path | None:
+    """The canonical path of the Crystal home's ``credentials.json`` (None: unresolvable)."""
+    try:
+        return resolve_path(_CREDENTIAL_FILES[0][-1], crystal_home, crystal_home)
+    except (PathError, ValueError):
+        return None
+
+
+def is_credential_identity(
+    resolved: Path | str, user_home: Path, crystal_home: Path | None = None
+) -> bool:
     """Tell whether a resolved path is, or lies below, a credential location by identity.
 
     A hard link to ``~/.ssh/id_rsa`` or a bind mount of ``~/.ssh`` has no credential
     segment; its device and inode give it away. The path and each existing ancestor are
-    compared with ``credential_identities(user_home)``.
+    compared with ``credential_identities(user_home, crystal_home)``. The Crystal home's
+    ``credentials.json`` is also caught by its canonical path, so one that does not exist
+    yet counts too (the home need not be called ``.crystal``, so no segment names it).
 
     Args:
         resolved: The canonical path (symlinks already resolved).
         user_home: The operator's user profile.
+        crystal_home: The Crystal home, whose ``credentials.json`` is a credential file.
 
     Returns:
         True when the path or an ancestor is a credential file or folder.
     """
+    if crystal_home is not None and Path(resolved) == _crystal_credentials(crystal_home):
+        return True
     mine: set[tuple[int, int]] = set()
     current = os.fspath(resolved)
     while True:
@@ -483,10 +509,16 @@ def is_credential_identity(resolved: Path | str, user_home: Path) -> bool:
         if parent == current:
             break
         current = parent
-    return not mine.isdisjoint(credential_identities(user_home))
+    return not mine.isdisjoint(credential_identities(user_home, crystal_home))
 
 
-def scope_of(raw: str, resolved: Path | None, workspace: Path, user_home: Path) -> Scope:
+def scope_of(
+    raw: str,
+    resolved: Path | None,
+    workspace: Path,
+    user_home: Path,
+    crystal_home: Path | None = None,
+) -> Scope:
     """Scope one path argument.
 
     Args:
@@ -494,6 +526,7 @@ def scope_of(raw: str, resolved: Path | None, workspace: Path, user_home: Path) 
         resolved: Its canonical path, or None when it could not be resolved.
         workspace: The workspace directory (canonicalized here if it is not already).
         user_home: The operator's user profile.
+        crystal_home: The Crystal home, whose ``credentials.json`` is a credential file.
 
     Returns:
         ``forbidden`` when the raw or the resolved path is a credential path, or the
@@ -507,7 +540,7 @@ def scope_of(raw: str, resolved: Path | None, workspace: Path, user_home: Path) 
         return Scope.OUTSIDE
     if is_credential_path(os.fspath(resolved), user_home):
         return Scope.FORBIDDEN
-    if is_credential_identity(resolved, user_home):
+    if is_credential_identity(resolved, user_home, crystal_home):
         return Scope.FORBIDDEN
     if is_within(resolved, canonical_workspace(workspace)):
         return Scope.WORKSPACE

@@ -298,7 +298,7 @@ def _nested_strings(value: Any) -> list[str]:
 
 
 def _check_string(
-    value: str, workspace: Path, user_home: Path
+    value: str, workspace: Path, user_home: Path, crystal_home: Path | None
 ) -> tuple[str | None, Scope, str | None]:
     """Resolve and scope one path string: (resolved or None, scope, why unresolved)."""
     try:
@@ -308,12 +308,14 @@ def _check_string(
         resolved, detail = None, exc.detail
     return (
         os.fspath(resolved) if resolved is not None else None,
-        scope_of(value, resolved, workspace, user_home),
+        scope_of(value, resolved, workspace, user_home, crystal_home),
         detail,
     )
 
 
-def _check_container(name: str, value: Any, workspace: Path, user_home: Path) -> PathCheck:
+def _check_container(
+    name: str, value: Any, workspace: Path, user_home: Path, crystal_home: Path | None
+) -> PathCheck:
     """Scope an array or object where a path string belongs.
 
     The reference host passes such values through unchecked; the child would then
@@ -327,7 +329,7 @@ def _check_container(name: str, value: Any, workspace: Path, user_home: Path) ->
         scope = Scope.FORBIDDEN
     else:
         for text in strings:
-            _, inner, _ = _check_string(text, workspace, user_home)
+            _, inner, _ = _check_string(text, workspace, user_home, crystal_home)
             if inner is Scope.FORBIDDEN:
                 scope = Scope.FORBIDDEN
                 break
@@ -335,7 +337,11 @@ def _check_container(name: str, value: Any, workspace: Path, user_home: Path) ->
 
 
 def _inspect(
-    loaded: LoadedTool, arguments: Any, workspace: Path, user_home: Path
+    loaded: LoadedTool,
+    arguments: Any,
+    workspace: Path,
+    user_home: Path,
+    crystal_home: Path | None,
 ) -> tuple[PathCheck, ...]:
     """Scope each declared path argument that holds something to check, in declaration order."""
     if not loaded.tool.path_arguments or not isinstance(arguments, Mapping):
@@ -348,10 +354,10 @@ def _inspect(
         if isinstance(value, str):
             if not value.strip():
                 continue  # blank: nothing to scope; the fence refuses it at invoke
-            resolved, scope, detail = _check_string(value, workspace, user_home)
+            resolved, scope, detail = _check_string(value, workspace, user_home, crystal_home)
             checks.append(PathCheck(name, value, resolved, scope, detail))
         elif isinstance(value, Mapping | list | tuple):
-            checks.append(_check_container(name, value, workspace, user_home))
+            checks.append(_check_container(name, value, workspace, user_home, crystal_home))
         # numbers, booleans and null name no path: they pass through unchecked.
     return tuple(checks)
 
@@ -362,16 +368,19 @@ def _show(text: str) -> str:
     return shown if len(shown) <= 160 else shown[:157] + "..."
 
 
-def _where(check: PathCheck, user_home: Path) -> str:
+def _where(check: PathCheck, user_home: Path, crystal_home: Path | None) -> str:
     """Say where the culprit path lands, as the start of a sentence."""
     name = check.argument
     if check.scope is Scope.FORBIDDEN:
         if check.resolved is not None and is_credential_path(check.resolved, user_home):
             return f"Argument '{name}' resolves to {_show(check.resolved)}, a credential path"
-        if check.resolved is not None and is_credential_identity(check.resolved, user_home):
+        if check.resolved is not None and is_credential_identity(
+            check.resolved, user_home, crystal_home
+        ):
             return (
                 f"Argument '{name}' resolves to {_show(check.resolved)}, which is a credential "
-                "file or folder of the user's home under another name (a hard link or a mount)"
+                "file or folder of the user's home or the Crystal home (under another name: "
+                "a hard link or a mount)"
             )
         if isinstance(check.value, str):
             return f"Argument '{name}' names a credential path ({_show(check.value)})"
@@ -417,12 +426,13 @@ def _reason(
     headless: bool,
     culprit: PathCheck | None,
     user_home: Path,
+    crystal_home: Path | None = None,
 ) -> str:
     attended = decide(scope, mode, approval, False).decision
     if attended is _A:
         text = _ALWAYS_REASON if approval is Approval.ALWAYS else _FULL_REASON
     else:
-        where = _where(culprit, user_home) if culprit is not None else ""
+        where = _where(culprit, user_home, crystal_home) if culprit is not None else ""
         text = _REASONS[(scope, attended)].format(
             mode=mode.value, Mode=mode.value.capitalize(), where=where
         )
@@ -445,6 +455,7 @@ def classify(
     mode: Mode | str,
     headless: bool,
     user_home: Path,
+    crystal_home: Path | None = None,
 ) -> Classification:
     """Classify a prospective call: scope, approval, decision, reason, rewritten arguments.
 
@@ -455,6 +466,8 @@ def classify(
         mode: The approval mode (a ``Mode`` or a name ``parse_mode`` accepts).
         headless: Whether nobody can be asked.
         user_home: The operator's user profile, for ``~``.
+        crystal_home: The Crystal home: its ``credentials.json`` is a credential path
+            wherever the home is (``--home``, ``$CRYSTAL_HOME``), as the sandbox hides it.
 
     Returns:
         The classification. When the fence refuses the arguments, ``arguments`` holds
@@ -476,14 +489,14 @@ def classify(
         child_arguments = arguments
     else:
         workspace = canonical_workspace(workspace)
-        checks = _inspect(loaded, arguments, workspace, user_home)
+        checks = _inspect(loaded, arguments, workspace, user_home, crystal_home)
         scope = Scope.WORKSPACE
         culprit: PathCheck | None = None
         for check in checks:
             if _SEVERITY[check.scope] > _SEVERITY[scope]:
                 scope, culprit = check.scope, check
         rule = decide(scope, mode, approval, headless)
-        reason = _reason(scope, mode, approval, headless, culprit, user_home)
+        reason = _reason(scope, mode, approval, headless, culprit, user_home, crystal_home)
         # The child receives the paths judged above, never a second resolution of them.
         judged = {c.argument: c.resolved for c in checks if isinstance(c.value, str)}
         try:

@@ -411,7 +411,13 @@ class Service:
                 {"errors": errors},
             )
         classification = classify(
-            loaded, arguments, workspace, mode, headless, self.settings.user_home
+            loaded,
+            arguments,
+            workspace,
+            mode,
+            headless,
+            self.settings.user_home,
+            crystal_home=self.settings.home,
         )
         return Prepared(workspace, mode, loaded, classification)
 

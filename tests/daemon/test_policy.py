@@ -327,10 +327,12 @@ def test_classify_child_gets_the_path_it_judged(
     (ws / "l").symlink_to(ws / "file.txt")
     real = paths.credential_identities
 
-    def swap_then_read(user_home: Path) -> frozenset[tuple[int, int]]:
+    def swap_then_read(
+        user_home: Path, crystal_home: Path | None = None
+    ) -> frozenset[tuple[int, int]]:
         (ws / "l").unlink(missing_ok=True)
         (ws / "l").symlink_to(home / ".ssh" / "id_rsa")
-        return real(user_home)
+        return real(user_home, crystal_home)
 
     monkeypatch.setattr(paths, "credential_identities", swap_then_read)
     result = run(

@@ -11,6 +11,7 @@ is proven to have started no process. The daemon's ``HOME`` is a temporary folde
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -229,6 +230,35 @@ def test_policy_worst_path_wins(tree: Tree) -> None:
                                   "arguments": {"path": ["/tmp/a", "~/.ssh/x"]}, "mode": "full"})
     assert c["result"]["scope"] == "forbidden"
     assert c["result"]["requirePrompt"] is True
+
+
+@pytest.mark.parametrize("headless", [False, True], ids=["attended", "headless"])
+@pytest.mark.parametrize("mode", ["review", "full"])
+@pytest.mark.parametrize("how", ["path", "hard-link", "absent"])
+def test_policy_crystal_home_credentials_are_forbidden(
+    tree: Tree, how: str, mode: str, headless: bool
+) -> None:
+    """The Crystal home's credentials.json is a credential path, wherever the home is.
+
+    The daemon's home is ``--home`` (not ``~/.crystal``), so no ``.crystal`` segment names
+    the file: it is caught by its place and, under another name (a hard link in the
+    workspace), by identity, as the sandbox hides it.
+    """
+    credentials = tree.daemon.home / "credentials.json"
+    link = tree.workspace / "notes.json"
+    if how != "absent":
+        credentials.write_text('{"token": "secret"}')
+    if how == "hard-link":
+        os.link(credentials, link)
+    try:
+        value = "notes.json" if how == "hard-link" else str(credentials)
+        decision = FORBIDDEN_TABLE[headless][mode]
+        c = _check_enforcement(tree, "h_path_always", {"path": value}, mode, headless, decision)
+        assert c["scope"] == "forbidden"
+        assert c["requirePrompt"] is True
+    finally:
+        link.unlink(missing_ok=True)
+        credentials.unlink(missing_ok=True)
 
 
 # -- modes, catalogs, tools, arguments, workspaces -------------------------------------
