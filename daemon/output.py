@@ -30,7 +30,7 @@ from typing import Any
 
 import orjson
 
-from .paths import is_credential_identity, is_credential_path
+from .paths import is_credential_identity, is_credential_path, opened_directory_name
 
 __all__ = [
     "CANCELLED_TEXT",
@@ -321,6 +321,11 @@ def _read_image_file(
         # The file could have been swapped since the stat: check the opened object again.
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
+            raise ContentError("The image file could not be read.")
+        # O_NOFOLLOW guards the last name only: a folder on the way swapped for a link
+        # since the checks (by another call writing the workspace) would lead elsewhere.
+        # What was opened must still be the file the checked path names.
+        if opened_directory_name(fd, resolved) != resolved:
             raise ContentError("The image file could not be read.")
         chunks: list[bytes] = []
         size = 0

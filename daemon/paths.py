@@ -355,7 +355,7 @@ def existing_directory(raw: str) -> Path | None:
 
 
 def opened_directory_name(fd: int, raw: str) -> str | None:
-    """The canonical name of the directory open as ``fd`` (opened by the name ``raw``).
+    """The canonical name of the directory (or file) open as ``fd`` (opened by the name ``raw``).
 
     ``/proc/self/fd`` names it; without ``/proc``, ``realpath(raw)`` does. Either name
     counts only if it leads, in the daemon's own view, to the very directory opened (same

@@ -246,6 +246,35 @@ def test_load_image_path_errors(tmp_path: Path) -> None:
     assert error(".crystal/credentials.json") == "Reading credential paths is not allowed."
 
 
+def test_load_image_folder_swapped_after_the_checks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder swapped for a link outside between the checks and the open is not read.
+
+    ``O_NOFOLLOW`` covers the last name only; the swap is made during the credential
+    check, after the path was found inside the workspace.
+    """
+    from toolsetd.daemon import output
+
+    root = Path(os.path.realpath(tmp_path))
+    ws, outside = root / "ws", root / "hidden"
+    (ws / "img").mkdir(parents=True)
+    (ws / "img" / "a.png").write_bytes(PNG)
+    outside.mkdir()
+    (outside / "a.png").write_bytes(PNG + b"outside")
+    real = output.is_credential_identity
+
+    def swap_then_check(*args: object) -> bool:
+        (ws / "img").rename(ws / "was-img")
+        (ws / "img").symlink_to(outside)
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(output, "is_credential_identity", swap_then_check)
+    with pytest.raises(ContentError) as info:
+        load_image(ImageSpec(mime_type="image/png", path="img/a.png"), ws, 20 * MiB)
+    assert info.value.message == "The image file could not be read."
+
+
 def test_content_result_image_failure_appends_stderr(tmp_path: Path) -> None:
     """An image load failure fails the call with the error and stderr."""
     stdout = '{"text": "t", "images": [{"mimeType": "image/png", "path": "nope.png"}]}'
