@@ -27,8 +27,9 @@ Resolution (``resolve_path``) follows the kernel, not a lexical normaliser:
 4. Anything the kernel would refuse, or that cannot be told safely, raises
    ``PathError("Path is not valid.")`` with a ``detail`` for the operator: a NUL byte,
    a path longer than ``PATH_MAX`` or a component longer than ``NAME_MAX``, more
-   than 40 links (loops included), an unreadable directory on the way, text that is
-   not valid UTF-8.
+   than 40 links (loops included), link targets that add more than
+   ``MAX_LINK_COMPONENTS`` components to the walk, an unreadable directory on the way,
+   text that is not valid UTF-8.
 
 The module only reads the filesystem (``os.lstat``, ``os.readlink``, and ``O_PATH``
 opens for ``existing_directory``, the workspace check); it never writes. No resolution is
@@ -78,6 +79,7 @@ from .model import ToolDef
 
 __all__ = [
     "INVALID_PATH_MESSAGE",
+    "MAX_LINK_COMPONENTS",
     "MAX_SYMLINKS",
     "NAME_MAX",
     "PATH_MAX",
@@ -106,6 +108,13 @@ PATH_MAX = 4096
 NAME_MAX = 255
 #: Linux ``MAXSYMLINKS``: more link expansions than this is a loop as far as we care.
 MAX_SYMLINKS = 40
+#: Most components the link targets of one path may add to its walk, all links together.
+#: The walk runs on the daemon's event loop, a few microseconds a component: 40 links of
+#: 4,095-byte targets (``a/../a/../...``, which a repository can ship) would otherwise make
+#: one path cost some 80,000 lookups, a quarter of a second, and one call with 64 such
+#: strings stall every other call for seconds. Real link chains (a home on another disk,
+#: a Nix profile) add tens.
+MAX_LINK_COMPONENTS = 1024
 
 #: Whole segments that make a path a credential path (compared case-folded).
 _CREDENTIAL_SEGMENTS: frozenset[str] = frozenset({".ssh", ".gnupg"})
@@ -222,6 +231,7 @@ def _canonicalize(path: str) -> str:
     pending.reverse()
     resolved = ""  # the canonical prefix walked so far; "" stands for "/"
     links = 0
+    budget = MAX_LINK_COMPONENTS  # components link targets may still add
     while pending:
         name = pending.pop()
         if name in ("", "."):
@@ -251,10 +261,14 @@ def _canonicalize(path: str) -> str:
             raise PathError(f"a link cannot be read ({os.strerror(exc.errno or 0)})") from None
         if "\x00" in target:  # pragma: no cover - the kernel never returns one
             raise PathError("a link target contains a NUL byte")
+        parts = target.split("/")
+        budget -= len(parts)
+        if budget < 0:
+            raise PathError(f"its links name more than {MAX_LINK_COMPONENTS} components to walk")
         if target.startswith("/"):
             resolved = ""
         # Walk the target next; a ``..`` after the link now climbs from the target.
-        pending.extend(reversed(target.split("/")))
+        pending.extend(reversed(parts))
     return resolved or "/"
 
 

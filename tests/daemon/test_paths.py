@@ -191,6 +191,23 @@ def test_resolve_link_loop_is_invalid(ws: Path, home: Path) -> None:
     assert "loop" in info.value.detail
 
 
+def test_resolve_link_targets_walk_a_bounded_number_of_components(ws: Path, home: Path) -> None:
+    """Links whose targets add over ``MAX_LINK_COMPONENTS`` components are not walked.
+
+    Forty links of 4,000-byte ``a/../a/../...`` targets, which a repository can ship, cost
+    some 80,000 lookups on the daemon's loop for one path; the walk stops at the bound.
+    """
+    (ws / "a").mkdir()
+    pad = "a/../" * 300  # 600 components
+    (ws / "l0").symlink_to(pad + "l1")
+    (ws / "l1").symlink_to(pad + "file.txt")
+    with pytest.raises(PathError) as info:
+        resolve_path("l0", ws, home)
+    assert "components" in info.value.detail
+    # One such link alone stays within the bound and resolves as the kernel does.
+    assert resolve_path("l1", ws, home) == ws / "file.txt"
+
+
 def test_resolve_self_loop_is_invalid(ws: Path, home: Path) -> None:
     """A link to itself, reached through a deeper path, is a loop too."""
     (ws / "self").symlink_to("self")
