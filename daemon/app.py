@@ -69,6 +69,7 @@ from .setcache import SetStore, default_cache_dir
 from .settings import (
     ConfigError,
     Settings,
+    check_group,
     default_config_path,
     format_settings,
     load_settings,
@@ -190,6 +191,24 @@ def _bind_mcp_http(options: DaemonOptions) -> tuple[list[tuple[Any, socket.socke
     return bound, token
 
 
+def _peer_policy(options: DaemonOptions) -> PeerPolicy:
+    """Who may call: our uid and root, plus ``--allow-group``'s members."""
+    policy = PeerPolicy.default()
+    if not options.allow_group:
+        return policy
+    try:
+        return PeerPolicy.from_group_name(options.allow_group, policy)
+    except ValueError as exc:  # the group went away since the settings were checked
+        raise StartupError(f"--allow-group: {exc}") from None
+
+
+def _remove_socket(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 class _McpCore:
     """The daemon's one MCP core, built when the first MCP host arrives.
 
@@ -307,12 +326,17 @@ async def _serve(
         check_stale(socket_path)
         sock = bind_unix_socket(socket_path)
         owns_socket = True
-    listener = await anyio.abc.SocketListener.from_socket(sock)
-    http_sockets, http_token = _bind_mcp_http(options)
-
-    peer_policy = PeerPolicy.default()
-    if options.allow_group:
-        peer_policy = PeerPolicy.from_group_name(options.allow_group, peer_policy)
+    try:
+        listener = await anyio.abc.SocketListener.from_socket(sock)
+        http_sockets, http_token = _bind_mcp_http(options)
+        peer_policy = _peer_policy(options)
+    except BaseException:
+        # Nothing was served: leave no socket behind that the next start must judge stale.
+        if owns_socket:
+            _remove_socket(socket_path)
+        if lock is not None:
+            lock.release()
+        raise
     store = SetStore(options.cache_dir) if options.cache_dir is not None else None
     registry = Registry(
         options.home,
@@ -415,10 +439,7 @@ async def _serve(
     finally:
         with anyio.CancelScope(shield=True):  # noqa: ASYNC100 -- it shields the awaits below
             if owns_socket:
-                try:
-                    os.unlink(socket_path)
-                except OSError:
-                    pass
+                _remove_socket(socket_path)
             if lock is not None:
                 lock.release()
             log.info("daemon_stopped")
@@ -456,10 +477,10 @@ def _reload_config(
         return {"applied": [], "restartNeeded": [], "error": None}
     try:
         outcome = reload_settings(options.settings, options.args, os.environ)
+        fresh = options_from_settings(outcome.settings, options.args)
     except ConfigError as exc:
         log.error("config_reload_failed", error=str(exc))
         return {"applied": [], "restartNeeded": [], "error": str(exc)}
-    fresh = options_from_settings(outcome.settings, options.args)
     runner.update_settings(
         replace(
             runner.settings,
@@ -682,6 +703,7 @@ def options_from_settings(
                 raise ConfigError(str(exc)) from None
     elif settings.mcp_token_file is not None:
         raise ConfigError("--mcp-token-file needs --mcp-listen: the token is for the HTTP endpoint")
+    check_group(settings)
     return DaemonOptions(
         home=home,
         socket=settings.socket,

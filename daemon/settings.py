@@ -62,6 +62,7 @@ __all__ = [
     "Settings",
     "SettingsReload",
     "build_parser",
+    "check_group",
     "default_config_path",
     "format_settings",
     "load_settings",
@@ -720,6 +721,35 @@ def load_settings(
             values[key] = file_values[key]
             sources[key] = file_sources[key]
     return Settings(**values, sources=sources, config_path=path)
+
+
+def check_group(settings: Settings) -> None:
+    """Refuse an ``allow-group`` no group has, before anything is bound (not a traceback).
+
+    Raises:
+        ConfigError: Naming the flag, or the file, the line and the key.
+    """
+    name = settings.allow_group
+    if not name:
+        return
+    import grp  # only when a group is named
+
+    try:
+        grp.getgrnam(name)
+    except KeyError:
+        pass
+    else:
+        return
+    source = settings.sources.get("allow-group", "")
+    path = settings.config_path
+    message = (
+        f"no group is named {_show(name)} in the group database; "
+        "create it (groupadd --system NAME) or fix the name"
+    )
+    if source.startswith("flag "):
+        raise ConfigError(message, key=source.removeprefix("flag "))
+    line = source.rpartition(":")[2]
+    raise ConfigError(message, path, int(line) if line.isdigit() else None, "allow-group")
 
 
 def reload_settings(

@@ -401,3 +401,31 @@ def test_traceparent_reaches_the_child_and_nothing_optional_is_imported(
     finally:
         d.stop()
     assert "opentelemetry" not in d.log()
+
+
+def _start_fails(tmp_base: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    """Run ``toolsetd`` over base/home and base/s.sock; it must exit on its own."""
+    (tmp_base / "home").mkdir(exist_ok=True)
+    args = [sys.executable, "-m", "toolsetd.daemon", "--home", str(tmp_base / "home")]
+    args += ["--socket", str(tmp_base / "s.sock"), "--no-watch", *flags]
+    if "--config" not in flags:
+        args += ["--config", str(_config(tmp_base, ""))]
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")}
+    env.pop("TOOLSETD_SOCKET", None)
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, check=False)  # noqa: S603
+
+
+def test_an_unknown_allow_group_stops_the_start_plainly(tmp_base: Path) -> None:
+    """An allow-group no group has is a settings error (exit 2, the flag or the file's line
+    and key, what to do), found before the socket is bound: no traceback, no socket left."""
+    done = _start_fails(tmp_base, "--allow-group", "toolsetd-no-such-group")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(
+        'toolsetd: --allow-group: no group is named "toolsetd-no-such-group"'
+    )
+    assert "groupadd" in done.stderr and "Traceback" not in done.stderr
+    config = _config(tmp_base, 'max-running = 4\nallow-group = "toolsetd-no-such-group"\n')
+    done = _start_fails(tmp_base, "--config", str(config))
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"toolsetd: {config}:2: allow-group: no group is named")
+    assert not (tmp_base / "s.sock").exists()
