@@ -55,7 +55,7 @@ from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
 from .logs import configure_logging
 from .methods import Handlers
-from .metrics import Metrics, MetricsSources, serve_metrics
+from .metrics import Metrics, MetricsSources, bind_metrics, serve_metrics
 from .model import DEFAULT_RESERVED_NAMES, SetState, Source
 from .observe import Observer, ObserverSet
 from .peercred import PeerPolicy
@@ -189,6 +189,20 @@ def _bind_mcp_http(options: DaemonOptions) -> tuple[list[tuple[Any, socket.socke
             f"({exc.strerror or exc})."
         ) from None
     return bound, token
+
+
+def _bind_metrics(options: DaemonOptions) -> socket.socket | None:
+    """Bind the ``/metrics`` listener before anything is served (None when it is off)."""
+    if options.metrics_listen is None:
+        return None
+    host, port = options.metrics_listen
+    try:
+        return bind_metrics(options.metrics_listen)
+    except OSError as exc:
+        shown = f"[{host}]" if ":" in host else host
+        raise StartupError(
+            f"--metrics-listen {shown}:{port}: cannot listen there ({exc.strerror or exc})."
+        ) from None
 
 
 def _peer_policy(options: DaemonOptions) -> PeerPolicy:
@@ -329,6 +343,7 @@ async def _serve(
     try:
         listener = await anyio.abc.SocketListener.from_socket(sock)
         http_sockets, http_token = _bind_mcp_http(options)
+        metrics_socket = _bind_metrics(options)
         peer_policy = _peer_policy(options)
     except BaseException:
         # Nothing was served: leave no socket behind that the next start must judge stale.
@@ -407,8 +422,8 @@ async def _serve(
             await registry.catalog(None)
             if watcher is not None:
                 await tg.start(watcher.run)
-            if options.metrics_listen is not None:
-                await tg.start(serve_metrics, metrics, options.metrics_listen)
+            if metrics_socket is not None:
+                await tg.start(serve_metrics, metrics, metrics_socket)
             await tg.start(server.serve, listener)
             tg.start_soon(
                 _evict_idle, registry, watcher, server, service, options.workspace_idle_seconds

@@ -16,13 +16,15 @@ metric families from the counts at each scrape, on the event loop.
 Labels carry tool-set directory names, statuses, decisions and reasons only: never
 argument values, paths or output.
 
-``serve_metrics`` answers ``GET /metrics`` on a loopback TCP listener (``--metrics-listen``):
+``serve_metrics`` answers ``GET /metrics`` on a loopback TCP listener (``--metrics-listen``,
+bound at start-up by ``bind_metrics``, so a taken address stops the start plainly):
 one request per connection, a bounded request head, a timeout, ``Connection: close``.
 """
 
 from __future__ import annotations
 
 import bisect
+import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,7 +41,7 @@ from .observe import CallInfo
 if TYPE_CHECKING:
     from .call import CallOutcome
 
-__all__ = ["Metrics", "MetricsSources", "serve_metrics"]
+__all__ = ["Metrics", "MetricsSources", "bind_metrics", "serve_metrics"]
 
 log = structlog.get_logger("toolsetd.metrics")
 
@@ -68,6 +70,7 @@ RELOAD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
 
 _HEAD_LIMIT = 8192
 _REQUEST_TIMEOUT = 5.0
+_BACKLOG = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -409,21 +412,43 @@ class _Collector:
 # -- the loopback /metrics listener -------------------------------------------------------
 
 
+def bind_metrics(address: tuple[str, int]) -> socket.socket:
+    """Bind and listen on the loopback ``/metrics`` address, before anything is served.
+
+    Bound by the composition root at start-up, so an address that cannot be used (taken,
+    not ours) stops the start with a one-line reason instead of a traceback later.
+
+    Raises:
+        OSError: The address cannot be bound.
+    """
+    host, port = address
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.set_inheritable(False)
+        sock.bind((host, port))
+        sock.listen(_BACKLOG)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 async def serve_metrics(
     metrics: Metrics,
-    address: tuple[str, int],
+    sock: socket.socket,
     *,
     task_status: anyio.abc.TaskStatus[tuple[str, int]] = anyio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Answer ``GET /metrics`` on a loopback address until cancelled.
+    """Answer ``GET /metrics`` on a bound loopback socket (``bind_metrics``) until cancelled.
 
     Args:
         metrics: What to expose.
-        address: A loopback (host, port); port 0 picks a free one.
+        sock: The listening socket; owned (and closed) from here on.
         task_status: Receives the bound (host, port).
     """
-    host, port = address
-    listener = await anyio.create_tcp_listener(local_host=host, local_port=port, reuse_port=False)
+    listener = await anyio.abc.SocketListener.from_socket(sock)
     async with listener:
         bound = listener.extra(anyio.abc.SocketAttribute.local_address)
         host_bound, port_bound = str(bound[0]), int(bound[1])

@@ -6,6 +6,7 @@ import json
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import urllib.error
@@ -428,4 +429,21 @@ def test_an_unknown_allow_group_stops_the_start_plainly(tmp_base: Path) -> None:
     done = _start_fails(tmp_base, "--config", str(config))
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"toolsetd: {config}:2: allow-group: no group is named")
+    assert not (tmp_base / "s.sock").exists()
+
+
+def test_metrics_listen_on_a_taken_port_stops_the_start_plainly(tmp_base: Path) -> None:
+    """A metrics-listen address that cannot be bound is a start-up failure like a taken
+    --mcp-listen: exit 1 with the address and the reason, no traceback, no socket left."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = _start_fails(tmp_base, "--metrics-listen", f"127.0.0.1:{port}")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.endswith(
+        f"toolsetd: --metrics-listen 127.0.0.1:{port}: cannot listen there "
+        "(Address already in use).\n"
+    ), done.stderr
+    assert "Traceback" not in done.stderr
     assert not (tmp_base / "s.sock").exists()
