@@ -17,8 +17,10 @@ Labels carry tool-set directory names, statuses, decisions and reasons only: nev
 argument values, paths or output.
 
 ``serve_metrics`` answers ``GET /metrics`` on a loopback TCP listener (``--metrics-listen``,
-bound at start-up by ``bind_metrics``, so a taken address stops the start plainly):
-one request per connection, a bounded request head, a timeout, ``Connection: close``.
+bound at start-up by ``bind_metrics``): one request per connection, a bounded request head,
+one timeout for the whole exchange, ``Connection: close``, at most ``_MAX_SCRAPES``
+connections at once, and an ``accept`` short of descriptors retried rather than fatal:
+any local user can connect, and none may take the daemon's descriptors or end it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ import anyio.abc
 import structlog
 from toolsetd.protocol import __version__
 
+from .exhaustion import out_of_resources
+from .logs import Throttle
 from .model import Catalog, Source
 from .observe import CallInfo
 
@@ -69,8 +73,12 @@ QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0)
 RELOAD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
 
 _HEAD_LIMIT = 8192
+#: Seconds one scrape may take in all: reading the request and writing the answer.
 _REQUEST_TIMEOUT = 5.0
+#: Scrapes served at once; a connection beyond them is closed unanswered.
+_MAX_SCRAPES = 8
 _BACKLOG = 64
+_ACCEPT_RETRY_SECONDS = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -443,53 +451,105 @@ async def serve_metrics(
 ) -> None:
     """Answer ``GET /metrics`` on a bound loopback socket (``bind_metrics``) until cancelled.
 
+    Anyone on the machine may connect (no authentication, no peer check), so nothing a
+    scraper does may cost the daemon more than a bounded share: at most ``_MAX_SCRAPES``
+    connections are served at once (the next ones are closed at once), each exchange has
+    ``_REQUEST_TIMEOUT`` seconds in all (reading the request and writing the answer), and
+    an ``accept`` that fails for want of descriptors or memory is retried after a pause
+    (``metrics_accept_retry``, once per episode) instead of ending the daemon.
+
     Args:
         metrics: What to expose.
         sock: The listening socket; owned (and closed) from here on.
         task_status: Receives the bound (host, port).
     """
     listener = await anyio.abc.SocketListener.from_socket(sock)
-    async with listener:
+    async with listener, anyio.create_task_group() as tg:
         bound = listener.extra(anyio.abc.SocketAttribute.local_address)
         host_bound, port_bound = str(bound[0]), int(bound[1])
         shown = f"[{host_bound}]" if ":" in host_bound else host_bound
         log.info("metrics_listening", address=f"{shown}:{port_bound}")
         task_status.started((host_bound, port_bound))
-        await listener.serve(lambda stream: _answer(metrics, stream))
+        active = 0
+        retries = 0
+        refused = Throttle()
+
+        async def answer(stream: anyio.abc.SocketStream) -> None:
+            nonlocal active
+            try:
+                await _answer(metrics, stream)
+            finally:
+                active -= 1
+
+        while True:
+            try:
+                stream = await listener.accept()
+            except anyio.ClosedResourceError:
+                return
+            except (anyio.BrokenResourceError, OSError) as exc:
+                error = exc.__cause__ if isinstance(exc, anyio.BrokenResourceError) else exc
+                if isinstance(error, ConnectionAbortedError):
+                    continue
+                if out_of_resources(error):
+                    if not retries:
+                        log.warning("metrics_accept_retry", errno=error.errno)
+                    retries += 1
+                    await anyio.sleep(_ACCEPT_RETRY_SECONDS)
+                    continue
+                # Not the scraper's doing and it will not pass: the metrics listener
+                # stops, the daemon serves on.
+                log.error("metrics_accept_failed", error=repr(error if error is not None else exc))
+                return
+            retries = 0
+            if active >= _MAX_SCRAPES:
+                await stream.aclose()  # frees the descriptor at once; Prometheus retries
+                said = refused.count("busy")
+                if said is not None:
+                    log.warning("metrics_connection_limit", limit=_MAX_SCRAPES, refused=said)
+                continue
+            active += 1
+            tg.start_soon(answer, stream)
 
 
 async def _answer(metrics: Metrics, stream: anyio.abc.SocketStream) -> None:
-    """One HTTP/1.x exchange; anything but ``GET``/``HEAD /metrics`` gets 404 or 405."""
+    """One HTTP/1.x exchange; anything but ``GET``/``HEAD /metrics`` gets 404 or 405.
+
+    The whole exchange, the answer's writing included, has ``_REQUEST_TIMEOUT`` seconds:
+    a client that never reads cannot hold the connection (and its descriptor).
+    """
     try:
         async with stream:
-            head = b""
             with anyio.move_on_after(_REQUEST_TIMEOUT):
-                while b"\r\n\r\n" not in head and b"\n\n" not in head:
-                    chunk = await stream.receive(4096)
-                    head += chunk
-                    if len(head) > _HEAD_LIMIT:
-                        await stream.send(_response(431, "text/plain", b"request head too large\n"))
-                        return
-            parts = head.split(b"\r\n", 1)[0].split()
-            if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
-                await stream.send(_response(400, "text/plain", b"bad request\n"))
-                return
-            method, target = parts[0], parts[1].split(b"?", 1)[0]
-            if target != b"/metrics":
-                await stream.send(_response(404, "text/plain", b"only /metrics is served here\n"))
-                return
-            if method not in (b"GET", b"HEAD"):
-                await stream.send(_response(405, "text/plain", b"use GET\n", allow=True))
-                return
-            text, content_type = metrics.exposition()
-            body = text.encode()
-            await stream.send(
-                _response(200, content_type, b"" if method == b"HEAD" else body, length=len(body))
-            )
+                await _exchange(metrics, stream)
     except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         pass
     except Exception:  # one scrape's bug must not end the listener
         log.exception("metrics_request_failed")
+
+
+async def _exchange(metrics: Metrics, stream: anyio.abc.SocketStream) -> None:
+    head = b""
+    while b"\r\n\r\n" not in head and b"\n\n" not in head:
+        head += await stream.receive(4096)
+        if len(head) > _HEAD_LIMIT:
+            await stream.send(_response(431, "text/plain", b"request head too large\n"))
+            return
+    parts = head.split(b"\r\n", 1)[0].split()
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        await stream.send(_response(400, "text/plain", b"bad request\n"))
+        return
+    method, target = parts[0], parts[1].split(b"?", 1)[0]
+    if target != b"/metrics":
+        await stream.send(_response(404, "text/plain", b"only /metrics is served here\n"))
+        return
+    if method not in (b"GET", b"HEAD"):
+        await stream.send(_response(405, "text/plain", b"use GET\n", allow=True))
+        return
+    text, content_type = metrics.exposition()
+    body = text.encode()
+    await stream.send(
+        _response(200, content_type, b"" if method == b"HEAD" else body, length=len(body))
+    )
 
 
 _REASONS = {

@@ -17,7 +17,15 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from .conftest import REPO, Daemon, RawConn, eventually, start_daemon, write_set
+from .conftest import (
+    REPO,
+    Daemon,
+    RawConn,
+    descriptors_limited,
+    eventually,
+    start_daemon,
+    write_set,
+)
 
 _SH = "#!/bin/sh\n"
 
@@ -447,3 +455,48 @@ def test_metrics_listen_on_a_taken_port_stops_the_start_plainly(tmp_base: Path) 
     ), done.stderr
     assert "Traceback" not in done.stderr
     assert not (tmp_base / "s.sock").exists()
+
+
+def _descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def _scrape(address: str) -> str:
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:  # noqa: S310
+        return str(response.read().decode())
+
+
+def test_metrics_listener_holds_few_connections_and_outlives_running_out(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """Any local user may connect to /metrics. Connections that send nothing are served a
+    few at a time and the rest closed at once, so the daemon's descriptors stay bounded; an
+    accept short of descriptors is retried (metrics_accept_retry), not the daemon's end."""
+    d, _ = _configured(tmp_base, 'metrics-listen = "127.0.0.1:0"\n')
+    try:
+        address = next(e["address"] for e in d.log_events() if e["event"] == "metrics_listening")
+        host, port = address.rsplit(":", 1)
+        pid = d.proc.pid
+        before = _descriptors(pid)
+        idle = [socket.create_connection((host, int(port)), timeout=10) for _ in range(200)]
+        try:
+            eventually(
+                lambda: any(e["event"] == "metrics_connection_limit" for e in d.log_events()),
+                what="connections beyond the limit closed",
+            )
+            assert _descriptors(pid) < before + 20
+            assert "result" in d.call("status")
+        finally:
+            for conn in idle:
+                conn.close()
+        with descriptors_limited(pid):
+            with socket.create_connection((host, int(port)), timeout=10):
+                eventually(
+                    lambda: any(e["event"] == "metrics_accept_retry" for e in d.log_events()),
+                    what="the accept retried",
+                )
+        body = _scrape(address)  # the connection that waited in the backlog was served
+        assert "toolsetd_build_info" in body
+        assert d.proc.poll() is None
+    finally:
+        d.stop()
