@@ -57,7 +57,7 @@ __all__ = [
 MAX_ARGUMENT_DEPTH: Final = 64
 #: The longest ``session`` accepted, in characters (it becomes ``CRYSTAL_SESSION``).
 MAX_ENV_STRING: Final = 4096
-_TRACEPARENT: Final = re.compile(r"^00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}$")
+_TRACEPARENT: Final = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 _REQUIRED: Final = object()
 
 
@@ -133,7 +133,7 @@ def check_traceparent(value: Any) -> Any:
         return None
     if type(value) is not str:
         raise _Bad("must be a string")
-    if not _TRACEPARENT.match(value):
+    if not _TRACEPARENT.fullmatch(value):  # match with $ would take a trailing newline
         raise _Bad("must be a W3C traceparent: 00-<32 hex digits>-<16 hex digits>-<2 hex digits>")
     return value
 

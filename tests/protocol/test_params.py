@@ -144,3 +144,18 @@ def test_params_session_refuses_nul() -> None:
     assert caught.value.data == [
         {"field": key, "message": "must be at most 4096 characters (the tool gets it in its environment)"}
     ]
+
+
+@pytest.mark.parametrize("suffix", ["\n", "\r\n", " ", "-00"])
+def test_params_traceparent_is_the_whole_string(suffix: str) -> None:
+    """A traceparent with anything after its 55 characters is refused, a trailing newline
+    too (``re.match`` with ``$`` took one, and it went to the child's TRACEPARENT); the
+    models refuse it the same."""
+    good = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    given_params = {"tool": "t", "arguments": {}, "workspace": "/w", "traceparent": good}
+    assert params.invoke_args(given_params) is not None
+    with pytest.raises(InvalidParams) as caught:
+        params.invoke_args({**given_params, "traceparent": good + suffix})
+    assert caught.value.data[0]["field"] == "traceparent"
+    with pytest.raises(ValidationError):
+        models.InvokeParams.model_validate({**given_params, "traceparent": good + suffix})
