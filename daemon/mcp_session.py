@@ -69,7 +69,7 @@ import structlog
 from toolsetd.protocol import __version__
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol.jsontext import JsonNumber
-from toolsetd.protocol.params import check_arguments
+from toolsetd.protocol.params import check_arguments, check_traceparent
 
 from . import mcp_mapping as mapping
 from .mcp_mapping import McpError
@@ -104,6 +104,20 @@ _INSTRUCTIONS = (
     "calls that need approval are put to the operator."
 )
 _CAPABILITIES = {"tools": {"listChanged": True}}
+
+
+def _traceparent(meta: Any) -> str | None:
+    """``_meta.traceparent`` of a ``tools/call`` when it is a valid W3C one, else None.
+
+    An invalid one is ignored, not refused: W3C Trace Context has a receiver that cannot
+    parse the caller's context start a new trace, and a host's tracing bug must not
+    fail its tool calls.
+    """
+    value = meta.get("traceparent") if isinstance(meta, dict) else None
+    try:
+        return check_traceparent(value)  # type: ignore[no-any-return]  # str or None
+    except ValueError:
+        return None
 
 
 def _is_progress_token(token: object) -> bool:
@@ -563,6 +577,7 @@ class McpSession:
             )
         binding = self.binding
         request = InvokeRequest(
+            traceparent=_traceparent(meta),
             tool=name,
             arguments=arguments,
             workspace=str(binding.workspace),

@@ -46,6 +46,7 @@ from .mcp_helpers import (
     PY,
     RawPump,
     pump_args,
+    script,
     server,
     tool,
     write_project_asker,
@@ -1027,3 +1028,32 @@ def test_mcp_no_new_call_during_a_graceful_stop(
         if d.proc.poll() is None:
             d.proc.kill()
             d.proc.wait()
+
+
+def test_mcp_meta_traceparent_reaches_the_child_and_a_bad_one_is_ignored(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """tools/call's _meta.traceparent is the invoke's traceparent (the child gets it as
+    TRACEPARENT without tracing); an invalid one, or one with a trailing newline, starts no
+    trace and fails no call (W3C: a receiver that cannot parse it starts afresh)."""
+    write_set(
+        home / "tools",
+        "trace",
+        tool("show.py"),
+        **{"show.py": script("import os\nprint(repr(os.environ.get('TRACEPARENT')))\n")},
+    )
+    d = start_daemon(home, workspace, tmp_base)
+    pump = RawPump(pump_args(d, workspace))
+    try:
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        assert "result" in init
+        parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        expected = {parent: repr(parent), "00-xyz": "None", parent + "\n": "None"}
+        for i, (sent, shown) in enumerate(expected.items()):
+            call = {"name": "trace", "arguments": {}, "_meta": {"traceparent": sent}}
+            reply = pump.request(2 + i, "tools/call", call)
+            assert reply["result"]["isError"] is False, reply
+            assert reply["result"]["content"][0]["text"].strip() == f"exit 0\n{shown}"
+    finally:
+        assert pump.close() == 0
+        d.stop()
