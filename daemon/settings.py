@@ -505,6 +505,9 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ConfigError("is not UTF-8", path, line) from None
+    # A byte order mark (Notepad, some editors) is no TOML, but the text is what the
+    # operator meant: as config.json, take the file with or without one.
+    text = text.removeprefix("\ufeff")
     import tomllib  # only when there is a file: a daemon without one never loads it
 
     try:

@@ -304,3 +304,17 @@ def test_settings_print_format_says_where_it_looked(tmp_path: Path) -> None:
     s = load_settings(_args(), {"XDG_CONFIG_HOME": str(tmp_path)}, uid=1000)
     text = format_settings(s, looked_for=looked)
     assert text.splitlines()[0] == f"# config file: none ({looked} does not exist)"
+
+
+def test_settings_file_with_a_byte_order_mark(tmp_path: Path) -> None:
+    """A toolsetd.toml saved with a UTF-8 byte order mark is read as the text it holds (as
+    config.json is), keys and lines as without one; tomllib alone said "Invalid statement
+    (at line 1, column 1)" of a line that looks right in every editor."""
+    path = tmp_path / "toolsetd.toml"
+    path.write_bytes(b"\xef\xbb\xbfmax-running = 3\nkill-grace = 2\n")
+    settings = _load(path)
+    assert (settings.max_running, settings.kill_grace) == (3, 2.0)
+    assert settings.sources["max-running"] == f"{path}:1"
+    path.write_bytes(b"\xef\xbb\xbfmax-running = 0\n")
+    with pytest.raises(ConfigError, match=r":1: max-running: must be at least 1, got 0"):
+        _load(path)
