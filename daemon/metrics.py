@@ -29,7 +29,7 @@ import bisect
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -45,7 +45,14 @@ from .observe import CallInfo
 if TYPE_CHECKING:
     from .call import CallOutcome
 
-__all__ = ["Metrics", "MetricsSources", "bind_metrics", "serve_metrics"]
+__all__ = [
+    "MAX_SET_LABELS",
+    "OTHER_SETS",
+    "Metrics",
+    "MetricsSources",
+    "bind_metrics",
+    "serve_metrics",
+]
 
 log = structlog.get_logger("toolsetd.metrics")
 
@@ -71,6 +78,11 @@ CALL_BUCKETS = (
 )
 QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0)
 RELOAD_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0)
+
+#: Distinct ``set`` label values kept; calls of further sets count under ``OTHER_SETS``.
+MAX_SET_LABELS = 1000
+#: No set is named so (a directory name starts with a letter).
+OTHER_SETS = "_other"
 
 _HEAD_LIMIT = 8192
 #: Seconds one scrape may take in all: reading the request and writing the answer.
@@ -121,7 +133,8 @@ class _CallObservation:
 
     def __init__(self, metrics: Metrics, info: CallInfo) -> None:
         self._metrics = metrics
-        self._info = info
+        label = metrics.set_label(info.set)
+        self._info = info if label == info.set else replace(info, set=label)
 
     def child_env(self) -> Mapping[str, str]:
         return {}
@@ -187,6 +200,21 @@ class Metrics:
         self.reload_durations = _Histogram(RELOAD_BUCKETS)
         self._registry: Any = None
         self._started = time.time()
+        self._set_labels: set[str] = set()
+
+    def set_label(self, name: str) -> str:
+        """The ``set`` label for a set: its name, or ``OTHER_SETS`` past ``MAX_SET_LABELS``.
+
+        Any workspace a client names brings its own project sets, so the names are not
+        bounded; each one costs every scrape some 20 lines, rendered on the event loop.
+        """
+        labels = self._set_labels
+        if name in labels:
+            return name
+        if len(labels) < MAX_SET_LABELS:
+            labels.add(name)
+            return name
+        return OTHER_SETS
 
     # -- Observer ---------------------------------------------------------------------
 
