@@ -441,7 +441,9 @@ async def _serve(
                 socket=str(socket_path),
                 home=str(options.home),
                 activated=bool(activated),
-                config=str(options.settings.config_path) if options.settings else None,
+                config=str(options.settings.config_path)
+                if options.settings and options.settings.config_path
+                else None,
             )
             state.status = _status_text(registry, handlers, state)
             notifier.ready(state.status)

@@ -500,3 +500,25 @@ def test_metrics_listener_holds_few_connections_and_outlives_running_out(
         assert d.proc.poll() is None
     finally:
         d.stop()
+
+
+def test_daemon_started_says_null_when_no_config_file_was_read(tmp_base: Path) -> None:
+    """daemon_started's config is the file read, or null (operations.md): a start without
+    one logged the string "None", which a jq filter on null never matches."""
+    (tmp_base / "home").mkdir()
+    args = [sys.executable, "-m", "toolsetd.daemon", "--home", str(tmp_base / "home")]
+    args += ["--socket", str(tmp_base / "s.sock"), "--no-watch"]
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")}
+    # Where the default file is looked for first, and empty: no /etc or ~/.config file.
+    env["CONFIGURATION_DIRECTORY"] = str(tmp_base / "no-config")
+    env.pop("TOOLSETD_SOCKET", None)
+    log_path = tmp_base / "daemon.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(args, stderr=log_file, env=env)  # noqa: S603
+    d = Daemon(proc, tmp_base / "s.sock", tmp_base / "home", tmp_base, log_path, args)
+    try:
+        eventually(lambda: "daemon_started" in d.log(), timeout=20, what="the start")
+        started = next(e for e in d.log_events() if e["event"] == "daemon_started")
+        assert started["config"] is None
+    finally:
+        d.stop()
