@@ -56,6 +56,7 @@ from .manifest import ManifestError
 from .output import MAX_OUTPUT_LIMIT_CHARS
 
 __all__ = [
+    "MAX_SECONDS",
     "OPTIONS",
     "ConfigError",
     "Option",
@@ -321,6 +322,9 @@ OPTIONS: tuple[Option, ...] = (
 
 _BY_KEY = {option.key: option for option in OPTIONS}
 
+#: The longest grace, interval or timeout (``workspace-idle`` aside, which may be ``inf``).
+MAX_SECONDS = 86400.0
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -543,6 +547,9 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
             return seconds
         if not math.isfinite(seconds):  # an endless grace or interval is a wait with no bound
             raise ValueError(f"must be a finite number of seconds, got {_show(raw)}")
+        if seconds > MAX_SECONDS and not option.endless:
+            # As endless as inf: a grace of 1e308 never kills a child that ignores SIGTERM.
+            raise ValueError(f"must be at most {MAX_SECONDS:g} seconds (a day), got {_show(raw)}")
         if option.least is not None and seconds < option.least:
             raise ValueError(f"must be at least {option.least} seconds, got {_show(raw)}")
         return seconds

@@ -131,6 +131,11 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
         ('kill-grace = "5"\n', 'kill-grace: must be a number of seconds, got "5"'),
         ("kill-grace = inf\n", "toolsetd.toml:1: kill-grace: must be a finite number of seconds, got inf"),
         ("progress-interval = 1e-300\n", "progress-interval: must be at least 0.01 seconds, got 1e-300"),
+        ("kill-grace = 1e308\n", "kill-grace: must be at most 86400 seconds (a day), got 1e+308"),
+        ("shutdown-grace = 86401\n", "shutdown-grace: must be at most 86400 seconds (a day), got 86401"),
+        ("idle-timeout = 1e300\n", "idle-timeout: must be at most 86400 seconds (a day), got 1e+300"),
+        ("progress-interval = 1e9\n", "progress-interval: must be at most 86400 seconds (a day), got 1000000000.0"),
+        ("status-interval = 1e9\n", "status-interval: must be at most 86400 seconds (a day), got 1000000000.0"),
         ("no-watch = 1\n", "no-watch: must be true or false, got 1"),
         (
             'log-level = "loud"\n',
@@ -204,6 +209,10 @@ def test_settings_flag_and_env_errors() -> None:
     with pytest.raises(ConfigError, match="--idle-timeout: must be a finite number of seconds"):
         load_settings(_args("--idle-timeout", "Infinity"), {}, uid=1000)
     assert load_settings(_args("--workspace-idle", "inf"), {}, uid=1000).workspace_idle == math.inf
+    with pytest.raises(ConfigError, match="--kill-grace: must be at most 86400 seconds"):
+        load_settings(_args("--kill-grace", "1e308"), {}, uid=1000)
+    assert load_settings(_args("--kill-grace", "86400"), {}, uid=1000).kill_grace == 86400
+    assert load_settings(_args("--workspace-idle", "1e300"), {}, uid=1000).workspace_idle == 1e300
     with pytest.raises(ConfigError, match="--metrics-listen: must be a loopback address"):
         load_settings(_args("--metrics-listen", "10.0.0.1:80"), {}, uid=1000)
     with pytest.raises(ConfigError, match='--mcp-listen: "10.0.0.1:80": refusing to listen'):
