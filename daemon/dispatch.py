@@ -39,11 +39,14 @@ from toolsetd.protocol.jsonrpc import (
 )
 
 from .connection import Connection, Handler, RequestContext
-from .logs import REQUEST
+from .logs import REQUEST, Throttle
 
 __all__ = ["Dispatcher"]
 
 log = structlog.get_logger("toolsetd.server")
+
+#: Seconds between two ``request_refused`` lines of one method and error code.
+_REFUSED_LOG_SECONDS = 1.0
 
 
 class Dispatcher:
@@ -55,7 +58,13 @@ class Dispatcher:
 
     def __init__(self, methods: Mapping[str, Handler]) -> None:
         self._methods = dict(methods)
-        self._jsonrpc_methods = {name: _boundary(name, fn) for name, fn in self._methods.items()}
+        # A client can have every request refused, as fast as it writes: request_refused
+        # is said once a second per method and error code, counting the refusals since the
+        # last line.
+        refusals = Throttle(interval=_REFUSED_LOG_SECONDS)
+        self._jsonrpc_methods = {
+            name: _boundary(name, fn, refusals) for name, fn in self._methods.items()
+        }
         #: False once a graceful stop has begun: ``refused_while_stopping`` are refused.
         self.accepting = True
         #: Methods refused once a graceful stop has begun.
@@ -144,7 +153,9 @@ class _Failure:
         self.data = data
 
 
-def _boundary(name: str, handler: Handler) -> Callable[[RequestContext, Any], Awaitable[Any]]:
+def _boundary(
+    name: str, handler: Handler, refusals: Throttle
+) -> Callable[[RequestContext, Any], Awaitable[Any]]:
     """Wrap a handler so that it is the one place exceptions become wire errors.
 
     The wrapper returns the handler's result, or a ``_Failure`` for an error: no exception
@@ -161,7 +172,9 @@ def _boundary(name: str, handler: Handler) -> Callable[[RequestContext, Any], Aw
         try:
             result = await handler(context, params)
         except rpc_errors.RpcError as exc:
-            log.info("request_refused", code=exc.code, ms=_ms(started))
+            said = refusals.count((name, exc.code))
+            if said is not None:
+                log.info("request_refused", code=exc.code, ms=_ms(started), refused=said)
             return _Failure(exc.code, exc.message, _NO_DATA if exc.data is None else exc.data)
         except Exception:
             incident = uuid.uuid4().hex[:12]

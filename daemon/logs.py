@@ -14,8 +14,8 @@ sd-daemon priority (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug)
 journald strips and stores as the entry's priority, so ``journalctl -p warning``
 filters. The rest of the line is unchanged.
 
-Events a peer can cause at will (a refused connection) go through a ``Throttle``: one line
-per key and interval, carrying the count since the last.
+Events a peer can cause at will (a refused connection, a refused request) go through a
+``Throttle``: one line per key and interval, carrying the count since the last.
 """
 
 from __future__ import annotations

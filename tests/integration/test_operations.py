@@ -522,3 +522,32 @@ def test_daemon_started_says_null_when_no_config_file_was_read(tmp_base: Path) -
         assert started["config"] is None
     finally:
         d.stop()
+
+
+def test_a_flood_of_refused_requests_is_logged_once_a_second_per_method_and_code(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A client can have every request refused as fast as it writes (a single connection
+    forced ~20,000 request_refused lines a second). Each method and code is said once a second
+    at most,
+    its refused field counting the refusals since the last such line."""
+    d = start_daemon(ops_home, workspace, tmp_base)
+    count = 2000
+    try:
+        with d.raw(timeout=30) as conn:
+            line = {"jsonrpc": "2.0", "method": "cancel", "params": {"callId": "none"}}
+            conn.send_bytes(b"".join(
+                json.dumps({**line, "id": n}).encode() + b"\n" for n in range(count)
+            ))
+            answers = [conn.receive() for _ in range(count)]
+            assert all(a["error"]["code"] == -32005 for a in answers)
+            conn.send({"jsonrpc": "2.0", "method": "cancel", "id": "last", "params": {}})
+            assert conn.receive()["error"]["code"] == -32602  # another code: said at once
+    finally:
+        d.stop()
+    refused = [e for e in d.log_events() if e["event"] == "request_refused"]
+    unknown = [e for e in refused if e["code"] == -32005]
+    assert unknown[0]["refused"] == 1 and unknown[0]["request_id"] == 0
+    assert len(unknown) < count / 10
+    assert sum(e["refused"] for e in unknown) <= count
+    assert [e["request_id"] for e in refused if e["code"] == -32602] == ["last"]
