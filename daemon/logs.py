@@ -31,6 +31,7 @@ from typing import Any, Literal
 import structlog
 
 __all__ = [
+    "MAX_LOGGED_ID",
     "PRIORITIES",
     "REQUEST",
     "Throttle",
@@ -52,6 +53,9 @@ PRIORITIES: Mapping[str, str] = {
 }
 
 
+#: The longest string request id logged whole; a longer one is cut, its length said.
+MAX_LOGGED_ID = 128
+
 #: The JSON-RPC request a handler serves, as (method, request id); None outside one.
 REQUEST: ContextVar[tuple[str, Any] | None] = ContextVar("toolsetd_request", default=None)
 
@@ -65,7 +69,12 @@ def merge_request(
     """
     request = REQUEST.get()
     if request is not None:
-        event_dict.setdefault("request_id", request[1])
+        request_id = request[1]
+        if type(request_id) is str and len(request_id) > MAX_LOGGED_ID:
+            # The client picks it, up to the line limit (16 MiB): a line per event that
+            # long would flood the log and journald would cut it into dozens of entries.
+            request_id = f"{request_id[:MAX_LOGGED_ID]}... ({len(request_id)} characters)"
+        event_dict.setdefault("request_id", request_id)
         event_dict.setdefault("method", request[0])
     return event_dict
 

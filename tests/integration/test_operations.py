@@ -551,3 +551,27 @@ def test_a_flood_of_refused_requests_is_logged_once_a_second_per_method_and_code
     assert len(unknown) < count / 10
     assert sum(e["refused"] for e in unknown) <= count
     assert [e["request_id"] for e in refused if e["code"] == -32602] == ["last"]
+
+
+def test_a_long_request_id_is_cut_in_the_log(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A client picks its request ids, up to the line limit: a string id over 128 characters
+    is logged cut, with its length, in every event of its request (the answer echoes it
+    whole)."""
+    d = start_daemon(ops_home, workspace, tmp_base)
+    long_id = "i" * 200_000
+    try:
+        with d.raw(timeout=30) as conn:
+            params = {"tool": "quick", "arguments": {}, "workspace": str(workspace)}
+            conn.send({"jsonrpc": "2.0", "method": "invoke", "id": long_id, "params": params})
+            while "result" not in (answer := conn.receive()):
+                pass
+            assert answer["id"] == long_id
+    finally:
+        d.stop()
+    shown = "i" * 128 + "... (200000 characters)"
+    events = [e for e in d.log_events() if e.get("method") == "invoke"]
+    assert {e["event"] for e in events} >= {"call_started", "call_finished"}
+    assert all(e["request_id"] == shown for e in events)
+    assert max(len(line) for line in d.log().splitlines()) < 2000
