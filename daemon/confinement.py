@@ -66,6 +66,7 @@ from .cgroup import (
     Limits,
     parse_limits,
 )
+from .manifest import is_directory_name
 from .model import Source, ToolSet
 from .sandbox import (
     SETUP_FAILED_PREFIX,
@@ -243,6 +244,15 @@ def parse_confinement(table: Mapping[str, Any], where: str = "confinement") -> C
     sets_table = table.get("sets", {})
     if not isinstance(sets_table, dict):
         raise ValueError(f"{where}.sets: must be a table of set directories.")
+    for name in sets_table:
+        if not is_directory_name(name):
+            # It could never match a set: the confinement it asks for would silently
+            # apply to nothing.
+            raise ValueError(
+                f"{where}.sets.{name}: no set directory can be named {name!r} (a name starts with "
+                "a letter, then letters, digits, '.', '_' or '-', 64 characters at most); "
+                "use the set's directory name."
+            )
     sets = {name: _layer(value, f"{where}.sets.{name}") for name, value in sets_table.items()}
     return ConfinementConfig(
         cgroup=table.get("cgroup", "auto"),

@@ -45,6 +45,10 @@ def _confinement(table: dict[str, object], bwrap: str | None = "/usr/bin/bwrap",
         ({"sets": {"lint": {"cpu-max": "half"}}}, "confinement.sets.lint.cpu-max: must be a number"),
         ({"sets": {"lint": {"color": 1}}}, "confinement.sets.lint.color: unknown key"),
         ({"hide": "~/.aws"}, "confinement.hide: must be a list of paths"),
+        # A table no set can ever match would confine nothing, silently.
+        ({"sets": {"lint ": {"profile": "read-only"}}}, "no set directory can be named 'lint '"),
+        ({"sets": {"9lint": {}}}, "confinement.sets.9lint: no set directory can be named"),
+        ({"sets": {"a" * 65: {}}}, "64 characters at most"),
     ],
 )
 def test_confinement_config_errors_name_the_key(table: dict[str, object], message: str) -> None:
