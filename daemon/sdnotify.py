@@ -35,7 +35,7 @@ import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 
-__all__ = ["SYSTEMD_ENV_VARS", "Notifier", "scrub_environment"]
+__all__ = ["MIN_WATCHDOG_INTERVAL", "SYSTEMD_ENV_VARS", "Notifier", "scrub_environment"]
 
 #: Variables systemd passes to the daemon that a spawned tool must never inherit.
 SYSTEMD_ENV_VARS: frozenset[str] = frozenset(
@@ -50,6 +50,9 @@ SYSTEMD_ENV_VARS: frozenset[str] = frozenset(
 )
 
 _NOTIFY_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
+
+#: The shortest period between two ``WATCHDOG=1`` pings, in seconds.
+MIN_WATCHDOG_INTERVAL = 0.01
 
 
 def scrub_environment(environ: Mapping[str, str]) -> dict[str, str]:
@@ -212,7 +215,9 @@ class Notifier:
         """
         if self.watchdog_usec is None:
             return None
-        return self.watchdog_usec / 2 / 1_000_000
+        # Never a busy loop: WatchdogSec=1us asked for a ping every 0.5 us, which spun the
+        # event loop at full CPU sending datagrams systemd could not take.
+        return max(self.watchdog_usec / 2 / 1_000_000, MIN_WATCHDOG_INTERVAL)
 
 
 def _status_line(text: str) -> str:

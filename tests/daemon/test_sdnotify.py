@@ -158,10 +158,14 @@ def test_notifier_from_environ_unsets_variables() -> None:
         ({"WATCHDOG_USEC": "soon"}, None),
         ({"WATCHDOG_USEC": "2000000", "WATCHDOG_PID": "me"}, None),
         ({}, None),
+        # WatchdogSec=1us: a ping every 0.5 us spun the loop; never more often than 10 ms.
+        ({"WATCHDOG_USEC": "1"}, 0.01),
+        ({"WATCHDOG_USEC": "20000"}, 0.01),
     ],
 )
 def test_notifier_watchdog_interval(env, expected) -> None:
-    """watchdog_interval is half of WATCHDOG_USEC in seconds, only when meant for this pid."""
+    """watchdog_interval is half of WATCHDOG_USEC in seconds (10 ms at least), only when
+    meant for this pid."""
     env = {k: (str(os.getpid()) if v == "<self>" else v) for k, v in env.items()}
     env["NOTIFY_SOCKET"] = "@unused"
     assert Notifier.from_environ(env).watchdog_interval() == expected
