@@ -16,24 +16,37 @@ filters. The rest of the line is unchanged.
 
 Events a peer can cause at will (a refused connection, a refused request) go through a
 ``Throttle``: one line per key and interval, carrying the count since the last.
+
+A log line never makes the daemon wait for its reader. When stderr is a pipe or a socket
+(journald's stream, a supervisor, ``toolsetd 2>&1 | less``), lines are written without
+blocking (``LineWriter``): while the reader is stalled they are held, up to
+``HELD_LOG_BYTES``, and written before the next line once it reads again; past that they are
+dropped and counted, and ``log_lines_dropped`` says how many, in their place, before the
+next line kept. Before, a reader that stopped reading froze every client once 64 KiB of log had
+piled up in the pipe. A terminal or a file is written as before, waiting.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import stat
 import sys
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import structlog
 
 __all__ = [
+    "HELD_LOG_BYTES",
     "MAX_LOGGED_ID",
     "PRIORITIES",
     "REQUEST",
+    "LineWriter",
     "Throttle",
     "configure_logging",
     "merge_request",
@@ -120,6 +133,114 @@ def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> 
     return st.st_dev == int(device) and st.st_ino == int(inode)
 
 
+#: Log bytes held while stderr's reader is stalled; lines beyond are dropped and counted.
+HELD_LOG_BYTES = 256 * 1024
+
+
+class LineWriter:
+    """A file for structlog's ``PrintLogger`` that never waits for stderr's reader.
+
+    ``print`` writes a line in pieces and then flushes: the line goes out at the flush, in
+    one non-blocking write. What the reader cannot take now is held (a line cut short
+    always keeps its rest, so lines stay whole) and written before the next line; past
+    ``limit`` bytes held, whole lines are dropped and counted, and the next line kept is
+    preceded by ``notice(count)``, where the gap is. structlog calls it under its lock for
+    this file.
+
+    Args:
+        send: Writes bytes without blocking; returns how many went out, raises
+            ``BlockingIOError`` when none can.
+        notice: The rendered line (without newline) that says how many were dropped.
+        limit: The most bytes held.
+    """
+
+    def __init__(
+        self,
+        send: Callable[[bytes], int],
+        notice: Callable[[int], str],
+        limit: int = HELD_LOG_BYTES,
+    ) -> None:
+        self._send = send
+        self._notice = notice
+        self._limit = limit
+        self._parts: list[str] = []
+        self._held = b""
+        self.dropped = 0
+
+    def write(self, text: str) -> int:
+        self._parts.append(text)
+        return len(text)
+
+    def flush(self) -> None:
+        line = "".join(self._parts).encode("utf-8", "backslashreplace")
+        self._parts.clear()
+        if self._held:
+            self._drain()
+            if len(self._held) + len(line) > self._limit:  # the reader is still stalled
+                self.dropped += 1
+                return
+        if self.dropped:  # said where the gap is, before the first line after it
+            notice = self._notice(self.dropped) + "\n"
+            line = notice.encode("utf-8", "backslashreplace") + line
+            self.dropped = 0
+        self._held += line
+        self._drain()
+
+    def _drain(self) -> None:
+        held = self._held
+        while held:
+            try:
+                sent = self._send(held)
+            except BlockingIOError:
+                break
+            except InterruptedError:
+                continue
+            except OSError:  # the reader is gone: nothing to hold for
+                held = b""
+                break
+            held = held[sent:]
+        self._held = held
+
+
+#: ``_nonblocking_sender``'s writers by the (device, inode) they write to: configuring the
+#: logs again (a benchmark does) opens no second descriptor.
+_SENDERS: dict[tuple[int, int], Callable[[bytes], int] | None] = {}
+
+
+def _nonblocking_sender(fd: int) -> Callable[[bytes], int] | None:
+    """A non-blocking writer to ``fd`` when it is a pipe or a socket, else None.
+
+    A pipe is opened again through ``/proc`` (a file description of our own, so its
+    ``O_NONBLOCK`` reaches no other process holding the pipe); a socket is sent to with
+    ``MSG_DONTWAIT``, which changes no flag at all.
+    """
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return None
+    key = (st.st_dev, st.st_ino)
+    if key not in _SENDERS:
+        _SENDERS[key] = _open_sender(fd, st.st_mode)
+    return _SENDERS[key]
+
+
+def _open_sender(fd: int, mode: int) -> Callable[[bytes], int] | None:
+    if stat.S_ISFIFO(mode):
+        try:
+            own = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
+            return None
+        return lambda data: os.write(own, data)
+    if stat.S_ISSOCK(mode):
+        try:
+            sock = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            return None
+        flags = socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL
+        return lambda data: sock.send(data, flags)
+    return None
+
+
 def _prefix_priority(_logger: Any, method: str, line: Any) -> str:
     """Put the sd-daemon priority in front of the rendered line (the last processor)."""
     text = line.decode() if isinstance(line, bytes) else line
@@ -162,9 +283,33 @@ def configure_logging(
     ]
     if journal:
         processors.append(_prefix_priority)
+    out: Any = sys.stderr
+    send = _nonblocking_sender(sys.stderr.fileno()) if _has_fileno(sys.stderr) else None
+    if send is not None:
+
+        def notice(dropped: int) -> str:
+            event = {
+                "event": "log_lines_dropped",
+                "dropped": dropped,
+                "level": "warning",
+                # As TimeStamper(fmt="iso", utc=True) writes it.
+                "timestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            }
+            text = renderer(None, "warning", event)
+            return (PRIORITIES["warning"] if journal else "") + str(text)
+
+        out = LineWriter(send, notice)
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=True,
     )
+
+
+def _has_fileno(stream: Any) -> bool:
+    try:
+        stream.fileno()
+    except (AttributeError, OSError, ValueError):  # pytest's capture, a closed stderr
+        return False
+    return True

@@ -9,7 +9,13 @@ from pathlib import Path
 import pytest
 import structlog
 
-from toolsetd.daemon.logs import PRIORITIES, Throttle, configure_logging, stderr_is_journal
+from toolsetd.daemon.logs import (
+    PRIORITIES,
+    LineWriter,
+    Throttle,
+    configure_logging,
+    stderr_is_journal,
+)
 
 
 def _stream_of(path: Path) -> tuple[int, str]:
@@ -65,3 +71,74 @@ def test_logs_throttle_says_each_key_once_per_interval_with_the_count() -> None:
     now[0] = 60.0
     assert throttle.count(1) == 6
     assert throttle.count(1) is None
+
+
+def _pipe(size: int = 4096) -> tuple[int, int]:
+    """A real pipe whose write end does not block, shrunk to ``size`` bytes."""
+    import fcntl
+
+    read_fd, write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, size)
+    return read_fd, write_fd
+
+
+def _read_all(fd: int) -> bytes:
+    out = b""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return out
+        if not chunk:
+            return out
+        out += chunk
+
+
+def test_logs_line_writer_holds_then_drops_whole_lines_and_says_how_many() -> None:
+    """With the reader stalled, lines are held up to the limit, then dropped and counted;
+    once it reads again, the held lines go out whole, then the count, then the new line."""
+    read_fd, write_fd = _pipe()
+    try:
+        writer = LineWriter(
+            lambda data: os.write(write_fd, data), lambda n: f"dropped {n}", limit=8192
+        )
+
+        def line(i: int) -> None:
+            print(f"line {i:04d} " + "x" * 90, file=writer, flush=True)  # noqa: T201
+
+        for i in range(200):  # 20 KB: 4 KB in the pipe, 8 KB held, the rest dropped
+            line(i)
+        assert writer.dropped > 0
+        dropped = writer.dropped
+        first = _read_all(read_fd)  # the reader wakes up
+        rest = b""
+        for i in range(200, 210):  # each line written lets out up to a pipe's worth held
+            line(i)
+            rest += _read_all(read_fd)
+        text = (first + rest).decode()
+        lines = text.splitlines()
+        assert text.endswith("\n")
+        assert f"dropped {dropped}" in lines
+        got = [int(s.split()[1]) for s in lines if s.startswith("line ")]
+        # Whole lines only, in order, none twice; the dropped ones are a gap before 200.
+        assert all(len(s) == 100 for s in lines if s.startswith("line "))
+        assert got == sorted(set(got))
+        assert len([i for i in got if i < 200]) == 200 - dropped
+        assert got[-10:] == list(range(200, 210))
+        assert lines.index(f"dropped {dropped}") == got.index(200)
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_logs_line_writer_forgets_what_a_gone_reader_cannot_take() -> None:
+    """A reader that closed its end is no reason to hold lines (or to raise)."""
+    read_fd, write_fd = _pipe()
+    os.close(read_fd)
+    try:
+        writer = LineWriter(lambda data: os.write(write_fd, data), lambda n: f"dropped {n}")
+        for _ in range(3):
+            print("a line", file=writer, flush=True)  # noqa: T201
+        assert writer.dropped == 0
+    finally:
+        os.close(write_fd)

@@ -575,3 +575,54 @@ def test_a_long_request_id_is_cut_in_the_log(
     assert {e["event"] for e in events} >= {"call_started", "call_finished"}
     assert all(e["request_id"] == shown for e in events)
     assert max(len(line) for line in d.log().splitlines()) < 2000
+
+
+@pytest.mark.parametrize("stream", ["pipe", "socket"])
+def test_a_stalled_log_reader_stalls_no_client(
+    stream: str, ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """stderr a pipe (a supervisor, `| less`) or a socket (journald's stream) whose reader
+    stopped reading: clients are still served at full speed, the lines past what can be
+    held are dropped, and once the reader reads again a `log_lines_dropped` line says how
+    many, in their place; every line that comes out is whole."""
+    if stream == "pipe":
+        read_end, write_end = os.pipe()
+    else:
+        ours, theirs = socket.socketpair()
+        read_end, write_end = ours.detach(), theirs.detach()
+    reader = os.fdopen(read_end, "rb", buffering=0)
+    sock = tmp_base / "stall.sock"
+    config = _config(tmp_base, "")
+    proc = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-m", "toolsetd.daemon", "--home", str(ops_home), "--socket",
+         str(sock), "--log-level", "debug", "--config", str(config)],
+        stdout=subprocess.DEVNULL, stderr=write_end,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")},
+    )
+    os.close(write_end)
+    try:
+        eventually(sock.exists, what="the socket")
+        # Each status is a request_served line (~170 bytes): 5,000 are ~850 KB, far more
+        # than the pipe (64 KiB) and what is held (256 KiB) together.
+        with RawConn(sock, timeout=10) as conn:
+            for _ in range(5000):
+                assert "result" in conn.request("status")
+        # The reader wakes up: it reads what is there, then what the next requests let out.
+        os.set_blocking(reader.fileno(), False)
+        text = b""
+        with RawConn(sock, timeout=10) as conn:
+            for _ in range(50):
+                conn.request("status")
+                text += reader.read() or b""
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        reader.close()
+    lines = text.decode().splitlines()
+    records = [json.loads(line) for line in lines[:-1]]  # the last may still be on its way
+    dropped = [r for r in records if r["event"] == "log_lines_dropped"]
+    # The first says the gap of the stall; a reader slower than the daemon may see more.
+    assert dropped and dropped[0]["dropped"] > 1000, dropped
+    assert dropped[0]["level"] == "warning" and dropped[0]["timestamp"].endswith("Z")
+    served = [r for r in records if r["event"] == "request_served"]
+    assert len(served) + sum(r["dropped"] for r in dropped) >= 5000
