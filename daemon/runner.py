@@ -421,11 +421,16 @@ class Runner:
             # ``_THREADS_FOR_SECONDS``; after that, two slow ones in a row again. A
             # call alone always spawns on the loop. So does a spawn that enters a cgroup:
             # that moves the whole daemon into the call's cgroup for the spawn, so such
-            # spawns go one at a time. Shielded: a child once spawned always gets an owner.
+            # spawns go one at a time. So does a sandboxed spawn: bubblewrap's
+            # ``--die-with-parent`` is ``PR_SET_PDEATHSIG``, whose "parent" is the *thread*
+            # that spawned it, and a worker thread ends once idle for a second, which would
+            # SIGKILL the sandbox in the middle of its call. Shielded: a child once spawned
+            # always gets an owner.
             plain = isinstance(spawning, contextlib.nullcontext)  # no cgroup to step into
             now = time.monotonic()
             if (
                 not plain
+                or (prepared is not None and prepared.sandboxed)
                 or self._spawners is None
                 or self._running <= 1
                 or now >= self._threads_until

@@ -6,6 +6,7 @@ import asyncio
 import base64
 import math
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -27,6 +28,8 @@ from tests.daemon.conftest import (
     python_tool,
     sh_tool,
 )
+from toolsetd.daemon import threads
+from toolsetd.daemon.confinement import Confinement, parse_confinement
 from toolsetd.daemon.ending import exited_within
 from toolsetd.daemon.model import LoadedTool, OutputMode
 from toolsetd.daemon.runner import CallOutcome, CallRequest, Runner, RunnerSettings
@@ -567,6 +570,34 @@ async def test_runner_concurrent_calls_with_any_spawn_threads(
     expected = {i: f"exit 0\ncall{i}\n" for i in range(12)}
     assert {i: text(o) for i, o in outcomes.items()} == expected
     assert (runner.threaded_spawns > 0) is threaded, runner.threaded_spawns
+
+
+async def test_runner_sandboxed_spawns_stay_on_the_loop_thread(env: Env) -> None:
+    """bubblewrap's ``--die-with-parent`` is ``PR_SET_PDEATHSIG``, tied to the *thread* that
+    spawned it: a sandboxed call spawned in a worker thread was SIGKILLed (exit 137) once
+    that worker ended, a second after going idle. Even with every spawn slow, concurrent
+    sandboxed calls that outlive an idle worker complete, and none went to a thread."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    confinement = Confinement(
+        parse_confinement({"cgroup": "off", "sets": {"acme": {"profile": "workspace-write"}}}),
+        None, "off", bwrap, "", env.home / "user", env.home,
+    )  # fmt: skip
+    settings = replace(FAST, spawn_threads=4, slow_spawn_seconds=0.0)
+    runner = Runner(settings, anyio.CapacityLimiter(8), os.environ, confinement=confinement)
+    outcomes: dict[int, CallOutcome] = {}
+
+    async def one(i: int) -> None:
+        tool = sh_tool(env.set_dir, f"sleep {threads.IDLE_SECONDS + 1.0}; echo call{i}")
+        outcomes[i] = await run(runner, env, tool, call_id=f"c{i}")
+
+    async with anyio.create_task_group() as tg:
+        for i in range(4):
+            tg.start_soon(one, i)
+            await anyio.sleep(0.05)
+    assert {i: text(o) for i, o in outcomes.items()} == {i: f"exit 0\ncall{i}\n" for i in range(4)}
+    assert runner.threaded_spawns == 0
 
 
 async def test_runner_progress_fd_json_and_text(runner: Runner, env: Env) -> None:
