@@ -23,6 +23,16 @@ bubblewrap builds a new mount namespace in which:
   The daemon's own socket is hidden too (``/dev/null`` over it refuses ``connect``), so
   a tool cannot call the daemon.
 
+**Capabilities.** A daemon running as root (a container, a host where it runs as root)
+starts bubblewrap as root, and bubblewrap then *keeps* every capability for the tool unless
+told otherwise: with ``CAP_SYS_ADMIN`` in the initial user namespace a tool can
+``umount`` the tmpfs over ``~/.ssh``, ``mount -o remount,bind,rw /`` and write anywhere,
+or uncover the daemon's socket. ``--cap-drop ALL`` takes them all; bubblewrap also sets
+``PR_SET_NO_NEW_PRIVS``, so neither a setuid binary nor a root ``execve`` gives them back.
+For a daemon that is not root it changes nothing (the tool had none). ``--unshare-ipc``
+gives the call its own System V IPC and POSIX message queues: without it a sandboxed tool
+could create, read and write the host's shared memory segments and queues of its user.
+
 ``--unshare-pid`` gives the call its own PID namespace (its first process is pid 1 there;
 when it dies the kernel kills every process in the namespace, ``setsid``'d grandchildren
 included), and ``--die-with-parent`` ties that first process to bubblewrap, which is the
@@ -69,6 +79,8 @@ SETUP_FAILED_PREFIX = b"bwrap: "
 _PROBE_SECONDS = 10.0
 #: The private /tmp: a fresh tmpfs inside the sandbox, not the host's shared one.
 _PRIVATE_TMP = ("--tmpfs", "/tmp")  # noqa: S108 -- a mount point in the sandbox, no file
+#: What every sandbox gets, whatever its profile (see "Capabilities" in the module doc).
+_ALWAYS = ("--die-with-parent", "--unshare-pid", "--unshare-ipc", "--cap-drop", "ALL")
 
 
 class Profile(enum.StrEnum):
@@ -120,7 +132,7 @@ def probe_bwrap(setting: str) -> tuple[str | None, str]:
             else f"sandbox = {setting!r} is not an executable file"
         )
     argv = [
-        binary, "--die-with-parent", "--unshare-pid", "--unshare-net",
+        binary, *_ALWAYS, "--unshare-net",
         "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *_PRIVATE_TMP,
         "--", "/bin/true",
     ]  # fmt: skip
@@ -151,7 +163,7 @@ def bwrap_argv(binary: str, plan: SandboxPlan) -> list[str]:
     A writable path that does not exist is left out (the fence refuses nothing here;
     the runner creates the data folders and ``prepare_writable`` the approved paths).
     """
-    argv = [binary, "--die-with-parent", "--unshare-pid"]
+    argv = [binary, *_ALWAYS]
     if not plan.network:
         argv.append("--unshare-net")
     argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *_PRIVATE_TMP]

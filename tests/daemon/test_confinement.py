@@ -158,7 +158,8 @@ def test_confinement_bwrap_argv_binds_in_order(tmp_path: Path) -> None:
     plan = SandboxPlan(Profile.WORKSPACE_WRITE, False, (str(tmp_path),), (str(ws), "/missing"),
                        (str(ssh), str(cred), "/not/there"), str(ws))
     argv = bwrap_argv("/usr/bin/bwrap", plan)
-    assert argv[:4] == ["/usr/bin/bwrap", "--die-with-parent", "--unshare-pid", "--unshare-net"]
+    assert argv[:7] == ["/usr/bin/bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc",
+                        "--cap-drop", "ALL", "--unshare-net"]
     text = " ".join(argv)
     assert "--ro-bind / / --dev /dev --proc /proc --tmpfs /tmp" in text
     assert text.index(f"--ro-bind {tmp_path} {tmp_path}") < text.index(f"--bind {ws} {ws}")

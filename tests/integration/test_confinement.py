@@ -51,6 +51,17 @@ PROBE = textwrap.dedent(
             os.link(target, link)
             with open(link) as f:
                 result["content"] = f.read()
+        elif action == "uncover-read":
+            # Take away the mount that hides ``target``'s folder (root with CAP_SYS_ADMIN
+            # can), then read it.
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.umount2(os.path.dirname(target).encode(), 2) != 0:  # MNT_DETACH
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+            with open(target) as f:
+                result["content"] = f.read()
+        elif action == "ipc":
+            result["ipc"] = os.readlink("/proc/self/ns/ipc")
         elif action == "connect":
             host, port = target.rsplit(":", 1)
             socket.create_connection((host, int(port)), timeout=3).close()
@@ -460,6 +471,22 @@ def test_confinement_sandbox_hides_the_daemon_socket(tree: Tree) -> None:
     _need_sandbox(tree)
     result = tree.probe({"action": "read", "target": str(tree.daemon.socket)})
     assert result.get("content", "") == ""  # /dev/null over it
+
+
+def test_confinement_sandbox_holds_no_capability(tree: Tree) -> None:
+    """A daemon run as root gave bubblewrap, and so the tool, every capability: the tool
+    could umount the tmpfs over ~/.ssh and read the key (or remount / read-write). Now the
+    tool holds none, cannot take a hiding mount away, and has its own IPC namespace."""
+    _need_sandbox(tree)
+    key = str(tree.user_home / ".ssh" / "id_rsa")
+    result = tree.probe({"action": "uncover-read", "target": key})
+    assert "content" not in result, result
+    assert result["ok"] is False
+    status = tree.probe({"action": "read", "target": "/proc/self/status"})["content"]
+    assert "CapEff:\t0000000000000000" in status
+    assert "CapPrm:\t0000000000000000" in status
+    ipc = tree.probe({"action": "ipc"})
+    assert ipc["ipc"] != os.readlink("/proc/self/ns/ipc"), ipc
 
 
 def test_confinement_approved_outside_path_for_that_call_only(tree: Tree) -> None:
