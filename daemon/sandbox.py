@@ -19,7 +19,8 @@ bubblewrap builds a new mount namespace in which:
   so it is never bound by its own path (the workspace's bind covers it) and a call whose
   project data folder leads out of the workspace does not run;
 * the credential paths are hidden last: a directory under an empty read-only tmpfs, a
-  file under ``/dev/null``, so neither a path nor a symlink to it reaches the content.
+  file under ``/dev/null``, so neither a path nor a symlink to it reaches the content; a
+  hidden path that is a link is hidden where it leads.
   The daemon's own socket is hidden too (``/dev/null`` over it refuses ``connect``), so
   a tool cannot call the daemon.
 
@@ -171,8 +172,13 @@ def bwrap_argv(binary: str, plan: SandboxPlan) -> list[str]:
         argv += ["--ro-bind", path, path]
     for path in _existing(plan.writable):
         argv += ["--bind", path, path]
-    for path in _existing(plan.hidden):
-        if os.path.isdir(path) and not os.path.islink(path):
+    # A hidden path that is a link (``~/.ssh`` kept elsewhere by a dotfile manager) is
+    # hidden where it leads, so the link leads to the hiding mount too: bubblewrap can bind
+    # /dev/null over a link to a file but not over a link to a folder, nor mount a tmpfs
+    # through one, and it refused every sandboxed call.
+    hidden = [os.path.realpath(p) if os.path.islink(p) else p for p in _existing(plan.hidden)]
+    for path in _existing(hidden):
+        if os.path.isdir(path):
             argv += ["--tmpfs", path, "--remount-ro", path]
         else:
             argv += ["--ro-bind", "/dev/null", path]

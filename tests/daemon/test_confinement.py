@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -170,6 +173,33 @@ def test_confinement_bwrap_argv_binds_in_order(tmp_path: Path) -> None:
     assert argv[-3:] == ["--chdir", str(ws), "--"]
     open_net = bwrap_argv("/b", SandboxPlan(Profile.READ_ONLY, True, (), (), (), "/"))
     assert "--unshare-net" not in open_net
+
+
+def test_confinement_hidden_link_to_a_folder_is_hidden_where_it_leads() -> None:
+    """``~/.ssh`` as a link to a folder elsewhere (a dotfile manager's) made bubblewrap fail
+    every sandboxed call (/dev/null cannot be bound over a folder); now the call runs and
+    the key is unreadable through the link and through the folder it leads to."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as base:  # noqa: S108 - not the private /tmp
+        _hidden_link_to_a_folder(bwrap, Path(base))
+
+
+def _hidden_link_to_a_folder(bwrap: str, tmp_path: Path) -> None:
+    keys, home = tmp_path / "keys", tmp_path / "home"
+    keys.mkdir()
+    home.mkdir()
+    (keys / "id_rsa").write_text("PRIVATE KEY\n")
+    (home / ".ssh").symlink_to(keys)
+    plan = SandboxPlan(Profile.WORKSPACE_WRITE, False, (), (), (str(home / ".ssh"),), "/")
+    script = f"cat {home}/.ssh/id_rsa {keys}/id_rsa; ls {keys}; echo ran"
+    done = subprocess.run(  # noqa: S603 - bwrap_argv's own argv
+        [*bwrap_argv(bwrap, plan), "/bin/sh", "-c", script], capture_output=True, text=True,
+        timeout=30, check=False,
+    )
+    assert done.stdout == "ran\n", (done.stdout, done.stderr)
+    assert "PRIVATE" not in done.stderr
 
 
 def test_confinement_data_binds_never_follow_a_link_out(tmp_path: Path) -> None:
