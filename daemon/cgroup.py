@@ -723,7 +723,19 @@ class CgroupTree:
         try:
             os.rmdir(path)
         except OSError as exc:
-            if exc.errno == errno.EBUSY and len(self._trash) < _TRASH_MAX:
+            if exc.errno != errno.EBUSY:
+                return
+            # A tool may make child cgroups in its own (a cgroup with children cannot be
+            # removed): ``cgroup.kill`` emptied them with it, so remove them first. Left
+            # alone, the call's folder stayed for good and every later call retried it.
+            with contextlib.suppress(OSError):
+                for root, dirs, _ in os.walk(path, topdown=False):
+                    for name in dirs:
+                        with contextlib.suppress(OSError):
+                            os.rmdir(os.path.join(root, name))
+                os.rmdir(path)
+                return
+            if len(self._trash) < _TRASH_MAX:
                 self._trash.append(path)
 
     def _empty_trash(self) -> None:
