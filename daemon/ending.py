@@ -6,7 +6,8 @@ Theory of operation
   (a grandchild may hold them), then ``SIGKILL`` the rest of the group (no grandchild
   outlives the call), wait the same bound again for EOF, stop draining, reap the leader.
 * Timeout (the set's ``timeoutSeconds``, timed from the spawn; none for ``"unlimited"``)
-  or cancel (the ``cancel`` event) or an I/O failure: ``SIGTERM`` to the group, wait up to
+  or cancel (the ``cancel`` event) or an I/O failure: ``SIGTERM`` to the group (a
+  sandboxed call's: to all of it but bubblewrap, see ``terminate``), wait up to
   ``kill_grace_seconds`` for the leader, ``SIGKILL`` to the group (also when the leader
   already went but members remain), reap, all shielded and bounded. ``exitCode`` is null.
 * If ``run`` itself is cancelled (daemon shutdown), the group is killed at once, the leader
@@ -110,8 +111,30 @@ def _settle(waiter: asyncio.Future[bool], value: bool) -> None:
         waiter.set_result(value)
 
 
+def _members_but_leader(pgid: int) -> list[int]:
+    """The processes of group ``pgid`` other than its leader (read from ``/proc``)."""
+    members = []
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == pgid:
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if len(fields) > 2 and fields[2] == b"%d" % pgid:
+                members.append(int(entry))
+    return members
+
+
 async def terminate(
-    pgid: int, pidfd: int | None, grace: float, kill_all: Callable[[], None] | None = None
+    pgid: int,
+    pidfd: int | None,
+    grace: float,
+    kill_all: Callable[[], None] | None = None,
+    *,
+    spare_leader: bool = False,
 ) -> bool:
     """SIGTERM the group, give the leader the grace period, then SIGKILL the group.
 
@@ -121,13 +144,23 @@ async def terminate(
         grace: Seconds between SIGTERM and SIGKILL.
         kill_all: Also called with the SIGKILL: the call's ``cgroup.kill``, which reaches the
             processes that left the group.
+        spare_leader: SIGTERM every process of the group but the leader. The leader of a
+            sandboxed call is bubblewrap, which SIGTERM kills at once, and the kernel then
+            SIGKILLs the whole sandbox (``--die-with-parent``, the PID namespace): the
+            tool would get no grace period. Spared, bubblewrap exits when the tool does.
+            (Its process inside, the namespace's init, ignores a signal from outside.)
 
     Returns:
         Whether the leader exited within the grace period.
     """
     exited = False
     with anyio.CancelScope(shield=True):
-        killpg(pgid, signal.SIGTERM)
+        if spare_leader:
+            for pid in _members_but_leader(pgid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGTERM)
+        else:
+            killpg(pgid, signal.SIGTERM)
         with anyio.move_on_after(grace):
             await wait_exit(pgid, pidfd)
             exited = True

@@ -509,6 +509,7 @@ class Runner:
                     cancel,
                     deadline,
                     cgroup,
+                    prepared is not None and prepared.sandboxed,
                 )
                 killed = True
         finally:
@@ -586,6 +587,7 @@ class Runner:
         cancel: anyio.Event,
         deadline: float,
         cgroup: CallCgroup | None,
+        sandboxed: bool = False,
     ) -> bool:
         """See a call to its end that ``_run_child`` could not finish at once.
 
@@ -638,7 +640,9 @@ class Runner:
                 _kill_rest(pid, cgroup)
             else:
                 call.reason = call.reason or "timeout"
-                leader_gone = await terminate(pid, pidfd, s.kill_grace_seconds, kill_all)
+                leader_gone = await terminate(
+                    pid, pidfd, s.kill_grace_seconds, kill_all, spare_leader=sandboxed
+                )
             await all_set_within(s.drain_after_exit_seconds, done_out, done_err)
             tg.cancel_scope.cancel()  # the readers of pipes still held, the watcher
         return leader_gone

@@ -60,6 +60,15 @@ PROBE = textwrap.dedent(
                 raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
             with open(target) as f:
                 result["content"] = f.read()
+        elif action == "trap-term":
+            import signal
+            def cleanup(signum, frame):
+                time.sleep(0.5)  # a clean-up that takes a moment
+                with open(target, "w") as f:
+                    f.write("cleaned up\\n")
+                sys.exit(3)
+            signal.signal(signal.SIGTERM, cleanup)
+            time.sleep(30)
         elif action == "ipc":
             result["ipc"] = os.readlink("/proc/self/ns/ipc")
         elif action == "connect":
@@ -487,6 +496,17 @@ def test_confinement_sandbox_holds_no_capability(tree: Tree) -> None:
     assert "CapPrm:\t0000000000000000" in status
     ipc = tree.probe({"action": "ipc"})
     assert ipc["ipc"] != os.readlink("/proc/self/ns/ipc"), ipc
+
+
+def test_confinement_sandboxed_tool_gets_the_grace_period_on_timeout(tree: Tree) -> None:
+    """Timeout sends SIGTERM, then a grace period: SIGTERM used to reach bubblewrap too,
+    which died at once and took the sandbox with it (SIGKILL), so a sandboxed tool never
+    ran its SIGTERM handler. Now the tool's handler runs and writes its file."""
+    _need_sandbox(tree)
+    target = tree.workspace / f"cleanup-{uuid.uuid4().hex}"
+    _, reply = tree.invoke("probe", {"action": "trap-term", "target": str(target)})
+    assert reply["result"]["status"] == "timeout", reply
+    assert target.read_text() == "cleaned up\n"
 
 
 def test_confinement_approved_outside_path_for_that_call_only(tree: Tree) -> None:
