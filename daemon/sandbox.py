@@ -176,7 +176,11 @@ def bwrap_argv(binary: str, plan: SandboxPlan) -> list[str]:
     # hidden where it leads, so the link leads to the hiding mount too: bubblewrap can bind
     # /dev/null over a link to a file but not over a link to a folder, nor mount a tmpfs
     # through one, and it refused every sandboxed call.
-    hidden = [os.path.realpath(p) if os.path.islink(p) else p for p in _existing(plan.hidden)]
+    # A dangling link stays as it is: bubblewrap then refuses the call (fail closed).
+    hidden = [
+        os.path.realpath(p) if os.path.islink(p) and os.path.exists(p) else p
+        for p in _existing(plan.hidden)
+    ]
     for path in _existing(hidden):
         if os.path.isdir(path):
             argv += ["--tmpfs", path, "--remount-ro", path]
