@@ -75,6 +75,7 @@ from .sandbox import (
     bwrap_argv,
     call_binds,
     prepare_writable,
+    tool_ran,
 )
 
 __all__ = [
@@ -298,6 +299,9 @@ class Prepared:
     sandboxed: bool
     limits: Limits
     enter: bool = False
+    #: A sandboxed call's status pipe (read end, write end): bubblewrap's JSON status,
+    #: which says whether the tool ran (``setup_failure``). The runner owns both ends.
+    status: tuple[int, int] | None = None
 
     def spawning(self) -> contextlib.AbstractContextManager[None]:
         """The context to spawn the child in (inside the cgroup when ``enter``)."""
@@ -482,6 +486,7 @@ class Confinement:
         if conf.failure is not None:
             raise ConfinementError(f"toolsetd: {conf.failure}")
         full = argv
+        status: tuple[int, int] | None = None
         sandboxed = conf.profile != Profile.OFF and self.bwrap is not None
         if sandboxed or self.cgroups is not None:
             check_executable(argv[0], search_path)
@@ -518,13 +523,17 @@ class Confinement:
                 plan = SandboxPlan(
                     conf.profile, conf.network, (*own, *writable), (), self._hidden, cwd,
                 )  # fmt: skip
-            full = [*bwrap_argv(self.bwrap, plan), *argv]
+            status = os.pipe2(os.O_CLOEXEC)
+            os.set_blocking(status[0], False)
+            full = [*bwrap_argv(self.bwrap, plan, status[1]), *argv]
         cgroup = None
         enter = False
         if self.cgroups is not None:
             try:
                 cgroup = self.cgroups.create(conf.limits, f"set '{toolset.directory}'")
             except CgroupError as exc:
+                for fd in status or ():
+                    os.close(fd)
                 raise ConfinementError(f"toolsetd: {exc}. The call did not run.") from exc
             # Memory and pids limits would count the daemon while it stands inside: those
             # calls' children join by themselves, through the shell, before the tool runs.
@@ -533,11 +542,17 @@ class Confinement:
             )
             if not enter:
                 full = [*JOIN_ARGV, cgroup.procs, *full]
-        return Prepared(full, cgroup, sandboxed, conf.limits, enter)
+        return Prepared(full, cgroup, sandboxed, conf.limits, enter, status)
 
 
-def setup_failure(prepared: Prepared, returncode: int | None, stderr: bytes) -> str | None:
-    """The result text of a call whose confinement failed in the child, else None."""
+def setup_failure(
+    prepared: Prepared, returncode: int | None, stderr: bytes, status: bytes = b""
+) -> str | None:
+    """The result text of a call whose confinement failed in the child, else None.
+
+    ``status`` is what bubblewrap wrote on the status pipe: a tool that ran is never a
+    setup failure, whatever it printed.
+    """
     if (
         prepared.cgroup is not None
         and not prepared.enter
@@ -548,7 +563,12 @@ def setup_failure(prepared: Prepared, returncode: int | None, stderr: bytes) -> 
             "toolsetd: the call could not enter its cgroup, so it did not run: "
             + stderr.decode(errors="replace").strip()
         )
-    if prepared.sandboxed and returncode == 1 and stderr.startswith(SETUP_FAILED_PREFIX):
+    if (
+        prepared.sandboxed
+        and returncode == 1
+        and stderr.startswith(SETUP_FAILED_PREFIX)
+        and not tool_ran(status)
+    ):
         return (
             "toolsetd: the sandbox could not be set up, so the tool did not run: "
             + stderr.decode(errors="replace").strip().splitlines()[0]

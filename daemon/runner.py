@@ -394,6 +394,10 @@ class Runner:
                 fds.close_all()
                 return no_process_outcome(t0, start_failure_text(str(exc)), spawn_failed=True)
             argv = prepared.argv
+        status_w = -1  # bubblewrap's status pipe (a sandboxed call's), see ``setup_failure``
+        if prepared is not None and prepared.status is not None:
+            fds.add(*prepared.status)
+            status_w = prepared.status[1]
         cgroup = prepared.cgroup if prepared is not None else None
         kill_all = cgroup.kill if cgroup is not None else None
         usage = CallUsage()
@@ -406,7 +410,7 @@ class Runner:
             stdin=in_r,
             stdout=out_w,
             stderr=err_w,
-            pass_fds=(prog_w,),
+            pass_fds=(prog_w,) if status_w < 0 else (prog_w, status_w),
         )
         try:
             # Where the parent side of the spawn runs (~0.2 ms here, most of it the kernel's
@@ -452,7 +456,7 @@ class Runner:
                 message = f"{message}: {exc.filename}"  # say which file: the fix is there
             return no_process_outcome(t0, start_failure_text(message), spawn_failed=True)
         finally:
-            for fd in (in_r, out_w, err_w, prog_w):
+            for fd in (in_r, out_w, err_w, prog_w, status_w):
                 fds.close(fd)
         self._guard.register(proc.pid)  # it leads its own session: pgid == pid
         try:
@@ -472,6 +476,7 @@ class Runner:
         call.every_progress_line = request.every_progress_line
         killed = False
         leader_gone = False  # the leader is known to have exited (so reaping it cannot block)
+        status = b""
         try:
             os.set_blocking(in_w, False)
             if stdin_data is None or not stdin_data:
@@ -527,6 +532,8 @@ class Runner:
             if proc.returncode is None:  # not reaped within the bound: a later spawn reaps it
                 self._spawner.keep_unreaped(proc)
             self._guard.unregister(proc.pid)
+            if prepared is not None and prepared.status is not None:
+                status = read_once(prepared.status[0]) or b""
             fds.close_all()
             if pidfd is not None:
                 os.close(pidfd)
@@ -535,7 +542,7 @@ class Runner:
         measured = usage if cgroup is not None else None
         outcome = await build_outcome(request, proc.pid, proc.returncode, call, spill, s, measured)
         if prepared is not None:
-            outcome = self._confined(outcome, prepared, proc.returncode, call, usage)
+            outcome = self._confined(outcome, prepared, proc.returncode, call, usage, status)
         return outcome
 
     def _timed_spawn(self, seconds: float) -> None:
@@ -555,9 +562,13 @@ class Runner:
         returncode: int | None,
         call: CallState,
         usage: CallUsage,
+        status: bytes = b"",
     ) -> CallOutcome:
-        """Say why a confined call failed to start or was OOM-killed (``outcome`` has its usage)."""
-        failure = setup_failure(prepared, returncode, bytes(call.err.prefix[:4096]))
+        """Say why a confined call failed to start or was OOM-killed (``outcome`` has its usage).
+
+        ``status`` is what bubblewrap wrote on the status pipe of a sandboxed call.
+        """
+        failure = setup_failure(prepared, returncode, bytes(call.err.prefix[:4096]), status)
         if failure is not None:
             return replace(
                 outcome,

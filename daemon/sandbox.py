@@ -73,6 +73,7 @@ __all__ = [
     "call_binds",
     "prepare_writable",
     "probe_bwrap",
+    "tool_ran",
 ]
 
 #: bubblewrap's messages start with this; with exit status 1 it means "not set up".
@@ -133,7 +134,7 @@ def probe_bwrap(setting: str) -> tuple[str | None, str]:
             else f"sandbox = {setting!r} is not an executable file"
         )
     argv = [
-        binary, *_ALWAYS, "--unshare-net",
+        binary, *_ALWAYS, "--json-status-fd", "1", "--unshare-net",
         "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *_PRIVATE_TMP,
         "--", "/bin/true",
     ]  # fmt: skip
@@ -158,13 +159,20 @@ def _existing(paths: Iterable[str]) -> list[str]:
     return seen
 
 
-def bwrap_argv(binary: str, plan: SandboxPlan) -> list[str]:
+def bwrap_argv(binary: str, plan: SandboxPlan, status_fd: int | None = None) -> list[str]:
     """The bubblewrap prefix of a call's argv (the tool's argv follows it).
 
     A writable path that does not exist is left out (the fence refuses nothing here;
     the runner creates the data folders and ``prepare_writable`` the approved paths).
+
+    Args:
+        binary: bubblewrap.
+        plan: The call's sandbox.
+        status_fd: Where bubblewrap writes its JSON status (``tool_ran`` reads it).
     """
     argv = [binary, *_ALWAYS]
+    if status_fd is not None:
+        argv += ["--json-status-fd", str(status_fd)]
     if not plan.network:
         argv.append("--unshare-net")
     argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *_PRIVATE_TMP]
@@ -188,6 +196,17 @@ def bwrap_argv(binary: str, plan: SandboxPlan) -> list[str]:
             argv += ["--ro-bind", "/dev/null", path]
     argv += ["--chdir", plan.cwd, "--"]
     return argv
+
+
+def tool_ran(status: bytes) -> bool:
+    """Whether bubblewrap's JSON status says the tool ran (it reports its ``exit-code``).
+
+    bubblewrap writes ``{"child-pid": ...}`` as it starts and ``{"exit-code": N}`` only once
+    the command it executed has exited: a setup failure, or an exec that failed, has none.
+    So a tool that exits 1 with a stderr starting ``bwrap: `` (its own bubblewrap, or a
+    lie) is not mistaken for a sandbox that could not be set up.
+    """
+    return b'"exit-code"' in status
 
 
 def call_binds(

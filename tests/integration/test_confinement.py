@@ -69,6 +69,12 @@ PROBE = textwrap.dedent(
                 sys.exit(3)
             signal.signal(signal.SIGTERM, cleanup)
             time.sleep(30)
+        elif action == "fake-setup-failure":
+            with open(target, "w") as f:
+                f.write("the tool ran\\n")
+            print("done its work")
+            sys.stderr.write("bwrap: Can't mount tmpfs on /newroot/tmp: Permission denied\\n")
+            sys.exit(1)
         elif action == "ipc":
             result["ipc"] = os.readlink("/proc/self/ns/ipc")
         elif action == "connect":
@@ -507,6 +513,20 @@ def test_confinement_sandboxed_tool_gets_the_grace_period_on_timeout(tree: Tree)
     _, reply = tree.invoke("probe", {"action": "trap-term", "target": str(target)})
     assert reply["result"]["status"] == "timeout", reply
     assert target.read_text() == "cleaned up\n"
+
+
+def test_confinement_tool_failing_like_bubblewrap_is_not_a_setup_failure(tree: Tree) -> None:
+    """A tool that exits 1 with a stderr starting ``bwrap: `` (a bubblewrap of its own, or a
+    lie) got its output replaced by "the sandbox could not be set up, so the tool did not
+    run", after it had run. bubblewrap's status says it ran: its own result stands."""
+    _need_sandbox(tree)
+    target = tree.workspace / f"ran-{uuid.uuid4().hex}"
+    _, reply = tree.invoke("probe", {"action": "fake-setup-failure", "target": str(target)})
+    text = reply["result"]["content"][0]["text"]
+    assert target.read_text() == "the tool ran\n"
+    assert "could not be set up" not in text, text
+    assert text.startswith("exit 1\ndone its work\n"), text
+    assert reply["result"]["exitCode"] == 1
 
 
 def test_confinement_approved_outside_path_for_that_call_only(tree: Tree) -> None:
