@@ -323,6 +323,7 @@ class Confinement:
         crystal_home: The Crystal home.
         socket_path: The daemon's socket (hidden from sandboxed calls: a tool cannot call
             the daemon).
+        own_ipc: Whether sandboxed calls get their own IPC namespace (``probe_ipc``).
     """
 
     def __init__(
@@ -335,8 +336,10 @@ class Confinement:
         user_home: Path,
         crystal_home: Path,
         socket_path: Path | None = None,
+        own_ipc: bool = True,
     ) -> None:
         self.config = config
+        self.own_ipc = own_ipc
         self.cgroups = cgroups
         self.cgroup_reason = cgroup_reason
         self.bwrap = bwrap
@@ -362,10 +365,17 @@ class Confinement:
         socket_path: Path | None = None,
     ) -> Confinement:
         """Probe the cgroup tree and bubblewrap, logging once what is not available."""
-        from .sandbox import probe_bwrap
+        from .sandbox import probe_bwrap, probe_ipc
 
         cgroups, cgroup_reason = CgroupTree.probe(config.cgroup)
         bwrap, sandbox_reason = probe_bwrap(config.sandbox)
+        own_ipc = bwrap is not None and probe_ipc(bwrap)
+        if bwrap is not None and not own_ipc:
+            log.warning(
+                "sandbox_without_ipc",
+                reason="bubblewrap cannot create an IPC namespace here (allow 'ipc' in the "
+                "unit's RestrictNamespaces=): sandboxed calls share the host's System V IPC",
+            )
         if cgroups is None:
             log.warning("cgroups_unavailable", reason=cgroup_reason, fallback="process groups")
         else:
@@ -375,7 +385,7 @@ class Confinement:
             log.warning("sandbox_unavailable", reason=sandbox_reason)
         return cls(
             config, cgroups, cgroup_reason, bwrap, sandbox_reason, user_home, crystal_home,
-            socket_path,
+            socket_path, own_ipc,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -517,11 +527,12 @@ class Confinement:
                     ) from exc
                 plan = SandboxPlan(
                     conf.profile, conf.network, own,
-                    (*writable, *approved), self._hidden, cwd,
+                    (*writable, *approved), self._hidden, cwd, self.own_ipc,
                 )  # fmt: skip
             else:
                 plan = SandboxPlan(
                     conf.profile, conf.network, (*own, *writable), (), self._hidden, cwd,
+                    self.own_ipc,
                 )  # fmt: skip
             status = os.pipe2(os.O_CLOEXEC)
             os.set_blocking(status[0], False)

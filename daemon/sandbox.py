@@ -73,6 +73,7 @@ __all__ = [
     "call_binds",
     "prepare_writable",
     "probe_bwrap",
+    "probe_ipc",
     "tool_ran",
 ]
 
@@ -82,7 +83,9 @@ _PROBE_SECONDS = 10.0
 #: The private /tmp: a fresh tmpfs inside the sandbox, not the host's shared one.
 _PRIVATE_TMP = ("--tmpfs", "/tmp")  # noqa: S108 -- a mount point in the sandbox, no file
 #: What every sandbox gets, whatever its profile (see "Capabilities" in the module doc).
-_ALWAYS = ("--die-with-parent", "--unshare-pid", "--unshare-ipc", "--cap-drop", "ALL")
+_ALWAYS = ("--die-with-parent", "--unshare-pid", "--cap-drop", "ALL")
+#: Its own IPC namespace, where the system allows one (``probe_ipc``).
+_OWN_IPC = "--unshare-ipc"
 
 
 class Profile(enum.StrEnum):
@@ -104,6 +107,7 @@ class SandboxPlan:
         writable: Paths bound read-write, in this order.
         hidden: Paths made unreadable.
         cwd: The working directory inside.
+        own_ipc: Whether the call gets its own IPC namespace (``probe_ipc``).
     """
 
     profile: Profile
@@ -112,6 +116,7 @@ class SandboxPlan:
     writable: tuple[str, ...]
     hidden: tuple[str, ...]
     cwd: str
+    own_ipc: bool = True
 
 
 def probe_bwrap(setting: str) -> tuple[str | None, str]:
@@ -151,6 +156,22 @@ def probe_bwrap(setting: str) -> tuple[str | None, str]:
     return binary, ""
 
 
+def probe_ipc(binary: str) -> bool:
+    """Whether bubblewrap can also give a call its own IPC namespace here.
+
+    Not part of ``probe_bwrap``'s requirements: a unit whose ``RestrictNamespaces=`` predates
+    it (no ``ipc``) keeps its sandbox, without that namespace (``sandbox_without_ipc``).
+    """
+    argv = [binary, *_ALWAYS, _OWN_IPC, "--ro-bind", "/", "/", "--", "/bin/true"]
+    try:
+        done = subprocess.run(  # noqa: TID251 -- a fixed argv, once at start-up
+            argv, capture_output=True, timeout=_PROBE_SECONDS, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
 def _existing(paths: Iterable[str]) -> list[str]:
     seen: list[str] = []
     for path in paths:
@@ -171,6 +192,8 @@ def bwrap_argv(binary: str, plan: SandboxPlan, status_fd: int | None = None) -> 
         status_fd: Where bubblewrap writes its JSON status (``tool_ran`` reads it).
     """
     argv = [binary, *_ALWAYS]
+    if plan.own_ipc:
+        argv.append(_OWN_IPC)
     if status_fd is not None:
         argv += ["--json-status-fd", str(status_fd)]
     if not plan.network:

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,7 @@ from toolsetd.daemon.confinement import (
     parse_confinement,
 )
 from toolsetd.daemon.model import RunnerKind, Source, ToolSet
-from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv, call_binds
+from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv, call_binds, probe_ipc
 from toolsetd.daemon.settings import ConfigError, build_parser, load_settings, reload_settings
 
 
@@ -161,8 +162,8 @@ def test_confinement_bwrap_argv_binds_in_order(tmp_path: Path) -> None:
     plan = SandboxPlan(Profile.WORKSPACE_WRITE, False, (str(tmp_path),), (str(ws), "/missing"),
                        (str(ssh), str(cred), "/not/there"), str(ws))
     argv = bwrap_argv("/usr/bin/bwrap", plan)
-    assert argv[:7] == ["/usr/bin/bwrap", "--die-with-parent", "--unshare-pid", "--unshare-ipc",
-                        "--cap-drop", "ALL", "--unshare-net"]
+    assert argv[:7] == ["/usr/bin/bwrap", "--die-with-parent", "--unshare-pid", "--cap-drop",
+                        "ALL", "--unshare-ipc", "--unshare-net"]
     text = " ".join(argv)
     assert "--ro-bind / / --dev /dev --proc /proc --tmpfs /tmp" in text
     assert text.index(f"--ro-bind {tmp_path} {tmp_path}") < text.index(f"--bind {ws} {ws}")
@@ -182,7 +183,7 @@ def test_confinement_hidden_link_to_a_folder_is_hidden_where_it_leads() -> None:
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         pytest.skip("bubblewrap is not installed")
-    with tempfile.TemporaryDirectory(dir="/var/tmp") as base:  # noqa: S108 - not the private /tmp
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as base:  # not the sandbox's private /tmp
         _hidden_link_to_a_folder(bwrap, Path(base))
 
 
@@ -194,12 +195,37 @@ def _hidden_link_to_a_folder(bwrap: str, tmp_path: Path) -> None:
     (home / ".ssh").symlink_to(keys)
     plan = SandboxPlan(Profile.WORKSPACE_WRITE, False, (), (), (str(home / ".ssh"),), "/")
     script = f"cat {home}/.ssh/id_rsa {keys}/id_rsa; ls {keys}; echo ran"
-    done = subprocess.run(  # noqa: S603 - bwrap_argv's own argv
+    done = subprocess.run(  # noqa: TID251 - bwrap_argv's own argv, as the runner spawns it
         [*bwrap_argv(bwrap, plan), "/bin/sh", "-c", script], capture_output=True, text=True,
         timeout=30, check=False,
     )
     assert done.stdout == "ran\n", (done.stdout, done.stderr)
     assert "PRIVATE" not in done.stderr
+
+
+def test_confinement_ipc_namespace_where_allowed(tmp_path: Path) -> None:
+    """Sandboxed calls get their own IPC namespace; a system that refuses one (a unit whose
+    RestrictNamespaces= has no ``ipc``) keeps the sandbox without it instead of losing it."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    fake = tmp_path / "bwrap-no-ipc"
+    fake.write_text(
+        "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = --unshare-ipc ] && "
+        "{ echo 'bwrap: Operation not permitted' >&2; exit 1; }; done\n"
+        f'exec {bwrap} "$@"\n'
+    )
+    fake.chmod(0o755)
+    assert probe_ipc(bwrap) is True
+    assert probe_ipc(str(fake)) is False
+    home = tmp_path / "home"
+    conf = Confinement.probe(parse_confinement({"cgroup": "off", "sandbox": str(fake)}),
+                             home, home / ".crystal")
+    assert conf.bwrap == str(fake)  # the sandbox stays
+    assert conf.own_ipc is False
+    plan = SandboxPlan(Profile.READ_ONLY, False, (), (), (), "/", own_ipc=False)
+    assert "--unshare-ipc" not in bwrap_argv(str(fake), plan)
+    assert "--unshare-ipc" in bwrap_argv(bwrap, replace(plan, own_ipc=True))
 
 
 def test_confinement_data_binds_never_follow_a_link_out(tmp_path: Path) -> None:

@@ -113,7 +113,7 @@ def test_units_delegate_the_cgroup(kind: str) -> None:
     assert service["Delegate"] == ["yes"]
     assert service.get("ProtectControlGroups", ["no"]) == ["no"]
     allowed = service.get("RestrictNamespaces", ["no"])[0].split()
-    assert allowed == ["no"] or {"mnt", "pid", "net"} <= set(allowed)
+    assert allowed == ["no"] or {"mnt", "pid", "net", "ipc"} <= set(allowed)
 
 
 @pytest.mark.parametrize(
