@@ -596,7 +596,8 @@ async def test_runner_sandboxed_spawns_stay_on_the_loop_thread(env: Env) -> None
         for i in range(4):
             tg.start_soon(one, i)
             await anyio.sleep(0.05)
-    assert {i: text(o) for i, o in outcomes.items()} == {i: f"exit 0\ncall{i}\n" for i in range(4)}
+    expected = {i: f"exit 0\ncall{i}\n" for i in range(4)}
+    assert {i: text(o) for i, o in outcomes.items()} == expected
     assert runner.threaded_spawns == 0
 
 
