@@ -324,6 +324,7 @@ class Confinement:
         socket_path: The daemon's socket (hidden from sandboxed calls: a tool cannot call
             the daemon).
         own_ipc: Whether sandboxed calls get their own IPC namespace (``probe_ipc``).
+        status: Whether bubblewrap writes its JSON status (``probe_status``).
     """
 
     def __init__(
@@ -337,9 +338,11 @@ class Confinement:
         crystal_home: Path,
         socket_path: Path | None = None,
         own_ipc: bool = True,
+        status: bool = True,
     ) -> None:
         self.config = config
         self.own_ipc = own_ipc
+        self.status_fd = status
         self.cgroups = cgroups
         self.cgroup_reason = cgroup_reason
         self.bwrap = bwrap
@@ -365,11 +368,12 @@ class Confinement:
         socket_path: Path | None = None,
     ) -> Confinement:
         """Probe the cgroup tree and bubblewrap, logging once what is not available."""
-        from .sandbox import probe_bwrap, probe_ipc
+        from .sandbox import probe_bwrap, probe_ipc, probe_status
 
         cgroups, cgroup_reason = CgroupTree.probe(config.cgroup)
         bwrap, sandbox_reason = probe_bwrap(config.sandbox)
         own_ipc = bwrap is not None and probe_ipc(bwrap)
+        status = bwrap is not None and probe_status(bwrap)
         if bwrap is not None and not own_ipc:
             log.warning(
                 "sandbox_without_ipc",
@@ -385,7 +389,7 @@ class Confinement:
             log.warning("sandbox_unavailable", reason=sandbox_reason)
         return cls(
             config, cgroups, cgroup_reason, bwrap, sandbox_reason, user_home, crystal_home,
-            socket_path, own_ipc,
+            socket_path, own_ipc, status,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -534,9 +538,10 @@ class Confinement:
                     conf.profile, conf.network, (*own, *writable), (), self._hidden, cwd,
                     self.own_ipc,
                 )  # fmt: skip
-            status = os.pipe2(os.O_CLOEXEC)
-            os.set_blocking(status[0], False)
-            full = [*bwrap_argv(self.bwrap, plan, status[1]), *argv]
+            if self.status_fd:
+                status = os.pipe2(os.O_CLOEXEC)
+                os.set_blocking(status[0], False)
+            full = [*bwrap_argv(self.bwrap, plan, status[1] if status else None), *argv]
         cgroup = None
         enter = False
         if self.cgroups is not None:

@@ -74,6 +74,7 @@ __all__ = [
     "prepare_writable",
     "probe_bwrap",
     "probe_ipc",
+    "probe_status",
     "tool_ran",
 ]
 
@@ -139,7 +140,7 @@ def probe_bwrap(setting: str) -> tuple[str | None, str]:
             else f"sandbox = {setting!r} is not an executable file"
         )
     argv = [
-        binary, *_ALWAYS, "--json-status-fd", "1", "--unshare-net",
+        binary, *_ALWAYS, "--unshare-net",
         "--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *_PRIVATE_TMP,
         "--", "/bin/true",
     ]  # fmt: skip
@@ -162,7 +163,20 @@ def probe_ipc(binary: str) -> bool:
     Not part of ``probe_bwrap``'s requirements: a unit whose ``RestrictNamespaces=`` predates
     it (no ``ipc``) keeps its sandbox, without that namespace (``sandbox_without_ipc``).
     """
-    argv = [binary, *_ALWAYS, _OWN_IPC, "--ro-bind", "/", "/", "--", "/bin/true"]
+    return _works(binary, _OWN_IPC)
+
+
+def probe_status(binary: str) -> bool:
+    """Whether this bubblewrap writes a JSON status (``--json-status-fd``, 0.5 and later).
+
+    Without it a sandboxed call that exits 1 with ``bwrap: `` on stderr still counts as a
+    setup failure (``tool_ran`` cannot tell); an older bubblewrap keeps working.
+    """
+    return _works(binary, "--json-status-fd", "1")
+
+
+def _works(binary: str, *options: str) -> bool:
+    argv = [binary, *_ALWAYS, *options, "--ro-bind", "/", "/", "--", "/bin/true"]
     try:
         done = subprocess.run(  # noqa: TID251 -- a fixed argv, once at start-up
             argv, capture_output=True, timeout=_PROBE_SECONDS, check=False

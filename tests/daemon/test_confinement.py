@@ -20,7 +20,7 @@ from toolsetd.daemon.confinement import (
     parse_confinement,
 )
 from toolsetd.daemon.model import RunnerKind, Source, ToolSet
-from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv, call_binds, probe_ipc
+from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv, call_binds, probe_ipc, probe_status
 from toolsetd.daemon.settings import ConfigError, build_parser, load_settings, reload_settings
 
 
@@ -226,6 +226,37 @@ def test_confinement_ipc_namespace_where_allowed(tmp_path: Path) -> None:
     plan = SandboxPlan(Profile.READ_ONLY, False, (), (), (), "/", own_ipc=False)
     assert "--unshare-ipc" not in bwrap_argv(str(fake), plan)
     assert "--unshare-ipc" in bwrap_argv(bwrap, replace(plan, own_ipc=True))
+
+
+def test_confinement_older_bubblewrap_without_json_status_keeps_the_sandbox(
+    tmp_path: Path,
+) -> None:
+    """A bubblewrap that does not know --json-status-fd (before 0.5) still sandboxes: the
+    start probe does not need it, and calls are spawned without it."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    fake = tmp_path / "bwrap-old"
+    fake.write_text(
+        "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = --json-status-fd ] && "
+        "{ echo 'bwrap: Unknown option --json-status-fd' >&2; exit 1; }; done\n"
+        f'exec {bwrap} "$@"\n'
+    )
+    fake.chmod(0o755)
+    assert probe_status(bwrap) is True
+    assert probe_status(str(fake)) is False
+    home = tmp_path / "home"
+    conf = Confinement.probe(parse_confinement({"cgroup": "off", "sandbox": str(fake)}),
+                             home, home / ".crystal")
+    assert conf.bwrap == str(fake)
+    assert conf.status_fd is False
+    toolset = _set("s", Source.PROJECT, tmp_path / "ws" / ".crystal" / "tools" / "s")
+    (tmp_path / "ws").mkdir()
+    prepared = conf.prepare(toolset, ["/bin/true"], str(tmp_path / "ws"),
+                            (str(home / "data"), str(tmp_path / "ws" / ".crystal" / "d")), ())
+    assert prepared.sandboxed
+    assert prepared.status is None
+    assert "--json-status-fd" not in prepared.argv
 
 
 def test_confinement_data_binds_never_follow_a_link_out(tmp_path: Path) -> None:
