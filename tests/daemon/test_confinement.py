@@ -20,7 +20,14 @@ from toolsetd.daemon.confinement import (
     parse_confinement,
 )
 from toolsetd.daemon.model import RunnerKind, Source, ToolSet
-from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv, call_binds, probe_ipc, probe_status
+from toolsetd.daemon.sandbox import (
+    Profile,
+    SandboxPlan,
+    bwrap_argv,
+    call_binds,
+    probe_ipc,
+    probe_status,
+)
 from toolsetd.daemon.settings import ConfigError, build_parser, load_settings, reload_settings
 
 
