@@ -237,6 +237,14 @@ def parse_confinement(table: Mapping[str, Any], where: str = "confinement") -> C
     hide = table.get("hide", [])
     if not isinstance(hide, list) or not all(isinstance(h, str) and h for h in hide):
         raise ValueError(f"{where}.hide: must be a list of paths; got {hide!r}.")
+    for entry in hide:
+        # Anything else named no path the sandbox could find ($HOME is not expanded, a
+        # relative path would depend on the daemon's working folder): it hid nothing, silently.
+        if not (entry == "~" or entry.startswith(("/", "~/"))):
+            raise ValueError(
+                f"{where}.hide: each path must be absolute or start with '~/' (variables are "
+                f"not expanded); got {entry!r}."
+            )
     sources = {
         source: _layer(table[source.value], f"{where}.{source.value}")
         for source in Source

@@ -60,6 +60,9 @@ def _confinement(table: dict[str, object], bwrap: str | None = "/usr/bin/bwrap",
         ({"sets": {"lint ": {"profile": "read-only"}}}, "no set directory can be named 'lint '"),
         ({"sets": {"9lint": {}}}, "confinement.sets.9lint: no set directory can be named"),
         ({"sets": {"a" * 65: {}}}, "64 characters at most"),
+        ({"hide": ["$HOME/.aws"]}, "confinement.hide: each path must be absolute or start"),
+        ({"hide": ["~/.aws", "secrets/key"]}, "got 'secrets/key'"),
+        ({"hide": ["~user/.aws"]}, "confinement.hide: each path must be absolute or start"),
     ],
 )
 def test_confinement_config_errors_name_the_key(table: dict[str, object], message: str) -> None:
