@@ -420,11 +420,15 @@ class CallCgroup:
 
     def signal_all(self, sig: int) -> None:
         """Send ``sig`` to every process in the cgroup (the grace signal of a timeout)."""
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+
+    def pids(self) -> list[int]:
+        """The processes in the cgroup now (none once it is spent)."""
         if self.spent:
-            return
-        for line in (_read(self.procs) or "").split():
-            with contextlib.suppress(OSError, ValueError):
-                os.kill(int(line), sig)
+            return []
+        return [int(line) for line in (_read(self.procs) or "").split() if line.isdigit()]
 
     def discard(self) -> None:
         """Remove the cgroup of a child that never started."""

@@ -652,7 +652,12 @@ class Runner:
             else:
                 call.reason = call.reason or "timeout"
                 leader_gone = await terminate(
-                    pid, pidfd, s.kill_grace_seconds, kill_all, spare_leader=sandboxed
+                    pid,
+                    pidfd,
+                    s.kill_grace_seconds,
+                    kill_all,
+                    spare_leader=sandboxed,
+                    members=cgroup.pids if cgroup is not None else None,
                 )
             await all_set_within(s.drain_after_exit_seconds, done_out, done_err)
             tg.cancel_scope.cancel()  # the readers of pipes still held, the watcher
