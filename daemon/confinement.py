@@ -217,6 +217,36 @@ def _layer(table: Any, where: str) -> _Layer:
     return _Layer(profile, network, parse_limits(table, where))
 
 
+#: Profiles from the least confining to the most.
+_STRICTNESS = {Profile.OFF: 0, Profile.WORKSPACE_WRITE: 1, Profile.READ_ONLY: 2}
+
+
+def _no_looser(by_set: _Layer, by_source: _Layer | None) -> _Layer:
+    """A ``sets.<directory>`` table as it applies to a *project* set of that name.
+
+    Such a table is meant for the operator's set, but a project set of the same name is
+    anyone's: a cloned repository, or any sandboxed call that can write the workspace, can
+    make ``.crystal/tools/<directory>/``, and a project set hides the home set of its name.
+    So for a project set the table may confine more than ``[confinement.project]`` (or the
+    default) and never less: a looser profile, or the network where that denies it, is left
+    out. Limits still apply as written (they confine resources, not reach).
+    """
+    base = by_source.profile if by_source is not None and by_source.profile else None
+    base = base or Profile.WORKSPACE_WRITE
+    profile = by_set.profile
+    if profile is not None and _STRICTNESS[profile] < _STRICTNESS[base]:
+        profile = None
+    effective = profile or base
+    if by_source is not None and by_source.network is not None:
+        base_network = by_source.network
+    else:
+        base_network = effective == Profile.OFF
+    network = by_set.network
+    if network and not base_network:
+        network = None
+    return _Layer(profile, network, by_set.limits)
+
+
 def parse_confinement(table: Mapping[str, Any], where: str = "confinement") -> ConfinementConfig:
     """Read the ``[confinement]`` table of the daemon config.
 
@@ -419,7 +449,10 @@ class Confinement:
         return found
 
     def _resolve(self, source: Source, directory: str) -> SetConfinement:
-        found = (self.config.sets.get(directory), self.config.sources.get(source))
+        by_set, by_source = self.config.sets.get(directory), self.config.sources.get(source)
+        if by_set is not None and source == Source.PROJECT:
+            by_set = _no_looser(by_set, by_source)
+        found = (by_set, by_source)
         layers = [layer for layer in found if layer is not None]
         named = next((lay.profile for lay in layers if lay.profile), None)
         network = next((lay.network for lay in layers if lay.network is not None), None)

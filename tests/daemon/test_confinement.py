@@ -119,16 +119,48 @@ def test_confinement_defaults_project_sandboxed_home_not() -> None:
 
 
 def test_confinement_set_wins_over_source() -> None:
-    """A sets.<directory> table overrides its source's table, key by key."""
+    """For a home set, a sets.<directory> table overrides its source's table, key by key."""
     c = _confinement({
-        "project": {"profile": "read-only", "network": False},
+        "home": {"profile": "read-only", "network": False},
         "sets": {"web": {"network": True}, "lint": {"profile": "off"}},
     })
-    web = c.for_set(_set("web", Source.PROJECT))
+    web = c.for_set(_set("web", Source.HOME))
     assert (web.profile, web.network) == (Profile.READ_ONLY, True)
-    lint = c.for_set(_set("lint", Source.PROJECT))
+    lint = c.for_set(_set("lint", Source.HOME))
     assert lint.profile == Profile.OFF
     assert lint.network is False  # the source said so; profile off does not reopen it
+
+
+@pytest.mark.parametrize(
+    ("project", "by_set", "expected"),
+    [
+        # Loosening the operator's set must not loosen anyone's project set of its name.
+        ({}, {"profile": "off"}, (Profile.WORKSPACE_WRITE, False)),
+        ({}, {"network": True}, (Profile.WORKSPACE_WRITE, False)),
+        ({}, {"profile": "off", "network": True}, (Profile.WORKSPACE_WRITE, False)),
+        ({"profile": "read-only"}, {"profile": "workspace-write"}, (Profile.READ_ONLY, False)),
+        # Confining more does apply.
+        ({}, {"profile": "read-only"}, (Profile.READ_ONLY, False)),
+        ({"network": True}, {"network": False}, (Profile.WORKSPACE_WRITE, False)),
+        # What the project table already allows, the set table may say again.
+        ({"network": True}, {"network": True}, (Profile.WORKSPACE_WRITE, True)),
+        ({"profile": "off"}, {"profile": "off"}, (Profile.OFF, True)),
+    ],
+)
+def test_confinement_set_table_never_loosens_a_project_set(
+    project: dict[str, object], by_set: dict[str, object], expected: tuple[Profile, bool]
+) -> None:
+    """A project set of a name the operator relaxed for a home set is anyone's (a cloned
+    repository, a sandboxed call writing the workspace): the table may confine it more
+    than the project's settings, never less. The home set still gets what it says."""
+    c = _confinement({"project": project, "sets": {"lint": by_set}})
+    got = c.for_set(_set("lint", Source.PROJECT))
+    assert (got.profile, got.network) == expected
+    home = c.for_set(_set("lint", Source.HOME))
+    if "profile" in by_set:
+        assert home.profile == Profile(str(by_set["profile"]))
+    if "network" in by_set:
+        assert home.network is by_set["network"]
 
 
 def test_confinement_without_bwrap_default_off_named_fails_closed() -> None:
