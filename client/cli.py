@@ -445,7 +445,7 @@ def _cmd_metrics(ctx: Context, args: argparse.Namespace) -> int:
     if ctx.out.is_json:
         ctx.emit(result)
     else:
-        ctx.out.stdout.write(str(result.get("text", "")))
+        ctx.out.tool_text(str(result.get("text", "")))
     return EXIT_OK
 
 

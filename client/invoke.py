@@ -126,7 +126,7 @@ def _print_result(
         ctx.emit(result)
     else:
         for text in content_lines(result.get("content") or []):
-            ctx.out.stdout.write(text if text.endswith("\n") else text + "\n")
+            ctx.out.tool_text(text if text.endswith("\n") else text + "\n")
     status = result.get("status")
     exit_code = result.get("exitCode")
     if status == "cancelled":

@@ -3,7 +3,8 @@
 It goes to stderr, and only when stderr is a terminal and ``CI`` is not set (in ``json``
 and ``jsonl`` also not when stdout is that terminal too: the JSON would be drawn over).
 It is one line, redrawn in place (``\\r`` and erase-line), cut to the terminal's width,
-and removed when the call ends.
+and removed when the call ends. The tool's message is the tool's own text: its control
+characters are shown as escapes (``printable``), never written to the terminal as they are.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Mapping
+
+from .table import printable
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
@@ -102,7 +105,7 @@ class Progress:
             columns = os.get_terminal_size(self._stream.fileno()).columns
         except (AttributeError, ValueError, OSError):
             columns = 80
-        self._stream.write("\r\x1b[2K" + text[: max(columns - 1, 10)])
+        self._stream.write("\r\x1b[2K" + printable(text)[: max(columns - 1, 10)])
         self._stream.flush()
         self._drawn = True
 

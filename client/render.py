@@ -27,7 +27,16 @@ import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-from .table import fields_lines, fits, fitted_widths, output_width, short_path, table_lines
+from .table import (
+    fields_lines,
+    fits,
+    fitted_widths,
+    output_width,
+    printable,
+    short_path,
+    table_lines,
+    terminal_text,
+)
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
@@ -47,12 +56,14 @@ __all__ = [
     "inventory_table",
     "is_directory_name",
     "output_width",
+    "printable",
     "reload_rows",
     "set_rows_from_list",
     "short_path",
     "source_label",
     "status_fields",
     "table_lines",
+    "terminal_text",
     "tool_fields",
     "yes_no",
 ]
@@ -660,8 +671,28 @@ def inventory_table(
     return headers, cells, foldable
 
 
+#: In JSON text: what ``json.dumps(ensure_ascii=False)`` leaves raw but a terminal may act
+#: on (DEL, the C1 controls, bidirectional controls, separators, lone surrogates). Outside
+#: strings JSON is ASCII, so each is inside a string and ``\\uXXXX`` is the same value.
+_JSON_UNSAFE = re.compile(
+    "[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+
+
+def _json_text(value: Any, **options: Any) -> str:
+    text = json.dumps(value, ensure_ascii=False, **options)
+    return _JSON_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+
+
 class Output:
     """Prints in one format to one stdout and one stderr.
+
+    What it prints in ``table`` and ``text`` goes through ``printable`` (cells, field
+    values, lines, error messages): names, descriptions, notes and the daemon's messages
+    come from tool sets nobody reviewed (a cloned repository's ``.crystal/tools``), and a
+    terminal must show them, not obey them. JSON escapes the same characters as ``\\uXXXX``
+    (the same document). A tool's output is the one thing printed as it is
+    (``tool_text``), and on a terminal only with its control characters shown as escapes.
 
     Args:
         fmt: ``table``, ``text``, ``json`` or ``jsonl``.
@@ -684,21 +715,28 @@ class Output:
         return self.format in ("json", "jsonl")
 
     def line(self, text: str = "") -> None:
-        """Print one plain line to stdout."""
-        self.stdout.write(text + "\n")
+        """Print one plain line to stdout (its control characters shown as escapes)."""
+        self.stdout.write(printable(text) + "\n")
 
     def error(self, text: str) -> None:
-        """Print one line to stderr."""
-        self.stderr.write(text + "\n")
+        """Print one line to stderr (its control characters shown as escapes)."""
+        self.stderr.write(printable(text) + "\n")
         self.stderr.flush()
+
+    def tool_text(self, text: str) -> None:
+        """Print a tool's output: as it is into a file or a pipe; on a terminal, its
+        control characters (but line feeds, tabs and CRLF) shown as escapes."""
+        if _isatty(self.stdout):
+            text = terminal_text(text)
+        self.stdout.write(text)
 
     def json(self, value: Any) -> None:
         """Print a JSON value: indented (``json``) or on one line (``jsonl``), UTF-8."""
         if self.format == "jsonl":
-            self.stdout.write(json.dumps(value, ensure_ascii=False, separators=(",", ":")) + "\n")
+            self.stdout.write(_json_text(value, separators=(",", ":")) + "\n")
             self.stdout.flush()
         else:
-            self.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+            self.stdout.write(_json_text(value, indent=2) + "\n")
 
     def rows(
         self,
@@ -712,6 +750,8 @@ class Output:
         if not rows:
             self.line(empty)
             return
+        headers = [printable(header) for header in headers]
+        rows = [[printable(cell) for cell in row] for row in rows]
         lines = (
             aligned_rows(headers, rows)
             if self.format == "text"
@@ -722,6 +762,7 @@ class Output:
 
     def fields(self, fields: Sequence[tuple[str, str]]) -> None:
         """Print ``Label  value`` pairs (values wrapped to the width in ``table``)."""
+        fields = [(printable(label), printable(value)) for label, value in fields]
         lines = (
             aligned_fields(fields) if self.format == "text" else fields_lines(fields, self.width)
         )

@@ -1,0 +1,156 @@
+"""toolsetctl against a daemon that misbehaves: a fake server on a Unix socket.
+
+Whatever the peer at the socket sends (lines nested past the decoder's recursion limit,
+answers to ids never asked, silence, results of the wrong shape, events with members of the
+wrong type, escape sequences), toolsetctl ends with one of its documented exit codes and
+a message, bounded in memory and time, and prints nothing a terminal would act on.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from toolsetd.client import blocking, context
+from toolsetd.client.blocking import BlockingClient
+from toolsetd.client.cli import run
+
+
+Reply = Callable[[socket.socket, dict[str, object]], None]
+
+
+def _send(conn: socket.socket, value: object) -> None:
+    conn.sendall(json.dumps(value).encode() + b"\n")
+
+
+class FakeDaemon:
+    """Accepts connections; answers each first request with ``reply``; records requests."""
+
+    def __init__(self, path: Path, reply: Reply) -> None:
+        self.path = path
+        self.reply = reply
+        self.requests: list[dict[str, object]] = []
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(path))
+        self._server.listen(8)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._handle, args=(conn,), daemon=True).start()
+
+    def _handle(self, conn: socket.socket) -> None:
+        with conn, conn.makefile("rb") as reader:
+            try:
+                line = reader.readline()
+                if not line:
+                    return
+                request = json.loads(line)
+                self.requests.append(request)
+                self.reply(conn, request)
+                self._stop.wait(5)  # hold the connection open for the client to read
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._server.close()
+
+
+@pytest.fixture
+def sockdir() -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="tshd-") as name:  # short: AF_UNIX path limit
+        yield Path(name)
+
+
+@pytest.fixture
+def fake(sockdir: Path) -> Iterator[Callable[[Reply], FakeDaemon]]:
+    made: list[FakeDaemon] = []
+
+    def start(reply: Reply) -> FakeDaemon:
+        daemon = FakeDaemon(sockdir / f"f{len(made)}.sock", reply)
+        made.append(daemon)
+        return daemon
+
+    yield start
+    for daemon in made:
+        daemon.close()
+
+
+def ctl(daemon: FakeDaemon, *args: str, fmt: str = "table") -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    code = run(["--socket", str(daemon.path), "--format", fmt, *args], stdout=out, stderr=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _answer(result: object) -> Reply:
+    def reply(conn: socket.socket, request: dict[str, object]) -> None:
+        _send(conn, {"jsonrpc": "2.0", "id": request["id"], "result": result})
+
+    return reply
+
+
+ESCAPES = "\x1b]52;c;cHduZWQ=\x07\x1b]0;title\x07\x1b[2J\r\x9b31m\u202e\x7f"
+
+
+def _no_controls(text: str) -> None:
+    for char in "\x1b\x07\r\x9b\u202e\x7f":
+        assert char not in text, repr(text)
+
+
+def test_status_and_error_messages_from_the_daemon_are_shown_not_obeyed(
+    fake: Callable[[Reply], FakeDaemon],
+) -> None:
+    daemon = fake(_answer({"version": ESCAPES, "socket": ESCAPES, "workspaces": [ESCAPES]}))
+    code, out, _ = ctl(daemon, "status")
+    assert code == 0
+    _no_controls(out)
+    assert "\\x1b]52;c;cHduZWQ=\\x07" in out
+
+    def error(conn: socket.socket, request: dict[str, object]) -> None:
+        _send(conn, {"jsonrpc": "2.0", "id": request["id"],
+                     "error": {"code": -32001, "message": f"Unknown tool {ESCAPES}"}})
+
+    daemon = fake(error)
+    code, out, err = ctl(daemon, "invoke", "t")
+    assert code == 2
+    _no_controls(err)
+    assert "\\u202e" in err
+
+
+def test_json_output_escapes_what_a_terminal_acts_on_and_keeps_the_values(
+    fake: Callable[[Reply], FakeDaemon],
+) -> None:
+    status = {"version": ESCAPES + "é😀\u200d"}
+    daemon = fake(_answer(status))
+    for fmt in ("json", "jsonl"):
+        code, out, _ = ctl(daemon, "status", fmt=fmt)
+        assert code == 0
+        _no_controls(out)
+        assert "é😀\u200d" in out  # ordinary text (a ZWJ emoji sequence too) stays as it is
+        value = json.loads(out)
+        assert (value["result"] if fmt == "jsonl" else value) == status
+
+
+def test_a_lone_surrogate_from_the_daemon_is_printed_escaped(
+    fake: Callable[[Reply], FakeDaemon],
+) -> None:
+    daemon = fake(lambda conn, request: conn.sendall(
+        b'{"jsonrpc":"2.0","id":%d,"result":{"version":"a\\ud800b"}}\n' % request["id"]))
+    code, out, _ = ctl(daemon, "status")
+    assert code == 0
+    assert "a\\ud800b" in out

@@ -1,0 +1,197 @@
+"""toolsetctl against a real daemon: what reaches a terminal, and a reader that goes away.
+
+A project set (a cloned repository's ``.crystal/tools``) whose names, descriptions and
+errors carry escape sequences; a tool whose output and progress messages do. On a
+terminal toolsetctl shows them escaped; into a pipe a tool's output stays byte for byte.
+A closed stdout never turns a failed, timed-out or denied call into an exit 0.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import select
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .conftest import Daemon, eventually, start_daemon, write_set
+
+OSC52 = "\x1b]52;c;cHduZWQ=\x07"
+ESCAPES = f"{OSC52}\x1b]0;title\x07\x1b[2J\x9b31m\u202e"
+#: What a terminal would act on; none of it may reach one from toolsetctl's own rendering.
+RAW = ("\x1b", "\x07", "\x9b", "\u202e")
+
+TOOL_OUTPUT = (
+    "import json, os, sys, time\n"
+    "mode = json.load(sys.stdin).get('mode')\n"
+    "if mode == 'escapes':\n"
+    "    sys.stdout.write('out ' + {escapes!r} + ' line1\\rOVER\\r\\nnext\\n')\n"
+    "elif mode == 'progress':\n"
+    "    with os.fdopen(int(os.environ['TOOLSETD_PROGRESS_FD']), 'w') as p:\n"
+    "        p.write(json.dumps({{'message': 'prog ' + {escapes!r}, 'fraction': 0.5}}) + '\\n')\n"
+    "        p.flush()\n"
+    "        time.sleep(2)\n"
+    "elif mode == 'long':\n"
+    "    for i in range(600):\n"
+    "        print('tick', i, flush=True)\n"
+    "        time.sleep(0.1)\n"
+    "elif mode == 'fail':\n"
+    "    sys.stdout.write('x' * 300000)\n"
+    "    sys.exit(3)\n"
+    "elif mode == 'sleep':\n"
+    "    time.sleep(30)\n"
+).format(escapes=ESCAPES)
+
+
+@dataclass
+class Setup:
+    daemon: Daemon
+    workspace: Path
+    base: Path
+
+    def argv(self, *args: str) -> list[str]:
+        return [sys.executable, "-m", "toolsetd.client", "--socket", str(self.daemon.socket),
+                "--workspace", str(self.workspace), *args]
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CI")}
+        return {**env, "COLUMNS": "400"}
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(self.argv(*args), capture_output=True, timeout=60,
+                              env=self.env(), cwd=self.base, check=False)
+
+    def piped(self, *args: str) -> int:
+        """Run with stdout a pipe whose reader is gone; return the exit code."""
+        read, write = os.pipe()
+        os.close(read)
+        try:
+            proc = subprocess.run(self.argv(*args), stdout=write, stderr=subprocess.DEVNULL,
+                                  timeout=60, env=self.env(), cwd=self.base, check=False)
+        finally:
+            os.close(write)
+        return proc.returncode
+
+    def on_terminal(self, *args: str) -> tuple[int, bytes]:
+        """Run with stdout and stderr a pseudo-terminal; return the exit code and its bytes."""
+        leader, follower = pty.openpty()
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 200, 0, 0))
+        proc = subprocess.Popen(self.argv(*args), stdin=subprocess.DEVNULL, stdout=follower,
+                                stderr=follower, env=self.env(), cwd=self.base)
+        os.close(follower)
+        seen = bytearray()
+        deadline = time.monotonic() + 60
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([leader], [], [], 0.1)
+                if ready:
+                    try:
+                        chunk = os.read(leader, 65536)
+                    except OSError:  # EIO: every writer closed the terminal
+                        break
+                    if not chunk:
+                        break
+                    seen += chunk
+                elif proc.poll() is not None:
+                    break
+            return proc.wait(timeout=10), bytes(seen)
+        finally:
+            os.close(leader)
+            if proc.poll() is None:
+                proc.kill()
+
+
+@pytest.fixture(scope="module")
+def setup() -> Iterator[Setup]:
+    base = Path(tempfile.mkdtemp(prefix="tst-"))
+    home, workspace = base / "home", base / "ws"
+    (home / "tools").mkdir(parents=True)
+    workspace.mkdir()
+    write_set(home / "tools", "h", {  # approval inherit: asks in default mode, so --approve
+        "runner": "exec", "command": ["t.py"], "stdin": True,
+        "tools": [{"name": "h_run", "description": "runs", "schema": {"type": "object"}}],
+    }, **{"t.py": f"#!{sys.executable}\n{TOOL_OUTPUT}"})
+    write_set(home / "tools", "slow", {
+        "runner": "exec", "command": ["t.py"], "stdin": True, "approval": "always",
+        "timeoutSeconds": 1,
+        "tools": [{"name": "slow_run", "description": "times out", "schema": {"type": "object"}}],
+    }, **{"t.py": f"#!{sys.executable}\n{TOOL_OUTPUT}"})
+    project = workspace / ".crystal" / "tools"
+    write_set(project, "proj", {
+        "runner": "exec", "command": ["x"],
+        "tools": [{"name": "pt", "description": f"desc {ESCAPES} end",
+                   "schema": {"type": "object"}}],
+    })
+    write_set(project, "bad", {
+        "runner": "exec", "command": ["x"],
+        "tools": [{"name": f"bad{OSC52}\x1b[2K\rFAKE", "description": "d",
+                   "schema": {"type": "object"}}],
+    })
+    d = start_daemon(home, workspace, base, ["--no-watch"])
+    try:
+        yield Setup(d, workspace, base)
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _no_raw(data: bytes) -> None:
+    text = data.decode("utf-8", "replace")
+    for char in RAW:
+        assert char not in text, f"{char!r} reached the output: {text!r}"
+
+
+@pytest.mark.parametrize("fmt", ["table", "text"])
+def test_list_shows_a_hostile_project_set_escaped(setup: Setup, fmt: str) -> None:
+    """Names, descriptions and parse errors of a cloned repository's sets drive no terminal."""
+    result = setup.ctl("--format", fmt, "list")
+    assert result.returncode == 0, result.stderr
+    _no_raw(result.stdout)
+    _no_raw(result.stderr)
+    assert b"Tool name 'bad\\x1b]52;c;cHduZWQ=\\x07\\x1b[2K\\rFAKE' is reserved or invalid." in (
+        result.stdout
+    )
+
+
+def test_show_and_json_escape_a_hostile_description(setup: Setup) -> None:
+    shown = setup.ctl("show", "pt")
+    assert shown.returncode == 0, shown.stderr
+    _no_raw(shown.stdout)
+    assert b"desc \\x1b]52;c;cHduZWQ=\\x07" in shown.stdout
+    as_json = setup.ctl("--format", "json", "show", "pt")
+    _no_raw(as_json.stdout)
+    assert json.loads(as_json.stdout)["description"] == f"desc {ESCAPES} end"
+
+
+def test_a_tools_output_is_byte_exact_into_a_pipe(setup: Setup) -> None:
+    result = setup.ctl("invoke", "h_run", "--approve", "--args", '{"mode": "escapes"}')
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith(f"out {ESCAPES} line1\rOVER\r\nnext\n".encode())
+
+
+def test_a_tools_output_on_a_terminal_is_shown_escaped(setup: Setup) -> None:
+    code, seen = setup.on_terminal("invoke", "h_run", "--approve", "--args", '{"mode": "escapes"}')
+    assert code == 0, seen
+    # The progress line's own erase sequence is toolsetctl's: drop it, then nothing raw stays.
+    _no_raw(seen.replace(b"\r\x1b[2K", b""))
+    assert b"out \\x1b]52;c;cHduZWQ=\\x07" in seen
+    assert b"line1\\rOVER" in seen
+
+
+def test_a_progress_message_on_a_terminal_is_shown_escaped(setup: Setup) -> None:
+    code, seen = setup.on_terminal("invoke", "h_run", "--approve", "--args", '{"mode": "progress"}')
+    assert code == 0, seen
+    assert b"prog \\x1b]52;c;cHduZWQ=\\x07" in seen
+    _no_raw(seen.replace(b"\r\x1b[2K", b""))
