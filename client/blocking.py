@@ -33,7 +33,8 @@ from collections.abc import Callable, Mapping
 
 from toolsetd.protocol.errors import RemoteProtocolError, RpcError
 
-from .errors import ConnectionClosed, RequestTimeout, map_connect_errors
+from .errors import ConnectError, ConnectionClosed, RequestTimeout, map_connect_errors
+from .mcp import shared_tmp_squatted
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
@@ -125,6 +126,9 @@ class BlockingClient:
         Raises:
             ConnectError: The socket is missing, refuses, is forbidden, or timed out.
         """
+        squatted = shared_tmp_squatted(path)
+        if squatted is not None:
+            raise ConnectError(f"Not connecting to toolsetd at {path}: {squatted}.", path)
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with map_connect_errors(path, timeout):

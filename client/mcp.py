@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 
 from toolsetd.protocol.names import METHOD_MCP_BIND
 
-__all__ = ["default_socket_path", "main"]
+__all__ = ["default_socket_path", "main", "shared_tmp_squatted"]
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -82,7 +82,54 @@ def default_socket_path(env: Mapping[str, str] | None = None) -> str:
     runtime = env.get("XDG_RUNTIME_DIR", "")
     if runtime and os.path.isabs(runtime):
         return os.path.join(runtime, "toolsetd", "toolsetd.sock")
-    return f"/tmp/toolsetd-{os.geteuid()}/toolsetd.sock"  # noqa: S108 -- the contract's default
+    return os.path.join(_shared_tmp_folder(), "toolsetd.sock")
+
+
+def _shared_tmp_folder() -> str:
+    """The default socket folder in the shared ``/tmp`` (tests point it elsewhere)."""
+    return f"/tmp/toolsetd-{os.geteuid()}"  # noqa: S108 -- the contract's default
+
+
+def shared_tmp_squatted(path: str) -> str | None:
+    """Why the default socket folder in the shared ``/tmp`` must not be used, or None.
+
+    ``/tmp/toolsetd-<uid>`` is ours by name only: any user can create it first and listen
+    in it, and every request (the arguments of each call, secrets included) would go to
+    them, and their answers be taken for toolsetd's. The daemon refuses to serve from such
+    a folder (``daemon.sockpath``); the clients refuse to connect into it, by the same
+    rule: a directory (a symlink only if we or root own it) owned by us and writable by
+    nobody else. Any other path (``--socket``, ``$TOOLSETD_SOCKET`` elsewhere,
+    ``$XDG_RUNTIME_DIR``) is the operator's choice and not checked.
+    """
+    import stat
+
+    euid = os.geteuid()
+    folder = _shared_tmp_folder()
+    if os.path.dirname(os.path.normpath(path)) != folder:
+        return None
+    try:
+        link = os.lstat(folder)
+        info = os.stat(folder)
+    except OSError:
+        return None  # nothing there: the connect says "no such socket"
+    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (euid, 0):
+        owner = link.st_uid
+    elif not stat.S_ISDIR(info.st_mode):
+        return f"the socket folder {folder} is not a directory; refusing to connect"
+    elif info.st_uid != euid:
+        owner = info.st_uid
+    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return (
+            f"the socket folder {folder} is writable by group or others "
+            f"(mode {stat.S_IMODE(info.st_mode):04o}); refusing to connect: run "
+            f"'chmod 0700 {folder}'"
+        )
+    else:
+        return None
+    return (
+        f"the socket folder {folder} belongs to uid {owner}, not to us (uid {euid}): "
+        "someone else may have created it to capture the socket; refusing to connect"
+    )
 
 
 class _Usage(Exception):
@@ -134,6 +181,8 @@ def _parse(argv: Sequence[str]) -> dict[str, object]:
 
 
 def _connect(path: str) -> socket.socket | None:
+    if shared_tmp_squatted(path) is not None:
+        return None  # then _start_daemon: the daemon refuses the folder and says why
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
@@ -148,6 +197,9 @@ def _start_daemon(path: str) -> socket.socket:
     import subprocess  # only on this path: it costs milliseconds
 
     folder = os.path.dirname(path) or "."
+    squatted = shared_tmp_squatted(path)
+    if squatted is not None:  # neither the log nor the daemon goes into someone else's folder
+        raise OSError(squatted)
     try:
         os.makedirs(folder, mode=0o700, exist_ok=True)
     except OSError as exc:
@@ -155,7 +207,11 @@ def _start_daemon(path: str) -> socket.socket:
     log_path = os.path.join(folder, "toolsetd.log")
     sys.stderr.write(f"toolsetctl mcp: starting toolsetd on {path}; its log is {log_path}\n")
     sys.stderr.flush()
-    with open(log_path, "ab") as log_file:
+    try:  # not through a symlink someone planted: the log is appended to as we
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise OSError(f"cannot open the log {log_path}: {exc.strerror}") from None
+    with open(log_fd, "ab") as log_file:
         daemon = subprocess.Popen(  # noqa: TID251 -- a detached daemon, not a child we wait on
             [sys.executable, "-m", "toolsetd.daemon", "--socket", path],
             stdin=subprocess.DEVNULL,

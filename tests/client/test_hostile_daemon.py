@@ -154,3 +154,56 @@ def test_a_lone_surrogate_from_the_daemon_is_printed_escaped(
     code, out, _ = ctl(daemon, "status")
     assert code == 0
     assert "a\\ud800b" in out
+
+
+# -- the shared /tmp default socket folder ---------------------------------------------
+
+
+@pytest.fixture
+def tmp_default(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Point the ``/tmp/toolsetd-<uid>`` default at a folder of the test's own."""
+    from toolsetd.client import mcp
+
+    folder = tmp_path / f"toolsetd-{os.geteuid()}"
+    monkeypatch.setattr(mcp, "_shared_tmp_folder", lambda: str(folder))
+    return folder
+
+
+def test_the_default_tmp_folder_is_refused_unless_it_is_ours_alone(tmp_default: Path) -> None:
+    from toolsetd.client.mcp import shared_tmp_squatted
+
+    sock = str(tmp_default / "toolsetd.sock")
+    assert shared_tmp_squatted(sock) is None  # missing: the connect reports it
+    tmp_default.mkdir(mode=0o700)
+    os.chmod(tmp_default, 0o700)
+    assert shared_tmp_squatted(sock) is None
+    os.chmod(tmp_default, 0o777)
+    reason = shared_tmp_squatted(sock)
+    assert reason is not None and "writable by group or others" in reason
+    os.chmod(tmp_default, 0o700)
+    assert shared_tmp_squatted("/elsewhere/toolsetd.sock") is None  # --socket elsewhere
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a folder to another user needs root")
+def test_a_default_tmp_folder_owned_by_someone_else_is_not_connected_to(
+    tmp_default: Path, sockdir: Path
+) -> None:
+    """Another user's ``/tmp/toolsetd-<uid>`` with a live socket in it: never connected to."""
+    from toolsetd.client.mcp import shared_tmp_squatted
+
+    tmp_default.mkdir(mode=0o700)
+    daemon = FakeDaemon(tmp_default / "toolsetd.sock", _answer({"status": "ok"}))
+    try:
+        os.chown(tmp_default, 65534, 65534)
+        sock = str(tmp_default / "toolsetd.sock")
+        reason = shared_tmp_squatted(sock)
+        assert reason is not None and "belongs to uid 65534" in reason
+        with pytest.raises(blocking.ConnectError, match="refusing to connect"):
+            BlockingClient.connect(sock)
+        out, err = io.StringIO(), io.StringIO()
+        code = run(["--socket", sock, "invoke", "t", "--args", '{"token": "s3cret"}'],
+                   stdout=out, stderr=err)
+        assert code == 5
+        assert daemon.requests == []  # the arguments never left
+    finally:
+        daemon.close()
