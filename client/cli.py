@@ -464,13 +464,21 @@ _COMMANDS: dict[str, Callable[[Context, argparse.Namespace], int]] = {
 
 
 def _report(out: Output, failure: Failure) -> int:
-    """Print a failure in the output's format; return its exit code."""
-    if out.is_json:
-        out.json({"error": failure.error()})
-    else:
-        out.error(failure.message)
-        for line in failure.details:
-            out.error(line)
+    """Print a failure in the output's format; return its exit code.
+
+    The code stands when the failure cannot be printed (a closed pipe): a denial, a
+    timeout or a lost daemon is never an exit 0 because nobody read the message.
+    """
+    try:
+        if out.is_json:
+            out.json({"error": failure.error()})
+            out.flush()
+        else:
+            out.error(failure.message)
+            for line in failure.details:
+                out.error(line)
+    except BrokenPipeError:
+        out.discard()
     return failure.exit_code
 
 
@@ -559,6 +567,7 @@ def run(
         out.flush()
         return code
     except BrokenPipeError:
+        out.discard()  # so that the interpreter's own flush at exit stays quiet
         return EXIT_OK  # the reader went away (toolsetctl list | head)
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED

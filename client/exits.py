@@ -19,6 +19,8 @@ code  meaning
 8     the daemon is busy (-32008); try again later
 9     an internal error, in the daemon or in toolsetctl
 130   interrupted (Ctrl-C; ``invoke`` cancels the call in the daemon first)
+141   ``invoke``: stdout was closed while the call ran (``--format jsonl | head``); the
+      call was cancelled in the daemon, as a SIGPIPE would have ended toolsetctl
 ====  =============================================================================
 
 With ``invoke --tool-exit-code``, a tool that ran and exited gives its own exit code.
@@ -47,6 +49,7 @@ __all__ = [
     "EXIT_INTERRUPTED",
     "EXIT_NOT_ALLOWED",
     "EXIT_OK",
+    "EXIT_STDOUT_CLOSED",
     "EXIT_TIMEOUT",
     "EXIT_TOOL_ERROR",
     "EXIT_UNREACHABLE",
@@ -67,6 +70,7 @@ EXIT_NOT_ALLOWED = 7
 EXIT_BUSY = 8
 EXIT_INTERNAL = 9
 EXIT_INTERRUPTED = 130
+EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
 
 #: ``error.code`` of the failures toolsetctl finds itself (the daemon's keep their code).
 CLI_ERROR_CODES: Mapping[str, int] = {

@@ -5,6 +5,11 @@ feed the progress line (``toolsetd.client.progress``) and, in ``jsonl``, are pri
 they arrive. Ctrl-C sends ``cancel`` for the call on the same connection and waits up to
 ``CANCEL_GRACE`` seconds for the result (a second Ctrl-C stops waiting): exit 130. A call
 the daemon cancels by itself exits 6; ``--tool-exit-code`` exits with the tool's code.
+
+A reader that goes away (``toolsetctl --format jsonl invoke ... | head -n1``) is never a
+success: while the call runs, the events stop, the call is cancelled like on Ctrl-C, and
+the exit is 141 (what a shell reports for a SIGPIPE); once the result is in, its exit code
+stands whether or not all of its text could be written.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from .exits import (
     EXIT_DAEMON_CANCELLED,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    EXIT_STDOUT_CLOSED,
     EXIT_TIMEOUT,
     EXIT_TOOL_ERROR,
     Failure,
@@ -69,10 +75,17 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
 
     def on_event(method: str, event: dict[str, Any]) -> None:
         if streaming:
-            ctx.out.json({"method": method, "params": event})
+            try:
+                ctx.out.json({"method": method, "params": event})
+            except BrokenPipeError:
+                raise _StdoutClosed from None
+        progress.event(method, event)
+
+    def on_event_after(method: str, event: dict[str, Any]) -> None:
         progress.event(method, event)
 
     interrupted = False
+    stdout_closed = False
     request_id: int | None = None
     with connect(ctx) as client:
         try:
@@ -86,12 +99,23 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
                 progress.stop()
                 ctx.out.error("Interrupted; cancelling the call.")
                 result = _cancel(client, call_id, request_id, on_event)
+            except _StdoutClosed:
+                assert request_id is not None  # events come only after the send
+                stdout_closed = True
+                ctx.out.discard()
+                progress.stop()
+                ctx.out.error("The output was closed; cancelling the call.")
+                result = _cancel(client, call_id, request_id, on_event_after)
         except RpcError as exc:
             raise rpc_failure(exc) from exc
         except (ConnectionClosed, RequestTimeout) as exc:
             raise lost(ctx, exc) from exc
         finally:
             progress.stop()
+    if stdout_closed:
+        if not isinstance(result, dict) or result.get("status") == "cancelled":
+            return EXIT_STDOUT_CLOSED
+        return _exit_code(result, interrupted=False, tool_exit_code=args.tool_exit_code)
     if result is None:
         raise Failure(
             EXIT_INTERRUPTED,
@@ -100,6 +124,10 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
             {"callId": call_id},
         )
     return _print_result(ctx, result, interrupted=interrupted, tool_exit_code=args.tool_exit_code)
+
+
+class _StdoutClosed(Exception):
+    """stdout broke while the call's events were being printed (``jsonl``)."""
 
 
 def _cancel(
@@ -121,12 +149,22 @@ def _cancel(
 def _print_result(
     ctx: Context, result: Mapping[str, Any], *, interrupted: bool, tool_exit_code: bool
 ) -> int:
-    """Print a call result; return the exit code it means."""
-    if ctx.out.is_json:
-        ctx.emit(result)
-    else:
-        for text in content_lines(result.get("content") or []):
-            ctx.out.tool_text(text if text.endswith("\n") else text + "\n")
+    """Print a call result; return the exit code it means (also when stdout is closed)."""
+    code = _exit_code(result, interrupted=interrupted, tool_exit_code=tool_exit_code)
+    try:
+        if ctx.out.is_json:
+            ctx.emit(result)
+        else:
+            for text in content_lines(result.get("content") or []):
+                ctx.out.tool_text(text if text.endswith("\n") else text + "\n")
+        ctx.out.flush()
+    except BrokenPipeError:
+        ctx.out.discard()  # the reader went away; the call's outcome is still the exit code
+    return code
+
+
+def _exit_code(result: Mapping[str, Any], *, interrupted: bool, tool_exit_code: bool) -> int:
+    """The exit code a call result means."""
     status = result.get("status")
     exit_code = result.get("exitCode")
     if status == "cancelled":

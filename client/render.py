@@ -24,6 +24,7 @@ by ``set_rows_from_list``, or from the files on disk by ``toolsetd.client.offlin
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -772,3 +773,22 @@ class Output:
     def flush(self) -> None:
         """Flush stdout."""
         self.stdout.flush()
+
+    def discard(self) -> None:
+        """After a broken pipe: send what is still buffered for stdout to ``/dev/null``.
+
+        The reader went away (``toolsetctl ... | head``); without this every later flush,
+        the interpreter's own at exit included, fails again (Python then prints "Exception
+        ignored" and exits 120 instead of the command's code).
+        """
+        try:
+            fd = self.stdout.fileno()
+            devnull = os.open(os.devnull, os.O_WRONLY)
+        except (AttributeError, ValueError, OSError):
+            return  # not a file (a test's StringIO): nothing to redirect
+        try:
+            os.dup2(devnull, fd)
+        except OSError:
+            pass
+        finally:
+            os.close(devnull)

@@ -195,3 +195,34 @@ def test_a_progress_message_on_a_terminal_is_shown_escaped(setup: Setup) -> None
     assert code == 0, seen
     assert b"prog \\x1b]52;c;cHduZWQ=\\x07" in seen
     _no_raw(seen.replace(b"\r\x1b[2K", b""))
+
+
+def test_a_closed_stdout_keeps_the_outcome_exit_code(setup: Setup) -> None:
+    """A failed (1), timed-out (4) or denied (3) call is never exit 0 for want of a reader."""
+    assert setup.piped("invoke", "h_run", "--approve", "--args", '{"mode": "fail"}') == 1
+    assert setup.piped("invoke", "slow_run", "--approve", "--args", '{"mode": "sleep"}') == 4
+    assert setup.piped("invoke", "h_run", "--headless") == 3
+    assert setup.piped("--format", "json", "invoke", "h_run", "--headless") == 3
+    assert setup.piped("list") == 0
+
+
+def test_a_closed_event_stream_cancels_the_call_and_exits_141(setup: Setup) -> None:
+    """``--format jsonl invoke ... | head -n1``: the call is cancelled, never reported as a success."""
+    proc = subprocess.Popen(
+        setup.argv("--format", "jsonl", "invoke", "h_run", "--approve", "--args",
+                   '{"mode": "long"}'),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=setup.env(), cwd=setup.base,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = json.loads(proc.stdout.readline())
+    assert first["method"] == "started"
+    proc.stdout.close()  # the reader goes away while the tool runs
+    assert proc.wait(timeout=60) == 141
+    assert b"cancelling the call" in proc.stderr.read()
+    proc.stderr.close()
+    call_id = first["params"]["callId"]
+    eventually(
+        lambda: any(event.get("call_id") == call_id and event.get("status") == "cancelled"
+                    for event in setup.daemon.log_events()),
+        timeout=20, what="the call cancelled in the daemon",
+    )
