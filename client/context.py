@@ -39,6 +39,10 @@ __all__ = [
 
 #: Seconds allowed to connect to the daemon.
 CONNECT_TIMEOUT = 5.0
+#: The longest ``--args`` text read: the daemon's line limit (``protocol.codec``'s
+#: ``DEFAULT_MAX_FRAME_SIZE``; longer cannot be sent anyway). ``@/dev/zero`` or an endless
+#: stdin stops here instead of filling the memory.
+MAX_ARGS_BYTES = 16 * 1024 * 1024
 
 
 class UsageError(Exception):
@@ -53,31 +57,38 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
         where = "--args from stdin"
         raw = getattr(stdin, "buffer", None)  # bytes: the locale's decoder may be strict
         if raw is None:
-            text = stdin.read()
+            text = stdin.read(MAX_ARGS_BYTES + 1)
         else:
-            data = raw.read()
+            data = raw.read(MAX_ARGS_BYTES + 1)
+            _check_size(len(data), where)
             try:
                 text = data.decode("utf-8")
             except UnicodeDecodeError as exc:
                 raise UsageError(f"{where} is not valid UTF-8 (at byte {exc.start}).") from None
     elif spec.startswith("@"):
         name = spec[1:]
+        where = f"--args file {name}"
         try:
-            text = Path(name).read_text(encoding="utf-8")
+            with open(name, "rb") as file:
+                data = file.read(MAX_ARGS_BYTES + 1)
+            _check_size(len(data), where)
+            text = data.decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise UsageError(f"Cannot read the --args file {name}: {reason}.") from exc
-        where = f"--args file {name}"
     else:
         text, where = spec, "--args"
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:  # undecodable bytes, kept by surrogateescape
         raise UsageError(f"{where} is not valid UTF-8 (at character {exc.start}).") from None
+    _check_size(len(text), where)
     try:
         value = json.loads(text, parse_constant=reject_json_constant)
     except ValueError as exc:
         raise UsageError(f"{where} is not valid JSON: {exc}") from exc
+    except RecursionError:  # the stdlib decoder recurses once per level
+        raise UsageError(f"{where} is nested too deeply to be read.") from None
     if not isinstance(value, dict):
         raise UsageError(f"{where} must be a JSON object.")
     try:
@@ -88,6 +99,14 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
             "without its other half), which is no character: the daemon refuses it."
         ) from None
     return value, text
+
+
+def _check_size(size: int, where: str) -> None:
+    if size > MAX_ARGS_BYTES:
+        raise UsageError(
+            f"{where} is larger than {MAX_ARGS_BYTES} bytes, the most toolsetd takes in one "
+            "message."
+        )
 
 
 def parse_arguments(spec: str | None, stdin: TextIO) -> dict[str, Any]:

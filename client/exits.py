@@ -90,6 +90,7 @@ _RPC_EXITS: Mapping[int, int] = {
     -32002: EXIT_USAGE,  # InvalidArguments
     -32602: EXIT_USAGE,  # InvalidParams
     -32006: EXIT_USAGE,  # InvalidWorkspace
+    -32007: EXIT_USAGE,  # MessageTooLarge: only the request can be over the limit (--args)
     -32003: EXIT_DENIED,  # PolicyDenied
     -32004: EXIT_DENIED,  # ApprovalRequired
     -32010: EXIT_DAEMON_CANCELLED,  # ShuttingDown

@@ -90,3 +90,33 @@ def test_cli_args_not_utf8_on_stdin_exits_2_with_a_strict_decoder(tmp_path: Path
     )
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr.startswith(b"--args from stdin is not valid UTF-8 (at byte 7).")
+
+
+def test_parse_arguments_nested_too_deeply_is_a_usage_error() -> None:
+    """JSON nested past the stdlib decoder's recursion: exit 2's UsageError, not a crash (9)."""
+    deep = '{"a": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    with pytest.raises(UsageError, match="nested too deeply"):
+        parse_arguments(deep, io.StringIO())
+
+
+@pytest.mark.parametrize("spec", ["@/dev/zero", "-"])
+def test_parse_arguments_reads_a_bounded_amount(
+    spec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``@/dev/zero`` or an endless stdin stops at the daemon's line limit, not at the OOM killer."""
+    from toolsetd.client import context
+
+    monkeypatch.setattr(context, "MAX_ARGS_BYTES", 1024)
+    with open("/dev/zero", "rb") as zero:
+        stdin = io.TextIOWrapper(zero)
+        with pytest.raises(UsageError, match="is larger than 1024 bytes"):
+            parse_arguments(spec, stdin)
+
+
+def test_a_request_over_the_daemons_line_limit_exits_2() -> None:
+    """-32007 (MessageTooLarge) can only be the caller's --args: a usage error, not internal."""
+    from toolsetd.client.exits import EXIT_USAGE, rpc_failure
+    from toolsetd.protocol.errors import RpcError
+
+    failure = rpc_failure(RpcError.from_error({"code": -32007, "message": "Message too large"}))
+    assert failure.exit_code == EXIT_USAGE
