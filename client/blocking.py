@@ -13,10 +13,11 @@ transport failures are ``ConnectError`` and ``ConnectionClosed``.
 Theory of operation: ``BlockingClient.connect`` opens the Unix socket (bounded by the
 connect timeout), then reads with no timeout unless the caller gives a deadline.
 ``send`` writes one request and returns its id; ``wait(id)`` reads messages until that
-id is answered: answers to other ids are kept for their own ``wait``, the events of a
-call (``started``, ``progress``, ``completed``) go to ``on_event``, other notifications
-are dropped. Ctrl-C (``KeyboardInterrupt``) escapes ``wait`` with the connection still
-usable, so the caller can send ``cancel`` and wait again.
+id is answered: answers to other ids sent are kept for their own ``wait`` (answers to ids
+never sent, or answered already, are dropped), the events of a call (``started``,
+``progress``, ``completed``) go to ``on_event``, other notifications are dropped.
+Ctrl-C (``KeyboardInterrupt``) escapes ``wait`` with the connection still usable, so the
+caller can send ``cancel`` and wait again.
 
 An error whose ``id`` is null is the daemon's word on the whole connection (a refused
 peer, a full server, a daemon shutting down); it is raised from every ``wait`` and
@@ -108,6 +109,8 @@ class BlockingClient:
         self._next_id = 1
         #: Answers read for requests nobody waits on yet: ``(error, result)``.
         self._answers: dict[int, tuple[RpcError | None, Any]] = {}
+        #: The ids sent and not yet answered.
+        self._pending: set[int] = set()
         #: The daemon's error for the whole connection (an error with a null id).
         self._refusal: RpcError | None = None
         self._closed: ConnectionClosed | None = None
@@ -169,6 +172,7 @@ class BlockingClient:
         message: dict[str, Any] = {"jsonrpc": "2.0", "id": request_id, "method": method}
         if params is not None:
             message["params"] = dict(params)
+        self._pending.add(request_id)
         try:
             self._sock.sendall(_frame(message))
         except OSError as exc:
@@ -260,6 +264,8 @@ class BlockingClient:
                     value = json.loads(line)
                 except ValueError as exc:
                     raise RemoteProtocolError("a line that is not JSON") from exc
+                except RecursionError as exc:  # the stdlib decoder recurses per level
+                    raise RemoteProtocolError("a line nested too deeply") from exc
                 self._route(value, on_event)
         except RemoteProtocolError as exc:
             self._end(ConnectionClosed(f"toolsetd sent an invalid message: {exc}", "protocol"))
@@ -300,7 +306,11 @@ class BlockingClient:
             if rebuilt is not None and self._refusal is None:
                 self._refusal = rebuilt
             return
-        if type(request_id) is int:
+        if type(request_id) is int and request_id in self._pending:
+            # Only answers to requests sent and not yet answered are kept (as ``Client``
+            # drops an abandoned call's): a daemon that answers ids nobody asked for must
+            # not grow this dict without bound.
+            self._pending.discard(request_id)
             self._answers[request_id] = (rebuilt, value.get("result"))
 
     def _read_last_words(self) -> None:

@@ -39,6 +39,10 @@ __all__ = [
 
 #: Seconds allowed to connect to the daemon.
 CONNECT_TIMEOUT = 5.0
+#: Seconds allowed for the daemon's answer to any request but ``invoke`` (whose tool may
+#: run as long as its set allows): a daemon that accepted the connection but is stopped
+#: or stuck fails the command (exit 5) instead of hanging a CI job until its own limit.
+REQUEST_TIMEOUT = 60.0
 #: The longest ``--args`` text read: the daemon's line limit (``protocol.codec``'s
 #: ``DEFAULT_MAX_FRAME_SIZE``; longer cannot be sent anyway). ``@/dev/zero`` or an endless
 #: stdin stops here instead of filling the memory.
@@ -169,7 +173,7 @@ def connect(ctx: Context) -> BlockingClient:
 
 
 def lost(ctx: Context, exc: ConnectionClosed | RequestTimeout) -> Failure:
-    """The failure of a connection that ended before its answer came (exit 5)."""
+    """The failure of a connection that ended, or went silent, before its answer came (exit 5)."""
     reason = getattr(exc, "reason", "timeout")
     return Failure(
         EXIT_UNREACHABLE,
@@ -182,7 +186,7 @@ def lost(ctx: Context, exc: ConnectionClosed | RequestTimeout) -> Failure:
 def call(ctx: Context, client: BlockingClient, method: str, params: Any = None) -> Any:
     """One request on ``client``; every daemon or transport failure becomes a ``Failure``."""
     try:
-        return client.call(method, params)
+        return client.wait(client.send(method, params), timeout=REQUEST_TIMEOUT)
     except RpcError as exc:
         raise rpc_failure(exc) from exc
     except (ConnectionClosed, RequestTimeout) as exc:

@@ -112,6 +112,11 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
             raise lost(ctx, exc) from exc
         finally:
             progress.stop()
+    if result is not None and not isinstance(result, dict):
+        invalid = ConnectionClosed(
+            "toolsetd sent an invoke result that is not an object.", "protocol"
+        )
+        raise lost(ctx, invalid)
     if stdout_closed:
         if not isinstance(result, dict) or result.get("status") == "cancelled":
             return EXIT_STDOUT_CLOSED

@@ -52,6 +52,22 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
+def _number(value: Any) -> float | None:
+    """A finite JSON number as a float, else None (booleans, strings, huge integers)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if number - number == 0 else None  # not inf, not nan
+
+
+def _count(value: Any) -> int:
+    number = _number(value)
+    return int(number) if number is not None and number > 0 else 0
+
+
 class Progress:
     """The live progress line of ``invoke``: one line on a terminal, redrawn in place.
 
@@ -81,19 +97,18 @@ class Progress:
     def event(self, method: str, params: dict[str, Any]) -> None:
         """Update the line from one ``started``/``progress``/``completed`` event."""
         if method == "progress":
-            size = int(params.get("stdoutBytes") or 0) + int(params.get("stderrBytes") or 0)
-            self._bytes = size
-            elapsed = params.get("elapsedMs")
+            # A member of the wrong type is skipped, not fatal: the line is decoration,
+            # and an exception here would end the command while the call runs on.
+            self._bytes = _count(params.get("stdoutBytes")) + _count(params.get("stderrBytes"))
+            elapsed = _number(params.get("elapsedMs"))
             self._elapsed_ms = (
-                float(elapsed)
-                if isinstance(elapsed, int | float)
-                else (time.monotonic() - self._started) * 1000
+                elapsed if elapsed is not None else (time.monotonic() - self._started) * 1000
             )
             if isinstance(params.get("message"), str):
                 self._message = params["message"]
-            fraction = params.get("fraction")
-            if isinstance(fraction, int | float) and not isinstance(fraction, bool):
-                self._fraction = float(fraction)
+            fraction = _number(params.get("fraction"))
+            if fraction is not None:
+                self._fraction = min(1.0, max(0.0, fraction))
             self._draw(self.line())
         elif method == "started":
             self._draw(f"{self._tool}  started (pid {params.get('pid')})")

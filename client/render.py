@@ -589,7 +589,9 @@ def content_lines(content: Iterable[Mapping[str, Any]]) -> list[str]:
         One string per item.
     """
     out = []
-    for item in content:
+    for item in content if isinstance(content, list) else []:
+        if not isinstance(item, Mapping):
+            continue  # not a content item: nothing a person could read
         if item.get("type") == "image":
             data = str(item.get("data", ""))
             size = len(data) * 3 // 4 - data[-2:].count("=")

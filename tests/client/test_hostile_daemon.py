@@ -207,3 +207,76 @@ def test_a_default_tmp_folder_owned_by_someone_else_is_not_connected_to(
         assert daemon.requests == []  # the arguments never left
     finally:
         daemon.close()
+
+
+def test_a_line_nested_past_the_decoder_is_a_lost_connection(fake: Callable[[Reply], FakeDaemon]) -> None:
+    """``[[[[...`` deeper than the stdlib decoder recurses: exit 5, not a RecursionError (9)."""
+    daemon = fake(lambda conn, _: conn.sendall(b"[" * 200_000 + b"\n"))
+    code, _, err = ctl(daemon, "status")
+    assert code == 5
+    assert "toolsetd sent an invalid message: a line nested too deeply" in err
+
+
+def test_answers_to_ids_never_sent_are_dropped() -> None:
+    """Only answers to requests in flight are kept: a flood of others cannot grow memory."""
+    left, right = socket.socketpair()
+    with left, right:
+        client = BlockingClient(left, "pair")
+        request_id = client.send("status")
+        for stray in (request_id + 1, request_id + 1000, 0, -5):
+            _send(right, {"jsonrpc": "2.0", "id": stray, "result": {"stray": True}})
+        _send(right, {"jsonrpc": "2.0", "id": request_id, "result": {"ok": True}})
+        _send(right, {"jsonrpc": "2.0", "id": request_id, "result": {"again": True}})
+        assert client.wait(request_id, timeout=5) == {"ok": True}
+        client.send("status")  # read on, past the duplicate answer
+        _send(right, {"jsonrpc": "2.0", "id": request_id + 1, "result": {"next": True}})
+        assert client.wait(request_id + 1, timeout=5) == {"next": True}
+        assert client._answers == {}  # nothing kept: neither the strays nor the duplicate
+
+
+def test_a_silent_daemon_fails_requests_after_the_request_timeout(
+    fake: Callable[[Reply], FakeDaemon], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon that accepts and never answers: ``status`` exits 5 instead of hanging."""
+    monkeypatch.setattr(context, "REQUEST_TIMEOUT", 0.5)
+    daemon = fake(lambda conn, request: None)
+    code, _, err = ctl(daemon, "status")
+    assert code == 5
+    assert "No response within 0.5 s" in err
+
+
+@pytest.mark.parametrize("result", [[1, 2], "text", 7])
+def test_an_invoke_result_that_is_not_an_object_is_a_protocol_failure(
+    fake: Callable[[Reply], FakeDaemon], result: object
+) -> None:
+    daemon = fake(_answer(result))
+    code, _, err = ctl(daemon, "invoke", "t")
+    assert code == 5
+    assert "not an object" in err
+    assert "unexpected error" not in err
+
+
+def test_content_items_of_the_wrong_shape_are_skipped(fake: Callable[[Reply], FakeDaemon]) -> None:
+    daemon = fake(
+        _answer({"status": "ok", "exitCode": 0, "content": [1, None, "x", {"type": "text", "text": "hi"}]})
+    )
+    code, out, err = ctl(daemon, "invoke", "t")
+    assert (code, out, err) == (0, "hi\n", "")
+
+
+def test_progress_events_with_members_of_the_wrong_type_do_not_end_the_command(
+    fake: Callable[[Reply], FakeDaemon],
+) -> None:
+    def reply(conn: socket.socket, request: dict[str, object]) -> None:
+        for params in (
+            {"callId": "c", "stdoutBytes": "lots", "stderrBytes": None, "elapsedMs": "x"},
+            {"callId": "c", "stdoutBytes": 10**400, "fraction": 10**400, "message": 5},
+            {"callId": "c", "stdoutBytes": -3, "fraction": True},
+        ):
+            _send(conn, {"jsonrpc": "2.0", "method": "progress", "params": params})
+        _send(conn, {"jsonrpc": "2.0", "id": request["id"], "result": {
+            "status": "ok", "exitCode": 0, "content": [{"type": "text", "text": "done"}]}})
+
+    daemon = fake(reply)
+    code, out, err = ctl(daemon, "invoke", "t")
+    assert (code, out, err) == (0, "done\n", "")
