@@ -47,6 +47,9 @@ _BIND_ID = "toolsetctl-mcp-bind"
 _DAEMON_CLOSED = -1
 _START_TIMEOUT = 15.0
 _EXIT_GRACE = 10.0
+#: The longest answer to ``mcp.bind`` read before the pump gives up: the real one is a
+#: few hundred bytes; a peer that never ends its line must not fill the memory.
+_BIND_LINE_MAX = 1 << 20
 _USAGE = (
     "usage: toolsetctl [--socket PATH] [--workspace DIR] mcp [--catalog plan|work] "
     "[--mode MODE] [--headless] [--no-autostart]"
@@ -295,7 +298,7 @@ def _bind_error(line: bytes) -> str | None:
     """None when the bind's response is a success, else the message to print."""
     try:
         reply = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # the stdlib decoder recurses once per level
         return "the daemon's answer to mcp.bind is not JSON"
     if isinstance(reply, dict) and isinstance(reply.get("result"), dict):
         return None
@@ -305,7 +308,9 @@ def _bind_error(line: bytes) -> str | None:
             return (
                 "this toolsetd does not serve MCP (mcp.bind is unknown): upgrade it and restart it"
             )
-        return str(error.get("message"))
+        from .table import printable  # only on this path: stdlib, but not free
+
+        return printable(str(error.get("message")))
     return "unexpected answer to mcp.bind"
 
 
@@ -371,6 +376,12 @@ def _pump_socket(sock: socket.socket, path: str) -> int:
                 pending += data
                 newline = pending.find(b"\n")
                 if newline < 0:
+                    if len(pending) > _BIND_LINE_MAX:
+                        sys.stderr.write(
+                            f"toolsetctl mcp: toolsetd at {path} answered mcp.bind with more "
+                            f"than {_BIND_LINE_MAX} bytes and no line end\n"
+                        )
+                        return EXIT_UNREACHABLE
                     continue
                 error = _bind_error(pending[:newline])
                 if error is not None:

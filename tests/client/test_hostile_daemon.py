@@ -13,6 +13,7 @@ import json
 import os
 import socket
 import tempfile
+import subprocess
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -280,3 +281,59 @@ def test_progress_events_with_members_of_the_wrong_type_do_not_end_the_command(
     daemon = fake(reply)
     code, out, err = ctl(daemon, "invoke", "t")
     assert (code, out, err) == (0, "done\n", "")
+
+
+# -- the MCP pump (``toolsetctl mcp``) -------------------------------------------------
+
+
+def _pump(daemon: FakeDaemon) -> subprocess.CompletedProcess[bytes]:
+    """Run ``toolsetctl mcp`` against the fake, its stdin held open (a host that waits)."""
+    import sys
+
+    read, write = os.pipe()
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "toolsetd.client", "--socket", str(daemon.path), "mcp",
+             "--no-autostart"],
+            stdin=read, capture_output=True, timeout=60, check=False,
+        )
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def test_the_pump_bounds_an_answer_to_bind_that_never_ends(
+    fake: Callable[[Reply], FakeDaemon],
+) -> None:
+    """A peer that streams one endless line: exit 5 with one line, not unbounded memory."""
+
+    def endless(conn: socket.socket, request: dict[str, object]) -> None:
+        try:
+            for _ in range(64):  # 64 MiB, far past the bound
+                conn.sendall(b"a" * (1 << 20))
+        except OSError:
+            pass  # the pump gave up and closed: what the test wants
+
+    result = _pump(fake(endless))
+    assert result.returncode == 5
+    assert b"answered mcp.bind with more than" in result.stderr
+    assert b"Traceback" not in result.stderr
+
+
+def test_the_pump_reports_a_bind_answer_nested_past_the_decoder_in_one_line(
+    fake: Callable[[Reply], FakeDaemon],
+) -> None:
+    result = _pump(fake(lambda conn, _: conn.sendall(b"[" * 200_000 + b"\n")))
+    assert result.returncode == 2
+    assert result.stderr == b"toolsetctl mcp: the daemon's answer to mcp.bind is not JSON\n"
+
+
+def test_the_pump_shows_a_bind_error_escaped(fake: Callable[[Reply], FakeDaemon]) -> None:
+    def error(conn: socket.socket, request: dict[str, object]) -> None:
+        _send(conn, {"jsonrpc": "2.0", "id": request["id"],
+                     "error": {"code": -32602, "message": f"bad {ESCAPES}"}})
+
+    result = _pump(fake(error))
+    assert result.returncode == 2
+    _no_controls(result.stderr.decode())
+    assert b"bad \\x1b]52;c;cHduZWQ=\\x07" in result.stderr
