@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import Callable, Mapping
 
 from toolsetd.protocol.errors import RemoteProtocolError, RpcError
@@ -201,10 +202,18 @@ class BlockingClient:
             RequestTimeout: No answer within ``timeout``.
             KeyboardInterrupt: Ctrl-C; the connection stays usable.
         """
+        # A deadline for the whole wait, not for each read: a peer that trickles other
+        # messages (events, answers to other ids) must not keep it waiting for ever.
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._sock.settimeout(timeout)
         try:
             while request_id not in self._answers:
                 self._raise_if_ended()
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise RequestTimeout(f"No response within {timeout:g} s.")
+                    self._sock.settimeout(left)
                 try:
                     self._read_once(on_event)
                 except TimeoutError as exc:

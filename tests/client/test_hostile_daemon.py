@@ -337,3 +337,38 @@ def test_the_pump_shows_a_bind_error_escaped(fake: Callable[[Reply], FakeDaemon]
     assert result.returncode == 2
     _no_controls(result.stderr.decode())
     assert b"bad \\x1b]52;c;cHduZWQ=\\x07" in result.stderr
+
+
+def test_a_wait_with_a_timeout_is_a_deadline_not_a_limit_per_read() -> None:
+    """Events trickling in (a daemon's progress ticks) do not stretch a bounded wait: the
+    Ctrl-C wait for a cancelled call's result ("up to 5 seconds") and REQUEST_TIMEOUT."""
+    from toolsetd.client.errors import RequestTimeout
+
+    left, right = socket.socketpair()
+    stop = threading.Event()
+
+    def trickle() -> None:
+        event = {"jsonrpc": "2.0", "method": "progress", "params": {"callId": "c"}}
+        for _ in range(200):  # 10 s of ticks, then the peer closes
+            if stop.wait(0.05):
+                return
+            try:
+                _send(right, event)
+            except OSError:
+                return
+        right.close()
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    with left:
+        client = BlockingClient(left, "pair")
+        request_id = client.send("status")
+        thread.start()
+        try:
+            # Without a deadline the ticks keep every read short of its timeout until the
+            # peer closes: ConnectionClosed, 10 s later, instead of RequestTimeout.
+            with pytest.raises(RequestTimeout):
+                client.wait(request_id, on_event=lambda method, params: None, timeout=0.5)
+        finally:
+            stop.set()
+            thread.join()
+    right.close()
