@@ -39,8 +39,12 @@ __all__ = [
 _BIDI_AND_BREAKS = "\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
 _UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI_AND_BREAKS}]")
 # The same, for multi-line text shown as it is (a tool's output): line feeds, tabs and the
-# CR of a CRLF pair stay.
-_UNSAFE_IN_TEXT = re.compile(f"\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{_BIDI_AND_BREAKS}]")
+# CR of a CRLF pair stay, and so do colours (SGR: ESC [ digits and separators m), which a
+# terminal only paints with: a linter's red stays red.
+_SGR = "\x1b\\[[0-9;:]{0,64}m"
+_UNSAFE_IN_TEXT = re.compile(
+    f"({_SGR})|\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{_BIDI_AND_BREAKS}]"
+)
 
 
 def _escaped(match: re.Match[str]) -> str:
@@ -60,9 +64,14 @@ def printable(text: str) -> str:
     return _UNSAFE.sub(_escaped, text)
 
 
+def _escaped_but_colour(match: re.Match[str]) -> str:
+    return match.group() if match.group(1) else _escaped(match)
+
+
 def terminal_text(text: str) -> str:
-    """Multi-line text for a terminal: as ``printable``, but line feeds, tabs and CRLF stay."""
-    return _UNSAFE_IN_TEXT.sub(_escaped, text)
+    """Multi-line text for a terminal: as ``printable``, but line feeds, tabs, CRLF and
+    colours (SGR sequences) stay."""
+    return _UNSAFE_IN_TEXT.sub(_escaped_but_colour, text)
 
 
 def _isatty(stream: TextIO) -> bool:

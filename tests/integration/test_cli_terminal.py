@@ -38,6 +38,8 @@ TOOL_OUTPUT = (
     "mode = json.load(sys.stdin).get('mode')\n"
     "if mode == 'escapes':\n"
     "    sys.stdout.write('out ' + {escapes!r} + ' line1\\rOVER\\r\\nnext\\n')\n"
+    "elif mode == 'colour':\n"
+    "    sys.stdout.write('\\x1b[1;31mred\\x1b[0m plain \\x1b[2J\\n')\n"
     "elif mode == 'progress':\n"
     "    with os.fdopen(int(os.environ['TOOLSETD_PROGRESS_FD']), 'w') as p:\n"
     "        p.write(json.dumps({{'message': 'prog ' + {escapes!r}, 'fraction': 0.5}}) + '\\n')\n"
@@ -188,6 +190,13 @@ def test_a_tools_output_on_a_terminal_is_shown_escaped(setup: Setup) -> None:
     _no_raw(seen.replace(b"\r\x1b[2K", b""))
     assert b"out \\x1b]52;c;cHduZWQ=\\x07" in seen
     assert b"line1\\rOVER" in seen
+
+
+def test_a_tools_colours_reach_a_terminal_and_nothing_else_does(setup: Setup) -> None:
+    """A linter's colours (SGR) are shown as colours; any other sequence, escaped."""
+    code, seen = setup.on_terminal("invoke", "h_run", "--approve", "--args", '{"mode": "colour"}')
+    assert code == 0, seen
+    assert b"\x1b[1;31mred\x1b[0m plain \\x1b[2J" in seen
 
 
 def test_a_progress_message_on_a_terminal_is_shown_escaped(setup: Setup) -> None:
