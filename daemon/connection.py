@@ -43,10 +43,13 @@ the route too.
 The limit of requests in flight (``max_calls_per_connection``) counts what may wait. On
 the native wire that is every message that gets a task (``status`` and ``cancel`` are
 answered inline and never wait; a request sent without an id still runs its method, so
-it counts). On a routed connection it is the requests alone: a response to a request of
-the daemon's (an elicitation's answer) or a notification (``notifications/cancelled``)
-frees a wait or a slot, so it is never counted nor refused; the check is two key
-lookups, on the routed path only.
+it counts), and every item of a batch: the items past the free slots are answered -32008
+in the batch's array and never run, so a batch carries no more work than the same
+requests pipelined one per line (one line may hold hundreds of thousands). On a routed
+connection it is the requests alone: a response to a request of the daemon's (an
+elicitation's answer) or a notification (``notifications/cancelled``) frees a wait or a
+slot, so it is never counted nor refused; the check is two key lookups, on the routed path
+only.
 
 Why one module of this size: one connection's reader, ordered writer, stall timer and
 in-flight table share its state; the framing lives in ``wire.py`` and the request
@@ -115,6 +118,8 @@ _NEWLINE = 0x0A
 _AT_ONCE_MAX = 4096
 #: Inline answers in one run of the reader before it lets other tasks run.
 _INLINE_BURST = 64
+#: The items of a batch past the in-flight limit answered before other tasks run.
+_REFUSE_SLICE = 1024
 #: Methods answered in the reader itself: their handlers never wait on anything.
 INLINE_METHODS: frozenset[str] = frozenset({"status", "cancel", METHOD_MCP_BIND})
 
@@ -579,6 +584,19 @@ class Connection:
                 echo = request_id if is_request_id(request_id) else None
                 self._post_response(error_message(echo, self._busy()))
                 return
+        elif type(value) is list and len(value) > 1:
+            # Each item of a batch runs its method as a request of its own would, so each
+            # counts: a batch must not carry more work past the limit than pipelining can.
+            room = self._settings.max_calls_per_connection - self._in_flight
+            if room <= 0:
+                self._refuse_busy(value)
+                return
+            items, overflow = value, []
+            if len(value) > room:
+                items, overflow = value[:room], value[room:]
+            self._in_flight += len(items)
+            tg.start_soon(self._handle_batch, items, overflow)
+            return
         elif self._in_flight >= self._settings.max_calls_per_connection:
             self._refuse_busy(value)
             return
@@ -602,27 +620,36 @@ class Connection:
         a batch one array with an answer per item that needs one (nothing when it holds
         only notifications).
         """
-        busy = self._busy()
-
-        def answer(item: Any) -> Any:
-            envelope = parse_envelope(item)
-            if isinstance(envelope, Request):
-                return error_message(envelope.id, busy)
-            if isinstance(envelope, InvalidEnvelope):
-                return error_message(envelope.id, rpc_errors.InvalidRequest(envelope.message))
-            return None
-
         if isinstance(value, list):
             if not value:
                 response: Any = error_message(
                     None, rpc_errors.InvalidRequest("Invalid Request: a batch must not be empty.")
                 )
             else:
-                response = [a for a in map(answer, value) if a is not None] or None
+                response = self._busy_answers(value) or None
         else:
-            response = answer(value)
+            answers = self._busy_answers([value])
+            response = answers[0] if answers else None
         if response is not None:
             self._post_response(response)
+
+    def _busy_answers(self, items: list[Any]) -> list[Any]:
+        """What the requests among ``items`` get past the in-flight limit, in order.
+
+        A request gets -32008 with its id, an invalid envelope its -32600, a notification
+        nothing (see ``_refuse_busy``).
+        """
+        busy = self._busy()
+        answers: list[Any] = []
+        for item in items:
+            envelope = parse_envelope(item)
+            if type(envelope) is Request:
+                answers.append(error_message(envelope.id, busy))
+            elif type(envelope) is InvalidEnvelope:
+                answers.append(
+                    error_message(envelope.id, rpc_errors.InvalidRequest(envelope.message))
+                )
+        return answers
 
     def _deliver_at_once(self, route: Route, value: Any) -> None:
         """Hand the route a message that is not a request (not counted: see above).
@@ -661,6 +688,22 @@ class Connection:
             self._in_flight -= 1
             raise
         await self._send_response(response)
+
+    async def _handle_batch(self, items: list[Any], overflow: list[Any]) -> None:
+        """Answer a batch whose ``items`` each hold an in-flight slot; the items of
+        ``overflow``, past the limit, are refused, and their answers follow in the one array
+        (a slice at a time: there may be hundreds of thousands)."""
+        try:
+            response: Any = await self._server.dispatch_batch(self, items)
+        finally:
+            self._in_flight -= len(items)
+        if overflow:
+            response = list(response or ())
+            for start in range(0, len(overflow), _REFUSE_SLICE):
+                await anyio.lowlevel.checkpoint()
+                response += self._busy_answers(overflow[start : start + _REFUSE_SLICE])
+        if response:
+            self._post_response(response)
 
     async def _send_response(self, response: Any) -> None:
         """Send a response (of an in-flight call, which it ends)."""

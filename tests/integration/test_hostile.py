@@ -500,6 +500,50 @@ def test_past_the_in_flight_limit_each_frame_is_answered_as_itself() -> None:
         assert "result" in conn.request("status")  # nothing else was sent
 
 
+def _frames(*frames: Any) -> bytes:
+    """Frames sent in one write: the reader takes them all before any handler runs."""
+    return b"".join(json.dumps(f).encode() + b"\n" for f in frames)
+
+
+def test_each_item_of_a_batch_counts_towards_the_in_flight_limit() -> None:
+    """A batch holds a slot per item: the items past the free slots get -32008 in the
+    batch's array, and a batch that took every slot leaves none for the next request."""
+    args = ["--no-watch", "--max-calls-per-connection", "3"]
+    with daemon_in("tsq-", args=args) as d, d.raw() as conn:
+        batch = [{"jsonrpc": "2.0", "id": f"b{i}", "method": "list"} for i in range(3)]
+        conn.send_bytes(_frames({"jsonrpc": "2.0", "id": "s", "method": "list"}, batch))
+        got = [conn.receive() for _ in range(2)]
+        answers = next(m for m in got if isinstance(m, list))
+        assert [(m["id"], "result" in m) for m in answers] == [
+            ("b0", True), ("b1", True), ("b2", False)
+        ], answers
+        assert answers[2]["error"]["code"] == -32008
+        conn.send_bytes(_frames(batch, {"jsonrpc": "2.0", "id": "late", "method": "list"}))
+        got = [conn.receive() for _ in range(2)]
+        late = next(m for m in got if isinstance(m, dict))
+        assert late["id"] == "late" and late["error"]["code"] == -32008, got
+        answers = next(m for m in got if isinstance(m, list))
+        assert all("result" in m for m in answers), answers
+
+
+def test_a_batch_longer_than_the_in_flight_limit_runs_what_fits() -> None:
+    """Its first items run, every later request gets -32008 in the one array, and the
+    connection carries on: a huge batch no longer starts a task for each of its items (200,000
+    of them held every client up for seconds and took most of a gigabyte)."""
+    args = ["--no-watch", "--max-calls-per-connection", "4"]
+    with daemon_in("tsq-", args=args) as d, d.raw() as conn, d.raw() as other:
+        items: list[Any] = [{"jsonrpc": "2.0", "id": i, "method": "list"} for i in range(6)]
+        items.insert(2, {"jsonrpc": "2.0", "method": "list"})
+        conn.send_bytes(_frames(items))
+        answers = conn.receive()
+        assert [m["id"] for m in answers] == [0, 1, 2, 3, 4, 5], answers
+        assert ["result" in m for m in answers] == [True, True, True, False, False, False]
+        assert {m["error"]["code"] for m in answers[3:]} == {-32008}
+        conn.send_bytes(_frames([{"jsonrpc": "2.0", "method": "status"}] * 200_000))
+        assert "result" in conn.request("status")
+        assert "result" in other.request("status")
+
+
 # -- a daemon out of file descriptors ----------------------------------------------------
 
 
