@@ -6,9 +6,12 @@ The child writes lines to the fd named in ``TOOLSETD_PROGRESS_FD``: a JSON objec
 ``message`` and/or ``fraction`` (clamped to 0..1), or any other line as a message. Lines are
 bounded to 4 KiB (the rest of a longer line is skipped) and messages to 1,000 characters.
 At most one event per ``gap`` seconds is sent: a burst is coalesced to its latest line,
-which goes out when the gap has passed, and the last line is always sent at EOF (also when the
-child ended it without a newline: EOF ends a line too). A call with
-``CallRequest.every_progress_line`` (MCP) gets every line, none coalesced.
+which goes out when the gap has passed, and the last line is always sent at EOF (also when
+the child ended it without a newline: EOF ends a line too). Each read is looked at from its
+last line back, so a flood of short lines costs one parse per read, not one per line (a
+child writing them at full speed held the event loop, and every client, for most of the
+flood). A call with ``CallRequest.every_progress_line`` (MCP) gets every line, none
+coalesced.
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ __all__ = ["parse_progress", "read_progress"]
 
 _PROGRESS_LINE_MAX = 4096
 _PROGRESS_MESSAGE_MAX = 1000
+#: A line's report: its message and its fraction (either may be absent).
+_Report = tuple[str | None, float | None]
 
 
-def parse_progress(line: bytes) -> tuple[str | None, float | None] | None:
+def parse_progress(line: bytes) -> _Report | None:
     text = line.decode("utf-8", "replace").strip()
     if not text:
         return None
@@ -66,9 +71,8 @@ async def read_progress(
 
 
 async def _read_progress_lines(fd: int, call: CallState, gap: float, first: bytes | None) -> None:
-    line = bytearray()
-    overlong = False
-    pending: tuple[str | None, float | None] | None = None
+    line = bytearray()  # the first 4 KiB of the line not yet ended
+    pending: _Report | None = None
     last = -math.inf
     while True:
         try:
@@ -95,24 +99,21 @@ async def _read_progress_lines(fd: int, call: CallState, gap: float, first: byte
             break
         await anyio.lowlevel.checkpoint()  # a chatty child must not monopolise the loop
         start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            end = len(chunk) if nl < 0 else nl
-            if not overlong:  # keep the first 4 KiB of a line, skip the rest of it
-                room = _PROGRESS_LINE_MAX - len(line)
-                line += chunk[start : min(end, start + room)]
-                overlong = end - start > room
-            if nl < 0:
-                break
-            parsed = parse_progress(bytes(line))
-            line.clear()
-            overlong = False
-            if parsed is not None:
-                if call.every_progress_line:
+        if call.every_progress_line:
+            while (nl := chunk.find(b"\n", start)) >= 0:
+                parsed = parse_progress(_ended(line, chunk, start, nl))
+                line.clear()
+                if parsed is not None:
                     await call.progress(*parsed)  # no coalescing: every line counts
-                else:
-                    pending = parsed
+                start = nl + 1
+        elif (nl := chunk.rfind(b"\n")) >= 0:
+            # Coalesced: only the latest line that makes a report counts (module docstring).
+            parsed = _latest_report(line, chunk, nl)
+            line.clear()
+            if parsed is not None:
+                pending = parsed
             start = nl + 1
+        line += chunk[start : start + _PROGRESS_LINE_MAX - len(line)]  # the rest is skipped
         if pending is not None and time.monotonic() - last >= gap:
             last = time.monotonic()
             await call.progress(*pending)
@@ -121,3 +122,25 @@ async def _read_progress_lines(fd: int, call: CallState, gap: float, first: byte
         pending = parsed  # a last line without its newline; sent at once, coalesced or not
     if pending is not None:
         await call.progress(*pending)
+
+
+def _ended(head: bytearray, chunk: bytes, start: int, end: int) -> bytes:
+    """The first 4 KiB of the line ``head + chunk[start:end]`` (``head`` holds at most 4 KiB
+    of its beginning, carried over from earlier reads)."""
+    return bytes(head) + chunk[start : min(end, start + _PROGRESS_LINE_MAX - len(head))]
+
+
+def _latest_report(head: bytearray, chunk: bytes, end: int) -> _Report | None:
+    """The report of the latest line ending at or before ``chunk[end]`` that makes one.
+
+    The lines end at the newlines of ``chunk[: end + 1]``; the first of them begins with
+    ``head``. None when none of them is a report (blank lines, objects without members).
+    """
+    while True:
+        start = chunk.rfind(b"\n", 0, end) + 1
+        if start == 0:
+            return parse_progress(_ended(head, chunk, 0, end))
+        parsed = parse_progress(chunk[start : min(end, start + _PROGRESS_LINE_MAX)])
+        if parsed is not None:
+            return parsed
+        end = start - 1
