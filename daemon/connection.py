@@ -386,6 +386,10 @@ class Connection:
             self.cancel_calls()
             if not wire.lost:
                 transport.abort()
+            # The wire's callbacks are this connection's methods: a reference cycle, which
+            # would keep the connection (and the partial line its codec holds, up to the
+            # frame limit) until the collector's next full pass, however long that takes.
+            wire.on_chunk = wire.on_stall = None
 
     def close_gracefully(self) -> None:
         """Stop reading; the calls in flight finish and their answers are sent first."""

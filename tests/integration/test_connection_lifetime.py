@@ -1,0 +1,74 @@
+"""A closed connection is freed at once, with what it buffered, without the cyclic collector.
+
+The daemon lives long and its cyclic collector runs a full pass rarely: an object graph
+that only that pass can free stays in memory until it comes, however much it holds.
+"""
+
+from __future__ import annotations
+
+import gc
+import socket
+import tempfile
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import anyio.abc
+import anyio.to_thread
+import pytest
+
+from toolsetd.daemon.peercred import PeerPolicy
+from toolsetd.daemon.server import Server, ServerSettings, bind_unix_socket
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+@pytest.mark.usefixtures("collector_off")
+@pytest.mark.parametrize("ending", ["client closes mid-line", "idle timeout", "oversize line"])
+async def test_a_closed_connection_and_its_partial_line_are_freed_at_once(ending: str) -> None:
+    """A client that left (or was closed) with 1 MiB of an unfinished line: once its
+    connection is gone from the table, nothing keeps the connection object (and so the
+    line) alive. The wire's callbacks, bound to the connection, made a cycle that kept
+    every closed connection's buffers until a full collection: 30 clients that each left
+    15 MiB of a line grew the daemon by 400 MiB, every time."""
+    settings = ServerSettings(idle_timeout=0.5, max_frame_size=4 << 20, linger_seconds=0.1)
+    with tempfile.TemporaryDirectory(prefix="tsd-") as tmp:
+        path = str(Path(tmp) / "s.sock")
+        listener = await anyio.abc.SocketListener.from_socket(bind_unix_socket(path))
+        server = Server(settings, {}, PeerPolicy.default())
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve, listener)
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                client.connect(path)
+                send = anyio.to_thread.run_sync  # the server reads on this thread's loop
+                await send(client.sendall, b'{"x": "' + b"a" * (1 << 20))
+                with anyio.fail_after(10):
+                    while not server.connections:
+                        await anyio.sleep(0.01)
+                    ref = weakref.ref(next(iter(server.connections.values())))
+                    if ending == "client closes mid-line":
+                        client.close()
+                    elif ending == "oversize line":
+                        await send(client.sendall, b"a" * (4 << 20))
+                    while server.connections:
+                        await anyio.sleep(0.01)
+                for _ in range(20):  # the serving task lets go of it within a step or two
+                    if ref() is None:
+                        break
+                    await anyio.sleep(0.01)
+                assert ref() is None, gc.get_referrers(ref())
+            finally:
+                client.close()
+                tg.cancel_scope.cancel()
