@@ -53,6 +53,7 @@ from .activation import ActivationError, listen_fds
 from .catalog import ManifestCache
 from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
+from .exhaustion import raise_open_files_limit
 from .logs import configure_logging
 from .methods import Handlers
 from .metrics import Metrics, MetricsSources, bind_metrics, serve_metrics
@@ -796,6 +797,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         options.settings.log_format if options.settings else "json",
         options.settings.log_level if options.settings else "info",
     )
+    raised = raise_open_files_limit()
+    if raised is not None:
+        log.info("open_files_limit_raised", soft=raised[0], limit=raised[1])
     try:
         anyio.run(run_daemon, options, backend="asyncio")
     except BaseException as exc:

@@ -10,6 +10,12 @@ the resource is told the daemon is busy (``ServerBusy``, -32008: retry later), n
 its workspace is not a directory, that a workspace has no tools, or that something
 internal broke. A catalog build that runs short stops (``catalog.py``) rather than drop
 the sets it could not read from the snapshot it would keep.
+
+At start the daemon raises its soft limit of open files to the hard one
+(``raise_open_files_limit``): systemd and most logins give 1,024 soft and far more hard,
+and each client, call (four pipes, a pidfd, a cgroup's files) and workspace watch takes
+descriptors; a hundred idle connections could otherwise hold every one. The .NET runtime
+does the same for the reference host, so its tools ran with the raised limit too.
 """
 
 from __future__ import annotations
@@ -21,7 +27,13 @@ from typing import TypeGuard
 
 from toolsetd.protocol.errors import ServerBusy
 
-__all__ = ["OUT_OF_DESCRIPTORS", "OUT_OF_RESOURCES", "busy_when_short", "out_of_resources"]
+__all__ = [
+    "OUT_OF_DESCRIPTORS",
+    "OUT_OF_RESOURCES",
+    "busy_when_short",
+    "out_of_resources",
+    "raise_open_files_limit",
+]
 
 #: The ``errno`` values of a daemon short of file descriptors (its own, or the system's).
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
@@ -52,3 +64,22 @@ def busy_when_short(doing: str) -> Iterator[None]:
             "calls have finished.",
             {"resource": resource},
         ) from None
+
+
+def raise_open_files_limit() -> tuple[int, int] | None:
+    """Raise the soft limit of open files to the hard limit.
+
+    Returns:
+        The (old, new) soft limit when it was raised; None when it already was the hard
+        limit or could not be changed.
+    """
+    import resource  # once, at start
+
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft == hard or (hard != resource.RLIM_INFINITY and 0 <= hard < soft):
+            return None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (OSError, ValueError):
+        return None
+    return soft, hard

@@ -626,3 +626,32 @@ def test_a_stalled_log_reader_stalls_no_client(
     assert dropped[0]["level"] == "warning" and dropped[0]["timestamp"].endswith("Z")
     served = [r for r in records if r["event"] == "request_served"]
     assert len(served) + sum(r["dropped"] for r in dropped) >= 5000
+
+
+def test_the_daemon_raises_its_open_files_limit_to_the_hard_one(
+    ops_home: Path, tmp_base: Path
+) -> None:
+    """Started with 1,024 soft (systemd's and most logins' default) under a higher hard
+    limit, the daemon takes the hard one: a hundred idle clients must not hold every
+    descriptor. It says so once."""
+    import resource
+
+    sock = tmp_base / "nofile.sock"
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
+
+    proc = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-m", "toolsetd.daemon", "--home", str(ops_home), "--socket",
+         str(sock), "--config", str(_config(tmp_base, ""))],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=low,  # noqa: PLW1509
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")},
+    )
+    try:
+        eventually(sock.exists, what="the socket")
+        assert resource.prlimit(proc.pid, resource.RLIMIT_NOFILE) == (4096, 4096)
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    raised = [json.loads(line) for line in err.splitlines() if b"open_files_limit_raised" in line]
+    assert [(e["soft"], e["limit"]) for e in raised] == [(256, 4096)]
