@@ -1,0 +1,182 @@
+"""Review checks of the confinement commits (review-confine): each test pins a finding."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import anyio
+import pytest
+from toolsetd.daemon.confinement import Confinement, parse_confinement
+from toolsetd.daemon.model import Source
+from toolsetd.daemon.runner import Runner
+
+from tests.daemon.conftest import Env, sh_tool
+from tests.daemon.test_runner import FAST, run
+
+BWRAP = shutil.which("bwrap")
+
+
+def _sandboxed_runner(env: Env, **settings: object) -> Runner:
+    if BWRAP is None:
+        pytest.skip("bubblewrap is not installed")
+    confinement = Confinement(
+        parse_confinement({"cgroup": "off", "sets": {"acme": {"profile": "workspace-write"}}}),
+        None, "off", BWRAP, "", env.home / "user", env.home,
+    )  # fmt: skip
+    return Runner(
+        replace(FAST, **settings), anyio.CapacityLimiter(8), os.environ, confinement=confinement
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.xfail(reason="review-confine finding 2: the OSError escapes, 8 fds leak")
+async def test_status_pipe_that_cannot_be_made_leaks_nothing(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of descriptors at the status pipe: a start failure, and the call's pipes closed.
+
+    ``Confinement.prepare`` makes the status pipe after the runner made the call's four
+    pipes; its OSError is caught by nothing, so those eight descriptors stay open (the
+    autouse ``no_fd_leak`` fixture of test_runner is not active here: checked by hand).
+    """
+    runner = _sandboxed_runner(env)
+
+    def failing_pipe2(flags: int) -> tuple[int, int]:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    real_prepare = Confinement.prepare
+
+    def prepare(self: Confinement, *args: object, **kwargs: object) -> object:
+        saved = os.pipe2
+        os.pipe2 = failing_pipe2  # type: ignore[assignment]
+        try:
+            return real_prepare(self, *args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            os.pipe2 = saved  # type: ignore[assignment]
+
+    monkeypatch.setattr(Confinement, "prepare", prepare)
+    before = set(os.listdir("/proc/self/fd"))
+    tool = sh_tool(env.set_dir, "echo ran")
+    raised: BaseException | None = None
+    try:
+        outcome = await run(runner, env, tool)
+    except BaseException as exc:
+        raised = exc
+    after = set(os.listdir("/proc/self/fd"))
+    leaked = sorted(after - before, key=int)
+    for fd in leaked:  # keep the rest of the session clean either way
+        os.close(int(fd))
+    assert raised is None, f"raised {raised!r}; leaked descriptors {leaked}"
+    assert outcome.status == "error"
+    assert leaked == []
+
+
+@pytest.mark.xfail(reason="review-confine finding 3: sets.<dir> limits replace the project's")
+def test_project_set_named_like_a_tightened_home_set_loses_the_project_limits() -> None:
+    """[confinement.sets.lint] cpu-max (meant to tighten the home set 'lint') replaces, for a
+    project set 'lint', the memory-max and pids-max of [confinement.project]: a repository
+    that names its set 'lint' runs without the operator's project limits."""
+
+    class Tree:
+        def check(self, limits: object, where: str) -> None:
+            return None
+
+    config = parse_confinement(
+        {"project": {"memory-max": "2G", "pids-max": 64}, "sets": {"lint": {"cpu-max": 0.5}}}
+    )
+    conf = Confinement(
+        config,
+        Tree(),
+        "",
+        "/usr/bin/bwrap",
+        "",
+        Path("/root"),
+        Path("/root/.crystal"),  # type: ignore[arg-type]
+    )
+    other = conf._resolve(Source.PROJECT, "other").limits
+    lint = conf._resolve(Source.PROJECT, "lint").limits
+    assert other.memory_max == 2 * 1024**3
+    assert other.pids_max == 64
+    assert lint.memory_max is not None, lint
+    assert lint.pids_max is not None, lint
+
+
+@pytest.mark.xfail(reason="review-confine finding 1: a hidden path under a writable bind")
+def test_hidden_path_below_a_writable_bind_stays_hidden_for_the_next_call() -> None:
+    """A call that may write an ancestor of a hidden path renames that ancestor; the next
+    call, with no approval at all, reads the file the operator hid (here a ``hide`` entry
+    below an approved outside path; likewise ``~/.ssh`` linked into the workspace, hidden
+    where it leads since f69b835, or the Crystal home under a workspace that is ``~``)."""
+    import subprocess
+    import tempfile
+
+    from toolsetd.daemon.sandbox import Profile, SandboxPlan, bwrap_argv
+
+    if BWRAP is None:
+        pytest.skip("bubblewrap is not installed")
+    # Not under /tmp: the sandbox's /tmp is its own, which would hide everything there.
+    root = Path(os.path.realpath(tempfile.mkdtemp(dir="/var/tmp")))
+    home = root / "home"
+    ws, config = home / "ws", home / ".config"
+    ws.mkdir(parents=True)
+    (config / "gh").mkdir(parents=True)
+    (config / "gh" / "hosts.yml").write_text("TOKEN\n")
+    hidden = (str(home / ".ssh"), str(config / "gh" / "hosts.yml"))
+
+    def call(writable: tuple[str, ...], script: str) -> subprocess.CompletedProcess[str]:
+        plan = SandboxPlan(Profile.WORKSPACE_WRITE, False, (), writable, hidden, str(ws))
+        argv = [*bwrap_argv(BWRAP, plan), "sh", "-c", script]  # type: ignore[arg-type]
+        return subprocess.run(  # noqa: TID251 -- a test of bwrap's argv
+            argv, capture_output=True, text=True, check=False
+        )
+
+    first = call(
+        (str(ws), str(config)),  # an approved outside-workspace folder
+        f"mv {config}/gh {config}/gh2 && mkdir {config}/gh",
+    )
+    assert first.returncode == 0, first.stderr
+    second = call((str(ws),), f"cat {config}/gh2/hosts.yml")
+    shutil.rmtree(root)
+    assert "TOKEN" not in second.stdout
+
+
+@pytest.mark.anyio
+@pytest.mark.xfail(reason="review-confine finding 4: the grace signal reaches the daemon")
+async def test_grace_signal_never_reaches_the_daemon_stuck_in_the_calls_cgroup(
+    tmp_path: Path,
+) -> None:
+    """When the daemon could not leave a call's cgroup (``CgroupTree.entered``), ``kill``
+    spares that cgroup, but ``pids`` lists the daemon too, and ``terminate`` with
+    ``spare_leader`` SIGTERMs every pid it lists but bubblewrap: the daemon stops."""
+    import signal
+    import subprocess
+    from types import SimpleNamespace
+
+    from toolsetd.daemon.cgroup import CallCgroup
+    from toolsetd.daemon.ending import terminate
+
+    leader = subprocess.Popen(  # noqa: TID251, ASYNC220 -- a stand-in leader
+        ["/bin/sleep", "5"], start_new_session=True
+    )
+    try:
+        folder = tmp_path / "c1"
+        folder.mkdir()
+        (folder / "cgroup.procs").write_text(f"{leader.pid}\n{os.getpid()}\n")
+        tree = SimpleNamespace(daemon_inside=str(folder))
+        cgroup = CallCgroup(tree, str(folder))  # type: ignore[arg-type]
+        got: list[int] = []
+        previous = signal.signal(signal.SIGTERM, lambda n, f: got.append(n))
+        try:
+            await terminate(
+                leader.pid, None, 0.05, cgroup.kill, spare_leader=True, members=cgroup.pids
+            )
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        assert got == []
+    finally:
+        leader.kill()
+        leader.wait()
