@@ -536,6 +536,8 @@ class Confinement:
         Raises:
             ConfinementError: It cannot be set up; the message is the call's result text.
             ExecutableError: The tool's executable cannot be started.
+            OSError: The status pipe cannot be made (out of descriptors); nothing is left
+                open.
         """
         conf = self.for_set(toolset)
         if conf.failure is not None:

@@ -393,6 +393,9 @@ class Runner:
             except ExecutableError as exc:
                 fds.close_all()
                 return no_process_outcome(t0, start_failure_text(str(exc)), spawn_failed=True)
+            except OSError as exc:  # the sandbox's status pipe: out of descriptors, as above
+                fds.close_all()
+                return no_process_outcome(t0, start_failure_text(exc.strerror), spawn_failed=True)
             argv = prepared.argv
         status_w = -1  # bubblewrap's status pipe (a sandboxed call's), see ``setup_failure``
         if prepared is not None and prepared.status is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import math
 import os
 import shutil
@@ -599,6 +600,37 @@ async def test_runner_sandboxed_spawns_stay_on_the_loop_thread(env: Env) -> None
     expected = {i: f"exit 0\ncall{i}\n" for i in range(4)}
     assert {i: text(o) for i, o in outcomes.items()} == expected
     assert runner.threaded_spawns == 0
+
+
+async def test_runner_sandbox_status_pipe_out_of_descriptors_is_a_start_failure(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sandbox's status pipe is made in ``Confinement.prepare``, after the call's four
+    pipes: out of descriptors there, the call is a start failure like any other pipe's, and
+    those eight descriptors are closed (the OSError escaped the runner and they stayed open,
+    one more leak each time the daemon was already short of descriptors)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    confinement = Confinement(
+        parse_confinement({"cgroup": "off", "sets": {"acme": {"profile": "workspace-write"}}}),
+        None, "off", bwrap, "", env.home / "user", env.home,
+    )  # fmt: skip
+    runner = Runner(FAST, anyio.CapacityLimiter(8), os.environ, confinement=confinement)
+    prepare = Confinement.prepare
+
+    def out_of_descriptors(flags: int) -> tuple[int, int]:
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    def prepare_without_descriptors(self: Confinement, *args: Any, **kwargs: Any) -> Any:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(os, "pipe2", out_of_descriptors)
+            return prepare(self, *args, **kwargs)
+
+    monkeypatch.setattr(Confinement, "prepare", prepare_without_descriptors)
+    outcome = await run(runner, env, sh_tool(env.set_dir, "echo ran"))
+    assert outcome.status == "error"
+    assert text(outcome) == f"The external process failed to start: {os.strerror(errno.EMFILE)}"
 
 
 async def test_runner_progress_fd_json_and_text(runner: Runner, env: Env) -> None:
