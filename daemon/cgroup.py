@@ -425,10 +425,20 @@ class CallCgroup:
                 os.kill(pid, sig)
 
     def pids(self) -> list[int]:
-        """The processes in the cgroup now (none once it is spent)."""
+        """The processes in the cgroup now (none once it is spent), never the daemon.
+
+        The daemon stands in a call's cgroup while it spawns there (``CgroupTree.entered``),
+        and stays when it cannot leave (``daemon_inside``): a signal meant for the call's
+        processes (the grace ``SIGTERM`` of a timeout) must not reach it.
+        """
         if self.spent:
             return []
-        return [int(line) for line in (_read(self.procs) or "").split() if line.isdigit()]
+        me = os.getpid()
+        return [
+            pid
+            for line in (_read(self.procs) or "").split()
+            if line.isdigit() and (pid := int(line)) != me
+        ]
 
     def discard(self) -> None:
         """Remove the cgroup of a child that never started."""

@@ -7,6 +7,7 @@ reason elsewhere.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -142,6 +143,37 @@ async def test_cgroup_spare_is_reused_and_reports_only_its_own_call(tree: Cgroup
         sleeper.wait()
     assert usage.cpu_usec is not None
     assert usage.cpu_usec < burned.cpu_usec // 2
+
+
+@pytest.mark.anyio
+async def test_cgroup_grace_signal_never_reaches_the_daemon_stuck_inside(tmp_path: Path) -> None:
+    """A daemon that could not leave a call's cgroup (``entered``, ``daemon_inside``) is
+    listed in its ``cgroup.procs``: ``kill`` spares such a cgroup, and the grace SIGTERM of
+    a sandboxed call's timeout (``terminate`` with ``members=pids``) must spare the daemon
+    too; it reached the daemon, which then shut down. (A folder stands in for the cgroup.)"""
+    from types import SimpleNamespace
+
+    from toolsetd.daemon.ending import terminate
+
+    leader = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)  # noqa: S603
+    member = subprocess.Popen(["/bin/sleep", "30"])  # noqa: S603
+    try:
+        (tmp_path / "cgroup.procs").write_text(f"{leader.pid}\n{os.getpid()}\n{member.pid}\n")
+        stuck = SimpleNamespace(daemon_inside=str(tmp_path))
+        call = CallCgroup(stuck, str(tmp_path))  # type: ignore[arg-type]
+        assert call.pids() == [leader.pid, member.pid]
+        received: list[int] = []
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+        try:
+            await terminate(leader.pid, None, 0.05, call.kill, spare_leader=True, members=call.pids)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        assert received == []
+        assert member.wait(5) == -signal.SIGTERM  # the call's own process got it
+    finally:
+        for proc in (leader, member):
+            proc.kill()
+            proc.wait()
 
 
 def test_cgroup_limit_without_controller_is_refused(tree: CgroupTree) -> None:
