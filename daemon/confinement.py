@@ -229,7 +229,9 @@ def _no_looser(by_set: _Layer, by_source: _Layer | None) -> _Layer:
     make ``.crystal/tools/<directory>/``, and a project set hides the home set of its name.
     So for a project set the table may confine more than ``[confinement.project]`` (or the
     default) and never less: a looser profile, or the network where that denies it, is left
-    out. Limits still apply as written (they confine resources, not reach).
+    out; each limit is the lower of the table's and the project's (a limit only one of them
+    sets counts), so a table that raises or leaves out one (``cpu-max`` alone, meant to
+    tighten the home set) does not lift the project's ``memory-max`` or ``pids-max``.
     """
     base = by_source.profile if by_source is not None and by_source.profile else None
     base = base or Profile.WORKSPACE_WRITE
@@ -244,7 +246,25 @@ def _no_looser(by_set: _Layer, by_source: _Layer | None) -> _Layer:
     network = by_set.network
     if network and not base_network:
         network = None
-    return _Layer(profile, network, by_set.limits)
+    base_limits = by_source.limits if by_source is not None else Limits()
+    return _Layer(profile, network, _lower_limits(by_set.limits, base_limits))
+
+
+def _lower_limits(one: Limits, other: Limits) -> Limits:
+    """Each limit the lower of the two (None, no limit, is the highest)."""
+
+    def cpu(text: str) -> float:
+        quota, period = text.split()
+        return int(quota) / int(period)
+
+    memory = [v for v in (one.memory_max, other.memory_max) if v is not None]
+    pids = [v for v in (one.pids_max, other.pids_max) if v is not None]
+    cpus = [v for v in (one.cpu_max, other.cpu_max) if v is not None]
+    return Limits(
+        min(memory) if memory else None,
+        min(pids) if pids else None,
+        min(cpus, key=cpu) if cpus else None,
+    )
 
 
 def parse_confinement(table: Mapping[str, Any], where: str = "confinement") -> ConfinementConfig:

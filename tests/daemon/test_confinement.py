@@ -163,6 +163,32 @@ def test_confinement_set_table_never_loosens_a_project_set(
         assert home.network is by_set["network"]
 
 
+@pytest.mark.parametrize(
+    ("project", "by_set", "expected"),
+    [
+        # A table that tightens one limit of the home set lifts none of the project's.
+        ({"memory-max": "2G", "pids-max": 64}, {"cpu-max": 0.5},
+         Limits(2 << 30, 64, "50000 100000")),
+        # A higher limit is left out for the project set; a lower one counts.
+        ({"memory-max": "2G", "cpu-max": 1}, {"memory-max": "64G", "cpu-max": 4},
+         Limits(2 << 30, None, "100000 100000")),
+        ({"pids-max": 64}, {"pids-max": 16}, Limits(None, 16, None)),
+        # What the project's table leaves out, the set's table sets as written.
+        ({}, {"memory-max": "1G"}, Limits(1 << 30, None, None)),
+    ],
+)
+def test_confinement_set_table_never_lifts_a_project_sets_limits(
+    project: dict[str, object], by_set: dict[str, object], expected: Limits
+) -> None:
+    """A sets.<directory> table's limits replaced all of the project's for a project set of
+    that name: [confinement.sets.lint] cpu-max = 0.5, meant to tighten the home 'lint',
+    let a repository's 'lint' run without the project's memory-max and pids-max."""
+    c = _confinement({"project": project, "sets": {"lint": by_set}})
+    assert c.for_set(_set("lint", Source.PROJECT)).limits == expected
+    # The home set gets its table as written.
+    assert c.for_set(_set("lint", Source.HOME)).limits == parse_limits(by_set, "sets.lint")
+
+
 def test_confinement_without_bwrap_default_off_named_fails_closed() -> None:
     """No bubblewrap: a default profile becomes off; a profile the operator named fails closed."""
     c = _confinement({"sets": {"lint": {"profile": "workspace-write"}}}, bwrap=None)

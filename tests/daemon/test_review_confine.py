@@ -7,40 +7,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from toolsetd.daemon.confinement import Confinement, parse_confinement
-from toolsetd.daemon.model import Source
 
 BWRAP = shutil.which("bwrap")
-
-
-@pytest.mark.xfail(reason="review-confine finding 3: sets.<dir> limits replace the project's")
-def test_project_set_named_like_a_tightened_home_set_loses_the_project_limits() -> None:
-    """[confinement.sets.lint] cpu-max (meant to tighten the home set 'lint') replaces, for a
-    project set 'lint', the memory-max and pids-max of [confinement.project]: a repository
-    that names its set 'lint' runs without the operator's project limits."""
-
-    class Tree:
-        def check(self, limits: object, where: str) -> None:
-            return None
-
-    config = parse_confinement(
-        {"project": {"memory-max": "2G", "pids-max": 64}, "sets": {"lint": {"cpu-max": 0.5}}}
-    )
-    conf = Confinement(
-        config,
-        Tree(),
-        "",
-        "/usr/bin/bwrap",
-        "",
-        Path("/root"),
-        Path("/root/.crystal"),  # type: ignore[arg-type]
-    )
-    other = conf._resolve(Source.PROJECT, "other").limits
-    lint = conf._resolve(Source.PROJECT, "lint").limits
-    assert other.memory_max == 2 * 1024**3
-    assert other.pids_max == 64
-    assert lint.memory_max is not None, lint
-    assert lint.pids_max is not None, lint
 
 
 @pytest.mark.xfail(reason="review-confine finding 1: a hidden path under a writable bind")
