@@ -74,6 +74,7 @@ from .sandbox import (
     SandboxPlan,
     bwrap_argv,
     call_binds,
+    hidden_below_writable,
     prepare_writable,
     tool_ran,
 )
@@ -584,6 +585,15 @@ class Confinement:
                     "remove the symbolic link."
                 )
             if conf.profile == Profile.WORKSPACE_WRITE:
+                exposed = hidden_below_writable(self._hidden, (*writable, *approved))
+                if exposed is not None:
+                    raise ConfinementError(
+                        f"toolsetd: the hidden path {exposed[0]} lies two or more folders "
+                        f"below {exposed[1]}, which this call may write: the call could move "
+                        "a folder on the way and leave it unhidden for the next call. The call "
+                        "did not run; keep hidden paths out of the workspace and of approved "
+                        "outside paths (or approve a path deeper down)."
+                    )
                 try:
                     prepare_writable(approved)
                 except OSError as exc:

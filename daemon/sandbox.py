@@ -71,6 +71,7 @@ __all__ = [
     "SandboxPlan",
     "bwrap_argv",
     "call_binds",
+    "hidden_below_writable",
     "prepare_writable",
     "probe_bwrap",
     "probe_ipc",
@@ -289,6 +290,37 @@ def call_binds(
         return () if is_within(resolved, real) else (str(resolved),)
 
     return outside(set_folder), (workspace, *outside(tool_data)), ""
+
+
+def hidden_below_writable(hidden: Iterable[str], writable: Iterable[str]) -> tuple[str, str] | None:
+    """The first hidden path a call could uncover for the next one, and the bind that lets it.
+
+    A hidden path is a mount point in the sandbox, which the tool can neither rename nor
+    remove, and so is each writable bind's root. But a folder *between* the two can be
+    renamed (the mount moves with it): a call that may write ``~/.config`` renames
+    ``~/.config/gh`` (``hosts.yml`` hidden in it) and makes an empty ``gh``; the next
+    call's sandbox hides the empty one and the token is readable as ``~/.config/gh2``.
+    So a hidden path, as spelled or where it leads (a link to a folder is hidden there),
+    two or more levels below a writable path is refused. One level below is safe.
+
+    Returns:
+        ``(hidden path, writable path)``, or None.
+    """
+    roots = []
+    for root in writable:
+        roots += [os.path.normpath(root), os.path.realpath(root)]
+    for path in hidden:
+        spellings = {os.path.normpath(path)}
+        if os.path.lexists(path):
+            spellings.add(os.path.realpath(path))
+        for spelled in spellings:
+            for root in roots:
+                if (
+                    is_within(Path(spelled), Path(root))
+                    and len(Path(spelled).relative_to(root).parts) >= 2
+                ):
+                    return path, root
+    return None
 
 
 def prepare_writable(paths: Iterable[str]) -> None:

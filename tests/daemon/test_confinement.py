@@ -271,6 +271,43 @@ def _hidden_link_to_a_folder(bwrap: str, tmp_path: Path) -> None:
     assert "PRIVATE" not in done.stderr
 
 
+def test_confinement_hidden_path_a_call_could_uncover_is_refused(tmp_path: Path) -> None:
+    """A hidden path two or more folders below a path the call may write was uncovered for
+    the next call: the call renamed the folder between (a mount point cannot be renamed, a
+    folder holding one can) and made an empty one in its place; the next call, approved or
+    not, read the file the operator hid. Such a call now does not run; one level below, the
+    hidden path stays a mount point the tool cannot move, and the call runs."""
+    home = tmp_path / "home"
+    ws, config = home / "ws", home / ".config"
+    (config / "gh").mkdir(parents=True)
+    (config / "gh" / "hosts.yml").write_text("TOKEN\n")
+    (ws / "conf" / "ssh").mkdir(parents=True)
+    (home / ".aws").mkdir()
+    c = Confinement(
+        parse_confinement({"hide": ["~/.config/gh/hosts.yml", "~/.aws"]}), None, "off",
+        "/usr/bin/bwrap", "", home, home / ".crystal",
+    )  # fmt: skip
+    project = _set("lint", Source.PROJECT, ws / ".crystal" / "tools" / "lint")
+    data = (str(home / "data"), str(ws / ".crystal" / "data"))
+
+    def prepare(approved: tuple[str, ...] = ()) -> None:
+        prepared = c.prepare(project, ["/bin/true"], str(ws), data, approved)
+        for fd in prepared.status or ():
+            os.close(fd)
+
+    prepare()  # nothing hidden below the workspace
+    prepare((str(home / ".aws"),))  # the hidden path itself: a mount point, it cannot move
+    with pytest.raises(ConfinementError, match=r"hosts\.yml lies two or more folders below"):
+        prepare((str(config),))  # ~/.config/gh could be renamed
+    # ~/.ssh kept in the workspace by a dotfile manager, hidden where it leads.
+    (home / ".ssh").symlink_to(ws / "conf" / "ssh")
+    with pytest.raises(ConfinementError, match=r"\.ssh lies two or more folders below"):
+        prepare()
+    (home / ".ssh").unlink()
+    (home / ".ssh").symlink_to(ws / "conf")  # one level below: the link's target cannot move
+    prepare()
+
+
 def test_confinement_ipc_namespace_where_allowed(tmp_path: Path) -> None:
     """Sandboxed calls get their own IPC namespace; a system that refuses one (a unit whose
     RestrictNamespaces= has no ``ipc``) keeps the sandbox without it instead of losing it."""
