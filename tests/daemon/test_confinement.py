@@ -308,19 +308,26 @@ def test_confinement_hidden_path_a_call_could_uncover_is_refused(tmp_path: Path)
     prepare()
 
 
-def test_confinement_ipc_namespace_where_allowed(tmp_path: Path) -> None:
-    """Sandboxed calls get their own IPC namespace; a system that refuses one (a unit whose
-    RestrictNamespaces= has no ``ipc``) keeps the sandbox without it instead of losing it."""
+def _bwrap_refusing(tmp_path: Path, option: str, message: str) -> tuple[str, Path]:
+    """The real bubblewrap, and a wrapper of it that fails as bubblewrap does on ``option``
+    (an older release, or a system that does not allow what it asks for)."""
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         pytest.skip("bubblewrap is not installed")
-    fake = tmp_path / "bwrap-no-ipc"
+    fake = tmp_path / "bwrap-refusing"
     fake.write_text(
-        "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = --unshare-ipc ] && "
-        "{ echo 'bwrap: Operation not permitted' >&2; exit 1; }; done\n"
+        f"#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = {option} ] && "
+        f"{{ echo 'bwrap: {message}' >&2; exit 1; }}; done\n"
         f'exec {bwrap} "$@"\n'
     )
     fake.chmod(0o755)
+    return bwrap, fake
+
+
+def test_confinement_ipc_namespace_where_allowed(tmp_path: Path) -> None:
+    """Sandboxed calls get their own IPC namespace; a system that refuses one (a unit whose
+    RestrictNamespaces= has no ``ipc``) keeps the sandbox without it instead of losing it."""
+    bwrap, fake = _bwrap_refusing(tmp_path, "--unshare-ipc", "Operation not permitted")
     assert probe_ipc(bwrap) is True
     assert probe_ipc(str(fake)) is False
     home = tmp_path / "home"
@@ -338,16 +345,9 @@ def test_confinement_older_bubblewrap_without_json_status_keeps_the_sandbox(
 ) -> None:
     """A bubblewrap that does not know --json-status-fd (before 0.5) still sandboxes: the
     start probe does not need it, and calls are spawned without it."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        pytest.skip("bubblewrap is not installed")
-    fake = tmp_path / "bwrap-old"
-    fake.write_text(
-        "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = --json-status-fd ] && "
-        "{ echo 'bwrap: Unknown option --json-status-fd' >&2; exit 1; }; done\n"
-        f'exec {bwrap} "$@"\n'
+    bwrap, fake = _bwrap_refusing(
+        tmp_path, "--json-status-fd", "Unknown option --json-status-fd"
     )
-    fake.chmod(0o755)
     assert probe_status(bwrap) is True
     assert probe_status(str(fake)) is False
     home = tmp_path / "home"

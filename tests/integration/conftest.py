@@ -74,6 +74,20 @@ class Daemon:
         return self.proc.wait(timeout=timeout)
 
 
+@dataclass
+class CtlTarget:
+    """A daemon, the workspace and folder a ``toolsetctl`` under test runs against."""
+
+    daemon: Daemon
+    workspace: Path
+    base: Path
+
+    def argv(self, *args: str) -> list[str]:
+        """The ``toolsetctl`` command line aimed at this daemon and workspace."""
+        return [sys.executable, "-m", "toolsetd.client", "--socket", str(self.daemon.socket),
+                "--workspace", str(self.workspace), *args]
+
+
 class RawConn:
     """A blocking NDJSON connection for tests."""
 

@@ -11,26 +11,17 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from .conftest import Daemon, EXAMPLES, eventually, start_daemon, write_set
+from .conftest import CtlTarget, EXAMPLES, eventually, start_daemon, write_set
 
 HEADERS = ["Directory", "Source", "Enabled", "Effective", "Path", "Runner", "Catalogs",
            "Approval", "Tools"]
 
 
-@dataclass
-class Setup:
-    daemon: Daemon
-    workspace: Path
-    base: Path
-
-    def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "toolsetd.client", "--socket", str(self.daemon.socket),
-                "--workspace", str(self.workspace), *args]
+class Setup(CtlTarget):
 
     def ctl(self, *args: str, stdin: str | None = None, timeout: float = 30
             ) -> subprocess.CompletedProcess[str]:

@@ -21,12 +21,11 @@ import tempfile
 import termios
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from .conftest import Daemon, eventually, start_daemon, write_set
+from .conftest import CtlTarget, eventually, start_daemon, write_set
 
 OSC52 = "\x1b]52;c;cHduZWQ=\x07"
 ESCAPES = f"{OSC52}\x1b]0;title\x07\x1b[2J\x9b31m\u202e"
@@ -57,15 +56,7 @@ TOOL_OUTPUT = (
 ).format(escapes=ESCAPES)
 
 
-@dataclass
-class Setup:
-    daemon: Daemon
-    workspace: Path
-    base: Path
-
-    def argv(self, *args: str) -> list[str]:
-        return [sys.executable, "-m", "toolsetd.client", "--socket", str(self.daemon.socket),
-                "--workspace", str(self.workspace), *args]
+class Setup(CtlTarget):
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CI")}
