@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from toolsetd.protocol.errors import RemoteProtocolError, RpcError
 
 from .errors import ConnectError, ConnectionClosed, RequestTimeout, map_connect_errors
-from .mcp import shared_tmp_squatted
+from .mcp import shared_tmp_peer_refused, shared_tmp_squatted
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
@@ -141,6 +141,10 @@ class BlockingClient:
         except BaseException:
             sock.close()
             raise
+        refused = shared_tmp_peer_refused(sock, path)  # the folder may have changed since
+        if refused is not None:
+            sock.close()
+            raise ConnectError(f"Not connecting to toolsetd at {path}: {refused}.", path)
         sock.settimeout(None)
         return cls(sock, path)
 

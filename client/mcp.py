@@ -37,7 +37,7 @@ from collections.abc import Mapping, Sequence
 
 from toolsetd.protocol.names import METHOD_MCP_BIND
 
-__all__ = ["default_socket_path", "main", "shared_tmp_squatted"]
+__all__ = ["default_socket_path", "main", "shared_tmp_peer_refused", "shared_tmp_squatted"]
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -135,6 +135,36 @@ def shared_tmp_squatted(path: str) -> str | None:
     )
 
 
+def shared_tmp_peer_refused(sock: socket.socket, path: str) -> str | None:
+    """Why a connection made into the shared ``/tmp`` default folder must be dropped, or None.
+
+    ``shared_tmp_squatted`` looks at the folder before the connect, and the folder can
+    change in between: another user who swaps their own folder (with their listener in
+    it) in and out of ``/tmp/toolsetd-<uid>`` by ``rename`` wins that race now and then.
+    So, before anything is sent, the listener itself must be ours: the uid the kernel
+    recorded when it called ``listen`` (``SO_PEERCRED``) is ours or root's (a system
+    manager's socket activation). Any other path is not checked, as above.
+    """
+    if os.path.dirname(os.path.normpath(path)) != _shared_tmp_folder():
+        return None
+    option = getattr(socket, "SO_PEERCRED", None)
+    if option is None:  # not Linux: the folder check above is all there is
+        return None
+    import struct
+
+    euid = os.geteuid()
+    try:
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, option, 12))
+    except OSError as exc:
+        return f"cannot tell who listens at {path} ({exc.strerror}); refusing to use it"
+    if uid in (euid, 0):
+        return None
+    return (
+        f"the server listening at {path} runs as uid {uid}, not as us (uid {euid}): "
+        "someone else may have planted it to capture the socket; refusing to use it"
+    )
+
+
 class _Usage(Exception):
     """A command-line mistake (exit 2)."""
 
@@ -192,6 +222,9 @@ def _connect(path: str) -> socket.socket | None:
     except OSError:
         sock.close()
         return None
+    if shared_tmp_peer_refused(sock, path) is not None:
+        sock.close()
+        return None  # then _start_daemon: the daemon refuses the path and says why
     return sock
 
 

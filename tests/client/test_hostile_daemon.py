@@ -15,6 +15,7 @@ import socket
 import tempfile
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -208,6 +209,77 @@ def test_a_default_tmp_folder_owned_by_someone_else_is_not_connected_to(
         assert daemon.requests == []  # the arguments never left
     finally:
         daemon.close()
+
+
+def _foreign_listener(path: Path, seen: Path, uid: int) -> int:
+    """Fork a process that listens at ``path`` as ``uid`` and appends what it receives to
+    ``seen``; return its pid once it listens."""
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        try:
+            os.close(ready_r)
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.umask(0)
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.bind(str(path))
+            server.listen(8)
+            os.write(ready_w, b"1")
+            while True:
+                conn, _ = server.accept()
+                conn.settimeout(1)
+                try:
+                    data = conn.recv(65536)
+                except OSError:
+                    data = b""
+                with open(seen, "ab") as out:
+                    out.write(data)
+                conn.close()
+        finally:
+            os._exit(0)
+    os.close(ready_w)
+    with os.fdopen(ready_r, "rb") as ready:
+        assert ready.read(1) == b"1"
+    return pid
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a listener of another user needs root")
+def test_a_listener_of_another_user_in_our_default_folder_is_sent_nothing(
+    tmp_default: Path,
+) -> None:
+    """The folder passed its check, but someone else listens (they swapped their folder in
+    between the check and the connect): the connection is dropped before anything is sent."""
+    import signal
+
+    from toolsetd.client import mcp
+
+    import shutil
+
+    staging = Path(tempfile.mkdtemp(prefix="tsfl-"))  # in /tmp: pytest's tmp_path is 0700
+    os.chmod(staging, 0o777)
+    seen = staging / "seen"
+    pid = _foreign_listener(staging / "s.sock", seen, 65534)
+    try:
+        tmp_default.mkdir(mode=0o700)
+        os.chmod(tmp_default, 0o700)
+        sock = str(tmp_default / "toolsetd.sock")
+        os.rename(staging / "s.sock", sock)  # as the swapped-in folder would have it
+        assert mcp.shared_tmp_squatted(sock) is None  # the folder is ours alone
+        with pytest.raises(blocking.ConnectError, match="runs as uid 65534"):
+            BlockingClient.connect(sock)
+        out, err = io.StringIO(), io.StringIO()
+        code = run(["--socket", sock, "invoke", "t", "--args", '{"token": "s3cret"}'],
+                   stdout=out, stderr=err)
+        assert code == 5, err.getvalue()
+        assert mcp._connect(sock) is None
+        time.sleep(1.2)  # the listener's recv gives up after 1 s
+        assert not seen.exists() or seen.read_bytes() == b""  # nothing ever left
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def test_a_line_nested_past_the_decoder_is_a_lost_connection(fake: Callable[[Reply], FakeDaemon]) -> None:
