@@ -722,9 +722,17 @@ class Output:
         self.stdout.write(printable(text) + "\n")
 
     def error(self, text: str) -> None:
-        """Print one line to stderr (its control characters shown as escapes)."""
-        self.stderr.write(printable(text) + "\n")
-        self.stderr.flush()
+        """Print one line to stderr (its control characters shown as escapes).
+
+        A stderr whose reader went away (``2>&1 | head``) loses the line, and only the
+        line: the command goes on to its own exit code (a call still running is
+        cancelled, a failure keeps its code), never to the exit 0 of a closed stdout.
+        """
+        try:
+            self.stderr.write(printable(text) + "\n")
+            self.stderr.flush()
+        except BrokenPipeError:
+            _to_devnull(self.stderr)
 
     def tool_text(self, text: str) -> None:
         """Print a tool's output: as it is into a file or a pipe; on a terminal, its
@@ -783,14 +791,19 @@ class Output:
         the interpreter's own at exit included, fails again (Python then prints "Exception
         ignored" and exits 120 instead of the command's code).
         """
-        try:
-            fd = self.stdout.fileno()
-            devnull = os.open(os.devnull, os.O_WRONLY)
-        except (AttributeError, ValueError, OSError):
-            return  # not a file (a test's StringIO): nothing to redirect
-        try:
-            os.dup2(devnull, fd)
-        except OSError:
-            pass
-        finally:
-            os.close(devnull)
+        _to_devnull(self.stdout)
+
+
+def _to_devnull(stream: TextIO) -> None:
+    """Point a stream's file descriptor at ``/dev/null`` (what it still buffers goes there)."""
+    try:
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (AttributeError, ValueError, OSError):
+        return  # not a file (a test's StringIO): nothing to redirect
+    try:
+        os.dup2(devnull, fd)
+    except OSError:
+        pass
+    finally:
+        os.close(devnull)

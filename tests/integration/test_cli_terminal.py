@@ -226,3 +226,24 @@ def test_a_closed_event_stream_cancels_the_call_and_exits_141(setup: Setup) -> N
                     for event in setup.daemon.log_events()),
         timeout=20, what="the call cancelled in the daemon",
     )
+
+
+def test_a_closed_event_stream_shared_with_stderr_still_exits_141(setup: Setup) -> None:
+    """``... 2>&1 | head -n1``: the notice on stderr cannot be written either; still 141."""
+    read, write = os.pipe()
+    proc = subprocess.Popen(
+        setup.argv("--format", "jsonl", "invoke", "h_run", "--approve", "--args",
+                   '{"mode": "long"}'),
+        stdout=write, stderr=write, env=setup.env(), cwd=setup.base,
+    )
+    os.close(write)
+    with os.fdopen(read, "rb") as reader:
+        first = json.loads(reader.readline())
+    assert first["method"] == "started"  # the reader (and so stderr's too) is gone now
+    assert proc.wait(timeout=60) == 141
+    call_id = first["params"]["callId"]
+    eventually(
+        lambda: any(event.get("call_id") == call_id and event.get("status") == "cancelled"
+                    for event in setup.daemon.log_events()),
+        timeout=20, what="the call cancelled in the daemon",
+    )
