@@ -64,14 +64,26 @@ def printable(text: str) -> str:
     return _UNSAFE.sub(_escaped, text)
 
 
-def _escaped_but_colour(match: re.Match[str]) -> str:
-    return match.group() if match.group(1) else _escaped(match)
+#: Back to the terminal's default colours and attributes.
+_SGR_RESET = "\x1b[0m"
 
 
 def terminal_text(text: str) -> str:
     """Multi-line text for a terminal: as ``printable``, but line feeds, tabs, CRLF and
-    colours (SGR sequences) stay."""
-    return _UNSAFE_IN_TEXT.sub(_escaped_but_colour, text)
+    colours (SGR sequences) stay; when any colour passed, a reset follows the text, so
+    what the tool left on (red, or concealed text) does not carry over into what is
+    printed next, the shell's prompt included."""
+    painted = False
+
+    def escaped_but_colour(match: re.Match[str]) -> str:
+        nonlocal painted
+        if match.group(1):
+            painted = True
+            return match.group()
+        return _escaped(match)
+
+    shown = _UNSAFE_IN_TEXT.sub(escaped_but_colour, text)
+    return shown + _SGR_RESET if painted else shown
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -39,6 +39,8 @@ TOOL_OUTPUT = (
     "    sys.stdout.write('out ' + {escapes!r} + ' line1\\rOVER\\r\\nnext\\n')\n"
     "elif mode == 'colour':\n"
     "    sys.stdout.write('\\x1b[1;31mred\\x1b[0m plain \\x1b[2J\\n')\n"
+    "elif mode == 'conceal':\n"
+    "    sys.stdout.write('\\x1b[8mhidden\\n')\n"
     "elif mode == 'progress':\n"
     "    with os.fdopen(int(os.environ['TOOLSETD_PROGRESS_FD']), 'w') as p:\n"
     "        p.write(json.dumps({{'message': 'prog ' + {escapes!r}, 'fraction': 0.5}}) + '\\n')\n"
@@ -188,6 +190,13 @@ def test_a_tools_colours_reach_a_terminal_and_nothing_else_does(setup: Setup) ->
     code, seen = setup.on_terminal("invoke", "h_run", "--approve", "--args", '{"mode": "colour"}')
     assert code == 0, seen
     assert b"\x1b[1;31mred\x1b[0m plain \\x1b[2J" in seen
+
+
+def test_a_tools_colours_are_reset_after_its_output_on_a_terminal(setup: Setup) -> None:
+    """A tool that leaves a colour or concealed text on does not paint what follows."""
+    code, seen = setup.on_terminal("invoke", "h_run", "--approve", "--args", '{"mode": "conceal"}')
+    assert code == 0, seen
+    assert b"\x1b[8mhidden\r\n\x1b[0m" in seen
 
 
 def test_a_progress_message_on_a_terminal_is_shown_escaped(setup: Setup) -> None:
