@@ -43,10 +43,11 @@ CONNECT_TIMEOUT = 5.0
 #: run as long as its set allows): a daemon that accepted the connection but is stopped
 #: or stuck fails the command (exit 5) instead of hanging a CI job until its own limit.
 REQUEST_TIMEOUT = 60.0
-#: The longest ``--args`` text read: the daemon's line limit (``protocol.codec``'s
-#: ``DEFAULT_MAX_FRAME_SIZE``; longer cannot be sent anyway). ``@/dev/zero`` or an endless
-#: stdin stops here instead of filling the memory.
-MAX_ARGS_BYTES = 16 * 1024 * 1024
+#: The longest ``--args`` text read: ``@/dev/zero`` or an endless stdin stops here instead
+#: of filling the memory. Not the daemon's line limit: that is 16 MiB by default but the
+#: operator's to raise (``--max-message-bytes``), and the daemon refuses what is over its
+#: own (-32007, exit 2). This is the longest line toolsetctl reads (``MAX_LINE_BYTES``).
+MAX_ARGS_BYTES = 64 * 1024 * 1024
 
 
 class UsageError(Exception):
@@ -108,8 +109,8 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
 def _check_size(size: int, where: str) -> None:
     if size > MAX_ARGS_BYTES:
         raise UsageError(
-            f"{where} is larger than {MAX_ARGS_BYTES} bytes, the most toolsetd takes in one "
-            "message."
+            f"{where} is larger than {MAX_ARGS_BYTES} bytes, the most toolsetctl sends in one "
+            "request."
         )
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import subprocess
 import sys
@@ -111,6 +112,14 @@ def test_parse_arguments_reads_a_bounded_amount(
         stdin = io.TextIOWrapper(zero)
         with pytest.raises(UsageError, match="is larger than 1024 bytes"):
             parse_arguments(spec, stdin)
+
+
+def test_parse_arguments_reads_more_than_the_daemons_default_line_limit(tmp_path: Path) -> None:
+    """An operator may raise the daemon's limit (``--max-message-bytes``): 16 MiB is not the
+    client's to enforce; the daemon refuses what is over its own (-32007, exit 2)."""
+    big = tmp_path / "args.json"
+    big.write_text(json.dumps({"pad": "a" * (20 * 1024 * 1024)}), encoding="utf-8")
+    assert len(parse_arguments(f"@{big}", io.StringIO(""))["pad"]) == 20 * 1024 * 1024
 
 
 def test_a_request_over_the_daemons_line_limit_exits_2() -> None:
