@@ -687,6 +687,10 @@ def _json_text(value: Any, **options: Any) -> str:
     return _JSON_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
 
 
+#: The ASCII whitespace ``textwrap`` turns into spaces when it wraps a ``table`` value.
+_LAYOUT_WHITESPACE = re.compile("[\t\n\x0b\x0c\r]")
+
+
 class Output:
     """Prints in one format to one stdout and one stderr.
 
@@ -761,8 +765,8 @@ class Output:
         if not rows:
             self.line(empty)
             return
-        headers = [printable(header) for header in headers]
-        rows = [[printable(cell) for cell in row] for row in rows]
+        headers = [self._cell(header) for header in headers]
+        rows = [[self._cell(cell) for cell in row] for row in rows]
         lines = (
             aligned_rows(headers, rows)
             if self.format == "text"
@@ -773,12 +777,21 @@ class Output:
 
     def fields(self, fields: Sequence[tuple[str, str]]) -> None:
         """Print ``Label  value`` pairs (values wrapped to the width in ``table``)."""
-        fields = [(printable(label), printable(value)) for label, value in fields]
+        fields = [(self._cell(label), self._cell(value)) for label, value in fields]
         lines = (
             aligned_fields(fields) if self.format == "text" else fields_lines(fields, self.width)
         )
         for text in lines:
             self.line(text)
+
+    def _cell(self, text: str) -> str:
+        """A cell or a field value as shown: in ``table`` (wrapped to the width) a line
+        break or a tab is a space, as the wrapping makes it (a multi-line description reads
+        as one paragraph, not as ``\\n``); in ``text`` (one line per row or field) it is
+        escaped like every other control character."""
+        if self.format == "table":
+            text = _LAYOUT_WHITESPACE.sub(" ", text)
+        return printable(text)
 
     def flush(self) -> None:
         """Flush stdout."""

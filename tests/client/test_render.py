@@ -138,3 +138,18 @@ def test_render_classification_shows_the_sandbox() -> None:
     rows = dict(classification_fields({"confinement": confinement}))
     assert rows["Sandbox"] == "workspace-write, network denied, also writable: /x/y"
     assert rows["Confinement"] == "fails closed: no bwrap"
+
+
+def test_a_multi_line_description_reads_as_a_paragraph_in_table_and_escaped_in_text() -> None:
+    """Line breaks and tabs in a value: spaces where ``table`` wraps it, escapes where
+    ``text`` keeps one line per field; every other control character escaped in both."""
+    value = "First line.\nSecond line.\tTabbed \x1b]0;t\x07 end"
+    table, text = io.StringIO(), io.StringIO()
+    Output("table", table, io.StringIO(), width=200).fields([("Description", value)])
+    Output("text", text, io.StringIO()).fields([("Description", value)])
+    assert table.getvalue() == (
+        "Description  First line. Second line. Tabbed \\x1b]0;t\\x07 end\n"
+    )
+    assert text.getvalue() == (
+        "Description  First line.\\nSecond line.\\tTabbed \\x1b]0;t\\x07 end\n"
+    )
