@@ -385,17 +385,20 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
             pass
     report = offline.validate_set(target, args.reserve)
     report.problems[:0] = problems
-    if ctx.out.is_json:
-        ctx.emit(report.to_json())
-    elif report.valid:
-        count = len(report.tools)
-        noun = "tool" if count == 1 else "tools"
-        names = f" ({', '.join(report.tools)})" if report.tools else ""
-        ctx.out.line(f"Tool set {report.directory} is valid: {count} {noun}{names}.")
-    else:
-        ctx.out.line(f"Tool set {report.directory} is not valid:")
-        for problem in report.problems:
-            ctx.out.line(f"- {problem}")
+    try:  # the verdict is the exit code, read or not (toolsetctl validate x | head -n1)
+        if ctx.out.is_json:
+            ctx.emit(report.to_json())
+        elif report.valid:
+            count = len(report.tools)
+            noun = "tool" if count == 1 else "tools"
+            names = f" ({', '.join(report.tools)})" if report.tools else ""
+            ctx.out.line(f"Tool set {report.directory} is valid: {count} {noun}{names}.")
+        else:
+            ctx.out.line(f"Tool set {report.directory} is not valid:")
+            for problem in report.problems:
+                ctx.out.line(f"- {problem}")
+    except BrokenPipeError:
+        ctx.out.discard()
     return EXIT_OK if report.valid else EXIT_USAGE
 
 
@@ -404,13 +407,16 @@ def _cmd_classify(ctx: Context, args: argparse.Namespace) -> int:
     result = request(ctx, "classify", call_params(ctx, args, text))
     decision = result.get("decision") if isinstance(result, dict) else None
     code = EXIT_OK if decision == "allow" else EXIT_DENIED
-    if ctx.out.is_json:
-        ctx.emit(result)
-        return code
-    ctx.out.fields(classification_fields(result))
-    paths = classification_path_rows(result)
-    if paths:
-        ctx.out.rows(PATH_HEADERS, paths, empty="", foldable=(1, 2))
+    try:  # the decision is the exit code, read or not (toolsetctl classify x | head -n1)
+        if ctx.out.is_json:
+            ctx.emit(result)
+            return code
+        ctx.out.fields(classification_fields(result))
+        paths = classification_path_rows(result)
+        if paths:
+            ctx.out.rows(PATH_HEADERS, paths, empty="", foldable=(1, 2))
+    except BrokenPipeError:
+        ctx.out.discard()
     return code
 
 
@@ -564,7 +570,10 @@ def run(
             )
         except Failure as failure:
             code = _report(out, failure)
-        out.flush()
+        try:
+            out.flush()
+        except BrokenPipeError:  # what was buffered is lost; the command's code stands
+            out.discard()
         return code
     except BrokenPipeError:
         out.discard()  # so that the interpreter's own flush at exit stays quiet

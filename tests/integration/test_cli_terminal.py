@@ -215,6 +215,20 @@ def test_a_closed_stdout_keeps_the_outcome_exit_code(setup: Setup) -> None:
     assert setup.piped("list") == 0
 
 
+def test_a_closed_stdout_keeps_the_verdict_of_classify_and_validate(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """``classify`` (3 for a decision that is not allow) and ``validate`` (2 for a set with
+    problems) exit with their verdict whether or not anyone read it."""
+    assert setup.piped("classify", "h_run", "--headless") == 3
+    assert setup.piped("--format", "json", "classify", "h_run", "--headless") == 3
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "tools.json").write_text("{", encoding="utf-8")
+    assert setup.piped("validate", str(broken)) == 2
+    assert setup.piped("--format", "json", "validate", str(broken)) == 2
+
+
 def test_a_closed_event_stream_cancels_the_call_and_exits_141(setup: Setup) -> None:
     """``--format jsonl invoke ... | head -n1``: the call is cancelled, never reported as a success."""
     proc = subprocess.Popen(
