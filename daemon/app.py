@@ -54,7 +54,7 @@ from .catalog import ManifestCache
 from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
 from .exhaustion import raise_open_files_limit
-from .logs import configure_logging
+from .logs import configure_logging, drain_logs, finish_logging, holding
 from .methods import Handlers
 from .metrics import Metrics, MetricsSources, bind_metrics, serve_metrics
 from .model import DEFAULT_RESERVED_NAMES, SetState, Source
@@ -429,6 +429,7 @@ async def _serve(
             tg.start_soon(
                 _evict_idle, registry, watcher, server, service, options.workspace_idle_seconds
             )
+            tg.start_soon(_drain_logs)
             interval = notifier.watchdog_interval()
             if interval:
                 tg.start_soon(_watchdog, notifier, interval)
@@ -638,6 +639,15 @@ async def _graceful_stop(
     raise _Stop
 
 
+async def _drain_logs() -> None:
+    """Let out the log lines held for a slow stderr reader when the daemon is quiet (a
+    line that is logged lets them out too): every 0.1 s while some are held, else every
+    second. Nothing to do unless stderr is a pipe or a socket."""
+    while True:
+        await anyio.sleep(0.1 if holding() else 1.0)
+        drain_logs()
+
+
 async def _evict_idle(
     registry: Registry,
     watcher: Watcher | None,
@@ -801,7 +811,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if raised is not None:
         log.info("open_files_limit_raised", soft=raised[0], limit=raised[1])
     try:
-        anyio.run(run_daemon, options, backend="asyncio")
+        try:
+            anyio.run(run_daemon, options, backend="asyncio")
+        finally:
+            # The last lines (stop_requested, daemon_stopped) reach a slow stderr reader
+            # before anything _exit_code prints on sys.stderr, and before the process ends.
+            finish_logging()
     except BaseException as exc:
         return _exit_code(exc)
     finally:

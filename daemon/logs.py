@@ -19,20 +19,24 @@ Events a peer can cause at will (a refused connection, a refused request) go thr
 
 A log line never makes the daemon wait for its reader. When stderr is a pipe or a socket
 (journald's stream, a supervisor, ``toolsetd 2>&1 | less``), lines are written without
-blocking (``LineWriter``): while the reader is stalled they are held, up to
-``HELD_LOG_BYTES``, and written before the next line once it reads again; past that they are
-dropped and counted, and ``log_lines_dropped`` says how many, in their place, before the
-next line kept. Before, a reader that stopped reading froze every client once 64 KiB of log had
-piled up in the pipe. A terminal or a file is written as before, waiting.
+blocking (``LineWriter``), whole lines at a time: while the reader is stalled they are
+held, up to ``HELD_LOG_BYTES``, and written once it reads again (before the next line, or
+by ``drain_logs``, which the daemon runs a few times a second, or by ``finish_logging`` on
+the way out, which waits up to 2 s); past that they are dropped and counted, and
+``log_lines_dropped`` says how many, in their place. Before, a reader that stopped reading
+froze every client once 64 KiB of log had piled up in the pipe. A terminal or a file is
+written as before, waiting.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import stat
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
@@ -46,9 +50,13 @@ __all__ = [
     "MAX_LOGGED_ID",
     "PRIORITIES",
     "REQUEST",
+    "LineLogger",
     "LineWriter",
     "Throttle",
     "configure_logging",
+    "drain_logs",
+    "finish_logging",
+    "holding",
     "merge_request",
     "stderr_is_journal",
 ]
@@ -138,20 +146,24 @@ HELD_LOG_BYTES = 256 * 1024
 
 
 class LineWriter:
-    """A file for structlog's ``PrintLogger`` that never waits for stderr's reader.
+    """Log lines for a stderr that is a pipe or a socket, never waiting for its reader.
 
-    ``print`` writes a line in pieces and then flushes: the line goes out at the flush, in
-    one non-blocking write. What the reader cannot take now is held (a line cut short
-    always keeps its rest, so lines stay whole) and written before the next line; past
-    ``limit`` bytes held, whole lines are dropped and counted, and the next line kept is
-    preceded by ``notice(count)``, where the gap is. structlog calls it under its lock for
-    this file.
+    Each line goes out in non-blocking writes of whole lines, at most ``PIPE_BUF`` bytes at
+    a time (a pipe takes such a write whole or not at all, so no other writer of the pipe,
+    our own ``sys.stderr`` or a process sharing it, lands inside one of our lines). What the
+    reader cannot take now is held and written before the next line, and by ``drain`` (the
+    daemon calls it a few times a second, so a quiet daemon's last lines do not wait for the
+    next one); past ``limit`` bytes held, whole lines are dropped and counted, and the next
+    line kept is preceded by ``notice(count)``, where the gap is. ``finish`` writes what is
+    held on the way out, waiting for the reader a bounded time. One lock guards it all:
+    structlog's loggers (``LineLogger``) and ``drain`` may run on any thread.
 
     Args:
         send: Writes bytes without blocking; returns how many went out, raises
             ``BlockingIOError`` when none can.
         notice: The rendered line (without newline) that says how many were dropped.
         limit: The most bytes held.
+        fileno: The descriptor ``send`` writes to, for ``finish`` to wait on.
     """
 
     def __init__(
@@ -159,47 +171,133 @@ class LineWriter:
         send: Callable[[bytes], int],
         notice: Callable[[int], str],
         limit: int = HELD_LOG_BYTES,
+        fileno: int | None = None,
     ) -> None:
         self._send = send
         self._notice = notice
         self._limit = limit
-        self._parts: list[str] = []
+        self._fileno = fileno
+        self._lock = threading.Lock()
         self._held = b""
         self.dropped = 0
 
-    def write(self, text: str) -> int:
-        self._parts.append(text)
-        return len(text)
-
-    def flush(self) -> None:
-        line = "".join(self._parts).encode("utf-8", "backslashreplace")
-        self._parts.clear()
-        if self._held:
+    def line(self, text: str) -> None:
+        """Write one line (``text`` without its newline), or hold or drop it."""
+        data = (text + "\n").encode("utf-8", "backslashreplace")
+        with self._lock:
+            if self._held:
+                self._drain()
+                if len(self._held) + len(data) > self._limit:  # the reader is still stalled
+                    self.dropped += 1
+                    return
+            if self.dropped:  # said where the gap is, before the first line after it
+                data = self._dropped_line() + data
+            self._held += data
             self._drain()
-            if len(self._held) + len(line) > self._limit:  # the reader is still stalled
-                self.dropped += 1
-                return
-        if self.dropped:  # said where the gap is, before the first line after it
-            notice = self._notice(self.dropped) + "\n"
-            line = notice.encode("utf-8", "backslashreplace") + line
-            self.dropped = 0
-        self._held += line
-        self._drain()
+
+    @property
+    def holding(self) -> bool:
+        """Whether lines wait for the reader (a read without the lock: a hint)."""
+        return bool(self._held)
+
+    def drain(self) -> None:
+        """Write what the reader can take now of what is held."""
+        with self._lock:
+            self._drain()
+
+    def finish(self, timeout: float) -> bool:
+        """Write what is held (and a pending drop count), waiting up to ``timeout`` seconds.
+
+        For the way out: a reader that is slow but reading gets the last lines (the stop,
+        the reason for an exit) instead of losing them with the process. Returns whether
+        nothing is left held.
+        """
+        deadline = time.monotonic() + timeout
+        if not self._lock.acquire(timeout=timeout):
+            return False
+        try:
+            if self.dropped:
+                self._held += self._dropped_line()
+            self._drain()
+            while self._held and self._fileno is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                poller = select.poll()
+                poller.register(self._fileno, select.POLLOUT)
+                if not poller.poll(left * 1000):
+                    break
+                self._drain()
+            return not self._held
+        finally:
+            self._lock.release()
+
+    def _dropped_line(self) -> bytes:
+        text = self._notice(self.dropped) + "\n"
+        self.dropped = 0
+        return text.encode("utf-8", "backslashreplace")
 
     def _drain(self) -> None:
         held = self._held
-        while held:
+        done = 0
+        while done < len(held):
+            # Whole lines, PIPE_BUF bytes at most when they fit (see the class doc); a
+            # longer line goes out as the reader takes it.
+            end = held.rfind(b"\n", done, done + select.PIPE_BUF) + 1
+            if end <= done:
+                end = held.find(b"\n", done) + 1 or len(held)
             try:
-                sent = self._send(held)
+                sent = self._send(held[done:end])
             except BlockingIOError:
                 break
             except InterruptedError:
                 continue
             except OSError:  # the reader is gone: nothing to hold for
-                held = b""
+                done = len(held)
                 break
-            held = held[sent:]
-        self._held = held
+            done += sent
+        if done:
+            self._held = held[done:]
+
+
+class LineLogger:
+    """A structlog logger that hands each rendered line to a ``LineWriter``, whole."""
+
+    __slots__ = ("_line",)
+
+    def __init__(self, writer: LineWriter) -> None:
+        self._line = writer.line
+
+    def msg(self, message: str) -> None:
+        self._line(message)
+
+    log = debug = info = warn = warning = err = error = critical = exception = msg
+    fatal = failure = msg
+
+
+#: The writer of the daemon's log lines when stderr is a pipe or a socket, else None.
+_WRITER: LineWriter | None = None
+
+
+def holding() -> bool:
+    """Whether log lines wait for stderr's reader."""
+    return _WRITER is not None and _WRITER.holding
+
+
+def drain_logs() -> None:
+    """Write what stderr's reader can take now of the lines held for it (cheap when none)."""
+    writer = _WRITER
+    if writer is not None and writer.holding:
+        writer.drain()
+
+
+def finish_logging(timeout: float = 2.0) -> bool:
+    """On the way out: write the lines still held for a slow stderr reader, waiting at most
+    ``timeout`` seconds (a reader that stopped reading costs the exit no more than that).
+
+    Returns whether nothing is left held (True when stderr is not a pipe or a socket).
+    """
+    return _WRITER.finish(timeout) if _WRITER is not None else True
 
 
 #: ``_nonblocking_sender``'s writers by the (device, inode) they write to: configuring the
@@ -283,7 +381,9 @@ def configure_logging(
     ]
     if journal:
         processors.append(_prefix_priority)
-    out: Any = sys.stderr
+    global _WRITER
+    factory: Callable[..., Any] = structlog.PrintLoggerFactory(sys.stderr)
+    _WRITER = None
     send = _nonblocking_sender(sys.stderr.fileno()) if _has_fileno(sys.stderr) else None
     if send is not None:
 
@@ -298,11 +398,15 @@ def configure_logging(
             text = renderer(None, "warning", event)
             return (PRIORITIES["warning"] if journal else "") + str(text)
 
-        out = LineWriter(send, notice)
+        writer = _WRITER = LineWriter(send, notice, fileno=sys.stderr.fileno())
+
+        def factory(*_args: Any) -> LineLogger:
+            return LineLogger(writer)
+
     structlog.configure(
         processors=processors,
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(out),
+        logger_factory=factory,
         cache_logger_on_first_use=True,
     )
 

@@ -104,7 +104,7 @@ def test_logs_line_writer_holds_then_drops_whole_lines_and_says_how_many() -> No
         )
 
         def line(i: int) -> None:
-            print(f"line {i:04d} " + "x" * 90, file=writer, flush=True)  # noqa: T201
+            writer.line(f"line {i:04d} " + "x" * 90)
 
         for i in range(200):  # 20 KB: 4 KB in the pipe, 8 KB held, the rest dropped
             line(i)
@@ -138,7 +138,62 @@ def test_logs_line_writer_forgets_what_a_gone_reader_cannot_take() -> None:
     try:
         writer = LineWriter(lambda data: os.write(write_fd, data), lambda n: f"dropped {n}")
         for _ in range(3):
-            print("a line", file=writer, flush=True)  # noqa: T201
+            writer.line("a line")
         assert writer.dropped == 0
     finally:
+        os.close(write_fd)
+
+
+def test_logs_line_writer_never_cuts_a_line_a_pipe_can_take_whole() -> None:
+    """Held lines go out in whole-line writes of at most PIPE_BUF bytes: a full pipe takes
+    such a write whole or not at all, so another writer of the pipe (sys.stderr, a process
+    sharing it) never lands inside one of our lines."""
+    read_fd, write_fd = _pipe()
+    try:
+        writer = LineWriter(lambda data: os.write(write_fd, data), lambda n: f"dropped {n}")
+        for i in range(100):
+            writer.line(f"line {i:04d} " + "x" * 90)
+        taken = _read_all(read_fd)
+        assert taken.endswith(b"\n")  # the pipe holds whole lines only
+        writer.drain()  # what was held goes out when the reader reads, without a new line
+        rest = _read_all(read_fd)
+        assert rest.endswith(b"\n") and rest.startswith(b"line ")
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_logs_line_writer_finish_writes_what_is_held_for_a_slow_reader() -> None:
+    """On the way out, the held lines (and a pending drop count) reach a reader that is
+    slow but reading; a reader that never reads gets what fits, and finish says so."""
+    import threading
+    import time
+
+    read_fd, write_fd = _pipe()
+    try:
+        writer = LineWriter(
+            lambda data: os.write(write_fd, data), lambda n: f"dropped {n}", 8192, write_fd
+        )
+        for i in range(200):
+            writer.line(f"line {i:04d} " + "x" * 90)
+        got: list[bytes] = []
+
+        def slow_reader() -> None:
+            for _ in range(40):
+                time.sleep(0.01)
+                got.append(_read_all(read_fd))
+
+        reader = threading.Thread(target=slow_reader)
+        reader.start()
+        assert writer.finish(timeout=30.0)
+        reader.join()
+        lines = b"".join(got).decode().splitlines()
+        assert lines[-1].startswith("dropped ")
+        assert all(s.startswith(("line ", "dropped ")) for s in lines)
+        stalled = LineWriter(lambda data: os.write(write_fd, data), str, 8192, write_fd)
+        for _ in range(100):
+            stalled.line("y" * 99)
+        assert not stalled.finish(timeout=0.2)
+    finally:
+        os.close(read_fd)
         os.close(write_fd)

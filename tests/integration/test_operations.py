@@ -628,6 +628,82 @@ def test_a_stalled_log_reader_stalls_no_client(
     assert len(served) + sum(r["dropped"] for r in dropped) >= 5000
 
 
+def _daemon_on_a_pipe(ops_home: Path, tmp_base: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """A daemon (debug logs: a line per request) whose stderr is a pipe we read, or not."""
+    sock = tmp_base / "piped.sock"
+    proc = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-m", "toolsetd.daemon", "--home", str(ops_home), "--socket",
+         str(sock), "--log-level", "debug", "--config", str(_config(tmp_base, ""))],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")},
+    )
+    eventually(sock.exists, what="the socket")
+    return proc, sock
+
+
+def test_a_quiet_daemon_lets_out_what_a_stalled_reader_missed(
+    ops_home: Path, tmp_base: Path
+) -> None:
+    """Lines held while the reader was stalled come out once it reads again, even if the
+    daemon logs nothing more: the last request's line is not left waiting for a next."""
+    proc, sock = _daemon_on_a_pipe(ops_home, tmp_base)
+    assert proc.stderr is not None
+    try:
+        # ~1,000 lines: more than the pipe holds, less than what is held beyond it.
+        with RawConn(sock, timeout=10) as conn:
+            for _ in range(1000):
+                last = conn.request("status")
+            assert "result" in last
+        os.set_blocking(proc.stderr.fileno(), False)
+        text = b""
+
+        def last_line_out() -> bool:
+            nonlocal text
+            text += proc.stderr.read() or b""  # type: ignore[union-attr]
+            return b'"request_id": %d,' % last["id"] in text
+
+        eventually(last_line_out, what="the last request's line")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stderr.close()
+
+
+def test_a_slow_reader_gets_the_last_lines_at_exit(ops_home: Path, tmp_base: Path) -> None:
+    """A stderr reader that is slow but reading gets every line up to daemon_stopped, each
+    whole: the lines still held when the daemon stops go out before it exits."""
+    import threading
+    import time
+
+    proc, sock = _daemon_on_a_pipe(ops_home, tmp_base)
+    assert proc.stderr is not None
+    chunks: list[bytes] = []
+
+    def slow() -> None:
+        while chunk := os.read(proc.stderr.fileno(), 4096):  # type: ignore[union-attr]
+            chunks.append(chunk)
+            time.sleep(0.02)  # ~200 KB/s: behind the daemon, but reading
+
+    reader = threading.Thread(target=slow)
+    reader.start()
+    try:
+        with RawConn(sock, timeout=10) as conn:
+            for _ in range(1500):
+                assert "result" in conn.request("status")
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        reader.join(timeout=60)
+        proc.stderr.close()
+    text = b"".join(chunks).decode()
+    assert text.endswith("\n")
+    records = [json.loads(line) for line in text.splitlines()]  # every line whole
+    assert records[-1]["event"] == "daemon_stopped"
+    served = sum(r["event"] == "request_served" for r in records)
+    dropped = sum(r.get("dropped", 0) for r in records if r["event"] == "log_lines_dropped")
+    assert served + dropped >= 1500
+
+
 def test_the_daemon_raises_its_open_files_limit_to_the_hard_one(
     ops_home: Path, tmp_base: Path
 ) -> None:
