@@ -463,6 +463,7 @@ class Service:
         if classification.arguments_error is not None:
             # Arguments the fence refuses can never run: say so before asking anyone.
             observed.refused("arguments")
+            _log_refused(prepared, "arguments")
             raise self._fence_error(
                 prepared.loaded,
                 classification.arguments_error_argument,
@@ -474,12 +475,14 @@ class Service:
         wire = self.classification_wire(prepared)
         if decision == "deny":
             observed.refused("deny")
+            _log_refused(prepared, "deny")
             raise rpc_errors.PolicyDenied(f"Denied: {classification.reason}", wire)
         approved = request.approved or (
             request.approved_digest is not None and request.approved_digest == approval_digest(wire)
         )
         if not approved:
             observed.refused("approval")
+            _log_refused(prepared, "approval")
             raise rpc_errors.ApprovalRequired(
                 f"Approval required: {classification.reason} Ask the operator, then call "
                 "again with approved: true.",
@@ -560,7 +563,11 @@ class Service:
             user_home=self.settings.user_home,
         )
         log.info(
-            "call_started", call_id=call_id, tool=loaded.tool.name, set=loaded.toolset.directory
+            "call_started",
+            call_id=call_id,
+            tool=loaded.tool.name,
+            set=loaded.toolset.directory,
+            decision=prepared.classification.decision,  # ask/review: it ran approved
         )
         events = _Bookkeeping(sink, call_id, loaded)
         started_at = time.monotonic()
@@ -662,6 +669,21 @@ class Service:
             for listener in [*self._listen_all, *self._listeners.get(key, ())]:
                 await listener(key, outcome.generation, wire)
         return outcome
+
+
+def _log_refused(prepared: Prepared, refused: str) -> None:
+    """The audit line of an ``invoke`` the policy or the fence refused (one per call: what
+    an operator reviews, so never throttled; ``request_refused`` is)."""
+    c = prepared.classification
+    log.info(
+        "call_refused",
+        tool=c.tool,
+        set=c.set,
+        source=c.source.value,
+        scope=c.scope.value,
+        decision=c.decision,
+        refused=refused,
+    )
 
 
 def _outside_paths(classification: Classification) -> tuple[str, ...]:

@@ -553,6 +553,29 @@ def test_a_flood_of_refused_requests_is_logged_once_a_second_per_method_and_code
     assert [e["request_id"] for e in refused if e["code"] == -32602] == ["last"]
 
 
+def test_every_refused_or_approved_call_leaves_its_own_audit_line(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """request_refused is throttled; what the policy decided about each invoke is not: a
+    call_refused line per refused call (tool, set, decision, why), and call_started says
+    the decision a call ran under (ask: it ran approved)."""
+    d = start_daemon(ops_home, workspace, tmp_base)
+    try:
+        for _ in range(3):  # within a second: request_refused says one of them
+            assert _invoke(d, workspace, "guarded")["error"]["code"] == -32004
+        assert _invoke(d, workspace, "guarded", headless=True)["error"]["code"] == -32003
+        assert "result" in _invoke(d, workspace, "guarded", approved=True)
+    finally:
+        d.stop()
+    refused = [e for e in d.log_events() if e["event"] == "call_refused"]
+    assert [(e["tool"], e["set"], e["source"], e["decision"], e["refused"]) for e in refused] == [
+        ("guarded", "guarded", "home", "ask", "approval")
+    ] * 3 + [("guarded", "guarded", "home", "deny", "deny")]
+    assert all("request_id" in e and "conn_id" in e for e in refused)
+    started = [e for e in d.log_events() if e["event"] == "call_started"]
+    assert [(e["tool"], e["decision"]) for e in started] == [("guarded", "ask")]
+
+
 def test_a_long_request_id_is_cut_in_the_log(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
