@@ -316,6 +316,7 @@ def test_a_silent_daemon_fails_requests_after_the_request_timeout(
     code, _, err = ctl(daemon, "status")
     assert code == 5
     assert "No response within 0.5 s" in err
+    assert "accepted the connection but did not answer" in err  # not "lost the connection"
 
 
 @pytest.mark.parametrize("result", [[1, 2], "text", 7])
