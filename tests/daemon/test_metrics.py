@@ -41,3 +41,27 @@ def test_metrics_set_labels_are_bounded() -> None:
     assert len(calls) == MAX_SET_LABELS + 1
     assert calls[OTHER_SETS] == extra
     assert calls["set0"] == 2
+
+
+def test_metrics_listener_renders_at_most_once_a_second() -> None:
+    """What /metrics serves (anyone on the machine may scrape it, in a loop) is rendered
+    again only once the last rendering is a second old; the metrics method is always fresh."""
+    metrics = _metrics()
+    now = [100.0]
+
+    def clock() -> float:
+        return now[0]
+
+    def refused(n: int) -> None:
+        metrics.call(CallInfo(f"c{n}", "t", "lint", "project", "deny")).refused("deny")
+
+    refused(1)
+    first, _ = metrics.recent_exposition(clock=clock)
+    assert 'set="lint",status="refused"} 1.0' in first
+    refused(2)
+    now[0] += 0.5
+    assert metrics.recent_exposition(clock=clock)[0] is first  # not rendered again
+    assert 'set="lint",status="refused"} 2.0' in metrics.exposition()[0]
+    now[0] += 0.5
+    again, _ = metrics.recent_exposition(clock=clock)
+    assert 'set="lint",status="refused"} 2.0' in again
