@@ -731,7 +731,6 @@ def options_from_settings(
                 raise ConfigError(str(exc)) from None
     elif settings.mcp_token_file is not None:
         raise ConfigError("--mcp-token-file needs --mcp-listen: the token is for the HTTP endpoint")
-    check_group(settings)
     return DaemonOptions(
         home=home,
         socket=settings.socket,
@@ -791,6 +790,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         settings = load_settings(args, os.environ)
         options = options_from_settings(settings, args)
+        # At start only: allow-group applies from a restart, so a group removed since (or
+        # a group database that cannot be asked now) must not fail every reload.
+        check_group(settings)
         if getattr(args, "print_config", False):
             resolved = {
                 "socket": str(default_socket_path(os.environ)),

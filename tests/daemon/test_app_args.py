@@ -20,3 +20,17 @@ def test_output_limit_is_bounded_by_the_line_budget() -> None:
     with pytest.raises(ConfigError, match="--output-limit: must be at most 1000000"):
         parse_args(["--output-limit", "1000001"])
     assert parse_args(["--output-limit", "1000000"]).runner.output_limit_chars == 1_000_000
+
+
+def test_a_missing_allow_group_fails_the_start_but_not_a_reload(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """allow-group applies from a restart: a group that is gone (or a group database that
+    cannot be asked now) stops a start with exit 2, and must not fail every later reload,
+    which builds its options again from the same settings."""
+    from toolsetd.daemon.app import main, options_from_settings
+    from toolsetd.daemon.settings import load_settings
+
+    config = tmp_path / "toolsetd.toml"
+    config.write_text('allow-group = "no-such-group-toolsetd-test"\n')
+    args = build_parser("toolsetd").parse_args(["--config", str(config)])
+    options_from_settings(load_settings(args, {}), args)  # what a reload runs: no error
+    assert main(["--config", str(config), "--socket", str(tmp_path / "s.sock")]) == 2
