@@ -135,7 +135,7 @@ class _CallObservation:
 
     def __init__(self, metrics: Metrics, info: CallInfo) -> None:
         self._metrics = metrics
-        label = metrics.set_label(info.set)
+        label = metrics.set_label(info.set, info.source)
         self._info = info if label == info.set else replace(info, set=label)
 
     def child_env(self) -> Mapping[str, str]:
@@ -205,16 +205,18 @@ class Metrics:
         self._set_labels: set[str] = set()
         self._rendered: tuple[float, tuple[str, str]] | None = None
 
-    def set_label(self, name: str) -> str:
+    def set_label(self, name: str, source: str = "project") -> str:
         """The ``set`` label for a set: its name, or ``OTHER_SETS`` past ``MAX_SET_LABELS``.
 
-        Any workspace a client names brings its own project sets, so the names are not
-        bounded; each one costs every scrape some 20 lines, rendered on the event loop.
+        Any workspace a client names brings its own project sets, so their names are not
+        bounded; each one costs every scrape some 20 lines, rendered on the event loop. A
+        home set always keeps its name (the operator's folder bounds them), so project sets
+        named early cannot push the operator's own into ``OTHER_SETS``.
         """
         labels = self._set_labels
         if name in labels:
             return name
-        if len(labels) < MAX_SET_LABELS:
+        if source == "home" or len(labels) < MAX_SET_LABELS:
             labels.add(name)
             return name
         return OTHER_SETS
