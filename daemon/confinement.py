@@ -587,12 +587,17 @@ class Confinement:
             if conf.profile == Profile.WORKSPACE_WRITE:
                 exposed = hidden_below_writable(self._hidden, (*writable, *approved))
                 if exposed is not None:
+                    hidden, root, how = exposed
+                    where, could = (
+                        ("lies two or more folders below", "move a folder on the way and leave it")
+                        if how == "deep"
+                        else ("is a symbolic link below", "remove the link, leaving where it leads")
+                    )
                     raise ConfinementError(
-                        f"toolsetd: the hidden path {exposed[0]} lies two or more folders "
-                        f"below {exposed[1]}, which this call may write: the call could move "
-                        "a folder on the way and leave it unhidden for the next call. The call "
-                        "did not run; keep hidden paths out of the workspace and of approved "
-                        "outside paths (or approve a path deeper down)."
+                        f"toolsetd: the hidden path {hidden} {where} {root}, which this call "
+                        f"may write: the call could {could} unhidden for the next call. "
+                        "The call did not run; keep hidden paths out of the workspace "
+                        "and of approved outside paths (or approve a path deeper down)."
                     )
                 try:
                     prepare_writable(approved)

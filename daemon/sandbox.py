@@ -292,8 +292,11 @@ def call_binds(
     return outside(set_folder), (workspace, *outside(tool_data)), ""
 
 
-def hidden_below_writable(hidden: Iterable[str], writable: Iterable[str]) -> tuple[str, str] | None:
-    """The first hidden path a call could uncover for the next one, and the bind that lets it.
+def hidden_below_writable(
+    hidden: Iterable[str], writable: Iterable[str]
+) -> tuple[str, str, str] | None:
+    """The first hidden path a call could uncover for the next one, the bind that lets it,
+    and how.
 
     A hidden path is a mount point in the sandbox, which the tool can neither rename nor
     remove, and so is each writable bind's root. But a folder *between* the two can be
@@ -303,14 +306,30 @@ def hidden_below_writable(hidden: Iterable[str], writable: Iterable[str]) -> tup
     So a hidden path, as spelled or where it leads (a link to a folder is hidden there),
     two or more levels below a writable path is refused. One level below is safe.
 
+    A hidden path that is itself a symbolic link is hidden where it leads, so the link is
+    no mount point: a call that may write where the link lies (``$HOME`` as the workspace,
+    ``~/.ssh`` a dotfile manager's link) removes it, and the next call's sandbox hides
+    nothing there. Such a link, at any depth below a writable path, is refused too.
+
     Returns:
-        ``(hidden path, writable path)``, or None.
+        ``(hidden path, writable path, "deep" or "link")``, or None.
     """
     roots = []
     for root in writable:
         roots += [os.path.normpath(root), os.path.realpath(root)]
     for path in hidden:
-        spellings = {os.path.normpath(path)}
+        normal = os.path.normpath(path)
+        if os.path.islink(path):
+            # Where the link itself lies: as spelled, and in the folder its parent leads to.
+            places = {
+                normal,
+                os.path.join(os.path.realpath(os.path.dirname(normal)), os.path.basename(normal)),
+            }
+            for place in places:
+                for root in roots:
+                    if is_within(Path(place), Path(root)) and Path(place) != Path(root):
+                        return path, root, "link"
+        spellings = {normal}
         if os.path.lexists(path):
             spellings.add(os.path.realpath(path))
         for spelled in spellings:
@@ -319,7 +338,7 @@ def hidden_below_writable(hidden: Iterable[str], writable: Iterable[str]) -> tup
                     is_within(Path(spelled), Path(root))
                     and len(Path(spelled).relative_to(root).parts) >= 2
                 ):
-                    return path, root
+                    return path, root, "deep"
     return None
 
 

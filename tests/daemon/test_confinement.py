@@ -441,3 +441,34 @@ def test_confinement_check_executable(tmp_path: Path) -> None:
         check_executable("no-such-tool-anywhere", str(tmp_path))
     with pytest.raises(ExecutableError, match="Permission denied"):
         check_executable(str(tmp_path), None)
+
+
+def test_confinement_hidden_link_a_call_could_remove_is_refused() -> None:
+    """A hidden path that is a link is hidden where it leads, so the link is no mount point:
+    with ``$HOME`` as the workspace and ``~/.ssh`` a dotfile manager's link, one call removed
+    the link and the next call read the key where it led. Such a call now does not run."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    with tempfile.TemporaryDirectory(dir="/var/tmp") as base:  # not the sandbox's private /tmp
+        tmp = Path(base)
+        home, keys, crystal = tmp / "home", tmp / "dotfiles" / "ssh", tmp / "crystal"
+        keys.mkdir(parents=True)
+        home.mkdir()
+        (keys / "id_rsa").write_text("PRIVATE KEY\n")
+        (home / ".ssh").symlink_to(keys)
+        c = Confinement(parse_confinement({}), None, "off", bwrap, "", home, crystal,
+                        status=False)
+        project = _set("lint", Source.PROJECT, home / ".crystal" / "tools" / "lint")
+        data = (str(crystal / "data"), str(home / ".crystal" / "data"))
+        with pytest.raises(ConfinementError, match=r"\.ssh is a symbolic link below"):
+            prepared = c.prepare(project, ["/bin/rm", str(home / ".ssh")], str(home), data, ())
+            subprocess.run(prepared.argv, capture_output=True, timeout=30, check=False)  # noqa: TID251
+        assert (home / ".ssh").is_symlink()
+        # The same home reached through a link: the workspace is where it leads.
+        (tmp / "users").mkdir()
+        (tmp / "users" / "u").symlink_to(home)
+        c = Confinement(parse_confinement({}), None, "off", bwrap, "", tmp / "users" / "u",
+                        crystal, status=False)
+        with pytest.raises(ConfinementError, match=r"\.ssh is a symbolic link below"):
+            c.prepare(project, ["/bin/true"], str(home), data, ())
