@@ -239,11 +239,12 @@ def _no_looser(by_set: _Layer, by_source: _Layer | None) -> _Layer:
     profile = by_set.profile
     if profile is not None and _STRICTNESS[profile] < _STRICTNESS[base]:
         profile = None
-    effective = profile or base
+    # The network the project set would have without the table: its table's, else its
+    # profile's default (not the table's profile: a stricter one must not take it away).
     if by_source is not None and by_source.network is not None:
         base_network = by_source.network
     else:
-        base_network = effective == Profile.OFF
+        base_network = base == Profile.OFF
     network = by_set.network
     if network and not base_network:
         network = None

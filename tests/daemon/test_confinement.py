@@ -145,6 +145,9 @@ def test_confinement_set_wins_over_source() -> None:
         # What the project table already allows, the set table may say again.
         ({"network": True}, {"network": True}, (Profile.WORKSPACE_WRITE, True)),
         ({"profile": "off"}, {"profile": "off"}, (Profile.OFF, True)),
+        # A sandbox with the network confines more than no sandbox (which has it).
+        ({"profile": "off"}, {"profile": "workspace-write", "network": True},
+         (Profile.WORKSPACE_WRITE, True)),
     ],
 )
 def test_confinement_set_table_never_loosens_a_project_set(
