@@ -213,7 +213,17 @@ def _parse(argv: Sequence[str]) -> dict[str, object]:
     return options
 
 
+class _Refused(OSError):
+    """A listener of another user answered at the ``/tmp`` default: not toolsetd of ours."""
+
+
 def _connect(path: str) -> socket.socket | None:
+    """The connected socket, or None when nothing listens (``_start_daemon`` may start one).
+
+    Raises:
+        _Refused: Someone else listens there (``shared_tmp_peer_refused``): no daemon is
+            started (ours would only find the path taken and say "already running").
+    """
     if shared_tmp_squatted(path) is not None:
         return None  # then _start_daemon: the daemon refuses the folder and says why
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -222,9 +232,10 @@ def _connect(path: str) -> socket.socket | None:
     except OSError:
         sock.close()
         return None
-    if shared_tmp_peer_refused(sock, path) is not None:
+    refused = shared_tmp_peer_refused(sock, path)
+    if refused is not None:
         sock.close()
-        return None  # then _start_daemon: the daemon refuses the path and says why
+        raise _Refused(f"not connecting to toolsetd at {path}: {refused}")
     return sock
 
 
@@ -359,7 +370,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     path = str(options.get("socket") or default_socket_path())
     workspace = os.path.abspath(str(options.get("workspace") or os.getcwd()))
-    sock = _connect(path)
+    try:
+        sock = _connect(path)
+    except _Refused as exc:
+        sys.stderr.write(f"toolsetctl mcp: {exc}\n")
+        return EXIT_UNREACHABLE
     if sock is None:
         if not options["autostart"]:
             sys.stderr.write(

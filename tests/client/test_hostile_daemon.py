@@ -273,9 +273,43 @@ def test_a_listener_of_another_user_in_our_default_folder_is_sent_nothing(
         code = run(["--socket", sock, "invoke", "t", "--args", '{"token": "s3cret"}'],
                    stdout=out, stderr=err)
         assert code == 5, err.getvalue()
-        assert mcp._connect(sock) is None
+        with pytest.raises(mcp._Refused, match="runs as uid 65534"):
+            mcp._connect(sock)
         time.sleep(1.2)  # the listener's recv gives up after 1 s
         assert not seen.exists() or seen.read_bytes() == b""  # nothing ever left
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a listener of another user needs root")
+def test_the_pump_names_a_listener_of_another_user_and_starts_no_daemon(
+    tmp_default: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``toolsetctl mcp`` dropped such a connection as if nothing listened, started a daemon
+    that found the path taken, and told the host "toolsetd is already running" (or, with
+    --no-autostart, "toolsetd is not running"): now it says who listens, exit 5."""
+    import signal
+
+    from toolsetd.client import mcp
+
+    import shutil
+
+    staging = Path(tempfile.mkdtemp(prefix="tsfl-"))  # in /tmp: pytest's tmp_path is 0700
+    os.chmod(staging, 0o777)
+    pid = _foreign_listener(staging / "s.sock", staging / "seen", 65534)
+    try:
+        tmp_default.mkdir(mode=0o700)
+        os.chmod(tmp_default, 0o700)
+        sock = str(tmp_default / "toolsetd.sock")
+        os.rename(staging / "s.sock", sock)  # as the swapped-in folder would have it
+        for extra in ([], ["--no-autostart"]):
+            assert mcp.main(["--socket", sock, "--workspace", str(staging), *extra]) == 5
+            err = capsys.readouterr().err
+            assert "runs as uid 65534" in err, err
+            assert "already running" not in err and "not running" not in err
+        assert not (tmp_default / "toolsetd.log").exists()  # no daemon was started
     finally:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
