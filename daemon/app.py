@@ -37,6 +37,7 @@ import os
 import signal
 import socket
 import sys
+import traceback
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -54,7 +55,7 @@ from .catalog import ManifestCache
 from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
 from .exhaustion import raise_open_files_limit
-from .logs import configure_logging, drain_logs, finish_logging, holding
+from .logs import configure_logging, drain_logs, finish_logging, holding, say, writes_stderr
 from .methods import Handlers
 from .metrics import Metrics, MetricsSources, bind_metrics, serve_metrics
 from .model import DEFAULT_RESERVED_NAMES, SetState, Source
@@ -813,15 +814,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if raised is not None:
         log.info("open_files_limit_raised", soft=raised[0], limit=raised[1])
     try:
-        try:
-            anyio.run(run_daemon, options, backend="asyncio")
-        finally:
-            # The last lines (stop_requested, daemon_stopped) reach a slow stderr reader
-            # before anything _exit_code prints on sys.stderr, and before the process ends.
-            finish_logging()
+        anyio.run(run_daemon, options, backend="asyncio")
     except BaseException as exc:
         return _exit_code(exc)
     finally:
+        # The last lines (stop_requested, daemon_stopped, what _exit_code says) reach a slow
+        # stderr reader before the process ends; one that stopped reading holds it 2 s.
+        finish_logging()
         if options.tracer_provider is not None:
             options.tracer_provider.shutdown()  # flush the spans still batched
     return 0
@@ -848,10 +847,14 @@ def _exit_code(exc: BaseException) -> int:
     startup = [e for e in leaves if isinstance(e, SocketPathError | ActivationError | StartupError)]
     if startup:
         for error in startup:
-            print(f"toolsetd: {error}", file=sys.stderr)  # noqa: T201 - the operator's message
+            say(f"toolsetd: {error}")  # through the log writer: never waits unbounded
         return 1
     if any(isinstance(e, KeyboardInterrupt) for e in leaves):
         return 130
+    if writes_stderr():
+        # Printed by the interpreter, the traceback would wait for a stalled reader forever.
+        say("".join(traceback.format_exception(exc)).rstrip("\n"))
+        return 1
     raise exc
 
 

@@ -58,7 +58,9 @@ __all__ = [
     "finish_logging",
     "holding",
     "merge_request",
+    "say",
     "stderr_is_journal",
+    "writes_stderr",
 ]
 
 LogFormat = Literal["json", "console"]
@@ -195,6 +197,16 @@ class LineWriter:
             self._held += data
             self._drain()
 
+    def last(self, text: str) -> None:
+        """Hold ``text`` (without its newline) for ``finish`` past the limit, never dropped:
+        the operator's message on the way out (a start-up error, a traceback)."""
+        data = (text + "\n").encode("utf-8", "backslashreplace")
+        with self._lock:
+            if self.dropped:
+                data = self._dropped_line() + data
+            self._held += data
+            self._drain()
+
     @property
     def holding(self) -> bool:
         """Whether lines wait for the reader (a read without the lock: a hint)."""
@@ -298,6 +310,23 @@ def finish_logging(timeout: float = 2.0) -> bool:
     Returns whether nothing is left held (True when stderr is not a pipe or a socket).
     """
     return _WRITER.finish(timeout) if _WRITER is not None else True
+
+
+def writes_stderr() -> bool:
+    """Whether log lines go to stderr through the non-blocking writer (a pipe, a socket)."""
+    return _WRITER is not None
+
+
+def say(text: str) -> None:
+    """Write a plain message for the operator on stderr on the way out (a start-up error,
+    a traceback): through the log writer when stderr is a pipe or a socket, so a reader that
+    stopped reading cannot hold the exit (``finish_logging`` bounds the wait); else printed.
+    """
+    writer = _WRITER
+    if writer is None:
+        print(text, file=sys.stderr)  # noqa: T201 - the operator's message
+    else:
+        writer.last(text)
 
 
 #: ``_nonblocking_sender``'s writers by the (device, inode) they write to: configuring the

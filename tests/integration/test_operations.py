@@ -727,6 +727,40 @@ def test_a_slow_reader_gets_the_last_lines_at_exit(ops_home: Path, tmp_base: Pat
     assert served + dropped >= 1500
 
 
+def test_a_stalled_log_reader_does_not_hold_a_failed_start(tmp_base: Path) -> None:
+    """A start-up error with stderr a pipe nobody reads (and full): the daemon still exits,
+    with its exit code; its message waits for the reader a bounded time, never for ever."""
+    import fcntl
+
+    (tmp_base / "home").mkdir(exist_ok=True)
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETFL, os.O_NONBLOCK)
+    try:
+        while True:
+            os.write(write_end, b"x" * 4096)  # the reader has stopped: the pipe is full
+    except BlockingIOError:
+        pass
+    fcntl.fcntl(write_end, fcntl.F_SETFL, 0)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    args = [sys.executable, "-m", "toolsetd.daemon", "--home", str(tmp_base / "home")]
+    args += ["--socket", str(tmp_base / "s.sock"), "--no-watch"]
+    args += ["--config", str(_config(tmp_base, "")), "--metrics-listen", f"127.0.0.1:{port}"]
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")}
+    env.pop("TOOLSETD_SOCKET", None)
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=write_end, env=env)  # noqa: S603
+    os.close(write_end)
+    try:
+        assert proc.wait(timeout=60) == 1
+    finally:
+        proc.kill()
+        proc.wait()
+        os.close(read_end)
+        taken.close()
+
+
 def test_the_daemon_raises_its_open_files_limit_to_the_hard_one(
     ops_home: Path, tmp_base: Path
 ) -> None:
