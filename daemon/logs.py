@@ -156,7 +156,8 @@ class LineWriter:
     reader cannot take now is held and written before the next line, and by ``drain`` (the
     daemon calls it a few times a second, so a quiet daemon's last lines do not wait for the
     next one); past ``limit`` bytes held, whole lines are dropped and counted, and the next
-    line kept is preceded by ``notice(count)``, where the gap is. ``finish`` writes what is
+    line kept is preceded by ``notice(count)``, where the gap is (``drain`` writes it
+    once the held lines are out, if no line comes). ``finish`` writes what is
     held on the way out, waiting for the reader a bounded time. One lock guards it all:
     structlog's loggers (``LineLogger``) and ``drain`` may run on any thread.
 
@@ -209,13 +210,18 @@ class LineWriter:
 
     @property
     def holding(self) -> bool:
-        """Whether lines wait for the reader (a read without the lock: a hint)."""
-        return bool(self._held)
+        """Whether lines (or a drop count) wait for the reader (a read without the lock: a
+        hint)."""
+        return bool(self._held) or self.dropped > 0
 
     def drain(self) -> None:
-        """Write what the reader can take now of what is held."""
+        """Write what the reader can take now of what is held; once it has taken it all,
+        the count of the lines dropped meanwhile (a quiet daemon logs no next line)."""
         with self._lock:
             self._drain()
+            if not self._held and self.dropped:
+                self._held = self._dropped_line()
+                self._drain()
 
     def finish(self, timeout: float) -> bool:
         """Write what is held (and a pending drop count), waiting up to ``timeout`` seconds.

@@ -197,3 +197,28 @@ def test_logs_line_writer_finish_writes_what_is_held_for_a_slow_reader() -> None
     finally:
         os.close(read_fd)
         os.close(write_fd)
+
+
+def test_logs_line_writer_drain_says_the_drop_count_of_a_quiet_daemon() -> None:
+    """Once the reader has taken what was held, ``drain`` (the daemon's quiet-time timer)
+    also lets out the count of the lines dropped meanwhile: a daemon that logs nothing more
+    does not leave the gap unexplained until its next line."""
+    read_fd, write_fd = _pipe()
+    try:
+        writer = LineWriter(
+            lambda data: os.write(write_fd, data), lambda n: f"dropped {n}", limit=8192
+        )
+        for i in range(200):  # past the pipe and the limit: some are dropped
+            writer.line(f"line {i:04d} " + "x" * 90)
+        dropped = writer.dropped
+        assert dropped > 0
+        text = b""
+        for _ in range(10):  # the reader reads; the daemon logs nothing, its timer drains
+            text += _read_all(read_fd)
+            writer.drain()
+        text += _read_all(read_fd)
+        assert text.decode().splitlines()[-1] == f"dropped {dropped}"
+        assert writer.dropped == 0
+    finally:
+        os.close(read_fd)
+        os.close(write_fd)
