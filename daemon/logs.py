@@ -23,7 +23,8 @@ blocking (``LineWriter``), whole lines at a time: while the reader is stalled th
 held, up to ``HELD_LOG_BYTES``, and written once it reads again (before the next line, or
 by ``drain_logs``, which the daemon runs a few times a second, or by ``finish_logging`` on
 the way out, which waits up to 2 s); past that they are dropped and counted, and
-``log_lines_dropped`` says how many, in their place. Before, a reader that stopped reading
+``log_lines_dropped`` says how many, in their place. The standard library's records
+(warning and up) take the same writer. Before, a reader that stopped reading
 froze every client once 64 KiB of log had piled up in the pipe. A terminal or a file is
 written as before, waiting.
 """
@@ -422,23 +423,28 @@ def configure_logging(
     factory: Callable[..., Any] = structlog.PrintLoggerFactory(sys.stderr)
     _WRITER = None
     send = _nonblocking_sender(sys.stderr.fileno()) if _has_fileno(sys.stderr) else None
+    for handler in [h for h in logging.root.handlers if isinstance(h, _StdlibLines)]:
+        logging.root.removeHandler(handler)  # configured again: not twice
     if send is not None:
 
+        def render(level: str, event: dict[str, Any]) -> str:
+            # As TimeStamper(fmt="iso", utc=True) writes the time.
+            stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+            text = renderer(None, level, {**event, "level": level, "timestamp": stamp})
+            return (PRIORITIES.get(level, "<6>") if journal else "") + str(text)
+
         def notice(dropped: int) -> str:
-            event = {
-                "event": "log_lines_dropped",
-                "dropped": dropped,
-                "level": "warning",
-                # As TimeStamper(fmt="iso", utc=True) writes it.
-                "timestamp": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
-            }
-            text = renderer(None, "warning", event)
-            return (PRIORITIES["warning"] if journal else "") + str(text)
+            return render("warning", {"event": "log_lines_dropped", "dropped": dropped})
 
         writer = _WRITER = LineWriter(send, notice, fileno=sys.stderr.fileno())
 
         def factory(*_args: Any) -> LineLogger:
             return LineLogger(writer)
+
+        # The standard library's loggers (asyncio's "Exception in callback", OpenTelemetry's
+        # exporter) would otherwise reach stderr through logging's last-resort handler, a
+        # blocking write: the same writer takes them, rendered as our lines.
+        logging.root.addHandler(_StdlibLines(writer, render))
 
     structlog.configure(
         processors=processors,
@@ -446,6 +452,25 @@ def configure_logging(
         logger_factory=factory,
         cache_logger_on_first_use=True,
     )
+
+
+class _StdlibLines(logging.Handler):
+    """The standard library's log records (warning and up), as lines of a ``LineWriter``."""
+
+    def __init__(self, writer: LineWriter, render: Callable[[str, dict[str, Any]], str]) -> None:
+        super().__init__(logging.WARNING)
+        self._writer = writer
+        self._render = render
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            event: dict[str, Any] = {"event": record.getMessage(), "logger": record.name}
+            if record.exc_info:
+                event["exception"] = logging.Formatter().formatException(record.exc_info)
+            level = record.levelname.lower()
+            self._writer.line(self._render(level if level in PRIORITIES else "error", event))
+        except Exception:  # logging's own rule: a handler never raises
+            self.handleError(record)
 
 
 def _has_fileno(stream: Any) -> bool:

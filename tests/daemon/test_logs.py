@@ -3,6 +3,7 @@ the throttle of log lines a peer can cause at will."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -220,5 +221,47 @@ def test_logs_line_writer_drain_says_the_drop_count_of_a_quiet_daemon() -> None:
         assert text.decode().splitlines()[-1] == f"dropped {dropped}"
         assert writer.dropped == 0
     finally:
+        os.close(read_fd)
+        os.close(write_fd)
+
+
+def test_logs_the_standard_librarys_records_take_the_same_writer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """asyncio's "Exception in callback" and other standard-library records go through the
+    non-blocking writer as JSON lines: logging's last-resort handler would write them to
+    stderr with a blocking write, and a stalled reader would hold the daemon there."""
+    import logging
+    import threading
+
+    from toolsetd.daemon import logs
+
+    read_fd, write_fd = _pipe(65536)
+    stderr = os.fdopen(write_fd, "w", closefd=False)
+    monkeypatch.setattr("sys.stderr", stderr)
+    try:
+        configure_logging("json", "info", journal=False)
+        try:
+            raise ValueError("boom")
+        except ValueError:
+            logging.getLogger("asyncio").error("Exception in callback", exc_info=True)
+        line = _read_all(read_fd).decode().splitlines()[-1]
+        record = json.loads(line)
+        assert (record["event"], record["logger"], record["level"]) == (
+            "Exception in callback", "asyncio", "error")
+        assert "ValueError: boom" in record["exception"]
+        # The reader stalls: a flood of such records must not block the caller.
+        flood = threading.Thread(
+            target=lambda: [logging.getLogger("asyncio").error("x" * 500) for _ in range(2000)]
+        )
+        flood.start()
+        flood.join(timeout=60)
+        assert not flood.is_alive()
+    finally:
+        for handler in logging.root.handlers[:]:
+            if type(handler).__name__ == "_StdlibLines":
+                logging.root.removeHandler(handler)
+        logs._WRITER = None  # noqa: SLF001 - back to no writer for the other tests
+        structlog.reset_defaults()
         os.close(read_fd)
         os.close(write_fd)
