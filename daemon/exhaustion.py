@@ -23,13 +23,17 @@ from __future__ import annotations
 import contextlib
 import errno
 from collections.abc import Iterator
-from typing import TypeGuard
+from typing import Any, TypeGuard
 
+import anyio
+import anyio.abc
 from toolsetd.protocol.errors import ServerBusy
 
 __all__ = [
+    "ACCEPT_RETRY_SECONDS",
     "OUT_OF_DESCRIPTORS",
     "OUT_OF_RESOURCES",
+    "Acceptor",
     "busy_when_short",
     "out_of_resources",
     "raise_open_files_limit",
@@ -44,6 +48,66 @@ OUT_OF_RESOURCES = OUT_OF_DESCRIPTORS | {errno.ENOBUFS, errno.ENOMEM}
 def out_of_resources(exc: BaseException | None) -> TypeGuard[OSError]:
     """Whether ``exc`` is an ``OSError`` that means the daemon ran short of a resource."""
     return isinstance(exc, OSError) and exc.errno in OUT_OF_RESOURCES
+
+
+#: Seconds between two ``accept`` attempts while the daemon is short of a resource.
+ACCEPT_RETRY_SECONDS = 0.1
+
+
+class Acceptor:
+    """Takes connections from an anyio listener the way every listener of the daemon must.
+
+    A peer that left before it was taken is skipped; running short of descriptors or
+    memory is waited out, retrying every ``ACCEPT_RETRY_SECONDS`` (the connections in the
+    backlog wait there until a call ends or a client leaves), said once per episode
+    (``<event>_retry``) and its end said with the count (``<event>_resumed``); anything
+    else is logged (``<event>_failed``) and raised: it is not the peer's doing and will
+    not pass.
+
+    Args:
+        listener: The listener to accept on.
+        log: The logger to say it with.
+        event: The events' prefix (``accept``, ``metrics_accept``).
+    """
+
+    def __init__(self, listener: anyio.abc.SocketListener, log: Any, event: str) -> None:
+        self._listener = listener
+        self._log = log
+        self._event = event
+        self._retries = 0  # accept()s failed in a row for want of descriptors or memory
+
+    async def next(self) -> anyio.abc.SocketStream | None:
+        """The next connection; None once the listener is closed (by us: a stop).
+
+        Raises:
+            anyio.BrokenResourceError, OSError: ``accept`` failed for another reason.
+        """
+        while True:
+            try:
+                stream = await self._listener.accept()
+            except anyio.ClosedResourceError:
+                return None
+            except (anyio.BrokenResourceError, OSError) as exc:
+                # anyio wraps accept()'s OSError in BrokenResourceError (its __cause__);
+                # the listening socket itself is still good.
+                error = exc.__cause__ if isinstance(exc, anyio.BrokenResourceError) else exc
+                if isinstance(error, ConnectionAbortedError):
+                    continue  # the peer left before we took it: nothing to serve
+                if not out_of_resources(error):
+                    failed = error if error is not None else exc
+                    self._log.error(f"{self._event}_failed", error=repr(failed))
+                    raise
+                if not self._retries:
+                    self._log.warning(
+                        f"{self._event}_retry", errno=error.errno, error=error.strerror
+                    )
+                self._retries += 1
+                await anyio.sleep(ACCEPT_RETRY_SECONDS)
+                continue
+            if self._retries:
+                self._log.info(f"{self._event}_resumed", retries=self._retries)
+                self._retries = 0
+            return stream
 
 
 @contextlib.contextmanager

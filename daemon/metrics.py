@@ -37,7 +37,7 @@ import anyio.abc
 import structlog
 from toolsetd.protocol import __version__
 
-from .exhaustion import out_of_resources
+from .exhaustion import Acceptor
 from .logs import Throttle
 from .model import Catalog, Source
 from .observe import CallInfo
@@ -92,7 +92,6 @@ _REQUEST_TIMEOUT = 5.0
 #: Scrapes served at once; a connection beyond them is closed unanswered.
 _MAX_SCRAPES = 8
 _BACKLOG = 64
-_ACCEPT_RETRY_SECONDS = 0.1
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,8 +519,8 @@ async def serve_metrics(
         log.info("metrics_listening", address=f"{shown}:{port_bound}")
         task_status.started((host_bound, port_bound))
         active = 0
-        retries = 0
         refused = Throttle()
+        acceptor = Acceptor(listener, log, "metrics_accept")
 
         async def answer(stream: anyio.abc.SocketStream) -> None:
             nonlocal active
@@ -532,24 +531,11 @@ async def serve_metrics(
 
         while True:
             try:
-                stream = await listener.accept()
-            except anyio.ClosedResourceError:
+                stream = await acceptor.next()
+            except (anyio.BrokenResourceError, OSError):
+                return  # logged: the metrics listener stops, the daemon serves on
+            if stream is None:
                 return
-            except (anyio.BrokenResourceError, OSError) as exc:
-                error = exc.__cause__ if isinstance(exc, anyio.BrokenResourceError) else exc
-                if isinstance(error, ConnectionAbortedError):
-                    continue
-                if out_of_resources(error):
-                    if not retries:
-                        log.warning("metrics_accept_retry", errno=error.errno)
-                    retries += 1
-                    await anyio.sleep(_ACCEPT_RETRY_SECONDS)
-                    continue
-                # Not the scraper's doing and it will not pass: the metrics listener
-                # stops, the daemon serves on.
-                log.error("metrics_accept_failed", error=repr(error if error is not None else exc))
-                return
-            retries = 0
             if active >= _MAX_SCRAPES:
                 await stream.aclose()  # frees the descriptor at once; Prometheus retries
                 said = refused.count("busy")

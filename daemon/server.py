@@ -37,7 +37,7 @@ from toolsetd.protocol.jsonrpc import error_message
 
 from .connection import Connection, Handler, RequestContext, ServerSettings
 from .dispatch import Dispatcher
-from .exhaustion import out_of_resources
+from .exhaustion import Acceptor
 from .logs import Throttle
 from .observe import NO_OBSERVER, Observer
 from .peercred import PeerPolicy, peer_credentials
@@ -55,8 +55,6 @@ __all__ = [
 
 log = structlog.get_logger("toolsetd.server")
 
-#: How long the accept loop waits after one of those before it tries again.
-_ACCEPT_RETRY_SECONDS = 0.1
 #: The ``toolsetd_connections_refused_total`` reason of each refusal.
 _REFUSAL_REASONS: dict[type[rpc_errors.RpcError], str] = {
     rpc_errors.PeerNotAllowed: "peer",
@@ -129,36 +127,12 @@ class Server:
     async def _accept_loop(
         self, listener: anyio.abc.SocketListener, task_status: anyio.abc.TaskStatus[None]
     ) -> None:
+        acceptor = Acceptor(listener, log, "accept")
         async with anyio.create_task_group() as tg:
             task_status.started()
-            retries = 0  # accept()s failed in a row for want of descriptors or memory
-            while True:
-                try:
-                    stream = await listener.accept()
-                except anyio.ClosedResourceError:
-                    return  # closed by us: the daemon is stopping
-                except (anyio.BrokenResourceError, OSError) as exc:
-                    # anyio wraps accept()'s OSError in BrokenResourceError (its
-                    # __cause__); the listening socket itself is still good.
-                    error = exc.__cause__ if isinstance(exc, anyio.BrokenResourceError) else exc
-                    if isinstance(error, ConnectionAbortedError):
-                        continue  # the peer left before we took it: nothing to serve
-                    if out_of_resources(error):
-                        # The connections in the backlog wait there until descriptors are
-                        # freed (a call ends, a client leaves). Said once per episode.
-                        if not retries:
-                            log.warning("accept_retry", errno=error.errno, error=error.strerror)
-                        retries += 1
-                        await anyio.sleep(_ACCEPT_RETRY_SECONDS)
-                        continue
-                    # Anything else is not the peer's doing and will not pass: say so and
-                    # let the daemon exit with the error (a supervisor restarts it) rather
-                    # than linger deaf.
-                    log.error("accept_failed", error=repr(error if error is not None else exc))
-                    raise
-                if retries:
-                    log.info("accept_resumed", retries=retries)
-                    retries = 0
+            # A failure the acceptor raises ends the daemon with the error (a supervisor
+            # restarts it) rather than leave it lingering deaf.
+            while (stream := await acceptor.next()) is not None:
                 tg.start_soon(self._serve_connection, stream)
 
     @property
