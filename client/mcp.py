@@ -36,6 +36,7 @@ import time
 from collections.abc import Mapping, Sequence
 
 from toolsetd.protocol.names import METHOD_MCP_BIND
+from toolsetd.protocol.sockfolder import folder_fault
 
 __all__ = ["default_socket_path", "main", "shared_tmp_peer_refused", "shared_tmp_squatted"]
 
@@ -104,8 +105,6 @@ def shared_tmp_squatted(path: str) -> str | None:
     nobody else. Any other path (``--socket``, ``$TOOLSETD_SOCKET`` elsewhere,
     ``$XDG_RUNTIME_DIR``) is the operator's choice and not checked.
     """
-    import stat
-
     euid = os.geteuid()
     folder = _shared_tmp_folder()
     if os.path.dirname(os.path.normpath(path)) != folder:
@@ -115,22 +114,20 @@ def shared_tmp_squatted(path: str) -> str | None:
         info = os.stat(folder)
     except OSError:
         return None  # nothing there: the connect says "no such socket"
-    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (euid, 0):
-        owner = link.st_uid
-    elif not stat.S_ISDIR(info.st_mode):
+    fault = folder_fault(link.st_mode, link.st_uid, info.st_mode, info.st_uid, euid)
+    if fault is None:
+        return None
+    kind, value = fault
+    if kind == "not_directory":
         return f"the socket folder {folder} is not a directory; refusing to connect"
-    elif info.st_uid != euid:
-        owner = info.st_uid
-    elif info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+    if kind == "writable":
         return (
             f"the socket folder {folder} is writable by group or others "
-            f"(mode {stat.S_IMODE(info.st_mode):04o}); refusing to connect: run "
+            f"(mode {value:04o}); refusing to connect: run "
             f"'chmod 0700 {folder}'"
         )
-    else:
-        return None
-    return (
-        f"the socket folder {folder} belongs to uid {owner}, not to us (uid {euid}): "
+    return (  # "link" or "owner"
+        f"the socket folder {folder} belongs to uid {value}, not to us (uid {euid}): "
         "someone else may have created it to capture the socket; refusing to connect"
     )
 

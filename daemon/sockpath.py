@@ -42,6 +42,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
+from toolsetd.protocol.sockfolder import folder_fault
+
 __all__ = [
     "AlreadyRunning",
     "InstanceLocked",
@@ -159,28 +161,33 @@ def prepare_socket_dir(path: Path) -> None:
 def _check_existing_dir(parent: Path, euid: int) -> None:
     """Refuse an existing socket folder that someone else could tamper with."""
     link = parent.lstat()
-    if stat.S_ISLNK(link.st_mode) and link.st_uid not in (euid, 0):
+    info = link
+    if not stat.S_ISLNK(link.st_mode) or link.st_uid in (euid, 0):
+        try:
+            info = parent.stat()
+        except OSError as exc:
+            raise UnsafeSocketDir(f"socket folder {parent} is unusable: {exc.strerror}") from None
+    fault = folder_fault(link.st_mode, link.st_uid, info.st_mode, info.st_uid, euid)
+    if fault is None:
+        return
+    kind, value = fault
+    if kind == "link":
         raise UnsafeSocketDir(
-            f"socket folder {parent} is a symlink owned by uid {link.st_uid}, not by us "
+            f"socket folder {parent} is a symlink owned by uid {value}, not by us "
             f"(uid {euid}); refusing to use it: remove it or choose another --socket"
         )
-    try:
-        info = parent.stat()
-    except OSError as exc:
-        raise UnsafeSocketDir(f"socket folder {parent} is unusable: {exc.strerror}") from None
-    if not stat.S_ISDIR(info.st_mode):
+    if kind == "not_directory":
         raise UnsafeSocketDir(f"socket folder {parent} exists and is not a directory")
-    if info.st_uid != euid:
+    if kind == "owner":
         raise UnsafeSocketDir(
-            f"socket folder {parent} is owned by uid {info.st_uid}, not by us (uid {euid}); "
+            f"socket folder {parent} is owned by uid {value}, not by us (uid {euid}); "
             "someone else may have created it to capture the socket: refusing to use it"
         )
-    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise UnsafeSocketDir(
-            f"socket folder {parent} is writable by group or others "
-            f"(mode {stat.S_IMODE(info.st_mode):04o}); run 'chmod 0700 {parent}' "
-            "or choose another --socket"
-        )
+    raise UnsafeSocketDir(
+        f"socket folder {parent} is writable by group or others "
+        f"(mode {value:04o}); run 'chmod 0700 {parent}' "
+        "or choose another --socket"
+    )
 
 
 class LockHandle:
