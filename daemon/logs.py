@@ -196,20 +196,21 @@ class LineWriter:
                 if len(self._held) + len(data) > self._limit:  # the reader is still stalled
                     self.dropped += 1
                     return
-            if self.dropped:  # said where the gap is, before the first line after it
-                data = self._dropped_line() + data
-            self._held += data
-            self._drain()
+            self._keep(data)
 
     def last(self, text: str) -> None:
         """Hold ``text`` (without its newline) for ``finish`` past the limit, never dropped:
         the operator's message on the way out (a start-up error, a traceback)."""
-        data = (text + "\n").encode("utf-8", "backslashreplace")
         with self._lock:
-            if self.dropped:
-                data = self._dropped_line() + data
-            self._held += data
-            self._drain()
+            self._keep((text + "\n").encode("utf-8", "backslashreplace"))
+
+    def _keep(self, data: bytes) -> None:
+        """Hold ``data`` and write what the reader takes; the drop count goes first, where
+        the gap is. Called with the lock held."""
+        if self.dropped:
+            data = self._dropped_line() + data
+        self._held += data
+        self._drain()
 
     @property
     def holding(self) -> bool:
