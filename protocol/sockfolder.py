@@ -7,9 +7,15 @@ so that a client never refuses a folder the daemon would serve from, nor the rev
 
 from __future__ import annotations
 
-import stat
-
 __all__ = ["folder_fault"]
+
+# The POSIX mode bits the rule reads (``stat``'s values; this package imports no module
+# that touches files, ``stat`` included).
+_S_IFMT = 0o170000
+_S_IFLNK = 0o120000
+_S_IFDIR = 0o040000
+_S_IWGRP_IWOTH = 0o022
+_PERMISSIONS = 0o7777
 
 
 def folder_fault(
@@ -30,12 +36,12 @@ def folder_fault(
         ``("link", owner)``, ``("not_directory", 0)``, ``("owner", owner)`` or
         ``("writable", permission bits)``; None when safe.
     """
-    if stat.S_ISLNK(link_mode) and link_uid not in (euid, 0):
+    if link_mode & _S_IFMT == _S_IFLNK and link_uid not in (euid, 0):
         return "link", link_uid
-    if not stat.S_ISDIR(mode):
+    if mode & _S_IFMT != _S_IFDIR:
         return "not_directory", 0
     if uid != euid:
         return "owner", uid
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):
-        return "writable", stat.S_IMODE(mode)
+    if mode & _S_IWGRP_IWOTH:
+        return "writable", mode & _PERMISSIONS
     return None
