@@ -251,7 +251,9 @@ class _McpCore:
         return await McpBinder(self.get()).bind(ctx, params)
 
 
-def _mcp_http_endpoint(mcp: McpServer, policy: PeerPolicy, token: str | None) -> Any:
+def _mcp_http_endpoint(
+    mcp: McpServer, policy: PeerPolicy, token: str | None, confinement: Confinement
+) -> Any:
     """The MCP HTTP endpoint over the daemon's one MCP core (imported only with --mcp-listen)."""
     from .mcp_session import Binding
     from .mcphttp import McpHttpEndpoint
@@ -259,7 +261,7 @@ def _mcp_http_endpoint(mcp: McpServer, policy: PeerPolicy, token: str | None) ->
     def open_session(bind: dict[str, Any], outbox: Any, calls: dict[str, anyio.Event]) -> Any:
         return mcp.session(Binding.from_params(bind), outbox, calls)
 
-    return McpHttpEndpoint(open_session, policy, token)
+    return McpHttpEndpoint(open_session, policy, token, sandboxed=confinement.sandboxed_peer)
 
 
 async def run_daemon(
@@ -298,8 +300,9 @@ async def _run(
         socket_path = options.socket or default_socket_path(os.environ)
     # Before the sentinel starts: it must know the cgroup tree it kills should we die.
     confinement = Confinement.probe(
-        options.confinement, options.user_home, options.home, socket_path
-    )
+        options.confinement, options.user_home, options.home, socket_path,
+        http_peers=bool(options.mcp_listen), token_file=options.mcp_token_file,
+    )  # fmt: skip
     guard = OrphanGuard() if options.orphan_guard else None
     if guard is not None:
         try:
@@ -435,7 +438,7 @@ async def _serve(
             if interval:
                 tg.start_soon(_watchdog, notifier, interval)
             if http_sockets:
-                state.http = _mcp_http_endpoint(mcp.get(), peer_policy, http_token)
+                state.http = _mcp_http_endpoint(mcp.get(), peer_policy, http_token, confinement)
                 await tg.start(state.http.serve, http_sockets)
             log.info(
                 "daemon_started",

@@ -384,6 +384,7 @@ class CallCgroup:
         "path",
         "procs",
         "reusable",
+        "sandbox_id",
         "spent",
         "tree",
     )
@@ -405,6 +406,7 @@ class CallCgroup:
         self.cpu_before = cpu_before  # usage_usec when this call got it (a spare's)
         self.spent = False  # finished or discarded: the cgroup may be another call's now
         self.emptied = False  # seen empty once: nothing can enter it again by itself
+        self.sandbox_id: int | None = None  # its id, while a sandboxed call has it
 
     def kill(self) -> None:
         """SIGKILL every process in the cgroup at once (never one the daemon is stuck in)."""
@@ -440,9 +442,28 @@ class CallCgroup:
             if line.isdigit() and (pid := int(line)) != me
         ]
 
+    def mark_sandboxed(self) -> None:
+        """Record that a sandboxed call runs here, until it ends (``CgroupTree.sandboxed``).
+
+        A socket keeps the cgroup it was created in; the id is the folder's inode number.
+        """
+        self.sandbox_id = os.stat(self.path).st_ino
+        self.tree.sandboxed.add(self.sandbox_id)
+
+    def _spend(self, *, emptied: bool = True) -> None:
+        """The call is over: the cgroup may be another call's from now on.
+
+        A sandboxed call's id stays recorded while processes of it may be left (a drain
+        that timed out): they are still the sandbox's.
+        """
+        self.spent = True
+        if self.sandbox_id is not None and emptied:
+            self.tree.sandboxed.discard(self.sandbox_id)
+            self.sandbox_id = None
+
     def discard(self) -> None:
         """Remove the cgroup of a child that never started."""
-        self.spent = True
+        self._spend()
         self.tree.remove(self.path, self.files)
 
     def populated(self) -> bool:
@@ -474,7 +495,7 @@ class CallCgroup:
                     delay = min(delay * 2, 0.02)
         cpu_total = _field(self.files.read("cpu.stat"), "usage_usec")
         usage = self.usage(cpu_total)
-        self.spent = True
+        self._spend(emptied=not busy)
         if self.reusable and cpu_total is not None and not busy and self._clean():
             self.tree.spare(self.path, cpu_total, self.files)
         else:
@@ -547,6 +568,8 @@ class CgroupTree:
         self._spares: list[tuple[str, int, _Files]] = []
         self.reuse = not controllers  # see "Spare cgroups" in the module doc
         self.daemon_inside: str | None = None  # a call cgroup the daemon failed to leave
+        #: The ids of the call cgroups sandboxed calls run in (``CallCgroup.mark_sandboxed``).
+        self.sandboxed: set[int] = set()
 
     @property
     def can_enter(self) -> bool:

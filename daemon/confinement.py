@@ -385,6 +385,10 @@ class Confinement:
             the daemon).
         own_ipc: Whether sandboxed calls get their own IPC namespace (``probe_ipc``).
         status: Whether bubblewrap writes its JSON status (``probe_status``).
+        http_peers: Whether the daemon serves MCP over loopback TCP (``--mcp-listen``),
+            which a sandboxed call that keeps the network shares (``sandboxed_peer``).
+        token_file: The MCP HTTP bearer token's file (hidden from sandboxed calls, like
+            the socket).
     """
 
     def __init__(
@@ -399,8 +403,11 @@ class Confinement:
         socket_path: Path | None = None,
         own_ipc: bool = True,
         status: bool = True,
+        http_peers: bool = False,
+        token_file: Path | None = None,
     ) -> None:
         self.config = config
+        self.http_peers = http_peers
         self.own_ipc = own_ipc
         self.status_fd = status
         self.cgroups = cgroups
@@ -411,8 +418,7 @@ class Confinement:
         home = str(user_home)
         hidden = [os.path.join(home, name) for name in _USER_CREDENTIALS]
         hidden.append(str(crystal_home / "credentials.json"))
-        if socket_path is not None:
-            hidden.append(str(socket_path))
+        hidden.extend(str(path) for path in (socket_path, token_file) if path is not None)
         hidden.extend(
             home + extra[1:] if extra == "~" or extra.startswith("~/") else extra
             for extra in config.hide
@@ -426,6 +432,8 @@ class Confinement:
         user_home: Path,
         crystal_home: Path,
         socket_path: Path | None = None,
+        http_peers: bool = False,
+        token_file: Path | None = None,
     ) -> Confinement:
         """Probe the cgroup tree and bubblewrap, logging once what is not available."""
         from .sandbox import probe_bwrap, probe_ipc, probe_status
@@ -449,7 +457,7 @@ class Confinement:
             log.warning("sandbox_unavailable", reason=sandbox_reason)
         return cls(
             config, cgroups, cgroup_reason, bwrap, sandbox_reason, user_home, crystal_home,
-            socket_path, own_ipc, status,
+            socket_path, own_ipc, status, http_peers, token_file,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -504,7 +512,45 @@ class Confinement:
                     failure = f"{problem}. The call did not run."
         if network is None:
             network = profile == Profile.OFF
+        if (
+            failure is None
+            and network
+            and profile != Profile.OFF
+            and self.http_peers
+            and self.cgroups is None
+        ):
+            failure = (
+                "this set's sandbox keeps the network, and the daemon serves MCP over HTTP "
+                "(--mcp-listen) on the loopback the call would share; without a cgroup per "
+                f"call ({self.cgroup_reason}) it cannot tell the call's connections from a "
+                "client's, and the call could run tools outside its sandbox. The call did "
+                "not run; give the daemon a writable cgroup v2 subtree, drop --mcp-listen, "
+                "or set network = false for this set in toolsetd.toml."
+            )
         return SetConfinement(profile, network, limits, failure)
+
+    def sandboxed_peer(self, cgroup: int | None) -> str | None:
+        """Why a loopback TCP peer is refused as a sandboxed call's, else None.
+
+        Args:
+            cgroup: The id of the cgroup the peer's socket was created in, or None when
+                the lookup could not say (``tcppeer.TcpPeer.cgroup``).
+        """
+        tree = self.cgroups
+        if tree is None or not tree.sandboxed:
+            return None  # no sandboxed call with the network runs (without a tree: _resolve)
+        if cgroup is None:
+            return (
+                "Forbidden: a sandboxed call with the network is running, and toolsetd "
+                "cannot tell its connections from yours (the kernel did not say which "
+                "cgroup this connection comes from); try again when it has ended."
+            )
+        if cgroup in tree.sandboxed:
+            return (
+                "Forbidden: this connection comes from inside a sandboxed call, which may "
+                "not call toolsetd."
+            )
+        return None
 
     def describe(self, toolset: ToolSet, writable: Sequence[str] = ()) -> dict[str, Any]:
         """What ``classify`` reports: the sandbox and the cgroup a call would get."""
@@ -630,6 +676,17 @@ class Confinement:
                 for fd in status or ():
                     os.close(fd)
                 raise ConfinementError(f"toolsetd: {exc}. The call did not run.") from exc
+            if sandboxed and conf.network and self.http_peers:
+                try:
+                    cgroup.mark_sandboxed()
+                except OSError as exc:
+                    for fd in status or ():
+                        os.close(fd)
+                    cgroup.discard()
+                    raise ConfinementError(
+                        f"toolsetd: the call's cgroup cannot be read: {exc.strerror}. The "
+                        "call did not run."
+                    ) from exc
             # Memory and pids limits would count the daemon while it stands inside: those
             # calls' children join by themselves, through the shell, before the tool runs.
             enter = self.cgroups.can_enter and (

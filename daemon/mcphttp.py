@@ -66,7 +66,7 @@ from .logs import Throttle
 from .mcp_mapping import McpError, error_response
 from .mcp_session import MODERN_VERSIONS, SUPPORTED_VERSIONS, unsupported_version
 from .peercred import PeerPolicy
-from .tcppeer import tcp_peer_credentials
+from .tcppeer import tcp_peer, tcp_peer_credentials
 
 __all__ = [
     "CoreSession",
@@ -283,6 +283,8 @@ class McpHttpEndpoint:
         token: The bearer token, or None.
         settings: Session limits.
         http: HTTP limits.
+        sandboxed: Why a peer socket made in a given cgroup is a sandboxed call's, else
+            None (``Confinement.sandboxed_peer``).
     """
 
     def __init__(
@@ -292,10 +294,12 @@ class McpHttpEndpoint:
         token: str | None = None,
         settings: McpHttpSettings | None = None,
         http: HttpSettings | None = None,
+        sandboxed: Callable[[int | None], str | None] | None = None,
     ) -> None:
         self._factory = factory
         self._policy = policy
         self._token = token
+        self._sandboxed = sandboxed
         self.settings = settings or McpHttpSettings()
         self.http_settings = http or HttpSettings()
         self.sessions: dict[str, _Session] = {}
@@ -344,14 +348,21 @@ class McpHttpEndpoint:
             server.close_all()
 
     def _admit(self, raw: socket.socket) -> tuple[Any, Refusal | None]:
-        cred = tcp_peer_credentials(raw)
+        peer = tcp_peer(raw)
+        cred = tcp_peer_credentials(peer.uid) if peer is not None else None
         refused = peer_refusal(cred, self._policy, token=self._token is not None)
+        sandboxed = False
+        if refused is None and peer is not None and self._sandboxed is not None:
+            why = self._sandboxed(peer.cgroup)
+            if why is not None:
+                refused, sandboxed = (403, why), True
         if refused is not None:
             uid = getattr(cred, "uid", None)
-            # A peer can be refused as often as it connects: one line a minute per uid.
-            said = self._refused_log.count(uid)
+            # A peer can be refused as often as it connects: one line a minute per uid
+            # (and one for sandboxed calls).
+            said = self._refused_log.count(("sandboxed", uid) if sandboxed else uid)
             if said is not None:
-                log.warning("mcp_http_peer_refused", uid=uid, refused=said)
+                log.warning("mcp_http_peer_refused", uid=uid, refused=said, sandboxed=sandboxed)
             return cred, Refusal(*refused)
         return cred, None
 

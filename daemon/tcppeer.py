@@ -17,8 +17,16 @@ address. :func:`tcp_peer_uid` asks for exactly that socket:
 
 Both answers are the kernel's: the peer cannot forge them. A connection whose peer the
 kernel no longer knows (it closed at once) has no answer, and an unknown peer is never
-allowed. The pid of a TCP peer is not known; the allow-group check uses the uid's groups
-from the user database instead (:func:`tcp_peer_credentials`).
+allowed. Neither is a peer socket that no file holds any more (inode 0): a client that
+sent its request and closed. Its socket is an orphan or, once the FIN has been answered,
+a ``TIME_WAIT`` mini-socket, and the kernel reports uid **0** for those: taken at its word,
+any local user would be root by closing before the daemon looked.
+
+``sock_diag`` also says which cgroup (v2) the peer socket was created in
+(``INET_DIAG_CGROUP_ID``, Linux 5.7; the cgroup folder's inode number). The daemon uses it
+to refuse connections made from inside a sandboxed call (``Confinement.sandboxed_peer``).
+The pid of a TCP peer is not known; the allow-group check uses the uid's groups from the
+user database instead (:func:`tcp_peer_credentials`).
 """
 
 from __future__ import annotations
@@ -31,10 +39,17 @@ import pwd
 import socket
 import struct
 from pathlib import Path
+from typing import NamedTuple
 
 from .peercred import PeerCred
 
-__all__ = ["peer_uid_from_proc", "peer_uid_from_sock_diag", "tcp_peer_credentials", "tcp_peer_uid"]
+__all__ = [
+    "TcpPeer",
+    "peer_from_proc",
+    "peer_from_sock_diag",
+    "tcp_peer",
+    "tcp_peer_credentials",
+]
 
 _NETLINK_SOCK_DIAG = 4
 _SOCK_DIAG_BY_FAMILY = 20
@@ -52,6 +67,34 @@ _INET_DIAG_NOCOOKIE = 0xFFFFFFFF
 _MSG_HEAD = struct.Struct("=BBBB")
 _MSG_TAIL = struct.Struct("=IIIII")
 _SOCKID_SIZE = _SOCKID.size + _SOCKID_TAIL.size
+_NLATTR = struct.Struct("=HH")  # len, type
+_INET_DIAG_CGROUP_ID = 21
+_U64 = struct.Struct("=Q")
+
+
+class TcpPeer(NamedTuple):
+    """The socket at the other end of a loopback connection, as the kernel knows it.
+
+    Attributes:
+        uid: Who created it.
+        cgroup: The id of the cgroup (v2) it was created in, or None where the lookup
+            cannot say (``/proc/net/tcp``, a kernel before 5.7).
+    """
+
+    uid: int
+    cgroup: int | None = None
+
+
+def _cgroup_attribute(data: bytes, start: int, end: int) -> int | None:
+    """``INET_DIAG_CGROUP_ID`` among the netlink attributes in ``data[start:end]``."""
+    while start + _NLATTR.size <= end:
+        length, kind = _NLATTR.unpack_from(data, start)
+        if length < _NLATTR.size or start + length > end:
+            return None
+        if kind == _INET_DIAG_CGROUP_ID and length >= _NLATTR.size + _U64.size:
+            return int(_U64.unpack_from(data, start + _NLATTR.size)[0])
+        start += (length + 3) & ~3
+    return None
 
 
 def _packed_address(family: int, host: str) -> bytes:
@@ -60,10 +103,10 @@ def _packed_address(family: int, host: str) -> bytes:
     return raw.ljust(16, b"\x00")
 
 
-def peer_uid_from_sock_diag(
+def peer_from_sock_diag(
     family: int, local: tuple[str, int], remote: tuple[str, int], timeout: float = 1.0
-) -> int | None:
-    """Ask ``sock_diag`` for the uid owning the socket at ``remote`` connected to ``local``.
+) -> TcpPeer | None:
+    """Ask ``sock_diag`` for the socket at ``remote`` connected to ``local``.
 
     Args:
         family: ``AF_INET`` or ``AF_INET6``.
@@ -72,7 +115,8 @@ def peer_uid_from_sock_diag(
         timeout: Seconds to wait for the kernel's answer.
 
     Returns:
-        The owner's uid, or None when the kernel knows no such socket.
+        Its owner and cgroup, or None when the kernel knows no such socket or no file
+        holds it any more (see the module's docstring).
 
     Raises:
         OSError: Netlink or ``inet_diag`` is unavailable.
@@ -103,8 +147,11 @@ def peer_uid_from_sock_diag(
             raise OSError(-code, os.strerror(-code))
         if kind == _SOCK_DIAG_BY_FAMILY:
             tail = payload + _MSG_HEAD.size + _SOCKID_SIZE
-            _, _, _, uid, _ = _MSG_TAIL.unpack_from(data, tail)
-            return int(uid)
+            _, _, _, uid, inode = _MSG_TAIL.unpack_from(data, tail)
+            if inode == 0:  # closed: an orphan or a TIME_WAIT mini-socket (uid 0)
+                return None
+            attributes = tail + _MSG_TAIL.size
+            return TcpPeer(int(uid), _cgroup_attribute(data, attributes, offset + length))
         offset += (length + 3) & ~3
     return None
 
@@ -119,10 +166,10 @@ def _proc_address(text: str, family: int) -> tuple[str, int]:
     return socket.inet_ntop(family, native), int(port_hex, 16)
 
 
-def peer_uid_from_proc(
+def peer_from_proc(
     family: int, local: tuple[str, int], remote: tuple[str, int], proc: Path = Path("/proc")
-) -> int | None:
-    """Find the uid of the peer's socket in ``/proc/net/tcp`` or ``tcp6``.
+) -> TcpPeer | None:
+    """Find the peer's socket in ``/proc/net/tcp`` or ``tcp6`` (its owner; no cgroup).
 
     Args:
         family: ``AF_INET`` or ``AF_INET6``.
@@ -131,7 +178,7 @@ def peer_uid_from_proc(
         proc: The procfs mount point (a parameter so tests can point elsewhere).
 
     Returns:
-        The owner's uid, or None when no line matches.
+        Its owner, or None when no line matches or no file holds the socket (inode 0).
     """
     name = "tcp6" if family == socket.AF_INET6 else "tcp"
     want_local = (ipaddress.ip_address(remote[0]), remote[1])
@@ -142,7 +189,7 @@ def peer_uid_from_proc(
         return None
     for line in lines:
         fields = line.split()
-        if len(fields) < 8:
+        if len(fields) < 10:
             continue
         with contextlib.suppress(ValueError, OSError):
             here_host, here_port = _proc_address(fields[1], family)
@@ -151,19 +198,19 @@ def peer_uid_from_proc(
                 ipaddress.ip_address(there_host),
                 there_port,
             ) == want_remote:
-                return int(fields[7])
+                return TcpPeer(int(fields[7])) if fields[9] != "0" else None
     return None
 
 
-def tcp_peer_uid(sock: socket.socket) -> int | None:
-    """The uid owning the other end of an accepted loopback TCP connection.
+def tcp_peer(sock: socket.socket) -> TcpPeer | None:
+    """The other end of an accepted loopback TCP connection.
 
     Args:
         sock: The accepted connection.
 
     Returns:
-        The uid, or None when the kernel no longer knows the peer (or ``sock`` is
-        not connected).
+        The peer socket's owner (and cgroup), or None when the kernel no longer knows
+        the peer, the peer has closed, or ``sock`` is not connected.
     """
     family = sock.family
     try:
@@ -172,26 +219,17 @@ def tcp_peer_uid(sock: socket.socket) -> int | None:
     except OSError:
         return None
     try:
-        return peer_uid_from_sock_diag(family, local, remote)
+        return peer_from_sock_diag(family, local, remote)
     except OSError:
-        return peer_uid_from_proc(family, local, remote)
+        return peer_from_proc(family, local, remote)
 
 
-def tcp_peer_credentials(sock: socket.socket) -> PeerCred | None:
-    """The peer of a loopback TCP connection as a :class:`PeerCred` for ``PeerPolicy``.
+def tcp_peer_credentials(uid: int) -> PeerCred:
+    """A TCP peer's uid as a :class:`PeerCred` for ``PeerPolicy``.
 
     The pid is unknown (0); the primary and supplementary groups are the uid's own in
     the user database, which is what ``--allow-group`` means for a TCP caller.
-
-    Args:
-        sock: The accepted connection.
-
-    Returns:
-        The credentials, or None when the peer cannot be established.
     """
-    uid = tcp_peer_uid(sock)
-    if uid is None:
-        return None
     try:
         entry = pwd.getpwuid(uid)
     except KeyError:

@@ -262,3 +262,45 @@ async def test_cgroup_a_cgroup_its_tool_changed_is_never_a_spare(
     # Removed, child cgroup and all (one left behind kept its folder for good, retried by
     # every later call).
     assert not os.path.exists(first.path)
+
+
+def test_sandboxed_peer_knows_the_cgroups_of_running_sandboxed_calls(
+    tree: CgroupTree, tmp_path: Path
+) -> None:
+    """With --mcp-listen, a sandboxed call that keeps the network has its cgroup recorded
+    from ``prepare`` to its end: a TCP peer socket made there is refused, one made
+    elsewhere is not, and one whose cgroup the kernel did not say is refused only while
+    such a call runs (fail closed). A call whose network is denied is not recorded."""
+    from toolsetd.daemon.confinement import Confinement, parse_confinement
+    from toolsetd.daemon.model import RunnerKind, Source, ToolSet
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    toolset = ToolSet(directory="net", source=Source.PROJECT,
+                      path=ws / ".crystal" / "tools" / "net", runner=RunnerKind.EXEC)
+    data = (str(tmp_path / "data"), str(ws / ".crystal" / "data"))
+
+    def confinement(network: bool) -> Confinement:
+        return Confinement(
+            parse_confinement({"project": {"network": network}}), tree, "", "/usr/bin/bwrap",
+            "", tmp_path / "home", tmp_path / "home" / ".crystal", http_peers=True,
+        )  # fmt: skip
+
+    quiet = confinement(network=False).prepare(toolset, ["/bin/true"], str(ws), data, ())
+    assert quiet.sandboxed and quiet.cgroup is not None
+    assert tree.sandboxed == set()
+    c = confinement(network=True)
+    assert c.sandboxed_peer(None) is None  # nothing sandboxed runs
+    prepared = c.prepare(toolset, ["/bin/true"], str(ws), data, ())
+    for fd in (*(prepared.status or ()), *(quiet.status or ())):
+        os.close(fd)
+    assert prepared.cgroup is not None
+    own = os.stat(prepared.cgroup.path).st_ino
+    assert tree.sandboxed == {own}
+    assert "inside a sandboxed call" in (c.sandboxed_peer(own) or "")
+    assert c.sandboxed_peer(os.stat(tree.folder).st_ino) is None
+    assert "cannot tell" in (c.sandboxed_peer(None) or "")
+    anyio.run(prepared.cgroup.finish)
+    assert tree.sandboxed == set()
+    assert c.sandboxed_peer(own) is None
+    quiet.cgroup.discard()

@@ -23,10 +23,11 @@ from toolsetd.daemon.httpguard import (
 )
 from toolsetd.daemon.peercred import PeerCred, PeerPolicy
 from toolsetd.daemon.tcppeer import (
-    peer_uid_from_proc,
-    peer_uid_from_sock_diag,
+    TcpPeer,
+    peer_from_proc,
+    peer_from_sock_diag,
+    tcp_peer,
     tcp_peer_credentials,
-    tcp_peer_uid,
 )
 
 V4 = ListenAddress(socket.AF_INET, "127.0.0.1", 8765)
@@ -161,12 +162,13 @@ def test_tcp_peer_uid_is_ours(tcp_pair) -> None:
     """Both lookups find the client socket's owner: this process's uid."""
     accepted, _ = tcp_pair
     local, remote = accepted.getsockname()[:2], accepted.getpeername()[:2]
-    assert peer_uid_from_sock_diag(accepted.family, local, remote) == os.geteuid()
-    assert peer_uid_from_proc(accepted.family, local, remote) == os.geteuid()
-    assert tcp_peer_uid(accepted) == os.geteuid()
-    cred = tcp_peer_credentials(accepted)
-    assert cred is not None
-    assert cred.uid == os.geteuid()
+    by_diag = peer_from_sock_diag(accepted.family, local, remote)
+    assert by_diag is not None and by_diag.uid == os.geteuid()
+    # The cgroup the client socket was made in: this process's (the folder's inode).
+    assert by_diag.cgroup == _own_cgroup_id()
+    assert peer_from_proc(accepted.family, local, remote) == TcpPeer(os.geteuid())
+    assert tcp_peer(accepted) == by_diag
+    assert tcp_peer_credentials(os.geteuid()).uid == os.geteuid()
 
 
 def test_tcp_peer_uid_unknown_socket_is_none(tcp_pair) -> None:
@@ -174,8 +176,45 @@ def test_tcp_peer_uid_unknown_socket_is_none(tcp_pair) -> None:
     accepted, _ = tcp_pair
     local = accepted.getsockname()[:2]
     bogus = (local[0], 1)
-    assert peer_uid_from_sock_diag(accepted.family, local, bogus) is None
-    assert peer_uid_from_proc(accepted.family, local, bogus) is None
+    assert peer_from_sock_diag(accepted.family, local, bogus) is None
+    assert peer_from_proc(accepted.family, local, bogus) is None
+
+
+def _own_cgroup_id() -> int | None:
+    """The inode number of this process's cgroup v2 folder (None: no cgroup v2 here)."""
+    line = next(
+        (x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::")),
+        None,
+    )
+    mounts = [
+        fields[1]
+        for fields in (x.split() for x in Path("/proc/self/mounts").read_text().splitlines())
+        if fields[2] == "cgroup2"
+    ]
+    if line is None or not mounts:
+        return None
+    return os.stat(mounts[0] + line[3:].rstrip("/")).st_ino
+
+
+def test_a_peer_that_closed_is_unknown_not_root() -> None:
+    """A client that sent its request and closed before the lookup is nobody, not uid 0.
+
+    Its socket is then an orphan or a TIME_WAIT mini-socket, for which the kernel reports
+    uid 0 (and inode 0): the lookups used to answer "root", whom the policy admits.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        client = socket.create_connection(server.getsockname()[:2])
+        client.sendall(b"POST /mcp HTTP/1.1\r\n\r\n")
+        client.close()
+        accepted, _ = server.accept()
+        with accepted:
+            assert accepted.recv(100).startswith(b"POST")  # the request is there to serve
+            local, remote = accepted.getsockname()[:2], accepted.getpeername()[:2]
+            assert peer_from_sock_diag(socket.AF_INET, local, remote) is None
+            assert peer_from_proc(socket.AF_INET, local, remote) is None
+            assert tcp_peer(accepted) is None
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
@@ -197,8 +236,9 @@ def test_tcp_peer_uid_of_another_user() -> None:
             accepted, _ = server.accept()
             with accepted:
                 local, remote = accepted.getsockname()[:2], accepted.getpeername()[:2]
-                assert peer_uid_from_sock_diag(socket.AF_INET, local, remote) == 65534
-                assert peer_uid_from_proc(socket.AF_INET, local, remote) == 65534
+                found = peer_from_sock_diag(socket.AF_INET, local, remote)
+                assert found is not None and found.uid == 65534
+                assert peer_from_proc(socket.AF_INET, local, remote) == TcpPeer(65534)
                 accepted.sendall(b"x")
         finally:
             child.wait(timeout=10)

@@ -30,6 +30,7 @@ from typing import Any
 import pytest
 
 from .conftest import Daemon, ensure_bubblewrap, eventually, start_daemon, write_set
+from .http_helpers import endpoint, listening_urls
 
 # One tool, many actions: it reports what each attempt did as one JSON line.
 PROBE = textwrap.dedent(
@@ -80,6 +81,28 @@ PROBE = textwrap.dedent(
         elif action == "connect":
             host, port = target.rsplit(":", 1)
             socket.create_connection((host, int(port)), timeout=3).close()
+        elif action == "mcp-post":
+            # First try to leave the call's cgroup (into ``move_to``), then post an
+            # ``initialize`` to the MCP endpoint ``target``.
+            import http.client, urllib.parse
+            if args.get("move_to"):
+                try:
+                    with open(args["move_to"], "w") as f:
+                        f.write("0")
+                    result["moved"] = True
+                except OSError as exc:
+                    result["moved"] = exc.strerror
+            url = urllib.parse.urlsplit(target)
+            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+            body = json.dumps({{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {{
+                "protocolVersion": "2025-06-18", "capabilities": {{}},
+                "clientInfo": {{"name": "probe", "version": "0"}}}}}})
+            conn.request("POST", url.path + "?" + url.query, body, {{
+                "Content-Type": "application/json",
+                "Accept": "application/json, text/event-stream"}})
+            answer = conn.getresponse()
+            result["status"] = answer.status
+            result["body"] = answer.read().decode(errors="replace")[:500]
         elif action == "write-both":
             with open(args["path"], "w") as f:
                 f.write("approved\\n")
@@ -468,6 +491,63 @@ def test_confinement_sandbox_writes_the_workspace_and_its_tmp(tree: Tree) -> Non
     # The home set runs unsandboxed by default: the same read of the key works there.
     assert tree.probe({"action": "read", "target": _targets(tree)["key"]},
                       project=False)["content"] == "PRIVATE KEY\n"
+
+
+def test_confinement_sandboxed_call_cannot_call_the_mcp_http_endpoint() -> None:
+    """A sandboxed call that keeps the network is refused by the daemon's MCP endpoint.
+
+    It shares the loopback, and the peer check sees the daemon's own uid: it used to get
+    a session with ``mode=full`` and could run any tool outside its sandbox. The socket's
+    cgroup tells it apart; the call cannot leave its cgroup (cgroupfs is read-only in the
+    sandbox). An unsandboxed call (the home set) still gets in, as over the Unix socket.
+    """
+    ensure_bubblewrap()
+    token = Path(tempfile.mkdtemp(prefix="tsc-token-", dir="/var/tmp")) / "token"  # noqa: S108
+    token.write_text("s3cret-token\n")
+    token.chmod(0o600)
+    t = _make_tree("[confinement.project]\nnetwork = true\n",
+                   args=("--mcp-listen", "127.0.0.1:0", "--mcp-token-file", str(token)))
+    try:
+        _need_sandbox(t)
+        cgroup = _need_cgroup(t)
+        # The bearer token (for peers whose uid is unknown) is hidden like the socket.
+        assert t.probe({"action": "read", "target": str(token)}).get("content") is None
+        assert t.probe({"action": "read", "target": str(token)},
+                       project=False)["content"] == "s3cret-token\n"
+        url = endpoint(listening_urls(t.daemon)[0], t.workspace, mode="full")
+        inside = t.probe({"action": "mcp-post", "target": url,
+                          "move_to": os.path.join(cgroup["tree"], "cgroup.procs")})
+        assert inside["moved"] is not True, inside
+        assert inside["status"] == 403, inside
+        assert "inside a sandboxed call" in inside["body"]
+        outside = t.probe({"action": "mcp-post", "target": url}, project=False)
+        assert outside["status"] == 200, outside
+        refused = [e for e in t.daemon.log_events() if e.get("event") == "mcp_http_peer_refused"]
+        assert refused and refused[0]["sandboxed"] is True
+    finally:
+        _close(t)
+        shutil.rmtree(token.parent)
+
+
+def test_confinement_network_and_mcp_http_without_cgroups_fail_closed() -> None:
+    """Without a cgroup per call a sandboxed call with the network would be anonymous on
+    the loopback: with --mcp-listen it does not run, and ``classify`` says so first."""
+    ensure_bubblewrap()
+    t = _make_tree('[confinement]\ncgroup = "off"\n[confinement.project]\nnetwork = true\n',
+                   args=("--mcp-listen", "127.0.0.1:0"))
+    try:
+        _need_sandbox(t)
+        url = endpoint(listening_urls(t.daemon)[0], t.workspace)
+        result = t.probe({"action": "mcp-post", "target": url})
+        assert result["ok"] is None and result["isError"] is True, result
+        assert "--mcp-listen" in result["text"] and "did not run" in result["text"]
+        reply = t.daemon.call("classify", {"tool": "p_probe", "arguments": {"action": "x"},
+                                           "workspace": str(t.workspace)})
+        assert "--mcp-listen" in reply["result"]["confinement"]["failure"]
+        # The home set (unsandboxed) and the sets whose network is denied still run.
+        assert t.probe({"action": "mcp-post", "target": url}, project=False)["status"] == 200
+    finally:
+        _close(t)
 
 
 def test_confinement_sandbox_denies_the_network(tree: Tree) -> None:
