@@ -37,6 +37,8 @@ from collections.abc import Mapping, Sequence
 
 from toolsetd.protocol.names import METHOD_MCP_BIND
 from toolsetd.protocol.sockfolder import folder_fault
+from toolsetd.protocol.sockpath import default_socket_path as socket_path_rule
+from toolsetd.protocol.sockpath import shared_tmp_folder
 
 __all__ = ["default_socket_path", "main", "shared_tmp_peer_refused", "shared_tmp_squatted"]
 
@@ -71,27 +73,23 @@ options:
 
 
 def default_socket_path(env: Mapping[str, str] | None = None) -> str:
-    """Return the socket path: ``$TOOLSETD_SOCKET``, else the runtime-dir default.
+    """Return the socket path: the daemon's default, by the one rule they share.
 
     Args:
         env: The environment (``os.environ`` when None).
 
     Returns:
-        ``$TOOLSETD_SOCKET``, else ``$XDG_RUNTIME_DIR/toolsetd/toolsetd.sock``, else
-        ``/tmp/toolsetd-<uid>/toolsetd.sock``.
+        ``$TOOLSETD_SOCKET`` (``~`` expanded, as the daemon does), else
+        ``$XDG_RUNTIME_DIR/toolsetd/toolsetd.sock``, else ``/tmp/toolsetd-<uid>/toolsetd.sock``
+        (``protocol.sockpath``).
     """
     env = os.environ if env is None else env
-    if env.get("TOOLSETD_SOCKET"):
-        return env["TOOLSETD_SOCKET"]
-    runtime = env.get("XDG_RUNTIME_DIR", "")
-    if runtime and os.path.isabs(runtime):
-        return os.path.join(runtime, "toolsetd", "toolsetd.sock")
-    return os.path.join(_shared_tmp_folder(), "toolsetd.sock")
+    return socket_path_rule(env, os.geteuid(), os.path.expanduser)
 
 
 def _shared_tmp_folder() -> str:
     """The default socket folder in the shared ``/tmp`` (tests point it elsewhere)."""
-    return f"/tmp/toolsetd-{os.geteuid()}"  # noqa: S108 -- the contract's default
+    return shared_tmp_folder(os.geteuid())
 
 
 def shared_tmp_squatted(path: str) -> str | None:

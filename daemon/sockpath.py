@@ -43,6 +43,7 @@ from pathlib import Path
 from types import TracebackType
 
 from toolsetd.protocol.sockfolder import folder_fault
+from toolsetd.protocol.sockpath import default_socket_path as socket_path_rule
 
 __all__ = [
     "AlreadyRunning",
@@ -86,22 +87,17 @@ class NotASocket(SocketPathError):
 def default_socket_path(environ: Mapping[str, str] = os.environ) -> Path:
     """Return the socket path the contract prescribes when ``--socket`` is not given.
 
+    The rule is ``protocol.sockpath.default_socket_path``, which the clients apply too.
+
     Args:
         environ: The environment to read, ``os.environ`` by default.
 
     Returns:
-        ``$TOOLSETD_SOCKET``; else ``$XDG_RUNTIME_DIR/toolsetd/toolsetd.sock`` when that
-        variable is an absolute path (the XDG spec says to ignore a relative one); else
-        ``/tmp/toolsetd-<uid>/toolsetd.sock``.
+        ``$TOOLSETD_SOCKET`` (``~`` expanded); else ``$XDG_RUNTIME_DIR/toolsetd/toolsetd.sock``
+        when that variable is an absolute path (the XDG spec says to ignore a relative
+        one); else ``/tmp/toolsetd-<uid>/toolsetd.sock``.
     """
-    explicit = environ.get("TOOLSETD_SOCKET", "")
-    if explicit:
-        return Path(explicit).expanduser()
-    runtime = environ.get("XDG_RUNTIME_DIR", "")
-    if runtime and os.path.isabs(runtime):
-        return Path(runtime) / "toolsetd" / "toolsetd.sock"
-    # A per-uid folder in the shared /tmp: prepare_socket_dir refuses one planted by others.
-    return Path(f"/tmp/toolsetd-{os.geteuid()}") / "toolsetd.sock"  # noqa: S108
+    return Path(socket_path_rule(environ, os.geteuid(), os.path.expanduser))
 
 
 def lock_path_for(socket_path: Path) -> Path:

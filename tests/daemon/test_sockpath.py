@@ -215,3 +215,21 @@ async def test_instance_lock_held_by_other_process_is_refused(short_dir: Path) -
     with acquire_instance_lock(socket_path) as handle:
         assert lock.read_text() == f"{os.getpid()}\n"
         assert handle.held
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"TOOLSETD_SOCKET": "~/t.sock"},
+        {"TOOLSETD_SOCKET": "/srv/t.sock", "XDG_RUNTIME_DIR": "/run/user/1"},
+        {"XDG_RUNTIME_DIR": "/run/user/1/"},
+        {"XDG_RUNTIME_DIR": "relative/dir"},
+        {},
+    ],
+)
+def test_the_clients_default_socket_path_is_the_daemons(env: dict[str, str]) -> None:
+    """toolsetctl and the MCP pump look where the daemon serves: a ``~`` in
+    TOOLSETD_SOCKET was expanded by the daemon only, so the client looked elsewhere."""
+    from toolsetd.client.mcp import default_socket_path as client_default
+
+    assert client_default(env) == str(default_socket_path(env))

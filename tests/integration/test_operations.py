@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -18,6 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from .conftest import (
+    EXAMPLES,
     REPO,
     Daemon,
     RawConn,
@@ -520,6 +522,49 @@ def test_daemon_started_says_null_when_no_config_file_was_read(tmp_base: Path) -
         eventually(lambda: "daemon_started" in d.log(), timeout=20, what="the start")
         started = next(e for e in d.log_events() if e["event"] == "daemon_started")
         assert started["config"] is None
+    finally:
+        d.stop()
+
+
+def test_a_tilde_in_toolsetd_socket_names_one_socket_for_daemon_and_clients(
+    tmp_base: Path,
+) -> None:
+    """With ``TOOLSETD_SOCKET=~/t.sock`` the daemon served ``$HOME/t.sock`` while
+    toolsetctl and the MCP pump looked for a relative ``~/t.sock``: now all three agree."""
+    (tmp_base / "home").mkdir()
+    shutil.copytree(EXAMPLES, tmp_base / "home" / "tools")
+    workspace = tmp_base / "ws"
+    workspace.mkdir()
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache"), "HOME": str(tmp_base)}
+    env["TOOLSETD_SOCKET"] = "~/t.sock"
+    env.pop("CRYSTAL_HOME", None)
+    args = [sys.executable, "-m", "toolsetd.daemon", "--home", str(tmp_base / "home")]
+    args += ["--no-watch", "--config", str(_config(tmp_base, ""))]
+    log_path = tmp_base / "daemon.log"
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(args, stderr=log_file, env=env)  # noqa: S603
+    d = Daemon(proc, tmp_base / "t.sock", tmp_base / "home", workspace, log_path, args)
+    try:
+        eventually(lambda: "daemon_started" in d.log(), timeout=20, what="the start")
+        assert "result" in d.call("status")
+        ctl = [sys.executable, "-m", "toolsetd.client", "--workspace", str(workspace)]
+        # cwd: where a relative "~/t.sock" would have been looked for.
+        status = subprocess.run([*ctl, "status"], capture_output=True, text=True, timeout=60,  # noqa: S603
+                                env=env, cwd=workspace, check=False)
+        assert status.returncode == 0, status.stderr
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                "params": {"protocolVersion": "2025-11-25", "capabilities": {}}}
+        with subprocess.Popen([*ctl, "mcp", "--no-autostart"], stdin=subprocess.PIPE,  # noqa: S603
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                              cwd=workspace) as pump:
+            assert pump.stdin is not None and pump.stdout is not None
+            pump.stdin.write(json.dumps(init).encode() + b"\n")
+            pump.stdin.flush()
+            line = pump.stdout.readline()
+            _, err = pump.communicate(timeout=60)
+        assert pump.returncode == 0, err
+        assert json.loads(line)["result"]["serverInfo"]["name"] == "toolsetd"
+        assert not (workspace / "~").exists()
     finally:
         d.stop()
 
