@@ -71,12 +71,12 @@ from .setcache import SetStore, default_cache_dir
 from .settings import (
     ConfigError,
     Settings,
-    check_group,
     default_config_path,
     format_settings,
     load_settings,
     parse_command_line,
     reload_settings,
+    resolve_allow_group,
 )
 from .sockpath import (
     SocketPathError,
@@ -114,7 +114,8 @@ class DaemonOptions:
             if the daemon dies without cleaning up.
         workspace_idle_seconds: Workspaces unused this long are released.
         watch: Whether tool-set directories are watched for changes.
-        allow_group: A group whose members may call, besides our own uid and root.
+        allow_gid: The gid of ``allow-group``, whose members may call besides our own uid
+            and root; looked up once, at start (``settings.resolve_allow_group``).
         user_home: The OS user's home, for ``~`` in path arguments.
         metrics_listen: A loopback (host, port) to serve ``/metrics`` on, or None.
         traces: ``off``, ``otlp`` or ``console`` (OpenTelemetry, ``toolsetd[otel]``).
@@ -142,7 +143,7 @@ class DaemonOptions:
     orphan_guard: bool = True
     workspace_idle_seconds: float = 3600.0
     watch: bool = True
-    allow_group: str | None = None
+    allow_gid: int | None = None
     user_home: Path = field(default_factory=Path.home)
     metrics_listen: tuple[str, int] | None = None
     traces: str = "off"
@@ -210,12 +211,9 @@ def _bind_metrics(options: DaemonOptions) -> socket.socket | None:
 def _peer_policy(options: DaemonOptions) -> PeerPolicy:
     """Who may call: our uid and root, plus ``--allow-group``'s members."""
     policy = PeerPolicy.default()
-    if not options.allow_group:
+    if options.allow_gid is None:
         return policy
-    try:
-        return PeerPolicy.from_group_name(options.allow_group, policy)
-    except ValueError as exc:  # the group went away since the settings were checked
-        raise StartupError(f"--allow-group: {exc}") from None
+    return policy.with_gids([options.allow_gid])
 
 
 def _remove_socket(path: Path) -> None:
@@ -757,7 +755,6 @@ def options_from_settings(
         orphan_guard=not settings.no_orphan_guard,
         workspace_idle_seconds=settings.workspace_idle,
         watch=not settings.no_watch,
-        allow_group=settings.allow_group,
         cache_dir=None
         if settings.no_cache
         else Path(os.path.abspath(settings.cache_dir or default_cache_dir(os.environ))),
@@ -785,7 +782,8 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonOptions:
     """
     args = parse_command_line(argv, __version__)
     settings = load_settings(args, os.environ)
-    return options_from_settings(settings, args)
+    options = options_from_settings(settings, args)
+    return replace(options, allow_gid=resolve_allow_group(settings))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -793,10 +791,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command_line(argv, __version__)
     try:
         settings = load_settings(args, os.environ)
-        options = options_from_settings(settings, args)
-        # At start only: allow-group applies from a restart, so a group removed since (or
-        # a group database that cannot be asked now) must not fail every reload.
-        check_group(settings)
+        # At start only, and once: allow-group applies from a restart, so a group removed
+        # since (or a group database that cannot be asked now) must not fail every reload.
+        options = replace(
+            options_from_settings(settings, args), allow_gid=resolve_allow_group(settings)
+        )
         if getattr(args, "print_config", False):
             resolved = {
                 "socket": str(default_socket_path(os.environ)),

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import grp
 import os
 import socket
 import struct
@@ -154,29 +153,6 @@ class PeerPolicy:
             The default policy.
         """
         return cls(allowed_uids=frozenset({os.geteuid(), 0}))
-
-    @classmethod
-    def from_group_name(cls, name: str, base: PeerPolicy | None = None) -> PeerPolicy:
-        """Extend a policy (the default one unless given) with the members of a group.
-
-        Args:
-            name: A group name from the group database (``/etc/group``, NSS).
-            base: The policy to extend; :meth:`default` when ``None``.
-
-        Returns:
-            A new policy that also allows that group's gid.
-
-        Raises:
-            ValueError: No group has that name.
-        """
-        try:
-            gid = grp.getgrnam(name).gr_gid
-        except KeyError:
-            raise ValueError(
-                f"unknown group {name!r}: no such group in the group database"
-            ) from None
-        policy = base if base is not None else cls.default()
-        return policy.with_gids([gid])
 
     def with_gids(self, gids: Iterable[int]) -> PeerPolicy:
         """Return a copy that also allows ``gids``.

@@ -63,11 +63,11 @@ __all__ = [
     "Settings",
     "SettingsReload",
     "build_parser",
-    "check_group",
     "default_config_path",
     "format_settings",
     "load_settings",
     "reload_settings",
+    "resolve_allow_group",
 ]
 
 Kind = Literal["int", "float", "str", "bool", "path", "names", "choice", "listen"]
@@ -733,23 +733,27 @@ def load_settings(
     return Settings(**values, sources=sources, config_path=path)
 
 
-def check_group(settings: Settings) -> None:
-    """Refuse an ``allow-group`` no group has, before anything is bound (not a traceback).
+def resolve_allow_group(settings: Settings) -> int | None:
+    """Look ``allow-group`` up, once, at start: its gid, for the peer policy.
+
+    A name no group has is refused before anything is bound (not a traceback).
+
+    Returns:
+        The group's gid, or None when no group is named.
 
     Raises:
-        ConfigError: Naming the flag, or the file, the line and the key.
+        ConfigError: No group has that name; naming the flag, or the file, the line and
+            the key.
     """
     name = settings.allow_group
     if not name:
-        return
+        return None
     import grp  # only when a group is named
 
     try:
-        grp.getgrnam(name)
+        return grp.getgrnam(name).gr_gid
     except KeyError:
         pass
-    else:
-        return
     source = settings.sources.get("allow-group", "")
     path = settings.config_path
     message = (

@@ -34,3 +34,19 @@ def test_a_missing_allow_group_fails_the_start_but_not_a_reload(tmp_path) -> Non
     args = build_parser("toolsetd").parse_args(["--config", str(config)])
     options_from_settings(load_settings(args, {}), args)  # what a reload runs: no error
     assert main(["--config", str(config), "--socket", str(tmp_path / "s.sock")]) == 2
+
+
+def test_allow_group_is_looked_up_once_into_the_gid_the_policy_allows(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The start looks allow-group up once: the options carry its gid (what the peer policy
+    allows); a name no group has is the settings error, never a later startup failure."""
+    import grp
+    import os
+
+    name = grp.getgrgid(os.getegid()).gr_name
+    config = tmp_path / "toolsetd.toml"
+    config.touch()
+    options = parse_args(["--config", str(config), "--allow-group", name])
+    assert options.allow_gid == os.getegid()
+    assert parse_args(["--config", str(config)]).allow_gid is None
+    with pytest.raises(ConfigError, match='--allow-group: no group is named "no-such-grp-tsd"'):
+        parse_args(["--config", str(config), "--allow-group", "no-such-grp-tsd"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import grp
 import os
 import pwd
 import socket
@@ -112,22 +111,6 @@ def test_peer_policy_proc_fallback_distrusts_changed_process(tmp_path: Path) -> 
     assert not policy.allows(cred, proc)
     # A vanished process has no groups either.
     assert proc_supplementary_groups(PeerCred(pid=79, uid=2000, gid=2000), proc) == frozenset()
-
-
-def test_peer_policy_from_group_name() -> None:
-    """from_group_name adds the named group's gid to the default policy."""
-    name = grp.getgrgid(os.getegid()).gr_name
-    policy = PeerPolicy.from_group_name(name)
-    assert policy.allowed_gids == frozenset({os.getegid()})
-    assert policy.allowed_uids == PeerPolicy.default().allowed_uids
-    base = PeerPolicy(allowed_uids=frozenset({5}))
-    assert PeerPolicy.from_group_name(name, base).allowed_uids == frozenset({5})
-
-
-def test_peer_policy_from_unknown_group_name() -> None:
-    """An unknown group name is a clear ValueError."""
-    with pytest.raises(ValueError, match="unknown group 'no-such-group-toolsetd'"):
-        PeerPolicy.from_group_name("no-such-group-toolsetd")
 
 
 def _connect_as(path: str, uid: int, gid: int, extra_gid: int) -> None:

@@ -442,6 +442,57 @@ def test_an_unknown_allow_group_stops_the_start_plainly(tmp_base: Path) -> None:
     assert not (tmp_base / "s.sock").exists()
 
 
+def _status_as(path: Path, uid: int, gid: int, groups: list[int]) -> int:
+    """A status request from a forked child running as ``uid``/``gid`` with ``groups``:
+    0 when answered, 3 when refused as PeerNotAllowed, 1 otherwise."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child, measured by its exit status
+        status = 1
+        try:
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
+            with RawConn(path) as conn:
+                conn.send({"jsonrpc": "2.0", "id": 1, "method": "status"})
+                reply = conn.receive()  # a refusal comes with id null, then the close
+            if "result" in reply:
+                status = 0
+            elif reply.get("error", {}).get("code") == -32009:
+                status = 3
+        except BaseException:  # noqa: BLE001 - the child reports by its exit status
+            status = 1
+        finally:
+            os._exit(status)
+    _, wait_status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(wait_status)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to call as another user")
+def test_a_known_allow_group_is_served_and_others_are_not(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The gid the start looked allow-group up to is what the socket admits: a member
+    (by a supplementary group) is served, the same user without it is refused."""
+    import grp
+    import pwd
+
+    try:
+        nobody = pwd.getpwnam("nobody")
+        group = grp.getgrnam("daemon")
+    except KeyError:
+        pytest.skip("no 'nobody' user or 'daemon' group on this machine")
+    d = start_daemon(home, workspace, tmp_base, ["--allow-group", "daemon"])
+    try:
+        # The socket's mode is the first gate (0600; the service makes it 0660 with a
+        # group): open it, so that the peer policy is what decides.
+        os.chmod(tmp_base, 0o711)
+        os.chmod(d.socket, 0o666)
+        assert _status_as(d.socket, nobody.pw_uid, nobody.pw_gid, [group.gr_gid]) == 0
+        assert _status_as(d.socket, nobody.pw_uid, nobody.pw_gid, []) == 3
+    finally:
+        d.stop()
+
+
 def test_metrics_listen_on_a_taken_port_stops_the_start_plainly(tmp_base: Path) -> None:
     """A metrics-listen address that cannot be bound is a start-up failure like a taken
     --mcp-listen: exit 1 with the address and the reason, no traceback, no socket left."""
