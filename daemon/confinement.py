@@ -221,6 +221,18 @@ def _layer(table: Any, where: str) -> _Layer:
 #: Profiles from the least confining to the most.
 _STRICTNESS = {Profile.OFF: 0, Profile.WORKSPACE_WRITE: 1, Profile.READ_ONLY: 2}
 
+#: The profile of a source's sets when no table names one (``off`` where bubblewrap does
+#: not work): what ``Confinement._resolve`` gives and what ``_no_looser`` measures against.
+_DEFAULT_PROFILE: Mapping[Source, Profile] = {
+    Source.HOME: Profile.OFF,
+    Source.PROJECT: Profile.WORKSPACE_WRITE,
+}
+
+
+def _default_network(profile: Profile) -> bool:
+    """Whether a profile allows the network when no table says: only ``off`` does."""
+    return profile == Profile.OFF
+
 
 def _no_looser(by_set: _Layer, by_source: _Layer | None) -> _Layer:
     """A ``sets.<directory>`` table as it applies to a *project* set of that name.
@@ -235,7 +247,7 @@ def _no_looser(by_set: _Layer, by_source: _Layer | None) -> _Layer:
     tighten the home set) does not lift the project's ``memory-max`` or ``pids-max``.
     """
     base = by_source.profile if by_source is not None and by_source.profile else None
-    base = base or Profile.WORKSPACE_WRITE
+    base = base or _DEFAULT_PROFILE[Source.PROJECT]
     profile = by_set.profile
     if profile is not None and _STRICTNESS[profile] < _STRICTNESS[base]:
         profile = None
@@ -244,7 +256,7 @@ def _no_looser(by_set: _Layer, by_source: _Layer | None) -> _Layer:
     if by_source is not None and by_source.network is not None:
         base_network = by_source.network
     else:
-        base_network = base == Profile.OFF
+        base_network = _default_network(base)
     network = by_set.network
     if network and not base_network:
         network = None
@@ -489,8 +501,7 @@ class Confinement:
         limits = next((lay.limits for lay in layers if lay.limits.needs()), Limits())
         failure = None
         if named is None:
-            default = Profile.WORKSPACE_WRITE if source == Source.PROJECT else Profile.OFF
-            profile = default if self.bwrap is not None else Profile.OFF
+            profile = _DEFAULT_PROFILE[source] if self.bwrap is not None else Profile.OFF
         else:
             profile = named
             if profile != Profile.OFF and self.bwrap is None:
@@ -511,7 +522,7 @@ class Confinement:
                 if problem is not None:
                     failure = f"{problem}. The call did not run."
         if network is None:
-            network = profile == Profile.OFF
+            network = _default_network(profile)
         if (
             failure is None
             and network
