@@ -99,6 +99,8 @@ from pathlib import Path
 import anyio
 import structlog
 
+from .pidsignal import signal_listed
+
 __all__ = [
     "CONTROLLERS",
     "JOIN_ARGV",
@@ -416,15 +418,15 @@ class CallCgroup:
             _write(os.path.join(self.path, "cgroup.kill"), "1")  # rare: not kept open
         except OSError:
             # No cgroup.kill (kernel < 5.14; the probe refuses such a tree) or gone.
-            for line in (_read(self.procs) or "").split():
-                with contextlib.suppress(OSError):
-                    os.kill(int(line), signal.SIGKILL)
+            signal_listed(self._procs, signal.SIGKILL)
 
     def signal_all(self, sig: int) -> None:
         """Send ``sig`` to every process in the cgroup (the grace signal of a timeout)."""
-        for pid in self.pids():
-            with contextlib.suppress(OSError):
-                os.kill(pid, sig)
+        signal_listed(self.pids, sig)
+
+    def _procs(self) -> list[int]:
+        """Every pid ``cgroup.procs`` lists now."""
+        return [int(line) for line in (_read(self.procs) or "").split() if line.isdigit()]
 
     def pids(self) -> list[int]:
         """The processes in the cgroup now (none once it is spent), never the daemon.

@@ -50,6 +50,7 @@ from .output import (
     timeout_text,
     truncate,
 )
+from .pidsignal import signal_listed
 from .spill import Spill, SpillResult
 from .streams import decode
 
@@ -114,9 +115,9 @@ def _settle(waiter: asyncio.Future[bool], value: bool) -> None:
 def _members_but_leader(pgid: int) -> list[int]:
     """The processes of group ``pgid`` other than its leader (read from ``/proc``).
 
-    Once per timeout or cancel of a sandboxed call without a cgroup (one with reads its
-    ``cgroup.procs`` instead): a pass over ``/proc``, about a millisecond per thousand
-    processes.
+    Twice per timeout or cancel of a sandboxed call without a cgroup (one with reads its
+    ``cgroup.procs`` instead), before and after its pids are pinned (``pidsignal``): a pass
+    over ``/proc``, about a millisecond per thousand processes.
     """
     members = []
     with contextlib.suppress(OSError):
@@ -157,7 +158,8 @@ async def terminate(
             (Its process inside, the namespace's init, ignores a signal from outside.)
         members: With ``spare_leader``, where to find the call's processes (its cgroup's
             ``CallCgroup.pids``, those that left the group included); else the group's,
-            from ``/proc``.
+            from ``/proc``. They are signalled through pidfds (``pidsignal``), so a pid
+            reused since the list was read is not.
 
     Returns:
         Whether the leader exited within the grace period.
@@ -165,10 +167,8 @@ async def terminate(
     exited = False
     with anyio.CancelScope(shield=True):
         if spare_leader:
-            found = members() if members is not None else _members_but_leader(pgid)
-            for pid in (p for p in found if p != pgid):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGTERM)
+            listed = members if members is not None else lambda: _members_but_leader(pgid)
+            signal_listed(listed, signal.SIGTERM, spare=pgid)
         else:
             killpg(pgid, signal.SIGTERM)
         with anyio.move_on_after(grace):

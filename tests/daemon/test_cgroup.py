@@ -176,6 +176,72 @@ async def test_cgroup_grace_signal_never_reaches_the_daemon_stuck_inside(tmp_pat
             proc.wait()
 
 
+@pytest.mark.anyio
+async def test_cgroup_grace_signal_reaches_only_processes_still_listed(tmp_path: Path) -> None:
+    """The grace SIGTERM of a sandboxed call's timeout went by pid to what ``cgroup.procs``
+    listed a moment before: a process gone since, whose pid another process outside the
+    call has now, got it. The pids are now pinned by pidfds and the list read again: the
+    call's processes get the signal, a pid no longer listed does not. (A folder stands in
+    for the cgroup; the stranger is a live process whose pid the list drops after the
+    first read, as when its pid was reused: real pid reuse cannot be forced here.)"""
+    from types import SimpleNamespace
+
+    from toolsetd.daemon.ending import terminate
+
+    leader = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)  # noqa: S603
+    members = [subprocess.Popen(["/bin/sleep", "30"]) for _ in range(3)]  # noqa: S603
+    stranger = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)  # noqa: S603
+    procs = tmp_path / "cgroup.procs"
+    try:
+        ours = [leader.pid, *(m.pid for m in members)]
+        procs.write_text("".join(f"{pid}\n" for pid in [*ours, stranger.pid]))
+        call = CallCgroup(SimpleNamespace(daemon_inside=None), str(tmp_path))  # type: ignore[arg-type]
+
+        def listed() -> list[int]:
+            found = call.pids()
+            procs.write_text("".join(f"{pid}\n" for pid in ours))  # the stranger is not ours
+            return found
+
+        await terminate(leader.pid, None, 0.05, None, spare_leader=True, members=listed)
+        for member in members:
+            assert member.wait(5) == -signal.SIGTERM  # every process of the call got it
+        assert stranger.poll() is None  # the pid no longer listed got nothing
+    finally:
+        for proc in (leader, *members, stranger):
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.anyio
+async def test_cgroup_grace_signal_without_pidfds_goes_by_pid_as_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where pidfd_open is refused (Linux before 5.3, a seccomp filter), the grace SIGTERM
+    still reaches every process of the call, by pid."""
+    import errno
+    from types import SimpleNamespace
+
+    from toolsetd.daemon.ending import terminate
+
+    def refused(pid: int, flags: int = 0) -> int:
+        raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
+
+    leader = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)  # noqa: S603
+    members = [subprocess.Popen(["/bin/sleep", "30"]) for _ in range(2)]  # noqa: S603
+    try:
+        pids = [leader.pid, *(m.pid for m in members)]
+        (tmp_path / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in pids))
+        call = CallCgroup(SimpleNamespace(daemon_inside=None), str(tmp_path))  # type: ignore[arg-type]
+        monkeypatch.setattr(os, "pidfd_open", refused)
+        await terminate(leader.pid, None, 0.05, None, spare_leader=True, members=call.pids)
+        for member in members:
+            assert member.wait(5) == -signal.SIGTERM
+    finally:
+        for proc in (leader, *members):
+            proc.kill()
+            proc.wait()
+
+
 def test_cgroup_limit_without_controller_is_refused(tree: CgroupTree) -> None:
     """A limit the tree has no controller for is refused with a message naming it."""
     missing = [name for name in ("memory", "pids", "cpu") if name not in tree.controllers]

@@ -70,6 +70,26 @@ PROBE = textwrap.dedent(
                 sys.exit(3)
             signal.signal(signal.SIGTERM, cleanup)
             time.sleep(30)
+        elif action == "trap-term-all":
+            # Three processes of one call, each with its own clean-up on SIGTERM; the tool
+            # waits for its children's before it exits (its exit ends the sandbox).
+            import signal
+            index, children = 0, []
+            def cleanup_all(signum, frame):
+                with open(target + "." + str(index), "w") as f:
+                    f.write("cleaned up\\n")
+                for child in children:
+                    os.waitpid(child, 0)
+                os._exit(3)
+            signal.signal(signal.SIGTERM, cleanup_all)
+            for number in (1, 2):
+                child = os.fork()
+                if child == 0:
+                    index, children = number, []
+                    break
+                children.append(child)
+            time.sleep(30)
+            os._exit(0)
         elif action == "fake-setup-failure":
             with open(target, "w") as f:
                 f.write("the tool ran\\n")
@@ -593,6 +613,20 @@ def test_confinement_sandboxed_tool_gets_the_grace_period_on_timeout(tree: Tree)
     _, reply = tree.invoke("probe", {"action": "trap-term", "target": str(target)})
     assert reply["result"]["status"] == "timeout", reply
     assert target.read_text() == "cleaned up\n"
+
+
+def test_confinement_grace_sigterm_reaches_every_process_of_a_sandboxed_call(
+    tree: Tree,
+) -> None:
+    """The grace SIGTERM of a sandboxed call goes to each of its processes (pinned by
+    pidfds as they are listed, bubblewrap spared): the tool and both its children run their
+    clean-up."""
+    _need_sandbox(tree)
+    target = tree.workspace / f"cleanup-all-{uuid.uuid4().hex}"
+    _, reply = tree.invoke("probe", {"action": "trap-term-all", "target": str(target)})
+    assert reply["result"]["status"] == "timeout", reply
+    for index in range(3):
+        assert Path(f"{target}.{index}").read_text() == "cleaned up\n"
 
 
 def test_confinement_tool_failing_like_bubblewrap_is_not_a_setup_failure(tree: Tree) -> None:

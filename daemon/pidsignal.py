@@ -1,0 +1,65 @@
+"""Signalling the processes a list names (``cgroup.procs``, a ``/proc`` scan), only those.
+
+Theory of operation
+-------------------
+A pid read from a list is a name, not a handle: between the read and the ``kill`` the
+process may exit, be reaped, and its pid be given to a new process, which the ``kill``
+then reaches (a grace ``SIGTERM`` of a timed-out call hitting some other program).
+
+:func:`signal_listed` opens a pidfd (``os.pidfd_open``) for each pid as soon as the list is
+read, then reads the list again and signals, through its pidfd
+(``signal.pidfd_send_signal``), each pid still listed. A pidfd holds the process that had
+the pid when it was opened, and that process keeps the pid as long as it is not reaped: if
+it is alive and its pid is listed after the pidfd was opened, it is the listed process; if
+it has gone, the signal reaches nobody. A pid listed the first time only (its process left,
+or its pid went to another process between the read and the ``pidfd_open``) is not
+signalled.
+
+Where a pidfd cannot be had (no ``pidfd_open``: Linux before 5.3, a seccomp filter, or no
+descriptor left), that pid is signalled with ``kill`` as it was read, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Callable, Iterable
+
+__all__ = ["signal_listed"]
+
+
+def signal_listed(
+    listed: Callable[[], Iterable[int]], sig: int, *, spare: int | None = None
+) -> None:
+    """Send ``sig`` to the processes ``listed`` names, never to a pid reused meanwhile.
+
+    Args:
+        listed: Reads the list (called twice: before and after the pidfds are opened).
+        sig: The signal.
+        spare: A pid never to signal (a sandboxed call's bubblewrap).
+    """
+    pids = [pid for pid in listed() if pid != spare]
+    if not pids:
+        return
+    pinned: dict[int, int] = {}
+    unpinned: list[int] = []
+    try:
+        for pid in pids:
+            try:
+                pinned[pid] = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue  # gone already
+            except (AttributeError, OSError):
+                unpinned.append(pid)  # no pidfd here: as read, as before
+        still = set(listed()) if pinned else set()
+        for pid, fd in pinned.items():
+            if pid in still:
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(fd, sig)
+        for pid in unpinned:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
+    finally:
+        for fd in pinned.values():
+            os.close(fd)
