@@ -86,11 +86,11 @@ from .sockpath import (
     prepare_socket_dir,
 )
 from .validation import ArgumentValidators
-from .watcher import Watcher
 
 if TYPE_CHECKING:  # the HTTP endpoint's modules load only when --mcp-listen is given
     from .httpguard import ListenAddress
     from .mcp_session import McpServer
+    from .watcher import Watcher  # and the watcher (with watchfiles) only when watching
 
 __all__ = ["DaemonOptions", "main", "options_from_settings", "parse_args", "run_daemon"]
 
@@ -418,6 +418,9 @@ async def _serve(
         await handlers.reload_catalogs(None if None in keys else keys)
 
     if options.watch:
+        # Imported here: a daemon run with --no-watch never loads watchfiles (~4 ms a start).
+        from .watcher import Watcher
+
         watcher = Watcher(options.home, on_change)
 
     try:

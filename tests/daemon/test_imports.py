@@ -14,7 +14,8 @@ def _modules_after(code: str) -> dict[str, bool]:
     probe = (
         f"{code}\nimport json, sys\n"
         "print(json.dumps({m: m in sys.modules for m in "
-        "('rich', 'jsonschema', 'jsonrpcserver', 'pydantic', 'toolsetd.daemon.mcp_session')}))"
+        "('rich', 'jsonschema', 'jsonrpcserver', 'pydantic', 'toolsetd.daemon.mcp_session', "
+        "'watchfiles')}))"
     )
     out = subprocess.run(  # noqa: TID251 - a fresh interpreter is the point of the test
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
@@ -26,7 +27,8 @@ def _modules_after(code: str) -> dict[str, bool]:
 def test_daemon_start_imports_no_rich_no_jsonschema_no_pydantic_no_mcp() -> None:
     """Importing the daemon (and configuring JSON logs) loads neither rich (which structlog
     would pull in) nor jsonschema, jsonrpcserver or pydantic (params are checked by
-    ``protocol/params.py``), nor the MCP core (built when the first MCP host binds)."""
+    ``protocol/params.py``), nor the MCP core (built when the first MCP host binds), nor
+    watchfiles (imported when watching starts: ``--no-watch`` never loads it)."""
     loaded = _modules_after(
         "import toolsetd.daemon.app\n"
         "from toolsetd.daemon.logs import configure_logging\n"
