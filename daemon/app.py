@@ -469,18 +469,22 @@ async def _serve(
             log.info("daemon_stopped")
 
 
-@dataclass(slots=True)
 class _State:
     """What the status reporter, the signal handling and a config reload share.
 
     ``options`` is replaced whole by a config reload; readers take it afresh each time.
+    A plain slotted class: nothing compares or prints it, and a dataclass would cost every
+    start ~0.4 ms to create (``@dataclass`` compiles its methods with ``exec``).
     """
 
-    options: DaemonOptions
-    stopping: bool = False
-    status: str = ""
-    #: The MCP HTTP endpoint (``mcphttp.McpHttpEndpoint``) when ``--mcp-listen`` is on.
-    http: Any = None
+    __slots__ = ("http", "options", "status", "stopping")
+
+    def __init__(self, options: DaemonOptions) -> None:
+        self.options = options
+        self.stopping = False
+        self.status = ""
+        #: The MCP HTTP endpoint (``mcphttp.McpHttpEndpoint``) when ``--mcp-listen`` is on.
+        self.http: Any = None
 
 
 def _reload_config(

@@ -38,7 +38,7 @@ import stat
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -109,13 +109,29 @@ def trusted_signature(st: os.stat_result, now_ns: int) -> tuple[int, int, int, i
     return _signature(st)
 
 
-@dataclass(slots=True)
 class _Cached:
-    signature: tuple[int, int, int, int] | None
-    digest: bytes
-    reserved: frozenset[str]
-    result: ToolSet | ManifestError
-    hashes: dict[tuple[str, ApprovalSource], str] = field(default_factory=dict)
+    """One manifest's parse result and what it was judged by.
+
+    This and ``_Candidate`` are plain slotted classes: nothing compares or prints them, and
+    a dataclass would cost every start ~0.4 ms to create (``@dataclass`` compiles its
+    methods with ``exec``).
+    """
+
+    __slots__ = ("digest", "hashes", "reserved", "result", "signature")
+
+    def __init__(
+        self,
+        signature: tuple[int, int, int, int] | None,
+        digest: bytes,
+        reserved: frozenset[str],
+        result: ToolSet | ManifestError,
+        hashes: dict[tuple[str, ApprovalSource], str],
+    ) -> None:
+        self.signature = signature
+        self.digest = digest
+        self.reserved = reserved
+        self.result = result
+        self.hashes = hashes
 
 
 #: The fewest store decisions a manifest cache keeps before it may start over (it keeps up
@@ -627,18 +643,32 @@ def subdirectory_names(folder: int | str | Path) -> list[str]:
     return names
 
 
-@dataclass(slots=True)
 class _Candidate:
-    directory: str
-    source: Source
-    path: str
-    state: SetState = SetState.REFUSED
-    toolset: ToolSet | None = None
-    error: str | None = None
-    tools: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    #: The manifest cache's memo of this set's tool hashes.
-    hashes: dict[tuple[str, ApprovalSource], str] | None = None
+    """One set folder found by a scan, until ``freeze`` makes its ``SetEntry``."""
+
+    __slots__ = (
+        "directory",
+        "error",
+        "hashes",
+        "notes",
+        "path",
+        "source",
+        "state",
+        "tools",
+        "toolset",
+    )
+
+    def __init__(self, directory: str, source: Source, path: str) -> None:
+        self.directory = directory
+        self.source = source
+        self.path = path
+        self.state = SetState.REFUSED
+        self.toolset: ToolSet | None = None
+        self.error: str | None = None
+        self.tools: list[str] = []
+        self.notes: list[str] = []
+        #: The manifest cache's memo of this set's tool hashes.
+        self.hashes: dict[tuple[str, ApprovalSource], str] | None = None
 
     def freeze(self) -> SetEntry:
         toolset = self.toolset
