@@ -110,6 +110,7 @@ __all__ = [
     "CgroupError",
     "CgroupTree",
     "Limits",
+    "cgroup2_mounts",
     "parse_limits",
 ]
 
@@ -318,7 +319,8 @@ def _field(text: str | None, name: str) -> int | None:
     return None
 
 
-def _cgroup2_mounts() -> list[str]:
+def cgroup2_mounts() -> list[str]:
+    """Where cgroup v2 is mounted, as ``/proc/self/mountinfo`` says."""
     mounts = []
     text = _read("/proc/self/mountinfo") or ""
     for line in text.splitlines():
@@ -610,7 +612,7 @@ class CgroupTree:
         """
         if setting == "off":
             return None, 'cgroups are off in the config (cgroup = "off")'
-        mounts = _cgroup2_mounts()
+        mounts = cgroup2_mounts()
         if not mounts:
             return None, "no cgroup v2 hierarchy is mounted (/proc/self/mountinfo has no cgroup2)"
         try:
@@ -689,7 +691,7 @@ class CgroupTree:
                 except OSError:
                     continue
                 enabled.append(name)
-        own = _own_cgroup(_cgroup2_mounts())
+        own = _own_cgroup(cgroup2_mounts())
         return cls(folder, frozenset(enabled), own)
 
     def describe(self) -> str:

@@ -64,6 +64,7 @@ from .cgroup import (
     CgroupError,
     CgroupTree,
     Limits,
+    cgroup2_mounts,
     parse_limits,
 )
 from .manifest import is_directory_name
@@ -436,6 +437,11 @@ class Confinement:
             for extra in config.hide
         )
         self._hidden = tuple(hidden)
+        # Hidden too from a sandboxed call that shares the loopback with the MCP endpoint:
+        # clone3(CLONE_INTO_CGROUP) with a cgroup folder's descriptor makes a child in that
+        # cgroup, and the kernel checks the mode of its cgroup.procs, not the read-only
+        # bind it is seen through. Its sockets would not be the call's (sandboxed_peer).
+        self._cgroup_mounts = tuple(cgroup2_mounts()) if http_peers else ()
 
     @classmethod
     def probe(
@@ -635,6 +641,7 @@ class Confinement:
                     "the sandbox cannot hide (it could be in the workspace). The call did not "
                     "run; remove the extra link (find / -xdev -samefile FILE)."
                 )
+            unseen = (*self._hidden, *(self._cgroup_mounts if conf.network else ()))
             own, writable, escaped = call_binds(cwd, str(toolset.path), *data)
             if escaped:
                 raise ConfinementError(
@@ -667,11 +674,11 @@ class Confinement:
                     ) from exc
                 plan = SandboxPlan(
                     conf.profile, conf.network, own,
-                    (*writable, *approved), self._hidden, cwd, self.own_ipc,
+                    (*writable, *approved), unseen, cwd, self.own_ipc,
                 )  # fmt: skip
             else:
                 plan = SandboxPlan(
-                    conf.profile, conf.network, (*own, *writable), (), self._hidden, cwd,
+                    conf.profile, conf.network, (*own, *writable), (), unseen, cwd,
                     self.own_ipc,
                 )  # fmt: skip
             if self.status_fd:

@@ -112,17 +112,49 @@ PROBE = textwrap.dedent(
                     result["moved"] = True
                 except OSError as exc:
                     result["moved"] = exc.strerror
-            url = urllib.parse.urlsplit(target)
-            conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
-            body = json.dumps({{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {{
-                "protocolVersion": "2025-06-18", "capabilities": {{}},
-                "clientInfo": {{"name": "probe", "version": "0"}}}}}})
-            conn.request("POST", url.path + "?" + url.query, body, {{
-                "Content-Type": "application/json",
-                "Accept": "application/json, text/event-stream"}})
-            answer = conn.getresponse()
-            result["status"] = answer.status
-            result["body"] = answer.read().decode(errors="replace")[:500]
+            child = None
+            if args.get("clone_into"):
+                # Then post from a child made by clone3(CLONE_INTO_CGROUP) in the nearest
+                # ancestor of the call's cgroup that takes it, on the cgroup2 mount
+                # ``clone_into`` (the kernel checks cgroup.procs' mode, not the read-only
+                # bind); the result comes back on a pipe.
+                import ctypes, struct
+                libc = ctypes.CDLL(None, use_errno=True)
+                libc.syscall.restype = ctypes.c_long
+                own = [x for x in open("/proc/self/cgroup") if x.startswith("0::")][0][3:]
+                parts = own.strip().strip("/").split("/")
+                reader, writer = os.pipe()
+                for depth in range(len(parts) - 1, -1, -1):
+                    fd = os.open(os.path.join(args["clone_into"], *parts[:depth]), os.O_RDONLY)
+                    clone_args = ctypes.create_string_buffer(  # flags, exit_signal, cgroup
+                        struct.pack("=11Q", 0x200000000, 0, 0, 0, 17, 0, 0, 0, 0, 0, fd))
+                    child = libc.syscall(ctypes.c_long(435), clone_args, ctypes.c_size_t(88))
+                    if child >= 0:
+                        break
+                if child is None or child < 0:
+                    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+                if child > 0:
+                    os.close(writer)
+                    os.waitpid(child, 0)
+                    result.update(json.loads(os.read(reader, 65536) or b"{{}}"))
+            if not child:  # no clone, or the clone
+                try:
+                    url = urllib.parse.urlsplit(target)
+                    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=10)
+                    body = json.dumps({{"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                                       "params": {{
+                        "protocolVersion": "2025-06-18", "capabilities": {{}},
+                        "clientInfo": {{"name": "probe", "version": "0"}}}}}})
+                    conn.request("POST", url.path + "?" + url.query, body, {{
+                        "Content-Type": "application/json",
+                        "Accept": "application/json, text/event-stream"}})
+                    answer = conn.getresponse()
+                    result["status"] = answer.status
+                    result["body"] = answer.read().decode(errors="replace")[:500]
+                finally:
+                    if child == 0:
+                        os.write(writer, json.dumps(result).encode())
+                        os._exit(0)
         elif action == "write-both":
             with open(args["path"], "w") as f:
                 f.write("approved\\n")
@@ -547,6 +579,31 @@ def test_confinement_sandboxed_call_cannot_call_the_mcp_http_endpoint() -> None:
     finally:
         _close(t)
         shutil.rmtree(token.parent)
+
+
+def test_confinement_sandboxed_call_cannot_clone_into_another_cgroup() -> None:
+    """A sandboxed call with the network cannot make a process in another cgroup to call
+    the MCP HTTP endpoint from.
+
+    ``clone3(CLONE_INTO_CGROUP)`` takes a cgroup folder's descriptor, and the kernel checks
+    the mode of its ``cgroup.procs``, not the read-only bind the folder is seen through: a
+    child made in the cgroup tree above the call's, as the daemon's uid, got a session.
+    Such a call does not see the cgroup v2 mounts at all.
+    """
+    ensure_bubblewrap()
+    t = _make_tree("[confinement.project]\nnetwork = true\n",
+                   args=("--mcp-listen", "127.0.0.1:0"))
+    try:
+        _need_sandbox(t)
+        _need_cgroup(t)
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+                  if line.split()[2] == "cgroup2"]
+        url = endpoint(listening_urls(t.daemon)[0], t.workspace, mode="full")
+        inside = t.probe({"action": "mcp-post", "target": url, "clone_into": mounts[0]})
+        assert "status" not in inside, inside
+        assert inside["error"] == "No such file or directory", inside
+    finally:
+        _close(t)
 
 
 def test_confinement_network_and_mcp_http_without_cgroups_fail_closed() -> None:
