@@ -402,6 +402,8 @@ class Confinement:
             which a sandboxed call that keeps the network shares (``sandboxed_peer``).
         token_file: The MCP HTTP bearer token's file (hidden from sandboxed calls, like
             the socket).
+        no_userns: Whether bubblewrap can keep a call from making user namespaces
+            (``probe_no_userns``; probed only with ``http_peers``).
     """
 
     def __init__(
@@ -418,9 +420,11 @@ class Confinement:
         status: bool = True,
         http_peers: bool = False,
         token_file: Path | None = None,
+        no_userns: bool = False,
     ) -> None:
         self.config = config
         self.http_peers = http_peers
+        self.no_userns = no_userns
         self.own_ipc = own_ipc
         self.status_fd = status
         self.cgroups = cgroups
@@ -454,12 +458,13 @@ class Confinement:
         token_file: Path | None = None,
     ) -> Confinement:
         """Probe the cgroup tree and bubblewrap, logging once what is not available."""
-        from .sandbox import probe_bwrap, probe_ipc, probe_status
+        from .sandbox import probe_bwrap, probe_ipc, probe_no_userns, probe_status
 
         cgroups, cgroup_reason = CgroupTree.probe(config.cgroup)
         bwrap, sandbox_reason = probe_bwrap(config.sandbox)
         own_ipc = bwrap is not None and probe_ipc(bwrap)
         status = bwrap is not None and probe_status(bwrap)
+        no_userns = bwrap is not None and http_peers and probe_no_userns(bwrap)
         if bwrap is not None and not own_ipc:
             log.warning(
                 "sandbox_without_ipc",
@@ -475,7 +480,7 @@ class Confinement:
             log.warning("sandbox_unavailable", reason=sandbox_reason)
         return cls(
             config, cgroups, cgroup_reason, bwrap, sandbox_reason, user_home, crystal_home,
-            socket_path, own_ipc, status, http_peers, token_file,
+            socket_path, own_ipc, status, http_peers, token_file, no_userns,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -529,14 +534,20 @@ class Confinement:
                     failure = f"{problem}. The call did not run."
         if network is None:
             network = _default_network(profile)
-        if (
-            failure is None
-            and network
-            and profile != Profile.OFF
-            and self.http_peers
-            and self.cgroups is None
-        ):
-            failure = (
+        if failure is None and network and profile != Profile.OFF and self.http_peers:
+            failure = self._shared_loopback_failure()
+        return SetConfinement(profile, network, limits, failure)
+
+    def _shared_loopback_failure(self) -> str | None:
+        """Why a sandboxed call that keeps the network cannot run beside --mcp-listen.
+
+        The endpoint tells the call's connections from a client's by the cgroup their
+        socket was made in (``sandboxed_peer``): the call needs a cgroup of its own, and
+        must not be able to make a user namespace, in which it could mount a cgroup2 of
+        its cgroup and move below it.
+        """
+        if self.cgroups is None:
+            return (
                 "this set's sandbox keeps the network, and the daemon serves MCP over HTTP "
                 "(--mcp-listen) on the loopback the call would share; without a cgroup per "
                 f"call ({self.cgroup_reason}) it cannot tell the call's connections from a "
@@ -544,7 +555,17 @@ class Confinement:
                 "not run; give the daemon a writable cgroup v2 subtree, drop --mcp-listen, "
                 "or set network = false for this set in toolsetd.toml."
             )
-        return SetConfinement(profile, network, limits, failure)
+        if not self.no_userns:
+            return (
+                "this set's sandbox keeps the network, and the daemon serves MCP over HTTP "
+                "(--mcp-listen) on the loopback the call would share; this bubblewrap cannot "
+                "keep the call from making a user namespace (--disable-userns: bubblewrap "
+                "0.8 or later, not setuid), in which it could leave its cgroup, by which the "
+                "daemon tells the call's connections from a client's. The call did not run; "
+                "upgrade bubblewrap, drop --mcp-listen, or set network = false for this set "
+                "in toolsetd.toml."
+            )
+        return None
 
     def sandboxed_peer(self, cgroup: int | None) -> str | None:
         """Why a loopback TCP peer is refused as a sandboxed call's, else None.
@@ -641,7 +662,10 @@ class Confinement:
                     "the sandbox cannot hide (it could be in the workspace). The call did not "
                     "run; remove the extra link (find / -xdev -samefile FILE)."
                 )
-            unseen = (*self._hidden, *(self._cgroup_mounts if conf.network else ()))
+            # The cgroup it runs in must say it is this call's (``sandboxed_peer``).
+            shares_loopback = conf.network and self.http_peers
+            unseen = (*self._hidden, *(self._cgroup_mounts if shares_loopback else ()))
+            no_userns = shares_loopback and self.no_userns
             own, writable, escaped = call_binds(cwd, str(toolset.path), *data)
             if escaped:
                 raise ConfinementError(
@@ -674,12 +698,12 @@ class Confinement:
                     ) from exc
                 plan = SandboxPlan(
                     conf.profile, conf.network, own,
-                    (*writable, *approved), unseen, cwd, self.own_ipc,
+                    (*writable, *approved), unseen, cwd, self.own_ipc, no_userns,
                 )  # fmt: skip
             else:
                 plan = SandboxPlan(
                     conf.profile, conf.network, (*own, *writable), (), unseen, cwd,
-                    self.own_ipc,
+                    self.own_ipc, no_userns,
                 )  # fmt: skip
             if self.status_fd:
                 status = os.pipe2(os.O_CLOEXEC)

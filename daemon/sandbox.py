@@ -75,6 +75,7 @@ __all__ = [
     "prepare_writable",
     "probe_bwrap",
     "probe_ipc",
+    "probe_no_userns",
     "probe_status",
     "tool_ran",
 ]
@@ -88,6 +89,9 @@ _PRIVATE_TMP = ("--tmpfs", "/tmp")  # noqa: S108 -- a mount point in the sandbox
 _ALWAYS = ("--die-with-parent", "--unshare-pid", "--cap-drop", "ALL")
 #: Its own IPC namespace, where the system allows one (``probe_ipc``).
 _OWN_IPC = "--unshare-ipc"
+#: No user namespace of its own: a call that shares the loopback with the daemon's MCP
+#: endpoint is told apart by its cgroup, which it must not be able to leave.
+_NO_USERNS = ("--unshare-user", "--disable-userns")
 
 
 class Profile(enum.StrEnum):
@@ -110,6 +114,7 @@ class SandboxPlan:
         hidden: Paths made unreadable.
         cwd: The working directory inside.
         own_ipc: Whether the call gets its own IPC namespace (``probe_ipc``).
+        no_userns: Whether the call may not make user namespaces (``probe_no_userns``).
     """
 
     profile: Profile
@@ -119,6 +124,7 @@ class SandboxPlan:
     hidden: tuple[str, ...]
     cwd: str
     own_ipc: bool = True
+    no_userns: bool = False
 
 
 def probe_bwrap(setting: str) -> tuple[str | None, str]:
@@ -176,6 +182,15 @@ def probe_status(binary: str) -> bool:
     return _works(binary, "--json-status-fd", "1")
 
 
+def probe_no_userns(binary: str) -> bool:
+    """Whether this bubblewrap can keep a call from making user namespaces (0.8, not setuid).
+
+    In a user namespace of its own a call that is not root's can mount a cgroup2 of its
+    own cgroup, make a cgroup below it and move there (``_NO_USERNS``).
+    """
+    return _works(binary, *_NO_USERNS)
+
+
 def _works(binary: str, *options: str) -> bool:
     argv = [binary, *_ALWAYS, *options, "--ro-bind", "/", "/", "--", "/bin/true"]
     try:
@@ -209,6 +224,8 @@ def bwrap_argv(binary: str, plan: SandboxPlan, status_fd: int | None = None) -> 
     argv = [binary, *_ALWAYS]
     if plan.own_ipc:
         argv.append(_OWN_IPC)
+    if plan.no_userns:
+        argv += _NO_USERNS
     if status_fd is not None:
         argv += ["--json-status-fd", str(status_fd)]
     if not plan.network:

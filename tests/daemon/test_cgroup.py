@@ -350,6 +350,7 @@ def test_sandboxed_peer_knows_the_cgroups_of_running_sandboxed_calls(
         return Confinement(
             parse_confinement({"project": {"network": network}}), tree, "", "/usr/bin/bwrap",
             "", tmp_path / "home", tmp_path / "home" / ".crystal", http_peers=True,
+            no_userns=True,
         )  # fmt: skip
 
     quiet = confinement(network=False).prepare(toolset, ["/bin/true"], str(ws), data, ())

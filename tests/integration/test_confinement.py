@@ -155,6 +155,11 @@ PROBE = textwrap.dedent(
                     if child == 0:
                         os.write(writer, json.dumps(result).encode())
                         os._exit(0)
+        elif action == "userns":
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.unshare(0x10000000) != 0:  # CLONE_NEWUSER
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
         elif action == "write-both":
             with open(args["path"], "w") as f:
                 f.write("approved\\n")
@@ -602,6 +607,33 @@ def test_confinement_sandboxed_call_cannot_clone_into_another_cgroup() -> None:
         inside = t.probe({"action": "mcp-post", "target": url, "clone_into": mounts[0]})
         assert "status" not in inside, inside
         assert inside["error"] == "No such file or directory", inside
+    finally:
+        _close(t)
+
+
+def test_confinement_sandboxed_call_with_the_network_makes_no_user_namespace() -> None:
+    """A sandboxed call that shares the loopback with the MCP endpoint cannot make a user
+    namespace (bubblewrap's --disable-userns); its other calls still can.
+
+    In one of its own, with a mount and a cgroup namespace, a call of a daemon that is not
+    root mounts a cgroup2 of its cgroup, makes a cgroup below it and moves there: its
+    sockets' cgroup is then not the call's. (Root's cannot: mapping uid 0 needs
+    CAP_SETFCAP, so this test shows the namespace, not the move.)
+    """
+    ensure_bubblewrap()
+    t = _make_tree("[confinement.project]\nnetwork = true\n",
+                   args=("--mcp-listen", "127.0.0.1:0"))
+    try:
+        _need_sandbox(t)
+        _need_cgroup(t)
+        made = t.probe({"action": "userns"})
+        assert made == {"ok": False, "error": "No space left on device", "isError": False}
+    finally:
+        _close(t)
+    t = _make_tree("[confinement.project]\nnetwork = true\n")
+    try:
+        _need_sandbox(t)
+        assert t.probe({"action": "userns"})["ok"] is True
     finally:
         _close(t)
 
