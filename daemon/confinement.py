@@ -572,7 +572,7 @@ class Confinement:
 
         Args:
             cgroup: The id of the cgroup the peer's socket was created in, or None when
-                the lookup could not say (``tcppeer.TcpPeer.cgroup``).
+                the lookup could not say (``tcppeer.TcpPeer.cgroup``) or found no peer.
         """
         tree = self.cgroups
         if tree is None or not tree.sandboxed:

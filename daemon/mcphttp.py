@@ -352,8 +352,10 @@ class McpHttpEndpoint:
         cred = tcp_peer_credentials(peer.uid) if peer is not None else None
         refused = peer_refusal(cred, self._policy, token=self._token is not None)
         sandboxed = False
-        if refused is None and peer is not None and self._sandboxed is not None:
-            why = self._sandboxed(peer.cgroup)
+        # An unknown peer (it closed before the lookup) that the token admits may be a
+        # sandboxed call too: it is no more known than one whose cgroup is unknown.
+        if refused is None and self._sandboxed is not None:
+            why = self._sandboxed(peer.cgroup if peer is not None else None)
             if why is not None:
                 refused, sandboxed = (403, why), True
         if refused is not None:

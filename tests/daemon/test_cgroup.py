@@ -337,8 +337,12 @@ def test_sandboxed_peer_knows_the_cgroups_of_running_sandboxed_calls(
     from ``prepare`` to its end: a TCP peer socket made there is refused, one made
     elsewhere is not, and one whose cgroup the kernel did not say is refused only while
     such a call runs (fail closed). A call whose network is denied is not recorded."""
+    import socket
+
     from toolsetd.daemon.confinement import Confinement, parse_confinement
+    from toolsetd.daemon.mcphttp import McpHttpEndpoint
     from toolsetd.daemon.model import RunnerKind, Source, ToolSet
+    from toolsetd.daemon.peercred import PeerPolicy
 
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -367,6 +371,16 @@ def test_sandboxed_peer_knows_the_cgroups_of_running_sandboxed_calls(
     assert "inside a sandboxed call" in (c.sandboxed_peer(own) or "")
     assert c.sandboxed_peer(os.stat(tree.folder).st_ino) is None
     assert "cannot tell" in (c.sandboxed_peer(None) or "")
+    # A peer that closed before the lookup is unknown, which the bearer token admits:
+    # while such a call runs it may be that call's (one that read the token elsewhere).
+    endpoint = McpHttpEndpoint(lambda *_: None, PeerPolicy.default(), "token",
+                               sandboxed=c.sandboxed_peer)  # fmt: skip
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        socket.create_connection(server.getsockname()[:2]).close()
+        accepted, _ = server.accept()
+        with accepted:
+            _, refused = endpoint._admit(accepted)
+    assert refused is not None and "cannot tell" in refused.message
     anyio.run(prepared.cgroup.finish)
     assert tree.sandboxed == set()
     assert c.sandboxed_peer(own) is None
