@@ -638,6 +638,37 @@ def test_confinement_sandboxed_call_with_the_network_makes_no_user_namespace() -
         _close(t)
 
 
+def test_confinement_network_and_mcp_http_without_disable_userns_fail_closed() -> None:
+    """A bubblewrap that cannot --disable-userns (before 0.8, or setuid) could not keep such
+    a call in its cgroup: with --mcp-listen it does not run, and ``classify`` says so."""
+    ensure_bubblewrap()
+    folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))  # noqa: S108
+    older = folder / "bwrap"
+    older.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        for arg; do
+            [ "$arg" = --disable-userns ] && {{ echo "bwrap: Unknown option $arg" >&2; exit 1; }}
+        done
+        exec {shutil.which("bwrap")} "$@"
+        """))
+    older.chmod(0o755)
+    t = _make_tree(f'[confinement]\nsandbox = "{older}"\n[confinement.project]\nnetwork = true\n',
+                   args=("--mcp-listen", "127.0.0.1:0"))
+    try:
+        _need_sandbox(t)
+        _need_cgroup(t)
+        result = t.probe({"action": "userns"})
+        assert result["ok"] is None and result["isError"] is True, result
+        assert "--disable-userns" in result["text"] and "did not run" in result["text"]
+        reply = t.daemon.call("classify", {"tool": "p_probe", "arguments": {"action": "x"},
+                                           "workspace": str(t.workspace)})
+        assert "--disable-userns" in reply["result"]["confinement"]["failure"]
+        assert t.probe({"action": "userns"}, project=False)["ok"] is True
+    finally:
+        _close(t)
+        shutil.rmtree(folder)
+
+
 def test_confinement_network_and_mcp_http_without_cgroups_fail_closed() -> None:
     """Without a cgroup per call a sandboxed call with the network would be anonymous on
     the loopback: with --mcp-listen it does not run, and ``classify`` says so first."""
