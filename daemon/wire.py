@@ -36,6 +36,10 @@ _LARGE_FRAME = 128 * 1024
 #: The most a Unix socket's send buffer is raised to for one frame (what ``SO_SNDBUF``
 #: reports; the kernel also caps it at twice ``net.core.wmem_max``).
 _SOCKET_BUFFER_MAX = 1 << 20
+#: What a peer must take in one stall period to count as reading (or half of what
+#: waited, if that is less): a TCP peer's kernel takes a trickle of a backlog that its
+#: application never reads, as it compacts its receive queue.
+_READING_MIN = 64 * 1024
 
 
 class Wire(asyncio.Protocol):
@@ -201,9 +205,11 @@ class Wire(asyncio.Protocol):
         self._stall_timer = None
         if not self.backlogged or self.on_stall is None:
             return
-        if self._unsent() < self._stall_mark:
+        taken = self._stall_mark - self._unsent()
+        if taken > 0 and taken >= min(_READING_MIN, self._stall_mark // 2):
             # The peer took bytes since the timer was armed: it reads slowly (a big frame
-            # to a slow host), it has not stopped. Its clock starts again.
+            # to a slow host), it has not stopped. Its clock starts again. A trickle (its
+            # kernel's, not its reader's: 37 KB of 4 MB in 30 s) does not count.
             self._arm_stall()
             return
         # The daemon's decision, said the same on every face that rides a wire.

@@ -14,9 +14,22 @@ pytestmark = pytest.mark.anyio
 _FRAME = 4 * 1024 * 1024
 
 
-async def _serve(stall: float) -> tuple[Wire, asyncio.Transport, socket.socket, list[bool]]:
+def _tcp_pair() -> tuple[socket.socket, socket.socket]:
+    """A loopback TCP pair whose client side has a small receive buffer, so that its
+    window opens as it reads, a few KiB at a time."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        theirs = socket.socket()
+        theirs.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        theirs.connect(listener.getsockname())
+        ours, _ = listener.accept()
+    return ours, theirs
+
+
+async def _serve(
+    stall: float, *, tcp: bool = False
+) -> tuple[Wire, asyncio.Transport, socket.socket, list[bool]]:
     loop = asyncio.get_running_loop()
-    ours, theirs = socket.socketpair()
+    ours, theirs = _tcp_pair() if tcp else socket.socketpair()
     transport, wire = await loop.connect_accepted_socket(lambda: Wire(loop, 1 << 20), sock=ours)
     transport.set_write_buffer_limits(high=64 * 1024)
     stalled: list[bool] = []
@@ -60,6 +73,26 @@ async def test_wire_peer_that_takes_nothing_is_stalled() -> None:
         try:
             wire.enqueue(b"x" * _FRAME)
             await anyio.sleep(0.8)
+        finally:
+            transport.abort()
+            peer.close()
+    assert stalled == [True]
+
+
+async def test_wire_peer_that_takes_a_trickle_is_stalled() -> None:
+    """A peer that takes a few KiB per stall period of a 4 MiB backlog is stalled too.
+
+    Over TCP the peer's kernel may take a little of a backlog its application never reads
+    (it compacts its receive queue and opens the window a crack): 37 KB in 30 s in one
+    run of the MCP write-timeout test, which then re-armed the timer for as long as that
+    went on. Less than 64 KiB (or half of what waited) in a period is not reading.
+    """
+    with anyio.fail_after(20):
+        wire, transport, peer, stalled = await _serve(0.3, tcp=True)  # counted to the byte
+        try:
+            wire.enqueue(b"x" * _FRAME)
+            with anyio.move_on_after(1.5):
+                await _read(peer, _FRAME, 1024, 0.05)  # ~6 KiB a period
         finally:
             transport.abort()
             peer.close()
