@@ -57,9 +57,10 @@ era and the session's in-flight table; the shapes they translate live in
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import uuid
-from collections.abc import MutableMapping, Sequence
+from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -423,6 +424,25 @@ class McpSession:
         if flight.wait_scope is not None:
             flight.wait_scope.cancel()
 
+    @contextlib.contextmanager
+    def _wait_scope(self, flight: _InFlight) -> Iterator[None]:
+        """A wait of ``flight``'s that its cancellation (or the session's close) ends.
+
+        The request may have been cancelled, or the session closed, before the wait
+        began (while its catalog was being built, or its tool ran): ``_cancel`` found no
+        scope then, so the wait starts cancelled. Else a request whose client left would
+        wait for good (a listen) or for the elicitation timeout, holding its transport
+        (an HTTP connection) all that time.
+        """
+        with anyio.CancelScope() as scope:
+            flight.wait_scope = scope
+            if flight.cancelled or self._closed:
+                scope.cancel()
+            try:
+                yield
+            finally:
+                flight.wait_scope = None
+
     async def _request(
         self, request_id: Any, message: dict[str, Any], out: Outbox, flight: _InFlight
     ) -> Any:
@@ -641,6 +661,8 @@ class McpSession:
         self, out: Outbox, flight: _InFlight, classification: dict[str, Any], era: _Era
     ) -> str:
         """Ask the operator through the host (legacy ``elicitation/create``): the action."""
+        if flight.cancelled or self._closed:
+            return "cancel"  # cancelled before the question: put none to the operator
         asked_id = f"toolsetd-elicit-{next(self._asked_ids)}"
         asked = self._asked[asked_id] = _Asked()
         params = mapping.elicitation_params(classification, with_mode=era.version != "2025-06-18")
@@ -648,12 +670,10 @@ class McpSession:
             {"jsonrpc": "2.0", "id": asked_id, "method": "elicitation/create", "params": params}
         )
         try:
-            with anyio.CancelScope() as scope:
-                flight.wait_scope = scope
+            with self._wait_scope(flight):
                 with anyio.move_on_after(self._server.settings.elicitation_timeout):
                     await asked.done.wait()
         finally:
-            flight.wait_scope = None
             del self._asked[asked_id]
         response = asked.response
         if response is None:
@@ -692,13 +712,9 @@ class McpSession:
             # A change is a difference to a snapshot: make sure there is one to differ from.
             await self._service.catalog(self.binding.workspace)
         try:
-            with anyio.CancelScope() as scope:
-                flight.wait_scope = scope
-                if self._closed:
-                    scope.cancel()
+            with self._wait_scope(flight):
                 await anyio.sleep_forever()
         finally:
-            flight.wait_scope = None
             self._listens.pop(request_id, None)
         return None  # only reached by cancellation: no response goes out
 

@@ -563,6 +563,45 @@ def test_http_dropped_sse_stream_cancels_the_call(http_daemon, workspace: Path) 
     assert again.status == 200
 
 
+def test_http_listen_whose_client_left_while_its_catalog_was_built_ends(
+    http_daemon, tmp_path: Path
+) -> None:
+    """A client that leaves a ``subscriptions/listen`` while the workspace's catalog is
+    still being built (its first use) has the listen end, and its connection closed; it
+    used to find no wait to cancel then, sleep for good and hold the connection (one of
+    the 256) until the daemon stopped."""
+    _, base = http_daemon
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    body = json.dumps(rpc(3, "subscriptions/listen", {
+        "notifications": {"toolsListChanged": True}, "_meta": meta})).encode()
+    for attempt in range(3):
+        # Many project sets: the first use of the workspace takes a while to build.
+        fresh = tmp_path / f"ws{attempt}"
+        for k in range(200):
+            write_set(fresh / ".crystal" / "tools", f"s{k}", _tool(f"t{k}.py"),
+                      **{f"t{k}.py": "print(1)\n"})
+        target = urlsplit(endpoint(base, fresh))
+        with socket.create_connection((target.hostname, target.port), timeout=20) as sock:
+            sock.sendall(
+                f"POST {target.path}?{target.query} HTTP/1.1\r\n"
+                f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
+                "Accept: application/json, text/event-stream\r\n"
+                "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: subscriptions/listen\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+            )
+            seen = b""
+            while b"acknowledged" not in seen:  # posted before the catalog is built
+                chunk = sock.recv(65536)
+                assert chunk, seen
+                seen += chunk
+            sock.shutdown(socket.SHUT_WR)  # the client leaves (and says so)
+            try:
+                while sock.recv(65536):
+                    pass  # the daemon ends the listen and closes: EOF
+            except TimeoutError:
+                pytest.fail("the listen of a client that left went on; its connection held")
+
+
 def test_http_delete_cancels_the_sessions_calls(http_daemon, workspace: Path) -> None:
     """DELETE ends the session and cancels the calls it has in flight."""
     _, base = http_daemon
