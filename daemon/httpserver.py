@@ -129,7 +129,8 @@ class HttpRequest:
         method: ``GET``, ``POST``, ...
         target: The request target as sent (path and query).
         path: The path part of the target.
-        query: The query parameters (every value of each name).
+        query: The query parameters (every value of each name), %-decoded as UTF-8;
+            bytes that are not UTF-8 are kept as lone surrogates (``surrogateescape``).
         headers: Header names (lower case) and values, in order, repeats kept.
         body: The whole body.
     """
@@ -780,7 +781,9 @@ def _request(event: h11.Request, body: bytes) -> HttpRequest:
         method=event.method.decode("ascii", errors="replace"),
         target=target,
         path=parts.path,
-        query=parse_qs(parts.query, keep_blank_values=True),
+        # Undecodable %-escapes stay lone surrogates, never U+FFFD (which names another
+        # file): the handler can tell them and refuse them.
+        query=parse_qs(parts.query, keep_blank_values=True, errors="surrogateescape"),
         headers=[
             (k.decode("ascii", errors="replace"), v.decode("latin-1")) for k, v in event.headers
         ],

@@ -270,6 +270,15 @@ class _Session:
     closed: bool = False
 
 
+def _utf8(text: str) -> bool:
+    """Whether a decoded query value is UTF-8 (holds no lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _is_request(message: dict[str, Any]) -> bool:
     return "method" in message and "id" in message
 
@@ -530,6 +539,25 @@ class McpHttpEndpoint:
                     error_class(
                         f"Invalid params: '{name}' is given {len(values)} times in the URL; "
                         "give it once.",
+                        {"field": name},
+                    ),
+                )
+                return None
+            if values and not _utf8(values[0]):
+                # A name whose %-escapes are not UTF-8 cannot be honoured as given (as on
+                # the socket, whose JSON cannot carry it); decoded with U+FFFD in their
+                # place it would name another directory, which may exist.
+                error_class = (
+                    rpc_errors.InvalidWorkspace if name == "workspace" else rpc_errors.InvalidParams
+                )
+                kind = "workspace" if name == "workspace" else "params"
+                await _rpc_error(
+                    exchange,
+                    400,
+                    request_id,
+                    error_class(
+                        f"Invalid {kind}: '{name}' in the URL is not UTF-8 once its %-escapes "
+                        "are decoded; toolsetd takes UTF-8 names only.",
                         {"field": name},
                     ),
                 )

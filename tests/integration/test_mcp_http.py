@@ -193,6 +193,22 @@ def test_http_a_query_parameter_given_twice_is_400(http_daemon, workspace: Path)
         assert error["data"]["field"] == field
 
 
+def test_http_a_query_value_that_is_not_utf8_is_400(http_daemon, workspace: Path) -> None:
+    """workspace=<dir>/%ff names the directory whose name is the byte 0xff: refused (as on
+    the socket), never read as U+FFFD, which names another directory that may exist."""
+    _, base = http_daemon
+    (workspace / "\ufffd").mkdir()
+    reply = http(endpoint(base, workspace) + "/%ff", body=rpc(1, "initialize", INIT_PARAMS))
+    assert reply.status == 400, reply
+    error = reply.json()["error"]
+    assert error["code"] == -32006, error
+    assert "'workspace' in the URL is not UTF-8" in error["message"], error
+    assert "mcp-session-id" not in reply.headers
+    reply = http(endpoint(base, workspace) + "&mode=%ff", body=rpc(1, "initialize", INIT_PARAMS))
+    assert reply.status == 400, reply
+    assert reply.json()["error"]["data"] == {"field": "mode"}
+
+
 def test_http_error_answers_echo_only_ids_that_name_a_request(
     http_daemon, workspace: Path
 ) -> None:
