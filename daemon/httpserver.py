@@ -13,9 +13,10 @@ loads h11.
   ``408`` and closed); a head over ``max_header_bytes`` is ``431`` (h11's
   ``max_incomplete_event_size``); a body over ``max_body_bytes`` is ``413``; a body that
   stops arriving for ``body_timeout`` is ``408``; malformed framing (bad chunk sizes, a
-  broken request line) is ``400``. After any of these the connection closes: h11 is
-  poisoned by a protocol error, and we do not resynchronise. A keep-alive connection may
-  sit idle between requests for ``idle_timeout``.
+  broken request line, both ``Transfer-Encoding`` and ``Content-Length``) is ``400``.
+  After any of these the connection closes: h11 is poisoned by a protocol error, and we
+  do not resynchronise. A keep-alive connection may sit idle between requests for
+  ``idle_timeout``.
 * **Answering.** The handler gets the request and an :class:`Exchange`: either one
   ``respond`` (a whole body with ``Content-Length``), or ``start_stream`` then any number
   of ``send`` and one ``end`` (chunked transfer coding, for server-sent events). Every
@@ -656,6 +657,16 @@ class HttpServer:
                 )
                 return
             declared = next((v for k, v in event.headers if k == b"content-length"), None)
+            if declared is not None and any(k == b"transfer-encoding" for k, _ in event.headers):
+                # Framed two ways: an intermediary that reads the other one sees another
+                # request boundary (request smuggling). RFC 9112 6.3 lets a server refuse it,
+                # and has it close the connection after answering it in any case.
+                await self._fail(
+                    conn,
+                    400,
+                    "Bad request: both Transfer-Encoding and Content-Length are given; send one.",
+                )
+                return
             if declared is not None and int(declared) > settings.max_body_bytes:
                 # h11 checked it is a number: refuse now, not after waiting for the body.
                 await self._fail(

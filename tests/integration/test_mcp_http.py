@@ -811,6 +811,33 @@ def test_http_malformed_requests_leave_the_daemon_serving(http_daemon, workspace
     assert daemon.proc.poll() is None
 
 
+def test_http_a_request_framed_two_ways_is_400_and_closed(http_daemon, workspace: Path) -> None:
+    """Transfer-Encoding and Content-Length together (request smuggling through a proxy
+    that reads the other one): 400 and the connection closes; what followed is not
+    served as a request of its own."""
+    _, base = http_daemon
+    target = urlsplit(endpoint(base, workspace))
+    body = json.dumps(rpc(1, "ping", {"_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28"}})).encode()
+    head = (f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {target.netloc}\r\n"
+            "Content-Type: application/json\r\nMCP-Protocol-Version: 2026-07-28\r\n"
+            "Mcp-Method: ping\r\n")
+    smuggled = (head + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n").encode() + (
+        b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+    after = (head + f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    with socket.create_connection(_address(base), timeout=20) as sock:
+        sock.sendall(smuggled + after)
+        data = b""
+        try:
+            while chunk := sock.recv(65536):
+                data += chunk
+        except (ConnectionResetError, TimeoutError):
+            pass  # a timeout: the connection was kept open (the assertions say so)
+    assert data.startswith(b"HTTP/1.1 400 "), data[:300]
+    assert b"Transfer-Encoding and Content-Length" in data, data
+    assert data.count(b"HTTP/1.1 ") == 1, data
+
+
 def test_http_client_gone_mid_body_is_no_incident(http_daemon, workspace: Path) -> None:
     """A client that closes in the middle of its body is a bad request, not a failure.
 
