@@ -510,7 +510,10 @@ class McpHttpEndpoint:
             await self._serve_message(session, message, exchange, fresh)
         finally:
             session.last_used = time.monotonic()
-            if session.session_id is None:
+            # A session whose initialize was not answered (its client left first) has an
+            # id nobody was told: no one can use it or DELETE it, so it ends now rather
+            # than hold one of the max_sessions for the idle hour.
+            if session.session_id is None or (fresh and not exchange.started):
                 self._end_session(session)
 
     async def _open(

@@ -11,6 +11,7 @@ start-up setting (a token file, two listen addresses) start a daemon of their ow
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
@@ -616,6 +617,41 @@ def test_http_listen_whose_client_left_while_its_catalog_was_built_ends(
                     pass  # the daemon ends the listen and closes: EOF
             except TimeoutError:
                 pytest.fail("the listen of a client that left went on; its connection held")
+
+
+def test_http_an_initialize_whose_client_left_opens_no_session(
+    http_daemon, tmp_path: Path
+) -> None:
+    """A client that leaves before its initialize is answered (here while the workspace's
+    catalog is built, on its first use) never learns the session's id: the session ends
+    at once instead of holding one of the 1,024 for the idle hour (enough such clients,
+    a host retrying a slow initialize, and every initialize was 503)."""
+    daemon, base = http_daemon
+    body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
+    before = len(daemon.log_events())
+    for attempt in range(3):
+        fresh = tmp_path / f"ws{attempt}"
+        for k in range(200):
+            write_set(fresh / ".crystal" / "tools", f"s{k}", _tool(f"t{k}.py"),
+                      **{f"t{k}.py": "print(1)\n"})
+        target = urlsplit(endpoint(base, fresh))
+        with socket.create_connection(_address(base), timeout=20) as sock:
+            sock.sendall(
+                f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {target.netloc}\r\n"
+                "Content-Type: application/json\r\nAccept: application/json, text/event-stream"
+                f"\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+            )
+            sock.shutdown(socket.SHUT_WR)  # gone before the answer
+            with contextlib.suppress(OSError):
+                while sock.recv(65536):
+                    pass
+
+    def counts() -> tuple[int, int]:
+        events = [e.get("event") for e in daemon.log_events()[before:]]
+        return events.count("mcp_http_session_opened"), events.count("mcp_http_session_closed")
+
+    eventually(lambda: counts()[0] == 3, what="three sessions opened")
+    eventually(lambda: counts()[1] == 3, what="each ended with its client gone")
 
 
 def test_http_delete_cancels_the_sessions_calls(http_daemon, workspace: Path) -> None:
