@@ -26,7 +26,8 @@ loads h11.
   runs, either sets ``Exchange.disconnected`` and cancels the connection's scope (unless
   the handler cleared ``cancel_on_disconnect`` to end the work on its own terms), so a
   client that drops a stream mid-call cancels the call. Bytes a client pipelines wait in
-  the wire for the next cycle.
+  the wire for the next cycle; past the read buffer, reading pauses and the peer's
+  hang-up is looked for once a second instead (``_HttpWire``).
 * **Cost.** A request costs no task and no cancel scope of its own: deadlines are loop
   timers that wake the reader, and writes go to the transport at once.
 * **Who may connect.** ``admit(sock)`` runs once per connection before any byte is
@@ -48,6 +49,7 @@ import contextlib
 import errno
 import http
 import itertools
+import select
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -295,10 +297,38 @@ Handler = Callable[[HttpRequest, Exchange, Any], Awaitable[None]]
 Admit = Callable[[socket.socket], tuple[Any, Refusal | None]]
 
 
+#: Seconds between looks for a peer's hang-up while reading is paused (see below).
+_HANGUP_POLL = 1.0
+
+
 class _HttpWire(Wire):
-    """The connection's ``Wire``, telling the connection when the peer leaves."""
+    """The connection's ``Wire``, telling the connection when the peer leaves.
+
+    While reading is paused (the peer pipelined more than the read buffer behind the
+    request being answered), its EOF sits behind those bytes and is never read: the peer
+    could leave and the request go on to its end. So while paused, the socket is asked
+    once a second whether the peer hung up (``POLLRDHUP``, which sees past unread bytes).
+    """
 
     on_gone: Callable[[], None] | None = None
+    _hangup_timer: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self._reading_paused and self._hangup_timer is None:
+            self._hangup_timer = self._loop.call_later(_HANGUP_POLL, self._look_for_hangup)
+
+    def _look_for_hangup(self) -> None:
+        self._hangup_timer = None
+        if not self._reading_paused or self.lost or self.eof or self.transport is None:
+            return
+        if _hung_up(self.transport):
+            self.eof = True  # the peer is gone: nothing it sent after this is read anyway
+            self.wake_reader()
+            if self.on_gone is not None:
+                self.on_gone()
+            return
+        self._hangup_timer = self._loop.call_later(_HANGUP_POLL, self._look_for_hangup)
 
     def eof_received(self) -> bool:
         keep = super().eof_received()
@@ -310,6 +340,22 @@ class _HttpWire(Wire):
         super().connection_lost(exc)
         if self.on_gone is not None:
             self.on_gone()
+
+
+def _hung_up(transport: asyncio.Transport) -> bool:
+    """Whether the peer of a socket transport hung up, unread bytes or not (Linux)."""
+    sock = transport.get_extra_info("socket")
+    rdhup = getattr(select, "POLLRDHUP", 0)
+    if sock is None or not rdhup:
+        return False
+    poller = select.poll()
+    poller.register(sock.fileno(), rdhup)
+    try:
+        return any(
+            events & (rdhup | select.POLLHUP | select.POLLERR) for _, events in poller.poll(0)
+        )
+    except OSError:
+        return False
 
 
 class _HttpConnection:

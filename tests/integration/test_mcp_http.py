@@ -654,6 +654,41 @@ def test_http_an_initialize_whose_client_left_opens_no_session(
     eventually(lambda: counts()[1] == 3, what="each ended with its client gone")
 
 
+def test_http_a_client_that_pipelined_much_and_left_has_its_call_cancelled(
+    http_daemon, workspace: Path
+) -> None:
+    """A client that pipelined more than the read buffer behind a call, then left: its
+    EOF sits behind bytes the daemon does not read while the call runs. The call is
+    cancelled all the same (the hang-up is looked for); it used to run to its end."""
+    daemon, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    target = urlsplit(url)
+    pid_file = workspace / "sleeper.pid"
+
+    def post(body: bytes) -> bytes:
+        return (f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {target.netloc}\r\n"
+                f"Content-Type: application/json\r\nMcp-Session-Id: {session}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+    call = post(json.dumps(rpc(7, "tools/call", {"name": "sleeper", "arguments": {}})).encode())
+    with socket.create_connection(_address(base), timeout=20) as sock:
+        sock.sendall(call)
+        eventually(lambda: pid_file.exists() and pid_file.read_text() != "",
+                   what="the sleeper's pid")
+        # More than the daemon's read buffer (256 KiB), so it stops reading, but within
+        # what the kernel holds for it, so the client's FIN reaches the daemon's socket.
+        sock.sendall(post(b"x" * (1 << 20)))
+    pid = int(pid_file.read_text())
+    call_id = (workspace / "sleeper.call").read_text()
+    eventually(lambda: not alive(pid), what="the sleeper killed after the client left")
+    eventually(
+        lambda: any(e.get("event") == "call_finished" and e.get("call_id") == call_id
+                    and e.get("status") == "cancelled" for e in daemon.log_events()),
+        what="call_finished cancelled",
+    )
+
+
 def test_http_delete_cancels_the_sessions_calls(http_daemon, workspace: Path) -> None:
     """DELETE ends the session and cancels the calls it has in flight."""
     _, base = http_daemon
