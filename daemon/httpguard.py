@@ -161,7 +161,9 @@ def read_token_file(path: Path) -> str:
         data = os.read(fd, 4097)
     finally:
         os.close(fd)
-    token = data.decode("utf-8", errors="replace").strip()
+    # Undecodable bytes stay themselves (surrogateescape), so ``check_token`` compares the
+    # very bytes of the file with those of the header.
+    token = data.decode("utf-8", errors="surrogateescape").strip()
     if not token or len(data) > 4096 or any(c.isspace() for c in token):
         raise TokenFileError(
             f"--mcp-token-file {path}: expected one token of 1 to 4096 characters without spaces."
@@ -271,8 +273,12 @@ def check_token(authorization: str | None, expected: str) -> tuple[int, str] | N
     """
     if authorization is not None:
         scheme, _, value = authorization.strip().partition(" ")
+        # The header's text is its bytes decoded as Latin-1: encoding it back gives the
+        # bytes the client sent, to compare with the token file's (a non-ASCII token was
+        # re-encoded as UTF-8 here, and could never match).
+        sent = value.strip().encode("latin-1", errors="replace")
         if scheme.lower() == "bearer" and hmac.compare_digest(
-            value.strip().encode(), expected.encode()
+            sent, expected.encode("utf-8", errors="surrogateescape")
         ):
             return None
     return (

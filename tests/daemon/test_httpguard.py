@@ -115,6 +115,21 @@ def test_peer_refusal_follows_the_socket_policy() -> None:
     assert "--mcp-token-file" in unknown[1]
 
 
+def test_a_non_ascii_token_matches_the_bytes_sent(tmp_path: Path) -> None:
+    """A token file holding non-ASCII bytes (UTF-8 or not) is matched by a header carrying
+    the same bytes (the server reads header values as Latin-1); it used to be compared
+    re-encoded as UTF-8, or with U+FFFD in place of bytes that are not UTF-8, and no
+    header could ever match it."""
+    for raw in ("s3cr\u00e9t-\u20ac".encode(), b"tok\xff\xfeen"):
+        token_file = tmp_path / "token"
+        token_file.write_bytes(raw + b"\n")
+        token_file.chmod(0o600)
+        token = read_token_file(token_file)
+        header = "Bearer " + raw.decode("latin-1")  # as h11's bytes reach the endpoint
+        assert check_token(header, token) is None
+        assert check_token("Bearer " + (raw + b"x").decode("latin-1"), token) is not None
+
+
 def test_read_token_file_checks_mode_and_content(tmp_path: Path) -> None:
     """A 0600 file's token is read; group/other bits, links, dirs and empty files are refused."""
     token = tmp_path / "token"
