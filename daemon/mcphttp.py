@@ -51,6 +51,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import anyio
 import anyio.abc
@@ -398,7 +399,13 @@ class McpHttpEndpoint:
                 404, {"error": f"Not found: {request.path!r}; the MCP endpoint is /mcp."}
             )
             return
-        refused = check_host_origin(request.header("host"), request.header("origin"), address, port)
+        host = request.header("host")
+        if not request.target.startswith("/"):
+            # The absolute form (``POST http://name/mcp``): RFC 9112 3.2.2 has the server
+            # take the target's authority as the host and ignore ``Host``; so it is the
+            # one judged, else a request for another name would pass on a loopback Host.
+            host = urlsplit(request.target).netloc
+        refused = check_host_origin(host, request.header("origin"), address, port)
         if refused is None and peer is None and self._token is not None:
             refused = check_token(request.header("authorization"), self._token)
         if refused is not None:

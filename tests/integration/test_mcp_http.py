@@ -405,6 +405,33 @@ def test_http_dns_rebinding_host_and_origin(http_daemon, workspace: Path) -> Non
         assert ok.status == 200, (host, ok)
 
 
+def test_http_absolute_form_target_is_judged_by_its_authority(
+    http_daemon, workspace: Path
+) -> None:
+    """``POST http://evil.example.com/mcp`` names its host in the target, which RFC 9112
+    has the server take instead of ``Host``: a foreign one is 421 whatever ``Host`` says
+    (it used to be served on a loopback ``Host``); a loopback one is served."""
+    _, base = http_daemon
+    target = urlsplit(endpoint(base, workspace))
+    body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
+
+    def status(authority: str) -> bytes:
+        with socket.create_connection(_address(base), timeout=20) as sock:
+            sock.sendall(
+                f"POST http://{authority}{target.path}?{target.query} HTTP/1.1\r\n"
+                f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
+                f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+            )
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        return data.split(b" ")[1]
+
+    assert status("evil.example.com") == b"421"
+    assert status(f"evil.example.com:{target.port}") == b"421"
+    assert status(target.netloc) == b"200"
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
 @pytest.mark.skipif(not os.access(SYSTEM_PY, os.X_OK), reason=f"no {SYSTEM_PY} for the other user")
 def test_http_other_user_is_refused_403(http_daemon, workspace: Path) -> None:
