@@ -113,8 +113,19 @@ def _fingerprint(entry: SetEntry) -> tuple[object, ...]:
     )
 
 
+def _policy(catalog: Catalog, entry: SetEntry) -> ApprovalSource:
+    """The ``config.json`` source policy that applies to ``entry``'s tools in ``catalog``.
+
+    A tool's hash and effective approval cover it, and a set's fingerprint does not: a
+    policy change left every fingerprint alike, so it moved no generation and told no
+    subscriber while every tool of that source changed.
+    """
+    config = catalog.config
+    return config.home_policy if entry.source is Source.HOME else config.project_policy
+
+
 def diff_catalogs(old: Catalog | None, new: Catalog) -> tuple[SetChange, ...]:
-    """Compare two snapshots set by set.
+    """Compare two snapshots set by set: a set's fingerprint, and the policy on its tools.
 
     Args:
         old: The snapshot before, or None when there was none.
@@ -124,6 +135,10 @@ def diff_catalogs(old: Catalog | None, new: Catalog) -> tuple[SetChange, ...]:
         The added, removed and updated sets, sorted by directory then source.
     """
     before = {(e.directory, e.source): e for e in (old.sets if old else ())}
+    policies = old is not None and (old.config.home_policy, old.config.project_policy) != (
+        new.config.home_policy,
+        new.config.project_policy,
+    )
     after = {(e.directory, e.source): e for e in new.sets}
     changes: list[SetChange] = []
     for key in sorted(before.keys() | after.keys(), key=lambda k: (k[0], k[1].value)):
@@ -132,7 +147,9 @@ def diff_catalogs(old: Catalog | None, new: Catalog) -> tuple[SetChange, ...]:
             changes.append(SetChange(key[0], key[1], "added"))
         elif now is None:
             changes.append(SetChange(key[0], key[1], "removed"))
-        elif _fingerprint(was) != _fingerprint(now):
+        elif _fingerprint(was) != _fingerprint(now) or (
+            policies and old is not None and now.tools and _policy(old, was) != _policy(new, now)
+        ):
             changes.append(SetChange(key[0], key[1], "updated"))
     return tuple(changes)
 

@@ -322,3 +322,27 @@ def test_reload_numbers_a_double_cannot_hold_are_refused_by_name(tmp_base: Path)
         }
     finally:
         d.stop()
+
+
+def test_reload_a_config_policy_change_is_announced(unwatched: Daemon) -> None:
+    """A config.json source policy change re-hashes every tool: the reload says so.
+
+    The sets' manifests are unchanged, but each tool's effective approval and hash are
+    not, so the generation moves and subscribers hear of it.
+    """
+    d = unwatched
+    with d.raw() as subscriber:
+        first = subscriber.request("list", {"subscribe": True})["result"]
+        before = {t["name"]: t["hash"] for t in first["tools"]}
+        (d.home / "config.json").write_text(
+            json.dumps({"externalToolApproval": {"home": "host"}})
+        )
+        result = d.call("reload")["result"]
+        after = {t["name"]: t["hash"] for t in d.call("list")["result"]["tools"]}
+        assert after.keys() == before.keys() and all(after[n] != before[n] for n in after)
+        assert result["generation"] > first["generation"]
+        assert ("hello", "home", "updated") in {
+            (c["set"], c["source"], c["change"]) for c in result["changed"]
+        }
+        note = subscriber.receive()
+        assert note["method"] == "catalogChanged", note
