@@ -282,6 +282,15 @@ class ManifestCache:
         with self._lock:
             self.parses += parsed
             self._entries[key] = found
+        if cached is not None and self.store is not None:
+            # The bytes this manifest held before are gone from it: their decision (a whole
+            # parsed set) is no longer one to recall, nor their record one to keep. Kept, an
+            # edit storm of one big set grew the daemon by a set per reload.
+            old_key = cached.digest.hex() + self._key_suffix(source, cached.reserved)
+            old_key += os.path.basename(set_dir)
+            with self._lock:
+                self._decided.pop(old_key, None)
+            self.store.release(old_key)
         return found
 
     def _key_suffix(self, source: Source, reserved: frozenset[str]) -> str:

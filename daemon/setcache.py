@@ -46,7 +46,11 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
   daemons' lines never interleave. When writers race, a compaction may drop a line
   appended meanwhile and its sets are parsed again next time: a cache can lose entries,
   never give a wrong one.
-* **Bound.** At most ``max_records``; the records used by this process are kept first.
+* **Bound.** A compaction keeps only the records some manifest path is indexed to and
+  those this process uses (an edit releases the old bytes' key), so an edited
+  manifest's old records go: a set edited a thousand times would otherwise leave a
+  thousand records, in the file and, decoded, in every daemon's memory. At most
+  ``max_records``; the records used by this process are kept first.
 * **Memory.** A record is handed out once and then dropped from memory: the set it
   decodes into lives on in the manifest cache, which also keeps the decision by key for
   a second manifest with the same key (the same set in two worktrees) or one it forgot
@@ -611,6 +615,14 @@ class SetStore:
             if self._index.get(manifest) != entry:
                 self._new_index[manifest] = entry
 
+    def release(self, key: str) -> None:
+        """Stop counting ``key`` as used: the manifest that held its bytes holds others now.
+
+        A compaction keeps it only while some manifest path is still indexed to it.
+        """
+        with self._lock:
+            self._used.discard(key)
+
     def discard(self, key: str) -> None:
         """Forget a record that did not decode (it is not written back)."""
         with self._lock:
@@ -696,6 +708,13 @@ class SetStore:
             index.update(self._index)
         records.update(new)
         index.update(new_index)
+        # A record that no manifest path indexes and this process does not use (``release``)
+        # is one a manifest no longer holds (each edit makes a new key):
+        # kept, every edit of a big schema stayed in the file and, decoded, in memory, so
+        # a reload storm grew the daemon by a record's size per reload (250 kB for a
+        # 200-property schema) up to ``max_records`` of them, and every start read them.
+        live = {entry[4] for entry in index.values() if len(entry) == 5}
+        records = {k: v for k, v in records.items() if k in live or k in used}
         if len(records) > self.max_records:
             keep = [k for k in records if k in used]
             keep += [k for k in records if k not in used][: max(0, self.max_records - len(keep))]

@@ -216,6 +216,36 @@ def test_setstore_compaction_after_a_cold_load_keeps_what_it_handed_out(
     assert catalog == _build(home, None)[0]
 
 
+def test_setstore_an_edited_sets_old_decisions_are_not_kept(home: Path, tmp_path: Path) -> None:
+    """Each edit of a manifest is a new key; the old bytes' record and decision go.
+
+    Kept, a storm of edits to one big set grew the daemon by a whole set per reload (in
+    the store's file and its decoded records, and in the cache's decisions), and every
+    start read them all back.
+    """
+    folder = tmp_path / "cache"
+    now = time.time_ns() + 10 * RACY_NS
+    cache = ManifestCache(store=SetStore(folder), clock_ns=lambda: now)
+    store = cache.store
+    assert store is not None
+    big = "x" * 50_000
+    first_key = None
+    for i in range(40):  # ~2 MB of records: the journal is compacted on the way
+        _write(home / "tools", "set0", description=f"{big} {i}")
+        build_catalog(home, None, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+        cache.flush()
+        if first_key is None:
+            digest = hashlib.sha256((home / "tools" / "set0" / "tools.json").read_bytes())
+            first_key = next(k for k in cache._decided if k.startswith(digest.hexdigest()))
+    assert len(cache._decided) == len(cache)  # one decision per manifest: the current one
+    records, _ = SetStore(folder)._read()
+    assert first_key not in records
+    assert len(records) < 30, len(records)  # the live sets, and the edits since compaction
+    catalog, fresh = _build(home, folder)
+    assert fresh.parses == 0
+    assert catalog == _build(home, None)[0]
+
+
 def test_setstore_two_worktrees_with_the_same_sets_parse_nothing_on_restart(
     home: Path, tmp_path: Path
 ) -> None:
