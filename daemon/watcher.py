@@ -27,7 +27,9 @@ Four sibling tasks in one task group:
   directories and unrelated files map to nothing.
 * **timer**: the *poller* and the *settler*. The poller ``stat``s every root, set
   directory and manifest (a *probe*, off the event loop) every ``recheck_seconds``,
-  right after each relevant batch, and a quarter second after each restart. When the
+  right after each relevant batch, and a quarter second after each restart, but never
+  sooner than ``_POLL_COST_FACTOR`` times the last poll's cost after it (a root of
+  100,000 subdirectories is polled every ~40 s, not every 2 s: a core's worth of stats). When the
   probed directories differ from the watched ones it restarts the watch; when a key's
   stat signature changed since the previous probe it reloads that key. The poller is
   what makes the design robust: events lost while a generation restarts, a set
@@ -61,6 +63,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +93,10 @@ _STEP_MS = 50  # how often the Rust thread looks at the stop event and for quiet
 _RESTART_PROBE_DELAY = 0.25  # seconds: long enough for a new awatch to be established
 _RUST_TIMEOUT_MS = 5_000  # the thread returns to Python this often even with no events
 _BUSY_RETRY_SECONDS = 1.0  # a reload the daemon was too short of descriptors for: again
+#: After a poll, the next waits at least this many times as long as that one took, so the
+#: poller spends at most about 1/20 of a core: a tools root of 100,000 subdirectories
+#: (a hostile checkout) costs ~2 s of stat calls a probe, which every 2 s was a core.
+_POLL_COST_FACTOR = 20
 
 _StatSig = tuple[int, int, int, int] | None
 _Signature = tuple[tuple[str, _StatSig], ...]
@@ -115,6 +122,10 @@ class Watcher:
         recheck_seconds: Period of the stat poll (the safety net and the fallback).
         retry_seconds: Period of retries of a watch that could not be started.
         watch_factory: ``watchfiles.awatch`` or a fake with its signature.
+        clock: A monotonic clock that measures what a poll cost (injectable for tests).
+
+    Attributes:
+        polls: How many polls ran (the baseline included).
     """
 
     def __init__(
@@ -127,8 +138,11 @@ class Watcher:
         recheck_seconds: float = 2.0,
         retry_seconds: float = 30.0,
         watch_factory: WatchFactory = watchfiles.awatch,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._home = home
+        self._clock = clock
+        self.polls = 0
         self._home_tools = home / _TOOLS
         self._config = home / _CONFIG
         self._on_change = on_change
@@ -146,6 +160,8 @@ class Watcher:
         # Poll and settle timers (timer task).
         self._signatures: dict[ReloadKey, _Signature] = {}
         self._poll_due = math.inf
+        #: No poll starts before this (``_POLL_COST_FACTOR`` times the last one's cost).
+        self._poll_floor = -math.inf
         self._settle_due = math.inf
         self._settle_keys: set[ReloadKey] = set()
         self._timer_wake = anyio.Event()
@@ -324,16 +340,21 @@ class Watcher:
             if self._settle_due <= now:
                 keys, self._settle_keys, self._settle_due = self._settle_keys, set(), math.inf
                 self._enqueue(keys)
-            if self._poll_due <= now:
+            poll_due = max(self._poll_due, self._poll_floor)
+            if poll_due <= now:
                 self._poll_due = now + self._recheck
+                began = self._clock()
                 await self._poll_once()
+                cost = self._clock() - began
+                self._poll_floor = anyio.current_time() + _POLL_COST_FACTOR * cost
                 continue
-            with anyio.move_on_after(min(self._poll_due, self._settle_due) - now):
+            with anyio.move_on_after(min(poll_due, self._settle_due) - now):
                 await self._timer_wake.wait()
             if self._timer_wake.is_set():
                 self._timer_wake = anyio.Event()
 
     async def _poll_once(self) -> None:
+        self.polls += 1
         try:
             probes = await threads.run_sync(_probe_all, self._home, tuple(self._workspaces))
         except Exception as exc:  # a probe must never stop the watcher

@@ -367,3 +367,27 @@ async def test_watcher_follows_real_filesystem_changes(layout: Layout) -> None:
             tg.cancel_scope.cancel()
             cancelled_at = anyio.current_time()
     assert anyio.current_time() - cancelled_at < 2.0
+
+
+async def test_watcher_polls_no_more_often_than_its_cost_allows(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """A poll that cost a lot defers the next one (a tools root of 100,000 folders).
+
+    The clock says each poll took a second, so the next may not start for twenty: with
+    a recheck period of 10 ms, only the baseline and the first timed poll run.
+    """
+    home, _ = layout
+    ticks = iter(range(1_000_000))
+    watcher = _fake_watcher(
+        home, Recorder(), fake, recheck_seconds=0.01, clock=lambda: float(next(ticks))
+    )
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.wait_calls(1)
+            while watcher.polls < 2:
+                await anyio.sleep(0.01)
+            await anyio.sleep(0.5)  # fifty recheck periods
+            tg.cancel_scope.cancel()
+    assert watcher.polls == 2
