@@ -508,7 +508,8 @@ class Registry:
 
         Args:
             workspaces: The keys to rebuild; None rebuilds every snapshot held (the home
-                snapshot always included).
+                snapshot always included). When the keys name the home snapshot and it
+                changed, every other snapshot held is refreshed too.
 
         Returns:
             The changes per key, the new snapshots, and the generation after the reload.
@@ -546,6 +547,13 @@ class Registry:
                 catalogs[key] = new
                 if diff or notes_changed:
                     changes[key] = diff
+                if key is None and workspaces is not None:
+                    # The home sets and config.json are part of every catalog: a reload
+                    # that names some workspaces and finds the home changed refreshes the
+                    # other loaded ones too (a scan each when nothing else changed).
+                    # Otherwise they kept the old home sets, under the new generation,
+                    # with no catalogChanged, until a full reload.
+                    keys += [k for k in self._snapshots if k not in keys]
             if changes:
                 self.generation += 1
             if rebuilt:  # a patch removes no set, so only a rebuild can leave manifests unused

@@ -346,3 +346,29 @@ def test_reload_a_config_policy_change_is_announced(unwatched: Daemon) -> None:
         }
         note = subscriber.receive()
         assert note["method"] == "catalogChanged", note
+
+
+def test_reload_of_one_workspace_carries_a_home_change_to_the_others(
+    unwatched: Daemon, workspace: Path, tmp_base: Path
+) -> None:
+    """A home set changed and reloaded through one workspace changes every loaded catalog.
+
+    The home sets are part of every catalog: another loaded workspace must not keep the
+    old definition under the new generation, and its subscribers hear of the change.
+    """
+    d = unwatched
+    other = tmp_base / "other"
+    other.mkdir()
+    write_set(d.home / "tools", "greeter", {**SIMPLE, "description": "old"})
+    d.call("reload")
+    d.call("list", {"workspace": str(workspace)})
+    with d.raw() as subscriber:
+        subscriber.request("list", {"workspace": str(other), "subscribe": True})
+        write_set(d.home / "tools", "greeter", {**SIMPLE, "description": "new"})
+        result = d.call("reload", {"workspace": str(workspace)})["result"]
+        assert {"set": "greeter", "source": "home", "change": "updated"} in result["changed"]
+        note = subscriber.receive()
+        assert note["method"] == "catalogChanged", note
+        assert note["params"]["workspace"] == str(other.resolve())
+    tools = d.call("list", {"workspace": str(other)})["result"]["tools"]
+    assert [t["description"] for t in tools if t["name"] == "greeter"] == ["new"]
