@@ -452,17 +452,17 @@ class CallCgroup:
         A socket keeps the cgroup it was created in; the id is the folder's inode number.
         """
         self.sandbox_id = os.stat(self.path).st_ino
-        self.tree.sandboxed.add(self.sandbox_id)
+        self.tree.sandboxed[self.sandbox_id] = self.path
 
     def _spend(self, *, emptied: bool = True) -> None:
         """The call is over: the cgroup may be another call's from now on.
 
         A sandboxed call's id stays recorded while processes of it may be left (a drain
-        that timed out): they are still the sandbox's.
+        that timed out): they are still the sandbox's, until the cgroup can be removed.
         """
         self.spent = True
         if self.sandbox_id is not None and emptied:
-            self.tree.sandboxed.discard(self.sandbox_id)
+            self.tree.sandboxed.pop(self.sandbox_id, None)
             self.sandbox_id = None
 
     def discard(self) -> None:
@@ -572,8 +572,9 @@ class CgroupTree:
         self._spares: list[tuple[str, int, _Files]] = []
         self.reuse = not controllers  # see "Spare cgroups" in the module doc
         self.daemon_inside: str | None = None  # a call cgroup the daemon failed to leave
-        #: The ids of the call cgroups sandboxed calls run in (``CallCgroup.mark_sandboxed``).
-        self.sandboxed: set[int] = set()
+        #: The ids of the call cgroups sandboxed calls run in, and their folders
+        #: (``CallCgroup.mark_sandboxed``).
+        self.sandboxed: dict[int, str] = {}
 
     @property
     def can_enter(self) -> bool:
@@ -765,6 +766,7 @@ class CgroupTree:
             os.rmdir(path)
         except OSError as exc:
             if exc.errno != errno.EBUSY:
+                self._forget(path)
                 return
             # A tool may make child cgroups in its own (a cgroup with children cannot be
             # removed): ``cgroup.kill`` emptied them with it, so remove them first. Left
@@ -775,9 +777,19 @@ class CgroupTree:
                         with contextlib.suppress(OSError):
                             os.rmdir(os.path.join(root, name))
                 os.rmdir(path)
+                self._forget(path)
                 return
             if len(self._trash) < _TRASH_MAX:
                 self._trash.append(path)
+        else:
+            self._forget(path)
+
+    def _forget(self, path: str) -> None:
+        """A removed call cgroup is no sandboxed call's any more (one whose drain timed out
+        stays recorded until then)."""
+        if self.sandboxed:
+            for found in [k for k, v in self.sandboxed.items() if v == path]:
+                del self.sandboxed[found]
 
     def _empty_trash(self) -> None:
         if self._trash:

@@ -134,19 +134,27 @@ def peer_from_sock_diag(
         nl.settimeout(timeout)
         nl.sendto(message, (0, 0))
         data = nl.recv(65536)
+    return _diag_answer(data)
+
+
+def _diag_answer(data: bytes) -> TcpPeer | None:
+    """The peer in a ``sock_diag`` answer (see :func:`peer_from_sock_diag`).
+
+    A message that is not whole, or too short for what it says it is, is no answer.
+    """
     offset = 0
     while offset + _NLMSG_HDR.size <= len(data):
         length, kind, _, _, _ = _NLMSG_HDR.unpack_from(data, offset)
-        if length < _NLMSG_HDR.size:
-            break
+        if length < _NLMSG_HDR.size or offset + length > len(data):
+            break  # not a whole message: no answer (the kernel sends whole ones)
         payload = offset + _NLMSG_HDR.size
-        if kind == _NLMSG_ERROR:
+        if kind == _NLMSG_ERROR and length >= _NLMSG_HDR.size + 4:
             (code,) = struct.unpack_from("=i", data, payload)
             if code == -errno.ENOENT:
                 return None
             raise OSError(-code, os.strerror(-code))
-        if kind == _SOCK_DIAG_BY_FAMILY:
-            tail = payload + _MSG_HEAD.size + _SOCKID_SIZE
+        tail = payload + _MSG_HEAD.size + _SOCKID_SIZE
+        if kind == _SOCK_DIAG_BY_FAMILY and tail + _MSG_TAIL.size <= offset + length:
             _, _, _, uid, inode = _MSG_TAIL.unpack_from(data, tail)
             if inode == 0:  # closed: an orphan or a TIME_WAIT mini-socket (uid 0)
                 return None

@@ -359,7 +359,7 @@ def test_sandboxed_peer_knows_the_cgroups_of_running_sandboxed_calls(
 
     quiet = confinement(network=False).prepare(toolset, ["/bin/true"], str(ws), data, ())
     assert quiet.sandboxed and quiet.cgroup is not None
-    assert tree.sandboxed == set()
+    assert tree.sandboxed == {}
     c = confinement(network=True)
     assert c.sandboxed_peer(None) is None  # nothing sandboxed runs
     prepared = c.prepare(toolset, ["/bin/true"], str(ws), data, ())
@@ -367,7 +367,7 @@ def test_sandboxed_peer_knows_the_cgroups_of_running_sandboxed_calls(
         os.close(fd)
     assert prepared.cgroup is not None
     own = os.stat(prepared.cgroup.path).st_ino
-    assert tree.sandboxed == {own}
+    assert set(tree.sandboxed) == {own}
     assert "inside a sandboxed call" in (c.sandboxed_peer(own) or "")
     assert c.sandboxed_peer(os.stat(tree.folder).st_ino) is None
     assert "cannot tell" in (c.sandboxed_peer(None) or "")
@@ -382,6 +382,39 @@ def test_sandboxed_peer_knows_the_cgroups_of_running_sandboxed_calls(
             _, refused = endpoint._admit(accepted)
     assert refused is not None and "cannot tell" in refused.message
     anyio.run(prepared.cgroup.finish)
-    assert tree.sandboxed == set()
+    assert tree.sandboxed == {}
     assert c.sandboxed_peer(own) is None
     quiet.cgroup.discard()
+
+
+def test_a_sandboxed_id_left_by_a_drain_that_timed_out_goes_with_its_cgroup(
+    tree: CgroupTree,
+) -> None:
+    """A sandboxed call whose cgroup could not be emptied keeps its id recorded (its
+    processes are still the sandbox's) until the cgroup is removed, not for good: an
+    id left for good kept refusing MCP peers whose cgroup is unknown."""
+    call = tree.create(Limits(), "set 't'")
+    call.mark_sandboxed()
+    child = subprocess.Popen([*JOIN_ARGV, call.procs, "/bin/sleep", "30"])  # noqa: S603
+    try:
+        assert _wait_populated(call)
+        call._spend(emptied=False)  # as finish() does when the drain timed out
+        tree.remove(call.path)  # busy: into the trash
+        assert list(tree.sandboxed.values()) == [call.path]
+    finally:
+        child.kill()
+        child.wait()
+    tree._empty_trash()  # as the next call's create() does
+    assert tree.sandboxed == {}
+    assert not os.path.exists(call.path)
+
+
+def _wait_populated(call: CallCgroup) -> bool:
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if call.pids():
+            return True
+        time.sleep(0.01)
+    return False

@@ -277,3 +277,22 @@ def test_endpoint_modules_load_only_with_mcp_listen() -> None:
     without, with_listen = out.stdout.splitlines()
     assert without == "[]"
     assert with_listen == "['toolsetd.daemon.httpguard'] 127.0.0.1"
+
+
+def test_a_sock_diag_answer_cut_short_is_no_answer() -> None:
+    """An answer cut anywhere, or a message too short for an ``inet_diag_msg``, gives no
+    peer and raises nothing (struct.error used to escape the lookup)."""
+    import struct
+
+    from toolsetd.daemon.tcppeer import _diag_answer
+
+    diag = struct.pack("=BBBB", socket.AF_INET, 1, 0, 0) + bytes(48)
+    diag += struct.pack("=IIIII", 0, 0, 0, 1234, 99)  # expires, rqueue, wqueue, uid, inode
+    attribute = struct.pack("=HHQ", 12, 21, 777)  # INET_DIAG_CGROUP_ID
+    body = diag + attribute
+    whole = struct.pack("=IHHII", 16 + len(body), 20, 0, 1, 0) + body
+    assert _diag_answer(whole) == TcpPeer(1234, 777)
+    for cut in range(len(whole)):
+        assert _diag_answer(whole[:cut]) is None, cut
+    short = struct.pack("=IHHII", 16 + 8, 20, 0, 1, 0) + diag[:8]
+    assert _diag_answer(short) is None
