@@ -59,6 +59,7 @@ import orjson
 import structlog
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol.jsontext import dumps as json_dumps
+from toolsetd.protocol.jsontext import is_utf8
 from toolsetd.protocol.jsontext import loads as json_loads
 
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
@@ -269,15 +270,6 @@ class _Session:
     get_open: bool = False
     last_used: float = field(default_factory=time.monotonic)
     closed: bool = False
-
-
-def _utf8(text: str) -> bool:
-    """Whether a decoded query value is UTF-8 (holds no lone surrogate)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _is_request(message: dict[str, Any]) -> bool:
@@ -553,7 +545,7 @@ class McpHttpEndpoint:
                     ),
                 )
                 return None
-            if values and not _utf8(values[0]):
+            if values and not is_utf8(values[0]):
                 # A name whose %-escapes are not UTF-8 cannot be honoured as given (as on
                 # the socket, whose JSON cannot carry it); decoded with U+FFFD in their
                 # place it would name another directory, which may exist.

@@ -89,6 +89,7 @@ from typing import Any
 
 import orjson
 import structlog
+from toolsetd.protocol.jsontext import is_utf8
 
 from .config_file import read_descriptor
 from .model import (
@@ -171,15 +172,6 @@ _DECIDING_MODULES = (
 #: The distributions whose output a record holds: jsonschema's schema-check messages
 #: and verdicts, which also depend on its meta-schemas and its resolver.
 _DECIDING_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing")
-
-
-def _utf8(text: str) -> bool:
-    """Whether UTF-8 can carry ``text`` (a file name's undecodable bytes are lone surrogates)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 @functools.cache
@@ -603,7 +595,7 @@ class SetStore:
             signature: Its trusted stat signature; None (too fresh to trust) forgets it.
             key: The record key of its bytes.
         """
-        if not manifest.isascii() and not _utf8(manifest):
+        if not manifest.isascii() and not is_utf8(manifest):
             return  # file-name bytes that are not UTF-8: the store's JSON cannot hold the path
         with self._lock:
             self._loaded()

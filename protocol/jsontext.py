@@ -51,7 +51,7 @@ import orjson
 
 from .errors import reject_json_constant
 
-__all__ = ["JsonNumber", "dumps", "loads", "nesting_exceeds"]
+__all__ = ["JsonNumber", "dumps", "is_utf8", "loads", "nesting_exceeds"]
 
 _INT64_MIN: Final = -(2**63)
 _UINT64_MAX: Final = 2**64 - 1
@@ -234,12 +234,21 @@ def _has_lone_surrogate(value: Any) -> bool:
             stack.extend(item.keys())
         elif type(item) is list:
             stack.extend(item)
-        elif type(item) is str and not item.isascii():
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
+        elif type(item) is str and not is_utf8(item):
+            return True
     return False
+
+
+def is_utf8(text: str) -> bool:
+    """Whether UTF-8 (and so JSON) can carry ``text``: it holds no lone surrogate (such as
+    a file name's, or a %-escape's, undecodable bytes kept with ``surrogateescape``)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _default(value: Any) -> Any:
