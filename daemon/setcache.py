@@ -654,7 +654,13 @@ class SetStore:
                 if self._snapshot_bytes and self._journal_bytes + len(line) <= limit:
                     entry = hashlib.sha256(line).hexdigest().encode() + b" " + line + b"\n"
                     appended = self._append(folder, entry)  # False: not a journal to trust
-                    self._journal_bytes += len(entry) if appended else 0
+                    if appended:
+                        self._journal_bytes += len(entry)
+                        # What a compaction lays over the file: without the lines it
+                        # appended, a later one put back each path's entry from before
+                        # (its old key: that record kept, the new one unindexed).
+                        with self._lock:
+                            self._index.update(new_index)
                 if not appended:
                     self._compact(folder, new, new_index, used)
             finally:

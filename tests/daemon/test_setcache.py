@@ -721,3 +721,30 @@ def test_setstore_fingerprint_reads_the_installed_version(package: str) -> None:
     """The fingerprint's cheap version lookup finds what importlib.metadata reports."""
     version = importlib.metadata.version(package)
     assert f"{package}-{version}.dist-info" in setcache._installed_version(package, {}).split()
+
+
+def test_setstore_compaction_keeps_the_index_a_journal_line_updated(tmp_path: Path) -> None:
+    """A manifest edited since the last compaction stays indexed to its new bytes.
+
+    The edit went to the journal; a later compaction (another set's flush) merged the
+    file, then laid the process's index as of the last compaction over it: the path
+    went back to its old bytes' key and signature, which kept the old record alive and
+    left the new one unindexed (read again at every start, and dropped by a
+    compaction in a process that does not use it).
+    """
+    folder = tmp_path / "cache"
+    store = SetStore(folder)
+    manifest, other = "/w/p/tools.json", "/w/q/tools.json"
+    store.put("old", ["p, before the edit"])
+    store.index(manifest, (1, 1, 1, 1), "old")
+    store.flush()  # the first snapshot
+    store.put("new", ["p, after the edit"])
+    store.index(manifest, (2, 2, 2, 2), "new")
+    store.release("old")
+    store.flush()  # a journal line
+    store.put("big", ["q" * (2 << 20)])  # too big for the journal: a compaction
+    store.index(other, (3, 3, 3, 3), "big")
+    store.flush()
+    records, index = SetStore(folder)._read()
+    assert index[manifest] == [2, 2, 2, 2, "new"]
+    assert "old" not in records
