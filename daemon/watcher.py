@@ -100,6 +100,9 @@ _POLL_COST_FACTOR = 20
 
 _StatSig = tuple[int, int, int, int] | None
 _Signature = tuple[tuple[str, _StatSig], ...]
+#: The signature of a workspace added while watching, not probed yet: no probe has it (a
+#: workspace's always holds its tools root), so its first probe reloads it.
+_UNSEEN: _Signature = ()
 WatchFactory = Callable[..., AsyncIterator[set[tuple[Change, str]]]]
 
 
@@ -183,6 +186,12 @@ class Watcher:
         if workspace in self._workspaces:
             return
         self._workspaces.add(workspace)
+        if self._running:
+            # Its catalog was just built, but its first probe may be a while off (a poll
+            # waits out the last one's cost): with no signature, that probe would become
+            # the baseline, and an edit made meanwhile would never be reloaded. Unseen, the
+            # first probe reloads it (a stat scan when nothing changed).
+            self._signatures[workspace] = _UNSEEN
         self._schedule_poll(0.0)  # the poll sees new directories and restarts the watch
 
     def remove_workspace(self, workspace: Path) -> None:

@@ -251,6 +251,7 @@ async def test_watcher_restarts_on_workspace_add_and_remove(
             assert fake.stops[0].is_set()
             assert workspace / ".crystal" / "tools" / "p" in fake.calls[1][0]
             watcher.remove_workspace(workspace)
+            removed = len(recorder.calls)  # before it, its first probe reloaded it once
             await fake.wait_calls(3)
             assert fake.stops[1].is_set()
             manifest = workspace / ".crystal" / "tools" / "p" / "tools.json"
@@ -259,7 +260,7 @@ async def test_watcher_restarts_on_workspace_add_and_remove(
             await recorder.wait_for(None)
             tg.cancel_scope.cancel()
     assert watcher.workspaces == frozenset()
-    assert not any(workspace in keys for keys in recorder.calls)
+    assert not recorder.seen(workspace, removed)
     assert not any(p.is_relative_to(workspace) for p in fake.calls[2][0])
 
 
@@ -391,3 +392,28 @@ async def test_watcher_polls_no_more_often_than_its_cost_allows(
             await anyio.sleep(0.5)  # fifty recheck periods
             tg.cancel_scope.cancel()
     assert watcher.polls == 2
+
+
+async def test_watcher_reloads_a_workspace_changed_before_its_first_probe(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """An edit between a workspace's build and its first probe is reloaded, not absorbed.
+
+    The daemon builds a workspace's catalog, then adds it; its first probe comes a poll
+    later (with a costly root, twenty times the last poll's cost later). Taken as the
+    baseline, that probe held the edit, and no poll ever reported it: the catalog kept
+    the old manifest until some other change.
+    """
+    home, workspace = layout
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake, recheck_seconds=0.05)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.wait_calls(1)
+            watcher.add_workspace(workspace)  # its catalog was built just now
+            manifest = workspace / ".crystal" / "tools" / "p" / "tools.json"
+            manifest.parent.mkdir(parents=True)
+            manifest.write_text("{}")  # edited before the watcher probed it
+            await recorder.wait_for(workspace)
+            tg.cancel_scope.cancel()
