@@ -28,7 +28,7 @@ Four sibling tasks in one task group:
 * **timer**: the *poller* and the *settler*. The poller ``stat``s every root, set
   directory and manifest (a *probe*, off the event loop) every ``recheck_seconds``,
   right after each relevant batch, and a quarter second after each restart, but never
-  sooner than ``_POLL_COST_FACTOR`` times the last poll's cost after it (a root of
+  sooner than ``_POLL_COST_FACTOR`` times the last poll's CPU cost after it (a root of
   100,000 subdirectories is polled every ~40 s, not every 2 s: a core's worth of stats). When the
   probed directories differ from the watched ones it restarts the watch; when a key's
   stat signature changed since the previous probe it reloads that key. The poller is
@@ -125,7 +125,8 @@ class Watcher:
         recheck_seconds: Period of the stat poll (the safety net and the fallback).
         retry_seconds: Period of retries of a watch that could not be started.
         watch_factory: ``watchfiles.awatch`` or a fake with its signature.
-        clock: A monotonic clock that measures what a poll cost (injectable for tests).
+        clock: Measures what a poll cost, in the probing thread: its CPU time
+            (``time.thread_time``; injectable for tests).
 
     Attributes:
         polls: How many polls ran (the baseline included).
@@ -141,7 +142,7 @@ class Watcher:
         recheck_seconds: float = 2.0,
         retry_seconds: float = 30.0,
         watch_factory: WatchFactory = watchfiles.awatch,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Callable[[], float] = time.thread_time,
     ) -> None:
         self._home = home
         self._clock = clock
@@ -352,9 +353,7 @@ class Watcher:
             poll_due = max(self._poll_due, self._poll_floor)
             if poll_due <= now:
                 self._poll_due = now + self._recheck
-                began = self._clock()
-                await self._poll_once()
-                cost = self._clock() - began
+                cost = await self._poll_once()
                 self._poll_floor = anyio.current_time() + _POLL_COST_FACTOR * cost
                 continue
             with anyio.move_on_after(min(poll_due, self._settle_due) - now):
@@ -362,13 +361,14 @@ class Watcher:
             if self._timer_wake.is_set():
                 self._timer_wake = anyio.Event()
 
-    async def _poll_once(self) -> None:
+    async def _poll_once(self) -> float:
+        """Probe everything and reload what changed; returns the probe's CPU seconds."""
         self.polls += 1
         try:
-            probes = await threads.run_sync(_probe_all, self._home, tuple(self._workspaces))
+            probes, cost = await threads.run_sync(self._timed_probe, tuple(self._workspaces))
         except Exception as exc:  # a probe must never stop the watcher
             log.warning("watch_poll_failed", error=type(exc).__name__, message=str(exc))
-            return
+            return 0.0
         probes = {k: p for k, p in probes.items() if k is None or k in self._workspaces}
         changed = {
             key
@@ -382,6 +382,14 @@ class Watcher:
         dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
         if self._watching is not None and dirs != self._watching:
             self._stop_generation()
+        return cost
+
+    def _timed_probe(self, workspaces: tuple[Path, ...]) -> tuple[dict[ReloadKey, _Probe], float]:
+        """``_probe_all`` in a worker thread, with the CPU time it took there: the time a
+        poll waited for a thread, the loop or the machine is not its cost."""
+        began = self._clock()
+        probes = _probe_all(self._home, workspaces)
+        return probes, self._clock() - began
 
     # -- delivery ---------------------------------------------------------------------
 
