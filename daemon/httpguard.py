@@ -261,6 +261,10 @@ def check_host_origin(
     return None
 
 
+#: What HTTP counts as whitespace around a header value and its parts (RFC 9110 5.6.3).
+_HTTP_SPACE = " \t"
+
+
 def check_token(authorization: str | None, expected: str) -> tuple[int, str] | None:
     """Check ``Authorization: Bearer <token>`` in constant time.
 
@@ -272,11 +276,14 @@ def check_token(authorization: str | None, expected: str) -> tuple[int, str] | N
         None when it matches, else (401, message).
     """
     if authorization is not None:
-        scheme, _, value = authorization.strip().partition(" ")
+        # Only HTTP's own whitespace is trimmed: str.strip() would also take U+0085 and
+        # U+00A0, the Latin-1 reading of the bytes 0x85 and 0xA0, which end many UTF-8
+        # characters ("voil\u00e0" is ...\xc3\xa0) and so a token's last byte.
+        scheme, _, value = authorization.strip(_HTTP_SPACE).partition(" ")
         # The header's text is its bytes decoded as Latin-1: encoding it back gives the
         # bytes the client sent, to compare with the token file's (a non-ASCII token was
         # re-encoded as UTF-8 here, and could never match).
-        sent = value.strip().encode("latin-1", errors="replace")
+        sent = value.strip(_HTTP_SPACE).encode("latin-1", errors="replace")
         if scheme.lower() == "bearer" and hmac.compare_digest(
             sent, expected.encode("utf-8", errors="surrogateescape")
         ):

@@ -130,6 +130,20 @@ def test_a_non_ascii_token_matches_the_bytes_sent(tmp_path: Path) -> None:
         assert check_token("Bearer " + (raw + b"x").decode("latin-1"), token) is not None
 
 
+def test_a_token_ending_in_byte_a0_or_85_matches(tmp_path: Path) -> None:
+    """Bytes 0x85 and 0xA0, which end many UTF-8 characters ("voil\u00e0" ends in
+    0xC3 0xA0), read as Latin-1 are whitespace to ``str.strip``: the header's value lost
+    them and such a token could never match. Only spaces and tabs are trimmed."""
+    for raw in ("voil\u00e0".encode(), "\u00c5".encode() + b"-key-\xc3\x85", b"\xa0tok\x85"):
+        token_file = tmp_path / "token"
+        token_file.write_bytes(raw + b"\n")
+        token_file.chmod(0o600)
+        token = read_token_file(token_file)
+        assert check_token("Bearer " + raw.decode("latin-1"), token) is None, raw
+        assert check_token("Bearer  " + raw.decode("latin-1") + " \t", token) is None, raw
+        assert check_token("Bearer " + raw[:-1].decode("latin-1"), token) is not None, raw
+
+
 def test_read_token_file_checks_mode_and_content(tmp_path: Path) -> None:
     """A 0600 file's token is read; group/other bits, links, dirs and empty files are refused."""
     token = tmp_path / "token"
