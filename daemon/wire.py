@@ -206,7 +206,7 @@ class Wire(asyncio.Protocol):
         if not self.backlogged or self.on_stall is None:
             return
         taken = self._stall_mark - self._unsent()
-        if taken > 0 and taken >= min(_READING_MIN, self._stall_mark // 2):
+        if taken > 0 and taken >= self._reading_min():
             # The peer took bytes since the timer was armed: it reads slowly (a big frame
             # to a slow host), it has not stopped. Its clock starts again. A trickle (its
             # kernel's, not its reader's: 37 KB of 4 MB in 30 s) does not count.
@@ -215,6 +215,21 @@ class Wire(asyncio.Protocol):
         # The daemon's decision, said the same on every face that rides a wire.
         log.warning("connection_write_timeout", seconds=self.stall_seconds, **self.stall_fields)
         self.on_stall()
+
+    def _reading_min(self) -> int:
+        """What the peer must have taken in a stall period to count as reading.
+
+        Over TCP, ``_READING_MIN`` (or half of what waited, if less): its kernel takes a
+        trickle its application never reads, counted to the byte. A Unix socket's peer
+        takes nothing it does not read, and what it took is counted per buffer it emptied
+        (37,120 bytes each on Linux, 36 KiB of data): any byte is reading. Held to 64 KiB,
+        a peer reading 96 KiB a period was cut off when a period emptied one buffer.
+        """
+        transport = self.transport
+        sock = transport.get_extra_info("socket") if transport is not None else None
+        if sock is not None and sock.family == socket.AF_UNIX:
+            return 1
+        return min(_READING_MIN, self._stall_mark // 2)
 
     # -- the connection's side -----------------------------------------------------------
 

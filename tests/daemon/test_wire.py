@@ -99,6 +99,33 @@ async def test_wire_peer_that_takes_a_trickle_is_stalled() -> None:
     assert stalled == [True]
 
 
+async def test_wire_unix_peer_that_empties_a_buffer_a_period_is_reading() -> None:
+    """A Unix socket's peer takes nothing it does not read, and what it took is counted per
+    kernel buffer it emptied (37,120 bytes on Linux): one read of 48 KiB is reading. Held
+    to the TCP rule (64 KiB a period), a peer reading 96 KiB every period was cut off in
+    a period that happened to empty one buffer. A period in which it reads nothing is
+    still a stall.
+
+    The stall timer's period is ended by hand (``_stalled``), so nothing here is timed.
+    """
+    with anyio.fail_after(20):
+        wire, transport, peer, stalled = await _serve(3600.0)
+        try:
+            wire.enqueue(b"x" * _FRAME)
+            got = 0
+            while got < 48 * 1024:
+                got += len(await asyncio.get_running_loop().sock_recv(peer, 48 * 1024 - got))
+            wire._disarm_stall()
+            wire._stalled()  # the period ends: it read
+            assert stalled == []
+            wire._disarm_stall()
+            wire._stalled()  # the next one ends: it read nothing
+            assert stalled == [True]
+        finally:
+            transport.abort()
+            peer.close()
+
+
 def _record_writes(transport: asyncio.Transport) -> list[bytes]:
     """Every ``transport.write`` from now on, as it was called (the transport still writes)."""
     written: list[bytes] = []
