@@ -162,8 +162,11 @@ def read_token_file(path: Path) -> str:
     finally:
         os.close(fd)
     # Undecodable bytes stay themselves (surrogateescape), so ``check_token`` compares the
-    # very bytes of the file with those of the header.
-    token = data.decode("utf-8", errors="surrogateescape").strip()
+    # very bytes of the file with those of the header. Only ASCII whitespace (the line's
+    # end) is trimmed: a Unicode space at an end (U+00A0) was trimmed silently, leaving a
+    # token that the file's own bytes, as a client sends them, did not match; it is
+    # refused below like a space anywhere else.
+    token = data.decode("utf-8", errors="surrogateescape").strip(" \t\r\n\v\f")
     if not token or len(data) > 4096 or any(c.isspace() for c in token):
         raise TokenFileError(
             f"--mcp-token-file {path}: expected one token of 1 to 4096 characters without spaces."

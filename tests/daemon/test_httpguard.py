@@ -144,6 +144,18 @@ def test_a_token_ending_in_byte_a0_or_85_matches(tmp_path: Path) -> None:
         assert check_token("Bearer " + raw[:-1].decode("latin-1"), token) is not None, raw
 
 
+def test_a_token_file_ending_in_a_unicode_space_is_refused(tmp_path: Path) -> None:
+    """A token ending in U+00A0 was trimmed to what precedes it, silently: a client
+    sending the file's bytes was refused 401. It is refused at start-up instead, as a
+    space anywhere in the token is."""
+    token_file = tmp_path / "token"
+    for raw in ("tok\u00a0".encode(), "\u2003tok".encode()):
+        token_file.write_bytes(raw + b"\n")
+        token_file.chmod(0o600)
+        with pytest.raises(TokenFileError, match="without spaces"):
+            read_token_file(token_file)
+
+
 def test_read_token_file_checks_mode_and_content(tmp_path: Path) -> None:
     """A 0600 file's token is read; group/other bits, links, dirs and empty files are refused."""
     token = tmp_path / "token"
