@@ -833,14 +833,21 @@ def _protocol_message(exc: h11.RemoteProtocolError) -> str:
 
 def _request(event: h11.Request, body: bytes) -> HttpRequest:
     target = event.target.decode("ascii", errors="replace")
-    parts = urlsplit(target)
+    if target.startswith("/"):
+        # The origin form is a path and a query, nothing else (RFC 9112 3.2.1): urlsplit
+        # would read ``//evil.example.com/mcp`` as an authority and the path /mcp, and
+        # serve the endpoint for a target that is not /mcp, judged by its Host only.
+        path, _, query = target.partition("?")
+    else:
+        parts = urlsplit(target)
+        path, query = parts.path, parts.query
     return HttpRequest(
         method=event.method.decode("ascii", errors="replace"),
         target=target,
-        path=parts.path,
+        path=path,
         # Undecodable %-escapes stay lone surrogates, never U+FFFD (which names another
         # file): the handler can tell them and refuse them.
-        query=parse_qs(parts.query, keep_blank_values=True, errors="surrogateescape"),
+        query=parse_qs(query, keep_blank_values=True, errors="surrogateescape"),
         headers=[
             (k.decode("ascii", errors="replace"), v.decode("latin-1")) for k, v in event.headers
         ],

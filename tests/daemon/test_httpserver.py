@@ -106,6 +106,17 @@ async def test_http_request_answered_and_kept_alive() -> None:
         assert len(handler.requests) == 2
 
 
+async def test_http_origin_form_path_is_the_path_as_sent() -> None:
+    """``//evil.example.com/mcp`` is an origin-form path whose first segment is empty, not
+    an authority and the path /mcp (urlsplit's reading, which served the endpoint)."""
+    async with served() as (port, _):
+        with anyio.fail_after(5):
+            data = await _exchange(port, b"GET //evil.example.com/mcp?x=1 HTTP/1.1\r\n"
+                                         b"Host: localhost\r\nConnection: close\r\n\r\n")
+    assert _body(data)["path"] == "//evil.example.com/mcp", data
+    assert _body(data)["query"] == {"x": ["1"]}, data
+
+
 async def test_http_chunked_body_is_assembled() -> None:
     """A chunked request body reaches the handler whole."""
     async with served() as (port, handler):
