@@ -15,18 +15,27 @@ it has gone, the signal reaches nobody. A pid listed the first time only (its pr
 or its pid went to another process between the read and the ``pidfd_open``) is not
 signalled.
 
-Where a pidfd cannot be had (no ``pidfd_open``: Linux before 5.3, a seccomp filter, or no
-descriptor left), that pid is signalled with ``kill`` as it was read, as before.
+Where a pidfd cannot be had (no ``pidfd_open``: Linux before 5.3, a seccomp filter), that
+pid is signalled with ``kill`` as it was read, as before. A daemon short of descriptors
+(``EMFILE``, ``ENFILE``: a call with more processes than it has descriptors free) pins in
+rounds, with one descriptor kept free (``reserve``) for reading the list again: without
+it that read failed, and every process pinned went unsignalled. When ``pidfd_open`` runs
+out, the pinned ones are signalled and closed, and the rest are pinned in the next round;
+only when not one pidfd can be had are the rest signalled by pid, as read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 from collections.abc import Callable, Iterable
 
 __all__ = ["signal_listed"]
+
+#: ``pidfd_open``'s errors when the daemon is out of descriptors (its own, or the system's).
+_OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 
 
 def signal_listed(
@@ -35,31 +44,47 @@ def signal_listed(
     """Send ``sig`` to the processes ``listed`` names, never to a pid reused meanwhile.
 
     Args:
-        listed: Reads the list (called twice: before and after the pidfds are opened).
+        listed: Reads the list (called once, then again after each round of pidfds).
         sig: The signal.
         spare: A pid never to signal (a sandboxed call's bubblewrap).
     """
-    pids = [pid for pid in listed() if pid != spare]
-    if not pids:
-        return
-    pinned: dict[int, int] = {}
-    unpinned: list[int] = []
-    try:
-        for pid in pids:
-            try:
-                pinned[pid] = os.pidfd_open(pid)
-            except ProcessLookupError:
-                continue  # gone already
-            except (AttributeError, OSError):
-                unpinned.append(pid)  # no pidfd here: as read, as before
-        still = set(listed()) if pinned else set()
-        for pid, fd in pinned.items():
-            if pid in still:
-                with contextlib.suppress(OSError):
-                    signal.pidfd_send_signal(fd, sig)
+    pending = [pid for pid in listed() if pid != spare]
+    while pending:
+        pinned: dict[int, int] = {}
+        unpinned: list[int] = []
+        try:
+            # A descriptor kept free for reading the list again (see the module doc).
+            reserve = os.open("/", os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            reserve, unpinned, pending = None, pending, []
+        try:
+            rest: list[int] = []
+            for index, pid in enumerate(pending):
+                try:
+                    pinned[pid] = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    continue  # gone already
+                except OSError as exc:
+                    if exc.errno in _OUT_OF_DESCRIPTORS and pinned:
+                        rest = pending[index:]  # the next round, once these are closed
+                        break
+                    unpinned.append(pid)  # no pidfd here: as read, as before
+                except AttributeError:
+                    unpinned.append(pid)
+            pending = rest
+            if reserve is not None:
+                os.close(reserve)
+                reserve = None
+            still = set(listed()) if pinned else set()
+            for pid, fd in pinned.items():
+                if pid in still:
+                    with contextlib.suppress(OSError):
+                        signal.pidfd_send_signal(fd, sig)
+        finally:
+            if reserve is not None:
+                os.close(reserve)
+            for fd in pinned.values():
+                os.close(fd)
         for pid in unpinned:
             with contextlib.suppress(OSError):
                 os.kill(pid, sig)
-    finally:
-        for fd in pinned.values():
-            os.close(fd)

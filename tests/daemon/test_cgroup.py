@@ -242,6 +242,53 @@ async def test_cgroup_grace_signal_without_pidfds_goes_by_pid_as_read(
             proc.wait()
 
 
+@pytest.mark.parametrize("free", [1, 2, 3, 4])
+def test_cgroup_grace_signal_reaches_every_process_when_descriptors_run_out(
+    tmp_path: Path, free: int
+) -> None:
+    """A daemon with fewer descriptors free than the call has processes pinned what it
+    could, and then could not read the list again (no descriptor left to open it): the
+    processes it had pinned got no SIGTERM at all. Every process of the call gets it."""
+    import resource
+    from types import SimpleNamespace
+
+    from toolsetd.daemon.pidsignal import signal_listed
+
+    leader = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)  # noqa: S603
+    members = [subprocess.Popen(["/bin/sleep", "30"]) for _ in range(6)]  # noqa: S603
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    fillers: list[int] = []
+    try:
+        pids = [leader.pid, *(m.pid for m in members)]
+        (tmp_path / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in pids))
+        call = CallCgroup(SimpleNamespace(daemon_inside=None), str(tmp_path))  # type: ignore[arg-type]
+        resource.setrlimit(
+            resource.RLIMIT_NOFILE, (max(len(os.listdir("/proc/self/fd")) + 64, 128), hard)
+        )
+        try:
+            while True:
+                fillers.append(os.dup(0))
+        except OSError:
+            pass
+        for _ in range(free):  # fewer descriptors free than the call has members
+            os.close(fillers.pop())
+        signal_listed(call.pids, signal.SIGTERM, spare=leader.pid)
+        for fd in fillers:
+            os.close(fd)
+        fillers.clear()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for member in members:
+            assert member.wait(5) == -signal.SIGTERM
+        assert leader.poll() is None  # spared
+    finally:
+        for fd in fillers:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        for proc in (leader, *members):
+            proc.kill()
+            proc.wait()
+
+
 def test_cgroup_limit_without_controller_is_refused(tree: CgroupTree) -> None:
     """A limit the tree has no controller for is refused with a message naming it."""
     missing = [name for name in ("memory", "pids", "cpu") if name not in tree.controllers]
