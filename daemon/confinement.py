@@ -446,6 +446,13 @@ class Confinement:
         # cgroup, and the kernel checks the mode of its cgroup.procs, not the read-only
         # bind it is seen through. Its sockets would not be the call's (sandboxed_peer).
         self._cgroup_mounts = tuple(cgroup2_mounts()) if http_peers else ()
+        #: A sandboxed set may keep the network (only a table's ``network = true`` gives a
+        #: sandbox the network) beside the MCP endpoint: a peer it cannot name is refused.
+        self._network_configured = (
+            http_peers
+            and bwrap is not None
+            and any(layer.network for layer in (*config.sets.values(), *config.sources.values()))
+        )
 
     @classmethod
     def probe(
@@ -574,15 +581,21 @@ class Confinement:
             cgroup: The id of the cgroup the peer's socket was created in, or None when
                 the lookup could not say (``tcppeer.TcpPeer.cgroup``) or found no peer.
         """
+        if cgroup is None:
+            # Not "while such a call runs": a connection is judged when it is accepted,
+            # which may be long after it was made (a full listen queue: the handshake's
+            # last step is resent for minutes), so a call that has ended may be its peer.
+            if not self._network_configured:
+                return None  # no sandboxed call keeps the network on this daemon
+            return (
+                "Forbidden: toolsetd cannot tell who made this connection (its socket "
+                "closed before it was accepted, or the kernel did not say which cgroup it "
+                "comes from), and sandboxed calls that keep the network run on this "
+                "daemon: it could be one of them. Keep the connection open until answered."
+            )
         tree = self.cgroups
         if tree is None or not tree.sandboxed:
             return None  # no sandboxed call with the network runs (without a tree: _resolve)
-        if cgroup is None:
-            return (
-                "Forbidden: a sandboxed call with the network is running, and toolsetd "
-                "cannot tell its connections from yours (the kernel did not say which "
-                "cgroup this connection comes from); try again when it has ended."
-            )
         if cgroup in tree.sandboxed:
             return (
                 "Forbidden: this connection comes from inside a sandboxed call, which may "

@@ -382,8 +382,11 @@ def test_sandboxed_peer_knows_the_cgroups_of_running_sandboxed_calls(
 ) -> None:
     """With --mcp-listen, a sandboxed call that keeps the network has its cgroup recorded
     from ``prepare`` to its end: a TCP peer socket made there is refused, one made
-    elsewhere is not, and one whose cgroup the kernel did not say is refused only while
-    such a call runs (fail closed). A call whose network is denied is not recorded."""
+    elsewhere is not. A peer whose cgroup the kernel did not say (it closed first) is
+    refused whenever such calls may run, before, during and after one: a connection is
+    judged when accepted, which may be long after the call that made it ended. A call
+    whose network is denied is not recorded, and beside it an unknown peer is not refused
+    on that account."""
     import socket
 
     from toolsetd.daemon.confinement import Confinement, parse_confinement
@@ -407,8 +410,9 @@ def test_sandboxed_peer_knows_the_cgroups_of_running_sandboxed_calls(
     quiet = confinement(network=False).prepare(toolset, ["/bin/true"], str(ws), data, ())
     assert quiet.sandboxed and quiet.cgroup is not None
     assert tree.sandboxed == {}
+    assert confinement(network=False).sandboxed_peer(None) is None
     c = confinement(network=True)
-    assert c.sandboxed_peer(None) is None  # nothing sandboxed runs
+    assert "cannot tell" in (c.sandboxed_peer(None) or "")  # none runs yet: still refused
     prepared = c.prepare(toolset, ["/bin/true"], str(ws), data, ())
     for fd in (*(prepared.status or ()), *(quiet.status or ())):
         os.close(fd)
@@ -431,6 +435,7 @@ def test_sandboxed_peer_knows_the_cgroups_of_running_sandboxed_calls(
     anyio.run(prepared.cgroup.finish)
     assert tree.sandboxed == {}
     assert c.sandboxed_peer(own) is None
+    assert "cannot tell" in (c.sandboxed_peer(None) or "")  # ended: still refused
     quiet.cgroup.discard()
 
 
