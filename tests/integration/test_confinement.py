@@ -10,6 +10,7 @@ private ``/tmp``, which would hide a home under ``/tmp`` for the wrong reason.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -336,6 +337,21 @@ def _need_sandbox(t: Tree) -> None:
         pytest.skip(f"no sandbox: {sandbox['reason']}")
 
 
+@contextlib.contextmanager
+def _shared_loopback(*args: str) -> Iterator[Tree]:
+    """A daemon serving MCP over HTTP whose project sets keep the network in their sandbox
+    (skipped without bubblewrap or a cgroup tree)."""
+    ensure_bubblewrap()
+    t = _make_tree("[confinement.project]\nnetwork = true\n",
+                   args=("--mcp-listen", "127.0.0.1:0", *args))
+    try:
+        _need_sandbox(t)
+        _need_cgroup(t)
+        yield t
+    finally:
+        _close(t)
+
+
 def _need_controller(t: Tree, name: str) -> None:
     cgroup = _need_cgroup(t)
     if name not in cgroup["controllers"]:
@@ -558,31 +574,28 @@ def test_confinement_sandboxed_call_cannot_call_the_mcp_http_endpoint() -> None:
     cgroup tells it apart; the call cannot leave its cgroup (cgroupfs is read-only in the
     sandbox). An unsandboxed call (the home set) still gets in, as over the Unix socket.
     """
-    ensure_bubblewrap()
     token = Path(tempfile.mkdtemp(prefix="tsc-token-", dir="/var/tmp")) / "token"  # noqa: S108
     token.write_text("s3cret-token\n")
     token.chmod(0o600)
-    t = _make_tree("[confinement.project]\nnetwork = true\n",
-                   args=("--mcp-listen", "127.0.0.1:0", "--mcp-token-file", str(token)))
     try:
-        _need_sandbox(t)
-        cgroup = _need_cgroup(t)
-        # The bearer token (for peers whose uid is unknown) is hidden like the socket.
-        assert t.probe({"action": "read", "target": str(token)}).get("content") is None
-        assert t.probe({"action": "read", "target": str(token)},
-                       project=False)["content"] == "s3cret-token\n"
-        url = endpoint(listening_urls(t.daemon)[0], t.workspace, mode="full")
-        inside = t.probe({"action": "mcp-post", "target": url,
-                          "move_to": os.path.join(cgroup["tree"], "cgroup.procs")})
-        assert inside["moved"] is not True, inside
-        assert inside["status"] == 403, inside
-        assert "inside a sandboxed call" in inside["body"]
-        outside = t.probe({"action": "mcp-post", "target": url}, project=False)
-        assert outside["status"] == 200, outside
-        refused = [e for e in t.daemon.log_events() if e.get("event") == "mcp_http_peer_refused"]
-        assert refused and refused[0]["sandboxed"] is True
+        with _shared_loopback("--mcp-token-file", str(token)) as t:
+            cgroup = _need_cgroup(t)
+            # The bearer token (for peers whose uid is unknown) is hidden like the socket.
+            assert t.probe({"action": "read", "target": str(token)}).get("content") is None
+            assert t.probe({"action": "read", "target": str(token)},
+                           project=False)["content"] == "s3cret-token\n"
+            url = endpoint(listening_urls(t.daemon)[0], t.workspace, mode="full")
+            inside = t.probe({"action": "mcp-post", "target": url,
+                              "move_to": os.path.join(cgroup["tree"], "cgroup.procs")})
+            assert inside["moved"] is not True, inside
+            assert inside["status"] == 403, inside
+            assert "inside a sandboxed call" in inside["body"]
+            outside = t.probe({"action": "mcp-post", "target": url}, project=False)
+            assert outside["status"] == 200, outside
+            refused = [e for e in t.daemon.log_events()
+                       if e.get("event") == "mcp_http_peer_refused"]
+            assert refused and refused[0]["sandboxed"] is True
     finally:
-        _close(t)
         shutil.rmtree(token.parent)
 
 
@@ -595,20 +608,13 @@ def test_confinement_sandboxed_call_cannot_clone_into_another_cgroup() -> None:
     child made in the cgroup tree above the call's, as the daemon's uid, got a session.
     Such a call does not see the cgroup v2 mounts at all.
     """
-    ensure_bubblewrap()
-    t = _make_tree("[confinement.project]\nnetwork = true\n",
-                   args=("--mcp-listen", "127.0.0.1:0"))
-    try:
-        _need_sandbox(t)
-        _need_cgroup(t)
+    with _shared_loopback() as t:
         mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
                   if line.split()[2] == "cgroup2"]
         url = endpoint(listening_urls(t.daemon)[0], t.workspace, mode="full")
         inside = t.probe({"action": "mcp-post", "target": url, "clone_into": mounts[0]})
         assert "status" not in inside, inside
         assert inside["error"] == "No such file or directory", inside
-    finally:
-        _close(t)
 
 
 def test_confinement_sandboxed_call_with_the_network_makes_no_user_namespace() -> None:
@@ -620,16 +626,9 @@ def test_confinement_sandboxed_call_with_the_network_makes_no_user_namespace() -
     sockets' cgroup is then not the call's. (Root's cannot: mapping uid 0 needs
     CAP_SETFCAP, so this test shows the namespace, not the move.)
     """
-    ensure_bubblewrap()
-    t = _make_tree("[confinement.project]\nnetwork = true\n",
-                   args=("--mcp-listen", "127.0.0.1:0"))
-    try:
-        _need_sandbox(t)
-        _need_cgroup(t)
+    with _shared_loopback() as t:
         made = t.probe({"action": "userns"})
         assert made == {"ok": False, "error": "No space left on device", "isError": False}
-    finally:
-        _close(t)
     t = _make_tree("[confinement.project]\nnetwork = true\n")
     try:
         _need_sandbox(t)
