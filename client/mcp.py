@@ -365,6 +365,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_OK
     path = str(options.get("socket") or default_socket_path())
     workspace = os.path.abspath(str(options.get("workspace") or os.getcwd()))
+    if not workspace.isascii():
+        from toolsetd.protocol.jsontext import is_utf8  # orjson: only for such a path
+
+        if not is_utf8(workspace):
+            sys.stderr.write(
+                f"toolsetctl mcp: error: the workspace {os.fsencode(workspace)!r} is not "
+                "UTF-8, and toolsetd takes UTF-8 paths only; run it in (or pass --workspace) "
+                "a directory whose path is UTF-8.\n"
+            )
+            return EXIT_USAGE
     try:
         sock = _connect(path)
     except _Refused as exc:

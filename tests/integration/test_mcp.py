@@ -832,6 +832,24 @@ async def test_mcp_two_hosts_and_a_native_client(
 # -- autostart -----------------------------------------------------------------------------
 
 
+def test_mcp_a_workspace_path_that_is_not_utf8_is_refused_before_anything(
+    tmp_base: Path,
+) -> None:
+    """Run in a folder whose name is not UTF-8, the pump says so and exits 2, and starts
+    no daemon: it used to start one, send the path, and print the daemon's "Parse error:
+    ... invalid high surrogate"."""
+    folder = os.path.join(os.fsencode(tmp_base), b"\xff")
+    os.mkdir(folder)
+    missing = tmp_base / "none.sock"
+    proc = subprocess.run(
+        [PY, "-m", "toolsetd.client", "--socket", str(missing), "mcp"],
+        input=b"", capture_output=True, timeout=20, check=False, cwd=folder,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert b"is not UTF-8" in proc.stderr and b"\\xff" in proc.stderr
+    assert not missing.exists()
+
+
 def test_mcp_no_autostart_fails_with_one_clear_line(tmp_base: Path, workspace: Path) -> None:
     """With --no-autostart and no daemon, one stderr line and exit code 5."""
     missing = tmp_base / "none.sock"
