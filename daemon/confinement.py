@@ -446,13 +446,9 @@ class Confinement:
         # cgroup, and the kernel checks the mode of its cgroup.procs, not the read-only
         # bind it is seen through. Its sockets would not be the call's (sandboxed_peer).
         self._cgroup_mounts = tuple(cgroup2_mounts()) if http_peers else ()
-        #: A sandboxed set may keep the network (only a table's ``network = true`` gives a
-        #: sandbox the network) beside the MCP endpoint: a peer it cannot name is refused.
-        self._network_configured = (
-            http_peers
-            and bwrap is not None
-            and any(layer.network for layer in (*config.sets.values(), *config.sources.values()))
-        )
+        #: A sandboxed call may keep the network beside the MCP endpoint: a peer it cannot
+        #: name is refused (``sandboxed_peer``).
+        self._network_configured = http_peers and self._sandbox_may_keep_network()
 
     @classmethod
     def probe(
@@ -544,6 +540,23 @@ class Confinement:
         if failure is None and network and profile != Profile.OFF and self.http_peers:
             failure = self._shared_loopback_failure()
         return SetConfinement(profile, network, limits, failure)
+
+    def _sandbox_may_keep_network(self) -> bool:
+        """Whether some set's sandboxed calls run with the network, as ``_resolve`` says.
+
+        A table's ``network = true`` alone does not say it: beside ``profile = "off"`` (or
+        the home sets' default) it is no sandbox's; without bubblewrap nothing is sandboxed;
+        without a cgroup tree or ``--disable-userns`` such a call does not run
+        (``_shared_loopback_failure``); and a project set's table cannot loosen
+        ``[confinement.project]`` (``_no_looser``). Every set resolves like one of the
+        ``sets`` tables or like a set without one ("" names none).
+        """
+        for source in Source:
+            for name in (*self.config.sets, ""):
+                conf = self._resolve(source, name)
+                if conf.failure is None and conf.network and conf.profile != Profile.OFF:
+                    return True
+        return False
 
     def _shared_loopback_failure(self) -> str | None:
         """Why a sandboxed call that keeps the network cannot run beside --mcp-listen.

@@ -475,3 +475,36 @@ def test_confinement_hidden_link_a_call_could_remove_is_refused() -> None:
                         crystal, status=False)
         with pytest.raises(ConfinementError, match=r"\.ssh is a symbolic link below"):
             c.prepare(project, ["/bin/true"], str(home), data, ())
+
+
+@pytest.mark.parametrize(
+    ("table", "tree", "no_userns", "refused"),
+    [
+        # Sandboxed calls that keep the network run: a peer the kernel cannot name is refused.
+        ({"project": {"network": True}}, True, True, True),
+        ({"sets": {"web": {"profile": "read-only", "network": True}}}, True, True, True),
+        # A network = true that no sandboxed call ends up with.
+        ({"sets": {"web": {"profile": "off", "network": True}}}, True, True, False),
+        ({"home": {"network": True}}, True, True, False),  # home sets: profile off
+        ({"sets": {"web": {"network": True}}}, True, True, False),  # home off; project denies
+        ({"project": {"network": True}}, False, True, False),  # no tree: such calls fail
+        ({"project": {"network": True}}, True, False, False),  # no --disable-userns: fail
+    ],
+)
+def test_unknown_mcp_peer_is_refused_only_where_a_sandboxed_call_keeps_the_network(
+    table: dict[str, object], tree: bool, no_userns: bool, refused: bool
+) -> None:
+    """An unknown MCP HTTP peer (no cgroup: it closed first, or the /proc fallback, or a
+    kernel before 5.7, where every peer is) is refused where a sandboxed call may keep the
+    network, as ``_resolve`` decides, not wherever a table says ``network = true``: that
+    refused every client of a daemon whose sandboxed calls cannot have the network."""
+    from typing import cast
+
+    from toolsetd.daemon.cgroup import CgroupTree
+
+    home = Path("/home/u")
+    c = Confinement(
+        parse_confinement(table), cast(CgroupTree, object()) if tree else None, "no tree",
+        "/usr/bin/bwrap", "", home, home / ".crystal", http_peers=True, no_userns=no_userns,
+    )  # fmt: skip
+    assert (c.sandboxed_peer(None) is not None) == refused
