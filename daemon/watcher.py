@@ -28,7 +28,7 @@ Four sibling tasks in one task group:
 * **timer**: the *poller* and the *settler*. The poller ``stat``s every root, set
   directory and manifest (a *probe*, off the event loop) every ``recheck_seconds``,
   right after each relevant batch, and a quarter second after each restart, but never
-  sooner than ``_POLL_COST_FACTOR`` times the last poll's CPU cost after it (a root of
+  sooner than ``_POLL_COST_FACTOR`` times the last poll's cost after it (a root of
   100,000 subdirectories is polled every ~40 s, not every 2 s: a core's worth of stats). When the
   probed directories differ from the watched ones it restarts the watch; when a key's
   stat signature changed since the previous probe it reloads that key. The poller is
@@ -125,8 +125,9 @@ class Watcher:
         recheck_seconds: Period of the stat poll (the safety net and the fallback).
         retry_seconds: Period of retries of a watch that could not be started.
         watch_factory: ``watchfiles.awatch`` or a fake with its signature.
-        clock: Measures what a poll cost, in the probing thread: its CPU time
-            (``time.thread_time``; injectable for tests).
+        clock: Measures what a poll cost, in the probing thread: the time it took there,
+            waiting on a slow file system included (``time.monotonic``; injectable for
+            tests).
 
     Attributes:
         polls: How many polls ran (the baseline included).
@@ -142,7 +143,7 @@ class Watcher:
         recheck_seconds: float = 2.0,
         retry_seconds: float = 30.0,
         watch_factory: WatchFactory = watchfiles.awatch,
-        clock: Callable[[], float] = time.thread_time,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._home = home
         self._clock = clock
@@ -362,7 +363,7 @@ class Watcher:
                 self._timer_wake = anyio.Event()
 
     async def _poll_once(self) -> float:
-        """Probe everything and reload what changed; returns the probe's CPU seconds."""
+        """Probe everything and reload what changed; returns the probe's seconds."""
         self.polls += 1
         try:
             probes, cost = await threads.run_sync(self._timed_probe, tuple(self._workspaces))
@@ -385,8 +386,11 @@ class Watcher:
         return cost
 
     def _timed_probe(self, workspaces: tuple[Path, ...]) -> tuple[dict[ReloadKey, _Probe], float]:
-        """``_probe_all`` in a worker thread, with the CPU time it took there: the time a
-        poll waited for a thread, the loop or the machine is not its cost."""
+        """``_probe_all`` in a worker thread, with the time it took there: the time a poll
+        waited for a thread or the loop is not its cost. Not the thread's CPU time: a
+        ``stat`` on a network or FUSE mount (what the poll is for) waits on a server or a
+        FUSE daemon, whose work that is, and a poll paced by its CPU time alone ran there
+        back to back."""
         began = self._clock()
         probes = _probe_all(self._home, workspaces)
         return probes, self._clock() - began

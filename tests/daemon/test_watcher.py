@@ -394,6 +394,37 @@ async def test_watcher_polls_no_more_often_than_its_cost_allows(
     assert watcher.polls == 2
 
 
+async def test_watcher_counts_a_poll_blocked_on_a_slow_file_system_as_its_cost(
+    layout: Layout, fake: FakeWatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe that waits on its file system (a network or FUSE mount's ``stat``, here a
+    sleep) costs that wait: paced by its thread's CPU time alone, which such a wait does
+    not use, the polls ran back to back against the server. With a recheck period of
+    10 ms and a probe of 0.2 s, only the baseline and the first timed poll run."""
+    import time
+
+    from toolsetd.daemon import watcher as watcher_module
+
+    real = watcher_module._probe_all
+
+    def slow(*args: Any) -> Any:
+        time.sleep(0.2)
+        return real(*args)
+
+    monkeypatch.setattr(watcher_module, "_probe_all", slow)
+    home, _ = layout
+    watcher = _fake_watcher(home, Recorder(), fake, recheck_seconds=0.01)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.wait_calls(1)
+            while watcher.polls < 2:
+                await anyio.sleep(0.01)
+            await anyio.sleep(1.0)  # a hundred recheck periods, five probes
+            tg.cancel_scope.cancel()
+    assert watcher.polls == 2
+
+
 async def test_watcher_reloads_a_workspace_changed_before_its_first_probe(
     layout: Layout, fake: FakeWatch
 ) -> None:
