@@ -370,6 +370,22 @@ async def test_watcher_follows_real_filesystem_changes(layout: Layout) -> None:
     assert anyio.current_time() - cancelled_at < 2.0
 
 
+async def _polls_after_the_first_timed_one(
+    watcher: Watcher, fake: FakeWatch, seconds: float
+) -> int:
+    """Run ``watcher`` until its first timed poll (the one after the baseline), then
+    ``seconds`` more; how many polls ran."""
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.wait_calls(1)
+            while watcher.polls < 2:
+                await anyio.sleep(0.01)
+            await anyio.sleep(seconds)
+            tg.cancel_scope.cancel()
+    return watcher.polls
+
+
 async def test_watcher_polls_no_more_often_than_its_cost_allows(
     layout: Layout, fake: FakeWatch
 ) -> None:
@@ -383,15 +399,7 @@ async def test_watcher_polls_no_more_often_than_its_cost_allows(
     watcher = _fake_watcher(
         home, Recorder(), fake, recheck_seconds=0.01, clock=lambda: float(next(ticks))
     )
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            await tg.start(watcher.run)
-            await fake.wait_calls(1)
-            while watcher.polls < 2:
-                await anyio.sleep(0.01)
-            await anyio.sleep(0.5)  # fifty recheck periods
-            tg.cancel_scope.cancel()
-    assert watcher.polls == 2
+    assert await _polls_after_the_first_timed_one(watcher, fake, 0.5) == 2  # 50 periods
 
 
 async def test_watcher_counts_a_poll_blocked_on_a_slow_file_system_as_its_cost(
@@ -414,15 +422,8 @@ async def test_watcher_counts_a_poll_blocked_on_a_slow_file_system_as_its_cost(
     monkeypatch.setattr(watcher_module, "_probe_all", slow)
     home, _ = layout
     watcher = _fake_watcher(home, Recorder(), fake, recheck_seconds=0.01)
-    with anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            await tg.start(watcher.run)
-            await fake.wait_calls(1)
-            while watcher.polls < 2:
-                await anyio.sleep(0.01)
-            await anyio.sleep(1.0)  # a hundred recheck periods, five probes
-            tg.cancel_scope.cancel()
-    assert watcher.polls == 2
+    # A hundred recheck periods, five probes' time.
+    assert await _polls_after_the_first_timed_one(watcher, fake, 1.0) == 2
 
 
 async def test_watcher_reloads_a_workspace_changed_before_its_first_probe(
