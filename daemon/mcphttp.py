@@ -528,44 +528,31 @@ class McpHttpEndpoint:
         bind: dict[str, Any] = {}
         for name in ("workspace", "catalog", "mode", "headless"):
             values = request.query.get(name)
-            if values and len(values) > 1:
+            if not values:
+                continue
+            workspace = name == "workspace"
+            if len(values) > 1:
                 # Which one was meant? Guessing (the last wins) could run the call in
                 # another workspace or mode than the host believes.
-                error_class = (
-                    rpc_errors.InvalidWorkspace if name == "workspace" else rpc_errors.InvalidParams
+                problem = (
+                    f"Invalid params: '{name}' is given {len(values)} times in the URL; "
+                    "give it once."
                 )
-                await _rpc_error(
-                    exchange,
-                    400,
-                    request_id,
-                    error_class(
-                        f"Invalid params: '{name}' is given {len(values)} times in the URL; "
-                        "give it once.",
-                        {"field": name},
-                    ),
-                )
-                return None
-            if values and not is_utf8(values[0]):
+            elif not is_utf8(values[0]):
                 # A name whose %-escapes are not UTF-8 cannot be honoured as given (as on
                 # the socket, whose JSON cannot carry it); decoded with U+FFFD in their
                 # place it would name another directory, which may exist.
-                error_class = (
-                    rpc_errors.InvalidWorkspace if name == "workspace" else rpc_errors.InvalidParams
+                problem = (
+                    f"Invalid {'workspace' if workspace else 'params'}: '{name}' in the URL "
+                    "is not UTF-8 once its %-escapes are decoded; toolsetd takes UTF-8 names "
+                    "only."
                 )
-                kind = "workspace" if name == "workspace" else "params"
-                await _rpc_error(
-                    exchange,
-                    400,
-                    request_id,
-                    error_class(
-                        f"Invalid {kind}: '{name}' in the URL is not UTF-8 once its %-escapes "
-                        "are decoded; toolsetd takes UTF-8 names only.",
-                        {"field": name},
-                    ),
-                )
-                return None
-            if values:
+            else:
                 bind[name] = values[0]
+                continue
+            error_class = rpc_errors.InvalidWorkspace if workspace else rpc_errors.InvalidParams
+            await _rpc_error(exchange, 400, request_id, error_class(problem, {"field": name}))
+            return None
         if "headless" in bind:
             # The query carries text; the core takes a boolean and refuses anything else.
             bind["headless"] = {"true": True, "false": False}.get(
