@@ -440,11 +440,7 @@ class CallCgroup:
         if self.spent:
             return []
         me = os.getpid()
-        return [
-            pid
-            for line in (_read(self.procs) or "").split()
-            if line.isdigit() and (pid := int(line)) != me
-        ]
+        return [pid for pid in self._procs() if pid != me]
 
     def mark_sandboxed(self) -> None:
         """Record that a sandboxed call runs here, until it ends (``CgroupTree.sandboxed``).

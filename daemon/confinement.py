@@ -677,6 +677,8 @@ class Confinement:
         full = argv
         status: tuple[int, int] | None = None
         sandboxed = conf.profile != Profile.OFF and self.bwrap is not None
+        # Beside the MCP endpoint on the loopback it keeps (``sandboxed_peer``).
+        shares_loopback = sandboxed and conf.network and self.http_peers
         if sandboxed or self.cgroups is not None:
             check_executable(argv[0], search_path)
         if sandboxed:
@@ -689,7 +691,6 @@ class Confinement:
                     "run; remove the extra link (find / -xdev -samefile FILE)."
                 )
             # The cgroup it runs in must say it is this call's (``sandboxed_peer``).
-            shares_loopback = conf.network and self.http_peers
             unseen = (*self._hidden, *(self._cgroup_mounts if shares_loopback else ()))
             no_userns = shares_loopback and self.no_userns
             own, writable, escaped = call_binds(cwd, str(toolset.path), *data)
@@ -744,7 +745,7 @@ class Confinement:
                 for fd in status or ():
                     os.close(fd)
                 raise ConfinementError(f"toolsetd: {exc}. The call did not run.") from exc
-            if sandboxed and conf.network and self.http_peers:
+            if shares_loopback:
                 try:
                     cgroup.mark_sandboxed()
                 except OSError as exc:
