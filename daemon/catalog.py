@@ -286,12 +286,20 @@ class ManifestCache:
             # The bytes this manifest held before are gone from it: their decision (a whole
             # parsed set) is no longer one to recall, nor their record one to keep. Kept, an
             # edit storm of one big set grew the daemon by a set per reload.
-            old_key = cached.digest.hex() + self._key_suffix(source, cached.reserved)
-            old_key += os.path.basename(set_dir)
+            old_key = self._store_key(
+                cached.digest, source, cached.reserved, os.path.basename(set_dir)
+            )
             with self._lock:
                 self._decided.pop(old_key, None)
             self.store.release(old_key)
         return found
+
+    def _store_key(
+        self, digest: bytes, source: Source, reserved: frozenset[str], directory: str
+    ) -> str:
+        """The store's key of a decision: the bytes, the source, the reserved names and the
+        set's directory name, all of which it depends on."""
+        return digest.hex() + self._key_suffix(source, reserved) + directory
 
     def _key_suffix(self, source: Source, reserved: frozenset[str]) -> str:
         """The part of a store key after the digest, up to the directory name."""
@@ -397,7 +405,7 @@ class ManifestCache:
         store = self.store
         key = None
         if store is not None:
-            key = digest.hex() + self._key_suffix(source, reserved) + path.name
+            key = self._store_key(digest, source, reserved, path.name)
             decided = self._recall(key, path)
             if decided is not None:
                 return decided[0], decided[1], False, key
