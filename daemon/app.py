@@ -788,9 +788,17 @@ def parse_args(argv: Sequence[str] | None = None) -> DaemonOptions:
         ConfigError: A flag value or the config file is unusable.
     """
     args = parse_command_line(argv, __version__)
-    settings = load_settings(args, os.environ)
-    options = options_from_settings(settings, args)
-    return replace(options, allow_gid=resolve_allow_group(settings))
+    return _start_options(load_settings(args, os.environ), args)
+
+
+def _start_options(settings: Settings, args: argparse.Namespace) -> DaemonOptions:
+    """The options a start runs with: the settings', and the allow-group's gid.
+
+    The group is looked up here, at start only, and once: allow-group applies from a
+    restart, so a group removed since (or a group database that cannot be asked then)
+    must not fail every reload.
+    """
+    return replace(options_from_settings(settings, args), allow_gid=resolve_allow_group(settings))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -798,11 +806,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_command_line(argv, __version__)
     try:
         settings = load_settings(args, os.environ)
-        # At start only, and once: allow-group applies from a restart, so a group removed
-        # since (or a group database that cannot be asked now) must not fail every reload.
-        options = replace(
-            options_from_settings(settings, args), allow_gid=resolve_allow_group(settings)
-        )
+        options = _start_options(settings, args)
         if getattr(args, "print_config", False):
             resolved = {
                 "socket": str(default_socket_path(os.environ)),
