@@ -573,18 +573,24 @@ async def test_runner_concurrent_calls_with_any_spawn_threads(
     assert (runner.threaded_spawns > 0) is threaded, runner.threaded_spawns
 
 
+def _sandboxing(env: Env) -> Confinement:
+    """Confinement that sandboxes the test set (``acme``) with bubblewrap, no cgroups
+    (skipped where bubblewrap is not installed)."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    return Confinement(
+        parse_confinement({"cgroup": "off", "sets": {"acme": {"profile": "workspace-write"}}}),
+        None, "off", bwrap, "", env.home / "user", env.home,
+    )  # fmt: skip
+
+
 async def test_runner_sandboxed_spawns_stay_on_the_loop_thread(env: Env) -> None:
     """bubblewrap's ``--die-with-parent`` is ``PR_SET_PDEATHSIG``, tied to the *thread* that
     spawned it: a sandboxed call spawned in a worker thread was SIGKILLed (exit 137) once
     that worker ended, a second after going idle. Even with every spawn slow, concurrent
     sandboxed calls that outlive an idle worker complete, and none went to a thread."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        pytest.skip("bubblewrap is not installed")
-    confinement = Confinement(
-        parse_confinement({"cgroup": "off", "sets": {"acme": {"profile": "workspace-write"}}}),
-        None, "off", bwrap, "", env.home / "user", env.home,
-    )  # fmt: skip
+    confinement = _sandboxing(env)
     settings = replace(FAST, spawn_threads=4, slow_spawn_seconds=0.0)
     runner = Runner(settings, anyio.CapacityLimiter(8), os.environ, confinement=confinement)
     outcomes: dict[int, CallOutcome] = {}
@@ -609,13 +615,7 @@ async def test_runner_sandbox_status_pipe_out_of_descriptors_is_a_start_failure(
     pipes: out of descriptors there, the call is a start failure like any other pipe's, and
     those eight descriptors are closed (the OSError escaped the runner and they stayed open,
     one more leak each time the daemon was already short of descriptors)."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        pytest.skip("bubblewrap is not installed")
-    confinement = Confinement(
-        parse_confinement({"cgroup": "off", "sets": {"acme": {"profile": "workspace-write"}}}),
-        None, "off", bwrap, "", env.home / "user", env.home,
-    )  # fmt: skip
+    confinement = _sandboxing(env)
     runner = Runner(FAST, anyio.CapacityLimiter(8), os.environ, confinement=confinement)
     prepare = Confinement.prepare
 
