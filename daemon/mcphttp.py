@@ -266,7 +266,9 @@ class _Session:
     outbox: _StreamOutbox
     core: CoreSession | None = None
     calls: dict[str, anyio.Event] = field(default_factory=dict)
-    requests: set[Any] = field(default_factory=set)
+    #: Requests being served (a count, not a set of ids: the core refuses a request whose
+    #: id is in flight, and that refusal must not uncount the request it collided with).
+    running: int = 0
     get_open: bool = False
     last_used: float = field(default_factory=time.monotonic)
     closed: bool = False
@@ -617,12 +619,15 @@ class McpHttpEndpoint:
         exchange.on_disconnect = lambda: self._cancel_request(
             core, request_id, _WRITE_TIMEOUT if exchange.write_timed_out else _DISCONNECTED
         )
-        session.requests.add(request_id)
+        session.running += 1
         try:
             response = await core.receive(message, outbox)
         finally:
-            session.requests.discard(request_id)
+            session.running -= 1
             outbox.closed = True
+            # Served: a disconnect from now on cancels nothing (the id may already name
+            # another request; a refused one, reusing an id in flight, never named its own).
+            exchange.on_disconnect = None
         if exchange.disconnected.is_set():
             return
         if exchange.streaming:
@@ -734,7 +739,7 @@ class McpHttpEndpoint:
         """End sessions nobody used for ``session_idle_seconds`` (no request, no stream)."""
         cutoff = time.monotonic() - self.settings.session_idle_seconds
         for session in list(self.sessions.values()):
-            if session.last_used < cutoff and not session.requests and not session.get_open:
+            if session.last_used < cutoff and not session.running and not session.get_open:
                 log.info("mcp_http_session_expired")
                 self._end_session(session)
 

@@ -202,9 +202,13 @@ def write_set(root: Path, directory: str, manifest: dict[str, Any] | str, **file
 
 def start_daemon(
     home: Path, workspace: Path, base: Path, extra_args: list[str] | None = None,
-    env: dict[str, str] | None = None,
+    env: dict[str, str] | None = None, launcher: list[str] | None = None,
 ) -> Daemon:
-    """Start toolsetd and wait until it accepts connections."""
+    """Start toolsetd and wait until it accepts connections.
+
+    ``launcher`` replaces ``python -m toolsetd.daemon`` (a test that must shorten a limit
+    no option sets runs the daemon's ``main`` through ``python -c``).
+    """
     sock = base / "s.sock"
     log_path = base / "daemon.log"
     extra_args = list(extra_args or [])
@@ -214,7 +218,7 @@ def start_daemon(
         config.touch()
         extra_args += ["--config", str(config)]
     args = [
-        sys.executable, "-m", "toolsetd.daemon",
+        *(launcher or [sys.executable, "-m", "toolsetd.daemon"]),
         "--home", str(home), "--socket", str(sock), "--log-level", "debug",
         *extra_args,
     ]

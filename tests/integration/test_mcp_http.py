@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from http.client import HTTPConnection
@@ -737,6 +738,57 @@ def test_http_delete_cancels_the_sessions_calls(http_daemon, workspace: Path) ->
     assert replies[0].status == 200
     assert replies[0].headers["content-type"] == "text/event-stream"
     assert replies[0].messages() == []
+
+
+#: Runs the daemon with sessions idle after half a second (no option sets that limit).
+_SHORT_IDLE = (
+    "import sys\n"
+    "from toolsetd.daemon import mcphttp\n"
+    "mcphttp.McpHttpSettings.__init__.__defaults__ = (1024, 0.5, 20.0)\n"
+    "from toolsetd.daemon.app import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def test_http_a_reused_in_flight_id_is_refused_and_the_session_does_not_expire(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A request whose id is in flight in its session is refused (-32600, the core's one
+    rule), and leaves the first request counted: a session with a running call never
+    expires under it (an initialize from another host, which expires idle sessions, does
+    not end it, and its call runs on)."""
+    write_set(home / "tools", "sleeper", _tool("sleeper.py"), **{"sleeper.py": SLEEPER})
+    daemon = start_daemon(home, workspace, tmp_base, ["--mcp-listen", "127.0.0.1:0"],
+                          launcher=[PY, "-c", _SHORT_IDLE])
+    try:
+        url = endpoint(listening_urls(daemon)[0], workspace)
+        headers = {"mcp-session-id": initialize(url)}
+        pid_file = workspace / "sleeper.pid"
+        call = rpc(5, "tools/call", {"name": "sleeper", "arguments": {}})
+        replies: list[Any] = []
+        caller = threading.Thread(
+            target=lambda: replies.append(http(url, body=call, headers=headers, timeout=60)))
+        caller.start()
+        eventually(lambda: pid_file.exists() and pid_file.read_text() != "",
+                   what="the sleeper's pid")
+        pid = int(pid_file.read_text())
+        again = http(url, body=call, headers=headers)
+        assert again.status == 200, again
+        assert again.json()["id"] == 5
+        assert again.json()["error"]["code"] == -32600
+        assert "already in flight" in again.json()["error"]["message"]
+        time.sleep(1.5)  # past the idle limit: only the running call keeps the session
+        initialize(url)  # a new session expires the idle ones
+        ping = http(url, body=rpc(6, "ping"), headers=headers)
+        assert ping.status == 200, ping
+        assert alive(pid), "the session's running call was ended"
+        assert not any(e.get("event") == "mcp_http_session_expired"
+                       for e in daemon.log_events())
+        assert http(url, "DELETE", headers=headers).status == 204
+        caller.join(20)
+        eventually(lambda: not alive(pid), what="the sleeper killed by DELETE")
+    finally:
+        daemon.stop()
 
 
 def test_http_a_cancelled_requests_post_ends_as_an_empty_stream(
