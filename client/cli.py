@@ -541,7 +541,7 @@ def run(
     home_option = getattr(args, "home", None)
     ctx = Context(
         out=out,
-        socket=getattr(args, "socket", None) or default_socket_path(env),
+        socket=default_socket_path(env, getattr(args, "socket", None)),
         workspace=Path(
             os.path.abspath(os.path.expanduser(getattr(args, "workspace", None) or "."))
         ),

@@ -37,8 +37,8 @@ from collections.abc import Mapping, Sequence
 
 from toolsetd.protocol.names import METHOD_MCP_BIND
 from toolsetd.protocol.sockfolder import folder_fault
-from toolsetd.protocol.sockpath import default_socket_path as socket_path_rule
 from toolsetd.protocol.sockpath import shared_tmp_folder
+from toolsetd.protocol.sockpath import socket_path as socket_path_rule
 
 __all__ = ["default_socket_path", "main", "shared_tmp_peer_refused", "shared_tmp_squatted"]
 
@@ -72,19 +72,20 @@ options:
 """
 
 
-def default_socket_path(env: Mapping[str, str] | None = None) -> str:
-    """Return the socket path: the daemon's default, by the one rule they share.
+def default_socket_path(env: Mapping[str, str] | None = None, option: str | None = None) -> str:
+    """Return the socket path, by the one rule the clients share with the daemon.
 
     Args:
         env: The environment (``os.environ`` when None).
+        option: ``--socket``, when given.
 
     Returns:
-        ``$TOOLSETD_SOCKET`` (``~`` expanded, as the daemon does), else
-        ``$XDG_RUNTIME_DIR/toolsetd/toolsetd.sock``, else ``/tmp/toolsetd-<uid>/toolsetd.sock``
-        (``protocol.sockpath``).
+        ``--socket``, else ``$TOOLSETD_SOCKET``, each with a leading ``~`` expanded (as the
+        daemon does); else ``$XDG_RUNTIME_DIR/toolsetd/toolsetd.sock``, else
+        ``/tmp/toolsetd-<uid>/toolsetd.sock`` (``protocol.sockpath``).
     """
     env = os.environ if env is None else env
-    return socket_path_rule(env, os.geteuid(), os.path.expanduser)
+    return socket_path_rule(option, env, os.geteuid(), os.path.expanduser)
 
 
 def _shared_tmp_folder() -> str:
@@ -363,7 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.get("help"):
         sys.stdout.write(_HELP)
         return EXIT_OK
-    path = str(options.get("socket") or default_socket_path())
+    socket_option = options.get("socket")
+    path = default_socket_path(option=str(socket_option) if socket_option else None)
     workspace = os.path.abspath(str(options.get("workspace") or os.getcwd()))
     if not workspace.isascii():
         from toolsetd.protocol.jsontext import is_utf8  # orjson: only for such a path

@@ -1,4 +1,4 @@
-"""Where the daemon's socket is when no ``--socket`` is given: one rule, for all.
+"""Where the daemon's socket is (``--socket``, else the default): one rule, for all.
 
 Pure: it computes a path from the environment values it is given; the daemon
 (``daemon.sockpath``) and the clients (``client.mcp``, which ``toolsetctl`` uses) pass
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-__all__ = ["default_socket_path", "shared_tmp_folder"]
+__all__ = ["default_socket_path", "shared_tmp_folder", "socket_path"]
 
 
 def shared_tmp_folder(euid: int) -> str:
@@ -43,3 +43,24 @@ def default_socket_path(
     # A per-uid folder in the shared /tmp: the daemon refuses one planted by others, and
     # the clients refuse to connect into it (``sockfolder``).
     return f"{shared_tmp_folder(euid)}/toolsetd.sock"
+
+
+def socket_path(
+    option: str | None,
+    environ: Mapping[str, str],
+    euid: int,
+    expanduser: Callable[[str], str],
+) -> str:
+    """Return the socket a client uses: ``--socket`` when given, else the default.
+
+    A leading ``~`` of ``--socket`` is expanded as ``$TOOLSETD_SOCKET``'s is (and as the
+    daemon expands its own ``--socket``): ``--socket=~/x.sock`` is one word, which no
+    shell expands, and must not name a relative ``~`` folder.
+
+    Args:
+        option: The ``--socket`` value, or None (or empty) when not given.
+        environ, euid, expanduser: As for ``default_socket_path``.
+    """
+    if option:
+        return expanduser(option)
+    return default_socket_path(environ, euid, expanduser)

@@ -254,6 +254,30 @@ def test_cli_unreachable_socket_exit_5(setup: Setup, tmp_path: Path) -> None:
         assert "Traceback" not in r.stderr
 
 
+def test_cli_socket_option_expands_a_leading_tilde(setup: Setup) -> None:
+    """``--socket=~/s.sock`` (one word, which no shell expands) names the socket under the
+    home, by the rule the daemon and TOOLSETD_SOCKET use: status answers, and so does the
+    MCP pump (``mcp``, which parses its own options) looks for it there too."""
+    env = {k: v for k, v in os.environ.items() if k != "TOOLSETD_SOCKET"}
+    env["HOME"] = str(setup.base)  # the daemon's socket is base/s.sock
+    assert setup.daemon.socket == setup.base / "s.sock"
+    elsewhere = setup.base / "ws"  # a relative ~/s.sock would be looked for here
+    r = subprocess.run(
+        [sys.executable, "-m", "toolsetd.client", "--socket=~/s.sock",
+         "--workspace", str(setup.workspace), "status", "--format", "json"],
+        capture_output=True, text=True, timeout=30, env=env, cwd=elsewhere,
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["pid"] == setup.daemon.proc.pid
+    r = subprocess.run(
+        [sys.executable, "-m", "toolsetd.client", "--socket=~/none.sock", "mcp",
+         "--no-autostart"],
+        input="", capture_output=True, text=True, timeout=30, env=env, cwd=elsewhere,
+    )
+    assert r.returncode == 5, r.stderr
+    assert str(setup.base / "none.sock") in r.stderr
+
+
 def test_cli_invoke_args_from_file_and_stdin(setup: Setup, tmp_path: Path) -> None:
     """--args @FILE and --args - read the argument object."""
     args_file = tmp_path / "args.json"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from toolsetd.protocol.sockpath import default_socket_path, shared_tmp_folder
+from toolsetd.protocol.sockpath import default_socket_path, shared_tmp_folder, socket_path
 
 
 def _expand(path: str) -> str:
@@ -32,3 +32,20 @@ def test_default_socket_path(env: dict[str, str], expected: str) -> None:
     """TOOLSETD_SOCKET (``~`` expanded) wins, then an absolute XDG_RUNTIME_DIR, then /tmp."""
     assert default_socket_path(env, 1000, _expand) == expected
     assert shared_tmp_folder(1000) == "/tmp/toolsetd-1000"
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ("~/x.sock", "/home/me/x.sock"),  # --socket=~/x.sock: one word, no shell expands it
+        ("/srv/x.sock", "/srv/x.sock"),
+        ("rel/x.sock", "rel/x.sock"),
+        (None, "/home/me/t.sock"),
+        ("", "/home/me/t.sock"),
+    ],
+)
+def test_socket_option_is_expanded_as_the_environment_is(
+    option: str | None, expected: str
+) -> None:
+    """``--socket`` wins over TOOLSETD_SOCKET, with its leading ``~`` expanded the same way."""
+    assert socket_path(option, {"TOOLSETD_SOCKET": "~/t.sock"}, 1000, _expand) == expected
