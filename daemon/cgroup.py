@@ -99,6 +99,7 @@ from pathlib import Path
 import anyio
 import structlog
 
+from .logs import Throttle
 from .pidsignal import signal_listed
 
 __all__ = [
@@ -564,6 +565,7 @@ class CgroupTree:
                 self._home = files
         self._counter = itertools.count(1)
         self._trash: list[str] = []
+        self._remove_failed = Throttle()
         #: (path, usage_usec when it was emptied, its open files)
         self._spares: list[tuple[str, int, _Files]] = []
         self.reuse = not controllers  # see "Spare cgroups" in the module doc
@@ -760,9 +762,20 @@ class CgroupTree:
             files.close()
         try:
             os.rmdir(path)
+        except FileNotFoundError:
+            self._forget(path)  # gone already: only this says so
+            return
         except OSError as exc:
             if exc.errno != errno.EBUSY:
-                self._forget(path)
+                # Still there (EACCES, EPERM, ...): a sandboxed call's id stays recorded,
+                # or a peer in it would pass for no call's; retried with the trash.
+                said = self._remove_failed.count(exc.errno)  # retried at every create
+                if said is not None:
+                    log.warning(
+                        "cgroup_remove_failed", cgroup=path, error=exc.strerror, failed=said
+                    )
+                if len(self._trash) < _TRASH_MAX:
+                    self._trash.append(path)
                 return
             # A tool may make child cgroups in its own (a cgroup with children cannot be
             # removed): ``cgroup.kill`` emptied them with it, so remove them first. Left

@@ -6,6 +6,7 @@ reason elsewhere.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -470,3 +471,56 @@ def _wait_populated(call: CallCgroup) -> bool:
             return True
         time.sleep(0.01)
     return False
+
+
+def _removed_as_nobody(tree: CgroupTree, path: str) -> tuple[list[int], list[str]]:
+    """``tree.remove(path)`` in a forked child running as uid 65534, whom the folder's
+    parent refuses (EACCES even to root's folders); its tree's sandboxed ids and trash."""
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(read)
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            tree.remove(path)
+            os.write(write, json.dumps([list(tree.sandboxed), tree._trash]).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    ids, trash = json.loads(data)
+    return ids, trash
+
+
+@pytest.mark.parametrize("error", ["ENOTEMPTY", "EACCES"])
+def test_a_sandboxed_id_stays_while_its_cgroup_cannot_be_removed(
+    tmp_path: Path, error: str
+) -> None:
+    """Only ENOENT says a call's cgroup is gone: another ``rmdir`` error (permission
+    denied, not empty) leaves it there, so a sandboxed call's id stays recorded (a peer
+    in it must not pass for no call's) and the removal is retried; once it is gone, the
+    id goes. (A folder stands in for the cgroup: the errors are rmdir's own.)"""
+    tree = CgroupTree(tmp_path / "tree", frozenset())
+    path = tmp_path / "tree" / "c1"
+    path.mkdir(parents=True)
+    own = os.stat(path).st_ino
+    tree.sandboxed[own] = str(path)
+    if error == "ENOTEMPTY":
+        (path / "left").write_text("")
+        tree.remove(str(path))
+        ids, trash = list(tree.sandboxed), tree._trash
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root, to run the removal as another user")
+        ids, trash = _removed_as_nobody(tree, str(path))
+    assert path.is_dir()
+    assert ids == [own]
+    assert trash == [str(path)]
+    (path / "left").unlink(missing_ok=True)
+    path.rmdir()  # it went (another way): the retry meets ENOENT
+    tree.remove(str(path))
+    assert tree.sandboxed == {}
