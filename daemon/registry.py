@@ -280,11 +280,13 @@ class Registry:
     async def _build(self, workspace: Key) -> Catalog:
         refreshed = await threads.run_sync(self._refresh_sync, workspace, True)
         assert refreshed is not None
-        return refreshed[0]
+        catalog, _, scan = refreshed
+        self._scans[workspace] = scan
+        return catalog
 
     async def _refresh(
         self, workspace: Key, force: bool, inline: bool
-    ) -> tuple[Catalog, _Changes | None] | None:
+    ) -> tuple[Catalog, _Changes | None, _Scan] | None:
         """``_refresh_sync`` in a worker thread, or its scan on the loop (``inline``).
 
         A reload that finds nothing changed is one ``stat`` per set (~2 ms for 1,000): for
@@ -306,11 +308,12 @@ class Registry:
         workspace: Key,
         force: bool,
         scanned: tuple[_Scan, list[tuple[int, str]] | None] | None = None,
-    ) -> tuple[Catalog, _Changes | None] | None:
+    ) -> tuple[Catalog, _Changes | None, _Scan] | None:
         """Rebuild or patch a snapshot; None when its files provably did not change.
 
         The scan is taken before the build, so a change made during the build shows in
-        the next one.
+        the next one. It is returned, not kept: it goes with the snapshot, which the
+        caller swaps in (or, when the reload fails, does not).
 
         Args:
             workspace: The snapshot's key.
@@ -319,7 +322,8 @@ class Registry:
                 (``_refresh``); else one is taken here.
 
         Returns:
-            The new snapshot and its changes (None: unknown, diff it), or None.
+            The new snapshot, its changes (None: unknown, diff it) and the scan it was
+            built from, or None.
         """
         if scanned is None:  # forced: nothing to compare with
             scanned = self._scan(workspace, None if force else self._scans.get(workspace))
@@ -333,9 +337,8 @@ class Registry:
         if result is None:
             result = (self._build_sync(workspace), None)
             self._positions.pop(workspace, None)  # for a snapshot no longer served
-        self._scans[workspace] = scan
         self.cache.flush()
-        return result
+        return (*result, scan)
 
     def _roots(self, workspace: Key) -> list[tuple[str, Source]]:
         roots = [(os.path.join(self.home, "tools"), Source.HOME)]
@@ -513,6 +516,12 @@ class Registry:
 
         Returns:
             The changes per key, the new snapshots, and the generation after the reload.
+
+        Raises:
+            OSError, MemoryError: A snapshot could not be refreshed (the daemon is short
+                of descriptors or memory): none is swapped, so every one stays on the
+                files it was built from, under the generation that goes with it, and the
+                next reload sees every change again.
         """
         async with self._reload_lock:
             keys = list(self._snapshots) if workspaces is None else list(workspaces)
@@ -522,6 +531,8 @@ class Registry:
             catalogs: dict[Key, Catalog] = {}
             rebuilt = False
             inline_budget = INLINE_SCAN_MAX  # manifests this reload may stat on the loop
+            #: Refreshed, swapped in only once every key is: key -> (old, new, its scan).
+            staged: dict[Key, tuple[Catalog | None, Catalog, _Scan]] = {}
             for key in keys:
                 old = self._snapshots.get(key)
                 previous = self._scans.get(key)
@@ -529,21 +540,32 @@ class Registry:
                 if inline:
                     assert previous is not None
                     inline_budget -= previous.size
-                refreshed = await self._refresh(key, old is None, inline)
+                try:
+                    refreshed = await self._refresh(key, old is None, inline)
+                except Exception as exc:  # short of descriptors or memory, above all
+                    # Swapping what was refreshed so far would serve some snapshots on the
+                    # new files and others on the old under one generation, announced to
+                    # no one, and the next reload would find the swapped ones unchanged.
+                    log.error(
+                        "catalog_reload_failed",
+                        workspace=str(key) if key else None,
+                        error=getattr(exc, "strerror", None) or repr(exc),
+                        workspaces=len(keys),
+                        swapped=0,
+                    )
+                    raise
                 if refreshed is None or refreshed[0] is old:  # nothing changed: keep it
                     assert old is not None
                     catalogs[key] = old
                     continue
-                new, known = refreshed
+                new, known, scan = refreshed
                 if known is None:
                     rebuilt = True
                     diff = diff_catalogs(old, new)
                     notes_changed = old is None or old.notes != new.notes
                 else:  # patched: same sets and notes, these entries replaced
                     diff, notes_changed = known, False
-                self._snapshots[key] = new
-                self._workspace_names = None
-                self._last_used.setdefault(key, self._clock())
+                staged[key] = (old, new, scan)
                 catalogs[key] = new
                 if diff or notes_changed:
                     changes[key] = diff
@@ -554,6 +576,13 @@ class Registry:
                     # Otherwise they kept the old home sets, under the new generation,
                     # with no catalogChanged, until a full reload.
                     keys += [k for k in self._snapshots if k not in keys]
+            for key, (old, new, scan) in staged.items():
+                if old is not None and self._snapshots.get(key) is not old:
+                    continue  # released as idle meanwhile: not brought back
+                self._snapshots[key] = new
+                self._scans[key] = scan
+                self._workspace_names = None
+                self._last_used.setdefault(key, self._clock())
             if changes:
                 self.generation += 1
             if rebuilt:  # a patch removes no set, so only a rebuild can leave manifests unused

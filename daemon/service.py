@@ -659,7 +659,7 @@ class Service:
         self._notifier.reloading()
         began, failed = time.monotonic(), True
         try:
-            # Short of a resource, the snapshots not yet swapped stay as they were.
+            # Short of a resource, no snapshot is swapped (``Registry.reload``).
             with busy_when_short("read the tool sets"):
                 outcome = await self.registry.reload(workspaces)
             failed = False

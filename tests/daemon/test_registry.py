@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import resource
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import anyio
@@ -387,3 +391,73 @@ async def test_registry_a_root_it_cannot_list_twice_is_unchanged(
     snapshot = await registry.catalog(None)
     await registry.reload()
     assert await registry.catalog(None) is snapshot
+
+
+@contextlib.contextmanager
+def _descriptors_to_take() -> Iterator[Callable[[], None]]:
+    """Inside, calling the function yielded takes every descriptor this process has left
+    (EMFILE after that); all are given back, and the limit restored, on the way out."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (len(os.listdir("/proc/self/fd")) + 16, hard))
+    held: list[int] = []
+
+    def take() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                held.append(os.open("/", os.O_RDONLY | os.O_CLOEXEC))
+
+    try:
+        yield take
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_reload_short_of_descriptors_part_way_swaps_no_snapshot(
+    home: Path, tmp_path: Path
+) -> None:
+    """A reload that runs out of descriptors after it refreshed some snapshots (here:
+    another task takes the last ones once the home's changed set was read) swaps none of
+    them. Swapped, the home and the first workspace served the new home sets under the
+    old generation, no listener was told (the reload failed) and the next reload found
+    them unchanged, while the other workspace kept the old home sets. Now the reload
+    fails whole, and the next one moves every snapshot and the generation together."""
+    later = [time.time_ns() + 10 * RACY_NS]
+    _write(home / "tools", "shared")
+    one, two = tmp_path / "one", tmp_path / "two"
+    _write(one / ".crystal" / "tools", "p1")
+    _write(two / ".crystal" / "tools", "p2")
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, clock_ns=lambda: later[0])
+    before = {key: await registry.catalog(key) for key in (None, one, two)}
+    generation, reads = registry.generation, registry.cache.reads
+    _write(home / "tools", "shared", description="changed, and longer")
+    later[0] = time.time_ns() + 10 * RACY_NS
+    failed: list[BaseException] = []
+    with _descriptors_to_take() as take:
+
+        async def take_once_the_home_was_read() -> None:
+            while registry.cache.reads == reads:
+                await anyio.sleep(0)
+            take()
+
+        async def reload() -> None:
+            try:
+                await registry.reload()
+            except OSError as exc:
+                failed.append(exc)
+            tg.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(take_once_the_home_was_read)
+            tg.start_soon(reload)
+    assert [getattr(exc, "errno", None) for exc in failed] == [errno.EMFILE]
+    assert all(registry.cached(key) is catalog for key, catalog in before.items())
+    assert registry.generation == generation
+    outcome = await registry.reload()
+    assert registry.generation == generation + 1
+    assert set(outcome.changes) == {None, one, two}
+    for key in before:
+        catalog = registry.cached(key)
+        assert catalog is not None
+        assert catalog.tools["shared"].tool.description == "changed, and longer"
