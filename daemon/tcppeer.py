@@ -12,8 +12,9 @@ address. :func:`tcp_peer_uid` asks for exactly that socket:
    exact lookup by the four-tuple: one request, one answer, no table walk), which carries
    the owner uid in ``inet_diag_msg``;
 2. failing that (a kernel without ``inet_diag``, a seccomp filter), by reading
-   ``/proc/net/tcp`` or ``/proc/net/tcp6`` and finding the line of that four-tuple; its
-   ``uid`` column is the same field.
+   ``/proc/net/tcp`` and ``/proc/net/tcp6`` (only ``tcp6`` for an IPv6 connection; an
+   IPv4 one's peer may be a dual-stack IPv6 socket) and finding the line of that
+   four-tuple; its ``uid`` column is the same field.
 
 Both answers are the kernel's: the peer cannot forge them. A connection whose peer the
 kernel no longer knows (it closed at once) has no answer, and an unknown peer is never
@@ -174,10 +175,23 @@ def _proc_address(text: str, family: int) -> tuple[str, int]:
     return socket.inet_ntop(family, native), int(port_hex, 16)
 
 
+def _plain(host: str, port: int) -> tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, int]:
+    """An address to compare: ``::ffff:127.0.0.1`` (an IPv6 socket's IPv4) as ``127.0.0.1``."""
+    address = ipaddress.ip_address(host)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped, port
+    return address, port
+
+
 def peer_from_proc(
     family: int, local: tuple[str, int], remote: tuple[str, int], proc: Path = Path("/proc")
 ) -> TcpPeer | None:
-    """Find the peer's socket in ``/proc/net/tcp`` or ``tcp6`` (its owner; no cgroup).
+    """Find the peer's socket in ``/proc/net/tcp`` and ``tcp6`` (its owner; no cgroup).
+
+    An IPv4 connection's peer may be an IPv6 socket (a dual-stack client, as Java's are
+    by default, reaches 127.0.0.1 as ``::ffff:127.0.0.1``): the kernel lists it in
+    ``tcp6``, so both files are read for an IPv4 connection (``sock_diag`` finds such a
+    socket by the IPv4 four-tuple alone).
 
     Args:
         family: ``AF_INET`` or ``AF_INET6``.
@@ -188,25 +202,25 @@ def peer_from_proc(
     Returns:
         Its owner, or None when no line matches or no file holds the socket (inode 0).
     """
-    name = "tcp6" if family == socket.AF_INET6 else "tcp"
-    want_local = (ipaddress.ip_address(remote[0]), remote[1])
-    want_remote = (ipaddress.ip_address(local[0]), local[1])
-    try:
-        lines = (proc / "net" / name).read_text(encoding="ascii").splitlines()[1:]
-    except OSError:
-        return None
-    for line in lines:
-        fields = line.split()
-        if len(fields) < 10:
+    want_local, want_remote = _plain(*remote), _plain(*local)
+    tables = [("tcp6", socket.AF_INET6)]
+    if family != socket.AF_INET6:
+        tables.insert(0, ("tcp", socket.AF_INET))
+    for name, listed in tables:
+        try:
+            lines = (proc / "net" / name).read_text(encoding="ascii").splitlines()[1:]
+        except OSError:
             continue
-        with contextlib.suppress(ValueError, OSError):
-            here_host, here_port = _proc_address(fields[1], family)
-            there_host, there_port = _proc_address(fields[2], family)
-            if (ipaddress.ip_address(here_host), here_port) == want_local and (
-                ipaddress.ip_address(there_host),
-                there_port,
-            ) == want_remote:
-                return TcpPeer(int(fields[7])) if fields[9] != "0" else None
+        for line in lines:
+            fields = line.split()
+            if len(fields) < 10:
+                continue
+            with contextlib.suppress(ValueError, OSError):
+                if (
+                    _plain(*_proc_address(fields[1], listed)) == want_local
+                    and _plain(*_proc_address(fields[2], listed)) == want_remote
+                ):
+                    return TcpPeer(int(fields[7])) if fields[9] != "0" else None
     return None
 
 

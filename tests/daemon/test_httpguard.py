@@ -221,6 +221,29 @@ def test_tcp_peer_uid_unknown_socket_is_none(tcp_pair) -> None:
     assert peer_from_proc(accepted.family, local, bogus) is None
 
 
+def test_tcp_peer_of_a_dual_stack_client_is_found_in_proc_too() -> None:
+    """A client whose socket is IPv6 dual-stack (Java's default, ``AF_INET6`` without
+    ``IPV6_V6ONLY``) reaches 127.0.0.1 as ``::ffff:127.0.0.1``: the kernel lists its socket
+    in ``/proc/net/tcp6``, not ``tcp``. The fallback read only ``tcp`` for an IPv4 listener,
+    so on a kernel without ``inet_diag`` such a client was unknown (refused, or 401)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        try:
+            client = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        except OSError:
+            pytest.skip("no IPv6 sockets on this machine")
+        with client:
+            client.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            client.connect(("::ffff:127.0.0.1", server.getsockname()[1]))
+            accepted, _ = server.accept()
+            with accepted:
+                local, remote = accepted.getsockname()[:2], accepted.getpeername()[:2]
+                found = peer_from_sock_diag(socket.AF_INET, local, remote)
+                assert found is not None and found.uid == os.geteuid()
+                assert peer_from_proc(socket.AF_INET, local, remote) == TcpPeer(os.geteuid())
+
+
 def _own_cgroup_id() -> int | None:
     """The inode number of this process's cgroup v2 folder (None: no cgroup v2 here)."""
     line = next(
