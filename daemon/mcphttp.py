@@ -630,6 +630,16 @@ class McpHttpEndpoint:
             exchange.on_disconnect = None
         if exchange.disconnected.is_set():
             return
+        if fresh and not exchange.streaming and isinstance(response, dict) and "error" in response:
+            # The initialize failed (its catalog could not be read): no session was opened,
+            # so none is kept (it held one of max_sessions, and its workspace, for the idle
+            # hour) and its id is not given. Busy is 503, as the factory's busy is: retry.
+            self._end_session(session)
+            busy = response["error"].get("code") == rpc_errors.ServerBusy.CODE
+            await exchange.respond(
+                503 if busy else 200, [("content-type", "application/json")], json_dumps(response)
+            )
+            return
         if exchange.streaming:
             if response is not None:
                 exchange.send_now(_sse(response))

@@ -1152,3 +1152,50 @@ def test_http_a_session_opened_short_of_descriptors_is_503_busy(
     finally:
         shut_down(d)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_http_an_initialize_whose_catalog_is_short_of_descriptors_opens_no_session(
+    tmp_path: Path, home: Path, workspace: Path
+) -> None:
+    """Out of descriptors while the initialize builds its workspace's catalog (the
+    workspace check passed): 503 and -32008, retry later, as docs/mcp-http.md says, and
+    no session: its id is not sent, and it holds none of the 1,024 (each failed
+    initialize kept one for the idle hour, its workspace held with it)."""
+    config = tmp_path / "unconfined.toml"
+    config.write_text('[confinement]\ncgroup = "off"\nsandbox = "off"\n')
+    base = Path(tempfile.mkdtemp(prefix="tsb-"))
+    d, url = start_http_daemon(home, workspace, base, ["--no-watch", "--config", str(config)])
+    try:
+        other = base / "other"  # a workspace no catalog was built for yet
+        write_set(other / ".crystal" / "tools", "asker", _tool("asker.py"),
+                  **{"asker.py": ASKER})
+        target = urlsplit(endpoint(url, other))
+        path = f"{target.path}?{target.query}"
+        headers = {"content-type": "application/json",
+                   "accept": "application/json, text/event-stream"}
+        body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
+        conn = HTTPConnection(target.hostname, target.port, timeout=30)  # kept alive
+        try:
+            # Connected (and accepted) first: a stateless ping, which reads no catalog.
+            conn.request("POST", path, body=json.dumps(rpc(0, "ping", {"_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28"}})).encode(),
+                headers={**headers, "mcp-protocol-version": "2026-07-28",
+                         "mcp-method": "ping"})
+            conn.getresponse().read()
+            with descriptors_limited(d.proc.pid, free=1):
+                conn.request("POST", path, body=body, headers=headers)
+                busy = conn.getresponse()
+                answer = json.loads(busy.read())
+            assert answer["error"]["code"] == -32008, answer
+            assert busy.status == 503, (busy.status, answer)
+            assert busy.getheader("mcp-session-id") is None
+        finally:
+            conn.close()
+        held = [e for e in d.log_events()
+                if e.get("event") in ("mcp_http_session_opened", "mcp_http_session_closed")]
+        assert held and held[-1]["event"] == "mcp_http_session_closed", held
+        assert held[-1]["sessions"] == 0, held
+        assert initialize(endpoint(url, other))
+    finally:
+        shut_down(d)
+        shutil.rmtree(base, ignore_errors=True)
