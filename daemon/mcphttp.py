@@ -334,6 +334,7 @@ class McpHttpEndpoint:
                     await tg.start(server.serve, [sock])
                     urls.append(address.url(port))
                     log.info("mcp_http_listening", url=address.url(port))
+                tg.start_soon(self._expire_idle_sessions)
                 task_status.started(urls)
         finally:
             for session in list(self.sessions.values()):
@@ -744,6 +745,15 @@ class McpHttpEndpoint:
             session.core.close()
         for event in list(session.calls.values()):
             event.set()
+
+    async def _expire_idle_sessions(self) -> None:
+        """End idle sessions as they become idle, not only when another one is opened:
+        a host that went away without DELETE and no newcomer left its session, and the
+        workspace it listens to, for good."""
+        interval = min(60.0, self.settings.session_idle_seconds / 2)
+        while True:
+            await anyio.sleep(interval)
+            await self._expire_idle()
 
     async def _expire_idle(self) -> None:
         """End sessions nobody used for ``session_idle_seconds`` (no request, no stream)."""
