@@ -183,9 +183,10 @@ class ManifestCache:
         self.reads = 0
         self.parses = 0
         self._entries: dict[tuple[str, Source], _Cached] = {}
-        #: The decisions made in this process by store key (the store hands each record
-        #: out once): a second manifest with the same key (the same set in two worktrees)
-        #: or one forgotten and seen again takes its decision from here, not a parse.
+        #: The decisions of the cached manifests by store key: a second manifest with
+        #: the same key (the same set in two worktrees) shares its decision, neither
+        #: decoded nor parsed again. ``forget`` drops those no cached manifest holds (the
+        #: store still has their records, as bytes).
         self._decided: dict[
             str, tuple[ToolSet | ManifestError, dict[tuple[str, ApprovalSource], str]]
         ] = {}
@@ -323,22 +324,22 @@ class ManifestCache:
         signature = trusted_signature(st, self._clock_ns())
         if signature is None or not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MANIFEST_BYTES:
             return None
-        found = self.store.lookup(manifest, signature)
-        if found is None:
+        store_key = self.store.lookup(manifest, signature)
+        if store_key is None:
             return None
-        store_key, record = found
         directory = set_dir[set_dir.rfind(os.sep) + 1 :]  # set_dir is absolute
         if store_key[64:] != self._key_suffix(source, reserved) + directory:
             return None  # indexed under another source or other reserved names
         path = _set_path(set_dir, parent, directory)
         try:
             digest = bytes.fromhex(store_key[:64])
-            if record is None:  # handed out before, in this process
-                decided = self._recall(store_key, path)
-                if decided is None:
-                    return None
+            decided = self._recall(store_key, path)  # another worktree's copy, decoded
+            if decided is not None:
                 value, hashes = decided
             else:
+                record = self.store.get(store_key)
+                if record is None:
+                    return None
                 value, hashes = self._from_record(store_key, record, directory, source, path)
         except (ValueError, TypeError, KeyError, IndexError):
             self.store.discard(store_key)
@@ -367,7 +368,7 @@ class ManifestCache:
         """Keep the decision for a store key (bounded: past the bound it starts over)."""
         with self._lock:
             if len(self._decided) >= max(_DECIDED_MIN, 2 * len(self._entries)):
-                self._decided.clear()  # costs a parse at worst, never a wrong set
+                self._decided.clear()  # costs a decode at worst, never a wrong set
             self._decided[key] = (value, hashes)
 
     def _recall(
@@ -490,6 +491,18 @@ class ManifestCache:
         with self._lock:
             for key in [k for k in self._entries if keep is None or k[0] not in keep]:
                 del self._entries[key]
+            if self._decided:
+                # The decisions no cached manifest holds now (a released workspace's sets)
+                # go with them: kept, a daemon held every set it ever served, decoded
+                # (~9 bytes a byte of manifest). The store keeps their records as bytes.
+                live = {
+                    self._store_key(
+                        cached.digest, source, cached.reserved, os.path.basename(set_dir)
+                    )
+                    for (manifest, source), cached in self._entries.items()
+                    for set_dir in (os.path.dirname(manifest),)
+                }
+                self._decided = {k: v for k, v in self._decided.items() if k in live}
 
 
 # --- hashes and wire helpers -----------------------------------------------------------

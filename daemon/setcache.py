@@ -14,7 +14,7 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
 * **What is kept.** The parse result (every field of the ``ToolSet`` and its ``ToolDef``
   values except the path, or the manifest's error message) and each tool's hash under
   both source policies, as a JSON list per set (enum members as their positions, sets of
-  catalogs as bit masks: it is parsed at every start). The file name carries a
+  catalogs as bit masks: it is decoded at every start). The file name carries a
   fingerprint of everything whose output a record holds (``_DECIDING_MODULES``: the
   parser, its messages, the types, ``catalog.tool_hash`` and this module; the versions
   of toolsetd, Python, orjson and jsonschema), so a daemon never reads decisions another
@@ -25,10 +25,14 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
 * **Only exact round trips.** A record is stored only if its JSON reads back equal: a
   schema holding an integer beyond 64 bits is parsed afresh every time rather than cached
   wrongly. A manifest path that is not UTF-8 (a folder ``caf\xe9`` on the way) is not
-  indexed: JSON cannot hold it, so that set is read at every start.
+  indexed: JSON cannot hold it, so that set is read at every start. Nor is a record
+  stored whose key cannot frame it in the files (not UTF-8, or holding a space, tab or
+  newline: a directory name no legal set has).
 * **Files.** A *snapshot* (``sets-<build>.json``: a magic line, the SHA-256 of the
-  body, the body) and a *journal* (``sets-<build>.journal``) of checksummed lines, one
-  per flush that added a few records, so a reload that parsed one set appends one line
+  body, the body: the index as JSON, then a tab, the key, a space and the record's JSON
+  for each record, so records are cut apart without decoding them) and a *journal*
+  (``sets-<build>.journal``) of checksummed lines of the same form, one per flush that
+  added a few records, so a reload that parsed one set appends one line
   instead of rewriting thousands of records. A journal grown past a quarter of the
   snapshot (or 1 MiB) is compacted into a new snapshot.
 * **Only regular files.** A snapshot or journal is opened without following a symlink and
@@ -51,13 +55,14 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
   manifest's old records go: a set edited a thousand times would otherwise leave a
   thousand records, in the file and, decoded, in every daemon's memory. At most
   ``max_records``; the records used by this process are kept first.
-* **Memory.** A record is handed out once and then dropped from memory: the set it
-  decodes into lives on in the manifest cache, which also keeps the decision by key for
-  a second manifest with the same key (the same set in two worktrees) or one it forgot
-  and sees again; the file still holds the record (a compaction re-reads the file, and
-  keeps its result in memory until the next one). Keeping the decoded JSON of 10,000 sets
-  alive beside their sets doubled what the cyclic collector traversed: a cold load of
-  10,000 sets took 610 ms with them, 430 ms without.
+* **Memory.** Records stay the bytes they were read or written as until one is asked
+  for, and each ``get`` decodes its own copy: the store holds no decoded record. The set
+  decoded from it lives in the manifest cache for as long as a cached manifest holds its
+  key, then goes (a released workspace's sets). Kept decoded, a record costs ~9 times its
+  bytes: three released workspaces of ten 0.7 MB manifests held ~140 MB after their
+  release, every record of the file was decoded at the first start whether a workspace
+  used it or not, and the decoded JSON of 10,000 small sets doubled what the cyclic
+  collector traversed (a cold load took 610 ms with it, 430 ms without).
 
 * **Only the daemon's own.** A record decides what a tool runs, and the checksums have no
   key: anyone who can write the folder or a file in it can re-sign one. So, as ssh does
@@ -378,9 +383,10 @@ class SetStore:
         self._snapshot_bytes = 0
         self._journal_bytes = 0
         self.max_records = max_records
-        self._records: dict[str, list[Any]] | None = None
+        #: Every record as the JSON bytes it was read or written as (see "Memory").
+        self._records: dict[str, bytes] | None = None
         self._index: dict[str, list[Any]] = {}
-        self._new: dict[str, list[Any]] = {}
+        self._new: dict[str, bytes] = {}
         self._new_index: dict[str, list[Any]] = {}
         self._used: set[str] = set()
         self._lock = threading.Lock()
@@ -390,7 +396,7 @@ class SetStore:
         self.hits = 0
         self.puts = 0
 
-    def _read_in(self, folder: int) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    def _read_in(self, folder: int) -> tuple[dict[str, bytes], dict[str, list[Any]]]:
         """The records and index of the snapshot plus the journal's intact lines.
 
         A snapshot that is missing, short or altered counts as empty; a journal line that
@@ -399,7 +405,7 @@ class SetStore:
         Args:
             folder: A descriptor of the cache folder (``_open_folder``).
         """
-        records: dict[str, list[Any]] = {}
+        records: dict[str, bytes] = {}
         index: dict[str, list[Any]] = {}
         data = self._read_file(folder, self.path)
         head = len(_MAGIC) + _DIGEST_SIZE
@@ -501,7 +507,7 @@ class SetStore:
         os.close(fd)
         return None
 
-    def _read(self) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    def _read(self) -> tuple[dict[str, bytes], dict[str, list[Any]]]:
         """``_read_in`` the cache folder; empty when it is missing, unreadable or untrusted."""
         try:
             folder = self._open_folder()
@@ -524,40 +530,48 @@ class SetStore:
             self._warned_paths.add((event, path))
             log.warning(event, path=str(path), **detail)
 
-    def _loaded(self) -> dict[str, list[Any]]:
+    def _loaded(self) -> dict[str, bytes]:
         if self._records is None:
             self._records, self._index = self._read()
         return self._records
 
     def get(self, key: str) -> list[Any] | None:
-        """The record stored under ``key``, or None."""
-        with self._lock:
-            record = self._new.get(key) or self._loaded().pop(key, None)
-            if record is not None:
-                self._used.add(key)
-                self.hits += 1
-            return record
+        """The record stored under ``key``, decoded afresh from its bytes, or None.
 
-    def lookup(
-        self, manifest: str, signature: tuple[int, int, int, int]
-    ) -> tuple[str, list[Any] | None] | None:
-        """The key and record of a manifest whose stat signature is the one indexed.
+        A record that is not a JSON list is forgotten (``discard``) and counts as missing.
+        """
+        with self._lock:
+            raw = self._new.get(key) or self._loaded().get(key)
+        if raw is None:
+            return None
+        try:
+            record = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            record = None
+        if not isinstance(record, list):
+            self.discard(key)
+            return None
+        with self._lock:
+            self._used.add(key)
+            self.hits += 1
+        return record
+
+    def lookup(self, manifest: str, signature: tuple[int, int, int, int]) -> str | None:
+        """The key of a manifest whose stat signature is the one indexed, or None.
 
         The index maps a manifest path to the trusted stat signature its bytes had when
         their key was recorded (see ``catalog.trusted_signature``), so an unchanged file
-        is found without being read.
+        is found without being read; ``get`` gives its record.
 
         Args:
             manifest: The manifest's absolute path.
             signature: Its current ``(mtime_ns, size, ino, ctime_ns)``.
 
         Returns:
-            ``(key, record)``; the record is None when this process was handed it before
-            (the caller keeps what it decoded) or it is not in the store. None when the
-            file is not indexed with that signature.
+            The key; None when the file is not indexed with that signature.
         """
         with self._lock:
-            records = self._loaded()
+            self._loaded()
             entry = self._new_index.get(manifest) or self._index.get(manifest)
             if (
                 entry is None
@@ -568,22 +582,25 @@ class SetStore:
                 or entry[3] != signature[3]
             ):
                 return None
-            key = entry[4]
-            record = self._new.get(key) or records.pop(key, None)
+            key: str = entry[4]
             self._used.add(key)
-            if record is not None:
-                self.hits += 1
-            return key, record
+            return key
 
     def put(self, key: str, record: list[Any]) -> None:
         """Remember a record, if it survives a JSON round trip exactly (flushed later)."""
+        if not _framable(key):
+            return
         try:
-            if orjson.loads(orjson.dumps(record)) != record:
+            raw = orjson.dumps(record)
+            if orjson.loads(raw) != record:
                 return
         except (orjson.JSONEncodeError, TypeError):
             return  # integers beyond 64 bits, lone surrogates
+        # Kept as a copy of exactly its length: the buffer orjson returns keeps what it
+        # grew to (2 MB for a 0.5 MB record), and the store holds it as long as the daemon.
+        raw = bytes(memoryview(raw))
         with self._lock:
-            self._new[key] = record
+            self._new[key] = raw
             self._used.add(key)
             self.puts += 1
 
@@ -648,7 +665,7 @@ class SetStore:
             if folder is None:
                 return False
             try:
-                line = orjson.dumps({"records": new, "index": new_index})
+                line = _pack(new, new_index)
                 limit = max(_JOURNAL_MIN_BYTES, self._snapshot_bytes // 4)
                 appended = False
                 if self._snapshot_bytes and self._journal_bytes + len(line) <= limit:
@@ -659,8 +676,11 @@ class SetStore:
                         # What a compaction lays over the file: without the lines it
                         # appended, a later one put back each path's entry from before
                         # (its old key: that record kept, the new one unindexed).
+                        # Its records stay in memory as they went out, for ``get``.
                         with self._lock:
                             self._index.update(new_index)
+                            if self._records is not None:
+                                self._records.update(new)
                 if not appended:
                     self._compact(folder, new, new_index, used)
             finally:
@@ -696,7 +716,7 @@ class SetStore:
     def _compact(
         self,
         folder: int,
-        new: dict[str, list[Any]],
+        new: dict[str, bytes],
         new_index: dict[str, list[Any]],
         used: set[str],
     ) -> None:
@@ -722,7 +742,7 @@ class SetStore:
         }
         if len(index) > self.max_records:
             index = dict(list(index.items())[-self.max_records :])
-        body = orjson.dumps({"records": records, "index": index})
+        body = _pack(records, index)
         if len(body) > MAX_CACHE_BYTES:  # it would be ignored when read
             raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
         self._replace(folder, self.path, _MAGIC + hashlib.sha256(body).digest() + body)
@@ -746,13 +766,44 @@ class SetStore:
             raise
 
 
-def _merge(records: dict[str, list[Any]], index: dict[str, list[Any]], payload: bytes) -> None:
-    """Add the records and index entries of one snapshot body or journal line."""
+def _framable(key: str) -> bool:
+    """Whether a key can frame a record in ``_pack``'s form: UTF-8, no space, tab or newline.
+
+    (A key ends in the set's directory name; a legal one has none of them.)
+    """
     try:
-        value = orjson.loads(payload)
-        more, entries = value["records"], value["index"]
-    except (orjson.JSONDecodeError, TypeError, KeyError):
+        data = key.encode()
+    except UnicodeEncodeError:  # a file name's undecodable bytes
+        return False
+    return b" " not in data and b"\t" not in data and b"\n" not in data
+
+
+def _pack(records: Mapping[str, bytes], index: Mapping[str, list[Any]]) -> bytes:
+    """A snapshot body or journal payload: the index as JSON, then ``\t<key> <record>``
+    for each record (compact JSON holds no raw tab or newline; ``_framable`` keys none)."""
+    parts = [orjson.dumps(index)]
+    parts += [b"%s %s" % (key.encode(), raw) for key, raw in records.items()]
+    return b"\t".join(parts)
+
+
+def _merge(records: dict[str, bytes], index: dict[str, list[Any]], payload: bytes) -> None:
+    """Add the records and index entries of one snapshot body or journal payload.
+
+    Each record is kept as its bytes, undecoded: ``SetStore.get`` decodes the ones asked
+    for. A payload whose index is not a JSON object adds nothing.
+    """
+    head, *parts = payload.split(b"\t")
+    try:
+        entries = orjson.loads(head)
+    except orjson.JSONDecodeError:
         return
-    if isinstance(more, dict) and isinstance(entries, dict):
-        records.update(more)
-        index.update(entries)
+    if not isinstance(entries, dict):
+        return
+    for part in parts:
+        key, _, raw = part.partition(b" ")
+        if raw:
+            try:
+                records[key.decode()] = raw
+            except UnicodeDecodeError:
+                continue
+    index.update(entries)

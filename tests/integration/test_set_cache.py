@@ -7,8 +7,10 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from toolsetd.daemon import setcache
 
 from .conftest import shut_down, start_daemon, write_set
 
@@ -66,11 +68,15 @@ def test_a_poisoned_cache_in_another_users_open_folder_does_not_choose_the_comma
 ) -> None:
     """A re-signed record in a folder another uid owns (mode 777) is not run; it is logged."""
     home, workspace, snapshot = _first_start(tmp_base)
-    magic = b"toolsetd-sets 1\n"
-    body = json.loads(snapshot.read_bytes()[len(magic) + 32 :])
-    for record in body["records"].values():
+    magic = setcache._MAGIC
+    records: dict[str, bytes] = {}
+    index: dict[str, Any] = {}
+    setcache._merge(records, index, snapshot.read_bytes()[len(magic) + 32 :])
+    for key, raw in records.items():
+        record = json.loads(raw)
         record[4] = ["/bin/sh", "-c", "echo POISONED"]  # the set's command
-    poisoned = json.dumps(body).encode()
+        records[key] = json.dumps(record).encode()
+    poisoned = setcache._pack(records, index)
     snapshot.write_bytes(magic + hashlib.sha256(poisoned).digest() + poisoned)
     folder = snapshot.parent
     for path in (folder, snapshot):
