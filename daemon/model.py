@@ -15,6 +15,7 @@ import dataclasses
 import enum
 import inspect
 import sys
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -314,7 +315,7 @@ class Config:
     project_policy: ApprovalSource = ApprovalSource.HOST
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)  # weakref: SnapshotCache
 class Catalog:
     """One immutable catalog snapshot for a home, or a home and a workspace.
 
@@ -342,22 +343,34 @@ class SnapshotCache(Generic[_V]):
     One entry per workspace and filter: a new snapshot of a workspace replaces its entry
     instead of keeping the old snapshot alive beside it. Past ``limit`` workspaces the
     entries are dropped and built again on use.
+
+    The snapshot is held weakly: once nothing else holds it (the registry released its
+    workspace, a reload replaced it) its entry goes with it. Held strongly, the last
+    snapshot of each of up to ``limit`` released workspaces stayed alive here, with every
+    set it loaded decoded and its ``list`` bytes beside them.
     """
 
     __slots__ = ("_entries", "_limit")
 
     def __init__(self, limit: int = 64) -> None:
-        self._entries: dict[tuple[Path | None, str | None], tuple[Catalog, _V]] = {}
+        self._entries: dict[tuple[Path | None, str | None], tuple[weakref.ref[Catalog], _V]] = {}
         self._limit = limit
 
     def get(self, catalog: Catalog, wanted: str | None, build: Callable[[], _V]) -> _V:
         """The value for ``catalog`` under filter ``wanted``, built by ``build`` the first time."""
         key = (catalog.workspace, wanted)
         cached = self._entries.get(key)
-        if cached is not None and cached[0] is catalog:
+        if cached is not None and cached[0]() is catalog:
             return cached[1]
         value = build()
         if key not in self._entries and len(self._entries) > self._limit:
             self._entries.clear()
-        self._entries[key] = (catalog, value)
+        entries = self._entries
+
+        def dropped(ref: weakref.ref[Catalog]) -> None:
+            # Run where the snapshot's last reference went; a newer entry stays.
+            if (entry := entries.get(key)) is not None and entry[0] is ref:
+                entries.pop(key, None)
+
+        entries[key] = (weakref.ref(catalog, dropped), value)
         return value

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import inspect
 import typing
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -190,3 +192,24 @@ def test_snapshot_cache_builds_once_per_snapshot_and_keeps_one_per_workspace() -
     assert get(others[1]) == 6, "the newcomer is kept"
     assert get(others[0]) == 7, "dropped when /o1 came past the limit, built again"
     assert get(old, "plan") == 8
+
+
+def test_snapshot_cache_does_not_keep_a_dropped_snapshot_alive() -> None:
+    """A snapshot nothing else holds (its workspace released) goes, and its value with it.
+
+    Held by the cache, the last snapshot of each released workspace stayed alive (up to
+    64 of them) with every set it loaded, decoded, and its ``list`` bytes.
+    """
+
+    class Value:
+        pass
+
+    cache: SnapshotCache[Value] = SnapshotCache()
+    kept, released = Catalog(workspace=Path("/kept")), Catalog(workspace=Path("/released"))
+    values = [cache.get(catalog, None, Value) for catalog in (kept, released)]
+    gone = weakref.ref(values[1])
+    del released, values
+    gc.collect()
+    assert gone() is None, "the cache kept the entry of a snapshot nothing else holds"
+    first = cache.get(kept, None, Value)
+    assert cache.get(kept, None, Value) is first  # a live snapshot's value is still kept
