@@ -324,9 +324,10 @@ class ManifestCache:
         signature = trusted_signature(st, self._clock_ns())
         if signature is None or not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MANIFEST_BYTES:
             return None
-        store_key = self.store.lookup(manifest, signature)
-        if store_key is None:
+        found = self.store.lookup(manifest, signature)
+        if found is None:
             return None
+        store_key, raw = found
         directory = set_dir[set_dir.rfind(os.sep) + 1 :]  # set_dir is absolute
         if store_key[64:] != self._key_suffix(source, reserved) + directory:
             return None  # indexed under another source or other reserved names
@@ -337,7 +338,7 @@ class ManifestCache:
             if decided is not None:
                 value, hashes = decided
             else:
-                record = self.store.get(store_key)
+                record = None if raw is None else self.store.decode(store_key, raw)
                 if record is None:
                     return None
                 value, hashes = self._from_record(store_key, record, directory, source, path)

@@ -49,12 +49,16 @@ def _too_large(path: str | Path) -> ManifestUnreadable:
     return ManifestUnreadable(f"{os.path.basename(path)} is larger than {limit} MiB.")
 
 
-def read_descriptor(fd: int, limit: int) -> bytes | None:
+def read_descriptor(fd: int, limit: int, expected: int | None = None) -> bytes | None:
     """Read an open descriptor to its end, never holding more than ``limit`` + 1 bytes.
 
     Args:
         fd: The descriptor (its owner closes it).
         limit: The most bytes accepted.
+        expected: The size ``fstat`` gave, when known: each read then asks for what is
+            left of it (and 64 KiB more at a time past it). Asked for ``limit`` + 1 at
+            once, ``os.read`` allocates that much (128 MiB for the set cache) and
+            shrinks it: 0.37 ms for a 0.8 MB file, against 0.04 ms.
 
     Returns:
         The bytes, or None when there are more than ``limit``.
@@ -64,7 +68,13 @@ def read_descriptor(fd: int, limit: int) -> bytes | None:
     """
     chunks: list[bytes] = []
     size = 0
-    while chunk := os.read(fd, limit + 1 - size):
+    while True:
+        want = limit + 1 - size
+        if expected is not None:
+            want = min(want, max(expected + 1 - size, 1 << 16))
+        chunk = os.read(fd, want)
+        if not chunk:
+            break
         chunks.append(chunk)
         size += len(chunk)
         if size > limit:
@@ -100,7 +110,7 @@ def read_regular_file(
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise _unreadable(path)
-            data = read_descriptor(fd, MAX_MANIFEST_BYTES)
+            data = read_descriptor(fd, MAX_MANIFEST_BYTES, st.st_size)
         finally:
             os.close(fd)
     except OSError as exc:

@@ -25,12 +25,11 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
 * **Only exact round trips.** A record is stored only if its JSON reads back equal: a
   schema holding an integer beyond 64 bits is parsed afresh every time rather than cached
   wrongly. A manifest path that is not UTF-8 (a folder ``caf\xe9`` on the way) is not
-  indexed: JSON cannot hold it, so that set is read at every start. Nor is a record
-  stored whose key cannot frame it in the files (not UTF-8, or holding a space, tab or
-  newline: a directory name no legal set has).
+  indexed: JSON cannot hold it, so that set is read at every start (nor is its record
+  stored when the name is that set's own directory).
 * **Files.** A *snapshot* (``sets-<build>.json``: a magic line, the SHA-256 of the
-  body, the body: the index as JSON, then a tab, the key, a space and the record's JSON
-  for each record, so records are cut apart without decoding them) and a *journal*
+  body, the body: a JSON head of the index and the records' keys, then each record's
+  JSON after a tab, so records are cut apart without decoding them) and a *journal*
   (``sets-<build>.journal``) of checksummed lines of the same form, one per flush that
   added a few records, so a reload that parsed one set appends one line
   instead of rewriting thousands of records. A journal grown past a quarter of the
@@ -446,9 +445,10 @@ class SetStore:
             self._warn_once("set_cache_unreadable", path, error=exc.strerror)
             return b""
         try:
-            if not self._usable(fd, path):
+            st = os.fstat(fd)
+            if not self._usable(st, path):
                 return b""
-            data = read_descriptor(fd, MAX_CACHE_BYTES)
+            data = read_descriptor(fd, MAX_CACHE_BYTES, st.st_size)
         except OSError as exc:
             self._warn_once("set_cache_unreadable", path, error=exc.strerror)
             return b""
@@ -460,10 +460,9 @@ class SetStore:
             return b""
         return data
 
-    def _usable(self, fd: int, path: Path) -> bool:
-        """Whether the cache file open as ``fd`` may be read or appended to: a regular
-        file (not a FIFO or a device in its place), and ``_trusted``."""
-        st = os.fstat(fd)
+    def _usable(self, st: os.stat_result, path: Path) -> bool:
+        """Whether the cache file whose ``fstat`` is ``st`` may be read or appended to: a
+        regular file (not a FIFO or a device in its place), and ``_trusted``."""
         if not stat.S_ISREG(st.st_mode):
             self._warn_once("set_cache_ignored", path, reason="not a regular file")
             return False
@@ -536,42 +535,47 @@ class SetStore:
         return self._records
 
     def get(self, key: str) -> list[Any] | None:
-        """The record stored under ``key``, decoded afresh from its bytes, or None.
+        """The record stored under ``key``, decoded afresh from its bytes, or None."""
+        with self._lock:
+            raw = self._new.get(key) or self._loaded().get(key)
+            if raw is not None:
+                self._used.add(key)
+                self.hits += 1
+        return None if raw is None else self.decode(key, raw)
+
+    def decode(self, key: str, raw: bytes) -> list[Any] | None:
+        """A record's bytes (from ``lookup``) decoded: a fresh list each time.
 
         A record that is not a JSON list is forgotten (``discard``) and counts as missing.
         """
-        with self._lock:
-            raw = self._new.get(key) or self._loaded().get(key)
-        if raw is None:
-            return None
         try:
             record = orjson.loads(raw)
         except orjson.JSONDecodeError:
             record = None
-        if not isinstance(record, list):
+        if type(record) is not list:
             self.discard(key)
             return None
-        with self._lock:
-            self._used.add(key)
-            self.hits += 1
         return record
 
-    def lookup(self, manifest: str, signature: tuple[int, int, int, int]) -> str | None:
-        """The key of a manifest whose stat signature is the one indexed, or None.
+    def lookup(
+        self, manifest: str, signature: tuple[int, int, int, int]
+    ) -> tuple[str, bytes | None] | None:
+        """The key and record bytes of a manifest whose stat signature is the one indexed.
 
         The index maps a manifest path to the trusted stat signature its bytes had when
         their key was recorded (see ``catalog.trusted_signature``), so an unchanged file
-        is found without being read; ``get`` gives its record.
+        is found without being read. ``decode`` gives the record.
 
         Args:
             manifest: The manifest's absolute path.
             signature: Its current ``(mtime_ns, size, ino, ctime_ns)``.
 
         Returns:
-            The key; None when the file is not indexed with that signature.
+            ``(key, bytes)``, the bytes None when the store holds no record for the key;
+            None when the file is not indexed with that signature.
         """
         with self._lock:
-            self._loaded()
+            records = self._loaded()
             entry = self._new_index.get(manifest) or self._index.get(manifest)
             if (
                 entry is None
@@ -583,19 +587,21 @@ class SetStore:
             ):
                 return None
             key: str = entry[4]
+            raw = self._new.get(key) or records.get(key)
             self._used.add(key)
-            return key
+            if raw is not None:
+                self.hits += 1
+            return key, raw
 
     def put(self, key: str, record: list[Any]) -> None:
         """Remember a record, if it survives a JSON round trip exactly (flushed later)."""
-        if not _framable(key):
-            return
         try:
+            key.encode()  # the files hold it as JSON
             raw = orjson.dumps(record)
             if orjson.loads(raw) != record:
                 return
-        except (orjson.JSONEncodeError, TypeError):
-            return  # integers beyond 64 bits, lone surrogates
+        except (orjson.JSONEncodeError, TypeError, UnicodeEncodeError):
+            return  # integers beyond 64 bits, lone surrogates (a file name's stray bytes)
         # Kept as a copy of exactly its length: the buffer orjson returns keeps what it
         # grew to (2 MB for a 0.5 MB record), and the store holds it as long as the daemon.
         raw = bytes(memoryview(raw))
@@ -706,7 +712,7 @@ class SetStore:
                 return False
             raise
         try:
-            if not self._usable(fd, self.journal):
+            if not self._usable(os.fstat(fd), self.journal):
                 return False
             os.write(fd, entry)
         finally:
@@ -766,44 +772,32 @@ class SetStore:
             raise
 
 
-def _framable(key: str) -> bool:
-    """Whether a key can frame a record in ``_pack``'s form: UTF-8, no space, tab or newline.
-
-    (A key ends in the set's directory name; a legal one has none of them.)
-    """
-    try:
-        data = key.encode()
-    except UnicodeEncodeError:  # a file name's undecodable bytes
-        return False
-    return b" " not in data and b"\t" not in data and b"\n" not in data
-
-
 def _pack(records: Mapping[str, bytes], index: Mapping[str, list[Any]]) -> bytes:
-    """A snapshot body or journal payload: the index as JSON, then ``\t<key> <record>``
-    for each record (compact JSON holds no raw tab or newline; ``_framable`` keys none)."""
-    parts = [orjson.dumps(index)]
-    parts += [b"%s %s" % (key.encode(), raw) for key, raw in records.items()]
-    return b"\t".join(parts)
+    """A snapshot body or journal payload: a JSON head of the index and the records' keys,
+    then each record's JSON after a tab (compact JSON holds no raw tab or newline)."""
+    head = orjson.dumps({"index": index, "keys": list(records)})
+    return b"\t".join([head, *records.values()])
 
 
 def _merge(records: dict[str, bytes], index: dict[str, list[Any]], payload: bytes) -> None:
     """Add the records and index entries of one snapshot body or journal payload.
 
-    Each record is kept as its bytes, undecoded: ``SetStore.get`` decodes the ones asked
-    for. A payload whose index is not a JSON object adds nothing.
+    Each record is kept as its bytes, undecoded: ``SetStore.decode`` decodes the ones
+    asked for. A payload whose head is not what ``_pack`` writes, or whose keys do not
+    match its records one for one, adds nothing.
     """
-    head, *parts = payload.split(b"\t")
+    head, *raws = payload.split(b"\t")
     try:
-        entries = orjson.loads(head)
-    except orjson.JSONDecodeError:
+        value = orjson.loads(head)
+        entries, keys = value["index"], value["keys"]
+    except (orjson.JSONDecodeError, TypeError, KeyError):
         return
-    if not isinstance(entries, dict):
+    if (
+        not isinstance(entries, dict)
+        or not isinstance(keys, list)
+        or len(keys) != len(raws)
+        or not all(type(key) is str for key in keys)
+    ):
         return
-    for part in parts:
-        key, _, raw = part.partition(b" ")
-        if raw:
-            try:
-                records[key.decode()] = raw
-            except UnicodeDecodeError:
-                continue
+    records.update(zip(keys, raws, strict=True))
     index.update(entries)

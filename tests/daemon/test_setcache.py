@@ -19,6 +19,7 @@ import pytest
 from structlog.testing import capture_logs
 from toolsetd.daemon import setcache
 from toolsetd.daemon.catalog import RACY_NS, ManifestCache, build_catalog, tool_hash
+from toolsetd.daemon.config_file import read_descriptor
 from toolsetd.daemon.manifest import ManifestError, parse_manifest
 from toolsetd.daemon.model import (
     DEFAULT_RESERVED_NAMES,
@@ -802,3 +803,20 @@ def test_setstore_compaction_keeps_the_index_a_journal_line_updated(tmp_path: Pa
     records, index = SetStore(folder)._read()
     assert index[manifest] == [2, 2, 2, 2, "new"]
     assert "old" not in records
+
+
+@pytest.mark.parametrize("expected", [None, 0, 10, 100_000, 300_000])
+def test_read_descriptor_reads_to_the_end_whatever_size_was_expected(
+    tmp_path: Path, expected: int | None
+) -> None:
+    """The size hint only sizes the reads: a file that grew or shrank since its ``fstat``
+    is read whole, and one past the limit still gives None."""
+    data = os.urandom(200_000)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    for limit, want in [(len(data), data), (len(data) - 1, None)]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert read_descriptor(fd, limit, expected) == want
+        finally:
+            os.close(fd)
