@@ -770,14 +770,19 @@ def test_cli_enable_with_home_option_and_a_missing_home(ctl: Ctl, tmp_path: Path
 
 
 @pytest.mark.slow
-def test_make_run_prints_lines_that_make_the_readme_work(tmp_path: Path) -> None:
-    """The export lines run-demo.sh prints make the README's commands work as printed."""
+def test_make_run_prints_lines_that_make_the_readme_work(tmp_base: Path) -> None:
+    """The export lines run-demo.sh prints make the README's commands work as printed.
+
+    In a short folder (``tmp_base``): the demo's socket lies below ``$TMPDIR``, and under
+    pytest's own temporary folders its path outgrew AF_UNIX's 107 bytes once the run counter
+    reached four digits (the daemon then refuses to start, as it should).
+    """
     readme = (REPO / "README.md").read_text()
     section = readme.split("## Trying it", 1)[1].split("\n## ", 1)[0]
     commands = [line for line in section.splitlines() if line.startswith("toolsetctl ")]
     assert {"toolsetctl list", "toolsetctl disable hello"} <= set(commands)
     env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
-    env["TMPDIR"] = str(tmp_path)
+    env["TMPDIR"] = str(tmp_base)
     demo = subprocess.Popen(
         ["bash", str(REPO / "examples" / "run-demo.sh")],
         stdout=subprocess.PIPE,
@@ -806,7 +811,7 @@ def test_make_run_prints_lines_that_make_the_readme_work(tmp_path: Path) -> None
             capture_output=True,
             text=True,
             timeout=120,
-            env={**env, "HOME": str(tmp_path)},
+            env={**env, "HOME": str(tmp_base)},
         )
         assert r.returncode == 0, r.stdout + r.stderr
         assert "Hello, Ada!" in r.stdout
