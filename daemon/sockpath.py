@@ -46,6 +46,7 @@ from toolsetd.protocol.sockfolder import folder_fault
 from toolsetd.protocol.sockpath import default_socket_path as socket_path_rule
 
 __all__ = [
+    "SUN_PATH_MAX",
     "AlreadyRunning",
     "InstanceLocked",
     "LockHandle",
@@ -60,7 +61,7 @@ __all__ = [
 ]
 
 # sizeof(sockaddr_un.sun_path) on Linux, including the terminating NUL.
-_SUN_PATH_MAX = 108
+SUN_PATH_MAX = 108
 _LOCK_ATTEMPTS = 5
 
 
@@ -131,10 +132,10 @@ def prepare_socket_dir(path: Path) -> None:
             directory.
     """
     encoded = os.fsencode(path)
-    if len(encoded) >= _SUN_PATH_MAX:
+    if len(encoded) >= SUN_PATH_MAX:
         raise SocketPathError(
             f"socket path {path} is {len(encoded)} bytes; AF_UNIX allows at most "
-            f"{_SUN_PATH_MAX - 1}: choose a shorter --socket"
+            f"{SUN_PATH_MAX - 1}: choose a shorter --socket"
         )
     parent = path.parent
     euid = os.geteuid()

@@ -7,6 +7,8 @@ import socket
 import stat
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -233,3 +235,83 @@ def test_the_clients_default_socket_path_is_the_daemons(env: dict[str, str]) -> 
     from toolsetd.client.mcp import default_socket_path as client_default
 
     assert client_default(env) == str(default_socket_path(env))
+
+
+def test_the_socket_path_appears_only_once_it_listens(short_dir: Path) -> None:
+    """A client that waits for the file and connects at once is never refused: bound at
+    the path directly, 83 to 177 connects in 1,000 were in the moment between bind and listen
+    (``bind`` and ``chmod`` let another thread run)."""
+    from toolsetd.daemon.server import bind_unix_socket
+
+    refused = 0
+    for i in range(1000):
+        path = short_dir / f"s{i}.sock"
+        outcome: list[str] = []
+
+        def wait_and_connect(path: Path = path, outcome: list[str] = outcome) -> None:
+            deadline = time.monotonic() + 10
+            while not path.exists():
+                if time.monotonic() > deadline:
+                    return
+            with socket.socket(socket.AF_UNIX) as client:
+                try:
+                    client.connect(str(path))
+                    outcome.append("accepted")
+                except ConnectionRefusedError:
+                    outcome.append("refused")
+
+        waiter = threading.Thread(target=wait_and_connect)
+        waiter.start()
+        listener = bind_unix_socket(path)
+        waiter.join(10)
+        listener.close()
+        assert outcome, "the waiter never saw the socket"
+        refused += outcome == ["refused"]
+        assert stat.S_IMODE(path.lstat().st_mode) == 0o600
+        path.unlink()
+    assert refused == 0
+    assert os.listdir(short_dir) == []  # no temporary name left behind
+
+
+def test_binding_replaces_nothing_that_took_the_path(short_dir: Path) -> None:
+    """What appeared at the path after ``check_stale`` looked (an operator's file) is kept:
+    the bind fails with EEXIST, and its temporary name goes."""
+    from toolsetd.daemon.server import bind_unix_socket
+
+    path = short_dir / "t.sock"
+    path.write_text("the operator's\n")
+    with pytest.raises(FileExistsError):
+        bind_unix_socket(path)
+    assert path.read_text() == "the operator's\n"
+    assert os.listdir(short_dir) == ["t.sock"]
+
+
+def test_a_socket_path_too_long_for_a_temporary_name_is_bound_directly(short_dir: Path) -> None:
+    """A path of 107 bytes whose name is shorter than the temporary one leaves no room for
+    it in its folder: the socket is bound where it is asked to be, and works."""
+    from toolsetd.daemon.server import bind_unix_socket
+
+    folder = short_dir / ("d" * (105 - len(os.fsencode(str(short_dir))) - 1))
+    folder.mkdir()
+    path = folder / "s"
+    assert len(os.fsencode(str(path))) == 107
+    listener = bind_unix_socket(path)
+    try:
+        with socket.socket(socket.AF_UNIX) as client:
+            client.connect(str(path))
+    finally:
+        listener.close()
+    assert os.listdir(folder) == ["s"]
+
+
+def test_a_crashed_daemons_temporary_name_does_not_stop_a_start(short_dir: Path) -> None:
+    """A daemon killed between bind and link leaves ``.<pid>.sock``; the next daemon that
+    gets that pid binds anyway (the folder is the user's alone)."""
+    from toolsetd.daemon.server import bind_unix_socket
+
+    stale = short_dir / f".{os.getpid()}.sock"
+    with socket.socket(socket.AF_UNIX) as crashed:
+        crashed.bind(str(stale))
+    listener = bind_unix_socket(short_dir / "t.sock")
+    listener.close()
+    assert os.listdir(short_dir) == ["t.sock"]
