@@ -129,6 +129,11 @@ _CALL_VARIABLES = (
     b"TOOLSETD_CALL_ID",
     b"TOOLSETD_PROGRESS_FD",
 )
+#: The W3C trace context variables of the daemon's own environment (a daemon started
+#: inside a traced job): they name the daemon's parent span, not a call's. A child gets
+#: ``TRACEPARENT`` only when its call carries a trace, and never a ``TRACESTATE`` that
+#: belongs to another span.
+_DAEMON_TRACE_VARIABLES = frozenset({"TRACEPARENT", "TRACESTATE"})
 
 
 class _CallPaths:
@@ -213,7 +218,10 @@ class Runner:
         self._s = settings
         self._confinement = confinement
         self._limiter = limiter
-        self._spawner = Spawner(base_env, _CALL_VARIABLES)
+        self._spawner = Spawner(
+            {k: v for k, v in base_env.items() if k not in _DAEMON_TRACE_VARIABLES},
+            _CALL_VARIABLES,
+        )
         self._guard: ProcessGroupGuard = guard if guard is not None else NullGuard()
         self._paths: dict[tuple[Path, Path, str], _CallPaths] = {}
         self._drainer = Drainer()

@@ -414,6 +414,27 @@ def test_traceparent_reaches_the_child_and_nothing_optional_is_imported(
     assert "opentelemetry" not in d.log()
 
 
+def test_the_daemons_own_trace_context_never_reaches_a_child(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A daemon started inside a traced job has TRACEPARENT and TRACESTATE of its own: they
+    name its parent span, so no call's child gets them, with or without a trace."""
+    (ops_home / "tools" / "trace" / "trace.sh").write_text(
+        _SH + 'printf "%s|%s" "${TRACEPARENT-unset}" "${TRACESTATE-unset}"\n'
+    )
+    own = {"TRACEPARENT": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+           "TRACESTATE": "vendor=daemon"}
+    d = start_daemon(ops_home, workspace, tmp_base, env=own)
+    try:
+        plain = _invoke(d, workspace, "trace")["result"]["content"][0]["text"]
+        assert plain == "exit 0\nunset|unset"
+        parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        traced = _invoke(d, workspace, "trace", traceparent=parent)["result"]["content"][0]["text"]
+        assert traced == f"exit 0\n{parent}|unset"
+    finally:
+        d.stop()
+
+
 def _start_fails(tmp_base: Path, *flags: str) -> subprocess.CompletedProcess[str]:
     """Run ``toolsetd`` over base/home and base/s.sock; it must exit on its own."""
     (tmp_base / "home").mkdir(exist_ok=True)
