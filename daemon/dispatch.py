@@ -15,8 +15,8 @@ Until issue 16 each request went through jsonrpcserver's per-request
 bind them to a signature that accepts anything, call, and wrap the answer in an
 ``Either`` that we took apart again: ~5 µs a request, and importing it costs ~100 ms of
 every start (its own request validator imports jsonschema). Params reach a handler as
-they did through it: an object as the dict, an array as the list, and an empty array or
-a missing member as ``{}``.
+they did through it: an object as the dict, an array as the list (every method refuses
+positional params, an empty array too), and a missing member as ``{}``.
 """
 
 from __future__ import annotations
@@ -122,7 +122,9 @@ class Dispatcher:
         params = envelope.params
         notification = request_id is _NO_ID
         context = RequestContext(conn, None if notification else request_id)
-        answer = await self._jsonrpc_methods[method](context, params if params else {})
+        # A missing member is no params; an array, even an empty one, is positional params,
+        # which every method refuses (-32602), as protocol.md says.
+        answer = await self._jsonrpc_methods[method](context, {} if params is None else params)
         if notification:
             return None
         if type(answer) is _Failure:

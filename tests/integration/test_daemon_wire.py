@@ -115,6 +115,17 @@ def test_daemon_unknown_method_and_positional_params(shared: Daemon) -> None:
     assert "named" in reply["error"]["message"]
 
 
+@pytest.mark.parametrize("method", ["status", "list", "reload", "metrics", "cancel", "invoke"])
+def test_daemon_an_empty_params_array_is_positional_too(shared: Daemon, method: str) -> None:
+    """``"params": []`` is an array: refused with -32602 as by-name only, like ``[1]``."""
+    with shared.raw() as conn:
+        conn.send({"jsonrpc": "2.0", "method": method, "params": [], "id": 7})
+        reply = conn.receive()
+    assert reply["id"] == 7
+    assert reply["error"]["code"] == -32602
+    assert "named" in reply["error"]["message"]
+
+
 def test_daemon_garbage_and_bad_utf8_cost_only_that_line(shared: Daemon) -> None:
     """A garbage line and an invalid UTF-8 line each get a parse error; the connection goes on."""
     with shared.raw() as conn:
