@@ -78,8 +78,10 @@ from toolsetd.protocol.codec import (
     NEED_DATA,
     BadMessage,
     Codec,
+    LargeLine,
     Message,
     encode,
+    parse_line,
 )
 from toolsetd.protocol.jsonrpc import (
     InvalidEnvelope,
@@ -92,6 +94,7 @@ from toolsetd.protocol.jsonrpc import (
 from toolsetd.protocol.jsontext import loads
 from toolsetd.protocol.names import METHOD_MCP_BIND
 
+from . import threads
 from .wire import Wire
 
 __all__ = [
@@ -118,6 +121,11 @@ _NEWLINE = 0x0A
 _AT_ONCE_MAX = 4096
 #: Inline answers in one run of the reader before it lets other tasks run.
 _INLINE_BURST = 64
+#: Lines longer than this are parsed in a worker thread, not on the event loop: keeping
+#: every number's text (``jsontext``) costs about a quarter of a second per MiB of
+#: numbers, so one 16 MiB line held the loop, and every other client and call, for
+#: seconds. Below it a line costs at most a few milliseconds, less than the thread hop.
+_LARGE_LINE = 64 * 1024
 #: The items of a batch past the in-flight limit answered before other tasks run.
 _REFUSE_SLICE = 1024
 #: Methods answered in the reader itself: their handlers never wait on anything.
@@ -211,7 +219,7 @@ class Connection:
         self._stream = stream
         self._server = server
         self._settings = server.settings
-        self._codec = Codec(max_frame_size=server.settings.max_frame_size)
+        self._codec = Codec(max_frame_size=server.settings.max_frame_size, large_line=_LARGE_LINE)
         #: The longest chunk ``_answer_at_once`` takes: a line within the frame limit (the
         #: codec's to enforce: it answers -32007 and closes) and within ``_AT_ONCE_MAX``.
         self._at_once_max = min(_AT_ONCE_MAX, server.settings.max_frame_size + 1)
@@ -454,6 +462,13 @@ class Connection:
                     event = codec.next_event()
                     if event is NEED_DATA or event is CLOSED:
                         break
+                    if type(event) is LargeLine:
+                        # Off the loop (see _LARGE_LINE); this connection's later lines
+                        # wait, in order, as they wait for any await of the reader.
+                        parsed = await threads.run_sync(parse_line, event.line)
+                        if parsed is None:
+                            continue  # a blank line, as the codec skips one
+                        event = parsed
                     completed = True
                     frames += 1
                     if type(event) is BadMessage:

@@ -19,6 +19,9 @@ calls ``next_event`` until it returns ``NEED_DATA`` (or ``CLOSED``), the way h11
 * ``BadMessage(message)`` for a line that is not UTF-8 or not JSON. The line is
   consumed and the stream stays usable: the server answers -32700 and carries on.
   The message is ours and never echoes the input;
+* ``LargeLine(line)``, only with ``large_line`` set, for a line longer than that, not yet
+  parsed: ``parse_line`` parses it (a caller with threads does it off its event loop: a
+  16 MiB line of numbers takes seconds to parse with every number's text kept);
 * ``NEED_DATA`` when no complete line is buffered;
 * ``CLOSED`` after end of file once every buffered line has been returned.
 
@@ -58,9 +61,11 @@ __all__ = [
     "BadMessage",
     "Codec",
     "Event",
+    "LargeLine",
     "Message",
     "Sentinel",
     "encode",
+    "parse_line",
 ]
 
 #: The default cap on one line: 16 MiB (contract section 4). The daemon accepts lines
@@ -119,7 +124,28 @@ class BadMessage:
     code: int = ParseError.CODE
 
 
-Event: TypeAlias = Message | BadMessage | Literal[Sentinel.NEED_DATA, Sentinel.CLOSED]
+@dataclass(slots=True)
+class LargeLine:
+    """A line longer than the codec's ``large_line``, left for ``parse_line``.
+
+    Attributes:
+        line: The line, without its newline (and a ``\\r`` before it).
+    """
+
+    line: bytes
+
+
+Event: TypeAlias = Message | BadMessage | LargeLine | Literal[Sentinel.NEED_DATA, Sentinel.CLOSED]
+
+
+def parse_line(line: bytes | bytearray) -> Message | BadMessage | None:
+    """Parse one line as ``next_event`` does: None for a blank line (skipped)."""
+    try:
+        return Message(loads(line))
+    except orjson.JSONDecodeError as exc:
+        if line.isspace() or not line:
+            return None
+        return BadMessage(_describe_bad_line(line, exc))
 
 
 def encode(value: Any) -> bytes:
@@ -146,14 +172,19 @@ class Codec:
 
     Args:
         max_frame_size: The longest accepted line in bytes, not counting its newline.
+        large_line: Lines longer than this many bytes are returned unparsed, as
+            ``LargeLine`` (None: every line is parsed here).
     """
 
-    __slots__ = ("_buffer", "_eof", "_error", "_max", "_scanned", "_start")
+    __slots__ = ("_buffer", "_eof", "_error", "_large", "_max", "_scanned", "_start")
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    def __init__(
+        self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, large_line: int | None = None
+    ) -> None:
         if max_frame_size < 1:
             raise ValueError("max_frame_size must be at least 1")
         self._max = max_frame_size
+        self._large = large_line
         self._buffer = bytearray()
         # Offset of the first byte not yet returned as a line.
         self._start = 0
@@ -215,7 +246,8 @@ class Codec:
         """Return the next framing event.
 
         Returns:
-            ``Message``, ``BadMessage``, ``NEED_DATA`` or ``CLOSED``.
+            ``Message``, ``BadMessage``, ``LargeLine`` (see ``large_line``), ``NEED_DATA``
+            or ``CLOSED``.
 
         Raises:
             FrameTooLarge: A line is longer than ``max_frame_size``.
@@ -235,12 +267,11 @@ class Codec:
                 self._poison(f"line of {newline - start} bytes exceeds the limit of {self._max}")
             end = newline - 1 if newline > start and buffer[newline - 1] == _CR else newline
             line = buffer[start:end]
-            try:
-                return Message(loads(line))
-            except orjson.JSONDecodeError as exc:
-                if line.isspace() or not line:
-                    continue
-                return BadMessage(_describe_bad_line(line, exc))
+            if self._large is not None and len(line) > self._large:
+                return LargeLine(bytes(line))
+            event = parse_line(line)
+            if event is not None:
+                return event
 
     def _no_line(self) -> Event:
         """Handle a buffer without a complete line: wait, close, or fail."""
@@ -270,7 +301,7 @@ class Codec:
         raise FrameTooLarge(detail)
 
 
-def _describe_bad_line(line: bytearray, exc: orjson.JSONDecodeError) -> str:
+def _describe_bad_line(line: bytes | bytearray, exc: orjson.JSONDecodeError) -> str:
     """Say why a line is not a message, without echoing it.
 
     orjson's own text names the problem and its position (``unexpected character: line

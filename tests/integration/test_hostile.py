@@ -650,3 +650,37 @@ def test_a_change_the_watcher_could_not_reload_short_of_descriptors_is_not_lost(
                 what="the watcher's reload deferred",
             )
         eventually(lambda: description() == "edited", what="the edit in the catalog")
+
+
+def _unread(sock: socket.socket) -> int:
+    """Bytes this socket sent that its peer has not read yet (``SIOCOUTQ``)."""
+    import fcntl  # noqa: PLC0415 - Linux-only ioctl, as the daemon's platform
+    import struct  # noqa: PLC0415
+    import termios  # noqa: PLC0415
+
+    return int(struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, b"\0" * 4))[0])
+
+
+def test_a_huge_line_of_numbers_is_parsed_without_holding_other_clients(plain: Daemon) -> None:
+    """A 16 MiB line of numbers (each kept with its text) takes seconds to parse: that is
+    done off the event loop, so another client's status is answered meanwhile, before the
+    big line's own answer."""
+    count = (16 * 1024 * 1024 - 100) // 4
+    head = b'{"jsonrpc":"2.0","id":"big","method":"list","params":{"x":[' + b"1.5," * count
+    with plain.raw(timeout=120) as big, plain.raw(timeout=120) as other:
+        other.request("status")  # connected and served before the big line completes
+        big.send_bytes(head + b"1]}}")
+        eventually(lambda: _unread(big.sock) == 0, timeout=60, what="the partial line read")
+        big.send_bytes(b"\n")
+        eventually(lambda: _unread(big.sock) == 0, timeout=60, what="the newline read")
+        assert "result" in other.request("status")
+        big.sock.setblocking(False)
+        try:
+            early = big.sock.recv(1)
+        except BlockingIOError:
+            early = b""
+        big.sock.setblocking(True)
+        big.sock.settimeout(120)
+        assert early == b"", "the big line was answered before the other client's status"
+        reply = big.receive()
+    assert reply["id"] == "big" and reply["error"]["code"] == -32602

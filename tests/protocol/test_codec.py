@@ -13,8 +13,10 @@ from toolsetd.protocol.codec import (
     BadMessage,
     Codec,
     Event,
+    LargeLine,
     Message,
     encode,
+    parse_line,
 )
 from toolsetd.protocol.errors import FrameTooLarge, LocalProtocolError, RemoteProtocolError
 
@@ -279,3 +281,20 @@ def test_codec_big_line_in_tiny_chunks_scans_linearly() -> None:
     codec.receive_data(b"\n")
     assert codec.next_event() == Message("a" * (1 << 20))
     assert searched <= 2 * len(payload)
+
+
+def test_codec_leaves_a_large_line_for_parse_line() -> None:
+    """With ``large_line``, a longer line comes back unparsed; ``parse_line`` then gives what
+    ``next_event`` would have (a message, a parse error, or None for a blank line)."""
+    codec = Codec(large_line=8)
+    codec.receive_data(b'{"a":1}\n{"a": 1.50}\nnot json at all\n' + b" " * 20 + b"\n")
+    assert codec.next_event() == Message({"a": 1})
+    big = codec.next_event()
+    assert big == LargeLine(b'{"a": 1.50}')
+    parsed = parse_line(big.line)
+    assert isinstance(parsed, Message) and str(parsed.value["a"]) == "1.50"
+    bad = codec.next_event()
+    assert isinstance(bad, LargeLine) and isinstance(parse_line(bad.line), BadMessage)
+    blank = codec.next_event()
+    assert isinstance(blank, LargeLine) and parse_line(blank.line) is None
+    assert codec.next_event() is NEED_DATA
