@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final, TypeAlias, TypeGuard
 
 from .errors import RemoteProtocolError, RpcError
+from .jsontext import JsonNumber
 
 __all__ = [
     "JSONRPC_VERSION",
@@ -158,7 +159,15 @@ def parse_envelope(value: Any) -> Request | Notification | InvalidEnvelope:
         return InvalidEnvelope(None, "Invalid Request: expected a JSON object")
     request_id = value.get("id", _ABSENT)
     kind = type(request_id)
-    if not (kind is str or kind is int or request_id is None or request_id is _ABSENT):
+    if not (
+        kind is str
+        or kind is int
+        or request_id is None
+        or request_id is _ABSENT
+        # ``-0`` is an integer in JSON's grammar; jsontext keeps it as a JsonNumber only so
+        # that its sign is written back: it is echoed as sent.
+        or (kind is JsonNumber and request_id.text == "-0")
+    ):
         return InvalidEnvelope(None, "Invalid Request: 'id' must be a string, an integer or null")
     echo_id = None if request_id is _ABSENT else request_id
     if len(value) > 4 or not _MEMBERS.issuperset(value):

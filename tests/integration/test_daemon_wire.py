@@ -126,6 +126,19 @@ def test_daemon_an_empty_params_array_is_positional_too(shared: Daemon, method: 
     assert "named" in reply["error"]["message"]
 
 
+def test_daemon_an_id_of_minus_zero_is_an_integer_echoed_as_sent(shared: Daemon) -> None:
+    """``-0`` is an integer in JSON's grammar: the request is answered, its id echoed as
+    ``-0``; ``-0.0`` is a fraction and refused."""
+    with shared.raw() as conn:
+        conn.send_bytes(b'{"jsonrpc": "2.0", "method": "status", "id": -0}\n')
+        conn.send_bytes(b'{"jsonrpc": "2.0", "method": "status", "id": -0.0}\n')
+        while b"\n" not in conn._buffer or conn._buffer.count(b"\n") < 2:
+            conn._buffer += conn.sock.recv(65536)
+        first, second = conn._buffer.split(b"\n")[:2]
+    assert b'"id":-0' in first and b'"result"' in first
+    assert json.loads(second)["error"]["code"] == -32600
+
+
 def test_daemon_garbage_and_bad_utf8_cost_only_that_line(shared: Daemon) -> None:
     """A garbage line and an invalid UTF-8 line each get a parse error; the connection goes on."""
     with shared.raw() as conn:
