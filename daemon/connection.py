@@ -102,6 +102,7 @@ __all__ = [
     "Connection",
     "Dispatch",
     "Handler",
+    "LargeLines",
     "RequestContext",
     "Route",
     "ServerSettings",
@@ -126,6 +127,13 @@ _INLINE_BURST = 64
 #: numbers, so one 16 MiB line held the loop, and every other client and call, for
 #: seconds. Below it a line costs at most a few milliseconds, less than the thread hop.
 _LARGE_LINE = 64 * 1024
+#: The large lines whose requests are in flight, on all connections together, may hold at
+#: most this many times ``max_frame_size`` bytes (a lone one always may). Parsed, a line
+#: takes up to twenty times its size (a 16 MiB line of ``[]`` is 341 MB of lists), and a
+#: request keeps it until answered (an ``invoke`` waiting for a runner slot or its child):
+#: without a bound one client could pipeline 16 MiB requests until the daemon ran out of
+#: memory.
+_LARGE_BUDGET_FRAMES = 4
 #: The items of a batch past the in-flight limit answered before other tasks run.
 _REFUSE_SLICE = 1024
 #: Methods answered in the reader itself: their handlers never wait on anything.
@@ -176,10 +184,22 @@ class RequestContext:
     request_id: Any
 
 
+class LargeLines:
+    """Bytes of large request lines (over ``_LARGE_LINE``) whose requests are in flight,
+    on every connection of one server (see ``_LARGE_BUDGET_FRAMES``)."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held = 0
+
+
 class Dispatch(Protocol):
     """What a connection needs of its server: the limits and the JSON-RPC layer."""
 
     settings: ServerSettings
+    #: The large request lines in flight on all of its connections.
+    large_lines: LargeLines
     #: Methods the reader answers itself (see ``ServerSettings.inline_methods``).
     inline_methods: frozenset[str]
 
@@ -462,10 +482,22 @@ class Connection:
                     event = codec.next_event()
                     if event is NEED_DATA or event is CLOSED:
                         break
+                    held = 0
                     if type(event) is LargeLine:
+                        held = len(event.line)
+                        if not self._hold(held):
+                            self._refuse_large(held)
+                            return
                         # Off the loop (see _LARGE_LINE); this connection's later lines
                         # wait, in order, as they wait for any await of the reader.
-                        parsed = await threads.run_sync(parse_line, event.line)
+                        try:
+                            parsed = await threads.run_sync(parse_line, event.line)
+                        except BaseException:
+                            self._release(held)
+                            raise
+                        if type(parsed) is not Message:
+                            self._release(held)
+                            held = 0
                         if parsed is None:
                             continue  # a blank line, as the codec skips one
                         event = parsed
@@ -487,12 +519,13 @@ class Connection:
                             await self._answer_inline(value)
                         finally:
                             self.may_bind = False
+                            self._release(held)
                         answered_inline += 1
                         if answered_inline % _INLINE_BURST == 0:
                             # A long pipelined run must not starve the other connections.
                             await anyio.lowlevel.checkpoint()
                     else:
-                        self._start_message(tg, value)
+                        self._start_message(tg, value, held)
                     if wire.backlogged:
                         await wire.wait_drained()
                 if event is CLOSED:
@@ -585,7 +618,51 @@ class Connection:
         if response is not None:
             self._post_response(response)
 
-    def _start_message(self, tg: anyio.abc.TaskGroup, value: Any) -> None:
+    def _hold(self, size: int) -> bool:
+        """Count a large line's bytes as held until its request is answered; False when
+        that would take the daemon past its bound (``_LARGE_BUDGET_FRAMES``)."""
+        lines = self._server.large_lines
+        limit = _LARGE_BUDGET_FRAMES * self._settings.max_frame_size
+        if lines.held and lines.held + size > limit:
+            return False
+        lines.held += size
+        return True
+
+    def _release(self, size: int) -> None:
+        """The request of a large line (``_hold``) is answered, or never ran."""
+        if size:
+            self._server.large_lines.held -= size
+
+    def _refuse_large(self, size: int) -> None:
+        """Say why a large line is not taken (the daemon holds too many), before closing."""
+        limit = _LARGE_BUDGET_FRAMES * self._settings.max_frame_size
+        held = self._server.large_lines.held
+        self.post(
+            error_message(
+                None,
+                rpc_errors.ServerBusy(
+                    f"Busy: requests of more than {_LARGE_LINE} bytes already in flight hold "
+                    f"{held} bytes, and this one of {size} bytes would take them past "
+                    f"{limit} (four times the line size limit); the connection is closed. "
+                    "Send it again once some of those have been answered.",
+                    {"resource": "memory", "limit": limit},
+                ),
+            )
+        )
+        log.warning("connection_large_lines_refused", conn_id=self.conn_id, size=size, held=held)
+
+    def _start_message(self, tg: anyio.abc.TaskGroup, value: Any, held: int = 0) -> None:
+        """Start serving one message; ``held`` is its line's size when ``_hold`` counted it
+        (released once the message is answered)."""
+        taken = False
+        try:
+            taken = self._start_held(tg, value, held)
+        finally:
+            if not taken:
+                self._release(held)
+
+    def _start_held(self, tg: anyio.abc.TaskGroup, value: Any, held: int) -> bool:
+        """``_start_message``; True when a task took the message (and releases ``held``)."""
         route = self.route
         if route is not None:
             # On a routed (MCP) connection only a request asks for work that may wait. A
@@ -597,30 +674,31 @@ class Connection:
             # takes the next line and the reader's backlog check holds a flood of them.
             if type(value) is not dict or "method" not in value or "id" not in value:
                 self._deliver_at_once(route, value)
-                return
+                return False
             if self._in_flight >= self._settings.max_calls_per_connection:
                 request_id = value["id"]
                 echo = request_id if is_request_id(request_id) else None
                 self._post_response(error_message(echo, self._busy()))
-                return
+                return False
         elif type(value) is list and len(value) > 1:
             # Each item of a batch runs its method as a request of its own would, so each
             # counts: a batch must not carry more work past the limit than pipelining can.
             room = self._settings.max_calls_per_connection - self._in_flight
             if room <= 0:
                 self._refuse_busy(value)
-                return
+                return False
             items, overflow = value, []
             if len(value) > room:
                 items, overflow = value[:room], value[room:]
             self._in_flight += len(items)
-            tg.start_soon(self._handle_batch, items, overflow)
-            return
+            tg.start_soon(self._handle_batch, items, overflow, held)
+            return True
         elif self._in_flight >= self._settings.max_calls_per_connection:
             self._refuse_busy(value)
-            return
+            return False
         self._in_flight += 1
-        tg.start_soon(self._handle_message, value)
+        tg.start_soon(self._handle_message, value, held)
+        return True
 
     def _busy(self) -> rpc_errors.ServerBusy:
         limit = self._settings.max_calls_per_connection
@@ -695,34 +773,40 @@ class Connection:
         step.close()
         return False
 
-    async def _handle_message(self, value: Any) -> None:
+    async def _handle_message(self, value: Any, held: int = 0) -> None:
         try:
-            if self.route is not None:
-                response: Any = await self.route.receive(value)
-            elif isinstance(value, list):
-                response = await self._server.dispatch_batch(self, value)
-            else:
-                response = await self._server.dispatch_one(self, value)
-        except BaseException:
-            self._in_flight -= 1
-            raise
-        await self._send_response(response)
+            try:
+                if self.route is not None:
+                    response: Any = await self.route.receive(value)
+                elif isinstance(value, list):
+                    response = await self._server.dispatch_batch(self, value)
+                else:
+                    response = await self._server.dispatch_one(self, value)
+            except BaseException:
+                self._in_flight -= 1
+                raise
+            await self._send_response(response)
+        finally:
+            self._release(held)
 
-    async def _handle_batch(self, items: list[Any], overflow: list[Any]) -> None:
+    async def _handle_batch(self, items: list[Any], overflow: list[Any], held: int = 0) -> None:
         """Answer a batch whose ``items`` each hold an in-flight slot; the items of
         ``overflow``, past the limit, are refused, and their answers follow in the one array
         (a slice at a time: there may be hundreds of thousands)."""
         try:
-            response: Any = await self._server.dispatch_batch(self, items)
+            try:
+                response: Any = await self._server.dispatch_batch(self, items)
+            finally:
+                self._in_flight -= len(items)
+            if overflow:
+                response = list(response or ())
+                for start in range(0, len(overflow), _REFUSE_SLICE):
+                    await anyio.lowlevel.checkpoint()
+                    response += self._busy_answers(overflow[start : start + _REFUSE_SLICE])
+            if response:
+                self._post_response(response)
         finally:
-            self._in_flight -= len(items)
-        if overflow:
-            response = list(response or ())
-            for start in range(0, len(overflow), _REFUSE_SLICE):
-                await anyio.lowlevel.checkpoint()
-                response += self._busy_answers(overflow[start : start + _REFUSE_SLICE])
-        if response:
-            self._post_response(response)
+            self._release(held)
 
     async def _send_response(self, response: Any) -> None:
         """Send a response (of an in-flight call, which it ends)."""

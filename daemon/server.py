@@ -37,7 +37,7 @@ from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol.codec import Codec
 from toolsetd.protocol.jsonrpc import error_message
 
-from .connection import Connection, Handler, RequestContext, ServerSettings
+from .connection import Connection, Handler, LargeLines, RequestContext, ServerSettings
 from .dispatch import Dispatcher
 from .exhaustion import Acceptor
 from .logs import Throttle
@@ -96,6 +96,8 @@ class Server:
         self._peer_policy = peer_policy
         self._ids = itertools.count(1)
         self.connections: dict[int, Connection] = {}
+        #: The large request lines in flight on all connections (``connection._hold``).
+        self.large_lines = LargeLines()
         # A peer can be refused as often as it connects: one line a minute per uid (per
         # reason for the connection limit), counting the refusals since the last line.
         self._refused_log = Throttle()

@@ -684,3 +684,54 @@ def test_a_huge_line_of_numbers_is_parsed_without_holding_other_clients(plain: D
         assert early == b"", "the big line was answered before the other client's status"
         reply = big.receive()
     assert reply["id"] == "big" and reply["error"]["code"] == -32602
+
+
+def _fill_sleeper(home: Path, workspace: Path) -> None:
+    write_set(home / "tools", "nap", {
+        "runner": "exec", "description": "sleeps", "schema": {"type": "object"},
+        "command": ["nap.sh"], "stdin": False, "approval": "always", "timeoutSeconds": 60,
+    }, **{"nap.sh": "#!/bin/sh\nsleep 60\n"})
+
+
+def _big_invoke(workspace: Path, call_id: str, size: int) -> dict[str, Any]:
+    return {"jsonrpc": "2.0", "id": call_id, "method": "invoke", "params": {
+        "tool": "nap", "arguments": {"pad": "x" * size}, "workspace": str(workspace),
+        "callId": call_id}}
+
+
+def test_large_requests_in_flight_are_bounded_daemon_wide() -> None:
+    """Requests of large lines may hold at most four times the line limit together: parsed,
+    a line takes many times its size, and an invoke keeps it until answered. One more is
+    refused with -32008 (resource memory) and its connection closed; once the earlier ones
+    are answered, a large request is taken again. Small requests are never held up."""
+    limit = 300_000
+    with daemon_in("tsl-", _fill_sleeper, args=["--no-watch", "--max-message-bytes", str(limit)]) as d:
+        size = limit - 1_000
+        holder = d.raw(timeout=60)
+        for n in range(4):  # 4 lines of just under the limit: within four times the limit
+            holder.send(_big_invoke(d.workspace, f"big-{n}", size))
+        started: set[str] = set()
+        while len(started) < 4:
+            message = holder.receive()
+            if message.get("method") == "started":
+                started.add(message["params"]["callId"])
+        with d.raw(timeout=60) as late:
+            late.send(_big_invoke(d.workspace, "late", size))
+            refusal = late.receive()
+            assert "error" in refusal, f"taken past the bound: {refusal}"
+            assert refusal["id"] is None and refusal["error"]["code"] == -32008
+            assert refusal["error"]["data"]["resource"] == "memory"
+            assert late.closed_by_peer(timeout=30)
+        assert "result" in d.call("status")  # small requests are served meanwhile
+        holder.close()  # its calls are cancelled and answered: their lines are released
+
+        def taken_again() -> bool:
+            with d.raw(timeout=60) as again:
+                again.send(_big_invoke(d.workspace, "again", size))
+                first = again.receive()
+                if first.get("method") != "started":
+                    return False
+                assert "result" in again.request("cancel", {"callId": "again"})
+                return True
+
+        eventually(taken_again, timeout=60, what="a large request taken once the others ended")
