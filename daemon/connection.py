@@ -248,6 +248,9 @@ class Connection:
         self._aborted = False
         self._stop_reading = False
         self._in_flight = 0
+        #: The bytes of an incomplete line over ``_LARGE_LINE`` counted in the server's
+        #: ``large_lines`` (a line being received holds memory too).
+        self._partial = 0
         #: Cancel events of this connection's running invoke calls, by call id.
         self.calls: dict[str, anyio.Event] = {}
         #: Workspace keys (a path string, or None for home) this client subscribed to.
@@ -402,6 +405,7 @@ class Connection:
                     await self._reader(handlers)
                 finally:
                     self._handlers = None
+                    self._hold_partial(0)
                 self.cancel_calls()
             if not self._aborted and not wire.lost:
                 # Every handler has answered: flush, then close (bounded like any write).
@@ -474,6 +478,7 @@ class Connection:
                 return
             data = wire.take()
             arrived = clock()
+            self._hold_partial(0)  # the line it counted completes or grows: counted anew below
             try:
                 codec.receive_data(data)
                 answered_inline = 0
@@ -531,6 +536,9 @@ class Connection:
                 if event is CLOSED:
                     return
                 if codec.has_partial_data:
+                    if not self._hold_partial(codec.partial_bytes):
+                        self._refuse_large(codec.partial_bytes)
+                        return
                     if completed or deadline is None:
                         deadline = arrived + timeout  # a new line began in this chunk
                 elif seen_request:
@@ -628,6 +636,19 @@ class Connection:
         lines.held += size
         return True
 
+    def _hold_partial(self, size: int) -> bool:
+        """Count the incomplete line's ``size`` bytes instead of what was counted for it
+        (only a line over ``_LARGE_LINE``); False when the daemon holds too many."""
+        if self._partial:
+            self._release(self._partial)
+            self._partial = 0
+        if size <= _LARGE_LINE:
+            return True
+        if not self._hold(size):
+            return False
+        self._partial = size
+        return True
+
     def _release(self, size: int) -> None:
         """The request of a large line (``_hold``) is answered, or never ran."""
         if size:
@@ -641,9 +662,9 @@ class Connection:
             error_message(
                 None,
                 rpc_errors.ServerBusy(
-                    f"Busy: requests of more than {_LARGE_LINE} bytes already in flight hold "
-                    f"{held} bytes, and this one of {size} bytes would take them past "
-                    f"{limit} (four times the line size limit); the connection is closed. "
+                    f"Busy: lines of more than {_LARGE_LINE} bytes being received or in "
+                    f"flight hold {held} bytes, and this one of {size} bytes would take them "
+                    f"past {limit} (four times the line size limit); the connection is closed. "
                     "Send it again once some of those have been answered.",
                     {"resource": "memory", "limit": limit},
                 ),

@@ -204,6 +204,11 @@ class Codec:
         return len(self._buffer) > self._start
 
     @property
+    def partial_bytes(self) -> int:
+        """How many bytes of an incomplete line are buffered."""
+        return len(self._buffer) - self._start
+
+    @property
     def poisoned(self) -> bool:
         """Whether an earlier framing error made the codec unusable."""
         return self._error is not None

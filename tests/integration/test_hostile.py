@@ -9,6 +9,7 @@ carries the frame's id when that id is a string or an integer, else ``null``.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import signal
@@ -735,3 +736,36 @@ def test_large_requests_in_flight_are_bounded_daemon_wide() -> None:
                 return True
 
         eventually(taken_again, timeout=60, what="a large request taken once the others ended")
+
+
+def _unread_is_zero(conn: RawConn) -> bool:
+    return _unread(conn.sock) == 0
+
+
+def test_large_incomplete_lines_count_towards_the_same_bound() -> None:
+    """A line being received is held in memory too: incomplete lines over 64 KiB count
+    towards the bound on large requests, so connections that each start a line just under
+    the limit and never end it cannot make the daemon hold one limit per connection."""
+    limit = 300_000
+    with daemon_in("tsp-", args=["--no-watch", "--max-message-bytes", str(limit)]) as d:
+        head = b'{"jsonrpc":"2.0","id":1,"method":"status","params":{"pad":"'
+        part = head + b"x" * (limit - 1_000 - len(head))
+        holders = [d.raw(timeout=60) for _ in range(4)]
+        try:
+            for conn in holders:
+                conn.send_bytes(part)
+                eventually(functools.partial(_unread_is_zero, conn), what="the part read")
+            with d.raw(timeout=60) as late:
+                late.send_bytes(part)
+                refusal = late.receive()
+                assert refusal["id"] is None and refusal["error"]["code"] == -32008
+                assert refusal["error"]["data"]["resource"] == "memory"
+            assert "result" in d.call("status")  # small requests are served meanwhile
+            holders[0].send_bytes(b'"}}\n')  # completed and answered: no longer held
+            assert holders[0].receive()["error"]["code"] == -32602
+            with d.raw(timeout=60) as again:
+                again.send_bytes(part + b'"}}\n')
+                assert again.receive()["error"]["code"] == -32602
+        finally:
+            for conn in holders:
+                conn.close()
