@@ -557,6 +557,11 @@ class Registry:
                 if refreshed is None or refreshed[0] is old:  # nothing changed: keep it
                     assert old is not None
                     catalogs[key] = old
+                    if refreshed is not None:
+                        # Patched to itself (a manifest touched, its bytes the same): its
+                        # scan is still swapped in. Dropped, every later reload found the
+                        # same suspects and patched them again in a worker thread.
+                        staged[key] = (old, old, refreshed[2])
                     continue
                 new, known, scan = refreshed
                 if known is None:

@@ -461,3 +461,31 @@ async def test_a_reload_short_of_descriptors_part_way_swaps_no_snapshot(
         catalog = registry.cached(key)
         assert catalog is not None
         assert catalog.tools["shared"].tool.description == "changed, and longer"
+
+
+async def test_a_touched_manifest_is_looked_at_once(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manifest touched with its bytes unchanged is patched to the same snapshot once;
+    its new scan is kept with it, so later reloads find nothing to look at again. Lost
+    (the reload staged only changed snapshots), every reload patched it again in a worker
+    thread."""
+    set_dir = _write(home / "tools", "a")
+    later = [time.time_ns() + 10 * RACY_NS]
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, clock_ns=lambda: later[0])
+    before = await registry.catalog(None)
+    refreshed: list[object] = []
+    real = registry._refresh_sync
+
+    def counted(*args: object) -> object:
+        refreshed.append(args[0])
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(registry, "_refresh_sync", counted)
+    touched = time.time_ns() - 5 * 10**9
+    os.utime(set_dir / "tools.json", ns=(touched, touched))
+    for _ in range(3):
+        outcome = await registry.reload()
+        assert outcome.all_changes() == []
+        assert await registry.catalog(None) is before
+    assert refreshed == [None]
