@@ -256,7 +256,9 @@ def _start_daemon(path: str) -> socket.socket:
         raise OSError(f"cannot open the log {log_path}: {exc.strerror}") from None
     with open(log_fd, "ab") as log_file:
         daemon = subprocess.Popen(  # noqa: TID251 -- a detached daemon, not a child we wait on
-            [sys.executable, "-m", "toolsetd.daemon", "--socket", path],
+            # Absolute: the daemon runs in / (below), where a relative path names another
+            # socket than the one this pump then waits for.
+            [sys.executable, "-m", "toolsetd.daemon", "--socket", os.path.abspath(path)],
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=log_file,

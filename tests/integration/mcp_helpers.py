@@ -130,13 +130,16 @@ def server(daemon: Daemon, workspace: Path, *extra: str) -> StdioServerParameter
 class RawPump:
     """``toolsetctl mcp`` as a subprocess spoken to line by line (for what the SDK won't send)."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, args: list[str], env: dict[str, str] | None = None, cwd: Path | None = None
+    ) -> None:
         self.proc = subprocess.Popen(
             [PY, *args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=env,
+            cwd=cwd,
         )
         self._stderr = ""
 

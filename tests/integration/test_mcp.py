@@ -955,6 +955,33 @@ def test_mcp_autostarts_a_daemon(autostart_base: Path, workspace: Path, tmp_base
     assert log.exists()
 
 
+def test_mcp_autostarts_a_daemon_on_a_relative_socket(
+    autostart_base: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A relative --socket names the same socket for the daemon the pump starts (which runs
+    in /) as for the pump. Passed on as given, the daemon served /<path> while the pump
+    waited at ./<path>. (``proc/``: the daemon that looks under / fails there, writing
+    nothing.)"""
+    home = tmp_base / "autohome"
+    shutil.copytree(EXAMPLES, home / "tools")
+    env = {**os.environ, "CRYSTAL_HOME": str(home)}
+    env.pop("TOOLSETD_SOCKET", None)
+    pump = RawPump(
+        ["-m", "toolsetd.client", "--socket", "proc/t.sock", "--workspace", str(workspace), "mcp"],
+        env,
+        cwd=autostart_base,
+    )
+    try:
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        assert init["result"]["serverInfo"]["name"] == "toolsetd"
+    finally:
+        pump.close()
+    with RawConn(autostart_base / "proc" / "t.sock") as conn:
+        status = conn.request("status")["result"]
+    (autostart_base / "pid").write_text(str(status["pid"]))
+    assert status["home"] == str(home)
+
+
 # -- a real host ---------------------------------------------------------------------------
 
 
