@@ -27,7 +27,6 @@ import contextlib
 import itertools
 import os
 import socket
-import stat
 from collections.abc import Mapping
 
 import anyio
@@ -260,7 +259,8 @@ def bind_unix_socket(path: os.PathLike[str] | str, backlog: int = 1024) -> socke
 
     The umask is tightened around ``bind`` so the socket is never reachable by others,
     not even for the moment before the chmod. The path appears only once the socket
-    listens: it is bound under a temporary name in the same folder, listens, and is then
+    listens: it is bound under a temporary name in the same folder
+    (``.<random>.sock``), listens, and is then
     linked to ``path`` (``link`` fails rather than replace whatever took the path since
     ``check_stale`` looked) and the temporary name removed. Bound at ``path`` directly, a
     client that waits for the file (a script after ``toolsetd &``, a supervisor) could
@@ -269,17 +269,18 @@ def bind_unix_socket(path: os.PathLike[str] | str, backlog: int = 1024) -> socke
     When the temporary name would not fit ``sun_path`` it is bound directly.
     """
     final = os.fspath(path)
-    temporary = os.path.join(os.path.dirname(final), f".{os.getpid()}.sock")
+    # Random, not the pid alone: two daemons in two pid namespaces may share the folder
+    # (a toolbox container binds $XDG_RUNTIME_DIR) and have the same pid.
+    temporary = os.path.join(os.path.dirname(final), f".{os.urandom(4).hex()}.sock")
     if len(os.fsencode(temporary)) >= SUN_PATH_MAX:
         temporary = final
-    else:  # a crashed daemon's of this pid (the folder is ours alone: ``prepare_socket_dir``)
-        with contextlib.suppress(OSError):
-            if stat.S_ISSOCK(os.lstat(temporary).st_mode):
-                os.unlink(temporary)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)
     try:
         sock.bind(temporary)
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, exc.strerror, final) from None  # the path asked for
     except BaseException:
         sock.close()
         raise
@@ -290,11 +291,13 @@ def bind_unix_socket(path: os.PathLike[str] | str, backlog: int = 1024) -> socke
         sock.listen(backlog)
         if temporary != final:
             os.link(temporary, final)
-    except BaseException:
+    except BaseException as exc:
         sock.close()
         if temporary != final:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
+        if isinstance(exc, OSError):
+            raise OSError(exc.errno, exc.strerror, final) from None
         raise
     if temporary != final:
         with contextlib.suppress(OSError):
