@@ -54,7 +54,7 @@ from .activation import ActivationError, listen_fds
 from .catalog import ManifestCache
 from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
-from .exhaustion import raise_open_files_limit
+from .exhaustion import open_standard_streams, raise_open_files_limit
 from .logs import configure_logging, drain_logs, finish_logging, holding, say, writes_stderr
 from .methods import Handlers
 from .metrics import Metrics, MetricsSources, bind_metrics, serve_metrics
@@ -803,6 +803,7 @@ def _start_options(settings: Settings, args: argparse.Namespace) -> DaemonOption
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``toolsetd``; returns the process exit code."""
+    open_standard_streams()
     args = parse_command_line(argv, __version__)
     try:
         settings = load_settings(args, os.environ)

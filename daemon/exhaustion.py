@@ -147,3 +147,37 @@ def raise_open_files_limit() -> tuple[int, int] | None:
     except (OSError, ValueError):
         return None
     return soft, hard
+
+
+def open_standard_streams() -> None:
+    """Open ``/dev/null`` on any of descriptors 0, 1 and 2 the daemon was started without.
+
+    A supervisor or a shell (``toolsetd 2>&- &``) may start the daemon with one of them
+    closed. Python then has ``sys.stderr`` (or ``stdout``, ``stdin``) ``None``, and the
+    next descriptor the daemon opens takes the free number: the log writer crashed on the
+    ``None`` before the daemon answered anything (exit 1, with no message where the
+    operator could read one), and a descriptor that landed on 1 or 2 (asyncio's wake-up
+    socket, a client's connection) would receive whatever is printed there. Called first
+    thing in ``main``, before anything is opened. (``client/command.py`` does the same for
+    ``toolsetctl``, which cannot import the daemon's modules.)
+    """
+    import io
+    import os
+    import sys
+
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdin is None:
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    if sys.stdout is None:
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+    if sys.stderr is None:
+        sys.stderr = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), errors="backslashreplace", write_through=True
+        )

@@ -905,3 +905,33 @@ def test_the_daemon_raises_its_open_files_limit_to_the_hard_one(
         _, err = proc.communicate(timeout=30)
     raised = [json.loads(line) for line in err.splitlines() if b"open_files_limit_raised" in line]
     assert [(e["soft"], e["limit"]) for e in raised] == [(256, 4096)]
+
+
+def test_a_daemon_started_without_its_standard_descriptors_serves(
+    ops_home: Path, tmp_base: Path
+) -> None:
+    """``toolsetd 2>&- >&- <&-`` (a supervisor that closes them): the log writer met a
+    ``None`` stderr and the daemon exited 1 before serving, with nothing said anywhere.
+    Now the three are /dev/null and the daemon serves."""
+    sock = tmp_base / "closed.sock"
+    argv = [sys.executable, "-m", "toolsetd.daemon", "--home", str(ops_home), "--socket",
+            str(sock), "--no-watch", "--config", str(_config(tmp_base, ""))]
+    proc = subprocess.Popen(  # noqa: S603
+        ["/bin/sh", "-c", 'exec "$@" <&- >&- 2>&-', "sh", *argv],
+        env={**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")},
+    )
+    try:
+        def answers() -> bool:
+            assert proc.poll() is None, f"toolsetd exited {proc.returncode}"
+            try:
+                with RawConn(sock, timeout=5) as conn:
+                    return "result" in conn.request("status")
+            except (OSError, EOFError):
+                return False
+
+        eventually(answers, timeout=20, what="an answer")
+        fds = {fd: os.readlink(f"/proc/{proc.pid}/fd/{fd}") for fd in (0, 1, 2)}
+        assert fds == {0: os.devnull, 1: os.devnull, 2: os.devnull}
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
