@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .command import command_in
+from .command import command_in, open_standard_streams
 
 
 def main() -> None:
@@ -13,6 +13,7 @@ def main() -> None:
     ``toolsetctl mcp`` goes to the stdlib-only pump before anything else is imported: MCP
     hosts start it once per session and wait for its first answer.
     """
+    open_standard_streams()
     if command_in(sys.argv[1:]) == "mcp":
         from .mcp import main as mcp_main
 

@@ -1,12 +1,18 @@
 """Which subcommand a ``toolsetctl`` command line names, with no imports.
 
 ``__main__`` asks this before anything else is imported (``toolsetctl mcp`` goes to the
-stdlib-only pump), and ``parser`` asks it to build only the subcommand named.
+stdlib-only pump), and ``parser`` asks it to build only the subcommand named. Before
+that, ``__main__`` opens the standard descriptors it was started without
+(``open_standard_streams``).
 """
 
 from __future__ import annotations
 
-__all__ = ["command_in"]
+import io
+import os
+import sys
+
+__all__ = ["command_in", "open_standard_streams"]
 
 #: Global options that take a value (so their value is not taken for the command).
 _TAKES_VALUE = frozenset({"--socket", "--format", "--workspace", "--home"})
@@ -23,3 +29,33 @@ def command_in(argv: list[str]) -> str | None:
         elif arg == "--" or not arg.startswith("-"):
             return arg
     return None
+
+
+def open_standard_streams() -> None:
+    """Open ``/dev/null`` on any of descriptors 0, 1 and 2 ``toolsetctl`` was started without.
+
+    A CI step or a supervisor may run it with one closed (``toolsetctl invoke build >&-``,
+    ``toolsetctl mcp <&-``). Python then has ``sys.stdout`` (or ``stdin``, ``stderr``)
+    ``None``, and the connection to the daemon takes the free number: every command ended
+    in an internal error (exit 9) instead of its outcome, and ``mcp`` read its own socket
+    as its host's input (it never exited) or wrote the daemon's answers back into it. A
+    closed stdout is one nobody reads (docs/cli.md: the outcome is the exit code), a closed
+    stdin is an empty one. (``daemon/exhaustion.py`` does the same for ``toolsetd``, whose
+    modules the client does not import.)
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            null = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself
+            if null != fd:
+                os.dup2(null, fd)
+                os.close(null)
+    if sys.stdin is None:
+        sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
+    if sys.stdout is None:
+        sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), write_through=True)
+    if sys.stderr is None:
+        sys.stderr = io.TextIOWrapper(
+            io.FileIO(2, "w", closefd=False), errors="backslashreplace", write_through=True
+        )

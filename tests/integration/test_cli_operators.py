@@ -946,3 +946,32 @@ def test_cli_validate_lists_every_schema_problem_and_a_missing_home(
     assert any("(at /type)" in p for p in schema_problems)
     assert any("(at /properties/a/minimum)" in p for p in schema_problems)
     assert any("(at /required)" in p for p in schema_problems)
+
+
+def _closed(ctl: Ctl, redirect: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """toolsetctl started with a standard descriptor closed (``>&-``, ``<&-``)."""
+    return subprocess.run(  # noqa: S603
+        ["/bin/sh", "-c", f'exec "$@" {redirect}', "sh", *ctl.argv(*args)],
+        capture_output=redirect != "2>&-", text=True, timeout=30, env=ctl.env(), cwd=ctl.base,
+    )
+
+
+def test_cli_a_closed_stdout_keeps_the_outcome(ctl: Ctl) -> None:
+    """``toolsetctl invoke build >&-`` in a CI step: sys.stdout was None, and every
+    command ended in an internal error (exit 9) whatever the tool did. A closed stdout is
+    one nobody reads: the outcome is the exit code (docs/cli.md)."""
+    assert _closed(ctl, ">&-", "invoke", "c_fail").returncode == 1
+    assert _closed(ctl, ">&-", "invoke", "c_fail", "--tool-exit-code").returncode == 7
+    assert _closed(ctl, ">&-", "--format", "json", "status").returncode == 0
+    assert _closed(ctl, "2>&-", "invoke", "c_fail", "--tool-exit-code").returncode == 7
+    failed = _closed(ctl, ">&-", "invoke", "c_fail", "--args", "[")
+    assert failed.returncode == 2, failed.stderr
+
+
+def test_cli_mcp_with_stdin_closed_exits(ctl: Ctl) -> None:
+    """``toolsetctl mcp <&-``: the socket took descriptor 0 and the pump copied the
+    daemon's own answers back to it as the host's input, and never exited. A closed
+    stdin is an ended one: the pump exits 0 (it exits when stdin closes)."""
+    r = _closed(ctl, "<&-", "mcp", "--no-autostart")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == ""
