@@ -473,7 +473,9 @@ def _report(out: Output, failure: Failure) -> int:
     """Print a failure in the output's format; return its exit code.
 
     The code stands when the failure cannot be printed (a closed pipe): a denial, a
-    timeout or a lost daemon is never an exit 0 because nobody read the message.
+    timeout or a lost daemon is never an exit 0 because nobody read the message. A stdout
+    that fails otherwise (``> /dev/full``, a full disk: often the very failure reported)
+    gets the message on stderr instead of a traceback.
     """
     try:
         if out.is_json:
@@ -485,6 +487,9 @@ def _report(out: Output, failure: Failure) -> int:
                 out.error(line)
     except BrokenPipeError:
         out.discard()
+    except OSError:
+        out.discard()
+        out.error(failure.message)
     return failure.exit_code
 
 

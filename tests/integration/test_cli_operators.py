@@ -975,3 +975,21 @@ def test_cli_mcp_with_stdin_closed_exits(ctl: Ctl) -> None:
     r = _closed(ctl, "<&-", "mcp", "--no-autostart")
     assert r.returncode == 0, r.stderr
     assert r.stdout == ""
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("fmt", ["json", "jsonl", "table"])
+def test_cli_a_failing_stdout_is_said_without_a_traceback(ctl: Ctl, fmt: str) -> None:
+    """``toolsetctl --format json status > /dev/full`` (a full disk): the error document
+    went to the same failing stdout and toolsetctl printed a traceback (docs/cli.md: no
+    command does). Now the failure is one line on stderr, exit 9."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(  # noqa: S603
+            ctl.argv("--format", fmt, "status"), stdout=full, stderr=subprocess.PIPE,
+            text=True, timeout=30, env=ctl.env(), cwd=ctl.base,
+        )
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "toolsetctl: unexpected error: OSError: [Errno 28] No space left on device"
+    ]
+    assert r.returncode == 9
