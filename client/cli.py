@@ -430,12 +430,15 @@ def _cmd_reload(ctx: Context, args: argparse.Namespace) -> int:
             raise Failure(EXIT_USAGE, CLI_ERROR_CODES["invalid_config"], str(error), result)
         ctx.emit(result)
         return EXIT_OK
-    ctx.out.rows(CHANGE_HEADERS, reload_rows(result), empty="Nothing changed.")
-    _print_notes(ctx, result.get("notes") or [])
-    if config.get("applied"):
-        ctx.out.line(f"Config applied: {', '.join(config['applied'])}")
-    if config.get("restartNeeded"):
-        ctx.out.line(f"Config needs a restart: {', '.join(config['restartNeeded'])}")
+    try:  # an unusable config file is the exit code, read or not (reload | head -n1)
+        ctx.out.rows(CHANGE_HEADERS, reload_rows(result), empty="Nothing changed.")
+        _print_notes(ctx, result.get("notes") or [])
+        if config.get("applied"):
+            ctx.out.line(f"Config applied: {', '.join(config['applied'])}")
+        if config.get("restartNeeded"):
+            ctx.out.line(f"Config needs a restart: {', '.join(config['restartNeeded'])}")
+    except BrokenPipeError:
+        ctx.out.discard()
     if error:
         raise Failure(
             EXIT_USAGE,

@@ -935,3 +935,26 @@ def test_a_daemon_started_without_its_standard_descriptors_serves(
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+def test_reload_into_a_closed_pipe_still_fails_on_an_unusable_config(
+    ops_home: Path, tmp_base: Path
+) -> None:
+    """``toolsetctl reload | head -n0`` with a broken toolsetd.toml exited 0: the printing
+    of what changed met the closed pipe first, and a broken pipe meant "success" (docs/cli.md:
+    a failure's code is the exit code, read or not). Now it exits 2; a good file exits 0."""
+    d, config = _configured(tmp_base, "", "--no-watch")
+    try:
+        argv = [sys.executable, "-m", "toolsetd.client", "--socket", str(d.socket), "reload"]
+        for text, expected in (('max-running = "x"\n', 2), ("max-running = 3\n", 0)):
+            config.write_text(text)
+            proc = subprocess.Popen(  # noqa: S603
+                argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_base
+            )
+            assert proc.stdout is not None and proc.stderr is not None
+            proc.stdout.close()  # the reader is gone before anything is printed
+            with proc.stderr:
+                proc.stderr.read()
+            assert proc.wait(timeout=30) == expected, text
+    finally:
+        d.stop()
