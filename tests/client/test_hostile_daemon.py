@@ -479,3 +479,49 @@ def test_a_wait_with_a_timeout_is_a_deadline_not_a_limit_per_read() -> None:
             stop.set()
             thread.join()
     right.close()
+
+
+def test_a_full_backlog_is_waited_for_not_a_daemon_unreachable(sockdir: Path) -> None:
+    """A daemon whose listen backlog is full (a burst of CI jobs, a restart behind systemd's
+    socket) is there: toolsetctl's connect has a timeout, so the socket is non-blocking and
+    a Unix connect failed at once with EAGAIN, exit 5 "Resource temporarily unavailable".
+    Now it is tried again until the connect timeout, and served once there is room."""
+    path = sockdir / "full.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(0)
+    waiting: list[socket.socket] = []
+    while True:  # fill the backlog until a connect would have to wait
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(str(path))
+        except BlockingIOError:
+            sock.close()
+            break
+        waiting.append(sock)
+
+    def serve() -> None:
+        time.sleep(0.5)  # the client is waiting by now
+        for _ in range(len(waiting) + 1):
+            conn, _ = server.accept()
+            waiting.append(conn)
+        conn.settimeout(10)
+        request = json.loads(conn.makefile("rb").readline())
+        result = {"version": "0", "pid": 1, "uptimeSeconds": 0, "socket": str(path),
+                  "home": "/h", "generation": 1, "workspaces": [], "inFlight": 0,
+                  "connections": 1}
+        _send(conn, {"jsonrpc": "2.0", "id": request["id"], "result": result})
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        out, err = io.StringIO(), io.StringIO()
+        code = run(["--socket", str(path), "--format", "json", "status"], stdout=out, stderr=err)
+        assert code == 0, err.getvalue()
+        assert json.loads(out.getvalue())["generation"] == 1
+    finally:
+        thread.join(10)
+        for sock in waiting:
+            sock.close()
+        server.close()
