@@ -254,11 +254,16 @@ def _start_daemon(path: str) -> socket.socket:
         log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         raise OSError(f"cannot open the log {log_path}: {exc.strerror}") from None
+    # Not the host's systemd service: a daemon started here that inherited NOTIFY_SOCKET
+    # told the host's unit READY=1, STATUS= and, when it stopped, STOPPING=1.
+    from toolsetd.daemon.sdnotify import scrub_environment  # only on this path
+
     with open(log_fd, "ab") as log_file:
         daemon = subprocess.Popen(  # noqa: TID251 -- a detached daemon, not a child we wait on
             # Absolute: the daemon runs in / (below), where a relative path names another
             # socket than the one this pump then waits for.
             [sys.executable, "-m", "toolsetd.daemon", "--socket", os.path.abspath(path)],
+            env=scrub_environment(os.environ),
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=log_file,

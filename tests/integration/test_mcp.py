@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -980,6 +981,36 @@ def test_mcp_autostarts_a_daemon_on_a_relative_socket(
         status = conn.request("status")["result"]
     (autostart_base / "pid").write_text(str(status["pid"]))
     assert status["home"] == str(home)
+
+
+def test_mcp_autostarted_daemon_does_not_notify_the_hosts_systemd(
+    autostart_base: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A host run by systemd (Type=notify, NotifyAccess=all) has NOTIFY_SOCKET set; the
+    daemon its pump started inherited it and told the host's unit READY=1, a STATUS= line
+    and, when it stopped, STOPPING=1. The pump now starts it without the host's systemd
+    variables: nothing arrives on that socket."""
+    home = tmp_base / "autohome"
+    shutil.copytree(EXAMPLES, home / "tools")
+    sock = autostart_base / "run" / "t.sock"
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(autostart_base / "notify"))
+    notify.setblocking(False)
+    env = {**os.environ, "CRYSTAL_HOME": str(home), "NOTIFY_SOCKET": str(autostart_base / "notify")}
+    env.pop("TOOLSETD_SOCKET", None)
+    pump = RawPump(
+        ["-m", "toolsetd.client", "--socket", str(sock), "--workspace", str(workspace), "mcp"], env
+    )
+    try:
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        assert init["result"]["serverInfo"]["name"] == "toolsetd"
+    finally:
+        assert pump.close() == 0
+    with RawConn(sock) as conn:
+        status = conn.request("status")["result"]
+    (autostart_base / "pid").write_text(str(status["pid"]))
+    with notify, pytest.raises(BlockingIOError):  # READY=1 comes before the first answer
+        notify.recv(4096)
 
 
 # -- a real host ---------------------------------------------------------------------------
