@@ -15,6 +15,8 @@ import re
 import textwrap
 from collections.abc import Mapping, Sequence
 
+from toolsetd.protocol.printable import BIDI_AND_BREAKS, escaped, printable
+
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
     from typing import TextIO
@@ -30,38 +32,14 @@ __all__ = [
     "terminal_text",
 ]
 
-# What a terminal would act on rather than show: the C0 controls (ESC starts CSI, OSC and
-# DCS sequences: clear the screen, set the title, write the clipboard with OSC 52, hyperlinks
-# with OSC 8; CR and BS overwrite what was printed), DEL, the C1 controls (U+009B is a CSI of
-# its own for terminals that take 8-bit controls), the bidirectional overrides, embeddings
-# and isolates (they reorder what is shown: "Trojan Source"), the line and paragraph
-# separators, and lone surrogates (no character: they cannot even be encoded).
-_BIDI_AND_BREAKS = "\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff"
-_UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI_AND_BREAKS}]")
-# The same, for multi-line text shown as it is (a tool's output): line feeds, tabs and the
-# CR of a CRLF pair stay, and so do colours (SGR: ESC [ digits and separators m), which a
-# terminal only paints with: a linter's red stays red.
+# ``printable`` (protocol/printable.py) escapes what a terminal would act on. The same, for
+# multi-line text shown as it is (a tool's output): line feeds, tabs and the CR of a CRLF
+# pair stay, and so do colours (SGR: ESC [ digits and separators m), which a terminal only
+# paints with: a linter's red stays red.
 _SGR = "\x1b\\[[0-9;:]{0,64}m"
 _UNSAFE_IN_TEXT = re.compile(
-    f"({_SGR})|\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{_BIDI_AND_BREAKS}]"
+    f"({_SGR})|\r(?!\n)|[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f{BIDI_AND_BREAKS}]"
 )
-
-
-def _escaped(match: re.Match[str]) -> str:
-    return repr(match.group())[1:-1]  # \x1b, \x9b, \u202e, \n, \r, \t
-
-
-def printable(text: str) -> str:
-    """``text`` as one line a terminal shows but cannot act on.
-
-    Every control character, bidirectional control, line separator and lone surrogate is
-    written as its Python escape (``\x1b``, ``\u202e``, ``\n``); the rest is unchanged, so
-    applying it twice is applying it once. Names, descriptions, paths, notes and messages
-    from tool sets and from the daemon go through it before they reach a table, a field or
-    stderr: a ``tools.json`` in a cloned repository must not be able to clear the screen,
-    retitle the window, write the clipboard or forge lines of the output.
-    """
-    return _UNSAFE.sub(_escaped, text)
 
 
 #: Back to the terminal's default colours and attributes.
@@ -80,7 +58,7 @@ def terminal_text(text: str) -> str:
         if match.group(1):
             painted = True
             return match.group()
-        return _escaped(match)
+        return escaped(match)
 
     shown = _UNSAFE_IN_TEXT.sub(escaped_but_colour, text)
     return shown + _SGR_RESET if painted else shown

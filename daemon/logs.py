@@ -45,6 +45,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import structlog
+from toolsetd.protocol.printable import printable
 
 __all__ = [
     "HELD_LOG_BYTES",
@@ -384,6 +385,22 @@ def _prefix_priority(_logger: Any, method: str, line: Any) -> str:
     return PRIORITIES.get(method, "<6>") + text
 
 
+def _printable_values(
+    _logger: Any, _method: str, event: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Console form: every string value shown, not obeyed, by the terminal reading the log.
+
+    The ``exception`` traceback keeps its lines (its other controls are escaped).
+    """
+    for key, value in event.items():
+        if isinstance(value, str):
+            if key == "exception":
+                event[key] = "\n".join(printable(line) for line in value.split("\n"))
+            else:
+                event[key] = printable(value)
+    return event
+
+
 def configure_logging(
     fmt: LogFormat | str = "json", level: str = "info", *, journal: bool | None = None
 ) -> None:
@@ -418,6 +435,10 @@ def configure_logging(
         structlog.processors.format_exc_info,
         renderer,
     ]
+    if fmt != "json":
+        # JSON escapes control characters itself; the console form printed a client's
+        # request id, workspace path or tool name as it came, ESC sequences included.
+        processors.insert(-1, _printable_values)
     if journal:
         processors.append(_prefix_priority)
     global _WRITER
@@ -431,7 +452,10 @@ def configure_logging(
         def render(level: str, event: dict[str, Any]) -> str:
             # As TimeStamper(fmt="iso", utc=True) writes the time.
             stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-            text = renderer(None, level, {**event, "level": level, "timestamp": stamp})
+            fields = {**event, "level": level, "timestamp": stamp}
+            if fmt != "json":
+                _printable_values(None, level, fields)
+            text = renderer(None, level, fields)
             return (PRIORITIES.get(level, "<6>") if journal else "") + str(text)
 
         def notice(dropped: int) -> str:

@@ -958,3 +958,25 @@ def test_reload_into_a_closed_pipe_still_fails_on_an_unusable_config(
             assert proc.wait(timeout=30) == expected, text
     finally:
         d.stop()
+
+
+def test_console_log_shows_a_clients_control_characters_escaped(
+    ops_home: Path, tmp_base: Path
+) -> None:
+    """``--log-format console`` (for people at a terminal) printed a client's request id as
+    it came: ESC sequences (OSC 52 writes the clipboard, OSC 0 the title), C1 CSI and bidi
+    overrides reached the operator's terminal. Now each is its escape, as toolsetctl shows
+    names; the JSON form escaped them already."""
+    d = start_daemon(ops_home, tmp_base / "ws", tmp_base, ["--log-format", "console"])
+    try:
+        with d.raw() as conn:
+            for request_id in ("\x1b]52;c;cHduZWQ=\x07", "\x9b2J\u202eevil"):
+                conn.send({"jsonrpc": "2.0", "id": request_id, "method": "status"})
+                assert conn.receive()["id"] == request_id
+        eventually(lambda: d.log().count("request_served") >= 2, what="the log lines")
+    finally:
+        d.stop()
+    log = d.log()
+    assert not {"\x1b", "\x07", "\x9b", "\u202e"} & set(log)
+    assert "\\x1b]52;c;cHduZWQ=" in log  # (quoted by the renderer: it holds a "=")
+    assert "request_id=\\x9b2J\\u202eevil" in log
