@@ -142,6 +142,16 @@ def _passed_count(environ: MutableMapping[str, str]) -> int:
     count = _parse_int("LISTEN_FDS", raw_count)
     if count < 0:
         raise ActivationError(f"LISTEN_FDS must not be negative, got {raw_count!r}")
+    import resource  # once, at start
+
+    # Descriptors past the hard limit cannot exist; a count that large (a typo, a stray
+    # variable) made a list of that many names first: LISTEN_FDS=2000000000 took 16 GB.
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and count > hard - SD_LISTEN_FDS_START:
+        raise ActivationError(
+            f"LISTEN_FDS is {count}, more descriptors than this process may hold "
+            f"(its limit is {hard})"
+        )
     return count
 
 

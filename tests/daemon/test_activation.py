@@ -211,3 +211,27 @@ def test_listen_fds_malformed_variables_raise(env: dict[str, str], message: str)
     with pytest.raises(ActivationError, match=message):
         listen_fds(env)
     assert env == {}
+
+
+def test_listen_fds_beyond_the_descriptor_limit_is_refused_before_any_list() -> None:
+    """LISTEN_FDS=2000000000 (a typo, a stray variable) built a list of that many names
+    first: 16 GB before the first descriptor was looked at. A count no process could hold
+    is refused at once. (Run under a 1 GiB address-space limit, so a regression fails with
+    MemoryError instead of taking the machine's memory.)"""
+    import subprocess
+
+    code = (
+        "import os, resource\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from toolsetd.daemon.activation import ActivationError, listen_fds\n"
+        "env = {'LISTEN_PID': str(os.getpid()), 'LISTEN_FDS': '2000000000'}\n"
+        "try:\n"
+        "    listen_fds(env)\n"
+        "except ActivationError as exc:\n"
+        "    print(exc)\n"
+    )
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr[-500:]
+    assert "LISTEN_FDS is 2000000000, more descriptors than this process may hold" in done.stdout
