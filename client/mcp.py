@@ -45,6 +45,7 @@ __all__ = ["default_socket_path", "main", "shared_tmp_peer_refused", "shared_tmp
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 5
+EXIT_INTERRUPTED = 130
 _BIND_ID = "toolsetctl-mcp-bind"
 #: ``_pump_socket``: the daemon closed the bound connection (main decides what it means).
 _DAEMON_CLOSED = -1
@@ -362,7 +363,18 @@ def _bind_error(line: bytes) -> str | None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the pump; returns the exit code (see the module docstring)."""
+    """Run the pump; returns the exit code (see the module docstring).
+
+    SIGINT (a host stopping its servers, Ctrl-C) ends it with 130 and no traceback: the
+    socket closes with the process, and the daemon cancels this host's calls.
+    """
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         options = _parse(sys.argv[1:] if argv is None else argv)
     except _Usage as exc:

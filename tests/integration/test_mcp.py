@@ -983,6 +983,21 @@ def test_mcp_autostarts_a_daemon_on_a_relative_socket(
     assert status["home"] == str(home)
 
 
+def test_mcp_sigint_ends_the_pump_without_a_traceback(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """A host stopping its servers sends SIGINT: the pump printed a KeyboardInterrupt
+    traceback on stderr (no command prints one; a failure is one line). Now it exits 130
+    (interrupted) quietly, and its connection closes with it."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+    assert init["result"]["serverInfo"]["name"] == "toolsetd"
+    pump.proc.send_signal(signal.SIGINT)
+    _, err = pump.proc.communicate(timeout=15)
+    assert pump.proc.returncode == 130
+    assert "Traceback" not in err.decode()
+
+
 def test_mcp_autostarted_daemon_does_not_notify_the_hosts_systemd(
     autostart_base: Path, workspace: Path, tmp_base: Path
 ) -> None:
