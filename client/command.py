@@ -12,7 +12,7 @@ import io
 import os
 import sys
 
-__all__ = ["command_in", "open_standard_streams"]
+__all__ = ["command_in", "open_standard_streams", "utf8_output"]
 
 #: Global options that take a value (so their value is not taken for the command).
 _TAKES_VALUE = frozenset({"--socket", "--format", "--workspace", "--home"})
@@ -59,3 +59,28 @@ def open_standard_streams() -> None:
         sys.stderr = io.TextIOWrapper(
             io.FileIO(2, "w", closefd=False), errors="backslashreplace", write_through=True
         )
+
+
+def utf8_output() -> None:
+    """Make stdout (and stderr) print whatever the daemon sent, in any locale.
+
+    Names, descriptions and a tool's output come as UTF-8 JSON. Under a locale whose
+    encoding cannot hold them (``LANG=en_US.ISO-8859-1``, ``PYTHONIOENCODING=ascii``, a C
+    locale with coercion off), printing ``café ✓`` raised ``UnicodeEncodeError``: the call's
+    output was lost and ``toolsetctl`` exited 2 blaming the current folder's name. Into a
+    file or a pipe the text now goes as UTF-8, byte for byte as the daemon sent it; on a
+    terminal it stays in the terminal's encoding, a character it lacks shown as its escape.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        if encoding in ("utf8", "utf_8"):
+            continue
+        try:
+            if stream.isatty():
+                stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+            else:
+                stream.reconfigure(  # type: ignore[union-attr]
+                    encoding="utf-8", errors="backslashreplace"
+                )
+        except (AttributeError, OSError, ValueError):
+            pass  # not a text file of ours: left as it is

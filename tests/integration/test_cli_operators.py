@@ -993,3 +993,28 @@ def test_cli_a_failing_stdout_is_said_without_a_traceback(ctl: Ctl, fmt: str) ->
         "toolsetctl: unexpected error: OSError: [Errno 28] No space left on device"
     ]
     assert r.returncode == 9
+
+
+@pytest.mark.parametrize(
+    "locale_env",
+    [
+        {"PYTHONIOENCODING": "ascii"},
+        {"PYTHONIOENCODING": "latin-1"},
+        {"LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"},
+    ],
+)
+def test_cli_prints_utf8_output_in_any_locale(ctl: Ctl, locale_env: dict[str, str]) -> None:
+    """A CI image with a legacy locale: printing the tool's ``Zoë ✓`` raised
+    UnicodeEncodeError, the output was lost and toolsetctl exited 2 blaming "the current
+    folder's path". Into a pipe the text goes as UTF-8, as the daemon sent it, exit 0."""
+    env = {k: v for k, v in ctl.env().items() if k not in ("LANG", "LC_ALL", "LC_CTYPE")}
+    env.pop("PYTHONUTF8", None)
+    env.pop("PYTHONIOENCODING", None)
+    args = ctl.base / "zoe.json"
+    args.write_bytes('{"name": "Zoë ✓"}'.encode())  # argv would be decoded by the locale
+    r = subprocess.run(  # noqa: S603
+        ctl.argv("invoke", "hello", "--args", f"@{args}"),
+        capture_output=True, timeout=60, env={**env, **locale_env}, cwd=ctl.base,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Hello, Zoë ✓".encode() in r.stdout
