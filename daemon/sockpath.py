@@ -260,6 +260,12 @@ def acquire_instance_lock(socket_path: Path) -> LockHandle:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
             raise SocketPathError(f"cannot open lock file {lock_path}: {exc.strerror}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            # A FIFO (or a socket) there: ftruncate below failed with EINVAL, a traceback.
+            os.close(fd)
+            raise SocketPathError(
+                f"lock file {lock_path} is not a regular file: move it away"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

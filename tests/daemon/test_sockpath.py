@@ -175,6 +175,17 @@ def test_instance_lock_writes_pid_and_releases(short_dir: Path) -> None:
     acquire_instance_lock(socket_path).release()
 
 
+def test_instance_lock_that_is_a_fifo_is_refused_plainly(short_dir: Path) -> None:
+    """A FIFO at ``<socket>.lock``: truncating it failed with EINVAL and the start ended in
+    a traceback. It is refused with the reason (``toolsetd: ...``, exit 1) and left alone."""
+    socket_path = short_dir / "toolsetd.sock"
+    lock = lock_path_for(socket_path)
+    os.mkfifo(lock)
+    with pytest.raises(SocketPathError, match="is not a regular file"):
+        acquire_instance_lock(socket_path)
+    assert stat.S_ISFIFO(lock.lstat().st_mode)
+
+
 def test_instance_lock_refuses_second_holder_in_process(short_dir: Path) -> None:
     """A second acquisition fails while the first is held (flock is per open file)."""
     socket_path = short_dir / "toolsetd.sock"
