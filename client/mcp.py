@@ -251,10 +251,20 @@ def _start_daemon(path: str) -> socket.socket:
     log_path = os.path.join(folder, "toolsetd.log")
     sys.stderr.write(f"toolsetctl mcp: starting toolsetd on {path}; its log is {log_path}\n")
     sys.stderr.flush()
-    try:  # not through a symlink someone planted: the log is appended to as we
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:  # not through a symlink someone planted: the log is appended to as we; and not
+        # blocking: a FIFO there with no reader held the pump (and its host) forever
+        log_fd = os.open(
+            log_path,
+            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK,
+            0o600,
+        )
     except OSError as exc:
         raise OSError(f"cannot open the log {log_path}: {exc.strerror}") from None
+    import stat  # only on this path
+
+    if not stat.S_ISREG(os.fstat(log_fd).st_mode):
+        os.close(log_fd)
+        raise OSError(f"the log {log_path} is not a regular file: move it away")
     # Not the host's systemd service: a daemon started here that inherited NOTIFY_SOCKET
     # told the host's unit READY=1, STATUS= and, when it stopped, STOPPING=1.
     from toolsetd.daemon.sdnotify import scrub_environment  # only on this path

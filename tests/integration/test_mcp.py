@@ -998,6 +998,25 @@ def test_mcp_sigint_ends_the_pump_without_a_traceback(
     assert "Traceback" not in err.decode()
 
 
+def test_mcp_autostart_with_a_fifo_for_its_log_fails_instead_of_hanging(
+    autostart_base: Path,
+) -> None:
+    """A FIFO where the autostarted daemon's log goes (``toolsetd.log`` beside the socket):
+    opening it to append blocked until someone read it, so the pump, and the host waiting
+    for its first answer, hung forever. Now the start fails with one line, exit 5."""
+    folder = autostart_base / "run"
+    folder.mkdir(mode=0o700)
+    os.mkfifo(folder / "toolsetd.log")
+    env = {k: v for k, v in os.environ.items() if k != "TOOLSETD_SOCKET"}
+    done = subprocess.run(
+        [PY, "-m", "toolsetd.client", "--socket", str(folder / "t.sock"), "mcp"],
+        input=b"", capture_output=True, timeout=30, env=env, check=False,
+    )
+    assert done.returncode == 5
+    assert f"cannot open the log {folder / 'toolsetd.log'}" in done.stderr.decode()
+    assert not (folder / "t.sock").exists()
+
+
 def test_mcp_autostarted_daemon_does_not_notify_the_hosts_systemd(
     autostart_base: Path, workspace: Path, tmp_base: Path
 ) -> None:
