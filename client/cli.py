@@ -547,18 +547,29 @@ def run(
     env = os.environ
     out = Output(getattr(args, "format", None) or "table", stdout, stderr)
     home_option = getattr(args, "home", None)
-    ctx = Context(
-        out=out,
-        socket=default_socket_path(env, getattr(args, "socket", None)),
-        workspace=Path(
-            os.path.abspath(os.path.expanduser(getattr(args, "workspace", None) or "."))
-        ),
-        home_option=Path(os.path.abspath(os.path.expanduser(home_option))) if home_option else None,
-        default_home=Path(os.path.abspath(os.path.expanduser(default_home(env)))),
-        stdin=stdin,
-        wide=bool(getattr(args, "wide", False)),
-        env=env,
-    )
+    try:  # a relative path needs the current folder, which a CI step may have removed
+        ctx = Context(
+            out=out,
+            socket=default_socket_path(env, getattr(args, "socket", None)),
+            workspace=Path(
+                os.path.abspath(os.path.expanduser(getattr(args, "workspace", None) or "."))
+            ),
+            home_option=(
+                Path(os.path.abspath(os.path.expanduser(home_option))) if home_option else None
+            ),
+            default_home=Path(os.path.abspath(os.path.expanduser(default_home(env)))),
+            stdin=stdin,
+            wide=bool(getattr(args, "wide", False)),
+            env=env,
+        )
+    except OSError as exc:
+        return _report(
+            out,
+            usage(
+                f"the current folder cannot be used ({exc.strerror}): run toolsetctl from an "
+                "existing folder, or pass absolute paths (--workspace DIR)"
+            ),
+        )
     try:
         try:
             code = _COMMANDS[args.command](ctx, args)

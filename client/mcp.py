@@ -395,7 +395,14 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_OK
     socket_option = options.get("socket")
     path = default_socket_path(option=str(socket_option) if socket_option else None)
-    workspace = os.path.abspath(str(options.get("workspace") or os.getcwd()))
+    try:  # the current folder may have been removed (a CI step's, a deleted checkout)
+        workspace = os.path.abspath(str(options.get("workspace") or os.getcwd()))
+    except OSError as exc:
+        sys.stderr.write(
+            f"toolsetctl mcp: error: the current folder cannot be used ({exc.strerror}): "
+            "run it from an existing folder, or pass --workspace DIR\n"
+        )
+        return EXIT_USAGE
     if not workspace.isascii():
         from toolsetd.protocol.jsontext import is_utf8  # orjson: only for such a path
 

@@ -1018,3 +1018,31 @@ def test_cli_prints_utf8_output_in_any_locale(ctl: Ctl, locale_env: dict[str, st
     )
     assert r.returncode == 0, r.stderr
     assert "Hello, Zoë ✓".encode() in r.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["status"], "the current folder cannot be used"),
+        (["--format", "json", "list"], '"code": -32090'),
+        (["mcp", "--no-autostart"], "toolsetctl mcp: error: the current folder cannot be used"),
+    ],
+)
+def test_cli_in_a_removed_current_folder_is_a_usage_error(
+    ctl: Ctl, args: list[str], said: str
+) -> None:
+    """A CI step that runs toolsetctl in a folder an earlier step removed: os.getcwd()
+    raised FileNotFoundError and every command, status and mcp included, printed a traceback
+    and exited 1 (which means "the tool failed"). Now it is one line, exit 2 (the current
+    folder's path is usage, as for one that is not UTF-8)."""
+    gone = ctl.base / "gone"
+    gone.mkdir()
+    argv = [a for a in ctl.argv(*args) if a != str(ctl.workspace)]
+    argv.remove("--workspace")
+    r = subprocess.run(  # noqa: S603
+        ["/bin/sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(gone), *argv],
+        capture_output=True, text=True, input="", timeout=30, env=ctl.env(), cwd=ctl.base,
+    )
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    assert said in r.stdout + r.stderr
