@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -928,27 +928,52 @@ def autostart_base() -> Iterator[Path]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def test_mcp_autostarts_a_daemon(autostart_base: Path, workspace: Path, tmp_base: Path) -> None:
-    """With no daemon on the socket, toolsetctl mcp starts one and says where it logs."""
+def _autostarted(
+    autostart_base: Path,
+    workspace: Path,
+    tmp_base: Path,
+    socket_arg: str,
+    served: Path,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    then: Callable[[RawPump], None] | None = None,
+) -> RawPump:
+    """``toolsetctl --socket SOCKET_ARG mcp`` with no daemon there: the pump starts one (its
+    home the example sets), is initialized (and ``then``), and closes; the daemon it
+    started answers at ``served`` with that home (its pid is kept for ``autostart_base``
+    to stop). Returns the closed pump, for its stderr."""
     home = tmp_base / "autohome"
     shutil.copytree(EXAMPLES, home / "tools")
-    sock = autostart_base / "run" / "t.sock"
-    env = {**os.environ, "CRYSTAL_HOME": str(home)}
+    env = {**os.environ, "CRYSTAL_HOME": str(home), **(env or {})}
     env.pop("TOOLSETD_SOCKET", None)
     pump = RawPump(
-        ["-m", "toolsetd.client", "--socket", str(sock), "--workspace", str(workspace), "mcp"], env
+        ["-m", "toolsetd.client", "--socket", socket_arg, "--workspace", str(workspace), "mcp"],
+        env,
+        cwd=cwd,
     )
     try:
         init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
         assert init["result"]["serverInfo"]["name"] == "toolsetd"
-        called = pump.request(2, "tools/call", {"name": "hello", "arguments": {"name": "Auto"}})
-        assert "Hello, Auto!" in called["result"]["content"][0]["text"]
+        if then is not None:
+            then(pump)
     finally:
         assert pump.close() == 0
-    with RawConn(sock) as conn:
+    with RawConn(served) as conn:
         status = conn.request("status")["result"]
     (autostart_base / "pid").write_text(str(status["pid"]))
     assert status["home"] == str(home)
+    return pump
+
+
+def test_mcp_autostarts_a_daemon(autostart_base: Path, workspace: Path, tmp_base: Path) -> None:
+    """With no daemon on the socket, toolsetctl mcp starts one and says where it logs."""
+    sock = autostart_base / "run" / "t.sock"
+
+    def call(pump: RawPump) -> None:
+        called = pump.request(2, "tools/call", {"name": "hello", "arguments": {"name": "Auto"}})
+        assert "Hello, Auto!" in called["result"]["content"][0]["text"]
+
+    pump = _autostarted(autostart_base, workspace, tmp_base, str(sock), sock, then=call)
     log = sock.parent / "toolsetd.log"
     said = pump.stderr()
     assert str(log) in said
@@ -963,24 +988,8 @@ def test_mcp_autostarts_a_daemon_on_a_relative_socket(
     in /) as for the pump. Passed on as given, the daemon served /<path> while the pump
     waited at ./<path>. (``proc/``: the daemon that looks under / fails there, writing
     nothing.)"""
-    home = tmp_base / "autohome"
-    shutil.copytree(EXAMPLES, home / "tools")
-    env = {**os.environ, "CRYSTAL_HOME": str(home)}
-    env.pop("TOOLSETD_SOCKET", None)
-    pump = RawPump(
-        ["-m", "toolsetd.client", "--socket", "proc/t.sock", "--workspace", str(workspace), "mcp"],
-        env,
-        cwd=autostart_base,
-    )
-    try:
-        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
-        assert init["result"]["serverInfo"]["name"] == "toolsetd"
-    finally:
-        pump.close()
-    with RawConn(autostart_base / "proc" / "t.sock") as conn:
-        status = conn.request("status")["result"]
-    (autostart_base / "pid").write_text(str(status["pid"]))
-    assert status["home"] == str(home)
+    served = autostart_base / "proc" / "t.sock"
+    _autostarted(autostart_base, workspace, tmp_base, "proc/t.sock", served, cwd=autostart_base)
 
 
 def test_mcp_sigint_ends_the_pump_without_a_traceback(
@@ -1024,25 +1033,12 @@ def test_mcp_autostarted_daemon_does_not_notify_the_hosts_systemd(
     daemon its pump started inherited it and told the host's unit READY=1, a STATUS= line
     and, when it stopped, STOPPING=1. The pump now starts it without the host's systemd
     variables: nothing arrives on that socket."""
-    home = tmp_base / "autohome"
-    shutil.copytree(EXAMPLES, home / "tools")
     sock = autostart_base / "run" / "t.sock"
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(autostart_base / "notify"))
     notify.setblocking(False)
-    env = {**os.environ, "CRYSTAL_HOME": str(home), "NOTIFY_SOCKET": str(autostart_base / "notify")}
-    env.pop("TOOLSETD_SOCKET", None)
-    pump = RawPump(
-        ["-m", "toolsetd.client", "--socket", str(sock), "--workspace", str(workspace), "mcp"], env
-    )
-    try:
-        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
-        assert init["result"]["serverInfo"]["name"] == "toolsetd"
-    finally:
-        assert pump.close() == 0
-    with RawConn(sock) as conn:
-        status = conn.request("status")["result"]
-    (autostart_base / "pid").write_text(str(status["pid"]))
+    env = {"NOTIFY_SOCKET": str(autostart_base / "notify")}
+    _autostarted(autostart_base, workspace, tmp_base, str(sock), sock, env=env)
     with notify, pytest.raises(BlockingIOError):  # READY=1 comes before the first answer
         notify.recv(4096)
 

@@ -1140,22 +1140,43 @@ def test_sdk_cancelled_call_kills_the_tool(http_daemon, workspace: Path) -> None
     eventually(lambda: not alive(pid), what="the sleeper killed after the cancel")
 
 
-def test_http_a_session_opened_short_of_descriptors_is_503_busy(
+@contextlib.contextmanager
+def _unconfined_http_daemon(
     tmp_path: Path, home: Path, workspace: Path
-) -> None:
-    """Out of descriptors at a new session's workspace check: 503 and -32008 (retry
-    later), not 400 (the request's fault); the next initialize opens the session."""
+) -> Iterator[tuple[Daemon, str, Path]]:
+    """A daemon serving MCP over HTTP with confinement off (the tests that starve it of
+    descriptors would starve the sandbox first), and its folder; stopped afterwards."""
     config = tmp_path / "unconfined.toml"
     config.write_text('[confinement]\ncgroup = "off"\nsandbox = "off"\n')
     base = Path(tempfile.mkdtemp(prefix="tsb-"))
     d, url = start_http_daemon(home, workspace, base, ["--no-watch", "--config", str(config)])
     try:
-        target = urlsplit(endpoint(url, workspace))
-        path = f"{target.path}?{target.query}"
-        headers = {"content-type": "application/json",
-                   "accept": "application/json, text/event-stream"}
-        body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
-        conn = HTTPConnection(target.hostname, target.port, timeout=30)  # kept alive
+        yield d, url, base
+    finally:
+        shut_down(d)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _initialize_post(
+    url: str, workspace: Path
+) -> tuple[HTTPConnection, str, dict[str, str], bytes]:
+    """A kept-alive connection to ``workspace``'s endpoint, and the target, headers and body
+    of an initialize POST on it."""
+    target = urlsplit(endpoint(url, workspace))
+    headers = {"content-type": "application/json",
+               "accept": "application/json, text/event-stream"}
+    body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
+    conn = HTTPConnection(target.hostname, target.port, timeout=30)
+    return conn, f"{target.path}?{target.query}", headers, body
+
+
+def test_http_a_session_opened_short_of_descriptors_is_503_busy(
+    tmp_path: Path, home: Path, workspace: Path
+) -> None:
+    """Out of descriptors at a new session's workspace check: 503 and -32008 (retry
+    later), not 400 (the request's fault); the next initialize opens the session."""
+    with _unconfined_http_daemon(tmp_path, home, workspace) as (d, url, _):
+        conn, path, headers, body = _initialize_post(url, workspace)
         try:
             conn.request("POST", path, body=body, headers=headers)
             opened = conn.getresponse()
@@ -1171,9 +1192,6 @@ def test_http_a_session_opened_short_of_descriptors_is_503_busy(
         finally:
             conn.close()
         assert initialize(endpoint(url, workspace))
-    finally:
-        shut_down(d)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def test_http_an_initialize_whose_catalog_is_short_of_descriptors_opens_no_session(
@@ -1183,20 +1201,11 @@ def test_http_an_initialize_whose_catalog_is_short_of_descriptors_opens_no_sessi
     workspace check passed): 503 and -32008, retry later, as docs/mcp-http.md says, and
     no session: its id is not sent, and it holds none of the 1,024 (each failed
     initialize kept one for the idle hour, its workspace held with it)."""
-    config = tmp_path / "unconfined.toml"
-    config.write_text('[confinement]\ncgroup = "off"\nsandbox = "off"\n')
-    base = Path(tempfile.mkdtemp(prefix="tsb-"))
-    d, url = start_http_daemon(home, workspace, base, ["--no-watch", "--config", str(config)])
-    try:
+    with _unconfined_http_daemon(tmp_path, home, workspace) as (d, url, base):
         other = base / "other"  # a workspace no catalog was built for yet
         write_set(other / ".crystal" / "tools", "asker", _tool("asker.py"),
                   **{"asker.py": ASKER})
-        target = urlsplit(endpoint(url, other))
-        path = f"{target.path}?{target.query}"
-        headers = {"content-type": "application/json",
-                   "accept": "application/json, text/event-stream"}
-        body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
-        conn = HTTPConnection(target.hostname, target.port, timeout=30)  # kept alive
+        conn, path, headers, body = _initialize_post(url, other)
         try:
             # Connected (and accepted) first: a stateless ping, which reads no catalog.
             conn.request("POST", path, body=json.dumps(rpc(0, "ping", {"_meta": {
@@ -1218,6 +1227,3 @@ def test_http_an_initialize_whose_catalog_is_short_of_descriptors_opens_no_sessi
         assert held and held[-1]["event"] == "mcp_http_session_closed", held
         assert held[-1]["sessions"] == 0, held
         assert initialize(endpoint(url, other))
-    finally:
-        shut_down(d)
-        shutil.rmtree(base, ignore_errors=True)
