@@ -525,6 +525,7 @@ class Runner:
                     cancel,
                     deadline,
                     cgroup,
+                    s,
                     prepared is not None and prepared.sandboxed,
                 )
                 killed = True
@@ -609,6 +610,7 @@ class Runner:
         cancel: anyio.Event,
         deadline: float,
         cgroup: CallCgroup | None,
+        s: RunnerSettings,
         sandboxed: bool = False,
     ) -> bool:
         """See a call to its end that ``_run_child`` could not finish at once.
@@ -619,10 +621,12 @@ class Runner:
         the group once the leader is gone or the wait ends (timeout, cancel, an I/O
         failure).
 
+        ``s`` are the settings the call started with: a reload while it runs changes
+        the next call's timings, not this one's grace, drain or progress interval.
+
         Returns:
             Whether the leader is known to have exited (so reaping it cannot block).
         """
-        s = self._s
         gap = s.progress_min_gap_seconds
         kill_all = cgroup.kill if cgroup is not None else None
         leader_gone = call.exited
@@ -654,7 +658,7 @@ class Runner:
                     tg.start_soon(self._drainer.drain, pipes.out, call.out, done_out, call)
                     tg.start_soon(self._drainer.drain, pipes.err, call.err, done_err, call)
                     tg.start_soon(read_progress, pipes.progress, call, done_progress, gap)
-                    tg.start_soon(self._watch, cancel, call)
+                    tg.start_soon(self._watch, cancel, call, s.progress_interval_seconds)
                     await wait_exit(pid, pidfd)
                     call.exited = leader_gone = True
             if call.exited:
@@ -674,9 +678,9 @@ class Runner:
             tg.cancel_scope.cancel()  # the readers of pipes still held, the watcher
         return leader_gone
 
-    async def _watch(self, cancel: anyio.Event, call: CallState) -> None:
-        """Stop the call when ``cancel`` is set; meanwhile and after, the periodic progress."""
-        interval = self._s.progress_interval_seconds
+    async def _watch(self, cancel: anyio.Event, call: CallState, interval: float) -> None:
+        """Stop the call when ``cancel`` is set; meanwhile and after, the periodic progress
+        (every ``interval`` seconds)."""
         while not cancel.is_set():
             with anyio.move_on_after(interval):
                 await cancel.wait()

@@ -341,6 +341,32 @@ async def test_runner_timeout_sigterm_ignored(runner: Runner, env: Env) -> None:
     assert outcome.started
 
 
+async def test_a_running_call_keeps_the_kill_grace_it_started_with(env: Env) -> None:
+    """A reload while a call runs changes the next call's timings, not this one's: the
+    supervisor read the runner's settings when it took over, so a grace raised to an hour
+    in a call's first moments left a cancelled child that ignores SIGTERM running for that
+    hour."""
+    runner = Runner(FAST, anyio.CapacityLimiter(1), os.environ)
+    loaded = sh_tool(env.set_dir, "trap '' TERM; echo started; sleep 600")
+    sink, cancel = RecordingSink(), anyio.Event()
+    outcomes: list[CallOutcome] = []
+
+    async def call() -> None:
+        outcomes.append(await run(runner, env, loaded, sink=sink, cancel=cancel, limit=60))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        with anyio.fail_after(20):
+            while not sink.of("started"):
+                await anyio.sleep(0)
+        # Within the first window (before the supervisor takes over), as a reload may be.
+        runner.update_settings(replace(FAST, kill_grace_seconds=3600))
+        cancel.set()
+    (outcome,) = outcomes
+    assert outcome.status == "cancelled"
+    assert outcome.exit_code is None  # killed after the grace it started with
+
+
 @pytest.mark.slow
 async def test_runner_timeout_plural_and_closed_stdout(runner: Runner, env: Env) -> None:
     """A child that closes its output early and keeps running still times out."""
