@@ -78,7 +78,7 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
             try:
                 ctx.out.json({"method": method, "params": event})
             except BrokenPipeError:
-                raise _StdoutClosed from None
+                raise _StdoutClosed(method) from None
         progress.event(method, event)
 
     def on_event_after(method: str, event: dict[str, Any]) -> None:
@@ -99,13 +99,17 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
                 progress.stop()
                 ctx.out.error("Interrupted; cancelling the call.")
                 result = _cancel(client, call_id, request_id, on_event)
-            except _StdoutClosed:
+            except _StdoutClosed as closed:
                 assert request_id is not None  # events come only after the send
                 stdout_closed = True
                 ctx.out.discard()
                 progress.stop()
-                ctx.out.error("The output was closed; cancelling the call.")
-                result = _cancel(client, call_id, request_id, on_event_after)
+                if closed.method == "completed":  # over: only its response is to come
+                    ctx.out.error("The output was closed; the call had already ended.")
+                    result = _cancel(client, None, request_id, on_event_after)
+                else:
+                    ctx.out.error("The output was closed; cancelling the call.")
+                    result = _cancel(client, call_id, request_id, on_event_after)
         except RpcError as exc:
             raise rpc_failure(exc) from exc
         except (ConnectionClosed, RequestTimeout) as exc:
@@ -132,18 +136,28 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
 
 
 class _StdoutClosed(Exception):
-    """stdout broke while the call's events were being printed (``jsonl``)."""
+    """stdout broke while the call's events were being printed (``jsonl``).
+
+    Attributes:
+        method: The event that could not be printed (``completed``: the call is over).
+    """
+
+    def __init__(self, method: str) -> None:
+        super().__init__(method)
+        self.method = method
 
 
 def _cancel(
     client: BlockingClient,
-    call_id: str,
+    call_id: str | None,
     request_id: int,
     on_event: Callable[[str, dict[str, Any]], None],
 ) -> Any:
-    """After Ctrl-C: cancel the call and wait (bounded) for its result; None if none came."""
+    """After Ctrl-C or a closed stdout: cancel the call (unless ``call_id`` is None: it is
+    over) and wait (bounded) for its result; None if none came."""
     try:
-        client.send("cancel", {"callId": call_id})
+        if call_id is not None:
+            client.send("cancel", {"callId": call_id})
         return client.wait(request_id, on_event=on_event, timeout=CANCEL_GRACE)
     except KeyboardInterrupt:  # a second Ctrl-C: stop waiting at once
         return None

@@ -55,6 +55,8 @@ TOOL_OUTPUT = (
     "    sys.exit(3)\n"
     "elif mode == 'sleep':\n"
     "    time.sleep(30)\n"
+    "elif mode == 'brief':\n"
+    "    time.sleep(0.3)\n"
 ).format(escapes=ESCAPES)
 
 
@@ -249,6 +251,26 @@ def test_a_closed_event_stream_cancels_the_call_and_exits_141(setup: Setup) -> N
                     for event in setup.daemon.log_events()),
         timeout=20, what="the call cancelled in the daemon",
     )
+
+
+def test_an_event_stream_closed_before_completed_says_the_call_ended(setup: Setup) -> None:
+    """The reader goes away and the next event is ``completed`` (a brief call, no progress
+    in between): the call is over, so nothing is cancelled and nothing says so; the exit
+    code is the call's (0). It said "cancelling the call" after a call that succeeded."""
+    proc = subprocess.Popen(
+        setup.argv("--format", "jsonl", "invoke", "h_run", "--approve", "--args",
+                   '{"mode": "brief"}'),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=setup.env(), cwd=setup.base,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    first = json.loads(proc.stdout.readline())
+    assert first["method"] == "started"
+    proc.stdout.close()  # before the call ends (it sleeps 0.3 s; progress comes each second)
+    assert proc.wait(timeout=60) == 0
+    said = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert "cancelling" not in said, said
+    assert "The output was closed; the call had already ended." in said, said
 
 
 def test_a_closed_event_stream_shared_with_stderr_still_exits_141(setup: Setup) -> None:
