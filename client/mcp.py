@@ -166,6 +166,10 @@ class _Usage(Exception):
     """A command-line mistake (exit 2)."""
 
 
+#: The options naming a path: an empty one is a mistake, not "the default".
+_PATH_OPTIONS = frozenset({"--socket", "--workspace", "--home"})
+
+
 def _parse(argv: Sequence[str]) -> dict[str, object]:
     """The options of ``toolsetctl ... mcp ...`` (globals before or after ``mcp``)."""
     options: dict[str, object] = {"headless": False, "autostart": True}
@@ -191,6 +195,8 @@ def _parse(argv: Sequence[str]) -> dict[str, object]:
                 value = args[i]
             else:
                 raise _Usage(f"{name} needs a value")
+            if not value and name in _PATH_OPTIONS:  # as toolsetctl's parser and the daemon
+                raise _Usage(f"{name} must be a path, not empty")
             options[valued[name]] = value
         elif arg in ("-w", "--wide"):
             pass  # a global option of toolsetctl; the pump's stdout carries MCP only

@@ -53,12 +53,21 @@ class _Parser(argparse.ArgumentParser):
         raise ParseError(self, message)
 
 
+def _path(value: str) -> str:
+    """A path option's value: an empty one (``--socket ''``, an unset variable in a CI
+    script) is a mistake, not the default, as the daemon says of its own."""
+    if not value:
+        raise argparse.ArgumentTypeError("must be a path, not empty")
+    return value
+
+
 def _global_options() -> _Parser:
     """The options every command takes, before or after the subcommand."""
     common = _Parser(add_help=False)
     common.add_argument(
         "--socket",
         metavar="PATH",
+        type=_path,
         default=argparse.SUPPRESS,
         help="the daemon's socket (env TOOLSETD_SOCKET, else "
         "$XDG_RUNTIME_DIR/toolsetd/toolsetd.sock, else /tmp/toolsetd-<uid>/toolsetd.sock)",
@@ -81,12 +90,14 @@ def _global_options() -> _Parser:
     common.add_argument(
         "--workspace",
         metavar="DIR",
+        type=_path,
         default=argparse.SUPPRESS,
         help="the workspace whose project sets count (default the current directory)",
     )
     common.add_argument(
         "--home",
         metavar="DIR",
+        type=_path,
         default=argparse.SUPPRESS,
         help="the Crystal home for the commands that read or edit files (default: the "
         "running daemon's home, else env CRYSTAL_HOME, else ~/.crystal)",

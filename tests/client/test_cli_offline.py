@@ -332,6 +332,18 @@ def test_usage_error_exits_2(env: Env) -> None:
     assert proc.returncode == 2
 
 
+@pytest.mark.parametrize("option", ["--socket", "--workspace", "--home"])
+@pytest.mark.parametrize("command", ["status", "list", "mcp"])
+def test_an_empty_path_option_is_a_usage_error(env: Env, option: str, command: str) -> None:
+    """``--socket ''`` (an unset variable in a CI script) meant the default socket, and an
+    empty --workspace the current folder, silently; the daemon refuses its own empty
+    --socket. Each is a usage error naming the option (exit 2)."""
+    proc = env.run(f"{option}=", command, stdin="")
+    assert proc.returncode == 2, proc.stderr
+    assert option in proc.stderr
+    assert "must be a path, not empty" in proc.stderr
+
+
 def test_a_manifest_that_is_not_a_regular_file_is_unreadable_never_waited_on(env: Env) -> None:
     """A FIFO or a link to a device as tools.json: reported as the daemon reports it, no hang."""
     fifo_dir = env.home / "tools" / "fifo"
