@@ -728,14 +728,16 @@ class Output:
     def error(self, text: str) -> None:
         """Print one line to stderr (its control characters shown as escapes).
 
-        A stderr whose reader went away (``2>&1 | head``) loses the line, and only the
-        line: the command goes on to its own exit code (a call still running is
-        cancelled, a failure keeps its code), never to the exit 0 of a closed stdout.
+        A stderr whose reader went away (``2>&1 | head``) or that cannot be written
+        (``>log 2>&1`` on a full disk, ``2>/dev/full``) loses the line, and only the line:
+        the command goes on to its own exit code (a call still running is cancelled, a
+        failure keeps its code), never to the exit 0 of a closed stdout nor to Python's
+        exit 1 of an uncaught error (which reads as "the tool failed").
         """
         try:
             self.stderr.write(printable(text) + "\n")
             self.stderr.flush()
-        except BrokenPipeError:
+        except OSError:
             _to_devnull(self.stderr)
 
     def tool_text(self, text: str) -> None:

@@ -1046,3 +1046,24 @@ def test_cli_in_a_removed_current_folder_is_a_usage_error(
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr
     assert said in r.stdout + r.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize(
+    ("args", "code"),
+    [
+        (["status"], 9),
+        (["--format", "json", "status"], 9),
+        (["invoke", "c_fail", "--args", "["], 2),
+        (["--socket", "/nonexistent/toolsetd.sock", "status"], 5),
+    ],
+)
+def test_cli_a_failing_stderr_keeps_the_exit_code(ctl: Ctl, args: list[str], code: int) -> None:
+    """``toolsetctl ... >log 2>&1`` on a full disk: the message for the failure could not
+    be written either, the OSError escaped and Python exited 1 ("the tool reported an
+    error") with a traceback nobody could read. The line is lost; the code stands."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(  # noqa: S603
+            ctl.argv(*args), stdout=full, stderr=full, timeout=60, env=ctl.env(), cwd=ctl.base,
+        )
+    assert r.returncode == code
