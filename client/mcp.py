@@ -47,6 +47,12 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 5
 EXIT_INTERRUPTED = 130
 _BIND_ID = "toolsetctl-mcp-bind"
+#: The systemd service variables an autostarted daemon must not inherit from its host:
+#: ``daemon/sdnotify.py``'s ``SYSTEMD_ENV_VARS``, written out (the pump imports nothing
+#: of the daemon's: ``toolsetd.daemon`` costs structlog, some 40 ms, style.md section 1).
+SYSTEMD_ENV_VARS = frozenset(
+    {"LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}
+)
 #: ``_pump_socket``: the daemon closed the bound connection (main decides what it means).
 _DAEMON_CLOSED = -1
 _START_TIMEOUT = 15.0
@@ -271,16 +277,15 @@ def _start_daemon(path: str) -> socket.socket:
     if not stat.S_ISREG(os.fstat(log_fd).st_mode):
         os.close(log_fd)
         raise OSError(f"the log {log_path} is not a regular file: move it away")
-    # Not the host's systemd service: a daemon started here that inherited NOTIFY_SOCKET
-    # told the host's unit READY=1, STATUS= and, when it stopped, STOPPING=1.
-    from toolsetd.daemon.sdnotify import scrub_environment  # only on this path
-
     with open(log_fd, "ab") as log_file:
         daemon = subprocess.Popen(  # noqa: TID251 -- a detached daemon, not a child we wait on
             # Absolute: the daemon runs in / (below), where a relative path names another
             # socket than the one this pump then waits for.
             [sys.executable, "-m", "toolsetd.daemon", "--socket", os.path.abspath(path)],
-            env=scrub_environment(os.environ),
+            # Not the host's systemd service: a daemon started here that inherited
+            # NOTIFY_SOCKET told the host's unit READY=1, STATUS= and, when it stopped,
+            # STOPPING=1.
+            env={k: v for k, v in os.environ.items() if k not in SYSTEMD_ENV_VARS},
             stdin=subprocess.DEVNULL,
             stdout=log_file,
             stderr=log_file,

@@ -30,8 +30,6 @@ _PROTOCOL_THIRD_PARTY = frozenset({"pydantic", "orjson"})
 #: import (None: any). ``offline.py`` is the designed exception (style.md section 1).
 _CLIENT_DAEMON_EXCEPTIONS: dict[str, frozenset[str] | None] = {
     "client/offline.py": None,
-    # The pump starts a daemon without the host's systemd variables (on that path only).
-    "client/mcp.py": frozenset({"toolsetd.daemon.sdnotify"}),
 }
 
 #: Calls that bypass structured concurrency or run a shell: (module, attribute).

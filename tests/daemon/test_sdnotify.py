@@ -185,3 +185,11 @@ def test_scrub_environment_drops_systemd_variables() -> None:
         "WATCHDOG_USEC",
         "WATCHDOG_PID",
     }
+
+
+def test_mcp_pump_scrubs_the_same_variables() -> None:
+    """``toolsetctl mcp`` starts a daemon without these variables and imports nothing of
+    the daemon's to do it (its own copy of the names): the two lists must not drift."""
+    from toolsetd.client.mcp import SYSTEMD_ENV_VARS as PUMP_VARS
+
+    assert PUMP_VARS == SYSTEMD_ENV_VARS
