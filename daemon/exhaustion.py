@@ -173,6 +173,7 @@ def open_standard_streams() -> None:
             if null != fd:
                 os.dup2(null, fd)
                 os.close(null)
+            os.set_inheritable(fd, True)  # a standard one: children get it (os.open's is not)
     if sys.stdin is None:
         sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False))
     if sys.stdout is None:
