@@ -383,6 +383,13 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
             target = located[2].parent
         except EditError:
             pass
+    try:  # a relative DIR needs the current folder, which a CI step may have removed
+        target = target.absolute()
+    except OSError as exc:
+        raise UsageError(
+            f"the current folder cannot be used ({exc.strerror}): run toolsetctl from an "
+            "existing folder, or give validate an absolute DIR"
+        ) from None
     report = offline.validate_set(target, args.reserve)
     report.problems[:0] = problems
     try:  # the verdict is the exit code, read or not (toolsetctl validate x | head -n1)

@@ -1067,3 +1067,22 @@ def test_cli_a_failing_stderr_keeps_the_exit_code(ctl: Ctl, args: list[str], cod
             ctl.argv(*args), stdout=full, stderr=full, timeout=60, env=ctl.env(), cwd=ctl.base,
         )
     assert r.returncode == code
+
+
+def test_cli_validate_a_relative_folder_in_a_removed_current_folder(ctl: Ctl) -> None:
+    """``toolsetctl --workspace DIR validate ./set`` in a folder an earlier CI step removed:
+    the absolute --workspace got past the check for the current folder, then the relative
+    DIR needed it and validate ended in an internal error (exit 9). It is usage (exit 2),
+    as for every other command; a set's name still finds the set."""
+    gone = ctl.base / "gone"
+    script = 'mkdir "$1" && cd "$1" && rmdir "$1" && shift && exec "$@"'
+    for target, code, said in (
+        ("./some-set-folder", 2, "the current folder cannot be used"),
+        ("c", 0, "is valid"),
+    ):
+        r = subprocess.run(  # noqa: S603
+            ["/bin/sh", "-c", script, "sh", str(gone), *ctl.argv("--home", str(ctl.daemon.home), "validate", target)],
+            capture_output=True, text=True, timeout=30, env=ctl.env(), cwd=ctl.base,
+        )
+        assert r.returncode == code, r.stdout + r.stderr
+        assert said in r.stdout + r.stderr
