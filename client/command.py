@@ -70,18 +70,46 @@ def utf8_output() -> None:
     locale with coercion off), printing ``café ✓`` raised ``UnicodeEncodeError``: the call's
     output was lost and ``toolsetctl`` exited 2 blaming the current folder's name. Into a
     file or a pipe the text now goes as UTF-8, byte for byte as the daemon sent it; on a
-    terminal it stays in the terminal's encoding, a character it lacks shown as its escape.
+    terminal it stays in the terminal's encoding, a character it lacks shown as its
+    ``\\uXXXX`` escape (``_escape``), which ``--format json`` reads as the same character.
     """
+    import codecs  # loaded at every start: free
+
+    codecs.register_error(_ESCAPE, _escape)
     for stream in (sys.stdout, sys.stderr):
         encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
         if encoding in ("utf8", "utf_8"):
             continue
         try:
             if stream.isatty():
-                stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
+                stream.reconfigure(errors=_ESCAPE)  # type: ignore[union-attr]
             else:
                 stream.reconfigure(  # type: ignore[union-attr]
                     encoding="utf-8", errors="backslashreplace"
                 )
         except (AttributeError, OSError, ValueError):
             pass  # not a text file of ours: left as it is
+
+
+#: The error handler ``utf8_output`` gives a terminal whose encoding lacks a character.
+_ESCAPE = "toolsetctl.escape"
+
+
+def _escape(error: UnicodeError) -> tuple[str, int]:
+    """The characters a terminal's encoding lacks, as ``\\uXXXX`` (UTF-16 pairs past U+FFFF).
+
+    Python's ``backslashreplace`` wrote ``\\xe9`` for ``é`` and ``\\U0001f600`` past
+    U+FFFF: escapes JSON does not have, so ``--format json`` on such a terminal printed a
+    document no JSON reader takes. These escapes read the same in a table and are JSON.
+    """
+    if not isinstance(error, UnicodeEncodeError):
+        raise error
+    escapes = []
+    for char in error.object[error.start : error.end]:
+        code = ord(char)
+        if code > 0xFFFF:
+            code -= 0x10000
+            escapes.append(f"\\u{0xD800 | code >> 10:04x}\\u{0xDC00 | code & 0x3FF:04x}")
+        else:
+            escapes.append(f"\\u{code:04x}")
+    return "".join(escapes), error.end

@@ -1086,3 +1086,20 @@ def test_cli_validate_a_relative_folder_in_a_removed_current_folder(ctl: Ctl) ->
         )
         assert r.returncode == code, r.stdout + r.stderr
         assert said in r.stdout + r.stderr
+
+
+def test_cli_json_on_a_terminal_without_utf8_stays_json(ctl: Ctl) -> None:
+    """``--format json`` on a terminal whose encoding lacks a character: it was written
+    as Python's ``\\xe9`` (and ``\\U0001f600`` past U+FFFF), escapes JSON does not have,
+    and the document did not parse. Now ``\\u00e9`` (a UTF-16 pair past U+FFFF): the
+    same characters for any JSON reader."""
+    args = ctl.base / "zoe-tty.json"
+    args.write_bytes('{"name": "Zoë ✓ 😀"}'.encode())
+    code, out, err = _run_on_pty(
+        ctl, ["--format", "json", "invoke", "hello", "--args", f"@{args}"],
+        stdout_tty=True, stderr_tty=False, PYTHONIOENCODING="ascii",
+    )
+    assert code == 0, err
+    assert out.isascii()
+    texts = [c["text"] for c in json.loads(out)["content"]]
+    assert any("Hello, Zoë ✓ 😀" in text for text in texts), texts
