@@ -9,7 +9,9 @@ step, ``read_descriptor`` (read to the end, never past a bound), also serves the
 which opens and checks its files its own way (``setcache.py``).
 
 ``load_config`` keeps the daemon serving whatever the file says: each bad part falls
-back to its default and yields an operator ``Note`` naming the field and the fix.
+back and yields an operator ``Note`` naming the field and the fix. ``externalTools``
+falls back to its default; an approval source policy that cannot be read falls back to
+``host`` (never to the ``author`` default, which would honour ``approval: always``).
 """
 
 from __future__ import annotations
@@ -121,7 +123,13 @@ def read_regular_file(
 
 
 def load_config(home: Path) -> tuple[Config, list[Note]]:
-    """Read ``<home>/config.json``; a bad part falls back to its default with a note.
+    """Read ``<home>/config.json``; a bad part falls back with a note.
+
+    ``externalTools`` falls back to its default. The approval source policy falls back
+    to ``host`` for every source it may have named, never to ``author``: an operator who
+    wrote something there (most likely to restrict it) must not end up with manifests'
+    ``approval: always`` honoured because of a typo. The reference host refuses such a
+    file outright; toolsetd keeps serving, but no looser than the operator could have meant.
 
     Args:
         home: The Crystal home directory.
@@ -139,16 +147,17 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
         text, _ = read_regular_file(path)
     except ManifestUnreadable as exc:
         if not isinstance(exc.__cause__, FileNotFoundError):
-            note(f"{exc.message} Using the defaults.")
+            note(f"{exc.message} {_UNUSABLE_FALLBACK}")
+            return _UNUSABLE, notes
         return Config(), notes
     try:
         root = json.loads(text.decode("utf-8-sig", "replace"), parse_constant=_reject)
     except (ValueError, RecursionError) as exc:
-        note(f"config.json is not valid JSON: {exc}; using the defaults.")
-        return Config(), notes
+        note(f"config.json is not valid JSON: {exc}; {_UNUSABLE_FALLBACK_LOWER}")
+        return _UNUSABLE, notes
     if not isinstance(root, dict):
-        note("config.json must be a JSON object; using the defaults.")
-        return Config(), notes
+        note(f"config.json must be a JSON object; {_UNUSABLE_FALLBACK_LOWER}")
+        return _UNUSABLE, notes
 
     external_tools = root.get("externalTools")
     if external_tools is None:
@@ -162,10 +171,12 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
     if approval is not None and not isinstance(approval, dict):
         note(
             'config.json: externalToolApproval must be an object such as {"home": "author", '
-            '"project": "host"}; using the defaults, home author and project host.'
+            '"project": "host"}; using host for both, so no manifest\'s approval counts, '
+            "until it is fixed."
         )
+        policies = {Source.HOME: ApprovalSource.HOST, Source.PROJECT: ApprovalSource.HOST}
     elif approval is not None:
-        for source, default in list(policies.items()):
+        for source in list(policies):
             value = approval.get(source.value)
             if value is None:
                 continue
@@ -176,8 +187,9 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
                 note(
                     f"config.json: externalToolApproval.{source.value} must be author or host. "
                     f"External tool trust policy must be author or host. "
-                    f"Using the default, {default.value}, until it is fixed."
+                    f"Using host, so no manifest's approval counts, until it is fixed."
                 )
+                policies[source] = ApprovalSource.HOST
     return (
         Config(
             external_tools=external_tools,
@@ -186,6 +198,16 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
         ),
         notes,
     )
+
+
+#: What an unreadable or unparsable config.json means: discovery on (its default), and
+#: the approval source policy ``host`` for both sources (see ``load_config``).
+_UNUSABLE = Config(home_policy=ApprovalSource.HOST, project_policy=ApprovalSource.HOST)
+_UNUSABLE_FALLBACK = (
+    "Using the defaults, except that the approval policy is host for both sources "
+    "(no manifest's approval counts) until it is fixed."
+)
+_UNUSABLE_FALLBACK_LOWER = "u" + _UNUSABLE_FALLBACK[1:]
 
 
 def _reject(name: str) -> Any:

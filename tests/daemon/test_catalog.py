@@ -565,25 +565,29 @@ def test_load_config_missing_file_defaults(home: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "expected", "note"),
     [
-        ("{", Config(), "config.json is not valid JSON: Expecting property name enclosed in double quotes: "
-         "line 1 column 2 (char 1); using the defaults."),
-        ("[]", Config(), "config.json must be a JSON object; using the defaults."),
+        ("{", Config(home_policy=ApprovalSource.HOST), "config.json is not valid JSON: Expecting property name enclosed in double quotes: "
+         "line 1 column 2 (char 1); using the defaults, except that the approval policy is host for both sources (no manifest's approval counts) until it is fixed."),
+        ("[]", Config(home_policy=ApprovalSource.HOST), "config.json must be a JSON object; using the defaults, except that the approval policy is host for both sources (no manifest's approval counts) until it is fixed."),
         ('{"externalTools": "no"}', Config(),
          "config.json: externalTools must be true or false; using the default, true."),
-        ('{"externalToolApproval": "host"}', Config(),
+        ('{"externalToolApproval": "host"}', Config(home_policy=ApprovalSource.HOST),
          'config.json: externalToolApproval must be an object such as {"home": "author", "project": "host"}; '
-         "using the defaults, home author and project host."),
+         "using host for both, so no manifest's approval counts, until it is fixed."),
         ('{"externalToolApproval": {"home": "maybe", "project": "AUTHOR"}}',
-         Config(project_policy=ApprovalSource.AUTHOR),
+         Config(home_policy=ApprovalSource.HOST, project_policy=ApprovalSource.AUTHOR),
          "config.json: externalToolApproval.home must be author or host. External tool trust policy must be "
-         "author or host. Using the default, author, until it is fixed."),
+         "author or host. Using host, so no manifest's approval counts, until it is fixed."),
         ('{"externalToolApproval": {"project": 1}}', Config(),
          "config.json: externalToolApproval.project must be author or host. External tool trust policy must be "
-         "author or host. Using the default, host, until it is fixed."),
+         "author or host. Using host, so no manifest's approval counts, until it is fixed."),
     ],
 )
 def test_load_config_bad_parts_fall_back_with_note(home: Path, text: str, expected: Config, note: str) -> None:
-    """Each bad part of config.json keeps its default and yields one note naming the field and the fix."""
+    """Each bad part of config.json falls back and yields one note naming the field and the fix.
+
+    An approval policy the daemon cannot read falls back to host, never to author: the
+    operator wrote something there, and a typo must not make ``approval: always`` count.
+    """
     (home / "config.json").write_text(text)
     config, notes = load_config(home)
     assert config == expected
@@ -599,8 +603,11 @@ def test_load_config_valid_values(home: Path) -> None:
 
 
 def test_load_config_fifo_is_unreadable(home: Path) -> None:
-    """A FIFO config.json does not hang the loader; the defaults apply with a note."""
+    """A FIFO config.json does not hang the loader; the defaults apply with a note, but host."""
     os.mkfifo(home / "config.json")
     config, notes = load_config(home)
-    assert config == Config()
-    assert [n.message for n in notes] == ["config.json could not be read. Using the defaults."]
+    assert config == Config(home_policy=ApprovalSource.HOST)
+    assert [n.message for n in notes] == [
+        "config.json could not be read. Using the defaults, except that the approval policy is host "
+        "for both sources (no manifest's approval counts) until it is fixed."
+    ]

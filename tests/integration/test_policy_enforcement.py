@@ -439,3 +439,42 @@ def test_policy_unpaired_surrogate_gets_a_clear_error(tree: Tree) -> None:
         assert "error" in reply
         assert reply["error"]["code"] in (-32700, -32602, -32002)
         assert "result" in conn.request("status")
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        '{"externalToolApproval": {"home": "hots"}}',
+        '{"externalToolApproval": "host"}',
+        '{"externalToolApproval": {"home": "host"},}',
+    ],
+    ids=["typo", "not-an-object", "not-json"],
+)
+def test_policy_unusable_approval_config_never_honours_always(config: str) -> None:
+    """An approval policy the daemon cannot read counts as host, never as the author default.
+
+    The operator who writes ``externalToolApproval`` means to restrict it; a typo or a broken
+    file used to fall back to home ``author``, so a home tool declaring ``approval: always``
+    ran in default mode without asking. The reference host refuses such a file outright.
+    """
+    base = Path(tempfile.mkdtemp(prefix="tsp-"))
+    try:
+        home, workspace = base / "home", base / "ws"
+        write_set(home / "tools", "hp", _policy_set("h"), **{"mark.sh": MARK})
+        workspace.mkdir()
+        (home / "config.json").write_text(config)
+        d = start_daemon(home, workspace, base, ["--no-watch"])
+        try:
+            listed = d.call("list", {"workspace": str(workspace)})["result"]
+            tool = next(t for t in listed["tools"] if t["name"] == "h_always")
+            assert tool["approval"] == {"declared": "always", "policy": "host", "effective": "inherit"}
+            assert any(n["set"] == "config.json" and "host" in n["message"] for n in listed["notes"])
+            result = d.call("classify", {"tool": "h_always", "arguments": {}, "workspace": str(workspace)})
+            assert result["result"]["decision"] == "ask"
+            refused = d.call("invoke", {"tool": "h_always", "arguments": {}, "workspace": str(workspace)})
+            assert refused["error"]["code"] == -32004
+            assert not (workspace / "ran").exists()
+        finally:
+            d.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
