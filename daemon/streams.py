@@ -11,8 +11,9 @@ stdout and stderr are drained by two sibling tasks reading non-blocking fds, wai
 ``4 * (limit + 1)`` bytes (enough for ``limit + 1`` characters of any UTF-8), and counts
 the rest. A stream that fills its prefix is streamed to the spill file (``spill.Spill``,
 capped), so memory per call is bounded whatever the child writes. The prefixes are
-decoded at the end (UTF-8, ``errors="replace"``, an incomplete sequence at a cut is not
-turned into U+FFFD) and cut to ``limit + 1`` characters each. Reading goes in three steps,
+decoded at the end (UTF-8, ``errors="replace"``, a leading byte order mark dropped, an
+incomplete sequence at a cut not turned into U+FFFD) and cut to ``limit + 1`` characters
+each. Reading goes in three steps,
 so that the common small output costs nothing and a flood costs little: ``os.read`` of
 64 KiB into fresh bytes (no buffer to zero or map) until a read fills 64 KiB or the prefix
 is full; then ``os.readv`` into a 1 MiB buffer (kept by the ``Drainer`` for reuse, at most
@@ -114,7 +115,9 @@ async def all_set_within(seconds: float, *events: anyio.Event) -> None:
 
 
 def decode(prefix: bytes | bytearray, complete: bool, limit: int) -> str:
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    # utf-8-sig: a leading byte order mark is dropped, as the reference host's StreamReader
+    # (detectEncodingFromByteOrderMarks) drops it; one later in the stream is text.
+    decoder = codecs.getincrementaldecoder("utf-8-sig")("replace")
     return decoder.decode(bytes(prefix), final=complete)[: limit + 1]
 
 

@@ -52,6 +52,10 @@ def _write_sets(tools: Path) -> None:
         "stdin": False, "approval": "always", "pathArguments": ["path"],
         "schema": {"type": "object"}, "argv": {"path": "--path"},
     }, **{"read.sh": _SH + 'cat "$2"\n'})
+    write_set(tools, "bom", {
+        "runner": "exec", "description": "starts each stream with a byte order mark",
+        "command": ["bom.sh"], "stdin": False, "approval": "always", "schema": {"type": "object"},
+    }, **{"bom.sh": _SH + "printf '\\357\\273\\277out'\nprintf '\\357\\273\\277err' >&2\n"})
     write_set(tools, "asker", {
         "runner": "exec", "description": "needs approval", "command": ["read.sh"],
         "stdin": False, "pathArguments": ["path"],
@@ -413,3 +417,16 @@ def test_the_path_fence_runs_before_the_approval_decision(fid: Daemon) -> None:
     with fid.raw() as conn:
         _, response = conn.invoke(params)
     assert response["error"]["code"] == -32002, response
+
+
+def test_a_leading_byte_order_mark_is_dropped_from_each_stream(fid: Daemon) -> None:
+    """A UTF-8 BOM at the start of stdout or stderr is not part of the text.
+
+    The reference host reads both pipes with a StreamReader that detects and drops it, so
+    a tool that starts its output with a BOM shows the model `exit 0\\nout\\nerr`; a BOM
+    later in the stream is text and stays.
+    """
+    with fid.raw() as conn:
+        _, reply = conn.invoke({"tool": "bom", "arguments": {}, "workspace": str(fid.workspace)})
+    assert reply["result"]["content"] == [{"type": "text", "text": "exit 0\nout\nerr"}]
+    assert reply["result"]["stdoutBytes"] == 6
