@@ -10,6 +10,9 @@ filesystem changing between ``classify`` and the spawn, see below).
 
 Resolution (``resolve_path``) follows the kernel, not a lexical normaliser:
 
+0. Surrounding white space is trimmed first (``trim_path``), as the reference host's
+   ``Workspace.TryNormalize`` does (``path.Trim()``): a model's ``"src/a.py\n"`` names
+   ``src/a.py``. The set trimmed is .NET's ``char.IsWhiteSpace``, not Python's.
 1. ``~`` and ``~/...`` expand to the operator's user profile (passed in, never read
    from ``$HOME`` here). ``~user`` forms are **not** expanded: ``~root`` is an
    ordinary relative name under the workspace, as the reference host's
@@ -82,6 +85,7 @@ __all__ = [
     "MAX_LINK_COMPONENTS",
     "MAX_SYMLINKS",
     "NAME_MAX",
+    "NET_WHITESPACE",
     "PATH_MAX",
     "ArgumentsError",
     "PathError",
@@ -97,6 +101,7 @@ __all__ = [
     "resolve_path",
     "rewrite_arguments",
     "scope_of",
+    "trim_path",
 ]
 
 #: The reference host's message for a path that cannot be resolved.
@@ -167,6 +172,23 @@ class Scope(enum.StrEnum):
     WORKSPACE = "workspace"
     OUTSIDE = "outsideWorkspace"
     FORBIDDEN = "forbidden"
+
+
+#: The characters .NET's ``char.IsWhiteSpace`` (and so ``string.Trim()`` and
+#: ``string.IsNullOrWhiteSpace``) counts as white space: the Unicode White_Space set.
+#: Python's ``str.strip()`` also strips U+001C..U+001F, which .NET keeps.
+NET_WHITESPACE = (
+    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
+    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+
+
+def trim_path(raw: str) -> str:
+    """The path text without surrounding white space, as the reference host trims it.
+
+    An empty result means a blank value (``Argument '<name>' must be a path string.``).
+    """
+    return raw.strip(NET_WHITESPACE)
 
 
 def expand_user(raw: str, user_home: Path) -> str:
@@ -290,7 +312,8 @@ def resolve_path(raw: str, workspace: Path, user_home: Path) -> Path:
     """
     if not isinstance(raw, str):
         raise PathError("it is not a string")
-    if not raw.strip():
+    raw = trim_path(raw)
+    if not raw:
         raise PathError("it is empty")
     _check_whole(raw)
     text = expand_user(raw, user_home)
@@ -601,7 +624,7 @@ def rewrite_arguments(
     rewritten: dict[str, Any] = {}
     for name, value in arguments.items():
         if name in names and isinstance(value, str):
-            if not value.strip():
+            if not trim_path(value):
                 raise ArgumentsError(f"Argument '{name}' must be a path string.", name)
             if resolved is not None and name in resolved:
                 judged = resolved[name]

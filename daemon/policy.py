@@ -64,6 +64,7 @@ from .paths import (
     resolve_path,
     rewrite_arguments,
     scope_of,
+    trim_path,
 )
 
 __all__ = [
@@ -352,7 +353,7 @@ def _inspect(
             continue
         value = arguments[name]
         if isinstance(value, str):
-            if not value.strip():
+            if not trim_path(value):
                 continue  # blank: nothing to scope; the fence refuses it at invoke
             resolved, scope, detail = _check_string(value, workspace, user_home, crystal_home)
             checks.append(PathCheck(name, value, resolved, scope, detail))

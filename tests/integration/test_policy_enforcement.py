@@ -379,6 +379,35 @@ def test_policy_blank_path_refused_before_asking(tree: Tree) -> None:
     assert error["code"] == -32002, error
 
 
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        (" sub/a.txt\n", "{ws}/sub/a.txt"),
+        ("\u3000~/x\t", "{home}/x"),
+        ("\x1csub", "{ws}/\x1csub"),
+    ],
+    ids=["spaces-and-newline", "ideographic-space-tilde", "file-separator-kept"],
+)
+def test_policy_path_is_trimmed_as_the_reference_host_trims_it(
+    tree: Tree, value: str, expected: str
+) -> None:
+    """A path argument loses surrounding white space before it is resolved.
+
+    The reference host's fence resolves ``path.Trim()`` (.NET white space), so a model's
+    ``" sub/a.txt\\n"`` reaches the child as ``<ws>/sub/a.txt``; toolsetd used to hand it
+    ``<ws>/ sub/a.txt\\n``, a file that does not exist. U+001C, which Python's ``strip``
+    would also take but .NET keeps, stays part of the name.
+    """
+    want = expected.format(ws=tree.workspace, home=tree.user_home)
+    c = tree.request("classify", {"tool": "h_echo", "arguments": {"path": value}})["result"]
+    assert [p["resolved"] for p in c["paths"]] == [want]
+    assert c["arguments"] == {"path": want}
+    reply = tree.request("invoke", {"tool": "h_echo", "arguments": {"path": value},
+                                    "mode": "full", "approved": True})
+    text = reply["result"]["content"][0]["text"]
+    assert json.loads(text.split("\n", 1)[1]) == {"path": want}
+
+
 # -- hostile values through classify ---------------------------------------------------
 
 
