@@ -30,7 +30,14 @@ from typing import Any
 
 import orjson
 
-from .paths import is_credential_identity, is_credential_path, opened_directory_name
+from .paths import (
+    NET_WHITESPACE,
+    expand_user,
+    is_credential_identity,
+    is_credential_path,
+    opened_directory_name,
+    trim_path,
+)
 
 __all__ = [
     "CANCELLED_TEXT",
@@ -164,7 +171,7 @@ def _optional_string(obj: Mapping[str, Any], key: str, type_message: str, empty:
         return None
     if not isinstance(value, str):
         raise ContentError(type_message)
-    if not value.strip():
+    if not value.strip(NET_WHITESPACE):  # .NET's IsNullOrWhiteSpace, as the reference host
         raise ContentError(empty)
     return value
 
@@ -286,14 +293,15 @@ def _read_image_file(
     user_home: Path | None,
     crystal_home: Path | None = None,
 ) -> bytes:
+    # As the reference host's Workspace.TryResolveExistingFile: trim, expand ``~``/``~/``,
+    # join to the workspace, fold ``..`` (GetFullPath), then resolve the links.
+    home = user_home if user_home is not None else Path.home()
     root = os.path.normpath(str(workspace))
-    joined = os.path.normpath(os.path.join(root, raw))
+    joined = os.path.normpath(os.path.join(root, expand_user(trim_path(raw), home)))
     if is_credential_path(raw) or is_credential_path(joined):
         raise ContentError("Reading credential paths is not allowed.")
     resolved = os.path.realpath(joined)
-    if is_credential_path(resolved) or is_credential_identity(
-        resolved, user_home if user_home is not None else Path.home(), crystal_home
-    ):
+    if is_credential_path(resolved) or is_credential_identity(resolved, home, crystal_home):
         raise ContentError("Reading credential paths is not allowed.")
     if resolved != root and not resolved.startswith(root.rstrip("/") + "/"):
         raise ContentError("Path is outside the workspace.")

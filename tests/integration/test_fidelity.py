@@ -392,6 +392,43 @@ def test_an_image_path_hard_linked_to_a_key_is_refused(fid: Daemon, user_home: P
     assert text.startswith("Reading credential paths is not allowed."), text
 
 
+_PNG_1X1 = bytes.fromhex(
+    "89504e470d0a1a0a0000000d49484452000000010000000108060000001f15c489"
+    "0000000d49444154789c63f8cfc0f01f0005000201a5f0a1a60000000049454e44ae426082"
+)
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        (" dot.png\n", "image"),
+        ("~/dot.png", "Path is outside the workspace."),
+    ],
+    ids=["trimmed", "tilde-is-the-user-profile"],
+)
+def test_an_image_path_is_resolved_as_the_reference_host_resolves_it(
+    fid: Daemon, user_home: Path, path: str, expected: str
+) -> None:
+    """A content image ``path`` is trimmed and ``~`` expands, as Workspace.TryNormalize does.
+
+    toolsetd joined the text as sent to the workspace: ``" dot.png\\n"`` was ``File not
+    found:  dot.png`` and ``~/dot.png`` was looked up as ``<ws>/~/dot.png`` (``File not
+    found``) where the reference host answers ``Path is outside the workspace.``
+    """
+    (fid.workspace / "dot.png").write_bytes(_PNG_1X1)
+    (user_home / "dot.png").write_bytes(_PNG_1X1)
+    (fid.workspace / "dot.json").write_text(json.dumps(
+        {"images": [{"mimeType": "image/png", "path": path}]}))
+    with fid.raw() as conn:
+        _, response = conn.invoke({"tool": "inline", "arguments": {"spec": "dot.json"},
+                                   "workspace": str(fid.workspace), "images": True})
+    content = response["result"]["content"]
+    if expected == "image":
+        assert [block["type"] for block in content] == ["text", "image"], content
+    else:
+        assert content[0]["text"].startswith(expected), content
+
+
 # -- item 10: the docs say what the daemon does ---------------------------------------------
 
 _REPO = Path(__file__).resolve().parents[2]
