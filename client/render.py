@@ -332,9 +332,9 @@ def set_rows_from_list(result: Mapping[str, Any], catalog: str | None = None) ->
     ``tools`` (names, or ``{name, approval}`` objects) and ``notes``; the set-level
     ``runner``, ``catalogs``, ``approval``, ``declaredTools`` (every declared tool, loaded
     or not, ``{name, approval, catalogs}``: the Tools cell then names them all, as the
-    offline reader does) and an ``error`` are used when the daemon sends them, and
-    otherwise taken from the set's loaded tools (runner, the union of catalogs,
-    ``(always)`` labels) and notes.
+    offline reader does) and an ``error`` are used when the daemon sends them (a null
+    ``error`` means none, as offline), and otherwise taken from the set's loaded tools
+    (runner, the union of catalogs, ``(always)`` labels) and notes.
 
     Args:
         result: The ``list`` result.
@@ -378,9 +378,14 @@ def set_rows_from_list(result: Mapping[str, Any], catalog: str | None = None) ->
             items = [item for item in items if catalog in _catalogs_of(item, loaded)]
         labels = [_tool_label(item, loaded) for item in items]
         error = entry.get("error")
-        if not isinstance(error, str):
+        if "error" not in entry:
+            # An older daemon without ``error``: take the refused set's last note.
             notes = entry.get("notes") or []
             error = str(notes[-1]) if state == "refused" and not labels and notes else ""
+        elif not isinstance(error, str):
+            # The daemon says the manifest has no error (a valid dotnet set skipped with a
+            # note, tools that collided): the cell is what the offline reader prints.
+            error = ""
         rows.append(
             SetRow(
                 directory=directory,

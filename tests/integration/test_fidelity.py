@@ -208,6 +208,10 @@ def _inventory_sets(home: Path, workspace: Path) -> None:
         {**tool, "name": "m_plan", "catalogs": ["plan"]},
         {**tool, "name": "m_work", "catalogs": ["work"]}]})
     write_set(tools, "broken", '{"runner": "exec", "tools": [')
+    # A valid dotnet manifest: parsed, then skipped with a note (no .NET runtime). Its row
+    # must not depend on whether a daemon answers.
+    write_set(tools, "dn", {"runner": "dotnet", "assembly": "a.dll",
+                            "tools": {"dn_x": {"catalogs": ["plan"]}}})
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +224,7 @@ def inventory_daemon() -> Iterator[Daemon]:
 @pytest.mark.parametrize("args", [("list",), ("list", "--catalog", "plan"),
                                   ("list", "--catalog", "work"), ("show", "off"),
                                   ("show", "web", "--source", "home"), ("show", "bad name"),
-                                  ("show", "dup")])
+                                  ("show", "dup"), ("show", "dn")])
 def test_inventory_agrees_with_and_without_a_daemon(inventory_daemon: Daemon, args: tuple[str, ...]) -> None:
     d = inventory_daemon
     online = _ctl(d, *args)
