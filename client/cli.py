@@ -187,7 +187,12 @@ def _listing(ctx: Context, catalog: str | None) -> _Listing:
     with client:
         result = call(ctx, client, "list", params)
         home = _daemon_home(ctx, client)
-    return _Listing(result, set_rows_from_list(result, catalog), home, from_daemon=True)
+    rows = set_rows_from_list(result, catalog)
+    if not rows and not _discovery_enabled(home):
+        # Discovery off: the daemon scans nothing, but the inventory is still the files on
+        # disk, as the reference host's `tools list` and the offline reader show it.
+        rows = _offline_module().inventory(home, ctx.workspace, catalog)
+    return _Listing(result, rows, home, from_daemon=True)
 
 
 def _inventory(ctx: Context, rows: Sequence[SetRow]) -> None:

@@ -234,6 +234,30 @@ def test_inventory_agrees_with_and_without_a_daemon(inventory_daemon: Daemon, ar
     assert online.returncode == offline.returncode
 
 
+def _discovery_off_sets(home: Path, workspace: Path) -> None:
+    _inventory_sets(home, workspace)
+    (home / "config.json").write_text('{"externalTools": false}')
+
+
+@pytest.mark.parametrize("args", [("list",), ("list", "--catalog", "plan"), ("show", "off"),
+                                  ("show", "web")])
+def test_inventory_with_discovery_off_lists_the_files(args: tuple[str, ...]) -> None:
+    """With ``externalTools: false`` the inventory still lists the sets on disk.
+
+    The reference host's ``tools list``/``show`` read the manifests whatever discovery
+    says, then add the discovery-off line; so did toolsetctl without a daemon. With a
+    daemon (which scans nothing then) it printed ``No tool sets.`` and ``show`` failed
+    with ``Tool set 'off' was not found.``.
+    """
+    with daemon_in("tsv-", _discovery_off_sets, ["--no-watch"]) as d:
+        online = _ctl(d, *args, "--format", "text")
+        offline = _ctl(d, *args, "--format", "text", online=False)
+    assert online.returncode == offline.returncode == 0, (online.stderr, offline.stderr)
+    assert online.stdout == offline.stdout, (online.stdout, offline.stdout)
+    assert "No tool sets." not in online.stdout
+    assert online.stdout.rstrip().endswith("until external tool discovery is turned on.")
+
+
 def test_inventory_tools_cells(inventory_daemon: Daemon) -> None:
     d = inventory_daemon
     out = _ctl(d, "list").stdout
