@@ -136,9 +136,13 @@ _ABSENT: Final = object()
 def is_request_id(value: Any) -> TypeGuard[str | int]:
     """Whether a value can name a request, so an answer echoes it: a string or an integer
     (a bool is neither). ``null`` is a valid id that names none; every face answers what
-    it cannot echo with ``null``."""
+    it cannot echo with ``null``.
+
+    ``-0`` is an integer in JSON's grammar; ``jsontext`` keeps it as a ``JsonNumber`` only
+    so that its sign is written back, and it is echoed as sent, on every face.
+    """
     kind = type(value)
-    return kind is str or kind is int
+    return kind is str or kind is int or (kind is JsonNumber and value.text == "-0")
 
 
 def _valid_id(value: Any) -> bool:
@@ -165,7 +169,7 @@ def parse_envelope(value: Any) -> Request | Notification | InvalidEnvelope:
         or request_id is None
         or request_id is _ABSENT
         # ``-0`` is an integer in JSON's grammar; jsontext keeps it as a JsonNumber only so
-        # that its sign is written back: it is echoed as sent.
+        # that its sign is written back: it is echoed as sent (``is_request_id``).
         or (kind is JsonNumber and request_id.text == "-0")
     ):
         return InvalidEnvelope(None, "Invalid Request: 'id' must be a string, an integer or null")

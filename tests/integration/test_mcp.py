@@ -42,7 +42,7 @@ from .conftest import (
     start_daemon,
     write_set,
 )
-from .http_helpers import listening_urls
+from .http_helpers import INIT_PARAMS, endpoint, http, listening_urls
 from .mcp_helpers import (
     PY,
     RawPump,
@@ -585,6 +585,35 @@ def test_mcp_bind_only_as_the_first_frame(mcp_daemon: Daemon, workspace: Path) -
         assert conn.receive()["result"]["bound"] is True
         conn.send({"jsonrpc": "2.0", "id": 2, "method": "status"})
         assert "error" in conn.receive()  # MCP now: no native status here
+
+
+def test_mcp_an_id_of_minus_zero_is_an_integer_echoed_as_sent(
+    shared_daemon: Daemon, workspace: Path
+) -> None:
+    """``-0`` is an integer in JSON's grammar, on the MCP faces as on the native wire: a
+    request with that id is answered and the id echoed as ``-0``, over a bound socket
+    (what ``toolsetctl mcp`` relays) and over HTTP."""
+    bind = {"jsonrpc": "2.0", "id": "b", "method": "mcp.bind"}
+    bind["params"] = {"workspace": str(workspace)}
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT_PARAMS}
+    with shared_daemon.raw() as conn:
+        conn.send(bind)
+        assert conn.receive()["result"]["bound"] is True
+        conn.send(init)
+        assert "result" in conn.receive()
+        conn.send_bytes(b'{"jsonrpc": "2.0", "id": -0, "method": "ping"}\n')
+        while b"\n" not in conn._buffer:
+            conn._buffer += conn.sock.recv(65536)
+        line = conn._buffer.split(b"\n")[0]
+    assert b'"id":-0' in line and b'"result"' in line, line
+    assert shared_daemon.mcp_url is not None
+    url = endpoint(shared_daemon.mcp_url, workspace)
+    body = b'{"jsonrpc": "2.0", "id": -0, "method": "initialize", "params": %s}' % (
+        json.dumps(INIT_PARAMS).encode()
+    )
+    reply = http(url, body=body, headers={"mcp-method": "initialize"})
+    assert reply.status == 200, reply
+    assert b'"id":-0' in reply.body and b'"result"' in reply.body, reply.body
 
 
 def test_mcp_odd_ids_and_params_keep_the_session(mcp_daemon: Daemon, workspace: Path) -> None:
