@@ -99,6 +99,7 @@ from .wire import Wire
 
 __all__ = [
     "INLINE_METHODS",
+    "CallTable",
     "Connection",
     "Dispatch",
     "Handler",
@@ -194,6 +195,27 @@ class LargeLines:
         self.held = 0
 
 
+class CallTable(dict[str, anyio.Event]):
+    """A connection's running invoke calls: their cancel events, by call id.
+
+    A call registers only once it has been judged (``Service.invoke`` awaits the catalog
+    and the workspace first), so its client may be gone by then: once ``closed`` (the
+    reader stopped and the connection's calls were cancelled), a call that registers is
+    cancelled as it registers, instead of running to its end for nobody.
+    """
+
+    __slots__ = ("closed",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed = False
+
+    def __setitem__(self, call_id: str, cancel: anyio.Event) -> None:
+        super().__setitem__(call_id, cancel)
+        if self.closed:
+            cancel.set()
+
+
 class Dispatch(Protocol):
     """What a connection needs of its server: the limits and the JSON-RPC layer."""
 
@@ -252,7 +274,7 @@ class Connection:
         #: ``large_lines`` (a line being received holds memory too).
         self._partial = 0
         #: Cancel events of this connection's running invoke calls, by call id.
-        self.calls: dict[str, anyio.Event] = {}
+        self.calls = CallTable()
         #: Workspace keys (a path string, or None for home) this client subscribed to.
         self.subscriptions: set[str | None] = set()
         #: Set by a bind method (``mcp.bind``): from then on every message goes to it.
@@ -430,7 +452,9 @@ class Connection:
             self._wire.wake_reader()
 
     def cancel_calls(self) -> None:
-        """Cancel every invoke call this connection has in flight."""
+        """Cancel every invoke call this connection has in flight, and those that register
+        later (still being judged now: ``CallTable``)."""
+        self.calls.closed = True
         for event in list(self.calls.values()):
             event.set()
         if self.route is not None:

@@ -14,6 +14,7 @@ import itertools
 import json
 import signal
 import socket
+import struct
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -769,3 +770,29 @@ def test_large_incomplete_lines_count_towards_the_same_bound() -> None:
         finally:
             for conn in holders:
                 conn.close()
+
+
+def test_a_call_whose_client_left_before_it_registered_is_cancelled() -> None:
+    """A client sends an invoke and resets the connection at once: its reader stops and
+    cancels the connection's calls while the call is still being judged (its line parsed in
+    a worker thread, the catalog read), before it registers. It is cancelled as it
+    registers, not run for nobody until its timeout (60 s, holding a runner slot and its
+    line's share of the large-request bound)."""
+    with daemon_in("tsg-", _fill_sleeper, args=["--no-watch"]) as d:
+        for n in range(5):
+            gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            gone.connect(str(d.socket))
+            gone.sendall(json.dumps(_big_invoke(d.workspace, f"gone-{n}", 100_000)).encode() + b"\n")
+            gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            gone.close()  # a reset: the daemon sees the connection lost
+
+        def judged() -> bool:
+            events = d.log_events()
+            return sum(1 for e in events if e.get("event") == "call_started") == 5
+
+        eventually(judged, timeout=30, what="the five calls are judged and registered")
+
+        def idle() -> bool:
+            return bool(d.call("status")["result"]["inFlight"] == 0)
+
+        eventually(idle, timeout=30, what="the calls of the clients that left are cancelled")
