@@ -135,6 +135,8 @@ _LARGE_LINE = 64 * 1024
 #: without a bound one client could pipeline 16 MiB requests until the daemon ran out of
 #: memory.
 _LARGE_BUDGET_FRAMES = 4
+#: Large lines parsed at once, on all connections together (``LargeLines.parser``).
+_LARGE_PARSERS = 1
 #: The items of a batch past the in-flight limit answered before other tasks run.
 _REFUSE_SLICE = 1024
 #: Methods answered in the reader itself: their handlers never wait on anything.
@@ -187,12 +189,29 @@ class RequestContext:
 
 class LargeLines:
     """Bytes of large request lines (over ``_LARGE_LINE``) whose requests are in flight,
-    on every connection of one server (see ``_LARGE_BUDGET_FRAMES``)."""
+    on every connection of one server (see ``_LARGE_BUDGET_FRAMES``), and the one worker
+    thread that parses such lines (``parser``)."""
 
-    __slots__ = ("held",)
+    __slots__ = ("_parser", "held")
 
     def __init__(self) -> None:
         self.held = 0
+        self._parser: anyio.CapacityLimiter | None = None
+
+    @property
+    def parser(self) -> anyio.CapacityLimiter:
+        """Taken to parse a large line: one at a time, on all connections together.
+
+        Parsing is Python work that holds the GIL: the event loop shares it with every
+        thread that parses. With one parse per connection at once, 200 connections each
+        sending lines of numbers had 40 worker threads parsing, and the loop got the GIL
+        so rarely that another client's status took 37 s (it had taken 53 s on the loop).
+        One parser leaves the loop half of it, and the other workers (spawns, catalog
+        reads) free.
+        """
+        if self._parser is None:
+            self._parser = anyio.CapacityLimiter(_LARGE_PARSERS)
+        return self._parser
 
 
 class CallTable(dict[str, anyio.Event]):
@@ -520,7 +539,9 @@ class Connection:
                         # Off the loop (see _LARGE_LINE); this connection's later lines
                         # wait, in order, as they wait for any await of the reader.
                         try:
-                            parsed = await threads.run_sync(parse_line, event.line)
+                            parsed = await threads.run_sync(
+                                parse_line, event.line, limiter=self._server.large_lines.parser
+                            )
                         except BaseException:
                             self._release(held)
                             raise

@@ -688,6 +688,36 @@ def test_a_huge_line_of_numbers_is_parsed_without_holding_other_clients(plain: D
     assert reply["id"] == "big" and reply["error"]["code"] == -32602
 
 
+def _threads(pid: int) -> int:
+    """How many threads the process has now."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads: line")
+
+
+def test_large_lines_of_many_clients_are_parsed_one_at_a_time(plain: Daemon) -> None:
+    """Parsing a large line holds the GIL, which the event loop needs too: with a worker
+    thread parsing for each of many clients, the loop got it so rarely that another
+    client's status waited for the whole flood. The daemon parses one large line at a time
+    on all connections together: two dozen clients each sending one take one worker."""
+    line = b'{"jsonrpc":"2.0","id":1,"method":"list","params":{"x":['
+    line += b",".join([b"1.5"] * 40_000) + b"]}}\n"
+    before = _threads(plain.proc.pid)
+    conns = [plain.raw(timeout=120) for _ in range(24)]
+    try:
+        for conn in conns:
+            conn.send_bytes(line)
+        peak = before
+        for conn in conns:
+            peak = max(peak, _threads(plain.proc.pid))
+            assert conn.receive()["error"]["code"] == -32602
+    finally:
+        for conn in conns:
+            conn.close()
+    assert peak <= before + 2, f"{peak - before} threads more while parsing"
+
+
 def _fill_sleeper(home: Path, workspace: Path) -> None:
     write_set(home / "tools", "nap", {
         "runner": "exec", "description": "sleeps", "schema": {"type": "object"},
