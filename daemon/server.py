@@ -24,6 +24,7 @@ together and is what a connection dispatches to.
 from __future__ import annotations
 
 import contextlib
+import errno
 import itertools
 import os
 import socket
@@ -266,40 +267,61 @@ def bind_unix_socket(path: os.PathLike[str] | str, backlog: int = 1024) -> socke
     client that waits for the file (a script after ``toolsetd &``, a supervisor) could
     find it and be refused (83 to 177 connects in 1,000 were, between ``bind`` and
     ``listen``).
-    When the temporary name would not fit ``sun_path`` it is bound directly.
+    When the temporary name would not fit ``sun_path``, or the file system has no hard
+    links, it is bound directly.
     """
     final = os.fspath(path)
     # Random, not the pid alone: two daemons in two pid namespaces may share the folder
     # (a toolbox container binds $XDG_RUNTIME_DIR) and have the same pid.
     temporary = os.path.join(os.path.dirname(final), f".{os.urandom(4).hex()}.sock")
     if len(os.fsencode(temporary)) >= SUN_PATH_MAX:
-        temporary = final
+        return _listening(final, final, backlog)
+    sock = _listening(temporary, final, backlog)
+    try:
+        os.link(temporary, final)
+    except OSError as exc:
+        sock.close()
+        _unlink_quietly(temporary)
+        if exc.errno == errno.EEXIST:
+            raise OSError(exc.errno, exc.strerror, final) from None
+        # A file system without hard links (some FUSE ones): bound in place, as before.
+        return _listening(final, final, backlog)
+    except BaseException:
+        sock.close()
+        _unlink_quietly(temporary)
+        raise
+    _unlink_quietly(temporary)
+    return sock
+
+
+def _listening(at: str, named: str, backlog: int) -> socket.socket:
+    """A Unix socket bound at ``at`` (mode 0600 from the start) and listening; an error
+    names ``named``, the path the operator gave."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)
     try:
-        sock.bind(temporary)
+        sock.bind(at)
     except OSError as exc:
         sock.close()
-        raise OSError(exc.errno, exc.strerror, final) from None  # the path asked for
+        raise OSError(exc.errno, exc.strerror, named) from None
     except BaseException:
         sock.close()
         raise
     finally:
         os.umask(old_umask)
     try:
-        os.chmod(temporary, 0o600)
+        os.chmod(at, 0o600)
         sock.listen(backlog)
-        if temporary != final:
-            os.link(temporary, final)
     except BaseException as exc:
         sock.close()
-        if temporary != final:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+        if at != named:
+            _unlink_quietly(at)
         if isinstance(exc, OSError):
-            raise OSError(exc.errno, exc.strerror, final) from None
+            raise OSError(exc.errno, exc.strerror, named) from None
         raise
-    if temporary != final:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
     return sock
+
+
+def _unlink_quietly(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
