@@ -261,10 +261,8 @@ class ManifestCache:
         ):
             return cached
         if self.store is not None and cached is None:
-            found = self._indexed(manifest, set_dir, source, reserved, stat_result, parent)
+            found = self._indexed(key, set_dir, source, reserved, stat_result, parent)
             if found is not None:
-                with self._lock:
-                    self._entries[key] = found
                 return found
         text, st = read_regular_file(manifest, stat_result)
         digest = hashlib.sha256(text).digest()
@@ -312,40 +310,72 @@ class ManifestCache:
 
     def _indexed(
         self,
-        manifest: str,
+        key: tuple[str, Source],
         set_dir: str,
         source: Source,
         reserved: frozenset[str],
         st: os.stat_result,
         parent: Path | None,
     ) -> _Cached | None:
-        """The store's decision for a file it indexed with this trusted signature, unread."""
-        assert self.store is not None
-        signature = trusted_signature(st, self._clock_ns())
-        if signature is None or not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MANIFEST_BYTES:
+        """The store's decision for a file it indexed with this trusted signature, unread,
+        entered in the cache under ``key`` (the manifest path and source).
+
+        A cold start takes this path for every set, so it is ``_recall``, ``_from_record``
+        and ``_remember`` in one: the remembered decision and the cache entry go in under
+        one lock acquisition (``_remember`` then the entry, as one step), and
+        a decision already made for the key is taken under another.
+        """
+        store = self.store
+        assert store is not None
+        # ``trusted_signature``, inline: once per set of a cold start.
+        mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
+        if (
+            self._clock_ns() - (mtime if mtime > ctime else ctime) < RACY_NS
+            or not stat.S_ISREG(st.st_mode)
+            or st.st_size > MAX_MANIFEST_BYTES
+        ):
             return None
-        found = self.store.lookup(manifest, signature)
+        signature = (mtime, st.st_size, st.st_ino, ctime)
+        found = store.lookup(key[0], signature)
         if found is None:
             return None
         store_key, raw = found
         directory = set_dir[set_dir.rfind(os.sep) + 1 :]  # set_dir is absolute
-        if store_key[64:] != self._key_suffix(source, reserved) + directory:
+        suffixes = self._suffixes.get(reserved)
+        suffix = suffixes[source] if suffixes is not None else self._key_suffix(source, reserved)
+        if store_key[64:] != suffix + directory:
             return None  # indexed under another source or other reserved names
-        path = _set_path(set_dir, parent, directory)
+        path = Path(set_dir) if parent is None else _CHILD(parent, directory)
+        lock = self._lock
         try:
             digest = bytes.fromhex(store_key[:64])
-            decided = self._recall(store_key, path)  # another worktree's copy, decoded
-            if decided is not None:
+            with lock:
+                decided = self._decided.get(store_key)
+            if decided is not None:  # another worktree's copy, decoded (``_recall``)
                 value, hashes = decided
-            else:
-                record = None if raw is None else self.store.decode(store_key, raw)
-                if record is None:
-                    return None
-                value, hashes = self._from_record(store_key, record, directory, source, path)
+                if isinstance(value, ToolSet) and value.path != path:
+                    value = replace(value, path=path)
+                hashes = dict(hashes)  # the memo of tool hashes grows per entry
+                found_entry = _Cached(signature, digest, reserved, value, hashes)
+                with lock:
+                    self._entries[key] = found_entry
+                return found_entry
+            record = None if raw is None else store.decode(store_key, raw)
+            if record is None:
+                return None
+            result, hashes = decode_record(record, directory=directory, source=source, path=path)
         except (ValueError, TypeError, KeyError, IndexError):
-            self.store.discard(store_key)
+            store.discard(store_key)
             return None
-        return _Cached(signature, digest, reserved, value, hashes)
+        value = ManifestError(result) if isinstance(result, str) else result
+        found_entry = _Cached(signature, digest, reserved, value, hashes)
+        with lock:  # ``_remember``, then the entry
+            decisions = self._decided
+            if len(decisions) >= max(_DECIDED_MIN, 2 * len(self._entries)):
+                decisions.clear()  # costs a decode at worst, never a wrong set
+            decisions[store_key] = (value, hashes)
+            self._entries[key] = found_entry
+        return found_entry
 
     def _from_record(
         self, key: str, record: list[Any], directory: str, source: Source, path: Path
@@ -756,6 +786,8 @@ class _Builder:
         stat_ = os.stat
         in_set = os.sep + MANIFEST_NAME
         tick = self.pause.tick
+        cache_entry = self.cache.entry
+        reserved = self.reserved
         for name in names:
             tick()
             set_dir = base + os.sep + name
@@ -783,21 +815,25 @@ class _Builder:
             else:
                 self.home[name] = candidate
             try:
-                entry = self.cache.entry(set_dir, manifest, source, self.reserved, st, root_path)
-                toolset = self.cache._unwrap(entry)
+                entry = cache_entry(set_dir, manifest, source, reserved, st, root_path)
             except ManifestError as exc:
                 if out_of_resources(exc.__cause__):  # not the set's fault: it is not skipped
                     raise exc.__cause__ from None
-                candidate.error = exc.message
-                self.note(candidate, f"External tool set '{name}' was skipped: {exc.message}")
-                continue
-            candidate.toolset = toolset
-            candidate.hashes = entry.hashes
-            if toolset.enabled:
-                self.active[name] = candidate
+                error = exc.message
             else:
-                candidate.state = _DISABLED
-                self.active.pop(name, None)
+                toolset = entry.result
+                if not isinstance(toolset, ManifestError):  # ``_unwrap``, without a raise
+                    candidate.toolset = toolset
+                    candidate.hashes = entry.hashes
+                    if toolset.enabled:
+                        self.active[name] = candidate
+                    else:
+                        candidate.state = _DISABLED
+                        self.active.pop(name, None)
+                    continue
+                error = toolset.message
+            candidate.error = error
+            self.note(candidate, f"External tool set '{name}' was skipped: {error}")
 
     def load(self, config: Config) -> dict[str, LoadedTool]:
         registered = set(self.reserved)

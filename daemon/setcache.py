@@ -575,7 +575,9 @@ class SetStore:
             None when the file is not indexed with that signature.
         """
         with self._lock:
-            records = self._loaded()
+            records = self._records
+            if records is None:
+                records = self._loaded()
             entry = self._new_index.get(manifest) or self._index.get(manifest)
             if (
                 entry is None
