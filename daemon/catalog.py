@@ -320,46 +320,30 @@ class ManifestCache:
         """The store's decision for a file it indexed with this trusted signature, unread,
         entered in the cache under ``key`` (the manifest path and source).
 
-        A cold start takes this path for every set, so it is ``_recall``, ``_from_record``
-        and ``_remember`` in one: the remembered decision and the cache entry go in under
-        one lock acquisition (``_remember`` then the entry, as one step), and
-        a decision already made for the key is taken under another.
+        A cold start takes this path for every set: the remembered decision and the cache
+        entry go in under one lock acquisition (``_remember``'s ``entry``).
         """
         store = self.store
         assert store is not None
-        # ``trusted_signature``, inline: once per set of a cold start.
-        mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
-        if (
-            self._clock_ns() - (mtime if mtime > ctime else ctime) < RACY_NS
-            or not stat.S_ISREG(st.st_mode)
-            or st.st_size > MAX_MANIFEST_BYTES
-        ):
+        signature = trusted_signature(st, self._clock_ns())
+        if signature is None or not stat.S_ISREG(st.st_mode) or st.st_size > MAX_MANIFEST_BYTES:
             return None
-        signature = (mtime, st.st_size, st.st_ino, ctime)
         found = store.lookup(key[0], signature)
         if found is None:
             return None
         store_key, raw = found
         directory = set_dir[set_dir.rfind(os.sep) + 1 :]  # set_dir is absolute
-        suffixes = self._suffixes.get(reserved)
-        suffix = suffixes[source] if suffixes is not None else self._key_suffix(source, reserved)
-        if store_key[64:] != suffix + directory:
+        if store_key[64:] != self._key_suffix(source, reserved) + directory:
             return None  # indexed under another source or other reserved names
-        path = Path(set_dir) if parent is None else _CHILD(parent, directory)
-        lock = self._lock
+        path = _set_path(set_dir, parent, directory)
         try:
             digest = bytes.fromhex(store_key[:64])
-            with lock:
-                decided = self._decided.get(store_key)
-            if decided is not None:  # another worktree's copy, decoded (``_recall``)
-                value, hashes = decided
-                if isinstance(value, ToolSet) and value.path != path:
-                    value = replace(value, path=path)
-                hashes = dict(hashes)  # the memo of tool hashes grows per entry
-                found_entry = _Cached(signature, digest, reserved, value, hashes)
-                with lock:
-                    self._entries[key] = found_entry
-                return found_entry
+            decided = self._recall(store_key, path)  # another worktree's copy, decoded
+            if decided is not None:
+                entry = _Cached(signature, digest, reserved, *decided)
+                with self._lock:
+                    self._entries[key] = entry
+                return entry
             record = None if raw is None else store.decode(store_key, raw)
             if record is None:
                 return None
@@ -368,14 +352,9 @@ class ManifestCache:
             store.discard(store_key)
             return None
         value = ManifestError(result) if isinstance(result, str) else result
-        found_entry = _Cached(signature, digest, reserved, value, hashes)
-        with lock:  # ``_remember``, then the entry
-            decisions = self._decided
-            if len(decisions) >= max(_DECIDED_MIN, 2 * len(self._entries)):
-                decisions.clear()  # costs a decode at worst, never a wrong set
-            decisions[store_key] = (value, hashes)
-            self._entries[key] = found_entry
-        return found_entry
+        entry = _Cached(signature, digest, reserved, value, hashes)
+        self._remember(store_key, value, hashes, (key, entry))
+        return entry
 
     def _from_record(
         self, key: str, record: list[Any], directory: str, source: Source, path: Path
@@ -395,12 +374,16 @@ class ManifestCache:
         key: str,
         value: ToolSet | ManifestError,
         hashes: dict[tuple[str, ApprovalSource], str],
+        entry: tuple[tuple[str, Source], _Cached] | None = None,
     ) -> None:
-        """Keep the decision for a store key (bounded: past the bound it starts over)."""
+        """Keep the decision for a store key (bounded: past the bound it starts over), and
+        enter ``entry`` (a manifest's key and cache entry) under the same lock."""
         with self._lock:
             if len(self._decided) >= max(_DECIDED_MIN, 2 * len(self._entries)):
                 self._decided.clear()  # costs a decode at worst, never a wrong set
             self._decided[key] = (value, hashes)
+            if entry is not None:
+                self._entries[entry[0]] = entry[1]
 
     def _recall(
         self, key: str, path: Path
