@@ -159,30 +159,31 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
         note(f"config.json must be a JSON object; {_UNUSABLE_FALLBACK_LOWER}")
         return _UNUSABLE, notes
 
-    external_tools = root.get("externalTools")
-    if external_tools is None:
-        external_tools = True
-    elif not isinstance(external_tools, bool):
+    # Property names match in any case, as the reference host reads them. Where several
+    # spellings of one name are present, the stricter reading wins (off over on, host
+    # over author).
+    found = [v for v in _members(root, "externalTools") if v is not None]
+    if any(not isinstance(v, bool) for v in found):
         note("config.json: externalTools must be true or false; using the default, true.")
-        external_tools = True
+    external_tools = not any(v is False for v in found)
 
     policies = {Source.HOME: ApprovalSource.AUTHOR, Source.PROJECT: ApprovalSource.HOST}
-    approval = root.get("externalToolApproval")
-    if approval is not None and not isinstance(approval, dict):
+    approvals = [a for a in _members(root, "externalToolApproval") if a is not None]
+    if any(not isinstance(a, dict) for a in approvals):
         note(
             'config.json: externalToolApproval must be an object such as {"home": "author", '
             '"project": "host"}; using host for both, so no manifest\'s approval counts, '
             "until it is fixed."
         )
         policies = {Source.HOME: ApprovalSource.HOST, Source.PROJECT: ApprovalSource.HOST}
-    elif approval is not None:
+    else:
         for source in list(policies):
-            value = approval.get(source.value)
-            if value is None:
+            values = [v for a in approvals for v in _members(a, source.value) if v is not None]
+            words = {v.strip().lower() if isinstance(v, str) else None for v in values}
+            if not words:
                 continue
-            word = value.strip().lower() if isinstance(value, str) else None
-            if word in ("author", "host"):
-                policies[source] = ApprovalSource(word)
+            if words <= {"author", "host"}:
+                policies[source] = ApprovalSource("host" if "host" in words else "author")
             else:
                 note(
                     f"config.json: externalToolApproval.{source.value} must be author or host. "
@@ -208,6 +209,24 @@ _UNUSABLE_FALLBACK = (
     "(no manifest's approval counts) until it is fixed."
 )
 _UNUSABLE_FALLBACK_LOWER = "u" + _UNUSABLE_FALLBACK[1:]
+
+
+def _fold(name: str) -> str:
+    """``name`` upper-cased character by character (simple mappings only), as .NET's
+    ``OrdinalIgnoreCase`` compares property names."""
+    return "".join(u if len(u := c.upper()) == 1 else c for c in name)
+
+
+def _members(obj: dict[str, Any], name: str) -> list[Any]:
+    """The values of the properties called ``name`` in any case, in document order.
+
+    The reference host reads ``config.json`` with ``PropertyNameCaseInsensitive``: an
+    operator's ``"ExternalToolApproval": {"Home": "host"}`` is obeyed there; read
+    case-sensitively it was ignored here, leaving home ``author`` (``approval: always``
+    honoured without asking).
+    """
+    wanted = _fold(name)
+    return [value for key, value in obj.items() if key == name or _fold(key) == wanted]
 
 
 def _reject(name: str) -> Any:

@@ -602,6 +602,32 @@ def test_load_config_valid_values(home: Path) -> None:
     assert load_config(home) == (Config(external_tools=False, home_policy=ApprovalSource.HOST), [])
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"ExternalToolApproval": {"Home": "host"}}', Config(home_policy=ApprovalSource.HOST)),
+        ('{"externaltoolapproval": {"HOME": "host", "PROJECT": "author"}}',
+         Config(home_policy=ApprovalSource.HOST, project_policy=ApprovalSource.AUTHOR)),
+        ('{"EXTERNALTOOLS": false}', Config(external_tools=False)),
+        # Two spellings of one name: the stricter reading wins.
+        ('{"externalToolApproval": {"home": "author", "Home": "host"}}',
+         Config(home_policy=ApprovalSource.HOST)),
+        ('{"externalToolApproval": {"Home": "host"}, "externalToolapproval": {"home": "author"}}',
+         Config(home_policy=ApprovalSource.HOST)),
+        ('{"externalTools": true, "ExternalTools": false}', Config(external_tools=False)),
+    ],
+)
+def test_load_config_property_names_in_any_case(home: Path, text: str, expected: Config) -> None:
+    """Property names match in any case, as the reference host reads config.json.
+
+    It reads the file with ``PropertyNameCaseInsensitive``, so ``"ExternalToolApproval":
+    {"Home": "host"}`` makes home tools ``host`` there; read case-sensitively it was
+    ignored, and a home tool's ``approval: always`` ran without asking.
+    """
+    (home / "config.json").write_text(text)
+    assert load_config(home) == (expected, [])
+
+
 def test_load_config_fifo_is_unreadable(home: Path) -> None:
     """A FIFO config.json does not hang the loader; the defaults apply with a note, but host."""
     os.mkfifo(home / "config.json")
