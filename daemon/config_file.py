@@ -24,6 +24,7 @@ from typing import Any
 
 from .manifest import ManifestError
 from .model import ApprovalSource, Config, Note, Source
+from .paths import NET_WHITESPACE
 
 __all__ = [
     "MAX_MANIFEST_BYTES",
@@ -179,7 +180,10 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
     else:
         for source in list(policies):
             values = [v for a in approvals for v in _members(a, source.value) if v is not None]
-            words = {v.strip().lower() if isinstance(v, str) else None for v in values}
+            # Trimmed as .NET's Trim() trims (ExternalToolTrustPolicy): Python's strip()
+            # would also take U+001C..U+001F, and make "author\x1c", which the reference
+            # host refuses, author.
+            words = {_word(v) for v in values}
             if not words:
                 continue
             if words <= {"author", "host"}:
@@ -209,6 +213,11 @@ _UNUSABLE_FALLBACK = (
     "(no manifest's approval counts) until it is fixed."
 )
 _UNUSABLE_FALLBACK_LOWER = "u" + _UNUSABLE_FALLBACK[1:]
+
+
+def _word(value: Any) -> str | None:
+    """A policy value trimmed (.NET white space) and lower-cased; None if not a string."""
+    return value.strip(NET_WHITESPACE).lower() if isinstance(value, str) else None
 
 
 def _fold(name: str) -> str:

@@ -577,6 +577,9 @@ def test_load_config_missing_file_defaults(home: Path) -> None:
          Config(home_policy=ApprovalSource.HOST, project_policy=ApprovalSource.AUTHOR),
          "config.json: externalToolApproval.home must be author or host. External tool trust policy must be "
          "author or host. Using host, so no manifest's approval counts, until it is fixed."),
+        ('{"externalToolApproval": {"home": "author\\u001c"}}', Config(home_policy=ApprovalSource.HOST),
+         "config.json: externalToolApproval.home must be author or host. External tool trust policy must be "
+         "author or host. Using host, so no manifest's approval counts, until it is fixed."),
         ('{"externalToolApproval": {"project": 1}}', Config(),
          "config.json: externalToolApproval.project must be author or host. External tool trust policy must be "
          "author or host. Using host, so no manifest's approval counts, until it is fixed."),
