@@ -126,11 +126,13 @@ def read_regular_file(
 def load_config(home: Path) -> tuple[Config, list[Note]]:
     """Read ``<home>/config.json``; a bad part falls back with a note.
 
-    ``externalTools`` falls back to its default. The approval source policy falls back
-    to ``host`` for every source it may have named, never to ``author``: an operator who
-    wrote something there (most likely to restrict it) must not end up with manifests'
-    ``approval: always`` honoured because of a typo. The reference host refuses such a
-    file outright; toolsetd keeps serving, but no looser than the operator could have meant.
+    Every fallback is the strict reading of what the operator may have meant, never the
+    default: a bad ``externalTools`` value, or a file that cannot be read or parsed (it may
+    have said ``false``), turns discovery off; an approval source policy that cannot be
+    read is ``host`` for every source it may have named, never ``author`` (a typo must not
+    make manifests' ``approval: always`` count). The reference host refuses such a file
+    outright; toolsetd keeps serving (its own methods, and the tools once it is fixed),
+    no looser than the operator could have meant.
 
     Args:
         home: The Crystal home directory.
@@ -165,8 +167,11 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
     # over author).
     found = [v for v in _members(root, "externalTools") if v is not None]
     if any(not isinstance(v, bool) for v in found):
-        note("config.json: externalTools must be true or false; using the default, true.")
-    external_tools = not any(v is False for v in found)
+        note(
+            "config.json: externalTools must be true or false; external tool discovery is off "
+            "until it is fixed."
+        )
+    external_tools = all(v is True for v in found)
 
     policies = {Source.HOME: ApprovalSource.AUTHOR, Source.PROJECT: ApprovalSource.HOST}
     approvals = [a for a in _members(root, "externalToolApproval") if a is not None]
@@ -207,12 +212,14 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
 
 #: What an unreadable or unparsable config.json means: discovery on (its default), and
 #: the approval source policy ``host`` for both sources (see ``load_config``).
-_UNUSABLE = Config(home_policy=ApprovalSource.HOST, project_policy=ApprovalSource.HOST)
-_UNUSABLE_FALLBACK = (
-    "Using the defaults, except that the approval policy is host for both sources "
-    "(no manifest's approval counts) until it is fixed."
+_UNUSABLE = Config(
+    external_tools=False, home_policy=ApprovalSource.HOST, project_policy=ApprovalSource.HOST
 )
-_UNUSABLE_FALLBACK_LOWER = "u" + _UNUSABLE_FALLBACK[1:]
+_UNUSABLE_FALLBACK = (
+    "External tool discovery is off, and the approval policy host for both sources, "
+    "until it is fixed."
+)
+_UNUSABLE_FALLBACK_LOWER = "e" + _UNUSABLE_FALLBACK[1:]
 
 
 def _word(value: Any) -> str | None:

@@ -557,6 +557,12 @@ def test_manifest_cache_reuses_schema_checks(home: Path) -> None:
     assert cache.schemas.checks == 1
 
 
+#: What a config.json that cannot be read or parsed means (the strict reading of anything).
+UNUSABLE = Config(
+    external_tools=False, home_policy=ApprovalSource.HOST, project_policy=ApprovalSource.HOST
+)
+
+
 def test_load_config_missing_file_defaults(home: Path) -> None:
     """No config.json means the defaults and no notes."""
     assert load_config(home) == (Config(), [])
@@ -565,11 +571,15 @@ def test_load_config_missing_file_defaults(home: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "expected", "note"),
     [
-        ("{", Config(home_policy=ApprovalSource.HOST), "config.json is not valid JSON: Expecting property name enclosed in double quotes: "
-         "line 1 column 2 (char 1); using the defaults, except that the approval policy is host for both sources (no manifest's approval counts) until it is fixed."),
-        ("[]", Config(home_policy=ApprovalSource.HOST), "config.json must be a JSON object; using the defaults, except that the approval policy is host for both sources (no manifest's approval counts) until it is fixed."),
-        ('{"externalTools": "no"}', Config(),
-         "config.json: externalTools must be true or false; using the default, true."),
+        ("{", UNUSABLE, "config.json is not valid JSON: Expecting property name enclosed in double quotes: "
+         "line 1 column 2 (char 1); external tool discovery is off, and the approval policy host for both sources, until it is fixed."),
+        ("[]", UNUSABLE, "config.json must be a JSON object; external tool discovery is off, and the approval policy host for both sources, until it is fixed."),
+        ('{"externalTools": "no"}', Config(external_tools=False),
+         "config.json: externalTools must be true or false; external tool discovery is off until it "
+         "is fixed."),
+        ('{"externalTools": true, "EXTERNALTOOLS": "true"}', Config(external_tools=False),
+         "config.json: externalTools must be true or false; external tool discovery is off until it "
+         "is fixed."),
         ('{"externalToolApproval": "host"}', Config(home_policy=ApprovalSource.HOST),
          'config.json: externalToolApproval must be an object such as {"home": "author", "project": "host"}; '
          "using host for both, so no manifest's approval counts, until it is fixed."),
@@ -588,8 +598,10 @@ def test_load_config_missing_file_defaults(home: Path) -> None:
 def test_load_config_bad_parts_fall_back_with_note(home: Path, text: str, expected: Config, note: str) -> None:
     """Each bad part of config.json falls back and yields one note naming the field and the fix.
 
-    An approval policy the daemon cannot read falls back to host, never to author: the
-    operator wrote something there, and a typo must not make ``approval: always`` count.
+    Each fallback is the strict reading: an approval policy the daemon cannot read is host,
+    never author (a typo must not make ``approval: always`` count), and an externalTools
+    it cannot read, or a file it cannot use (which may have said false), turns discovery
+    off, never on.
     """
     (home / "config.json").write_text(text)
     config, notes = load_config(home)
@@ -632,11 +644,11 @@ def test_load_config_property_names_in_any_case(home: Path, text: str, expected:
 
 
 def test_load_config_fifo_is_unreadable(home: Path) -> None:
-    """A FIFO config.json does not hang the loader; the defaults apply with a note, but host."""
+    """A FIFO config.json does not hang the loader; it is unusable: discovery off, host."""
     os.mkfifo(home / "config.json")
     config, notes = load_config(home)
-    assert config == Config(home_policy=ApprovalSource.HOST)
+    assert config == UNUSABLE
     assert [n.message for n in notes] == [
-        "config.json could not be read. Using the defaults, except that the approval policy is host "
-        "for both sources (no manifest's approval counts) until it is fixed."
+        "config.json could not be read. External tool discovery is off, and the approval policy "
+        "host for both sources, until it is fixed."
     ]

@@ -475,9 +475,8 @@ def test_policy_unpaired_surrogate_gets_a_clear_error(tree: Tree) -> None:
     [
         '{"externalToolApproval": {"home": "hots"}}',
         '{"externalToolApproval": "host"}',
-        '{"externalToolApproval": {"home": "host"},}',
     ],
-    ids=["typo", "not-an-object", "not-json"],
+    ids=["typo", "not-an-object"],
 )
 def test_policy_unusable_approval_config_never_honours_always(config: str) -> None:
     """An approval policy the daemon cannot read counts as host, never as the author default.
@@ -502,6 +501,31 @@ def test_policy_unusable_approval_config_never_honours_always(config: str) -> No
             assert result["result"]["decision"] == "ask"
             refused = d.call("invoke", {"tool": "h_always", "arguments": {}, "workspace": str(workspace)})
             assert refused["error"]["code"] == -32004
+            assert not (workspace / "ran").exists()
+        finally:
+            d.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_policy_a_config_that_cannot_be_parsed_turns_discovery_off() -> None:
+    """A config.json that does not parse may have said ``externalTools: false``: it turns
+    discovery off (a note says why) rather than load, under any policy, the tools the
+    operator may have turned off. The reference host refuses such a file outright."""
+    base = Path(tempfile.mkdtemp(prefix="tsp-"))
+    try:
+        home, workspace = base / "home", base / "ws"
+        write_set(home / "tools", "hp", _policy_set("h"), **{"mark.sh": MARK})
+        workspace.mkdir()
+        (home / "config.json").write_text('{"externalTools": false,}')
+        d = start_daemon(home, workspace, base, ["--no-watch"])
+        try:
+            listed = d.call("list", {"workspace": str(workspace)})["result"]
+            assert listed["tools"] == []
+            assert any(n["set"] == "config.json" and "discovery is off" in n["message"]
+                       for n in listed["notes"])
+            refused = d.call("invoke", {"tool": "h_always", "arguments": {}, "workspace": str(workspace)})
+            assert "error" in refused
             assert not (workspace / "ran").exists()
         finally:
             d.stop()

@@ -197,13 +197,14 @@ def test_reload_disable_and_enable_through_the_cli(daemon: Daemon, workspace: Pa
 
 
 def test_reload_notes_only_change_is_announced(unwatched: Daemon) -> None:
-    """A reload that changes only the notes (a config.json whose externalTools is not a
-    bool: noted, and discovery stays on) still tells subscribers. (A bad approval policy
-    is no longer notes-only: it makes that source's policy host.)"""
+    """A reload that changes only the notes still tells subscribers: a bad project policy
+    is noted and counts as host, the project default, so no home tool changes. (A bad
+    home policy makes home tools host, and a bad externalTools turns discovery off: those
+    change sets too.)"""
     d = unwatched
     with d.raw() as subscriber:
         before = subscriber.request("list", {"subscribe": True})["result"]["generation"]
-        (d.home / "config.json").write_text('{"externalTools": "sometimes"}')
+        (d.home / "config.json").write_text('{"externalToolApproval": {"project": "sometimes"}}')
         result = d.call("reload")["result"]
         assert result["generation"] == before + 1
         assert any("config.json" in n["message"] for n in result["notes"])
