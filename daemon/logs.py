@@ -45,7 +45,6 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import structlog
-from toolsetd.protocol.printable import printable
 
 __all__ = [
     "HELD_LOG_BYTES",
@@ -392,6 +391,8 @@ def _printable_values(
 
     The ``exception`` traceback keeps its lines (its other controls are escaped).
     """
+    from toolsetd.protocol.printable import printable  # the console form's only
+
     for key, value in event.items():
         if isinstance(value, str):
             if key == "exception":
