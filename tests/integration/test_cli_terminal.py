@@ -22,6 +22,7 @@ import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -231,20 +232,31 @@ def test_a_closed_stdout_keeps_the_verdict_of_classify_and_validate(
     assert setup.piped("--format", "json", "validate", str(broken)) == 2
 
 
-def test_a_closed_event_stream_cancels_the_call_and_exits_141(setup: Setup) -> None:
-    """``--format jsonl invoke ... | head -n1``: the call is cancelled, never reported as a success."""
+def _jsonl_closed_after_started(
+    setup: Setup, mode: str
+) -> tuple[subprocess.Popen[bytes], dict[str, Any], str]:
+    """``--format jsonl invoke h_run`` in ``mode``, its stdout closed once ``started`` was
+    read (``| head -n1``); returns the ended process, that event, and its stderr."""
     proc = subprocess.Popen(
         setup.argv("--format", "jsonl", "invoke", "h_run", "--approve", "--args",
-                   '{"mode": "long"}'),
+                   json.dumps({"mode": mode})),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=setup.env(), cwd=setup.base,
     )
     assert proc.stdout is not None and proc.stderr is not None
     first = json.loads(proc.stdout.readline())
     assert first["method"] == "started"
-    proc.stdout.close()  # the reader goes away while the tool runs
-    assert proc.wait(timeout=60) == 141
-    assert b"cancelling the call" in proc.stderr.read()
+    proc.stdout.close()
+    proc.wait(timeout=60)
+    said = proc.stderr.read().decode()
     proc.stderr.close()
+    return proc, first, said
+
+
+def test_a_closed_event_stream_cancels_the_call_and_exits_141(setup: Setup) -> None:
+    """``--format jsonl invoke ... | head -n1``: the call is cancelled, never reported as a success."""
+    proc, first, said = _jsonl_closed_after_started(setup, "long")  # while the tool runs
+    assert proc.returncode == 141
+    assert "cancelling the call" in said
     call_id = first["params"]["callId"]
     eventually(
         lambda: any(event.get("call_id") == call_id and event.get("status") == "cancelled"
@@ -257,18 +269,9 @@ def test_an_event_stream_closed_before_completed_says_the_call_ended(setup: Setu
     """The reader goes away and the next event is ``completed`` (a brief call, no progress
     in between): the call is over, so nothing is cancelled and nothing says so; the exit
     code is the call's (0). It said "cancelling the call" after a call that succeeded."""
-    proc = subprocess.Popen(
-        setup.argv("--format", "jsonl", "invoke", "h_run", "--approve", "--args",
-                   '{"mode": "brief"}'),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=setup.env(), cwd=setup.base,
-    )
-    assert proc.stdout is not None and proc.stderr is not None
-    first = json.loads(proc.stdout.readline())
-    assert first["method"] == "started"
-    proc.stdout.close()  # before the call ends (it sleeps 0.3 s; progress comes each second)
-    assert proc.wait(timeout=60) == 0
-    said = proc.stderr.read().decode()
-    proc.stderr.close()
+    # Closed before the call ends (it sleeps 0.3 s; progress comes each second).
+    proc, _, said = _jsonl_closed_after_started(setup, "brief")
+    assert proc.returncode == 0
     assert "cancelling" not in said, said
     assert "The output was closed; the call had already ended." in said, said
 
