@@ -551,6 +551,10 @@ class Connection:
                         except BaseException:
                             self._release(held)
                             raise
+                        # The parse may have waited behind other connections' (one at a
+                        # time, daemon-wide) while this reader took nothing: a line begun
+                        # in this chunk is timed from now, not from before that wait.
+                        arrived = clock()
                         if type(parsed) is not Message:
                             self._release(held)
                             held = 0

@@ -718,6 +718,36 @@ def test_large_lines_of_many_clients_are_parsed_one_at_a_time(plain: Daemon) -> 
     assert peak <= before + 2, f"{peak - before} threads more while parsing"
 
 
+def test_a_wait_for_the_large_line_parser_does_not_count_against_the_next_line() -> None:
+    """Large lines are parsed one at a time on all connections together, so a client's
+    line may wait behind other clients' for longer than the idle timeout, while its
+    reader takes nothing. The next line, begun in the same chunk and sent in full as fast
+    as the daemon read it, used to be timed from before that wait: the connection was
+    closed as idle and the line never answered."""
+    with daemon_in("tsq-", args=["--no-watch", "--idle-timeout", "2"]) as d:
+        floats = b'{"jsonrpc":"2.0","id":1,"method":"status","params":{"x":['
+        floats += b",".join([b"1.5"] * 800_000) + b"]}}\n"  # seconds of parsing each
+        heavy = [d.raw(timeout=120) for _ in range(6)]
+        try:
+            for conn in heavy:
+                conn.send_bytes(floats)
+            with d.raw(timeout=120) as client:
+                first: dict[str, Any] = {"jsonrpc": "2.0", "id": "l1", "method": "status"}
+                first["params"] = {"pad": "y" * 100_000}
+                second: dict[str, Any] = {"jsonrpc": "2.0", "id": "l2", "method": "status"}
+                second["params"] = {"pad": "z" * 1_500_000}  # more than the reader buffers
+                client.send_bytes(json.dumps(first).encode() + b"\n" + json.dumps(second).encode() + b"\n")
+                answers = [client.receive(), client.receive()]
+                assert [a["id"] for a in answers] == ["l1", "l2"], answers
+                assert all(a["error"]["code"] == -32602 for a in answers)
+            for conn in heavy:
+                assert conn.receive()["error"]["code"] == -32602
+        finally:
+            for conn in heavy:
+                conn.close()
+        assert not [e for e in d.log_events() if e.get("event") == "connection_idle_closed"]
+
+
 def _fill_sleeper(home: Path, workspace: Path) -> None:
     write_set(home / "tools", "nap", {
         "runner": "exec", "description": "sleeps", "schema": {"type": "object"},
