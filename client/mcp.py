@@ -261,8 +261,7 @@ def _start_daemon(path: str) -> socket.socket:
     except OSError as exc:
         raise OSError(f"cannot create the socket folder {folder}: {exc.strerror}") from None
     log_path = os.path.join(folder, "toolsetd.log")
-    sys.stderr.write(f"toolsetctl mcp: starting toolsetd on {path}; its log is {log_path}\n")
-    sys.stderr.flush()
+    _say(f"toolsetctl mcp: starting toolsetd on {path}; its log is {log_path}\n")
     try:  # not through a symlink someone planted: the log is appended to as we; and not
         # blocking: a FIFO there with no reader held the pump (and its host) forever
         log_fd = os.open(
@@ -383,6 +382,27 @@ def _bind_error(line: bytes) -> str | None:
     return "unexpected answer to mcp.bind"
 
 
+def _say(text: str) -> None:
+    """Write ``text`` to stderr; a stderr that cannot be written (``2>/dev/full``, a log on
+    a full disk, a closed pipe) loses the line, and only the line: the OSError must not
+    become Python's exit 1, nor stop an autostart that was about to say it was starting."""
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        # What it still buffers goes to /dev/null, not to a second failure at exit.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+        except OSError:
+            return
+        try:
+            os.dup2(devnull, 2)
+        except OSError:
+            pass
+        finally:
+            os.close(devnull)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the pump; returns the exit code (see the module docstring).
 
@@ -399,7 +419,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         options = _parse(sys.argv[1:] if argv is None else argv)
     except _Usage as exc:
-        sys.stderr.write(f"{_USAGE}\ntoolsetctl mcp: error: {exc}\n")
+        _say(f"{_USAGE}\ntoolsetctl mcp: error: {exc}\n")
         return EXIT_USAGE
     if options.get("help"):
         sys.stdout.write(_HELP)
@@ -409,7 +429,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:  # the current folder may have been removed (a CI step's, a deleted checkout)
         workspace = os.path.abspath(str(options.get("workspace") or os.getcwd()))
     except OSError as exc:
-        sys.stderr.write(
+        _say(
             f"toolsetctl mcp: error: the current folder cannot be used ({exc.strerror}): "
             "run it from an existing folder, or pass --workspace DIR\n"
         )
@@ -418,7 +438,7 @@ def _main(argv: Sequence[str] | None) -> int:
         from toolsetd.protocol.jsontext import is_utf8  # orjson: only for such a path
 
         if not is_utf8(workspace):
-            sys.stderr.write(
+            _say(
                 f"toolsetctl mcp: error: the workspace {os.fsencode(workspace)!r} is not "
                 "UTF-8, and toolsetd takes UTF-8 paths only; run it in (or pass --workspace) "
                 "a directory whose path is UTF-8.\n"
@@ -427,11 +447,11 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         sock = _connect(path)
     except _Refused as exc:
-        sys.stderr.write(f"toolsetctl mcp: {exc}\n")
+        _say(f"toolsetctl mcp: {exc}\n")
         return EXIT_UNREACHABLE
     if sock is None:
         if not options["autostart"]:
-            sys.stderr.write(
+            _say(
                 f"toolsetctl mcp: toolsetd is not running at {path} (--no-autostart is set): "
                 "start it with `toolsetd` or `systemctl --user start toolsetd.socket`\n"
             )
@@ -439,7 +459,7 @@ def _main(argv: Sequence[str] | None) -> int:
         try:
             sock = _start_daemon(path)
         except OSError as exc:
-            sys.stderr.write(f"toolsetctl mcp: cannot start toolsetd: {exc}\n")
+            _say(f"toolsetctl mcp: cannot start toolsetd: {exc}\n")
             return EXIT_UNREACHABLE
     params: dict[str, object] = {"workspace": workspace, "headless": options["headless"]}
     if options.get("catalog"):
@@ -450,7 +470,7 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         sock.sendall(json.dumps(bind).encode() + b"\n")
     except OSError as exc:
-        sys.stderr.write(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
+        _say(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
         return EXIT_UNREACHABLE
     stdin_closed = threading.Event()
     threading.Thread(target=_pump_stdin, args=(sock, stdin_closed), daemon=True).start()
@@ -460,7 +480,7 @@ def _main(argv: Sequence[str] | None) -> int:
             return EXIT_OK
         # The daemon ended the session while the host was still there (it stopped, or the
         # host sent a line over the size limit): say so, the host shows it.
-        sys.stderr.write(f"toolsetctl mcp: toolsetd at {path} closed the connection\n")
+        _say(f"toolsetctl mcp: toolsetd at {path} closed the connection\n")
         return EXIT_UNREACHABLE
     return code
 
@@ -479,7 +499,7 @@ def _pump_socket(sock: socket.socket, path: str) -> int:
                 newline = pending.find(b"\n")
                 if newline < 0:
                     if len(pending) > _BIND_LINE_MAX:
-                        sys.stderr.write(
+                        _say(
                             f"toolsetctl mcp: toolsetd at {path} answered mcp.bind with more "
                             f"than {_BIND_LINE_MAX} bytes and no line end\n"
                         )
@@ -487,7 +507,7 @@ def _pump_socket(sock: socket.socket, path: str) -> int:
                     continue
                 error = _bind_error(pending[:newline])
                 if error is not None:
-                    sys.stderr.write(f"toolsetctl mcp: {error}\n")
+                    _say(f"toolsetctl mcp: {error}\n")
                     return EXIT_USAGE
                 bound = True
                 data, pending = pending[newline + 1 :], b""
@@ -497,11 +517,9 @@ def _pump_socket(sock: socket.socket, path: str) -> int:
     except BrokenPipeError:
         return EXIT_OK  # the host stopped reading: it is gone
     except OSError as exc:
-        sys.stderr.write(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
+        _say(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
         return EXIT_UNREACHABLE
     if not bound:
-        sys.stderr.write(
-            f"toolsetctl mcp: toolsetd at {path} closed the connection before binding\n"
-        )
+        _say(f"toolsetctl mcp: toolsetd at {path} closed the connection before binding\n")
         return EXIT_UNREACHABLE
     return _DAEMON_CLOSED

@@ -1192,3 +1192,39 @@ def test_mcp_meta_traceparent_reaches_the_child_and_a_bad_one_is_ignored(
     finally:
         assert pump.close() == 0
         d.stop()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize(
+    ("options", "code"),
+    [(["mcp", "--socket="], 2), (["mcp", "--no-autostart"], 5), (["mcp"], 0)],
+)
+def test_mcp_a_failing_stderr_keeps_the_exit_code_and_the_autostart(
+    autostart_base: Path, tmp_base: Path, options: list[str], code: int
+) -> None:
+    """``toolsetctl mcp 2>>log`` on a full disk: the pump's stderr line raised, Python
+    exited 1 for a usage error (2) or no daemon (5), and an autostart failed before the
+    daemon was spawned, because its "starting toolsetd" line could not be written. The
+    line is lost; the code and the start stand."""
+    sock = autostart_base / "run" / "t.sock"
+    home = tmp_base / "fullhome"
+    home.mkdir()
+    env = {**os.environ, "CRYSTAL_HOME": str(home)}
+    env.pop("TOOLSETD_SOCKET", None)
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}}}
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(  # noqa: S603
+            [PY, "-m", "toolsetd.client", "--socket", str(sock), *options],
+            input=json.dumps(init).encode() + b"\n",
+            stdout=subprocess.PIPE,
+            stderr=full,
+            env=env,
+            timeout=30,
+            check=False,
+        )
+    if sock.exists():
+        with RawConn(sock) as conn:
+            (autostart_base / "pid").write_text(str(conn.request("status")["result"]["pid"]))
+    assert proc.returncode == code, proc.stdout
+    assert (autostart_base / "pid").exists() == (code == 0)  # the daemon it started answers
