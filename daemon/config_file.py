@@ -9,8 +9,9 @@ step, ``read_descriptor`` (read to the end, never past a bound), also serves the
 which opens and checks its files its own way (``setcache.py``).
 
 ``load_config`` keeps the daemon serving whatever the file says: each bad part falls
-back and yields an operator ``Note`` naming the field and the fix. ``externalTools``
-falls back to its default; an approval source policy that cannot be read falls back to
+back and yields an operator ``Note`` naming the field and the fix, each to its strict
+reading: an ``externalTools`` that cannot be read, or a file that cannot be read or
+parsed, turns discovery off; an approval source policy that cannot be read falls back to
 ``host`` (never to the ``author`` default, which would honour ``approval: always``).
 """
 
@@ -149,7 +150,10 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
     try:
         text, _ = read_regular_file(path)
     except ManifestUnreadable as exc:
-        if not isinstance(exc.__cause__, FileNotFoundError):
+        # Only a file that is not there means the defaults. A symlink to one that is gone
+        # (a dotfiles checkout not mounted, a target moved) is the operator's file that
+        # cannot be read: it may say false, so it is unusable, not absent.
+        if not isinstance(exc.__cause__, FileNotFoundError) or os.path.lexists(path):
             note(f"{exc.message} {_UNUSABLE_FALLBACK}")
             return _UNUSABLE, notes
         return Config(), notes
@@ -210,8 +214,8 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
     )
 
 
-#: What an unreadable or unparsable config.json means: discovery on (its default), and
-#: the approval source policy ``host`` for both sources (see ``load_config``).
+#: What an unreadable or unparsable config.json means: discovery off (it may have said
+#: false), and the approval source policy ``host`` for both sources (see ``load_config``).
 _UNUSABLE = Config(
     external_tools=False, home_policy=ApprovalSource.HOST, project_policy=ApprovalSource.HOST
 )

@@ -643,6 +643,19 @@ def test_load_config_property_names_in_any_case(home: Path, text: str, expected:
     assert load_config(home) == (expected, [])
 
 
+def test_load_config_dangling_symlink_is_unreadable(home: Path, tmp_path: Path) -> None:
+    """A config.json symlink whose target is gone is the operator's file that cannot be
+    read (it may have said false), not a missing file: discovery off, host, and a note.
+    It was read as absent: discovery on and home author, silently."""
+    (home / "config.json").symlink_to(tmp_path / "gone" / "crystal.json")
+    config, notes = load_config(home)
+    assert config == UNUSABLE
+    assert [n.message for n in notes] == [
+        "config.json could not be read. External tool discovery is off, and the approval policy "
+        "host for both sources, until it is fixed."
+    ]
+
+
 def test_load_config_fifo_is_unreadable(home: Path) -> None:
     """A FIFO config.json does not hang the loader; it is unusable: discovery off, host."""
     os.mkfifo(home / "config.json")
