@@ -188,11 +188,17 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
         policies = {Source.HOME: ApprovalSource.HOST, Source.PROJECT: ApprovalSource.HOST}
     else:
         for source in list(policies):
-            values = [v for a in approvals for v in _members(a, source.value) if v is not None]
-            # Trimmed as .NET's Trim() trims (ExternalToolTrustPolicy): Python's strip()
-            # would also take U+001C..U+001F, and make "author\x1c", which the reference
-            # host refuses, author.
-            words = {_word(v) for v in values}
+            default = policies[source].value
+            words: set[str | None] = set()
+            for a in approvals:
+                values = [v for v in _members(a, source.value) if v is not None]
+                # Trimmed as .NET's Trim() trims (ExternalToolTrustPolicy): Python's strip()
+                # would also take U+001C..U+001F, and make "author\x1c", which the
+                # reference host refuses, author.
+                # An object that leaves the source out says its default: merged with another
+                # spelling's "author" it must not make the project source author (the
+                # reference host reads the last spelling alone, and that one says host).
+                words |= {_word(v) for v in values} if values else {default}
             if not words:
                 continue
             if words <= {"author", "host"}:

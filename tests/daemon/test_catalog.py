@@ -630,6 +630,13 @@ def test_load_config_valid_values(home: Path) -> None:
         ('{"externalToolApproval": {"Home": "host"}, "externalToolapproval": {"home": "author"}}',
          Config(home_policy=ApprovalSource.HOST)),
         ('{"externalTools": true, "ExternalTools": false}', Config(external_tools=False)),
+        # An object that leaves a source out says its default for it: merged with another
+        # spelling's author it stays the stricter, host (the project's default).
+        ('{"externalToolApproval": {"project": "author"}, "ExternalToolApproval": {"home": "host"}}',
+         Config(home_policy=ApprovalSource.HOST)),
+        ('{"externalToolApproval": {"project": "author"}, "ExternalToolApproval": {}}', Config()),
+        ('{"externalToolApproval": {"project": "author"}, "ExternalToolApproval": {"project": null}}',
+         Config()),
     ],
 )
 def test_load_config_property_names_in_any_case(home: Path, text: str, expected: Config) -> None:
