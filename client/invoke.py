@@ -86,6 +86,7 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
 
     interrupted = False
     stdout_closed = False
+    ended = False  # the stream broke at 'completed': nothing of ours cancelled the call
     request_id: int | None = None
     with connect(ctx) as client:
         try:
@@ -104,7 +105,8 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
                 stdout_closed = True
                 ctx.out.discard()
                 progress.stop()
-                if closed.method == "completed":  # over: only its response is to come
+                ended = closed.method == "completed"
+                if ended:  # over: only its response is to come
                     ctx.out.error("The output was closed; the call had already ended.")
                     result = _cancel(client, None, request_id, on_event_after)
                 else:
@@ -122,7 +124,9 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
         )
         raise lost(ctx, invalid)
     if stdout_closed:
-        if not isinstance(result, dict) or result.get("status") == "cancelled":
+        # 141 says this toolsetctl cancelled the call; a call that had already ended (even
+        # cancelled by the daemon, 6) keeps its own code.
+        if not isinstance(result, dict) or (result.get("status") == "cancelled" and not ended):
             return EXIT_STDOUT_CLOSED
         return _exit_code(result, interrupted=False, tool_exit_code=args.tool_exit_code)
     if result is None:

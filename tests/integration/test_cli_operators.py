@@ -407,6 +407,58 @@ def test_cli_exit_6_cancelled_by_the_daemon(tmp_path: Path) -> None:
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_cli_exit_6_when_a_closed_event_stream_breaks_at_completed(tmp_path: Path) -> None:
+    """``--format jsonl`` whose reader left while the call ran, and the call is then
+    cancelled by the daemon (stopping): the stream breaks at ``completed``, so toolsetctl
+    cancels nothing, and the code is the call's own, 6, as docs/cli.md says ("its own code
+    stands"). It was 141, which says toolsetctl cancelled the call."""
+    base = Path(tempfile.mkdtemp(prefix="tsx-"))
+    try:
+        home, workspace = base / "home", base / "ws"
+        workspace.mkdir()
+        write_set(
+            home / "tools",
+            "slow",
+            {
+                "runner": "exec",
+                **TOOL,
+                "command": ["slow.sh"],
+                "stdin": False,
+                "approval": "always",
+            },
+            **{"slow.sh": SH + "sleep 60\n"},
+        )
+        # A short grace: the call ends before its first progress event (each second).
+        daemon = start_daemon(home, workspace, base, ["--no-watch", "--shutdown-grace", "0.1"])
+        ctl = Ctl(daemon, base)
+        (base / "user").mkdir()
+        proc = subprocess.Popen(
+            ctl.argv("--format", "jsonl", "invoke", "slow"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=ctl.env(),
+        )
+        try:
+            assert proc.stdout is not None and proc.stderr is not None
+            assert json.loads(proc.stdout.readline())["method"] == "started"
+            proc.stdout.close()
+            eventually(lambda: daemon.call("status")["result"]["inFlight"] == 1, 15, "started")
+            daemon.proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=30)
+            err = proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            if proc.stderr is not None:
+                proc.stderr.close()
+            daemon.stop()
+        assert "the call had already ended" in err, err
+        assert code == 6, err
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_cli_exit_7_not_allowed_shows_the_daemon_sentence(ctl: Ctl) -> None:
     """A peer the daemon refuses sees the daemon's sentence and exits 7 (not allowed).
 
