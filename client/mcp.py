@@ -464,7 +464,7 @@ def _main(argv: Sequence[str] | None) -> int:
     params: dict[str, object] = {"workspace": workspace, "headless": options["headless"]}
     if options.get("catalog"):
         params["catalog"] = options["catalog"]
-    if options.get("mode"):
+    if options.get("mode") is not None:  # an empty one too: the daemon refuses it, as invoke's
         params["mode"] = options["mode"]
     bind = {"jsonrpc": "2.0", "id": _BIND_ID, "method": METHOD_MCP_BIND, "params": params}
     try:

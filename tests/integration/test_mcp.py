@@ -1228,3 +1228,20 @@ def test_mcp_a_failing_stderr_keeps_the_exit_code_and_the_autostart(
             (autostart_base / "pid").write_text(str(conn.request("status")["result"]["pid"]))
     assert proc.returncode == code, proc.stdout
     assert (autostart_base / "pid").exists() == (code == 0)  # the daemon it started answers
+
+
+@pytest.mark.parametrize("mode", ["--mode=", "--mode=sometimes"])
+def test_mcp_an_empty_or_unknown_mode_is_refused(mcp_daemon: Daemon, mode: str) -> None:
+    """``--mode "$UNSET"`` is refused at bind time (exit 2) as invoke's and classify's
+    empty --mode are, never bound in the default mode without a word."""
+    proc = subprocess.run(  # noqa: S603
+        [PY, "-m", "toolsetd.client", "--socket", str(mcp_daemon.socket), "mcp", mode,
+         "--no-autostart"],
+        input=b"",
+        capture_output=True,
+        timeout=20,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "invalid mode" in proc.stderr.decode()
+    assert proc.stdout == b""
