@@ -178,7 +178,10 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
     external_tools = all(v is True for v in found)
 
     policies = {Source.HOME: ApprovalSource.AUTHOR, Source.PROJECT: ApprovalSource.HOST}
-    approvals = [a for a in _members(root, "externalToolApproval") if a is not None]
+    # A null spelling says the defaults, as an empty object does (beside an "author" in
+    # another spelling it keeps the project source host; the reference host reads the
+    # last spelling alone).
+    approvals = [{} if a is None else a for a in _members(root, "externalToolApproval")]
     if any(not isinstance(a, dict) for a in approvals):
         note(
             'config.json: externalToolApproval must be an object such as {"home": "author", '

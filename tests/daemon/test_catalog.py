@@ -637,6 +637,8 @@ def test_load_config_valid_values(home: Path) -> None:
         ('{"externalToolApproval": {"project": "author"}, "ExternalToolApproval": {}}', Config()),
         ('{"externalToolApproval": {"project": "author"}, "ExternalToolApproval": {"project": null}}',
          Config()),
+        ('{"ExternalToolApproval": {"project": "author"}, "externalToolApproval": null}', Config()),
+        ('{"externalToolApproval": null}', Config()),
     ],
 )
 def test_load_config_property_names_in_any_case(home: Path, text: str, expected: Config) -> None:
