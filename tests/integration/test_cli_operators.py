@@ -428,8 +428,12 @@ def test_cli_exit_6_when_a_closed_event_stream_breaks_at_completed(tmp_path: Pat
             },
             **{"slow.sh": SH + "sleep 60\n"},
         )
-        # A short grace: the call ends before its first progress event (each second).
-        daemon = start_daemon(home, workspace, base, ["--no-watch", "--shutdown-grace", "0.1"])
+        # A short grace, and no periodic progress for a minute: the next event after
+        # `started` is `completed`, however loaded the machine.
+        daemon = start_daemon(
+            home, workspace, base,
+            ["--no-watch", "--shutdown-grace", "0.1", "--progress-interval", "60"],
+        )
         ctl = Ctl(daemon, base)
         (base / "user").mkdir()
         proc = subprocess.Popen(

@@ -137,7 +137,9 @@ def setup() -> Iterator[Setup]:
         "tools": [{"name": f"bad{OSC52}\x1b[2K\rFAKE", "description": "d",
                    "schema": {"type": "object"}}],
     })
-    d = start_daemon(home, workspace, base, ["--no-watch"])
+    # No periodic progress for a minute: the events a test reads after `started` are the
+    # tool's own progress and `completed`, however loaded the machine.
+    d = start_daemon(home, workspace, base, ["--no-watch", "--progress-interval", "60"])
     try:
         yield Setup(d, workspace, base)
     finally:
@@ -269,7 +271,7 @@ def test_an_event_stream_closed_before_completed_says_the_call_ended(setup: Setu
     """The reader goes away and the next event is ``completed`` (a brief call, no progress
     in between): the call is over, so nothing is cancelled and nothing says so; the exit
     code is the call's (0). It said "cancelling the call" after a call that succeeded."""
-    # Closed before the call ends (it sleeps 0.3 s; progress comes each second).
+    # Closed before the call ends (it sleeps 0.3 s; no periodic progress: the setup's).
     proc, _, said = _jsonl_closed_after_started(setup, "brief")
     assert proc.returncode == 0
     assert "cancelling" not in said, said
