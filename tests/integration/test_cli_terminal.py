@@ -137,9 +137,7 @@ def setup() -> Iterator[Setup]:
         "tools": [{"name": f"bad{OSC52}\x1b[2K\rFAKE", "description": "d",
                    "schema": {"type": "object"}}],
     })
-    # No periodic progress for a minute: the events a test reads after `started` are the
-    # tool's own progress and `completed`, however loaded the machine.
-    d = start_daemon(home, workspace, base, ["--no-watch", "--progress-interval", "60"])
+    d = start_daemon(home, workspace, base, ["--no-watch"])
     try:
         yield Setup(d, workspace, base)
     finally:
@@ -271,7 +269,8 @@ def test_an_event_stream_closed_before_completed_says_the_call_ended(setup: Setu
     """The reader goes away and the next event is ``completed`` (a brief call, no progress
     in between): the call is over, so nothing is cancelled and nothing says so; the exit
     code is the call's (0). It said "cancelling the call" after a call that succeeded."""
-    # Closed before the call ends (it sleeps 0.3 s; no periodic progress: the setup's).
+    # Closed before the call ends (it sleeps 0.3 s; the first periodic progress is due at
+    # 1 s: the 141 tests above need it, to notice their closed stream).
     proc, _, said = _jsonl_closed_after_started(setup, "brief")
     assert proc.returncode == 0
     assert "cancelling" not in said, said
