@@ -365,24 +365,23 @@ def test_cli_exit_5_lost_connection(ctl: Ctl, tmp_path: Path) -> None:
     assert error["code"] == -32092 and str(path) in error["message"]
 
 
+def _write_slow_set(home: Path) -> None:
+    """A home set ``slow`` whose one tool sleeps a minute (approval ``always``)."""
+    write_set(
+        home / "tools",
+        "slow",
+        {"runner": "exec", **TOOL, "command": ["slow.sh"], "stdin": False, "approval": "always"},
+        **{"slow.sh": SH + "sleep 60\n"},
+    )
+
+
 def test_cli_exit_6_cancelled_by_the_daemon(tmp_path: Path) -> None:
     """A call the daemon cancels while stopping exits 6, not 130 (that is Ctrl-C)."""
     base = Path(tempfile.mkdtemp(prefix="tsx-"))
     try:
         home, workspace = base / "home", base / "ws"
         workspace.mkdir()
-        write_set(
-            home / "tools",
-            "slow",
-            {
-                "runner": "exec",
-                **TOOL,
-                "command": ["slow.sh"],
-                "stdin": False,
-                "approval": "always",
-            },
-            **{"slow.sh": SH + "sleep 60\n"},
-        )
+        _write_slow_set(home)
         daemon = start_daemon(home, workspace, base, ["--no-watch", "--shutdown-grace", "0.5"])
         ctl = Ctl(daemon, base)
         (base / "user").mkdir()
@@ -416,18 +415,7 @@ def test_cli_exit_6_when_a_closed_event_stream_breaks_at_completed(tmp_path: Pat
     try:
         home, workspace = base / "home", base / "ws"
         workspace.mkdir()
-        write_set(
-            home / "tools",
-            "slow",
-            {
-                "runner": "exec",
-                **TOOL,
-                "command": ["slow.sh"],
-                "stdin": False,
-                "approval": "always",
-            },
-            **{"slow.sh": SH + "sleep 60\n"},
-        )
+        _write_slow_set(home)
         # A short grace, and no periodic progress for a minute: the next event after
         # `started` is `completed`, however loaded the machine.
         daemon = start_daemon(
