@@ -168,9 +168,7 @@ def parse_envelope(value: Any) -> Request | Notification | InvalidEnvelope:
         or kind is int
         or request_id is None
         or request_id is _ABSENT
-        # ``-0`` is an integer in JSON's grammar; jsontext keeps it as a JsonNumber only so
-        # that its sign is written back: it is echoed as sent (``is_request_id``).
-        or (kind is JsonNumber and request_id.text == "-0")
+        or is_request_id(request_id)  # the rest of the one rule (``-0``), past the fast tests
     ):
         return InvalidEnvelope(None, "Invalid Request: 'id' must be a string, an integer or null")
     echo_id = None if request_id is _ABSENT else request_id
