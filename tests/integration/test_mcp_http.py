@@ -557,6 +557,19 @@ def test_http_ipv6_and_ipv4_together(home: Path, workspace: Path, tmp_base: Path
 # -- streams and disconnects ------------------------------------------------------------------
 
 
+def _sleeper_cancelled(daemon: Daemon, workspace: Path, after: str) -> None:
+    """The sleeper tool (its pid and call id in the workspace) is killed, and its call is
+    logged as finished ``cancelled``."""
+    pid = int((workspace / "sleeper.pid").read_text())
+    call_id = (workspace / "sleeper.call").read_text()
+    eventually(lambda: not alive(pid), what=f"the sleeper killed after {after}")
+    eventually(
+        lambda: any(e.get("event") == "call_finished" and e.get("call_id") == call_id
+                    and e.get("status") == "cancelled" for e in daemon.log_events()),
+        what="call_finished cancelled",
+    )
+
+
 def test_http_progress_comes_as_sse_before_the_answer(http_daemon, workspace: Path) -> None:
     """A call with a progressToken answers as SSE: every progress line, then the result."""
     _, base = http_daemon
@@ -594,14 +607,7 @@ def test_http_dropped_sse_stream_cancels_the_call(http_daemon, workspace: Path) 
             if line.startswith("data:"):
                 break  # the first progress event: the tool runs
     eventually(lambda: pid_file.exists() and pid_file.read_text() != "", what="the sleeper's pid")
-    pid = int(pid_file.read_text())
-    call_id = (workspace / "sleeper.call").read_text()
-    eventually(lambda: not alive(pid), what="the sleeper killed after the disconnect")
-    eventually(
-        lambda: any(e.get("event") == "call_finished" and e.get("call_id") == call_id
-                    and e.get("status") == "cancelled" for e in daemon.log_events()),
-        what="call_finished cancelled",
-    )
+    _sleeper_cancelled(daemon, workspace, "the disconnect")
     # The session goes on.
     again = http(url, body=rpc(10, "tools/list"), headers={"mcp-session-id": session})
     assert again.status == 200
@@ -706,14 +712,7 @@ def test_http_a_client_that_pipelined_much_and_left_has_its_call_cancelled(
         # More than the daemon's read buffer (256 KiB), so it stops reading, but within
         # what the kernel holds for it, so the client's FIN reaches the daemon's socket.
         sock.sendall(post(b"x" * (1 << 20)))
-    pid = int(pid_file.read_text())
-    call_id = (workspace / "sleeper.call").read_text()
-    eventually(lambda: not alive(pid), what="the sleeper killed after the client left")
-    eventually(
-        lambda: any(e.get("event") == "call_finished" and e.get("call_id") == call_id
-                    and e.get("status") == "cancelled" for e in daemon.log_events()),
-        what="call_finished cancelled",
-    )
+    _sleeper_cancelled(daemon, workspace, "the client left")
 
 
 def test_http_delete_cancels_the_sessions_calls(http_daemon, workspace: Path) -> None:
