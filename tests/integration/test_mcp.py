@@ -429,11 +429,11 @@ async def test_mcp_list_changed_after_editing_a_tools_json(
     # The home is the module daemon's: a name of its own, so neither transport's run finds
     # it there already. The catalog changes once, so no later test gets a late notification.
     name = _unique("greet2")
-    changed = anyio.Event()
+    changed = [anyio.Event()]  # the current wait's; each notification sets it
 
     async def on_message(message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):
-            changed.set()
+            changed[0].set()
 
     with anyio.fail_after(30):
         async with Client(
@@ -443,8 +443,14 @@ async def test_mcp_list_changed_after_editing_a_tools_json(
             write_set(
                 mcp_host.home / "tools", name, tool("g.py"), **{"g.py": f"#!{PY}\nprint(2)\n"}
             )
-            await changed.wait()  # the watcher saw the edit and reloaded
-            assert name in {t.name for t in (await client.list_tools()).tools}
+            # The watcher may see tools.json created empty, before its text: that reload
+            # (the set refused) is announced too, and the next one adds the tool. Each
+            # listing follows a notification; the tool must appear in one of them.
+            while True:
+                await changed[0].wait()  # the watcher saw an edit and reloaded
+                changed[0] = anyio.Event()
+                if name in {t.name for t in (await client.list_tools()).tools}:
+                    break
 
 
 async def test_mcp_list_changed_modern_listen(mcp_host: Daemon, workspace: Path) -> None:
