@@ -414,8 +414,8 @@ async def _serve(
     )
     server = Server(options.server, handlers.methods(), peer_policy, observer=observer)
 
-    async def on_change(keys: set[Path | None]) -> None:
-        await handlers.reload_catalogs(None if None in keys else keys)
+    async def on_change(changes: dict[Path | None, frozenset[tuple[str, str]] | None]) -> None:
+        await handlers.reload_catalogs(None if None in changes else set(changes), changes)
 
     if options.watch:
         # Imported here: a daemon run with --no-watch never loads watchfiles (~4 ms a start).

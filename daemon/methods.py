@@ -33,7 +33,7 @@ from toolsetd.protocol.jsontext import dumps as json_dumps
 from .catalog import note_info, set_info, tool_info
 from .model import Catalog, CatalogName, LoadedTool, SnapshotCache
 from .server import Connection, Handler, RequestContext
-from .service import Completion, InvokeRequest, ProgressReport, ReloadOutcome, Service
+from .service import Completion, InvokeRequest, ProgressReport, ReloadOutcome, Reported, Service
 
 __all__ = ["Handlers"]
 
@@ -286,9 +286,11 @@ class Handlers:
         text, content_type = self._metrics_text()
         return {"contentType": content_type, "text": text}
 
-    async def reload_catalogs(self, workspaces: Iterable[Path | None] | None) -> ReloadOutcome:
+    async def reload_catalogs(
+        self, workspaces: Iterable[Path | None] | None, reported: Reported | None = None
+    ) -> ReloadOutcome:
         """The service's one reload path (kept here for the composition root's callers)."""
-        return await self.service.reload_catalogs(workspaces)
+        return await self.service.reload_catalogs(workspaces, reported)
 
     async def _announce(
         self, key: Path | None, generation: int, changed: Sequence[dict[str, Any]]

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -63,7 +63,7 @@ from .model import (
     Source,
 )
 
-__all__ = ["Registry", "ReloadOutcome", "SetChange", "diff_catalogs"]
+__all__ = ["Registry", "ReloadOutcome", "Reported", "SetChange", "diff_catalogs"]
 
 log = structlog.get_logger("toolsetd.registry")
 
@@ -164,12 +164,23 @@ INLINE_SCAN_MAX = 2_000
 _Changes = tuple[SetChange, ...]
 
 
+#: Per reload key, the (tools root, set folder) pairs the watcher saw change under it;
+#: None: something else changed there (a root, ``.crystal``, ``config.json``), scan it all.
+#: The home sets' pairs are under the key None and hold for every snapshot.
+Reported = Mapping[Path | None, Collection[tuple[str, str]] | None]
+
+
 @dataclass(frozen=True, slots=True)
 class _Scan:
-    """What a snapshot was built from: config.json and, per root, each name's manifest."""
+    """What a snapshot was built from: config.json and, per root, each name's manifest.
+
+    ``fresh`` holds, per root, the names whose manifest was too fresh to be judged by its
+    stat: a scan told what changed (``_reported_scan``) looks at them again.
+    """
 
     config: object
     roots: tuple[dict[str, object] | None, ...]
+    fresh: tuple[frozenset[str], ...]
 
     @property
     def size(self) -> int:
@@ -285,20 +296,27 @@ class Registry:
         return catalog
 
     async def _refresh(
-        self, workspace: Key, force: bool, inline: bool
+        self, workspace: Key, force: bool, inline: bool, reported: Reported | None = None
     ) -> tuple[Catalog, _Changes | None, _Scan] | None:
         """``_refresh_sync`` in a worker thread, or its scan on the loop (``inline``).
 
         A reload that finds nothing changed is one ``stat`` per set (~2 ms for 1,000): for
         a small catalog the hand-off to a worker thread and back would add a fifth to
         that. ``reload`` allows at most ``INLINE_SCAN_MAX`` manifests on the loop in all,
-        over every snapshot it refreshes. A scan that finds a change hands it on to the
-        thread, with its suspects.
+        over every snapshot it refreshes. A scan told what changed (``reported``) stats
+        only the sets reported, so it always runs on the loop. A scan that finds a change
+        hands it on to the thread, with its suspects.
         """
         previous = self._scans.get(workspace)
-        if force or not inline or previous is None:
+        if force or previous is None:
             return await threads.run_sync(self._refresh_sync, workspace, force)
-        scanned = self._scan(workspace, previous)
+        scanned: tuple[_Scan, list[tuple[int, str]] | None] | None = None
+        if reported is not None:
+            scanned = self._reported_scan(workspace, previous, reported)
+        if scanned is None:
+            if not inline:
+                return await threads.run_sync(self._refresh_sync, workspace, force)
+            scanned = self._scan(workspace, previous)
         if scanned[1] == []:
             return None
         return await threads.run_sync(self._refresh_sync, workspace, force, scanned)
@@ -367,9 +385,12 @@ class Registry:
         if previous is not None and config is not _FRESH and config == previous.config:
             suspects = []
         roots: list[dict[str, object] | None] = []
+        fresh: list[frozenset[str]] = []
         stat_ = os.stat
         for i, (root, _) in enumerate(self._roots(workspace)):
             before = previous.roots[i] if previous is not None else None
+            too_fresh: list[str] = []
+            fresh.append(frozenset())
             # Each manifest is stat'ed relative to the open tools folder: the kernel then
             # walks two path components per set instead of the whole path.
             try:
@@ -398,6 +419,7 @@ class Registry:
                         mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
                         if mtime > fresh_after or ctime > fresh_after:
                             signature = _FRESH
+                            too_fresh.append(name)
                         else:
                             signature = (mtime, st.st_size, st.st_ino, ctime)
                     found[name] = signature
@@ -422,7 +444,86 @@ class Registry:
                 if len(found) != len(before):  # every name was in before: one went away
                     suspects = None
             roots.append(found)
-        return _Scan(config, tuple(roots)), suspects
+            fresh[i] = frozenset(too_fresh)
+        return _Scan(config, tuple(roots), tuple(fresh)), suspects
+
+    def _reported_scan(
+        self,
+        workspace: Key,
+        previous: _Scan,
+        reported: Reported,
+        limit: int = 64,
+    ) -> tuple[_Scan, list[tuple[int, str]]] | None:
+        """``_scan`` told by the watcher what changed: a ``stat`` per reported set, not per set.
+
+        The watcher watches each set folder, so a write to a manifest is reported as its
+        set's (root, name) pair. Only those manifests, ``config.json`` and the manifests
+        the last scan found too fresh are looked at; every other name keeps its signature
+        from ``previous``. A change the watcher did not see (a notification lost, a
+        symlinked manifest edited elsewhere) is not missed: the watcher's stat poll, whose
+        baseline took in only what was reported, finds it and sends its key with no pairs,
+        which scans everything.
+
+        Args:
+            workspace: The snapshot's key.
+            previous: The scan the snapshot was built from.
+            reported: What the watcher saw change (``Reported``).
+            limit: More suspects than this and only a rebuild will do.
+
+        Returns:
+            The scan and its suspects, as ``_scan`` returns them; None when the report
+            cannot be trusted for this snapshot (a pair under a root it does not have, a
+            root reported whole) or a rebuild is due (a name came or went, the config
+            changed): the caller takes a full scan then.
+        """
+        roots = self._roots(workspace)
+        told: list[set[str]] = []
+        for i, (root, source) in enumerate(roots):
+            owner = None if source is Source.HOME else workspace
+            pairs = reported.get(owner, ())
+            if pairs is None:
+                return None
+            names = set(previous.fresh[i])
+            for pair_root, name in pairs:
+                if pair_root != root:
+                    return None  # reported under another spelling of the root: scan it all
+                names.add(name)
+            told.append(names)
+        now = self._clock_ns()
+        config = _signature_or_fresh(os.path.join(self.home, "config.json"), now)
+        if config is _FRESH or config != previous.config:
+            return None
+        found_roots = list(previous.roots)
+        fresh = list(previous.fresh)
+        suspects: list[tuple[int, str]] = []
+        for i, names in enumerate(told):
+            before = previous.roots[i]
+            if not names:
+                continue
+            if before is None:
+                return None
+            found = dict(before)
+            now_fresh: set[str] = set()  # every name fresh before is in names
+            for name in names:
+                last = before.get(name, _GONE)
+                if last is _GONE:
+                    return None  # a new name: a rebuild, from a full scan
+                try:
+                    st = os.stat(roots[i][0] + os.sep + name + os.sep + MANIFEST_NAME)
+                except OSError:
+                    return None  # a set or its manifest went: the full scan tells which
+                trusted = trusted_signature(st, now)
+                signature: object = _FRESH if trusted is None else trusted
+                if trusted is None:
+                    now_fresh.add(name)
+                if signature is _FRESH or signature != last:
+                    if len(suspects) == limit:
+                        return None
+                    suspects.append((i, name))
+                    found[name] = signature
+            found_roots[i] = found
+            fresh[i] = frozenset(now_fresh)
+        return _Scan(config, tuple(found_roots), tuple(fresh)), suspects
 
     def _patch(
         self, workspace: Key, old: Catalog, suspects: list[tuple[int, str]]
@@ -506,13 +607,18 @@ class Registry:
             catalog = replace(catalog, notes=(*config_notes, *catalog.notes))
         return catalog
 
-    async def reload(self, workspaces: Iterable[Key] | None = None) -> ReloadOutcome:
+    async def reload(
+        self, workspaces: Iterable[Key] | None = None, reported: Reported | None = None
+    ) -> ReloadOutcome:
         """Rebuild snapshots and swap each one whole.
 
         Args:
             workspaces: The keys to rebuild; None rebuilds every snapshot held (the home
                 snapshot always included). When the keys name the home snapshot and it
                 changed, every other snapshot held is refreshed too.
+            reported: What the watcher saw change (``Reported``): a snapshot it covers
+                stats only the reported sets. None: nothing was said, every manifest of
+                every snapshot refreshed is stat'ed (the ``reload`` RPC, ``SIGHUP``).
 
         Returns:
             The changes per key, the new snapshots, and the generation after the reload.
@@ -541,7 +647,7 @@ class Registry:
                     assert previous is not None
                     inline_budget -= previous.size
                 try:
-                    refreshed = await self._refresh(key, old is None, inline)
+                    refreshed = await self._refresh(key, old is None, inline, reported)
                 except Exception as exc:  # short of descriptors or memory, above all
                     # Swapping what was refreshed so far would serve some snapshots on the
                     # new files and others on the old under one generation, announced to

@@ -64,7 +64,7 @@ from .model import Catalog, CatalogName, LoadedTool
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
 from .paths import Scope, existing_directory
 from .policy import Classification, classify
-from .registry import Registry, ReloadOutcome
+from .registry import Registry, ReloadOutcome, Reported
 from .runner import CallOutcome, CallRequest, Runner
 from .sdnotify import Notifier
 from .validation import ArgumentValidators
@@ -76,6 +76,7 @@ __all__ = [
     "Prepared",
     "ProgressReport",
     "ReloadOutcome",
+    "Reported",
     "Service",
     "ServiceSettings",
     "approval_digest",
@@ -651,17 +652,20 @@ class Service:
         """The workspaces someone listens to (they are in use: never released as idle)."""
         return {key for key in self._listeners if key is not None}
 
-    async def reload_catalogs(self, workspaces: Iterable[Path | None] | None) -> ReloadOutcome:
+    async def reload_catalogs(
+        self, workspaces: Iterable[Path | None] | None, reported: Reported | None = None
+    ) -> ReloadOutcome:
         """Reload, tell systemd, and tell the listeners of every changed key.
 
-        This is the one reload path: the RPC, SIGHUP and the watcher all come here.
+        This is the one reload path: the RPC, SIGHUP and the watcher all come here; the
+        watcher says what it saw change (``reported``, see ``Registry.reload``).
         """
         self._notifier.reloading()
         began, failed = time.monotonic(), True
         try:
             # Short of a resource, no snapshot is swapped (``Registry.reload``).
             with busy_when_short("read the tool sets"):
-                outcome = await self.registry.reload(workspaces)
+                outcome = await self.registry.reload(workspaces, reported)
             failed = False
         finally:
             self._notifier.ready()

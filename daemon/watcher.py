@@ -23,8 +23,12 @@ Four sibling tasks in one task group:
 
 * **supervisor**: one awatch *generation* at a time over the current directories.
   Each batch is mapped to reload keys (``None`` = home, which affects every snapshot;
-  a workspace path = that workspace) by :meth:`Watcher._keys_for`, a whitelist, so data
-  directories and unrelated files map to nothing.
+  a workspace path = that workspace) by :meth:`Watcher._changes_for`, a whitelist, so data
+  directories and unrelated files map to nothing. A path inside a set folder also names
+  that set, as a (tools root, folder name) pair: the reload stats only the sets named
+  (``Registry.reload``'s ``reported``), so one edit among 10,000 sets costs in proportion
+  to the edit, not a ``stat`` of every set. Anything else (``config.json``, ``.crystal``,
+  a root) names no set: that key's reload scans everything.
 * **timer**: the *poller* and the *settler*. The poller ``stat``s every root, set
   directory and manifest (a *probe*, off the event loop) every ``recheck_seconds``,
   right after each relevant batch, and a quarter second after each restart, but never
@@ -36,7 +40,14 @@ Four sibling tasks in one task group:
   directory created between a probe and the watch starting, a symlinked
   ``config.json`` edited elsewhere, or a filesystem with no working notifications all
   end up as a changed signature within one recheck. A batch's keys are probed just
-  before they are sent, so the poll does not report the same change twice. The settler
+  before they are sent, so the poll does not report the same change twice; a key sent
+  with its sets named has only those sets probed again, so a change no event reported
+  stays out of the baseline and the poll still sends it (with no sets named: a full scan).
+  A key's first delivery after the watcher started, and the next after a failed one,
+  names no sets either: the registry's scan predates the watcher's baseline, and a change
+  made between the two is in neither's events. The poll runs right after a batch only
+  when something other than an entry of a set folder changed (a set folder, a root, the
+  config), as a set folder may have come or gone. The settler
   re-sends the keys of recent batches once no batch arrived for ``settle_seconds``, so
   a manifest caught half-written is replaced by its final version even if no later
   event reports it.
@@ -99,11 +110,25 @@ _BUSY_RETRY_SECONDS = 1.0  # a reload the daemon was too short of descriptors fo
 _POLL_COST_FACTOR = 20
 
 _StatSig = tuple[int, int, int, int] | None
-_Signature = tuple[tuple[str, _StatSig], ...]
-#: The signature of a workspace added while watching, not probed yet: no probe has it (a
-#: workspace's always holds its tools root), so its first probe reloads it.
-_UNSEEN: _Signature = ()
+#: Path -> stat signature of everything a key's snapshot is built from.
+_Signature = dict[str, _StatSig]
+#: A set named in a change: (tools root, set folder name).
+SetPair = tuple[str, str]
+#: Per key, the sets seen changing under it, or None: something else changed there.
+_Changes = dict[ReloadKey, set[SetPair] | None]
 WatchFactory = Callable[..., AsyncIterator[set[tuple[Change, str]]]]
+
+
+def _merge(into: _Changes, key: ReloadKey, pairs: Iterable[SetPair] | None) -> None:
+    """Add ``pairs`` under ``key``; None (scan it all) absorbs any pairs, before or after."""
+    if pairs is None:
+        into[key] = None
+    elif key not in into:
+        into[key] = set(pairs)
+    else:
+        known = into[key]
+        if known is not None:
+            known.update(pairs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +144,9 @@ class Watcher:
 
     Args:
         home: The toolsetd home (absolute); ``<home>/tools`` and ``<home>/config.json``.
-        on_change: Awaited with the keys to reload; ``None`` in the set means "all".
+        on_change: Awaited with what to reload: per key (``None`` in it means "all"), the
+            frozenset of (tools root, set folder) pairs seen changing, or None when only a
+            scan of everything will do.
         debounce_ms: awatch's grouping window for one batch.
         settle_seconds: Quiet time after a batch before its keys are sent once more.
         recheck_seconds: Period of the stat poll (the safety net and the fallback).
@@ -136,7 +163,7 @@ class Watcher:
     def __init__(
         self,
         home: Path,
-        on_change: Callable[[set[ReloadKey]], Awaitable[None]],
+        on_change: Callable[[dict[ReloadKey, frozenset[SetPair] | None]], Awaitable[None]],
         *,
         debounce_ms: int = 300,
         settle_seconds: float = 0.5,
@@ -163,15 +190,20 @@ class Watcher:
         self._watching: frozenset[Path] | None = None
         self._degraded = False
         # Poll and settle timers (timer task).
-        self._signatures: dict[ReloadKey, _Signature] = {}
+        #: Per key, its last probe; None for a workspace added while watching and not
+        #: probed yet, so its first probe reloads it.
+        self._signatures: dict[ReloadKey, _Signature | None] = {}
         self._poll_due = math.inf
         #: No poll starts before this (``_POLL_COST_FACTOR`` times the last one's cost).
         self._poll_floor = -math.inf
         self._settle_due = math.inf
-        self._settle_keys: set[ReloadKey] = set()
+        self._settle_changes: _Changes = {}
         self._timer_wake = anyio.Event()
         # Delivery (deliverer task).
-        self._pending: set[ReloadKey] = set()
+        self._pending: _Changes = {}
+        #: Keys delivered with a full scan since the watcher started (or since their last
+        #: failed delivery): only their later deliveries may name sets.
+        self._confirmed: set[ReloadKey] = set()
         self._deliver_wake = anyio.Event()
 
     @property
@@ -193,7 +225,7 @@ class Watcher:
             # waits out the last one's cost): with no signature, that probe would become
             # the baseline, and an edit made meanwhile would never be reloaded. Unseen, the
             # first probe reloads it (a stat scan when nothing changed).
-            self._signatures[workspace] = _UNSEEN
+            self._signatures[workspace] = None
         self._schedule_poll(0.0)  # the poll sees new directories and restarts the watch
 
     def remove_workspace(self, workspace: Path) -> None:
@@ -205,9 +237,10 @@ class Watcher:
         if workspace not in self._workspaces:
             return
         self._workspaces.discard(workspace)
-        self._pending.discard(workspace)
-        self._settle_keys.discard(workspace)
+        self._pending.pop(workspace, None)
+        self._settle_changes.pop(workspace, None)
         self._signatures.pop(workspace, None)
+        self._confirmed.discard(workspace)
         self._schedule_poll(0.0)
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
@@ -236,47 +269,77 @@ class Watcher:
 
     # -- mapping ---------------------------------------------------------------------
 
-    def _keys_for(self, raw: str) -> set[ReloadKey]:
-        """Map one changed path to reload keys; unrelated and data paths map to nothing."""
+    def _changes_for(self, raw: str) -> tuple[_Changes, bool]:
+        """Map one changed path to reload keys; unrelated and data paths map to nothing.
+
+        Returns:
+            Per key, the set the path lies in (as a one-pair set), or None when it lies in
+            no set folder (``config.json``, ``.crystal``, a root, a set folder itself); and
+            whether it is an entry of a set folder, which cannot add or remove a folder to
+            watch.
+        """
         path = Path(raw)
-        keys: set[ReloadKey] = set()
+        found: _Changes = {}
         if path == self._config:
-            keys.add(None)
+            found[None] = None
         if path.name == _CRYSTAL and path.parent in self._workspaces:
-            keys.add(path.parent)  # .crystal came or went, and its tools root with it
-        for candidate in (path, *path.parents):
+            found[path.parent] = None  # .crystal came or went, and its tools root with it
+        inside = False
+        for depth, candidate in enumerate((path, *path.parents)):
+            key: ReloadKey
             if candidate == self._home_tools:
-                keys.add(None)
+                key = None
             elif (
                 candidate.name == _TOOLS
                 and candidate.parent.name == _CRYSTAL
                 and candidate.parent.parent in self._workspaces
             ):
-                keys.add(candidate.parent.parent)
-        return keys
+                key = candidate.parent.parent
+            else:
+                continue
+            if depth >= 2:  # <root>/<set>/<entry>: that set alone
+                _merge(found, key, {(str(candidate), path.parts[len(candidate.parts)])})
+                inside = True
+            else:  # the root, or a set folder itself (it may have come or gone)
+                _merge(found, key, None)
+        return found, inside and all(pairs is not None for pairs in found.values())
 
     async def _handle_batch(self, batch: set[tuple[Change, str]]) -> None:
-        keys: set[ReloadKey] = set()
+        changes: _Changes = {}
+        inside = True  # every relevant path is an entry of a set folder
         for _change, raw in batch:
-            keys |= self._keys_for(raw)
-        if not keys:
+            found, within = self._changes_for(raw)
+            if not found:
+                continue
+            inside = inside and within
+            for key, pairs in found.items():
+                _merge(changes, key, pairs)
+        if not changes:
             return
-        log.info("watch_changed", keys=len(keys))
+        log.info("watch_changed", keys=len(changes))
         # Record what the reload is about to see, so the next poll does not report this
         # change a second time. Probing *before* sending keeps the invariant the poller
         # relies on: every state absorbed into a baseline was, or is about to be, sent.
-        workspaces = tuple(k for k in keys if k is not None)
+        # A key sent with its sets named has only those sets probed again.
+        baselines = {
+            key: (pairs, self._signatures.get(key))
+            for key, pairs in changes.items()
+            if key in self._signatures
+        }
         try:
-            probes = await threads.run_sync(_probe_all, self._home, workspaces)
+            probes = await threads.run_sync(_reprobe, self._home, baselines)
         except Exception:  # only costs a duplicate call from the next poll
             probes = {}
-        for key in keys & probes.keys() & self._signatures.keys():
-            self._signatures[key] = probes[key].signature
-        self._enqueue(keys)
-        self._settle_keys |= keys
+        for key, (signature, was) in probes.items():
+            if self._signatures.get(key) is was:  # not replaced by a poll meanwhile
+                self._signatures[key] = signature
+        self._enqueue(changes)
+        for key, pairs in changes.items():
+            _merge(self._settle_changes, key, pairs)
         self._settle_due = anyio.current_time() + self._settle
         self._timer_wake.set()
-        self._schedule_poll(0.0)  # a root or set directory may have come or gone
+        if not inside:
+            self._schedule_poll(0.0)  # a root or set directory may have come or gone
 
     # -- supervisor: awatch generations -----------------------------------------------
 
@@ -320,7 +383,7 @@ class Watcher:
             debounce=self._debounce_ms,
             step=_STEP_MS,
             recursive=False,
-            watch_filter=None,  # _keys_for is the filter (a whitelist)
+            watch_filter=None,  # _changes_for is the filter (a whitelist)
             yield_on_timeout=False,
             rust_timeout=_RUST_TIMEOUT_MS,
         )
@@ -349,8 +412,9 @@ class Watcher:
         while True:
             now = anyio.current_time()
             if self._settle_due <= now:
-                keys, self._settle_keys, self._settle_due = self._settle_keys, set(), math.inf
-                self._enqueue(keys)
+                settled, self._settle_changes = self._settle_changes, {}
+                self._settle_due = math.inf
+                self._enqueue(settled)
             poll_due = max(self._poll_due, self._poll_floor)
             if poll_due <= now:
                 self._poll_due = now + self._recheck
@@ -379,7 +443,7 @@ class Watcher:
         self._signatures = {key: probe.signature for key, probe in probes.items()}
         if changed:
             log.info("watch_changed", keys=len(changed))
-            self._enqueue(changed)
+            self._enqueue(dict.fromkeys(changed))
         dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
         if self._watching is not None and dirs != self._watching:
             self._stop_generation()
@@ -397,8 +461,9 @@ class Watcher:
 
     # -- delivery ---------------------------------------------------------------------
 
-    def _enqueue(self, keys: Iterable[ReloadKey]) -> None:
-        self._pending.update(keys)
+    def _enqueue(self, changes: _Changes) -> None:
+        for key, pairs in changes.items():
+            _merge(self._pending, key, pairs)
         if self._pending:
             self._deliver_wake.set()
 
@@ -406,26 +471,46 @@ class Watcher:
         while True:
             await self._deliver_wake.wait()
             self._deliver_wake = anyio.Event()
-            keys = {k for k in self._pending if k is None or k in self._workspaces}
-            self._pending = set()
-            if not keys:
+            changes = {
+                key: pairs
+                for key, pairs in self._pending.items()
+                if key is None or key in self._workspaces
+            }
+            self._pending = {}
+            if not changes:
                 continue
+            told = {
+                key: frozenset(pairs) if pairs is not None and key in self._confirmed else None
+                for key, pairs in changes.items()
+            }
+            if told.get(None) is not None and not self._workspaces <= self._confirmed:
+                # A home change reloads every snapshot, and a workspace's own sets are
+                # not named under the home key: while one was never scanned whole since
+                # the watcher started, every snapshot is.
+                told[None] = None
             try:
-                await self._on_change(keys)
+                await self._on_change(told)
             except ServerBusy as exc:
                 # Out of descriptors or memory: the signatures already took this change
                 # in, so no poll would send it again. Send it again later ourselves.
                 log.warning("watch_reload_deferred", error=exc.message)
                 await anyio.sleep(_BUSY_RETRY_SECONDS)
-                self._enqueue(keys)
+                self._enqueue(changes)
             except Exception as exc:  # the reload path's failure must not stop watching
                 log.warning("watch_reload_failed", error=type(exc).__name__, exc_info=True)
+                # The baselines took this change in: the next reload of these keys scans
+                # everything, or a change that no later event names would stay unseen.
+                self._confirmed -= changes.keys()
+            else:
+                self._confirmed |= changes.keys()
+                if None in told and told[None] is None:  # every snapshot was scanned whole
+                    self._confirmed |= self._workspaces
 
 
 # -- probes (blocking; run in a worker thread) ----------------------------------------
 
 
-def _stat(path: Path) -> _StatSig:
+def _stat(path: str | Path) -> _StatSig:
     try:
         st = os.stat(path)
     except OSError:
@@ -433,16 +518,22 @@ def _stat(path: Path) -> _StatSig:
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
-def _is_dir(path: Path) -> bool:
+def _is_dir(path: str | Path) -> bool:
     try:
         return stat.S_ISDIR(os.stat(path).st_mode)
     except OSError:  # missing, unreadable, a loop: not something to watch
         return False
 
 
-def _probe_root(root: Path, dirs: set[Path], signature: list[tuple[str, _StatSig]]) -> None:
+def _probe_set(set_dir: Path, signature: _Signature) -> None:
+    """Put a set folder and its manifest in a probe's signature."""
+    signature[str(set_dir)] = _stat(set_dir)
+    signature[str(set_dir / _MANIFEST)] = _stat(set_dir / _MANIFEST)
+
+
+def _probe_root(root: Path, dirs: set[Path], signature: _Signature) -> None:
     """Add a tools root, its set directories and their manifests to a probe."""
-    signature.append((str(root), _stat(root)))
+    signature[str(root)] = _stat(root)
     try:
         names = subdirectory_names(root)
     except OSError:
@@ -451,29 +542,58 @@ def _probe_root(root: Path, dirs: set[Path], signature: list[tuple[str, _StatSig
     for name in names:
         set_dir = root / name
         dirs.add(set_dir)
-        signature.append((str(set_dir), _stat(set_dir)))
-        signature.append((str(set_dir / _MANIFEST), _stat(set_dir / _MANIFEST)))
+        _probe_set(set_dir, signature)
 
 
 def _probe_home(home: Path) -> _Probe:
     dirs: set[Path] = set()
-    signature: list[tuple[str, _StatSig]] = [(str(home / _CONFIG), _stat(home / _CONFIG))]
+    signature: _Signature = {str(home / _CONFIG): _stat(home / _CONFIG)}
     if _is_dir(home):
         dirs.add(home)
     _probe_root(home / _TOOLS, dirs, signature)
-    return _Probe(frozenset(dirs), tuple(signature))
+    return _Probe(frozenset(dirs), signature)
 
 
 def _probe_workspace(workspace: Path) -> _Probe:
     dirs: set[Path] = set()
-    signature: list[tuple[str, _StatSig]] = []
+    signature: _Signature = {}
     crystal = workspace / _CRYSTAL
     if _is_dir(crystal):
         dirs.add(crystal)
     elif _is_dir(workspace):
         dirs.add(workspace)  # flat: only to see .crystal appear; never recursive
     _probe_root(crystal / _TOOLS, dirs, signature)
-    return _Probe(frozenset(dirs), tuple(signature))
+    return _Probe(frozenset(dirs), signature)
+
+
+def _reprobe(
+    home: Path, baselines: dict[ReloadKey, tuple[set[SetPair] | None, _Signature | None]]
+) -> dict[ReloadKey, tuple[_Signature, _Signature | None]]:
+    """The signatures a batch's keys are about to be reloaded at, each with its baseline.
+
+    A key whose sets are named has only those sets probed again, over a copy of its
+    baseline (a set folder that is no longer one leaves it, as ``_probe_root`` would leave
+    it out); any other key is probed whole. A key not probed yet (baseline None) is left
+    to its first poll.
+    """
+    probes: dict[ReloadKey, tuple[_Signature, _Signature | None]] = {}
+    for key, (pairs, baseline) in baselines.items():
+        if baseline is None:
+            continue
+        if pairs is None:
+            whole = _probe_home(home) if key is None else _probe_workspace(key)
+            probes[key] = (whole.signature, baseline)
+            continue
+        signature = dict(baseline)
+        for root, name in pairs:
+            set_dir = Path(root) / name
+            if _is_dir(set_dir):
+                _probe_set(set_dir, signature)
+            else:
+                signature.pop(str(set_dir), None)
+                signature.pop(str(set_dir / _MANIFEST), None)
+        probes[key] = (signature, baseline)
+    return probes
 
 
 def _probe_all(home: Path, workspaces: tuple[Path, ...]) -> dict[ReloadKey, _Probe]:

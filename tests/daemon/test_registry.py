@@ -279,46 +279,73 @@ def _remove_set(root: Path, directory: str) -> None:
     (root / directory).rmdir()
 
 
-def _change_many(tools: Path, ws: Path) -> None:
+#: What the watcher reports for a change (``Registry.reload``'s ``reported``).
+_Told = dict[Path | None, frozenset[tuple[str, str]] | None]
+
+
+def _sets(tools: Path, *names: str) -> _Told:
+    """The watcher's report of writes inside these home set folders."""
+    return {None: frozenset((str(tools), name) for name in names)}
+
+
+def _added(tools: Path, ws: Path) -> _Told:
+    _write(tools, "added")
+    return _sets(tools, "added")
+
+
+def _removed(tools: Path, ws: Path) -> _Told:
+    _remove_set(tools, "set3")
+    return _sets(tools, "set3")
+
+
+def _change_many(tools: Path, ws: Path) -> _Told:
     for i in range(66):  # more than a patch takes (64)
         _write(tools, f"many{i:02d}", description="changed")
+    return _sets(tools, *(f"many{i:02d}" for i in range(66)))
 
 
-def _rename(tools: Path, ws: Path) -> None:
+def _rename(tools: Path, ws: Path) -> _Told:
     (tools / "set3").rename(tools / "set3b")
+    return _sets(tools, "set3", "set3b")
 
 
-def _manifest_gone(tools: Path, ws: Path) -> None:
+def _manifest_gone(tools: Path, ws: Path) -> _Told:
     (tools / "set3" / "tools.json").unlink()
+    return _sets(tools, "set3")
 
 
-def _manifest_back(tools: Path, ws: Path) -> None:
+def _manifest_back(tools: Path, ws: Path) -> _Told:
     _write(tools, "bare")
+    return _sets(tools, "bare")
 
 
-def _still_bare(tools: Path, ws: Path) -> None:
+def _still_bare(tools: Path, ws: Path) -> _Told:
     _write(tools, "set2", description="changed")
+    return _sets(tools, "set2")
 
 
-def _project_gone(tools: Path, ws: Path) -> None:
+def _project_gone(tools: Path, ws: Path) -> _Told:
     _remove_set(ws / ".crystal" / "tools", "proj")
     (ws / ".crystal" / "tools").rmdir()
+    return {ws: None}
 
 
-def _project_came(tools: Path, ws: Path) -> None:
+def _project_came(tools: Path, ws: Path) -> _Told:
     _write(ws / ".crystal" / "tools", "proj")
+    return {ws: None}
 
 
-def _config(tools: Path, ws: Path) -> None:
+def _config(tools: Path, ws: Path) -> _Told:
     (tools.parent / "config.json").write_text('{"externalTools": false}')
+    return {None: None}
 
 
-@pytest.mark.parametrize("scan", ["on the loop", "in a thread"])
+@pytest.mark.parametrize("scan", ["on the loop", "in a thread", "told what changed"])
 @pytest.mark.parametrize(
     "change",
     [
-        lambda tools, ws: _write(tools, "added"),
-        lambda tools, ws: _remove_set(tools, "set3"),
+        _added,
+        _removed,
         _rename,
         _manifest_gone,
         _manifest_back,
@@ -339,7 +366,9 @@ async def test_registry_reload_after_any_change_equals_a_rebuild(
 ) -> None:
     """Whatever changed on disk, a reload gives what a fresh build gives: the scan compares
     each manifest with the last scan as it goes, and names that came or went, a root that
-    came or went, a changed config and too many suspects all mean a rebuild."""
+    came or went, a changed config and too many suspects all mean a rebuild. The same
+    holds for a reload told what changed, as the watcher tells it: the sets it names are
+    looked at, and anything a report cannot settle is scanned whole."""
     if scan == "in a thread":
         monkeypatch.setattr(registry_module, "INLINE_SCAN_MAX", 0)
     tools = home / "tools"
@@ -359,9 +388,12 @@ async def test_registry_reload_after_any_change_equals_a_rebuild(
     await registry.catalog(ws)
     assert (await registry.reload()).all_changes() == []  # the scans are taken and alike
     before = await registry.catalog(None)
-    change(tools, ws)
+    told = change(tools, ws)
     later[0] = time.time_ns() + 10 * RACY_NS
-    outcome = await registry.reload()
+    if scan == "told what changed":
+        outcome = await registry.reload(None if None in told else list(told), told)
+    else:
+        outcome = await registry.reload()
     assert outcome.all_changes()
     after = await registry.catalog(None)
     assert after == _fresh_build(home)
@@ -489,3 +521,93 @@ async def test_a_touched_manifest_is_looked_at_once(
         assert outcome.all_changes() == []
         assert await registry.catalog(None) is before
     assert refreshed == [None]
+
+
+async def test_a_reload_told_what_changed_looks_at_those_sets_alone(home: Path) -> None:
+    """Told by the watcher which set changed, a reload stats that set's manifest and no
+    other: a change it was not told of waits for a reload that is told of it or told
+    nothing (the watcher's poll sends one). That is what makes one edit among 10,000 sets
+    cost the edit, not a ``stat`` of every set."""
+    tools = home / "tools"
+    for i in range(30):
+        _write(tools, f"set{i:02d}")
+    later = [time.time_ns() + 10 * RACY_NS]
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, clock_ns=lambda: later[0])
+    await registry.catalog(None)
+    reads = registry.cache.reads
+    _write(tools, "set17", description="seventeen, changed")
+    _write(tools, "set03", description="three, changed")
+    later[0] = time.time_ns() + 10 * RACY_NS
+    outcome = await registry.reload(None, _sets(tools, "set17"))
+    assert outcome.all_changes() == [SetChange("set17", Source.HOME, "updated")]
+    assert registry.cache.reads == reads + 1
+    catalog = await registry.catalog(None)
+    assert catalog.tools["set03"].tool.description == "d"
+    outcome = await registry.reload()  # told nothing: every manifest looked at
+    assert outcome.all_changes() == [SetChange("set03", Source.HOME, "updated")]
+    assert await registry.catalog(None) == _fresh_build(home)
+
+
+async def test_a_report_under_another_spelling_of_the_root_scans_everything(
+    home: Path,
+) -> None:
+    """A reported pair whose root is not the snapshot's root, character for character, is
+    not trusted to say what else did not change: the reload scans every manifest."""
+    tools = home / "tools"
+    for name in ("a", "b"):
+        _write(tools, name)
+    later = [time.time_ns() + 10 * RACY_NS]
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, clock_ns=lambda: later[0])
+    await registry.catalog(None)
+    _write(tools, "a", description="a, changed")
+    _write(tools, "b", description="b, changed")
+    later[0] = time.time_ns() + 10 * RACY_NS
+    outcome = await registry.reload(None, {None: frozenset({(str(tools) + "/.", "a")})})
+    assert outcome.all_changes() == [
+        SetChange("a", Source.HOME, "updated"),
+        SetChange("b", Source.HOME, "updated"),
+    ]
+
+
+async def test_a_reload_told_what_changed_looks_again_at_manifests_too_fresh_to_judge(
+    home: Path,
+) -> None:
+    """A manifest the last scan found too fresh to judge by its stat is looked at again by
+    the next reload even when the report does not name it: a same-size rewrite inside one
+    timestamp tick leaves its stat alike, so only its bytes tell."""
+    tools = home / "tools"
+    _write(tools, "old")
+    _write(tools, "new", description="one")
+    registry = Registry(home, DEFAULT_RESERVED_NAMES)  # the real clock: "new" is fresh
+    await registry.catalog(None)
+    _write(tools, "new", description="two")  # same size, likely the same tick
+    outcome = await registry.reload(None, _sets(tools, "old"))
+    assert outcome.all_changes() == [SetChange("new", Source.HOME, "updated")]
+    assert (await registry.catalog(None)).tools["new"].tool.description == "two"
+
+
+async def test_a_workspace_reload_told_only_of_home_sets_scans_no_project_manifest(
+    home: Path, tmp_path: Path
+) -> None:
+    """A home set reported changed is looked at in every snapshot; a workspace the report
+    does not name keeps its project scan (its own changes come under its own key)."""
+    tools = home / "tools"
+    _write(tools, "shared")
+    ws = tmp_path / "ws"
+    _write(ws / ".crystal" / "tools", "proj")
+    later = [time.time_ns() + 10 * RACY_NS]
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, clock_ns=lambda: later[0])
+    await registry.catalog(None)
+    await registry.catalog(ws)
+    _write(tools, "shared", description="shared, changed")
+    _write(ws / ".crystal" / "tools", "proj", description="proj, changed")
+    later[0] = time.time_ns() + 10 * RACY_NS
+    outcome = await registry.reload(None, _sets(tools, "shared"))
+    assert outcome.changes == {
+        None: (SetChange("shared", Source.HOME, "updated"),),
+        ws: (SetChange("shared", Source.HOME, "updated"),),
+    }
+    project = {(str(ws / ".crystal" / "tools"), "proj")}
+    outcome = await registry.reload([ws], {ws: frozenset(project)})
+    assert outcome.all_changes() == [SetChange("proj", Source.PROJECT, "updated")]
+    assert await registry.catalog(ws) == _fresh_build(home, ws)

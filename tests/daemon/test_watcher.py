@@ -60,11 +60,14 @@ class Recorder:
 
     def __init__(self) -> None:
         self.calls: list[set[ReloadKey]] = []
+        #: Each call's argument: per key, the sets named, or None (scan it all).
+        self.changes: list[dict[ReloadKey, frozenset[tuple[str, str]] | None]] = []
         self.times: list[float] = []
         self._event = anyio.Event()
 
-    async def __call__(self, keys: set[ReloadKey]) -> None:
+    async def __call__(self, keys: dict[ReloadKey, frozenset[tuple[str, str]] | None]) -> None:
         self.calls.append(set(keys))
+        self.changes.append(dict(keys))
         self.times.append(anyio.current_time())
         self._event.set()
         self._event = anyio.Event()
@@ -295,10 +298,10 @@ async def test_watcher_falls_back_to_polling_when_watch_unavailable(layout: Layo
 async def test_watcher_survives_on_change_failure(layout: Layout, fake: FakeWatch) -> None:
     """An exception from on_change is logged and later batches are still delivered."""
     home, _workspace = layout
-    calls: list[set[ReloadKey]] = []
+    calls: list[dict[ReloadKey, Any]] = []
     delivered = anyio.Event()
 
-    async def flaky(keys: set[ReloadKey]) -> None:
+    async def flaky(keys: dict[ReloadKey, Any]) -> None:
         calls.append(keys)
         if len(calls) == 1:
             raise RuntimeError("reload broke")
@@ -449,3 +452,148 @@ async def test_watcher_reloads_a_workspace_changed_before_its_first_probe(
             manifest.write_text("{}")  # edited before the watcher probed it
             await recorder.wait_for(workspace)
             tg.cancel_scope.cancel()
+
+
+async def _until_polled(watcher: Watcher, count: int) -> None:
+    while watcher.polls < count:
+        await anyio.sleep(0.01)
+
+
+async def test_watcher_names_the_set_a_change_lies_in(layout: Layout, fake: FakeWatch) -> None:
+    """A write inside a set folder is sent with that set named, so the reload stats it
+    alone; but not on the key's first delivery (the registry's scan predates the watcher's
+    baseline), and not for the set folder itself, a root or ``config.json``. Only a change
+    that may add or remove a folder to watch probes everything at once."""
+    home, _ = layout
+    tools = home / "tools"
+    manifest = str(tools / "a" / "tools.json")
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            await _until_polled(watcher, 2)  # the poll a quarter second after the start
+            for batch in (
+                {(Change.modified, manifest)},
+                {(Change.modified, manifest), (Change.added, str(tools / "a" / "x.tmp"))},
+            ):
+                await fake.send.send(batch)
+                await recorder.wait_for(None, since=len(recorder.calls))
+            await anyio.sleep(0.2)
+            assert watcher.polls == 2  # entries of a set folder: no folder came or went
+            for raw in (str(tools / "a"), str(home / "config.json"), str(tools)):
+                await fake.send.send({(Change.modified, raw)})
+                await recorder.wait_for(None, since=len(recorder.calls))
+            await _until_polled(watcher, 3)
+            tg.cancel_scope.cancel()
+    assert recorder.changes == [
+        {None: None},
+        {None: frozenset({(str(tools), "a")})},
+        {None: None},
+        {None: None},
+        {None: None},
+    ]
+
+
+async def test_a_change_no_event_reported_is_still_sent_by_the_poll(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """Before a key is sent with its sets named, only those sets are probed again: a
+    change elsewhere that no event reported (a lost notification, a symlinked manifest
+    edited elsewhere) stays out of the baseline, and the next poll sends the key with no
+    set named, which scans everything. Probed whole, the baseline took that change in
+    while the reload looked at the named set alone, and nothing ever sent it."""
+    home, workspace = layout
+    tools = home / "tools"
+    (tools / "b").mkdir()
+    (tools / "b" / "tools.json").write_text("{}")
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            await _until_polled(watcher, 2)
+            await fake.send.send({(Change.modified, str(tools / "a" / "tools.json"))})
+            await recorder.wait_for(None)
+            (tools / "b" / "tools.json").write_text('{"unreported": true}')
+            (tools / "a" / "tools.json").write_text('{"reported": true}')
+            await fake.send.send({(Change.modified, str(tools / "a" / "tools.json"))})
+            await recorder.wait_for(None, since=1)
+            watcher.add_workspace(workspace)  # polls at once
+            await recorder.wait_for(workspace, since=2)
+            tg.cancel_scope.cancel()
+    assert recorder.changes[1] == {None: frozenset({(str(tools), "a")})}
+    assert recorder.changes[2] == {None: None, workspace: None}
+
+
+async def test_a_key_whose_reload_failed_is_scanned_whole_next_time(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """A failed reload loses what its report named (the baseline already took it in), so
+    the key's next delivery names no set: everything is looked at again."""
+    home, _ = layout
+    manifest = str(home / "tools" / "a" / "tools.json")
+    calls: list[dict[ReloadKey, Any]] = []
+
+    async def flaky(keys: dict[ReloadKey, Any]) -> None:
+        calls.append(keys)
+        if len(calls) == 2:
+            raise RuntimeError("reload broke")
+
+    watcher = Watcher(home, flaky, settle_seconds=30.0, recheck_seconds=30.0, watch_factory=fake)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            for count in (1, 2, 3, 4):
+                await fake.send.send({(Change.modified, manifest)})
+                while len(calls) < count:
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    named = {None: frozenset({(str(home / "tools"), "a")})}
+    assert calls == [{None: None}, named, {None: None}, named]
+
+
+async def test_a_home_change_names_no_set_while_a_workspace_was_never_scanned_whole(
+    layout: Layout, fake: FakeWatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A home change reloads every snapshot, and a workspace's own sets are only ever named
+    under its own key: while a followed workspace has had no full scan since it was added
+    (its first poll is still running, here held on a slow file system), a home change
+    names no set, so every snapshot is scanned whole."""
+    import time
+
+    from toolsetd.daemon import watcher as watcher_module
+
+    real = watcher_module._probe_all
+    slow = anyio.Event()
+
+    def probe(*args: Any) -> Any:
+        if slow.is_set():
+            time.sleep(0.5)
+        return real(*args)
+
+    monkeypatch.setattr(watcher_module, "_probe_all", probe)
+    home, workspace = layout
+    manifest = str(home / "tools" / "a" / "tools.json")
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            await _until_polled(watcher, 2)
+            await fake.send.send({(Change.modified, manifest)})
+            await recorder.wait_for(None)
+            slow.set()
+            watcher.add_workspace(workspace)  # its first poll is held for half a second
+            await fake.send.send({(Change.modified, manifest)})
+            await recorder.wait_for(None, since=1)
+            await recorder.wait_for(workspace, since=2)
+            await fake.send.send({(Change.modified, manifest)})
+            await recorder.wait_for(None, since=3)
+            tg.cancel_scope.cancel()
+    named = {None: frozenset({(str(home / "tools"), "a")})}
+    assert recorder.changes == [{None: None}, {None: None}, {workspace: None}, named]
