@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from toolsetd.protocol.errors import RemoteProtocolError, RpcError
 
 from .errors import ConnectError, ConnectionClosed, RequestTimeout, map_connect_errors
-from .mcp import shared_tmp_peer_refused, shared_tmp_squatted
+from .mcp import connect_within, shared_tmp_peer_refused, shared_tmp_squatted
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
@@ -88,34 +88,6 @@ def _frame(message: Mapping[str, Any]) -> bytes:
     return f'{text[:-1]},"params":{{{",".join(members)}}}}}\n'.encode()
 
 
-#: Seconds between connect attempts while the listener's backlog is full.
-_BACKLOG_RETRY = 0.02
-
-
-def _connect_within(sock: socket.socket, path: str, timeout: float) -> None:
-    """Connect, waiting up to ``timeout`` seconds, a full backlog included.
-
-    With a timeout the socket is non-blocking, and a Unix socket's ``connect`` to a
-    listener whose backlog is full fails at once with ``EAGAIN`` (a blocking one would
-    wait): a daemon busy with a burst of clients, or restarting behind systemd's socket,
-    is there and answers soon, so the connect is tried again until the timeout.
-
-    Raises:
-        TimeoutError: The backlog stayed full for ``timeout`` seconds.
-        OSError: Any other failure of the connect.
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        sock.settimeout(max(deadline - time.monotonic(), 0.001))
-        try:
-            sock.connect(path)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"the backlog of {path} stayed full") from None
-            time.sleep(_BACKLOG_RETRY)
-
-
 class BlockingClient:
     """One blocking connection to toolsetd.
 
@@ -164,7 +136,7 @@ class BlockingClient:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             with map_connect_errors(path, timeout):
-                _connect_within(sock, path, timeout)
+                connect_within(sock, path, timeout)
         except BaseException:
             sock.close()
             raise

@@ -53,6 +53,9 @@ _BIND_ID = "toolsetctl-mcp-bind"
 SYSTEMD_ENV_VARS = frozenset(
     {"LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}
 )
+#: Seconds the pump waits for room in a daemon's full listen backlog (toolsetctl's own
+#: ``CONNECT_TIMEOUT``).
+_CONNECT_TIMEOUT = 5.0
 #: ``_pump_socket``: the daemon closed the bound connection (main decides what it means).
 _DAEMON_CLOSED = -1
 _START_TIMEOUT = 15.0
@@ -223,24 +226,63 @@ def _parse(argv: Sequence[str]) -> dict[str, object]:
 
 
 class _Refused(OSError):
-    """A listener of another user answered at the ``/tmp`` default: not toolsetd of ours."""
+    """A listener the pump must not use: another user's at the ``/tmp`` default (not
+    toolsetd of ours), or one whose backlog stayed full (no daemon is started beside it)."""
+
+
+#: Seconds between connect attempts while the listener's backlog is full.
+_BACKLOG_RETRY = 0.02
+
+
+def connect_within(sock: socket.socket, path: str, timeout: float) -> None:
+    """Connect, waiting up to ``timeout`` seconds, a full backlog included.
+
+    With a timeout the socket is non-blocking, and a Unix socket's ``connect`` to a
+    listener whose backlog is full fails at once with ``EAGAIN`` (a blocking one would
+    wait): a daemon busy with a burst of clients, or restarting behind systemd's socket,
+    is there and answers soon, so the connect is tried again until the timeout.
+
+    Raises:
+        TimeoutError: The backlog stayed full for ``timeout`` seconds.
+        OSError: Any other failure of the connect.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        sock.settimeout(max(deadline - time.monotonic(), 0.001))
+        try:
+            sock.connect(path)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the backlog of {path} stayed full") from None
+            time.sleep(_BACKLOG_RETRY)
 
 
 def _connect(path: str) -> socket.socket | None:
     """The connected socket, or None when nothing listens (``_start_daemon`` may start one).
 
     Raises:
-        _Refused: Someone else listens there (``shared_tmp_peer_refused``): no daemon is
-            started (ours would only find the path taken and say "already running").
+        _Refused: Someone else listens there (``shared_tmp_peer_refused``), or the
+            listener's backlog stayed full for ``_CONNECT_TIMEOUT``: no daemon is started
+            (ours would only find the path taken and say "already running").
     """
     if shared_tmp_squatted(path) is not None:
         return None  # then _start_daemon: the daemon refuses the folder and says why
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.connect(path)
+        # A blocking connect waits for room in a full backlog for as long as it stays
+        # full: a wedged daemon held the pump, and its host's MCP start-up, forever.
+        connect_within(sock, path, _CONNECT_TIMEOUT)
+    except TimeoutError:
+        sock.close()
+        raise _Refused(
+            f"toolsetd at {path} accepts no connection: its listen backlog stayed full for "
+            f"{_CONNECT_TIMEOUT:.0f} s (is the daemon stopped or hung?)"
+        ) from None
     except OSError:
         sock.close()
         return None
+    sock.settimeout(None)
     refused = shared_tmp_peer_refused(sock, path)
     if refused is not None:
         sock.close()

@@ -409,6 +409,50 @@ def _pump(daemon: FakeDaemon) -> subprocess.CompletedProcess[bytes]:
         os.close(write)
 
 
+def test_the_pump_gives_up_on_a_backlog_that_stays_full(sockdir: Path) -> None:
+    """A listener that accepts nothing (a stopped or hung daemon) with its backlog full: the
+    pump's blocking connect waited for room as long as the backlog stayed full, so the
+    host's MCP start-up hung forever. Now it waits toolsetctl's connect timeout, says why
+    in one line, and exits 5; it starts no daemon beside the one holding the path."""
+    import sys
+
+    path = sockdir / "wedged.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(0)
+    waiting: list[socket.socket] = []
+    read, write = os.pipe()
+    try:
+        while True:  # fill the backlog until a connect would have to wait
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.setblocking(False)
+            try:
+                sock.connect(str(path))
+            except BlockingIOError:
+                sock.close()
+                break
+            waiting.append(sock)
+        began = time.monotonic()
+        result = subprocess.run(
+            [sys.executable, "-m", "toolsetd.client", "--socket", str(path), "mcp"],
+            stdin=read, capture_output=True, timeout=60, check=False,
+        )
+        took = time.monotonic() - began
+    finally:
+        os.close(read)
+        os.close(write)
+        for sock in waiting:
+            sock.close()
+        server.close()
+    assert result.returncode == 5, result.stderr
+    assert result.stderr == (
+        f"toolsetctl mcp: toolsetd at {path} accepts no connection: its listen backlog "
+        "stayed full for 5 s (is the daemon stopped or hung?)\n"
+    ).encode()
+    assert 4.5 < took < 30
+    assert not (sockdir / "toolsetd.log").exists()  # no daemon was started
+
+
 def test_the_pump_bounds_an_answer_to_bind_that_never_ends(
     fake: Callable[[Reply], FakeDaemon],
 ) -> None:
