@@ -31,12 +31,14 @@ Four sibling tasks in one task group:
   a root) names no set: that key's reload scans everything.
 * **timer**: the *poller* and the *settler*. The poller ``stat``s every root, set
   directory and manifest (a *probe*, off the event loop) every ``recheck_seconds``,
-  right after each relevant batch, and a quarter second after each restart, but never
-  sooner than ``_POLL_COST_FACTOR`` times the last poll's cost after it (a root of
-  100,000 subdirectories is polled every ~40 s, not every 2 s: a core's worth of stats). When the
-  probed directories differ from the watched ones it restarts the watch; when a key's
-  stat signature changed since the previous probe it reloads that key. The poller is
-  what makes the design robust: events lost while a generation restarts, a set
+  right after a batch that may have added or removed a folder to watch (see below), and
+  a quarter second after each restart, but never sooner than ``_POLL_COST_FACTOR`` times
+  the last poll's cost after it (a root of 100,000 subdirectories is polled every ~40 s,
+  not every 2 s: a core's worth of stats). When the probed directories differ from the
+  watched ones it restarts the watch; when a key's stat signature changed since the
+  previous probe it reloads that key. A workspace added while a probe is in its thread
+  keeps its mark (not probed yet) through that poll. The poller is what makes the
+  design robust: events lost while a generation restarts, a set
   directory created between a probe and the watch starting, a symlinked
   ``config.json`` edited elsewhere, or a filesystem with no working notifications all
   end up as a changed signature within one recheck. A batch's keys are probed just
@@ -440,7 +442,15 @@ class Watcher:
             for key, probe in probes.items()
             if key in self._signatures and self._signatures[key] != probe.signature
         }
-        self._signatures = {key: probe.signature for key, probe in probes.items()}
+        signatures: dict[ReloadKey, _Signature | None] = {
+            key: probe.signature for key, probe in probes.items()
+        }
+        for key in self._workspaces - probes.keys():
+            # Added while this probe was in its thread: keep its mark (not probed yet), or
+            # its first probe became the baseline unsent, an edit since its build with it.
+            if key in self._signatures:
+                signatures[key] = self._signatures[key]
+        self._signatures = signatures
         if changed:
             log.info("watch_changed", keys=len(changed))
             self._enqueue(dict.fromkeys(changed))
@@ -488,6 +498,14 @@ class Watcher:
                 # not named under the home key: while one was never scanned whole since
                 # the watcher started, every snapshot is.
                 told[None] = None
+            # A scan whole confirms only a key probed before it began: a key not probed
+            # yet is sent whole by its first probe, which alone catches an edit made
+            # between its build and that probe; confirmed sooner, its sets were named.
+            probed = {
+                key
+                for key, signature in self._signatures.items()
+                if signature is not None and (key is None or key in self._workspaces)
+            }
             try:
                 await self._on_change(told)
             except ServerBusy as exc:
@@ -502,9 +520,11 @@ class Watcher:
                 # everything, or a change that no later event names would stay unseen.
                 self._confirmed -= changes.keys()
             else:
-                self._confirmed |= changes.keys()
+                scanned = probed & changes.keys()
                 if None in told and told[None] is None:  # every snapshot was scanned whole
-                    self._confirmed |= self._workspaces
+                    scanned = probed
+                # Not a workspace removed meanwhile: it is probed anew if it comes back.
+                self._confirmed |= {k for k in scanned if k is None or k in self._workspaces}
 
 
 # -- probes (blocking; run in a worker thread) ----------------------------------------

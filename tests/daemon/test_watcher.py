@@ -597,3 +597,135 @@ async def test_a_home_change_names_no_set_while_a_workspace_was_never_scanned_wh
             tg.cancel_scope.cancel()
     named = {None: frozenset({(str(home / "tools"), "a")})}
     assert recorder.changes == [{None: None}, {None: None}, {workspace: None}, named]
+
+
+async def test_a_workspace_added_during_a_poll_is_reloaded_whole_before_its_sets_are_named(
+    layout: Layout, fake: FakeWatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workspace added while a poll is in its thread keeps its "not probed yet" mark: its
+    first probe sends it whole, so an edit between its build and that probe is reloaded.
+
+    That poll probed the workspaces it started with: replacing every signature with its
+    own dropped the mark, and the next poll took the edit into the baseline unsent. A home
+    reload scanned whole before the edit counted the workspace as scanned whole since the
+    watcher started, so its next event named one set, the registry looked at that set
+    alone, and the catalog kept the old manifest for good.
+    """
+    import json
+    import threading
+    import time
+
+    from toolsetd.daemon import watcher as watcher_module
+    from toolsetd.daemon.catalog import RACY_NS
+    from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES
+    from toolsetd.daemon.registry import Registry
+
+    real = watcher_module._probe_all
+    slow = [False]
+    held = threading.Event()
+
+    def probe(*args: Any) -> Any:
+        if slow[0]:
+            held.set()
+            time.sleep(1.0)  # long enough for a home reload and an edit meanwhile
+        return real(*args)
+
+    def write(manifest: Path, description: str) -> None:
+        manifest.parent.mkdir(parents=True, exist_ok=True)
+        document = {"runner": "exec", "description": description, "command": ["true"]}
+        manifest.write_text(json.dumps(document | {"schema": {"type": "object"}}))
+
+    monkeypatch.setattr(watcher_module, "_probe_all", probe)
+    home, workspace = layout
+    project = workspace / ".crystal" / "tools"
+    write(project / "p" / "tools.json", "as built")
+    write(project / "q" / "tools.json", "as built")
+    config = str(home / "config.json")
+    # Every manifest old enough to be judged by its stat, as a minute later.
+    registry = Registry(
+        home, DEFAULT_RESERVED_NAMES, clock_ns=lambda: time.time_ns() + 10 * RACY_NS
+    )
+    await registry.catalog(None)
+    recorder = Recorder()
+
+    async def reload(changes: dict[ReloadKey, Any]) -> None:
+        await registry.reload(None if None in changes else list(changes), changes)
+        await recorder(changes)
+
+    watcher = Watcher(
+        home,
+        reload,
+        settle_seconds=30.0,
+        recheck_seconds=30.0,
+        watch_factory=fake,
+        clock=lambda: 0.0,  # the held poll costs nothing: the next is not deferred
+    )
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            await _until_polled(watcher, 2)
+            slow[0] = True
+            await fake.send.send({(Change.modified, config)})  # polls at once: held
+            await _until_polled(watcher, 3)
+            while not held.is_set():  # the poll is in its thread
+                await anyio.sleep(0.01)
+            await registry.catalog(workspace)
+            watcher.add_workspace(workspace)  # its catalog was built just now
+            since = len(recorder.calls)
+            await fake.send.send({(Change.modified, config)})  # a home reload, scanned whole
+            await recorder.wait_for(None, since=since)
+            write(project / "q" / "tools.json", "edited before its first probe")
+            slow[0] = False
+            await fake.wait_calls(2)  # the poll add_workspace asked for saw its folders
+            await fake.send.send({(Change.modified, str(project / "p" / "notes.txt"))})
+            first = await recorder.wait_for(workspace)
+            tg.cancel_scope.cancel()
+    assert recorder.changes[first][workspace] is None
+    catalog = await registry.catalog(workspace)
+    assert catalog.tools["q"].tool.description == "edited before its first probe"
+
+
+async def test_a_workspace_added_during_a_poll_is_sent_by_its_first_probe(
+    layout: Layout, fake: FakeWatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The poll in its thread when a workspace is added did not probe it: its signatures
+    replace the others but keep that workspace's mark, so the next poll, its first probe,
+    sends it (whole) instead of taking an edit made since its build into the baseline."""
+    import threading
+    import time
+
+    from toolsetd.daemon import watcher as watcher_module
+
+    real = watcher_module._probe_all
+    slow = [False]
+    held = threading.Event()
+
+    def probe(*args: Any) -> Any:
+        if slow[0]:
+            held.set()
+            time.sleep(0.5)
+        return real(*args)
+
+    monkeypatch.setattr(watcher_module, "_probe_all", probe)
+    home, workspace = layout
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake, clock=lambda: 0.0)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            await _until_polled(watcher, 2)
+            slow[0] = True
+            await fake.send.send({(Change.modified, str(home / "tools"))})  # polls at once
+            await _until_polled(watcher, 3)
+            while not held.is_set():  # the poll is in its thread
+                await anyio.sleep(0.01)
+            watcher.add_workspace(workspace)
+            slow[0] = False
+            manifest = workspace / ".crystal" / "tools" / "p" / "tools.json"
+            manifest.parent.mkdir(parents=True)
+            manifest.write_text("{}")  # edited before its first probe
+            first = await recorder.wait_for(workspace)
+            tg.cancel_scope.cancel()
+    assert recorder.changes[first][workspace] is None
