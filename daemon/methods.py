@@ -261,7 +261,9 @@ class Handlers:
         if workspace is not None:
             await self.service.catalog(workspace)
             outcome = await self.reload_catalogs([None, workspace])
-            catalog = outcome.catalogs[workspace]
+            catalog = outcome.catalogs.get(workspace)
+            if catalog is None:  # released as idle meanwhile (a reload builds no workspace)
+                catalog = await self.service.catalog(workspace)
             changed = [c.to_wire() for c in outcome.changes.get(workspace, ())]
             notes = [note_info(n) for n in catalog.notes]
         else:

@@ -296,26 +296,35 @@ class Registry:
         return catalog
 
     async def _refresh(
-        self, workspace: Key, force: bool, inline: bool, reported: Reported | None = None
+        self, workspace: Key, force: bool, inline: bool, told: list[set[str]] | None = None
     ) -> tuple[Catalog, _Changes | None, _Scan] | None:
         """``_refresh_sync`` in a worker thread, or its scan on the loop (``inline``).
 
         A reload that finds nothing changed is one ``stat`` per set (~2 ms for 1,000): for
         a small catalog the hand-off to a worker thread and back would add a fifth to
         that. ``reload`` allows at most ``INLINE_SCAN_MAX`` manifests on the loop in all,
-        over every snapshot it refreshes. A scan told what changed (``reported``) stats
-        only the sets reported, so it always runs on the loop. A scan that finds a change
+        over every snapshot it refreshes. A scan told what changed (``told``, from
+        ``_told``) stats only the names told, and counts only those against that budget:
+        one edit among 10,000 sets is one ``stat`` on the loop; a batch that names every
+        set is stat'ed in the thread, as a scan told nothing. A told scan that cannot
+        settle the snapshot (a name came or went, the config changed) leaves it to a full
+        scan in the thread, which rebuilds it there anyway. A scan that finds a change
         hands it on to the thread, with its suspects.
         """
         previous = self._scans.get(workspace)
         if force or previous is None:
             return await threads.run_sync(self._refresh_sync, workspace, force)
-        scanned: tuple[_Scan, list[tuple[int, str]] | None] | None = None
-        if reported is not None:
-            scanned = self._reported_scan(workspace, previous, reported)
-        if scanned is None:
-            if not inline:
+        scanned: tuple[_Scan, list[tuple[int, str]] | None] | None
+        if told is not None:
+            if inline:
+                scanned = self._reported_scan(workspace, previous, told)
+            else:
+                scanned = await threads.run_sync(self._reported_scan, workspace, previous, told)
+            if scanned is None:
                 return await threads.run_sync(self._refresh_sync, workspace, force)
+        elif not inline:
+            return await threads.run_sync(self._refresh_sync, workspace, force)
+        else:
             scanned = self._scan(workspace, previous)
         if scanned[1] == []:
             return None
@@ -447,11 +456,32 @@ class Registry:
             fresh[i] = frozenset(too_fresh)
         return _Scan(config, tuple(roots), tuple(fresh)), suspects
 
+    def _told(self, workspace: Key, previous: _Scan, reported: Reported) -> list[set[str]] | None:
+        """Per root of a snapshot, the names a report tells ``_reported_scan`` to look at.
+
+        Those are the names reported under the root's key and the names ``previous`` found
+        too fresh to judge. None when the report cannot be trusted for this snapshot: a
+        root reported whole, or a pair under a root it does not have (another spelling).
+        """
+        told: list[set[str]] = []
+        for i, (root, source) in enumerate(self._roots(workspace)):
+            owner = None if source is Source.HOME else workspace
+            pairs = reported.get(owner, ())
+            if pairs is None:
+                return None
+            names = set(previous.fresh[i])
+            for pair_root, name in pairs:
+                if pair_root != root:
+                    return None  # reported under another spelling of the root: scan it all
+                names.add(name)
+            told.append(names)
+        return told
+
     def _reported_scan(
         self,
         workspace: Key,
         previous: _Scan,
-        reported: Reported,
+        told: list[set[str]],
         limit: int = 64,
     ) -> tuple[_Scan, list[tuple[int, str]]] | None:
         """``_scan`` told by the watcher what changed: a ``stat`` per reported set, not per set.
@@ -467,28 +497,16 @@ class Registry:
         Args:
             workspace: The snapshot's key.
             previous: The scan the snapshot was built from.
-            reported: What the watcher saw change (``Reported``).
+            told: Per root, the names to look at (``_told``, from what the watcher saw
+                change: ``Reported``).
             limit: More suspects than this and only a rebuild will do.
 
         Returns:
-            The scan and its suspects, as ``_scan`` returns them; None when the report
-            cannot be trusted for this snapshot (a pair under a root it does not have, a
-            root reported whole) or a rebuild is due (a name came or went, the config
-            changed): the caller takes a full scan then.
+            The scan and its suspects, as ``_scan`` returns them; None when a rebuild is
+            due (a name came or went, the config changed): the caller takes a full scan
+            then.
         """
         roots = self._roots(workspace)
-        told: list[set[str]] = []
-        for i, (root, source) in enumerate(roots):
-            owner = None if source is Source.HOME else workspace
-            pairs = reported.get(owner, ())
-            if pairs is None:
-                return None
-            names = set(previous.fresh[i])
-            for pair_root, name in pairs:
-                if pair_root != root:
-                    return None  # reported under another spelling of the root: scan it all
-                names.add(name)
-            told.append(names)
         now = self._clock_ns()
         config = _signature_or_fresh(os.path.join(self.home, "config.json"), now)
         if config is _FRESH or config != previous.config:
@@ -615,7 +633,9 @@ class Registry:
         Args:
             workspaces: The keys to rebuild; None rebuilds every snapshot held (the home
                 snapshot always included). When the keys name the home snapshot and it
-                changed, every other snapshot held is refreshed too.
+                changed, every other snapshot held is refreshed too. A workspace with no
+                snapshot (never built, or released as idle meanwhile) is left out: only
+                ``catalog`` builds one.
             reported: What the watcher saw change (``Reported``): a snapshot it covers
                 stats only the reported sets. None: nothing was said, every manifest of
                 every snapshot refreshed is stat'ed (the ``reload`` RPC, ``SIGHUP``).
@@ -641,13 +661,27 @@ class Registry:
             staged: dict[Key, tuple[Catalog | None, Catalog, _Scan]] = {}
             for key in keys:
                 old = self._snapshots.get(key)
+                if old is None and key is not None:
+                    # Released as idle (and its watch with it) since the reload was asked
+                    # for, or before its turn: not brought back. Built here, it was held
+                    # again with no watch on its files (the service has a workspace
+                    # followed only when its ``catalog`` call builds it), and no reload
+                    # told what changed looked at its project sets again.
+                    continue
                 previous = self._scans.get(key)
-                inline = previous is not None and previous.size <= inline_budget
+                told: list[set[str]] | None = None
+                if reported is not None and previous is not None and old is not None:
+                    told = self._told(key, previous, reported)
+                # What this snapshot's scan stats: the names told, or every manifest.
+                cost = sum(map(len, told)) if told is not None else None
+                if cost is None and previous is not None:
+                    cost = previous.size
+                inline = cost is not None and cost <= inline_budget
                 if inline:
-                    assert previous is not None
-                    inline_budget -= previous.size
+                    assert cost is not None
+                    inline_budget -= cost
                 try:
-                    refreshed = await self._refresh(key, old is None, inline, reported)
+                    refreshed = await self._refresh(key, old is None, inline, told)
                 except Exception as exc:  # short of descriptors or memory, above all
                     # Swapping what was refreshed so far would serve some snapshots on the
                     # new files and others on the old under one generation, announced to

@@ -10,6 +10,7 @@ import resource
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -611,3 +612,87 @@ async def test_a_workspace_reload_told_only_of_home_sets_scans_no_project_manife
     outcome = await registry.reload([ws], {ws: frozenset(project)})
     assert outcome.all_changes() == [SetChange("proj", Source.PROJECT, "updated")]
     assert await registry.catalog(ws) == _fresh_build(home, ws)
+
+
+async def test_a_report_naming_more_sets_than_the_loop_may_stat_is_scanned_in_a_thread(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reload stats at most ``INLINE_SCAN_MAX`` manifests on the event loop, told what
+    changed or not. A batch that names every set (a checkout or a ``touch`` of a file in
+    each folder, the manifests alike) stat'ed each named manifest on the loop, per
+    snapshot: 10,000 sets held it ~60 ms a snapshot, where a reload told nothing stats
+    them in a worker thread. One set named, the watcher's one edit, stays on the loop."""
+    import threading
+
+    tools = home / "tools"
+    names = [f"set{i}" for i in range(6)]
+    for name in names:
+        _write(tools, name)
+    monkeypatch.setattr(registry_module, "INLINE_SCAN_MAX", 4)
+    later = [time.time_ns() + 10 * RACY_NS]
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, clock_ns=lambda: later[0])
+    await registry.catalog(None)
+    loop = threading.current_thread()
+    on_loop: list[str] = []
+    real = os.stat
+
+    def stat(path: object, *args: object, **kwargs: object) -> os.stat_result:
+        if threading.current_thread() is loop and str(path).endswith("tools.json"):
+            on_loop.append(str(path))
+        return real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", stat)
+    outcome = await registry.reload(None, _sets(tools, *names))
+    assert outcome.all_changes() == []
+    assert on_loop == []
+    _write(tools, "set3", description="three, changed")
+    later[0] = time.time_ns() + 10 * RACY_NS
+    outcome = await registry.reload(None, _sets(tools, "set3"))
+    assert outcome.all_changes() == [SetChange("set3", Source.HOME, "updated")]
+    assert on_loop == [os.path.join(tools, "set3", "tools.json")]
+
+
+async def test_a_workspace_released_during_a_reload_is_not_brought_back(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A workspace released as idle while a reload is under way is not rebuilt by it.
+
+    Released before its turn, it was rebuilt and held again, but the daemon stops
+    following a released workspace's files and follows one again only when ``catalog``
+    builds it: held with no watch, its project sets were never looked at by a reload told
+    what changed, whatever was edited there, for as long as it was in use."""
+    tools = home / "tools"
+    _write(tools, "a")
+    ws = tmp_path / "ws"
+    _write(ws / ".crystal" / "tools", "proj")
+    now = [0.0]
+    later = [time.time_ns() + 10 * RACY_NS]
+    registry = Registry(
+        home,
+        DEFAULT_RESERVED_NAMES,
+        idle_seconds=10,
+        clock=lambda: now[0],
+        clock_ns=lambda: later[0],
+    )
+    await registry.catalog(None)
+    await registry.catalog(ws)
+    _write(tools, "a", description="changed")
+    later[0] = time.time_ns() + 10 * RACY_NS
+    entered, release = anyio.Event(), anyio.Event()
+    real = registry_module.threads.run_sync
+
+    async def held(*args: Any, **kwargs: Any) -> Any:
+        if not entered.is_set():  # the home snapshot's patch, before the workspace's turn
+            entered.set()
+            await release.wait()
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(registry_module.threads, "run_sync", held)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(registry.reload, None, _sets(tools, "a"))
+        await entered.wait()
+        now[0] = 100.0
+        assert registry.evict_idle() == [ws]
+        release.set()
+    assert registry.workspaces == []
+    assert (await registry.catalog(None)).tools["a"].tool.description == "changed"
