@@ -409,6 +409,24 @@ def _pump(daemon: FakeDaemon) -> subprocess.CompletedProcess[bytes]:
         os.close(write)
 
 
+def _full_backlog(path: Path) -> tuple[socket.socket, list[socket.socket]]:
+    """A listener on ``path`` that accepts nothing, and the connections that fill its
+    backlog until one more connect would have to wait."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(0)
+    waiting: list[socket.socket] = []
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        try:
+            sock.connect(str(path))
+        except BlockingIOError:
+            sock.close()
+            return server, waiting
+        waiting.append(sock)
+
+
 def test_the_pump_gives_up_on_a_backlog_that_stays_full(sockdir: Path) -> None:
     """A listener that accepts nothing (a stopped or hung daemon) with its backlog full: the
     pump's blocking connect waited for room as long as the backlog stayed full, so the
@@ -417,21 +435,9 @@ def test_the_pump_gives_up_on_a_backlog_that_stays_full(sockdir: Path) -> None:
     import sys
 
     path = sockdir / "wedged.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(0)
-    waiting: list[socket.socket] = []
+    server, waiting = _full_backlog(path)
     read, write = os.pipe()
     try:
-        while True:  # fill the backlog until a connect would have to wait
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.setblocking(False)
-            try:
-                sock.connect(str(path))
-            except BlockingIOError:
-                sock.close()
-                break
-            waiting.append(sock)
         began = time.monotonic()
         result = subprocess.run(
             [sys.executable, "-m", "toolsetd.client", "--socket", str(path), "mcp"],
@@ -531,19 +537,7 @@ def test_a_full_backlog_is_waited_for_not_a_daemon_unreachable(sockdir: Path) ->
     a Unix connect failed at once with EAGAIN, exit 5 "Resource temporarily unavailable".
     Now it is tried again until the connect timeout, and served once there is room."""
     path = sockdir / "full.sock"
-    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    server.bind(str(path))
-    server.listen(0)
-    waiting: list[socket.socket] = []
-    while True:  # fill the backlog until a connect would have to wait
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.setblocking(False)
-        try:
-            sock.connect(str(path))
-        except BlockingIOError:
-            sock.close()
-            break
-        waiting.append(sock)
+    server, waiting = _full_backlog(path)
 
     def serve() -> None:
         time.sleep(0.5)  # the client is waiting by now

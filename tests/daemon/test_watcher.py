@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -459,6 +460,36 @@ async def _until_polled(watcher: Watcher, count: int) -> None:
         await anyio.sleep(0.01)
 
 
+def _held_probes(
+    monkeypatch: pytest.MonkeyPatch, seconds: float
+) -> tuple[list[bool], threading.Event]:
+    """Make every probe, once ``slow[0]`` is set, set ``held`` and take ``seconds`` more
+    in its thread (a slow file system); returns ``(slow, held)``."""
+    import time
+
+    from toolsetd.daemon import watcher as watcher_module
+
+    real = watcher_module._probe_all
+    slow = [False]
+    held = threading.Event()
+
+    def probe(*args: Any) -> Any:
+        if slow[0]:
+            held.set()
+            time.sleep(seconds)
+        return real(*args)
+
+    monkeypatch.setattr(watcher_module, "_probe_all", probe)
+    return slow, held
+
+
+async def _started(tg: Any, watcher: Watcher, fake: FakeWatch) -> None:
+    """Start ``watcher`` in ``tg`` and wait for its watch and the poll a quarter second after."""
+    await tg.start(watcher.run)
+    await fake.started.wait()
+    await _until_polled(watcher, 2)
+
+
 async def test_watcher_names_the_set_a_change_lies_in(layout: Layout, fake: FakeWatch) -> None:
     """A write inside a set folder is sent with that set named, so the reload stats it
     alone; but not on the key's first delivery (the registry's scan predates the watcher's
@@ -471,9 +502,7 @@ async def test_watcher_names_the_set_a_change_lies_in(layout: Layout, fake: Fake
     watcher = _fake_watcher(home, recorder, fake)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            await tg.start(watcher.run)
-            await fake.started.wait()
-            await _until_polled(watcher, 2)  # the poll a quarter second after the start
+            await _started(tg, watcher, fake)
             for batch in (
                 {(Change.modified, manifest)},
                 {(Change.modified, manifest), (Change.added, str(tools / "a" / "x.tmp"))},
@@ -512,9 +541,7 @@ async def test_a_change_no_event_reported_is_still_sent_by_the_poll(
     watcher = _fake_watcher(home, recorder, fake)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            await tg.start(watcher.run)
-            await fake.started.wait()
-            await _until_polled(watcher, 2)
+            await _started(tg, watcher, fake)
             await fake.send.send({(Change.modified, str(tools / "a" / "tools.json"))})
             await recorder.wait_for(None)
             (tools / "b" / "tools.json").write_text('{"unreported": true}')
@@ -582,9 +609,7 @@ async def test_a_home_change_names_no_set_while_a_workspace_was_never_scanned_wh
     watcher = _fake_watcher(home, recorder, fake)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            await tg.start(watcher.run)
-            await fake.started.wait()
-            await _until_polled(watcher, 2)
+            await _started(tg, watcher, fake)
             await fake.send.send({(Change.modified, manifest)})
             await recorder.wait_for(None)
             slow.set()
@@ -612,30 +637,20 @@ async def test_a_workspace_added_during_a_poll_is_reloaded_whole_before_its_sets
     alone, and the catalog kept the old manifest for good.
     """
     import json
-    import threading
     import time
 
-    from toolsetd.daemon import watcher as watcher_module
     from toolsetd.daemon.catalog import RACY_NS
     from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES
     from toolsetd.daemon.registry import Registry
 
-    real = watcher_module._probe_all
-    slow = [False]
-    held = threading.Event()
-
-    def probe(*args: Any) -> Any:
-        if slow[0]:
-            held.set()
-            time.sleep(1.0)  # long enough for a home reload and an edit meanwhile
-        return real(*args)
+    # long enough for a home reload and an edit meanwhile
+    slow, held = _held_probes(monkeypatch, 1.0)
 
     def write(manifest: Path, description: str) -> None:
         manifest.parent.mkdir(parents=True, exist_ok=True)
         document = {"runner": "exec", "description": description, "command": ["true"]}
         manifest.write_text(json.dumps(document | {"schema": {"type": "object"}}))
 
-    monkeypatch.setattr(watcher_module, "_probe_all", probe)
     home, workspace = layout
     project = workspace / ".crystal" / "tools"
     write(project / "p" / "tools.json", "as built")
@@ -662,9 +677,7 @@ async def test_a_workspace_added_during_a_poll_is_reloaded_whole_before_its_sets
     )
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
-            await tg.start(watcher.run)
-            await fake.started.wait()
-            await _until_polled(watcher, 2)
+            await _started(tg, watcher, fake)
             slow[0] = True
             await fake.send.send({(Change.modified, config)})  # polls at once: held
             await _until_polled(watcher, 3)
@@ -692,30 +705,13 @@ async def test_a_workspace_added_during_a_poll_is_sent_by_its_first_probe(
     """The poll in its thread when a workspace is added did not probe it: its signatures
     replace the others but keep that workspace's mark, so the next poll, its first probe,
     sends it (whole) instead of taking an edit made since its build into the baseline."""
-    import threading
-    import time
-
-    from toolsetd.daemon import watcher as watcher_module
-
-    real = watcher_module._probe_all
-    slow = [False]
-    held = threading.Event()
-
-    def probe(*args: Any) -> Any:
-        if slow[0]:
-            held.set()
-            time.sleep(0.5)
-        return real(*args)
-
-    monkeypatch.setattr(watcher_module, "_probe_all", probe)
+    slow, held = _held_probes(monkeypatch, 0.5)
     home, workspace = layout
     recorder = Recorder()
     watcher = _fake_watcher(home, recorder, fake, clock=lambda: 0.0)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
-            await tg.start(watcher.run)
-            await fake.started.wait()
-            await _until_polled(watcher, 2)
+            await _started(tg, watcher, fake)
             slow[0] = True
             await fake.send.send({(Change.modified, str(home / "tools"))})  # polls at once
             await _until_polled(watcher, 3)
