@@ -52,16 +52,22 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
 * **Bound.** A compaction keeps only the records some manifest path is indexed to and
   those this process uses (an edit releases the old bytes' key), so an edited
   manifest's old records go: a set edited a thousand times would otherwise leave a
-  thousand records, in the file and, decoded, in every daemon's memory. At most
+  thousand records in the file (and read by every start). At most
   ``max_records``; the records used by this process are kept first.
-* **Memory.** Records stay the bytes they were read or written as until one is asked
-  for, and each ``get`` decodes its own copy: the store holds no decoded record. The set
-  decoded from it lives in the manifest cache for as long as a cached manifest holds its
-  key, then goes (a released workspace's sets). Kept decoded, a record costs ~9 times its
-  bytes: three released workspaces of ten 0.7 MB manifests held ~140 MB after their
-  release, every record of the file was decoded at the first start whether a workspace
-  used it or not, and the decoded JSON of 10,000 small sets doubled what the cyclic
-  collector traversed (a cold load took 610 ms with it, 430 ms without).
+* **Memory.** The store holds no record, decoded or not: only where each one is in the
+  snapshot or journal it was read from or appended to (or the new snapshot a compaction
+  wrote), which stay open while a record points into them (``_File``: the snapshot and
+  the journal, one more for each journal another daemon's compaction put in place since
+  this process last compacted). ``get`` and ``lookup`` read a record's bytes back with
+  one ``pread`` and decode their own copy; only records not yet flushed are bytes in
+  memory. The set decoded from a record lives in the manifest cache for as long as a
+  cached manifest holds its key, then goes (a released workspace's sets). Kept decoded,
+  a record costs ~9 times its bytes: three released workspaces of ten 0.7 MB manifests
+  held ~140 MB after their release, and the decoded JSON of 10,000 small sets doubled
+  what the cyclic collector traversed (a cold load took 610 ms with it, 430 ms without).
+  Kept as bytes, every record the daemon ever read or wrote stayed in its memory, up to
+  the 128 MiB a file may hold: ten cycles of two new workspaces of ten 0.5 MB manifests,
+  each released when idle, took a daemon from 106 to 234 MB, ~13 MB a cycle.
 
 * **Only the daemon's own.** A record decides what a tool runs, and the checksums have no
   key: anyone who can write the folder or a file in it can re-sign one. So, as ssh does
@@ -89,7 +95,7 @@ import sys
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import orjson
 import structlog
@@ -118,10 +124,9 @@ _DIGEST_SIZE = 32
 #: in journal; 100,000 (``max_records``) of them, 75 MB.
 MAX_CACHE_BYTES = 128 << 20
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_APPEND_FLAGS = (
-    os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-)
-_CREATE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+# Read and write: the records a journal line carries are read back from it (``_File``).
+_APPEND_FLAGS = os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATE_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 #: The journal is compacted into the snapshot once it outgrows this or a quarter of it.
 _JOURNAL_MIN_BYTES = 1 << 20
 #: Records whose parse is an error are stored as ``[_ERROR, message]``.
@@ -143,6 +148,48 @@ _CATALOG_SETS = {
 }
 _AUTHOR = ApprovalSource.AUTHOR
 _HOST = ApprovalSource.HOST
+
+
+class _File:
+    """An open snapshot or journal that records point into; closed when the last goes.
+
+    A record the store holds is ``(file, offset, length)`` into the file it was read from
+    or written to, not its bytes, so the descriptor lives exactly as long as some record
+    points into it (reference counting: no cycle holds one). The bytes there never
+    change: a snapshot is only ever renamed over, never written in place, and a journal
+    is only appended to (and renamed over), so the open file still holds what was
+    checked, whatever another daemon's compaction put at its name since.
+    """
+
+    __slots__ = ("fd", "ino")
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        st = os.fstat(fd)
+        #: Which file it is: a journal appended to again reuses the one open already.
+        self.ino = (st.st_dev, st.st_ino)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+#: A record as the store holds it: the bytes of one not yet written (or read from a
+#: payload the store was handed), else where it is in an open cache file.
+_Held: TypeAlias = bytes | tuple[_File, int, int]
+
+
+def _held_bytes(held: _Held) -> bytes | None:
+    """A held record's bytes, read back from its file when it is there; None when that
+    read fails or comes up short (the record then counts as missing: one parse)."""
+    if isinstance(held, bytes):
+        return held
+    file, offset, length = held
+    try:
+        raw = os.pread(file.fd, length, offset)
+    except OSError:
+        return None
+    return raw if len(raw) == length else None
 
 
 def default_cache_dir(environ: Mapping[str, str]) -> Path:
@@ -382,8 +429,11 @@ class SetStore:
         self._snapshot_bytes = 0
         self._journal_bytes = 0
         self.max_records = max_records
-        #: Every record as the JSON bytes it was read or written as (see "Memory").
-        self._records: dict[str, bytes] | None = None
+        #: Every record: where it is in the file it was read from or written to, or the
+        #: bytes of one a compaction could not place (see "Memory").
+        self._records: dict[str, _Held] | None = None
+        #: The journal this process last read or appended to, while records point into it.
+        self._journal_file: _File | None = None
         self._index: dict[str, list[Any]] = {}
         self._new: dict[str, bytes] = {}
         self._new_index: dict[str, list[Any]] = {}
@@ -395,41 +445,56 @@ class SetStore:
         self.hits = 0
         self.puts = 0
 
-    def _read_in(self, folder: int) -> tuple[dict[str, bytes], dict[str, list[Any]]]:
+    def _read_in(self, folder: int) -> tuple[dict[str, _Held], dict[str, list[Any]]]:
         """The records and index of the snapshot plus the journal's intact lines.
 
         A snapshot that is missing, short or altered counts as empty; a journal line that
-        is torn or altered is skipped (the lines after it still count).
+        is torn or altered is skipped (the lines after it still count). The records are
+        where they are in the files, which stay open while a record points into them.
 
         Args:
             folder: A descriptor of the cache folder (``_open_folder``).
         """
-        records: dict[str, bytes] = {}
+        records: dict[str, _Held] = {}
         index: dict[str, list[Any]] = {}
-        data = self._read_file(folder, self.path)
+        data, file = self._read_file(folder, self.path)
         head = len(_MAGIC) + _DIGEST_SIZE
         self._snapshot_bytes = 0  # no intact snapshot: the next flush writes one
         if data:
-            body = data[head:]
-            if (
-                len(data) < head
-                or not data.startswith(_MAGIC)
-                or hashlib.sha256(body).digest() != data[len(_MAGIC) : head]
-            ):
+            with memoryview(data) as view:
+                intact = (
+                    len(data) >= head
+                    and data.startswith(_MAGIC)
+                    and hashlib.sha256(view[head:]).digest() == data[len(_MAGIC) : head]
+                )
+            if not intact:
                 log.warning("set_cache_ignored", path=str(self.path), reason="truncated or altered")
             else:
-                _merge(records, index, body)
-                self._snapshot_bytes = len(body)
-        journal = self._read_file(folder, self.journal)
+                _merge(records, index, data, start=head, file=file)
+                self._snapshot_bytes = len(data) - head
+        journal, file = self._read_file(folder, self.journal)
         self._journal_bytes = len(journal)
-        for line in journal.split(b"\n"):
-            digest, _, payload = line.partition(b" ")
-            if payload and hashlib.sha256(payload).hexdigest().encode() == digest:
-                _merge(records, index, payload)
+        if file is not None:
+            self._journal_file = file
+        start = 0
+        with memoryview(journal) as view:
+            while start < len(journal):
+                end = journal.find(b"\n", start)
+                if end < 0:
+                    end = len(journal)
+                space = journal.find(b" ", start, end)
+                if (
+                    0 <= space < end - 1
+                    and hashlib.sha256(view[space + 1 : end]).hexdigest().encode()
+                    == journal[start:space]
+                ):
+                    _merge(records, index, journal, start=space + 1, end=end, file=file)
+                start = end + 1
         return records, index
 
-    def _read_file(self, folder: int, path: Path) -> bytes:
-        """The bytes of a cache file; empty when it is missing, or not one this store wrote.
+    def _read_file(self, folder: int, path: Path) -> tuple[bytes, _File | None]:
+        """The bytes of a cache file, and the file held open (records point into it); empty
+        and None when it is missing, or not one this store wrote.
 
         Opened in the folder's descriptor, without following a symlink and without
         blocking (a FIFO answers the open at once), then judged by the descriptor's
@@ -440,25 +505,24 @@ class SetStore:
         try:
             fd = os.open(path.name, _READ_FLAGS, dir_fd=folder)
         except FileNotFoundError:
-            return b""
+            return b"", None
         except OSError as exc:  # ELOOP: a symlink
             self._warn_once("set_cache_unreadable", path, error=exc.strerror)
-            return b""
+            return b"", None
+        file = _File(fd)  # closed when nothing points into it (at once, unless returned)
         try:
             st = os.fstat(fd)
             if not self._usable(st, path):
-                return b""
+                return b"", None
             data = read_descriptor(fd, MAX_CACHE_BYTES, st.st_size)
         except OSError as exc:
             self._warn_once("set_cache_unreadable", path, error=exc.strerror)
-            return b""
-        finally:
-            os.close(fd)
+            return b"", None
         if data is None:
             reason = f"larger than {MAX_CACHE_BYTES >> 20} MiB"
             self._warn_once("set_cache_ignored", path, reason=reason)
-            return b""
-        return data
+            return b"", None
+        return data, file
 
     def _usable(self, st: os.stat_result, path: Path) -> bool:
         """Whether the cache file whose ``fstat`` is ``st`` may be read or appended to: a
@@ -506,7 +570,7 @@ class SetStore:
         os.close(fd)
         return None
 
-    def _read(self) -> tuple[dict[str, bytes], dict[str, list[Any]]]:
+    def _read(self) -> tuple[dict[str, _Held], dict[str, list[Any]]]:
         """``_read_in`` the cache folder; empty when it is missing, unreadable or untrusted."""
         try:
             folder = self._open_folder()
@@ -529,7 +593,7 @@ class SetStore:
             self._warned_paths.add((event, path))
             log.warning(event, path=str(path), **detail)
 
-    def _loaded(self) -> dict[str, bytes]:
+    def _loaded(self) -> dict[str, _Held]:
         if self._records is None:
             self._records, self._index = self._read()
         return self._records
@@ -537,11 +601,16 @@ class SetStore:
     def get(self, key: str) -> list[Any] | None:
         """The record stored under ``key``, decoded afresh from its bytes, or None."""
         with self._lock:
-            raw = self._new.get(key) or self._loaded().get(key)
-            if raw is not None:
-                self._used.add(key)
-                self.hits += 1
-        return None if raw is None else self.decode(key, raw)
+            held = self._new.get(key) or self._loaded().get(key)
+        raw = None if held is None else _held_bytes(held)
+        if raw is None:
+            if held is not None:
+                self.discard(key)  # its file no longer reads back
+            return None
+        with self._lock:
+            self._used.add(key)
+            self.hits += 1
+        return self.decode(key, raw)
 
     def decode(self, key: str, raw: bytes) -> list[Any] | None:
         """A record's bytes (from ``lookup``) decoded: a fresh list each time.
@@ -589,11 +658,18 @@ class SetStore:
             ):
                 return None
             key: str = entry[4]
-            raw = self._new.get(key) or records.get(key)
+            held = self._new.get(key) or records.get(key)
             self._used.add(key)
-            if raw is not None:
+        raw = None if held is None else _held_bytes(held)  # read outside the lock
+        if raw is not None:
+            with self._lock:
                 self.hits += 1
-            return key, raw
+        elif held is not None:  # its file no longer reads back: forgotten (one parse)
+            with self._lock:
+                self._new.pop(key, None)
+                if self._records is not None:
+                    self._records.pop(key, None)
+        return key, raw
 
     def put(self, key: str, record: list[Any]) -> None:
         """Remember a record, if it survives a JSON round trip exactly (flushed later)."""
@@ -678,17 +754,30 @@ class SetStore:
                 appended = False
                 if self._snapshot_bytes and self._journal_bytes + len(line) <= limit:
                     entry = hashlib.sha256(line).hexdigest().encode() + b" " + line + b"\n"
-                    appended = self._append(folder, entry)  # False: not a journal to trust
-                    if appended:
+                    placed = self._append(folder, entry)  # None: not a journal to trust
+                    appended = placed is not None
+                    if placed is not None:
                         self._journal_bytes += len(entry)
                         # What a compaction lays over the file: without the lines it
                         # appended, a later one put back each path's entry from before
                         # (its old key: that record kept, the new one unindexed).
-                        # Its records stay in memory as they went out, for ``get``.
+                        # Its records are read back from the line, for ``get``: kept as
+                        # bytes, every set this daemon ever parsed stayed in its memory.
+                        file, offset = placed
+                        spans: dict[str, _Held] = {}
+                        _merge(
+                            spans,
+                            {},
+                            entry,
+                            start=len(entry) - len(line) - 1,
+                            end=len(entry) - 1,
+                            file=file,
+                            base=offset,
+                        )
                         with self._lock:
                             self._index.update(new_index)
                             if self._records is not None:
-                                self._records.update(new)
+                                self._records.update(spans)
                 if not appended:
                     self._compact(folder, new, new_index, used)
             finally:
@@ -700,26 +789,39 @@ class SetStore:
             return False
         return True
 
-    def _append(self, folder: int, entry: bytes) -> bool:
-        """Append one line to the journal; False when it is not one to append to (compact then).
+    def _append(self, folder: int, entry: bytes) -> tuple[_File, int] | None:
+        """Append one line to the journal: the file and the offset the line went to; None
+        when it is not one to append to (compact then).
 
         Not following a symlink, and not blocking: opening a FIFO for writing would wait
         for a reader (here it fails with ENXIO instead). A compaction renames a new, empty
         journal over whatever was there, another user's journal too.
+
+        Raises:
+            OSError: The write failed, or wrote part of the line (a torn line is skipped
+                when read).
         """
         try:
             fd = os.open(self.journal.name, _APPEND_FLAGS, 0o600, dir_fd=folder)
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENXIO):  # a symlink; a FIFO nobody reads
-                return False
+                return None
             raise
-        try:
-            if not self._usable(os.fstat(fd), self.journal):
-                return False
-            os.write(fd, entry)
-        finally:
-            os.close(fd)
-        return True
+        file = _File(fd)  # closed when nothing points into it
+        if not self._usable(os.fstat(fd), self.journal):
+            return None
+        if os.write(fd, entry) != len(entry):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        # O_APPEND: the write went to the end, whatever other daemons appended, and left
+        # the offset after it.
+        offset = os.lseek(fd, 0, os.SEEK_CUR) - len(entry)
+        with self._lock:
+            held = self._journal_file
+            if held is not None and held.ino == file.ino:
+                file = held  # one descriptor per journal, however many lines it took
+            else:
+                self._journal_file = file
+        return file, offset
 
     def _compact(
         self,
@@ -750,56 +852,113 @@ class SetStore:
         }
         if len(index) > self.max_records:
             index = dict(list(index.items())[-self.max_records :])
-        body = _pack(records, index)
+        raws = {k: raw for k, held in records.items() if (raw := _held_bytes(held)) is not None}
+        del records
+        head = _pack_head(raws, index)
+        body = b"\t".join([head, *raws.values()])
         if len(body) > MAX_CACHE_BYTES:  # it would be ignored when read
             raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
-        self._replace(folder, self.path, _MAGIC + hashlib.sha256(body).digest() + body)
-        self._replace(folder, self.journal, b"")
-        self._snapshot_bytes, self._journal_bytes = len(body), 0
+        snapshot = self._replace(folder, self.path, _MAGIC, hashlib.sha256(body).digest(), body)
+        size = len(body)
+        del body
+        journal = self._replace(folder, self.journal)
+        self._snapshot_bytes, self._journal_bytes = size, 0
+        # Every record is now where the new snapshot holds it: the store holds no
+        # record's bytes, and the files read before close with their last record.
+        placed: dict[str, _Held] = {}
+        offset = len(_MAGIC) + _DIGEST_SIZE + len(head)
+        for key, raw in raws.items():
+            placed[key] = (snapshot, offset + 1, len(raw))
+            offset += 1 + len(raw)
         with self._lock:
-            self._records, self._index = records, index
+            self._records, self._index = placed, index
+            self._journal_file = journal
 
     @staticmethod
-    def _replace(folder: int, path: Path, data: bytes) -> None:
-        """Write ``data`` to a private temporary file and rename it over ``path``'s name."""
+    def _replace(folder: int, path: Path, *chunks: bytes) -> _File:
+        """Write ``chunks`` to a private temporary file and rename it over ``path``'s name.
+
+        Returns:
+            The file, still open (records are read back from it).
+        """
         tmp = f".sets-{os.urandom(8).hex()}.tmp"
-        fd = os.open(tmp, _CREATE_FLAGS, 0o600, dir_fd=folder)
+        file = _File(os.open(tmp, _CREATE_FLAGS, 0o600, dir_fd=folder))
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
+            with os.fdopen(file.fd, "wb", closefd=False) as f:
+                for chunk in chunks:
+                    f.write(chunk)
             os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp, dir_fd=folder)
             raise
+        return file
+
+
+def _pack_head(records: Mapping[str, bytes], index: Mapping[str, list[Any]]) -> bytes:
+    """The JSON head of a snapshot body or journal payload: the index and the records' keys."""
+    return orjson.dumps({"index": index, "keys": list(records)})
 
 
 def _pack(records: Mapping[str, bytes], index: Mapping[str, list[Any]]) -> bytes:
     """A snapshot body or journal payload: a JSON head of the index and the records' keys,
     then each record's JSON after a tab (compact JSON holds no raw tab or newline)."""
-    head = orjson.dumps({"index": index, "keys": list(records)})
-    return b"\t".join([head, *records.values()])
+    return b"\t".join([_pack_head(records, index), *records.values()])
 
 
-def _merge(records: dict[str, bytes], index: dict[str, list[Any]], payload: bytes) -> None:
+def _merge(
+    records: dict[str, _Held],
+    index: dict[str, list[Any]],
+    data: bytes,
+    *,
+    start: int = 0,
+    end: int | None = None,
+    file: _File | None = None,
+    base: int = 0,
+) -> None:
     """Add the records and index entries of one snapshot body or journal payload.
 
-    Each record is kept as its bytes, undecoded: ``SetStore.decode`` decodes the ones
-    asked for. A payload whose head is not what ``_pack`` writes, or whose keys do not
-    match its records one for one, adds nothing.
+    A record is not decoded (``SetStore.decode`` decodes the ones asked for), nor kept as
+    bytes when it is in a ``file``: it is kept as where it is there. A payload whose head
+    is not what ``_pack`` writes, or whose keys do not match its records one for one,
+    adds nothing.
+
+    Args:
+        records: Where to add the records.
+        index: Where to add the index entries.
+        data: Bytes holding the payload (searched in place, not copied).
+        start: Where the payload begins in ``data``.
+        end: Where it ends (the end of ``data`` when None).
+        file: The open file ``data`` was read from or written to, else None (the
+            records are then kept as copies of their bytes).
+        base: Where ``data`` begins in ``file``.
     """
-    head, *raws = payload.split(b"\t")
+    end = len(data) if end is None else end
+    cut = data.find(b"\t", start, end)
+    cuts = []
+    while cut >= 0:
+        cuts.append(cut)
+        cut = data.find(b"\t", cut + 1, end)
     try:
-        value = orjson.loads(head)
+        value = orjson.loads(data[start : cuts[0] if cuts else end])
         entries, keys = value["index"], value["keys"]
     except (orjson.JSONDecodeError, TypeError, KeyError):
         return
     if (
         not isinstance(entries, dict)
         or not isinstance(keys, list)
-        or len(keys) != len(raws)
+        or len(keys) != len(cuts)
         or not all(type(key) is str for key in keys)
     ):
         return
-    records.update(zip(keys, raws, strict=True))
+    stops = [*cuts[1:], end] if cuts else []
+    if file is None:
+        records.update(
+            (key, data[cut + 1 : stop]) for key, cut, stop in zip(keys, cuts, stops, strict=True)
+        )
+    else:
+        records.update(
+            (key, (file, base + cut + 1, stop - cut - 1))
+            for key, cut, stop in zip(keys, cuts, stops, strict=True)
+        )
     index.update(entries)

@@ -290,8 +290,8 @@ def test_setstore_a_forgotten_set_comes_back_without_a_parse(home: Path, tmp_pat
 async def test_setstore_a_released_workspaces_sets_are_not_kept_decoded(
     home: Path, tmp_path: Path
 ) -> None:
-    """A released workspace's sets are held decoded nowhere: the store keeps each record as
-    the bytes it read or wrote, the manifest cache no decision no cached manifest holds.
+    """A released workspace's sets are held decoded nowhere: the store keeps where each
+    record is in its file, the manifest cache no decision no cached manifest holds.
 
     Kept decoded (a big manifest costs ~9 times its size so), the records of three released
     workspaces of ten 0.7 MB manifests held ~140 MB: on the first start in the store's
@@ -326,13 +326,74 @@ async def test_setstore_a_released_workspaces_sets_are_not_kept_decoded(
         assert store is not None
         assert [k for k in cache._decided if project in k] == [], start
         records = {**store._loaded(), **store._new}
-        assert [k for k, v in records.items() if not isinstance(v, bytes)] == [], start
-        assert len([k for k in records if project in k]) == 9, start  # as bytes, for a return
+        assert [k for k, v in records.items() if isinstance(v, bytes)] == [], start
+        assert len([k for k in records if project in k]) == 9, start  # in the file, for a return
         parses = cache.parses
-        again = [await registry.catalog(ws) for ws in workspaces]  # from the store's bytes
+        again = [await registry.catalog(ws) for ws in workspaces]  # from the store's file
         assert again == used, start
         assert cache.parses == parses, start
         assert again == [_build(home, None, workspace=ws)[0] for ws in workspaces], start
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("flushes", ["journal lines", "compactions"])
+async def test_setstore_memory_does_not_grow_with_the_workspaces_it_released(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flushes: str
+) -> None:
+    """Cycles of new workspaces opened then released leave the store holding no record's
+    bytes and no more open files than the first: it keeps where each record is on disk.
+
+    The store kept every record it read or wrote as bytes, so a daemon's memory grew by the
+    records of every set it ever served: six new workspaces of ten 0.5 MB manifests per
+    cycle took a daemon 106 -> 141 -> 182 ... 234 MB over ten cycles, never levelling off
+    below the 128 MiB the file may hold.
+    """
+    if flushes == "compactions":  # every flush after the first rewrites the snapshot
+        monkeypatch.setattr(setcache, "_JOURNAL_MIN_BYTES", 0)
+    folder = tmp_path / "cache"
+    clock_ns = time.time_ns() + 10 * RACY_NS  # every file old enough to be indexed
+    now = [0.0]
+    store = SetStore(folder)
+    cache = ManifestCache(store=store, clock_ns=lambda: clock_ns)
+    registry = Registry(
+        home,
+        DEFAULT_RESERVED_NAMES,
+        cache,
+        idle_seconds=10,
+        clock=lambda: now[0],
+        clock_ns=lambda: clock_ns,
+    )
+    home_tools = len((await registry.catalog(None)).tools)
+    cache.flush()
+    home_records = len(store._loaded())
+    fds: list[int] = []
+    for cycle in range(4):
+        workspaces = [tmp_path / f"ws{cycle}-{k}" for k in range(2)]
+        for ws in workspaces:
+            for s in range(3):
+                schema = {
+                    "type": "object",
+                    "properties": {f"{ws.name}_{s}_{i}": {} for i in range(300)},
+                }
+                _write(ws / ".crystal" / "tools", f"s{s}", schema=schema)
+        opened = [await registry.catalog(ws) for ws in workspaces]
+        assert [len(c.tools) for c in opened] == [home_tools + 3] * 2
+        cache.flush()
+        now[0] += 100.0
+        await registry.catalog(None)
+        assert sorted(registry.evict_idle()) == workspaces
+        records = {**store._loaded(), **store._new}
+        assert len(records) == home_records + 6 * (cycle + 1)  # every workspace's sets
+        held = [k for k, v in records.items() if isinstance(v, bytes)]
+        assert held == [], f"cycle {cycle}: {len(held)} records held as bytes"
+        fds.append(len(os.listdir("/proc/self/fd")))
+        parses = cache.parses
+        assert [await registry.catalog(ws) for ws in workspaces] == opened  # read back
+        assert cache.parses == parses
+        now[0] += 100.0
+        await registry.catalog(None)
+        registry.evict_idle()
+    assert max(fds) <= fds[0]
 
 
 @pytest.mark.parametrize(
@@ -355,10 +416,13 @@ def test_setstore_malformed_record_is_parsed_instead(
     store = SetStore(folder)
     records = dict(store._read()[0])
     key = next(k for k in records if k.endswith("/set2"))
-    records[key] = orjson.dumps(spoil(orjson.loads(records[key])))
+    raw = setcache._held_bytes(records[key])
+    assert raw is not None
+    spoilt = orjson.dumps(spoil(orjson.loads(raw)))
+    records[key] = spoilt
     bad = SetStore(folder)
     bad._records, bad._index = records, store._read()[1]
-    bad._new = {key: records[key]}
+    bad._new = {key: spoilt}
     assert bad.flush()
     catalog, cache = _build(home, folder)
     assert catalog == first
@@ -495,7 +559,7 @@ POISON = ["/bin/sh", "-c", "echo POISONED"]
 
 def _poisoned(snapshot: Path) -> bytes:
     """The snapshot's body with every set's command replaced (no key: anyone can re-sign)."""
-    records: dict[str, bytes] = {}
+    records: dict[str, Any] = {}  # bytes: no file given
     index: dict[str, Any] = {}
     setcache._merge(records, index, snapshot.read_bytes()[len(setcache._MAGIC) + 32 :])
     for key, raw in records.items():
@@ -513,10 +577,22 @@ def _commands(catalog: Catalog) -> set[tuple[str, ...]]:
 @pytest.mark.parametrize(
     ("uid", "mode", "reason", "fix"),
     [
-        pytest.param(OTHER, 0o777, f"owned by uid {OTHER}, not this daemon's uid {ME}",
-                     "remove {}", marks=needs_root, id="other_uid_777"),
-        pytest.param(OTHER, 0o700, f"owned by uid {OTHER}, not this daemon's uid {ME}",
-                     "remove {}", marks=needs_root, id="other_uid_700"),
+        pytest.param(
+            OTHER,
+            0o777,
+            f"owned by uid {OTHER}, not this daemon's uid {ME}",
+            "remove {}",
+            marks=needs_root,
+            id="other_uid_777",
+        ),
+        pytest.param(
+            OTHER,
+            0o700,
+            f"owned by uid {OTHER}, not this daemon's uid {ME}",
+            "remove {}",
+            marks=needs_root,
+            id="other_uid_700",
+        ),
         pytest.param(ME, 0o777, "writable by group or others", "chmod 700 {}", id="mine_777"),
         pytest.param(ME, 0o720, "writable by group or others", "chmod 700 {}", id="mine_720"),
     ],
@@ -540,9 +616,9 @@ def test_setstore_folder_not_the_daemons_alone_is_not_used(
     assert catalog == _build(home, None)[0]
     assert tuple(POISON) not in _commands(catalog)
     untrusted = [e for e in logs if e["event"] == "set_cache_untrusted"]
-    assert untrusted == [
-        {**untrusted[0], "path": str(folder), "reason": reason}
-    ] * 2  # once per store
+    assert (
+        untrusted == [{**untrusted[0], "path": str(folder), "reason": reason}] * 2
+    )  # once per store
     assert untrusted[0]["fix"].startswith(fix.format(folder))
     assert path.read_bytes() == before  # not written either
     assert os.stat(folder).st_uid == uid
@@ -678,13 +754,30 @@ def test_setstore_record_round_trips_every_enum_value(
     through JSON, decodes to the set it was made from."""
     path = Path("/h/tools/s")
     tool = ToolDef(
-        "t", "d", {"type": "object"}, frozenset(catalogs), approval,
-        ("a",), (("q", "--q"),), ("p",), output,
+        "t",
+        "d",
+        {"type": "object"},
+        frozenset(catalogs),
+        approval,
+        ("a",),
+        (("q", "--q"),),
+        ("p",),
+        output,
     )
     other = next(a for a in Approval if a is not approval)  # the set's differ from the tool's
     toolset = ToolSet(
-        "s", Source.HOME, path, runner, False, other, frozenset(CatalogName) - catalogs,
-        ("run",), False, None, (tool,), "sha256:00",
+        "s",
+        Source.HOME,
+        path,
+        runner,
+        False,
+        other,
+        frozenset(CatalogName) - catalogs,
+        ("run",),
+        False,
+        None,
+        (tool,),
+        "sha256:00",
     )
     hashes = {("t", ApprovalSource.AUTHOR): "sha256:aa", ("t", ApprovalSource.HOST): "sha256:bb"}
     record = orjson.loads(orjson.dumps(encode_record(toolset, hashes)))

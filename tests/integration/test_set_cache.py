@@ -69,7 +69,7 @@ def test_a_poisoned_cache_in_another_users_open_folder_does_not_choose_the_comma
     """A re-signed record in a folder another uid owns (mode 777) is not run; it is logged."""
     home, workspace, snapshot = _first_start(tmp_base)
     magic = setcache._MAGIC
-    records: dict[str, bytes] = {}
+    records: dict[str, Any] = {}  # bytes: no file given
     index: dict[str, Any] = {}
     setcache._merge(records, index, snapshot.read_bytes()[len(magic) + 32 :])
     for key, raw in records.items():
