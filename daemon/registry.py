@@ -275,6 +275,10 @@ class Registry:
         try:
             snapshot = await self._build(workspace)
             self._snapshots[workspace] = snapshot
+            # Used now, by the caller. Also: a release while the build ran (one that took
+            # longer than the idle time) dropped the use set above, and ``evict_idle``
+            # sees only workspaces with one: without it this snapshot was never released.
+            self._last_used[workspace] = self._clock()
             self._workspace_names = None
             log.info(
                 "catalog_built",

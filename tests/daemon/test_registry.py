@@ -151,6 +151,34 @@ async def test_registry_evicts_idle_workspaces(home: Path, tmp_path: Path) -> No
     assert registry.cached(None) is not None
 
 
+async def test_registry_releases_a_workspace_whose_first_build_outlasted_its_idle_time(
+    home: Path, tmp_path: Path
+) -> None:
+    """A workspace released as idle while its first build ran is released again later.
+
+    The build's snapshot went in after the release had dropped its last use, so no later
+    release ever saw it: the daemon held that workspace (its sets, decoded) for good. A
+    reproduction under tracemalloc, slow enough for a 1 s idle time, grew ~30 MB a cycle.
+    """
+    _write(tmp_path / "ws" / ".crystal" / "tools", "proj")
+    ws = tmp_path / "ws"
+    now = [0.0]
+    registry = Registry(home, DEFAULT_RESERVED_NAMES, idle_seconds=10, clock=lambda: now[0])
+    await registry.catalog(None)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(registry.catalog, ws)
+            await anyio.lowlevel.checkpoint()  # the build is in its worker thread now
+            await anyio.wait_all_tasks_blocked()
+            now[0] = 100.0  # idle for longer than allowed, still building
+            assert registry.evict_idle() == [ws]
+    assert registry.workspaces == [ws]  # the build's snapshot went in after all
+    now[0] = 200.0
+    assert registry.evict_idle() == [ws]
+    assert registry.workspaces == []
+    assert len(registry.cache) == len((await registry.catalog(None)).sets)
+
+
 async def test_registry_forgets_manifests_of_deleted_sets_and_released_workspaces(
     home: Path, tmp_path: Path
 ) -> None:
