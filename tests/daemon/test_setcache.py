@@ -386,6 +386,9 @@ async def test_setstore_memory_does_not_grow_with_the_workspaces_it_released(
         assert len(records) == home_records + 6 * (cycle + 1)  # every workspace's sets
         held = [k for k, v in records.items() if isinstance(v, bytes)]
         assert held == [], f"cycle {cycle}: {len(held)} records held as bytes"
+        # Nor a file's bytes: a start keeps them only until its first flush.
+        buffered = {id(v[0]) for v in records.values() if v[0].data is not None}
+        assert not buffered, f"cycle {cycle}: {len(buffered)} files held as bytes"
         fds.append(len(os.listdir("/proc/self/fd")))
         parses = cache.parses
         assert [await registry.catalog(ws) for ws in workspaces] == opened  # read back
