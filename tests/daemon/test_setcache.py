@@ -286,6 +286,23 @@ def test_setstore_a_forgotten_set_comes_back_without_a_parse(home: Path, tmp_pat
     assert again == first
 
 
+
+def _idle_registry(
+    home: Path, store: SetStore, clock_ns: int, now: list[float]
+) -> tuple[ManifestCache, Registry]:
+    """A registry over ``store`` whose workspaces go idle after 10 s of ``now[0]``, every
+    file judged old enough by ``clock_ns``."""
+    cache = ManifestCache(store=store, clock_ns=lambda: clock_ns)
+    registry = Registry(
+        home,
+        DEFAULT_RESERVED_NAMES,
+        cache,
+        idle_seconds=10,
+        clock=lambda: now[0],
+        clock_ns=lambda: clock_ns,
+    )
+    return cache, registry
+
 @pytest.mark.anyio
 async def test_setstore_a_released_workspaces_sets_are_not_kept_decoded(
     home: Path, tmp_path: Path
@@ -307,15 +324,7 @@ async def test_setstore_a_released_workspaces_sets_are_not_kept_decoded(
     now = [0.0]
     for start in ("cold store", "warm store"):
         now[0] = 0.0
-        cache = ManifestCache(store=SetStore(folder), clock_ns=lambda: clock_ns)
-        registry = Registry(
-            home,
-            DEFAULT_RESERVED_NAMES,
-            cache,
-            idle_seconds=10,
-            clock=lambda: now[0],
-            clock_ns=lambda: clock_ns,
-        )
+        cache, registry = _idle_registry(home, SetStore(folder), clock_ns, now)
         await registry.catalog(None)
         used = [await registry.catalog(ws) for ws in workspaces]
         cache.flush()
@@ -354,15 +363,7 @@ async def test_setstore_memory_does_not_grow_with_the_workspaces_it_released(
     clock_ns = time.time_ns() + 10 * RACY_NS  # every file old enough to be indexed
     now = [0.0]
     store = SetStore(folder)
-    cache = ManifestCache(store=store, clock_ns=lambda: clock_ns)
-    registry = Registry(
-        home,
-        DEFAULT_RESERVED_NAMES,
-        cache,
-        idle_seconds=10,
-        clock=lambda: now[0],
-        clock_ns=lambda: clock_ns,
-    )
+    cache, registry = _idle_registry(home, store, clock_ns, now)
     home_tools = len((await registry.catalog(None)).tools)
     cache.flush()
     home_records = len(store._loaded())
