@@ -271,14 +271,13 @@ class Watcher:
 
     # -- mapping ---------------------------------------------------------------------
 
-    def _changes_for(self, raw: str) -> tuple[_Changes, bool]:
+    def _changes_for(self, raw: str) -> _Changes:
         """Map one changed path to reload keys; unrelated and data paths map to nothing.
 
         Returns:
-            Per key, the set the path lies in (as a one-pair set), or None when it lies in
-            no set folder (``config.json``, ``.crystal``, a root, a set folder itself); and
-            whether it is an entry of a set folder, which cannot add or remove a folder to
-            watch.
+            Per key, the set the path lies in (as a one-pair set: the path is an entry of
+            that set folder), or None when it lies in no set folder (``config.json``,
+            ``.crystal``, a root, a set folder itself).
         """
         path = Path(raw)
         found: _Changes = {}
@@ -286,7 +285,6 @@ class Watcher:
             found[None] = None
         if path.name == _CRYSTAL and path.parent in self._workspaces:
             found[path.parent] = None  # .crystal came or went, and its tools root with it
-        inside = False
         for depth, candidate in enumerate((path, *path.parents)):
             key: ReloadKey
             if candidate == self._home_tools:
@@ -301,20 +299,14 @@ class Watcher:
                 continue
             if depth >= 2:  # <root>/<set>/<entry>: that set alone
                 _merge(found, key, {(str(candidate), path.parts[len(candidate.parts)])})
-                inside = True
             else:  # the root, or a set folder itself (it may have come or gone)
                 _merge(found, key, None)
-        return found, inside and all(pairs is not None for pairs in found.values())
+        return found
 
     async def _handle_batch(self, batch: set[tuple[Change, str]]) -> None:
         changes: _Changes = {}
-        inside = True  # every relevant path is an entry of a set folder
         for _change, raw in batch:
-            found, within = self._changes_for(raw)
-            if not found:
-                continue
-            inside = inside and within
-            for key, pairs in found.items():
+            for key, pairs in self._changes_for(raw).items():
                 _merge(changes, key, pairs)
         if not changes:
             return
@@ -340,8 +332,10 @@ class Watcher:
             _merge(self._settle_changes, key, pairs)
         self._settle_due = anyio.current_time() + self._settle
         self._timer_wake.set()
-        if not inside:
-            self._schedule_poll(0.0)  # a root or set directory may have come or gone
+        if any(pairs is None for pairs in changes.values()):
+            # Not only entries of set folders changed: a root or a set folder may have
+            # come or gone (an entry of one cannot add or remove a folder to watch).
+            self._schedule_poll(0.0)
 
     # -- supervisor: awatch generations -----------------------------------------------
 
