@@ -524,7 +524,7 @@ class Registry:
                 continue
             if before is None:
                 return None
-            found = dict(before)
+            found: dict[str, object] | None = None  # copied once a signature differs
             now_fresh: set[str] = set()  # every name fresh before is in names
             for name in names:
                 last = before.get(name, _GONE)
@@ -542,8 +542,11 @@ class Registry:
                     if len(suspects) == limit:
                         return None
                     suspects.append((i, name))
+                    if found is None:
+                        found = dict(before)
                     found[name] = signature
-            found_roots[i] = found
+            if found is not None:
+                found_roots[i] = found
             fresh[i] = frozenset(now_fresh)
         return _Scan(config, tuple(found_roots), tuple(fresh)), suspects
 
