@@ -375,35 +375,50 @@ def _write_slow_set(home: Path) -> None:
     )
 
 
-def test_cli_exit_6_cancelled_by_the_daemon(tmp_path: Path) -> None:
-    """A call the daemon cancels while stopping exits 6, not 130 (that is Ctrl-C)."""
+@contextlib.contextmanager
+def _slow_invoke(
+    daemon_args: list[str], *ctl_args: str
+) -> Iterator[tuple[Daemon, subprocess.Popen[str]]]:
+    """A daemon (``daemon_args``) serving the ``slow`` set, and ``toolsetctl ctl_args``
+    started against it (pipes, text); both stopped, and their folder removed, after."""
     base = Path(tempfile.mkdtemp(prefix="tsx-"))
     try:
         home, workspace = base / "home", base / "ws"
         workspace.mkdir()
         _write_slow_set(home)
-        daemon = start_daemon(home, workspace, base, ["--no-watch", "--shutdown-grace", "0.5"])
+        daemon = start_daemon(home, workspace, base, daemon_args)
         ctl = Ctl(daemon, base)
         (base / "user").mkdir()
         proc = subprocess.Popen(
-            ctl.argv("invoke", "slow", "--format", "json"),
+            ctl.argv(*ctl_args),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             env=ctl.env(),
         )
         try:
-            eventually(lambda: daemon.call("status")["result"]["inFlight"] == 1, 15, "started")
-            daemon.proc.send_signal(signal.SIGTERM)
-            out, err = proc.communicate(timeout=30)
+            yield daemon, proc
         finally:
             if proc.poll() is None:
                 proc.kill()
+            for stream in (proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
             daemon.stop()
-        assert proc.returncode == 6, (out, err)
-        assert json.loads(out)["status"] == "cancelled"
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_cli_exit_6_cancelled_by_the_daemon(tmp_path: Path) -> None:
+    """A call the daemon cancels while stopping exits 6, not 130 (that is Ctrl-C)."""
+    with _slow_invoke(
+        ["--no-watch", "--shutdown-grace", "0.5"], "invoke", "slow", "--format", "json"
+    ) as (daemon, proc):
+        eventually(lambda: daemon.call("status")["result"]["inFlight"] == 1, 15, "started")
+        daemon.proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 6, (out, err)
+    assert json.loads(out)["status"] == "cancelled"
 
 
 def test_cli_exit_6_when_a_closed_event_stream_breaks_at_completed(tmp_path: Path) -> None:
@@ -411,44 +426,19 @@ def test_cli_exit_6_when_a_closed_event_stream_breaks_at_completed(tmp_path: Pat
     cancelled by the daemon (stopping): the stream breaks at ``completed``, so toolsetctl
     cancels nothing, and the code is the call's own, 6, as docs/cli.md says ("its own code
     stands"). It was 141, which says toolsetctl cancelled the call."""
-    base = Path(tempfile.mkdtemp(prefix="tsx-"))
-    try:
-        home, workspace = base / "home", base / "ws"
-        workspace.mkdir()
-        _write_slow_set(home)
-        # A short grace, and no periodic progress for a minute: the next event after
-        # `started` is `completed`, however loaded the machine.
-        daemon = start_daemon(
-            home, workspace, base,
-            ["--no-watch", "--shutdown-grace", "0.1", "--progress-interval", "60"],
-        )
-        ctl = Ctl(daemon, base)
-        (base / "user").mkdir()
-        proc = subprocess.Popen(
-            ctl.argv("--format", "jsonl", "invoke", "slow"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=ctl.env(),
-        )
-        try:
-            assert proc.stdout is not None and proc.stderr is not None
-            assert json.loads(proc.stdout.readline())["method"] == "started"
-            proc.stdout.close()
-            eventually(lambda: daemon.call("status")["result"]["inFlight"] == 1, 15, "started")
-            daemon.proc.send_signal(signal.SIGTERM)
-            code = proc.wait(timeout=30)
-            err = proc.stderr.read()
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            if proc.stderr is not None:
-                proc.stderr.close()
-            daemon.stop()
-        assert "the call had already ended" in err, err
-        assert code == 6, err
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+    # A short grace, and no periodic progress for a minute: the next event after
+    # `started` is `completed`, however loaded the machine.
+    daemon_args = ["--no-watch", "--shutdown-grace", "0.1", "--progress-interval", "60"]
+    with _slow_invoke(daemon_args, "--format", "jsonl", "invoke", "slow") as (daemon, proc):
+        assert proc.stdout is not None and proc.stderr is not None
+        assert json.loads(proc.stdout.readline())["method"] == "started"
+        proc.stdout.close()
+        eventually(lambda: daemon.call("status")["result"]["inFlight"] == 1, 15, "started")
+        daemon.proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=30)
+        err = proc.stderr.read()
+    assert "the call had already ended" in err, err
+    assert code == 6, err
 
 
 def test_cli_exit_7_not_allowed_shows_the_daemon_sentence(ctl: Ctl) -> None:
