@@ -681,12 +681,15 @@ class Connection:
         if response is not None:
             self._post_response(response)
 
+    def _large_limit(self) -> int:
+        """The daemon's bound on the bytes of large lines held (``_LARGE_BUDGET_FRAMES``)."""
+        return _LARGE_BUDGET_FRAMES * self._settings.max_frame_size
+
     def _hold(self, size: int) -> bool:
         """Count a large line's bytes as held until its request is answered; False when
-        that would take the daemon past its bound (``_LARGE_BUDGET_FRAMES``)."""
+        that would take the daemon past its bound (``_large_limit``)."""
         lines = self._server.large_lines
-        limit = _LARGE_BUDGET_FRAMES * self._settings.max_frame_size
-        if lines.held and lines.held + size > limit:
+        if lines.held and lines.held + size > self._large_limit():
             return False
         lines.held += size
         return True
@@ -711,7 +714,7 @@ class Connection:
 
     def _refuse_large(self, size: int) -> None:
         """Say why a large line is not taken (the daemon holds too many), before closing."""
-        limit = _LARGE_BUDGET_FRAMES * self._settings.max_frame_size
+        limit = self._large_limit()
         held = self._server.large_lines.held
         self.post(
             error_message(
