@@ -786,7 +786,8 @@ class SetStore:
             if folder is None:
                 return False
             try:
-                line = _pack(new, new_index)
+                head = _pack_head(new, new_index)
+                line = _join(head, new)
                 limit = max(_JOURNAL_MIN_BYTES, self._snapshot_bytes // 4)
                 appended = False
                 if self._snapshot_bytes and self._journal_bytes + len(line) <= limit:
@@ -801,16 +802,8 @@ class SetStore:
                         # Its records are read back from the line, for ``get``: kept as
                         # bytes, every set this daemon ever parsed stayed in its memory.
                         file, offset = placed
-                        spans: dict[str, _Held] = {}
-                        _merge(
-                            spans,
-                            {},
-                            entry,
-                            start=len(entry) - len(line) - 1,
-                            end=len(entry) - 1,
-                            file=file,
-                            base=offset,
-                        )
+                        # The line's head begins after the digest and its space.
+                        spans = _placed(new, file, offset + len(entry) - len(line) - 1 + len(head))
                         with self._lock:
                             self._index.update(new_index)
                             if self._records is not None:
@@ -892,7 +885,7 @@ class SetStore:
         raws = {k: raw for k, held in records.items() if (raw := _held_bytes(held)) is not None}
         del records
         head = _pack_head(raws, index)
-        body = b"\t".join([head, *raws.values()])
+        body = _join(head, raws)
         if len(body) > MAX_CACHE_BYTES:  # it would be ignored when read
             raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
         snapshot = self._replace(folder, self.path, _MAGIC, hashlib.sha256(body).digest(), body)
@@ -902,11 +895,7 @@ class SetStore:
         self._snapshot_bytes, self._journal_bytes = size, 0
         # Every record is now where the new snapshot holds it: the store holds no
         # record's bytes, and the files read before close with their last record.
-        placed: dict[str, _Held] = {}
-        offset = len(_MAGIC) + _DIGEST_SIZE + len(head)
-        for key, raw in raws.items():
-            placed[key] = (snapshot, offset + 1, len(raw))
-            offset += 1 + len(raw)
+        placed = _placed(raws, snapshot, len(_MAGIC) + _DIGEST_SIZE + len(head))
         with self._lock:
             self._records, self._index = placed, index
             self._journal_file = journal
@@ -937,10 +926,27 @@ def _pack_head(records: Mapping[str, bytes], index: Mapping[str, list[Any]]) -> 
     return orjson.dumps({"index": index, "keys": list(records)})
 
 
+def _placed(records: Mapping[str, bytes], file: _File, head_end: int) -> dict[str, _Held]:
+    """Where ``_pack``'s records lie in ``file`` once written there, its head ending at
+    offset ``head_end``: each record follows a tab, in order."""
+    placed: dict[str, _Held] = {}
+    offset = head_end
+    for key, raw in records.items():
+        placed[key] = (file, offset + 1, len(raw))
+        offset += 1 + len(raw)
+    return placed
+
+
 def _pack(records: Mapping[str, bytes], index: Mapping[str, list[Any]]) -> bytes:
     """A snapshot body or journal payload: a JSON head of the index and the records' keys,
     then each record's JSON after a tab (compact JSON holds no raw tab or newline)."""
-    return b"\t".join([_pack_head(records, index), *records.values()])
+    return _join(_pack_head(records, index), records)
+
+
+def _join(head: bytes, records: Mapping[str, bytes]) -> bytes:
+    """``_pack``'s body from its head (``_pack_head``): each record after a tab, in order
+    (``_placed`` says where each lands)."""
+    return b"\t".join([head, *records.values()])
 
 
 def _merge(
