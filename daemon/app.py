@@ -40,6 +40,7 @@ import sys
 import traceback
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -425,9 +426,10 @@ async def _serve(
 
     try:
         async with anyio.create_task_group() as tg:
-            await registry.catalog(None)
-            if watcher is not None:
-                await tg.start(watcher.run)
+            if watcher is None:
+                await registry.catalog(None)
+            else:  # built after the watcher's baseline probe: see Watcher.run
+                await tg.start(partial(watcher.run, prepare=partial(registry.catalog, None)))
             if metrics_socket is not None:
                 await tg.start(serve_metrics, metrics, metrics_socket)
             await tg.start(server.serve, listener)

@@ -245,15 +245,27 @@ class Watcher:
         self._confirmed.discard(workspace)
         self._schedule_poll(0.0)
 
-    async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
+    async def run(
+        self,
+        *,
+        prepare: Callable[[], Awaitable[object]] | None = None,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
         """Watch until cancelled; readiness is signalled once the baseline probe is taken.
 
         Args:
-            task_status: Set started after the first probe, so any later change is seen.
+            prepare: Awaited after the baseline probe and before watching starts: the
+                daemon builds its catalog there. Whatever it read is then no older than
+                the baseline, so an edit made during or after the build differs from the
+                baseline and is sent. A catalog built before the first probe could hold
+                the old manifest while that probe took the edit in, unsent.
+            task_status: Set started after ``prepare``, so any later change is seen.
         """
         self._running = True
         try:
             await self._poll_once()  # the baseline: later signatures are compared to it
+            if prepare is not None:
+                await prepare()
             async with anyio.create_task_group() as tg:
                 tg.start_soon(self._supervise)
                 tg.start_soon(self._run_timers)

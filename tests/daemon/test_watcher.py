@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import threading
+from functools import partial
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -453,6 +454,35 @@ async def test_watcher_reloads_a_workspace_changed_before_its_first_probe(
             manifest.write_text("{}")  # edited before the watcher probed it
             await recorder.wait_for(workspace)
             tg.cancel_scope.cancel()
+
+
+async def test_an_edit_made_after_the_daemon_built_its_catalog_is_sent(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """The daemon builds the home catalog in ``run``'s ``prepare``, after the baseline
+    probe, so an edit made between that build and the watch starting is sent, whole.
+
+    Built before the watcher's first probe (as it was), the catalog held the old manifest
+    while that probe took the edit in as the baseline: unsent until some later home event,
+    and never if none came.
+    """
+    home, _ = layout
+    manifest = home / "tools" / "a" / "tools.json"
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake, recheck_seconds=0.05)
+    order: list[int] = []
+
+    async def build() -> None:
+        order.append(watcher.polls)  # the baseline was taken before the build
+        manifest.write_text('{"edited": true}')  # ... and this edit comes after it
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(partial(watcher.run, prepare=build))
+            await recorder.wait_for(None)
+            tg.cancel_scope.cancel()
+    assert order == [1]
+    assert recorder.changes[0] == {None: None}
 
 
 async def _until_polled(watcher: Watcher, count: int) -> None:
