@@ -90,6 +90,7 @@ from watchfiles import Change
 
 from . import threads
 from .catalog import subdirectory_names
+from .logs import Throttle
 
 __all__ = ["ReloadKey", "Watcher"]
 
@@ -193,7 +194,7 @@ class Watcher:
         self._degraded = False
         # Poll and settle timers (timer task).
         #: Per key, its last probe; None for a workspace added while watching and not
-        #: probed yet, so its first probe reloads it.
+        #: probed yet, or a key whose reload failed, so its next probe reloads it.
         self._signatures: dict[ReloadKey, _Signature | None] = {}
         self._poll_due = math.inf
         #: No poll starts before this (``_POLL_COST_FACTOR`` times the last one's cost).
@@ -207,6 +208,8 @@ class Watcher:
         #: failed delivery): only their later deliveries may name sets.
         self._confirmed: set[ReloadKey] = set()
         self._deliver_wake = anyio.Event()
+        #: A reload failing at every poll logs once a minute, with how many failed.
+        self._failures = Throttle()
 
     @property
     def workspaces(self) -> frozenset[Path]:
@@ -521,10 +524,20 @@ class Watcher:
                 await anyio.sleep(_BUSY_RETRY_SECONDS)
                 self._enqueue(changes)
             except Exception as exc:  # the reload path's failure must not stop watching
-                log.warning("watch_reload_failed", error=type(exc).__name__, exc_info=True)
-                # The baselines took this change in: the next reload of these keys scans
-                # everything, or a change that no later event names would stay unseen.
+                said = self._failures.count(type(exc).__name__)
+                if said is not None:
+                    log.warning(
+                        "watch_reload_failed",
+                        error=type(exc).__name__,
+                        failures=said,
+                        exc_info=True,
+                    )
+                # The baselines took this change in, so no poll would report it again, and
+                # a change that no later event names stayed unseen: these keys are marked
+                # not probed, so the next poll sends them again, to be scanned whole.
                 self._confirmed -= changes.keys()
+                for key in changes.keys() & self._signatures.keys():
+                    self._signatures[key] = None
             else:
                 scanned = probed & changes.keys()
                 if None in told and told[None] is None:  # every snapshot was scanned whole

@@ -589,7 +589,8 @@ async def test_a_key_whose_reload_failed_is_scanned_whole_next_time(
     layout: Layout, fake: FakeWatch
 ) -> None:
     """A failed reload loses what its report named (the baseline already took it in), so
-    the key's next delivery names no set: everything is looked at again."""
+    the key's deliveries name no set, and everything is looked at again, until a poll has
+    probed it anew (and sent it again: the next test)."""
     home, _ = layout
     manifest = str(home / "tools" / "a" / "tools.json")
     calls: list[dict[ReloadKey, Any]] = []
@@ -610,7 +611,66 @@ async def test_a_key_whose_reload_failed_is_scanned_whole_next_time(
                     await anyio.sleep(0.01)
             tg.cancel_scope.cancel()
     named = {None: frozenset({(str(home / "tools"), "a")})}
-    assert calls == [{None: None}, named, {None: None}, named]
+    assert calls == [{None: None}, named, {None: None}, {None: None}]
+
+
+async def test_a_failed_reload_is_sent_again_by_the_next_poll(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """A failed reload lost its change (the baselines took it in), and no event may ever
+    name it again: the next poll sends the key again, whole. Once that succeeds, the
+    polls after it send nothing, and an event names its set again."""
+    home, _ = layout
+    manifest = str(home / "tools" / "a" / "tools.json")
+    calls: list[dict[ReloadKey, Any]] = []
+
+    async def flaky(keys: dict[ReloadKey, Any]) -> None:
+        calls.append(keys)
+        if len(calls) == 1:
+            raise RuntimeError("reload broke")
+
+    watcher = Watcher(home, flaky, settle_seconds=30.0, recheck_seconds=0.05, watch_factory=fake)
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            await fake.send.send({(Change.modified, manifest)})
+            while len(calls) < 2:
+                await anyio.sleep(0.01)
+            polls = watcher.polls
+            await _until_polled(watcher, polls + 3)
+            await fake.send.send({(Change.modified, manifest)})
+            while len(calls) < 3:
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    named = {None: frozenset({(str(home / "tools"), "a")})}
+    assert calls == [{None: None}, {None: None}, named]
+
+
+async def test_a_reload_failing_at_every_poll_is_logged_once_a_minute(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """A reload that keeps failing is tried at every poll, but logged once a minute."""
+    home, _ = layout
+    calls: list[dict[ReloadKey, Any]] = []
+
+    async def broken(keys: dict[ReloadKey, Any]) -> None:
+        calls.append(keys)
+        raise RuntimeError("reload broke")
+
+    watcher = Watcher(
+        home, broken, settle_seconds=30.0, recheck_seconds=0.05, watch_factory=fake
+    )
+    with capture_logs() as logs, anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            await fake.send.send({(Change.modified, str(home / "config.json"))})
+            while len(calls) < 4:
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    failed = [entry for entry in logs if entry["event"] == "watch_reload_failed"]
+    assert [(entry["error"], entry["failures"]) for entry in failed] == [("RuntimeError", 1)]
 
 
 async def test_a_home_change_names_no_set_while_a_workspace_was_never_scanned_whole(
