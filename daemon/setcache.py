@@ -53,7 +53,10 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
   those this process uses (an edit releases the old bytes' key), so an edited
   manifest's old records go: a set edited a thousand times would otherwise leave a
   thousand records in the file (and read by every start). At most
-  ``max_records``; the records used by this process are kept first.
+  ``max_records``, and at most ``max_bytes`` (``MAX_CACHE_BYTES``, what a start reads):
+  the records used by this process are kept first, and past the byte bound the largest
+  go first, so the fewest sets are parsed again. Refused whole instead, a store past the
+  bound wrote nothing more, and every flush read the whole store again to find that out.
 * **Memory.** The store holds no record, decoded or not: only where each one is in the
   snapshot or journal it was read from or appended to (or the new snapshot a compaction
   wrote), which stay open while a record points into them (``_File``: the snapshot and
@@ -428,9 +431,13 @@ class SetStore:
     Args:
         folder: The cache folder (``default_cache_dir`` in the daemon).
         max_records: How many records (and index entries) the file keeps at most.
+        max_bytes: How large a snapshot a compaction writes at most (at most
+            ``MAX_CACHE_BYTES``, the largest file a start reads).
     """
 
-    def __init__(self, folder: Path, *, max_records: int = 100_000) -> None:
+    def __init__(
+        self, folder: Path, *, max_records: int = 100_000, max_bytes: int = MAX_CACHE_BYTES
+    ) -> None:
         self.folder = folder
         build = _code_fingerprint()
         self.path = folder / f"sets-{build}.json"
@@ -438,6 +445,7 @@ class SetStore:
         self._snapshot_bytes = 0
         self._journal_bytes = 0
         self.max_records = max_records
+        self.max_bytes = min(max_bytes, MAX_CACHE_BYTES)
         #: Every record: where it is in the file it was read from or written to, or the
         #: bytes of one a compaction could not place (see "Memory").
         self._records: dict[str, _Held] | None = None
@@ -877,17 +885,12 @@ class SetStore:
             keep = [k for k in records if k in used]
             keep += [k for k in records if k not in used][: max(0, self.max_records - len(keep))]
             records = {k: records[k] for k in keep[: self.max_records]}
-        index = {
-            path: entry for path, entry in index.items() if len(entry) == 5 and entry[4] in records
-        }
-        if len(index) > self.max_records:
-            index = dict(list(index.items())[-self.max_records :])
         raws = {k: raw for k, held in records.items() if (raw := _held_bytes(held)) is not None}
         del records
-        head = _pack_head(raws, index)
+        # The snapshot is the magic, the body's digest, then the body: at most max_bytes.
+        room = self.max_bytes - len(_MAGIC) - _DIGEST_SIZE
+        head, index = _fitted(raws, index, used, self.max_records, room)
         body = _join(head, raws)
-        if len(body) > MAX_CACHE_BYTES:  # it would be ignored when read
-            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
         snapshot = self._replace(folder, self.path, _MAGIC, hashlib.sha256(body).digest(), body)
         size = len(body)
         del body
@@ -919,6 +922,41 @@ class SetStore:
                 os.unlink(tmp, dir_fd=folder)
             raise
         return file
+
+
+def _fitted(
+    raws: dict[str, bytes],
+    index: dict[str, list[Any]],
+    used: set[str],
+    max_records: int,
+    max_bytes: int,
+) -> tuple[bytes, dict[str, list[Any]]]:
+    """Bound a compaction's snapshot: the head to write, and the index it holds.
+
+    Drops records from ``raws`` (in place) until the body (``_join``) is at most
+    ``max_bytes``: the records this process does not use first, the largest of each kind
+    first, so the fewest sets are parsed again. The index keeps the entries of the
+    records kept, the last ``max_records`` of them.
+
+    Raises:
+        OSError: EFBIG, when the head alone is larger than ``max_bytes``.
+    """
+    while True:
+        index = {
+            path: entry for path, entry in index.items() if len(entry) == 5 and entry[4] in raws
+        }
+        if len(index) > max_records:
+            index = dict(list(index.items())[-max_records:])
+        head = _pack_head(raws, index)
+        excess = len(head) + sum(1 + len(raw) for raw in raws.values()) - max_bytes
+        if excess <= 0:
+            return head, index
+        if not raws:  # it would be ignored when read
+            raise OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+        for key in sorted(raws, key=lambda k: (k in used, -len(raws[k]))):
+            excess -= 1 + len(raws.pop(key))
+            if excess <= 0:
+                break
 
 
 def _pack_head(records: Mapping[str, bytes], index: Mapping[str, list[Any]]) -> bytes:

@@ -195,6 +195,52 @@ def test_setstore_journal_is_compacted_into_the_snapshot(home: Path, tmp_path: P
     assert catalog == _build(home, None)[0]
 
 
+def test_setstore_past_its_byte_bound_keeps_what_fits(home: Path, tmp_path: Path) -> None:
+    """A compaction whose snapshot would pass ``max_bytes`` drops the largest records and
+    writes the rest. Refused whole (EFBIG), the store wrote nothing, and every later
+    flush read all of it again only to refuse again."""
+    folder = tmp_path / "cache"
+    big = "x" * 20_000
+    for i in range(3):
+        _write(home / "tools", f"set{i}", description=f"{big} {i}")
+    store = SetStore(folder, max_bytes=50_000)  # the three large sets make ~60 kB
+    now = time.time_ns() + 10 * RACY_NS
+    cache = ManifestCache(store=store, clock_ns=lambda: now)
+    first = build_catalog(home, None, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+    with capture_logs() as logs:
+        cache.flush()
+    assert [entry["event"] for entry in logs] == []
+    assert 0 < store.path.stat().st_size <= 50_000
+    second, cache = _build(home, folder)
+    assert second == first
+    assert (cache.parses, cache.reads) == (1, 1)  # one large set, then nothing else
+
+
+def test_setstore_past_its_byte_bound_drops_the_sets_it_does_not_use_first(
+    home: Path, tmp_path: Path
+) -> None:
+    """Past the byte bound, a compaction drops the records this daemon does not use (here
+    another daemon's project) before its own, however large its own are."""
+    folder = tmp_path / "cache"
+    workspace = tmp_path / "ws"
+    for i in range(3):
+        _write(workspace / ".crystal" / "tools", f"w{i}", description=f"{'x' * 20_000} {i}")
+    _build(home, folder)
+    _build(home, folder, workspace=workspace)  # another daemon's project: a journal line
+    store = SetStore(folder, max_bytes=660_000)
+    now = time.time_ns() + 10 * RACY_NS
+    cache = ManifestCache(store=store, clock_ns=lambda: now)
+    for i in range(2):  # 0.6 MB of journal each: the second flush compacts
+        _write(home / "tools", "set3", description=f"{'y' * 600_000} {i}")
+        build_catalog(home, None, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+        cache.flush()
+    assert store.journal.stat().st_size == 0  # compacted
+    assert store.path.stat().st_size <= 660_000
+    catalog, cache = _build(home, folder)
+    assert cache.parses == 0  # every set this daemon used was kept
+    assert catalog == _build(home, None)[0]
+
+
 def test_setstore_compaction_after_a_cold_load_keeps_what_it_handed_out(
     home: Path, tmp_path: Path
 ) -> None:
