@@ -210,6 +210,9 @@ class Watcher:
         self._deliver_wake = anyio.Event()
         #: A reload failing at every poll logs once a minute, with how many failed.
         self._failures = Throttle()
+        #: Keys whose last delivery failed: while any is, their failures are throttled;
+        #: once each was reloaded, the throttle starts afresh (the next failure is news).
+        self._failing: set[ReloadKey] = set()
 
     @property
     def workspaces(self) -> frozenset[Path]:
@@ -246,6 +249,7 @@ class Watcher:
         self._settle_changes.pop(workspace, None)
         self._signatures.pop(workspace, None)
         self._confirmed.discard(workspace)
+        self._reloaded({workspace})
         self._schedule_poll(0.0)
 
     async def run(
@@ -538,12 +542,27 @@ class Watcher:
                 self._confirmed -= changes.keys()
                 for key in changes.keys() & self._signatures.keys():
                     self._signatures[key] = None
+                self._failing |= changes.keys()
             else:
+                self._reloaded(changes.keys())
                 scanned = probed & changes.keys()
                 if None in told and told[None] is None:  # every snapshot was scanned whole
                     scanned = probed
                 # Not a workspace removed meanwhile: it is probed anew if it comes back.
                 self._confirmed |= {k for k in scanned if k is None or k in self._workspaces}
+
+    def _reloaded(self, keys: Iterable[ReloadKey]) -> None:
+        """Note that ``keys`` no longer fail (reloaded, or no longer followed).
+
+        Once no key's last delivery failed, the throttle of ``watch_reload_failed`` starts
+        afresh: it stands for the retries of one run of failures, and kept, it hid a
+        failure that came within a minute of the last line after the reloads worked again
+        (logged at no later line unless another came a minute on, its traceback never).
+        """
+        if self._failing:
+            self._failing.difference_update(keys)
+            if not self._failing:
+                self._failures = Throttle()
 
 
 # -- probes (blocking; run in a worker thread) ----------------------------------------

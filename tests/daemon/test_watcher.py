@@ -4,17 +4,16 @@ from __future__ import annotations
 
 import shutil
 import threading
-from functools import partial
 from collections.abc import AsyncIterator, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from structlog.testing import capture_logs
-from watchfiles import Change
-
 from toolsetd.daemon.watcher import ReloadKey, Watcher
+from watchfiles import Change
 
 pytestmark = pytest.mark.anyio
 
@@ -658,9 +657,7 @@ async def test_a_reload_failing_at_every_poll_is_logged_once_a_minute(
         calls.append(keys)
         raise RuntimeError("reload broke")
 
-    watcher = Watcher(
-        home, broken, settle_seconds=30.0, recheck_seconds=0.05, watch_factory=fake
-    )
+    watcher = Watcher(home, broken, settle_seconds=30.0, recheck_seconds=0.05, watch_factory=fake)
     with capture_logs() as logs, anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
             await tg.start(watcher.run)
@@ -815,3 +812,78 @@ async def test_a_workspace_added_during_a_poll_is_sent_by_its_first_probe(
             first = await recorder.wait_for(workspace)
             tg.cancel_scope.cancel()
     assert recorder.changes[first][workspace] is None
+
+
+async def test_a_failed_reload_is_logged_when_the_last_one_was_retried_well(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """Reload failures are throttled while they go on (each poll retries them); a failure
+    after the reloads succeeded again is news, and logged, however soon it comes."""
+    home, _ = layout
+    manifest = str(home / "tools" / "a" / "tools.json")
+    calls: list[dict[ReloadKey, Any]] = []
+
+    async def twice_broken(keys: dict[ReloadKey, Any]) -> None:
+        calls.append(keys)
+        if len(calls) in (1, 3):
+            raise RuntimeError(f"reload broke ({len(calls)})")
+
+    watcher = Watcher(
+        home, twice_broken, settle_seconds=30.0, recheck_seconds=0.05, watch_factory=fake
+    )
+    with capture_logs() as logs, anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            await fake.send.send({(Change.modified, manifest)})
+            while len(calls) < 2:  # failed, then sent again by a poll: it worked
+                await anyio.sleep(0.01)
+            await fake.send.send({(Change.modified, str(home / "config.json"))})
+            while len(calls) < 4:  # failed, then sent again by a poll: it worked
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    failed = [entry for entry in logs if entry["event"] == "watch_reload_failed"]
+    assert [(entry["error"], entry["failures"]) for entry in failed] == [
+        ("RuntimeError", 1),
+        ("RuntimeError", 1),
+    ]
+
+
+async def test_a_reload_failing_at_every_poll_stays_throttled_while_others_work(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """A workspace whose reload keeps failing logs once a minute, even while the reloads
+    of another workspace succeed in between: only its own success ends its failures."""
+    home, broken = layout
+    working = broken.parent / "ws2"
+    for workspace in (broken, working):
+        (workspace / ".crystal" / "tools" / "p").mkdir(parents=True)
+        (workspace / ".crystal" / "tools" / "p" / "tools.json").write_text("{}")
+    calls: list[dict[ReloadKey, Any]] = []
+
+    async def on_change(keys: dict[ReloadKey, Any]) -> None:
+        calls.append(keys)
+        if broken in keys:
+            raise RuntimeError("reload broke")
+
+    watcher = Watcher(
+        home, on_change, settle_seconds=30.0, recheck_seconds=0.05, watch_factory=fake
+    )
+    watcher.add_workspace(broken)
+    watcher.add_workspace(working)
+    manifest = str(working / ".crystal" / "tools" / "p" / "tools.json")
+    with capture_logs() as logs, anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await fake.started.wait()
+            await fake.send.send({(Change.modified, str(broken / ".crystal"))})
+            for _ in range(4):  # the other workspace reloads well between the retries
+                count = len(calls)
+                await fake.send.send({(Change.modified, manifest)})
+                while not any(working in keys and broken not in keys for keys in calls[count:]):
+                    await anyio.sleep(0.01)
+            while sum(broken in keys for keys in calls) < 4:
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    failed = [entry for entry in logs if entry["event"] == "watch_reload_failed"]
+    assert [(entry["error"], entry["failures"]) for entry in failed] == [("RuntimeError", 1)]
