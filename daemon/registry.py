@@ -51,6 +51,7 @@ from .catalog import (
     load_config,
     trusted_signature,
 )
+from .logs import Throttle
 from .manifest import ManifestError
 from .model import (
     Approval,
@@ -235,6 +236,9 @@ class Registry:
         #: Each snapshot's set positions by (directory, source), built on first patch.
         self._positions: dict[Key, tuple[Catalog, dict[tuple[str, Source], int]]] = {}
         self._reload_lock = anyio.Lock()
+        #: A reload failing again and again (the watcher's retries: every poll, or every
+        #: second while short of descriptors) logs once a minute per error, with a count.
+        self._reload_failures = Throttle()
         self.generation = 1
 
     @property
@@ -693,13 +697,16 @@ class Registry:
                     # Swapping what was refreshed so far would serve some snapshots on the
                     # new files and others on the old under one generation, announced to
                     # no one, and the next reload would find the swapped ones unchanged.
-                    log.error(
-                        "catalog_reload_failed",
-                        workspace=str(key) if key else None,
-                        error=getattr(exc, "strerror", None) or repr(exc),
-                        workspaces=len(keys),
-                        swapped=0,
-                    )
+                    said = self._reload_failures.count(type(exc).__name__)
+                    if said is not None:
+                        log.error(
+                            "catalog_reload_failed",
+                            workspace=str(key) if key else None,
+                            error=getattr(exc, "strerror", None) or repr(exc),
+                            workspaces=len(keys),
+                            swapped=0,
+                            failures=said,
+                        )
                     raise
                 if refreshed is None or refreshed[0] is old:  # nothing changed: keep it
                     assert old is not None

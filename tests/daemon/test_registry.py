@@ -14,6 +14,7 @@ from typing import Any
 
 import anyio
 import pytest
+from structlog.testing import capture_logs
 from toolsetd.daemon.catalog import RACY_NS
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Source
 from toolsetd.daemon import registry as registry_module
@@ -522,6 +523,29 @@ async def test_a_reload_short_of_descriptors_part_way_swaps_no_snapshot(
         catalog = registry.cached(key)
         assert catalog is not None
         assert catalog.tools["shared"].tool.description == "changed, and longer"
+
+
+async def test_a_reload_failing_again_and_again_is_logged_once_a_minute(home: Path) -> None:
+    """A reload that keeps failing (the watcher retries it at every poll, and every second
+    while the daemon is short of descriptors) logs ``catalog_reload_failed`` once a minute
+    per kind of error, counting the failures. Logged at every failure, a failure the
+    watcher retried at every poll wrote an error line every 2 s, however throttled the
+    watcher's own ``watch_reload_failed`` was."""
+    _write(home / "tools", "a")
+    registry = Registry(home, DEFAULT_RESERVED_NAMES)
+    await registry.catalog(None)
+    failed: list[int | None] = []
+    with anyio.fail_after(5), capture_logs() as logs, _descriptors_to_take() as take:
+        take()
+        for _ in range(3):
+            try:
+                await registry.reload()
+            except OSError as exc:
+                failed.append(exc.errno)
+    assert failed == [errno.EMFILE] * 3
+    lines = [entry for entry in logs if entry["event"] == "catalog_reload_failed"]
+    assert [line["workspace"] for line in lines] == [None]
+    assert lines[0]["failures"] == 1
 
 
 async def test_a_touched_manifest_is_looked_at_once(
