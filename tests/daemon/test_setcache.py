@@ -216,6 +216,25 @@ def test_setstore_past_its_byte_bound_keeps_what_fits(home: Path, tmp_path: Path
     assert (cache.parses, cache.reads) == (1, 1)  # one large set, then nothing else
 
 
+def test_setstore_byte_bound_counts_the_whole_file(home: Path, tmp_path: Path) -> None:
+    """``max_bytes`` bounds the whole snapshot file, its magic line and digest included: a
+    snapshot of exactly ``max_bytes`` is written whole, one byte less drops a set. Counted
+    on the body alone, a snapshot up to 48 bytes past the bound would be written, one
+    that every start ignores at ``MAX_CACHE_BYTES``."""
+    _write(home / "tools", "large", description="x" * 5_000)
+    _build(home, tmp_path / "sized")
+    size = SetStore(tmp_path / "sized").path.stat().st_size
+    now = time.time_ns() + 10 * RACY_NS
+    for max_bytes, parsed in ((size, 0), (size - 1, 1)):
+        folder = tmp_path / f"cache-{max_bytes}"
+        store = SetStore(folder, max_bytes=max_bytes)
+        cache = ManifestCache(store=store, clock_ns=lambda: now)
+        build_catalog(home, None, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+        cache.flush()
+        assert store.path.stat().st_size <= max_bytes
+        assert _build(home, folder)[1].parses == parsed
+
+
 def test_setstore_past_its_byte_bound_drops_the_sets_it_does_not_use_first(
     home: Path, tmp_path: Path
 ) -> None:
