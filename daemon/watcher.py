@@ -45,9 +45,12 @@ Four sibling tasks in one task group:
   before they are sent, so the poll does not report the same change twice; a key sent
   with its sets named has only those sets probed again, so a change no event reported
   stays out of the baseline and the poll still sends it (with no sets named: a full scan).
-  A key's first delivery after the watcher started, and the next after a failed one,
-  names no sets either: the registry's scan predates the watcher's baseline, and a change
-  made between the two is in neither's events. The poll runs right after a batch only
+  A key's first delivery after the watcher started names no sets either: a workspace's
+  catalog is built before the watcher first probes it, and a change made between the two
+  is in neither's events (the home catalog is built after the baseline, in ``run``'s
+  ``prepare``, and treated alike). The keys of a failed delivery are marked not probed,
+  so the next poll sends them again, and they name no sets until a poll has probed them
+  anew. The poll runs right after a batch only
   when something other than an entry of a set folder changed (a set folder, a root, the
   config), as a set folder may have come or gone. The settler
   re-sends the keys of recent batches once no batch arrived for ``settle_seconds``, so
@@ -57,7 +60,8 @@ Four sibling tasks in one task group:
   is in flight are merged into the next call; keys of workspaces removed meanwhile are
   dropped (reloading them would rebuild an evicted snapshot). A call that fails with
   ``ServerBusy`` (the daemon out of descriptors or memory) is made again a second later
-  with the same keys: the poller's baselines already hold that change.
+  with the same keys: the poller's baselines already hold that change. A call that fails
+  otherwise is made again, whole, by the next poll (see the poller).
 * **host** (``run`` itself): waits for cancellation and then sets the current stop event.
 
 Failure: if awatch raises (``OSError`` "OS file watch limit reached", a directory that

@@ -526,8 +526,8 @@ async def _started(tg: Any, watcher: Watcher, fake: FakeWatch) -> None:
 
 async def test_watcher_names_the_set_a_change_lies_in(layout: Layout, fake: FakeWatch) -> None:
     """A write inside a set folder is sent with that set named, so the reload stats it
-    alone; but not on the key's first delivery (the registry's scan predates the watcher's
-    baseline), and not for the set folder itself, a root or ``config.json``. Only a change
+    alone; but not on the key's first delivery (a workspace's scan predates the watcher's
+    first probe of it, and home is treated alike), and not for the set folder itself, a root or ``config.json``. Only a change
     that may add or remove a folder to watch probes everything at once."""
     home, _ = layout
     tools = home / "tools"
