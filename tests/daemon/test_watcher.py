@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -589,6 +589,21 @@ async def test_a_change_no_event_reported_is_still_sent_by_the_poll(
     assert recorder.changes[2] == {None: None, workspace: None}
 
 
+def _reload_failing_at(
+    *numbers: int,
+) -> tuple[list[dict[ReloadKey, Any]], Callable[[dict[ReloadKey, Any]], Awaitable[None]]]:
+    """An ``on_change`` that records each call and raises on the calls numbered
+    ``numbers`` (the first is 1); returns the calls and it."""
+    calls: list[dict[ReloadKey, Any]] = []
+
+    async def on_change(keys: dict[ReloadKey, Any]) -> None:
+        calls.append(keys)
+        if len(calls) in numbers:
+            raise RuntimeError(f"reload broke ({len(calls)})")
+
+    return calls, on_change
+
+
 async def test_a_key_whose_reload_failed_is_scanned_whole_next_time(
     layout: Layout, fake: FakeWatch
 ) -> None:
@@ -597,13 +612,7 @@ async def test_a_key_whose_reload_failed_is_scanned_whole_next_time(
     probed it anew (and sent it again: the next test)."""
     home, _ = layout
     manifest = str(home / "tools" / "a" / "tools.json")
-    calls: list[dict[ReloadKey, Any]] = []
-
-    async def flaky(keys: dict[ReloadKey, Any]) -> None:
-        calls.append(keys)
-        if len(calls) == 2:
-            raise RuntimeError("reload broke")
-
+    calls, flaky = _reload_failing_at(2)
     watcher = Watcher(home, flaky, settle_seconds=30.0, recheck_seconds=30.0, watch_factory=fake)
     with anyio.fail_after(5):
         async with anyio.create_task_group() as tg:
@@ -628,13 +637,7 @@ async def test_a_failed_reload_is_sent_again_by_the_next_poll(
     polls after it send nothing, and an event names its set again."""
     home, _ = layout
     manifest = str(home / "tools" / "a" / "tools.json")
-    calls: list[dict[ReloadKey, Any]] = []
-
-    async def flaky(keys: dict[ReloadKey, Any]) -> None:
-        calls.append(keys)
-        if len(calls) == 1:
-            raise RuntimeError("reload broke")
-
+    calls, flaky = _reload_failing_at(1)
     watcher = Watcher(home, flaky, settle_seconds=30.0, recheck_seconds=0.05, watch_factory=fake)
     with anyio.fail_after(_POLLS_SECONDS):
         async with anyio.create_task_group() as tg:
@@ -828,13 +831,7 @@ async def test_a_failed_reload_is_logged_when_the_last_one_was_retried_well(
     after the reloads succeeded again is news, and logged, however soon it comes."""
     home, _ = layout
     manifest = str(home / "tools" / "a" / "tools.json")
-    calls: list[dict[ReloadKey, Any]] = []
-
-    async def twice_broken(keys: dict[ReloadKey, Any]) -> None:
-        calls.append(keys)
-        if len(calls) in (1, 3):
-            raise RuntimeError(f"reload broke ({len(calls)})")
-
+    calls, twice_broken = _reload_failing_at(1, 3)
     watcher = Watcher(
         home, twice_broken, settle_seconds=30.0, recheck_seconds=0.05, watch_factory=fake
     )
