@@ -275,6 +275,7 @@ class Watcher:
         self._running = True
         try:
             await self._poll_once()  # the baseline: later signatures are compared to it
+            log.debug("watch_baseline", keys=len(self._signatures))
             if prepare is not None:
                 await prepare()
             async with anyio.create_task_group() as tg:

@@ -145,6 +145,23 @@ def test_reload_watcher_follows_home_and_project(daemon: Daemon, workspace: Path
     eventually(lambda: "watched" not in names(daemon, workspace))
 
 
+def test_reload_the_home_catalog_is_built_after_the_watchers_first_probe(daemon: Daemon) -> None:
+    """The daemon builds the home catalog only once the watcher has taken its first probe,
+    so an edit made while it starts differs from that probe and is reloaded (the watcher's
+    tests show that part). Built first, an edit in between went into the probe unsent."""
+
+    def order() -> list[str]:
+        return [
+            e["event"]
+            for e in daemon.log_events()
+            if e.get("event") == "watch_baseline"
+            or (e.get("event") == "catalog_built" and e.get("workspace") is None)
+        ]
+
+    eventually(lambda: len(order()) == 2, what="the first probe and the home catalog")
+    assert order() == ["watch_baseline", "catalog_built"]
+
+
 def test_reload_half_written_manifest_settles_to_the_final_version(
     daemon: Daemon, workspace: Path
 ) -> None:
