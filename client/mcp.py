@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -515,7 +516,15 @@ def _main(argv: Sequence[str] | None) -> int:
         _say(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
         return EXIT_UNREACHABLE
     stdin_closed = threading.Event()
-    threading.Thread(target=_pump_stdin, args=(sock, stdin_closed), daemon=True).start()
+    # SIGINT blocked while the thread starts, so it and the timer it starts inherit the
+    # mask: a signal sent to the process then always reaches this thread, whose recv it
+    # interrupts (KeyboardInterrupt, 130). Taken by the stdin thread, it left this one in
+    # recv until the daemon closed or the exit timer ended the pump with 0.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        threading.Thread(target=_pump_stdin, args=(sock, stdin_closed), daemon=True).start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     code = _pump_socket(sock, path)
     if code == _DAEMON_CLOSED:
         if stdin_closed.is_set():

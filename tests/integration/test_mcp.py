@@ -1042,6 +1042,32 @@ def test_mcp_sigint_ends_the_pump_without_a_traceback(
     assert "Traceback" not in err.decode()
 
 
+def test_mcp_sigint_is_blocked_in_every_pump_thread_but_the_main_one(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """The kernel hands a signal sent to a process to any thread that does not block it.
+    Taken by the pump's stdin thread, a SIGINT left the main thread in its socket read
+    until the daemon closed or the exit timer ended the pump with 0 (a full run saw 0,
+    not 130). The other threads block SIGINT, so it always interrupts the main one."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        assert init["result"]["serverInfo"]["name"] == "toolsetd"
+        bit = 1 << (signal.SIGINT - 1)
+        blocked = {}
+        for task in Path(f"/proc/{pump.proc.pid}/task").iterdir():
+            fields = dict(
+                line.split(":", 1) for line in (task / "status").read_text().splitlines()
+            )
+            blocked[int(task.name)] = bool(int(fields["SigBlk"], 16) & bit)
+        assert blocked.pop(pump.proc.pid) is False
+        assert blocked
+        assert all(blocked.values()), blocked
+    finally:
+        pump.proc.kill()
+        pump.proc.communicate()
+
+
 def test_mcp_autostart_with_a_fifo_for_its_log_fails_instead_of_hanging(
     autostart_base: Path,
 ) -> None:
