@@ -1036,9 +1036,12 @@ def test_mcp_sigint_ends_the_pump_without_a_traceback(
     pump = RawPump(pump_args(mcp_daemon, workspace))
     init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
     assert init["result"]["serverInfo"]["name"] == "toolsetd"
+    assert pump.proc.poll() is None, "the pump ended before the SIGINT"
     pump.proc.send_signal(signal.SIGINT)
+    # Its stdin stays open until it has exited: the SIGINT alone must end it (closed at
+    # once, as communicate() does, an EOF could race the signal).
+    assert pump.proc.wait(timeout=15) == 130
     _, err = pump.proc.communicate(timeout=15)
-    assert pump.proc.returncode == 130
     assert "Traceback" not in err.decode()
 
 
