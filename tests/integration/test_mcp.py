@@ -1033,7 +1033,14 @@ def test_mcp_sigint_ends_the_pump_without_a_traceback(
     """A host stopping its servers sends SIGINT: the pump printed a KeyboardInterrupt
     traceback on stderr (no command prints one; a failure is one line). Now it exits 130
     (interrupted) quietly, and its connection closes with it."""
-    pump = RawPump(pump_args(mcp_daemon, workspace))
+    # Started as a host starts it, with SIGINT at its default. A suite started in the
+    # background (``make test &`` in a script, ``nohup``) has SIGINT ignored, and the
+    # pump, as every program, keeps an ignored SIGINT ignored: it then never ended.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        pump = RawPump(pump_args(mcp_daemon, workspace))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
     assert init["result"]["serverInfo"]["name"] == "toolsetd"
     assert pump.proc.poll() is None, "the pump ended before the SIGINT"
