@@ -24,7 +24,6 @@ from pathlib import Path
 
 from .blocking import BlockingClient
 from .context import (
-    CONNECT_TIMEOUT,
     Context,
     UsageError,
     call,
@@ -53,7 +52,7 @@ from .exits import (
 from .invoke import cmd_invoke
 
 # One socket default for the CLI and the MCP pump (the pump is stdlib-only, so it owns it).
-from .mcp import default_socket_path
+from .mcp import CONNECT_TIMEOUT, default_socket_path
 from .parser import COMMANDS, FORMATS, ParseError, build_parser, command_in
 from .render import (
     CHANGE_HEADERS,

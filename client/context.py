@@ -18,6 +18,7 @@ from toolsetd.protocol.errors import RpcError, reject_json_constant
 from .blocking import BlockingClient, RawJson
 from .errors import ConnectError, ConnectionClosed, RequestTimeout
 from .exits import CLI_ERROR_CODES, EXIT_UNREACHABLE, Failure, rpc_failure
+from .mcp import CONNECT_TIMEOUT
 from .render import Output
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
@@ -37,8 +38,6 @@ __all__ = [
     "request",
 ]
 
-#: Seconds allowed to connect to the daemon.
-CONNECT_TIMEOUT = 5.0
 #: Seconds allowed for the daemon's answer to any request but ``invoke`` (whose tool may
 #: run as long as its set allows): a daemon that accepted the connection but is stopped
 #: or stuck fails the command (exit 5) instead of hanging a CI job until its own limit.

@@ -54,9 +54,9 @@ _BIND_ID = "toolsetctl-mcp-bind"
 SYSTEMD_ENV_VARS = frozenset(
     {"LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES", "NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID"}
 )
-#: Seconds the pump waits for room in a daemon's full listen backlog (toolsetctl's own
-#: ``CONNECT_TIMEOUT``).
-_CONNECT_TIMEOUT = 5.0
+#: Seconds allowed to connect to the daemon, a full listen backlog included: the pump's
+#: and every other ``toolsetctl`` command's (``context`` takes it from here).
+CONNECT_TIMEOUT = 5.0
 #: ``_pump_socket``: the daemon closed the bound connection (main decides what it means).
 _DAEMON_CLOSED = -1
 _START_TIMEOUT = 15.0
@@ -264,7 +264,7 @@ def _connect(path: str) -> socket.socket | None:
 
     Raises:
         _Refused: Someone else listens there (``shared_tmp_peer_refused``), or the
-            listener's backlog stayed full for ``_CONNECT_TIMEOUT``: no daemon is started
+            listener's backlog stayed full for ``CONNECT_TIMEOUT``: no daemon is started
             (ours would only find the path taken and say "already running").
     """
     if shared_tmp_squatted(path) is not None:
@@ -273,12 +273,12 @@ def _connect(path: str) -> socket.socket | None:
     try:
         # A blocking connect waits for room in a full backlog for as long as it stays
         # full: a wedged daemon held the pump, and its host's MCP start-up, forever.
-        connect_within(sock, path, _CONNECT_TIMEOUT)
+        connect_within(sock, path, CONNECT_TIMEOUT)
     except TimeoutError:
         sock.close()
         raise _Refused(
             f"toolsetd at {path} accepts no connection: its listen backlog stayed full for "
-            f"{_CONNECT_TIMEOUT:.0f} s (is the daemon stopped or hung?)"
+            f"{CONNECT_TIMEOUT:.0f} s (is the daemon stopped or hung?)"
         ) from None
     except OSError:
         sock.close()
