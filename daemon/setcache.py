@@ -703,10 +703,7 @@ class SetStore:
             with self._lock:
                 self.hits += 1
         elif held is not None:  # its file no longer reads back: forgotten (one parse)
-            with self._lock:
-                self._new.pop(key, None)
-                if self._records is not None:
-                    self._records.pop(key, None)
+            self.discard(key)
         return key, raw
 
     def put(self, key: str, record: list[Any]) -> None:
@@ -755,7 +752,8 @@ class SetStore:
             self._used.discard(key)
 
     def discard(self, key: str) -> None:
-        """Forget a record that did not decode (it is not written back)."""
+        """Forget a record that did not decode or no longer reads back (it is not written
+        back; the set is parsed again, and ``put`` marks its new record used)."""
         with self._lock:
             self._new.pop(key, None)
             if self._records is not None:
@@ -995,7 +993,6 @@ def _merge(
     start: int = 0,
     end: int | None = None,
     file: _File | None = None,
-    base: int = 0,
 ) -> None:
     """Add the records and index entries of one snapshot body or journal payload.
 
@@ -1010,9 +1007,8 @@ def _merge(
         data: Bytes holding the payload (searched in place, not copied).
         start: Where the payload begins in ``data``.
         end: Where it ends (the end of ``data`` when None).
-        file: The open file ``data`` was read from or written to, else None (the
+        file: The open file ``data`` was read from (its whole content), else None (the
             records are then kept as copies of their bytes).
-        base: Where ``data`` begins in ``file``.
     """
     end = len(data) if end is None else end
     cut = data.find(b"\t", start, end)
@@ -1039,7 +1035,7 @@ def _merge(
         )
     else:
         records.update(
-            (key, (file, base + cut + 1, stop - cut - 1))
+            (key, (file, cut + 1, stop - cut - 1))
             for key, cut, stop in zip(keys, cuts, stops, strict=True)
         )
     index.update(entries)
