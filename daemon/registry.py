@@ -320,20 +320,17 @@ class Registry:
         hands it on to the thread, with its suspects.
         """
         previous = self._scans.get(workspace)
-        if force or previous is None:
-            return await threads.run_sync(self._refresh_sync, workspace, force)
-        scanned: tuple[_Scan, list[tuple[int, str]] | None] | None
-        if told is not None:
-            if inline:
+        scanned: tuple[_Scan, list[tuple[int, str]] | None] | None = None
+        if not force and previous is not None:
+            if told is None:
+                scanned = self._scan(workspace, previous) if inline else None
+            elif inline:
                 scanned = self._reported_scan(workspace, previous, told)
             else:
                 scanned = await threads.run_sync(self._reported_scan, workspace, previous, told)
-            if scanned is None:
-                return await threads.run_sync(self._refresh_sync, workspace, force)
-        elif not inline:
+        if scanned is None:  # a build, a scan of everything off the loop, or a told scan
+            # that cannot settle the snapshot: all of it in the thread
             return await threads.run_sync(self._refresh_sync, workspace, force)
-        else:
-            scanned = self._scan(workspace, previous)
         if scanned[1] == []:
             return None
         return await threads.run_sync(self._refresh_sync, workspace, force, scanned)
