@@ -7,17 +7,19 @@ that only that pass can free stays in memory until it comes, however much it hol
 from __future__ import annotations
 
 import gc
+import json
 import socket
 import tempfile
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import anyio.abc
 import anyio.to_thread
 import pytest
-
+from toolsetd.daemon.connection import RequestContext
 from toolsetd.daemon.peercred import PeerPolicy
 from toolsetd.daemon.server import Server, ServerSettings, bind_unix_socket
 
@@ -62,6 +64,78 @@ async def test_a_closed_connection_and_its_partial_line_are_freed_at_once(ending
                         client.close()
                     elif ending == "oversize line":
                         await send(client.sendall, b"a" * (4 << 20))
+                    while server.connections:
+                        await anyio.sleep(0.01)
+                for _ in range(20):  # the serving task lets go of it within a step or two
+                    if ref() is None:
+                        break
+                    await anyio.sleep(0.01)
+                assert ref() is None, gc.get_referrers(ref())
+            finally:
+                client.close()
+                tg.cancel_scope.cancel()
+
+
+def _answers(client: socket.socket, count: int) -> list[dict[str, object]]:
+    """Read ``count`` answer lines (blocking; run in a worker thread)."""
+    buffered = b""
+    while buffered.count(b"\n") < count:
+        chunk = client.recv(65536)
+        if not chunk:
+            raise EOFError(f"closed with {count} answers wanted: {buffered!r}")
+        buffered += chunk
+    return [json.loads(line) for line in buffered.splitlines()]
+
+
+@pytest.mark.usefixtures("collector_off")
+async def test_handler_tasks_serve_later_messages_and_end_with_the_connection() -> None:
+    """A message that is not answered inline gets a handler task, which, once it has
+    answered, waits for the connection's next message instead of ending. Checked: more
+    pipelined requests than the tasks kept waiting all run at once (each waits for all of
+    them), twice (the second run handed to the first run's tasks); and when the client
+    leaves, the waiting tasks end, so the connection goes and is freed. Kept waiting, they
+    held the connection's task group, and so the connection, open for ever."""
+    settings = ServerSettings(linger_seconds=0.1)
+    wave = 6  # more than the handler tasks a connection keeps waiting
+    arrived = 0
+    all_in = anyio.Event()
+
+    async def gather(ctx: RequestContext, params: Any) -> Any:
+        nonlocal arrived, all_in
+        arrived += 1
+        if arrived == wave:
+            all_in.set()
+        await all_in.wait()
+        return params
+
+    with tempfile.TemporaryDirectory(prefix="tsd-") as tmp:
+        path = str(Path(tmp) / "s.sock")
+        listener = await anyio.abc.SocketListener.from_socket(bind_unix_socket(path))
+        server = Server(settings, {"gather": gather}, PeerPolicy.default())
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve, listener)
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                client.connect(path)
+                send = anyio.to_thread.run_sync  # the server reads on this thread's loop
+                with anyio.fail_after(10):
+                    for run in range(2):
+                        arrived, all_in = 0, anyio.Event()
+                        lines = b"".join(
+                            json.dumps(
+                                {"jsonrpc": "2.0", "id": i, "method": "gather", "params": [run, i]}
+                            ).encode()
+                            + b"\n"
+                            for i in range(wave)
+                        )
+                        await send(client.sendall, lines)
+                        answers = await send(_answers, client, wave)
+                        assert sorted(a["id"] for a in answers) == list(range(wave))  # type: ignore[type-var]
+                        assert all(a["result"] == [run, a["id"]] for a in answers)
+                    (connection,) = server.connections.values()
+                    ref = weakref.ref(connection)
+                    del connection
+                    client.close()
                     while server.connections:
                         await anyio.sleep(0.01)
                 for _ in range(20):  # the serving task lets go of it within a step or two
