@@ -420,6 +420,11 @@ class Connection:
         """Close the connection at once; in-flight calls are cancelled by the serve loop."""
         self._closed = True
         self._aborted = True
+        # The handler tasks waiting for a message end now, as when the reader stops, not
+        # by the cancellation: a task cancelled in its wait left a traceback that anyio's
+        # task-done callback holds in a cycle, and with it the connection and its queued
+        # frames, until the collector's next full pass.
+        self._dismiss_idle()
         if self._scope is not None:
             self._scope.cancel()
         wire = self._wire
@@ -876,10 +881,15 @@ class Connection:
         can finish.
         """
         loop = asyncio.get_running_loop()
-        while True:
-            await self._handle_message(value, held)
+        job: tuple[Any, int] | None = (value, held)
+        del value
+        while job is not None:
+            await self._handle_message(*job)
+            # Answered: the message is garbage now (its large line's bytes are released),
+            # and a task that waits must not keep it (up to twenty times the line's size).
+            job = None
             idle = self._idle
-            if self._handlers is None or len(idle) >= _IDLE_HANDLERS:
+            if self._closed or self._handlers is None or len(idle) >= _IDLE_HANDLERS:
                 return
             waiter: asyncio.Future[tuple[Any, int] | None] = loop.create_future()
             idle.append(waiter)
@@ -894,9 +904,6 @@ class Connection:
                 if waiter in idle:
                     idle.remove(waiter)
                 raise
-            if job is None:
-                return
-            value, held = job
 
     def _dismiss_idle(self) -> None:
         """End the handler tasks waiting for a message: the reader takes no more."""

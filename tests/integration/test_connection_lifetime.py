@@ -146,3 +146,110 @@ async def test_handler_tasks_serve_later_messages_and_end_with_the_connection() 
             finally:
                 client.close()
                 tg.cancel_scope.cancel()
+
+
+def _gather_method(wave: int, result: Any) -> dict[str, Any]:
+    """The method of the tests below: ``gather`` answers ``result`` once ``wave`` calls of
+    it are in (so ``wave`` handler tasks exist at once)."""
+    state = {"arrived": 0}
+    all_in = anyio.Event()
+
+    async def gather(ctx: RequestContext, params: Any) -> Any:
+        state["arrived"] += 1
+        if state["arrived"] == wave:
+            all_in.set()
+        await all_in.wait()
+        return result
+
+    return {"gather": gather}
+
+
+def _gather_lines(wave: int, tag: str) -> bytes:
+    return b"".join(
+        json.dumps(
+            # The list makes the params a container the collector tracks (so found below).
+            {"jsonrpc": "2.0", "id": i, "method": "gather", "params": {"tag": tag, "n": [i]}}
+        ).encode()
+        + b"\n"
+        for i in range(wave)
+    )
+
+
+def _requests_alive(tag: str) -> int:
+    """The parsed requests of ``_gather_lines(..., tag)`` still in memory."""
+    return sum(
+        1
+        for o in gc.get_objects()
+        if type(o) is dict and type(o.get("params")) is dict and o["params"].get("tag") == tag
+    )
+
+
+async def test_an_answered_request_is_not_kept_by_its_waiting_handler_task() -> None:
+    """Once answered, a request's parsed value is garbage: its large line's bytes are no
+    longer counted (``_release``), so nothing may keep it. A handler task waiting for the
+    connection's next message kept the last one it served in its frame (up to four per
+    connection, each up to twenty times the line limit, for as long as the client stays
+    quiet), out of sight of the large-line budget."""
+    wave = 6  # more than the handler tasks a connection keeps waiting
+    settings = ServerSettings(linger_seconds=0.1)
+    methods = _gather_method(wave, "ok")
+    with tempfile.TemporaryDirectory(prefix="tsd-") as tmp:
+        path = str(Path(tmp) / "s.sock")
+        listener = await anyio.abc.SocketListener.from_socket(bind_unix_socket(path))
+        server = Server(settings, methods, PeerPolicy.default())
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve, listener)
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                client.connect(path)
+                send = anyio.to_thread.run_sync
+                with anyio.fail_after(10):
+                    await send(client.sendall, _gather_lines(wave, "kept?"))
+                    assert len(await send(_answers, client, wave)) == wave
+                    # Two more lines in one chunk, so that the reader's own last message
+                    # (its frame keeps that one) is not one of the wave's.
+                    other = b'{"jsonrpc": "2.0", "id": "x", "method": "nothing"}\n'
+                    await send(client.sendall, other * 2)
+                    assert len(await send(_answers, client, 2)) == 2
+                    await anyio.sleep(0.05)
+                assert _requests_alive("kept?") == 0
+            finally:
+                client.close()
+                tg.cancel_scope.cancel()
+
+
+@pytest.mark.usefixtures("collector_off")
+async def test_a_connection_closed_for_a_stalled_peer_is_freed_at_once() -> None:
+    """A peer that stops reading is disconnected at the write timeout (``abort``), which
+    cancels the connection's handler tasks. The ones waiting for a next message were
+    cancelled in their wait, and the cancellation's traceback (kept in a cycle by anyio's
+    task-done callback) held each one's frame, and so the connection with its queued
+    frames, until a full collection."""
+    wave = 6
+    settings = ServerSettings(linger_seconds=0.1, write_timeout=0.3, send_buffer=4096)
+    methods = _gather_method(wave, "x" * (256 * 1024))
+    with tempfile.TemporaryDirectory(prefix="tsd-") as tmp:
+        path = str(Path(tmp) / "s.sock")
+        listener = await anyio.abc.SocketListener.from_socket(bind_unix_socket(path))
+        server = Server(settings, methods, PeerPolicy.default())
+        async with anyio.create_task_group() as tg:
+            await tg.start(server.serve, listener)
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                client.connect(path)
+                with anyio.fail_after(10):
+                    # Never read: 1.5 MiB of answers cannot all go out, and the peer is cut.
+                    await anyio.to_thread.run_sync(client.sendall, _gather_lines(wave, "stalled"))
+                    while not server.connections:
+                        await anyio.sleep(0.01)
+                    ref = weakref.ref(next(iter(server.connections.values())))
+                    while server.connections:
+                        await anyio.sleep(0.01)
+                for _ in range(20):  # the serving task lets go of it within a step or two
+                    if ref() is None:
+                        break
+                    await anyio.sleep(0.01)
+                assert ref() is None, gc.get_referrers(ref())
+            finally:
+                client.close()
+                tg.cancel_scope.cancel()
