@@ -548,6 +548,25 @@ async def test_a_reload_failing_again_and_again_is_logged_once_a_minute(home: Pa
     assert lines[0]["failures"] == 1
 
 
+async def test_a_reload_failing_after_one_that_worked_is_logged_at_once(home: Path) -> None:
+    """A reload that works ends a run of failures: the next failure, however soon, is
+    logged at once, as the first of a new run. Throttled with the run before, it showed
+    only in the count of a line a minute on, if another failure came to write one."""
+    _write(home / "tools", "a")
+    registry = Registry(home, DEFAULT_RESERVED_NAMES)
+    await registry.catalog(None)
+    with anyio.fail_after(5), capture_logs() as logs:
+        for _ in range(2):
+            with _descriptors_to_take() as take:
+                take()
+                for _ in range(2):
+                    with pytest.raises(OSError):
+                        await registry.reload()
+            await registry.reload()  # descriptors again: it works
+    lines = [entry for entry in logs if entry["event"] == "catalog_reload_failed"]
+    assert [line["failures"] for line in lines] == [1, 1]
+
+
 async def test_a_touched_manifest_is_looked_at_once(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
