@@ -25,6 +25,7 @@ with the messages they share.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import re
 import threading
@@ -61,6 +62,10 @@ _ECHO_LIMIT = 80
 _SCHEMA_MESSAGE_LIMIT = 300
 #: Most argument errors reported for one call.
 _MAX_ERRORS = 100
+#: Schema verdicts ``SchemaChecker`` keeps (~100 bytes each): every distinct schema of a
+#: catalog of tens of thousands of tools, and not every schema a long-lived daemon has
+#: seen (each edit of one is a new content hash).
+_MAX_VERDICTS = 65_536
 #: The most seconds jsonschema may spend on one call's arguments: this, plus
 #: ``TIME_LIMIT_PER_MIB`` for each MiB of them. Python's ``re`` backtracks: a ``pattern``
 #: like ``^(a+)+$`` would otherwise hold the event loop for as long as a model's value
@@ -239,13 +244,17 @@ def _plainly_valid(schema: Any, depth: int = 0) -> bool:
 class SchemaChecker:
     """Checks tool input schemas against their meta-schema, caching by content hash.
 
+    At most ``max_verdicts`` verdicts are kept; past that the oldest quarter is forgotten
+    (a schema still in use is checked again at the next build that meets it).
+
     Attributes:
         checks: How many schemas were actually checked (cache misses).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_verdicts: int = _MAX_VERDICTS) -> None:
         """Create an empty cache."""
         self._verdicts: dict[bytes, str | None] = {}
+        self._max_verdicts = max_verdicts
         self._lock = threading.Lock()
         self.checks = 0
 
@@ -265,7 +274,11 @@ class SchemaChecker:
         verdict = self._check(schema)
         with self._lock:
             self.checks += 1
-            self._verdicts[key] = verdict
+            verdicts = self._verdicts
+            if len(verdicts) >= self._max_verdicts:
+                for old in list(itertools.islice(verdicts, max(1, len(verdicts) // 4))):
+                    del verdicts[old]
+            verdicts[key] = verdict
         return verdict
 
     @staticmethod

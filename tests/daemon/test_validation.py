@@ -166,6 +166,22 @@ def test_schema_checker_caches_by_content() -> None:
     assert checker.checks == 2
 
 
+def test_schema_checker_keeps_a_bounded_number_of_verdicts() -> None:
+    """Past its bound the checker forgets its oldest verdicts: a daemon that lives long
+    meets a new schema at every edit of one, and kept them all. A forgotten schema is
+    checked again, with the same verdict."""
+    checker = SchemaChecker(max_verdicts=8)
+    for i in range(100):
+        assert checker.problem({"type": "object", "title": f"t{i}"}) is None
+    assert len(checker._verdicts) <= 8
+    assert checker.checks == 100
+    assert checker.problem({"type": 5}) is not None
+    assert checker.problem({"type": "object", "title": "t99"}) is None  # kept: newest
+    assert checker.checks == 101
+    assert checker.problem({"type": "object", "title": "t0"}) is None  # forgotten: again
+    assert checker.checks == 102
+
+
 def test_schema_checker_uses_declared_dialect() -> None:
     """``$schema`` selects the meta-schema the schema is checked against."""
     draft7 = "http://json-schema.org/draft-07/schema#"
