@@ -6,12 +6,13 @@ that only that pass can free stays in memory until it comes, however much it hol
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import socket
 import tempfile
 import weakref
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,35 +46,16 @@ async def test_a_closed_connection_and_its_partial_line_are_freed_at_once(ending
     every closed connection's buffers until a full collection: 30 clients that each left
     15 MiB of a line grew the daemon by 400 MiB, every time."""
     settings = ServerSettings(idle_timeout=0.5, max_frame_size=4 << 20, linger_seconds=0.1)
-    with tempfile.TemporaryDirectory(prefix="tsd-") as tmp:
-        path = str(Path(tmp) / "s.sock")
-        listener = await anyio.abc.SocketListener.from_socket(bind_unix_socket(path))
-        server = Server(settings, {}, PeerPolicy.default())
-        async with anyio.create_task_group() as tg:
-            await tg.start(server.serve, listener)
-            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                client.connect(path)
-                send = anyio.to_thread.run_sync  # the server reads on this thread's loop
-                await send(client.sendall, b'{"x": "' + b"a" * (1 << 20))
-                with anyio.fail_after(10):
-                    while not server.connections:
-                        await anyio.sleep(0.01)
-                    ref = weakref.ref(next(iter(server.connections.values())))
-                    if ending == "client closes mid-line":
-                        client.close()
-                    elif ending == "oversize line":
-                        await send(client.sendall, b"a" * (4 << 20))
-                    while server.connections:
-                        await anyio.sleep(0.01)
-                for _ in range(20):  # the serving task lets go of it within a step or two
-                    if ref() is None:
-                        break
-                    await anyio.sleep(0.01)
-                assert ref() is None, gc.get_referrers(ref())
-            finally:
+    async with _serving(settings, {}) as (server, client):
+        send = anyio.to_thread.run_sync  # the server reads on this thread's loop
+        await send(client.sendall, b'{"x": "' + b"a" * (1 << 20))
+        with anyio.fail_after(10):
+            ref = await _the_connection(server)
+            if ending == "client closes mid-line":
                 client.close()
-                tg.cancel_scope.cancel()
+            elif ending == "oversize line":
+                await send(client.sendall, b"a" * (4 << 20))
+            await _gone_and_freed(server, ref)
 
 
 def _answers(client: socket.socket, count: int) -> list[dict[str, object]]:
@@ -87,79 +69,21 @@ def _answers(client: socket.socket, count: int) -> list[dict[str, object]]:
     return [json.loads(line) for line in buffered.splitlines()]
 
 
-@pytest.mark.usefixtures("collector_off")
-async def test_handler_tasks_serve_later_messages_and_end_with_the_connection() -> None:
-    """A message that is not answered inline gets a handler task, which, once it has
-    answered, waits for the connection's next message instead of ending. Checked: more
-    pipelined requests than the tasks kept waiting all run at once (each waits for all of
-    them), twice (the second run handed to the first run's tasks); and when the client
-    leaves, the waiting tasks end, so the connection goes and is freed. Kept waiting, they
-    held the connection's task group, and so the connection, open for ever."""
-    settings = ServerSettings(linger_seconds=0.1)
-    wave = 6  # more than the handler tasks a connection keeps waiting
-    arrived = 0
-    all_in = anyio.Event()
+def _gather_method(wave: int, result: Any = None) -> dict[str, Any]:
+    """The method of the tests below: ``gather`` answers once ``wave`` calls of it are in
+    (so ``wave`` handler tasks exist at once), then a new wave begins; it answers
+    ``result``, or its params when that is None."""
+    state: dict[str, Any] = {"arrived": wave, "all_in": anyio.Event()}
 
     async def gather(ctx: RequestContext, params: Any) -> Any:
-        nonlocal arrived, all_in
-        arrived += 1
-        if arrived == wave:
-            all_in.set()
-        await all_in.wait()
-        return params
-
-    with tempfile.TemporaryDirectory(prefix="tsd-") as tmp:
-        path = str(Path(tmp) / "s.sock")
-        listener = await anyio.abc.SocketListener.from_socket(bind_unix_socket(path))
-        server = Server(settings, {"gather": gather}, PeerPolicy.default())
-        async with anyio.create_task_group() as tg:
-            await tg.start(server.serve, listener)
-            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                client.connect(path)
-                send = anyio.to_thread.run_sync  # the server reads on this thread's loop
-                with anyio.fail_after(10):
-                    for run in range(2):
-                        arrived, all_in = 0, anyio.Event()
-                        lines = b"".join(
-                            json.dumps(
-                                {"jsonrpc": "2.0", "id": i, "method": "gather", "params": [run, i]}
-                            ).encode()
-                            + b"\n"
-                            for i in range(wave)
-                        )
-                        await send(client.sendall, lines)
-                        answers = await send(_answers, client, wave)
-                        assert sorted(a["id"] for a in answers) == list(range(wave))  # type: ignore[type-var]
-                        assert all(a["result"] == [run, a["id"]] for a in answers)
-                    (connection,) = server.connections.values()
-                    ref = weakref.ref(connection)
-                    del connection
-                    client.close()
-                    while server.connections:
-                        await anyio.sleep(0.01)
-                for _ in range(20):  # the serving task lets go of it within a step or two
-                    if ref() is None:
-                        break
-                    await anyio.sleep(0.01)
-                assert ref() is None, gc.get_referrers(ref())
-            finally:
-                client.close()
-                tg.cancel_scope.cancel()
-
-
-def _gather_method(wave: int, result: Any) -> dict[str, Any]:
-    """The method of the tests below: ``gather`` answers ``result`` once ``wave`` calls of
-    it are in (so ``wave`` handler tasks exist at once)."""
-    state = {"arrived": 0}
-    all_in = anyio.Event()
-
-    async def gather(ctx: RequestContext, params: Any) -> Any:
+        if state["arrived"] == wave:  # the last wave is complete: this call starts one
+            state.update(arrived=0, all_in=anyio.Event())
+        all_in = state["all_in"]
         state["arrived"] += 1
         if state["arrived"] == wave:
             all_in.set()
         await all_in.wait()
-        return result
+        return params if result is None else result
 
     return {"gather": gather}
 
@@ -184,15 +108,11 @@ def _requests_alive(tag: str) -> int:
     )
 
 
-async def test_an_answered_request_is_not_kept_by_its_waiting_handler_task() -> None:
-    """Once answered, a request's parsed value is garbage: its large line's bytes are no
-    longer counted (``_release``), so nothing may keep it. A handler task waiting for the
-    connection's next message kept the last one it served in its frame (up to four per
-    connection, each up to twenty times the line limit, for as long as the client stays
-    quiet), out of sight of the large-line budget."""
-    wave = 6  # more than the handler tasks a connection keeps waiting
-    settings = ServerSettings(linger_seconds=0.1)
-    methods = _gather_method(wave, "ok")
+@contextlib.asynccontextmanager
+async def _serving(
+    settings: ServerSettings, methods: dict[str, Any]
+) -> AsyncIterator[tuple[Server, socket.socket]]:
+    """A server with ``methods`` on a fresh socket, and a client connected to it."""
     with tempfile.TemporaryDirectory(prefix="tsd-") as tmp:
         path = str(Path(tmp) / "s.sock")
         listener = await anyio.abc.SocketListener.from_socket(bind_unix_socket(path))
@@ -202,20 +122,75 @@ async def test_an_answered_request_is_not_kept_by_its_waiting_handler_task() -> 
             client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
                 client.connect(path)
-                send = anyio.to_thread.run_sync
-                with anyio.fail_after(10):
-                    await send(client.sendall, _gather_lines(wave, "kept?"))
-                    assert len(await send(_answers, client, wave)) == wave
-                    # Two more lines in one chunk, so that the reader's own last message
-                    # (its frame keeps that one) is not one of the wave's.
-                    other = b'{"jsonrpc": "2.0", "id": "x", "method": "nothing"}\n'
-                    await send(client.sendall, other * 2)
-                    assert len(await send(_answers, client, 2)) == 2
-                    await anyio.sleep(0.05)
-                assert _requests_alive("kept?") == 0
+                yield server, client
             finally:
                 client.close()
                 tg.cancel_scope.cancel()
+
+
+async def _the_connection(server: Server) -> weakref.ref[Any]:
+    """The server's one connection, once it has it."""
+    while not server.connections:
+        await anyio.sleep(0.01)
+    return weakref.ref(next(iter(server.connections.values())))
+
+
+async def _gone_and_freed(server: Server, ref: weakref.ref[Any] | None = None) -> None:
+    """Wait for the server's one connection (``ref``, else the one it has) to go, then for
+    nothing to keep it."""
+    if ref is None:
+        ref = await _the_connection(server)
+    while server.connections:
+        await anyio.sleep(0.01)
+    for _ in range(20):  # the serving task lets go of it within a step or two
+        if ref() is None:
+            break
+        await anyio.sleep(0.01)
+    assert ref() is None, gc.get_referrers(ref())
+
+
+@pytest.mark.usefixtures("collector_off")
+async def test_handler_tasks_serve_later_messages_and_end_with_the_connection() -> None:
+    """A message that is not answered inline gets a handler task, which, once it has
+    answered, waits for the connection's next message instead of ending. Checked: more
+    pipelined requests than the tasks kept waiting all run at once (each waits for all of
+    them), twice (the second run handed to the first run's tasks); and when the client
+    leaves, the waiting tasks end, so the connection goes and is freed. Kept waiting, they
+    held the connection's task group, and so the connection, open for ever."""
+    wave = 6  # more than the handler tasks a connection keeps waiting
+    settings = ServerSettings(linger_seconds=0.1)
+    async with _serving(settings, _gather_method(wave)) as (server, client):
+        send = anyio.to_thread.run_sync  # the server reads on this thread's loop
+        with anyio.fail_after(10):
+            for run in range(2):
+                await send(client.sendall, _gather_lines(wave, f"run {run}"))
+                answers = await send(_answers, client, wave)
+                assert sorted(a["id"] for a in answers) == list(range(wave))  # type: ignore[type-var]
+                assert all(a["result"] == {"tag": f"run {run}", "n": [a["id"]]} for a in answers)
+            client.shutdown(socket.SHUT_WR)
+            await _gone_and_freed(server)
+
+
+async def test_an_answered_request_is_not_kept_by_its_waiting_handler_task() -> None:
+    """Once answered, a request's parsed value is garbage: its large line's bytes are no
+    longer counted (``_release``), so nothing may keep it. A handler task waiting for the
+    connection's next message kept the last one it served in its frame (up to four per
+    connection, each up to twenty times the line limit, for as long as the client stays
+    quiet), out of sight of the large-line budget."""
+    wave = 6  # more than the handler tasks a connection keeps waiting
+    settings = ServerSettings(linger_seconds=0.1)
+    async with _serving(settings, _gather_method(wave, "ok")) as (_, client):
+        send = anyio.to_thread.run_sync
+        with anyio.fail_after(10):
+            await send(client.sendall, _gather_lines(wave, "kept?"))
+            assert len(await send(_answers, client, wave)) == wave
+            # Two more lines in one chunk, so that the reader's own last message (its
+            # frame keeps that one) is not one of the wave's.
+            other = b'{"jsonrpc": "2.0", "id": "x", "method": "nothing"}\n'
+            await send(client.sendall, other * 2)
+            assert len(await send(_answers, client, 2)) == 2
+            await anyio.sleep(0.05)
+        assert _requests_alive("kept?") == 0
 
 
 @pytest.mark.usefixtures("collector_off")
@@ -228,28 +203,8 @@ async def test_a_connection_closed_for_a_stalled_peer_is_freed_at_once() -> None
     wave = 6
     settings = ServerSettings(linger_seconds=0.1, write_timeout=0.3, send_buffer=4096)
     methods = _gather_method(wave, "x" * (256 * 1024))
-    with tempfile.TemporaryDirectory(prefix="tsd-") as tmp:
-        path = str(Path(tmp) / "s.sock")
-        listener = await anyio.abc.SocketListener.from_socket(bind_unix_socket(path))
-        server = Server(settings, methods, PeerPolicy.default())
-        async with anyio.create_task_group() as tg:
-            await tg.start(server.serve, listener)
-            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                client.connect(path)
-                with anyio.fail_after(10):
-                    # Never read: 1.5 MiB of answers cannot all go out, and the peer is cut.
-                    await anyio.to_thread.run_sync(client.sendall, _gather_lines(wave, "stalled"))
-                    while not server.connections:
-                        await anyio.sleep(0.01)
-                    ref = weakref.ref(next(iter(server.connections.values())))
-                    while server.connections:
-                        await anyio.sleep(0.01)
-                for _ in range(20):  # the serving task lets go of it within a step or two
-                    if ref() is None:
-                        break
-                    await anyio.sleep(0.01)
-                assert ref() is None, gc.get_referrers(ref())
-            finally:
-                client.close()
-                tg.cancel_scope.cancel()
+    async with _serving(settings, methods) as (server, client):
+        with anyio.fail_after(10):
+            # Never read: 1.5 MiB of answers cannot all go out, and the peer is cut.
+            await anyio.to_thread.run_sync(client.sendall, _gather_lines(wave, "stalled"))
+            await _gone_and_freed(server)
