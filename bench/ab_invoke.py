@@ -32,7 +32,6 @@ from bench._common import (
     Proc,
     daemon_argv,
     load,
-    make_home,
     median,
     paired,
     print_table,
@@ -42,7 +41,7 @@ from bench._common import (
     start_baseline,
     temp_base,
 )
-from bench.bench_invoke import DAEMON_ARGS, invoke_params
+from bench.bench_invoke import DAEMON_ARGS, trivial_call
 
 
 def main() -> None:
@@ -56,10 +55,7 @@ def main() -> None:
         parser.error(f"{other_python} does not exist: run make .venv/.installed in {args.against}")
     print(f"load at start: {load()}")
     with temp_base() as base:
-        home = make_home(base, 0, trivial=True)
-        workspace = base / "ws"
-        workspace.mkdir()
-        params = invoke_params(workspace)
+        home, params = trivial_call(base)
         servers: list[Proc] = []
         try:
             for name, python in (("this", PYTHON), ("other", str(other_python))):

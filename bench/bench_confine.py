@@ -43,7 +43,6 @@ from bench._common import (
     BlockingConn,
     Goal,
     Section,
-    make_home,
     median,
     paired,
     print_table,
@@ -55,7 +54,7 @@ from bench._common import (
     temp_base,
     throughput,
 )
-from bench.bench_invoke import invoke_params
+from bench.bench_invoke import trivial_call
 
 CONFIGS = {
     "none": UNCONFINED,
@@ -212,10 +211,7 @@ def run(quick: bool = False) -> Section:
     section = Section("confine")
     data = section.data
     with temp_base() as base:
-        home = make_home(base, 0, trivial=True)
-        ws = base / "ws"
-        ws.mkdir()
-        params = invoke_params(ws)
+        home, params = trivial_call(base)
         daemons = {}
         try:
             for name, config in CONFIGS.items():

@@ -74,6 +74,15 @@ def invoke_params(workspace: Path) -> dict[str, Any]:
     return {"tool": TRUE_SET, "arguments": {}, "workspace": str(workspace)}
 
 
+def trivial_call(base: Path) -> tuple[Path, dict[str, Any]]:
+    """A home holding the trivial set, and the params of an invoke of it in a new workspace
+    (``base/ws``)."""
+    home = make_home(base, 0, trivial=True)
+    workspace = base / "ws"
+    workspace.mkdir()
+    return home, invoke_params(workspace)
+
+
 # --- bare spawn loops (in process) --------------------------------------------------------
 
 
@@ -276,10 +285,7 @@ def run(quick: bool = False) -> Section:
     section = Section("invoke")
     data = section.data
     with temp_base() as base:
-        home = make_home(base, 0, trivial=True)
-        ws = base / "ws"
-        ws.mkdir()
-        params = invoke_params(ws)
+        home, params = trivial_call(base)
         daemon = start_daemon(home, base, extra=DAEMON_ARGS)
         spawn_srv = None
         try:

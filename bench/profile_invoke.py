@@ -69,7 +69,7 @@ from bench._common import (
     write_results,
 )
 from bench.bench_confine import CONFIGS
-from bench.bench_invoke import DAEMON_ARGS, invoke_params
+from bench.bench_invoke import DAEMON_ARGS, invoke_params, trivial_call
 
 
 def _per_call_us(fn: Callable[[], object], n: int, rounds: int) -> tuple[float, float, float]:
@@ -443,10 +443,7 @@ def main() -> None:
     stop_cleanly_on_sigterm()
     print(f"profile_invoke: load at start {load()}")
     with temp_base() as base:
-        home = make_home(base, 0, trivial=True)
-        ws = base / "ws"
-        ws.mkdir()
-        params = invoke_params(ws)
+        home, params = trivial_call(base)
         # bench_confine's configs that differ in the cgroup alone (no operator config is read).
         on, off = base / "cgroup-auto.toml", base / "cgroup-off.toml"
         on.write_text(CONFIGS["cgroup"])
