@@ -130,6 +130,10 @@ class Throttle:
         self._keys[key] = (now, 0)
         return since + 1
 
+    def reset(self) -> None:
+        """Start afresh: the next event of every key is logged (a run of failures ended)."""
+        self._keys.clear()
+
 
 def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> bool:
     """Whether ``fd`` is the journal stream systemd announced in ``JOURNAL_STREAM``."""

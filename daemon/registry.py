@@ -238,9 +238,8 @@ class Registry:
         self._reload_lock = anyio.Lock()
         #: A reload failing again and again (the watcher's retries: every poll, or every
         #: second while short of descriptors) logs once a minute per error, with a count.
-        #: A reload that works starts it afresh (``_reload_failed`` says one failed since).
+        #: A reload that works starts it afresh.
         self._reload_failures = Throttle()
-        self._reload_failed = False
         self.generation = 1
 
     @property
@@ -696,7 +695,6 @@ class Registry:
                     # Swapping what was refreshed so far would serve some snapshots on the
                     # new files and others on the old under one generation, announced to
                     # no one, and the next reload would find the swapped ones unchanged.
-                    self._reload_failed = True
                     said = self._reload_failures.count(type(exc).__name__)
                     if said is not None:
                         log.error(
@@ -747,11 +745,9 @@ class Registry:
             if rebuilt:  # a patch removes no set, so only a rebuild can leave manifests unused
                 self._prune_cache()
             outcome = ReloadOutcome(self.generation, changes, catalogs)
-            if self._reload_failed:
-                # The failures' run is over: kept, the throttle hid a new failure within a
-                # minute of its last line (in the count of a line a minute later, if any).
-                self._reload_failed = False
-                self._reload_failures = Throttle()
+            # The failures' run is over: kept, the throttle hid a new failure within a
+            # minute of its last line (in the count of a line a minute later, if any).
+            self._reload_failures.reset()
             log.info(
                 "catalog_reloaded",
                 generation=self.generation,

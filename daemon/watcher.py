@@ -567,7 +567,7 @@ class Watcher:
         if self._failing:
             self._failing.difference_update(keys)
             if not self._failing:
-                self._failures = Throttle()
+                self._failures.reset()
 
 
 # -- probes (blocking; run in a worker thread) ----------------------------------------
