@@ -58,6 +58,7 @@ from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol import modes as m
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
+from . import threads
 from .confinement import Confinement
 from .exhaustion import busy_when_short
 from .model import Catalog, CatalogName, LoadedTool
@@ -300,6 +301,7 @@ class Service:
         self.stopping = False
         self._listeners: dict[Path | None, set[CatalogListener]] = {}
         self._listen_all: list[CatalogListener] = []
+        self._large_checks: anyio.CapacityLimiter | None = None
 
     # -- lookup --------------------------------------------------------------------------
 
@@ -408,7 +410,12 @@ class Service:
         mode = self.mode(mode_raw)
         catalog = await self.catalog(workspace)
         loaded = self.lookup(catalog, tool, catalog_name)
-        errors = self._validators.errors(loaded, arguments)
+        if self._validators.off_loop(loaded, arguments):
+            errors = await threads.run_sync(
+                self._validators.errors, loaded, arguments, limiter=self._checker()
+            )
+        else:
+            errors = self._validators.errors(loaded, arguments)
         if errors:
             more = f" ({len(errors) - 1} more in data.errors)" if len(errors) > 1 else ""
             raise rpc_errors.InvalidArguments(
@@ -425,6 +432,16 @@ class Service:
             crystal_home=self.settings.home,
         )
         return Prepared(workspace, mode, loaded, classification)
+
+    def _checker(self) -> anyio.CapacityLimiter:
+        """Taken to check large arguments in a worker thread: one at a time, daemon-wide.
+
+        The check holds the GIL as it runs, which the event loop needs too: one such thread
+        leaves the loop half of it (as the connections' one large-line parser does).
+        """
+        if self._large_checks is None:
+            self._large_checks = anyio.CapacityLimiter(1)
+        return self._large_checks
 
     def classification_wire(self, prepared: Prepared) -> dict[str, Any]:
         """The classification's wire shape with the confinement the call would get.

@@ -20,11 +20,19 @@ such an alarm only disarms the timer. After the first alarm the timer fires agai
 that the garbage collector ran during ``fn`` is swallowed by Python, and the next alarm
 stops ``fn`` then. Arming and disarming is two ``setitimer`` calls (~1.5 µs together).
 
-Outside the main thread, or while another ``ITIMER_REAL`` timer runs (a caller's own, or
-``run_limited`` inside ``run_limited``), ``fn`` runs unlimited: the handler could only
-interrupt the main thread, and one process has one such timer. Children never see the
-timer: an interval timer is not inherited across ``fork``, and ``exec`` resets the
+While another ``ITIMER_REAL`` timer runs (a caller's own, or ``run_limited`` inside
+``run_limited``), ``fn`` runs unlimited: one process has one such timer. Children never
+see the timer: an interval timer is not inherited across ``fork``, and ``exec`` resets the
 handler.
+
+Outside the main thread a signal handler cannot reach the call, so a timer thread stops it
+instead: once ``seconds`` have passed it raises ``TimeLimitExceeded`` in the calling
+thread with ``PyThreadState_SetAsyncExc``, which Python delivers at that thread's next
+bytecode. Code in C runs to the end of its call first, ``re``'s matcher included: give a
+worker thread only work made of Python steps (the daemon gives one the check of arguments
+against a schema without ``pattern``, ``validation.ArgumentValidators.off_loop``). A lock
+orders the timer against the call's end, and an exception set but not yet delivered when
+the call ends is withdrawn: here too it can only come out of ``fn`` or ``run_limited``.
 """
 
 from __future__ import annotations
@@ -64,11 +72,11 @@ def run_limited(seconds: float, fn: Callable[[], T]) -> T:
     Returns:
         What ``fn`` returns.
     """
-    if (
-        seconds <= 0
-        or threading.current_thread() is not threading.main_thread()
-        or signal.getitimer(signal.ITIMER_REAL)[0] > 0
-    ):
+    if seconds <= 0:
+        return fn()
+    if threading.current_thread() is not threading.main_thread():
+        return _run_limited_in_thread(seconds, fn)
+    if signal.getitimer(signal.ITIMER_REAL)[0] > 0:
         return fn()
     if signal.getsignal(signal.SIGALRM) is not _on_alarm:
         signal.signal(signal.SIGALRM, _on_alarm)
@@ -77,6 +85,43 @@ def run_limited(seconds: float, fn: Callable[[], T]) -> T:
         return fn()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _run_limited_in_thread(seconds: float, fn: Callable[[], T]) -> T:
+    """``run_limited`` outside the main thread: a timer thread raises in this one."""
+    raise_in = _async_raiser()  # ctypes imported now, not while the work holds the GIL
+    ident = threading.get_ident()
+    lock = threading.Lock()
+    running = [True]
+
+    def expire() -> None:
+        with lock:
+            if running[0]:
+                raise_in(ident, TimeLimitExceeded)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        return fn()
+    finally:
+        with lock:
+            running[0] = False
+        timer.cancel()
+        raise_in(ident, None)  # withdraw one set but not delivered yet
+
+
+def _async_raiser() -> Callable[[int, type[BaseException] | None], None]:
+    """A function that has thread ``ident`` raise ``exc`` at its next bytecode (None:
+    withdraw one not delivered yet)."""
+    import ctypes  # only a limited call in a worker thread needs it
+
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+
+    def raise_in(ident: int, exc: type[BaseException] | None) -> None:
+        set_async_exc(ctypes.c_ulong(ident), None if exc is None else ctypes.py_object(exc))
+
+    return raise_in
 
 
 _LIMITED = run_limited.__code__

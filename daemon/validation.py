@@ -75,6 +75,10 @@ _MAX_VERDICTS = 65_536
 #: (2,000 items, 424 KB, in ~0.1 s): the allowance per MiB is four times that.
 TIME_LIMIT = 0.1
 TIME_LIMIT_PER_MIB = 1.0
+#: Arguments of more values than this (members and items, on all levels) are checked in a
+#: worker thread when their schema allows it (``ArgumentValidators.off_loop``): on the
+#: loop such a check takes a few milliseconds at most, about what handing it over costs.
+_LOOP_VALUES = 4096
 
 
 def canonical_json(value: Any) -> bytes:
@@ -447,6 +451,31 @@ def _satisfies(schema: Any, value: Any) -> bool:
     return True
 
 
+def _more_values_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` holds more than ``limit`` members and items, on all levels.
+
+    It looks at no more than ``limit`` of them: the cost is bounded whatever the size.
+    """
+    kind = type(value)
+    if kind is not dict and kind is not list:
+        return False
+    count = 0
+    stack = [value]
+    pop = stack.pop
+    push = stack.append
+    while stack:
+        item = pop()
+        children = item.values() if type(item) is dict else item
+        count += len(children)
+        if count > limit:
+            return True
+        for child in children:
+            kind = type(child)
+            if kind is dict or kind is list:
+                push(child)
+    return False
+
+
 _EMPTY: Mapping[str, Any] = {}
 _BOUNDS: tuple[tuple[str, Callable[[Any, Any], bool]], ...] = (
     ("minimum", lambda v, b: v >= b),
@@ -496,6 +525,30 @@ class ArgumentValidators:
             self._validators[loaded.hash] = validator
         return validator
 
+    def _is_plain(self, loaded: LoadedTool) -> bool:
+        """Whether the tool's schema is in the plain subset (``_plain_subset``), cached."""
+        plain = self._plain.get(loaded.hash)
+        if plain is None:
+            plain = _plain_subset(loaded.tool.schema)
+            with self._lock:
+                if len(self._plain) >= self._max_entries:
+                    self._plain.clear()
+                self._plain[loaded.hash] = plain
+        return plain
+
+    def off_loop(self, loaded: LoadedTool, arguments: Any) -> bool:
+        """Whether ``errors`` for these arguments belongs in a worker thread.
+
+        True for arguments of more than ``_LOOP_VALUES`` values under a schema of the
+        plain subset. Their check is plain Python, a microsecond or so a value: 11 MB of
+        strings held the event loop, and every other client, for 0.9 s. In a worker thread
+        it shares the GIL, which the loop gets back within the switch interval (5 ms).
+        Any other schema stays on the loop, under ``run_limited``'s alarm: its ``pattern``
+        runs in ``re``, which holds the GIL for a whole match, and only the main thread's
+        alarm can stop a match that backtracks.
+        """
+        return self._is_plain(loaded) and _more_values_than(arguments, _LOOP_VALUES)
+
     def errors(self, loaded: LoadedTool, arguments: Any) -> list[dict[str, str]]:
         """List every way ``arguments`` fails the tool's input schema.
 
@@ -508,13 +561,7 @@ class ArgumentValidators:
             ``path`` is a JSON Pointer into the arguments (``""`` is the root); at most
             100 errors are reported.
         """
-        plain = self._plain.get(loaded.hash)
-        if plain is None:
-            plain = _plain_subset(loaded.tool.schema)
-            with self._lock:
-                if len(self._plain) >= self._max_entries:
-                    self._plain.clear()
-                self._plain[loaded.hash] = plain
+        plain = self._is_plain(loaded)
         try:
             if plain and _satisfies(loaded.tool.schema, arguments):
                 return []

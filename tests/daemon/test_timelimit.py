@@ -3,13 +3,14 @@ nothing armed behind."""
 
 from __future__ import annotations
 
+import functools
 import gc
 import re
 import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -85,19 +86,64 @@ def test_a_late_alarm_outside_the_call_only_disarms() -> None:
         signal.setitimer(signal.ITIMER_REAL, 0)
 
 
-def test_run_limited_off_the_main_thread_runs_the_call_as_is() -> None:
-    """Only the main thread can be interrupted: elsewhere the call is not limited."""
-    seen: list[BaseException | None] = []
+def _in_a_thread(work: Callable[[], object]) -> list[object]:
+    """Run ``work`` in a new thread; what it returned or raised."""
+    seen: list[object] = []
 
-    def work() -> None:
+    def run() -> None:
         try:
-            run_limited(0.01, lambda: time.sleep(0.05))
-            seen.append(None)
+            seen.append(work())
         except BaseException as exc:  # the test records whatever escapes
             seen.append(exc)
 
-    thread = threading.Thread(target=work)
+    thread = threading.Thread(target=run)
     thread.start()
     thread.join()
-    time.sleep(0.05)  # an alarm armed by the thread would interrupt the main thread here
-    assert seen == [None]
+    return seen
+
+
+def _busy(seconds: float) -> None:
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        pass
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def test_run_limited_off_the_main_thread_stops_python_work() -> None:
+    """A worker thread's call is stopped by a timer thread, and the main thread is left
+    alone: no alarm is armed for it."""
+    started = time.monotonic()
+    [stopped] = _in_a_thread(lambda: run_limited(0.05, _spin))
+    assert isinstance(stopped, TimeLimitExceeded)
+    assert time.monotonic() - started < 5
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert _in_a_thread(lambda: run_limited(5, lambda: 7)) == [7]
+
+
+def test_off_the_main_thread_nothing_is_raised_after_the_call_returned() -> None:
+    """Calls that end about when their limit does: the exception comes out of the call or
+    not at all, never in the code that runs after it (the timer's raise is withdrawn)."""
+
+    def calls() -> tuple[int, int]:
+        stopped = late = 0
+        for i in range(120):
+            # The timer thread needs the GIL to raise, which it gets within the switch
+            # interval (5 ms): calls of 0 to 29 ms against a 10 ms limit end before, about
+            # when and after the raise.
+            try:
+                run_limited(0.01, functools.partial(_busy, 0.001 * (i % 30)))
+            except TimeLimitExceeded:
+                stopped += 1
+            try:
+                _busy(0.002)  # a late exception would land in here
+            except TimeLimitExceeded:
+                late += 1
+        return stopped, late
+
+    [(stopped, late)] = _in_a_thread(calls)
+    assert late == 0
+    assert stopped > 0, "no call ran into its limit: the boundary was not tested"

@@ -156,6 +156,20 @@ def test_argument_validators_draft7_dialect() -> None:
     assert [e["path"] for e in errors] == [""]
 
 
+def test_only_many_values_under_a_plain_schema_are_checked_off_the_loop() -> None:
+    """A worker thread cannot stop ``re`` mid-match: a schema with a ``pattern`` stays on
+    the loop, under the alarm, however large the arguments."""
+    validators = ArgumentValidators()
+    plain = loaded({"type": "object", "properties": {"n": {"type": "array"}}})
+    pattern = loaded({"type": "object", "properties": {"n": {"items": {"pattern": "^a"}}}})
+    assert not validators.off_loop(plain, {"n": [0] * 4095})  # 4,096 values with "n"
+    assert validators.off_loop(plain, {"n": [0] * 4096})
+    assert validators.off_loop(plain, {"n": [[0]] * 2048})  # counted on every level
+    assert not validators.off_loop(plain, {"n": [[0]] * 2047})
+    assert validators.off_loop(plain, {"n": [{"a": 1, "b": 2}] * 1400})
+    assert not validators.off_loop(pattern, {"n": ["a"] * 100_000})
+
+
 def test_schema_checker_caches_by_content() -> None:
     """Equal schemas with different key order are checked once; verdicts are cached too."""
     checker = SchemaChecker()

@@ -198,6 +198,12 @@ def _deep_sets(home: Path, _: Path) -> None:
     write_set(tools, "deepask", {"runner": "exec", "description": "d", "command": ["true"],
                                  "stdin": False, "schema": {"type": "object"},
                                  "pathArguments": ["a"]})
+    # A plain schema (no pattern): checking many values is plain Python, a worker's work.
+    write_set(tools, "bulk", {"runner": "exec", "description": "d", "command": ["true"],
+                              "stdin": False, "approval": "always",
+                              "schema": {"type": "object", "properties": {
+                                  "n": {"type": "array", "items": {"type": "integer",
+                                                                   "minimum": 0}}}}})
     # A pattern that backtracks: each more "a" before the "!" doubles re's work.
     write_set(tools, "redos", {"runner": "exec", "description": "d", "command": ["true"],
                                "stdin": False, "approval": "always",
@@ -245,6 +251,51 @@ def test_a_pattern_that_backtracks_is_stopped_and_the_daemon_serves_on(echo_daem
     assert "result" in echo_daemon.call("status")
     good = echo_daemon.call("invoke", {**params, "arguments": {"s": "aaaa"}})
     assert good["result"]["status"] == "ok", good
+
+
+def _answered_yet(conn: RawConn) -> bool:
+    """Whether the daemon has sent this connection anything (without waiting for it)."""
+    conn.sock.setblocking(False)
+    try:
+        return conn.sock.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        return False
+    finally:
+        conn.sock.setblocking(True)
+        conn.sock.settimeout(120)
+
+
+@pytest.mark.parametrize(("method", "last"), [("classify", 0), ("invoke", -1)])
+def test_many_arguments_are_checked_without_holding_other_clients(
+    echo_daemon: Daemon, method: str, last: int
+) -> None:
+    """Checking 500,000 integers against a plain schema takes most of a second of Python.
+    On the event loop it held every other client for as long: another client's status,
+    sent while the check ran, was answered after the big call. It runs in a worker thread
+    now, with the same verdict: the status is answered first. The arguments that fail
+    (the last integer is negative) go on to jsonschema for the messages, still under the
+    time limit for their size, which stops it there as on the loop."""
+    count = 500_000
+    arguments = b'{"n":[' + b"0," * (count - 1) + str(last).encode() + b"]}"
+    line = (b'{"jsonrpc":"2.0","id":"big","method":"' + method.encode() + b'","params":'
+            b'{"tool":"bulk","workspace":' + json.dumps(str(echo_daemon.workspace)).encode()
+            + b',"arguments":' + arguments + b"}}\n")
+    with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
+        other.request("status")  # connected and served before the big line is sent
+        big.send_bytes(line)
+        eventually(lambda: _unread(big.sock) == 0, timeout=60, what="the big line read")
+        time.sleep(0.3)  # its parse (a few ms) is over: the check runs
+        assert "result" in other.request("status")
+        assert not _answered_yet(big), "the big call was answered before the other's status"
+        reply = big.receive()
+    assert reply["id"] == "big"
+    if last == 0:
+        assert reply["result"]["arguments"]["n"][-1] == 0, reply["result"]["decision"]
+    else:
+        assert reply["error"]["code"] == -32002, reply["error"]
+        [error] = reply["error"]["data"]["errors"]
+        assert "was stopped after" in error["message"], error
+        assert "plus 1 s per MiB of arguments" in error["message"], error
 
 
 # -- slow and idle clients -------------------------------------------------------------------
