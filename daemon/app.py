@@ -86,6 +86,7 @@ from .sockpath import (
     default_socket_path,
     prepare_socket_dir,
 )
+from .threads import GilWork
 from .validation import ArgumentValidators
 
 if TYPE_CHECKING:  # the HTTP endpoint's modules load only when --mcp-listen is given
@@ -251,7 +252,11 @@ class _McpCore:
 
 
 def _mcp_http_endpoint(
-    mcp: McpServer, policy: PeerPolicy, token: str | None, confinement: Confinement
+    mcp: McpServer,
+    policy: PeerPolicy,
+    token: str | None,
+    confinement: Confinement,
+    gil_work: GilWork,
 ) -> Any:
     """The MCP HTTP endpoint over the daemon's one MCP core (imported only with --mcp-listen)."""
     from .mcp_session import Binding
@@ -260,7 +265,9 @@ def _mcp_http_endpoint(
     def open_session(bind: dict[str, Any], outbox: Any, calls: dict[str, anyio.Event]) -> Any:
         return mcp.session(Binding.from_params(bind), outbox, calls)
 
-    return McpHttpEndpoint(open_session, policy, token, sandboxed=confinement.sandboxed_peer)
+    return McpHttpEndpoint(
+        open_session, policy, token, sandboxed=confinement.sandboxed_peer, gil_work=gil_work
+    )
 
 
 async def run_daemon(
@@ -395,6 +402,8 @@ async def _serve(
     def reload_config() -> dict[str, Any]:
         return _reload_config(state, runner, limiter, server, registry)
 
+    # One slot for the work that holds the GIL (large parses, large checks), on every face.
+    gil_work = GilWork()
     service = Service(
         ServiceSettings(socket=str(socket_path), home=options.home, user_home=options.user_home),
         registry,
@@ -404,6 +413,7 @@ async def _serve(
         on_workspace=follow_workspace,
         observer=observer,
         confinement=confinement,
+        gil_work=gil_work,
     )
     mcp = _McpCore(service)
     handlers = Handlers(
@@ -413,7 +423,9 @@ async def _serve(
         reload_config=reload_config,
         metrics_text=metrics.exposition,
     )
-    server = Server(options.server, handlers.methods(), peer_policy, observer=observer)
+    server = Server(
+        options.server, handlers.methods(), peer_policy, observer=observer, gil_work=gil_work
+    )
 
     async def on_change(changes: dict[Path | None, frozenset[tuple[str, str]] | None]) -> None:
         await handlers.reload_catalogs(None if None in changes else set(changes), changes)
@@ -441,7 +453,9 @@ async def _serve(
             if interval:
                 tg.start_soon(_watchdog, notifier, interval)
             if http_sockets:
-                state.http = _mcp_http_endpoint(mcp.get(), peer_policy, http_token, confinement)
+                state.http = _mcp_http_endpoint(
+                    mcp.get(), peer_policy, http_token, confinement, gil_work
+                )
                 await tg.start(state.http.serve, http_sockets)
             log.info(
                 "daemon_started",

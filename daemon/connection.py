@@ -125,11 +125,8 @@ _NEWLINE = 0x0A
 _AT_ONCE_MAX = 4096
 #: Inline answers in one run of the reader before it lets other tasks run.
 _INLINE_BURST = 64
-#: Lines longer than this are parsed in a worker thread, not on the event loop: keeping
-#: every number's text (``jsontext``) costs about a quarter of a second per MiB of
-#: numbers, so one 16 MiB line held the loop, and every other client and call, for
-#: seconds. Below it a line costs at most a few milliseconds, less than the thread hop.
-_LARGE_LINE = 64 * 1024
+#: Lines longer than this are parsed in a worker thread (``threads.LARGE_TEXT``).
+_LARGE_LINE = threads.LARGE_TEXT
 #: The large lines whose requests are in flight, on all connections together, may hold at
 #: most this many times ``max_frame_size`` bytes (a lone one always may). Parsed, a line
 #: takes up to twenty times its size (a 16 MiB line of ``[]`` is 341 MB of lists), and a
@@ -137,8 +134,6 @@ _LARGE_LINE = 64 * 1024
 #: without a bound one client could pipeline 16 MiB requests until the daemon ran out of
 #: memory.
 _LARGE_BUDGET_FRAMES = 4
-#: Large lines parsed at once, on all connections together (``LargeLines.parser``).
-_LARGE_PARSERS = 1
 #: Handler tasks a connection keeps waiting for its next message once theirs is answered.
 #: Handing a message to one costs a future's wake-up; a new task costs anyio's task
 #: set-up (its own cancel scope, its state, its done callback): about 40 µs more of an
@@ -196,29 +191,24 @@ class RequestContext:
 
 class LargeLines:
     """Bytes of large request lines (over ``_LARGE_LINE``) whose requests are in flight,
-    on every connection of one server (see ``_LARGE_BUDGET_FRAMES``), and the one worker
-    thread that parses such lines (``parser``)."""
+    on every connection of one server (see ``_LARGE_BUDGET_FRAMES``), and the daemon's
+    slot for the worker thread that parses one (``parser``).
 
-    __slots__ = ("_parser", "held")
+    Args:
+        gil_work: The daemon's one slot for work that holds the GIL (a new one if None).
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_gil_work", "held")
+
+    def __init__(self, gil_work: threads.GilWork | None = None) -> None:
         self.held = 0
-        self._parser: anyio.CapacityLimiter | None = None
+        self._gil_work = gil_work if gil_work is not None else threads.GilWork()
 
     @property
     def parser(self) -> anyio.CapacityLimiter:
-        """Taken to parse a large line: one at a time, on all connections together.
-
-        Parsing is Python work that holds the GIL: the event loop shares it with every
-        thread that parses. With one parse per connection at once, 200 connections each
-        sending lines of numbers had 40 worker threads parsing, and the loop got the GIL
-        so rarely that another client's status took 37 s (it had taken 53 s on the loop).
-        One parser leaves the loop half of it, and the other workers (spawns, catalog
-        reads) free.
-        """
-        if self._parser is None:
-            self._parser = anyio.CapacityLimiter(_LARGE_PARSERS)
-        return self._parser
+        """Taken to parse a large line: one at a time, with the other faces' such work
+        (``threads.GilWork``)."""
+        return self._gil_work.limiter
 
 
 if TYPE_CHECKING:

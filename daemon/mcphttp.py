@@ -69,6 +69,7 @@ from .mcp_mapping import McpError, error_response
 from .mcp_session import MODERN_VERSIONS, SUPPORTED_VERSIONS, unsupported_version
 from .peercred import PeerPolicy
 from .tcppeer import tcp_peer, tcp_peer_credentials
+from .threads import LARGE_TEXT, GilWork, run_sync
 
 __all__ = [
     "CoreSession",
@@ -289,6 +290,8 @@ class McpHttpEndpoint:
         http: HTTP limits.
         sandboxed: Why a peer socket made in a given cgroup is a sandboxed call's, else
             None (``Confinement.sandboxed_peer``).
+        gil_work: The daemon's one slot for work that holds the GIL (``threads.GilWork``):
+            the parse of a body over ``threads.LARGE_TEXT`` takes it.
     """
 
     def __init__(
@@ -299,8 +302,10 @@ class McpHttpEndpoint:
         settings: McpHttpSettings | None = None,
         http: HttpSettings | None = None,
         sandboxed: Callable[[int | None], str | None] | None = None,
+        gil_work: GilWork | None = None,
     ) -> None:
         self._factory = factory
+        self._gil_work = gil_work if gil_work is not None else GilWork()
         self._policy = policy
         self._token = token
         self._sandboxed = sandboxed
@@ -441,7 +446,11 @@ class McpHttpEndpoint:
             )
             return
         try:
-            message = json_loads(request.body)  # numbers as written, as on the socket
+            message = (  # numbers as written, as on the socket; a large body off the loop
+                json_loads(request.body)
+                if len(request.body) <= LARGE_TEXT
+                else await run_sync(json_loads, request.body, limiter=self._gil_work.limiter)
+            )
         except orjson.JSONDecodeError as exc:
             await _rpc_error(
                 exchange,

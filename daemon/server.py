@@ -44,6 +44,7 @@ from .logs import Throttle
 from .observe import NO_OBSERVER, Observer
 from .peercred import PeerPolicy, peer_credentials
 from .sockpath import SUN_PATH_MAX
+from .threads import GilWork
 
 # Connection, Handler, RequestContext and ServerSettings are re-exported on purpose: the
 # server is where the handlers and the composition root meet them.
@@ -76,6 +77,8 @@ class Server:
         methods: Handlers by method name.
         peer_policy: Which peers may call.
         observer: Told of each refused connection (``observe.Observer``).
+        gil_work: The daemon's one slot for work that holds the GIL (``threads.GilWork``):
+            the large lines' parses take it.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class Server:
         methods: Mapping[str, Handler],
         peer_policy: PeerPolicy,
         observer: Observer = NO_OBSERVER,
+        gil_work: GilWork | None = None,
     ) -> None:
         self.settings = settings
         self._observer = observer
@@ -97,7 +101,7 @@ class Server:
         self._ids = itertools.count(1)
         self.connections: dict[int, Connection] = {}
         #: The large request lines in flight on all connections (``connection._hold``).
-        self.large_lines = LargeLines()
+        self.large_lines = LargeLines(gil_work)
         # A peer can be refused as often as it connects: one line a minute per uid (per
         # reason for the connection limit), counting the refusals since the last line.
         self._refused_log = Throttle()

@@ -273,6 +273,8 @@ class Service:
         observer: Told of each call and reload (metrics, tracing; ``observe.Observer``).
         confinement: The cgroups and the sandbox (``status`` and the classification
             report them; the runner applies them).
+        gil_work: The daemon's one slot for work that holds the GIL (``threads.GilWork``):
+            a check of many arguments takes it.
     """
 
     def __init__(
@@ -285,6 +287,7 @@ class Service:
         on_workspace: Callable[[Path], None] | None = None,
         observer: Observer = NO_OBSERVER,
         confinement: Confinement | None = None,
+        gil_work: threads.GilWork | None = None,
     ) -> None:
         self.settings = settings
         self.confinement = confinement
@@ -301,7 +304,7 @@ class Service:
         self.stopping = False
         self._listeners: dict[Path | None, set[CatalogListener]] = {}
         self._listen_all: list[CatalogListener] = []
-        self._large_checks: anyio.CapacityLimiter | None = None
+        self._gil_work = gil_work if gil_work is not None else threads.GilWork()
 
     # -- lookup --------------------------------------------------------------------------
 
@@ -412,7 +415,7 @@ class Service:
         loaded = self.lookup(catalog, tool, catalog_name)
         if self._validators.off_loop(loaded, arguments):
             errors = await threads.run_sync(
-                self._validators.errors, loaded, arguments, limiter=self._checker()
+                self._validators.errors, loaded, arguments, limiter=self._gil_work.limiter
             )
         else:
             errors = self._validators.errors(loaded, arguments)
@@ -432,16 +435,6 @@ class Service:
             crystal_home=self.settings.home,
         )
         return Prepared(workspace, mode, loaded, classification)
-
-    def _checker(self) -> anyio.CapacityLimiter:
-        """Taken to check large arguments in a worker thread: one at a time, daemon-wide.
-
-        The check holds the GIL as it runs, which the event loop needs too: one such thread
-        leaves the loop half of it (as the connections' one large-line parser does).
-        """
-        if self._large_checks is None:
-            self._large_checks = anyio.CapacityLimiter(1)
-        return self._large_checks
 
     def classification_wire(self, prepared: Prepared) -> dict[str, Any]:
         """The classification's wire shape with the confinement the call would get.

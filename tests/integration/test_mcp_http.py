@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from http.client import HTTPConnection
@@ -1041,6 +1042,42 @@ def test_http_declared_body_over_the_limit_is_413_at_once(http_daemon, workspace
         data = sock.recv(65536)
     assert data.startswith(b"HTTP/1.1 413 "), data[:200]
     assert b"at most 16777216 bytes" in data
+
+
+def _answered_yet(sock: socket.socket) -> bool:
+    """Whether the daemon has sent anything on this socket (without waiting for it)."""
+    sock.setblocking(False)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) != b""
+    except BlockingIOError:
+        return False
+    finally:
+        sock.setblocking(True)
+
+
+def test_http_a_large_body_is_parsed_without_holding_other_clients(
+    http_daemon, workspace: Path
+) -> None:
+    """A body of 1.5 million numbers takes seconds to parse (each keeps its text). On the
+    event loop that held every client of every face: one status on the socket, sent
+    meanwhile, waited for the whole parse. As for a large line on the socket, it is parsed
+    in a worker thread: the socket's client is served many times while the body waits for
+    its answer."""
+    daemon, base = http_daemon
+    body = b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":['
+    body += b"1.5," * 1_500_000 + b"1]}}"
+    with socket.create_connection(_address(base), timeout=120) as sock, \
+            daemon.raw(timeout=120) as other:
+        other.request("status")  # connected and served before the body is sent
+        sock.sendall(_post_head(base, workspace, len(body)) + body)
+        time.sleep(0.5)  # read by now (a few ms on loopback): its parse takes seconds
+        served = 0
+        while not _answered_yet(sock):
+            assert "result" in other.request("status")
+            served += 1
+        data = sock.recv(65536)
+    assert data.startswith(b"HTTP/1.1 "), data[:200]
+    assert served >= 10, f"the socket's client was served {served} times during the parse"
 
 
 # -- the official SDK client (streamable_http_client) ----------------------------------------
