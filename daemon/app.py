@@ -56,6 +56,7 @@ from .catalog import ManifestCache
 from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
 from .exhaustion import open_standard_streams, raise_open_files_limit
+from .large import LargeRequests
 from .logs import configure_logging, drain_logs, finish_logging, holding, say, writes_stderr
 from .methods import Handlers
 from .metrics import Metrics, MetricsSources, bind_metrics, serve_metrics
@@ -86,7 +87,6 @@ from .sockpath import (
     default_socket_path,
     prepare_socket_dir,
 )
-from .threads import GilWork
 from .validation import ArgumentValidators
 
 if TYPE_CHECKING:  # the HTTP endpoint's modules load only when --mcp-listen is given
@@ -256,7 +256,7 @@ def _mcp_http_endpoint(
     policy: PeerPolicy,
     token: str | None,
     confinement: Confinement,
-    gil_work: GilWork,
+    large_requests: LargeRequests,
 ) -> Any:
     """The MCP HTTP endpoint over the daemon's one MCP core (imported only with --mcp-listen)."""
     from .mcp_session import Binding
@@ -266,7 +266,11 @@ def _mcp_http_endpoint(
         return mcp.session(Binding.from_params(bind), outbox, calls)
 
     return McpHttpEndpoint(
-        open_session, policy, token, sandboxed=confinement.sandboxed_peer, gil_work=gil_work
+        open_session,
+        policy,
+        token,
+        sandboxed=confinement.sandboxed_peer,
+        large_requests=large_requests,
     )
 
 
@@ -402,8 +406,8 @@ async def _serve(
     def reload_config() -> dict[str, Any]:
         return _reload_config(state, runner, limiter, server, registry)
 
-    # One slot for the work that holds the GIL (large parses, large checks), on every face.
-    gil_work = GilWork()
+    # Large requests: one bound on their bytes in flight and one worker slot, every face's.
+    large_requests = LargeRequests()
     service = Service(
         ServiceSettings(socket=str(socket_path), home=options.home, user_home=options.user_home),
         registry,
@@ -413,7 +417,7 @@ async def _serve(
         on_workspace=follow_workspace,
         observer=observer,
         confinement=confinement,
-        gil_work=gil_work,
+        large_requests=large_requests,
     )
     mcp = _McpCore(service)
     handlers = Handlers(
@@ -424,7 +428,11 @@ async def _serve(
         metrics_text=metrics.exposition,
     )
     server = Server(
-        options.server, handlers.methods(), peer_policy, observer=observer, gil_work=gil_work
+        options.server,
+        handlers.methods(),
+        peer_policy,
+        observer=observer,
+        large_requests=large_requests,
     )
 
     async def on_change(changes: dict[Path | None, frozenset[tuple[str, str]] | None]) -> None:
@@ -454,7 +462,7 @@ async def _serve(
                 tg.start_soon(_watchdog, notifier, interval)
             if http_sockets:
                 state.http = _mcp_http_endpoint(
-                    mcp.get(), peer_policy, http_token, confinement, gil_work
+                    mcp.get(), peer_policy, http_token, confinement, large_requests
                 )
                 await tg.start(state.http.serve, http_sockets)
             log.info(

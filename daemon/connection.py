@@ -97,6 +97,7 @@ from toolsetd.protocol.jsontext import loads
 from toolsetd.protocol.names import METHOD_MCP_BIND
 
 from . import threads
+from .large import LARGE_TEXT, LIMIT_TEXTS, LargeRequests
 from .wire import Wire
 
 __all__ = [
@@ -105,7 +106,6 @@ __all__ = [
     "Connection",
     "Dispatch",
     "Handler",
-    "LargeLines",
     "RequestContext",
     "Route",
     "ServerSettings",
@@ -125,15 +125,11 @@ _NEWLINE = 0x0A
 _AT_ONCE_MAX = 4096
 #: Inline answers in one run of the reader before it lets other tasks run.
 _INLINE_BURST = 64
-#: Lines longer than this are parsed in a worker thread (``threads.LARGE_TEXT``).
-_LARGE_LINE = threads.LARGE_TEXT
-#: The large lines whose requests are in flight, on all connections together, may hold at
-#: most this many times ``max_frame_size`` bytes (a lone one always may). Parsed, a line
-#: takes up to twenty times its size (a 16 MiB line of ``[]`` is 341 MB of lists), and a
-#: request keeps it until answered (an ``invoke`` waiting for a runner slot or its child):
-#: without a bound one client could pipeline 16 MiB requests until the daemon ran out of
-#: memory.
-_LARGE_BUDGET_FRAMES = 4
+#: Lines longer than this are large (``large.LARGE_TEXT``): parsed in a worker thread.
+_LARGE_LINE = LARGE_TEXT
+#: The large requests in flight, on every face together, may hold at most this many times
+#: ``max_frame_size`` bytes (``large.LargeRequests``).
+_LARGE_BUDGET_FRAMES = LIMIT_TEXTS
 #: Handler tasks a connection keeps waiting for its next message once theirs is answered.
 #: Handing a message to one costs a future's wake-up; a new task costs anyio's task
 #: set-up (its own cancel scope, its state, its done callback): about 40 µs more of an
@@ -189,28 +185,6 @@ class RequestContext:
     request_id: Any
 
 
-class LargeLines:
-    """Bytes of large request lines (over ``_LARGE_LINE``) whose requests are in flight,
-    on every connection of one server (see ``_LARGE_BUDGET_FRAMES``), and the daemon's
-    slot for the worker thread that parses one (``parser``).
-
-    Args:
-        gil_work: The daemon's one slot for work that holds the GIL (a new one if None).
-    """
-
-    __slots__ = ("_gil_work", "held")
-
-    def __init__(self, gil_work: threads.GilWork | None = None) -> None:
-        self.held = 0
-        self._gil_work = gil_work if gil_work is not None else threads.GilWork()
-
-    @property
-    def parser(self) -> anyio.CapacityLimiter:
-        """Taken to parse a large line: one at a time, with the other faces' such work
-        (``threads.GilWork``)."""
-        return self._gil_work.limiter
-
-
 if TYPE_CHECKING:
     _CallEvents = dict[str, anyio.Event]
 else:  # ``anyio.Event`` evaluated at import loads anyio._core._tasks: ~3.5 ms of a cold start
@@ -243,7 +217,7 @@ class Dispatch(Protocol):
 
     settings: ServerSettings
     #: The large request lines in flight on all of its connections.
-    large_lines: LargeLines
+    large_requests: LargeRequests
     #: Methods the reader answers itself (see ``ServerSettings.inline_methods``).
     inline_methods: frozenset[str]
 
@@ -293,7 +267,7 @@ class Connection:
         self._stop_reading = False
         self._in_flight = 0
         #: The bytes of an incomplete line over ``_LARGE_LINE`` counted in the server's
-        #: ``large_lines`` (a line being received holds memory too).
+        #: ``large_requests`` (a line being received holds memory too).
         self._partial = 0
         #: Cancel events of this connection's running invoke calls, by call id.
         self.calls = CallTable()
@@ -551,7 +525,7 @@ class Connection:
                         # wait, in order, as they wait for any await of the reader.
                         try:
                             parsed = await threads.run_sync(
-                                parse_line, event.line, limiter=self._server.large_lines.parser
+                                parse_line, event.line, limiter=self._server.large_requests.slot
                             )
                         except BaseException:
                             self._release(held)
@@ -693,11 +667,7 @@ class Connection:
     def _hold(self, size: int) -> bool:
         """Count a large line's bytes as held until its request is answered; False when
         that would take the daemon past its bound (``_large_limit``)."""
-        lines = self._server.large_lines
-        if lines.held and lines.held + size > self._large_limit():
-            return False
-        lines.held += size
-        return True
+        return self._server.large_requests.hold(size, self._large_limit())
 
     def _hold_partial(self, size: int) -> bool:
         """Count the incomplete line's ``size`` bytes instead of what was counted for it
@@ -715,12 +685,12 @@ class Connection:
     def _release(self, size: int) -> None:
         """The request of a large line (``_hold``) is answered, or never ran."""
         if size:
-            self._server.large_lines.held -= size
+            self._server.large_requests.release(size)
 
     def _refuse_large(self, size: int) -> None:
         """Say why a large line is not taken (the daemon holds too many), before closing."""
         limit = self._large_limit()
-        held = self._server.large_lines.held
+        held = self._server.large_requests.held
         self.post(
             error_message(
                 None,

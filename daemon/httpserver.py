@@ -63,6 +63,7 @@ import structlog
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .exhaustion import out_of_resources
+from .large import LARGE_TEXT, LIMIT_TEXTS, LargeRequests
 from .logs import Throttle
 from .wire import Wire
 
@@ -519,12 +520,23 @@ class HttpServer:
         settings: Limits and timeouts.
         handler: Answers each request.
         admit: Decides, per connection, whether the peer is served.
+        large_requests: The daemon's large requests in flight (``large.LargeRequests``): a
+            body over ``LARGE_TEXT`` is counted there from its head (or once it grows past
+            that) until its request is answered, and refused with 503 when it would take
+            them past ``LIMIT_TEXTS`` times ``max_body_bytes``.
     """
 
-    def __init__(self, settings: HttpSettings, handler: Handler, admit: Admit) -> None:
+    def __init__(
+        self,
+        settings: HttpSettings,
+        handler: Handler,
+        admit: Admit,
+        large_requests: LargeRequests | None = None,
+    ) -> None:
         self.settings = settings
         self._handler = handler
         self._admit = admit
+        self._large = large_requests if large_requests is not None else LargeRequests()
         self._ids = itertools.count(1)
         #: Connections being served (at most ``max_connections``).
         self.connections = 0
@@ -719,33 +731,90 @@ class HttpServer:
                     conn, 413, f"Request body too large: at most {settings.max_body_bytes} bytes."
                 )
                 return
+            held = _Held()
             try:
-                body = await self._read_body(conn, loop.time() + settings.body_timeout)
-            except TimeoutError:
-                await self._fail(
-                    conn,
-                    408,
-                    f"Request timeout: the body did not arrive within {settings.body_timeout:g} s.",
-                )
-                return
-            except h11.RemoteProtocolError as exc:
-                await self._fail(conn, exc.error_status_hint, _protocol_message(exc))
-                return
-            except _BodyTooLarge:
-                await self._fail(
-                    conn, 413, f"Request body too large: at most {settings.max_body_bytes} bytes."
-                )
-                return
-            request = _request(event, body)
-            exchange = Exchange(conn)
-            await self._run_handler(conn, request, exchange, peer)
-            if not exchange.finished or exchange.disconnected.is_set():
-                return  # the handler gave up mid-stream (the peer left): nothing to reuse
-            if parser.our_state is h11.MUST_CLOSE or parser.their_state is not h11.DONE:
-                return
+                if not await self._serve_one(conn, event, declared, peer, held):
+                    return
+            finally:
+                self._large.release(held.size)
 
-    async def _read_body(self, conn: _HttpConnection, deadline: float) -> bytes:
-        """The whole body, by one deadline: a peer trickling bytes cannot hold us longer."""
+    async def _serve_one(
+        self,
+        conn: _HttpConnection,
+        event: h11.Request,
+        declared: bytes | None,
+        peer: Any,
+        held: _Held,
+    ) -> bool:
+        """Read one request's body and run the handler; True when the connection may carry
+        another request. ``held`` counts a large body's bytes (the caller releases them
+        once the request is answered)."""
+        settings = self.settings
+        parser = conn.parser
+        size = int(declared) if declared is not None else 0
+        if size > LARGE_TEXT and not self._hold(held, size):
+            await self._refuse_large(held, conn, size)
+            return False
+        try:
+            body = await self._read_body(conn, conn.loop.time() + settings.body_timeout, held)
+        except TimeoutError:
+            await self._fail(
+                conn,
+                408,
+                f"Request timeout: the body did not arrive within {settings.body_timeout:g} s.",
+            )
+            return False
+        except h11.RemoteProtocolError as exc:
+            await self._fail(conn, exc.error_status_hint, _protocol_message(exc))
+            return False
+        except _BodyTooLarge:
+            await self._fail(
+                conn, 413, f"Request body too large: at most {settings.max_body_bytes} bytes."
+            )
+            return False
+        except _LargeRefused as refused:
+            await self._refuse_large(held, conn, refused.size)
+            return False
+        request = _request(event, body)
+        del body
+        exchange = Exchange(conn)
+        await self._run_handler(conn, request, exchange, peer)
+        if not exchange.finished or exchange.disconnected.is_set():
+            return False  # the handler gave up mid-stream (the peer left): nothing to reuse
+        return parser.our_state is not h11.MUST_CLOSE and parser.their_state is h11.DONE
+
+    def _hold(self, held: _Held, size: int) -> bool:
+        """Count a large body at ``size`` bytes (instead of what was counted for it); False
+        when that would take the daemon's large requests past their bound."""
+        more = size - held.size
+        if more <= 0:
+            return True
+        if not self._large.hold(more, LIMIT_TEXTS * self.settings.max_body_bytes):
+            return False
+        held.size = size
+        return True
+
+    async def _refuse_large(self, held: _Held, conn: _HttpConnection, size: int) -> None:
+        """Say why a large body is not taken (the daemon holds too many), and close."""
+        limit = LIMIT_TEXTS * self.settings.max_body_bytes
+        others = self._large.held - held.size
+        log.warning("http_large_bodies_refused", size=size, held=others)
+        await self._answer_and_close(
+            conn,
+            503,
+            f"Busy: requests of more than {LARGE_TEXT} bytes being received or in flight "
+            f"hold {others} bytes, and this body of {size} bytes would take them past "
+            f"{limit} (four times the body size limit); the connection is closed. Send it "
+            "again once some of those have been answered.",
+            [("retry-after", "1")],
+        )
+
+    async def _read_body(self, conn: _HttpConnection, deadline: float, held: _Held) -> bytes:
+        """The whole body, by one deadline: a peer trickling bytes cannot hold us longer.
+
+        A body that grows past ``LARGE_TEXT`` with no ``Content-Length`` (chunked) is
+        counted as it grows.
+        """
         parts: list[bytes] = []
         size = 0
         while True:
@@ -754,6 +823,8 @@ class HttpServer:
                 size += len(event.data)
                 if size > self.settings.max_body_bytes:
                     raise _BodyTooLarge
+                if size > LARGE_TEXT and not self._hold(held, size):
+                    raise _LargeRefused(size)
                 parts.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
                 return parts[0] if len(parts) == 1 else b"".join(parts)
@@ -819,6 +890,23 @@ class HttpServer:
         except (_Closed, h11.LocalProtocolError):
             return
         await conn.linger()
+
+
+class _Held:
+    """One request's large body as counted in ``LargeRequests`` (``HttpServer._hold``)."""
+
+    __slots__ = ("size",)
+
+    def __init__(self) -> None:
+        self.size = 0
+
+
+class _LargeRefused(Exception):
+    """A chunked body grew past what the daemon's large requests may hold."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(size)
+        self.size = size
 
 
 class _BodyTooLarge(Exception):

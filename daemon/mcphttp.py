@@ -64,12 +64,13 @@ from toolsetd.protocol.jsontext import loads as json_loads
 
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
 from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
+from .large import LARGE_TEXT, LargeRequests
 from .logs import Throttle
 from .mcp_mapping import McpError, error_response
 from .mcp_session import MODERN_VERSIONS, SUPPORTED_VERSIONS, unsupported_version
 from .peercred import PeerPolicy
 from .tcppeer import tcp_peer, tcp_peer_credentials
-from .threads import LARGE_TEXT, GilWork, run_sync
+from .threads import run_sync
 
 __all__ = [
     "CoreSession",
@@ -290,8 +291,9 @@ class McpHttpEndpoint:
         http: HTTP limits.
         sandboxed: Why a peer socket made in a given cgroup is a sandboxed call's, else
             None (``Confinement.sandboxed_peer``).
-        gil_work: The daemon's one slot for work that holds the GIL (``threads.GilWork``):
-            the parse of a body over ``threads.LARGE_TEXT`` takes it.
+        large_requests: The daemon's large requests in flight and its worker slot for
+            them (``large.LargeRequests``): a body over ``LARGE_TEXT`` is counted there
+            while it is received and answered, and parsed in that slot.
     """
 
     def __init__(
@@ -302,10 +304,10 @@ class McpHttpEndpoint:
         settings: McpHttpSettings | None = None,
         http: HttpSettings | None = None,
         sandboxed: Callable[[int | None], str | None] | None = None,
-        gil_work: GilWork | None = None,
+        large_requests: LargeRequests | None = None,
     ) -> None:
         self._factory = factory
-        self._gil_work = gil_work if gil_work is not None else GilWork()
+        self._large = large_requests if large_requests is not None else LargeRequests()
         self._policy = policy
         self._token = token
         self._sandboxed = sandboxed
@@ -333,7 +335,7 @@ class McpHttpEndpoint:
                 for address, sock in sockets:
                     port = sock.getsockname()[1]
                     server = HttpServer(
-                        self.http_settings, self._handler(address, port), self._admit
+                        self.http_settings, self._handler(address, port), self._admit, self._large
                     )
                     self._servers.append(server)
                     await tg.start(server.serve, [sock])
@@ -449,7 +451,7 @@ class McpHttpEndpoint:
             message = (  # numbers as written, as on the socket; a large body off the loop
                 json_loads(request.body)
                 if len(request.body) <= LARGE_TEXT
-                else await run_sync(json_loads, request.body, limiter=self._gil_work.limiter)
+                else await run_sync(json_loads, request.body, limiter=self._large.slot)
             )
         except orjson.JSONDecodeError as exc:
             await _rpc_error(

@@ -37,14 +37,14 @@ from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol.codec import Codec
 from toolsetd.protocol.jsonrpc import error_message
 
-from .connection import Connection, Handler, LargeLines, RequestContext, ServerSettings
+from .connection import Connection, Handler, RequestContext, ServerSettings
 from .dispatch import Dispatcher
 from .exhaustion import Acceptor
+from .large import LargeRequests
 from .logs import Throttle
 from .observe import NO_OBSERVER, Observer
 from .peercred import PeerPolicy, peer_credentials
 from .sockpath import SUN_PATH_MAX
-from .threads import GilWork
 
 # Connection, Handler, RequestContext and ServerSettings are re-exported on purpose: the
 # server is where the handlers and the composition root meet them.
@@ -77,8 +77,8 @@ class Server:
         methods: Handlers by method name.
         peer_policy: Which peers may call.
         observer: Told of each refused connection (``observe.Observer``).
-        gil_work: The daemon's one slot for work that holds the GIL (``threads.GilWork``):
-            the large lines' parses take it.
+        large_requests: The daemon's large requests in flight and its worker slot for
+            them (``large.LargeRequests``), shared with the other faces.
     """
 
     def __init__(
@@ -87,7 +87,7 @@ class Server:
         methods: Mapping[str, Handler],
         peer_policy: PeerPolicy,
         observer: Observer = NO_OBSERVER,
-        gil_work: GilWork | None = None,
+        large_requests: LargeRequests | None = None,
     ) -> None:
         self.settings = settings
         self._observer = observer
@@ -100,8 +100,8 @@ class Server:
         self._peer_policy = peer_policy
         self._ids = itertools.count(1)
         self.connections: dict[int, Connection] = {}
-        #: The large request lines in flight on all connections (``connection._hold``).
-        self.large_lines = LargeLines(gil_work)
+        #: The large requests in flight on every face (``connection._hold``).
+        self.large_requests = large_requests if large_requests is not None else LargeRequests()
         # A peer can be refused as often as it connects: one line a minute per uid (per
         # reason for the connection limit), counting the refusals since the last line.
         self._refused_log = Throttle()

@@ -61,6 +61,7 @@ from toolsetd.protocol.jsontext import dumps as json_dumps
 from . import threads
 from .confinement import Confinement
 from .exhaustion import busy_when_short
+from .large import LargeRequests
 from .model import Catalog, CatalogName, LoadedTool
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
 from .paths import Scope, existing_directory
@@ -273,8 +274,8 @@ class Service:
         observer: Told of each call and reload (metrics, tracing; ``observe.Observer``).
         confinement: The cgroups and the sandbox (``status`` and the classification
             report them; the runner applies them).
-        gil_work: The daemon's one slot for work that holds the GIL (``threads.GilWork``):
-            a check of many arguments takes it.
+        large_requests: The daemon's worker slot for large requests
+            (``large.LargeRequests``): a check of many arguments takes it.
     """
 
     def __init__(
@@ -287,7 +288,7 @@ class Service:
         on_workspace: Callable[[Path], None] | None = None,
         observer: Observer = NO_OBSERVER,
         confinement: Confinement | None = None,
-        gil_work: threads.GilWork | None = None,
+        large_requests: LargeRequests | None = None,
     ) -> None:
         self.settings = settings
         self.confinement = confinement
@@ -304,7 +305,7 @@ class Service:
         self.stopping = False
         self._listeners: dict[Path | None, set[CatalogListener]] = {}
         self._listen_all: list[CatalogListener] = []
-        self._gil_work = gil_work if gil_work is not None else threads.GilWork()
+        self._large = large_requests if large_requests is not None else LargeRequests()
 
     # -- lookup --------------------------------------------------------------------------
 
@@ -415,7 +416,7 @@ class Service:
         loaded = self.lookup(catalog, tool, catalog_name)
         if self._validators.off_loop(loaded, arguments):
             errors = await threads.run_sync(
-                self._validators.errors, loaded, arguments, limiter=self._gil_work.limiter
+                self._validators.errors, loaded, arguments, limiter=self._large.slot
             )
         else:
             errors = self._validators.errors(loaded, arguments)

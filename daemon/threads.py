@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 import anyio
 import anyio.lowlevel
 
-__all__ = ["IDLE_SECONDS", "LARGE_TEXT", "MAX_THREADS", "GilWork", "alive", "run_sync"]
+__all__ = ["IDLE_SECONDS", "MAX_THREADS", "alive", "run_sync"]
 
 T = TypeVar("T")
 
@@ -38,13 +38,6 @@ T = TypeVar("T")
 IDLE_SECONDS = 1.0
 #: Workers at most (as anyio's default thread limiter); more jobs wait for one.
 MAX_THREADS = 40
-
-#: JSON text longer than this is parsed in a worker thread, not on the event loop (a
-#: request line on the socket, a request body over HTTP): keeping every number's text
-#: (``jsontext``) costs about a quarter of a second per MiB of numbers, so one 16 MiB text
-#: held the loop, and every other client and call, for seconds. Below it a text costs at
-#: most a few milliseconds, less than the thread hop.
-LARGE_TEXT = 64 * 1024
 
 #: (the caller's loop, the future it waits on, its context, the call)
 _Job = tuple[
@@ -140,31 +133,6 @@ def _settle(future: asyncio.Future[Any], result: Any, exc: BaseException | None)
 
 
 _POOL = _Pool()
-
-
-class GilWork:
-    """The daemon's one slot for worker jobs that hold the GIL as they run.
-
-    Parsing a large text and checking many arguments are Python work: the event loop
-    shares the GIL with every thread doing such work. With one parse per connection at
-    once, 200 connections each sending lines of numbers had 40 worker threads parsing, and
-    the loop got the GIL so rarely that another client's status took 37 s (it had taken
-    53 s on the loop). One such job at a time, on every face together, leaves the loop
-    half of it, and the other workers (spawns, catalog reads) free. The composition root
-    makes one and hands it to each face and the service.
-    """
-
-    __slots__ = ("_limiter",)
-
-    def __init__(self) -> None:
-        self._limiter: anyio.CapacityLimiter | None = None
-
-    @property
-    def limiter(self) -> anyio.CapacityLimiter:
-        """Taken for such a job (made on first use, in the event loop that uses it)."""
-        if self._limiter is None:
-            self._limiter = anyio.CapacityLimiter(1)
-        return self._limiter
 
 
 def alive() -> int:

@@ -1080,6 +1080,88 @@ def test_http_a_large_body_is_parsed_without_holding_other_clients(
     assert served >= 10, f"the socket's client was served {served} times during the parse"
 
 
+_MAX_BODY = 16 * 1024 * 1024
+
+
+def _reply_head(sock: socket.socket) -> bytes:
+    """What the daemon answered on this socket, read until it closes (TimeoutError when
+    it says nothing within the socket's timeout)."""
+    data = sock.recv(65536)
+    with contextlib.suppress(ConnectionResetError, TimeoutError):
+        while chunk := sock.recv(65536):
+            data += chunk
+    return data
+
+
+def test_http_large_bodies_in_flight_are_bounded(http_daemon, workspace: Path) -> None:
+    """Each body up to 16 MiB is taken, but not any number of them at once: received and
+    then parsed (up to twenty times its size), they are what exhausts the daemon's memory.
+    Four bodies of 16 MiB being received hold the daemon's bound on large requests (four
+    times the body limit): a fifth is refused with 503 at its head, and taken again once
+    one of the four has gone."""
+    daemon, base = http_daemon
+    head = _post_head(base, workspace, _MAX_BODY)
+    holders = [socket.create_connection(_address(base), timeout=30) for _ in range(4)]
+    try:
+        for sock in holders:
+            sock.sendall(head + b"{")  # the head, and a body that is still to come
+        answers: list[bytes] = []
+
+        def fifth_refused() -> bool:  # until the daemon has read the four heads
+            with socket.create_connection(_address(base), timeout=30) as fifth:
+                fifth.sendall(head)
+                fifth.settimeout(0.5)
+                with contextlib.suppress(TimeoutError):
+                    answers.append(_reply_head(fifth))
+                    return True
+            return False  # taken (its body awaited): closed, so it holds nothing now
+
+        eventually(fifth_refused, what="a fifth large body refused")
+        data = answers[-1]
+        assert data.startswith(b"HTTP/1.1 503 "), data[:300]
+        assert b"retry-after: 1" in data.lower(), data[:300]
+        assert b"would take them past 67108864 (four times the body size limit)" in data, data
+        holders.pop().close()  # the daemon sees the body end early, and lets it go
+        pad = _MAX_BODY - 100
+        body = json.dumps(rpc(1, "ping", {"pad": "x" * pad})).encode()
+        body += b" " * (_MAX_BODY - len(body))
+        with socket.create_connection(_address(base), timeout=60) as fifth:
+            fifth.sendall(head + body)
+            data = fifth.recv(65536)
+        assert data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 503"), data[:300]
+    finally:
+        for sock in holders:
+            sock.close()
+
+
+def test_http_bodies_and_socket_lines_share_one_bound(workspace: Path, tmp_path: Path) -> None:
+    """The bound on large requests is the daemon's, not each face's: with the socket's set
+    to 4 MB (``--max-message-bytes 1000000``), a 16 MiB body being received over HTTP
+    leaves no room for a 200 KB line on the socket, which gets -32008 until the body has
+    gone."""
+    home = tmp_path / "home"
+    (home / "tools").mkdir(parents=True)
+    daemon, base = start_http_daemon(home, workspace, tmp_path, ["--max-message-bytes", "1000000"])
+    try:
+        line = json.dumps(rpc("big", "status", {"pad": "y" * 200_000})).encode() + b"\n"
+
+        def answer() -> dict[str, Any]:
+            with daemon.raw(timeout=30) as conn:
+                conn.send_bytes(line)
+                return dict(conn.receive()["error"])  # taken: status takes no params
+
+        with socket.create_connection(_address(base), timeout=30) as body:
+            body.sendall(_post_head(base, workspace, _MAX_BODY) + b"{")
+            refused: list[dict[str, Any]] = []
+            eventually(lambda: refused.append(answer()) or refused[-1]["code"] == -32008,
+                       what="the socket's line refused while the body is received")
+            assert refused[-1]["data"] == {"resource": "memory", "limit": 4_000_000}
+        eventually(lambda: answer()["code"] == -32602,
+                   what="the socket's line taken once the body has gone")
+    finally:
+        shut_down(daemon)
+
+
 # -- the official SDK client (streamable_http_client) ----------------------------------------
 
 

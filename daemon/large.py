@@ -1,0 +1,70 @@
+"""Large requests: the daemon's bound on their bytes in flight, and its one worker slot.
+
+Theory of operation
+-------------------
+A request text over ``LARGE_TEXT`` (64 KiB), a line on the Unix socket or a body over
+HTTP, is parsed in a worker thread, not on the event loop: keeping every number's text
+(``jsontext``) costs about a quarter of a second per MiB of numbers, so one 16 MiB text
+held the loop, and every other client and call, for seconds. Below it a text costs at most
+a few milliseconds, less than the thread hop.
+
+Such work holds the GIL as it runs, and the event loop needs it too: with one parse per
+connection at once, 200 connections each sending lines of numbers had 40 worker threads
+parsing, and the loop got the GIL so rarely that another client's status took 37 s (it
+had taken 53 s on the loop). So it goes to the workers one job at a time on every face
+together (``slot``), with the checks of many arguments (``Service.prepare``): the loop keeps
+half of the GIL, and the other workers (spawns, catalog reads) stay free.
+
+A large request also holds memory until it is answered: parsed, a text takes up to twenty
+times its size (16 MiB of ``[]`` is 341 MB of lists), and an ``invoke`` keeps its
+arguments while it waits for a runner slot or its child. ``held`` counts the bytes of the
+large texts being received or whose requests are not answered yet, on every face; ``hold``
+refuses one that would take them past the face's bound, unless none is held (a lone one
+always may). Without a bound one client could send 16 MiB requests until the daemon ran
+out of memory.
+
+The composition root makes one ``LargeRequests`` and hands it to each face and the
+service; each makes its own when built alone, as in tests.
+"""
+
+from __future__ import annotations
+
+import anyio
+
+__all__ = ["LARGE_TEXT", "LIMIT_TEXTS", "LargeRequests"]
+
+#: Texts longer than this are large: parsed in a worker thread, and counted in ``held``.
+LARGE_TEXT = 64 * 1024
+#: The bound a face passes to ``hold``: this many times the longest text it takes (its
+#: line or body size limit).
+LIMIT_TEXTS = 4
+
+
+class LargeRequests:
+    """The bytes of large requests in flight on every face, and the one worker slot."""
+
+    __slots__ = ("_slot", "held")
+
+    def __init__(self) -> None:
+        self.held = 0
+        self._slot: anyio.CapacityLimiter | None = None
+
+    @property
+    def slot(self) -> anyio.CapacityLimiter:
+        """Taken for a worker job that holds the GIL (made on first use, in the event loop
+        that uses it)."""
+        if self._slot is None:
+            self._slot = anyio.CapacityLimiter(1)
+        return self._slot
+
+    def hold(self, size: int, limit: int) -> bool:
+        """Count ``size`` bytes as held until ``release``; False (nothing counted) when that
+        would take ``held`` past ``limit`` while something else is held."""
+        if self.held and self.held + size > limit:
+            return False
+        self.held += size
+        return True
+
+    def release(self, size: int) -> None:
+        """Stop counting ``size`` bytes ``hold`` counted."""
+        self.held -= size
