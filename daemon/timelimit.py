@@ -33,6 +33,8 @@ worker thread only work made of Python steps (the daemon gives one the check of 
 against a schema without ``pattern``, ``validation.ArgumentValidators.off_loop``). A lock
 orders the timer against the call's end, and an exception set but not yet delivered when
 the call ends is withdrawn: here too it can only come out of ``fn`` or ``run_limited``.
+It too raises again every ``_AGAIN`` seconds until the call ends, for an exception a
+finalizer swallowed.
 """
 
 from __future__ import annotations
@@ -92,23 +94,33 @@ def _run_limited_in_thread(seconds: float, fn: Callable[[], T]) -> T:
     raise_in = _async_raiser()  # ctypes imported now, not while the work holds the GIL
     ident = threading.get_ident()
     lock = threading.Lock()
+    ended = threading.Event()
     running = [True]
 
     def expire() -> None:
-        with lock:
-            if running[0]:
+        # Again every _AGAIN seconds until the call ends, as the alarm does: Python
+        # swallows an exception raised in a finalizer that the collector ran during fn.
+        wait = seconds
+        while not ended.wait(wait):
+            with lock:
+                if not running[0]:
+                    return
                 raise_in(ident, TimeLimitExceeded)
+            wait = _AGAIN
 
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    timer.start()
+    timer = threading.Thread(target=expire, name="toolsetd-timelimit", daemon=True)
     try:
+        # Inside: a short limit can pass while start() waits for the thread, and a raise
+        # that lands there must end the timer too (or it raises in this thread for good).
+        timer.start()
         return fn()
     finally:
         with lock:
             running[0] = False
-        timer.cancel()
         raise_in(ident, None)  # withdraw one set but not delivered yet
+        # Only then, with nothing pending to land inside it (and leave its lock taken),
+        # end the timer thread (if a raise landed above, it ends within _AGAIN).
+        ended.set()
 
 
 def _async_raiser() -> Callable[[int, type[BaseException] | None], None]:

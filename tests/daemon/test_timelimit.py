@@ -3,6 +3,7 @@ nothing armed behind."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import re
@@ -147,3 +148,64 @@ def test_off_the_main_thread_nothing_is_raised_after_the_call_returned() -> None
     [(stopped, late)] = _in_a_thread(calls)
     assert late == 0
     assert stopped > 0, "no call ran into its limit: the boundary was not tested"
+
+
+def test_off_the_main_thread_a_raise_swallowed_by_a_finalizer_does_not_lift_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As with the alarm: Python swallows an exception raised in ``__del__``, so the timer
+    raises again until the call ends, and the next raise stops the work."""
+    swallowed: list[object] = []
+    monkeypatch.setattr(sys, "unraisablehook", swallowed.append)  # Python's own, not pytest's
+
+    class Slow:
+        cycle: object
+
+        def __del__(self) -> None:
+            _busy(0.2)  # the first raise lands in here
+
+    def work() -> str:
+        slow = Slow()
+        slow.cycle = slow
+        del slow
+        gc.collect()
+        _busy(3)
+        return "ran to the end"
+
+    started = time.monotonic()
+    [stopped] = _in_a_thread(lambda: run_limited(0.05, work))
+    assert swallowed, "the first raise did land in the finalizer"
+    assert isinstance(stopped, TimeLimitExceeded), stopped
+    assert time.monotonic() - started < 1.5
+
+
+def test_off_the_main_thread_a_limit_that_passes_while_the_timer_starts_ends_the_timer() -> None:
+    """A limit shorter than the timer thread's start: the raise can land in ``start()``.
+    It comes out of ``run_limited`` like any other, and the timer ends with the call:
+    nothing is raised in the code after it, and the next calls start their timers."""
+    outcome: list[object] = []
+
+    def calls() -> None:
+        late = 0
+        for _ in range(300):
+            with contextlib.suppress(TimeLimitExceeded):
+                run_limited(1e-6, functools.partial(_busy, 0.0005))
+            try:
+                _busy(0.002)  # a timer left raising would land in here
+            except TimeLimitExceeded:
+                late += 1
+        outcome.append(late)
+
+    thread = threading.Thread(target=calls, daemon=True)
+    thread.start()
+    thread.join(30)  # pytest-timeout's alarm is set aside here: a hang must fail instead
+    assert not thread.is_alive(), "a call hung (its timer raised in the next timer's start)"
+    assert outcome == [0]
+    eventually_no_timer = time.monotonic() + 1
+    while time.monotonic() < eventually_no_timer and _timers():
+        time.sleep(0.01)
+    assert not _timers(), "a timer thread outlived its call"
+
+
+def _timers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "toolsetd-timelimit"]
