@@ -97,9 +97,10 @@ def _in_a_thread(work: Callable[[], object]) -> list[object]:
         except BaseException as exc:  # the test records whatever escapes
             seen.append(exc)
 
-    thread = threading.Thread(target=run)
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    thread.join()
+    thread.join(30)  # pytest-timeout's alarm is set aside here: a hang must fail instead
+    assert not thread.is_alive(), "the call hung"
     return seen
 
 
