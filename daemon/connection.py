@@ -672,12 +672,11 @@ class Connection:
     def _hold_partial(self, size: int) -> bool:
         """Count the incomplete line's ``size`` bytes instead of what was counted for it
         (only a line over ``_LARGE_LINE``); False when the daemon holds too many."""
-        if self._partial:
-            self._release(self._partial)
-            self._partial = 0
+        counted, self._partial = self._partial, 0
         if size <= _LARGE_LINE:
+            self._release(counted)
             return True
-        if not self._hold(size):
+        if not self._server.large_requests.recount(counted, size, self._large_limit()):
             return False
         self._partial = size
         return True

@@ -753,7 +753,7 @@ class HttpServer:
         parser = conn.parser
         size = int(declared) if declared is not None else 0
         if size > LARGE_TEXT and not self._hold(held, size):
-            await self._refuse_large(held, conn, size)
+            await self._refuse_large(conn, size)
             return False
         try:
             body = await self._read_body(conn, conn.loop.time() + settings.body_timeout, held)
@@ -773,7 +773,7 @@ class HttpServer:
             )
             return False
         except _LargeRefused as refused:
-            await self._refuse_large(held, conn, refused.size)
+            await self._refuse_large(conn, refused.size)
             return False
         request = _request(event, body)
         del body
@@ -783,21 +783,26 @@ class HttpServer:
             return False  # the handler gave up mid-stream (the peer left): nothing to reuse
         return parser.our_state is not h11.MUST_CLOSE and parser.their_state is h11.DONE
 
+    def _large_limit(self) -> int:
+        """The bound this face passes for large requests: ``LIMIT_TEXTS`` bodies at most."""
+        return LIMIT_TEXTS * self.settings.max_body_bytes
+
     def _hold(self, held: _Held, size: int) -> bool:
-        """Count a large body at ``size`` bytes (instead of what was counted for it); False
-        when that would take the daemon's large requests past their bound."""
-        more = size - held.size
-        if more <= 0:
+        """Count a large body at ``size`` bytes instead of what was counted for it (its
+        declared length stays counted while less has arrived); False (nothing counted for
+        it any more) when that would take the daemon's large requests past their bound."""
+        if size <= held.size:
             return True
-        if not self._large.hold(more, LIMIT_TEXTS * self.settings.max_body_bytes):
+        counted, held.size = held.size, 0
+        if not self._large.recount(counted, size, self._large_limit()):
             return False
         held.size = size
         return True
 
-    async def _refuse_large(self, held: _Held, conn: _HttpConnection, size: int) -> None:
+    async def _refuse_large(self, conn: _HttpConnection, size: int) -> None:
         """Say why a large body is not taken (the daemon holds too many), and close."""
-        limit = LIMIT_TEXTS * self.settings.max_body_bytes
-        others = self._large.held - held.size
+        limit = self._large_limit()
+        others = self._large.held
         log.warning("http_large_bodies_refused", size=size, held=others)
         await self._answer_and_close(
             conn,

@@ -60,6 +60,13 @@ class LargeRequests:
     def hold(self, size: int, limit: int) -> bool:
         """Count ``size`` bytes as held until ``release``; False (nothing counted) when that
         would take ``held`` past ``limit`` while something else is held."""
+        return self.recount(0, size, limit)
+
+    def recount(self, counted: int, size: int, limit: int) -> bool:
+        """Count a text still being received at ``size`` bytes instead of the ``counted``
+        ones; False when that would take ``held`` past ``limit`` while something else is
+        held, and then nothing is counted for it any more (it is refused)."""
+        self.held -= counted
         if self.held and self.held + size > limit:
             return False
         self.held += size
