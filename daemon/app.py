@@ -257,8 +257,14 @@ def _mcp_http_endpoint(
     token: str | None,
     confinement: Confinement,
     large_requests: LargeRequests,
+    max_body_bytes: int,
 ) -> Any:
-    """The MCP HTTP endpoint over the daemon's one MCP core (imported only with --mcp-listen)."""
+    """The MCP HTTP endpoint over the daemon's one MCP core (imported only with --mcp-listen).
+
+    Its body limit is the socket's line limit (``--max-message-bytes``): one message size,
+    whichever face carries it, and one bound (four of them) on those in flight.
+    """
+    from .httpserver import HttpSettings
     from .mcp_session import Binding
     from .mcphttp import McpHttpEndpoint
 
@@ -269,6 +275,7 @@ def _mcp_http_endpoint(
         open_session,
         policy,
         token,
+        http=HttpSettings(max_body_bytes=max_body_bytes),
         sandboxed=confinement.sandboxed_peer,
         large_requests=large_requests,
     )
@@ -462,7 +469,12 @@ async def _serve(
                 tg.start_soon(_watchdog, notifier, interval)
             if http_sockets:
                 state.http = _mcp_http_endpoint(
-                    mcp.get(), peer_policy, http_token, confinement, large_requests
+                    mcp.get(),
+                    peer_policy,
+                    http_token,
+                    confinement,
+                    large_requests,
+                    options.server.max_frame_size,
                 )
                 await tg.start(state.http.serve, http_sockets)
             log.info(
@@ -550,6 +562,8 @@ def _reload_config(
         max_calls_per_connection=fresh.server.max_calls_per_connection,
         idle_timeout=fresh.server.idle_timeout,
     )
+    if state.http is not None:
+        state.http.set_max_body_bytes(fresh.server.max_frame_size)
     registry.idle_seconds = fresh.workspace_idle_seconds
     state.options = replace(
         options,

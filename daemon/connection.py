@@ -125,11 +125,6 @@ _NEWLINE = 0x0A
 _AT_ONCE_MAX = 4096
 #: Inline answers in one run of the reader before it lets other tasks run.
 _INLINE_BURST = 64
-#: Lines longer than this are large (``large.LARGE_TEXT``): parsed in a worker thread.
-_LARGE_LINE = LARGE_TEXT
-#: The large requests in flight, on every face together, may hold at most this many times
-#: ``max_frame_size`` bytes (``large.LargeRequests``).
-_LARGE_BUDGET_FRAMES = LIMIT_TEXTS
 #: Handler tasks a connection keeps waiting for its next message once theirs is answered.
 #: Handing a message to one costs a future's wake-up; a new task costs anyio's task
 #: set-up (its own cancel scope, its state, its done callback): about 40 µs more of an
@@ -257,7 +252,7 @@ class Connection:
         self._stream = stream
         self._server = server
         self._settings = server.settings
-        self._codec = Codec(max_frame_size=server.settings.max_frame_size, large_line=_LARGE_LINE)
+        self._codec = Codec(max_frame_size=server.settings.max_frame_size, large_line=LARGE_TEXT)
         #: The longest chunk ``_answer_at_once`` takes: a line within the frame limit (the
         #: codec's to enforce: it answers -32007 and closes) and within ``_AT_ONCE_MAX``.
         self._at_once_max = min(_AT_ONCE_MAX, server.settings.max_frame_size + 1)
@@ -266,7 +261,7 @@ class Connection:
         self._aborted = False
         self._stop_reading = False
         self._in_flight = 0
-        #: The bytes of an incomplete line over ``_LARGE_LINE`` counted in the server's
+        #: The bytes of an incomplete line over ``LARGE_TEXT`` counted in the server's
         #: ``large_requests`` (a line being received holds memory too).
         self._partial = 0
         #: Cancel events of this connection's running invoke calls, by call id.
@@ -521,7 +516,7 @@ class Connection:
                         if not self._hold(held):
                             self._refuse_large(held)
                             return
-                        # Off the loop (see _LARGE_LINE); this connection's later lines
+                        # Off the loop (``large.LARGE_TEXT``); this connection's later lines
                         # wait, in order, as they wait for any await of the reader.
                         try:
                             parsed = await threads.run_sync(
@@ -661,8 +656,8 @@ class Connection:
             self._post_response(response)
 
     def _large_limit(self) -> int:
-        """The daemon's bound on the bytes of large lines held (``_LARGE_BUDGET_FRAMES``)."""
-        return _LARGE_BUDGET_FRAMES * self._settings.max_frame_size
+        """The daemon's bound on the bytes of large lines held (``LIMIT_TEXTS``)."""
+        return LIMIT_TEXTS * self._settings.max_frame_size
 
     def _hold(self, size: int) -> bool:
         """Count a large line's bytes as held until its request is answered; False when
@@ -671,9 +666,9 @@ class Connection:
 
     def _hold_partial(self, size: int) -> bool:
         """Count the incomplete line's ``size`` bytes instead of what was counted for it
-        (only a line over ``_LARGE_LINE``); False when the daemon holds too many."""
+        (only a line over ``LARGE_TEXT``); False when the daemon holds too many."""
         counted, self._partial = self._partial, 0
-        if size <= _LARGE_LINE:
+        if size <= LARGE_TEXT:
             self._release(counted)
             return True
         if not self._server.large_requests.recount(counted, size, self._large_limit()):
@@ -694,7 +689,7 @@ class Connection:
             error_message(
                 None,
                 rpc_errors.ServerBusy(
-                    f"Busy: lines of more than {_LARGE_LINE} bytes being received or in "
+                    f"Busy: lines of more than {LARGE_TEXT} bytes being received or in "
                     f"flight hold {held} bytes, and this one of {size} bytes would take them "
                     f"past {limit} (four times the line size limit); the connection is closed. "
                     "Send it again once some of those have been answered.",

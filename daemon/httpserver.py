@@ -664,7 +664,7 @@ class HttpServer:
                 raw.close()
 
     async def _serve_requests(self, conn: _HttpConnection, peer: Any) -> None:
-        settings = self.settings
+        settings = conn.settings
         loop = conn.loop
         parser = conn.parser
         first = True
@@ -749,10 +749,10 @@ class HttpServer:
         """Read one request's body and run the handler; True when the connection may carry
         another request. ``held`` counts a large body's bytes (the caller releases them
         once the request is answered)."""
-        settings = self.settings
+        settings = conn.settings
         parser = conn.parser
         size = int(declared) if declared is not None else 0
-        if size > LARGE_TEXT and not self._hold(held, size):
+        if size > LARGE_TEXT and not self._hold(conn, held, size):
             await self._refuse_large(conn, size)
             return False
         try:
@@ -783,25 +783,26 @@ class HttpServer:
             return False  # the handler gave up mid-stream (the peer left): nothing to reuse
         return parser.our_state is not h11.MUST_CLOSE and parser.their_state is h11.DONE
 
-    def _large_limit(self) -> int:
+    @staticmethod
+    def _large_limit(conn: _HttpConnection) -> int:
         """The bound this face passes for large requests: ``LIMIT_TEXTS`` bodies at most."""
-        return LIMIT_TEXTS * self.settings.max_body_bytes
+        return LIMIT_TEXTS * conn.settings.max_body_bytes
 
-    def _hold(self, held: _Held, size: int) -> bool:
+    def _hold(self, conn: _HttpConnection, held: _Held, size: int) -> bool:
         """Count a large body at ``size`` bytes instead of what was counted for it (its
         declared length stays counted while less has arrived); False (nothing counted for
         it any more) when that would take the daemon's large requests past their bound."""
         if size <= held.size:
             return True
         counted, held.size = held.size, 0
-        if not self._large.recount(counted, size, self._large_limit()):
+        if not self._large.recount(counted, size, self._large_limit(conn)):
             return False
         held.size = size
         return True
 
     async def _refuse_large(self, conn: _HttpConnection, size: int) -> None:
         """Say why a large body is not taken (the daemon holds too many), and close."""
-        limit = self._large_limit()
+        limit = self._large_limit(conn)
         others = self._large.held
         log.warning("http_large_bodies_refused", size=size, held=others)
         await self._answer_and_close(
@@ -809,7 +810,7 @@ class HttpServer:
             503,
             f"Busy: requests of more than {LARGE_TEXT} bytes being received or in flight "
             f"hold {others} bytes, and this body of {size} bytes would take them past "
-            f"{limit} (four times the body size limit); the connection is closed. Send it "
+            f"{limit} (four times the message size limit); the connection is closed. Send it "
             "again once some of those have been answered.",
             [("retry-after", "1")],
         )
@@ -826,9 +827,9 @@ class HttpServer:
             event = await conn.next_event(deadline)
             if isinstance(event, h11.Data):
                 size += len(event.data)
-                if size > self.settings.max_body_bytes:
+                if size > conn.settings.max_body_bytes:
                     raise _BodyTooLarge
-                if size > LARGE_TEXT and not self._hold(held, size):
+                if size > LARGE_TEXT and not self._hold(conn, held, size):
                     raise _LargeRefused(size)
                 parts.append(bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):

@@ -36,7 +36,7 @@ __all__ = ["LARGE_TEXT", "LIMIT_TEXTS", "LargeRequests"]
 #: Texts longer than this are large: parsed in a worker thread, and counted in ``held``.
 LARGE_TEXT = 64 * 1024
 #: The bound a face passes to ``hold``: this many times the longest text it takes (its
-#: line or body size limit).
+#: message size limit, ``--max-message-bytes``, for a line and an HTTP body alike).
 LIMIT_TEXTS = 4
 
 

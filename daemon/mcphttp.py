@@ -49,7 +49,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
@@ -346,6 +346,12 @@ class McpHttpEndpoint:
         finally:
             for session in list(self.sessions.values()):
                 self._end_session(session)
+
+    def set_max_body_bytes(self, limit: int) -> None:
+        """A new body limit (``--max-message-bytes`` reloaded): requests from now on use it."""
+        self.http_settings = replace(self.http_settings, max_body_bytes=limit)
+        for server in self._servers:
+            server.settings = self.http_settings
 
     async def stop_accepting(self) -> None:
         """Accept no more connections (a graceful stop); requests under way go on."""

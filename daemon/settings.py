@@ -255,7 +255,7 @@ OPTIONS: tuple[Option, ...] = (
         "max-message-bytes",
         "int",
         16 * 1024 * 1024,
-        "longest request line (default 16777216)",
+        "longest request line or MCP HTTP body (default 16777216)",
         reloadable=True,
         check="count",
         metavar="N",

@@ -1120,7 +1120,7 @@ def test_http_large_bodies_in_flight_are_bounded(http_daemon, workspace: Path) -
         data = answers[-1]
         assert data.startswith(b"HTTP/1.1 503 "), data[:300]
         assert b"retry-after: 1" in data.lower(), data[:300]
-        assert b"would take them past 67108864 (four times the body size limit)" in data, data
+        assert b"would take them past 67108864 (four times the message size limit)" in data, data
         holders.pop().close()  # the daemon sees the body end early, and lets it go
         pad = _MAX_BODY - 100
         body = json.dumps(rpc(1, "ping", {"pad": "x" * pad})).encode()
@@ -1135,10 +1135,10 @@ def test_http_large_bodies_in_flight_are_bounded(http_daemon, workspace: Path) -
 
 
 def test_http_bodies_and_socket_lines_share_one_bound(workspace: Path, tmp_path: Path) -> None:
-    """The bound on large requests is the daemon's, not each face's: with the socket's set
-    to 4 MB (``--max-message-bytes 1000000``), a 16 MiB body being received over HTTP
-    leaves no room for a 200 KB line on the socket, which gets -32008 until the body has
-    gone."""
+    """The bound on large requests is the daemon's, not each face's: with the message limit
+    at 1 MB (``--max-message-bytes 1000000``, so 4 MB for all in flight), four 1 MB bodies
+    being received over HTTP leave no room for a 200 KB line on the socket, which gets
+    -32008 until one of the bodies has gone."""
     home = tmp_path / "home"
     (home / "tools").mkdir(parents=True)
     daemon, base = start_http_daemon(home, workspace, tmp_path, ["--max-message-bytes", "1000000"])
@@ -1150,14 +1150,53 @@ def test_http_bodies_and_socket_lines_share_one_bound(workspace: Path, tmp_path:
                 conn.send_bytes(line)
                 return dict(conn.receive()["error"])  # taken: status takes no params
 
-        with socket.create_connection(_address(base), timeout=30) as body:
-            body.sendall(_post_head(base, workspace, _MAX_BODY) + b"{")
+        bodies = [socket.create_connection(_address(base), timeout=30) for _ in range(4)]
+        try:
+            for body in bodies:
+                body.sendall(_post_head(base, workspace, 1_000_000) + b"{")
             refused: list[dict[str, Any]] = []
             eventually(lambda: refused.append(answer()) or refused[-1]["code"] == -32008,
-                       what="the socket's line refused while the body is received")
+                       what="the socket's line refused while the bodies are received")
             assert refused[-1]["data"] == {"resource": "memory", "limit": 4_000_000}
-        eventually(lambda: answer()["code"] == -32602,
-                   what="the socket's line taken once the body has gone")
+            bodies.pop().close()
+            eventually(lambda: answer()["code"] == -32602,
+                       what="the socket's line taken once a body has gone")
+        finally:
+            for body in bodies:
+                body.close()
+    finally:
+        shut_down(daemon)
+
+
+def _declared_answer(base: str, workspace: Path, length: int) -> bytes:
+    """What the daemon says to a POST head declaring ``length`` bytes (b"" when it waits
+    for the body instead)."""
+    with socket.create_connection(_address(base), timeout=30) as sock:
+        sock.sendall(_post_head(base, workspace, length))
+        sock.settimeout(1)
+        with contextlib.suppress(TimeoutError):
+            return sock.recv(65536)
+    return b""
+
+
+def test_http_body_limit_is_the_message_limit_and_reloads(workspace: Path, tmp_path: Path) -> None:
+    """One message size whichever face carries it: ``max-message-bytes`` bounds an HTTP
+    body as it bounds a socket line, and a config reload changes it for new connections."""
+    home = tmp_path / "home"
+    (home / "tools").mkdir(parents=True)
+    config = tmp_path / "toolsetd.toml"
+    config.write_text("max-message-bytes = 1000000\n")
+    daemon, base = start_http_daemon(home, workspace, tmp_path, ["--config", str(config)])
+    try:
+        data = _declared_answer(base, workspace, 1_000_001)
+        assert data.startswith(b"HTTP/1.1 413 "), data[:200]
+        assert b"at most 1000000 bytes" in data, data[:300]
+        assert _declared_answer(base, workspace, 1_000_000) == b""  # its body awaited
+        config.write_text("max-message-bytes = 2000000\n")
+        assert daemon.call("reload", {})["result"]["config"]["applied"] == ["max-message-bytes"]
+        assert _declared_answer(base, workspace, 1_000_001) == b""
+        data = _declared_answer(base, workspace, 2_000_001)
+        assert b"at most 2000000 bytes" in data, data[:300]
     finally:
         shut_down(daemon)
 
