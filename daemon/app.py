@@ -53,6 +53,7 @@ from toolsetd.protocol.names import METHOD_MCP_BIND
 
 from .activation import ActivationError, listen_fds
 from .catalog import ManifestCache
+from .checkworker import CheckWorker
 from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
 from .exhaustion import open_standard_streams, raise_open_files_limit
@@ -415,16 +416,18 @@ async def _serve(
 
     # Large requests: one bound on their bytes in flight and one worker slot, every face's.
     large_requests = LargeRequests()
+    validators = ArgumentValidators()
+    checks = CheckWorker(validators.time_limit)
     service = Service(
         ServiceSettings(socket=str(socket_path), home=options.home, user_home=options.user_home),
         registry,
         runner,
-        ArgumentValidators(),
+        validators,
         notifier,
         on_workspace=follow_workspace,
         observer=observer,
         confinement=confinement,
-        large_requests=large_requests,
+        checks=checks,
     )
     mcp = _McpCore(service)
     handlers = Handlers(
@@ -497,7 +500,8 @@ async def _serve(
                 signals, tg, server, handlers, listener, notifier, guard, state, reload_config
             )
     finally:
-        with anyio.CancelScope(shield=True):  # noqa: ASYNC100 -- it shields the awaits below
+        with anyio.CancelScope(shield=True):
+            await checks.aclose()
             if owns_socket:
                 _remove_socket(socket_path)
             if lock is not None:

@@ -58,10 +58,9 @@ from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol import modes as m
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
-from . import threads
+from .checkworker import CheckWorker
 from .confinement import Confinement
 from .exhaustion import busy_when_short
-from .large import LargeRequests
 from .model import Catalog, CatalogName, LoadedTool
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
 from .paths import Scope, existing_directory
@@ -69,7 +68,7 @@ from .policy import Classification, classify
 from .registry import Registry, ReloadOutcome, Reported
 from .runner import CallOutcome, CallRequest, Runner
 from .sdnotify import Notifier
-from .validation import ArgumentValidators
+from .validation import ArgumentValidators, off_loop
 
 __all__ = [
     "CallSink",
@@ -274,8 +273,8 @@ class Service:
         observer: Told of each call and reload (metrics, tracing; ``observe.Observer``).
         confinement: The cgroups and the sandbox (``status`` and the classification
             report them; the runner applies them).
-        large_requests: The daemon's worker slot for large requests
-            (``large.LargeRequests``): a check of many arguments takes it.
+        checks: The check process (``checkworker.CheckWorker``), where large arguments
+            are checked (``validation.off_loop``); without it they are checked on the loop.
     """
 
     def __init__(
@@ -288,7 +287,7 @@ class Service:
         on_workspace: Callable[[Path], None] | None = None,
         observer: Observer = NO_OBSERVER,
         confinement: Confinement | None = None,
-        large_requests: LargeRequests | None = None,
+        checks: CheckWorker | None = None,
     ) -> None:
         self.settings = settings
         self.confinement = confinement
@@ -305,7 +304,7 @@ class Service:
         self.stopping = False
         self._listeners: dict[Path | None, set[CatalogListener]] = {}
         self._listen_all: list[CatalogListener] = []
-        self._large = large_requests if large_requests is not None else LargeRequests()
+        self._checks = checks
 
     # -- lookup --------------------------------------------------------------------------
 
@@ -414,11 +413,10 @@ class Service:
         mode = self.mode(mode_raw)
         catalog = await self.catalog(workspace)
         loaded = self.lookup(catalog, tool, catalog_name)
-        if self._validators.off_loop(loaded, arguments):
-            errors = await threads.run_sync(
-                self._validators.errors, loaded, arguments, limiter=self._large.slot
-            )
-        else:
+        errors = None
+        if self._checks is not None and off_loop(arguments):
+            errors = await self._checks.errors(loaded, arguments)
+        if errors is None:
             errors = self._validators.errors(loaded, arguments)
         if errors:
             more = f" ({len(errors) - 1} more in data.errors)" if len(errors) > 1 else ""

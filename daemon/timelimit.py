@@ -1,4 +1,4 @@
-"""A time limit for CPU-bound work on the event loop's thread, enforced with ``SIGALRM``.
+"""A time limit for CPU-bound work on a process's main thread, enforced with ``SIGALRM``.
 
 Theory of operation
 -------------------
@@ -7,7 +7,8 @@ through Python's ``re``, a backtracking engine: ``^(a+)+$`` against 28 ``a`` and
 takes ten seconds, and each more character doubles it. The schema comes from a tool set
 and the arguments from a model, so one call could stop the event loop, and every other
 client with it, for as long as it liked. ``re`` holds the GIL while it matches, so a worker
-thread would not help.
+thread would not help (large arguments go to another process instead, ``checkworker``,
+which limits its checks with this module on its own main thread).
 
 ``re``'s matcher does check for signals every few thousand steps, and a Python signal
 handler runs in the main thread, the event loop's. So ``run_limited(seconds, fn)`` arms an
@@ -25,16 +26,9 @@ While another ``ITIMER_REAL`` timer runs (a caller's own, or ``run_limited`` ins
 see the timer: an interval timer is not inherited across ``fork``, and ``exec`` resets the
 handler.
 
-Outside the main thread a signal handler cannot reach the call, so a timer thread stops it
-instead: once ``seconds`` have passed it raises ``TimeLimitExceeded`` in the calling
-thread with ``PyThreadState_SetAsyncExc``, which Python delivers at that thread's next
-bytecode. Code in C runs to the end of its call first, ``re``'s matcher included: give a
-worker thread only work made of Python steps (the daemon gives one the check of arguments
-against a schema without ``pattern``, ``validation.ArgumentValidators.off_loop``). A lock
-orders the timer against the call's end, and an exception set but not yet delivered when
-the call ends is withdrawn: here too it can only come out of ``fn`` or ``run_limited``.
-It too raises again every ``_AGAIN`` seconds until the call ends, for an exception a
-finalizer swallowed.
+Outside the main thread no signal handler can reach the call, and nothing else can stop
+``re`` mid-match: ``run_limited`` refuses to run there (``RuntimeError``) rather than run
+the work unlimited.
 """
 
 from __future__ import annotations
@@ -73,11 +67,14 @@ def run_limited(seconds: float, fn: Callable[[], T]) -> T:
 
     Returns:
         What ``fn`` returns.
+
+    Raises:
+        RuntimeError: Called outside the main thread, where no alarm can stop ``fn``.
     """
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("run_limited runs only on the main thread: no alarm reaches another")
     if seconds <= 0:
         return fn()
-    if threading.current_thread() is not threading.main_thread():
-        return _run_limited_in_thread(seconds, fn)
     if signal.getitimer(signal.ITIMER_REAL)[0] > 0:
         return fn()
     if signal.getsignal(signal.SIGALRM) is not _on_alarm:
@@ -87,53 +84,6 @@ def run_limited(seconds: float, fn: Callable[[], T]) -> T:
         return fn()
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-
-
-def _run_limited_in_thread(seconds: float, fn: Callable[[], T]) -> T:
-    """``run_limited`` outside the main thread: a timer thread raises in this one."""
-    raise_in = _async_raiser()  # ctypes imported now, not while the work holds the GIL
-    ident = threading.get_ident()
-    lock = threading.Lock()
-    ended = threading.Event()
-    running = [True]
-
-    def expire() -> None:
-        # Again every _AGAIN seconds until the call ends, as the alarm does: Python
-        # swallows an exception raised in a finalizer that the collector ran during fn.
-        wait = seconds
-        while not ended.wait(wait):
-            with lock:
-                if not running[0]:
-                    return
-                raise_in(ident, TimeLimitExceeded)
-            wait = _AGAIN
-
-    timer = threading.Thread(target=expire, name="toolsetd-timelimit", daemon=True)
-    try:
-        # Inside: a short limit can pass while start() waits for the thread, and a raise
-        # that lands there must end the timer too (or it raises in this thread for good).
-        timer.start()
-        return fn()
-    finally:
-        with lock:
-            running[0] = False
-        raise_in(ident, None)  # withdraw one set but not delivered yet
-        # Only then, with nothing pending to land inside it (and leave its lock taken),
-        # end the timer thread (if a raise landed above, it ends within _AGAIN).
-        ended.set()
-
-
-def _async_raiser() -> Callable[[int, type[BaseException] | None], None]:
-    """A function that has thread ``ident`` raise ``exc`` at its next bytecode (None:
-    withdraw one not delivered yet)."""
-    import ctypes  # only a limited call in a worker thread needs it
-
-    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
-
-    def raise_in(ident: int, exc: type[BaseException] | None) -> None:
-        set_async_exc(ctypes.c_ulong(ident), None if exc is None else ctypes.py_object(exc))
-
-    return raise_in
 
 
 _LIMITED = run_limited.__code__

@@ -54,6 +54,9 @@ __all__ = [
     "SchemaChecker",
     "canonical_json",
     "json_pointer",
+    "off_loop",
+    "stopped_message",
+    "time_limit_for",
 ]
 
 #: Longest echo of a value (argument or enum) inside a message, in characters.
@@ -75,10 +78,13 @@ _MAX_VERDICTS = 65_536
 #: (2,000 items, 424 KB, in ~0.1 s): the allowance per MiB is four times that.
 TIME_LIMIT = 0.1
 TIME_LIMIT_PER_MIB = 1.0
-#: Arguments of more values than this (members and items, on all levels) are checked in a
-#: worker thread when their schema allows it (``ArgumentValidators.off_loop``): on the
-#: loop such a check takes a few milliseconds at most, about what handing it over costs.
+#: Arguments of more values than this (members and items, on all levels), or of more
+#: characters of strings (keys included), are checked in the check process
+#: (``checkworker``, ``off_loop``): on the loop such a check takes a few milliseconds at
+#: most, about what handing it over costs, unless a ``pattern`` backtracks, which the
+#: alarm stops at ``TIME_LIMIT`` and a little.
 _LOOP_VALUES = 4096
+_LOOP_CHARS = 64 * 1024
 
 
 def canonical_json(value: Any) -> bytes:
@@ -451,28 +457,41 @@ def _satisfies(schema: Any, value: Any) -> bool:
     return True
 
 
-def _more_values_than(value: Any, limit: int) -> bool:
-    """Whether ``value`` holds more than ``limit`` members and items, on all levels.
+def off_loop(arguments: Any) -> bool:
+    """Whether checking ``arguments`` belongs in the check process, not on the event loop.
 
-    It looks at no more than ``limit`` of them: the cost is bounded whatever the size.
+    True for more than ``_LOOP_VALUES`` members and items on all levels, or more than
+    ``_LOOP_CHARS`` characters of strings (keys included). It looks at no more than that:
+    the cost is bounded whatever the size.
     """
-    kind = type(value)
+    if type(arguments) is str:
+        return len(arguments) > _LOOP_CHARS
+    kind = type(arguments)
     if kind is not dict and kind is not list:
         return False
-    count = 0
-    stack = [value]
+    count = chars = 0
+    stack = [arguments]
     pop = stack.pop
     push = stack.append
     while stack:
         item = pop()
-        children = item.values() if type(item) is dict else item
+        if type(item) is dict:
+            for key in item:
+                chars += len(key)
+            children: Any = item.values()
+        else:
+            children = item
         count += len(children)
-        if count > limit:
+        if count > _LOOP_VALUES:
             return True
         for child in children:
             kind = type(child)
-            if kind is dict or kind is list:
+            if kind is str:
+                chars += len(child)
+            elif kind is dict or kind is list:
                 push(child)
+        if chars > _LOOP_CHARS:
+            return True
     return False
 
 
@@ -508,12 +527,16 @@ class ArgumentValidators:
         self._max_entries = max_entries
         self.compiled = 0
 
-    def _validator(self, loaded: LoadedTool) -> Validator:
+    @property
+    def time_limit(self) -> float:
+        """The seconds a check may run before the allowance for its size."""
+        return self._time_limit
+
+    def _validator(self, key: str, schema: Mapping[str, Any]) -> Validator:
         with self._lock:
-            found = self._validators.get(loaded.hash)
+            found = self._validators.get(key)
         if found is not None:
             return found
-        schema = loaded.tool.schema
         cls = _validator_class(schema)
         import jsonschema_specifications  # type: ignore[import-untyped]  # it ships no py.typed
 
@@ -522,52 +545,48 @@ class ArgumentValidators:
             self.compiled += 1
             while len(self._validators) >= self._max_entries:
                 del self._validators[next(iter(self._validators))]
-            self._validators[loaded.hash] = validator
+            self._validators[key] = validator
         return validator
 
-    def _is_plain(self, loaded: LoadedTool) -> bool:
-        """Whether the tool's schema is in the plain subset (``_plain_subset``), cached."""
-        plain = self._plain.get(loaded.hash)
+    def _is_plain(self, key: str, schema: Mapping[str, Any]) -> bool:
+        """Whether the schema is in the plain subset (``_plain_subset``), cached by key."""
+        plain = self._plain.get(key)
         if plain is None:
-            plain = _plain_subset(loaded.tool.schema)
+            plain = _plain_subset(schema)
             with self._lock:
                 if len(self._plain) >= self._max_entries:
                     self._plain.clear()
-                self._plain[loaded.hash] = plain
+                self._plain[key] = plain
         return plain
 
-    def off_loop(self, loaded: LoadedTool, arguments: Any) -> bool:
-        """Whether ``errors`` for these arguments belongs in a worker thread.
-
-        True for arguments of more than ``_LOOP_VALUES`` values under a schema of the
-        plain subset. Their check is plain Python, a microsecond or so a value: 11 MB of
-        strings held the event loop, and every other client, for 0.9 s. In a worker thread
-        it shares the GIL, which the loop gets back within the switch interval (5 ms).
-        Any other schema stays on the loop, under ``run_limited``'s alarm: its ``pattern``
-        runs in ``re``, which holds the GIL for a whole match, and only the main thread's
-        alarm can stop a match that backtracks.
-        """
-        return self._is_plain(loaded) and _more_values_than(arguments, _LOOP_VALUES)
-
     def errors(self, loaded: LoadedTool, arguments: Any) -> list[dict[str, str]]:
-        """List every way ``arguments`` fails the tool's input schema.
+        """List every way ``arguments`` fails the tool's input schema (``errors_for``)."""
+        return self.errors_for(loaded.hash, loaded.tool.schema, arguments)
+
+    def errors_for(
+        self, key: str, schema: Mapping[str, Any], arguments: Any, size: int | None = None
+    ) -> list[dict[str, str]]:
+        """List every way ``arguments`` fails ``schema``.
 
         Args:
-            loaded: The tool being called.
+            key: What the schema's compiled validator is cached under (the tool's hash,
+                which covers its schema).
+            schema: The tool's input schema.
             arguments: The decoded argument value.
+            size: The arguments' length as compact JSON, if already known.
 
         Returns:
             ``{"path", "message"}`` dicts sorted by path then message (empty when valid).
             ``path`` is a JSON Pointer into the arguments (``""`` is the root); at most
             100 errors are reported.
         """
-        plain = self._is_plain(loaded)
+        plain = self._is_plain(key, schema)
         try:
-            if plain and _satisfies(loaded.tool.schema, arguments):
+            if plain and _satisfies(schema, arguments):
                 return []
         except RecursionError:
             pass  # jsonschema below says so in its words
-        validator = self._validator(loaded)  # built (jsonschema imported) before the limit
+        validator = self._validator(key, schema)  # built (jsonschema imported) before the limit
         found: set[tuple[str, str]] = set()
 
         def check() -> None:
@@ -578,12 +597,13 @@ class ArgumentValidators:
 
         # The arguments' size as compact JSON (what a client sent, about), written by the
         # wire's own encoder: numbers as written, wide integers and all.
-        size = len(json_dumps(arguments))
-        limit = self._time_limit + TIME_LIMIT_PER_MIB * size / (1 << 20)
+        if size is None:
+            size = len(json_dumps(arguments))
+        limit = time_limit_for(self._time_limit, size)
         try:
             run_limited(limit, check)
         except TimeLimitExceeded:
-            found.add(("", _stopped(limit, self._time_limit, loaded.tool.schema)))
+            found.add(("", stopped_message(limit, self._time_limit, schema)))
         except RecursionError:
             return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
         except OverflowError:
@@ -607,7 +627,12 @@ class ArgumentValidators:
         return [{"path": p, "message": m} for p, m in sorted(found)[:_MAX_ERRORS]]
 
 
-def _stopped(limit: float, base: float, schema: Mapping[str, Any]) -> str:
+def time_limit_for(base: float, size: int) -> float:
+    """The seconds a check of arguments of ``size`` bytes (compact JSON) may run."""
+    return base + TIME_LIMIT_PER_MIB * size / (1 << 20)
+
+
+def stopped_message(limit: float, base: float, schema: Mapping[str, Any]) -> str:
     """The error of a check stopped at its time limit, naming the likely cause."""
     text = canonical_json(schema)
     why = (

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-
 from toolsetd.daemon.model import (
     Approval,
     ApprovalSource,
@@ -22,6 +22,20 @@ from toolsetd.daemon.model import (
     ToolDef,
     ToolSet,
 )
+
+
+@pytest.fixture
+def own_sigalrm() -> Iterator[None]:
+    """pytest-timeout's signal method owns SIGALRM and the real timer in this process:
+    set them aside for the test (``run_limited`` leaves a running timer alone, so a check
+    that backtracks would run unlimited), then give them back."""
+    handler = signal.getsignal(signal.SIGALRM)
+    left, _ = signal.setitimer(signal.ITIMER_REAL, 0)
+    yield
+    signal.signal(signal.SIGALRM, handler)
+    if left:
+        signal.setitimer(signal.ITIMER_REAL, left)
+
 
 #: A fast Python for child scripts (no site import).
 PY = (sys.executable, "-S")

@@ -20,7 +20,13 @@ from toolsetd.daemon.model import (
     ToolDef,
     ToolSet,
 )
-from toolsetd.daemon.validation import ArgumentValidators, SchemaChecker, canonical_json, json_pointer
+from toolsetd.daemon.validation import (
+    ArgumentValidators,
+    SchemaChecker,
+    canonical_json,
+    json_pointer,
+    off_loop,
+)
 
 from ..budget import examples
 
@@ -156,18 +162,20 @@ def test_argument_validators_draft7_dialect() -> None:
     assert [e["path"] for e in errors] == [""]
 
 
-def test_only_many_values_under_a_plain_schema_are_checked_off_the_loop() -> None:
-    """A worker thread cannot stop ``re`` mid-match: a schema with a ``pattern`` stays on
-    the loop, under the alarm, however large the arguments."""
-    validators = ArgumentValidators()
-    plain = loaded({"type": "object", "properties": {"n": {"type": "array"}}})
-    pattern = loaded({"type": "object", "properties": {"n": {"items": {"pattern": "^a"}}}})
-    assert not validators.off_loop(plain, {"n": [0] * 4095})  # 4,096 values with "n"
-    assert validators.off_loop(plain, {"n": [0] * 4096})
-    assert validators.off_loop(plain, {"n": [[0]] * 2048})  # counted on every level
-    assert not validators.off_loop(plain, {"n": [[0]] * 2047})
-    assert validators.off_loop(plain, {"n": [{"a": 1, "b": 2}] * 1400})
-    assert not validators.off_loop(pattern, {"n": ["a"] * 100_000})
+def test_many_values_or_long_strings_are_checked_off_the_loop() -> None:
+    """Past 4,096 values on all levels, or 64 Ki characters of strings (keys included),
+    the check goes to the check process, whatever the schema."""
+    assert not off_loop({"n": [0] * 4095})  # 4,096 values with "n"
+    assert off_loop({"n": [0] * 4096})
+    assert off_loop({"n": [[0]] * 2048})  # counted on every level
+    assert not off_loop({"n": [[0]] * 2047})
+    assert off_loop({"n": [{"a": 1, "b": 2}] * 1400})
+    assert not off_loop({"s": "a" * 65_535})  # with the key: 65,536 characters
+    assert off_loop({"s": "a" * 65_536})
+    assert off_loop({"a" * 65_537: 1})
+    assert off_loop({"n": [["a" * 30_000]] * 3})  # on every level
+    assert off_loop("a" * 65_537)
+    assert not off_loop(7)
 
 
 def test_schema_checker_caches_by_content() -> None:

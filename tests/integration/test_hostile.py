@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import os
 import signal
 import socket
 import struct
@@ -198,7 +199,7 @@ def _deep_sets(home: Path, _: Path) -> None:
     write_set(tools, "deepask", {"runner": "exec", "description": "d", "command": ["true"],
                                  "stdin": False, "schema": {"type": "object"},
                                  "pathArguments": ["a"]})
-    # A plain schema (no pattern): checking many values is plain Python, a worker's work.
+    # A plain schema (no pattern): checking many values is plain Python, about 1 µs each.
     write_set(tools, "bulk", {"runner": "exec", "description": "d", "command": ["true"],
                               "stdin": False, "approval": "always",
                               "schema": {"type": "object", "properties": {
@@ -271,10 +272,10 @@ def test_many_arguments_are_checked_without_holding_other_clients(
 ) -> None:
     """Checking 500,000 integers against a plain schema takes most of a second of Python.
     On the event loop it held every other client for as long: another client's status,
-    sent while the check ran, was answered after the big call. It runs in a worker thread
-    now, with the same verdict: the status is answered first. The arguments that fail
-    (the last integer is negative) go on to jsonschema for the messages, still under the
-    time limit for their size, which stops it there as on the loop."""
+    sent while the check ran, was answered after the big call. It runs in the check
+    process now, with the same verdict: the status is answered first. The arguments that
+    fail (the last integer is negative) go on to jsonschema for the messages, still under
+    the time limit for their size, which stops it there as on the loop."""
     count = 500_000
     arguments = b'{"n":[' + b"0," * (count - 1) + str(last).encode() + b"]}"
     line = (b'{"jsonrpc":"2.0","id":"big","method":"' + method.encode() + b'","params":'
@@ -298,6 +299,133 @@ def test_many_arguments_are_checked_without_holding_other_clients(
         [error] = reply["error"]["data"]["errors"]
         assert "was stopped after" in error["message"], error
         assert "plus 1 s per MiB of arguments" in error["message"], error
+
+
+def _redos_line(d: Daemon, request_id: str, text: str, method: str = "invoke") -> bytes:
+    """A call of ``redos`` with ``{"s": text}`` as one line."""
+    return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method, "params": {
+        "tool": "redos", "workspace": str(d.workspace), "arguments": {"s": text}}}).encode() + b"\n"
+
+
+#: 600,000 "a" and a "!": more than 64 Ki characters, so checked in the check process,
+#: where ``^(a+)+$`` backtracks until the limit for its size stops it (0.67 s).
+_LONG_REDOS = "a" * 600_000 + "!"
+
+
+def _check_processes(daemon_pid: int) -> list[int]:
+    """The pids of the check processes a daemon started (``checkworker``)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"toolsetd.daemon.checkworker" in argv and str(daemon_pid).encode() in argv:
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_pattern_that_backtracks_on_large_arguments_holds_no_other_client(
+    echo_daemon: Daemon,
+) -> None:
+    """A pattern that backtracks over a long string is stopped only at the limit for the
+    arguments' size: 0.67 s for these 600 KB, 16 s for a 16 MiB message. On the event
+    loop that held every other client as long (``re`` holds the GIL, so a thread would
+    too). Large arguments are checked in the check process: another client's status,
+    sent while the check runs, is answered first, and the call gets the same error."""
+    with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
+        other.request("status")
+        big.send_bytes(_redos_line(echo_daemon, "big", _LONG_REDOS))
+        eventually(lambda: _unread(big.sock) == 0, timeout=60, what="the big line read")
+        time.sleep(0.1)  # within the check's 0.67 s, on any host: the alarm ends it
+        assert "result" in other.request("status")
+        assert not _answered_yet(big), "the big call was answered before the other's status"
+        reply = big.receive()
+    assert reply["error"]["code"] == -32002, reply
+    [error] = reply["error"]["data"]["errors"]
+    assert "was stopped after 0.67 s (0.1 s, plus 1 s per MiB of arguments)" in error["message"]
+    assert "a pattern in the schema may backtrack" in error["message"]
+    assert _check_processes(echo_daemon.proc.pid), "no check process ran it"
+
+
+def test_a_check_process_that_dies_or_is_left_fails_its_call_only(echo_daemon: Daemon) -> None:
+    """The check process killed mid-check (the OOM killer) fails that call with an error
+    that says so, and the next large check starts a new one. A caller that leaves
+    mid-check leaves its answer to its own request, not to the next call's."""
+    good = json.loads(_redos_line(echo_daemon, "good", "a" * 70_000, "classify"))
+    with echo_daemon.raw(timeout=120) as conn:
+        conn.send_bytes(_redos_line(echo_daemon, "killed", "a" * 3_000_000 + "!"))  # 3 s
+        eventually(lambda: _unread(conn.sock) == 0, timeout=60, what="the line read")
+        eventually(lambda: bool(_check_processes(echo_daemon.proc.pid)), timeout=30,
+                   what="a check process")
+        time.sleep(0.3)  # the check under way
+        for worker in _check_processes(echo_daemon.proc.pid):
+            os.kill(worker, signal.SIGKILL)
+        reply = conn.receive()
+    [error] = reply["error"]["data"]["errors"]
+    assert "the check process ended (killed by SIGKILL) before it answered" in error["message"]
+    assert conn_result(echo_daemon, good)["decision"] == "allow"
+
+    with echo_daemon.raw(timeout=120) as conn:
+        conn.send_bytes(_redos_line(echo_daemon, "left", "a" * 3_000_000 + "!"))
+        eventually(lambda: _unread(conn.sock) == 0, timeout=60, what="the line read")
+        time.sleep(0.3)  # the check under way
+    # The next check waits for the left caller's, then gets its own answer, not that one.
+    assert conn_result(echo_daemon, good)["decision"] == "allow"
+
+
+def conn_result(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
+    """Send one request on a new connection; its result (the test fails on an error)."""
+    with d.raw(timeout=120) as conn:
+        conn.send_bytes(json.dumps(request).encode() + b"\n")
+        reply = conn.receive()
+    assert "result" in reply, reply
+    return dict(reply["result"])
+
+
+def test_the_check_process_dies_with_the_daemon() -> None:
+    """However the daemon ends, its check process does not outlive it: a stop closes its
+    stdin, and a SIGKILL of the daemon in the middle of a check (9 s of backtracking)
+    reaches it through its parent-death signal, not when the check ends (without the
+    orphan guard, whose cgroup kill would reach it too where the daemon has a cgroup)."""
+    for how in (signal.SIGTERM, signal.SIGKILL):
+        args = ["--no-watch", "--no-orphan-guard"]
+        with daemon_in("tsc-", _deep_sets, args) as d, d.raw(timeout=120) as conn:
+            conn.send_bytes(_redos_line(d, "warm", "a" * 70_000, "classify"))
+            assert "result" in conn.receive()  # the process started, and idle again
+            [worker] = _check_processes(d.proc.pid)
+            before = _bytes_read(worker)  # its imports' files included
+            conn.send_bytes(_redos_line(d, "long", "a" * 9_000_000 + "!", "classify"))
+            eventually(lambda: _bytes_read(worker) - before > 9_000_000,  # noqa: B023
+                       timeout=60,
+                       what="the request read by the check process")
+            d.proc.send_signal(how)
+            eventually(lambda: _gone(worker),  # noqa: B023
+                       timeout=3 if how == signal.SIGKILL else 10,
+                       what=f"the check process gone after {how.name}")
+
+
+def _bytes_read(pid: int) -> int:
+    """The bytes process ``pid`` has read (``rchar`` of ``/proc/<pid>/io``)."""
+    return _proc_number(pid, "io", "rchar")
+
+
+def _proc_number(pid: int, file: str, name: str) -> int:
+    """The number on the ``name:`` line of ``/proc/<pid>/<file>``."""
+    for line in Path(f"/proc/{pid}/{file}").read_text().splitlines():
+        if line.startswith(f"{name}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {name}: line in /proc/{pid}/{file}")
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (gone, or a zombie waiting for its parent)."""
+    try:
+        return b"State:\tZ" in Path(f"/proc/{pid}/status").read_bytes()
+    except FileNotFoundError:
+        return True
 
 
 # -- slow and idle clients -------------------------------------------------------------------
@@ -743,10 +871,7 @@ def test_a_huge_line_of_numbers_is_parsed_without_holding_other_clients(plain: D
 
 def _threads(pid: int) -> int:
     """How many threads the process has now."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("Threads:"):
-            return int(line.split()[1])
-    raise AssertionError("no Threads: line")
+    return _proc_number(pid, "status", "Threads")
 
 
 def test_large_lines_of_many_clients_are_parsed_one_at_a_time(plain: Daemon) -> None:

@@ -1,0 +1,295 @@
+"""The check process: large arguments are checked against their schema away from the loop.
+
+Theory of operation
+-------------------
+Checking a call's arguments is Python work, about a microsecond a value, and a schema's
+``pattern`` runs in ``re``, a backtracking engine that holds the GIL for a whole match.
+On the event loop, 11 MB of arguments held every other client for most of a second, and a
+``pattern`` that backtracks over a long string held them until the check's time limit
+(``validation.time_limit_for``: 0.1 s plus 1 s per MiB, 16 s for a 16 MiB message). A
+worker thread helps with the first and not the second: the match holds the GIL, and only
+the main thread's ``SIGALRM`` can stop it (``timelimit``).
+
+So arguments past a size (``validation.off_loop``: more than 4,096 values or 64 Ki
+characters of strings) are checked in a separate process, the *check process*: the same
+``ArgumentValidators.errors_for`` on its own main thread, under its own alarm, on the
+other CPU. The loop only encodes the arguments (the encoding a check on the loop would
+make anyway, to size its time limit) and waits for the answer. Smaller arguments stay on
+the loop: a check there takes a few milliseconds at most, and a ``pattern`` that
+backtracks on them is stopped at 0.1 s and a little.
+
+* **Lifetime.** The process is started by the first large check (``python -m
+  toolsetd.daemon.checkworker``, about 0.2 s here) and kept for the next ones. It reads
+  one request line at a time on stdin and answers one line on stdout; it leads its own
+  session (a terminal's Ctrl-C does not reach it), and ends at EOF on stdin (the daemon
+  closes it on a stop) or, by ``PR_SET_PDEATHSIG``, when the daemon dies however it dies.
+* **One check at a time.** Concurrent large checks wait their turn (a lock); the answer
+  read is always the request's own. A check whose caller goes away (cancelled) ends the
+  process, which the next check starts again: an answer never outlives its request.
+* **Bounded.** The process stops a check at its time limit itself and says so, as the loop
+  would. Should it not answer within the limit and ``_GRACE`` more (a start delayed by a
+  busy machine included), it is killed and the call gets the same "was stopped" error.
+  One that dies before answering (the OOM killer) gets an error that says so.
+* **When no process can be had** (out of processes or descriptors), the check runs on the
+  loop, as it did before the process existed: slower for the others, never refused.
+  ``argument_check_process_failed`` is logged, once a minute at most.
+
+Wire (the daemon's own, one JSON text a line): the request is ``{"key", "size", "schema",
+"arguments"}`` (``key`` caches the compiled schema, ``size`` is the arguments' encoded
+length); the answer ``{"errors": [...]}``, or ``{"failure": "..."}`` for an exception the
+check raised, which the daemon reports as an internal error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.abc
+import orjson
+import structlog
+from anyio.streams.buffered import BufferedByteReceiveStream
+from toolsetd.protocol.jsontext import dumps as json_dumps
+from toolsetd.protocol.jsontext import loads as json_loads
+
+from .logs import Throttle
+from .validation import ArgumentValidators, stopped_message, time_limit_for
+
+if TYPE_CHECKING:
+    from .model import LoadedTool
+
+__all__ = ["CheckProcessFailed", "CheckWorker", "main"]
+
+log = structlog.get_logger("toolsetd.checkworker")
+
+#: Seconds past a check's own time limit before its process is killed: its start (~0.2 s
+#: here, seconds on a loaded machine) and the transfer and parse of up to 16 MiB.
+_GRACE = 10.0
+#: The longest answer line read (100 errors, each with a JSON Pointer into the arguments).
+_MAX_ANSWER = 64 * 1024 * 1024
+#: Seconds a stopping daemon waits for the process to end at EOF before killing it.
+_CLOSE_WAIT = 1.0
+_PR_SET_PDEATHSIG = 1
+
+
+class CheckProcessFailed(Exception):
+    """The check raised in the check process (a bug, reported as an internal error)."""
+
+
+class CheckWorker:
+    """The daemon's end of the check process (see the module docstring)."""
+
+    def __init__(self, time_limit: float, python: str = sys.executable) -> None:
+        """Nothing is started until the first check.
+
+        Args:
+            time_limit: ``ArgumentValidators``' base time limit, in seconds.
+            python: The interpreter that runs the process.
+        """
+        self._time_limit = time_limit
+        self._python = python
+        self._proc: anyio.abc.Process | None = None
+        self._stdout: BufferedByteReceiveStream | None = None
+        self._lock = anyio.Lock()
+        self._failures = Throttle()
+        self._closed = False
+        #: Processes started (for tests and ``status``-like reports).
+        self.started = 0
+
+    @property
+    def pid(self) -> int | None:
+        """The running check process's pid, if one runs."""
+        return self._proc.pid if self._proc is not None else None
+
+    async def errors(self, loaded: LoadedTool, arguments: Any) -> list[dict[str, str]] | None:
+        """The check of ``arguments`` against the tool's schema, made in the check process.
+
+        Returns:
+            What ``ArgumentValidators.errors`` returns; None when no process can be had
+            (the caller checks on the loop instead).
+
+        Raises:
+            CheckProcessFailed: The check raised in the process.
+        """
+        text = json_dumps(arguments)
+        schema = loaded.tool.schema
+        request = b"".join(
+            (
+                b'{"key":',
+                orjson.dumps(loaded.hash),
+                b',"size":%d,"schema":' % len(text),
+                json_dumps(schema),
+                b',"arguments":',
+                text,
+                b"}\n",
+            )
+        )
+        limit = time_limit_for(self._time_limit, len(text))
+        del text
+        async with self._lock:
+            if self._closed:
+                return None
+            try:
+                proc, stdout = await self._process()
+            except OSError as exc:
+                said = self._failures.count("start")
+                if said is not None:
+                    log.warning("argument_check_process_failed", error=str(exc), failures=said)
+                return None
+            try:
+                with anyio.fail_after(limit + _GRACE):
+                    assert proc.stdin is not None
+                    await proc.stdin.send(request)
+                    del request
+                    answer = await stdout.receive_until(b"\n", _MAX_ANSWER)
+            except TimeoutError:
+                await self._discard()
+                log.warning("argument_check_process_killed", seconds=round(limit + _GRACE, 1))
+                return [{"path": "", "message": stopped_message(limit, self._time_limit, schema)}]
+            except (
+                anyio.BrokenResourceError,
+                anyio.DelimiterNotFound,
+                anyio.EndOfStream,
+                anyio.IncompleteRead,
+            ) as exc:
+                code = await self._discard(wait=_CLOSE_WAIT)
+                log.warning(
+                    "argument_check_process_lost", returncode=code, error=type(exc).__name__
+                )
+                return [{"path": "", "message": _lost_message(code)}]
+            except BaseException:
+                # Cancelled mid-check (the caller went away): its answer must not be read
+                # as the next request's, so the process goes; the next check starts one.
+                await self._discard()
+                raise
+        reply = json_loads(answer)
+        if "failure" in reply:
+            raise CheckProcessFailed(reply["failure"])
+        errors: list[dict[str, str]] = reply["errors"]
+        return errors
+
+    async def _process(self) -> tuple[anyio.abc.Process, BufferedByteReceiveStream]:
+        """The running process, started if there is none (or the last one ended)."""
+        proc = self._proc
+        if proc is not None and proc.returncode is None:
+            assert self._stdout is not None
+            return proc, self._stdout
+        if proc is not None:
+            await self._discard()
+        # A session of its own: a terminal's Ctrl-C for the daemon does not reach it.
+        proc = await anyio.open_process(
+            [
+                self._python,
+                "-m",
+                "toolsetd.daemon.checkworker",
+                str(os.getpid()),
+                repr(self._time_limit),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd="/",
+            start_new_session=True,
+        )
+        assert proc.stdout is not None
+        self._proc, self._stdout = proc, BufferedByteReceiveStream(proc.stdout)
+        self.started += 1
+        log.debug("argument_check_process_started", pid=proc.pid)
+        return proc, self._stdout
+
+    async def _discard(self, wait: float = 0.0) -> int | None:
+        """Kill the process (unless it ends within ``wait`` seconds) and reap it; its exit
+        status (None if none ran).
+
+        One that ended by itself is waited for, not killed: ``Popen.send_signal`` reaps a
+        process that has exited before it signals, and the child watcher's own wait then
+        finds none and reports 255 in place of the real status.
+        """
+        proc, self._proc, self._stdout = self._proc, None, None
+        if proc is None:
+            return None
+        with anyio.CancelScope(shield=True):
+            if wait > 0:
+                with anyio.move_on_after(wait):
+                    await proc.wait()
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+            await proc.aclose()
+        return proc.returncode
+
+    async def aclose(self) -> None:
+        """End the process (EOF on its stdin; killed if it does not end at once)."""
+        self._closed = True
+        proc = self._proc
+        if proc is None:
+            return
+        with anyio.CancelScope(shield=True):
+            assert proc.stdin is not None
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await proc.stdin.aclose()
+        await self._discard(wait=_CLOSE_WAIT)
+
+
+def _lost_message(returncode: int | None) -> str:
+    """The error of a check whose process ended before it answered."""
+    if returncode is not None and returncode < 0:
+        try:
+            how = f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            how = f"killed by signal {-returncode}"
+    else:
+        how = f"exit status {returncode}"
+    return (
+        f"checking the arguments against the tool's input schema failed: the check "
+        f"process ended ({how}) before it answered; send smaller values"
+    )
+
+
+# -- the process ----------------------------------------------------------------------------
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this process when the daemon (``parent``) dies."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before the call above
+        os._exit(0)
+
+
+def main() -> None:
+    """The check process: answer request lines on stdin until EOF."""
+    parent, time_limit = int(sys.argv[1]), float(sys.argv[2])
+    _die_with(parent)
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    validators = ArgumentValidators(time_limit=time_limit)
+    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    while line := stdin.readline():
+        request = json_loads(line)
+        del line
+        try:
+            answer: dict[str, Any] = {
+                "errors": validators.errors_for(
+                    request["key"], request["schema"], request["arguments"], request["size"]
+                )
+            }
+        except Exception as exc:
+            answer = {"failure": f"{type(exc).__name__}: {exc}"}
+        del request
+        try:
+            stdout.write(json_dumps(answer) + b"\n")
+            stdout.flush()
+        except BrokenPipeError:
+            return
+
+
+if __name__ == "__main__":
+    main()

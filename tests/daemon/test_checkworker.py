@@ -1,0 +1,97 @@
+"""The check process (``checkworker``): its answers are the in-process check's, a cancelled
+check's answer is never read as the next one's, and no process at all falls back."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import anyio
+import pytest
+from toolsetd.daemon.checkworker import CheckWorker
+from toolsetd.daemon.validation import ArgumentValidators
+from toolsetd.protocol.jsontext import loads
+
+from .test_validation import loaded
+
+_REDOS = {"type": "object", "properties": {"s": {"pattern": "^(a+)+$"}}}
+
+#: (schema, arguments, the base time limit): a check that ends is given ample time, so
+#: that a busy machine cannot stop one side of the comparison and not the other; one that
+#: backtracks is stopped at 0.1 s and a little on both.
+_CASES: list[tuple[dict[str, Any], Any, float]] = [
+    (_REDOS, {"s": "a" * 70_000}, 30),
+    (_REDOS, {"s": "a" * 70_000 + "b"}, 0.1),
+    (_REDOS, {"s": "a" * 600_000 + "!"}, 0.1),  # stopped at its limit, 0.67 s
+    (
+        {"type": "object", "properties": {"n": {"type": "array", "items": {"minimum": 0}}}},
+        {"n": [0] * 5_000 + [-1, -2]},
+        30,
+    ),
+    (
+        {"type": "object", "properties": {"n": {"items": {"type": "integer", "maximum": 10}}}},
+        # numbers as written (exact), past 64 bits and past the double range
+        loads(b'{"n": [' + b"1, " * 5_000 + b"123456789012345678901234567890, 1e999, 2.50]}"),
+        30,
+    ),
+    ({"type": "object", "required": ["x"], "additionalProperties": False}, {"y" * 70_000: 1}, 30),
+]
+
+
+@pytest.mark.usefixtures("own_sigalrm")  # the check here is limited as in the daemon
+@pytest.mark.parametrize(("schema", "arguments", "limit"), _CASES)
+def test_the_check_process_answers_as_the_check_in_process(
+    schema: dict[str, Any], arguments: Any, limit: float
+) -> None:
+    tool = loaded(schema)
+    here = ArgumentValidators(time_limit=limit).errors(tool, arguments)
+
+    async def there() -> list[dict[str, str]] | None:
+        worker = CheckWorker(limit)
+        try:
+            return await worker.errors(tool, arguments)
+        finally:
+            await worker.aclose()
+
+    assert anyio.run(there) == here
+
+
+def test_a_cancelled_check_leaves_no_answer_for_the_next() -> None:
+    """A check cancelled mid-way (its caller gone) ends the process: read later, its
+    answer ("was stopped") would have been taken for the next check's."""
+    tool = loaded(_REDOS)
+
+    async def main() -> tuple[list[dict[str, str]] | None, int]:
+        worker = CheckWorker(ArgumentValidators().time_limit)
+        try:
+            with anyio.move_on_after(0.5):  # the check takes 1.1 s to be stopped
+                await worker.errors(tool, {"s": "a" * 1_000_000 + "!"})
+            return await worker.errors(tool, {"s": "a" * 70_000}), worker.started
+        finally:
+            await worker.aclose()
+
+    errors, started = anyio.run(main)
+    assert errors == []
+    assert started == 2
+
+
+def test_a_closed_worker_or_one_that_cannot_start_answers_none() -> None:
+    """None tells the caller to check on the loop, as before the process existed."""
+    tool = loaded(_REDOS)
+    arguments = {"s": "a" * 70_000}
+
+    async def main() -> tuple[Any, Any, int | None]:
+        missing = CheckWorker(0.1, python="/nonexistent/python3")
+        none = await missing.errors(tool, arguments)
+        worker = CheckWorker(0.1)
+        assert await worker.errors(tool, arguments) == []
+        pid = worker.pid
+        await worker.aclose()
+        return none, await worker.errors(tool, arguments), pid
+
+    none, after_close, pid = anyio.run(main)
+    assert none is None
+    assert after_close is None
+    assert pid is not None
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
