@@ -95,3 +95,32 @@ def test_a_closed_worker_or_one_that_cannot_start_answers_none() -> None:
     assert pid is not None
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)
+
+
+def test_a_process_that_kept_memory_after_a_check_ends_and_the_next_starts_anew() -> None:
+    """A check of 1.5 million integers leaves the process ~40 MB larger than it started
+    (not all of it goes back to the system), so it ends once it has answered; long strings
+    do not leave it larger, so it is kept after those."""
+    schema = {"type": "object", "properties": {"s": {"type": "array", "items": {"type": "string"}}}}
+    tool = loaded(schema)
+
+    async def main() -> list[tuple[int, int | None, int]]:
+        worker = CheckWorker(30)
+        seen = []
+        try:
+            for arguments in (
+                {"s": ["x" * 100_000] * 20},  # 2 MB of strings
+                {"s": list(range(1_500_000))},
+                {"s": ["y"] * 5_000},
+            ):
+                errors = await worker.errors(tool, arguments)
+                assert errors is not None
+                seen.append((len(errors), worker.pid, worker.started))
+        finally:
+            await worker.aclose()
+        return seen
+
+    kept, ended, again = anyio.run(main)
+    assert kept[0] == 0 and kept[1] is not None and kept[2] == 1
+    assert ended[0] == 100 and ended[1] is None and ended[2] == 1
+    assert again[0] == 0 and again[1] is not None and again[2] == 2
