@@ -196,6 +196,7 @@ class CheckWorker:
         proc = await anyio.open_process(
             [
                 self._python,
+                "-P",  # no current folder on sys.path (it is /, but nothing is assumed)
                 "-m",
                 "toolsetd.daemon.checkworker",
                 str(os.getpid()),
