@@ -16,7 +16,9 @@ loads h11.
   broken request line, both ``Transfer-Encoding`` and ``Content-Length``) is ``400``.
   After any of these the connection closes: h11 is poisoned by a protocol error, and we
   do not resynchronise. A keep-alive connection may sit idle between requests for
-  ``idle_timeout``.
+  ``idle_timeout``. The body of a ``GET``, ``HEAD`` or ``DELETE``, whose content means
+  nothing, is read and dropped before the handler runs: it is not held (in memory, or
+  in ``LargeRequests``) while, say, a GET's event stream stays open.
 * **Answering.** The handler gets the request and an :class:`Exchange`: either one
   ``respond`` (a whole body with ``Content-Length``), or ``start_stream`` then any number
   of ``send`` and one ``end`` (chunked transfer coding, for server-sent events). Every
@@ -100,6 +102,9 @@ _READ_BUFFER = 256 * 1024
 #: Outgoing bytes the transport buffers before a writer waits for the peer.
 _SEND_BUFFER = 256 * 1024
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+#: Methods whose request content has no defined meaning (RFC 9110 9.3.1, 9.3.2, 9.3.5):
+#: a body sent with one is read and dropped before the handler runs.
+_NO_CONTENT = frozenset((b"GET", b"HEAD", b"DELETE"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +141,8 @@ class HttpRequest:
         query: The query parameters (every value of each name), %-decoded as UTF-8;
             bytes that are not UTF-8 are kept as lone surrogates (``surrogateescape``).
         headers: Header names (lower case) and values, in order, repeats kept.
-        body: The whole body.
+        body: The whole body (empty for ``GET``, ``HEAD`` and ``DELETE``: a body sent
+            with one is read and dropped).
     """
 
     method: str
@@ -775,6 +781,13 @@ class HttpServer:
         except _LargeRefused as refused:
             await self._refuse_large(conn, refused.size)
             return False
+        if event.method in _NO_CONTENT:
+            # Dropped, and no longer counted: the handler never reads it, and a GET's
+            # stream may stay open for good (four with 16 MiB bodies held the daemon's
+            # bound on large requests, on every face, as long as they stayed open).
+            body = b""
+            self._large.release(held.size)
+            held.size = 0
         request = _request(event, body)
         del body
         exchange = Exchange(conn)

@@ -1201,6 +1201,44 @@ def test_http_body_limit_is_the_message_limit_and_reloads(workspace: Path, tmp_p
         shut_down(daemon)
 
 
+def test_http_a_get_streams_body_is_not_held_while_it_streams(
+    workspace: Path, tmp_path: Path
+) -> None:
+    """A GET's body means nothing, and its stream may stay open for good (an idle session
+    whose stream is open never expires): sent with a body, it must not hold the bound on
+    large requests while it streams. It did: four such streams refused every large request
+    on both faces for as long as they stayed open. With the message limit at 1 MB
+    (``--max-message-bytes 1000000``, so 4 MB for all in flight), four streams opened with
+    1 MB bodies, a 200 KB line is taken while they are open."""
+    home = tmp_path / "home"
+    (home / "tools").mkdir(parents=True)
+    daemon, base = start_http_daemon(home, workspace, tmp_path, ["--max-message-bytes", "1000000"])
+    try:
+        host, port = _address(base)
+        size = 1_000_000
+        streams = [socket.create_connection((host, port), timeout=30) for _ in range(4)]
+        try:
+            for stream in streams:
+                session = initialize(endpoint(base, workspace))
+                stream.sendall(
+                    f"GET /mcp?workspace={workspace} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+                    f"Accept: text/event-stream\r\nMcp-Session-Id: {session}\r\n"
+                    f"Content-Length: {size}\r\n\r\n".encode()
+                    + b" " * size
+                )
+                assert stream.recv(65536).startswith(b"HTTP/1.1 200 "), "a stream did not open"
+            line = json.dumps(rpc("big", "status", {"pad": "y" * 200_000})).encode() + b"\n"
+            with daemon.raw(timeout=30) as conn:
+                conn.send_bytes(line)
+                error = conn.receive()["error"]
+            assert error["code"] == -32602, error  # taken: status takes no params
+        finally:
+            for stream in streams:
+                stream.close()
+    finally:
+        shut_down(daemon)
+
+
 # -- the official SDK client (streamable_http_client) ----------------------------------------
 
 
