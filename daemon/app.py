@@ -428,6 +428,7 @@ async def _serve(
         observer=observer,
         confinement=confinement,
         checks=checks,
+        large_requests=large_requests,
     )
     mcp = _McpCore(service)
     handlers = Handlers(

@@ -580,7 +580,7 @@ class McpSession:
         if arguments is None:
             arguments = {}
         try:  # the native face's cap (protocol/params.py): every echo of them stays encodable
-            check_arguments(arguments)
+            await self._service.check_request(check_arguments, arguments, arguments)
         except ValueError as exc:
             raise McpError(
                 -32602, f"Invalid params: 'arguments' {exc}", {"field": "arguments"}

@@ -218,7 +218,10 @@ class Handlers:
 
     async def classify(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """Classify a prospective call: paths, scope, approval and the decision."""
-        p = params_check.classify_args(self._named(params))
+        named = self._named(params)
+        p = await self.service.check_request(
+            params_check.classify_args, named, named.get("arguments")
+        )
         prepared = await self.service.prepare(
             p.tool, p.arguments, p.workspace, p.mode, p.headless, None
         )
@@ -226,7 +229,10 @@ class Handlers:
 
     async def invoke(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """Run a tool: enforce the classification, stream events, answer the result."""
-        p = params_check.invoke_args(self._named(params))
+        named = self._named(params)
+        p = await self.service.check_request(
+            params_check.invoke_args, named, named.get("arguments")
+        )
         connection = ctx.connection
         call_id, outcome = await self.service.invoke(
             InvokeRequest(

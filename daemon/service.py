@@ -49,7 +49,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import orjson
@@ -58,9 +58,11 @@ from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol import modes as m
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
+from . import threads
 from .checkworker import CheckWorker
 from .confinement import Confinement
 from .exhaustion import busy_when_short
+from .large import LargeRequests
 from .model import Catalog, CatalogName, LoadedTool
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
 from .paths import Scope, existing_directory
@@ -84,6 +86,9 @@ __all__ = [
 ]
 
 log = structlog.get_logger("toolsetd.service")
+
+_V = TypeVar("_V")
+_T = TypeVar("_T")
 
 _CALL_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 _MAX_LISTED_NAMES = 20
@@ -275,6 +280,8 @@ class Service:
             report them; the runner applies them).
         checks: The check process (``checkworker.CheckWorker``), where large arguments
             are checked (``validation.off_loop``); without it they are checked on the loop.
+        large_requests: The daemon's worker slot for large requests
+            (``large.LargeRequests``): the params check of large arguments takes it.
     """
 
     def __init__(
@@ -288,6 +295,7 @@ class Service:
         observer: Observer = NO_OBSERVER,
         confinement: Confinement | None = None,
         checks: CheckWorker | None = None,
+        large_requests: LargeRequests | None = None,
     ) -> None:
         self.settings = settings
         self.confinement = confinement
@@ -305,6 +313,7 @@ class Service:
         self._listeners: dict[Path | None, set[CatalogListener]] = {}
         self._listen_all: list[CatalogListener] = []
         self._checks = checks
+        self._large = large_requests if large_requests is not None else LargeRequests()
 
     # -- lookup --------------------------------------------------------------------------
 
@@ -393,6 +402,20 @@ class Service:
         return loaded
 
     # -- the checks, in order ------------------------------------------------------------
+
+    async def check_request(self, check: Callable[[_V], _T], value: _V, arguments: Any) -> _T:
+        """``check(value)``: a face's check of a request that carries ``arguments``, in
+        the large requests' worker slot when they are large (``validation.off_loop``; their
+        schema check then goes to the check process, ``prepare``).
+
+        The check walks every object and array of the arguments for their depth: five
+        million ``{}`` (a 16 MiB line) held the event loop, and every other client, for 5 s.
+        In a thread it shares the GIL, which the loop gets back within the switch interval.
+        What it raises is raised here.
+        """
+        if not off_loop(arguments):
+            return check(value)
+        return await threads.run_sync(check, value, limiter=self._large.slot)
 
     async def prepare(
         self,

@@ -205,6 +205,11 @@ def _deep_sets(home: Path, _: Path) -> None:
                               "schema": {"type": "object", "properties": {
                                   "n": {"type": "array", "items": {"type": "integer",
                                                                    "minimum": 0}}}}})
+    # Outside the plain subset (propertyNames), so its check stays on the loop; cheap for
+    # any value of a property.
+    write_set(tools, "names", {"runner": "exec", "description": "d", "command": ["true"],
+                               "stdin": False, "approval": "always",
+                               "schema": {"type": "object", "propertyNames": {"maxLength": 8}}})
     # A pattern that backtracks: each more "a" before the "!" doubles re's work.
     write_set(tools, "redos", {"runner": "exec", "description": "d", "command": ["true"],
                                "stdin": False, "approval": "always",
@@ -426,6 +431,56 @@ def _gone(pid: int) -> bool:
         return b"State:\tZ" in Path(f"/proc/{pid}/status").read_bytes()
     except FileNotFoundError:
         return True
+
+def test_the_depth_check_of_many_arguments_does_not_hold_other_requests(
+    echo_daemon: Daemon,
+) -> None:
+    """Checking that arguments nest at most 64 levels walks every object and array in
+    them: five million empty objects took 5 s, on the event loop, and no other request was
+    served meanwhile. It runs in a worker thread now: a small request sent behind the big
+    one, on the same connection, is answered while the big one's depth is being checked
+    (on the loop it was answered after it: the big one names a tool the catalog does not
+    have, so its check and its answer were one step of the loop). ``invoke`` and MCP's
+    ``tools/call`` take the same path (``Service.check_request``)."""
+    count = 5_000_000
+    workspace = json.dumps(str(echo_daemon.workspace)).encode()
+    big = (b'{"jsonrpc":"2.0","id":"big","method":"classify","params":'
+           b'{"tool":"nope","workspace":' + workspace + b',"arguments":{"n":['
+           + b"{}," * (count - 1) + b"{}]}}}\n")
+    small = {"tool": "names", "workspace": str(echo_daemon.workspace), "arguments": {}}
+    with echo_daemon.raw(timeout=120) as conn:
+        assert "result" in conn.request("classify", small)  # the catalog is built
+        conn.send_bytes(big + json.dumps(
+            {"jsonrpc": "2.0", "id": "small", "method": "classify", "params": small}
+        ).encode() + b"\n")
+        first, second = conn.receive(), conn.receive()
+    assert first["id"] == "small", "the big request's depth check held the small one"
+    assert second["id"] == "big"
+    assert "nope" in second["error"]["message"], str(second)[:300]
+
+
+def test_the_depth_check_of_many_arguments_does_not_hold_other_mcp_requests(
+    echo_daemon: Daemon,
+) -> None:
+    """The same on the MCP face (a connection bound with ``mcp.bind``): a ``tools/call``
+    of five million empty objects, for a tool the catalog does not have (its answer
+    follows the check at once), no longer holds the ``tools/list`` sent behind it."""
+    count = 5_000_000
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    big = (b'{"jsonrpc":"2.0","id":"big","method":"tools/call","params":{"_meta":'
+           + json.dumps(meta).encode() + b',"name":"nope","arguments":{"n":['
+           + b"{}," * (count - 1) + b"{}]}}}\n")
+    small = {"jsonrpc": "2.0", "id": "small", "method": "tools/list", "params": {"_meta": meta}}
+    with echo_daemon.raw(timeout=120) as conn:
+        bound = conn.request("mcp.bind", {"workspace": str(echo_daemon.workspace)})
+        assert bound["result"]["bound"] is True, bound
+        conn.send(small)
+        assert "result" in conn.receive()  # the catalog is built
+        conn.send_bytes(big + json.dumps(small).encode() + b"\n")
+        first, second = conn.receive(), conn.receive()
+    assert first["id"] == "small", "the big request's depth check held the small one"
+    assert second["id"] == "big"
+    assert "nope" in json.dumps(second), str(second)[:300]
 
 
 # -- slow and idle clients -------------------------------------------------------------------
