@@ -97,7 +97,7 @@ from toolsetd.protocol.jsontext import loads
 from toolsetd.protocol.names import METHOD_MCP_BIND
 
 from . import threads
-from .large import LARGE_TEXT, LIMIT_TEXTS, LargeRequests
+from .large import LARGE_TEXT, LIMIT_TEXTS, LargeRequests, parse_large
 from .wire import Wire
 
 __all__ = [
@@ -520,7 +520,10 @@ class Connection:
                         # wait, in order, as they wait for any await of the reader.
                         try:
                             parsed = await threads.run_sync(
-                                parse_line, event.line, limiter=self._server.large_requests.slot
+                                parse_large,
+                                parse_line,
+                                event.line,
+                                limiter=self._server.large_requests.slot,
                             )
                         except BaseException:
                             self._release(held)

@@ -44,7 +44,9 @@ The pause itself:
   that parses thousands of manifests, overlapping builds, or a build while the event loop
   serves requests that make cyclic garbage, get the collector back within about half a
   second plus 64 sets' work (a ``stat`` that hangs on a network filesystem holds it
-  longer). A pause never outlives its ``with`` block, whatever is raised.
+  longer). A parse of a large request (``large.parse_large``), which cannot tick, holds
+  it for the parse: seconds at most, for a 16 MiB text of numbers. A pause never outlives
+  its ``with`` block, whatever is raised.
 * **Nothing else freezes.** The promotion's ``unfreeze`` would thaw objects some other
   code froze on purpose (``gc.freeze`` before a ``fork``): toolsetd freezes nothing else.
 * **The collector is the pauses' while they last.** Code that turns it off during a period

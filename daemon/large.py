@@ -29,9 +29,16 @@ service; each makes its own when built alone, as in tests.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 import anyio
 
-__all__ = ["LARGE_TEXT", "LIMIT_TEXTS", "LargeRequests"]
+from .gcpause import GcPause
+
+__all__ = ["LARGE_TEXT", "LIMIT_TEXTS", "LargeRequests", "parse_large"]
+
+T = TypeVar("T")
 
 #: Texts longer than this are large: parsed in a worker thread, and counted in ``held``.
 LARGE_TEXT = 64 * 1024
@@ -75,3 +82,18 @@ class LargeRequests:
     def release(self, size: int) -> None:
         """Stop counting ``size`` bytes ``hold`` counted."""
         self.held -= size
+
+
+def parse_large(parse: Callable[[bytes], T], text: bytes) -> T:
+    """``parse(text)`` for a large text, with the cyclic collector held off meanwhile (run
+    it in ``slot``'s worker thread).
+
+    A text of numbers makes millions of objects that all survive the parse, and each full
+    collection the growing heap starts traverses all of them again, in the parsing thread,
+    holding the GIL: the event loop, and every other client, waited up to half a second
+    at a time, longer as the heap grew (a 16 MB line of numbers: seventeen gaps of 35 to
+    522 ms). Held off, and its objects promoted at the end (``GcPause``), the parse makes
+    none of them.
+    """
+    with GcPause(promote=True):
+        return parse(text)

@@ -64,7 +64,7 @@ from toolsetd.protocol.jsontext import loads as json_loads
 
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
 from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
-from .large import LARGE_TEXT, LargeRequests
+from .large import LARGE_TEXT, LargeRequests, parse_large
 from .logs import Throttle
 from .mcp_mapping import McpError, error_response
 from .mcp_session import MODERN_VERSIONS, SUPPORTED_VERSIONS, unsupported_version
@@ -457,7 +457,7 @@ class McpHttpEndpoint:
             message = (  # numbers as written, as on the socket; a large body off the loop
                 json_loads(request.body)
                 if len(request.body) <= LARGE_TEXT
-                else await run_sync(json_loads, request.body, limiter=self._large.slot)
+                else await run_sync(parse_large, json_loads, request.body, limiter=self._large.slot)
             )
         except orjson.JSONDecodeError as exc:
             await _rpc_error(
