@@ -58,6 +58,7 @@ import anyio.abc
 import orjson
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
+from toolsetd.protocol.jsontext import JsonNumber
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.jsontext import loads as json_loads
 
@@ -276,6 +277,24 @@ def _die_with(parent: int) -> None:
         os._exit(0)
 
 
+def _plain_floats(value: Any) -> Any:
+    """The schema as the daemon holds it: each ``JsonNumber`` a plain ``float`` again.
+
+    tools.json's fractions are plain floats, which a message shows as Python writes them
+    (``expected a number >= 1e-07``); read back from the request they are ``JsonNumber``s,
+    shown as orjson wrote them (``1e-7``). The double is the same (orjson writes the
+    shortest text that reads back as it).
+    """
+    kind = type(value)
+    if kind is JsonNumber:
+        return float(value)
+    if kind is dict:
+        return {key: _plain_floats(item) for key, item in value.items()}
+    if kind is list:
+        return [_plain_floats(item) for item in value]
+    return value
+
+
 def main() -> None:
     """The check process: answer request lines on stdin until EOF."""
     parent, time_limit = int(sys.argv[1]), float(sys.argv[2])
@@ -291,7 +310,10 @@ def main() -> None:
         try:
             answer: dict[str, Any] = {
                 "errors": validators.errors_for(
-                    request["key"], request["schema"], request["arguments"], request["size"]
+                    request["key"],
+                    _plain_floats(request["schema"]),
+                    request["arguments"],
+                    request["size"],
                 )
             }
         except Exception as exc:

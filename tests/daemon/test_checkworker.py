@@ -35,6 +35,12 @@ _CASES: list[tuple[dict[str, Any], Any, float]] = [
         30,
     ),
     ({"type": "object", "required": ["x"], "additionalProperties": False}, {"y" * 70_000: 1}, 30),
+    (
+        # the schema's numbers as tools.json gives them (floats): shown as Python writes them
+        {"type": "object", "properties": {"n": {"items": {"minimum": 1e-7, "maximum": 1.5e-5}}}},
+        {"n": [0] * 5_000 + [1]},
+        30,
+    ),
 ]
 
 
