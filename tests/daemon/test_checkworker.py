@@ -130,3 +130,20 @@ def test_a_process_that_kept_memory_after_a_check_ends_and_the_next_starts_anew(
     assert kept[0] == 0 and kept[1] is not None and kept[2] == 1
     assert ended[0] == 100 and ended[1] is None and ended[2] == 1
     assert again[0] == 0 and again[1] is not None and again[2] == 2
+
+
+def test_the_check_process_is_the_out_of_memory_killers_first_choice() -> None:
+    """It holds a second copy of the largest arguments (12 MB of ``[]`` took 394 MB
+    parsed, as in the daemon): out of memory, it should go, failing one call, before the
+    daemon does, failing every client."""
+    tool = loaded(_REDOS)
+
+    async def main() -> str:
+        worker = CheckWorker(0.1)
+        try:
+            assert await worker.errors(tool, {"s": "a" * 70_000}) == []
+            return (await anyio.Path(f"/proc/{worker.pid}/oom_score_adj").read_text()).strip()
+        finally:
+            await worker.aclose()
+
+    assert anyio.run(main) == "1000"
