@@ -34,9 +34,13 @@ backtracks on them is stopped at 0.1 s and a little.
   busy machine included), it is killed and the call gets the same "was stopped" error.
   One that dies before answering (the OOM killer, whose first choice it makes itself:
   ``oom_score_adj`` 1000) gets an error that says so.
-* **When no process can be had** (out of processes or descriptors), the check runs on the
-  loop, as it did before the process existed: slower for the others, never refused.
-  ``argument_check_process_failed`` is logged, once a minute at most.
+* **When no process can be had** (out of processes or descriptors, or one that exits by
+  itself before its first answer: an install changed under the daemon), the check runs on
+  the loop, as it did before the process existed: slower for the others, never refused.
+  No other start is tried for ``_DOWN_SECONDS``; ``argument_check_process_failed`` is
+  logged, once a minute at most.
+* **An answer longer than ``_MAX_ANSWER``** (error paths into keys of megabytes) is not
+  read: the process goes, and the call gets an error that says so.
 
 Wire (the daemon's own, one JSON text a line): the request is ``{"key", "size", "schema",
 "arguments"}`` (``key`` caches the compiled schema, ``size`` is the arguments' encoded
@@ -48,6 +52,7 @@ when the process exits after it.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import subprocess
@@ -78,6 +83,14 @@ log = structlog.get_logger("toolsetd.checkworker")
 _GRACE = 10.0
 #: The longest answer line read (100 errors, each with a JSON Pointer into the arguments).
 _MAX_ANSWER = 64 * 1024 * 1024
+_TOO_LONG_MESSAGE = (
+    "checking the arguments against the tool's input schema failed: the errors found are "
+    f"longer than {_MAX_ANSWER} bytes (their paths name keys that long); send smaller "
+    "values, with shorter names"
+)
+#: Seconds after a process could not be started (or exited at its start) during which large
+#: checks run on the loop without trying to start another.
+_DOWN_SECONDS = 60.0
 #: Seconds a stopping daemon waits for the process to end at EOF before killing it.
 _CLOSE_WAIT = 1.0
 _PR_SET_PDEATHSIG = 1
@@ -109,6 +122,10 @@ class CheckWorker:
         self._lock = anyio.Lock()
         self._failures = Throttle()
         self._closed = False
+        #: Until when (``anyio.current_time``) no process is started after one could not be.
+        self._down_until = -math.inf
+        #: Answers the running process has given.
+        self._answered = 0
         #: Processes started (for tests and ``status``-like reports).
         self.started = 0
 
@@ -143,14 +160,12 @@ class CheckWorker:
         limit = time_limit_for(self._time_limit, len(text))
         del text
         async with self._lock:
-            if self._closed:
+            if self._closed or anyio.current_time() < self._down_until:
                 return None
             try:
                 proc, stdout = await self._process()
             except OSError as exc:
-                said = self._failures.count("start")
-                if said is not None:
-                    log.warning("argument_check_process_failed", error=str(exc), failures=said)
+                self._down(str(exc))
                 return None
             try:
                 with anyio.fail_after(limit + _GRACE):
@@ -162,13 +177,24 @@ class CheckWorker:
                 await self._discard()
                 log.warning("argument_check_process_killed", seconds=round(limit + _GRACE, 1))
                 return [{"path": "", "message": stopped_message(limit, self._time_limit, schema)}]
+            except anyio.DelimiterNotFound:
+                # Its answer goes on past the bound (error paths into keys of megabytes):
+                # the rest is unread, so the process goes.
+                await self._discard()
+                log.warning("argument_check_answer_too_long", limit=_MAX_ANSWER)
+                return [{"path": "", "message": _TOO_LONG_MESSAGE}]
             except (
                 anyio.BrokenResourceError,
-                anyio.DelimiterNotFound,
                 anyio.EndOfStream,
                 anyio.IncompleteRead,
             ) as exc:
+                answered = self._answered
                 code = await self._discard(wait=_CLOSE_WAIT)
+                if not answered and code is not None and code >= 0:
+                    # It ended by itself before its first answer: it could not run (an
+                    # install changed under the daemon, say), not this call's doing.
+                    self._down(f"the check process exited with status {code} at its start")
+                    return None
                 log.warning(
                     "argument_check_process_lost", returncode=code, error=type(exc).__name__
                 )
@@ -178,6 +204,7 @@ class CheckWorker:
                 # as the next request's, so the process goes; the next check starts one.
                 await self._discard()
                 raise
+            self._answered += 1
             reply = json_loads(answer)
             if reply.get("exit"):  # it exits now: wait for it, as the next check would
                 await self._discard(wait=_CLOSE_WAIT)
@@ -212,9 +239,17 @@ class CheckWorker:
         )
         assert proc.stdout is not None
         self._proc, self._stdout = proc, BufferedByteReceiveStream(proc.stdout)
+        self._answered = 0
         self.started += 1
         log.debug("argument_check_process_started", pid=proc.pid)
         return proc, self._stdout
+
+    def _down(self, error: str) -> None:
+        """No process could be had: checks run on the loop for ``_DOWN_SECONDS``."""
+        self._down_until = anyio.current_time() + _DOWN_SECONDS
+        said = self._failures.count("start")
+        if said is not None:
+            log.warning("argument_check_process_failed", error=error, failures=said)
 
     async def _discard(self, wait: float = 0.0) -> int | None:
         """Kill the process (unless it ends within ``wait`` seconds) and reap it; its exit

@@ -147,3 +147,39 @@ def test_the_check_process_is_the_out_of_memory_killers_first_choice() -> None:
             await worker.aclose()
 
     assert anyio.run(main) == "1000"
+
+
+def test_a_process_that_cannot_run_is_no_process() -> None:
+    """One that exits by itself before its first answer (an install changed under the
+    daemon) is as good as none: the check runs on the loop (None), and no other process is
+    tried for a minute, rather than a failing start for every large call."""
+    tool = loaded(_REDOS)
+
+    async def main() -> tuple[Any, Any, int]:
+        worker = CheckWorker(0.1, python="/bin/false")
+        try:
+            first = await worker.errors(tool, {"s": "a" * 70_000})
+            second = await worker.errors(tool, {"s": "a" * 70_000})
+            return first, second, worker.started
+        finally:
+            await worker.aclose()
+
+    assert anyio.run(main) == (None, None, 1)
+
+
+def test_an_answer_too_long_to_read_says_so() -> None:
+    """Errors whose paths name a key of 8.4 million ``/`` (each escaped as ``~1``) make an
+    answer over 64 MiB: the call is told that, not that the process died."""
+    schema = {"type": "object", "additionalProperties": {"minLength": 1, "pattern": "x"}}
+    tool = loaded(schema)
+
+    async def main() -> Any:
+        worker = CheckWorker(30)
+        try:
+            return await worker.errors(tool, {"/" * 8_400_000: ""})
+        finally:
+            await worker.aclose()
+
+    [error] = anyio.run(main)
+    assert error["path"] == ""
+    assert "the errors found are longer than 67108864 bytes" in error["message"], error

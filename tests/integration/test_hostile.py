@@ -360,14 +360,14 @@ def test_a_check_process_that_dies_or_is_left_fails_its_call_only(echo_daemon: D
     that says so, and the next large check starts a new one. A caller that leaves
     mid-check leaves its answer to its own request, not to the next call's."""
     good = json.loads(_redos_line(echo_daemon, "good", "a" * 70_000, "classify"))
+    assert conn_result(echo_daemon, good)["decision"] == "allow"  # a process runs
+    [worker] = _check_processes(echo_daemon.proc.pid)
+    before = _bytes_read(worker)
     with echo_daemon.raw(timeout=120) as conn:
         conn.send_bytes(_redos_line(echo_daemon, "killed", "a" * 3_000_000 + "!"))  # 3 s
-        eventually(lambda: _unread(conn.sock) == 0, timeout=60, what="the line read")
-        eventually(lambda: bool(_check_processes(echo_daemon.proc.pid)), timeout=30,
-                   what="a check process")
-        time.sleep(0.3)  # the check under way
-        for worker in _check_processes(echo_daemon.proc.pid):
-            os.kill(worker, signal.SIGKILL)
+        eventually(lambda: _bytes_read(worker) - before > 3_000_000, timeout=60,
+                   what="the request read by the check process")
+        os.kill(worker, signal.SIGKILL)
         reply = conn.receive()
     [error] = reply["error"]["data"]["errors"]
     assert "the check process ended (killed by SIGKILL) before it answered" in error["message"]
