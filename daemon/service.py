@@ -62,7 +62,7 @@ from . import threads
 from .checkworker import CheckWorker
 from .confinement import Confinement
 from .exhaustion import busy_when_short
-from .large import LargeRequests
+from .large import LargeRequests, check_large
 from .model import Catalog, CatalogName, LoadedTool
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
 from .paths import Scope, existing_directory
@@ -415,7 +415,7 @@ class Service:
         """
         if not off_loop(arguments):
             return check(value)
-        return await threads.run_sync(check, value, limiter=self._large.slot)
+        return await threads.run_sync(check_large, check, value, limiter=self._large.slot)
 
     async def prepare(
         self,
