@@ -12,8 +12,10 @@ Such work holds the GIL as it runs, and the event loop needs it too: with one pa
 connection at once, 200 connections each sending lines of numbers had 40 worker threads
 parsing, and the loop got the GIL so rarely that another client's status took 37 s (it
 had taken 53 s on the loop). So it goes to the workers one job at a time on every face
-together (``slot``): the loop keeps half of the GIL, and the other workers (spawns,
-catalog reads) stay free. (Large argument checks go to another process: ``checkworker``.)
+together (``slot``), with the depth checks of large arguments (``check_large``): the loop
+keeps half of the GIL, and the other workers (spawns, catalog reads) stay free. Both run
+with the cyclic collector held off (``gcpause``). (The schema checks of large arguments
+go to another process: ``checkworker``.)
 
 A large request also holds memory until it is answered: parsed, a text takes up to twenty
 times its size (16 MiB of ``[]`` is 341 MB of lists), and an ``invoke`` keeps its
