@@ -417,7 +417,7 @@ async def _serve(
     # Large requests: one bound on their bytes in flight and one worker slot, every face's.
     large_requests = LargeRequests()
     validators = ArgumentValidators()
-    checks = CheckWorker(validators.time_limit)
+    checks = CheckWorker(validators.time_limit, large_requests=large_requests)
     service = Service(
         ServiceSettings(socket=str(socket_path), home=options.home, user_home=options.user_home),
         registry,

@@ -68,6 +68,8 @@ from toolsetd.protocol.jsontext import JsonNumber
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.jsontext import loads as json_loads
 
+from . import threads
+from .large import LargeRequests, check_large
 from .logs import Throttle
 from .validation import ArgumentValidators, stopped_message, time_limit_for
 
@@ -108,15 +110,24 @@ class CheckProcessFailed(Exception):
 class CheckWorker:
     """The daemon's end of the check process (see the module docstring)."""
 
-    def __init__(self, time_limit: float, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        time_limit: float,
+        python: str = sys.executable,
+        large_requests: LargeRequests | None = None,
+    ) -> None:
         """Nothing is started until the first check.
 
         Args:
             time_limit: ``ArgumentValidators``' base time limit, in seconds.
             python: The interpreter that runs the process.
+            large_requests: The daemon's worker slot for large requests
+                (``large.LargeRequests``): the arguments are encoded for the process
+                there, not on the loop (three million fractions took most of a second).
         """
         self._time_limit = time_limit
         self._python = python
+        self._large = large_requests if large_requests is not None else LargeRequests()
         self._proc: anyio.abc.Process | None = None
         self._stdout: BufferedByteReceiveStream | None = None
         self._lock = anyio.Lock()
@@ -144,7 +155,7 @@ class CheckWorker:
         Raises:
             CheckProcessFailed: The check raised in the process.
         """
-        text = json_dumps(arguments)
+        text = await threads.run_sync(check_large, json_dumps, arguments, limiter=self._large.slot)
         schema = loaded.tool.schema
         request = b"".join(
             (

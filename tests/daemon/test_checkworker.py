@@ -8,7 +8,10 @@ from typing import Any
 
 import anyio
 import pytest
+from anyio import wait_all_tasks_blocked
+
 from toolsetd.daemon.checkworker import CheckWorker
+from toolsetd.daemon.large import LargeRequests
 from toolsetd.daemon.validation import ArgumentValidators
 from toolsetd.protocol.jsontext import loads
 
@@ -183,3 +186,30 @@ def test_an_answer_too_long_to_read_says_so() -> None:
     [error] = anyio.run(main)
     assert error["path"] == ""
     assert "the errors found are longer than 67108864 bytes" in error["message"], error
+
+
+def test_the_arguments_are_encoded_for_the_process_in_the_worker_slot() -> None:
+    """Encoding three million fractions for the process (orjson calls back into Python for
+    each) held the loop most of a second: it is done in the large requests' worker slot,
+    so a check waits for that slot before anything else."""
+    tool = loaded(_REDOS)
+
+    async def main() -> tuple[int, list[dict[str, str]] | None]:
+        large = LargeRequests()
+        worker = CheckWorker(0.1, large_requests=large)
+        result: list[list[dict[str, str]] | None] = []
+        try:
+            async with anyio.create_task_group() as tg:
+                async with large.slot:
+                    tg.start_soon(lambda: _append(result, worker.errors(tool, {"s": "a" * 70_000})))
+                    await wait_all_tasks_blocked()
+                    waiting = large.slot.statistics().tasks_waiting
+            return waiting, result[0]
+        finally:
+            await worker.aclose()
+
+    assert anyio.run(main) == (1, [])
+
+
+async def _append(into: list[Any], awaitable: Any) -> None:
+    into.append(await awaitable)

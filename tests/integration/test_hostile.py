@@ -210,6 +210,11 @@ def _deep_sets(home: Path, _: Path) -> None:
     write_set(tools, "names", {"runner": "exec", "description": "d", "command": ["true"],
                                "stdin": False, "approval": "always",
                                "schema": {"type": "object", "propertyNames": {"maxLength": 8}}})
+    # Any numbers: a classify of millions of fractions echoes them all.
+    write_set(tools, "nums", {"runner": "exec", "description": "d", "command": ["true"],
+                              "stdin": False, "approval": "always",
+                              "schema": {"type": "object", "properties": {
+                                  "n": {"type": "array", "items": {"type": "number"}}}}})
     # A pattern that backtracks: each more "a" before the "!" doubles re's work.
     write_set(tools, "redos", {"runner": "exec", "description": "d", "command": ["true"],
                                "stdin": False, "approval": "always",
@@ -379,6 +384,42 @@ def test_a_check_process_that_dies_or_is_left_fails_its_call_only(echo_daemon: D
         time.sleep(0.3)  # the check under way
     # The next check waits for the left caller's, then gets its own answer, not that one.
     assert conn_result(echo_daemon, good)["decision"] == "allow"
+
+
+def _bytes_written(pid: int) -> int | None:
+    """The bytes process ``pid`` has written (``wchar``), or None once it has ended."""
+    try:
+        return _proc_number(pid, "io", "wchar")
+    except FileNotFoundError:
+        return None
+
+
+def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
+    echo_daemon: Daemon,
+) -> None:
+    """A ``classify`` answers with its arguments, and orjson calls back into Python for
+    every fraction kept as written: three million of them took most of a second to encode,
+    on the event loop, after the check. The answer to a large line is encoded in a worker
+    thread: another client's status, sent once the check process has answered, is served
+    while the big answer is encoded, and comes first."""
+    warm = json.loads(_redos_line(echo_daemon, "warm", "a" * 70_000, "classify"))
+    assert conn_result(echo_daemon, warm)["decision"] == "allow"  # a check process runs
+    [worker] = _check_processes(echo_daemon.proc.pid)
+    before = _bytes_written(worker)
+    assert before is not None
+    count = 3_000_000
+    line = (b'{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
+            b'"workspace":' + json.dumps(str(echo_daemon.workspace)).encode()
+            + b',"arguments":{"n":[' + b"0.5," * (count - 1) + b"0.5]}}}\n")
+    with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
+        other.request("status")
+        big.send_bytes(line)
+        eventually(lambda: (_bytes_written(worker) or before + 1) > before, timeout=60,
+                   what="the check process's answer")
+        assert "result" in other.request("status")
+        assert not _answered_yet(big), "the big answer was encoded before the other's status"
+        reply = big.receive()
+    assert len(reply["result"]["arguments"]["n"]) == count
 
 
 def conn_result(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
