@@ -889,7 +889,8 @@ class Connection:
     async def _handle_batch(self, items: list[Any], overflow: list[Any], held: int = 0) -> None:
         """Answer a batch whose ``items`` each hold an in-flight slot; the items of
         ``overflow``, past the limit, are refused, and their answers follow in the one array
-        (a slice at a time: there may be hundreds of thousands)."""
+        (a slice at a time: there may be hundreds of thousands). The array that answers a
+        large line is encoded in the worker slot, as a single request's answer is."""
         try:
             try:
                 response: Any = await self._server.dispatch_batch(self, items)
@@ -901,7 +902,7 @@ class Connection:
                     await anyio.lowlevel.checkpoint()
                     response += self._busy_answers(overflow[start : start + _REFUSE_SLICE])
             if response:
-                self._post_response(response)
+                self._post_response(response, await self._encode_large(response) if held else None)
         finally:
             self._release(held)
 
@@ -914,15 +915,20 @@ class Connection:
         """
         try:
             if response is not None:
-                frame = None
-                if large:
-                    with contextlib.suppress(rpc_errors.LocalProtocolError):  # said below
-                        frame = await threads.run_sync(
-                            check_large, encode, response, limiter=self._server.large_requests.slot
-                        )
-                self._post_response(response, frame)
+                self._post_response(response, await self._encode_large(response) if large else None)
         finally:
             self._in_flight -= 1
+
+    async def _encode_large(self, response: Any) -> bytes | None:
+        """The frame of the answer to a large line (a request's or a batch's), encoded in
+        the large requests' worker slot; None when it cannot be (``_post_response`` says
+        why)."""
+        with contextlib.suppress(rpc_errors.LocalProtocolError):
+            frame: bytes = await threads.run_sync(
+                check_large, encode, response, limiter=self._server.large_requests.slot
+            )
+            return frame
+        return None
 
     def _post_response(self, response: Any, frame: bytes | None = None) -> None:
         try:

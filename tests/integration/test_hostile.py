@@ -422,6 +422,34 @@ def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
     assert len(reply["result"]["arguments"]["n"]) == count
 
 
+def test_the_answer_to_a_large_batch_is_encoded_off_the_loop(echo_daemon: Daemon) -> None:
+    """A batch of more than one request answers in one array, posted by its own path
+    (``_handle_batch``): its encode, with a ``classify`` in it that echoes three million
+    fractions, ran on the event loop after the check and held every other client as long
+    as a single request's did before its answer went to the worker slot. Another
+    client's status, sent once the check process has answered, comes first here too."""
+    warm = json.loads(_redos_line(echo_daemon, "warm", "a" * 70_000, "classify"))
+    assert conn_result(echo_daemon, warm)["decision"] == "allow"  # a check process runs
+    [worker] = _check_processes(echo_daemon.proc.pid)
+    before = _bytes_written(worker)
+    assert before is not None
+    count = 3_000_000
+    line = (b'[{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
+            b'"workspace":' + json.dumps(str(echo_daemon.workspace)).encode()
+            + b',"arguments":{"n":[' + b"0.5," * (count - 1) + b"0.5]}}},"
+            b'{"jsonrpc":"2.0","id":"small","method":"status"}]\n')
+    with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
+        other.request("status")
+        big.send_bytes(line)
+        eventually(lambda: (_bytes_written(worker) or before + 1) > before, timeout=60,
+                   what="the check process's answer")
+        assert "result" in other.request("status")
+        assert not _answered_yet(big), "the big batch's answer was encoded before the status"
+        reply = big.receive()
+    assert [answer["id"] for answer in reply] == ["big", "small"]
+    assert len(reply[0]["result"]["arguments"]["n"]) == count
+
+
 def conn_result(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
     """Send one request on a new connection; its result (the test fails on an error)."""
     with d.raw(timeout=120) as conn:
