@@ -59,6 +59,7 @@ __all__ = [
     "ToolPages",
     "approval_answer",
     "approval_unavailable_result",
+    "call_key",
     "call_result",
     "can_elicit",
     "changed_result",
@@ -425,7 +426,9 @@ def _unb64(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def _call_key(binding_key: str, tool: str, arguments: Any) -> str:
+def call_key(binding_key: str, tool: str, arguments: Any) -> str:
+    """What a ``requestState`` is bound to: the binding, the tool and the arguments (an
+    encode of all of them: large arguments call for the worker slot, ``Service.check_request``)."""
     try:
         args = json_dumps(arguments, orjson.OPT_SORT_KEYS)
     except TypeError:
@@ -442,17 +445,24 @@ def input_required_result(
     binding_key: str,
     tool: str,
     arguments: Any,
+    *,
+    elicitation: dict[str, Any] | None = None,
+    key: str | None = None,
 ) -> dict[str, Any]:
-    """The 2026-07-28 ``InputRequiredResult``: ask the operator, then retry with the state."""
+    """The 2026-07-28 ``InputRequiredResult``: ask the operator, then retry with the state.
+
+    ``elicitation`` (``elicitation_params(classification, with_mode=True)``) and ``key``
+    (``call_key``) are made here unless given: both encode the arguments, which a caller
+    with large ones does in the worker slot.
+    """
+    if elicitation is None:
+        elicitation = elicitation_params(classification, with_mode=True)
+    if key is None:
+        key = call_key(binding_key, tool, arguments)
     return {
         "resultType": "input_required",
-        "inputRequests": {
-            APPROVAL_KEY: {
-                "method": "elicitation/create",
-                "params": elicitation_params(classification, with_mode=True),
-            }
-        },
-        "requestState": signer.sign({"d": digest, "c": _call_key(binding_key, tool, arguments)}),
+        "inputRequests": {APPROVAL_KEY: {"method": "elicitation/create", "params": elicitation}},
+        "requestState": signer.sign({"d": digest, "c": key}),
     }
 
 
@@ -472,9 +482,16 @@ class Answer:
 
 
 def approval_answer(
-    signer: StateSigner, params: dict[str, Any], binding_key: str, tool: str, arguments: Any
+    signer: StateSigner,
+    params: dict[str, Any],
+    binding_key: str,
+    tool: str,
+    arguments: Any,
+    *,
+    key: str | None = None,
 ) -> Answer:
-    """Read a retry's ``requestState`` and ``inputResponses``.
+    """Read a retry's ``requestState`` and ``inputResponses`` (``key``: the call's
+    ``call_key``, made here unless given).
 
     An expired state, or one an earlier accept spent, is no answer: the call asks again.
 
@@ -487,7 +504,9 @@ def approval_answer(
     payload = signer.verify(state)
     if payload is None:
         return Answer(None)  # expired: ask again
-    if payload.get("c") != _call_key(binding_key, tool, arguments):
+    if key is None:
+        key = call_key(binding_key, tool, arguments)
+    if payload.get("c") != key:
         raise McpError(
             -32602,
             "Invalid params: 'requestState' was given out for another call "

@@ -62,6 +62,7 @@ import itertools
 import uuid
 from collections.abc import Iterator, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -610,8 +611,11 @@ class McpSession:
             every_progress_line=True,
         )
         if era.modern and ("requestState" in params or "inputResponses" in params):
+            key = await self._service.check_request(
+                partial(mapping.call_key, binding_key(binding), name), arguments, arguments
+            )
             answer = mapping.approval_answer(
-                self._server.signer, params, binding_key(binding), name, arguments
+                self._server.signer, params, binding_key(binding), name, arguments, key=key
             )
             if answer.declined:
                 return self._complete(era, mapping.declined_result(answer.action))
@@ -623,8 +627,17 @@ class McpSession:
             classification = exc.data if isinstance(exc.data, dict) else {}
             if not mapping.can_elicit(era.capabilities):
                 return self._complete(era, mapping.approval_unavailable_result(classification))
-            digest = approval_digest(classification)
+            # Each of these encodes the arguments: large ones in the worker slot, as their
+            # checks were (three million fractions took the event loop 0.35 s an encode).
+            check = self._service.check_request
+            digest = await check(approval_digest, classification, arguments)
             if era.modern:
+                elicitation = await check(
+                    partial(mapping.elicitation_params, with_mode=True), classification, arguments
+                )
+                key = await check(
+                    partial(mapping.call_key, binding_key(binding), name), arguments, arguments
+                )
                 return self._complete(
                     era,
                     mapping.input_required_result(
@@ -634,6 +647,8 @@ class McpSession:
                         binding_key(binding),
                         name,
                         arguments,
+                        elicitation=elicitation,
+                        key=key,
                     ),
                 )
             action = await self._elicit(out, flight, classification, era)
@@ -665,7 +680,11 @@ class McpSession:
             return "cancel"  # cancelled before the question: put none to the operator
         asked_id = f"toolsetd-elicit-{next(self._asked_ids)}"
         asked = self._asked[asked_id] = _Asked()
-        params = mapping.elicitation_params(classification, with_mode=era.version != "2025-06-18")
+        params = await self._service.check_request(
+            partial(mapping.elicitation_params, with_mode=era.version != "2025-06-18"),
+            classification,
+            classification.get("arguments"),
+        )
         out.post(
             {"jsonrpc": "2.0", "id": asked_id, "method": "elicitation/create", "params": params}
         )

@@ -404,9 +404,11 @@ class Service:
     # -- the checks, in order ------------------------------------------------------------
 
     async def check_request(self, check: Callable[[_V], _T], value: _V, arguments: Any) -> _T:
-        """``check(value)``: a face's check of a request that carries ``arguments``, in
-        the large requests' worker slot when they are large (``validation.off_loop``; their
-        schema check then goes to the check process, ``prepare``).
+        """``check(value)``: a face's check of a request that carries ``arguments`` (or
+        other work that walks or encodes them: an approval's digest, the question put to
+        the operator), in the large requests' worker slot when they are large
+        (``validation.off_loop``; their schema check then goes to the check process,
+        ``prepare``).
 
         The check walks every object and array of the arguments for their depth: five
         million ``{}`` (a 16 MiB line) held the event loop, and every other client, for 5 s.
@@ -492,7 +494,7 @@ class Service:
                 {"field": "callId"},
             )
 
-    def _enforce(
+    async def _enforce(
         self, request: InvokeRequest, prepared: Prepared, observed: CallObservation
     ) -> None:
         """The policy's verdict on a prepared call: return to run it, or raise."""
@@ -515,7 +517,10 @@ class Service:
             _log_refused(prepared, "deny")
             raise rpc_errors.PolicyDenied(f"Denied: {classification.reason}", wire)
         approved = request.approved or (
-            request.approved_digest is not None and request.approved_digest == approval_digest(wire)
+            request.approved_digest is not None
+            # An encode of the arguments: large ones in the worker slot (``check_request``).
+            and request.approved_digest
+            == await self.check_request(approval_digest, wire, prepared.classification.arguments)
         )
         if not approved:
             observed.refused("approval")
@@ -577,7 +582,7 @@ class Service:
                 request.traceparent,
             )
         )
-        self._enforce(request, prepared, observed)
+        await self._enforce(request, prepared, observed)
         self._check_call_id_free(call_id)  # again: it may have been taken while we awaited
         if cancel is None:
             cancel = anyio.Event()

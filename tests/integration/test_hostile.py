@@ -450,6 +450,70 @@ def test_the_answer_to_a_large_batch_is_encoded_off_the_loop(echo_daemon: Daemon
     assert len(reply[0]["result"]["arguments"]["n"]) == count
 
 
+def _check_answered(d: Daemon) -> Any:
+    """A condition: the check process running now (started by a small large check) has
+    written an answer since (or ended, having answered and left)."""
+    warm = json.loads(_redos_line(d, "warm", "a" * 70_000, "classify"))
+    assert conn_result(d, warm)["decision"] == "allow"  # a check process runs
+    [worker] = _check_processes(d.proc.pid)
+    before = _bytes_written(worker)
+    assert before is not None
+    return lambda: (_bytes_written(worker) or before + 1) > before
+
+
+@pytest.mark.parametrize("era", ["2025-11-25", "2026-07-28"])
+def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
+    echo_daemon: Daemon, era: str
+) -> None:
+    """An MCP call that needs the operator's approval encodes its arguments for the
+    approval's digest, for the question put to the operator, and (2026-07-28) for the key
+    its ``requestState`` is bound to, and again for the digest when the accepted call comes
+    back. With three million fractions each encode held the event loop, and every other
+    client, about 0.35 s. They run in the large requests' worker slot: another client's
+    status, sent once the check process has answered, is served first."""
+    # 2026-07-28 says its version and capabilities on each request; 2025-11-25 at initialize.
+    meta = {"_meta": {"io.modelcontextprotocol/protocolVersion": era,
+                      "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}}
+    if era == "2025-11-25":
+        meta = {}
+    count = 3_000_000
+    arguments = b'{"a":"x","n":[' + b"0.5," * (count - 1) + b"0.5]}"
+
+    def call(request_id: str, extra: dict[str, Any]) -> bytes:
+        params = json.dumps({"name": "deepask", **meta, **extra}).encode()
+        return (b'{"jsonrpc":"2.0","id":"' + request_id.encode() + b'","method":"tools/call",'
+                b'"params":' + params[:-1] + b',"arguments":' + arguments + b"}}\n")
+
+    def served_first(conn: RawConn, line: bytes, other: RawConn) -> Any:
+        answered = _check_answered(echo_daemon)
+        conn.send_bytes(line)
+        eventually(answered, timeout=60, what="the check process's answer")
+        assert "result" in other.request("status")
+        assert not _answered_yet(conn), "the approval's encodes ran before the other's status"
+        return conn.receive()
+
+    with echo_daemon.raw(timeout=120) as conn, echo_daemon.raw(timeout=120) as other:
+        other.request("status")
+        conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind",
+                   "params": {"workspace": str(echo_daemon.workspace)}})
+        assert conn.receive()["result"]["bound"] is True
+        if era == "2025-11-25":
+            conn.send({"jsonrpc": "2.0", "id": "i", "method": "initialize",
+                       "params": {"protocolVersion": era, "capabilities": {"elicitation": {}}}})
+            assert "result" in conn.receive()
+            conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            asked = served_first(conn, call("c", {}), other)
+            assert asked["method"] == "elicitation/create", asked
+            return
+        first = served_first(conn, call("c", {}), other)
+        assert first["result"]["resultType"] == "input_required", first
+        (key,) = first["result"]["inputRequests"]
+        retry = {"requestState": first["result"]["requestState"],
+                 "inputResponses": {key: {"action": "accept", "content": {}}}}
+        ran = served_first(conn, call("r", retry), other)
+        assert ran["result"]["isError"] is False, ran
+
+
 def conn_result(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
     """Send one request on a new connection; its result (the test fails on an error)."""
     with d.raw(timeout=120) as conn:
