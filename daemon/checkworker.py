@@ -46,7 +46,9 @@ Wire (the daemon's own, one JSON text a line): the request is ``{"key", "size", 
 "arguments"}`` (``key`` caches the compiled schema, ``size`` is the arguments' encoded
 length); the answer ``{"errors": [...]}``, or ``{"failure": "..."}`` for an exception the
 check raised, which the daemon reports as an internal error; either with ``"exit": true``
-when the process exits after it.
+when the process exits after it. A blank line is answered with a blank line: before it
+sends a request to a process that has answered before, the daemon asks so, and one that
+died idle (its end not reported yet) is replaced, not blamed on the call.
 """
 
 from __future__ import annotations
@@ -180,6 +182,16 @@ class CheckWorker:
                 return None
             try:
                 with anyio.fail_after(limit + _GRACE):
+                    if self._answered and not await _alive(proc, stdout):
+                        # It died idle since its last answer (the OOM killer's first choice,
+                        # an operator's kill): not this call's doing, so another is started.
+                        code = await self._discard(wait=_CLOSE_WAIT)
+                        log.info("argument_check_process_gone_idle", returncode=code)
+                        try:
+                            proc, stdout = await self._process()
+                        except OSError as exc:
+                            self._down(str(exc))
+                            return None
                     assert proc.stdin is not None
                     await proc.stdin.send(request)
                     del request
@@ -296,6 +308,26 @@ class CheckWorker:
         await self._discard(wait=_CLOSE_WAIT)
 
 
+async def _alive(proc: anyio.abc.Process, stdout: BufferedByteReceiveStream) -> bool:
+    """Whether an idle check process still answers: a blank line, echoed.
+
+    Its end may not be known yet when the next check comes (the kernel is still tearing it
+    down, or the child watcher has not reported it): without this, that check's request
+    went to a process already gone, and the call failed as if its own check had killed it.
+    """
+    assert proc.stdin is not None
+    try:
+        await proc.stdin.send(b"\n")
+        return await stdout.receive_until(b"\n", 1) == b""
+    except (
+        anyio.BrokenResourceError,
+        anyio.EndOfStream,
+        anyio.IncompleteRead,
+        anyio.DelimiterNotFound,
+    ):
+        return False
+
+
 def _lost_message(returncode: int | None) -> str:
     """The error of a check whose process ended before it answered."""
     if returncode is not None and returncode < 0:
@@ -365,6 +397,13 @@ def main() -> None:
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     baseline = _resident()
     while line := stdin.readline():
+        if line == b"\n":  # the daemon asks whether it still answers (``_alive``)
+            try:
+                stdout.write(line)
+                stdout.flush()
+            except BrokenPipeError:
+                return
+            continue
         request = json_loads(line)
         del line
         try:

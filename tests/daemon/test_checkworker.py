@@ -4,6 +4,7 @@ check's answer is never read as the next one's, and no process at all falls back
 from __future__ import annotations
 
 import os
+import signal
 from typing import Any
 
 import anyio
@@ -82,6 +83,32 @@ def test_a_cancelled_check_leaves_no_answer_for_the_next() -> None:
     errors, started = anyio.run(main)
     assert errors == []
     assert started == 2
+
+
+def test_a_process_killed_while_idle_fails_no_call() -> None:
+    """The process killed between two checks (the OOM killer's first choice is it, idle or
+    not): the next check came before its end was known, its request went to a process
+    already gone, and the call failed with "the check process ended (killed by SIGKILL)
+    before it answered; send smaller values". That check was never made: it gets its
+    answer from a new process."""
+    tool = loaded(_REDOS)
+
+    async def main() -> tuple[list[Any], int]:
+        worker = CheckWorker(30)
+        seen = []
+        try:
+            assert await worker.errors(tool, {"s": "a" * 70_000}) == []
+            for _ in range(3):
+                if worker.pid is None:  # the check before failed, and its process went
+                    assert await worker.errors(tool, {"s": "a" * 70_000}) == []
+                assert worker.pid is not None
+                os.kill(worker.pid, signal.SIGKILL)
+                seen.append(await worker.errors(tool, {"s": "a" * 70_000}))
+            return seen, worker.started
+        finally:
+            await worker.aclose()
+
+    assert anyio.run(main) == ([[], [], []], 4)
 
 
 def test_a_closed_worker_or_one_that_cannot_start_answers_none() -> None:

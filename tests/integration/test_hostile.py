@@ -394,6 +394,26 @@ def _bytes_written(pid: int) -> int | None:
         return None
 
 
+def _check_answered(d: Daemon) -> Any:
+    """A condition: the check process running now (started by a small large check) has
+    written an answer since (or ended, having answered and left).
+
+    More than one byte: before each check the daemon asks the process for the echo of a
+    blank line (``checkworker._alive``), which comes before the check is even under way.
+    """
+    warm = json.loads(_redos_line(d, "warm", "a" * 70_000, "classify"))
+    assert conn_result(d, warm)["decision"] == "allow"  # a check process runs
+    [worker] = _check_processes(d.proc.pid)
+    before = _bytes_written(worker)
+    assert before is not None
+
+    def answered() -> bool:
+        written = _bytes_written(worker)
+        return written is None or written > before + 1
+
+    return answered
+
+
 def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
     echo_daemon: Daemon,
 ) -> None:
@@ -402,11 +422,7 @@ def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
     on the event loop, after the check. The answer to a large line is encoded in a worker
     thread: another client's status, sent once the check process has answered, is served
     while the big answer is encoded, and comes first."""
-    warm = json.loads(_redos_line(echo_daemon, "warm", "a" * 70_000, "classify"))
-    assert conn_result(echo_daemon, warm)["decision"] == "allow"  # a check process runs
-    [worker] = _check_processes(echo_daemon.proc.pid)
-    before = _bytes_written(worker)
-    assert before is not None
+    answered = _check_answered(echo_daemon)
     count = 3_000_000
     line = (b'{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
             b'"workspace":' + json.dumps(str(echo_daemon.workspace)).encode()
@@ -414,8 +430,7 @@ def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
     with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
         other.request("status")
         big.send_bytes(line)
-        eventually(lambda: (_bytes_written(worker) or before + 1) > before, timeout=60,
-                   what="the check process's answer")
+        eventually(answered, timeout=60, what="the check process's answer")
         assert "result" in other.request("status")
         assert not _answered_yet(big), "the big answer was encoded before the other's status"
         reply = big.receive()
@@ -428,11 +443,7 @@ def test_the_answer_to_a_large_batch_is_encoded_off_the_loop(echo_daemon: Daemon
     fractions, ran on the event loop after the check and held every other client as long
     as a single request's did before its answer went to the worker slot. Another
     client's status, sent once the check process has answered, comes first here too."""
-    warm = json.loads(_redos_line(echo_daemon, "warm", "a" * 70_000, "classify"))
-    assert conn_result(echo_daemon, warm)["decision"] == "allow"  # a check process runs
-    [worker] = _check_processes(echo_daemon.proc.pid)
-    before = _bytes_written(worker)
-    assert before is not None
+    answered = _check_answered(echo_daemon)
     count = 3_000_000
     line = (b'[{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
             b'"workspace":' + json.dumps(str(echo_daemon.workspace)).encode()
@@ -441,24 +452,12 @@ def test_the_answer_to_a_large_batch_is_encoded_off_the_loop(echo_daemon: Daemon
     with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
         other.request("status")
         big.send_bytes(line)
-        eventually(lambda: (_bytes_written(worker) or before + 1) > before, timeout=60,
-                   what="the check process's answer")
+        eventually(answered, timeout=60, what="the check process's answer")
         assert "result" in other.request("status")
         assert not _answered_yet(big), "the big batch's answer was encoded before the status"
         reply = big.receive()
     assert [answer["id"] for answer in reply] == ["big", "small"]
     assert len(reply[0]["result"]["arguments"]["n"]) == count
-
-
-def _check_answered(d: Daemon) -> Any:
-    """A condition: the check process running now (started by a small large check) has
-    written an answer since (or ended, having answered and left)."""
-    warm = json.loads(_redos_line(d, "warm", "a" * 70_000, "classify"))
-    assert conn_result(d, warm)["decision"] == "allow"  # a check process runs
-    [worker] = _check_processes(d.proc.pid)
-    before = _bytes_written(worker)
-    assert before is not None
-    return lambda: (_bytes_written(worker) or before + 1) > before
 
 
 @pytest.mark.parametrize("era", ["2025-11-25", "2026-07-28"])
