@@ -414,19 +414,24 @@ def _check_answered(d: Daemon) -> Any:
     return answered
 
 
+@pytest.mark.parametrize("batch", [False, True], ids=["request", "batch"])
 def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
-    echo_daemon: Daemon,
+    echo_daemon: Daemon, batch: bool
 ) -> None:
     """A ``classify`` answers with its arguments, and orjson calls back into Python for
     every fraction kept as written: three million of them took most of a second to encode,
     on the event loop, after the check. The answer to a large line is encoded in a worker
     thread: another client's status, sent once the check process has answered, is served
-    while the big answer is encoded, and comes first."""
+    while the big answer is encoded, and comes first. A batch of more than one request
+    answers in one array, posted by its own path (``_handle_batch``), whose encode held
+    every other client as long until it went to the worker slot too."""
     answered = _check_answered(echo_daemon)
     count = 3_000_000
-    line = (b'{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
-            b'"workspace":' + json.dumps(str(echo_daemon.workspace)).encode()
-            + b',"arguments":{"n":[' + b"0.5," * (count - 1) + b"0.5]}}}\n")
+    request = (b'{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
+               b'"workspace":' + json.dumps(str(echo_daemon.workspace)).encode()
+               + b',"arguments":{"n":[' + b"0.5," * (count - 1) + b"0.5]}}}")
+    small = b'{"jsonrpc":"2.0","id":"small","method":"status"}'
+    line = (b"[" + request + b"," + small + b"]\n") if batch else request + b"\n"
     with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
         other.request("status")
         big.send_bytes(line)
@@ -434,30 +439,10 @@ def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
         assert "result" in other.request("status")
         assert not _answered_yet(big), "the big answer was encoded before the other's status"
         reply = big.receive()
+    if batch:
+        assert [answer["id"] for answer in reply] == ["big", "small"]
+        reply = reply[0]
     assert len(reply["result"]["arguments"]["n"]) == count
-
-
-def test_the_answer_to_a_large_batch_is_encoded_off_the_loop(echo_daemon: Daemon) -> None:
-    """A batch of more than one request answers in one array, posted by its own path
-    (``_handle_batch``): its encode, with a ``classify`` in it that echoes three million
-    fractions, ran on the event loop after the check and held every other client as long
-    as a single request's did before its answer went to the worker slot. Another
-    client's status, sent once the check process has answered, comes first here too."""
-    answered = _check_answered(echo_daemon)
-    count = 3_000_000
-    line = (b'[{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
-            b'"workspace":' + json.dumps(str(echo_daemon.workspace)).encode()
-            + b',"arguments":{"n":[' + b"0.5," * (count - 1) + b"0.5]}}},"
-            b'{"jsonrpc":"2.0","id":"small","method":"status"}]\n')
-    with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
-        other.request("status")
-        big.send_bytes(line)
-        eventually(answered, timeout=60, what="the check process's answer")
-        assert "result" in other.request("status")
-        assert not _answered_yet(big), "the big batch's answer was encoded before the status"
-        reply = big.receive()
-    assert [answer["id"] for answer in reply] == ["big", "small"]
-    assert len(reply[0]["result"]["arguments"]["n"]) == count
 
 
 @pytest.mark.parametrize("era", ["2025-11-25", "2026-07-28"])
