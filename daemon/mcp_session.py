@@ -676,15 +676,17 @@ class McpSession:
         self, out: Outbox, flight: _InFlight, classification: dict[str, Any], era: _Era
     ) -> str:
         """Ask the operator through the host (legacy ``elicitation/create``): the action."""
-        if flight.cancelled or self._closed:
-            return "cancel"  # cancelled before the question: put none to the operator
-        asked_id = f"toolsetd-elicit-{next(self._asked_ids)}"
-        asked = self._asked[asked_id] = _Asked()
+        # Made first: with large arguments it is awaited (the worker slot), and a cancel or a
+        # close that comes meanwhile must still keep the question from the operator.
         params = await self._service.check_request(
             partial(mapping.elicitation_params, with_mode=era.version != "2025-06-18"),
             classification,
             classification.get("arguments"),
         )
+        if flight.cancelled or self._closed:
+            return "cancel"  # cancelled before the question: put none to the operator
+        asked_id = f"toolsetd-elicit-{next(self._asked_ids)}"
+        asked = self._asked[asked_id] = _Asked()
         out.post(
             {"jsonrpc": "2.0", "id": asked_id, "method": "elicitation/create", "params": params}
         )

@@ -498,6 +498,50 @@ def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
         assert ran["result"]["isError"] is False, ran
 
 
+@pytest.mark.slow  # waits out a second after each cancel, for a question that must not come
+@pytest.mark.timeout(180)  # four calls of 12 MB, each parsed and checked (~6 s here)
+def test_an_mcp_call_cancelled_while_its_question_is_made_puts_none_to_the_operator(
+    echo_daemon: Daemon,
+) -> None:
+    """A host's cancel that came before the question is put (``_elicit``'s check) means no
+    question: the operator is not asked about a call nobody waits for. With large arguments
+    the question is encoded in the worker slot (~0.35 s for three million fractions); a
+    cancel that came during that encode was not seen, and the question went out after it.
+    The cancel is sent at several delays after the check process answered (the question
+    came 0.7 to 0.9 s after it, the digest's encode and then its own: some land in the
+    second); a ``ping`` sent right after it is answered after the cancel was read, so
+    no question may come after the ping's answer."""
+    count = 3_000_000
+    arguments = b'{"a":"x","n":[' + b"0.5," * (count - 1) + b"0.5]}"
+    with echo_daemon.raw(timeout=120) as conn:
+        conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind",
+                   "params": {"workspace": str(echo_daemon.workspace)}})
+        assert conn.receive()["result"]["bound"] is True
+        conn.send({"jsonrpc": "2.0", "id": "i", "method": "initialize",
+                   "params": {"protocolVersion": "2025-11-25",
+                              "capabilities": {"elicitation": {}}}})
+        assert "result" in conn.receive()
+        conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        late = []
+        for n, delay in enumerate((0.35, 0.45, 0.55, 0.65)):
+            answered = _check_answered(echo_daemon)
+            conn.send_bytes(b'{"jsonrpc":"2.0","id":"c%d","method":"tools/call","params":'
+                            b'{"name":"deepask","arguments":%s}}\n' % (n, arguments))
+            eventually(answered, timeout=60, what="the check process's answer")
+            time.sleep(delay)
+            conn.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                       "params": {"requestId": f"c{n}"}})
+            conn.send({"jsonrpc": "2.0", "id": f"p{n}", "method": "ping"})
+            while conn.receive().get("id") != f"p{n}":
+                pass
+            time.sleep(1.0)  # the question's encode, had the cancel gone unseen
+            conn.send({"jsonrpc": "2.0", "id": f"q{n}", "method": "ping"})
+            while (message := conn.receive()).get("id") != f"q{n}":
+                if message.get("method") == "elicitation/create":
+                    late.append(n)
+    assert late == [], f"questions put after their call was cancelled: {late}"
+
+
 def conn_result(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
     """Send one request on a new connection; its result (the test fails on an error)."""
     with d.raw(timeout=120) as conn:
