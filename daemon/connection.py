@@ -890,12 +890,13 @@ class Connection:
         """Answer a batch whose ``items`` each hold an in-flight slot; the items of
         ``overflow``, past the limit, are refused, and their answers follow in the one array
         (a slice at a time: there may be hundreds of thousands). The array that answers a
-        large line is encoded in the worker slot, as a single request's answer is."""
+        large line is encoded in the worker slot, as a single request's answer is.
+
+        The items stay in flight until the answer is posted: while it is made, the
+        connection is not idle, and no newcomer has it closed to make room.
+        """
         try:
-            try:
-                response: Any = await self._server.dispatch_batch(self, items)
-            finally:
-                self._in_flight -= len(items)
+            response: Any = await self._server.dispatch_batch(self, items)
             if overflow:
                 response = list(response or ())
                 for start in range(0, len(overflow), _REFUSE_SLICE):
@@ -904,6 +905,7 @@ class Connection:
             if response:
                 self._post_response(response, await self._encode_large(response) if held else None)
         finally:
+            self._in_flight -= len(items)
             self._release(held)
 
     async def _send_response(self, response: Any, *, large: bool = False) -> None:

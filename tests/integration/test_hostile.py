@@ -542,6 +542,39 @@ def test_an_mcp_call_cancelled_while_its_question_is_made_puts_none_to_the_opera
     assert late == [], f"questions put after their call was cancelled: {late}"
 
 
+@pytest.mark.timeout(180)  # four batches of 12 MB, each parsed and checked (~6 s here)
+def test_a_connection_whose_large_batch_is_being_answered_is_not_evicted() -> None:
+    """A full table makes room by closing the idlest connection that holds nothing, never
+    one with a request in flight. The answer to a large batch is encoded in the worker slot
+    (``_handle_batch``), after its items had left the in-flight count: during that encode
+    (~0.4 s for three million fractions) the connection counted as idle, and a newcomer
+    had it closed to make room, its answer coming after the eviction notice. A newcomer
+    connects at several moments after the check process answered (some land in the
+    encode): the batch's client reads its answer first, every time."""
+    count = 3_000_000
+    with daemon_in("tsv-", _deep_sets, ["--no-watch", "--max-connections", "2"]) as d:
+        line = (b'[{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
+                b'"workspace":' + json.dumps(str(d.workspace)).encode()
+                + b',"arguments":{"n":[' + b"0.5," * (count - 1) + b"0.5]}}},"
+                b'{"jsonrpc":"2.0","id":"small","method":"status"}]\n')
+        for delay in (0.0, 0.1, 0.2, 0.3):
+            answered = _check_answered(d)
+            with d.raw(timeout=120) as big, d.raw(timeout=120) as subscriber:
+                # Only these two count (the check's connection is gone): the table is full.
+                while subscriber.request("status")["result"]["connections"] != 2:
+                    pass
+                assert "result" in subscriber.request("list", {"subscribe": True})
+                big.send_bytes(line)
+                eventually(answered, timeout=60, what="the check process's answer")
+                time.sleep(delay)
+                with d.raw(timeout=120) as newcomer:
+                    newcomer.send({"jsonrpc": "2.0", "id": 1, "method": "status"})
+                    newcomer.receive()  # served (one was evicted to make room) or refused
+                first = big.receive()
+                assert isinstance(first, list), f"after {delay} s: {str(first)[:300]}"
+                assert [answer["id"] for answer in first] == ["big", "small"]
+
+
 def conn_result(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
     """Send one request on a new connection; its result (the test fails on an error)."""
     with d.raw(timeout=120) as conn:
