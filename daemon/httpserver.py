@@ -711,9 +711,11 @@ class HttpServer:
                 return
             assert isinstance(event, h11.Request), event
             conn.head_request = event.method == b"HEAD"
-            if sum(len(k) + len(v) + 4 for k, v in event.headers) > settings.max_header_bytes:
+            head_size = len(event.method) + len(event.target) + len(event.http_version) + 9
+            head_size += sum(len(k) + len(v) + 4 for k, v in event.headers)
+            if head_size > settings.max_header_bytes:
                 # h11 bounds only a head still incomplete; one that arrived whole in a
-                # single read is measured here.
+                # single read is measured here, request line (a long target) included.
                 await self._fail(
                     conn,
                     431,

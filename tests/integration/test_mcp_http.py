@@ -983,6 +983,26 @@ def test_http_malformed_requests_leave_the_daemon_serving(http_daemon, workspace
     assert daemon.proc.poll() is None
 
 
+def test_http_a_head_over_16_kib_is_431_whatever_part_is_long(
+    http_daemon, workspace: Path
+) -> None:
+    """The 16 KiB bound is the whole head's: a request line (its target's query) that
+    takes the head past it is 431 as a long header is, even when the head arrives in
+    one read (h11 bounds only a head still incomplete)."""
+    _, base = http_daemon
+    body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
+    head = _post_head(base, workspace, len(body))
+    line, rest = head.split(b" HTTP/1.1", 1)
+    long_head = line + b"&pad=" + b"a" * 20_000 + b" HTTP/1.1" + rest
+    with socket.create_connection(_address(base), timeout=10) as sock:
+        sock.sendall(long_head + body)
+        data = b""
+        with contextlib.suppress(ConnectionResetError):
+            while b"\r\n" not in data and (chunk := sock.recv(65536)):
+                data += chunk
+    assert data.split(b" ")[1] == b"431", data[:200]
+
+
 def test_http_a_request_framed_two_ways_is_400_and_closed(http_daemon, workspace: Path) -> None:
     """Transfer-Encoding and Content-Length together (request smuggling through a proxy
     that reads the other one): 400 and the connection closes; what followed is not
