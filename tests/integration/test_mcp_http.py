@@ -1003,6 +1003,40 @@ def test_http_a_head_over_16_kib_is_431_whatever_part_is_long(
     assert data.split(b" ")[1] == b"431", data[:200]
 
 
+@pytest.mark.slow
+def test_http_a_body_in_one_byte_chunks_costs_its_size_not_fifty_times_it(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A chunked body is held as its bytes: 1 MiB sent as a million 1-byte chunks grew the
+    daemon's peak memory by ~50 MB (a bytes object and a list slot per chunk), so the
+    16 MiB a body may have cost ~800 MB."""
+    daemon, base = start_http_daemon(home, workspace, tmp_base, ["--no-watch"])
+    try:
+        before = _rss_kib(daemon.proc.pid, "VmHWM:")
+        head = _post_head(base, workspace, 0).replace(
+            b"Content-Length: 0", b"Transfer-Encoding: chunked"
+        )
+        body = b"1\r\n{\r\n" + b"1\r\n \r\n" * (1 << 20) + b"1\r\n}\r\n0\r\n\r\n"
+        with socket.create_connection(_address(base), timeout=60) as sock:
+            sock.sendall(head + body)
+            data = b""
+            while b"}}" not in data and (chunk := sock.recv(65536)):
+                data += chunk
+        assert data.split(b" ")[1] == b"400" and b"-32600" in data, data[:300]
+        grew = _rss_kib(daemon.proc.pid, "VmHWM:") - before
+        assert grew < 16 * 1024, f"daemon's peak RSS grew by {grew} KiB"
+    finally:
+        assert daemon.stop() == 0
+
+
+def _rss_kib(pid: int, which: str) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(which):
+                return int(line.split()[1])
+    raise AssertionError(f"no {which}")
+
+
 def test_http_a_request_framed_two_ways_is_400_and_closed(http_daemon, workspace: Path) -> None:
     """Transfer-Encoding and Content-Length together (request smuggling through a proxy
     that reads the other one): 400 and the connection closes; what followed is not
