@@ -60,6 +60,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import h11
 import structlog
 from toolsetd.protocol.jsontext import dumps as json_dumps
@@ -99,6 +100,8 @@ _PEER_ACCEPT_ERRNOS = frozenset(
 _SERVER_HEADER = (b"server", b"toolsetd")
 #: Received bytes held for the parser before the socket stops being read.
 _READ_BUFFER = 256 * 1024
+#: Body pieces (chunks) parsed before the reader lets the loop run other tasks.
+_PIECES_PER_TURN = 256
 #: Outgoing bytes the transport buffers before a writer waits for the peer.
 _SEND_BUFFER = 256 * 1024
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
@@ -841,9 +844,15 @@ class HttpServer:
         first: bytes | None = None
         joined: bytearray | None = None
         size = 0
+        pieces = 0
         while True:
             event = await conn.next_event(deadline)
             if isinstance(event, h11.Data):
+                pieces += 1
+                if pieces % _PIECES_PER_TURN == 0:
+                    # Tiny chunks already received parse without a wait: let the loop serve
+                    # the other clients between runs of them.
+                    await anyio.lowlevel.checkpoint()
                 size += len(event.data)
                 if size > conn.settings.max_body_bytes:
                     raise _BodyTooLarge

@@ -1029,6 +1029,45 @@ def test_http_a_body_in_one_byte_chunks_costs_its_size_not_fifty_times_it(
         assert daemon.stop() == 0
 
 
+@pytest.mark.slow
+def test_http_a_body_in_tiny_chunks_does_not_hold_other_clients(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """Chunks already received parse without a wait; a client pouring 1-byte chunks had
+    each read's ~40,000 of them parsed in one run, and a status on the Unix socket took
+    ~1.7 s while it went on (~25 ms now)."""
+    daemon, base = start_http_daemon(home, workspace, tmp_base, ["--no-watch"])
+    stop = threading.Event()
+    head = _post_head(base, workspace, 0).replace(
+        b"Content-Length: 0", b"Transfer-Encoding: chunked"
+    )
+
+    def pour(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            sock.sendall(head + b"1\r\n{\r\n")
+            while not stop.is_set():
+                sock.sendall(b"1\r\n \r\n" * 10_000)
+
+    try:
+        with socket.create_connection(_address(base), timeout=60) as sock:
+            pourer = threading.Thread(target=pour, args=(sock,), daemon=True)
+            pourer.start()
+            time.sleep(0.5)
+            slowest = 0.0
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                started = time.monotonic()
+                assert "result" in daemon.call("status")
+                slowest = max(slowest, time.monotonic() - started)
+                time.sleep(0.05)
+            stop.set()
+            pourer.join(10)
+        assert slowest < 0.5, f"a status took {slowest:.2f} s"
+    finally:
+        stop.set()
+        assert daemon.stop() == 0
+
+
 def _rss_kib(pid: int, which: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
