@@ -102,6 +102,8 @@ _SERVER_HEADER = (b"server", b"toolsetd")
 _READ_BUFFER = 256 * 1024
 #: Body pieces (chunks) parsed before the reader lets the loop run other tasks.
 _PIECES_PER_TURN = 256
+#: Requests served on one connection before the loop runs other tasks.
+_REQUESTS_PER_TURN = 16
 #: Outgoing bytes the transport buffers before a writer waits for the peer.
 _SEND_BUFFER = 256 * 1024
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
@@ -677,6 +679,7 @@ class HttpServer:
         loop = conn.loop
         parser = conn.parser
         first = True
+        back_to_back = 0
         while True:
             if not first:
                 try:
@@ -684,6 +687,12 @@ class HttpServer:
                 except h11.LocalProtocolError:
                     return
                 conn.head_request = False  # a 400 or 408 before the next head has a body
+                back_to_back += 1
+                if back_to_back % _REQUESTS_PER_TURN == 0:
+                    # Pipelined requests already received are served without a wait (and
+                    # a peer reading its answers is never waited for): a long run of them
+                    # must not starve the other clients.
+                    await anyio.lowlevel.checkpoint()
             # Wait for a request's first byte: a new connection for the head timeout, a
             # keep-alive one for the idle timeout; then the whole head must follow within
             # the head timeout (a slowloris peer is cut off there).

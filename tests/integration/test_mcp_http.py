@@ -1068,6 +1068,51 @@ def test_http_a_body_in_tiny_chunks_does_not_hold_other_clients(
         assert daemon.stop() == 0
 
 
+@pytest.mark.slow
+def test_http_a_pipelined_flood_does_not_hold_other_clients(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """Pipelined requests already received are served without a wait, and a client that
+    reads its answers is never waited for: one pouring small requests (404s) had them
+    served in one run of the event loop, and a status on the Unix socket took 4 s and more
+    while it went on (~20 ms now)."""
+    daemon, base = start_http_daemon(home, workspace, tmp_base, ["--no-watch"])
+    stop = threading.Event()
+    request = b"GET /x HTTP/1.1\r\nHost: localhost\r\n\r\n" * 5000
+
+    def pour(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while not stop.is_set():
+                sock.sendall(request)
+
+    def read(sock: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while not stop.is_set() and sock.recv(1 << 20):
+                pass
+
+    try:
+        with socket.create_connection(_address(base), timeout=60) as sock:
+            threads = [threading.Thread(target=f, args=(sock,), daemon=True) for f in (pour, read)]
+            for thread in threads:
+                thread.start()
+            time.sleep(0.5)
+            slowest = 0.0
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                started = time.monotonic()
+                assert "result" in daemon.call("status")
+                slowest = max(slowest, time.monotonic() - started)
+                time.sleep(0.05)
+            stop.set()
+            sock.shutdown(socket.SHUT_RDWR)
+            for thread in threads:
+                thread.join(10)
+        assert slowest < 0.5, f"a status took {slowest:.2f} s"
+    finally:
+        stop.set()
+        assert daemon.stop() == 0
+
+
 def _rss_kib(pid: int, which: str) -> int:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
