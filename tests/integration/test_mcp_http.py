@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -1053,16 +1054,18 @@ def test_http_a_body_in_tiny_chunks_does_not_hold_other_clients(
             pourer = threading.Thread(target=pour, args=(sock,), daemon=True)
             pourer.start()
             time.sleep(0.5)
-            slowest = 0.0
+            took = []
             deadline = time.monotonic() + 4
             while time.monotonic() < deadline:
                 started = time.monotonic()
                 assert "result" in daemon.call("status")
-                slowest = max(slowest, time.monotonic() - started)
+                took.append(time.monotonic() - started)
                 time.sleep(0.05)
             stop.set()
             pourer.join(10)
-        assert slowest < 0.5, f"a status took {slowest:.2f} s"
+        # The median, not the slowest: a loaded machine (tests in parallel) may delay any
+        # one answer, not most of them.
+        assert statistics.median(took) < 0.25, f"status took {sorted(took)} s"
     finally:
         stop.set()
         assert daemon.stop() == 0
@@ -1096,18 +1099,20 @@ def test_http_a_pipelined_flood_does_not_hold_other_clients(
             for thread in threads:
                 thread.start()
             time.sleep(0.5)
-            slowest = 0.0
+            took = []
             deadline = time.monotonic() + 4
             while time.monotonic() < deadline:
                 started = time.monotonic()
                 assert "result" in daemon.call("status")
-                slowest = max(slowest, time.monotonic() - started)
+                took.append(time.monotonic() - started)
                 time.sleep(0.05)
             stop.set()
             sock.shutdown(socket.SHUT_RDWR)
             for thread in threads:
                 thread.join(10)
-        assert slowest < 0.5, f"a status took {slowest:.2f} s"
+        # The median, not the slowest: a loaded machine (tests in parallel) may delay any
+        # one answer, not most of them.
+        assert statistics.median(took) < 0.25, f"status took {sorted(took)} s"
     finally:
         stop.set()
         assert daemon.stop() == 0
