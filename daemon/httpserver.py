@@ -31,7 +31,9 @@ loads h11.
   the wire for the next cycle; past the read buffer, reading pauses and the peer's
   hang-up is looked for once a second instead (``_HttpWire``).
 * **Cost.** A request costs no task and no cancel scope of its own: deadlines are loop
-  timers that wake the reader, and writes go to the transport at once.
+  timers that wake the reader, and writes go to the transport at once. What is already
+  received is served without a wait, so a connection lets the loop run other tasks every
+  ``_REQUESTS_PER_TURN`` pipelined requests and every ``_PIECES_PER_TURN`` body chunks.
 * **Who may connect.** ``admit(sock)`` runs once per connection before any byte is
   read; it returns None to serve, or a :class:`Refusal`. A refused connection, and one
   past ``max_connections``, is answered at once, before its request arrives (its status
