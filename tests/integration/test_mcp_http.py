@@ -1030,6 +1030,22 @@ def test_http_a_body_in_one_byte_chunks_costs_its_size_not_fifty_times_it(
         assert daemon.stop() == 0
 
 
+def _status_times(daemon: Daemon, seconds: float = 4.0) -> list[float]:
+    """How long each ``status`` on the Unix socket took, one every 50 ms for ``seconds``.
+
+    The tests judge their median, not the slowest: a loaded machine (tests in parallel)
+    may delay any one answer, not most of them.
+    """
+    took = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        started = time.monotonic()
+        assert "result" in daemon.call("status")
+        took.append(time.monotonic() - started)
+        time.sleep(0.05)
+    return took
+
+
 @pytest.mark.slow
 def test_http_a_body_in_tiny_chunks_does_not_hold_other_clients(
     home: Path, workspace: Path, tmp_base: Path
@@ -1054,17 +1070,9 @@ def test_http_a_body_in_tiny_chunks_does_not_hold_other_clients(
             pourer = threading.Thread(target=pour, args=(sock,), daemon=True)
             pourer.start()
             time.sleep(0.5)
-            took = []
-            deadline = time.monotonic() + 4
-            while time.monotonic() < deadline:
-                started = time.monotonic()
-                assert "result" in daemon.call("status")
-                took.append(time.monotonic() - started)
-                time.sleep(0.05)
+            took = _status_times(daemon)
             stop.set()
             pourer.join(10)
-        # The median, not the slowest: a loaded machine (tests in parallel) may delay any
-        # one answer, not most of them.
         assert statistics.median(took) < 0.25, f"status took {sorted(took)} s"
     finally:
         stop.set()
@@ -1099,19 +1107,11 @@ def test_http_a_pipelined_flood_does_not_hold_other_clients(
             for thread in threads:
                 thread.start()
             time.sleep(0.5)
-            took = []
-            deadline = time.monotonic() + 4
-            while time.monotonic() < deadline:
-                started = time.monotonic()
-                assert "result" in daemon.call("status")
-                took.append(time.monotonic() - started)
-                time.sleep(0.05)
+            took = _status_times(daemon)
             stop.set()
             sock.shutdown(socket.SHUT_RDWR)
             for thread in threads:
                 thread.join(10)
-        # The median, not the slowest: a loaded machine (tests in parallel) may delay any
-        # one answer, not most of them.
         assert statistics.median(took) < 0.25, f"status took {sorted(took)} s"
     finally:
         stop.set()
