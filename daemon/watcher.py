@@ -181,7 +181,10 @@ class Watcher:
     ) -> None:
         self._home = home
         self._clock = clock
+        #: Polls begun, and polls ended: a poll counts as begun while its probe is still
+        #: in its thread, and as ended once what it found is taken in.
         self.polls = 0
+        self.polls_ended = 0
         self._home_tools = home / _TOOLS
         self._config = home / _CONFIG
         self._on_change = on_change
@@ -449,6 +452,13 @@ class Watcher:
     async def _poll_once(self) -> float:
         """Probe everything and reload what changed; returns the probe's seconds."""
         self.polls += 1
+        try:
+            return await self._poll()
+        finally:
+            self.polls_ended += 1
+
+    async def _poll(self) -> float:
+        """``_poll_once`` but for the count."""
         try:
             probes, cost = await threads.run_sync(self._timed_probe, tuple(self._workspaces))
         except Exception as exc:  # a probe must never stop the watcher
