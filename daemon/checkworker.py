@@ -70,8 +70,7 @@ from toolsetd.protocol.jsontext import JsonNumber
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.jsontext import loads as json_loads
 
-from . import threads
-from .large import LargeRequests, check_large
+from .large import LargeRequests
 from .logs import Throttle
 from .validation import ArgumentValidators, stopped_message, time_limit_for
 
@@ -157,7 +156,7 @@ class CheckWorker:
         Raises:
             CheckProcessFailed: The check raised in the process.
         """
-        text = await threads.run_sync(check_large, json_dumps, arguments, limiter=self._large.slot)
+        text = await self._large.check(json_dumps, arguments)
         schema = loaded.tool.schema
         request = b"".join(
             (

@@ -97,8 +97,7 @@ from toolsetd.protocol.jsonrpc import (
 from toolsetd.protocol.jsontext import loads
 from toolsetd.protocol.names import METHOD_MCP_BIND
 
-from . import threads
-from .large import LARGE_TEXT, LIMIT_TEXTS, LargeRequests, check_large, parse_large
+from .large import LARGE_TEXT, LIMIT_TEXTS, LargeRequests
 from .wire import Wire
 
 __all__ = [
@@ -520,12 +519,7 @@ class Connection:
                         # Off the loop (``large.LARGE_TEXT``); this connection's later lines
                         # wait, in order, as they wait for any await of the reader.
                         try:
-                            parsed = await threads.run_sync(
-                                parse_large,
-                                parse_line,
-                                event.line,
-                                limiter=self._server.large_requests.slot,
-                            )
+                            parsed = await self._server.large_requests.parse(parse_line, event.line)
                         except BaseException:
                             self._release(held)
                             raise
@@ -926,9 +920,7 @@ class Connection:
         the large requests' worker slot; None when it cannot be (``_post_response`` says
         why)."""
         with contextlib.suppress(rpc_errors.LocalProtocolError):
-            frame: bytes = await threads.run_sync(
-                check_large, encode, response, limiter=self._server.large_requests.slot
-            )
+            frame: bytes = await self._server.large_requests.check(encode, response)
             return frame
         return None
 

@@ -36,6 +36,7 @@ from typing import TypeVar
 
 import anyio
 
+from . import threads
 from .gcpause import GcPause
 
 __all__ = ["LARGE_TEXT", "LIMIT_TEXTS", "LargeRequests", "check_large", "parse_large"]
@@ -85,6 +86,15 @@ class LargeRequests:
     def release(self, size: int) -> None:
         """Stop counting ``size`` bytes ``hold`` counted."""
         self.held -= size
+
+    async def parse(self, parse: Callable[[bytes], T], text: bytes) -> T:
+        """``parse(text)`` for a large text, in the worker slot (``parse_large``)."""
+        return await threads.run_sync(parse_large, parse, text, limiter=self.slot)
+
+    async def check(self, check: Callable[[V], T], value: V) -> T:
+        """``check(value)`` on a large request's value, or an encode of it, in the worker
+        slot (``check_large``)."""
+        return await threads.run_sync(check_large, check, value, limiter=self.slot)
 
 
 def parse_large(parse: Callable[[bytes], T], text: bytes) -> T:

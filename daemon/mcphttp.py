@@ -64,13 +64,12 @@ from toolsetd.protocol.jsontext import loads as json_loads
 
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
 from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
-from .large import LARGE_TEXT, LargeRequests, parse_large
+from .large import LARGE_TEXT, LargeRequests
 from .logs import Throttle
 from .mcp_mapping import McpError, error_response
 from .mcp_session import MODERN_VERSIONS, SUPPORTED_VERSIONS, unsupported_version
 from .peercred import PeerPolicy
 from .tcppeer import tcp_peer, tcp_peer_credentials
-from .threads import run_sync
 
 __all__ = [
     "CoreSession",
@@ -457,7 +456,7 @@ class McpHttpEndpoint:
             message = (  # numbers as written, as on the socket; a large body off the loop
                 json_loads(request.body)
                 if len(request.body) <= LARGE_TEXT
-                else await run_sync(parse_large, json_loads, request.body, limiter=self._large.slot)
+                else await self._large.parse(json_loads, request.body)
             )
         except orjson.JSONDecodeError as exc:
             await _rpc_error(

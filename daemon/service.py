@@ -58,11 +58,10 @@ from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol import modes as m
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
-from . import threads
 from .checkworker import CheckWorker
 from .confinement import Confinement
 from .exhaustion import busy_when_short
-from .large import LargeRequests, check_large
+from .large import LargeRequests
 from .model import Catalog, CatalogName, LoadedTool
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
 from .paths import Scope, existing_directory
@@ -417,7 +416,7 @@ class Service:
         """
         if not off_loop(arguments):
             return check(value)
-        return await threads.run_sync(check_large, check, value, limiter=self._large.slot)
+        return await self._large.check(check, value)
 
     async def prepare(
         self,
