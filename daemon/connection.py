@@ -189,10 +189,10 @@ else:  # ``anyio.Event`` evaluated at import loads anyio._core._tasks: ~3.5 ms o
 class CallTable(_CallEvents):
     """A connection's running invoke calls: their cancel events, by call id.
 
-    A call registers only once it has been judged (``Service.invoke`` awaits the catalog
-    and the workspace first), so its client may be gone by then: once ``closed`` (the
-    reader stopped and the connection's calls were cancelled), a call that registers is
-    cancelled as it registers, instead of running to its end for nobody.
+    A call registers once its id is checked, before it is judged, but its request's task
+    may start after its client is gone: once ``closed`` (the reader stopped and the
+    connection's calls were cancelled), a call that registers is cancelled as it
+    registers, instead of running to its end for nobody.
     """
 
     __slots__ = ("closed",)

@@ -58,12 +58,14 @@ from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol import modes as m
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
+from .call import no_process_outcome
 from .checkworker import CheckWorker
 from .confinement import Confinement
 from .exhaustion import busy_when_short
 from .large import LargeRequests
 from .model import Catalog, CatalogName, LoadedTool
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
+from .output import CANCELLED_TEXT
 from .paths import Scope, existing_directory
 from .policy import Classification, classify
 from .registry import Registry, ReloadOutcome, Reported
@@ -211,6 +213,63 @@ class Prepared:
     mode: m.Mode
     loaded: LoadedTool
     classification: Classification
+
+
+class CallCancelled(Exception):
+    """A call's cancel event was set while it was being judged (``_unless_set``)."""
+
+
+async def _unless_set(
+    cancel: anyio.Event | None, step: Callable[..., Awaitable[_T]], *args: Any
+) -> _T:
+    """``await step(*args)``, ended at once when ``cancel`` is set meanwhile.
+
+    For a step of a call's judging that can take seconds (a check in the check process):
+    a caller that cancelled should neither wait for it nor hold the check process from
+    the next call's check. Costs a task group: only for such steps, never for every call.
+
+    Raises:
+        CallCancelled: ``cancel`` was set (before the step too); the step was cancelled.
+    """
+    if cancel is None:
+        return await step(*args)
+    if cancel.is_set():
+        raise CallCancelled
+    result: list[_T] = []
+    error: Exception | None = None
+    async with anyio.create_task_group() as tg:
+
+        async def watch() -> None:
+            await cancel.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(watch)
+        try:
+            result.append(await step(*args))
+        except Exception as exc:  # raised as it is, not in the task group's ExceptionGroup
+            error = exc
+        tg.cancel_scope.cancel()
+    if error is not None:
+        raise error
+    if not result:
+        raise CallCancelled
+    return result[0]
+
+
+def _log_finished(call_id: str, tool: str, outcome: CallOutcome) -> None:
+    log.info(
+        "call_finished",
+        call_id=call_id,
+        tool=tool,
+        status=outcome.status,
+        exit_code=outcome.exit_code,
+        duration_ms=outcome.duration_ms,
+        stdout_bytes=outcome.stdout_bytes,
+        stderr_bytes=outcome.stderr_bytes,
+        truncated=outcome.truncated,
+        peak_memory_bytes=outcome.peak_memory_bytes,
+        cpu_ms=outcome.cpu_ms,
+    )
 
 
 class _Call:
@@ -426,11 +485,17 @@ class Service:
         mode_raw: str,
         headless: bool,
         catalog_name: str | None,
+        cancel: anyio.Event | None = None,
     ) -> Prepared:
         """Workspace, mode, the tool in the catalog, the schema, then the classification.
 
+        Args:
+            cancel: The call's cancel event, when it is a call: setting it ends a check
+                in the check process (which can take seconds) at once.
+
         Raises:
             InvalidWorkspace, InvalidParams, UnknownTool, InvalidArguments: In that order.
+            CallCancelled: ``cancel`` was set during the check in the check process.
         """
         workspace = self.workspace(workspace_raw)
         assert workspace is not None
@@ -439,7 +504,7 @@ class Service:
         loaded = self.lookup(catalog, tool, catalog_name)
         errors = None
         if self._checks is not None and off_loop(arguments):
-            errors = await self._checks.errors(loaded, arguments)
+            errors = await _unless_set(cancel, self._checks.errors, loaded, arguments)
         if errors is None:
             errors = self._validators.errors(loaded, arguments)
         if errors:
@@ -553,6 +618,7 @@ class Service:
         """
         if self.stopping:
             raise rpc_errors.ShuttingDown("toolsetd is shutting down: no new calls are accepted.")
+        t0 = time.monotonic()
         # A fresh id is 128 random bits in hex (the length of a uuid4's, a quarter the cost).
         call_id = request.call_id if request.call_id is not None else os.urandom(16).hex()
         if not _CALL_ID.match(call_id):
@@ -562,6 +628,28 @@ class Service:
                 {"field": "callId"},
             )
         self._check_call_id_free(call_id)
+        if cancel is None:
+            cancel = anyio.Event()
+        # In flight from here, while it is judged too: its catalog may be built and its
+        # arguments checked in the check process first, each of which can take seconds. A
+        # ``cancel`` of its id, its caller's leaving and a stop reach it meanwhile (the
+        # runner starts no process for a cancelled call), and its id is taken.
+        self.calls[call_id] = _Call(cancel)
+        owner_calls[call_id] = cancel
+        try:
+            return await self._judged_call(request, sink, call_id, cancel)
+        except CallCancelled:
+            outcome = no_process_outcome(t0, CANCELLED_TEXT, "cancelled")
+            _log_finished(call_id, request.tool, outcome)  # no call_started: never judged
+            return call_id, outcome
+        finally:
+            self.calls.pop(call_id, None)
+            owner_calls.pop(call_id, None)
+
+    async def _judged_call(
+        self, request: InvokeRequest, sink: CallSink, call_id: str, cancel: anyio.Event
+    ) -> tuple[str, CallOutcome]:
+        """``invoke`` of a call registered in flight: judge it, then run it."""
         prepared = await self.prepare(
             request.tool,
             request.arguments,
@@ -569,6 +657,7 @@ class Service:
             request.mode,
             request.headless,
             request.catalog,
+            cancel,
         )
         loaded = prepared.loaded
         observed = self._observer.call(
@@ -582,11 +671,6 @@ class Service:
             )
         )
         await self._enforce(request, prepared, observed)
-        self._check_call_id_free(call_id)  # again: it may have been taken while we awaited
-        if cancel is None:
-            cancel = anyio.Event()
-        self.calls[call_id] = _Call(cancel)
-        owner_calls[call_id] = cancel
         run = CallRequest(
             call_id=call_id,
             loaded=loaded,
@@ -613,42 +697,24 @@ class Service:
         events = _Bookkeeping(sink, call_id, loaded)
         started_at = time.monotonic()
         try:
-            try:
-                outcome = await self._runner.run(run, events, cancel)
-            except BaseException:
-                observed.finished(None)
-                # The runner answers with an outcome, never an exception; should one escape
-                # anyway, the client that saw ``started`` still gets its ``completed``.
-                if events.started_sent:
-                    await events.completed(
-                        Completion(
-                            "error", None, int((time.monotonic() - started_at) * 1000), False
-                        )
-                    )
-                raise
-            if outcome.started:
+            outcome = await self._runner.run(run, events, cancel)
+        except BaseException:
+            observed.finished(None)
+            # The runner answers with an outcome, never an exception; should one escape
+            # anyway, the client that saw ``started`` still gets its ``completed``.
+            if events.started_sent:
                 await events.completed(
-                    Completion(
-                        outcome.status, outcome.exit_code, outcome.duration_ms, outcome.truncated
-                    )
+                    Completion("error", None, int((time.monotonic() - started_at) * 1000), False)
                 )
-        finally:
-            self.calls.pop(call_id, None)
-            owner_calls.pop(call_id, None)
+            raise
+        if outcome.started:
+            await events.completed(
+                Completion(
+                    outcome.status, outcome.exit_code, outcome.duration_ms, outcome.truncated
+                )
+            )
         observed.finished(outcome)
-        log.info(
-            "call_finished",
-            call_id=call_id,
-            tool=loaded.tool.name,
-            status=outcome.status,
-            exit_code=outcome.exit_code,
-            duration_ms=outcome.duration_ms,
-            stdout_bytes=outcome.stdout_bytes,
-            stderr_bytes=outcome.stderr_bytes,
-            truncated=outcome.truncated,
-            peak_memory_bytes=outcome.peak_memory_bytes,
-            cpu_ms=outcome.cpu_ms,
-        )
+        _log_finished(call_id, loaded.tool.name, outcome)
         return call_id, outcome
 
     def cancel(self, call_id: str) -> None:

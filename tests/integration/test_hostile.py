@@ -386,6 +386,35 @@ def test_a_check_process_that_dies_or_is_left_fails_its_call_only(echo_daemon: D
     assert conn_result(echo_daemon, good)["decision"] == "allow"
 
 
+def test_a_cancel_reaches_a_call_while_its_arguments_are_checked(echo_daemon: Daemon) -> None:
+    """A call is in flight from the moment its invoke is read, while it is judged too. A
+    ``cancel`` of its id during a check of large arguments in the check process (3 s of
+    backtracking here) ends the check at once, and the call answers ``cancelled`` without
+    a process; the next large check gets a new process. It was registered only once
+    judged: the cancel was -32005 ("no call with this id is in flight"), and the call went
+    on to its own answer when the check ended."""
+    good = json.loads(_redos_line(echo_daemon, "good", "a" * 70_000, "classify"))
+    assert conn_result(echo_daemon, good)["decision"] == "allow"  # a process runs
+    [worker] = _check_processes(echo_daemon.proc.pid)
+    before = _bytes_read(worker)
+    request = json.loads(_redos_line(echo_daemon, "slow", "a" * 3_000_000 + "!"))
+    request["params"]["callId"] = "judged-1"
+    with echo_daemon.raw(timeout=120) as conn:
+        conn.send_bytes(json.dumps(request).encode() + b"\n")
+        eventually(lambda: _bytes_read(worker) - before > 3_000_000, timeout=60,
+                   what="the arguments read by the check process")
+        cancelled = echo_daemon.call("cancel", {"callId": "judged-1"})
+        assert cancelled.get("result") == {"cancelled": True}, cancelled
+        reply = conn.receive()
+    assert reply["id"] == "slow"
+    assert reply["result"]["status"] == "cancelled", reply
+    assert reply["result"]["exitCode"] is None
+    assert reply["result"]["content"] == [{"type": "text", "text": "The call was cancelled."}]
+    eventually(lambda: _gone(worker), timeout=30, what="the cancelled check's process gone")
+    assert conn_result(echo_daemon, good)["decision"] == "allow"
+    assert echo_daemon.call("cancel", {"callId": "judged-1"})["error"]["code"] == -32005
+
+
 def _bytes_written(pid: int) -> int | None:
     """The bytes process ``pid`` has written (``wchar``), or None once it has ended."""
     try:
@@ -1261,10 +1290,10 @@ def test_large_incomplete_lines_count_towards_the_same_bound() -> None:
 
 def test_a_call_whose_client_left_before_it_registered_is_cancelled() -> None:
     """A client sends an invoke and resets the connection at once: its reader stops and
-    cancels the connection's calls while the call is still being judged (its line parsed in
-    a worker thread, the catalog read), before it registers. It is cancelled as it
-    registers, not run for nobody until its timeout (60 s, holding a runner slot and its
-    line's share of the large-request bound)."""
+    cancels the connection's calls before the call registers (its line parsed in a worker
+    thread). It is cancelled as it registers, not run for nobody until its timeout (60 s,
+    holding a runner slot and its line's share of the large-request bound): its large
+    arguments are not even checked, and no process starts."""
     with daemon_in("tsg-", _fill_sleeper, args=["--no-watch"]) as d:
         for n in range(5):
             gone = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -1273,11 +1302,14 @@ def test_a_call_whose_client_left_before_it_registered_is_cancelled() -> None:
             gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             gone.close()  # a reset: the daemon sees the connection lost
 
-        def judged() -> bool:
+        def ended() -> bool:
             events = d.log_events()
-            return sum(1 for e in events if e.get("event") == "call_started") == 5
+            return sum(1 for e in events if e.get("event") == "call_finished") == 5
 
-        eventually(judged, timeout=30, what="the five calls are judged and registered")
+        eventually(ended, timeout=30, what="the five calls registered and ended")
+        finished = [e for e in d.log_events() if e.get("event") == "call_finished"]
+        assert {e["status"] for e in finished} == {"cancelled"}, finished
+        assert not [e for e in d.log_events() if e.get("event") == "call_started"]
 
         def idle() -> bool:
             return bool(d.call("status")["result"]["inFlight"] == 0)
