@@ -545,11 +545,25 @@ class McpHttpEndpoint:
         """A session (or a stateless exchange) bound to the URL's query, or a 400 answer."""
         request_id = message.get("id")
         bind: dict[str, Any] = {}
-        for name in ("workspace", "catalog", "mode", "headless"):
-            values = request.query.get(name)
-            if not values:
-                continue
+        # Every name goes to the core's one check of a binding (``Binding.from_params``),
+        # which refuses an unknown one, as it does for ``mcp.bind`` on the socket: ignored,
+        # ``catalgo=plan`` would serve every tool and ``headles=true`` ask where the host
+        # meant deny.
+        for name, values in request.query.items():
             workspace = name == "workspace"
+            if not is_utf8(name):
+                # Not echoed: JSON cannot carry it.
+                await _rpc_error(
+                    exchange,
+                    400,
+                    request_id,
+                    rpc_errors.InvalidParams(
+                        "Invalid params: a name in the URL's query is not UTF-8 once its "
+                        "%-escapes are decoded; the query takes workspace, catalog, mode and "
+                        "headless."
+                    ),
+                )
+                return None
             if len(values) > 1:
                 # Which one was meant? Guessing (the last wins) could run the call in
                 # another workspace or mode than the host believes.

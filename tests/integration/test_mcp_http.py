@@ -196,6 +196,31 @@ def test_http_a_query_parameter_given_twice_is_400(http_daemon, workspace: Path)
         assert error["data"]["field"] == field
 
 
+def test_http_an_unknown_query_parameter_is_400(http_daemon, workspace: Path) -> None:
+    """catalgo=plan or headles=true is refused naming it, as mcp.bind refuses an unknown
+    field: ignored, the session would serve every tool, or ask where the host meant deny."""
+    _, base = http_daemon
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    modern = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"}
+    opening = ((rpc(1, "initialize", INIT_PARAMS), {}),
+               (rpc(2, "tools/list", {"_meta": meta}), modern))  # a session, a stateless one
+    for query, field in (("&catalgo=plan", "catalgo"), ("&headles=true", "headles"),
+                         ("&mode=default&Mode=plan", "Mode")):
+        for body, headers in opening:
+            reply = http(endpoint(base, workspace) + query, body=body, headers=headers)
+            assert reply.status == 400, (query, reply)
+            error = reply.json()["error"]
+            assert error["code"] == -32602, error
+            assert f"unknown field '{field}'" in error["message"], error
+            assert error["data"] == {"field": field}, error
+            assert "mcp-session-id" not in reply.headers
+    # A name that is not UTF-8 is refused too, without echoing it.
+    reply = http(endpoint(base, workspace) + "&%ff=1", body=rpc(1, "initialize", INIT_PARAMS))
+    assert reply.status == 400, reply
+    assert "not UTF-8" in reply.json()["error"]["message"]
+
+
 def test_http_a_query_value_that_is_not_utf8_is_400(http_daemon, workspace: Path) -> None:
     """workspace=<dir>/%ff names the directory whose name is the byte 0xff: refused (as on
     the socket), never read as U+FFFD, which names another directory that may exist."""
