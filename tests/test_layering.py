@@ -203,21 +203,18 @@ def _is_type_checking(node: ast.If) -> bool:
 
 
 def _import_time_imports(path: Path, known: set[str]) -> set[str]:
-    """The project modules a file imports when it is imported: top level, not TYPE_CHECKING."""
+    """The project modules a file imports when it is imported: outside functions and
+    ``if TYPE_CHECKING:`` (in any block the import itself runs: try, with, a class body)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     package = _package_of(path)
     found: set[str] = set()
 
     def visit(body: list[ast.stmt]) -> None:
         for node in body:
-            if isinstance(node, ast.If):
-                if not _is_type_checking(node):
-                    visit(node.body)
-                    visit(node.orelse)
-            elif isinstance(node, ast.Try):
-                visit(node.body)
-                for handler in node.handlers:
-                    visit(handler.body)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue  # runs when called: a lazy import, no import-time edge
+            if isinstance(node, ast.If) and _is_type_checking(node):
+                visit(node.orelse)  # ``else:`` of TYPE_CHECKING runs at import time
             elif isinstance(node, ast.Import):
                 found.update(alias.name for alias in node.names if alias.name in known)
             elif isinstance(node, ast.ImportFrom):
@@ -227,6 +224,13 @@ def _import_time_imports(path: Path, known: set[str]) -> set[str]:
                         found.add(f"{module}.{alias.name}")
                     elif module in known:
                         found.add(module)
+            else:
+                # Every other statement's blocks run at import time: if/else, try (its
+                # else and finally too), with, for, while, match, a class body.
+                for name in ("body", "orelse", "finalbody"):
+                    visit(getattr(node, name, None) or [])
+                for block in (*getattr(node, "handlers", ()), *getattr(node, "cases", ())):
+                    visit(block.body)
 
     visit(tree.body)
     return found
@@ -262,8 +266,14 @@ def test_layering_no_import_cycles() -> None:
     assert [" -> ".join(c) for c in cycles] == []
 
 
-#: The faces: they translate shapes and call the service, nothing below it.
-_FACES = ("daemon/methods.py", "daemon/mcp_session.py", "daemon/mcp_socket.py", "daemon/mcp_mapping.py")
+#: The faces: they translate shapes and call the service, nothing below it. The native
+#: wire (methods, and the connection, dispatch and server that carry it) and MCP (the
+#: session, its mapping, and its transports: the socket binding, Streamable HTTP).
+_FACES = (
+    "daemon/methods.py", "daemon/connection.py", "daemon/dispatch.py", "daemon/server.py",
+    "daemon/mcp_session.py", "daemon/mcp_socket.py", "daemon/mcp_mapping.py",
+    "daemon/mcphttp.py", "daemon/httpserver.py",
+)
 #: What only the service core may reach: lookup, validation, classification, the run.
 _CORE_ONLY = frozenset({
     "toolsetd.daemon.policy", "toolsetd.daemon.paths", "toolsetd.daemon.validation",
