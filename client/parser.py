@@ -99,8 +99,8 @@ def _global_options() -> _Parser:
         metavar="DIR",
         type=_path,
         default=argparse.SUPPRESS,
-        help="the Crystal home for the commands that read or edit files (default: the "
-        "running daemon's home, else env CRYSTAL_HOME, else ~/.crystal)",
+        help="the Crystal home for the commands that read or edit files (default: env "
+        "CRYSTAL_HOME, else ~/.crystal; enable and disable ask the running daemon first)",
     )
     return common
 
@@ -118,7 +118,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="Operate toolsetd: list, check, edit and run operator tool sets.",
         epilog="Exit codes: 0 ok, 1 tool error, 2 usage, 3 denied or approval required, "
         "4 timeout, 5 daemon unreachable, 6 cancelled by the daemon, 7 not allowed, "
-        "8 daemon busy, 9 internal error, 130 interrupted (see docs/cli.md).",
+        "8 daemon busy, 9 internal error, 130 interrupted, 141 invoke's stdout closed "
+        "(see docs/cli.md).",
         parents=[common],
     )
     parser.add_argument(
@@ -174,7 +175,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         sub.add_argument(
             "--mode",
             metavar="M",
-            help="approval mode: plan, default, edit, review, audit or full (default default)",
+            help="approval mode: plan, default, edit, review, audit or full, or an alias "
+            "(autoedit, fullreview, full-review, fullauto, yolo); default default",
         )
         sub.add_argument(
             "--headless",

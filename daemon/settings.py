@@ -127,7 +127,7 @@ OPTIONS: tuple[Option, ...] = (
         "socket",
         "path",
         None,
-        "socket path (default $XDG_RUNTIME_DIR/toolsetd/"
+        "socket path (default env TOOLSETD_SOCKET, else $XDG_RUNTIME_DIR/toolsetd/"
         "toolsetd.sock, else /tmp/toolsetd-<uid>/toolsetd.sock)",
         metavar="PATH",
         env="TOOLSETD_SOCKET",
@@ -136,7 +136,7 @@ OPTIONS: tuple[Option, ...] = (
         "home",
         "path",
         None,
-        "the Crystal home (default ~/.crystal)",
+        "the Crystal home (default env CRYSTAL_HOME, else ~/.crystal)",
         metavar="DIR",
         env="CRYSTAL_HOME",
     ),
