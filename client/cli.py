@@ -352,10 +352,13 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
             }
         )
         return EXIT_OK
+    # The file and where its home came from, said even when it already had the value (then
+    # it was left byte for byte as it was, so "Edited" would be untrue).
+    done = f"Edited {path}" if outcome.changed else f"Left {path} as it was,"
     if source == "home":
-        ctx.out.error(f"Edited {path} in the home {home} ({where}).")
+        ctx.out.error(f"{done} in the home {home} ({where}).")
     else:
-        ctx.out.error(f"Edited {path} in the workspace {ctx.workspace}.")
+        ctx.out.error(f"{done} in the workspace {ctx.workspace}.")
     if row is not None:
         ctx.out.fields(row.fields())
     ctx.out.line(message)

@@ -247,6 +247,7 @@ def test_disable_then_enable_project_set(env: Env) -> None:
     proc = env.run("disable", "acme", "--format", "text")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "Tool set acme disabled."
+    assert f"Edited {path} in the workspace" in proc.stderr, proc.stderr
     assert "Source     Project" in proc.stdout.splitlines()
     assert "Enabled    No" in proc.stdout.splitlines()
     document = json.loads(path.read_text())
@@ -266,6 +267,8 @@ def test_enable_already_enabled_message(env: Env) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "Tool set acme is already enabled."
     assert path.read_bytes() == before
+    assert f"Left {path} as it was, in the home" in proc.stderr, proc.stderr
+    assert "Edited" not in proc.stderr
 
 
 def test_enable_broken_manifest_left_alone_exits_2(env: Env) -> None:
