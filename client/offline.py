@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +38,7 @@ from toolsetd.daemon.catalog import (
     set_info,
     subdirectory_names,
     tool_info,
+    unreachable_link,
 )
 from toolsetd.daemon.config_file import read_regular_file
 from toolsetd.daemon.manifest import ManifestError, is_directory_name, parse_manifest
@@ -155,10 +157,12 @@ def _scan(root: Path) -> list[Path]:
 
 
 def _is_file(path: Path) -> bool:
+    """Whether ``path`` counts as a manifest, as the daemon's scan counts it (.NET
+    ``File.Exists``): anything but a folder, or a link that leads nowhere."""
     try:
-        return path.is_file()
-    except OSError:  # a folder this process may not search: no candidate, as in the daemon
-        return False
+        return not stat.S_ISDIR(path.stat().st_mode)
+    except OSError:  # nothing there, or a folder this process may not search: no candidate
+        return unreachable_link(str(path))
 
 
 def inventory(

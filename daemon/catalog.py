@@ -77,6 +77,7 @@ __all__ = [
     "subdirectory_names",
     "tool_hash",
     "tool_info",
+    "unreachable_link",
 ]
 
 MANIFEST_NAME = "tools.json"
@@ -656,6 +657,28 @@ def note_info(note: Note) -> dict[str, Any]:
 # --- discovery, overlay, load ----------------------------------------------------------
 
 
+def unreachable_link(path: str, dir_fd: int | None = None) -> bool:
+    """Whether ``path``, which ``os.stat`` could not examine, is a symbolic link itself.
+
+    The reference host asks .NET's ``File.Exists`` whether a set folder holds a
+    ``tools.json``; on Unix that is true for a symlink whose target cannot be reached (a
+    dangling link, a loop), so such a manifest is a candidate that cannot be read, and a
+    project one hides the home set of its name.
+
+    Args:
+        path: The manifest path (relative to ``dir_fd`` when given).
+        dir_fd: An open folder ``path`` is relative to, or None.
+
+    Returns:
+        True for a link (a candidate, unreadable); False when nothing is there, or the
+        folder on the way cannot be searched either.
+    """
+    try:
+        return stat.S_ISLNK(os.lstat(path, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
+
+
 def subdirectory_names(folder: int | str | Path) -> list[str]:
     """The names of a folder's subdirectories (symlinks followed), in ordinal order.
 
@@ -778,11 +801,15 @@ class _Builder:
             try:
                 # Relative to the open folder: the kernel walks two path components, not
                 # the whole path (as the registry's reload scan does).
-                st = stat_(name + in_set, dir_fd=root_fd)
+                found = stat_(name + in_set, dir_fd=root_fd)
             except OSError:
-                continue  # no tools.json: not a candidate
-            if stat.S_ISDIR(st.st_mode):
-                continue
+                if not unreachable_link(name + in_set, root_fd):
+                    continue  # no tools.json: not a candidate
+                st = None  # a link that leads nowhere: a candidate that cannot be read
+            else:
+                if stat.S_ISDIR(found.st_mode):
+                    continue
+                st = found
             candidate = _Candidate(name, source, set_dir)
             self.candidates.append(candidate)
             if not is_directory_name(name):
@@ -798,6 +825,8 @@ class _Builder:
             else:
                 self.home[name] = candidate
             try:
+                if st is None:
+                    raise ManifestUnreadable(f"{MANIFEST_NAME} could not be read.")
                 entry = cache_entry(set_dir, manifest, source, reserved, st, root_path)
             except ManifestError as exc:
                 if out_of_resources(exc.__cause__):  # not the set's fault: it is not skipped

@@ -50,6 +50,7 @@ from .catalog import (
     build_catalog,
     load_config,
     trusted_signature,
+    unreachable_link,
 )
 from .logs import Throttle
 from .manifest import ManifestError
@@ -159,6 +160,8 @@ def diff_catalogs(old: Catalog | None, new: Catalog) -> tuple[SetChange, ...]:
 _FRESH = "fresh"
 #: What the last scan holds for a name it did not see.
 _GONE = "gone"
+#: A scan value for a manifest that is a symlink leading nowhere (a candidate, unreadable).
+_LINK = "link"
 #: Up to this many manifests in all, a reload stats them on the event loop (``_refresh``).
 INLINE_SCAN_MAX = 2_000
 
@@ -429,7 +432,11 @@ class Registry:
                     try:
                         st = stat_(name + suffix, dir_fd=root_fd)
                     except OSError:
-                        signature: object = None
+                        # A manifest link that leads nowhere is a candidate (it cannot be
+                        # read): it must not look like no manifest, or its coming or going
+                        # would not be noticed.
+                        link = unreachable_link(name + suffix, root_fd)
+                        signature: object = _LINK if link else None
                     else:
                         mtime, ctime = st.st_mtime_ns, st.st_ctime_ns
                         if mtime > fresh_after or ctime > fresh_after:

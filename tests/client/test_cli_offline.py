@@ -181,6 +181,25 @@ def test_list_offline_text(env: Env) -> None:
     assert any(line.startswith("- ") and "broken" in line for line in lines[4:])
 
 
+def test_list_offline_text_rows_for_manifests_that_cannot_be_read(env: Env) -> None:
+    """A tools.json that is a FIFO or a link leading nowhere is a candidate, as in the
+    daemon's list (and the reference host's ``File.Exists``): a row with the error, and a
+    project one makes the home copy not effective."""
+    env.home_set("acme", exec_set("fmt"))
+    (env.workspace / ".crystal" / "tools" / "acme").mkdir(parents=True)
+    (env.workspace / ".crystal" / "tools" / "acme" / "tools.json").symlink_to("gone.json")
+    (env.home / "tools" / "fifo").mkdir()
+    os.mkfifo(env.home / "tools" / "fifo" / "tools.json")
+    proc = env.run("list", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split(maxsplit=4)[:4] for line in proc.stdout.splitlines()[1:4]]
+    assert rows == [
+        ["acme", "Home", "Yes", "No"], ["acme", "Project", "-", "Yes"], ["fifo", "Home", "-", "Yes"],
+    ], proc.stdout
+    assert proc.stdout.splitlines()[2].endswith("  tools.json could not be read.")
+    assert proc.stdout.splitlines()[3].endswith("  tools.json could not be read.")
+
+
 def test_list_offline_discovery_off_line(env: Env) -> None:
     """With ``externalTools`` false the list ends with the discovery-off line."""
     (env.home / "config.json").write_text('{"externalTools": false}')

@@ -245,6 +245,22 @@ def test_build_catalog_fifo_manifest_does_not_hang(home: Path, workspace: Path) 
     assert states(catalog) == [("acme", "home", "hidden"), ("acme", "project", "refused")]
 
 
+@pytest.mark.parametrize("target", ["gone.json", "tools.json"], ids=["dangling", "loop"])
+def test_build_catalog_manifest_link_to_nowhere_is_unreadable_and_hides_home(
+    home: Path, workspace: Path, target: str
+) -> None:
+    """A tools.json symlink that leads nowhere is a candidate, as the reference host's
+    ``File.Exists`` counts it on Unix (an lstat that finds a link is enough): it cannot be
+    read, and a project one hides the home set of its name."""
+    write(home / "tools", "acme", manifest("deploy"))
+    (workspace / ".crystal" / "tools" / "acme").mkdir()
+    (workspace / ".crystal" / "tools" / "acme" / "tools.json").symlink_to(target)
+    catalog = build(home, workspace)
+    assert messages(catalog) == ["External tool set 'acme' was skipped: tools.json could not be read."]
+    assert states(catalog) == [("acme", "home", "hidden"), ("acme", "project", "refused")]
+    assert list(catalog.tools) == []
+
+
 def test_build_catalog_oversized_manifest(home: Path) -> None:
     """A manifest over 1 MiB is refused without being parsed."""
     write(home / "tools", "big", b" " * (1 << 20) + b"{}")

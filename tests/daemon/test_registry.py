@@ -349,6 +349,17 @@ def _manifest_back(tools: Path, ws: Path) -> _Told:
     return _sets(tools, "bare")
 
 
+def _link_nowhere_came(tools: Path, ws: Path) -> _Told:
+    (tools / "bare" / "tools.json").symlink_to("gone.json")  # a candidate that cannot be read
+    return _sets(tools, "bare")
+
+
+def _manifest_now_a_link_nowhere(tools: Path, ws: Path) -> _Told:
+    (tools / "set3" / "tools.json").unlink()
+    (tools / "set3" / "tools.json").symlink_to("tools.json")  # a loop
+    return _sets(tools, "set3")
+
+
 def _still_bare(tools: Path, ws: Path) -> _Told:
     _write(tools, "set2", description="changed")
     return _sets(tools, "set2")
@@ -379,6 +390,8 @@ def _config(tools: Path, ws: Path) -> _Told:
         _rename,
         _manifest_gone,
         _manifest_back,
+        _link_nowhere_came,
+        _manifest_now_a_link_nowhere,
         _still_bare,
         _change_many,
         _project_gone,
@@ -387,6 +400,7 @@ def _config(tools: Path, ws: Path) -> _Told:
     ],
     ids=[
         "set added", "set removed", "set renamed", "manifest removed", "manifest added",
+        "a manifest link to nowhere added", "manifest replaced by a link to nowhere",
         "a set beside a bare folder changed", "more sets changed than a patch takes",
         "project folder removed", "project folder created", "config.json changed",
     ],
