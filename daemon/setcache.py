@@ -17,8 +17,8 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
   catalogs as bit masks: it is decoded at every start). The file name carries a
   fingerprint of everything whose output a record holds (``_DECIDING_MODULES``: the
   parser, its messages, the types, ``catalog.tool_hash`` and this module; the versions
-  of toolsetd, Python, orjson and jsonschema), so a daemon never reads decisions another
-  build made.
+  of toolsetd, Python, orjson and jsonschema; the interpreter's limit on integer digits),
+  so a daemon never reads decisions another build, or another limit, made.
 * **Index.** Each manifest path maps to the stat signature its bytes had when their key
   was recorded, once that signature can be trusted (``catalog.trusted_signature``), so a
   restart neither reads nor parses an unchanged manifest.
@@ -238,20 +238,25 @@ _DECIDING_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referenci
 
 
 @functools.cache
-def _code_fingerprint() -> str:
+def _code_fingerprint(digit_limit: int) -> str:
     """A short hash of the code whose decisions the store keeps (the code imported).
 
     Covers ``_DECIDING_MODULES``' source, the version of toolsetd, of Python (its JSON
     parser's messages, ``re``), of orjson (``canonical_json`` under ``tool_hash``) and of
-    ``_DECIDING_DISTRIBUTIONS``. Computed once per process: what decides is the code this
-    process runs, not what the files hold by the time a later store is opened. Cheap:
+    ``_DECIDING_DISTRIBUTIONS``, and ``digit_limit``: the interpreter's limit on the digits
+    of an integer (``sys.get_int_max_str_digits``, which ``PYTHONINTMAXSTRDIGITS`` or
+    ``-X int_max_str_digits`` set), which decides whether a long integer refuses a set,
+    and words that refusal. Computed once per process and limit: what decides is the code
+    this process runs, not what the files hold by the time a later store is opened. Cheap:
     the start pays for it (0.4-0.8 ms here), so jsonschema is found, not imported (~100 ms),
     and its version read from its ``.dist-info`` folder's name, not with
     ``importlib.metadata`` (~30 ms).
     """
     from toolsetd.protocol import __version__
 
-    h = hashlib.sha256("\x00".join([__version__, sys.version, orjson.__version__]).encode())
+    h = hashlib.sha256(
+        "\x00".join([__version__, sys.version, orjson.__version__, str(digit_limit)]).encode()
+    )
     for name in _DECIDING_MODULES:
         module = sys.modules.get(name) or importlib.import_module(name)
         with open(module.__file__ or "", "rb") as f:
@@ -439,7 +444,7 @@ class SetStore:
         self, folder: Path, *, max_records: int = 100_000, max_bytes: int = MAX_CACHE_BYTES
     ) -> None:
         self.folder = folder
-        build = _code_fingerprint()
+        build = _code_fingerprint(sys.get_int_max_str_digits())
         self.path = folder / f"sets-{build}.json"
         self.journal = folder / f"sets-{build}.journal"
         self._snapshot_bytes = 0

@@ -933,6 +933,30 @@ def test_setstore_fingerprint_covers_every_module_a_record_comes_from(tmp_path: 
     assert "jsonschema" in setcache._DECIDING_DISTRIBUTIONS
 
 
+def test_setstore_a_decision_made_under_another_digit_limit_is_not_used(tmp_path: Path) -> None:
+    """Whether an integer of 4,400 digits refuses a set depends on the interpreter's limit
+    (``PYTHONINTMAXSTRDIGITS``): a daemon started with another limit parses it afresh
+    instead of taking the refusal a daemon with the default limit stored."""
+    home = tmp_path / "home"
+    _write(home / "tools", "wide", note=0)
+    manifest = home / "tools" / "wide" / "tools.json"
+    manifest.write_text(manifest.read_text().replace('"note": 0', '"note": ' + "9" * 4400))
+    folder = tmp_path / "cache"
+    limit = sys.get_int_max_str_digits()
+    try:
+        sys.set_int_max_str_digits(4300)
+        refused, _ = _build(home, folder)
+        assert list(refused.tools) == [] and "4,300 digits" in refused.notes[0].message
+        sys.set_int_max_str_digits(0)  # no limit: the manifest parses
+        catalog, cache = _build(home, folder)
+        fresh, _ = _build(home, None)
+    finally:
+        sys.set_int_max_str_digits(limit)
+    assert list(fresh.tools) == ["wide"]
+    assert catalog == fresh
+    assert cache.parses == 1
+
+
 @pytest.mark.parametrize("package", setcache._DECIDING_DISTRIBUTIONS)
 def test_setstore_fingerprint_reads_the_installed_version(package: str) -> None:
     """The fingerprint's cheap version lookup finds what importlib.metadata reports."""
