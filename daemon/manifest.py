@@ -12,7 +12,9 @@ A few facts of the reference host's JSON layer (System.Text.Json) are reproduced
 set behaves the same under both hosts: a leading byte order mark is accepted (UTF-8, and
 UTF-16/32 as ``File.ReadAllText`` detects them), invalid UTF-8 decodes to U+FFFD, the
 literals ``NaN``/``Infinity`` are invalid, nesting deeper than 64 is invalid, duplicate
-keys keep the last value, and "blank" and "trim" use .NET's notion of white space.
+keys keep the last value (``TryGetProperty``) except where the reference host enumerates an
+object (an ``argv`` map, the dotnet overlays: every member is checked, ``_members``), and
+"blank" and "trim" use .NET's notion of white space.
 The parser messages themselves are Python's ``json`` module's.
 """
 
@@ -191,10 +193,48 @@ def _too_many_digits(decoded: str) -> NoReturn:
     _fail(f"{_CANNOT_HOLD}an integer of more than {limit:,} digits{where}. Write a shorter number.")
 
 
-def _load_json(text: bytes) -> Any:
+class _Duplicated(dict):  # type: ignore[type-arg]
+    """A JSON object that names a key twice: the last value, as ``TryGetProperty`` reads
+    it, and in ``members`` every member in file order, as ``EnumerateObject`` yields them."""
+
+    __slots__ = ("members",)
+
+    members: list[tuple[str, Any]]
+
+
+def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: the object the parser builds, keeping a duplicate's members."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        obj = _Duplicated(obj)
+        obj.members = pairs
+    return obj
+
+
+def _members(obj: Mapping[str, Any]) -> Any:
+    """Every member of an object in file order, duplicate keys included (``EnumerateObject``)."""
+    return obj.members if type(obj) is _Duplicated else obj.items()
+
+
+def _load_json(text: bytes, *, members: bool = False) -> tuple[Any, bool]:
+    """Parse the manifest; with ``members`` (or when an ``argv`` map may be in it), an
+    object that names a key twice keeps every member (``_members``).
+
+    Returns:
+        The value, and whether its objects keep their duplicate members.
+    """
     decoded = _decode(text)
+    # The reference host enumerates argv maps and dotnet overlays member by member, so an
+    # earlier duplicate is checked too. Only those need the (slower) hook: "argv" can only
+    # be written as is, or with a \u escape.
+    hook = _object if members or '"argv"' in decoded or "\\u" in decoded else None
     try:
-        value = json.loads(decoded, parse_float=_finite, parse_constant=reject_json_constant)
+        value = json.loads(
+            decoded,
+            parse_float=_finite,
+            parse_constant=reject_json_constant,
+            object_pairs_hook=hook,
+        )
     except RecursionError:
         _fail(
             f"tools.json is not valid JSON: the maximum nesting depth of {_MAX_DEPTH} was exceeded."
@@ -214,7 +254,7 @@ def _load_json(text: bytes) -> Any:
         )
     if "\\u" in decoded and (problem := _lone_surrogate(decoded)) is not None:
         _fail(f"tools.json is not valid JSON: {problem}")
-    return value
+    return value, hook is not None
 
 
 def _blank(value: str) -> bool:
@@ -296,12 +336,10 @@ def _argv(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         return ()
     if not isinstance(value, dict):
         _fail("argv must be an object of flag strings.")
-    pairs: list[tuple[str, str]] = []
-    for key, flag in value.items():
+    for key, flag in _members(value):  # a duplicate key's every value, as the reference host
         if not isinstance(flag, str) or _blank(flag):
             _fail(f"argv '{key}' must be a flag string.")
-        pairs.append((key, flag.strip(_WHITESPACE)))
-    return tuple(pairs)
+    return tuple((key, flag.strip(_WHITESPACE)) for key, flag in value.items())
 
 
 def _output(obj: Mapping[str, Any], name: str) -> OutputMode:
@@ -402,7 +440,7 @@ def _dotnet_overlays(
     reserved: frozenset[str],
 ) -> None:
     """Validate dotnet overlays with every reference rule; toolsetd never runs them."""
-    for key, value in overlays.items():
+    for key, value in _members(overlays):  # a duplicate key's every value, as the reference host
         if not is_tool_name(key, reserved):
             _fail(f"Overlay '{key}' is reserved or invalid.")
         if not isinstance(value, dict):
@@ -452,7 +490,7 @@ def parse_manifest(
     directory = path.name
     if not is_directory_name(directory):
         _fail(f"Tool set directory '{directory}' is not a valid name.")
-    root = _load_json(text)
+    root, with_members = _load_json(text)
     if not isinstance(root, dict):
         _fail("tools.json must be a JSON object.")
 
@@ -495,7 +533,9 @@ def parse_manifest(
         if _string(root, "assembly") is None:
             _fail("dotnet runner requires assembly.")
         _string_list(root, "types", "types must be an array of strings.")
-        if tools is not None:
+        if tools:
+            if not with_members:  # the overlays' members, duplicates included: parsed again
+                tools = _load_json(text, members=True)[0]["tools"]
             _dotnet_overlays(tools, catalogs=catalogs, approval=approval, reserved=reserved)
         return ToolSet(**common)
 

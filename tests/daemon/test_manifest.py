@@ -216,6 +216,23 @@ REJECTED: list[tuple[str, str, Any, str]] = [
     ("overlay-catalogs", "acme", dotnet(tools={"x": {"catalogs": []}}), "Overlay 'x' has invalid catalogs."),
     ("overlay-argv", "acme", dotnet(tools={"x": {"argv": 1}}), "argv must be an object of flag strings."),
     ("overlay-argv-value", "acme", dotnet(tools={"x": {"argv": {"a": ""}}}), "argv 'a' must be a flag string."),
+    # An object that names a key twice: System.Text.Json's EnumerateObject yields every
+    # member, so the reference host checks an argv map's and the overlays' earlier values too.
+    ("argv-duplicate-earlier-invalid", "acme",
+     b'{"runner": "exec", "command": ["x"], "description": "d", "schema": {},'
+     b' "argv": {"env": 5, "env": "--env"}}', "argv 'env' must be a flag string."),
+    ("argv-duplicate-escaped-key", "acme",
+     b'{"runner": "exec", "command": ["x"], "tools": [{"name": "t", "description": "d",'
+     b' "schema": {}, "\\u0061rgv": {"env": " ", "env": "--env"}}]}', "argv 'env' must be a flag string."),
+    ("overlay-duplicate-earlier-invalid", "acme",
+     b'{"runner": "dotnet", "assembly": "a.dll", "tools": {"x": 1, "x": {}}}',
+     "Overlay 'x' must be a JSON object."),
+    ("overlay-duplicate-earlier-output", "acme",
+     b'{"runner": "dotnet", "assembly": "a.dll", "tools": {"x": {"output": "text"}, "x": {}}}',
+     "Overlay 'x' cannot set output."),
+    ("overlay-argv-duplicate", "acme",
+     b'{"runner": "dotnet", "assembly": "a.dll", "tools": {"x": {"argv": {"a": null, "a": "-a"}}}}',
+     "argv 'a' must be a flag string."),
     ("overlay-path-arguments", "acme", dotnet(tools={"x": {"pathArguments": "p"}}),
      "Overlay 'x' pathArguments must be an array of strings."),
     ("overlay-approval", "acme", dotnet(tools={"x": {"approval": "yes"}}),
@@ -313,6 +330,14 @@ def test_parse_manifest_tool_fields(tmp_path: Path, fields: dict[str, Any], attr
     """Tool-level fields override the set defaults (catalogs and approval replace, not merge)."""
     manifest = exec_set(catalogs=["plan"], approval="always", tools=[tool(**fields)])
     assert getattr(parse(manifest, tmp_path).tools[0], attribute) == expected
+
+
+def test_parse_manifest_argv_duplicate_key_keeps_first_place_and_last_flag(tmp_path: Path) -> None:
+    """Every value of a key named twice in argv must be a flag; the map then holds the key
+    where it first stood, with the last flag (the reference host's dictionary assignment)."""
+    text = (b'{"runner": "exec", "command": ["x"], "description": "d", "schema": {},'
+            b' "argv": {"env": "--e", "path": "--p", "env": " --env "}}')
+    assert parse(text, tmp_path).tools[0].argv == (("env", "--env"), ("path", "--p"))
 
 
 def test_parse_manifest_tool_defaults_come_from_set(tmp_path: Path) -> None:

@@ -38,6 +38,16 @@ NOT_EXPRESSIBLE: dict[str, str] = {
     "timeout-1.0-literal": "JSON Schema sees 1.0 as an integer; the parser wants an integer literal",
     "timeout-exponent": "JSON Schema sees 1e2 as an integer; the parser wants an integer literal",
     "tool-duplicate": "tool names unique within the set (uniqueItems compares whole objects)",
+    **{
+        name: "a key named twice: a validator sees its last value only"
+        for name in (
+            "argv-duplicate-earlier-invalid",
+            "argv-duplicate-escaped-key",
+            "overlay-duplicate-earlier-invalid",
+            "overlay-duplicate-earlier-output",
+            "overlay-argv-duplicate",
+        )
+    },
 }
 
 
@@ -166,6 +176,7 @@ LIMITS: list[tuple[str, str, bytes]] = [
         json.dumps(corpus.exec_set(tools=[corpus.tool("t"), corpus.tool("t")])).encode(),
     ),
     ("reserve-option", "deploy", b"{" + _VALID + b"}"),
+    ("duplicate-key", "acme", b"{" + _VALID + b', "argv": {"a": 1, "a": "--a"}}'),
 ]
 
 
