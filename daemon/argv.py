@@ -17,15 +17,18 @@ parsed and validated before the runner sees them), so:
 * a list of strings adds the flag once per element, an empty list adds nothing;
 * anything else fails with the reference host's messages.
 
-Executable resolution (step 2): a bare name (no ``/`` or ``\\``, not rooted) that exists as a
-file in the set directory runs from there, else it is left for the PATH search of the child
+Executable resolution (step 2): a bare name (no ``/`` or ``\\``, not rooted) that exists in
+the set directory as .NET's ``File.Exists`` sees it (anything but a folder, a link that leads
+nowhere included) runs from there, else it is left for the PATH search of the child
 environment; a relative path containing a separator must stay inside the set directory
-(checked lexically, as .NET ``GetFullPath`` does); an absolute path is used as given.
+(checked lexically, as .NET ``GetFullPath`` does); an absolute path is used as
+``GetFullPath`` writes it (``.`` and ``..`` applied lexically).
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -107,6 +110,25 @@ def render_flags(flags: Sequence[tuple[str, str]], arguments: Any) -> list[str]:
     return words
 
 
+def _file_exists(path: str) -> bool:
+    """.NET ``File.Exists`` on Unix: anything but a folder, or a link whose target cannot
+    be reached (an lstat that finds a link is enough)."""
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        try:
+            return stat.S_ISLNK(os.lstat(path).st_mode)
+        except OSError:
+            return False
+
+
+def _full_path(path: str) -> str:
+    """.NET ``Path.GetFullPath`` of an absolute path: ``.`` and ``..`` applied lexically,
+    repeated separators collapsed, a trailing separator kept."""
+    full = "/" + os.path.normpath(path).lstrip("/")
+    return full + "/" if path.endswith("/") and full != "/" else full
+
+
 def resolve_executable(name: str, set_dir: Path) -> str:
     """Resolve argv[0] as the reference host does.
 
@@ -123,13 +145,15 @@ def resolve_executable(name: str, set_dir: Path) -> str:
     if not name or "\0" in name:
         raise ArgvError(EXECUTABLE_INVALID)
     if name.startswith("/"):
-        return name
+        return _full_path(name)  # the reference host runs GetFullPath's result
     base = os.path.normpath(str(set_dir))
     if "/" not in name and "\\" not in name:
         candidate = os.path.join(base, name)
-        return candidate if os.path.isfile(candidate) else name
-    candidate = os.path.normpath(os.path.join(base, name))
-    if not candidate.startswith(base.rstrip("/") + "/"):
+        # File.Exists: a link there that leads nowhere still names this file (the start
+        # then fails), never a program of the same name on PATH.
+        return candidate if _file_exists(candidate) else name
+    candidate = _full_path(os.path.join(base, name))
+    if not candidate.rstrip("/").startswith(base.rstrip("/") + "/"):
         raise ArgvError(EXECUTABLE_OUTSIDE)
     return candidate
 

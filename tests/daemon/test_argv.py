@@ -76,6 +76,27 @@ def test_resolve_executable_bare_name_on_path(tmp_path: Path) -> None:
     assert resolve_executable("dir", tmp_path) == "dir"
 
 
+@pytest.mark.parametrize("target", ["gone", "tool"], ids=["dangling", "loop"])
+def test_resolve_executable_bare_name_of_a_link_to_nowhere_is_not_searched(
+    tmp_path: Path, target: str
+) -> None:
+    """A bare name that is a link leading nowhere in the set directory still names that
+    file (.NET's File.Exists counts it; the start then fails), never a program of the same
+    name on PATH."""
+    (tmp_path / "sh").symlink_to(target if target == "gone" else "sh")
+    assert resolve_executable("sh", tmp_path) == str(tmp_path / "sh")
+
+
+def test_resolve_executable_absolute_path_as_get_full_path_writes_it(tmp_path: Path) -> None:
+    """An absolute path runs as .NET's GetFullPath writes it: ``..`` applied lexically, so
+    through a folder that does not exist; repeated separators collapsed; a trailing one kept."""
+    assert resolve_executable(f"{tmp_path}/missing/../../bin/sh", tmp_path) == str(
+        tmp_path.parent / "bin" / "sh"
+    )
+    assert resolve_executable("//usr//bin/./env", tmp_path) == "/usr/bin/env"
+    assert resolve_executable("/usr/bin/env/", tmp_path) == "/usr/bin/env/"
+
+
 def test_resolve_executable_relative_inside(tmp_path: Path) -> None:
     """A relative path with a separator resolves against the set directory."""
     assert resolve_executable("bin/../bin/run", tmp_path) == str(tmp_path / "bin" / "run")
