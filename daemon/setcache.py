@@ -17,7 +17,8 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
   catalogs as bit masks: it is decoded at every start). The file name carries a
   fingerprint of everything whose output a record holds (``_DECIDING_MODULES``: the
   parser, its messages, the types, ``catalog.tool_hash`` and this module; the versions
-  of toolsetd, Python, orjson and jsonschema; the interpreter's limit on integer digits),
+  of toolsetd, Python, orjson and jsonschema, and of the optional packages jsonschema's
+  format checks come from; the interpreter's limit on integer digits),
   so a daemon never reads decisions another build, or another limit, made.
 * **Index.** Each manifest path maps to the stat signature its bytes had when their key
   was recorded, once that signature can be trusted (``catalog.trusted_signature``), so a
@@ -235,6 +236,22 @@ _DECIDING_MODULES = (
 #: The distributions whose output a record holds: jsonschema's schema-check messages
 #: and verdicts, which also depend on its meta-schemas and its resolver.
 _DECIDING_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing")
+#: The optional packages jsonschema takes its ``format`` checks from, installed or not:
+#: the meta-schema check of a tool's schema checks ``"format": "uri-reference"`` (``$ref``,
+#: ``$id``) and ``"uri"`` (``$schema``) only when one of them is there, so a schema such as
+#: ``{"$ref": "a b"}`` passes without them and is refused with them.
+_FORMAT_DISTRIBUTIONS = (
+    "fqdn",
+    "idna",
+    "isoduration",
+    "jsonpointer",
+    "rfc3339_validator",
+    "rfc3986_validator",
+    "rfc3987",
+    "rfc3987_syntax",
+    "uri_template",
+    "webcolors",
+)
 
 
 @functools.cache
@@ -243,7 +260,8 @@ def _code_fingerprint(digit_limit: int) -> str:
 
     Covers ``_DECIDING_MODULES``' source, the version of toolsetd, of Python (its JSON
     parser's messages, ``re``), of orjson (``canonical_json`` under ``tool_hash``) and of
-    ``_DECIDING_DISTRIBUTIONS``, and ``digit_limit``: the interpreter's limit on the digits
+    ``_DECIDING_DISTRIBUTIONS``, which of ``_FORMAT_DISTRIBUTIONS`` are installed (and
+    their versions), and ``digit_limit``: the interpreter's limit on the digits
     of an integer (``sys.get_int_max_str_digits``, which ``PYTHONINTMAXSTRDIGITS`` or
     ``-X int_max_str_digits`` set), which decides whether a long integer refuses a set,
     and words that refusal. Computed once per process and limit: what decides is the code
@@ -262,7 +280,7 @@ def _code_fingerprint(digit_limit: int) -> str:
         with open(module.__file__ or "", "rb") as f:
             h.update(f.read())
     listings: dict[str, list[str]] = {}  # they are usually installed side by side
-    for name in _DECIDING_DISTRIBUTIONS:
+    for name in (*_DECIDING_DISTRIBUTIONS, *_FORMAT_DISTRIBUTIONS):
         h.update(b"\x00" + _installed_version(name, listings).encode())
     return h.hexdigest()[:16]
 
@@ -283,7 +301,9 @@ def _installed_version(package: str, listings: dict[str, list[str]]) -> str:
         spec = None
     if spec is None or spec.origin is None:
         return package + " missing"
-    site = os.path.dirname(os.path.dirname(spec.origin))
+    site = os.path.dirname(spec.origin)  # a module's folder; a package's parent folder
+    if os.path.basename(spec.origin).startswith("__init__."):
+        site = os.path.dirname(site)
     try:
         if site not in listings:
             listings[site] = os.listdir(site)

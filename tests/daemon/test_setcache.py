@@ -957,6 +957,53 @@ def test_setstore_a_decision_made_under_another_digit_limit_is_not_used(tmp_path
     assert cache.parses == 1
 
 
+_BUILD_WITH_STORE = """
+import json, sys, time
+from pathlib import Path
+from toolsetd.daemon.catalog import RACY_NS, ManifestCache, build_catalog
+from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES
+from toolsetd.daemon.setcache import SetStore
+later = time.time_ns() + 10 * RACY_NS
+store = SetStore(Path(sys.argv[2])) if sys.argv[2] else None
+cache = ManifestCache(store=store, clock_ns=lambda: later)
+catalog = build_catalog(Path(sys.argv[1]), None, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+cache.flush()
+print(json.dumps([list(catalog.tools), [n.message for n in catalog.notes]]))
+"""
+
+
+def test_setstore_a_verdict_made_without_a_format_package_is_not_used_with_it(
+    tmp_path: Path,
+) -> None:
+    """jsonschema checks the meta-schema's ``uri-reference`` format only when a package
+    for it is installed: ``{"$ref": "a b"}`` passes without one and is refused with one. A
+    daemon that has it parses afresh instead of taking the store's verdict made without."""
+    home = tmp_path / "home"
+    _write(home / "tools", "refset", schema={"$ref": "a b"})
+    extra = tmp_path / "extra"  # a stand-in for rfc3986-validator
+    (extra / "rfc3986_validator-0.1.1.dist-info").mkdir(parents=True)
+    (extra / "rfc3986_validator.py").write_text(
+        "def validate_rfc3986(value, rule='URI'):\n    return ' ' not in value\n"
+    )
+    folder = tmp_path / "cache"
+
+    def build(store: Path | None, with_format: bool) -> list[Any]:
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        if with_format:
+            env["PYTHONPATH"] = str(extra)
+        done = subprocess.run(
+            [sys.executable, "-c", _BUILD_WITH_STORE, str(home), str(store or "")],
+            capture_output=True, text=True, env=env, timeout=60, check=True,
+        )
+        result: list[Any] = json.loads(done.stdout)
+        return result
+
+    assert build(folder, with_format=False) == [["refset"], []]
+    fresh = build(None, with_format=True)
+    assert fresh[0] == [] and "is not a 'uri-reference'" in fresh[1][0]
+    assert build(folder, with_format=True) == fresh
+
+
 @pytest.mark.parametrize("package", setcache._DECIDING_DISTRIBUTIONS)
 def test_setstore_fingerprint_reads_the_installed_version(package: str) -> None:
     """The fingerprint's cheap version lookup finds what importlib.metadata reports."""
