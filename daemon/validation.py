@@ -251,6 +251,11 @@ def _plainly_valid(schema: Any, depth: int = 0) -> bool:
     return True
 
 
+def _error_order(error: ValidationError) -> tuple[list[str], str]:
+    """Where a schema problem is reported among others: by its path, then its message."""
+    return [str(p) for p in error.absolute_path], error.message
+
+
 class SchemaChecker:
     """Checks tool input schemas against their meta-schema, caching by content hash.
 
@@ -298,7 +303,10 @@ class SchemaChecker:
         cls = _validator_class(schema)
         meta = cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)
         try:
-            error = next(iter(meta.iter_errors(schema)), None)
+            # The first in path order, not in jsonschema's: it walks some keywords through
+            # a set (additionalProperties), whose order changes with PYTHONHASHSEED, so the
+            # first it yields would be another problem in another process.
+            error = min(meta.iter_errors(schema), key=_error_order, default=None)
         except RecursionError:
             return "the schema is nested too deeply (at the schema root)"
         if error is None:
@@ -326,9 +334,7 @@ class SchemaChecker:
         cls = _validator_class(schema)
         meta = cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)
         try:
-            errors = sorted(
-                meta.iter_errors(schema), key=lambda e: [str(p) for p in e.absolute_path]
-            )
+            errors = sorted(meta.iter_errors(schema), key=_error_order)
         except RecursionError:
             return ["the schema is nested too deeply (at the schema root)"]
         out = []

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -186,6 +189,32 @@ def test_schema_checker_caches_by_content() -> None:
     assert checker.problem({"type": 5}) == "5 is not valid under any of the given schemas (at /type)"
     assert checker.problem({"type": 5}) is not None
     assert checker.checks == 2
+
+
+_FIRST_PROBLEM = """
+from toolsetd.daemon.validation import SchemaChecker
+schema = {"type": "object", "properties": {f"p{i}": {"type": i} for i in range(8)}}
+print(SchemaChecker().problem(schema))
+print(SchemaChecker.problems(schema)[0])
+"""
+
+
+def test_schema_checker_reports_the_same_first_problem_in_every_process() -> None:
+    """Of several problems the one reported is the first by path, whatever the process's
+    string hash seed: jsonschema walks a schema's properties through a set, so the first it
+    yields changed from one daemon to the next, and a stored verdict named another problem
+    than a fresh check."""
+    seen = set()
+    for seed in range(8):
+        done = subprocess.run(
+            [sys.executable, "-c", _FIRST_PROBLEM],
+            capture_output=True, text=True, timeout=60, check=True,
+            env={**os.environ, "PYTHONHASHSEED": str(seed)},
+        )
+        seen.add(done.stdout)
+    assert seen == {
+        "0 is not valid under any of the given schemas (at /properties/p0/type)\n" * 2
+    }
 
 
 def test_schema_checker_keeps_a_bounded_number_of_verdicts() -> None:
