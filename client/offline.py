@@ -44,6 +44,7 @@ from toolsetd.daemon.config_file import read_regular_file
 from toolsetd.daemon.manifest import ManifestError, is_directory_name, parse_manifest
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Approval, RunnerKind, Source, ToolSet
 from toolsetd.daemon.validation import SchemaChecker
+from toolsetd.protocol.jsontext import dumps, is_utf8, loads
 
 from .render import SetRow, catalogs_label
 
@@ -112,6 +113,12 @@ def read_for_edit(path: Path) -> bytes:
         raise EditError(exc.message) from exc
 
 
+def _as_answered(text: str) -> str:
+    """``text`` as the daemon's answer carries it: a file name's bytes that are not UTF-8
+    (kept by ``surrogateescape``) decoded with U+FFFD, as .NET decodes file names."""
+    return text if is_utf8(text) else str(loads(dumps(text)))
+
+
 def _row(
     directory: str,
     source: Source,
@@ -120,9 +127,10 @@ def _row(
     reserved: frozenset[str],
     catalog: str | None,
 ) -> SetRow:
-    manifest = str(set_dir / _MANIFEST)
+    manifest = _as_answered(str(set_dir / _MANIFEST))
     if not is_directory_name(directory):
-        return SetRow(directory, source.value, manifest, None, False, error=INVALID_DIRECTORY_NAME)
+        shown = _as_answered(directory)
+        return SetRow(shown, source.value, manifest, None, False, error=INVALID_DIRECTORY_NAME)
     try:
         data = read_manifest(set_dir / _MANIFEST)
     except ManifestError as exc:
@@ -217,12 +225,15 @@ def offline_list(
         for loaded in built.tools.values()
         if catalog is None or any(c.value == catalog for c in loaded.tool.catalogs)
     ]
-    return {
+    result = {
         "generation": 0,
         "tools": tools,
         "sets": [set_info(entry) for entry in built.sets],
         "notes": [note_info(note) for note in built.notes],
     }
+    # As the wire carries the daemon's: a name or path whose bytes are not UTF-8 with U+FFFD.
+    answered: dict[str, Any] = loads(dumps(result))
+    return answered
 
 
 @dataclass(slots=True)

@@ -200,6 +200,28 @@ def test_list_offline_text_rows_for_manifests_that_cannot_be_read(env: Env) -> N
     assert proc.stdout.splitlines()[3].endswith("  tools.json could not be read.")
 
 
+def test_list_offline_shows_a_name_that_is_not_utf8_as_the_daemon_does(env: Env) -> None:
+    """A folder name whose bytes are not UTF-8 is shown with U+FFFD, as in the daemon's
+    answer (and as .NET decodes file names), in the JSON and in the table: not as a lone
+    surrogate escape (``caf\\udce9``) no strict JSON reader takes."""
+    folder = os.fsencode(env.home / "tools") + b"/caf\xe9"
+    os.makedirs(folder)
+    with open(folder + b"/tools.json", "w") as f:
+        f.write(json.dumps(exec_set("fmt")))
+    proc = env.run("list", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    assert "\\udce9" not in proc.stdout
+    result = json.loads(proc.stdout)
+    assert [s["directory"] for s in result["sets"]] == ["caf\ufffd"]
+    assert result["sets"][0]["path"] == str(env.home / "tools" / "caf\ufffd")
+    assert result["notes"][0]["message"] == (
+        "External tool set 'caf\ufffd' was skipped: directory name is invalid."
+    )
+    proc = env.run("list", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[1].split()[:2] == ["caf\ufffd", "Home"], proc.stdout
+
+
 def test_list_offline_discovery_off_line(env: Env) -> None:
     """With ``externalTools`` false the list ends with the discovery-off line."""
     (env.home / "config.json").write_text('{"externalTools": false}')
