@@ -734,6 +734,10 @@ def test_invoke_cancel_and_disconnect_while_queued(tmp_base: Path) -> None:
             eventually(lambda: d.call("status")["result"]["inFlight"] == 2, 5, "queued")
             waiting.close()
             eventually(lambda: d.call("status")["result"]["inFlight"] == 1, 5, "abandoned")
+            # Its pid file written before it is cancelled: "started" is the spawn, and on a
+            # loaded machine the cancel can reach the shell before its first line has run.
+            pidfile = workspace / ".crystal" / "data" / "tools" / "t" / "run-1.pid"
+            eventually(pidfile.exists, 10, "run-1's pid file")
             assert other.request("cancel", {"callId": "run-1"})["result"] == {"cancelled": True}
             finish_call(conn, 1)
             eventually(lambda: d.call("status")["result"]["inFlight"] == 0, 5, "idle")
