@@ -464,9 +464,7 @@ async def _serve(
             if metrics_socket is not None:
                 await tg.start(serve_metrics, metrics, metrics_socket)
             await tg.start(server.serve, listener)
-            tg.start_soon(
-                _evict_idle, registry, watcher, server, service, options.workspace_idle_seconds
-            )
+            tg.start_soon(_evict_idle, registry, watcher, server, service)
             tg.start_soon(_drain_logs)
             interval = notifier.watchdog_interval()
             if interval:
@@ -700,21 +698,28 @@ async def _drain_logs() -> None:
         drain_logs()
 
 
+#: How long the idle check sleeps at most between two looks at its period: a reload that
+#: lowers ``workspace-idle`` takes effect within this, not after the old period (300 s).
+_IDLE_CHECK_TICK = 1.0
+
+
 async def _evict_idle(
-    registry: Registry,
-    watcher: Watcher | None,
-    server: Server,
-    service: Service,
-    idle_seconds: float,
+    registry: Registry, watcher: Watcher | None, server: Server, service: Service
 ) -> None:
-    """Release idle workspaces, and their watches with them.
+    """Release idle workspaces, and their watches with them, every quarter of the idle
+    time in force (``registry.idle_seconds``, which a reload changes), 0.5 s to 300 s.
 
     A workspace some connection subscribed to is in use for as long as that connection
     lasts: releasing it would silently end the subscriber's catalogChanged.
     """
-    period = max(0.5, min(idle_seconds / 4, 300.0))
+    checked = anyio.current_time()
     while True:
-        await anyio.sleep(period)
+        period = max(0.5, min(registry.idle_seconds / 4, 300.0))
+        wait = checked + period - anyio.current_time()
+        if wait > 0:
+            await anyio.sleep(min(wait, _IDLE_CHECK_TICK))
+            continue
+        checked = anyio.current_time()
         subscribed = {
             Path(key)
             for conn in server.connections.values()

@@ -259,6 +259,27 @@ def test_config_reload_applies_limits_and_names_restart_keys(
         d.stop()
 
 
+def test_config_reload_lowering_workspace_idle_releases_within_the_new_period(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The idle check runs every quarter of workspace-idle, at most every 300 s. Started
+    at an hour, it slept 300 s whatever a reload said: lowered to 1 s, a workspace stayed
+    loaded for minutes. It follows the value in force within a second now."""
+    d, config = _configured(tmp_base, "workspace-idle = 3600\n", "--no-watch")
+    try:
+        d.call("list", {"workspace": str(workspace)})
+        assert d.call("status")["result"]["workspaces"] == [str(workspace.resolve())]
+        config.write_text("workspace-idle = 1\n")
+        assert d.call("reload", {})["result"]["config"]["applied"] == ["workspace-idle"]
+        eventually(
+            lambda: d.call("status")["result"]["workspaces"] == [],
+            timeout=15,
+            what="the workspace released after the reload",
+        )
+    finally:
+        d.stop()
+
+
 def _exec_reload(unit: Path, socket: Path) -> list[str]:
     """The unit's ExecReload= command, pointed at this checkout and this daemon's socket."""
     line = next(raw for raw in unit.read_text().splitlines() if raw.startswith("ExecReload="))
