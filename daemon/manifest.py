@@ -21,6 +21,7 @@ The parser messages themselves are Python's ``json`` module's.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import hashlib
 import json
 import math
@@ -28,6 +29,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -202,13 +204,29 @@ class _Duplicated(dict):  # type: ignore[type-arg]
     members: list[tuple[str, Any]]
 
 
-def _object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``object_pairs_hook``: the object the parser builds, keeping a duplicate's members."""
+def _object(found: list[_Duplicated], pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook``: the object the parser builds, keeping a duplicate's members
+    (each such object is also put in ``found``)."""
     obj = dict(pairs)
     if len(obj) != len(pairs):
         obj = _Duplicated(obj)
         obj.members = pairs
+        found.append(obj)
     return obj
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with every object a plain ``dict``: a ``_Duplicated`` is for the parser's
+    own checks, never for what the daemon keeps. ``jsontext.dumps`` writes an integer
+    beyond 64 bits only inside plain dicts (it walks them by their exact type), so one in a
+    schema object that named a key twice failed every ``list`` and MCP ``tools/list`` of its
+    workspace, and every check of a large call's arguments in the check process."""
+    kind = type(value)
+    if kind is dict or kind is _Duplicated:
+        return {key: _plain(item) for key, item in value.items()}
+    if kind is list:
+        return [_plain(item) for item in value]
+    return value
 
 
 def _members(obj: Mapping[str, Any]) -> Any:
@@ -216,18 +234,23 @@ def _members(obj: Mapping[str, Any]) -> Any:
     return obj.members if type(obj) is _Duplicated else obj.items()
 
 
-def _load_json(text: bytes, *, members: bool = False) -> tuple[Any, bool]:
+def _load_json(text: bytes, *, members: bool = False) -> tuple[Any, list[_Duplicated] | None]:
     """Parse the manifest; with ``members`` (or when an ``argv`` map may be in it), an
     object that names a key twice keeps every member (``_members``).
 
     Returns:
-        The value, and whether its objects keep their duplicate members.
+        The value, and the objects that keep their duplicate members (None when none can:
+        the text was parsed without them).
     """
     decoded = _decode(text)
     # The reference host enumerates argv maps and dotnet overlays member by member, so an
     # earlier duplicate is checked too. Only those need the (slower) hook: "argv" can only
     # be written as is, or with a \u escape.
-    hook = _object if members or '"argv"' in decoded or "\\u" in decoded else None
+    found: list[_Duplicated] | None = None
+    hook = None
+    if members or '"argv"' in decoded or "\\u" in decoded:
+        found = []
+        hook = partial(_object, found)
     try:
         value = json.loads(
             decoded,
@@ -254,7 +277,7 @@ def _load_json(text: bytes, *, members: bool = False) -> tuple[Any, bool]:
         )
     if "\\u" in decoded and (problem := _lone_surrogate(decoded)) is not None:
         _fail(f"tools.json is not valid JSON: {problem}")
-    return value, hook is not None
+    return value, found
 
 
 def _blank(value: str) -> bool:
@@ -490,7 +513,7 @@ def parse_manifest(
     directory = path.name
     if not is_directory_name(directory):
         _fail(f"Tool set directory '{directory}' is not a valid name.")
-    root, with_members = _load_json(text)
+    root, duplicated = _load_json(text)
     if not isinstance(root, dict):
         _fail("tools.json must be a JSON object.")
 
@@ -534,7 +557,7 @@ def parse_manifest(
             _fail("dotnet runner requires assembly.")
         _string_list(root, "types", "types must be an array of strings.")
         if tools:
-            if not with_members:  # the overlays' members, duplicates included: parsed again
+            if duplicated is None:  # the overlays' members, duplicates included: parsed again
                 tools = _load_json(text, members=True)[0]["tools"]
             _dotnet_overlays(tools, catalogs=catalogs, approval=approval, reserved=reserved)
         return ToolSet(**common)
@@ -546,6 +569,8 @@ def parse_manifest(
     defs = _exec_tools(
         root, tools, directory=directory, catalogs=catalogs, approval=approval, reserved=reserved
     )
+    if duplicated:  # a schema holds only plain dicts, as a manifest without argv does
+        defs = tuple(dataclasses.replace(tool, schema=_plain(tool.schema)) for tool in defs)
     if not command and not any(tool.command for tool in defs):
         _fail("exec requires a command array.")
     checker = schemas if schemas is not None else SchemaChecker()

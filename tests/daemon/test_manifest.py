@@ -18,6 +18,7 @@ from toolsetd.daemon.model import (
     Source,
 )
 from toolsetd.daemon.validation import SchemaChecker
+from toolsetd.protocol.jsontext import dumps
 
 BOTH = frozenset({CatalogName.PLAN, CatalogName.WORK})
 SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
@@ -338,6 +339,25 @@ def test_parse_manifest_argv_duplicate_key_keeps_first_place_and_last_flag(tmp_p
     text = (b'{"runner": "exec", "command": ["x"], "description": "d", "schema": {},'
             b' "argv": {"env": "--e", "path": "--p", "env": " --env "}}')
     assert parse(text, tmp_path).tools[0].argv == (("env", "--env"), ("path", "--p"))
+
+
+@pytest.mark.parametrize("opening", [b'"argv": {"n": "--n"}, ', b'"catalogs": ["\\u0070lan"], '])
+def test_parse_manifest_schema_naming_a_key_twice_is_plain_json(
+    tmp_path: Path, opening: bytes
+) -> None:
+    """A schema object naming a key twice, in a manifest whose argv maps keep duplicate
+    members ('"argv"' or a \\u escape in it), is held as plain dicts: jsontext writes an
+    integer beyond 64 bits only in those, and the parser's object with its members made
+    every ``list``, MCP tools/list and check-process request of the workspace fail."""
+    big = b"123456789012345678901234567890"
+    text = (b'{"runner": "exec", "command": ["x"], ' + opening + b'"schema": {"type": "object",'
+            b' "properties": {"n": {"type": "integer", "maximum": 5, "maximum": ' + big + b'}}},'
+            b' "description": "d"}')
+    (only,) = parse(text, tmp_path).tools
+    assert type(only.schema["properties"]["n"]) is dict
+    assert json.loads(dumps(only.schema))["properties"]["n"] == {
+        "type": "integer", "maximum": int(big)
+    }
 
 
 def test_parse_manifest_tool_defaults_come_from_set(tmp_path: Path) -> None:
