@@ -19,8 +19,9 @@ shapes; everything a call *means* happens here, once:
   An approval is either ``approved=True`` (the native wire) or ``approved_digest``, the
   ``approval_digest`` of the classification the operator saw: the call then runs only if
   it still classifies exactly so (MCP asks the operator, who approves *that* call).
-* ``invoke`` then registers the call (daemon-wide in ``calls``, and in the caller's own
-  ``owner_calls`` so a disconnect can cancel it), runs it, and keeps its event
+* ``invoke`` registers the call before all of that, once its id is checked (daemon-wide
+  in ``calls``, and in the caller's own ``owner_calls`` so a disconnect can cancel it),
+  and unregisters it however it ends; it runs a call that passed, and keeps its event
   bookkeeping: the runner reports ``started`` and ``progress`` through ``_Bookkeeping``,
   which forwards them to the face's ``CallSink``; once a process started, exactly one
   ``completed`` follows (shielded, even when the call is cancelled or the runner fails),
