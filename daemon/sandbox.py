@@ -18,6 +18,8 @@ bubblewrap builds a new mount namespace in which:
   workspace, where any sandboxed call of that workspace can swap a folder for a symlink,
   so it is never bound by its own path (the workspace's bind covers it) and a call whose
   project data folder leads out of the workspace does not run;
+* ``/proc/sys`` and ``/proc/sysrq-trigger`` are bound read-only over them, so no approved
+  path reopens the kernel's settings (see ``bwrap_argv``);
 * the credential paths are hidden last: a directory under an empty read-only tmpfs, a
   file under ``/dev/null``, so neither a path nor a symlink to it reaches the content; a
   hidden path that is a link is hidden where it leads.
@@ -89,6 +91,9 @@ _PRIVATE_TMP = ("--tmpfs", "/tmp")  # noqa: S108 -- a mount point in the sandbox
 _ALWAYS = ("--die-with-parent", "--unshare-pid", "--cap-drop", "ALL")
 #: Its own IPC namespace, where the system allows one (``probe_ipc``).
 _OWN_IPC = "--unshare-ipc"
+#: Kernel settings a tool must not write, bound read-only over the sandbox's ``/proc``
+#: (``--ro-bind-try``: a kernel without one has nothing to cover).
+_KERNEL_SETTINGS = ("/proc/sys", "/proc/sysrq-trigger")
 #: No user namespace of its own: a call that shares the loopback with the daemon's MCP
 #: endpoint is told apart by its cgroup, which it must not be able to leave.
 _NO_USERNS = ("--unshare-user", "--disable-userns")
@@ -235,6 +240,14 @@ def bwrap_argv(binary: str, plan: SandboxPlan, status_fd: int | None = None) -> 
         argv += ["--ro-bind", path, path]
     for path in _existing(plan.writable):
         argv += ["--bind", path, path]
+    # The kernel's settings stay read-only, after the writable binds so that no approved
+    # path (``/proc``, ``/proc/sys/kernel``) opens them again. ``--proc`` alone leaves
+    # ``/proc/sys`` writable where the daemon runs as root: bubblewrap covers it only when
+    # its own ``access(W_OK)`` of the folder succeeds, and without ``CAP_DAC_OVERRIDE`` it
+    # fails on the 0555 folder, so uid 0 (no capability needed) could write the 0644
+    # sysctls: ``kernel/core_pattern`` runs a program of its choosing as root, outside.
+    for path in _KERNEL_SETTINGS:
+        argv += ["--ro-bind-try", path, path]
     # A hidden path that is a link (``~/.ssh`` kept elsewhere by a dotfile manager) is
     # hidden where it leads, so the link leads to the hiding mount too: bubblewrap can bind
     # /dev/null over a link to a file but not over a link to a folder, nor mount a tmpfs

@@ -99,6 +99,15 @@ PROBE = textwrap.dedent(
             sys.exit(1)
         elif action == "ipc":
             result["ipc"] = os.readlink("/proc/self/ns/ipc")
+        elif action == "open-write":
+            # Open for writing and close again: never write (``target`` may be a sysctl).
+            os.close(os.open(target, os.O_WRONLY))
+        elif action == "mount-options":
+            # The options of the mount at ``target`` (the last one there wins).
+            for line in open("/proc/self/mountinfo"):
+                fields = line.split()
+                if fields[4] == target:
+                    result["options"] = fields[5]
         elif action == "connect":
             host, port = target.rsplit(":", 1)
             socket.create_connection((host, int(port)), timeout=3).close()
@@ -760,6 +769,32 @@ def test_confinement_tool_failing_like_bubblewrap_is_not_a_setup_failure(tree: T
     assert "could not be set up" not in text, text
     assert text.startswith("exit 1\ndone its work\n"), text
     assert reply["result"]["exitCode"] == 1
+
+
+@pytest.mark.parametrize("approved", [None, "/proc", "/proc/sys/kernel"])
+def test_confinement_sandbox_keeps_kernel_settings_read_only(
+    tree: Tree, approved: str | None
+) -> None:
+    """``/proc/sys`` is read-only in the sandbox, even with ``/proc`` approved writable.
+
+    bubblewrap's ``--proc`` covers it only when its own ``access(W_OK)`` of the folder
+    succeeds, which it did not under a daemon run as root: the tool, uid 0 without a
+    capability, could open the 0644 sysctls for writing (``kernel/core_pattern`` runs a
+    program as root outside the sandbox).
+    """
+    _need_sandbox(tree)
+    tool, extra = ("probe", {}) if approved is None else ("probe_path", {"path": approved})
+
+    def probe(arguments: dict[str, Any]) -> dict[str, Any]:
+        _, reply = tree.invoke(tool, {**arguments, **extra}, approved=True)
+        text = reply["result"]["content"][0]["text"]
+        result: dict[str, Any] = json.loads(text.strip().splitlines()[-1])
+        return result
+
+    mounted = probe({"action": "mount-options", "target": "/proc/sys"})
+    assert mounted.get("options", "").split(",")[0] == "ro", mounted
+    opened = probe({"action": "open-write", "target": "/proc/sys/kernel/core_pattern"})
+    assert opened["ok"] is False, opened
 
 
 def test_confinement_approved_outside_path_for_that_call_only(tree: Tree) -> None:
