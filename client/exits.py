@@ -23,7 +23,8 @@ code  meaning
       call was cancelled in the daemon, as a SIGPIPE would have ended toolsetctl
 ====  =============================================================================
 
-With ``invoke --tool-exit-code``, a tool that ran and exited gives its own exit code.
+With ``invoke --tool-exit-code``, a tool that ran and exited gives its own exit code (1
+still when it exited 0 but its result is an error).
 
 A ``Failure`` is how a command ends when it does not succeed: its exit code and the error
 object printed for it (``code``, ``message``, ``data``, and detail lines for stderr).

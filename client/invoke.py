@@ -194,8 +194,17 @@ def _exit_code(result: Mapping[str, Any], *, interrupted: bool, tool_exit_code: 
         return EXIT_INTERRUPTED if interrupted else EXIT_DAEMON_CANCELLED
     if status == "timeout":
         return EXIT_TIMEOUT
-    if tool_exit_code and type(exit_code) is int and status in ("ok", "error"):
+    failed = bool(result.get("isError")) or status == "error"
+    # A tool that exited 0 but whose result is still an error (content mode: stdout that is
+    # not content JSON, an image that cannot be read) failed all the same: its own 0 would
+    # pass a CI step that gates on it.
+    if (
+        tool_exit_code
+        and type(exit_code) is int
+        and status in ("ok", "error")
+        and (exit_code & 0xFF or not failed)
+    ):
         return exit_code & 0xFF
-    if result.get("isError") or status == "error":
+    if failed:
         return EXIT_TOOL_ERROR
     return EXIT_OK

@@ -112,9 +112,14 @@ def ctl() -> Iterator[Ctl]:
             "tools": [
                 {**TOOL, "name": "c_fail", "command": ["fail.sh"]},
                 {**TOOL, "name": "c_progress", "command": ["progress.sh"]},
+                {**TOOL, "name": "c_content", "command": ["content.sh"], "output": "content"},
             ],
         },
-        **{"fail.sh": SH + "echo broken >&2\nexit 7\n", "progress.sh": PROGRESS},
+        **{
+            "fail.sh": SH + "echo broken >&2\nexit 7\n",
+            "progress.sh": PROGRESS,
+            "content.sh": SH + "echo not content JSON\n",
+        },
     )
     write_set(
         home / "tools",
@@ -325,6 +330,16 @@ def test_cli_tool_exit_code(ctl: Ctl) -> None:
         ctl.run("invoke", "notes_add", "--args", '{"text": "x"}', "--tool-exit-code").returncode
         == 3
     )
+
+
+@pytest.mark.parametrize("flags", [[], ["--tool-exit-code"]])
+def test_cli_a_failed_result_of_a_tool_that_exited_0_is_exit_1(ctl: Ctl, flags: list[str]) -> None:
+    """A content-mode tool that exits 0 but prints no content JSON: the result is an error
+    (``isError``), and ``--tool-exit-code`` exited 0 with it, the tool's own code, so a CI
+    step that gates on the code passed a failed call. The failure is exit 1 either way."""
+    r = ctl.run("invoke", "c_content", *flags)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Tool output is not valid content JSON." in r.stdout
 
 
 def test_cli_exit_5_lost_connection(ctl: Ctl, tmp_path: Path) -> None:
