@@ -16,7 +16,9 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    start copying stdin to the socket: the host's first request follows the bind frame
    in the same stream, and the daemon reads it as MCP.
 4. Copy the socket to stdout, except the bind's own response (the first line), which is
-   read here: an error there (a bad workspace or mode) is printed on stderr, exit 2.
+   read here: an error there (a bad workspace or mode) is printed on stderr, exit 2. A
+   stdout that cannot be written (a full disk) is said as such, exit 9, never taken for a
+   lost daemon (5); a host that stopped reading (a broken pipe) ends the pump with 0.
 5. When stdin closes, shut down the socket's sending side: the daemon cancels this
    host's calls and closes the connection; the pump exits when the socket closes (or
    after ``_EXIT_GRACE`` seconds). When the daemon closes first (it stopped, or a line was
@@ -46,6 +48,7 @@ __all__ = ["default_socket_path", "main", "shared_tmp_peer_refused", "shared_tmp
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 5
+EXIT_INTERNAL = 9
 EXIT_INTERRUPTED = 130
 _BIND_ID = "toolsetctl-mcp-bind"
 #: The systemd service variables an autostarted daemon must not inherit from its host:
@@ -465,7 +468,13 @@ def _main(argv: Sequence[str] | None) -> int:
         _say(f"{_USAGE}\ntoolsetctl mcp: error: {exc}\n")
         return EXIT_USAGE
     if options.get("help"):
-        sys.stdout.write(_HELP)
+        try:
+            _write_all(1, _HELP.encode())
+        except BrokenPipeError:
+            pass  # the reader went away (toolsetctl mcp --help | true), as for the others
+        except OSError as exc:
+            _say(f"toolsetctl mcp: cannot write to stdout: {exc}\n")
+            return EXIT_INTERNAL
         return EXIT_OK
     socket_option = options.get("socket")
     path = default_socket_path(option=str(socket_option) if socket_option else None)
@@ -564,9 +573,14 @@ def _pump_socket(sock: socket.socket, path: str) -> int:
                 data, pending = pending[newline + 1 :], b""
                 if not data:
                     continue
-            _write_all(1, data)
-    except BrokenPipeError:
-        return EXIT_OK  # the host stopped reading: it is gone
+            try:
+                _write_all(1, data)
+            except BrokenPipeError:
+                return EXIT_OK  # the host stopped reading: it is gone
+            except OSError as exc:
+                # Our stdout (a full disk, an I/O error), not the daemon: not exit 5.
+                _say(f"toolsetctl mcp: cannot write to stdout: {exc}\n")
+                return EXIT_INTERNAL
     except OSError as exc:
         _say(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
         return EXIT_UNREACHABLE

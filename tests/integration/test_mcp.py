@@ -1272,6 +1272,70 @@ def test_mcp_a_failing_stderr_keeps_the_exit_code_and_the_autostart(
     assert (autostart_base / "pid").exists() == (code == 0)  # the daemon it started answers
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_mcp_a_failing_stdout_is_said_as_such_not_a_lost_daemon(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """``toolsetctl mcp > /dev/full`` (a full disk): the pump's write to stdout failed and
+    it said "lost the connection to toolsetd at <socket>: No space left on device", exit 5
+    (the daemon is unreachable), sending the operator after a daemon that was fine. The
+    line names stdout; exit 9."""
+    init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}}}
+    with open("/dev/full", "w") as full:
+        proc = subprocess.Popen(  # noqa: S603
+            [PY, "-m", "toolsetd.client", "--socket", str(mcp_daemon.socket),
+             "--workspace", str(workspace), "mcp", "--no-autostart"],
+            stdin=subprocess.PIPE, stdout=full, stderr=subprocess.PIPE,
+        )
+    assert proc.stdin is not None and proc.stderr is not None
+    proc.stdin.write(json.dumps(init).encode() + b"\n")
+    proc.stdin.flush()  # and left open: the host is still there when the answer comes
+    try:
+        proc.wait(timeout=30)
+        said = proc.stderr.read().decode()
+    finally:
+        proc.kill()
+        proc.stdin.close()
+        proc.stderr.close()
+    assert said.splitlines() == [
+        "toolsetctl mcp: cannot write to stdout: [Errno 28] No space left on device"
+    ]
+    assert proc.returncode == 9
+
+
+@pytest.mark.parametrize("full", [True, False])
+def test_mcp_help_into_a_failing_or_closed_stdout_is_no_traceback(
+    tmp_base: Path, full: bool
+) -> None:
+    """``toolsetctl mcp --help > /dev/full`` and ``toolsetctl mcp --help | true`` printed a
+    traceback and exited 1 (docs/cli.md: no command prints one; 1 means a tool failed). A
+    closed pipe is exit 0, as ``toolsetctl --help | true``; a full disk one line, exit 9."""
+    if full and not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full")
+    argv = [PY, "-m", "toolsetd.client", "mcp", "--help"]
+    if full:
+        with open("/dev/full", "w") as out:
+            proc = subprocess.run(  # noqa: S603
+                argv, stdout=out, stderr=subprocess.PIPE, timeout=30, check=False
+            )
+    else:
+        read, write = os.pipe()
+        os.close(read)  # nobody reads: the first write breaks the pipe
+        try:
+            proc = subprocess.run(  # noqa: S603
+                argv, stdout=write, stderr=subprocess.PIPE, timeout=30, check=False
+            )
+        finally:
+            os.close(write)
+    assert b"Traceback" not in proc.stderr
+    assert proc.returncode == (9 if full else 0), proc.stderr
+    if full:
+        assert proc.stderr.decode().splitlines() == [
+            "toolsetctl mcp: cannot write to stdout: [Errno 28] No space left on device"
+        ]
+
+
 @pytest.mark.parametrize("mode", ["--mode=", "--mode=sometimes"])
 def test_mcp_an_empty_or_unknown_mode_is_refused(mcp_daemon: Daemon, mode: str) -> None:
     """``--mode "$UNSET"`` is refused at bind time (exit 2) as invoke's and classify's
