@@ -68,6 +68,28 @@ def _count(value: Any) -> int:
     return int(number) if number is not None and number > 0 else 0
 
 
+def _fit(text: str, columns: int) -> str:
+    """``text`` cut to what fills ``columns`` cells of a terminal.
+
+    Cut by characters, a line of wide characters (CJK, most emoji: two cells each) ran past
+    the width and wrapped; the next redraw's ``\r`` and erase-line reach only the row the
+    cursor is on, so every update left a stale copy of the line above it.
+    """
+    if text.isascii():
+        return text[:columns]
+    import unicodedata  # only for a line that is not ASCII
+
+    used = 0
+    for index, char in enumerate(text):
+        if unicodedata.combining(char):
+            continue  # drawn on the cell before it
+        width = 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+        if used + width > columns:
+            return text[:index]
+        used += width
+    return text
+
+
 class Progress:
     """The live progress line of ``invoke``: one line on a terminal, redrawn in place.
 
@@ -120,7 +142,7 @@ class Progress:
             columns = os.get_terminal_size(self._stream.fileno()).columns
         except (AttributeError, ValueError, OSError):
             columns = 80
-        self._stream.write("\r\x1b[2K" + printable(text)[: max(columns - 1, 10)])
+        self._stream.write("\r\x1b[2K" + _fit(printable(text), max(columns - 1, 10)))
         self._stream.flush()
         self._drawn = True
 
