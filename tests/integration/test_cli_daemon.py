@@ -302,8 +302,16 @@ def test_cli_invoke_json_prints_the_result(setup: Setup) -> None:
     assert json.loads(r.stdout)["exitCode"] == 7
 
 
-def test_cli_ctrl_c_cancels_the_call(setup: Setup) -> None:
-    """SIGINT to a running invoke exits 130 after cancelling: the child dies, inFlight returns to 0."""
+@pytest.mark.parametrize(
+    ("sig", "code"),
+    [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM), (signal.SIGHUP, -signal.SIGHUP)],
+)
+def test_cli_ctrl_c_cancels_the_call(setup: Setup, sig: signal.Signals, code: int) -> None:
+    """SIGINT to a running invoke exits 130 after cancelling: the child dies, inFlight returns to 0.
+
+    SIGTERM (a CI runner stopping the job) and SIGHUP (a closed terminal) end toolsetctl at
+    once, by the signal (docs/cli.md): its connection closes with it, and the daemon
+    cancels the call all the same."""
     before = set(setup.workspace.glob("slow-*.pid"))
     env = {k: v for k, v in os.environ.items() if k != "TOOLSETD_SOCKET"}
     proc = subprocess.Popen(
@@ -315,13 +323,13 @@ def test_cli_ctrl_c_cancels_the_call(setup: Setup) -> None:
         (pidfile,) = set(setup.workspace.glob("slow-*.pid")) - before
         eventually(lambda: pidfile.read_text().strip() != "", 5, "pid written")
         child = int(pidfile.read_text())
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=15)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert b"Traceback" not in err
     eventually(lambda: setup.daemon.call("status")["result"]["inFlight"] == 0, 10, "idle")
 
