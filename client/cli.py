@@ -174,6 +174,16 @@ def _listing(ctx: Context, catalog: str | None) -> _Listing:
     try:
         client = BlockingClient.connect(ctx.socket, timeout=CONNECT_TIMEOUT)
     except ConnectError:
+        if not ctx.workspace.is_dir():
+            # The daemon's refusal (exit 2), not the home sets alone: a mistyped --workspace
+            # must not pass without a daemon and fail with one.
+            raise Failure(
+                EXIT_USAGE,
+                -32006,  # InvalidWorkspace, the daemon's code and words
+                f"Invalid workspace: {str(ctx.workspace)!r} is not a directory; 'workspace' "
+                "must be an absolute path to an existing directory.",
+                {"field": "workspace"},
+            ) from None
         offline = _offline_module()
         ctx.out.error(f"toolsetd is not running at {ctx.socket}; showing the tool sets on disk.")
         home = ctx.home_option or ctx.default_home

@@ -242,6 +242,33 @@ def test_list_offline_json(env: Env) -> None:
     assert [s["directory"] for s in result["sets"]] == ["acme"]
 
 
+@pytest.mark.parametrize("command", [("list",), ("show", "alpha"), ("--format", "json", "list")])
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_list_and_show_offline_refuse_a_workspace_that_is_not_a_directory(
+    env: Env, command: tuple[str, ...], kind: str
+) -> None:
+    """``list --workspace /mistyped`` exited 2 with a daemon (InvalidWorkspace) and 0
+    without one, showing the home sets as if the workspace had none: a CI check passed or
+    failed by whether a daemon ran. Without one it is now the daemon's refusal, exit 2."""
+    env.home_set("alpha", exec_set("alpha"))
+    shutil.rmtree(env.workspace)
+    if kind == "file":
+        env.workspace.write_text("not a folder", encoding="utf-8")
+    r = env.run(*command)
+    assert r.returncode == 2, r.stdout + r.stderr
+    message = (
+        f"Invalid workspace: {str(env.workspace)!r} is not a directory; 'workspace' must be "
+        "an absolute path to an existing directory."
+    )
+    if "json" in command:
+        assert json.loads(r.stdout) == {
+            "error": {"code": -32006, "message": message, "data": {"field": "workspace"}}
+        }
+    else:
+        assert r.stdout == ""
+        assert r.stderr == message + "\n"
+
+
 def test_show_offline_set_and_tool(env: Env) -> None:
     """show prints a set's fields by directory, and a tool's fields by tool name."""
     env.home_set("acme", exec_set("fmt"))
