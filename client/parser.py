@@ -17,7 +17,7 @@ from .command import command_in
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
-    from typing import NoReturn
+    from typing import Any, NoReturn
 
 __all__ = ["COMMANDS", "FORMATS", "ParseError", "build_parser", "command_in"]
 
@@ -49,6 +49,19 @@ class ParseError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
+    """argparse without abbreviations: an option is spelled in full.
+
+    ``--form json`` and ``--sock PATH`` were taken for ``--format`` and ``--socket``, but
+    what reads the command line before argparse (``command_in``, which sends ``mcp`` to its
+    pump, and the format a usage error is printed in) and the ``mcp`` pump itself know the
+    full spellings only: ``toolsetctl --sock S mcp`` ended in an internal error (exit 9)
+    and ``toolsetctl --form json invoke`` printed its usage error as text, not JSON.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)  # the subcommands' parsers too
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:
         raise ParseError(self, message)
 

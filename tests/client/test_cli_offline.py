@@ -403,6 +403,28 @@ def test_usage_error_exits_2(env: Env) -> None:
     assert proc.returncode == 2
 
 
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--sock", "/nowhere.sock", "mcp", "--no-autostart"), "invalid choice: '/nowhere.sock'"),
+        (("--work", "/tmp", "mcp"), "invalid choice: '/tmp'"),
+        (("--form", "json", "invoke"), "invalid choice: 'json'"),
+        (("list", "--cat", "plan"), "unrecognized arguments: --cat"),
+        (("validate", "x", "--res", "y"), "unrecognized arguments: --res"),
+    ],
+)
+def test_an_abbreviated_option_is_a_usage_error(env: Env, args: tuple[str, ...], said: str) -> None:
+    """argparse took ``--sock`` for ``--socket`` and ``--form`` for ``--format``, but what
+    reads the command line before it (which sends ``mcp`` to its pump; the format of a
+    usage error) knows full spellings only: ``toolsetctl --sock S mcp`` ended in
+    ``unexpected error: KeyError: 'mcp'`` (exit 9). Options are spelled in full, as the
+    ``mcp`` pump always required: anything else is a usage error, exit 2."""
+    proc = env.run(*args)
+    assert proc.returncode == 2, proc.stderr
+    assert said in proc.stderr
+    assert "unexpected error" not in proc.stderr
+
+
 @pytest.mark.parametrize("option", ["--socket", "--workspace", "--home"])
 @pytest.mark.parametrize("command", ["status", "list", "mcp"])
 def test_an_empty_path_option_is_a_usage_error(env: Env, option: str, command: str) -> None:
