@@ -431,7 +431,14 @@ def _bind_error(line: bytes) -> str | None:
 def _say(text: str) -> None:
     """Write ``text`` to stderr; a stderr that cannot be written (``2>/dev/full``, a log on
     a full disk, a closed pipe) loses the line, and only the line: the OSError must not
-    become Python's exit 1, nor stop an autostart that was about to say it was starting."""
+    become Python's exit 1, nor stop an autostart that was about to say it was starting.
+
+    What the line quotes (an option as typed, the socket path, the daemon's words) is shown
+    with its control characters escaped, as every other command shows them: an ESC in
+    ``toolsetctl mcp --x$'\\e]0;...'`` or in ``$TOOLSETD_SOCKET`` reached the terminal."""
+    from toolsetd.protocol.printable import printable  # re: loaded with json already
+
+    text = "\n".join(printable(line) for line in text.split("\n"))
     try:
         sys.stderr.write(text)
         sys.stderr.flush()

@@ -905,6 +905,27 @@ def test_mcp_no_autostart_fails_with_one_clear_line(tmp_base: Path, workspace: P
 
 
 @pytest.mark.parametrize(
+    ("options", "shown"),
+    [
+        (["mcp", "--x\x1b]0;title\x07"], "--x\\x1b]0;title\\x07"),
+        (["--socket", "{base}/s\x1b]52;c;eA==\x07.sock", "mcp", "--no-autostart"],
+         "s\\x1b]52;c;eA==\\x07.sock"),
+    ],
+)
+def test_mcp_failure_lines_show_control_characters_escaped(
+    tmp_base: Path, options: list[str], shown: str
+) -> None:
+    """The pump's failure line quoted an option as typed and the socket path raw: an ESC
+    in them retitled the terminal or wrote its clipboard (OSC 52), where every other
+    command prints it as an escape (docs/cli.md, What reaches the terminal)."""
+    argv = [PY, "-m", "toolsetd.client", *(o.format(base=tmp_base) for o in options)]
+    proc = subprocess.run(argv, input=b"", capture_output=True, timeout=20, check=False)
+    assert proc.returncode in (2, 5), proc.stderr
+    assert b"\x1b" not in proc.stderr and b"\x07" not in proc.stderr
+    assert shown in proc.stderr.decode()
+
+
+@pytest.mark.parametrize(
     ("options", "code"),
     [
         (["-w", "mcp", "--format", "json", "--home", "/nonexistent"], 5),
