@@ -305,7 +305,15 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
         report.problems.append(f"Tool set directory '{directory}' is not a valid name.")
         parse_dir = set_dir.parent / _PLACEHOLDER
     if not set_dir.is_dir():
-        report.problems.append(f"Tool set directory '{set_dir}' does not exist.")
+        if not set_dir.exists():
+            report.problems.append(f"Tool set directory '{set_dir}' does not exist.")
+        elif set_dir.name == _MANIFEST:  # `validate .crystal/tools/x/tools.json`: the file
+            report.problems.append(
+                f"'{set_dir}' is the manifest, not its set: validate takes the set's folder "
+                f"(toolsetctl validate {set_dir.parent})."
+            )
+        else:
+            report.problems.append(f"Tool set directory '{set_dir}' is not a directory.")
         return report
     try:
         data = read_manifest(set_dir / _MANIFEST)

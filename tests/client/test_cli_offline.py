@@ -87,6 +87,26 @@ def test_validate_valid_set_exits_0(env: Env) -> None:
     )
 
 
+def test_validate_given_a_file_says_what_it_is(env: Env) -> None:
+    """``toolsetctl validate .crystal/tools/acme/tools.json`` (the manifest, not its folder:
+    an easy slip in a CI step) said "Tool set directory '.../tools.json' does not exist." of
+    a file that exists. It names the folder to give; any other file is "not a directory"."""
+    path = env.home_set("acme", exec_set("fmt"))
+    proc = env.run("validate", str(path))
+    assert proc.returncode == 2
+    assert proc.stdout == (
+        "Tool set tools.json is not valid:\n"
+        f"- '{path}' is the manifest, not its set: validate takes the set's folder "
+        f"(toolsetctl validate {path.parent}).\n"
+    )
+    other = path.parent / "notes.txt"
+    other.write_text("x", encoding="utf-8")
+    proc = env.run("validate", str(other))
+    assert proc.returncode == 2
+    assert f"- Tool set directory '{other}' is not a directory.\n" in proc.stdout
+    assert "does not exist" not in proc.stdout
+
+
 def test_validate_reports_parse_error_exits_2(env: Env) -> None:
     """A manifest failing a structural rule prints the parser's message and exits 2."""
     path = env.home_set("acme", {"runner": "perl"})
