@@ -1,7 +1,8 @@
 """The live progress line of ``toolsetctl invoke``.
 
-It goes to stderr, and only when stderr is a terminal and ``CI`` is not set (in ``json``
-and ``jsonl`` also not when stdout is that terminal too: the JSON would be drawn over).
+It goes to stderr, and only when stderr is a terminal (not ``TERM=dumb``) and ``CI`` is
+not set (in ``json`` and ``jsonl`` also not when stdout is that terminal too: the JSON
+would be drawn over).
 It is one line, redrawn in place (``\\r`` and erase-line), cut to the terminal's width,
 and removed when the call ends. The tool's message is the tool's own text: its control
 characters are shown as escapes (``printable``), never written to the terminal as they are.
@@ -25,7 +26,8 @@ __all__ = ["Progress", "progress_stream"]
 def progress_stream(
     env: Mapping[str, str], stdout: TextIO, stderr: TextIO, *, json_output: bool
 ) -> TextIO | None:
-    """Where the progress line goes: stderr when it is a terminal, never under CI.
+    """Where the progress line goes: stderr when it is a terminal, never under CI nor on a
+    terminal that cannot move the cursor (``TERM=dumb``).
 
     Args:
         env: The environment.
@@ -37,6 +39,8 @@ def progress_stream(
         ``stderr``, or None for no progress line.
     """
     if env.get("CI"):
+        return None
+    if env.get("TERM") == "dumb":  # Emacs' shell: no cursor movement, erase-line is garbage
         return None
     if not _isatty(stderr):
         return None

@@ -726,13 +726,14 @@ def test_cli_progress_keeps_the_tool_message_between_ticks(ctl: Ctl) -> None:
     [
         (False, False, {}),  # neither is a terminal
         (True, True, {"CI": "true"}),  # CI is set
+        (True, True, {"TERM": "dumb"}),  # Emacs' shell: erase-line would print as garbage
         (True, False, {}),  # only stdout is a terminal: progress never goes there
     ],
 )
 def test_cli_progress_off(
     ctl: Ctl, stdout_tty: bool, stderr_tty: bool, env: dict[str, str]
 ) -> None:
-    """No progress line when stderr is not a terminal, or when CI is set."""
+    """No progress line when stderr is not a terminal, or when CI is set, or TERM is dumb."""
     code, out, err = _run_on_pty(
         ctl, ["invoke", "c_progress"], stdout_tty=stdout_tty, stderr_tty=stderr_tty, **env
     )
