@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Mapping
 
-from .table import printable
+from .table import chunks, printable
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
@@ -76,22 +76,10 @@ def _fit(text: str, columns: int) -> str:
     """``text`` cut to what fills ``columns`` cells of a terminal.
 
     Cut by characters, a line of wide characters (CJK, most emoji: two cells each) ran past
-    the width and wrapped; the next redraw's ``\r`` and erase-line reach only the row the
+    the width and wrapped; the next redraw's ``\\r`` and erase-line reach only the row the
     cursor is on, so every update left a stale copy of the line above it.
     """
-    if text.isascii():
-        return text[:columns]
-    import unicodedata  # only for a line that is not ASCII
-
-    used = 0
-    for index, char in enumerate(text):
-        if unicodedata.combining(char):
-            continue  # drawn on the cell before it
-        width = 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
-        if used + width > columns:
-            return text[:index]
-        used += width
-    return text
+    return text[:columns] if text.isascii() else chunks(text, columns)[0]
 
 
 class Progress:

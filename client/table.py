@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from typing import TextIO
 
 __all__ = [
+    "cells",
+    "chunks",
     "fields_lines",
     "fits",
     "fitted_widths",
@@ -44,6 +46,41 @@ _UNSAFE_IN_TEXT = re.compile(
 
 #: Back to the terminal's default colours and attributes.
 _SGR_RESET = "\x1b[0m"
+
+
+def _cell_widths(text: str) -> list[int]:
+    import unicodedata  # only for text that is not ASCII
+
+    return [
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    ]
+
+
+def cells(text: str) -> int:
+    """How many terminal cells ``text`` takes: a wide or full-width character (CJK, most
+    emoji) two, a combining mark none, any other one."""
+    return len(text) if text.isascii() else sum(_cell_widths(text))
+
+
+def chunks(text: str, width: int) -> list[str]:
+    """``text`` cut into pieces of at most ``width`` cells (at least one character each)."""
+    if text.isascii():
+        return [text[i : i + width] for i in range(0, len(text), max(width, 1))] or [""]
+    out: list[str] = []
+    start = used = 0
+    for index, size in enumerate(_cell_widths(text)):
+        if used + size > width and index > start:
+            out.append(text[start:index])
+            start, used = index, 0
+        used += size
+    out.append(text[start:])
+    return out
+
+
+def _pad(text: str, width: int) -> str:
+    """``text`` followed by the spaces that make it ``width`` cells wide."""
+    return text + " " * (width - cells(text))
 
 
 def terminal_text(text: str) -> str:
@@ -95,7 +132,7 @@ def output_width(stream: TextIO, env: Mapping[str, str] | None = None) -> int | 
 
 def _wrap(cell: str, width: int) -> list[str]:
     """Fold one cell into lines of at most ``width``, breaking after ``, `` or ``/``."""
-    if len(cell) <= width:
+    if cells(cell) <= width:
         return [cell]
     pieces = re.findall(r"[^/ ]*(?:/|, | |$)", cell)
     lines: list[str] = []
@@ -103,13 +140,13 @@ def _wrap(cell: str, width: int) -> list[str]:
     for piece in pieces:
         if not piece:
             continue
-        if current and len(current) + len(piece.rstrip()) > width:
+        if current and cells(current) + cells(piece.rstrip()) > width:
             lines.append(current.rstrip())
             current = ""
-        while len(piece) > width:  # one piece longer than the column: cut it
-            lines.append((current + piece)[:width])
-            piece = (current + piece)[width:]
-            current = ""
+        if cells(piece) > width:  # one piece longer than the column: cut it
+            *full, current = chunks(current + piece, width)
+            lines.extend(full)
+            continue
         current += piece
     if current.strip():
         lines.append(current.rstrip())
@@ -123,10 +160,10 @@ def fits(headers: Sequence[str], rows: Sequence[Sequence[str]], width: int | Non
 
 
 def _natural(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> list[int]:
-    widths = [len(header) for header in headers]
+    widths = [cells(header) for header in headers]
     for row in rows:
         for index, cell in enumerate(row):
-            widths[index] = max(widths[index], len(cell))
+            widths[index] = max(widths[index], cells(cell))
     return widths
 
 
@@ -177,13 +214,13 @@ def table_lines(
     """
     foldable = tuple(foldable) or (len(headers) - 1,)
     widths = fitted_widths(headers, rows, width, foldable) or _natural(headers, rows)
-    out = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    out = ["  ".join(_pad(h, w) for h, w in zip(headers, widths, strict=True)).rstrip()]
     out.append("  ".join("─" * w for w in widths))
     for row in rows:
         cells = [_wrap(cell, w) for cell, w in zip(row, widths, strict=True)]
         for depth in range(max(len(lines) for lines in cells)):
             line = "  ".join(
-                (lines[depth] if depth < len(lines) else "").ljust(w)
+                _pad(lines[depth] if depth < len(lines) else "", w)
                 for lines, w in zip(cells, widths, strict=True)
             )
             out.append(line.rstrip())
@@ -210,11 +247,12 @@ def fields_lines(fields: Sequence[tuple[str, str]], width: int | None) -> list[s
     room = None if width is None else max(width - label_width - 2, 20)
     out = []
     for label, value in fields:
-        lines = (
-            [value]
-            if room is None or len(value) <= room
-            else textwrap.wrap(value, room, break_on_hyphens=False) or [""]
-        )
+        if room is None or cells(value) <= room:
+            lines = [value]
+        elif value.isascii():
+            lines = textwrap.wrap(value, room, break_on_hyphens=False) or [""]
+        else:  # textwrap counts characters, not the cells they take
+            lines = _wrap(value, room)
         out.append(f"{label.ljust(label_width)}  {lines[0]}".rstrip())
         out.extend(f"{'':{label_width}}  {line}".rstrip() for line in lines[1:])
     return out

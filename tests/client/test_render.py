@@ -153,3 +153,33 @@ def test_a_multi_line_description_reads_as_a_paragraph_in_table_and_escaped_in_t
     assert text.getvalue() == (
         "Description  First line.\\nSecond line.\\tTabbed \\x1b]0;t\\x07 end\n"
     )
+
+
+def _cells(line: str) -> int:
+    import unicodedata
+
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in line
+    )
+
+
+def test_table_fits_wide_characters_to_the_terminal_by_cells() -> None:
+    """A CJK description (two cells a character) was wrapped and padded by characters: at
+    50 columns its lines took 84 cells, the terminal wrapped them again and the columns of
+    a table no longer lined up. ``table`` counts cells; ``text`` (the reference host's
+    form, nothing fitted) is unchanged."""
+    value = "这是一个非常长的中文描述，用来测试表格在终端中的换行和对齐是否正确处理宽字符。"
+    out = io.StringIO()
+    Output("table", out, io.StringIO(), width=50).fields([("Description", value), ("Set", "x")])
+    lines = out.getvalue().splitlines()
+    assert all(_cells(line) <= 50 for line in lines), lines
+    assert "".join(line[13:] for line in lines[:-1]) == value
+    out = io.StringIO()
+    Output("table", out, io.StringIO(), width=None).rows(
+        ["Name", "Description"], [["工具", "中文"], ["tool", "x"]], empty=""
+    )
+    header, _, first, second = out.getvalue().splitlines()
+    # the second column starts at the same cell on every line
+    assert _cells(first[: first.index("中文")]) == _cells(second[: second.index("x")]) == 6
+    assert _cells(header[: header.index("Description")]) == 6
