@@ -18,7 +18,9 @@ bubblewrap builds a new mount namespace in which:
   workspace, where any sandboxed call of that workspace can swap a folder for a symlink,
   so it is never bound by its own path (the workspace's bind covers it) and a call whose
   project data folder leads out of the workspace does not run;
-* ``/proc/sys`` and ``/proc/sysrq-trigger`` are bound read-only over them, so no approved
+* ``/proc`` is the sandbox's own, mounted after the writable binds, so an approved path
+  at or under ``/proc`` never shows the host's processes (their ``/proc/<pid>/root``), and
+  ``/proc/sys`` and ``/proc/sysrq-trigger`` are bound read-only over it, so no approved
   path reopens the kernel's settings (see ``bwrap_argv``);
 * the credential paths are hidden last: a directory under an empty read-only tmpfs, a
   file under ``/dev/null``, so neither a path nor a symlink to it reaches the content; a
@@ -235,11 +237,17 @@ def bwrap_argv(binary: str, plan: SandboxPlan, status_fd: int | None = None) -> 
         argv += ["--json-status-fd", str(status_fd)]
     if not plan.network:
         argv.append("--unshare-net")
-    argv += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", *_PRIVATE_TMP]
+    argv += ["--ro-bind", "/", "/", "--dev", "/dev", *_PRIVATE_TMP]
     for path in _existing(plan.readable):
         argv += ["--ro-bind", path, path]
     for path in _existing(plan.writable):
         argv += ["--bind", path, path]
+    # The sandbox's own /proc, after the writable binds: an approved path at or under
+    # ``/proc`` binds the host's (the daemon's PID namespace), where ``/proc/<pid>/root``
+    # of a process of the same uid without a capability (bubblewrap's own, outside the
+    # sandbox) leads to the host's root, writable, its ``/proc/sys`` and hidden paths
+    # included. Mounted over them, the call sees its own processes only.
+    argv += ["--proc", "/proc"]
     # The kernel's settings stay read-only, after the writable binds so that no approved
     # path (``/proc``, ``/proc/sys/kernel``) opens them again. ``--proc`` alone leaves
     # ``/proc/sys`` writable where the daemon runs as root: bubblewrap covers it only when

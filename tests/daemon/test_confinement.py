@@ -223,7 +223,8 @@ def test_confinement_describe_for_classify() -> None:
 
 
 def test_confinement_bwrap_argv_binds_in_order(tmp_path: Path) -> None:
-    """Root read-only, private /tmp, set folder, writable binds, then the hidden paths."""
+    """Root read-only, private /tmp, set folder, writable binds, the sandbox's own /proc
+    (over any writable bind there), then the hidden paths."""
     ws = tmp_path / "ws"
     ws.mkdir()
     ssh = tmp_path / ".ssh"
@@ -236,9 +237,10 @@ def test_confinement_bwrap_argv_binds_in_order(tmp_path: Path) -> None:
     assert argv[:7] == ["/usr/bin/bwrap", "--die-with-parent", "--unshare-pid", "--cap-drop",
                         "ALL", "--unshare-ipc", "--unshare-net"]
     text = " ".join(argv)
-    assert "--ro-bind / / --dev /dev --proc /proc --tmpfs /tmp" in text
+    assert "--ro-bind / / --dev /dev --tmpfs /tmp" in text
     assert text.index(f"--ro-bind {tmp_path} {tmp_path}") < text.index(f"--bind {ws} {ws}")
-    assert text.index(f"--bind {ws} {ws}") < text.index(f"--tmpfs {ssh} --remount-ro {ssh}")
+    assert text.index(f"--bind {ws} {ws}") < text.index("--proc /proc --ro-bind-try /proc/sys")
+    assert text.index("--proc /proc") < text.index(f"--tmpfs {ssh} --remount-ro {ssh}")
     assert f"--ro-bind /dev/null {cred}" in text
     assert "/missing" not in text
     assert "/not/there" not in text

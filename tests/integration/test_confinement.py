@@ -102,6 +102,18 @@ PROBE = textwrap.dedent(
         elif action == "open-write":
             # Open for writing and close again: never write (``target`` may be a sysctl).
             os.close(os.open(target, os.O_WRONLY))
+        elif action == "open-write-any":
+            # Every ``target`` under /proc/<pid>/root/ that opens for writing (then closes:
+            # never written); a process of the host's /proc leads into the host's root.
+            result["writable"] = []
+            for pid in os.listdir("/proc"):
+                if pid.isdigit():
+                    path = "/proc/" + pid + "/root" + target
+                    try:
+                        os.close(os.open(path, os.O_WRONLY))
+                        result["writable"].append(path)
+                    except OSError:
+                        pass
         elif action == "mount-options":
             # The options of the mount at ``target`` (the last one there wins).
             for line in open("/proc/self/mountinfo"):
@@ -795,6 +807,11 @@ def test_confinement_sandbox_keeps_kernel_settings_read_only(
     assert mounted.get("options", "").split(",")[0] == "ro", mounted
     opened = probe({"action": "open-write", "target": "/proc/sys/kernel/core_pattern"})
     assert opened["ok"] is False, opened
+    # Nor through another process's root: a /proc approved writable was the host's, where
+    # /proc/<pid>/root of bubblewrap's own process (uid 0, no capability) led to the
+    # host's root and its writable /proc/sys.
+    around = probe({"action": "open-write-any", "target": "/proc/sys/kernel/core_pattern"})
+    assert around.get("writable") == [], around
 
 
 def test_confinement_approved_outside_path_for_that_call_only(tree: Tree) -> None:
