@@ -48,18 +48,31 @@ _UNSAFE_IN_TEXT = re.compile(
 _SGR_RESET = "\x1b[0m"
 
 
+#: The general categories a terminal draws in no cell of their own: nonspacing and
+#: enclosing marks (an accent, a Thai or Devanagari vowel sign, an emoji's variation
+#: selector) and format characters (a zero-width joiner or space). ``unicodedata.combining``
+#: is not that test: it is the canonical combining class, 0 for most such marks (Thai
+#: U+0E34, U+FE0F), which then counted one cell each and pushed a table's columns apart.
+_NO_CELL = ("Mn", "Me", "Cf")
+
+
 def _cell_widths(text: str) -> list[int]:
     import unicodedata  # only for text that is not ASCII
 
     return [
-        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        0
+        if unicodedata.category(c) in _NO_CELL and c != "\xad"  # a soft hyphen is drawn
+        else 2
+        if unicodedata.east_asian_width(c) in "WF"
+        else 1
         for c in text
     ]
 
 
 def cells(text: str) -> int:
     """How many terminal cells ``text`` takes: a wide or full-width character (CJK, most
-    emoji) two, a combining mark none, any other one."""
+    emoji) two, a nonspacing or enclosing mark and a format character none, any other
+    one."""
     return len(text) if text.isascii() else sum(_cell_widths(text))
 
 

@@ -19,7 +19,11 @@ class _Terminal(io.StringIO):
 
 def _cells(text: str) -> int:
     return sum(
-        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        0
+        if unicodedata.category(c) in ("Mn", "Me", "Cf")
+        else 2
+        if unicodedata.east_asian_width(c) in "WF"
+        else 1
         for c in text
     )
 

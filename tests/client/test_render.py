@@ -159,7 +159,11 @@ def _cells(line: str) -> int:
     import unicodedata
 
     return sum(
-        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        0
+        if unicodedata.category(c) in ("Mn", "Me", "Cf")
+        else 2
+        if unicodedata.east_asian_width(c) in "WF"
+        else 1
         for c in line
     )
 
@@ -183,3 +187,23 @@ def test_table_fits_wide_characters_to_the_terminal_by_cells() -> None:
     # the second column starts at the same cell on every line
     assert _cells(first[: first.index("中文")]) == _cells(second[: second.index("x")]) == 6
     assert _cells(header[: header.index("Description")]) == 6
+
+
+def test_table_counts_no_cell_for_marks_without_a_combining_class() -> None:
+    """A Thai vowel sign (U+0E34) is drawn on the cell before it and a zero-width space
+    (U+200B) on none, but both have canonical combining class 0: counted by
+    ``unicodedata.combining`` each took a cell, and the column after them started further
+    out on that row than on the others."""
+    out = io.StringIO()
+    Output("table", out, io.StringIO(), width=None).rows(
+        ["Name", "Description"],
+        [["\u0e01\u0e34\u0e01\u0e34", "thai"], ["a\u200bb", "zero-width space"], ["ab", "x"]],
+        empty="",
+    )
+    assert out.getvalue().splitlines() == [
+        "Name  Description",
+        "────  ────────────────",
+        "\u0e01\u0e34\u0e01\u0e34    thai",
+        "a\u200bb    zero-width space",
+        "ab    x",
+    ]
