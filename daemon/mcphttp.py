@@ -107,7 +107,8 @@ class McpHttpSettings:
     Attributes:
         max_sessions: Sessions held at once; one more ``initialize`` is 503.
         session_idle_seconds: A session with no request and no stream this long ends.
-        ping_seconds: Seconds between SSE comment lines on an idle GET stream.
+        ping_seconds: Seconds between SSE comment lines on an idle GET stream, or on a
+            POST's stream that has begun and sent nothing else for that long.
     """
 
     max_sessions: int = 1024
@@ -173,11 +174,27 @@ class _PostOutbox:
 
     ``post`` never waits: the stream's head and each event are committed to the
     connection in order. Progress (droppable) is dropped while the client is behind.
+
+    Once the stream has begun, a comment line goes out every ``ping_seconds`` nothing
+    else did, as on the GET stream: a stream that waits (a ``subscriptions/listen``, a
+    call whose approval the operator has not answered yet, a tool silent between progress
+    lines) would otherwise send nothing for minutes, and the SDKs' clients (a 5-minute
+    read timeout) and proxies close such a stream, which cancels its request.
     """
 
-    def __init__(self, exchange: Exchange, headers: list[tuple[str, str]]) -> None:
+    def __init__(
+        self,
+        exchange: Exchange,
+        headers: list[tuple[str, str]],
+        ping_seconds: float = 20.0,
+        tg: anyio.abc.TaskGroup | None = None,
+    ) -> None:
         self._exchange = exchange
         self._headers = headers
+        self._ping_seconds = ping_seconds
+        self._tg = tg
+        self._sent = 0
+        self._pinging = anyio.CancelScope()
         self.closed = False
 
     def post(self, message: dict[str, Any], *, droppable: bool = False) -> None:
@@ -188,7 +205,27 @@ class _PostOutbox:
             return
         if not exchange.streaming:
             exchange.start_stream_now(200, [*_SSE_HEADERS, *self._headers])
+            if self._tg is not None:
+                self._tg.start_soon(self._keep_alive)
         exchange.send_now(_sse(message))
+        self._sent += 1
+
+    async def _keep_alive(self) -> None:
+        exchange = self._exchange
+        with self._pinging:
+            seen = self._sent
+            while True:
+                await anyio.sleep(self._ping_seconds)
+                if self.closed or exchange.finished or exchange.disconnected.is_set():
+                    return
+                if self._sent == seen and not exchange.backlogged:
+                    exchange.send_now(b": ping\n\n")
+                seen = self._sent
+
+    def close(self) -> None:
+        """The request is answered: nothing more goes out on its stream, no more pings."""
+        self.closed = True
+        self._pinging.cancel()
 
     async def drained(self) -> None:
         if not self.closed and not self._exchange.disconnected.is_set():
@@ -643,7 +680,7 @@ class McpHttpEndpoint:
             await exchange.respond(202, headers)
             return
         request_id = message["id"]
-        outbox = _PostOutbox(exchange, headers)
+        outbox = _PostOutbox(exchange, headers, self.settings.ping_seconds, self._tg)
         # The request is answered by this task; a client that leaves does not cut it
         # off but has it cancelled through the core, which then ends it.
         exchange.cancel_on_disconnect = False
@@ -655,7 +692,7 @@ class McpHttpEndpoint:
             response = await core.receive(message, outbox)
         finally:
             session.running -= 1
-            outbox.closed = True
+            outbox.close()
             # Served: a disconnect from now on cancels nothing (the id may already name
             # another request; a refused one, reusing an id in flight, never named its own).
             exchange.on_disconnect = None

@@ -679,6 +679,52 @@ def test_http_listen_whose_client_left_while_its_catalog_was_built_ends(
                 pytest.fail("the listen of a client that left went on; its connection held")
 
 
+#: Runs the daemon with SSE comment lines every 0.3 s (no option sets that interval).
+_SHORT_PING = (
+    "import sys\n"
+    "from toolsetd.daemon import mcphttp\n"
+    "mcphttp.McpHttpSettings.__init__.__defaults__ = (1024, 3600.0, 0.3)\n"
+    "from toolsetd.daemon.app import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def test_http_a_waiting_post_stream_is_kept_alive(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A POST's event stream that waits (a ``subscriptions/listen``; a call whose approval
+    the operator has not answered) gets a comment line whenever it sent nothing for the
+    ping interval, as the GET stream does: it sent nothing at all after its first event,
+    and the SDKs' clients (a 5-minute read timeout) and proxies closed it, which cancels
+    the request."""
+    daemon = start_daemon(home, workspace, tmp_base, ["--mcp-listen", "127.0.0.1:0"],
+                          launcher=[PY, "-c", _SHORT_PING])
+    try:
+        target = urlsplit(endpoint(listening_urls(daemon)[0], workspace))
+        body = json.dumps(rpc(3, "subscriptions/listen", {
+            "notifications": {"toolsListChanged": True},
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}})).encode()
+        with socket.create_connection((target.hostname, target.port), timeout=20) as sock:
+            sock.sendall(
+                f"POST {target.path}?{target.query} HTTP/1.1\r\n"
+                f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
+                "Accept: application/json, text/event-stream\r\n"
+                "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: subscriptions/listen\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+            )
+            seen = b""
+            deadline = time.monotonic() + 10
+            while seen.count(b": ping") < 2 and time.monotonic() < deadline:
+                chunk = sock.recv(65536)
+                assert chunk, seen
+                seen += chunk
+        assert b"acknowledged" in seen, seen
+        assert seen.count(b": ping") >= 2, seen
+        assert seen.index(b"acknowledged") < seen.index(b": ping"), seen
+    finally:
+        daemon.stop()
+
+
 def test_http_an_initialize_whose_client_left_opens_no_session(
     http_daemon, tmp_path: Path
 ) -> None:
