@@ -449,7 +449,13 @@ class McpHttpEndpoint:
             # take the target's authority as the host and ignore ``Host``; so it is the
             # one judged, else a request for another name would pass on a loopback Host.
             host = urlsplit(request.target).netloc
-        refused = check_host_origin(host, request.header("origin"), address, port)
+        # Every Origin sent is judged: a browser sends one, but judging only the first let
+        # a loopback Origin in front of a foreign one pass.
+        origins: list[str | None] = [v for k, v in request.headers if k == "origin"]
+        for origin in origins or [None]:
+            refused = check_host_origin(host, origin, address, port)
+            if refused is not None:
+                break
         if refused is None and peer is None and self._token is not None:
             refused = check_token(request.header("authorization"), self._token)
         if refused is not None:

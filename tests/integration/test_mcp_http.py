@@ -432,6 +432,35 @@ def test_http_dns_rebinding_host_and_origin(http_daemon, workspace: Path) -> Non
         assert ok.status == 200, (host, ok)
 
 
+def test_http_every_origin_sent_is_judged(http_daemon, workspace: Path) -> None:
+    """An Origin sent twice is judged in each: a foreign one is 403 whether it comes
+    first or second (only the first was judged, so a loopback Origin in front of a
+    foreign one was served); two loopback ones are served."""
+    _, base = http_daemon
+    target = urlsplit(endpoint(base, workspace))
+    body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
+
+    def status(*origins: str) -> bytes:
+        with socket.create_connection(_address(base), timeout=20) as sock:
+            head = (
+                f"POST {target.path}?{target.query} HTTP/1.1\r\n"
+                f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
+                + "".join(f"Origin: {origin}\r\n" for origin in origins)
+                + f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+            )
+            sock.sendall(head.encode() + body)
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        return data.split(b" ")[1]
+
+    local = f"http://{target.netloc}"
+    assert status(local, "http://evil.example.com") == b"403"
+    assert status("http://evil.example.com", local) == b"403"
+    assert status(local, "null") == b"403"
+    assert status(local, "http://localhost") == b"200"
+
+
 def test_http_absolute_form_target_is_judged_by_its_authority(
     http_daemon, workspace: Path
 ) -> None:
