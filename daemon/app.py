@@ -237,6 +237,15 @@ class _McpCore:
         self._service = service
         self._server: McpServer | None = None
 
+    def end_subscriptions(self) -> None:
+        """A graceful stop: every ``subscriptions/listen`` is answered (if any core)."""
+        if self._server is not None:
+            self._server.end_subscriptions()
+
+    def subscribed(self) -> bool:
+        """Whether a ``subscriptions/listen`` is still being served."""
+        return self._server is not None and bool(self._server.listens)
+
     def get(self) -> McpServer:
         """The core, built on the first call."""
         if self._server is None:
@@ -430,7 +439,7 @@ async def _serve(
         checks=checks,
         large_requests=large_requests,
     )
-    mcp = _McpCore(service)
+    mcp = state.mcp = _McpCore(service)
     handlers = Handlers(
         service,
         lambda: server.connections.values(),
@@ -516,7 +525,7 @@ class _State:
     start ~0.4 ms to create (``@dataclass`` compiles its methods with ``exec``).
     """
 
-    __slots__ = ("http", "options", "status", "stopping")
+    __slots__ = ("http", "mcp", "options", "status", "stopping")
 
     def __init__(self, options: DaemonOptions) -> None:
         self.options = options
@@ -524,6 +533,8 @@ class _State:
         self.status = ""
         #: The MCP HTTP endpoint (``mcphttp.McpHttpEndpoint``) when ``--mcp-listen`` is on.
         self.http: Any = None
+        #: The MCP core (``_McpCore``), once the handlers are built.
+        self.mcp: _McpCore | None = None
 
 
 def _reload_config(
@@ -669,9 +680,16 @@ async def _graceful_stop(
     options = state.options
     server.accepting = False
     handlers.service.stopping = True  # the MCP face too: no new calls on any face
+    mcp = state.mcp
+    if mcp is not None:
+        # MCP's graceful closure: each subscriptions/listen gets its result before its
+        # stream closes (a stream that just drops is an unexpected disconnect to a host).
+        mcp.end_subscriptions()
     await listener.aclose()
     if http is not None:
         await http.stop_accepting()
+    if mcp is not None:
+        await _wait_until(lambda: not mcp.subscribed(), 1.0)
     await _wait_until(lambda: not handlers.service.calls, options.shutdown_grace)
     if handlers.service.calls:
         log.info("calls_cancelled_at_stop", count=len(handlers.service.calls))

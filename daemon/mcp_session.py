@@ -229,6 +229,20 @@ class McpServer:
         self.signer = mapping.StateSigner(ttl_seconds=self.settings.state_ttl_seconds)
         self.pages = mapping.ToolPages()
         self._ids = itertools.count(1)
+        #: The daemon is stopping: ``subscriptions/listen`` streams end with a result.
+        self.stopping = False
+        #: Every ``subscriptions/listen`` request being served, of every session.
+        self.listens: set[_InFlight] = set()
+
+    def end_subscriptions(self) -> None:
+        """A graceful stop: answer every ``subscriptions/listen`` with its completion
+        result (MCP's graceful closure: a stream that just drops reads as an unexpected
+        disconnect), and every one that comes later at once."""
+        self.stopping = True
+        for flight in list(self.listens):
+            flight.ended = True
+            if flight.wait_scope is not None:
+                flight.wait_scope.cancel()
 
     def session(
         self, binding: Binding, outbox: Outbox, calls: MutableMapping[str, anyio.Event]
@@ -237,12 +251,14 @@ class McpServer:
         return McpSession(self, binding, outbox, calls, next(self._ids))
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)  # eq=False: hashed by identity (McpServer.listens)
 class _InFlight:
     """One request of the host being served."""
 
     cancel: anyio.Event = field(default_factory=anyio.Event)
     cancelled: bool = False
+    #: A listen the server ended (a graceful stop): answered, unlike a cancelled one.
+    ended: bool = False
     #: Cancelled when the request is cancelled while it waits (not while a tool runs:
     #: the call ends through ``cancel``, the way every cancelled call does).
     wait_scope: anyio.CancelScope | None = None
@@ -437,7 +453,7 @@ class McpSession:
         """
         with anyio.CancelScope() as scope:
             flight.wait_scope = scope
-            if flight.cancelled or self._closed:
+            if flight.cancelled or flight.ended or self._closed:
                 scope.cancel()
             try:
                 yield
@@ -715,6 +731,7 @@ class McpSession:
                 "Method not found: 'subscriptions/listen' is a 2026-07-28 "
                 "method; after initialize, list_changed comes unasked.",
             )
+        server = self._server
         wanted = params.get("notifications")
         honoured = (
             {"toolsListChanged": True}
@@ -728,16 +745,24 @@ class McpSession:
                 "params": {"_meta": {_SUBSCRIPTION: request_id}, "notifications": honoured},
             }
         )
-        if honoured:
-            self._listens[request_id] = (out, flight)
-            # A change is a difference to a snapshot: make sure there is one to differ from.
-            await self._service.catalog(self.binding.workspace)
+        server.listens.add(flight)
+        if server.stopping:
+            flight.ended = True
         try:
+            if honoured:
+                self._listens[request_id] = (out, flight)
+                # A change is a difference to a snapshot: make sure there is one to differ
+                # from.
+                await self._service.catalog(self.binding.workspace)
             with self._wait_scope(flight):
                 await anyio.sleep_forever()
         finally:
             self._listens.pop(request_id, None)
-        return None  # only reached by cancellation: no response goes out
+            server.listens.discard(flight)
+        if flight.ended and not flight.cancelled and not self._closed:
+            # The daemon is stopping: MCP's graceful closure, the listen's own result.
+            return self._complete(era, {"_meta": {_SUBSCRIPTION: request_id}})
+        return None  # cancelled: no response goes out
 
     async def _catalog_changed(
         self, key: Path | None, generation: int, changed: Sequence[dict[str, Any]]

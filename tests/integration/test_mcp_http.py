@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -750,6 +751,59 @@ def test_http_a_waiting_post_stream_is_kept_alive(
         assert b"acknowledged" in seen, seen
         assert seen.count(b": ping") >= 2, seen
         assert seen.index(b"acknowledged") < seen.index(b": ping"), seen
+    finally:
+        daemon.stop()
+
+
+def test_a_graceful_stop_answers_every_listen(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """At a graceful stop each ``subscriptions/listen`` gets its completion result, with
+    its subscription id, before its stream closes (MCP's graceful closure), on the socket
+    and over HTTP (whose stream then ends properly); they used to be cut off unanswered,
+    which a host takes for an unexpected disconnect."""
+    daemon = start_daemon(home, workspace, tmp_base, ["--mcp-listen", "127.0.0.1:0"])
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    listen = {"notifications": {"toolsListChanged": True}, "_meta": meta}
+    try:
+        target = urlsplit(endpoint(listening_urls(daemon)[0], workspace))
+        unix = socket.socket(socket.AF_UNIX)
+        unix.settimeout(20)
+        unix.connect(str(daemon.socket))
+        bind = rpc("b", "mcp.bind", {"workspace": str(workspace)})
+        unix.sendall((json.dumps(bind) + "\n" + json.dumps(rpc(7, "subscriptions/listen", listen))
+                      + "\n").encode())
+        body = json.dumps(rpc(8, "subscriptions/listen", listen)).encode()
+        tcp = socket.create_connection((target.hostname, target.port), timeout=20)
+        tcp.sendall(
+            f"POST {target.path}?{target.query} HTTP/1.1\r\n"
+            f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
+            "Accept: application/json, text/event-stream\r\n"
+            "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: subscriptions/listen\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+        )
+        seen = {7: b"", 8: b""}
+        for key, sock in ((7, unix), (8, tcp)):
+            while b"acknowledged" not in seen[key]:
+                chunk = sock.recv(65536)
+                assert chunk, seen
+                seen[key] += chunk
+        daemon.proc.send_signal(signal.SIGTERM)
+        for key, sock in ((7, unix), (8, tcp)):
+            while chunk := sock.recv(65536):
+                seen[key] += chunk
+            sock.close()
+        assert daemon.proc.wait(30) == 0
+        lines = [json.loads(line) for line in seen[7].splitlines()]
+        assert lines[-1]["id"] == 7, lines
+        assert lines[-1]["result"]["resultType"] == "complete"
+        assert lines[-1]["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == 7
+        http_body = seen[8].split(b"\r\n\r\n", 1)[1]
+        assert http_body.endswith(b"\r\n0\r\n\r\n"), seen[8]  # the chunked stream ended
+        events = [json.loads(line[6:]) for line in http_body.split(b"\n")
+                  if line.startswith(b"data: ")]
+        assert events[-1]["id"] == 8, events
+        assert events[-1]["result"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == 8
     finally:
         daemon.stop()
 
