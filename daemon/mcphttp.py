@@ -96,6 +96,8 @@ _SSE_HEADERS = (
 #: daemon did, the client having read nothing for the write timeout.
 _DISCONNECTED = "the client disconnected"
 _WRITE_TIMEOUT = "the client did not read its answer for the write timeout"
+#: JSON-RPC's "Method not found".
+_METHOD_NOT_FOUND = -32601
 #: Droppable messages (periodic progress) waiting beyond this many are dropped.
 _DROP_BEYOND = 64
 
@@ -723,8 +725,17 @@ class McpHttpEndpoint:
             # with an event stream or JSON, never 202: a stream that ends with no event.
             await exchange.respond(200, [*_SSE_HEADERS, *headers])
         else:
+            status = 200
+            if (
+                isinstance(response, dict)
+                and response.get("error", {}).get("code") == _METHOD_NOT_FOUND
+                and core.version_of(message) in MODERN_VERSIONS
+            ):
+                # 2026-07-28's transport: a method the server does not implement MUST be
+                # 404 with -32601 (the JSON-RPC body tells it from a legacy server's 404).
+                status = 404
             await exchange.respond(
-                200, [("content-type", "application/json"), *headers], json_dumps(response)
+                status, [("content-type", "application/json"), *headers], json_dumps(response)
             )
 
     def _cancel_request(self, core: CoreSession, request_id: Any, reason: str) -> None:

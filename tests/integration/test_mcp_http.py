@@ -309,6 +309,24 @@ def test_http_2026_request_headers_must_mirror_the_body(http_daemon, workspace: 
         assert bad.json()["id"] == 1
 
 
+def test_http_2026_unknown_method_is_404(http_daemon, workspace: Path) -> None:
+    """A 2026-07-28 request for a method toolsetd does not serve is HTTP 404 with -32601,
+    as that revision's transport requires; in a legacy session it stays 200."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    for method in ("resources/list", "no/such"):
+        reply = http(url, body=rpc(1, method, {"_meta": meta}), headers={
+            "mcp-protocol-version": "2026-07-28", "mcp-method": method})
+        assert reply.status == 404, (method, reply)
+        assert reply.json()["error"]["code"] == -32601, reply.body
+        assert reply.json()["id"] == 1
+    legacy = http(url, body=rpc(2, "resources/list"),
+                  headers={"mcp-session-id": initialize(url)})
+    assert legacy.status == 200, legacy
+    assert legacy.json()["error"]["code"] == -32601
+
+
 def test_http_protocol_version_header_is_checked(http_daemon, workspace: Path) -> None:
     """MCP-Protocol-Version: absent, or a handshake version (the session answers by its
     own), it is served; one toolsetd does not know is 400 (-32022), and a 2026-07-28 one
