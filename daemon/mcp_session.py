@@ -499,6 +499,15 @@ class McpSession:
         meta = params.get("_meta")
         version = meta.get(_PV) if isinstance(meta, dict) else None
         if version is not None:
+            if not isinstance(version, str):
+                # Malformed, not a version we do not serve: -32022's data.requested is a
+                # string (the schema), and the value, however large, is not echoed.
+                raise McpError(
+                    -32602,
+                    f"Invalid params: '_meta.{_PV}' must be a string (a protocol version, "
+                    f"such as '{MODERN_VERSIONS[-1]}').",
+                    {"field": f"_meta.{_PV}"},
+                )
             if version not in MODERN_VERSIONS:
                 raise unsupported_version(version)
             assert isinstance(meta, dict)

@@ -96,6 +96,8 @@ _SSE_HEADERS = (
 #: daemon did, the client having read nothing for the write timeout.
 _DISCONNECTED = "the client disconnected"
 _WRITE_TIMEOUT = "the client did not read its answer for the write timeout"
+#: Where a 2026-07-28 request names its protocol version, in its ``_meta``.
+_META_VERSION = "io.modelcontextprotocol/protocolVersion"
 #: JSON-RPC's "Method not found".
 _METHOD_NOT_FOUND = -32601
 #: Droppable messages (periodic progress) waiting beyond this many are dropped.
@@ -877,6 +879,15 @@ def _version_mismatch(
         return unsupported_version(header)
     if served in MODERN_VERSIONS and served == header and isinstance(message, dict):
         return _standard_headers_mismatch(request, message)
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if isinstance(meta, dict) and not isinstance(meta.get(_META_VERSION, ""), str):
+        # The body's version is no string (the core's -32602): no header matches it.
+        return _header_mismatch(
+            f"MCP-Protocol-Version is {header!r}, but the request's _meta names no protocol "
+            "version (not a string)",
+            {"header": header},
+        )
     if served is None or served == header:
         return None
     if header not in MODERN_VERSIONS and served not in MODERN_VERSIONS:

@@ -183,6 +183,30 @@ def test_mcp_discover_then_initialize_2025_06_18(mcp_daemon: Daemon, workspace: 
         assert pump.close() == 0
 
 
+def test_mcp_a_protocol_version_that_is_not_a_string_is_invalid_params(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """A ``_meta`` protocol version that is not a string is -32602 naming the field, not
+    -32022: that error's ``data.requested`` is a string by the schema, and the value (an
+    object, however large) was echoed there and in the message."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        for n, version in enumerate((5, ["2026-07-28"], {"v": "2026-07-28"}, True)):
+            reply = pump.request(
+                n, "tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": version}}
+            )
+            assert reply["error"]["code"] == -32602, reply
+            assert reply["error"]["data"] == {
+                "field": "_meta.io.modelcontextprotocol/protocolVersion"
+            }
+        odd = pump.request(9, "tools/list", {"_meta": {
+            "io.modelcontextprotocol/protocolVersion": "1999-01-01"}})
+        assert odd["error"]["code"] == -32022
+        assert odd["error"]["data"]["requested"] == "1999-01-01"
+    finally:
+        assert pump.close() == 0
+
+
 def test_mcp_garbage_on_stdin_is_answered_and_survived(mcp_daemon: Daemon, workspace: Path) -> None:
     """Lines that are not JSON, not JSON-RPC or a batch get errors; the session carries on."""
     pump = RawPump(pump_args(mcp_daemon, workspace))

@@ -327,6 +327,23 @@ def test_http_2026_unknown_method_is_404(http_daemon, workspace: Path) -> None:
     assert legacy.json()["error"]["code"] == -32601
 
 
+def test_http_a_protocol_version_that_is_not_a_string(http_daemon, workspace: Path) -> None:
+    """A ``_meta`` protocol version that is not a string: with an MCP-Protocol-Version
+    header it cannot match it (400, -32020, as any mismatch); without one it is the
+    core's -32602 naming the field (it was -32022 on a 200, echoing the value)."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    body = rpc(1, "tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": 5}})
+    mismatch = http(url, body=body, headers={
+        "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"})
+    assert mismatch.status == 400, mismatch
+    assert mismatch.json()["error"]["code"] == -32020
+    bare = http(url, body=body, headers={"mcp-method": "tools/list"})
+    assert bare.json()["error"]["code"] == -32602, bare
+    assert bare.json()["error"]["data"] == {
+        "field": "_meta.io.modelcontextprotocol/protocolVersion"}
+
+
 def test_http_protocol_version_header_is_checked(http_daemon, workspace: Path) -> None:
     """MCP-Protocol-Version: absent, or a handshake version (the session answers by its
     own), it is served; one toolsetd does not know is 400 (-32022), and a 2026-07-28 one
