@@ -98,8 +98,9 @@ _DISCONNECTED = "the client disconnected"
 _WRITE_TIMEOUT = "the client did not read its answer for the write timeout"
 #: Where a 2026-07-28 request names its protocol version, in its ``_meta``.
 _META_VERSION = "io.modelcontextprotocol/protocolVersion"
-#: JSON-RPC's "Method not found".
+#: JSON-RPC's "Method not found", and MCP's "Unsupported protocol version".
 _METHOD_NOT_FOUND = -32601
+_UNSUPPORTED_VERSION = -32022
 #: Droppable messages (periodic progress) waiting beyond this many are dropped.
 _DROP_BEYOND = 64
 
@@ -728,14 +729,15 @@ class McpHttpEndpoint:
             await exchange.respond(200, [*_SSE_HEADERS, *headers])
         else:
             status = 200
-            if (
-                isinstance(response, dict)
-                and response.get("error", {}).get("code") == _METHOD_NOT_FOUND
-                and core.version_of(message) in MODERN_VERSIONS
-            ):
+            code = response.get("error", {}).get("code") if isinstance(response, dict) else None
+            if code == _METHOD_NOT_FOUND and core.version_of(message) in MODERN_VERSIONS:
                 # 2026-07-28's transport: a method the server does not implement MUST be
                 # 404 with -32601 (the JSON-RPC body tells it from a legacy server's 404).
                 status = 404
+            elif code == _UNSUPPORTED_VERSION:
+                # A version we do not serve MUST be 400, whether the header named it (the
+                # transport's check) or, with no header, the request's _meta (the core's).
+                status = 400
             await exchange.respond(
                 status, [("content-type", "application/json"), *headers], json_dumps(response)
             )

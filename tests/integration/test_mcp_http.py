@@ -344,6 +344,22 @@ def test_http_a_protocol_version_that_is_not_a_string(http_daemon, workspace: Pa
         "field": "_meta.io.modelcontextprotocol/protocolVersion"}
 
 
+def test_http_an_unsupported_meta_version_is_400(http_daemon, workspace: Path) -> None:
+    """A version toolsetd does not serve named by the request's ``_meta`` alone (no
+    MCP-Protocol-Version header), stateless or in a session, is 400 with -32022, as one
+    the header names is: the transport MUST answer it 400 (it was -32022 on a 200)."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    body = rpc(1, "tools/list", {"_meta": {
+        "io.modelcontextprotocol/protocolVersion": "1999-01-01"}})
+    for headers in ({"mcp-method": "tools/list"}, {"mcp-session-id": initialize(url)}):
+        reply = http(url, body=body, headers=headers)
+        assert reply.status == 400, (headers, reply)
+        assert reply.json()["error"]["code"] == -32022
+        assert reply.json()["error"]["data"]["requested"] == "1999-01-01"
+        assert reply.json()["id"] == 1
+
+
 def test_http_protocol_version_header_is_checked(http_daemon, workspace: Path) -> None:
     """MCP-Protocol-Version: absent, or a handshake version (the session answers by its
     own), it is served; one toolsetd does not know is 400 (-32022), and a 2026-07-28 one
