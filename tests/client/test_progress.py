@@ -4,28 +4,18 @@ from __future__ import annotations
 
 import io
 import os
-import unicodedata
 
 import pytest
 
 from toolsetd.client import progress
 from toolsetd.client.progress import Progress
 
+from .cells import cells
+
 
 class _Terminal(io.StringIO):
     def fileno(self) -> int:
         return 2
-
-
-def _cells(text: str) -> int:
-    return sum(
-        0
-        if unicodedata.category(c) in ("Mn", "Me", "Cf")
-        else 2
-        if unicodedata.east_asian_width(c) in "WF"
-        else 1
-        for c in text
-    )
 
 
 @pytest.mark.parametrize(
@@ -46,5 +36,5 @@ def test_the_progress_line_never_wraps(monkeypatch: pytest.MonkeyPatch, message:
     line = Progress("tool", stream)
     line.event("progress", {"elapsedMs": 5, "message": message, "fraction": 0.5})
     drawn = stream.getvalue().split("\r\x1b[2K")[-1]
-    assert 30 <= _cells(drawn) <= 39, drawn
+    assert 30 <= cells(drawn) <= 39, drawn
     assert message[:4] in drawn

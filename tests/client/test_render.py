@@ -16,6 +16,8 @@ from toolsetd.client.render import (
     set_rows_from_list,
 )
 
+from .cells import cells
+
 
 def _tool(name: str, set_: str, source: str, declared: str, catalogs: list[str]) -> dict[str, Any]:
     return {
@@ -155,19 +157,6 @@ def test_a_multi_line_description_reads_as_a_paragraph_in_table_and_escaped_in_t
     )
 
 
-def _cells(line: str) -> int:
-    import unicodedata
-
-    return sum(
-        0
-        if unicodedata.category(c) in ("Mn", "Me", "Cf")
-        else 2
-        if unicodedata.east_asian_width(c) in "WF"
-        else 1
-        for c in line
-    )
-
-
 def test_table_fits_wide_characters_to_the_terminal_by_cells() -> None:
     """A CJK description (two cells a character) was wrapped and padded by characters: at
     50 columns its lines took 84 cells, the terminal wrapped them again and the columns of
@@ -177,7 +166,7 @@ def test_table_fits_wide_characters_to_the_terminal_by_cells() -> None:
     out = io.StringIO()
     Output("table", out, io.StringIO(), width=50).fields([("Description", value), ("Set", "x")])
     lines = out.getvalue().splitlines()
-    assert all(_cells(line) <= 50 for line in lines), lines
+    assert all(cells(line) <= 50 for line in lines), lines
     assert "".join(line[13:] for line in lines[:-1]) == value
     out = io.StringIO()
     Output("table", out, io.StringIO(), width=None).rows(
@@ -185,8 +174,8 @@ def test_table_fits_wide_characters_to_the_terminal_by_cells() -> None:
     )
     header, _, first, second = out.getvalue().splitlines()
     # the second column starts at the same cell on every line
-    assert _cells(first[: first.index("中文")]) == _cells(second[: second.index("x")]) == 6
-    assert _cells(header[: header.index("Description")]) == 6
+    assert cells(first[: first.index("中文")]) == cells(second[: second.index("x")]) == 6
+    assert cells(header[: header.index("Description")]) == 6
 
 
 def test_table_counts_no_cell_for_marks_without_a_combining_class() -> None:

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import anyio
 import httpx2 as httpx
@@ -721,6 +721,18 @@ def test_http_dropped_sse_stream_cancels_the_call(http_daemon, workspace: Path) 
     assert again.status == 200
 
 
+def _post_listen(sock: socket.socket, target: SplitResult, body: bytes) -> None:
+    """Send a 2026-07-28 ``subscriptions/listen`` POST of ``body`` to ``target``, as bytes
+    on a raw socket (the test reads the event stream itself)."""
+    sock.sendall(
+        f"POST {target.path}?{target.query} HTTP/1.1\r\n"
+        f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
+        "Accept: application/json, text/event-stream\r\n"
+        "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: subscriptions/listen\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+
+
 def test_http_listen_whose_client_left_while_its_catalog_was_built_ends(
     http_daemon, tmp_path: Path
 ) -> None:
@@ -740,13 +752,7 @@ def test_http_listen_whose_client_left_while_its_catalog_was_built_ends(
                       **{f"t{k}.py": "print(1)\n"})
         target = urlsplit(endpoint(base, fresh))
         with socket.create_connection((target.hostname, target.port), timeout=20) as sock:
-            sock.sendall(
-                f"POST {target.path}?{target.query} HTTP/1.1\r\n"
-                f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
-                "Accept: application/json, text/event-stream\r\n"
-                "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: subscriptions/listen\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-            )
+            _post_listen(sock, target, body)
             seen = b""
             while b"acknowledged" not in seen:  # posted before the catalog is built
                 chunk = sock.recv(65536)
@@ -786,13 +792,7 @@ def test_http_a_waiting_post_stream_is_kept_alive(
             "notifications": {"toolsListChanged": True},
             "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}})).encode()
         with socket.create_connection((target.hostname, target.port), timeout=20) as sock:
-            sock.sendall(
-                f"POST {target.path}?{target.query} HTTP/1.1\r\n"
-                f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
-                "Accept: application/json, text/event-stream\r\n"
-                "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: subscriptions/listen\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-            )
+            _post_listen(sock, target, body)
             seen = b""
             deadline = time.monotonic() + 10
             while seen.count(b": ping") < 2 and time.monotonic() < deadline:
@@ -826,13 +826,7 @@ def test_a_graceful_stop_answers_every_listen(
                       + "\n").encode())
         body = json.dumps(rpc(8, "subscriptions/listen", listen)).encode()
         tcp = socket.create_connection((target.hostname, target.port), timeout=20)
-        tcp.sendall(
-            f"POST {target.path}?{target.query} HTTP/1.1\r\n"
-            f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
-            "Accept: application/json, text/event-stream\r\n"
-            "MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: subscriptions/listen\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n".encode() + body
-        )
+        _post_listen(tcp, target, body)
         seen = {7: b"", 8: b""}
         for key, sock in ((7, unix), (8, tcp)):
             while b"acknowledged" not in seen[key]:
