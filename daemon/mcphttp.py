@@ -883,8 +883,10 @@ def _version_mismatch(
         return _standard_headers_mismatch(request, message)
     params = message.get("params") if isinstance(message, dict) else None
     meta = params.get("_meta") if isinstance(params, dict) else None
-    if isinstance(meta, dict) and not isinstance(meta.get(_META_VERSION, ""), str):
-        # The body's version is no string (the core's -32602): no header matches it.
+    version = meta.get(_META_VERSION) if isinstance(meta, dict) else None
+    if version is not None and not isinstance(version, str):
+        # The body's version is no string (the core's -32602): no header matches it. A
+        # null is no version at all, as the core takes it (the session's own is served).
         return _header_mismatch(
             f"MCP-Protocol-Version is {header!r}, but the request's _meta names no protocol "
             "version (not a string)",

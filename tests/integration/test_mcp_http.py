@@ -360,6 +360,21 @@ def test_http_an_unsupported_meta_version_is_400(http_daemon, workspace: Path) -
         assert reply.json()["id"] == 1
 
 
+def test_http_a_null_protocol_version_is_no_version(http_daemon, workspace: Path) -> None:
+    """A ``_meta`` protocol version that is null is absent, to the transport as to the
+    core: a 2025-11-25 session's request carrying it with its MCP-Protocol-Version header
+    is served by the session's version, as it is without the header (it was 400, -32020,
+    "not a string", with the header only)."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    body = rpc(2, "tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": None}})
+    for headers in ({}, {"mcp-protocol-version": "2025-11-25"}):
+        reply = http(url, body=body, headers={"mcp-session-id": session, **headers})
+        assert reply.status == 200, (headers, reply)
+        assert "tools" in reply.json()["result"], reply
+
+
 def test_http_protocol_version_header_is_checked(http_daemon, workspace: Path) -> None:
     """MCP-Protocol-Version: absent, or a handshake version (the session answers by its
     own), it is served; one toolsetd does not know is 400 (-32022), and a 2026-07-28 one
