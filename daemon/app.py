@@ -236,9 +236,14 @@ class _McpCore:
     def __init__(self, service: Service) -> None:
         self._service = service
         self._server: McpServer | None = None
+        #: A graceful stop has begun: a core built from now on answers listens at once.
+        self._stopping = False
 
     def end_subscriptions(self) -> None:
-        """A graceful stop: every ``subscriptions/listen`` is answered (if any core)."""
+        """A graceful stop: every ``subscriptions/listen`` is answered, now and later (a
+        core first built while stopping, by an ``mcp.bind`` on a connection still open
+        during the calls' grace, too)."""
+        self._stopping = True
         if self._server is not None:
             self._server.end_subscriptions()
 
@@ -252,6 +257,8 @@ class _McpCore:
             from .mcp_session import McpServer
 
             self._server = McpServer(self._service)
+            if self._stopping:
+                self._server.end_subscriptions()
         return self._server
 
     async def bind(self, ctx: RequestContext, params: Any) -> dict[str, Any]:

@@ -868,6 +868,44 @@ def test_a_graceful_stop_answers_every_listen(
         daemon.stop()
 
 
+def test_a_listen_on_a_core_built_while_stopping_is_answered(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A daemon no MCP host had used yet builds its MCP core at the first ``mcp.bind``: one
+    sent during a graceful stop (a connection stays open while calls get their grace) built
+    a core that did not know of the stop, and its ``subscriptions/listen`` waited unanswered
+    until the connection was cut, which a host takes for an unexpected disconnect."""
+    write_set(home / "tools", "sleeper", _tool("sleeper.py"), **{"sleeper.py": SLEEPER})
+    daemon = start_daemon(home, workspace, tmp_base, ["--shutdown-grace", "3"])
+    listen = {"notifications": {"toolsListChanged": True},
+              "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}
+    try:
+        with socket.socket(socket.AF_UNIX) as native, socket.socket(socket.AF_UNIX) as host:
+            for sock in (native, host):
+                sock.settimeout(20)
+                sock.connect(str(daemon.socket))
+            invoke = rpc(1, "invoke", {"workspace": str(workspace), "tool": "sleeper",
+                                       "arguments": {}, "headless": True, "approved": True,
+                                       "callId": "rm25-sleeper"})
+            native.sendall((json.dumps(invoke) + "\n").encode())
+            eventually(lambda: (workspace / "sleeper.pid").exists())
+            daemon.proc.send_signal(signal.SIGTERM)
+            eventually(lambda: any(e.get("event") == "stop_requested"
+                                  for e in daemon.log_events()))
+            bind = rpc("b", "mcp.bind", {"workspace": str(workspace)})
+            host.sendall((json.dumps(bind) + "\n"
+                          + json.dumps(rpc(7, "subscriptions/listen", listen)) + "\n").encode())
+            seen = b""
+            while chunk := host.recv(65536):
+                seen += chunk
+        assert daemon.proc.wait(30) == 0
+        lines = [json.loads(line) for line in seen.splitlines()]
+        assert lines[-1].get("id") == 7, lines  # not cut off after its acknowledgement
+        assert lines[-1]["result"]["resultType"] == "complete", lines
+    finally:
+        daemon.stop()
+
+
 def test_http_an_initialize_whose_client_left_opens_no_session(
     http_daemon, tmp_path: Path
 ) -> None:
