@@ -228,6 +228,10 @@ class Dispatch(Protocol):
 class Route(Protocol):
     """Another protocol a connection was bound to (MCP): it takes every later message."""
 
+    def announce(self, message: Any) -> None:
+        """A request of the peer's was read and goes to a task that will ``receive`` it."""
+        ...
+
     async def receive(self, message: Any) -> Any:
         """Serve one decoded message; the response to send, or None."""
         ...
@@ -726,6 +730,9 @@ class Connection:
                 echo = request_id if is_request_id(request_id) else None
                 self._post_response(error_message(echo, self._busy()))
                 return False
+            # In flight from now: a cancel the reader takes next is served at once, before
+            # the task serving this request has begun.
+            route.announce(value)
         elif type(value) is list and len(value) > 1:
             # Each item of a batch runs its method as a request of its own would, so each
             # counts: a batch must not carry more work past the limit than pipelining can.

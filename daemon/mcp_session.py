@@ -262,6 +262,8 @@ class _InFlight:
     #: Cancelled when the request is cancelled while it waits (not while a tool runs:
     #: the call ends through ``cancel``, the way every cancelled call does).
     wait_scope: anyio.CancelScope | None = None
+    #: Announced (``McpSession.announce``) and not yet taken up by ``receive``.
+    announced: bool = False
 
 
 @dataclass(slots=True)
@@ -349,7 +351,10 @@ class McpSession:
             return _error(
                 None, McpError(-32600, "Invalid Request: 'id' must be a string or an integer.")
             )
-        if request_id in self._in_flight:
+        flight = self._in_flight.get(request_id)
+        if flight is not None and flight.announced:
+            flight.announced = False  # this request's own, made when it was read
+        elif flight is not None:
             return _error(
                 request_id,
                 McpError(
@@ -357,7 +362,8 @@ class McpSession:
                     f"Invalid Request: id {request_id!r} is already in flight; use a new id.",
                 ),
             )
-        flight = self._in_flight[request_id] = _InFlight()
+        else:
+            flight = self._in_flight[request_id] = _InFlight()
         try:
             result = await self._request(request_id, message, out, flight)
         except McpError as exc:
@@ -386,6 +392,21 @@ class McpSession:
         if flight.cancelled:
             return None  # no response for a cancelled request
         return response
+
+    def announce(self, message: Any) -> None:
+        """A request was read and handed to a task that will ``receive`` it: it is in
+        flight from now on, so a ``notifications/cancelled`` read right behind it (served
+        at once, before that task has begun) finds it and cancels it. A request whose id is
+        in flight already is left to ``receive``, which refuses it."""
+        if type(message) is not dict or "method" not in message:
+            return
+        request_id = message.get("id")
+        if (
+            message.get("jsonrpc") == "2.0"  # else ``receive`` refuses it before its flight
+            and mapping.is_request_id(request_id)
+            and request_id not in self._in_flight
+        ):
+            self._in_flight[request_id] = _InFlight(announced=True)
 
     def close(self) -> None:
         """The host is gone: cancel its calls, end its waits and subscriptions."""

@@ -49,6 +49,9 @@ class _SessionRoute:
     def __init__(self, session: McpSession) -> None:
         self.session = session
 
+    def announce(self, message: Any) -> None:
+        self.session.announce(message)
+
     async def receive(self, message: Any) -> Any:
         return await self.session.receive(message)
 

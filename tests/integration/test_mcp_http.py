@@ -868,6 +868,57 @@ def test_a_graceful_stop_answers_every_listen(
         daemon.stop()
 
 
+def test_a_cancel_read_right_behind_its_request_on_the_socket_cancels_it(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A request read on an MCP socket connection goes to a task, while a notification is
+    served at once: a ``notifications/cancelled`` in the same read as its request was
+    served before that task had begun, found nothing in flight, and was lost; the listen
+    then went on, and a graceful stop answered it. A request is in flight from when it is
+    read now: the cancelled listen gets no response, the next one its completion."""
+    daemon = start_daemon(home, workspace, tmp_base, [])
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    listen = {"notifications": {"toolsListChanged": True}, "_meta": meta}
+    try:
+        unix = socket.socket(socket.AF_UNIX)
+        unix.settimeout(20)
+        unix.connect(str(daemon.socket))
+        unix.sendall((json.dumps(rpc("b", "mcp.bind", {"workspace": str(workspace)})) + "\n")
+                     .encode())
+        seen = b""
+        while b'"bound"' not in seen:
+            chunk = unix.recv(65536)
+            assert chunk, seen
+            seen += chunk
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                  "params": {"requestId": 7, "_meta": meta}}
+        unix.sendall("".join(json.dumps(m) + "\n" for m in (
+            rpc(7, "subscriptions/listen", listen), cancel,
+            rpc(8, "subscriptions/listen", listen))).encode())
+
+        def acknowledged_8() -> bool:
+            return any(
+                m.get("method") == "notifications/subscriptions/acknowledged"
+                and "8" in json.dumps(m.get("params"))
+                for m in (json.loads(line) for line in seen.splitlines())
+            )
+
+        while not acknowledged_8():
+            chunk = unix.recv(65536)
+            assert chunk, seen
+            seen += chunk
+        daemon.proc.send_signal(signal.SIGTERM)
+        while chunk := unix.recv(65536):
+            seen += chunk
+        unix.close()
+        assert daemon.proc.wait(30) == 0
+        answered = [m["id"] for m in (json.loads(line) for line in seen.splitlines())
+                    if "id" in m and "method" not in m]
+        assert answered == ["b", 8], seen
+    finally:
+        daemon.stop()
+
+
 def test_a_listen_on_a_core_built_while_stopping_is_answered(
     home: Path, workspace: Path, tmp_base: Path
 ) -> None:
