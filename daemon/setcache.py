@@ -321,8 +321,21 @@ def _installed_version(package: str, listings: dict[str, list[str]]) -> str:
 
 
 def reserved_fingerprint(reserved: frozenset[str]) -> str:
-    """A short hash of a set of reserved names (part of every key)."""
-    return hashlib.sha256("\x00".join(sorted(reserved)).encode()).hexdigest()[:16]
+    """A short hash of a set of reserved names (part of every key).
+
+    Each name goes in as its length and its bytes, so no two sets hash alike: joined
+    with NULs, ``{"a", "b"}`` and a config file's ``{"a\\u0000b"}`` made one key for
+    different decisions (``a`` refused by one, loaded by the other). A name that is not
+    UTF-8 (``--reserve $'\\xff'``, which Python holds as a lone surrogate) is encoded
+    with ``surrogatepass``: with a strict ``encode`` it stopped the daemon at its first
+    set.
+    """
+    h = hashlib.sha256()
+    for name in sorted(reserved):
+        data = name.encode("utf-8", "surrogatepass")
+        h.update(b"%d:" % len(data))
+        h.update(data)
+    return h.hexdigest()[:16]
 
 
 def _catalog_mask(catalogs: frozenset[CatalogName]) -> int:

@@ -552,6 +552,27 @@ def test_setstore_key_covers_reserved_names_and_source(home: Path, tmp_path: Pat
     assert catalog == _build(home, None, workspace=workspace)[0]
 
 
+def test_setstore_reserved_names_that_join_alike_are_other_keys(
+    home: Path, tmp_path: Path
+) -> None:
+    """Reserved names are keyed one by one: ``"set1\\0set2"`` (a config file's string may
+    hold a NUL) is not the two names ``set1`` and ``set2``, and a name that is not UTF-8
+    (``--reserve $'\\xff'``) is keyed rather than stopping the daemon."""
+    folder = tmp_path / "cache"
+    two = DEFAULT_RESERVED_NAMES | {"set1", "set2"}
+    one = DEFAULT_RESERVED_NAMES | {"set1\x00set2"}
+    assert setcache.reserved_fingerprint(two) != setcache.reserved_fingerprint(one)
+    first, _ = _build(home, folder, reserved=two)
+    assert "set1" not in first.tools
+    catalog, cache = _build(home, folder, reserved=one)
+    assert cache.parses == 8  # none of the other names' decisions
+    assert "set1" in catalog.tools
+    assert catalog == _build(home, None, reserved=one)[0]
+    stray = DEFAULT_RESERVED_NAMES | {"\udcff"}  # what Python makes of argv's byte 0xff
+    catalog, _ = _build(home, folder, reserved=stray)
+    assert catalog == _build(home, None, reserved=stray)[0]
+
+
 def test_setstore_unwritable_folder_only_costs_speed(home: Path, tmp_path: Path) -> None:
     """A cache folder that cannot be created leaves the load correct and the daemon running."""
     blocker = tmp_path / "file"
