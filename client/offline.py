@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,11 +37,11 @@ from toolsetd.daemon.catalog import (
     set_info,
     subdirectory_names,
     tool_info,
-    unreachable_link,
 )
 from toolsetd.daemon.config_file import read_regular_file
 from toolsetd.daemon.manifest import ManifestError, is_directory_name, parse_manifest
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Approval, RunnerKind, Source, ToolSet
+from toolsetd.daemon.paths import file_exists
 from toolsetd.daemon.validation import SchemaChecker
 from toolsetd.protocol.jsontext import dumps, is_utf8, loads
 
@@ -161,16 +160,7 @@ def _scan(root: Path) -> list[Path]:
         names = subdirectory_names(root)  # an entry it cannot examine is left out
     except OSError:
         return []
-    return [root / name for name in names if _is_file(root / name / _MANIFEST)]
-
-
-def _is_file(path: Path) -> bool:
-    """Whether ``path`` counts as a manifest, as the daemon's scan counts it (.NET
-    ``File.Exists``): anything but a folder, or a link that leads nowhere."""
-    try:
-        return not stat.S_ISDIR(path.stat().st_mode)
-    except OSError:  # nothing there, or a folder this process may not search: no candidate
-        return unreachable_link(str(path))
+    return [root / name for name in names if file_exists(str(root / name / _MANIFEST))]
 
 
 def inventory(

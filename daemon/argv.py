@@ -28,7 +28,6 @@ environment; a relative path containing a separator must stay inside the set dir
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -37,6 +36,7 @@ import orjson
 from toolsetd.protocol.jsontext import JsonNumber
 
 from .model import LoadedTool
+from .paths import file_exists
 
 __all__ = [
     "ArgvError",
@@ -110,18 +110,6 @@ def render_flags(flags: Sequence[tuple[str, str]], arguments: Any) -> list[str]:
     return words
 
 
-def _file_exists(path: str) -> bool:
-    """.NET ``File.Exists`` on Unix: anything but a folder, or a link whose target cannot
-    be reached (an lstat that finds a link is enough)."""
-    try:
-        return not stat.S_ISDIR(os.stat(path).st_mode)
-    except OSError:
-        try:
-            return stat.S_ISLNK(os.lstat(path).st_mode)
-        except OSError:
-            return False
-
-
 def _full_path(path: str) -> str:
     """.NET ``Path.GetFullPath`` of an absolute path: ``.`` and ``..`` applied lexically,
     repeated separators collapsed, a trailing separator kept."""
@@ -151,7 +139,7 @@ def resolve_executable(name: str, set_dir: Path) -> str:
         candidate = os.path.join(base, name)
         # File.Exists: a link there that leads nowhere still names this file (the start
         # then fails), never a program of the same name on PATH.
-        return candidate if _file_exists(candidate) else name
+        return candidate if file_exists(candidate) else name
     candidate = _full_path(os.path.join(base, name))
     if not candidate.rstrip("/").startswith(base.rstrip("/") + "/"):
         raise ArgvError(EXECUTABLE_OUTSIDE)

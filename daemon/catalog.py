@@ -61,6 +61,7 @@ from .model import (
     ToolDef,
     ToolSet,
 )
+from .paths import unreachable_link
 from .setcache import SetStore, decode_record, encode_record, reserved_fingerprint
 from .validation import SchemaChecker, canonical_json
 
@@ -77,7 +78,6 @@ __all__ = [
     "subdirectory_names",
     "tool_hash",
     "tool_info",
-    "unreachable_link",
 ]
 
 MANIFEST_NAME = "tools.json"
@@ -655,28 +655,6 @@ def note_info(note: Note) -> dict[str, Any]:
 
 
 # --- discovery, overlay, load ----------------------------------------------------------
-
-
-def unreachable_link(path: str, dir_fd: int | None = None) -> bool:
-    """Whether ``path``, which ``os.stat`` could not examine, is a symbolic link itself.
-
-    The reference host asks .NET's ``File.Exists`` whether a set folder holds a
-    ``tools.json``; on Unix that is true for a symlink whose target cannot be reached (a
-    dangling link, a loop), so such a manifest is a candidate that cannot be read, and a
-    project one hides the home set of its name.
-
-    Args:
-        path: The manifest path (relative to ``dir_fd`` when given).
-        dir_fd: An open folder ``path`` is relative to, or None.
-
-    Returns:
-        True for a link (a candidate, unreadable); False when nothing is there, or the
-        folder on the way cannot be searched either.
-    """
-    try:
-        return stat.S_ISLNK(os.lstat(path, dir_fd=dir_fd).st_mode)
-    except OSError:
-        return False
 
 
 def subdirectory_names(folder: int | str | Path) -> list[str]:

@@ -94,6 +94,7 @@ __all__ = [
     "credential_identities",
     "existing_directory",
     "expand_user",
+    "file_exists",
     "is_credential_identity",
     "is_credential_path",
     "is_within",
@@ -102,6 +103,7 @@ __all__ = [
     "rewrite_arguments",
     "scope_of",
     "trim_path",
+    "unreachable_link",
 ]
 
 #: The reference host's message for a path that cannot be resolved.
@@ -411,6 +413,36 @@ def opened_directory_name(fd: int, raw: str) -> str | None:
     if (named.st_dev, named.st_ino) != (opened.st_dev, opened.st_ino):
         return None
     return canonical
+
+
+def unreachable_link(path: str, dir_fd: int | None = None) -> bool:
+    """Whether ``path``, which ``os.stat`` could not examine, is a symbolic link itself.
+
+    The reference host asks .NET's ``File.Exists`` whether a file is there (a set folder's
+    ``tools.json``, a command in the set folder); on Unix that is true for a symlink whose
+    target cannot be reached (a dangling link, a loop).
+
+    Args:
+        path: The path (relative to ``dir_fd`` when given).
+        dir_fd: An open folder ``path`` is relative to, or None.
+
+    Returns:
+        True for a link; False when nothing is there, or the folder on the way cannot be
+        searched either.
+    """
+    try:
+        return stat.S_ISLNK(os.lstat(path, dir_fd=dir_fd).st_mode)
+    except OSError:
+        return False
+
+
+def file_exists(path: str) -> bool:
+    """.NET ``File.Exists`` on Unix: anything but a folder is there, or a link whose target
+    cannot be reached (``unreachable_link``)."""
+    try:
+        return not stat.S_ISDIR(os.stat(path).st_mode)
+    except OSError:
+        return unreachable_link(path)
 
 
 def is_within(path: Path, workspace: Path) -> bool:

@@ -50,7 +50,6 @@ from .catalog import (
     build_catalog,
     load_config,
     trusted_signature,
-    unreachable_link,
 )
 from .logs import Throttle
 from .manifest import ManifestError
@@ -64,6 +63,7 @@ from .model import (
     SetState,
     Source,
 )
+from .paths import unreachable_link
 
 __all__ = ["Registry", "ReloadOutcome", "Reported", "SetChange", "diff_catalogs"]
 
