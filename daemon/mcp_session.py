@@ -80,11 +80,13 @@ from .service import CatalogListener, InvokeRequest, Service, approval_digest
 __all__ = [
     "MODERN_VERSIONS",
     "SUPPORTED_VERSIONS",
+    "UNSUPPORTED_VERSION",
     "Binding",
     "McpServer",
     "McpSession",
     "McpSettings",
     "Outbox",
+    "meta_version",
     "unsupported_version",
 ]
 
@@ -95,6 +97,8 @@ HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18")
 #: Stateless revisions served by per-request ``_meta``.
 MODERN_VERSIONS = ("2026-07-28",)
 SUPPORTED_VERSIONS = (*MODERN_VERSIONS, *HANDSHAKE_VERSIONS)
+#: MCP's "Unsupported protocol version" (``unsupported_version``).
+UNSUPPORTED_VERSION = -32022
 
 _PV = "io.modelcontextprotocol/protocolVersion"
 _CAPS = "io.modelcontextprotocol/clientCapabilities"
@@ -426,9 +430,7 @@ class McpSession:
         ``initialize`` agreed on for this session, else None (not known yet: a probe, or
         a request the session will refuse). Without a message: the session's version.
         """
-        params = message.get("params") if isinstance(message, dict) else None
-        meta = params.get("_meta") if isinstance(params, dict) else None
-        version = meta.get(_PV) if isinstance(meta, dict) else None
+        version = meta_version(message)
         if isinstance(version, str):
             return version
         return self.legacy_version
@@ -811,11 +813,19 @@ class McpSession:
             )
 
 
+def meta_version(message: Any) -> Any:
+    """The protocol version a message's ``params._meta`` names, as sent (any JSON value;
+    None when it names none)."""
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    return meta.get(_PV) if isinstance(meta, dict) else None
+
+
 def unsupported_version(version: Any) -> McpError:
     """The error for a protocol version toolsetd does not serve (-32022, listing those it
     does), whether a request's ``_meta`` or a transport's header named it."""
     return McpError(
-        -32022,
+        UNSUPPORTED_VERSION,
         f"Unsupported protocol version {version!r}: toolsetd serves "
         f"{', '.join(MODERN_VERSIONS)} per request, and "
         f"{', '.join(HANDSHAKE_VERSIONS)} through initialize.",

@@ -67,7 +67,13 @@ from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
 from .large import LARGE_TEXT, LargeRequests
 from .logs import Throttle
 from .mcp_mapping import McpError, error_response
-from .mcp_session import MODERN_VERSIONS, SUPPORTED_VERSIONS, unsupported_version
+from .mcp_session import (
+    MODERN_VERSIONS,
+    SUPPORTED_VERSIONS,
+    UNSUPPORTED_VERSION,
+    meta_version,
+    unsupported_version,
+)
 from .peercred import PeerPolicy
 from .tcppeer import tcp_peer, tcp_peer_credentials
 
@@ -96,11 +102,6 @@ _SSE_HEADERS = (
 #: daemon did, the client having read nothing for the write timeout.
 _DISCONNECTED = "the client disconnected"
 _WRITE_TIMEOUT = "the client did not read its answer for the write timeout"
-#: Where a 2026-07-28 request names its protocol version, in its ``_meta``.
-_META_VERSION = "io.modelcontextprotocol/protocolVersion"
-#: JSON-RPC's "Method not found", and MCP's "Unsupported protocol version".
-_METHOD_NOT_FOUND = -32601
-_UNSUPPORTED_VERSION = -32022
 #: Droppable messages (periodic progress) waiting beyond this many are dropped.
 _DROP_BEYOND = 64
 
@@ -730,11 +731,14 @@ class McpHttpEndpoint:
         else:
             status = 200
             code = response.get("error", {}).get("code") if isinstance(response, dict) else None
-            if code == _METHOD_NOT_FOUND and core.version_of(message) in MODERN_VERSIONS:
+            if (
+                code == rpc_errors.MethodNotFound.CODE
+                and core.version_of(message) in MODERN_VERSIONS
+            ):
                 # 2026-07-28's transport: a method the server does not implement MUST be
                 # 404 with -32601 (the JSON-RPC body tells it from a legacy server's 404).
                 status = 404
-            elif code == _UNSUPPORTED_VERSION:
+            elif code == UNSUPPORTED_VERSION:
                 # A version we do not serve MUST be 400, whether the header named it (the
                 # transport's check) or, with no header, the request's _meta (the core's).
                 status = 400
@@ -881,9 +885,7 @@ def _version_mismatch(
         return unsupported_version(header)
     if served in MODERN_VERSIONS and served == header and isinstance(message, dict):
         return _standard_headers_mismatch(request, message)
-    params = message.get("params") if isinstance(message, dict) else None
-    meta = params.get("_meta") if isinstance(params, dict) else None
-    version = meta.get(_META_VERSION) if isinstance(meta, dict) else None
+    version = meta_version(message)
     if version is not None and not isinstance(version, str):
         # The body's version is no string (the core's -32602): no header matches it. A
         # null is no version at all, as the core takes it (the session's own is served).
