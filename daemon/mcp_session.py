@@ -658,6 +658,9 @@ class McpSession:
             images=True,
             every_progress_line=True,
         )
+        # What a requestState is bound to (an encode of the arguments: large ones in the
+        # worker slot), made at most once: a retry whose state is stale is asked again.
+        key: str | None = None
         if era.modern and ("requestState" in params or "inputResponses" in params):
             key = await self._service.check_request(
                 partial(mapping.call_key, binding_key(binding), name), arguments, arguments
@@ -683,9 +686,10 @@ class McpSession:
                 elicitation = await check(
                     partial(mapping.elicitation_params, with_mode=True), classification, arguments
                 )
-                key = await check(
-                    partial(mapping.call_key, binding_key(binding), name), arguments, arguments
-                )
+                if key is None:
+                    key = await check(
+                        partial(mapping.call_key, binding_key(binding), name), arguments, arguments
+                    )
                 return self._complete(
                     era,
                     mapping.input_required_result(
