@@ -564,10 +564,19 @@ def run(
     except ParseError as exc:
         out = Output(_requested_format(argv), stdout, stderr, width=None)
         if not out.is_json:
-            exc.parser.print_usage(stderr)
+            try:
+                exc.parser.print_usage(stderr)
+            except OSError:
+                pass  # a stderr that cannot be written loses the line, not the code
         return _report(out, usage(f"{exc.parser.prog}: error: {exc.message}"))
     except SystemExit as exc:  # --help, --version
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except OSError as exc:  # --help or --version could not be written (parser._Parser)
+        out = Output("table", stdout, stderr, width=None)
+        out.discard()  # what is still buffered would fail again at exit
+        if isinstance(exc, BrokenPipeError):
+            return EXIT_OK  # the reader went away (toolsetctl --help | head)
+        return _report(out, _unexpected(exc))
     env = os.environ
     out = Output(getattr(args, "format", None) or "table", stdout, stderr)
     home_option = getattr(args, "home", None)
@@ -624,11 +633,13 @@ def run(
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as exc:
-        return _report(
-            out,
-            Failure(
-                EXIT_INTERNAL,
-                CLI_ERROR_CODES["internal"],
-                f"toolsetctl: unexpected error: {type(exc).__name__}: {exc}",
-            ),
-        )
+        return _report(out, _unexpected(exc))
+
+
+def _unexpected(exc: Exception) -> Failure:
+    """toolsetctl's own failure (exit 9): a bug, or a stdout that cannot be written."""
+    return Failure(
+        EXIT_INTERNAL,
+        CLI_ERROR_CODES["internal"],
+        f"toolsetctl: unexpected error: {type(exc).__name__}: {exc}",
+    )

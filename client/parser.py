@@ -10,6 +10,7 @@ builds only the subcommand the command line names (``command_in``), and all of t
 from __future__ import annotations
 
 import argparse
+import sys
 
 from toolsetd.protocol import __version__
 
@@ -18,6 +19,8 @@ from .command import command_in
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
     from typing import Any, NoReturn
+
+    from _typeshed import SupportsWrite
 
 __all__ = ["COMMANDS", "FORMATS", "ParseError", "build_parser", "command_in"]
 
@@ -64,6 +67,13 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         raise ParseError(self, message)
+
+    def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
+        """argparse's, without its ``except OSError: pass``: ``--help > /dev/full`` printed
+        nothing and exited 0. The error is ``cli.run``'s to report, as any other command's
+        stdout that fails (exit 9)."""
+        if message:
+            (file or sys.stderr).write(message)
 
 
 def _path(value: str) -> str:

@@ -1045,6 +1045,40 @@ def test_cli_a_failing_stdout_is_said_without_a_traceback(ctl: Ctl, fmt: str) ->
     assert r.returncode == 9
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("args", [["--help"], ["invoke", "--help"], ["--version"]])
+def test_cli_help_into_a_failing_stdout_is_said(ctl: Ctl, args: list[str]) -> None:
+    """``toolsetctl --help > /dev/full``: argparse swallowed its own write's OSError, so
+    nothing was printed and the exit was 0, where every other command's failing stdout is
+    one line on stderr and exit 9 (``mcp --help`` included). A pipe whose reader left is
+    no failure, and a failing stderr costs a usage error its line, not its code."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(  # noqa: S603
+            ctl.argv(*args), stdout=full, stderr=subprocess.PIPE,
+            text=True, timeout=30, env=ctl.env(), cwd=ctl.base,
+        )
+    assert "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "toolsetctl: unexpected error: OSError: [Errno 28] No space left on device"
+    ]
+    assert r.returncode == 9
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader left before a byte was written
+    try:
+        closed = subprocess.run(  # noqa: S603
+            ctl.argv(*args), stdout=write_end, stderr=subprocess.PIPE,
+            text=True, timeout=30, env=ctl.env(), cwd=ctl.base,
+        )
+    finally:
+        os.close(write_end)
+    assert closed.returncode == 0 and closed.stderr == "", closed.stderr
+    with open("/dev/full", "w") as full:
+        usage = subprocess.run(  # noqa: S603
+            ctl.argv("--bogus"), stdout=full, stderr=full, timeout=30, env=ctl.env(), cwd=ctl.base,
+        )
+    assert usage.returncode == 2
+
+
 @pytest.mark.parametrize(
     "locale_env",
     [
