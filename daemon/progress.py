@@ -4,7 +4,10 @@ Theory of operation
 -------------------
 The child writes lines to the fd named in ``TOOLSETD_PROGRESS_FD``: a JSON object with
 ``message`` and/or ``fraction`` (clamped to 0..1), or any other line as a message. Lines are
-bounded to 4 KiB (the rest of a longer line is skipped) and messages to 1,000 characters.
+bounded to 16 KiB (the rest of a longer line is skipped) and messages to 1,000 characters.
+The line bound holds a JSON object whose message has those 1,000 characters each written
+as an escape (``json.dumps`` escapes every non-ASCII one: 6 bytes, 12 past U+FFFF): a line
+cut short is no JSON, and would reach the client as raw text without its fraction.
 At most one event per ``gap`` seconds is sent: a burst is coalesced to its latest line,
 which goes out when the gap has passed, and the last line is always sent at EOF (also when
 the child ended it without a newline: EOF ends a line too). Each read is looked at from its
@@ -28,7 +31,7 @@ from .call import CallState
 
 __all__ = ["parse_progress", "read_progress"]
 
-_PROGRESS_LINE_MAX = 4096
+_PROGRESS_LINE_MAX = 16 * 1024
 _PROGRESS_MESSAGE_MAX = 1000
 #: A line's report: its message and its fraction (either may be absent).
 _Report = tuple[str | None, float | None]
@@ -71,7 +74,7 @@ async def read_progress(
 
 
 async def _read_progress_lines(fd: int, call: CallState, gap: float, first: bytes | None) -> None:
-    line = bytearray()  # the first 4 KiB of the line not yet ended
+    line = bytearray()  # the first 16 KiB of the line not yet ended
     pending: _Report | None = None
     last = -math.inf
     while True:
@@ -125,7 +128,7 @@ async def _read_progress_lines(fd: int, call: CallState, gap: float, first: byte
 
 
 def _ended(head: bytearray, chunk: bytes, start: int, end: int) -> bytes:
-    """The first 4 KiB of the line ``head + chunk[start:end]`` (``head`` holds at most 4 KiB
+    """The first 16 KiB of the line ``head + chunk[start:end]`` (``head`` holds at most 16 KiB
     of its beginning, carried over from earlier reads)."""
     return bytes(head) + chunk[start : min(end, start + _PROGRESS_LINE_MAX - len(head))]
 

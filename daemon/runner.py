@@ -32,7 +32,7 @@ folder deleted meanwhile is created again), then spawns the child:
   ``fraction``, else the line as a message), at most one per ``progress_min_gap_seconds``
   (a burst is coalesced to its latest line, which is sent when the gap has passed; with
   ``CallRequest.every_progress_line``, as MCP asks, every line is reported). Lines
-  are bounded to 4 KiB. Event emissions are serialised by a lock.
+  are bounded to 16 KiB. Event emissions are serialised by a lock.
 * Most tools are done within a few milliseconds. For 5 ms after the spawn the runner
   waits for the leader's pidfd on the event loop itself (``ending.exited_within``: one
   future, one timer). A leader gone by then, whose pipes are all at EOF when read once,

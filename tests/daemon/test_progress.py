@@ -2,11 +2,12 @@
 
 The reader looks at a coalesced burst from its last line back (one parse per read for a
 flood of short lines); these tests hold it to the plain reading, every line parsed in
-order: the same reports, cut at 4 KiB, across reads and at end of file.
+order: the same reports, cut at 16 KiB, across reads and at end of file.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import random
@@ -24,10 +25,11 @@ from tests.budget import examples
 pytestmark = pytest.mark.anyio
 
 _READ = 65536  # what the reader takes from its descriptor at once
-_LINE_MAX = 4096
+_LINE_MAX = progress._PROGRESS_LINE_MAX
 _PIECES = [
     b"x", b"", b"   ", b"{}", b'{"other": 1}', b'{"fraction": 0.25}', b"\r", b"{broken",
-    b'{"message": "m"}', b'{"message": "n", "fraction": 2}', b"y" * 5000, b"z" * 70_000,
+    b'{"message": "m"}', b'{"message": "n", "fraction": 2}', b"y" * 5000, b"w" * 20_000,
+    b"z" * 70_000,
     b"\xff\xfe", b"caf\xc3\xa9",
 ]
 
@@ -121,3 +123,21 @@ async def test_a_flood_of_short_lines_costs_one_parse_per_read(
     assert reports[-1] == ("step 999999", None)
     reads = -(-len(data) // _READ)
     assert len(parsed) <= reads + 1, (len(parsed), reads)
+
+
+@pytest.mark.parametrize("every_line", [False, True])
+@pytest.mark.parametrize("character", ["\u4f60", "\U0001f600"])
+async def test_a_json_line_with_a_message_of_the_longest_kind_is_read_whole(
+    every_line: bool, character: str
+) -> None:
+    """A JSON line whose message has the 1,000 characters a message may have, written as
+    the docs show (``json.dumps``, which escapes every non-ASCII character: ``\\u4f60``,
+    an emoji as a pair of escapes, 12 bytes), is read as JSON: its message and fraction.
+    At 4 KiB such a line (6 or 12 KB) was cut, and its first 1,000 characters of raw JSON
+    text reached the client as the message, the fraction lost."""
+    message = character * 1000
+    line = json.dumps({"message": message, "fraction": 0.5}).encode()
+    assert len(line) > 4096
+    reports = await _read(line + b"\n" + line, every_line)
+    assert reports
+    assert set(reports) == {(message, 0.5)}
