@@ -40,12 +40,13 @@ folder deleted meanwhile is created again), then spawns the child:
   (a task group, a deadline scope, a shield, a ``move_on_after`` and three events
   fewer: 29 µs when those anyio objects alone are timed on this project's benchmark
   host). Any other call goes to ``_supervise``. A leader gone within the 5 ms whose
-  pipe another process still holds, or that wrote progress lines, gets readers for what
-  is left, bounded by ``drain_after_exit_seconds``. A leader still running after them,
-  or a call whose stdin the pipe did not take at once (it goes there straight after the
-  spawn), gets the readers, the stdin writer, the task that watches ``cancel`` and sends
-  the periodic progress, and the deadline's scope. A cancel set within the first 5 ms
-  is acted on only then: a call over by then is not cancelled.
+  pipe another process still holds (or refills as fast as it is read: that read on
+  the loop stops at a pipe's size, ``streams.read_now``), or that wrote progress lines,
+  gets readers for what is left, bounded by ``drain_after_exit_seconds``. A leader still
+  running after them, or a call whose stdin the pipe did not take at once (it goes there
+  straight after the spawn), gets the readers, the stdin writer, the task that watches
+  ``cancel`` and sends the periodic progress, and the deadline's scope. A cancel set
+  within the first 5 ms is acted on only then: a call over by then is not cancelled.
 * The environment is encoded to ``KEY=value`` bytes once per runner (``Popen`` would
   encode it again at every spawn) and the call's own variables once per call.
 

@@ -83,10 +83,19 @@ def output_pipe() -> tuple[int, int]:
 
 
 def read_now(fd: int, capture: Capture) -> bool:
-    """Feed what a pipe holds now; True at EOF (or a read error: the stream ends there)."""
+    """Feed what a pipe holds now; True at EOF (or a read error: the stream ends there).
+
+    At most a pipe's size (and one read more, to see its end): past that, another process
+    (a grandchild of an exited leader) is refilling the pipe as it is read, which can go on
+    for ever, and this runs on the event loop. False then: the drainer reads the rest.
+    """
+    left = _PIPE_SIZE
     try:
         while data := os.read(fd, _FIRST_READ):
             capture.feed(data)
+            left -= len(data)
+            if left < 0:
+                return False
     except BlockingIOError:
         return False
     except OSError:
