@@ -5,6 +5,9 @@ Theory of operation
 * The leader exits: wait at most ``drain_after_exit_seconds`` for both pipes to reach EOF
   (a grandchild may hold them), then ``SIGKILL`` the rest of the group (no grandchild
   outlives the call), wait the same bound again for EOF, stop draining, reap the leader.
+  The progress reader is not stopped with them but told to finish (``progress.Finish``):
+  it reports what its pipe holds, however slowly the client takes it, within the call's
+  time limit.
 * Timeout (the set's ``timeoutSeconds``, timed from the spawn; none for ``"unlimited"``)
   or cancel (the ``cancel`` event) or an I/O failure: ``SIGTERM`` to the group (a
   sandboxed call's: to all of it but bubblewrap, see ``terminate``), wait up to

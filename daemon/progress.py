@@ -15,6 +15,14 @@ last line back, so a flood of short lines costs one parse per read, not one per 
 child writing them at full speed held the event loop, and every client, for most of the
 flood). A call with ``CallRequest.every_progress_line`` (MCP) gets every line, none
 coalesced.
+
+The reader ends at EOF, or when told to ``Finish``: the call is over (its leader exited
+and its group was killed, or it timed out or was cancelled), but a process that left the
+group may hold the pipe for ever. It then stops waiting for more: it reads what the pipe
+holds (at most ``_FINISH_MAX`` bytes, as a writer may refill it as fast as it is read),
+reports those lines too, and ends. It is never cancelled while it reports: the lines a
+child wrote before it exited reach the client even when the client takes them slowly
+(an MCP host, for which the face waits after each line).
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ import orjson
 
 from .call import CallState
 
-__all__ = ["parse_progress", "read_progress"]
+__all__ = ["Finish", "parse_progress", "read_progress"]
 
 _PROGRESS_LINE_MAX = 16 * 1024
+#: The most bytes a reader told to finish reads on (a progress pipe holds at most 1 MiB).
+_FINISH_MAX = 1 << 20
 _PROGRESS_MESSAGE_MAX = 1000
 #: A line's report: its message and its fraction (either may be absent).
 _Report = tuple[str | None, float | None]
@@ -63,35 +73,72 @@ def parse_progress(line: bytes) -> _Report | None:
     return text[:_PROGRESS_MESSAGE_MAX], None
 
 
+class Finish:
+    """Tells a progress reader to stop waiting for more lines (see the module docstring).
+
+    Calling it ends the reader's wait for the pipe; the reader then reports what the pipe
+    holds and ends (its ``done`` is set).
+    """
+
+    __slots__ = ("asked", "scope")
+
+    def __init__(self) -> None:
+        self.asked = False
+        #: The scope of the reader's wait for the pipe, while it waits.
+        self.scope: anyio.CancelScope | None = None
+
+    def __call__(self) -> None:
+        self.asked = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+
 async def read_progress(
-    fd: int, call: CallState, done: anyio.Event, gap: float, first: bytes | None = None
+    fd: int,
+    call: CallState,
+    done: anyio.Event,
+    gap: float,
+    first: bytes | None = None,
+    finish: Finish | None = None,
 ) -> None:
-    """Read progress lines until EOF, reporting them through ``call``; then set ``done``."""
+    """Read progress lines until EOF (or ``finish``), reporting them through ``call``; then
+    set ``done``."""
     try:
-        await _read_progress_lines(fd, call, gap, first)
+        await _read_progress_lines(fd, call, gap, first, finish or Finish())
     finally:
         done.set()
 
 
-async def _read_progress_lines(fd: int, call: CallState, gap: float, first: bytes | None) -> None:
+async def _read_progress_lines(
+    fd: int, call: CallState, gap: float, first: bytes | None, finish: Finish
+) -> None:
     line = bytearray()  # the first 16 KiB of the line not yet ended
     pending: _Report | None = None
     last = -math.inf
+    finishing = 0  # bytes read since ``finish`` was asked
     while True:
+        if finish.asked and finishing > _FINISH_MAX:
+            break  # a writer that left the group refills the pipe as fast as it is read
         try:
             if first:  # bytes read before this task started
                 chunk, first = first, None
             else:
                 chunk = os.read(fd, 65536)
         except BlockingIOError:
-            if pending is None:
-                await anyio.wait_readable(fd)
-                continue
-            wait = last + gap - time.monotonic()
-            if wait > 0:
-                with anyio.move_on_after(wait):
+            if finish.asked:
+                break  # the pipe is empty and the call over: no more lines will count
+            with anyio.CancelScope() as finish.scope:  # ``finish`` ends this wait
+                if pending is None:
                     await anyio.wait_readable(fd)
-                continue
+                    continue
+                wait = last + gap - time.monotonic()
+                if wait > 0:
+                    with anyio.move_on_after(wait):
+                        await anyio.wait_readable(fd)
+                    continue
+            finish.scope = None
+            if finish.asked or pending is None:
+                continue  # asked to finish: read what the pipe holds first
             last = time.monotonic()
             await call.progress(*pending)
             pending = None
@@ -100,6 +147,8 @@ async def _read_progress_lines(fd: int, call: CallState, gap: float, first: byte
             break  # the pipe failed: what was read so far is still the tool's
         if not chunk:
             break
+        if finish.asked:
+            finishing += len(chunk)
         await anyio.lowlevel.checkpoint()  # a chatty child must not monopolise the loop
         start = 0
         if call.every_progress_line:

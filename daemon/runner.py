@@ -42,7 +42,8 @@ folder deleted meanwhile is created again), then spawns the child:
   host). Any other call goes to ``_supervise``. A leader gone within the 5 ms whose
   pipe another process still holds (or refills as fast as it is read: that read on
   the loop stops at a pipe's size, ``streams.read_now``), or that wrote progress lines,
-  gets readers for what is left, bounded by ``drain_after_exit_seconds``. A leader still
+  gets readers for what is left, bounded by ``drain_after_exit_seconds`` (the progress
+  lines by the call's time limit: ``progress.Finish``). A leader still
   running after them, or a call whose stdin the pipe did not take at once (it goes there
   straight after the spawn), gets the readers, the stdin writer, the task that watches
   ``cancel`` and sends the periodic progress, and the deadline's scope. A cancel set
@@ -92,7 +93,7 @@ from .confinement import (
 )
 from .ending import build_outcome, exited_within, killpg, reap, terminate, wait_exit
 from .output import CANCELLED_TEXT, start_failure_text
-from .progress import read_progress
+from .progress import Finish, read_progress
 from .reaper import NullGuard, ProcessGroupGuard
 from .spawn import Spawner, env_path
 from .spill import SPILL_FOLDER, Spill, open_folder_within
@@ -632,6 +633,7 @@ class Runner:
         kill_all = cgroup.kill if cgroup is not None else None
         leader_gone = call.exited
         done_out, done_err, done_progress = anyio.Event(), anyio.Event(), anyio.Event()
+        finish_progress = Finish()
         async with anyio.create_task_group() as tg:
             if pipes.stdin_rest is not None:
                 tg.start_soon(write_stdin, pipes.stdin, pipes.stdin_rest, fds, call)
@@ -649,7 +651,13 @@ class Runner:
                     done_progress.set()
                 else:
                     tg.start_soon(
-                        read_progress, pipes.progress, call, done_progress, gap, pipes.progress_read
+                        read_progress,
+                        pipes.progress,
+                        call,
+                        done_progress,
+                        gap,
+                        pipes.progress_read,
+                        finish_progress,
                     )
             else:
                 with anyio.CancelScope(deadline=deadline) as wait_scope:
@@ -658,7 +666,8 @@ class Runner:
                         wait_scope.cancel()
                     tg.start_soon(self._drainer.drain, pipes.out, call.out, done_out, call)
                     tg.start_soon(self._drainer.drain, pipes.err, call.err, done_err, call)
-                    tg.start_soon(read_progress, pipes.progress, call, done_progress, gap)
+                    progress = (pipes.progress, call, done_progress, gap, None, finish_progress)
+                    tg.start_soon(read_progress, *progress)
                     tg.start_soon(self._watch, cancel, call, s.progress_interval_seconds)
                     await wait_exit(pid, pidfd)
                     call.exited = leader_gone = True
@@ -676,6 +685,13 @@ class Runner:
                     members=cgroup.pids if cgroup is not None else None,
                 )
             await all_set_within(s.drain_after_exit_seconds, done_out, done_err)
+            # The progress reader reports what the pipe holds, however slowly the client
+            # takes it (an MCP host: no line the tool wrote is dropped), within the call's
+            # time limit; it is not cancelled with the rest.
+            finish_progress()
+            if not done_progress.is_set():
+                with anyio.CancelScope(deadline=deadline):
+                    await done_progress.wait()
             tg.cancel_scope.cancel()  # the readers of pipes still held, the watcher
         return leader_gone
 

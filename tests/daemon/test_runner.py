@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import errno
 import math
 import os
@@ -697,6 +698,92 @@ async def test_runner_progress_rate_limited(env: Env) -> None:
     messages = [p["message"] for p in sink.of("progress")]
     assert 3 <= len(messages) <= 9
     assert messages[-1] == "last"
+
+
+class _SlowPeer(RecordingSink):
+    """A sink that takes the first line the child reported late, as an MCP host that
+    reads slowly (the MCP face waits for the host after each line)."""
+
+    def __init__(self, delay: float) -> None:
+        super().__init__()
+        self.delay = delay
+
+    async def progress(self, **kwargs: Any) -> None:
+        if kwargs.get("message") is not None and not self.of("progress"):
+            await anyio.sleep(self.delay)
+        await super().progress(**kwargs)
+
+
+@pytest.mark.parametrize("every_line", [True, False])
+async def test_runner_progress_lines_written_before_exit_all_arrive(
+    env: Env, every_line: bool
+) -> None:
+    """A child that writes its progress lines and exits while the client is still taking
+    them: every line it wrote reaches the client (MCP: none dropped; coalesced: the last).
+    The reader was cancelled with the drain after the exit, and what it had read, and what
+    the pipe still held, was lost: over MCP a tool writing 64 KiB of short lines lost
+    some 36,000 of them."""
+    settings = replace(FAST, progress_interval_seconds=60, drain_after_exit_seconds=0.05)
+    runner = Runner(settings, anyio.CapacityLimiter(1), os.environ)
+    code = (
+        "import os\n"
+        "fd = int(os.environ['TOOLSETD_PROGRESS_FD'])\n"
+        "os.write(fd, b''.join(b'line %d\\n' % i for i in range(200)))\n"
+    )
+    sink = _SlowPeer(delay=0.5)
+    request = CallRequest(
+        call_id="call-1",
+        loaded=python_tool(env.set_dir, code),
+        arguments={},
+        workspace=env.workspace,
+        home=env.home,
+        every_progress_line=every_line,
+    )
+    with anyio.fail_after(20):
+        outcome = await runner.run(request, sink, anyio.Event())
+    assert outcome.status == "ok"
+    messages = [p["message"] for p in sink.of("progress")]
+    if every_line:
+        assert messages == [f"line {i}" for i in range(200)]
+    else:
+        assert messages[-1] == "line 199"
+
+
+@pytest.mark.parametrize("every_line", [True, False])
+@pytest.mark.parametrize("writes", ["holds", "floods"])
+async def test_runner_progress_pipe_held_by_a_process_that_left_the_group(
+    env: Env, every_line: bool, writes: str
+) -> None:
+    """A grandchild in a session of its own (out of the group's kill) that holds the
+    progress pipe, idle or writing as fast as it can, does not hold the call: the reader
+    reports what the pipe holds and ends. The lines before the exit arrive."""
+    settings = replace(FAST, progress_interval_seconds=60, drain_after_exit_seconds=0.05)
+    runner = Runner(settings, anyio.CapacityLimiter(1), os.environ)
+    loop = "sleep 30" if writes == "holds" else "while :; do echo tick; done >&$P"
+    script = (
+        'P=$TOOLSETD_PROGRESS_FD; echo before >&$P; '
+        f"setsid bash -c 'echo $$ > gc.pid; {loop}' & "
+        "while [ ! -s gc.pid ]; do sleep 0.01; done"
+    )
+    request = CallRequest(
+        call_id="call-1",
+        loaded=make_tool(env.set_dir, command=("/bin/bash", "-c", script)),
+        arguments={},
+        workspace=env.workspace,
+        home=env.home,
+        every_progress_line=every_line,
+    )
+    sink = RecordingSink()
+    try:
+        with anyio.fail_after(20):
+            outcome = await runner.run(request, sink, anyio.Event())
+    finally:
+        pid = int((env.workspace / "gc.pid").read_text())
+        with contextlib.suppress(ProcessLookupError):  # a flooding one got SIGPIPE
+            os.kill(pid, signal.SIGKILL)
+    assert outcome.status == "ok"
+    messages = [p["message"] for p in sink.of("progress")]
+    assert messages[0] == "before" if every_line else messages[-1] in ("before", "tick")
 
 
 async def test_runner_periodic_progress(runner: Runner, env: Env) -> None:
