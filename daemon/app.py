@@ -317,7 +317,24 @@ async def run_daemon(
     # Signals first: once the socket listens a client may connect, and a SIGHUP or
     # SIGTERM from then on must reach our handlers, not the default actions.
     with anyio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
+        unblocked = _unblock_signals()  # after the handlers: a pending SIGTERM stops us
+        if unblocked:
+            log.info("signals_unblocked", signals=unblocked)
         await _run(options, signals, task_status)
+
+
+def _unblock_signals() -> list[str]:
+    """Clear the signal mask the daemon was started with; returns the names it held.
+
+    A parent that blocks signals passes its mask on (a host's worker thread, a
+    supervisor): blocked, SIGTERM and SIGINT never stopped the daemon and SIGHUP never
+    reloaded it, and every tool inherited the mask (a child gets its spawning thread's),
+    so a timed-out or cancelled tool never got its grace SIGTERM. systemd clears it for a
+    service; this does so for any start. Called before any thread starts: a thread takes
+    the mask of the one that starts it.
+    """
+    held = signal.pthread_sigmask(signal.SIG_SETMASK, ())
+    return sorted(s.name if isinstance(s, signal.Signals) else f"SIG{int(s)}" for s in held)
 
 
 async def _run(

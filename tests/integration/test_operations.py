@@ -928,6 +928,41 @@ def test_the_daemon_raises_its_open_files_limit_to_the_hard_one(
     assert [(e["soft"], e["limit"]) for e in raised] == [(256, 4096)]
 
 
+def test_a_daemon_started_with_signals_blocked_stops_on_sigterm_and_blocks_none_for_tools(
+    tmp_base: Path,
+) -> None:
+    """A parent that blocks signals hands its mask to what it starts (a host's worker
+    thread, a supervisor): a daemon started with SIGTERM, SIGINT and SIGHUP blocked never
+    received them (SIGTERM left it running, and the test had to SIGKILL it), and every
+    tool inherited the mask, so a timed-out or cancelled tool never got its grace SIGTERM.
+    The daemon clears its mask at start, as systemd does for a service."""
+    home = tmp_base / "home"
+    write_set(home / "tools", "mask", {  # no shell: dash clears its mask as it starts
+        "runner": "exec", "description": "its signal mask", "schema": {"type": "object"},
+        "command": [shutil.which("grep"), "-E", "^Sig(Blk|Ign):", "/proc/self/status"],
+        "stdin": False, "approval": "always",
+    })
+    workspace = tmp_base / "ws"
+    workspace.mkdir()
+    blocked = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)  # Popen's child takes it
+    try:
+        d = start_daemon(home, workspace, tmp_base)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    try:
+        reply = _invoke(d, workspace, "mask")
+        lines = reply["result"]["content"][0]["text"].splitlines()
+        assert "SigBlk:\t0000000000000000" in lines, lines
+        unblocked = [e for e in d.log_events() if e.get("event") == "signals_unblocked"]
+        assert [sorted(e["signals"]) for e in unblocked] == [["SIGHUP", "SIGINT", "SIGTERM"]]
+        assert d.stop(signal.SIGTERM, timeout=20) == 0
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
 def test_a_daemon_started_without_its_standard_descriptors_serves(
     ops_home: Path, tmp_base: Path
 ) -> None:
