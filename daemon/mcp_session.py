@@ -41,7 +41,8 @@ Both protocol eras are served on one session, decided per request:
   the session's outbox, approvals are ``elicitation/create`` requests to the host;
 * ``server/discover`` and ``ping`` need neither, so a host may probe ``server/discover``
   and then send ``initialize``;
-* any other request without either is -32602, saying what to send first.
+* any other request without either is -32602, saying what to send first; one read while
+  an ``initialize`` is still under way (pipelined behind it) waits for it instead.
 
 Everything a call means is the service's (``Service.invoke``); the mapping of its shapes
 is in ``mcp_mapping.py``. The bookkeeping here is the MCP protocol's own: which requests
@@ -309,8 +310,8 @@ class McpSession:
         #: The legacy era's negotiated version (after ``initialize``), else None.
         self.legacy_version: str | None = None
         self._legacy_caps: dict[str, Any] = {}
-        #: An initialize is under way (its catalog not built yet).
-        self._initializing = False
+        #: An initialize is under way (its catalog not built yet): set when it ends.
+        self._initializing: anyio.Event | None = None
         self._in_flight: dict[Any, _InFlight] = {}
         self._asked: dict[Any, _Asked] = {}
         #: Open ``subscriptions/listen`` requests: request id -> their outbox.
@@ -500,6 +501,19 @@ class McpSession:
             )
         if method == "initialize":
             return await self._initialize(params)
+        initializing = self._initializing
+        if (
+            initializing is not None
+            and method not in ("ping", "server/discover")
+            and meta_version(message) is None
+        ):
+            # Pipelined behind an initialize that is still building its catalog: it was
+            # sent after it, so it is served under what it agrees on (the host's order
+            # holds), not refused as sent before it.
+            with self._wait_scope(flight):
+                await initializing.wait()
+            if flight.cancelled or self._closed:
+                return None
         era = self._era(method, params)
         if method == "ping":
             return self._complete(era, {})
@@ -561,7 +575,7 @@ class McpSession:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
-        if self.legacy_version is not None or self._initializing:
+        if self.legacy_version is not None or self._initializing is not None:
             # MCP's lifecycle: initialize is the session's first exchange, once. A second
             # one would change the version and capabilities the first agreed on under the
             # requests already in flight. (One that failed may be sent again.)
@@ -574,11 +588,12 @@ class McpSession:
         asked = params.get("protocolVersion")
         version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
         caps = params.get("capabilities")
-        self._initializing = True
+        done = self._initializing = anyio.Event()
         try:
             await self._service.catalog(self.binding.workspace)  # the watcher follows it now
         finally:
-            self._initializing = False
+            self._initializing = None
+            done.set()
         self._legacy_caps = caps if isinstance(caps, dict) else {}
         self.legacy_version = version
         return {

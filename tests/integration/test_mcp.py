@@ -325,6 +325,33 @@ def test_mcp_two_initializes_at_once_get_one_answer_and_one_refusal(
         assert pump.close() == 0
 
 
+def test_mcp_a_request_pipelined_behind_initialize_is_served_under_it(
+    mcp_daemon: Daemon, tmp_path: Path
+) -> None:
+    """A tools/list written right behind initialize (in the same write, while initialize
+    still builds a new workspace's catalog) waits for it and is served under the version
+    it agrees on, never refused as sent 'before initialize': the host's order is kept."""
+    fresh = tmp_path / "fresh"
+    (fresh / ".crystal" / "tools").mkdir(parents=True)
+    pump = RawPump(pump_args(mcp_daemon, fresh))
+    frames = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-11-25", "capabilities": {}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+         "params": {"name": "hello", "arguments": {"name": "Ada"}}},
+    ]
+    try:
+        pump.send(b"".join(json.dumps(frame).encode() + b"\n" for frame in frames))
+        answers = {a["id"]: a for a in (pump.receive() for _ in range(3))}
+        assert answers[1]["result"]["protocolVersion"] == "2025-11-25", answers
+        assert any(t["name"] == "hello" for t in answers[2]["result"]["tools"]), answers
+        assert answers[3]["result"]["isError"] is False, answers
+    finally:
+        assert pump.close() == 0
+
+
 # -- calls ---------------------------------------------------------------------------------
 
 
