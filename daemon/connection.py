@@ -952,17 +952,42 @@ class Connection:
             return
         if len(frame) > MAX_DAEMON_LINE:
             # Never send what our own client would refuse: say so instead.
-            request_id = response.get("id") if isinstance(response, dict) else None
             log.warning("response_too_large", conn_id=self.conn_id, size=len(frame))
-            frame = encode(
-                error_message(
-                    request_id,
-                    rpc_errors.MessageTooLarge(
-                        f"Response too large: it would be a line of {len(frame)} bytes, and the "
-                        f"daemon sends at most {MAX_DAEMON_LINE}; ask for less (one catalog, "
-                        "a smaller result).",
-                        {"limit": MAX_DAEMON_LINE, "size": len(frame)},
-                    ),
-                )
-            )
+            fitted = _fit_batch(response) if type(response) is list else None
+            request_id = response.get("id") if isinstance(response, dict) else None
+            frame = fitted or encode(_too_large(request_id, len(frame)))
         self._commit(frame)
+
+
+def _too_large(request_id: Any, size: int) -> dict[str, Any]:
+    """The error that stands for an answer of ``size`` bytes, over the daemon's line."""
+    return error_message(
+        request_id,
+        rpc_errors.MessageTooLarge(
+            f"Response too large: it would be a line of {size} bytes, and the daemon sends "
+            f"at most {MAX_DAEMON_LINE}; ask for less (one catalog, a smaller result).",
+            {"limit": MAX_DAEMON_LINE, "size": size},
+        ),
+    )
+
+
+def _fit_batch(answers: list[Any]) -> bytes | None:
+    """A batch's answer array within the daemon's line: its largest answers, one by one,
+    replaced by ``_too_large`` under their own ids until it fits (each answer is legal on
+    its own; only together are they too long). None when even that cannot make it fit
+    (a batch of many small answers): the caller sends one error instead."""
+    frames = [encode(answer)[:-1] for answer in answers]
+    total = sum(map(len, frames)) + len(frames) + 2  # brackets, commas and the newline
+    for index in sorted(range(len(frames)), key=lambda i: len(frames[i]), reverse=True):
+        if total <= MAX_DAEMON_LINE:
+            break
+        answer = answers[index]
+        request_id = answer.get("id") if isinstance(answer, dict) else None
+        replacement = encode(_too_large(request_id, len(frames[index])))[:-1]
+        if len(replacement) >= len(frames[index]):
+            return None  # what is left is small: replacing it saves nothing
+        total += len(replacement) - len(frames[index])
+        frames[index] = replacement
+    if total > MAX_DAEMON_LINE:
+        return None
+    return b"[" + b",".join(frames) + b"]\n"

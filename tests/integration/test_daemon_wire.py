@@ -527,3 +527,45 @@ def test_daemon_response_over_the_line_budget_is_an_error_naming_sizes(
         assert "response_too_large" in d.log()
     finally:
         assert d.stop() == 0
+
+
+@pytest.mark.slow
+def test_daemon_batch_answer_over_the_line_budget_keeps_its_array_and_ids(
+    workspace: Path, tmp_base: Path
+) -> None:
+    """A batch whose answers together would exceed the daemon's 64 MiB line (two lists of
+    40 MB, each legal on its own) is still answered with one array, each answer under its
+    own id: the largest answers become -32007 errors until the array fits, and the rest
+    (a status, the other list) arrive whole. Never one error with id null, which says
+    nothing of which requests ran and reads as the daemon's word on the connection."""
+    home = tmp_base / "home"
+    description = "d" * (1_000_000 - 300)
+    for i in range(40):
+        write_set(home / "tools", f"big{i:02d}", {
+            "runner": "exec", "description": description, "schema": {"type": "object"},
+            "command": ["true"], "approval": "always",
+        })
+    d = start_daemon(home, workspace, tmp_base, ["--no-watch"])
+    try:
+        with d.raw(timeout=60) as conn:
+            conn.send([
+                {"jsonrpc": "2.0", "id": "a", "method": "list"},
+                {"jsonrpc": "2.0", "id": "s", "method": "status"},
+                {"jsonrpc": "2.0", "id": "b", "method": "list"},
+            ])
+            answers = conn.receive()
+            assert isinstance(answers, list), str(answers)[:500]
+            assert [a["id"] for a in answers] == ["a", "s", "b"]
+            assert "result" in answers[1]
+            lists = [answers[0], answers[2]]
+            errors = [a["error"] for a in lists if "error" in a]
+            assert len(errors) == 1, [sorted(a) for a in lists]
+            assert errors[0]["code"] == -32007
+            assert errors[0]["data"]["size"] > 40_000_000
+            assert "Response too large" in errors[0]["message"]
+            whole = next(a for a in lists if "result" in a)
+            assert len(whole["result"]["tools"]) == 40
+            assert "result" in conn.request("status")  # the same connection goes on
+        assert "response_too_large" in d.log()
+    finally:
+        assert d.stop() == 0
