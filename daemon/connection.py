@@ -292,9 +292,11 @@ class Connection:
 
     @property
     def evictable(self) -> bool:
-        """Whether closing it loses nothing: no request in flight, no subscription."""
+        """Whether closing it loses nothing: no request in flight, no subscription, and
+        not bound to MCP (a host's whole session, which it cannot open again unasked)."""
         return (
             not self._closed
+            and self.route is None
             and self._in_flight == 0
             and not self.calls
             and not self.subscriptions

@@ -879,6 +879,31 @@ def test_busy_connections_are_never_evicted(small: Daemon) -> None:
             conn.close()
 
 
+def test_an_idle_mcp_session_is_never_evicted(small: Daemon) -> None:
+    """A connection bound to MCP is a host's whole session (its tool server, its
+    list_changed stream): idle between calls, it holds its slot like a subscriber, and
+    the idlest native connection makes room instead."""
+    mcp = small.raw()
+    others: list[RawConn] = []
+    try:
+        assert mcp.request("mcp.bind", {"workspace": str(small.workspace)})["result"]["bound"]
+        mcp.send({"jsonrpc": "2.0", "id": "i", "method": "initialize",
+                  "params": {"protocolVersion": "2025-11-25", "capabilities": {}}})
+        assert "result" in mcp.receive()
+        others = [small.raw() for _ in range(3)]
+        for conn in others:
+            assert "result" in conn.request("status")
+        with small.raw() as newcomer:
+            assert "result" in newcomer.request("status")
+        notice = others[0].receive()
+        assert notice["id"] is None and notice["error"]["code"] == -32008, notice
+        mcp.send({"jsonrpc": "2.0", "id": "p", "method": "ping"})
+        assert mcp.receive() == {"jsonrpc": "2.0", "id": "p", "result": {}}
+    finally:
+        for conn in [mcp, *others]:
+            conn.close()
+
+
 # -- refusals arrive (lingering close) -------------------------------------------------------
 
 
