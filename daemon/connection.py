@@ -193,18 +193,56 @@ class CallTable(_CallEvents):
     may start after its client is gone: once ``closed`` (the reader stopped and the
     connection's calls were cancelled), a call that registers is cancelled as it
     registers, instead of running to its end for nobody.
+
+    Nor may a ``cancel`` read right behind its ``invoke`` miss it: the reader answers a
+    ``cancel`` at once, before the task serving the invoke has begun. So the call id an
+    ``invoke`` names is announced when the invoke is read (``announce``); a cancel of an
+    announced id is taken (``cancel_announced``) and the call is cancelled as it
+    registers. The announcement ends when the call registers or its request is answered.
     """
 
-    __slots__ = ("closed",)
+    __slots__ = ("_announced", "closed")
 
     def __init__(self) -> None:
         super().__init__()
         self.closed = False
+        #: Call ids of invokes read and not registered yet -> cancelled meanwhile.
+        self._announced: dict[str, bool] = {}
 
     def __setitem__(self, call_id: str, cancel: anyio.Event) -> None:
         super().__setitem__(call_id, cancel)
-        if self.closed:
+        if self._announced.pop(call_id, False) or self.closed:
             cancel.set()
+
+    def announce(self, call_id: str) -> bool:
+        """An invoke naming ``call_id`` was read; False when that id is taken already."""
+        if call_id in self._announced or call_id in self:
+            return False
+        self._announced[call_id] = False
+        return True
+
+    def cancel_announced(self, call_id: str) -> bool:
+        """Cancel an announced call before it registers; False when none is announced."""
+        if call_id not in self._announced:
+            return False
+        self._announced[call_id] = True
+        return True
+
+    def forget(self, call_id: str) -> None:
+        """The announced call's request is answered (it registered, or it was refused)."""
+        self._announced.pop(call_id, None)
+
+
+def announced_call_id(value: Any) -> str | None:
+    """The call id a native ``invoke`` request names, if any (``callId``, or its
+    snake_case spelling, as the params check takes them)."""
+    if type(value) is not dict or value.get("method") != "invoke":
+        return None
+    params = value.get("params")
+    if type(params) is not dict:
+        return None
+    call_id = params.get("callId", params.get("call_id"))
+    return call_id if type(call_id) is str else None
 
 
 class Dispatch(Protocol):
@@ -745,12 +783,22 @@ class Connection:
             items, overflow = value, []
             if len(value) > room:
                 items, overflow = value[:room], value[room:]
+            for item in items:  # at most the in-flight limit: see the single invoke below
+                call_id = announced_call_id(item)
+                if call_id is not None:
+                    self.calls.announce(call_id)
             self._in_flight += len(items)
             tg.start_soon(self._handle_batch, items, overflow, held)
             return True
         elif self._in_flight >= self._settings.max_calls_per_connection:
             self._refuse_busy(value)
             return False
+        else:
+            call_id = announced_call_id(value)
+            if call_id is not None:
+                # In flight from now: a cancel the reader takes next is answered at once,
+                # before the task serving this invoke has begun (``CallTable``).
+                self.calls.announce(call_id)
         self._in_flight += 1
         idle = self._idle
         while idle:
@@ -874,6 +922,7 @@ class Connection:
                 waiter.set_result(None)
 
     async def _handle_message(self, value: Any, held: int = 0) -> None:
+        call_id = announced_call_id(value) if self.route is None else None
         try:
             try:
                 if self.route is not None:
@@ -887,6 +936,8 @@ class Connection:
                 raise
             await self._send_response(response, large=held > 0)
         finally:
+            if call_id is not None:
+                self.calls.forget(call_id)
             self._release(held)
 
     async def _handle_batch(self, items: list[Any], overflow: list[Any], held: int = 0) -> None:
@@ -909,6 +960,10 @@ class Connection:
                 self._post_response(response, await self._encode_large(response) if held else None)
         finally:
             self._in_flight -= len(items)
+            for item in items:
+                call_id = announced_call_id(item)
+                if call_id is not None:
+                    self.calls.forget(call_id)
             self._release(held)
 
     async def _send_response(self, response: Any, *, large: bool = False) -> None:

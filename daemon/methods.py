@@ -256,7 +256,13 @@ class Handlers:
     async def cancel(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """Cancel an in-flight call by id (any connection's)."""
         p = params_check.cancel_args(self._named(params))
-        self.service.cancel(p.call_id)
+        try:
+            self.service.cancel(p.call_id)
+        except rpc_errors.UnknownCall:
+            # An invoke of this connection's read before this cancel, whose task has not
+            # registered its call yet: cancelled as it registers.
+            if not ctx.connection.calls.cancel_announced(p.call_id):
+                raise
         return {"cancelled": True}
 
     async def reload(self, ctx: RequestContext, params: Any) -> dict[str, Any]:

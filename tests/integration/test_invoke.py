@@ -7,6 +7,7 @@ One daemon (progress every 0.2 s) serves the example sets plus a home set ``t`` 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -420,6 +421,32 @@ def test_invoke_cancel_from_another_connection_kills_the_group(env: Env) -> None
     assert events[-1]["params"]["status"] == "cancelled"
     eventually(lambda: pid_gone(started["pid"]), 5, "child gone")
     eventually(lambda: pid_gone(grandchild), 5, "grandchild gone")
+    assert env.status()["inFlight"] == 0
+
+
+@pytest.mark.parametrize("batch", [False, True], ids=["single", "in-a-batch"])
+def test_invoke_cancel_written_right_behind_it_cancels_it(env: Env, batch: bool) -> None:
+    """An invoke (alone, or in a batch) and a cancel of its id in one write (the cancel read
+    before the invoke's task has begun, as when a client gives up at once, or the daemon
+    was busy and both queued up): the invoke was read first, so the cancel reaches it and
+    the call ends cancelled, never -32005 with the tool left to run to its end."""
+    call_id = f"behind-{int(batch)}"
+    invoke: Any = {"jsonrpc": "2.0", "id": 1, "method": "invoke",
+                   "params": env.params("sleeper", {"secs": "30"}, callId=call_id)}
+    if batch:
+        invoke = [invoke, {"jsonrpc": "2.0", "id": 3, "method": "status"}]
+    cancel = {"jsonrpc": "2.0", "id": 2, "method": "cancel", "params": {"callId": call_id}}
+    answers: dict[Any, dict[str, Any]] = {}
+    with env.daemon.raw(timeout=30) as conn:
+        conn.send_bytes(json.dumps(invoke).encode() + b"\n" + json.dumps(cancel).encode() + b"\n")
+        while len(answers) < 2:
+            message = conn.receive()
+            if isinstance(message, list):
+                message = message[0]
+            if "method" not in message:
+                answers[message["id"]] = message
+    assert answers[2].get("result") == {"cancelled": True}, answers[2]
+    assert answers[1]["result"]["status"] == "cancelled", answers[1]
     assert env.status()["inFlight"] == 0
 
 
