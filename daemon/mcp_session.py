@@ -93,6 +93,9 @@ __all__ = [
 
 log = structlog.get_logger("toolsetd.mcp")
 
+#: The requests that end when their host leaves (``McpSession.close``): they run a tool
+#: or wait for good.
+_WITH_HOST = frozenset({"tools/call", "subscriptions/listen"})
 #: Legacy revisions answered by ``initialize``, newest first.
 HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18")
 #: Stateless revisions served by per-request ``_meta``.
@@ -269,6 +272,9 @@ class _InFlight:
     wait_scope: anyio.CancelScope | None = None
     #: Announced (``McpSession.announce``) and not yet taken up by ``receive``.
     announced: bool = False
+    #: A tool call or a listen: cancelled when the host leaves (``McpSession.close``).
+    #: Any other request is answered all the same: the transport may still carry it.
+    with_host: bool = False
 
 
 @dataclass(slots=True)
@@ -368,7 +374,9 @@ class McpSession:
                 ),
             )
         else:
-            flight = self._in_flight[request_id] = _InFlight()
+            flight = self._in_flight[request_id] = _InFlight(
+                with_host=message.get("method") in _WITH_HOST
+            )
         try:
             result = await self._request(request_id, message, out, flight)
         except McpError as exc:
@@ -411,16 +419,21 @@ class McpSession:
             and mapping.is_request_id(request_id)
             and request_id not in self._in_flight
         ):
-            self._in_flight[request_id] = _InFlight(announced=True)
+            self._in_flight[request_id] = _InFlight(
+                announced=True, with_host=message.get("method") in _WITH_HOST
+            )
 
     def close(self) -> None:
-        """The host is gone: cancel its calls, end its waits and subscriptions."""
+        """The host is gone: cancel its calls, end its waits and subscriptions. Its other
+        requests (initialize, tools/list, ...) finish and are answered: a host that wrote
+        them and closed its input (a script's pipe) may still read their answers."""
         if self._closed:
             return
         self._closed = True
         self._stop_listening()
         for flight in list(self._in_flight.values()):
-            self._cancel(flight)
+            if flight.with_host:
+                self._cancel(flight)
         for asked in self._asked.values():
             asked.done.set()
 
@@ -509,10 +522,9 @@ class McpSession:
         ):
             # Pipelined behind an initialize that is still building its catalog: it was
             # sent after it, so it is served under what it agrees on (the host's order
-            # holds), not refused as sent before it.
-            with self._wait_scope(flight):
-                await initializing.wait()
-            if flight.cancelled or self._closed:
+            # holds), not refused as sent before it. (That build always ends.)
+            await initializing.wait()
+            if flight.cancelled:
                 return None
         era = self._era(method, params)
         if method == "ping":

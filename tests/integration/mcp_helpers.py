@@ -142,6 +142,7 @@ class RawPump:
             cwd=cwd,
         )
         self._stderr = ""
+        self.stdout_text = ""
 
     def send(self, message: Any) -> None:
         """Write one message (or raw bytes) to the pump's stdin."""
@@ -179,6 +180,8 @@ class RawPump:
             code = self.proc.wait(timeout=timeout)
         finally:
             self._stderr = self.proc.stderr.read().decode(errors="replace")
+            #: What the pump wrote on stdout and nobody read before it exited.
+            self.stdout_text = self.proc.stdout.read().decode(errors="replace")
             self.proc.stdout.close()
             self.proc.stderr.close()
         return code

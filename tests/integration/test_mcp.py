@@ -352,6 +352,29 @@ def test_mcp_a_request_pipelined_behind_initialize_is_served_under_it(
         assert pump.close() == 0
 
 
+def test_mcp_requests_read_before_stdin_closes_are_still_answered(
+    mcp_daemon: Daemon, tmp_path: Path
+) -> None:
+    """A host (a script: printf ... | toolsetctl mcp) that writes its requests and closes
+    stdin: only its tool calls are cancelled; initialize and tools/list, read before the
+    end of input, are answered whether or not the new workspace's catalog was built by
+    then, and the pump exits 0 once they are out."""
+    fresh = tmp_path / "fresh"
+    (fresh / ".crystal" / "tools").mkdir(parents=True)
+    pump = RawPump(pump_args(mcp_daemon, fresh))
+    frames = [
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+         "params": {"protocolVersion": "2025-11-25", "capabilities": {}}},
+        {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+    ]
+    pump.send(b"".join(json.dumps(frame).encode() + b"\n" for frame in frames))
+    assert pump.close() == 0
+    answers = {a["id"]: a for a in (json.loads(line) for line in pump.stdout_text.splitlines())}
+    assert answers[1]["result"]["protocolVersion"] == "2025-11-25", answers
+    assert any(t["name"] == "hello" for t in answers[2]["result"]["tools"]), answers
+
+
 # -- calls ---------------------------------------------------------------------------------
 
 
