@@ -52,6 +52,7 @@ from .params import (
     check_env_string,
     check_mode,
     check_traceparent,
+    invalid_params,
 )
 
 # names and modes are re-exported (their names are in __all__): clients that import them from
@@ -533,7 +534,8 @@ def _expectation(error: Mapping[str, Any]) -> str:
 
 
 def params_error(exc: ValidationError) -> InvalidParams:
-    """Turn a params validation error into an ``InvalidParams`` that names every field.
+    """Turn a params validation error into an ``InvalidParams`` that names every field
+    (and at most ``NAMED_UNKNOWN`` unknown parameters, counting the rest).
 
     Args:
         exc: The error raised by validating one of the params models.
@@ -543,14 +545,9 @@ def params_error(exc: ValidationError) -> InvalidParams:
         string; unknown parameter 'foo'`` and data ``[{"field", "message"}, ...]``. Input
         values never appear (they may hold secrets).
     """
-    parts: list[str] = []
-    data: list[dict[str, str]] = []
-    for error in exc.errors(include_url=False, include_input=False):
-        field = _field_name(error["loc"])
-        expected = _expectation(error)
-        if error["type"] == "extra_forbidden":
-            parts.append(f"{expected} '{field}'")
-        else:
-            parts.append(f"'{field}' {expected}")
-        data.append({"field": field, "message": expected})
-    return InvalidParams("Invalid params: " + "; ".join(parts), data)
+    return invalid_params(
+        [
+            (_field_name(error["loc"]), _expectation(error))
+            for error in exc.errors(include_url=False, include_input=False)
+        ]
+    )

@@ -23,7 +23,7 @@ The rules are the models' own:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -34,6 +34,8 @@ from .modes import MODE_EXPECTED, Mode, parse_mode
 __all__ = [
     "MAX_ARGUMENT_DEPTH",
     "MAX_ENV_STRING",
+    "NAMED_UNKNOWN",
+    "UNKNOWN_PARAMETER",
     "CancelArgs",
     "ClassifyArgs",
     "InvokeArgs",
@@ -45,6 +47,7 @@ __all__ = [
     "check_mode",
     "check_traceparent",
     "classify_args",
+    "invalid_params",
     "invoke_args",
     "list_args",
     "no_args",
@@ -59,6 +62,10 @@ MAX_ARGUMENT_DEPTH: Final = 64
 MAX_ENV_STRING: Final = 4096
 _TRACEPARENT: Final = re.compile(r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}")
 _REQUIRED: Final = object()
+#: The message of a parameter no method takes.
+UNKNOWN_PARAMETER: Final = "unknown parameter"
+#: The most unknown parameters an ``InvalidParams`` names; the rest are counted.
+NAMED_UNKNOWN: Final = 20
 
 
 class _Bad(ValueError):
@@ -157,7 +164,8 @@ def _fields(*spec: tuple[Any, ...]) -> tuple[_Field, ...]:
 
 
 def _read(fields: tuple[_Field, ...], params: Mapping[str, Any]) -> dict[str, Any]:
-    """The values of ``fields`` in ``params``, or ``InvalidParams`` naming every problem."""
+    """The values of ``fields`` in ``params``, or ``InvalidParams`` naming every problem
+    (the first ``NAMED_UNKNOWN`` unknown parameters by name, the others by count)."""
     values: dict[str, Any] = {}
     problems: list[tuple[str, str]] = []
     used = 0
@@ -174,20 +182,50 @@ def _read(fields: tuple[_Field, ...], params: Mapping[str, Any]) -> dict[str, An
             values[field.name] = field.check(params[key])
         except _Bad as bad:
             problems.append((key, str(bad)))
+    more = 0
     if used != len(params):
         known = {f.wire for f in fields}
         taken = {f.name for f in fields if f.wire not in params}
-        problems.extend(
-            (key, "unknown parameter") for key in params if key not in known and key not in taken
-        )
+        # Each field took one key (its wire name, else its Python name): the rest are
+        # unknown. The first few are named, and the others only counted.
+        named = 0
+        for key in params:
+            if key not in known and key not in taken:
+                if named == NAMED_UNKNOWN:
+                    break
+                problems.append((key, UNKNOWN_PARAMETER))
+                named += 1
+        more = len(params) - used - named
     if problems:
-        parts = [
-            f"unknown parameter '{key}'" if message == "unknown parameter" else f"'{key}' {message}"
-            for key, message in problems
-        ]
-        data = [{"field": key, "message": message} for key, message in problems]
-        raise InvalidParams("Invalid params: " + "; ".join(parts), data)
+        raise invalid_params(problems, more)
     return values
+
+
+def invalid_params(problems: Sequence[tuple[str, str]], more: int = 0) -> InvalidParams:
+    """``InvalidParams`` naming each ``(field, message)`` problem, in order.
+
+    At most ``NAMED_UNKNOWN`` unknown parameters are named; the others (and ``more``, the
+    ones the caller did not list) are counted at the end. Every name costs its answer a
+    few dozen bytes: a 16 MiB line of a million stray keys made an answer of 120 MB,
+    built on the event loop (a second of every other client's time) and then refused
+    as over the daemon's line.
+    """
+    parts: list[str] = []
+    data: list[dict[str, str]] = []
+    named = 0
+    for key, message in problems:
+        if message == UNKNOWN_PARAMETER:
+            if named == NAMED_UNKNOWN:
+                more += 1
+                continue
+            named += 1
+            parts.append(f"unknown parameter '{key}'")
+        else:
+            parts.append(f"'{key}' {message}")
+        data.append({"field": key, "message": message})
+    if more:
+        parts.append(f"and {more} more unknown parameter{'s' if more > 1 else ''}")
+    return InvalidParams("Invalid params: " + "; ".join(parts), data)
 
 
 @dataclass(frozen=True, slots=True)

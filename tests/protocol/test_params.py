@@ -125,6 +125,27 @@ def test_params_both_spellings_wire_name_wins() -> None:
     assert params.invoke_args(given_params).call_id == "b"
 
 
+@pytest.mark.parametrize("method", sorted(CASES))
+def test_params_name_twenty_unknown_parameters_and_count_the_rest(method: str) -> None:
+    """A million stray keys (a 16 MiB line) made an answer naming each of them twice:
+    120 MB, built on the daemon's event loop and then refused as over its 64 MiB line.
+    The first 20 are named, in order; the rest are counted; both checks agree."""
+    model, check = CASES[method]
+    given_params: dict[str, Any] = {f"x{i}": 1 for i in range(1000)}
+    given_params["workspace"] = 5  # a known field's problem is still named, first
+    plain = _plain_outcome(check, given_params)
+    assert plain == _model_outcome(model, given_params)
+    kind, (message, data) = plain
+    assert kind == "error"
+    named = [f"x{i}" for i in range(20)]
+    assert [entry["field"] for entry in data if entry["message"] == "unknown parameter"] == named
+    more = 980 if "workspace" in model.model_fields else 981  # else one more stray key
+    assert message.endswith(f"; unknown parameter 'x19'; and {more} more unknown parameters")
+    assert "'x20'" not in message
+    one_more = {f"x{i}": 1 for i in range(21)}
+    assert _plain_outcome(check, one_more)[1][0].endswith("; and 1 more unknown parameter")
+
+
 def test_params_session_refuses_nul() -> None:
     """``session`` reaches the child's environment: a NUL is refused, naming the field.
 
