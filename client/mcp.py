@@ -16,7 +16,8 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    start copying stdin to the socket: the host's first request follows the bind frame
    in the same stream, and the daemon reads it as MCP.
 4. Copy the socket to stdout, except the bind's own response (the first line), which is
-   read here: an error there (a bad workspace or mode) is printed on stderr, exit 2. A
+   read here: an error there (a bad workspace or mode) is printed on stderr, exit 2 (8, 7
+   or 6 for a daemon that refuses the connection: busy, this user, stopping). A
    stdout that cannot be written (a full disk) is said as such, exit 9, never taken for a
    lost daemon (5); a host that stopped reading (a broken pipe) ends the pump with 0.
 5. When stdin closes, shut down the socket's sending side: the daemon cancels this
@@ -50,6 +51,10 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 5
 EXIT_INTERNAL = 9
 EXIT_INTERRUPTED = 130
+#: The exit code of a refusal of the bind that is not about what was asked (else 2): the
+#: codes every toolsetctl command gives them (``client/exits.py``, written out: the pump
+#: imports nothing of the client's), so that each code means one thing.
+_BIND_REFUSALS = {-32008: 8, -32009: 7, -32010: 6}  # busy, not allowed, shutting down
 _BIND_ID = "toolsetctl-mcp-bind"
 #: The systemd service variables an autostarted daemon must not inherit from its host:
 #: ``daemon/sdnotify.py``'s ``SYSTEMD_ENV_VARS``, written out (the pump imports nothing
@@ -408,24 +413,26 @@ def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
     timer.start()
 
 
-def _bind_error(line: bytes) -> str | None:
-    """None when the bind's response is a success, else the message to print."""
+def _bind_error(line: bytes) -> tuple[int, str] | None:
+    """None when the bind's response is a success, else the exit code and the message."""
     try:
         reply = json.loads(line)
     except (ValueError, RecursionError):  # the stdlib decoder recurses once per level
-        return "the daemon's answer to mcp.bind is not JSON"
+        return EXIT_USAGE, "the daemon's answer to mcp.bind is not JSON"
     if isinstance(reply, dict) and isinstance(reply.get("result"), dict):
         return None
     error = reply.get("error") if isinstance(reply, dict) else None
     if isinstance(error, dict):
-        if error.get("code") == -32601:
-            return (
+        code = error.get("code")
+        if code == -32601:
+            return EXIT_USAGE, (
                 "this toolsetd does not serve MCP (mcp.bind is unknown): upgrade it and restart it"
             )
         from .table import printable  # only on this path: stdlib, but not free
 
-        return printable(str(error.get("message")))
-    return "unexpected answer to mcp.bind"
+        exit_code = _BIND_REFUSALS.get(code, EXIT_USAGE) if type(code) is int else EXIT_USAGE
+        return exit_code, printable(str(error.get("message")))
+    return EXIT_USAGE, "unexpected answer to mcp.bind"
 
 
 def _say(text: str) -> None:
@@ -574,8 +581,8 @@ def _pump_socket(sock: socket.socket, path: str) -> int:
                     continue
                 error = _bind_error(pending[:newline])
                 if error is not None:
-                    _say(f"toolsetctl mcp: {error}\n")
-                    return EXIT_USAGE
+                    _say(f"toolsetctl mcp: {error[1]}\n")
+                    return error[0]
                 bound = True
                 data, pending = pending[newline + 1 :], b""
                 if not data:

@@ -1042,6 +1042,22 @@ def test_mcp_bad_workspace_is_one_clear_line(mcp_daemon: Daemon, tmp_base: Path)
     assert proc.stdout == b""
 
 
+def test_mcp_a_busy_daemon_is_exit_8_not_a_usage_error(tmp_base: Path, workspace: Path) -> None:
+    """The daemon refuses the bind's connection (-32008: every slot held by a subscriber):
+    its sentence on stderr and exit 8, as every toolsetctl command says a busy daemon; exit
+    2 is a bad option, workspace or mode ("each code means one thing")."""
+    with daemon_in("tsb-", args=["--no-watch", "--max-connections", "1"]) as d:
+        with d.raw() as holder:
+            assert "result" in holder.request("list", {"subscribe": True})
+            proc = subprocess.run(
+                [PY, *pump_args(d, workspace)], input=b"", capture_output=True, timeout=20,
+                check=False,
+            )
+    assert proc.returncode == 8, proc
+    assert "Too many connections" in proc.stderr.decode()
+    assert proc.stdout == b""
+
+
 @pytest.fixture
 def autostart_base() -> Iterator[Path]:
     """A short folder for an autostarted daemon's socket, which is stopped afterwards."""
