@@ -96,6 +96,8 @@ log = structlog.get_logger("toolsetd.mcp")
 #: The requests that end when their host leaves (``McpSession.close``): they run a tool
 #: or wait for good.
 _WITH_HOST = frozenset({"tools/call", "subscriptions/listen"})
+#: The fields of ``mcp.bind`` (and of the HTTP face's query).
+_BIND_FIELDS = frozenset({"workspace", "catalog", "mode", "headless"})
 #: Legacy revisions answered by ``initialize``, newest first.
 HANDSHAKE_VERSIONS = ("2025-11-25", "2025-06-18")
 #: Stateless revisions served by per-request ``_meta``.
@@ -189,12 +191,13 @@ class Binding:
         """
         if not isinstance(params, dict):
             raise rpc_errors.InvalidParams("Invalid params: params must be an object.")
-        unknown = sorted(set(params) - {"workspace", "catalog", "mode", "headless"})
-        if unknown:
+        # The first in the order sent (not sorted: a bind may hold millions of stray keys).
+        unknown = next((key for key in params if key not in _BIND_FIELDS), None)
+        if unknown is not None:
             raise rpc_errors.InvalidParams(
-                f"Invalid params: unknown field '{unknown[0]}'; expected workspace, catalog, "
+                f"Invalid params: unknown field '{unknown}'; expected workspace, catalog, "
                 "mode, headless.",
-                {"field": unknown[0]},
+                {"field": unknown},
             )
         raw = params.get("workspace")
         if not isinstance(raw, str):

@@ -3,6 +3,8 @@ driven through a real daemon in tests/integration/test_mcp.py)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from toolsetd.daemon.mcp_session import _is_progress_token
@@ -25,3 +27,16 @@ from toolsetd.protocol.jsontext import loads
 )
 def test_a_progress_token_is_a_string_or_a_json_integer(text: str, taken: bool) -> None:
     assert _is_progress_token(loads(text.encode())) is taken
+
+
+def test_a_bind_names_its_first_unknown_field_as_sent(tmp_path: Path) -> None:
+    """mcp.bind (and the HTTP query, by the same check) names the first unknown field in
+    the order sent, as every native params error does; it sorted all of them first, which
+    for a 16 MiB bind of 1.6 million stray keys held the event loop 0.7 s longer."""
+    from toolsetd.daemon.mcp_session import Binding
+    from toolsetd.protocol.errors import InvalidParams
+
+    with pytest.raises(InvalidParams) as caught:
+        Binding.from_params({"workspace": str(tmp_path), "zeta": 1, "alpha": 2})
+    assert caught.value.data == {"field": "zeta"}
+    assert "unknown field 'zeta'" in caught.value.message
