@@ -91,7 +91,9 @@ _RPC_EXITS: Mapping[int, int] = {
     -32002: EXIT_USAGE,  # InvalidArguments
     -32602: EXIT_USAGE,  # InvalidParams
     -32006: EXIT_USAGE,  # InvalidWorkspace
-    -32007: EXIT_USAGE,  # MessageTooLarge: only the request can be over the limit (--args)
+    # MessageTooLarge: the request (--args), or the answer asked for (a list of a catalog
+    # over 64 MiB): ask for less either way.
+    -32007: EXIT_USAGE,
     -32003: EXIT_DENIED,  # PolicyDenied
     -32004: EXIT_DENIED,  # ApprovalRequired
     -32010: EXIT_DAEMON_CANCELLED,  # ShuttingDown
