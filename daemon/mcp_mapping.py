@@ -108,16 +108,23 @@ def error_response(request_id: Any, error: dict[str, Any]) -> dict[str, Any]:
 # -- tools/list ----------------------------------------------------------------------------
 
 
+#: The most bytes of tools a ``tools/list`` page holds (unless one tool alone is more):
+#: a page of long descriptions is cut short, well within the daemon's 64 MiB line.
+PAGE_BYTES = 16 << 20
+
+
 class _Listing:
     """One snapshot's ``tools/list`` entries under one filter, and its pages as JSON."""
 
-    __slots__ = ("pages", "tag", "tools")
+    __slots__ = ("handed", "pages", "tag", "tools")
 
     def __init__(self, tools: list[dict[str, Any]], tag: str) -> None:
         self.tools = tools
         self.tag = tag
-        #: (start, end) -> that slice of ``tools``, encoded once.
-        self.pages: dict[tuple[int, int], orjson.Fragment] = {}
+        #: (start, page size) -> the page from ``start``, encoded once, and its end.
+        self.pages: dict[tuple[int, int], tuple[orjson.Fragment, int]] = {}
+        #: (start, page size) of the pages a cursor was given out for (all but the first).
+        self.handed: set[tuple[int, int]] = set()
 
 
 class ToolPages:
@@ -127,14 +134,19 @@ class ToolPages:
     response): a listing of 1,000 tools is ~0.5 MB of JSON, and encoding it again per
     request cost ~0.3 ms. Responses share no mutable value this way.
 
+    A page holds ``size`` tools, or fewer when they would pass ``page_bytes`` of JSON
+    (halved until they do not): an MCP host cannot ask for less, and over the socket a
+    page past the daemon's line would be an error in its place.
+
     One listing is kept per workspace and filter (``SnapshotCache``). A cursor carries
     its offset, and a client can forge any: only the pages this class gives cursors for
-    (offsets that are multiples of the page size, inside the listing) are kept, so a
-    listing holds at most its own entries' JSON once per page size.
+    (the first, and each one a cursor was handed out for) are kept, so a listing holds
+    at most its own entries' JSON once per page size.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, page_bytes: int = PAGE_BYTES) -> None:
         self._listings: SnapshotCache[_Listing] = SnapshotCache()
+        self._page_bytes = page_bytes
 
     @staticmethod
     def _listing(catalog: Catalog, wanted: str | None) -> _Listing:
@@ -171,15 +183,24 @@ class ToolPages:
         start = 0
         if cursor is not None:
             start = _read_cursor(cursor, listing.tag)
-        end = start + size
-        encoded = listing.pages.get((start, end))
-        if encoded is None:
+        kept = listing.pages.get((start, size))
+        if kept is None:
+            end = start + size
             # A schema may hold an integer wider than 64 bits: jsontext writes it exactly.
-            encoded = orjson.Fragment(json_dumps(listing.tools[start:end]))
-            if start % size == 0 and (start == 0 or start < len(listing.tools)):
-                listing.pages[(start, end)] = encoded  # a page we hand out cursors for
-        next_cursor = _cursor(listing.tag, end) if end < len(listing.tools) else None
-        return encoded, next_cursor
+            data = json_dumps(listing.tools[start:end])
+            while len(data) > self._page_bytes and end - start > 1:
+                end = start + (end - start) // 2
+                data = json_dumps(listing.tools[start:end])
+            kept = orjson.Fragment(data), end
+            if start == 0 or (start, size) in listing.handed:
+                # A page of the walk from the first: kept, and its end is the next one's
+                # start. (A forged offset's page is neither: forged walks take no room.)
+                listing.pages[(start, size)] = kept
+                listing.handed.add((kept[1], size))
+        encoded, end = kept
+        if end >= len(listing.tools):
+            return encoded, None
+        return encoded, _cursor(listing.tag, end)
 
 
 def _cursor(tag: str, offset: int) -> str:

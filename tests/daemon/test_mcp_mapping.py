@@ -106,6 +106,34 @@ def test_mcp_forged_cursors_are_answered_but_not_kept(tmp_path: Path) -> None:
     assert pages.page(catalog, None, None, 2)[0] is first
 
 
+def test_mcp_pages_are_cut_short_by_their_bytes(tmp_path: Path) -> None:
+    """Tools whose JSON together passes the page's bytes go over more pages (a page of
+    1,000 long descriptions passed the socket's 64 MiB line: an MCP host got -32007 and
+    cannot ask for less). A walk still sees each tool once, in order, and each page it
+    walks is kept; a tool larger than the bound alone is a page of its own."""
+    names = [f"t{i:02d}" for i in range(9)]
+    home = _home(tmp_path, names)
+    big = tmp_path / "tools" / "t04" / "tools.json"
+    big.write_text(big.read_text().replace('"tool t04"', '"' + "x" * 5000 + '"'))
+    catalog = _catalog(home)
+    one = len(orjson.dumps(_all(ToolPages(), catalog)[0]))
+    pages = ToolPages(page_bytes=3 * one + 4)  # brackets and commas: three tools, no more
+    walked: list[str] = []
+    sizes: list[int] = []
+    cursor = None
+    for _ in range(20):
+        page, following = pages.page(catalog, None, cursor, 100)
+        assert pages.page(catalog, None, cursor, 100)[0] is page
+        entries = _entries(page)
+        walked += [t["name"] for t in entries]
+        sizes.append(len(entries))
+        cursor = following
+        if cursor is None:
+            break
+    assert walked == names
+    assert sizes == [3, 1, 1, 3, 1]  # halved from 100: three fit; t04 alone; the rest
+
+
 def _all(pages: ToolPages, catalog: object) -> list[dict[str, object]]:
     return _entries(pages.page(catalog, None, None, 100)[0])  # type: ignore[arg-type]
 
