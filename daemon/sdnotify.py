@@ -54,6 +54,9 @@ _NOTIFY_VARS = ("NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID")
 #: The shortest period between two ``WATCHDOG=1`` pings, in seconds.
 MIN_WATCHDOG_INTERVAL = 0.01
 
+#: systemd's ``USEC_INFINITY`` (``UINT64_MAX``): ``WATCHDOG_USEC`` must be below it.
+_USEC_INFINITY = (1 << 64) - 1
+
 
 def scrub_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """Return a copy of ``environ`` without the systemd service variables.
@@ -234,7 +237,9 @@ def _parse_watchdog(environ: Mapping[str, str]) -> int | None:
         usec = int(raw_usec)
     except ValueError:
         return None
-    if usec <= 0:
+    if not 0 < usec < _USEC_INFINITY:
+        # sd_watchdog_enabled refuses what is not a u64 below USEC_INFINITY; a larger
+        # number (400 digits) overflowed the float of watchdog_interval and ended the start.
         return None
     raw_pid = environ.get("WATCHDOG_PID", "")
     if raw_pid:

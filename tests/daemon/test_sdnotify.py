@@ -161,6 +161,11 @@ def test_notifier_from_environ_unsets_variables() -> None:
         # WatchdogSec=1us: a ping every 0.5 us spun the loop; never more often than 10 ms.
         ({"WATCHDOG_USEC": "1"}, 0.01),
         ({"WATCHDOG_USEC": "20000"}, 0.01),
+        # sd_watchdog_enabled's range: a u64 below USEC_INFINITY. 400 digits overflowed
+        # the float of the interval and ended the start with a traceback.
+        ({"WATCHDOG_USEC": "1" + "0" * 400}, None),
+        ({"WATCHDOG_USEC": str((1 << 64) - 1)}, None),
+        ({"WATCHDOG_USEC": str((1 << 64) - 2)}, ((1 << 64) - 2) / 2 / 1_000_000),
     ],
 )
 def test_notifier_watchdog_interval(env, expected) -> None:
