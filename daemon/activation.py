@@ -16,7 +16,8 @@ put into listening state the Unix socket, and passes it as an inherited file des
 descriptor close-on-exec (systemd leaves them inheritable, and a spawned tool must not
 hold the listening socket: it would keep the socket "alive" after the daemon died),
 removes the three variables from the environment, validates that each descriptor is a
-listening ``AF_UNIX``/``SOCK_STREAM`` socket, and wraps it in a ``socket.socket``.
+listening ``AF_UNIX``/``SOCK_STREAM`` socket bound to a filesystem path (not an abstract
+name), and wraps it in a ``socket.socket``.
 
 Under activation systemd owns the socket path: the daemon must not create the socket
 directory, take the instance lock, probe for a stale socket, or unlink the path on
@@ -200,6 +201,15 @@ def _adopt(fd: int) -> socket.socket:
         if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
             raise ActivationError(
                 f"passed descriptor {fd} is not listening (Accept=yes is not supported)"
+            )
+        name = sock.getsockname()
+        if not isinstance(name, str) or not name:
+            # An abstract name (ListenStream=@name) comes back as bytes, an unnamed one as
+            # b"" or "": the daemon names its socket by path (status, the sandbox's view),
+            # and took such a name into a Path with a TypeError traceback.
+            raise ActivationError(
+                f"passed descriptor {fd} is an abstract or unnamed AF_UNIX socket; "
+                "ListenStream= must name a filesystem path"
             )
     except ActivationError:
         # Give the descriptor back rather than closing what systemd owns.

@@ -129,6 +129,8 @@ async def test_listen_fds_names_default_to_unknown(listener) -> None:
         ("datagram", "expected SOCK_STREAM"),
         ("inet", "expected AF_UNIX"),
         ("closed", "is not open"),
+        ("abstract", "ListenStream= must name a filesystem path"),
+        ("unnamed", "ListenStream= must name a filesystem path"),
     ],
 )
 async def test_listen_fds_rejects_unusable_descriptor(kind: str, message: str) -> None:
@@ -149,6 +151,13 @@ async def test_listen_fds_rejects_unusable_descriptor(kind: str, message: str) -
         elif kind == "inet":
             keep.append(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
             keep[0].bind(("127.0.0.1", 0))
+            keep[0].listen()
+            fd = keep[0].fileno()
+        elif kind in ("abstract", "unnamed"):
+            # ListenStream=@name passes a socket in the abstract namespace; bind("") an
+            # autobound one: neither has a path.
+            keep.append(socket.socket(socket.AF_UNIX, socket.SOCK_STREAM))
+            keep[0].bind(f"\0toolsetd-test-{os.getpid()}" if kind == "abstract" else "")
             keep[0].listen()
             fd = keep[0].fileno()
         else:
