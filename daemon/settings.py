@@ -464,6 +464,23 @@ def default_config_path(environ: Mapping[str, str], uid: int | None = None) -> P
     return Path(base) / "toolsetd" / "toolsetd.toml"
 
 
+def _present(path: Path) -> bool:
+    """Whether something is at the default file's path: only nothing there means no file.
+
+    ``os.path.exists`` said no for a symlink whose target is gone (a dotfiles checkout not
+    mounted) and for a folder that cannot be searched: the daemon then started with every
+    default, its ``[confinement]`` and limits silently dropped. Such a file is the
+    operator's, unusable; ``_file_values`` says why.
+    """
+    try:
+        os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except OSError:  # EACCES, ELOOP: something may be there, and it cannot be judged
+        pass
+    return True
+
+
 def _key_lines(text: str) -> dict[str, int]:
     """The line of each top-level ``key =`` and ``[table]`` (tomllib keeps no positions)."""
     lines: dict[str, int] = {}
@@ -701,7 +718,7 @@ def load_settings(
     )
     file_values: dict[str, Any] = {}
     file_sources: dict[str, str] = {}
-    if path is not None and (explicit or os.path.exists(path)):
+    if path is not None and (explicit or _present(path)):
         file_values, file_sources = _file_values(path)
     elif not explicit:
         path = None

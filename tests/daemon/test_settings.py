@@ -237,6 +237,31 @@ def test_settings_default_path_and_missing_default_file(tmp_path: Path) -> None:
     assert s.max_running == 5
 
 
+def test_settings_default_file_that_is_there_but_unusable_is_not_missing(
+    tmp_path: Path,
+) -> None:
+    """Only nothing at the default path means no file. A symlink whose target is gone
+    (a dotfiles checkout not mounted) was taken for a missing file: every default, the
+    operator's [confinement] and limits silently dropped, at start and at reload."""
+    folder = tmp_path / "toolsetd"
+    folder.mkdir()
+    (folder / "toolsetd.toml").symlink_to(tmp_path / "dotfiles" / "toolsetd.toml")
+    environ = {"CONFIGURATION_DIRECTORY": str(folder)}  # whoever runs the test
+    with pytest.raises(ConfigError, match="toolsetd.toml: cannot be used: No such file"):
+        load_settings(_args(), environ, uid=1000)
+    (folder / "toolsetd.toml").unlink()
+    (folder / "toolsetd.toml").write_text("max-running = 5\n")
+    running = load_settings(_args(), environ, uid=1000)
+    assert running.max_running == 5
+    (folder / "toolsetd.toml").unlink()
+    (folder / "toolsetd.toml").symlink_to(tmp_path / "dotfiles" / "toolsetd.toml")
+    with pytest.raises(ConfigError, match="cannot be used"):
+        reload_settings(running, _args(), environ)
+    # A path through a file (ENOTDIR) is as missing as one through nothing.
+    through = {"CONFIGURATION_DIRECTORY": str(folder / "toolsetd.toml")}
+    assert load_settings(_args(), through, uid=1000).config_path is None
+
+
 def test_settings_print_format_is_valid_toml_with_sources(tmp_path: Path) -> None:
     """--print-config output parses as TOML giving the same values, each line with its source."""
     path = _write(tmp_path, "max-running = 7\n")
