@@ -569,7 +569,9 @@ async def _exchange(metrics: Metrics, stream: anyio.abc.SocketStream) -> None:
         if len(head) > _HEAD_LIMIT:
             await stream.send(_response(431, "text/plain", b"request head too large\n"))
             return
-    parts = head.split(b"\r\n", 1)[0].split()
+    # The request line ends at LF, as the head's end is found by LFs alone too (RFC 9112
+    # 2.2); split() drops a CR before it.
+    parts = head.split(b"\n", 1)[0].split()
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         await stream.send(_response(400, "text/plain", b"bad request\n"))
         return

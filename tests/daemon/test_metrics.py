@@ -2,9 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
+
+import anyio
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from toolsetd.daemon.metrics import MAX_SET_LABELS, OTHER_SETS, Metrics, MetricsSources
+from toolsetd.daemon.metrics import (
+    MAX_SET_LABELS,
+    OTHER_SETS,
+    Metrics,
+    MetricsSources,
+    bind_metrics,
+    serve_metrics,
+)
 from toolsetd.daemon.observe import CallInfo
 
 
@@ -69,3 +80,38 @@ def test_metrics_listener_renders_at_most_once_a_second() -> None:
     now[0] += 0.5
     again, _ = metrics.recent_exposition(clock=clock)
     assert 'set="lint",status="refused"} 2.0' in again
+
+
+async def _scrape_raw(request: bytes) -> bytes:
+    """Send ``request`` to a fresh /metrics listener; the answer, read to its close."""
+    metrics = _metrics()
+    async with anyio.create_task_group() as tg:
+        host, port = await tg.start(serve_metrics, metrics, bind_metrics(("127.0.0.1", 0)))
+        with anyio.fail_after(15):
+            async with await anyio.connect_tcp(host, port) as stream:
+                await stream.send(request)
+                answer = b""
+                with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+                    while True:
+                        answer += await stream.receive()
+        tg.cancel_scope.cancel()
+    return answer
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        # RFC 9112 2.2: a recipient may take a bare LF as a line's end, and the head's end
+        # was already found by one (b"\n\n"); the request line was cut at CRLF alone, so
+        # the whole head was its "request line" and the answer 400.
+        b"GET /metrics HTTP/1.1\nHost: 127.0.0.1\n\n",
+    ],
+)
+async def test_metrics_listener_reads_every_request_form_http_allows(request_head: bytes) -> None:
+    """/metrics answers 200 to a head whose lines end in a bare LF."""
+    answer = await _scrape_raw(request_head)
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:200]
+    assert b"toolsetd_build_info" in answer
+
