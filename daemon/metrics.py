@@ -575,7 +575,7 @@ async def _exchange(metrics: Metrics, stream: anyio.abc.SocketStream) -> None:
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         await stream.send(_response(400, "text/plain", b"bad request\n"))
         return
-    method, target = parts[0], parts[1].split(b"?", 1)[0]
+    method, target = parts[0], _target_path(parts[1])
     if target != b"/metrics":
         await stream.send(_response(404, "text/plain", b"only /metrics is served here\n"))
         return
@@ -587,6 +587,21 @@ async def _exchange(metrics: Metrics, stream: anyio.abc.SocketStream) -> None:
     await stream.send(
         _response(200, content_type, b"" if method == b"HEAD" else body, length=len(body))
     )
+
+
+def _target_path(target: bytes) -> bytes:
+    """The path a request target names, its query dropped.
+
+    The origin-form (``/metrics?x``) is its own path; the absolute-form
+    (``http://127.0.0.1:9464/metrics``), which RFC 9112 3.2.2 says a server MUST accept,
+    names the path after its authority.
+    """
+    scheme, sep, _ = target.partition(b"://")
+    if sep and scheme.lower() in (b"http", b"https"):
+        from urllib.parse import urlsplit  # only for this rare form
+
+        return urlsplit(target.decode("latin-1")).path.encode("latin-1")
+    return target.split(b"?", 1)[0]
 
 
 _REASONS = {

@@ -107,11 +107,29 @@ async def _scrape_raw(request: bytes) -> bytes:
         # was already found by one (b"\n\n"); the request line was cut at CRLF alone, so
         # the whole head was its "request line" and the answer 400.
         b"GET /metrics HTTP/1.1\nHost: 127.0.0.1\n\n",
+        # RFC 9112 3.2.2: a server MUST accept the absolute-form; it was 404.
+        b"GET http://127.0.0.1/metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"GET HTTP://127.0.0.1:9464/metrics?x=1 HTTP/1.0\r\n\r\n",
     ],
 )
 async def test_metrics_listener_reads_every_request_form_http_allows(request_head: bytes) -> None:
-    """/metrics answers 200 to a head whose lines end in a bare LF."""
+    """/metrics answers 200 to a bare-LF head and to an absolute-form target."""
     answer = await _scrape_raw(request_head)
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:200]
     assert b"toolsetd_build_info" in answer
 
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"GET http://127.0.0.1/other HTTP/1.1\r\n\r\n",
+        b"GET http://127.0.0.1 HTTP/1.1\r\n\r\n",
+        b"GET //127.0.0.1/metrics HTTP/1.1\r\n\r\n",  # origin-form: the path is //127.0.0.1/...
+        b"GET ftp://127.0.0.1/metrics HTTP/1.1\r\n\r\n",
+    ],
+)
+async def test_metrics_listener_serves_no_other_target(request_head: bytes) -> None:
+    """Only the path /metrics is served, whatever form names it."""
+    answer = await _scrape_raw(request_head)
+    assert answer.startswith(b"HTTP/1.1 404 Not Found\r\n"), answer[:200]
