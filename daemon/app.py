@@ -926,8 +926,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         # stderr reader before the process ends; one that stopped reading holds it 2 s.
         finish_logging()
         if options.tracer_provider is not None:
-            options.tracer_provider.shutdown()  # flush the spans still batched
+            _flush_spans(options.tracer_provider)
     return 0
+
+
+#: Seconds the exit waits for the spans still batched, as it waits for the log's reader.
+_SPAN_FLUSH_SECONDS = 2.0
+
+
+def _flush_spans(provider: Any, seconds: float = _SPAN_FLUSH_SECONDS) -> None:
+    """Shut the tracer provider down (flushing its batched spans), waiting ``seconds`` at most.
+
+    The SDK's shutdown joins its exporter's thread for 30 s: a collector that hangs, or a
+    stdout nobody reads under ``traces = "console"``, held the exit that long after
+    ``daemon_stopped``, past systemd's ``TimeoutStopSec=`` with the graces. Spans not out
+    by then are lost, as lines past the log's bound are. The thread is a daemon thread, and
+    the SDK's own exit hook finds the provider already shut down.
+    """
+    import threading  # only with tracing on
+
+    flush = threading.Thread(target=provider.shutdown, name="toolsetd-span-flush", daemon=True)
+    flush.start()
+    flush.join(seconds)
 
 
 def _tracer_provider(kind: str) -> Any:

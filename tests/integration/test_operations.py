@@ -1036,3 +1036,36 @@ def test_console_log_shows_a_clients_control_characters_escaped(
     assert not {"\x1b", "\x07", "\x9b", "\u202e"} & set(log)
     assert "\\x1b]52;c;cHduZWQ=" in log  # (quoted by the renderer: it holds a "=")
     assert "request_id=\\x9b2J\\u202eevil" in log
+
+
+def test_a_stalled_span_reader_holds_the_exit_a_bounded_time(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """traces = "console" with stdout a FIFO nobody reads: the batched spans cannot go out,
+    and the exporter's flush at exit waited for them 30 s (the SDK's shutdown join) after
+    daemon_stopped; a hanging OTLP collector held it the same way, past systemd's
+    TimeoutStopSec= with the graces. The flush now waits 2 s at most, as the log does."""
+    import time
+
+    fifo = tmp_base / "spans"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # open, never read
+    try:
+        launcher = ["sh", "-c", f'exec "$@" > {shlex.quote(str(fifo))}', "sh"]
+        launcher += [sys.executable, "-m", "toolsetd.daemon"]
+        d = start_daemon(
+            ops_home, workspace, tmp_base, ["--traces", "console", "--no-watch"],
+            env={"OTEL_BSP_SCHEDULE_DELAY": "50"}, launcher=launcher,
+        )  # fmt: skip
+        try:
+            with d.raw(timeout=60) as conn:
+                for _ in range(60):  # ~3 spans of ~1 KB each: far past the FIFO's 64 KiB
+                    conn.invoke({"tool": "quick", "arguments": {}, "workspace": str(workspace)})
+            time.sleep(0.5)  # the exporter's thread has its batches, and is stuck writing
+            assert d.stop(timeout=20) == 0
+        finally:
+            d.proc.kill()
+            d.proc.wait()
+    finally:
+        os.close(reader)
+    assert any(e["event"] == "daemon_stopped" for e in d.log_events())
