@@ -481,23 +481,58 @@ def _present(path: Path) -> bool:
     return True
 
 
+#: One part of a dotted TOML key: bare, "basic" (its escapes left as written) or 'literal'.
+_KEY_PART = r"""(?:"(?:[^"\\]|\\.)*"|'[^']*'|[A-Za-z0-9_-]+)"""
+_KEY_PATH = rf"{_KEY_PART}(?:\s*\.\s*{_KEY_PART})*"
+_HEADER = re.compile(rf"^\s*\[\[?\s*({_KEY_PATH})\s*\]")
+_ASSIGNMENT = re.compile(rf"^\s*({_KEY_PATH})\s*=")
+
+
+def _key_parts(path: str) -> list[str]:
+    """The parts of a dotted key as written, quotes removed (``a."b c"`` is a, b c)."""
+    return [p[1:-1] if p[0] in "\"'" else p for p in re.findall(_KEY_PART, path)]
+
+
 def _key_lines(text: str) -> dict[str, int]:
-    """The line of each top-level ``key =`` and ``[table]`` (tomllib keeps no positions)."""
+    """The first line of each dotted key and ``[table]`` (tomllib keeps no positions).
+
+    Every prefix is a key too: ``limits.x = 1`` is the line of ``limits`` (a dotted key
+    makes that table), ``confinement = {...}`` that of ``confinement``, and
+    ``[confinement.sets."a b"]`` that of ``[confinement.sets.a b]`` and ``[confinement]``.
+    """
     lines: dict[str, int] = {}
-    table = ""
-    header = re.compile(r"^\s*\[+\s*([^\]]+?)\s*\]+")
-    assignment = re.compile(r"""^\s*("[^"]*"|'[^']*'|[A-Za-z0-9_.-]+)\s*=""")
+    table: list[str] = []
     for number, line in enumerate(text.splitlines(), start=1):
-        match = header.match(line)
+        match = _HEADER.match(line)
         if match:
-            table = match.group(1).strip()
-            lines.setdefault(f"[{table}]", number)
+            table = _key_parts(match.group(1))[:_KEY_DEPTH]
+            _record_prefixes(lines, table, 1, number, "[{}]")
             continue
-        match = assignment.match(line)
+        match = _ASSIGNMENT.match(line)
         if match:
-            key = match.group(1).strip("\"'")
-            lines.setdefault(f"{table}.{key}" if table else key, number)
+            full = table + _key_parts(match.group(1))[:_KEY_DEPTH]
+            _record_prefixes(lines, full, len(table) + 1, number, "{}")
     return lines
+
+
+#: No setting is deeper or longer: names past these are not given lines, so a 1 MiB key of
+#: 400,000 dotted parts costs its length, not the square of it (every prefix joined).
+_KEY_DEPTH = 8
+_KEY_LENGTH = 256
+
+
+def _record_prefixes(
+    lines: dict[str, int], parts: list[str], first: int, number: int, form: str
+) -> None:
+    """Give line ``number`` to each dotted prefix of ``parts`` from the ``first`` part on
+    (in ``form``), those already seen keeping theirs, the deep and the long none."""
+    size = -1
+    for end, part in enumerate(parts[:_KEY_DEPTH], start=1):
+        size += len(part) + 1
+        if size > _KEY_LENGTH:
+            return
+        if end >= first:
+            lines.setdefault(form.format(".".join(parts[:end])), number)
 
 
 def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
@@ -692,8 +727,13 @@ def _read_table(key: str, raw: Any, path: Path, lines: Mapping[str, int]) -> Any
         return _TABLES[key](raw, key)
     except ValueError as exc:
         where, _, message = str(exc).partition(": ")
-        line = lines.get(where) or lines.get(f"[{where}]") or lines.get(f"[{key}]")
-        raise ConfigError(message, path, line, where) from None
+        # The key's line, else its nearest table's (an inline table: the line naming it).
+        line, parts = None, where.split(".")
+        while parts and line is None:
+            name = ".".join(parts)
+            line = lines.get(name) or lines.get(f"[{name}]")
+            parts.pop()
+        raise ConfigError(message, path, line or lines.get(key), where) from None
 
 
 def load_settings(

@@ -163,6 +163,19 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
             "toolsetd.toml:1: max-runing: unknown key; did you mean 'max-running'?",
         ),
         ("[limits]\nx = 1\n", "toolsetd.toml:1: limits: unknown key"),
+        # A dotted key, an inline table and a quoted table name are lines too: each was
+        # reported with no line at all.
+        ("\n\nlimits.x = 1\n", "toolsetd.toml:3: limits: unknown key"),
+        ("\nmax-running.x = 1\n", "toolsetd.toml:2: max-running: must be an integer, got a table"),
+        ("\nconfinement = {cgroup = 5}\n", "toolsetd.toml:2: confinement.cgroup: must be"),
+        (
+            '\n[confinement.sets."a b"]\nprofile = "off"\n',
+            "toolsetd.toml:2: confinement.sets.a b: no set directory can be named 'a b'",
+        ),
+        (
+            "\n[confinement]\nsets . 'lint' . profile = 'of'\n",
+            "toolsetd.toml:3: confinement.sets.lint.profile: must be one of",
+        ),
         (
             "max-running = \n",
             "toolsetd.toml:1: is not valid TOML: Invalid value (at line 1, column 15)",
@@ -178,6 +191,17 @@ def test_settings_file_errors_name_file_line_and_key(
         _load(path)
     assert message in str(caught.value)
     assert str(caught.value).startswith(str(path))
+
+
+def test_settings_key_lines_of_a_long_dotted_key_stay_few_and_short() -> None:
+    """Each dotted prefix of a key is given its line, but only up to a depth and a length
+    no setting passes: every prefix of a key of 400,000 parts, joined, was the square of
+    its length (gigabytes for a 1 MiB file)."""
+    from toolsetd.daemon.settings import _key_lines
+
+    lines = _key_lines("a" + ".a" * 1000 + " = 1\n[" + "b." * 1000 + "b]\nc = 1\n")
+    assert lines["a"] == 1 and lines["[b]"] == 2 and lines["[b.b.b]"] == 2
+    assert len(lines) <= 16 and all(len(name) <= 258 for name in lines)
 
 
 def test_settings_file_not_utf8_or_not_a_file(tmp_path: Path) -> None:
