@@ -358,6 +358,7 @@ class McpHttpEndpoint:
         self.sessions: dict[str, _Session] = {}
         self._servers: list[HttpServer] = []
         self._refused_log = Throttle()
+        self._refused_requests = Throttle()
         #: The endpoint's task group (for cancelling the requests of clients that left).
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -466,7 +467,11 @@ class McpHttpEndpoint:
             refused = check_token(request.header("authorization"), self._token)
         if refused is not None:
             status, message = refused
-            log.warning("mcp_http_refused", status=status)
+            # Any web page the operator's browser opens can send these at will (a foreign
+            # Origin, a rebinding Host): one line a minute per status, counting the rest.
+            said = self._refused_requests.count(status)
+            if said is not None:
+                log.warning("mcp_http_refused", status=status, refused=said)
             headers = [("www-authenticate", "Bearer")] if status == 401 else []
             await exchange.respond_json(status, {"error": message}, headers)
             return

@@ -557,6 +557,46 @@ def test_http_absolute_form_target_is_judged_by_its_authority(
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
 @pytest.mark.skipif(not os.access(SYSTEM_PY, os.X_OK), reason=f"no {SYSTEM_PY} for the other user")
+def test_http_a_flood_of_foreign_origins_is_logged_once_a_minute(
+    tmp_base: Path, workspace: Path
+) -> None:
+    """Any web page the operator's browser opens can POST to the loopback endpoint with its
+    own Origin, as often as it likes: each 403 was a warning line of its own (3,000 in
+    0.6 s on one keep-alive connection), enough to push the daemon's other lines past
+    journald's rate limit. mcp_http_refused is said once a minute per status now, with
+    ``refused`` counting the refusals since the last line."""
+    home = tmp_base / "home"
+    (home / "tools").mkdir(parents=True, exist_ok=True)
+    daemon, base = start_http_daemon(home, workspace, tmp_base)
+    try:
+        target = urlsplit(endpoint(base, workspace))
+        body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
+        count = 500
+
+        def flood(host: str, origin: str) -> None:
+            head = (
+                f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {host}\r\n"
+                f"Content-Type: application/json\r\nAccept: application/json\r\n"
+                f"Origin: {origin}\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+            with socket.create_connection(_address(base), timeout=30) as sock:
+                sock.sendall(head * count)
+                answers = b""
+                while answers.count(b"HTTP/1.1 ") < count:
+                    chunk = sock.recv(1 << 20)
+                    assert chunk, answers[-300:]
+                    answers += chunk
+            assert answers.count(b"HTTP/1.1 403 ") + answers.count(b"HTTP/1.1 421 ") == count
+
+        flood(target.netloc, "http://evil.example.com")  # 403
+        flood("evil.example.com", f"http://{target.netloc}")  # 421
+        refused = [e for e in daemon.log_events() if e["event"] == "mcp_http_refused"]
+        assert [(e["status"], e["refused"]) for e in refused] == [(403, 1), (421, 1)]
+        assert all(e["level"] == "warning" for e in refused)
+    finally:
+        daemon.stop()
+
+
 def test_http_other_user_is_refused_403(http_daemon, workspace: Path) -> None:
     """A client running as nobody is refused with 403 and a message naming its uid."""
     _, base = http_daemon
