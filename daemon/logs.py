@@ -139,7 +139,8 @@ def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> 
     """Whether ``fd`` is the journal stream systemd announced in ``JOURNAL_STREAM``."""
     value = (os.environ if environ is None else environ).get("JOURNAL_STREAM", "")
     device, sep, inode = value.partition(":")
-    if not sep or not device.isdigit() or not inode.isdigit():
+    # ASCII digits: str.isdigit() also says yes to "²", which int() refuses.
+    if not sep or not (device + inode).isascii() or not device.isdigit() or not inode.isdigit():
         return False
     try:
         st = os.fstat(fd)

@@ -33,7 +33,8 @@ def test_logs_journal_stream_matches_only_its_own_file(tmp_path: Path) -> None:
         assert stderr_is_journal({"JOURNAL_STREAM": value}, fd=fd)
         assert not stderr_is_journal({"JOURNAL_STREAM": other_value}, fd=fd)
         assert not stderr_is_journal({}, fd=fd)
-        for bad in ("", "12", "a:b", "1:2:3", f"{value}x"):
+        # str.isdigit() says yes to "²", which int() refuses: the start ended in a ValueError.
+        for bad in ("", "12", "a:b", "1:2:3", f"{value}x", "²:5", f"{value}²"):
             assert not stderr_is_journal({"JOURNAL_STREAM": bad}, fd=fd)
     finally:
         os.close(fd)
