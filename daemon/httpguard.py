@@ -101,7 +101,8 @@ def parse_listen(text: str) -> ListenAddress:
     host, sep, port_text = text.rpartition(":")
     if not sep or not host:
         raise ListenError(text, "expected HOST:PORT, for example 127.0.0.1:8765 or [::1]:8765.")
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    # ASCII digits: str.isdigit() also says yes to "²" (which int() refuses) and "٩٠".
+    if not port_text.isascii() or not port_text.isdigit() or int(port_text) > 65535:
         raise ListenError(text, "the port must be a number from 0 to 65535.")
     port = int(port_text)
     if host == "localhost":

@@ -660,7 +660,8 @@ def _check_loopback(values: Sequence[str]) -> None:
 def _parse_listen(raw: str) -> tuple[str, int]:
     host, sep, port_text = raw.rpartition(":")
     host = host.strip("[]")
-    if not sep or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+    # ASCII digits: str.isdigit() also says yes to "²" (which int() refuses) and "٩٠".
+    if not sep or not port_text.isascii() or not port_text.isdigit() or int(port_text) > 65535:
         raise ValueError(
             f"must be HOST:PORT with a port from 0 (any free one) to 65535, got {_show(raw)}"
         )

@@ -241,6 +241,13 @@ def test_settings_flag_and_env_errors() -> None:
         load_settings(_args("--metrics-listen", "10.0.0.1:80"), {}, uid=1000)
     with pytest.raises(ConfigError, match='--mcp-listen: "10.0.0.1:80": refusing to listen'):
         load_settings(_args("--mcp-listen", "10.0.0.1:80"), {}, uid=1000)
+    # A port is ASCII digits: "²" (str.isdigit() says yes) gave int()'s own message, and
+    # Arabic-Indic "٩٠" was taken for port 90.
+    for port in ("²", "٩٠"):
+        with pytest.raises(ConfigError, match="--metrics-listen: must be HOST:PORT with a port"):
+            load_settings(_args("--metrics-listen", f"127.0.0.1:{port}"), {}, uid=1000)
+        with pytest.raises(ConfigError, match="--mcp-listen: .*the port must be a number"):
+            load_settings(_args("--mcp-listen", f"127.0.0.1:{port}"), {}, uid=1000)
 
 
 def test_settings_default_path_and_missing_default_file(tmp_path: Path) -> None:
