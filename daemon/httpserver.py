@@ -557,6 +557,7 @@ class HttpServer:
         #: they are closed unanswered).
         self._refusing = 0
         self._limit_log = Throttle()
+        self._bad_log = Throttle(1.0)
         self._scopes: set[anyio.CancelScope] = set()
         self._accepting: anyio.CancelScope | None = None
 
@@ -907,7 +908,11 @@ class HttpServer:
 
     async def _fail(self, conn: _HttpConnection, status: int, message: str) -> None:
         """Answer a request we cannot serve (if a response may still go out), then close."""
-        log.info("http_bad_request", status=status, message=message)
+        # A web page can have the browser send these as fast as it opens connections (a
+        # long target is 431): one line a second per status, counting the rest.
+        said = self._bad_log.count(status)
+        if said is not None:
+            log.info("http_bad_request", status=status, message=message, refused=said)
         await self._answer_and_close(conn, status, message)
 
     async def _answer_and_close(

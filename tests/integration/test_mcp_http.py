@@ -597,6 +597,35 @@ def test_http_a_flood_of_foreign_origins_is_logged_once_a_minute(
         daemon.stop()
 
 
+def test_http_a_flood_of_bad_requests_is_logged_once_a_second(
+    tmp_base: Path, workspace: Path
+) -> None:
+    """A web page can make the browser send requests the server refuses before any handler
+    (a target of 70,000 characters is 431) on new connections as fast as it goes: each was
+    an http_bad_request line of its own, over a thousand a second. It is said once a second
+    per status now, with ``refused`` counting the refusals since the last line."""
+    home = tmp_base / "home"
+    (home / "tools").mkdir(parents=True, exist_ok=True)
+    daemon, base = start_http_daemon(home, workspace, tmp_base)
+    try:
+        head = b"GET /mcp?x=" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+        began = time.monotonic()
+        for _ in range(200):
+            with socket.create_connection(_address(base), timeout=30) as sock:
+                sock.sendall(head)
+                answer = b""
+                with contextlib.suppress(ConnectionResetError):
+                    while chunk := sock.recv(65536):
+                        answer += chunk
+                assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+        seconds = time.monotonic() - began
+        bad = [e for e in daemon.log_events() if e["event"] == "http_bad_request"]
+        assert 1 <= len(bad) <= seconds + 2, (len(bad), seconds)  # a line a second at most
+        assert bad[0]["status"] == 431 and bad[0]["refused"] == 1
+    finally:
+        daemon.stop()
+
+
 def test_http_other_user_is_refused_403(http_daemon, workspace: Path) -> None:
     """A client running as nobody is refused with 403 and a message naming its uid."""
     _, base = http_daemon
@@ -1506,17 +1535,23 @@ def test_http_client_gone_mid_body_is_no_incident(http_daemon, workspace: Path) 
     head = _post_head(base, workspace, 100) + b"{"  # then the client closes
 
     def count(event: str) -> int:
-        return sum(e.get("event") == event for e in daemon.log_events())
+        # http_bad_request is said once a second per status, ``refused`` counting each.
+        return sum(e.get("refused", 1) for e in daemon.log_events() if e.get("event") == event)
 
-    bad, failed = count("http_bad_request"), count("http_connection_failed")
-    for _ in range(5):
+    def gone_mid_body() -> None:
         with socket.create_connection(_address(base), timeout=5) as sock:
             sock.sendall(head)
             sock.shutdown(socket.SHUT_WR)
             while sock.recv(65536):
                 pass
+
+    bad, failed = count("http_bad_request"), count("http_connection_failed")
+    for _ in range(5):
+        gone_mid_body()
     assert http(endpoint(base, workspace), body=rpc(1, "initialize", INIT_PARAMS)).status == 200
-    eventually(lambda: count("http_bad_request") >= bad + 5, what="the five bad requests")
+    time.sleep(1.1)  # past the throttle's second: the next line counts the five
+    gone_mid_body()
+    eventually(lambda: count("http_bad_request") >= bad + 6, what="the six bad requests")
     assert count("http_connection_failed") == failed
 
 
