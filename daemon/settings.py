@@ -880,8 +880,28 @@ def _toml_value(value: Any) -> str:
         return f'"{host}:{value[1]}"'
     if isinstance(value, tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
-    text = str(value).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{text}"'
+    return f'"{_toml_escaped(str(value))}"'
+
+
+#: Characters a TOML basic string (or a comment) must not hold raw, with their escapes:
+#: the C0 controls and DEL (TOML), and the C1 controls, which a terminal acts on (CSI).
+_TOML_ESCAPES = {
+    **{chr(c): f"\\u{c:04x}" for c in (*range(0x20), *range(0x7F, 0xA0))},
+    "\b": "\\b",
+    "\t": "\\t",
+    "\n": "\\n",
+    "\f": "\\f",
+    "\r": "\\r",
+    '"': '\\"',
+    "\\": "\\\\",
+}
+_TOML_ESCAPE_TABLE = str.maketrans(_TOML_ESCAPES)
+
+
+def _toml_escaped(text: str) -> str:
+    """``text`` as the inside of a TOML basic string: quotes, backslashes and controls
+    escaped (a path may hold a newline, which ended the string, or an ESC)."""
+    return text.translate(_TOML_ESCAPE_TABLE)
 
 
 def format_settings(
@@ -901,25 +921,25 @@ def format_settings(
         Text that is itself a valid ``toolsetd.toml``; unset keys are commented out.
     """
     resolved = resolved or {}
-    where: object = settings.config_path or "none"
+    where = _toml_escaped(str(settings.config_path)) if settings.config_path else "none"
     if settings.config_path is None and looked_for is not None:
-        where = f"none ({looked_for} does not exist)"
+        where = f"none ({_toml_escaped(str(looked_for))} does not exist)"
     lines = [f"# config file: {where}"]
     width = max(len(o.key) for o in OPTIONS)
     for option in OPTIONS:
         value = settings.value(option.key)
-        source = settings.sources.get(option.key, "default")
+        source = _toml_escaped(settings.sources.get(option.key, "default"))  # a file's path
         reload_note = "" if option.reloadable else ", restart to change"
         if value is None:
             shown = resolved.get(option.key)
-            text = f'# {option.key} = "{shown}"' if shown else f"# {option.key} ="
+            text = f"# {option.key} = {_toml_value(shown)}" if shown else f"# {option.key} ="
             lines.append(f"{text:<{width + 40}} # {source}{reload_note}")
             continue
         text = f"{option.key} = {_toml_value(value)}"
         lines.append(f"{text:<{width + 40}} # {source}{reload_note}")
     for key in _TABLES:  # tables are shown by where they came from, not spelled out
         text = f"# [{key}] (see the file)" if key in settings.sources else f"# [{key}] ="
-        source = settings.sources.get(key, "default")
+        source = _toml_escaped(settings.sources.get(key, "default"))
         lines.append(f"{text:<{width + 40}} # {source}, restart to change")
     return "\n".join(lines) + "\n"
 

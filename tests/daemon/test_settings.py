@@ -371,6 +371,29 @@ def test_settings_print_format_says_where_it_looked(tmp_path: Path) -> None:
     assert text.splitlines()[0] == f"# config file: none ({looked} does not exist)"
 
 
+def test_settings_print_format_escapes_control_characters(tmp_path: Path) -> None:
+    """A value with a newline, an escape or DEL (a path may hold any of them) is printed as a
+    TOML escape: written raw, --print-config was no valid TOML (a newline ended the string,
+    or a comment, which the rest of the value then escaped) and put the ESC on the terminal."""
+    odd = '/tmp/a\nb\x1b[31m\x7f"\\\tz'
+    folder = tmp_path / "a\nb"
+    folder.mkdir()
+    config = folder / "toolsetd.toml"
+    config.write_text("[confinement]\n")  # its path is in the comments
+    s = load_settings(_args("--home", odd, "--reserve", "x\ny", "--config", str(config)), {})
+    text = format_settings(s, {"socket": odd + "/s.sock"}, looked_for=Path(odd))
+    assert "\x1b" not in text and "\x7f" not in text
+    parsed = tomllib.loads(text)
+    assert parsed["home"] == odd
+    assert parsed["reserve"] == ["x\ny"]
+    commented = [line for line in text.splitlines() if line.startswith("# socket = ")]
+    assert len(commented) == 1
+    assert tomllib.loads(commented[0][2:].partition("#")[0])["socket"] == odd + "/s.sock"
+    s = load_settings(_args(), {"XDG_CONFIG_HOME": odd}, uid=1000)
+    first = format_settings(s, looked_for=Path(odd) / "toolsetd.toml").splitlines()[0]
+    assert first.startswith("# config file: none (") and "\n" not in first
+
+
 def test_settings_file_with_a_byte_order_mark(tmp_path: Path) -> None:
     """A toolsetd.toml saved with a UTF-8 byte order mark is read as the text it holds (as
     config.json is), keys and lines as without one; tomllib alone said "Invalid statement
