@@ -625,7 +625,13 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
             raise ValueError("must be a path")
         if where == "file" and not os.path.isabs(expanded):
             raise ValueError(f"must be an absolute path (or start with ~), got {_show(raw)}")
-        return Path(os.path.abspath(expanded))
+        try:
+            return Path(os.path.abspath(expanded))
+        except OSError:  # a relative one from the environment, its directory removed
+            raise ValueError(
+                f"is relative ({_show(raw)}) and the working directory it was relative to "
+                "is gone; give an absolute path"
+            ) from None
     if kind == "listen":
         return _parse_listen(raw)
     if not raw:
@@ -951,5 +957,16 @@ def settings_fields() -> tuple[str, ...]:
 
 
 def parse_command_line(argv: Sequence[str] | None, version: str) -> argparse.Namespace:
-    """Parse ``toolsetd``'s flags (exits with status 2 on a usage error)."""
-    return build_parser(version).parse_args(argv)
+    """Parse ``toolsetd``'s flags (exits with status 2 on a usage error).
+
+    A relative path (``--config t.toml``, ``--home ../home``) is made absolute here, once,
+    against the working directory of the start: a reload merges these flags again, and
+    resolved then it named whatever the directory had become, or raised FileNotFoundError
+    (``os.getcwd``) once it was removed, which ended the daemon on SIGHUP.
+    """
+    args = build_parser(version).parse_args(argv)
+    for name in ("config", *(o.attr for o in OPTIONS if o.kind == "path")):
+        value = getattr(args, name, None)
+        if value:  # "" is left for _check_value to refuse
+            setattr(args, name, os.path.abspath(os.path.expanduser(value)))
+    return args

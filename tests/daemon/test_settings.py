@@ -20,6 +20,7 @@ from toolsetd.daemon.settings import (
     default_config_path,
     format_settings,
     load_settings,
+    parse_command_line,
     reload_settings,
     settings_fields,
 )
@@ -291,6 +292,36 @@ def test_settings_default_file_that_is_there_but_unusable_is_not_missing(
     # A path through a file (ENOTDIR) is as missing as one through nothing.
     through = {"CONFIGURATION_DIRECTORY": str(folder / "toolsetd.toml")}
     assert load_settings(_args(), through, uid=1000).config_path is None
+
+
+def test_settings_relative_flags_are_the_start_directorys_at_every_reload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``toolsetd --config t.toml --home ../home`` resolved its relative paths again at each
+    reload, against whatever the working directory had become: once it was removed, the
+    reload raised FileNotFoundError (os.getcwd), the reload RPC was an internal error, and
+    SIGHUP ended the daemon. They are resolved once, at start."""
+    start = tmp_path / "start"
+    start.mkdir()
+    (start / "t.toml").write_text("max-running = 3\n")
+    monkeypatch.chdir(start)
+    args = parse_command_line(["--config", "t.toml", "--home", "../home", "--socket", "s"], "t")
+    running = load_settings(args, {})
+    assert running.config_path == start / "t.toml" and running.home == tmp_path / "home"
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (start / "t.toml").rename(elsewhere / "t.toml")
+    start.rmdir()  # the daemon's working directory is gone
+    (elsewhere / "start").mkdir()
+    (elsewhere / "start" / "t.toml").write_text("max-running = 4\n")
+    with pytest.raises(ConfigError, match=f"{start}/t.toml: cannot be used: No such file"):
+        reload_settings(running, args, {})
+    start.mkdir()
+    (start / "t.toml").write_text("max-running = 5\n")
+    monkeypatch.chdir(elsewhere / "start")  # moved on: the start's paths still count
+    outcome = reload_settings(running, args, {})
+    assert outcome.settings.max_running == 5 and outcome.restart_needed == ()
+    assert outcome.settings.home == tmp_path / "home"
 
 
 def test_settings_print_format_is_valid_toml_with_sources(tmp_path: Path) -> None:
