@@ -81,7 +81,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -373,7 +373,7 @@ class Watcher:
     async def _supervise(self) -> None:
         while True:
             probes = await threads.run_sync(_probe_all, self._home, tuple(self._workspaces))
-            dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
+            dirs = _watchable(probes)
             stop = anyio.Event()
             self._stop, self._watching = stop, dirs
             if not dirs:
@@ -482,7 +482,7 @@ class Watcher:
         if changed:
             log.info("watch_changed", keys=len(changed))
             self._enqueue(dict.fromkeys(changed))
-        dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
+        dirs = _watchable(probes)
         if self._watching is not None and dirs != self._watching:
             self._stop_generation()
         return cost
@@ -581,6 +581,26 @@ class Watcher:
 
 
 # -- probes (blocking; run in a worker thread) ----------------------------------------
+
+
+def _watchable(probes: Mapping[ReloadKey, _Probe]) -> frozenset[Path]:
+    """The probes' directories that the watch can take.
+
+    A folder whose name is not UTF-8 (a cloned repository's ``.crystal/tools`` may hold one)
+    is left to the poll: watchfiles takes only UTF-8 paths, and raised UnicodeEncodeError
+    for the whole watch, every catalog's. The poll compares its directories with these, so
+    such a folder does not restart the watch at every poll either.
+    """
+    return frozenset(d for p in probes.values() for d in p.dirs if _utf8(str(d)))
+
+
+def _utf8(path: str) -> bool:
+    """Whether a path can be written in UTF-8 (no byte ``os.fsdecode`` had to escape)."""
+    try:
+        path.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _stat(path: str | Path) -> _StatSig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -897,3 +898,38 @@ async def test_a_reload_failing_again_stays_throttled_while_others_work(
     assert [set(keys) for keys in calls] == [{broken}, {working}, {broken}, {working}, {broken}]
     failed = [entry for entry in logs if entry["event"] == "watch_reload_failed"]
     assert [(entry["error"], entry["failures"]) for entry in failed] == [("RuntimeError", 1)]
+
+
+async def test_watcher_a_folder_name_that_is_not_utf8_leaves_the_rest_watched(
+    layout: Layout,
+) -> None:
+    """A set folder whose name is not UTF-8 (a cloned repository's ``.crystal/tools`` can
+    hold one) cannot be handed to watchfiles, which raised UnicodeEncodeError for the whole
+    watch: every catalog, the home's too, fell back to the stat poll, and each retry failed
+    again. Such a folder is left to the poll; the rest is watched."""
+    home, workspace = layout
+    project = workspace / ".crystal" / "tools"
+    project.mkdir(parents=True)
+    os.mkdir(os.fsencode(project) + b"/bad\xff")
+    recorder = Recorder()
+    # Long settle and recheck: the call below comes from a file event, not from a timer.
+    watcher = Watcher(home, recorder, debounce_ms=50, settle_seconds=60.0, recheck_seconds=60.0)
+    watcher.add_workspace(workspace)
+    with capture_logs() as logs, anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await anyio.sleep(1.0)  # past the probes that follow the watch's start
+            await _poke_until(recorder, None, home / "tools" / "a" / "tools.json")
+            tg.cancel_scope.cancel()
+    assert [e for e in logs if e["event"] == "watch_unavailable"] == []
+    # Nor does the poll, which sees that folder, take it for a new one each time and
+    # restart the watch.
+    watcher = Watcher(home, Recorder(), settle_seconds=60.0, recheck_seconds=0.05)
+    watcher.add_workspace(workspace)
+    with capture_logs() as logs, anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            while watcher.polls < 10:
+                await anyio.sleep(0.05)
+            tg.cancel_scope.cancel()
+    assert len([e for e in logs if e["event"] == "watch_started"]) == 1
