@@ -572,7 +572,32 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         found = re.search(r"at line (\d+)", str(exc))
         line = int(found.group(1)) if found else max(1, len(text.splitlines()))
         raise ConfigError(f"is not valid TOML: {exc}", path, line) from None
+    except RecursionError:
+        # tomllib parses nested arrays and inline tables by recursion: a value a few
+        # thousand deep (a few KiB) raised this past every handler, and ended the daemon
+        # at a SIGHUP's reload.
+        raise ConfigError(
+            "is not valid TOML: an array or inline table is nested too deeply",
+            path,
+            _deep_line(text),
+        ) from None
     return table, _key_lines(text)
+
+
+def _deep_line(text: str, depth: int = 64) -> int | None:
+    """The line where the brackets and braces open (less those closed) first pass ``depth``
+    (strings are not told apart: this only points at the place, for the message)."""
+    opened, line = 0, 1
+    for char in text:
+        if char in "[{":
+            opened += 1
+            if opened > depth:
+                return line
+        elif char in "]}":
+            opened -= 1
+        elif char == "\n":
+            line += 1
+    return None
 
 
 def _check_value(option: Option, raw: Any, where: str) -> Any:

@@ -425,6 +425,21 @@ def test_settings_print_format_escapes_control_characters(tmp_path: Path) -> Non
     assert first.startswith("# config file: none (") and "\n" not in first
 
 
+def test_settings_file_nested_too_deeply_is_a_config_error(tmp_path: Path) -> None:
+    """tomllib parses nested arrays and inline tables by recursion: a value nested some
+    thousands deep (a few KiB) raised RecursionError, a traceback at start, an internal
+    error for the reload RPC, and the daemon's end on SIGHUP. It is a file that cannot be
+    used, like any other TOML error, and a reload keeps the running settings."""
+    for value in ("[" * 5000 + "]" * 5000, "{a=" * 3000 + "1" + "}" * 3000):
+        path = _write(tmp_path, f"max-running = 2\n\nreserve = {value}\n")
+        with pytest.raises(ConfigError, match=r"toolsetd\.toml:3: is not valid TOML: .*deeply"):
+            _load(path)
+    running = _load(_write(tmp_path, "max-running = 2\n"))
+    _write(tmp_path, "reserve = " + "[" * 5000 + "]" * 5000 + "\n")
+    with pytest.raises(ConfigError, match="is not valid TOML"):
+        reload_settings(running, _args("--config", str(tmp_path / "toolsetd.toml")), {})
+
+
 def test_settings_file_with_a_byte_order_mark(tmp_path: Path) -> None:
     """A toolsetd.toml saved with a UTF-8 byte order mark is read as the text it holds (as
     config.json is), keys and lines as without one; tomllib alone said "Invalid statement
