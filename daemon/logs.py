@@ -453,16 +453,17 @@ def configure_logging(
     send = _nonblocking_sender(sys.stderr.fileno()) if _has_fileno(sys.stderr) else None
     for handler in [h for h in logging.root.handlers if isinstance(h, _StdlibLines)]:
         logging.root.removeHandler(handler)  # configured again: not twice
-    if send is not None:
 
-        def render(level: str, event: dict[str, Any]) -> str:
-            # As TimeStamper(fmt="iso", utc=True) writes the time.
-            stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-            fields = {**event, "level": level, "timestamp": stamp}
-            if fmt != "json":
-                _printable_values(None, level, fields)
-            text = renderer(None, level, fields)
-            return (PRIORITIES.get(level, "<6>") if journal else "") + str(text)
+    def render(level: str, event: dict[str, Any]) -> str:
+        # As TimeStamper(fmt="iso", utc=True) writes the time.
+        stamp = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        fields = {**event, "level": level, "timestamp": stamp}
+        if fmt != "json":
+            _printable_values(None, level, fields)
+        text = renderer(None, level, fields)
+        return (PRIORITIES.get(level, "<6>") if journal else "") + str(text)
+
+    if send is not None:
 
         def notice(dropped: int) -> str:
             return render("warning", {"event": "log_lines_dropped", "dropped": dropped})
@@ -475,7 +476,11 @@ def configure_logging(
         # The standard library's loggers (asyncio's "Exception in callback", OpenTelemetry's
         # exporter) would otherwise reach stderr through logging's last-resort handler, a
         # blocking write: the same writer takes them, rendered as our lines.
-        logging.root.addHandler(_StdlibLines(writer, render))
+        logging.root.addHandler(_StdlibLines(writer.line, render))
+    else:
+        # A file or a terminal, written to waiting as our own lines are; through the
+        # last-resort handler they were bare text, no JSON object in a JSON log.
+        logging.root.addHandler(_StdlibLines(_print_line, render))
 
     structlog.configure(
         processors=processors,
@@ -486,11 +491,14 @@ def configure_logging(
 
 
 class _StdlibLines(logging.Handler):
-    """The standard library's log records (warning and up), as lines of a ``LineWriter``."""
+    """The standard library's log records (warning and up), rendered as our lines and handed
+    to ``write`` (a ``LineWriter``'s ``line``, or ``_print_line``)."""
 
-    def __init__(self, writer: LineWriter, render: Callable[[str, dict[str, Any]], str]) -> None:
+    def __init__(
+        self, write: Callable[[str], object], render: Callable[[str, dict[str, Any]], str]
+    ) -> None:
         super().__init__(logging.WARNING)
-        self._writer = writer
+        self._write = write
         self._render = render
 
     def emit(self, record: logging.LogRecord) -> None:
@@ -499,9 +507,14 @@ class _StdlibLines(logging.Handler):
             if record.exc_info:
                 event["exception"] = logging.Formatter().formatException(record.exc_info)
             level = record.levelname.lower()
-            self._writer.line(self._render(level if level in PRIORITIES else "error", event))
+            self._write(self._render(level if level in PRIORITIES else "error", event))
         except Exception:  # logging's own rule: a handler never raises
             self.handleError(record)
+
+
+def _print_line(text: str) -> None:
+    """Write one line on stderr as it is now (a file or a terminal: waiting is fine)."""
+    print(text, file=sys.stderr, flush=True)  # noqa: T201 - a log line
 
 
 def _has_fileno(stream: Any) -> bool:

@@ -266,3 +266,36 @@ def test_logs_the_standard_librarys_records_take_the_same_writer(
         structlog.reset_defaults()
         os.close(read_fd)
         os.close(write_fd)
+
+
+@pytest.mark.parametrize("fmt", ["json", "console"])
+def test_logs_the_standard_librarys_records_are_lines_on_a_file_too(
+    fmt: str, tmp_path: Path
+) -> None:
+    """With stderr a file or a terminal (no non-blocking writer), a standard-library record
+    (an OpenTelemetry exporter's "Failed to export spans", asyncio's "Exception in
+    callback") went through logging's last-resort handler as bare text: a line that is no
+    JSON object in a JSON log (``jq`` stops there), unescaped in the console one. It is
+    rendered as the daemon's own lines are, on any stderr. (In a process of its own: pytest's
+    handlers on the root logger would stand in for the last-resort one.)"""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging\n"
+        "from toolsetd.daemon.logs import configure_logging\n"
+        f"configure_logging({fmt!r}, 'info', journal=False)\n"
+        "logging.getLogger('opentelemetry.exporter').warning('Failed to export \\x1b[31m')\n"
+    )
+    path = tmp_path / "daemon.log"
+    with open(path, "w") as stderr:
+        subprocess.run([sys.executable, "-c", code], stderr=stderr, check=True, timeout=60)
+    lines = path.read_text().splitlines()
+    assert len(lines) == 1, lines
+    if fmt == "json":
+        record = json.loads(lines[0])
+        assert (record["event"], record["logger"], record["level"]) == (
+            "Failed to export \x1b[31m", "opentelemetry.exporter", "warning")
+    else:
+        assert "Failed to export \\x1b[31m" in lines[0] and "\x1b" not in lines[0]
+        assert "opentelemetry.exporter" in lines[0]
