@@ -908,7 +908,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if options.traces != "off":
             options = replace(options, tracer_provider=_tracer_provider(options.traces))
     except ConfigError as exc:
-        print(f"toolsetd: {exc}", file=sys.stderr)  # noqa: T201 - the operator's message
+        say(f"toolsetd: {exc}")  # the operator's message (an error priority on the journal)
         return 2
     configure_logging(
         options.settings.log_format if options.settings else "json",

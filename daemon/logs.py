@@ -336,7 +336,12 @@ def say(text: str) -> None:
     """Write a plain message for the operator on stderr on the way out (a start-up error,
     a traceback): through the log writer when stderr is a pipe or a socket, so a reader that
     stopped reading cannot hold the exit (``finish_logging`` bounds the wait); else printed.
+
+    On the journal each line starts ``<3>``: unprefixed, journald filed it at the stream's
+    default priority (info), and ``journalctl -p warning`` left out why the daemon stopped.
     """
+    if stderr_is_journal():
+        text = "\n".join(PRIORITIES["error"] + line for line in text.split("\n"))
     writer = _WRITER
     if writer is None:
         print(text, file=sys.stderr)  # noqa: T201 - the operator's message

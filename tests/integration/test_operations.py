@@ -361,6 +361,39 @@ def test_journald_priority_prefixes_when_stderr_is_the_journal(
     assert prefix == "<6>" and finished["tool"] == "quick" and finished["status"] == "ok"
 
 
+def test_journald_a_failed_start_says_why_at_error_priority(tmp_base: Path) -> None:
+    """The message of a failed start (a bad config file: exit 2; a port taken: exit 1) went
+    to the journal with no priority prefix, so journald filed it at the stream's default,
+    info: ``journalctl -u toolsetd -p warning``, which operations.md suggests, left out why
+    the daemon was not running. Each such line starts <3> now."""
+    (tmp_base / "home").mkdir(exist_ok=True)
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    log_path = tmp_base / "daemon.log"
+    try:
+        for text, flags, code in (
+            ("max-running = 0\n", [], 2),
+            ("", ["--metrics-listen", f"127.0.0.1:{taken.getsockname()[1]}"], 1),
+        ):
+            with open(log_path, "wb") as log_file:
+                st = os.fstat(log_file.fileno())
+                args = [sys.executable, "-m", "toolsetd.daemon", "--home", str(tmp_base / "home")]
+                args += ["--socket", str(tmp_base / "s.sock"), "--no-watch"]
+                args += ["--config", str(_config(tmp_base, text)), *flags]
+                env = {**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")}
+                env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
+                env.pop("TOOLSETD_SOCKET", None)
+                done = subprocess.run(  # noqa: S603
+                    args, stdout=subprocess.DEVNULL, stderr=log_file, env=env, timeout=60
+                )
+            assert done.returncode == code
+            said = [x for x in log_path.read_text().splitlines() if "toolsetd: " in x]
+            assert said and all(line.startswith("<3>toolsetd: ") for line in said), said
+    finally:
+        taken.close()
+
+
 def test_journald_no_prefix_when_journal_stream_is_another_file(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
