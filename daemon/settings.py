@@ -47,7 +47,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from .config_file import read_regular_file
 from .confinement import ConfinementConfig, parse_confinement
@@ -414,9 +414,23 @@ class SettingsReload:
 # -- the command line ------------------------------------------------------------------
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, its usage error said as the daemon's other start-up errors are.
+
+    Printed by argparse, the error had no priority on the journal, which filed it as
+    info: an ``ExecStart=`` typo was missing from ``journalctl -p err``.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        from .logs import say  # only on the way out
+
+        say(f"{self.format_usage().rstrip()}\n{self.prog}: error: {message}")
+        raise SystemExit(2)
+
+
 def build_parser(version: str) -> argparse.ArgumentParser:
     """The ``toolsetd`` argument parser; an absent flag leaves no attribute."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="toolsetd",
         description="Serve operator tool sets (tools.json) to coding agents over a Unix socket.",
         argument_default=argparse.SUPPRESS,
