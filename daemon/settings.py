@@ -14,8 +14,8 @@ file, the default. ``Settings.sources`` records which one, for ``--print-config`
 The config file is TOML, read with ``tomllib``: ``--config PATH``, else
 ``$CONFIGURATION_DIRECTORY/toolsetd.toml`` (systemd's ``ConfigurationDirectory=``),
 else ``/etc/toolsetd/toolsetd.toml`` for root, else
-``$XDG_CONFIG_HOME/toolsetd/toolsetd.toml`` (``~/.config`` when unset). A missing default
-file means no file; a missing ``--config`` file is an error. Every problem raises
+``$XDG_CONFIG_HOME/toolsetd/toolsetd.toml`` (``~/.config`` when unset or relative). A
+missing default file means no file; a missing ``--config`` file is an error. Every problem raises
 ``ConfigError`` naming the file, the line and the key.
 
 On reload ``reload_settings`` reads the file again, keeps the flags and the environment
@@ -472,9 +472,9 @@ def default_config_path(environ: Mapping[str, str], uid: int | None = None) -> P
         return Path(environ["CONFIGURATION_DIRECTORY"].split(":")[0]) / "toolsetd.toml"
     if (os.getuid() if uid is None else uid) == 0:
         return Path("/etc/toolsetd/toolsetd.toml")
-    base = environ.get("XDG_CONFIG_HOME") or os.path.join(
-        environ.get("HOME") or os.path.expanduser("~"), ".config"
-    )
+    base = environ.get("XDG_CONFIG_HOME", "")
+    if not os.path.isabs(base):  # the XDG spec says to ignore a relative one
+        base = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".config")
     return Path(base) / "toolsetd" / "toolsetd.toml"
 
 

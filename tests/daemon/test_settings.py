@@ -261,6 +261,11 @@ def test_settings_default_path_and_missing_default_file(tmp_path: Path) -> None:
     assert default_config_path({"HOME": "/home/a"}, 1000) == Path(
         "/home/a/.config/toolsetd/toolsetd.toml"
     )
+    # The XDG spec says to ignore a relative XDG_CONFIG_HOME (as XDG_RUNTIME_DIR and
+    # XDG_CACHE_HOME are): taken, the file was looked for under the working directory.
+    assert default_config_path({"XDG_CONFIG_HOME": "rel", "HOME": "/home/a"}, 1000) == Path(
+        "/home/a/.config/toolsetd/toolsetd.toml"
+    )
     s = load_settings(_args(), {"XDG_CONFIG_HOME": str(tmp_path)}, uid=1000)
     assert s.config_path is None and set(s.sources.values()) == {"default"}
     (tmp_path / "toolsetd").mkdir()
