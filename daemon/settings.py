@@ -1003,9 +1003,17 @@ def parse_command_line(argv: Sequence[str] | None, version: str) -> argparse.Nam
     resolved then it named whatever the directory had become, or raised FileNotFoundError
     (``os.getcwd``) once it was removed, which ended the daemon on SIGHUP.
     """
-    args = build_parser(version).parse_args(argv)
+    parser = build_parser(version)
+    args = parser.parse_args(argv)
     for name in ("config", *(o.attr for o in OPTIONS if o.kind == "path")):
         value = getattr(args, name, None)
         if value:  # "" is left for _check_value to refuse
-            setattr(args, name, os.path.abspath(os.path.expanduser(value)))
+            try:
+                setattr(args, name, os.path.abspath(os.path.expanduser(value)))
+            except OSError:  # relative, and the working directory is gone
+                flag = "--" + name.replace("_", "-")
+                parser.error(
+                    f"{flag} {value} is relative and the working directory was removed: "
+                    "give an absolute path, or start toolsetd in an existing directory"
+                )
     return args

@@ -329,6 +329,25 @@ def test_settings_relative_flags_are_the_start_directorys_at_every_reload(
     assert outcome.settings.home == tmp_path / "home"
 
 
+def test_settings_relative_flags_in_a_removed_working_directory_are_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Started in a directory already removed, ``toolsetd --home ../home`` ended in a
+    FileNotFoundError traceback (os.getcwd, as the flag was made absolute). It is a usage
+    error (exit 2) that names the flag; an absolute flag is still fine there."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(SystemExit) as stopped:
+        parse_command_line(["--home", "../home"], "t")
+    assert stopped.value.code == 2
+    assert "toolsetd: error: --home ../home is relative and the working directory was " \
+        "removed" in capsys.readouterr().err
+    args = parse_command_line(["--home", str(tmp_path / "home")], "t")
+    assert args.home == str(tmp_path / "home")
+
+
 def test_settings_print_format_is_valid_toml_with_sources(tmp_path: Path) -> None:
     """--print-config output parses as TOML giving the same values, each line with its source."""
     path = _write(tmp_path, "max-running = 7\n")
