@@ -647,8 +647,13 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
     if kind == "names":
         if isinstance(raw, str):
             raw = [raw]
-        if not isinstance(raw, list) or not all(isinstance(n, str) and n for n in raw):
+        if not isinstance(raw, list):
             raise ValueError(f"must be a list of names, got {_show(raw)}")
+        for number, name in enumerate(raw, start=1):
+            if not isinstance(name, str) or not name:
+                # Which entry: "got a list" did not say what was wrong with it.
+                what = "empty" if name == "" else _show(name)
+                raise ValueError(f"must be a list of names; entry {number} is {what}")
         if option.check == "loopback":
             _check_loopback(raw)
         return tuple(raw)

@@ -146,7 +146,9 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
             'socket = "relative.sock"\n',
             'socket: must be an absolute path (or start with ~), got "relative.sock"',
         ),
-        ("reserve = [1]\n", "reserve: must be a list of names, got a list"),
+        ("reserve = [1]\n", "reserve: must be a list of names; entry 1 is 1"),
+        ('reserve = ["a", ""]\n', "reserve: must be a list of names; entry 2 is empty"),
+        ("reserve = {a = 1}\n", "reserve: must be a list of names, got a table"),
         ("allow-group = 5\n", "allow-group: must be a string, got 5"),
         ('allow-group = ""\n', "allow-group: must not be empty"),
         (
