@@ -15,7 +15,9 @@ The watcher runs **one** ``watchfiles.awatch(..., recursive=False)`` over exactl
 set of directories. Nothing is ever watched recursively: not a workspace (``.git``,
 ``node_modules``), not ``<home>/data`` or ``.crystal/data`` (tools write runtime data
 there), not a set's own ``venv``. The cost is that the set of directories moves when a
-root or a set directory appears or vanishes; each such move **restarts** the awatch
+root or a set directory appears or vanishes, or a watched directory is reported removed or
+made (a folder made again under its name, a swap: a watch follows the directory, not the
+path, and the next probe lists the same paths); each such move **restarts** the awatch
 through its ``stop_event`` (the Rust thread sees it within one ``step``; cancelling
 the awatch instead waits out ``rust_timeout``).
 
@@ -81,7 +83,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,6 +200,9 @@ class Watcher:
         # Watch generation state (supervisor).
         self._stop: anyio.Event | None = None
         self._watching: frozenset[Path] | None = None
+        #: A watched directory was reported removed or made (again) since the generation
+        #: started: the next poll restarts it, as its path may well be in the new probe.
+        self._rewatch = False
         self._degraded = False
         # Poll and settle timers (timer task).
         #: Per key, its last probe; None for a workspace added while watching and not
@@ -331,6 +336,15 @@ class Watcher:
         return found
 
     async def _handle_batch(self, batch: set[tuple[Change, str]]) -> None:
+        watching = self._watching
+        if watching is not None and any(
+            change is not Change.modified and Path(raw) in watching for change, raw in batch
+        ):
+            # A watch follows a directory, not its name: a folder removed and made again
+            # (its inode number often reused) is the same path in the next probe, and its
+            # new directory had no watch until a poll found some other folder come or go.
+            self._rewatch = True
+            self._schedule_poll(0.0)
         changes: _Changes = {}
         for _change, raw in batch:
             for key, pairs in self._changes_for(raw).items():
@@ -372,8 +386,9 @@ class Watcher:
 
     async def _supervise(self) -> None:
         while True:
+            self._rewatch = False  # this probe is taken after any removal reported so far
             probes = await threads.run_sync(_probe_all, self._home, tuple(self._workspaces))
-            dirs = _watchable(probes)
+            dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
             stop = anyio.Event()
             self._stop, self._watching = stop, dirs
             if not dirs:
@@ -482,8 +497,8 @@ class Watcher:
         if changed:
             log.info("watch_changed", keys=len(changed))
             self._enqueue(dict.fromkeys(changed))
-        dirs = _watchable(probes)
-        if self._watching is not None and dirs != self._watching:
+        dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
+        if self._watching is not None and (dirs != self._watching or self._rewatch):
             self._stop_generation()
         return cost
 
@@ -581,26 +596,6 @@ class Watcher:
 
 
 # -- probes (blocking; run in a worker thread) ----------------------------------------
-
-
-def _watchable(probes: Mapping[ReloadKey, _Probe]) -> frozenset[Path]:
-    """The probes' directories that the watch can take.
-
-    A folder whose name is not UTF-8 (a cloned repository's ``.crystal/tools`` may hold one)
-    is left to the poll: watchfiles takes only UTF-8 paths, and raised UnicodeEncodeError
-    for the whole watch, every catalog's. The poll compares its directories with these, so
-    such a folder does not restart the watch at every poll either.
-    """
-    return frozenset(d for p in probes.values() for d in p.dirs if _utf8(str(d)))
-
-
-def _utf8(path: str) -> bool:
-    """Whether a path can be written in UTF-8 (no byte ``os.fsdecode`` had to escape)."""
-    try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _stat(path: str | Path) -> _StatSig:

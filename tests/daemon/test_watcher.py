@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import threading
@@ -933,3 +934,60 @@ async def test_watcher_a_folder_name_that_is_not_utf8_leaves_the_rest_watched(
                 await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
     assert len([e for e in logs if e["event"] == "watch_started"]) == 1
+def _exchange(a: Path, b: Path) -> None:
+    """Swap two directories in one step (``renameat2(RENAME_EXCHANGE)``): neither path is
+    ever missing, so no probe can see a folder go."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    at_fdcwd, rename_exchange = -100, 2
+    if libc.renameat2(at_fdcwd, bytes(a), at_fdcwd, bytes(b), rename_exchange) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("replaced", ["set folder", "tools root", "workspace .crystal"])
+async def test_a_folder_replaced_under_its_name_is_watched_again(
+    layout: Layout, tmp_path: Path, replaced: str
+) -> None:
+    """Real watchfiles: a set folder, a tools root or a ``.crystal`` replaced by another
+    folder under the same name (a checkout, a swap) is watched anew.
+
+    A watch follows a directory, not its name: the one on the folder that went was gone,
+    and the new folder had the same path, so the poll saw the same directories and kept
+    the generation. Edits in it reached the catalog only through the stat poll (every
+    recheck period, far longer on a big root), never through an event.
+    """
+    home, workspace = layout
+    recorder = Recorder()
+    # Long settle and recheck: every call below comes from a file event, not from a timer.
+    watcher = Watcher(home, recorder, debounce_ms=50, settle_seconds=60.0, recheck_seconds=60.0)
+    watcher.add_workspace(workspace)
+    tools = home / "tools"
+    project = workspace / ".crystal" / "tools"
+    (project / "p").mkdir(parents=True)
+    (project / "p" / "tools.json").write_text("{}")
+    key, gone, set_dir = {
+        "set folder": (None, tools / "a", tools / "a"),
+        "tools root": (None, tools, tools / "a"),
+        "workspace .crystal": (workspace, workspace / ".crystal", project / "p"),
+    }[replaced]
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            while watcher.polls_ended < 2:  # the baseline, and the probe after the start
+                await anyio.sleep(0.01)
+            await _poke_until(recorder, key, set_dir / "tools.json")  # the watch is live
+
+            # The same folders under the same names, in a copy swapped in at once.
+            staged = tmp_path / "staged"
+            shutil.copytree(gone, staged)
+            since, polls = len(recorder.calls), watcher.polls_ended
+            _exchange(staged, gone)
+            await recorder.wait_for(key, since)
+            # The poll after that batch (a folder may have come or gone), and the probe
+            # after the restart it makes: neither may be the one to see the edits below.
+            while watcher.polls_ended < polls + 2:
+                await anyio.sleep(0.01)
+            # Edits in the new folder are events again, once the watch restarted.
+            await _poke_until(recorder, key, set_dir / "tools.json")
+            tg.cancel_scope.cancel()
