@@ -11,6 +11,9 @@ So the directories whose *direct* entries matter are few and known:
 * per workspace, ``<ws>/.crystal`` when it exists (the ``tools`` root appearing or
   vanishing), otherwise ``<ws>`` itself (``.crystal`` appearing).
 
+Each only if this process may read it (``_watchable``): one awatch covers them all, and
+one directory it cannot watch fails the whole of it.
+
 The watcher runs **one** ``watchfiles.awatch(..., recursive=False)`` over exactly that
 set of directories. Nothing is ever watched recursively: not a workspace (``.git``,
 ``node_modules``), not ``<home>/data`` or ``.crystal/data`` (tools write runtime data
@@ -600,8 +603,13 @@ class Watcher:
 
 def _stat(path: str | Path) -> _StatSig:
     try:
-        st = os.stat(path)
+        return _signature(os.stat(path))
     except OSError:
+        return None
+
+
+def _signature(st: os.stat_result | None) -> _StatSig:
+    if st is None:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
@@ -611,6 +619,25 @@ def _is_dir(path: str | Path) -> bool:
         return stat.S_ISDIR(os.stat(path).st_mode)
     except OSError:  # missing, unreadable, a loop: not something to watch
         return False
+
+
+def _watchable(path: str | Path, st: os.stat_result | None = None) -> bool:
+    """Whether ``path`` is a directory this process may put a watch on (it may read it).
+
+    One awatch covers every directory, and one it may not watch (root's, mode 0700, in a
+    shared project) fails all of it: the daemon went on its stat poll alone for every set.
+    Such a folder is left to the poll; made readable, its ctime moves, and the poll that
+    sees it finds it in the directories to watch. A directory anyone may read costs no
+    ``access`` call (a poll of 100,000 sets would make 100,000 more).
+    """
+    if st is None:
+        try:
+            st = os.stat(path)
+        except OSError:  # missing, a loop: not something to watch
+            return False
+    if not stat.S_ISDIR(st.st_mode):
+        return False
+    return bool(st.st_mode & stat.S_IROTH) or os.access(path, os.R_OK)
 
 
 def _probe_set(set_dir: Path, signature: _Signature) -> None:
@@ -626,17 +653,23 @@ def _probe_root(root: Path, dirs: set[Path], signature: _Signature) -> None:
         names = subdirectory_names(root)
     except OSError:
         return
-    dirs.add(root)
+    dirs.add(root)  # it was listed: it may be read
     for name in names:
         set_dir = root / name
-        dirs.add(set_dir)
-        _probe_set(set_dir, signature)
+        try:
+            st: os.stat_result | None = os.stat(set_dir)
+        except OSError:
+            st = None
+        signature[str(set_dir)] = _signature(st)
+        signature[str(set_dir / _MANIFEST)] = _stat(set_dir / _MANIFEST)
+        if st is not None and _watchable(set_dir, st):
+            dirs.add(set_dir)
 
 
 def _probe_home(home: Path) -> _Probe:
     dirs: set[Path] = set()
     signature: _Signature = {str(home / _CONFIG): _stat(home / _CONFIG)}
-    if _is_dir(home):
+    if _watchable(home):
         dirs.add(home)
     _probe_root(home / _TOOLS, dirs, signature)
     return _Probe(frozenset(dirs), signature)
@@ -646,10 +679,12 @@ def _probe_workspace(workspace: Path) -> _Probe:
     dirs: set[Path] = set()
     signature: _Signature = {}
     crystal = workspace / _CRYSTAL
-    if _is_dir(crystal):
+    if _watchable(crystal):
         dirs.add(crystal)
-    elif _is_dir(workspace):
-        dirs.add(workspace)  # flat: only to see .crystal appear; never recursive
+    elif _watchable(workspace):
+        # Flat: only to see .crystal appear (or, unreadable, become readable); never
+        # recursive.
+        dirs.add(workspace)
     _probe_root(crystal / _TOOLS, dirs, signature)
     return _Probe(frozenset(dirs), signature)
 

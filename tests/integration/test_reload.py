@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -392,3 +393,39 @@ def test_reload_of_one_workspace_carries_a_home_change_to_the_others(
         assert note["params"]["workspace"] == str(other.resolve())
     tools = d.call("list", {"workspace": str(other)})["result"]["tools"]
     assert [t["description"] for t in tools if t["name"] == "greeter"] == ["new"]
+
+
+def test_a_set_folder_the_daemon_may_not_read_leaves_the_rest_watched(
+    as_nobody: tuple[str, ...],
+) -> None:
+    """Run as nobody, a set folder nobody may read is not watched; everything else is.
+
+    A watch needs read permission on its directory, and one awatch covers every folder:
+    one folder it could not watch (root's, mode 0700, in a shared project's tools) failed
+    the whole watch, and the daemon went on its stat poll alone for every set.
+    """
+    base = Path(tempfile.mkdtemp(prefix="tsd-unreadable-"))
+    try:
+        home, workspace = base / "home", base / "ws"
+        write_set(home / "tools", "good", SIMPLE)
+        workspace.mkdir()
+        for path in (base, home, home / "tools", home / "tools" / "good", workspace):
+            os.chown(path, 65534, 65534)
+        (home / "tools" / "good" / "tools.json").chmod(0o644)
+        write_set(home / "tools", "private", SIMPLE)
+        (home / "tools" / "private").chmod(0o700)  # root's: nobody may not read it
+        base.chmod(0o755)
+        d = start_daemon(
+            home, workspace, base,
+            launcher=[*as_nobody, sys.executable, "-m", "toolsetd.daemon"],
+        )
+        try:
+            assert names(d) == ["good"]
+            write_set(home / "tools", "later", SIMPLE)  # root's, readable by all
+            eventually(lambda: names(d) == ["good", "later"], what="the new set")
+            assert '"watch_started"' in d.log()
+            assert '"watch_unavailable"' not in d.log()
+        finally:
+            d.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
