@@ -11,8 +11,8 @@ So the directories whose *direct* entries matter are few and known:
 * per workspace, ``<ws>/.crystal`` when it exists (the ``tools`` root appearing or
   vanishing), otherwise ``<ws>`` itself (``.crystal`` appearing).
 
-Each only if this process may read it (``_watchable``): one awatch covers them all, and
-one directory it cannot watch fails the whole of it.
+Each only if this process may read it and its path is UTF-8 (``_watchable``): one awatch
+covers them all, and one directory it cannot watch fails the whole of it.
 
 The watcher runs **one** ``watchfiles.awatch(..., recursive=False)`` over exactly that
 set of directories. Nothing is ever watched recursively: not a workspace (``.git``,
@@ -621,8 +621,22 @@ def _is_dir(path: str | Path) -> bool:
         return False
 
 
+def _utf8(path: str | Path) -> bool:
+    """Whether watchfiles can be given ``path``: it takes each as a UTF-8 string, and one
+    it cannot encode (a folder name that is not UTF-8) fails the whole awatch."""
+    text = str(path)
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _watchable(path: str | Path, st: os.stat_result | None = None) -> bool:
-    """Whether ``path`` is a directory this process may put a watch on (it may read it).
+    """Whether ``path`` is a directory this process may put a watch on (it may read it,
+    and its path can be handed to watchfiles: ``_utf8``).
 
     One awatch covers every directory, and one it may not watch (root's, mode 0700, in a
     shared project) fails all of it: the daemon went on its stat poll alone for every set.
@@ -630,6 +644,8 @@ def _watchable(path: str | Path, st: os.stat_result | None = None) -> bool:
     sees it finds it in the directories to watch. A directory anyone may read costs no
     ``access`` call (a poll of 100,000 sets would make 100,000 more).
     """
+    if not _utf8(path):
+        return False
     if st is None:
         try:
             st = os.stat(path)
@@ -653,7 +669,8 @@ def _probe_root(root: Path, dirs: set[Path], signature: _Signature) -> None:
         names = subdirectory_names(root)
     except OSError:
         return
-    dirs.add(root)  # it was listed: it may be read
+    if _utf8(root):
+        dirs.add(root)  # it was listed: it may be read
     for name in names:
         set_dir = root / name
         try:
