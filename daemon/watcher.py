@@ -29,7 +29,9 @@ Four sibling tasks in one task group:
 * **supervisor**: one awatch *generation* at a time over the current directories.
   Each batch is mapped to reload keys (``None`` = home, which affects every snapshot;
   a workspace path = that workspace) by :meth:`Watcher._changes_for`, a whitelist, so data
-  directories and unrelated files map to nothing. A path inside a set folder also names
+  directories and unrelated files map to nothing; a path in a folder that is one directory
+  with others (links) is mapped under each of its names, as inotify reports it under one
+  (``_aliases``). A path inside a set folder also names
   that set, as a (tools root, folder name) pair: the reload stats only the sets named
   (``Registry.reload``'s ``reported``), so one edit among 10,000 sets costs in proportion
   to the edit, not a ``stat`` of every set. Anything else (``config.json``, ``.crystal``,
@@ -149,6 +151,10 @@ class _Probe:
 
     dirs: frozenset[Path]
     signature: _Signature
+    #: The (device, inode) of each tools root and set folder in ``dirs``: a folder linked
+    #: under two names (a shared set in two projects, or in a project and the home) has
+    #: one watch, whose events name only one of them (``Watcher._aliases``).
+    ids: tuple[tuple[Path, tuple[int, int]], ...] = ()
 
 
 class Watcher:
@@ -203,6 +209,9 @@ class Watcher:
         # Watch generation state (supervisor).
         self._stop: anyio.Event | None = None
         self._watching: frozenset[Path] | None = None
+        #: Per watched folder that has other names (links to one directory), those names:
+        #: inotify has one watch per directory, and reports its events under one name.
+        self._aliases: dict[Path, tuple[Path, ...]] = {}
         #: A watched directory was reported removed or made (again) since the generation
         #: started: the next poll restarts it, as its path may well be in the new probe.
         self._rewatch = False
@@ -349,9 +358,17 @@ class Watcher:
             self._rewatch = True
             self._schedule_poll(0.0)
         changes: _Changes = {}
+        aliases = self._aliases
         for _change, raw in batch:
-            for key, pairs in self._changes_for(raw).items():
-                _merge(changes, key, pairs)
+            raws = [raw]
+            if aliases:
+                path = Path(raw)
+                # One directory under several names has one watch, which reports under
+                # the last name watched alone: the others' keys are told too.
+                raws += [str(alias / path.name) for alias in aliases.get(path.parent, ())]
+            for each in raws:
+                for key, pairs in self._changes_for(each).items():
+                    _merge(changes, key, pairs)
         if not changes:
             return
         log.info("watch_changed", keys=len(changes))
@@ -394,6 +411,7 @@ class Watcher:
             dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
             stop = anyio.Event()
             self._stop, self._watching = stop, dirs
+            self._aliases = _aliases(probes.values())
             if not dirs:
                 await stop.wait()  # nothing exists yet; the poller restarts us when it does
                 continue
@@ -662,25 +680,33 @@ def _probe_set(set_dir: Path, signature: _Signature) -> None:
     signature[str(set_dir / _MANIFEST)] = _stat(set_dir / _MANIFEST)
 
 
-def _probe_root(root: Path, dirs: set[Path], signature: _Signature) -> None:
+def _probe_root(
+    root: Path, dirs: set[Path], signature: _Signature, ids: list[tuple[Path, tuple[int, int]]]
+) -> None:
     """Add a tools root, its set directories and their manifests to a probe."""
-    signature[str(root)] = _stat(root)
+    try:
+        st: os.stat_result | None = os.stat(root)
+    except OSError:
+        st = None
+    signature[str(root)] = _signature(st)
     try:
         names = subdirectory_names(root)
     except OSError:
         return
-    if _utf8(root):
+    if st is not None and _utf8(root):
         dirs.add(root)  # it was listed: it may be read
+        ids.append((root, (st.st_dev, st.st_ino)))
     for name in names:
         set_dir = root / name
         try:
-            st: os.stat_result | None = os.stat(set_dir)
+            found: os.stat_result | None = os.stat(set_dir)
         except OSError:
-            st = None
-        signature[str(set_dir)] = _signature(st)
+            found = None
+        signature[str(set_dir)] = _signature(found)
         signature[str(set_dir / _MANIFEST)] = _stat(set_dir / _MANIFEST)
-        if st is not None and _watchable(set_dir, st):
+        if found is not None and _watchable(set_dir, found):
             dirs.add(set_dir)
+            ids.append((set_dir, (found.st_dev, found.st_ino)))
 
 
 def _probe_home(home: Path) -> _Probe:
@@ -688,8 +714,9 @@ def _probe_home(home: Path) -> _Probe:
     signature: _Signature = {str(home / _CONFIG): _stat(home / _CONFIG)}
     if _watchable(home):
         dirs.add(home)
-    _probe_root(home / _TOOLS, dirs, signature)
-    return _Probe(frozenset(dirs), signature)
+    ids: list[tuple[Path, tuple[int, int]]] = []
+    _probe_root(home / _TOOLS, dirs, signature, ids)
+    return _Probe(frozenset(dirs), signature, tuple(ids))
 
 
 def _probe_workspace(workspace: Path) -> _Probe:
@@ -702,8 +729,23 @@ def _probe_workspace(workspace: Path) -> _Probe:
         # Flat: only to see .crystal appear (or, unreadable, become readable); never
         # recursive.
         dirs.add(workspace)
-    _probe_root(crystal / _TOOLS, dirs, signature)
-    return _Probe(frozenset(dirs), signature)
+    ids: list[tuple[Path, tuple[int, int]]] = []
+    _probe_root(crystal / _TOOLS, dirs, signature, ids)
+    return _Probe(frozenset(dirs), signature, tuple(ids))
+
+
+def _aliases(probes: Iterable[_Probe]) -> dict[Path, tuple[Path, ...]]:
+    """Per tools root or set folder that is one directory with others, the others."""
+    names: dict[tuple[int, int], set[Path]] = {}
+    for probe in probes:
+        for path, identity in probe.ids:
+            names.setdefault(identity, set()).add(path)
+    return {
+        path: tuple(sorted(group - {path}))
+        for group in names.values()
+        if len(group) > 1
+        for path in group
+    }
 
 
 def _reprobe(

@@ -1019,3 +1019,32 @@ async def test_a_folder_name_that_is_not_utf8_leaves_the_rest_watched(layout: La
             await _poke_until(recorder, None, home / "tools" / "a" / "tools.json")
             tg.cancel_scope.cancel()
     assert [e for e in logs if e["event"] == "watch_unavailable"] == []
+
+
+@pytest.mark.slow
+async def test_a_folder_linked_under_two_names_tells_both(layout: Layout, tmp_path: Path) -> None:
+    """Real watchfiles: one set folder linked from the home and from a project reloads both.
+
+    inotify has one watch per directory and reports its events under the last name it was
+    watched by: an edit of a shared set reached one catalog at once and the other only
+    by the stat poll (every 2 s, every ~40 s on a big root).
+    """
+    home, workspace = layout
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (shared / "tools.json").write_text("{}")
+    (home / "tools" / "s").symlink_to(shared)
+    (workspace / ".crystal" / "tools").mkdir(parents=True)
+    (workspace / ".crystal" / "tools" / "s").symlink_to(shared)
+    recorder = Recorder()
+    # Long settle and recheck: every call below comes from a file event, not from a timer.
+    watcher = Watcher(home, recorder, debounce_ms=50, settle_seconds=60.0, recheck_seconds=60.0)
+    watcher.add_workspace(workspace)
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            while watcher.polls_ended < 2:  # the baseline, and the probe after the start
+                await anyio.sleep(0.01)
+            await _poke_until(recorder, None, shared / "tools.json")
+            await _poke_until(recorder, workspace, shared / "tools.json")
+            tg.cancel_scope.cancel()
