@@ -11,7 +11,7 @@ So the directories whose *direct* entries matter are few and known:
 * per workspace, ``<ws>/.crystal`` when it exists (the ``tools`` root appearing or
   vanishing), otherwise ``<ws>`` itself (``.crystal`` appearing).
 
-Each only if this process may read it and its path is UTF-8 (``_watchable``): one awatch
+Each only if this process may read it and its path is UTF-8 (``_watch_id``): one awatch
 covers them all, and one directory it cannot watch fails the whole of it.
 
 The watcher runs **one** ``watchfiles.awatch(..., recursive=False)`` over exactly that
@@ -151,10 +151,11 @@ class _Probe:
 
     dirs: frozenset[Path]
     signature: _Signature
-    #: The (device, inode) of each tools root and set folder in ``dirs``: a folder linked
-    #: under two names (a shared set in two projects, or in a project and the home) has
-    #: one watch, whose events name only one of them (``Watcher._aliases``).
-    ids: tuple[tuple[Path, tuple[int, int]], ...] = ()
+    #: The (device, inode) of each directory in ``dirs``: a watch follows a directory,
+    #: not its name, so a link pointed elsewhere (a ``.crystal`` switched to another
+    #: folder) calls for a new watch; and a folder linked under two names (a set shared by
+    #: two projects) has one watch, whose events name one of them (``Watcher._aliases``).
+    ids: frozenset[tuple[Path, tuple[int, int]]] = frozenset()
 
 
 class Watcher:
@@ -209,6 +210,7 @@ class Watcher:
         # Watch generation state (supervisor).
         self._stop: anyio.Event | None = None
         self._watching: frozenset[Path] | None = None
+        self._watching_ids: frozenset[tuple[Path, tuple[int, int]]] = frozenset()
         #: Per watched folder that has other names (links to one directory), those names:
         #: inotify has one watch per directory, and reports its events under one name.
         self._aliases: dict[Path, tuple[Path, ...]] = {}
@@ -411,7 +413,8 @@ class Watcher:
             dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
             stop = anyio.Event()
             self._stop, self._watching = stop, dirs
-            self._aliases = _aliases(probes.values())
+            self._watching_ids = _ids(probes.values())
+            self._aliases = _aliases(self._watching_ids)
             if not dirs:
                 await stop.wait()  # nothing exists yet; the poller restarts us when it does
                 continue
@@ -519,7 +522,9 @@ class Watcher:
             log.info("watch_changed", keys=len(changed))
             self._enqueue(dict.fromkeys(changed))
         dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
-        if self._watching is not None and (dirs != self._watching or self._rewatch):
+        if self._watching is not None and (
+            dirs != self._watching or self._rewatch or _ids(probes.values()) != self._watching_ids
+        ):
             self._stop_generation()
         return cost
 
@@ -652,7 +657,7 @@ def _utf8(path: str | Path) -> bool:
     return True
 
 
-def _watchable(path: str | Path, st: os.stat_result | None = None) -> bool:
+def _watch_id(path: str | Path, st: os.stat_result | None = None) -> tuple[int, int] | None:
     """Whether ``path`` is a directory this process may put a watch on (it may read it,
     and its path can be handed to watchfiles: ``_utf8``).
 
@@ -661,17 +666,22 @@ def _watchable(path: str | Path, st: os.stat_result | None = None) -> bool:
     Such a folder is left to the poll; made readable, its ctime moves, and the poll that
     sees it finds it in the directories to watch. A directory anyone may read costs no
     ``access`` call (a poll of 100,000 sets would make 100,000 more).
+
+    Returns:
+        The directory's (device, inode), or None when it is not one to watch.
     """
     if not _utf8(path):
-        return False
+        return None
     if st is None:
         try:
             st = os.stat(path)
         except OSError:  # missing, a loop: not something to watch
-            return False
+            return None
     if not stat.S_ISDIR(st.st_mode):
-        return False
-    return bool(st.st_mode & stat.S_IROTH) or os.access(path, os.R_OK)
+        return None
+    if st.st_mode & stat.S_IROTH or os.access(path, os.R_OK):
+        return (st.st_dev, st.st_ino)
+    return None
 
 
 def _probe_set(set_dir: Path, signature: _Signature) -> None:
@@ -681,7 +691,7 @@ def _probe_set(set_dir: Path, signature: _Signature) -> None:
 
 
 def _probe_root(
-    root: Path, dirs: set[Path], signature: _Signature, ids: list[tuple[Path, tuple[int, int]]]
+    root: Path, dirs: set[Path], signature: _Signature, ids: set[tuple[Path, tuple[int, int]]]
 ) -> None:
     """Add a tools root, its set directories and their manifests to a probe."""
     try:
@@ -695,7 +705,7 @@ def _probe_root(
         return
     if st is not None and _utf8(root):
         dirs.add(root)  # it was listed: it may be read
-        ids.append((root, (st.st_dev, st.st_ino)))
+        ids.add((root, (st.st_dev, st.st_ino)))
     for name in names:
         set_dir = root / name
         try:
@@ -704,42 +714,49 @@ def _probe_root(
             found = None
         signature[str(set_dir)] = _signature(found)
         signature[str(set_dir / _MANIFEST)] = _stat(set_dir / _MANIFEST)
-        if found is not None and _watchable(set_dir, found):
+        if found is not None and (identity := _watch_id(set_dir, found)) is not None:
             dirs.add(set_dir)
-            ids.append((set_dir, (found.st_dev, found.st_ino)))
+            ids.add((set_dir, identity))
 
 
 def _probe_home(home: Path) -> _Probe:
     dirs: set[Path] = set()
     signature: _Signature = {str(home / _CONFIG): _stat(home / _CONFIG)}
-    if _watchable(home):
+    ids: set[tuple[Path, tuple[int, int]]] = set()
+    if (identity := _watch_id(home)) is not None:
         dirs.add(home)
-    ids: list[tuple[Path, tuple[int, int]]] = []
+        ids.add((home, identity))
     _probe_root(home / _TOOLS, dirs, signature, ids)
-    return _Probe(frozenset(dirs), signature, tuple(ids))
+    return _Probe(frozenset(dirs), signature, frozenset(ids))
 
 
 def _probe_workspace(workspace: Path) -> _Probe:
     dirs: set[Path] = set()
     signature: _Signature = {}
     crystal = workspace / _CRYSTAL
-    if _watchable(crystal):
+    ids: set[tuple[Path, tuple[int, int]]] = set()
+    if (identity := _watch_id(crystal)) is not None:
         dirs.add(crystal)
-    elif _watchable(workspace):
+        ids.add((crystal, identity))
+    elif (identity := _watch_id(workspace)) is not None:
         # Flat: only to see .crystal appear (or, unreadable, become readable); never
         # recursive.
         dirs.add(workspace)
-    ids: list[tuple[Path, tuple[int, int]]] = []
+        ids.add((workspace, identity))
     _probe_root(crystal / _TOOLS, dirs, signature, ids)
-    return _Probe(frozenset(dirs), signature, tuple(ids))
+    return _Probe(frozenset(dirs), signature, frozenset(ids))
 
 
-def _aliases(probes: Iterable[_Probe]) -> dict[Path, tuple[Path, ...]]:
-    """Per tools root or set folder that is one directory with others, the others."""
+def _ids(probes: Iterable[_Probe]) -> frozenset[tuple[Path, tuple[int, int]]]:
+    """Every directory the probes list to watch, with its (device, inode)."""
+    return frozenset[tuple[Path, tuple[int, int]]]().union(*(p.ids for p in probes))
+
+
+def _aliases(ids: Iterable[tuple[Path, tuple[int, int]]]) -> dict[Path, tuple[Path, ...]]:
+    """Per watched directory that is one directory with others (links), the others."""
     names: dict[tuple[int, int], set[Path]] = {}
-    for probe in probes:
-        for path, identity in probe.ids:
-            names.setdefault(identity, set()).add(path)
+    for path, identity in ids:
+        names.setdefault(identity, set()).add(path)
     return {
         path: tuple(sorted(group - {path}))
         for group in names.values()

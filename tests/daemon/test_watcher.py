@@ -1048,3 +1048,43 @@ async def test_a_folder_linked_under_two_names_tells_both(layout: Layout, tmp_pa
             await _poke_until(recorder, None, shared / "tools.json")
             await _poke_until(recorder, workspace, shared / "tools.json")
             tg.cancel_scope.cancel()
+
+
+@pytest.mark.slow
+async def test_a_link_to_a_watched_folder_pointed_elsewhere_is_watched_again(
+    layout: Layout, tmp_path: Path
+) -> None:
+    """Real watchfiles: a workspace's ``.crystal`` linked to a shared folder, then pointed
+    at another (dotfiles switched), is watched at its new target.
+
+    The link's own folder (the workspace) is not watched while ``.crystal`` exists, so no
+    event tells of the switch, and the probe lists the same paths: the watch stayed on the
+    old target, and edits in the new one reached the catalog only through the stat poll.
+    """
+    home, workspace = layout
+    first, second = tmp_path / "first", tmp_path / "second"
+    for target in (first, second):
+        (target / "tools" / "p").mkdir(parents=True)
+        (target / "tools" / "p" / "tools.json").write_text("{}")
+    (workspace / ".crystal").symlink_to(first)
+    recorder = Recorder()
+    # Long settle and recheck: every call below comes from a file event, not from a timer.
+    watcher = Watcher(home, recorder, debounce_ms=50, settle_seconds=60.0, recheck_seconds=60.0)
+    watcher.add_workspace(workspace)
+    manifest = workspace / ".crystal" / "tools" / "p" / "tools.json"
+    with anyio.fail_after(45):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            while watcher.polls_ended < 2:  # the baseline, and the probe after the start
+                await anyio.sleep(0.01)
+            await _poke_until(recorder, workspace, manifest)
+
+            (tmp_path / "link").symlink_to(second)
+            os.replace(tmp_path / "link", workspace / ".crystal")  # no event: not watched
+            polls = watcher.polls_ended
+            (home / "config.json").write_text("{}")  # an event whose poll sees the switch
+            # That poll, and the probe after the restart it makes.
+            while watcher.polls_ended < polls + 2:
+                await anyio.sleep(0.01)
+            await _poke_until(recorder, workspace, manifest)
+            tg.cancel_scope.cancel()
