@@ -76,7 +76,7 @@ from toolsetd.protocol.params import check_arguments, check_traceparent
 
 from . import mcp_mapping as mapping
 from .mcp_mapping import McpError
-from .service import CatalogListener, InvokeRequest, Service, approval_digest
+from .service import CatalogListener, InvokeRequest, Service, Unapproved, approval_digest
 
 __all__ = [
     "MODERN_VERSIONS",
@@ -704,14 +704,17 @@ class McpSession:
         sink = mapping.ProgressSink(out, token, lambda: flight.cancelled)
         try:
             return self._complete(era, await self._run(request, sink, flight))
-        except rpc_errors.ApprovalRequired as exc:
+        except Unapproved as exc:
             classification = exc.data if isinstance(exc.data, dict) else {}
             if not mapping.can_elicit(era.capabilities):
                 return self._complete(era, mapping.approval_unavailable_result(classification))
             # Each of these encodes the arguments: large ones in the worker slot, as their
             # checks were (three million fractions took the event loop 0.35 s an encode).
             check = self._service.check_request
-            digest = await check(approval_digest, classification, arguments)
+            # Of the tool as it was judged: an accept does not run it edited meanwhile.
+            digest = await check(
+                partial(approval_digest, tool=exc.tool_hash), classification, arguments
+            )
             if era.modern:
                 elicitation = await check(
                     partial(mapping.elicitation_params, with_mode=True), classification, arguments
@@ -739,7 +742,7 @@ class McpSession:
             request = replace(request, approved_digest=digest)
             try:
                 return await self._run(request, sink, flight)
-            except rpc_errors.ApprovalRequired:
+            except Unapproved:
                 return mapping.changed_result()
 
     async def _run(

@@ -17,8 +17,10 @@ shapes; everything a call *means* happens here, once:
   InvalidArguments (before anyone is asked), ``deny`` is PolicyDenied, and ``ask`` or
   ``review`` without approval is ApprovalRequired, whose ``data`` is the classification.
   An approval is either ``approved=True`` (the native wire) or ``approved_digest``, the
-  ``approval_digest`` of the classification the operator saw: the call then runs only if
-  it still classifies exactly so (MCP asks the operator, who approves *that* call).
+  ``approval_digest`` of the classification the operator saw and of the tool's definition
+  (``LoadedTool.hash``): the call then runs only if it still classifies exactly so, as that
+  very tool (MCP asks the operator, who approves *that* call; ``Unapproved`` carries the
+  definition's hash to the face that asks).
 * ``invoke`` registers the call before all of that, once its id is checked (daemon-wide
   in ``calls``, and in the caller's own ``owner_calls`` so a disconnect can cancel it),
   and unregisters it however it ends; it runs a call that passed, and keeps its event
@@ -49,6 +51,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
@@ -84,6 +87,7 @@ __all__ = [
     "Reported",
     "Service",
     "ServiceSettings",
+    "Unapproved",
     "approval_digest",
 ]
 
@@ -183,7 +187,8 @@ class InvokeRequest:
         headless: Nobody can be asked: ``ask`` becomes ``deny``.
         approved: The operator (or reviewer) approved this call.
         approved_digest: The ``approval_digest`` of the classification the operator
-            approved; the call runs only if it still classifies so.
+            approved and of the tool's definition; the call runs only if it still
+            classifies so, as the same tool.
         session: ``CRYSTAL_SESSION`` for the child.
         images: Whether the caller can take images.
         every_progress_line: Deliver every progress line the child writes (no
@@ -282,10 +287,27 @@ class _Call:
         self.cancel = cancel
 
 
-def approval_digest(classification_wire: dict[str, Any]) -> str:
-    """A digest of what the operator is shown and approves: the whole classification."""
+def approval_digest(classification_wire: dict[str, Any], *, tool: str) -> str:
+    """A digest of what the operator is shown and approves: the whole classification, and
+    the definition of the tool it is of (``tool``, its ``LoadedTool.hash``).
+
+    The classification names the tool and its set, not what it runs: without the hash, a
+    tools.json edited while the operator was asked (another command, the same name) ran
+    on the strength of an accept given for the tool as it was.
+    """
     # jsontext: the arguments may hold exact numbers (JsonNumber, integers past 64 bits).
-    return hashlib.sha256(json_dumps(classification_wire, orjson.OPT_SORT_KEYS)).hexdigest()
+    body = json_dumps(classification_wire, orjson.OPT_SORT_KEYS)
+    return hashlib.sha256(tool.encode() + b"\x00" + body).hexdigest()
+
+
+class Unapproved(rpc_errors.ApprovalRequired):
+    """``ApprovalRequired`` (its ``data`` the classification), with the hash of the tool's
+    definition it was judged for: what a face that asks the operator digests along with
+    the classification (``approval_digest``). On the wire it is ``ApprovalRequired``."""
+
+    def __init__(self, message: str, data: dict[str, Any], tool_hash: str) -> None:
+        super().__init__(message, data)
+        self.tool_hash = tool_hash
 
 
 class _Bookkeeping:
@@ -581,19 +603,25 @@ class Service:
             observed.refused("deny")
             _log_refused(prepared, "deny")
             raise rpc_errors.PolicyDenied(f"Denied: {classification.reason}", wire)
+        tool_hash = prepared.loaded.hash
         approved = request.approved or (
             request.approved_digest is not None
             # An encode of the arguments: large ones in the worker slot (``check_request``).
             and request.approved_digest
-            == await self.check_request(approval_digest, wire, prepared.classification.arguments)
+            == await self.check_request(
+                partial(approval_digest, tool=tool_hash),
+                wire,
+                prepared.classification.arguments,
+            )
         )
         if not approved:
             observed.refused("approval")
             _log_refused(prepared, "approval")
-            raise rpc_errors.ApprovalRequired(
+            raise Unapproved(
                 f"Approval required: {classification.reason} Ask the operator, then call "
                 "again with approved: true.",
                 wire,
+                tool_hash,
             )
 
     # -- calls ---------------------------------------------------------------------------

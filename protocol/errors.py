@@ -110,6 +110,8 @@ class RpcError(Exception):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        if "CODE" not in cls.__dict__:
+            return  # a refinement of its parent (more for the daemon), the same on the wire
         if cls.CODE in ERROR_CLASSES:
             raise TypeError(f"error code {cls.CODE} is already taken")
         ERROR_CLASSES[cls.CODE] = cls

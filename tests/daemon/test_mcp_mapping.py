@@ -275,4 +275,7 @@ def test_mcp_approval_shapes_keep_exact_numbers() -> None:
     shown = approval_message(classification)
     assert '{"n":1.50,"big":123456789012345678901234567890}' in shown
     other = {**classification, "arguments": loads(b'{"n": 1.5, "big": 123456789012345678901234567890}')}
-    assert approval_digest(classification) != approval_digest(other)  # 1.50 is not 1.5
+    digest = approval_digest(classification, tool="sha256:a")
+    assert digest != approval_digest(other, tool="sha256:a")  # 1.50 is not 1.5
+    # The tool's definition counts as well: an edited tools.json is another approval.
+    assert digest != approval_digest(classification, tool="sha256:b")

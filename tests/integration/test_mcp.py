@@ -605,6 +605,50 @@ async def test_mcp_elicitation_decline_refuses(
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_mcp_an_accept_does_not_run_a_tool_edited_while_asked(
+    mcp_host: Daemon, workspace: Path, mode: str
+) -> None:
+    """The operator accepts a call of a tool whose tools.json is edited (its command
+    changed) while the question is open. The approval covered the classification alone
+    (tool, set, paths, arguments), which the edit leaves as it was, so the accept ran the
+    edited command, unseen. It covers the tool's definition too: over the legacy
+    elicitation the call does not run (the approval no longer matches); a 2026-07-28
+    retry is asked again, and only that second accept runs the new command."""
+    name = _unique("asker")
+    write_project_asker(workspace, name)
+    seen: list[str] = []
+
+    async def edit_then_accept(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        seen.append(params.message)
+        if len(seen) == 1:
+            edited = script("print('edited and ran')\n")
+            write_set(workspace / ".crystal" / "tools", name, tool("edited.py"), **{"edited.py": edited})
+            await anyio.to_thread.run_sync(
+                lambda: mcp_host.call("reload", {"workspace": str(workspace)})
+            )
+        return types.ElicitResult(action="accept")
+
+    with anyio.fail_after(30):
+        async with Client(
+            server(mcp_host, workspace),
+            mode=mode,  # type: ignore[arg-type]
+            elicitation_callback=edit_then_accept,
+        ) as client:
+            result = await client.call_tool(name, {})
+    ran = [
+        e for e in mcp_host.log_events() if e.get("event") == "call_started" and e.get("tool") == name
+    ]
+    if mode == "legacy":
+        assert result.is_error is True
+        assert "approval no longer matches it; it did not run" in _text(result)
+        assert len(seen) == 1 and ran == []
+    else:
+        assert len(seen) == 2, seen  # asked again for the edited tool
+        assert result.is_error is False and "edited and ran" in _text(result)
+        assert len(ran) == 1
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_mcp_without_elicitation_says_how_to_allow(
     mcp_host: Daemon, workspace: Path, mode: str
 ) -> None:

@@ -93,6 +93,18 @@ def test_errors_duplicate_code_is_refused() -> None:
             CODE = -32001
 
 
+def test_errors_a_refinement_keeps_its_parents_code_and_class() -> None:
+    """A subclass with no code of its own (the daemon's ``Unapproved``, which carries more
+    for a face) is its parent on the wire: a client still decodes the parent's class."""
+
+    class Refined(errors.ApprovalRequired):
+        pass
+
+    refined = Refined("Approval required: ask.", {"tool": "t"})
+    assert refined.to_error()["code"] == errors.ApprovalRequired.CODE
+    assert type(RpcError.from_error(refined.to_error())) is errors.ApprovalRequired
+
+
 def test_errors_rpc_error_str_is_message() -> None:
     """str() of an RpcError is its message, so it reads well in logs and tracebacks."""
     assert str(errors.InvalidWorkspace("'workspace' must be absolute")) == (
