@@ -33,6 +33,7 @@ change the one ``_State`` and the top-level task group, which no other module ma
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -894,6 +895,10 @@ def _start_options(settings: Settings, args: argparse.Namespace) -> DaemonOption
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``toolsetd``; returns the process exit code."""
     open_standard_streams()
+    if os.getpid() == 1:
+        code = _init_for_the_daemon()
+        if code is not None:
+            return code  # the init: the daemon ran as its child, and has ended
     args = parse_command_line(argv, __version__)
     try:
         settings = load_settings(args, os.environ)
@@ -928,6 +933,60 @@ def main(argv: Sequence[str] | None = None) -> int:
         if options.tracer_provider is not None:
             _flush_spans(options.tracer_provider)
     return 0
+
+
+#: What the init passes on to the daemon (``_init_for_the_daemon``).
+_INIT_FORWARDS = (
+    signal.SIGHUP,
+    signal.SIGINT,
+    signal.SIGQUIT,
+    signal.SIGTERM,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+
+
+def _init_for_the_daemon() -> int | None:
+    """As process 1 (a container's entry point, ``unshare --pid --fork``): become a minimal
+    init, and run the daemon as its child.
+
+    Process 1 inherits every orphan of its namespace: a tool's background child killed at
+    the call's end, bubblewrap's own child. The daemon waits for its own children only, so
+    each of them stayed a zombie, one more per such call, until the namespace ran out of
+    processes. The init reaps every child, passes the signals above on to the daemon, and
+    exits with the daemon's code (128 + N for a signal N), as ``tini`` does. Called before
+    any thread starts (``fork``). The daemon leads its own process group: a terminal's
+    Ctrl-C reaches it once, through the init, not a second time as a forced stop.
+
+    Returns:
+        None in the daemon (the child), which goes on to start; the exit code in the init.
+    """
+    try:
+        child = os.fork()
+    except OSError:
+        return None  # no child to be: serve as process 1, without the reaping
+    if child == 0:
+        os.setpgid(0, 0)
+        if os.environ.get("LISTEN_PID") == "1":
+            # Sockets passed to process 1 (a container runtime's socket activation) are
+            # the daemon's: it holds them too, and serves them as its own.
+            os.environ["LISTEN_PID"] = str(os.getpid())
+        return None
+    for signum in _INIT_FORWARDS:
+        signal.signal(signum, lambda received, _frame: _pass_on(child, received))
+    while True:
+        try:
+            pid, status = os.waitpid(-1, 0)  # an orphan, or the daemon
+        except ChildProcessError:
+            return 0
+        if pid == child:
+            code = os.waitstatus_to_exitcode(status)
+            return code if code >= 0 else 128 - code
+
+
+def _pass_on(child: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(child, signum)
 
 
 #: Seconds the exit waits for the spans still batched, as it waits for the log's reader.

@@ -178,6 +178,17 @@ def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "co
         time.sleep(0.02)
 
 
+def pid_namespaces() -> bool:
+    """Whether a test may start a process as 1 of a new PID namespace (root, unshare)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    done = subprocess.run(  # noqa: S603
+        ["unshare", "--pid", "--fork", "--mount-proc", "/bin/true"],  # noqa: S607
+        capture_output=True, timeout=30,
+    )
+    return done.returncode == 0
+
+
 def alive(pid: int) -> bool:
     """Whether a process with this pid exists."""
     try:

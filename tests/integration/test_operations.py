@@ -25,6 +25,7 @@ from .conftest import (
     RawConn,
     descriptors_limited,
     eventually,
+    pid_namespaces,
     start_daemon,
     write_set,
 )
@@ -1104,3 +1105,59 @@ def test_a_stalled_span_reader_holds_the_exit_a_bounded_time(
     finally:
         os.close(reader)
     assert any(e["event"] == "daemon_stopped" for e in d.log_events())
+
+
+def _zombies_under(pid: int) -> list[str]:
+    """The zombies among ``pid``'s descendants (the host's /proc), as ``pid comm``."""
+    children: dict[int, list[int]] = {}
+    states: dict[int, str] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        name_end = stat.rindex(")")
+        fields = stat[name_end + 2 :].split()
+        children.setdefault(int(fields[1]), []).append(int(entry))
+        states[int(entry)] = fields[0] + " " + stat[stat.index("(") + 1 : name_end]
+    found, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            stack.append(child)
+            if states[child].startswith("Z"):
+                found.append(f"{child} {states[child][2:]}")
+    return found
+
+
+@pytest.mark.skipif(not pid_namespaces(), reason="needs root and unshare --pid")
+def test_as_process_1_the_orphans_of_calls_are_reaped(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """toolsetd as process 1 of its PID namespace (a container's entry point): every orphan
+    of the namespace became its child, and the daemon waits for its own children only, so
+    a tool's background child killed at the call's end stayed a zombie, one per call,
+    until the namespace ran out of processes. Process 1 is now a minimal init that reaps
+    every child and passes signals on to the daemon, its child: SIGTERM stops it
+    gracefully, with the daemon's exit code."""
+    _set(ops_home / "tools", "leaver", "sleep 0.2 &\necho left\n")
+    launcher = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+                sys.executable, "-m", "toolsetd.daemon"]
+    d = start_daemon(ops_home, workspace, tmp_base, launcher=launcher)
+    try:
+        for _ in range(4):
+            reply = _invoke(d, workspace, "leaver")
+            assert reply.get("result", {}).get("status") == "ok", reply
+        (init,) = [int(p) for p in _children(d.proc.pid)]  # process 1, seen from here
+        eventually(lambda: _zombies_under(init) == [], what="no zombie in the namespace")
+        os.kill(init, signal.SIGTERM)  # what `docker stop` sends to process 1
+        assert d.proc.wait(timeout=30) == 0
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+    assert any(e.get("event") == "daemon_stopped" for e in d.log_events())
+
+
+def _children(pid: int) -> list[str]:
+    return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()

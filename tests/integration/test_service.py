@@ -27,7 +27,7 @@ import pytest
 from toolsetd.daemon.peercred import PeerPolicy
 from toolsetd.daemon.server import RequestContext, Server, ServerSettings, bind_unix_socket
 
-from .conftest import Daemon, RawConn, eventually, start_daemon, write_set
+from .conftest import Daemon, RawConn, eventually, pid_namespaces, start_daemon, write_set
 
 _SH = "#!/bin/sh\n"
 
@@ -278,6 +278,39 @@ def test_activation_serves_the_passed_socket_and_hides_it_from_tools(
         assert path.exists()  # not unlinked: systemd owns it
         with RawConn(path, timeout=2):  # and it still listens (queued for the next start)
             pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        listening.close()
+
+
+@pytest.mark.skipif(not pid_namespaces(), reason="needs root and unshare --pid")
+def test_activation_of_process_1_is_the_daemons(svc_home: Path, tmp_base: Path) -> None:
+    """A socket passed to process 1 (a container runtime's socket activation: LISTEN_PID=1):
+    as process 1 toolsetd forks a minimal init and runs as its child, whose pid LISTEN_PID
+    no longer named; the daemon took the socket for someone else's and would bind its own
+    at the path the passed one holds. The child takes LISTEN_PID over."""
+    path = tmp_base / "act.sock"
+    listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listening.bind(str(path))
+    listening.listen(16)
+    log_path = tmp_base / "daemon.log"
+    proc = spawn_daemon(
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child",
+         sys.executable, "-c", ACTIVATE, str(listening.fileno()),
+         "--home", str(svc_home), "--socket", str(path), "--log-level", "debug", "--no-watch"],
+        log_path,
+        {},
+        pass_fds=(listening.fileno(),),
+    )
+    try:
+        wait_answering(path, proc, log_path)
+        with RawConn(path) as conn:
+            assert conn.request("status")["result"]["socket"] == str(path)
+        started = next(json.loads(line) for line in log_path.read_text().splitlines()
+                       if '"daemon_started"' in line)
+        assert started["activated"] is True
     finally:
         if proc.poll() is None:
             proc.kill()
