@@ -18,7 +18,12 @@ The daemon needs a cgroup v2 subtree it may write. ``CgroupTree.probe`` finds on
 Under that base the daemon makes its own folder ``toolsetd-<pid>`` (so two daemons sharing
 a base never touch each other's calls; a folder of a pid that is gone is a dead daemon's,
 and is killed and removed at start) with every controller of ``memory``, ``pids``, ``cpu``
-it can get enabled for its children, and one child ``c<n>`` per call.
+it can get enabled for its children, and one child ``c<n>`` per call. A pid means something
+in its PID namespace only: a daemon in another one (a container that sees the host's
+cgroups, ``unshare --pid``) names its folder ``toolsetd-<namespace inode>-<pid>``, and each
+daemon sweeps the folders of its own namespace alone (``_folder_name``). Named by pid
+alone, such a daemon took every host daemon's folder for a dead one's and killed their
+calls, and two daemons of pid 2 in two containers shared one folder.
 
 A call's child is in its cgroup before the tool's first instruction, one of two ways:
 
@@ -132,6 +137,9 @@ JOIN_ARGV: tuple[str, ...] = (
 )
 
 _PREFIX = "toolsetd-"
+#: The initial PID namespace's inode (the kernel's ``PROC_PID_INIT_INO``): a daemon there
+#: names its folder by its pid alone.
+_INITIAL_PID_NAMESPACE = 0xEFFFFFFC
 #: Emptied call cgroups kept for reuse (see "Spare cgroups" above).
 SPARE_MAX = 64
 _DRAIN_BOUND_SECONDS = 2.0
@@ -348,6 +356,19 @@ def _own_cgroup(mounts: list[str]) -> Path | None:
         if (folder / "cgroup.procs").exists() and os.access(folder / "cgroup.procs", os.W_OK):
             return folder
     return None
+
+
+def _folder_name(pid: int) -> str:
+    """The daemon's folder under the base: ``toolsetd-<pid>`` in the initial PID namespace,
+    ``toolsetd-<namespace inode>-<pid>`` in any other (where pids repeat those of the host
+    and of other containers, and say nothing of their processes)."""
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = _INITIAL_PID_NAMESPACE  # no /proc/self/ns: as before
+    if namespace == _INITIAL_PID_NAMESPACE:
+        return f"{_PREFIX}{pid}"
+    return f"{_PREFIX}{namespace}-{pid}"
 
 
 def _pid_alive(pid: int) -> bool:
@@ -666,14 +687,16 @@ class CgroupTree:
 
     @classmethod
     def _claim(cls, base: Path) -> CgroupTree:
+        mine = _folder_name(os.getpid())
+        ours = mine[: mine.rindex("-") + 1]  # the prefix of this PID namespace's folders
         for entry in base.iterdir():
             name = entry.name
-            if name.startswith(_PREFIX) and name[len(_PREFIX) :].isdigit():
-                pid = int(name[len(_PREFIX) :])
+            if name.startswith(ours) and name[len(ours) :].isdigit():
+                pid = int(name[len(ours) :])
                 if pid != os.getpid() and not _pid_alive(pid):
                     log.info("cgroup_stale_removed", folder=str(entry))
                     _kill_tree(str(entry))
-        folder = base / f"{_PREFIX}{os.getpid()}"
+        folder = base / mine
         folder.mkdir(exist_ok=True)
         if not (folder / "cgroup.kill").exists():
             _kill_tree(str(folder))

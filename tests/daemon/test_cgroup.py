@@ -6,10 +6,12 @@ reason elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -321,6 +323,48 @@ def test_cgroup_probe_sweeps_a_dead_daemons_folder(tree: CgroupTree) -> None:
         if dead.exists():
             (dead / "c1").rmdir()
             dead.rmdir()
+
+
+_PROBE_IN_A_NAMESPACE = """
+from toolsetd.daemon.cgroup import CgroupTree
+found, why = CgroupTree.probe("auto")
+assert found is not None, why
+print(found.folder.name)
+found.close()
+"""
+
+
+def test_cgroup_a_daemon_in_another_pid_namespace_leaves_ours_alone(tree: CgroupTree) -> None:
+    """A daemon in another PID namespace (a container that sees the host's cgroups,
+    ``unshare --pid``) took every ``toolsetd-<pid>`` folder whose pid it could not see for
+    a dead daemon's, and killed its calls: ours, whose pid means nothing there. It names
+    and sweeps the folders of its own namespace alone."""
+    import shutil
+
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare --pid")
+    sleeper = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True)  # noqa: S603
+    call = tree.folder / "c-namespace-test"
+    call.mkdir()
+    try:
+        (call / "cgroup.procs").write_text(str(sleeper.pid))
+        done = subprocess.run(  # noqa: S603
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",  # noqa: S607
+             _PROBE_IN_A_NAMESPACE],
+            capture_output=True, text=True, timeout=60,
+        )
+        if done.returncode != 0 and "unshare" in done.stderr:
+            pytest.skip(f"unshare --pid failed: {done.stderr.strip()}")
+        assert done.returncode == 0, done.stderr
+        assert tree.folder.exists(), done.stdout
+        assert sleeper.poll() is None  # our call is still running
+        name = done.stdout.strip().splitlines()[-1]  # theirs: toolsetd-<namespace>-1
+        assert name.startswith("toolsetd-") and name.endswith("-1") and name.count("-") == 2
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+        with contextlib.suppress(OSError):
+            call.rmdir()
 
 
 def test_cgroup_probe_named_subtree_and_bad_names(tree: CgroupTree) -> None:
