@@ -20,9 +20,10 @@ The reader ends at EOF, or when told to ``Finish``: the call is over (its leader
 and its group was killed, or it timed out or was cancelled), but a process that left the
 group may hold the pipe for ever. It then stops waiting for more: it reads what the pipe
 holds (at most ``_FINISH_MAX`` bytes, as a writer may refill it as fast as it is read),
-reports those lines too, and ends. It is never cancelled while it reports: the lines a
-child wrote before it exited reach the client even when the client takes them slowly
-(an MCP host, for which the face waits after each line).
+reports those lines too, and ends. It is not cancelled while it reports, but by the
+call's time limit, or 0.5 s after a cancel (the runner's): the lines a child wrote before
+it exited reach the client even when the client takes them slowly (an MCP host, for which
+the face waits after each line).
 """
 
 from __future__ import annotations

@@ -43,11 +43,12 @@ folder deleted meanwhile is created again), then spawns the child:
   pipe another process still holds (or refills as fast as it is read: that read on
   the loop stops at a pipe's size, ``streams.read_now``), or that wrote progress lines,
   gets readers for what is left, bounded by ``drain_after_exit_seconds`` (the progress
-  lines by the call's time limit: ``progress.Finish``). A leader still
-  running after them, or a call whose stdin the pipe did not take at once (it goes there
-  straight after the spawn), gets the readers, the stdin writer, the task that watches
-  ``cancel`` and sends the periodic progress, and the deadline's scope. A cancel set
-  within the first 5 ms is acted on only then: a call over by then is not cancelled.
+  lines by the call's time limit, or the drain's once cancelled: ``progress.Finish``).
+  A leader still running after them, or a call whose stdin the pipe did not take at
+  once (it goes there straight after the spawn), gets the readers, the stdin writer,
+  the task that watches ``cancel`` and sends the periodic progress, and the deadline's
+  scope. A cancel set within the first 5 ms is acted on only then: a call over by then
+  is not cancelled.
 * The environment is encoded to ``KEY=value`` bytes once per runner (``Popen`` would
   encode it again at every spawn) and the call's own variables once per call.
 
@@ -687,10 +688,13 @@ class Runner:
             await all_set_within(s.drain_after_exit_seconds, done_out, done_err)
             # The progress reader reports what the pipe holds, however slowly the client
             # takes it (an MCP host: no line the tool wrote is dropped), within the call's
-            # time limit; it is not cancelled with the rest.
+            # time limit; it is not cancelled with the rest. A cancel (also one already
+            # set) bounds that wait by the drain's: a client that stopped taking lines
+            # would otherwise hold a call without a time limit for ever.
             finish_progress()
             if not done_progress.is_set():
-                with anyio.CancelScope(deadline=deadline):
+                with anyio.CancelScope(deadline=deadline) as progress_scope:
+                    tg.start_soon(_shorten_on, cancel, progress_scope, s.drain_after_exit_seconds)
                     await done_progress.wait()
             tg.cancel_scope.cancel()  # the readers of pipes still held, the watcher
         return leader_gone
@@ -707,3 +711,9 @@ class Runner:
         while True:
             await anyio.sleep(interval)
             await call.progress()
+
+
+async def _shorten_on(cancel: anyio.Event, scope: anyio.CancelScope, seconds: float) -> None:
+    """Once ``cancel`` is set, end ``scope`` within ``seconds`` (if it ends no sooner)."""
+    await cancel.wait()
+    scope.deadline = min(scope.deadline, anyio.current_time() + seconds)

@@ -786,6 +786,52 @@ async def test_runner_progress_pipe_held_by_a_process_that_left_the_group(
     assert messages[0] == "before" if every_line else messages[-1] in ("before", "tick")
 
 
+class _StuckPeer(RecordingSink):
+    """A sink that never takes a line the child reported, as an MCP host that stopped
+    reading its output (the MCP face waits for the host after each line)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stuck = anyio.Event()
+
+    async def progress(self, **kwargs: Any) -> None:
+        if kwargs.get("message") is not None:
+            self.stuck.set()
+            await anyio.sleep_forever()
+        await super().progress(**kwargs)
+
+
+async def test_runner_cancel_ends_the_wait_for_progress_lines_after_exit(env: Env) -> None:
+    """A call without a time limit whose client stopped taking its progress lines ends
+    when it is cancelled: the reader that reports the lines written before the exit was
+    waited for with the call's deadline only, so such a call never ended, cancel or not."""
+    settings = replace(FAST, progress_interval_seconds=60, drain_after_exit_seconds=0.05)
+    runner = Runner(settings, anyio.CapacityLimiter(1), os.environ)
+    code = (
+        "import os\nfd = int(os.environ['TOOLSETD_PROGRESS_FD'])\nos.write(fd, b'one\\ntwo\\n')\n"
+    )
+    request = CallRequest(
+        call_id="call-1",
+        loaded=python_tool(env.set_dir, code, timeout=None),
+        arguments={},
+        workspace=env.workspace,
+        home=env.home,
+        every_progress_line=True,
+    )
+    sink, cancel = _StuckPeer(), anyio.Event()
+    outcomes = []
+
+    async def call() -> None:
+        outcomes.append(await runner.run(request, sink, cancel))
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await sink.stuck.wait()
+            cancel.set()
+    assert outcomes[0].status in ("ok", "cancelled")
+
+
 async def test_runner_periodic_progress(runner: Runner, env: Env) -> None:
     """Progress arrives at the interval with elapsed time and byte counts."""
     sink = RecordingSink()
