@@ -97,6 +97,7 @@ import structlog
 import watchfiles
 from anyio.abc import TaskStatus
 from toolsetd.protocol.errors import ServerBusy
+from toolsetd.protocol.jsontext import is_utf8
 from watchfiles import Change
 
 from . import threads
@@ -644,22 +645,9 @@ def _is_dir(path: str | Path) -> bool:
         return False
 
 
-def _utf8(path: str | Path) -> bool:
-    """Whether watchfiles can be given ``path``: it takes each as a UTF-8 string, and one
-    it cannot encode (a folder name that is not UTF-8) fails the whole awatch."""
-    text = str(path)
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _watch_id(path: str | Path, st: os.stat_result | None = None) -> tuple[int, int] | None:
     """Whether ``path`` is a directory this process may put a watch on (it may read it,
-    and its path can be handed to watchfiles: ``_utf8``).
+    and its path can be handed to watchfiles: ``jsontext.is_utf8``).
 
     One awatch covers every directory, and one it may not watch (root's, mode 0700, in a
     shared project) fails all of it: the daemon went on its stat poll alone for every set.
@@ -670,7 +658,7 @@ def _watch_id(path: str | Path, st: os.stat_result | None = None) -> tuple[int, 
     Returns:
         The directory's (device, inode), or None when it is not one to watch.
     """
-    if not _utf8(path):
+    if not is_utf8(str(path)):  # watchfiles takes UTF-8: one it cannot encode fails it all
         return None
     if st is None:
         try:
@@ -703,7 +691,7 @@ def _probe_root(
         names = subdirectory_names(root)
     except OSError:
         return
-    if st is not None and _utf8(root):
+    if st is not None and is_utf8(str(root)):
         dirs.add(root)  # it was listed: it may be read
         ids.add((root, (st.st_dev, st.st_ino)))
     for name in names:
