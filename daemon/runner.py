@@ -701,11 +701,16 @@ class Runner:
 
     async def _watch(self, cancel: anyio.Event, call: CallState, interval: float) -> None:
         """Stop the call when ``cancel`` is set; meanwhile and after, the periodic progress
-        (every ``interval`` seconds)."""
+        (every ``interval`` seconds).
+
+        A tick is skipped while a line the child wrote is being reported (it holds the
+        lock, and is progress itself): over MCP that line waits for the host, and waiting
+        behind it, this task would not see ``cancel`` while the host reads nothing.
+        """
         while not cancel.is_set():
             with anyio.move_on_after(interval):
                 await cancel.wait()
-            if not cancel.is_set():
+            if not cancel.is_set() and not call.lock.locked():
                 await call.progress()
         call.stop("cancelled")
         while True:

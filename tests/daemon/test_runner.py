@@ -832,6 +832,43 @@ async def test_runner_cancel_ends_the_wait_for_progress_lines_after_exit(env: En
     assert outcomes[0].status in ("ok", "cancelled")
 
 
+async def test_runner_cancel_reaches_a_call_whose_client_stopped_taking_lines(
+    env: Env,
+) -> None:
+    """A running call whose client stopped taking its progress lines (an MCP host that
+    reads nothing more: the face waits for it after each line) still ends on a cancel.
+    The periodic progress waited for the lock the stuck line held, and the watcher of
+    ``cancel`` with it: the tool ran on, without a time limit for ever."""
+    settings = replace(FAST, progress_interval_seconds=0.05, drain_after_exit_seconds=0.05)
+    runner = Runner(settings, anyio.CapacityLimiter(1), os.environ)
+    code = (
+        "import os, time\n"
+        "os.write(int(os.environ['TOOLSETD_PROGRESS_FD']), b'one\\n')\n"
+        "time.sleep(60)\n"
+    )
+    request = CallRequest(
+        call_id="call-1",
+        loaded=python_tool(env.set_dir, code, timeout=None),
+        arguments={},
+        workspace=env.workspace,
+        home=env.home,
+        every_progress_line=True,
+    )
+    sink, cancel = _StuckPeer(), anyio.Event()
+    outcomes = []
+
+    async def call() -> None:
+        outcomes.append(await runner.run(request, sink, cancel))
+
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(call)
+            await sink.stuck.wait()
+            await anyio.sleep(0.2)  # a few periodic ticks come due meanwhile
+            cancel.set()
+    assert outcomes[0].status == "cancelled"
+
+
 async def test_runner_periodic_progress(runner: Runner, env: Env) -> None:
     """Progress arrives at the interval with elapsed time and byte counts."""
     sink = RecordingSink()
