@@ -325,20 +325,31 @@ def test_mcp_two_initializes_at_once_get_one_answer_and_one_refusal(
         assert pump.close() == 0
 
 
+#: initialize, initialized and tools/list (id 2), as a host opens a session.
+_OPENING = [
+    {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+     "params": {"protocolVersion": "2025-11-25", "capabilities": {}}},
+    {"jsonrpc": "2.0", "method": "notifications/initialized"},
+    {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+]
+
+
+def _pump_on_a_fresh_workspace(daemon: Daemon, tmp_path: Path) -> RawPump:
+    """A pump bound to a workspace the daemon has not loaded (its catalog not built yet)."""
+    fresh = tmp_path / "fresh"
+    (fresh / ".crystal" / "tools").mkdir(parents=True)
+    return RawPump(pump_args(daemon, fresh))
+
+
 def test_mcp_a_request_pipelined_behind_initialize_is_served_under_it(
     mcp_daemon: Daemon, tmp_path: Path
 ) -> None:
     """A tools/list written right behind initialize (in the same write, while initialize
     still builds a new workspace's catalog) waits for it and is served under the version
     it agrees on, never refused as sent 'before initialize': the host's order is kept."""
-    fresh = tmp_path / "fresh"
-    (fresh / ".crystal" / "tools").mkdir(parents=True)
-    pump = RawPump(pump_args(mcp_daemon, fresh))
+    pump = _pump_on_a_fresh_workspace(mcp_daemon, tmp_path)
     frames = [
-        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-         "params": {"protocolVersion": "2025-11-25", "capabilities": {}}},
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
+        *_OPENING,
         {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
          "params": {"name": "hello", "arguments": {"name": "Ada"}}},
     ]
@@ -359,16 +370,8 @@ def test_mcp_requests_read_before_stdin_closes_are_still_answered(
     stdin: only its tool calls are cancelled; initialize and tools/list, read before the
     end of input, are answered whether or not the new workspace's catalog was built by
     then, and the pump exits 0 once they are out."""
-    fresh = tmp_path / "fresh"
-    (fresh / ".crystal" / "tools").mkdir(parents=True)
-    pump = RawPump(pump_args(mcp_daemon, fresh))
-    frames = [
-        {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-         "params": {"protocolVersion": "2025-11-25", "capabilities": {}}},
-        {"jsonrpc": "2.0", "method": "notifications/initialized"},
-        {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
-    ]
-    pump.send(b"".join(json.dumps(frame).encode() + b"\n" for frame in frames))
+    pump = _pump_on_a_fresh_workspace(mcp_daemon, tmp_path)
+    pump.send(b"".join(json.dumps(frame).encode() + b"\n" for frame in _OPENING))
     assert pump.close() == 0
     answers = {a["id"]: a for a in (json.loads(line) for line in pump.stdout_text.splitlines())}
     assert answers[1]["result"]["protocolVersion"] == "2025-11-25", answers
