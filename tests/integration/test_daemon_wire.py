@@ -502,19 +502,25 @@ def test_daemon_forced_stop_is_not_held_by_an_unread_client(
         d.stop()
 
 
+def _big_sets(home: Path, count: int) -> Path:
+    """``count`` sets whose manifests are each just under the 1 MiB manifest limit (a
+    description of ~1 MB): a ``list`` of 70 passes the daemon's 64 MiB line."""
+    description = "d" * (1_000_000 - 300)
+    for i in range(count):
+        write_set(home / "tools", f"big{i:02d}", {
+            "runner": "exec", "description": description, "schema": {"type": "object"},
+            "command": ["true"], "approval": "always",
+        })
+    return home
+
+
 @pytest.mark.slow
 def test_daemon_response_over_the_line_budget_is_an_error_naming_sizes(
     workspace: Path, tmp_base: Path
 ) -> None:
     """A list that would exceed the daemon's 64 MiB line is answered -32007 with both sizes;
     the connection and the daemon go on serving."""
-    home = tmp_base / "home"
-    description = "d" * (1_000_000 - 300)  # each manifest just under the 1 MiB manifest limit
-    for i in range(70):
-        write_set(home / "tools", f"big{i:02d}", {
-            "runner": "exec", "description": description, "schema": {"type": "object"},
-            "command": ["true"], "approval": "always",
-        })
+    home = _big_sets(tmp_base / "home", 70)
     d = start_daemon(home, workspace, tmp_base, ["--no-watch"])
     try:
         with d.raw(timeout=60) as conn:
@@ -538,13 +544,7 @@ def test_daemon_batch_answer_over_the_line_budget_keeps_its_array_and_ids(
     own id: the largest answers become -32007 errors until the array fits, and the rest
     (a status, the other list) arrive whole. Never one error with id null, which says
     nothing of which requests ran and reads as the daemon's word on the connection."""
-    home = tmp_base / "home"
-    description = "d" * (1_000_000 - 300)
-    for i in range(40):
-        write_set(home / "tools", f"big{i:02d}", {
-            "runner": "exec", "description": description, "schema": {"type": "object"},
-            "command": ["true"], "approval": "always",
-        })
+    home = _big_sets(tmp_base / "home", 40)
     d = start_daemon(home, workspace, tmp_base, ["--no-watch"])
     try:
         with d.raw(timeout=60) as conn:
