@@ -146,17 +146,19 @@ def _merge(into: _Changes, key: ReloadKey, pairs: Iterable[SetPair] | None) -> N
             known.update(pairs)
 
 
+#: The directories to watch, each with its (device, inode): a watch follows a directory,
+#: not its name, so a link pointed elsewhere (a ``.crystal`` switched to another folder)
+#: calls for a new watch; and a folder linked under two names (a set shared by two
+#: projects) has one watch, whose events name one of them (``Watcher._aliases``).
+_Watched = dict[Path, tuple[int, int]]
+
+
 @dataclass(frozen=True, slots=True)
 class _Probe:
     """What one key looks like on disk: the directories to watch and a stat signature."""
 
-    dirs: frozenset[Path]
+    dirs: _Watched
     signature: _Signature
-    #: The (device, inode) of each directory in ``dirs``: a watch follows a directory,
-    #: not its name, so a link pointed elsewhere (a ``.crystal`` switched to another
-    #: folder) calls for a new watch; and a folder linked under two names (a set shared by
-    #: two projects) has one watch, whose events name one of them (``Watcher._aliases``).
-    ids: frozenset[tuple[Path, tuple[int, int]]] = frozenset()
 
 
 class Watcher:
@@ -210,8 +212,7 @@ class Watcher:
         self._running = False
         # Watch generation state (supervisor).
         self._stop: anyio.Event | None = None
-        self._watching: frozenset[Path] | None = None
-        self._watching_ids: frozenset[tuple[Path, tuple[int, int]]] = frozenset()
+        self._watching: _Watched | None = None
         #: Per watched folder that has other names (links to one directory), those names:
         #: inotify has one watch per directory, and reports its events under one name.
         self._aliases: dict[Path, tuple[Path, ...]] = {}
@@ -411,11 +412,10 @@ class Watcher:
         while True:
             self._rewatch = False  # this probe is taken after any removal reported so far
             probes = await threads.run_sync(_probe_all, self._home, tuple(self._workspaces))
-            dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
+            dirs = _watched(probes.values())
             stop = anyio.Event()
             self._stop, self._watching = stop, dirs
-            self._watching_ids = _ids(probes.values())
-            self._aliases = _aliases(self._watching_ids)
+            self._aliases = _aliases(dirs)
             if not dirs:
                 await stop.wait()  # nothing exists yet; the poller restarts us when it does
                 continue
@@ -439,7 +439,7 @@ class Watcher:
                 with anyio.move_on_after(self._recheck):
                     await stop.wait()
 
-    async def _watch(self, dirs: frozenset[Path], stop: anyio.Event) -> None:
+    async def _watch(self, dirs: _Watched, stop: anyio.Event) -> None:
         changes = self._factory(
             *sorted(dirs),
             stop_event=stop,
@@ -522,9 +522,9 @@ class Watcher:
         if changed:
             log.info("watch_changed", keys=len(changed))
             self._enqueue(dict.fromkeys(changed))
-        dirs = frozenset[Path]().union(*(p.dirs for p in probes.values()))
+        # Another directory, or another one under a name watched (a link pointed elsewhere).
         if self._watching is not None and (
-            dirs != self._watching or self._rewatch or _ids(probes.values()) != self._watching_ids
+            self._rewatch or _watched(probes.values()) != self._watching
         ):
             self._stop_generation()
         return cost
@@ -678,9 +678,7 @@ def _probe_set(set_dir: Path, signature: _Signature) -> None:
     signature[str(set_dir / _MANIFEST)] = _stat(set_dir / _MANIFEST)
 
 
-def _probe_root(
-    root: Path, dirs: set[Path], signature: _Signature, ids: set[tuple[Path, tuple[int, int]]]
-) -> None:
+def _probe_root(root: Path, dirs: _Watched, signature: _Signature) -> None:
     """Add a tools root, its set directories and their manifests to a probe."""
     try:
         st: os.stat_result | None = os.stat(root)
@@ -692,8 +690,7 @@ def _probe_root(
     except OSError:
         return
     if st is not None and is_utf8(str(root)):
-        dirs.add(root)  # it was listed: it may be read
-        ids.add((root, (st.st_dev, st.st_ino)))
+        dirs[root] = (st.st_dev, st.st_ino)  # it was listed: it may be read
     for name in names:
         set_dir = root / name
         try:
@@ -703,47 +700,44 @@ def _probe_root(
         signature[str(set_dir)] = _signature(found)
         signature[str(set_dir / _MANIFEST)] = _stat(set_dir / _MANIFEST)
         if found is not None and (identity := _watch_id(set_dir, found)) is not None:
-            dirs.add(set_dir)
-            ids.add((set_dir, identity))
+            dirs[set_dir] = identity
 
 
 def _probe_home(home: Path) -> _Probe:
-    dirs: set[Path] = set()
+    dirs: _Watched = {}
     signature: _Signature = {str(home / _CONFIG): _stat(home / _CONFIG)}
-    ids: set[tuple[Path, tuple[int, int]]] = set()
     if (identity := _watch_id(home)) is not None:
-        dirs.add(home)
-        ids.add((home, identity))
-    _probe_root(home / _TOOLS, dirs, signature, ids)
-    return _Probe(frozenset(dirs), signature, frozenset(ids))
+        dirs[home] = identity
+    _probe_root(home / _TOOLS, dirs, signature)
+    return _Probe(dirs, signature)
 
 
 def _probe_workspace(workspace: Path) -> _Probe:
-    dirs: set[Path] = set()
+    dirs: _Watched = {}
     signature: _Signature = {}
     crystal = workspace / _CRYSTAL
-    ids: set[tuple[Path, tuple[int, int]]] = set()
     if (identity := _watch_id(crystal)) is not None:
-        dirs.add(crystal)
-        ids.add((crystal, identity))
+        dirs[crystal] = identity
     elif (identity := _watch_id(workspace)) is not None:
         # Flat: only to see .crystal appear (or, unreadable, become readable); never
         # recursive.
-        dirs.add(workspace)
-        ids.add((workspace, identity))
-    _probe_root(crystal / _TOOLS, dirs, signature, ids)
-    return _Probe(frozenset(dirs), signature, frozenset(ids))
+        dirs[workspace] = identity
+    _probe_root(crystal / _TOOLS, dirs, signature)
+    return _Probe(dirs, signature)
 
 
-def _ids(probes: Iterable[_Probe]) -> frozenset[tuple[Path, tuple[int, int]]]:
+def _watched(probes: Iterable[_Probe]) -> _Watched:
     """Every directory the probes list to watch, with its (device, inode)."""
-    return frozenset[tuple[Path, tuple[int, int]]]().union(*(p.ids for p in probes))
+    dirs: _Watched = {}
+    for probe in probes:
+        dirs.update(probe.dirs)
+    return dirs
 
 
-def _aliases(ids: Iterable[tuple[Path, tuple[int, int]]]) -> dict[Path, tuple[Path, ...]]:
+def _aliases(dirs: _Watched) -> dict[Path, tuple[Path, ...]]:
     """Per watched directory that is one directory with others (links), the others."""
     names: dict[tuple[int, int], set[Path]] = {}
-    for path, identity in ids:
+    for path, identity in dirs.items():
         names.setdefault(identity, set()).add(path)
     return {
         path: tuple(sorted(group - {path}))
