@@ -44,6 +44,7 @@ __all__ = [
     "check_token",
     "parse_listen",
     "peer_refusal",
+    "port_number",
     "read_token_file",
 ]
 
@@ -86,6 +87,17 @@ class ListenAddress:
         return f"http://{host}:{self.port if port is None else port}/mcp"
 
 
+def port_number(text: str) -> int | None:
+    """The port ``text`` names (ASCII digits, 0 to 65535), else None.
+
+    ASCII: ``str.isdigit()`` also says yes to "²" (which ``int()`` refuses) and "٩٠".
+    """
+    if not text.isascii() or not text.isdigit():
+        return None
+    port = int(text)
+    return port if port <= 65535 else None
+
+
 def parse_listen(text: str) -> ListenAddress:
     """Parse a ``--mcp-listen`` value and refuse anything but loopback.
 
@@ -101,10 +113,9 @@ def parse_listen(text: str) -> ListenAddress:
     host, sep, port_text = text.rpartition(":")
     if not sep or not host:
         raise ListenError(text, "expected HOST:PORT, for example 127.0.0.1:8765 or [::1]:8765.")
-    # ASCII digits: str.isdigit() also says yes to "²" (which int() refuses) and "٩٠".
-    if not port_text.isascii() or not port_text.isdigit() or int(port_text) > 65535:
+    port = port_number(port_text)
+    if port is None:
         raise ListenError(text, "the port must be a number from 0 to 65535.")
-    port = int(port_text)
     if host == "localhost":
         return ListenAddress(socket.AF_INET, "127.0.0.1", port)
     literal = host[1:-1] if host.startswith("[") and host.endswith("]") else host

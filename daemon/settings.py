@@ -708,10 +708,12 @@ def _check_loopback(values: Sequence[str]) -> None:
 
 
 def _parse_listen(raw: str) -> tuple[str, int]:
+    from .httpguard import port_number  # loaded only when used
+
     host, sep, port_text = raw.rpartition(":")
     host = host.strip("[]")
-    # ASCII digits: str.isdigit() also says yes to "²" (which int() refuses) and "٩٠".
-    if not sep or not port_text.isascii() or not port_text.isdigit() or int(port_text) > 65535:
+    port = port_number(port_text)
+    if not sep or port is None:
         raise ValueError(
             f"must be HOST:PORT with a port from 0 (any free one) to 65535, got {_show(raw)}"
         )
@@ -725,7 +727,7 @@ def _parse_listen(raw: str) -> tuple[str, int]:
         ) from None
     if not address.is_loopback:
         raise ValueError(f"must be a loopback address (127.0.0.1 or [::1]), got {_show(raw)}")
-    return str(address), int(port_text)
+    return str(address), port
 
 
 def _show(raw: Any) -> str:
