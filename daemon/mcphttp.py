@@ -692,8 +692,15 @@ class McpHttpEndpoint:
         assert core is not None
         headers = [(_SESSION_HEADER, session.session_id)] if fresh and session.session_id else []
         if not _is_request(message):
-            # A notification, or the host's answer to an elicitation: the core takes it.
-            await core.receive(message)
+            # A notification, or the host's answer to an elicitation: the core takes it. A
+            # message that is neither (no method and no result, 'jsonrpc' not "2.0") is the
+            # core's -32600, and input the server does not accept MUST be an error status.
+            refused = await core.receive(message)
+            if refused is not None:
+                await exchange.respond(
+                    400, [("content-type", "application/json"), *headers], json_dumps(refused)
+                )
+                return
             await exchange.respond(202, headers)
             return
         request_id = message["id"]

@@ -426,6 +426,27 @@ def test_http_post_rejects_bad_bodies(http_daemon, workspace: Path) -> None:
     assert http(base.replace("/mcp", "/other"), "GET").status == 404
 
 
+def test_http_a_message_neither_notification_nor_response_is_400(
+    http_daemon, workspace: Path
+) -> None:
+    """A POST whose message is neither a request, a notification nor a response (no
+    method and no result, a 'jsonrpc' other than "2.0") is 400 with the core's -32600, as
+    the transport requires of input the server does not accept; it was 202, as if taken."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    for body in ({"foo": 1}, {"jsonrpc": "2.0", "id": 7},
+                 {"jsonrpc": "1.0", "method": "notifications/initialized"}):
+        reply = http(url, body=body, headers={"mcp-session-id": session})
+        assert reply.status == 400, (body, reply)
+        assert reply.json()["error"]["code"] == -32600, (body, reply.body)
+    # A notification and a response (to no request of ours) are still taken: 202.
+    for body in ({"jsonrpc": "2.0", "method": "notifications/initialized"},
+                 {"jsonrpc": "2.0", "id": 99, "result": {}}):
+        reply = http(url, body=body, headers={"mcp-session-id": session})
+        assert (reply.status, reply.body) == (202, b""), (body, reply)
+
+
 def test_http_head_is_answered_without_a_body(http_daemon, workspace: Path) -> None:
     """HEAD is 405 on /mcp and 404 elsewhere, head only, and the connection goes on."""
     daemon, base = http_daemon
