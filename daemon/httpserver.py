@@ -11,7 +11,8 @@ loads h11.
 * **Reading a request.** The request head must arrive within ``head_timeout`` seconds of
   its first byte being awaited (a slowloris peer that trickles header bytes is answered
   ``408`` and closed); a head over ``max_header_bytes`` is ``431`` (h11's
-  ``max_incomplete_event_size``); a body over ``max_body_bytes`` is ``413``; a body that
+  ``max_incomplete_event_size``); a body over ``max_body_bytes`` is ``413``; a client
+  waiting on ``Expect: 100-continue`` is told ``100 Continue`` before its body is read; a body that
   stops arriving for ``body_timeout`` is ``408``; malformed framing (bad chunk sizes, a
   broken request line, both ``Transfer-Encoding`` and ``Content-Length``) is ``400``.
   After any of these the connection closes: h11 is poisoned by a protocol error, and we
@@ -778,6 +779,13 @@ class HttpServer:
         if size > LARGE_TEXT and not self._hold(conn, held, size):
             await self._refuse_large(conn, size)
             return False
+        if parser.they_are_waiting_for_100_continue:
+            # The body will be read: a client that waits to be asked for it (Expect:
+            # 100-continue, as curl sends for a body over 1 MiB) MUST be told at once
+            # (RFC 9110 10.1.1), else it waits for nothing (or until our body timeout).
+            await conn.send(
+                h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
+            )
         try:
             body = await self._read_body(conn, conn.loop.time() + settings.body_timeout, held)
         except TimeoutError:

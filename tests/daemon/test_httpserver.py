@@ -117,6 +117,32 @@ async def test_http_origin_form_path_is_the_path_as_sent() -> None:
     assert _body(data)["query"] == {"x": ["1"]}, data
 
 
+async def test_http_expect_100_continue_is_answered_before_the_body() -> None:
+    """A client that sends ``Expect: 100-continue`` and waits is told ``100 Continue``
+    (RFC 9110 10.1.1: a server reading the content MUST, at once): it waited for nothing,
+    then sent the body anyway (curl after 1 s, for every body over 1 MiB) or never. A
+    body whose declared size is refused gets its final status instead, and no 100."""
+    head = (b"POST /mcp HTTP/1.1\r\nHost: localhost\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 5\r\n\r\n")
+    async with served() as (port, handler):
+        with anyio.fail_after(5):
+            async with await anyio.connect_tcp("127.0.0.1", port) as stream:
+                await stream.send(head)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += await stream.receive()
+                assert data.startswith(b"HTTP/1.1 100 "), data
+                await stream.send(b"hello")
+                data = data.split(b"\r\n\r\n", 1)[1]
+                while not data.endswith(b"}"):
+                    data += await stream.receive()
+                assert _status(data) == 200
+                assert _body(data)["body"] == "hello"
+            data = await _exchange(port, head.replace(b": 5", b": 5000"))
+        assert _status(data) == 413, data
+        assert len(handler.requests) == 1
+
+
 async def test_http_chunked_body_is_assembled() -> None:
     """A chunked request body reaches the handler whole."""
     async with served() as (port, handler):
