@@ -219,11 +219,14 @@ class Exchange:
     async def respond(
         self, status: int, headers: Sequence[tuple[str, str]] = (), body: bytes = b""
     ) -> None:
-        """Send a whole response (``Content-Length`` framing)."""
+        """Send a whole response (``Content-Length`` framing; a 204 has no body and no
+        ``Content-Length``, which RFC 9110 8.6 forbids with it)."""
         assert not self.started
+        assert status != 204 or not body
         self.finished = True
         head = [(k.encode(), v.encode()) for k, v in headers]
-        head.append((b"content-length", str(len(body)).encode()))
+        if status != 204:
+            head.append((b"content-length", str(len(body)).encode()))
         # One write for the whole response: head, body and end go out in one segment.
         await self._conn.send(
             h11.Response(

@@ -31,6 +31,9 @@ class Recorder:
 
     async def __call__(self, request: HttpRequest, exchange: Exchange, peer: Any) -> None:
         self.requests.append(request)
+        if request.path == "/gone":
+            await exchange.respond(204)
+            return
         if request.path == "/stream":
             await exchange.start_stream(200, [("content-type", "text/event-stream")])
             await exchange.send(b"data: one\n\n")
@@ -141,6 +144,20 @@ async def test_http_expect_100_continue_is_answered_before_the_body() -> None:
             data = await _exchange(port, head.replace(b": 5", b": 5000"))
         assert _status(data) == 413, data
         assert len(handler.requests) == 1
+
+
+async def test_http_204_has_no_content_length() -> None:
+    """A 204 (the answer to MCP's DELETE) carries no Content-Length (RFC 9110 8.6: a
+    server MUST NOT send one with it), and the connection goes on."""
+    async with served() as (port, _):
+        request = b"DELETE /gone HTTP/1.1\r\nHost: localhost\r\n\r\n"
+        follow = b"GET /mcp HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
+        with anyio.fail_after(5):
+            data = await _exchange(port, request + follow)
+    first, _, rest = data.partition(b"\r\n\r\n")
+    assert first.startswith(b"HTTP/1.1 204 "), data
+    assert b"content-length" not in first.lower(), data
+    assert _status(rest) == 200, data
 
 
 async def test_http_chunked_body_is_assembled() -> None:
