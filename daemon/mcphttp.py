@@ -111,7 +111,9 @@ class McpHttpSettings:
     """Limits of the MCP HTTP endpoint.
 
     Attributes:
-        max_sessions: Sessions held at once; one more ``initialize`` is 503.
+        max_sessions: Sessions held at once; one more ``initialize`` ends the least
+            recently used idle one (no request served, no stream open), or is 503 when
+            none is idle.
         session_idle_seconds: A session with no request and no stream this long ends.
         ping_seconds: Seconds between SSE comment lines on an idle GET stream, or on a
             POST's stream that has begun and sent nothing else for that long.
@@ -659,7 +661,7 @@ class McpHttpEndpoint:
             return None
         if not stateless:
             await self._expire_idle()
-            if len(self.sessions) >= self.settings.max_sessions:
+            if len(self.sessions) >= self.settings.max_sessions and not self._evict_idle():
                 limit = self.settings.max_sessions
                 await _rpc_error(
                     exchange,
@@ -849,6 +851,24 @@ class McpHttpEndpoint:
             session.core.close()
         for event in list(session.calls.values()):
             event.set()
+
+    def _evict_idle(self) -> bool:
+        """Make room for a new session: end the one least recently used among those with
+        no request being served and no open stream (False when every session is busy).
+
+        Hosts that never ``DELETE`` (``claude mcp list`` opens two sessions a run) would
+        otherwise fill the table within the idle hour, and every ``initialize`` after that
+        would be 503. An evicted session's next request is 404, on which the spec has the
+        host start a new session.
+        """
+        idle = [s for s in self.sessions.values() if not s.running and not s.get_open]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda s: s.last_used)
+        idle_seconds = round(time.monotonic() - oldest.last_used, 1)
+        log.info("mcp_http_session_evicted", idle_seconds=idle_seconds)
+        self._end_session(oldest)
+        return True
 
     async def _expire_idle_sessions(self) -> None:
         """End idle sessions as they become idle, not only when another one is opened:

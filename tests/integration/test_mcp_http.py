@@ -1207,6 +1207,43 @@ def test_http_an_idle_session_ends_without_another_initialize(
         daemon.stop()
 
 
+_THREE_SESSIONS = _SHORT_IDLE.replace("(1024, 0.5, 20.0)", "(3, 3600.0, 20.0)")
+
+
+def test_http_a_full_session_table_ends_its_least_recently_used_idle_session(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """With the table full, an initialize ends the least recently used session that has no
+    request served and no stream open (its next request is 404: the host starts anew);
+    with none idle it is 503. Hosts that never DELETE (``claude mcp list``) filled the
+    table within the idle hour, and every initialize after that was 503."""
+    daemon = start_daemon(home, workspace, tmp_base, ["--mcp-listen", "127.0.0.1:0"],
+                          launcher=[PY, "-c", _THREE_SESSIONS])
+    try:
+        url = endpoint(listening_urls(daemon)[0], workspace)
+
+        def ping(session: str) -> int:
+            return http(url, body=rpc(9, "ping"), headers={"mcp-session-id": session}).status
+
+        first, second, third = initialize(url), initialize(url), initialize(url)
+        assert ping(first) == 200  # the second is now the least recently used
+        fourth = initialize(url)
+        assert ping(second) == 404
+        assert [ping(s) for s in (first, third, fourth)] == [200, 200, 200]
+        with httpx.Client(timeout=10) as client, contextlib.ExitStack() as streams:
+            for session in (first, third, fourth):
+                stream = streams.enter_context(client.stream(
+                    "GET", url, headers={"accept": "text/event-stream", "mcp-session-id": session}))
+                assert stream.status_code == 200
+            busy = http(url, body=rpc(1, "initialize", INIT_PARAMS))
+            assert busy.status == 503, busy
+            assert busy.json()["error"]["data"] == {"limit": 3}
+        events = [e.get("event") for e in daemon.log_events()]
+        assert events.count("mcp_http_session_evicted") == 1
+    finally:
+        daemon.stop()
+
+
 def test_http_a_cancelled_requests_post_ends_as_an_empty_stream(
     http_daemon, workspace: Path
 ) -> None:
