@@ -51,11 +51,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import errno
 import http
 import itertools
 import select
 import socket
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -113,6 +115,20 @@ _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
 #: Methods whose request content has no defined meaning (RFC 9110 9.3.1, 9.3.2, 9.3.5):
 #: a body sent with one is read and dropped before the handler runs.
 _NO_CONTENT = frozenset((b"GET", b"HEAD", b"DELETE"))
+
+
+#: The ``Date`` header's value and the second it names (RFC 9110 6.6.1: an origin server
+#: with a clock sends it); formatted once a second, not per response.
+_date: tuple[int, tuple[bytes, bytes]] = (0, (b"date", b""))
+
+
+def _head(head: Sequence[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """Every response's own headers (``Server``, ``Date``), then ``head``."""
+    global _date
+    now = int(time.time())
+    if now != _date[0]:
+        _date = (now, (b"date", email.utils.formatdate(now, usegmt=True).encode()))
+    return [_SERVER_HEADER, _date[1], *head]
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,7 +247,7 @@ class Exchange:
         await self._conn.send(
             h11.Response(
                 status_code=status,
-                headers=[_SERVER_HEADER, *head],
+                headers=_head(head),
                 reason=_REASONS.get(status, b""),
             ),
             h11.Data(data=body),
@@ -254,7 +270,7 @@ class Exchange:
         await self._conn.send(
             h11.Response(
                 status_code=status,
-                headers=[_SERVER_HEADER, *head],
+                headers=_head(head),
                 reason=_REASONS.get(status, b""),
             )
         )
@@ -282,7 +298,7 @@ class Exchange:
         self._conn.post(
             h11.Response(
                 status_code=status,
-                headers=[_SERVER_HEADER, *head],
+                headers=_head(head),
                 reason=_REASONS.get(status, b""),
             )
         )
@@ -943,13 +959,14 @@ class HttpServer:
                 h11.Response(
                     status_code=status,
                     reason=_REASONS.get(status, b""),
-                    headers=[
-                        _SERVER_HEADER,
-                        (b"content-type", b"application/json"),
-                        (b"content-length", str(len(body)).encode()),
-                        (b"connection", b"close"),
-                        *((k.encode(), v.encode()) for k, v in headers),
-                    ],
+                    headers=_head(
+                        [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close"),
+                            *((k.encode(), v.encode()) for k, v in headers),
+                        ]
+                    ),
                 ),
                 h11.Data(data=body),
                 h11.EndOfMessage(),

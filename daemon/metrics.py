@@ -26,6 +26,7 @@ any local user can connect, and none may take the daemon's descriptors or end it
 from __future__ import annotations
 
 import bisect
+import email.utils
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -618,6 +619,7 @@ def _response(
 ) -> bytes:
     headers = [
         f"HTTP/1.1 {status} {_REASONS[status]}",
+        f"Date: {email.utils.formatdate(usegmt=True)}",  # RFC 9110 6.6.1
         f"Content-Type: {content_type}",
         f"Content-Length: {len(body) if length is None else length}",
         "Connection: close",

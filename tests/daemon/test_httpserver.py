@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import datetime
+import email.utils
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -158,6 +160,27 @@ async def test_http_204_has_no_content_length() -> None:
     assert first.startswith(b"HTTP/1.1 204 "), data
     assert b"content-length" not in first.lower(), data
     assert _status(rest) == 200, data
+
+
+async def test_http_every_response_carries_a_date() -> None:
+    """A whole response, a stream's head and an error that closes the connection each
+    carry ``Date`` in the IMF-fixdate form (RFC 9110 6.6.1: an origin server with a clock
+    MUST send it in its 2xx and 4xx responses)."""
+    async with served() as (port, _):
+        with anyio.fail_after(10):
+            whole = await _exchange(port, b"GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            stream = await _exchange(port, b"GET /stream HTTP/1.1\r\nHost: x\r\n\r\n",
+                                     read_until_close=False)
+            refused = await _exchange(port, b"GET /a HTTP/1.1\r\nHost: x\r\n"
+                                            b"Content-Length: +1\r\n\r\n")
+    assert (_status(whole), _status(stream), _status(refused)) == (200, 200, 400)
+    for response in (whole, stream, refused):
+        head = response.split(b"\r\n\r\n", 1)[0].decode().lower().split("\r\n")
+        dates = [line.split(":", 1)[1].strip() for line in head if line.startswith("date:")]
+        assert len(dates) == 1, response
+        when = email.utils.parsedate_to_datetime(dates[0])
+        assert when.utcoffset() == datetime.timedelta(0), dates
+        assert dates[0].endswith(" gmt"), dates
 
 
 async def test_http_chunked_body_is_assembled() -> None:

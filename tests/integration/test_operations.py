@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime
+import email.utils
 import json
 import os
 import shlex
@@ -211,6 +213,9 @@ def test_metrics_listener_serves_only_get_metrics(
         with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
             body = response.read().decode()
             assert response.headers["Content-Type"].startswith("text/plain")
+            assert email.utils.parsedate_to_datetime(response.headers["Date"]).utcoffset() == (
+                datetime.timedelta(0)
+            )  # RFC 9110 6.6.1
         assert 'toolsetd_calls_total{decision="allow",set="quick",status="ok"} 1.0' in body
         assert 'toolsetd_spawn_failures_total{set="missing"} 1.0' in body
         assert 'toolsetd_calls_total{decision="allow",set="missing",status="error"} 1.0' in body
