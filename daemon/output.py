@@ -231,10 +231,12 @@ def parse_content(stdout: str, limit: int, stdout_bytes: int | None = None) -> C
         raw_images = []
     if not isinstance(raw_images, list):
         raise ContentError("Content images must be an array.")
-    if len(raw_images) > MAX_IMAGES:
-        raise ContentError(f"A tool can return at most {MAX_IMAGES} images.")
     images: list[ImageSpec] = []
     for item in raw_images:
+        # As the reference host: each image is checked as the walk reaches it, and the
+        # ninth is refused only then, so a bad image among the first eight is reported.
+        if len(images) >= MAX_IMAGES:
+            raise ContentError(f"A tool can return at most {MAX_IMAGES} images.")
         if not isinstance(item, dict):
             raise ContentError("Each content image must be a JSON object.")
         mime = item.get("mimeType")

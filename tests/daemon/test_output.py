@@ -107,6 +107,25 @@ def test_parse_content_too_many_images() -> None:
     assert info.value.message == "A tool can return at most 8 images."
 
 
+@pytest.mark.parametrize(
+    ("first", "message"),
+    [
+        ("1", "Each content image must be a JSON object."),
+        ('{"base64": "eA=="}', "Each content image requires mimeType."),
+        ('{"mimeType": "image/png"}', "An image must set exactly one of base64 or path."),
+    ],
+)
+def test_parse_content_checks_the_first_eight_images_before_counting(
+    first: str, message: str
+) -> None:
+    """The reference host checks each image as it walks the array and refuses the ninth
+    only when it reaches it: a bad image among the first eight is what it reports."""
+    images = ",".join([first] + ['{"mimeType":"image/png","base64":"eA=="}'] * 8)
+    with pytest.raises(ContentError) as info:
+        parse_content('{"images":[' + images + "]}", 100_000)
+    assert info.value.message == message
+
+
 def test_parse_content_trims_bom_and_accepts_nulls() -> None:
     """A BOM and whitespace are trimmed; null text and images mean absent."""
     parsed = parse_content('\ufeff  {"text": null, "images": null} \n', 1000)
