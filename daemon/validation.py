@@ -24,16 +24,19 @@ with the messages they share.
 
 from __future__ import annotations
 
+import decimal
 import functools
 import hashlib
 import itertools
 import json
+import math
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from toolsetd.protocol.jsontext import JsonNumber
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .timelimit import TimeLimitExceeded, run_limited
@@ -126,6 +129,7 @@ def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
     from jsonschema import Draft202012Validator
     from jsonschema.validators import validator_for
 
+    _exact_multiple_of()
     declared = schema.get("$schema")
     if not isinstance(declared, str):
         # A non-string $schema is reported by check_schema; validator_for would crash on a
@@ -180,6 +184,71 @@ def _walk_in_order() -> None:
     ):
         if cls.VALIDATORS.get("additionalProperties") is _keywords.additionalProperties:
             cls.VALIDATORS["additionalProperties"] = _additional_properties_in_order
+
+
+#: Significant digits an exact ``multipleOf`` quotient may have; beyond, jsonschema decides.
+_MULTIPLE_OF_DIGITS = 100
+
+
+def _decimal(number: float) -> decimal.Decimal:
+    """A JSON number as the decimal it was written as (a ``JsonNumber``'s own text; a plain
+    float's shortest text, which is what a manifest or a client wrote for it)."""
+    if isinstance(number, float):
+        return decimal.Decimal(number.text if type(number) is JsonNumber else repr(number))
+    return decimal.Decimal(number)
+
+
+def _multiple_of_exactly(
+    validator: Any, dB: Any, instance: Any, schema: Mapping[str, Any]
+) -> Iterable[ValidationError]:
+    """jsonschema's ``multipleOf``, decided in decimal when a float is involved.
+
+    jsonschema divides binary floats, so ``19.99`` is no multiple of ``0.01`` there
+    (``1998.9999999999998``). JSON numbers are decimal, and the codec keeps their text: the
+    remainder of the numbers as written is exact. A quotient of more than
+    ``_MULTIPLE_OF_DIGITS`` digits, or a number a decimal cannot hold exactly, is left to
+    jsonschema (which refuses what it cannot divide: see ``errors_for``).
+    """
+    from jsonschema import _keywords
+    from jsonschema.exceptions import ValidationError
+
+    exact = None
+    if (
+        validator.is_type(instance, "number")
+        and isinstance(dB, int | float)
+        and (isinstance(dB, float) or isinstance(instance, float))
+        and not (isinstance(instance, float) and not math.isfinite(instance))
+    ):
+        context = decimal.Context(prec=_MULTIPLE_OF_DIGITS, traps=list(decimal.Context().flags))
+        try:
+            exact = context.remainder(_decimal(instance), _decimal(dB)).is_zero()
+        except (decimal.DecimalException, ValueError):
+            exact = None
+    if exact is None:
+        original: Any = _keywords.multipleOf  # typed as returning None: a generator
+        yield from original(validator, dB, instance, schema)
+    elif not exact:
+        yield ValidationError(f"{instance!r} is not a multiple of {dB}")
+
+
+@functools.cache
+def _exact_multiple_of() -> None:
+    """Make ``multipleOf`` (and draft 3's ``divisibleBy``) exact for decimal numbers in every
+    draft's validator class of this process (``_multiple_of_exactly``; once, before the
+    first validator is made)."""
+    from jsonschema import _keywords, validators
+
+    for cls in (
+        validators.Draft3Validator,
+        validators.Draft4Validator,
+        validators.Draft6Validator,
+        validators.Draft7Validator,
+        validators.Draft201909Validator,
+        validators.Draft202012Validator,
+    ):
+        for keyword in ("multipleOf", "divisibleBy"):
+            if cls.VALIDATORS.get(keyword) is _keywords.multipleOf:
+                cls.VALIDATORS[keyword] = _multiple_of_exactly
 
 
 def _clip(text: str, limit: int) -> str:

@@ -31,6 +31,8 @@ from toolsetd.daemon.validation import (
     off_loop,
 )
 
+from toolsetd.protocol.jsontext import JsonNumber
+
 from ..budget import examples
 
 
@@ -156,6 +158,34 @@ def test_argument_validators_any_of_reports_closest() -> None:
     (error,) = ArgumentValidators().errors(loaded(schema), {"n": "x"})
     assert error["path"] == "/n"
     assert error["message"].startswith("/n: matches none of the allowed alternatives (anyOf); closest: expected")
+
+
+@pytest.mark.parametrize(
+    ("step", "text", "valid"),
+    [
+        (0.01, "19.99", True),
+        (0.1, "0.3", True),
+        (0.1, "0.7", True),
+        (0.1, "1e-1", True),
+        (0.5, "2.5", True),
+        (0.05, "0.35", True),
+        (0.1, "0.35", False),
+        (0.01, "19.995", False),
+        (3, "4.5", False),
+    ],
+)
+def test_argument_validators_multiple_of_is_exact_for_decimal_numbers(
+    step: float, text: str, valid: bool
+) -> None:
+    """multipleOf asks whether the quotient is an integer (JSON Schema), decided on the
+    numbers as written: 19.99 is a multiple of 0.01 though 19.99 / 0.01 is 1998.9999999999998
+    in binary floating point. The reference host checks no arguments, so a price a model sends
+    to a tool written for it must not be refused here for a rounding error."""
+    schema = {"type": "object", "properties": {"n": {"type": "number", "multipleOf": step}}}
+    validators = ArgumentValidators()
+    for number in (JsonNumber(text), float(text)):  # as the wire keeps it, and a plain float
+        errors = validators.errors(loaded(schema), {"n": number})
+        assert (errors == []) is valid, (number, errors)
 
 
 def test_argument_validators_draft7_dialect() -> None:
