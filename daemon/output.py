@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from toolsetd.protocol.jsontext import nesting_exceeds
 
 from .paths import (
     NET_WHITESPACE,
@@ -77,6 +78,8 @@ MAX_RESULT_IMAGE_BYTES = 32 * 1024 * 1024
 MAX_OUTPUT_LIMIT_CHARS = 1_000_000
 OUTPUT_LIMIT_TEXT = "Tool output exceeds the output limit."
 _BODY_PREVIEW = 2000
+#: The deepest nesting of objects and arrays the reference host's JSON reader takes.
+_MAX_CONTENT_DEPTH = 64
 _WHITESPACE = re.compile(r"\s+")
 
 
@@ -218,6 +221,8 @@ def parse_content(stdout: str, limit: int, stdout_bytes: int | None = None) -> C
         value = orjson.loads(body)
     except orjson.JSONDecodeError:
         value = None
+    if isinstance(value, dict) and nesting_exceeds(value, _MAX_CONTENT_DEPTH):
+        value = None  # System.Text.Json refuses it; orjson reads up to 1,024 levels
     if not isinstance(value, dict):
         message = "Tool output is not valid content JSON."
         if body:

@@ -126,6 +126,17 @@ def test_parse_content_checks_the_first_eight_images_before_counting(
     assert info.value.message == message
 
 
+def test_parse_content_nesting_is_bounded_as_in_the_reference_host() -> None:
+    """System.Text.Json reads at most 64 nested objects and arrays: a content object that
+    nests deeper is not valid content JSON there, whatever member holds it."""
+    body = '{"text":"T","x":' + "[" * 63 + "]" * 63 + "}"  # 64 levels
+    assert parse_content(body, 100_000).text == "T"
+    body = '{"text":"T","x":' + "[" * 64 + "]" * 64 + "}"  # 65 levels
+    with pytest.raises(ContentError) as info:
+        parse_content(body, 100_000)
+    assert info.value.message == "Tool output is not valid content JSON.\n" + body
+
+
 def test_parse_content_trims_bom_and_accepts_nulls() -> None:
     """A BOM and whitespace are trimmed; null text and images mean absent."""
     parsed = parse_content('\ufeff  {"text": null, "images": null} \n', 1000)
