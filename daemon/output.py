@@ -216,7 +216,9 @@ def parse_content(stdout: str, limit: int, stdout_bytes: int | None = None) -> C
     """
     if len(stdout) > limit:
         raise ContentError(output_limit_text(stdout_bytes, limit))
-    body = stdout.removeprefix("\ufeff").strip()
+    # The reference host's TrimStart('\uFEFF').Trim(): every leading byte order mark, then
+    # .NET's white space (Python's strip would also take U+001C..U+001F).
+    body = stdout.lstrip("\ufeff").strip(NET_WHITESPACE)
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError:
@@ -245,7 +247,7 @@ def parse_content(stdout: str, limit: int, stdout_bytes: int | None = None) -> C
         if not isinstance(item, dict):
             raise ContentError("Each content image must be a JSON object.")
         mime = item.get("mimeType")
-        if not isinstance(mime, str) or not mime.strip():
+        if not isinstance(mime, str) or not mime.strip(NET_WHITESPACE):
             raise ContentError("Each content image requires mimeType.")
         has_b64 = item.get("base64") is not None
         has_path = item.get("path") is not None
@@ -255,12 +257,12 @@ def parse_content(stdout: str, limit: int, stdout_bytes: int | None = None) -> C
             data = _optional_string(
                 item, "base64", "Image base64 must be a string.", "Image base64 cannot be empty."
             )
-            images.append(ImageSpec(mime_type=mime.strip(), base64=data))
+            images.append(ImageSpec(mime_type=mime.strip(NET_WHITESPACE), base64=data))
         else:
             path = _optional_string(
                 item, "path", "Image path must be a string.", "Image path cannot be empty."
             )
-            images.append(ImageSpec(mime_type=mime.strip(), path=path))
+            images.append(ImageSpec(mime_type=mime.strip(NET_WHITESPACE), path=path))
     return ContentOutput(text=text or "", images=tuple(images))
 
 

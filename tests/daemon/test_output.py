@@ -137,6 +137,19 @@ def test_parse_content_nesting_is_bounded_as_in_the_reference_host() -> None:
     assert info.value.message == "Tool output is not valid content JSON.\n" + body
 
 
+def test_parse_content_trims_as_the_reference_host_trims() -> None:
+    """``TrimStart('\\uFEFF').Trim()``: every leading byte order mark, then .NET's white
+    space, which does not hold the information separators U+001C..U+001F (Python's does)."""
+    assert parse_content('\ufeff\ufeff\ufeff {"text": "T"}\u2028', 1000).text == "T"
+    with pytest.raises(ContentError) as info:
+        parse_content('\x1c{"text": "T"}\x1f', 1000)
+    assert info.value.message == 'Tool output is not valid content JSON.\n\x1c{"text": "T"}\x1f'
+    parsed = parse_content('{"images": [{"mimeType": "\\u00a0image/png\\u2028", "path": "a"}]}', 1000)
+    assert parsed.images[0].mime_type == "image/png"
+    parsed = parse_content('{"images": [{"mimeType": "\\u001cimage/png", "path": "a"}]}', 1000)
+    assert parsed.images[0].mime_type == "\x1cimage/png"  # then not image/png: a mismatch
+
+
 def test_parse_content_trims_bom_and_accepts_nulls() -> None:
     """A BOM and whitespace are trimmed; null text and images mean absent."""
     parsed = parse_content('\ufeff  {"text": null, "images": null} \n', 1000)
