@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
 import os
 import re
 import stat
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from toolsetd.protocol.errors import reject_json_constant
 from toolsetd.protocol.jsontext import nesting_exceeds
 
 from .paths import (
@@ -80,6 +82,7 @@ OUTPUT_LIMIT_TEXT = "Tool output exceeds the output limit."
 _BODY_PREVIEW = 2000
 #: The deepest nesting of objects and arrays the reference host's JSON reader takes.
 _MAX_CONTENT_DEPTH = 64
+_SURROGATE = re.compile("[\ud800-\udfff]")
 _WHITESPACE = re.compile(r"\s+")
 
 
@@ -200,6 +203,50 @@ def output_limit_text(stdout_bytes: int | None, limit: int) -> str:
     return text if len(text) <= limit else OUTPUT_LIMIT_TEXT
 
 
+def _any_number(text: str) -> int:
+    """``parse_int``/``parse_float`` of the lenient read: a number's value is never used."""
+    return 0
+
+
+def _carries_surrogate(value: Mapping[str, Any]) -> bool:
+    """Whether a string the result would carry (``text``, an image's ``mimeType``,
+    ``base64`` or ``path``) holds a lone surrogate, which no answer can encode."""
+    images = value.get("images")
+    items = images if isinstance(images, list) else []
+    strings = [value.get("text")]
+    keys = ("mimeType", "base64", "path")
+    strings += [item.get(key) for item in items if isinstance(item, dict) for key in keys]
+    return any(isinstance(s, str) and _SURROGATE.search(s) is not None for s in strings)
+
+
+def _content_json(body: str) -> Any:
+    """The content object as the reference host's ``JsonDocument.Parse`` reads it, else None.
+
+    orjson refuses a number beyond a double (``1e400``, a 500-digit integer) and a lone
+    surrogate escape; System.Text.Json keeps any number's text and checks an escape only
+    when that string is read. Such a body is read again leniently (its numbers' values are
+    never used), and refused only if a string the result would carry has a lone surrogate.
+    System.Text.Json also refuses nesting deeper than 64 levels (orjson reads 1,024).
+    """
+    try:
+        value = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        try:
+            value = json.loads(
+                body,
+                parse_int=_any_number,
+                parse_float=_any_number,
+                parse_constant=reject_json_constant,
+            )
+        except (ValueError, RecursionError):
+            return None
+        if isinstance(value, dict) and _carries_surrogate(value):
+            return None
+    if isinstance(value, dict) and nesting_exceeds(value, _MAX_CONTENT_DEPTH):
+        return None
+    return value
+
+
 def parse_content(stdout: str, limit: int, stdout_bytes: int | None = None) -> ContentOutput:
     """Parse a content-mode stdout in the reference order of checks.
 
@@ -219,12 +266,7 @@ def parse_content(stdout: str, limit: int, stdout_bytes: int | None = None) -> C
     # The reference host's TrimStart('\uFEFF').Trim(): every leading byte order mark, then
     # .NET's white space (Python's strip would also take U+001C..U+001F).
     body = stdout.lstrip("\ufeff").strip(NET_WHITESPACE)
-    try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        value = None
-    if isinstance(value, dict) and nesting_exceeds(value, _MAX_CONTENT_DEPTH):
-        value = None  # System.Text.Json refuses it; orjson reads up to 1,024 levels
+    value = _content_json(body)
     if not isinstance(value, dict):
         message = "Tool output is not valid content JSON."
         if body:

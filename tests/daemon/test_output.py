@@ -137,6 +137,34 @@ def test_parse_content_nesting_is_bounded_as_in_the_reference_host() -> None:
     assert info.value.message == "Tool output is not valid content JSON.\n" + body
 
 
+@pytest.mark.parametrize(
+    "member",
+    ["1e400", "-1E+999", "9" * 500, '"\\ud800"', '["\\udc00", 1]'],
+)
+def test_parse_content_takes_what_the_reference_host_reads(member: str) -> None:
+    """System.Text.Json keeps any number's text and checks a string's escapes only when it is
+    read: a number beyond a double, or a lone surrogate in a member nobody reads, is a valid
+    content object there (orjson refuses both)."""
+    assert parse_content('{"text": "T", "x": ' + member + "}", 100_000).text == "T"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"text": "a\\ud800", "x": 1e400}',
+        '{"images": [{"mimeType": "image/png", "path": "\\udc00"}], "x": 1e400}',
+        '{"text": "T", "x": NaN}',
+        '{"text": "T", "x": [' + "[" * 64 + "1e400" + "]" * 64 + "]}",
+    ],
+)
+def test_parse_content_refuses_what_it_cannot_carry(body: str) -> None:
+    """A lone surrogate in a string the result would carry, NaN, or nesting past 64 levels
+    stays not valid content JSON, whatever else the object holds."""
+    with pytest.raises(ContentError) as info:
+        parse_content(body, 100_000)
+    assert info.value.message.startswith("Tool output is not valid content JSON.\n")
+
+
 def test_parse_content_trims_as_the_reference_host_trims() -> None:
     """``TrimStart('\\uFEFF').Trim()``: every leading byte order mark, then .NET's white
     space, which does not hold the information separators U+001C..U+001F (Python's does)."""
