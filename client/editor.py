@@ -11,8 +11,8 @@ Theory of operation, the reference host's rules (``ToolSetInventory.TrySetEnable
    byte-for-byte untouched and its parse error is raised.
 3. When ``enabled`` (absent or null meaning true) already has the wanted value nothing is
    written. Otherwise the key is set: an existing key keeps its position, a new one is
-   appended last. The file is rewritten as ``json.dumps(obj, indent=2,
-   ensure_ascii=False)`` plus a newline, through a temporary file in the same folder,
+   appended last. The file is rewritten as 2-space indented JSON (non-ASCII kept, each
+   number as written) plus a newline, through a temporary file in the same folder,
    fsync, and ``os.replace``, keeping the file's permission bits. A symlinked
    ``tools.json`` is written through to its target, so the link survives.
 
@@ -118,10 +118,17 @@ def locate_set(
 
 
 def _load_object(data: bytes) -> dict[str, Any]:
-    """Parse manifest bytes into an ordered object, or raise the parse error."""
+    """Parse manifest bytes into an ordered object, or raise the parse error.
+
+    Each number keeps its text (``protocol.jsontext``), so writing the object back changes
+    no number: the reference host's ``JsonNode`` keeps a number's text too.
+    """
+    from toolsetd.protocol.jsontext import loads  # orjson: loaded only for an edit
+
     try:
         text = data.decode("utf-8-sig")
-        value = json.loads(text, parse_constant=reject_json_constant)
+        json.loads(text, parse_constant=reject_json_constant)  # the parse error, in its words
+        value = loads(text)
     except UnicodeDecodeError as exc:
         raise EditError(f"tools.json is not valid JSON: {exc.reason}.") from exc
     except (json.JSONDecodeError, ValueError) as exc:
@@ -170,9 +177,13 @@ def set_enabled(
     if current_value is enabled:
         return EditOutcome(path, changed=False)
     document["enabled"] = enabled
-    text = json.dumps(document, indent=2, ensure_ascii=False) + "\n"
+    import orjson
+    from toolsetd.protocol.jsontext import dumps
+
+    # 2-space indented, non-ASCII kept, every number as written, a trailing newline.
+    data = dumps(document, orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
     try:
-        _replace(Path(os.path.realpath(path)), text.encode("utf-8"))
+        _replace(Path(os.path.realpath(path)), data)
     except OSError as exc:
         raise EditError("tools.json could not be written.") from exc
     return EditOutcome(path, changed=True)

@@ -44,6 +44,23 @@ def test_set_enabled_writes_two_space_json_with_newline_and_keeps_non_ascii(tmp_
     assert path.read_text(encoding="utf-8") == json.dumps(document, indent=2, ensure_ascii=False) + "\n"
 
 
+def test_set_enabled_keeps_every_number_as_written(tmp_path: Path) -> None:
+    """Only ``enabled`` changes: a number keeps its text (``1.50``, ``1e2``, ``-0``, a wide
+    integer), as the reference host's ``JsonNode`` rewrite keeps it, so a disable never
+    rewrites the author's schema (``1e2`` was written back as ``100.0``)."""
+    path = write(
+        tmp_path / "tools.json",
+        '{"runner":"exec","schema":{"multipleOf":1.50,"maximum":1e2,"minimum":-0,'
+        '"x":-0.0,"y":1E-7,"big":123456789012345678901234567890,"n":12}}',
+    )
+    set_enabled(path, False)
+    assert path.read_text() == (
+        '{\n  "runner": "exec",\n  "schema": {\n    "multipleOf": 1.50,\n    "maximum": 1e2,\n'
+        '    "minimum": -0,\n    "x": -0.0,\n    "y": 1E-7,\n'
+        '    "big": 123456789012345678901234567890,\n    "n": 12\n  },\n  "enabled": false\n}\n'
+    )
+
+
 def test_set_enabled_already_enabled_leaves_file_alone(tmp_path: Path) -> None:
     """Enabling a set whose ``enabled`` is absent, true or null changes nothing."""
     for text in ('{"runner":"exec"}', '{"runner":"exec","enabled":true}', '{"enabled":null}'):
