@@ -123,10 +123,10 @@ def _load_object(data: bytes) -> dict[str, Any]:
     Each number keeps its text (``protocol.jsontext``), so writing the object back changes
     no number: the reference host's ``JsonNode`` keeps a number's text too.
     """
-    from toolsetd.protocol.jsontext import loads  # orjson: loaded only for an edit
+    from toolsetd.protocol.jsontext import decode_file_text, loads  # orjson: for an edit only
 
     try:
-        text = data.decode("utf-8-sig")
+        text = decode_file_text(data, "strict")  # a byte order mark read as the daemon reads it
         json.loads(text, parse_constant=reject_json_constant)  # the parse error, in its words
         value = loads(text)
     except UnicodeDecodeError as exc:

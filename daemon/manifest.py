@@ -20,7 +20,6 @@ The parser messages themselves are Python's ``json`` module's.
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import hashlib
 import json
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from toolsetd.protocol.errors import reject_json_constant
+from toolsetd.protocol.jsontext import decode_file_text
 
 from .model import (
     DEFAULT_TIMEOUT_SECONDS,
@@ -61,13 +61,6 @@ _MAX_DEPTH = 64
 #: Upper bound of timeoutSeconds: (uint.MaxValue - 1) / 1000.
 _MAX_TIMEOUT_SECONDS = 4_294_967
 _BOTH = frozenset({CatalogName.PLAN, CatalogName.WORK})
-_BOMS = (
-    (codecs.BOM_UTF32_LE, "utf-32-le"),
-    (codecs.BOM_UTF32_BE, "utf-32-be"),
-    (codecs.BOM_UTF8, "utf-8"),
-    (codecs.BOM_UTF16_LE, "utf-16-le"),
-    (codecs.BOM_UTF16_BE, "utf-16-be"),
-)
 _SHORTHAND_NON_NULL = ("description", "argv", "pathArguments", "output")
 _MISSING: Any = object()
 #: The start of the message for a valid JSON number toolsetd cannot keep as written.
@@ -120,13 +113,6 @@ def is_tool_name(name: str, reserved: frozenset[str]) -> bool:
         True when legal and not reserved.
     """
     return _TOOL_NAME.fullmatch(name) is not None and name not in reserved
-
-
-def _decode(text: bytes) -> str:
-    for bom, encoding in _BOMS:
-        if text.startswith(bom):
-            return text[len(bom) :].decode(encoding, "replace")
-    return text.decode("utf-8", "replace")
 
 
 def _too_deep(value: Any) -> bool:
@@ -242,7 +228,7 @@ def _load_json(text: bytes, *, members: bool = False) -> tuple[Any, list[_Duplic
         The value, and the objects that keep their duplicate members (None when none can:
         the text was parsed without them).
     """
-    decoded = _decode(text)
+    decoded = decode_file_text(text)
     # The reference host enumerates argv maps and dotnet overlays member by member, so an
     # earlier duplicate is checked too. Only those need the (slower) hook: "argv" can only
     # be written as is, or with a \u escape.

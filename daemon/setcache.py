@@ -16,7 +16,8 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
   both source policies, as a JSON list per set (enum members as their positions, sets of
   catalogs as bit masks: it is decoded at every start). The file name carries a
   fingerprint of everything whose output a record holds (``_DECIDING_MODULES``: the
-  parser, its messages, the types, ``catalog.tool_hash`` and this module; the versions
+  parser, its messages, its decoder (``protocol.jsontext``), the types, ``catalog.tool_hash``
+  and this module; the versions
   of toolsetd, Python, orjson and jsonschema, and of the optional packages jsonschema's
   format checks come from; the interpreter's limit on integer digits),
   so a daemon never reads decisions another build, or another limit, made.
@@ -227,6 +228,7 @@ def default_cache_dir(environ: Mapping[str, str]) -> Path:
 #: that records are made from and checks that this names every module they ran.
 _DECIDING_MODULES = (
     "toolsetd.protocol.errors",
+    "toolsetd.protocol.jsontext",
     "toolsetd.daemon.catalog",
     "toolsetd.daemon.manifest",
     "toolsetd.daemon.model",

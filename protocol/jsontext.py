@@ -51,7 +51,7 @@ import orjson
 
 from .errors import reject_json_constant
 
-__all__ = ["JsonNumber", "dumps", "is_utf8", "loads", "nesting_exceeds"]
+__all__ = ["JsonNumber", "decode_file_text", "dumps", "is_utf8", "loads", "nesting_exceeds"]
 
 _INT64_MIN: Final = -(2**63)
 _UINT64_MAX: Final = 2**64 - 1
@@ -80,6 +80,38 @@ class JsonNumber(float):
         return self.text
 
     __str__ = __repr__
+
+
+#: Byte order marks, UTF-32 before UTF-16 (whose little-endian mark starts UTF-32's).
+_BOMS: Final = (
+    (b"\xff\xfe\x00\x00", "utf-32-le"),
+    (b"\x00\x00\xfe\xff", "utf-32-be"),
+    (b"\xef\xbb\xbf", "utf-8"),
+    (b"\xff\xfe", "utf-16-le"),
+    (b"\xfe\xff", "utf-16-be"),
+)
+
+
+def decode_file_text(data: bytes, errors: str = "replace") -> str:
+    """A JSON file's bytes as .NET's ``File.ReadAllText`` reads them (``tools.json``).
+
+    A UTF-8, UTF-16 or UTF-32 byte order mark chooses the encoding and is dropped; without
+    one the bytes are UTF-8.
+
+    Args:
+        data: The file's bytes.
+        errors: ``"replace"`` (U+FFFD for what does not decode, as .NET) or ``"strict"``.
+
+    Returns:
+        The text.
+
+    Raises:
+        UnicodeDecodeError: Only with ``errors="strict"``.
+    """
+    for bom, encoding in _BOMS:
+        if data.startswith(bom):
+            return data[len(bom) :].decode(encoding, errors)
+    return data.decode("utf-8", errors)
 
 
 def nesting_exceeds(value: Any, limit: int) -> bool:

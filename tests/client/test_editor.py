@@ -61,6 +61,21 @@ def test_set_enabled_keeps_every_number_as_written(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"])
+def test_set_enabled_reads_a_byte_order_mark_as_the_daemon_does(
+    tmp_path: Path, encoding: str
+) -> None:
+    """A manifest with a UTF-8, UTF-16 or UTF-32 byte order mark loads in the daemon (and in
+    the reference host, whose File.ReadAllText detects it), so it can be disabled too; it is
+    written back as UTF-8, as the reference host writes it."""
+    path = tmp_path / "tools.json"
+    path.write_bytes('\ufeff{"runner":"exec","description":"café"}'.encode(encoding))
+    assert set_enabled(path, False).changed
+    assert path.read_bytes() == (
+        '{\n  "runner": "exec",\n  "description": "café",\n  "enabled": false\n}\n'.encode()
+    )
+
+
 def test_set_enabled_already_enabled_leaves_file_alone(tmp_path: Path) -> None:
     """Enabling a set whose ``enabled`` is absent, true or null changes nothing."""
     for text in ('{"runner":"exec"}', '{"runner":"exec","enabled":true}', '{"enabled":null}'):
