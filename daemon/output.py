@@ -83,7 +83,9 @@ _BODY_PREVIEW = 2000
 #: The deepest nesting of objects and arrays the reference host's JSON reader takes.
 _MAX_CONTENT_DEPTH = 64
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_WHITESPACE = re.compile(r"\s+")
+#: .NET's ``char.IsWhiteSpace``, which the reference host strips from base64 (``\s`` would
+#: also strip U+001C..U+001F).
+_WHITESPACE = re.compile("[" + re.escape(NET_WHITESPACE) + "]+")
 
 
 class ContentError(Exception):

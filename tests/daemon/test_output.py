@@ -244,6 +244,8 @@ def test_content_result_base64_image() -> None:
         (b64(b"hello world"), "image/png",
          "The file is not a supported PNG, JPEG, GIF, or WebP image."),
         (b64(GIF), "image/png", "Image bytes do not match mimeType."),
+        # .NET's white space is stripped from base64, not U+001C..U+001F (Python's \\s is)
+        (b64(PNG)[:8] + "\x1c" + b64(PNG)[8:], "image/png", "Image base64 is not valid."),
     ],
 )
 def test_load_image_base64_errors(data: str, mime: str, message: str) -> None:
@@ -251,6 +253,14 @@ def test_load_image_base64_errors(data: str, mime: str, message: str) -> None:
     with pytest.raises(ContentError) as info:
         load_image(ImageSpec(mime_type=mime, base64=data), Path("/"), 20 * MiB)
     assert info.value.message == message
+
+
+def test_load_image_base64_drops_dotnet_white_space() -> None:
+    """Line breaks, spaces and the Unicode spaces .NET counts may sit inside base64."""
+    text = b64(PNG)
+    spaced = text[:4] + "\r\n" + text[4:8] + "\u2028\u00a0 " + text[8:] + "\n"
+    block = load_image(ImageSpec(mime_type="image/png", base64=spaced), Path("/"), 20 * MiB)
+    assert block["data"] == text
 
 
 def test_load_image_size_limit() -> None:
