@@ -95,8 +95,10 @@ __all__ = [
 log = structlog.get_logger("toolsetd.confinement")
 
 #: The credential paths hidden from every sandboxed call, relative to the user's home
-#: (the same locations ``paths.is_credential_path`` forbids as arguments).
-_USER_CREDENTIALS = (".ssh", ".gnupg")
+#: (the same locations ``paths.is_credential_path`` forbids as arguments). The user's own
+#: ``~/.crystal/credentials.json`` is one of them even when the daemon's Crystal home is
+#: elsewhere (``--home``, ``$CRYSTAL_HOME``): that home's file is hidden as well.
+_USER_CREDENTIALS = (".ssh", ".gnupg", os.path.join(".crystal", "credentials.json"))
 _JOIN_FAILED_TEXT = b"toolsetd-join"
 _SET_KEYS = frozenset({"profile", "network", "memory-max", "pids-max", "cpu-max"})
 _TOP_KEYS = frozenset({"cgroup", "sandbox", "hide", "home", "project", "sets"})
@@ -434,7 +436,8 @@ class Confinement:
         self._cache: dict[tuple[Source, str], SetConfinement] = {}
         home = str(user_home)
         hidden = [os.path.join(home, name) for name in _USER_CREDENTIALS]
-        hidden.append(str(crystal_home / "credentials.json"))
+        if str(crystal_home / "credentials.json") not in hidden:
+            hidden.append(str(crystal_home / "credentials.json"))
         hidden.extend(str(path) for path in (socket_path, token_file) if path is not None)
         hidden.extend(
             home + extra[1:] if extra == "~" or extra.startswith("~/") else extra

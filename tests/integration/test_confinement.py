@@ -540,8 +540,15 @@ def _targets(t: Tree) -> dict[str, str]:
     link = t.workspace / "key-link"
     if not link.is_symlink():
         link.symlink_to(key)
+    # The user's own Crystal credentials: the daemon's home is --home, elsewhere, but the
+    # fence forbids ~/.crystal/credentials.json too, and the sandbox hides what it forbids.
+    crystal = t.user_home / ".crystal" / "credentials.json"
+    if not crystal.exists():
+        crystal.parent.mkdir(exist_ok=True)
+        crystal.write_text('{"token": "SECRET"}\n')
     return {
         "bashrc": str(t.user_home / ".bashrc"),
+        "crystal-credentials": str(crystal),
         "etc": "/etc/toolsetd-sandbox-test",
         "other": str(t.base / "other-ws" / "file"),
         "key": key,
@@ -558,10 +565,12 @@ def _targets(t: Tree) -> dict[str, str]:
         ("read", "key"),
         ("read", "key-link"),
         ("hardlink-read", "key"),
+        ("read", "crystal-credentials"),
     ],
 )
 def test_confinement_sandbox_refuses(tree: Tree, action: str, target: str) -> None:
-    """workspace-write: writing outside, reading the key (direct, symlink, hard link) fail."""
+    """workspace-write: writing outside, reading the key (direct, symlink, hard link) or the
+    user's own ~/.crystal/credentials.json (the daemon's home is elsewhere) fail."""
     _need_sandbox(tree)
     path = _targets(tree)[target]
     before = Path(path).read_bytes() if Path(path).exists() else None
