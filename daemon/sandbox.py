@@ -20,8 +20,8 @@ bubblewrap builds a new mount namespace in which:
   project data folder leads out of the workspace does not run;
 * ``/proc`` is the sandbox's own, mounted after the writable binds, so an approved path
   at or under ``/proc`` never shows the host's processes (their ``/proc/<pid>/root``), and
-  ``/proc/sys`` and ``/proc/sysrq-trigger`` are bound read-only over it, so no approved
-  path reopens the kernel's settings (see ``bwrap_argv``);
+  ``/proc/sys``, ``/proc/sysrq-trigger`` and ``/sys`` are bound read-only over them, so no
+  approved path reopens the kernel's settings (see ``bwrap_argv``);
 * the credential paths are hidden last: a directory under an empty read-only tmpfs, a
   file under ``/dev/null``, so neither a path nor a symlink to it reaches the content; a
   hidden path that is a link is hidden where it leads.
@@ -93,9 +93,10 @@ _PRIVATE_TMP = ("--tmpfs", "/tmp")  # noqa: S108 -- a mount point in the sandbox
 _ALWAYS = ("--die-with-parent", "--unshare-pid", "--cap-drop", "ALL")
 #: Its own IPC namespace, where the system allows one (``probe_ipc``).
 _OWN_IPC = "--unshare-ipc"
-#: Kernel settings a tool must not write, bound read-only over the sandbox's ``/proc``
-#: (``--ro-bind-try``: a kernel without one has nothing to cover).
-_KERNEL_SETTINGS = ("/proc/sys", "/proc/sysrq-trigger")
+#: Kernel settings a tool must not write, bound read-only after the writable binds
+#: (``--ro-bind-try``: a kernel without one has nothing to cover): the sandbox's ``/proc``
+#: ones, and the host's whole ``/sys`` again, over an approved path at or under it.
+_KERNEL_SETTINGS = ("/proc/sys", "/proc/sysrq-trigger", "/sys")
 #: No user namespace of its own: a call that shares the loopback with the daemon's MCP
 #: endpoint is told apart by its cgroup, which it must not be able to leave.
 _NO_USERNS = ("--unshare-user", "--disable-userns")
@@ -254,6 +255,9 @@ def bwrap_argv(binary: str, plan: SandboxPlan, status_fd: int | None = None) -> 
     # its own ``access(W_OK)`` of the folder succeeds, and without ``CAP_DAC_OVERRIDE`` it
     # fails on the 0555 folder, so uid 0 (no capability needed) could write the 0644
     # sysctls: ``kernel/core_pattern`` runs a program of its choosing as root, outside.
+    # ``/sys`` likewise: an approved ``/sys`` (or a folder below) was bound writable, and
+    # uid 0 could write its 0644 settings (``power/state``) and a cgroup's ``cgroup.procs``,
+    # and so leave the call's cgroup and its limits.
     for path in _KERNEL_SETTINGS:
         argv += ["--ro-bind-try", path, path]
     # A hidden path that is a link (``~/.ssh`` kept elsewhere by a dotfile manager) is

@@ -224,7 +224,7 @@ def test_confinement_describe_for_classify() -> None:
 
 def test_confinement_bwrap_argv_binds_in_order(tmp_path: Path) -> None:
     """Root read-only, private /tmp, set folder, writable binds, the sandbox's own /proc
-    (over any writable bind there), then the hidden paths."""
+    and /sys read-only again (over any writable bind there), then the hidden paths."""
     ws = tmp_path / "ws"
     ws.mkdir()
     ssh = tmp_path / ".ssh"
@@ -240,6 +240,7 @@ def test_confinement_bwrap_argv_binds_in_order(tmp_path: Path) -> None:
     assert "--ro-bind / / --dev /dev --tmpfs /tmp" in text
     assert text.index(f"--ro-bind {tmp_path} {tmp_path}") < text.index(f"--bind {ws} {ws}")
     assert text.index(f"--bind {ws} {ws}") < text.index("--proc /proc --ro-bind-try /proc/sys")
+    assert text.index(f"--bind {ws} {ws}") < text.index("--ro-bind-try /sys /sys")
     assert text.index("--proc /proc") < text.index(f"--tmpfs {ssh} --remount-ro {ssh}")
     assert f"--ro-bind /dev/null {cred}" in text
     assert "/missing" not in text

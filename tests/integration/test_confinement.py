@@ -823,6 +823,47 @@ def test_confinement_sandbox_keeps_kernel_settings_read_only(
     assert around.get("writable") == [], around
 
 
+#: Kernel settings in sysfs that uid 0 may open for writing without a capability (0644).
+_SYSFS_SETTINGS = ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/power/state")
+
+
+@pytest.mark.parametrize("approved", ["/sys", "setting's folder", "cgroup tree"])
+def test_confinement_approved_sys_stays_read_only(tree: Tree, approved: str) -> None:
+    """``/sys`` is read-only in the sandbox, even with it (or a folder below) approved.
+
+    An approved ``/sys`` was bound writable: under a daemon running as root the tool, uid 0
+    without a capability, could write the kernel's settings there (suspend the host through
+    ``/sys/power/state``) and its cgroup tree's ``cgroup.procs`` (leave its call's cgroup,
+    and the limits with it), which security.md says a sandboxed tool cannot.
+    """
+    _need_sandbox(tree)
+    setting = next((p for p in _SYSFS_SETTINGS if os.path.exists(p)), None)
+    targets = [setting] if setting is not None else []
+    cgroup = tree.status()["cgroup"]
+    if cgroup["mode"] == "cgroup":
+        targets.append(str(Path(cgroup["tree"]) / "cgroup.procs"))
+    if approved == "setting's folder":
+        if setting is None:
+            pytest.skip("no known kernel setting in /sys here")
+        approved = os.path.dirname(setting)
+    elif approved == "cgroup tree":
+        if cgroup["mode"] != "cgroup":
+            pytest.skip("no cgroup tree")
+        approved = cgroup["tree"]
+
+    def probe(arguments: dict[str, Any]) -> dict[str, Any]:
+        _, reply = tree.invoke("probe_path", {**arguments, "path": approved}, approved=True)
+        text = reply["result"]["content"][0]["text"]
+        result: dict[str, Any] = json.loads(text.strip().splitlines()[-1])
+        return result
+
+    mounted = probe({"action": "mount-options", "target": "/sys"})
+    assert mounted.get("options", "").split(",")[0] == "ro", mounted
+    for target in targets:
+        opened = probe({"action": "open-write", "target": target})
+        assert opened["ok"] is False, (target, opened)
+
+
 def test_confinement_approved_outside_path_for_that_call_only(tree: Tree) -> None:
     """An approved outside path is writable in its call; another outside path is not."""
     _need_sandbox(tree)
