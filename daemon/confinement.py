@@ -76,6 +76,7 @@ from .sandbox import (
     bwrap_argv,
     call_binds,
     hidden_below_writable,
+    mount_aliases,
     prepare_writable,
     tool_ran,
 )
@@ -693,8 +694,11 @@ class Confinement:
                     "the sandbox cannot hide (it could be in the workspace). The call did not "
                     "run; remove the extra link (find / -xdev -samefile FILE)."
                 )
+            # Where another mount shows a hidden path (a bind mount of the home), it is
+            # hidden too: read now, as mounts come and go.
+            hiding = (*self._hidden, *mount_aliases(self._hidden))
             # The cgroup it runs in must say it is this call's (``sandboxed_peer``).
-            unseen = (*self._hidden, *(self._cgroup_mounts if shares_loopback else ()))
+            unseen = (*hiding, *(self._cgroup_mounts if shares_loopback else ()))
             no_userns = shares_loopback and self.no_userns
             own, writable, escaped = call_binds(cwd, str(toolset.path), *data)
             if escaped:
@@ -704,7 +708,7 @@ class Confinement:
                     "remove the symbolic link."
                 )
             if conf.profile == Profile.WORKSPACE_WRITE:
-                exposed = hidden_below_writable(self._hidden, (*writable, *approved))
+                exposed = hidden_below_writable(hiding, (*writable, *approved))
                 if exposed is not None:
                     hidden, root, how = exposed
                     where, could = (

@@ -24,7 +24,8 @@ bubblewrap builds a new mount namespace in which:
   approved path reopens the kernel's settings (see ``bwrap_argv``);
 * the credential paths are hidden last: a directory under an empty read-only tmpfs, a
   file under ``/dev/null``, so neither a path nor a symlink to it reaches the content; a
-  hidden path that is a link is hidden where it leads.
+  hidden path that is a link is hidden where it leads, and one another mount also shows
+  (a bind mount of the home) is hidden there too (``mount_aliases``).
   The daemon's own socket is hidden too (``/dev/null`` over it refuses ``connect``), so
   a tool cannot call the daemon.
 
@@ -61,6 +62,7 @@ from __future__ import annotations
 
 import enum
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterable
@@ -76,6 +78,7 @@ __all__ = [
     "bwrap_argv",
     "call_binds",
     "hidden_below_writable",
+    "mount_aliases",
     "prepare_writable",
     "probe_bwrap",
     "probe_ipc",
@@ -276,6 +279,98 @@ def bwrap_argv(binary: str, plan: SandboxPlan, status_fd: int | None = None) -> 
             argv += ["--ro-bind", "/dev/null", path]
     argv += ["--chdir", plan.cwd, "--"]
     return argv
+
+
+def _unescape(field: str) -> str:
+    """A path field of ``/proc/self/mountinfo``: the kernel writes space, tab, newline and
+    backslash as three octal digits (``\\040``)."""
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def _below(path: str, top: str) -> str | None:
+    """``path`` relative to ``top`` ("" for ``top`` itself), component-wise, else None."""
+    if path == top:
+        return ""
+    prefix = top.rstrip("/") + "/"
+    return path[len(prefix) :] if path.startswith(prefix) else None
+
+
+def _joined(top: str, relative: str) -> str:
+    return os.path.join(top, relative) if relative else top
+
+
+def mount_aliases(paths: Iterable[str], mountinfo: str | None = None) -> list[str]:
+    """Other places where a mount shows one of ``paths`` (or a part of it), to hide too.
+
+    The sandbox hides paths, not files: a bind mount of the home (or of ``~/.ssh``, or of
+    a key) elsewhere shows the same files under another name. For each path that exists,
+    the mount it is on gives its place in its file system (``root`` of
+    ``/proc/self/mountinfo`` and what is below the mount point); every mount of the same
+    file system (``major:minor``) whose root is at or above that place shows it too, and
+    one whose root is below it shows a part of it. A place is kept only if it is the very
+    file (same device and inode) or a whole mount inside it.
+
+    Args:
+        paths: The hidden paths.
+        mountinfo: The text of ``/proc/self/mountinfo`` (read here when None).
+
+    Returns:
+        The other places, in order, none of ``paths`` among them; empty without ``/proc``.
+    """
+    if mountinfo is None:
+        try:
+            with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+                mountinfo = f.read()
+        except OSError:
+            return []
+    mounts: list[tuple[str, str, str]] = []  # (major:minor, root, mount point)
+    for line in mountinfo.splitlines():
+        fields = line.split(" - ", 1)[0].split()
+        if len(fields) >= 5:
+            mounts.append((fields[2], _unescape(fields[3]), _unescape(fields[4])))
+    wanted = list(dict.fromkeys(paths))
+    # A place inside a hidden path is hidden with it (and a mount there could not be made).
+    covered = [*wanted, *(os.path.realpath(p) for p in wanted if os.path.lexists(p))]
+    found: list[str] = []
+    for path in wanted:
+        if not os.path.lexists(path):
+            continue
+        real = os.path.realpath(path)
+        try:
+            identity = os.stat(real)
+        except OSError:
+            continue
+        # The mount it is on: the longest mount point above it, the last one listed there.
+        best: tuple[str, str, str] | None = None
+        for mount in mounts:
+            if _below(real, mount[2]) is not None and (
+                best is None or len(mount[2]) >= len(best[2])
+            ):
+                best = mount
+        if best is None:
+            continue
+        relative = _below(real, best[2])
+        assert relative is not None
+        place = _joined(best[1], relative)
+        for device, root, point in mounts:
+            if device != best[0]:
+                continue
+            inner = _below(place, root)
+            if inner is not None:
+                alias = _joined(point, inner)
+                try:
+                    seen = os.stat(alias)
+                except OSError:
+                    continue
+                if (seen.st_dev, seen.st_ino) != (identity.st_dev, identity.st_ino):
+                    continue  # something else is mounted over it there
+            elif _below(root, place) is not None:
+                alias = point  # a mount of a part of it
+            else:
+                continue
+            if alias not in found and all(_below(alias, c) is None for c in covered):
+                found.append(alias)
+    return found
 
 
 def tool_ran(status: bytes) -> bool:

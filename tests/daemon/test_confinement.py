@@ -25,6 +25,7 @@ from toolsetd.daemon.sandbox import (
     SandboxPlan,
     bwrap_argv,
     call_binds,
+    mount_aliases,
     probe_ipc,
     probe_status,
 )
@@ -511,3 +512,33 @@ def test_unknown_mcp_peer_is_refused_only_where_a_sandboxed_call_keeps_the_netwo
         "/usr/bin/bwrap", "", home, home / ".crystal", http_peers=True, no_userns=no_userns,
     )  # fmt: skip
     assert (c.sandboxed_peer(None) is not None) == refused
+
+
+def test_confinement_mount_aliases_of_hidden_paths(tmp_path: Path) -> None:
+    """Every other mount of a hidden path's file system that shows it, or a part of it, is
+    found from mountinfo (escaped names too); a place where something else is seen is not."""
+    home = tmp_path / "the home"
+    (home / ".ssh" / "keys").mkdir(parents=True)
+    # Stand-ins for the other mounts: links, so the place leads to the very folder.
+    (tmp_path / "alias").symlink_to(home)
+    (tmp_path / "keys").symlink_to(home / ".ssh" / "keys")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / ".ssh").mkdir()  # not the same folder: not hidden
+    (tmp_path / "other fs").mkdir()
+
+    def line(n: int, device: str, root: str, point: str) -> str:
+        escaped = [x.replace(" ", "\\040") for x in (root, point)]
+        return f"{n} 1 {device} {escaped[0]} {escaped[1]} rw - ext4 /dev/x rw"
+
+    mountinfo = "\n".join([
+        line(1, "8:1", "/", "/"),
+        line(2, "8:1", str(home), str(tmp_path / "alias")),
+        line(3, "8:1", str(home / ".ssh" / "keys"), str(tmp_path / "keys")),
+        line(4, "8:1", str(home), str(tmp_path / "elsewhere")),
+        line(5, "9:9", str(home), str(tmp_path / "other fs")),
+    ])
+    ssh = str(home / ".ssh")
+    assert mount_aliases([ssh, "/not/there"], mountinfo) == [
+        str(tmp_path / "alias" / ".ssh"), str(tmp_path / "keys"),
+    ]
+    assert mount_aliases([ssh], "") == []

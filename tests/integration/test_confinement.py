@@ -935,6 +935,43 @@ def test_confinement_spill_folder_swapped_for_a_link_deletes_nothing(
             (folder / "tool-output.moved").rename(folder / "tool-output")
 
 
+@contextlib.contextmanager
+def _bind_mounted(source: Path, target: Path) -> Iterator[None]:
+    """``source`` bind-mounted at ``target`` (skipped where the test may not mount)."""
+    target.mkdir() if source.is_dir() else target.touch()
+    done = subprocess.run(["mount", "--bind", str(source), str(target)],  # noqa: S607
+                          capture_output=True, check=False)
+    if done.returncode != 0:
+        target.rmdir() if source.is_dir() else target.unlink()
+        pytest.skip(f"cannot bind-mount here: {done.stderr.decode(errors='replace').strip()}")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)  # noqa: S607
+        target.rmdir() if source.is_dir() else target.unlink()
+
+
+@pytest.mark.parametrize("what", ["home", ".ssh", "key"])
+def test_confinement_bind_mount_of_a_hidden_path_is_hidden_too(tree: Tree, what: str) -> None:
+    """A hidden path another mount also shows (a bind mount of the home, of ``~/.ssh``, of
+    a key) is hidden there too: the sandbox hid the path only, and the key was readable as
+    ``<mount>/.ssh/id_rsa``, while the fence forbids that path as an argument."""
+    _need_sandbox(tree)
+    source = {"home": tree.user_home, ".ssh": tree.user_home / ".ssh",
+              "key": tree.user_home / ".ssh" / "id_rsa"}[what]
+    alias = tree.base / f"alias-{uuid.uuid4().hex[:8]}"
+    key = {"home": alias / ".ssh" / "id_rsa", ".ssh": alias / "id_rsa", "key": alias}[what]
+    with _bind_mounted(source, alias):
+        assert key.read_text() == "PRIVATE KEY\n"
+        result = tree.probe({"action": "read", "target": str(key)})
+        assert result["ok"] is False, result
+        assert "content" not in result
+        # Hidden only where the key is: the rest of the other mount stays readable.
+        if what == "home":
+            shown = tree.probe({"action": "read", "target": str(alias / ".bashrc")})
+            assert shown["content"] == "# bashrc\n", shown
+
+
 def test_confinement_planted_hard_link_fails_closed(tree: Tree) -> None:
     """A second hard link to a credential file: sandboxed calls refuse to run, saying why."""
     _need_sandbox(tree)
