@@ -404,7 +404,8 @@ def call_binds(
     * a project data folder that resolves outside the workspace is refused.
 
     Args:
-        workspace: The call's workspace (bound by this path, which calls cannot change).
+        workspace: The call's workspace (bound by this path: only a call that may write a
+            folder above it, of a workspace around it, can change it; security.md).
         set_folder: The set's own folder (bound read-only).
         tool_data: ``CRYSTAL_TOOL_DATA``.
         project_data: ``CRYSTAL_PROJECT_DATA``.
