@@ -99,7 +99,8 @@ log = structlog.get_logger("toolsetd.confinement")
 #: (the same locations ``paths.is_credential_path`` forbids as arguments). The user's own
 #: ``~/.crystal/credentials.json`` is one of them even when the daemon's Crystal home is
 #: elsewhere (``--home``, ``$CRYSTAL_HOME``): that home's file is hidden as well.
-_USER_CREDENTIALS = (".ssh", ".gnupg", os.path.join(".crystal", "credentials.json"))
+_CREDENTIAL_FOLDERS = (".ssh", ".gnupg")
+_USER_CREDENTIALS = (*_CREDENTIAL_FOLDERS, os.path.join(".crystal", "credentials.json"))
 _JOIN_FAILED_TEXT = b"toolsetd-join"
 _SET_KEYS = frozenset({"profile", "network", "memory-max", "pids-max", "cpu-max"})
 _TOP_KEYS = frozenset({"cgroup", "sandbox", "hide", "home", "project", "sets"})
@@ -118,17 +119,30 @@ class ExecutableError(Exception):
     """
 
 
-def linked_credential(hidden: Sequence[str]) -> str | None:
+#: How deep below ``~/.ssh`` and ``~/.gnupg`` files are checked for a second hard link: as
+#: deep as the fence knows their files by identity (``paths._IDENTITY_DEPTH``). Other
+#: hidden folders (the ``hide`` list: ``~/.config``, say, which can be large) two levels.
+_CREDENTIAL_DEPTH = 4
+_HIDDEN_DEPTH = 2
+
+
+def linked_credential(hidden: Sequence[str], deep: Sequence[str] = ()) -> str | None:
     """The first credential file with a second hard link, else None.
 
     The sandbox hides paths, not files: another name of the same file (a hard link, which
     can live anywhere on the same filesystem, the workspace included) would show its
     content. A tool inside cannot make one (the path is hidden), so a second link was
     made outside; the sandboxed calls refuse to run until it is gone.
+
+    Args:
+        hidden: The hidden paths.
+        deep: Those of them whose files are looked for ``_CREDENTIAL_DEPTH`` levels down
+            (the credential folders), not ``_HIDDEN_DEPTH``.
     """
     for path in hidden:
+        depth = _CREDENTIAL_DEPTH if path in deep else _HIDDEN_DEPTH
         try:
-            entries = [path] if not os.path.isdir(path) else _files_below(path)
+            entries = [path] if not os.path.isdir(path) else _files_below(path, depth)
         except OSError:
             continue
         for entry in entries:
@@ -141,7 +155,7 @@ def linked_credential(hidden: Sequence[str]) -> str | None:
     return None
 
 
-def _files_below(folder: str, depth: int = 2) -> list[str]:
+def _files_below(folder: str, depth: int) -> list[str]:
     found = []
     with os.scandir(folder) as it:
         for entry in it:
@@ -437,6 +451,7 @@ class Confinement:
         self._cache: dict[tuple[Source, str], SetConfinement] = {}
         home = str(user_home)
         hidden = [os.path.join(home, name) for name in _USER_CREDENTIALS]
+        self._credential_folders = tuple(hidden[: len(_CREDENTIAL_FOLDERS)])
         if str(crystal_home / "credentials.json") not in hidden:
             hidden.append(str(crystal_home / "credentials.json"))
         hidden.extend(str(path) for path in (socket_path, token_file) if path is not None)
@@ -687,7 +702,7 @@ class Confinement:
             check_executable(argv[0], search_path)
         if sandboxed:
             assert self.bwrap is not None
-            linked = linked_credential(self._hidden)
+            linked = linked_credential(self._hidden, self._credential_folders)
             if linked is not None:
                 raise ConfinementError(
                     f"toolsetd: the credential file {linked} has another hard link, which "

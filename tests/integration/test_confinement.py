@@ -972,10 +972,19 @@ def test_confinement_bind_mount_of_a_hidden_path_is_hidden_too(tree: Tree, what:
             assert shown["content"] == "# bashrc\n", shown
 
 
-def test_confinement_planted_hard_link_fails_closed(tree: Tree) -> None:
-    """A second hard link to a credential file: sandboxed calls refuse to run, saying why."""
+@pytest.mark.parametrize("where", ["id_rsa", "keys/work/client/id_ed25519"])
+def test_confinement_planted_hard_link_fails_closed(tree: Tree, where: str) -> None:
+    """A second hard link to a credential file: sandboxed calls refuse to run, saying why.
+
+    Also for a key kept deeper in ``~/.ssh`` (as deep as the fence looks, four levels): the
+    check looked two levels down, and a link to ``~/.ssh/keys/work/client/id_ed25519`` in
+    the workspace let a sandboxed call read the key.
+    """
     _need_sandbox(tree)
-    key = tree.user_home / ".ssh" / "id_rsa"
+    key = tree.user_home / ".ssh" / where
+    if not key.exists():
+        key.parent.mkdir(parents=True, exist_ok=True)
+        key.write_text("PRIVATE KEY\n")
     planted = tree.workspace / "planted"
     os.link(key, planted)
     try:
