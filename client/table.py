@@ -122,7 +122,8 @@ def _isatty(stream: TextIO) -> bool:
 
 
 def output_width(stream: TextIO, env: Mapping[str, str] | None = None) -> int | None:
-    """The width a table on ``stream`` must fit: ``$COLUMNS``, else the terminal's, else None.
+    """The width a table on ``stream`` must fit: ``$COLUMNS`` (a positive number in ASCII
+    digits), else the terminal's, else None.
 
     Args:
         stream: Where the table goes.
@@ -133,7 +134,9 @@ def output_width(stream: TextIO, env: Mapping[str, str] | None = None) -> int | 
     """
     env = os.environ if env is None else env
     columns = env.get("COLUMNS", "")
-    if columns.isdigit() and int(columns) > 0:
+    # ASCII digits, at most nine of them: str.isdigit() also says yes to "²", which int()
+    # refuses, and int() refuses more than 4300 digits. Any other value is ignored.
+    if columns.isascii() and columns.isdigit() and len(columns.lstrip("0")) in range(1, 10):
         return int(columns)
     if not _isatty(stream):
         return None

@@ -48,9 +48,12 @@ class Env:
         path.write_text(text, encoding="utf-8")
         return path
 
-    def run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *args: str, stdin: str | None = None, **extra_env: str
+    ) -> subprocess.CompletedProcess[str]:
         """Run ``python -m toolsetd.client`` with the global options after the subcommand."""
         env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
+        env.update(extra_env)
         return subprocess.run(
             [sys.executable, "-m", "toolsetd.client", *args,
              "--home", str(self.home), "--workspace", str(self.workspace),
@@ -199,6 +202,20 @@ def test_list_offline_text(env: Env) -> None:
     assert lines[3].startswith("broken     Home     -        Yes")
     assert "tools.json is not valid JSON" in lines[3]
     assert any(line.startswith("- ") and "broken" in line for line in lines[4:])
+
+
+@pytest.mark.parametrize("columns", ["\u00b2", "\u0664\u0660", "9" * 5000, "abc", "0", " 40"])
+def test_a_columns_that_is_no_width_is_ignored(env: Env, columns: str) -> None:
+    """``COLUMNS=\u00b2`` (``str.isdigit()`` says yes, ``int()`` refuses it) or a number of
+    more digits than ``int()`` reads: every command (``status`` too) ended in a traceback
+    and Python's exit 1, which means "the tool ran and failed". A ``COLUMNS`` that is not a
+    positive number in ASCII digits is ignored, as ``abc`` was: no limit into a pipe."""
+    env.home_set("acme", exec_set("fmt"))
+    proc = env.run("list", COLUMNS=columns)
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stdout.splitlines()[2].split()[:2] == ["acme", "Home"]
+    assert env.run("status", COLUMNS=columns).returncode == 5
 
 
 def test_list_offline_text_rows_for_manifests_that_cannot_be_read(env: Env) -> None:
