@@ -85,6 +85,9 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
             raise UsageError(f"Cannot read the --args file {name}: {reason}.") from exc
     else:
         text, where = spec, "--args"
+    # A leading byte order mark (an editor's, or PowerShell 5's Out-File) is no JSON text
+    # but says UTF-8; dropped, as the daemon drops it from manifests and its config file.
+    text = text.removeprefix("\ufeff")
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:  # undecodable bytes, kept by surrogateescape

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from toolsetd.client.cli import UsageError, parse_arguments
+from toolsetd.client.context import read_arguments
 
 
 def test_parse_arguments_inline_json() -> None:
@@ -34,6 +35,26 @@ def test_parse_arguments_from_file(tmp_path: Path) -> None:
 def test_parse_arguments_from_stdin() -> None:
     """``-`` reads the object from stdin."""
     assert parse_arguments("-", io.StringIO('{"a": [1]}\n')) == {"a": [1]}
+
+
+def test_args_with_a_byte_order_mark_are_read(tmp_path: Path) -> None:
+    """An argument file saved by an editor that starts it with a UTF-8 byte order mark
+    (Notepad, PowerShell 5's ``Out-File``), given as ``@FILE``, on stdin or inline
+    (``--args "$(cat args.json)"``): it was refused as "not valid JSON: Unexpected UTF-8
+    BOM", where the daemon reads manifests and its config file with one. The mark is
+    dropped, and the text sent (as written otherwise) no longer starts with it."""
+    path = tmp_path / "args.json"
+    path.write_bytes(b'\xef\xbb\xbf{"n": 1.50}')
+    stdin = io.TextIOWrapper(io.BytesIO(b'\xef\xbb\xbf{"n": 1.50}\n'), encoding="utf-8")
+    for spec, source in ((f"@{path}", io.StringIO()), ("-", stdin), ('\ufeff{"n": 1.50}', None)):
+        value, text = read_arguments(spec, source or io.StringIO())
+        assert value == {"n": 1.5}
+        assert text.strip() == '{"n": 1.50}'
+    # Only a leading one: a mark anywhere else is no JSON whitespace.
+    with pytest.raises(UsageError):
+        read_arguments('{"n": 1}\ufeff', io.StringIO())
+    with pytest.raises(UsageError):
+        read_arguments('\ufeff\ufeff{"n": 1}', io.StringIO())
 
 
 @pytest.mark.parametrize(
