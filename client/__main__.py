@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from .command import command_in, open_standard_streams, utf8_output
+from .command import command_in, open_standard_streams, utf8_output, waiting_output
 
 
 def main() -> None:
@@ -20,6 +20,7 @@ def main() -> None:
         sys.exit(mcp_main(sys.argv[1:]))
     from .cli import run
 
+    waiting_output()
     utf8_output()
     sys.exit(run())
 

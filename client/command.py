@@ -12,7 +12,11 @@ import io
 import os
 import sys
 
-__all__ = ["command_in", "open_standard_streams", "utf8_output"]
+TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
+if TYPE_CHECKING:
+    from typing import Any
+
+__all__ = ["command_in", "open_standard_streams", "utf8_output", "waiting_output"]
 
 #: Global options that take a value (so their value is not taken for the command).
 _TAKES_VALUE = frozenset({"--socket", "--format", "--workspace", "--home"})
@@ -60,6 +64,64 @@ def open_standard_streams() -> None:
         sys.stderr = io.TextIOWrapper(
             io.FileIO(2, "w", closefd=False), errors="backslashreplace", write_through=True
         )
+
+
+def waiting_output() -> None:
+    """Make stdout and stderr wait for their reader when their descriptor is non-blocking.
+
+    A CI runner may start ``toolsetctl`` with a non-blocking descriptor (a Node parent's
+    own stdout, inherited). Once the pipe was full, Python's writer kept what fitted,
+    dropped the rest without an error, and the command exited 0 with its output cut at
+    64 KiB. Such a stream is rebuilt over ``_WaitingWriter``, which waits until the
+    descriptor takes more, as a blocking one would. The flag is left as it is: the file
+    description is shared with the process that set it.
+    """
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        try:
+            if os.get_blocking(fd) or stream.fileno() != fd:
+                continue
+        except (AttributeError, OSError, ValueError):
+            continue
+        stream.flush()
+        setattr(
+            sys,
+            name,
+            io.TextIOWrapper(
+                io.BufferedWriter(_WaitingWriter(fd)),
+                encoding=stream.encoding,
+                errors=stream.errors,
+                line_buffering=stream.line_buffering,
+                write_through=stream.write_through,
+            ),
+        )
+
+
+class _WaitingWriter(io.RawIOBase):
+    """A non-blocking descriptor written as a blocking one: ``write`` waits until it takes
+    some of the data. The descriptor stays open when this object is closed."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: Any) -> int:
+        while True:
+            try:
+                return os.write(self._fd, data)
+            except BlockingIOError:
+                import select  # only for a non-blocking descriptor that is full
+
+                select.select([], [self._fd], [])
 
 
 def utf8_output() -> None:

@@ -6,12 +6,16 @@ Every run points ``--socket`` at a path where nothing listens and keeps ``--home
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import select
 import shutil
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 from pathlib import Path
 
 import pytest
@@ -519,3 +523,46 @@ def test_list_offline_skips_a_link_into_a_folder_it_may_not_search(
         assert [row.split()[0] for row in rows] == ["good"]
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_non_blocking_stdout_gets_the_whole_output(env: Env) -> None:
+    """A CI runner whose stdout descriptor is non-blocking (a Node parent's, inherited):
+    once the pipe was full, Python's writer kept what fitted and dropped the rest without
+    an error, and toolsetctl exited 0 with its output cut at 64 KiB. Now it waits for the
+    reader as on a blocking pipe. The reader here reads only once the pipe is full (or the
+    writer has exited), so no timing decides it."""
+    env.home_set("big", {
+        "runner": "exec", "command": ["true"],
+        "tools": [
+            {"name": f"tool_{n}", "description": "d" * 3000, "schema": {"type": "object"}}
+            for n in range(60)
+        ],
+    })
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    size = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
+    env_vars = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
+    proc = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-m", "toolsetd.client", "--format", "json", "list",
+         "--home", str(env.home), "--workspace", str(env.workspace), "--socket", str(env.socket)],
+        stdout=write_end, stderr=subprocess.DEVNULL, env=env_vars,
+    )
+    os.close(write_end)
+    data = b""
+    try:
+        while True:
+            waiting = struct.unpack("i", fcntl.ioctl(read_end, termios.FIONREAD, b"\0" * 4))[0]
+            if waiting < size and proc.poll() is None:
+                select.select([], [], [], 0.01)
+                continue
+            chunk = os.read(read_end, 1 << 20)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(read_end)
+        proc.wait(timeout=60)
+    assert proc.returncode == 0
+    assert len(data) > size
+    result = json.loads(data)
+    assert len(result["tools"]) == 60
