@@ -10,6 +10,7 @@ numbers keep their spelling.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
         if raw is None:
             text = stdin.read(MAX_ARGS_BYTES + 1)
         else:
-            data = raw.read(MAX_ARGS_BYTES + 1)
+            data = _read_stdin(raw, MAX_ARGS_BYTES + 1)
             _check_size(len(data), where)
             try:
                 text = data.decode("utf-8")
@@ -109,6 +110,36 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
             "without its other half), which is no character: the daemon refuses it."
         ) from None
     return value, text
+
+
+def _read_stdin(raw: Any, limit: int) -> bytes:
+    """Read stdin's bytes to its end (at most ``limit``).
+
+    A non-blocking stdin (a CI runner's pipe) gives what is there, or None when nothing is
+    yet: read on, waiting for more, until its end. A blocking one is read in one call (a
+    second would wait for a second Ctrl-D on a terminal).
+    """
+    try:
+        blocking = os.get_blocking(raw.fileno())
+    except (AttributeError, OSError, ValueError):
+        blocking = True  # not a descriptor (a test's stream)
+    if blocking:
+        data: bytes = raw.read(limit)
+        return data
+    import select  # only for a non-blocking stdin
+
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = raw.read(limit - size)
+        if chunk is None:
+            select.select([raw], [], [])
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def _check_size(size: int, where: str) -> None:

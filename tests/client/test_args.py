@@ -102,6 +102,32 @@ def test_cli_args_not_utf8_on_stdin_exits_2(tmp_path: Path) -> None:
     assert proc.stderr.startswith(b"--args from stdin is not valid UTF-8")
 
 
+def test_cli_args_from_a_non_blocking_stdin_are_waited_for(tmp_path: Path) -> None:
+    """``--args -`` on a non-blocking stdin (a CI runner's pipe) that has no data yet: the
+    read returned None and toolsetctl ended in an internal error (exit 9, ``TypeError``).
+    It waits for the text as on a blocking one, then goes on (here: no daemon, exit 5)."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    proc = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-m", "toolsetd.client", "classify", "t", "--args", "-",
+         "--socket", str(tmp_path / "none.sock")],
+        stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )
+    os.close(read_end)
+    try:
+        proc.wait(timeout=3)  # the time it takes to start and find the pipe empty
+    except subprocess.TimeoutExpired:
+        pass
+    try:
+        os.write(write_end, b'{"a": 1}')
+    except BrokenPipeError:  # it did not wait
+        pass
+    os.close(write_end)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 5, err
+    assert b"toolsetd is not running" in err
+
+
 def test_cli_args_not_utf8_on_stdin_exits_2_with_a_strict_decoder(tmp_path: Path) -> None:
     """The same under a locale whose stdin decoder is strict (en_US.UTF-8, not C)."""
     proc = subprocess.run(
