@@ -388,15 +388,31 @@ def _last_line(log_path: str) -> str:
 def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
-        written = os.write(fd, view)
+        try:
+            written = os.write(fd, view)
+        except BlockingIOError:  # a non-blocking stdout, full: wait until it takes more
+            _wait_for(fd, write=True)
+            continue
         view = view[written:]
+
+
+def _wait_for(fd: int, *, write: bool) -> None:
+    """Wait until a non-blocking descriptor (the host may hand us one) can be read or
+    written: EAGAIN is no end of input and no failed output."""
+    import select  # only for a non-blocking descriptor
+
+    select.select([] if write else [fd], [fd] if write else [], [])
 
 
 def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
     """stdin to the socket; at EOF, half-close it so the daemon cancels this host's calls."""
     try:
         while True:
-            data = os.read(0, 65536)
+            try:
+                data = os.read(0, 65536)
+            except BlockingIOError:  # a non-blocking stdin with nothing yet: not its end
+                _wait_for(0, write=False)
+                continue
             if not data:
                 break
             sock.sendall(data)

@@ -1027,6 +1027,89 @@ def test_cli_mcp_with_stdin_closed_exits(ctl: Ctl) -> None:
     assert r.stdout == ""
 
 
+def test_cli_mcp_waits_for_a_non_blocking_stdin(ctl: Ctl) -> None:
+    """``toolsetctl mcp`` started by a host that hands it a non-blocking stdin with nothing
+    in it yet: the first read failed with EAGAIN, which the pump took for the end of its
+    input, and it exited 0 before the host's first request. It waits for input as on a
+    blocking stdin, and answers."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    proc = subprocess.Popen(  # noqa: S603
+        ctl.argv("mcp", "--no-autostart"), stdin=read_end, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env=ctl.env(), cwd=ctl.base,
+    )
+    os.close(read_end)
+    try:
+        proc.wait(timeout=3)  # the time it takes to start and find stdin empty
+    except subprocess.TimeoutExpired:
+        pass
+    initialize = {
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "1"}},
+    }
+    try:
+        os.write(write_end, json.dumps(initialize).encode() + b"\n")
+    except BrokenPipeError:  # it had already gone
+        pass
+    try:
+        assert proc.stdout is not None
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        line = proc.stdout.readline() if ready else b""
+    finally:
+        os.close(write_end)
+        out, err = proc.communicate(timeout=30)
+    assert json.loads(line or b"null") is not None, err
+    assert json.loads(line)["id"] == 1
+    assert proc.returncode == 0, err
+
+
+def test_cli_mcp_waits_for_a_non_blocking_stdout(ctl: Ctl) -> None:
+    """``toolsetctl mcp`` whose stdout is non-blocking and full (the host reads later):
+    the write failed with EAGAIN and the pump exited 9, "cannot write to stdout", with the
+    answers after the first 64 KiB lost. It waits for the host to read. The reader here
+    reads only once the pipe is full (or the pump has exited), so no timing decides it."""
+    initialize = {
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "1"}},
+    }
+    requests = [initialize, {"jsonrpc": "2.0", "method": "notifications/initialized"}]
+    requests += [{"jsonrpc": "2.0", "id": n, "method": "tools/list"} for n in range(1, 61)]
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    size = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
+    proc = subprocess.Popen(  # noqa: S603
+        ctl.argv("mcp", "--no-autostart"), stdin=subprocess.PIPE, stdout=write_end,
+        stderr=subprocess.DEVNULL, env=ctl.env(), cwd=ctl.base,
+    )
+    os.close(write_end)
+    assert proc.stdin is not None
+    proc.stdin.write(b"".join(json.dumps(r).encode() + b"\n" for r in requests))
+    proc.stdin.flush()
+    data = b""
+    try:
+        # Read only once the pipe is at least half full (the pump then has had to wait for
+        # it) or the pump has exited; stdin stays open until every answer is in.
+        while data.count(b"\n") < 61:
+            waiting = struct.unpack("i", fcntl.ioctl(read_end, termios.FIONREAD, b"\0" * 4))[0]
+            exited = proc.poll() is not None
+            if waiting < size // 2 and not exited and not data:
+                select.select([], [], [], 0.01)
+                continue
+            if exited and not waiting:
+                break
+            data += os.read(read_end, 1 << 20)
+    finally:
+        proc.stdin.close()
+        os.close(read_end)
+        proc.wait(timeout=60)
+    assert len(data) > size
+    answered = {json.loads(line)["id"] for line in data.splitlines()}
+    assert answered == set(range(61))
+    assert proc.returncode == 0
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 @pytest.mark.parametrize("fmt", ["json", "jsonl", "table"])
 def test_cli_a_failing_stdout_is_said_without_a_traceback(ctl: Ctl, fmt: str) -> None:
