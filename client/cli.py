@@ -173,7 +173,7 @@ def _listing(ctx: Context, catalog: str | None) -> _Listing:
         params["catalog"] = catalog
     try:
         client = BlockingClient.connect(ctx.socket, timeout=CONNECT_TIMEOUT)
-    except ConnectError:
+    except ConnectError as exc:
         if not ctx.workspace.is_dir():
             # The daemon's refusal (exit 2), not the home sets alone: a mistyped --workspace
             # must not pass without a daemon and fail with one.
@@ -185,7 +185,12 @@ def _listing(ctx: Context, catalog: str | None) -> _Listing:
                 {"field": "workspace"},
             ) from None
         offline = _offline_module()
-        ctx.out.error(f"toolsetd is not running at {ctx.socket}; showing the tool sets on disk.")
+        if exc.absent:
+            ctx.out.error(
+                f"toolsetd is not running at {ctx.socket}; showing the tool sets on disk."
+            )
+        else:  # something is there (a socket we may not open, a full backlog): say so
+            ctx.out.error(f"{exc} Showing the tool sets on disk.")
         home = ctx.home_option or ctx.default_home
         return _Listing(
             offline.offline_list(home, ctx.workspace, catalog),

@@ -82,17 +82,22 @@ class ConnectError(ClientError):
 
     Attributes:
         path: The socket path that was tried.
+        absent: Whether nothing listens there (no such socket, or the connection was
+            refused); not when the socket may not be opened, did not answer in time, or
+            is refused for another reason.
     """
 
-    def __init__(self, message: str, path: str) -> None:
+    def __init__(self, message: str, path: str, *, absent: bool = False) -> None:
         """Create the error.
 
         Args:
             message: An English sentence naming the socket path.
             path: The socket path.
+            absent: Whether nothing listens there.
         """
         super().__init__(message)
         self.path = path
+        self.absent = absent
 
 
 class ConnectionClosed(ClientError):
@@ -150,7 +155,8 @@ def map_connect_errors(path: str | Path, timeout: float) -> Iterator[None]:
             f"Timed out after {timeout:g} s connecting to toolsetd at {where}.", where
         ) from exc
     except OSError as exc:
-        raise ConnectError(_connect_message(where, exc), where) from exc
+        absent = exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ECONNREFUSED)
+        raise ConnectError(_connect_message(where, exc), where, absent=absent) from exc
 
 
 @contextmanager

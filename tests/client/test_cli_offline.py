@@ -11,6 +11,7 @@ import json
 import os
 import select
 import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -220,6 +221,26 @@ def test_a_columns_that_is_no_width_is_ignored(env: Env, columns: str) -> None:
     assert "Traceback" not in proc.stderr
     assert proc.stdout.splitlines()[2].split()[:2] == ["acme", "Home"]
     assert env.run("status", COLUMNS=columns).returncode == 5
+
+
+def test_list_offline_says_why_when_something_is_there(env: Env) -> None:
+    """A socket path where something is, but toolsetd cannot be reached (here a datagram
+    socket; the same for a socket the user may not open, or a full listen backlog): list
+    said "toolsetd is not running at ..." and showed the files. It shows the files, but
+    says what happened instead of claiming nothing runs."""
+    env.home_set("acme", exec_set("fmt"))
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    try:
+        squatter.bind(str(env.socket))
+        proc = env.run("list")
+    finally:
+        squatter.close()
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == (
+        f"Cannot connect to toolsetd at {env.socket}: Protocol wrong type for socket. "
+        "Showing the tool sets on disk.\n"
+    )
+    assert "acme" in proc.stdout
 
 
 def test_list_offline_text_rows_for_manifests_that_cannot_be_read(env: Env) -> None:
