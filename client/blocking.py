@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import socket
+import sys
 import time
 from collections.abc import Callable, Mapping
 
@@ -42,7 +43,7 @@ TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["CALL_EVENTS", "MAX_LINE_BYTES", "BlockingClient", "RawJson"]
+__all__ = ["CALL_EVENTS", "MAX_LINE_BYTES", "BlockingClient", "RawJson", "json_number"]
 
 #: The longest line accepted from the daemon: the longest line the daemon sends
 #: (``protocol.codec.MAX_DAEMON_LINE``; a test holds the two equal), so every legal result,
@@ -55,6 +56,27 @@ CALL_EVENTS: frozenset[str] = frozenset({"started", "progress", "completed"})
 _READ_CHUNK = 65536
 #: Seconds spent reading what a daemon wrote before it closed, after a failed send.
 _LAST_WORDS_SECONDS = 1.0
+
+
+def json_number(text: str) -> float | int:
+    """A ``parse_float`` hook: a JSON number with a fraction or an exponent, as a float;
+    past the double range (``1e400``: every such number is a whole one) as its exact
+    integer, where a float would be infinity and print as ``Infinity``, which is no JSON.
+
+    Raises:
+        ValueError: The integer would have more digits than Python prints (4300 unless
+            ``PYTHONINTMAXSTRDIGITS`` says otherwise), as for an integer written out.
+    """
+    value = float(text)
+    if value - value == 0:  # finite
+        return value
+    from decimal import Decimal  # only for a number past the double range
+
+    exact = Decimal(text)
+    limit = sys.get_int_max_str_digits()
+    if limit and exact.adjusted() >= limit:
+        raise ValueError(f"the number {text} has more than {limit} digits")
+    return int(exact)
 
 
 class RawJson:
@@ -273,7 +295,7 @@ class BlockingClient:
             self._scanned = 0
             if line.strip():
                 try:
-                    value = json.loads(line)
+                    value = json.loads(line, parse_float=json_number)
                 except ValueError as exc:
                     raise RemoteProtocolError("a line that is not JSON") from exc
                 except RecursionError as exc:  # the stdlib decoder recurses per level

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from toolsetd.protocol.errors import RpcError, reject_json_constant
 
-from .blocking import BlockingClient, RawJson
+from .blocking import BlockingClient, RawJson, json_number
 from .errors import ConnectError, ConnectionClosed, RequestTimeout
 from .exits import CLI_ERROR_CODES, EXIT_UNREACHABLE, Failure, rpc_failure
 from .mcp import CONNECT_TIMEOUT
@@ -95,7 +95,7 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
         raise UsageError(f"{where} is not valid UTF-8 (at character {exc.start}).") from None
     _check_size(len(text), where)
     try:
-        value = json.loads(text, parse_constant=reject_json_constant)
+        value = json.loads(text, parse_constant=reject_json_constant, parse_float=json_number)
     except ValueError as exc:
         raise UsageError(f"{where} is not valid JSON: {exc}") from exc
     except RecursionError:  # the stdlib decoder recurses once per level

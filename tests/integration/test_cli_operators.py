@@ -320,6 +320,42 @@ def test_cli_classify_exits_like_invoke(ctl: Ctl, args: list[str], expected: int
     assert (decision == "allow") == (expected == 0)
 
 
+def _strict_json(text: str) -> Any:
+    """Parse JSON as any JSON reader would: ``NaN`` and ``Infinity`` are not JSON."""
+
+    def refuse(name: str) -> None:
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl"])
+def test_cli_json_stays_json_for_a_number_past_the_double_range(ctl: Ctl, fmt: str) -> None:
+    """``--args '{"n": 1e400}'`` is JSON, and the daemon sends it back as written (in the
+    classification, and in a denial's ``data``). toolsetctl read it as a float, infinity,
+    and printed ``"n": Infinity``: a document no JSON reader takes. Such a number (a whole
+    one: everything past the double range is) now prints as its exact integer."""
+    r = ctl.run("classify", "c_fail", "--args", '{"n": 1e400, "m": -2.5E+401, "k": 1.50}',
+                "--format", fmt)
+    assert r.returncode == 0, r.stderr
+    document = _strict_json(r.stdout)
+    arguments = (document["result"] if fmt == "jsonl" else document)["arguments"]
+    assert arguments == {"n": 10**400, "m": -25 * 10**400, "k": 1.5}
+    denied = ctl.run("invoke", "notes_add", "--args", '{"text": "x", "n": 1e400}',
+                     "--headless", "--format", fmt)
+    assert denied.returncode == 3, denied.stderr
+    assert _strict_json(denied.stdout)["error"]["data"]["arguments"]["n"] == 10**400
+
+
+def test_cli_args_with_a_number_toolsetctl_cannot_print_are_usage(ctl: Ctl) -> None:
+    """A number of more than 4300 digits (``1e5000``): Python does not print such an
+    integer; it is refused as too large, exit 2, before anything is sent, as an integer
+    written out with that many digits already was."""
+    r = ctl.run("classify", "c_fail", "--args", '{"n": 1e5000}', "--format", "json")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "1e5000" in _strict_json(r.stdout)["error"]["message"]
+
+
 @pytest.mark.slow
 def test_cli_tool_exit_code(ctl: Ctl) -> None:
     """--tool-exit-code exits with the tool's own code once it ran; a timeout stays 4."""
