@@ -168,7 +168,7 @@ class _Listing:
 
 def _listing(ctx: Context, catalog: str | None) -> _Listing:
     """The daemon's ``list`` and home, or the files' when no daemon answers."""
-    params: dict[str, Any] = {"workspace": str(ctx.workspace)}
+    params: dict[str, Any] = {"workspace": ctx.wire_workspace}
     if catalog is not None:
         params["catalog"] = catalog
     try:
@@ -331,7 +331,7 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
         reloaded = False
         if outcome.changed and client is not None:
             try:
-                call(ctx, client, "reload", {"workspace": str(ctx.workspace)})
+                call(ctx, client, "reload", {"workspace": ctx.wire_workspace})
                 reloaded = True
             except Failure as failure:
                 ctx.out.error(f"toolsetd did not reload: {failure.message}")
@@ -450,7 +450,7 @@ def _cmd_classify(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _cmd_reload(ctx: Context, args: argparse.Namespace) -> int:
-    result = request(ctx, "reload", {} if args.all else {"workspace": str(ctx.workspace)})
+    result = request(ctx, "reload", {} if args.all else {"workspace": ctx.wire_workspace})
     config = result.get("config") or {}
     error = config.get("error")
     if ctx.out.is_json:

@@ -37,6 +37,7 @@ __all__ = [
     "parse_arguments",
     "read_arguments",
     "request",
+    "wire_text",
 ]
 
 #: Seconds allowed for the daemon's answer to any request but ``invoke`` (whose tool may
@@ -85,7 +86,7 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             raise UsageError(f"Cannot read the --args file {name}: {reason}.") from exc
     else:
-        text, where = spec, "--args"
+        text, where = wire_text(spec), "--args"
     # A leading byte order mark (an editor's, or PowerShell 5's Out-File) is no JSON text
     # but says UTF-8; dropped, as the daemon drops it from manifests and its config file.
     text = text.removeprefix("\ufeff")
@@ -142,6 +143,22 @@ def _read_stdin(raw: Any, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+def wire_text(value: str) -> str:
+    """A value from the command line or the file system as the daemon must get it: the
+    bytes it was given as, read as UTF-8.
+
+    Python decodes argv and paths with the locale's encoding. Under a locale that is not
+    UTF-8 (``LC_ALL=C`` with Python's UTF-8 mode off, a Latin-1 locale), ``Zoë`` typed in
+    UTF-8 became lone surrogates (refused as "not valid UTF-8") or ``ZoÃ«`` (sent as
+    such). Bytes that are not UTF-8 stay lone surrogates, which the wire refuses.
+    """
+    try:
+        data = os.fsencode(value)
+    except UnicodeEncodeError:  # not from the command line or the file system
+        return value
+    return data.decode("utf-8", "surrogateescape")
+
+
 def _check_size(size: int, where: str) -> None:
     if size > MAX_ARGS_BYTES:
         raise UsageError(
@@ -193,6 +210,11 @@ class Context:
         self.stdin = stdin
         self.wide = wide
         self.env = env
+
+    @property
+    def wire_workspace(self) -> str:
+        """The workspace as the daemon must get it (``wire_text``)."""
+        return wire_text(str(self.workspace))
 
     def emit(self, value: Any) -> None:
         """Print a result document (``jsonl`` wraps it as ``{"result": ...}``)."""
@@ -246,12 +268,12 @@ def request(ctx: Context, method: str, params: Any = None) -> Any:
 def call_params(ctx: Context, args: argparse.Namespace, text: str) -> dict[str, Any]:
     """The params ``classify`` and ``invoke`` share: tool, arguments as written, workspace."""
     params: dict[str, Any] = {
-        "tool": args.tool,
+        "tool": wire_text(args.tool),
         "arguments": RawJson(text),  # sent as written: numbers keep their spelling
-        "workspace": str(ctx.workspace),
+        "workspace": ctx.wire_workspace,
     }
     if args.mode is not None:
-        params["mode"] = args.mode
+        params["mode"] = wire_text(args.mode)
     if args.headless:
         params["headless"] = True
     return params

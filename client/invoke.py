@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from toolsetd.protocol.errors import RpcError
 
 from .blocking import BlockingClient
-from .context import Context, call_params, connect, lost, read_arguments
+from .context import Context, call_params, connect, lost, read_arguments, wire_text
 from .errors import ConnectionClosed, RequestTimeout
 from .exits import (
     CLI_ERROR_CODES,
@@ -64,7 +64,7 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
     optional = {
         "approved": True if args.approve else None,
         "catalog": args.catalog,
-        "session": args.session,
+        "session": None if args.session is None else wire_text(args.session),
     }
     params.update({key: value for key, value in optional.items() if value is not None})
     progress = Progress(

@@ -1223,6 +1223,36 @@ def test_cli_prints_utf8_output_in_any_locale(ctl: Ctl, locale_env: dict[str, st
     assert "Hello, Zoë ✓".encode() in r.stdout
 
 
+def test_cli_takes_utf8_arguments_in_a_locale_that_is_not_utf8(ctl: Ctl) -> None:
+    """A CI image with ``LC_ALL=C`` and Python's UTF-8 mode off: Python decodes the command
+    line and the current folder's path as ASCII, keeping every other byte as a lone
+    surrogate. ``--args '{"name": "Zoë"}'``, ``--session`` and a workspace named ``ws-ë``
+    (all UTF-8) were refused as "not valid UTF-8" (exit 2). The daemon gets the bytes they
+    were given as, read as UTF-8; bytes that are not UTF-8 are still refused."""
+    env = {k: v for k, v in ctl.env().items() if k not in ("LANG", "LC_ALL", "LC_CTYPE")}
+    env.pop("PYTHONUTF8", None)
+    env.pop("PYTHONIOENCODING", None)
+    env.update(LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
+    workspace = ctl.base / "ws-\u00eb"
+    workspace.mkdir(exist_ok=True)
+
+    def run(*args: str | bytes) -> subprocess.CompletedProcess[bytes]:
+        argv = [a for a in ctl.argv() if a != str(ctl.workspace) and a != "--workspace"]
+        return subprocess.run(  # noqa: S603
+            [*argv, "--workspace", str(workspace), *args],
+            capture_output=True, timeout=60, env=env, cwd=ctl.base,
+        )
+
+    r = run("invoke", "hello", "--args", '{"name": "Zo\u00eb \u2713"}', "--session", "s-\u00eb")
+    assert r.returncode == 0, r.stderr
+    assert "Hello, Zo\u00eb \u2713".encode() in r.stdout
+    listed = run("--format", "json", "list")
+    assert listed.returncode == 0, listed.stderr
+    bad = run("invoke", "hello", "--args", b'{"name": "Zo\xeb"}')  # Latin-1, not UTF-8
+    assert bad.returncode == 2
+    assert b"not valid UTF-8" in bad.stderr
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
