@@ -636,7 +636,15 @@ def run(
         out.discard()  # so that the interpreter's own flush at exit stays quiet
         return EXIT_OK  # the reader went away (toolsetctl list | head)
     except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
+        # A failure like any other: in json and jsonl the one document says so (a CI
+        # runner cancels a job with SIGINT); a second Ctrl-C stops even that.
+        interrupted = Failure(
+            EXIT_INTERRUPTED, CLI_ERROR_CODES["interrupted"], "Interrupted.", None
+        )
+        try:
+            return _report(out, interrupted)
+        except KeyboardInterrupt:
+            return EXIT_INTERRUPTED
     except Exception as exc:
         return _report(out, _unexpected(exc))
 

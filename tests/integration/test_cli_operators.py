@@ -416,6 +416,36 @@ def test_cli_exit_5_lost_connection(ctl: Ctl, tmp_path: Path) -> None:
     assert error["code"] == -32092 and str(path) in error["message"]
 
 
+@pytest.mark.parametrize("fmt", ["json", "jsonl"])
+def test_cli_json_interrupted_is_an_error_document(tmp_path: Path, fmt: str) -> None:
+    """Ctrl-C (or a CI runner's SIGINT on cancel) while ``--format json status`` waits for
+    the daemon: exit 130 and an empty stdout, where json promises one document for any
+    failure. Now the ``{"error"}`` document of an interruption (-32095)."""
+    path = tmp_path / "s.sock"
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(path))
+    server.listen()
+    server.settimeout(30)
+    proc = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-m", "toolsetd.client", "--socket", str(path), "--format", fmt,
+         "status"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        conn, _ = server.accept()  # connected: it waits for the answer that never comes
+        with conn:
+            conn.recv(65536)  # the request is sent
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        server.close()
+    assert proc.returncode == 130, err
+    assert json.loads(out)["error"]["code"] == -32095
+
+
 def _write_slow_set(home: Path) -> None:
     """A home set ``slow`` whose one tool sleeps a minute (approval ``always``)."""
     write_set(
