@@ -810,6 +810,29 @@ def _status_text(registry: Registry, handlers: Handlers, state: _State) -> str:
     return f"Serving {sets} tool sets ({len(workspaces)} workspaces); {calls} calls in flight"
 
 
+def _user_home() -> Path:
+    """The OS user's home (``~``: ``HOME``, else the passwd entry's).
+
+    Raises:
+        ConfigError: There is none: ``HOME`` unset (or relative) and a uid without a
+            passwd entry, as a container's arbitrary uid has. The daemon needs it for
+            ``~`` in path arguments and the credential paths under it (``~/.ssh``), and
+            ``Path.home()`` raised a traceback.
+    """
+    home = os.environ.get("HOME") or os.path.expanduser("~")
+    if not os.path.isabs(home):
+        why = (
+            f"HOME is not an absolute path (got {home!r})"
+            if os.environ.get("HOME")
+            else f"HOME is unset and uid {os.getuid()} has no passwd entry"
+        )
+        raise ConfigError(
+            f"no home directory: {why}; set HOME to the user's home (the daemon needs it "
+            "for ~ in path arguments and for the credential paths under it)"
+        )
+    return Path(os.path.abspath(home))
+
+
 def options_from_settings(
     settings: Settings, args: argparse.Namespace | None = None
 ) -> DaemonOptions:
@@ -819,7 +842,8 @@ def options_from_settings(
         settings: The merged settings (flags, environment, config file, defaults).
         args: The parsed flags, kept so a reload can merge them again.
     """
-    home = settings.home or Path(os.path.abspath(Path.home() / ".crystal"))
+    user_home = _user_home()
+    home = settings.home or user_home / ".crystal"
     mcp_listen: list[ListenAddress] = []
     if settings.mcp_listen:
         from .httpguard import ListenError, parse_listen  # only with the endpoint on
@@ -863,6 +887,7 @@ def options_from_settings(
         settings=settings,
         args=args,
         confinement=settings.confinement,
+        user_home=user_home,
     )
 
 

@@ -465,8 +465,10 @@ def build_parser(version: str) -> argparse.ArgumentParser:
 # -- reading ---------------------------------------------------------------------------
 
 
-def default_config_path(environ: Mapping[str, str], uid: int | None = None) -> Path:
-    """Where the config file is looked for when ``--config`` is not given."""
+def default_config_path(environ: Mapping[str, str], uid: int | None = None) -> Path | None:
+    """Where the config file is looked for when ``--config`` is not given: None when it
+    is under a home that cannot be found (no ``HOME``, and a uid without a passwd entry,
+    as a container's arbitrary uid has): ``~`` would be a folder named ``~`` here."""
     if environ.get("CONFIGURATION_DIRECTORY"):
         # systemd's ConfigurationDirectory= (may list several; the first is ours).
         return Path(environ["CONFIGURATION_DIRECTORY"].split(":")[0]) / "toolsetd.toml"
@@ -474,7 +476,10 @@ def default_config_path(environ: Mapping[str, str], uid: int | None = None) -> P
         return Path("/etc/toolsetd/toolsetd.toml")
     base = environ.get("XDG_CONFIG_HOME", "")
     if not os.path.isabs(base):  # the XDG spec says to ignore a relative one
-        base = os.path.join(environ.get("HOME") or os.path.expanduser("~"), ".config")
+        home = environ.get("HOME") or os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, ".config")
     return Path(base) / "toolsetd" / "toolsetd.toml"
 
 

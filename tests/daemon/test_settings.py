@@ -268,6 +268,9 @@ def test_settings_default_path_and_missing_default_file(tmp_path: Path) -> None:
     assert default_config_path({"XDG_CONFIG_HOME": "rel", "HOME": "/home/a"}, 1000) == Path(
         "/home/a/.config/toolsetd/toolsetd.toml"
     )
+    # No home (HOME relative here; or unset with no passwd entry): no default file, rather
+    # than a folder named "~" or "rel" under the working directory.
+    assert default_config_path({"HOME": "rel"}, 1000) is None
     s = load_settings(_args(), {"XDG_CONFIG_HOME": str(tmp_path)}, uid=1000)
     assert s.config_path is None and set(s.sources.values()) == {"default"}
     (tmp_path / "toolsetd").mkdir()

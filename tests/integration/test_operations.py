@@ -525,6 +525,35 @@ def test_an_unknown_allow_group_stops_the_start_plainly(tmp_base: Path) -> None:
     assert not (tmp_base / "s.sock").exists()
 
 
+def test_a_start_without_a_home_directory_says_so(
+    tmp_base: Path, as_nobody: tuple[str, ...]
+) -> None:
+    """No ``~`` (HOME unset and a uid without a passwd entry, as a container's arbitrary
+    uid has; or HOME relative) is a settings error (exit 2) that says what to set, with
+    CRYSTAL_HOME given or not: Path.home() raised a traceback (exit 1), and a relative HOME
+    made ``~`` in path arguments, and the credential paths under it, relative."""
+    sock, config = tmp_base / "s.sock", _config(tmp_base, "")
+    daemon = [sys.executable, "-m", "toolsetd.daemon", "--socket", str(sock),
+              "--config", str(config)]
+    no_entry = [p.replace("65534", "54321") for p in as_nobody]
+    cases = [
+        ({"HOME": "relative"}, [], "HOME is not an absolute path (got 'relative')"),
+        ({}, no_entry, "HOME is unset and uid 54321 has no passwd entry"),
+        ({"CRYSTAL_HOME": str(tmp_base)}, no_entry, "uid 54321 has no passwd entry"),
+    ]
+    tmp_base.chmod(0o755)  # uid 54321 reads the config file
+    for env, prefix, why in cases:
+        done = subprocess.run(  # noqa: S603
+            [*prefix, *daemon], capture_output=True, text=True, timeout=20, check=False,
+            env={"PATH": os.environ["PATH"], "XDG_CACHE_HOME": str(tmp_base / "cache"), **env},
+        )
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.startswith("toolsetd: no home directory: "), done.stderr
+        assert why in done.stderr and "set HOME" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr
+        assert not sock.exists()
+
+
 def _status_as(path: Path, uid: int, gid: int, groups: list[int]) -> int:
     """A status request from a forked child running as ``uid``/``gid`` with ``groups``:
     0 when answered, 3 when refused as PeerNotAllowed, 1 otherwise."""
