@@ -279,3 +279,38 @@ def test_mcp_approval_shapes_keep_exact_numbers() -> None:
     assert digest != approval_digest(other, tool="sha256:a")  # 1.50 is not 1.5
     # The tool's definition counts as well: an edited tools.json is another approval.
     assert digest != approval_digest(classification, tool="sha256:b")
+
+
+def test_mcp_docs_show_the_approval_message_the_operator_sees() -> None:
+    """docs/mcp.md prints the elicitation message; it is approval_message's own text for
+    the call it describes (the forbidden line aside, which that call does not get)."""
+    from toolsetd.daemon.mcp_mapping import approval_message
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "mcp.md").read_text()
+    block = doc.split("and this\n  message:\n\n  ```\n", 1)[1].split("\n  ```", 1)[0]
+    shown = [line.removeprefix("  ") for line in block.splitlines()]
+    forbidden = [line for line in shown if line.endswith("(forbidden calls only)")]
+    assert len(forbidden) == 1, shown
+    shown.remove(forbidden[0])
+    reason = "<the classification's reason>"
+    classification = {
+        "tool": "write_note",
+        "set": "notes",
+        "source": "project",
+        "reason": reason,
+        "scope": "outsideWorkspace",
+        "authority": "write",
+        "paths": [
+            {
+                "argument": "path",
+                "value": "../elsewhere/a.txt",
+                "resolved": "/home/me/elsewhere/a.txt",
+                "scope": "outsideWorkspace",
+            }
+        ],
+        "arguments": {"path": "/home/me/elsewhere/a.txt", "text": "..."},
+        "requirePrompt": False,
+    }
+    assert shown == approval_message(classification).splitlines()
+    forbidden_line = forbidden[0].removesuffix("(forbidden calls only)").rstrip()
+    assert forbidden_line in approval_message({**classification, "requirePrompt": True})
