@@ -256,10 +256,22 @@ def refusal_result(exc: rpc_errors.RpcError) -> dict[str, Any]:
     errors = data.get("errors")
     if isinstance(errors, list) and len(errors) > 1:
         lines.append("Every problem (JSON Pointer into the arguments: message):")
-        lines.extend(
-            f"- {e.get('path') or '(the arguments object)'}: {e.get('message')}" for e in errors
-        )
+        lines.extend(f"- {_problem(e)}" for e in errors)
     return _text_result("\n".join(lines))
+
+
+def _problem(error: Any) -> str:
+    """One ``data.errors[]`` entry as ``JSON Pointer: message``, the pointer named once.
+
+    A schema error's message starts with its pointer already (``/name: expected
+    string``); a fence error's (``Path is not valid.``) and the object's own do not.
+    """
+    if not isinstance(error, dict):
+        return str(error)
+    path, message = error.get("path"), str(error.get("message"))
+    if path and message.startswith(f"{path}: "):
+        return message
+    return f"{path or '(the arguments object)'}: {message}"
 
 
 def declined_result(action: str) -> dict[str, Any]:

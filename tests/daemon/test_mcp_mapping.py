@@ -314,3 +314,27 @@ def test_mcp_docs_show_the_approval_message_the_operator_sees() -> None:
     assert shown == approval_message(classification).splitlines()
     forbidden_line = forbidden[0].removesuffix("(forbidden calls only)").rstrip()
     assert forbidden_line in approval_message({**classification, "requirePrompt": True})
+
+
+def test_mcp_refusal_names_each_pointer_once() -> None:
+    """Every problem of an InvalidArguments reads ``JSON Pointer: message`` (docs/mcp.md).
+
+    A schema error's message already starts with its pointer (``/name: expected
+    string``), and the list printed it twice (``- /name: /name: expected string``); a
+    fence error's message does not, and keeps the pointer in front.
+    """
+    from toolsetd.daemon.mcp_mapping import refusal_result
+    from toolsetd.protocol.errors import InvalidArguments
+
+    errors = [
+        {"path": "", "message": "property 'mood' is not allowed"},
+        {"path": "/name", "message": "/name: expected string, got integer"},
+        {"path": "/path", "message": "Path is not valid."},
+    ]
+    result = refusal_result(InvalidArguments("Invalid arguments for 'hello': ...", {"errors": errors}))
+    lines = result["content"][0]["text"].splitlines()
+    assert lines[2:] == [
+        "- (the arguments object): property 'mood' is not allowed",
+        "- /name: expected string, got integer",
+        "- /path: Path is not valid.",
+    ]
