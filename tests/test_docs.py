@@ -22,3 +22,65 @@ def test_benchmarks_carry_the_performance_goals() -> None:
     goals = re.findall(r"^(\d)\. \*\*", text.split("## Goals", 1)[1], flags=re.M)
     assert goals[:8] == [str(n) for n in range(1, 9)]
     assert "spawn and reap `/bin/true`, C `posix_spawn`" in text  # the floors too
+
+
+def _section(text: str, heading: str) -> str:
+    """The body of one ``#``-heading, up to the next heading of any level."""
+    return re.split(r"\n#{2,4} ", text.split(heading + "\n", 1)[1], maxsplit=1)[0]
+
+
+def test_operations_flag_table_names_every_setting_with_its_default() -> None:
+    """docs/operations.md's Command line table has one row per toolsetd flag, no row for
+    a flag that does not exist, and the numeric default each one has in the code."""
+    from toolsetd.daemon.settings import OPTIONS
+
+    body = _section((REPO / "docs" / "operations.md").read_text(), "### Command line")
+    rows = dict(re.findall(r"^\| `(--[a-z-]+)[^`]*` \|\s*([^|]*?)\s*\|", body, flags=re.M))
+    flags = {option.flag: option for option in OPTIONS}
+    assert set(rows) == {*flags, "--config", "--print-config", "--version"}
+    for flag, option in flags.items():
+        if option.kind in ("int", "float"):
+            shown = re.match(r"\d+(?:\.\d+)?", rows[flag])
+            assert shown is not None, (flag, rows[flag])
+            assert float(shown.group()) == option.default, (flag, rows[flag])
+
+
+def test_operations_config_key_table_names_every_key() -> None:
+    """Every setting is a row of the config file's key table, and no row names another."""
+    from toolsetd.daemon.settings import OPTIONS
+
+    body = _section(
+        (REPO / "docs" / "operations.md").read_text(), "### The config file (`toolsetd.toml`)"
+    )
+    table = body.split("| key | type | at reload |", 1)[1].split("\n\n", 1)[0]
+    cells = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
+    keys = {key for cell in cells for key in re.findall(r"`([a-z-]+)`", cell)}
+    assert keys == {option.key for option in OPTIONS}
+
+
+def test_protocol_error_table_matches_the_codes() -> None:
+    """docs/protocol.md's error table lists every error class, by code and name, once."""
+    from toolsetd.protocol.errors import ERROR_CLASSES
+
+    body = _section((REPO / "docs" / "protocol.md").read_text(), "## Errors")
+    rows = re.findall(r"^\| (-\d+) \| `(\w+)` \|", body, flags=re.M)
+    assert sorted(rows) == sorted((str(code), cls.__name__) for code, cls in ERROR_CLASSES.items())
+
+
+def test_protocol_limits_table_defaults_match_the_flags() -> None:
+    """Each row of docs/protocol.md's limits table that names a flag states its default."""
+    from toolsetd.daemon.settings import OPTIONS
+
+    flags = {option.flag: option for option in OPTIONS}
+    body = _section((REPO / "docs" / "protocol.md").read_text(), "## Limits and timeouts")
+    rows = re.findall(r"^\| ([^|]+) \| ([^|]+) \| `(--[a-z-]+)` \|", body, flags=re.M)
+    assert len(rows) >= 6, rows
+    units = {"MiB": 1 << 20, "s": 1}
+    for what, default, flag in rows:
+        option = flags[flag]
+        if "\N{MULTIPLICATION SIGN}" in default:  # "4 x the line size": derived from the flag
+            continue
+        number = re.match(r"([\d,]+)(?: (MiB|s)\b)?", default)
+        assert number is not None, (what, default)
+        value = int(number.group(1).replace(",", "")) * units.get(number.group(2) or "", 1)
+        assert value == option.default, (what, default, flag)

@@ -43,3 +43,36 @@ def test_blocking_client_accepts_the_frames_the_codec_allows() -> None:
 
     assert blocking.MAX_LINE_BYTES == codec.MAX_DAEMON_LINE
     assert client._DEFAULT_MAX_FRAME == codec.MAX_DAEMON_LINE
+
+
+def test_cli_docs_give_every_command_a_section_with_its_options() -> None:
+    """Each toolsetctl subcommand has a ``### `name ...``` heading in docs/cli.md that
+    names every option of its own, and no option it does not have; the global options
+    have their table."""
+    import argparse
+
+    from toolsetd.client.parser import COMMANDS, build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(commands.choices) == set(COMMANDS)
+    headings = re.findall(r"^### `(.+)$", DOC, re.M)
+    global_rows = _global_options_in_docs()
+    for name, sub in commands.choices.items():
+        heading = next((h for h in headings if re.search(rf"(^|`|/ `){name}\b", h)), None)
+        assert heading is not None, name
+        own = {o for a in sub._actions for o in a.option_strings if o.startswith("--")}
+        own -= global_rows | {"--help"}
+        named = set(re.findall(r"--[a-z][a-z-]*", heading))
+        assert own == named, (name, heading)
+    top = {o for a in parser._actions for o in a.option_strings if o.startswith("--")}
+    assert top - {"--help", "--version"} == global_rows
+
+
+def _global_options_in_docs() -> set[str]:
+    body = DOC.split("## Global options", 1)[1].split("\n## ", 1)[0]
+    return {
+        flag
+        for row in re.findall(r"^\| `([^|]+)", body, re.M)
+        for flag in re.findall(r"--[a-z-]+", row)
+    }
