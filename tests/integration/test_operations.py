@@ -447,6 +447,10 @@ def test_events_inside_a_request_name_it_and_events_after_it_do_not(
     started = by_event["call_started"]
     refused, cancel = [e for e in events if e["event"] == "request_refused"]
     assert (started["method"], started["request_id"]) == ("invoke", "run-1")
+    # docs/operations.md shows a call_started line: the same members as the real one.
+    logs = (REPO / "docs" / "operations.md").read_text()
+    sample = json.loads(next(line for line in logs.splitlines() if '"call_started"' in line))
+    assert list(sample) == list(started)
     assert (refused["method"], refused["request_id"]) == ("invoke", 42)
     assert (cancel["method"], cancel["request_id"]) == ("cancel", "c-9")
     too_large = by_event["connection_frame_too_large"]
