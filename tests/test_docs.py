@@ -17,6 +17,15 @@ def test_no_absolute_path_outside_the_repository(path: Path) -> None:
     assert not re.search(r"/work/(shared|main|wt-)", path.read_text()), path
 
 
+@pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
+def test_no_pointer_into_the_contract(path: Path) -> None:
+    """The external contract is not in the repository: a page that sends its reader to
+    "contract section 4" or "the MCP section of the contract" sends them nowhere. The
+    docs carry what it says themselves, and point at each other."""
+    pointer = re.search(r"[Cc]ontract,? section \d|section of the contract", path.read_text())
+    assert pointer is None, (path.name, pointer)
+
+
 def test_benchmarks_carry_the_performance_goals() -> None:
     text = (REPO / "docs" / "benchmarks.md").read_text()
     goals = re.findall(r"^(\d)\. \*\*", text.split("## Goals", 1)[1], flags=re.M)
