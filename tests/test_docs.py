@@ -93,3 +93,23 @@ def test_protocol_limits_table_defaults_match_the_flags() -> None:
         assert number is not None, (what, default)
         value = int(number.group(1).replace(",", "")) * units.get(number.group(2) or "", 1)
         assert value == option.default, (what, default, flag)
+
+
+def _anchors(text: str) -> set[str]:
+    """The fragment ids of a page: its headings as GitHub slugs them, and explicit ids."""
+    outside_code = re.sub(r"```.*?```", "", text, flags=re.S)
+    headings = re.findall(r"^#{1,6} (.+)$", outside_code, flags=re.M)
+    slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+    return slugs | set(re.findall(r'<a id="([^"]+)"', text))
+
+
+@pytest.mark.parametrize("path", [p for p in DOCS if p.suffix == ".md"], ids=lambda p: p.name)
+def test_links_between_the_docs_lead_somewhere(path: Path) -> None:
+    """Every relative link names a file that exists and, with a fragment, a heading of it:
+    a renamed section leaves no link pointing nowhere."""
+    text = path.read_text()
+    for target, fragment in re.findall(r"\]\(([^):#\s]*)(?:#([^)\s]+))?\)", text):
+        page = (path.parent / target).resolve() if target else path
+        assert page.exists(), (path.name, target)
+        if fragment and page.suffix == ".md":
+            assert fragment in _anchors(page.read_text()), (path.name, target, fragment)
