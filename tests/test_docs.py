@@ -113,3 +113,21 @@ def test_links_between_the_docs_lead_somewhere(path: Path) -> None:
         assert page.exists(), (path.name, target)
         if fragment and page.suffix == ".md":
             assert fragment in _anchors(page.read_text()), (path.name, target, fragment)
+
+
+def test_readme_layout_names_every_top_level_folder() -> None:
+    """README.md's Layout is where a newcomer learns what each folder is: it names every
+    folder the repository holds (a hidden one such as ``.ci`` too)."""
+    import shutil
+    import subprocess
+
+    git = shutil.which("git")
+    if git is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    files = subprocess.run(  # noqa: TID251 - git, not the daemon
+        [git, "-C", str(REPO), "ls-files"], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    folders = {name.split("/", 1)[0] for name in files if "/" in name}
+    layout = _section((REPO / "README.md").read_text(), "## Layout")
+    named = set(re.findall(r"`(\.?[a-z]+)/`", layout))
+    assert folders <= named, sorted(folders - named)
