@@ -131,3 +131,23 @@ def test_readme_layout_names_every_top_level_folder() -> None:
     layout = _section((REPO / "README.md").read_text(), "## Layout")
     named = set(re.findall(r"`(\.?[a-z]+)/`", layout))
     assert folders <= named, sorted(folders - named)
+
+
+def test_architecture_names_the_daemon_modules_the_offline_client_imports() -> None:
+    """docs/architecture.md names the daemon modules client/offline.py imports (the one
+    exception to the layering): each of them, and no other."""
+    import ast
+
+    tree = ast.parse((REPO / "client" / "offline.py").read_text())
+    imported = {
+        node.module.removeprefix("toolsetd.daemon.")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom)
+        and node.module
+        and node.module.startswith("toolsetd.daemon.")
+    }
+    text = (REPO / "docs" / "architecture.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| `client/` |"))
+    named = re.search(r"pure file-reading modules \(([^)]*)\)", row)
+    assert named is not None, row
+    assert set(re.findall(r"`(\w+)`", named.group(1))) == imported
