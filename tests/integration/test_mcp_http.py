@@ -2001,3 +2001,19 @@ def test_http_an_initialize_whose_catalog_is_short_of_descriptors_opens_no_sessi
         assert held and held[-1]["event"] == "mcp_http_session_closed", held
         assert held[-1]["sessions"] == 0, held
         assert initialize(endpoint(url, other))
+
+
+def test_http_events_carry_the_connection_id_the_docs_name(
+    http_daemon: tuple[Daemon, str], workspace: Path
+) -> None:
+    """An MCP HTTP connection's events carry ``http_conn_id``, not the socket's
+    ``conn_id``; docs/operations.md names it where it lists what every event carries, so
+    a log query for one HTTP client's lines can be written from the page."""
+    daemon, base = http_daemon
+    initialize(endpoint(base, workspace))
+    opened = [e for e in daemon.log_events() if e["event"] == "mcp_http_session_opened"]
+    assert opened
+    assert all("http_conn_id" in e and "conn_id" not in e for e in opened), opened
+    logs = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    carried = logs.split("Every event has `event`", 1)[1].split("\n\n", 1)[0]
+    assert "`http_conn_id`" in carried
