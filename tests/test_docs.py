@@ -13,8 +13,11 @@ DOCS = sorted([*(REPO / "docs").glob("*.md"), REPO / "README.md", *(REPO / "benc
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
 def test_no_absolute_path_outside_the_repository(path: Path) -> None:
-    """A reader of the repository cannot follow ``/work/...``: nothing may point there."""
-    assert not re.search(r"/work/(shared|main|wt-)", path.read_text()), path
+    """A reader of the repository cannot follow ``/work/...``, nor a session's scratch
+    folder (``/tmp/p16/pyc_check.py``, gone with it): nothing may point there."""
+    text = path.read_text()
+    assert not re.search(r"/work/(shared|main|wt-)", text), path
+    assert not re.search(r"/tmp/[a-z]+\d+/", text), path  # noqa: S108 - a pattern, no file
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
