@@ -255,6 +255,10 @@ def refusal_result(exc: rpc_errors.RpcError) -> dict[str, Any]:
     data = exc.data if isinstance(exc.data, dict) else {}
     errors = data.get("errors")
     if isinstance(errors, list) and len(errors) > 1:
+        # The native message counts the rest "in data.errors", which an MCP result lacks.
+        native = f" ({len(errors) - 1} more in data.errors)"
+        if exc.message.endswith(native):
+            lines[0] = f"{exc.message.removesuffix(native)} ({len(errors) - 1} more below)"
         lines.append("Every problem (JSON Pointer into the arguments: message):")
         lines.extend(f"- {_problem(e)}" for e in errors)
     return _text_result("\n".join(lines))

@@ -331,10 +331,32 @@ def test_mcp_refusal_names_each_pointer_once() -> None:
         {"path": "/name", "message": "/name: expected string, got integer"},
         {"path": "/path", "message": "Path is not valid."},
     ]
-    result = refusal_result(InvalidArguments("Invalid arguments for 'hello': ...", {"errors": errors}))
+    result = refusal_result(
+        InvalidArguments("Invalid arguments for 'hello': ...", {"errors": errors})
+    )
     lines = result["content"][0]["text"].splitlines()
     assert lines[2:] == [
         "- (the arguments object): property 'mood' is not allowed",
         "- /name: expected string, got integer",
         "- /path: Path is not valid.",
     ]
+
+
+def test_mcp_refusal_sends_the_model_to_the_list_not_to_data_errors() -> None:
+    """The native message counts the other problems "in data.errors"; an MCP result has no
+    data.errors, the list below the message carries them, and the text says so."""
+    from toolsetd.daemon.mcp_mapping import refusal_result
+    from toolsetd.protocol.errors import InvalidArguments
+
+    errors = [
+        {"path": "", "message": "property 'mood' is not allowed"},
+        {"path": "/name", "message": "/name: expected string, got integer"},
+    ]
+    message = (
+        "Invalid arguments for 'hello': property 'mood' is not allowed (1 more in data.errors)"
+    )
+    text = refusal_result(InvalidArguments(message, {"errors": errors}))["content"][0]["text"]
+    assert "data.errors" not in text
+    assert text.splitlines()[0] == (
+        "Invalid arguments for 'hello': property 'mood' is not allowed (1 more below)"
+    )
