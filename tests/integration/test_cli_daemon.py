@@ -137,6 +137,16 @@ def test_cli_show_tool_and_set(setup: Setup) -> None:
     r = setup.ctl("show", "Acme.Notes", "--format", "text")
     assert r.returncode == 0, r.stderr
     assert "notes_add, notes_list (always), notes_index" in r.stdout
+    # --format json prints the tool's tools[] entry, or the set's sets[] entry, of list
+    # (docs/cli.md, show).
+    listed = json.loads(setup.ctl("list", "--format", "json").stdout)
+    assert tool == next(t for t in listed["tools"] if t["name"] == "hello")
+    r = setup.ctl("show", "Acme.Notes", "--format", "json")
+    entry = next(s for s in listed["sets"] if s["directory"] == "Acme.Notes")
+    assert json.loads(r.stdout) == entry
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
+    show = doc.split("### `show NAME", 1)[1].split("\n### ", 1)[0]
+    assert "`--format json` prints the tool's `tools[]` entry" in show
     r = setup.ctl("show", "nope")
     assert r.returncode == 2
     assert "nope" in r.stderr
