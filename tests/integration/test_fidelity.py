@@ -273,6 +273,10 @@ def test_invalid_name_error_cell_on_the_wire(inventory_daemon: Daemon) -> None:
     entry = next(s for s in inventory_daemon.call("list")["result"]["sets"]
                  if s["directory"] == "bad name")
     assert entry["error"] == "directory name is invalid."
+    # path is the set's folder, not its tools.json (docs/protocol.md, list).
+    assert entry["path"] == str(inventory_daemon.home / "tools" / "bad name")
+    doc = (_REPO / "docs" / "protocol.md").read_text()
+    assert "* `directory`, `source`, `path` (the set's folder" in doc
 
 
 # -- item 3: what the daemon may send, its client accepts ---------------------------------
