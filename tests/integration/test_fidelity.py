@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -477,6 +478,31 @@ def test_parse_error_transcripts_match_the_daemon(fid: Daemon) -> None:
             data = sent.encode().decode("unicode_escape").encode("latin-1")
             conn.send_bytes(data + b"\n")
             assert conn.receive() == json.loads(expected), sent
+
+
+def test_error_transcripts_match_the_daemon(daemon: Daemon) -> None:
+    """Every error answer protocol.md prints in full (nothing shortened with ``...``) for a
+    request on the bundled example sets is what a daemon over them answers: the
+    message, the code and the data (the transcripts' workspace is this test's)."""
+    lines = (_REPO / "docs" / "protocol.md").read_text().splitlines()
+    demo_only = re.compile(r"\b(build|spew|fdcheck|envdump|hang)\b")  # the page's own sets
+    pairs = [
+        (lines[i][2:], lines[i + 1][2:])
+        for i in range(len(lines) - 1)
+        if lines[i].startswith("→ ")
+        and lines[i + 1].startswith("← ")
+        and '"error":{"code"' in lines[i + 1]
+        and "..." not in lines[i + 1]
+        and not re.search(r"-32(700|007)", lines[i + 1])  # framing: the test above, Limits
+        and not demo_only.search(lines[i] + lines[i + 1])
+    ]
+    assert len(pairs) >= 8, pairs
+    workspace = str(daemon.workspace)
+    with daemon.raw() as conn:
+        for sent, expected in pairs:
+            conn.send(json.loads(sent.replace("/tmp/tsd.Udb2/ws", workspace)))
+            answer = json.loads(expected.replace("/tmp/tsd.Udb2/ws", workspace))
+            assert conn.receive() == answer, sent
 
 
 def test_the_path_fence_runs_before_the_approval_decision(fid: Daemon) -> None:
