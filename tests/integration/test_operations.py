@@ -6,6 +6,7 @@ import datetime
 import email.utils
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -457,6 +458,42 @@ def test_events_inside_a_request_name_it_and_events_after_it_do_not(
     assert too_large["conn_id"] == started["conn_id"] == refused["conn_id"] == cancel["conn_id"]
     assert "method" not in too_large and "request_id" not in too_large
     assert "method" not in by_event["daemon_stopped"]
+
+
+def test_every_logged_event_is_in_the_docs_table_with_its_level_and_fields(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """Each event a daemon logs through a start, calls (run, timed out, refused, unknown),
+    a bad frame, a reload and a stop has its row in docs/operations.md's Logs table, at the
+    level the row gives, with no member the row does not name (beyond the context members
+    every event may carry)."""
+    logs = (REPO / "docs" / "operations.md").read_text().split("\n## Logs\n", 1)[1]
+    logs = logs.split("\n## ", 1)[0]
+    rows = {
+        m.group(1): (m.group(2), set(re.findall(r"`(\w+)`", m.group(3))))
+        for m in re.finditer(r"^\| `(\w+)` \| (\w+) \|([^|]*)\|", logs, flags=re.M)
+    }
+    context = {"event", "level", "timestamp", "conn_id", "http_conn_id", "method", "request_id"}
+    d = start_daemon(ops_home, workspace, tmp_base, ["--max-message-bytes", "1024"])
+    try:
+        base = {"workspace": str(workspace), "arguments": {}}
+        with d.raw() as conn:
+            for tool, extra in (("quick", {}), ("slow", {}), ("guarded", {}), ("nope", {})):
+                conn.invoke({"tool": tool, **base, **extra})
+            assert "result" in conn.request("reload")
+            conn.send_bytes(b"x" * 2048 + b"\n")
+            assert conn.closed_by_peer()
+    finally:
+        d.stop()
+    events = d.log_events()
+    assert {"call_started", "call_finished", "call_refused", "daemon_stopped"} <= {
+        e["event"] for e in events
+    }
+    for event in events:
+        assert event["event"] in rows, event
+        level, fields = rows[event["event"]]
+        assert event["level"] == level, event
+        assert set(event) - context <= fields, (event, fields)
 
 
 def test_traceparent_reaches_the_child_and_nothing_optional_is_imported(
