@@ -114,6 +114,38 @@ def _samples(result: dict[str, Any]) -> Samples:
     return samples
 
 
+def test_every_metric_is_in_the_docs_table_with_its_type_and_labels(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """Each toolsetd_* family of the exposition has its row in docs/operations.md's Metrics
+    table, with the row's type and exactly the row's labels; no row names a family the
+    daemon does not have."""
+    text = (REPO / "docs" / "operations.md").read_text().split("\n## Metrics\n", 1)[1]
+    text = text.split("\n## ", 1)[0]
+    rows = {
+        m.group(1): (m.group(2), set(re.findall(r"`(\w+)`", m.group(3))))
+        for m in re.finditer(r"^\| `(toolsetd_\w+)` \| (\w+) \|([^|]*)\|", text, flags=re.M)
+    }
+    d = start_daemon(ops_home, workspace, tmp_base)
+    try:
+        assert _invoke(d, workspace, "quick")["result"]["status"] == "ok"
+        exposition = d.call("metrics", {})["result"]["text"]
+    finally:
+        d.stop()
+    families = {
+        f.name: f
+        for f in text_string_to_metric_families(exposition)
+        if f.name.startswith("toolsetd_")
+    }
+    named = {name.removesuffix("_total") for name in rows}
+    assert set(families) == named, (sorted(set(families) - named), sorted(named - set(families)))
+    for name, family in families.items():
+        kind, labels = rows.get(f"{name}_total") or rows[name]
+        assert family.type == kind, name
+        seen = {label for s in family.samples for label in s.labels} - {"le"}
+        assert seen <= labels, (name, seen, labels)
+
+
 @pytest.mark.slow
 def test_metrics_after_a_known_sequence_of_calls(
     ops_home: Path, workspace: Path, tmp_base: Path
