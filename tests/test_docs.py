@@ -154,3 +154,23 @@ def test_architecture_names_the_daemon_modules_the_offline_client_imports() -> N
     named = re.search(r"pure file-reading modules \(([^)]*)\)", row)
     assert named is not None, row
     assert set(re.findall(r"`(\w+)`", named.group(1))) == imported
+
+
+def test_protocol_child_environment_matches_the_runner() -> None:
+    """protocol.md's table of what a child's environment gains is the runner's list (plus
+    TRACEPARENT, for a call with a trace), in its order, and what it loses is the systemd
+    variables the daemon scrubs and the daemon's own trace context."""
+    from toolsetd.daemon import runner, sdnotify
+
+    body = _section(
+        (REPO / "docs" / "protocol.md").read_text(), "## For tool authors: the child process"
+    )
+    added = re.findall(r"^  \| `([A-Z_]+)` \|", body, flags=re.M)
+    assert added == [name.decode() for name in runner._CALL_VARIABLES] + ["TRACEPARENT"]
+    environment = body.split("* **Environment**:", 1)[1].split(", plus:", 1)[0]
+    removed = set(re.findall(r"`([A-Z_]+)`", environment))
+    assert removed == set(sdnotify.SYSTEMD_ENV_VARS) | runner._DAEMON_TRACE_VARIABLES
+    security = (REPO / "docs" / "security.md").read_text()
+    minus = security.split("* **Environment:** the daemon's environment, **minus**", 1)[1]
+    minus = minus.split("**plus**", 1)[0]
+    assert set(re.findall(r"`([A-Z_]+)`", minus)) == removed
