@@ -422,6 +422,11 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
             noun = "tool" if count == 1 else "tools"
             names = f" ({', '.join(report.tools)})" if report.tools else ""
             ctx.out.line(f"Tool set {report.directory} is valid: {count} {noun}{names}.")
+            if report.runner == "dotnet":
+                # Valid, and still not served: "valid: 0 tools" alone read as if it were.
+                ctx.out.line(
+                    "toolsetd skips it: the dotnet runner is not supported (no .NET runtime)."
+                )
         else:
             ctx.out.line(f"Tool set {report.directory} is not valid:")
             for problem in report.problems:

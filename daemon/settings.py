@@ -439,8 +439,9 @@ def build_parser(version: str) -> argparse.ArgumentParser:
         "--config",
         type=Path,
         metavar="PATH",
-        help="the config file (default $XDG_CONFIG_HOME/toolsetd/toolsetd.toml; "
-        "/etc/toolsetd/toolsetd.toml for root)",
+        help="the config file (default $CONFIGURATION_DIRECTORY/toolsetd.toml under "
+        "systemd, else /etc/toolsetd/toolsetd.toml for root, else "
+        "$XDG_CONFIG_HOME/toolsetd/toolsetd.toml, ~/.config/toolsetd/toolsetd.toml without it)",
     )
     parser.add_argument(
         "--print-config",
@@ -728,10 +729,12 @@ def _parse_listen(raw: str) -> tuple[str, int]:
         address = ipaddress.ip_address(host)
     except ValueError:
         raise ValueError(
-            f"must be a loopback address (127.0.0.1 or [::1]), got {_show(raw)}"
+            f"must be a loopback address (127.0.0.1, [::1] or localhost), got {_show(raw)}"
         ) from None
     if not address.is_loopback:
-        raise ValueError(f"must be a loopback address (127.0.0.1 or [::1]), got {_show(raw)}")
+        raise ValueError(
+            f"must be a loopback address (127.0.0.1, [::1] or localhost), got {_show(raw)}"
+        )
     return str(address), port
 
 

@@ -95,6 +95,19 @@ def test_validate_valid_set_exits_0(env: Env) -> None:
     )
 
 
+def test_validate_a_valid_dotnet_set_says_toolsetd_skips_it(env: Env) -> None:
+    """A valid dotnet set is valid (exit 0), and the daemon skips it: "valid: 0 tools"
+    alone read as if it were served."""
+    path = env.home_set("net", {"runner": "dotnet", "assembly": "Net.dll", "tools": {}})
+    proc = env.run("validate", str(path.parent))
+    assert (proc.returncode, proc.stdout, proc.stderr) == (
+        0,
+        "Tool set net is valid: 0 tools.\n"
+        "toolsetd skips it: the dotnet runner is not supported (no .NET runtime).\n",
+        "",
+    )
+
+
 def test_validate_given_a_file_says_what_it_is(env: Env) -> None:
     """``toolsetctl validate .crystal/tools/acme/tools.json`` (the manifest, not its folder:
     an easy slip in a CI step) said "Tool set directory '.../tools.json' does not exist." of

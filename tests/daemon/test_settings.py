@@ -153,7 +153,7 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
         ('allow-group = ""\n', "allow-group: must not be empty"),
         (
             'metrics-listen = "0.0.0.0:9464"\n',
-            'metrics-listen: must be a loopback address (127.0.0.1 or [::1]), got "0.0.0.0:9464"',
+            'metrics-listen: must be a loopback address (127.0.0.1, [::1] or localhost), got "0.0.0.0:9464"',
         ),
         ('metrics-listen = "9464"\n', "metrics-listen: must be HOST:PORT"),
         (
