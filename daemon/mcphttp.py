@@ -661,7 +661,7 @@ class McpHttpEndpoint:
             return None
         if not stateless:
             await self._expire_idle()
-            if len(self.sessions) >= self.settings.max_sessions and not self._evict_idle():
+            if len(self.sessions) >= self.settings.max_sessions and self._least_used() is None:
                 limit = self.settings.max_sessions
                 await _rpc_error(
                     exchange,
@@ -683,6 +683,10 @@ class McpHttpEndpoint:
             await _rpc_error(exchange, status, request_id, exc)
             return None
         if session.session_id is not None:
+            # Room is made only now: a refused initialize (a bad query) ends no one's
+            # session. Nothing awaited since the check, so an idle one is still there.
+            if len(self.sessions) >= self.settings.max_sessions:
+                self._evict_idle()
             self.sessions[session.session_id] = session
             log.info("mcp_http_session_opened", sessions=len(self.sessions))
         return session
@@ -852,23 +856,26 @@ class McpHttpEndpoint:
         for event in list(session.calls.values()):
             event.set()
 
-    def _evict_idle(self) -> bool:
-        """Make room for a new session: end the one least recently used among those with
-        no request being served and no open stream (False when every session is busy).
+    def _least_used(self) -> _Session | None:
+        """The least recently used session with no request being served and no open
+        stream (None when every session is busy)."""
+        idle = [s for s in self.sessions.values() if not s.running and not s.get_open]
+        return min(idle, key=lambda s: s.last_used) if idle else None
+
+    def _evict_idle(self) -> None:
+        """Make room for a new session: end the ``_least_used`` one.
 
         Hosts that never ``DELETE`` (``claude mcp list`` opens two sessions a run) would
         otherwise fill the table within the idle hour, and every ``initialize`` after that
         would be 503. An evicted session's next request is 404, on which the spec has the
         host start a new session.
         """
-        idle = [s for s in self.sessions.values() if not s.running and not s.get_open]
-        if not idle:
-            return False
-        oldest = min(idle, key=lambda s: s.last_used)
+        oldest = self._least_used()
+        if oldest is None:
+            return
         idle_seconds = round(time.monotonic() - oldest.last_used, 1)
         log.info("mcp_http_session_evicted", idle_seconds=idle_seconds)
         self._end_session(oldest)
-        return True
 
     async def _expire_idle_sessions(self) -> None:
         """End idle sessions as they become idle, not only when another one is opened:

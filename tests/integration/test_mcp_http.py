@@ -1244,6 +1244,35 @@ def test_http_a_full_session_table_ends_its_least_recently_used_idle_session(
         daemon.stop()
 
 
+def test_http_a_refused_initialize_ends_no_session_of_a_full_table(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """An initialize the endpoint refuses (an unknown query name, a workspace that is no
+    folder) opens no session, so it makes no room either: with the table full, it ended
+    the least recently used idle session first, and then was 400. Anyone who can reach
+    the endpoint could end every idle host's session with requests that are refused."""
+    daemon = start_daemon(home, workspace, tmp_base, ["--mcp-listen", "127.0.0.1:0"],
+                          launcher=[PY, "-c", _THREE_SESSIONS])
+    try:
+        base = listening_urls(daemon)[0]
+        url = endpoint(base, workspace)
+        sessions = [initialize(url), initialize(url), initialize(url)]
+        for bad in (endpoint(base, workspace, catalgo="plan"),
+                    endpoint(base, workspace / "missing")):
+            refused = http(bad, body=rpc(1, "initialize", INIT_PARAMS))
+            assert refused.status == 400, refused
+        pings = [http(url, body=rpc(9, "ping"), headers={"mcp-session-id": s}).status
+                 for s in sessions]
+        assert pings == [200, 200, 200]
+        events = [e.get("event") for e in daemon.log_events()]
+        assert events.count("mcp_http_session_evicted") == 0
+        assert initialize(url)  # a good one still makes room
+        events = [e.get("event") for e in daemon.log_events()]
+        assert events.count("mcp_http_session_evicted") == 1
+    finally:
+        daemon.stop()
+
+
 def test_http_a_cancelled_requests_post_ends_as_an_empty_stream(
     http_daemon, workspace: Path
 ) -> None:
