@@ -256,7 +256,10 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _echo(value: Any) -> str:
-    """Render a value as short JSON for a message, never verbatim when huge."""
+    """Render a value as short JSON for a message, never verbatim when huge (a number as
+    written: ``multipleOf`` decides on that, not on the double it reads as)."""
+    if type(value) is JsonNumber:
+        return _clip(value.text, _ECHO_LIMIT)
     try:
         text = json.dumps(value, ensure_ascii=False, default=str)
     except (TypeError, ValueError):  # pragma: no cover - arguments come from JSON

@@ -188,6 +188,18 @@ def test_argument_validators_multiple_of_is_exact_for_decimal_numbers(
         assert (errors == []) is valid, (number, errors)
 
 
+@pytest.mark.parametrize(
+    ("step", "text"), [(0.1, "0.30000000000000001"), (0.1, "1e-400"), (3, "4.50")]
+)
+def test_argument_validators_echo_a_number_as_written(step: float, text: str) -> None:
+    """A number is echoed as the client wrote it, which is what multipleOf decides on: the
+    double it reads as (``0.3``, ``0.0``) is a multiple, so "expected a multiple of 0.1,
+    got 0.3" said the call was refused for a value that passes."""
+    schema = {"type": "object", "properties": {"n": {"type": "number", "multipleOf": step}}}
+    errors = ArgumentValidators().errors(loaded(schema), {"n": JsonNumber(text)})
+    assert [e["message"] for e in errors] == [f"/n: expected a multiple of {step}, got {text}"]
+
+
 def test_argument_validators_draft7_dialect() -> None:
     """``$schema`` selects the dialect (draft-07 ``dependencies``)."""
     schema = {"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": ["b"]}}
