@@ -16,7 +16,7 @@ TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["command_in", "open_standard_streams", "utf8_output", "waiting_output"]
+__all__ = ["command_in", "open_standard_streams", "utf8_output", "waiting_output", "wire_text"]
 
 #: Global options that take a value (so their value is not taken for the command).
 _TAKES_VALUE = frozenset({"--socket", "--format", "--workspace", "--home"})
@@ -122,6 +122,22 @@ class _WaitingWriter(io.RawIOBase):
                 import select  # only for a non-blocking descriptor that is full
 
                 select.select([], [self._fd], [])
+
+
+def wire_text(value: str) -> str:
+    """A value from the command line or the file system as the daemon must get it: the
+    bytes it was given as, read as UTF-8.
+
+    Python decodes argv and paths with the locale's encoding. Under a locale that is not
+    UTF-8 (``LC_ALL=C`` with Python's UTF-8 mode off, a Latin-1 locale), ``Zoë`` typed in
+    UTF-8 became lone surrogates (refused as "not valid UTF-8") or ``ZoÃ«`` (sent as
+    such). Bytes that are not UTF-8 stay lone surrogates, which the wire refuses.
+    """
+    try:
+        data = os.fsencode(value)
+    except UnicodeEncodeError:  # not from the command line or the file system
+        return value
+    return data.decode("utf-8", "surrogateescape")
 
 
 def utf8_output() -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from toolsetd.protocol.errors import RpcError, reject_json_constant
 
 from .blocking import BlockingClient, RawJson, json_number
+from .command import wire_text
 from .errors import ConnectError, ConnectionClosed, RequestTimeout
 from .exits import CLI_ERROR_CODES, EXIT_UNREACHABLE, Failure, rpc_failure
 from .mcp import CONNECT_TIMEOUT
@@ -141,22 +142,6 @@ def _read_stdin(raw: Any, limit: int) -> bytes:
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
-
-
-def wire_text(value: str) -> str:
-    """A value from the command line or the file system as the daemon must get it: the
-    bytes it was given as, read as UTF-8.
-
-    Python decodes argv and paths with the locale's encoding. Under a locale that is not
-    UTF-8 (``LC_ALL=C`` with Python's UTF-8 mode off, a Latin-1 locale), ``Zoë`` typed in
-    UTF-8 became lone surrogates (refused as "not valid UTF-8") or ``ZoÃ«`` (sent as
-    such). Bytes that are not UTF-8 stay lone surrogates, which the wire refuses.
-    """
-    try:
-        data = os.fsencode(value)
-    except UnicodeEncodeError:  # not from the command line or the file system
-        return value
-    return data.decode("utf-8", "surrogateescape")
 
 
 def _check_size(size: int, where: str) -> None:

@@ -519,9 +519,12 @@ def _main(argv: Sequence[str] | None) -> int:
     if not workspace.isascii():
         from toolsetd.protocol.jsontext import is_utf8  # orjson: only for such a path
 
+        from .command import wire_text  # loaded already (``__main__``)
+
+        given, workspace = workspace, wire_text(workspace)  # the bytes, read as UTF-8
         if not is_utf8(workspace):
             _say(
-                f"toolsetctl mcp: error: the workspace {os.fsencode(workspace)!r} is not "
+                f"toolsetctl mcp: error: the workspace {os.fsencode(given)!r} is not "
                 "UTF-8, and toolsetd takes UTF-8 paths only; run it in (or pass --workspace) "
                 "a directory whose path is UTF-8.\n"
             )
@@ -546,8 +549,13 @@ def _main(argv: Sequence[str] | None) -> int:
     params: dict[str, object] = {"workspace": workspace, "headless": options["headless"]}
     if options.get("catalog"):
         params["catalog"] = options["catalog"]
-    if options.get("mode") is not None:  # an empty one too: the daemon refuses it, as invoke's
-        params["mode"] = options["mode"]
+    mode = options.get("mode")
+    if mode is not None:  # an empty one too: the daemon refuses it, as invoke's
+        if not str(mode).isascii():
+            from .command import wire_text
+
+            mode = wire_text(str(mode))
+        params["mode"] = mode
     bind = {"jsonrpc": "2.0", "id": _BIND_ID, "method": METHOD_MCP_BIND, "params": params}
     try:
         sock.sendall(json.dumps(bind).encode() + b"\n")

@@ -1253,18 +1253,24 @@ def test_cli_prints_utf8_output_in_any_locale(ctl: Ctl, locale_env: dict[str, st
     assert "Hello, Zoë ✓".encode() in r.stdout
 
 
-def test_cli_takes_utf8_arguments_in_a_locale_that_is_not_utf8(ctl: Ctl) -> None:
-    """A CI image with ``LC_ALL=C`` and Python's UTF-8 mode off: Python decodes the command
-    line and the current folder's path as ASCII, keeping every other byte as a lone
-    surrogate. ``--args '{"name": "Zoë"}'``, ``--session`` and a workspace named ``ws-ë``
-    (all UTF-8) were refused as "not valid UTF-8" (exit 2). The daemon gets the bytes they
-    were given as, read as UTF-8; bytes that are not UTF-8 are still refused."""
+def _c_locale(ctl: Ctl) -> tuple[dict[str, str], Path]:
+    """A CI image's ``LC_ALL=C`` with Python's UTF-8 mode off, and a workspace ``ws-\u00eb``."""
     env = {k: v for k, v in ctl.env().items() if k not in ("LANG", "LC_ALL", "LC_CTYPE")}
     env.pop("PYTHONUTF8", None)
     env.pop("PYTHONIOENCODING", None)
     env.update(LC_ALL="C", PYTHONCOERCECLOCALE="0", PYTHONUTF8="0")
     workspace = ctl.base / "ws-\u00eb"
     workspace.mkdir(exist_ok=True)
+    return env, workspace
+
+
+def test_cli_takes_utf8_arguments_in_a_locale_that_is_not_utf8(ctl: Ctl) -> None:
+    """A CI image with ``LC_ALL=C`` and Python's UTF-8 mode off: Python decodes the command
+    line and the current folder's path as ASCII, keeping every other byte as a lone
+    surrogate. ``--args '{"name": "Zoë"}'``, ``--session`` and a workspace named ``ws-ë``
+    (all UTF-8) were refused as "not valid UTF-8" (exit 2). The daemon gets the bytes they
+    were given as, read as UTF-8; bytes that are not UTF-8 are still refused."""
+    env, workspace = _c_locale(ctl)
 
     def run(*args: str | bytes) -> subprocess.CompletedProcess[bytes]:
         argv = [a for a in ctl.argv() if a != str(ctl.workspace) and a != "--workspace"]
@@ -1281,6 +1287,30 @@ def test_cli_takes_utf8_arguments_in_a_locale_that_is_not_utf8(ctl: Ctl) -> None
     bad = run("invoke", "hello", "--args", b'{"name": "Zo\xeb"}')  # Latin-1, not UTF-8
     assert bad.returncode == 2
     assert b"not valid UTF-8" in bad.stderr
+
+
+def test_cli_mcp_takes_a_utf8_workspace_in_a_locale_that_is_not_utf8(ctl: Ctl) -> None:
+    """``toolsetctl mcp`` in the same CI image: a workspace named ``ws-ë`` (UTF-8) was
+    refused as "b'.../ws-\\xc3\\xab' is not UTF-8" (exit 2), though invoke and list
+    take it. The pump sends the bytes it was given as, read as UTF-8, as they do."""
+    env, workspace = _c_locale(ctl)
+    argv = [a for a in ctl.argv() if a != str(ctl.workspace) and a != "--workspace"]
+    initialize = {
+        "jsonrpc": "2.0", "id": 0, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "t", "version": "1"}},
+    }
+    lines = [initialize, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+             {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}]
+    r = subprocess.run(  # noqa: S603
+        [*argv, "--workspace", str(workspace), "mcp", "--no-autostart"],
+        input=b"".join(json.dumps(line).encode() + b"\n" for line in lines),
+        capture_output=True, timeout=60, env=env, cwd=ctl.base,
+    )
+    assert r.returncode == 0, r.stderr
+    answers = [json.loads(line) for line in r.stdout.splitlines()]
+    assert [a.get("id") for a in answers] == [0, 1], answers
+    assert "hello" in [t["name"] for t in answers[1]["result"]["tools"]]
 
 
 @pytest.mark.parametrize(
