@@ -64,6 +64,7 @@ from .methods import Handlers
 from .metrics import Metrics, MetricsSources, bind_metrics, serve_metrics
 from .model import DEFAULT_RESERVED_NAMES, SetState, Source
 from .observe import Observer, ObserverSet
+from .paths import os_user_home
 from .peercred import PeerPolicy
 from .reaper import OrphanGuard
 from .registry import Registry
@@ -819,7 +820,7 @@ def _user_home() -> Path:
             ``~`` in path arguments and the credential paths under it (``~/.ssh``), and
             ``Path.home()`` raised a traceback.
     """
-    home = os.environ.get("HOME") or os.path.expanduser("~")
+    home = os_user_home(os.environ)
     if not os.path.isabs(home):
         why = (
             f"HOME is not an absolute path (got {home!r})"

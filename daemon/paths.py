@@ -99,6 +99,7 @@ __all__ = [
     "is_credential_path",
     "is_within",
     "opened_directory_name",
+    "os_user_home",
     "resolve_path",
     "rewrite_arguments",
     "scope_of",
@@ -191,6 +192,24 @@ def trim_path(raw: str) -> str:
     An empty result means a blank value (``Argument '<name>' must be a path string.``).
     """
     return raw.strip(NET_WHITESPACE)
+
+
+def os_user_home(environ: Mapping[str, str]) -> str:
+    """The OS user's home as .NET's ``GetFolderPath(UserProfile)`` finds it: ``HOME``
+    unless unset or empty, else the passwd entry's ("" when the uid has none).
+
+    ``os.path.expanduser("~")`` makes an empty ``HOME`` ``/``, which would put the
+    credential paths at ``/.ssh`` and ``~`` in path arguments at the root.
+    """
+    home = environ.get("HOME")
+    if home:
+        return home
+    import pwd  # only without HOME
+
+    try:
+        return pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return ""
 
 
 def expand_user(raw: str, user_home: Path) -> str:

@@ -120,6 +120,7 @@ from .model import (
     ToolDef,
     ToolSet,
 )
+from .paths import os_user_home
 
 __all__ = ["MAX_CACHE_BYTES", "SetStore", "default_cache_dir"]
 
@@ -218,7 +219,7 @@ def default_cache_dir(environ: Mapping[str, str]) -> Path:
     xdg = environ.get("XDG_CACHE_HOME", "")
     if xdg and os.path.isabs(xdg):  # the XDG spec says to ignore a relative one
         return Path(xdg) / "toolsetd"
-    return Path(environ.get("HOME") or os.path.expanduser("~")) / ".cache" / "toolsetd"
+    return Path(os_user_home(environ) or "~") / ".cache" / "toolsetd"
 
 
 #: The modules whose output a record holds: the parser and its messages (``manifest``,

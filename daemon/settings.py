@@ -54,6 +54,7 @@ from .confinement import ConfinementConfig, parse_confinement
 from .exhaustion import out_of_resources
 from .manifest import ManifestError
 from .output import MAX_OUTPUT_LIMIT_CHARS
+from .paths import os_user_home
 
 __all__ = [
     "MAX_SECONDS",
@@ -477,7 +478,7 @@ def default_config_path(environ: Mapping[str, str], uid: int | None = None) -> P
         return Path("/etc/toolsetd/toolsetd.toml")
     base = environ.get("XDG_CONFIG_HOME", "")
     if not os.path.isabs(base):  # the XDG spec says to ignore a relative one
-        home = environ.get("HOME") or os.path.expanduser("~")
+        home = os_user_home(environ)
         if not os.path.isabs(home):
             return None
         base = os.path.join(home, ".config")

@@ -481,3 +481,21 @@ def test_settings_file_with_a_byte_order_mark(tmp_path: Path) -> None:
     path.write_bytes(b"\xef\xbb\xbfmax-running = 0\n")
     with pytest.raises(ConfigError, match=r":1: max-running: must be at least 1, got 0"):
         _load(path)
+
+
+def test_an_empty_home_is_the_passwd_entrys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``HOME=`` (set, but empty) is no home: the passwd entry's is the user's, as .NET's
+    ``GetFolderPath(UserProfile)`` and the shell find it. Python's ``expanduser`` makes it
+    ``/``: the credential paths the sandbox hides and the fence forbids were ``/.ssh`` and
+    ``/.gnupg``, not the user's own, and ``~`` in a path argument was ``/``."""
+    import pwd
+
+    from toolsetd.daemon.setcache import default_cache_dir
+
+    entry = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    monkeypatch.setenv("HOME", "")
+    options = options_from_settings(_load(_write(tmp_path, "")))
+    assert options.user_home == entry
+    assert options.home == entry / ".crystal"
+    assert default_config_path({"HOME": ""}, 1000) == entry / ".config" / "toolsetd" / "toolsetd.toml"
+    assert default_cache_dir({"HOME": ""}) == entry / ".cache" / "toolsetd"
