@@ -101,9 +101,15 @@ __all__ = [
 
 
 def default_home(env: Mapping[str, str] | None = None) -> str:
-    """Return the Crystal home: ``$CRYSTAL_HOME``, else ``~/.crystal``."""
+    """Return the Crystal home: ``$CRYSTAL_HOME``, else ``~/.crystal``, ``~`` as the daemon
+    finds it (an empty ``HOME`` is the passwd entry's home, not ``/``)."""
     env = os.environ if env is None else env
-    return env.get("CRYSTAL_HOME") or os.path.join(os.path.expanduser("~"), ".crystal")
+    crystal = env.get("CRYSTAL_HOME")
+    if crystal:
+        return crystal
+    # The daemon's rule (os_user_home), from the offline reader: only without HOME.
+    user_home = env.get("HOME") or _offline_module().os_user_home(env) or "~"
+    return os.path.join(user_home, ".crystal")
 
 
 def _offline_module() -> Any:

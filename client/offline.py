@@ -41,7 +41,7 @@ from toolsetd.daemon.catalog import (
 from toolsetd.daemon.config_file import read_regular_file
 from toolsetd.daemon.manifest import ManifestError, is_directory_name, parse_manifest
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Approval, RunnerKind, Source, ToolSet
-from toolsetd.daemon.paths import file_exists
+from toolsetd.daemon.paths import file_exists, os_user_home
 from toolsetd.daemon.validation import SchemaChecker
 from toolsetd.protocol.jsontext import dumps, is_utf8, loads
 
@@ -53,6 +53,7 @@ __all__ = [
     "inventory",
     "manifest_problem",
     "offline_list",
+    "os_user_home",
     "read_for_edit",
     "read_manifest",
     "validate_set",

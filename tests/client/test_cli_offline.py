@@ -600,3 +600,21 @@ def test_a_non_blocking_stdout_gets_the_whole_output(env: Env) -> None:
     assert len(data) > size
     result = json.loads(data)
     assert len(result["tools"]) == 60
+
+
+def test_an_empty_home_is_the_passwd_entrys(env: Env) -> None:
+    """``HOME=`` with no ``CRYSTAL_HOME``: the default home is the passwd entry's
+    ``~/.crystal``, as the daemon's (and .NET's) is; Python's ``expanduser`` made it
+    ``/.crystal``, so ``list`` without a daemon read, and ``enable`` edited, another home
+    than the daemon serves."""
+    import pwd
+
+    crystal = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".crystal"
+    clean = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
+    proc = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "toolsetd.client", "--format", "json", "enable", "no-such-set",
+         "--workspace", str(env.workspace), "--socket", str(env.socket)],
+        capture_output=True, text=True, timeout=60, env={**clean, "HOME": ""},
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert json.loads(proc.stdout)["error"]["data"] == {"home": str(crystal)}
