@@ -69,6 +69,7 @@ from .cgroup import (
 )
 from .manifest import is_directory_name
 from .model import Source, ToolSet
+from .paths import CREDENTIAL_FILES, CREDENTIAL_FOLDERS, IDENTITY_DEPTH
 from .sandbox import (
     SETUP_FAILED_PREFIX,
     Profile,
@@ -99,8 +100,7 @@ log = structlog.get_logger("toolsetd.confinement")
 #: (the same locations ``paths.is_credential_path`` forbids as arguments). The user's own
 #: ``~/.crystal/credentials.json`` is one of them even when the daemon's Crystal home is
 #: elsewhere (``--home``, ``$CRYSTAL_HOME``): that home's file is hidden as well.
-_CREDENTIAL_FOLDERS = (".ssh", ".gnupg")
-_USER_CREDENTIALS = (*_CREDENTIAL_FOLDERS, os.path.join(".crystal", "credentials.json"))
+_USER_CREDENTIALS = (*CREDENTIAL_FOLDERS, *(os.path.join(*parts) for parts in CREDENTIAL_FILES))
 _JOIN_FAILED_TEXT = b"toolsetd-join"
 _SET_KEYS = frozenset({"profile", "network", "memory-max", "pids-max", "cpu-max"})
 _TOP_KEYS = frozenset({"cgroup", "sandbox", "hide", "home", "project", "sets"})
@@ -119,10 +119,9 @@ class ExecutableError(Exception):
     """
 
 
-#: How deep below ``~/.ssh`` and ``~/.gnupg`` files are checked for a second hard link: as
-#: deep as the fence knows their files by identity (``paths._IDENTITY_DEPTH``). Other
-#: hidden folders (the ``hide`` list: ``~/.config``, say, which can be large) two levels.
-_CREDENTIAL_DEPTH = 4
+#: ``~/.ssh`` and ``~/.gnupg`` are checked for a second hard link as deep as the fence knows
+#: their files by identity (``paths.IDENTITY_DEPTH``); other hidden folders (the ``hide``
+#: list: ``~/.config``, say, which can be large) this many levels.
 _HIDDEN_DEPTH = 2
 
 
@@ -136,11 +135,11 @@ def linked_credential(hidden: Sequence[str], deep: Sequence[str] = ()) -> str | 
 
     Args:
         hidden: The hidden paths.
-        deep: Those of them whose files are looked for ``_CREDENTIAL_DEPTH`` levels down
+        deep: Those of them whose files are looked for ``IDENTITY_DEPTH`` levels down
             (the credential folders), not ``_HIDDEN_DEPTH``.
     """
     for path in hidden:
-        depth = _CREDENTIAL_DEPTH if path in deep else _HIDDEN_DEPTH
+        depth = IDENTITY_DEPTH if path in deep else _HIDDEN_DEPTH
         try:
             entries = [path] if not os.path.isdir(path) else _files_below(path, depth)
         except OSError:
@@ -451,7 +450,7 @@ class Confinement:
         self._cache: dict[tuple[Source, str], SetConfinement] = {}
         home = str(user_home)
         hidden = [os.path.join(home, name) for name in _USER_CREDENTIALS]
-        self._credential_folders = tuple(hidden[: len(_CREDENTIAL_FOLDERS)])
+        self._credential_folders = tuple(hidden[: len(CREDENTIAL_FOLDERS)])
         if str(crystal_home / "credentials.json") not in hidden:
             hidden.append(str(crystal_home / "credentials.json"))
         hidden.extend(str(path) for path in (socket_path, token_file) if path is not None)

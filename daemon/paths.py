@@ -48,7 +48,7 @@ workspace or below it, compared component-wise (``/ws2`` is not inside ``/ws``).
 Credential paths are also caught by identity (``is_credential_identity``): the resolved
 path and each of its existing ancestors are ``stat``-ed, and a ``(st_dev, st_ino)`` equal
 to that of a credential location of the user's home (``~/.ssh`` and ``~/.gnupg``, each
-with everything below it up to ``_IDENTITY_DEPTH`` levels and ``_IDENTITY_ENTRIES`` entries
+with everything below it up to ``IDENTITY_DEPTH`` levels and ``_IDENTITY_ENTRIES`` entries
 a folder, and ``~/.crystal/credentials.json``), read at the time of the check, makes the
 path ``forbidden``. So does the Crystal home's ``credentials.json`` (``--home``,
 ``$CRYSTAL_HOME``; the file the sandbox hides), by its canonical path and by identity, since
@@ -81,6 +81,9 @@ from .exhaustion import out_of_resources
 from .model import ToolDef
 
 __all__ = [
+    "CREDENTIAL_FILES",
+    "CREDENTIAL_FOLDERS",
+    "IDENTITY_DEPTH",
     "INVALID_PATH_MESSAGE",
     "MAX_LINK_COMPONENTS",
     "MAX_SYMLINKS",
@@ -129,12 +132,14 @@ _CREDENTIAL_SEGMENTS: frozenset[str] = frozenset({".ssh", ".gnupg"})
 #: Adjacent segment pairs that make a path a credential path (compared case-folded).
 _CREDENTIAL_PAIRS: frozenset[tuple[str, str]] = frozenset({(".crystal", "credentials.json")})
 
-#: Credential folders (below the user's home) whose contents are credentials by identity.
-_CREDENTIAL_FOLDERS: tuple[str, ...] = (".ssh", ".gnupg")
+#: Credential folders (below the user's home) whose contents are credentials by identity
+#: (and which the sandbox hides: ``confinement``).
+CREDENTIAL_FOLDERS: tuple[str, ...] = (".ssh", ".gnupg")
 #: Credential files (below the user's home), by identity.
-_CREDENTIAL_FILES: tuple[tuple[str, ...], ...] = ((".crystal", "credentials.json"),)
-#: How deep below a credential folder identities are collected, and how many entries a folder.
-_IDENTITY_DEPTH = 4
+CREDENTIAL_FILES: tuple[tuple[str, ...], ...] = ((".crystal", "credentials.json"),)
+#: How deep below a credential folder identities are collected (and the sandbox looks for
+#: a second hard link), and how many entries a folder.
+IDENTITY_DEPTH = 4
 _IDENTITY_ENTRIES = 1024
 
 #: lstat errors that mean "this component is not there": keep it, and the rest, as written.
@@ -514,7 +519,7 @@ def _collect_identities(path: str, found: set[tuple[int, int]], depth: int) -> N
     except (OSError, ValueError):
         return
     found.add((st.st_dev, st.st_ino))
-    if not stat.S_ISDIR(st.st_mode) or depth >= _IDENTITY_DEPTH:
+    if not stat.S_ISDIR(st.st_mode) or depth >= IDENTITY_DEPTH:
         return
     try:
         with os.scandir(path) as entries:
@@ -544,13 +549,13 @@ def credential_identities(
     """
     found: set[tuple[int, int]] = set()
     home = os.fspath(user_home)
-    for folder in _CREDENTIAL_FOLDERS:
+    for folder in CREDENTIAL_FOLDERS:
         _collect_identities(os.path.join(home, folder), found, 0)
-    for parts in _CREDENTIAL_FILES:
-        _collect_identities(os.path.join(home, *parts), found, _IDENTITY_DEPTH)
+    for parts in CREDENTIAL_FILES:
+        _collect_identities(os.path.join(home, *parts), found, IDENTITY_DEPTH)
     if crystal_home is not None:
         _collect_identities(
-            os.path.join(os.fspath(crystal_home), _CREDENTIAL_FILES[0][-1]), found, _IDENTITY_DEPTH
+            os.path.join(os.fspath(crystal_home), CREDENTIAL_FILES[0][-1]), found, IDENTITY_DEPTH
         )
     return frozenset(found)
 
@@ -558,7 +563,7 @@ def credential_identities(
 def _crystal_credentials(crystal_home: Path) -> Path | None:
     """The canonical path of the Crystal home's ``credentials.json`` (None: unresolvable)."""
     try:
-        return resolve_path(_CREDENTIAL_FILES[0][-1], crystal_home, crystal_home)
+        return resolve_path(CREDENTIAL_FILES[0][-1], crystal_home, crystal_home)
     except (PathError, ValueError):
         return None
 

@@ -125,11 +125,10 @@ def json_pointer(parts: Iterable[str | int]) -> str:
 
 def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
     """Pick the validator class for ``schema``'s ``$schema`` (Draft 2020-12 by default)."""
-    _walk_in_order()
+    _patch_keywords()
     from jsonschema import Draft202012Validator
     from jsonschema.validators import validator_for
 
-    _exact_multiple_of()
     declared = schema.get("$schema")
     if not isinstance(declared, str):
         # A non-string $schema is reported by check_schema; validator_for would crash on a
@@ -158,32 +157,6 @@ def _additional_properties_in_order(
         return
     original: Any = _keywords.additionalProperties  # typed as returning None: a generator
     yield from original(validator, aP, instance, schema)
-
-
-@functools.cache
-def _walk_in_order() -> None:
-    """Make jsonschema's ``additionalProperties`` walk members in the instance's order, in
-    every draft's validator class of this process (once, before the first is made).
-
-    A set's order follows the string hash seed, so without it the first problem found in a
-    schema (``SchemaChecker.problem``), or in a call's arguments, was another one in
-    another process, and a stored verdict named another problem than a fresh check. A
-    validator class made with ``jsonschema.validators.extend`` would not do: the
-    meta-schema's parts declare their ``$schema``, and jsonschema checks each part with the
-    class registered for it.
-    """
-    from jsonschema import _keywords, validators
-
-    for cls in (
-        validators.Draft3Validator,
-        validators.Draft4Validator,
-        validators.Draft6Validator,
-        validators.Draft7Validator,
-        validators.Draft201909Validator,
-        validators.Draft202012Validator,
-    ):
-        if cls.VALIDATORS.get("additionalProperties") is _keywords.additionalProperties:
-            cls.VALIDATORS["additionalProperties"] = _additional_properties_in_order
 
 
 #: Significant digits an exact ``multipleOf`` quotient may have; beyond, jsonschema decides.
@@ -232,12 +205,29 @@ def _multiple_of_exactly(
 
 
 @functools.cache
-def _exact_multiple_of() -> None:
-    """Make ``multipleOf`` (and draft 3's ``divisibleBy``) exact for decimal numbers in every
-    draft's validator class of this process (``_multiple_of_exactly``; once, before the
-    first validator is made)."""
+def _patch_keywords() -> None:
+    """Replace three jsonschema keywords in every draft's validator class of this process
+    (once, before the first validator is made):
+
+    * ``additionalProperties`` walks members in the instance's order
+      (``_additional_properties_in_order``). A set's order follows the string hash seed,
+      so without it the first problem found in a schema (``SchemaChecker.problem``), or in
+      a call's arguments, was another one in another process, and a stored verdict named
+      another problem than a fresh check;
+    * ``multipleOf`` (and draft 3's ``divisibleBy``) is exact for decimal numbers
+      (``_multiple_of_exactly``).
+
+    A validator class made with ``jsonschema.validators.extend`` would not do: the
+    meta-schema's parts declare their ``$schema``, and jsonschema checks each part with the
+    class registered for it.
+    """
     from jsonschema import _keywords, validators
 
+    replacements = {
+        "additionalProperties": (_keywords.additionalProperties, _additional_properties_in_order),
+        "multipleOf": (_keywords.multipleOf, _multiple_of_exactly),
+        "divisibleBy": (_keywords.multipleOf, _multiple_of_exactly),
+    }
     for cls in (
         validators.Draft3Validator,
         validators.Draft4Validator,
@@ -246,9 +236,9 @@ def _exact_multiple_of() -> None:
         validators.Draft201909Validator,
         validators.Draft202012Validator,
     ):
-        for keyword in ("multipleOf", "divisibleBy"):
-            if cls.VALIDATORS.get(keyword) is _keywords.multipleOf:
-                cls.VALIDATORS[keyword] = _multiple_of_exactly
+        for keyword, (original, replacement) in replacements.items():
+            if cls.VALIDATORS.get(keyword) is original:
+                cls.VALIDATORS[keyword] = replacement
 
 
 def _clip(text: str, limit: int) -> str:
@@ -420,7 +410,7 @@ class SchemaChecker:
         meta = cls(cls.META_SCHEMA, format_checker=cls.FORMAT_CHECKER)
         try:
             # The first problem found, in the schema's order: the same in every process
-            # (``_walk_in_order``), and found without looking for the others (a schema of
+            # (``_patch_keywords``), and found without looking for the others (a schema of
             # 40,000 bad properties: 5 ms, where all of them took 9 s).
             error = next(iter(meta.iter_errors(schema)), None)
         except RecursionError:
