@@ -37,7 +37,7 @@ T_TOOLS: dict[str, tuple[dict[str, Any], str]] = {
     "echoid": ({}, 'echo "id=$TOOLSETD_CALL_ID"\n'),
     "render": ({"argv": {"obj": "--obj"}}, "echo should-not-run > ran-render\n"),
     "orphan": ({}, 'sleep 100 &\necho $!\n'),
-    "fds": ({}, 'ls /proc/$$/fd\n'),
+    "fds": ({}, 'echo "$TOOLSETD_PROGRESS_FD"\nls /proc/$$/fd\n'),
     "pwd": ({}, "pwd\n"),
     "selfkill": ({}, "echo x\nkill -9 $$\n"),
     "uni": ({}, "head -c 150000 /dev/zero | tr '\\000' '\\001' | sed 's/\\x01/\\xc3\\xa9/g'\n"),
@@ -617,14 +617,16 @@ def test_invoke_grandchild_holding_stdout_is_killed(env: Env) -> None:
 
 
 def test_invoke_child_inherits_no_daemon_descriptors(env: Env) -> None:
-    """The child holds stdin, stdout, stderr, the progress fd and nothing of the daemon's."""
-    _, reply = env.invoke("env")
-    progress_fd = next(
-        line.split("=", 1)[1] for line in reply["result"]["content"][0]["text"].splitlines()
-        if line.startswith("TOOLSETD_PROGRESS_FD=")
-    )
+    """The child holds stdin, stdout, stderr, the progress fd and nothing of the daemon's.
+
+    The progress fd is the call's own (its number is whatever the daemon's next free
+    descriptor was: read from an earlier call, it failed when another descriptor was open
+    in between)."""
     _, reply = env.invoke("fds")
-    fds = set(reply["result"]["content"][0]["text"].splitlines()[1:])
+    # The text starts with the exit line (the reference host's "exit N").
+    _, progress_fd, *listed = reply["result"]["content"][0]["text"].splitlines()
+    fds = set(listed)
+    assert progress_fd in fds, fds
     # sh keeps its script open on a high fd (10 for dash); that is the shell's own.
     extra = {fd for fd in fds - {"0", "1", "2", progress_fd} if int(fd) != 10}
     assert extra == set(), fds
