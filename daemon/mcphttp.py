@@ -112,16 +112,21 @@ class McpHttpSettings:
 
     Attributes:
         max_sessions: Sessions held at once; one more ``initialize`` ends the least
-            recently used idle one (no request served, no stream open), or is 503 when
-            none is idle.
+            recently used idle one (no request served, no stream open, unused for
+            ``evict_after_seconds``), or is 503 when none is idle.
         session_idle_seconds: A session with no request and no stream this long ends.
         ping_seconds: Seconds between SSE comment lines on an idle GET stream, or on a
             POST's stream that has begun and sent nothing else for that long.
+        evict_after_seconds: How long a session must have been unused before a full table
+            may end it: a host's request still on its way (a body being uploaded or
+            parsed, not yet counted as served) is not refused 404, and a flood of
+            ``initialize`` ends only sessions idle that long.
     """
 
     max_sessions: int = 1024
     session_idle_seconds: float = 3600.0
     ping_seconds: float = 20.0
+    evict_after_seconds: float = 60.0
 
 
 class Outbox(Protocol):
@@ -857,9 +862,14 @@ class McpHttpEndpoint:
             event.set()
 
     def _least_used(self) -> _Session | None:
-        """The least recently used session with no request being served and no open
-        stream (None when every session is busy)."""
-        idle = [s for s in self.sessions.values() if not s.running and not s.get_open]
+        """The least recently used session with no request being served, no open stream,
+        and unused for ``evict_after_seconds`` (None when there is none)."""
+        cutoff = time.monotonic() - self.settings.evict_after_seconds
+        idle = [
+            s
+            for s in self.sessions.values()
+            if not s.running and not s.get_open and s.last_used <= cutoff
+        ]
         return min(idle, key=lambda s: s.last_used) if idle else None
 
     def _evict_idle(self) -> None:

@@ -875,7 +875,7 @@ def test_http_listen_whose_client_left_while_its_catalog_was_built_ends(
 _SHORT_PING = (
     "import sys\n"
     "from toolsetd.daemon import mcphttp\n"
-    "mcphttp.McpHttpSettings.__init__.__defaults__ = (1024, 3600.0, 0.3)\n"
+    "mcphttp.McpHttpSettings.__init__.__defaults__ = (1024, 3600.0, 0.3, 60.0)\n"
     "from toolsetd.daemon.app import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
@@ -1137,7 +1137,7 @@ def test_http_delete_cancels_the_sessions_calls(http_daemon, workspace: Path) ->
 _SHORT_IDLE = (
     "import sys\n"
     "from toolsetd.daemon import mcphttp\n"
-    "mcphttp.McpHttpSettings.__init__.__defaults__ = (1024, 0.5, 20.0)\n"
+    "mcphttp.McpHttpSettings.__init__.__defaults__ = (1024, 0.5, 20.0, 60.0)\n"
     "from toolsetd.daemon.app import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
@@ -1207,7 +1207,9 @@ def test_http_an_idle_session_ends_without_another_initialize(
         daemon.stop()
 
 
-_THREE_SESSIONS = _SHORT_IDLE.replace("(1024, 0.5, 20.0)", "(3, 3600.0, 20.0)")
+_THREE_SESSIONS = _SHORT_IDLE.replace("(1024, 0.5, 20.0, 60.0)", "(3, 3600.0, 20.0, 0.0)")
+#: Three sessions, none of which a full table may end before it is an hour unused.
+_THREE_RECENT = _SHORT_IDLE.replace("(1024, 0.5, 20.0, 60.0)", "(3, 3600.0, 20.0, 3600.0)")
 
 
 def test_http_a_full_session_table_ends_its_least_recently_used_idle_session(
@@ -1240,6 +1242,29 @@ def test_http_a_full_session_table_ends_its_least_recently_used_idle_session(
             assert busy.json()["error"]["data"] == {"limit": 3}
         events = [e.get("event") for e in daemon.log_events()]
         assert events.count("mcp_http_session_evicted") == 1
+    finally:
+        daemon.stop()
+
+
+def test_http_a_full_table_ends_no_session_used_lately(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A full table ends only a session unused for a while (a minute; an hour here): a
+    host whose request is still on its way (its body uploading, not yet counted as served)
+    is not answered 404, and a flood of initialize cannot end the sessions of hosts at
+    work. With none that old, the initialize is 503 and every session stays."""
+    daemon = start_daemon(home, workspace, tmp_base, ["--mcp-listen", "127.0.0.1:0"],
+                          launcher=[PY, "-c", _THREE_RECENT])
+    try:
+        url = endpoint(listening_urls(daemon)[0], workspace)
+        sessions = [initialize(url) for _ in range(3)]
+        busy = http(url, body=rpc(1, "initialize", INIT_PARAMS))
+        assert busy.status == 503, busy
+        assert busy.json()["error"]["data"] == {"limit": 3}
+        for session in sessions:
+            ping = http(url, body=rpc(9, "ping"), headers={"mcp-session-id": session})
+            assert ping.status == 200, ping
+        assert "mcp_http_session_evicted" not in [e.get("event") for e in daemon.log_events()]
     finally:
         daemon.stop()
 
