@@ -664,20 +664,23 @@ class McpHttpEndpoint:
                 ),
             )
             return None
+        evicted: _Session | None = None  # the idle session that makes room, when full
         if not stateless:
             await self._expire_idle()
-            if len(self.sessions) >= self.settings.max_sessions and self._least_used() is None:
-                limit = self.settings.max_sessions
-                await _rpc_error(
-                    exchange,
-                    503,
-                    request_id,
-                    rpc_errors.ServerBusy(
-                        f"Too many MCP sessions: at most {limit}; end one with DELETE first.",
-                        {"limit": limit},
-                    ),
-                )
-                return None
+            if len(self.sessions) >= self.settings.max_sessions:
+                evicted = self._least_used()
+                if evicted is None:
+                    limit = self.settings.max_sessions
+                    await _rpc_error(
+                        exchange,
+                        503,
+                        request_id,
+                        rpc_errors.ServerBusy(
+                            f"Too many MCP sessions: at most {limit}; end one with DELETE first.",
+                            {"limit": limit},
+                        ),
+                    )
+                    return None
         outbox = _StreamOutbox()
         session = _Session(None if stateless else secrets.token_urlsafe(24), outbox)
         try:
@@ -689,9 +692,9 @@ class McpHttpEndpoint:
             return None
         if session.session_id is not None:
             # Room is made only now: a refused initialize (a bad query) ends no one's
-            # session. Nothing awaited since the check, so an idle one is still there.
-            if len(self.sessions) >= self.settings.max_sessions:
-                self._evict_idle()
+            # session. Nothing awaited since the check, so that session is still idle.
+            if evicted is not None:
+                self._evict(evicted)
             self.sessions[session.session_id] = session
             log.info("mcp_http_session_opened", sessions=len(self.sessions))
         return session
@@ -872,20 +875,17 @@ class McpHttpEndpoint:
         ]
         return min(idle, key=lambda s: s.last_used) if idle else None
 
-    def _evict_idle(self) -> None:
-        """Make room for a new session: end the ``_least_used`` one.
+    def _evict(self, session: _Session) -> None:
+        """Make room for a new session: end ``session`` (``_least_used``).
 
         Hosts that never ``DELETE`` (``claude mcp list`` opens two sessions a run) would
         otherwise fill the table within the idle hour, and every ``initialize`` after that
         would be 503. An evicted session's next request is 404, on which the spec has the
         host start a new session.
         """
-        oldest = self._least_used()
-        if oldest is None:
-            return
-        idle_seconds = round(time.monotonic() - oldest.last_used, 1)
+        idle_seconds = round(time.monotonic() - session.last_used, 1)
         log.info("mcp_http_session_evicted", idle_seconds=idle_seconds)
-        self._end_session(oldest)
+        self._end_session(session)
 
     async def _expire_idle_sessions(self) -> None:
         """End idle sessions as they become idle, not only when another one is opened:
