@@ -16,7 +16,14 @@ TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["command_in", "open_standard_streams", "utf8_output", "waiting_output", "wire_text"]
+__all__ = [
+    "command_in",
+    "open_standard_streams",
+    "utf8_output",
+    "wait_ready",
+    "waiting_output",
+    "wire_text",
+]
 
 #: Global options that take a value (so their value is not taken for the command).
 _TAKES_VALUE = frozenset({"--socket", "--format", "--workspace", "--home"})
@@ -118,10 +125,17 @@ class _WaitingWriter(io.RawIOBase):
         while True:
             try:
                 return os.write(self._fd, data)
-            except BlockingIOError:
-                import select  # only for a non-blocking descriptor that is full
+            except BlockingIOError:  # full: wait until it takes more
+                wait_ready(self._fd, write=True)
 
-                select.select([], [self._fd], [])
+
+def wait_ready(fd: int, *, write: bool) -> None:
+    """Wait until a non-blocking descriptor can be read (or, with ``write``, written): its
+    EAGAIN is no end of input and no failed output (a CI runner or an MCP host may hand
+    us such a descriptor)."""
+    import select  # only for a non-blocking descriptor
+
+    select.select([] if write else [fd], [fd] if write else [], [])
 
 
 def wire_text(value: str) -> str:

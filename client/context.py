@@ -17,7 +17,7 @@ from pathlib import Path
 from toolsetd.protocol.errors import RpcError, reject_json_constant
 
 from .blocking import BlockingClient, RawJson, json_number
-from .command import wire_text
+from .command import wait_ready, wire_text
 from .errors import ConnectError, ConnectionClosed, RequestTimeout
 from .exits import CLI_ERROR_CODES, EXIT_UNREACHABLE, Failure, rpc_failure
 from .mcp import CONNECT_TIMEOUT
@@ -128,14 +128,12 @@ def _read_stdin(raw: Any, limit: int) -> bytes:
     if blocking:
         data: bytes = raw.read(limit)
         return data
-    import select  # only for a non-blocking stdin
-
     chunks: list[bytes] = []
     size = 0
     while size < limit:
         chunk = raw.read(limit - size)
-        if chunk is None:
-            select.select([raw], [], [])
+        if chunk is None:  # nothing yet
+            wait_ready(raw.fileno(), write=False)
             continue
         if not chunk:
             break

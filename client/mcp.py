@@ -44,6 +44,8 @@ from toolsetd.protocol.sockfolder import folder_fault
 from toolsetd.protocol.sockpath import shared_tmp_folder
 from toolsetd.protocol.sockpath import socket_path as socket_path_rule
 
+from .command import wait_ready, wire_text  # stdlib only, loaded already (``__main__``)
+
 __all__ = ["default_socket_path", "main", "shared_tmp_peer_refused", "shared_tmp_squatted"]
 
 EXIT_OK = 0
@@ -391,17 +393,9 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         try:
             written = os.write(fd, view)
         except BlockingIOError:  # a non-blocking stdout, full: wait until it takes more
-            _wait_for(fd, write=True)
+            wait_ready(fd, write=True)
             continue
         view = view[written:]
-
-
-def _wait_for(fd: int, *, write: bool) -> None:
-    """Wait until a non-blocking descriptor (the host may hand us one) can be read or
-    written: EAGAIN is no end of input and no failed output."""
-    import select  # only for a non-blocking descriptor
-
-    select.select([] if write else [fd], [fd] if write else [], [])
 
 
 def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
@@ -411,7 +405,7 @@ def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
             try:
                 data = os.read(0, 65536)
             except BlockingIOError:  # a non-blocking stdin with nothing yet: not its end
-                _wait_for(0, write=False)
+                wait_ready(0, write=False)
                 continue
             if not data:
                 break
@@ -519,8 +513,6 @@ def _main(argv: Sequence[str] | None) -> int:
     if not workspace.isascii():
         from toolsetd.protocol.jsontext import is_utf8  # orjson: only for such a path
 
-        from .command import wire_text  # loaded already (``__main__``)
-
         given, workspace = workspace, wire_text(workspace)  # the bytes, read as UTF-8
         if not is_utf8(workspace):
             _say(
@@ -552,8 +544,6 @@ def _main(argv: Sequence[str] | None) -> int:
     mode = options.get("mode")
     if mode is not None:  # an empty one too: the daemon refuses it, as invoke's
         if not str(mode).isascii():
-            from .command import wire_text
-
             mode = wire_text(str(mode))
         params["mode"] = mode
     bind = {"jsonrpc": "2.0", "id": _BIND_ID, "method": METHOD_MCP_BIND, "params": params}
