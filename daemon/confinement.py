@@ -450,7 +450,7 @@ class Confinement:
         self._cache: dict[tuple[Source, str], SetConfinement] = {}
         home = str(user_home)
         hidden = [os.path.join(home, name) for name in _USER_CREDENTIALS]
-        self._credential_folders = tuple(hidden[: len(CREDENTIAL_FOLDERS)])
+        self._credential_folders = tuple(os.path.join(home, name) for name in CREDENTIAL_FOLDERS)
         if str(crystal_home / "credentials.json") not in hidden:
             hidden.append(str(crystal_home / "credentials.json"))
         hidden.extend(str(path) for path in (socket_path, token_file) if path is not None)
