@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import shutil
 import stat
 from collections.abc import Mapping, Sequence
@@ -67,18 +68,22 @@ from .cgroup import (
     cgroup2_mounts,
     parse_limits,
 )
+from .exhaustion import out_of_resources
 from .manifest import is_directory_name
 from .model import Source, ToolSet
-from .paths import CREDENTIAL_FILES, CREDENTIAL_FOLDERS, IDENTITY_DEPTH
+from .paths import CREDENTIAL_FILES, CREDENTIAL_FOLDERS, IDENTITY_DEPTH, is_within
 from .sandbox import (
     SETUP_FAILED_PREFIX,
     Profile,
     SandboxPlan,
+    bind_identities,
+    binds_moved,
     bwrap_argv,
     call_binds,
     hidden_below_writable,
     mount_aliases,
     prepare_writable,
+    setup_done,
     tool_ran,
 )
 
@@ -89,6 +94,7 @@ __all__ = [
     "ExecutableError",
     "Prepared",
     "SetConfinement",
+    "built_sandbox",
     "parse_confinement",
     "setup_failure",
     "usage_text",
@@ -391,6 +397,13 @@ class Prepared:
     #: A sandboxed call's status pipe (read end, write end): bubblewrap's JSON status,
     #: which says whether the tool ran (``setup_failure``). The runner owns both ends.
     status: tuple[int, int] | None = None
+    #: A sandboxed call's block pipe (read end, write end): bubblewrap waits on it
+    #: with the sandbox built, until the runner has compared ``binds`` with the sandbox
+    #: (``sandbox.binds_moved``). The runner owns both ends.
+    block: tuple[int, int] | None = None
+    #: Each bind as checked: canonical name, device, inode, whether it is writable
+    #: (``bind_identities``).
+    binds: tuple[tuple[str, int, int, bool], ...] = ()
 
     def spawning(self) -> contextlib.AbstractContextManager[None]:
         """The context to spawn the child in (inside the cgroup when ``enter``)."""
@@ -694,6 +707,8 @@ class Confinement:
             raise ConfinementError(f"toolsetd: {conf.failure}")
         full = argv
         status: tuple[int, int] | None = None
+        block: tuple[int, int] | None = None
+        binds: tuple[tuple[str, int, int, bool], ...] = ()
         sandboxed = conf.profile != Profile.OFF and self.bwrap is not None
         # Beside the MCP endpoint on the loopback it keeps (``sandboxed_peer``).
         shares_loopback = sandboxed and conf.network and self.http_peers
@@ -753,25 +768,56 @@ class Confinement:
                     conf.profile, conf.network, (*own, *writable), (), unseen, cwd,
                     self.own_ipc, no_userns,
                 )  # fmt: skip
+            # What bubblewrap binds, checked again in the built sandbox: a call that may
+            # write a folder above one of them can swap it for a link meanwhile, and
+            # bubblewrap would bind where the link leads (``binds_moved``). Not a path a
+            # later mount covers (``/proc``, ``/sys``, a hidden path: no call can rename what
+            # is above those). Each is canonical (the workspace, an approved path as
+            # resolved when classified, the others as ``call_binds`` resolved them): a link
+            # on its way now is a swap.
+            checked = [
+                (path, writes)
+                for paths, writes in ((plan.readable, False), (plan.writable, True))
+                for path in paths
+                if os.path.lexists(path) and not _covered(path, unseen)
+            ]
+            try:
+                binds = bind_identities(checked)
+            except OSError as exc:
+                if out_of_resources(exc):
+                    raise
+                raise ConfinementError(_MOVED.format(path=exc.filename or cwd)) from exc
+            for (path, _), bind in zip(checked, binds, strict=True):
+                if bind[0] != os.path.normpath(path):
+                    raise ConfinementError(_MOVED.format(path=path))
             if self.status_fd:
                 status = os.pipe2(os.O_CLOEXEC)
                 os.set_blocking(status[0], False)
-            full = [*bwrap_argv(self.bwrap, plan, status[1] if status else None), *argv]
+                if binds:
+                    try:
+                        block = os.pipe2(os.O_CLOEXEC)
+                    except OSError:
+                        _close(status)
+                        raise
+            full = [
+                *bwrap_argv(
+                    self.bwrap, plan, status[1] if status else None, block[0] if block else None
+                ),
+                *argv,
+            ]
         cgroup = None
         enter = False
         if self.cgroups is not None:
             try:
                 cgroup = self.cgroups.create(conf.limits, f"set '{toolset.directory}'")
             except CgroupError as exc:
-                for fd in status or ():
-                    os.close(fd)
+                _close((*(status or ()), *(block or ())))
                 raise ConfinementError(f"toolsetd: {exc}. The call did not run.") from exc
             if shares_loopback:
                 try:
                     cgroup.mark_sandboxed()
                 except OSError as exc:
-                    for fd in status or ():
-                        os.close(fd)
+                    _close((*(status or ()), *(block or ())))
                     cgroup.discard()
                     raise ConfinementError(
                         f"toolsetd: the call's cgroup cannot be read: {exc.strerror}. The "
@@ -784,7 +830,60 @@ class Confinement:
             )
             if not enter:
                 full = [*JOIN_ARGV, cgroup.procs, *full]
-        return Prepared(full, cgroup, sandboxed, conf.limits, enter, status)
+        return Prepared(full, cgroup, sandboxed, conf.limits, enter, status, block, binds)
+
+
+#: The result text of a call whose writable path was swapped while its sandbox was made.
+_MOVED = (
+    "toolsetd: the path {path}, which this call's sandbox binds, changed while its sandbox was "
+    "being made (something swapped it, or a folder on its way, for a symbolic link), and "
+    "the sandbox would not have bound it as checked. The call did not run; retry it, and "
+    "keep other calls from replacing folders above this workspace."
+)
+
+
+def built_sandbox(prepared: Prepared, status: bytes) -> str:
+    """Whether a call's sandbox, built and waiting on its block pipe, binds what was checked.
+
+    Args:
+        prepared: The call (``block`` set).
+        status: What bubblewrap wrote on its status pipe so far (``{"child-pid": N, ...}``
+            comes first).
+
+    Returns:
+        ``"wait"`` while the sandbox is not built yet (or the pid not written yet),
+        ``"gone"`` when its process has ended (bubblewrap could not build it: its own error
+        follows), ``""`` when it binds what was checked, else the call's result text (it
+        must not run).
+    """
+    match = re.search(rb'"child-pid"\s*:\s*(\d+)', status)
+    if match is None:
+        return "wait"
+    pid = int(match.group(1))
+    assert prepared.block is not None
+    done = setup_done(pid, prepared.block[0])
+    if done is None:
+        if not os.path.exists(f"/proc/{pid}"):
+            return "gone"
+        return (
+            "toolsetd: the daemon cannot see whether this call's sandbox binds its paths as "
+            "checked (neither /proc/<pid>/syscall nor /proc/<pid>/wchan of bubblewrap's "
+            "process says it waits). The call did not run."
+        )
+    if not done:
+        return "wait"
+    moved = binds_moved(pid, prepared.binds)
+    return "" if moved is None else _MOVED.format(path=moved)
+
+
+def _covered(path: str, hidden: Sequence[str]) -> bool:
+    """Whether a mount after the writable binds covers ``path`` (``sandbox.bwrap_argv``)."""
+    return any(is_within(Path(path), Path(top)) for top in ("/proc", "/sys", *hidden))
+
+
+def _close(fds: Sequence[int]) -> None:
+    for fd in fds:
+        os.close(fd)
 
 
 def setup_failure(

@@ -89,6 +89,7 @@ from .confinement import (
     ConfinementError,
     ExecutableError,
     Prepared,
+    built_sandbox,
     setup_failure,
     usage_text,
 )
@@ -412,6 +413,10 @@ class Runner:
         if prepared is not None and prepared.status is not None:
             fds.add(*prepared.status)
             status_w = prepared.status[1]
+        block_r = -1  # bubblewrap waits on it, the sandbox built (``_sandbox_checked``)
+        if prepared is not None and prepared.block is not None:
+            fds.add(*prepared.block)
+            block_r = prepared.block[0]
         cgroup = prepared.cgroup if prepared is not None else None
         kill_all = cgroup.kill if cgroup is not None else None
         usage = CallUsage()
@@ -424,7 +429,7 @@ class Runner:
             stdin=in_r,
             stdout=out_w,
             stderr=err_w,
-            pass_fds=(prog_w,) if status_w < 0 else (prog_w, status_w),
+            pass_fds=tuple(fd for fd in (prog_w, status_w, block_r) if fd >= 0),
         )
         try:
             # Where the parent side of the spawn runs (~0.2 ms here, most of it the kernel's
@@ -470,7 +475,7 @@ class Runner:
                 message = f"{message}: {exc.filename}"  # say which file: the fix is there
             return no_process_outcome(t0, start_failure_text(message), spawn_failed=True)
         finally:
-            for fd in (in_r, out_w, err_w, prog_w, status_w):
+            for fd in (in_r, out_w, err_w, prog_w, status_w, block_r):
                 fds.close(fd)
         self._guard.register(proc.pid)  # it leads its own session: pgid == pid
         try:
@@ -492,6 +497,11 @@ class Runner:
         leader_gone = False  # the leader is known to have exited (so reaping it cannot block)
         status = b""
         try:
+            if prepared is not None and prepared.block is not None:
+                status, refused = await _sandbox_checked(prepared, proc.pid)
+                if refused:
+                    return no_process_outcome(t0, refused)
+                fds.close(prepared.block[1])
             os.set_blocking(in_w, False)
             if stdin_data is None or not stdin_data:
                 fds.close(in_w)
@@ -548,7 +558,7 @@ class Runner:
                 self._spawner.keep_unreaped(proc)
             self._guard.unregister(proc.pid)
             if prepared is not None and prepared.status is not None:
-                status = read_once(prepared.status[0]) or b""
+                status += read_once(prepared.status[0]) or b""
             fds.close_all()
             if pidfd is not None:
                 os.close(pidfd)
@@ -722,3 +732,45 @@ async def _shorten_on(cancel: anyio.Event, scope: anyio.CancelScope, seconds: fl
     """Once ``cancel`` is set, end ``scope`` within ``seconds`` (if it ends no sooner)."""
     await cancel.wait()
     scope.deadline = min(scope.deadline, anyio.current_time() + seconds)
+
+
+#: How often the runner looks whether a sandbox is built (``_sandbox_checked``), and for
+#: how long at most (a bound against a hang only: bubblewrap takes milliseconds).
+_SANDBOX_POLL_SECONDS = 0.0005
+_SANDBOX_BUILT_SECONDS = 60.0
+
+
+async def _sandbox_checked(prepared: Prepared, pid: int) -> tuple[bytes, str]:
+    """Let a sandboxed call's tool run once its built sandbox binds what was checked.
+
+    bubblewrap builds the sandbox, then waits on the block pipe; meanwhile the daemon
+    compares each bind with what it checked (``confinement.built_sandbox``), then
+    writes the byte that lets the tool start. A mismatch (a path swapped for a link while
+    the sandbox was made) kills the call's process group before the tool runs.
+
+    Args:
+        prepared: The call (``block`` and ``status`` set).
+        pid: bubblewrap's pid (it leads the call's process group).
+
+    Returns:
+        What bubblewrap wrote on its status pipe so far, and the call's result text when it
+        must not run, else "".
+    """
+    assert prepared.block is not None
+    assert prepared.status is not None
+    status = b""
+    verdict = "wait"
+    deadline = time.monotonic() + _SANDBOX_BUILT_SECONDS
+    while verdict == "wait" and time.monotonic() < deadline:
+        status += read_once(prepared.status[0]) or b""
+        verdict = built_sandbox(prepared, status)
+        if verdict == "wait":
+            await anyio.sleep(_SANDBOX_POLL_SECONDS)
+    if verdict == "wait":
+        verdict = "toolsetd: the call's sandbox was not built in time. The call did not run."
+    if verdict in ("", "gone"):
+        with contextlib.suppress(OSError):
+            os.write(prepared.block[1], b"x")
+        return status, ""
+    killpg(pid, signal.SIGKILL)
+    return status, verdict

@@ -22,6 +22,11 @@ bubblewrap builds a new mount namespace in which:
   at or under ``/proc`` never shows the host's processes (their ``/proc/<pid>/root``), and
   ``/proc/sys``, ``/proc/sysrq-trigger`` and ``/sys`` are bound read-only over them, so no
   approved path reopens the kernel's settings (see ``bwrap_argv``);
+* once all of it is built (the hiding below included), bubblewrap waits on a pipe
+  (``--block-fd``) before it runs the tool: the daemon checks that each bind is what it
+  checked, at its very name (``binds_moved``), since a call that may write a folder above
+  another call's workspace can swap that for a symlink between the daemon's checks and the
+  mount, and bubblewrap follows it;
 * the credential paths are hidden last: a directory under an empty read-only tmpfs, a
   file under ``/dev/null``, so neither a path nor a symlink to it reaches the content; a
   hidden path that is a link is hidden where it leads, and one another mount also shows
@@ -64,6 +69,7 @@ import enum
 import os
 import re
 import shutil
+import stat
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -75,6 +81,8 @@ __all__ = [
     "SETUP_FAILED_PREFIX",
     "Profile",
     "SandboxPlan",
+    "bind_identities",
+    "binds_moved",
     "bwrap_argv",
     "call_binds",
     "hidden_below_writable",
@@ -84,6 +92,7 @@ __all__ = [
     "probe_ipc",
     "probe_no_userns",
     "probe_status",
+    "setup_done",
     "tool_ran",
 ]
 
@@ -221,7 +230,9 @@ def _existing(paths: Iterable[str]) -> list[str]:
     return seen
 
 
-def bwrap_argv(binary: str, plan: SandboxPlan, status_fd: int | None = None) -> list[str]:
+def bwrap_argv(
+    binary: str, plan: SandboxPlan, status_fd: int | None = None, block_fd: int | None = None
+) -> list[str]:
     """The bubblewrap prefix of a call's argv (the tool's argv follows it).
 
     A writable path that does not exist is left out (the fence refuses nothing here;
@@ -231,6 +242,8 @@ def bwrap_argv(binary: str, plan: SandboxPlan, status_fd: int | None = None) -> 
         binary: bubblewrap.
         plan: The call's sandbox.
         status_fd: Where bubblewrap writes its JSON status (``tool_ran`` reads it).
+        block_fd: What bubblewrap reads a byte from once the sandbox is built, before it
+            runs the tool (``setup_done``, ``binds_moved``).
     """
     argv = [binary, *_ALWAYS]
     if plan.own_ipc:
@@ -239,6 +252,8 @@ def bwrap_argv(binary: str, plan: SandboxPlan, status_fd: int | None = None) -> 
         argv += _NO_USERNS
     if status_fd is not None:
         argv += ["--json-status-fd", str(status_fd)]
+    if block_fd is not None:
+        argv += ["--block-fd", str(block_fd)]
     if not plan.network:
         argv.append("--unshare-net")
     argv += ["--ro-bind", "/", "/", "--dev", "/dev", *_PRIVATE_TMP]
@@ -405,7 +420,8 @@ def call_binds(
 
     Args:
         workspace: The call's workspace (bound by this path: only a call that may write a
-            folder above it, of a workspace around it, can change it; security.md).
+            folder above it, of a workspace around it, can change it, and ``binds_moved``
+            then stops the call before its tool runs).
         set_folder: The set's own folder (bound read-only).
         tool_data: ``CRYSTAL_TOOL_DATA``.
         project_data: ``CRYSTAL_PROJECT_DATA``.
@@ -490,3 +506,118 @@ def prepare_writable(paths: Iterable[str]) -> None:
         if not os.path.lexists(path):
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             os.close(fd)
+
+
+#: ``read``'s system call number, as ``/proc/<pid>/syscall`` shows it (``setup_done``).
+_READ_SYSCALL = {
+    "x86_64": 0, "aarch64": 63, "riscv64": 63, "loongarch64": 63,
+    "i686": 3, "i386": 3, "armv7l": 3, "armv6l": 3, "ppc64le": 3, "ppc64": 3, "s390x": 3,
+}  # fmt: skip
+#: Opens one component of a path as a handle, never through a symbolic link.
+_NO_LINK = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def bind_identities(
+    paths: Iterable[tuple[str, bool]],
+) -> tuple[tuple[str, int, int, bool], ...]:
+    """What each bind is now: its canonical name, device and inode, and whether it is
+    writable (``paths`` gives each path with that flag).
+
+    ``binds_moved`` compares the sandbox with them once bubblewrap has built it.
+
+    Raises:
+        OSError: A path cannot be opened (gone, or the daemon is out of descriptors).
+    """
+    found = []
+    for path, writable in paths:
+        fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        try:
+            name = os.readlink(f"/proc/self/fd/{fd}")
+            seen = os.fstat(fd)
+        finally:
+            os.close(fd)
+        found.append((name, seen.st_dev, seen.st_ino, writable))
+    return tuple(found)
+
+
+def setup_done(pid: int, block_fd: int) -> bool | None:
+    """Whether bubblewrap's sandbox process ``pid`` waits on ``block_fd``: its mounts are
+    built and the tool not yet started. None when that cannot be seen (the process is
+    gone, or ``/proc`` does not say).
+
+    ``/proc/<pid>/syscall`` says it exactly (``read`` of that descriptor); where it may not
+    be read (Yama's ``ptrace_scope`` 2 or 3) or ``read``'s number is not known here, the
+    kernel function it sleeps in (``/proc/<pid>/wchan``) does: no other step of
+    bubblewrap's reads a pipe.
+    """
+    number = _READ_SYSCALL.get(os.uname().machine)
+    if number is not None:
+        try:
+            with open(f"/proc/{pid}/syscall", encoding="ascii") as f:
+                return f.read().split()[:2] == [str(number), hex(block_fd)]
+        except PermissionError:
+            pass
+        except (OSError, ValueError):
+            return None
+    try:
+        with open(f"/proc/{pid}/wchan", encoding="ascii") as f:
+            sleeping = f.read().strip()
+    except (OSError, ValueError):
+        return None
+    return sleeping.endswith("pipe_read")
+
+
+def binds_moved(pid: int, expected: Iterable[tuple[str, int, int, bool]]) -> str | None:
+    """The first bind that bubblewrap did not mount as the daemon checked it.
+
+    bubblewrap binds paths, and follows a symbolic link in a bind's source or target: a
+    call that may write the folder above another call's workspace (nested workspaces) can
+    swap the workspace for a link between the daemon's checks and the mount, and the other
+    call would write (or read) where the link leads. So, with the sandbox built and the
+    tool not yet started, each bound path must be, in the sandbox (``/proc/<pid>``), the
+    last mount listed at that very name (read-write for a writable one), reached without a
+    link, and the very file or folder the daemon checked (same device and inode). Returns
+    the path that is not, else None.
+    """
+    try:
+        with open(f"/proc/{pid}/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+            mountinfo = f.read()
+        root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return "/"
+    try:
+        top: dict[str, bool] = {}  # mount point: whether the last mount listed there is rw
+        for line in mountinfo.splitlines():
+            fields = line.split(" - ", 1)[0].split()
+            if len(fields) >= 6:
+                top[_unescape(fields[4])] = "rw" in fields[5].split(",")
+        for name, device, inode, writable in expected:
+            if (
+                name not in top
+                or (writable and not top[name])
+                or _identity_within(root, name) != (device, inode)
+            ):
+                return name
+        return None
+    finally:
+        os.close(root)
+
+
+def _identity_within(root: int, path: str) -> tuple[int, int] | None:
+    """Device and inode of ``path`` below the open folder ``root``, opened component by
+    component without following a link; None when a component is a link or missing."""
+    fd = os.dup(root)
+    try:
+        for part in [p for p in path.split("/") if p]:
+            try:
+                following = os.open(part, _NO_LINK, dir_fd=fd)
+            except OSError:
+                return None
+            os.close(fd)
+            fd = following
+        seen = os.fstat(fd)
+    finally:
+        os.close(fd)
+    if stat.S_ISLNK(seen.st_mode):
+        return None
+    return seen.st_dev, seen.st_ino

@@ -23,11 +23,14 @@ from toolsetd.daemon.model import RunnerKind, Source, ToolSet
 from toolsetd.daemon.sandbox import (
     Profile,
     SandboxPlan,
+    bind_identities,
+    binds_moved,
     bwrap_argv,
     call_binds,
     mount_aliases,
     probe_ipc,
     probe_status,
+    setup_done,
 )
 from toolsetd.daemon.settings import ConfigError, build_parser, load_settings, reload_settings
 
@@ -542,3 +545,58 @@ def test_confinement_mount_aliases_of_hidden_paths(tmp_path: Path) -> None:
         str(tmp_path / "alias" / ".ssh"), str(tmp_path / "keys"),
     ]
     assert mount_aliases([ssh], "") == []
+
+
+@pytest.mark.parametrize("writable", [True, False])
+def test_confinement_built_sandbox_shows_a_bind_swapped_for_a_link(
+    tmp_path: Path, writable: bool
+) -> None:
+    """A bound path that is a link to another folder when bubblewrap mounts it (a call of a
+    workspace around it swapped it after the daemon's checks) is found in the built
+    sandbox, before the tool runs; the same path left alone is not."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    base = Path(os.path.realpath(tmp_path))
+    inner, victim = base / "inner", base / "victim"
+    inner.mkdir()
+    victim.mkdir()
+    checked = bind_identities([(str(inner), writable)])
+    assert checked == ((str(inner), *_identity(inner), writable),)
+
+    def built(swapped: bool) -> str | None:
+        if swapped:
+            inner.rename(base / "aside")
+            inner.symlink_to("victim")
+        block_r, block_w = os.pipe()
+        status_r, status_w = os.pipe()
+        binds = ((str(inner),), ()) if not writable else ((), (str(inner),))
+        plan = SandboxPlan(Profile.WORKSPACE_WRITE, False, *binds, (), "/")
+        argv = [*bwrap_argv(bwrap, plan, status_w, block_r), "/bin/true"]
+        child = subprocess.Popen(argv, pass_fds=(block_r, status_w))  # noqa: TID251
+        os.close(block_r)
+        os.close(status_w)
+        try:
+            status = b""
+            while b"}" not in status:
+                status += os.read(status_r, 4096)
+            pid = int(status.split(b'"child-pid":')[1].split(b",")[0].split(b"}")[0])
+            while not setup_done(pid, block_r):
+                assert child.poll() is None, "bubblewrap ended before it built the sandbox"
+            return binds_moved(pid, checked)
+        finally:
+            os.write(block_w, b"x")
+            os.close(block_w)
+            os.close(status_r)
+            child.wait(timeout=60)
+            if swapped:
+                inner.unlink()
+                (base / "aside").rename(inner)
+
+    assert built(swapped=False) is None
+    assert built(swapped=True) == str(inner)
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    seen = path.stat()
+    return seen.st_dev, seen.st_ino

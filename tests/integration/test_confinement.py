@@ -997,6 +997,62 @@ def test_confinement_planted_hard_link_fails_closed(tree: Tree, where: str) -> N
         planted.unlink()
 
 
+def _exchange(one: Path, other: Path) -> None:
+    """Swap two names at once (``renameat2(RENAME_EXCHANGE)``)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.renameat2(-100, bytes(one), -100, bytes(other), 2) != 0:  # AT_FDCWD, EXCHANGE
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+
+
+def test_confinement_workspace_swapped_for_a_link_binds_no_other_folder(tree: Tree) -> None:
+    """A workspace swapped for a symlink just before its call's sandbox is made binds the
+    workspace, never where the link leads.
+
+    Whoever may write the workspace's parent (a sandboxed call of a workspace around it)
+    can swap it, between the daemon's checks and bubblewrap's mount, for a relative link to
+    any folder: bubblewrap followed it, and that folder was bound writable in the call.
+    """
+    _need_sandbox(tree)
+    inner = tree.workspace / f"inner-{uuid.uuid4().hex[:8]}"
+    probe = PROBE.format(python=os.path.realpath(sys.executable))
+    write_set(inner / ".crystal" / "tools", "pp", _manifest("p"), **{"probe.py": probe})
+    victim = tree.base / f"victim-{uuid.uuid4().hex[:8]}"
+    victim.mkdir()
+    link = inner.with_name(inner.name + ".link")
+    link.symlink_to(os.path.join("..", victim.name))  # relative: it leads there in the sandbox too
+    written = victim / "written"
+
+    def call() -> dict[str, Any]:
+        with tree.daemon.raw(timeout=60) as conn:
+            _, reply = conn.invoke({"tool": "p_probe", "workspace": str(inner),
+                                    "arguments": {"action": "write", "target": str(written)}})
+        return reply
+
+    assert "result" in call()  # the inner workspace's catalog, read before the swaps
+    stop = threading.Event()
+
+    def swap() -> None:
+        while not stop.is_set():
+            _exchange(inner, link)
+            time.sleep(0.0005)
+
+    swapper = threading.Thread(target=swap)
+    swapper.start()
+    try:
+        for _ in range(300):
+            call()
+            if written.exists():
+                break
+    finally:
+        stop.set()
+        swapper.join()
+        if inner.is_symlink():
+            _exchange(inner, link)
+    assert not written.exists(), "a sandboxed call wrote where the swapped-in link led"
+
+
 def test_confinement_project_data_link_out_of_the_workspace_fails_closed(tree: Tree) -> None:
     """A project data folder that is a symlink out of the workspace is never bound.
 
