@@ -433,6 +433,8 @@ class Confinement:
             the socket).
         no_userns: Whether bubblewrap can keep a call from making user namespaces
             (``probe_no_userns``; probed only with ``http_peers``).
+        bind_check: Whether the daemon can check a built sandbox's binds before the tool
+            runs (``probe_bind_check``; needs ``status``).
     """
 
     def __init__(
@@ -450,8 +452,10 @@ class Confinement:
         http_peers: bool = False,
         token_file: Path | None = None,
         no_userns: bool = False,
+        bind_check: bool = True,
     ) -> None:
         self.config = config
+        self.bind_check = bind_check
         self.http_peers = http_peers
         self.no_userns = no_userns
         self.own_ipc = own_ipc
@@ -492,12 +496,20 @@ class Confinement:
         token_file: Path | None = None,
     ) -> Confinement:
         """Probe the cgroup tree and bubblewrap, logging once what is not available."""
-        from .sandbox import probe_bwrap, probe_ipc, probe_no_userns, probe_status
+        from .sandbox import (
+            probe_bind_check,
+            probe_bwrap,
+            probe_ipc,
+            probe_no_userns,
+            probe_status,
+        )
 
         cgroups, cgroup_reason = CgroupTree.probe(config.cgroup)
         bwrap, sandbox_reason = probe_bwrap(config.sandbox)
         own_ipc = bwrap is not None and probe_ipc(bwrap)
-        status = bwrap is not None and probe_status(bwrap)
+        # One held sandbox says both, where it can be checked (``probe_bind_check``).
+        unchecked = probe_bind_check(bwrap) if bwrap is not None else None
+        status = bwrap is not None and (unchecked is None or probe_status(bwrap))
         no_userns = bwrap is not None and http_peers and probe_no_userns(bwrap)
         if bwrap is not None and not own_ipc:
             log.warning(
@@ -512,9 +524,18 @@ class Confinement:
                      controllers=sorted(cgroups.controllers))  # fmt: skip
         if bwrap is None:
             log.warning("sandbox_unavailable", reason=sandbox_reason)
+        elif unchecked is not None:
+            log.warning(
+                "sandbox_without_bind_check",
+                reason=f"{unchecked}: sandboxed calls run without the check that their "
+                "binds are what the daemon checked, so a call that may write a folder above "
+                "another call's workspace can swap it for a link while that call's sandbox "
+                "is made (security.md)",
+            )
         return cls(
             config, cgroups, cgroup_reason, bwrap, sandbox_reason, user_home, crystal_home,
             socket_path, own_ipc, status, http_peers, token_file, no_userns,
+            bwrap is not None and unchecked is None,
         )  # fmt: skip
 
     def close(self) -> None:
@@ -793,7 +814,7 @@ class Confinement:
             if self.status_fd:
                 status = os.pipe2(os.O_CLOEXEC)
                 os.set_blocking(status[0], False)
-                if binds:
+                if binds and self.bind_check:
                     try:
                         block = os.pipe2(os.O_CLOEXEC)
                     except OSError:

@@ -65,13 +65,16 @@ missing or the kernel refuses a namespace gets the reason, for the log and ``sta
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import re
+import select
 import shutil
 import stat
 import subprocess
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,6 +91,7 @@ __all__ = [
     "hidden_below_writable",
     "mount_aliases",
     "prepare_writable",
+    "probe_bind_check",
     "probe_bwrap",
     "probe_ipc",
     "probe_no_userns",
@@ -200,6 +204,84 @@ def probe_status(binary: str) -> bool:
     setup failure (``tool_ran`` cannot tell); an older bubblewrap keeps working.
     """
     return _works(binary, "--json-status-fd", "1")
+
+
+def probe_bind_check(binary: str) -> str | None:
+    """Whether the daemon can check a built sandbox's binds here (``binds_moved``): None
+    when it can, else why not (one sentence).
+
+    One sandbox of ``/`` is built and held on its block pipe as a call's is, and looked
+    at as a call's is: where ``/proc`` of bubblewrap's process cannot be read (a setuid
+    bubblewrap, which the kernel makes undumpable) or does not say it waits (neither
+    ``syscall`` nor ``wchan``), or this bubblewrap has no ``--json-status-fd`` or
+    ``--block-fd``, every sandboxed call would be refused; the daemon then runs them
+    without the check (``Confinement.probe`` logs it). A bubblewrap that passes also
+    writes its JSON status (``probe_status``).
+    """
+    status_r, status_w = os.pipe2(os.O_CLOEXEC)
+    block_r, block_w = os.pipe2(os.O_CLOEXEC)
+    argv = [
+        binary, *_ALWAYS, "--json-status-fd", str(status_w), "--block-fd", str(block_r),
+        "--ro-bind", "/", "/", "--", "/bin/true",
+    ]  # fmt: skip
+    proc: subprocess.Popen[bytes] | None = None  # noqa: TID251 -- as below
+    try:
+        try:
+            proc = subprocess.Popen(  # noqa: TID251 -- a fixed argv, once at start-up
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, pass_fds=(status_w, block_r),
+            )  # fmt: skip
+        except (OSError, subprocess.SubprocessError) as exc:
+            return f"bubblewrap cannot run: {exc}"
+        os.close(status_w)
+        status_w = -1
+        return _held_sandbox_checks(proc.poll, status_r, block_r)
+    finally:
+        with contextlib.suppress(OSError):
+            os.write(block_w, b"x")  # let it go, whatever was seen
+        for fd in (status_r, status_w, block_r, block_w):
+            if fd >= 0:
+                os.close(fd)
+        if proc is not None:
+            try:
+                proc.wait(timeout=_PROBE_SECONDS)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _held_sandbox_checks(poll: Callable[[], int | None], status_r: int, block_r: int) -> str | None:
+    """``probe_bind_check``'s look at its sandbox, held on ``block_r``."""
+    deadline = time.monotonic() + _PROBE_SECONDS
+    status = b""
+    pid = None
+    while pid is None:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([status_r], [], [], left)[0]:
+            return "bubblewrap did not say its sandbox's pid in time"
+        chunk = os.read(status_r, 4096)
+        if not chunk:
+            return "this bubblewrap writes no JSON status (--json-status-fd, 0.5 and later)"
+        status += chunk
+        match = re.search(rb'"child-pid"\s*:\s*(\d+)', status)
+        pid = int(match.group(1)) if match else None
+    while not (done := setup_done(pid, block_r)):
+        if poll() is not None or (done is None and not os.path.exists(f"/proc/{pid}")):
+            return "bubblewrap ran its sandbox's command without waiting on --block-fd"
+        if done is None:
+            return (
+                "the daemon cannot see bubblewrap's sandbox wait for it (/proc/<pid>/syscall "
+                "and /proc/<pid>/wchan of its process; a setuid bubblewrap hides them)"
+            )
+        if time.monotonic() >= deadline:
+            return "bubblewrap's sandbox did not wait on --block-fd in time"
+        time.sleep(0.001)
+    if binds_moved(pid, bind_identities([("/", False)])) is not None:
+        return (
+            "the daemon cannot read the mounts of bubblewrap's sandbox (/proc/<pid>/mountinfo "
+            "and /proc/<pid>/root of its process; a setuid bubblewrap hides them)"
+        )
+    return None
 
 
 def probe_no_userns(binary: str) -> bool:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from structlog.testing import capture_logs
 
 from toolsetd.daemon.cgroup import Limits, parse_limits
 from toolsetd.daemon.confinement import (
@@ -28,6 +29,7 @@ from toolsetd.daemon.sandbox import (
     bwrap_argv,
     call_binds,
     mount_aliases,
+    probe_bind_check,
     probe_ipc,
     probe_status,
     setup_done,
@@ -372,6 +374,47 @@ def test_confinement_older_bubblewrap_without_json_status_keeps_the_sandbox(
     assert prepared.sandboxed
     assert prepared.status is None
     assert "--json-status-fd" not in prepared.argv
+
+
+def test_confinement_bubblewrap_that_cannot_be_held_runs_calls_unchecked(
+    tmp_path: Path,
+) -> None:
+    """Where the daemon cannot hold a sandbox and look into it (a setuid bubblewrap hides
+    its /proc; here one that ignores --block-fd), calls keep the sandbox without the bind
+    check, and the start says so, instead of every sandboxed call being refused."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    fake = tmp_path / "bwrap-unheld"
+    fake.write_text(
+        '#!/bin/sh\nskip=0\nfor a in "$@"; do shift\n'
+        "  if [ $skip = 1 ]; then skip=0; continue; fi\n"
+        '  if [ "$a" = --block-fd ]; then skip=1; continue; fi\n'
+        '  set -- "$@" "$a"\ndone\n'
+        f'exec {bwrap} "$@"\n'
+    )
+    fake.chmod(0o755)
+    assert probe_bind_check(bwrap) is None
+    assert "without waiting on --block-fd" in (probe_bind_check(str(fake)) or "")
+    home = tmp_path / "home"
+    (tmp_path / "ws").mkdir()
+    toolset = _set("s", Source.PROJECT, tmp_path / "ws" / ".crystal" / "tools" / "s")
+    data = (str(home / "data"), str(tmp_path / "ws" / ".crystal" / "d"))
+    for binary, checked in ((bwrap, True), (str(fake), False)):
+        with capture_logs() as logs:
+            conf = Confinement.probe(
+                parse_confinement({"cgroup": "off", "sandbox": binary}), home, home / ".crystal"
+            )
+        assert conf.status_fd is True
+        assert conf.bind_check is checked
+        unchecked = [e for e in logs if e["event"] == "sandbox_without_bind_check"]
+        assert bool(unchecked) is not checked
+        prepared = conf.prepare(toolset, ["/bin/true"], str(tmp_path / "ws"), data, ())
+        assert prepared.sandboxed
+        assert (prepared.block is not None) is checked
+        assert ("--block-fd" in prepared.argv) is checked
+        for fd in (*(prepared.status or ()), *(prepared.block or ())):
+            os.close(fd)
 
 
 def test_confinement_data_binds_never_follow_a_link_out(tmp_path: Path) -> None:
