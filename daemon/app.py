@@ -356,8 +356,9 @@ async def _run(
         options.confinement, options.user_home, options.home, socket_path,
         http_peers=bool(options.mcp_listen), token_file=options.mcp_token_file,
     )  # fmt: skip
-    guard = OrphanGuard() if options.orphan_guard else None
-    if guard is not None:
+    # The groups are tracked with or without the sentinel: a forced stop SIGKILLs them.
+    guard = OrphanGuard()
+    if options.orphan_guard:
         try:
             cgroups = confinement.cgroups
             guard.start(cgroup=str(cgroups.folder) if cgroups is not None else None)
@@ -368,8 +369,7 @@ async def _run(
             options, signals, task_status, notifier, activated, base_env, guard, confinement
         )
     finally:
-        if guard is not None:
-            guard.close()
+        guard.close()
         confinement.close()
 
 
@@ -380,7 +380,7 @@ async def _serve(
     notifier: Notifier,
     activated: list[socket.socket],
     base_env: dict[str, str],
-    guard: OrphanGuard | None,
+    guard: OrphanGuard,
     confinement: Confinement,
 ) -> None:
     lock = None
@@ -645,7 +645,7 @@ async def _handle_signals(
     handlers: Handlers,
     listener: anyio.abc.SocketListener,
     notifier: Notifier,
-    guard: OrphanGuard | None,
+    guard: OrphanGuard,
     state: _State,
     reload_config: Callable[[], dict[str, Any]],
 ) -> None:
@@ -673,8 +673,7 @@ async def _handle_signals(
                 # SIGKILL every tool's group first: a call already in its shielded
                 # SIGTERM-then-wait (the grace ran out) must not hold the exit for the
                 # kill grace, and a child ignoring SIGTERM must not survive.
-                if guard is not None:
-                    guard.kill_all()
+                guard.kill_all()
                 for call in list(handlers.service.calls.values()):
                     call.cancel.set()
                 # Close every connection now: a client that is not reading must not hold

@@ -142,6 +142,9 @@ class NullGuard:
 class OrphanGuard:
     """The sentinel process, the daemon's end of its pipe, and the shared table of groups.
 
+    Never started (``--no-orphan-guard``) or failed to start, it still keeps the groups
+    registered, for ``kill_all`` (a forced stop).
+
     Args:
         python: The interpreter to run the sentinel with.
     """

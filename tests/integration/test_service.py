@@ -477,15 +477,19 @@ def test_stop_second_signal_exits_at_once_killing_stubborn_children(
         kill_leftovers(*pids)
 
 
+@pytest.mark.parametrize("guard", [True, False], ids=["orphan-guard", "no-orphan-guard"])
 def test_stop_second_signal_during_kill_grace_exits_at_once(
-    svc_home: Path, workspace: Path, tmp_base: Path
+    svc_home: Path, workspace: Path, tmp_base: Path, guard: bool
 ) -> None:
-    """A second SIGTERM while a cancelled call waits out its kill grace does not wait for it."""
+    """A second SIGTERM while a cancelled call waits out its kill grace does not wait for it,
+    with or without the orphan guard's sentinel (the groups are tracked either way)."""
     d = start_daemon(svc_home, workspace, tmp_base,
-                     ["--no-watch", "--shutdown-grace", "0.2", "--kill-grace", "30"])
+                     ["--no-watch", "--shutdown-grace", "0.2", "--kill-grace", "30",
+                      *([] if guard else ["--no-orphan-guard"])])
     pids: list[int] = []
     try:
-        pids.append(sentinel_pid(d))
+        if guard:
+            pids.append(sentinel_pid(d))
         with d.raw(timeout=15) as conn:
             pids.append(start_call(conn, workspace, "stubborn", "st-2"))
             pids.append(grandchild_pid(workspace, "st-2"))
