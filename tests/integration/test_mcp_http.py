@@ -1104,9 +1104,10 @@ def test_http_a_client_that_pipelined_much_and_left_has_its_call_cancelled(
         sock.sendall(call)
         eventually(lambda: pid_file.exists() and pid_file.read_text() != "",
                    what="the sleeper's pid")
-        # More than the daemon's read buffer (256 KiB), so it stops reading, but within
-        # what the kernel holds for it, so the client's FIN reaches the daemon's socket.
-        sock.sendall(post(b"x" * (1 << 20)))
+        # More than the daemon's read buffer (256 KiB), so it stops reading, but well within
+        # what the kernel holds for it (a loaded machine's socket buffers too: a FIN queued
+        # behind unsent bytes would never reach the daemon's socket).
+        sock.sendall(post(b"x" * (384 << 10)))
     _sleeper_cancelled(daemon, workspace, "the client left")
 
 
