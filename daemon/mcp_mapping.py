@@ -9,9 +9,10 @@ values look in MCP (contract section 7, the table in ``docs/mcp.md``):
   encoded) once per snapshot and catalog filter, ordered by name (deterministic), paged
   by an opaque cursor that names the snapshot it was cut from (a cursor of an older
   snapshot is -32602: list again). Each entry: ``name``, ``description``,
-  ``inputSchema`` exactly as declared, ``annotations`` (``readOnlyHint: false``,
-  ``destructiveHint: true``: every external tool has write authority), ``_meta`` with
-  ``toolsetd/set``, ``toolsetd/source``, ``toolsetd/hash``.
+  ``inputSchema`` as declared with ``type: "object"`` at its root (MCP's),
+  ``annotations`` (``readOnlyHint: false``, ``destructiveHint: true``: every external
+  tool has write authority), ``_meta`` with ``toolsetd/set``, ``toolsetd/source``,
+  ``toolsetd/hash``.
 * results: a run's content and ``isError`` as they are (text and image blocks have the
   same shape in both); a schema or fence refusal and a ``deny`` are ``isError`` results
   whose text names each JSON Pointer (SEP-1303: the model can correct itself).
@@ -37,7 +38,7 @@ import hmac
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -155,7 +156,7 @@ class ToolPages:
             {
                 "name": loaded.tool.name,
                 "description": loaded.tool.description,
-                "inputSchema": loaded.tool.schema,
+                "inputSchema": _input_schema(loaded.tool.schema),
                 "annotations": _ANNOTATIONS,
                 "_meta": {
                     "toolsetd/set": loaded.toolset.directory,
@@ -201,6 +202,21 @@ class ToolPages:
         if end >= len(listing.tools):
             return encoded, None
         return encoded, _cursor(listing.tag, end)
+
+
+def _input_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A tool's schema as an MCP ``inputSchema``: as declared, with ``type: "object"`` at
+    its root.
+
+    MCP's arguments are always an object, and its schema requires that root type; a host
+    that checks it (the SDK) refuses the whole ``tools/list`` when one tool lacks it. A
+    manifest may leave ``type`` out or allow other types beside object: for the objects an
+    MCP host sends, ``"object"`` says the same. The call is validated against the schema as
+    declared.
+    """
+    if schema.get("type") == "object":
+        return schema
+    return {**schema, "type": "object"}
 
 
 def _cursor(tag: str, offset: int) -> str:

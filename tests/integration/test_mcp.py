@@ -57,6 +57,7 @@ from .mcp_helpers import (
 pytestmark = pytest.mark.anyio
 
 MODERN = "2026-07-28"
+ASKER_OK = script("print('ran')\n")
 
 
 @pytest.fixture
@@ -649,6 +650,32 @@ async def test_mcp_an_accept_does_not_run_a_tool_edited_while_asked(
         assert len(seen) == 2, seen  # asked again for the edited tool
         assert result.is_error is False and "edited and ran" in _text(result)
         assert len(ran) == 1
+
+
+@pytest.mark.parametrize("mode", ["legacy", "auto"])
+async def test_mcp_an_input_schema_without_type_object_is_listed_with_it(
+    mcp_host: Daemon, workspace: Path, mode: str
+) -> None:
+    """MCP requires ``type: "object"`` at an inputSchema's root, and a host that checks it
+    (the SDK) refuses the whole tools/list otherwise: a schema that leaves ``type`` out, or
+    allows other types beside object, is listed with it, and the tool still runs."""
+    sets = workspace / ".crystal" / "tools"
+    loose = {"properties": {"x": {"type": "string"}}, "required": ["x"]}
+    write_set(sets, "untyped", tool("untyped.py", schema=loose), **{"untyped.py": ASKER_OK})
+    several = {"type": ["object", "null"], "properties": {"x": {"type": "string"}}}
+    write_set(sets, "several", tool("several.py", schema=several), **{"several.py": ASKER_OK})
+    with anyio.fail_after(30):
+        host = server(mcp_host, workspace, "--mode", "full")  # project sets run unasked
+        async with Client(host, mode=mode) as client:  # type: ignore[arg-type]
+            listed = {t.name: t for t in (await client.list_tools()).tools}
+            result = await client.call_tool("untyped", {"x": "a"})
+            refused = await client.call_tool("untyped", {})
+    assert listed["untyped"].input_schema == {**loose, "type": "object"}
+    assert listed["several"].input_schema == {**several, "type": "object"}
+    assert result.is_error is False
+    assert "ran" in _text(result)
+    assert refused.is_error is True
+    assert "x" in _text(refused)
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
