@@ -781,6 +781,18 @@ class McpSession:
                     await asked.done.wait()
         finally:
             del self._asked[asked_id]
+            if asked.response is None and not self._closed:
+                # We stop waiting (the call was cancelled, or no answer came in time): MCP
+                # has the sender cancel its request, so the host takes the question down
+                # rather than leave the operator an accept that would run nothing.
+                reason = "the call was cancelled" if flight.cancelled else "no answer in time"
+                out.post(
+                    {
+                        "jsonrpc": "2.0",
+                        "method": "notifications/cancelled",
+                        "params": {"requestId": asked_id, "reason": reason},
+                    }
+                )
         response = asked.response
         if response is None:
             return "timeout" if not flight.cancelled and not self._closed else "cancel"

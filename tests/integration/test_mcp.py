@@ -652,6 +652,71 @@ async def test_mcp_an_accept_does_not_run_a_tool_edited_while_asked(
         assert len(ran) == 1
 
 
+#: The daemon, with an operator who has a second to answer an approval request.
+_SHORT_ELICITATION = (
+    "import sys\n"
+    "from toolsetd.daemon import mcp_session\n"
+    "mcp_session.McpSettings.__init__.__defaults__ = (1000, 1.0, 600.0, 0)\n"
+    "from toolsetd.daemon.app import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+def test_mcp_an_approval_request_nobody_answers_is_withdrawn(
+    mcp_sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """No answer within the elicitation timeout: the call is answered (it did not run)
+    and its elicitation/create withdrawn first, as MCP has a sender that stops waiting
+    for its request do (lifecycle, Timeouts)."""
+    d = start_daemon(home, workspace, tmp_base, launcher=[PY, "-c", _SHORT_ELICITATION])
+    pump = RawPump(pump_args(d, workspace))
+    try:
+        capabilities = {"elicitation": {}}
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities})
+        call = {"name": "asker", "arguments": {}}
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        asked = pump.receive()
+        assert asked["method"] == "elicitation/create"
+        withdrawn = pump.receive()
+        answered = pump.receive()
+    finally:
+        pump.close()
+        d.stop()
+    assert withdrawn["method"] == "notifications/cancelled"
+    assert withdrawn["params"]["requestId"] == asked["id"]
+    assert answered["id"] == 2
+    assert answered["result"]["isError"] is True
+    assert "in time" in answered["result"]["content"][0]["text"]
+
+
+def test_mcp_a_cancelled_call_withdraws_its_approval_request(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """A call the host cancels while its elicitation/create is unanswered cancels that
+    request too (MCP: the sender of a request it stops waiting for SHOULD send
+    notifications/cancelled), so the host takes the question down: an accept given later
+    would run nothing."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        capabilities = {"elicitation": {}}
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities})
+        call = {"name": "asker", "arguments": {}}
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        asked = pump.receive()
+        assert asked["method"] == "elicitation/create"
+        pump.send(
+            {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2}}
+        )
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        seen = []
+        while not seen or seen[-1].get("id") != 3:
+            seen.append(pump.receive())
+    finally:
+        pump.close()
+    assert [m.get("method") for m in seen[:-1]] == ["notifications/cancelled"]
+    assert seen[0]["params"]["requestId"] == asked["id"]
+
+
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_mcp_an_input_schema_without_type_object_is_listed_with_it(
     mcp_host: Daemon, workspace: Path, mode: str
