@@ -658,6 +658,14 @@ class McpSession:
         arguments = params.get("arguments", {})
         if arguments is None:
             arguments = {}
+        if not isinstance(arguments, dict):
+            # MCP's CallToolRequest: the arguments by name. Anything else is a malformed
+            # request (a protocol error), not one the tool's schema may happen to pass.
+            raise McpError(
+                -32602,
+                "Invalid params: 'arguments' must be an object (the tool's arguments by name).",
+                {"field": "arguments"},
+            )
         try:  # the native face's cap (protocol/params.py): every echo of them stays encodable
             await self._service.check_request(check_arguments, arguments, arguments)
         except ValueError as exc:

@@ -689,6 +689,28 @@ def test_mcp_an_approval_request_nobody_answers_is_withdrawn(
     assert "in time" in answered["result"]["content"][0]["text"]
 
 
+@pytest.mark.parametrize("arguments", ["text", [1, 2], 5, True])
+def test_mcp_arguments_that_are_not_an_object_are_invalid_params(
+    mcp_daemon: Daemon, workspace: Path, arguments: Any
+) -> None:
+    """MCP's ``arguments`` is an object: anything else fails CallToolRequest's schema, a
+    protocol error (-32602 naming the field), and no tool runs, not even one whose schema
+    leaves ``type`` out (listed with ``type: "object"``)."""
+    sets = workspace / ".crystal" / "tools"
+    runs = script("open('ran', 'w').write('yes')\n")
+    write_set(sets, "untyped", tool("untyped.py", schema={}), **{"untyped.py": runs})
+    pump = RawPump(pump_args(mcp_daemon, workspace, "--mode", "full"))
+    try:
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        reply = pump.request(2, "tools/call", {"name": "untyped", "arguments": arguments})
+    finally:
+        pump.close()
+    assert reply["error"]["code"] == -32602
+    assert "'arguments' must be an object" in reply["error"]["message"]
+    assert reply["error"]["data"] == {"field": "arguments"}
+    assert not (workspace / "ran").exists()
+
+
 def test_mcp_a_cancelled_call_withdraws_its_approval_request(
     mcp_daemon: Daemon, workspace: Path
 ) -> None:
