@@ -241,17 +241,18 @@ class _McpCore:
         #: A graceful stop has begun: a core built from now on answers listens at once.
         self._stopping = False
 
-    def end_subscriptions(self) -> None:
+    def end_waits(self) -> None:
         """A graceful stop: every ``subscriptions/listen`` is answered, now and later (a
         core first built while stopping, by an ``mcp.bind`` on a connection still open
-        during the calls' grace, too)."""
+        during the calls' grace, too), and every call waiting for the operator's approval
+        (``McpServer.end_waits``)."""
         self._stopping = True
         if self._server is not None:
-            self._server.end_subscriptions()
+            self._server.end_waits()
 
-    def subscribed(self) -> bool:
-        """Whether a ``subscriptions/listen`` is still being served."""
-        return self._server is not None and bool(self._server.listens)
+    def waiting(self) -> bool:
+        """Whether a listen, or a call waiting for its approval, is still being served."""
+        return self._server is not None and self._server.waiting()
 
     def get(self) -> McpServer:
         """The core, built on the first call."""
@@ -260,7 +261,7 @@ class _McpCore:
 
             self._server = McpServer(self._service)
             if self._stopping:
-                self._server.end_subscriptions()
+                self._server.end_waits()
         return self._server
 
     async def bind(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
@@ -708,13 +709,14 @@ async def _graceful_stop(
     mcp = state.mcp
     if mcp is not None:
         # MCP's graceful closure: each subscriptions/listen gets its result before its
-        # stream closes (a stream that just drops is an unexpected disconnect to a host).
-        mcp.end_subscriptions()
+        # stream closes (a stream that just drops is an unexpected disconnect to a host),
+        # and so does each call waiting for its approval, which may wait for minutes.
+        mcp.end_waits()
     await listener.aclose()
     if http is not None:
         await http.stop_accepting()
     if mcp is not None:
-        await _wait_until(lambda: not mcp.subscribed(), 1.0)
+        await _wait_until(lambda: not mcp.waiting(), 1.0)
     await _wait_until(lambda: not handlers.service.calls, options.shutdown_grace)
     if handlers.service.calls:
         log.info("calls_cancelled_at_stop", count=len(handlers.service.calls))

@@ -295,7 +295,13 @@ def _problem(error: Any) -> str:
 
 
 def declined_result(action: str) -> dict[str, Any]:
-    """The operator did not approve (declined, cancelled, no answer): the call did not run."""
+    """The operator did not approve (declined, cancelled, no answer, or the daemon stopped
+    waiting for the answer): the call did not run."""
+    if action == "stopping":
+        return _text_result(
+            "toolsetd is stopping, so it no longer waits for the operator's approval; the "
+            "call did not run."
+        )
     why = {
         "decline": "The operator declined this call",
         "cancel": "The operator cancelled the approval request",

@@ -240,20 +240,28 @@ class McpServer:
         self.signer = mapping.StateSigner(ttl_seconds=self.settings.state_ttl_seconds)
         self.pages = mapping.ToolPages()
         self._ids = itertools.count(1)
-        #: The daemon is stopping: ``subscriptions/listen`` streams end with a result.
+        #: The daemon is stopping: ``subscriptions/listen`` streams end with a result, and
+        #: no approval is asked for.
         self.stopping = False
         #: Every ``subscriptions/listen`` request being served, of every session.
         self.listens: set[_InFlight] = set()
+        #: Every ``tools/call`` waiting for the operator's answer to its approval request.
+        self.asking: set[_InFlight] = set()
 
-    def end_subscriptions(self) -> None:
+    def end_waits(self) -> None:
         """A graceful stop: answer every ``subscriptions/listen`` with its completion
         result (MCP's graceful closure: a stream that just drops reads as an unexpected
-        disconnect), and every one that comes later at once."""
+        disconnect), and every one that comes later at once; answer every call waiting
+        for the operator's approval (it did not run), its request to the host withdrawn."""
         self.stopping = True
-        for flight in list(self.listens):
+        for flight in [*self.listens, *self.asking]:
             flight.ended = True
             if flight.wait_scope is not None:
                 flight.wait_scope.cancel()
+
+    def waiting(self) -> bool:
+        """Whether a listen, or a call waiting for its approval, is still being served."""
+        return bool(self.listens or self.asking)
 
     def session(
         self, binding: Binding, outbox: Outbox, calls: MutableMapping[str, anyio.Event]
@@ -268,7 +276,8 @@ class _InFlight:
 
     cancel: anyio.Event = field(default_factory=anyio.Event)
     cancelled: bool = False
-    #: A listen the server ended (a graceful stop): answered, unlike a cancelled one.
+    #: A listen, or a wait for an approval, the server ended (a graceful stop):
+    #: answered, unlike a cancelled one.
     ended: bool = False
     #: Cancelled when the request is cancelled while it waits (not while a tool runs:
     #: the call ends through ``cancel``, the way every cancelled call does).
@@ -778,22 +787,33 @@ class McpSession:
         )
         if flight.cancelled or self._closed:
             return "cancel"  # cancelled before the question: put none to the operator
+        if self._server.stopping:
+            return "stopping"  # an answer the daemon would not wait for
         asked_id = f"toolsetd-elicit-{next(self._asked_ids)}"
         asked = self._asked[asked_id] = _Asked()
         out.post(
             {"jsonrpc": "2.0", "id": asked_id, "method": "elicitation/create", "params": params}
         )
+        self._server.asking.add(flight)
         try:
             with self._wait_scope(flight):
                 with anyio.move_on_after(self._server.settings.elicitation_timeout):
                     await asked.done.wait()
         finally:
+            self._server.asking.discard(flight)
             del self._asked[asked_id]
             if asked.response is None and not self._closed:
-                # We stop waiting (the call was cancelled, or no answer came in time): MCP
-                # has the sender cancel its request, so the host takes the question down
-                # rather than leave the operator an accept that would run nothing.
-                reason = "the call was cancelled" if flight.cancelled else "no answer in time"
+                # We stop waiting (the call was cancelled, the daemon is stopping, or no
+                # answer came in time): MCP has the sender cancel its request, so the host
+                # takes the question down rather than leave the operator an accept that
+                # would run nothing.
+                reason = (
+                    "the call was cancelled"
+                    if flight.cancelled
+                    else "toolsetd is stopping"
+                    if flight.ended
+                    else "no answer in time"
+                )
                 out.post(
                     {
                         "jsonrpc": "2.0",
@@ -803,7 +823,9 @@ class McpSession:
                 )
         response = asked.response
         if response is None:
-            return "timeout" if not flight.cancelled and not self._closed else "cancel"
+            if flight.cancelled or self._closed:
+                return "cancel"
+            return "stopping" if flight.ended else "timeout"
         result = response.get("result")
         if isinstance(result, dict) and result.get("action") in ("accept", "decline", "cancel"):
             return str(result["action"])

@@ -1479,6 +1479,41 @@ def test_mcp_no_new_call_during_a_graceful_stop(
             d.proc.wait()
 
 
+def test_mcp_a_graceful_stop_answers_a_call_waiting_on_its_approval(
+    mcp_sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A call whose approval the operator has not answered yet when the daemon stops
+    gracefully is answered (an isError result: it did not run), and its elicitation/create
+    is withdrawn, before the connection closes: a host is not left with a request that
+    just drops, nor an approval form for a call that can no longer run."""
+    d = start_daemon(home, workspace, tmp_base)
+    pump = RawPump(pump_args(d, workspace))
+    try:
+        capabilities = {"elicitation": {}}
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities})
+        call = {"name": "asker", "arguments": {}}
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        asked = pump.receive()
+        assert asked["method"] == "elicitation/create"
+        d.proc.send_signal(signal.SIGTERM)
+        withdrawn = pump.receive()
+        assert withdrawn["method"] == "notifications/cancelled"
+        assert withdrawn["params"]["requestId"] == asked["id"]
+        answered = pump.receive()
+        assert answered["id"] == 2
+        assert answered["result"]["isError"] is True
+        assert "stopping" in answered["result"]["content"][0]["text"]
+        assert d.proc.wait(timeout=20) == 0
+        assert pump.close() == 5
+    finally:
+        if pump.proc.poll() is None:
+            pump.close()
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+    assert not [e for e in d.log_events() if e.get("event") == "call_started"]
+
+
 def test_mcp_meta_traceparent_reaches_the_child_and_a_bad_one_is_ignored(
     home: Path, workspace: Path, tmp_base: Path
 ) -> None:
