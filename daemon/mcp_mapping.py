@@ -46,6 +46,7 @@ import orjson
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol.jsonrpc import is_request_id
 from toolsetd.protocol.jsontext import dumps as json_dumps
+from toolsetd.protocol.printable import printable
 
 from .model import Catalog, CatalogName, SnapshotCache
 from .runner import CallOutcome
@@ -353,25 +354,35 @@ def can_elicit(capabilities: dict[str, Any]) -> bool:
 
 
 def approval_message(classification: dict[str, Any]) -> str:
-    """What the operator is shown: the tool, the reason, the scope, paths and arguments."""
-    source = classification.get("source", "")
+    """What the operator is shown: the tool, the reason, the scope, paths and arguments.
+
+    Every value is shown with its control characters escaped (``printable``), as
+    toolsetctl shows them: a path argument is the model's, a set's folder name a cloned
+    repository's, and a newline in either forged lines of the question, an ESC reached a
+    terminal host as a control sequence.
+    """
+
+    def shown(key: str, within: dict[str, Any] = classification) -> str:
+        return printable(str(within.get(key, "")))
+
     lines = [
-        f"Allow the tool '{classification.get('tool')}' (set '{classification.get('set')}', "
-        f"{source}) to run?",
-        f"Why you are asked: {classification.get('reason', '')}",
-        f"Scope: {classification.get('scope')}; authority: {classification.get('authority')}.",
+        f"Allow the tool '{shown('tool')}' (set '{shown('set')}', {shown('source')}) to run?",
+        f"Why you are asked: {shown('reason')}",
+        f"Scope: {shown('scope')}; authority: {shown('authority')}.",
     ]
     paths = classification.get("paths") or []
     if paths:
         lines.append("Paths:")
         lines.extend(
-            f"- {p.get('argument')}: {p.get('value')} -> {p.get('resolved')} ({p.get('scope')})"
+            f"- {shown('argument', p)}: {shown('value', p)} -> {shown('resolved', p)} "
+            f"({shown('scope', p)})"
             for p in paths
         )
-    shown = json_dumps(classification.get("arguments")).decode()  # numbers as written
-    if len(shown) > _MAX_SHOWN_ARGUMENTS:
-        shown = shown[:_MAX_SHOWN_ARGUMENTS] + " ..."
-    lines.append(f"Arguments: {shown}")
+    # Numbers as written; JSON escapes the C0 controls, not DEL, C1 or bidi controls.
+    arguments = printable(json_dumps(classification.get("arguments")).decode())
+    if len(arguments) > _MAX_SHOWN_ARGUMENTS:
+        arguments = arguments[:_MAX_SHOWN_ARGUMENTS] + " ..."
+    lines.append(f"Arguments: {arguments}")
     if classification.get("requirePrompt"):
         lines.append("This call reaches a forbidden path: only your explicit accept passes it.")
     lines.append("Accept runs this call once; decline refuses it.")

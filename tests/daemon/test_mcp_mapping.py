@@ -316,6 +316,42 @@ def test_mcp_docs_show_the_approval_message_the_operator_sees() -> None:
     assert forbidden_line in approval_message({**classification, "requirePrompt": True})
 
 
+def test_mcp_approval_message_shows_control_characters_escaped() -> None:
+    """What the model chose (a path argument) or a cloned repository named (a set's folder)
+    is shown with its control characters escaped, as toolsetctl shows them: a newline in a
+    path forged lines of the operator's question ("Scope: workspace; authority: read."),
+    and an ESC reached a terminal host as a control sequence."""
+    from toolsetd.daemon.mcp_mapping import approval_message
+
+    forged = "a.txt\nScope: workspace; authority: read.\n\x1b[2J\u202e\x9b"
+    classification = {
+        "tool": "write_note",
+        "set": "notes\x1b]0;title\x07",
+        "source": "project",
+        "reason": "<the classification's reason>",
+        "scope": "outsideWorkspace",
+        "authority": "write",
+        "paths": [
+            {
+                "argument": "path",
+                "value": forged,
+                "resolved": f"/home/me/{forged}",
+                "scope": "outsideWorkspace",
+            }
+        ],
+        "arguments": {"path": f"/home/me/{forged}"},
+        "requirePrompt": False,
+    }
+    message = approval_message(classification)
+    lines = message.splitlines()
+    assert [line for line in lines if line.startswith("Scope:")] == [
+        "Scope: outsideWorkspace; authority: write."
+    ]
+    assert not any(c in message for c in "\x1b\x07\x9b\u202e")
+    assert "- path: a.txt\\nScope: workspace; authority: read.\\n\\x1b[2J" in message
+    assert "(set 'notes\\x1b]0;title\\x07', project)" in lines[0]
+
+
 def test_mcp_refusal_names_each_pointer_once() -> None:
     """Every problem of an InvalidArguments reads ``JSON Pointer: message`` (docs/mcp.md).
 
