@@ -20,10 +20,11 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    or 6 for a daemon that refuses the connection: busy, this user, stopping). A
    stdout that cannot be written (a full disk) is said as such, exit 9, never taken for a
    lost daemon (5); a host that stopped reading (a broken pipe) ends the pump with 0.
-5. When stdin closes, shut down the socket's sending side: the daemon cancels this
-   host's calls and closes the connection; the pump exits when the socket closes (or
-   after ``_EXIT_GRACE`` seconds). When the daemon closes first (it stopped, or a line was
-   over its size limit), the pump says so on stderr and exits 5.
+5. When stdin closes (a last line without its newline is ended by it), shut down the
+   socket's sending side: the daemon cancels this host's calls and closes the
+   connection; the pump exits when the socket closes (or after ``_EXIT_GRACE`` seconds).
+   When the daemon closes first (it stopped, or a line was over its size limit), the
+   pump says so on stderr and exits 5.
 
 Frames are copied as bytes, unparsed; the daemon answers garbage with JSON-RPC errors.
 """
@@ -399,7 +400,13 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 
 
 def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
-    """stdin to the socket; at EOF, half-close it so the daemon cancels this host's calls."""
+    """stdin to the socket; at EOF, half-close it so the daemon cancels this host's calls.
+
+    The end of input ends the last message as a newline would (``printf '%s' "$json" |
+    toolsetctl mcp``; the SDK's stdio server reads it so): the socket's wire drops a line
+    its client left unfinished, so the pump finishes it.
+    """
+    last = b"\n"
     try:
         while True:
             try:
@@ -408,8 +415,11 @@ def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
                 wait_ready(0, write=False)
                 continue
             if not data:
+                if last != b"\n":
+                    sock.sendall(b"\n")
                 break
             sock.sendall(data)
+            last = data[-1:]
     except OSError:
         pass
     stdin_closed.set()

@@ -379,6 +379,19 @@ def test_mcp_requests_read_before_stdin_closes_are_still_answered(
     assert any(t["name"] == "hello" for t in answers[2]["result"]["tools"]), answers
 
 
+def test_mcp_the_last_request_needs_no_newline_before_the_end_of_input(
+    mcp_daemon: Daemon, tmp_path: Path
+) -> None:
+    """The end of input ends the last message as a newline would (``printf '%s' "$json" |
+    toolsetctl mcp``, as the SDK's own stdio server reads it): it is answered, not
+    dropped as a line cut short."""
+    pump = _pump_on_a_fresh_workspace(mcp_daemon, tmp_path)
+    pump.send(b"\n".join(json.dumps(frame).encode() for frame in _OPENING))
+    assert pump.close() == 0
+    answers = {a["id"]: a for a in (json.loads(line) for line in pump.stdout_text.splitlines())}
+    assert any(t["name"] == "hello" for t in answers[2]["result"]["tools"]), answers
+
+
 # -- calls ---------------------------------------------------------------------------------
 
 
