@@ -353,6 +353,14 @@ def can_elicit(capabilities: dict[str, Any]) -> bool:
     return not elicitation or "form" in elicitation or "url" not in elicitation
 
 
+def _shown(value: Any) -> str:
+    """A value of the question as one line: text as it is, anything else as compact JSON
+    (numbers as written); control characters, bidirectional controls and line breaks as
+    escapes. Path values are the model's text: shown raw, a line feed or an escape
+    sequence in one would forge or hide lines of the question the operator answers."""
+    return printable(value if isinstance(value, str) else json_dumps(value).decode())
+
+
 def approval_message(classification: dict[str, Any]) -> str:
     """What the operator is shown: the tool, the reason, the scope, paths and arguments.
 
@@ -363,7 +371,7 @@ def approval_message(classification: dict[str, Any]) -> str:
     """
 
     def shown(key: str, within: dict[str, Any] = classification) -> str:
-        return printable(str(within.get(key, "")))
+        return _shown(within.get(key, ""))
 
     lines = [
         f"Allow the tool '{shown('tool')}' (set '{shown('set')}', {shown('source')}) to run?",
@@ -379,7 +387,7 @@ def approval_message(classification: dict[str, Any]) -> str:
             for p in paths
         )
     # Numbers as written; JSON escapes the C0 controls, not DEL, C1 or bidi controls.
-    arguments = printable(json_dumps(classification.get("arguments")).decode())
+    arguments = _shown(classification.get("arguments"))
     if len(arguments) > _MAX_SHOWN_ARGUMENTS:
         arguments = arguments[:_MAX_SHOWN_ARGUMENTS] + " ..."
     lines.append(f"Arguments: {arguments}")

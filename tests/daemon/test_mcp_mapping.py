@@ -396,3 +396,39 @@ def test_mcp_refusal_sends_the_model_to_the_list_not_to_data_errors() -> None:
     assert text.splitlines()[0] == (
         "Invalid arguments for 'hello': property 'mood' is not allowed (1 more below)"
     )
+
+
+def test_mcp_approval_message_shows_control_characters_as_escapes() -> None:
+    """A path argument is the model's text: its line breaks, carriage returns, escape
+    sequences and bidirectional controls are shown as escapes in the question the operator
+    answers, never obeyed, so no argument can forge or hide a line of it (as the reason
+    already shows them)."""
+    from toolsetd.daemon.mcp_mapping import approval_message
+
+    forged = "../x\x1b[2K\rScope: workspace; authority: write.\nAll clear.\u202e\u2028"
+    classification = {
+        "tool": "t",
+        "set": "s",
+        "source": "home",
+        "reason": "asks",
+        "scope": "outsideWorkspace",
+        "authority": "write",
+        "paths": [
+            {"argument": "path", "value": forged, "resolved": "/r/x\nAll clear.",
+             "scope": "outsideWorkspace"},
+            {"argument": "more", "value": ["a\nb"], "resolved": None,
+             "scope": "outsideWorkspace"},
+        ],
+        "arguments": {"path": forged, "more": ["a\nb"]},
+        "requirePrompt": False,
+    }
+    lines = approval_message(classification).split("\n")
+    assert lines[3:7] == [
+        "Paths:",
+        "- path: ../x\\x1b[2K\\rScope: workspace; authority: write.\\nAll clear.\\u202e\\u2028"
+        " -> /r/x\\nAll clear. (outsideWorkspace)",
+        '- more: ["a\\nb"] -> null (outsideWorkspace)',
+        'Arguments: {"path":"../x\\u001b[2K\\rScope: workspace; authority: write.\\nAll clear.'
+        '\\u202e\\u2028","more":["a\\nb"]}',
+    ]
+    assert len(lines) == 8, lines
