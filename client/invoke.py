@@ -48,13 +48,26 @@ __all__ = ["CANCEL_GRACE", "cmd_invoke"]
 CANCEL_GRACE = 5.0
 
 
+def _reviews(mode: str | None) -> bool:
+    """Whether ``mode`` sends calls to the reviewing model, headless too (docs/policy.md):
+    there ``--approve`` is the reviewer's allow, and ``--headless`` keeps it from passing a
+    call only the operator may allow (a credential path), which it would pass without it.
+    A name that is no mode is left for the daemon to refuse, naming the valid ones."""
+    from toolsetd.protocol.modes import Mode, parse_mode  # only with both flags
+
+    try:
+        return parse_mode(mode or "default") in (Mode.REVIEW, Mode.AUDIT)
+    except ValueError:
+        return True
+
+
 def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
     """Run ``toolsetctl invoke``; return the exit code (failures raise ``Failure``)."""
-    if args.headless and args.approve:
+    if args.headless and args.approve and not _reviews(args.mode):
         raise usage(
-            "--headless and --approve cannot be used together: headless turns every 'ask' "
-            "into 'deny', so the approval would never count. Drop --headless to approve the "
-            "call, or --approve to run it headless.",
+            "--headless and --approve cannot be used together outside the review and audit "
+            "modes: headless turns every 'ask' into 'deny', so the approval would never "
+            "count. Drop --headless to approve the call, or --approve to run it headless.",
             {"options": ["--headless", "--approve"]},
         )
     _, text = read_arguments(args.arguments, ctx.stdin)

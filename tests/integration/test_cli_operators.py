@@ -685,6 +685,25 @@ def test_cli_exit_2_usage(ctl: Ctl) -> None:
     assert not (ctl.workspace / ".crystal" / "data" / "tools" / "Acme.Notes").exists()
 
 
+def test_cli_headless_review_takes_approve(ctl: Ctl) -> None:
+    """Headless, a review stays a review (docs/policy.md), and --approve is the reviewer's
+    allow: the CLI's own 'run the command again with --approve' works with --headless in
+    the review and audit modes, and a credential path is still denied (the reviewer's
+    allow does not count for it), where dropping --headless would have let --approve pass
+    it."""
+    args = ("--args", '{"text": "x"}', "--headless")
+    r = ctl.run("invoke", "notes_add", *args, "--mode", "review")
+    assert r.returncode == 3 and "again with --approve" in r.stderr, r.stderr
+    for mode in ("review", "audit", "full-review"):
+        r = ctl.run("invoke", "notes_add", *args, "--mode", mode, "--approve")
+        assert r.returncode == 0, r.stderr
+    key = ("--args", '{"path": "~/.ssh"}', "--headless", "--mode", "audit", "--approve")
+    r = ctl.run("invoke", "notes_index", *key)
+    assert r.returncode == 3 and "Denied: Headless run" in r.stderr, r.stderr
+    r = ctl.run("invoke", "notes_add", *args, "--mode", "nosuch", "--approve")
+    assert r.returncode == 2 and "must be one of" in r.stderr, r.stderr
+
+
 # -- 4. the approval message names --approve --------------------------------------------
 
 
