@@ -91,6 +91,7 @@ __all__ = [
     "NET_WHITESPACE",
     "PATH_MAX",
     "ArgumentsError",
+    "OwnProcessLinkError",
     "PathError",
     "Scope",
     "canonical_workspace",
@@ -158,6 +159,13 @@ class PathError(Exception):
         super().__init__(message)
         self.message = message
         self.detail = detail
+
+
+class OwnProcessLinkError(PathError):
+    """A path that leads through ``/proc/self`` or ``/proc/thread-self`` (``/dev/fd`` and
+    ``/dev/stdin`` lead there too), resolved for a tool that follows it itself: there those
+    links are the tool's own process (working in the workspace), not the daemon's, so the
+    daemon's walk cannot say where the path leads for the tool."""
 
 
 class ArgumentsError(Exception):
@@ -260,11 +268,21 @@ def _check_name(name: str) -> None:
         raise PathError(f"a component is longer than {NAME_MAX} bytes")
 
 
-def _canonicalize(path: str) -> str:
+def _names_own_process(name: str, target: str) -> bool:
+    """Whether a link is procfs's ``self`` (``<pid>``) or ``thread-self`` (``<pid>/task/<tid>``),
+    told by its shape: a ``/proc`` of another PID namespace names the process by another pid."""
+    if name == "self":
+        return target.isdigit()
+    pid, _, tid = target.partition("/task/")
+    return name == "thread-self" and pid.isdigit() and tid.isdigit()
+
+
+def _canonicalize(path: str, followed_by_tool: bool = False) -> str:
     """Resolve an absolute path component by component, following links as the kernel does.
 
     Args:
         path: An absolute path (``/`` first).
+        followed_by_tool: The tool, not the daemon, follows the path (``OwnProcessLinkError``).
 
     Returns:
         The canonical path: no links among its existing components, no ``.``, ``..``
@@ -273,6 +291,8 @@ def _canonicalize(path: str) -> str:
     Raises:
         PathError: A loop or too many links, an over-long component, an unreadable
             directory on the way.
+        OwnProcessLinkError: ``followed_by_tool`` and the path leads through
+            ``/proc/self`` or ``/proc/thread-self``.
     """
     # ``pending`` is a stack of components still to walk, the next one last.
     pending = path.split("/")
@@ -309,6 +329,11 @@ def _canonicalize(path: str) -> str:
             raise PathError(f"a link cannot be read ({os.strerror(exc.errno or 0)})") from None
         if "\x00" in target:  # pragma: no cover - the kernel never returns one
             raise PathError("a link target contains a NUL byte")
+        if followed_by_tool and _names_own_process(name, target):
+            raise OwnProcessLinkError(
+                "it leads through /proc/self, which is the tool's own process when the tool "
+                "follows it, not the daemon's"
+            )
         parts = target.split("/")
         budget -= len(parts)
         if budget < 0:
@@ -320,20 +345,26 @@ def _canonicalize(path: str) -> str:
     return resolved or "/"
 
 
-def resolve_path(raw: str, workspace: Path, user_home: Path) -> Path:
+def resolve_path(
+    raw: str, workspace: Path, user_home: Path, *, followed_by_tool: bool = False
+) -> Path:
     """Resolve a path argument to the absolute, canonical path the child will receive.
 
     Args:
         raw: The argument's string value.
         workspace: The absolute workspace directory (a symlinked one is fine).
         user_home: The operator's user profile, for ``~`` and ``~/``.
+        followed_by_tool: The child receives ``raw`` itself, not the result (a string
+            inside an array or object), and follows it from the workspace: a path through
+            ``/proc/self`` then leads somewhere else for it, and is refused.
 
     Returns:
         The canonical absolute path. Components that do not exist are kept as written.
 
     Raises:
         PathError: The value is not a non-blank string, holds a NUL byte, is too long,
-            runs into a link loop or an unreadable directory, or is not valid UTF-8.
+            runs into a link loop or an unreadable directory, or is not valid UTF-8;
+            ``OwnProcessLinkError`` for a path through ``/proc/self`` the tool follows.
         ValueError: ``workspace`` is not absolute (a caller bug, not bad input).
     """
     if not isinstance(raw, str):
@@ -349,7 +380,7 @@ def resolve_path(raw: str, workspace: Path, user_home: Path) -> Path:
             raise ValueError(f"workspace must be an absolute path, got {base!r}")
         text = f"{base}/{text}"
     _check_whole(text)
-    result = _canonicalize(text)
+    result = _canonicalize(text, followed_by_tool)
     _check_whole(result)
     return Path(result)
 

@@ -56,6 +56,7 @@ from toolsetd.protocol.modes import Mode, parse_mode
 from .model import Approval, ApprovalSource, LoadedTool, Source
 from .paths import (
     ArgumentsError,
+    OwnProcessLinkError,
     PathError,
     Scope,
     canonical_workspace,
@@ -299,12 +300,24 @@ def _nested_strings(value: Any) -> list[str]:
 
 
 def _check_string(
-    value: str, workspace: Path, user_home: Path, crystal_home: Path | None
+    value: str,
+    workspace: Path,
+    user_home: Path,
+    crystal_home: Path | None,
+    followed_by_tool: bool = False,
 ) -> tuple[str | None, Scope, str | None]:
-    """Resolve and scope one path string: (resolved or None, scope, why unresolved)."""
+    """Resolve and scope one path string: (resolved or None, scope, why unresolved).
+
+    ``followed_by_tool``: the child gets the string itself (inside an array or object); one
+    that leads through ``/proc/self`` cannot be judged for it, and counts as forbidden.
+    """
     try:
-        resolved: Path | None = resolve_path(value, workspace, user_home)
+        resolved: Path | None = resolve_path(
+            value, workspace, user_home, followed_by_tool=followed_by_tool
+        )
         detail = None
+    except OwnProcessLinkError as exc:
+        return None, Scope.FORBIDDEN, exc.detail
     except PathError as exc:
         resolved, detail = None, exc.detail
     return (
@@ -322,7 +335,9 @@ def _check_container(
     The reference host passes such values through unchecked; the child would then
     receive paths nobody looked at. We pass them through too, but never as
     ``workspace``: at least ``outsideWorkspace``, and ``forbidden`` when any string
-    inside names (or resolves to) a credential path, or there are too many to check.
+    inside names (or resolves to) a credential path, leads through ``/proc/self`` (the
+    tool's own process when it follows the string: ``/proc/self/cwd`` is the workspace for
+    it, whatever the daemon's is), or there are too many to check.
     """
     strings = [s for s in _nested_strings(value) if s.strip()]
     scope = Scope.OUTSIDE
@@ -330,7 +345,7 @@ def _check_container(
         scope = Scope.FORBIDDEN
     else:
         for text in strings:
-            _, inner, _ = _check_string(text, workspace, user_home, crystal_home)
+            _, inner, _ = _check_string(text, workspace, user_home, crystal_home, True)
             if inner is Scope.FORBIDDEN:
                 scope = Scope.FORBIDDEN
                 break
@@ -386,7 +401,8 @@ def _where(check: PathCheck, user_home: Path, crystal_home: Path | None) -> str:
         if isinstance(check.value, str):
             return f"Argument '{name}' names a credential path ({_show(check.value)})"
         return (
-            f"Argument '{name}' is not a path string and holds a credential path "
+            f"Argument '{name}' is not a path string and holds a credential path, a path "
+            "through /proc/self (the tool's own process when it follows it), "
             "or too many paths to check"
         )
     if check.resolved is not None:

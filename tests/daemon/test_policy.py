@@ -452,6 +452,37 @@ def test_classify_container_values_fail_closed(
     assert result.arguments == {"path": value}
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        ["/proc/self/cwd/key"],
+        {"p": "/proc/thread-self/cwd/key"},
+        ["/dev/fd/../cwd/key"],
+        ["proc/cwd/key"],
+        ["/proc/self/status"],
+    ],
+)
+def test_classify_container_strings_through_proc_self_are_forbidden(
+    ws: Path, home: Path, value: Any
+) -> None:
+    """The tool follows a string inside an array or object itself, and /proc/self (with
+    /proc/thread-self, /dev/fd, /dev/stdin) is then its own process, working in the
+    workspace: /proc/self/cwd/key is the workspace's link to ~/.ssh for it, whatever the
+    daemon's /proc/self leads to. Such a string cannot be judged here, so it counts as
+    forbidden: the reviewer's allow must not pass it, and headless it is denied."""
+    (ws / "key").symlink_to(home / ".ssh" / "id_rsa")
+    (ws / "proc").symlink_to("/proc/self")
+    result = run(loaded("path"), {"path": value}, ws, home, Mode.REVIEW, headless=True)
+    assert result.scope == Scope.FORBIDDEN
+    assert result.decision == Decision.DENY
+    assert result.require_prompt
+    assert "/proc/self" in result.reason
+    # A string argument is different: the tool receives the daemon's resolution of it.
+    direct = run(loaded("path"), {"path": "/proc/self/status"}, ws, home, Mode.REVIEW)
+    assert direct.scope == Scope.OUTSIDE
+    assert direct.arguments == {"path": f"/proc/{os.getpid()}/status"}
+
+
 def test_classify_headless_denies_ask(ws: Path, home: Path) -> None:
     """Headless, an ask becomes deny with the headless sentence first."""
     result = run(loaded("path"), {"path": "file.txt"}, ws, home, Mode.DEFAULT, headless=True)
