@@ -346,7 +346,12 @@ def _canonicalize(path: str, followed_by_tool: bool = False) -> str:
 
 
 def resolve_path(
-    raw: str, workspace: Path, user_home: Path, *, followed_by_tool: bool = False
+    raw: str,
+    workspace: Path,
+    user_home: Path,
+    *,
+    followed_by_tool: bool = False,
+    as_written: bool = False,
 ) -> Path:
     """Resolve a path argument to the absolute, canonical path the child will receive.
 
@@ -357,6 +362,8 @@ def resolve_path(
         followed_by_tool: The child receives ``raw`` itself, not the result (a string
             inside an array or object), and follows it from the workspace: a path through
             ``/proc/self`` then leads somewhere else for it, and is refused.
+        as_written: Resolve ``raw`` as the kernel opens it: not trimmed, no ``~`` expanded
+            (``"~/k"`` is ``<workspace>/~/k``), for a child that receives it as it is.
 
     Returns:
         The canonical absolute path. Components that do not exist are kept as written.
@@ -369,11 +376,12 @@ def resolve_path(
     """
     if not isinstance(raw, str):
         raise PathError("it is not a string")
-    raw = trim_path(raw)
+    if not as_written:
+        raw = trim_path(raw)
     if not raw:
         raise PathError("it is empty")
     _check_whole(raw)
-    text = expand_user(raw, user_home)
+    text = raw if as_written else expand_user(raw, user_home)
     if not text.startswith("/"):
         base = os.fspath(workspace)
         if not base.startswith("/"):

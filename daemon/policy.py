@@ -305,15 +305,21 @@ def _check_string(
     user_home: Path,
     crystal_home: Path | None,
     followed_by_tool: bool = False,
+    as_written: bool = False,
 ) -> tuple[str | None, Scope, str | None]:
     """Resolve and scope one path string: (resolved or None, scope, why unresolved).
 
     ``followed_by_tool``: the child gets the string itself (inside an array or object); one
     that leads through ``/proc/self`` cannot be judged for it, and counts as forbidden.
+    ``as_written``: resolve it as the kernel opens it (not trimmed, no ``~`` expanded).
     """
     try:
         resolved: Path | None = resolve_path(
-            value, workspace, user_home, followed_by_tool=followed_by_tool
+            value,
+            workspace,
+            user_home,
+            followed_by_tool=followed_by_tool,
+            as_written=as_written,
         )
         detail = None
     except OwnProcessLinkError as exc:
@@ -337,16 +343,29 @@ def _check_container(
     ``workspace``: at least ``outsideWorkspace``, and ``forbidden`` when any string
     inside names (or resolves to) a credential path, leads through ``/proc/self`` (the
     tool's own process when it follows the string: ``/proc/self/cwd`` is the workspace for
-    it, whatever the daemon's is), or there are too many to check.
+    it, whatever the daemon's is), or there are too many to check. Each string is
+    resolved as written, as the kernel opens it (``"~/k"`` is ``<workspace>/~/k``,
+    ``" k"`` keeps its space), and, unless blank, as a string argument is (trimmed, ``~``
+    expanded), since the tool may read it either way.
     """
-    strings = [s for s in _nested_strings(value) if s.strip()]
+    strings = [s for s in _nested_strings(value) if s]
     scope = Scope.OUTSIDE
     if any(is_credential_path(s, user_home) for s in strings) or len(strings) > _MAX_NESTED_STRINGS:
         scope = Scope.FORBIDDEN
     else:
         for text in strings:
-            _, inner, _ = _check_string(text, workspace, user_home, crystal_home, True)
-            if inner is Scope.FORBIDDEN:
+            # The two readings differ only for surrounding white space or a leading ~.
+            if not trim_path(text):
+                readings: tuple[bool, ...] = (True,)
+            elif trim_path(text) != text or text.startswith("~"):
+                readings = (True, False)
+            else:
+                readings = (False,)
+            if any(
+                _check_string(text, workspace, user_home, crystal_home, True, as_written)[1]
+                is Scope.FORBIDDEN
+                for as_written in readings
+            ):
                 scope = Scope.FORBIDDEN
                 break
     return PathCheck(name, value, None, scope, "it is not a path string")

@@ -483,6 +483,23 @@ def test_classify_container_strings_through_proc_self_are_forbidden(
     assert direct.arguments == {"path": f"/proc/{os.getpid()}/status"}
 
 
+@pytest.mark.parametrize("value", [["~/id_rsa"], [" key"], {"p": ["key\n"]}, [" "]])
+def test_classify_container_strings_are_judged_as_written_too(
+    ws: Path, home: Path, value: Any
+) -> None:
+    """A string inside an array or object reaches the tool as written, and the kernel
+    neither trims it nor expands ~: "~/id_rsa" is <workspace>/~/id_rsa for a tool that
+    opens it, " key" is <workspace>/" key". Where those are links to ~/.ssh, the call is
+    forbidden, as the same strings trimmed and expanded (as a string argument is) are."""
+    (ws / "~").symlink_to(home / ".ssh")
+    for name in (" key", "key\n", " "):
+        (ws / name).symlink_to(home / ".ssh" / "id_rsa")
+    result = run(loaded("path"), {"path": value}, ws, home, Mode.AUDIT, headless=True)
+    assert result.scope == Scope.FORBIDDEN
+    assert result.decision == Decision.DENY
+    assert result.arguments == {"path": value}
+
+
 def test_classify_headless_denies_ask(ws: Path, home: Path) -> None:
     """Headless, an ask becomes deny with the headless sentence first."""
     result = run(loaded("path"), {"path": "file.txt"}, ws, home, Mode.DEFAULT, headless=True)
