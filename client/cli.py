@@ -319,7 +319,9 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
     home, home_from, client = _edit_home(ctx)
     try:
         try:
-            directory, source, path = locate_set(home, ctx.workspace, args.directory, args.source)
+            directory, source, path = locate_set(
+                home, ctx.workspace, args.directory, args.source, exists=offline.file_exists
+            )
         except EditError as exc:
             failure = Failure(
                 EXIT_USAGE, CLI_ERROR_CODES["not_found"], exc.message, {"home": str(home)}
@@ -407,7 +409,13 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
         from .editor import EditError, locate_set
 
         try:
-            located = locate_set(home or ctx.default_home, ctx.workspace, args.directory, None)
+            located = locate_set(
+                home or ctx.default_home,
+                ctx.workspace,
+                args.directory,
+                None,
+                exists=offline.file_exists,
+            )
             target = located[2].parent
         except EditError:
             pass

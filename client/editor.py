@@ -5,7 +5,9 @@ Theory of operation, the reference host's rules (``ToolSetInventory.TrySetEnable
 1. ``locate_set`` picks the manifest. The directory name is trimmed and must be a legal
    set directory name (``Directory name is invalid.``). With ``--source`` that copy must
    exist (``Tool set '<d>' was not found in Home.`` / ``... in Project.``); without it the
-   project copy wins over the home copy (``Tool set '<d>' was not found.``).
+   project copy wins over the home copy (``Tool set '<d>' was not found.``). A copy
+   exists as discovery has it (the caller's ``exists``: .NET's ``File.Exists``), so a
+   ``tools.json`` that cannot be read is still the copy meant, and reports its error.
 2. ``set_enabled`` reads the bytes. A manifest that is not JSON, not an object, or (when
    the caller passes ``check``, the full manifest parser) fails to parse is left
    byte-for-byte untouched and its parse error is raised.
@@ -85,7 +87,12 @@ def manifest_path(home: Path, workspace: Path, directory: str, source: str) -> P
 
 
 def locate_set(
-    home: Path, workspace: Path, directory: str, source: str | None
+    home: Path,
+    workspace: Path,
+    directory: str,
+    source: str | None,
+    *,
+    exists: Callable[[str], bool],
 ) -> tuple[str, str, Path]:
     """Find the manifest a command means (the project copy wins without ``source``).
 
@@ -94,6 +101,11 @@ def locate_set(
         workspace: The workspace root.
         directory: The directory name as the operator typed it.
         source: ``home``, ``project`` or None.
+        exists: Whether a ``tools.json`` makes its folder a candidate, as discovery
+            decides (``daemon.paths.file_exists``: anything but a folder, or a link that
+            leads nowhere). A FIFO or a dangling link there is the copy ``list`` and
+            ``show`` mean, and hides the home copy: picking the home copy past it edited a
+            set that does not count.
 
     Returns:
         ``(directory, source, manifest path)``.
@@ -106,13 +118,13 @@ def locate_set(
         raise EditError("Directory name is invalid.")
     if source is not None:
         path = manifest_path(home, workspace, name, source)
-        if not path.is_file():
+        if not exists(str(path)):
             where = "Home" if source == "home" else "Project"
             raise EditError(f"Tool set '{name}' was not found in {where}.")
         return name, source, path
     for candidate in ("project", "home"):
         path = manifest_path(home, workspace, name, candidate)
-        if path.is_file():
+        if exists(str(path)):
             return name, candidate, path
     raise EditError(f"Tool set '{name}' was not found.")
 

@@ -50,6 +50,7 @@ from .render import SetRow, catalogs_label
 __all__ = [
     "ValidationReport",
     "discovery_enabled",
+    "file_exists",
     "inventory",
     "manifest_problem",
     "offline_list",

@@ -447,6 +447,27 @@ def test_enable_errors_exit_2(env: Env, args: tuple[str, ...], message: str) -> 
     assert (proc.returncode, proc.stderr) == (2, message)
 
 
+def test_enable_and_disable_mean_the_copy_list_and_show_mean(env: Env) -> None:
+    """A project ``tools.json`` that cannot be read (a link that leads nowhere, a FIFO) is
+    a candidate: ``list`` and ``show`` take it for the project copy, which hides the home
+    set. ``disable`` without ``--source`` edited the home copy instead, and said "Tool set
+    acme disabled." of a set that did not count; with ``--source project`` it said the set
+    was not found. The copy that counts is the one edited: its read error, nothing written.
+    """
+    home = env.home_set("acme", exec_set("fmt"))
+    before = home.read_bytes()
+    project = env.workspace / ".crystal" / "tools" / "acme"
+    project.mkdir(parents=True)
+    (project / "tools.json").symlink_to("gone.json")
+    shown = env.run("show", "acme", "--format", "json")
+    assert json.loads(shown.stdout)["source"] == "project", shown.stdout
+    for args in (("disable", "acme"), ("disable", "acme", "--source", "project")):
+        proc = env.run(*args)
+        assert (proc.returncode, proc.stderr) == (2, "tools.json could not be read.\n")
+    assert home.read_bytes() == before
+    assert not (project / "tools.json").exists()  # the link still leads nowhere
+
+
 # -- commands that need the daemon -------------------------------------------------------
 
 
@@ -530,7 +551,7 @@ def test_a_manifest_that_is_not_a_regular_file_is_unreadable_never_waited_on(env
     assert set(rows) == {"fifo", "zero"}, rows
     assert all(row["error"] == "tools.json could not be read." for row in rows.values()), rows
     proc = env.run("enable", "fifo")  # not a file to edit: refused at once, nothing opened
-    assert (proc.returncode, proc.stderr) == (2, "Tool set 'fifo' was not found.\n")
+    assert (proc.returncode, proc.stderr) == (2, "tools.json could not be read.\n")
 
 
 def test_list_offline_skips_a_link_into_a_folder_it_may_not_search(

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from toolsetd.client.editor import EditError, locate_set, set_enabled
+from toolsetd.daemon.paths import file_exists
 
 
 def write(path: Path, text: str) -> Path:
@@ -145,8 +146,8 @@ def test_locate_set_project_wins_over_home(tmp_path: Path) -> None:
     home, workspace = tmp_path / "home", tmp_path / "ws"
     write(home / "tools" / "acme" / "tools.json", "{}")
     write(workspace / ".crystal" / "tools" / "acme" / "tools.json", "{}")
-    assert locate_set(home, workspace, " acme ", None)[1] == "project"
-    assert locate_set(home, workspace, "acme", "home")[1] == "home"
+    assert locate_set(home, workspace, " acme ", None, exists=file_exists)[1] == "project"
+    assert locate_set(home, workspace, "acme", "home", exists=file_exists)[1] == "home"
 
 
 @pytest.mark.parametrize(
@@ -165,7 +166,7 @@ def test_locate_set_errors_use_reference_messages(
 ) -> None:
     """Bad names and missing sets give the reference host's messages."""
     with pytest.raises(EditError) as caught:
-        locate_set(tmp_path / "home", tmp_path / "ws", name, source)
+        locate_set(tmp_path / "home", tmp_path / "ws", name, source, exists=file_exists)
     assert caught.value.message == message
 
 
