@@ -426,11 +426,12 @@ class Watcher:
             try:
                 await self._watch(dirs, stop)
             except Exception as exc:  # any failure of the watch degrades to polling
+                cause = _cause(exc)
                 if self._degraded:
-                    log.debug("watch_retry_failed", error=type(exc).__name__)
+                    log.debug("watch_retry_failed", error=type(cause).__name__)
                 else:
                     self._degraded = True
-                    log.warning("watch_unavailable", error=type(exc).__name__, message=str(exc))
+                    log.warning("watch_unavailable", error=type(cause).__name__, message=str(cause))
                 with anyio.move_on_after(self._retry):
                     await stop.wait()
                 continue
@@ -620,6 +621,18 @@ class Watcher:
             self._failing.difference_update(keys)
             if not self._failing:
                 self._failures.reset()
+
+
+def _cause(exc: BaseException) -> BaseException:
+    """The failure an awatch error stands for.
+
+    watchfiles runs its watch thread inside a task group, so what that thread raised once
+    the watch was running (a name it cannot decode, an error of the notify backend)
+    arrives wrapped in a group of one, whose own message says nothing of it.
+    """
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
 
 
 # -- probes (blocking; run in a worker thread) ----------------------------------------

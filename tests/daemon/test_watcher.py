@@ -298,6 +298,35 @@ async def test_watcher_falls_back_to_polling_when_watch_unavailable(layout: Layo
     assert warnings[0]["log_level"] == "warning"
 
 
+async def test_watch_unavailable_names_the_failure_a_task_group_wrapped(layout: Layout) -> None:
+    """watchfiles raises what its watch thread raised from inside a task group, so a watch
+    that fails once running arrives as an ExceptionGroup: ``watch_unavailable`` said
+    ``ExceptionGroup`` / ``unhandled errors in a TaskGroup (1 sub-exception)``, which tells
+    the operator nothing. It names the exception inside."""
+    home, _ = layout
+    attempts: list[int] = []
+
+    async def failing(*paths: Path, **kwargs: Any) -> AsyncIterator[Batch]:
+        attempts.append(len(paths))
+        cause = RuntimeError("error in underlying watcher: inotify queue broke")
+        raise ExceptionGroup("unhandled errors in a TaskGroup (1 sub-exception)", [cause])
+        yield set()  # pragma: no cover - makes this an async generator
+
+    watcher = Watcher(
+        home, Recorder(), settle_seconds=30.0, recheck_seconds=30.0, watch_factory=failing
+    )
+    with capture_logs() as logs, anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            while not attempts:
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    warnings = [entry for entry in logs if entry["event"] == "watch_unavailable"]
+    assert [(w["error"], w["message"]) for w in warnings] == [
+        ("RuntimeError", "error in underlying watcher: inotify queue broke")
+    ]
+
+
 async def test_watcher_survives_on_change_failure(layout: Layout, fake: FakeWatch) -> None:
     """An exception from on_change is logged and later batches are still delivered."""
     home, _workspace = layout
