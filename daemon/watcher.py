@@ -74,8 +74,12 @@ Four sibling tasks in one task group:
 Failure: if awatch raises (``OSError`` "OS file watch limit reached", a directory that
 vanished between probe and watch, an unsupported filesystem), the watcher logs
 ``watch_unavailable`` once, keeps serving from the poller alone, and retries the watch
-when the directories change or after ``retry_seconds``. Nothing but cancellation leaves
-``run``. Reload through the RPC path is unaffected either way.
+when the directories change or after ``retry_seconds``. One failure is not the watch's:
+an event naming a path that is not UTF-8 (a name made in a watched folder), which
+watchfiles cannot decode, ends its awatch; that watch is started again within a second
+(``watch_restarted``, logged once a minute), and the probe after its start takes in the
+lost batch. Nothing but cancellation leaves ``run``. Reload through the RPC path is
+unaffected either way.
 
 Duplicate calls are expected (an event, then the settle call, sometimes a poll) and
 cheap: the registry re-stats manifests, re-parses only changed ones, and reports
@@ -119,6 +123,7 @@ _STEP_MS = 50  # how often the Rust thread looks at the stop event and for quiet
 _RESTART_PROBE_DELAY = 0.25  # seconds: long enough for a new awatch to be established
 _RUST_TIMEOUT_MS = 5_000  # the thread returns to Python this often even with no events
 _BUSY_RETRY_SECONDS = 1.0  # a reload the daemon was too short of descriptors for: again
+_UNDECODABLE_PACE = 1.0  # seconds between restarts after names watchfiles cannot decode
 #: After a poll, the next waits at least this many times as long as that one took, so the
 #: poller spends at most about 1/20 of a core: a tools root of 100,000 subdirectories
 #: (a hostile checkout) costs ~2 s of stat calls a probe, which every 2 s was a core.
@@ -238,6 +243,8 @@ class Watcher:
         self._deliver_wake = anyio.Event()
         #: A reload failing at every poll logs once a minute, with how many failed.
         self._failures = Throttle()
+        #: Restarts after a name watchfiles could not decode: logged once a minute.
+        self._restarts = Throttle()
         #: Keys whose last delivery failed: while any is, their failures are throttled;
         #: once each was reloaded, the throttle starts afresh (the next failure is news).
         self._failing: set[ReloadKey] = set()
@@ -427,6 +434,25 @@ class Watcher:
                 await self._watch(dirs, stop)
             except Exception as exc:  # any failure of the watch degrades to polling
                 cause = _cause(exc)
+                if _undecodable_name(cause):
+                    # A name in a watched folder that is not UTF-8 (a Latin-1 folder a
+                    # checkout brought, a file written in a set folder) ended the awatch:
+                    # the watch itself works. Started again within a second, and the probe
+                    # after its start takes in what the lost batch held; degraded, every
+                    # edit waited for the poll until the retry. Paced and logged once a
+                    # minute: a tool rewriting such a file would otherwise restart the
+                    # watch (a probe of every set) and log a line at each of its events.
+                    said = self._restarts.count(None)
+                    if said is not None:
+                        log.info(
+                            "watch_restarted",
+                            error=type(cause).__name__,
+                            message=str(cause),
+                            restarts=said,
+                        )
+                    with anyio.move_on_after(min(_UNDECODABLE_PACE, self._recheck)):
+                        await stop.wait()
+                    continue
                 if self._degraded:
                     log.debug("watch_retry_failed", error=type(cause).__name__)
                 else:
@@ -633,6 +659,12 @@ def _cause(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
+
+
+def _undecodable_name(exc: BaseException) -> bool:
+    """Whether an awatch ended on an event whose path watchfiles could not decode (a name
+    that is not UTF-8 reported in a watched folder), which says nothing of the watch."""
+    return isinstance(exc, RuntimeError) and str(exc).startswith("Unable to decode path")
 
 
 # -- probes (blocking; run in a worker thread) ----------------------------------------

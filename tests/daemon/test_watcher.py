@@ -966,6 +966,45 @@ async def test_watcher_a_folder_name_that_is_not_utf8_leaves_the_rest_watched(
                 await anyio.sleep(0.05)
             tg.cancel_scope.cancel()
     assert len([e for e in logs if e["event"] == "watch_started"]) == 1
+async def test_a_name_that_is_not_utf8_made_while_watching_keeps_the_watch(
+    layout: Layout,
+) -> None:
+    """Real watchfiles: a folder named in Latin-1 made in a watched tools root (a checkout
+    or a pull that brings one), or such a file written in a set folder, is an event whose
+    path watchfiles cannot decode: its watch thread raises, and the awatch ends. The
+    watcher took that for a watch that cannot start: ``watch_unavailable``, and only the
+    stat poll (every 2 s) until the retry 30 s later, so every edit in that time waited
+    for the poll. The watch itself works: it is started again at once, and the probe after
+    its start takes in what the lost batch held."""
+    home, _ = layout
+    tools = home / "tools"
+    recorder = Recorder()
+    # Long settle, recheck and retry: the calls below come from file events alone.
+    watcher = Watcher(
+        home, recorder, debounce_ms=50, settle_seconds=60.0, recheck_seconds=60.0,
+        retry_seconds=60.0,
+    )
+    manifest = tools / "a" / "tools.json"
+    with capture_logs() as logs, anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await anyio.sleep(1.0)  # past the probes that follow the watch's start
+            await _poke_until(recorder, None, manifest)
+            for bad in (os.fsencode(tools) + b"/caf\xe9", os.fsencode(tools / "a") + b"/n\xff"):
+                if bad.endswith(b"\xe9"):
+                    os.mkdir(bad)
+                else:
+                    with open(bad, "wb"):
+                        pass
+                await anyio.sleep(1.0)  # the batch that held it, and the probe after it
+                await _poke_until(recorder, None, manifest)
+            tg.cancel_scope.cancel()
+    assert [e for e in logs if e["event"] == "watch_unavailable"] == []
+    restarts = [e for e in logs if e["event"] == "watch_restarted"]
+    assert [e["restarts"] for e in restarts] == [1]  # the second within the minute: counted
+    assert restarts[0]["message"].startswith("Unable to decode path")
+
+
 def _exchange(a: Path, b: Path) -> None:
     """Swap two directories in one step (``renameat2(RENAME_EXCHANGE)``): neither path is
     ever missing, so no probe can see a folder go."""
