@@ -24,7 +24,8 @@ snapshot from the cache. So a reload costs a ``stat`` per set plus work in propo
 what changed.
 
 The generation is one counter for the daemon. It moves when a reload changes any
-snapshot, so a front end that saw generation N and sees N again has the same catalog.
+snapshot, and when idle workspaces are released (their next use builds them afresh), so a
+front end that saw generation N and sees N again has the same catalog.
 
 Workspaces not used for ``idle_seconds`` are dropped by ``evict_idle`` (and with them
 their watches), so a daemon that served many projects does not keep them all.
@@ -780,7 +781,8 @@ class Registry:
             in_use: Workspaces to count as used now (for example, subscribed to).
 
         Returns:
-            The workspaces dropped.
+            The workspaces dropped. Dropping any moves the generation: a workspace's next
+            use builds its catalog afresh, and what it holds then may differ.
         """
         now = self._clock()
         for key in in_use:
@@ -798,6 +800,10 @@ class Registry:
             self._scans.pop(key, None)
             self._positions.pop(key, None)
         if dropped:
+            # Their next use builds them afresh, from files no watch followed meanwhile:
+            # under the same generation, a front end that kept a released workspace's tools
+            # was told nothing had changed when they had.
+            self.generation += 1
             self._prune_cache()
             log.info("workspaces_released", count=len(dropped))
         return [k for k in dropped if k is not None]

@@ -233,6 +233,28 @@ def test_reload_notes_only_change_is_announced(unwatched: Daemon) -> None:
         assert note["params"]["generation"] == before + 1
 
 
+def test_a_workspace_released_as_idle_comes_back_under_another_generation(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A released workspace's catalog is built afresh at its next use, from files that no
+    watch followed meanwhile: listed at generation 1 with one description, released,
+    edited, and listed again, it had the new description under generation 1 still, so a
+    front end that kept the tools it saw at generation 1 was told nothing had changed."""
+    write_set(workspace / ".crystal" / "tools", "proj", SIMPLE)
+    d = start_daemon(home, workspace, tmp_base, ["--workspace-idle", "0.5", "--no-watch"])
+    try:
+        first = d.call("list", {"workspace": str(workspace)})["result"]
+        eventually(lambda: d.call("status")["result"]["workspaces"] == [])
+        manifest = workspace / ".crystal" / "tools" / "proj" / "tools.json"
+        manifest.write_text(manifest.read_text().replace('"description": "', '"description": "new '))
+        again = d.call("list", {"workspace": str(workspace)})["result"]
+        described = {t["name"]: t["description"] for t in again["tools"]}
+        assert described["proj"].startswith("new ")
+        assert again["generation"] != first["generation"]
+    finally:
+        d.stop()
+
+
 @pytest.mark.slow
 def test_reload_subscribed_workspace_is_not_released(
     home: Path, workspace: Path, tmp_base: Path
