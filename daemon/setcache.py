@@ -82,7 +82,9 @@ what it decided last time. ``SetStore`` keeps those decisions on disk, under
   with ``~/.ssh``, the folder is used only if it is owned by the daemon's uid and not
   writable by group or others, and a file in it is read (or appended to) only if it is
   too. The checks are ``fstat`` of the opened folder and files, and every file is opened
-  relative to the folder's descriptor, so what was checked is what is used.
+  relative to the folder's descriptor, so what was checked is what is used. The log line
+  says how to fix it; for a shared (sticky) folder such as ``/tmp``, never by chmod or
+  removal, which would break its other users.
 
 The cache folder is created 0700. A cache that cannot be read or written (read-only
 home, full disk), or cannot be trusted, only costs speed: every error here is swallowed
@@ -627,6 +629,10 @@ class SetStore:
             fix = f"chmod {'700' if stat.S_ISDIR(st.st_mode) else '600'} {path}"
         else:
             return True
+        if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX:
+            # A shared folder such as /tmp (``--cache-dir /tmp``, or a link to it): chmod
+            # (which follows a link) or removing it would break everyone else who uses it.
+            fix = f"give the daemon a folder of its own with --cache-dir (such as {path}/toolsetd)"
         self._warn_once("set_cache_untrusted", path, reason=reason, fix=fix)
         return False
 

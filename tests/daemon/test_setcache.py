@@ -6,6 +6,7 @@ import hashlib
 import importlib.metadata
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -685,6 +686,20 @@ def _commands(catalog: Catalog) -> set[tuple[str, ...]]:
         ),
         pytest.param(ME, 0o777, "writable by group or others", "chmod 700 {}", id="mine_777"),
         pytest.param(ME, 0o720, "writable by group or others", "chmod 700 {}", id="mine_720"),
+        # A shared folder such as /tmp (--cache-dir /tmp): "chmod 700 /tmp" or "remove
+        # /tmp" would break every other user of it.
+        pytest.param(
+            ME, 0o1777, "writable by group or others", "give the daemon a folder of its own",
+            id="mine_shared_1777",
+        ),
+        pytest.param(
+            OTHER,
+            0o1777,
+            f"owned by uid {OTHER}, not this daemon's uid {ME}",
+            "give the daemon a folder of its own",
+            marks=needs_root,
+            id="other_uid_shared_1777",
+        ),
     ],
 )
 def test_setstore_folder_not_the_daemons_alone_is_not_used(
@@ -712,6 +727,26 @@ def test_setstore_folder_not_the_daemons_alone_is_not_used(
     assert untrusted[0]["fix"].startswith(fix.format(folder))
     assert path.read_bytes() == before  # not written either
     assert os.stat(folder).st_uid == uid
+
+
+def test_setstore_a_link_to_a_shared_folder_is_not_told_to_chmod(
+    home: Path, tmp_path: Path
+) -> None:
+    """A cache folder that is a link to a shared folder (``~/.cache/toolsetd -> /tmp``):
+    the fix said ``chmod 700 <the link>``, which chmod follows, making the shared folder
+    private to one user. It says to give the daemon a folder of its own."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    link = tmp_path / "cache"
+    link.symlink_to(shared)
+    with capture_logs() as logs:
+        _build(home, link)
+    untrusted = [e for e in logs if e["event"] == "set_cache_untrusted"]
+    assert [e["path"] for e in untrusted] == [str(link)]
+    assert "chmod" not in untrusted[0]["fix"]
+    assert untrusted[0]["fix"].startswith("give the daemon a folder of its own")
+    assert stat.S_IMODE(os.stat(shared).st_mode) == 0o1777
 
 
 @pytest.mark.parametrize("which", ["path", "journal"])
