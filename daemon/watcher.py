@@ -74,12 +74,13 @@ Four sibling tasks in one task group:
 Failure: if awatch raises (``OSError`` "OS file watch limit reached", a directory that
 vanished between probe and watch, an unsupported filesystem), the watcher logs
 ``watch_unavailable`` once, keeps serving from the poller alone, and retries the watch
-when the directories change or after ``retry_seconds``. One failure is not the watch's:
-an event naming a path that is not UTF-8 (a name made in a watched folder), which
-watchfiles cannot decode, ends its awatch; that watch is started again within a second
-(``watch_restarted``, logged once a minute), and the probe after its start takes in the
-lost batch. Nothing but cancellation leaves ``run``. Reload through the RPC path is
-unaffected either way.
+when the directories change or after ``retry_seconds`` (``watch_retry``, debug; a retried
+watch says ``watch_started`` only at its first change, as it cannot tell it started
+sooner). One failure is not the watch's: an event naming a path that is not UTF-8 (a name
+made in a watched folder), which watchfiles cannot decode, ends its awatch; that watch is
+started again within a second (``watch_restarted``, logged once a minute), and the probe
+after its start takes in the lost batch. Nothing but cancellation leaves ``run``. Reload
+through the RPC path is unaffected either way.
 
 Duplicate calls are expected (an event, then the settle call, sometimes a poll) and
 cheap: the registry re-stats manifests, re-parses only changed ones, and reports
@@ -429,7 +430,14 @@ class Watcher:
             # Events between the previous generation's end and this one's start are lost;
             # a probe shortly after the start turns them into signature changes.
             self._schedule_poll(min(_RESTART_PROBE_DELAY, self._recheck))
-            log.info("watch_started", paths=len(dirs))
+            if self._degraded:
+                # Not "started": a retry of a watch that could not start (the watch limit)
+                # usually fails at once again; said at info, the last line an operator read
+                # claimed a watch while the daemon ran on the poll. ``_watch`` says
+                # ``watch_started`` once it reports a change.
+                log.debug("watch_retry", paths=len(dirs))
+            else:
+                log.info("watch_started", paths=len(dirs))
             try:
                 await self._watch(dirs, stop)
             except Exception as exc:  # any failure of the watch degrades to polling
@@ -479,7 +487,9 @@ class Watcher:
         )
         try:
             async for batch in changes:
-                self._degraded = False
+                if self._degraded:
+                    self._degraded = False
+                    log.info("watch_started", paths=len(dirs))
                 await self._handle_batch(batch)
         finally:
             aclose = getattr(changes, "aclose", None)

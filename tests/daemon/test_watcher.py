@@ -298,6 +298,44 @@ async def test_watcher_falls_back_to_polling_when_watch_unavailable(layout: Layo
     assert warnings[0]["log_level"] == "warning"
 
 
+async def test_a_retry_of_an_unavailable_watch_does_not_say_it_started(layout: Layout) -> None:
+    """With the watch limit reached, every retry (every 30 s) logged ``watch_started`` at
+    info before failing again at debug: the last line an operator read said the watch had
+    started while the daemon ran on the stat poll alone. A retry is logged at debug; the
+    watch is said to have started again once it reports a change."""
+    home, _ = layout
+    attempts: list[int] = []
+    works = anyio.Event()
+
+    async def limited(*paths: Path, stop_event: anyio.Event, **kwargs: Any) -> AsyncIterator[Batch]:
+        attempts.append(len(paths))
+        if not works.is_set():
+            raise OSError("OS file watch limit reached")
+        yield {(Change.modified, str(home / "tools" / "a" / "tools.json"))}
+        await stop_event.wait()
+
+    recorder = Recorder()
+    watcher = Watcher(
+        home, recorder, settle_seconds=30.0, recheck_seconds=30.0, retry_seconds=0.01,
+        watch_factory=limited,
+    )
+    with capture_logs() as logs, anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            while len(attempts) < 5:
+                await anyio.sleep(0.01)
+            watch = {"watch_started", "watch_unavailable", "watch_retry", "watch_retry_failed"}
+            failing = [e["event"] for e in logs if e["event"] in watch]
+            works.set()
+            await recorder.wait_for(None)
+            tg.cancel_scope.cancel()
+    assert failing[:2] == ["watch_started", "watch_unavailable"]
+    assert "watch_started" not in failing[2:]
+    assert {"watch_retry", "watch_retry_failed"} >= set(failing[2:])
+    after = [e for e in logs if e["event"] == "watch_started"][1:]
+    assert [e["log_level"] for e in after] == ["info"]
+
+
 async def test_watch_unavailable_names_the_failure_a_task_group_wrapped(layout: Layout) -> None:
     """watchfiles raises what its watch thread raised from inside a task group, so a watch
     that fails once running arrives as an ExceptionGroup: ``watch_unavailable`` said
