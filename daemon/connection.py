@@ -581,6 +581,11 @@ class Connection:
                     frames += 1
                     if type(event) is BadMessage:
                         self.post(error_message(None, rpc_errors.ParseError(event.message)))
+                        # Held back like a request's answer: half a megabyte of ``x`` lines,
+                        # read at once, queued an answer to each (4 KiB a frame, as orjson
+                        # allocates them: a gigabyte) for a peer that never read them.
+                        if wire.backlogged:
+                            await wire.wait_drained()
                         continue
                     assert isinstance(event, Message)
                     self.last_active = arrived

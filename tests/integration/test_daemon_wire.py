@@ -420,6 +420,49 @@ def test_daemon_unread_mcp_flood_of_non_requests_keeps_memory_bounded(
         assert d.stop() == 0
 
 
+@pytest.mark.slow
+def test_daemon_unread_flood_of_lines_that_are_not_json_keeps_memory_bounded(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A client pouring lines that do not parse (each answered -32700) and never reading:
+    the daemon stops reading it once the answers back up, as for requests. It used to
+    answer every line of what it had read at once: 40 KB of ``x`` lines cost it 72 MB
+    (each answer a frame of 4 KiB, as orjson allocates them), half a megabyte of them a
+    gigabyte."""
+    d = start_daemon(home, workspace, tmp_base, ["--no-watch"])
+    flood = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        flood.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        flood.connect(str(d.socket))
+        assert b'"result"' in _status_bytes(flood)
+        before = _rss_kib(d.proc.pid, "VmHWM:")
+        flood.settimeout(5)
+        try:
+            flood.sendall(b"x\n" * (4 << 20 >> 1))  # 4 MB of lines
+        except OSError:
+            pass  # the daemon stopped reading: what it should do
+        time.sleep(1)
+        grew = _rss_kib(d.proc.pid, "VmHWM:") - before
+        assert grew < 32 * 1024, f"daemon's peak RSS grew by {grew} KiB"
+        assert "result" in d.call("status")  # everyone else is still served
+    finally:
+        flood.close()
+        assert d.stop() == 0
+
+
+def _status_bytes(sock: socket.socket) -> bytes:
+    """Send one status request on ``sock`` and read its answer's bytes."""
+    sock.sendall(b'{"jsonrpc": "2.0", "id": 1, "method": "status"}\n')
+    sock.settimeout(10)
+    answer = b""
+    while not answer.endswith(b"\n"):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    return answer
+
+
 def test_daemon_unread_client_does_not_hold_other_clients_calls(
     home: Path, workspace: Path, tmp_base: Path
 ) -> None:
