@@ -74,6 +74,9 @@ class Wire(asyncio.Protocol):
         self.eof = False
         #: The socket is closed, by either side.
         self.lost = False
+        #: Our writing side is shut down (``linger``): frames committed now are dropped, as
+        #: for a closed socket (asyncio raises on a write after ``write_eof``).
+        self.shut = False
         self._lost_waiters: list[asyncio.Future[None]] = []
         self._write_paused = False
         #: Frames committed in order but not yet handed to the transport.
@@ -274,12 +277,12 @@ class Wire(asyncio.Protocol):
     def write_now(self, frame: bytes) -> bool:
         """Hand a frame to the transport if it may go now; False if it would have to wait.
 
-        Frames for a closed socket are discarded (True: there is nothing to wait for). A
-        held frame goes first.
+        Frames for a closed socket, or one whose writing side is shut down, are discarded
+        (True: there is nothing to wait for). A held frame goes first.
         """
         if self._held is not None:
             self.release()
-        if self.lost:
+        if self.lost or self.shut:
             return True
         if self._write_paused or self._pending:
             return False
@@ -351,7 +354,7 @@ class Wire(asyncio.Protocol):
         the held frame goes out alone at the start of the next one. Order is kept: a
         frame committed later, by any path, goes after it.
         """
-        if self.lost:
+        if self.lost or self.shut:
             return
         if self._held is None:
             self._held = frame
@@ -399,6 +402,9 @@ class Wire(asyncio.Protocol):
             transport.resume_reading()
         if not self.eof:
             if transport.can_write_eof():
+                # A frame committed from now on (a catalogChanged, the notice of an
+                # eviction to make room) is dropped: the peer is told nothing more.
+                self.shut = True
                 transport.write_eof()
             waiter = self._loop.create_future()
             self._eof_waiters.append(waiter)

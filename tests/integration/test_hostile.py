@@ -968,6 +968,48 @@ def test_an_oversize_line_between_requests_is_refused_too(method: str) -> None:
             assert conn.receive()["id"] == 2
 
 
+def test_a_newcomer_is_served_while_the_table_holds_a_connection_being_closed() -> None:
+    """A connection the daemon is closing (after its -32007 here) lingers, its writing side
+    shut down, until its client closes too: it holds nothing, so a newcomer to a full
+    table has it make room. Its eviction notice was written after that shutdown, which
+    asyncio refuses (``RuntimeError``), and that ended the whole daemon."""
+    with daemon_in(
+        "tsl-", args=["--no-watch", "--max-connections", "1", "--max-message-bytes", "100"]
+    ) as d, d.raw() as closing:
+        closing.send_bytes(b"x" * 200 + b"\n")
+        assert closing.receive()["error"]["code"] == -32007  # then it lingers, open
+        with d.raw() as newcomer:
+            assert "result" in newcomer.request("status")
+        assert d.proc.poll() is None, d.log()[-3000:]
+
+
+def test_a_reload_announces_while_a_subscriber_is_being_closed() -> None:
+    """A subscriber the daemon is closing is told nothing more, and the reload that would
+    have told it answers all the same (it was -32603: the catalogChanged was written
+    after the connection's writing side was shut down)."""
+
+    def fill(home: Path, workspace: Path) -> None:
+        write_set(home / "tools", "noop", {
+            "runner": "exec", "description": "one", "schema": {"type": "object"},
+            "command": ["/bin/true"], "approval": "always", "stdin": False,
+        })
+
+    with daemon_in("tsr-", fill, args=["--no-watch", "--max-message-bytes", "200"]) as d:
+        with d.raw() as closing, d.raw() as other:
+            for conn in (closing, other):
+                assert "result" in conn.request("list", {"subscribe": True})
+            closing.send_bytes(b"x" * 300 + b"\n")
+            assert closing.receive()["error"]["code"] == -32007  # then it lingers, open
+            manifest = d.home / "tools" / "noop" / "tools.json"
+            manifest.write_text(manifest.read_text().replace('"one"', '"two"'))
+            other.send({"jsonrpc": "2.0", "id": "r", "method": "reload", "params": {}})
+            told = []
+            while "method" in (reload := other.receive()):
+                told.append(reload["method"])
+            assert reload["result"]["changed"], reload
+            assert told == ["catalogChanged"], told
+
+
 def test_past_the_in_flight_limit_each_frame_is_answered_as_itself() -> None:
     """-32008 carries the request's id; a notification gets nothing; a batch an array."""
     args = ["--no-watch", "--max-calls-per-connection", "1"]
