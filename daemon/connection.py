@@ -306,6 +306,9 @@ class Connection:
         #: The bytes of an incomplete line over ``LARGE_TEXT`` counted in the server's
         #: ``large_requests`` (a line being received holds memory too).
         self._partial = 0
+        #: True while the reader waits for a complete large line's parse: its request is in
+        #: flight already (``evictable``).
+        self._parsing = False
         #: Cancel events of this connection's running invoke calls, by call id.
         self.calls = CallTable()
         #: Workspace keys (a path string, or None for home) this client subscribed to.
@@ -330,12 +333,14 @@ class Connection:
 
     @property
     def evictable(self) -> bool:
-        """Whether closing it loses nothing: no request in flight, no subscription, and
-        not bound to MCP (a host's whole session, which it cannot open again unasked)."""
+        """Whether closing it loses nothing: no request in flight (a large line waiting
+        for its parse included), no subscription, and not bound to MCP (a host's whole
+        session, which it cannot open again unasked)."""
         return (
             not self._closed
             and self.route is None
             and self._in_flight == 0
+            and not self._parsing
             and not self.calls
             and not self.subscriptions
             and not (self._wire is not None and (self._wire.has_data or self._wire.backlogged))
@@ -562,11 +567,14 @@ class Connection:
                             return
                         # Off the loop (``large.LARGE_TEXT``); this connection's later lines
                         # wait, in order, as they wait for any await of the reader.
+                        self._parsing = True
                         try:
                             parsed = await self._server.large_requests.parse(parse_line, event.line)
                         except BaseException:
                             self._release(held)
                             raise
+                        finally:
+                            self._parsing = False
                         # The parse may have waited behind other connections' (one at a
                         # time, daemon-wide) while this reader took nothing: a line begun
                         # in this chunk is timed from now, not from before that wait.

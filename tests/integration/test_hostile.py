@@ -983,6 +983,31 @@ def test_a_newcomer_is_served_while_the_table_holds_a_connection_being_closed() 
         assert d.proc.poll() is None, d.log()[-3000:]
 
 
+def test_a_connection_whose_large_line_is_being_parsed_does_not_make_room() -> None:
+    """A complete request whose large line waits for its parse (seconds, for millions of
+    numbers) is in flight: its connection is not closed to make room for a newcomer while
+    an idle one is there. It was: the request then ran on a closed connection, and an
+    invoke was answered ``cancelled`` after the -32008, without running."""
+    with daemon_in("tsp-", _noop_set, args=["--no-watch", "--max-connections", "2"]) as d:
+        with d.raw(timeout=60) as parsing, d.raw() as idle:
+            assert "result" in idle.request("status")
+            numbers = ",".join(["1.5"] * 3_000_000)  # 12 MB: seconds to parse
+            parsing.send_bytes(
+                b'{"jsonrpc": "2.0", "id": "big", "method": "invoke", "params": {"tool": '
+                b'"noop", "workspace": "' + str(d.workspace).encode() + b'", "arguments": '
+                b'{"n": [' + numbers.encode() + b"]}}}\n"
+            )
+            time.sleep(0.3)  # the line is in; its parse takes seconds more
+            with d.raw() as newcomer:
+                assert "result" in newcomer.request("status")
+            assert idle.closed_by_peer(), "the idle connection made room"
+            answer = parsing.receive()
+            while "method" in answer:  # started, progress, completed
+                answer = parsing.receive()
+            assert answer.get("id") == "big", answer
+            assert answer["result"]["status"] == "ok", answer
+
+
 def test_a_reload_announces_while_a_subscriber_is_being_closed() -> None:
     """A subscriber the daemon is closing is told nothing more, and the reload that would
     have told it answers all the same (it was -32603: the catalogChanged was written
