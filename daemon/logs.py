@@ -31,6 +31,7 @@ written as before, waiting.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -288,12 +289,13 @@ class LineWriter:
 
 
 class LineLogger:
-    """A structlog logger that hands each rendered line to a ``LineWriter``, whole."""
+    """A structlog logger that hands each rendered line, whole, to ``line`` (a
+    ``LineWriter``'s, or ``_print_line`` for a file or a terminal)."""
 
     __slots__ = ("_line",)
 
-    def __init__(self, writer: LineWriter) -> None:
-        self._line = writer.line
+    def __init__(self, line: Callable[[str], object]) -> None:
+        self._line = line
 
     def msg(self, message: str) -> None:
         self._line(message)
@@ -344,7 +346,7 @@ def say(text: str) -> None:
         text = "\n".join(PRIORITIES["error"] + line for line in text.split("\n"))
     writer = _WRITER
     if writer is None:
-        print(text, file=sys.stderr)  # noqa: T201 - the operator's message
+        _print_line(text)  # the operator's message; lost, not raised, if it cannot be written
     else:
         writer.last(text)
 
@@ -453,7 +455,10 @@ def configure_logging(
     if journal:
         processors.append(_prefix_priority)
     global _WRITER
-    factory: Callable[..., Any] = structlog.PrintLoggerFactory(sys.stderr)
+
+    def factory(*_args: Any) -> LineLogger:
+        return LineLogger(_print_line)
+
     _WRITER = None
     send = _nonblocking_sender(sys.stderr.fileno()) if _has_fileno(sys.stderr) else None
     for handler in [h for h in logging.root.handlers if isinstance(h, _StdlibLines)]:
@@ -476,7 +481,7 @@ def configure_logging(
         writer = _WRITER = LineWriter(send, notice, fileno=sys.stderr.fileno())
 
         def factory(*_args: Any) -> LineLogger:
-            return LineLogger(writer)
+            return LineLogger(writer.line)
 
         # The standard library's loggers (asyncio's "Exception in callback", OpenTelemetry's
         # exporter) would otherwise reach stderr through logging's last-resort handler, a
@@ -517,9 +522,34 @@ class _StdlibLines(logging.Handler):
             self.handleError(record)
 
 
+#: One line at a time on a stderr that is a file or a terminal (any thread may log).
+_PRINT_LOCK = threading.Lock()
+
+
 def _print_line(text: str) -> None:
-    """Write one line on stderr as it is now (a file or a terminal: waiting is fine)."""
-    print(text, file=sys.stderr, flush=True)  # noqa: T201 - a log line
+    """Write one line on stderr as it is now (a file or a terminal: waiting is fine).
+
+    A line that cannot be written is lost: a log file on a full disk (ENOSPC), a terminal
+    closed since the start (EIO). structlog's ``PrintLogger`` raised that OSError out of
+    whatever logged, and the daemon exited at its next line (a call, a reload, the stop).
+    The line goes to the descriptor itself, in UTF-8 as a pipe's lines do: ``sys.stderr``
+    keeps what it could not write, and its flush at exit then failed again (exit 120).
+    """
+    data = (text + "\n").encode("utf-8", "backslashreplace")
+    with _PRINT_LOCK:
+        try:
+            fd = sys.stderr.fileno()
+        except (AttributeError, OSError, ValueError):  # pytest's capture: not a descriptor
+            with contextlib.suppress(OSError):
+                sys.stderr.write(text + "\n")
+                sys.stderr.flush()
+            return
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(fd, view) :]
+        except OSError:
+            pass
 
 
 def _has_fileno(stream: Any) -> bool:

@@ -1268,3 +1268,45 @@ def test_as_process_1_the_orphans_of_calls_are_reaped(
 
 def _children(pid: int) -> list[str]:
     return Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("log_format", ["json", "console"])
+def test_a_log_that_cannot_be_written_ends_no_daemon(
+    ops_home: Path, tmp_base: Path, log_format: str
+) -> None:
+    """``toolsetd 2>>toolsetd.log`` on a full disk, or started from a terminal that was
+    closed since (every write to it fails with EIO): the first log line that could not be
+    written raised its OSError out of the code that logged it, and the daemon exited 1
+    (here before it served; when it happened later, at the next call, reload or stop).
+    Now a line that cannot be written is lost, and the daemon serves, reloads and stops."""
+    sock = tmp_base / "full.sock"
+    argv = [sys.executable, "-m", "toolsetd.daemon", "--home", str(ops_home), "--socket",
+            str(sock), "--no-watch", "--log-level", "debug", "--log-format", log_format,
+            "--config", str(_config(tmp_base, ""))]
+    # stderr buffered, as a service's is: what the buffer kept failed again at exit (120).
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")}
+    env.pop("PYTHONUNBUFFERED", None)
+    with open("/dev/full", "w") as full:
+        proc = subprocess.Popen(argv, stderr=full, stdout=full, env=env)  # noqa: S603
+    try:
+        def answers() -> bool:
+            assert proc.poll() is None, f"toolsetd exited {proc.returncode}"
+            try:
+                with RawConn(sock, timeout=5) as conn:
+                    return "result" in conn.request("status")
+            except (OSError, EOFError):
+                return False
+
+        eventually(answers, timeout=20, what="an answer")
+        proc.send_signal(signal.SIGHUP)
+        with RawConn(sock, timeout=30) as conn:
+            _, reply = conn.invoke(
+                {"tool": "quick", "arguments": {}, "workspace": str(tmp_base)}
+            )
+            assert reply["result"]["status"] == "ok", reply
+            assert "result" in conn.request("reload", {})
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
