@@ -902,6 +902,14 @@ def reload_settings(
     Raises:
         ConfigError: The file is unusable now; the running settings stay.
     """
+    # A relative path from the environment (CRYSTAL_HOME=home) was made absolute at start,
+    # against the working directory then, as a relative flag is (parse_command_line):
+    # read again, it named whatever that directory had become (a restart "needed" for a
+    # value nobody changed), or, the directory removed, failed every reload.
+    environ = dict(environ)
+    for option in OPTIONS:
+        if option.env and running.sources.get(option.key) == f"env {option.env}":
+            environ[option.env] = str(getattr(running, option.attr))
     fresh = load_settings(args, environ)
     applied: list[str] = []
     restart: list[str] = []

@@ -334,6 +334,36 @@ def test_settings_relative_flags_are_the_start_directorys_at_every_reload(
     assert outcome.settings.home == tmp_path / "home"
 
 
+def test_settings_relative_environment_paths_are_the_start_directorys_at_every_reload(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``CRYSTAL_HOME=home TOOLSETD_SOCKET=s.sock toolsetd``: the flags' relative paths are
+    resolved once, at start, but the environment's were resolved again at each reload,
+    against whatever the working directory had become: moved, every reload said socket and
+    home need a restart (nobody had changed them); removed, every reload failed
+    ("(from CRYSTAL_HOME) is relative ... gone"), and so did systemctl reload."""
+    start = tmp_path / "start"
+    start.mkdir()
+    config = tmp_path / "t.toml"
+    config.write_text("max-running = 3\n")
+    monkeypatch.chdir(start)
+    args = parse_command_line(["--config", str(config)], "t")
+    environ = {"CRYSTAL_HOME": "home", "TOOLSETD_SOCKET": "s.sock"}
+    running = load_settings(args, environ)
+    assert running.home == start / "home" and running.socket == start / "s.sock"
+    config.write_text("max-running = 4\n")
+    start.rename(tmp_path / "moved")  # the daemon's working directory moved
+    outcome = reload_settings(running, args, environ)
+    assert outcome.restart_needed == () and outcome.applied == ("max-running",)
+    assert outcome.settings.home == start / "home"
+    assert outcome.settings.socket == start / "s.sock"
+    (tmp_path / "moved").rmdir()  # and is gone
+    config.write_text("max-running = 5\n")
+    outcome = reload_settings(outcome.settings, args, environ)
+    assert outcome.settings.max_running == 5 and outcome.restart_needed == ()
+    assert outcome.settings.sources["home"] == "env CRYSTAL_HOME"
+
+
 def test_settings_relative_flags_in_a_removed_working_directory_are_a_usage_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
