@@ -787,9 +787,16 @@ async def _watchdog(notifier: Notifier, interval: float) -> None:
 async def _report_status(
     notifier: Notifier, registry: Registry, handlers: Handlers, state: _State
 ) -> None:
-    """Send ``STATUS=`` whenever the load changed since the last one sent."""
+    """Send ``STATUS=`` whenever the load changed since the last one sent, checked every
+    ``status_interval`` seconds in force (a reload changes it: as for the idle check, a
+    lowered value counts within ``_IDLE_CHECK_TICK``, not after the old interval)."""
+    checked = anyio.current_time()
     while True:
-        await anyio.sleep(state.options.status_interval)
+        wait = checked + state.options.status_interval - anyio.current_time()
+        if wait > 0:
+            await anyio.sleep(min(wait, _IDLE_CHECK_TICK))
+            continue
+        checked = anyio.current_time()
         text = _status_text(registry, handlers, state)
         if text != state.status and notifier.status(text):
             state.status = text

@@ -645,3 +645,26 @@ async def test_stop_forced_cancel_lets_shielded_handler_cleanup_finish(tmp_base:
             await stream.aclose()
     assert cleanup["started"]
     assert cleanup["finished"]
+
+
+def test_a_reload_lowering_status_interval_takes_effect_within_the_new_interval(
+    svc_home: Path, workspace: Path, tmp_base: Path, notify_path: tuple[str, Notifications]
+) -> None:
+    """status-interval is applied at reload (docs/operations.md), but the status task slept
+    the old interval out first: started at an hour and lowered to 0.1 s, systemctl status
+    showed the start's line for up to that hour. The new interval counts within a second."""
+    address, notes = notify_path
+    config = tmp_base / "status.toml"
+    config.write_text("status-interval = 3600\n")
+    d = start_daemon(svc_home, workspace, tmp_base, ["--no-watch", "--config", str(config)],
+                     env={"NOTIFY_SOCKET": address})
+    try:
+        assert notes.expect(has("READY", "1"), what="READY=1")["STATUS"].endswith(
+            "(0 workspaces); 0 calls in flight")
+        config.write_text("status-interval = 0.1\n")
+        assert d.call("reload", {})["result"]["config"]["applied"] == ["status-interval"]
+        assert "result" in d.call("list", {"workspace": str(workspace)})
+        notes.expect(lambda m: "(1 workspaces)" in m.get("STATUS", ""), timeout=15,
+                     what="STATUS with the workspace, after the reload")
+    finally:
+        d.stop()
