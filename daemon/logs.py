@@ -486,11 +486,11 @@ def configure_logging(
         # The standard library's loggers (asyncio's "Exception in callback", OpenTelemetry's
         # exporter) would otherwise reach stderr through logging's last-resort handler, a
         # blocking write: the same writer takes them, rendered as our lines.
-        logging.root.addHandler(_StdlibLines(writer.line, render))
+        logging.root.addHandler(_StdlibLines(writer.line, render, numeric))
     else:
         # A file or a terminal, written to waiting as our own lines are; through the
         # last-resort handler they were bare text, no JSON object in a JSON log.
-        logging.root.addHandler(_StdlibLines(_print_line, render))
+        logging.root.addHandler(_StdlibLines(_print_line, render, numeric))
 
     structlog.configure(
         processors=processors,
@@ -501,13 +501,17 @@ def configure_logging(
 
 
 class _StdlibLines(logging.Handler):
-    """The standard library's log records (warning and up), rendered as our lines and handed
-    to ``write`` (a ``LineWriter``'s ``line``, or ``_print_line``)."""
+    """The standard library's log records (warning and up, and none below the daemon's
+    ``--log-level``), rendered as our lines and handed to ``write`` (a ``LineWriter``'s
+    ``line``, or ``_print_line``)."""
 
     def __init__(
-        self, write: Callable[[str], object], render: Callable[[str, dict[str, Any]], str]
+        self,
+        write: Callable[[str], object],
+        render: Callable[[str, dict[str, Any]], str],
+        level: int = logging.WARNING,
     ) -> None:
-        super().__init__(logging.WARNING)
+        super().__init__(max(logging.WARNING, level))
         self._write = write
         self._render = render
 

@@ -299,3 +299,23 @@ def test_logs_the_standard_librarys_records_are_lines_on_a_file_too(
     else:
         assert "Failed to export \\x1b[31m" in lines[0] and "\x1b" not in lines[0]
         assert "opentelemetry.exporter" in lines[0]
+
+
+def test_logs_the_standard_librarys_records_follow_the_log_level(tmp_path: Path) -> None:
+    """``--log-level error`` left out the daemon's own warnings, but a standard-library
+    warning (an OpenTelemetry exporter's, asyncio's) still came out: its handler took
+    warning and up whatever the level said."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging\n"
+        "from toolsetd.daemon.logs import configure_logging\n"
+        "configure_logging('json', 'error', journal=False)\n"
+        "logging.getLogger('opentelemetry.exporter').warning('left out')\n"
+        "logging.getLogger('asyncio').error('kept')\n"
+    )
+    path = tmp_path / "daemon.log"
+    with open(path, "w") as stderr:
+        subprocess.run([sys.executable, "-c", code], stderr=stderr, check=True, timeout=60)
+    assert [json.loads(line)["event"] for line in path.read_text().splitlines()] == ["kept"]
