@@ -933,7 +933,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = _init_for_the_daemon()
         if code is not None:
             return code  # the init: the daemon ran as its child, and has ended
-    args = parse_command_line(argv, __version__)
+    try:
+        args = parse_command_line(argv, __version__)
+    except OSError as exc:  # --help or --version could not be written
+        return _stdout_failed(exc)
     try:
         settings = load_settings(args, os.environ)
         options = _start_options(settings, args)
@@ -942,7 +945,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "socket": str(default_socket_path(os.environ)),
                 "home": str(options.home),
             }
-            sys.stdout.write(format_settings(settings, resolved, default_config_path(os.environ)))
+            text = format_settings(settings, resolved, default_config_path(os.environ))
+            try:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            except OSError as exc:
+                return _stdout_failed(exc)
             return 0
         if options.traces != "off":
             options = replace(options, tracer_provider=_tracer_provider(options.traces))
@@ -967,6 +975,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         if options.tracer_provider is not None:
             _flush_spans(options.tracer_provider)
     return 0
+
+
+def _stdout_failed(exc: OSError) -> int:
+    """``--print-config``, ``--help`` or ``--version`` could not be written to stdout: a
+    reader that went away (``| head``) is no failure; anything else (a full disk) is said.
+
+    What stdout still buffers goes to ``/dev/null``: the interpreter's flush at exit would
+    fail again (a traceback, or "Exception ignored" and exit 120).
+    """
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    if isinstance(exc, BrokenPipeError):
+        return 0
+    say(f"toolsetd: cannot write to stdout: {exc.strerror or exc}")
+    return 1
 
 
 #: What the init passes on to the daemon (``_init_for_the_daemon``).

@@ -44,6 +44,7 @@ import ipaddress
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -427,6 +428,14 @@ class _Parser(argparse.ArgumentParser):
 
         say(f"{self.format_usage().rstrip()}\n{self.prog}: error: {message}")
         raise SystemExit(2)
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        """Write ``--help`` or ``--version``, its OSError raised (``app.main`` says it):
+        argparse swallows it, and ``toolsetd --help > /dev/full`` exited 0, said nothing."""
+        if message:
+            stream = file or sys.stderr
+            stream.write(message)
+            stream.flush()  # buffered, the error would come at exit: "Exception ignored", 120
 
 
 def build_parser(version: str) -> argparse.ArgumentParser:

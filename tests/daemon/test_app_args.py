@@ -50,3 +50,42 @@ def test_allow_group_is_looked_up_once_into_the_gid_the_policy_allows(tmp_path) 
     assert parse_args(["--config", str(config)]).allow_gid is None
     with pytest.raises(ConfigError, match='--allow-group: no group is named "no-such-grp-tsd"'):
         parse_args(["--config", str(config), "--allow-group", "no-such-grp-tsd"])
+
+
+@pytest.mark.parametrize("flag", ["--print-config", "--help", "--version"])
+def test_a_stdout_that_cannot_be_written_is_said_and_a_gone_reader_is_not(
+    tmp_path, flag: str  # type: ignore[no-untyped-def]
+) -> None:
+    """``toolsetd --print-config > /dev/full`` (a full disk) ended in a traceback, and so did
+    ``toolsetd --print-config`` into a pipe whose reader had left; ``--help`` and
+    ``--version`` there exited 0 with nothing said (argparse swallows the write's error).
+    Now a failing stdout is one line on stderr and exit 1; a reader gone is no failure."""
+    import os
+    import subprocess
+    import sys
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("needs /dev/full")
+    config = tmp_path / "toolsetd.toml"
+    config.write_text("")
+    argv = [sys.executable, "-m", "toolsetd.daemon", "--config", str(config), flag]
+    # Buffered, as a service's stdout is: an error the write does not raise comes at exit.
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
+    env.pop("PYTHONUNBUFFERED", None)
+    with open("/dev/full", "w") as full:
+        r = subprocess.run(  # noqa: S603
+            argv, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, env=env,
+            check=False,
+        )
+    assert r.stderr.splitlines() == ["toolsetd: cannot write to stdout: No space left on device"]
+    assert r.returncode == 1
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader left before a byte was written
+    try:
+        closed = subprocess.run(  # noqa: S603
+            argv, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60, env=env,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert (closed.returncode, closed.stderr) == (0, "")
