@@ -343,7 +343,7 @@ def say(text: str) -> None:
     default priority (info), and ``journalctl -p warning`` left out why the daemon stopped.
     """
     if stderr_is_journal():
-        text = "\n".join(PRIORITIES["error"] + line for line in text.split("\n"))
+        text = _with_priority(PRIORITIES["error"], text)
     writer = _WRITER
     if writer is None:
         _print_line(text)  # the operator's message; lost, not raised, if it cannot be written
@@ -393,7 +393,15 @@ def _open_sender(fd: int, mode: int) -> Callable[[bytes | bytearray], int] | Non
 def _prefix_priority(_logger: Any, method: str, line: Any) -> str:
     """Put the sd-daemon priority in front of the rendered line (the last processor)."""
     text = line.decode() if isinstance(line, bytes) else line
-    return PRIORITIES.get(method, "<6>") + text
+    return _with_priority(PRIORITIES.get(method, "<6>"), text)
+
+
+def _with_priority(prefix: str, text: str) -> str:
+    """``prefix`` in front of every line of ``text``: journald files each line as an entry
+    of its own, and a console traceback's lines after the first were filed as info."""
+    if "\n" not in text:
+        return prefix + text
+    return "\n".join(prefix + line for line in text.split("\n"))
 
 
 def _printable_values(
@@ -471,7 +479,7 @@ def configure_logging(
         if fmt != "json":
             _printable_values(None, level, fields)
         text = renderer(None, level, fields)
-        return (PRIORITIES.get(level, "<6>") if journal else "") + str(text)
+        return _with_priority(PRIORITIES.get(level, "<6>"), str(text)) if journal else str(text)
 
     if send is not None:
 

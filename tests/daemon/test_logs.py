@@ -319,3 +319,29 @@ def test_logs_the_standard_librarys_records_follow_the_log_level(tmp_path: Path)
     with open(path, "w") as stderr:
         subprocess.run([sys.executable, "-c", code], stderr=stderr, check=True, timeout=60)
     assert [json.loads(line)["event"] for line in path.read_text().splitlines()] == ["kept"]
+
+
+def test_logs_every_line_of_a_console_traceback_carries_its_priority(tmp_path: Path) -> None:
+    """``--log-format console`` on the journal: an error's traceback (``request_failed``, a
+    standard-library record with one) is several lines, and only the first carried ``<3>``;
+    journald files each line as an entry of its own, so the rest were info, and
+    ``journalctl -p err`` showed the event without its traceback. Every line carries it."""
+    import subprocess
+    import sys
+
+    code = (
+        "import logging, structlog\n"
+        "from toolsetd.daemon.logs import configure_logging\n"
+        "configure_logging('console', 'info', journal=True)\n"
+        "try:\n"
+        "    1 / 0\n"
+        "except ZeroDivisionError:\n"
+        "    structlog.get_logger('t').exception('request_failed', incident='i-1')\n"
+        "    logging.getLogger('asyncio').error('Exception in callback', exc_info=True)\n"
+    )
+    path = tmp_path / "daemon.log"
+    with open(path, "w") as stderr:
+        subprocess.run([sys.executable, "-c", code], stderr=stderr, check=True, timeout=60)
+    lines = path.read_text().splitlines()
+    assert sum("ZeroDivisionError: division by zero" in line for line in lines) == 2
+    assert [line for line in lines if not line.startswith("<3>")] == []
