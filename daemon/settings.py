@@ -50,6 +50,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal, NoReturn
 
+from toolsetd.protocol.printable import printable  # at load: ConfigError is made short of fds too
+
 from .config_file import read_regular_file
 from .confinement import ConfinementConfig, parse_confinement
 from .exhaustion import out_of_resources
@@ -392,7 +394,9 @@ class ConfigError(Exception):
         where = ""
         if path is not None:
             where = f"{path}:{line}: " if line else f"{path}: "
-        super().__init__(f"{where}{f'{key}: ' if key else ''}{message}")
+        # One line a terminal shows but cannot act on: keys and values come from the file
+        # (toolsetd --config their.toml --print-config checks a file someone else wrote).
+        super().__init__(printable(f"{where}{f'{key}: ' if key else ''}{message}"))
         self.path = path
         self.line = line
         self.key = key

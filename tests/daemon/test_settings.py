@@ -529,3 +529,23 @@ def test_an_empty_home_is_the_passwd_entrys(tmp_path: Path, monkeypatch: pytest.
     assert options.home == entry / ".crystal"
     assert default_config_path({"HOME": ""}, 1000) == entry / ".config" / "toolsetd" / "toolsetd.toml"
     assert default_cache_dir({"HOME": ""}) == entry / ".cache" / "toolsetd"
+
+
+def test_settings_errors_show_the_files_control_characters_escaped(tmp_path: Path) -> None:
+    """``toolsetd --config their.toml --print-config`` (checking a file someone else wrote)
+    writes every value with its control characters escaped, so none reaches the terminal
+    raw; but an error naming an unknown key, a bad value or a set name printed them as
+    they came: an ESC sequence in the file could clear the screen or retitle the window,
+    and a newline forge a line of the message. They are escapes now, as in the console log."""
+    for text in (
+        '"\\u001b[2Jevil" = 1\n',
+        'log-level = "\\u001b]0;title\\u0007"\n',
+        'home = "relative\\nforged"\n',
+        '[confinement.sets."\\u001b[2Jx"]\nprofile = "strict"\n',
+    ):
+        path = _write(tmp_path, text)
+        with pytest.raises(ConfigError) as caught:
+            load_settings(_args("--config", str(path)), {})
+        message = str(caught.value)
+        assert not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in message), message
+        assert "\\x1b" in message or "\\n" in message, message
