@@ -946,9 +946,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "home": str(options.home),
             }
             text = format_settings(settings, resolved, default_config_path(os.environ))
+            # UTF-8, the file's own encoding, whatever the locale (in LC_ALL=C a value
+            # outside ASCII raised UnicodeEncodeError); a path's undecodable bytes as they were.
+            data = text.encode("utf-8", "surrogateescape")
             try:
-                sys.stdout.write(text)
                 sys.stdout.flush()
+                sys.stdout.buffer.write(data)
+                sys.stdout.buffer.flush()
             except OSError as exc:
                 return _stdout_failed(exc)
             return 0

@@ -89,3 +89,33 @@ def test_a_stdout_that_cannot_be_written_is_said_and_a_gone_reader_is_not(
     finally:
         os.close(write_end)
     assert (closed.returncode, closed.stderr) == (0, "")
+
+
+@pytest.mark.parametrize(
+    "locale_env",
+    [
+        {"PYTHONIOENCODING": "ascii"},
+        {"PYTHONIOENCODING": "latin-1"},
+        {"LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"},
+    ],
+)
+def test_print_config_is_utf8_in_any_locale(tmp_path, locale_env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+    """``toolsetd --print-config`` in a minimal image's legacy locale: a value with a letter
+    outside ASCII (``home = "/srv/Zoë"``, as the file has it in UTF-8) ended in a
+    UnicodeEncodeError traceback, or came out in latin-1, no valid toolsetd.toml. It is the
+    file's own encoding, UTF-8, whatever the locale."""
+    import os
+    import subprocess
+    import sys
+    import tomllib
+
+    config = tmp_path / "toolsetd.toml"
+    config.write_text('home = "/srv/Zoë ✓"\n', encoding="utf-8")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LANG", "LC_ALL", "LC_CTYPE", "PYTHONUTF8", "PYTHONIOENCODING")}
+    r = subprocess.run(  # noqa: S603
+        [sys.executable, "-m", "toolsetd.daemon", "--config", str(config), "--print-config"],
+        capture_output=True, timeout=60, env={**env, **locale_env}, check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert tomllib.loads(r.stdout.decode("utf-8"))["home"] == "/srv/Zoë ✓"
