@@ -527,7 +527,10 @@ async def _serve(
                 else None,
             )
             state.status = _status_text(registry, handlers, state)
-            notifier.ready(state.status)
+            if not notifier.ready(state.status) and notifier.enabled:
+                # systemd waits for it (Type=notify) and ends the start at TimeoutStartSec=:
+                # without this line the journal gave no reason for that.
+                log.error("ready_not_delivered", notify_socket=notifier.shown_address)
             if notifier.enabled:
                 tg.start_soon(_report_status, notifier, registry, handlers, state)
             task_status.started(str(socket_path))

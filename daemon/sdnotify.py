@@ -123,6 +123,13 @@ class Notifier:
         return cls(address=address, watchdog_usec=watchdog_usec)
 
     @property
+    def shown_address(self) -> str | None:
+        """The address as ``NOTIFY_SOCKET`` spelled it (``@name`` for an abstract one)."""
+        if self.address is None or not self.address.startswith("\0"):
+            return self.address
+        return "@" + self.address[1:]
+
+    @property
     def enabled(self) -> bool:
         """Whether notifications go anywhere (``NOTIFY_SOCKET`` was set)."""
         return self.address is not None

@@ -668,3 +668,33 @@ def test_a_reload_lowering_status_interval_takes_effect_within_the_new_interval(
                      what="STATUS with the workspace, after the reload")
     finally:
         d.stop()
+
+
+def test_a_ready_systemd_cannot_receive_is_said_in_the_log(
+    svc_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """Under Type=notify systemd waits for READY=1, and ends the start at TimeoutStartSec=
+    when it does not come. A READY=1 the daemon could not send (NOTIFY_SOCKET naming
+    nothing the daemon can reach: a sandboxing setting, a socket gone) was dropped without a
+    word (sdnotify leaves the logging to its caller, and the start did not log), so the
+    journal showed a daemon that started and was killed 30 s later for no reason given."""
+    nowhere = tmp_base / "nobody-listens"
+    d = start_daemon(svc_home, workspace, tmp_base, ["--no-watch"],
+                     env={"NOTIFY_SOCKET": str(nowhere)})
+    try:
+        failed = [e for e in d.log_events() if e["event"] == "ready_not_delivered"]
+        assert [(e["level"], e["notify_socket"]) for e in failed] == [("error", str(nowhere))]
+    finally:
+        d.stop()
+    path = tmp_base / "notify.sock"
+    notes = Notifications(str(path))
+    try:
+        d = start_daemon(svc_home, workspace, tmp_base, ["--no-watch"],
+                         env={"NOTIFY_SOCKET": str(path)})
+        try:
+            notes.expect(has("READY", "1"), what="READY=1")
+            assert "ready_not_delivered" not in d.log()
+        finally:
+            d.stop()
+    finally:
+        notes.close()
