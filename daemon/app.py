@@ -981,22 +981,38 @@ def main(argv: Sequence[str] | None = None) -> int:
         finish_logging()
         if options.tracer_provider is not None:
             _flush_spans(options.tracer_provider)
+            _settle_stdout()
     return 0
 
 
-def _stdout_failed(exc: OSError) -> int:
-    """``--print-config``, ``--help`` or ``--version`` could not be written to stdout: a
-    reader that went away (``| head``) is no failure; anything else (a full disk) is said.
-
-    What stdout still buffers goes to ``/dev/null``: the interpreter's flush at exit would
-    fail again (a traceback, or "Exception ignored" and exit 120).
-    """
+def _stdout_to_devnull() -> None:
+    """Point stdout's descriptor at ``/dev/null``: what it still buffers, after a write that
+    failed, would fail again at the interpreter's exit ("Exception ignored", exit 120)."""
     with contextlib.suppress(OSError, ValueError):
         devnull = os.open(os.devnull, os.O_WRONLY)
         try:
             os.dup2(devnull, sys.stdout.fileno())
         finally:
             os.close(devnull)
+
+
+def _settle_stdout() -> None:
+    """On the way out with ``traces = "console"``: the spans stdout could not take (a full
+    disk, a terminal closed, a reader gone) are lost, as log lines are, and cost the exit
+    nothing."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        _stdout_to_devnull()
+    except ValueError:  # closed
+        pass
+
+
+def _stdout_failed(exc: OSError) -> int:
+    """``--print-config``, ``--help`` or ``--version`` could not be written to stdout: a
+    reader that went away (``| head``) is no failure; anything else (a full disk) is said.
+    """
+    _stdout_to_devnull()
     if isinstance(exc, BrokenPipeError):
         return 0
     say(f"toolsetd: cannot write to stdout: {exc.strerror or exc}")

@@ -1310,3 +1310,27 @@ def test_a_log_that_cannot_be_written_ends_no_daemon(
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_spans_a_full_stdout_cannot_take_cost_the_stop_its_exit_code(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """traces = "console" with stdout a file on a full disk (or a terminal closed since, or
+    a pipe whose reader left): the exporter's failed write was logged, but what stdout's
+    buffer kept failed again at the interpreter's exit, and a clean stop exited 120 ("a
+    failure" to a supervisor). The stop exits 0; the spans are lost, as lines are."""
+    launcher = ["sh", "-c", 'exec "$@" > /dev/full', "sh", sys.executable, "-m", "toolsetd.daemon"]
+    env = {"OTEL_BSP_SCHEDULE_DELAY": "50", "PYTHONUNBUFFERED": ""}
+    d = start_daemon(ops_home, workspace, tmp_base, ["--traces", "console", "--no-watch"],
+                     env=env, launcher=launcher)
+    try:
+        reply = _invoke(d, workspace, "quick")
+        assert reply["result"]["status"] == "ok", reply
+        eventually(lambda: "Exception while exporting" in d.log(), timeout=20,
+                   what="the exporter's failed write")
+        assert d.stop(timeout=20) == 0
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
