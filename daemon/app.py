@@ -388,9 +388,17 @@ async def _serve(
     socket_path: Path
     if activated:
         sock = activated[0]
+        socket_path = Path(sock.getsockname() or "")
+        if activated[1:]:
+            # A second ListenStream= (a drop-in): systemd listens there too, so its clients
+            # connect and wait for ever; the journal must say which paths are not served.
+            log.warning(
+                "activation_sockets_ignored",
+                served=str(socket_path),
+                ignored=[str(extra.getsockname()) for extra in activated[1:]],
+            )
         for extra in activated[1:]:
             extra.close()
-        socket_path = Path(sock.getsockname() or "")
         owns_socket = False
     else:
         socket_path = options.socket or default_socket_path(os.environ)

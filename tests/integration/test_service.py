@@ -698,3 +698,58 @@ def test_a_ready_systemd_cannot_receive_is_said_in_the_log(
             d.stop()
     finally:
         notes.close()
+
+
+#: ACTIVATE for two sockets: the first at descriptor 3, the second at 4 (LISTEN_FDS=2).
+ACTIVATE_TWO = r"""
+import os, sys
+first, second = int(sys.argv[1]), int(sys.argv[2])
+os.dup2(first, 3)
+os.dup2(second, 4)
+for fd in {first, second} - {3, 4}:
+    os.close(fd)
+os.environ["LISTEN_PID"] = str(os.getpid())
+os.environ["LISTEN_FDS"] = "2"
+os.environ["LISTEN_FDNAMES"] = "toolsetd.socket:toolsetd.socket"
+os.execv(sys.executable, [sys.executable, "-m", "toolsetd.daemon", *sys.argv[3:]])
+"""
+
+
+def test_a_second_activated_socket_is_not_served_and_the_log_says_so(
+    svc_home: Path, tmp_base: Path
+) -> None:
+    """A drop-in adding a second ListenStream= passes two sockets. The daemon serves the
+    first and closed the others without a word: a client of the second path connected
+    (systemd still listens there) and waited for ever, and nothing in the journal said why.
+    The daemon now names the sockets it does not serve."""
+    paths = [tmp_base / "one.sock", tmp_base / "two.sock"]
+    listening = []
+    for path in paths:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(path))
+        sock.listen(16)
+        listening.append(sock)
+    log_path = tmp_base / "daemon.log"
+    fds = [s.fileno() for s in listening]
+    (tmp_base / "none.toml").touch()
+    proc = spawn_daemon(
+        [sys.executable, "-c", ACTIVATE_TWO, *map(str, fds), "--home", str(svc_home),
+         "--no-watch", "--config", str(tmp_base / "none.toml")],
+        log_path, {}, pass_fds=tuple(fds),
+    )
+    try:
+        wait_answering(paths[0], proc, log_path)
+        events = [json.loads(line) for line in log_path.read_text().splitlines()
+                  if line.startswith("{")]
+        ignored = [e for e in events if e["event"] == "activation_sockets_ignored"]
+        assert [(e["level"], e["served"], e["ignored"]) for e in ignored] == [
+            ("warning", str(paths[0]), [str(paths[1])])
+        ]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for sock in listening:
+            sock.close()
