@@ -10,7 +10,8 @@ Theory of operation
   time limit.
 * Timeout (the set's ``timeoutSeconds``, timed from the spawn; none for ``"unlimited"``)
   or cancel (the ``cancel`` event) or an I/O failure: ``SIGTERM`` to the group (a
-  sandboxed call's: to all of it but bubblewrap, see ``terminate``), wait up to
+  sandboxed call's: to all of it but bubblewrap, see ``terminate``), then ``SIGCONT`` (a
+  stopped process acts on the SIGTERM only once continued), wait up to
   ``kill_grace_seconds`` for the leader, ``SIGKILL`` to the group (also when the leader
   already went but members remain), reap, all shielded and bounded. ``exitCode`` is null.
 * If ``run`` itself is cancelled (daemon shutdown), the group is killed at once, the leader
@@ -146,7 +147,7 @@ async def terminate(
     spare_leader: bool = False,
     members: Callable[[], list[int]] | None = None,
 ) -> bool:
-    """SIGTERM the group, give the leader the grace period, then SIGKILL the group.
+    """SIGTERM (and SIGCONT) the group, give the leader the grace period, then SIGKILL the group.
 
     Args:
         pgid: The group (its leader's pid).
@@ -169,11 +170,15 @@ async def terminate(
     """
     exited = False
     with anyio.CancelScope(shield=True):
+        # Then SIGCONT, as systemd sends it: a stopped process (SIGSTOP) acts on its
+        # SIGTERM only once continued, and would sit out the grace to die by SIGKILL.
         if spare_leader:
             listed = members if members is not None else lambda: _members_but_leader(pgid)
             signal_listed(listed, signal.SIGTERM, spare=pgid)
+            signal_listed(listed, signal.SIGCONT, spare=pgid)
         else:
             killpg(pgid, signal.SIGTERM)
+            killpg(pgid, signal.SIGCONT)
         with anyio.move_on_after(grace):
             await wait_exit(pgid, pidfd)
             exited = True

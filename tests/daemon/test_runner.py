@@ -428,6 +428,46 @@ async def test_runner_cancel_mid_call(runner: Runner, env: Env) -> None:
     assert dies(int(pidfile.read_text()))
 
 
+def state(pid: int) -> str:
+    """A process's state letter (``T``: stopped), or "" when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return ""
+
+
+async def test_runner_a_stopped_child_gets_its_grace(env: Env) -> None:
+    """A stopped child (SIGSTOP) is continued after the SIGTERM, as systemd does: stopped, it
+    could not act on the SIGTERM, and sat out the whole grace to die by SIGKILL."""
+    runner = Runner(replace(FAST, kill_grace_seconds=30), anyio.CapacityLimiter(1), os.environ)
+    marker = env.workspace / "term"
+    code = (
+        "import os, signal\n"
+        "def term(*_):\n"
+        f"    open({str(marker)!r}, 'w').close()\n"
+        "    os._exit(3)\n"
+        "signal.signal(signal.SIGTERM, term)\n"
+        "os.kill(os.getpid(), signal.SIGSTOP)\n"
+    )
+    loaded = python_tool(env.set_dir, code, timeout=None)
+    sink, cancel = RecordingSink(), anyio.Event()
+    outcomes: list[CallOutcome] = []
+
+    async def call() -> None:
+        outcomes.append(await run(runner, env, loaded, sink=sink, cancel=cancel, limit=60))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(call)
+        with anyio.fail_after(20):
+            while not sink.of("started") or state(sink.of("started")[0]["pid"]) != "T":
+                await anyio.sleep(0.01)
+        cancel.set()
+    (outcome,) = outcomes
+    assert outcome.status == "cancelled"
+    assert marker.exists()  # its SIGTERM handler ran: it had its grace
+
+
 async def test_runner_cancel_right_after_start(runner: Runner, env: Env) -> None:
     """A cancel set the moment the child starts (before any watcher runs) still ends the call."""
     cancel = anyio.Event()

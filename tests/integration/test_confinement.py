@@ -71,6 +71,15 @@ PROBE = textwrap.dedent(
                 sys.exit(3)
             signal.signal(signal.SIGTERM, cleanup)
             time.sleep(30)
+        elif action == "trap-term-stopped":
+            import signal
+            def cleanup_stopped(signum, frame):
+                with open(target, "w") as f:
+                    f.write("cleaned up\\n")
+                sys.exit(3)
+            signal.signal(signal.SIGTERM, cleanup_stopped)
+            os.kill(os.getpid(), signal.SIGSTOP)  # stopped until continued
+            time.sleep(30)
         elif action == "trap-term-all":
             # Three processes of one call, each with its own clean-up on SIGTERM; the tool
             # waits for its children's before it exits (its exit ends the sandbox).
@@ -760,6 +769,17 @@ def test_confinement_sandboxed_tool_gets_the_grace_period_on_timeout(tree: Tree)
     _need_sandbox(tree)
     target = tree.workspace / f"cleanup-{uuid.uuid4().hex}"
     _, reply = tree.invoke("probe", {"action": "trap-term", "target": str(target)})
+    assert reply["result"]["status"] == "timeout", reply
+    assert target.read_text() == "cleaned up\n"
+
+
+def test_confinement_stopped_sandboxed_tool_gets_the_grace_period_on_timeout(tree: Tree) -> None:
+    """A sandboxed tool that is stopped (SIGSTOP) when its call times out is continued
+    after the grace SIGTERM, so it runs its handler: stopped, it sat out the grace and
+    died by SIGKILL without it."""
+    _need_sandbox(tree)
+    target = tree.workspace / f"cleanup-stopped-{uuid.uuid4().hex}"
+    _, reply = tree.invoke("probe", {"action": "trap-term-stopped", "target": str(target)})
     assert reply["result"]["status"] == "timeout", reply
     assert target.read_text() == "cleaned up\n"
 
