@@ -14,8 +14,9 @@ Theory of operation
   stopped process acts on the SIGTERM only once continued), wait up to
   ``kill_grace_seconds`` for the leader, ``SIGKILL`` to the group (also when the leader
   already went but members remain), reap, all shielded and bounded. ``exitCode`` is null.
-* If ``run`` itself is cancelled (daemon shutdown), the group is killed at once, the leader
-  reaped under a shield, and the cancellation re-raised.
+* If ``run`` itself is cancelled (a forced stop, a connection aborted for a stalled peer),
+  the group is killed at once, the leader reaped under a shield, what it spilled removed
+  (no outcome names it), and the cancellation re-raised.
 
 Exit codes: a child that exits normally reports its code. A child killed by a signal it did
 not get from us reports ``128 + signum`` (``exit 137`` for SIGKILL), which is what the

@@ -562,10 +562,18 @@ class Runner:
             fds.close_all()
             if pidfd is not None:
                 os.close(pidfd)
-            if not call.exited or call.reason is not None:
+            # No outcome will name the spill file: the call was stopped, or ``run`` was
+            # cancelled from outside (a connection aborted, a forced stop).
+            if not killed or not call.exited or call.reason is not None:
                 spill.discard()
         measured = usage if cgroup is not None else None
-        outcome = await build_outcome(request, proc.pid, proc.returncode, call, spill, s, measured)
+        try:
+            outcome = await build_outcome(
+                request, proc.pid, proc.returncode, call, spill, s, measured
+            )
+        except BaseException:
+            spill.discard()  # cancelled from outside while rendering (a no-op once finished)
+            raise
         if prepared is not None:
             outcome = self._confined(outcome, prepared, proc.returncode, call, usage, status)
         return outcome

@@ -8,8 +8,9 @@ was cut, :meth:`Spill.finish` assembles the final file, whose content is the raw
 output, mirroring the model-facing combination: stdout, then ``\\n`` and stderr when both are
 non-empty (or stderr alone when stdout is empty), cut at ``cap`` bytes and then marked with a
 final line ``\\n[output capped at <cap> of <n> bytes]``. A stream that never outgrew its
-prefix is written from memory at that point. When the text was not cut, :meth:`Spill.discard`
-removes whatever was written. After a file is finished, :meth:`Spill.finish` prunes the
+prefix is written from memory at that point. When the text was not cut, or the call has no
+outcome (stopped, or cancelled from outside), :meth:`Spill.discard` removes whatever was
+written. After a file is finished, :meth:`Spill.finish` prunes the
 folder: files older than ``max_age`` go, then all but the ``keep`` newest.
 
 The folder is ``<workspace>/.crystal/data/tools/<dir>/tool-output``. It lies inside the

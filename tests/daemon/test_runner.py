@@ -1026,3 +1026,34 @@ async def test_runner_no_process_left_and_limiter_released(env: Env) -> None:
     await run(runner, env, make_tool(env.set_dir, command=("./missing",)))
     assert limiter.borrowed_tokens == 0
     assert signal.SIGKILL == 9
+
+
+async def test_runner_cancelled_from_outside_after_the_exit_leaves_no_spill(env: Env) -> None:
+    """``run`` cancelled from outside (a connection aborted for a stalled peer, a forced
+    stop) after the leader exited, while a line it wrote waits for the client: the spill
+    files its flood had started are removed and their descriptors closed. They were kept
+    for an outcome that never came: two files left in the workspace and three
+    descriptors of the daemon's leaked per such call."""
+    runner = Runner(FAST, anyio.CapacityLimiter(1), os.environ)
+    code = (
+        "import os\n"
+        "os.write(2, b'e' * 1_000_000)\n"
+        "os.write(1, b'o' * 1_000_000)\n"
+        "os.write(int(os.environ['TOOLSETD_PROGRESS_FD']), b'one\\n')\n"
+    )
+    request = CallRequest(
+        call_id="call-1",
+        loaded=python_tool(env.set_dir, code, timeout=None),
+        arguments={},
+        workspace=env.workspace,
+        home=env.home,
+        every_progress_line=True,
+    )
+    sink = _StuckPeer()
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(runner.run, request, sink, anyio.Event())
+            await sink.stuck.wait()
+            tg.cancel_scope.cancel()
+    folder = env.workspace / ".crystal" / "data" / "tools" / env.set_dir.name / "tool-output"
+    assert not folder.exists() or list(folder.iterdir()) == []
