@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-* The leader exits: wait at most ``drain_after_exit_seconds`` for both pipes to reach EOF
-  (a grandchild may hold them), then ``SIGKILL`` the rest of the group (no grandchild
+* The leader exits: wait at most ``drain_after_exit_seconds`` for stdout and stderr to
+  reach EOF (a grandchild may hold them; not for the progress pipe, which every background
+  process inherits unawares), then ``SIGKILL`` the rest of the group (no grandchild
   outlives the call), wait the same bound again for EOF, stop draining, reap the leader.
   The progress reader is not stopped with them but told to finish (``progress.Finish``):
   it reports what its pipe holds, however slowly the client takes it, within the call's

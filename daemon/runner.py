@@ -691,7 +691,10 @@ class Runner:
                     await wait_exit(pid, pidfd)
                     call.exited = leader_gone = True
             if call.exited:
-                await all_set_within(s.drain_after_exit_seconds, done_out, done_err, done_progress)
+                # Not the progress pipe: every background process holds it unawares (one
+                # whose output went to /dev/null held the call the whole bound), and its
+                # reader is told to finish below, reporting what the pipe holds.
+                await all_set_within(s.drain_after_exit_seconds, done_out, done_err)
                 _kill_rest(pid, cgroup)
             else:
                 call.reason = call.reason or "timeout"

@@ -1057,3 +1057,24 @@ async def test_runner_cancelled_from_outside_after_the_exit_leaves_no_spill(env:
             tg.cancel_scope.cancel()
     folder = env.workspace / ".crystal" / "data" / "tools" / env.set_dir.name / "tool-output"
     assert not folder.exists() or list(folder.iterdir()) == []
+
+
+async def test_runner_a_background_process_holding_only_the_progress_pipe_holds_no_call(
+    env: Env,
+) -> None:
+    """A tool that leaves a background process with its output redirected (``cmd
+    >/dev/null 2>&1 &``) ends when its leader does: stdout and stderr are at their end, and
+    the background process holds only the progress pipe, which it inherited without its
+    author knowing. The call waited the whole drain bound for that pipe too (0.5 s a call
+    by default) before the group was killed. The lines written before the exit arrive."""
+    runner = Runner(replace(FAST, drain_after_exit_seconds=60), anyio.CapacityLimiter(1), os.environ)
+    pidfile = env.workspace / "bg.pid"
+    script = (
+        'echo before > "/proc/self/fd/$TOOLSETD_PROGRESS_FD"; '
+        f"sleep 30 >/dev/null 2>&1 & echo $! > {pidfile}; echo done"
+    )
+    sink = RecordingSink()
+    outcome = await run(runner, env, sh_tool(env.set_dir, script), sink=sink, limit=20)
+    assert text(outcome) == "exit 0\ndone\n"
+    assert [p["message"] for p in sink.of("progress") if p.get("message")] == ["before"]
+    assert dies(int(pidfile.read_text()))
