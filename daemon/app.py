@@ -318,8 +318,11 @@ async def run_daemon(
         ActivationError: systemd passed an unusable descriptor.
     """
     # Signals first: once the socket listens a client may connect, and a SIGHUP or
-    # SIGTERM from then on must reach our handlers, not the default actions.
-    with anyio.open_signal_receiver(signal.SIGHUP, signal.SIGTERM, signal.SIGINT) as signals:
+    # SIGTERM from then on must reach our handlers, not the default actions. SIGUSR1 and
+    # SIGUSR2 too: their default action ends the daemon with no cleanup (a stray
+    # ``kill -USR1``, an init passing them on), so they are logged and ignored. A handler,
+    # not SIG_IGN, which a tool would inherit across its exec.
+    with anyio.open_signal_receiver(*_HANDLED_SIGNALS) as signals:
         unblocked = _unblock_signals()  # after the handlers: a pending SIGTERM stops us
         if unblocked:
             log.info("signals_unblocked", signals=unblocked)
@@ -662,6 +665,9 @@ async def _handle_signals(
     reload_config: Callable[[], dict[str, Any]],
 ) -> None:
     async for signum in signals:
+        if signum in _IGNORED_SIGNALS:
+            log.info("signal_ignored", signal=signal.Signals(signum).name)
+            continue
         if signum == signal.SIGHUP:
             log.info("reload_requested", signal="SIGHUP")
             reload_config()
@@ -1026,6 +1032,11 @@ def _stdout_failed(exc: OSError) -> int:
     say(f"toolsetd: cannot write to stdout: {exc.strerror or exc}")
     return 1
 
+
+#: The signals the daemon's handlers take (``_handle_signals``), and those of them that
+#: are only logged.
+_IGNORED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+_HANDLED_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, *_IGNORED_SIGNALS)
 
 #: What the init passes on to the daemon (``_init_for_the_daemon``).
 _INIT_FORWARDS = (

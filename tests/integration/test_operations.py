@@ -232,6 +232,34 @@ def test_metrics_after_a_known_sequence_of_calls(
             }
 
 
+def test_sigusr1_and_sigusr2_are_logged_and_end_no_daemon(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """SIGUSR1 and SIGUSR2 (a stray kill, an init passing them on) used to end the daemon
+    by their default action, with no cleanup; they are logged, and it serves on. A tool
+    still gets them at their default action: a handler, not an ignored disposition, which
+    the tool would inherit."""
+    _set(ops_home / "tools", "usr1", "kill -USR1 $$\necho survived\n")
+    d = start_daemon(ops_home, workspace, tmp_base, ["--no-watch"])
+    try:
+        for signum in (signal.SIGUSR1, signal.SIGUSR2):
+            d.proc.send_signal(signum)
+            eventually(
+                lambda signum=signum: any(
+                    e.get("event") == "signal_ignored" and e.get("signal") == signum.name
+                    for e in d.log_events()
+                ),
+                what=f"{signum.name} logged",
+            )
+        assert d.proc.poll() is None
+        assert _invoke(d, workspace, "quick")["result"]["status"] == "ok"
+        killed = _invoke(d, workspace, "usr1")["result"]
+        assert killed["exitCode"] == 128 + signal.SIGUSR1, killed
+        assert "survived" not in json.dumps(killed), killed
+    finally:
+        d.stop()
+
+
 def test_metrics_listener_serves_only_get_metrics(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
