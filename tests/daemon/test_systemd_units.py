@@ -102,6 +102,8 @@ def test_units_socket_and_kill_settings(kind: str) -> None:
         assert f"--socket {socket_unit['ListenStream'][0]}" in service["ExecReload"][0]
     assert service["ConfigurationDirectory"] == ["toolsetd"]
     assert service["NotifyAccess"] == ["main"]
+    # A config or usage error (exit 2) is not restarted until the start limit.
+    assert service["RestartPreventExitStatus"] == ["2"]
     listen = socket_unit["ListenStream"][0]
     assert f"--socket {listen}" in service["ExecStart"][0]
 
