@@ -688,6 +688,12 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
         if not raw or "\x00" in raw:
             raise ValueError("must be a path")
         if where == "file" and not os.path.isabs(expanded):
+            if raw.startswith("~"):  # ~name of no user (expanduser leaves it as it is)
+                user = raw[1:].split("/", 1)[0]
+                raise ValueError(
+                    f"starts with {_show('~' + user)}, and there is no user {_show(user)}; "
+                    "give an absolute path, or ~/ for the daemon's home"
+                )
             raise ValueError(f"must be an absolute path (or start with ~), got {_show(raw)}")
         try:
             return Path(os.path.abspath(expanded))

@@ -146,6 +146,11 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
             'socket = "relative.sock"\n',
             'socket: must be an absolute path (or start with ~), got "relative.sock"',
         ),
+        (
+            'home = "~toolsetd-no-such-user/h"\n',
+            'home: starts with "~toolsetd-no-such-user", and there is no user '
+            '"toolsetd-no-such-user"; give an absolute path, or ~/ for the daemon\'s home',
+        ),
         ("reserve = [1]\n", "reserve: must be a list of names; entry 1 is 1"),
         ('reserve = ["a", ""]\n', "reserve: must be a list of names; entry 2 is empty"),
         ("reserve = {a = 1}\n", "reserve: must be a list of names, got a table"),
