@@ -773,8 +773,13 @@ async def _sandbox_checked(prepared: Prepared, pid: int) -> tuple[bytes, str]:
     verdict = "wait"
     deadline = time.monotonic() + _SANDBOX_BUILT_SECONDS
     while verdict == "wait" and time.monotonic() < deadline:
-        status += read_once(prepared.status[0]) or b""
+        chunk = read_once(prepared.status[0])
+        status += chunk or b""
         verdict = built_sandbox(prepared, status)
+        if verdict == "wait" and chunk == b"":
+            # The end of the status pipe without a sandbox: bubblewrap (or the cgroup
+            # join before it) exited before it made one, and its own error follows.
+            verdict = "gone"
         if verdict == "wait":
             await anyio.sleep(_SANDBOX_POLL_SECONDS)
     if verdict == "wait":

@@ -1203,3 +1203,36 @@ def test_confinement_sandbox_failing_at_the_call_fails_closed() -> None:
         assert not target.exists()
     finally:
         _close(t)
+
+
+def test_confinement_bubblewrap_failing_before_its_sandbox_says_why_at_once() -> None:
+    """A bubblewrap that exits before it makes the sandbox (its clone refused: no user
+    namespace left, a pids limit; or a cgroup join that failed) writes no child pid: the
+    call says bubblewrap's own error, as before the bind check, and does not wait for a
+    sandbox that will never be built."""
+    ensure_bubblewrap()
+    folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))  # noqa: S108
+    flag = folder / "fail"
+    failing = folder / "bwrap"
+    failing.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        if [ -e {flag} ]; then
+            echo "bwrap: Creating new namespace failed: No space left on device" >&2
+            exit 1
+        fi
+        exec {shutil.which("bwrap")} "$@"
+        """))
+    failing.chmod(0o755)
+    t = _make_tree(f'[confinement]\nsandbox = "{failing}"\n')
+    try:
+        _need_sandbox(t)
+        flag.touch()  # after the probes at start: only the calls fail
+        with t.daemon.raw(timeout=120) as conn:
+            _, reply = conn.invoke({"tool": "p_probe", "arguments": {"action": "x"},
+                                    "workspace": str(t.workspace)})
+        result = reply["result"]
+        assert result["isError"] is True, result
+        assert "Creating new namespace failed" in result["content"][0]["text"], result
+    finally:
+        _close(t)
+        shutil.rmtree(folder)
