@@ -94,7 +94,7 @@ from .confinement import (
     usage_text,
 )
 from .ending import build_outcome, exited_within, killpg, reap, terminate, wait_exit
-from .output import CANCELLED_TEXT, start_failure_text
+from .output import CANCELLED_TEXT, start_failure_text, timeout_text
 from .progress import Finish, read_progress
 from .reaper import NullGuard, ProcessGroupGuard
 from .spawn import Spawner, env_path
@@ -497,17 +497,21 @@ class Runner:
         leader_gone = False  # the leader is known to have exited (so reaping it cannot block)
         status = b""
         try:
+            deadline = math.inf
+            if toolset.timeout_seconds is not None:
+                deadline = anyio.current_time() + toolset.timeout_seconds
             if prepared is not None and prepared.block is not None:
-                status, refused = await _sandbox_checked(prepared, proc.pid)
+                status, refused, stopped = await _sandbox_checked(
+                    prepared, proc.pid, cancel, deadline
+                )
+                if stopped == "timeout":
+                    refused = timeout_text(toolset.timeout_seconds or 0)
                 if refused:
-                    return no_process_outcome(t0, refused)
+                    return no_process_outcome(t0, refused, stopped)
                 fds.close(prepared.block[1])
             os.set_blocking(in_w, False)
             if stdin_data is None or not stdin_data:
                 fds.close(in_w)
-            deadline = math.inf
-            if toolset.timeout_seconds is not None:
-                deadline = anyio.current_time() + toolset.timeout_seconds
             await events.started(proc.pid)
             rest = write_stdin_now(in_w, stdin_data, fds, call) if stdin_data else None
             # Most tools are done within a few milliseconds, their output waiting in the
@@ -751,28 +755,36 @@ _SANDBOX_POLL_SECONDS = 0.0005
 _SANDBOX_BUILT_SECONDS = 60.0
 
 
-async def _sandbox_checked(prepared: Prepared, pid: int) -> tuple[bytes, str]:
+async def _sandbox_checked(
+    prepared: Prepared, pid: int, cancel: anyio.Event, deadline: float
+) -> tuple[bytes, str, str]:
     """Let a sandboxed call's tool run once its built sandbox binds what was checked.
 
     bubblewrap builds the sandbox, then waits on the block pipe; meanwhile the daemon
     compares each bind with what it checked (``confinement.built_sandbox``), then
     writes the byte that lets the tool start. A mismatch (a path swapped for a link while
-    the sandbox was made) kills the call's process group before the tool runs.
+    the sandbox was made) kills the call's process group before the tool runs; so do the
+    call's time limit (``deadline``, timed from the spawn) and ``cancel``, should the
+    sandbox take that long.
 
     Args:
         prepared: The call (``block`` and ``status`` set).
         pid: bubblewrap's pid (it leads the call's process group).
+        cancel: The call's cancel.
+        deadline: The call's time limit (``anyio.current_time``).
 
     Returns:
-        What bubblewrap wrote on its status pipe so far, and the call's result text when it
-        must not run, else "".
+        What bubblewrap wrote on its status pipe so far; the call's result text when it
+        must not run, else ""; and then the call's status (``error``, ``timeout``,
+        ``cancelled``; the text of a timeout is the caller's).
     """
     assert prepared.block is not None
     assert prepared.status is not None
     status = b""
     verdict = "wait"
-    deadline = time.monotonic() + _SANDBOX_BUILT_SECONDS
-    while verdict == "wait" and time.monotonic() < deadline:
+    stopped = "error"
+    bound = time.monotonic() + _SANDBOX_BUILT_SECONDS
+    while verdict == "wait" and time.monotonic() < bound:
         chunk = read_once(prepared.status[0])
         status += chunk or b""
         verdict = built_sandbox(prepared, status)
@@ -780,13 +792,19 @@ async def _sandbox_checked(prepared: Prepared, pid: int) -> tuple[bytes, str]:
             # The end of the status pipe without a sandbox: bubblewrap (or the cgroup
             # join before it) exited before it made one, and its own error follows.
             verdict = "gone"
-        if verdict == "wait":
+        if verdict != "wait":
+            break
+        if cancel.is_set():
+            verdict, stopped = CANCELLED_TEXT, "cancelled"
+        elif anyio.current_time() >= deadline:
+            verdict, stopped = "timeout", "timeout"
+        else:
             await anyio.sleep(_SANDBOX_POLL_SECONDS)
     if verdict == "wait":
         verdict = "toolsetd: the call's sandbox was not built in time. The call did not run."
     if verdict in ("", "gone"):
         with contextlib.suppress(OSError):
             os.write(prepared.block[1], b"x")
-        return status, ""
+        return status, "", ""
     killpg(pid, signal.SIGKILL)
-    return status, verdict
+    return status, verdict, stopped

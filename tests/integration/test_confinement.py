@@ -1236,3 +1236,30 @@ def test_confinement_bubblewrap_failing_before_its_sandbox_says_why_at_once() ->
     finally:
         _close(t)
         shutil.rmtree(folder)
+
+
+def test_confinement_sandbox_not_built_within_the_time_limit_times_out() -> None:
+    """A sandbox that bubblewrap does not finish building (a hung file system on a bind's
+    way) is bound by the set's time limit, timed from the spawn as any call's: the call
+    says ``timeout`` then, not a minute later."""
+    ensure_bubblewrap()
+    folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))  # noqa: S108
+    flag = folder / "hang"
+    hanging = folder / "bwrap"
+    hanging.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        [ -e {flag} ] && sleep 600
+        exec {shutil.which("bwrap")} "$@"
+        """))
+    hanging.chmod(0o755)
+    t = _make_tree(f'[confinement]\nsandbox = "{hanging}"\n', timeoutSeconds=1)
+    try:
+        _need_sandbox(t)
+        flag.touch()  # after the probes at start: only the calls hang
+        with t.daemon.raw(timeout=120) as conn:
+            _, reply = conn.invoke({"tool": "p_probe", "arguments": {"action": "x"},
+                                    "workspace": str(t.workspace)})
+        assert reply["result"]["status"] == "timeout", reply
+    finally:
+        _close(t)
+        shutil.rmtree(folder)
