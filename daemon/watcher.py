@@ -78,9 +78,9 @@ when the directories change or after ``retry_seconds`` (``watch_retry``, debug; 
 watch says ``watch_started`` only at its first change, as it cannot tell it started
 sooner). One failure is not the watch's: an event naming a path that is not UTF-8 (a name
 made in a watched folder), which watchfiles cannot decode, ends its awatch; that watch is
-started again within a second (``watch_restarted``, logged once a minute), and the probe
-after its start takes in the lost batch. Nothing but cancellation leaves ``run``. Reload
-through the RPC path is unaffected either way.
+started again within a second (``watch_restarted``, logged once a minute, and no
+``watch_started`` for it), and the probe after its start takes in the lost batch. Nothing
+but cancellation leaves ``run``. Reload through the RPC path is unaffected either way.
 
 Duplicate calls are expected (an event, then the settle call, sometimes a poll) and
 cheap: the registry re-stats manifests, re-parses only changed ones, and reports
@@ -246,6 +246,8 @@ class Watcher:
         self._failures = Throttle()
         #: Restarts after a name watchfiles could not decode: logged once a minute.
         self._restarts = Throttle()
+        #: The next awatch is such a restart: ``watch_restarted`` says it, not ``watch_started``.
+        self._restarting = False
         #: Keys whose last delivery failed: while any is, their failures are throttled;
         #: once each was reloaded, the throttle starts afresh (the next failure is news).
         self._failing: set[ReloadKey] = set()
@@ -436,8 +438,9 @@ class Watcher:
                 # claimed a watch while the daemon ran on the poll. ``_watch`` says
                 # ``watch_started`` once it reports a change.
                 log.debug("watch_retry", paths=len(dirs))
-            else:
+            elif not self._restarting:
                 log.info("watch_started", paths=len(dirs))
+            self._restarting = False
             try:
                 await self._watch(dirs, stop)
             except Exception as exc:  # any failure of the watch degrades to polling
@@ -458,6 +461,7 @@ class Watcher:
                             message=str(cause),
                             restarts=said,
                         )
+                    self._restarting = True  # said by watch_restarted, once a minute
                     with anyio.move_on_after(min(_UNDECODABLE_PACE, self._recheck)):
                         await stop.wait()
                     continue
