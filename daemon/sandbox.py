@@ -605,7 +605,9 @@ def bind_identities(
     """What each bind is now: its canonical name, device and inode, and whether it is
     writable (``paths`` gives each path with that flag).
 
-    ``binds_moved`` compares the sandbox with them once bubblewrap has built it.
+    ``binds_moved`` compares the sandbox with them once bubblewrap has built it. A path on
+    a read-only mount (a snapshot, a read-only export, ``ProtectSystem=``) is not writable
+    whatever its flag: bubblewrap's bind of it is read-only as that mount is.
 
     Raises:
         OSError: A path cannot be opened (gone, or the daemon is out of descriptors).
@@ -616,6 +618,8 @@ def bind_identities(
         try:
             name = os.readlink(f"/proc/self/fd/{fd}")
             seen = os.fstat(fd)
+            if writable:
+                writable = not os.fstatvfs(fd).f_flag & os.ST_RDONLY
         finally:
             os.close(fd)
         found.append((name, seen.st_dev, seen.st_ino, writable))

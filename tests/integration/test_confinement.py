@@ -1263,3 +1263,38 @@ def test_confinement_sandbox_not_built_within_the_time_limit_times_out() -> None
     finally:
         _close(t)
         shutil.rmtree(folder)
+
+
+def test_confinement_approved_path_on_a_read_only_mount_runs_read_only() -> None:
+    """An approved path on a read-only mount (a snapshot, a read-only export, a system
+    folder under ProtectSystem=) is bound writable, and bubblewrap's bind of it is
+    read-only as the mount is: the call runs and may read it. The bind check took that
+    read-only bind for one swapped while the sandbox was made, and refused every such
+    call ('changed while its sandbox was being made ... retry it') however often retried.
+    """
+    ensure_bubblewrap()
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) to make a read-only mount for the daemon")
+    t = _make_tree()  # only its files: the daemon below runs in a mount namespace of its own
+    base = Path(tempfile.mkdtemp(prefix="tsc-ro-", dir="/var/tmp"))  # noqa: S108
+    shutil.copytree(t.base, base, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
+    _close(t)
+    read_only = base / "ro"
+    read_only.mkdir()
+    (read_only / "notes.txt").write_text("read me\n")
+    mount_ro = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
+    launcher = ["unshare", "-m", "sh", "-c", mount_ro, str(read_only),
+                sys.executable, "-m", "toolsetd.daemon"]  # fmt: skip
+    daemon = start_daemon(base / "home", base / "ws", base, ["--no-watch"],
+                          env={"HOME": str(base / "uh")}, launcher=launcher)
+    tree = Tree(daemon, base, base / "ws", base / "uh")
+    try:
+        _need_sandbox(tree)
+        target = str(read_only / "notes.txt")
+        _, reply = tree.invoke("probe_path", {"action": "read", "path": target,
+                                              "target": target}, approved=True)
+        text = reply["result"]["content"][0]["text"]
+        assert "changed while its sandbox was being made" not in text, text
+        assert json.loads(text.strip().splitlines()[-1])["content"] == "read me\n", text
+    finally:
+        _close(tree)
