@@ -14,7 +14,8 @@ loads h11.
   ``max_incomplete_event_size``); a body over ``max_body_bytes`` is ``413``; a client
   waiting on ``Expect: 100-continue`` is told ``100 Continue`` before its body is read; a body that
   stops arriving for ``body_timeout`` is ``408``; malformed framing (bad chunk sizes, a
-  broken request line, both ``Transfer-Encoding`` and ``Content-Length``) is ``400``.
+  broken request line, both ``Transfer-Encoding`` and ``Content-Length``, a
+  ``Transfer-Encoding`` in an HTTP/1.0 request) is ``400``.
   After any of these the connection closes: h11 is poisoned by a protocol error, and we
   do not resynchronise. A keep-alive connection may sit idle between requests for
   ``idle_timeout``. The body of a ``GET``, ``HEAD`` or ``DELETE``, whose content means
@@ -758,7 +759,8 @@ class HttpServer:
                 )
                 return
             declared = next((v for k, v in event.headers if k == b"content-length"), None)
-            if declared is not None and any(k == b"transfer-encoding" for k, _ in event.headers):
+            chunked = any(k == b"transfer-encoding" for k, _ in event.headers)
+            if declared is not None and chunked:
                 # Framed two ways: an intermediary that reads the other one sees another
                 # request boundary (request smuggling). RFC 9112 6.3 lets a server refuse it,
                 # and has it close the connection after answering it in any case.
@@ -766,6 +768,17 @@ class HttpServer:
                     conn,
                     400,
                     "Bad request: both Transfer-Encoding and Content-Length are given; send one.",
+                )
+                return
+            if chunked and event.http_version == b"1.0":
+                # HTTP/1.0 has no transfer codings: a 1.0 intermediary reads no chunks, and
+                # takes what follows the body's first bytes as another request. RFC 9112 6.1
+                # has a server treat such framing as faulty and close the connection.
+                await self._fail(
+                    conn,
+                    400,
+                    "Bad request: Transfer-Encoding in an HTTP/1.0 request, which has no "
+                    "transfer codings; send Content-Length.",
                 )
                 return
             if declared is not None and int(declared) > settings.max_body_bytes:

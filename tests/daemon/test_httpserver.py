@@ -198,6 +198,12 @@ async def test_http_chunked_body_is_assembled() -> None:
                      b"zz\r\nabc\r\n0\r\n\r\n", 400, id="bad-chunk-size"),
         pytest.param(b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
                      b"3\r\nabcdef\r\n0\r\n\r\n", 400, id="chunk-longer-than-its-size"),
+        # RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding MUST be taken as faulty
+        # framing (a 1.0 intermediary reads no chunks: what follows the 0 chunk would be
+        # its next request), and the connection closed: the GET after it is not served.
+        pytest.param(b"POST /a HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"3\r\nabc\r\n0\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n", 400,
+                     id="transfer-encoding-in-http-1.0"),
         pytest.param(b"GARBAGE\r\n\r\n", 400, id="bad-request-line"),
         pytest.param(b"GET /a HTTP/1.1\r\n\r\n", 400, id="no-host"),
         pytest.param(b"GET /a HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 8000 + b"\r\n\r\n", 431,
