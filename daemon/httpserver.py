@@ -56,6 +56,7 @@ import email.utils
 import errno
 import http
 import itertools
+import re
 import select
 import socket
 import time
@@ -113,6 +114,10 @@ _REQUESTS_PER_TURN = 16
 #: Outgoing bytes the transport buffers before a writer waits for the peer.
 _SEND_BUFFER = 256 * 1024
 _REASONS = {status.value: status.phrase.encode() for status in http.HTTPStatus}
+#: What HTTP counts as whitespace around a list member and its parameters (RFC 9110 5.6.3).
+_HTTP_SPACE = " \t"
+#: A weight (RFC 9110 12.4.2): 0 to 1, at most three decimals.
+_QVALUE = re.compile(r"0(?:\.[0-9]{0,3})?|1(?:\.0{0,3})?")
 #: Methods whose request content has no defined meaning (RFC 9110 9.3.1, 9.3.2, 9.3.5):
 #: a body sent with one is read and dropped before the handler runs.
 _NO_CONTENT = frozenset((b"GET", b"HEAD", b"DELETE"))
@@ -187,6 +192,36 @@ class HttpRequest:
     def header_count(self, name: str) -> int:
         """How many times a header (name in lower case) was sent."""
         return sum(1 for key, _ in self.headers if key == name)
+
+    def accepts(self, media_type: str) -> bool:
+        """Whether ``Accept`` admits ``media_type`` (lower case), by RFC 9110 12.5.1.
+
+        Its media ranges, over every ``Accept`` line, are matched whole: the most
+        specific range that names the type (``text/event-stream``, then ``text/*``, then
+        ``*/*``) decides, and one weighted ``q=0`` refuses it. A type that merely
+        contains the name (``text/event-streams``) is another type; a member whose
+        weight is not a qvalue is skipped. No ``Accept`` admits nothing here: the
+        callers' protocols have the client send one.
+        """
+        ranks = {media_type: 2, media_type.split("/")[0] + "/*": 1, "*/*": 0}
+        best: tuple[int, float] | None = None
+        for key, value in self.headers:
+            if key != "accept":
+                continue
+            for member in value.split(","):
+                media_range, *params = member.split(";")
+                rank = ranks.get(media_range.strip(_HTTP_SPACE).lower())
+                if rank is None:
+                    continue
+                weight = 1.0
+                for param in params:
+                    name, _, text = param.partition("=")
+                    if name.strip(_HTTP_SPACE).lower() == "q":
+                        text = text.strip(_HTTP_SPACE)
+                        weight = float(text) if _QVALUE.fullmatch(text) else -1.0
+                if weight >= 0 and (best is None or (rank, weight) > best):
+                    best = (rank, weight)
+        return best is not None and best[1] > 0
 
 
 @dataclass(frozen=True, slots=True)

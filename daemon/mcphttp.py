@@ -808,8 +808,7 @@ class McpHttpEndpoint:
         return session
 
     async def _get(self, request: HttpRequest, exchange: Exchange) -> None:
-        accept = (request.header("accept") or "").lower()
-        if "text/event-stream" not in accept and "*/*" not in accept:
+        if not request.accepts("text/event-stream"):
             await exchange.respond_json(
                 406, {"error": "Not acceptable: GET /mcp answers with text/event-stream only."}
             )

@@ -500,6 +500,46 @@ def test_http_get_stream_needs_session_and_is_single(http_daemon, workspace: Pat
         assert second.status == 409
 
 
+def _get_status(base: str, url: str, session: str, accept: list[str]) -> int:
+    """The status of a GET of the session's stream, with these Accept lines (the stream,
+    when it opens, is closed at once)."""
+    target = urlsplit(url)
+    head = (f"GET {target.path}?{target.query} HTTP/1.1\r\nHost: {target.netloc}\r\n"
+            f"Mcp-Session-Id: {session}\r\n" + "".join(f"Accept: {a}\r\n" for a in accept))
+    with socket.create_connection(_address(base), timeout=20) as sock:
+        sock.sendall(head.encode() + b"\r\n")
+        data = b""
+        while b"\r\n" not in data and (chunk := sock.recv(4096)):
+            data += chunk
+    return int(data.split(b" ", 2)[1])
+
+
+@pytest.mark.parametrize(
+    ("accept", "status"),
+    [
+        (["text/*"], 200),
+        (["application/json", "text/event-stream"], 200),
+        (["TEXT/Event-Stream; q=0.5"], 200),
+        (["text/event-stream;q=0"], 406),
+        (["text/event-stream, */*;q=0"], 200),
+        (["*/*, text/event-stream;q=0"], 406),
+        (["text/event-streams"], 406),
+        (["application/text/event-stream"], 406),
+    ],
+)
+def test_http_get_accept_is_read_as_media_ranges(
+    http_daemon, workspace: Path, accept: list[str], status: int
+) -> None:
+    """GET's Accept is a list of media ranges (RFC 9110 12.5.1), in any number of lines:
+    ``text/*`` names the stream (the SDKs' servers take it), a range with ``q=0`` refuses
+    it, the most specific range decides, and a longer type that merely contains
+    ``text/event-stream`` is another type."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    assert _get_status(base, url, session, accept) == status
+
+
 # -- the guards --------------------------------------------------------------------------------
 
 
