@@ -768,6 +768,13 @@ class McpHttpEndpoint:
                 # A version we do not serve MUST be 400, whether the header named it (the
                 # transport's check) or, with no header, the request's _meta (the core's).
                 status = 400
+            elif (
+                code is not None and session.session_id is None and core.version_of(message) is None
+            ):
+                # Neither a session nor a _meta version: a legacy request that needed the
+                # session it did not name (the core's "initialize first"). The transport
+                # has a server that needs one answer 400, as the SDKs' servers do.
+                status = 400
             await exchange.respond(
                 status, [("content-type", "application/json"), *headers], json_dumps(response)
             )

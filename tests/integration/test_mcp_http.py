@@ -257,11 +257,24 @@ def test_http_error_answers_echo_only_ids_that_name_a_request(
 
 
 def test_http_request_without_session_or_modern_meta(http_daemon, workspace: Path) -> None:
-    """A legacy request with no session is answered by the core: initialize first."""
+    """A legacy request with no session is 400 with the core's error (initialize first):
+    the transport has a server that needs a session answer such a request 400, as the
+    SDKs' servers do (it was 200). A ping, served before initialize, stays 200."""
     _, base = http_daemon
-    reply = http(endpoint(base, workspace), body=rpc(1, "tools/list"))
-    assert reply.status == 200
-    assert "initialize first" in reply.json()["error"]["message"]
+    url = endpoint(base, workspace)
+    for headers in ({}, {"mcp-protocol-version": "2025-11-25"}):
+        reply = http(url, body=rpc(1, "tools/list"), headers=headers)
+        assert reply.status == 400, (headers, reply)
+        assert reply.json()["id"] == 1
+        assert "initialize first" in reply.json()["error"]["message"]
+    assert http(url, body=rpc(2, "ping")).status == 200
+    # A 2026-07-28 request is served without a session: its errors stay 200.
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    unknown = http(url, body=rpc(3, "tools/call", {"_meta": meta, "name": "nope"}), headers={
+        "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "nope"})
+    assert unknown.status == 200, unknown
+    assert unknown.json()["error"]["code"] == -32602
 
 
 def test_http_stateless_2026_request_needs_no_session(http_daemon, workspace: Path) -> None:
