@@ -58,6 +58,7 @@ import anyio.abc
 import orjson
 import structlog
 from toolsetd.protocol import errors as rpc_errors
+from toolsetd.protocol.jsonrpc import is_request_id
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.jsontext import is_utf8
 from toolsetd.protocol.jsontext import loads as json_loads
@@ -718,6 +719,9 @@ class McpHttpEndpoint:
             await exchange.respond(202, headers)
             return
         request_id = message["id"]
+        # No JSON-RPC 2.0 request ('jsonrpc' not "2.0", an id that names no request): the
+        # core answers it -32600, and input the server does not take is an error status.
+        malformed = message.get("jsonrpc") != "2.0" or not is_request_id(request_id)
         outbox = _PostOutbox(exchange, headers, self.settings.ping_seconds, self._tg)
         # The request is answered by this task; a client that leaves does not cut it
         # off but has it cancelled through the core, which then ends it.
@@ -743,7 +747,9 @@ class McpHttpEndpoint:
             self._end_session(session)
             busy = response["error"].get("code") == rpc_errors.ServerBusy.CODE
             await exchange.respond(
-                503 if busy else 200, [("content-type", "application/json")], json_dumps(response)
+                503 if busy else 400 if malformed else 200,
+                [("content-type", "application/json")],
+                json_dumps(response),
             )
             return
         if exchange.streaming:
@@ -757,7 +763,9 @@ class McpHttpEndpoint:
         else:
             status = 200
             code = response.get("error", {}).get("code") if isinstance(response, dict) else None
-            if (
+            if malformed:
+                status = 400
+            elif (
                 code == rpc_errors.MethodNotFound.CODE
                 and core.version_of(message) in MODERN_VERSIONS
             ):

@@ -453,6 +453,22 @@ def test_http_a_message_neither_notification_nor_response_is_400(
         reply = http(url, body=body, headers={"mcp-session-id": session})
         assert reply.status == 400, (body, reply)
         assert reply.json()["error"]["code"] == -32600, (body, reply.body)
+    # A request that is no JSON-RPC 2.0 request ('jsonrpc' missing or not "2.0", an id
+    # that is neither a string nor an integer) is input not taken too, in a session or
+    # not, an initialize included: 400 with the core's -32600 (it was 200).
+    malformed = ({"jsonrpc": "1.0", "id": 1, "method": "ping"}, {"id": 2, "method": "ping"},
+                 {"jsonrpc": "2.0", "id": None, "method": "ping"},
+                 {"jsonrpc": "2.0", "id": 1.5, "method": "tools/list"},
+                 {"jsonrpc": "2.0", "id": True, "method": "ping"})
+    for headers in ({"mcp-session-id": session}, {}):
+        for body in malformed:
+            reply = http(url, body=body, headers=headers)
+            assert reply.status == 400, (headers, body, reply)
+            assert reply.json()["error"]["code"] == -32600, (body, reply.body)
+    for bad_id in (None, 1.5):
+        reply = http(url, body={**rpc(1, "initialize", INIT_PARAMS), "id": bad_id})
+        assert reply.status == 400, reply
+        assert "mcp-session-id" not in reply.headers
     # A notification and a response (to no request of ours) are still taken: 202.
     for body in ({"jsonrpc": "2.0", "method": "notifications/initialized"},
                  {"jsonrpc": "2.0", "id": 99, "result": {}}):
