@@ -91,6 +91,7 @@ log = structlog.get_logger("toolsetd.mcphttp")
 
 _SESSION_HEADER = "mcp-session-id"
 _VERSION_HEADER = "mcp-protocol-version"
+_SESSION_TWICE = "Bad request: Mcp-Session-Id is sent more than once; send it once."
 #: The version the transports page has a server assume when the header is absent: a
 #: client may also send it, and a handshake session takes it as its own.
 _ASSUMED_VERSION = "2025-03-26"
@@ -543,6 +544,16 @@ class McpHttpEndpoint:
             return
         session_id = request.header(_SESSION_HEADER)
         fresh = False
+        if request.header_count(_SESSION_HEADER) > 1:
+            # Which session? An intermediary that reads the last one would see a request
+            # of another session than the one served (as MCP-Protocol-Version twice).
+            await _rpc_error(
+                exchange,
+                400,
+                message.get("id"),
+                rpc_errors.InvalidRequest(_SESSION_TWICE),
+            )
+            return
         if session_id is not None:
             session = self.sessions.get(session_id)
             if session is None:
@@ -808,6 +819,9 @@ class McpHttpEndpoint:
             await exchange.respond_json(
                 400, {"error": "Bad request: the Mcp-Session-Id header is required."}
             )
+            return None
+        if request.header_count(_SESSION_HEADER) > 1:
+            await exchange.respond_json(400, {"error": _SESSION_TWICE})
             return None
         session = self.sessions.get(session_id)
         if session is None:

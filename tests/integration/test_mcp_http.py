@@ -618,6 +618,39 @@ def test_http_every_origin_sent_is_judged(http_daemon, workspace: Path) -> None:
     assert status(local, "http://localhost") == b"200"
 
 
+def test_http_a_session_id_sent_twice_is_400(http_daemon, workspace: Path) -> None:
+    """Mcp-Session-Id names one session: sent twice (two sessions, or one twice) it is
+    400 on POST, GET and DELETE, as MCP-Protocol-Version twice is, and neither session
+    is touched (the first was served, and a DELETE ended it, while an intermediary that
+    reads the last one saw a request of the other session)."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    target = urlsplit(url)
+    first, second = initialize(url), initialize(url)
+    body = json.dumps(rpc(2, "ping")).encode()
+
+    def status(method: str, *sessions: str) -> bytes:
+        with socket.create_connection(_address(base), timeout=20) as sock:
+            head = (
+                f"{method} {target.path}?{target.query} HTTP/1.1\r\n"
+                f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
+                "Accept: application/json, text/event-stream\r\n"
+                + "".join(f"Mcp-Session-Id: {session}\r\n" for session in sessions)
+                + f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+            )
+            sock.sendall(head.encode() + body)
+            data = b""
+            while chunk := sock.recv(65536):
+                data += chunk
+        return data.split(b" ")[1]
+
+    for method in ("POST", "GET", "DELETE"):
+        assert status(method, first, second) == b"400", method
+        assert status(method, first, first) == b"400", method
+    for session in (first, second):
+        assert http(url, body=rpc(3, "ping"), headers={"mcp-session-id": session}).status == 200
+
+
 def test_http_absolute_form_target_is_judged_by_its_authority(
     http_daemon, workspace: Path
 ) -> None:
