@@ -15,12 +15,12 @@ loads h11.
   waiting on ``Expect: 100-continue`` is told ``100 Continue`` before its body is read; a body that
   stops arriving for ``body_timeout`` is ``408``; malformed framing (bad chunk sizes, a
   broken request line, both ``Transfer-Encoding`` and ``Content-Length``, a
-  ``Transfer-Encoding`` in an HTTP/1.0 request) is ``400``.
-  After any of these the connection closes: h11 is poisoned by a protocol error, and we
-  do not resynchronise. A keep-alive connection may sit idle between requests for
-  ``idle_timeout``. The body of a ``GET``, ``HEAD`` or ``DELETE``, whose content means
-  nothing, is read and dropped before the handler runs: it is not held (in memory, or
-  in ``LargeRequests``) while, say, a GET's event stream stays open.
+  ``Transfer-Encoding`` in an HTTP/1.0 request) is ``400``, a transfer coding other than
+  chunked ``501``. After any of these the connection closes: h11 is poisoned by a
+  protocol error, and we do not resynchronise. A keep-alive connection may sit idle
+  between requests for ``idle_timeout``. The body of a ``GET``, ``HEAD`` or ``DELETE``,
+  whose content means nothing, is read and dropped before the handler runs: it is not
+  held (in memory, or in ``LargeRequests``) while, say, a GET's event stream stays open.
 * **Answering.** The handler gets the request and an :class:`Exchange`: either one
   ``respond`` (a whole body with ``Content-Length``), or ``start_stream`` then any number
   of ``send`` and one ``end`` (chunked transfer coding, for server-sent events). Every
@@ -1048,6 +1048,13 @@ class _BodyTooLarge(Exception):
 def _protocol_message(exc: h11.RemoteProtocolError) -> str:
     if exc.error_status_hint == 431:
         return "Request header fields too large."
+    if exc.error_status_hint == 501:
+        # h11's 501s: a transfer coding it does not implement (gzip, identity, ...), or
+        # Transfer-Encoding given on more than one line.
+        return (
+            f"Not implemented: {exc}; send the body with Content-Length or the chunked "
+            "transfer coding alone."
+        )
     return f"Bad request: malformed HTTP/1.1 ({exc})."
 
 

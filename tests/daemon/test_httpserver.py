@@ -224,6 +224,21 @@ async def test_http_malformed_request_answered_and_closed(raw: bytes, status: in
         assert handler.requests == []
 
 
+async def test_http_an_unknown_transfer_coding_is_501_and_says_so() -> None:
+    """A transfer coding other than chunked (``gzip``) is 501 (RFC 9112 6.1: one the
+    server does not understand), and the message says that, not "Bad request: malformed"
+    under a status that says the request may be well formed; the connection closes."""
+    async with served() as (port, handler):
+        with anyio.fail_after(5):
+            data = await _exchange(port, b"POST /a HTTP/1.1\r\nHost: x\r\n"
+                                         b"Transfer-Encoding: gzip\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+        assert _status(data) == 501, data
+        message = _body(data)["error"]
+        assert message.startswith("Not implemented: "), message
+        assert "chunked" in message, message
+        assert handler.requests == []
+
+
 async def test_http_slowloris_head_is_cut_off() -> None:
     """A peer trickling its request head is answered 408 within the head timeout."""
     async with served() as (port, handler):
