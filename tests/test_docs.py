@@ -174,3 +174,19 @@ def test_protocol_child_environment_matches_the_runner() -> None:
     minus = security.split("* **Environment:** the daemon's environment, **minus**", 1)[1]
     minus = minus.split("**plus**", 1)[0]
     assert set(re.findall(r"`([A-Z_]+)`", minus)) == removed
+
+
+@pytest.mark.parametrize("package", ["protocol", "daemon", "client"])
+def test_architecture_names_every_module_and_no_other(package: str) -> None:
+    """docs/architecture.md's section of each package names every module of its folder (as
+    `module`, or `module.name`), and each of its bullets names a module that exists: a new
+    or renamed module is not left out of the contract between modules, nor a removed one
+    kept in it."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    section = text.split(f"### `toolsetd.{package}`\n", 1)[1]
+    section = re.split(r"\n##+ ", section, maxsplit=1)[0]
+    modules = {path.stem for path in (REPO / package).glob("*.py") if path.stem != "__init__"}
+    unnamed = {m for m in modules if not re.search(rf"`{re.escape(m)}[`.(]", section)}
+    assert unnamed <= {"__main__"}, sorted(unnamed)
+    bullets = set(re.findall(r"^\* `(\w+)`", section, flags=re.M))
+    assert bullets <= modules, sorted(bullets - modules)
