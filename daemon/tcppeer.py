@@ -6,7 +6,7 @@ A Unix socket tells its server the peer's uid (``SO_PEERCRED``); TCP does not. O
 loopback, though, both ends of a connection are sockets of this very kernel, and the
 kernel records the uid that created each one. The peer of an accepted connection is the
 socket whose local address is our remote address and whose remote address is our local
-address. :func:`tcp_peer_uid` asks for exactly that socket:
+address. :func:`tcp_peer` asks for exactly that socket:
 
 1. through ``sock_diag`` netlink (``NETLINK_SOCK_DIAG``, ``SOCK_DIAG_BY_FAMILY``, an
    exact lookup by the four-tuple: one request, one answer, no table walk), which carries

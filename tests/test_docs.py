@@ -190,3 +190,51 @@ def test_architecture_names_every_module_and_no_other(package: str) -> None:
     assert unnamed <= {"__main__"}, sorted(unnamed)
     bullets = set(re.findall(r"^\* `(\w+)`", section, flags=re.M))
     assert bullets <= modules, sorted(bullets - modules)
+
+
+def _defined_names() -> tuple[set[str], dict[str, set[str]]]:
+    """Every function, class and method the three packages define, and each class's
+    attributes (methods, class-level fields, ``self.x`` assignments)."""
+    import ast
+
+    names: set[str] = set()
+    members: dict[str, set[str]] = {}
+    for package in ("protocol", "daemon", "client"):
+        for path in (REPO / package).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    names.add(node.name)
+                if isinstance(node, ast.ClassDef):
+                    found = members.setdefault(node.name, set())
+                    for inner in ast.walk(node):
+                        if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                            found.add(inner.name)
+                        elif isinstance(inner, ast.AnnAssign) and isinstance(
+                            inner.target, ast.Name
+                        ):
+                            found.add(inner.target.id)
+                        elif isinstance(inner, ast.Attribute) and isinstance(inner.value, ast.Name):
+                            if inner.value.id == "self":
+                                found.add(inner.attr)
+                        elif isinstance(inner, ast.Name):
+                            found.add(inner.id)
+    return names, members
+
+
+def test_architecture_names_only_what_the_code_defines() -> None:
+    """Each ``function(...)`` and ``Class.member`` docs/architecture.md names is defined in
+    the code: a function renamed or a hook moved to another class leaves no stale name in
+    the contract between modules (``tcp_peer_uid`` outlived its rename to ``tcp_peer``)."""
+    import builtins
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    names, members = _defined_names()
+    foreign = {"CapacityLimiter"}  # anyio's
+    called = set(re.findall(r"`(?:\w+\.)*(\w+)\(", text))
+    unknown = {
+        n for n in called if n not in names and n not in foreign and not hasattr(builtins, n)
+    }
+    assert unknown == set(), sorted(unknown)
+    dotted = set(re.findall(r"`([A-Z]\w*)\.(\w+)", text))
+    stale = {f"{c}.{a}" for c, a in dotted if c in members and a not in members[c]}
+    assert stale == set(), sorted(stale)
