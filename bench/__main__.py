@@ -1,6 +1,7 @@
 """Run every benchmark and print the goals table (``make bench`` / ``python -m bench``).
 
-``python -m bench [--quick] [--repeat N] [--only rpc,invoke,catalog,mcp,drain,cli] [--skip ...]``
+``python -m bench [--quick] [--repeat N] [--only NAME,...] [--skip NAME,...]``, the names
+being ``ALL``'s: rpc, invoke, drain, catalog, mcp, mcp_face, mcp_http, cli, confine.
 
 Each benchmark measures toolsetd and its baseline in the same run, interleaved round by
 round (the goals are in ``docs/benchmarks.md``, section Goals); every goal row is the

@@ -238,3 +238,25 @@ def test_architecture_names_only_what_the_code_defines() -> None:
     dotted = set(re.findall(r"`([A-Z]\w*)\.(\w+)", text))
     stale = {f"{c}.{a}" for c, a in dotted if c in members and a not in members[c]}
     assert stale == set(), sorted(stale)
+
+
+def test_benchmarks_how_to_run_names_every_benchmark() -> None:
+    """docs/benchmarks.md's ``--only`` line and bench/__main__.py's docstring name the
+    benchmarks ``python -m bench`` runs, each of them and no other: a benchmark added to
+    the runner is one a reader can select."""
+    import ast
+
+    tree = ast.parse((REPO / "bench" / "__main__.py").read_text())  # importing it is slow
+    known = next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id == "ALL" for t in node.targets)
+    )
+    text = (REPO / "docs" / "benchmarks.md").read_text()
+    line = next(line for line in text.splitlines() if "-m bench --only" in line)
+    listed = line.split("# a subset:", 1)[1]
+    assert [name.strip() for name in listed.split(",")] == list(known)
+    doc = ast.get_docstring(tree) or ""
+    names = doc.split("the names\nbeing ``ALL``'s:", 1)[1].split(".\n", 1)[0]
+    assert [name.strip() for name in names.split(",")] == list(known)
