@@ -89,7 +89,8 @@ options:
   --workspace DIR    the workspace (default: the current directory)
   --catalog C        only the tools of catalog plan or work
   --mode MODE        the approval mode (default: default)
-  --headless         nobody can be asked: calls that need approval are denied
+  --headless         no operator is there to ask: every 'ask' becomes 'deny'
+                     (a 'review' still goes to the host, the reviewer)
   --no-autostart     fail instead of starting toolsetd when none answers
 """
 

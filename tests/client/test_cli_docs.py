@@ -76,3 +76,26 @@ def _global_options_in_docs() -> set[str]:
         for row in re.findall(r"^\| `([^|]+)", body, re.M)
         for flag in re.findall(r"--[a-z-]+", row)
     }
+
+
+def test_mcp_help_says_headless_as_the_docs_do() -> None:
+    """``toolsetctl mcp --help`` said ``--headless`` denies every call that needs approval;
+    a ``review`` still goes to the host, which stands in for the reviewer (docs/mcp.md),
+    and the host is asked. The line says what the other commands' ``--headless`` says,
+    and that a review still goes to the host."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(  # noqa: TID251 - the CLI's own help, no daemon
+        [sys.executable, "-m", "toolsetd.client", "mcp", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
+    option = out.split("--headless", 2)[2].split("\n  --", 1)[0]  # its text, wrapped
+    line = " ".join(option.split())
+    assert "every 'ask' becomes 'deny'" in line, line
+    assert "a 'review' still goes to the host" in line, line
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "mcp.md").read_text()
+    assert "a `review` is still sent to the host" in doc
