@@ -187,7 +187,8 @@ OPTIONS: tuple[Option, ...] = (
         "kill-grace",
         "float",
         5.0,
-        "seconds between SIGTERM and SIGKILL for a timed-out call (default 5)",
+        "seconds between SIGTERM and SIGKILL of a call's process group on timeout, cancel "
+        "or stop (default 5)",
         reloadable=True,
         check="seconds",
         metavar="SECONDS",

@@ -260,3 +260,18 @@ def test_benchmarks_how_to_run_names_every_benchmark() -> None:
     doc = ast.get_docstring(tree) or ""
     names = doc.split("the names\nbeing ``ALL``'s:", 1)[1].split(".\n", 1)[0]
     assert [name.strip() for name in names.split(",")] == list(known)
+
+
+def test_kill_grace_help_names_every_call_it_applies_to() -> None:
+    """``toolsetd --help`` said the kill grace is for a timed-out call; it is the grace of
+    every end the daemon forces on a call's process group (operations.md's row: timeout,
+    cancel, stop), so the help names each of them too."""
+    from toolsetd.daemon.settings import OPTIONS
+
+    body = _section((REPO / "docs" / "operations.md").read_text(), "### Command line")
+    row = next(line for line in body.splitlines() if line.startswith("| `--kill-grace"))
+    ends = re.search(r"process group \(([^)]*)\)", row)
+    assert ends is not None, row
+    option = next(option for option in OPTIONS if option.flag == "--kill-grace")
+    for end in ends.group(1).split(", "):
+        assert end[:4] in option.help, (end, option.help)
