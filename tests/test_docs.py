@@ -275,3 +275,11 @@ def test_kill_grace_help_names_every_call_it_applies_to() -> None:
     option = next(option for option in OPTIONS if option.flag == "--kill-grace")
     for end in ends.group(1).split(", "):
         assert end[:4] in option.help, (end, option.help)
+
+
+def test_readme_documentation_table_names_every_page() -> None:
+    """README.md's Documentation table is the way into docs/: it has one row per page
+    there, and no row for a page that is gone."""
+    table = _section((REPO / "README.md").read_text(), "## Documentation")
+    rows = re.findall(r"^\| \[docs/([\w.-]+\.md)\]\(docs/\1\) \|", table, flags=re.M)
+    assert sorted(rows) == sorted(path.name for path in (REPO / "docs").glob("*.md"))
