@@ -50,7 +50,7 @@ import os
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
@@ -313,7 +313,7 @@ class Unapproved(rpc_errors.ApprovalRequired):
 class _Bookkeeping:
     """The runner's event sink for one call: forwards to the face, tracks ``started``."""
 
-    __slots__ = ("_call_id", "_loaded", "_sink", "started_sent")
+    __slots__ = ("_call_id", "_loaded", "_sink", "started_sent", "stderr_bytes", "stdout_bytes")
 
     def __init__(self, sink: CallSink, call_id: str, loaded: LoadedTool) -> None:
         self._sink = sink
@@ -321,6 +321,8 @@ class _Bookkeeping:
         self._loaded = loaded
         #: Whether ``started`` went out (so exactly one ``completed`` must follow).
         self.started_sent = False
+        #: The output counts of the last progress (for a run cancelled from outside).
+        self.stdout_bytes = self.stderr_bytes = 0
 
     async def started(self, pid: int) -> None:
         self.started_sent = True
@@ -336,6 +338,7 @@ class _Bookkeeping:
         fraction: float | None = None,
         queued: bool = False,
     ) -> None:
+        self.stdout_bytes, self.stderr_bytes = stdout_bytes, stderr_bytes
         await self._sink.progress(
             self._call_id,
             ProgressReport(elapsed_ms, stdout_bytes, stderr_bytes, message, fraction, queued),
@@ -727,13 +730,28 @@ class Service:
         started_at = time.monotonic()
         try:
             outcome = await self._runner.run(run, events, cancel)
-        except BaseException:
-            observed.finished(None)
+        except BaseException as exc:
+            status = "error"
+            if isinstance(exc, anyio.get_cancelled_exc_class()):
+                # Cancelled from outside (a forced stop, a connection aborted for a peer
+                # that reads nothing): the runner ended the group, so the call ended,
+                # cancelled; the audit trail that has its call_started says so.
+                status = "cancelled"
+                ended = replace(
+                    no_process_outcome(started_at, CANCELLED_TEXT, status),
+                    started=events.started_sent,
+                    stdout_bytes=events.stdout_bytes,
+                    stderr_bytes=events.stderr_bytes,
+                )
+                observed.finished(ended)
+                _log_finished(call_id, loaded.tool.name, ended)
+            else:
+                observed.finished(None)
             # The runner answers with an outcome, never an exception; should one escape
             # anyway, the client that saw ``started`` still gets its ``completed``.
             if events.started_sent:
                 await events.completed(
-                    Completion("error", None, int((time.monotonic() - started_at) * 1000), False)
+                    Completion(status, None, int((time.monotonic() - started_at) * 1000), False)
                 )
             raise
         if outcome.started:

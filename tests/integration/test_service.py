@@ -477,6 +477,34 @@ def test_stop_second_signal_exits_at_once_killing_stubborn_children(
         kill_leftovers(*pids)
 
 
+def test_a_call_ended_from_outside_still_logs_call_finished(
+    svc_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A call whose run is cancelled from outside (here a forced stop; a connection aborted
+    for a client that reads nothing is the other way) ended: the audit trail that has its
+    ``call_started`` has its ``call_finished`` too, ``cancelled`` (operations.md's Logs),
+    not nothing."""
+    d = start_daemon(svc_home, workspace, tmp_base,
+                     ["--no-watch", "--shutdown-grace", "30", "--kill-grace", "30"])
+    pids: list[int] = []
+    try:
+        with d.raw(timeout=15) as conn:
+            pids.append(start_call(conn, workspace, "stubborn", "st-3"))
+            pids.append(grandchild_pid(workspace, "st-3"))
+            d.proc.send_signal(signal.SIGTERM)
+            eventually(logged(d, "stop_requested"), 5, "stop_requested logged")
+            d.proc.send_signal(signal.SIGTERM)
+            assert d.proc.wait(timeout=20) == 0
+        finished = [e for e in d.log_events()
+                    if e.get("event") == "call_finished" and e.get("call_id") == "st-3"]
+        assert len(finished) == 1, finished
+        assert finished[0]["status"] == "cancelled"
+        assert finished[0]["exit_code"] is None
+    finally:
+        d.stop()
+        kill_leftovers(*pids)
+
+
 @pytest.mark.parametrize("guard", [True, False], ids=["orphan-guard", "no-orphan-guard"])
 def test_stop_second_signal_during_kill_grace_exits_at_once(
     svc_home: Path, workspace: Path, tmp_base: Path, guard: bool
