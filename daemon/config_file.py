@@ -23,6 +23,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from toolsetd.protocol.jsontext import decode_file_text
+
 from .manifest import ManifestError
 from .model import ApprovalSource, Config, Note, Source
 from .paths import NET_WHITESPACE
@@ -158,7 +160,9 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
             return _UNUSABLE, notes
         return Config(), notes
     try:
-        root = json.loads(text.decode("utf-8-sig", "replace"), parse_constant=_reject)
+        # Read as the reference host's File.ReadAllText reads it: a UTF-16 or UTF-32 byte
+        # order mark chooses that encoding (an editor's "Unicode" file), as for tools.json.
+        root = json.loads(decode_file_text(text), parse_constant=_reject)
     except (ValueError, RecursionError) as exc:
         note(f"config.json is not valid JSON: {exc}; {_UNUSABLE_FALLBACK_LOWER}")
         return _UNUSABLE, notes

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import shutil
@@ -666,6 +667,30 @@ def test_load_config_property_names_in_any_case(home: Path, text: str, expected:
     """
     (home / "config.json").write_text(text)
     assert load_config(home) == (expected, [])
+
+
+@pytest.mark.parametrize(
+    ("bom", "encoding"),
+    [
+        (codecs.BOM_UTF8, "utf-8"),
+        (codecs.BOM_UTF16_LE, "utf-16-le"),
+        (codecs.BOM_UTF16_BE, "utf-16-be"),
+        (codecs.BOM_UTF32_LE, "utf-32-le"),
+        (codecs.BOM_UTF32_BE, "utf-32-be"),
+    ],
+)
+def test_load_config_reads_the_encodings_the_reference_host_reads(
+    home: Path, bom: bytes, encoding: str
+) -> None:
+    """config.json is read as .NET's ``File.ReadAllText`` reads it (the reference host's
+    ``SettingsStore.Load``): a UTF-16 or UTF-32 byte order mark chooses that encoding, as
+    for tools.json. A UTF-16 file (Windows Notepad's "Unicode") was decoded as UTF-8, was
+    "not valid JSON", and turned discovery off with both sources host."""
+    text = '{"externalTools": false, "externalToolApproval": {"project": "author"}}'
+    (home / "config.json").write_bytes(bom + text.encode(encoding))
+    assert load_config(home) == (
+        Config(external_tools=False, project_policy=ApprovalSource.AUTHOR), []
+    )
 
 
 def test_load_config_dangling_symlink_is_unreadable(home: Path, tmp_path: Path) -> None:
