@@ -171,6 +171,83 @@ def _decimal(number: float) -> decimal.Decimal:
     return decimal.Decimal(number)
 
 
+def _compare(number: float, bound: float) -> int:
+    """-1, 0 or 1 as ``number`` is below, at or above ``bound``, by the numbers as written.
+
+    A ``JsonNumber`` reads as the nearest double (``1e-400`` as 0.0, ``1.0000000000000000001``
+    as 1.0), so comparing doubles refused ``1e-400`` under ``exclusiveMinimum: 0`` and let
+    ``1.0000000000000000001`` pass ``maximum: 1``. Decimal comparison is exact, whatever
+    the precision; two integers compare as they are.
+    """
+    if type(number) is int and type(bound) is int:
+        return (number > bound) - (number < bound)
+    a, b = _decimal(number), _decimal(bound)
+    return (a > b) - (a < b)
+
+
+def _integral(number: float) -> bool:
+    """Whether a float has no fractional part as written (``1e400`` has none; it reads as
+    infinity; ``1.0000000000000000001`` has one, though it reads as 1.0)."""
+    if type(number) is not JsonNumber:
+        return number.is_integer()
+    exact = decimal.Decimal(number.text)
+    if not exact.is_finite():  # pragma: no cover - JSON writes no such number
+        return False
+    _sign, digits, exponent = exact.as_tuple()
+    assert isinstance(exponent, int)  # finite
+    return exponent >= 0 or not any(digits[exponent:])
+
+
+def _is_integer_type(_checker: Any, instance: Any) -> bool:
+    """jsonschema's ``integer`` type (Draft 6 and later) for the numbers as written."""
+    if isinstance(instance, bool):
+        return False
+    return isinstance(instance, int) or (isinstance(instance, float) and _integral(instance))
+
+
+def _bound(
+    fails: Callable[[int], bool], words: str, which: str
+) -> Callable[[Any, Any, Any, Mapping[str, Any]], Iterable[ValidationError]]:
+    """A ``minimum``-like keyword deciding on the numbers as written (``_compare``)."""
+
+    def check(
+        validator: Any, bound: Any, instance: Any, schema: Mapping[str, Any]
+    ) -> Iterable[ValidationError]:
+        from jsonschema.exceptions import ValidationError
+
+        if validator.is_type(instance, "number") and fails(_compare(instance, bound)):
+            yield ValidationError(f"{instance!r} is {words} the {which} of {bound!r}")
+
+    return check
+
+
+def _legacy_bound(
+    sign: int, which: str
+) -> Callable[[Any, Any, Any, Mapping[str, Any]], Iterable[ValidationError]]:
+    """Draft 3 and 4's ``minimum`` (``sign`` -1) or ``maximum`` (1), whose boolean
+    ``exclusiveMinimum``/``exclusiveMaximum`` sits beside it, on the numbers as written."""
+    exclusive = "exclusiveMinimum" if sign < 0 else "exclusiveMaximum"
+    beyond = "less than" if sign < 0 else "greater than"
+
+    def check(
+        validator: Any, bound: Any, instance: Any, schema: Mapping[str, Any]
+    ) -> Iterable[ValidationError]:
+        from jsonschema.exceptions import ValidationError
+
+        if not validator.is_type(instance, "number"):
+            return
+        side = _compare(instance, bound) * sign
+        if schema.get(exclusive, False):
+            if side >= 0:
+                yield ValidationError(
+                    f"{instance!r} is {beyond} or equal to the {which} of {bound!r}"
+                )
+        elif side > 0:
+            yield ValidationError(f"{instance!r} is {beyond} the {which} of {bound!r}")
+
+    return check
+
+
 def _multiple_of_exactly(
     validator: Any, dB: Any, instance: Any, schema: Mapping[str, Any]
 ) -> Iterable[ValidationError]:
@@ -221,13 +298,27 @@ def _patch_keywords() -> None:
     meta-schema's parts declare their ``$schema``, and jsonschema checks each part with the
     class registered for it.
     """
-    from jsonschema import _keywords, validators
+    from jsonschema import _keywords, _legacy_keywords, _types, validators
 
-    replacements = {
-        "additionalProperties": (_keywords.additionalProperties, _additional_properties_in_order),
-        "multipleOf": (_keywords.multipleOf, _multiple_of_exactly),
-        "divisibleBy": (_keywords.multipleOf, _multiple_of_exactly),
-    }
+    replacements: list[tuple[str, Any, Any]] = [
+        ("additionalProperties", _keywords.additionalProperties, _additional_properties_in_order),
+        ("multipleOf", _keywords.multipleOf, _multiple_of_exactly),
+        ("divisibleBy", _keywords.multipleOf, _multiple_of_exactly),
+        ("minimum", _keywords.minimum, _bound(lambda c: c < 0, "less than", "minimum")),
+        ("maximum", _keywords.maximum, _bound(lambda c: c > 0, "greater than", "maximum")),
+        (
+            "exclusiveMinimum",
+            _keywords.exclusiveMinimum,
+            _bound(lambda c: c <= 0, "less than or equal to", "minimum"),
+        ),
+        (
+            "exclusiveMaximum",
+            _keywords.exclusiveMaximum,
+            _bound(lambda c: c >= 0, "greater than or equal to", "maximum"),
+        ),
+        ("minimum", _legacy_keywords.minimum_draft3_draft4, _legacy_bound(-1, "minimum")),
+        ("maximum", _legacy_keywords.maximum_draft3_draft4, _legacy_bound(1, "maximum")),
+    ]
     for cls in (
         validators.Draft3Validator,
         validators.Draft4Validator,
@@ -236,9 +327,14 @@ def _patch_keywords() -> None:
         validators.Draft201909Validator,
         validators.Draft202012Validator,
     ):
-        for keyword, (original, replacement) in replacements.items():
+        for keyword, original, replacement in replacements:
             if cls.VALIDATORS.get(keyword) is original:
                 cls.VALIDATORS[keyword] = replacement
+        # Draft 6 and later count a number with no fractional part as an integer; Draft 3
+        # and 4 count integer literals only (and keep their own checker).
+        if cls.TYPE_CHECKER is _types.draft6_type_checker:
+            checker: Any = cls
+            checker.TYPE_CHECKER = _types.draft6_type_checker.redefine("integer", _is_integer_type)
 
 
 def _clip(text: str, limit: int) -> str:
@@ -470,8 +566,7 @@ _VALUE_TYPES: Mapping[str, Callable[[Any], bool]] = {
     "null": lambda v: v is None,
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
     "integer": lambda v: (
-        (isinstance(v, int) and not isinstance(v, bool))
-        or (isinstance(v, float) and v.is_integer())
+        (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and _integral(v))
     ),
 }
 _ANNOTATIONS = frozenset(
@@ -612,10 +707,10 @@ def off_loop(arguments: Any) -> bool:
 
 _EMPTY: Mapping[str, Any] = {}
 _BOUNDS: tuple[tuple[str, Callable[[Any, Any], bool]], ...] = (
-    ("minimum", lambda v, b: v >= b),
-    ("maximum", lambda v, b: v <= b),
-    ("exclusiveMinimum", lambda v, b: v > b),
-    ("exclusiveMaximum", lambda v, b: v < b),
+    ("minimum", lambda v, b: _compare(v, b) >= 0),
+    ("maximum", lambda v, b: _compare(v, b) <= 0),
+    ("exclusiveMinimum", lambda v, b: _compare(v, b) > 0),
+    ("exclusiveMaximum", lambda v, b: _compare(v, b) < 0),
 )
 
 

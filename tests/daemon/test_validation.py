@@ -200,6 +200,85 @@ def test_argument_validators_echo_a_number_as_written(step: float, text: str) ->
     assert [e["message"] for e in errors] == [f"/n: expected a multiple of {step}, got {text}"]
 
 
+#: A keyword outside the plain subset: the same bound is then decided by jsonschema.
+_NOT_PLAIN: dict[str, Any] = {"not": {"type": "string"}}
+_DRAFT4 = "http://json-schema.org/draft-04/schema#"
+
+
+@pytest.mark.parametrize(
+    ("bounds", "text", "valid"),
+    [
+        ({"exclusiveMinimum": 0}, "1e-400", True),
+        ({"exclusiveMinimum": 0.1}, "0.1000000000000000001", True),
+        ({"exclusiveMaximum": 1}, "0.99999999999999999999", True),
+        ({"minimum": 0}, "-1e-400", False),
+        ({"maximum": 1}, "1.0000000000000000001", False),
+        ({"maximum": 9007199254740992}, "9007199254740992.5", False),
+        ({"minimum": 0.1, "maximum": 0.1}, "0.1", True),
+        ({"minimum": 0.1, "maximum": 0.1}, "1e-1", True),
+        ({"maximum": 0}, "-0", True),
+        ({"exclusiveMinimum": 0}, "1e400", True),
+        ({"maximum": 1e300}, "1e400", False),
+    ],
+)
+def test_argument_validators_bounds_compare_the_numbers_as_written(
+    bounds: dict[str, Any], text: str, valid: bool
+) -> None:
+    """minimum, maximum and the exclusive bounds compare the number the client wrote
+    (JSON Schema: numbers by their mathematical value), not the double it reads as:
+    ``1e-400`` is greater than 0 though it reads as 0.0, and ``1.0000000000000000001`` is
+    more than 1 though it reads as 1.0. Binary comparison refused the first (the reference
+    host checks no arguments, so a tool set written for it lost the call) and let the
+    second through. Both the plain fast path and jsonschema decide so."""
+    validators = ArgumentValidators()
+    for extra in ({}, _NOT_PLAIN):
+        schema = {"type": "object", "properties": {"n": {**bounds, **extra}}}
+        errors = validators.errors(loaded(schema), {"n": JsonNumber(text)})
+        assert (errors == []) is valid, (schema, text, errors)
+
+
+@pytest.mark.parametrize(
+    ("text", "valid"),
+    [
+        ("1e-400", True),
+        ("0", False),
+        ("0.0", False),
+    ],
+)
+def test_argument_validators_draft4_exclusive_bounds_compare_as_written(text: str, valid: bool) -> None:
+    """Draft 4's boolean exclusiveMinimum compares the number as written too."""
+    schema = {"$schema": _DRAFT4, "properties": {"n": {"minimum": 0, "exclusiveMinimum": True}}}
+    value: Any = 0 if text == "0" else JsonNumber(text)
+    errors = ArgumentValidators().errors(loaded(schema), {"n": value})
+    assert (errors == []) is valid, (text, errors)
+
+
+@pytest.mark.parametrize(
+    ("text", "valid"),
+    [
+        ("1.0", True),
+        ("1e2", True),
+        ("-0.0", True),
+        ("1E+2", True),
+        ("1e400", True),
+        ("12345678901234567890.000", True),
+        ("1.5", False),
+        ("1.0000000000000000001", False),
+        ("9007199254740993.5", False),
+        ("1e-400", False),
+    ],
+)
+def test_argument_validators_integer_is_decided_on_the_number_as_written(text: str, valid: bool) -> None:
+    """"type": "integer" holds for a number with no fractional part as written: ``1e400``
+    is an integer (it reads as infinity, which was "expected integer, got number"), and
+    ``1.0000000000000000001`` is not (it reads as 1.0, which passed)."""
+    validators = ArgumentValidators()
+    for extra in ({}, _NOT_PLAIN):
+        schema = {"type": "object", "properties": {"n": {"type": "integer", **extra}}}
+        errors = validators.errors(loaded(schema), {"n": JsonNumber(text)})
+        assert (errors == []) is valid, (schema, text, errors)
+
+
 def test_argument_validators_draft7_dialect() -> None:
     """``$schema`` selects the dialect (draft-07 ``dependencies``)."""
     schema = {"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": ["b"]}}
