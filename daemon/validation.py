@@ -900,6 +900,11 @@ def _describe(error: ValidationError) -> list[tuple[str, str]]:
 def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> str:
     """The message text for keywords that describe the value itself."""
     got = f"got {_json_type(instance)}"
+    if keyword in ("minimum", "maximum") and isinstance(error.schema, Mapping):
+        # Draft 3 and 4: ``exclusiveMinimum: true`` beside ``minimum`` makes it exclusive.
+        exclusive = "exclusiveMinimum" if keyword == "minimum" else "exclusiveMaximum"
+        if error.schema.get(exclusive) is True:
+            keyword = exclusive
     simple: dict[str, Callable[[], str]] = {
         "type": lambda: (
             f"expected {value if isinstance(value, str) else ' or '.join(value)}, {got}"

@@ -254,6 +254,24 @@ def test_argument_validators_draft4_exclusive_bounds_compare_as_written(text: st
 
 
 @pytest.mark.parametrize(
+    ("schema", "value", "message"),
+    [
+        ({"minimum": 0, "exclusiveMinimum": True}, 0, "/n: expected a number > 0, got 0"),
+        ({"maximum": 5, "exclusiveMaximum": True}, 5, "/n: expected a number < 5, got 5"),
+        ({"minimum": 0, "exclusiveMinimum": False}, -1, "/n: expected a number >= 0, got -1"),
+        ({"maximum": 5}, 6, "/n: expected a number <= 5, got 6"),
+    ],
+)
+def test_argument_validators_draft4_exclusive_bound_message(
+    schema: dict[str, Any], value: int, message: str
+) -> None:
+    """Draft 4 writes an exclusive bound as ``minimum`` plus ``exclusiveMinimum: true``;
+    the message names the bound that failed (it said ``expected a number >= 0, got 0``)."""
+    tool = loaded({"$schema": _DRAFT4, "properties": {"n": schema}})
+    assert ArgumentValidators().errors(tool, {"n": value}) == [{"path": "/n", "message": message}]
+
+
+@pytest.mark.parametrize(
     ("text", "valid"),
     [
         ("1.0", True),
