@@ -205,6 +205,72 @@ def _is_integer_type(_checker: Any, instance: Any) -> bool:
     return isinstance(instance, int) or (isinstance(instance, float) and _integral(instance))
 
 
+def _equal(one: Any, two: Any) -> bool:
+    """JSON equality (jsonschema's ``equal``) with numbers compared as written
+    (``_compare``): ``1`` and ``1.0`` are equal, ``1`` and ``1.0000000000000000001`` are not,
+    and ``true`` is not ``1``."""
+    if one is two:
+        return True
+    if isinstance(one, str) or isinstance(two, str):
+        return bool(one == two)
+    if isinstance(one, list | tuple) and isinstance(two, list | tuple):
+        return len(one) == len(two) and all(_equal(a, b) for a, b in zip(one, two, strict=True))
+    if isinstance(one, Mapping) and isinstance(two, Mapping):
+        return len(one) == len(two) and all(k in two and _equal(v, two[k]) for k, v in one.items())
+    if isinstance(one, bool) or isinstance(two, bool):
+        return False  # two different booleans, or a boolean and a number
+    if isinstance(one, int | float) and isinstance(two, int | float):
+        return _compare(one, two) == 0
+    return bool(one == two)
+
+
+def _identity(value: Any) -> Any:
+    """A hashable key equal for two values exactly when ``_equal`` holds."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return (type(value).__name__, value)
+    if isinstance(value, int | float):
+        return _decimal(value)  # equal values hash alike (Decimal's hash is its value's)
+    if isinstance(value, list | tuple):
+        return ("array", tuple(_identity(item) for item in value))
+    if isinstance(value, Mapping):
+        return ("object", frozenset((key, _identity(item)) for key, item in value.items()))
+    return ("other", repr(value))  # pragma: no cover - arguments come from JSON
+
+
+def _enum(
+    validator: Any, enums: Any, instance: Any, schema: Mapping[str, Any]
+) -> Iterable[ValidationError]:
+    """jsonschema's ``enum`` with ``_equal``."""
+    from jsonschema.exceptions import ValidationError
+
+    if all(not _equal(each, instance) for each in enums):
+        yield ValidationError(f"{instance!r} is not one of {enums!r}")
+
+
+def _const(
+    validator: Any, const: Any, instance: Any, schema: Mapping[str, Any]
+) -> Iterable[ValidationError]:
+    """jsonschema's ``const`` with ``_equal``."""
+    from jsonschema.exceptions import ValidationError
+
+    if not _equal(instance, const):
+        yield ValidationError(f"{const!r} was expected")
+
+
+def _unique_items(
+    validator: Any, unique: Any, instance: Any, schema: Mapping[str, Any]
+) -> Iterable[ValidationError]:
+    """jsonschema's ``uniqueItems`` with ``_equal``, in one pass over hashable keys."""
+    from jsonschema.exceptions import ValidationError
+
+    if (
+        unique
+        and validator.is_type(instance, "array")
+        and len({_identity(item) for item in instance}) != len(instance)
+    ):
+        yield ValidationError(f"{instance!r} has non-unique elements")
+
+
 def _bound(
     fails: Callable[[int], bool], words: str, which: str
 ) -> Callable[[Any, Any, Any, Mapping[str, Any]], Iterable[ValidationError]]:
@@ -316,6 +382,9 @@ def _patch_keywords() -> None:
             _keywords.exclusiveMaximum,
             _bound(lambda c: c >= 0, "greater than or equal to", "maximum"),
         ),
+        ("enum", _keywords.enum, _enum),
+        ("const", _keywords.const, _const),
+        ("uniqueItems", _keywords.uniqueItems, _unique_items),
         ("minimum", _legacy_keywords.minimum_draft3_draft4, _legacy_bound(-1, "minimum")),
         ("maximum", _legacy_keywords.maximum_draft3_draft4, _legacy_bound(1, "maximum")),
     ]

@@ -297,6 +297,48 @@ def test_argument_validators_integer_is_decided_on_the_number_as_written(text: s
         assert (errors == []) is valid, (schema, text, errors)
 
 
+@pytest.mark.parametrize(
+    ("schema", "value", "valid"),
+    [
+        ({"uniqueItems": True}, [1, "1.0000000000000000001"], True),
+        ({"uniqueItems": True}, [{"a": 1}, {"a": "0.99999999999999999999"}], True),
+        ({"uniqueItems": True}, [1, "1.0"], False),
+        ({"uniqueItems": True}, ["1e2", 100], False),
+        ({"uniqueItems": True}, [[1], ["1.00"]], False),
+        ({"uniqueItems": True}, [True, 1], True),
+        ({"uniqueItems": True}, ["1.0000000000000000001", 1, "1.0000000000000000001"], False),
+        ({"enum": [1, "a"]}, "1.0000000000000000001", False),
+        ({"enum": [1, "a"]}, "1.0", True),
+        ({"enum": [[0.1]]}, ["0.1000000000000000001"], False),
+        ({"const": 0.1}, "0.1000000000000000001", False),
+        ({"const": 0.1}, "1e-1", True),
+        ({"const": {"a": 1}}, {"a": "1e0"}, True),
+        ({"const": 1}, True, False),
+    ],
+)
+def test_argument_validators_equality_is_decided_on_the_numbers_as_written(
+    schema: dict[str, Any], value: Any, valid: bool
+) -> None:
+    """enum, const and uniqueItems compare numbers by their value as written (JSON Schema:
+    the same mathematical value), not by the doubles they read as: ``1`` and
+    ``1.0000000000000000001`` are two items (uniqueItems refused them as duplicates), and
+    ``1.0000000000000000001`` is not ``1`` (enum let it through). A string here stands
+    for the number with that text."""
+
+    def number(item: Any) -> Any:
+        if isinstance(item, str):
+            return JsonNumber(item)
+        if isinstance(item, list):
+            return [number(x) for x in item]
+        if isinstance(item, dict):
+            return {k: number(x) for k, x in item.items()}
+        return item
+
+    tool = loaded({"type": "object", "properties": {"n": schema}})
+    errors = ArgumentValidators().errors(tool, {"n": number(value)})
+    assert (errors == []) is valid, (schema, value, errors)
+
+
 def test_argument_validators_draft7_dialect() -> None:
     """``$schema`` selects the dialect (draft-07 ``dependencies``)."""
     schema = {"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": ["b"]}}
