@@ -167,8 +167,30 @@ def _decimal(number: float) -> decimal.Decimal:
     """A JSON number as the decimal it was written as (a ``JsonNumber``'s own text; a plain
     float's shortest text, which is what a manifest or a client wrote for it)."""
     if isinstance(number, float):
-        return decimal.Decimal(number.text if type(number) is JsonNumber else repr(number))
+        text = number.text if type(number) is JsonNumber else repr(number)
+        try:
+            return decimal.Decimal(text)
+        except decimal.InvalidOperation:
+            return _clamped(text)
     return decimal.Decimal(number)
+
+
+def _clamped(text: str) -> decimal.Decimal:
+    """A JSON number whose exponent is beyond a Decimal's (more than 18 digits, such as
+    ``1e9999999999999999999``; valid JSON, kept as written): its sign and digits, with the
+    exponent brought to the largest (or smallest) a Decimal takes. It stays on the same
+    side of every number a schema holds (a double), and integral or not as written; two
+    such numbers that differ only in their exponents compare equal."""
+    mantissa, _, exponent = text.lower().partition("e")
+    negative = mantissa.startswith("-")
+    whole, _, fraction = mantissa.lstrip("-").partition(".")
+    digits = (whole + fraction).lstrip("0")
+    if not digits:
+        return decimal.Decimal("-0" if negative else "0")
+    # Nearer zero than any double, and not integral; or past any double, and integral.
+    tiny = exponent.startswith("-")
+    scale = decimal.MIN_ETINY if tiny else decimal.MAX_EMAX - (len(digits) - 1)
+    return decimal.Decimal(f"{'-' if negative else ''}{digits}E{scale}")
 
 
 def _compare(number: float, bound: float) -> int:
@@ -190,12 +212,9 @@ def _integral(number: float) -> bool:
     infinity; ``1.0000000000000000001`` has one, though it reads as 1.0)."""
     if type(number) is not JsonNumber:
         return number.is_integer()
-    exact = decimal.Decimal(number.text)
-    if not exact.is_finite():  # pragma: no cover - JSON writes no such number
-        return False
-    _sign, digits, exponent = exact.as_tuple()
-    assert isinstance(exponent, int)  # finite
-    return exponent >= 0 or not any(digits[exponent:])
+    exact = _decimal(number)
+    # Exact whatever the digits (no context precision applies), and fast on millions of them.
+    return exact.is_finite() and exact == exact.to_integral_value()
 
 
 def _is_integer_type(_checker: Any, instance: Any) -> bool:

@@ -339,6 +339,40 @@ def test_argument_validators_equality_is_decided_on_the_numbers_as_written(
     assert (errors == []) is valid, (schema, value, errors)
 
 
+@pytest.mark.parametrize(
+    ("keyword", "text", "valid"),
+    [
+        ({"minimum": 0}, "1e9999999999999999999", True),
+        ({"maximum": 1e308}, "1e9999999999999999999", False),
+        ({"minimum": 0}, "-1e-9999999999999999999", False),
+        ({"exclusiveMinimum": 0}, "1e-9999999999999999999", True),
+        ({"exclusiveMinimum": 0}, "0e-9999999999999999999", False),
+        ({"maximum": 5e-324}, "1e-9999999999999999999", True),
+        ({"type": "integer"}, "1E+9999999999999999999", True),
+        ({"type": "integer"}, "2.5e-9999999999999999999", False),
+        ({"type": "integer"}, "-0.0e-9999999999999999999", True),
+        ({"enum": [1]}, "1e9999999999999999999", False),
+        ({"const": 0}, "1e-9999999999999999999", False),
+        ({"uniqueItems": True, "type": "array"}, "[1e9999999999999999999, 1]", True),
+    ],
+)
+def test_argument_validators_numbers_beyond_a_decimal_exponent(
+    keyword: dict[str, Any], text: str, valid: bool
+) -> None:
+    """A number whose exponent has more digits than a Decimal holds (``1e9999999999999999999``,
+    valid JSON, kept as written) is still decided, on its sign, digits and side of every
+    number a schema can hold, never an internal error (deciding bounds in decimal made
+    each of these an ``Internal error (incident …)``)."""
+    from toolsetd.protocol.jsontext import loads
+
+    value = loads(f'{{"n": {text}}}'.encode())
+    validators = ArgumentValidators()
+    for extra in ({}, _NOT_PLAIN):
+        schema = {"type": "object", "properties": {"n": {**keyword, **extra}}}
+        errors = validators.errors(loaded(schema), value)
+        assert (errors == []) is valid, (schema, text, errors)
+
+
 def test_argument_validators_draft7_dialect() -> None:
     """``$schema`` selects the dialect (draft-07 ``dependencies``)."""
     schema = {"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": ["b"]}}
