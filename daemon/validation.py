@@ -29,7 +29,6 @@ import functools
 import hashlib
 import itertools
 import json
-import math
 import re
 import threading
 from collections.abc import Callable, Iterable, Mapping
@@ -159,8 +158,9 @@ def _additional_properties_in_order(
     yield from original(validator, aP, instance, schema)
 
 
-#: Significant digits an exact ``multipleOf`` quotient may have; beyond, jsonschema decides.
-_MULTIPLE_OF_DIGITS = 100
+#: Significant digits a number may have for ``multipleOf`` to be decided exactly (in
+#: integers); beyond, jsonschema decides.
+_MULTIPLE_OF_DIGITS = 1000
 
 
 def _decimal(number: float) -> decimal.Decimal:
@@ -333,16 +333,50 @@ def _legacy_bound(
     return check
 
 
+def _multiple(number: float, step: float) -> bool | None:
+    """Whether ``number`` is an integer multiple of ``step``, exactly, by the numbers as
+    written (None: too many digits, or not finite, to decide here).
+
+    With ``number`` = m·10^e and ``step`` = n·10^f (m, n integers): when e >= f, the
+    quotient is an integer when n divides m·10^(e-f), which ``pow`` reduces modulo n
+    whatever the exponent; when e < f, when n·10^(f-e) divides m, which a nonzero m of
+    fewer than f-e digits cannot be.
+    """
+    a, b = _decimal(number), _decimal(step)
+    if not (a.is_finite() and b.is_finite()) or b.is_zero():
+        return None
+    if a.is_zero():
+        return True
+    # The digit count before building the tuple: a 16 MiB number is not expanded.
+    if (type(number) is JsonNumber and len(number.text) > 2 * _MULTIPLE_OF_DIGITS) or (
+        type(step) is JsonNumber and len(step.text) > 2 * _MULTIPLE_OF_DIGITS
+    ):
+        return None
+    _, a_digits, a_exponent = a.as_tuple()
+    _, b_digits, b_exponent = b.as_tuple()
+    if len(a_digits) > _MULTIPLE_OF_DIGITS or len(b_digits) > _MULTIPLE_OF_DIGITS:
+        return None
+    assert isinstance(a_exponent, int)  # finite
+    assert isinstance(b_exponent, int)
+    m = int("".join(map(str, a_digits)))
+    n = int("".join(map(str, b_digits)))
+    if a_exponent >= b_exponent:
+        return m * pow(10, a_exponent - b_exponent, n) % n == 0
+    shift = b_exponent - a_exponent
+    return shift < len(a_digits) and m % (n * 10**shift) == 0
+
+
 def _multiple_of_exactly(
     validator: Any, dB: Any, instance: Any, schema: Mapping[str, Any]
 ) -> Iterable[ValidationError]:
     """jsonschema's ``multipleOf``, decided in decimal when a float is involved.
 
     jsonschema divides binary floats, so ``19.99`` is no multiple of ``0.01`` there
-    (``1998.9999999999998``). JSON numbers are decimal, and the codec keeps their text: the
-    remainder of the numbers as written is exact. A quotient of more than
-    ``_MULTIPLE_OF_DIGITS`` digits, or a number a decimal cannot hold exactly, is left to
-    jsonschema (which refuses what it cannot divide: see ``errors_for``).
+    (``1998.9999999999998``), and ``1e400`` (infinity as a double) no multiple of 2. JSON
+    numbers are decimal, and the codec keeps their text: ``_multiple`` decides on the
+    numbers as written, in integers. A number of more than ``_MULTIPLE_OF_DIGITS``
+    significant digits is left to jsonschema (which refuses what it cannot divide: see
+    ``errors_for``).
     """
     from jsonschema import _keywords
     from jsonschema.exceptions import ValidationError
@@ -352,13 +386,8 @@ def _multiple_of_exactly(
         validator.is_type(instance, "number")
         and isinstance(dB, int | float)
         and (isinstance(dB, float) or isinstance(instance, float))
-        and not (isinstance(instance, float) and not math.isfinite(instance))
     ):
-        context = decimal.Context(prec=_MULTIPLE_OF_DIGITS, traps=list(decimal.Context().flags))
-        try:
-            exact = context.remainder(_decimal(instance), _decimal(dB)).is_zero()
-        except (decimal.DecimalException, ValueError):
-            exact = None
+        exact = _multiple(instance, dB)
     if exact is None:
         original: Any = _keywords.multipleOf  # typed as returning None: a generator
         yield from original(validator, dB, instance, schema)

@@ -373,6 +373,37 @@ def test_argument_validators_numbers_beyond_a_decimal_exponent(
         assert (errors == []) is valid, (schema, text, errors)
 
 
+@pytest.mark.parametrize(
+    ("step", "text", "valid"),
+    [
+        (2, "1e400", True),
+        (0.5, "1e400", True),
+        (3, "1e400", False),
+        (0.5, "1" + "0" * 400, True),
+        (0.3, "3" + "0" * 200 + ".3", True),
+        (0.9, "3" + "0" * 200 + ".3", False),
+        (2, "1e-1000000", False),
+        (0.5, "3e-1000000", False),
+        (2, "2e1000000", True),
+        (3, "1e1000000", False),
+        (0.01, "19.99", True),
+    ],
+)
+def test_argument_validators_multiple_of_past_a_double_or_a_long_quotient(
+    step: float, text: str, valid: bool
+) -> None:
+    """multipleOf is exact for a number a double cannot hold and for a long quotient: 1e400
+    is a multiple of 2 (it reads as infinity, and jsonschema said "expected a multiple of 2,
+    got 1e400"; 10**400 against 0.5 was "too large to check"), and 1e-1000000 is not one
+    of 2 (past the decimal context's exponents it fell back to 0.0, a multiple of all)."""
+    from toolsetd.protocol.jsontext import loads
+
+    value = loads(f'{{"n": {text}}}'.encode())
+    schema = {"type": "object", "properties": {"n": {"multipleOf": step}}}
+    errors = ArgumentValidators().errors(loaded(schema), value)
+    assert (errors == []) is valid, (step, text, errors)
+
+
 def test_argument_validators_draft7_dialect() -> None:
     """``$schema`` selects the dialect (draft-07 ``dependencies``)."""
     schema = {"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": ["b"]}}
