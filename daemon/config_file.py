@@ -205,7 +205,10 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
                 # An object that leaves the source out says its default: merged with another
                 # spelling's "author" it must not make the project source author (the
                 # reference host reads the last spelling alone, and that one says host).
-                words |= {_word(v) for v in values} if values else {default}
+                # A blank value says the default too, as the reference host reads it
+                # (string.IsNullOrWhiteSpace in ReadExternalToolApproval).
+                read = [_word(v) for v in values]
+                words |= {default if w == "" else w for w in read} if read else {default}
             if not words:
                 continue
             if words <= {"author", "host"}:

@@ -693,6 +693,26 @@ def test_load_config_reads_the_encodings_the_reference_host_reads(
     )
 
 
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"externalToolApproval": {"home": ""}}', Config()),
+        ('{"externalToolApproval": {"home": " \\u00a0", "project": "\\t"}}', Config()),
+        ('{"externalToolApproval": {"home": "", "project": "author"}}',
+         Config(project_policy=ApprovalSource.AUTHOR)),
+        ('{"externalToolApproval": {"home": "host", "Home": ""}}', Config(home_policy=ApprovalSource.HOST)),
+        ('{"externalToolApproval": {"project": "", "Project": "author"}}', Config()),
+    ],
+)
+def test_load_config_blank_policy_means_the_default(home: Path, text: str, expected: Config) -> None:
+    """A blank (empty or white space) source policy means that source's default, as the
+    reference host reads it (``string.IsNullOrWhiteSpace`` in ``ReadExternalToolApproval``):
+    home author, project host, and no note. It was refused with "must be author or host",
+    which made home sets host, so their ``approval: always`` stopped counting."""
+    (home / "config.json").write_text(text)
+    assert load_config(home) == (expected, [])
+
+
 def test_load_config_dangling_symlink_is_unreadable(home: Path, tmp_path: Path) -> None:
     """A config.json symlink whose target is gone is the operator's file that cannot be
     read (it may have said false), not a missing file: discovery off, host, and a note.
