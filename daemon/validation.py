@@ -397,8 +397,8 @@ def _multiple_of_exactly(
 
 @functools.cache
 def _patch_keywords() -> None:
-    """Replace three jsonschema keywords in every draft's validator class of this process
-    (once, before the first validator is made):
+    """Replace jsonschema keywords, and Draft 6+'s ``integer`` type, in every draft's
+    validator class of this process (once, before the first validator is made):
 
     * ``additionalProperties`` walks members in the instance's order
       (``_additional_properties_in_order``). A set's order follows the string hash seed,
@@ -406,7 +406,10 @@ def _patch_keywords() -> None:
       a call's arguments, was another one in another process, and a stored verdict named
       another problem than a fresh check;
     * ``multipleOf`` (and draft 3's ``divisibleBy``) is exact for decimal numbers
-      (``_multiple_of_exactly``).
+      (``_multiple_of_exactly``);
+    * the bounds (``_bound``, and draft 3 and 4's ``_legacy_bound``), ``integer``
+      (``_is_integer_type``), ``enum``, ``const`` and ``uniqueItems`` (``_equal``) decide on
+      the numbers as written, not on the doubles they read as.
 
     A validator class made with ``jsonschema.validators.extend`` would not do: the
     meta-schema's parts declare their ``$schema``, and jsonschema checks each part with the
