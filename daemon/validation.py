@@ -75,7 +75,8 @@ _MAX_VERDICTS = 65_536
 #: The most seconds jsonschema may spend on one call's arguments: this, plus
 #: ``TIME_LIMIT_PER_MIB`` for each MiB of them. Python's ``re`` backtracks: a ``pattern``
 #: like ``^(a+)+$`` would otherwise hold the event loop for as long as a model's value
-#: makes it (and ``uniqueItems`` over a long array of objects is quadratic). A real
+#: makes it (``uniqueItems`` is linear here, ``_unique_items``, but ``not``/``anyOf``
+#: over many items are not cheap either). A real
 #: schema's check of small arguments takes well under a millisecond, and jsonschema checks
 #: ~4 MiB a second of a plain array of objects against ``$ref``/``anyOf`` schemas here
 #: (2,000 items, 424 KB, in ~0.1 s): the allowance per MiB is four times that.
