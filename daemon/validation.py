@@ -463,15 +463,46 @@ def _clip(text: str, limit: int) -> str:
 
 
 def _echo(value: Any) -> str:
-    """Render a value as short JSON for a message, never verbatim when huge (a number as
-    written: ``multipleOf`` decides on that, not on the double it reads as)."""
-    if type(value) is JsonNumber:
-        return _clip(value.text, _ECHO_LIMIT)
-    try:
-        text = json.dumps(value, ensure_ascii=False, default=str)
-    except (TypeError, ValueError):  # pragma: no cover - arguments come from JSON
-        text = repr(value)
+    """Render a value as short JSON for a message, never verbatim when huge (every number
+    as written, inside arrays and objects too: the checks decide on that, not on the
+    double it reads as). Rendering stops once the message has what it shows."""
+    text = ""
+    for piece in _json_pieces(value):
+        text += piece
+        if len(text) > _ECHO_LIMIT:
+            break
     return _clip(text, _ECHO_LIMIT)
+
+
+def _json_pieces(value: Any) -> Iterable[str]:
+    """``json.dumps(value, ensure_ascii=False)`` in pieces, a ``JsonNumber`` as its text."""
+    if type(value) is JsonNumber:
+        yield value.text
+    elif isinstance(value, dict):
+        yield "{"
+        for index, (key, item) in enumerate(value.items()):
+            yield ", " if index else ""
+            yield _json_leaf(key)
+            yield ": "
+            yield from _json_pieces(item)
+        yield "}"
+    elif isinstance(value, list):
+        yield "["
+        for index, item in enumerate(value):
+            yield ", " if index else ""
+            yield from _json_pieces(item)
+        yield "]"
+    else:
+        yield _json_leaf(value)
+
+
+def _json_leaf(value: Any) -> str:
+    if isinstance(value, str) and len(value) > _ECHO_LIMIT:
+        value = value[: _ECHO_LIMIT + 1]  # all a message shows of it, however long
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):  # pragma: no cover - arguments come from JSON
+        return repr(value)
 
 
 def _name(name: Any) -> str:

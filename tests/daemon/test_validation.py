@@ -404,6 +404,18 @@ def test_argument_validators_multiple_of_past_a_double_or_a_long_quotient(
     assert (errors == []) is valid, (step, text, errors)
 
 
+def test_argument_validators_echo_nested_numbers_as_written() -> None:
+    """A number inside an echoed array or object is shown as the client wrote it, as a
+    number alone is: the message said "expected [0.1], got [0.1]" (the double it reads as),
+    which contradicts itself."""
+    schema = {"type": "object", "properties": {"n": {"const": [0.1]}, "m": {"enum": [{"a": 1}]}}}
+    value = {"n": [JsonNumber("0.1000000000000000001")], "m": {"a": JsonNumber("1.0000000000000000001")}}
+    assert ArgumentValidators().errors(loaded(schema), value) == [
+        {"path": "/m", "message": '/m: expected one of [{"a": 1}], got {"a": 1.0000000000000000001}'},
+        {"path": "/n", "message": "/n: expected [0.1], got [0.1000000000000000001]"},
+    ]
+
+
 def test_argument_validators_draft7_dialect() -> None:
     """``$schema`` selects the dialect (draft-07 ``dependencies``)."""
     schema = {"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": ["b"]}}
