@@ -47,7 +47,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import re
 import shutil
 import stat
 from collections.abc import Mapping, Sequence
@@ -83,6 +82,7 @@ from .sandbox import (
     hidden_below_writable,
     mount_aliases,
     prepare_writable,
+    sandbox_pid,
     setup_done,
     tool_ran,
 )
@@ -877,10 +877,9 @@ def built_sandbox(prepared: Prepared, status: bytes) -> str:
         follows), ``""`` when it binds what was checked, else the call's result text (it
         must not run).
     """
-    match = re.search(rb'"child-pid"\s*:\s*(\d+)', status)
-    if match is None:
+    pid = sandbox_pid(status)
+    if pid is None:
         return "wait"
-    pid = int(match.group(1))
     assert prepared.block is not None
     done = setup_done(pid, prepared.block[0])
     if done is None:

@@ -96,6 +96,7 @@ __all__ = [
     "probe_ipc",
     "probe_no_userns",
     "probe_status",
+    "sandbox_pid",
     "setup_done",
     "tool_ran",
 ]
@@ -263,8 +264,7 @@ def _held_sandbox_checks(poll: Callable[[], int | None], status_r: int, block_r:
         if not chunk:
             return "this bubblewrap writes no JSON status (--json-status-fd, 0.5 and later)"
         status += chunk
-        match = re.search(rb'"child-pid"\s*:\s*(\d+)', status)
-        pid = int(match.group(1)) if match else None
+        pid = sandbox_pid(status)
     while not (done := setup_done(pid, block_r)):
         if poll() is not None or (done is None and not os.path.exists(f"/proc/{pid}")):
             return "bubblewrap ran its sandbox's command without waiting on --block-fd"
@@ -384,6 +384,17 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
+def _mounts(mountinfo: str) -> list[tuple[str, str, str, str]]:
+    """Each mount of a ``mountinfo`` text, in order: ``major:minor``, its root, its mount
+    point (both unescaped) and its mount options (``rw,nosuid,...``)."""
+    mounts = []
+    for line in mountinfo.splitlines():
+        fields = line.split(" - ", 1)[0].split()
+        if len(fields) >= 6:
+            mounts.append((fields[2], _unescape(fields[3]), _unescape(fields[4]), fields[5]))
+    return mounts
+
+
 def _below(path: str, top: str) -> str | None:
     """``path`` relative to ``top`` ("" for ``top`` itself), component-wise, else None."""
     if path == top:
@@ -420,11 +431,7 @@ def mount_aliases(paths: Iterable[str], mountinfo: str | None = None) -> list[st
                 mountinfo = f.read()
         except OSError:
             return []
-    mounts: list[tuple[str, str, str]] = []  # (major:minor, root, mount point)
-    for line in mountinfo.splitlines():
-        fields = line.split(" - ", 1)[0].split()
-        if len(fields) >= 5:
-            mounts.append((fields[2], _unescape(fields[3]), _unescape(fields[4])))
+    mounts = [(device, root, point) for device, root, point, _ in _mounts(mountinfo)]
     wanted = list(dict.fromkeys(paths))
     # A place inside a hidden path is hidden with it (and a mount there could not be made).
     covered = [*wanted, *(os.path.realpath(p) for p in wanted if os.path.lexists(p))]
@@ -468,6 +475,13 @@ def mount_aliases(paths: Iterable[str], mountinfo: str | None = None) -> list[st
             if alias not in found and all(_below(alias, c) is None for c in covered):
                 found.append(alias)
     return found
+
+
+def sandbox_pid(status: bytes) -> int | None:
+    """The sandbox's pid in bubblewrap's JSON status (``{"child-pid": N, ...}``, written
+    as it starts), or None while it has not been written."""
+    match = re.search(rb'"child-pid"\s*:\s*(\d+)', status)
+    return int(match.group(1)) if match else None
 
 
 def tool_ran(status: bytes) -> bool:
@@ -672,11 +686,8 @@ def binds_moved(pid: int, expected: Iterable[tuple[str, int, int, bool]]) -> str
     except OSError:
         return "/"
     try:
-        top: dict[str, bool] = {}  # mount point: whether the last mount listed there is rw
-        for line in mountinfo.splitlines():
-            fields = line.split(" - ", 1)[0].split()
-            if len(fields) >= 6:
-                top[_unescape(fields[4])] = "rw" in fields[5].split(",")
+        # Each mount point: whether the last mount listed there is read-write.
+        top = {point: "rw" in options.split(",") for _, _, point, options in _mounts(mountinfo)}
         for name, device, inode, writable in expected:
             if (
                 name not in top
