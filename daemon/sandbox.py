@@ -606,9 +606,11 @@ def prepare_writable(paths: Iterable[str]) -> None:
 
 #: ``read``'s system call number, as ``/proc/<pid>/syscall`` shows it (``setup_done``).
 _READ_SYSCALL = {
-    "x86_64": 0, "aarch64": 63, "riscv64": 63, "loongarch64": 63,
-    "i686": 3, "i386": 3, "armv7l": 3, "armv6l": 3, "ppc64le": 3, "ppc64": 3, "s390x": 3,
+    "x86_64": "0", "aarch64": "63", "riscv64": "63", "loongarch64": "63", "i686": "3",
+    "i386": "3", "armv7l": "3", "armv6l": "3", "ppc64le": "3", "ppc64": "3", "s390x": "3",
 }  # fmt: skip
+#: This machine's (None: ``setup_done`` looks at ``wchan`` alone), looked up once.
+_READ_NUMBER = _READ_SYSCALL.get(os.uname().machine)
 #: Opens one component of a path as a handle, never through a symbolic link.
 _NO_LINK = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 
@@ -650,11 +652,10 @@ def setup_done(pid: int, block_fd: int) -> bool | None:
     kernel function it sleeps in (``/proc/<pid>/wchan``) does: no other step of
     bubblewrap's reads a pipe.
     """
-    number = _READ_SYSCALL.get(os.uname().machine)
-    if number is not None:
+    if _READ_NUMBER is not None:
         try:
             with open(f"/proc/{pid}/syscall", encoding="ascii") as f:
-                return f.read().split()[:2] == [str(number), hex(block_fd)]
+                return f.read().split()[:2] == [_READ_NUMBER, hex(block_fd)]
         except PermissionError:
             pass
         except (OSError, ValueError):
