@@ -355,9 +355,10 @@ def _check_container(
     else:
         for text in strings:
             # The two readings differ only for surrounding white space or a leading ~.
-            if not trim_path(text):
+            trimmed = trim_path(text)
+            if not trimmed:
                 readings: tuple[bool, ...] = (True,)
-            elif trim_path(text) != text or text.startswith("~"):
+            elif trimmed != text or text.startswith("~"):
                 readings = (True, False)
             else:
                 readings = (False,)
