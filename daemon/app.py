@@ -760,9 +760,24 @@ async def _drain_logs() -> None:
         drain_logs()
 
 
-#: How long the idle check sleeps at most between two looks at its period: a reload that
-#: lowers ``workspace-idle`` takes effect within this, not after the old period (300 s).
+#: How long the idle and status checks sleep at most between two looks at their period
+#: (``_until_due``): a reload that lowers ``workspace-idle`` or ``status-interval`` takes
+#: effect within this, not after the old period.
 _IDLE_CHECK_TICK = 1.0
+
+
+async def _until_due(since: float, period: Callable[[], float]) -> float:
+    """Sleep until ``period()`` seconds after ``since``, and return the time then.
+
+    The period is read again at least every ``_IDLE_CHECK_TICK``: one a reload lowers
+    counts from then on, not after the old one has run out.
+    """
+    while True:
+        now = anyio.current_time()
+        wait = since + period() - now
+        if wait <= 0:
+            return now
+        await anyio.sleep(min(wait, _IDLE_CHECK_TICK))
 
 
 async def _evict_idle(
@@ -776,12 +791,7 @@ async def _evict_idle(
     """
     checked = anyio.current_time()
     while True:
-        period = max(0.5, min(registry.idle_seconds / 4, 300.0))
-        wait = checked + period - anyio.current_time()
-        if wait > 0:
-            await anyio.sleep(min(wait, _IDLE_CHECK_TICK))
-            continue
-        checked = anyio.current_time()
+        checked = await _until_due(checked, lambda: max(0.5, min(registry.idle_seconds / 4, 300.0)))
         subscribed = {
             Path(key)
             for conn in server.connections.values()
@@ -809,11 +819,7 @@ async def _report_status(
     lowered value counts within ``_IDLE_CHECK_TICK``, not after the old interval)."""
     checked = anyio.current_time()
     while True:
-        wait = checked + state.options.status_interval - anyio.current_time()
-        if wait > 0:
-            await anyio.sleep(min(wait, _IDLE_CHECK_TICK))
-            continue
-        checked = anyio.current_time()
+        checked = await _until_due(checked, lambda: state.options.status_interval)
         text = _status_text(registry, handlers, state)
         if text != state.status and notifier.status(text):
             state.status = text
