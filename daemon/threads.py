@@ -53,6 +53,9 @@ class _Pool:
         self._ready = threading.Condition(self._lock)
         self._jobs: collections.deque[_Job] = collections.deque()
         self._idle = 0
+        #: Workers whose job is done and whose result is being handed back: each takes the
+        #: next queued job without waiting, so a new job need not start a thread for itself.
+        self._returning = 0
         self.threads = 0
 
     def submit(self, job: _Job) -> None:
@@ -66,7 +69,7 @@ class _Pool:
             self._jobs.append(job)
             if self._idle:
                 self._ready.notify()
-            if self._idle >= len(self._jobs) or self.threads >= MAX_THREADS:
+            if self._idle + self._returning >= len(self._jobs) or self.threads >= MAX_THREADS:
                 return
             self.threads += 1
         try:
@@ -83,8 +86,11 @@ class _Pool:
             raise
 
     def _work(self) -> None:
+        returning = False
         while True:
             with self._lock:
+                if returning:
+                    self._returning -= 1
                 while not self._jobs:
                     self._idle += 1
                     woken = self._ready.wait(IDLE_SECONDS)
@@ -93,22 +99,32 @@ class _Pool:
                         self.threads -= 1
                         return
                 job = self._jobs.popleft()
-            _run_job(job)
+            _run_job(job, self._done)
+            returning = True
             del job  # nothing of a job outlives it in an idle worker
 
+    def _done(self) -> None:
+        """Count the calling worker as returning (its job done, its result not yet handed
+        back): a job its caller's next job waited for (a limiter, a lock) is queued as soon
+        as the result arrives, and then finds this worker instead of starting another one
+        (a serial stream of jobs ran on two or three threads, each idling a second after)."""
+        with self._lock:
+            self._returning += 1
 
-def _run_job(job: _Job) -> None:
+
+def _run_job(job: _Job, done: Callable[[], None]) -> None:
     loop, future, context, fn = job
+    result: Any = None
+    failure: BaseException | None = None
     try:
         result = context.run(fn)
     except StopIteration as exc:  # a future cannot carry it; anyio raises this instead
         failure = RuntimeError(f"the function raised StopIteration: {exc}")
         failure.__cause__ = exc
-        _settle_soon(loop, future, None, failure)
     except BaseException as exc:  # handed to the caller, raised there
-        _settle_soon(loop, future, None, exc)
-    else:
-        _settle_soon(loop, future, result, None)
+        failure = exc
+    done()
+    _settle_soon(loop, future, result, failure)
 
 
 def _settle_soon(

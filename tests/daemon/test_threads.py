@@ -172,3 +172,36 @@ async def test_threads_a_worker_that_cannot_start_fails_the_caller(
     assert threads.alive() == 0
     assert await threads.run_sync(lambda: "next") == "next"
     assert not ran.is_set()
+
+
+async def test_threads_a_serial_stream_of_jobs_runs_on_one_worker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Jobs that wait for each other (a limiter of one: the daemon's large-text parser)
+    run on one worker: a worker whose result is handed back counts as free for the next
+    job even before it is back waiting (here it is held there a while, as a thread the
+    OS has not run yet), where each job started a thread of its own, idle a second after
+    (a CI run saw five threads for one large-line slot)."""
+    deadline = time.monotonic() + 5
+    while threads.alive() and time.monotonic() < deadline:
+        await anyio.sleep(0.01)
+    assert threads.alive() == 0
+    hand_back = threads._settle_soon
+
+    def slow_hand_back(*args: object) -> None:
+        hand_back(*args)  # type: ignore[arg-type]
+        time.sleep(0.05)
+
+    monkeypatch.setattr(threads, "_settle_soon", slow_hand_back)
+    limiter = anyio.CapacityLimiter(1)
+    peak = 0
+
+    async def one() -> None:
+        nonlocal peak
+        await threads.run_sync(lambda: None, limiter=limiter)
+        peak = max(peak, threads.alive())
+
+    async with anyio.create_task_group() as tg:
+        for _ in range(5):
+            tg.start_soon(one)
+    assert peak == 1
