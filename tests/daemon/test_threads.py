@@ -88,19 +88,35 @@ async def test_threads_jobs_run_at_once_and_a_limiter_bounds_them() -> None:
 
 async def test_threads_a_cancelled_caller_waits_for_its_job() -> None:
     """Cancelled meanwhile, the caller still waits for the function and gets its result;
-    the cancellation reaches it after."""
+    the cancellation reaches it after. (Cancelled once the job runs, not after a fixed
+    time: on a loaded machine 20 ms passed before the job started, and a caller cancelled
+    that early rightly starts nothing.)"""
+    started = threading.Event()
+    release = threading.Event()
     done = threading.Event()
 
     def slow() -> str:
-        time.sleep(0.2)
+        started.set()
+        release.wait(10)
         done.set()
         return "finished"
 
     got = []
-    with anyio.move_on_after(0.02) as scope:
-        got.append(await threads.run_sync(slow))
-        await anyio.sleep(1)  # the pending cancellation lands here
-        got.append("not reached")
+    with anyio.CancelScope() as scope:
+
+        async def cancel_once_running() -> None:
+            while not started.is_set():
+                await anyio.sleep(0.001)
+            scope.cancel()
+            with anyio.CancelScope(shield=True):
+                await anyio.sleep(0.05)  # the caller stays in run_sync meanwhile
+            release.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(cancel_once_running)
+            got.append(await threads.run_sync(slow))
+            await anyio.sleep(1)  # the pending cancellation lands here
+            got.append("not reached")
     assert scope.cancelled_caught
     assert done.is_set()
     assert got == ["finished"]

@@ -443,6 +443,7 @@ def _check_answered(d: Daemon) -> Any:
     return answered
 
 
+@pytest.mark.timeout(180)  # large arguments parsed, checked and echoed (~12 s in CI, 37 at a load of 10)
 @pytest.mark.parametrize("batch", [False, True], ids=["request", "batch"])
 def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
     echo_daemon: Daemon, batch: bool
@@ -474,6 +475,7 @@ def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
     assert len(reply["result"]["arguments"]["n"]) == count
 
 
+@pytest.mark.timeout(180)  # a 12 MB call encoded four times, and parsed by both ends (~20 s in CI, over 60 at a load of 10)
 @pytest.mark.parametrize("era", ["2025-11-25", "2026-07-28"])
 def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
     echo_daemon: Daemon, era: str
@@ -983,6 +985,7 @@ def test_a_newcomer_is_served_while_the_table_holds_a_connection_being_closed() 
         assert d.proc.poll() is None, d.log()[-3000:]
 
 
+@pytest.mark.timeout(180)  # a large line parsed while clients come (~12 s in CI, 30 at a load of 10)
 def test_a_connection_whose_large_line_is_being_parsed_does_not_make_room() -> None:
     """A complete request whose large line waits for its parse (seconds, for millions of
     numbers) is in flight: its connection is not closed to make room for a newcomer while
@@ -1214,6 +1217,7 @@ def _unread(sock: socket.socket) -> int:
     return int(struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, b"\0" * 4))[0])
 
 
+@pytest.mark.timeout(180)  # a huge line of numbers parsed (17 s at a load of 10)
 def test_a_huge_line_of_numbers_is_parsed_without_holding_other_clients(plain: Daemon) -> None:
     """A 16 MiB line of numbers (each kept with its text) takes seconds to parse: that is
     done off the event loop, so another client's status is answered meanwhile, before the
@@ -1266,6 +1270,7 @@ def test_large_lines_of_many_clients_are_parsed_one_at_a_time(plain: Daemon) -> 
     assert peak <= before + 2, f"{peak - before} threads more while parsing"
 
 
+@pytest.mark.timeout(180)  # large lines parsed one after another (~12 s in CI, 19 at a load of 10)
 def test_a_wait_for_the_large_line_parser_does_not_count_against_the_next_line() -> None:
     """Large lines are parsed one at a time on all connections together, so a client's
     line may wait behind other clients' for longer than the idle timeout, while its

@@ -1591,6 +1591,7 @@ def test_http_a_head_over_16_kib_is_431_whatever_part_is_long(
     assert data.split(b" ")[1] == b"431", data[:200]
 
 
+@pytest.mark.timeout(180)  # a body sent one byte at a time (~15 s in CI, 40 at a load of 10)
 @pytest.mark.slow
 def test_http_a_body_in_one_byte_chunks_costs_its_size_not_fifty_times_it(
     home: Path, workspace: Path, tmp_base: Path
