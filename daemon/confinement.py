@@ -476,11 +476,12 @@ class Confinement:
             for extra in config.hide
         )
         self._hidden = tuple(hidden)
-        # Hidden too from a sandboxed call that shares the loopback with the MCP endpoint:
+        # Hidden too from every sandboxed call where calls run in cgroups:
         # clone3(CLONE_INTO_CGROUP) with a cgroup folder's descriptor makes a child in that
         # cgroup, and the kernel checks the mode of its cgroup.procs, not the read-only
-        # bind it is seen through. Its sockets would not be the call's (sandboxed_peer).
-        self._cgroup_mounts = tuple(cgroup2_mounts()) if http_peers else ()
+        # bind it is seen through. The child would be out of the call's limits and
+        # accounting, and its sockets not the call's (sandboxed_peer).
+        self._cgroup_mounts = tuple(cgroup2_mounts()) if cgroups is not None else ()
         #: A sandboxed call may keep the network beside the MCP endpoint: a peer it cannot
         #: name is refused (``sandboxed_peer``).
         self._network_configured = http_peers and self._sandbox_may_keep_network()
@@ -747,8 +748,8 @@ class Confinement:
             # Where another mount shows a hidden path (a bind mount of the home), it is
             # hidden too: read now, as mounts come and go.
             hiding = (*self._hidden, *mount_aliases(self._hidden))
-            # The cgroup it runs in must say it is this call's (``sandboxed_peer``).
-            unseen = (*hiding, *(self._cgroup_mounts if shares_loopback else ()))
+            # The cgroup it runs in must stay this call's (its limits, ``sandboxed_peer``).
+            unseen = (*hiding, *self._cgroup_mounts)
             no_userns = shares_loopback and self.no_userns
             own, writable, escaped = call_binds(cwd, str(toolset.path), *data)
             if escaped:

@@ -186,6 +186,34 @@ PROBE = textwrap.dedent(
                     if child == 0:
                         os.write(writer, json.dumps(result).encode())
                         os._exit(0)
+        elif action == "clone-into":
+            # A child made by clone3(CLONE_INTO_CGROUP) in the nearest ancestor of the
+            # call's cgroup that takes it, on the cgroup2 mount ``target``; it says which
+            # cgroup it is in on a pipe.
+            import ctypes, struct
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.syscall.restype = ctypes.c_long
+            own = [x for x in open("/proc/self/cgroup") if x.startswith("0::")][0][3:]
+            parts = own.strip().strip("/").split("/")
+            reader, writer = os.pipe()
+            child = -1
+            for depth in range(len(parts) - 1, -1, -1):
+                fd = os.open(os.path.join(target, *parts[:depth]), os.O_RDONLY)
+                clone_args = ctypes.create_string_buffer(  # flags, exit_signal, cgroup
+                    struct.pack("=11Q", 0x200000000, 0, 0, 0, 17, 0, 0, 0, 0, 0, fd))
+                child = libc.syscall(ctypes.c_long(435), clone_args, ctypes.c_size_t(88))
+                if child == 0:
+                    line = [x for x in open("/proc/self/cgroup") if x.startswith("0::")][0]
+                    os.write(writer, line[3:].strip().encode())
+                    os._exit(0)
+                if child > 0:
+                    break
+            if child < 0:
+                raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+            os.close(writer)
+            os.waitpid(child, 0)
+            result["own"] = own.strip()
+            result["child"] = os.read(reader, 65536).decode()
         elif action == "userns":
             import ctypes
             libc = ctypes.CDLL(None, use_errno=True)
@@ -654,6 +682,26 @@ def test_confinement_sandboxed_call_cannot_clone_into_another_cgroup() -> None:
         inside = t.probe({"action": "mcp-post", "target": url, "clone_into": mounts[0]})
         assert "status" not in inside, inside
         assert inside["error"] == "No such file or directory", inside
+
+
+def test_confinement_sandboxed_call_cannot_leave_its_cgroup(tree: Tree) -> None:
+    """A sandboxed call without the network cannot make a process outside its cgroup.
+
+    ``clone3(CLONE_INTO_CGROUP)`` with the descriptor of a folder above the call's cgroup
+    made a child there (the kernel checks the mode of its ``cgroup.procs``, not the
+    read-only bind): out of the call's ``memory-max``, ``pids-max`` and ``cpu-max``, and of
+    its accounting. The cgroup v2 mounts are hidden from every sandboxed call.
+    """
+    _need_sandbox(tree)
+    _need_cgroup(tree)
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if line.split()[2] == "cgroup2"]
+    inside = tree.probe({"action": "clone-into", "target": mounts[0]})
+    assert "child" not in inside, inside
+    assert inside["error"] == "No such file or directory", inside
+    # Unsandboxed (the home set), the same clone lands above the call's cgroup.
+    outside = tree.probe({"action": "clone-into", "target": mounts[0]}, project=False)
+    assert outside["child"] != outside["own"], outside
 
 
 def test_confinement_sandboxed_call_with_the_network_makes_no_user_namespace() -> None:
