@@ -13,8 +13,9 @@ Theory of operation
   or cancel (the ``cancel`` event) or an I/O failure: ``SIGTERM`` to the group (a
   sandboxed call's: to all of it but bubblewrap, see ``terminate``), then ``SIGCONT`` (a
   stopped process acts on the SIGTERM only once continued), wait up to
-  ``kill_grace_seconds`` for the leader, ``SIGKILL`` to the group (also when the leader
-  already went but members remain), reap, all shielded and bounded. ``exitCode`` is null.
+  ``kill_grace_seconds`` for the leader, ``SIGKILL`` to the group (a sandboxed call's
+  namespace init first, ``kill_sandbox``; also when the leader already went but members
+  remain), reap, all shielded and bounded. ``exitCode`` is null.
 * If ``run`` itself is cancelled (a forced stop, a connection aborted for a stalled peer),
   the group is killed at once, the leader reaped under a shield, what it spilled removed
   (no outcome names it), and the cancellation re-raised.
@@ -60,7 +61,15 @@ from .pidsignal import signal_listed
 from .spill import Spill, SpillResult
 from .streams import decode
 
-__all__ = ["build_outcome", "exited_within", "killpg", "reap", "terminate", "wait_exit"]
+__all__ = [
+    "build_outcome",
+    "exited_within",
+    "kill_sandbox",
+    "killpg",
+    "reap",
+    "terminate",
+    "wait_exit",
+]
 
 _REAP_BOUND_SECONDS = 5.0
 
@@ -140,6 +149,45 @@ def _members_but_leader(pgid: int) -> list[int]:
     return members
 
 
+def _children(pid: int) -> list[int]:
+    """The children of ``pid``: ``/proc/<pid>/task/<pid>/children``, else a pass over ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return [int(child) for child in f.read().split()]
+    except FileNotFoundError:
+        pass  # a kernel without CONFIG_PROC_CHILDREN, or the process is gone
+    except OSError:
+        return []
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except OSError:
+            continue
+        if len(fields) > 1 and fields[1] == b"%d" % pid:
+            children.append(int(entry))
+    return children
+
+
+def kill_sandbox(leader: int) -> None:
+    """SIGKILL the init of a sandboxed call's PID namespace (its bubblewrap's child): the
+    kernel then kills every process of the namespace, wherever they moved.
+
+    Otherwise the namespace ends only through that init's parent-death signal
+    (``--die-with-parent``) once bubblewrap is killed, and a tool can take that away: the
+    init runs as the tool's user, without capabilities, and is dumpable, so the tool can
+    ptrace it (or write its ``/proc/1/mem``), clear the signal and move it to a session of
+    its own; then neither the group's SIGKILL nor bubblewrap's death reaches it, and
+    without a cgroup (whose ``cgroup.kill`` would) the call's processes outlive it. Called
+    while bubblewrap still lives, so its child is still listed as one; each pid is pinned
+    and checked again before the signal (``signal_listed``).
+    """
+    signal_listed(lambda: _children(leader), signal.SIGKILL)
+
+
 async def terminate(
     pgid: int,
     pidfd: int | None,
@@ -161,7 +209,8 @@ async def terminate(
             sandboxed call is bubblewrap, which SIGTERM kills at once, and the kernel then
             SIGKILLs the whole sandbox (``--die-with-parent``, the PID namespace): the
             tool would get no grace period. Spared, bubblewrap exits when the tool does.
-            (Its process inside, the namespace's init, ignores a signal from outside.)
+            (Its process inside, the namespace's init, ignores a signal from outside but
+            SIGKILL, which it gets first once the grace is over: ``kill_sandbox``.)
         members: With ``spare_leader``, where to find the call's processes (its cgroup's
             ``CallCgroup.pids``, those that left the group included); else the group's,
             from ``/proc``. They are signalled through pidfds (``pidsignal``), so a pid
@@ -184,6 +233,8 @@ async def terminate(
         with anyio.move_on_after(grace):
             await wait_exit(pgid, pidfd)
             exited = True
+        if spare_leader:
+            kill_sandbox(pgid)
         killpg(pgid, signal.SIGKILL)
         if kill_all is not None:
             kill_all()

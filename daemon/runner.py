@@ -93,7 +93,15 @@ from .confinement import (
     setup_failure,
     usage_text,
 )
-from .ending import build_outcome, exited_within, killpg, reap, terminate, wait_exit
+from .ending import (
+    build_outcome,
+    exited_within,
+    kill_sandbox,
+    killpg,
+    reap,
+    terminate,
+    wait_exit,
+)
 from .output import CANCELLED_TEXT, start_failure_text, timeout_text
 from .progress import Finish, read_progress
 from .reaper import NullGuard, ProcessGroupGuard
@@ -548,6 +556,8 @@ class Runner:
                 killed = True
         finally:
             if not killed:
+                if prepared is not None and prepared.sandboxed:
+                    kill_sandbox(proc.pid)
                 killpg(proc.pid, signal.SIGKILL)
                 if kill_all is not None:
                     kill_all()

@@ -214,6 +214,8 @@ PROBE = textwrap.dedent(
             os.waitpid(child, 0)
             result["own"] = own.strip()
             result["child"] = os.read(reader, 65536).decode()
+        elif action == "exec":
+            os.execv(args["argv"][0], args["argv"])
         elif action == "userns":
             import ctypes
             libc = ctypes.CDLL(None, use_errno=True)
@@ -702,6 +704,93 @@ def test_confinement_sandboxed_call_cannot_leave_its_cgroup(tree: Tree) -> None:
     # Unsandboxed (the home set), the same clone lands above the call's cgroup.
     outside = tree.probe({"action": "clone-into", "target": mounts[0]}, project=False)
     assert outside["child"] != outside["own"], outside
+
+
+# Takes over the sandbox's init (bubblewrap's process, pid 1 of the call's namespace: the
+# tool's user, no capability, dumpable): ptrace it, have it clear its parent-death signal
+# and leave the group (setsid), then do the same in the tool itself. x86_64 only.
+HIJACK = textwrap.dedent(
+    """\
+    import ctypes, os, signal, sys, time
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.restype = ctypes.c_long
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    ATTACH, DETACH, GETREGS, SETREGS, SINGLESTEP, WALL = 16, 17, 12, 13, 9, 0x40000000
+    class Regs(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_ulonglong) for n in (
+            "r15 r14 r13 r12 rbp rbx r11 r10 r9 r8 rax rcx rdx rsi rdi orig_rax rip cs "
+            "eflags rsp ss fs_base gs_base ds es fs gs").split()]
+    def check(r):
+        if r < 0:
+            raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    check(libc.ptrace(ATTACH, 1, None, None))
+    os.waitpid(1, WALL)
+    saved = Regs()
+    check(libc.ptrace(GETREGS, 1, None, ctypes.byref(saved)))
+    syscall = None  # the address of a syscall instruction in the init's code
+    with open("/proc/1/maps") as maps, open("/proc/1/mem", "rb") as mem:
+        for line in maps:
+            fields = line.split()
+            if "x" in fields[1] and syscall is None:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                try:
+                    mem.seek(start)
+                    at = mem.read(min(end - start, 1 << 20)).find(b"\\x0f\\x05")
+                except OSError:
+                    continue
+                if at >= 0:
+                    syscall = start + at
+    def inject(number, *args):
+        regs = Regs()
+        ctypes.memmove(ctypes.byref(regs), ctypes.byref(saved), ctypes.sizeof(Regs))
+        regs.rax, regs.orig_rax, regs.rip = number, 2**64 - 1, syscall
+        for name, value in zip(("rdi", "rsi"), args):
+            setattr(regs, name, value)
+        check(libc.ptrace(SETREGS, 1, None, ctypes.byref(regs)))
+        check(libc.ptrace(SINGLESTEP, 1, None, None))
+        os.waitpid(1, WALL)
+        check(libc.ptrace(GETREGS, 1, None, ctypes.byref(regs)))
+        return ctypes.c_longlong(regs.rax).value
+    done = (inject(157, 1, 0), inject(112))  # prctl(PR_SET_PDEATHSIG, 0), setsid()
+    check(libc.ptrace(SETREGS, 1, None, ctypes.byref(saved)))
+    check(libc.ptrace(DETACH, 1, None, None))
+    os.setsid()
+    libc.prctl(1, 0, 0, 0, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if done[0] == 0 and done[1] > 0:
+        open(os.path.join(os.environ["CRYSTAL_WORKSPACE"], sys.argv[1]), "w").close()
+    time.sleep(1000)
+    """
+)
+
+
+@pytest.mark.skipif(os.uname().machine != "x86_64", reason="the takeover injects x86_64 code")
+def test_confinement_sandboxed_call_that_takes_over_its_init_does_not_outlive_it() -> None:
+    """A sandboxed call without a cgroup does not outlive its call by taking over the init
+    of its PID namespace.
+
+    That init (bubblewrap's process inside) runs as the tool's user and is dumpable: the
+    tool ptraced it, cleared its parent-death signal and moved it to a session of its own,
+    then left the group itself. The timeout's SIGKILL of the group then reached neither,
+    bubblewrap's death no longer took the init, and both kept running with the
+    workspace writable after the call ended. The daemon SIGKILLs the init itself.
+    """
+    t = _make_tree('[confinement]\ncgroup = "off"\n', args=("--kill-grace", "1"),
+                   timeoutSeconds=3)
+    marker = f"tsc-{uuid.uuid4().hex}"
+    try:
+        _need_sandbox(t)
+        script = t.base / "hijack.py"
+        script.write_text(HIJACK)
+        python = os.path.realpath(sys.executable)
+        _, reply = t.invoke("probe", {"action": "exec", "argv": [python, str(script), marker]})
+        assert reply["result"]["status"] == "timeout", reply
+        if not (t.workspace / marker).exists():
+            pytest.skip("the tool could not take over its sandbox's init here")
+        eventually(lambda: _marked(marker) == [], timeout=10, what="the call's processes gone")
+    finally:
+        _kill_marked(marker)
+        _close(t)
 
 
 def test_confinement_sandboxed_call_with_the_network_makes_no_user_namespace() -> None:
