@@ -369,7 +369,15 @@ def bwrap_argv(
         os.path.realpath(p) if os.path.islink(p) and os.path.exists(p) else p
         for p in _existing(plan.hidden)
     ]
-    for path in _existing(hidden):
+    # A path inside a hidden folder is hidden by the folder's empty tmpfs already; mounted
+    # after it, bubblewrap could not make its mount point there (read-only) and refused
+    # every sandboxed call (a ``hide`` list naming a folder, then a file in it; a cgroup2
+    # mount below another).
+    hidden = _existing(hidden)
+    folders = [Path(path) for path in hidden if os.path.isdir(path)]
+    for path in hidden:
+        if any(top != Path(path) and is_within(Path(path), top) for top in folders):
+            continue
         if os.path.isdir(path):
             argv += ["--tmpfs", path, "--remount-ro", path]
         else:

@@ -620,6 +620,28 @@ def test_confinement_sandbox_refuses(tree: Tree, action: str, target: str) -> No
     assert after == before
 
 
+def test_confinement_hidden_folder_holding_another_hidden_path_still_runs() -> None:
+    """A hidden folder listed before a hidden path inside it (``hide = ["~/.aws",
+    "~/.aws/credentials"]``) hides both; the call runs.
+
+    The inner path was mounted after the folder's empty read-only tmpfs, where bubblewrap
+    could not make its mount point: every sandboxed call failed to set up.
+    """
+    ensure_bubblewrap()
+    base_config = '[confinement]\nhide = ["~/.aws", "~/.aws/credentials"]\n'
+    t = _make_tree(base_config)
+    try:
+        _need_sandbox(t)
+        key = t.user_home / ".aws" / "credentials"
+        key.parent.mkdir(exist_ok=True)
+        key.write_text("AWS SECRET\n")
+        result = t.probe({"action": "read", "target": str(key)})
+        assert result == {"ok": False, "error": "No such file or directory",
+                          "isError": False}, result
+    finally:
+        _close(t)
+
+
 def test_confinement_sandbox_writes_the_workspace_and_its_tmp(tree: Tree) -> None:
     """workspace-write: the workspace takes the write; the home set (off) is not sandboxed."""
     _need_sandbox(tree)
