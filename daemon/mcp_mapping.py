@@ -173,6 +173,11 @@ class ToolPages:
         ).hexdigest()[:16]
         return _Listing(tools, tag)
 
+    def tag(self, catalog: Catalog, wanted: str | None) -> str:
+        """What tells one ``tools/list`` of ``catalog`` under ``wanted`` from another: equal
+        tags, equal lists (every entry's ``_meta`` hash covers the rest of it)."""
+        return self._listings.get(catalog, wanted, lambda: self._listing(catalog, wanted)).tag
+
     def page(
         self, catalog: Catalog, wanted: str | None, cursor: Any, size: int
     ) -> tuple[orjson.Fragment, str | None]:

@@ -76,6 +76,7 @@ from toolsetd.protocol.params import check_arguments, check_traceparent
 
 from . import mcp_mapping as mapping
 from .mcp_mapping import McpError
+from .model import Catalog
 from .service import CatalogListener, InvokeRequest, Service, Unapproved, approval_digest
 
 __all__ = [
@@ -335,6 +336,12 @@ class McpSession:
         #: Open ``subscriptions/listen`` requests: request id -> their outbox.
         self._listens: dict[Any, tuple[Outbox, _InFlight]] = {}
         self._closed = False
+        #: The tag (``ToolPages.tag``) of the tools/list the host knows of, as of its
+        #: initialize, its first listen or the last reload: list_changed goes out when a
+        #: reload changes that list, not for every change of the workspace's sets (a tool of
+        #: the catalog the binding leaves out, a set refused for another reason). None: not
+        #: known yet, so every change is told.
+        self._listed: str | None = None
         listener: CatalogListener = self._catalog_changed
         self._stop_listening = self._service.listen(binding.workspace, listener)
 
@@ -614,7 +621,8 @@ class McpSession:
         caps = params.get("capabilities")
         done = self._initializing = anyio.Event()
         try:
-            await self._service.catalog(self.binding.workspace)  # the watcher follows it now
+            catalog = await self._service.catalog(self.binding.workspace)  # watched from now
+            self._know_list(catalog)
         finally:
             self._initializing = None
             done.set()
@@ -864,7 +872,7 @@ class McpSession:
                 self._listens[request_id] = (out, flight)
                 # A change is a difference to a snapshot: make sure there is one to differ
                 # from.
-                await self._service.catalog(self.binding.workspace)
+                self._know_list(await self._service.catalog(self.binding.workspace))
             with self._wait_scope(flight):
                 await anyio.sleep_forever()
         finally:
@@ -875,11 +883,23 @@ class McpSession:
             return self._complete(era, {"_meta": {_SUBSCRIPTION: request_id}})
         return None  # cancelled: no response goes out
 
+    def _know_list(self, catalog: Catalog) -> None:
+        """The host is served ``catalog`` from now on: the list a change differs from."""
+        if self._listed is None:
+            self._listed = self._server.pages.tag(catalog, self.binding.catalog)
+
     async def _catalog_changed(
         self, key: Path | None, generation: int, changed: Sequence[dict[str, Any]]
     ) -> None:
         if self._closed:
             return
+        catalog = self._service.registry.cached(self.binding.workspace)
+        if catalog is not None:
+            listed = self._server.pages.tag(catalog, self.binding.catalog)
+            unchanged = listed == self._listed
+            self._listed = listed
+            if unchanged:
+                return
         if self.legacy_version is not None:
             self._outbox.post({"jsonrpc": "2.0", "method": "notifications/tools/list_changed"})
         for request_id, (out, _) in list(self._listens.items()):

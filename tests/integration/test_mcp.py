@@ -562,6 +562,52 @@ async def test_mcp_list_changed_modern_listen(mcp_host: Daemon, workspace: Path)
             assert "fresh" in {t.name for t in (await client.list_tools()).tools}
 
 
+def test_mcp_list_changed_only_when_the_hosts_list_changed(tmp_base: Path) -> None:
+    """A reload that leaves the host's tools/list as it was (a tool of the other catalog
+    edited, a broken set broken another way) sends no list_changed; one that changes it
+    does, once."""
+
+    def plan_set(description: str) -> dict[str, Any]:
+        return tool("p.py", catalogs=["plan"], description=description)
+
+    def work_set(description: str) -> dict[str, Any]:
+        return tool("w.py", catalogs=["work"], description=description)
+
+    def fill(_home: Path, workspace: Path) -> None:
+        sets = workspace / ".crystal" / "tools"
+        write_set(sets, "planned", plan_set("Planned v1."), **{"p.py": ASKER_OK})
+        write_set(sets, "worked", work_set("Worked v1."), **{"w.py": ASKER_OK})
+        write_set(sets, "broken", "{ not json")
+
+    with daemon_in("tsm-", fill, ["--no-watch"]) as d:
+        sets = d.workspace / ".crystal" / "tools"
+        pump = RawPump(pump_args(d, d.workspace, "--catalog", "plan"))
+        try:
+            pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+            pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            listed = pump.request(2, "tools/list")["result"]["tools"]
+            assert [t["name"] for t in listed] == ["planned"]
+
+            def reload() -> None:
+                assert "result" in d.call("reload", {"workspace": str(d.workspace)})
+
+            write_set(sets, "worked", work_set("Worked v2."))  # not in the plan catalog
+            reload()
+            write_set(sets, "broken", {"runner": "exec"})  # refused still, for another reason
+            reload()
+            write_set(sets, "planned", plan_set("Planned v2."))  # the host's list changes
+            reload()
+            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+            seen = []
+            while (message := pump.receive()).get("id") != 3:
+                seen.append(message.get("method"))
+            assert seen == ["notifications/tools/list_changed"]
+            listed = pump.request(4, "tools/list")["result"]["tools"]
+            assert [t["description"] for t in listed] == ["Planned v2."]
+        finally:
+            assert pump.close() == 0
+
+
 # -- approvals -----------------------------------------------------------------------------
 
 
