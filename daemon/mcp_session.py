@@ -580,7 +580,16 @@ class McpSession:
                 raise unsupported_version(version)
             assert isinstance(meta, dict)
             caps = meta.get(_CAPS)
-            return _Era(version, True, caps if isinstance(caps, dict) else {})
+            if not isinstance(caps, dict):
+                # A required field of the request (MCP: a request missing one is malformed,
+                # -32602), not a host that declared nothing: that one sends {}.
+                raise McpError(
+                    -32602,
+                    f"Invalid params: a {version} request must carry '_meta.{_CAPS}', the "
+                    "client's capabilities for it, as an object ({} when it declares none).",
+                    {"field": f"_meta.{_CAPS}"},
+                )
+            return _Era(version, True, caps)
         if self.legacy_version is not None:
             return _Era(self.legacy_version, False, self._legacy_caps)
         if method in ("ping", "server/discover"):
@@ -918,6 +927,16 @@ def meta_version(message: Any) -> Any:
     params = message.get("params") if isinstance(message, dict) else None
     meta = params.get("_meta") if isinstance(params, dict) else None
     return meta.get(_PV) if isinstance(meta, dict) else None
+
+
+def malformed_envelope(error: Any) -> bool:
+    """Whether ``error`` (a response's) refuses the request's per-request ``_meta`` fields:
+    its protocol version or its client capabilities, missing or not of their type. Such a
+    request is malformed, which the HTTP transport MUST answer ``400 Bad Request``."""
+    if not isinstance(error, dict) or error.get("code") != rpc_errors.InvalidParams.CODE:
+        return False
+    data = error.get("data")
+    return isinstance(data, dict) and data.get("field") in (f"_meta.{_PV}", f"_meta.{_CAPS}")
 
 
 def unsupported_version(version: Any) -> McpError:

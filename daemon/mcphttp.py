@@ -72,6 +72,7 @@ from .mcp_session import (
     MODERN_VERSIONS,
     SUPPORTED_VERSIONS,
     UNSUPPORTED_VERSION,
+    malformed_envelope,
     meta_version,
     unsupported_version,
 )
@@ -783,9 +784,11 @@ class McpHttpEndpoint:
                 # 2026-07-28's transport: a method the server does not implement MUST be
                 # 404 with -32601 (the JSON-RPC body tells it from a legacy server's 404).
                 status = 404
-            elif code == UNSUPPORTED_VERSION:
+            elif code == UNSUPPORTED_VERSION or malformed_envelope(response.get("error")):
                 # A version we do not serve MUST be 400, whether the header named it (the
-                # transport's check) or, with no header, the request's _meta (the core's).
+                # transport's check) or, with no header, the request's _meta (the core's);
+                # so MUST a request whose _meta lacks a required field (or holds one of
+                # another type), in a session too.
                 status = 400
             elif (
                 code is not None and session.session_id is None and core.version_of(message) is None

@@ -691,7 +691,8 @@ def test_the_depth_check_of_many_arguments_does_not_hold_other_mcp_requests(
     of five million empty objects, for a tool the catalog does not have (its answer
     follows the check at once), no longer holds the ``tools/list`` sent behind it."""
     count = 5_000_000
-    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}}
     big = (b'{"jsonrpc":"2.0","id":"big","method":"tools/call","params":{"_meta":'
            + json.dumps(meta).encode() + b',"name":"nope","arguments":{"n":['
            + b"{}," * (count - 1) + b"{}]}}}\n")

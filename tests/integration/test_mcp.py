@@ -149,9 +149,11 @@ def test_mcp_discover_then_initialize_2025_06_18(mcp_daemon: Daemon, workspace: 
     """A host that probes server/discover and then initializes (2025-06-18) is served."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        found = pump.request(
-            1, "server/discover", {"_meta": {"io.modelcontextprotocol/protocolVersion": MODERN}}
-        )
+        meta = {
+            "io.modelcontextprotocol/protocolVersion": MODERN,
+            "io.modelcontextprotocol/clientCapabilities": {},
+        }
+        found = pump.request(1, "server/discover", {"_meta": meta})
         assert found["result"]["resultType"] == "complete"
         assert MODERN in found["result"]["supportedVersions"]
         assert found["result"]["capabilities"]["tools"]["listChanged"] is True
@@ -204,6 +206,29 @@ def test_mcp_a_protocol_version_that_is_not_a_string_is_invalid_params(
             "io.modelcontextprotocol/protocolVersion": "1999-01-01"}})
         assert odd["error"]["code"] == -32022
         assert odd["error"]["data"]["requested"] == "1999-01-01"
+    finally:
+        assert pump.close() == 0
+
+
+def test_mcp_a_2026_request_without_client_capabilities_is_invalid_params(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """A 2026-07-28 request whose ``_meta`` lacks ``clientCapabilities`` (or whose value is
+    not an object) is malformed: MCP has the server reject it with -32602 (it was served,
+    as a host that declared nothing). ``{}`` is a host that declares nothing."""
+    version = {"io.modelcontextprotocol/protocolVersion": MODERN}
+    field = "_meta.io.modelcontextprotocol/clientCapabilities"
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        for n, method in enumerate(("tools/list", "server/discover", "ping")):
+            for m, caps in enumerate(({}, {"x": None}, {"x": 5}, {"x": ["elicitation"]})):
+                meta = {**version, **{field.removeprefix("_meta."): c for c in caps.values()}}
+                reply = pump.request(f"{n}-{m}", method, {"_meta": meta})
+                assert reply["error"]["code"] == -32602, (method, caps, reply)
+                assert reply["error"]["data"] == {"field": field}
+                assert "clientCapabilities" in reply["error"]["message"]
+        meta = {**version, field.removeprefix("_meta."): {}}
+        assert pump.request("ok", "tools/list", {"_meta": meta})["result"]["tools"]
     finally:
         assert pump.close() == 0
 

@@ -327,7 +327,8 @@ def test_http_2026_unknown_method_is_404(http_daemon, workspace: Path) -> None:
     as that revision's transport requires; in a legacy session it stays 200."""
     _, base = http_daemon
     url = endpoint(base, workspace)
-    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}}
     for method in ("resources/list", "no/such"):
         reply = http(url, body=rpc(1, method, {"_meta": meta}), headers={
             "mcp-protocol-version": "2026-07-28", "mcp-method": method})
@@ -355,6 +356,35 @@ def test_http_a_protocol_version_that_is_not_a_string(http_daemon, workspace: Pa
     assert bare.json()["error"]["code"] == -32602, bare
     assert bare.json()["error"]["data"] == {
         "field": "_meta.io.modelcontextprotocol/protocolVersion"}
+
+
+def test_http_a_2026_request_without_client_capabilities_is_400(
+    http_daemon, workspace: Path
+) -> None:
+    """A 2026-07-28 request whose ``_meta`` lacks ``clientCapabilities`` is malformed: MCP
+    has the server reject it with -32602 and, on HTTP, ``400 Bad Request``, stateless or
+    in a session (it was served, as a host that declared nothing). So is a malformed
+    protocol version sent without the header (it was -32602 on a 200 in a session)."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    field = "_meta.io.modelcontextprotocol/clientCapabilities"
+    version = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    body = rpc(1, "tools/list", {"_meta": version})
+    headers = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"}
+    for session in ({}, {"mcp-session-id": initialize(url)}):
+        reply = http(url, body=body, headers={**headers, **session})
+        assert reply.status == 400, (session, reply)
+        assert reply.json()["error"]["code"] == -32602
+        assert reply.json()["error"]["data"] == {"field": field}
+        assert reply.json()["id"] == 1
+        odd = rpc(2, "tools/list", {"_meta": {"io.modelcontextprotocol/protocolVersion": 5}})
+        reply = http(url, body=odd, headers={"mcp-method": "tools/list", **session})
+        assert reply.status == 400, (session, reply)
+        assert reply.json()["error"]["code"] == -32602
+    body["params"]["_meta"]["io.modelcontextprotocol/clientCapabilities"] = {}
+    reply = http(url, body=body, headers=headers)
+    assert reply.status == 200, reply
+    assert reply.json()["result"]["tools"]
 
 
 def test_http_an_unsupported_meta_version_is_400(http_daemon, workspace: Path) -> None:
@@ -948,7 +978,8 @@ def test_http_listen_whose_client_left_while_its_catalog_was_built_ends(
     used to find no wait to cancel then, sleep for good and hold the connection (one of
     the 256) until the daemon stopped."""
     _, base = http_daemon
-    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}}
     body = json.dumps(rpc(3, "subscriptions/listen", {
         "notifications": {"toolsListChanged": True}, "_meta": meta})).encode()
     for attempt in range(3):
@@ -997,7 +1028,8 @@ def test_http_a_waiting_post_stream_is_kept_alive(
         target = urlsplit(endpoint(listening_urls(daemon)[0], workspace))
         body = json.dumps(rpc(3, "subscriptions/listen", {
             "notifications": {"toolsListChanged": True},
-            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}})).encode()
+            "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {}}})).encode()
         with socket.create_connection((target.hostname, target.port), timeout=20) as sock:
             _post_listen(sock, target, body)
             seen = b""
@@ -1021,7 +1053,8 @@ def test_a_graceful_stop_answers_every_listen(
     and over HTTP (whose stream then ends properly); they used to be cut off unanswered,
     which a host takes for an unexpected disconnect."""
     daemon = start_daemon(home, workspace, tmp_base, ["--mcp-listen", "127.0.0.1:0"])
-    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}}
     listen = {"notifications": {"toolsListChanged": True}, "_meta": meta}
     try:
         target = urlsplit(endpoint(listening_urls(daemon)[0], workspace))
@@ -1069,7 +1102,8 @@ def test_a_cancel_read_right_behind_its_request_on_the_socket_cancels_it(
     then went on, and a graceful stop answered it. A request is in flight from when it is
     read now: the cancelled listen gets no response, the next one its completion."""
     daemon = start_daemon(home, workspace, tmp_base, [])
-    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}}
     listen = {"notifications": {"toolsListChanged": True}, "_meta": meta}
     try:
         unix = socket.socket(socket.AF_UNIX)
@@ -1121,7 +1155,8 @@ def test_a_listen_on_a_core_built_while_stopping_is_answered(
     write_set(home / "tools", "sleeper", _tool("sleeper.py"), **{"sleeper.py": SLEEPER})
     daemon = start_daemon(home, workspace, tmp_base, ["--shutdown-grace", "3"])
     listen = {"notifications": {"toolsListChanged": True},
-              "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}}
+              "_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                  "io.modelcontextprotocol/clientCapabilities": {}}}
     try:
         with socket.socket(socket.AF_UNIX) as native, socket.socket(socket.AF_UNIX) as host:
             for sock in (native, host):
@@ -1721,7 +1756,8 @@ def test_http_a_request_framed_two_ways_is_400_and_closed(http_daemon, workspace
     _, base = http_daemon
     target = urlsplit(endpoint(base, workspace))
     body = json.dumps(rpc(1, "ping", {"_meta": {
-        "io.modelcontextprotocol/protocolVersion": "2026-07-28"}})).encode()
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {}}})).encode()
     head = (f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {target.netloc}\r\n"
             "Content-Type: application/json\r\nMCP-Protocol-Version: 2026-07-28\r\n"
             "Mcp-Method: ping\r\n")
@@ -2141,7 +2177,8 @@ def test_http_an_initialize_whose_catalog_is_short_of_descriptors_opens_no_sessi
         try:
             # Connected (and accepted) first: a stateless ping, which reads no catalog.
             conn.request("POST", path, body=json.dumps(rpc(0, "ping", {"_meta": {
-                "io.modelcontextprotocol/protocolVersion": "2026-07-28"}})).encode(),
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {}}})).encode(),
                 headers={**headers, "mcp-protocol-version": "2026-07-28",
                          "mcp-method": "ping"})
             conn.getresponse().read()
