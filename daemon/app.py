@@ -33,6 +33,7 @@ change the one ``_State`` and the top-level task group, which no other module ma
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import signal
@@ -305,12 +306,17 @@ async def run_daemon(
     options: DaemonOptions,
     *,
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
+    process_exit: bool = False,
 ) -> None:
     """Run the daemon until SIGTERM or SIGINT (or cancellation).
 
     Args:
         options: How to run.
         task_status: Receives the socket path once calls are accepted.
+        process_exit: The process ends when this returns (``main``): the signals the
+            daemon handles are ignored from the end of the run on
+            (``_ignore_to_the_exit``), never at their default actions. Not for a daemon
+            run inside another program (a test), which keeps its own signals.
 
     Raises:
         SocketPathError: The socket cannot be served (a live daemon holds it, or its
@@ -326,7 +332,29 @@ async def run_daemon(
         unblocked = _unblock_signals()  # after the handlers: a pending SIGTERM stops us
         if unblocked:
             log.info("signals_unblocked", signals=unblocked)
-        await _run(options, signals, task_status)
+        try:
+            await _run(options, signals, task_status)
+        finally:
+            if process_exit:
+                _ignore_to_the_exit()
+
+
+def _ignore_to_the_exit() -> None:
+    """Take the daemon's signals from the event loop and ignore them until the exit.
+
+    Leaving the signal receiver puts back each signal's default action, and the process
+    still winds down after that (the event loop's end, the last log lines, the spans): a
+    SIGHUP then (a reload sent as it stopped), a stray SIGUSR1, a second SIGTERM or a
+    Ctrl-C ended it by that signal instead of the stop's exit 0 (as process 1's child,
+    the container's code was 128 + N). Each is taken from the loop here, its default
+    action back for no more than the next call, and ignored; the receiver then finds
+    none to put back. Ignored, not handled: nothing is spawned from here on, so no tool
+    inherits it.
+    """
+    loop = asyncio.get_running_loop()
+    for signum in _HANDLED_SIGNALS:
+        loop.remove_signal_handler(signum)
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _unblock_signals() -> list[str]:
@@ -992,7 +1020,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if raised is not None:
         log.info("open_files_limit_raised", soft=raised[0], limit=raised[1])
     try:
-        anyio.run(run_daemon, options, backend="asyncio")
+        anyio.run(partial(run_daemon, options, process_exit=True), backend="asyncio")
     except BaseException as exc:
         return _exit_code(exc)
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import email.utils
 import json
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -258,6 +260,30 @@ def test_sigusr1_and_sigusr2_are_logged_and_end_no_daemon(
         assert "survived" not in json.dumps(killed), killed
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGUSR1, signal.SIGINT])
+def test_a_signal_during_the_last_of_a_graceful_stop_changes_nothing(
+    ops_home: Path, workspace: Path, tmp_base: Path, signum: signal.Signals
+) -> None:
+    """Once the stop was done, the daemon's handlers were gone (asyncio puts back the
+    default actions) while it still wound down: a SIGHUP (a reload sent as it stopped),
+    a stray SIGUSR1 or a Ctrl-C then ended it by that signal, not with the stop's exit 0
+    (as process 1's child, the container's exit code was 128 + N). Sent without pause
+    through the whole stop, it changes nothing."""
+    d = start_daemon(ops_home, workspace, tmp_base, ["--no-watch"])
+    try:
+        d.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 60  # only against a hang
+        while d.proc.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(d.proc.pid, signum)
+            time.sleep(0.001)
+        assert d.proc.wait(timeout=20) == 0, d.log()[-2000:]
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
 
 
 def test_metrics_listener_serves_only_get_metrics(
