@@ -307,7 +307,11 @@ def _edit_home(ctx: Context) -> tuple[Path, str, BlockingClient | None]:
     if ctx.home_option is not None:
         return ctx.home_option, "option", client
     if client is not None:
-        return _daemon_home(ctx, client), "daemon", client
+        try:
+            return _daemon_home(ctx, client), "daemon", client
+        except BaseException:
+            client.close()
+            raise
     return ctx.default_home, "default", None
 
 

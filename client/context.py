@@ -233,13 +233,21 @@ def lost(ctx: Context, exc: ConnectionClosed | RequestTimeout) -> Failure:
 
 
 def call(ctx: Context, client: BlockingClient, method: str, params: Any = None) -> Any:
-    """One request on ``client``; every daemon or transport failure becomes a ``Failure``."""
+    """One request on ``client``; every daemon or transport failure becomes a ``Failure``.
+
+    Every method toolsetctl calls answers an object: any other result (a daemon of another
+    protocol or version) breaks the protocol, as for ``invoke`` (exit 5), not a traceback.
+    """
     try:
-        return client.wait(client.send(method, params), timeout=REQUEST_TIMEOUT)
+        result = client.wait(client.send(method, params), timeout=REQUEST_TIMEOUT)
     except RpcError as exc:
         raise rpc_failure(exc) from exc
     except (ConnectionClosed, RequestTimeout) as exc:
         raise lost(ctx, exc) from exc
+    if not isinstance(result, dict):
+        invalid = f"toolsetd sent a {method} result that is not an object."
+        raise lost(ctx, ConnectionClosed(invalid, "protocol"))
+    return result
 
 
 def request(ctx: Context, method: str, params: Any = None) -> Any:

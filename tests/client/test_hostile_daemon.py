@@ -563,3 +563,25 @@ def test_a_full_backlog_is_waited_for_not_a_daemon_unreachable(sockdir: Path) ->
         for sock in waiting:
             sock.close()
         server.close()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["status"], ["list"], ["show", "x"], ["classify", "t"], ["reload"], ["metrics"],
+     ["enable", "x"]],
+)
+@pytest.mark.parametrize("result", [[1, 2], "text", None])
+def test_a_result_that_is_not_an_object_is_a_protocol_failure_for_every_command(
+    fake: Callable[[Reply], FakeDaemon], command: list[str], result: object
+) -> None:
+    """A daemon of another protocol (or version) answering with a non-object result is a
+    lost connection (exit 5, -32092), as for ``invoke``: never a traceback's exit 9, and
+    never ``enable`` editing the default home because ``status`` named none."""
+    daemon = fake(_answer(result))
+    code, _, err = ctl(daemon, *command)
+    assert code == 5, err
+    assert f"toolsetd sent a {daemon.requests[0]['method']} result that is not an object" in err
+    assert "unexpected error" not in err
+    code, out, _ = ctl(daemon, *command, fmt="json")
+    assert code == 5
+    assert json.loads(out)["error"]["code"] == -32092
