@@ -10,7 +10,9 @@ Theory of operation, the reference host's rules (``ToolSetInventory.TrySetEnable
    ``tools.json`` that cannot be read is still the copy meant, and reports its error.
 2. ``set_enabled`` reads the bytes. A manifest that is not JSON, not an object, or (when
    the caller passes ``check``, the full manifest parser) fails to parse is left
-   byte-for-byte untouched and its parse error is raised.
+   byte-for-byte untouched and its parse error is raised. Bytes that are not UTF-8 (the
+   daemon reads them as U+FFFD) are refused, naming the first, only when the file must be
+   rewritten: the rewrite would replace them.
 3. When ``enabled`` (absent or null meaning true) already has the wanted value nothing is
    written. Otherwise the key is set: an existing key keeps its position, a new one is
    appended last. The file is rewritten as 2-space indented JSON (non-ASCII kept, each
@@ -129,25 +131,44 @@ def locate_set(
     raise EditError(f"Tool set '{name}' was not found.")
 
 
-def _load_object(data: bytes) -> dict[str, Any]:
+def _load_object(data: bytes) -> tuple[dict[str, Any], str | None]:
     """Parse manifest bytes into an ordered object, or raise the parse error.
 
     Each number keeps its text (``protocol.jsontext``), so writing the object back changes
     no number: the reference host's ``JsonNode`` keeps a number's text too.
+
+    Returns:
+        The object, and why it may not be written back (bytes that are not UTF-8, which
+        the daemon reads as U+FFFD and a rewrite would replace), or None.
     """
     from toolsetd.protocol.jsontext import decode_file_text, loads  # orjson: for an edit only
 
+    unwritable: str | None = None
     try:
         text = decode_file_text(data, "strict")  # a byte order mark read as the daemon reads it
+    except UnicodeDecodeError as exc:
+        unwritable = _not_utf8(exc)
+        text = decode_file_text(data, "replace")  # as the daemon reads it
+    try:
         json.loads(text, parse_constant=reject_json_constant)  # the parse error, in its words
         value = loads(text)
-    except UnicodeDecodeError as exc:
-        raise EditError(f"tools.json is not valid JSON: {exc.reason}.") from exc
     except (json.JSONDecodeError, ValueError) as exc:
         raise EditError(f"tools.json is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise EditError("tools.json must be a JSON object.")
-    return value
+    return value, unwritable
+
+
+def _not_utf8(exc: UnicodeDecodeError) -> str:
+    """The refusal of a manifest whose bytes do not decode, naming the first bad byte."""
+    before = exc.object[: exc.start]
+    line = before.count(b"\n") + 1
+    column = exc.start - (before.rfind(b"\n") + 1) + 1
+    return (
+        f"tools.json is not valid {exc.encoding.upper()} (byte 0x{exc.object[exc.start]:02x} "
+        f"at line {line}, column {column}): writing enabled would replace what does not "
+        "decode (the daemon reads it as U+FFFD); save the file as UTF-8, or edit it by hand."
+    )
 
 
 def set_enabled(
@@ -183,11 +204,13 @@ def set_enabled(
         problem = check(data)
         if problem is not None:
             raise EditError(problem)
-    document = _load_object(data)
+    document, unwritable = _load_object(data)
     current = document.get("enabled")
     current_value = True if current is None else current
     if current_value is enabled:
         return EditOutcome(path, changed=False)
+    if unwritable is not None:
+        raise EditError(unwritable)
     document["enabled"] = enabled
     import orjson
     from toolsetd.protocol.jsontext import dumps

@@ -77,6 +77,24 @@ def test_set_enabled_reads_a_byte_order_mark_as_the_daemon_does(
     )
 
 
+def test_set_enabled_names_bytes_that_are_not_utf8_and_rewrites_nothing(tmp_path: Path) -> None:
+    """A manifest the daemon loads (it reads what does not decode as U+FFFD) but whose bytes
+    are not UTF-8 is not rewritten: the edit would replace them. The refusal says so and
+    where, not "not valid JSON" (the JSON is valid: validate and list accept it); and a set
+    that already has the value is left as it is without a refusal (exit 0 for a CI step)."""
+    data = b'{"runner":"exec",\n"description":"caf\xe9","enabled":false}'
+    path = tmp_path / "tools.json"
+    path.write_bytes(data)
+    with pytest.raises(EditError) as caught:
+        set_enabled(path, True)
+    message = caught.value.message
+    assert "not valid JSON" not in message
+    assert message.startswith("tools.json is not valid UTF-8 (byte 0xe9 at line 2, column 19)")
+    assert path.read_bytes() == data
+    assert not set_enabled(path, False).changed  # already disabled: nothing to write
+    assert path.read_bytes() == data
+
+
 def test_set_enabled_already_enabled_leaves_file_alone(tmp_path: Path) -> None:
     """Enabling a set whose ``enabled`` is absent, true or null changes nothing."""
     for text in ('{"runner":"exec"}', '{"runner":"exec","enabled":true}', '{"enabled":null}'):
