@@ -20,6 +20,7 @@ us), ``"broken"`` (the peer broke the stream), ``"eof"`` (a clean end of stream)
 from __future__ import annotations
 
 import errno
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -128,11 +129,35 @@ def _connect_message(path: str, exc: OSError) -> str:
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
         return f"toolsetd is not running at {path} (no such socket)."
     if exc.errno == errno.ECONNREFUSED:
+        kind = _not_a_socket(path)
+        if kind is not None:
+            return (
+                f"Cannot connect to toolsetd: {path} is {kind}, not a socket; give --socket "
+                "(or TOOLSETD_SOCKET) the path of toolsetd's socket."
+            )
         return f"toolsetd is not running at {path} (connection refused)."
     if exc.errno in (errno.EACCES, errno.EPERM):
         return f"Permission denied connecting to toolsetd at {path}."
     detail = exc.strerror or str(exc)
     return f"Cannot connect to toolsetd at {path}: {detail}."
+
+
+def _not_a_socket(path: str) -> str | None:
+    """What is at ``path`` when it is no socket (the connect is refused as for a stopped
+    daemon: a mistyped ``--socket`` naming a file or folder), else None."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISSOCK(mode):
+        return None
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return "a FIFO" if stat.S_ISFIFO(mode) else "a device or special file"
 
 
 @contextmanager
@@ -156,6 +181,8 @@ def map_connect_errors(path: str | Path, timeout: float) -> Iterator[None]:
         ) from exc
     except OSError as exc:
         absent = exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ECONNREFUSED)
+        if exc.errno == errno.ECONNREFUSED and _not_a_socket(where) is not None:
+            absent = False  # something else is there: say what (list's fallback too)
         raise ConnectError(_connect_message(where, exc), where, absent=absent) from exc
 
 

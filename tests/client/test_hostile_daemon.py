@@ -585,3 +585,24 @@ def test_a_result_that_is_not_an_object_is_a_protocol_failure_for_every_command(
     code, out, _ = ctl(daemon, *command, fmt="json")
     assert code == 5
     assert json.loads(out)["error"]["code"] == -32092
+
+
+@pytest.mark.parametrize("kind", ["a regular file", "a directory"])
+def test_a_socket_path_that_is_no_socket_is_named_as_such(sockdir: Path, kind: str) -> None:
+    """``--socket`` (or ``TOOLSETD_SOCKET``) naming a file or a folder by mistake: the
+    connect is refused as for a stopped daemon, but "not running (connection refused)"
+    sent the CI author looking for a daemon; the message says what is at the path."""
+    path = sockdir / "not-a-socket"
+    if kind == "a directory":
+        path.mkdir()
+    else:
+        path.write_text("")
+    out, err = io.StringIO(), io.StringIO()
+    code = run(["--socket", str(path), "status"], stdout=out, stderr=err)
+    assert code == 5
+    assert f"{path} is {kind}, not a socket" in err.getvalue()
+    out, err = io.StringIO(), io.StringIO()
+    code = run(["--socket", str(path), "--home", str(sockdir), "list"], stdout=out, stderr=err)
+    assert code == 0
+    assert f"{path} is {kind}, not a socket" in err.getvalue()
+    assert "Showing the tool sets on disk." in err.getvalue()
