@@ -3,7 +3,8 @@
 It goes to stderr, and only when stderr is a terminal (not ``TERM=dumb``) and ``CI`` is
 not set (in ``json`` and ``jsonl`` also not when stdout is that terminal too: the JSON
 would be drawn over).
-It is one line, redrawn in place (``\\r`` and erase-line), cut to the terminal's width,
+It is one line, redrawn in place (``\\r`` and erase-line), cut to the terminal's width
+(80 columns when it reports 0: unknown),
 and removed when the call ends. The tool's message is the tool's own text: its control
 characters are shown as escapes (``printable``), never written to the terminal as they are.
 """
@@ -131,7 +132,8 @@ class Progress:
         if self._stream is None:
             return
         try:
-            columns = os.get_terminal_size(self._stream.fileno()).columns
+            # 0: a pty whose size was never set (``script``, ``docker exec -t``): unknown
+            columns = os.get_terminal_size(self._stream.fileno()).columns or 80
         except (AttributeError, ValueError, OSError):
             columns = 80
         self._stream.write("\r\x1b[2K" + _fit(printable(text), max(columns - 1, 10)))
