@@ -217,10 +217,16 @@ def set_enabled(
 
     # 2-space indented, non-ASCII kept, every number as written, a trailing newline.
     data = dumps(document, orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+    target = Path(os.path.realpath(path))
     try:
-        _replace(Path(os.path.realpath(path)), data)
+        _replace(target, data)
     except OSError as exc:
-        raise EditError("tools.json could not be written.") from exc
+        # The operating system's words and the folder: a CI user that may not write the
+        # checkout, a read-only mount, a full disk.
+        raise EditError(
+            f"tools.json could not be written: {exc.strerror or type(exc).__name__}: the "
+            f"edit writes a new file in {target.parent} and renames it over {target.name}."
+        ) from exc
     return EditOutcome(path, changed=True)
 
 
