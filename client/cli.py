@@ -172,6 +172,18 @@ class _Listing:
         self.from_daemon = from_daemon
 
 
+def _require_workspace(ctx: Context) -> None:
+    """Refuse a workspace that is not a directory, in the daemon's code and words (exit 2)."""
+    if not ctx.workspace.is_dir():
+        raise Failure(
+            EXIT_USAGE,
+            -32006,  # InvalidWorkspace
+            f"Invalid workspace: {str(ctx.workspace)!r} is not a directory; 'workspace' "
+            "must be an absolute path to an existing directory.",
+            {"field": "workspace"},
+        )
+
+
 def _listing(ctx: Context, catalog: str | None) -> _Listing:
     """The daemon's ``list`` and home, or the files' when no daemon answers."""
     params: dict[str, Any] = {"workspace": ctx.wire_workspace}
@@ -180,16 +192,9 @@ def _listing(ctx: Context, catalog: str | None) -> _Listing:
     try:
         client = BlockingClient.connect(ctx.socket, timeout=CONNECT_TIMEOUT)
     except ConnectError as exc:
-        if not ctx.workspace.is_dir():
-            # The daemon's refusal (exit 2), not the home sets alone: a mistyped --workspace
-            # must not pass without a daemon and fail with one.
-            raise Failure(
-                EXIT_USAGE,
-                -32006,  # InvalidWorkspace, the daemon's code and words
-                f"Invalid workspace: {str(ctx.workspace)!r} is not a directory; 'workspace' "
-                "must be an absolute path to an existing directory.",
-                {"field": "workspace"},
-            ) from None
+        # The daemon's refusal (exit 2), not the home sets alone: a mistyped --workspace
+        # must not pass without a daemon and fail with one.
+        _require_workspace(ctx)
         offline = _offline_module()
         if exc.absent:
             ctx.out.error(
@@ -320,6 +325,9 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
 
     enabled = args.command == "enable"
     offline = _offline_module()
+    # Its project copy is the one meant: in a mistyped workspace there is none, and the
+    # home copy would be edited instead, a set the job never meant.
+    _require_workspace(ctx)
     home, home_from, client = _edit_home(ctx)
     try:
         try:
@@ -411,6 +419,8 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
         problems.append(f"The home {home} (--home) does not exist.")
     if not target.exists() and is_directory_name(args.directory):
         from .editor import EditError, locate_set
+
+        _require_workspace(ctx)  # a name is looked up in it first, as enable does
 
         try:
             located = locate_set(

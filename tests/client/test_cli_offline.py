@@ -344,6 +344,33 @@ def test_list_and_show_offline_refuse_a_workspace_that_is_not_a_directory(
         assert r.stderr == message + "\n"
 
 
+@pytest.mark.parametrize("command", [("disable", "alpha"), ("enable", "alpha"), ("validate", "alpha")])
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_edits_and_validate_by_name_refuse_a_workspace_that_is_not_a_directory(
+    env: Env, command: tuple[str, ...], kind: str
+) -> None:
+    """``--workspace "$CI_PROJECT_DIR/typo" disable alpha`` found no project copy in the
+    mistyped folder and disabled the home copy instead (exit 0), a set the job never meant;
+    ``validate alpha`` checked the home copy as if the project had none. As for ``list``
+    and ``show``, a workspace that is not a directory is the daemon's refusal, exit 2, and
+    nothing is written."""
+    home_file = env.home_set("alpha", exec_set("alpha", enabled=(command[0] == "disable")))
+    before = home_file.read_bytes()
+    shutil.rmtree(env.workspace)
+    if kind == "file":
+        env.workspace.write_text("not a folder", encoding="utf-8")
+    r = env.run(*command)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr == (
+        f"Invalid workspace: {str(env.workspace)!r} is not a directory; 'workspace' must be "
+        "an absolute path to an existing directory.\n"
+    )
+    assert home_file.read_bytes() == before
+    r = env.run(*command, "--format", "json")
+    assert r.returncode == 2
+    assert json.loads(r.stdout)["error"]["code"] == -32006
+
+
 def test_show_offline_set_and_tool(env: Env) -> None:
     """show prints a set's fields by directory, and a tool's fields by tool name."""
     env.home_set("acme", exec_set("fmt"))
