@@ -96,6 +96,8 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
     except UnicodeEncodeError as exc:  # undecodable bytes, kept by surrogateescape
         raise UsageError(f"{where} is not valid UTF-8 (at character {exc.start}).") from None
     _check_size(len(text), where)
+    if not text.strip(" \t\n\r"):  # JSON's whitespace: nothing piped in, an unset $ARGS
+        raise UsageError(f"{where} is empty: give the argument object as JSON ('{{}}' for none).")
     try:
         value = json.loads(text, parse_constant=reject_json_constant, parse_float=json_number)
     except ValueError as exc:

@@ -78,6 +78,30 @@ def test_parse_arguments_errors(spec: str, stdin: str, message: str) -> None:
     assert str(caught.value).startswith(message)
 
 
+def test_empty_args_say_they_are_empty(tmp_path: Path) -> None:
+    """``--args -`` with nothing piped in (a closed stdin, a heredoc that went missing),
+    an empty ``@FILE`` or ``--args "$ARGS"`` of an unset variable: "is not valid JSON:
+    Expecting value: line 1 column 1 (char 0)" pointed at a character that is not there.
+    The message says the text is empty, and what to give instead."""
+    empty = tmp_path / "args.json"
+    empty.write_bytes(b"")
+    cases = [("-", ""), ("-", " \n\t"), (f"@{empty}", ""), ("", ""), ("  ", "")]
+    for spec, stdin in cases:
+        with pytest.raises(UsageError) as caught:
+            parse_arguments(spec, io.StringIO(stdin))
+        message = str(caught.value)
+        assert "is empty" in message, (spec, message)
+        assert "Expecting value" not in message
+        assert "'{}'" in message
+    proc = subprocess.run(
+        [sys.executable, "-m", "toolsetd.client", "--socket", str(tmp_path / "none.sock"),
+         "classify", "t", "--args", "-"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("--args from stdin is empty"), proc.stderr
+
+
 def test_cli_invalid_args_json_exits_2(tmp_path: Path) -> None:
     """``classify`` with invalid ``--args`` JSON exits 2 with the message on stderr, before any connect."""
     proc = subprocess.run(
