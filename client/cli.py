@@ -414,11 +414,12 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
     offline = _offline_module()
     target = Path(args.directory)
     problems: list[str] = []
+    elsewhere: list[str] = []  # said after the folder's own problem
     home = ctx.home_option
     if home is not None and not home.is_dir():
         problems.append(f"The home {home} (--home) does not exist.")
     if not target.exists() and is_directory_name(args.directory):
-        from .editor import EditError, locate_set
+        from .editor import EditError, locate_set, manifest_path
 
         _require_workspace(ctx)  # a name is looked up in it first, as enable does
 
@@ -432,7 +433,17 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
             )
             target = located[2].parent
         except EditError:
-            pass
+            # Found nowhere: say where else it was looked for, not only "./NAME".
+            where = {
+                source: manifest_path(
+                    home or ctx.default_home, ctx.workspace, args.directory, source
+                ).parent
+                for source in ("project", "home")
+            }
+            elsewhere.append(
+                f"No tool set '{args.directory}' in the workspace ({where['project']}) or "
+                f"the home ({where['home']}) either."
+            )
     try:  # a relative DIR needs the current folder, which a CI step may have removed
         target = target.absolute()
     except OSError as exc:
@@ -442,6 +453,7 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
         ) from None
     report = offline.validate_set(target, args.reserve)
     report.problems[:0] = problems
+    report.problems.extend(elsewhere)
     try:  # the verdict is the exit code, read or not (toolsetctl validate x | head -n1)
         if ctx.out.is_json:
             ctx.emit(report.to_json())

@@ -371,6 +371,17 @@ def test_edits_and_validate_by_name_refuse_a_workspace_that_is_not_a_directory(
     assert json.loads(r.stdout)["error"]["code"] == -32006
 
 
+def test_validate_a_name_found_nowhere_names_every_place_looked_in(env: Env) -> None:
+    """``validate NAME`` looks for a folder ``NAME`` here, then the set ``NAME`` in the
+    workspace and the home; found nowhere, it said only that ``./NAME`` does not exist, so a
+    CI author whose set sits under another home or workspace saw no hint of either."""
+    r = env.run("validate", "ghost")
+    assert r.returncode == 2
+    home_place = env.home / "tools" / "ghost"
+    project_place = env.workspace / ".crystal" / "tools" / "ghost"
+    assert f"- No tool set 'ghost' in the workspace ({project_place}) or the home ({home_place})" in r.stdout
+
+
 def test_show_offline_set_and_tool(env: Env) -> None:
     """show prints a set's fields by directory, and a tool's fields by tool name."""
     env.home_set("acme", exec_set("fmt"))
