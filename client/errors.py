@@ -137,9 +137,68 @@ def _connect_message(path: str, exc: OSError) -> str:
             )
         return f"toolsetd is not running at {path} (connection refused)."
     if exc.errno in (errno.EACCES, errno.EPERM):
-        return f"Permission denied connecting to toolsetd at {path}."
+        return f"Permission denied connecting to toolsetd at {path}{_denied_by(path)}."
     detail = exc.strerror or str(exc)
     return f"Cannot connect to toolsetd at {path}: {detail}."
+
+
+def _denied_by(path: str) -> str:
+    """Who refused the connect: the socket, or a folder on its way the user may not search,
+    with its owner and mode, and the way out; "" when that cannot be told."""
+    import stat
+
+    refused = os.path.abspath(path)
+    try:
+        os.stat(refused)
+    except PermissionError:  # a folder on the way: the first one that may not be searched
+        refused = next(
+            (
+                folder
+                for folder in _ancestors(os.path.dirname(refused))
+                if not os.access(folder, os.X_OK)
+            ),
+            "",
+        )
+    except OSError:
+        return ""
+    if not refused:
+        return ""
+    try:
+        info = os.stat(refused)
+    except OSError:
+        return ""
+    owner = f"{_user_name(info.st_uid)}:{_group_name(info.st_gid)}"
+    return (
+        f": {refused} belongs to {owner}, mode {stat.S_IMODE(info.st_mode):04o}; run "
+        "toolsetctl as the daemon's user, or have it serve a group of yours (--allow-group, "
+        "on a socket that group may open: see docs/operations.md)"
+    )
+
+
+def _ancestors(folder: str) -> list[str]:
+    """``folder`` and the folders above it, from the root down."""
+    chain = [folder]
+    while os.path.dirname(chain[-1]) != chain[-1]:
+        chain.append(os.path.dirname(chain[-1]))
+    return chain[::-1]
+
+
+def _user_name(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return str(uid)
+
+
+def _group_name(gid: int) -> str:
+    try:
+        import grp
+
+        return grp.getgrgid(gid).gr_name
+    except (ImportError, KeyError):
+        return str(gid)
 
 
 def _not_a_socket(path: str) -> str | None:

@@ -618,6 +618,43 @@ def test_list_offline_skips_a_link_into_a_folder_it_may_not_search(
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.parametrize("private", ["socket", "folder"])
+def test_a_socket_the_user_may_not_open_names_its_owner_and_the_fix(
+    as_nobody: tuple[str, ...], private: str
+) -> None:
+    """A CI job running as another user than the daemon's: "Permission denied connecting to
+    toolsetd at <socket>." named neither whose socket (or folder) it is nor what to do. The
+    message now says who owns what refused the user, with its mode, and the way out."""
+    base = Path(tempfile.mkdtemp(prefix="tsd-eacces-"))
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        base.chmod(0o755)
+        folder = base / "run"
+        folder.mkdir(mode=0o755)
+        path = folder / "d.sock"
+        server.bind(str(path))
+        server.listen(1)
+        if private == "socket":
+            path.chmod(0o600)
+        else:
+            folder.chmod(0o700)
+        proc = subprocess.run(
+            [*as_nobody, sys.executable, "-m", "toolsetd.client", "--socket", str(path),
+             "--workspace", str(base), "status"],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert proc.returncode == 5, proc.stderr
+        refused = path if private == "socket" else folder
+        mode = "0600" if private == "socket" else "0700"
+        assert proc.stderr.startswith(f"Permission denied connecting to toolsetd at {path}")
+        assert f"{refused} belongs to root:" in proc.stderr, proc.stderr
+        assert f"mode {mode}" in proc.stderr
+        assert "--allow-group" in proc.stderr
+    finally:
+        server.close()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_a_non_blocking_stdout_gets_the_whole_output(env: Env) -> None:
     """A CI runner whose stdout descriptor is non-blocking (a Node parent's, inherited):
     once the pipe was full, Python's writer kept what fitted and dropped the rest without
