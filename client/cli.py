@@ -172,16 +172,31 @@ class _Listing:
         self.from_daemon = from_daemon
 
 
+def _is_dir(path: Path) -> bool | str:
+    """Whether ``path`` is a directory, or the system's reason it cannot be looked at (a
+    folder on its way the user may not search: pathlib raises there, not False)."""
+    try:
+        return path.is_dir()
+    except OSError as exc:
+        return exc.strerror or type(exc).__name__
+
+
+def _cannot_read(path: Path, reason: str) -> str:
+    return f"{path} cannot be read ({reason}): run toolsetctl as a user that may read it"
+
+
 def _require_workspace(ctx: Context) -> None:
     """Refuse a workspace that is not a directory, in the daemon's code and words (exit 2)."""
-    if not ctx.workspace.is_dir():
-        raise Failure(
-            EXIT_USAGE,
-            -32006,  # InvalidWorkspace
-            f"Invalid workspace: {str(ctx.workspace)!r} is not a directory; 'workspace' "
-            "must be an absolute path to an existing directory.",
-            {"field": "workspace"},
-        )
+    state = _is_dir(ctx.workspace)
+    if state is True:
+        return
+    message = (
+        f"Invalid workspace: {str(ctx.workspace)!r} is not a directory; 'workspace' must be "
+        "an absolute path to an existing directory."
+        if state is False
+        else f"Invalid workspace: {_cannot_read(ctx.workspace, state)}."
+    )
+    raise Failure(EXIT_USAGE, -32006, message, {"field": "workspace"})  # InvalidWorkspace
 
 
 def _listing(ctx: Context, catalog: str | None) -> _Listing:
@@ -338,8 +353,11 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
             failure = Failure(
                 EXIT_USAGE, CLI_ERROR_CODES["not_found"], exc.message, {"home": str(home)}
             )
-            if "not found" in exc.message and not home.is_dir():
+            state = _is_dir(home) if "not found" in exc.message else True
+            if state is False:
                 failure.details.append(f"  The home {home} does not exist.")
+            elif state is not True:
+                failure.details.append(f"  The home {_cannot_read(home, state)}.")
             raise failure from exc
         try:
             check = _manifest_check(offline, path.parent, source)
@@ -416,9 +434,12 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
     problems: list[str] = []
     elsewhere: list[str] = []  # said after the folder's own problem
     home = ctx.home_option
-    if home is not None and not home.is_dir():
+    state = True if home is None else _is_dir(home)
+    if state is False:
         problems.append(f"The home {home} (--home) does not exist.")
-    if not target.exists() and is_directory_name(args.directory):
+    elif state is not True and home is not None:
+        problems.append(f"The home (--home) {_cannot_read(home, state)}.")
+    if not _exists(target) and is_directory_name(args.directory):
         from .editor import EditError, locate_set, manifest_path
 
         _require_workspace(ctx)  # a name is looked up in it first, as enable does
@@ -474,6 +495,13 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
     except BrokenPipeError:
         ctx.out.discard()
     return EXIT_OK if report.valid else EXIT_USAGE
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except OSError:  # not to be looked at: validate_set says why
+        return True
 
 
 def _cmd_classify(ctx: Context, args: argparse.Namespace) -> int:

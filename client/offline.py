@@ -296,7 +296,15 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
     if not is_directory_name(directory):
         report.problems.append(f"Tool set directory '{directory}' is not a valid name.")
         parse_dir = set_dir.parent / _PLACEHOLDER
-    if not set_dir.is_dir():
+    try:
+        is_dir = set_dir.is_dir()
+    except OSError as exc:  # a folder on its way the user may not search
+        report.problems.append(
+            f"Tool set directory '{set_dir}' cannot be read ({exc.strerror}): run toolsetctl "
+            "as a user that may read it."
+        )
+        return report
+    if not is_dir:
         if not set_dir.exists():
             report.problems.append(f"Tool set directory '{set_dir}' does not exist.")
         elif set_dir.name == _MANIFEST:  # `validate .crystal/tools/x/tools.json`: the file

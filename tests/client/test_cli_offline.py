@@ -655,6 +655,48 @@ def test_a_socket_the_user_may_not_open_names_its_owner_and_the_fix(
         shutil.rmtree(base, ignore_errors=True)
 
 
+def test_folders_the_user_may_not_search_are_named_not_an_unexpected_error(
+    as_nobody: tuple[str, ...],
+) -> None:
+    """A CI container run with ``--user`` and ``HOME=/root``, or a workspace, home or set
+    folder under a folder the job's user may not search: pathlib's ``is_dir`` raises
+    PermissionError there, and toolsetctl ended with "unexpected error: PermissionError"
+    (exit 9, an internal error). Each is now a usage error (exit 2) naming the path and the
+    reason."""
+    base = Path(tempfile.mkdtemp(prefix="tsd-eacces-"))
+    try:
+        base.chmod(0o755)
+        private = base / "private"
+        (private / "ws").mkdir(parents=True)
+        Env._write(private / "home" / "tools" / "x" / "tools.json", exec_set("x"))
+        private.chmod(0o700)  # root's: nobody may not look inside
+        ws, home = private / "ws", private / "home"
+        runs = {
+            "list in a workspace": ("--workspace", str(ws), "list"),
+            "show in a workspace": ("--workspace", str(ws), "show", "x"),
+            "enable with --home": ("--workspace", str(base), "--home", str(home), "enable", "x"),
+            "enable in the default home": ("--workspace", str(base), "enable", "x"),
+            "validate by name": ("--workspace", str(base), "--home", str(home), "validate", "x"),
+            "validate a folder": ("--workspace", str(base), "validate", str(home / "tools" / "x")),
+        }
+        environ = {k: v for k, v in os.environ.items() if k != "CRYSTAL_HOME"}
+        environ["HOME"] = str(private)  # the default home, private/.crystal, out of reach
+        for what, args in runs.items():
+            proc = subprocess.run(
+                [*as_nobody, sys.executable, "-m", "toolsetd.client",
+                 "--socket", str(base / "none.sock"), *args],
+                capture_output=True, text=True, timeout=60, check=False, cwd=base, env=environ,
+            )
+            output = proc.stdout + proc.stderr
+            assert proc.returncode == 2, (what, output)
+            assert "unexpected error" not in output, (what, output)
+            assert "Permission denied" in output, (what, output)
+            assert str(private) in output, (what, output)
+    finally:
+        private.chmod(0o755)
+        shutil.rmtree(base, ignore_errors=True)
+
+
 def test_a_non_blocking_stdout_gets_the_whole_output(env: Env) -> None:
     """A CI runner whose stdout descriptor is non-blocking (a Node parent's, inherited):
     once the pipe was full, Python's writer kept what fitted and dropped the rest without
