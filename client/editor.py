@@ -17,7 +17,8 @@ Theory of operation, the reference host's rules (``ToolSetInventory.TrySetEnable
    written. Otherwise the key is set: an existing key keeps its position, a new one is
    appended last. The file is rewritten as 2-space indented JSON (non-ASCII kept, each
    number as written) plus a newline, through a temporary file in the same folder,
-   fsync, and ``os.replace``, keeping the file's permission bits. A symlinked
+   fsync, and ``os.replace``, keeping the file's permission bits (and, for root, its owner
+   and group). A symlinked
    ``tools.json`` is written through to its target, so the link survives.
 
 Nothing here talks to the daemon or imports it; the CLI asks a running daemon to reload
@@ -231,14 +232,22 @@ def set_enabled(
 
 
 def _replace(target: Path, data: bytes) -> None:
-    """Atomically replace ``target`` with ``data``, keeping its permission bits."""
-    mode = stat.S_IMODE(target.stat().st_mode)
+    """Atomically replace ``target`` with ``data``, keeping its permission bits and, where
+    this user may give it (root), its owner and group."""
+    info = target.stat()
+    mode = stat.S_IMODE(info.st_mode)
     fd, temp_name = tempfile.mkstemp(dir=target.parent, prefix=".tools.json.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
+            if (info.st_uid, info.st_gid) != (os.geteuid(), os.getegid()):
+                # root editing the sets of a daemon that runs as its own user: a root-owned
+                # 0600 manifest is one that daemon can no longer read. The reference host
+                # writes in place, keeping the owner; anyone else may not give files away.
+                with contextlib.suppress(PermissionError):
+                    os.fchown(handle.fileno(), info.st_uid, info.st_gid)
         os.chmod(temp_name, mode)
         os.replace(temp_name, target)
     except BaseException:

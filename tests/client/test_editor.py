@@ -240,3 +240,19 @@ def test_set_enabled_says_why_and_where_the_file_could_not_be_written(tmp_path: 
     assert str(folder) in message
     assert ("Permission denied" in message) or ("Operation not permitted" in message)
     assert path.read_text() == '{"runner":"exec"}'
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_set_enabled_by_root_keeps_the_files_owner(tmp_path: Path) -> None:
+    """``sudo toolsetctl enable x`` (or a CI job running as root) on the sets of a daemon that
+    runs as its own user: the file was replaced by one root owns, and with the mode kept
+    (0600) the daemon could no longer read its own manifest ("tools.json could not be
+    read.") nor its owner edit it. The reference host writes the file in place, keeping its
+    owner; the replacement now gets the old file's owner and group."""
+    path = write(tmp_path / "tools.json", '{"runner":"exec","enabled":false}')
+    os.chown(path, 65534, 65534)
+    path.chmod(0o600)
+    assert set_enabled(path, True).changed
+    info = path.stat()
+    assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (65534, 65534, 0o600)
+    assert json.loads(path.read_text())["enabled"] is True
