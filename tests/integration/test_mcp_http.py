@@ -1241,10 +1241,11 @@ def test_http_a_client_that_pipelined_much_and_left_has_its_call_cancelled(
         sock.sendall(call)
         eventually(lambda: pid_file.exists() and pid_file.read_text() != "",
                    what="the sleeper's pid")
-        # More than the daemon's read buffer (256 KiB), so it stops reading, but well within
-        # what the kernel holds for it (a loaded machine's socket buffers too: a FIN queued
-        # behind unsent bytes would never reach the daemon's socket).
-        sock.sendall(post(b"x" * (384 << 10)))
+        # More than the daemon's read buffer (256 KiB), so it stops reading; but by less than
+        # the smallest window the daemon's socket offers (tcp_rmem's default of 128 KiB, half
+        # of it a window): what it leaves unread must fit there, or the FIN waits behind it in
+        # this socket and never reaches the daemon. 384 KiB failed so under load.
+        sock.sendall(post(b"x" * (300 << 10)))
     _sleeper_cancelled(daemon, workspace, "the client left")
 
 
