@@ -305,24 +305,36 @@ def test_cgroup_limit_without_controller_is_refused(tree: CgroupTree) -> None:
 
 
 def test_cgroup_probe_sweeps_a_dead_daemons_folder(tree: CgroupTree) -> None:
-    """A toolsetd-<pid> folder of a pid that is gone: its processes are killed, it is removed."""
-    base = tree.folder.parent
+    """A toolsetd-<pid> folder of a pid that is gone: its processes are killed, it is
+    removed; the folder of a live pid is left alone. In a base of the test's own: at the
+    shared one, a daemon another test started swept the dead folder between its mkdir and
+    the orphan's move into it (the write failed, FileNotFoundError)."""
+    base = tree.folder.parent / f"toolsetd-sweep-{os.getpid()}"  # no daemon's to sweep
     dead = base / "toolsetd-4194303"  # above any pid_max default: never a live process here
-    (dead / "c1").mkdir(parents=True)
     orphan = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True)  # noqa: S603
+    keeper = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True)  # noqa: S603
+    live = base / f"toolsetd-{keeper.pid}"
+    again = None
     try:
+        (dead / "c1").mkdir(parents=True)
         (dead / "c1" / "cgroup.procs").write_text(str(orphan.pid))
-        again, reason = CgroupTree.probe("auto")
+        (live / "c1").mkdir(parents=True)
+        (live / "c1" / "cgroup.procs").write_text(str(keeper.pid))
+        again, reason = CgroupTree.probe(str(base))
         assert again is not None, reason
         assert orphan.wait(5) == -9
         assert not dead.exists()
-        assert tree.folder.exists()  # our own (live pid) folder is left alone
+        assert keeper.poll() is None
+        assert (live / "c1").exists()
     finally:
-        orphan.kill()
-        orphan.wait()
-        if dead.exists():
-            (dead / "c1").rmdir()
-            dead.rmdir()
+        if again is not None:
+            again.close()
+        for process in (orphan, keeper):
+            process.kill()
+            process.wait()
+        for folder in (dead / "c1", dead, live / "c1", live, base):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 _PROBE_IN_A_NAMESPACE = """
