@@ -290,7 +290,9 @@ def test_activation_of_process_1_is_the_daemons(svc_home: Path, tmp_base: Path) 
     """A socket passed to process 1 (a container runtime's socket activation: LISTEN_PID=1):
     as process 1 toolsetd forks a minimal init and runs as its child, whose pid LISTEN_PID
     no longer named; the daemon took the socket for someone else's and would bind its own
-    at the path the passed one holds. The child takes LISTEN_PID over."""
+    at the path the passed one holds. The child takes LISTEN_PID over. Stopped as a
+    container is (SIGTERM to process 1), it leaves no cgroup folder behind: killed, it left
+    its ``toolsetd-<namespace>-2`` for good, one more at each run."""
     path = tmp_base / "act.sock"
     listening = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listening.bind(str(path))
@@ -307,10 +309,16 @@ def test_activation_of_process_1_is_the_daemons(svc_home: Path, tmp_base: Path) 
     try:
         wait_answering(path, proc, log_path)
         with RawConn(path) as conn:
-            assert conn.request("status")["result"]["socket"] == str(path)
+            status = conn.request("status")["result"]
+        assert status["socket"] == str(path)
         started = next(json.loads(line) for line in log_path.read_text().splitlines()
                        if '"daemon_started"' in line)
         assert started["activated"] is True
+        tree = status["confinement"]["cgroup"].get("tree")
+        (init,) = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        os.kill(int(init), signal.SIGTERM)  # what `docker stop` sends to process 1
+        assert proc.wait(timeout=30) == 0
+        assert tree is None or not Path(tree).exists(), f"{tree} was left behind"
     finally:
         if proc.poll() is None:
             proc.kill()
