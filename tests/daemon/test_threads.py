@@ -62,27 +62,36 @@ async def test_threads_idle_workers_end(monkeypatch: pytest.MonkeyPatch) -> None
 
 async def test_threads_jobs_run_at_once_and_a_limiter_bounds_them() -> None:
     """Jobs run concurrently (8 that wait for each other all finish); with a limiter, no
-    more than its tokens run at a time."""
+    more than its tokens run at a time: two jobs held running, the other four wait for the
+    limiter, not for a worker. (Jobs of 20 ms counted on overlapping: a worker the OS ran
+    20 ms late, on a loaded machine, ran its job alone.)"""
     barrier = threading.Barrier(8, timeout=5)
     async with anyio.create_task_group() as tg:
         for _ in range(8):
             tg.start_soon(threads.run_sync, barrier.wait)
     running = peak = 0
     lock = threading.Lock()
+    release = threading.Event()
 
     def job() -> None:
         nonlocal running, peak
         with lock:
             running += 1
             peak = max(peak, running)
-        time.sleep(0.02)
+        release.wait(10)
         with lock:
             running -= 1
 
     limiter = anyio.CapacityLimiter(2)
-    async with anyio.create_task_group() as tg:
-        for _ in range(6):
-            tg.start_soon(lambda: threads.run_sync(job, limiter=limiter))
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            for _ in range(6):
+                tg.start_soon(lambda: threads.run_sync(job, limiter=limiter))
+            while not (peak > 2 or (running == 2 and limiter.statistics().tasks_waiting == 4)):
+                await anyio.sleep(0.01)
+            held = peak
+            release.set()
+    assert held == 2
     assert peak == 2
 
 
