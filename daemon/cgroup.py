@@ -17,7 +17,8 @@ The daemon needs a cgroup v2 subtree it may write. ``CgroupTree.probe`` finds on
 
 Under that base the daemon makes its own folder ``toolsetd-<pid>`` (so two daemons sharing
 a base never touch each other's calls; a folder of a pid that is gone is a dead daemon's,
-and is killed and removed at start) with every controller of ``memory``, ``pids``, ``cpu``
+and is killed and removed at start, as is a folder of its own name, left by a dead
+process that had its pid or namespace) with every controller of ``memory``, ``pids``, ``cpu``
 it can get enabled for its children, and one child ``c<n>`` per call. A pid means something
 in its PID namespace only: a daemon in another one (a container that sees the host's
 cgroups, ``unshare --pid``) names its folder ``toolsetd-<namespace inode>-<pid>``, and each
@@ -697,6 +698,13 @@ class CgroupTree:
                     log.info("cgroup_stale_removed", folder=str(entry))
                     _kill_tree(str(entry))
         folder = base / mine
+        if folder.exists():
+            # Ours by name only: a dead process's that had this pid (pids wrap) or this
+            # namespace and pid (a restarted container gets the lowest free namespace inode
+            # again, and the daemon is its pid 2). Taken over, its calls' cgroups clashed
+            # with ours (``c1`` existed: every call failed).
+            log.info("cgroup_stale_removed", folder=str(folder))
+            _kill_tree(str(folder))
         folder.mkdir(exist_ok=True)
         if not (folder / "cgroup.kill").exists():
             _kill_tree(str(folder))

@@ -337,6 +337,35 @@ def test_cgroup_probe_sweeps_a_dead_daemons_folder(tree: CgroupTree) -> None:
                 folder.rmdir()
 
 
+def test_cgroup_a_stale_folder_of_our_own_name_is_made_afresh(tree: CgroupTree) -> None:
+    """A folder with our name is a dead process's that had our pid (pids wrap), or our
+    namespace inode and pid (a restarted container: the kernel hands the lowest free inode
+    out again, and the daemon is its pid 2 each time). It was taken over as it was, with
+    the call cgroups (spares too) of the daemon that died: the first call's ``c1`` existed,
+    and every call failed with "File exists". Its processes are killed and it is made
+    again."""
+    base = tree.folder.parent / f"toolsetd-stale-{os.getpid()}"  # no daemon's to sweep
+    mine = base / f"toolsetd-{os.getpid()}"
+    orphan = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True)  # noqa: S603
+    found = None
+    try:
+        (mine / "c1").mkdir(parents=True)
+        (mine / "c1" / "cgroup.procs").write_text(str(orphan.pid))
+        found, reason = CgroupTree.probe(str(base))
+        assert found is not None, reason
+        assert orphan.wait(5) == -9
+        call = found.create(Limits(), "set 't'")
+        assert Path(call.procs).exists()
+    finally:
+        if found is not None:
+            found.close()
+        orphan.kill()
+        orphan.wait()
+        for folder in (mine / "c1", mine, base):
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+
+
 _PROBE_IN_A_NAMESPACE = """
 from toolsetd.daemon.cgroup import CgroupTree
 found, why = CgroupTree.probe("auto")
