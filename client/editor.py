@@ -244,8 +244,9 @@ def _replace(target: Path, data: bytes) -> None:
             os.fsync(handle.fileno())
             if (info.st_uid, info.st_gid) != (os.geteuid(), os.getegid()):
                 # root editing the sets of a daemon that runs as its own user: a root-owned
-                # 0600 manifest is one that daemon can no longer read. The reference host
-                # writes in place, keeping the owner; anyone else may not give files away.
+                # 0600 manifest is one that daemon can no longer read. (The reference host
+                # renames a new file over it too, and leaves it root's: here it is given
+                # back.) Anyone else may not give files away.
                 with contextlib.suppress(PermissionError):
                     os.fchown(handle.fileno(), info.st_uid, info.st_gid)
         os.chmod(temp_name, mode)

@@ -247,8 +247,8 @@ def test_set_enabled_by_root_keeps_the_files_owner(tmp_path: Path) -> None:
     """``sudo toolsetctl enable x`` (or a CI job running as root) on the sets of a daemon that
     runs as its own user: the file was replaced by one root owns, and with the mode kept
     (0600) the daemon could no longer read its own manifest ("tools.json could not be
-    read.") nor its owner edit it. The reference host writes the file in place, keeping its
-    owner; the replacement now gets the old file's owner and group."""
+    read.") nor its owner edit it. The replacement now gets the old file's owner and group
+    (the reference host, which renames a new file over it too, leaves it root's)."""
     path = write(tmp_path / "tools.json", '{"runner":"exec","enabled":false}')
     os.chown(path, 65534, 65534)
     path.chmod(0o600)
