@@ -372,11 +372,14 @@ def bwrap_argv(
     # A path inside a hidden folder is hidden by the folder's empty tmpfs already; mounted
     # after it, bubblewrap could not make its mount point there (read-only) and refused
     # every sandboxed call (a ``hide`` list naming a folder, then a file in it; a cgroup2
-    # mount below another).
+    # mount below another). Compared where they lead, as bubblewrap follows them: a path
+    # named through a linked folder (``~/.aws/credentials``, ``~/.aws`` a link) lies where
+    # the link leads, where the folder is hidden.
     hidden = _existing(hidden)
-    folders = [Path(path) for path in hidden if os.path.isdir(path)]
+    real = {path: Path(os.path.realpath(path)) for path in hidden}
+    folders = [real[path] for path in hidden if os.path.isdir(path)]
     for path in hidden:
-        if any(top != Path(path) and is_within(Path(path), top) for top in folders):
+        if any(top != real[path] and is_within(real[path], top) for top in folders):
             continue
         if os.path.isdir(path):
             argv += ["--tmpfs", path, "--remount-ro", path]

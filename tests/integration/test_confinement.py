@@ -642,6 +642,31 @@ def test_confinement_hidden_folder_holding_another_hidden_path_still_runs() -> N
         _close(t)
 
 
+def test_confinement_hidden_linked_folder_holding_another_hidden_path_still_runs() -> None:
+    """The same when the hidden folder is a link to a folder elsewhere (``~/.aws`` kept by
+    a dotfile manager): the folder is hidden where it leads, and the path inside it, named
+    through the link, lies there too.
+
+    Compared by their names, the path was not inside the folder's target, was mounted after
+    the empty read-only tmpfs there, and bubblewrap, following the link, could not make its
+    mount point: every sandboxed call failed to set up.
+    """
+    ensure_bubblewrap()
+    t = _make_tree('[confinement]\nhide = ["~/.aws", "~/.aws/credentials"]\n')
+    try:
+        _need_sandbox(t)
+        kept = t.base / "dotfiles" / "aws"
+        kept.mkdir(parents=True)
+        (kept / "credentials").write_text("AWS SECRET\n")
+        (t.user_home / ".aws").symlink_to(kept)
+        key = t.user_home / ".aws" / "credentials"
+        result = t.probe({"action": "read", "target": str(key)})
+        assert result == {"ok": False, "error": "No such file or directory",
+                          "isError": False}, result
+    finally:
+        _close(t)
+
+
 def test_confinement_sandbox_writes_the_workspace_and_its_tmp(tree: Tree) -> None:
     """workspace-write: the workspace takes the write; the home set (off) is not sandboxed."""
     _need_sandbox(tree)
