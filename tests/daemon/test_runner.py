@@ -56,8 +56,9 @@ def alive(pid: int) -> bool:
         return False
 
 
-def dies(pid: int, within: float = 1.0) -> bool:
-    """Whether a process is gone within a short time (SIGKILL delivery is asynchronous)."""
+def dies(pid: int, within: float = 10.0) -> bool:
+    """Whether a process is gone soon (SIGKILL delivery is asynchronous; the bound only
+    guards against a hang: it returns once the process is gone)."""
     end = time.monotonic() + within
     while alive(pid):
         if time.monotonic() > end:
@@ -384,23 +385,21 @@ async def test_runner_unlimited_timeout(runner: Runner, env: Env) -> None:
 
 
 async def test_runner_grandchild_holding_pipes(runner: Runner, env: Env) -> None:
-    """A grandchild holding the pipes neither delays the call much nor survives it."""
+    """A grandchild holding the pipes neither holds the call (it would sleep past the test's
+    own limit) nor survives it. (How long the drain waits for it is bench_drain's.)"""
     pidfile = env.workspace / "gc.pid"
-    loaded = sh_tool(env.set_dir, f"sleep 30 & echo $! > {pidfile}; echo hi")
-    start = time.monotonic()
+    loaded = sh_tool(env.set_dir, f"sleep 1000 & echo $! > {pidfile}; echo hi")
     outcome = await run(runner, env, loaded)
-    assert time.monotonic() - start < 2
     assert text(outcome) == "exit 0\nhi\n"
     assert dies(int(pidfile.read_text()))
 
 
 async def test_runner_grandchild_detached_from_pipes_is_killed(runner: Runner, env: Env) -> None:
-    """A background grandchild that closed its pipes is killed when the leader exits."""
+    """A background grandchild that closed its pipes is killed when the leader exits (it
+    would sleep past the test's own limit)."""
     pidfile = env.workspace / "gc.pid"
-    loaded = sh_tool(env.set_dir, f"sleep 30 >/dev/null 2>&1 & echo $! > {pidfile}")
-    start = time.monotonic()
+    loaded = sh_tool(env.set_dir, f"sleep 1000 >/dev/null 2>&1 & echo $! > {pidfile}")
     outcome = await run(runner, env, loaded)
-    assert time.monotonic() - start < 1
     assert outcome.status == "ok"
     assert dies(int(pidfile.read_text()))
 
@@ -408,7 +407,7 @@ async def test_runner_grandchild_detached_from_pipes_is_killed(runner: Runner, e
 async def test_runner_cancel_mid_call(runner: Runner, env: Env) -> None:
     """Setting the cancel event ends the whole group; status cancelled, exitCode null."""
     pidfile = env.workspace / "gc.pid"
-    loaded = sh_tool(env.set_dir, f"sleep 30 & echo $! > {pidfile}; wait", timeout=None)
+    loaded = sh_tool(env.set_dir, f"sleep 1000 & echo $! > {pidfile}; wait", timeout=None)
     sink = RecordingSink()
     cancel = anyio.Event()
     result: list[CallOutcome] = []
@@ -424,7 +423,6 @@ async def test_runner_cancel_mid_call(runner: Runner, env: Env) -> None:
     outcome = result[0]
     assert (outcome.status, outcome.exit_code, outcome.is_error) == ("cancelled", None, True)
     assert text(outcome) == "The call was cancelled."
-    assert outcome.duration_ms < 2000
     assert dies(int(pidfile.read_text()))
 
 
@@ -477,10 +475,9 @@ async def test_runner_cancel_right_after_start(runner: Runner, env: Env) -> None
             await super().started(pid)
             cancel.set()
 
-    loaded = sh_tool(env.set_dir, "sleep 30", timeout=None)
+    loaded = sh_tool(env.set_dir, "sleep 1000", timeout=None)  # past the test's own limit
     outcome = await run(runner, env, loaded, sink=CancellingSink(), cancel=cancel)
     assert (outcome.status, outcome.exit_code) == ("cancelled", None)
-    assert outcome.duration_ms < 2000
 
 
 async def test_runner_outer_cancellation_kills_group(runner: Runner, env: Env) -> None:

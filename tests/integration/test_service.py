@@ -367,17 +367,19 @@ def test_notify_ready_reloading_status_and_stopping(
 def test_notify_abstract_socket_gets_watchdog_pings(
     svc_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
-    """With NOTIFY_SOCKET=@name and WATCHDOG_USEC=200000, READY=1 then WATCHDOG=1 repeatedly."""
+    """With NOTIFY_SOCKET=@name and WATCHDOG_USEC=200000, READY=1 then WATCHDOG=1 repeatedly.
+
+    The period (half WATCHDOG_USEC) is ``watchdog_interval``'s, tested in
+    tests/daemon/test_sdnotify.py; here the pings keep coming, each well within 20 periods
+    (a hang guard, not a timing)."""
     name = f"toolsetd-test-{os.getpid()}-{time.monotonic_ns()}"
     notes = Notifications("\0" + name)
     d = start_daemon(svc_home, workspace, tmp_base, ["--no-watch"],
                      env={"NOTIFY_SOCKET": "@" + name, "WATCHDOG_USEC": "200000"})
     try:
         notes.expect(has("READY", "1"), what="READY=1")
-        t0 = time.monotonic()
         for _ in range(4):
             notes.expect(has("WATCHDOG", "1"), timeout=2, what="WATCHDOG=1")
-        assert time.monotonic() - t0 < 1.5  # every 0.1 s, not once in a while
         assert d.stop() == 0
         notes.expect(has("STOPPING", "1"), timeout=2, what="STOPPING=1")
     finally:
