@@ -134,19 +134,7 @@ def _members_but_leader(pgid: int) -> list[int]:
     ``cgroup.procs`` instead), before and after its pids are pinned (``pidsignal``): a pass
     over ``/proc``, about a millisecond per thousand processes.
     """
-    members = []
-    with contextlib.suppress(OSError):
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit() or int(entry) == pgid:
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-            except OSError:
-                continue
-            if len(fields) > 2 and fields[2] == b"%d" % pgid:
-                members.append(int(entry))
-    return members
+    return [pid for pid in _with_stat_field(_PGRP, pgid) if pid != pgid]
 
 
 def _children(pid: int) -> list[int]:
@@ -158,18 +146,32 @@ def _children(pid: int) -> list[int]:
         pass  # a kernel without CONFIG_PROC_CHILDREN, or the process is gone
     except OSError:
         return []
-    children = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
-        if len(fields) > 1 and fields[1] == b"%d" % pid:
-            children.append(int(entry))
-    return children
+    return _with_stat_field(_PPID, pid)
+
+
+#: Fields of ``/proc/<pid>/stat`` after the command's closing parenthesis (``proc(5)``).
+_PPID, _PGRP = 1, 2
+
+
+def _with_stat_field(field: int, value: int) -> list[int]:
+    """The processes whose ``/proc/<pid>/stat`` has ``value`` at ``field`` (counted after
+    the command's closing parenthesis: ``_PPID``, ``_PGRP``). A process that goes meanwhile
+    is left out; a ``/proc`` that cannot be listed gives none (the callers' signals to the
+    group and the cgroup still go out)."""
+    wanted = b"%d" % value
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            if len(fields) > field and fields[field] == wanted:
+                found.append(int(entry))
+    return found
 
 
 def kill_sandbox(leader: int) -> None:
