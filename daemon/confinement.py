@@ -736,115 +736,130 @@ class Confinement:
         shares_loopback = sandboxed and conf.network and self.http_peers
         if sandboxed or self.cgroups is not None:
             check_executable(argv[0], search_path)
-        if sandboxed:
-            assert self.bwrap is not None
-            linked = linked_credential(self._hidden, self._credential_folders)
-            if linked is not None:
-                raise ConfinementError(
-                    f"toolsetd: the credential file {linked} has another hard link, which "
-                    "the sandbox cannot hide (it could be in the workspace). The call did not "
-                    "run; remove the extra link (find / -xdev -samefile FILE)."
-                )
-            # Where another mount shows a hidden path (a bind mount of the home), it is
-            # hidden too: read now, as mounts come and go.
-            hiding = (*self._hidden, *mount_aliases(self._hidden))
-            # The cgroup it runs in must stay this call's (its limits, ``sandboxed_peer``).
-            unseen = (*hiding, *self._cgroup_mounts)
-            no_userns = shares_loopback and self.no_userns
-            own, writable, escaped = call_binds(cwd, str(toolset.path), *data)
-            if escaped:
-                raise ConfinementError(
-                    f"toolsetd: the project data folder {data[1]} leads out of the workspace "
-                    f"(to {escaped}), and the sandbox will not bind it. The call did not run; "
-                    "remove the symbolic link."
-                )
-            if conf.profile == Profile.WORKSPACE_WRITE:
-                exposed = hidden_below_writable(hiding, (*writable, *approved))
-                if exposed is not None:
-                    hidden, root, how = exposed
-                    where, could = (
-                        ("lies two or more folders below", "move a folder on the way and leave it")
-                        if how == "deep"
-                        else ("is a symbolic link below", "remove the link, leaving where it leads")
-                    )
-                    raise ConfinementError(
-                        f"toolsetd: the hidden path {hidden} {where} {root}, which this call "
-                        f"may write: the call could {could} unhidden for the next call. "
-                        "The call did not run; keep hidden paths out of the workspace "
-                        "and of approved outside paths (or approve a path deeper down)."
-                    )
-                try:
-                    prepare_writable(approved)
-                except OSError as exc:
-                    raise ConfinementError(
-                        "toolsetd: the approved outside-workspace path cannot be made "
-                        f"writable in the sandbox: {exc.strerror} ({exc.filename}). The call "
-                        "did not run."
-                    ) from exc
-                plan = SandboxPlan(
-                    conf.profile, conf.network, own,
-                    (*writable, *approved), unseen, cwd, self.own_ipc, no_userns,
-                )  # fmt: skip
-            else:
-                plan = SandboxPlan(
-                    conf.profile, conf.network, (*own, *writable), (), unseen, cwd,
-                    self.own_ipc, no_userns,
-                )  # fmt: skip
-            # What bubblewrap binds, checked again in the built sandbox: a call that may
-            # write a folder above one of them can swap it for a link meanwhile, and
-            # bubblewrap would bind where the link leads (``binds_moved``). Not a path a
-            # later mount covers (``/proc``, ``/sys``, a hidden path: no call can rename what
-            # is above those). Each is canonical (the workspace, an approved path as
-            # resolved when classified, the others as ``call_binds`` resolved them): a link
-            # on its way now is a swap.
-            checked = [
-                (path, writes)
-                for paths, writes in ((plan.readable, False), (plan.writable, True))
-                for path in paths
-                if os.path.lexists(path) and not _covered(path, unseen)
-            ]
-            try:
-                binds = bind_identities(checked)
-            except OSError as exc:
-                if out_of_resources(exc):
-                    raise
-                raise ConfinementError(_MOVED.format(path=exc.filename or cwd)) from exc
-            for (path, _), bind in zip(checked, binds, strict=True):
-                if bind[0] != os.path.normpath(path):
-                    raise ConfinementError(_MOVED.format(path=path))
-            if self.status_fd:
-                status = os.pipe2(os.O_CLOEXEC)
-                os.set_blocking(status[0], False)
-                if binds and self.bind_check:
-                    try:
-                        block = os.pipe2(os.O_CLOEXEC)
-                    except OSError:
-                        _close(status)
-                        raise
-            full = [
-                *bwrap_argv(
-                    self.bwrap, plan, status[1] if status else None, block[0] if block else None
-                ),
-                *argv,
-            ]
         cgroup = None
         enter = False
         if self.cgroups is not None:
             try:
                 cgroup = self.cgroups.create(conf.limits, f"set '{toolset.directory}'")
             except CgroupError as exc:
-                _close((*(status or ()), *(block or ())))
                 raise ConfinementError(f"toolsetd: {exc}. The call did not run.") from exc
             if shares_loopback:
                 try:
                     cgroup.mark_sandboxed()
                 except OSError as exc:
-                    _close((*(status or ()), *(block or ())))
                     cgroup.discard()
                     raise ConfinementError(
                         f"toolsetd: the call's cgroup cannot be read: {exc.strerror}. The "
                         "call did not run."
                     ) from exc
+        try:
+            if sandboxed:
+                assert self.bwrap is not None
+                linked = linked_credential(self._hidden, self._credential_folders)
+                if linked is not None:
+                    raise ConfinementError(
+                        f"toolsetd: the credential file {linked} has another hard link, which "
+                        "the sandbox cannot hide (it could be in the workspace). The call did not "
+                        "run; remove the extra link (find / -xdev -samefile FILE)."
+                    )
+                # Where another mount shows a hidden path (a bind mount of the home), it is
+                # hidden too: read now, as mounts come and go.
+                hiding = (*self._hidden, *mount_aliases(self._hidden))
+                # The cgroup it runs in must stay this call's (its limits, ``sandboxed_peer``):
+                # the cgroup mounts are hidden, and the call's own cgroup shown again,
+                # read-only at its path (a runtime sizes its heap from its ``memory.max``;
+                # a process cloned into it stays in it).
+                unseen = (*hiding, *self._cgroup_mounts)
+                shown = (cgroup.path,) if cgroup is not None and self._cgroup_mounts else ()
+                no_userns = shares_loopback and self.no_userns
+                own, writable, escaped = call_binds(cwd, str(toolset.path), *data)
+                if escaped:
+                    raise ConfinementError(
+                        f"toolsetd: the project data folder {data[1]} leads out of the workspace "
+                        f"(to {escaped}), and the sandbox will not bind it. The call did not run; "
+                        "remove the symbolic link."
+                    )
+                if conf.profile == Profile.WORKSPACE_WRITE:
+                    exposed = hidden_below_writable(hiding, (*writable, *approved))
+                    if exposed is not None:
+                        hidden, root, how = exposed
+                        where, could = (
+                            (
+                                "lies two or more folders below",
+                                "move a folder on the way and leave it",
+                            )
+                            if how == "deep"
+                            else (
+                                "is a symbolic link below",
+                                "remove the link, leaving where it leads",
+                            )
+                        )
+                        raise ConfinementError(
+                            f"toolsetd: the hidden path {hidden} {where} {root}, which this call "
+                            f"may write: the call could {could} unhidden for the next call. "
+                            "The call did not run; keep hidden paths out of the workspace "
+                            "and of approved outside paths (or approve a path deeper down)."
+                        )
+                    try:
+                        prepare_writable(approved)
+                    except OSError as exc:
+                        raise ConfinementError(
+                            "toolsetd: the approved outside-workspace path cannot be made "
+                            f"writable in the sandbox: {exc.strerror} ({exc.filename}). The call "
+                            "did not run."
+                        ) from exc
+                    plan = SandboxPlan(
+                        conf.profile, conf.network, own,
+                        (*writable, *approved), unseen, cwd, self.own_ipc, no_userns, shown,
+                    )  # fmt: skip
+                else:
+                    plan = SandboxPlan(
+                        conf.profile, conf.network, (*own, *writable), (), unseen, cwd,
+                        self.own_ipc, no_userns, shown,
+                    )  # fmt: skip
+                # What bubblewrap binds, checked again in the built sandbox: a call that may
+                # write a folder above one of them can swap it for a link meanwhile, and
+                # bubblewrap would bind where the link leads (``binds_moved``). Not a path a
+                # later mount covers (``/proc``, ``/sys``, a hidden path: no call can rename what
+                # is above those). Each is canonical (the workspace, an approved path as
+                # resolved when classified, the others as ``call_binds`` resolved them): a link
+                # on its way now is a swap.
+                checked = [
+                    (path, writes)
+                    for paths, writes in ((plan.readable, False), (plan.writable, True))
+                    for path in paths
+                    if os.path.lexists(path) and not _covered(path, unseen)
+                ]
+                try:
+                    binds = bind_identities(checked)
+                except OSError as exc:
+                    if out_of_resources(exc):
+                        raise
+                    raise ConfinementError(_MOVED.format(path=exc.filename or cwd)) from exc
+                for (path, _), bind in zip(checked, binds, strict=True):
+                    if bind[0] != os.path.normpath(path):
+                        raise ConfinementError(_MOVED.format(path=path))
+                if self.status_fd:
+                    status = os.pipe2(os.O_CLOEXEC)
+                    os.set_blocking(status[0], False)
+                    if binds and self.bind_check:
+                        try:
+                            block = os.pipe2(os.O_CLOEXEC)
+                        except OSError:
+                            _close(status)
+                            raise
+                full = [
+                    *bwrap_argv(
+                        self.bwrap, plan, status[1] if status else None, block[0] if block else None
+                    ),
+                    *argv,
+                ]
+        except BaseException:
+            if cgroup is not None:
+                cgroup.discard()
+            raise
+        if cgroup is not None:
+            assert self.cgroups is not None
             # Memory and pids limits would count the daemon while it stands inside: those
             # calls' children join by themselves, through the shell, before the tool runs.
             enter = self.cgroups.can_enter and (

@@ -140,6 +140,8 @@ class SandboxPlan:
         cwd: The working directory inside.
         own_ipc: Whether the call gets its own IPC namespace (``probe_ipc``).
         no_userns: Whether the call may not make user namespaces (``probe_no_userns``).
+        shown: Folders inside a hidden folder bound read-only again at their paths (the
+            call's own cgroup, whose limits a runtime reads to size its heap).
     """
 
     profile: Profile
@@ -150,6 +152,7 @@ class SandboxPlan:
     cwd: str
     own_ipc: bool = True
     no_userns: bool = False
+    shown: tuple[str, ...] = ()
 
 
 def probe_bwrap(setting: str) -> tuple[str | None, str]:
@@ -382,7 +385,12 @@ def bwrap_argv(
         if any(top != real[path] and is_within(real[path], top) for top in folders):
             continue
         if os.path.isdir(path):
-            argv += ["--tmpfs", path, "--remount-ro", path]
+            argv += ["--tmpfs", path]
+            # Made inside the tmpfs while it is still writable, then it is made read-only.
+            for inside in plan.shown:
+                if is_within(Path(inside), real[path]) and os.path.isdir(inside):
+                    argv += ["--ro-bind", inside, inside]
+            argv += ["--remount-ro", path]
         else:
             argv += ["--ro-bind", "/dev/null", path]
     argv += ["--chdir", plan.cwd, "--"]

@@ -214,6 +214,22 @@ PROBE = textwrap.dedent(
             os.waitpid(child, 0)
             result["own"] = own.strip()
             result["child"] = os.read(reader, 65536).decode()
+        elif action == "own-cgroup":
+            # The call's own cgroup, where /proc/self/cgroup names it on the cgroup2 mount
+            # ``target``: what a runtime reads to size its heap, and what it may change.
+            own = [x for x in open("/proc/self/cgroup") if x.startswith("0::")][0][3:].strip()
+            folder = os.path.join(target, own.lstrip("/"))
+            result["own"] = own
+            result["procs"] = open(os.path.join(folder, "cgroup.procs")).read().split()
+            for attempt, run in (
+                ("write", lambda: open(os.path.join(folder, "cgroup.procs"), "w").write("0")),
+                ("mkdir", lambda: os.mkdir(os.path.join(folder, "child"))),
+            ):
+                try:
+                    run()
+                    result[attempt] = "done"
+                except OSError as exc:
+                    result[attempt] = exc.strerror
         elif action == "exec":
             os.execv(args["argv"][0], args["argv"])
         elif action == "userns":
@@ -730,7 +746,9 @@ def test_confinement_sandboxed_call_cannot_clone_into_another_cgroup() -> None:
         url = endpoint(listening_urls(t.daemon)[0], t.workspace, mode="full")
         inside = t.probe({"action": "mcp-post", "target": url, "clone_into": mounts[0]})
         assert "status" not in inside, inside
-        assert inside["error"] == "No such file or directory", inside
+        # No folder on the way (ENOENT), or one that is no cgroup (EBADF): the folders
+        # above the call's own cgroup, shown again, are the hiding tmpfs's.
+        assert inside["error"] in ("No such file or directory", "Bad file descriptor"), inside
 
 
 def test_confinement_sandboxed_call_cannot_leave_its_cgroup(tree: Tree) -> None:
@@ -747,10 +765,28 @@ def test_confinement_sandboxed_call_cannot_leave_its_cgroup(tree: Tree) -> None:
               if line.split()[2] == "cgroup2"]
     inside = tree.probe({"action": "clone-into", "target": mounts[0]})
     assert "child" not in inside, inside
-    assert inside["error"] == "No such file or directory", inside
+    # No folder on the way (ENOENT), or one that is no cgroup (EBADF): the folders above
+    # the call's own cgroup, shown again, are the hiding tmpfs's.
+    assert inside["error"] in ("No such file or directory", "Bad file descriptor"), inside
     # Unsandboxed (the home set), the same clone lands above the call's cgroup.
     outside = tree.probe({"action": "clone-into", "target": mounts[0]}, project=False)
     assert outside["child"] != outside["own"], outside
+
+
+def test_confinement_sandboxed_call_reads_its_own_cgroup_and_changes_nothing(tree: Tree) -> None:
+    """With the cgroup v2 mounts hidden, a sandboxed call still finds its own cgroup where
+    ``/proc/self/cgroup`` names it (a runtime sizes its heap from its ``memory.max``), read
+    only: it can neither write its ``cgroup.procs`` nor make a cgroup below it, and a clone
+    into it stays in it."""
+    _need_sandbox(tree)
+    _need_cgroup(tree)
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if line.split()[2] == "cgroup2"]
+    inside = tree.probe({"action": "own-cgroup", "target": mounts[0]})
+    assert inside["ok"] is True, inside
+    assert inside["own"].startswith("/toolsetd-"), inside
+    assert inside["procs"], inside  # its own processes, seen by their pids outside
+    assert inside["write"] == inside["mkdir"] == "Read-only file system", inside
 
 
 # Takes over the sandbox's init (bubblewrap's process, pid 1 of the call's namespace: the
