@@ -979,8 +979,11 @@ def test_a_stalled_log_reader_stalls_no_client(
     lines = text.decode().splitlines()
     records = [json.loads(line) for line in lines[:-1]]  # the last may still be on its way
     dropped = [r for r in records if r["event"] == "log_lines_dropped"]
-    # The first says the gap of the stall; a reader slower than the daemon may see more.
-    assert dropped and dropped[0]["dropped"] > 1000, dropped
+    # They say the gap of the stall: in one line, or in more, for a shorter line that still
+    # fits in what is held is kept, with the count so far before it (a fresh clone's run
+    # saw 79, then 2,979); a reader slower than the daemon may see more.
+    assert dropped and all(r["dropped"] > 0 for r in dropped), dropped
+    assert sum(r["dropped"] for r in dropped) > 1000, dropped
     assert dropped[0]["level"] == "warning" and dropped[0]["timestamp"].endswith("Z")
     served = [r for r in records if r["event"] == "request_served"]
     assert len(served) + sum(r["dropped"] for r in dropped) >= 5000
