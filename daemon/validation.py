@@ -291,17 +291,28 @@ def _unique_items(
         yield ValidationError(f"{instance!r} has non-unique elements")
 
 
+#: What each bound keyword lets pass, as a test of ``_compare(value, bound)``: for the
+#: jsonschema keywords (``_bound``) and the fast check (``_satisfies``) alike.
+_BOUND_HOLDS: Mapping[str, Callable[[int], bool]] = {
+    "minimum": lambda c: c >= 0,
+    "maximum": lambda c: c <= 0,
+    "exclusiveMinimum": lambda c: c > 0,
+    "exclusiveMaximum": lambda c: c < 0,
+}
+
+
 def _bound(
-    fails: Callable[[int], bool], words: str, which: str
+    keyword: str, words: str, which: str
 ) -> Callable[[Any, Any, Any, Mapping[str, Any]], Iterable[ValidationError]]:
     """A ``minimum``-like keyword deciding on the numbers as written (``_compare``)."""
+    holds = _BOUND_HOLDS[keyword]
 
     def check(
         validator: Any, bound: Any, instance: Any, schema: Mapping[str, Any]
     ) -> Iterable[ValidationError]:
         from jsonschema.exceptions import ValidationError
 
-        if validator.is_type(instance, "number") and fails(_compare(instance, bound)):
+        if validator.is_type(instance, "number") and not holds(_compare(instance, bound)):
             yield ValidationError(f"{instance!r} is {words} the {which} of {bound!r}")
 
     return check
@@ -422,17 +433,17 @@ def _patch_keywords() -> None:
         ("additionalProperties", _keywords.additionalProperties, _additional_properties_in_order),
         ("multipleOf", _keywords.multipleOf, _multiple_of_exactly),
         ("divisibleBy", _keywords.multipleOf, _multiple_of_exactly),
-        ("minimum", _keywords.minimum, _bound(lambda c: c < 0, "less than", "minimum")),
-        ("maximum", _keywords.maximum, _bound(lambda c: c > 0, "greater than", "maximum")),
+        ("minimum", _keywords.minimum, _bound("minimum", "less than", "minimum")),
+        ("maximum", _keywords.maximum, _bound("maximum", "greater than", "maximum")),
         (
             "exclusiveMinimum",
             _keywords.exclusiveMinimum,
-            _bound(lambda c: c <= 0, "less than or equal to", "minimum"),
+            _bound("exclusiveMinimum", "less than or equal to", "minimum"),
         ),
         (
             "exclusiveMaximum",
             _keywords.exclusiveMaximum,
-            _bound(lambda c: c >= 0, "greater than or equal to", "maximum"),
+            _bound("exclusiveMaximum", "greater than or equal to", "maximum"),
         ),
         ("enum", _keywords.enum, _enum),
         ("const", _keywords.const, _const),
@@ -717,9 +728,7 @@ _VALUE_TYPES: Mapping[str, Callable[[Any], bool]] = {
     "boolean": lambda v: isinstance(v, bool),
     "null": lambda v: v is None,
     "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
-    "integer": lambda v: (
-        (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and _integral(v))
-    ),
+    "integer": lambda v: _is_integer_type(None, v),
 }
 _ANNOTATIONS = frozenset(
     {
@@ -812,9 +821,9 @@ def _satisfies(schema: Any, value: Any) -> bool:
         if (lo is not None and len(value) < lo) or (hi is not None and len(value) > hi):
             return False
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        for key, ok in _BOUNDS:
+        for key, holds in _BOUND_HOLDS.items():
             bound = schema.get(key)
-            if bound is not None and not ok(value, bound):
+            if bound is not None and not holds(_compare(value, bound)):
                 return False
     return True
 
@@ -858,12 +867,6 @@ def off_loop(arguments: Any) -> bool:
 
 
 _EMPTY: Mapping[str, Any] = {}
-_BOUNDS: tuple[tuple[str, Callable[[Any, Any], bool]], ...] = (
-    ("minimum", lambda v, b: _compare(v, b) >= 0),
-    ("maximum", lambda v, b: _compare(v, b) <= 0),
-    ("exclusiveMinimum", lambda v, b: _compare(v, b) > 0),
-    ("exclusiveMaximum", lambda v, b: _compare(v, b) < 0),
-)
 
 
 class ArgumentValidators:
