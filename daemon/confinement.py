@@ -770,7 +770,7 @@ class Confinement:
                 # read-only at its path (a runtime sizes its heap from its ``memory.max``;
                 # a process cloned into it stays in it).
                 unseen = (*hiding, *self._cgroup_mounts)
-                shown = (cgroup.path,) if cgroup is not None and self._cgroup_mounts else ()
+                shown = (cgroup.path,) if cgroup is not None else ()
                 no_userns = shares_loopback and self.no_userns
                 own, writable, escaped = call_binds(cwd, str(toolset.path), *data)
                 if escaped:
