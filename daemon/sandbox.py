@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import errno
 import os
 import re
 import select
@@ -614,12 +615,42 @@ def hidden_below_writable(
 def prepare_writable(paths: Iterable[str]) -> None:
     """Make each approved path exist so it can be bound: a missing one becomes an empty file.
 
+    Each path is canonical (resolved when the call was checked), so its folders are opened
+    one at a time without following a link, and the file made in the last of them: whoever
+    may write a folder on the way (a sandboxed call of a workspace around it, another user
+    owning a folder there) could otherwise swap a folder for a link meanwhile and have the
+    daemon make the file where the link leads (``~/.ssh``, say), outside what was approved.
+
     Raises:
-        OSError: A path cannot be created (its folder is missing or not writable).
+        OSError: A path cannot be created (its folder is missing or not writable, or a
+            folder on its way is now a symbolic link); ``filename`` is the path.
     """
     for path in paths:
-        if not os.path.lexists(path):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        if os.path.lexists(path):
+            continue
+        folder, name = os.path.split(os.path.normpath(path))
+        fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            for part in [p for p in folder.split("/") if p]:
+                following = os.open(part, _NO_LINK, dir_fd=fd)
+                os.close(fd)
+                fd = following
+                if not stat.S_ISDIR(os.fstat(fd).st_mode):
+                    raise OSError(
+                        errno.ENOTDIR,
+                        "a folder on its way is not a folder (a symbolic link?)",
+                        path,
+                    )
+            os.close(
+                os.open(
+                    name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                    0o644, dir_fd=fd,
+                )
+            )  # fmt: skip
+        except OSError as exc:
+            exc.filename = path
+            raise
+        finally:
             os.close(fd)
 
 
