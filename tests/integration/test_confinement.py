@@ -300,10 +300,7 @@ PROBE = textwrap.dedent(
 
 def _manifest(prefix: str, **extra: Any) -> dict[str, Any]:
     tool = {
-        "name": f"{prefix}_probe",
-        "description": "d",
-        "approval": "always",
-        "command": ["probe.py"],
+        "name": f"{prefix}_probe", "description": "d", "approval": "always", "command": ["probe.py"],
         "schema": {"type": "object"},
     }
     approved = {**tool, "name": f"{prefix}_probe_path", "pathArguments": ["path"]}
@@ -345,14 +342,12 @@ class Tree:
     workspace: Path
     user_home: Path
 
-    def invoke(
-        self, tool: str, arguments: dict[str, Any], *, project: bool = True, **extra: Any
-    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    def invoke(self, tool: str, arguments: dict[str, Any], *, project: bool = True,
+               **extra: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         name = f"p_{tool}" if project else f"h_{tool}"
         with self.daemon.raw(timeout=60) as conn:
-            return conn.invoke(
-                {"tool": name, "arguments": arguments, "workspace": str(self.workspace), **extra}
-            )
+            return conn.invoke({"tool": name, "arguments": arguments,
+                                "workspace": str(self.workspace), **extra})
 
     def probe(self, arguments: dict[str, Any], **kw: Any) -> dict[str, Any]:
         """Run the probe and parse the line it printed."""
@@ -377,9 +372,8 @@ def _make_tree(config: str = "", args: tuple[str, ...] = (), **manifest: Any) ->
     # sandbox's private /tmp (the probe uses the standard library only).
     probe = PROBE.format(python=os.path.realpath(sys.executable))
     write_set(home / "tools", "hp", _manifest("h", **manifest), **{"probe.py": probe})
-    write_set(
-        workspace / ".crystal" / "tools", "pp", _manifest("p", **manifest), **{"probe.py": probe}
-    )
+    write_set(workspace / ".crystal" / "tools", "pp", _manifest("p", **manifest),
+              **{"probe.py": probe})
     (home / "config.json").write_text(json.dumps({"externalToolApproval": {"project": "author"}}))
     (user_home / ".ssh").mkdir(parents=True)
     (user_home / ".ssh" / "id_rsa").write_text("PRIVATE KEY\n")
@@ -389,9 +383,8 @@ def _make_tree(config: str = "", args: tuple[str, ...] = (), **manifest: Any) ->
     if config:
         (base / "toolsetd.toml").write_text(textwrap.dedent(config))
         extra += ["--config", str(base / "toolsetd.toml")]
-    daemon = start_daemon(
-        home, workspace, base, ["--no-watch", *extra], env={"HOME": str(user_home)}
-    )
+    daemon = start_daemon(home, workspace, base, ["--no-watch", *extra],
+                          env={"HOME": str(user_home)})
     return Tree(daemon, base, workspace, user_home)
 
 
@@ -430,9 +423,8 @@ def _shared_loopback(*args: str) -> Iterator[Tree]:
     """A daemon serving MCP over HTTP whose project sets keep the network in their sandbox
     (skipped without bubblewrap or a cgroup tree)."""
     ensure_bubblewrap()
-    t = _make_tree(
-        "[confinement.project]\nnetwork = true\n", args=("--mcp-listen", "127.0.0.1:0", *args)
-    )
+    t = _make_tree("[confinement.project]\nnetwork = true\n",
+                   args=("--mcp-listen", "127.0.0.1:0", *args))
     try:
         _need_sandbox(t)
         _need_cgroup(t)
@@ -444,11 +436,8 @@ def _shared_loopback(*args: str) -> Iterator[Tree]:
 def _need_controller(t: Tree, name: str) -> None:
     cgroup = _need_cgroup(t)
     if name not in cgroup["controllers"]:
-        v1 = [
-            line
-            for line in Path("/proc/self/cgroup").read_text().splitlines()
-            if name in line.split(":")[1].split(",")
-        ]
+        v1 = [line for line in Path("/proc/self/cgroup").read_text().splitlines()
+              if name in line.split(":")[1].split(",")]
         where = f"; it is bound to a cgroup v1 hierarchy ({v1[0]})" if v1 else ""
         pytest.skip(
             f"the cgroup tree {cgroup['tree']} has no {name} controller (enabled: "
@@ -475,27 +464,16 @@ def test_confinement_classify_reports_the_sandbox(tree: Tree) -> None:
     """classify says which profile and network a call would get: project sandboxed, home not."""
     _need_sandbox(tree)
     outside = str(tree.base / "outside.txt")
-    wire = tree.daemon.call(
-        "classify",
-        {
-            "tool": "p_probe_path",
-            "arguments": {"path": outside, "action": "x"},
-            "workspace": str(tree.workspace),
-        },
-    )["result"]
+    wire = tree.daemon.call("classify", {
+        "tool": "p_probe_path", "arguments": {"path": outside, "action": "x"},
+        "workspace": str(tree.workspace),
+    })["result"]
     assert wire["confinement"]["sandbox"] == {
-        "profile": "workspace-write",
-        "network": False,
-        "alsoWritable": [outside],
+        "profile": "workspace-write", "network": False, "alsoWritable": [outside],
     }
-    home = tree.daemon.call(
-        "classify",
-        {
-            "tool": "h_probe",
-            "arguments": {},
-            "workspace": str(tree.workspace),
-        },
-    )["result"]
+    home = tree.daemon.call("classify", {
+        "tool": "h_probe", "arguments": {}, "workspace": str(tree.workspace),
+    })["result"]
     assert home["confinement"]["sandbox"] == {"profile": "off", "network": True}
     assert home["confinement"]["failure"] is None
 
@@ -515,7 +493,8 @@ def test_confinement_setsid_grandchild_dies_with_the_call(tree: Tree, how: str) 
             result: dict[str, Any] = {}
 
             def run() -> None:
-                result["reply"] = tree.invoke("probe", arguments, project=False, callId=call_id)[1]
+                result["reply"] = tree.invoke("probe", arguments, project=False,
+                                              callId=call_id)[1]
 
             thread = threading.Thread(target=run)
             thread.start()
@@ -539,8 +518,7 @@ def test_confinement_without_cgroup_the_grandchild_survives() -> None:
     marker = f"tsc-{uuid.uuid4().hex}"
     try:
         assert t.status()["cgroup"] == {
-            "mode": "process-group",
-            "reason": 'cgroups are off in the config (cgroup = "off")',
+            "mode": "process-group", "reason": 'cgroups are off in the config (cgroup = "off")',
         }
         t.invoke("probe", {"action": "escape", "marker": marker}, project=False)
         assert _marked(marker) != []
@@ -552,37 +530,26 @@ def test_confinement_without_cgroup_the_grandchild_survives() -> None:
 def test_confinement_call_usage_in_the_log_line(tree: Tree) -> None:
     """call_finished carries the call's CPU time (and peak memory where the kernel tells)."""
     _need_cgroup(tree)
-    _, reply = tree.invoke(
-        "probe", {"action": "read", "target": "/etc/hostname"}, project=False, callId="usage-1"
-    )
+    _, reply = tree.invoke("probe", {"action": "read", "target": "/etc/hostname"}, project=False,
+                           callId="usage-1")
     assert reply["result"]["status"] == "ok"
-    eventually(
-        lambda: any(
-            e.get("call_id") == "usage-1" and e.get("event") == "call_finished"
-            for e in tree.daemon.log_events()
-        )
-    )
-    line = next(
-        e
-        for e in tree.daemon.log_events()
-        if e.get("call_id") == "usage-1" and e.get("event") == "call_finished"
-    )
+    eventually(lambda: any(e.get("call_id") == "usage-1" and e.get("event") == "call_finished"
+                           for e in tree.daemon.log_events()))
+    line = next(e for e in tree.daemon.log_events()
+                if e.get("call_id") == "usage-1" and e.get("event") == "call_finished")
     assert isinstance(line["cpu_ms"], int)
     assert line["cpu_ms"] >= 1  # a Python interpreter start costs milliseconds
     assert "peak_memory_bytes" in line
     text = tree.daemon.call("metrics", {})["result"]["text"]
-    cpu = [
-        row
-        for row in text.splitlines()
-        if row.startswith('toolsetd_call_cpu_seconds_total{set="hp"}')
-    ]
+    cpu = [row for row in text.splitlines()
+           if row.startswith('toolsetd_call_cpu_seconds_total{set="hp"}')]
     assert cpu, text
     assert float(cpu[0].split()[-1]) >= line["cpu_ms"] / 1000
 
 
 def test_confinement_fork_bomb_capped_by_pids_max() -> None:
     """A fork bomb stops at pids.max; the call still ends and takes every child with it."""
-    t = _make_tree("[confinement.home]\npids-max = 20\n")
+    t = _make_tree('[confinement.home]\npids-max = 20\n')
     try:
         _need_controller(t, "pids")
         result = t.probe({"action": "fork-bomb"}, project=False)
@@ -690,9 +657,8 @@ def test_confinement_hidden_folder_holding_another_hidden_path_still_runs() -> N
         key.parent.mkdir(exist_ok=True)
         key.write_text("AWS SECRET\n")
         result = t.probe({"action": "read", "target": str(key)})
-        assert result == {"ok": False, "error": "No such file or directory", "isError": False}, (
-            result
-        )
+        assert result == {"ok": False, "error": "No such file or directory",
+                          "isError": False}, result
     finally:
         _close(t)
 
@@ -716,9 +682,8 @@ def test_confinement_hidden_linked_folder_holding_another_hidden_path_still_runs
         (t.user_home / ".aws").symlink_to(kept)
         key = t.user_home / ".aws" / "credentials"
         result = t.probe({"action": "read", "target": str(key)})
-        assert result == {"ok": False, "error": "No such file or directory", "isError": False}, (
-            result
-        )
+        assert result == {"ok": False, "error": "No such file or directory",
+                          "isError": False}, result
     finally:
         _close(t)
 
@@ -734,10 +699,8 @@ def test_confinement_sandbox_writes_the_workspace_and_its_tmp(tree: Tree) -> Non
     readable = tree.probe({"action": "read", "target": str(tree.user_home / ".bashrc")})
     assert readable["content"] == "# bashrc\n"
     # The home set runs unsandboxed by default: the same read of the key works there.
-    assert (
-        tree.probe({"action": "read", "target": _targets(tree)["key"]}, project=False)["content"]
-        == "PRIVATE KEY\n"
-    )
+    assert tree.probe({"action": "read", "target": _targets(tree)["key"]},
+                      project=False)["content"] == "PRIVATE KEY\n"
 
 
 def test_confinement_sandboxed_call_cannot_call_the_mcp_http_endpoint() -> None:
@@ -756,26 +719,18 @@ def test_confinement_sandboxed_call_cannot_call_the_mcp_http_endpoint() -> None:
             cgroup = _need_cgroup(t)
             # The bearer token (for peers whose uid is unknown) is hidden like the socket.
             assert t.probe({"action": "read", "target": str(token)}).get("content") is None
-            assert (
-                t.probe({"action": "read", "target": str(token)}, project=False)["content"]
-                == "s3cret-token\n"
-            )
+            assert t.probe({"action": "read", "target": str(token)},
+                           project=False)["content"] == "s3cret-token\n"
             url = endpoint(listening_urls(t.daemon)[0], t.workspace, mode="full")
-            inside = t.probe(
-                {
-                    "action": "mcp-post",
-                    "target": url,
-                    "move_to": os.path.join(cgroup["tree"], "cgroup.procs"),
-                }
-            )
+            inside = t.probe({"action": "mcp-post", "target": url,
+                              "move_to": os.path.join(cgroup["tree"], "cgroup.procs")})
             assert inside["moved"] is not True, inside
             assert inside["status"] == 403, inside
             assert "inside a sandboxed call" in inside["body"]
             outside = t.probe({"action": "mcp-post", "target": url}, project=False)
             assert outside["status"] == 200, outside
-            refused = [
-                e for e in t.daemon.log_events() if e.get("event") == "mcp_http_peer_refused"
-            ]
+            refused = [e for e in t.daemon.log_events()
+                       if e.get("event") == "mcp_http_peer_refused"]
             assert refused and refused[0]["sandboxed"] is True
     finally:
         shutil.rmtree(token.parent)
@@ -791,11 +746,8 @@ def test_confinement_sandboxed_call_cannot_clone_into_another_cgroup() -> None:
     Such a call does not see the cgroup v2 mounts at all.
     """
     with _shared_loopback() as t:
-        mounts = [
-            line.split()[1]
-            for line in Path("/proc/self/mounts").read_text().splitlines()
-            if line.split()[2] == "cgroup2"
-        ]
+        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+                  if line.split()[2] == "cgroup2"]
         url = endpoint(listening_urls(t.daemon)[0], t.workspace, mode="full")
         inside = t.probe({"action": "mcp-post", "target": url, "clone_into": mounts[0]})
         assert "status" not in inside, inside
@@ -814,11 +766,8 @@ def test_confinement_sandboxed_call_cannot_leave_its_cgroup(tree: Tree) -> None:
     """
     _need_sandbox(tree)
     _need_cgroup(tree)
-    mounts = [
-        line.split()[1]
-        for line in Path("/proc/self/mounts").read_text().splitlines()
-        if line.split()[2] == "cgroup2"
-    ]
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if line.split()[2] == "cgroup2"]
     inside = tree.probe({"action": "clone-into", "target": mounts[0]})
     assert "child" not in inside, inside
     # No folder on the way (ENOENT), or one that is no cgroup (EBADF): the folders above
@@ -836,11 +785,8 @@ def test_confinement_sandboxed_call_reads_its_own_cgroup_and_changes_nothing(tre
     into it stays in it."""
     _need_sandbox(tree)
     _need_cgroup(tree)
-    mounts = [
-        line.split()[1]
-        for line in Path("/proc/self/mounts").read_text().splitlines()
-        if line.split()[2] == "cgroup2"
-    ]
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if line.split()[2] == "cgroup2"]
     inside = tree.probe({"action": "own-cgroup", "target": mounts[0]})
     assert inside["ok"] is True, inside
     assert inside["own"].startswith("/toolsetd-"), inside
@@ -917,7 +863,8 @@ def test_confinement_sandboxed_call_that_takes_over_its_init_does_not_outlive_it
     bubblewrap's death no longer took the init, and both kept running with the
     workspace writable after the call ended. The daemon SIGKILLs the init itself.
     """
-    t = _make_tree('[confinement]\ncgroup = "off"\n', args=("--kill-grace", "1"), timeoutSeconds=3)
+    t = _make_tree('[confinement]\ncgroup = "off"\n', args=("--kill-grace", "1"),
+                   timeoutSeconds=3)
     marker = f"tsc-{uuid.uuid4().hex}"
     try:
         _need_sandbox(t)
@@ -960,30 +907,24 @@ def test_confinement_network_and_mcp_http_without_disable_userns_fail_closed() -
     ensure_bubblewrap()
     folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))  # noqa: S108
     older = folder / "bwrap"
-    older.write_text(
-        textwrap.dedent(f"""\
+    older.write_text(textwrap.dedent(f"""\
         #!/bin/sh
         for arg; do
             [ "$arg" = --disable-userns ] && {{ echo "bwrap: Unknown option $arg" >&2; exit 1; }}
         done
         exec {shutil.which("bwrap")} "$@"
-        """)
-    )
+        """))
     older.chmod(0o755)
-    t = _make_tree(
-        f'[confinement]\nsandbox = "{older}"\n[confinement.project]\nnetwork = true\n',
-        args=("--mcp-listen", "127.0.0.1:0"),
-    )
+    t = _make_tree(f'[confinement]\nsandbox = "{older}"\n[confinement.project]\nnetwork = true\n',
+                   args=("--mcp-listen", "127.0.0.1:0"))
     try:
         _need_sandbox(t)
         _need_cgroup(t)
         result = t.probe({"action": "userns"})
         assert result["ok"] is None and result["isError"] is True, result
         assert "--disable-userns" in result["text"] and "did not run" in result["text"]
-        reply = t.daemon.call(
-            "classify",
-            {"tool": "p_probe", "arguments": {"action": "x"}, "workspace": str(t.workspace)},
-        )
+        reply = t.daemon.call("classify", {"tool": "p_probe", "arguments": {"action": "x"},
+                                           "workspace": str(t.workspace)})
         assert "--disable-userns" in reply["result"]["confinement"]["failure"]
         assert t.probe({"action": "userns"}, project=False)["ok"] is True
     finally:
@@ -995,20 +936,16 @@ def test_confinement_network_and_mcp_http_without_cgroups_fail_closed() -> None:
     """Without a cgroup per call a sandboxed call with the network would be anonymous on
     the loopback: with --mcp-listen it does not run, and ``classify`` says so first."""
     ensure_bubblewrap()
-    t = _make_tree(
-        '[confinement]\ncgroup = "off"\n[confinement.project]\nnetwork = true\n',
-        args=("--mcp-listen", "127.0.0.1:0"),
-    )
+    t = _make_tree('[confinement]\ncgroup = "off"\n[confinement.project]\nnetwork = true\n',
+                   args=("--mcp-listen", "127.0.0.1:0"))
     try:
         _need_sandbox(t)
         url = endpoint(listening_urls(t.daemon)[0], t.workspace)
         result = t.probe({"action": "mcp-post", "target": url})
         assert result["ok"] is None and result["isError"] is True, result
         assert "--mcp-listen" in result["text"] and "did not run" in result["text"]
-        reply = t.daemon.call(
-            "classify",
-            {"tool": "p_probe", "arguments": {"action": "x"}, "workspace": str(t.workspace)},
-        )
+        reply = t.daemon.call("classify", {"tool": "p_probe", "arguments": {"action": "x"},
+                                           "workspace": str(t.workspace)})
         assert "--mcp-listen" in reply["result"]["confinement"]["failure"]
         # The home set (unsandboxed) and the sets whose network is denied still run.
         assert t.probe({"action": "mcp-post", "target": url}, project=False)["status"] == 200
@@ -1208,35 +1145,13 @@ def test_confinement_approved_new_path_made_through_no_swapped_in_link() -> None
         released = t.base / "released"
         planted = t.user_home / ".ssh" / "planted"
         with t.daemon.raw(timeout=60) as holder, t.daemon.raw(timeout=60) as waiter:
-            holder.send(
-                {
-                    "jsonrpc": "2.0",
-                    "method": "invoke",
-                    "id": 1,
-                    "params": {
-                        "tool": "h_probe",
-                        "workspace": str(t.workspace),
-                        "arguments": {"action": "hold", "target": str(released)},
-                    },
-                }
-            )
-            waiter.send(
-                {
-                    "jsonrpc": "2.0",
-                    "method": "invoke",
-                    "id": 2,
-                    "params": {
-                        "tool": "p_probe_path",
-                        "workspace": str(t.workspace),
-                        "approved": True,
-                        "arguments": {
-                            "action": "write",
-                            "path": str(folder / "planted"),
-                            "target": str(folder / "planted"),
-                        },
-                    },
-                }
-            )
+            holder.send({"jsonrpc": "2.0", "method": "invoke", "id": 1, "params": {
+                "tool": "h_probe", "workspace": str(t.workspace),
+                "arguments": {"action": "hold", "target": str(released)}}})
+            waiter.send({"jsonrpc": "2.0", "method": "invoke", "id": 2, "params": {
+                "tool": "p_probe_path", "workspace": str(t.workspace), "approved": True,
+                "arguments": {"action": "write", "path": str(folder / "planted"),
+                              "target": str(folder / "planted")}}})
             # Checked, and waiting for the slot the holder has.
             while not waiter.receive().get("params", {}).get("queued"):
                 pass
@@ -1262,12 +1177,8 @@ def test_confinement_spill_temp_swapped_for_a_link_copies_nothing(
     if sandboxed:
         _need_sandbox(tree)
     key = tree.user_home / ".ssh" / "id_rsa"
-    _, reply = tree.invoke(
-        "probe",
-        {"action": "spill-swap-temp", "target": str(key)},
-        project=sandboxed,
-        callId=f"swap-temp-{sandboxed}",
-    )
+    _, reply = tree.invoke("probe", {"action": "spill-swap-temp", "target": str(key)},
+                           project=sandboxed, callId=f"swap-temp-{sandboxed}")
     result = reply["result"]
     assert result["truncated"] is True, result
     assert '"planted"' in result["content"][0]["text"], result["content"][0]["text"][:300]
@@ -1292,23 +1203,17 @@ def test_confinement_spill_folder_swapped_for_a_link_deletes_nothing(
     call_id = f"swap-folder-{sandboxed}"
     folder = tree.workspace / ".crystal" / "data" / "tools" / ("pp" if sandboxed else "hp")
     try:
-        _, reply = tree.invoke(
-            "probe",
-            {"action": "spill-swap-folder", "target": str(victim.parent)},
-            project=sandboxed,
-            callId=call_id,
-        )
+        _, reply = tree.invoke("probe", {"action": "spill-swap-folder",
+                                         "target": str(victim.parent)},
+                               project=sandboxed, callId=call_id)
         result = reply["result"]
         assert result["truncated"] is True, result
         assert (folder / "tool-output").is_symlink()  # the tool did swap it
         assert victim.read_text() == "old key\n"
         assert result["outputPath"] is None
         assert "[full output:" not in result["content"][0]["text"]
-        failed = [
-            e
-            for e in tree.daemon.log_events()
-            if e.get("event") == "spill_failed" and "replaced" in e.get("error", "")
-        ]
+        failed = [e for e in tree.daemon.log_events() if e.get("event") == "spill_failed"
+                  and "replaced" in e.get("error", "")]
         assert failed, tree.daemon.log()[-2000:]
         assert not (victim.parent / call_id).exists()
     finally:
@@ -1321,11 +1226,8 @@ def test_confinement_spill_folder_swapped_for_a_link_deletes_nothing(
 def _bind_mounted(source: Path, target: Path) -> Iterator[None]:
     """``source`` bind-mounted at ``target`` (skipped where the test may not mount)."""
     target.mkdir() if source.is_dir() else target.touch()
-    done = subprocess.run(
-        ["mount", "--bind", str(source), str(target)],  # noqa: S607
-        capture_output=True,
-        check=False,
-    )
+    done = subprocess.run(["mount", "--bind", str(source), str(target)],  # noqa: S607
+                          capture_output=True, check=False)
     if done.returncode != 0:
         target.rmdir() if source.is_dir() else target.unlink()
         pytest.skip(f"cannot bind-mount here: {done.stderr.decode(errors='replace').strip()}")
@@ -1342,11 +1244,8 @@ def test_confinement_bind_mount_of_a_hidden_path_is_hidden_too(tree: Tree, what:
     a key) is hidden there too: the sandbox hid the path only, and the key was readable as
     ``<mount>/.ssh/id_rsa``, while the fence forbids that path as an argument."""
     _need_sandbox(tree)
-    source = {
-        "home": tree.user_home,
-        ".ssh": tree.user_home / ".ssh",
-        "key": tree.user_home / ".ssh" / "id_rsa",
-    }[what]
+    source = {"home": tree.user_home, ".ssh": tree.user_home / ".ssh",
+              "key": tree.user_home / ".ssh" / "id_rsa"}[what]
     alias = tree.base / f"alias-{uuid.uuid4().hex[:8]}"
     key = {"home": alias / ".ssh" / "id_rsa", ".ssh": alias / "id_rsa", "key": alias}[what]
     with _bind_mounted(source, alias):
@@ -1414,13 +1313,8 @@ def test_confinement_workspace_swapped_for_a_link_binds_no_other_folder(tree: Tr
 
     def call() -> dict[str, Any]:
         with tree.daemon.raw(timeout=60) as conn:
-            _, reply = conn.invoke(
-                {
-                    "tool": "p_probe",
-                    "workspace": str(inner),
-                    "arguments": {"action": "write", "target": str(written)},
-                }
-            )
+            _, reply = conn.invoke({"tool": "p_probe", "workspace": str(inner),
+                                    "arguments": {"action": "write", "target": str(written)}})
         return reply
 
     assert "result" in call()  # the inner workspace's catalog, read before the swaps
@@ -1477,13 +1371,11 @@ def test_confinement_project_data_link_out_of_the_workspace_fails_closed(tree: T
 def test_confinement_read_only_profile_and_named_profile_fails_closed() -> None:
     """read-only: the workspace cannot be written; a named profile without bwrap fails closed."""
     reason = ensure_bubblewrap()
-    t = _make_tree(
-        textwrap.dedent("""\
+    t = _make_tree(textwrap.dedent("""\
         [confinement.sets.pp]
         profile = "read-only"
         network = true
-    """)
-    )
+    """))
     try:
         if reason is not None or t.status()["sandbox"]["mechanism"] != "bubblewrap":
             pytest.skip(f"no sandbox: {reason or t.status()['sandbox']['reason']}")
@@ -1492,9 +1384,7 @@ def test_confinement_read_only_profile_and_named_profile_fails_closed() -> None:
         assert not (t.workspace / "ro.txt").exists()
     finally:
         _close(t)
-    t = _make_tree(
-        '[confinement]\nsandbox = "off"\n[confinement.project]\nprofile = "workspace-write"\n'
-    )
+    t = _make_tree('[confinement]\nsandbox = "off"\n[confinement.project]\nprofile = "workspace-write"\n')
     try:
         events, reply = t.invoke("probe", {"action": "write", "target": str(t.workspace / "x")})
         assert events == []
@@ -1553,14 +1443,11 @@ def test_confinement_bad_config_names_the_key(tmp_base: Path) -> None:
     config.write_text('[confinement.sets.lint]\nprofile = "strict"\n')
     done = subprocess.run(  # noqa: S603
         [sys.executable, "-m", "toolsetd.daemon", "--config", str(config)],
-        capture_output=True,
-        timeout=30,
-        check=False,
+        capture_output=True, timeout=30, check=False,
     )
     assert done.returncode == 2
-    assert (
-        "confinement.sets.lint.profile: must be one of 'off', 'workspace-write', 'read-only'"
-        in (done.stderr.decode())
+    assert "confinement.sets.lint.profile: must be one of 'off', 'workspace-write', 'read-only'" in (
+        done.stderr.decode()
     )
 
 
@@ -1579,9 +1466,7 @@ def test_confinement_sandbox_failing_at_the_call_fails_closed() -> None:
         assert result["isError"] is True
         assert result["exitCode"] is None
         text = result["content"][0]["text"]
-        assert text.startswith(
-            "toolsetd: the sandbox could not be set up, so the tool did not run: bwrap: "
-        )
+        assert text.startswith("toolsetd: the sandbox could not be set up, so the tool did not run: bwrap: ")
         assert not target.exists()
     finally:
         _close(t)
@@ -1596,25 +1481,22 @@ def test_confinement_bubblewrap_failing_before_its_sandbox_says_why_at_once() ->
     folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))  # noqa: S108
     flag = folder / "fail"
     failing = folder / "bwrap"
-    failing.write_text(
-        textwrap.dedent(f"""\
+    failing.write_text(textwrap.dedent(f"""\
         #!/bin/sh
         if [ -e {flag} ]; then
             echo "bwrap: Creating new namespace failed: No space left on device" >&2
             exit 1
         fi
         exec {shutil.which("bwrap")} "$@"
-        """)
-    )
+        """))
     failing.chmod(0o755)
     t = _make_tree(f'[confinement]\nsandbox = "{failing}"\n')
     try:
         _need_sandbox(t)
         flag.touch()  # after the probes at start: only the calls fail
         with t.daemon.raw(timeout=120) as conn:
-            _, reply = conn.invoke(
-                {"tool": "p_probe", "arguments": {"action": "x"}, "workspace": str(t.workspace)}
-            )
+            _, reply = conn.invoke({"tool": "p_probe", "arguments": {"action": "x"},
+                                    "workspace": str(t.workspace)})
         result = reply["result"]
         assert result["isError"] is True, result
         assert "Creating new namespace failed" in result["content"][0]["text"], result
@@ -1631,22 +1513,19 @@ def test_confinement_sandbox_not_built_within_the_time_limit_times_out() -> None
     folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))  # noqa: S108
     flag = folder / "hang"
     hanging = folder / "bwrap"
-    hanging.write_text(
-        textwrap.dedent(f"""\
+    hanging.write_text(textwrap.dedent(f"""\
         #!/bin/sh
         [ -e {flag} ] && sleep 600
         exec {shutil.which("bwrap")} "$@"
-        """)
-    )
+        """))
     hanging.chmod(0o755)
     t = _make_tree(f'[confinement]\nsandbox = "{hanging}"\n', timeoutSeconds=1)
     try:
         _need_sandbox(t)
         flag.touch()  # after the probes at start: only the calls hang
         with t.daemon.raw(timeout=120) as conn:
-            _, reply = conn.invoke(
-                {"tool": "p_probe", "arguments": {"action": "x"}, "workspace": str(t.workspace)}
-            )
+            _, reply = conn.invoke({"tool": "p_probe", "arguments": {"action": "x"},
+                                    "workspace": str(t.workspace)})
         assert reply["result"]["status"] == "timeout", reply
     finally:
         _close(t)
@@ -1673,21 +1552,14 @@ def test_confinement_approved_path_on_a_read_only_mount_runs_read_only() -> None
     mount_ro = 'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" && exec "$@"'
     launcher = ["unshare", "-m", "sh", "-c", mount_ro, str(read_only),
                 sys.executable, "-m", "toolsetd.daemon"]  # fmt: skip
-    daemon = start_daemon(
-        base / "home",
-        base / "ws",
-        base,
-        ["--no-watch"],
-        env={"HOME": str(base / "uh")},
-        launcher=launcher,
-    )
+    daemon = start_daemon(base / "home", base / "ws", base, ["--no-watch"],
+                          env={"HOME": str(base / "uh")}, launcher=launcher)
     tree = Tree(daemon, base, base / "ws", base / "uh")
     try:
         _need_sandbox(tree)
         target = str(read_only / "notes.txt")
-        _, reply = tree.invoke(
-            "probe_path", {"action": "read", "path": target, "target": target}, approved=True
-        )
+        _, reply = tree.invoke("probe_path", {"action": "read", "path": target,
+                                              "target": target}, approved=True)
         text = reply["result"]["content"][0]["text"]
         assert "changed while its sandbox was being made" not in text, text
         assert json.loads(text.strip().splitlines()[-1])["content"] == "read me\n", text
