@@ -70,7 +70,7 @@ from .cgroup import (
 from .exhaustion import out_of_resources
 from .manifest import is_directory_name
 from .model import Source, ToolSet
-from .paths import CREDENTIAL_FILES, CREDENTIAL_FOLDERS, IDENTITY_DEPTH, is_within
+from .paths import CREDENTIAL_FILES, CREDENTIAL_FOLDERS, IDENTITY_DEPTH, is_within, passwd_home
 from .sandbox import (
     SETUP_FAILED_PREFIX,
     Profile,
@@ -435,6 +435,9 @@ class Confinement:
             (``probe_no_userns``; probed only with ``http_peers``).
         bind_check: Whether the daemon can check a built sandbox's binds before the tool
             runs (``probe_bind_check``; needs ``status``).
+        other_home: The user's home in its passwd entry, where ``user_home`` (``HOME``)
+            is another folder: its credential paths are hidden too (ssh reads its keys
+            there whatever ``HOME`` says).
     """
 
     def __init__(
@@ -453,6 +456,7 @@ class Confinement:
         token_file: Path | None = None,
         no_userns: bool = False,
         bind_check: bool = True,
+        other_home: Path | None = None,
     ) -> None:
         self.config = config
         self.bind_check = bind_check
@@ -466,8 +470,13 @@ class Confinement:
         self.sandbox_reason = sandbox_reason
         self._cache: dict[tuple[Source, str], SetConfinement] = {}
         home = str(user_home)
-        hidden = [os.path.join(home, name) for name in _USER_CREDENTIALS]
-        self._credential_folders = tuple(os.path.join(home, name) for name in CREDENTIAL_FOLDERS)
+        homes = [home]
+        if other_home is not None and os.path.realpath(other_home) != os.path.realpath(home):
+            homes.append(str(other_home))
+        hidden = [os.path.join(top, name) for top in homes for name in _USER_CREDENTIALS]
+        self._credential_folders = tuple(
+            os.path.join(top, name) for top in homes for name in CREDENTIAL_FOLDERS
+        )
         if str(crystal_home / "credentials.json") not in hidden:
             hidden.append(str(crystal_home / "credentials.json"))
         hidden.extend(str(path) for path in (socket_path, token_file) if path is not None)
@@ -506,6 +515,7 @@ class Confinement:
         )
 
         cgroups, cgroup_reason = CgroupTree.probe(config.cgroup)
+        other_home = passwd_home()
         bwrap, sandbox_reason = probe_bwrap(config.sandbox)
         own_ipc = bwrap is not None and probe_ipc(bwrap)
         # One held sandbox says both, where it can be checked (``probe_bind_check``).
@@ -537,6 +547,7 @@ class Confinement:
             config, cgroups, cgroup_reason, bwrap, sandbox_reason, user_home, crystal_home,
             socket_path, own_ipc, status, http_peers, token_file, no_userns,
             bwrap is not None and unchecked is None,
+            Path(other_home) if other_home is not None else None,
         )  # fmt: skip
 
     def close(self) -> None:

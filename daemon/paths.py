@@ -104,6 +104,7 @@ __all__ = [
     "is_within",
     "opened_directory_name",
     "os_user_home",
+    "passwd_home",
     "resolve_path",
     "rewrite_arguments",
     "scope_of",
@@ -223,6 +224,20 @@ def os_user_home(environ: Mapping[str, str]) -> str:
         return pwd.getpwuid(os.getuid()).pw_dir
     except KeyError:
         return ""
+
+
+def passwd_home() -> str | None:
+    """The daemon user's home in its passwd entry (None: no entry, or not an absolute path).
+
+    Where ``HOME`` names another folder, this is still the one ssh reads its keys from.
+    """
+    import pwd
+
+    try:
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:
+        return None
+    return home if os.path.isabs(home) else None
 
 
 def expand_user(raw: str, user_home: Path) -> str:

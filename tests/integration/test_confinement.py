@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -363,7 +364,8 @@ class Tree:
         return self.daemon.call("status")["result"]["confinement"]
 
 
-def _make_tree(config: str = "", args: tuple[str, ...] = (), **manifest: Any) -> Tree:
+def _make_tree(config: str = "", args: tuple[str, ...] = (),
+               launcher: list[str] | None = None, **manifest: Any) -> Tree:
     base = Path(tempfile.mkdtemp(prefix="tsc-", dir="/var/tmp"))  # noqa: S108 - see the docstring
     home = base / "home"
     workspace = base / "ws"
@@ -384,7 +386,7 @@ def _make_tree(config: str = "", args: tuple[str, ...] = (), **manifest: Any) ->
         (base / "toolsetd.toml").write_text(textwrap.dedent(config))
         extra += ["--config", str(base / "toolsetd.toml")]
     daemon = start_daemon(home, workspace, base, ["--no-watch", *extra],
-                          env={"HOME": str(user_home)})
+                          env={"HOME": str(user_home)}, launcher=launcher)
     return Tree(daemon, base, workspace, user_home)
 
 
@@ -639,6 +641,45 @@ def test_confinement_sandbox_refuses(tree: Tree, action: str, target: str) -> No
     assert "content" not in result
     after = Path(path).read_bytes() if Path(path).exists() else None
     assert after == before
+
+
+def test_confinement_credentials_of_the_passwd_home_hidden_when_home_is_elsewhere() -> None:
+    """A daemon whose ``HOME`` is not its user's passwd home hides the passwd home's
+    credential paths too.
+
+    ssh reads its keys from the passwd entry's home whatever ``HOME`` says, so a daemon
+    started with ``HOME`` elsewhere (``sudo -E``, a unit's ``Environment=HOME=``) hid an
+    empty ``$HOME/.ssh`` and left the keys ssh uses readable to every sandboxed call. The
+    daemon runs in a mount namespace of its own, whose ``/etc/passwd`` gives its user a
+    home of the test's.
+    """
+    ensure_bubblewrap()
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) to give the daemon a passwd file of its own")
+    passwd_home = Path(tempfile.mkdtemp(prefix="tsc-passwd-", dir="/var/tmp"))  # noqa: S108
+    (passwd_home / ".ssh").mkdir()
+    (passwd_home / ".ssh" / "id_ed25519").write_text("PASSWD HOME KEY\n")
+    (passwd_home / ".gnupg").mkdir()
+    (passwd_home / ".gnupg" / "secring").write_text("PASSWD HOME GPG\n")
+    me = pwd.getpwuid(os.getuid())
+    entry = ":".join([me.pw_name, "x", str(me.pw_uid), str(me.pw_gid), me.pw_gecos,
+                      str(passwd_home), me.pw_shell])
+    (passwd_home / "passwd").write_text(entry + "\n")
+    launcher = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                'mount --bind "$0" /etc/passwd && exec "$@"', str(passwd_home / "passwd"),
+                sys.executable, "-m", "toolsetd.daemon"]
+    t = _make_tree(launcher=launcher)
+    try:
+        _need_sandbox(t)
+        for key in (".ssh/id_ed25519", ".gnupg/secring"):
+            result = t.probe({"action": "read", "target": str(passwd_home / key)})
+            assert "content" not in result, (key, result)
+        # $HOME's stay hidden too.
+        result = t.probe({"action": "read", "target": str(t.user_home / ".ssh" / "id_rsa")})
+        assert "content" not in result, result
+    finally:
+        _close(t)
+        shutil.rmtree(passwd_home, ignore_errors=True)
 
 
 def test_confinement_hidden_folder_holding_another_hidden_path_still_runs() -> None:
