@@ -98,7 +98,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -118,6 +118,7 @@ __all__ = [
     "CgroupTree",
     "Limits",
     "cgroup2_mounts",
+    "daemon_cgroup",
     "parse_limits",
 ]
 
@@ -355,6 +356,23 @@ def _own_cgroup(mounts: list[str]) -> Path | None:
     for mount in mounts:
         folder = Path(mount + relative.rstrip("/")) if relative != "/" else Path(mount)
         if (folder / "cgroup.procs").exists() and os.access(folder / "cgroup.procs", os.W_OK):
+            return folder
+    return None
+
+
+def daemon_cgroup(mounts: Sequence[str]) -> str | None:
+    """The daemon's own cgroup v2 folder, where calls without a cgroup of their own run.
+
+    None at the root of the hierarchy (it has no limits to read, and showing it would show
+    every cgroup) or where it is not found on ``mounts``.
+    """
+    text = _read("/proc/self/cgroup") or ""
+    relative = next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
+    if relative is None or not relative.strip("/"):
+        return None
+    for mount in mounts:
+        folder = os.path.join(mount, relative.strip("/"))
+        if os.path.isdir(folder):
             return folder
     return None
 

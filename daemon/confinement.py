@@ -65,6 +65,7 @@ from .cgroup import (
     CgroupTree,
     Limits,
     cgroup2_mounts,
+    daemon_cgroup,
     parse_limits,
 )
 from .exhaustion import out_of_resources
@@ -485,12 +486,18 @@ class Confinement:
             for extra in config.hide
         )
         self._hidden = tuple(hidden)
-        # Hidden too from every sandboxed call where calls run in cgroups:
-        # clone3(CLONE_INTO_CGROUP) with a cgroup folder's descriptor makes a child in that
-        # cgroup, and the kernel checks the mode of its cgroup.procs, not the read-only
-        # bind it is seen through. The child would be out of the call's limits and
-        # accounting, and its sockets not the call's (sandboxed_peer).
-        self._cgroup_mounts = tuple(cgroup2_mounts()) if cgroups is not None else ()
+        # Hidden too from every sandboxed call: clone3(CLONE_INTO_CGROUP) with a cgroup
+        # folder's descriptor makes a child in that cgroup, and the kernel checks the mode
+        # of its cgroup.procs, not the read-only bind it is seen through. With a cgroup per
+        # call the child would be out of the call's limits and accounting, and its sockets
+        # not the call's (sandboxed_peer); without, it could be in any cgroup the daemon's
+        # uid may write (as root, another service's or another daemon's call's).
+        self._cgroup_mounts = tuple(cgroup2_mounts())
+        #: Where calls without a cgroup of their own run (the daemon's), shown again to
+        #: sandboxed calls as a call's own cgroup is.
+        self._daemon_cgroup = (
+            () if cgroups is not None else tuple(filter(None, [daemon_cgroup(self._cgroup_mounts)]))
+        )
         #: A sandboxed call may keep the network beside the MCP endpoint: a peer it cannot
         #: name is refused (``sandboxed_peer``).
         self._network_configured = http_peers and self._sandbox_may_keep_network()
@@ -781,7 +788,7 @@ class Confinement:
                 # read-only at its path (a runtime sizes its heap from its ``memory.max``;
                 # a process cloned into it stays in it).
                 unseen = (*hiding, *self._cgroup_mounts)
-                shown = (cgroup.path,) if cgroup is not None else ()
+                shown = (cgroup.path,) if cgroup is not None else self._daemon_cgroup
                 no_userns = shares_loopback and self.no_userns
                 own, writable, escaped = call_binds(cwd, str(toolset.path), *data)
                 if escaped:

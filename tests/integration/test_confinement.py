@@ -819,6 +819,54 @@ def test_confinement_sandboxed_call_cannot_leave_its_cgroup(tree: Tree) -> None:
     assert outside["child"] != outside["own"], outside
 
 
+def test_confinement_sandboxed_call_without_cgroups_clones_into_no_other_cgroup() -> None:
+    """Without a cgroup per call (process groups), a sandboxed call still cannot make a
+    process in another cgroup.
+
+    The cgroup v2 mounts were hidden only where calls run in cgroups: in process-group mode
+    ``clone3(CLONE_INTO_CGROUP)`` with a folder's descriptor put a child in any cgroup whose
+    ``cgroup.procs`` the daemon's uid may write (as root: every one, another service's or
+    another daemon's call's, into their limits and accounting). The daemon's own cgroup,
+    the call's, is shown again read-only, as a call's own is.
+    """
+    ensure_bubblewrap()
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if line.split()[2] == "cgroup2"]
+    if not mounts:
+        pytest.skip("no cgroup v2 mount")
+    tag = uuid.uuid4().hex[:8]
+    other, own = Path(mounts[0]) / f"tsc-other-{tag}", Path(mounts[0]) / f"tsc-daemon-{tag}"
+    try:
+        other.mkdir()
+        own.mkdir()
+    except OSError as exc:
+        other.rmdir()
+        pytest.skip(f"cannot make a cgroup on {mounts[0]}: {exc.strerror}")
+    # The daemon runs in a cgroup of its own below the root, as under a service manager.
+    launcher = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(own),
+                sys.executable, "-m", "toolsetd.daemon"]
+    t = _make_tree('[confinement]\ncgroup = "off"\n', launcher=launcher)
+    try:
+        _need_sandbox(t)
+        assert t.status()["cgroup"]["mode"] != "cgroup"
+        # Unsandboxed (the home set), the clone lands there.
+        outside = t.probe({"action": "clone-into", "target": str(other)}, project=False)
+        assert outside.get("child") == "/" + other.name, outside
+        inside = t.probe({"action": "clone-into", "target": str(other)})
+        assert "child" not in inside, inside
+        assert inside["error"] in ("No such file or directory", "Bad file descriptor"), inside
+        # Its own cgroup, the daemon's, it reads and cannot change.
+        seen = t.probe({"action": "own-cgroup", "target": mounts[0]})
+        assert seen["own"] == "/" + own.name, seen
+        assert seen["procs"], seen
+        assert seen["write"] == seen["mkdir"] == "Read-only file system", seen
+    finally:
+        _close(t)
+        other.rmdir()
+        eventually(lambda: not (own / "cgroup.procs").read_text().split(), what="daemon gone")
+        own.rmdir()
+
+
 def test_confinement_sandboxed_call_reads_its_own_cgroup_and_changes_nothing(tree: Tree) -> None:
     """With the cgroup v2 mounts hidden, a sandboxed call still finds its own cgroup where
     ``/proc/self/cgroup`` names it (a runtime sizes its heap from its ``memory.max``), read
