@@ -629,29 +629,30 @@ def prepare_writable(paths: Iterable[str]) -> None:
         if os.path.lexists(path):
             continue
         folder, name = os.path.split(os.path.normpath(path))
-        fd = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            for part in [p for p in folder.split("/") if p]:
-                following = os.open(part, _NO_LINK, dir_fd=fd)
-                os.close(fd)
-                fd = following
+            top = os.open("/", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fd = _open_no_link(top, folder)
+            finally:
+                os.close(top)
+            try:
+                # A link on the way is a handle of the link itself (O_PATH): the next
+                # component below it, or the file, is ENOTDIR.
                 if not stat.S_ISDIR(os.fstat(fd).st_mode):
                     raise OSError(
-                        errno.ENOTDIR,
-                        "a folder on its way is not a folder (a symbolic link?)",
-                        path,
+                        errno.ENOTDIR, "a folder on its way is not a folder (a symbolic link?)"
                     )
-            os.close(
-                os.open(
-                    name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                    0o644, dir_fd=fd,
-                )
-            )  # fmt: skip
+                os.close(
+                    os.open(
+                        name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                        0o644, dir_fd=fd,
+                    )
+                )  # fmt: skip
+            finally:
+                os.close(fd)
         except OSError as exc:
             exc.filename = path
             raise
-        finally:
-            os.close(fd)
 
 
 #: ``read``'s system call number, as ``/proc/<pid>/syscall`` shows it (``setup_done``).
@@ -751,18 +752,34 @@ def binds_moved(pid: int, expected: Iterable[tuple[str, int, int, bool]]) -> str
         os.close(root)
 
 
-def _identity_within(root: int, path: str) -> tuple[int, int] | None:
-    """Device and inode of ``path`` below the open folder ``root``, opened component by
-    component without following a link; None when a component is a link or missing."""
+def _open_no_link(root: int, path: str) -> int:
+    """A handle (``O_PATH``) of ``path`` below the open folder ``root``, opened component by
+    component without following a link: a link on the way is opened as itself, and
+    whatever is opened below it fails with ``ENOTDIR``. The caller closes it.
+
+    Raises:
+        OSError: A component is missing, or below a link or a file.
+    """
     fd = os.dup(root)
     try:
         for part in [p for p in path.split("/") if p]:
-            try:
-                following = os.open(part, _NO_LINK, dir_fd=fd)
-            except OSError:
-                return None
+            following = os.open(part, _NO_LINK, dir_fd=fd)
             os.close(fd)
             fd = following
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _identity_within(root: int, path: str) -> tuple[int, int] | None:
+    """Device and inode of ``path`` below the open folder ``root``, opened component by
+    component without following a link; None when a component is a link or missing."""
+    try:
+        fd = _open_no_link(root, path)
+    except OSError:
+        return None
+    try:
         seen = os.fstat(fd)
     finally:
         os.close(fd)
