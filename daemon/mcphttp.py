@@ -545,7 +545,16 @@ class McpHttpEndpoint:
             return
         session_id = request.header(_SESSION_HEADER)
         fresh = False
-        if request.header_count(_SESSION_HEADER) > 1:
+        if (
+            _is_request(message)
+            and message.get("method") != "initialize"
+            and meta_version(message) in MODERN_VERSIONS
+        ):
+            # A request with modern _meta is served statelessly by its own URL: 2026-07-28
+            # has no sessions, and its server ignores an Mcp-Session-Id ("ignore it, and
+            # do not mint or echo session IDs"), so an ended one is no 404 either.
+            session_id = None
+        elif request.header_count(_SESSION_HEADER) > 1:
             # Which session? An intermediary that reads the last one would see a request
             # of another session than the one served (as MCP-Protocol-Version twice).
             await _rpc_error(

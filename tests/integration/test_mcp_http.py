@@ -321,6 +321,31 @@ def test_http_2026_request_headers_must_mirror_the_body(http_daemon, workspace: 
         assert bad.json()["id"] == 1
 
 
+def test_http_2026_request_ignores_mcp_session_id(http_daemon, workspace: Path) -> None:
+    """A 2026-07-28 request is served statelessly by its own URL, whatever Mcp-Session-Id
+    it carries (that revision: "ignore it, and do not mint or echo session IDs"; a
+    dual-era server serves a request with modern _meta statelessly). It was bound to the
+    named session (that session's workspace, not the URL's), and an ended session's id
+    was 404."""
+    _, base = http_daemon
+    other = workspace.parent / "other-ws"
+    other.mkdir()
+    session = initialize(endpoint(base, workspace))  # this workspace has the asker set
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    modern = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"}
+    for named in (session, "an-ended-session"):
+        reply = http(endpoint(base, other), body=rpc(1, "tools/list", {"_meta": meta}),
+                     headers={**modern, "mcp-session-id": named})
+        assert reply.status == 200, (named, reply)
+        assert "mcp-session-id" not in reply.headers
+        names = {t["name"] for t in reply.json()["result"]["tools"]}
+        assert "hello" in names and "asker" not in names, (named, names)
+    legacy = http(endpoint(base, workspace), body=rpc(2, "tools/list"),
+                  headers={"mcp-session-id": session})
+    assert "asker" in {t["name"] for t in legacy.json()["result"]["tools"]}
+
+
 def test_http_2026_unknown_method_is_404(http_daemon, workspace: Path) -> None:
     """A 2026-07-28 request for a method toolsetd does not serve is HTTP 404 with -32601,
     as that revision's transport requires; in a legacy session it stays 200."""
