@@ -43,12 +43,13 @@ activity); the MCP semantics themselves live in ``mcp_session.py``.
 from __future__ import annotations
 
 import base64
+import decimal
 import re
 import secrets
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -153,6 +154,9 @@ class CoreSession(Protocol):
 
     def version_of(self, message: Any = None) -> str | None:
         """The protocol version a message will be served by, or None when not known yet."""
+
+    async def tool_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The schema of the tool ``name`` as this session lists it, or None."""
 
 
 #: Opens a core session: (bind params from the URL, the session's outbox, the
@@ -601,6 +605,12 @@ class McpHttpEndpoint:
         if not fresh:
             assert session.core is not None
             mismatch = _version_mismatch(request, session.core, message)
+            if (
+                mismatch is None
+                and message.get("method") == "tools/call"
+                and session.core.version_of(message) in MODERN_VERSIONS
+            ):
+                mismatch = await _param_headers_mismatch(request, session.core, message)
             if mismatch is not None:
                 if session.session_id is None:
                     self._end_session(session)
@@ -1046,6 +1056,96 @@ def _standard_headers_mismatch(request: HttpRequest, message: dict[str, Any]) ->
             else f"a {method} request must carry the Mcp-Name header (its params.{member})"
         )
     return None
+
+
+#: The characters a header value may hold (RFC 9110 5.5): visible ASCII, space and tab.
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
+
+
+async def _param_headers_mismatch(
+    request: HttpRequest, core: CoreSession, message: dict[str, Any]
+) -> McpError | None:
+    """The 2026-07-28 ``Mcp-Param-{Name}`` rule for a ``tools/call``, or None.
+
+    A property of the tool's schema marked ``x-mcp-header`` (reached from the root through
+    ``properties`` alone) has the client mirror its value into ``Mcp-Param-{Name}``, for
+    intermediaries to route on. A server that reads the body MUST refuse (HeaderMismatch)
+    a request whose header is missing while the body has a value there, differs from it
+    (after decoding the Base64 sentinel; integers compared as numbers), holds characters a
+    header may not, or is sent twice. A value that is absent or null needs no header.
+    """
+    params = message.get("params")
+    name = params.get("name") if isinstance(params, dict) else None
+    arguments = params.get("arguments") if isinstance(params, dict) else None
+    if not isinstance(name, str) or not isinstance(arguments, dict):
+        return None  # the core refuses the params themselves
+    schema = await core.tool_schema(name)
+    if schema is None:
+        return None  # the core answers the unknown tool
+    for path, header_name in _header_params(schema):
+        header = f"mcp-param-{header_name.lower()}"
+        shown = f"Mcp-Param-{header_name}"
+        if request.header_count(header) > 1:
+            return _header_mismatch(f"{shown} is sent more than once; send it once")
+        value: Any = arguments
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        sent = request.header(header)
+        if value is None or not isinstance(value, (str, int, float)):
+            continue  # absent or null (no header expected), or no primitive to mirror
+        if sent is None:
+            return _header_mismatch(
+                f"the argument {'.'.join(path)!r} is in the body, so the request must carry "
+                f"{shown} (its schema marks it x-mcp-header)"
+            )
+        if not _HEADER_VALUE.fullmatch(sent):
+            return _header_mismatch(f"{shown} holds characters a header value may not")
+        if (encoded := _BASE64_SENTINEL.fullmatch(sent)) is not None:
+            try:
+                sent = base64.b64decode(encoded[1], validate=True).decode("utf-8")
+            except ValueError:
+                return _header_mismatch(f"{shown}'s =?base64?...?= value is not base64 of UTF-8")
+        if not _mirrors(sent, value):
+            return _header_mismatch(
+                f"{shown} does not match the body's argument {'.'.join(path)!r}; send the same"
+            )
+    return None
+
+
+def _header_params(schema: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
+    """The (property path, header name) of every ``x-mcp-header`` of a tool's schema.
+
+    Only properties reached from the root through ``properties`` keys count (MCP: an
+    annotation anywhere else makes the tool definition invalid, and clients drop it).
+    """
+    found: list[tuple[tuple[str, ...], str]] = []
+    pending: list[tuple[tuple[str, ...], Any]] = [((), schema)]
+    while pending:
+        path, node = pending.pop()
+        properties = node.get("properties") if isinstance(node, Mapping) else None
+        if not isinstance(properties, Mapping):
+            continue
+        for key, sub in properties.items():
+            if not isinstance(sub, Mapping):
+                continue
+            marked = sub.get("x-mcp-header")
+            if isinstance(marked, str) and marked:
+                found.append(((*path, key), marked))
+            pending.append(((*path, key), sub))
+    return found
+
+
+def _mirrors(sent: str, value: str | int | float) -> bool:
+    """Whether a header's (decoded) text says the body's value: a string as it is, a
+    boolean as ``true``/``false``, a number compared as a number (``42.0`` is ``42``)."""
+    if isinstance(value, bool):
+        return sent == ("true" if value else "false")
+    if isinstance(value, str):
+        return sent == value
+    try:
+        return decimal.Decimal(sent) == decimal.Decimal(str(value))
+    except (decimal.InvalidOperation, ValueError):
+        return False
 
 
 async def _rpc_error(

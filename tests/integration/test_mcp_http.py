@@ -51,6 +51,7 @@ from .conftest import (
 )
 from .http_helpers import (
     INIT_PARAMS,
+    HttpReply,
     endpoint,
     http,
     initialize,
@@ -344,6 +345,90 @@ def test_http_2026_request_ignores_mcp_session_id(http_daemon, workspace: Path) 
     legacy = http(endpoint(base, workspace), body=rpc(2, "tools/list"),
                   headers={"mcp-session-id": session})
     assert "asker" in {t["name"] for t in legacy.json()["result"]["tools"]}
+
+
+def test_http_2026_mcp_param_headers_must_mirror_the_body(
+    http_daemon, workspace: Path
+) -> None:
+    """2026-07-28: a tool whose schema marks a property ``x-mcp-header`` has the client
+    mirror its value into ``Mcp-Param-<name>``; the server MUST check the header against
+    the body (missing with the value in the body, another value, invalid characters, sent
+    twice: 400, -32020), decoding the Base64 sentinel and comparing integers as numbers. A
+    value that is absent or null needs no header. They were not checked at all."""
+    _, base = http_daemon
+    schema = {"type": "object", "properties": {
+        "region": {"type": "string", "x-mcp-header": "Region"},
+        "opts": {"type": "object", "properties": {
+            "n": {"type": "integer", "x-mcp-header": "N"},
+            "on": {"type": "boolean", "x-mcp-header": "On"}}},
+    }}
+    write_set(workspace / ".crystal" / "tools", "routed",
+              _tool("routed.py", schema=schema, approval="inherit"),
+              **{"routed.py": script("print('ran')\n")})
+    url = endpoint(base, workspace)
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    std = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
+           "mcp-name": "routed"}
+
+    def call(arguments: dict[str, Any], headers: dict[str, str]) -> Any:
+        body = rpc(1, "tools/call", {"_meta": meta, "name": "routed", "arguments": arguments})
+        return http(url, body=body, headers={**std, **headers})
+
+    full = {"region": "us-west1", "opts": {"n": 42, "on": True}}
+    good = {"mcp-param-region": "us-west1", "mcp-param-n": "42", "mcp-param-on": "true"}
+    for arguments, headers in (
+        (full, good),
+        (full, {**good, "mcp-param-n": "42.0"}),  # numerically equal
+        ({**full, "region": "Hello, \u4e16\u754c"},
+         {**good, "mcp-param-region": "=?base64?"
+          + base64.b64encode("Hello, \u4e16\u754c".encode()).decode() + "?="}),
+        ({"region": None}, {}),  # null or absent: no header expected
+        ({}, {}),
+    ):
+        reply = call(arguments, headers)
+        assert reply.status == 200, (arguments, headers, reply)
+        assert "error" not in reply.json(), reply.body
+    for arguments, headers in (
+        (full, {k: v for k, v in good.items() if k != "mcp-param-region"}),
+        (full, {k: v for k, v in good.items() if k != "mcp-param-n"}),
+        (full, {**good, "mcp-param-region": "eu-west1"}),
+        (full, {**good, "mcp-param-n": "43"}),
+        (full, {**good, "mcp-param-on": "True"}),
+        (full, {**good, "mcp-param-region": "=?base64?not base64?="}),
+        (full, {**good, "mcp-param-region": "us-west1\x7f"}),
+    ):
+        reply = call(arguments, headers)
+        assert reply.status == 400, (arguments, headers, reply)
+        assert reply.json()["error"]["code"] == -32020, (headers, reply.body)
+        assert reply.json()["id"] == 1
+    twice = http_raw_twice(url, rpc(1, "tools/call", {
+        "_meta": meta, "name": "routed", "arguments": full}), {**std, **good},
+        ("Mcp-Param-Region", "us-west1"))
+    assert twice.status == 400, twice
+    assert twice.json()["error"]["code"] == -32020
+
+
+def http_raw_twice(
+    url: str, body: Any, headers: dict[str, str], extra: tuple[str, str]
+) -> HttpReply:
+    """A POST that sends the header ``extra`` once more beside ``headers``."""
+    parts = urlsplit(url)
+    conn = HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.putrequest("POST", parts.path + "?" + parts.query)
+        data = json.dumps(body).encode()
+        for key, value in {"content-type": "application/json",
+                           "accept": "application/json, text/event-stream",
+                           "content-length": str(len(data)), **headers}.items():
+            conn.putheader(key, value)
+        conn.putheader(*extra)
+        conn.endheaders(data)
+        response = conn.getresponse()
+        return HttpReply(response.status, {k.lower(): v for k, v in response.getheaders()},
+                         response.read())
+    finally:
+        conn.close()
 
 
 def test_http_2026_unknown_method_is_404(http_daemon, workspace: Path) -> None:
