@@ -1072,17 +1072,21 @@ async def _param_headers_mismatch(
     intermediaries to route on. A server that reads the body MUST refuse (HeaderMismatch)
     a request whose header is missing while the body has a value there, differs from it
     (after decoding the Base64 sentinel; integers compared as numbers), holds characters a
-    header may not, or is sent twice. A value that is absent or null needs no header.
+    header may not, or is sent twice. A value that is absent or null (or not a primitive)
+    takes no header, and one sent anyway is refused: it names a value the call lacks.
     """
     params = message.get("params")
     name = params.get("name") if isinstance(params, dict) else None
-    arguments = params.get("arguments") if isinstance(params, dict) else None
+    arguments = params.get("arguments", {}) if isinstance(params, dict) else None
+    if arguments is None:
+        arguments = {}  # as the core takes them
     if not isinstance(name, str) or not isinstance(arguments, dict):
         return None  # the core refuses the params themselves
     schema = await core.tool_schema(name)
-    if schema is None:
-        return None  # the core answers the unknown tool
-    for path, header_name in _header_params(schema):
+    marked = _header_params(schema) if schema is not None else None
+    if marked is None:
+        return None  # an unknown tool (the core answers it), or no header to check
+    for path, header_name in marked:
         header = f"mcp-param-{header_name.lower()}"
         shown = f"Mcp-Param-{header_name}"
         if request.header_count(header) > 1:
@@ -1091,11 +1095,19 @@ async def _param_headers_mismatch(
         for key in path:
             value = value.get(key) if isinstance(value, dict) else None
         sent = request.header(header)
+        where = ".".join(path)
         if value is None or not isinstance(value, (str, int, float)):
-            continue  # absent or null (no header expected), or no primitive to mirror
+            # Absent or null (no header expected), or no primitive to mirror: a header
+            # sent anyway names a value the body does not carry.
+            if sent is not None:
+                return _header_mismatch(
+                    f"{shown} is sent, but the body's argument {where!r} has no value it "
+                    "mirrors; leave the header out"
+                )
+            continue
         if sent is None:
             return _header_mismatch(
-                f"the argument {'.'.join(path)!r} is in the body, so the request must carry "
+                f"the argument {where!r} is in the body, so the request must carry "
                 f"{shown} (its schema marks it x-mcp-header)"
             )
         if not _HEADER_VALUE.fullmatch(sent):
@@ -1107,32 +1119,73 @@ async def _param_headers_mismatch(
                 return _header_mismatch(f"{shown}'s =?base64?...?= value is not base64 of UTF-8")
         if not _mirrors(sent, value):
             return _header_mismatch(
-                f"{shown} does not match the body's argument {'.'.join(path)!r}; send the same"
+                f"{shown} does not match the body's argument {where!r}; send the same"
             )
     return None
 
 
-def _header_params(schema: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]:
+#: JSON Schema keywords whose value is a schema, a list of schemas, or a map of them
+#: (besides ``properties``, the one keyword that keeps a property statically reachable).
+_SUBSCHEMA = frozenset(
+    {
+        "items",
+        "contains",
+        "unevaluatedItems",
+        "additionalProperties",
+        "propertyNames",
+        "unevaluatedProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contentSchema",
+    }
+)
+_SUBSCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_SUBSCHEMA_MAP = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
+#: An HTTP field name (RFC 9110 5.6.2 token).
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def _header_params(schema: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]] | None:
     """The (property path, header name) of every ``x-mcp-header`` of a tool's schema.
 
-    Only properties reached from the root through ``properties`` keys count (MCP: an
-    annotation anywhere else makes the tool definition invalid, and clients drop it).
+    None when there is none, or when one breaks MCP's constraints (on a property not
+    reached from the root through ``properties`` keys alone, not a token, on a type
+    other than string, integer or boolean, or the same name twice in any case): clients
+    then drop the tool and mirror nothing, so nothing is checked (as the SDK's server).
     """
     found: list[tuple[tuple[str, ...], str]] = []
-    pending: list[tuple[tuple[str, ...], Any]] = [((), schema)]
+    seen: set[str] = set()
+    pending: list[tuple[tuple[str, ...] | None, Any]] = [((), schema)]
     while pending:
         path, node = pending.pop()
-        properties = node.get("properties") if isinstance(node, Mapping) else None
-        if not isinstance(properties, Mapping):
+        if not isinstance(node, Mapping):
             continue
-        for key, sub in properties.items():
-            if not isinstance(sub, Mapping):
-                continue
-            marked = sub.get("x-mcp-header")
-            if isinstance(marked, str) and marked:
-                found.append(((*path, key), marked))
-            pending.append(((*path, key), sub))
-    return found
+        if "x-mcp-header" in node:
+            marked = node["x-mcp-header"]
+            if (
+                not path
+                or not isinstance(marked, str)
+                or not _TOKEN.fullmatch(marked)
+                or node.get("type") not in ("string", "integer", "boolean")
+                or marked.lower() in seen
+            ):
+                return None
+            seen.add(marked.lower())
+            found.append((path, marked))
+        for keyword, value in node.items():
+            if keyword == "properties" and isinstance(value, Mapping):
+                pending.extend(
+                    ((*path, key) if path is not None else None, sub) for key, sub in value.items()
+                )
+            elif keyword in _SUBSCHEMA:
+                pending.append((None, value))
+            elif keyword in _SUBSCHEMAS and isinstance(value, list):
+                pending.extend((None, sub) for sub in value)
+            elif keyword in _SUBSCHEMA_MAP and isinstance(value, Mapping):
+                pending.extend((None, sub) for sub in value.values())
+    return found or None
 
 
 def _mirrors(sent: str, value: str | int | float) -> bool:

@@ -409,6 +409,52 @@ def test_http_2026_mcp_param_headers_must_mirror_the_body(
     assert twice.json()["error"]["code"] == -32020
 
 
+def test_http_2026_mcp_param_headers_as_the_sdk_server_checks_them(
+    http_daemon, workspace: Path
+) -> None:
+    """As the official SDK's server: a header for an argument the body does not carry
+    (absent, null) is refused too (an intermediary would route on a value the call never
+    had), and a schema whose x-mcp-header annotations break MCP's constraints (on a
+    ``number``, off the ``properties`` chain, twice in any case) validates nothing, as
+    conforming clients drop such a tool and mirror no header for it."""
+    _, base = http_daemon
+    tools = workspace / ".crystal" / "tools"
+    good = {"type": "object", "properties": {
+        "region": {"type": "string", "x-mcp-header": "Region"}}}
+    broken = {
+        "on-number": {"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "ratio": {"type": "number", "x-mcp-header": "Ratio"}}},
+        "off-chain": {"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "list": {"type": "array", "items": {"type": "string", "x-mcp-header": "Item"}}}},
+        "twice": {"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "zone": {"type": "string", "x-mcp-header": "REGION"}}},
+    }
+    for name, schema in [("routed", good), *broken.items()]:
+        write_set(tools, name, _tool(f"{name}.py", schema=schema, approval="inherit"),
+                  **{f"{name}.py": script("print('ran')\n")})
+    url = endpoint(base, workspace)
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+
+    def call(tool: str, arguments: dict[str, Any] | None, headers: dict[str, str]) -> Any:
+        body = rpc(1, "tools/call", {"_meta": meta, "name": tool, "arguments": arguments})
+        return http(url, body=body, headers={
+            "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
+            "mcp-name": tool, **headers})
+
+    for arguments in ({}, {"region": None}, None):
+        reply = call("routed", arguments, {"mcp-param-region": "us-west1"})
+        assert reply.status == 400, (arguments, reply)
+        assert reply.json()["error"]["code"] == -32020, reply.body
+    for name in broken:
+        reply = call(name, {"region": "us-west1", "ratio": 0.5, "zone": "z"}, {})
+        assert reply.status == 200, (name, reply)
+        assert "error" not in reply.json(), (name, reply.body)
+
+
 def http_raw_twice(
     url: str, body: Any, headers: dict[str, str], extra: tuple[str, str]
 ) -> HttpReply:
@@ -2213,6 +2259,31 @@ def test_sdk_elicitation_2026_era(http_daemon, workspace: Path) -> None:
     assert asked
     assert result.is_error is False
     assert "asked and ran" in result.content[0].text  # type: ignore[union-attr]
+
+
+def test_sdk_2026_era_mirrors_x_mcp_header_arguments(http_daemon, workspace: Path) -> None:
+    """The official SDK client (2026-07-28) mirrors x-mcp-header arguments into the
+    Mcp-Param headers that toolsetd checks: its call passes, nested and Base64 alike."""
+    _, base = http_daemon
+    schema = {"type": "object", "properties": {
+        "region": {"type": "string", "x-mcp-header": "Region"},
+        "opts": {"type": "object", "properties": {
+            "n": {"type": "integer", "x-mcp-header": "N"}}}}}
+    write_set(workspace / ".crystal" / "tools", "routed",
+              _tool("routed.py", schema=schema), **{"routed.py": script("print('ran')\n")})
+
+    async def main() -> list[types.CallToolResult]:
+        with anyio.fail_after(60):
+            async with _sdk(endpoint(base, workspace, mode="full"), mode="2026-07-28") as client:
+                return [await client.call_tool("routed", arguments) for arguments in (
+                    {"region": "us-west1", "opts": {"n": 42}},
+                    {"region": " Hello, \u4e16\u754c "},
+                    {},
+                )]
+
+    for result in anyio.run(main):
+        assert result.is_error is False, result
+        assert "ran" in result.content[0].text  # type: ignore[union-attr]
 
 
 def test_sdk_cancelled_call_kills_the_tool(http_daemon, workspace: Path) -> None:
