@@ -61,7 +61,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import uuid
-from collections.abc import Iterator, MutableMapping, Sequence
+from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -467,6 +467,19 @@ class McpSession:
         if isinstance(version, str):
             return version
         return self.legacy_version
+
+    async def tool_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The schema ``tools/list`` gives the tool ``name`` of this binding, or None.
+
+        None when no such tool is served (not in the binding's catalog, or its tool sets
+        cannot be read now): the call itself then answers why.
+        """
+        try:
+            catalog = await self._service.catalog(self.binding.workspace)
+            loaded = Service.lookup(catalog, name, self.binding.catalog)
+        except rpc_errors.RpcError:
+            return None
+        return loaded.tool.schema
 
     # -- dispatch ------------------------------------------------------------------------
 

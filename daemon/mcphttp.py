@@ -43,12 +43,13 @@ activity); the MCP semantics themselves live in ``mcp_session.py``.
 from __future__ import annotations
 
 import base64
+import decimal
 import re
 import secrets
 import socket
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 from urllib.parse import urlsplit
@@ -153,6 +154,9 @@ class CoreSession(Protocol):
 
     def version_of(self, message: Any = None) -> str | None:
         """The protocol version a message will be served by, or None when not known yet."""
+
+    async def tool_schema(self, name: str) -> Mapping[str, Any] | None:
+        """The schema of the tool ``name`` as this session lists it, or None."""
 
 
 #: Opens a core session: (bind params from the URL, the session's outbox, the
@@ -545,7 +549,16 @@ class McpHttpEndpoint:
             return
         session_id = request.header(_SESSION_HEADER)
         fresh = False
-        if request.header_count(_SESSION_HEADER) > 1:
+        if (
+            _is_request(message)
+            and message.get("method") != "initialize"
+            and meta_version(message) in MODERN_VERSIONS
+        ):
+            # A request with modern _meta is served statelessly by its own URL: 2026-07-28
+            # has no sessions, and its server ignores an Mcp-Session-Id ("ignore it, and
+            # do not mint or echo session IDs"), so an ended one is no 404 either.
+            session_id = None
+        elif request.header_count(_SESSION_HEADER) > 1:
             # Which session? An intermediary that reads the last one would see a request
             # of another session than the one served (as MCP-Protocol-Version twice).
             await _rpc_error(
@@ -592,6 +605,12 @@ class McpHttpEndpoint:
         if not fresh:
             assert session.core is not None
             mismatch = _version_mismatch(request, session.core, message)
+            if (
+                mismatch is None
+                and message.get("method") == "tools/call"
+                and session.core.version_of(message) in MODERN_VERSIONS
+            ):
+                mismatch = await _param_headers_mismatch(request, session.core, message)
             if mismatch is not None:
                 if session.session_id is None:
                     self._end_session(session)
@@ -1037,6 +1056,149 @@ def _standard_headers_mismatch(request: HttpRequest, message: dict[str, Any]) ->
             else f"a {method} request must carry the Mcp-Name header (its params.{member})"
         )
     return None
+
+
+#: The characters a header value may hold (RFC 9110 5.5): visible ASCII, space and tab.
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
+
+
+async def _param_headers_mismatch(
+    request: HttpRequest, core: CoreSession, message: dict[str, Any]
+) -> McpError | None:
+    """The 2026-07-28 ``Mcp-Param-{Name}`` rule for a ``tools/call``, or None.
+
+    A property of the tool's schema marked ``x-mcp-header`` (reached from the root through
+    ``properties`` alone) has the client mirror its value into ``Mcp-Param-{Name}``, for
+    intermediaries to route on. A server that reads the body MUST refuse (HeaderMismatch)
+    a request whose header is missing while the body has a value there, differs from it
+    (after decoding the Base64 sentinel; integers compared as numbers), holds characters a
+    header may not, or is sent twice. A value that is absent or null (or not a primitive)
+    takes no header, and one sent anyway is refused: it names a value the call lacks.
+    """
+    params = message.get("params")
+    name = params.get("name") if isinstance(params, dict) else None
+    arguments = params.get("arguments", {}) if isinstance(params, dict) else None
+    if arguments is None:
+        arguments = {}  # as the core takes them
+    if not isinstance(name, str) or not isinstance(arguments, dict):
+        return None  # the core refuses the params themselves
+    schema = await core.tool_schema(name)
+    marked = _header_params(schema) if schema is not None else None
+    if marked is None:
+        return None  # an unknown tool (the core answers it), or no header to check
+    for path, header_name in marked:
+        header = f"mcp-param-{header_name.lower()}"
+        shown = f"Mcp-Param-{header_name}"
+        if request.header_count(header) > 1:
+            return _header_mismatch(f"{shown} is sent more than once; send it once")
+        value: Any = arguments
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        sent = request.header(header)
+        where = ".".join(path)
+        if value is None or not isinstance(value, (str, int, float)):
+            # Absent or null (no header expected), or no primitive to mirror: a header
+            # sent anyway names a value the body does not carry.
+            if sent is not None:
+                return _header_mismatch(
+                    f"{shown} is sent, but the body's argument {where!r} has no value it "
+                    "mirrors; leave the header out"
+                )
+            continue
+        if sent is None:
+            return _header_mismatch(
+                f"the argument {where!r} is in the body, so the request must carry "
+                f"{shown} (its schema marks it x-mcp-header)"
+            )
+        if not _HEADER_VALUE.fullmatch(sent):
+            return _header_mismatch(f"{shown} holds characters a header value may not")
+        if (encoded := _BASE64_SENTINEL.fullmatch(sent)) is not None:
+            try:
+                sent = base64.b64decode(encoded[1], validate=True).decode("utf-8")
+            except ValueError:
+                return _header_mismatch(f"{shown}'s =?base64?...?= value is not base64 of UTF-8")
+        if not _mirrors(sent, value):
+            return _header_mismatch(
+                f"{shown} does not match the body's argument {where!r}; send the same"
+            )
+    return None
+
+
+#: JSON Schema keywords whose value is a schema, a list of schemas, or a map of them
+#: (besides ``properties``, the one keyword that keeps a property statically reachable).
+_SUBSCHEMA = frozenset(
+    {
+        "items",
+        "contains",
+        "unevaluatedItems",
+        "additionalProperties",
+        "propertyNames",
+        "unevaluatedProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contentSchema",
+    }
+)
+_SUBSCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_SUBSCHEMA_MAP = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
+#: An HTTP field name (RFC 9110 5.6.2 token).
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+def _header_params(schema: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]] | None:
+    """The (property path, header name) of every ``x-mcp-header`` of a tool's schema.
+
+    None when there is none, or when one breaks MCP's constraints (on a property not
+    reached from the root through ``properties`` keys alone, not a token, on a type
+    other than string, integer or boolean, or the same name twice in any case): clients
+    then drop the tool and mirror nothing, so nothing is checked (as the SDK's server).
+    """
+    found: list[tuple[tuple[str, ...], str]] = []
+    seen: set[str] = set()
+    pending: list[tuple[tuple[str, ...] | None, Any]] = [((), schema)]
+    while pending:
+        path, node = pending.pop()
+        if not isinstance(node, Mapping):
+            continue
+        if "x-mcp-header" in node:
+            marked = node["x-mcp-header"]
+            if (
+                not path
+                or not isinstance(marked, str)
+                or not _TOKEN.fullmatch(marked)
+                or node.get("type") not in ("string", "integer", "boolean")
+                or marked.lower() in seen
+            ):
+                return None
+            seen.add(marked.lower())
+            found.append((path, marked))
+        for keyword, value in node.items():
+            if keyword == "properties" and isinstance(value, Mapping):
+                pending.extend(
+                    ((*path, key) if path is not None else None, sub) for key, sub in value.items()
+                )
+            elif keyword in _SUBSCHEMA:
+                pending.append((None, value))
+            elif keyword in _SUBSCHEMAS and isinstance(value, list):
+                pending.extend((None, sub) for sub in value)
+            elif keyword in _SUBSCHEMA_MAP and isinstance(value, Mapping):
+                pending.extend((None, sub) for sub in value.values())
+    return found or None
+
+
+def _mirrors(sent: str, value: str | int | float) -> bool:
+    """Whether a header's (decoded) text says the body's value: a string as it is, a
+    boolean as ``true``/``false``, a number compared as a number (``42.0`` is ``42``)."""
+    if isinstance(value, bool):
+        return sent == ("true" if value else "false")
+    if isinstance(value, str):
+        return sent == value
+    try:
+        return decimal.Decimal(sent) == decimal.Decimal(str(value))
+    except (decimal.InvalidOperation, ValueError):
+        return False
 
 
 async def _rpc_error(

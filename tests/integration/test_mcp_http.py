@@ -51,6 +51,7 @@ from .conftest import (
 )
 from .http_helpers import (
     INIT_PARAMS,
+    HttpReply,
     endpoint,
     http,
     initialize,
@@ -319,6 +320,161 @@ def test_http_2026_request_headers_must_mirror_the_body(http_daemon, workspace: 
         assert bad.status == 400, (headers, bad)
         assert bad.json()["error"]["code"] == -32020, (headers, bad.body)
         assert bad.json()["id"] == 1
+
+
+def test_http_2026_request_ignores_mcp_session_id(http_daemon, workspace: Path) -> None:
+    """A 2026-07-28 request is served statelessly by its own URL, whatever Mcp-Session-Id
+    it carries (that revision: "ignore it, and do not mint or echo session IDs"; a
+    dual-era server serves a request with modern _meta statelessly). It was bound to the
+    named session (that session's workspace, not the URL's), and an ended session's id
+    was 404."""
+    _, base = http_daemon
+    other = workspace.parent / "other-ws"
+    other.mkdir()
+    session = initialize(endpoint(base, workspace))  # this workspace has the asker set
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    modern = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/list"}
+    for named in (session, "an-ended-session"):
+        reply = http(endpoint(base, other), body=rpc(1, "tools/list", {"_meta": meta}),
+                     headers={**modern, "mcp-session-id": named})
+        assert reply.status == 200, (named, reply)
+        assert "mcp-session-id" not in reply.headers
+        names = {t["name"] for t in reply.json()["result"]["tools"]}
+        assert "hello" in names and "asker" not in names, (named, names)
+    legacy = http(endpoint(base, workspace), body=rpc(2, "tools/list"),
+                  headers={"mcp-session-id": session})
+    assert "asker" in {t["name"] for t in legacy.json()["result"]["tools"]}
+
+
+def test_http_2026_mcp_param_headers_must_mirror_the_body(
+    http_daemon, workspace: Path
+) -> None:
+    """2026-07-28: a tool whose schema marks a property ``x-mcp-header`` has the client
+    mirror its value into ``Mcp-Param-<name>``; the server MUST check the header against
+    the body (missing with the value in the body, another value, invalid characters, sent
+    twice: 400, -32020), decoding the Base64 sentinel and comparing integers as numbers. A
+    value that is absent or null needs no header. They were not checked at all."""
+    _, base = http_daemon
+    schema = {"type": "object", "properties": {
+        "region": {"type": "string", "x-mcp-header": "Region"},
+        "opts": {"type": "object", "properties": {
+            "n": {"type": "integer", "x-mcp-header": "N"},
+            "on": {"type": "boolean", "x-mcp-header": "On"}}},
+    }}
+    write_set(workspace / ".crystal" / "tools", "routed",
+              _tool("routed.py", schema=schema, approval="inherit"),
+              **{"routed.py": script("print('ran')\n")})
+    url = endpoint(base, workspace)
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    std = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
+           "mcp-name": "routed"}
+
+    def call(arguments: dict[str, Any], headers: dict[str, str]) -> Any:
+        body = rpc(1, "tools/call", {"_meta": meta, "name": "routed", "arguments": arguments})
+        return http(url, body=body, headers={**std, **headers})
+
+    full = {"region": "us-west1", "opts": {"n": 42, "on": True}}
+    good = {"mcp-param-region": "us-west1", "mcp-param-n": "42", "mcp-param-on": "true"}
+    for arguments, headers in (
+        (full, good),
+        (full, {**good, "mcp-param-n": "42.0"}),  # numerically equal
+        ({**full, "region": "Hello, \u4e16\u754c"},
+         {**good, "mcp-param-region": "=?base64?"
+          + base64.b64encode("Hello, \u4e16\u754c".encode()).decode() + "?="}),
+        ({"region": None}, {}),  # null or absent: no header expected
+        ({}, {}),
+    ):
+        reply = call(arguments, headers)
+        assert reply.status == 200, (arguments, headers, reply)
+        assert "error" not in reply.json(), reply.body
+    for arguments, headers in (
+        (full, {k: v for k, v in good.items() if k != "mcp-param-region"}),
+        (full, {k: v for k, v in good.items() if k != "mcp-param-n"}),
+        (full, {**good, "mcp-param-region": "eu-west1"}),
+        (full, {**good, "mcp-param-n": "43"}),
+        (full, {**good, "mcp-param-on": "True"}),
+        (full, {**good, "mcp-param-region": "=?base64?not base64?="}),
+        (full, {**good, "mcp-param-region": "us-west1\x7f"}),
+    ):
+        reply = call(arguments, headers)
+        assert reply.status == 400, (arguments, headers, reply)
+        assert reply.json()["error"]["code"] == -32020, (headers, reply.body)
+        assert reply.json()["id"] == 1
+    twice = http_raw_twice(url, rpc(1, "tools/call", {
+        "_meta": meta, "name": "routed", "arguments": full}), {**std, **good},
+        ("Mcp-Param-Region", "us-west1"))
+    assert twice.status == 400, twice
+    assert twice.json()["error"]["code"] == -32020
+
+
+def test_http_2026_mcp_param_headers_as_the_sdk_server_checks_them(
+    http_daemon, workspace: Path
+) -> None:
+    """As the official SDK's server: a header for an argument the body does not carry
+    (absent, null) is refused too (an intermediary would route on a value the call never
+    had), and a schema whose x-mcp-header annotations break MCP's constraints (on a
+    ``number``, off the ``properties`` chain, twice in any case) validates nothing, as
+    conforming clients drop such a tool and mirror no header for it."""
+    _, base = http_daemon
+    tools = workspace / ".crystal" / "tools"
+    good = {"type": "object", "properties": {
+        "region": {"type": "string", "x-mcp-header": "Region"}}}
+    broken = {
+        "on-number": {"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "ratio": {"type": "number", "x-mcp-header": "Ratio"}}},
+        "off-chain": {"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "list": {"type": "array", "items": {"type": "string", "x-mcp-header": "Item"}}}},
+        "twice": {"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "zone": {"type": "string", "x-mcp-header": "REGION"}}},
+    }
+    for name, schema in [("routed", good), *broken.items()]:
+        write_set(tools, name, _tool(f"{name}.py", schema=schema, approval="inherit"),
+                  **{f"{name}.py": script("print('ran')\n")})
+    url = endpoint(base, workspace)
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+
+    def call(tool: str, arguments: dict[str, Any] | None, headers: dict[str, str]) -> Any:
+        body = rpc(1, "tools/call", {"_meta": meta, "name": tool, "arguments": arguments})
+        return http(url, body=body, headers={
+            "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
+            "mcp-name": tool, **headers})
+
+    for arguments in ({}, {"region": None}, None):
+        reply = call("routed", arguments, {"mcp-param-region": "us-west1"})
+        assert reply.status == 400, (arguments, reply)
+        assert reply.json()["error"]["code"] == -32020, reply.body
+    for name in broken:
+        reply = call(name, {"region": "us-west1", "ratio": 0.5, "zone": "z"}, {})
+        assert reply.status == 200, (name, reply)
+        assert "error" not in reply.json(), (name, reply.body)
+
+
+def http_raw_twice(
+    url: str, body: Any, headers: dict[str, str], extra: tuple[str, str]
+) -> HttpReply:
+    """A POST that sends the header ``extra`` once more beside ``headers``."""
+    parts = urlsplit(url)
+    conn = HTTPConnection(parts.hostname, parts.port, timeout=30)
+    try:
+        conn.putrequest("POST", parts.path + "?" + parts.query)
+        data = json.dumps(body).encode()
+        for key, value in {"content-type": "application/json",
+                           "accept": "application/json, text/event-stream",
+                           "content-length": str(len(data)), **headers}.items():
+            conn.putheader(key, value)
+        conn.putheader(*extra)
+        conn.endheaders(data)
+        response = conn.getresponse()
+        return HttpReply(response.status, {k.lower(): v for k, v in response.getheaders()},
+                         response.read())
+    finally:
+        conn.close()
 
 
 def test_http_2026_unknown_method_is_404(http_daemon, workspace: Path) -> None:
@@ -2103,6 +2259,31 @@ def test_sdk_elicitation_2026_era(http_daemon, workspace: Path) -> None:
     assert asked
     assert result.is_error is False
     assert "asked and ran" in result.content[0].text  # type: ignore[union-attr]
+
+
+def test_sdk_2026_era_mirrors_x_mcp_header_arguments(http_daemon, workspace: Path) -> None:
+    """The official SDK client (2026-07-28) mirrors x-mcp-header arguments into the
+    Mcp-Param headers that toolsetd checks: its call passes, nested and Base64 alike."""
+    _, base = http_daemon
+    schema = {"type": "object", "properties": {
+        "region": {"type": "string", "x-mcp-header": "Region"},
+        "opts": {"type": "object", "properties": {
+            "n": {"type": "integer", "x-mcp-header": "N"}}}}}
+    write_set(workspace / ".crystal" / "tools", "routed",
+              _tool("routed.py", schema=schema), **{"routed.py": script("print('ran')\n")})
+
+    async def main() -> list[types.CallToolResult]:
+        with anyio.fail_after(60):
+            async with _sdk(endpoint(base, workspace, mode="full"), mode="2026-07-28") as client:
+                return [await client.call_tool("routed", arguments) for arguments in (
+                    {"region": "us-west1", "opts": {"n": 42}},
+                    {"region": " Hello, \u4e16\u754c "},
+                    {},
+                )]
+
+    for result in anyio.run(main):
+        assert result.is_error is False, result
+        assert "ran" in result.content[0].text  # type: ignore[union-attr]
 
 
 def test_sdk_cancelled_call_kills_the_tool(http_daemon, workspace: Path) -> None:
