@@ -1024,6 +1024,11 @@ def _describe(error: ValidationError) -> list[tuple[str, str]]:
     def at(detail: str, where: str = path) -> tuple[str, str]:
         return where, f"{where}: {detail}" if where else detail
 
+    if keyword == "required" and isinstance(value, bool) and error.absolute_path:
+        # Draft 3: ``"required": true`` sits in the property's own schema; jsonschema puts
+        # the property's name last in the path, and the object is the instance.
+        *parent, name = error.absolute_path
+        return [at(f"required property {_name(name)} is missing", json_pointer(parent))]
     if keyword == "required" and isinstance(instance, dict):
         return [
             at(f"required property {_name(name)} is missing")
@@ -1052,6 +1057,15 @@ def _describe(error: ValidationError) -> list[tuple[str, str]]:
     return [at(_detail(error, keyword, value, instance))]
 
 
+def _types_text(value: Any) -> str:
+    """A ``type`` keyword's value as words; draft 3 lets its list hold schemas too."""
+    if isinstance(value, str):
+        return value
+    return " or ".join(
+        item if isinstance(item, str) else f"a value matching {_echo(item)}" for item in value
+    )
+
+
 def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> str:
     """The message text for keywords that describe the value itself."""
     got = f"got {_json_type(instance)}"
@@ -1061,9 +1075,7 @@ def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> 
         if error.schema.get(exclusive) is True:
             keyword = exclusive
     simple: dict[str, Callable[[], str]] = {
-        "type": lambda: (
-            f"expected {value if isinstance(value, str) else ' or '.join(value)}, {got}"
-        ),
+        "type": lambda: f"expected {_types_text(value)}, {got}",
         "enum": lambda: f"expected one of {_echo(value)}, got {_echo(instance)}",
         "const": lambda: f"expected {_echo(value)}, got {_echo(instance)}",
         "minimum": lambda: f"expected a number >= {value}, got {_echo(instance)}",

@@ -423,6 +423,46 @@ def test_argument_validators_draft7_dialect() -> None:
     assert [e["path"] for e in errors] == [""]
 
 
+_DRAFT3 = "http://json-schema.org/draft-03/schema#"
+
+
+@pytest.mark.parametrize(
+    ("schema", "arguments", "expected"),
+    [
+        (  # draft 3 says a property is required with a boolean beside it
+            {"$schema": _DRAFT3, "properties": {"a": {"type": "integer", "required": True}}},
+            {},
+            [{"path": "", "message": "required property 'a' is missing"}],
+        ),
+        (
+            {
+                "$schema": _DRAFT3,
+                "properties": {"n": {"properties": {"a": {"required": True}}}},
+            },
+            {"n": {}},
+            [{"path": "/n", "message": "/n: required property 'a' is missing"}],
+        ),
+        (  # draft 3 lets a type list hold schemas as well as type names
+            {"$schema": _DRAFT3, "properties": {"a": {"type": [{"type": "string"}, "integer"]}}},
+            {"a": 1.5},
+            [
+                {
+                    "path": "/a",
+                    "message": '/a: expected a value matching {"type": "string"} or integer, got number',
+                }
+            ],
+        ),
+    ],
+)
+def test_argument_validators_draft3_required_and_schema_types(
+    schema: dict[str, Any], arguments: Any, expected: list[dict[str, str]]
+) -> None:
+    """A draft-03 tool schema (its ``$schema`` picks the dialect, and the manifest check
+    takes it) reports a missing property and a failed type list as argument errors: they
+    were a TypeError, so the call was an internal error (-32603) instead of ``InvalidArguments``."""
+    assert ArgumentValidators().errors(loaded(schema), arguments) == expected
+
+
 def test_many_values_or_long_strings_are_checked_off_the_loop() -> None:
     """Past 4,096 values on all levels, or 64 Ki characters of strings (keys included),
     the check goes to the check process, whatever the schema."""
