@@ -463,6 +463,20 @@ def test_argument_validators_draft3_required_and_schema_types(
     assert ArgumentValidators().errors(loaded(schema), arguments) == expected
 
 
+@pytest.mark.parametrize("dialect", [_DRAFT3, _DRAFT4])
+@pytest.mark.parametrize(("text", "valid"), [("7", True), ("1.0", False), ("1e2", False), ("1e400", False)])
+def test_argument_validators_draft3_and_draft4_integers_are_literals(
+    dialect: str, text: str, valid: bool
+) -> None:
+    """Draft 3 and 4 define an integer as a literal without a fraction or exponent, so a
+    schema declaring them refuses ``1.0`` and ``1e2`` (later drafts take them, as
+    docs/manifest.md says)."""
+    value = int(text) if text.isdigit() else JsonNumber(text)
+    schema = {"$schema": dialect, "properties": {"n": {"type": "integer"}}}
+    errors = ArgumentValidators().errors(loaded(schema), {"n": value})
+    assert (errors == []) is valid, errors
+
+
 def test_many_values_or_long_strings_are_checked_off_the_loop() -> None:
     """Past 4,096 values on all levels, or 64 Ki characters of strings (keys included),
     the check goes to the check process, whatever the schema."""
