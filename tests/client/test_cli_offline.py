@@ -409,6 +409,8 @@ def test_show_offline_broken_set_has_error_line(env: Env) -> None:
         (("show", "ghost", "--source", "home"), "Tool set 'ghost' was not found in Home.\n"),
         (("show", "ghost", "--source", "project"), "Tool set 'ghost' was not found in Project.\n"),
         (("show", "my tools"), "Directory name is invalid.\n"),
+        (("show", ""), "Directory is required.\n"),
+        (("show", "  "), "Directory is required.\n"),
     ],
 )
 def test_show_offline_not_found_exits_2(env: Env, args: tuple[str, ...], message: str) -> None:
@@ -475,6 +477,8 @@ def test_enable_with_discovery_off_prints_the_line(env: Env) -> None:
     ("args", "message"),
     [
         (("enable", "my tools"), "Directory name is invalid.\n"),
+        (("enable", ""), "Directory is required.\n"),
+        (("disable", " "), "Directory is required.\n"),
         (("disable", "ghost"), "Tool set 'ghost' was not found.\n"),
         (("enable", "ghost", "--source", "project"), "Tool set 'ghost' was not found in Project.\n"),
     ],
