@@ -454,6 +454,20 @@ def test_enable_already_enabled_message(env: Env) -> None:
     assert "Edited" not in proc.stderr
 
 
+def test_source_is_trimmed_and_any_case_as_the_reference_reads_it(env: Env) -> None:
+    """``--source`` is read as the reference host's console reads it (trimmed, any case),
+    and a bad value gets its message."""
+    env.home_set("acme", exec_set("fmt", enabled=False))
+    proc = env.run("enable", "acme", "--source", " HOME ", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "Tool set acme enabled."
+    proc = env.run("show", "acme", "--source", "Home", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    proc = env.run("disable", "acme", "--source", "both")
+    assert proc.returncode == 2
+    assert "Source must be home or project." in proc.stderr, proc.stderr
+
+
 def test_enable_broken_manifest_left_alone_exits_2(env: Env) -> None:
     """A manifest that does not parse is reported, exit 2, and not touched."""
     path = env.home_set("acme", '{"runner": "exec",')
