@@ -35,8 +35,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from toolsetd.protocol.jsontext import JsonNumber
+from toolsetd.protocol.jsontext import JsonNumber, nesting_exceeds
 from toolsetd.protocol.jsontext import dumps as json_dumps
+from toolsetd.protocol.params import MAX_ARGUMENT_DEPTH
 
 from .timelimit import TimeLimitExceeded, run_limited
 
@@ -970,7 +971,10 @@ class ArgumentValidators:
         except TimeLimitExceeded:
             found.add(("", stopped_message(limit, self._time_limit, schema)))
         except RecursionError:
-            return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
+            if nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH):
+                return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
+            # Arguments the wire takes are too shallow to exhaust the check: the schema is.
+            return [{"path": "", "message": _SCHEMA_LOOP}]
         except OverflowError:
             # A number past the double range (1e999, or an integer of 309 digits or more,
             # both valid JSON and kept as written) divided by a fractional multipleOf: the
@@ -990,6 +994,16 @@ class ArgumentValidators:
             reason = _clip(str(exc), _SCHEMA_MESSAGE_LIMIT)
             return [{"path": "", "message": f"the tool's input schema cannot be used: {reason}"}]
         return [{"path": p, "message": m} for p, m in sorted(found)[:_MAX_ERRORS]]
+
+
+#: The error of a schema whose check never ends on shallow arguments: a ``$ref`` that
+#: leads back to itself before checking anything (``{"$ref": "#"}``), or a chain of
+#: ``$ref`` too long to follow. It passes the meta-schema, and no call can pass it.
+_SCHEMA_LOOP = (
+    "the tool's input schema refers to itself without end (a $ref that leads back to "
+    "itself before checking anything, or a chain of $ref too long to follow), so no "
+    "arguments can pass it; ask the set's author to fix the schema"
+)
 
 
 def time_limit_for(base: float, size: int) -> float:

@@ -477,6 +477,37 @@ def test_argument_validators_draft3_and_draft4_integers_are_literals(
     assert (errors == []) is valid, errors
 
 
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#"},
+        {"allOf": [{"$ref": "#"}]},
+        {"$defs": {"x": {"$ref": "#/$defs/x"}}, "$ref": "#/$defs/x"},
+    ],
+)
+def test_argument_validators_blame_a_schema_that_refers_to_itself_without_end(
+    schema: dict[str, Any],
+) -> None:
+    """A schema whose ``$ref`` loops without checking anything passes the manifest check
+    but can never finish; the error says so, rather than blaming the (shallow) arguments
+    as "nested too deeply", which sent the caller to fix what was not wrong."""
+    errors = ArgumentValidators().errors(loaded(schema), {"a": 1})
+    assert len(errors) == 1 and errors[0]["path"] == ""
+    assert "input schema" in errors[0]["message"] and "$ref" in errors[0]["message"], errors
+    assert "arguments are nested" not in errors[0]["message"]
+
+
+def test_argument_validators_arguments_too_deep_for_the_check_are_still_named() -> None:
+    """Arguments deeper than the wire allows (a direct caller) that exhaust the check
+    still get the arguments' message."""
+    deep: Any = {}
+    for _ in range(250):
+        deep = {"c": deep}
+    schema = {"type": "object", "properties": {"c": {"$ref": "#"}}, "minProperties": 2}
+    errors = ArgumentValidators().errors(loaded(schema), deep)
+    assert errors == [{"path": "", "message": "the arguments are nested too deeply to validate"}]
+
+
 def test_many_values_or_long_strings_are_checked_off_the_loop() -> None:
     """Past 4,096 values on all levels, or 64 Ki characters of strings (keys included),
     the check goes to the check process, whatever the schema."""
