@@ -283,6 +283,11 @@ def _not_found(name: str, source: str | None) -> Failure:
     )
 
 
+def _required_name() -> Failure:
+    """A blank set directory, as the reference host's console says before it looks."""
+    return Failure(EXIT_USAGE, CLI_ERROR_CODES["usage"], "Directory is required.", {})
+
+
 def _invalid_name(name: str) -> Failure:
     return Failure(
         EXIT_USAGE, CLI_ERROR_CODES["not_found"], "Directory name is invalid.", {"directory": name}
@@ -301,7 +306,9 @@ def _cmd_show(ctx: Context, args: argparse.Namespace) -> int:
             else:
                 ctx.out.fields(tool_fields(tool))
             return EXIT_OK
-    if not name or not is_directory_name(name):
+    if not name:
+        raise _required_name()
+    if not is_directory_name(name):
         raise _invalid_name(name)
     row = _find_row(listing.rows, name, args.source)
     if row is None:
@@ -338,6 +345,8 @@ def _edit_home(ctx: Context) -> tuple[Path, str, BlockingClient | None]:
 def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
     from .editor import EditError, locate_set, set_enabled
 
+    if not args.directory.strip():
+        raise _required_name()
     enabled = args.command == "enable"
     offline = _offline_module()
     # Its project copy is the one meant: in a mistyped workspace there is none, and the

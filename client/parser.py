@@ -84,6 +84,14 @@ def _path(value: str) -> str:
     return value
 
 
+def _source(value: str) -> str:
+    """``--source``: trimmed and any case, as the reference host's console reads it."""
+    word = value.strip().lower()
+    if word not in ("home", "project"):
+        raise argparse.ArgumentTypeError("Source must be home or project.")
+    return word
+
+
 def _global_options() -> _Parser:
     """The options every command takes, before or after the subcommand."""
     common = _Parser(add_help=False)
@@ -164,11 +172,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub.add_argument("--catalog", choices=("plan", "work"), help="only this catalog's tools")
     sub = add("show", "Show one tool by name, or one tool set by directory name.")
     sub.add_argument("name", metavar="NAME", help="a tool name, or a set's directory name")
-    sub.add_argument("--source", choices=("home", "project"), help=source_help)
+    sub.add_argument("--source", type=_source, metavar="home|project", help=source_help)
     for verb in ("enable", "disable"):
         sub = add(verb, f"{verb.capitalize()} a tool set (writes 'enabled' in its tools.json).")
         sub.add_argument("directory", metavar="DIR", help="the set's directory name")
-        sub.add_argument("--source", choices=("home", "project"), help=source_help)
+        sub.add_argument("--source", type=_source, metavar="home|project", help=source_help)
     sub = add("validate", "Check one tool set offline and print every problem.")
     sub.add_argument(
         "directory",

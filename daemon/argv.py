@@ -141,7 +141,9 @@ def resolve_executable(name: str, set_dir: Path) -> str:
         # then fails), never a program of the same name on PATH.
         return candidate if file_exists(candidate) else name
     candidate = _full_path(os.path.join(base, name))
-    if not candidate.rstrip("/").startswith(base.rstrip("/") + "/"):
+    inside, root = candidate.rstrip("/"), base.rstrip("/")
+    # ExternalPath.IsInside: the set directory itself is inside (``./`` then fails to start).
+    if inside != root and not inside.startswith(root + "/"):
         raise ArgvError(EXECUTABLE_OUTSIDE)
     return candidate
 

@@ -259,7 +259,9 @@ def _read(path: str) -> str | None:
         return None
     finally:
         os.close(fd)
-    return b"".join(chunks).decode("ascii")
+    # os.fsdecode, not ASCII: /proc/self/mountinfo and /proc/self/cgroup hold paths, and a
+    # mount point or cgroup named in any other bytes (/mnt/café) must not stop the daemon.
+    return os.fsdecode(b"".join(chunks))
 
 
 def _write(path: str, text: str) -> None:

@@ -35,8 +35,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from toolsetd.protocol.jsontext import JsonNumber
+from toolsetd.protocol.jsontext import JsonNumber, nesting_exceeds
 from toolsetd.protocol.jsontext import dumps as json_dumps
+from toolsetd.protocol.params import MAX_ARGUMENT_DEPTH
 
 from .timelimit import TimeLimitExceeded, run_limited
 
@@ -970,7 +971,10 @@ class ArgumentValidators:
         except TimeLimitExceeded:
             found.add(("", stopped_message(limit, self._time_limit, schema)))
         except RecursionError:
-            return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
+            if nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH):
+                return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
+            # Arguments the wire takes are too shallow to exhaust the check: the schema is.
+            return [{"path": "", "message": _SCHEMA_LOOP}]
         except OverflowError:
             # A number past the double range (1e999, or an integer of 309 digits or more,
             # both valid JSON and kept as written) divided by a fractional multipleOf: the
@@ -990,6 +994,16 @@ class ArgumentValidators:
             reason = _clip(str(exc), _SCHEMA_MESSAGE_LIMIT)
             return [{"path": "", "message": f"the tool's input schema cannot be used: {reason}"}]
         return [{"path": p, "message": m} for p, m in sorted(found)[:_MAX_ERRORS]]
+
+
+#: The error of a schema whose check never ends on shallow arguments: a ``$ref`` that
+#: leads back to itself before checking anything (``{"$ref": "#"}``), or a chain of
+#: ``$ref`` too long to follow. It passes the meta-schema, and no call can pass it.
+_SCHEMA_LOOP = (
+    "the tool's input schema refers to itself without end (a $ref that leads back to "
+    "itself before checking anything, or a chain of $ref too long to follow), so no "
+    "arguments can pass it; ask the set's author to fix the schema"
+)
 
 
 def time_limit_for(base: float, size: int) -> float:
@@ -1024,6 +1038,11 @@ def _describe(error: ValidationError) -> list[tuple[str, str]]:
     def at(detail: str, where: str = path) -> tuple[str, str]:
         return where, f"{where}: {detail}" if where else detail
 
+    if keyword == "required" and isinstance(value, bool) and error.absolute_path:
+        # Draft 3: ``"required": true`` sits in the property's own schema; jsonschema puts
+        # the property's name last in the path, and the object is the instance.
+        *parent, name = error.absolute_path
+        return [at(f"required property {_name(name)} is missing", json_pointer(parent))]
     if keyword == "required" and isinstance(instance, dict):
         return [
             at(f"required property {_name(name)} is missing")
@@ -1052,6 +1071,15 @@ def _describe(error: ValidationError) -> list[tuple[str, str]]:
     return [at(_detail(error, keyword, value, instance))]
 
 
+def _types_text(value: Any) -> str:
+    """A ``type`` keyword's value as words; draft 3 lets its list hold schemas too."""
+    if isinstance(value, str):
+        return value
+    return " or ".join(
+        item if isinstance(item, str) else f"a value matching {_echo(item)}" for item in value
+    )
+
+
 def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> str:
     """The message text for keywords that describe the value itself."""
     got = f"got {_json_type(instance)}"
@@ -1061,9 +1089,7 @@ def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> 
         if error.schema.get(exclusive) is True:
             keyword = exclusive
     simple: dict[str, Callable[[], str]] = {
-        "type": lambda: (
-            f"expected {value if isinstance(value, str) else ' or '.join(value)}, {got}"
-        ),
+        "type": lambda: f"expected {_types_text(value)}, {got}",
         "enum": lambda: f"expected one of {_echo(value)}, got {_echo(instance)}",
         "const": lambda: f"expected {_echo(value)}, got {_echo(instance)}",
         "minimum": lambda: f"expected a number >= {value}, got {_echo(instance)}",

@@ -409,6 +409,8 @@ def test_show_offline_broken_set_has_error_line(env: Env) -> None:
         (("show", "ghost", "--source", "home"), "Tool set 'ghost' was not found in Home.\n"),
         (("show", "ghost", "--source", "project"), "Tool set 'ghost' was not found in Project.\n"),
         (("show", "my tools"), "Directory name is invalid.\n"),
+        (("show", ""), "Directory is required.\n"),
+        (("show", "  "), "Directory is required.\n"),
     ],
 )
 def test_show_offline_not_found_exits_2(env: Env, args: tuple[str, ...], message: str) -> None:
@@ -452,6 +454,20 @@ def test_enable_already_enabled_message(env: Env) -> None:
     assert "Edited" not in proc.stderr
 
 
+def test_source_is_trimmed_and_any_case_as_the_reference_reads_it(env: Env) -> None:
+    """``--source`` is read as the reference host's console reads it (trimmed, any case),
+    and a bad value gets its message."""
+    env.home_set("acme", exec_set("fmt", enabled=False))
+    proc = env.run("enable", "acme", "--source", " HOME ", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "Tool set acme enabled."
+    proc = env.run("show", "acme", "--source", "Home", "--format", "text")
+    assert proc.returncode == 0, proc.stderr
+    proc = env.run("disable", "acme", "--source", "both")
+    assert proc.returncode == 2
+    assert "Source must be home or project." in proc.stderr, proc.stderr
+
+
 def test_enable_broken_manifest_left_alone_exits_2(env: Env) -> None:
     """A manifest that does not parse is reported, exit 2, and not touched."""
     path = env.home_set("acme", '{"runner": "exec",')
@@ -475,6 +491,8 @@ def test_enable_with_discovery_off_prints_the_line(env: Env) -> None:
     ("args", "message"),
     [
         (("enable", "my tools"), "Directory name is invalid.\n"),
+        (("enable", ""), "Directory is required.\n"),
+        (("disable", " "), "Directory is required.\n"),
         (("disable", "ghost"), "Tool set 'ghost' was not found.\n"),
         (("enable", "ghost", "--source", "project"), "Tool set 'ghost' was not found in Project.\n"),
     ],

@@ -103,6 +103,15 @@ def test_resolve_executable_relative_inside(tmp_path: Path) -> None:
     assert resolve_executable("./run", tmp_path) == str(tmp_path / "run")
 
 
+@pytest.mark.parametrize("name", ["./", "sub/..", "./.", "x/../"])
+def test_resolve_executable_the_set_directory_itself_is_inside(tmp_path: Path, name: str) -> None:
+    """The set directory itself counts as inside, as the reference host's ``IsInside`` has
+    it (equal paths, or the directory with a trailing separator): such a command fails to
+    start (a folder is not a program), it is not "outside the tool set directory"."""
+    assert resolve_executable(name, tmp_path).rstrip("/") == str(tmp_path)
+    assert resolve_executable(f"../{tmp_path.name}", tmp_path).rstrip("/") == str(tmp_path)
+
+
 @pytest.mark.parametrize("name", ["../x", "bin/../../x", "./.."])
 def test_resolve_executable_relative_escaping(tmp_path: Path, name: str) -> None:
     """A relative path leaving the set directory is refused."""

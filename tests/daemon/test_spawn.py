@@ -117,6 +117,25 @@ def test_argv_cwd_and_the_bare_name_found_on_the_child_path(
     assert (output.decode(), code) == (f"{tmp_path}\n[a b]\n[]\n", 0)
 
 
+def test_a_bare_name_is_never_taken_from_the_daemon_folder_or_the_workspace(
+    spawner: Spawner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """.NET's Process.Start on Unix tries the host's own folder and current directory
+    before PATH; here a bare name (not in the set folder) is looked up on PATH alone, so a
+    file of that name in the daemon's folder or the workspace never runs (docs/manifest.md,
+    Differences)."""
+    daemon_cwd, workspace = tmp_path / "daemon", tmp_path / "ws"
+    for folder in (daemon_cwd, workspace):
+        folder.mkdir()
+        tool = folder / "fid-only-here"
+        tool.write_text("#!/bin/sh\necho ran\n")
+        tool.chmod(0o755)
+    monkeypatch.chdir(daemon_cwd)
+    env = spawner.environment({"PATH": "/usr/bin:/bin"}, ())
+    with pytest.raises(FileNotFoundError):
+        run(spawner, ["fid-only-here"], env, cwd=str(workspace))
+
+
 def test_the_child_gets_only_its_streams_and_pass_fds(spawner: Spawner) -> None:
     """close_fds: a descriptor of the daemon, even an inheritable one, never reaches the
     child; ``pass_fds`` does, at its number."""

@@ -423,6 +423,91 @@ def test_argument_validators_draft7_dialect() -> None:
     assert [e["path"] for e in errors] == [""]
 
 
+_DRAFT3 = "http://json-schema.org/draft-03/schema#"
+
+
+@pytest.mark.parametrize(
+    ("schema", "arguments", "expected"),
+    [
+        (  # draft 3 says a property is required with a boolean beside it
+            {"$schema": _DRAFT3, "properties": {"a": {"type": "integer", "required": True}}},
+            {},
+            [{"path": "", "message": "required property 'a' is missing"}],
+        ),
+        (
+            {
+                "$schema": _DRAFT3,
+                "properties": {"n": {"properties": {"a": {"required": True}}}},
+            },
+            {"n": {}},
+            [{"path": "/n", "message": "/n: required property 'a' is missing"}],
+        ),
+        (  # draft 3 lets a type list hold schemas as well as type names
+            {"$schema": _DRAFT3, "properties": {"a": {"type": [{"type": "string"}, "integer"]}}},
+            {"a": 1.5},
+            [
+                {
+                    "path": "/a",
+                    "message": '/a: expected a value matching {"type": "string"} or integer, got number',
+                }
+            ],
+        ),
+    ],
+)
+def test_argument_validators_draft3_required_and_schema_types(
+    schema: dict[str, Any], arguments: Any, expected: list[dict[str, str]]
+) -> None:
+    """A draft-03 tool schema (its ``$schema`` picks the dialect, and the manifest check
+    takes it) reports a missing property and a failed type list as argument errors: they
+    were a TypeError, so the call was an internal error (-32603) instead of ``InvalidArguments``."""
+    assert ArgumentValidators().errors(loaded(schema), arguments) == expected
+
+
+@pytest.mark.parametrize("dialect", [_DRAFT3, _DRAFT4])
+@pytest.mark.parametrize(("text", "valid"), [("7", True), ("1.0", False), ("1e2", False), ("1e400", False)])
+def test_argument_validators_draft3_and_draft4_integers_are_literals(
+    dialect: str, text: str, valid: bool
+) -> None:
+    """Draft 3 and 4 define an integer as a literal without a fraction or exponent, so a
+    schema declaring them refuses ``1.0`` and ``1e2`` (later drafts take them, as
+    docs/manifest.md says)."""
+    value = int(text) if text.isdigit() else JsonNumber(text)
+    schema = {"$schema": dialect, "properties": {"n": {"type": "integer"}}}
+    errors = ArgumentValidators().errors(loaded(schema), {"n": value})
+    assert (errors == []) is valid, errors
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#"},
+        {"allOf": [{"$ref": "#"}]},
+        {"$defs": {"x": {"$ref": "#/$defs/x"}}, "$ref": "#/$defs/x"},
+    ],
+)
+def test_argument_validators_blame_a_schema_that_refers_to_itself_without_end(
+    schema: dict[str, Any],
+) -> None:
+    """A schema whose ``$ref`` loops without checking anything passes the manifest check
+    but can never finish; the error says so, rather than blaming the (shallow) arguments
+    as "nested too deeply", which sent the caller to fix what was not wrong."""
+    errors = ArgumentValidators().errors(loaded(schema), {"a": 1})
+    assert len(errors) == 1 and errors[0]["path"] == ""
+    assert "input schema" in errors[0]["message"] and "$ref" in errors[0]["message"], errors
+    assert "arguments are nested" not in errors[0]["message"]
+
+
+def test_argument_validators_arguments_too_deep_for_the_check_are_still_named() -> None:
+    """Arguments deeper than the wire allows (a direct caller) that exhaust the check
+    still get the arguments' message."""
+    deep: Any = {}
+    for _ in range(250):
+        deep = {"c": deep}
+    schema = {"type": "object", "properties": {"c": {"$ref": "#"}}, "minProperties": 2}
+    errors = ArgumentValidators().errors(loaded(schema), deep)
+    assert errors == [{"path": "", "message": "the arguments are nested too deeply to validate"}]
+
+
 def test_many_values_or_long_strings_are_checked_off_the_loop() -> None:
     """Past 4,096 values on all levels, or 64 Ki characters of strings (keys included),
     the check goes to the check process, whatever the schema."""
