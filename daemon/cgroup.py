@@ -17,14 +17,17 @@ The daemon needs a cgroup v2 subtree it may write. ``CgroupTree.probe`` finds on
 
 Under that base the daemon makes its own folder ``toolsetd-<pid>`` (so two daemons sharing
 a base never touch each other's calls; a folder of a pid that is gone is a dead daemon's,
-and is killed and removed at start, as is a folder of its own name, left by a dead
-process that had its pid or namespace) with every controller of ``memory``, ``pids``, ``cpu``
-it can get enabled for its children, and one child ``c<n>`` per call. A pid means something
-in its PID namespace only: a daemon in another one (a container that sees the host's
-cgroups, ``unshare --pid``) names its folder ``toolsetd-<namespace inode>-<pid>``, and each
-daemon sweeps the folders of its own namespace alone (``_folder_name``). Named by pid
-alone, such a daemon took every host daemon's folder for a dead one's and killed their
-calls, and two daemons of pid 2 in two containers shared one folder.
+and is killed and removed at start, as is a folder of its own name, left by a dead process
+that had its pid or namespace) with every controller of ``memory``, ``pids``, ``cpu`` it
+can get enabled for its children, and one child ``c<n>`` per call. Between calls nothing
+holds that folder, so it can be removed from outside while the daemon runs; the next call
+makes it again (``_remake``) rather than failing, as every call did until a restart. A pid
+means something in its PID namespace only: a daemon in another one (a container that sees
+the host's cgroups, ``unshare --pid``) names its folder
+``toolsetd-<namespace inode>-<pid>``, and each daemon sweeps the folders of its own namespace alone
+(``_folder_name``). Named by pid alone, such a daemon took every host daemon's folder for
+a dead one's and killed their calls, and two daemons of pid 2 in two containers shared one
+folder.
 
 A call's child is in its cgroup before the tool's first instruction, one of two ways:
 
@@ -756,12 +759,18 @@ class CgroupTree:
             raise CgroupError(problem)
         self._empty_trash()
         reusable = self.reuse and limits == _NO_LIMITS
-        if reusable and self._spares:
+        while reusable and self._spares:
             path, cpu_before, files = self._spares.pop()
-            return CallCgroup(self, path, reusable=True, cpu_before=cpu_before, files=files)
+            if files.read("cgroup.events") is not None:
+                return CallCgroup(self, path, reusable=True, cpu_before=cpu_before, files=files)
+            files.close()  # removed from outside (with the folder, see ``_remake``)
         path = os.path.join(self.folder, f"c{next(self._counter)}")
         try:
-            os.mkdir(path)
+            try:
+                os.mkdir(path)
+            except FileNotFoundError:
+                self._remake()
+                os.mkdir(path)
             if limits.memory_max is not None:
                 _write(os.path.join(path, "memory.max"), str(limits.memory_max))
                 with contextlib.suppress(OSError):  # no swap accounting: nothing to cap
@@ -779,6 +788,29 @@ class CgroupTree:
                 f"the call's cgroup under {self.folder} cannot be set up: {exc.strerror}"
             ) from exc
         return CallCgroup(self, path, reusable=reusable)
+
+    def _remake(self) -> None:
+        """Make the daemon's folder again: it was removed from outside while the daemon ran.
+
+        Nothing holds it while no call runs (its emptied call cgroups can be removed
+        first), so a cleanup or a cgroup manager's sweep may take it; without it every
+        call failed until a restart. The spares went with it. A controller that cannot be
+        enabled again is dropped, so a set whose limits need it fails closed, saying so.
+
+        Raises:
+            OSError: The folder cannot be made (its base went too).
+        """
+        for _, _, files in self._spares:
+            files.close()
+        self._spares.clear()
+        self.folder.mkdir(exist_ok=True)
+        enabled = []
+        for name in sorted(self.controllers):
+            with contextlib.suppress(OSError):
+                _write(str(self.folder / "cgroup.subtree_control"), f"+{name}")
+                enabled.append(name)
+        self.controllers = frozenset(enabled)
+        log.warning("cgroup_folder_remade", folder=str(self.folder), controllers=enabled)
 
     def spare(self, path: str, cpu_total: int, files: _Files) -> None:
         """Keep an emptied call cgroup without limits for a later call (else remove it)."""

@@ -542,6 +542,38 @@ def test_confinement_call_usage_in_the_log_line(tree: Tree) -> None:
     assert float(cpu[0].split()[-1]) >= line["cpu_ms"] / 1000
 
 
+def _remove_cgroup_folder(folder: Path) -> None:
+    """Remove the daemon's cgroup folder from outside (its emptied call cgroups first)."""
+    for child in folder.iterdir():
+        if child.is_dir():
+            child.rmdir()
+    folder.rmdir()
+
+
+def test_confinement_a_cgroup_folder_removed_from_outside_is_made_again() -> None:
+    """The daemon's folder removed while it runs (an operator's cleanup, a cgroup manager's
+    sweep): the next calls run, in a folder made again, instead of failing until a restart."""
+    t = _make_tree()
+    try:
+        folder = Path(_need_cgroup(t)["tree"])
+        for _ in range(2):  # the second leaves an emptied call cgroup kept for reuse
+            assert t.probe({"action": "read", "target": "/etc/hostname"},
+                           project=False)["isError"] is False
+        _remove_cgroup_folder(folder)
+        for _ in range(3):
+            result = t.probe({"action": "read", "target": "/proc/self/cgroup"}, project=False)
+            assert result["isError"] is False, result
+            own = next(x for x in result["content"].splitlines() if x.startswith("0::"))
+            assert f"/{folder.name}/c" in own, own  # in a call cgroup of the folder
+        assert (folder / "cgroup.procs").exists()
+        remade = [e for e in t.daemon.log_events() if e.get("event") == "cgroup_folder_remade"]
+        assert len(remade) == 1, t.daemon.log()
+        assert remade[0]["folder"] == str(folder)
+        assert remade[0]["level"] == "warning"
+    finally:
+        _close(t)
+
+
 def test_confinement_fork_bomb_capped_by_pids_max() -> None:
     """A fork bomb stops at pids.max; the call still ends and takes every child with it."""
     t = _make_tree('[confinement.home]\npids-max = 20\n')
