@@ -222,7 +222,20 @@ def _peer_policy(options: DaemonOptions) -> PeerPolicy:
     return policy.with_gids([options.allow_gid])
 
 
-def _remove_socket(path: Path) -> None:
+def _socket_identity(path: Path) -> tuple[int, int] | None:
+    """The device and inode the socket path names now (None: nothing there)."""
+    try:
+        found = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _remove_socket(path: Path, identity: tuple[int, int] | None) -> None:
+    """Unlink the daemon's socket, if the path still names it: a cleanup may have removed
+    it, and another daemon may serve a socket of its own there since."""
+    if identity is None or _socket_identity(path) != identity:
+        return
     try:
         os.unlink(path)
     except OSError:
@@ -438,6 +451,7 @@ async def _serve(
         check_stale(socket_path)
         sock = bind_unix_socket(socket_path)
         owns_socket = True
+    bound = _socket_identity(socket_path) if owns_socket else None
     try:
         listener = await anyio.abc.SocketListener.from_socket(sock)
         http_sockets, http_token = _bind_mcp_http(options)
@@ -446,7 +460,7 @@ async def _serve(
     except BaseException:
         # Nothing was served: leave no socket behind that the next start must judge stale.
         if owns_socket:
-            _remove_socket(socket_path)
+            _remove_socket(socket_path, bound)
         if lock is not None:
             lock.release()
         raise
@@ -580,7 +594,7 @@ async def _serve(
         with anyio.CancelScope(shield=True):
             await checks.aclose()
             if owns_socket:
-                _remove_socket(socket_path)
+                _remove_socket(socket_path, bound)
             if lock is not None:
                 lock.release()
             log.info("daemon_stopped")

@@ -791,3 +791,34 @@ def test_a_second_activated_socket_is_not_served_and_the_log_says_so(
             proc.wait()
         for sock in listening:
             sock.close()
+
+
+
+def test_a_stopping_daemon_leaves_another_daemons_socket_and_lock_alone(
+    svc_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A cleanup removed the socket and its lock (systemd-tmpfiles ages /tmp, an operator's
+    rm), and a new daemon now serves the path with a lock of its own. The old daemon, once
+    stopped, unlinked whatever the path named: the new daemon's socket and its lock, so
+    that daemon ran on, unreachable, and a third one could start beside it."""
+    first = start_daemon(svc_home, workspace, tmp_base, ["--no-watch"])
+    lock = Path(f"{first.socket}.lock")
+    log_path = tmp_base / "second.log"
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        first.socket.unlink()
+        lock.unlink()
+        second = spawn_daemon(
+            [*first.args, "--socket", str(first.socket)], log_path, {}
+        )
+        wait_answering(first.socket, second, log_path)
+        theirs = (first.socket.stat().st_ino, lock.stat().st_ino)
+        assert first.stop() == 0
+        assert (first.socket.stat().st_ino, lock.stat().st_ino) == theirs
+        with RawConn(first.socket) as conn:
+            assert "result" in conn.request("status")
+    finally:
+        first.stop()
+        if second is not None:
+            second.send_signal(signal.SIGTERM)
+            second.wait(timeout=20)
