@@ -212,6 +212,11 @@ class LockHandle:
         """Whether the lock is still held by this handle."""
         return self._fd is not None
 
+    def names_path(self) -> bool:
+        """Whether the lock file's path still names the locked file (a cleanup may have
+        removed it, and a lock on a removed file keeps no other daemon out)."""
+        return self._fd is not None and _same_file(self._fd, self.path)
+
     def release(self) -> None:
         """Unlink the lock file, then drop the lock. Safe to call twice.
 
