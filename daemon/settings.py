@@ -606,6 +606,16 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     except tomllib.TOMLDecodeError as exc:
         found = re.search(r"at line (\d+)", str(exc))
         line = int(found.group(1)) if found else max(1, len(text.splitlines()))
+        if str(exc).startswith(("Cannot overwrite a value", "Cannot declare")):
+            # tomllib names neither the key nor where it was set first.
+            twice = _set_twice(text, line)
+            if twice is not None:
+                key, first, table = twice
+                fix = "write its keys in one place" if table else "keep one of them"
+                said = "declared" if table else "set"
+                raise ConfigError(
+                    f"is {said} twice (first at line {first}); {fix}", path, line, key
+                ) from None
         raise ConfigError(f"is not valid TOML: {exc}", path, line) from None
     except RecursionError:
         # tomllib parses nested arrays and inline tables by recursion: a value a few
@@ -617,6 +627,30 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
             _deep_line(text),
         ) from None
     return table, _key_lines(text)
+
+
+def _set_twice(text: str, line: int) -> tuple[str, int, bool] | None:
+    """The key or table that ``line`` sets again, the line that set it first, and whether
+    it is a table (None when that cannot be told)."""
+    rows = text.splitlines()
+    if not 1 <= line <= len(rows):
+        return None
+    table: list[str] = []
+    for row in rows[: line - 1]:
+        header = _HEADER.match(row)
+        if header:
+            table = _key_parts(header.group(1))
+    header = _HEADER.match(rows[line - 1])
+    if header:
+        name, forms = ".".join(_key_parts(header.group(1))), ("[{}]", "{}")
+    else:
+        assignment = _ASSIGNMENT.match(rows[line - 1])
+        if assignment is None:
+            return None
+        name, forms = ".".join(table + _key_parts(assignment.group(1))), ("{}",)
+    earlier = _key_lines("\n".join(rows[: line - 1]))
+    first = [earlier[form.format(name)] for form in forms if form.format(name) in earlier]
+    return (name, min(first), header is not None) if first else None
 
 
 def _deep_line(text: str, depth: int = 64) -> int | None:

@@ -188,6 +188,31 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
             "max-running = \n",
             "toolsetd.toml:1: is not valid TOML: Invalid value (at line 1, column 15)",
         ),
+        # A key set twice (a line appended to a file that had it): tomllib's "Cannot
+        # overwrite a value" named neither the key nor the fix.
+        (
+            "max-running = 1\nkill-grace = 2\nmax-running = 2\n",
+            "toolsetd.toml:3: max-running: is set twice (first at line 1); keep one of them",
+        ),
+        (
+            'max-running = 1\n"max-running" = 2',
+            "toolsetd.toml:2: max-running: is set twice (first at line 1); keep one of them",
+        ),
+        (
+            '[confinement.project]\nprofile = "off"\nnetwork = true\nprofile = "read-only"\n',
+            "toolsetd.toml:4: confinement.project.profile: is set twice (first at line 2); "
+            "keep one of them",
+        ),
+        (
+            '[confinement]\ncgroup = "off"\n\n[confinement]\nsandbox = "off"\n',
+            "toolsetd.toml:4: confinement: is declared twice (first at line 1); write its keys "
+            "in one place",
+        ),
+        (
+            'confinement.cgroup = "off"\n[confinement]\nsandbox = "off"\n',
+            "toolsetd.toml:2: confinement: is declared twice (first at line 1); write its keys "
+            "in one place",
+        ),
     ],
 )
 def test_settings_file_errors_name_file_line_and_key(
