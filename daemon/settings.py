@@ -610,9 +610,9 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
             # tomllib names neither the key nor where it was set first.
             twice = _set_twice(text, line)
             if twice is not None:
-                key, first, table = twice
-                fix = "write its keys in one place" if table else "keep one of them"
-                said = "declared" if table else "set"
+                key, first, declared = twice
+                fix = "write its keys in one place" if declared else "keep one of them"
+                said = "declared" if declared else "set"
                 raise ConfigError(
                     f"is {said} twice (first at line {first}); {fix}", path, line, key
                 ) from None
@@ -641,13 +641,14 @@ def _set_twice(text: str, line: int) -> tuple[str, int, bool] | None:
         if header:
             table = _key_parts(header.group(1))
     header = _HEADER.match(rows[line - 1])
+    forms: tuple[str, ...] = ("{}",)
     if header:
         name, forms = ".".join(_key_parts(header.group(1))), ("[{}]", "{}")
     else:
         assignment = _ASSIGNMENT.match(rows[line - 1])
         if assignment is None:
             return None
-        name, forms = ".".join(table + _key_parts(assignment.group(1))), ("{}",)
+        name = ".".join(table + _key_parts(assignment.group(1)))
     earlier = _key_lines("\n".join(rows[: line - 1]))
     first = [earlier[form.format(name)] for form in forms if form.format(name) in earlier]
     return (name, min(first), header is not None) if first else None
