@@ -703,13 +703,16 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
     if kind == "names":
         if isinstance(raw, str):
             raw = [raw]
+        entries = "a list of names"
+        if option.check == "loopback":
+            entries = 'a list of "HOST:PORT" addresses'  # mcp-listen
         if not isinstance(raw, list):
-            raise ValueError(f"must be a list of names, got {_show(raw)}")
+            raise ValueError(f"must be {entries}, got {_show(raw)}")
         for number, name in enumerate(raw, start=1):
             if not isinstance(name, str) or not name:
                 # Which entry: "got a list" did not say what was wrong with it.
                 what = "empty" if name == "" else _show(name)
-                raise ValueError(f"must be a list of names; entry {number} is {what}")
+                raise ValueError(f"must be {entries}; entry {number} is {what}")
         if option.check == "loopback":
             _check_loopback(raw)
         return tuple(raw)

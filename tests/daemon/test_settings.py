@@ -166,6 +166,15 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
             'toolsetd.toml:1: mcp-listen: "0.0.0.0:8765": refusing to listen on 0.0.0.0, which is '
             "not a loopback address",
         ),
+        # Its entries are addresses: "a list of names" sent the operator the wrong way.
+        (
+            'mcp-listen = ["127.0.0.1:8765", 8766]\n',
+            'toolsetd.toml:1: mcp-listen: must be a list of "HOST:PORT" addresses; entry 2 is 8766',
+        ),
+        (
+            "mcp-listen = {port = 8765}\n",
+            'toolsetd.toml:1: mcp-listen: must be a list of "HOST:PORT" addresses, got a table',
+        ),
         (
             "max-runing = 3\n",
             "toolsetd.toml:1: max-runing: unknown key; did you mean 'max-running'?",
