@@ -427,6 +427,9 @@ async def run_daemon(
         unblocked = _unblock_signals()  # after the handlers: a pending SIGTERM stops us
         if unblocked:
             log.info("signals_unblocked", signals=unblocked)
+        restored = _restore_ignored_signals()
+        if restored:
+            log.info("signals_restored", signals=restored)
         try:
             await _run(options, signals, task_status)
         finally:
@@ -464,6 +467,37 @@ def _unblock_signals() -> list[str]:
     """
     held = signal.pthread_sigmask(signal.SIG_SETMASK, ())
     return sorted(s.name if isinstance(s, signal.Signals) else f"SIG{int(s)}" for s in held)
+
+
+#: Ignored by the interpreter itself at start (it wants EPIPE and EFBIG, not the
+#: signals); a child gets them back at their default actions when it is spawned.
+_PYTHON_IGNORES = frozenset({signal.SIGPIPE, signal.SIGXFSZ})
+
+
+def _restore_ignored_signals() -> list[str]:
+    """Put back the default action of each signal the daemon was started ignoring; returns
+    their names.
+
+    ``SIG_IGN`` survives ``exec``: a parent that ignores SIGCHLD (to leave no zombies) or
+    a non-interactive shell's ``toolsetd &`` (SIGQUIT) hands it on. With SIGCHLD ignored
+    the kernel reaped every tool at once and the daemon never learnt how one ended (a tool
+    that exited 5 was a call that went "ok" with exit code 0; bubblewrap's probe waited
+    for its child until it timed out), and every tool inherited the ignored signals.
+    systemd resets them for a service; this does so for any start. The signals the
+    daemon handles are left to their handlers.
+    """
+    restored = []
+    for signum in sorted(signal.valid_signals()):
+        if signum in _PYTHON_IGNORES or signum in _HANDLED_SIGNALS:
+            continue
+        try:
+            if signal.getsignal(signum) != signal.SIG_IGN:
+                continue
+            signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL, SIGSTOP, the C library's own
+            continue
+        restored.append(signum.name if isinstance(signum, signal.Signals) else f"SIG{int(signum)}")
+    return restored
 
 
 async def _run(

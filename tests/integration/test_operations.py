@@ -1163,6 +1163,54 @@ def test_a_daemon_started_with_signals_blocked_stops_on_sigterm_and_blocks_none_
             d.proc.wait()
 
 
+#: Starts the daemon with these signals ignored, as a parent that ignores them hands on
+#: (SIG_IGN survives exec): a supervisor or a host that set SIGCHLD to SIG_IGN to avoid
+#: zombies, a non-interactive shell's ``toolsetd &`` (SIGQUIT).
+_IGNORING = (
+    "import os, signal, sys\n"
+    "for name in ('SIGCHLD', 'SIGQUIT', 'SIGALRM', 'SIGTSTP', 'SIGTTIN', 'SIGTTOU'):\n"
+    "    signal.signal(getattr(signal, name), signal.SIG_IGN)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'toolsetd.daemon', *sys.argv[1:]])\n"
+)
+
+
+def test_a_daemon_started_with_signals_ignored_reports_exit_codes_and_ignores_none_for_tools(
+    tmp_base: Path,
+) -> None:
+    """An ignored signal stays ignored across exec. Started with SIGCHLD ignored, the
+    kernel reaped every tool at once, so the daemon never learnt how one ended: a tool
+    that exited 5 was a call with status "ok" and exit code 0 (and bubblewrap's probe,
+    waiting for its child, timed out, so the sandbox was off). Every tool inherited the
+    ignored signals too (a Python tool's subprocess.run returned 0 for every child). The
+    daemon now sets them back to their default at start, as systemd does for a service."""
+    home = tmp_base / "home"
+    write_set(home / "tools", "sig", {
+        "runner": "exec", "stdin": False, "approval": "always", "tools": [
+            {"name": "fail", "description": "exits 5", "schema": {"type": "object"},
+             "command": ["/bin/sh", "-c", "exit 5"]},
+            {"name": "ign", "description": "its ignored signals", "schema": {"type": "object"},
+             "command": [shutil.which("grep"), "^SigIgn:", "/proc/self/status"]},
+        ],
+    })
+    workspace = tmp_base / "ws"
+    workspace.mkdir()
+    d = start_daemon(home, workspace, tmp_base, launcher=[sys.executable, "-c", _IGNORING])
+    try:
+        result = _invoke(d, workspace, "fail")["result"]
+        assert (result["status"], result["exitCode"]) == ("error", 5), result
+        text = _invoke(d, workspace, "ign")["result"]["content"][0]["text"]
+        assert "SigIgn:\t0000000000000000" in text.splitlines(), text
+        restored = [e for e in d.log_events() if e.get("event") == "signals_restored"]
+        assert [sorted(e["signals"]) for e in restored] == [
+            ["SIGALRM", "SIGCHLD", "SIGQUIT", "SIGTSTP", "SIGTTIN", "SIGTTOU"]
+        ]
+        assert d.stop(signal.SIGTERM, timeout=20) == 0
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
 def test_a_daemon_started_without_its_standard_descriptors_serves(
     ops_home: Path, tmp_base: Path
 ) -> None:
