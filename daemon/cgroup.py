@@ -261,7 +261,9 @@ def _read(path: str) -> str | None:
         return None
     finally:
         os.close(fd)
-    return b"".join(chunks).decode("ascii")
+    # Not ASCII: /proc/self/mountinfo names every mount point (a USB stick's "Clé"), and
+    # /proc/self/cgroup every folder, as the file system has it.
+    return b"".join(chunks).decode("utf-8", "surrogateescape")
 
 
 def _write(path: str, text: str) -> None:
@@ -336,11 +338,12 @@ def cgroup2_mounts() -> list[str]:
     """Where cgroup v2 is mounted, as ``/proc/self/mountinfo`` says."""
     mounts = []
     text = _read("/proc/self/mountinfo") or ""
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines: a path may hold U+2028, \x1c, ...
         left, _, right = line.partition(" - ")
         parts = left.split()
         if right.split()[:1] == ["cgroup2"] and len(parts) > 4:
-            mounts.append(parts[4].replace("\\040", " "))
+            # The kernel writes space, tab, newline and backslash as three octal digits.
+            mounts.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4]))
     return mounts
 
 

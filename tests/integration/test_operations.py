@@ -1211,6 +1211,51 @@ def test_a_daemon_started_with_signals_ignored_reports_exit_codes_and_ignores_no
             d.proc.wait()
 
 
+def _private_mounts() -> bool:
+    """Whether a test may run a command in a mount namespace of its own (root, unshare)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    done = subprocess.run(  # noqa: S603
+        ["unshare", "-m", "--propagation", "private", "/bin/true"],  # noqa: S607
+        capture_output=True, timeout=30, check=False,
+    )
+    return done.returncode == 0
+
+
+def test_a_mount_point_named_in_utf8_stops_no_start(tmp_base: Path) -> None:
+    """A USB stick labelled "Clé USB" is mounted at /media/ada/Clé USB: the cgroup probe
+    read /proc/self/mountinfo as ASCII, and the daemon died at start with a traceback
+    (UnicodeDecodeError) on any machine with a mount point not in ASCII. The mount is made
+    in a mount namespace of the daemon's own, so nothing else on the machine sees it."""
+    if not _private_mounts():
+        pytest.skip("needs root and unshare -m")
+    home = tmp_base / "home"
+    write_set(home / "tools", "hi", {
+        "runner": "exec", "stdin": False, "approval": "always", "tools": [
+            {"name": "hi", "description": "says hi", "schema": {"type": "object"},
+             "command": ["/bin/echo", "hi"]},
+        ],
+    })
+    workspace = tmp_base / "ws"
+    workspace.mkdir()
+    stick = tmp_base / "Clé USB"
+    stick.mkdir()
+    launcher = [
+        "unshare", "-m", "--propagation", "private", "sh", "-c",
+        'mount -t tmpfs stick "$0" && exec "$@"', str(stick),
+        sys.executable, "-m", "toolsetd.daemon",
+    ]
+    d = start_daemon(home, workspace, tmp_base, launcher=launcher)
+    try:
+        result = _invoke(d, workspace, "hi")["result"]
+        assert (result["status"], result["content"][0]["text"]) == ("ok", "exit 0\nhi\n")
+        assert d.stop(signal.SIGTERM, timeout=20) == 0
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
 def test_a_daemon_started_without_its_standard_descriptors_serves(
     ops_home: Path, tmp_base: Path
 ) -> None:
