@@ -340,8 +340,8 @@ def cgroup2_mounts() -> list[str]:
     text = _read("/proc/self/mountinfo") or ""
     for line in text.split("\n"):  # not splitlines: a path may hold U+2028, \x1c, ...
         left, _, right = line.partition(" - ")
-        parts = left.split()
-        if right.split()[:1] == ["cgroup2"] and len(parts) > 4:
+        parts = left.split(" ")  # not split(): a path may hold U+2028, \x1c, ...
+        if right.split(" ")[:1] == ["cgroup2"] and len(parts) > 4:
             # The kernel writes space, tab, newline and backslash as three octal digits.
             mounts.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4]))
     return mounts

@@ -730,6 +730,27 @@ def test_confinement_sandbox_writes_the_workspace_and_its_tmp(tree: Tree) -> Non
                       project=False)["content"] == "PRIVATE KEY\n"
 
 
+def test_confinement_sandbox_runs_in_a_workspace_whose_name_holds_a_line_separator(
+    tree: Tree,
+) -> None:
+    """The bind check read the sandbox's /proc/<pid>/mountinfo with ``splitlines``, which
+    also splits at U+2028 (and \\x1c-\\x1e, U+0085, U+2029): a workspace so named (a
+    name pasted from a document) was never found bound, and every sandboxed call there
+    failed, "changed while its sandbox was being made". The kernel ends its lines with
+    ``\\n`` alone (and escapes that one in paths)."""
+    _need_sandbox(tree)
+    for odd in ("\u2028", "\x1c", "\x85"):
+        workspace = tree.base / f"ws{odd}sep"
+        shutil.copytree(tree.workspace / ".crystal", workspace / ".crystal")
+        with tree.daemon.raw(timeout=60) as conn:
+            _, reply = conn.invoke({"tool": "p_probe", "workspace": str(workspace),
+                                    "arguments": {"action": "write",
+                                                  "target": str(workspace / "out.txt")}})
+        result = reply["result"]
+        assert result["isError"] is False, (repr(odd), result)
+        assert (workspace / "out.txt").read_text() == "written by the tool\n"
+
+
 def test_confinement_sandboxed_call_cannot_call_the_mcp_http_endpoint() -> None:
     """A sandboxed call that keeps the network is refused by the daemon's MCP endpoint.
 
