@@ -537,7 +537,9 @@ def _key_lines(text: str) -> dict[str, int]:
     """
     lines: dict[str, int] = {}
     table: list[str] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" alone, as tomllib counts them: splitlines() also ends one at
+    # U+2028, U+2029 and U+0085, which a string may hold.
+    for number, line in enumerate(text.split("\n"), start=1):
         match = _HEADER.match(line)
         if match:
             table = _key_parts(match.group(1))[:_KEY_DEPTH]
@@ -605,7 +607,7 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         found = re.search(r"at line (\d+)", str(exc))
-        line = int(found.group(1)) if found else max(1, len(text.splitlines()))
+        line = int(found.group(1)) if found else text.rstrip("\r\n").count("\n") + 1
         if str(exc).startswith(("Cannot overwrite a value", "Cannot declare")):
             # tomllib names neither the key nor where it was set first.
             twice = _set_twice(text, line)
@@ -632,7 +634,7 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
 def _set_twice(text: str, line: int) -> tuple[str, int, bool] | None:
     """The key or table that ``line`` sets again, the line that set it first, and whether
     it is a table (None when that cannot be told)."""
-    rows = text.splitlines()
+    rows = text.split("\n")
     if not 1 <= line <= len(rows):
         return None
     table: list[str] = []

@@ -166,6 +166,16 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
             'toolsetd.toml:1: mcp-listen: "0.0.0.0:8765": refusing to listen on 0.0.0.0, which is '
             "not a loopback address",
         ),
+        # A string may hold U+2028, U+2029 or U+0085: splitlines() took each for a line
+        # end, and every key after it was named at a line too far.
+        (
+            'reserve = ["a\u2028b\u2029c\x85d"]\nmax-runing = 3\n',
+            "toolsetd.toml:2: max-runing: unknown key",
+        ),
+        (
+            'reserve = ["a\u2028b"]\nmax-running = 1\nmax-running = 2\n',
+            "toolsetd.toml:3: max-running: is set twice (first at line 2)",
+        ),
         # Its entries are addresses: "a list of names" sent the operator the wrong way.
         (
             'mcp-listen = ["127.0.0.1:8765", 8766]\n',
