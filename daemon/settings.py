@@ -612,11 +612,11 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
             # tomllib names neither the key nor where it was set first.
             twice = _set_twice(text, line)
             if twice is not None:
-                key, first, declared = twice
+                key, first, declared, at = twice
                 fix = "write its keys in one place" if declared else "keep one of them"
                 said = "declared" if declared else "set"
                 raise ConfigError(
-                    f"is {said} twice (first at line {first}); {fix}", path, line, key
+                    f"is {said} twice (first at line {first}); {fix}", path, at, key
                 ) from None
         raise ConfigError(f"is not valid TOML: {exc}", path, line) from None
     except RecursionError:
@@ -631,29 +631,34 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     return table, _key_lines(text)
 
 
-def _set_twice(text: str, line: int) -> tuple[str, int, bool] | None:
-    """The key or table that ``line`` sets again, the line that set it first, and whether
-    it is a table (None when that cannot be told)."""
+def _set_twice(text: str, line: int) -> tuple[str, int, bool, int] | None:
+    """The key or table set again where tomllib stopped at ``line``, the line that set it
+    first, whether it is a table, and the line that sets it again (None when that cannot be
+    told). tomllib stops after the value, so the assignment is the nearest one at or above
+    ``line`` (the first line of a value written over several)."""
     rows = text.split("\n")
     if not 1 <= line <= len(rows):
         return None
+    at = line
+    while at > 1 and not (_HEADER.match(rows[at - 1]) or _ASSIGNMENT.match(rows[at - 1])):
+        at -= 1
     table: list[str] = []
-    for row in rows[: line - 1]:
+    for row in rows[: at - 1]:
         header = _HEADER.match(row)
         if header:
             table = _key_parts(header.group(1))
-    header = _HEADER.match(rows[line - 1])
+    header = _HEADER.match(rows[at - 1])
     forms: tuple[str, ...] = ("{}",)
     if header:
         name, forms = ".".join(_key_parts(header.group(1))), ("[{}]", "{}")
     else:
-        assignment = _ASSIGNMENT.match(rows[line - 1])
+        assignment = _ASSIGNMENT.match(rows[at - 1])
         if assignment is None:
             return None
         name = ".".join(table + _key_parts(assignment.group(1)))
-    earlier = _key_lines("\n".join(rows[: line - 1]))
+    earlier = _key_lines("\n".join(rows[: at - 1]))
     first = [earlier[form.format(name)] for form in forms if form.format(name) in earlier]
-    return (name, min(first), header is not None) if first else None
+    return (name, min(first), header is not None, at) if first else None
 
 
 def _deep_line(text: str, depth: int = 64) -> int | None:

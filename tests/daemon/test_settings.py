@@ -176,6 +176,11 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
             'reserve = ["a\u2028b"]\nmax-running = 1\nmax-running = 2\n',
             "toolsetd.toml:3: max-running: is set twice (first at line 2)",
         ),
+        # tomllib stops after the value: a value over several lines put it at the last.
+        (
+            'reserve = ["a"]\nmax-running = 2\nreserve = [\n  "b",\n  "c",\n]\n',
+            "toolsetd.toml:3: reserve: is set twice (first at line 1); keep one of them",
+        ),
         # Its entries are addresses: "a list of names" sent the operator the wrong way.
         (
             'mcp-listen = ["127.0.0.1:8765", 8766]\n',
