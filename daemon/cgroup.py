@@ -797,15 +797,19 @@ class CgroupTree:
 
         Nothing holds it while no call runs (its emptied call cgroups can be removed
         first), so a cleanup or a cgroup manager's sweep may take it; without it every
-        call failed until a restart. The spares went with it. A controller that cannot be
-        enabled again is dropped, so a set whose limits need it fails closed, saying so.
+        call failed until a restart. The spares went with it. A named base
+        (``cgroup = "<path>"``) that went too is made again, as ``probe`` made it (the
+        daemon's own cgroup, the other base, holds the daemon: it cannot go). A controller
+        that cannot be enabled again is dropped, so a set whose limits need it fails
+        closed, saying so.
 
         Raises:
-            OSError: The folder cannot be made (its base went too).
+            OSError: The folder cannot be made.
         """
         for _, _, files in self._spares:
             files.close()
         self._spares.clear()
+        self.folder.parent.mkdir(exist_ok=True)
         self.folder.mkdir(exist_ok=True)
         enabled = []
         for name in sorted(self.controllers):
