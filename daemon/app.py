@@ -469,9 +469,14 @@ def _unblock_signals() -> list[str]:
     return sorted(s.name if isinstance(s, signal.Signals) else f"SIG{int(s)}" for s in held)
 
 
-#: Ignored by the interpreter itself at start (it wants EPIPE and EFBIG, not the
-#: signals); a child gets them back at their default actions when it is spawned.
-_PYTHON_IGNORES = frozenset({signal.SIGPIPE, signal.SIGXFSZ})
+#: Left ignored when the daemon starts so: SIGPIPE and SIGXFSZ, which the interpreter
+#: ignores itself at start (it wants EPIPE and EFBIG; a child gets them back at their
+#: default actions when it is spawned), and the terminal's job-control signals, which a
+#: parent ignores so that a daemon writing to a terminal from the background is never
+#: stopped (frozen, calls and all).
+_KEPT_IGNORED = frozenset(
+    {signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
+)
 
 
 def _restore_ignored_signals() -> list[str]:
@@ -488,7 +493,7 @@ def _restore_ignored_signals() -> list[str]:
     """
     restored = []
     for signum in sorted(signal.valid_signals()):
-        if signum in _PYTHON_IGNORES or signum in _HANDLED_SIGNALS:
+        if signum in _KEPT_IGNORED or signum in _HANDLED_SIGNALS:
             continue
         try:
             if signal.getsignal(signum) != signal.SIG_IGN:
