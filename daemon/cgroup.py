@@ -151,6 +151,11 @@ _TRASH_MAX = 256
 _SIZE = re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)[iI]?[bB]?\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _PERIOD_USEC = 100_000
+#: The largest ``memory-max`` taken (8388607T, under 2^63 bytes: ``memory.max`` is parsed
+#: into 64 bits, and a larger number wraps or is refused at every call).
+_MEMORY_MAX_MOST = 8388607 << 40
+#: The kernel's ``PID_MAX_LIMIT``: ``pids.max`` refuses more (EINVAL at every call).
+_PIDS_MAX_MOST = 4194304
 
 
 class CgroupError(Exception):
@@ -216,8 +221,18 @@ def parse_limits(table: dict[str, object], where: str) -> Limits:
         memory_max = int(match.group(1)) * _UNITS[match.group(2).lower()]
         if memory_max < 1 << 20:
             raise ValueError(f"{where}.memory-max: must be at least 1M; got {memory!r}.")
-    if pids is not None and (not isinstance(pids, int) or isinstance(pids, bool) or pids < 1):
-        raise ValueError(f"{where}.pids-max: must be an integer of at least 1; got {pids!r}.")
+        if memory_max > _MEMORY_MAX_MOST:  # past 64 bits the kernel's parse wraps
+            raise ValueError(
+                f"{where}.memory-max: must be at most 8388607T; got {memory!r} (leave it "
+                "out for no limit)."
+            )
+    if pids is not None and (
+        not isinstance(pids, int) or isinstance(pids, bool) or not 1 <= pids <= _PIDS_MAX_MOST
+    ):
+        raise ValueError(
+            f"{where}.pids-max: must be an integer from 1 to {_PIDS_MAX_MOST} (the kernel's "
+            f"most); got {pids!r}."
+        )
     cpu_max: str | None = None
     if cpu is not None:
         if isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not 0.01 <= cpu <= 1024:
