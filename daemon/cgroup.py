@@ -661,7 +661,8 @@ class CgroupTree:
             if setting == "auto":
                 base = cls._own_base(mounts)
             else:
-                base = Path(setting)
+                # Judged by the path it names: ``..`` may lead off the mount its text is on.
+                base = Path(os.path.normpath(setting))
                 if not base.is_absolute() or not _on_cgroup2(base, mounts):
                     return None, (
                         f"cgroup = {setting!r} is not a folder on a cgroup v2 mount "

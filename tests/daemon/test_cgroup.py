@@ -427,6 +427,22 @@ def test_cgroup_probe_named_subtree_and_bad_names(tree: CgroupTree) -> None:
     assert reason == 'cgroups are off in the config (cgroup = "off")'
 
 
+def test_cgroup_a_named_subtree_that_leaves_the_mount_by_dot_dot_is_refused(
+    tree: CgroupTree, tmp_path: Path
+) -> None:
+    """``cgroup = "/sys/fs/cgroup/../../tmp/x"`` passed the "on a cgroup v2 mount" check by
+    its text: the probe made the folder outside cgroupfs, swept it for dead daemons'
+    folders (removing their empty subfolders) and then said the kernel had no
+    cgroup.kill. It is judged by the path it names."""
+    mount = tree.folder.parent
+    outside = tmp_path / "not-a-cgroup"
+    escape = str(mount) + "/.." * len(mount.parts) + str(outside)
+    found, reason = CgroupTree.probe(escape)
+    assert found is None
+    assert "is not a folder on a cgroup v2 mount" in reason, reason
+    assert not outside.exists()
+
+
 def test_cgroup_a_named_subtree_removed_from_outside_is_made_again(tree: CgroupTree) -> None:
     """``cgroup = "<path>"``: the probe makes the named folder when it is missing, so a
     cleanup that removed it (with the daemon's folder inside) while the daemon ran had
