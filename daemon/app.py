@@ -11,7 +11,8 @@ opens the top-level task group:
    so no child inherits them; then the orphan guard's sentinel starts
    (``reaper.OrphanGuard``), before any tool can be spawned;
 2. without activation, the socket directory is prepared (0700), the instance lock is
-   taken, a stale socket is replaced and a live one refused, and the socket is bound 0600;
+   taken, a stale socket is replaced and a live one refused, and the socket is bound 0600
+   (and made again, with its folder and lock, should a cleanup remove it: ``_keep_socket``);
 3. registry, runner, handlers and server are built, the home catalog is loaded, and
    ``READY=1`` is sent once the listener accepts calls; a ``STATUS=`` line with the load
    follows whenever it changes (checked every ``status_interval`` seconds), and
@@ -21,7 +22,8 @@ opens the top-level task group:
    cancelled and their process groups killed, the connections closed after their last
    answer); a second one stops at once: every registered process group is SIGKILLed
    first, then every task is cancelled;
-5. on the way out the socket is removed (unless systemd owns it), the lock released, and
+5. on the way out the socket is removed (unless systemd owns it, or the path names
+   another file since), the lock released, and
    the orphan guard closed last (nothing is registered any more by then). Should the
    daemon die without this cleanup, the guard's sentinel kills the groups still running.
 
@@ -85,6 +87,7 @@ from .settings import (
     resolve_allow_group,
 )
 from .sockpath import (
+    LockHandle,
     SocketPathError,
     acquire_instance_lock,
     check_stale,
@@ -222,7 +225,99 @@ def _peer_policy(options: DaemonOptions) -> PeerPolicy:
     return policy.with_gids([options.allow_gid])
 
 
-def _remove_socket(path: Path) -> None:
+#: Seconds between two looks at whether the socket path still names the daemon's socket.
+_SOCKET_CHECK_SECONDS = 2.0
+
+
+class _OwnSocket:
+    """The listening socket the daemon serves, and, when it made it, its path and lock.
+
+    A cleanup can remove the socket, or its folder with the lock (systemd-tmpfiles ages
+    ``/tmp/toolsetd-<uid>``, an operator's ``rm``): the daemon then served on, unreachable
+    for good, and while its lock stayed no other daemon could start there either.
+    ``_keep_socket`` makes them again (``remake``) and serves the new listener.
+    """
+
+    __slots__ = ("identity", "listener", "lock", "path")
+
+    def __init__(self, path: Path, lock: LockHandle | None, identity: tuple[int, int] | None):
+        self.path = path
+        self.lock = lock
+        #: The device and inode of the socket file the daemon made (None: systemd's).
+        self.identity = identity
+        self.listener: anyio.abc.SocketListener | None = None
+
+    def remake(self) -> socket.socket:
+        """Make the folder, the lock and the socket again, as at start (raises
+        ``SocketPathError`` or ``OSError``: another daemon locked the path meanwhile, the
+        folder is not safe, ...)."""
+        prepare_socket_dir(self.path)
+        if self.lock is None or not self.lock.names_path():
+            lock = acquire_instance_lock(self.path)
+            if self.lock is not None:
+                self.lock.release()  # its file is gone: this only lets go of it
+            self.lock = lock
+        sock = bind_unix_socket(self.path)
+        self.identity = _socket_identity(self.path)
+        return sock
+
+    async def aclose(self) -> None:
+        """Close the listener (a graceful stop: no new connection)."""
+        if self.listener is not None:
+            await self.listener.aclose()
+
+
+async def _keep_socket(
+    own: _OwnSocket, server: Server, tg: anyio.abc.TaskGroup, state: _State
+) -> None:
+    """Make the socket again when the path no longer names it, and serve that one."""
+    said: str | None = None  # the last failure or replacement logged, said once each
+    while True:
+        await anyio.sleep(_SOCKET_CHECK_SECONDS)
+        if state.stopping:
+            return
+        found = _socket_identity(own.path)
+        if found == own.identity:
+            continue
+        if found is not None:  # another file there now (not ours to remove): say so once
+            if said != f"replaced {found}":
+                said = f"replaced {found}"
+                log.error("socket_replaced", socket=str(own.path))
+            continue
+        try:
+            sock = own.remake()
+        except (SocketPathError, OSError) as exc:
+            error = str(exc) if isinstance(exc, SocketPathError) else exc.strerror or str(exc)
+            if said != error:
+                said = error
+                log.error("socket_recreate_failed", socket=str(own.path), error=error)
+            continue
+        said = None
+        listener = await anyio.abc.SocketListener.from_socket(sock)
+        old, own.listener = own.listener, listener
+        await tg.start(server.serve, listener)
+        if old is not None:
+            await old.aclose()
+        log.warning("socket_recreated", socket=str(own.path))
+        if state.stopping:  # the stop closed the old listener meanwhile
+            await listener.aclose()
+            return
+
+
+def _socket_identity(path: Path) -> tuple[int, int] | None:
+    """The device and inode the socket path names now (None: nothing there)."""
+    try:
+        found = os.stat(path, follow_symlinks=False)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def _remove_socket(path: Path, identity: tuple[int, int] | None) -> None:
+    """Unlink the daemon's socket, if the path still names it: a cleanup may have removed
+    it, and another daemon may serve a socket of its own there since."""
+    if identity is None or _socket_identity(path) != identity:
+        return
     try:
         os.unlink(path)
     except OSError:
@@ -332,6 +427,9 @@ async def run_daemon(
         unblocked = _unblock_signals()  # after the handlers: a pending SIGTERM stops us
         if unblocked:
             log.info("signals_unblocked", signals=unblocked)
+        restored = _restore_ignored_signals()
+        if restored:
+            log.info("signals_restored", signals=restored)
         try:
             await _run(options, signals, task_status)
         finally:
@@ -369,6 +467,42 @@ def _unblock_signals() -> list[str]:
     """
     held = signal.pthread_sigmask(signal.SIG_SETMASK, ())
     return sorted(s.name if isinstance(s, signal.Signals) else f"SIG{int(s)}" for s in held)
+
+
+#: Left ignored when the daemon starts so: SIGPIPE and SIGXFSZ, which the interpreter
+#: ignores itself at start (it wants EPIPE and EFBIG; a child gets them back at their
+#: default actions when it is spawned), and the terminal's job-control signals, which a
+#: parent ignores so that a daemon writing to a terminal from the background is never
+#: stopped (frozen, calls and all).
+_KEPT_IGNORED = frozenset(
+    {signal.SIGPIPE, signal.SIGXFSZ, signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU}
+)
+
+
+def _restore_ignored_signals() -> list[str]:
+    """Put back the default action of each signal the daemon was started ignoring; returns
+    their names.
+
+    ``SIG_IGN`` survives ``exec``: a parent that ignores SIGCHLD (to leave no zombies) or
+    a non-interactive shell's ``toolsetd &`` (SIGQUIT) hands it on. With SIGCHLD ignored
+    the kernel reaped every tool at once and the daemon never learnt how one ended (a tool
+    that exited 5 was a call that went "ok" with exit code 0; bubblewrap's probe waited
+    for its child until it timed out), and every tool inherited the ignored signals.
+    systemd resets them for a service; this does so for any start. The signals the
+    daemon handles are left to their handlers.
+    """
+    restored = []
+    for signum in sorted(signal.valid_signals()):
+        if signum in _KEPT_IGNORED or signum in _HANDLED_SIGNALS:
+            continue
+        try:
+            if signal.getsignal(signum) != signal.SIG_IGN:
+                continue
+            signal.signal(signum, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL, SIGSTOP, the C library's own
+            continue
+        restored.append(signum.name if isinstance(signum, signal.Signals) else f"SIG{int(signum)}")
+    return restored
 
 
 async def _run(
@@ -438,15 +572,16 @@ async def _serve(
         check_stale(socket_path)
         sock = bind_unix_socket(socket_path)
         owns_socket = True
+    own = _OwnSocket(socket_path, lock, _socket_identity(socket_path) if owns_socket else None)
     try:
-        listener = await anyio.abc.SocketListener.from_socket(sock)
+        listener = own.listener = await anyio.abc.SocketListener.from_socket(sock)
         http_sockets, http_token = _bind_mcp_http(options)
         metrics_socket = _bind_metrics(options)
         peer_policy = _peer_policy(options)
     except BaseException:
         # Nothing was served: leave no socket behind that the next start must judge stale.
         if owns_socket:
-            _remove_socket(socket_path)
+            _remove_socket(socket_path, own.identity)
         if lock is not None:
             lock.release()
         raise
@@ -539,6 +674,8 @@ async def _serve(
             if metrics_socket is not None:
                 await tg.start(serve_metrics, metrics, metrics_socket)
             await tg.start(server.serve, listener)
+            if owns_socket:
+                tg.start_soon(_keep_socket, own, server, tg, state)
             tg.start_soon(_evict_idle, registry, watcher, server, service)
             tg.start_soon(_drain_logs)
             interval = notifier.watchdog_interval()
@@ -574,15 +711,15 @@ async def _serve(
                 tg.start_soon(_report_status, notifier, registry, handlers, state)
             task_status.started(str(socket_path))
             await _handle_signals(
-                signals, tg, server, handlers, listener, notifier, guard, state, reload_config
+                signals, tg, server, handlers, own, notifier, guard, state, reload_config
             )
     finally:
         with anyio.CancelScope(shield=True):
             await checks.aclose()
             if owns_socket:
-                _remove_socket(socket_path)
-            if lock is not None:
-                lock.release()
+                _remove_socket(socket_path, own.identity)
+            if own.lock is not None:
+                own.lock.release()
             log.info("daemon_stopped")
 
 
@@ -686,7 +823,7 @@ async def _handle_signals(
     tg: anyio.abc.TaskGroup,
     server: Server,
     handlers: Handlers,
-    listener: anyio.abc.SocketListener,
+    listener: _OwnSocket,
     notifier: Notifier,
     guard: OrphanGuard,
     state: _State,
@@ -744,7 +881,7 @@ async def _graceful_stop(
     state: _State,
     server: Server,
     handlers: Handlers,
-    listener: anyio.abc.SocketListener,
+    listener: _OwnSocket,
     http: Any = None,
 ) -> None:
     """No new calls; in-flight calls get the grace period; then cancel them and close."""

@@ -17,14 +17,17 @@ The daemon needs a cgroup v2 subtree it may write. ``CgroupTree.probe`` finds on
 
 Under that base the daemon makes its own folder ``toolsetd-<pid>`` (so two daemons sharing
 a base never touch each other's calls; a folder of a pid that is gone is a dead daemon's,
-and is killed and removed at start, as is a folder of its own name, left by a dead
-process that had its pid or namespace) with every controller of ``memory``, ``pids``, ``cpu``
-it can get enabled for its children, and one child ``c<n>`` per call. A pid means something
-in its PID namespace only: a daemon in another one (a container that sees the host's
-cgroups, ``unshare --pid``) names its folder ``toolsetd-<namespace inode>-<pid>``, and each
-daemon sweeps the folders of its own namespace alone (``_folder_name``). Named by pid
-alone, such a daemon took every host daemon's folder for a dead one's and killed their
-calls, and two daemons of pid 2 in two containers shared one folder.
+and is killed and removed at start, as is a folder of its own name, left by a dead process
+that had its pid or namespace) with every controller of ``memory``, ``pids``, ``cpu`` it
+can get enabled for its children, and one child ``c<n>`` per call. Between calls nothing
+holds that folder, so it can be removed from outside while the daemon runs; the next call
+makes it again (``_remake``) rather than failing, as every call did until a restart. A pid
+means something in its PID namespace only: a daemon in another one (a container that sees
+the host's cgroups, ``unshare --pid``) names its folder
+``toolsetd-<namespace inode>-<pid>``, and each daemon sweeps the folders of its own namespace alone
+(``_folder_name``). Named by pid alone, such a daemon took every host daemon's folder for
+a dead one's and killed their calls, and two daemons of pid 2 in two containers shared one
+folder.
 
 A call's child is in its cgroup before the tool's first instruction, one of two ways:
 
@@ -149,6 +152,11 @@ _TRASH_MAX = 256
 _SIZE = re.compile(r"^\s*(\d+)\s*([kKmMgGtT]?)[iI]?[bB]?\s*$")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _PERIOD_USEC = 100_000
+#: The largest ``memory-max`` taken (8388607T, under 2^63 bytes: ``memory.max`` is parsed
+#: into 64 bits, and a larger number wraps or is refused at every call).
+_MEMORY_MAX_MOST = 8388607 << 40
+#: The kernel's ``PID_MAX_LIMIT``: ``pids.max`` refuses more (EINVAL at every call).
+_PIDS_MAX_MOST = 4194304
 
 
 class CgroupError(Exception):
@@ -214,8 +222,18 @@ def parse_limits(table: dict[str, object], where: str) -> Limits:
         memory_max = int(match.group(1)) * _UNITS[match.group(2).lower()]
         if memory_max < 1 << 20:
             raise ValueError(f"{where}.memory-max: must be at least 1M; got {memory!r}.")
-    if pids is not None and (not isinstance(pids, int) or isinstance(pids, bool) or pids < 1):
-        raise ValueError(f"{where}.pids-max: must be an integer of at least 1; got {pids!r}.")
+        if memory_max > _MEMORY_MAX_MOST:  # past 64 bits the kernel's parse wraps
+            raise ValueError(
+                f"{where}.memory-max: must be at most 8388607T; got {memory!r} (leave it "
+                "out for no limit)."
+            )
+    if pids is not None and (
+        not isinstance(pids, int) or isinstance(pids, bool) or not 1 <= pids <= _PIDS_MAX_MOST
+    ):
+        raise ValueError(
+            f"{where}.pids-max: must be an integer from 1 to {_PIDS_MAX_MOST} (the kernel's "
+            f"most); got {pids!r}."
+        )
     cpu_max: str | None = None
     if cpu is not None:
         if isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not 0.01 <= cpu <= 1024:
@@ -336,11 +354,12 @@ def cgroup2_mounts() -> list[str]:
     """Where cgroup v2 is mounted, as ``/proc/self/mountinfo`` says."""
     mounts = []
     text = _read("/proc/self/mountinfo") or ""
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines: a path may hold U+2028, \x1c, ...
         left, _, right = line.partition(" - ")
-        parts = left.split()
-        if right.split()[:1] == ["cgroup2"] and len(parts) > 4:
-            mounts.append(parts[4].replace("\\040", " "))
+        parts = left.split(" ")  # not split(): a path may hold U+2028, \x1c, ...
+        if right.split(" ")[:1] == ["cgroup2"] and len(parts) > 4:
+            # The kernel writes space, tab, newline and backslash as three octal digits.
+            mounts.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4]))
     return mounts
 
 
@@ -660,7 +679,8 @@ class CgroupTree:
             if setting == "auto":
                 base = cls._own_base(mounts)
             else:
-                base = Path(setting)
+                # Judged by the path it names: ``..`` may lead off the mount its text is on.
+                base = Path(os.path.normpath(setting))
                 if not base.is_absolute() or not _on_cgroup2(base, mounts):
                     return None, (
                         f"cgroup = {setting!r} is not a folder on a cgroup v2 mount "
@@ -776,12 +796,18 @@ class CgroupTree:
             raise CgroupError(problem)
         self._empty_trash()
         reusable = self.reuse and limits == _NO_LIMITS
-        if reusable and self._spares:
+        while reusable and self._spares:
             path, cpu_before, files = self._spares.pop()
-            return CallCgroup(self, path, reusable=True, cpu_before=cpu_before, files=files)
+            if files.read("cgroup.events") is not None:
+                return CallCgroup(self, path, reusable=True, cpu_before=cpu_before, files=files)
+            files.close()  # removed from outside (with the folder, see ``_remake``)
         path = os.path.join(self.folder, f"c{next(self._counter)}")
         try:
-            os.mkdir(path)
+            try:
+                os.mkdir(path)
+            except FileNotFoundError:
+                self._remake()
+                os.mkdir(path)
             if limits.memory_max is not None:
                 _write(os.path.join(path, "memory.max"), str(limits.memory_max))
                 with contextlib.suppress(OSError):  # no swap accounting: nothing to cap
@@ -799,6 +825,33 @@ class CgroupTree:
                 f"the call's cgroup under {self.folder} cannot be set up: {exc.strerror}"
             ) from exc
         return CallCgroup(self, path, reusable=reusable)
+
+    def _remake(self) -> None:
+        """Make the daemon's folder again: it was removed from outside while the daemon ran.
+
+        Nothing holds it while no call runs (its emptied call cgroups can be removed
+        first), so a cleanup or a cgroup manager's sweep may take it; without it every
+        call failed until a restart. The spares went with it. A named base
+        (``cgroup = "<path>"``) that went too is made again, as ``probe`` made it (the
+        daemon's own cgroup, the other base, holds the daemon: it cannot go). A controller
+        that cannot be enabled again is dropped, so a set whose limits need it fails
+        closed, saying so.
+
+        Raises:
+            OSError: The folder cannot be made.
+        """
+        for _, _, files in self._spares:
+            files.close()
+        self._spares.clear()
+        self.folder.parent.mkdir(exist_ok=True)
+        self.folder.mkdir(exist_ok=True)
+        enabled = []
+        for name in sorted(self.controllers):
+            with contextlib.suppress(OSError):
+                _write(str(self.folder / "cgroup.subtree_control"), f"+{name}")
+                enabled.append(name)
+        self.controllers = frozenset(enabled)
+        log.warning("cgroup_folder_remade", folder=str(self.folder), controllers=enabled)
 
     def spare(self, path: str, cpu_total: int, files: _Files) -> None:
         """Keep an emptied call cgroup without limits for a later call (else remove it)."""

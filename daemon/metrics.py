@@ -526,7 +526,7 @@ async def serve_metrics(
         async def answer(stream: anyio.abc.SocketStream) -> None:
             nonlocal active
             try:
-                await _answer(metrics, stream)
+                await _answer(metrics, stream, host_bound, port_bound)
             finally:
                 active -= 1
 
@@ -547,8 +547,9 @@ async def serve_metrics(
             tg.start_soon(answer, stream)
 
 
-async def _answer(metrics: Metrics, stream: anyio.abc.SocketStream) -> None:
-    """One HTTP/1.x exchange; anything but ``GET``/``HEAD /metrics`` gets 404 or 405.
+async def _answer(metrics: Metrics, stream: anyio.abc.SocketStream, host: str, port: int) -> None:
+    """One HTTP/1.x exchange; anything but ``GET``/``HEAD /metrics`` gets 404 or 405, and
+    a request that does not name this loopback listener as its ``Host`` 400, 421 or 403.
 
     The whole exchange, the answer's writing included, has ``_REQUEST_TIMEOUT`` seconds:
     a client that never reads cannot hold the connection (and its descriptor).
@@ -556,14 +557,14 @@ async def _answer(metrics: Metrics, stream: anyio.abc.SocketStream) -> None:
     try:
         async with stream:
             with anyio.move_on_after(_REQUEST_TIMEOUT):
-                await _exchange(metrics, stream)
+                await _exchange(metrics, stream, host, port)
     except (anyio.EndOfStream, anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
         pass
     except Exception:  # one scrape's bug must not end the listener
         log.exception("metrics_request_failed")
 
 
-async def _exchange(metrics: Metrics, stream: anyio.abc.SocketStream) -> None:
+async def _exchange(metrics: Metrics, stream: anyio.abc.SocketStream, host: str, port: int) -> None:
     head = b""
     while b"\r\n\r\n" not in head and b"\n\n" not in head:
         head += await stream.receive(4096)
@@ -583,10 +584,49 @@ async def _exchange(metrics: Metrics, stream: anyio.abc.SocketStream) -> None:
     if method not in (b"GET", b"HEAD"):
         await stream.send(_response(405, "text/plain", b"use GET\n", allow=True))
         return
+    refusal = _misdirected(head, parts[2], host, port)
+    if refusal is not None:
+        status, message = refusal
+        await stream.send(_response(status, "text/plain", message.encode() + b"\n"))
+        return
     text, content_type = metrics.recent_exposition()
     body = text.encode()
     await stream.send(
         _response(200, content_type, b"" if method == b"HEAD" else body, length=len(body))
+    )
+
+
+def _misdirected(head: bytes, version: bytes, host: str, port: int) -> tuple[int, str] | None:
+    """Why a request may not have the exposition (status, message), else None.
+
+    Loopback is not only the machine's users: a web page whose name the attacker points
+    at 127.0.0.1 (DNS rebinding) has the browser send its own name as ``Host``, and its
+    script would read the answer. So ``Host`` must name this listener, as on the MCP
+    endpoint (``httpguard.check_host_origin``): 421 otherwise, 403 for a foreign
+    ``Origin``. HTTP/1.1 requires one ``Host`` (400 without, or with two: RFC 9112 3.2);
+    an HTTP/1.0 request may have none.
+    """
+    from .httpguard import ListenAddress, check_host_origin  # rules of the MCP endpoint
+
+    fields: dict[bytes, list[str]] = {b"host": [], b"origin": []}
+    for line in head.split(b"\n")[1:]:
+        if not line.strip(b"\r"):
+            break  # the head's end: what follows is a body
+        name, sep, value = line.partition(b":")
+        found = fields.get(name.strip().lower()) if sep else None
+        if found is not None:
+            found.append(value.strip().decode("latin-1"))
+    hosts, origins = fields[b"host"], fields[b"origin"]
+    if len(hosts) > 1 or (not hosts and version != b"HTTP/1.0"):
+        return 400, "Bad request: one Host header is required."
+    if not hosts and not origins:
+        return None
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return check_host_origin(
+        hosts[0] if hosts else f"{host}:{port}",
+        origins[0] if origins else None,
+        ListenAddress(family, host, port),
+        port,
     )
 
 
@@ -608,8 +648,10 @@ def _target_path(target: bytes) -> bytes:
 _REASONS = {
     200: "OK",
     400: "Bad Request",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    421: "Misdirected Request",
     431: "Request Header Fields Too Large",
 }
 

@@ -408,8 +408,10 @@ def _mounts(mountinfo: str) -> list[tuple[str, str, str, str]]:
     """Each mount of a ``mountinfo`` text, in order: ``major:minor``, its root, its mount
     point (both unescaped) and its mount options (``rw,nosuid,...``)."""
     mounts = []
-    for line in mountinfo.splitlines():
-        fields = line.split(" - ", 1)[0].split()
+    # Not splitlines, nor split(): they also split at U+2028, \x1c-\x1f and U+0085,
+    # which a path may hold (the kernel escapes only space, tab, newline and backslash).
+    for line in mountinfo.split("\n"):
+        fields = line.split(" - ", 1)[0].split(" ")
         if len(fields) >= 6:
             mounts.append((fields[2], _unescape(fields[3]), _unescape(fields[4]), fields[5]))
     return mounts

@@ -537,7 +537,9 @@ def _key_lines(text: str) -> dict[str, int]:
     """
     lines: dict[str, int] = {}
     table: list[str] = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    # Lines end at "\n" alone, as tomllib counts them: splitlines() also ends one at
+    # U+2028, U+2029 and U+0085, which a string may hold.
+    for number, line in enumerate(text.split("\n"), start=1):
         match = _HEADER.match(line)
         if match:
             table = _key_parts(match.group(1))[:_KEY_DEPTH]
@@ -605,7 +607,17 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         table = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         found = re.search(r"at line (\d+)", str(exc))
-        line = int(found.group(1)) if found else max(1, len(text.splitlines()))
+        line = int(found.group(1)) if found else text.rstrip("\r\n").count("\n") + 1
+        if str(exc).startswith(("Cannot overwrite a value", "Cannot declare")):
+            # tomllib names neither the key nor where it was set first.
+            twice = _set_twice(text, line)
+            if twice is not None:
+                key, first, declared, at = twice
+                fix = "write its keys in one place" if declared else "keep one of them"
+                said = "declared" if declared else "set"
+                raise ConfigError(
+                    f"is {said} twice (first at line {first}); {fix}", path, at, key
+                ) from None
         raise ConfigError(f"is not valid TOML: {exc}", path, line) from None
     except RecursionError:
         # tomllib parses nested arrays and inline tables by recursion: a value a few
@@ -617,6 +629,36 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
             _deep_line(text),
         ) from None
     return table, _key_lines(text)
+
+
+def _set_twice(text: str, line: int) -> tuple[str, int, bool, int] | None:
+    """The key or table set again where tomllib stopped at ``line``, the line that set it
+    first, whether it is a table, and the line that sets it again (None when that cannot be
+    told). tomllib stops after the value, so the assignment is the nearest one at or above
+    ``line`` (the first line of a value written over several)."""
+    rows = text.split("\n")
+    if not 1 <= line <= len(rows):
+        return None
+    at = line
+    while at > 1 and not (_HEADER.match(rows[at - 1]) or _ASSIGNMENT.match(rows[at - 1])):
+        at -= 1
+    table: list[str] = []
+    for row in rows[: at - 1]:
+        header = _HEADER.match(row)
+        if header:
+            table = _key_parts(header.group(1))
+    header = _HEADER.match(rows[at - 1])
+    forms: tuple[str, ...] = ("{}",)
+    if header:
+        name, forms = ".".join(_key_parts(header.group(1))), ("[{}]", "{}")
+    else:
+        assignment = _ASSIGNMENT.match(rows[at - 1])
+        if assignment is None:
+            return None
+        name = ".".join(table + _key_parts(assignment.group(1)))
+    earlier = _key_lines("\n".join(rows[: at - 1]))
+    first = [earlier[form.format(name)] for form in forms if form.format(name) in earlier]
+    return (name, min(first), header is not None, at) if first else None
 
 
 def _deep_line(text: str, depth: int = 64) -> int | None:
@@ -668,13 +710,16 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
     if kind == "names":
         if isinstance(raw, str):
             raw = [raw]
+        entries = "a list of names"
+        if option.check == "loopback":
+            entries = 'a list of "HOST:PORT" addresses'  # mcp-listen
         if not isinstance(raw, list):
-            raise ValueError(f"must be a list of names, got {_show(raw)}")
+            raise ValueError(f"must be {entries}, got {_show(raw)}")
         for number, name in enumerate(raw, start=1):
             if not isinstance(name, str) or not name:
                 # Which entry: "got a list" did not say what was wrong with it.
                 what = "empty" if name == "" else _show(name)
-                raise ValueError(f"must be a list of names; entry {number} is {what}")
+                raise ValueError(f"must be {entries}; entry {number} is {what}")
         if option.check == "loopback":
             _check_loopback(raw)
         return tuple(raw)

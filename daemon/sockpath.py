@@ -212,15 +212,25 @@ class LockHandle:
         """Whether the lock is still held by this handle."""
         return self._fd is not None
 
+    def names_path(self) -> bool:
+        """Whether the lock file's path still names the locked file (a cleanup may have
+        removed it, and a lock on a removed file keeps no other daemon out)."""
+        return self._fd is not None and _same_file(self._fd, self.path)
+
     def release(self) -> None:
-        """Unlink the lock file, then drop the lock. Safe to call twice."""
+        """Unlink the lock file, then drop the lock. Safe to call twice.
+
+        Only while the path still names the locked file: one a cleanup removed (and another
+        daemon, serving the path since, made afresh) is that daemon's lock.
+        """
         fd, self._fd = self._fd, None
         if fd is None:
             return
         try:
             # Unlink first, while still holding the lock: see the module docstring.
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+            if _same_file(fd, self.path):
+                with contextlib.suppress(FileNotFoundError):
+                    self.path.unlink()
         finally:
             os.close(fd)
 

@@ -427,6 +427,44 @@ def test_cgroup_probe_named_subtree_and_bad_names(tree: CgroupTree) -> None:
     assert reason == 'cgroups are off in the config (cgroup = "off")'
 
 
+def test_cgroup_a_named_subtree_that_leaves_the_mount_by_dot_dot_is_refused(
+    tree: CgroupTree, tmp_path: Path
+) -> None:
+    """``cgroup = "/sys/fs/cgroup/../../tmp/x"`` passed the "on a cgroup v2 mount" check by
+    its text: the probe made the folder outside cgroupfs, swept it for dead daemons'
+    folders (removing their empty subfolders) and then said the kernel had no
+    cgroup.kill. It is judged by the path it names."""
+    mount = tree.folder.parent
+    outside = tmp_path / "not-a-cgroup"
+    escape = str(mount) + "/.." * len(mount.parts) + str(outside)
+    found, reason = CgroupTree.probe(escape)
+    assert found is None
+    assert "is not a folder on a cgroup v2 mount" in reason, reason
+    assert not outside.exists()
+
+
+def test_cgroup_a_named_subtree_removed_from_outside_is_made_again(tree: CgroupTree) -> None:
+    """``cgroup = "<path>"``: the probe makes the named folder when it is missing, so a
+    cleanup that removed it (with the daemon's folder inside) while the daemon ran had
+    every call fail, "cannot be set up: No such file or directory", until a restart. The
+    next call makes both again, as the probe did."""
+    named = tree.folder.parent / f"toolsetd-named-{os.getpid()}"
+    found, reason = CgroupTree.probe(str(named))
+    assert found is not None, reason
+    try:
+        found.create(Limits(), "set 't'").discard()
+        found.folder.rmdir()
+        named.rmdir()
+        call = found.create(Limits(), "set 't'")
+        assert Path(call.path).parent == found.folder
+        assert (found.folder / "cgroup.kill").exists()
+        call.discard()
+    finally:
+        found.close()
+        with contextlib.suppress(OSError):
+            named.rmdir()
+
+
 @pytest.mark.anyio
 @pytest.mark.parametrize("poison", ["frozen", "child cgroup"])
 async def test_cgroup_a_cgroup_its_tool_changed_is_never_a_spare(

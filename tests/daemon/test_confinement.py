@@ -59,6 +59,12 @@ def _confinement(table: dict[str, object], bwrap: str | None = "/usr/bin/bwrap",
         ({"sets": {"lint": {"memory-max": "lots"}}}, "confinement.sets.lint.memory-max: must be"),
         ({"sets": {"lint": {"memory-max": 1000}}}, "memory-max: must be at least 1M"),
         ({"sets": {"lint": {"pids-max": 0}}}, "confinement.sets.lint.pids-max: must be an integer"),
+        # Past what the kernel takes: memory.max parsed 99999999999T past 64 bits (a limit
+        # it wraps, or refuses), pids.max refuses more than 4194304; the start passed and
+        # every call of the set failed, or ran with another limit.
+        ({"project": {"memory-max": "99999999999T"}}, "memory-max: must be at most 8388607T"),
+        ({"project": {"memory-max": 1 << 63}}, "memory-max: must be at most 8388607T"),
+        ({"project": {"pids-max": 4194305}}, "pids-max: must be an integer from 1 to 4194304"),
         ({"sets": {"lint": {"cpu-max": "half"}}}, "confinement.sets.lint.cpu-max: must be a number"),
         ({"sets": {"lint": {"color": 1}}}, "confinement.sets.lint.color: unknown key"),
         ({"hide": "~/.aws"}, "confinement.hide: must be a list of paths"),

@@ -83,13 +83,14 @@ def test_metrics_listener_renders_at_most_once_a_second() -> None:
 
 
 async def _scrape_raw(request: bytes) -> bytes:
-    """Send ``request`` to a fresh /metrics listener; the answer, read to its close."""
+    """Send ``request`` to a fresh /metrics listener (``PORT`` in it becomes the port it
+    listens on); the answer, read to its close."""
     metrics = _metrics()
     async with anyio.create_task_group() as tg:
         host, port = await tg.start(serve_metrics, metrics, bind_metrics(("127.0.0.1", 0)))
         with anyio.fail_after(15):
             async with await anyio.connect_tcp(host, port) as stream:
-                await stream.send(request)
+                await stream.send(request.replace(b"PORT", str(port).encode()))
                 answer = b""
                 with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
                     while True:
@@ -117,6 +118,40 @@ async def test_metrics_listener_reads_every_request_form_http_allows(request_hea
     answer = await _scrape_raw(request_head)
     assert answer.startswith(b"HTTP/1.1 200 OK\r\n"), answer[:200]
     assert b"toolsetd_build_info" in answer
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(
+    ("request_head", "status"),
+    [
+        # DNS rebinding: a page of evil.example, its name pointed at 127.0.0.1, had the
+        # user's browser read the exposition (set names and counts), though only local
+        # users were to read it; the MCP endpoint refuses such a Host with 421 already.
+        (b"GET /metrics HTTP/1.1\r\nHost: evil.example:PORT\r\n\r\n", b"421"),
+        (b"GET /metrics HTTP/1.1\r\nHost: evil.example\r\n\r\n", b"421"),
+        (b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:1\r\n\r\n", b"421"),
+        (b"GET /metrics HTTP/1.0\r\nhost: evil.example\r\n\r\n", b"421"),
+        (
+            b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n"
+            b"Origin: http://evil.example\r\n\r\n",
+            b"403",
+        ),
+        # RFC 9112 3.2: an HTTP/1.1 request without a Host, or with two, is 400.
+        (b"GET /metrics HTTP/1.1\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n", b"400"),
+        # What Prometheus, curl and an HTTP/1.0 client send.
+        (b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n\r\n", b"200"),
+        (b"GET /metrics HTTP/1.1\r\nHost: localhost:PORT\r\n\r\n", b"200"),
+        (b"GET /metrics HTTP/1.0\r\n\r\n", b"200"),
+    ],
+)
+async def test_metrics_listener_answers_only_a_loopback_host(
+    request_head: bytes, status: bytes
+) -> None:
+    """Host must name this loopback listener, as on the MCP endpoint."""
+    answer = await _scrape_raw(request_head)
+    assert answer.startswith(b"HTTP/1.1 " + status + b" "), answer[:200]
+    assert (b"toolsetd_build_info" in answer) == (status == b"200")
 
 
 @pytest.mark.anyio

@@ -166,6 +166,30 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
             'toolsetd.toml:1: mcp-listen: "0.0.0.0:8765": refusing to listen on 0.0.0.0, which is '
             "not a loopback address",
         ),
+        # A string may hold U+2028, U+2029 or U+0085: splitlines() took each for a line
+        # end, and every key after it was named at a line too far.
+        (
+            'reserve = ["a\u2028b\u2029c\x85d"]\nmax-runing = 3\n',
+            "toolsetd.toml:2: max-runing: unknown key",
+        ),
+        (
+            'reserve = ["a\u2028b"]\nmax-running = 1\nmax-running = 2\n',
+            "toolsetd.toml:3: max-running: is set twice (first at line 2)",
+        ),
+        # tomllib stops after the value: a value over several lines put it at the last.
+        (
+            'reserve = ["a"]\nmax-running = 2\nreserve = [\n  "b",\n  "c",\n]\n',
+            "toolsetd.toml:3: reserve: is set twice (first at line 1); keep one of them",
+        ),
+        # Its entries are addresses: "a list of names" sent the operator the wrong way.
+        (
+            'mcp-listen = ["127.0.0.1:8765", 8766]\n',
+            'toolsetd.toml:1: mcp-listen: must be a list of "HOST:PORT" addresses; entry 2 is 8766',
+        ),
+        (
+            "mcp-listen = {port = 8765}\n",
+            'toolsetd.toml:1: mcp-listen: must be a list of "HOST:PORT" addresses, got a table',
+        ),
         (
             "max-runing = 3\n",
             "toolsetd.toml:1: max-runing: unknown key; did you mean 'max-running'?",
@@ -187,6 +211,31 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
         (
             "max-running = \n",
             "toolsetd.toml:1: is not valid TOML: Invalid value (at line 1, column 15)",
+        ),
+        # A key set twice (a line appended to a file that had it): tomllib's "Cannot
+        # overwrite a value" named neither the key nor the fix.
+        (
+            "max-running = 1\nkill-grace = 2\nmax-running = 2\n",
+            "toolsetd.toml:3: max-running: is set twice (first at line 1); keep one of them",
+        ),
+        (
+            'max-running = 1\n"max-running" = 2',
+            "toolsetd.toml:2: max-running: is set twice (first at line 1); keep one of them",
+        ),
+        (
+            '[confinement.project]\nprofile = "off"\nnetwork = true\nprofile = "read-only"\n',
+            "toolsetd.toml:4: confinement.project.profile: is set twice (first at line 2); "
+            "keep one of them",
+        ),
+        (
+            '[confinement]\ncgroup = "off"\n\n[confinement]\nsandbox = "off"\n',
+            "toolsetd.toml:4: confinement: is declared twice (first at line 1); write its keys "
+            "in one place",
+        ),
+        (
+            'confinement.cgroup = "off"\n[confinement]\nsandbox = "off"\n',
+            "toolsetd.toml:2: confinement: is declared twice (first at line 1); write its keys "
+            "in one place",
         ),
     ],
 )

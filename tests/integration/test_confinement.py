@@ -549,6 +549,38 @@ def test_confinement_call_usage_in_the_log_line(tree: Tree) -> None:
     assert float(cpu[0].split()[-1]) >= line["cpu_ms"] / 1000
 
 
+def _remove_cgroup_folder(folder: Path) -> None:
+    """Remove the daemon's cgroup folder from outside (its emptied call cgroups first)."""
+    for child in folder.iterdir():
+        if child.is_dir():
+            child.rmdir()
+    folder.rmdir()
+
+
+def test_confinement_a_cgroup_folder_removed_from_outside_is_made_again() -> None:
+    """The daemon's folder removed while it runs (an operator's cleanup, a cgroup manager's
+    sweep): the next calls run, in a folder made again, instead of failing until a restart."""
+    t = _make_tree()
+    try:
+        folder = Path(_need_cgroup(t)["tree"])
+        for _ in range(2):  # the second leaves an emptied call cgroup kept for reuse
+            assert t.probe({"action": "read", "target": "/etc/hostname"},
+                           project=False)["isError"] is False
+        _remove_cgroup_folder(folder)
+        for _ in range(3):
+            result = t.probe({"action": "read", "target": "/proc/self/cgroup"}, project=False)
+            assert result["isError"] is False, result
+            own = next(x for x in result["content"].splitlines() if x.startswith("0::"))
+            assert f"/{folder.name}/c" in own, own  # in a call cgroup of the folder
+        assert (folder / "cgroup.procs").exists()
+        remade = [e for e in t.daemon.log_events() if e.get("event") == "cgroup_folder_remade"]
+        assert len(remade) == 1, t.daemon.log()
+        assert remade[0]["folder"] == str(folder)
+        assert remade[0]["level"] == "warning"
+    finally:
+        _close(t)
+
+
 def test_confinement_fork_bomb_capped_by_pids_max() -> None:
     """A fork bomb stops at pids.max; the call still ends and takes every child with it."""
     t = _make_tree('[confinement.home]\npids-max = 20\n')
@@ -742,6 +774,27 @@ def test_confinement_sandbox_writes_the_workspace_and_its_tmp(tree: Tree) -> Non
     # The home set runs unsandboxed by default: the same read of the key works there.
     assert tree.probe({"action": "read", "target": _targets(tree)["key"]},
                       project=False)["content"] == "PRIVATE KEY\n"
+
+
+def test_confinement_sandbox_runs_in_a_workspace_whose_name_holds_a_line_separator(
+    tree: Tree,
+) -> None:
+    """The bind check read the sandbox's /proc/<pid>/mountinfo with ``splitlines``, which
+    also splits at U+2028 (and \\x1c-\\x1e, U+0085, U+2029): a workspace so named (a
+    name pasted from a document) was never found bound, and every sandboxed call there
+    failed, "changed while its sandbox was being made". The kernel ends its lines with
+    ``\\n`` alone (and escapes that one in paths)."""
+    _need_sandbox(tree)
+    for odd in ("\u2028", "\x1c", "\x85"):
+        workspace = tree.base / f"ws{odd}sep"
+        shutil.copytree(tree.workspace / ".crystal", workspace / ".crystal")
+        with tree.daemon.raw(timeout=60) as conn:
+            _, reply = conn.invoke({"tool": "p_probe", "workspace": str(workspace),
+                                    "arguments": {"action": "write",
+                                                  "target": str(workspace / "out.txt")}})
+        result = reply["result"]
+        assert result["isError"] is False, (repr(odd), result)
+        assert (workspace / "out.txt").read_text() == "written by the tool\n"
 
 
 def test_confinement_sandboxed_call_cannot_call_the_mcp_http_endpoint() -> None:

@@ -1163,6 +1163,99 @@ def test_a_daemon_started_with_signals_blocked_stops_on_sigterm_and_blocks_none_
             d.proc.wait()
 
 
+#: Starts the daemon with these signals ignored, as a parent that ignores them hands on
+#: (SIG_IGN survives exec): a supervisor or a host that set SIGCHLD to SIG_IGN to avoid
+#: zombies, a non-interactive shell's ``toolsetd &`` (SIGQUIT).
+_IGNORING = (
+    "import os, signal, sys\n"
+    "for name in ('SIGCHLD', 'SIGQUIT', 'SIGALRM', 'SIGTTOU'):\n"
+    "    signal.signal(getattr(signal, name), signal.SIG_IGN)\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'toolsetd.daemon', *sys.argv[1:]])\n"
+)
+
+
+def test_a_daemon_started_with_signals_ignored_reports_exit_codes_and_ignores_none_for_tools(
+    tmp_base: Path,
+) -> None:
+    """An ignored signal stays ignored across exec. Started with SIGCHLD ignored, the
+    kernel reaped every tool at once, so the daemon never learnt how one ended: a tool
+    that exited 5 was a call with status "ok" and exit code 0 (and bubblewrap's probe,
+    waiting for its child, timed out, so the sandbox was off). Every tool inherited the
+    ignored signals too (a Python tool's subprocess.run returned 0 for every child). The
+    daemon now sets them back to their default at start, as systemd does for a service."""
+    home = tmp_base / "home"
+    write_set(home / "tools", "sig", {
+        "runner": "exec", "stdin": False, "approval": "always", "tools": [
+            {"name": "fail", "description": "exits 5", "schema": {"type": "object"},
+             "command": ["/bin/sh", "-c", "exit 5"]},
+            {"name": "ign", "description": "its ignored signals", "schema": {"type": "object"},
+             "command": [shutil.which("grep"), "^SigIgn:", "/proc/self/status"]},
+        ],
+    })
+    workspace = tmp_base / "ws"
+    workspace.mkdir()
+    d = start_daemon(home, workspace, tmp_base, launcher=[sys.executable, "-c", _IGNORING])
+    try:
+        result = _invoke(d, workspace, "fail")["result"]
+        assert (result["status"], result["exitCode"]) == ("error", 5), result
+        text = _invoke(d, workspace, "ign")["result"]["content"][0]["text"]
+        # SIGTTOU (0x200000) stays: ignored, a daemon writing to a terminal from the
+        # background is not stopped.
+        assert "SigIgn:\t0000000000200000" in text.splitlines(), text
+        restored = [e for e in d.log_events() if e.get("event") == "signals_restored"]
+        assert [sorted(e["signals"]) for e in restored] == [["SIGALRM", "SIGCHLD", "SIGQUIT"]]
+        assert d.stop(signal.SIGTERM, timeout=20) == 0
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
+def _private_mounts() -> bool:
+    """Whether a test may run a command in a mount namespace of its own (root, unshare)."""
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return False
+    done = subprocess.run(  # noqa: S603
+        ["unshare", "-m", "--propagation", "private", "/bin/true"],  # noqa: S607
+        capture_output=True, timeout=30, check=False,
+    )
+    return done.returncode == 0
+
+
+def test_a_mount_point_named_in_utf8_stops_no_start(tmp_base: Path) -> None:
+    """A USB stick labelled "Clé USB" is mounted at /media/ada/Clé USB: the cgroup probe
+    read /proc/self/mountinfo as ASCII, and the daemon died at start with a traceback
+    (UnicodeDecodeError) on any machine with a mount point not in ASCII. The mount is made
+    in a mount namespace of the daemon's own, so nothing else on the machine sees it."""
+    if not _private_mounts():
+        pytest.skip("needs root and unshare -m")
+    home = tmp_base / "home"
+    write_set(home / "tools", "hi", {
+        "runner": "exec", "stdin": False, "approval": "always", "tools": [
+            {"name": "hi", "description": "says hi", "schema": {"type": "object"},
+             "command": ["/bin/echo", "hi"]},
+        ],
+    })
+    workspace = tmp_base / "ws"
+    workspace.mkdir()
+    stick = tmp_base / "Clé USB"
+    stick.mkdir()
+    launcher = [
+        "unshare", "-m", "--propagation", "private", "sh", "-c",
+        'mount -t tmpfs stick "$0" && exec "$@"', str(stick),
+        sys.executable, "-m", "toolsetd.daemon",
+    ]
+    d = start_daemon(home, workspace, tmp_base, launcher=launcher)
+    try:
+        result = _invoke(d, workspace, "hi")["result"]
+        assert (result["status"], result["content"][0]["text"]) == ("ok", "exit 0\nhi\n")
+        assert d.stop(signal.SIGTERM, timeout=20) == 0
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
 def test_a_daemon_started_without_its_standard_descriptors_serves(
     ops_home: Path, tmp_base: Path
 ) -> None:

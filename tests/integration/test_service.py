@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -791,3 +793,73 @@ def test_a_second_activated_socket_is_not_served_and_the_log_says_so(
             proc.wait()
         for sock in listening:
             sock.close()
+
+
+
+def test_a_stopping_daemon_leaves_another_daemons_socket_and_lock_alone(
+    svc_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A cleanup removed the socket and its lock (systemd-tmpfiles ages /tmp, an operator's
+    rm), and a new daemon now serves the path with a lock of its own. The old daemon, once
+    stopped, unlinked whatever the path named: the new daemon's socket and its lock, so
+    that daemon ran on, unreachable, and a third one could start beside it."""
+    first = start_daemon(svc_home, workspace, tmp_base, ["--no-watch"])
+    lock = Path(f"{first.socket}.lock")
+    log_path = tmp_base / "second.log"
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        first.socket.unlink()
+        lock.unlink()
+        second = spawn_daemon(
+            [*first.args, "--socket", str(first.socket)], log_path, {}
+        )
+        wait_answering(first.socket, second, log_path)
+        theirs = (first.socket.stat().st_ino, lock.stat().st_ino)
+        assert first.stop() == 0
+        assert (first.socket.stat().st_ino, lock.stat().st_ino) == theirs
+        with RawConn(first.socket) as conn:
+            assert "result" in conn.request("status")
+    finally:
+        first.stop()
+        if second is not None:
+            second.send_signal(signal.SIGTERM)
+            second.wait(timeout=20)
+
+
+def test_a_socket_removed_from_outside_is_made_again(
+    svc_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A cleanup removed the socket, or its whole folder with the lock (systemd-tmpfiles
+    ages /tmp/toolsetd-<uid>; an operator's rm). The daemon served on, unreachable for good,
+    and, while its lock stayed, no other daemon could start there either. It now makes the
+    socket again (and the folder and the lock with it), and says so."""
+    first = start_daemon(svc_home, workspace, tmp_base, ["--no-watch"])
+    folder = tmp_base / "run"
+    path = folder / "s.sock"
+    log_path = tmp_base / "run.log"
+    proc = spawn_daemon([*first.args, "--socket", str(path)], log_path, {})
+    try:
+        first.stop()
+        wait_answering(path, proc, log_path)
+        for remove in (path.unlink, lambda: shutil.rmtree(folder)):
+            remove()
+            wait_answering(path, proc, log_path)
+        assert stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+        events = [json.loads(line) for line in log_path.read_text().splitlines()
+                  if line.startswith("{")]
+        made = [e for e in events if e["event"] == "socket_recreated"]
+        assert [(e["level"], e["socket"]) for e in made] == [("warning", str(path))] * 2
+        again = subprocess.run(  # the lock was taken again: no second daemon starts
+            [*first.args, "--socket", str(path)], capture_output=True, text=True, timeout=30,
+        )
+        assert again.returncode == 1, again.stderr
+        assert "another toolsetd is already serving" in again.stderr
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0
+        assert not path.exists()
+        assert not Path(f"{path}.lock").exists()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
