@@ -109,6 +109,7 @@ import anyio
 import structlog
 
 from .logs import Throttle
+from .mountinfo import parse_mountinfo
 from .pidsignal import signal_listed
 
 __all__ = [
@@ -352,15 +353,8 @@ def _field(text: str | None, name: str) -> int | None:
 
 def cgroup2_mounts() -> list[str]:
     """Where cgroup v2 is mounted, as ``/proc/self/mountinfo`` says."""
-    mounts = []
     text = _read("/proc/self/mountinfo") or ""
-    for line in text.split("\n"):  # not splitlines: a path may hold U+2028, \x1c, ...
-        left, _, right = line.partition(" - ")
-        parts = left.split(" ")  # not split(): a path may hold U+2028, \x1c, ...
-        if right.split(" ")[:1] == ["cgroup2"] and len(parts) > 4:
-            # The kernel writes space, tab, newline and backslash as three octal digits.
-            mounts.append(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), parts[4]))
-    return mounts
+    return [point for _, _, point, _, kind in parse_mountinfo(text) if kind == "cgroup2"]
 
 
 def _on_cgroup2(path: Path, mounts: list[str]) -> bool:

@@ -79,6 +79,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .mountinfo import parse_mountinfo
 from .paths import is_within
 
 __all__ = [
@@ -398,25 +399,6 @@ def bwrap_argv(
     return argv
 
 
-def _unescape(field: str) -> str:
-    """A path field of ``/proc/self/mountinfo``: the kernel writes space, tab, newline and
-    backslash as three octal digits (``\\040``)."""
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def _mounts(mountinfo: str) -> list[tuple[str, str, str, str]]:
-    """Each mount of a ``mountinfo`` text, in order: ``major:minor``, its root, its mount
-    point (both unescaped) and its mount options (``rw,nosuid,...``)."""
-    mounts = []
-    # Not splitlines, nor split(): they also split at U+2028, \x1c-\x1f and U+0085,
-    # which a path may hold (the kernel escapes only space, tab, newline and backslash).
-    for line in mountinfo.split("\n"):
-        fields = line.split(" - ", 1)[0].split(" ")
-        if len(fields) >= 6:
-            mounts.append((fields[2], _unescape(fields[3]), _unescape(fields[4]), fields[5]))
-    return mounts
-
-
 def _below(path: str, top: str) -> str | None:
     """``path`` relative to ``top`` ("" for ``top`` itself), component-wise, else None."""
     if path == top:
@@ -453,7 +435,7 @@ def mount_aliases(paths: Iterable[str], mountinfo: str | None = None) -> list[st
                 mountinfo = f.read()
         except OSError:
             return []
-    mounts = [(device, root, point) for device, root, point, _ in _mounts(mountinfo)]
+    mounts = [(device, root, point) for device, root, point, _, _ in parse_mountinfo(mountinfo)]
     wanted = list(dict.fromkeys(paths))
     # A place inside a hidden path is hidden with it (and a mount there could not be made).
     covered = [*wanted, *(os.path.realpath(p) for p in wanted if os.path.lexists(p))]
@@ -741,7 +723,10 @@ def binds_moved(pid: int, expected: Iterable[tuple[str, int, int, bool]]) -> str
         return "/"
     try:
         # Each mount point: whether the last mount listed there is read-write.
-        top = {point: "rw" in options.split(",") for _, _, point, options in _mounts(mountinfo)}
+        top = {
+            point: "rw" in options.split(",")
+            for _, _, point, options, _ in parse_mountinfo(mountinfo)
+        }
         for name, device, inode, writable in expected:
             if (
                 name not in top
