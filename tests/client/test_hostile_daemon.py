@@ -606,3 +606,51 @@ def test_a_socket_path_that_is_no_socket_is_named_as_such(sockdir: Path, kind: s
     assert code == 0
     assert f"{path} is {kind}, not a socket" in err.getvalue()
     assert "Showing the tool sets on disk." in err.getvalue()
+
+
+_TOOL = {"name": "t", "set": "s", "source": "home", "catalogs": ["plan"], "pathArguments": []}
+_SET = {"directory": "s", "source": "home", "path": "/h/tools/s", "tools": ["t"], "notes": []}
+
+
+@pytest.mark.parametrize(
+    ("command", "result", "member"),
+    [
+        (["list"], {"tools": "t", "sets": [], "notes": []}, "tools is not an array"),
+        (["list"], {"tools": [], "sets": [1], "notes": []}, "sets[0] is not an object"),
+        (["list"], {"tools": [], "sets": [], "notes": "n"}, "notes is not an array"),
+        (["show", "s"], {"tools": [], "sets": [{**_SET, "directory": ["s"]}]},
+         "sets[0].directory is not a string"),
+        (["show", "t"], {"tools": [{**_TOOL, "pathArguments": [1]}], "sets": []},
+         "tools[0].pathArguments[0] is not a string"),
+        (["show", "t"], {"tools": [{**_TOOL, "runner": 5}], "sets": []},
+         "tools[0].runner is not a string"),
+        (["status"], {"confinement": {"cgroup": "on"}}, "confinement.cgroup is not an object"),
+        (["classify", "t"], {"decision": "allow", "paths": [True]}, "paths[0] is not an object"),
+        (["classify", "t"], {"decision": "allow", "reason": 5}, "reason is not a string"),
+        (["reload"], {"changed": [], "notes": [], "config": "x"}, "config is not an object"),
+        (["reload"], {"changed": [], "config": {"applied": 5}}, "config.applied is not an array"),
+        (["invoke", "t", "--tool-exit-code"], {"status": "ok", "exitCode": "3", "content": []},
+         "exitCode is not an integer"),
+        (["invoke", "t"], {"status": "ok", "exitCode": 0, "isError": "false"},
+         "isError is not true or false"),
+    ],
+)
+def test_a_result_whose_members_have_the_wrong_type_is_a_protocol_failure(
+    fake: Callable[[Reply], FakeDaemon], command: list[str], result: object, member: str
+) -> None:
+    """A daemon of another protocol (or version) whose result is an object, but with a
+    member toolsetctl reads of the wrong type (``tools`` a string, an ``exitCode`` in
+    text): a lost connection naming the member (exit 5, -32092) in every format, never a
+    traceback's exit 9, and never an outcome read wrong (an exit 0)."""
+    daemon = fake(_answer(result))
+    for fmt in ("table", "text", "json", "jsonl"):
+        code, out, err = ctl(daemon, *command, fmt=fmt)
+        method = daemon.requests[-1]["method"]
+        assert code == 5, (fmt, out, err)
+        said = err if fmt in ("table", "text") else json.loads(out)["error"]
+        text = said if isinstance(said, str) else said["message"]
+        assert f"toolsetd sent a{'n' if method == 'invoke' else ''} {method} result whose " \
+            f"{member}." in text, text
+        assert "unexpected error" not in text
+        if not isinstance(said, str):
+            assert said["code"] == -32092
