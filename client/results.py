@@ -5,7 +5,9 @@ the JSON type the protocol gives it (``toolsetd.protocol.models``): a daemon of 
 protocol or version that sends ``tools`` as a string, a ``paths`` entry that is no
 object, or an ``invoke`` result whose ``exitCode`` is text, breaks the protocol (exit 5,
 naming the member), as a result that is not an object does. Without the check such a
-result ended in a traceback's exit 9.
+result ended in a traceback's exit 9. So does an ``invoke`` result whose ``status`` is
+none of the four, or missing: it says nothing of the outcome, and was read as a success
+(exit 0) unless ``isError`` said otherwise.
 
 The check is as lenient as the printing: a member that is absent or null is left for the
 command's own default (an older daemon that lacks it), unknown members are ignored, and a
@@ -43,6 +45,9 @@ _SET = {
 }
 _CONFIG = {"applied": _STRINGS, "restartNeeded": _STRINGS}
 
+#: The members without which a result cannot be read at all, by method.
+_REQUIRED: dict[str, tuple[str, ...]] = {"invoke": ("status",)}
+
 #: The members each command reads, by method.
 _RESULTS: dict[str, Any] = {
     "status": {
@@ -62,7 +67,7 @@ _RESULTS: dict[str, Any] = {
         "confinement": {"sandbox": {"alsoWritable": "array"}},
     },
     "invoke": {
-        "status": "string",
+        "status": ("ok", "error", "timeout", "cancelled"),
         "exitCode": "integer",
         "isError": "boolean",
     },
@@ -84,6 +89,9 @@ def result_problem(method: str, result: dict[str, Any]) -> str | None:
         ``"<member> is not <what it must be>"``, the member as a path such as
         ``tools[2].pathArguments``, for the first member of the wrong type.
     """
+    for key in _REQUIRED.get(method, ()):
+        if result.get(key) is None:
+            return f"{key} is missing"
     shape = _RESULTS.get(method)
     return None if shape is None else _problem(result, shape, "")
 

@@ -654,3 +654,24 @@ def test_a_result_whose_members_have_the_wrong_type_is_a_protocol_failure(
         assert "unexpected error" not in text
         if not isinstance(said, str):
             assert said["code"] == -32092
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"status": "refused", "exitCode": None, "content": []},
+        {"status": "OK", "exitCode": 0, "isError": False, "content": []},
+        {"exitCode": 0, "content": [{"type": "text", "text": "hi"}]},
+    ],
+)
+def test_an_invoke_result_whose_status_is_none_of_the_four_is_a_protocol_failure(
+    fake: Callable[[Reply], FakeDaemon], result: dict[str, object]
+) -> None:
+    """A status toolsetctl does not know (a newer daemon's, a typo), or none at all, says
+    nothing of the outcome: it is no success a CI step may pass on (exit 0), but a
+    protocol failure naming the member (exit 5)."""
+    daemon = fake(_answer(result))
+    for extra in ([], ["--tool-exit-code"]):
+        code, _, err = ctl(daemon, "invoke", "t", *extra)
+        assert code == 5, err
+        assert "toolsetd sent an invoke result whose status is " in err
