@@ -322,7 +322,19 @@ def _edit_home(ctx: Context) -> tuple[Path, str, BlockingClient | None]:
     """The home to edit and where it came from, and the daemon's connection if one answers."""
     try:
         client: BlockingClient | None = BlockingClient.connect(ctx.socket, timeout=CONNECT_TIMEOUT)
-    except ConnectError:
+    except ConnectError as exc:
+        if not exc.absent and ctx.home_option is None:
+            # Something is there that could not be asked (a socket we may not open, a full
+            # backlog, a file named by mistake): its home is not known, and the default
+            # one may be a file that daemon does not serve.
+            raise Failure(
+                EXIT_UNREACHABLE,
+                CLI_ERROR_CODES["unreachable"],
+                f"{exc} Nothing was written: the sets edited are those of the toolsetd at "
+                "--socket, which could not be asked for its home; give --home to edit a "
+                "home's sets without it.",
+                {"socket": ctx.socket},
+            ) from exc
         client = None
     if ctx.home_option is not None:
         return ctx.home_option, "option", client
