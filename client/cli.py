@@ -161,15 +161,27 @@ def _print_notes(ctx: Context, notes: Sequence[Mapping[str, Any]]) -> None:
 
 
 class _Listing:
-    """A ``list`` result, its inventory rows and the home they were read from."""
+    """A ``list`` result, its inventory rows and the home they were read from.
+
+    ``workspace`` is the workspace as the rows' paths name it: the daemon names project
+    sets under the workspace it resolved (a ``--workspace`` through a link is served as its
+    target); the files read here are named under the workspace as it was given.
+    """
 
     def __init__(
-        self, result: dict[str, Any], rows: list[SetRow], home: Path, *, from_daemon: bool
+        self,
+        result: dict[str, Any],
+        rows: list[SetRow],
+        home: Path,
+        *,
+        from_daemon: bool,
+        workspace: str,
     ) -> None:
         self.result = result
         self.rows = rows
         self.home = home
         self.from_daemon = from_daemon
+        self.workspace = workspace
 
 
 def _is_dir(path: Path) -> bool | str:
@@ -223,19 +235,23 @@ def _listing(ctx: Context, catalog: str | None) -> _Listing:
             offline.inventory(home, ctx.workspace, catalog),
             home,
             from_daemon=False,
+            workspace=str(ctx.workspace),
         )
     with client:
         result = call(ctx, client, "list", params)
         home = _daemon_home(ctx, client)
     rows = set_rows_from_list(result, catalog)
+    workspace = os.path.realpath(ctx.workspace)
     if not rows and not _discovery_enabled(home):
         # Discovery off: the daemon scans nothing, but the inventory is still the files on
         # disk, as the reference host's `tools list` and the offline reader show it.
         rows = _offline_module().inventory(home, ctx.workspace, catalog)
-    return _Listing(result, rows, home, from_daemon=True)
+        workspace = str(ctx.workspace)
+    return _Listing(result, rows, home, from_daemon=True, workspace=workspace)
 
 
-def _inventory(ctx: Context, rows: Sequence[SetRow]) -> None:
+def _inventory(ctx: Context, listing: _Listing) -> None:
+    rows = listing.rows
     if not rows:
         ctx.out.line("No tool sets.")
         return
@@ -247,7 +263,7 @@ def _inventory(ctx: Context, rows: Sequence[SetRow]) -> None:
         rows,
         width,
         wide=ctx.wide,
-        workspace=str(ctx.workspace),
+        workspace=listing.workspace,
         user_home=ctx.env.get("HOME") or None,
     )
     ctx.out.rows(headers, cells, empty="No tool sets.", foldable=foldable)
@@ -258,7 +274,7 @@ def _cmd_list(ctx: Context, args: argparse.Namespace) -> int:
     if ctx.out.is_json:
         ctx.emit(listing.result)
         return EXIT_OK
-    _inventory(ctx, listing.rows)
+    _inventory(ctx, listing)
     _print_notes(ctx, listing.result.get("notes") or [])
     if not _listing_discovery(listing):
         ctx.out.line(DISCOVERY_OFF)

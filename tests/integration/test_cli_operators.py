@@ -842,6 +842,25 @@ def test_cli_list_fits_80_columns_on_a_terminal(ctl: Ctl) -> None:
     assert ".crystal/tools/proj" in out and str(ctl.workspace) not in out
 
 
+def test_cli_list_shortens_project_paths_of_a_workspace_given_through_a_link(ctl: Ctl) -> None:
+    """A ``--workspace`` through a symlink (``~/src`` linking to a bigger disk): the daemon
+    serves the folder it leads to and names the project sets there, so the table showed
+    their whole resolved paths, where the same workspace given as itself shows them
+    relative to it."""
+    link = ctl.base / "ws-link"
+    link.symlink_to(ctl.workspace)
+    try:
+        argv = ctl.argv("list")
+        argv[argv.index(str(ctl.workspace))] = str(link)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=ctl.env(),
+                           cwd=ctl.base)
+        assert r.returncode == 0, r.stderr
+        assert ".crystal/tools/proj" in r.stdout
+        assert str(ctl.workspace) not in r.stdout, r.stdout
+    finally:
+        link.unlink()
+
+
 def test_cli_list_columns_fold_by_width_and_wide_shows_all(ctl: Ctl) -> None:
     """COLUMNS narrows the table; -w shows every reference column with full paths."""
     narrow = ctl.run("list", COLUMNS="80")
