@@ -193,6 +193,12 @@ def _is_dir(path: Path) -> bool | str:
         return exc.strerror or type(exc).__name__
 
 
+def _not_a_folder(path: Path) -> str:
+    """Why ``path``, which is no directory, cannot be a home: a file named by mistake (a
+    ``--home`` given the ``config.json``) is not "missing"."""
+    return "is not a directory" if os.path.lexists(path) else "does not exist"
+
+
 def _cannot_read(path: Path, reason: str) -> str:
     return f"{path} cannot be read ({reason}): run toolsetctl as a user that may read it"
 
@@ -383,7 +389,7 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
             )
             state = _is_dir(home) if "not found" in exc.message else True
             if state is False:
-                failure.details.append(f"  The home {home} does not exist.")
+                failure.details.append(f"  The home {home} {_not_a_folder(home)}.")
             elif state is not True:
                 failure.details.append(f"  The home {_cannot_read(home, state)}.")
             raise failure from exc
@@ -463,8 +469,8 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
     elsewhere: list[str] = []  # said after the folder's own problem
     home = ctx.home_option
     state = True if home is None else _is_dir(home)
-    if state is False:
-        problems.append(f"The home {home} (--home) does not exist.")
+    if state is False and home is not None:
+        problems.append(f"The home {home} (--home) {_not_a_folder(home)}.")
     elif state is not True and home is not None:
         problems.append(f"The home (--home) {_cannot_read(home, state)}.")
     if not _exists(target) and is_directory_name(args.directory):

@@ -923,6 +923,23 @@ def test_cli_enable_with_home_option_and_a_missing_home(ctl: Ctl, tmp_path: Path
     assert f"The home {tmp_path / 'nowhere'} does not exist." in r.stderr
 
 
+@pytest.mark.parametrize("command", ["disable", "validate"])
+def test_cli_a_home_that_is_a_file_is_named_as_such(
+    ctl: Ctl, tmp_path: Path, command: str
+) -> None:
+    """A ``--home`` naming a file (its ``config.json``, say) was said not to exist, which
+    sent the operator looking for a missing folder; it is said to be no directory."""
+    home = tmp_path / "config.json"
+    home.write_text("{}")
+    r = ctl.run(command, "hello", "--home", str(home))
+    assert r.returncode == 2
+    said = r.stderr + r.stdout
+    assert f"The home {home} is not a directory." in said or (
+        f"The home {home} (--home) is not a directory." in said
+    ), said
+    assert "does not exist" not in said.split("Tool set directory")[0]
+
+
 @pytest.mark.slow
 def test_make_run_prints_lines_that_make_the_readme_work(tmp_base: Path) -> None:
     """The export lines run-demo.sh prints make the README's commands work as printed.
