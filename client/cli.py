@@ -469,9 +469,9 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
     elsewhere: list[str] = []  # said after the folder's own problem
     home = ctx.home_option
     state = True if home is None else _is_dir(home)
-    if state is False and home is not None:
+    if home is not None and state is False:
         problems.append(f"The home {home} (--home) {_not_a_folder(home)}.")
-    elif state is not True and home is not None:
+    elif home is not None and isinstance(state, str):
         problems.append(f"The home (--home) {_cannot_read(home, state)}.")
     if not _exists(target) and is_directory_name(args.directory):
         from .editor import EditError, locate_set, manifest_path
