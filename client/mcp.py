@@ -17,7 +17,8 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    in the same stream, and the daemon reads it as MCP.
 4. Copy the socket to stdout, except the bind's own response (the first line), which is
    read here: an error there (a bad workspace or mode) is printed on stderr, exit 2 (8, 7
-   or 6 for a daemon that refuses the connection: busy, this user, stopping). A
+   or 6 for a daemon that refuses the connection: busy, this user, stopping; 5 for an
+   answer that is no JSON-RPC response: another program's socket). A
    stdout that cannot be written (a full disk) is said as such, exit 9, never taken for a
    lost daemon (5); a host that stopped reading (a broken pipe) ends the pump with 0.
 5. When stdin closes (a last line without its newline is ended by it), shut down the
@@ -436,10 +437,13 @@ def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
 
 def _bind_error(line: bytes) -> tuple[int, str] | None:
     """None when the bind's response is a success, else the exit code and the message."""
+    # A peer whose answer is no JSON-RPC response (another program's socket, a daemon of
+    # another protocol) broke the protocol: exit 5, as for every command, not the 2 that
+    # sends the operator to check the options, the workspace and the mode.
     try:
         reply = json.loads(line)
     except (ValueError, RecursionError):  # the stdlib decoder recurses once per level
-        return EXIT_USAGE, "the daemon's answer to mcp.bind is not JSON"
+        return EXIT_UNREACHABLE, "the daemon's answer to mcp.bind is not JSON"
     if isinstance(reply, dict) and isinstance(reply.get("result"), dict):
         return None
     error = reply.get("error") if isinstance(reply, dict) else None
@@ -453,7 +457,7 @@ def _bind_error(line: bytes) -> tuple[int, str] | None:
 
         exit_code = _BIND_REFUSALS.get(code, EXIT_USAGE) if type(code) is int else EXIT_USAGE
         return exit_code, printable(str(error.get("message")))
-    return EXIT_USAGE, "unexpected answer to mcp.bind"
+    return EXIT_UNREACHABLE, "unexpected answer to mcp.bind"
 
 
 def _say(text: str) -> None:

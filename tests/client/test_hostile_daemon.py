@@ -481,7 +481,7 @@ def test_the_pump_reports_a_bind_answer_nested_past_the_decoder_in_one_line(
     fake: Callable[[Reply], FakeDaemon],
 ) -> None:
     result = _pump(fake(lambda conn, _: conn.sendall(b"[" * 200_000 + b"\n")))
-    assert result.returncode == 2
+    assert result.returncode == 5
     assert result.stderr == b"toolsetctl mcp: the daemon's answer to mcp.bind is not JSON\n"
 
 
@@ -720,3 +720,25 @@ def test_enable_never_edits_the_default_home_when_the_socket_could_not_be_asked(
             sock.close()
         if server is not None:
             server.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",  # another server's socket
+        b'{"jsonrpc": "2.0", "id": "toolsetctl-mcp-bind", "result": [1]}\n',
+        b'{"hello": "world"}\n',
+        b"[" * 200_000 + b"\n",
+    ],
+)
+def test_the_pump_takes_a_peer_that_does_not_answer_bind_as_toolsetd_for_a_protocol_failure(
+    fake: Callable[[Reply], FakeDaemon], answer: bytes
+) -> None:
+    """``--socket`` naming another program's socket (an HTTP server's, say), or a peer whose
+    answer to ``mcp.bind`` is JSON but no JSON-RPC response: the protocol is broken, exit 5
+    as for every command (the daemon unreachable, or a protocol failure), not the exit 2 of
+    a bad option, workspace or mode, which sent the operator to check those."""
+    result = _pump(fake(lambda conn, _: conn.sendall(answer)))
+    assert result.returncode == 5, result.stderr
+    assert result.stderr.count(b"\n") == 1
+    assert b"mcp.bind" in result.stderr
