@@ -55,10 +55,18 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 5
 EXIT_INTERNAL = 9
 EXIT_INTERRUPTED = 130
-#: The exit code of a refusal of the bind that is not about what was asked (else 2): the
-#: codes every toolsetctl command gives them (``client/exits.py``, written out: the pump
-#: imports nothing of the client's), so that each code means one thing.
-_BIND_REFUSALS = {-32008: 8, -32009: 7, -32010: 6}  # busy, not allowed, shutting down
+#: The exit code of each error the bind may get: the codes every toolsetctl command gives
+#: them (``client/exits.py``, written out: the pump imports nothing of the client's), so
+#: that each code means one thing. 2 is what was asked (the workspace, the mode, a path
+#: over the line limit); any other code (the daemon's -32603, an incident) is exit 9.
+_BIND_EXITS = {
+    -32602: EXIT_USAGE,  # InvalidParams: the mode, the catalog
+    -32006: EXIT_USAGE,  # InvalidWorkspace
+    -32007: EXIT_USAGE,  # MessageTooLarge
+    -32008: 8,  # ServerBusy
+    -32009: 7,  # PeerNotAllowed
+    -32010: 6,  # ShuttingDown
+}
 _BIND_ID = "toolsetctl-mcp-bind"
 #: The systemd service variables an autostarted daemon must not inherit from its host:
 #: ``daemon/sdnotify.py``'s ``SYSTEMD_ENV_VARS``, written out (the pump imports nothing
@@ -455,7 +463,7 @@ def _bind_error(line: bytes) -> tuple[int, str] | None:
             )
         from .table import printable  # only on this path: stdlib, but not free
 
-        exit_code = _BIND_REFUSALS.get(code, EXIT_USAGE) if type(code) is int else EXIT_USAGE
+        exit_code = _BIND_EXITS.get(code, EXIT_INTERNAL) if type(code) is int else EXIT_UNREACHABLE
         return exit_code, printable(str(error.get("message")))
     return EXIT_UNREACHABLE, "unexpected answer to mcp.bind"
 

@@ -742,3 +742,19 @@ def test_the_pump_takes_a_peer_that_does_not_answer_bind_as_toolsetd_for_a_proto
     assert result.returncode == 5, result.stderr
     assert result.stderr.count(b"\n") == 1
     assert b"mcp.bind" in result.stderr
+
+
+def test_the_pump_exits_9_for_an_internal_error_of_the_daemon_at_bind(
+    fake: Callable[[Reply], FakeDaemon],
+) -> None:
+    """An error toolsetctl does not know the code of (the daemon's -32603, an incident) is
+    exit 9 for every command; at the bind it was the exit 2 of a bad option, workspace or
+    mode, which sent the operator to check those instead of the daemon's log."""
+
+    def error(conn: socket.socket, request: dict[str, object]) -> None:
+        _send(conn, {"jsonrpc": "2.0", "id": request["id"],
+                     "error": {"code": -32603, "message": "Internal error (incident 7)"}})
+
+    result = _pump(fake(error))
+    assert result.returncode == 9, result.stderr
+    assert result.stderr == b"toolsetctl mcp: Internal error (incident 7)\n"
