@@ -409,7 +409,9 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[written:]
 
 
-def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
+def _pump_stdin(
+    sock: socket.socket, stdin_closed: threading.Event, bound: threading.Event, path: str
+) -> None:
     """stdin to the socket; at EOF, half-close it so the daemon cancels this host's calls.
 
     The end of input ends the last message as a newline would (``printf '%s' "$json" |
@@ -438,9 +440,19 @@ def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
     except OSError:
         pass
     # The daemon closes the connection once the calls are cancelled; do not outwait it.
-    timer = threading.Timer(_EXIT_GRACE, os._exit, (EXIT_OK,))
+    timer = threading.Timer(_EXIT_GRACE, _outwaited, (bound, path))
     timer.daemon = True
     timer.start()
+
+
+def _outwaited(bound: threading.Event, path: str) -> None:
+    """``_EXIT_GRACE`` after stdin closed, the peer still holds the connection: end. A
+    session that was bound ended well enough (its host is gone); a bind never answered (a
+    wedged daemon, a program that is no toolsetd) is said, and is no success."""
+    if bound.is_set():
+        os._exit(EXIT_OK)
+    _say(f"toolsetctl mcp: toolsetd at {path} did not answer mcp.bind\n")
+    os._exit(EXIT_UNREACHABLE)
 
 
 def _bind_error(line: bytes) -> tuple[int, str] | None:
@@ -576,16 +588,19 @@ def _main(argv: Sequence[str] | None) -> int:
         _say(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
         return EXIT_UNREACHABLE
     stdin_closed = threading.Event()
+    bound = threading.Event()
     # SIGINT blocked while the thread starts, so it and the timer it starts inherit the
     # mask: a signal sent to the process then always reaches this thread, whose recv it
     # interrupts (KeyboardInterrupt, 130). Taken by the stdin thread, it left this one in
     # recv until the daemon closed or the exit timer ended the pump with 0.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        threading.Thread(target=_pump_stdin, args=(sock, stdin_closed), daemon=True).start()
+        threading.Thread(
+            target=_pump_stdin, args=(sock, stdin_closed, bound, path), daemon=True
+        ).start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    code = _pump_socket(sock, path)
+    code = _pump_socket(sock, path, bound)
     if code == _DAEMON_CLOSED:
         if stdin_closed.is_set():
             return EXIT_OK
@@ -596,8 +611,9 @@ def _main(argv: Sequence[str] | None) -> int:
     return code
 
 
-def _pump_socket(sock: socket.socket, path: str) -> int:
-    """The socket to stdout, after reading the bind's response off the front."""
+def _pump_socket(sock: socket.socket, path: str, bound_event: threading.Event) -> int:
+    """The socket to stdout, after reading the bind's response off the front (then
+    ``bound_event`` is set)."""
     pending = b""
     bound = False
     try:
@@ -621,6 +637,7 @@ def _pump_socket(sock: socket.socket, path: str) -> int:
                     _say(f"toolsetctl mcp: {error[1]}\n")
                     return error[0]
                 bound = True
+                bound_event.set()
                 data, pending = pending[newline + 1 :], b""
                 if not data:
                     continue

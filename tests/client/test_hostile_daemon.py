@@ -758,3 +758,36 @@ def test_the_pump_exits_9_for_an_internal_error_of_the_daemon_at_bind(
     result = _pump(fake(error))
     assert result.returncode == 9, result.stderr
     assert result.stderr == b"toolsetctl mcp: Internal error (incident 7)\n"
+
+
+def test_the_pump_says_when_the_peer_never_answered_the_bind_before_stdin_closed(
+    sockdir: Path,
+) -> None:
+    """A peer that accepts and never answers (a wedged daemon, a program that is no
+    toolsetd): once the host closed stdin, the pump waited its grace and exited 0 without a
+    word, as if the session had ended well (``printf ... | toolsetctl mcp`` in a script got
+    no answer and a success). It now says the bind was never answered, exit 5."""
+    import sys
+
+    path = sockdir / "silent.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    held: list[socket.socket] = []
+    thread = threading.Thread(target=lambda: held.append(server.accept()[0]), daemon=True)
+    thread.start()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "toolsetd.client", "--socket", str(path), "mcp",
+             "--no-autostart"],
+            input=b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}\n', capture_output=True,
+            timeout=60, check=False,
+        )
+    finally:
+        thread.join(10)
+        for conn in held:
+            conn.close()
+        server.close()
+    assert result.returncode == 5, result.stderr
+    assert result.stderr == f"toolsetctl mcp: toolsetd at {path} did not answer mcp.bind\n".encode()
+    assert result.stdout == b""
