@@ -25,7 +25,7 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    socket's sending side: the daemon cancels this host's calls and closes the
    connection; the pump exits when the socket closes (or after ``_EXIT_GRACE`` seconds).
    When the daemon closes first (it stopped, or a line was over its size limit), the
-   pump says so on stderr and exits 5.
+   pump says so on stderr and exits 5, also when the host was writing at that moment.
 
 Frames are copied as bytes, unparsed; the daemon answers garbage with JSON-RPC errors.
 """
@@ -426,6 +426,8 @@ def _pump_stdin(
             except BlockingIOError:  # a non-blocking stdin with nothing yet: not its end
                 wait_ready(0, write=False)
                 continue
+            except OSError:
+                break  # stdin failed: as good as closed
             if not data:
                 if last != b"\n":
                     sock.sendall(b"\n")
@@ -433,7 +435,10 @@ def _pump_stdin(
             sock.sendall(data)
             last = data[-1:]
     except OSError:
-        pass
+        # The send failed: the daemon closed the connection (it stopped, or restarted)
+        # while the host was writing. Not the end of the host's input: the socket's reader
+        # sees the close and says so (exit 5); taken for stdin's end, it was an exit 0.
+        return
     stdin_closed.set()
     try:
         sock.shutdown(socket.SHUT_WR)

@@ -8,6 +8,7 @@ a message, bounded in memory and time, and prints nothing a terminal would act o
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -17,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -791,3 +793,58 @@ def test_the_pump_says_when_the_peer_never_answered_the_bind_before_stdin_closed
     assert result.returncode == 5, result.stderr
     assert result.stderr == f"toolsetctl mcp: toolsetd at {path} did not answer mcp.bind\n".encode()
     assert result.stdout == b""
+
+
+def test_the_pump_exits_5_when_the_daemon_closes_while_the_host_is_sending(
+    sockdir: Path,
+) -> None:
+    """The daemon closes the bound connection (it stopped, or restarted) while the host is
+    writing to the pump: the send failing in the stdin thread was taken for the end of the
+    host's input, and the pump then exited 0 without a word, about one time in two, as if
+    its host had left. The host is still there and its server went away: exit 5 and the
+    line that says so, every time."""
+    import sys
+
+    path = sockdir / "closing.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                request = json.loads(conn.makefile("rb").readline())
+                _send(conn, {"jsonrpc": "2.0", "id": request["id"], "result": {"bound": True}})
+                time.sleep(0.3)  # the host's stream fills the socket meanwhile
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        for _ in range(10):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "toolsetd.client", "--socket", str(path), "mcp",
+                 "--no-autostart"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )
+            assert proc.stdin is not None and proc.stderr is not None
+
+            def feed(stream: Any = proc.stdin) -> None:
+                try:
+                    while True:
+                        stream.write(b"x" * 65536)
+                except (OSError, ValueError):
+                    pass
+
+            threading.Thread(target=feed, daemon=True).start()
+            assert proc.wait(60) == 5
+            said = proc.stderr.read()
+            assert said.startswith(b"toolsetctl mcp: ") and said.count(b"\n") == 1, said
+            assert str(path).encode() in said
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                with contextlib.suppress(OSError):
+                    stream.close()
+    finally:
+        server.close()
