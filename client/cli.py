@@ -392,6 +392,21 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
                 failure.details.append(f"  The home {home} {_not_a_folder(home)}.")
             elif state is not True:
                 failure.details.append(f"  The home {_cannot_read(home, state)}.")
+            elif "not found" in exc.message and args.source != "project":
+                # The home is there, but not a tools folder the sets can be found in: the
+                # daemon skips it without a word (as the reference host does), so say it.
+                tools = home / "tools"
+                tools_state = _is_dir(tools)
+                if tools_state is False and os.path.lexists(tools):
+                    failure.details.append(f"  The home's tools folder {tools} is not a directory.")
+                elif isinstance(tools_state, str):
+                    failure.details.append(
+                        f"  The home's tools folder {_cannot_read(tools, tools_state)}."
+                    )
+                elif tools_state is True and not os.access(tools, os.R_OK | os.X_OK):
+                    failure.details.append(
+                        f"  The home's tools folder {_cannot_read(tools, 'Permission denied')}."
+                    )
             raise failure from exc
         try:
             check = _manifest_check(offline, path.parent, source)
