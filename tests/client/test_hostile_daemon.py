@@ -848,3 +848,16 @@ def test_the_pump_exits_5_when_the_daemon_closes_while_the_host_is_sending(
                     stream.close()
     finally:
         server.close()
+
+
+def test_a_status_uptime_past_the_double_range_is_printed(
+    fake: Callable[[Reply], FakeDaemon],
+) -> None:
+    """An ``uptimeSeconds`` of 401 digits (a hostile or broken peer: the reader keeps a
+    number past the double range as its exact integer) ended ``status`` in OverflowError,
+    exit 9; it is printed as the integer it is."""
+    daemon = fake(_answer({"version": "0", "uptimeSeconds": 10**400}))
+    for fmt in ("table", "text"):
+        code, out, err = ctl(daemon, "status", fmt=fmt)
+        assert (code, err) == (0, "")
+    assert f"{10**400} s\n" in out  # text: one line per field, never wrapped
