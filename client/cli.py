@@ -161,15 +161,27 @@ def _print_notes(ctx: Context, notes: Sequence[Mapping[str, Any]]) -> None:
 
 
 class _Listing:
-    """A ``list`` result, its inventory rows and the home they were read from."""
+    """A ``list`` result, its inventory rows and the home they were read from.
+
+    ``workspace`` is the workspace as the rows' paths name it: the daemon names project
+    sets under the workspace it resolved (a ``--workspace`` through a link is served as its
+    target); the files read here are named under the workspace as it was given.
+    """
 
     def __init__(
-        self, result: dict[str, Any], rows: list[SetRow], home: Path, *, from_daemon: bool
+        self,
+        result: dict[str, Any],
+        rows: list[SetRow],
+        home: Path,
+        *,
+        from_daemon: bool,
+        workspace: str,
     ) -> None:
         self.result = result
         self.rows = rows
         self.home = home
         self.from_daemon = from_daemon
+        self.workspace = workspace
 
 
 def _is_dir(path: Path) -> bool | str:
@@ -179,6 +191,12 @@ def _is_dir(path: Path) -> bool | str:
         return path.is_dir()
     except OSError as exc:
         return exc.strerror or type(exc).__name__
+
+
+def _not_a_folder(path: Path) -> str:
+    """Why ``path``, which is no directory, cannot be a home: a file named by mistake (a
+    ``--home`` given the ``config.json``) is not "missing"."""
+    return "is not a directory" if os.path.lexists(path) else "does not exist"
 
 
 def _cannot_read(path: Path, reason: str) -> str:
@@ -223,19 +241,23 @@ def _listing(ctx: Context, catalog: str | None) -> _Listing:
             offline.inventory(home, ctx.workspace, catalog),
             home,
             from_daemon=False,
+            workspace=str(ctx.workspace),
         )
     with client:
         result = call(ctx, client, "list", params)
         home = _daemon_home(ctx, client)
     rows = set_rows_from_list(result, catalog)
+    workspace = os.path.realpath(ctx.workspace)
     if not rows and not _discovery_enabled(home):
         # Discovery off: the daemon scans nothing, but the inventory is still the files on
         # disk, as the reference host's `tools list` and the offline reader show it.
         rows = _offline_module().inventory(home, ctx.workspace, catalog)
-    return _Listing(result, rows, home, from_daemon=True)
+        workspace = str(ctx.workspace)
+    return _Listing(result, rows, home, from_daemon=True, workspace=workspace)
 
 
-def _inventory(ctx: Context, rows: Sequence[SetRow]) -> None:
+def _inventory(ctx: Context, listing: _Listing) -> None:
+    rows = listing.rows
     if not rows:
         ctx.out.line("No tool sets.")
         return
@@ -247,7 +269,7 @@ def _inventory(ctx: Context, rows: Sequence[SetRow]) -> None:
         rows,
         width,
         wide=ctx.wide,
-        workspace=str(ctx.workspace),
+        workspace=listing.workspace,
         user_home=ctx.env.get("HOME") or None,
     )
     ctx.out.rows(headers, cells, empty="No tool sets.", foldable=foldable)
@@ -258,7 +280,7 @@ def _cmd_list(ctx: Context, args: argparse.Namespace) -> int:
     if ctx.out.is_json:
         ctx.emit(listing.result)
         return EXIT_OK
-    _inventory(ctx, listing.rows)
+    _inventory(ctx, listing)
     _print_notes(ctx, listing.result.get("notes") or [])
     if not _listing_discovery(listing):
         ctx.out.line(DISCOVERY_OFF)
@@ -329,7 +351,19 @@ def _edit_home(ctx: Context) -> tuple[Path, str, BlockingClient | None]:
     """The home to edit and where it came from, and the daemon's connection if one answers."""
     try:
         client: BlockingClient | None = BlockingClient.connect(ctx.socket, timeout=CONNECT_TIMEOUT)
-    except ConnectError:
+    except ConnectError as exc:
+        if not exc.absent and ctx.home_option is None:
+            # Something is there that could not be asked (a socket we may not open, a full
+            # backlog, a file named by mistake): its home is not known, and the default
+            # one may be a file that daemon does not serve.
+            raise Failure(
+                EXIT_UNREACHABLE,
+                CLI_ERROR_CODES["unreachable"],
+                f"{exc} Nothing was written: the sets edited are those of the toolsetd at "
+                "--socket, which could not be asked for its home; give --home to edit a "
+                "home's sets without it.",
+                {"socket": ctx.socket},
+            ) from exc
         client = None
     if ctx.home_option is not None:
         return ctx.home_option, "option", client
@@ -364,9 +398,24 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
             )
             state = _is_dir(home) if "not found" in exc.message else True
             if state is False:
-                failure.details.append(f"  The home {home} does not exist.")
+                failure.details.append(f"  The home {home} {_not_a_folder(home)}.")
             elif state is not True:
                 failure.details.append(f"  The home {_cannot_read(home, state)}.")
+            elif "not found" in exc.message and args.source != "project":
+                # The home is there, but not a tools folder the sets can be found in: the
+                # daemon skips it without a word (as the reference host does), so say it.
+                tools = home / "tools"
+                tools_state = _is_dir(tools)
+                if tools_state is False and os.path.lexists(tools):
+                    failure.details.append(f"  The home's tools folder {tools} is not a directory.")
+                elif isinstance(tools_state, str):
+                    failure.details.append(
+                        f"  The home's tools folder {_cannot_read(tools, tools_state)}."
+                    )
+                elif tools_state is True and not os.access(tools, os.R_OK | os.X_OK):
+                    failure.details.append(
+                        f"  The home's tools folder {_cannot_read(tools, 'Permission denied')}."
+                    )
             raise failure from exc
         try:
             check = _manifest_check(offline, path.parent, source)
@@ -444,9 +493,9 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
     elsewhere: list[str] = []  # said after the folder's own problem
     home = ctx.home_option
     state = True if home is None else _is_dir(home)
-    if state is False:
-        problems.append(f"The home {home} (--home) does not exist.")
-    elif state is not True and home is not None:
+    if home is not None and state is False:
+        problems.append(f"The home {home} (--home) {_not_a_folder(home)}.")
+    elif home is not None and isinstance(state, str):
         problems.append(f"The home (--home) {_cannot_read(home, state)}.")
     if not _exists(target) and is_directory_name(args.directory):
         from .editor import EditError, locate_set, manifest_path

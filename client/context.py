@@ -22,6 +22,7 @@ from .errors import ConnectError, ConnectionClosed, RequestTimeout
 from .exits import CLI_ERROR_CODES, EXIT_UNREACHABLE, Failure, rpc_failure
 from .mcp import CONNECT_TIMEOUT
 from .render import Output
+from .results import result_problem
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
@@ -33,6 +34,7 @@ __all__ = [
     "UsageError",
     "call",
     "call_params",
+    "check_result",
     "connect",
     "lost",
     "parse_arguments",
@@ -237,8 +239,9 @@ def lost(ctx: Context, exc: ConnectionClosed | RequestTimeout) -> Failure:
 def call(ctx: Context, client: BlockingClient, method: str, params: Any = None) -> Any:
     """One request on ``client``; every daemon or transport failure becomes a ``Failure``.
 
-    Every method toolsetctl calls answers an object: any other result (a daemon of another
-    protocol or version) breaks the protocol, as for ``invoke`` (exit 5), not a traceback.
+    Every method toolsetctl calls answers an object: any other result, or one whose members
+    have the wrong type (a daemon of another protocol or version), breaks the protocol, as
+    for ``invoke`` (exit 5), not a traceback.
     """
     try:
         result = client.wait(client.send(method, params), timeout=REQUEST_TIMEOUT)
@@ -246,10 +249,26 @@ def call(ctx: Context, client: BlockingClient, method: str, params: Any = None) 
         raise rpc_failure(exc) from exc
     except (ConnectionClosed, RequestTimeout) as exc:
         raise lost(ctx, exc) from exc
-    if not isinstance(result, dict):
-        invalid = f"toolsetd sent a {method} result that is not an object."
-        raise lost(ctx, ConnectionClosed(invalid, "protocol"))
+    check_result(ctx, method, result)
     return result
+
+
+def check_result(ctx: Context, method: str, result: Any) -> None:
+    """Refuse a result that is not an object, or whose members toolsetctl reads have the
+    wrong type (``toolsetd.client.results``): the protocol is broken (exit 5)."""
+    problem = (
+        "that is not an object"
+        if not isinstance(result, dict)
+        else _whose(result_problem(method, result))
+    )
+    if problem:
+        article = "an" if method[:1] in ("a", "e", "i", "o", "u") else "a"
+        invalid = f"toolsetd sent {article} {method} result {problem}."
+        raise lost(ctx, ConnectionClosed(invalid, "protocol"))
+
+
+def _whose(problem: str | None) -> str:
+    return "" if problem is None else f"whose {problem}"
 
 
 def request(ctx: Context, method: str, params: Any = None) -> Any:

@@ -20,7 +20,15 @@ from collections.abc import Callable, Mapping
 from toolsetd.protocol.errors import RpcError
 
 from .blocking import BlockingClient
-from .context import Context, call_params, connect, lost, read_arguments, wire_text
+from .context import (
+    Context,
+    call_params,
+    check_result,
+    connect,
+    lost,
+    read_arguments,
+    wire_text,
+)
 from .errors import ConnectionClosed, RequestTimeout
 from .exits import (
     CLI_ERROR_CODES,
@@ -131,11 +139,8 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
             raise lost(ctx, exc) from exc
         finally:
             progress.stop()
-    if result is not None and not isinstance(result, dict):
-        invalid = ConnectionClosed(
-            "toolsetd sent an invoke result that is not an object.", "protocol"
-        )
-        raise lost(ctx, invalid)
+    if result is not None:
+        check_result(ctx, "invoke", result)
     if stdout_closed:
         # 141 says this toolsetctl cancelled the call; a call that had already ended (even
         # cancelled by the daemon, 6) keeps its own code.

@@ -17,14 +17,15 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    in the same stream, and the daemon reads it as MCP.
 4. Copy the socket to stdout, except the bind's own response (the first line), which is
    read here: an error there (a bad workspace or mode) is printed on stderr, exit 2 (8, 7
-   or 6 for a daemon that refuses the connection: busy, this user, stopping). A
+   or 6 for a daemon that refuses the connection: busy, this user, stopping; 5 for an
+   answer that is no JSON-RPC response: another program's socket). A
    stdout that cannot be written (a full disk) is said as such, exit 9, never taken for a
    lost daemon (5); a host that stopped reading (a broken pipe) ends the pump with 0.
 5. When stdin closes (a last line without its newline is ended by it), shut down the
    socket's sending side: the daemon cancels this host's calls and closes the
    connection; the pump exits when the socket closes (or after ``_EXIT_GRACE`` seconds).
    When the daemon closes first (it stopped, or a line was over its size limit), the
-   pump says so on stderr and exits 5.
+   pump says so on stderr and exits 5, also when the host was writing at that moment.
 
 Frames are copied as bytes, unparsed; the daemon answers garbage with JSON-RPC errors.
 """
@@ -54,10 +55,18 @@ EXIT_USAGE = 2
 EXIT_UNREACHABLE = 5
 EXIT_INTERNAL = 9
 EXIT_INTERRUPTED = 130
-#: The exit code of a refusal of the bind that is not about what was asked (else 2): the
-#: codes every toolsetctl command gives them (``client/exits.py``, written out: the pump
-#: imports nothing of the client's), so that each code means one thing.
-_BIND_REFUSALS = {-32008: 8, -32009: 7, -32010: 6}  # busy, not allowed, shutting down
+#: The exit code of each error the bind may get: the codes every toolsetctl command gives
+#: them (``client/exits.py``, written out: the pump imports nothing of the client's), so
+#: that each code means one thing. 2 is what was asked (the workspace, the mode, a path
+#: over the line limit); any other code (the daemon's -32603, an incident) is exit 9.
+_BIND_EXITS = {
+    -32602: EXIT_USAGE,  # InvalidParams: the mode, the catalog
+    -32006: EXIT_USAGE,  # InvalidWorkspace
+    -32007: EXIT_USAGE,  # MessageTooLarge
+    -32008: 8,  # ServerBusy
+    -32009: 7,  # PeerNotAllowed
+    -32010: 6,  # ShuttingDown
+}
 _BIND_ID = "toolsetctl-mcp-bind"
 #: The systemd service variables an autostarted daemon must not inherit from its host:
 #: ``daemon/sdnotify.py``'s ``SYSTEMD_ENV_VARS``, written out (the pump imports nothing
@@ -400,7 +409,9 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[written:]
 
 
-def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
+def _pump_stdin(
+    sock: socket.socket, stdin_closed: threading.Event, bound: threading.Event, path: str
+) -> None:
     """stdin to the socket; at EOF, half-close it so the daemon cancels this host's calls.
 
     The end of input ends the last message as a newline would (``printf '%s' "$json" |
@@ -415,6 +426,8 @@ def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
             except BlockingIOError:  # a non-blocking stdin with nothing yet: not its end
                 wait_ready(0, write=False)
                 continue
+            except OSError:
+                break  # stdin failed: as good as closed
             if not data:
                 if last != b"\n":
                     sock.sendall(b"\n")
@@ -422,24 +435,40 @@ def _pump_stdin(sock: socket.socket, stdin_closed: threading.Event) -> None:
             sock.sendall(data)
             last = data[-1:]
     except OSError:
-        pass
+        # The send failed: the daemon closed the connection (it stopped, or restarted)
+        # while the host was writing. Not the end of the host's input: the socket's reader
+        # sees the close and says so (exit 5); taken for stdin's end, it was an exit 0.
+        return
     stdin_closed.set()
     try:
         sock.shutdown(socket.SHUT_WR)
     except OSError:
         pass
     # The daemon closes the connection once the calls are cancelled; do not outwait it.
-    timer = threading.Timer(_EXIT_GRACE, os._exit, (EXIT_OK,))
+    timer = threading.Timer(_EXIT_GRACE, _outwaited, (bound, path))
     timer.daemon = True
     timer.start()
 
 
+def _outwaited(bound: threading.Event, path: str) -> None:
+    """``_EXIT_GRACE`` after stdin closed, the peer still holds the connection: end. A
+    session that was bound ended well enough (its host is gone); a bind never answered (a
+    wedged daemon, a program that is no toolsetd) is said, and is no success."""
+    if bound.is_set():
+        os._exit(EXIT_OK)
+    _say(f"toolsetctl mcp: toolsetd at {path} did not answer mcp.bind\n")
+    os._exit(EXIT_UNREACHABLE)
+
+
 def _bind_error(line: bytes) -> tuple[int, str] | None:
     """None when the bind's response is a success, else the exit code and the message."""
+    # A peer whose answer is no JSON-RPC response (another program's socket, a daemon of
+    # another protocol) broke the protocol: exit 5, as for every command, not the 2 that
+    # sends the operator to check the options, the workspace and the mode.
     try:
         reply = json.loads(line)
     except (ValueError, RecursionError):  # the stdlib decoder recurses once per level
-        return EXIT_USAGE, "the daemon's answer to mcp.bind is not JSON"
+        return EXIT_UNREACHABLE, "the daemon's answer to mcp.bind is not JSON"
     if isinstance(reply, dict) and isinstance(reply.get("result"), dict):
         return None
     error = reply.get("error") if isinstance(reply, dict) else None
@@ -451,9 +480,9 @@ def _bind_error(line: bytes) -> tuple[int, str] | None:
             )
         from .table import printable  # only on this path: stdlib, but not free
 
-        exit_code = _BIND_REFUSALS.get(code, EXIT_USAGE) if type(code) is int else EXIT_USAGE
+        exit_code = _BIND_EXITS.get(code, EXIT_INTERNAL) if type(code) is int else EXIT_UNREACHABLE
         return exit_code, printable(str(error.get("message")))
-    return EXIT_USAGE, "unexpected answer to mcp.bind"
+    return EXIT_UNREACHABLE, "unexpected answer to mcp.bind"
 
 
 def _say(text: str) -> None:
@@ -564,16 +593,19 @@ def _main(argv: Sequence[str] | None) -> int:
         _say(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
         return EXIT_UNREACHABLE
     stdin_closed = threading.Event()
+    bound = threading.Event()
     # SIGINT blocked while the thread starts, so it and the timer it starts inherit the
     # mask: a signal sent to the process then always reaches this thread, whose recv it
     # interrupts (KeyboardInterrupt, 130). Taken by the stdin thread, it left this one in
     # recv until the daemon closed or the exit timer ended the pump with 0.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        threading.Thread(target=_pump_stdin, args=(sock, stdin_closed), daemon=True).start()
+        threading.Thread(
+            target=_pump_stdin, args=(sock, stdin_closed, bound, path), daemon=True
+        ).start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    code = _pump_socket(sock, path)
+    code = _pump_socket(sock, path, bound)
     if code == _DAEMON_CLOSED:
         if stdin_closed.is_set():
             return EXIT_OK
@@ -584,8 +616,9 @@ def _main(argv: Sequence[str] | None) -> int:
     return code
 
 
-def _pump_socket(sock: socket.socket, path: str) -> int:
-    """The socket to stdout, after reading the bind's response off the front."""
+def _pump_socket(sock: socket.socket, path: str, bound_event: threading.Event) -> int:
+    """The socket to stdout, after reading the bind's response off the front (then
+    ``bound_event`` is set)."""
     pending = b""
     bound = False
     try:
@@ -609,6 +642,7 @@ def _pump_socket(sock: socket.socket, path: str) -> int:
                     _say(f"toolsetctl mcp: {error[1]}\n")
                     return error[0]
                 bound = True
+                bound_event.set()
                 data, pending = pending[newline + 1 :], b""
                 if not data:
                     continue

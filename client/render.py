@@ -468,7 +468,7 @@ def status_fields(status: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [
         ("Version", str(status.get("version", "-"))),
         ("PID", str(status.get("pid", "-"))),
-        ("Uptime", f"{uptime:.0f} s" if isinstance(uptime, int | float) else "-"),
+        ("Uptime", _uptime(uptime)),
         ("Socket", str(status.get("socket", "-"))),
         ("Home", str(status.get("home", "-"))),
         ("Generation", str(status.get("generation", "-"))),
@@ -477,6 +477,14 @@ def status_fields(status: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("Connections", str(status.get("connections", "-"))),
         *_confinement_rows(status.get("confinement")),
     ]
+
+
+def _uptime(uptime: Any) -> str:
+    """Whole seconds: an integer as it is (past the double range too, where ``:.0f`` raised
+    OverflowError, a traceback's exit 9), a float rounded, anything else ``-``."""
+    if type(uptime) is int:
+        return f"{uptime} s"
+    return f"{uptime:.0f} s" if type(uptime) is float else "-"
 
 
 def _confinement_rows(confinement: Any) -> list[tuple[str, str]]:

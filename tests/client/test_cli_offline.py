@@ -774,3 +774,17 @@ def test_an_empty_home_is_the_passwd_entrys(env: Env) -> None:
     )
     assert proc.returncode == 2, proc.stderr
     assert json.loads(proc.stdout)["error"]["data"] == {"home": str(crystal)}
+
+
+@pytest.mark.parametrize("command", ["enable", "disable"])
+def test_enable_names_a_home_tools_folder_that_is_no_folder(env: Env, command: str) -> None:
+    """A home whose ``tools`` is a file (a botched copy, a tarball unpacked wrong): the set
+    was "not found" and nothing said why, since the daemon and the reference host skip such
+    a root without a word. The not-found message now names the tools folder's fault."""
+    (env.home / "tools").write_text("not a folder")
+    r = env.run(command, "hello")
+    assert r.returncode == 2
+    assert r.stderr.splitlines() == [
+        "Tool set 'hello' was not found.",
+        f"  The home's tools folder {env.home / 'tools'} is not a directory.",
+    ]

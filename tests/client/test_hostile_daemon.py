@@ -8,6 +8,7 @@ a message, bounded in memory and time, and prints nothing a terminal would act o
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -17,6 +18,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 from pathlib import Path
 
 import pytest
@@ -481,7 +483,7 @@ def test_the_pump_reports_a_bind_answer_nested_past_the_decoder_in_one_line(
     fake: Callable[[Reply], FakeDaemon],
 ) -> None:
     result = _pump(fake(lambda conn, _: conn.sendall(b"[" * 200_000 + b"\n")))
-    assert result.returncode == 2
+    assert result.returncode == 5
     assert result.stderr == b"toolsetctl mcp: the daemon's answer to mcp.bind is not JSON\n"
 
 
@@ -606,3 +608,256 @@ def test_a_socket_path_that_is_no_socket_is_named_as_such(sockdir: Path, kind: s
     assert code == 0
     assert f"{path} is {kind}, not a socket" in err.getvalue()
     assert "Showing the tool sets on disk." in err.getvalue()
+
+
+_TOOL = {"name": "t", "set": "s", "source": "home", "catalogs": ["plan"], "pathArguments": []}
+_SET = {"directory": "s", "source": "home", "path": "/h/tools/s", "tools": ["t"], "notes": []}
+
+
+@pytest.mark.parametrize(
+    ("command", "result", "member"),
+    [
+        (["list"], {"tools": "t", "sets": [], "notes": []}, "tools is not an array"),
+        (["list"], {"tools": [], "sets": [1], "notes": []}, "sets[0] is not an object"),
+        (["list"], {"tools": [], "sets": [], "notes": "n"}, "notes is not an array"),
+        (["show", "s"], {"tools": [], "sets": [{**_SET, "directory": ["s"]}]},
+         "sets[0].directory is not a string"),
+        (["show", "t"], {"tools": [{**_TOOL, "pathArguments": [1]}], "sets": []},
+         "tools[0].pathArguments[0] is not a string"),
+        (["show", "t"], {"tools": [{**_TOOL, "runner": 5}], "sets": []},
+         "tools[0].runner is not a string"),
+        (["status"], {"confinement": {"cgroup": "on"}}, "confinement.cgroup is not an object"),
+        (["classify", "t"], {"decision": "allow", "paths": [True]}, "paths[0] is not an object"),
+        (["classify", "t"], {"decision": "allow", "reason": 5}, "reason is not a string"),
+        (["reload"], {"changed": [], "notes": [], "config": "x"}, "config is not an object"),
+        (["reload"], {"changed": [], "config": {"applied": 5}}, "config.applied is not an array"),
+        (["invoke", "t", "--tool-exit-code"], {"status": "ok", "exitCode": "3", "content": []},
+         "exitCode is not an integer"),
+        (["invoke", "t"], {"status": "ok", "exitCode": 0, "isError": "false"},
+         "isError is not true or false"),
+    ],
+)
+def test_a_result_whose_members_have_the_wrong_type_is_a_protocol_failure(
+    fake: Callable[[Reply], FakeDaemon], command: list[str], result: object, member: str
+) -> None:
+    """A daemon of another protocol (or version) whose result is an object, but with a
+    member toolsetctl reads of the wrong type (``tools`` a string, an ``exitCode`` in
+    text): a lost connection naming the member (exit 5, -32092) in every format, never a
+    traceback's exit 9, and never an outcome read wrong (an exit 0)."""
+    daemon = fake(_answer(result))
+    for fmt in ("table", "text", "json", "jsonl"):
+        code, out, err = ctl(daemon, *command, fmt=fmt)
+        method = daemon.requests[-1]["method"]
+        assert code == 5, (fmt, out, err)
+        said = err if fmt in ("table", "text") else json.loads(out)["error"]
+        text = said if isinstance(said, str) else said["message"]
+        assert f"toolsetd sent a{'n' if method == 'invoke' else ''} {method} result whose " \
+            f"{member}." in text, text
+        assert "unexpected error" not in text
+        if not isinstance(said, str):
+            assert said["code"] == -32092
+
+
+@pytest.mark.parametrize(
+    "result",
+    [
+        {"status": "refused", "exitCode": None, "content": []},
+        {"status": "OK", "exitCode": 0, "isError": False, "content": []},
+        {"exitCode": 0, "content": [{"type": "text", "text": "hi"}]},
+    ],
+)
+def test_an_invoke_result_whose_status_is_none_of_the_four_is_a_protocol_failure(
+    fake: Callable[[Reply], FakeDaemon], result: dict[str, object]
+) -> None:
+    """A status toolsetctl does not know (a newer daemon's, a typo), or none at all, says
+    nothing of the outcome: it is no success a CI step may pass on (exit 0), but a
+    protocol failure naming the member (exit 5)."""
+    daemon = fake(_answer(result))
+    for extra in ([], ["--tool-exit-code"]):
+        code, _, err = ctl(daemon, "invoke", "t", *extra)
+        assert code == 5, err
+        assert "toolsetd sent an invoke result whose status is " in err
+
+
+@pytest.mark.parametrize("there", ["a regular file", "a full backlog"])
+@pytest.mark.parametrize("command", ["enable", "disable"])
+def test_enable_never_edits_the_default_home_when_the_socket_could_not_be_asked(
+    sockdir: Path, monkeypatch: pytest.MonkeyPatch, there: str, command: str
+) -> None:
+    """``enable``/``disable`` edit the home of the daemon at ``--socket``. When something is
+    there that could not be asked (a socket the user may not open, a daemon whose backlog
+    stays full, a ``--socket`` naming a file by mistake), the default home was edited
+    instead and the command exited 0: a CI job changed a file the daemon it meant does not
+    serve. Only when no daemon is there (no socket, connection refused) is the default home
+    the one meant; otherwise nothing is written (exit 5) unless ``--home`` names the home."""
+    home = sockdir / "default-home"
+    manifest = home / "tools" / "s" / "tools.json"
+    manifest.parent.mkdir(parents=True)
+    manifest_object = {"enabled": command == "disable", "runner": "exec", "description": "d",
+                       "schema": {"type": "object"}, "command": ["run.sh"]}
+    text = json.dumps(manifest_object) + "\n"
+    manifest.write_text(text)
+    monkeypatch.setenv("CRYSTAL_HOME", str(home))
+    path = sockdir / "d.sock"
+    server, waiting = None, []
+    if there == "a regular file":
+        path.write_text("")
+    else:
+        server, waiting = _full_backlog(path)
+    try:
+        out, err = io.StringIO(), io.StringIO()
+        code = run(["--socket", str(path), "--workspace", str(sockdir), command, "s"],
+                   stdout=out, stderr=err)
+        assert code == 5, err.getvalue()
+        assert manifest.read_text() == text  # nothing written
+        assert str(path) in err.getvalue()
+        assert "--home" in err.getvalue()
+        out, err = io.StringIO(), io.StringIO()
+        code = run(["--socket", str(path), "--workspace", str(sockdir), "--home", str(home),
+                    command, "s"], stdout=out, stderr=err)
+        assert code == 0, err.getvalue()  # --home names the home: no need to ask
+        assert manifest.read_text() != text
+    finally:
+        for sock in waiting:
+            sock.close()
+        if server is not None:
+            server.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n",  # another server's socket
+        b'{"jsonrpc": "2.0", "id": "toolsetctl-mcp-bind", "result": [1]}\n',
+        b'{"hello": "world"}\n',
+        b"[" * 200_000 + b"\n",
+    ],
+)
+def test_the_pump_takes_a_peer_that_does_not_answer_bind_as_toolsetd_for_a_protocol_failure(
+    fake: Callable[[Reply], FakeDaemon], answer: bytes
+) -> None:
+    """``--socket`` naming another program's socket (an HTTP server's, say), or a peer whose
+    answer to ``mcp.bind`` is JSON but no JSON-RPC response: the protocol is broken, exit 5
+    as for every command (the daemon unreachable, or a protocol failure), not the exit 2 of
+    a bad option, workspace or mode, which sent the operator to check those."""
+    result = _pump(fake(lambda conn, _: conn.sendall(answer)))
+    assert result.returncode == 5, result.stderr
+    assert result.stderr.count(b"\n") == 1
+    assert b"mcp.bind" in result.stderr
+
+
+def test_the_pump_exits_9_for_an_internal_error_of_the_daemon_at_bind(
+    fake: Callable[[Reply], FakeDaemon],
+) -> None:
+    """An error toolsetctl does not know the code of (the daemon's -32603, an incident) is
+    exit 9 for every command; at the bind it was the exit 2 of a bad option, workspace or
+    mode, which sent the operator to check those instead of the daemon's log."""
+
+    def error(conn: socket.socket, request: dict[str, object]) -> None:
+        _send(conn, {"jsonrpc": "2.0", "id": request["id"],
+                     "error": {"code": -32603, "message": "Internal error (incident 7)"}})
+
+    result = _pump(fake(error))
+    assert result.returncode == 9, result.stderr
+    assert result.stderr == b"toolsetctl mcp: Internal error (incident 7)\n"
+
+
+def test_the_pump_says_when_the_peer_never_answered_the_bind_before_stdin_closed(
+    sockdir: Path,
+) -> None:
+    """A peer that accepts and never answers (a wedged daemon, a program that is no
+    toolsetd): once the host closed stdin, the pump waited its grace and exited 0 without a
+    word, as if the session had ended well (``printf ... | toolsetctl mcp`` in a script got
+    no answer and a success). It now says the bind was never answered, exit 5."""
+    import sys
+
+    path = sockdir / "silent.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    held: list[socket.socket] = []
+    thread = threading.Thread(target=lambda: held.append(server.accept()[0]), daemon=True)
+    thread.start()
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "toolsetd.client", "--socket", str(path), "mcp",
+             "--no-autostart"],
+            input=b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}\n', capture_output=True,
+            timeout=60, check=False,
+        )
+    finally:
+        thread.join(10)
+        for conn in held:
+            conn.close()
+        server.close()
+    assert result.returncode == 5, result.stderr
+    assert result.stderr == f"toolsetctl mcp: toolsetd at {path} did not answer mcp.bind\n".encode()
+    assert result.stdout == b""
+
+
+def test_the_pump_exits_5_when_the_daemon_closes_while_the_host_is_sending(
+    sockdir: Path,
+) -> None:
+    """The daemon closes the bound connection (it stopped, or restarted) while the host is
+    writing to the pump: the send failing in the stdin thread was taken for the end of the
+    host's input, and the pump then exited 0 without a word, about one time in two, as if
+    its host had left. The host is still there and its server went away: exit 5 and the
+    line that says so, every time."""
+    import sys
+
+    path = sockdir / "closing.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(8)
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            with conn:
+                request = json.loads(conn.makefile("rb").readline())
+                _send(conn, {"jsonrpc": "2.0", "id": request["id"], "result": {"bound": True}})
+                time.sleep(0.3)  # the host's stream fills the socket meanwhile
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        for _ in range(10):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "toolsetd.client", "--socket", str(path), "mcp",
+                 "--no-autostart"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            )
+            assert proc.stdin is not None and proc.stderr is not None
+
+            def feed(stream: Any = proc.stdin) -> None:
+                try:
+                    while True:
+                        stream.write(b"x" * 65536)
+                except (OSError, ValueError):
+                    pass
+
+            threading.Thread(target=feed, daemon=True).start()
+            assert proc.wait(60) == 5
+            said = proc.stderr.read()
+            assert said.startswith(b"toolsetctl mcp: ") and said.count(b"\n") == 1, said
+            assert str(path).encode() in said
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                with contextlib.suppress(OSError):
+                    stream.close()
+    finally:
+        server.close()
+
+
+def test_a_status_uptime_past_the_double_range_is_printed(
+    fake: Callable[[Reply], FakeDaemon],
+) -> None:
+    """An ``uptimeSeconds`` of 401 digits (a hostile or broken peer: the reader keeps a
+    number past the double range as its exact integer) ended ``status`` in OverflowError,
+    exit 9; it is printed as the integer it is."""
+    daemon = fake(_answer({"version": "0", "uptimeSeconds": 10**400}))
+    for fmt in ("table", "text"):
+        code, out, err = ctl(daemon, "status", fmt=fmt)
+        assert (code, err) == (0, "")
+    assert f"{10**400} s\n" in out  # text: one line per field, never wrapped

@@ -842,6 +842,25 @@ def test_cli_list_fits_80_columns_on_a_terminal(ctl: Ctl) -> None:
     assert ".crystal/tools/proj" in out and str(ctl.workspace) not in out
 
 
+def test_cli_list_shortens_project_paths_of_a_workspace_given_through_a_link(ctl: Ctl) -> None:
+    """A ``--workspace`` through a symlink (``~/src`` linking to a bigger disk): the daemon
+    serves the folder it leads to and names the project sets there, so the table showed
+    their whole resolved paths, where the same workspace given as itself shows them
+    relative to it."""
+    link = ctl.base / "ws-link"
+    link.symlink_to(ctl.workspace)
+    try:
+        argv = ctl.argv("list")
+        argv[argv.index(str(ctl.workspace))] = str(link)
+        r = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=ctl.env(),
+                           cwd=ctl.base)
+        assert r.returncode == 0, r.stderr
+        assert ".crystal/tools/proj" in r.stdout
+        assert str(ctl.workspace) not in r.stdout, r.stdout
+    finally:
+        link.unlink()
+
+
 def test_cli_list_columns_fold_by_width_and_wide_shows_all(ctl: Ctl) -> None:
     """COLUMNS narrows the table; -w shows every reference column with full paths."""
     narrow = ctl.run("list", COLUMNS="80")
@@ -902,6 +921,23 @@ def test_cli_enable_with_home_option_and_a_missing_home(ctl: Ctl, tmp_path: Path
     assert error["code"] == -32093 and error["data"]["home"] == str(tmp_path / "nowhere")
     r = ctl.run("disable", "hello", "--home", str(tmp_path / "nowhere"))
     assert f"The home {tmp_path / 'nowhere'} does not exist." in r.stderr
+
+
+@pytest.mark.parametrize("command", ["disable", "validate"])
+def test_cli_a_home_that_is_a_file_is_named_as_such(
+    ctl: Ctl, tmp_path: Path, command: str
+) -> None:
+    """A ``--home`` naming a file (its ``config.json``, say) was said not to exist, which
+    sent the operator looking for a missing folder; it is said to be no directory."""
+    home = tmp_path / "config.json"
+    home.write_text("{}")
+    r = ctl.run(command, "hello", "--home", str(home))
+    assert r.returncode == 2
+    said = r.stderr + r.stdout
+    assert f"The home {home} is not a directory." in said or (
+        f"The home {home} (--home) is not a directory." in said
+    ), said
+    assert "does not exist" not in said.split("Tool set directory")[0]
 
 
 @pytest.mark.slow
