@@ -283,3 +283,71 @@ def test_readme_documentation_table_names_every_page() -> None:
     table = _section((REPO / "README.md").read_text(), "## Documentation")
     rows = re.findall(r"^\| \[docs/([\w.-]+\.md)\]\(docs/\1\) \|", table, flags=re.M)
     assert sorted(rows) == sorted(path.name for path in (REPO / "docs").glob("*.md"))
+
+
+def _logged_events() -> dict[str, tuple[set[str], set[str]]]:
+    """Each event name the three packages log, with the levels and the keyword fields of
+    its calls: ``log.<level>("name", ...)``, setcache's ``_warn_once("name", ...)`` (a
+    warning), the acceptors' ``<prefix>_failed|_retry|_resumed`` and the log writer's own
+    ``log_lines_dropped``."""
+    import ast
+
+    levels = {"debug", "info", "warning", "error", "exception", "critical"}
+    events: dict[str, tuple[set[str], set[str]]] = {}
+
+    def add(name: str, level: str, fields: set[str]) -> None:
+        found = events.setdefault(name, (set(), set()))
+        found[0].add(level)
+        found[1].update(fields)
+
+    prefixes: set[str] = set()
+    for package in ("protocol", "daemon", "client"):
+        for path in (REPO / package).glob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Call) or not node.args:
+                    continue
+                first = node.args[0]
+                func = node.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+                if name == "Acceptor":
+                    prefix = node.args[2] if len(node.args) > 2 else None
+                    if isinstance(prefix, ast.Constant) and isinstance(prefix.value, str):
+                        prefixes.add(prefix.value)
+                    continue
+                if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
+                    continue
+                if not re.fullmatch(r"[a-z]+(_[a-z0-9]+)+", first.value):
+                    continue
+                fields = {k.arg for k in node.keywords if k.arg and k.arg != "exc_info"}
+                if name in levels:
+                    add(first.value, "error" if name == "exception" else name, fields)
+                elif name == "_warn_once":
+                    add(first.value, "warning", fields | {"path"})
+    assert prefixes, "no Acceptor(...) found: the acceptors' events would go unchecked"
+    for prefix in prefixes:
+        add(f"{prefix}_failed", "error", {"error"})
+        add(f"{prefix}_retry", "warning", {"errno", "error"})
+        add(f"{prefix}_resumed", "info", {"retries"})
+    add("log_lines_dropped", "warning", {"dropped"})
+    return events
+
+
+def test_operations_log_table_names_every_event_the_code_logs() -> None:
+    """docs/operations.md's Logs table has a row for each event the code logs, and no row
+    for an event nothing logs; each row's level is the level the code logs it at, and its
+    fields name every keyword field the code passes (beyond ``conn_id``, which every event
+    of a connection carries). The integration test checks the events of one run; this
+    one checks every event, including those only a failure logs."""
+    logs = (REPO / "docs" / "operations.md").read_text().split("\n## Logs\n", 1)[1]
+    table = logs.split("| event | level | fields | when |\n", 1)[1].split("\n\n", 1)[0]
+    rows = {
+        m.group(1): (m.group(2), set(re.findall(r"`(\w+)`", m.group(3))))
+        for m in re.finditer(r"^\| `(\w+)` \| (\w+) \|([^|]*)\|", table, flags=re.M)
+    }
+    events = _logged_events()
+    assert sorted(set(events) - set(rows)) == [], "logged, but no row"
+    assert sorted(set(rows) - set(events)) == [], "a row, but nothing logs it"
+    for event, (levels, fields) in events.items():
+        level, named = rows[event]
+        assert levels == {level}, (event, level, levels)
+        assert fields - {"conn_id"} <= named, (event, sorted(fields - named))
