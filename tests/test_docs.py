@@ -351,3 +351,20 @@ def test_operations_log_table_names_every_event_the_code_logs() -> None:
         level, named = rows[event]
         assert levels == {level}, (event, level, levels)
         assert fields - {"conn_id"} <= named, (event, sorted(fields - named))
+
+
+def test_docs_list_the_reserved_names_the_daemon_reserves() -> None:
+    """manifest.md (the tool author's list) and operations.md's ``--reserve`` row (the
+    operator's) name the front ends' built-in tool names the daemon reserves: each of
+    them, and no other. A name added to the code and not to the pages refuses sets their
+    authors were told are legal."""
+    from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES
+
+    manifest = (REPO / "docs" / "manifest.md").read_text()
+    listed = manifest.split("Reserved names are compared case-sensitively:", 1)[1]
+    listed = listed.split(", plus every", 1)[0]
+    assert set(re.findall(r"`(\w+)`", listed)) == DEFAULT_RESERVED_NAMES
+    body = _section((REPO / "docs" / "operations.md").read_text(), "### Command line")
+    row = next(line for line in body.splitlines() if line.startswith("| `--reserve"))
+    built_ins = row.split("front ends' built-ins (", 1)[1].split(")", 1)[0]
+    assert set(re.findall(r"`(\w+)`", built_ins)) == DEFAULT_RESERVED_NAMES
