@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = sorted([*(REPO / "docs").glob("*.md"), REPO / "README.md", *(REPO / "bench").glob("*.py")])
@@ -368,3 +369,40 @@ def test_docs_list_the_reserved_names_the_daemon_reserves() -> None:
     row = next(line for line in body.splitlines() if line.startswith("| `--reserve"))
     built_ins = row.split("front ends' built-ins (", 1)[1].split(")", 1)[0]
     assert set(re.findall(r"`(\w+)`", built_ins)) == DEFAULT_RESERVED_NAMES
+
+
+def _wire_names(model: type[BaseModel]) -> set[str]:
+    """The wire (camelCase) names of a protocol model's members."""
+    return {field.alias or name for name, field in model.model_fields.items()}
+
+
+def test_protocol_method_tables_name_each_param_of_the_models() -> None:
+    """Each method's table in docs/protocol.md names every param of its model (the status
+    table, its result members), and no member the model does not have: the tables are
+    where front-end authors learn the wire, and the models refuse unknown params, so a
+    param renamed, added or dropped in one and not the other breaks their calls."""
+    from toolsetd.protocol import models
+
+    text = (REPO / "docs" / "protocol.md").read_text()
+
+    def rows(heading: str) -> set[str]:
+        return set(re.findall(r"^\| `(\w+)` \|", _section(text, heading), flags=re.M))
+
+    tables = {
+        "## status": models.StatusResult,
+        "## list": models.ListParams,
+        "## classify": models.ClassifyParams,
+        "## cancel": models.CancelParams,
+        "## reload": models.ReloadParams,
+    }
+    for heading, model in tables.items():
+        assert rows(heading) == _wire_names(model), heading
+    # invoke's table: "the params are those of classify, plus" these.
+    extra = _wire_names(models.InvokeParams) - _wire_names(models.ClassifyParams)
+    assert rows("## invoke") == extra
+    for heading, model in {
+        "## started (notification)": models.StartedParams,
+        "## completed (notification)": models.CompletedParams,
+    }.items():
+        sentence = _section(text, heading).split("Params:", 1)[1].split(".", 1)[0]
+        assert set(re.findall(r"`(\w+)`", sentence)) == _wire_names(model), heading
