@@ -406,3 +406,23 @@ def test_protocol_method_tables_name_each_param_of_the_models() -> None:
     }.items():
         sentence = _section(text, heading).split("Params:", 1)[1].split(".", 1)[0]
         assert set(re.findall(r"`(\w+)`", sentence)) == _wire_names(model), heading
+
+
+def test_protocol_has_a_section_for_every_method_and_notification() -> None:
+    """protocol.md has a ``##`` section for each method of the native wire and each
+    notification (protocol/names.py), and its Contents links every section (a method
+    toolsetd added, such as ``metrics``, too): a reader scanning the Contents for a
+    method finds it."""
+    from toolsetd.protocol.names import METHODS, NOTIFICATIONS
+
+    text = (REPO / "docs" / "protocol.md").read_text()
+    sections = set(re.findall(r"^## (.+)$", text, flags=re.M))
+    assert set(METHODS) <= sections, sorted(set(METHODS) - sections)
+    named = {f"{name} (notification)" for name in NOTIFICATIONS}
+    assert named <= sections, sorted(named - sections)
+    contents = _section(text, "## Contents")
+    linked = set(re.findall(r"\]\(#([\w-]+)\)", contents))
+    outside_code = re.sub(r"```.*?```", "", text, flags=re.S)
+    headings = re.findall(r"^## (.+)$", outside_code, flags=re.M)
+    slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+    assert sorted(slugs - linked - {"contents"}) == []
