@@ -69,6 +69,14 @@ def test_operations_config_key_table_names_every_key() -> None:
     cells = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
     keys = {key for cell in cells for key in re.findall(r"`([a-z-]+)`", cell)}
     assert keys == {option.key for option in OPTIONS}
+    # Each row says whether a reload applies its keys, as Option.reloadable has it.
+    applied = {
+        key
+        for line in table.splitlines()
+        if line.startswith("| `") and line.rstrip(" |").split("|")[-1].strip().startswith("applied")
+        for key in re.findall(r"`([a-z-]+)`", line.split("|")[1])
+    }
+    assert applied == {option.key for option in OPTIONS if option.reloadable}
 
 
 def test_protocol_error_table_matches_the_codes() -> None:
