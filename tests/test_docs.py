@@ -434,3 +434,54 @@ def test_protocol_has_a_section_for_every_method_and_notification() -> None:
     headings = re.findall(r"^## (.+)$", outside_code, flags=re.M)
     slugs = {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
     assert sorted(slugs - linked - {"contents"}) == []
+
+
+def test_protocol_results_name_every_member_of_the_models() -> None:
+    """Each member of a result, entry and notification model is named (in code font) where
+    docs/protocol.md describes that shape: a member added to the wire is documented for the
+    front ends that will read it."""
+    from toolsetd.protocol import models
+
+    text = (REPO / "docs" / "protocol.md").read_text()
+
+    def between(body: str, start: str, end: str) -> str:
+        return body.split(start, 1)[1].split(end, 1)[0]
+
+    listing = _section(text, "## list")
+    reload_ = _section(text, "## reload")
+    classify = _section(text, "## classify")
+    shapes: dict[str, tuple[str, type[BaseModel]]] = {
+        "list result": (between(listing, "The result has", "A `tools[]`"), models.ListResult),
+        "tools[]": (between(listing, "A `tools[]` entry", "A `sets[]` entry"), models.ToolInfo),
+        "approval": (listing, models.ApprovalInfo),
+        "sets[]": (between(listing, "A `sets[]` entry", "A `notes[]` entry"), models.SetInfo),
+        "declaredTools": (listing, models.DeclaredTool),
+        "notes[]": (between(listing, "A `notes[]` entry", "```"), models.NoteInfo),
+        "classification": (
+            between(classify, "The result is the classification:", "```"),
+            models.Classification,
+        ),
+        "paths[]": (classify, models.PathInfo),
+        "invoke result": (
+            between(_section(text, "## invoke"), "The result:", "```"),
+            models.InvokeResult,
+        ),
+        "cancel result": (
+            between(_section(text, "## cancel"), "The result is", "```"),
+            models.CancelResult,
+        ),
+        "reload result": (between(reload_, "The result:", "```"), models.ReloadResult),
+        "changed[]": (reload_, models.SetChange),
+        "config": (reload_, models.ReloadConfig),
+        "metrics result": (_section(text, "## metrics"), models.MetricsResult),
+        "progress": (_section(text, "## progress (notification)"), models.ProgressParams),
+        "catalogChanged": (
+            _section(text, "## catalogChanged (notification)"),
+            models.CatalogChangedParams,
+        ),
+    }
+    for shape, (body, model) in shapes.items():
+        named = {
+            word for span in re.findall(r"`([^`]+)`", body) for word in re.findall(r"\w+", span)
+        }
+        assert sorted(_wire_names(model) - named) == [], shape
