@@ -485,3 +485,21 @@ def test_protocol_results_name_every_member_of_the_models() -> None:
             word for span in re.findall(r"`([^`]+)`", body) for word in re.findall(r"\w+", span)
         }
         assert sorted(_wire_names(model) - named) == [], shape
+
+
+def test_security_output_files_state_the_mode_spill_files_get(tmp_path: Path) -> None:
+    """security.md tells the operator who can read a spill file: the mode it states is
+    the one a real spill file gets (it said anyone who can read the workspace could read
+    them, of files made 0600)."""
+    import os
+
+    from toolsetd.daemon.spill import Spill
+
+    ws = Path(os.path.realpath(tmp_path))
+    spill = Spill(ws, ws / "out", "c", cap=10, keep=100, max_age_seconds=3600)
+    spill.write(0, b"0123456")
+    assert spill.finish(b"", b"", 7, 0) is not None
+    mode = f"{(ws / 'out' / 'c').stat().st_mode & 0o777:04o}"
+    section = _section((REPO / "docs" / "security.md").read_text(), "## Output files")
+    assert f"mode {mode}" in section
+    assert "anyone who can read the workspace can read those files" not in section
