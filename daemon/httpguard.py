@@ -16,7 +16,8 @@ with its own refusal:
    ``Host`` and its page as ``Origin``. ``Host`` must name a loopback host (``localhost``,
    ``127.0.0.1``, ``[::1]``, or the bound address) with the port we listen on, else
    ``421``; an ``Origin``, when present, must be ``http://`` or ``https://`` one of those
-   loopback hosts, else ``403``.
+   loopback hosts, else ``403``. A ``Host`` that is no ``host[:port]`` is ``400`` (RFC 9112
+   3.2).
 4. **Bearer token** (optional, ``--mcp-token-file``): a file only its owner can read
    (mode 0600 or stricter, owned by the daemon's user, regular, not a link). When the
    peer's uid cannot be established, a request must carry
@@ -28,6 +29,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+import re
 import socket
 import stat
 from dataclasses import dataclass
@@ -49,6 +51,11 @@ __all__ = [
 ]
 
 _LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "[::1]"})
+#: What a ``Host`` may be (RFC 9110 7.2, RFC 3986 3.2.2-3.2.3): an IP literal in brackets
+#: or a reg-name (unreserved, %-escapes, sub-delims), then an optional ``:port``.
+_HOST_FIELD = re.compile(
+    r"(?:\[[0-9A-Za-z._~!$&'()*+,;=:%-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(?::[0-9]*)?"
+)
 
 
 class ListenError(ValueError):
@@ -253,6 +260,10 @@ def check_host_origin(
     """
     if host is None:
         return 400, "Bad request: the Host header is required."
+    if not _HOST_FIELD.fullmatch(host.strip()):
+        # RFC 9112 3.2: a Host with an invalid field value MUST be 400 (two hosts on one
+        # line, a space, a port that is no number, userinfo), not judged as a name.
+        return 400, f"Bad request: Host {host!r} is not a host[:port]."
     name, host_port = _split_host(host)
     if not _is_loopback_host(name, bound) or (host_port is not None and host_port != str(port)):
         return (

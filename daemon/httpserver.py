@@ -1068,6 +1068,11 @@ def _request(event: h11.Request, body: bytes) -> HttpRequest:
     else:
         parts = urlsplit(target)
         path, query = parts.path, parts.query
+        if parts.scheme.lower() not in ("http", "https"):
+            # The absolute form names an http(s) URI (RFC 9112 3.2.2); another scheme
+            # (``ftp://host/mcp``), or the authority form of a CONNECT, names no resource
+            # of this server: the whole target is the path, which no handler serves.
+            path, query = target, ""
     return HttpRequest(
         method=event.method.decode("ascii", errors="replace"),
         target=target,

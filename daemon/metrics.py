@@ -577,14 +577,14 @@ async def _exchange(metrics: Metrics, stream: anyio.abc.SocketStream, host: str,
     if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
         await stream.send(_response(400, "text/plain", b"bad request\n"))
         return
-    method, target = parts[0], _target_path(parts[1])
+    method, (target, authority) = parts[0], _target_parts(parts[1])
     if target != b"/metrics":
         await stream.send(_response(404, "text/plain", b"only /metrics is served here\n"))
         return
     if method not in (b"GET", b"HEAD"):
         await stream.send(_response(405, "text/plain", b"use GET\n", allow=True))
         return
-    refusal = _misdirected(head, parts[2], host, port)
+    refusal = _misdirected(head, parts[2], host, port, authority)
     if refusal is not None:
         status, message = refusal
         await stream.send(_response(status, "text/plain", message.encode() + b"\n"))
@@ -596,7 +596,9 @@ async def _exchange(metrics: Metrics, stream: anyio.abc.SocketStream, host: str,
     )
 
 
-def _misdirected(head: bytes, version: bytes, host: str, port: int) -> tuple[int, str] | None:
+def _misdirected(
+    head: bytes, version: bytes, host: str, port: int, authority: str | None = None
+) -> tuple[int, str] | None:
     """Why a request may not have the exposition (status, message), else None.
 
     Loopback is not only the machine's users: a web page whose name the attacker points
@@ -604,7 +606,9 @@ def _misdirected(head: bytes, version: bytes, host: str, port: int) -> tuple[int
     script would read the answer. So ``Host`` must name this listener, as on the MCP
     endpoint (``httpguard.check_host_origin``): 421 otherwise, 403 for a foreign
     ``Origin``. HTTP/1.1 requires one ``Host`` (400 without, or with two: RFC 9112 3.2);
-    an HTTP/1.0 request may have none.
+    an HTTP/1.0 request may have none. An absolute-form target's ``authority`` is the
+    host judged, and ``Host`` is ignored (RFC 9112 3.2.2), as on the MCP endpoint: else
+    a loopback ``Host`` let a target naming another host have the exposition.
     """
     from .httpguard import ListenAddress, check_host_origin  # rules of the MCP endpoint
 
@@ -619,6 +623,8 @@ def _misdirected(head: bytes, version: bytes, host: str, port: int) -> tuple[int
     hosts, origins = fields[b"host"], fields[b"origin"]
     if len(hosts) > 1 or (not hosts and version != b"HTTP/1.0"):
         return 400, "Bad request: one Host header is required."
+    if authority is not None:
+        hosts = [authority]
     if not hosts and not origins:
         return None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -630,19 +636,21 @@ def _misdirected(head: bytes, version: bytes, host: str, port: int) -> tuple[int
     )
 
 
-def _target_path(target: bytes) -> bytes:
-    """The path a request target names, its query dropped.
+def _target_parts(target: bytes) -> tuple[bytes, str | None]:
+    """The path a request target names, its query dropped, and its authority (None for
+    the origin-form).
 
     The origin-form (``/metrics?x``) is its own path; the absolute-form
     (``http://127.0.0.1:9464/metrics``), which RFC 9112 3.2.2 says a server MUST accept,
-    names the path after its authority.
+    names the path after its authority, and that authority is the request's host.
     """
     scheme, sep, _ = target.partition(b"://")
     if sep and scheme.lower() in (b"http", b"https"):
         from urllib.parse import urlsplit  # only for this rare form
 
-        return urlsplit(target.decode("latin-1")).path.encode("latin-1")
-    return target.split(b"?", 1)[0]
+        parts = urlsplit(target.decode("latin-1"))
+        return parts.path.encode("latin-1"), parts.netloc
+    return target.split(b"?", 1)[0], None
 
 
 _REASONS = {

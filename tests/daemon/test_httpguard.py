@@ -80,6 +80,15 @@ def test_parse_listen_refuses_with_reason(text: str, needle: str) -> None:
         ("127.0.0.1:8765", "http://evil.example.com", 403),
         ("127.0.0.1:8765", "null", 403),
         ("127.0.0.1:8765", "file://localhost", 403),
+        # RFC 9112 3.2: a Host that is no host[:port] is 400 (a MUST), not 421: two
+        # values in one line, a space, a port that is no number, userinfo, a bracket.
+        ("127.0.0.1:8765, evil.example.com", None, 400),
+        ("127.0.0.1 evil.example.com", None, 400),
+        ("127.0.0.1:87a5", None, 400),
+        ("127.0.0.1:8765:1", None, 400),
+        ("evil@127.0.0.1:8765", None, 400),
+        ("[::1", None, 400),
+        ("127.0.0.1/x", None, 400),
     ],
 )
 def test_check_host_origin(host: str | None, origin: str | None, status: int | None) -> None:

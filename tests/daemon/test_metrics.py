@@ -110,7 +110,7 @@ async def _scrape_raw(request: bytes) -> bytes:
         b"GET /metrics HTTP/1.1\nHost: 127.0.0.1\n\n",
         # RFC 9112 3.2.2: a server MUST accept the absolute-form; it was 404.
         b"GET http://127.0.0.1/metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
-        b"GET HTTP://127.0.0.1:9464/metrics?x=1 HTTP/1.0\r\n\r\n",
+        b"GET HTTP://127.0.0.1:PORT/metrics?x=1 HTTP/1.0\r\n\r\n",
     ],
 )
 async def test_metrics_listener_reads_every_request_form_http_allows(request_head: bytes) -> None:
@@ -143,6 +143,13 @@ async def test_metrics_listener_reads_every_request_form_http_allows(request_hea
         (b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n\r\n", b"200"),
         (b"GET /metrics HTTP/1.1\r\nHost: localhost:PORT\r\n\r\n", b"200"),
         (b"GET /metrics HTTP/1.0\r\n\r\n", b"200"),
+        # RFC 9112 3.2.2: an absolute-form target's authority is the host, and Host is
+        # ignored (as on the MCP endpoint): a loopback Host let a target naming another
+        # host (or port) have the exposition, and a foreign Host refused one naming this.
+        (b"GET http://evil.example/metrics HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n\r\n", b"421"),
+        (b"GET http://127.0.0.1:1/metrics HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n\r\n", b"421"),
+        (b"GET http://evil.example/metrics HTTP/1.0\r\n\r\n", b"421"),
+        (b"GET http://127.0.0.1:PORT/metrics HTTP/1.1\r\nHost: evil.example\r\n\r\n", b"200"),
     ],
 )
 async def test_metrics_listener_answers_only_a_loopback_host(

@@ -841,15 +841,17 @@ def test_http_absolute_form_target_is_judged_by_its_authority(
 ) -> None:
     """``POST http://evil.example.com/mcp`` names its host in the target, which RFC 9112
     has the server take instead of ``Host``: a foreign one is 421 whatever ``Host`` says
-    (it used to be served on a loopback ``Host``); a loopback one is served."""
+    (it used to be served on a loopback ``Host``); a loopback one is served. A target of
+    another scheme than http or https names no resource of this server (as /metrics has
+    it): ``POST ftp://127.0.0.1:PORT/mcp`` was served as the endpoint, 404 now."""
     _, base = http_daemon
     target = urlsplit(endpoint(base, workspace))
     body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
 
-    def status(authority: str) -> bytes:
+    def status(authority: str, scheme: str = "http") -> bytes:
         with socket.create_connection(_address(base), timeout=20) as sock:
             sock.sendall(
-                f"POST http://{authority}{target.path}?{target.query} HTTP/1.1\r\n"
+                f"POST {scheme}://{authority}{target.path}?{target.query} HTTP/1.1\r\n"
                 f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
                 f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
             )
@@ -861,6 +863,9 @@ def test_http_absolute_form_target_is_judged_by_its_authority(
     assert status("evil.example.com") == b"421"
     assert status(f"evil.example.com:{target.port}") == b"421"
     assert status(target.netloc) == b"200"
+    assert status(target.netloc, "HTTPS") == b"200"
+    assert status(target.netloc, "ftp") == b"404"
+    assert status(target.netloc, "ws") == b"404"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
