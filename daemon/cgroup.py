@@ -101,7 +101,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -375,18 +375,30 @@ def _own_cgroup(mounts: list[str]) -> Path | None:
     return None
 
 
-def daemon_cgroup(mounts: Sequence[str]) -> str | None:
+def daemon_cgroup() -> str | None:
     """The daemon's own cgroup v2 folder, where calls without a cgroup of their own run.
 
     None at the root of the hierarchy (it has no limits to read, and showing it would show
-    every cgroup) or where it is not found on ``mounts``.
+    every cgroup) or where no cgroup v2 mount shows it. ``/proc/self/cgroup`` names it from
+    the root of the daemon's cgroup namespace, and a mount shows the cgroup its
+    ``mountinfo`` root names (``/..`` where it lies above that namespace's root): the
+    folder is the mount point and the rest of the path below that root. Joined to any
+    mount point, a daemon outside its namespace's root (``0::/..``, as ``nsenter --cgroup``
+    leaves one) named a folder above the mount (``/sys/fs/cgroup``), which sandboxed calls
+    were shown again with every cgroup in it, and one in a namespace whose root is not the
+    mount's an unrelated cgroup.
     """
     text = _read("/proc/self/cgroup") or ""
-    relative = next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
-    if relative is None or not relative.strip("/"):
+    relative = next((line[3:] for line in text.split("\n") if line.startswith("0::")), None)
+    if relative is None or ".." in relative.split("/"):
         return None
-    for mount in mounts:
-        folder = os.path.join(mount, relative.strip("/"))
+    for _, root, point, _, kind in parse_mountinfo(_read("/proc/self/mountinfo") or ""):
+        if kind != "cgroup2" or ".." in root.split("/"):
+            continue
+        top = root.rstrip("/") + "/"
+        if not relative.startswith(top) or not relative[len(top) :].strip("/"):
+            continue  # not below this mount's root, or at the root of what it shows
+        folder = os.path.join(point, relative[len(top) :].strip("/"))
         if os.path.isdir(folder):
             return folder
     return None
