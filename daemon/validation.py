@@ -971,10 +971,13 @@ class ArgumentValidators:
         except TimeLimitExceeded:
             found.add(("", stopped_message(limit, self._time_limit, schema)))
         except RecursionError:
-            if nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH):
-                return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
-            # Arguments the wire takes are too shallow to exhaust the check: the schema is.
-            return [{"path": "", "message": _SCHEMA_LOOP}]
+            if not nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH) and _loops(
+                validator, _flattened(arguments), limit
+            ):
+                # The same arguments with their nesting cut off exhaust it too: the schema
+                # does, before it checks anything of them.
+                return [{"path": "", "message": _SCHEMA_LOOP}]
+            return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
         except OverflowError:
             # A number past the double range (1e999, or an integer of 309 digits or more,
             # both valid JSON and kept as written) divided by a fractional multipleOf: the
@@ -1004,6 +1007,37 @@ _SCHEMA_LOOP = (
     "itself before checking anything, or a chain of $ref too long to follow), so no "
     "arguments can pass it; ask the set's author to fix the schema"
 )
+
+
+def _flattened(arguments: Any) -> Any:
+    """``arguments`` one level deep: each member that is an object or an array emptied."""
+    if isinstance(arguments, dict):
+        return {k: type(v)() if isinstance(v, (dict, list)) else v for k, v in arguments.items()}
+    if isinstance(arguments, list):
+        return [type(v)() if isinstance(v, (dict, list)) else v for v in arguments]
+    return arguments
+
+
+def _loops(validator: Any, probe: Any, limit: float) -> bool:
+    """Whether checking ``probe`` (nested two levels at most) still exhausts the recursion,
+    within ``limit`` seconds.
+
+    Arguments that exhaust it may do so by their depth alone, as a schema that recurses
+    through them (a tree, several keywords on the way to each level) lets them: only
+    when shallow ones do too is the schema the cause.
+    """
+
+    def check() -> None:
+        for _ in validator.iter_errors(probe):
+            pass
+
+    try:
+        run_limited(limit, check)
+    except RecursionError:
+        return True
+    except (TimeLimitExceeded, Exception):  # any other end: the schema does not loop
+        return False
+    return False
 
 
 def time_limit_for(base: float, size: int) -> float:

@@ -497,6 +497,24 @@ def test_argument_validators_blame_a_schema_that_refers_to_itself_without_end(
     assert "arguments are nested" not in errors[0]["message"]
 
 
+def test_argument_validators_a_recursive_schema_is_not_blamed_for_deep_arguments() -> None:
+    """A schema that recurses through the arguments (a tree), with several keywords on
+    the way to each level, exhausts the check at a nesting the wire takes (63 here): that
+    is the arguments' depth, not a schema that "refers to itself without end" (the same
+    schema takes shallow arguments), and the error must not send the caller to the set's
+    author."""
+    node: Any = {"type": "object", "properties": {"c": {"$ref": "#"}}}
+    for _ in range(6):
+        node = {"allOf": [node]}
+    schema = node
+    assert ArgumentValidators().errors(loaded(schema), {"c": {"c": {}}, "d": 1}) == []
+    deep: Any = {}
+    for _ in range(63):
+        deep = {"c": deep}
+    errors = ArgumentValidators().errors(loaded(schema), {**deep, "d": 1})
+    assert errors == [{"path": "", "message": "the arguments are nested too deeply to validate"}]
+
+
 def test_argument_validators_arguments_too_deep_for_the_check_are_still_named() -> None:
     """Arguments deeper than the wire allows (a direct caller) that exhaust the check
     still get the arguments' message."""
