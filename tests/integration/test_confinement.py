@@ -782,10 +782,11 @@ def test_confinement_sandbox_runs_in_a_workspace_whose_name_holds_a_line_separat
     """The bind check read the sandbox's /proc/<pid>/mountinfo with ``splitlines``, which
     also splits at U+2028 (and \\x1c-\\x1e, U+0085, U+2029): a workspace so named (a
     name pasted from a document) was never found bound, and every sandboxed call there
-    failed, "changed while its sandbox was being made". The kernel ends its lines with
-    ``\\n`` alone (and escapes that one in paths)."""
+    failed, "changed while its sandbox was being made". So did a carriage return: the file
+    was read in text mode, which turns ``\\r`` into ``\\n``. The kernel ends its lines
+    with ``\\n`` alone (and escapes that one in paths)."""
     _need_sandbox(tree)
-    for odd in ("\u2028", "\x1c", "\x85"):
+    for odd in ("\u2028", "\x1c", "\x85", "\r"):
         workspace = tree.base / f"ws{odd}sep"
         shutil.copytree(tree.workspace / ".crystal", workspace / ".crystal")
         with tree.daemon.raw(timeout=60) as conn:
