@@ -362,10 +362,18 @@ def _on_cgroup2(path: Path, mounts: list[str]) -> bool:
     return any(text == m or text.startswith(m.rstrip("/") + "/") for m in mounts)
 
 
+def _own_path() -> str | None:
+    """The daemon's cgroup v2 path, from the root of its cgroup namespace, as the ``0::``
+    line of ``/proc/self/cgroup`` names it (None: no such line). Lines end at ``"\n"``
+    alone: the kernel does not escape a cgroup's name, which may hold U+2028 or ``"\r"``.
+    """
+    text = _read("/proc/self/cgroup") or ""
+    return next((line[3:] for line in text.split("\n") if line.startswith("0::")), None)
+
+
 def _own_cgroup(mounts: list[str]) -> Path | None:
     """The daemon's own cgroup folder (where it returns after a spawn), if it can be found."""
-    text = _read("/proc/self/cgroup") or ""
-    relative = next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
+    relative = _own_path()
     if relative is None:
         return None
     for mount in mounts:
@@ -388,8 +396,7 @@ def daemon_cgroup() -> str | None:
     were shown again with every cgroup in it, and one in a namespace whose root is not the
     mount's an unrelated cgroup.
     """
-    text = _read("/proc/self/cgroup") or ""
-    relative = next((line[3:] for line in text.split("\n") if line.startswith("0::")), None)
+    relative = _own_path()
     if relative is None or ".." in relative.split("/"):
         return None
     for _, root, point, _, kind in parse_mountinfo(_read("/proc/self/mountinfo") or ""):
@@ -701,8 +708,7 @@ class CgroupTree:
 
     @staticmethod
     def _own_base(mounts: list[str]) -> Path:
-        text = _read("/proc/self/cgroup") or ""
-        relative = next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
+        relative = _own_path()
         if relative is None:
             raise CgroupError("the daemon is in no cgroup v2 (/proc/self/cgroup has no 0:: line)")
         mount = next((m for m in mounts if os.path.exists(os.path.join(m, "cgroup.procs"))), None)
