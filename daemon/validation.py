@@ -971,11 +971,12 @@ class ArgumentValidators:
         except TimeLimitExceeded:
             found.add(("", stopped_message(limit, self._time_limit, schema)))
         except RecursionError:
-            if not nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH) and _loops(
-                validator, _flattened(arguments), limit
+            if not nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH) and (
+                not nesting_exceeds(arguments, _SHALLOW)
+                or _loops(validator, _cut(arguments, _SHALLOW), limit)
             ):
-                # The same arguments with their nesting cut off exhaust it too: the schema
-                # does, before it checks anything of them.
+                # Shallow arguments, or the same ones cut to a shallow depth, exhaust it:
+                # the schema does, before it checks anything below.
                 return [{"path": "", "message": _SCHEMA_LOOP}]
             return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
         except OverflowError:
@@ -1009,22 +1010,29 @@ _SCHEMA_LOOP = (
 )
 
 
-def _flattened(arguments: Any) -> Any:
-    """``arguments`` one level deep: each member that is an object or an array emptied."""
-    if isinstance(arguments, dict):
-        return {k: type(v)() if isinstance(v, (dict, list)) else v for k, v in arguments.items()}
-    if isinstance(arguments, list):
-        return [type(v)() if isinstance(v, (dict, list)) else v for v in arguments]
-    return arguments
+#: The nesting of arguments too shallow to exhaust the check of any sensible schema (one
+#: that recurses through them, a tree, with a few keywords on the way to each level can be
+#: exhausted by the 64 levels the wire takes, but not by this many).
+_SHALLOW = 16
+
+
+def _cut(value: Any, depth: int) -> Any:
+    """``value`` with every object or array nested deeper than ``depth`` emptied."""
+    if not isinstance(value, (dict, list)):
+        return value
+    if depth <= 1:
+        return type(value)()
+    if isinstance(value, dict):
+        return {k: _cut(v, depth - 1) for k, v in value.items()}
+    return [_cut(v, depth - 1) for v in value]
 
 
 def _loops(validator: Any, probe: Any, limit: float) -> bool:
-    """Whether checking ``probe`` (nested two levels at most) still exhausts the recursion,
-    within ``limit`` seconds.
+    """Whether checking ``probe`` (shallow arguments) still exhausts the recursion, within
+    ``limit`` seconds.
 
     Arguments that exhaust it may do so by their depth alone, as a schema that recurses
-    through them (a tree, several keywords on the way to each level) lets them: only
-    when shallow ones do too is the schema the cause.
+    through them lets them: only when shallow ones do too is the schema the cause.
     """
 
     def check() -> None:

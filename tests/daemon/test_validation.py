@@ -483,6 +483,8 @@ def test_argument_validators_draft3_and_draft4_integers_are_literals(
         {"$ref": "#"},
         {"allOf": [{"$ref": "#"}]},
         {"$defs": {"x": {"$ref": "#/$defs/x"}}, "$ref": "#/$defs/x"},
+        # A loop met only below a member the arguments have (two levels down).
+        {"properties": {"a": {"properties": {"b": {"$ref": "#/properties/a/properties/b"}}}}},
     ],
 )
 def test_argument_validators_blame_a_schema_that_refers_to_itself_without_end(
@@ -491,7 +493,7 @@ def test_argument_validators_blame_a_schema_that_refers_to_itself_without_end(
     """A schema whose ``$ref`` loops without checking anything passes the manifest check
     but can never finish; the error says so, rather than blaming the (shallow) arguments
     as "nested too deeply", which sent the caller to fix what was not wrong."""
-    errors = ArgumentValidators().errors(loaded(schema), {"a": 1})
+    errors = ArgumentValidators().errors(loaded(schema), {"a": {"b": 1}})
     assert len(errors) == 1 and errors[0]["path"] == ""
     assert "input schema" in errors[0]["message"] and "$ref" in errors[0]["message"], errors
     assert "arguments are nested" not in errors[0]["message"]
