@@ -101,7 +101,7 @@ import os
 import re
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -362,10 +362,18 @@ def _on_cgroup2(path: Path, mounts: list[str]) -> bool:
     return any(text == m or text.startswith(m.rstrip("/") + "/") for m in mounts)
 
 
+def _own_path() -> str | None:
+    """The daemon's cgroup v2 path, from the root of its cgroup namespace, as the ``0::``
+    line of ``/proc/self/cgroup`` names it (None: no such line). Lines end at ``"\n"``
+    alone: the kernel does not escape a cgroup's name, which may hold U+2028 or ``"\r"``.
+    """
+    text = _read("/proc/self/cgroup") or ""
+    return next((line[3:] for line in text.split("\n") if line.startswith("0::")), None)
+
+
 def _own_cgroup(mounts: list[str]) -> Path | None:
     """The daemon's own cgroup folder (where it returns after a spawn), if it can be found."""
-    text = _read("/proc/self/cgroup") or ""
-    relative = next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
+    relative = _own_path()
     if relative is None:
         return None
     for mount in mounts:
@@ -375,18 +383,29 @@ def _own_cgroup(mounts: list[str]) -> Path | None:
     return None
 
 
-def daemon_cgroup(mounts: Sequence[str]) -> str | None:
+def daemon_cgroup() -> str | None:
     """The daemon's own cgroup v2 folder, where calls without a cgroup of their own run.
 
     None at the root of the hierarchy (it has no limits to read, and showing it would show
-    every cgroup) or where it is not found on ``mounts``.
+    every cgroup) or where no cgroup v2 mount shows it. ``/proc/self/cgroup`` names it from
+    the root of the daemon's cgroup namespace, and a mount shows the cgroup its
+    ``mountinfo`` root names (``/..`` where it lies above that namespace's root): the
+    folder is the mount point and the rest of the path below that root. Joined to any
+    mount point, a daemon outside its namespace's root (``0::/..``, as ``nsenter --cgroup``
+    leaves one) named a folder above the mount (``/sys/fs/cgroup``), which sandboxed calls
+    were shown again with every cgroup in it, and one in a namespace whose root is not the
+    mount's an unrelated cgroup.
     """
-    text = _read("/proc/self/cgroup") or ""
-    relative = next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
-    if relative is None or not relative.strip("/"):
+    relative = _own_path()
+    if relative is None or ".." in relative.split("/"):
         return None
-    for mount in mounts:
-        folder = os.path.join(mount, relative.strip("/"))
+    for _, root, point, _, kind in parse_mountinfo(_read("/proc/self/mountinfo") or ""):
+        if kind != "cgroup2" or ".." in root.split("/"):
+            continue
+        top = root.rstrip("/") + "/"
+        if not relative.startswith(top) or not relative[len(top) :].strip("/"):
+            continue  # not below this mount's root, or at the root of what it shows
+        folder = os.path.join(point, relative[len(top) :].strip("/"))
         if os.path.isdir(folder):
             return folder
     return None
@@ -689,8 +708,7 @@ class CgroupTree:
 
     @staticmethod
     def _own_base(mounts: list[str]) -> Path:
-        text = _read("/proc/self/cgroup") or ""
-        relative = next((line[3:] for line in text.splitlines() if line.startswith("0::")), None)
+        relative = _own_path()
         if relative is None:
             raise CgroupError("the daemon is in no cgroup v2 (/proc/self/cgroup has no 0:: line)")
         mount = next((m for m in mounts if os.path.exists(os.path.join(m, "cgroup.procs"))), None)

@@ -495,9 +495,7 @@ class Confinement:
         self._cgroup_mounts = tuple(cgroup2_mounts())
         #: Where calls without a cgroup of their own run (the daemon's), shown again to
         #: sandboxed calls as a call's own cgroup is.
-        self._daemon_cgroup = (
-            () if cgroups is not None else tuple(filter(None, [daemon_cgroup(self._cgroup_mounts)]))
-        )
+        self._daemon_cgroup = () if cgroups is not None else tuple(filter(None, [daemon_cgroup()]))
         #: A sandboxed call may keep the network beside the MCP endpoint: a peer it cannot
         #: name is refused (``sandboxed_peer``).
         self._network_configured = http_peers and self._sandbox_may_keep_network()

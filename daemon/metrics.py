@@ -628,8 +628,11 @@ def _misdirected(
     if not hosts and not origins:
         return None
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # Without a Host (HTTP/1.0), the listener's own address stands for it, bracketed as
+    # a Host is for IPv6 ("::1:PORT" would be read as the host "").
+    bound = f"[{host}]" if family == socket.AF_INET6 else host
     return check_host_origin(
-        hosts[0] if hosts else f"{host}:{port}",
+        hosts[0] if hosts else f"{bound}:{port}",
         origins[0] if origins else None,
         ListenAddress(family, host, port),
         port,

@@ -411,6 +411,18 @@ def _joined(top: str, relative: str) -> str:
     return os.path.join(top, relative) if relative else top
 
 
+def _read_mountinfo(pid: str) -> str:
+    """``/proc/<pid>/mountinfo`` as the file system's text (``os.fsdecode``), its line ends
+    untouched: read in text mode, a ``"\r"`` in a path (which the kernel does not escape)
+    became ``"\n"``, and that mount's line two.
+
+    Raises:
+        OSError: It cannot be read.
+    """
+    with open(f"/proc/{pid}/mountinfo", "rb") as f:
+        return os.fsdecode(f.read())
+
+
 def mount_aliases(paths: Iterable[str], mountinfo: str | None = None) -> list[str]:
     """Other places where a mount shows one of ``paths`` (or a part of it), to hide too.
 
@@ -431,8 +443,7 @@ def mount_aliases(paths: Iterable[str], mountinfo: str | None = None) -> list[st
     """
     if mountinfo is None:
         try:
-            with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-                mountinfo = f.read()
+            mountinfo = _read_mountinfo("self")
         except OSError:
             return []
     mounts = [(device, root, point) for device, root, point, _, _ in parse_mountinfo(mountinfo)]
@@ -716,8 +727,7 @@ def binds_moved(pid: int, expected: Iterable[tuple[str, int, int, bool]]) -> str
     the path that is not, else None.
     """
     try:
-        with open(f"/proc/{pid}/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-            mountinfo = f.read()
+        mountinfo = _read_mountinfo(str(pid))
         root = os.open(f"/proc/{pid}/root", os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return "/"

@@ -298,10 +298,11 @@ def acquire_instance_lock(socket_path: Path) -> LockHandle:
 
 
 def _same_file(fd: int, path: Path) -> bool:
-    """Whether ``path`` still names the file open on ``fd``."""
+    """Whether ``path`` still names the file open on ``fd`` (not when it cannot be looked
+    at: its folder gone, or a file in the folder's place, ``ENOTDIR``)."""
     try:
         on_disk = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
+    except OSError:
         return False
     held = os.fstat(fd)
     return (held.st_dev, held.st_ino) == (on_disk.st_dev, on_disk.st_ino)

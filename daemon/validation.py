@@ -971,10 +971,14 @@ class ArgumentValidators:
         except TimeLimitExceeded:
             found.add(("", stopped_message(limit, self._time_limit, schema)))
         except RecursionError:
-            if nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH):
-                return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
-            # Arguments the wire takes are too shallow to exhaust the check: the schema is.
-            return [{"path": "", "message": _SCHEMA_LOOP}]
+            if not nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH) and (
+                not nesting_exceeds(arguments, _SHALLOW)
+                or _loops(validator, _cut(arguments, _SHALLOW), limit)
+            ):
+                # Shallow arguments, or the same ones cut to a shallow depth, exhaust it:
+                # the schema does, before it checks anything below.
+                return [{"path": "", "message": _SCHEMA_LOOP}]
+            return [{"path": "", "message": "the arguments are nested too deeply to validate"}]
         except OverflowError:
             # A number past the double range (1e999, or an integer of 309 digits or more,
             # both valid JSON and kept as written) divided by a fractional multipleOf: the
@@ -1004,6 +1008,44 @@ _SCHEMA_LOOP = (
     "itself before checking anything, or a chain of $ref too long to follow), so no "
     "arguments can pass it; ask the set's author to fix the schema"
 )
+
+
+#: The nesting of arguments too shallow to exhaust the check of any sensible schema (one
+#: that recurses through them, a tree, with a few keywords on the way to each level can be
+#: exhausted by the 64 levels the wire takes, but not by this many).
+_SHALLOW = 16
+
+
+def _cut(value: Any, depth: int) -> Any:
+    """``value`` with every object or array nested deeper than ``depth`` emptied."""
+    if not isinstance(value, (dict, list)):
+        return value
+    if depth <= 1:
+        return type(value)()
+    if isinstance(value, dict):
+        return {k: _cut(v, depth - 1) for k, v in value.items()}
+    return [_cut(v, depth - 1) for v in value]
+
+
+def _loops(validator: Any, probe: Any, limit: float) -> bool:
+    """Whether checking ``probe`` (shallow arguments) still exhausts the recursion, within
+    ``limit`` seconds.
+
+    Arguments that exhaust it may do so by their depth alone, as a schema that recurses
+    through them lets them: only when shallow ones do too is the schema the cause.
+    """
+
+    def check() -> None:
+        for _ in validator.iter_errors(probe):
+            pass
+
+    try:
+        run_limited(limit, check)
+    except RecursionError:
+        return True
+    except (TimeLimitExceeded, Exception):  # any other end: the schema does not loop
+        return False
+    return False
 
 
 def time_limit_for(base: float, size: int) -> float:

@@ -82,12 +82,12 @@ def test_metrics_listener_renders_at_most_once_a_second() -> None:
     assert 'set="lint",status="refused"} 2.0' in again
 
 
-async def _scrape_raw(request: bytes) -> bytes:
-    """Send ``request`` to a fresh /metrics listener (``PORT`` in it becomes the port it
-    listens on); the answer, read to its close."""
+async def _scrape_raw(request: bytes, address: str = "127.0.0.1") -> bytes:
+    """Send ``request`` to a fresh /metrics listener on ``address`` (``PORT`` in it becomes
+    the port it listens on); the answer, read to its close."""
     metrics = _metrics()
     async with anyio.create_task_group() as tg:
-        host, port = await tg.start(serve_metrics, metrics, bind_metrics(("127.0.0.1", 0)))
+        host, port = await tg.start(serve_metrics, metrics, bind_metrics((address, 0)))
         with anyio.fail_after(15):
             async with await anyio.connect_tcp(host, port) as stream:
                 await stream.send(request.replace(b"PORT", str(port).encode()))
@@ -97,6 +97,26 @@ async def _scrape_raw(request: bytes) -> bytes:
                         answer += await stream.receive()
         tg.cancel_scope.cancel()
     return answer
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("address", ["127.0.0.1", "::1"])
+async def test_metrics_listener_takes_an_http10_request_with_a_loopback_origin_and_no_host(
+    address: str,
+) -> None:
+    """An HTTP/1.0 request may leave Host out; its Origin, a loopback page of this port, is
+    then checked against the listener's own address. On an IPv6 listener that address
+    was written unbracketed (``::1:PORT``), read as no loopback host, and the request got
+    421 where the same one to 127.0.0.1 got the exposition."""
+    shown = f"[{address}]" if ":" in address else address
+    try:  # an address this machine has (no IPv6 loopback in some containers)
+        bind_metrics((address, 0)).close()
+    except OSError as exc:
+        pytest.skip(f"cannot listen on {address}: {exc.strerror}")
+    answer = await _scrape_raw(
+        f"GET /metrics HTTP/1.0\r\nOrigin: http://{shown}:PORT\r\n\r\n".encode(), address
+    )
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
 
 
 @pytest.mark.anyio

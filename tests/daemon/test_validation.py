@@ -483,6 +483,8 @@ def test_argument_validators_draft3_and_draft4_integers_are_literals(
         {"$ref": "#"},
         {"allOf": [{"$ref": "#"}]},
         {"$defs": {"x": {"$ref": "#/$defs/x"}}, "$ref": "#/$defs/x"},
+        # A loop met only below a member the arguments have (two levels down).
+        {"properties": {"a": {"properties": {"b": {"$ref": "#/properties/a/properties/b"}}}}},
     ],
 )
 def test_argument_validators_blame_a_schema_that_refers_to_itself_without_end(
@@ -491,10 +493,28 @@ def test_argument_validators_blame_a_schema_that_refers_to_itself_without_end(
     """A schema whose ``$ref`` loops without checking anything passes the manifest check
     but can never finish; the error says so, rather than blaming the (shallow) arguments
     as "nested too deeply", which sent the caller to fix what was not wrong."""
-    errors = ArgumentValidators().errors(loaded(schema), {"a": 1})
+    errors = ArgumentValidators().errors(loaded(schema), {"a": {"b": 1}})
     assert len(errors) == 1 and errors[0]["path"] == ""
     assert "input schema" in errors[0]["message"] and "$ref" in errors[0]["message"], errors
     assert "arguments are nested" not in errors[0]["message"]
+
+
+def test_argument_validators_a_recursive_schema_is_not_blamed_for_deep_arguments() -> None:
+    """A schema that recurses through the arguments (a tree), with several keywords on
+    the way to each level, exhausts the check at a nesting the wire takes (63 here): that
+    is the arguments' depth, not a schema that "refers to itself without end" (the same
+    schema takes shallow arguments), and the error must not send the caller to the set's
+    author."""
+    node: Any = {"type": "object", "properties": {"c": {"$ref": "#"}}}
+    for _ in range(6):
+        node = {"allOf": [node]}
+    schema = node
+    assert ArgumentValidators().errors(loaded(schema), {"c": {"c": {}}, "d": 1}) == []
+    deep: Any = {}
+    for _ in range(63):
+        deep = {"c": deep}
+    errors = ArgumentValidators().errors(loaded(schema), {**deep, "d": 1})
+    assert errors == [{"path": "", "message": "the arguments are nested too deeply to validate"}]
 
 
 def test_argument_validators_arguments_too_deep_for_the_check_are_still_named() -> None:

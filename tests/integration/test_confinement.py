@@ -782,10 +782,11 @@ def test_confinement_sandbox_runs_in_a_workspace_whose_name_holds_a_line_separat
     """The bind check read the sandbox's /proc/<pid>/mountinfo with ``splitlines``, which
     also splits at U+2028 (and \\x1c-\\x1e, U+0085, U+2029): a workspace so named (a
     name pasted from a document) was never found bound, and every sandboxed call there
-    failed, "changed while its sandbox was being made". The kernel ends its lines with
-    ``\\n`` alone (and escapes that one in paths)."""
+    failed, "changed while its sandbox was being made". So did a carriage return: the file
+    was read in text mode, which turns ``\\r`` into ``\\n``. The kernel ends its lines
+    with ``\\n`` alone (and escapes that one in paths)."""
     _need_sandbox(tree)
-    for odd in ("\u2028", "\x1c", "\x85"):
+    for odd in ("\u2028", "\x1c", "\x85", "\r"):
         workspace = tree.base / f"ws{odd}sep"
         shutil.copytree(tree.workspace / ".crystal", workspace / ".crystal")
         with tree.daemon.raw(timeout=60) as conn:
@@ -918,6 +919,72 @@ def test_confinement_sandboxed_call_without_cgroups_clones_into_no_other_cgroup(
         other.rmdir()
         eventually(lambda: not (own / "cgroup.procs").read_text().split(), what="daemon gone")
         own.rmdir()
+
+
+#: Runs the daemon in a cgroup namespace whose root (``argv[1]``) it then leaves, for
+#: the root cgroup of the mount ``argv[2]``.
+_OUT_OF_NAMESPACE = (
+    "import ctypes, os, sys\n"
+    "entry, mount = sys.argv[1:3]\n"
+    "open(os.path.join(entry, 'cgroup.procs'), 'w').write('0')\n"
+    "if ctypes.CDLL(None, use_errno=True).unshare(0x02000000) != 0:  # CLONE_NEWCGROUP\n"
+    "    sys.exit(f'unshare: {os.strerror(ctypes.get_errno())}')\n"
+    "open(os.path.join(mount, 'cgroup.procs'), 'w').write('0')\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'toolsetd.daemon', *sys.argv[3:]])\n"
+)
+
+
+def test_confinement_a_daemon_outside_its_cgroup_namespace_shows_no_cgroup_mount() -> None:
+    """A daemon in a cgroup namespace whose root is not an ancestor of its cgroup (it
+    entered the namespace, or was moved out of its root, as ``nsenter --cgroup`` leaves a
+    process) reads its cgroup as a path that climbs out (``0::/..``). Joined to the mount,
+    that named a folder above it (``/sys/fs/cgroup``), which every sandboxed call without a
+    cgroup of its own was shown again, the cgroup v2 mounts inside it with it: a
+    ``clone3(CLONE_INTO_CGROUP)`` then put a child in any cgroup, as if nothing was hidden.
+    """
+    ensure_bubblewrap()
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) for a cgroup namespace")
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if line.split()[2] == "cgroup2"]
+    if not mounts:
+        pytest.skip("no cgroup v2 mount")
+    own = [x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::")]
+    if own != ["0::/"]:
+        pytest.skip("the test moves the daemon into the root cgroup, where it runs")
+    tag = uuid.uuid4().hex[:8]
+    other, entry = Path(mounts[0]) / f"tsc-other-{tag}", Path(mounts[0]) / f"tsc-ns-{tag}"
+    try:
+        other.mkdir()
+        entry.mkdir()
+    except OSError as exc:
+        other.rmdir()
+        pytest.skip(f"cannot make a cgroup on {mounts[0]}: {exc.strerror}")
+    # The namespace's root is ``entry``; the daemon then goes back to the root cgroup.
+    launcher = [sys.executable, "-c", _OUT_OF_NAMESPACE, str(entry), mounts[0]]
+    t = _make_tree('[confinement]\ncgroup = "off"\n', launcher=launcher)
+    try:
+        _need_sandbox(t)
+        outside = t.probe({"action": "read", "target": "/proc/self/cgroup"}, project=False)
+        assert "0::/..\n" in outside["content"], outside
+        inside = t.probe({"action": "clone-into", "target": str(other)})
+        assert "child" not in inside, inside
+        seen = t.probe({"action": "read", "target": str(other / "cgroup.procs")})
+        assert "content" not in seen, seen
+    finally:
+        _close(t)
+        for folder in (other, entry):  # once the processes that were in it are gone
+            eventually(lambda f=folder: _removed(f), what=f"{folder} removed")
+
+
+def _removed(folder: Path) -> bool:
+    try:
+        folder.rmdir()
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def test_confinement_sandboxed_call_reads_its_own_cgroup_and_changes_nothing(tree: Tree) -> None:

@@ -863,3 +863,40 @@ def test_a_socket_removed_from_outside_is_made_again(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_daemon_whose_socket_folder_became_a_file_still_stops_cleanly(
+    svc_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The socket's folder removed and a file put in its place (an operator's mistake, a
+    cleanup and a program writing there): the daemon cannot make its socket again, and
+    says so. Its stop then asked whether the lock's path still named its lock, and the
+    question itself failed (ENOTDIR): the stop ended in a traceback, exit 1, without
+    ``daemon_stopped``. A path that cannot be looked at names no lock of the daemon's."""
+    first = start_daemon(svc_home, workspace, tmp_base, ["--no-watch"])
+    folder = tmp_base / "run"
+    path = folder / "s.sock"
+    log_path = tmp_base / "run.log"
+    proc = spawn_daemon([*first.args, "--socket", str(path)], log_path, {})
+    try:
+        first.stop()
+        wait_answering(path, proc, log_path)
+        shutil.rmtree(folder)
+        folder.write_text("not a folder\n")
+
+        def said() -> bool:
+            return "socket_recreate_failed" in log_path.read_text()
+
+        deadline = time.monotonic() + 20
+        while not said() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert said(), log_path.read_text()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0, log_path.read_text()
+        assert "Traceback" not in log_path.read_text()
+        assert '"daemon_stopped"' in log_path.read_text()
+        assert folder.read_text() == "not a folder\n"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
