@@ -642,9 +642,19 @@ class CgroupTree:
         for cgroups without ``memory.max`` or ``pids.max``: the daemon's threads and pages
         would count against them. If the daemon cannot leave again, that cgroup is never
         killed (``kill`` falls back to the process group) and entering stops.
+
+        Raises:
+            CgroupError: The daemon cannot step in (the cgroup was removed from outside
+                since ``create``); the block does not run.
         """
         assert self._home is not None
-        call.files.write("cgroup.procs", "0")
+        try:
+            call.files.write("cgroup.procs", "0")
+        except OSError as exc:  # removed from outside since ``create`` (a cleanup's sweep)
+            raise CgroupError(
+                f"the call's cgroup {call.path} cannot be entered (removed from outside?): "
+                f"{exc.strerror}"
+            ) from exc
         try:
             yield
         finally:

@@ -18,7 +18,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from toolsetd.daemon.cgroup import JOIN_ARGV, JOIN_FAILED_EXIT, CallCgroup, CgroupTree, Limits
+from toolsetd.daemon.cgroup import (
+    JOIN_ARGV,
+    JOIN_FAILED_EXIT,
+    CallCgroup,
+    CgroupError,
+    CgroupTree,
+    Limits,
+)
 
 
 @pytest.fixture
@@ -73,6 +80,25 @@ def test_cgroup_entered_spawns_inside_and_returns(tree: CgroupTree) -> None:
     out = child.communicate()[0].decode()
     assert _cgroup_of(out).endswith("/" + Path(call.path).name)
     assert Path("/proc/self/cgroup").read_text() == before
+    call.discard()
+
+
+def test_cgroup_entered_a_cgroup_removed_from_outside_says_so(tree: CgroupTree) -> None:
+    """The call's cgroup removed from outside between its making and the spawn (a cleanup
+    that sweeps the daemon's folder: an emptied spare, a new one, can go at any moment):
+    stepping in failed with a bare OSError, and the call with "The external process
+    failed to start: No such device". It is a ``CgroupError`` naming the cgroup, the
+    daemon stays where it was, and nothing is spawned."""
+    before = Path("/proc/self/cgroup").read_text()
+    call = tree.create(Limits(), "set 't'")
+    assert tree.can_enter
+    Path(call.path).rmdir()
+    with pytest.raises(CgroupError) as caught, tree.entered(call):
+        pytest.fail("the block ran")  # pragma: no cover
+    assert call.path in str(caught.value)
+    assert "removed" in str(caught.value) or "cannot be entered" in str(caught.value)
+    assert Path("/proc/self/cgroup").read_text() == before
+    assert tree.can_enter
     call.discard()
 
 
