@@ -103,6 +103,29 @@ def test_cgroup_entered_a_cgroup_removed_from_outside_says_so(tree: CgroupTree) 
 
 
 @pytest.mark.anyio
+async def test_cgroup_a_call_cgroup_removed_once_emptied_is_not_populated(
+    tree: CgroupTree,
+) -> None:
+    """The tool has exited and a cleanup removed its emptied cgroup before the daemon read
+    it (the kernel removes only an empty cgroup). Its kept ``cgroup.events`` no longer
+    reads, and that was taken for "still populated": ``finish`` sent a kill to nobody and
+    waited out the whole drain bound (2 s) before answering the call, and a sandboxed
+    call's id stayed recorded. A cgroup that is gone holds no process."""
+    call = tree.create(Limits(), "set 't'")
+    with tree.entered(call):
+        child = subprocess.Popen(["/bin/true"])  # noqa: S603
+    assert child.wait(10) == 0
+    with anyio.fail_after(10):  # its exit leaves the cgroup empty
+        while Path(call.procs).read_text().strip():
+            await anyio.sleep(0.01)
+    Path(call.path).rmdir()
+    assert call.populated() is False
+    with anyio.fail_after(10):
+        await call.finish()
+    assert not os.path.exists(call.path)
+
+
+@pytest.mark.anyio
 async def test_cgroup_finish_kills_everything_and_removes_it(tree: CgroupTree) -> None:
     """finish: cgroup.kill reaches a setsid'd process, then the cgroup is read and removed."""
     call = tree.create(Limits(), "set 't'")
