@@ -80,6 +80,9 @@ CONNECT_TIMEOUT = 5.0
 #: ``_pump_socket``: the daemon closed the bound connection (main decides what it means).
 _DAEMON_CLOSED = -1
 _START_TIMEOUT = 15.0
+#: How long a pump whose daemon exited at start waits for the one that holds the path's
+#: lock to make its removed socket again (the daemon checks every 2 s).
+_HOLDER_WAIT = 3.0
 _EXIT_GRACE = 10.0
 #: The longest answer to ``mcp.bind`` read before the pump gives up: the real one is a
 #: few hundred bytes; a peer that never ends its line must not fill the memory.
@@ -357,6 +360,7 @@ def _start_daemon(path: str) -> socket.socket:
             cwd="/",  # hold no workspace open
         )
     deadline = time.monotonic() + _START_TIMEOUT
+    exited: float | None = None
     while time.monotonic() < deadline:
         sock = _connect(path)
         if sock is not None:
@@ -365,6 +369,12 @@ def _start_daemon(path: str) -> socket.socket:
             sock = _connect(path)  # another pump's daemon may have won the race
             if sock is not None:
                 return sock
+            exited = time.monotonic() if exited is None else exited
+            if time.monotonic() - exited < _HOLDER_WAIT and _lock_holder_alive(path):
+                # A running daemon holds the path (ours exited for that): a cleanup removed
+                # its socket, which it makes again within 2 s. Wait for that one.
+                time.sleep(0.01)
+                continue
             raise OSError(
                 f"toolsetd exited with code {daemon.returncode} while starting: "
                 f"{_last_line(log_path)} (log: {log_path})"
@@ -373,6 +383,29 @@ def _start_daemon(path: str) -> socket.socket:
     raise OSError(
         f"toolsetd did not answer on {path} within {_START_TIMEOUT:.0f} s (log: {log_path})"
     )
+
+
+def _lock_holder_alive(path: str) -> bool:
+    """Whether the pid in the socket's lock file (``<socket>.lock``) is a live process."""
+    try:
+        fd = os.open(f"{path}.lock", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        pid = int(os.pread(fd, 32, 0).decode("ascii").strip())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return False
+    finally:
+        os.close(fd)
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _last_line(log_path: str) -> str:

@@ -569,8 +569,14 @@ async def _serve(
         socket_path = options.socket or default_socket_path(os.environ)
         prepare_socket_dir(socket_path)
         lock = acquire_instance_lock(socket_path)
-        check_stale(socket_path)
-        sock = bind_unix_socket(socket_path)
+        try:
+            check_stale(socket_path)
+            sock = bind_unix_socket(socket_path)
+        except BaseException:
+            # Another daemon answers there (its lock file a cleanup removed), or the bind
+            # failed: this lock file is ours, and no daemon stopping would remove it.
+            lock.release()
+            raise
         owns_socket = True
     own = _OwnSocket(socket_path, lock, _socket_identity(socket_path) if owns_socket else None)
     try:

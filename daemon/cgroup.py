@@ -547,11 +547,18 @@ class CallCgroup:
         Asked only once the call's leader has exited (so a joining shell has joined or
         given up). From then on, once empty it stays empty (no process is left inside to
         fork, and only the daemon or the joining shell moves one in), so that answer is
-        kept and not read again.
+        kept and not read again. A cgroup removed from outside is empty (the kernel
+        removes no other).
         """
         if self.emptied:
             return False
-        busy = _field(self.files.read("cgroup.events"), "populated") != 0
+        events = self.files.read("cgroup.events")
+        if events is None and not os.path.exists(self.path):
+            # Removed from outside (a cleanup's sweep): the kernel removes only an empty
+            # cgroup, so nothing is left to kill or wait for.
+            self.emptied = True
+            return False
+        busy = _field(events, "populated") != 0
         self.emptied = not busy
         return busy
 
@@ -661,9 +668,19 @@ class CgroupTree:
         for cgroups without ``memory.max`` or ``pids.max``: the daemon's threads and pages
         would count against them. If the daemon cannot leave again, that cgroup is never
         killed (``kill`` falls back to the process group) and entering stops.
+
+        Raises:
+            CgroupError: The daemon cannot step in (the cgroup was removed from outside
+                since ``create``); the block does not run.
         """
         assert self._home is not None
-        call.files.write("cgroup.procs", "0")
+        try:
+            call.files.write("cgroup.procs", "0")
+        except OSError as exc:  # removed from outside since ``create`` (a cleanup's sweep)
+            raise CgroupError(
+                f"the call's cgroup {call.path} cannot be entered (removed from outside?): "
+                f"{exc.strerror}"
+            ) from exc
         try:
             yield
         finally:

@@ -83,7 +83,7 @@ from .call import (
     elapsed_ms,
     no_process_outcome,
 )
-from .cgroup import CallCgroup, CallUsage
+from .cgroup import CallCgroup, CallUsage, CgroupError
 from .confinement import (
     Confinement,
     ConfinementError,
@@ -474,6 +474,11 @@ class Runner:
                 self.threaded_spawns += 1
                 with anyio.CancelScope(shield=True):
                     proc = await threads.run_sync(spawn, limiter=self._spawners)
+        except CgroupError as exc:  # stepping into the call's cgroup failed: nothing ran
+            fds.close_all()
+            if cgroup is not None:
+                cgroup.discard()
+            return no_process_outcome(t0, f"toolsetd: {exc}. The call did not run.")
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             fds.close_all()
             if cgroup is not None:

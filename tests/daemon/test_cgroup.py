@@ -18,7 +18,14 @@ from pathlib import Path
 import anyio
 import pytest
 
-from toolsetd.daemon.cgroup import JOIN_ARGV, JOIN_FAILED_EXIT, CallCgroup, CgroupTree, Limits
+from toolsetd.daemon.cgroup import (
+    JOIN_ARGV,
+    JOIN_FAILED_EXIT,
+    CallCgroup,
+    CgroupError,
+    CgroupTree,
+    Limits,
+)
 
 
 @pytest.fixture
@@ -74,6 +81,48 @@ def test_cgroup_entered_spawns_inside_and_returns(tree: CgroupTree) -> None:
     assert _cgroup_of(out).endswith("/" + Path(call.path).name)
     assert Path("/proc/self/cgroup").read_text() == before
     call.discard()
+
+
+def test_cgroup_entered_a_cgroup_removed_from_outside_says_so(tree: CgroupTree) -> None:
+    """The call's cgroup removed from outside between its making and the spawn (a cleanup
+    that sweeps the daemon's folder: an emptied spare, a new one, can go at any moment):
+    stepping in failed with a bare OSError, and the call with "The external process
+    failed to start: No such device". It is a ``CgroupError`` naming the cgroup, the
+    daemon stays where it was, and nothing is spawned."""
+    before = Path("/proc/self/cgroup").read_text()
+    call = tree.create(Limits(), "set 't'")
+    assert tree.can_enter
+    Path(call.path).rmdir()
+    with pytest.raises(CgroupError) as caught, tree.entered(call):
+        pytest.fail("the block ran")  # pragma: no cover
+    assert call.path in str(caught.value)
+    assert "removed" in str(caught.value) or "cannot be entered" in str(caught.value)
+    assert Path("/proc/self/cgroup").read_text() == before
+    assert tree.can_enter
+    call.discard()
+
+
+@pytest.mark.anyio
+async def test_cgroup_a_call_cgroup_removed_once_emptied_is_not_populated(
+    tree: CgroupTree,
+) -> None:
+    """The tool has exited and a cleanup removed its emptied cgroup before the daemon read
+    it (the kernel removes only an empty cgroup). Its kept ``cgroup.events`` no longer
+    reads, and that was taken for "still populated": ``finish`` sent a kill to nobody and
+    waited out the whole drain bound (2 s) before answering the call, and a sandboxed
+    call's id stayed recorded. A cgroup that is gone holds no process."""
+    call = tree.create(Limits(), "set 't'")
+    with tree.entered(call):
+        child = subprocess.Popen(["/bin/true"])  # noqa: S603
+    assert child.wait(10) == 0
+    with anyio.fail_after(10):  # its exit leaves the cgroup empty
+        while Path(call.procs).read_text().strip():
+            await anyio.sleep(0.01)
+    Path(call.path).rmdir()
+    assert call.populated() is False
+    with anyio.fail_after(10):
+        await call.finish()
+    assert not os.path.exists(call.path)
 
 
 @pytest.mark.anyio

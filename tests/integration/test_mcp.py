@@ -1187,6 +1187,35 @@ async def test_mcp_two_hosts_and_a_native_client(
 # -- autostart -----------------------------------------------------------------------------
 
 
+def test_mcp_autostart_waits_for_the_daemon_that_holds_the_path(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A cleanup removed the socket of a running daemon, which makes it again within 2 s
+    (``socket_recreated``). A pump started in that window found no socket and started a
+    daemon, which exited (the running one holds the path's lock), and the pump said
+    "cannot start toolsetd" and exit 5: the host's MCP server failed while a daemon was
+    about to answer. It waits for that daemon's socket instead, and starts no second one."""
+    (home / "tools").mkdir(parents=True, exist_ok=True)
+    first = start_daemon(home, workspace, tmp_base, ["--no-watch"])
+    try:
+        first.socket.unlink()
+        pump = RawPump(
+            ["-m", "toolsetd.client", "--socket", str(first.socket),
+             "--workspace", str(workspace), "mcp"],
+            env={**os.environ, "CRYSTAL_HOME": str(home)},
+        )
+        try:
+            reply = pump.request(0, "initialize", INIT_PARAMS)
+            assert "result" in reply, reply
+        finally:
+            code = pump.close()
+        assert code == 0, pump.stderr()
+        with RawConn(first.socket) as conn:
+            assert conn.request("status")["result"]["pid"] == first.proc.pid
+    finally:
+        first.stop()
+
+
 def test_mcp_a_workspace_path_that_is_not_utf8_is_refused_before_anything(
     tmp_base: Path,
 ) -> None:

@@ -900,3 +900,31 @@ def test_a_daemon_whose_socket_folder_became_a_file_still_stops_cleanly(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_daemon_that_finds_the_path_served_leaves_no_lock_behind(
+    svc_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A cleanup removed the lock file alone (systemd-tmpfiles ages the regular files of
+    /tmp/toolsetd-<uid>, not the socket), so a second start took a lock of its own, found
+    the first daemon answering and exited, leaving its lock file behind: the first daemon,
+    stopping, leaves alone a lock file that is not its own, so the file stayed for good,
+    naming a pid that is gone. The second start removes it as it fails."""
+    first = start_daemon(svc_home, workspace, tmp_base, ["--no-watch"])
+    lock = Path(f"{first.socket}.lock")
+    try:
+        lock.unlink()
+        second = subprocess.run(  # noqa: S603
+            [*first.args, "--socket", str(first.socket)],
+            capture_output=True, text=True, timeout=60, check=False,
+        )
+        assert second.returncode != 0
+        assert "already running" in second.stderr, second.stderr
+        assert not lock.exists()
+        with RawConn(first.socket) as conn:
+            assert "result" in conn.request("status")
+        assert first.stop() == 0
+        assert not lock.exists()
+        assert not first.socket.exists()
+    finally:
+        first.stop()
