@@ -156,6 +156,8 @@ _PERIOD_USEC = 100_000
 #: The largest ``memory-max`` taken (8388607T, under 2^63 bytes: ``memory.max`` is parsed
 #: into 64 bits, and a larger number wraps or is refused at every call).
 _MEMORY_MAX_MOST = 8388607 << 40
+#: How many times ``_remake`` makes the folder again when it goes while being set up.
+_REMAKE_TRIES = 3
 #: The kernel's ``PID_MAX_LIMIT``: ``pids.max`` refuses more (EINVAL at every call).
 _PIDS_MAX_MOST = 4194304
 
@@ -635,6 +637,8 @@ class CgroupTree:
     def __init__(self, folder: Path, controllers: frozenset[str], home: Path | None = None) -> None:
         self.folder = folder
         self.controllers = controllers
+        #: The controllers the probe enabled: a remake tries each again (``_remake``).
+        self._probed = controllers
         self._home: _Files | None = None
         if home is not None:
             files = _Files(str(home))
@@ -864,7 +868,10 @@ class CgroupTree:
         (``cgroup = "<path>"``) that went too is made again, as ``probe`` made it (the
         daemon's own cgroup, the other base, holds the daemon: it cannot go). A controller
         that cannot be enabled again is dropped, so a set whose limits need it fails
-        closed, saying so.
+        closed, saying so. A folder removed again while it is set up (a sweep that runs
+        on) is made again, a few times: its controllers' writes failed with it, and are
+        not taken for ones the kernel refuses. Each remake tries every controller the
+        probe enabled.
 
         Raises:
             OSError: The folder cannot be made.
@@ -872,13 +879,16 @@ class CgroupTree:
         for _, _, files in self._spares:
             files.close()
         self._spares.clear()
-        self.folder.parent.mkdir(exist_ok=True)
-        self.folder.mkdir(exist_ok=True)
-        enabled = []
-        for name in sorted(self.controllers):
-            with contextlib.suppress(OSError):
-                _write(str(self.folder / "cgroup.subtree_control"), f"+{name}")
-                enabled.append(name)
+        for _ in range(_REMAKE_TRIES):
+            self.folder.parent.mkdir(exist_ok=True)
+            self.folder.mkdir(exist_ok=True)
+            enabled = []
+            for name in sorted(self._probed):
+                with contextlib.suppress(OSError):
+                    _write(str(self.folder / "cgroup.subtree_control"), f"+{name}")
+                    enabled.append(name)
+            if os.path.isdir(self.folder):  # not removed again while it was being set up
+                break
         self.controllers = frozenset(enabled)
         log.warning("cgroup_folder_remade", folder=str(self.folder), controllers=enabled)
 
