@@ -262,8 +262,11 @@ class Server:
 def bind_unix_socket(path: os.PathLike[str] | str, backlog: int = 1024) -> socket.socket:
     """Create a listening Unix socket at ``path`` with mode 0600.
 
-    The umask is tightened around ``bind`` so the socket is never reachable by others,
-    not even for the moment before the chmod. The path appears only once the socket
+    The socket is chmod'ed to 0600 before it listens, so no one else ever connects: a
+    socket bound but not listening refuses every connect. (The umask is not tightened
+    around ``bind``: it is the process's, and a tool spawned in a worker thread meanwhile
+    would inherit it, since the socket is made again while the daemon serves.) The path
+    appears only once the socket
     listens: it is bound under a temporary name in the same folder
     (``.<random>.sock``), listens, and is then
     linked to ``path`` (``link`` fails rather than replace whatever took the path since
@@ -299,10 +302,9 @@ def bind_unix_socket(path: os.PathLike[str] | str, backlog: int = 1024) -> socke
 
 
 def _listening(at: str, named: str, backlog: int) -> socket.socket:
-    """A Unix socket bound at ``at`` (mode 0600 from the start) and listening; an error
-    names ``named``, the path the operator gave."""
+    """A Unix socket bound at ``at``, made 0600, then listening; an error names ``named``,
+    the path the operator gave."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
     try:
         sock.bind(at)
     except OSError as exc:
@@ -311,8 +313,6 @@ def _listening(at: str, named: str, backlog: int) -> socket.socket:
     except BaseException:
         sock.close()
         raise
-    finally:
-        os.umask(old_umask)
     try:
         os.chmod(at, 0o600)
         sock.listen(backlog)

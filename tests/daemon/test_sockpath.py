@@ -314,3 +314,35 @@ def test_a_socket_path_too_long_for_a_temporary_name_is_bound_directly(short_dir
     finally:
         listener.close()
     assert os.listdir(folder) == ["s"]
+
+
+def test_binding_leaves_the_process_umask_alone(short_dir: Path) -> None:
+    """The umask is the process's, and a tool spawned in a worker thread inherits it. Since
+    the daemon makes its socket again while it serves (``_keep_socket``), a bind that
+    tightened the umask to 0177 around ``bind`` could hand a tool spawned at that moment
+    0177 (its folders made 0600, not searchable). A thread reads the umask from
+    ``/proc/self/status`` (reading it with ``os.umask`` would set it) while sockets are
+    bound; the socket is still 0600 and refused until it listens (the chmod comes first)."""
+    from toolsetd.daemon.server import bind_unix_socket
+
+    seen: set[str] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            with open("/proc/self/status") as f:
+                seen.add(next(line for line in f if line.startswith("Umask:")).split()[1])
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        for k in range(300):
+            path = short_dir / f"u{k}.sock"
+            bind_unix_socket(path).close()
+            assert stat.S_IMODE(path.lstat().st_mode) == 0o600
+            path.unlink()
+            os.sched_yield()
+    finally:
+        done.set()
+        watcher.join()
+    assert "0177" not in seen, seen
