@@ -410,8 +410,10 @@ async def run_daemon(
         task_status: Receives the socket path once calls are accepted.
         process_exit: The process ends when this returns (``main``): the signals the
             daemon handles are ignored from the end of the run on
-            (``_ignore_to_the_exit``), never at their default actions. Not for a daemon
-            run inside another program (a test), which keeps its own signals.
+            (``_ignore_to_the_exit``), never at their default actions, and the signals
+            it was started ignoring are set back to their defaults first
+            (``_restore_ignored_signals``). Not for a daemon run inside another program
+            (a test), which keeps its own signals.
 
     Raises:
         SocketPathError: The socket cannot be served (a live daemon holds it, or its
@@ -427,7 +429,9 @@ async def run_daemon(
         unblocked = _unblock_signals()  # after the handlers: a pending SIGTERM stops us
         if unblocked:
             log.info("signals_unblocked", signals=unblocked)
-        restored = _restore_ignored_signals()
+        # Only for a process of its own: inside another program the ignored signals are
+        # that program's to keep (as in ``_ignore_to_the_exit``).
+        restored = _restore_ignored_signals() if process_exit else []
         if restored:
             log.info("signals_restored", signals=restored)
         try:

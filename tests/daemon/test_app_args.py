@@ -119,3 +119,40 @@ def test_print_config_is_utf8_in_any_locale(tmp_path, locale_env: dict[str, str]
     )
     assert r.returncode == 0, r.stderr
     assert tomllib.loads(r.stdout.decode("utf-8"))["home"] == "/srv/Zoë ✓"
+
+
+_EMBEDDED = """
+import signal, sys, tempfile
+from pathlib import Path
+import anyio
+from toolsetd.daemon.app import DaemonOptions, run_daemon
+
+signal.signal(signal.SIGALRM, signal.SIG_IGN)
+base = Path(tempfile.mkdtemp(prefix="emb-"))
+(base / "home" / "tools").mkdir(parents=True)
+
+async def main():
+    options = DaemonOptions(home=base / "home", socket=base / "s.sock", orphan_guard=False,
+                            watch=False)
+    async with anyio.create_task_group() as tg:
+        await tg.start(run_daemon, options)
+        tg.cancel_scope.cancel()
+
+anyio.run(main)
+print("kept" if signal.getsignal(signal.SIGALRM) is signal.SIG_IGN else "changed")
+"""
+
+
+def test_an_embedded_daemon_leaves_its_host_programs_ignored_signals_alone() -> None:
+    """``run_daemon`` inside another program (``process_exit=False``) keeps that program's
+    signals: only a daemon that is its own process (``main``) sets the signals it was
+    started ignoring back to their defaults. Run in a child, so the test's own process
+    is not touched."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", _EMBEDDED], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[-1:] == ["kept"], done.stdout + done.stderr
