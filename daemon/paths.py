@@ -77,6 +77,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from toolsetd.protocol.modes import NET_WHITESPACE
+
 from .exhaustion import out_of_resources
 from .model import ToolDef
 
@@ -189,15 +191,6 @@ class Scope(enum.StrEnum):
     WORKSPACE = "workspace"
     OUTSIDE = "outsideWorkspace"
     FORBIDDEN = "forbidden"
-
-
-#: The characters .NET's ``char.IsWhiteSpace`` (and so ``string.Trim()`` and
-#: ``string.IsNullOrWhiteSpace``) counts as white space: the Unicode White_Space set.
-#: Python's ``str.strip()`` also strips U+001C..U+001F, which .NET keeps.
-NET_WHITESPACE = (
-    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
-    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
-)
 
 
 def trim_path(raw: str) -> str:

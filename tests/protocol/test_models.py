@@ -248,3 +248,18 @@ def test_models_parse_mode_rejects_non_strings(value: object) -> None:
     """A non-string mode is a ValueError listing the valid names, not a TypeError."""
     with pytest.raises(ValueError, match="invalid mode"):
         parse_mode(value)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["full\x1c", "\x1dyolo", "audit\x1e", "\x1fdefault\x1f"])
+def test_models_parse_mode_trims_only_net_white_space(name: str) -> None:
+    """Mode names are trimmed as the reference host trims them (.NET ``Trim()``), not as
+    Python's ``strip()`` does: U+001C..U+001F are not white space there, so ``"full\\x1c"``
+    is not a mode (Python's ``strip`` made it ``full``)."""
+    with pytest.raises(ValueError, match="invalid mode"):
+        parse_mode(name)
+
+
+@pytest.mark.parametrize("name", ["\u3000full\u2028", "\x85audit\xa0", "\u205fyolo\t"])
+def test_models_parse_mode_trims_net_white_space(name: str) -> None:
+    """The .NET white space around a mode name (Unicode spaces and separators included) goes."""
+    assert parse_mode(name) in (Mode.FULL, Mode.AUDIT)
