@@ -32,7 +32,9 @@ Resolution (``resolve_path``) follows the kernel, not a lexical normaliser:
    a path longer than ``PATH_MAX`` or a component longer than ``NAME_MAX``, more
    than 40 links (loops included), link targets that add more than
    ``MAX_LINK_COMPONENTS`` components to the walk, an unreadable directory on the way,
-   text that is not valid UTF-8.
+   text that is not valid UTF-8, a ``/proc/<pid>`` of no process now (the tool started
+   for the call may be that process: its ``/proc/<pid>/cwd`` is the workspace, and a
+   name kept as written there would reach the child unjudged).
 
 The module only reads the filesystem (``os.lstat``, ``os.readlink``, and ``O_PATH``
 opens for ``existing_directory``, the workspace check); it never writes. No resolution is
@@ -166,9 +168,10 @@ class PathError(Exception):
 
 class OwnProcessLinkError(PathError):
     """A path that leads through ``/proc/self`` or ``/proc/thread-self`` (``/dev/fd`` and
-    ``/dev/stdin`` lead there too), resolved for a tool that follows it itself: there those
-    links are the tool's own process (working in the workspace), not the daemon's, so the
-    daemon's walk cannot say where the path leads for the tool."""
+    ``/dev/stdin`` lead there too), or through a ``/proc/<pid>`` of no process now, resolved
+    for a tool that follows it itself: there those are the tool's own process (working in
+    the workspace), not the daemon's, so the daemon's walk cannot say where the path leads
+    for the tool."""
 
 
 class ArgumentsError(Exception):
@@ -285,6 +288,15 @@ def _names_own_process(name: str, target: str) -> bool:
     return name == "thread-self" and pid.isdigit() and tid.isdigit()
 
 
+def _is_procfs(folder: str) -> bool:
+    """Whether ``folder`` (canonical, "" for ``/``) is the root of a procfs: its ``self`` is
+    the link to a process, told by its shape (``_names_own_process``)."""
+    try:
+        return _names_own_process("self", os.readlink(f"{folder}/self"))
+    except OSError:
+        return False
+
+
 def _canonicalize(path: str, followed_by_tool: bool = False) -> str:
     """Resolve an absolute path component by component, following links as the kernel does.
 
@@ -322,6 +334,15 @@ def _canonicalize(path: str, followed_by_tool: bool = False) -> str:
             mode = os.lstat(candidate).st_mode
         except OSError as exc:
             if exc.errno in _MISSING_ERRNOS:
+                if name.isdigit() and _is_procfs(resolved):
+                    # /proc/<pid> of no process now: the tool started for the call may be
+                    # that process, and /proc/<pid>/cwd then its workspace. Kept as written,
+                    # the child would follow a path nobody judged.
+                    error = OwnProcessLinkError if followed_by_tool else PathError
+                    raise error(
+                        "it leads through /proc/<pid> of a process that is not there, which "
+                        "may be the tool's own process when it runs"
+                    ) from None
                 resolved = candidate
                 continue
             raise PathError(f"it cannot be looked up ({os.strerror(exc.errno or 0)})") from None

@@ -483,6 +483,40 @@ def test_classify_container_strings_through_proc_self_are_forbidden(
     assert direct.arguments == {"path": f"/proc/{os.getpid()}/status"}
 
 
+def _free_pid() -> int:
+    """A process id no process has now (the highest free one below ``pid_max``)."""
+    pid = int(Path("/proc/sys/kernel/pid_max").read_text()) - 1
+    while Path(f"/proc/{pid}").exists():
+        pid -= 1
+    return pid
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_symlink(), reason="needs procfs at /proc")
+def test_classify_paths_through_a_process_not_there_are_not_judged_as_missing(
+    ws: Path, home: Path
+) -> None:
+    """/proc/<pid> of no process now is no missing name to keep as written: the tool started
+    for the call may be that process (pids are handed out in order, and the model can learn
+    a recent one), and then /proc/<pid>/cwd is its workspace: /proc/<pid>/cwd/key reaches the
+    workspace's link to ~/.ssh, judged outside the workspace (a reviewer's allow passed it).
+    A string argument such a path is refused (fail closed, as for any path that cannot be
+    resolved); inside an array or object, which the tool follows itself, it is forbidden,
+    as /proc/self is."""
+    (ws / "key").symlink_to(home / ".ssh" / "id_rsa")
+    where = f"/proc/{_free_pid()}/cwd/key"
+    direct = run(loaded("path"), {"path": where}, ws, home, Mode.REVIEW)
+    assert direct.paths[0].resolved is None
+    assert direct.scope == Scope.OUTSIDE
+    assert direct.arguments_error == "Path is not valid."
+    nested = run(loaded("path"), {"path": [where]}, ws, home, Mode.REVIEW, headless=True)
+    assert nested.scope == Scope.FORBIDDEN
+    assert nested.decision == Decision.DENY
+    # A process that is there is resolved, in the daemon's view, and the child gets that.
+    mine = run(loaded("path"), {"path": f"/proc/{os.getpid()}/status"}, ws, home, Mode.REVIEW)
+    assert mine.arguments == {"path": f"/proc/{os.getpid()}/status"}
+    assert mine.arguments_error is None
+
+
 @pytest.mark.parametrize("value", [["~/id_rsa"], [" key"], {"p": ["key\n"]}, [" "]])
 def test_classify_container_strings_are_judged_as_written_too(
     ws: Path, home: Path, value: Any
