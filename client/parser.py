@@ -85,8 +85,11 @@ def _path(value: str) -> str:
 
 
 def _source(value: str) -> str:
-    """``--source``: trimmed and any case, as the reference host's console reads it."""
-    word = value.strip().lower()
+    """``--source``: trimmed and any case, as the reference host's console reads it (its
+    ``Trim()``'s white space, which keeps U+001C..U+001F)."""
+    from toolsetd.protocol.modes import NET_WHITESPACE
+
+    word = value.strip(NET_WHITESPACE).lower()
     if word not in ("home", "project"):
         raise argparse.ArgumentTypeError("Source must be home or project.")
     return word

@@ -463,9 +463,10 @@ def test_source_is_trimmed_and_any_case_as_the_reference_reads_it(env: Env) -> N
     assert proc.stdout.splitlines()[-1] == "Tool set acme enabled."
     proc = env.run("show", "acme", "--source", "Home", "--format", "text")
     assert proc.returncode == 0, proc.stderr
-    proc = env.run("disable", "acme", "--source", "both")
-    assert proc.returncode == 2
-    assert "Source must be home or project." in proc.stderr, proc.stderr
+    for bad in ("both", "home\x1c"):  # .NET's Trim() keeps U+001C..U+001F; strip() did not
+        proc = env.run("disable", "acme", "--source", bad)
+        assert proc.returncode == 2
+        assert "Source must be home or project." in proc.stderr, proc.stderr
 
 
 def test_enable_broken_manifest_left_alone_exits_2(env: Env) -> None:
