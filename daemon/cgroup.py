@@ -373,13 +373,37 @@ def _own_path() -> str | None:
     return next((line[3:] for line in text.split("\n") if line.startswith("0::")), None)
 
 
-def _own_cgroup(mounts: list[str]) -> Path | None:
-    """The daemon's own cgroup folder (where it returns after a spawn), if it can be found."""
+def _own_folders() -> list[tuple[Path, bool]]:
+    """Where the cgroup v2 mounts show the daemon's own cgroup: each folder, and whether it
+    is the mount point itself (the root of what that mount shows).
+
+    ``/proc/self/cgroup`` names the cgroup from the root of the daemon's cgroup namespace,
+    and a mount shows the cgroup its ``mountinfo`` root names (``/..`` where it lies above
+    that namespace's root): the folder is the mount point and the rest of the path below
+    that root. Joined to any mount point, a daemon outside its namespace's root
+    (``0::/..``, as ``nsenter --cgroup`` leaves one) named a folder above the mount
+    (``/sys/fs/cgroup``), and one in a namespace whose root is not the mount's (a
+    container's, with the host's mount) a cgroup that is not its own: at ``0::/``, the
+    hierarchy's root, where the calls' tree was made and where the daemon "went back"
+    after a spawn, leaving its own cgroup and its limits.
+    """
     relative = _own_path()
-    if relative is None:
-        return None
-    for mount in mounts:
-        folder = Path(mount + relative.rstrip("/")) if relative != "/" else Path(mount)
+    if relative is None or ".." in relative.split("/"):
+        return []
+    found = []
+    for _, root, point, _, kind in parse_mountinfo(_read("/proc/self/mountinfo") or ""):
+        if kind != "cgroup2" or ".." in root.split("/"):
+            continue
+        top, path = root.rstrip("/") + "/", relative.rstrip("/") + "/"
+        if path.startswith(top):  # at or below this mount's root
+            rest = path[len(top) :].strip("/")
+            found.append((Path(point, rest) if rest else Path(point), not rest))
+    return found
+
+
+def _own_cgroup() -> Path | None:
+    """The daemon's own cgroup folder (where it returns after a spawn), if it can be found."""
+    for folder, _ in _own_folders():
         if (folder / "cgroup.procs").exists() and os.access(folder / "cgroup.procs", os.W_OK):
             return folder
     return None
@@ -389,27 +413,13 @@ def daemon_cgroup() -> str | None:
     """The daemon's own cgroup v2 folder, where calls without a cgroup of their own run.
 
     None at the root of the hierarchy (it has no limits to read, and showing it would show
-    every cgroup) or where no cgroup v2 mount shows it. ``/proc/self/cgroup`` names it from
-    the root of the daemon's cgroup namespace, and a mount shows the cgroup its
-    ``mountinfo`` root names (``/..`` where it lies above that namespace's root): the
-    folder is the mount point and the rest of the path below that root. Joined to any
-    mount point, a daemon outside its namespace's root (``0::/..``, as ``nsenter --cgroup``
-    leaves one) named a folder above the mount (``/sys/fs/cgroup``), which sandboxed calls
-    were shown again with every cgroup in it, and one in a namespace whose root is not the
-    mount's an unrelated cgroup.
+    every cgroup) or where no cgroup v2 mount shows it (``_own_folders``): a daemon outside
+    its namespace's root, joined to a mount, named a folder above it, which sandboxed
+    calls were shown again with every cgroup in it.
     """
-    relative = _own_path()
-    if relative is None or ".." in relative.split("/"):
-        return None
-    for _, root, point, _, kind in parse_mountinfo(_read("/proc/self/mountinfo") or ""):
-        if kind != "cgroup2" or ".." in root.split("/"):
-            continue
-        top = root.rstrip("/") + "/"
-        if not relative.startswith(top) or not relative[len(top) :].strip("/"):
-            continue  # not below this mount's root, or at the root of what it shows
-        folder = os.path.join(point, relative[len(top) :].strip("/"))
-        if os.path.isdir(folder):
-            return folder
+    for folder, at_root in _own_folders():
+        if not at_root and folder.is_dir():
+            return str(folder)
     return None
 
 
@@ -711,7 +721,7 @@ class CgroupTree:
             return None, "no cgroup v2 hierarchy is mounted (/proc/self/mountinfo has no cgroup2)"
         try:
             if setting == "auto":
-                base = cls._own_base(mounts)
+                base = cls._own_base()
             else:
                 # Judged by the path it names: ``..`` may lead off the mount its text is on.
                 base = Path(os.path.normpath(setting))
@@ -728,14 +738,17 @@ class CgroupTree:
             return None, f"the cgroup subtree cannot be written: {exc.strerror} ({exc.filename})"
 
     @staticmethod
-    def _own_base(mounts: list[str]) -> Path:
+    def _own_base() -> Path:
         relative = _own_path()
         if relative is None:
             raise CgroupError("the daemon is in no cgroup v2 (/proc/self/cgroup has no 0:: line)")
-        mount = next((m for m in mounts if os.path.exists(os.path.join(m, "cgroup.procs"))), None)
-        if mount is None:
-            raise CgroupError("no cgroup v2 mount is readable")
-        own = Path(mount + relative.rstrip("/")) if relative != "/" else Path(mount)
+        own = next((f for f, _ in _own_folders() if (f / "cgroup.procs").exists()), None)
+        if own is None:
+            raise CgroupError(
+                f"no cgroup v2 mount shows the daemon's cgroup ({relative} in its cgroup "
+                "namespace, which a mount made outside the namespace does not name): mount "
+                'cgroup2 inside it, or name a writable subtree with cgroup = "<path>"'
+            )
         if relative == "/":
             if not os.access(own, os.W_OK):
                 raise CgroupError(f"the cgroup v2 root {own} is not writable by the daemon")
@@ -794,7 +807,7 @@ class CgroupTree:
                 except OSError:
                     continue
                 enabled.append(name)
-        own = _own_cgroup(cgroup2_mounts())
+        own = _own_cgroup()
         return cls(folder, frozenset(enabled), own)
 
     def describe(self) -> str:

@@ -1066,12 +1066,16 @@ def _request(event: h11.Request, body: bytes) -> HttpRequest:
         # serve the endpoint for a target that is not /mcp, judged by its Host only.
         path, _, query = target.partition("?")
     else:
-        parts = urlsplit(target)
-        path, query = parts.path, parts.query
-        if parts.scheme.lower() not in ("http", "https"):
+        try:
+            parts = urlsplit(target)
+        except ValueError:  # an authority it cannot read (``http://[::1/mcp``)
+            parts = None
+        path, query = (parts.path, parts.query) if parts is not None else (target, "")
+        if parts is None or parts.scheme.lower() not in ("http", "https"):
             # The absolute form names an http(s) URI (RFC 9112 3.2.2); another scheme
-            # (``ftp://host/mcp``), or the authority form of a CONNECT, names no resource
-            # of this server: the whole target is the path, which no handler serves.
+            # (``ftp://host/mcp``), the authority form of a CONNECT, or an authority that
+            # cannot be read names no resource of this server: the whole target is the
+            # path, which no handler serves.
             path, query = target, ""
     return HttpRequest(
         method=event.method.decode("ascii", errors="replace"),

@@ -651,7 +651,10 @@ def _target_parts(target: bytes) -> tuple[bytes, str | None]:
     if sep and scheme.lower() in (b"http", b"https"):
         from urllib.parse import urlsplit  # only for this rare form
 
-        parts = urlsplit(target.decode("latin-1"))
+        try:
+            parts = urlsplit(target.decode("latin-1"))
+        except ValueError:  # an authority it cannot read (``http://[::1/metrics``)
+            return target, None  # no /metrics: 404, as a target of another scheme
         return parts.path.encode("latin-1"), parts.netloc
     return target.split(b"?", 1)[0], None
 

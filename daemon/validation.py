@@ -31,6 +31,7 @@ import itertools
 import json
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -966,15 +967,22 @@ class ArgumentValidators:
         if size is None:
             size = len(json_dumps(arguments))
         limit = time_limit_for(self._time_limit, size)
+        started = time.monotonic()
         try:
             run_limited(limit, check)
         except TimeLimitExceeded:
             found.add(("", stopped_message(limit, self._time_limit, schema)))
         except RecursionError:
-            if not nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH) and (
-                not nesting_exceeds(arguments, _SHALLOW)
-                or _loops(validator, _cut(arguments, _SHALLOW), limit)
-            ):
+            try:
+                # The probe is part of the check: it has what is left of the limit (with
+                # a whole one of its own, a check ran up to twice its limit).
+                loops = not nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH) and (
+                    not nesting_exceeds(arguments, _SHALLOW)
+                    or _loops(validator, _cut(arguments, _SHALLOW), limit, started)
+                )
+            except TimeLimitExceeded:
+                return [{"path": "", "message": stopped_message(limit, self._time_limit, schema)}]
+            if loops:
                 # Shallow arguments, or the same ones cut to a shallow depth, exhaust it:
                 # the schema does, before it checks anything below.
                 return [{"path": "", "message": _SCHEMA_LOOP}]
@@ -1027,23 +1035,32 @@ def _cut(value: Any, depth: int) -> Any:
     return [_cut(v, depth - 1) for v in value]
 
 
-def _loops(validator: Any, probe: Any, limit: float) -> bool:
+def _loops(validator: Any, probe: Any, limit: float, started: float) -> bool:
     """Whether checking ``probe`` (shallow arguments) still exhausts the recursion, within
-    ``limit`` seconds.
+    what is left of the check's ``limit`` seconds, which began at ``started``
+    (``time.monotonic``).
 
     Arguments that exhaust it may do so by their depth alone, as a schema that recurses
     through them lets them: only when shallow ones do too is the schema the cause.
+
+    Raises:
+        TimeLimitExceeded: The check's time ran out before the probe ended.
     """
 
     def check() -> None:
         for _ in validator.iter_errors(probe):
             pass
 
+    left = limit - (time.monotonic() - started) if limit > 0 else 0.0  # 0: no limit
+    if limit > 0 and left <= 0:
+        raise TimeLimitExceeded
     try:
-        run_limited(limit, check)
+        run_limited(left, check)
     except RecursionError:
         return True
-    except (TimeLimitExceeded, Exception):  # any other end: the schema does not loop
+    except TimeLimitExceeded:
+        raise
+    except Exception:  # any other end: the schema does not loop
         return False
     return False
 

@@ -189,9 +189,14 @@ async def test_metrics_listener_answers_only_a_loopback_host(
         b"GET http://127.0.0.1 HTTP/1.1\r\n\r\n",
         b"GET //127.0.0.1/metrics HTTP/1.1\r\n\r\n",  # origin-form: the path is //127.0.0.1/...
         b"GET ftp://127.0.0.1/metrics HTTP/1.1\r\n\r\n",
+        # An authority that cannot be read (an IPv6 literal never closed): urlsplit
+        # raised, and each such request was a traceback in the log
+        # (``metrics_request_failed``, at error level) and a connection closed unanswered.
+        b"GET http://[::1/metrics HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n\r\n",
     ],
 )
 async def test_metrics_listener_serves_no_other_target(request_head: bytes) -> None:
-    """Only the path /metrics is served, whatever form names it."""
+    """Only the path /metrics is served, whatever form names it: an absolute-form target
+    whose authority cannot be read names no resource here."""
     answer = await _scrape_raw(request_head)
     assert answer.startswith(b"HTTP/1.1 404 Not Found\r\n"), answer[:200]

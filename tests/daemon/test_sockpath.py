@@ -316,33 +316,41 @@ def test_a_socket_path_too_long_for_a_temporary_name_is_bound_directly(short_dir
     assert os.listdir(folder) == ["s"]
 
 
+_UMASK_AT_BIND = """
+import os, stat, sys
+from toolsetd.daemon.server import bind_unix_socket
+
+os.umask(0o022)
+seen = []
+
+def hook(event, args):
+    # At the bind itself (the audit event comes just before the system call), the umask
+    # the socket file is made under, read without setting it.
+    if event == "socket.bind":
+        with open("/proc/self/status") as f:
+            seen.append(next(line for line in f if line.startswith("Umask:")).split()[1])
+
+sys.addaudithook(hook)
+path = os.path.join(sys.argv[1], "u.sock")
+bind_unix_socket(path).close()
+print(" ".join(seen), oct(stat.S_IMODE(os.lstat(path).st_mode)))
+"""
+
+
 def test_binding_leaves_the_process_umask_alone(short_dir: Path) -> None:
     """The umask is the process's, and a tool spawned in a worker thread inherits it. Since
     the daemon makes its socket again while it serves (``_keep_socket``), a bind that
     tightened the umask to 0177 around ``bind`` could hand a tool spawned at that moment
-    0177 (its folders made 0600, not searchable). A thread reads the umask from
-    ``/proc/self/status`` (reading it with ``os.umask`` would set it) while sockets are
-    bound; the socket is still 0600 and refused until it listens (the chmod comes first)."""
-    from toolsetd.daemon.server import bind_unix_socket
+    0177 (its folders made 0600, not searchable). The umask at each ``bind`` is read in an
+    audit hook (in a child: a hook cannot be removed), so the test does not depend on a
+    thread catching the moment; the socket is still 0600."""
+    import subprocess
 
-    seen: set[str] = set()
-    done = threading.Event()
-
-    def watch() -> None:
-        while not done.is_set():
-            with open("/proc/self/status") as f:
-                seen.add(next(line for line in f if line.startswith("Umask:")).split()[1])
-
-    watcher = threading.Thread(target=watch)
-    watcher.start()
-    try:
-        for k in range(300):
-            path = short_dir / f"u{k}.sock"
-            bind_unix_socket(path).close()
-            assert stat.S_IMODE(path.lstat().st_mode) == 0o600
-            path.unlink()
-            os.sched_yield()
-    finally:
-        done.set()
-        watcher.join()
-    assert "0177" not in seen, seen
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", _UMASK_AT_BIND, str(short_dir)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    *umasks, mode = done.stdout.split()
+    assert umasks and set(umasks) == {"0022"}, done.stdout
+    assert mode == "0o600", done.stdout

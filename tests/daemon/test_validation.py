@@ -517,6 +517,32 @@ def test_argument_validators_a_recursive_schema_is_not_blamed_for_deep_arguments
     assert errors == [{"path": "", "message": "the arguments are nested too deeply to validate"}]
 
 
+@pytest.mark.usefixtures("own_sigalrm")  # the check here is limited as in the daemon
+def test_argument_validators_the_schema_loop_probe_runs_within_the_checks_time_limit() -> None:
+    """The probe that decides whom a RecursionError blames (the same arguments cut to 16
+    levels, checked again) is part of the check and has only what is left of its time
+    limit. Given a whole limit of its own, a check ran up to twice its limit, on the loop
+    (holding every other client) or in the check process (killed past its limit and
+    ``_GRACE``); a probe that runs out of the check's time says the check was stopped.
+
+    Here the deep arguments exhaust the recursion before any ``pattern`` is checked (the
+    pattern's member comes after the one the schema recurses through), and the cut ones
+    reach the patterns, which backtrack far past the limit."""
+    node: Any = {
+        "type": "object",
+        "properties": {"c": {"$ref": "#"}, "t": {"type": "string", "pattern": "^(a+)+$"}},
+    }
+    for _ in range(6):
+        node = {"allOf": [node]}
+    deep: Any = {}
+    for level in range(63):
+        deep = {"c": deep, "t": "a" * 40 + "!"} if level >= 48 else {"c": deep}
+    validators = ArgumentValidators(time_limit=0.5)
+    errors = validators.errors(loaded(node), deep)
+    assert len(errors) == 1 and errors[0]["path"] == "", errors
+    assert "was stopped after" in errors[0]["message"], errors
+
+
 def test_argument_validators_arguments_too_deep_for_the_check_are_still_named() -> None:
     """Arguments deeper than the wire allows (a direct caller) that exhaust the check
     still get the arguments' message."""

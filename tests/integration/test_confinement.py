@@ -977,6 +977,62 @@ def test_confinement_a_daemon_outside_its_cgroup_namespace_shows_no_cgroup_mount
             eventually(lambda f=folder: _removed(f), what=f"{folder} removed")
 
 
+#: Runs the daemon in a cgroup namespace whose root is its cgroup (``argv[1]``), as a
+#: container with a cgroup namespace of its own and the host's cgroup mount has it.
+_IN_NAMESPACE = (
+    "import ctypes, os, sys\n"
+    "entry = sys.argv[1]\n"
+    "open(os.path.join(entry, 'cgroup.procs'), 'w').write('0')\n"
+    "if ctypes.CDLL(None, use_errno=True).unshare(0x02000000) != 0:  # CLONE_NEWCGROUP\n"
+    "    sys.exit(f'unshare: {os.strerror(ctypes.get_errno())}')\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'toolsetd.daemon', *sys.argv[2:]])\n"
+)
+
+
+def test_confinement_a_daemon_in_a_cgroup_namespace_stays_in_its_cgroup() -> None:
+    """A daemon whose cgroup is the root of its cgroup namespace reads it as ``0::/``,
+    and a mount made outside the namespace shows the hierarchy's root (``/..`` in its
+    ``mountinfo`` root). Joined to that mount, ``/`` named the hierarchy's root: the
+    daemon made its calls' tree there, outside its own cgroup (and its limits), and after
+    its first call's spawn "went back" to the root cgroup, leaving its own for good. Its
+    folder is where a mount shows its cgroup (as ``daemon_cgroup`` has it): this mount
+    shows it under a name the daemon cannot know, so it has no cgroup tree (and says
+    why), and stays where it is."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root for a cgroup namespace")
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+              if line.split()[2] == "cgroup2"]
+    if not mounts:
+        pytest.skip("no cgroup v2 mount")
+    own = [x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::")]
+    if own != ["0::/"]:
+        pytest.skip("the test makes the daemon's cgroup below the root cgroup")
+    entry = Path(mounts[0]) / f"tsc-in-{uuid.uuid4().hex[:8]}"
+    try:
+        entry.mkdir()
+    except OSError as exc:
+        pytest.skip(f"cannot make a cgroup on {mounts[0]}: {exc.strerror}")
+    t = _make_tree(launcher=[sys.executable, "-c", _IN_NAMESPACE, str(entry)])
+    pid = t.daemon.proc.pid
+    try:
+        cgroup = t.status()["cgroup"]
+        assert cgroup["mode"] != "cgroup", cgroup
+        assert "no cgroup v2 mount shows the daemon's cgroup" in cgroup["reason"], cgroup
+        done = t.probe({"action": "read", "target": "/proc/self/cgroup"}, project=False)
+        assert "content" in done, done
+        lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        assert [x for x in lines if x.startswith("0::")] == [f"0::/{entry.name}"], lines
+    finally:
+        t.daemon.stop(signal.SIGTERM)
+        _close(t)
+        for root, dirs, _ in os.walk(Path(mounts[0]), topdown=False):
+            for name in dirs:  # the tree the daemon left, wherever it made it
+                if name == f"toolsetd-{pid}" or root.startswith(str(entry)):
+                    with contextlib.suppress(OSError):
+                        Path(root, name).rmdir()
+        eventually(lambda: _removed(entry), what=f"{entry} removed")
+
+
 def _removed(folder: Path) -> bool:
     try:
         folder.rmdir()

@@ -866,6 +866,9 @@ def test_http_absolute_form_target_is_judged_by_its_authority(
     assert status(target.netloc, "HTTPS") == b"200"
     assert status(target.netloc, "ftp") == b"404"
     assert status(target.netloc, "ws") == b"404"
+    # An authority that cannot be read (an IPv6 literal never closed): urlsplit raised,
+    # and the request was a traceback in the log and a connection closed unanswered.
+    assert status("[::1") == b"404"
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
