@@ -262,10 +262,11 @@ class Server:
 def bind_unix_socket(path: os.PathLike[str] | str, backlog: int = 1024) -> socket.socket:
     """Create a listening Unix socket at ``path`` with mode 0600.
 
-    The socket is chmod'ed to 0600 before it listens, so no one else ever connects: a
-    socket bound but not listening refuses every connect. (The umask is not tightened
-    around ``bind``: it is the process's, and a tool spawned in a worker thread meanwhile
-    would inherit it, since the socket is made again while the daemon serves.) The path
+    The socket's own mode is set to 0600 before ``bind`` (Linux makes the file with it,
+    less the umask), and the file is chmod'ed to 0600 again before it listens. The umask
+    is not tightened around ``bind``: it is the process's, and a tool spawned in a worker
+    thread meanwhile would inherit it, since the socket is made again while the daemon
+    serves. The path
     appears only once the socket
     listens: it is bound under a temporary name in the same folder
     (``.<random>.sock``), listens, and is then
@@ -302,10 +303,13 @@ def bind_unix_socket(path: os.PathLike[str] | str, backlog: int = 1024) -> socke
 
 
 def _listening(at: str, named: str, backlog: int) -> socket.socket:
-    """A Unix socket bound at ``at``, made 0600, then listening; an error names ``named``,
-    the path the operator gave."""
+    """A Unix socket bound at ``at`` with mode 0600, then listening; an error names
+    ``named``, the path the operator gave."""
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
+        # Linux makes the socket file with the socket's own mode (less the umask): 0600
+        # from its first instant, with the process's umask left alone.
+        os.fchmod(sock.fileno(), 0o600)
         sock.bind(at)
     except OSError as exc:
         sock.close()

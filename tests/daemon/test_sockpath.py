@@ -354,3 +354,38 @@ def test_binding_leaves_the_process_umask_alone(short_dir: Path) -> None:
     *umasks, mode = done.stdout.split()
     assert umasks and set(umasks) == {"0022"}, done.stdout
     assert mode == "0o600", done.stdout
+
+
+_MODE_AT_BIND = """
+import os, stat, sys
+from toolsetd.daemon.server import bind_unix_socket
+
+os.umask(0)
+seen = []
+
+def hook(event, args):
+    # Just before the chmod that follows the bind (by path; the fchmod before it has
+    # the socket's descriptor): the mode the socket file was made with.
+    if event == "os.chmod" and isinstance(args[0], str):
+        seen.append(oct(stat.S_IMODE(os.lstat(args[0]).st_mode)))
+
+sys.addaudithook(hook)
+bind_unix_socket(os.path.join(sys.argv[1], "m.sock")).close()
+print(" ".join(seen))
+"""
+
+
+def test_a_socket_is_0600_from_its_bind_on_whatever_the_umask(short_dir: Path) -> None:
+    """The kernel checks a connect's permission before it looks whether the socket listens,
+    so a socket file made 0777 (umask 000) and chmod'ed only afterwards leaves a moment in
+    which another user's connect can pass that check. The socket's own mode is set to 0600
+    before ``bind`` (Linux makes the file with it, less the umask), so the file is 0600
+    from the first instant, with the process's umask untouched."""
+    import subprocess
+
+    done = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", _MODE_AT_BIND, str(short_dir)],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() and set(done.stdout.split()) == {"0o600"}, done.stdout
