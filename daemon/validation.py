@@ -1012,9 +1012,9 @@ class ArgumentValidators:
 #: leads back to itself before checking anything (``{"$ref": "#"}``), or a chain of
 #: ``$ref`` too long to follow. It passes the meta-schema, and no call can pass it.
 _SCHEMA_LOOP = (
-    "the tool's input schema refers to itself without end (a $ref that leads back to "
-    "itself before checking anything, or a chain of $ref too long to follow), so no "
-    "arguments can pass it; ask the set's author to fix the schema"
+    "the tool's input schema cannot be checked to its end on these arguments (a $ref "
+    "that leads back to itself before checking anything, or a chain of $ref or nested "
+    "keywords too long to follow); ask the set's author to fix the schema"
 )
 
 

@@ -502,7 +502,7 @@ def test_argument_validators_blame_a_schema_that_refers_to_itself_without_end(
 def test_argument_validators_a_recursive_schema_is_not_blamed_for_deep_arguments() -> None:
     """A schema that recurses through the arguments (a tree), with several keywords on
     the way to each level, exhausts the check at a nesting the wire takes (63 here): that
-    is the arguments' depth, not a schema that "refers to itself without end" (the same
+    is the arguments' depth, not a schema that "cannot be checked to its end" (the same
     schema takes shallow arguments), and the error must not send the caller to the set's
     author."""
     node: Any = {"type": "object", "properties": {"c": {"$ref": "#"}}}
