@@ -802,12 +802,17 @@ def test_a_stopping_daemon_leaves_another_daemons_socket_and_lock_alone(
     """A cleanup removed the socket and its lock (systemd-tmpfiles ages /tmp, an operator's
     rm), and a new daemon now serves the path with a lock of its own. The old daemon, once
     stopped, unlinked whatever the path named: the new daemon's socket and its lock, so
-    that daemon ran on, unreachable, and a third one could start beside it."""
+    that daemon ran on, unreachable, and a third one could start beside it.
+
+    The old daemon is held stopped (SIGSTOP) until the new one serves: left running, it
+    makes its own socket and lock again within ``_SOCKET_CHECK_SECONDS``, and a new daemon
+    slower to start than that found the path served and exited."""
     first = start_daemon(svc_home, workspace, tmp_base, ["--no-watch"])
     lock = Path(f"{first.socket}.lock")
     log_path = tmp_base / "second.log"
     second: subprocess.Popen[bytes] | None = None
     try:
+        first.proc.send_signal(signal.SIGSTOP)
         first.socket.unlink()
         lock.unlink()
         second = spawn_daemon(
@@ -815,11 +820,14 @@ def test_a_stopping_daemon_leaves_another_daemons_socket_and_lock_alone(
         )
         wait_answering(first.socket, second, log_path)
         theirs = (first.socket.stat().st_ino, lock.stat().st_ino)
+        first.proc.send_signal(signal.SIGCONT)
         assert first.stop() == 0
         assert (first.socket.stat().st_ino, lock.stat().st_ino) == theirs
         with RawConn(first.socket) as conn:
             assert "result" in conn.request("status")
     finally:
+        if first.proc.poll() is None:
+            first.proc.send_signal(signal.SIGCONT)
         first.stop()
         if second is not None:
             second.send_signal(signal.SIGTERM)
