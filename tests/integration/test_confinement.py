@@ -1413,6 +1413,10 @@ def test_confinement_approved_new_path_made_through_no_swapped_in_link() -> None
             holder.send({"jsonrpc": "2.0", "method": "invoke", "id": 1, "params": {
                 "tool": "h_probe", "workspace": str(t.workspace),
                 "arguments": {"action": "hold", "target": str(released)}}})
+            # The holder has the slot before the waiter asks for it: sent on another
+            # connection, the waiter's call could be served first and never queue.
+            while holder.receive().get("method") != "started":
+                pass
             waiter.send({"jsonrpc": "2.0", "method": "invoke", "id": 2, "params": {
                 "tool": "p_probe_path", "workspace": str(t.workspace), "approved": True,
                 "arguments": {"action": "write", "path": str(folder / "planted"),

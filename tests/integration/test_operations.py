@@ -1167,8 +1167,13 @@ def test_a_daemon_started_with_signals_blocked_stops_on_sigterm_and_blocks_none_
 #: (SIG_IGN survives exec): a supervisor or a host that set SIGCHLD to SIG_IGN to avoid
 #: zombies, a non-interactive shell's ``toolsetd &`` (SIGQUIT).
 _IGNORED_BY_LAUNCHER = ("SIGCHLD", "SIGQUIT", "SIGALRM", "SIGTTOU")
+#: Every other signal is set back to its default first: one the test's own environment
+#: ignores (a CI runner's SIGURG, say) would be restored too, and named in the log.
 _IGNORING = (
-    "import os, signal, sys\n"
+    "import contextlib, os, signal, sys\n"
+    "for signum in signal.valid_signals():\n"
+    "    with contextlib.suppress(OSError, ValueError):\n"
+    "        signal.signal(signum, signal.SIG_DFL)\n"
     f"for name in {_IGNORED_BY_LAUNCHER!r}:\n"
     "    signal.signal(getattr(signal, name), signal.SIG_IGN)\n"
     "os.execv(sys.executable, [sys.executable, '-m', 'toolsetd.daemon', *sys.argv[1:]])\n"

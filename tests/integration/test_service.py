@@ -146,6 +146,14 @@ def spawn_daemon(
                                 env=full_env, **popen)
 
 
+def hold_stopped(proc: subprocess.Popen[bytes]) -> None:
+    """Stop the daemon (SIGSTOP) and wait until it is: it then makes no socket again
+    (``_keep_socket``) while a test changes what its path names. ``SIGCONT`` resumes it."""
+    proc.send_signal(signal.SIGSTOP)
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status), status
+
+
 def wait_answering(path: Path, proc: subprocess.Popen[bytes], log_path: Path) -> None:
     """Wait until a status request on ``path`` is answered."""
     deadline = time.monotonic() + 20
@@ -802,12 +810,17 @@ def test_a_stopping_daemon_leaves_another_daemons_socket_and_lock_alone(
     """A cleanup removed the socket and its lock (systemd-tmpfiles ages /tmp, an operator's
     rm), and a new daemon now serves the path with a lock of its own. The old daemon, once
     stopped, unlinked whatever the path named: the new daemon's socket and its lock, so
-    that daemon ran on, unreachable, and a third one could start beside it."""
+    that daemon ran on, unreachable, and a third one could start beside it.
+
+    The old daemon is held stopped (SIGSTOP) until the new one serves: left running, it
+    makes its own socket and lock again within ``_SOCKET_CHECK_SECONDS``, and a new daemon
+    slower to start than that found the path served and exited."""
     first = start_daemon(svc_home, workspace, tmp_base, ["--no-watch"])
     lock = Path(f"{first.socket}.lock")
     log_path = tmp_base / "second.log"
     second: subprocess.Popen[bytes] | None = None
     try:
+        hold_stopped(first.proc)
         first.socket.unlink()
         lock.unlink()
         second = spawn_daemon(
@@ -815,11 +828,14 @@ def test_a_stopping_daemon_leaves_another_daemons_socket_and_lock_alone(
         )
         wait_answering(first.socket, second, log_path)
         theirs = (first.socket.stat().st_ino, lock.stat().st_ino)
+        first.proc.send_signal(signal.SIGCONT)
         assert first.stop() == 0
         assert (first.socket.stat().st_ino, lock.stat().st_ino) == theirs
         with RawConn(first.socket) as conn:
             assert "result" in conn.request("status")
     finally:
+        if first.proc.poll() is None:
+            first.proc.send_signal(signal.SIGCONT)
         first.stop()
         if second is not None:
             second.send_signal(signal.SIGTERM)
@@ -842,7 +858,9 @@ def test_a_socket_removed_from_outside_is_made_again(
         first.stop()
         wait_answering(path, proc, log_path)
         for remove in (path.unlink, lambda: shutil.rmtree(folder)):
+            hold_stopped(proc)  # not remade halfway through the removal
             remove()
+            proc.send_signal(signal.SIGCONT)
             wait_answering(path, proc, log_path)
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
         assert stat.S_IMODE(folder.stat().st_mode) == 0o700
@@ -881,8 +899,10 @@ def test_a_daemon_whose_socket_folder_became_a_file_still_stops_cleanly(
     try:
         first.stop()
         wait_answering(path, proc, log_path)
+        hold_stopped(proc)  # the folder not made again between the two
         shutil.rmtree(folder)
         folder.write_text("not a folder\n")
+        proc.send_signal(signal.SIGCONT)
 
         def said() -> bool:
             return "socket_recreate_failed" in log_path.read_text()
