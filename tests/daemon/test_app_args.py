@@ -128,17 +128,17 @@ import anyio
 from toolsetd.daemon.app import DaemonOptions, run_daemon
 
 signal.signal(signal.SIGALRM, signal.SIG_IGN)
-base = Path(tempfile.mkdtemp(prefix="emb-"))
-(base / "home" / "tools").mkdir(parents=True)
 
-async def main():
+async def main(base):
+    (base / "home" / "tools").mkdir(parents=True)
     options = DaemonOptions(home=base / "home", socket=base / "s.sock", orphan_guard=False,
                             watch=False)
     async with anyio.create_task_group() as tg:
         await tg.start(run_daemon, options)
         tg.cancel_scope.cancel()
 
-anyio.run(main)
+with tempfile.TemporaryDirectory(prefix="emb-") as folder:
+    anyio.run(main, Path(folder))
 print("kept" if signal.getsignal(signal.SIGALRM) is signal.SIG_IGN else "changed")
 """
 
