@@ -841,14 +841,39 @@ def test_confinement_sandboxed_call_cannot_clone_into_another_cgroup() -> None:
     Such a call does not see the cgroup v2 mounts at all.
     """
     with _shared_loopback() as t:
-        mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
-                  if line.split()[2] == "cgroup2"]
+        mounts = _cgroup2_mounts()
         url = endpoint(listening_urls(t.daemon)[0], t.workspace, mode="full")
         inside = t.probe({"action": "mcp-post", "target": url, "clone_into": mounts[0]})
         assert "status" not in inside, inside
         # No folder on the way (ENOENT), or one that is no cgroup (EBADF): the folders
         # above the call's own cgroup, shown again, are the hiding tmpfs's.
         assert inside["error"] in ("No such file or directory", "Bad file descriptor"), inside
+
+
+def _cgroup2_mounts() -> list[str]:
+    """Where cgroup v2 is mounted, as ``/proc/self/mounts`` lists it."""
+    return [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
+            if line.split()[2] == "cgroup2"]
+
+
+def _new_cgroups(mounts: list[str], *prefixes: str) -> list[Path]:
+    """One new cgroup per prefix (``<prefix>-<tag>``) at the root of the first cgroup v2
+    mount; the test is skipped where there is none or they cannot be made. The caller
+    removes them."""
+    if not mounts:
+        pytest.skip("no cgroup v2 mount")
+    tag = uuid.uuid4().hex[:8]
+    made: list[Path] = []
+    for prefix in prefixes:
+        folder = Path(mounts[0]) / f"{prefix}-{tag}"
+        try:
+            folder.mkdir()
+        except OSError as exc:
+            for done in made:
+                done.rmdir()
+            pytest.skip(f"cannot make a cgroup on {mounts[0]}: {exc.strerror}")
+        made.append(folder)
+    return made
 
 
 def test_confinement_sandboxed_call_cannot_leave_its_cgroup(tree: Tree) -> None:
@@ -861,8 +886,7 @@ def test_confinement_sandboxed_call_cannot_leave_its_cgroup(tree: Tree) -> None:
     """
     _need_sandbox(tree)
     _need_cgroup(tree)
-    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
-              if line.split()[2] == "cgroup2"]
+    mounts = _cgroup2_mounts()
     inside = tree.probe({"action": "clone-into", "target": mounts[0]})
     assert "child" not in inside, inside
     # No folder on the way (ENOENT), or one that is no cgroup (EBADF): the folders above
@@ -884,18 +908,8 @@ def test_confinement_sandboxed_call_without_cgroups_clones_into_no_other_cgroup(
     the call's, is shown again read-only, as a call's own is.
     """
     ensure_bubblewrap()
-    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
-              if line.split()[2] == "cgroup2"]
-    if not mounts:
-        pytest.skip("no cgroup v2 mount")
-    tag = uuid.uuid4().hex[:8]
-    other, own = Path(mounts[0]) / f"tsc-other-{tag}", Path(mounts[0]) / f"tsc-daemon-{tag}"
-    try:
-        other.mkdir()
-        own.mkdir()
-    except OSError as exc:
-        other.rmdir()
-        pytest.skip(f"cannot make a cgroup on {mounts[0]}: {exc.strerror}")
+    mounts = _cgroup2_mounts()
+    other, own = _new_cgroups(mounts, "tsc-other", "tsc-daemon")
     # The daemon runs in a cgroup of its own below the root, as under a service manager.
     launcher = ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(own),
                 sys.executable, "-m", "toolsetd.daemon"]
@@ -945,21 +959,11 @@ def test_confinement_a_daemon_outside_its_cgroup_namespace_shows_no_cgroup_mount
     ensure_bubblewrap()
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs root and unshare(1) for a cgroup namespace")
-    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
-              if line.split()[2] == "cgroup2"]
-    if not mounts:
-        pytest.skip("no cgroup v2 mount")
+    mounts = _cgroup2_mounts()
     own = [x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::")]
     if own != ["0::/"]:
         pytest.skip("the test moves the daemon into the root cgroup, where it runs")
-    tag = uuid.uuid4().hex[:8]
-    other, entry = Path(mounts[0]) / f"tsc-other-{tag}", Path(mounts[0]) / f"tsc-ns-{tag}"
-    try:
-        other.mkdir()
-        entry.mkdir()
-    except OSError as exc:
-        other.rmdir()
-        pytest.skip(f"cannot make a cgroup on {mounts[0]}: {exc.strerror}")
+    other, entry = _new_cgroups(mounts, "tsc-other", "tsc-ns")
     # The namespace's root is ``entry``; the daemon then goes back to the root cgroup.
     launcher = [sys.executable, "-c", _OUT_OF_NAMESPACE, str(entry), mounts[0]]
     t = _make_tree('[confinement]\ncgroup = "off"\n', launcher=launcher)
@@ -1000,18 +1004,11 @@ def test_confinement_a_daemon_in_a_cgroup_namespace_stays_in_its_cgroup() -> Non
     why), and stays where it is."""
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs root for a cgroup namespace")
-    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
-              if line.split()[2] == "cgroup2"]
-    if not mounts:
-        pytest.skip("no cgroup v2 mount")
+    mounts = _cgroup2_mounts()
     own = [x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::")]
     if own != ["0::/"]:
         pytest.skip("the test makes the daemon's cgroup below the root cgroup")
-    entry = Path(mounts[0]) / f"tsc-in-{uuid.uuid4().hex[:8]}"
-    try:
-        entry.mkdir()
-    except OSError as exc:
-        pytest.skip(f"cannot make a cgroup on {mounts[0]}: {exc.strerror}")
+    (entry,) = _new_cgroups(mounts, "tsc-in")
     t = _make_tree(launcher=[sys.executable, "-c", _IN_NAMESPACE, str(entry)])
     pid = t.daemon.proc.pid
     try:
@@ -1050,8 +1047,7 @@ def test_confinement_sandboxed_call_reads_its_own_cgroup_and_changes_nothing(tre
     into it stays in it."""
     _need_sandbox(tree)
     _need_cgroup(tree)
-    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()
-              if line.split()[2] == "cgroup2"]
+    mounts = _cgroup2_mounts()
     inside = tree.probe({"action": "own-cgroup", "target": mounts[0]})
     assert inside["ok"] is True, inside
     assert inside["own"].startswith("/toolsetd-"), inside
