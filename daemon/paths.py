@@ -214,12 +214,7 @@ def os_user_home(environ: Mapping[str, str]) -> str:
     home = environ.get("HOME")
     if home:
         return home
-    import pwd  # only without HOME
-
-    try:
-        return pwd.getpwuid(os.getuid()).pw_dir
-    except KeyError:
-        return ""
+    return _passwd_entry_home() or ""
 
 
 def passwd_home() -> str | None:
@@ -227,13 +222,18 @@ def passwd_home() -> str | None:
 
     Where ``HOME`` names another folder, this is still the one ssh reads its keys from.
     """
-    import pwd
+    home = _passwd_entry_home()
+    return home if home is not None and os.path.isabs(home) else None
+
+
+def _passwd_entry_home() -> str | None:
+    """The ``pw_dir`` of the user's passwd entry, as written (None: the uid has none)."""
+    import pwd  # only where HOME does not say, or the sandbox asks
 
     try:
-        home = pwd.getpwuid(os.getuid()).pw_dir
+        return pwd.getpwuid(os.getuid()).pw_dir
     except KeyError:
         return None
-    return home if os.path.isabs(home) else None
 
 
 def expand_user(raw: str, user_home: Path) -> str:
