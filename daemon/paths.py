@@ -51,8 +51,9 @@ Credential paths are also caught by identity (``is_credential_identity``): the r
 path and each of its existing ancestors are ``stat``-ed, and a ``(st_dev, st_ino)`` equal
 to that of a credential location of the user's home (``~/.ssh`` and ``~/.gnupg``, each
 with everything below it up to ``IDENTITY_DEPTH`` levels and ``_IDENTITY_ENTRIES`` entries
-a folder, and ``~/.crystal/credentials.json``), read at the time of the check, makes the
-path ``forbidden``. So does the Crystal home's ``credentials.json`` (``--home``,
+a folder, and ``~/.crystal/credentials.json``; of the home in the user's passwd entry as
+well, where ``HOME`` names another folder), read at the time of the check, makes the path
+``forbidden``. So does the Crystal home's ``credentials.json`` (``--home``,
 ``$CRYSTAL_HOME``; the file the sandbox hides), by its canonical path and by identity, since
 a home not called ``.crystal`` has no segment to name it. That catches a hard link to a key
 inside the workspace, and a bind mount of a credential folder or file (a file below a
@@ -72,6 +73,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import functools
 import itertools
 import os
 import stat
@@ -224,6 +226,14 @@ def passwd_home() -> str | None:
     """
     home = _passwd_entry_home()
     return home if home is not None and os.path.isabs(home) else None
+
+
+@functools.cache
+def _passwd_home_once() -> str | None:
+    """``passwd_home()`` read once: the fence asks for it at every path check, and a passwd
+    lookup may go over the network (NSS), which the event loop must not wait for each time.
+    The confinement reads it once at start as well."""
+    return passwd_home()
 
 
 def _passwd_entry_home() -> str | None:
@@ -601,7 +611,7 @@ def _collect_identities(path: str, found: set[tuple[int, int]], depth: int) -> N
 
 
 def credential_identities(
-    user_home: Path, crystal_home: Path | None = None
+    user_home: Path, crystal_home: Path | None = None, *, passwd: bool = True
 ) -> frozenset[tuple[int, int]]:
     """The ``(st_dev, st_ino)`` of the user's credential folders and files, read now.
 
@@ -609,6 +619,9 @@ def credential_identities(
         user_home: The operator's user profile.
         crystal_home: The Crystal home (``--home``, ``$CRYSTAL_HOME``), when it is not
             ``~/.crystal``: its ``credentials.json`` is a credential file too.
+        passwd: Also the credential locations of the home in the user's passwd entry,
+            where it is another folder than ``user_home`` (``HOME`` set elsewhere): ssh
+            reads its keys from there whatever ``HOME`` says, and the sandbox hides them.
 
     Returns:
         The identities of ``~/.ssh`` and ``~/.gnupg`` and what is below them (bounded),
@@ -616,11 +629,15 @@ def credential_identities(
         those that do not exist are left out.
     """
     found: set[tuple[int, int]] = set()
-    home = os.fspath(user_home)
-    for folder in CREDENTIAL_FOLDERS:
-        _collect_identities(os.path.join(home, folder), found, 0)
-    for parts in CREDENTIAL_FILES:
-        _collect_identities(os.path.join(home, *parts), found, IDENTITY_DEPTH)
+    homes = [os.fspath(user_home)]
+    other = _passwd_home_once() if passwd else None
+    if other is not None and os.path.normpath(other) != os.path.normpath(homes[0]):
+        homes.append(other)
+    for home in homes:
+        for folder in CREDENTIAL_FOLDERS:
+            _collect_identities(os.path.join(home, folder), found, 0)
+        for parts in CREDENTIAL_FILES:
+            _collect_identities(os.path.join(home, *parts), found, IDENTITY_DEPTH)
     if crystal_home is not None:
         _collect_identities(
             os.path.join(os.fspath(crystal_home), CREDENTIAL_FILES[0][-1]), found, IDENTITY_DEPTH

@@ -430,7 +430,7 @@ def test_scope_hard_link_to_credentials_json_and_gnupg_files(ws: Path, home: Pat
 
 
 def test_credential_identities_skip_what_is_missing(root: Path) -> None:
-    assert credential_identities(root / "nobody") == frozenset()
+    assert credential_identities(root / "nobody", passwd=False) == frozenset()
 
 
 def test_scope_bind_mount_of_ssh_is_forbidden(ws: Path, home: Path) -> None:

@@ -675,17 +675,9 @@ def test_confinement_sandbox_refuses(tree: Tree, action: str, target: str) -> No
     assert after == before
 
 
-def test_confinement_credentials_of_the_passwd_home_hidden_when_home_is_elsewhere() -> None:
-    """A daemon whose ``HOME`` is not its user's passwd home hides the passwd home's
-    credential paths too.
-
-    ssh reads its keys from the passwd entry's home whatever ``HOME`` says, so a daemon
-    started with ``HOME`` elsewhere (``sudo -E``, a unit's ``Environment=HOME=``) hid an
-    empty ``$HOME/.ssh`` and left the keys ssh uses readable to every sandboxed call. The
-    daemon runs in a mount namespace of its own, whose ``/etc/passwd`` gives its user a
-    home of the test's.
-    """
-    ensure_bubblewrap()
+def _passwd_home_elsewhere() -> tuple[Path, list[str]]:
+    """A home of the test's with keys in it, and a launcher that gives the daemon a mount
+    namespace whose ``/etc/passwd`` names it as its user's home (``HOME`` stays elsewhere)."""
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs root and unshare(1) to give the daemon a passwd file of its own")
     passwd_home = Path(tempfile.mkdtemp(prefix="tsc-passwd-", dir="/var/tmp"))  # noqa: S108
@@ -700,6 +692,21 @@ def test_confinement_credentials_of_the_passwd_home_hidden_when_home_is_elsewher
     launcher = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                 'mount --bind "$0" /etc/passwd && exec "$@"', str(passwd_home / "passwd"),
                 sys.executable, "-m", "toolsetd.daemon"]
+    return passwd_home, launcher
+
+
+def test_confinement_credentials_of_the_passwd_home_hidden_when_home_is_elsewhere() -> None:
+    """A daemon whose ``HOME`` is not its user's passwd home hides the passwd home's
+    credential paths too.
+
+    ssh reads its keys from the passwd entry's home whatever ``HOME`` says, so a daemon
+    started with ``HOME`` elsewhere (``sudo -E``, a unit's ``Environment=HOME=``) hid an
+    empty ``$HOME/.ssh`` and left the keys ssh uses readable to every sandboxed call. The
+    daemon runs in a mount namespace of its own, whose ``/etc/passwd`` gives its user a
+    home of the test's.
+    """
+    ensure_bubblewrap()
+    passwd_home, launcher = _passwd_home_elsewhere()
     t = _make_tree(launcher=launcher)
     try:
         _need_sandbox(t)
@@ -709,6 +716,33 @@ def test_confinement_credentials_of_the_passwd_home_hidden_when_home_is_elsewher
         # $HOME's stay hidden too.
         result = t.probe({"action": "read", "target": str(t.user_home / ".ssh" / "id_rsa")})
         assert "content" not in result, result
+    finally:
+        _close(t)
+        shutil.rmtree(passwd_home, ignore_errors=True)
+
+
+def test_policy_hard_link_to_a_key_of_the_passwd_home_is_forbidden_when_home_is_elsewhere(
+) -> None:
+    """The fence's identity check knows the passwd home's keys too, not only ``$HOME``'s.
+
+    A hard link in the workspace to the passwd home's ``~/.ssh/id_ed25519`` (the key ssh
+    uses, whatever ``HOME`` says) has no credential segment; it was judged ``workspace`` and
+    an unconfined call was handed the key. No sandbox is needed to see it: ``classify``
+    judges it, and the home set runs unconfined.
+    """
+    passwd_home, launcher = _passwd_home_elsewhere()
+    t = _make_tree(launcher=launcher)
+    try:
+        for key, name in ((".ssh/id_ed25519", "notes.txt"), (".gnupg/secring", "ring.txt")):
+            os.link(passwd_home / key, t.workspace / name)
+            params = {"tool": "h_probe_path", "arguments": {"path": name},
+                      "workspace": str(t.workspace)}
+            result = t.daemon.call("classify", params)["result"]
+            assert result["paths"][0]["scope"] == "forbidden", (key, result)
+            assert "hard link" in result["reason"], result
+            _, reply = t.invoke("probe_path", {"path": name, "action": "read", "target": name},
+                                project=False)
+            assert "PASSWD HOME" not in json.dumps(reply), reply
     finally:
         _close(t)
         shutil.rmtree(passwd_home, ignore_errors=True)
