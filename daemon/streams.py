@@ -135,13 +135,52 @@ def decode(prefix: bytes | bytearray, complete: bool, limit: int) -> str:
     ``EF BB``) is U+FFFD, which the incremental decoder's final call dropped. A stream cut
     at the prefix goes through the incremental decoder, which leaves out a character the
     cut split instead of replacing it.
+
+    A prefix longer than ``limit + 1`` bytes is decoded only as far as the first
+    ``limit + 1`` characters reach (``_decode_upto``): the prefix holds up to four bytes a
+    character, and a flood of invalid bytes (one U+FFFD each) would otherwise be decoded
+    four times over on the event loop, to be cut at once.
     """
     if not prefix:
         return ""
+    size = len(prefix)
+    if size > limit + 1 and size > _SHORTEST_CUT:
+        return _decode_upto(prefix, complete, limit + 1)
     if complete:
         return prefix.decode("utf-8-sig", "replace")[: limit + 1]
     decoder = codecs.getincrementaldecoder("utf-8-sig")("replace")
     return decoder.decode(bytes(prefix), final=False)[: limit + 1]
+
+
+#: Below this many bytes a prefix is decoded whole: it may be only the start of a byte order
+#: mark, which the one-call decode shows as U+FFFD and the incremental decoder drops.
+_SHORTEST_CUT = len(codecs.BOM_UTF8)
+
+
+def _decode_upto(prefix: bytes | bytearray, complete: bool, want: int) -> str:
+    """The first ``want`` characters of the prefix's text, decoding no more than it takes.
+
+    Each step decodes as many bytes as the characters still wanted would take at the bytes
+    per character seen so far (at least one a character), so ASCII or invalid bytes take
+    one step and any UTF-8 a few. The incremental decoder gives the same text in pieces as
+    in one call (a sequence split between two pieces is kept for the next), and its final
+    call (the whole prefix of an ended stream taken) replaces an incomplete sequence at the
+    end as the one-call decode does.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8-sig")("replace")
+    view = memoryview(prefix)
+    parts: list[str] = []
+    have = pos = 0
+    end = len(prefix)
+    while have < want and pos < end:
+        per_char = pos / have if have else 1.0
+        step = max(int((want - have) * per_char) + 4, 64)
+        stop = min(end, pos + step)
+        text = decoder.decode(view[pos:stop], final=complete and stop == end)
+        parts.append(text)
+        have += len(text)
+        pos = stop
+    return "".join(parts)[:want]
 
 
 class Capture:

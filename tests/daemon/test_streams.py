@@ -5,6 +5,7 @@ from __future__ import annotations
 import codecs
 import fcntl
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -61,6 +62,26 @@ def test_decode_examples() -> None:
     assert decode(b"abcdef", True, 2) == "abc"
     assert decode(b"\xef\xbb", True, 100) == "\ufffd"  # the incremental decoder gave ""
     assert decode(b"\xef\xbb", False, 100) == ""  # cut: the rest may be the mark's
+
+
+_PIECES = [b"a", b"plain ", _BOM, b"\xff", b"\xc3", b"\xc3\xa9", b"\xe2\x9c", b"\xe2\x9c\x93",
+           "𝄞".encode(), "𝄞".encode()[:3], b"\x80", b"\n"]
+
+
+def test_decode_of_a_long_prefix_is_the_whole_decode_cut() -> None:
+    """A prefix longer than the limit is decoded only as far as the limit reaches, and the
+    text is the same as decoding it whole and cutting it: for mixes of ASCII, byte order
+    marks, invalid bytes and characters of two, three and four bytes (whole and split),
+    up to four bytes a character, ended or cut (3,000 seeded cases)."""
+    rng = random.Random(20261206)
+    for _ in range(3000):
+        data = b"".join(rng.choices(_PIECES, k=rng.randrange(1, 500)))
+        limit = rng.randrange(0, max(1, len(data)))
+        complete = rng.random() < 0.5
+        expected = _incremental(data, complete, limit)
+        if complete and data and len(data) < len(_BOM) and _BOM.startswith(data):
+            expected = "\ufffd"[: limit + 1]
+        assert decode(bytearray(data), complete, limit) == expected, (data, complete, limit)
 
 
 class _Bounded(Capture):
