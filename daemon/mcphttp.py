@@ -602,22 +602,22 @@ class McpHttpEndpoint:
                 ),
             )
             return
-        if not fresh:
-            assert session.core is not None
-            mismatch = _version_mismatch(request, session.core, message)
-            if (
-                mismatch is None
-                and message.get("method") == "tools/call"
-                and session.core.version_of(message) in MODERN_VERSIONS
-            ):
-                mismatch = await _param_headers_mismatch(request, session.core, message)
-            if mismatch is not None:
-                if session.session_id is None:
-                    self._end_session(session)
-                await _rpc_error(exchange, 400, message.get("id"), mismatch)
-                return
         session.last_used = time.monotonic()
         try:
+            if not fresh:
+                assert session.core is not None
+                mismatch = _version_mismatch(request, session.core, message)
+                if (
+                    mismatch is None
+                    and message.get("method") == "tools/call"
+                    and session.core.version_of(message) in MODERN_VERSIONS
+                ):
+                    # Awaits the workspace's catalog (built on first use): a client that
+                    # leaves meanwhile cancels this, and the stateless exchange still ends.
+                    mismatch = await _param_headers_mismatch(request, session.core, message)
+                if mismatch is not None:
+                    await _rpc_error(exchange, 400, message.get("id"), mismatch)
+                    return
             await self._serve_message(session, message, exchange, fresh)
         finally:
             session.last_used = time.monotonic()

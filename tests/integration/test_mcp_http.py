@@ -1167,6 +1167,62 @@ def test_http_listen_whose_client_left_while_its_catalog_was_built_ends(
                 pytest.fail("the listen of a client that left went on; its connection held")
 
 
+def _post_2026(sock: socket.socket, target: SplitResult, method: str, body: bytes,
+               extra: str = "") -> None:
+    """Send a 2026-07-28 POST of ``body`` to ``target`` as bytes on a raw socket."""
+    sock.sendall(
+        f"POST {target.path}?{target.query} HTTP/1.1\r\n"
+        f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
+        "Accept: application/json, text/event-stream\r\n"
+        f"MCP-Protocol-Version: 2026-07-28\r\nMcp-Method: {method}\r\n{extra}"
+        f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+    )
+
+
+def test_http_a_2026_call_whose_client_left_while_its_catalog_was_built_holds_nothing(
+    tmp_path: Path,
+) -> None:
+    """A 2026-07-28 ``tools/call`` whose client leaves while it waits for the workspace's
+    catalog (built on its first use, here for another request) for the ``Mcp-Param-*``
+    check ends its stateless exchange. The exchange's core listened to the workspace and
+    was never closed, so the workspace counted as in use for as long as the daemon ran:
+    never released when idle, its catalog kept, and every reload called a listener that
+    nobody reads."""
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    listing = json.dumps(rpc(1, "tools/list", {"_meta": meta})).encode()
+    call = json.dumps(rpc(2, "tools/call", {"name": "t0", "arguments": {}, "_meta": meta}))
+    with daemon_in("tsh-", None, ["--mcp-listen", "127.0.0.1:0",
+                                  "--workspace-idle", "1"]) as daemon:
+        base = listening_urls(daemon)[0]
+        fresh = tmp_path / "ws"
+        for k in range(3):  # large schemas: the first use takes seconds to check them
+            big = {"type": "object", "properties": {
+                f"p{k}_{i}": {"type": "string", "pattern": "^[a-z]+$"} for i in range(1500)}}
+            write_set(fresh / ".crystal" / "tools", f"s{k}", _tool(f"t{k}.py", schema=big),
+                      **{f"t{k}.py": "print(1)\n"})
+        target = urlsplit(endpoint(base, fresh))
+        with socket.create_connection((target.hostname, target.port), timeout=30) as first, \
+                socket.create_connection((target.hostname, target.port), timeout=30) as sock:
+            _post_2026(first, target, "tools/list", listing)  # starts the build
+            _post_2026(sock, target, "tools/call", call.encode(), "Mcp-Name: t0\r\n")
+            time.sleep(0.05)
+            # The client leaves while the build runs (seen within a second: the hang-up
+            # check of a connection whose request is being served).
+            sock.shutdown(socket.SHUT_WR)
+            with contextlib.suppress(OSError):
+                while sock.recv(65536):
+                    pass
+            assert b"200 OK" in first.recv(65536)
+        assert any(str(fresh) == w for w in daemon.call("status")["result"]["workspaces"])
+        deadline = time.monotonic() + 30
+        workspaces: list[str] = [str(fresh)]
+        while str(fresh) in workspaces and time.monotonic() < deadline:
+            time.sleep(0.2)
+            workspaces = daemon.call("status")["result"]["workspaces"]
+        assert str(fresh) not in workspaces, "the workspace is never released"
+
+
 #: Runs the daemon with SSE comment lines every 0.3 s (no option sets that interval).
 _SHORT_PING = (
     "import sys\n"
