@@ -22,6 +22,8 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from toolsetd.protocol.modes import NET_WHITESPACE
+
 from .blocking import BlockingClient
 from .context import (
     Context,
@@ -317,7 +319,7 @@ def _invalid_name(name: str) -> Failure:
 
 
 def _cmd_show(ctx: Context, args: argparse.Namespace) -> int:
-    name = args.name.strip()
+    name = args.name.strip(NET_WHITESPACE)  # as .NET's Trim(): U+001C..U+001F stay
     listing = _listing(ctx, None)
     if args.source is None:
         tools = listing.result.get("tools") or []
@@ -379,7 +381,7 @@ def _edit_home(ctx: Context) -> tuple[Path, str, BlockingClient | None]:
 def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
     from .editor import EditError, locate_set, set_enabled
 
-    if not args.directory.strip():
+    if not args.directory.strip(NET_WHITESPACE):
         raise _required_name()
     enabled = args.command == "enable"
     offline = _offline_module()

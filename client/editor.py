@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from toolsetd.protocol.errors import reject_json_constant
+from toolsetd.protocol.modes import NET_WHITESPACE
 
 from .render import is_directory_name
 
@@ -116,7 +117,7 @@ def locate_set(
     Raises:
         EditError: The name is invalid or no such set exists.
     """
-    name = directory.strip()
+    name = directory.strip(NET_WHITESPACE)  # as .NET's Trim(): U+001C..U+001F stay
     if not name or not is_directory_name(name):
         raise EditError("Directory name is invalid.")
     if source is not None:

@@ -273,7 +273,10 @@ def check_host_origin(
             "protection).",
         )
     if origin is not None:
-        parts = urlsplit(origin.strip())
+        try:
+            parts = urlsplit(origin.strip())
+        except ValueError:  # an authority it cannot read (``http://[::1``)
+            return 403, f"Forbidden: Origin {origin!r} is malformed."
         origin_host, origin_port = _split_host(parts.netloc)
         if parts.scheme not in ("http", "https") or not _is_loopback_host(origin_host, bound):
             return (

@@ -170,10 +170,12 @@ class PathError(Exception):
 
 class OwnProcessLinkError(PathError):
     """A path that leads through ``/proc/self`` or ``/proc/thread-self`` (``/dev/fd`` and
-    ``/dev/stdin`` lead there too), or through a ``/proc/<pid>`` of no process now, resolved
-    for a tool that follows it itself: there those are the tool's own process (working in
-    the workspace), not the daemon's, so the daemon's walk cannot say where the path leads
-    for the tool."""
+    ``/dev/stdin`` lead there too), or through any ``/proc/<pid>``, resolved for a tool that
+    follows it itself: there those are the tool's own process (working in the workspace),
+    not the daemon's, and a ``/proc/<pid>`` link (``cwd``, ``root``, ``fd/<n>``) takes the
+    kernel to that process's own folder in its own namespaces (a sandboxed call's PID
+    namespace, another mount namespace), not where its text names in the daemon's; so the
+    daemon's walk cannot say where the path leads for the tool."""
 
 
 class ArgumentsError(Exception):
@@ -322,7 +324,7 @@ def _canonicalize(path: str, followed_by_tool: bool = False) -> str:
         PathError: A loop or too many links, an over-long component, an unreadable
             directory on the way.
         OwnProcessLinkError: ``followed_by_tool`` and the path leads through
-            ``/proc/self`` or ``/proc/thread-self``.
+            ``/proc/self``, ``/proc/thread-self`` or any ``/proc/<pid>``.
     """
     # ``pending`` is a stack of components still to walk, the next one last.
     pending = path.split("/")
@@ -356,6 +358,15 @@ def _canonicalize(path: str, followed_by_tool: bool = False) -> str:
                 resolved = candidate
                 continue
             raise PathError(f"it cannot be looked up ({os.strerror(exc.errno or 0)})") from None
+        if followed_by_tool and name.isdigit() and _is_procfs(resolved):
+            # /proc/<pid> of a process that is there: its links (cwd, root, fd/<n>) take
+            # the kernel to that process's own folder and root, in its mount namespace,
+            # not where their text names in the daemon's; and a sandboxed call's /proc
+            # is its own PID namespace's, where /proc/1 works in the workspace.
+            raise OwnProcessLinkError(
+                "it leads through /proc/<pid>, whose links the tool follows to that "
+                "process's own folders (in its namespaces), not to where their text names"
+            )
         if not stat.S_ISLNK(mode):
             resolved = candidate
             continue
@@ -400,7 +411,8 @@ def resolve_path(
         user_home: The operator's user profile, for ``~`` and ``~/``.
         followed_by_tool: The child receives ``raw`` itself, not the result (a string
             inside an array or object), and follows it from the workspace: a path through
-            ``/proc/self`` then leads somewhere else for it, and is refused.
+            ``/proc/self`` or ``/proc/<pid>`` then leads somewhere else for it, and is
+            refused.
         as_written: Resolve ``raw`` as the kernel opens it: not trimmed, no ``~`` expanded
             (``"~/k"`` is ``<workspace>/~/k``), for a child that receives it as it is.
 
@@ -410,7 +422,8 @@ def resolve_path(
     Raises:
         PathError: The value is not a non-blank string, holds a NUL byte, is too long,
             runs into a link loop or an unreadable directory, or is not valid UTF-8;
-            ``OwnProcessLinkError`` for a path through ``/proc/self`` the tool follows.
+            ``OwnProcessLinkError`` for a path through ``/proc/self`` or ``/proc/<pid>``
+            the tool follows.
         ValueError: ``workspace`` is not absolute (a caller bug, not bad input).
     """
     if not isinstance(raw, str):

@@ -310,8 +310,8 @@ def _check_string(
     """Resolve and scope one path string: (resolved or None, scope, why unresolved).
 
     ``followed_by_tool``: the child gets the string itself (inside an array or object); one
-    that leads through ``/proc/self`` (or a ``/proc/<pid>`` of no process) cannot be judged
-    for it, and counts as forbidden.
+    that leads through ``/proc/self`` or any ``/proc/<pid>`` cannot be judged for it, and
+    counts as forbidden.
     ``as_written``: resolve it as the kernel opens it (not trimmed, no ``~`` expanded).
     """
     try:
@@ -423,8 +423,8 @@ def _where(check: PathCheck, user_home: Path, crystal_home: Path | None) -> str:
             return f"Argument '{name}' names a credential path ({_show(check.value)})"
         return (
             f"Argument '{name}' is not a path string and holds a credential path, a path "
-            "through /proc/self or a /proc/<pid> of no process (the tool's own process "
-            "when it follows it), or too many paths to check"
+            "through /proc/self or /proc/<pid> (the tool's own process, or a process's "
+            "own folders, when it follows it), or too many paths to check"
         )
     if check.resolved is not None:
         return f"Argument '{name}' resolves to {_show(check.resolved)}, outside the workspace"

@@ -469,6 +469,28 @@ def test_source_is_trimmed_and_any_case_as_the_reference_reads_it(env: Env) -> N
         assert "Source must be home or project." in proc.stderr, proc.stderr
 
 
+def test_directory_is_trimmed_as_the_reference_trims_it(env: Env) -> None:
+    """The directory name is trimmed as .NET's ``Trim()`` trims, as ``--source`` is: it
+    keeps U+001C..U+001F, which ``str.strip()`` took too, so ``"acme\\x1c"`` enabled,
+    disabled and showed the set ``acme`` where the reference host finds no valid name."""
+    path = env.home_set("acme", exec_set("fmt", enabled=False))
+    before = path.read_bytes()
+    for args in (("enable", "acme\x1c"), ("disable", "\x1facme"), ("show", "acme\x1c")):
+        proc = env.run(*args, "--format", "text")
+        assert proc.returncode == 2, (args, proc.stdout)
+        assert proc.stderr.endswith("Directory name is invalid.\n"), (args, proc.stderr)
+    assert path.read_bytes() == before
+    for args in (("enable", "\x1c"), ("show", "\x1d")):  # not blank: no valid name either
+        proc = env.run(*args)
+        assert proc.returncode == 2, (args, proc.stdout)
+        assert proc.stderr.endswith("Directory name is invalid.\n"), (args, proc.stderr)
+    proc = env.run("enable", "\u3000acme\n", "--format", "text")  # .NET's white space
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "Tool set acme enabled."
+    proc = env.run("show", "\u2028")
+    assert (proc.returncode, proc.stderr.splitlines()[-1]) == (2, "Directory is required.")
+
+
 def test_enable_broken_manifest_left_alone_exits_2(env: Env) -> None:
     """A manifest that does not parse is reported, exit 2, and not touched."""
     path = env.home_set("acme", '{"runner": "exec",')

@@ -80,6 +80,11 @@ def test_parse_listen_refuses_with_reason(text: str, needle: str) -> None:
         ("127.0.0.1:8765", "http://evil.example.com", 403),
         ("127.0.0.1:8765", "null", 403),
         ("127.0.0.1:8765", "file://localhost", 403),
+        # An Origin whose authority cannot be read (an IPv6 literal never closed, a
+        # bracketed name): urlsplit raised, and the request was a traceback in the log
+        # and a connection closed unanswered (the MCP endpoint and /metrics both).
+        ("127.0.0.1:8765", "http://[::1", 403),
+        ("127.0.0.1:8765", "http://[localhost]", 403),
         # RFC 9112 3.2: a Host that is no host[:port] is 400 (a MUST), not 421: two
         # values in one line, a space, a port that is no number, userinfo, a bracket.
         ("127.0.0.1:8765, evil.example.com", None, 400),

@@ -156,6 +156,11 @@ async def test_metrics_listener_reads_every_request_form_http_allows(request_hea
             b"Origin: http://evil.example\r\n\r\n",
             b"403",
         ),
+        (  # an Origin urlsplit cannot read: a traceback and no answer
+            b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1:PORT\r\n"
+            b"Origin: http://[::1\r\n\r\n",
+            b"403",
+        ),
         # RFC 9112 3.2: an HTTP/1.1 request without a Host, or with two, is 400.
         (b"GET /metrics HTTP/1.1\r\n\r\n", b"400"),
         (b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nHost: evil.example\r\n\r\n", b"400"),

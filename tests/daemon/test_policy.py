@@ -6,6 +6,8 @@ import itertools
 import json
 import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -515,6 +517,58 @@ def test_classify_paths_through_a_process_not_there_are_not_judged_as_missing(
     mine = run(loaded("path"), {"path": f"/proc/{os.getpid()}/status"}, ws, home, Mode.REVIEW)
     assert mine.arguments == {"path": f"/proc/{os.getpid()}/status"}
     assert mine.arguments_error is None
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_symlink(), reason="needs procfs at /proc")
+@pytest.mark.parametrize("value", [["/proc/1/cwd/key"], {"p": "/proc/PID/status"}])
+def test_classify_container_strings_through_a_live_process_are_forbidden(
+    ws: Path, home: Path, value: Any
+) -> None:
+    """The links of /proc/<pid> (``cwd``, ``root``, ``fd/<n>``) are not followed by their
+    text: the kernel takes the tool to that process's own folder and root, in its mount
+    namespace, and in a sandboxed call's PID namespace /proc/1 and /proc/2 are the call's
+    own processes, working in the workspace. The daemon's walk reads the text in its own
+    namespaces, so for a string the tool follows itself it judged another place than the
+    tool reaches: such a string is forbidden, as /proc/self is. A string argument still
+    gets the daemon's resolution, which the tool receives."""
+    (ws / "key").symlink_to(home / ".ssh" / "id_rsa")
+    text = json.dumps(value).replace("PID", str(os.getpid()))
+    result = run(loaded("path"), {"path": json.loads(text)}, ws, home, Mode.REVIEW, headless=True)
+    assert result.scope == Scope.FORBIDDEN
+    assert result.decision == Decision.DENY
+    assert result.require_prompt
+    direct = run(loaded("path"), {"path": f"/proc/{os.getpid()}/status"}, ws, home, Mode.REVIEW)
+    assert direct.arguments == {"path": f"/proc/{os.getpid()}/status"}
+    assert direct.scope == Scope.OUTSIDE
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
+                    reason="needs root and unshare(1) for a mount namespace")
+def test_classify_container_strings_into_another_mount_namespace_are_forbidden(
+    root: Path, ws: Path, home: Path
+) -> None:
+    """A process of the user in another mount namespace (a container, a flatpak) with the
+    user's ~/.ssh bound at another path: /proc/<pid>/root<that path>/id_rsa is the key for
+    the kernel, while the daemon's walk read ``root``'s text ("/") and judged a path of its
+    own namespace, missing there: outsideWorkspace, which a reviewer's allow passed, and
+    the tool read the key."""
+    keys = root / "keys"
+    keys.mkdir()
+    holder = subprocess.Popen(  # noqa: S603
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",  # noqa: S607
+         f'mount --bind "$0" "$1" && echo ready && exec sleep 60', home / ".ssh", keys],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == b"ready\n"
+        target = f"/proc/{holder.pid}/root{keys}/id_rsa"
+        assert Path(target).read_text() == "secret"  # what the tool reads
+        result = run(loaded("path"), {"path": [target]}, ws, home, Mode.REVIEW)
+        assert result.scope == Scope.FORBIDDEN
+        assert result.require_prompt
+    finally:
+        holder.kill()
+        holder.communicate()
 
 
 @pytest.mark.parametrize("value", [["~/id_rsa"], [" key"], {"p": ["key\n"]}, [" "]])

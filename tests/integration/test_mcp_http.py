@@ -801,6 +801,11 @@ def test_http_every_origin_sent_is_judged(http_daemon, workspace: Path) -> None:
     assert status("http://evil.example.com", local) == b"403"
     assert status(local, "null") == b"403"
     assert status(local, "http://localhost") == b"200"
+    # An Origin whose authority cannot be read (an IPv6 literal never closed): urlsplit
+    # raised, and the request was a traceback in the log and a connection closed
+    # unanswered.
+    assert status("http://[::1") == b"403"
+    assert status(local, "http://[::1") == b"403"
 
 
 def test_http_a_session_id_sent_twice_is_400(http_daemon, workspace: Path) -> None:
