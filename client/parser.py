@@ -13,6 +13,7 @@ import argparse
 import sys
 
 from toolsetd.protocol import __version__
+from toolsetd.protocol.modes import NET_WHITESPACE
 
 from .command import command_in
 
@@ -87,8 +88,6 @@ def _path(value: str) -> str:
 def _source(value: str) -> str:
     """``--source``: trimmed and any case, as the reference host's console reads it (its
     ``Trim()``'s white space, which keeps U+001C..U+001F)."""
-    from toolsetd.protocol.modes import NET_WHITESPACE
-
     word = value.strip(NET_WHITESPACE).lower()
     if word not in ("home", "project"):
         raise argparse.ArgumentTypeError("Source must be home or project.")

@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 
 from toolsetd.protocol.errors import reject_json_constant
 from toolsetd.protocol.jsontext import decode_file_text
+from toolsetd.protocol.modes import NET_WHITESPACE
 
 from .model import (
     DEFAULT_TIMEOUT_SECONDS,
@@ -51,11 +52,6 @@ __all__ = ["ManifestError", "is_directory_name", "is_tool_name", "parse_manifest
 
 _DIRECTORY_NAME = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")
 _TOOL_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
-#: .NET ``char.IsWhiteSpace``: categories Zs, Zl, Zp plus U+0009-U+000D, U+0085, U+00A0.
-_WHITESPACE = (
-    "\t\n\x0b\x0c\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007"
-    "\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
-)
 #: System.Text.Json's default maximum depth.
 _MAX_DEPTH = 64
 #: Upper bound of timeoutSeconds: (uint.MaxValue - 1) / 1000.
@@ -267,14 +263,14 @@ def _load_json(text: bytes, *, members: bool = False) -> tuple[Any, list[_Duplic
 
 
 def _blank(value: str) -> bool:
-    return not value.strip(_WHITESPACE)
+    return not value.strip(NET_WHITESPACE)
 
 
 def _string(obj: Mapping[str, Any], key: str) -> str | None:
     """A present, non-blank string, trimmed; else None (``TryReadString``)."""
     value = obj.get(key)
     if isinstance(value, str) and not _blank(value):
-        return value.strip(_WHITESPACE)
+        return value.strip(NET_WHITESPACE)
     return None
 
 
@@ -289,7 +285,7 @@ def _string_list(obj: Mapping[str, Any], key: str, message: str) -> tuple[str, .
     for item in value:
         if not isinstance(item, str) or _blank(item):
             _fail(message)
-        items.append(item.strip(_WHITESPACE))
+        items.append(item.strip(NET_WHITESPACE))
     return tuple(items)
 
 
@@ -312,7 +308,7 @@ def _approval(obj: Mapping[str, Any], default: Approval, prefix: str = "") -> Ap
     if isinstance(value, str):
         if _blank(value):
             return Approval.INHERIT  # blank means inherit, even under an "always" set
-        word = value.strip(_WHITESPACE).lower()
+        word = value.strip(NET_WHITESPACE).lower()
         if word in ("inherit", "always"):
             return Approval(word)
     _fail(f"{prefix}approval must be inherit or always.")
@@ -348,15 +344,15 @@ def _argv(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     for key, flag in _members(value):  # a duplicate key's every value, as the reference host
         if not isinstance(flag, str) or _blank(flag):
             _fail(f"argv '{key}' must be a flag string.")
-    return tuple((key, flag.strip(_WHITESPACE)) for key, flag in value.items())
+    return tuple((key, flag.strip(NET_WHITESPACE)) for key, flag in value.items())
 
 
 def _output(obj: Mapping[str, Any], name: str) -> OutputMode:
     value = obj.get("output", _MISSING)
     if value is _MISSING:
         return OutputMode.TEXT
-    if isinstance(value, str) and value.strip(_WHITESPACE).lower() in ("text", "content"):
-        return OutputMode(value.strip(_WHITESPACE).lower())
+    if isinstance(value, str) and value.strip(NET_WHITESPACE).lower() in ("text", "content"):
+        return OutputMode(value.strip(NET_WHITESPACE).lower())
     _fail(f"Tool '{name}' has invalid output: output must be text or content.")
 
 
