@@ -573,6 +573,33 @@ def test_http_a_null_protocol_version_is_no_version(http_daemon, workspace: Path
         assert "tools" in reply.json()["result"], reply
 
 
+def test_http_a_2026_header_on_a_request_without_its_meta_is_400(
+    http_daemon, workspace: Path
+) -> None:
+    """A request without a session whose MCP-Protocol-Version header says 2026-07-28 is a
+    2026-07-28 request, and its ``_meta`` protocol version is a required field: missing
+    (no ``_meta`` at all, or one without the version) it is malformed, -32602 naming the
+    field with ``400 Bad Request``, as MCP has it (and as the official SDK's server and
+    conformance suite answer it). ``server/discover`` and ``ping`` were served as probes
+    (200), and tools/list was told to send initialize first."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    field = "_meta.io.modelcontextprotocol/protocolVersion"
+    caps = {"io.modelcontextprotocol/clientCapabilities": {}}
+    for n, method in enumerate(("server/discover", "ping", "tools/list")):
+        for m, params in enumerate((None, {}, {"_meta": caps})):
+            headers = {"mcp-protocol-version": "2026-07-28", "mcp-method": method}
+            reply = http(url, body=rpc(f"{n}-{m}", method, params), headers=headers)
+            assert reply.status == 400, (method, params, reply)
+            assert reply.json()["error"]["code"] == -32602, (method, params, reply.body)
+            assert reply.json()["error"]["data"] == {"field": field}
+            assert reply.json()["id"] == f"{n}-{m}"
+            assert "mcp-session-id" not in reply.headers
+    # Without the header, a bare server/discover or ping is still the probe it was.
+    for method in ("server/discover", "ping"):
+        assert http(url, body=rpc(9, method)).status == 200
+
+
 def test_http_protocol_version_header_is_checked(http_daemon, workspace: Path) -> None:
     """MCP-Protocol-Version: absent, or a handshake version (the session answers by its
     own), it is served; one toolsetd does not know is 400 (-32022), and a 2026-07-28 one
