@@ -40,7 +40,7 @@ Both protocol eras are served on one session, decided per request:
   capabilities count for the requests after it, ``notifications/tools/list_changed`` go to
   the session's outbox, approvals are ``elicitation/create`` requests to the host;
 * ``server/discover`` and ``ping`` need neither, so a host may probe ``server/discover``
-  and then send ``initialize``;
+  and then send ``initialize`` (2026-07-28 removed ``ping``: one that names it is -32601);
 * any other request without either is -32602, saying what to send first; one read while
   an ``initialize`` is still under way (pipelined behind it) waits for it instead.
 
@@ -562,6 +562,16 @@ class McpSession:
                 return None
         era = self._era(method, params)
         if method == "ping":
+            if era.modern:
+                # 2026-07-28 removed ping: a request that names the revision is served by
+                # its rules, and it has no such method (an unversioned probe is answered).
+                raise McpError(
+                    -32601,
+                    f"Method not found: 'ping' is no method of protocol {era.version} (that "
+                    "revision removed it); send it without a protocol version in _meta, or "
+                    "in a session opened by initialize.",
+                    {"method": method},
+                )
             return self._complete(era, {})
         if method == "server/discover":
             return self._discover(era)

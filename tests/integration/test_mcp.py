@@ -186,6 +186,28 @@ def test_mcp_discover_then_initialize_2025_06_18(mcp_daemon: Daemon, workspace: 
         assert pump.close() == 0
 
 
+def test_mcp_ping_is_no_method_of_2026_07_28(mcp_daemon: Daemon, workspace: Path) -> None:
+    """2026-07-28 removed ``ping``: a ping whose ``_meta`` names that revision is -32601,
+    as any method the revision does not have (the official SDK's server answers it so; it
+    was answered with a 2026-07-28 result). A ping that names no version is answered, and
+    so is one in a legacy session."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        removed = pump.request(1, "ping", {"_meta": meta})
+        assert removed["error"]["code"] == -32601, removed
+        assert "2026-07-28" in removed["error"]["message"]
+        assert pump.request(2, "ping")["result"] == {}
+        pump.request(3, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        assert pump.request(4, "ping")["result"] == {}
+        assert pump.request(5, "ping", {"_meta": meta})["error"]["code"] == -32601
+    finally:
+        assert pump.close() == 0
+
+
 def test_mcp_a_protocol_version_that_is_not_a_string_is_invalid_params(
     mcp_daemon: Daemon, workspace: Path
 ) -> None:

@@ -479,12 +479,13 @@ def http_raw_twice(
 
 def test_http_2026_unknown_method_is_404(http_daemon, workspace: Path) -> None:
     """A 2026-07-28 request for a method toolsetd does not serve is HTTP 404 with -32601,
-    as that revision's transport requires; in a legacy session it stays 200."""
+    as that revision's transport requires; in a legacy session it stays 200. ``ping`` is
+    one: 2026-07-28 removed it (it was answered 200 with a 2026-07-28 result)."""
     _, base = http_daemon
     url = endpoint(base, workspace)
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {}}
-    for method in ("resources/list", "no/such"):
+    for method in ("resources/list", "no/such", "ping"):
         reply = http(url, body=rpc(1, method, {"_meta": meta}), headers={
             "mcp-protocol-version": "2026-07-28", "mcp-method": method})
         assert reply.status == 404, (method, reply)
@@ -2407,13 +2408,14 @@ def test_http_an_initialize_whose_catalog_is_short_of_descriptors_opens_no_sessi
                   **{"asker.py": ASKER})
         conn, path, headers, body = _initialize_post(url, other)
         try:
-            # Connected (and accepted) first: a stateless ping, which reads no catalog.
-            conn.request("POST", path, body=json.dumps(rpc(0, "ping", {"_meta": {
+            # Connected (and accepted) first: a stateless server/discover, which reads no
+            # catalog.
+            conn.request("POST", path, body=json.dumps(rpc(0, "server/discover", {"_meta": {
                 "io.modelcontextprotocol/protocolVersion": "2026-07-28",
                 "io.modelcontextprotocol/clientCapabilities": {}}})).encode(),
                 headers={**headers, "mcp-protocol-version": "2026-07-28",
-                         "mcp-method": "ping"})
-            conn.getresponse().read()
+                         "mcp-method": "server/discover"})
+            assert conn.getresponse().read()
             with descriptors_limited(d.proc.pid, free=1):
                 conn.request("POST", path, body=body, headers=headers)
                 busy = conn.getresponse()
