@@ -145,6 +145,54 @@ async def test_mcp_era_lists_and_calls(
             assert "Hello, Ada!" in _text(result)
 
 
+#: One tool more than a tools/list page holds (docs/mcp.md: pages of 1,000 tools).
+PAGED = [f"paged_{n:04d}" for n in range(1001)]
+
+
+@pytest.fixture(scope="module")
+def paged_daemon() -> Iterator[Daemon]:
+    """A daemon whose home holds one set of 1,001 tools, MCP on the socket and on HTTP."""
+
+    def fill(home: Path, _workspace: Path) -> None:
+        tools = [{"name": name, "description": f"Tool {name}.", "schema": {"type": "object"},
+                  "command": ["paged.py"]} for name in PAGED]
+        manifest = {"runner": "exec", "approval": "always", "tools": tools}
+        write_set(home / "tools", "paged", manifest, **{"paged.py": script("print('paged')\n")})
+
+    with daemon_in("tsp-", fill, ["--mcp-listen", "127.0.0.1:0"]) as d:
+        d.mcp_url = listening_urls(d)[0]
+        yield d
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+@pytest.mark.parametrize(("mode", "version"), [("auto", MODERN), ("legacy", "2025-11-25")])
+async def test_mcp_sdk_walks_the_tool_pages_by_cursor(
+    paged_daemon: Daemon, transport: str, mode: str, version: str
+) -> None:
+    """The official client walks a list longer than a page by its ``nextCursor``, over
+    both transports and in both eras: every tool once, in order, and the last page has
+    no cursor; a tool of the second page is called."""
+    host = paged_daemon if transport == "http" else dataclasses.replace(paged_daemon, mcp_url=None)
+    with anyio.fail_after(60):
+        async with Client(server(host, host.workspace), mode=mode) as client:  # type: ignore[arg-type]
+            assert client.protocol_version == version
+            names: list[str] = []
+            cursors: list[str] = []
+            cursor = None
+            while True:
+                page = await client.list_tools(cursor=cursor, cache_mode="bypass")
+                names += [t.name for t in page.tools]
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+                cursors.append(cursor)
+            assert names == PAGED
+            assert len(cursors) == 1
+            result = await client.call_tool(PAGED[-1], {})
+            assert result.is_error is False
+            assert "paged" in _text(result)
+
+
 def test_mcp_discover_then_initialize_2025_06_18(mcp_daemon: Daemon, workspace: Path) -> None:
     """A host that probes server/discover and then initializes (2025-06-18) is served."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
@@ -1580,6 +1628,39 @@ def test_mcp_claude_code_connects(
     out = listed.stdout.decode()
     assert "tools:" in out
     assert "Connected" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a fresh machine installs Claude Code from npm first
+def test_mcp_claude_code_lists_and_gets_both_transports(
+    claude_cli: Path, project: None, shared_daemon: Daemon, workspace: Path, tmp_base: Path
+) -> None:
+    """Claude Code connects to toolsetd over stdio (``toolsetctl mcp``) and over HTTP (the
+    workspace in the URL): ``claude mcp list`` and ``claude mcp get`` report each as
+    Connected and print nothing on stderr."""
+    home = tmp_base / "claude-home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home)}
+    assert shared_daemon.mcp_url is not None
+    url = endpoint(shared_daemon.mcp_url, workspace)
+    for add in (["tools", "--", PY, *pump_args(shared_daemon, workspace)],
+                ["--transport", "http", "toolshttp", url]):
+        subprocess.run([str(claude_cli), "mcp", "add", *add], cwd=workspace, env=env,
+                       capture_output=True, timeout=60, check=True)
+    listed = subprocess.run([str(claude_cli), "mcp", "list"], cwd=workspace, env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    lines = {line.split(":", 1)[0]: line for line in listed.stdout.splitlines() if ": " in line}
+    assert "Connected" in lines.get("tools", ""), listed.stdout
+    assert "Connected" in lines.get("toolshttp", ""), listed.stdout
+    assert "(HTTP)" in lines["toolshttp"], listed.stdout
+    assert listed.stderr == "", listed.stderr
+    for name, kind in (("tools", "stdio"), ("toolshttp", "http")):
+        got = subprocess.run([str(claude_cli), "mcp", "get", name], cwd=workspace, env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert got.returncode == 0, got
+        assert "Connected" in got.stdout, got.stdout
+        assert f"Type: {kind}" in got.stdout, got.stdout
+        assert got.stderr == "", got.stderr
 
 
 @pytest.mark.slow
