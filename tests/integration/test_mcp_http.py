@@ -1723,6 +1723,34 @@ def test_http_get_stream_carries_list_changed(http_daemon, workspace: Path) -> N
                 break
 
 
+def test_http_streams_are_not_resumable(http_daemon, workspace: Path) -> None:
+    """Resumption is not offered (docs/mcp-http.md): no SSE event carries an ``id``, so a
+    host has no Last-Event-ID to send, and a GET that sends one anyway opens the session's
+    stream afresh: nothing of a POST's stream is replayed on it, the next message is the
+    next thing the session is told."""
+    daemon, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    reply = http(url, body=rpc(7, "tools/call", {"name": "progress3", "arguments": {},
+                                                 "_meta": {"progressToken": "p1"}}),
+                 headers={"mcp-session-id": session})
+    assert reply.headers["content-type"] == "text/event-stream"
+    assert len(reply.messages()) >= 4  # progress, then the result
+    fields = {line.split(":", 1)[0] for line in reply.body.decode().splitlines() if line}
+    assert fields == {"event", "data"}, reply.body
+    name = f"resumed_{uuid.uuid4().hex[:10]}"
+    headers = {"accept": "text/event-stream", "mcp-session-id": session, "last-event-id": "0"}
+    with httpx.Client(timeout=20) as client, client.stream("GET", url, headers=headers) as stream:
+        assert stream.status_code == 200
+        write_set(daemon.home / "tools", name, _tool("asker.py"), **{"asker.py": ASKER})
+        assert "result" in daemon.call("reload", {})
+        for line in stream.iter_lines():
+            assert not line.startswith("id:"), line
+            if line.startswith("data:"):
+                assert json.loads(line[5:])["method"] == "notifications/tools/list_changed"
+                break
+
+
 def test_http_64_concurrent_sessions(http_daemon, workspace: Path) -> None:
     """64 sessions at once each initialize, list and call, and all are answered."""
     _, base = http_daemon
