@@ -256,6 +256,31 @@ def test_mcp_ping_is_no_method_of_2026_07_28(mcp_daemon: Daemon, workspace: Path
         assert pump.close() == 0
 
 
+def test_mcp_a_task_augmented_call_is_served_as_a_plain_call(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """toolsetd declares no ``tasks`` capability, so a ``tools/call`` carrying 2025-11-25's
+    ``task`` augmentation is processed normally, the augmentation ignored (MCP: a receiver
+    that does not declare the task capability for a request type MUST): the tool runs and
+    its result is the answer, not a task. ``tasks/*`` are methods it does not have."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        init = pump.request(1, "initialize", {
+            "protocolVersion": "2025-11-25", "clientInfo": {"name": "t", "version": "1"},
+            "capabilities": {"tasks": {"requests": {"elicitation": {"create": {}}}}}})
+        assert "tasks" not in init["result"]["capabilities"]
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        call = pump.request(2, "tools/call", {"name": "hello", "arguments": {"name": "Ada"},
+                                              "task": {"ttl": 60000}})
+        assert call["result"]["isError"] is False, call
+        assert "Hello, Ada!" in call["result"]["content"][0]["text"]
+        assert "task" not in call["result"]
+        for n, method in enumerate(("tasks/get", "tasks/list", "tasks/result", "tasks/cancel")):
+            assert pump.request(3 + n, method, {"taskId": "x"})["error"]["code"] == -32601
+    finally:
+        assert pump.close() == 0
+
+
 def test_mcp_a_protocol_version_that_is_not_a_string_is_invalid_params(
     mcp_daemon: Daemon, workspace: Path
 ) -> None:

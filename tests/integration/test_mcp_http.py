@@ -477,6 +477,25 @@ def http_raw_twice(
         conn.close()
 
 
+def test_http_a_task_augmented_call_is_served_as_a_plain_call(
+    http_daemon, workspace: Path
+) -> None:
+    """Over HTTP too: a ``tools/call`` with 2025-11-25's ``task`` augmentation runs and is
+    answered as a plain call (toolsetd declares no ``tasks`` capability, so MCP has it
+    ignore the augmentation)."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    reply = http(url, body=rpc(2, "tools/call", {"name": "hello", "arguments": {"name": "Ada"},
+                                                 "task": {"ttl": 60000}}),
+                 headers={"mcp-session-id": session})
+    assert reply.status == 200, reply
+    result = reply.messages()[-1]["result"]
+    assert result["isError"] is False, result
+    assert "Hello, Ada!" in result["content"][0]["text"]
+    assert "task" not in result
+
+
 def test_http_2026_unknown_method_is_404(http_daemon, workspace: Path) -> None:
     """A 2026-07-28 request for a method toolsetd does not serve is HTTP 404 with -32601,
     as that revision's transport requires; in a legacy session it stays 200. ``ping`` is
