@@ -753,6 +753,37 @@ async def _ask(
             return await client.call_tool(name, {}), seen
 
 
+@pytest.mark.parametrize(("version", "mode"), [("2025-06-18", None), ("2025-11-25", "form")])
+def test_mcp_the_approval_request_has_its_versions_shape(
+    mcp_daemon: Daemon, workspace: Path, version: str, mode: str | None
+) -> None:
+    """The approval's ``elicitation/create`` is shaped by the version the session agreed on:
+    2025-06-18's has no ``mode`` (that revision has none), 2025-11-25's says ``form``; both
+    ask with an empty form, and the host's accept runs the call."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        init = pump.request(1, "initialize", {
+            "protocolVersion": version, "capabilities": {"elicitation": {}},
+            "clientInfo": {"name": "t", "version": "1"}})
+        assert init["result"]["protocolVersion"] == version
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                   "params": {"name": "asker", "arguments": {}}})
+        asked = pump.receive()
+        assert asked["method"] == "elicitation/create", asked
+        params = asked["params"]
+        assert params.get("mode") == mode, params
+        assert params["requestedSchema"] == {"type": "object", "properties": {}}
+        assert "asker" in params["message"]
+        pump.send({"jsonrpc": "2.0", "id": asked["id"],
+                   "result": {"action": "accept", "content": {}}})
+        done = pump.receive()
+        assert done["id"] == 2, done
+        assert "asked and ran" in done["result"]["content"][0]["text"]
+    finally:
+        assert pump.close() == 0
+
+
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_mcp_elicitation_accept_runs_the_call(
     mcp_host: Daemon, workspace: Path, mode: str
