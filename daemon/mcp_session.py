@@ -40,7 +40,7 @@ Both protocol eras are served on one session, decided per request:
   capabilities count for the requests after it, ``notifications/tools/list_changed`` go to
   the session's outbox, approvals are ``elicitation/create`` requests to the host;
 * ``server/discover`` and ``ping`` need neither, so a host may probe ``server/discover``
-  and then send ``initialize``;
+  and then send ``initialize`` (2026-07-28 removed ``ping``: one that names it is -32601);
 * any other request without either is -32602, saying what to send first; one read while
   an ``initialize`` is still under way (pipelined behind it) waits for it instead.
 
@@ -80,7 +80,9 @@ from .model import Catalog
 from .service import CatalogListener, InvokeRequest, Service, Unapproved, approval_digest
 
 __all__ = [
+    "CAPABILITIES_META",
     "MODERN_VERSIONS",
+    "PROTOCOL_VERSION_META",
     "SUPPORTED_VERSIONS",
     "UNSUPPORTED_VERSION",
     "Binding",
@@ -107,8 +109,8 @@ SUPPORTED_VERSIONS = (*MODERN_VERSIONS, *HANDSHAKE_VERSIONS)
 #: MCP's "Unsupported protocol version" (``unsupported_version``).
 UNSUPPORTED_VERSION = -32022
 
-_PV = "io.modelcontextprotocol/protocolVersion"
-_CAPS = "io.modelcontextprotocol/clientCapabilities"
+PROTOCOL_VERSION_META = "io.modelcontextprotocol/protocolVersion"
+CAPABILITIES_META = "io.modelcontextprotocol/clientCapabilities"
 _SERVER_INFO = "io.modelcontextprotocol/serverInfo"
 _SUBSCRIPTION = "io.modelcontextprotocol/subscriptionId"
 _SERVER = {"name": "toolsetd", "version": __version__}
@@ -560,6 +562,16 @@ class McpSession:
                 return None
         era = self._era(method, params)
         if method == "ping":
+            if era.modern:
+                # 2026-07-28 removed ping: a request that names the revision is served by
+                # its rules, and it has no such method (an unversioned probe is answered).
+                raise McpError(
+                    -32601,
+                    f"Method not found: 'ping' is no method of protocol {era.version} (that "
+                    "revision removed it); send it without a protocol version in _meta, or "
+                    "in a session opened by initialize.",
+                    {"method": method},
+                )
             return self._complete(era, {})
         if method == "server/discover":
             return self._discover(era)
@@ -578,29 +590,30 @@ class McpSession:
 
     def _era(self, method: str, params: dict[str, Any]) -> _Era:
         meta = params.get("_meta")
-        version = meta.get(_PV) if isinstance(meta, dict) else None
+        version = meta.get(PROTOCOL_VERSION_META) if isinstance(meta, dict) else None
         if version is not None:
             if not isinstance(version, str):
                 # Malformed, not a version we do not serve: -32022's data.requested is a
                 # string (the schema), and the value, however large, is not echoed.
                 raise McpError(
                     -32602,
-                    f"Invalid params: '_meta.{_PV}' must be a string (a protocol version, "
-                    f"such as '{MODERN_VERSIONS[-1]}').",
-                    {"field": f"_meta.{_PV}"},
+                    f"Invalid params: '_meta.{PROTOCOL_VERSION_META}' must be a string (a "
+                    f"protocol version, such as '{MODERN_VERSIONS[-1]}').",
+                    {"field": f"_meta.{PROTOCOL_VERSION_META}"},
                 )
             if version not in MODERN_VERSIONS:
                 raise unsupported_version(version)
             assert isinstance(meta, dict)
-            caps = meta.get(_CAPS)
+            caps = meta.get(CAPABILITIES_META)
             if not isinstance(caps, dict):
                 # A required field of the request (MCP: a request missing one is malformed,
                 # -32602), not a host that declared nothing: that one sends {}.
                 raise McpError(
                     -32602,
-                    f"Invalid params: a {version} request must carry '_meta.{_CAPS}', the "
-                    "client's capabilities for it, as an object ({} when it declares none).",
-                    {"field": f"_meta.{_CAPS}"},
+                    f"Invalid params: a {version} request must carry "
+                    f"'_meta.{CAPABILITIES_META}', the client's capabilities for it, as an "
+                    "object ({} when it declares none).",
+                    {"field": f"_meta.{CAPABILITIES_META}"},
                 )
             return _Era(version, True, caps)
         if self.legacy_version is not None:
@@ -611,7 +624,7 @@ class McpSession:
             -32602,
             f"Invalid params: '{method}' before initialize: send initialize first (protocol "
             f"{' or '.join(HANDSHAKE_VERSIONS)}), or carry _meta "
-            f"'{_PV}': '{MODERN_VERSIONS[-1]}' on every request.",
+            f"'{PROTOCOL_VERSION_META}': '{MODERN_VERSIONS[-1]}' on every request.",
             {"field": "_meta"},
         )
 
@@ -939,7 +952,7 @@ def meta_version(message: Any) -> Any:
     None when it names none)."""
     params = message.get("params") if isinstance(message, dict) else None
     meta = params.get("_meta") if isinstance(params, dict) else None
-    return meta.get(_PV) if isinstance(meta, dict) else None
+    return meta.get(PROTOCOL_VERSION_META) if isinstance(meta, dict) else None
 
 
 def malformed_envelope(error: Any) -> bool:
@@ -949,7 +962,10 @@ def malformed_envelope(error: Any) -> bool:
     if not isinstance(error, dict) or error.get("code") != rpc_errors.InvalidParams.CODE:
         return False
     data = error.get("data")
-    return isinstance(data, dict) and data.get("field") in (f"_meta.{_PV}", f"_meta.{_CAPS}")
+    return isinstance(data, dict) and data.get("field") in (
+        f"_meta.{PROTOCOL_VERSION_META}",
+        f"_meta.{CAPABILITIES_META}",
+    )
 
 
 def unsupported_version(version: Any) -> McpError:

@@ -70,7 +70,9 @@ from .large import LARGE_TEXT, LargeRequests
 from .logs import Throttle
 from .mcp_mapping import McpError, error_response
 from .mcp_session import (
+    CAPABILITIES_META,
     MODERN_VERSIONS,
+    PROTOCOL_VERSION_META,
     SUPPORTED_VERSIONS,
     UNSUPPORTED_VERSION,
     malformed_envelope,
@@ -606,7 +608,9 @@ class McpHttpEndpoint:
         try:
             if not fresh:
                 assert session.core is not None
-                mismatch = _version_mismatch(request, session.core, message)
+                mismatch = _version_mismatch(
+                    request, session.core, message, sessionless=session.session_id is None
+                )
                 if (
                     mismatch is None
                     and message.get("method") == "tools/call"
@@ -956,7 +960,7 @@ class McpHttpEndpoint:
 
 
 def _version_mismatch(
-    request: HttpRequest, core: CoreSession, message: Any = None
+    request: HttpRequest, core: CoreSession, message: Any = None, *, sessionless: bool = False
 ) -> McpError | None:
     """Why the ``MCP-Protocol-Version`` header refuses this request (400), or None.
 
@@ -964,7 +968,10 @@ def _version_mismatch(
     toolsetd does not know is refused as the core refuses one in ``_meta``. The stateless
     era binds the header to the body: a 2026-07-28 request's header must be its
     ``_meta``'s version, and a 2026-07-28 header must come with such a request
-    (HeaderMismatch). Among the handshake versions, a session answers by the one
+    (HeaderMismatch). Without a session such a header makes the request a 2026-07-28 one,
+    whose ``_meta`` version is a required field: missing, the request is malformed
+    (-32602, as the core answers one without ``clientCapabilities``), not a probe
+    (``server/discover``, ``ping``). Among the handshake versions, a session answers by the one
     ``initialize`` agreed on whichever the header names, as the SDKs' servers do (the
     official conformance suite sends ``2025-03-26``, the spec's fallback, in a
     ``2025-11-25`` session).
@@ -992,6 +999,14 @@ def _version_mismatch(
             f"MCP-Protocol-Version is {header!r}, but the request's _meta names no protocol "
             "version (not a string)",
             {"header": header},
+        )
+    if served is None and sessionless and header in MODERN_VERSIONS:
+        return McpError(
+            -32602,
+            f"Invalid params: MCP-Protocol-Version is {header!r}, so this is a {header} "
+            f"request, which must carry '_meta.{PROTOCOL_VERSION_META}' (and "
+            f"'_meta.{CAPABILITIES_META}'); it carries none.",
+            {"field": f"_meta.{PROTOCOL_VERSION_META}"},
         )
     if served is None or served == header:
         return None

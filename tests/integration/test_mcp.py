@@ -145,6 +145,54 @@ async def test_mcp_era_lists_and_calls(
             assert "Hello, Ada!" in _text(result)
 
 
+#: One tool more than a tools/list page holds (docs/mcp.md: pages of 1,000 tools).
+PAGED = [f"paged_{n:04d}" for n in range(1001)]
+
+
+@pytest.fixture(scope="module")
+def paged_daemon() -> Iterator[Daemon]:
+    """A daemon whose home holds one set of 1,001 tools, MCP on the socket and on HTTP."""
+
+    def fill(home: Path, _workspace: Path) -> None:
+        tools = [{"name": name, "description": f"Tool {name}.", "schema": {"type": "object"},
+                  "command": ["paged.py"]} for name in PAGED]
+        manifest = {"runner": "exec", "approval": "always", "tools": tools}
+        write_set(home / "tools", "paged", manifest, **{"paged.py": script("print('paged')\n")})
+
+    with daemon_in("tsp-", fill, ["--mcp-listen", "127.0.0.1:0"]) as d:
+        d.mcp_url = listening_urls(d)[0]
+        yield d
+
+
+@pytest.mark.parametrize("transport", ["stdio", "http"])
+@pytest.mark.parametrize(("mode", "version"), [("auto", MODERN), ("legacy", "2025-11-25")])
+async def test_mcp_sdk_walks_the_tool_pages_by_cursor(
+    paged_daemon: Daemon, transport: str, mode: str, version: str
+) -> None:
+    """The official client walks a list longer than a page by its ``nextCursor``, over
+    both transports and in both eras: every tool once, in order, and the last page has
+    no cursor; a tool of the second page is called."""
+    host = paged_daemon if transport == "http" else dataclasses.replace(paged_daemon, mcp_url=None)
+    with anyio.fail_after(60):
+        async with Client(server(host, host.workspace), mode=mode) as client:  # type: ignore[arg-type]
+            assert client.protocol_version == version
+            names: list[str] = []
+            cursors: list[str] = []
+            cursor = None
+            while True:
+                page = await client.list_tools(cursor=cursor, cache_mode="bypass")
+                names += [t.name for t in page.tools]
+                cursor = page.next_cursor
+                if cursor is None:
+                    break
+                cursors.append(cursor)
+            assert names == PAGED
+            assert len(cursors) == 1
+            result = await client.call_tool(PAGED[-1], {})
+            assert result.is_error is False
+            assert "paged" in _text(result)
+
+
 def test_mcp_discover_then_initialize_2025_06_18(mcp_daemon: Daemon, workspace: Path) -> None:
     """A host that probes server/discover and then initializes (2025-06-18) is served."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
@@ -182,6 +230,53 @@ def test_mcp_discover_then_initialize_2025_06_18(mcp_daemon: Daemon, workspace: 
         assert odd["error"]["code"] == -32022
         assert MODERN in odd["error"]["data"]["supported"]
         assert pump.request(6, "resources/list")["error"]["code"] == -32601
+    finally:
+        assert pump.close() == 0
+
+
+def test_mcp_ping_is_no_method_of_2026_07_28(mcp_daemon: Daemon, workspace: Path) -> None:
+    """2026-07-28 removed ``ping``: a ping whose ``_meta`` names that revision is -32601,
+    as any method the revision does not have (the official SDK's server answers it so; it
+    was answered with a 2026-07-28 result). A ping that names no version is answered, and
+    so is one in a legacy session."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        removed = pump.request(1, "ping", {"_meta": meta})
+        assert removed["error"]["code"] == -32601, removed
+        assert "2026-07-28" in removed["error"]["message"]
+        assert pump.request(2, "ping")["result"] == {}
+        pump.request(3, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        assert pump.request(4, "ping")["result"] == {}
+        assert pump.request(5, "ping", {"_meta": meta})["error"]["code"] == -32601
+    finally:
+        assert pump.close() == 0
+
+
+def test_mcp_a_task_augmented_call_is_served_as_a_plain_call(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """toolsetd declares no ``tasks`` capability, so a ``tools/call`` carrying 2025-11-25's
+    ``task`` augmentation is processed normally, the augmentation ignored (MCP: a receiver
+    that does not declare the task capability for a request type MUST): the tool runs and
+    its result is the answer, not a task. ``tasks/*`` are methods it does not have."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        init = pump.request(1, "initialize", {
+            "protocolVersion": "2025-11-25", "clientInfo": {"name": "t", "version": "1"},
+            "capabilities": {"tasks": {"requests": {"elicitation": {"create": {}}}}}})
+        assert "tasks" not in init["result"]["capabilities"]
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        call = pump.request(2, "tools/call", {"name": "hello", "arguments": {"name": "Ada"},
+                                              "task": {"ttl": 60000}})
+        assert call["result"]["isError"] is False, call
+        assert "Hello, Ada!" in call["result"]["content"][0]["text"]
+        assert "task" not in call["result"]
+        for n, method in enumerate(("tasks/get", "tasks/list", "tasks/result", "tasks/cancel")):
+            assert pump.request(3 + n, method, {"taskId": "x"})["error"]["code"] == -32601
     finally:
         assert pump.close() == 0
 
@@ -656,6 +751,37 @@ async def _ask(
             elicitation_callback=_elicit(action, seen),
         ) as client:
             return await client.call_tool(name, {}), seen
+
+
+@pytest.mark.parametrize(("version", "mode"), [("2025-06-18", None), ("2025-11-25", "form")])
+def test_mcp_the_approval_request_has_its_versions_shape(
+    mcp_daemon: Daemon, workspace: Path, version: str, mode: str | None
+) -> None:
+    """The approval's ``elicitation/create`` is shaped by the version the session agreed on:
+    2025-06-18's has no ``mode`` (that revision has none), 2025-11-25's says ``form``; both
+    ask with an empty form, and the host's accept runs the call."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        init = pump.request(1, "initialize", {
+            "protocolVersion": version, "capabilities": {"elicitation": {}},
+            "clientInfo": {"name": "t", "version": "1"}})
+        assert init["result"]["protocolVersion"] == version
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                   "params": {"name": "asker", "arguments": {}}})
+        asked = pump.receive()
+        assert asked["method"] == "elicitation/create", asked
+        params = asked["params"]
+        assert params.get("mode") == mode, params
+        assert params["requestedSchema"] == {"type": "object", "properties": {}}
+        assert "asker" in params["message"]
+        pump.send({"jsonrpc": "2.0", "id": asked["id"],
+                   "result": {"action": "accept", "content": {}}})
+        done = pump.receive()
+        assert done["id"] == 2, done
+        assert "asked and ran" in done["result"]["content"][0]["text"]
+    finally:
+        assert pump.close() == 0
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
@@ -1558,6 +1684,39 @@ def test_mcp_claude_code_connects(
     out = listed.stdout.decode()
     assert "tools:" in out
     assert "Connected" in out, out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a fresh machine installs Claude Code from npm first
+def test_mcp_claude_code_lists_and_gets_both_transports(
+    claude_cli: Path, project: None, shared_daemon: Daemon, workspace: Path, tmp_base: Path
+) -> None:
+    """Claude Code connects to toolsetd over stdio (``toolsetctl mcp``) and over HTTP (the
+    workspace in the URL): ``claude mcp list`` and ``claude mcp get`` report each as
+    Connected and print nothing on stderr."""
+    home = tmp_base / "claude-home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home)}
+    assert shared_daemon.mcp_url is not None
+    url = endpoint(shared_daemon.mcp_url, workspace)
+    for add in (["tools", "--", PY, *pump_args(shared_daemon, workspace)],
+                ["--transport", "http", "toolshttp", url]):
+        subprocess.run([str(claude_cli), "mcp", "add", *add], cwd=workspace, env=env,
+                       capture_output=True, timeout=60, check=True)
+    listed = subprocess.run([str(claude_cli), "mcp", "list"], cwd=workspace, env=env,
+                            capture_output=True, text=True, timeout=120, check=False)
+    lines = {line.split(":", 1)[0]: line for line in listed.stdout.splitlines() if ": " in line}
+    assert "Connected" in lines.get("tools", ""), listed.stdout
+    assert "Connected" in lines.get("toolshttp", ""), listed.stdout
+    assert "(HTTP)" in lines["toolshttp"], listed.stdout
+    assert listed.stderr == "", listed.stderr
+    for name, kind in (("tools", "stdio"), ("toolshttp", "http")):
+        got = subprocess.run([str(claude_cli), "mcp", "get", name], cwd=workspace, env=env,
+                             capture_output=True, text=True, timeout=120, check=False)
+        assert got.returncode == 0, got
+        assert "Connected" in got.stdout, got.stdout
+        assert f"Type: {kind}" in got.stdout, got.stdout
+        assert got.stderr == "", got.stderr
 
 
 @pytest.mark.slow

@@ -477,14 +477,34 @@ def http_raw_twice(
         conn.close()
 
 
+def test_http_a_task_augmented_call_is_served_as_a_plain_call(
+    http_daemon, workspace: Path
+) -> None:
+    """Over HTTP too: a ``tools/call`` with 2025-11-25's ``task`` augmentation runs and is
+    answered as a plain call (toolsetd declares no ``tasks`` capability, so MCP has it
+    ignore the augmentation)."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    reply = http(url, body=rpc(2, "tools/call", {"name": "hello", "arguments": {"name": "Ada"},
+                                                 "task": {"ttl": 60000}}),
+                 headers={"mcp-session-id": session})
+    assert reply.status == 200, reply
+    result = reply.messages()[-1]["result"]
+    assert result["isError"] is False, result
+    assert "Hello, Ada!" in result["content"][0]["text"]
+    assert "task" not in result
+
+
 def test_http_2026_unknown_method_is_404(http_daemon, workspace: Path) -> None:
     """A 2026-07-28 request for a method toolsetd does not serve is HTTP 404 with -32601,
-    as that revision's transport requires; in a legacy session it stays 200."""
+    as that revision's transport requires; in a legacy session it stays 200. ``ping`` is
+    one: 2026-07-28 removed it (it was answered 200 with a 2026-07-28 result)."""
     _, base = http_daemon
     url = endpoint(base, workspace)
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {}}
-    for method in ("resources/list", "no/such"):
+    for method in ("resources/list", "no/such", "ping"):
         reply = http(url, body=rpc(1, method, {"_meta": meta}), headers={
             "mcp-protocol-version": "2026-07-28", "mcp-method": method})
         assert reply.status == 404, (method, reply)
@@ -571,6 +591,33 @@ def test_http_a_null_protocol_version_is_no_version(http_daemon, workspace: Path
         reply = http(url, body=body, headers={"mcp-session-id": session, **headers})
         assert reply.status == 200, (headers, reply)
         assert "tools" in reply.json()["result"], reply
+
+
+def test_http_a_2026_header_on_a_request_without_its_meta_is_400(
+    http_daemon, workspace: Path
+) -> None:
+    """A request without a session whose MCP-Protocol-Version header says 2026-07-28 is a
+    2026-07-28 request, and its ``_meta`` protocol version is a required field: missing
+    (no ``_meta`` at all, or one without the version) it is malformed, -32602 naming the
+    field with ``400 Bad Request``, as MCP has it (and as the official SDK's server and
+    conformance suite answer it). ``server/discover`` and ``ping`` were served as probes
+    (200), and tools/list was told to send initialize first."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    field = "_meta.io.modelcontextprotocol/protocolVersion"
+    caps = {"io.modelcontextprotocol/clientCapabilities": {}}
+    for n, method in enumerate(("server/discover", "ping", "tools/list")):
+        for m, params in enumerate((None, {}, {"_meta": caps})):
+            headers = {"mcp-protocol-version": "2026-07-28", "mcp-method": method}
+            reply = http(url, body=rpc(f"{n}-{m}", method, params), headers=headers)
+            assert reply.status == 400, (method, params, reply)
+            assert reply.json()["error"]["code"] == -32602, (method, params, reply.body)
+            assert reply.json()["error"]["data"] == {"field": field}
+            assert reply.json()["id"] == f"{n}-{m}"
+            assert "mcp-session-id" not in reply.headers
+    # Without the header, a bare server/discover or ping is still the probe it was.
+    for method in ("server/discover", "ping"):
+        assert http(url, body=rpc(9, method)).status == 200
 
 
 def test_http_protocol_version_header_is_checked(http_daemon, workspace: Path) -> None:
@@ -1756,6 +1803,34 @@ def test_http_get_stream_carries_list_changed(http_daemon, workspace: Path) -> N
                 break
 
 
+def test_http_streams_are_not_resumable(http_daemon, workspace: Path) -> None:
+    """Resumption is not offered (docs/mcp-http.md): no SSE event carries an ``id``, so a
+    host has no Last-Event-ID to send, and a GET that sends one anyway opens the session's
+    stream afresh: nothing of a POST's stream is replayed on it, the next message is the
+    next thing the session is told."""
+    daemon, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    reply = http(url, body=rpc(7, "tools/call", {"name": "progress3", "arguments": {},
+                                                 "_meta": {"progressToken": "p1"}}),
+                 headers={"mcp-session-id": session})
+    assert reply.headers["content-type"] == "text/event-stream"
+    assert len(reply.messages()) >= 4  # progress, then the result
+    fields = {line.split(":", 1)[0] for line in reply.body.decode().splitlines() if line}
+    assert fields == {"event", "data"}, reply.body
+    name = f"resumed_{uuid.uuid4().hex[:10]}"
+    headers = {"accept": "text/event-stream", "mcp-session-id": session, "last-event-id": "0"}
+    with httpx.Client(timeout=20) as client, client.stream("GET", url, headers=headers) as stream:
+        assert stream.status_code == 200
+        write_set(daemon.home / "tools", name, _tool("asker.py"), **{"asker.py": ASKER})
+        assert "result" in daemon.call("reload", {})
+        for line in stream.iter_lines():
+            assert not line.startswith("id:"), line
+            if line.startswith("data:"):
+                assert json.loads(line[5:])["method"] == "notifications/tools/list_changed"
+                break
+
+
 def test_http_64_concurrent_sessions(http_daemon, workspace: Path) -> None:
     """64 sessions at once each initialize, list and call, and all are answered."""
     _, base = http_daemon
@@ -2441,13 +2516,14 @@ def test_http_an_initialize_whose_catalog_is_short_of_descriptors_opens_no_sessi
                   **{"asker.py": ASKER})
         conn, path, headers, body = _initialize_post(url, other)
         try:
-            # Connected (and accepted) first: a stateless ping, which reads no catalog.
-            conn.request("POST", path, body=json.dumps(rpc(0, "ping", {"_meta": {
+            # Connected (and accepted) first: a stateless server/discover, which reads no
+            # catalog.
+            conn.request("POST", path, body=json.dumps(rpc(0, "server/discover", {"_meta": {
                 "io.modelcontextprotocol/protocolVersion": "2026-07-28",
                 "io.modelcontextprotocol/clientCapabilities": {}}})).encode(),
                 headers={**headers, "mcp-protocol-version": "2026-07-28",
-                         "mcp-method": "ping"})
-            conn.getresponse().read()
+                         "mcp-method": "server/discover"})
+            assert conn.getresponse().read()
             with descriptors_limited(d.proc.pid, free=1):
                 conn.request("POST", path, body=body, headers=headers)
                 busy = conn.getresponse()
