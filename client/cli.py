@@ -22,7 +22,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from toolsetd.protocol.modes import NET_WHITESPACE
+from toolsetd.protocol.whitespace import NET_WHITESPACE
 
 from .blocking import BlockingClient
 from .context import (

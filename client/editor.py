@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from toolsetd.protocol.errors import reject_json_constant
-from toolsetd.protocol.modes import NET_WHITESPACE
+from toolsetd.protocol.whitespace import NET_WHITESPACE
 
 from .render import is_directory_name
 

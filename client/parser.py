@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from toolsetd.protocol import __version__
-from toolsetd.protocol.modes import NET_WHITESPACE
+from toolsetd.protocol.whitespace import NET_WHITESPACE
 
 from .command import command_in
 

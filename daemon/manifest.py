@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 
 from toolsetd.protocol.errors import reject_json_constant
 from toolsetd.protocol.jsontext import decode_file_text
-from toolsetd.protocol.modes import NET_WHITESPACE
+from toolsetd.protocol.whitespace import NET_WHITESPACE
 
 from .model import (
     DEFAULT_TIMEOUT_SECONDS,

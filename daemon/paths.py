@@ -81,7 +81,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from toolsetd.protocol.modes import NET_WHITESPACE
+from toolsetd.protocol.whitespace import NET_WHITESPACE
 
 from .exhaustion import out_of_resources
 from .model import ToolDef

@@ -10,17 +10,9 @@ import enum
 from types import MappingProxyType
 from typing import Final
 
+from .whitespace import NET_WHITESPACE
+
 __all__ = ["MODE_EXPECTED", "NET_WHITESPACE", "Mode", "parse_mode"]
-
-
-#: The characters .NET's ``char.IsWhiteSpace`` (and so ``string.Trim()`` and
-#: ``string.IsNullOrWhiteSpace``) counts as white space: the Unicode White_Space set.
-#: Python's ``str.strip()`` also strips U+001C..U+001F, which .NET keeps. The reference
-#: host trims mode names and path arguments (``daemon/paths.py``) with this set.
-NET_WHITESPACE: Final = (
-    "\t\n\v\f\r \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006"
-    "\u2007\u2008\u2009\u200a\u2028\u2029\u202f\u205f\u3000"
-)
 
 
 class Mode(enum.StrEnum):
