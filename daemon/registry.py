@@ -165,6 +165,11 @@ _GONE = "gone"
 _LINK = "link"
 #: Up to this many manifests in all, a reload stats them on the event loop (``_refresh``).
 INLINE_SCAN_MAX = 2_000
+#: A scan on the loop whose suspects are at most this many manifests, each too fresh to
+#: judge at the last scan and of at most ``RECHECK_INLINE_BYTES``, reads them again there
+#: (``_racy_unchanged``): bytes unchanged, no worker thread is needed.
+RECHECK_INLINE_MAX = 8
+RECHECK_INLINE_BYTES = 64 * 1024
 
 _Changes = tuple[SetChange, ...]
 
@@ -191,6 +196,18 @@ class _Scan:
     def size(self) -> int:
         """How many manifests the scan looked at."""
         return sum(len(found) for found in self.roots if found is not None)
+
+
+def _patchable(entry: SetEntry) -> bool:
+    """Whether ``_patch`` may replace this set's entry in place (else: a rebuild)."""
+    before = entry.toolset
+    return not (
+        before is None
+        or entry.state is not SetState.LOADED
+        or entry.notes
+        or before.runner is not RunnerKind.EXEC
+        or entry.tools != tuple(t.name for t in before.tools)
+    )
 
 
 def _signature_or_fresh(path: str, now_ns: int) -> object:
@@ -338,7 +355,49 @@ class Registry:
             return await threads.run_sync(self._refresh_sync, workspace, force)
         if scanned[1] == []:
             return None
+        suspects = scanned[1]
+        if inline and previous is not None and suspects is not None:
+            old = self._snapshots.get(workspace)
+            if old is not None and self._racy_unchanged(workspace, old, previous, suspects):
+                return old, (), scanned[0]
         return await threads.run_sync(self._refresh_sync, workspace, force, scanned)
+
+    def _racy_unchanged(
+        self, workspace: Key, old: Catalog, previous: _Scan, suspects: list[tuple[int, str]]
+    ) -> bool:
+        """Whether the suspects of a scan on the loop are manifests re-read to the same bytes.
+
+        A manifest written less than ``RACY_NS`` ago is a suspect at every scan, its bytes
+        unchanged or not: a reload within seconds of an edit read it again in a worker
+        thread, whose hand-off cost more than the read (and, on a busy machine, a wait for
+        a CPU). Only suspects the last scan found too fresh as well are read here, at most
+        ``RECHECK_INLINE_MAX`` of ``RECHECK_INLINE_BYTES`` each, and only where ``_patch``
+        would take them (a set it would rebuild goes to the thread as before): their
+        bytes unchanged, ``_patch`` would return ``old`` itself. A manifest that changed
+        (a newer signature) goes to the thread unread, where it is parsed.
+        """
+        if len(suspects) > RECHECK_INLINE_MAX:
+            return False
+        roots = self._roots(workspace)
+        index = self._index(workspace, old)
+        for root_index, name in suspects:
+            before = previous.roots[root_index]
+            if before is None or before.get(name) is not _FRESH:
+                return False
+            root, source = roots[root_index]
+            position = index.get((name, source))
+            if position is None:
+                return False
+            entry = old.sets[position]
+            if not _patchable(entry):
+                return False
+            assert entry.toolset is not None
+            manifest = root + os.sep + name + os.sep + MANIFEST_NAME
+            if not self.cache.unchanged(
+                manifest, source, self.reserved, entry.toolset, RECHECK_INLINE_BYTES
+            ):
+                return False
+        return True
 
     def _refresh_sync(
         self,
@@ -565,12 +624,7 @@ class Registry:
     ) -> tuple[Catalog, _Changes] | None:
         """Replace the suspect sets' entries and tools in ``old``; None if unsafe (rebuild)."""
         roots = self._roots(workspace)
-        positions = self._positions.get(workspace)
-        if positions is None or positions[0] is not old:
-            index = {(e.directory, e.source): i for i, e in enumerate(old.sets)}
-            self._positions[workspace] = (old, index)
-        else:
-            index = positions[1]
+        index = self._index(workspace, old)
         tools: dict[str, LoadedTool] | None = None
         sets: list[SetEntry] | None = None
         changes: list[SetChange] = []
@@ -582,13 +636,7 @@ class Registry:
                 return None
             entry = old.sets[position]
             before = entry.toolset
-            if (
-                before is None
-                or entry.state is not SetState.LOADED
-                or entry.notes
-                or before.runner is not RunnerKind.EXEC
-                or entry.tools != tuple(t.name for t in before.tools)
-            ):
+            if before is None or not _patchable(entry):
                 return None
             set_dir = root + os.sep + name
             manifest = set_dir + os.sep + MANIFEST_NAME
@@ -632,6 +680,15 @@ class Registry:
         new = replace(old, tools=MappingProxyType(tools), sets=tuple(sets))
         self._positions[workspace] = (new, index)
         return new, tuple(sorted(changes, key=lambda c: (c.set, c.source.value)))
+
+    def _index(self, workspace: Key, old: Catalog) -> dict[tuple[str, Source], int]:
+        """``old``'s set positions by (directory, source), worked out once per snapshot."""
+        positions = self._positions.get(workspace)
+        if positions is not None and positions[0] is old:
+            return positions[1]
+        index = {(e.directory, e.source): i for i, e in enumerate(old.sets)}
+        self._positions[workspace] = (old, index)
+        return index
 
     def _build_sync(self, workspace: Key) -> Catalog:
         config, config_notes = load_config(self.home)

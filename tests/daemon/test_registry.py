@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 from structlog.testing import capture_logs
-from toolsetd.daemon.catalog import RACY_NS
+from toolsetd.daemon.catalog import RACY_NS, ManifestCache
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Source
 from toolsetd.daemon import registry as registry_module
 from toolsetd.daemon.registry import Registry, SetChange, diff_catalogs
@@ -607,6 +607,47 @@ async def test_a_touched_manifest_is_looked_at_once(
         assert outcome.all_changes() == []
         assert await registry.catalog(None) is before
     assert refreshed == [None]
+
+
+async def test_a_manifest_too_fresh_to_judge_is_read_again_on_the_loop(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manifest written within the racy window is read again at every reload (a rewrite
+    inside one timestamp tick leaves its stat alike). While its bytes stay the same, that
+    read happens on the event loop and the snapshot is kept: each such reload went to a
+    worker thread for it, and the hand-off cost more than the read. Changed bytes still
+    go to the thread, which parses them."""
+    tools = home / "tools"
+    _write(tools, "a", description="one")
+    _write(tools, "b")
+    now = [time.time_ns()]  # every manifest stays too fresh to judge by its stat
+    registry = Registry(
+        home,
+        DEFAULT_RESERVED_NAMES,
+        ManifestCache(clock_ns=lambda: now[0]),
+        clock_ns=lambda: now[0],
+    )
+    before = await registry.catalog(None)
+    refreshed: list[object] = []
+    real = registry._refresh_sync
+
+    def counted(*args: object) -> object:
+        refreshed.append(args[0])
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(registry, "_refresh_sync", counted)
+    reads = registry.cache.reads
+    for _ in range(3):
+        outcome = await registry.reload()
+        assert outcome.all_changes() == []
+        assert await registry.catalog(None) is before
+    assert registry.cache.reads == reads + 3 * 2
+    assert refreshed == []
+    _write(tools, "a", description="two")  # same size, likely the same tick
+    outcome = await registry.reload()
+    assert outcome.all_changes() == [SetChange("a", Source.HOME, "updated")]
+    assert refreshed == [None]
+    assert (await registry.catalog(None)).tools["a"].tool.description == "two"
 
 
 async def test_a_reload_told_what_changed_looks_at_those_sets_alone(home: Path) -> None:
