@@ -172,6 +172,8 @@ RECHECK_INLINE_MAX = 8
 RECHECK_INLINE_BYTES = 64 * 1024
 
 _Changes = tuple[SetChange, ...]
+#: The last scan's names under a root it did not list.
+_NO_NAMES: Mapping[str, object] = MappingProxyType({})
 
 
 #: Per reload key, the (tools root, set folder) pairs the watcher saw change under it;
@@ -482,12 +484,15 @@ class Registry:
                 names = os.listdir(root_fd)
                 if before is None:  # a root that came (or could not be listed before)
                     suspects = None
-                found: dict[str, object] = {}
                 suffix = os.sep + MANIFEST_NAME
                 fresh_after = now - RACY_NS  # trusted_signature, inlined: this loop is the reload
+                get = (before if before is not None else _NO_NAMES).get
                 # Each signature is compared with the last scan's here, as it is taken: the
                 # suspects come with the scan, and nothing walks the entries again (on the
-                # loop or in the thread).
+                # loop or in the thread). Only the names whose signature is not the last
+                # scan's trusted one go into ``changed``; the others keep ``before``'s.
+                changed: dict[str, object] = {}
+                came = 0  # names in changed and not in before
                 for name in names:
                     try:
                         st = stat_(name + suffix, dir_fd=root_fd)
@@ -504,16 +509,28 @@ class Registry:
                             too_fresh.append(name)
                         else:
                             signature = (mtime, st.st_size, st.st_ino, ctime)
-                    found[name] = signature
+                            if signature == get(name):
+                                continue  # as the last scan found it: no suspect
+                    changed[name] = signature
+                    last = get(name, _GONE)
+                    if last is _GONE:
+                        came += 1
                     if suspects is None:
                         continue
-                    assert before is not None
-                    last = before.get(name, _GONE)
                     if signature is _FRESH or signature != last:
                         if last is _GONE or len(suspects) == limit:
                             suspects = None  # a new name, or too many to patch
                         else:
                             suspects.append((i, name))
+                found: dict[str, object]
+                if before is None:
+                    found = changed
+                elif not changed and len(names) == len(before):
+                    found = before  # scans are never changed in place (``_reported_scan``)
+                elif len(names) == len(before) + came:  # no name of before went away
+                    found = before | changed
+                else:
+                    found = {n: changed[n] if n in changed else before[n] for n in names}
             except OSError:
                 roots.append(None)  # unlisted now: unchanged if it was unlisted before too
                 if before is not None:
