@@ -165,9 +165,10 @@ _GONE = "gone"
 _LINK = "link"
 #: Up to this many manifests in all, a reload stats them on the event loop (``_refresh``).
 INLINE_SCAN_MAX = 2_000
-#: A scan on the loop whose suspects are at most this many manifests, each too fresh to
-#: judge at the last scan and of at most ``RECHECK_INLINE_BYTES``, reads them again there
-#: (``_racy_unchanged``): bytes unchanged, no worker thread is needed.
+#: A scan on the loop whose suspects are manifests too fresh to judge at the last scan,
+#: each of at most ``RECHECK_INLINE_BYTES``, reads them again there (``_racy_unchanged``):
+#: bytes unchanged, no worker thread is needed. At most this many per reload, over every
+#: snapshot it refreshes (a fresh home manifest is a suspect in every one).
 RECHECK_INLINE_MAX = 8
 RECHECK_INLINE_BYTES = 64 * 1024
 
@@ -263,6 +264,8 @@ class Registry:
         #: second while short of descriptors) logs once a minute per error, with a count.
         #: A reload that works starts it afresh.
         self._reload_failures = Throttle()
+        #: How many manifests the reload under way may still read on the loop.
+        self._rechecks_left = 0
         self.generation = 1
 
     @property
@@ -373,12 +376,13 @@ class Registry:
         unchanged or not: a reload within seconds of an edit read it again in a worker
         thread, whose hand-off cost more than the read (and, on a busy machine, a wait for
         a CPU). Only suspects the last scan found too fresh as well are read here, at most
-        ``RECHECK_INLINE_MAX`` of ``RECHECK_INLINE_BYTES`` each, and only where ``_patch``
-        would take them (a set it would rebuild goes to the thread as before): their
-        bytes unchanged, ``_patch`` would return ``old`` itself. A manifest that changed
-        (a newer signature) goes to the thread unread, where it is parsed.
+        ``RECHECK_INLINE_MAX`` in a reload over every snapshot and ``RECHECK_INLINE_BYTES``
+        each, and only where ``_patch`` would take them (a set it would rebuild goes to the
+        thread as before): their bytes unchanged, ``_patch`` would return ``old`` itself. A
+        manifest that changed (a newer signature) goes to the thread unread, where it is
+        parsed.
         """
-        if len(suspects) > RECHECK_INLINE_MAX:
+        if len(suspects) > self._rechecks_left:
             return False
         roots = self._roots(workspace)
         index = self._index(workspace, old)
@@ -395,6 +399,7 @@ class Registry:
                 return False
             assert entry.toolset is not None
             manifest = root + os.sep + name + os.sep + MANIFEST_NAME
+            self._rechecks_left -= 1
             if not self.cache.unchanged(
                 manifest, source, self.reserved, entry.toolset, RECHECK_INLINE_BYTES
             ):
@@ -748,6 +753,7 @@ class Registry:
             catalogs: dict[Key, Catalog] = {}
             rebuilt = False
             inline_budget = INLINE_SCAN_MAX  # manifests this reload may stat on the loop
+            self._rechecks_left = RECHECK_INLINE_MAX  # and read again there (_racy_unchanged)
             #: Refreshed, swapped in only once every key is: key -> (old, new, its scan).
             staged: dict[Key, tuple[Catalog | None, Catalog, _Scan]] = {}
             for key in keys:

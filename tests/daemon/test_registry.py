@@ -650,6 +650,46 @@ async def test_a_manifest_too_fresh_to_judge_is_read_again_on_the_loop(
     assert (await registry.catalog(None)).tools["a"].tool.description == "two"
 
 
+async def test_the_loop_reads_at_most_recheck_inline_max_manifests_per_reload(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifests a reload reads again on the event loop are bounded per reload, over
+    every snapshot it refreshes, not per snapshot: a home manifest too fresh to judge is a
+    suspect in every workspace's snapshot, and a daemon serving many workspaces read it
+    once per snapshot, on the loop. Past the bound the thread reads them, as before."""
+    import threading
+
+    monkeypatch.setattr(registry_module, "RECHECK_INLINE_MAX", 1)
+    _write(home / "tools", "a")
+    now = [time.time_ns()]  # "a" stays too fresh to judge by its stat
+    registry = Registry(
+        home,
+        DEFAULT_RESERVED_NAMES,
+        ManifestCache(clock_ns=lambda: now[0]),
+        clock_ns=lambda: now[0],
+    )
+    workspaces = [tmp_path / f"ws{i}" for i in range(3)]
+    for ws in workspaces:
+        ws.mkdir()
+    before = {key: await registry.catalog(key) for key in [None, *workspaces]}
+    loop = threading.current_thread()
+    on_loop: list[str] = []
+    real = registry.cache.unchanged
+
+    def unchanged(manifest: str, *args: Any) -> bool:
+        if threading.current_thread() is loop:
+            on_loop.append(manifest)
+        return real(manifest, *args)
+
+    monkeypatch.setattr(registry.cache, "unchanged", unchanged)
+    for _ in range(2):
+        outcome = await registry.reload()
+        assert outcome.all_changes() == []
+        for key, catalog in before.items():
+            assert await registry.catalog(key) is catalog
+    assert on_loop == [os.path.join(home, "tools", "a", "tools.json")] * 2
+
+
 async def test_a_reload_told_what_changed_looks_at_those_sets_alone(home: Path) -> None:
     """Told by the watcher which set changed, a reload stats that set's manifest and no
     other: a change it was not told of waits for a reload that is told of it or told
