@@ -265,14 +265,11 @@ class ManifestCache:
             found = self._indexed(key, set_dir, source, reserved, stat_result, parent)
             if found is not None:
                 return found
-        text, st = read_regular_file(manifest, stat_result)
-        digest = hashlib.sha256(text).digest()
-        signature = trusted_signature(st, self._clock_ns())
-        with self._lock:
-            self.reads += 1
-            if cached is not None and cached.digest == digest and cached.reserved == reserved:
-                cached.signature = signature
-                return cached
+        read = self._reread(cached, manifest, reserved, stat_result)
+        if read is None:
+            assert cached is not None
+            return cached
+        text, digest, signature = read
         result, hashes, parsed, store_key = self._decide(
             text, digest, set_dir, source, reserved, _set_path(set_dir, parent)
         )
@@ -293,6 +290,69 @@ class ManifestCache:
                 self._decided.pop(old_key, None)
             self.store.release(old_key)
         return found
+
+    def unchanged(
+        self,
+        manifest: str,
+        source: Source,
+        reserved: frozenset[str],
+        result: ToolSet,
+        max_bytes: int,
+    ) -> bool:
+        """Whether ``manifest`` still holds the bytes ``result`` was loaded from: ``entry``
+        without its parse, for a caller that must not parse (the event loop).
+
+        True when the manifest's cached entry holds ``result`` and either its stat signature
+        still matches or its bytes, read again, have the same digest (the entry then takes
+        the new signature, as ``entry`` gives it). False when only ``entry`` can tell: not
+        cached, another result, more than ``max_bytes``, unreadable, or other bytes.
+
+        Args:
+            manifest: The absolute path of a set's ``tools.json``.
+            source: Home or project.
+            reserved: Reserved tool names.
+            result: The set a snapshot holds for it.
+            max_bytes: A larger file is not read here.
+        """
+        with self._lock:
+            cached = self._entries.get((manifest, source))
+        if cached is None or cached.result is not result or cached.reserved != reserved:
+            return False
+        try:
+            stat_result = os.stat(manifest)
+        except OSError:
+            return False
+        if cached.signature == _signature(stat_result):
+            return True
+        if stat_result.st_size > max_bytes:
+            return False
+        try:
+            return self._reread(cached, manifest, reserved, stat_result) is None
+        except ManifestUnreadable:
+            return False
+
+    def _reread(
+        self,
+        cached: _Cached | None,
+        manifest: str,
+        reserved: frozenset[str],
+        stat_result: os.stat_result,
+    ) -> tuple[bytes, bytes, tuple[int, int, int, int] | None] | None:
+        """Read a manifest: None when its bytes are ``cached``'s (which then takes their
+        signature), else the bytes, their digest and their trusted signature.
+
+        Raises:
+            ManifestUnreadable: The file could not be read.
+        """
+        text, st = read_regular_file(manifest, stat_result)
+        digest = hashlib.sha256(text).digest()
+        signature = trusted_signature(st, self._clock_ns())
+        with self._lock:
+            self.reads += 1
+            if cached is not None and cached.digest == digest and cached.reserved == reserved:
+                cached.signature = signature
+                return None
+        return text, digest, signature
 
     def _store_key(
         self, digest: bytes, source: Source, reserved: frozenset[str], directory: str

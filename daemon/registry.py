@@ -165,8 +165,16 @@ _GONE = "gone"
 _LINK = "link"
 #: Up to this many manifests in all, a reload stats them on the event loop (``_refresh``).
 INLINE_SCAN_MAX = 2_000
+#: A scan on the loop whose suspects are manifests too fresh to judge at the last scan,
+#: each of at most ``RECHECK_INLINE_BYTES``, reads them again there (``_racy_unchanged``):
+#: bytes unchanged, no worker thread is needed. At most this many per reload, over every
+#: snapshot it refreshes (a fresh home manifest is a suspect in every one).
+RECHECK_INLINE_MAX = 8
+RECHECK_INLINE_BYTES = 64 * 1024
 
 _Changes = tuple[SetChange, ...]
+#: The last scan's names under a root it did not list.
+_NO_NAMES: Mapping[str, object] = MappingProxyType({})
 
 
 #: Per reload key, the (tools root, set folder) pairs the watcher saw change under it;
@@ -191,6 +199,18 @@ class _Scan:
     def size(self) -> int:
         """How many manifests the scan looked at."""
         return sum(len(found) for found in self.roots if found is not None)
+
+
+def _patchable(entry: SetEntry) -> bool:
+    """Whether ``_patch`` may replace this set's entry in place (else: a rebuild)."""
+    before = entry.toolset
+    return not (
+        before is None
+        or entry.state is not SetState.LOADED
+        or entry.notes
+        or before.runner is not RunnerKind.EXEC
+        or entry.tools != tuple(t.name for t in before.tools)
+    )
 
 
 def _signature_or_fresh(path: str, now_ns: int) -> object:
@@ -244,6 +264,8 @@ class Registry:
         #: second while short of descriptors) logs once a minute per error, with a count.
         #: A reload that works starts it afresh.
         self._reload_failures = Throttle()
+        #: How many manifests the reload under way may still read on the loop.
+        self._rechecks_left = 0
         self.generation = 1
 
     @property
@@ -338,7 +360,51 @@ class Registry:
             return await threads.run_sync(self._refresh_sync, workspace, force)
         if scanned[1] == []:
             return None
+        suspects = scanned[1]
+        if inline and previous is not None and suspects is not None:
+            old = self._snapshots.get(workspace)
+            if old is not None and self._racy_unchanged(workspace, old, previous, suspects):
+                return old, (), scanned[0]
         return await threads.run_sync(self._refresh_sync, workspace, force, scanned)
+
+    def _racy_unchanged(
+        self, workspace: Key, old: Catalog, previous: _Scan, suspects: list[tuple[int, str]]
+    ) -> bool:
+        """Whether the suspects of a scan on the loop are manifests re-read to the same bytes.
+
+        A manifest written less than ``RACY_NS`` ago is a suspect at every scan, its bytes
+        unchanged or not: a reload within seconds of an edit read it again in a worker
+        thread, whose hand-off cost more than the read (and, on a busy machine, a wait for
+        a CPU). Only suspects the last scan found too fresh as well are read here, at most
+        ``RECHECK_INLINE_MAX`` in a reload over every snapshot and ``RECHECK_INLINE_BYTES``
+        each, and only where ``_patch`` would take them (a set it would rebuild goes to the
+        thread as before): their bytes unchanged, ``_patch`` would return ``old`` itself. A
+        manifest that changed (a newer signature) goes to the thread unread, where it is
+        parsed.
+        """
+        if len(suspects) > self._rechecks_left:
+            return False
+        roots = self._roots(workspace)
+        index = self._index(workspace, old)
+        for root_index, name in suspects:
+            before = previous.roots[root_index]
+            if before is None or before.get(name) is not _FRESH:
+                return False
+            root, source = roots[root_index]
+            position = index.get((name, source))
+            if position is None:
+                return False
+            entry = old.sets[position]
+            if not _patchable(entry):
+                return False
+            assert entry.toolset is not None
+            manifest = root + os.sep + name + os.sep + MANIFEST_NAME
+            self._rechecks_left -= 1
+            if not self.cache.unchanged(
+                manifest, source, self.reserved, entry.toolset, RECHECK_INLINE_BYTES
+            ):
+                return False
+        return True
 
     def _refresh_sync(
         self,
@@ -423,12 +489,15 @@ class Registry:
                 names = os.listdir(root_fd)
                 if before is None:  # a root that came (or could not be listed before)
                     suspects = None
-                found: dict[str, object] = {}
                 suffix = os.sep + MANIFEST_NAME
                 fresh_after = now - RACY_NS  # trusted_signature, inlined: this loop is the reload
+                get = (before if before is not None else _NO_NAMES).get
                 # Each signature is compared with the last scan's here, as it is taken: the
                 # suspects come with the scan, and nothing walks the entries again (on the
-                # loop or in the thread).
+                # loop or in the thread). Only the names whose signature is not the last
+                # scan's trusted one go into ``changed``; the others keep ``before``'s.
+                changed: dict[str, object] = {}
+                came = 0  # names in changed and not in before
                 for name in names:
                     try:
                         st = stat_(name + suffix, dir_fd=root_fd)
@@ -445,16 +514,28 @@ class Registry:
                             too_fresh.append(name)
                         else:
                             signature = (mtime, st.st_size, st.st_ino, ctime)
-                    found[name] = signature
+                            if signature == get(name):
+                                continue  # as the last scan found it: no suspect
+                    changed[name] = signature
+                    last = get(name, _GONE)
+                    if last is _GONE:
+                        came += 1
                     if suspects is None:
                         continue
-                    assert before is not None
-                    last = before.get(name, _GONE)
                     if signature is _FRESH or signature != last:
                         if last is _GONE or len(suspects) == limit:
                             suspects = None  # a new name, or too many to patch
                         else:
                             suspects.append((i, name))
+                found: dict[str, object]
+                if before is None:
+                    found = changed
+                elif not changed and len(names) == len(before):
+                    found = before  # scans are never changed in place (``_reported_scan``)
+                elif len(names) == len(before) + came:  # no name of before went away
+                    found = before | changed
+                else:
+                    found = {n: changed[n] if n in changed else before[n] for n in names}
             except OSError:
                 roots.append(None)  # unlisted now: unchanged if it was unlisted before too
                 if before is not None:
@@ -565,12 +646,7 @@ class Registry:
     ) -> tuple[Catalog, _Changes] | None:
         """Replace the suspect sets' entries and tools in ``old``; None if unsafe (rebuild)."""
         roots = self._roots(workspace)
-        positions = self._positions.get(workspace)
-        if positions is None or positions[0] is not old:
-            index = {(e.directory, e.source): i for i, e in enumerate(old.sets)}
-            self._positions[workspace] = (old, index)
-        else:
-            index = positions[1]
+        index = self._index(workspace, old)
         tools: dict[str, LoadedTool] | None = None
         sets: list[SetEntry] | None = None
         changes: list[SetChange] = []
@@ -582,13 +658,7 @@ class Registry:
                 return None
             entry = old.sets[position]
             before = entry.toolset
-            if (
-                before is None
-                or entry.state is not SetState.LOADED
-                or entry.notes
-                or before.runner is not RunnerKind.EXEC
-                or entry.tools != tuple(t.name for t in before.tools)
-            ):
+            if before is None or not _patchable(entry):
                 return None
             set_dir = root + os.sep + name
             manifest = set_dir + os.sep + MANIFEST_NAME
@@ -633,6 +703,15 @@ class Registry:
         self._positions[workspace] = (new, index)
         return new, tuple(sorted(changes, key=lambda c: (c.set, c.source.value)))
 
+    def _index(self, workspace: Key, old: Catalog) -> dict[tuple[str, Source], int]:
+        """``old``'s set positions by (directory, source), worked out once per snapshot."""
+        positions = self._positions.get(workspace)
+        if positions is not None and positions[0] is old:
+            return positions[1]
+        index = {(e.directory, e.source): i for i, e in enumerate(old.sets)}
+        self._positions[workspace] = (old, index)
+        return index
+
     def _build_sync(self, workspace: Key) -> Catalog:
         config, config_notes = load_config(self.home)
         catalog = build_catalog(
@@ -674,6 +753,7 @@ class Registry:
             catalogs: dict[Key, Catalog] = {}
             rebuilt = False
             inline_budget = INLINE_SCAN_MAX  # manifests this reload may stat on the loop
+            self._rechecks_left = RECHECK_INLINE_MAX  # and read again there (_racy_unchanged)
             #: Refreshed, swapped in only once every key is: key -> (old, new, its scan).
             staged: dict[Key, tuple[Catalog | None, Catalog, _Scan]] = {}
             for key in keys:

@@ -15,7 +15,7 @@ from typing import Any
 import anyio
 import pytest
 from structlog.testing import capture_logs
-from toolsetd.daemon.catalog import RACY_NS
+from toolsetd.daemon.catalog import RACY_NS, ManifestCache
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Source
 from toolsetd.daemon import registry as registry_module
 from toolsetd.daemon.registry import Registry, SetChange, diff_catalogs
@@ -607,6 +607,87 @@ async def test_a_touched_manifest_is_looked_at_once(
         assert outcome.all_changes() == []
         assert await registry.catalog(None) is before
     assert refreshed == [None]
+
+
+async def test_a_manifest_too_fresh_to_judge_is_read_again_on_the_loop(
+    home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A manifest written within the racy window is read again at every reload (a rewrite
+    inside one timestamp tick leaves its stat alike). While its bytes stay the same, that
+    read happens on the event loop and the snapshot is kept: each such reload went to a
+    worker thread for it, and the hand-off cost more than the read. Changed bytes still
+    go to the thread, which parses them."""
+    tools = home / "tools"
+    _write(tools, "a", description="one")
+    _write(tools, "b")
+    now = [time.time_ns()]  # every manifest stays too fresh to judge by its stat
+    registry = Registry(
+        home,
+        DEFAULT_RESERVED_NAMES,
+        ManifestCache(clock_ns=lambda: now[0]),
+        clock_ns=lambda: now[0],
+    )
+    before = await registry.catalog(None)
+    refreshed: list[object] = []
+    real = registry._refresh_sync
+
+    def counted(*args: object) -> object:
+        refreshed.append(args[0])
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(registry, "_refresh_sync", counted)
+    reads = registry.cache.reads
+    for _ in range(3):
+        outcome = await registry.reload()
+        assert outcome.all_changes() == []
+        assert await registry.catalog(None) is before
+    assert registry.cache.reads == reads + 3 * 2
+    assert refreshed == []
+    _write(tools, "a", description="two")  # same size, likely the same tick
+    outcome = await registry.reload()
+    assert outcome.all_changes() == [SetChange("a", Source.HOME, "updated")]
+    assert refreshed == [None]
+    assert (await registry.catalog(None)).tools["a"].tool.description == "two"
+
+
+async def test_the_loop_reads_at_most_recheck_inline_max_manifests_per_reload(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The manifests a reload reads again on the event loop are bounded per reload, over
+    every snapshot it refreshes, not per snapshot: a home manifest too fresh to judge is a
+    suspect in every workspace's snapshot, and a daemon serving many workspaces read it
+    once per snapshot, on the loop. Past the bound the thread reads them, as before."""
+    import threading
+
+    monkeypatch.setattr(registry_module, "RECHECK_INLINE_MAX", 1)
+    _write(home / "tools", "a")
+    now = [time.time_ns()]  # "a" stays too fresh to judge by its stat
+    registry = Registry(
+        home,
+        DEFAULT_RESERVED_NAMES,
+        ManifestCache(clock_ns=lambda: now[0]),
+        clock_ns=lambda: now[0],
+    )
+    workspaces = [tmp_path / f"ws{i}" for i in range(3)]
+    for ws in workspaces:
+        ws.mkdir()
+    before = {key: await registry.catalog(key) for key in [None, *workspaces]}
+    loop = threading.current_thread()
+    on_loop: list[str] = []
+    real = registry.cache.unchanged
+
+    def unchanged(manifest: str, *args: Any) -> bool:
+        if threading.current_thread() is loop:
+            on_loop.append(manifest)
+        return real(manifest, *args)
+
+    monkeypatch.setattr(registry.cache, "unchanged", unchanged)
+    for _ in range(2):
+        outcome = await registry.reload()
+        assert outcome.all_changes() == []
+        for key, catalog in before.items():
+            assert await registry.catalog(key) is catalog
+    assert on_loop == [os.path.join(home, "tools", "a", "tools.json")] * 2
 
 
 async def test_a_reload_told_what_changed_looks_at_those_sets_alone(home: Path) -> None:
