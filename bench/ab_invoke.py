@@ -11,10 +11,10 @@ Two daemons run side by side on one home with the trivial set (``noop``: ``/bin/
 this tree's and ``DIR``'s (both unconfined, ``--log-level warning``, as the invoke
 benchmark runs them). Each round measures the median latency of ``--calls`` sequential
 calls on each series, in an order that alternates every round. Printed: each series'
-median over the rounds and the CPU time its server spent per call (``/proc/<pid>/stat``,
-summed over the rounds, each round's 10 warm-up calls included: a busy machine's
-scheduling moves it less than a latency), and per-round ratios (median and range) beside
-the ratio of the CPU per call.
+median over the rounds and the median CPU time its server's main thread spent per call
+(``/proc/<pid>/schedstat``, in ns, each round's 10 warm-up calls included: a busy
+machine's scheduling moves it less than a latency; a call alone runs on the daemon's loop,
+spawn included), and the per-round ratios of both (median; range of the latency's).
 
 ``--face native`` (the default): native ``invoke`` on each daemon, beside the minimal spawn
 server (the floor); ratios this / other, this / floor and other / floor. The issue-16 pass
@@ -40,7 +40,6 @@ if __package__ in (None, ""):
 
 import argparse
 import asyncio
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -73,20 +72,20 @@ def _http(port: int, path: str, calls: int) -> Callable[[], float]:
     return lambda: median(asyncio.run(http_latency(port, path, TRUE_SET, calls, 10))) / 1000
 
 
-def _cpu_ticks(pid: int) -> int:
-    """The user and system CPU time of process ``pid`` so far, in clock ticks."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])  # utime and stime, the 14th and 15th fields
+def _cpu_ns(pid: int) -> int:
+    """The CPU time of process ``pid``'s main thread so far, in ns."""
+    with open(f"/proc/{pid}/schedstat") as f:
+        return int(f.read().split()[0])
 
 
 def _counting(measure: Callable[[], float], pid: int, spent: list[int]) -> Callable[[], float]:
-    """``measure``, adding the CPU ticks process ``pid`` spends during each run to ``spent``."""
+    """``measure``, adding the CPU ns the main thread of ``pid`` spends in each run to
+    ``spent``."""
 
     def run() -> float:
-        before = _cpu_ticks(pid)
+        before = _cpu_ns(pid)
         value = measure()
-        spent.append(_cpu_ticks(pid) - before)
+        spent.append(_cpu_ns(pid) - before)
         return value
 
     return run
@@ -110,7 +109,7 @@ def main() -> None:
         servers: list[Proc] = []
         ports: list[int] = []  # the daemons' MCP HTTP ports (--face http)
         measures: dict[str, Callable[[], float]] = {}
-        spent: dict[str, list[int]] = {}  # CPU ticks of the measured server, per round
+        spent: dict[str, list[int]] = {}  # CPU ns of the measured server, per round
 
         def add(name: str, measure: Callable[[], float], server: Proc) -> None:
             spent[name] = []
@@ -148,15 +147,15 @@ def main() -> None:
         side, _, face = name.partition(" ")
         return f"{named[side]} {face}".strip()
 
-    per_call = {  # µs of CPU per call, over all rounds
-        name: sum(ticks) / os.sysconf("SC_CLK_TCK") * 1e6 / (args.rounds * (args.calls + 10))
-        for name, ticks in spent.items()
+    cpu = {  # µs of CPU per call, per round
+        name: [ns / 1000 / (args.calls + 10) for ns in per_round]
+        for name, per_round in spent.items()
     }
     print_table(
         f"{args.face} latency, {args.rounds} rounds of {args.calls} calls (µs, medians)",
         ["series", "median", "CPU per call", "rounds"],
         [
-            [shown(name), median(values), per_call[name], " ".join(f"{x:.0f}" for x in values)]
+            [shown(name), median(values), median(cpu[name]), " ".join(f"{x:.0f}" for x in values)]
             for name, values in series.items()
         ],
     )
@@ -182,12 +181,12 @@ def main() -> None:
                 what,
                 median(per_round),
                 f"{min(per_round):.3f}-{max(per_round):.3f}",
-                per_call[a] / per_call[b],
+                median(ratios(cpu[a], cpu[b])),
                 " ".join(f"{x:.3f}" for x in per_round),
             ]
         )
     print_table(
-        "paired ratios (per round), and of the CPU per call",
+        "paired ratios (per round) of the latency, and of the CPU per call",
         ["ratio", "median", "range", "CPU", "rounds"],
         rows,
     )
