@@ -64,7 +64,8 @@ _INIT = {
 }
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -157,7 +158,9 @@ class HttpMcp:
         return result
 
 
-async def _latency(port: int, path: str, tool: str, n: int, warmup: int) -> list[float]:
+async def http_latency(port: int, path: str, tool: str, n: int, warmup: int) -> list[float]:
+    """``n`` sequential ``tools/call`` of ``tool`` in a new session on one keep-alive
+    connection, after ``warmup`` calls; the round trip of each in ns."""
     client = HttpMcp(port, path)
     await client.open()
     try:
@@ -225,10 +228,10 @@ def run(quick: bool = False) -> Section:
         ws = base / "ws"
         ws.mkdir()
         params = invoke_params(ws)
-        port = _free_port()
+        port = free_port()
         path = f"/mcp?workspace={ws}"
         daemon = start_daemon(home, base, extra=[*DAEMON_ARGS, "--mcp-listen", f"127.0.0.1:{port}"])
-        sdk_port = _free_port()
+        sdk_port = free_port()
         sdk = subprocess.Popen(
             [PYTHON, str(REPO / "bench" / "_mcp_http_server.py"), str(sdk_port)],
             stdout=subprocess.DEVNULL,
@@ -237,8 +240,8 @@ def run(quick: bool = False) -> Section:
         try:
             _wait_http(sdk_port, sdk)
             sequential_latency(daemon.socket, "invoke", params, 50, warmup=20)
-            asyncio.run(_latency(port, path, TRUE_SET, 50, 20))
-            asyncio.run(_latency(sdk_port, "/mcp", "noop", 20, 10))
+            asyncio.run(http_latency(port, path, TRUE_SET, 50, 20))
+            asyncio.run(http_latency(sdk_port, "/mcp", "noop", 20, 10))
 
             native, over_http = paired(
                 rounds,
@@ -248,7 +251,7 @@ def run(quick: bool = False) -> Section:
                         for t in sequential_latency(daemon.socket, "invoke", params, n_calls, 10)
                     ]
                 ),
-                lambda: median(asyncio.run(_latency(port, path, TRUE_SET, n_calls, 10))),
+                lambda: median(asyncio.run(http_latency(port, path, TRUE_SET, n_calls, 10))),
             )
             # The floor: native invoke on the same daemon, 8 connections with one call
             # each in flight. HTTP adds to each call, so its calls/s stay below this.
@@ -258,7 +261,7 @@ def run(quick: bool = False) -> Section:
                 lambda: asyncio.run(_throughput(sdk_port, "/mcp", "noop", 8, seconds)),
                 lambda: throughput(daemon.socket, "invoke", params, 8, seconds),
             )
-            sdk_lat = median(asyncio.run(_latency(sdk_port, "/mcp", "noop", n_calls // 2, 10)))
+            sdk_lat = median(asyncio.run(http_latency(sdk_port, "/mcp", "noop", n_calls // 2, 10)))
         finally:
             daemon.stop()
             sdk.terminate()
@@ -270,7 +273,7 @@ def run(quick: bool = False) -> Section:
         off, on = paired(
             rounds,
             lambda: _cold(home, base, list(DAEMON_ARGS)),
-            lambda: _cold(home, base, [*DAEMON_ARGS, "--mcp-listen", f"127.0.0.1:{_free_port()}"]),
+            lambda: _cold(home, base, [*DAEMON_ARGS, "--mcp-listen", f"127.0.0.1:{free_port()}"]),
         )
     data["call"] = {
         "native_invoke_median_us": median(native) / 1000,

@@ -470,8 +470,9 @@ class McpSession:
             return version
         return self.legacy_version
 
-    async def tool_schema(self, name: str) -> Mapping[str, Any] | None:
-        """The schema ``tools/list`` gives the tool ``name`` of this binding, or None.
+    async def tool_schema(self, name: str) -> tuple[str, Mapping[str, Any]] | None:
+        """The hash (contract section 4: it covers the schema) and the schema
+        ``tools/list`` gives the tool ``name`` of this binding, or None.
 
         None when no such tool is served (not in the binding's catalog, or its tool sets
         cannot be read now): the call itself then answers why.
@@ -481,7 +482,7 @@ class McpSession:
             loaded = Service.lookup(catalog, name, self.binding.catalog)
         except rpc_errors.RpcError:
             return None
-        return loaded.tool.schema
+        return loaded.hash, loaded.tool.schema
 
     # -- dispatch ------------------------------------------------------------------------
 

@@ -157,8 +157,9 @@ class CoreSession(Protocol):
     def version_of(self, message: Any = None) -> str | None:
         """The protocol version a message will be served by, or None when not known yet."""
 
-    async def tool_schema(self, name: str) -> Mapping[str, Any] | None:
-        """The schema of the tool ``name`` as this session lists it, or None."""
+    async def tool_schema(self, name: str) -> tuple[str, Mapping[str, Any]] | None:
+        """The hash (which covers the schema) and schema of the tool ``name`` as this
+        session lists it, or None."""
 
 
 #: Opens a core session: (bind params from the URL, the session's outbox, the
@@ -216,7 +217,10 @@ class _PostOutbox:
         self._ping_seconds = ping_seconds
         self._tg = tg
         self._sent = 0
-        self._pinging = anyio.CancelScope()
+        #: The keep-alive's scope, made when the stream begins: a request answered with
+        #: JSON (most) has none to make or cancel. anyio's ``cancel`` formats the calling
+        #: task's repr into its reason, ~15 µs of a ~1 ms ``tools/call``.
+        self._pinging: anyio.CancelScope | None = None
         self.closed = False
 
     def post(self, message: dict[str, Any], *, droppable: bool = False) -> None:
@@ -228,13 +232,14 @@ class _PostOutbox:
         if not exchange.streaming:
             exchange.start_stream_now(200, [*_SSE_HEADERS, *self._headers])
             if self._tg is not None:
-                self._tg.start_soon(self._keep_alive)
+                self._pinging = anyio.CancelScope()
+                self._tg.start_soon(self._keep_alive, self._pinging)
         exchange.send_now(_sse(message))
         self._sent += 1
 
-    async def _keep_alive(self) -> None:
+    async def _keep_alive(self, scope: anyio.CancelScope) -> None:
         exchange = self._exchange
-        with self._pinging:
+        with scope:
             seen = self._sent
             while True:
                 await anyio.sleep(self._ping_seconds)
@@ -247,7 +252,8 @@ class _PostOutbox:
     def close(self) -> None:
         """The request is answered: nothing more goes out on its stream, no more pings."""
         self.closed = True
-        self._pinging.cancel()
+        if self._pinging is not None:
+            self._pinging.cancel()
 
     async def drained(self) -> None:
         if not self.closed and not self._exchange.disconnected.is_set():
@@ -375,6 +381,7 @@ class McpHttpEndpoint:
         self._servers: list[HttpServer] = []
         self._refused_log = Throttle()
         self._refused_requests = Throttle()
+        self._marks = _HeaderMarks()
         #: The endpoint's task group (for cancelling the requests of clients that left).
         self._tg: anyio.abc.TaskGroup | None = None
 
@@ -618,7 +625,9 @@ class McpHttpEndpoint:
                 ):
                     # Awaits the workspace's catalog (built on first use): a client that
                     # leaves meanwhile cancels this, and the stateless exchange still ends.
-                    mismatch = await _param_headers_mismatch(request, session.core, message)
+                    mismatch = await _param_headers_mismatch(
+                        request, session.core, message, self._marks
+                    )
                 if mismatch is not None:
                     await _rpc_error(exchange, 400, message.get("id"), mismatch)
                     return
@@ -1078,7 +1087,7 @@ _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 
 
 async def _param_headers_mismatch(
-    request: HttpRequest, core: CoreSession, message: dict[str, Any]
+    request: HttpRequest, core: CoreSession, message: dict[str, Any], marks: _HeaderMarks
 ) -> McpError | None:
     """The 2026-07-28 ``Mcp-Param-{Name}`` rule for a ``tools/call``, or None.
 
@@ -1097,8 +1106,8 @@ async def _param_headers_mismatch(
         arguments = {}  # as the core takes them
     if not isinstance(name, str) or not isinstance(arguments, dict):
         return None  # the core refuses the params themselves
-    schema = await core.tool_schema(name)
-    marked = _header_params(schema) if schema is not None else None
+    found = await core.tool_schema(name)
+    marked = marks.of(*found) if found is not None else None
     if marked is None:
         return None  # an unknown tool (the core answers it), or no header to check
     for path, header_name in marked:
@@ -1160,6 +1169,32 @@ _SUBSCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _SUBSCHEMA_MAP = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
 #: An HTTP field name (RFC 9110 5.6.2 token).
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+
+class _HeaderMarks:
+    """The ``x-mcp-header`` marks of tools' schemas (``_header_params``), by tool hash.
+
+    Every 2026-07-28 ``tools/call`` needs its tool's marks, and finding them walks the
+    whole schema (~1 µs a node: 1 ms a call for a tool of 1,100 properties). The hash
+    covers the schema, so a reload that changes it changes the key; the oldest entries
+    go when ``max_entries`` is reached.
+    """
+
+    def __init__(self, max_entries: int = 4096) -> None:
+        self._max_entries = max_entries
+        self._marks: dict[str, list[tuple[tuple[str, ...], str]] | None] = {}
+
+    def of(self, key: str, schema: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]] | None:
+        """The marks of ``schema``, the schema of the tool whose hash is ``key``."""
+        try:
+            return self._marks[key]
+        except KeyError:
+            pass
+        marked = _header_params(schema)
+        while len(self._marks) >= self._max_entries:
+            del self._marks[next(iter(self._marks))]
+        self._marks[key] = marked
+        return marked
 
 
 def _header_params(schema: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]] | None:

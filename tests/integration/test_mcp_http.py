@@ -409,6 +409,44 @@ def test_http_2026_mcp_param_headers_must_mirror_the_body(
     assert twice.json()["error"]["code"] == -32020
 
 
+def test_http_2026_mcp_param_headers_follow_a_changed_schema(
+    http_daemon, workspace: Path
+) -> None:
+    """The marks a tool's schema gives (which Mcp-Param headers a 2026-07-28 call needs)
+    are worked out once per tool, not on every call: a reload that changes the schema
+    changes them, and the next call is checked against the new schema, not the old."""
+    daemon, base = http_daemon
+    tools = workspace / ".crystal" / "tools"
+    url = endpoint(base, workspace)
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    std = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
+           "mcp-name": "moved"}
+    arguments = {"region": "us-west1", "zone": "b"}
+
+    def write(marked: str) -> None:
+        schema = {"type": "object", "properties": {
+            name: {"type": "string", **({"x-mcp-header": name.title()} if name == marked
+                                        else {})} for name in ("region", "zone")}}
+        write_set(tools, "moved", _tool("moved.py", schema=schema),
+                  **{"moved.py": script("print('ran')\n")})
+
+    def call(headers: dict[str, str]) -> HttpReply:
+        body = rpc(1, "tools/call", {"_meta": meta, "name": "moved", "arguments": arguments})
+        return http(url, body=body, headers={**std, **headers})
+
+    write("region")
+    assert call({"mcp-param-region": "us-west1"}).status == 200
+    assert call({"mcp-param-zone": "b"}).status == 400
+    write("zone")
+    assert "result" in daemon.call("reload", {})
+    eventually(lambda: call({"mcp-param-zone": "b"}).status == 200,
+               what="the call checked against the changed schema")
+    refused = call({"mcp-param-region": "us-west1"})
+    assert refused.status == 400, refused
+    assert refused.json()["error"]["code"] == -32020
+
+
 def test_http_2026_mcp_param_headers_as_the_sdk_server_checks_them(
     http_daemon, workspace: Path
 ) -> None:
