@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import struct
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,7 +25,15 @@ from typing import Any
 
 import pytest
 
-from .conftest import Daemon, RawConn, daemon_in, descriptors_limited, eventually, write_set
+from .conftest import (
+    Daemon,
+    RawConn,
+    daemon_in,
+    descriptors_limited,
+    eventually,
+    tasks_limited,
+    write_set,
+)
 
 #: One value of every JSON type (and a few shapes of each that have caught parsers out).
 VALUES: list[Any] = [
@@ -1207,6 +1216,69 @@ def test_a_change_the_watcher_could_not_reload_short_of_descriptors_is_not_lost(
                 what="the watcher's reload deferred",
             )
         eventually(lambda: description() == "edited", what="the edit in the catalog")
+
+
+# -- a daemon that cannot start a thread -------------------------------------------------
+
+#: Prints a megabyte (past what a call keeps in memory: it streams to its spill file),
+#: says so with a file, and waits for the test's file ``go`` (it starts no process).
+_SPEW = (
+    f"#!{sys.executable}\nimport os, sys, time\nsys.stdout.write('a' * 1_000_000)\n"
+    "sys.stdout.flush()\nopen('written', 'w').close()\n"
+    "while not os.path.exists('go'):\n    time.sleep(0.02)\n"
+)
+
+
+def _spew_set(home: Path, workspace: Path) -> None:
+    _noop_set(home, workspace)
+    write_set(home / "tools", "spew", {
+        "runner": "exec", "description": "a megabyte", "schema": {"type": "object"},
+        "command": ["spew.py"], "approval": "always", "stdin": False, "timeoutSeconds": 120,
+    }, **{"spew.py": _SPEW})
+
+
+def test_a_daemon_that_cannot_start_a_thread_does_its_blocking_work_on_the_loop(
+    tmp_path: Path,
+) -> None:
+    """At its limit of processes and threads (a cgroup's pids.max here, RLIMIT_NPROC for
+    a user other than root) no worker thread can start: a new workspace's catalog, a
+    large line's parse and a truncated call's spill file are made on the event loop's
+    thread instead. They were -32603 (an internal error) for the list, a connection closed
+    unanswered for the line, and -32603 for a call whose tool had run. A call's own
+    process cannot start either, and says so; once threads can start, they are used."""
+    with daemon_in("tst-", _spew_set, args=_unconfined(tmp_path)) as d, \
+            d.raw(timeout=60) as held, d.raw(timeout=60) as conn:
+        workspace = str(d.workspace)
+        other = d.workspace.parent / "other"
+        other.mkdir()
+        held.send({"jsonrpc": "2.0", "id": "spew", "method": "invoke",
+                   "params": {"tool": "spew", "arguments": {}, "workspace": workspace}})
+        eventually(lambda: (d.workspace / "written").exists(), timeout=60, what="the output")
+        eventually(lambda: _threads(d.proc.pid) == 1, what="the idle workers ended")
+        with tasks_limited(d.proc.pid):
+            listed = conn.request("list", {"workspace": str(other)})
+            assert [t["name"] for t in listed["result"]["tools"]] == ["noop", "spew"], listed
+            large = conn.request("status", {"pad": "x" * 100_000})
+            assert large["error"]["code"] == -32602, large
+            _, failed = conn.invoke({"tool": "noop", "arguments": {}, "workspace": workspace})
+            assert failed["result"]["status"] == "error", failed
+            text = failed["result"]["content"][0]["text"]
+            assert text.startswith("The external process failed to start: "), text
+            (d.workspace / "go").touch()
+            while (spewed := held.receive()).get("id") != "spew":
+                pass
+            assert spewed["result"]["truncated"] is True, spewed
+            assert spewed["result"]["outputPath"] is not None, spewed
+            assert Path(spewed["result"]["outputPath"]).stat().st_size == 1_000_000
+            assert _threads(d.proc.pid) == 1
+        events = [e.get("event") for e in d.log_events()]
+        assert events.count("worker_thread_unavailable") == 1, "said once per episode"
+        assert "request_failed" not in events
+        third = d.workspace.parent / "third"
+        third.mkdir()
+        assert "result" in conn.request("list", {"workspace": str(third)})
+        eventually(lambda: any(e.get("event") == "worker_threads_resumed"
+                               for e in d.log_events()), what="worker_threads_resumed")
 
 
 def _unread(sock: socket.socket) -> int:
