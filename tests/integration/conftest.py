@@ -393,9 +393,10 @@ def _pids_hierarchy() -> tuple[Path, str] | None:
 @contextlib.contextmanager
 def tasks_limited(pid: int) -> Iterator[None]:
     """Inside, ``pid`` can start no thread and no process (EAGAIN): it is moved into a
-    cgroup of its own whose ``pids.max`` is the tasks it has (what ``RLIMIT_NPROC`` does to
-    a user other than root). Skips where no cgroup with the ``pids`` controller can be
-    made (root, and a v1 ``pids`` hierarchy or a v2 one that enables ``pids``)."""
+    cgroup of its own whose ``pids.max`` is 0 (what ``RLIMIT_NPROC`` does to a user other
+    than root at its limit; the tasks it has go on, and one that ends frees no room).
+    Skips where no cgroup with the ``pids`` controller can be made (root, and a v1 ``pids``
+    hierarchy or a v2 one that enables ``pids``)."""
     found = _pids_hierarchy()
     if found is None:
         pytest.skip("needs root and a cgroup hierarchy with the pids controller")
@@ -413,7 +414,7 @@ def tasks_limited(pid: int) -> Iterator[None]:
             folder.rmdir()
         pytest.skip(f"a pids cgroup cannot be made or entered here: {exc}")
     try:
-        (folder / "pids.max").write_text((folder / "pids.current").read_text())
+        (folder / "pids.max").write_text("0")
         yield
     finally:
         (folder / "pids.max").write_text("max")

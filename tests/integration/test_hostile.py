@@ -1281,6 +1281,57 @@ def test_a_daemon_that_cannot_start_a_thread_does_its_blocking_work_on_the_loop(
                                for e in d.log_events()), what="worker_threads_resumed")
 
 
+def test_a_watch_restarted_where_no_thread_can_start_leaves_the_daemon_running(
+    tmp_path: Path,
+) -> None:
+    """watchfiles' Rust watcher starts a thread when it is made; at the limit of processes
+    and threads it cannot, notify panics, and again in its destructor: the daemon aborted
+    (SIGABRT) when a new workspace restarted its watch. The watch now fails as any other
+    (watch_unavailable, the poll serves on) and starts again once a thread can."""
+    args = [a for a in _unconfined(tmp_path) if a != "--no-watch"]
+    with daemon_in("tsv-", _noop_set, args=args) as d, d.raw(timeout=60) as conn:
+        eventually(lambda: any(e.get("event") == "watch_started" for e in d.log_events()),
+                   what="the watch started")
+        other = d.workspace.parent / "other"
+        write_set(other / ".crystal" / "tools", "local", {
+            "runner": "exec", "description": "local", "schema": {"type": "object"},
+            "command": ["/bin/true"], "approval": "always", "stdin": False,
+        })
+        with tasks_limited(d.proc.pid):
+            listed = conn.request("list", {"workspace": str(other)})
+            assert [t["name"] for t in listed["result"]["tools"]] == ["local", "noop"], listed
+            eventually(
+                lambda: d.proc.poll() is not None
+                or any(e.get("event") == "watch_unavailable" for e in d.log_events()),
+                what="watch_unavailable logged",
+            )
+            assert d.proc.poll() is None, f"the daemon ended: {d.log()[-300:]}"
+            assert "result" in conn.request("status")
+        unavailable = [e for e in d.log_events() if e.get("event") == "watch_unavailable"]
+        assert unavailable[0]["message"] == "can't start new thread", unavailable
+        third = d.workspace.parent / "third"
+        third.mkdir()
+        assert "result" in conn.request("list", {"workspace": str(third)})  # a restart
+        manifest = other / ".crystal" / "tools" / "local" / "tools.json"
+        manifest.write_text(manifest.read_text().replace('"local"', '"edited"', 1))
+
+        def described() -> bool:
+            listed = conn.request("list", {"workspace": str(other)})["result"]
+            return bool({t["name"]: t["description"] for t in listed["tools"]}["local"] == "edited")
+
+        eventually(described, what="the edit in the catalog")
+
+        def started_again() -> bool:  # said at the retried watch's first event
+            events = [e.get("event") for e in d.log_events()]
+            if "watch_started" in events[events.index("watch_unavailable"):]:
+                return True
+            manifest.touch()
+            return False
+
+        eventually(started_again, what="the watch started again")
+        assert d.proc.poll() is None
+
+
 def _unread(sock: socket.socket) -> int:
     """Bytes this socket sent that its peer has not read yet (``SIOCOUTQ``)."""
     import fcntl  # noqa: PLC0415 - Linux-only ioctl, as the daemon's platform
