@@ -373,6 +373,19 @@ def descriptors_limited(pid: int, free: int = 0) -> Iterator[None]:
         resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
 
 
+@contextlib.contextmanager
+def memory_limited(pid: int, headroom: int) -> Iterator[None]:
+    """Inside, ``pid`` can map ``headroom`` bytes more than it has mapped now (its
+    ``RLIMIT_AS``): past them an allocation fails, and Python raises ``MemoryError``."""
+    before = resource.prlimit(pid, resource.RLIMIT_AS)
+    mapped = int(Path(f"/proc/{pid}/status").read_text().split("VmSize:")[1].split()[0]) * 1024
+    resource.prlimit(pid, resource.RLIMIT_AS, (mapped + headroom, before[1]))
+    try:
+        yield
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_AS, before)
+
+
 def _pids_hierarchy() -> tuple[Path, str] | None:
     """A cgroup hierarchy with the ``pids`` controller a test may make a cgroup in: its
     mount point and the name ``/proc/<pid>/cgroup`` gives it (``""`` for v2)."""

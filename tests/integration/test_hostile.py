@@ -31,6 +31,7 @@ from .conftest import (
     daemon_in,
     descriptors_limited,
     eventually,
+    memory_limited,
     tasks_limited,
     write_set,
 )
@@ -1330,6 +1331,40 @@ def test_a_watch_restarted_where_no_thread_can_start_leaves_the_daemon_running(
 
         eventually(started_again, what="the watch started again")
         assert d.proc.poll() is None
+
+
+# -- a daemon out of memory --------------------------------------------------------------
+
+#: A valid line of 5,000,000 empty lists: parsed, some 300 MB of objects.
+_LISTS_LINE = b'{"jsonrpc":"2.0","id":"big","method":"status","params":{"x":[' + b"[]," * 5_000_000
+
+
+def test_a_line_the_daemon_has_no_memory_to_parse_is_busy_not_a_parse_error(
+    tmp_path: Path,
+) -> None:
+    """A valid line the daemon had no memory to parse (RLIMIT_AS) is -32008 with
+    ``{"resource": "memory"}`` (id null: it was not read), and the connection is closed.
+    It was -32700 "line is not valid JSON" (orjson's "Not enough memory" error), or, once
+    orjson had the buffer and the objects ran short, the connection closed unanswered
+    (connection_failed, logged as a bug). Other clients are served meanwhile, and the
+    same line is taken once the memory is back."""
+    with daemon_in("tsm-", _noop_set, args=_unconfined(tmp_path)) as d, \
+            d.raw(timeout=60) as other:
+        assert "result" in other.request("status")
+        for headroom in (150 << 20, 350 << 20):  # orjson's buffer fails; then the objects
+            with memory_limited(d.proc.pid, headroom), d.raw(timeout=60) as big:
+                big.send_bytes(_LISTS_LINE + b"[]]}}\n")
+                busy = big.receive()
+                assert busy["id"] is None and busy["error"]["code"] == -32008, busy
+                assert busy["error"]["data"] == {"resource": "memory"}, busy
+                assert big.closed_by_peer(timeout=30)
+                assert "result" in other.request("status")
+        events = [e.get("event") for e in d.log_events()]
+        assert events.count("connection_out_of_memory") == 2, events
+        assert "connection_failed" not in events
+        with d.raw(timeout=60) as big:
+            big.send_bytes(_LISTS_LINE + b"[]]}}\n")
+            assert big.receive()["error"]["code"] == -32602  # status takes no params
 
 
 def _unread(sock: socket.socket) -> int:

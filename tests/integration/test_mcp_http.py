@@ -45,6 +45,7 @@ from .conftest import (
     daemon_in,
     descriptors_limited,
     eventually,
+    memory_limited,
     shut_down,
     start_daemon,
     write_set,
@@ -2401,6 +2402,34 @@ def test_http_an_initialize_whose_catalog_is_short_of_descriptors_opens_no_sessi
         assert held and held[-1]["event"] == "mcp_http_session_closed", held
         assert held[-1]["sessions"] == 0, held
         assert initialize(endpoint(url, other))
+
+
+def test_http_a_body_the_daemon_has_no_memory_to_parse_is_503_busy(
+    tmp_path: Path, home: Path, workspace: Path
+) -> None:
+    """A valid body the daemon had no memory to parse (RLIMIT_AS) is 503 and -32008
+    ``{"resource": "memory"}``, retry later: not 400 "the body is not JSON" (orjson's
+    "Not enough memory" error), nor a handler failure once the objects ran short."""
+    body = b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":[' + b"[]," * 5_000_000
+    body += b"[]]}}"
+    with _unconfined_http_daemon(tmp_path, home, workspace) as (d, url, _):
+        target = urlsplit(endpoint(url, workspace))
+        for headroom in (150 << 20, 350 << 20):  # orjson's buffer fails; then the objects
+            conn = HTTPConnection(target.hostname, target.port, timeout=60)
+            try:
+                with memory_limited(d.proc.pid, headroom):
+                    conn.request("POST", f"{target.path}?{target.query}", body=body, headers={
+                        "content-type": "application/json",
+                        "accept": "application/json, text/event-stream"})
+                    busy = conn.getresponse()
+                    answer = json.loads(busy.read())
+            finally:
+                conn.close()
+            assert busy.status == 503, (busy.status, answer)
+            assert answer["error"]["code"] == -32008, answer
+            assert answer["error"]["data"] == {"resource": "memory"}, answer
+        assert initialize(endpoint(url, workspace))
+        assert "http_connection_failed" not in [e.get("event") for e in d.log_events()]
 
 
 def test_http_events_carry_the_connection_id_the_docs_name(
