@@ -404,12 +404,13 @@ def _pids_hierarchy() -> tuple[Path, str] | None:
 
 
 @contextlib.contextmanager
-def tasks_limited(pid: int) -> Iterator[None]:
-    """Inside, ``pid`` can start no thread and no process (EAGAIN): it is moved into a
-    cgroup of its own whose ``pids.max`` is 0 (what ``RLIMIT_NPROC`` does to a user other
-    than root at its limit; the tasks it has go on, and one that ends frees no room).
-    Skips where no cgroup with the ``pids`` controller can be made (root, and a v1 ``pids``
-    hierarchy or a v2 one that enables ``pids``)."""
+def tasks_limited(pid: int, free: int = 0) -> Iterator[None]:
+    """Inside, ``pid`` can start ``free`` more threads and processes, then none (EAGAIN):
+    it is moved into a cgroup of its own whose ``pids.max`` is the tasks it has and
+    ``free`` more (what ``RLIMIT_NPROC`` does to a user other than root at its limit);
+    with ``free`` 0 it is 0, so a task that ends frees no room either. Skips where no
+    cgroup with the ``pids`` controller can be made (root, and a v1 ``pids`` hierarchy or
+    a v2 one that enables ``pids``)."""
     found = _pids_hierarchy()
     if found is None:
         pytest.skip("needs root and a cgroup hierarchy with the pids controller")
@@ -427,12 +428,17 @@ def tasks_limited(pid: int) -> Iterator[None]:
             folder.rmdir()
         pytest.skip(f"a pids cgroup cannot be made or entered here: {exc}")
     try:
-        (folder / "pids.max").write_text("0")
+        tasks = int((folder / "pids.current").read_text())
+        (folder / "pids.max").write_text(str(tasks + free if free else 0))
         yield
     finally:
         (folder / "pids.max").write_text("max")
-        with contextlib.suppress(ProcessLookupError):
-            (home / "cgroup.procs").write_text(str(pid))
-        eventually(lambda: not (folder / "cgroup.procs").read_text().strip(),
-                   what="the test cgroup emptied")
+
+        def emptied() -> bool:  # the daemon, and what it started meanwhile, go back
+            for task in (folder / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    (home / "cgroup.procs").write_text(task)
+            return not (folder / "cgroup.procs").read_text().strip()
+
+        eventually(emptied, what="the test cgroup emptied")
         folder.rmdir()

@@ -1333,6 +1333,50 @@ def test_a_watch_restarted_where_no_thread_can_start_leaves_the_daemon_running(
         assert d.proc.poll() is None
 
 
+def _children(pid: int) -> set[int]:
+    """The processes ``pid`` started that are still there."""
+    tasks = Path(f"/proc/{pid}/task")
+    return {int(child) for task in tasks.iterdir()
+            for child in (task / "children").read_text().split()}
+
+
+def test_a_check_process_started_where_no_thread_can_start_is_waited_for(
+    tmp_path: Path,
+) -> None:
+    """A call's large arguments are checked in a process the daemon starts on first use.
+    On Python 3.11 asyncio waited for it in a thread of its own, and with room for the
+    process but not that thread (the limit of processes and threads) the call was -32603,
+    and the process was left running, unwaited, its pipes open in the daemon. It is
+    waited for through a pidfd: the check is made, and the one process serves the next
+    call."""
+    def fill(home: Path, workspace: Path) -> None:
+        write_set(home / "tools", "sum", {
+            "runner": "exec", "description": "sums",
+            "schema": {"type": "object",
+                       "properties": {"a": {"type": "array", "items": {"type": "integer"}}}},
+            "command": ["/bin/true"], "approval": "always", "stdin": False,
+        })
+
+    with daemon_in("tsk-", fill, args=_unconfined(tmp_path)) as d, d.raw(timeout=60) as conn:
+        call = {"tool": "sum", "arguments": {"a": list(range(5_000))},
+                "workspace": str(d.workspace)}
+        assert "result" in conn.request("list", {"workspace": str(d.workspace)})
+        eventually(lambda: _threads(d.proc.pid) == 1, what="the idle workers ended")
+        before = _children(d.proc.pid)  # the orphan guard's sentinel
+        # Room for two: the worker thread of the arguments' depth check, and the check
+        # process; none for asyncio's thread, nor for the tool.
+        with tasks_limited(d.proc.pid, free=2):
+            _, checked = conn.invoke(call)
+        assert "result" in checked, checked
+        text = checked["result"]["content"][0]["text"]
+        assert text.startswith("The external process failed to start: "), text
+        checker = _children(d.proc.pid) - before
+        assert len(checker) == 1, checker
+        _, again = conn.invoke(call)
+        assert again["result"]["status"] == "ok", again
+        assert _children(d.proc.pid) - before == checker, "one check process, still"
+
+
 # -- a daemon out of memory --------------------------------------------------------------
 
 #: A valid line of 5,000,000 empty lists: parsed, some 300 MB of objects.
