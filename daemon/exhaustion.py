@@ -33,6 +33,7 @@ __all__ = [
     "ACCEPT_RETRY_SECONDS",
     "OUT_OF_DESCRIPTORS",
     "OUT_OF_RESOURCES",
+    "OUT_OF_TASKS",
     "Acceptor",
     "busy_when_short",
     "out_of_resources",
@@ -43,6 +44,12 @@ __all__ = [
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 #: The ``errno`` values of a daemon short of descriptors or memory.
 OUT_OF_RESOURCES = OUT_OF_DESCRIPTORS | {errno.ENOBUFS, errno.ENOMEM}
+#: What a call whose process could not start for ``EAGAIN`` is told besides its words
+#: ("Resource temporarily unavailable"), which name neither the limit nor what to do.
+OUT_OF_TASKS = (
+    "toolsetd is at its limit of processes and threads (RLIMIT_NPROC, or its cgroup's "
+    "pids.max, such as a unit's TasksMax=); retry when some calls have finished."
+)
 
 
 def out_of_resources(exc: BaseException | None) -> TypeGuard[OSError]:

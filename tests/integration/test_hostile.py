@@ -1333,6 +1333,26 @@ def test_a_watch_restarted_where_no_thread_can_start_leaves_the_daemon_running(
         assert d.proc.poll() is None
 
 
+def test_a_call_whose_process_cannot_start_for_want_of_tasks_says_what_ran_out(
+    tmp_path: Path,
+) -> None:
+    """At the daemon's limit of processes and threads a call's fork fails with EAGAIN,
+    whose words ("Resource temporarily unavailable") name neither the limit nor what to
+    do: the text says both. Once there is room the call runs."""
+    with daemon_in("tsn-", _noop_set, args=_unconfined(tmp_path)) as d, d.raw() as conn:
+        call = {"tool": "noop", "arguments": {}, "workspace": str(d.workspace)}
+        assert "result" in conn.request("invoke", call)
+        with tasks_limited(d.proc.pid):
+            _, failed = conn.invoke(call)
+        assert failed["result"]["content"][0]["text"] == (
+            "The external process failed to start: Resource temporarily unavailable: "
+            "toolsetd is at its limit of processes and threads (RLIMIT_NPROC, or its "
+            "cgroup's pids.max, such as a unit's TasksMax=); retry when some calls have "
+            "finished."
+        ), failed
+        assert conn.request("invoke", call)["result"]["status"] == "ok"
+
+
 def _children(pid: int) -> set[int]:
     """The processes ``pid`` started that are still there."""
     tasks = Path(f"/proc/{pid}/task")
