@@ -2404,6 +2404,7 @@ def test_http_an_initialize_whose_catalog_is_short_of_descriptors_opens_no_sessi
         assert initialize(endpoint(url, other))
 
 
+@pytest.mark.timeout(180)  # two 15 MB bodies received and parsed as far as memory goes
 def test_http_a_body_the_daemon_has_no_memory_to_parse_is_503_busy(
     tmp_path: Path, home: Path, workspace: Path
 ) -> None:
@@ -2414,7 +2415,7 @@ def test_http_a_body_the_daemon_has_no_memory_to_parse_is_503_busy(
     body += b"[]]}}"
     with _unconfined_http_daemon(tmp_path, home, workspace) as (d, url, _):
         target = urlsplit(endpoint(url, workspace))
-        for headroom in (150 << 20, 350 << 20):  # orjson's buffer fails; then the objects
+        for headroom in (150 << 20, 300 << 20):  # orjson's buffer fails; then the objects
             conn = HTTPConnection(target.hostname, target.port, timeout=60)
             try:
                 with memory_limited(d.proc.pid, headroom):
