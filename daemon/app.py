@@ -434,11 +434,35 @@ async def run_daemon(
         restored = _restore_ignored_signals() if process_exit else []
         if restored:
             log.info("signals_restored", signals=restored)
+        if process_exit:  # the child watcher is the process's, as the signals are
+            _wait_for_children_by_pidfd()
         try:
             await _run(options, signals, task_status)
         finally:
             if process_exit:
                 _ignore_to_the_exit()
+
+
+def _wait_for_children_by_pidfd() -> None:
+    """On Python 3.11, have asyncio wait for the check process through a pidfd, as 3.12
+    does where the kernel has ``pidfd_open``.
+
+    3.11's default (``ThreadedChildWatcher``) waits for each process in a thread of its
+    own, started after the process. At the limit of processes and threads
+    (``RLIMIT_NPROC``; a cgroup's ``pids.max``, a unit's ``TasksMax=`` its tools share)
+    there was room for the process and none for the thread: the call whose large
+    arguments started it was -32603, and the process was left running, unwaited, its
+    pipes open in the daemon (``anyio.open_process`` does not close what it made).
+    """
+    if sys.version_info >= (3, 12):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+    except OSError:  # an older kernel: the threads, as before
+        return
+    watcher = asyncio.PidfdChildWatcher()
+    asyncio.set_child_watcher(watcher)
+    watcher.attach_loop(asyncio.get_running_loop())
 
 
 def _ignore_to_the_exit() -> None:

@@ -641,6 +641,23 @@ class Connection:
                 )
                 log.warning("connection_frame_too_large", conn_id=self.conn_id, limit=limit)
                 return
+            except MemoryError:
+                # No memory to parse a line (``jsontext.loads``; a large one in the worker
+                # slot): the daemon's want, not the peer's. Its id is not known, and the
+                # peer would wait for its answer for ever: said, and the connection closed.
+                await self.send_message(
+                    error_message(
+                        None,
+                        rpc_errors.ServerBusy(
+                            "Server busy: toolsetd had no memory to parse a line; the "
+                            "connection is closed. Send it again when some calls have "
+                            "finished.",
+                            {"resource": "memory"},
+                        ),
+                    )
+                )
+                log.warning("connection_out_of_memory", conn_id=self.conn_id)
+                return
             except rpc_errors.RemoteProtocolError as exc:
                 log.info(
                     "connection_protocol_error", conn_id=self.conn_id, error=type(exc).__name__
@@ -672,7 +689,7 @@ class Connection:
             return False
         try:
             value = loads(data)
-        except orjson.JSONDecodeError:
+        except (orjson.JSONDecodeError, MemoryError):
             return False  # the reader answers it (or skips a blank line)
         self.last_active = self._clock()
         method = value.get("method") if type(value) is dict else None

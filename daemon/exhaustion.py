@@ -33,7 +33,9 @@ __all__ = [
     "ACCEPT_RETRY_SECONDS",
     "OUT_OF_DESCRIPTORS",
     "OUT_OF_RESOURCES",
+    "OUT_OF_TASKS",
     "Acceptor",
+    "Shortage",
     "busy_when_short",
     "out_of_resources",
     "raise_open_files_limit",
@@ -43,6 +45,12 @@ __all__ = [
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
 #: The ``errno`` values of a daemon short of descriptors or memory.
 OUT_OF_RESOURCES = OUT_OF_DESCRIPTORS | {errno.ENOBUFS, errno.ENOMEM}
+#: What a call whose process could not start for ``EAGAIN`` is told besides its words
+#: ("Resource temporarily unavailable"), which name neither the limit nor what to do.
+OUT_OF_TASKS = (
+    "toolsetd is at its limit of processes and threads (RLIMIT_NPROC, or its cgroup's "
+    "pids.max, such as a unit's TasksMax=); retry when some calls have finished."
+)
 
 
 def out_of_resources(exc: BaseException | None) -> TypeGuard[OSError]:
@@ -54,15 +62,42 @@ def out_of_resources(exc: BaseException | None) -> TypeGuard[OSError]:
 ACCEPT_RETRY_SECONDS = 0.1
 
 
+class Shortage:
+    """One listener's ``accept`` failures for want of descriptors or memory, said the way
+    every listener of the daemon says them: once per episode (``<event>_retry``, with the
+    ``errno`` and its words), and its end with the count of retries (``<event>_resumed``).
+
+    Args:
+        log: The logger to say it with.
+        event: The events' prefix (``accept``, ``metrics_accept``, ``http_accept``).
+    """
+
+    def __init__(self, log: Any, event: str) -> None:
+        self._log = log
+        self._event = event
+        self._retries = 0  # accept()s failed in a row for want of descriptors or memory
+
+    def failed(self, error: OSError) -> None:
+        """Count one failed ``accept``; the first of an episode is said."""
+        if not self._retries:
+            self._log.warning(f"{self._event}_retry", errno=error.errno, error=error.strerror)
+        self._retries += 1
+
+    def accepted(self) -> None:
+        """An ``accept`` succeeded: an episode that was going on is over, and said so."""
+        if self._retries:
+            self._log.info(f"{self._event}_resumed", retries=self._retries)
+            self._retries = 0
+
+
 class Acceptor:
     """Takes connections from an anyio listener the way every listener of the daemon must.
 
     A peer that left before it was taken is skipped; running short of descriptors or
     memory is waited out, retrying every ``ACCEPT_RETRY_SECONDS`` (the connections in the
     backlog wait there until a call ends or a client leaves), said once per episode
-    (``<event>_retry``) and its end said with the count (``<event>_resumed``); anything
-    else is logged (``<event>_failed``) and raised: it is not the peer's doing and will
-    not pass.
+    (``Shortage``); anything else is logged (``<event>_failed``) and raised: it is not the
+    peer's doing and will not pass.
 
     Args:
         listener: The listener to accept on.
@@ -74,7 +109,7 @@ class Acceptor:
         self._listener = listener
         self._log = log
         self._event = event
-        self._retries = 0  # accept()s failed in a row for want of descriptors or memory
+        self._shortage = Shortage(log, event)
 
     async def next(self) -> anyio.abc.SocketStream | None:
         """The next connection; None once the listener is closed (by us: a stop).
@@ -97,16 +132,10 @@ class Acceptor:
                     failed = error if error is not None else exc
                     self._log.error(f"{self._event}_failed", error=repr(failed))
                     raise
-                if not self._retries:
-                    self._log.warning(
-                        f"{self._event}_retry", errno=error.errno, error=error.strerror
-                    )
-                self._retries += 1
+                self._shortage.failed(error)
                 await anyio.sleep(ACCEPT_RETRY_SECONDS)
                 continue
-            if self._retries:
-                self._log.info(f"{self._event}_resumed", retries=self._retries)
-                self._retries = 0
+            self._shortage.accepted()
             return stream
 
 

@@ -72,7 +72,7 @@ import h11
 import structlog
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
-from .exhaustion import out_of_resources
+from .exhaustion import ACCEPT_RETRY_SECONDS, Shortage, out_of_resources
 from .large import LARGE_TEXT, LIMIT_TEXTS, LargeRequests
 from .logs import Throttle
 from .wire import Wire
@@ -655,6 +655,7 @@ class HttpServer:
 
     async def _accept_loop(self, sock: socket.socket, tg: anyio.abc.TaskGroup) -> None:
         loop = asyncio.get_running_loop()
+        shortage = Shortage(log, "http_accept")  # said once per episode, as the others
         while True:
             try:
                 conn, _ = await loop.sock_accept(sock)
@@ -662,10 +663,11 @@ class HttpServer:
                 if exc.errno in _PEER_ACCEPT_ERRNOS:
                     continue  # that connection's trouble (accept(2)): take the next one
                 if out_of_resources(exc):
-                    log.warning("http_accept_retry", errno=exc.errno)
-                    await anyio.sleep(0.1)
+                    shortage.failed(exc)
+                    await anyio.sleep(ACCEPT_RETRY_SECONDS)
                     continue
                 raise
+            shortage.accepted()
             tg.start_soon(self._serve_connection, conn)
 
     async def _serve_connection(self, raw: socket.socket) -> None:

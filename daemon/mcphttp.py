@@ -545,6 +545,18 @@ class McpHttpEndpoint:
                 ),
             )
             return
+        except MemoryError:  # the daemon's want, not the body's
+            await _rpc_error(
+                exchange,
+                503,
+                None,
+                rpc_errors.ServerBusy(
+                    "Server busy: toolsetd had no memory to parse the body; send it again "
+                    "when some calls have finished.",
+                    {"resource": "memory"},
+                ),
+            )
+            return
         if not isinstance(message, dict):
             await _rpc_error(
                 exchange,

@@ -60,6 +60,7 @@ rendering the outcome). ``Runner`` orchestrates them in ``_run_child``.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import math
 import os
@@ -102,6 +103,7 @@ from .ending import (
     terminate,
     wait_exit,
 )
+from .exhaustion import OUT_OF_TASKS
 from .output import CANCELLED_TEXT, start_failure_text, timeout_text
 from .progress import Finish, read_progress
 from .reaper import NullGuard, ProcessGroupGuard
@@ -486,6 +488,8 @@ class Runner:
             message = exc.strerror if isinstance(exc, OSError) else str(exc)
             if isinstance(exc, OSError) and exc.filename:
                 message = f"{message}: {exc.filename}"  # say which file: the fix is there
+            elif isinstance(exc, OSError) and exc.errno == errno.EAGAIN:
+                message = f"{message}: {OUT_OF_TASKS}"  # fork's words name no limit
             return no_process_outcome(t0, start_failure_text(message), spawn_failed=True)
         finally:
             for fd in (in_r, out_w, err_w, prog_w, status_w, block_r):

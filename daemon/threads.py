@@ -16,6 +16,16 @@ it and gets its result (the cancellation reaches it at its next checkpoint); the
 runs in a copy of the caller's context (``contextvars``: the log's bound fields); an
 exception it raises is raised in the caller (``StopIteration`` as a ``RuntimeError``, as
 anyio does); at most ``MAX_THREADS`` workers run, further jobs wait for one.
+
+A daemon at its limit of processes and threads (``RLIMIT_NPROC`` of its user, a cgroup's
+``pids.max``, the kernel's ``threads-max``) or short of memory for a thread's stack cannot
+start one. With a worker alive the job waits for it; with none, the job runs on the
+caller's thread, the event loop's, holding the other clients meanwhile, as it would in a
+daemon without threads: the callers (a workspace's first catalog read, a large request's
+parse, a spill file, a spawn) had no answer to the ``RuntimeError`` but an internal error,
+a connection closed unanswered, or a call whose tool had run answered as failed. Said once
+per episode (``worker_thread_unavailable``), its end too (``worker_threads_resumed``,
+with the jobs run on the loop meanwhile).
 """
 
 from __future__ import annotations
@@ -29,8 +39,11 @@ from typing import Any, TypeVar
 
 import anyio
 import anyio.lowlevel
+import structlog
 
 __all__ = ["IDLE_SECONDS", "MAX_THREADS", "alive", "run_sync"]
+
+log = structlog.get_logger("toolsetd.threads")
 
 T = TypeVar("T")
 
@@ -57,13 +70,15 @@ class _Pool:
         #: next queued job without waiting, so a new job need not start a thread for itself.
         self._returning = 0
         self.threads = 0
+        #: Jobs run on the caller's thread since a worker last started (the loop's only).
+        self.unstarted = 0
 
     def submit(self, job: _Job) -> None:
         """Queue ``job``; start a worker for it unless an idle one (or the cap) will do.
 
         Raises:
             RuntimeError: No worker could be started and none is alive to take the job
-                (the job is withdrawn: it never runs).
+                (the job is withdrawn: it never runs here; ``_run`` runs it itself).
         """
         with self._lock:
             self._jobs.append(job)
@@ -84,6 +99,9 @@ class _Pool:
                 except ValueError:  # taken already: it runs
                     return
             raise
+        if self.unstarted:
+            log.info("worker_threads_resumed", jobs_on_loop=self.unstarted)
+            self.unstarted = 0
 
     def _work(self) -> None:
         returning = False
@@ -159,7 +177,8 @@ def alive() -> int:
 async def run_sync(
     fn: Callable[..., T], *args: Any, limiter: anyio.CapacityLimiter | None = None
 ) -> T:
-    """Run ``fn(*args)`` in a worker thread and return its result.
+    """Run ``fn(*args)`` in a worker thread and return its result (on this thread when
+    no worker is alive and none can start).
 
     Args:
         fn: The blocking function.
@@ -177,7 +196,13 @@ async def _run(fn: Callable[..., T], args: tuple[Any, ...]) -> T:
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
     context = contextvars.copy_context()
-    _POOL.submit((loop, future, context, lambda: fn(*args)))
+    try:
+        _POOL.submit((loop, future, context, lambda: fn(*args)))
+    except RuntimeError as exc:  # no thread could start, and no worker is alive
+        if not _POOL.unstarted:
+            log.warning("worker_thread_unavailable", error=str(exc))
+        _POOL.unstarted += 1
+        return fn(*args)
     with anyio.CancelScope(shield=True):
         result = await future
     return result

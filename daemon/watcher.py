@@ -72,7 +72,9 @@ Four sibling tasks in one task group:
 * **host** (``run`` itself): waits for cancellation and then sets the current stop event.
 
 Failure: if awatch raises (``OSError`` "OS file watch limit reached", a directory that
-vanished between probe and watch, an unsupported filesystem), the watcher logs
+vanished between probe and watch, an unsupported filesystem), or the two threads an awatch
+starts cannot start (``_threads_can_start``, first: watchfiles' own failure there aborts
+the process), the watcher logs
 ``watch_unavailable`` once, keeps serving from the poller alone, and retries the watch
 when the directories change or after ``retry_seconds`` (``watch_retry``, debug; a retried
 watch says ``watch_started`` only at its first change, as it cannot tell it started
@@ -92,6 +94,7 @@ from __future__ import annotations
 import math
 import os
 import stat
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -125,6 +128,8 @@ _RESTART_PROBE_DELAY = 0.25  # seconds: long enough for a new awatch to be estab
 _RUST_TIMEOUT_MS = 5_000  # the thread returns to Python this often even with no events
 _BUSY_RETRY_SECONDS = 1.0  # a reload the daemon was too short of descriptors for: again
 _UNDECODABLE_PACE = 1.0  # seconds between restarts after names watchfiles cannot decode
+#: Threads an awatch starts: notify's event loop, and the worker its ``watch`` waits in.
+_WATCH_THREADS = 2
 #: After a poll, the next waits at least this many times as long as that one took, so the
 #: poller spends at most about 1/20 of a core: a tools root of 100,000 subdirectories
 #: (a hostile checkout) costs ~2 s of stat calls a probe, which every 2 s was a core.
@@ -479,6 +484,7 @@ class Watcher:
                     await stop.wait()
 
     async def _watch(self, dirs: _Watched, stop: anyio.Event) -> None:
+        _threads_can_start(_WATCH_THREADS)  # before the awatch makes its Rust watcher
         changes = self._factory(
             *sorted(dirs),
             stop_event=stop,
@@ -661,6 +667,37 @@ class Watcher:
             self._failing.difference_update(keys)
             if not self._failing:
                 self._failures.reset()
+
+
+def _threads_can_start(count: int) -> None:
+    """Start ``count`` threads at once and see them gone: raises ``RuntimeError`` ("can't
+    start new thread") when they cannot all start.
+
+    watchfiles makes its Rust watcher on an awatch's first step, and the watcher starts a
+    thread of its own (notify's event loop); the awatch then waits for its events in a
+    worker thread. At the limit of processes and threads (``RLIMIT_NPROC``, a cgroup's
+    ``pids.max``) notify's thread cannot start, and notify panics, then panics again in
+    its destructor: the daemon aborted (SIGABRT) when a new workspace restarted its watch.
+    Checked first, the watch fails as any other (``watch_unavailable``, the poll serves on)
+    and is retried. A probe must be gone, not only joined (the kernel releases an ended
+    thread's place a moment after ``join`` returns), or the watcher's thread would find
+    its place still taken.
+    """
+    probes: list[threading.Thread] = []
+    try:
+        for _ in range(count):
+            probe = threading.Thread(target=int, name="toolsetd-watch-probe", daemon=True)
+            probe.start()
+            probes.append(probe)
+    finally:
+        for probe in probes:
+            probe.join()
+        deadline = time.monotonic() + 1
+        for probe in probes:
+            while os.path.exists(f"/proc/self/task/{probe.native_id}"):
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.001)
 
 
 def _cause(exc: BaseException) -> BaseException:

@@ -39,6 +39,9 @@ number keeps its text, its float is ±inf.
 
 Both functions raise only what orjson raises (``orjson.JSONDecodeError``, which is a
 ``ValueError``, and ``orjson.JSONEncodeError``, a ``TypeError``); the callers map them.
+Out of memory, ``loads`` raises ``MemoryError``, whatever orjson said: a ``JSONDecodeError``
+("Not enough memory to allocate buffer for parsing", for a text that may well be valid) or
+a ``SystemError`` caused by the ``MemoryError`` it met while making the value.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ _INT64_MIN: Final = -(2**63)
 _UINT64_MAX: Final = 2**64 - 1
 #: The standard library's refusal of an integer past ``sys.get_int_max_str_digits``.
 _DIGIT_LIMIT: Final = re.compile(r"limit \((\d+) digits\) for integer string conversion")
+#: How orjson's ``JSONDecodeError`` begins when it had no memory for its parse buffer.
+_NO_MEMORY: Final = "Not enough memory"
 
 
 class JsonNumber(float):
@@ -189,13 +194,20 @@ def loads(line: bytes | bytearray | memoryview | str) -> Any:
     Raises:
         orjson.JSONDecodeError: The text is not valid JSON (orjson's verdict; a number
             past the double range is the one thing orjson refuses that this accepts).
+        MemoryError: There was no memory to parse it (the text may be valid).
     """
     try:
         value = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
+        if exc.msg.startswith(_NO_MEMORY):
+            raise MemoryError(exc.msg) from None
         if "infinity" not in str(exc):
             raise
         return _beyond_doubles(line, exc)
+    except SystemError as exc:
+        if isinstance(exc.__cause__, MemoryError):  # orjson returned with it set
+            raise MemoryError("no memory to make the parsed value") from None
+        raise
     kind = type(value)
     if kind is dict or kind is list:
         if not _may_lose_text(value, line):

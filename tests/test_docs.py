@@ -297,7 +297,8 @@ def test_readme_documentation_table_names_every_page() -> None:
 def _logged_events() -> dict[str, tuple[set[str], set[str]]]:
     """Each event name the three packages log, with the levels and the keyword fields of
     its calls: ``log.<level>("name", ...)``, setcache's ``_warn_once("name", ...)`` (a
-    warning), the acceptors' ``<prefix>_failed|_retry|_resumed`` and the log writer's own
+    warning), the acceptors' ``<prefix>_failed|_retry|_resumed`` (a ``Shortage`` of its
+    own: ``_retry|_resumed``) and the log writer's own
     ``log_lines_dropped``."""
     import ast
 
@@ -310,6 +311,7 @@ def _logged_events() -> dict[str, tuple[set[str], set[str]]]:
         found[1].update(fields)
 
     prefixes: set[str] = set()
+    shortages: set[str] = set()
     for package in ("protocol", "daemon", "client"):
         for path in (REPO / package).glob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
@@ -323,6 +325,11 @@ def _logged_events() -> dict[str, tuple[set[str], set[str]]]:
                     if isinstance(prefix, ast.Constant) and isinstance(prefix.value, str):
                         prefixes.add(prefix.value)
                     continue
+                if name == "Shortage":  # an accept loop of its own: no _failed event
+                    prefix = node.args[1] if len(node.args) > 1 else None
+                    if isinstance(prefix, ast.Constant) and isinstance(prefix.value, str):
+                        shortages.add(prefix.value)
+                    continue
                 if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
                     continue
                 if not re.fullmatch(r"[a-z]+(_[a-z0-9]+)+", first.value):
@@ -335,6 +342,7 @@ def _logged_events() -> dict[str, tuple[set[str], set[str]]]:
     assert prefixes, "no Acceptor(...) found: the acceptors' events would go unchecked"
     for prefix in prefixes:
         add(f"{prefix}_failed", "error", {"error"})
+    for prefix in prefixes | shortages:
         add(f"{prefix}_retry", "warning", {"errno", "error"})
         add(f"{prefix}_resumed", "info", {"retries"})
     add("log_lines_dropped", "warning", {"dropped"})

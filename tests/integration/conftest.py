@@ -371,3 +371,74 @@ def descriptors_limited(pid: int, free: int = 0) -> Iterator[None]:
         yield
     finally:
         resource.prlimit(pid, resource.RLIMIT_NOFILE, before)
+
+
+@contextlib.contextmanager
+def memory_limited(pid: int, headroom: int) -> Iterator[None]:
+    """Inside, ``pid`` can map ``headroom`` bytes more than it has mapped now (its
+    ``RLIMIT_AS``): past them an allocation fails, and Python raises ``MemoryError``."""
+    before = resource.prlimit(pid, resource.RLIMIT_AS)
+    mapped = int(Path(f"/proc/{pid}/status").read_text().split("VmSize:")[1].split()[0]) * 1024
+    resource.prlimit(pid, resource.RLIMIT_AS, (mapped + headroom, before[1]))
+    try:
+        yield
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_AS, before)
+
+
+def _pids_hierarchy() -> tuple[Path, str] | None:
+    """A cgroup hierarchy with the ``pids`` controller a test may make a cgroup in: its
+    mount point and the name ``/proc/<pid>/cgroup`` gives it (``""`` for v2)."""
+    if os.geteuid() != 0:
+        return None
+    with open("/proc/self/mounts") as mounts:
+        entries = [line.split() for line in mounts]
+    for _, point, kind, options, *_ in entries:
+        if kind == "cgroup" and "pids" in options.split(","):
+            return Path(point), "pids"
+    for _, point, kind, *_ in entries:
+        control = Path(point) / "cgroup.subtree_control"
+        if kind == "cgroup2" and control.exists() and "pids" in control.read_text().split():
+            return Path(point), ""
+    return None
+
+
+@contextlib.contextmanager
+def tasks_limited(pid: int, free: int = 0) -> Iterator[None]:
+    """Inside, ``pid`` can start ``free`` more threads and processes, then none (EAGAIN):
+    it is moved into a cgroup of its own whose ``pids.max`` is the tasks it has and
+    ``free`` more (what ``RLIMIT_NPROC`` does to a user other than root at its limit);
+    with ``free`` 0 it is 0, so a task that ends frees no room either. Skips where no
+    cgroup with the ``pids`` controller can be made (root, and a v1 ``pids`` hierarchy or
+    a v2 one that enables ``pids``)."""
+    found = _pids_hierarchy()
+    if found is None:
+        pytest.skip("needs root and a cgroup hierarchy with the pids controller")
+    point, name = found
+    with open(f"/proc/{pid}/cgroup") as own:
+        path = next(line.split(":", 2)[2].strip() for line in own
+                    if line.split(":", 2)[1] == name)
+    home = point / path.lstrip("/")
+    folder = point / f"toolsetd-test-tasks-{pid}"
+    try:
+        folder.mkdir()
+        (folder / "cgroup.procs").write_text(str(pid))
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+        pytest.skip(f"a pids cgroup cannot be made or entered here: {exc}")
+    try:
+        tasks = int((folder / "pids.current").read_text())
+        (folder / "pids.max").write_text(str(tasks + free if free else 0))
+        yield
+    finally:
+        (folder / "pids.max").write_text("max")
+
+        def emptied() -> bool:  # the daemon, and what it started meanwhile, go back
+            for task in (folder / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    (home / "cgroup.procs").write_text(task)
+            return not (folder / "cgroup.procs").read_text().strip()
+
+        eventually(emptied, what="the test cgroup emptied")
+        folder.rmdir()

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import struct
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,7 +25,16 @@ from typing import Any
 
 import pytest
 
-from .conftest import Daemon, RawConn, daemon_in, descriptors_limited, eventually, write_set
+from .conftest import (
+    Daemon,
+    RawConn,
+    daemon_in,
+    descriptors_limited,
+    eventually,
+    memory_limited,
+    tasks_limited,
+    write_set,
+)
 
 #: One value of every JSON type (and a few shapes of each that have caught parsers out).
 VALUES: list[Any] = [
@@ -1207,6 +1217,219 @@ def test_a_change_the_watcher_could_not_reload_short_of_descriptors_is_not_lost(
                 what="the watcher's reload deferred",
             )
         eventually(lambda: description() == "edited", what="the edit in the catalog")
+
+
+# -- a daemon that cannot start a thread -------------------------------------------------
+
+#: Prints a megabyte (past what a call keeps in memory: it streams to its spill file),
+#: says so with a file, and waits for the test's file ``go`` (it starts no process).
+_SPEW = (
+    f"#!{sys.executable}\nimport os, sys, time\nsys.stdout.write('a' * 1_000_000)\n"
+    "sys.stdout.flush()\nopen('written', 'w').close()\n"
+    "while not os.path.exists('go'):\n    time.sleep(0.02)\n"
+)
+
+
+def _spew_set(home: Path, workspace: Path) -> None:
+    _noop_set(home, workspace)
+    write_set(home / "tools", "spew", {
+        "runner": "exec", "description": "a megabyte", "schema": {"type": "object"},
+        "command": ["spew.py"], "approval": "always", "stdin": False, "timeoutSeconds": 120,
+    }, **{"spew.py": _SPEW})
+
+
+def test_a_daemon_that_cannot_start_a_thread_does_its_blocking_work_on_the_loop(
+    tmp_path: Path,
+) -> None:
+    """At its limit of processes and threads (a cgroup's pids.max here, RLIMIT_NPROC for
+    a user other than root) no worker thread can start: a new workspace's catalog, a
+    large line's parse and a truncated call's spill file are made on the event loop's
+    thread instead. They were -32603 (an internal error) for the list, a connection closed
+    unanswered for the line, and -32603 for a call whose tool had run. A call's own
+    process cannot start either, and says so; once threads can start, they are used."""
+    with daemon_in("tst-", _spew_set, args=_unconfined(tmp_path)) as d, \
+            d.raw(timeout=60) as held, d.raw(timeout=60) as conn:
+        workspace = str(d.workspace)
+        other = d.workspace.parent / "other"
+        other.mkdir()
+        held.send({"jsonrpc": "2.0", "id": "spew", "method": "invoke",
+                   "params": {"tool": "spew", "arguments": {}, "workspace": workspace}})
+        eventually(lambda: (d.workspace / "written").exists(), timeout=60, what="the output")
+        eventually(lambda: _threads(d.proc.pid) == 1, what="the idle workers ended")
+        with tasks_limited(d.proc.pid):
+            listed = conn.request("list", {"workspace": str(other)})
+            assert [t["name"] for t in listed["result"]["tools"]] == ["noop", "spew"], listed
+            large = conn.request("status", {"pad": "x" * 100_000})
+            assert large["error"]["code"] == -32602, large
+            _, failed = conn.invoke({"tool": "noop", "arguments": {}, "workspace": workspace})
+            assert failed["result"]["status"] == "error", failed
+            text = failed["result"]["content"][0]["text"]
+            assert text.startswith("The external process failed to start: "), text
+            (d.workspace / "go").touch()
+            while (spewed := held.receive()).get("id") != "spew":
+                pass
+            assert spewed["result"]["truncated"] is True, spewed
+            assert spewed["result"]["outputPath"] is not None, spewed
+            assert Path(spewed["result"]["outputPath"]).stat().st_size == 1_000_000
+            assert _threads(d.proc.pid) == 1
+        events = [e.get("event") for e in d.log_events()]
+        assert events.count("worker_thread_unavailable") == 1, "said once per episode"
+        assert "request_failed" not in events
+        third = d.workspace.parent / "third"
+        third.mkdir()
+        assert "result" in conn.request("list", {"workspace": str(third)})
+        eventually(lambda: any(e.get("event") == "worker_threads_resumed"
+                               for e in d.log_events()), what="worker_threads_resumed")
+
+
+def test_a_watch_restarted_where_no_thread_can_start_leaves_the_daemon_running(
+    tmp_path: Path,
+) -> None:
+    """watchfiles' Rust watcher starts a thread when it is made; at the limit of processes
+    and threads it cannot, notify panics, and again in its destructor: the daemon aborted
+    (SIGABRT) when a new workspace restarted its watch. The watch now fails as any other
+    (watch_unavailable, the poll serves on) and starts again once a thread can."""
+    args = [a for a in _unconfined(tmp_path) if a != "--no-watch"]
+    with daemon_in("tsv-", _noop_set, args=args) as d, d.raw(timeout=60) as conn:
+        eventually(lambda: any(e.get("event") == "watch_started" for e in d.log_events()),
+                   what="the watch started")
+        other = d.workspace.parent / "other"
+        write_set(other / ".crystal" / "tools", "local", {
+            "runner": "exec", "description": "local", "schema": {"type": "object"},
+            "command": ["/bin/true"], "approval": "always", "stdin": False,
+        })
+        with tasks_limited(d.proc.pid):
+            listed = conn.request("list", {"workspace": str(other)})
+            assert [t["name"] for t in listed["result"]["tools"]] == ["local", "noop"], listed
+            eventually(
+                lambda: d.proc.poll() is not None
+                or any(e.get("event") == "watch_unavailable" for e in d.log_events()),
+                what="watch_unavailable logged",
+            )
+            assert d.proc.poll() is None, f"the daemon ended: {d.log()[-300:]}"
+            assert "result" in conn.request("status")
+        unavailable = [e for e in d.log_events() if e.get("event") == "watch_unavailable"]
+        assert unavailable[0]["message"] == "can't start new thread", unavailable
+        third = d.workspace.parent / "third"
+        third.mkdir()
+        assert "result" in conn.request("list", {"workspace": str(third)})  # a restart
+        manifest = other / ".crystal" / "tools" / "local" / "tools.json"
+        manifest.write_text(manifest.read_text().replace('"local"', '"edited"', 1))
+
+        def described() -> bool:
+            listed = conn.request("list", {"workspace": str(other)})["result"]
+            return bool({t["name"]: t["description"] for t in listed["tools"]}["local"] == "edited")
+
+        eventually(described, what="the edit in the catalog")
+
+        def started_again() -> bool:  # said at the retried watch's first event
+            events = [e.get("event") for e in d.log_events()]
+            if "watch_started" in events[events.index("watch_unavailable"):]:
+                return True
+            manifest.touch()
+            return False
+
+        eventually(started_again, what="the watch started again")
+        assert d.proc.poll() is None
+
+
+def test_a_call_whose_process_cannot_start_for_want_of_tasks_says_what_ran_out(
+    tmp_path: Path,
+) -> None:
+    """At the daemon's limit of processes and threads a call's fork fails with EAGAIN,
+    whose words ("Resource temporarily unavailable") name neither the limit nor what to
+    do: the text says both. Once there is room the call runs."""
+    with daemon_in("tsn-", _noop_set, args=_unconfined(tmp_path)) as d, d.raw() as conn:
+        call = {"tool": "noop", "arguments": {}, "workspace": str(d.workspace)}
+        assert "result" in conn.request("invoke", call)
+        with tasks_limited(d.proc.pid):
+            _, failed = conn.invoke(call)
+        assert failed["result"]["content"][0]["text"] == (
+            "The external process failed to start: Resource temporarily unavailable: "
+            "toolsetd is at its limit of processes and threads (RLIMIT_NPROC, or its "
+            "cgroup's pids.max, such as a unit's TasksMax=); retry when some calls have "
+            "finished."
+        ), failed
+        assert conn.request("invoke", call)["result"]["status"] == "ok"
+
+
+def _children(pid: int) -> set[int]:
+    """The processes ``pid`` started that are still there."""
+    tasks = Path(f"/proc/{pid}/task")
+    return {int(child) for task in tasks.iterdir()
+            for child in (task / "children").read_text().split()}
+
+
+def test_a_check_process_started_where_no_thread_can_start_is_waited_for(
+    tmp_path: Path,
+) -> None:
+    """A call's large arguments are checked in a process the daemon starts on first use.
+    On Python 3.11 asyncio waited for it in a thread of its own, and with room for the
+    process but not that thread (the limit of processes and threads) the call was -32603,
+    and the process was left running, unwaited, its pipes open in the daemon. It is
+    waited for through a pidfd: the check is made, and the one process serves the next
+    call."""
+    def fill(home: Path, workspace: Path) -> None:
+        write_set(home / "tools", "sum", {
+            "runner": "exec", "description": "sums",
+            "schema": {"type": "object",
+                       "properties": {"a": {"type": "array", "items": {"type": "integer"}}}},
+            "command": ["/bin/true"], "approval": "always", "stdin": False,
+        })
+
+    with daemon_in("tsk-", fill, args=_unconfined(tmp_path)) as d, d.raw(timeout=60) as conn:
+        call = {"tool": "sum", "arguments": {"a": list(range(5_000))},
+                "workspace": str(d.workspace)}
+        assert "result" in conn.request("list", {"workspace": str(d.workspace)})
+        eventually(lambda: _threads(d.proc.pid) == 1, what="the idle workers ended")
+        before = _children(d.proc.pid)  # the orphan guard's sentinel
+        # Room for two: the worker thread of the arguments' depth check, and the check
+        # process; none for asyncio's thread, nor for the tool.
+        with tasks_limited(d.proc.pid, free=2):
+            _, checked = conn.invoke(call)
+        assert "result" in checked, checked
+        text = checked["result"]["content"][0]["text"]
+        assert text.startswith("The external process failed to start: "), text
+        checker = _children(d.proc.pid) - before
+        assert len(checker) == 1, checker
+        _, again = conn.invoke(call)
+        assert again["result"]["status"] == "ok", again
+        assert _children(d.proc.pid) - before == checker, "one check process, still"
+
+
+# -- a daemon out of memory --------------------------------------------------------------
+
+#: A valid line of 5,000,000 empty lists: parsed, some 300 MB of objects.
+_LISTS_LINE = b'{"jsonrpc":"2.0","id":"big","method":"status","params":{"x":[' + b"[]," * 5_000_000
+
+
+@pytest.mark.timeout(180)  # two 15 MB lines received and parsed as far as memory goes
+def test_a_line_the_daemon_has_no_memory_to_parse_is_busy_not_a_parse_error(
+    tmp_path: Path,
+) -> None:
+    """A valid line the daemon had no memory to parse (RLIMIT_AS) is -32008 with
+    ``{"resource": "memory"}`` (id null: it was not read), and the connection is closed.
+    It was -32700 "line is not valid JSON" (orjson's "Not enough memory" error), or, once
+    orjson had the buffer and the objects ran short, the connection closed unanswered
+    (connection_failed, logged as a bug). Other clients are served meanwhile, and large
+    lines are taken once the memory is back."""
+    with daemon_in("tsm-", _noop_set, args=_unconfined(tmp_path)) as d, \
+            d.raw(timeout=60) as other:
+        assert "result" in other.request("status")
+        for headroom in (150 << 20, 300 << 20):  # orjson's buffer fails; then the objects
+            with memory_limited(d.proc.pid, headroom), d.raw(timeout=60) as big:
+                big.send_bytes(_LISTS_LINE + b"[]]}}\n")
+                busy = big.receive()
+                assert busy["id"] is None and busy["error"]["code"] == -32008, busy
+                assert busy["error"]["data"] == {"resource": "memory"}, busy
+                assert big.closed_by_peer(timeout=30)
+                assert "result" in other.request("status")
+        events = [e.get("event") for e in d.log_events()]
+        assert events.count("connection_out_of_memory") == 2, events
+        assert "connection_failed" not in events
+        with d.raw(timeout=60) as big:  # a large line is taken again
+            big.send_bytes(_LISTS_LINE[:100_000] + b"[]]}}\n")
+            assert big.receive()["error"]["code"] == -32602  # status takes no params
 
 
 def _unread(sock: socket.socket) -> int:

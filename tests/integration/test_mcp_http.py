@@ -45,6 +45,7 @@ from .conftest import (
     daemon_in,
     descriptors_limited,
     eventually,
+    memory_limited,
     shut_down,
     start_daemon,
     write_set,
@@ -2576,6 +2577,62 @@ def test_http_an_initialize_whose_catalog_is_short_of_descriptors_opens_no_sessi
         assert held and held[-1]["event"] == "mcp_http_session_closed", held
         assert held[-1]["sessions"] == 0, held
         assert initialize(endpoint(url, other))
+
+
+@pytest.mark.timeout(180)  # two 15 MB bodies received and parsed as far as memory goes
+def test_http_a_body_the_daemon_has_no_memory_to_parse_is_503_busy(
+    tmp_path: Path, home: Path, workspace: Path
+) -> None:
+    """A valid body the daemon had no memory to parse (RLIMIT_AS) is 503 and -32008
+    ``{"resource": "memory"}``, retry later: not 400 "the body is not JSON" (orjson's
+    "Not enough memory" error), nor a handler failure once the objects ran short."""
+    body = b'{"jsonrpc":"2.0","id":1,"method":"ping","params":{"x":[' + b"[]," * 5_000_000
+    body += b"[]]}}"
+    with _unconfined_http_daemon(tmp_path, home, workspace) as (d, url, _):
+        target = urlsplit(endpoint(url, workspace))
+        for headroom in (150 << 20, 300 << 20):  # orjson's buffer fails; then the objects
+            conn = HTTPConnection(target.hostname, target.port, timeout=60)
+            try:
+                with memory_limited(d.proc.pid, headroom):
+                    conn.request("POST", f"{target.path}?{target.query}", body=body, headers={
+                        "content-type": "application/json",
+                        "accept": "application/json, text/event-stream"})
+                    busy = conn.getresponse()
+                    answer = json.loads(busy.read())
+            finally:
+                conn.close()
+            assert busy.status == 503, (busy.status, answer)
+            assert answer["error"]["code"] == -32008, answer
+            assert answer["error"]["data"] == {"resource": "memory"}, answer
+        assert initialize(endpoint(url, workspace))
+        assert "http_connection_failed" not in [e.get("event") for e in d.log_events()]
+
+
+def test_http_an_accept_short_of_descriptors_is_said_once_per_episode(
+    tmp_path: Path, home: Path, workspace: Path
+) -> None:
+    """Out of descriptors, the HTTP listener retries its accept every 0.1 s, and said so
+    each time: a warning ten times a second for as long as the shortage lasted (an hour
+    of it, 36,000 lines). It says it once, and its end with the count, as the socket's
+    and the metrics' listeners do; the connection that waited is served."""
+    with _unconfined_http_daemon(tmp_path, home, workspace) as (d, url, _):
+        target = urlsplit(url)
+        with descriptors_limited(d.proc.pid):
+            waiting = socket.create_connection((target.hostname, target.port), timeout=30)
+            eventually(lambda: any(e.get("event") == "http_accept_retry"
+                                   for e in d.log_events()), what="http_accept_retry")
+            time.sleep(0.5)  # a few retries (every 0.1 s), not an assertion of a time
+        with waiting:
+            waiting.sendall(b"GET /nowhere HTTP/1.1\r\nHost: " + target.netloc.encode()
+                            + b"\r\nConnection: close\r\n\r\n")
+            assert waiting.recv(64).startswith(b"HTTP/1.1 "), "the connection that waited"
+        events = d.log_events()
+        retried = [e for e in events if e.get("event") == "http_accept_retry"]
+        resumed = [e for e in events if e.get("event") == "http_accept_resumed"]
+        assert len(retried) == 1, retried
+        assert retried[0]["error"] == os.strerror(retried[0]["errno"]), retried
+        assert len(resumed) == 1 and resumed[0]["retries"] > 1, resumed
+        assert initialize(endpoint(url, workspace))
 
 
 def test_http_events_carry_the_connection_id_the_docs_name(
