@@ -581,6 +581,20 @@ async def test_a_reload_failing_after_one_that_worked_is_logged_at_once(home: Pa
     assert [line["failures"] for line in lines] == [1, 1]
 
 
+def _refreshes_counted(registry: Registry, monkeypatch: pytest.MonkeyPatch) -> list[object]:
+    """The workspaces of every ``_refresh_sync`` (the worker thread's refresh) from now on,
+    each call still made."""
+    refreshed: list[object] = []
+    real = registry._refresh_sync
+
+    def counted(*args: object) -> object:
+        refreshed.append(args[0])
+        return real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(registry, "_refresh_sync", counted)
+    return refreshed
+
+
 async def test_a_touched_manifest_is_looked_at_once(
     home: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -592,14 +606,7 @@ async def test_a_touched_manifest_is_looked_at_once(
     later = [time.time_ns() + 10 * RACY_NS]
     registry = Registry(home, DEFAULT_RESERVED_NAMES, clock_ns=lambda: later[0])
     before = await registry.catalog(None)
-    refreshed: list[object] = []
-    real = registry._refresh_sync
-
-    def counted(*args: object) -> object:
-        refreshed.append(args[0])
-        return real(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(registry, "_refresh_sync", counted)
+    refreshed = _refreshes_counted(registry, monkeypatch)
     touched = time.time_ns() - 5 * 10**9
     os.utime(set_dir / "tools.json", ns=(touched, touched))
     for _ in range(3):
@@ -628,14 +635,7 @@ async def test_a_manifest_too_fresh_to_judge_is_read_again_on_the_loop(
         clock_ns=lambda: now[0],
     )
     before = await registry.catalog(None)
-    refreshed: list[object] = []
-    real = registry._refresh_sync
-
-    def counted(*args: object) -> object:
-        refreshed.append(args[0])
-        return real(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(registry, "_refresh_sync", counted)
+    refreshed = _refreshes_counted(registry, monkeypatch)
     reads = registry.cache.reads
     for _ in range(3):
         outcome = await registry.reload()

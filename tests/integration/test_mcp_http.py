@@ -1169,15 +1169,21 @@ def _sleeper_cancelled(daemon: Daemon, workspace: Path, after: str) -> None:
     )
 
 
+def _progress3_call(url: str, session: str) -> HttpReply:
+    """``progress3`` called with a progressToken in ``session``: answered as SSE."""
+    reply = http(url, body=rpc(7, "tools/call", {"name": "progress3", "arguments": {},
+                                                 "_meta": {"progressToken": "p1"}}),
+                 headers={"mcp-session-id": session})
+    assert reply.headers["content-type"] == "text/event-stream"
+    return reply
+
+
 def test_http_progress_comes_as_sse_before_the_answer(http_daemon, workspace: Path) -> None:
     """A call with a progressToken answers as SSE: every progress line, then the result."""
     _, base = http_daemon
     url = endpoint(base, workspace)
     session = initialize(url)
-    reply = http(url, body=rpc(7, "tools/call", {"name": "progress3", "arguments": {},
-                                                 "_meta": {"progressToken": "p1"}}),
-                 headers={"mcp-session-id": session})
-    assert reply.headers["content-type"] == "text/event-stream"
+    reply = _progress3_call(url, session)
     messages = reply.messages()
     progress = [m["params"] for m in messages if m.get("method") == "notifications/progress"]
     assert [p["progressToken"] for p in progress] == ["p1"] * len(progress)
@@ -1850,10 +1856,7 @@ def test_http_streams_are_not_resumable(http_daemon, workspace: Path) -> None:
     daemon, base = http_daemon
     url = endpoint(base, workspace)
     session = initialize(url)
-    reply = http(url, body=rpc(7, "tools/call", {"name": "progress3", "arguments": {},
-                                                 "_meta": {"progressToken": "p1"}}),
-                 headers={"mcp-session-id": session})
-    assert reply.headers["content-type"] == "text/event-stream"
+    reply = _progress3_call(url, session)
     assert len(reply.messages()) >= 4  # progress, then the result
     fields = {line.split(":", 1)[0] for line in reply.body.decode().splitlines() if line}
     assert fields == {"event", "data"}, reply.body
