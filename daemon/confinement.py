@@ -31,12 +31,13 @@ defaults: profile ``workspace-write`` for project sets and ``off`` for home sets
 bubblewrap works (``off`` where it does not, logged once at start); network denied under
 ``workspace-write`` and ``read-only``, allowed under ``off``; no limits.
 
-A probe of bubblewrap that failed for want of processes, threads or memory
-(``sandbox.ProbeShort``: a daemon started at its ``TasksMax=``, say) says nothing about
-bubblewrap here, and must not turn a project set's sandbox ``off`` for the daemon's life:
-the sets whose profile is sandboxed fail closed meanwhile, saying so, and the whole probe
-is tried again at the next call (``retry_sandbox``, at most every ``RETRY_SECONDS``, in a
-worker thread), after which the daemon confines as a probe at start would have made it.
+A probe of bubblewrap that failed for want of processes, threads or memory, or did not
+end in time (``sandbox.ProbeShort``: a daemon started at its ``TasksMax=``, say, or on a
+machine swapping at that moment) says nothing about bubblewrap here, and must not turn a
+project set's sandbox ``off`` for the daemon's life: the sets whose profile is sandboxed
+fail closed meanwhile, saying so, and the whole probe is tried again at the next call
+(``retry_sandbox``, at most every ``RETRY_SECONDS``, in a worker thread), after which the
+daemon confines as a probe at start would have made it.
 
 A profile the operator *named* that cannot be set up (no bubblewrap) makes the set's calls
 fail closed with a result text that says why; so does a limit the cgroup tree cannot
@@ -461,8 +462,7 @@ def _probe_sandbox(setting: str, http_peers: bool) -> _Sandbox:
     except ProbeShort as exc:
         return _Sandbox(
             None,
-            f"{exc} (the daemon is short of processes, threads, memory or descriptors; "
-            "bubblewrap is tried again at the next call)",
+            f"{exc}; bubblewrap is tried again at the next call",
             short=True,
         )
     return _Sandbox(bwrap, "", own_ipc, status, unchecked, no_userns)

@@ -148,8 +148,19 @@ def _short_spawn(binary: str, exc: BaseException) -> ProbeShort | None:
     if isinstance(exc, MemoryError):
         return ProbeShort(f"bubblewrap at {binary} cannot run: the daemon is out of memory")
     if isinstance(exc, OSError) and exc.errno in _SHORT_ERRNOS:
-        return ProbeShort(f"bubblewrap at {binary} cannot run: {exc.strerror}")
+        return ProbeShort(
+            f"bubblewrap at {binary} cannot run: {exc.strerror} (the daemon is short of "
+            "processes, threads, memory or descriptors)"
+        )
+    if isinstance(exc, subprocess.TimeoutExpired):
+        return _slow(f"bubblewrap at {binary}")
     return None
+
+
+def _slow(what: str) -> ProbeShort:
+    """The ``ProbeShort`` of a probe that did not end within ``_PROBE_SECONDS``: a machine
+    too busy (swapping, its CPUs taken) at that moment, not a bubblewrap that cannot run."""
+    return ProbeShort(f"{what} did not finish within {_PROBE_SECONDS:g} s (the machine is busy)")
 
 
 def _short_exit(binary: str, returncode: int | None, stderr: bytes) -> ProbeShort | None:
@@ -158,7 +169,10 @@ def _short_exit(binary: str, returncode: int | None, stderr: bytes) -> ProbeShor
     if not returncode or not any(words in stderr for words in _SHORT_WORDS):
         return None
     said = stderr.decode(errors="replace").strip().splitlines()
-    return ProbeShort(f"bubblewrap at {binary} cannot build its sandbox: {said[-1]}")
+    return ProbeShort(
+        f"bubblewrap at {binary} cannot build its sandbox: {said[-1]} (the daemon is short "
+        "of processes, threads or memory)"
+    )
 
 
 class Profile(enum.StrEnum):
@@ -207,7 +221,8 @@ def probe_bwrap(setting: str) -> tuple[str | None, str]:
         The binary's path, or None and why not (one sentence).
 
     Raises:
-        ProbeShort: It could not run for want of processes, threads or memory.
+        ProbeShort: It could not run for want of processes, threads or memory, or did not
+            end in time.
     """
     if setting == "off":
         return None, 'the sandbox is off in the config (sandbox = "off")'
@@ -267,7 +282,7 @@ def probe_bind_check(binary: str) -> str | None:
 
     Raises:
         ProbeShort: bubblewrap could not run, or build its sandbox, for want of processes,
-            threads or memory.
+            threads or memory, or did not build it in time.
     """
     status_r, status_w, block_r, block_w = _two_pipes(binary)
     argv = [
@@ -338,14 +353,18 @@ def _two_pipes(binary: str) -> tuple[int, int, int, int]:
 
 
 def _held_sandbox_checks(poll: Callable[[], int | None], status_r: int, block_r: int) -> str | None:
-    """``probe_bind_check``'s look at its sandbox, held on ``block_r``."""
+    """``probe_bind_check``'s look at its sandbox, held on ``block_r``.
+
+    Raises:
+        ProbeShort: The sandbox was not built within ``_PROBE_SECONDS``.
+    """
     deadline = time.monotonic() + _PROBE_SECONDS
     status = b""
     pid = None
     while pid is None:
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([status_r], [], [], left)[0]:
-            return "bubblewrap did not say its sandbox's pid in time"
+            raise _slow("bubblewrap's sandbox (its pid on --json-status-fd)")
         chunk = os.read(status_r, 4096)
         if not chunk:
             return "this bubblewrap writes no JSON status (--json-status-fd, 0.5 and later)"
@@ -360,7 +379,7 @@ def _held_sandbox_checks(poll: Callable[[], int | None], status_r: int, block_r:
                 "and /proc/<pid>/wchan of its process; a setuid bubblewrap hides them)"
             )
         if time.monotonic() >= deadline:
-            return "bubblewrap's sandbox did not wait on --block-fd in time"
+            raise _slow("bubblewrap's sandbox (its wait on --block-fd)")
         time.sleep(0.001)
     if binds_moved(pid, bind_identities([("/", False)])) is not None:
         return (
@@ -383,7 +402,8 @@ def _works(binary: str, *options: str) -> bool:
     """Whether bubblewrap runs a sandbox with ``options``.
 
     Raises:
-        ProbeShort: It could not run for want of processes, threads or memory.
+        ProbeShort: It could not run for want of processes, threads or memory, or did not
+            end in time.
     """
     argv = [binary, *_ALWAYS, *options, "--ro-bind", "/", "/", "--", "/bin/true"]
     try:
@@ -398,15 +418,14 @@ def _run(binary: str, argv: list[str]) -> subprocess.CompletedProcess[bytes]:
 
     Raises:
         ProbeShort: The spawn, or bubblewrap's own fork or allocation, failed for want of
-            processes, threads or memory.
+            processes, threads or memory, or it did not end in time.
         OSError: It cannot run otherwise.
-        subprocess.SubprocessError: It did not end in time.
     """
     try:
         done = subprocess.run(  # noqa: TID251 -- a fixed argv, no call's
             argv, capture_output=True, timeout=_PROBE_SECONDS, check=False
         )
-    except (OSError, MemoryError) as exc:
+    except (OSError, MemoryError, subprocess.TimeoutExpired) as exc:
         short = _short_spawn(binary, exc)
         if short is not None:
             raise short from exc

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from toolsetd.daemon import sandbox
 from toolsetd.daemon.cgroup import Limits, parse_limits
 from toolsetd.daemon.confinement import (
     Confinement,
@@ -461,6 +462,32 @@ def test_confinement_probe_short_of_tasks_or_memory_is_deferred_not_off(
     assert conf.for_set(_set("h", Source.HOME)).failure is None
     with pytest.raises(ConfinementError, match="did not run"):
         conf.prepare(_set("p", Source.PROJECT), ["/bin/true"], "/ws", ("/d", "/ws/d"), ())
+
+
+@pytest.mark.parametrize("option", ["--unshare-net", "--unshare-ipc", "--block-fd"])
+def test_confinement_probe_that_does_not_end_in_time_is_deferred_not_off(
+    tmp_path: Path, option: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe that did not end within its time limit (a machine swapping or its CPUs taken
+    at start) says nothing about bubblewrap either: it turned the sandbox off for the
+    daemon's life (the first probe), or left it without its IPC namespace or its bind check.
+    It is deferred, as a probe short of tasks is."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    monkeypatch.setattr(sandbox, "_PROBE_SECONDS", 0.5)
+    fake = tmp_path / "bwrap-slow"
+    fake.write_text(
+        f'#!/bin/sh\nfor a in "$@"; do [ "$a" = {option} ] && exec sleep 30; done\n'
+        f'exec {bwrap} "$@"\n'
+    )
+    fake.chmod(0o755)
+    home = tmp_path / "home"
+    conf = Confinement.probe(parse_confinement({"cgroup": "off", "sandbox": str(fake)}),
+                             home, home / ".crystal")
+    assert conf.bwrap is None and conf.sandbox_short is True
+    assert "did not finish within 0.5 s" in conf.sandbox_reason
+    assert conf.for_set(_set("p", Source.PROJECT)).failure is not None
 
 
 @pytest.mark.anyio
