@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 import socket
@@ -60,7 +61,7 @@ from .catalog import ManifestCache
 from .checkworker import CheckWorker
 from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
-from .exhaustion import open_standard_streams, raise_open_files_limit
+from .exhaustion import open_standard_streams, out_of_resources, raise_open_files_limit
 from .large import LargeRequests
 from .logs import configure_logging, drain_logs, finish_logging, holding, say, writes_stderr
 from .methods import Handlers
@@ -558,6 +559,9 @@ async def _run(
             guard.start(cgroup=str(cgroups.folder) if cgroups is not None else None)
         except OSError as exc:  # the daemon still serves; the groups are still tracked
             log.error("orphan_guard_unavailable", error=exc.strerror or str(exc))
+            if exc.errno == errno.EAGAIN or out_of_resources(exc):
+                # A moment's shortage (its limit of tasks, say): a later spawn starts it.
+                guard.start_later(cgroup=str(cgroups.folder) if cgroups is not None else None)
     try:
         await _serve(
             options, signals, task_status, notifier, activated, base_env, guard, confinement

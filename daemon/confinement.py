@@ -31,6 +31,14 @@ defaults: profile ``workspace-write`` for project sets and ``off`` for home sets
 bubblewrap works (``off`` where it does not, logged once at start); network denied under
 ``workspace-write`` and ``read-only``, allowed under ``off``; no limits.
 
+A probe of bubblewrap that failed for want of processes, threads or memory, or did not
+end in time (``sandbox.ProbeShort``: a daemon started at its ``TasksMax=``, say, or on a
+machine swapping at that moment) says nothing about bubblewrap here, and must not turn a
+project set's sandbox ``off`` for the daemon's life: the sets whose profile is sandboxed
+fail closed meanwhile, saying so, and the whole probe is tried again at the next call
+(``retry_sandbox``, at most every ``RETRY_SECONDS``, in a worker thread), after which the
+daemon confines as a probe at start would have made it.
+
 A profile the operator *named* that cannot be set up (no bubblewrap) makes the set's calls
 fail closed with a result text that says why; so does a limit the cgroup tree cannot
 enforce. ``Confinement.prepare`` gives the runner the argv prefix (the cgroup join, then
@@ -49,6 +57,7 @@ import errno
 import os
 import shutil
 import stat
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +65,7 @@ from typing import Any
 
 import structlog
 
+from . import threads
 from .cgroup import (
     JOIN_ARGV,
     JOIN_FAILED_EXIT,
@@ -74,6 +84,7 @@ from .model import Source, ToolSet
 from .paths import CREDENTIAL_FILES, CREDENTIAL_FOLDERS, IDENTITY_DEPTH, is_within, passwd_home
 from .sandbox import (
     SETUP_FAILED_PREFIX,
+    ProbeShort,
     Profile,
     SandboxPlan,
     bind_identities,
@@ -83,12 +94,18 @@ from .sandbox import (
     hidden_below_writable,
     mount_aliases,
     prepare_writable,
+    probe_bind_check,
+    probe_bwrap,
+    probe_ipc,
+    probe_no_userns,
+    probe_status,
     sandbox_pid,
     setup_done,
     tool_ran,
 )
 
 __all__ = [
+    "RETRY_SECONDS",
     "Confinement",
     "ConfinementConfig",
     "ConfinementError",
@@ -111,6 +128,9 @@ _USER_CREDENTIALS = (*CREDENTIAL_FOLDERS, *(os.path.join(*parts) for parts in CR
 _JOIN_FAILED_TEXT = b"toolsetd-join"
 _SET_KEYS = frozenset({"profile", "network", "memory-max", "pids-max", "cpu-max"})
 _TOP_KEYS = frozenset({"cgroup", "sandbox", "hide", "home", "project", "sets"})
+#: Seconds at least between two tries of a probe that failed for want of processes,
+#: threads or memory (``Confinement.retry_sandbox``).
+RETRY_SECONDS = 2.0
 
 
 class ConfinementError(Exception):
@@ -413,6 +433,65 @@ class Prepared:
         return contextlib.nullcontext()
 
 
+@dataclass(frozen=True, slots=True)
+class _Sandbox:
+    """What the probes of bubblewrap found (``_probe_sandbox``)."""
+
+    bwrap: str | None
+    reason: str
+    own_ipc: bool = False
+    status: bool = False
+    #: Why a built sandbox's binds cannot be checked here, else None.
+    unchecked: str | None = None
+    no_userns: bool = False
+    #: The probes could not run for want of processes, threads or memory.
+    short: bool = False
+
+
+def _probe_sandbox(setting: str, http_peers: bool) -> _Sandbox:
+    """Probe bubblewrap and each option the profiles may use (blocking: seconds at most)."""
+    try:
+        bwrap, reason = probe_bwrap(setting)
+        if bwrap is None:
+            return _Sandbox(None, reason)
+        own_ipc = probe_ipc(bwrap)
+        # One held sandbox says both, where it can be checked (``probe_bind_check``).
+        unchecked = probe_bind_check(bwrap)
+        status = unchecked is None or probe_status(bwrap)
+        no_userns = http_peers and probe_no_userns(bwrap)
+    except ProbeShort as exc:
+        return _Sandbox(
+            None,
+            f"{exc}; bubblewrap is tried again at the next call",
+            short=True,
+        )
+    return _Sandbox(bwrap, "", own_ipc, status, unchecked, no_userns)
+
+
+def _log_sandbox(found: _Sandbox) -> None:
+    """Say once what the sandbox lacks (at start, or when a deferred probe has run)."""
+    if found.short:
+        log.warning("sandbox_probe_deferred", reason=found.reason)
+        return
+    if found.bwrap is None:
+        log.warning("sandbox_unavailable", reason=found.reason)
+        return
+    if not found.own_ipc:
+        log.warning(
+            "sandbox_without_ipc",
+            reason="bubblewrap cannot create an IPC namespace here (allow 'ipc' in the "
+            "unit's RestrictNamespaces=): sandboxed calls share the host's System V IPC",
+        )
+    if found.unchecked is not None:
+        log.warning(
+            "sandbox_without_bind_check",
+            reason=f"{found.unchecked}: sandboxed calls run without the check that their "
+            "binds are what the daemon checked, so a call that may write a folder above "
+            "another call's workspace can swap it for a link while that call's sandbox "
+            "is made (security.md)",
+        )
+
+
 class Confinement:
     """The daemon's cgroup tree and sandbox, and the operator's per-set choices.
 
@@ -439,6 +518,9 @@ class Confinement:
         other_home: The user's home in its passwd entry, where ``user_home`` (``HOME``)
             is another folder: its credential paths are hidden too (ssh reads its keys
             there whatever ``HOME`` says).
+        sandbox_short: bubblewrap's probe could not run for want of processes, threads
+            or memory (``bwrap`` is None): sandboxed sets fail closed until
+            ``retry_sandbox`` has probed it.
     """
 
     def __init__(
@@ -458,8 +540,14 @@ class Confinement:
         no_userns: bool = False,
         bind_check: bool = True,
         other_home: Path | None = None,
+        sandbox_short: bool = False,
     ) -> None:
         self.config = config
+        self.sandbox_short = sandbox_short
+        #: Changes whenever what ``status`` reports does (a deferred probe has run).
+        self.generation = 0
+        self._next_probe = 0.0
+        self._probing = False
         self.bind_check = bind_check
         self.http_peers = http_peers
         self.no_userns = no_userns
@@ -511,49 +599,46 @@ class Confinement:
         token_file: Path | None = None,
     ) -> Confinement:
         """Probe the cgroup tree and bubblewrap, logging once what is not available."""
-        from .sandbox import (
-            probe_bind_check,
-            probe_bwrap,
-            probe_ipc,
-            probe_no_userns,
-            probe_status,
-        )
-
         cgroups, cgroup_reason = CgroupTree.probe(config.cgroup)
         other_home = passwd_home()
-        bwrap, sandbox_reason = probe_bwrap(config.sandbox)
-        own_ipc = bwrap is not None and probe_ipc(bwrap)
-        # One held sandbox says both, where it can be checked (``probe_bind_check``).
-        unchecked = probe_bind_check(bwrap) if bwrap is not None else None
-        status = bwrap is not None and (unchecked is None or probe_status(bwrap))
-        no_userns = bwrap is not None and http_peers and probe_no_userns(bwrap)
-        if bwrap is not None and not own_ipc:
-            log.warning(
-                "sandbox_without_ipc",
-                reason="bubblewrap cannot create an IPC namespace here (allow 'ipc' in the "
-                "unit's RestrictNamespaces=): sandboxed calls share the host's System V IPC",
-            )
+        found = _probe_sandbox(config.sandbox, http_peers)
         if cgroups is None:
             log.warning("cgroups_unavailable", reason=cgroup_reason, fallback="process groups")
         else:
             log.info("cgroups_enabled", tree=str(cgroups.folder),
                      controllers=sorted(cgroups.controllers))  # fmt: skip
-        if bwrap is None:
-            log.warning("sandbox_unavailable", reason=sandbox_reason)
-        elif unchecked is not None:
-            log.warning(
-                "sandbox_without_bind_check",
-                reason=f"{unchecked}: sandboxed calls run without the check that their "
-                "binds are what the daemon checked, so a call that may write a folder above "
-                "another call's workspace can swap it for a link while that call's sandbox "
-                "is made (security.md)",
-            )
+        _log_sandbox(found)
         return cls(
-            config, cgroups, cgroup_reason, bwrap, sandbox_reason, user_home, crystal_home,
-            socket_path, own_ipc, status, http_peers, token_file, no_userns,
-            bwrap is not None and unchecked is None,
-            Path(other_home) if other_home is not None else None,
+            config, cgroups, cgroup_reason, found.bwrap, found.reason, user_home, crystal_home,
+            socket_path, found.own_ipc, found.status, http_peers, token_file, found.no_userns,
+            found.bwrap is not None and found.unchecked is None,
+            Path(other_home) if other_home is not None else None, found.short,
         )  # fmt: skip
+
+    async def retry_sandbox(self) -> None:
+        """Probe bubblewrap again if its probe could not run for want of processes, threads
+        or memory, at most every ``RETRY_SECONDS`` and in a worker thread; once it has run,
+        the sets are confined as that probe at start would have made them."""
+        if not self.sandbox_short or self._probing or time.monotonic() < self._next_probe:
+            return
+        self._probing = True
+        try:
+            found = await threads.run_sync(_probe_sandbox, self.config.sandbox, self.http_peers)
+        finally:
+            self._probing = False
+            self._next_probe = time.monotonic() + RETRY_SECONDS
+        if found.short:
+            return
+        _log_sandbox(found)
+        if found.bwrap is not None:
+            log.info("sandbox_recovered", binary=found.bwrap)
+        self.bwrap, self.sandbox_reason = found.bwrap, found.reason
+        self.own_ipc, self.status_fd, self.no_userns = found.own_ipc, found.status, found.no_userns
+        self.bind_check = found.bwrap is not None and found.unchecked is None
+        self.sandbox_short = False
+        self._cache.clear()
+        self._network_configured = self.http_peers and self._sandbox_may_keep_network()
+        self.generation += 1
 
     def close(self) -> None:
         """Remove the cgroup tree (the daemon stops)."""
@@ -584,10 +669,20 @@ class Confinement:
         limits = next((lay.limits for lay in layers if lay.limits.needs()), Limits())
         failure = None
         if named is None:
-            profile = _DEFAULT_PROFILE[source] if self.bwrap is not None else Profile.OFF
+            # Where the probe could not run the default stays, and fails closed below.
+            sandboxes = self.bwrap is not None or self.sandbox_short
+            profile = _DEFAULT_PROFILE[source] if sandboxes else Profile.OFF
         else:
             profile = named
-            if profile != Profile.OFF and self.bwrap is None:
+        if profile != Profile.OFF and self.bwrap is None:
+            if self.sandbox_short:
+                failure = (
+                    f"the sandbox profile '{profile}' of this set cannot be set up yet: "
+                    f"{self.sandbox_reason}. The call did not run; retry it once the daemon "
+                    "has room (fewer calls at once, or a higher TasksMax=, RLIMIT_NPROC, "
+                    "memory or open files limit)."
+                )
+            else:
                 failure = (
                     f"the sandbox profile '{profile}' the daemon config sets for this set "
                     f"cannot be set up: {self.sandbox_reason}. The call did not run; install "

@@ -134,7 +134,7 @@ class Handlers:
         self._reload_config = reload_config
         self._metrics_text = metrics_text
         self._list_cache: SnapshotCache[dict[str, Any]] = SnapshotCache()
-        self._status_fixed: tuple[Any, ...] = (None, None)
+        self._status_fixed: tuple[Any, ...] = (None, None, 0)
         service.listen_all(self._announce)
 
     def methods(self) -> Mapping[str, Handler]:
@@ -168,10 +168,17 @@ class Handlers:
             params_check.no_args(self._named(params))
         connections = self._connections()
         service = self.service
+        held = service.confinement
+        if held is not None and held.sandbox_short:
+            await held.retry_sandbox()  # its report changes once the probe has run
         fixed = self._status_fixed
-        if fixed[0] is not service.settings or fixed[1] is not service.confinement:
+        if (
+            fixed[0] is not service.settings
+            or fixed[1] is not held
+            or (held is not None and fixed[2] != held.generation)
+        ):
             fixed = self._status_fixed = self._fixed_status()
-        _, _, pid, socket, home, confinement = fixed
+        _, _, _, pid, socket, home, confinement = fixed
         registry = service.registry
         return {
             "version": __version__,
@@ -187,8 +194,9 @@ class Handlers:
             "confinement": confinement,
         }
 
-    def _fixed_status(self) -> tuple[Any, Any, int, str, str, Any]:
-        """The members of ``status`` that only new settings or confinement change.
+    def _fixed_status(self) -> tuple[Any, Any, int, int, str, str, Any]:
+        """The members of ``status`` that only new settings or confinement change (or a
+        deferred probe of bubblewrap, ``Confinement.generation``).
 
         Worked out once (they were most of a status call's cost) and kept beside the
         objects they came from. The confinement report is encoded once as well
@@ -200,6 +208,7 @@ class Handlers:
         return (
             settings,
             confinement,
+            confinement.generation if confinement is not None else 0,
             os.getpid(),  # the daemon never forks without exec
             settings.socket,
             str(settings.home),

@@ -37,6 +37,12 @@ With a cgroup tree (``cgroup.CgroupTree``) the sentinel is also given the daemon
 folder, and after the groups it writes that folder's ``cgroup.kill``: every call's
 processes die, those that left their process group included.
 
+A sentinel that could not start for want of processes, threads, memory or descriptors (a
+daemon started at its ``TasksMax=``) is started by a later ``register`` (``start_later``),
+at most every ``RETRY_SECONDS``: a spawn that just succeeded says there is room again, and
+the groups registered meanwhile go into its table. Without that the daemon ran its whole
+life without the guarantee because of a moment's shortage at start.
+
 Registering never blocks and never fails. If the sentinel is gone (it exited, or in the
 line fallback ``EPIPE`` or a full pipe), ``orphan_guard_lost`` is logged once: the daemon
 keeps serving, without that guarantee. Limits: a grandchild that left its tool's process
@@ -54,11 +60,12 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Protocol
 
 import structlog
 
-__all__ = ["SENTINEL_SCRIPT", "NullGuard", "OrphanGuard", "ProcessGroupGuard"]
+__all__ = ["RETRY_SECONDS", "SENTINEL_SCRIPT", "NullGuard", "OrphanGuard", "ProcessGroupGuard"]
 
 log = structlog.get_logger("toolsetd.reaper")
 
@@ -117,6 +124,8 @@ if len(sys.argv) > 2 and sys.argv[2]:
 """
 
 _FIRST_SLOTS = 1024  # 4 KiB: one page of 32-bit slots; doubled when full
+#: Seconds at least between two starts of a sentinel that could not start (``start_later``).
+RETRY_SECONDS = 2.0
 
 
 class ProcessGroupGuard(Protocol):
@@ -160,6 +169,9 @@ class OrphanGuard:
         self._slots: memoryview | None = None  # the map as native ints
         self._free: list[int] = []
         self._used = 0  # slots ever handed out (the rest of the table is untouched zeros)
+        #: When ``register`` may start the sentinel again (``start_later``), else None.
+        self._retry_at: float | None = None
+        self._cgroup: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -185,7 +197,11 @@ class OrphanGuard:
         if self._proc is not None:
             raise RuntimeError("the orphan guard is already started")
         table = self._open_table()
-        read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        try:
+            read_end, write_end = os.pipe2(os.O_CLOEXEC)
+        except BaseException:
+            self._close_table()
+            raise
         argv = [self._python, "-S", "-c", SENTINEL_SCRIPT, str(table if table is not None else -1)]
         if cgroup is not None:
             argv.append(cgroup)
@@ -208,6 +224,27 @@ class OrphanGuard:
         os.set_blocking(write_end, False)
         self._fd = write_end
         log.debug("orphan_guard_started", sentinel_pid=self._proc.pid, table=table is not None)
+
+    def start_later(self, cgroup: str | None = None) -> None:
+        """Have ``register`` start the sentinel (``start``'s ``cgroup``), at most every
+        ``RETRY_SECONDS``: ``start`` failed for want of processes, threads, memory or
+        descriptors, which pass."""
+        self._cgroup = cgroup
+        self._retry_at = time.monotonic() + RETRY_SECONDS
+
+    def _start_again(self) -> None:
+        """Start the sentinel ``start_later`` asked for, and guard the groups held meanwhile."""
+        try:
+            self.start(self._cgroup)
+        except OSError:
+            self._retry_at = time.monotonic() + RETRY_SECONDS
+            return
+        self._retry_at = None
+        held = list(self._groups)
+        self._groups.clear()
+        for pgid in held:
+            self.register(pgid)
+        log.info("orphan_guard_started_late", sentinel_pid=self.pid, groups=len(held))
 
     def _open_table(self) -> int | None:
         """Create the shared table; None (line fallback) where memfd or mmap is unavailable."""
@@ -254,6 +291,8 @@ class OrphanGuard:
         """Have the sentinel kill group ``pgid`` should the daemon die before it ends."""
         if pgid in self._groups:
             return
+        if self._retry_at is not None and time.monotonic() >= self._retry_at:
+            self._start_again()
         slots = self._slots
         if slots is None or self._fd is None:
             self._groups[pgid] = -1

@@ -61,6 +61,9 @@ namespace too. Its cost is measured in ``bench/bench_confine.py``.
 
 ``probe`` runs bubblewrap once with every option the profiles use; a machine where it is
 missing or the kernel refuses a namespace gets the reason, for the log and ``status``.
+A probe that fails for want of processes, threads or memory (the fork, or bubblewrap's
+own, fails with ``EAGAIN`` or ``ENOMEM``) says nothing about this machine's bubblewrap:
+it raises ``ProbeShort``, and the daemon tries again later (``Confinement.retry_sandbox``).
 """
 
 from __future__ import annotations
@@ -84,6 +87,7 @@ from .paths import is_within
 
 __all__ = [
     "SETUP_FAILED_PREFIX",
+    "ProbeShort",
     "Profile",
     "SandboxPlan",
     "bind_identities",
@@ -119,6 +123,56 @@ _KERNEL_SETTINGS = ("/proc/sys", "/proc/sysrq-trigger", "/sys")
 #: No user namespace of its own: a call that shares the loopback with the daemon's MCP
 #: endpoint is told apart by its cgroup, which it must not be able to leave.
 _NO_USERNS = ("--unshare-user", "--disable-userns")
+
+
+#: A fork, an allocation or a pipe that failed for want of processes, threads, memory or
+#: descriptors: it passes.
+_SHORT_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
+#: What bubblewrap says when its own fork or allocation fails so: ``die_with_error``'s
+#: ``strerror`` ("bwrap: Creating new namespace failed: Resource temporarily unavailable",
+#: "bwrap: Can't fork for pid 1: ...") or ``die_oom``'s words.
+_SHORT_WORDS = (
+    os.strerror(errno.EAGAIN).encode(), os.strerror(errno.ENOMEM).encode(), b"Out of memory",
+)  # fmt: skip
+
+
+class ProbeShort(Exception):
+    """A probe could not run for want of processes, threads, memory or descriptors, so it
+    says nothing about bubblewrap here (try again once there is room); the message says
+    what failed."""
+
+
+def _short_spawn(binary: str, exc: BaseException) -> ProbeShort | None:
+    """The ``ProbeShort`` of a probe whose spawn failed for want of tasks or memory, else
+    None."""
+    if isinstance(exc, MemoryError):
+        return ProbeShort(f"bubblewrap at {binary} cannot run: the daemon is out of memory")
+    if isinstance(exc, OSError) and exc.errno in _SHORT_ERRNOS:
+        return ProbeShort(
+            f"bubblewrap at {binary} cannot run: {exc.strerror} (the daemon is short of "
+            "processes, threads, memory or descriptors)"
+        )
+    if isinstance(exc, subprocess.TimeoutExpired):
+        return _slow(f"bubblewrap at {binary}")
+    return None
+
+
+def _slow(what: str) -> ProbeShort:
+    """The ``ProbeShort`` of a probe that did not end within ``_PROBE_SECONDS``: a machine
+    too busy (swapping, its CPUs taken) at that moment, not a bubblewrap that cannot run."""
+    return ProbeShort(f"{what} did not finish within {_PROBE_SECONDS:g} s (the machine is busy)")
+
+
+def _short_exit(binary: str, returncode: int | None, stderr: bytes) -> ProbeShort | None:
+    """The ``ProbeShort`` of a probe whose bubblewrap failed for want of tasks or memory,
+    else None."""
+    if not returncode or not any(words in stderr for words in _SHORT_WORDS):
+        return None
+    said = stderr.decode(errors="replace").strip().splitlines()
+    return ProbeShort(
+        f"bubblewrap at {binary} cannot build its sandbox: {said[-1]} (the daemon is short "
+        "of processes, threads or memory)"
+    )
 
 
 class Profile(enum.StrEnum):
@@ -165,6 +219,10 @@ def probe_bwrap(setting: str) -> tuple[str | None, str]:
 
     Returns:
         The binary's path, or None and why not (one sentence).
+
+    Raises:
+        ProbeShort: It could not run for want of processes, threads or memory, or did not
+            end in time.
     """
     if setting == "off":
         return None, 'the sandbox is off in the config (sandbox = "off")'
@@ -182,9 +240,7 @@ def probe_bwrap(setting: str) -> tuple[str | None, str]:
         "--", "/bin/true",
     ]  # fmt: skip
     try:
-        done = subprocess.run(  # noqa: TID251 -- a fixed argv, once at start-up
-            argv, capture_output=True, timeout=_PROBE_SECONDS, check=False
-        )
+        done = _run(binary, argv)
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"bubblewrap at {binary} cannot run: {exc}"
     if done.returncode != 0:
@@ -223,25 +279,34 @@ def probe_bind_check(binary: str) -> str | None:
     ``--block-fd``, every sandboxed call would be refused; the daemon then runs them
     without the check (``Confinement.probe`` logs it). A bubblewrap that passes also
     writes its JSON status (``probe_status``).
+
+    Raises:
+        ProbeShort: bubblewrap could not run, or build its sandbox, for want of processes,
+            threads or memory, or did not build it in time.
     """
-    status_r, status_w = os.pipe2(os.O_CLOEXEC)
-    block_r, block_w = os.pipe2(os.O_CLOEXEC)
+    status_r, status_w, block_r, block_w = _two_pipes(binary)
     argv = [
         binary, *_ALWAYS, "--json-status-fd", str(status_w), "--block-fd", str(block_r),
         "--ro-bind", "/", "/", "--", "/bin/true",
     ]  # fmt: skip
     proc: subprocess.Popen[bytes] | None = None  # noqa: TID251 -- as below
+    said = b""
     try:
         try:
-            proc = subprocess.Popen(  # noqa: TID251 -- a fixed argv, once at start-up
+            proc = subprocess.Popen(  # noqa: TID251 -- a fixed argv, no call's
                 argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL, pass_fds=(status_w, block_r),
+                stderr=subprocess.PIPE, pass_fds=(status_w, block_r),
             )  # fmt: skip
-        except (OSError, subprocess.SubprocessError) as exc:
+        except (OSError, MemoryError, subprocess.SubprocessError) as exc:
+            short = _short_spawn(binary, exc)
+            if short is not None:
+                raise short from exc
+            if isinstance(exc, MemoryError):
+                raise
             return f"bubblewrap cannot run: {exc}"
         os.close(status_w)
         status_w = -1
-        return _held_sandbox_checks(proc.poll, status_r, block_r)
+        why = _held_sandbox_checks(proc.poll, status_r, block_r)
     finally:
         with contextlib.suppress(OSError):
             os.write(block_w, b"x")  # let it go, whatever was seen
@@ -254,17 +319,52 @@ def probe_bind_check(binary: str) -> str | None:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+            assert proc.stderr is not None
+            with proc.stderr:
+                # Its own words, a line or two (it has exited: the pipe holds all of them).
+                os.set_blocking(proc.stderr.fileno(), False)
+                said = proc.stderr.read() or b""
+    # One that died for want of tasks or memory before its pid was written said no more
+    # than an old bubblewrap without a JSON status: its own words tell them apart.
+    short = _short_exit(binary, proc.returncode, said) if why is not None else None
+    if short is not None:
+        raise short
+    return why
+
+
+def _two_pipes(binary: str) -> tuple[int, int, int, int]:
+    """Two pipes (read end, write end, read end, write end) for ``probe_bind_check``.
+
+    Raises:
+        ProbeShort: The daemon is out of descriptors or memory.
+    """
+    made: list[int] = []
+    try:
+        for _ in range(2):
+            made.extend(os.pipe2(os.O_CLOEXEC))
+    except OSError as exc:
+        for fd in made:
+            os.close(fd)
+        short = _short_spawn(binary, exc)
+        if short is not None:
+            raise short from exc
+        raise
+    return made[0], made[1], made[2], made[3]
 
 
 def _held_sandbox_checks(poll: Callable[[], int | None], status_r: int, block_r: int) -> str | None:
-    """``probe_bind_check``'s look at its sandbox, held on ``block_r``."""
+    """``probe_bind_check``'s look at its sandbox, held on ``block_r``.
+
+    Raises:
+        ProbeShort: The sandbox was not built within ``_PROBE_SECONDS``.
+    """
     deadline = time.monotonic() + _PROBE_SECONDS
     status = b""
     pid = None
     while pid is None:
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([status_r], [], [], left)[0]:
-            return "bubblewrap did not say its sandbox's pid in time"
+            raise _slow("bubblewrap's sandbox (its pid on --json-status-fd)")
         chunk = os.read(status_r, 4096)
         if not chunk:
             return "this bubblewrap writes no JSON status (--json-status-fd, 0.5 and later)"
@@ -279,7 +379,7 @@ def _held_sandbox_checks(poll: Callable[[], int | None], status_r: int, block_r:
                 "and /proc/<pid>/wchan of its process; a setuid bubblewrap hides them)"
             )
         if time.monotonic() >= deadline:
-            return "bubblewrap's sandbox did not wait on --block-fd in time"
+            raise _slow("bubblewrap's sandbox (its wait on --block-fd)")
         time.sleep(0.001)
     if binds_moved(pid, bind_identities([("/", False)])) is not None:
         return (
@@ -299,14 +399,41 @@ def probe_no_userns(binary: str) -> bool:
 
 
 def _works(binary: str, *options: str) -> bool:
+    """Whether bubblewrap runs a sandbox with ``options``.
+
+    Raises:
+        ProbeShort: It could not run for want of processes, threads or memory, or did not
+            end in time.
+    """
     argv = [binary, *_ALWAYS, *options, "--ro-bind", "/", "/", "--", "/bin/true"]
     try:
-        done = subprocess.run(  # noqa: TID251 -- a fixed argv, once at start-up
-            argv, capture_output=True, timeout=_PROBE_SECONDS, check=False
-        )
+        done = _run(binary, argv)
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0
+
+
+def _run(binary: str, argv: list[str]) -> subprocess.CompletedProcess[bytes]:
+    """Run one probe's bubblewrap (a fixed argv, at start or when the probe is tried again).
+
+    Raises:
+        ProbeShort: The spawn, or bubblewrap's own fork or allocation, failed for want of
+            processes, threads or memory, or it did not end in time.
+        OSError: It cannot run otherwise.
+    """
+    try:
+        done = subprocess.run(  # noqa: TID251 -- a fixed argv, no call's
+            argv, capture_output=True, timeout=_PROBE_SECONDS, check=False
+        )
+    except (OSError, MemoryError, subprocess.TimeoutExpired) as exc:
+        short = _short_spawn(binary, exc)
+        if short is not None:
+            raise short from exc
+        raise
+    short = _short_exit(binary, done.returncode, done.stderr)
+    if short is not None:
+        raise short
+    return done
 
 
 def _existing(paths: Iterable[str]) -> list[str]:

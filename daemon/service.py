@@ -539,6 +539,11 @@ class Service:
                 f"Invalid arguments for '{loaded.tool.name}': {errors[0]['message']}{more}",
                 {"errors": errors},
             )
+        confinement = self.confinement
+        if confinement is not None and confinement.sandbox_short:
+            # bubblewrap's probe could not run (the daemon was short of tasks or memory):
+            # tried again now, at most every few seconds, before the call is judged.
+            await confinement.retry_sandbox()
         classification = classify(
             loaded,
             arguments,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from structlog.testing import capture_logs
 
+from toolsetd.daemon import sandbox
 from toolsetd.daemon.cgroup import Limits, parse_limits
 from toolsetd.daemon.confinement import (
     Confinement,
@@ -421,6 +422,112 @@ def test_confinement_bubblewrap_that_cannot_be_held_runs_calls_unchecked(
         assert ("--block-fd" in prepared.argv) is checked
         for fd in (*(prepared.status or ()), *(prepared.block or ())):
             os.close(fd)
+
+
+@pytest.mark.parametrize(
+    "option", ["--unshare-net", "--unshare-ipc", "--block-fd", "--json-status-fd",
+               "--disable-userns"],
+)
+@pytest.mark.parametrize(
+    "message", ["Creating new namespace failed: Resource temporarily unavailable",
+                "Creating new namespace failed: Cannot allocate memory", "Out of memory"],
+)
+def test_confinement_probe_short_of_tasks_or_memory_is_deferred_not_off(
+    tmp_path: Path, option: str, message: str
+) -> None:
+    """A probe of bubblewrap (or of any option it is given) that fails for want of tasks
+    or memory says nothing about bubblewrap here: the sandbox is deferred, not off (nor
+    without its IPC namespace, its bind check or --disable-userns), and the sets whose
+    profile is sandboxed fail closed meanwhile; a home set's default stays off."""
+    _, fake = _bwrap_refusing(tmp_path, option, message)
+    home = tmp_path / "home"
+    with capture_logs() as logs:
+        conf = Confinement.probe(
+            parse_confinement({"cgroup": "off", "sandbox": str(fake),
+                               "sets": {"lint": {"profile": "read-only"}}}),
+            home, home / ".crystal", http_peers=True,
+        )
+    assert conf.bwrap is None and conf.sandbox_short is True
+    assert message in conf.sandbox_reason and "tried again" in conf.sandbox_reason
+    assert [e["event"] for e in logs if e["event"].startswith("sandbox_")] == [
+        "sandbox_probe_deferred"
+    ]
+    project = conf.for_set(_set("p", Source.PROJECT))
+    assert (project.profile, project.network) == (Profile.WORKSPACE_WRITE, False)
+    assert project.failure is not None and "cannot be set up yet" in project.failure
+    named = conf.for_set(_set("lint", Source.HOME))
+    assert named.profile == Profile.READ_ONLY and named.failure is not None
+    assert conf.for_set(_set("h", Source.HOME)) == conf.for_set(_set("h", Source.HOME))
+    assert conf.for_set(_set("h", Source.HOME)).profile == Profile.OFF
+    assert conf.for_set(_set("h", Source.HOME)).failure is None
+    with pytest.raises(ConfinementError, match="did not run"):
+        conf.prepare(_set("p", Source.PROJECT), ["/bin/true"], "/ws", ("/d", "/ws/d"), ())
+
+
+@pytest.mark.parametrize("option", ["--unshare-net", "--unshare-ipc", "--block-fd"])
+def test_confinement_probe_that_does_not_end_in_time_is_deferred_not_off(
+    tmp_path: Path, option: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe that did not end within its time limit (a machine swapping or its CPUs taken
+    at start) says nothing about bubblewrap either: it turned the sandbox off for the
+    daemon's life (the first probe), or left it without its IPC namespace or its bind check.
+    It is deferred, as a probe short of tasks is."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    monkeypatch.setattr(sandbox, "_PROBE_SECONDS", 0.5)
+    fake = tmp_path / "bwrap-slow"
+    fake.write_text(
+        f'#!/bin/sh\nfor a in "$@"; do [ "$a" = {option} ] && exec sleep 30; done\n'
+        f'exec {bwrap} "$@"\n'
+    )
+    fake.chmod(0o755)
+    home = tmp_path / "home"
+    conf = Confinement.probe(parse_confinement({"cgroup": "off", "sandbox": str(fake)}),
+                             home, home / ".crystal")
+    assert conf.bwrap is None and conf.sandbox_short is True
+    assert "did not finish within 0.5 s" in conf.sandbox_reason
+    assert conf.for_set(_set("p", Source.PROJECT)).failure is not None
+
+
+@pytest.mark.anyio
+async def test_confinement_deferred_probe_is_tried_again_then_confines(tmp_path: Path) -> None:
+    """A deferred probe runs again at most every RETRY_SECONDS; once bubblewrap runs, the
+    sets are confined as at start and ``generation`` says ``status`` changed."""
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        pytest.skip("bubblewrap is not installed")
+    flag, runs = tmp_path / "short", tmp_path / "runs"
+    flag.touch()
+    fake = tmp_path / "bwrap-short"
+    fake.write_text(
+        f"#!/bin/sh\necho run >> {runs}\n"
+        f"[ -e {flag} ] && {{ echo 'bwrap: Creating new namespace failed: Resource "
+        "temporarily unavailable' >&2; exit 1; }\n"
+        f'exec {bwrap} "$@"\n'
+    )
+    fake.chmod(0o755)
+    home = tmp_path / "home"
+    conf = Confinement.probe(parse_confinement({"cgroup": "off", "sandbox": str(fake)}),
+                             home, home / ".crystal")
+    assert conf.sandbox_short and conf.for_set(_set("p", Source.PROJECT)).failure is not None
+    await conf.retry_sandbox()  # the first try at once: still short
+    tried = runs.read_text().count("run")
+    flag.unlink()
+    await conf.retry_sandbox()  # within RETRY_SECONDS of the last: not tried
+    assert runs.read_text().count("run") == tried
+    assert conf.sandbox_short and conf.generation == 0
+    conf._next_probe = 0.0  # as RETRY_SECONDS later
+    with capture_logs() as logs:
+        await conf.retry_sandbox()
+    assert conf.bwrap == str(fake) and not conf.sandbox_short and conf.generation == 1
+    assert conf.own_ipc and conf.status_fd and conf.bind_check
+    assert [e["event"] for e in logs] == ["sandbox_recovered"]
+    project = conf.for_set(_set("p", Source.PROJECT))
+    assert (project.profile, project.network, project.failure) == (
+        Profile.WORKSPACE_WRITE, False, None,
+    )
+    assert conf.status()["sandbox"] == {"mechanism": "bubblewrap", "binary": str(fake)}
 
 
 def test_confinement_data_binds_never_follow_a_link_out(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -401,6 +402,45 @@ def _pids_hierarchy() -> tuple[Path, str] | None:
         if kind == "cgroup2" and control.exists() and "pids" in control.read_text().split():
             return Path(point), ""
     return None
+
+
+@contextlib.contextmanager
+def started_at_the_limit(
+    home: Path, workspace: Path, base: Path, args: list[str], free: int = 0,
+    env: dict[str, str] | None = None,
+) -> Iterator[Daemon]:
+    """A daemon (``start_daemon``'s) that starts inside ``tasks_limited(free=free)``: its
+    process says its pid and waits (shell builtins: no fork) until it is in the limited
+    cgroup, then becomes the daemon. Yields it inside the limit, lifted at the end; the
+    caller stops it (it is stopped here only when the block raised)."""
+    pid_file, gate = base / "launcher.pid", base / "launcher.gate"
+    os.mkfifo(gate)
+    launcher = ["/bin/sh", "-c", 'echo $$ > "$0"; read _ < "$1"; shift; exec "$@"',
+                str(pid_file), str(gate), sys.executable, "-m", "toolsetd.daemon"]
+    made: list[Daemon] = []
+    starting = threading.Thread(target=lambda: made.append(
+        start_daemon(home, workspace, base, args, env=env, launcher=launcher)))
+    starting.start()
+    try:
+        eventually(lambda: bool(pid_file.exists() and pid_file.read_text().strip()),
+                   what="the launcher's pid")
+        with tasks_limited(int(pid_file.read_text()), free=free):
+            gate.write_text("go\n")
+            starting.join(60)
+            assert made, "the daemon did not start"
+            yield made[0]
+    except BaseException:
+        for daemon in made:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                daemon.stop()
+        raise
+    finally:
+        if not made:  # let a launcher still waiting go (it then fails to start or is killed)
+            with contextlib.suppress(OSError):
+                fd = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
+                os.write(fd, b"go\n")
+                os.close(fd)
+        starting.join(60)
 
 
 @contextlib.contextmanager

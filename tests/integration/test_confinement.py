@@ -31,7 +31,14 @@ from typing import Any
 
 import pytest
 
-from .conftest import Daemon, ensure_bubblewrap, eventually, start_daemon, write_set
+from .conftest import (
+    Daemon,
+    ensure_bubblewrap,
+    eventually,
+    start_daemon,
+    tasks_limited,
+    write_set,
+)
 from .http_helpers import endpoint, listening_urls
 
 # One tool, many actions: it reports what each attempt did as one JSON line.
@@ -1693,6 +1700,160 @@ def test_confinement_read_only_profile_and_named_profile_fails_closed() -> None:
         assert not (t.workspace / "x").exists()
     finally:
         _close(t)
+
+
+@pytest.mark.parametrize("free", [0, 1], ids=["no-fork", "bwrap-cannot-fork"])
+def test_confinement_sandbox_probe_short_of_tasks_at_start_fails_closed_then_recovers(
+    free: int,
+) -> None:
+    """A daemon started at its limit of processes and threads could not run bubblewrap's
+    probe (the fork failed with EAGAIN; or, with room for bubblewrap alone, bubblewrap could
+    not fork its sandbox: "Resource temporarily unavailable"), and took that for "no
+    bubblewrap here" for its whole life: project sets got profile ``off`` with the network,
+    and once there was room their calls ran unconfined. Such a failure passes: the project
+    set's calls fail closed meanwhile, saying so, and once bubblewrap can run they are
+    sandboxed (the probe is tried again), as ``status`` says."""
+    if ensure_bubblewrap() is not None:
+        pytest.skip("bubblewrap is not installed")
+    base = Path(tempfile.mkdtemp(prefix="tsp-", dir="/var/tmp"))  # noqa: S108 - see _make_tree
+    try:
+        pid_file, gate = base / "pid", base / "gate"
+        os.mkfifo(gate)
+        # The daemon's process says its pid and waits (builtins only: no fork) until it is
+        # in the limited cgroup, then becomes the daemon.
+        launcher = [
+            "/bin/sh",
+            "-c",
+            'echo $$ > "$0"; read _ < "$1"; shift; exec "$@"',
+            str(pid_file),
+            str(gate),
+            sys.executable,
+            "-m",
+            "toolsetd.daemon",
+        ]
+        made: list[Tree] = []
+        starting = threading.Thread(target=lambda: made.append(_make_tree(launcher=launcher)))
+        starting.start()
+        t: Tree | None = None
+        try:
+            eventually(
+                lambda: pid_file.exists() and pid_file.read_text().strip(),
+                what="the launcher's pid",
+            )
+            with tasks_limited(int(pid_file.read_text()), free=free):
+                gate.write_text("go\n")
+                starting.join(60)
+                assert made, "the daemon did not start"
+                t = made[0]
+                sandbox = t.status()["sandbox"]
+                assert sandbox["mechanism"] == "none", sandbox
+                assert "tried again" in sandbox["reason"], sandbox
+                wire = t.daemon.call(
+                    "classify",
+                    {
+                        "tool": "p_probe",
+                        "arguments": {},
+                        "workspace": str(t.workspace),
+                    },
+                )["result"]["confinement"]
+                assert wire["sandbox"] == {"profile": "workspace-write", "network": False}, wire
+                assert "tried again" in wire["failure"], wire
+                events, reply = t.invoke(
+                    "probe", {"action": "read", "target": str(t.user_home / ".ssh" / "id_rsa")}
+                )
+                assert events == [], "no process started"
+                text = reply["result"]["content"][0]["text"]
+                assert reply["result"]["isError"] and text.startswith("toolsetd: "), reply
+                assert "did not run" in text and "tried again" in text, text
+            assert t is not None
+            key = str(t.user_home / ".ssh" / "id_rsa")
+
+            def sandboxed() -> bool:
+                result = t.probe({"action": "read", "target": key})
+                assert "PRIVATE KEY" not in json.dumps(result), result
+                return result.get("ok") is not None  # it ran (not refused)
+
+            eventually(sandboxed, timeout=30, what="a sandboxed call once bubblewrap runs")
+            assert t.status()["sandbox"]["mechanism"] == "bubblewrap"
+            with socket.socket() as server:
+                server.bind(("127.0.0.1", 0))
+                server.listen()
+                address = f"127.0.0.1:{server.getsockname()[1]}"
+                assert t.probe({"action": "connect", "target": address})["ok"] is False
+                assert (
+                    t.probe({"action": "connect", "target": address}, project=False)["ok"] is True
+                )
+            wire = t.daemon.call(
+                "classify",
+                {
+                    "tool": "p_probe",
+                    "arguments": {},
+                    "workspace": str(t.workspace),
+                },
+            )["result"]["confinement"]
+            assert wire["sandbox"] == {"profile": "workspace-write", "network": False}, wire
+            assert wire["failure"] is None, wire
+            events = [e.get("event") for e in t.daemon.log_events()]
+            assert events.count("sandbox_probe_deferred") == 1, events
+            assert events.count("sandbox_recovered") == 1, events
+            assert "sandbox_unavailable" not in events, events
+        finally:
+            if not made:
+                with contextlib.suppress(OSError):
+                    fd = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
+                    os.write(fd, b"go\n")
+                    os.close(fd)
+            starting.join(60)
+            for tree in made:
+                _close(tree)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.parametrize("option", ["--unshare-ipc", "--block-fd"])
+def test_confinement_option_probe_short_of_tasks_at_start_weakens_nothing(option: str) -> None:
+    """bubblewrap worked, but the probe of one option it is given failed for want of tasks
+    (bubblewrap's "Resource temporarily unavailable"): the daemon took that for a machine
+    without it, and every sandboxed call ran for its life without its own IPC namespace
+    (sharing the host's System V IPC) or without the check of its binds. Such a failure
+    passes: sandboxed calls fail closed meanwhile, and once the probe runs they get both."""
+    ensure_bubblewrap()
+    folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))  # noqa: S108
+    flag = folder / "short"
+    flag.touch()
+    short = folder / "bwrap"
+    short.write_text(textwrap.dedent(f"""\
+        #!/bin/sh
+        case " $* " in *" {option} "*)
+            if [ -e {flag} ]; then
+                echo "bwrap: Can't fork for pid 1: Resource temporarily unavailable" >&2
+                exit 1
+            fi
+        esac
+        exec {shutil.which("bwrap")} "$@"
+        """))
+    short.chmod(0o755)
+    t = _make_tree(f'[confinement]\nsandbox = "{short}"\n')
+    try:
+        sandbox = t.status()["sandbox"]
+        assert sandbox["mechanism"] == "none", sandbox
+        assert "Resource temporarily unavailable" in sandbox["reason"], sandbox
+        events, reply = t.invoke("probe", {"action": "ipc"})
+        assert events == [], "no process started"
+        text = reply["result"]["content"][0]["text"]
+        assert text.startswith("toolsetd: ") and "tried again" in text, text
+        flag.unlink()
+        eventually(lambda: t.probe({"action": "ipc"}).get("ok") is not None, timeout=30,
+                   what="a sandboxed call once the probe runs")
+        assert t.probe({"action": "ipc"})["ipc"] != os.readlink("/proc/self/ns/ipc")
+        assert t.status()["sandbox"] == {"mechanism": "bubblewrap", "binary": str(short)}
+        events = [e.get("event") for e in t.daemon.log_events()]
+        assert "sandbox_without_ipc" not in events, events
+        assert "sandbox_without_bind_check" not in events, events
+        assert events.count("sandbox_recovered") == 1, events
+    finally:
+        _close(t)
+        shutil.rmtree(folder)
 
 
 # -- orphans -------------------------------------------------------------------------------

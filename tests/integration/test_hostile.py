@@ -9,14 +9,17 @@ carries the frame's id when that id is a string or an integer, else ``null``.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
 import os
+import shutil
 import signal
 import socket
 import struct
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -32,6 +35,7 @@ from .conftest import (
     descriptors_limited,
     eventually,
     memory_limited,
+    started_at_the_limit,
     tasks_limited,
     write_set,
 )
@@ -1331,6 +1335,68 @@ def test_a_watch_restarted_where_no_thread_can_start_leaves_the_daemon_running(
 
         eventually(started_again, what="the watch started again")
         assert d.proc.poll() is None
+
+
+def test_an_orphan_guard_that_could_not_start_at_the_limit_starts_once_there_is_room(
+    tmp_path: Path,
+) -> None:
+    """A daemon started at its limit of processes and threads could not start its orphan
+    guard's sentinel (orphan_guard_unavailable) and never tried again: killed by SIGKILL
+    later, it left its tools running (no cgroup here). A later spawn starts the sentinel,
+    and a SIGKILLed daemon's tool dies with it."""
+    marker = f"toolsetd-guard-{os.getpid()}-{time.monotonic_ns()}"
+    base = Path(tempfile.mkdtemp(prefix="tsg-"))
+    home, workspace = base / "home", base / "ws"
+    (home / "tools").mkdir(parents=True)
+    workspace.mkdir()
+    _noop_set(home, workspace)
+    write_set(home / "tools", "hold", {
+        "runner": "exec", "description": "holds", "schema": {"type": "object"},
+        "command": [sys.executable, "-c", "import time; time.sleep(600)", marker],
+        "approval": "always", "stdin": False,
+    })
+    call = {"tool": "noop", "arguments": {}, "workspace": str(workspace)}
+    d: Daemon | None = None
+    try:
+        with started_at_the_limit(home, workspace, base, _unconfined(tmp_path)) as d:
+            events = [e.get("event") for e in d.log_events()]
+            assert "orphan_guard_unavailable" in events, events
+        with d.raw(timeout=60) as conn:
+
+            def started() -> bool:
+                assert "result" in conn.request("invoke", call)
+                return any(e.get("event") == "orphan_guard_started_late"
+                           for e in d.log_events())
+
+            eventually(started, timeout=30, what="the sentinel started")
+            conn.send({"jsonrpc": "2.0", "id": "hold", "method": "invoke",
+                       "params": {**call, "tool": "hold"}})
+            eventually(lambda: bool(_marked(marker)), what="the tool running")
+            d.stop(signal.SIGKILL)
+        eventually(lambda: not _marked(marker), what="the tool killed with the daemon")
+    finally:
+        if d is not None:
+            d.stop(signal.SIGKILL)
+        for pid in _marked(marker):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _marked(marker: str) -> list[int]:
+    """The live processes whose command line carries ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            state = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != b"Z":
+            found.append(int(entry.name))
+    return found
 
 
 def test_a_call_whose_process_cannot_start_for_want_of_tasks_says_what_ran_out(
