@@ -23,12 +23,14 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples" / "tools"
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -405,21 +407,19 @@ def _pids_hierarchy() -> tuple[Path, str] | None:
 
 
 @contextlib.contextmanager
-def started_at_the_limit(
-    home: Path, workspace: Path, base: Path, args: list[str], free: int = 0,
-    env: dict[str, str] | None = None,
-) -> Iterator[Daemon]:
-    """A daemon (``start_daemon``'s) that starts inside ``tasks_limited(free=free)``: its
-    process says its pid and waits (shell builtins: no fork) until it is in the limited
-    cgroup, then becomes the daemon. Yields it inside the limit, lifted at the end; the
-    caller stops it (it is stopped here only when the block raised)."""
+def launched_at_the_limit(
+    base: Path, make: Callable[[list[str]], T], made: list[T], free: int = 0
+) -> Iterator[T]:
+    """What ``make(launcher)`` starts (a daemon, through that launcher), started inside
+    ``tasks_limited(free=free)``: the launcher's process says its pid and waits (shell
+    builtins: no fork) until it is in the limited cgroup, then becomes the daemon. Yields
+    it inside the limit, lifted when the block ends. ``made`` gets what ``make`` returned,
+    even late: the caller stops it."""
     pid_file, gate = base / "launcher.pid", base / "launcher.gate"
     os.mkfifo(gate)
     launcher = ["/bin/sh", "-c", 'echo $$ > "$0"; read _ < "$1"; shift; exec "$@"',
                 str(pid_file), str(gate), sys.executable, "-m", "toolsetd.daemon"]
-    made: list[Daemon] = []
-    starting = threading.Thread(target=lambda: made.append(
-        start_daemon(home, workspace, base, args, env=env, launcher=launcher)))
+    starting = threading.Thread(target=lambda: made.append(make(launcher)))
     starting.start()
     try:
         eventually(lambda: bool(pid_file.exists() and pid_file.read_text().strip()),
@@ -429,11 +429,6 @@ def started_at_the_limit(
             starting.join(60)
             assert made, "the daemon did not start"
             yield made[0]
-    except BaseException:
-        for daemon in made:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                daemon.stop()
-        raise
     finally:
         if not made:  # let a launcher still waiting go (it then fails to start or is killed)
             with contextlib.suppress(OSError):
@@ -441,6 +436,27 @@ def started_at_the_limit(
                 os.write(fd, b"go\n")
                 os.close(fd)
         starting.join(60)
+
+
+@contextlib.contextmanager
+def started_at_the_limit(
+    home: Path, workspace: Path, base: Path, args: list[str], free: int = 0,
+    env: dict[str, str] | None = None,
+) -> Iterator[Daemon]:
+    """A daemon (``start_daemon``'s) that starts inside ``tasks_limited(free=free)``
+    (``launched_at_the_limit``). The caller stops it (it is stopped here only when the
+    block raised)."""
+    made: list[Daemon] = []
+    try:
+        with launched_at_the_limit(
+            base, lambda launcher: start_daemon(home, workspace, base, args, env=env,
+                                                launcher=launcher), made, free) as daemon:
+            yield daemon
+    except BaseException:
+        for daemon in made:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                daemon.stop()
+        raise
 
 
 @contextlib.contextmanager

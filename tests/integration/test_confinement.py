@@ -35,8 +35,8 @@ from .conftest import (
     Daemon,
     ensure_bubblewrap,
     eventually,
+    launched_at_the_limit,
     start_daemon,
-    tasks_limited,
     write_set,
 )
 from .http_helpers import endpoint, listening_urls
@@ -1716,97 +1716,55 @@ def test_confinement_sandbox_probe_short_of_tasks_at_start_fails_closed_then_rec
     if ensure_bubblewrap() is not None:
         pytest.skip("bubblewrap is not installed")
     base = Path(tempfile.mkdtemp(prefix="tsp-", dir="/var/tmp"))  # noqa: S108 - see _make_tree
+    made: list[Tree] = []
+
+    def classified() -> dict[str, Any]:
+        params = {"tool": "p_probe", "arguments": {}, "workspace": str(t.workspace)}
+        confinement: dict[str, Any] = t.daemon.call("classify", params)["result"]["confinement"]
+        return confinement
+
     try:
-        pid_file, gate = base / "pid", base / "gate"
-        os.mkfifo(gate)
-        # The daemon's process says its pid and waits (builtins only: no fork) until it is
-        # in the limited cgroup, then becomes the daemon.
-        launcher = [
-            "/bin/sh",
-            "-c",
-            'echo $$ > "$0"; read _ < "$1"; shift; exec "$@"',
-            str(pid_file),
-            str(gate),
-            sys.executable,
-            "-m",
-            "toolsetd.daemon",
-        ]
-        made: list[Tree] = []
-        starting = threading.Thread(target=lambda: made.append(_make_tree(launcher=launcher)))
-        starting.start()
-        t: Tree | None = None
-        try:
-            eventually(
-                lambda: pid_file.exists() and pid_file.read_text().strip(),
-                what="the launcher's pid",
-            )
-            with tasks_limited(int(pid_file.read_text()), free=free):
-                gate.write_text("go\n")
-                starting.join(60)
-                assert made, "the daemon did not start"
-                t = made[0]
-                sandbox = t.status()["sandbox"]
-                assert sandbox["mechanism"] == "none", sandbox
-                assert "tried again" in sandbox["reason"], sandbox
-                wire = t.daemon.call(
-                    "classify",
-                    {
-                        "tool": "p_probe",
-                        "arguments": {},
-                        "workspace": str(t.workspace),
-                    },
-                )["result"]["confinement"]
-                assert wire["sandbox"] == {"profile": "workspace-write", "network": False}, wire
-                assert "tried again" in wire["failure"], wire
-                events, reply = t.invoke(
-                    "probe", {"action": "read", "target": str(t.user_home / ".ssh" / "id_rsa")}
-                )
-                assert events == [], "no process started"
-                text = reply["result"]["content"][0]["text"]
-                assert reply["result"]["isError"] and text.startswith("toolsetd: "), reply
-                assert "did not run" in text and "tried again" in text, text
-            assert t is not None
-            key = str(t.user_home / ".ssh" / "id_rsa")
-
-            def sandboxed() -> bool:
-                result = t.probe({"action": "read", "target": key})
-                assert "PRIVATE KEY" not in json.dumps(result), result
-                return result.get("ok") is not None  # it ran (not refused)
-
-            eventually(sandboxed, timeout=30, what="a sandboxed call once bubblewrap runs")
-            assert t.status()["sandbox"]["mechanism"] == "bubblewrap"
-            with socket.socket() as server:
-                server.bind(("127.0.0.1", 0))
-                server.listen()
-                address = f"127.0.0.1:{server.getsockname()[1]}"
-                assert t.probe({"action": "connect", "target": address})["ok"] is False
-                assert (
-                    t.probe({"action": "connect", "target": address}, project=False)["ok"] is True
-                )
-            wire = t.daemon.call(
-                "classify",
-                {
-                    "tool": "p_probe",
-                    "arguments": {},
-                    "workspace": str(t.workspace),
-                },
-            )["result"]["confinement"]
+        with launched_at_the_limit(
+            base, lambda launcher: _make_tree(launcher=launcher), made, free
+        ) as t:
+            sandbox = t.status()["sandbox"]
+            assert sandbox["mechanism"] == "none", sandbox
+            assert "tried again" in sandbox["reason"], sandbox
+            wire = classified()
             assert wire["sandbox"] == {"profile": "workspace-write", "network": False}, wire
-            assert wire["failure"] is None, wire
-            events = [e.get("event") for e in t.daemon.log_events()]
-            assert events.count("sandbox_probe_deferred") == 1, events
-            assert events.count("sandbox_recovered") == 1, events
-            assert "sandbox_unavailable" not in events, events
-        finally:
-            if not made:
-                with contextlib.suppress(OSError):
-                    fd = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
-                    os.write(fd, b"go\n")
-                    os.close(fd)
-            starting.join(60)
-            for tree in made:
-                _close(tree)
+            assert "tried again" in wire["failure"], wire
+            events, reply = t.invoke(
+                "probe", {"action": "read", "target": str(t.user_home / ".ssh" / "id_rsa")}
+            )
+            assert events == [], "no process started"
+            text = reply["result"]["content"][0]["text"]
+            assert reply["result"]["isError"] and text.startswith("toolsetd: "), reply
+            assert "did not run" in text and "tried again" in text, text
+        key = str(t.user_home / ".ssh" / "id_rsa")
+
+        def sandboxed() -> bool:
+            result = t.probe({"action": "read", "target": key})
+            assert "PRIVATE KEY" not in json.dumps(result), result
+            return result.get("ok") is not None  # it ran (not refused)
+
+        eventually(sandboxed, timeout=30, what="a sandboxed call once bubblewrap runs")
+        assert t.status()["sandbox"]["mechanism"] == "bubblewrap"
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen()
+            address = f"127.0.0.1:{server.getsockname()[1]}"
+            assert t.probe({"action": "connect", "target": address})["ok"] is False
+            assert t.probe({"action": "connect", "target": address}, project=False)["ok"] is True
+        wire = classified()
+        assert wire["sandbox"] == {"profile": "workspace-write", "network": False}, wire
+        assert wire["failure"] is None, wire
+        events = [e.get("event") for e in t.daemon.log_events()]
+        assert events.count("sandbox_probe_deferred") == 1, events
+        assert events.count("sandbox_recovered") == 1, events
+        assert "sandbox_unavailable" not in events, events
     finally:
+        for tree in made:
+            _close(tree)
         shutil.rmtree(base, ignore_errors=True)
 
 
