@@ -546,6 +546,9 @@ class McpHttpEndpoint:
             )
             return
         except MemoryError:  # the daemon's want, not the body's
+            said = self._refused_requests.count("memory")
+            if said is not None:  # every client can cause it: one line a minute, counted
+                log.warning("mcp_http_out_of_memory", size=len(request.body), refused=said)
             await _rpc_error(
                 exchange,
                 503,

@@ -344,7 +344,8 @@ def _check_container(
     ``workspace``: at least ``outsideWorkspace``, and ``forbidden`` when any string
     inside names (or resolves to) a credential path, leads through ``/proc/self`` (the
     tool's own process when it follows the string: ``/proc/self/cwd`` is the workspace for
-    it, whatever the daemon's is), or there are too many to check. Each string is
+    it, whatever the daemon's is) or any ``/proc/<pid>`` (whose links take the tool to that
+    process's own folders, in its namespaces), or there are too many to check. Each string is
     resolved as written, as the kernel opens it (``"~/k"`` is ``<workspace>/~/k``,
     ``" k"`` keeps its space), and, unless blank, as a string argument is (trimmed, ``~``
     expanded), since the tool may read it either way.

@@ -2608,7 +2608,10 @@ def test_http_a_body_the_daemon_has_no_memory_to_parse_is_503_busy(
             assert answer["error"]["code"] == -32008, answer
             assert answer["error"]["data"] == {"resource": "memory"}, answer
         assert initialize(endpoint(url, workspace))
-        assert "http_connection_failed" not in [e.get("event") for e in d.log_events()]
+        events = d.log_events()
+        assert "http_connection_failed" not in [e.get("event") for e in events]
+        said = [e for e in events if e.get("event") == "mcp_http_out_of_memory"]
+        assert [(e["size"], e["refused"]) for e in said] == [(len(body), 1)], said  # a minute
 
 
 def test_http_an_accept_short_of_descriptors_is_said_once_per_episode(
