@@ -1450,12 +1450,17 @@ def test_a_check_process_started_where_no_thread_can_start_is_waited_for(
         eventually(lambda: _threads(d.proc.pid) == 1, what="the idle workers ended")
         before = _children(d.proc.pid)  # the orphan guard's sentinel
         # Room for two: the worker thread of the arguments' depth check, and the check
-        # process; none for asyncio's thread, nor for the tool.
+        # process; none for asyncio's thread (started with the process). The tool
+        # cannot start either, unless the worker thread has ended meanwhile (idle for
+        # IDLE_SECONDS while the check process started up, on a loaded machine): then
+        # it takes that room.
         with tasks_limited(d.proc.pid, free=2):
             _, checked = conn.invoke(call)
         assert "result" in checked, checked
         text = checked["result"]["content"][0]["text"]
-        assert text.startswith("The external process failed to start: "), text
+        assert checked["result"]["status"] == "ok" or text.startswith(
+            "The external process failed to start: "
+        ), text
         checker = _children(d.proc.pid) - before
         assert len(checker) == 1, checker
         _, again = conn.invoke(call)
