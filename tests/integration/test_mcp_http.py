@@ -2602,7 +2602,10 @@ def test_http_an_initialize_whose_catalog_is_short_of_descriptors_opens_no_sessi
         assert initialize(endpoint(url, other))
 
 
-@pytest.mark.timeout(180)  # two 15 MB bodies received and parsed as far as memory goes
+#: Two 15 MB bodies parsed as far as memory goes: orjson at the memory limit is slow (some
+#: 13 s of the daemon's CPU for the second body alone, 35 s for the test at a load of 5):
+#: each wait of its client, and the test, allow for a heavily loaded machine.
+@pytest.mark.timeout(360)
 def test_http_a_body_the_daemon_has_no_memory_to_parse_is_503_busy(
     tmp_path: Path, home: Path, workspace: Path
 ) -> None:
@@ -2613,8 +2616,9 @@ def test_http_a_body_the_daemon_has_no_memory_to_parse_is_503_busy(
     body += b"[]]}}"
     with _unconfined_http_daemon(tmp_path, home, workspace) as (d, url, _):
         target = urlsplit(endpoint(url, workspace))
+        started = time.monotonic()
         for headroom in (150 << 20, 300 << 20):  # orjson's buffer fails; then the objects
-            conn = HTTPConnection(target.hostname, target.port, timeout=60)
+            conn = HTTPConnection(target.hostname, target.port, timeout=150)
             try:
                 with memory_limited(d.proc.pid, headroom):
                     conn.request("POST", f"{target.path}?{target.query}", body=body, headers={
@@ -2631,7 +2635,11 @@ def test_http_a_body_the_daemon_has_no_memory_to_parse_is_503_busy(
         events = d.log_events()
         assert "http_connection_failed" not in [e.get("event") for e in events]
         said = [e for e in events if e.get("event") == "mcp_http_out_of_memory"]
-        assert [(e["size"], e["refused"]) for e in said] == [(len(body), 1)], said  # a minute
+        # One line a minute: the second body is said too only if it came a minute after
+        # the first (a heavily loaded machine parses it slowly).
+        lines = 1 if time.monotonic() - started < 60 else len(said)
+        assert 1 <= len(said) <= 2, said
+        assert [(e["size"], e["refused"]) for e in said] == [(len(body), 1)] * lines, said
 
 
 def test_http_an_accept_short_of_descriptors_is_said_once_per_episode(
