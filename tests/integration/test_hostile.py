@@ -1450,12 +1450,17 @@ def test_a_check_process_started_where_no_thread_can_start_is_waited_for(
         eventually(lambda: _threads(d.proc.pid) == 1, what="the idle workers ended")
         before = _children(d.proc.pid)  # the orphan guard's sentinel
         # Room for two: the worker thread of the arguments' depth check, and the check
-        # process; none for asyncio's thread, nor for the tool.
+        # process; none for asyncio's thread (started with the process). The tool
+        # cannot start either, unless the worker thread has ended meanwhile (idle for
+        # IDLE_SECONDS while the check process started up, on a loaded machine): then
+        # it takes that room.
         with tasks_limited(d.proc.pid, free=2):
             _, checked = conn.invoke(call)
         assert "result" in checked, checked
         text = checked["result"]["content"][0]["text"]
-        assert text.startswith("The external process failed to start: "), text
+        assert checked["result"]["status"] == "ok" or text.startswith(
+            "The external process failed to start: "
+        ), text
         checker = _children(d.proc.pid) - before
         assert len(checker) == 1, checker
         _, again = conn.invoke(call)
@@ -1469,7 +1474,10 @@ def test_a_check_process_started_where_no_thread_can_start_is_waited_for(
 _LISTS_LINE = b'{"jsonrpc":"2.0","id":"big","method":"status","params":{"x":[' + b"[]," * 5_000_000
 
 
-@pytest.mark.timeout(180)  # two 15 MB lines received and parsed as far as memory goes
+#: Two 15 MB lines parsed as far as memory goes: orjson at the memory limit is slow (some
+#: 13 s of the daemon's CPU for the second line, 36 s for the test at a load of 5): each
+#: wait of its clients, and the test, allow for a heavily loaded machine.
+@pytest.mark.timeout(360)
 def test_a_line_the_daemon_has_no_memory_to_parse_is_busy_not_a_parse_error(
     tmp_path: Path,
 ) -> None:
@@ -1480,20 +1488,20 @@ def test_a_line_the_daemon_has_no_memory_to_parse_is_busy_not_a_parse_error(
     (connection_failed, logged as a bug). Other clients are served meanwhile, and large
     lines are taken once the memory is back."""
     with daemon_in("tsm-", _noop_set, args=_unconfined(tmp_path)) as d, \
-            d.raw(timeout=60) as other:
+            d.raw(timeout=150) as other:
         assert "result" in other.request("status")
         for headroom in (150 << 20, 300 << 20):  # orjson's buffer fails; then the objects
-            with memory_limited(d.proc.pid, headroom), d.raw(timeout=60) as big:
+            with memory_limited(d.proc.pid, headroom), d.raw(timeout=150) as big:
                 big.send_bytes(_LISTS_LINE + b"[]]}}\n")
                 busy = big.receive()
                 assert busy["id"] is None and busy["error"]["code"] == -32008, busy
                 assert busy["error"]["data"] == {"resource": "memory"}, busy
-                assert big.closed_by_peer(timeout=30)
+                assert big.closed_by_peer(timeout=150)
                 assert "result" in other.request("status")
         events = [e.get("event") for e in d.log_events()]
         assert events.count("connection_out_of_memory") == 2, events
         assert "connection_failed" not in events
-        with d.raw(timeout=60) as big:  # a large line is taken again
+        with d.raw(timeout=150) as big:  # a large line is taken again
             big.send_bytes(_LISTS_LINE[:100_000] + b"[]]}}\n")
             assert big.receive()["error"]["code"] == -32602  # status takes no params
 

@@ -14,6 +14,7 @@ import base64
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -1276,6 +1277,20 @@ def _post_2026(sock: socket.socket, target: SplitResult, method: str, body: byte
     )
 
 
+def _unread_by_peer(sock: socket.socket) -> int:
+    """Bytes ``sock`` sent over TCP that the process at its other end has not read yet
+    (that end's receive queue in ``/proc/net/tcp``; the peer is on this host)."""
+    def hexed(address: tuple[str, int]) -> str:
+        return f"{socket.inet_aton(address[0])[::-1].hex().upper()}:{address[1]:04X}"
+
+    local, remote = hexed(sock.getpeername()), hexed(sock.getsockname())
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == local and fields[2] == remote:
+            return int(fields[4].split(":")[1], 16)
+    raise AssertionError(f"no TCP socket {local} -> {remote}")
+
+
 def test_http_a_2026_call_whose_client_left_while_its_catalog_was_built_holds_nothing(
     tmp_path: Path,
 ) -> None:
@@ -1292,32 +1307,37 @@ def test_http_a_2026_call_whose_client_left_while_its_catalog_was_built_holds_no
     with daemon_in("tsh-", None, ["--mcp-listen", "127.0.0.1:0",
                                   "--workspace-idle", "1"]) as daemon:
         base = listening_urls(daemon)[0]
-        fresh = tmp_path / "ws"
-        for k in range(3):  # large schemas: the first use takes seconds to check them
-            big = {"type": "object", "properties": {
-                f"p{k}_{i}": {"type": "string", "pattern": "^[a-z]+$"} for i in range(1500)}}
-            write_set(fresh / ".crystal" / "tools", f"s{k}", _tool(f"t{k}.py", schema=big),
-                      **{f"t{k}.py": "print(1)\n"})
-        target = urlsplit(endpoint(base, fresh))
-        with socket.create_connection((target.hostname, target.port), timeout=30) as first, \
-                socket.create_connection((target.hostname, target.port), timeout=30) as sock:
-            _post_2026(first, target, "tools/list", listing)  # starts the build
-            _post_2026(sock, target, "tools/call", call.encode(), "Mcp-Name: t0\r\n")
-            time.sleep(0.05)
-            # The client leaves while the build runs (seen within a second: the hang-up
-            # check of a connection whose request is being served).
-            sock.shutdown(socket.SHUT_WR)
-            with contextlib.suppress(OSError):
-                while sock.recv(65536):
-                    pass
-            assert b"200 OK" in first.recv(65536)
-        assert any(str(fresh) == w for w in daemon.call("status")["result"]["workspaces"])
-        deadline = time.monotonic() + 30
-        workspaces: list[str] = [str(fresh)]
-        while str(fresh) in workspaces and time.monotonic() < deadline:
-            time.sleep(0.2)
-            workspaces = daemon.call("status")["result"]["workspaces"]
-        assert str(fresh) not in workspaces, "the workspace is never released"
+        # The call must be read (it then waits in the check) and its client leave before
+        # the build ends (the list is not answered yet): else the attempt proves nothing,
+        # and is made again with a new workspace whose schemas are twice as large (a
+        # faster machine builds them sooner).
+        for attempt in range(4):
+            fresh = tmp_path / f"ws{attempt}"
+            for k in range(3):  # large schemas: the first use takes seconds to check them
+                big = {"type": "object", "properties": {
+                    f"p{k}_{i}": {"type": "string", "pattern": "^[a-z]+$"}
+                    for i in range(1500 << attempt)}}
+                write_set(fresh / ".crystal" / "tools", f"s{k}",
+                          _tool(f"t{k}.py", schema=big), **{f"t{k}.py": "print(1)\n"})
+            target = urlsplit(endpoint(base, fresh))
+            with socket.create_connection((target.hostname, target.port), timeout=60) as first, \
+                    socket.create_connection((target.hostname, target.port), timeout=60) as sock:
+                _post_2026(first, target, "tools/list", listing)  # starts the build
+                _post_2026(sock, target, "tools/call", call.encode(), "Mcp-Name: t0\r\n")
+                eventually(lambda: _unread_by_peer(sock) == 0, timeout=60,
+                           what="the call read by the daemon")
+                built = bool(select.select([first], [], [], 0)[0])
+                sock.shutdown(socket.SHUT_WR)  # the client leaves: its EOF ends the exchange
+                with contextlib.suppress(OSError):
+                    while sock.recv(65536):
+                        pass
+                assert b"200 OK" in first.recv(65536)
+            if not built:
+                break
+        else:
+            pytest.fail("every catalog was built before its call's client could leave")
+        eventually(lambda: str(fresh) not in daemon.call("status")["result"]["workspaces"],
+                   timeout=30, what="the workspace released (it is never, while pinned)")
 
 
 #: Runs the daemon with SSE comment lines every 0.3 s (no option sets that interval).
@@ -2582,7 +2602,10 @@ def test_http_an_initialize_whose_catalog_is_short_of_descriptors_opens_no_sessi
         assert initialize(endpoint(url, other))
 
 
-@pytest.mark.timeout(180)  # two 15 MB bodies received and parsed as far as memory goes
+#: Two 15 MB bodies parsed as far as memory goes: orjson at the memory limit is slow (some
+#: 13 s of the daemon's CPU for the second body alone, 35 s for the test at a load of 5):
+#: each wait of its client, and the test, allow for a heavily loaded machine.
+@pytest.mark.timeout(360)
 def test_http_a_body_the_daemon_has_no_memory_to_parse_is_503_busy(
     tmp_path: Path, home: Path, workspace: Path
 ) -> None:
@@ -2593,8 +2616,9 @@ def test_http_a_body_the_daemon_has_no_memory_to_parse_is_503_busy(
     body += b"[]]}}"
     with _unconfined_http_daemon(tmp_path, home, workspace) as (d, url, _):
         target = urlsplit(endpoint(url, workspace))
+        started = time.monotonic()
         for headroom in (150 << 20, 300 << 20):  # orjson's buffer fails; then the objects
-            conn = HTTPConnection(target.hostname, target.port, timeout=60)
+            conn = HTTPConnection(target.hostname, target.port, timeout=150)
             try:
                 with memory_limited(d.proc.pid, headroom):
                     conn.request("POST", f"{target.path}?{target.query}", body=body, headers={
@@ -2611,7 +2635,11 @@ def test_http_a_body_the_daemon_has_no_memory_to_parse_is_503_busy(
         events = d.log_events()
         assert "http_connection_failed" not in [e.get("event") for e in events]
         said = [e for e in events if e.get("event") == "mcp_http_out_of_memory"]
-        assert [(e["size"], e["refused"]) for e in said] == [(len(body), 1)], said  # a minute
+        # One line a minute: the second body is said too only if it came a minute after
+        # the first (a heavily loaded machine parses it slowly).
+        lines = 1 if time.monotonic() - started < 60 else len(said)
+        assert 1 <= len(said) <= 2, said
+        assert [(e["size"], e["refused"]) for e in said] == [(len(body), 1)] * lines, said
 
 
 def test_http_an_accept_short_of_descriptors_is_said_once_per_episode(
@@ -2621,23 +2649,32 @@ def test_http_an_accept_short_of_descriptors_is_said_once_per_episode(
     each time: a warning ten times a second for as long as the shortage lasted (an hour
     of it, 36,000 lines). It says it once, and its end with the count, as the socket's
     and the metrics' listeners do; the connection that waited is served."""
+    def said(event: str) -> list[dict[str, Any]]:
+        return [e for e in d.log_events() if e.get("event") == event]
+
     with _unconfined_http_daemon(tmp_path, home, workspace) as (d, url, _):
         target = urlsplit(url)
-        with descriptors_limited(d.proc.pid):
-            waiting = socket.create_connection((target.hostname, target.port), timeout=30)
-            eventually(lambda: any(e.get("event") == "http_accept_retry"
-                                   for e in d.log_events()), what="http_accept_retry")
-            time.sleep(0.5)  # a few retries (every 0.1 s), not an assertion of a time
-        with waiting:
-            waiting.sendall(b"GET /nowhere HTTP/1.1\r\nHost: " + target.netloc.encode()
-                            + b"\r\nConnection: close\r\n\r\n")
-            assert waiting.recv(64).startswith(b"HTTP/1.1 "), "the connection that waited"
-        events = d.log_events()
-        retried = [e for e in events if e.get("event") == "http_accept_retry"]
-        resumed = [e for e in events if e.get("event") == "http_accept_resumed"]
-        assert len(retried) == 1, retried
+        # An episode of one retry proves nothing (a loaded machine may retry once in the
+        # window): then there is another, until one had a few.
+        for episode in range(1, 11):
+            with descriptors_limited(d.proc.pid):
+                waiting = socket.create_connection((target.hostname, target.port), timeout=30)
+                eventually(lambda: len(said("http_accept_retry")) >= episode,  # noqa: B023
+                           what="http_accept_retry")
+                time.sleep(0.5)  # a window for a few retries (every 0.1 s), not a measure
+            with waiting:
+                waiting.sendall(b"GET /nowhere HTTP/1.1\r\nHost: " + target.netloc.encode()
+                                + b"\r\nConnection: close\r\n\r\n")
+                assert waiting.recv(64).startswith(b"HTTP/1.1 "), "the connection that waited"
+            resumed = said("http_accept_resumed")
+            assert len(resumed) == episode, resumed
+            if resumed[-1]["retries"] > 1:
+                break
+        else:
+            pytest.fail(f"no episode of more than one retry: {resumed}")
+        retried = said("http_accept_retry")
+        assert len(retried) == episode, retried
         assert retried[0]["error"] == os.strerror(retried[0]["errno"]), retried
-        assert len(resumed) == 1 and resumed[0]["retries"] > 1, resumed
         assert initialize(endpoint(url, workspace))
 
 
