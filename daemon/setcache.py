@@ -868,7 +868,14 @@ class SetStore:
         except OSError as exc:
             if not self._warned:  # once: a read-only cache folder is not news on every reload
                 self._warned = True
-                log.warning("set_cache_unwritable", path=str(self.path), error=exc.strerror)
+                error = exc.strerror
+                # mkdir's words ("File exists") for a file where the folder, or one of the
+                # folders above it, should be: say which, and what is wrong with it.
+                if isinstance(exc, FileExistsError):
+                    error = f"{exc.strerror}: {exc.filename} is not a folder"
+                elif isinstance(exc, NotADirectoryError):
+                    error = f"{exc.strerror}: a folder above {exc.filename} is not a folder"
+                log.warning("set_cache_unwritable", path=str(self.path), error=error)
             return False
         return True
 

@@ -583,6 +583,24 @@ def test_setstore_unwritable_folder_only_costs_speed(home: Path, tmp_path: Path)
     assert not SetStore(blocker / "cache").flush()
 
 
+@pytest.mark.parametrize("where", ["folder", "above"])
+def test_setstore_folder_that_is_a_file_is_said_so(home: Path, tmp_path: Path, where: str) -> None:
+    """A file where the cache folder (or a folder above it) should be: the loads work
+    uncached, and the warning names the path that is not a folder, not mkdir's bare
+    "File exists"."""
+    top = tmp_path / "cache"
+    folder = top if where == "folder" else top / "toolsetd"
+    top.write_text("not a folder\n")
+    with capture_logs() as logs:
+        catalog, _ = _build(home, folder)
+    assert catalog == _build(home, None)[0]
+    warned = [e for e in logs if e["event"] == "set_cache_unwritable"]
+    assert len(warned) == 1, logs
+    expected = (f"File exists: {folder} is not a folder" if where == "folder"
+                else f"Not a directory: a folder above {folder} is not a folder")
+    assert warned[0]["error"] == expected, warned
+
+
 def _special(path: Path, kind: str) -> None:
     path.unlink(missing_ok=True)
     if kind == "fifo":
