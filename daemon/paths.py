@@ -221,21 +221,17 @@ def os_user_home(environ: Mapping[str, str]) -> str:
     return _passwd_entry_home() or ""
 
 
+@functools.cache
 def passwd_home() -> str | None:
     """The daemon user's home in its passwd entry (None: no entry, or not an absolute path).
 
     Where ``HOME`` names another folder, this is still the one ssh reads its keys from.
+    Read once per process: the fence asks for it at every path check, and a passwd lookup
+    may go over the network (NSS), which the event loop must not wait for each time; the
+    confinement's probe at start shares that one lookup.
     """
     home = _passwd_entry_home()
     return home if home is not None and os.path.isabs(home) else None
-
-
-@functools.cache
-def _passwd_home_once() -> str | None:
-    """``passwd_home()`` read once: the fence asks for it at every path check, and a passwd
-    lookup may go over the network (NSS), which the event loop must not wait for each time.
-    The confinement reads it once at start as well."""
-    return passwd_home()
 
 
 def _passwd_entry_home() -> str | None:
@@ -643,7 +639,7 @@ def credential_identities(
     """
     found: set[tuple[int, int]] = set()
     homes = [os.fspath(user_home)]
-    other = _passwd_home_once() if passwd else None
+    other = passwd_home() if passwd else None
     if other is not None and os.path.normpath(other) != os.path.normpath(homes[0]):
         homes.append(other)
     for home in homes:
