@@ -578,6 +578,15 @@ def ratio_of_pairs(a: Sequence[float], b: Sequence[float]) -> float:
     return median([r for r in ratios(a, b) if r == r])
 
 
+def against_python(parser: argparse.ArgumentParser, against: Path) -> Path:
+    """The interpreter of ``--against DIR``, another checkout with its own venv (the A/B
+    tools' other side); a parser error when it has none."""
+    python = against / ".venv" / "bin" / "python"
+    if not python.exists():
+        parser.error(f"{python} does not exist: run make .venv/.installed in {against}")
+    return python
+
+
 def load() -> str:
     """The load averages (1, 5, 15 min) as ``uptime`` prints them."""
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())

@@ -47,6 +47,7 @@ from bench._common import (
     PYTHON,
     TRUE_SET,
     Proc,
+    against_python,
     daemon_argv,
     load,
     median,
@@ -98,9 +99,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=300)
     args = parser.parse_args()
-    other_python = args.against / ".venv" / "bin" / "python"
-    if not other_python.exists():
-        parser.error(f"{other_python} does not exist: run make .venv/.installed in {args.against}")
+    other_python = against_python(parser, args.against)
     http = args.face == "http"
     print(f"load at start: {load()}")
     with temp_base() as base:

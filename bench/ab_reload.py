@@ -36,6 +36,7 @@ from typing import IO
 from bench._common import (
     PYTHON,
     REPO,
+    against_python,
     load,
     make_home,
     median,
@@ -93,9 +94,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=41)
     parser.add_argument("--pure", action="store_true", help="no writes: every manifest aged")
     args = parser.parse_args()
-    other_python = args.against / ".venv" / "bin" / "python"
-    if not other_python.exists():
-        parser.error(f"{other_python} does not exist: run make .venv/.installed in {args.against}")
+    other_python = against_python(parser, args.against)
     print(f"load at start: {load()}")
     n = args.sets
     with temp_base() as base:
