@@ -406,6 +406,25 @@ def _pids_hierarchy() -> tuple[Path, str] | None:
     return None
 
 
+def marked_processes(marker: str) -> list[int]:
+    """The pids of the live processes whose command line carries ``marker`` (zombies
+    excluded): a test's tools, found by a word in their argv."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read()
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != b"Z":
+            found.append(int(entry))
+    return found
+
+
 @contextlib.contextmanager
 def launched_at_the_limit(
     base: Path, make: Callable[[list[str]], T], made: list[T], free: int = 0

@@ -36,6 +36,7 @@ from .conftest import (
     ensure_bubblewrap,
     eventually,
     launched_at_the_limit,
+    marked_processes,
     start_daemon,
     write_set,
 )
@@ -315,26 +316,8 @@ def _manifest(prefix: str, **extra: Any) -> dict[str, Any]:
     return {"runner": "exec", "stdin": True, "tools": [tool, approved], **extra}
 
 
-def _marked(marker: str) -> list[int]:
-    """The pids whose command line carries ``marker`` (zombies excluded)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-            with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmdline and state != b"Z":
-            found.append(int(entry))
-    return found
-
-
 def _kill_marked(marker: str) -> None:
-    for pid in _marked(marker):
+    for pid in marked_processes(marker):
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -507,7 +490,7 @@ def test_confinement_setsid_grandchild_dies_with_the_call(tree: Tree, how: str) 
 
             thread = threading.Thread(target=run)
             thread.start()
-            eventually(lambda: bool(_marked(marker)), what="the grandchild")
+            eventually(lambda: bool(marked_processes(marker)), what="the grandchild")
             assert tree.daemon.call("cancel", {"callId": call_id})["result"]["cancelled"]
             thread.join(30)
             reply = result["reply"]["result"]
@@ -516,7 +499,7 @@ def test_confinement_setsid_grandchild_dies_with_the_call(tree: Tree, how: str) 
             reply = tree.invoke("probe", arguments, project=False)[1]["result"]
             assert reply["status"] == ("ok" if how == "exit" else "timeout"), reply
         # The answer comes after the cgroup is empty: nothing to wait for.
-        assert _marked(marker) == []
+        assert marked_processes(marker) == []
     finally:
         _kill_marked(marker)
 
@@ -530,7 +513,7 @@ def test_confinement_without_cgroup_the_grandchild_survives() -> None:
             "mode": "process-group", "reason": 'cgroups are off in the config (cgroup = "off")',
         }
         t.invoke("probe", {"action": "escape", "marker": marker}, project=False)
-        assert _marked(marker) != []
+        assert marked_processes(marker) != []
     finally:
         _kill_marked(marker)
         _close(t)
@@ -897,6 +880,18 @@ def _cgroup2_mounts() -> list[str]:
             if line.split()[2] == "cgroup2"]
 
 
+def _namespace_test_mounts(why_root: str) -> list[str]:
+    """The cgroup v2 mounts, for a test that gives the daemon a cgroup namespace: skipped
+    without root and unshare(1), or where the tests do not run in the root cgroup
+    (``why_root`` says why the test needs it)."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and unshare(1) for a cgroup namespace")
+    own = [x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::")]
+    if own != ["0::/"]:
+        pytest.skip(why_root)
+    return _cgroup2_mounts()
+
+
 def _new_cgroups(mounts: list[str], *prefixes: str) -> list[Path]:
     """One new cgroup per prefix (``<prefix>-<tag>``) at the root of the first cgroup v2
     mount; the test is skipped where there is none or they cannot be made. The caller
@@ -998,12 +993,7 @@ def test_confinement_a_daemon_outside_its_cgroup_namespace_shows_no_cgroup_mount
     ``clone3(CLONE_INTO_CGROUP)`` then put a child in any cgroup, as if nothing was hidden.
     """
     ensure_bubblewrap()
-    if shutil.which("unshare") is None or os.geteuid() != 0:
-        pytest.skip("needs root and unshare(1) for a cgroup namespace")
-    mounts = _cgroup2_mounts()
-    own = [x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::")]
-    if own != ["0::/"]:
-        pytest.skip("the test moves the daemon into the root cgroup, where it runs")
+    mounts = _namespace_test_mounts("the test moves the daemon into the root cgroup, where it runs")
     other, entry = _new_cgroups(mounts, "tsc-other", "tsc-ns")
     # The namespace's root is ``entry``; the daemon then goes back to the root cgroup.
     launcher = [sys.executable, "-c", _OUT_OF_NAMESPACE, str(entry), mounts[0]]
@@ -1043,12 +1033,7 @@ def test_confinement_a_daemon_in_a_cgroup_namespace_stays_in_its_cgroup() -> Non
     folder is where a mount shows its cgroup (as ``daemon_cgroup`` has it): this mount
     shows it under a name the daemon cannot know, so it has no cgroup tree (and says
     why), and stays where it is."""
-    if shutil.which("unshare") is None or os.geteuid() != 0:
-        pytest.skip("needs root for a cgroup namespace")
-    mounts = _cgroup2_mounts()
-    own = [x for x in Path("/proc/self/cgroup").read_text().splitlines() if x.startswith("0::")]
-    if own != ["0::/"]:
-        pytest.skip("the test makes the daemon's cgroup below the root cgroup")
+    mounts = _namespace_test_mounts("the test makes the daemon's cgroup below the root cgroup")
     (entry,) = _new_cgroups(mounts, "tsc-in")
     t = _make_tree(launcher=[sys.executable, "-c", _IN_NAMESPACE, str(entry)])
     pid = t.daemon.proc.pid
@@ -1177,7 +1162,8 @@ def test_confinement_sandboxed_call_that_takes_over_its_init_does_not_outlive_it
         assert reply["result"]["status"] == "timeout", reply
         if not (t.workspace / marker).exists():
             pytest.skip("the tool could not take over its sandbox's init here")
-        eventually(lambda: _marked(marker) == [], timeout=10, what="the call's processes gone")
+        eventually(lambda: marked_processes(marker) == [], timeout=10,
+                   what="the call's processes gone")
     finally:
         _kill_marked(marker)
         _close(t)
@@ -1839,10 +1825,10 @@ def test_confinement_daemon_sigkill_leaves_no_tool(sandboxed: bool) -> None:
             thread = threading.Thread(target=lambda: _swallow(t, marker, sandboxed), daemon=True)
             thread.start()
             threads.append(thread)
-        eventually(lambda: len(_marked(marker)) >= 2, what="both grandchildren")
+        eventually(lambda: len(marked_processes(marker)) >= 2, what="both grandchildren")
         t.daemon.proc.send_signal(signal.SIGKILL)
         t.daemon.proc.wait(10)
-        eventually(lambda: _marked(marker) == [], timeout=10, what="no tool left")
+        eventually(lambda: marked_processes(marker) == [], timeout=10, what="no tool left")
     finally:
         _kill_marked(marker)
         _close(t)

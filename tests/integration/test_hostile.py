@@ -34,6 +34,7 @@ from .conftest import (
     daemon_in,
     descriptors_limited,
     eventually,
+    marked_processes,
     memory_limited,
     started_at_the_limit,
     tasks_limited,
@@ -1371,32 +1372,16 @@ def test_an_orphan_guard_that_could_not_start_at_the_limit_starts_once_there_is_
             eventually(started, timeout=30, what="the sentinel started")
             conn.send({"jsonrpc": "2.0", "id": "hold", "method": "invoke",
                        "params": {**call, "tool": "hold"}})
-            eventually(lambda: bool(_marked(marker)), what="the tool running")
+            eventually(lambda: bool(marked_processes(marker)), what="the tool running")
             d.stop(signal.SIGKILL)
-        eventually(lambda: not _marked(marker), what="the tool killed with the daemon")
+        eventually(lambda: not marked_processes(marker), what="the tool killed with the daemon")
     finally:
         if d is not None:
             d.stop(signal.SIGKILL)
-        for pid in _marked(marker):
+        for pid in marked_processes(marker):
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
         shutil.rmtree(base, ignore_errors=True)
-
-
-def _marked(marker: str) -> list[int]:
-    """The live processes whose command line carries ``marker``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            state = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker.encode() in cmdline and state != b"Z":
-            found.append(int(entry.name))
-    return found
 
 
 def test_a_call_whose_process_cannot_start_for_want_of_tasks_says_what_ran_out(
