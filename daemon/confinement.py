@@ -668,9 +668,12 @@ class Confinement:
         network = next((lay.network for lay in layers if lay.network is not None), None)
         limits = next((lay.limits for lay in layers if lay.limits.needs()), Limits())
         failure = None
+        # An operator who named bubblewrap's path asked for the sandbox: where it cannot
+        # be set up the default profiles stay, and fail closed below, as where the probe
+        # could not run. Only "auto" (bubblewrap if installed) falls back to "off".
+        named_binary = self.config.sandbox not in ("auto", "off")
         if named is None:
-            # Where the probe could not run the default stays, and fails closed below.
-            sandboxes = self.bwrap is not None or self.sandbox_short
+            sandboxes = self.bwrap is not None or self.sandbox_short or named_binary
             profile = _DEFAULT_PROFILE[source] if sandboxes else Profile.OFF
         else:
             profile = named
@@ -681,6 +684,13 @@ class Confinement:
                     f"{self.sandbox_reason}. The call did not run; retry it once the daemon "
                     "has room (fewer calls at once, or a higher TasksMax=, RLIMIT_NPROC, "
                     "memory or open files limit)."
+                )
+            elif named is None:
+                failure = (
+                    f"the sandbox profile '{profile}' (the default for {source} sets) cannot "
+                    f"be set up: {self.sandbox_reason}. The call did not run; fix the sandbox "
+                    'path in toolsetd.toml, or set sandbox = "auto" (bubblewrap on PATH, '
+                    "where installed)."
                 )
             else:
                 failure = (

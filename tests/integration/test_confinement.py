@@ -1688,6 +1688,36 @@ def test_confinement_read_only_profile_and_named_profile_fails_closed() -> None:
         _close(t)
 
 
+def test_confinement_a_named_bubblewrap_that_is_missing_fails_closed() -> None:
+    """``sandbox = "/path/to/bwrap"`` asks for the sandbox. A path with no bubblewrap (a
+    typo, a package moved) turned the default profiles ``off``: a repository's tools ran
+    unconfined, with the network, and only a log line said so. The default profiles stay:
+    the project set's calls fail closed, saying which setting to fix; the home set's
+    default is ``off`` as always."""
+    missing = "/nonexistent/toolsetd-test/bwrap"
+    t = _make_tree(f'[confinement]\nsandbox = "{missing}"\n')
+    try:
+        assert t.status()["sandbox"]["mechanism"] == "none"
+        marker = t.workspace / "ran.txt"
+        wire = t.daemon.call("classify", {
+            "tool": "p_probe", "arguments": {"action": "x"}, "workspace": str(t.workspace),
+        })["result"]
+        assert wire["confinement"]["sandbox"]["profile"] == "workspace-write", wire
+        failure = wire["confinement"]["failure"]
+        assert f"sandbox = '{missing}' is not an executable file" in failure, failure
+        assert "toolsetd.toml" in failure, failure
+        events, reply = t.invoke("probe", {"action": "write", "target": str(marker)})
+        assert events == []
+        assert reply["result"]["isError"] is True, reply
+        assert "did not run" in reply["result"]["content"][0]["text"], reply
+        assert not marker.exists()
+        home = t.probe({"action": "write", "target": str(t.workspace / "home.txt")},
+                       project=False)
+        assert home["ok"] is True, home
+    finally:
+        _close(t)
+
+
 @pytest.mark.parametrize("free", [0, 1], ids=["no-fork", "bwrap-cannot-fork"])
 def test_confinement_sandbox_probe_short_of_tasks_at_start_fails_closed_then_recovers(
     free: int,
