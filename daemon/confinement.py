@@ -78,7 +78,7 @@ from .cgroup import (
     daemon_cgroup,
     parse_limits,
 )
-from .exhaustion import out_of_resources
+from .exhaustion import out_of_resources, out_of_tasks
 from .manifest import is_directory_name
 from .model import Source, ToolSet
 from .paths import CREDENTIAL_FILES, CREDENTIAL_FOLDERS, IDENTITY_DEPTH, is_within, passwd_home
@@ -1057,9 +1057,10 @@ def setup_failure(
         and stderr.startswith(SETUP_FAILED_PREFIX)
         and not tool_ran(status)
     ):
-        return (
-            "toolsetd: the sandbox could not be set up, so the tool did not run: "
-            + stderr.decode(errors="replace").strip().splitlines()[0]
+        # bubblewrap's own fork failed for want of tasks: its words name no limit either.
+        said = stderr.decode(errors="replace").strip().splitlines()[0]
+        return "toolsetd: the sandbox could not be set up, so the tool did not run: " + (
+            out_of_tasks(said)
         )
     return None
 

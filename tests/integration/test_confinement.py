@@ -37,6 +37,7 @@ from .conftest import (
     eventually,
     launched_at_the_limit,
     marked_processes,
+    tasks_limited,
     start_daemon,
     write_set,
 )
@@ -1969,3 +1970,33 @@ def test_confinement_approved_path_on_a_read_only_mount_runs_read_only() -> None
         assert json.loads(text.strip().splitlines()[-1])["content"] == "read me\n", text
     finally:
         _close(tree)
+
+
+def test_confinement_bubblewrap_that_cannot_fork_for_want_of_tasks_says_what_ran_out() -> None:
+    """At the daemon's limit of processes and threads, with room for bubblewrap alone,
+    bubblewrap's own fork of its sandbox fails ("bwrap: Creating new namespace failed:
+    Resource temporarily unavailable"): the call's text said bubblewrap's words only, which
+    name neither the limit nor what to do, where a fork of the daemon's own says both. It
+    says both too; once there is room the call runs, sandboxed."""
+    if ensure_bubblewrap() is not None:
+        pytest.skip("bubblewrap is not installed")
+    t = _make_tree()
+    try:
+        _need_sandbox(t)
+        key = str(t.user_home / ".ssh" / "id_rsa")
+        with tasks_limited(t.daemon.proc.pid, free=1):
+            events, reply = t.invoke("probe", {"action": "read", "target": key})
+        text = reply["result"]["content"][0]["text"]
+        assert reply["result"]["isError"], reply
+        assert text.startswith(
+            "toolsetd: the sandbox could not be set up, so the tool did not run: bwrap: "
+        ), text
+        assert text.endswith(
+            "Resource temporarily unavailable: toolsetd is at its limit of processes and "
+            "threads (RLIMIT_NPROC, or its cgroup's pids.max, such as a unit's TasksMax=); "
+            "retry when some calls have finished."
+        ), text
+        result = t.probe({"action": "read", "target": key})
+        assert result["ok"] is False, result
+    finally:
+        _close(t)
