@@ -1985,7 +1985,7 @@ def test_confinement_bubblewrap_that_cannot_fork_for_want_of_tasks_says_what_ran
         _need_sandbox(t)
         key = str(t.user_home / ".ssh" / "id_rsa")
         with tasks_limited(t.daemon.proc.pid, free=1):
-            events, reply = t.invoke("probe", {"action": "read", "target": key})
+            _, reply = t.invoke("probe", {"action": "read", "target": key})
         text = reply["result"]["content"][0]["text"]
         assert reply["result"]["isError"], reply
         assert text.startswith(

@@ -461,7 +461,7 @@ class _OpenGate:
     long the daemon took between the two: no race to win."""
 
     def __init__(self, path: Path, pid: int, fill: bytes) -> None:
-        import ctypes  # noqa: PLC0415 - only this test speaks to the kernel so
+        import ctypes  # only this test speaks to the kernel so
 
         libc = ctypes.CDLL(None, use_errno=True)
         libc.fanotify_mark.argtypes = [
@@ -482,8 +482,8 @@ class _OpenGate:
         self._thread.start()
 
     def _serve(self) -> None:
-        import select  # noqa: PLC0415
-        import struct  # noqa: PLC0415
+        import select
+        import struct
 
         while not self._stop.is_set():
             if not select.select([self.fd], [], [], 0.1)[0]:
