@@ -35,7 +35,9 @@ __all__ = [
     "OUT_OF_DESCRIPTORS",
     "OUT_OF_RESOURCES",
     "OUT_OF_TASKS",
+    "SHORT_OF_ROOM",
     "Acceptor",
+    "ProbeShort",
     "Shortage",
     "busy_when_short",
     "out_of_resources",
@@ -53,6 +55,18 @@ OUT_OF_TASKS = (
     "toolsetd is at its limit of processes and threads (RLIMIT_NPROC, or its cgroup's "
     "pids.max, such as a unit's TasksMax=); retry when some calls have finished."
 )
+#: A fork, an allocation, a ``mkdir`` in a cgroup tree or a pipe that failed for want of
+#: processes, threads, memory, descriptors or room in a tree (``cgroup.max.descendants``):
+#: it passes.
+SHORT_OF_ROOM = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
+
+
+class ProbeShort(Exception):
+    """A probe at start (bubblewrap's, the cgroup tree's) could not run for want of room
+    (``SHORT_OF_ROOM``), so it says nothing about this machine: it is tried again once
+    there is room (``Confinement.retry_probes``). The message says what failed."""
+
+
 #: How ``EAGAIN`` reads: a failed fork's words, the daemon's or bubblewrap's (its
 #: ``die_with_error`` ends its line with ``strerror``).
 _EAGAIN_WORDS = os.strerror(errno.EAGAIN)
