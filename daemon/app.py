@@ -461,9 +461,46 @@ def _wait_for_children_by_pidfd() -> None:
         os.close(os.pidfd_open(os.getpid()))
     except OSError:  # an older kernel: the threads, as before
         return
-    watcher = asyncio.PidfdChildWatcher()
+    watcher = _PidfdChildWatcher()
     asyncio.set_child_watcher(watcher)
     watcher.attach_loop(asyncio.get_running_loop())
+
+
+if sys.version_info < (3, 12):  # the watchers are gone from 3.14
+    from typing import TypeVarTuple
+
+    _Ts = TypeVarTuple("_Ts")
+
+    class _PidfdChildWatcher(asyncio.PidfdChildWatcher):
+        """asyncio's pidfd child watcher, which leaves no process unwaited when it cannot
+        watch one.
+
+        ``pidfd_open`` runs after the spawn, and can fail there (``EMFILE`` at the
+        descriptor limit, ``ENOMEM``): asyncio then raised with the process started and
+        nobody to wait for it. The check process was left running, its two pipes open in
+        the daemon, until the daemon ended (and another each time the next large check
+        tried again). Here the process is killed and reaped at once (a child not reaped
+        yet keeps its pid: the kill cannot reach another process), its transport is told
+        it exited, so its pipes close, and the error is raised as before: the caller
+        (``CheckWorker``) checks on the loop, as where no process can be had.
+        """
+
+        def add_child_handler(
+            self, pid: int, callback: Callable[[int, int, *_Ts], object], *args: *_Ts
+        ) -> None:
+            try:
+                super().add_child_handler(pid, callback, *args)
+            except OSError:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                try:
+                    _, status = os.waitpid(pid, 0)  # killed: it ends at once
+                except ChildProcessError:
+                    returncode = 255  # reaped elsewhere: what asyncio says then
+                else:
+                    returncode = os.waitstatus_to_exitcode(status)
+                callback(pid, returncode, *args)
+                raise
 
 
 def _ignore_to_the_exit() -> None:

@@ -305,14 +305,15 @@ class ManifestCache:
         True when the manifest's cached entry holds ``result`` and either its stat signature
         still matches or its bytes, read again, have the same digest (the entry then takes
         the new signature, as ``entry`` gives it). False when only ``entry`` can tell: not
-        cached, another result, more than ``max_bytes``, unreadable, or other bytes.
+        cached, another result, more than ``max_bytes`` (by its stat, or by what a read
+        finds: no more than ``max_bytes`` + 1 are read), unreadable, or other bytes.
 
         Args:
             manifest: The absolute path of a set's ``tools.json``.
             source: Home or project.
             reserved: Reserved tool names.
             result: The set a snapshot holds for it.
-            max_bytes: A larger file is not read here.
+            max_bytes: A larger file is not read here (nor read further than this).
         """
         with self._lock:
             cached = self._entries.get((manifest, source))
@@ -327,7 +328,9 @@ class ManifestCache:
         if stat_result.st_size > max_bytes:
             return False
         try:
-            return self._reread(cached, manifest, reserved, stat_result) is None
+            # Bounded on the bytes read too: a file that grew since the stat (or another
+            # renamed over it) is left to ``entry``, not read to 1 MiB here.
+            return self._reread(cached, manifest, reserved, stat_result, max_bytes) is None
         except ManifestUnreadable:
             return False
 
@@ -337,14 +340,16 @@ class ManifestCache:
         manifest: str,
         reserved: frozenset[str],
         stat_result: os.stat_result,
+        max_bytes: int = MAX_MANIFEST_BYTES,
     ) -> tuple[bytes, bytes, tuple[int, int, int, int] | None] | None:
         """Read a manifest: None when its bytes are ``cached``'s (which then takes their
         signature), else the bytes, their digest and their trusted signature.
 
         Raises:
-            ManifestUnreadable: The file could not be read.
+            ManifestUnreadable: The file could not be read, or holds more than
+                ``max_bytes``.
         """
-        text, st = read_regular_file(manifest, stat_result)
+        text, st = read_regular_file(manifest, stat_result, max_bytes)
         digest = hashlib.sha256(text).digest()
         signature = trusted_signature(st, self._clock_ns())
         with self._lock:

@@ -108,6 +108,7 @@ from pathlib import Path
 import anyio
 import structlog
 
+from .exhaustion import SHORT_OF_ROOM, ProbeShort
 from .logs import Throttle
 from .mountinfo import parse_mountinfo
 from .pidsignal import signal_listed
@@ -713,6 +714,11 @@ class CgroupTree:
 
         Returns:
             The tree, or None and why not (one sentence, for the log and ``status``).
+
+        Raises:
+            ProbeShort: Making a folder, moving the daemon or enabling a controller failed
+                for want of room (``EAGAIN``: ``cgroup.max.descendants`` reached; ``ENOMEM``;
+                out of descriptors): that says nothing about the tree, so it is tried again.
         """
         if setting == "off":
             return None, 'cgroups are off in the config (cgroup = "off")'
@@ -735,7 +741,10 @@ class CgroupTree:
         except CgroupError as exc:
             return None, str(exc)
         except OSError as exc:
-            return None, f"the cgroup subtree cannot be written: {exc.strerror} ({exc.filename})"
+            why = f"the cgroup subtree cannot be written: {exc.strerror} ({exc.filename})"
+            if exc.errno in SHORT_OF_ROOM:
+                raise ProbeShort(why) from exc
+            return None, why
 
     @staticmethod
     def _own_base() -> Path:
@@ -768,8 +777,11 @@ class CgroupTree:
         available = (_read(str(own / "cgroup.controllers")) or "").split()
         for name in CONTROLLERS:
             if name in available:
-                with contextlib.suppress(OSError):
+                try:
                     _write(str(own / "cgroup.subtree_control"), f"+{name}")
+                except OSError as exc:
+                    if exc.errno in SHORT_OF_ROOM:  # not refused: tried again (``probe``)
+                        raise
         return own
 
     @classmethod
@@ -804,7 +816,10 @@ class CgroupTree:
             if name in available:
                 try:
                     _write(str(folder / "cgroup.subtree_control"), f"+{name}")
-                except OSError:
+                except OSError as exc:
+                    if exc.errno in SHORT_OF_ROOM:  # not refused: tried again (``probe``)
+                        _kill_tree(str(folder))
+                        raise
                     continue
                 enabled.append(name)
         own = _own_cgroup()

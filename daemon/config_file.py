@@ -89,13 +89,18 @@ def read_descriptor(fd: int, limit: int, expected: int | None = None) -> bytes |
 
 
 def read_regular_file(
-    path: str | Path, st: os.stat_result | None = None
+    path: str | Path, st: os.stat_result | None = None, limit: int = MAX_MANIFEST_BYTES
 ) -> tuple[bytes, os.stat_result]:
     """Read a regular file of at most ``MAX_MANIFEST_BYTES`` without ever blocking.
+
+    The bound holds on the bytes read, not only on the stat: a file that grew after it,
+    or another renamed over the path, is read no further than ``limit`` + 1 bytes.
 
     Args:
         path: The file.
         st: A fresh ``os.stat(path)`` when the caller already has one.
+        limit: A smaller bound of the caller's (a read on the event loop): a larger file
+            raises as one past ``MAX_MANIFEST_BYTES`` does.
 
     Returns:
         The bytes and the ``fstat`` of the descriptor they were read from.
@@ -109,14 +114,14 @@ def read_regular_file(
             st = os.stat(path)
         if not stat.S_ISREG(st.st_mode):
             raise _unreadable(path)
-        if st.st_size > MAX_MANIFEST_BYTES:
+        if st.st_size > limit:
             raise _too_large(path)
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise _unreadable(path)
-            data = read_descriptor(fd, MAX_MANIFEST_BYTES, st.st_size)
+            data = read_descriptor(fd, limit, st.st_size)
         finally:
             os.close(fd)
     except OSError as exc:

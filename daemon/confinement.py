@@ -32,12 +32,17 @@ bubblewrap works (``off`` where it does not, logged once at start); network deni
 ``workspace-write`` and ``read-only``, allowed under ``off``; no limits.
 
 A probe of bubblewrap that failed for want of processes, threads or memory, or did not
-end in time (``sandbox.ProbeShort``: a daemon started at its ``TasksMax=``, say, or on a
-machine swapping at that moment) says nothing about bubblewrap here, and must not turn a
+end in time (``exhaustion.ProbeShort``: a daemon started at its ``TasksMax=``, say, or on
+a machine swapping at that moment) says nothing about bubblewrap here, and must not turn a
 project set's sandbox ``off`` for the daemon's life: the sets whose profile is sandboxed
 fail closed meanwhile, saying so, and the whole probe is tried again at the next call
-(``retry_sandbox``, at most every ``RETRY_SECONDS``, in a worker thread), after which the
-daemon confines as a probe at start would have made it.
+(``retry_probes``, at most every ``RETRY_SECONDS``, in a worker thread), after which the
+daemon confines as a probe at start would have made it. So with the cgroup tree's probe:
+one whose folder could not be made, or a controller enabled, for want of room (``EAGAIN``
+at the base's ``cgroup.max.descendants``, ``ENOMEM``) must not leave every call without a
+cgroup of its own for the daemon's life; the sets that need one (limits, the network
+beside ``--mcp-listen``) fail closed meanwhile, saying so, and the same retry probes it
+again.
 
 A profile the operator *named* that cannot be set up (no bubblewrap) makes the set's calls
 fail closed with a result text that says why; so does a limit the cgroup tree cannot
@@ -78,13 +83,12 @@ from .cgroup import (
     daemon_cgroup,
     parse_limits,
 )
-from .exhaustion import out_of_resources
+from .exhaustion import ProbeShort, out_of_resources, out_of_tasks
 from .manifest import is_directory_name
 from .model import Source, ToolSet
 from .paths import CREDENTIAL_FILES, CREDENTIAL_FOLDERS, IDENTITY_DEPTH, is_within, passwd_home
 from .sandbox import (
     SETUP_FAILED_PREFIX,
-    ProbeShort,
     Profile,
     SandboxPlan,
     bind_identities,
@@ -129,7 +133,7 @@ _JOIN_FAILED_TEXT = b"toolsetd-join"
 _SET_KEYS = frozenset({"profile", "network", "memory-max", "pids-max", "cpu-max"})
 _TOP_KEYS = frozenset({"cgroup", "sandbox", "hide", "home", "project", "sets"})
 #: Seconds at least between two tries of a probe that failed for want of processes,
-#: threads or memory (``Confinement.retry_sandbox``).
+#: threads or memory (``Confinement.retry_probes``).
 RETRY_SECONDS = 2.0
 
 
@@ -468,6 +472,27 @@ def _probe_sandbox(setting: str, http_peers: bool) -> _Sandbox:
     return _Sandbox(bwrap, "", own_ipc, status, unchecked, no_userns)
 
 
+def _probe_cgroups(setting: str) -> tuple[CgroupTree | None, str, bool]:
+    """Probe the cgroup tree (blocking: a few ``mkdir`` and writes): it, or None and why
+    not, and whether that was for want of room (``ProbeShort``: tried again)."""
+    try:
+        cgroups, reason = CgroupTree.probe(setting)
+    except ProbeShort as exc:
+        return None, f"{exc}; the cgroup tree is tried again at the next call", True
+    return cgroups, reason, False
+
+
+def _log_cgroups(cgroups: CgroupTree | None, reason: str, short: bool) -> None:
+    """Say once what the cgroup tree is (at start, or when a deferred probe has run)."""
+    if short:
+        log.warning("cgroups_probe_deferred", reason=reason, fallback="process groups")
+    elif cgroups is None:
+        log.warning("cgroups_unavailable", reason=reason, fallback="process groups")
+    else:
+        log.info("cgroups_enabled", tree=str(cgroups.folder),
+                 controllers=sorted(cgroups.controllers))  # fmt: skip
+
+
 def _log_sandbox(found: _Sandbox) -> None:
     """Say once what the sandbox lacks (at start, or when a deferred probe has run)."""
     if found.short:
@@ -520,7 +545,10 @@ class Confinement:
             there whatever ``HOME`` says).
         sandbox_short: bubblewrap's probe could not run for want of processes, threads
             or memory (``bwrap`` is None): sandboxed sets fail closed until
-            ``retry_sandbox`` has probed it.
+            ``retry_probes`` has probed it.
+        cgroup_short: The cgroup tree's probe could not run for want of room
+            (``cgroups`` is None): sets that need a cgroup fail closed until
+            ``retry_probes`` has probed it.
     """
 
     def __init__(
@@ -541,9 +569,11 @@ class Confinement:
         bind_check: bool = True,
         other_home: Path | None = None,
         sandbox_short: bool = False,
+        cgroup_short: bool = False,
     ) -> None:
         self.config = config
         self.sandbox_short = sandbox_short
+        self.cgroup_short = cgroup_short
         #: Changes whenever what ``status`` reports does (a deferred probe has run).
         self.generation = 0
         self._next_probe = 0.0
@@ -599,46 +629,63 @@ class Confinement:
         token_file: Path | None = None,
     ) -> Confinement:
         """Probe the cgroup tree and bubblewrap, logging once what is not available."""
-        cgroups, cgroup_reason = CgroupTree.probe(config.cgroup)
+        cgroups, cgroup_reason, cgroup_short = _probe_cgroups(config.cgroup)
         other_home = passwd_home()
         found = _probe_sandbox(config.sandbox, http_peers)
-        if cgroups is None:
-            log.warning("cgroups_unavailable", reason=cgroup_reason, fallback="process groups")
-        else:
-            log.info("cgroups_enabled", tree=str(cgroups.folder),
-                     controllers=sorted(cgroups.controllers))  # fmt: skip
+        _log_cgroups(cgroups, cgroup_reason, cgroup_short)
         _log_sandbox(found)
         return cls(
             config, cgroups, cgroup_reason, found.bwrap, found.reason, user_home, crystal_home,
             socket_path, found.own_ipc, found.status, http_peers, token_file, found.no_userns,
             found.bwrap is not None and found.unchecked is None,
-            Path(other_home) if other_home is not None else None, found.short,
+            Path(other_home) if other_home is not None else None, found.short, cgroup_short,
         )  # fmt: skip
 
-    async def retry_sandbox(self) -> None:
-        """Probe bubblewrap again if its probe could not run for want of processes, threads
-        or memory, at most every ``RETRY_SECONDS`` and in a worker thread; once it has run,
-        the sets are confined as that probe at start would have made them."""
-        if not self.sandbox_short or self._probing or time.monotonic() < self._next_probe:
+    @property
+    def short(self) -> bool:
+        """Whether a probe at start could not run for want of room (``retry_probes``)."""
+        return self.sandbox_short or self.cgroup_short
+
+    async def retry_probes(self) -> None:
+        """Probe again what could not be probed for want of processes, threads, memory or
+        room (the cgroup tree, bubblewrap), at most every ``RETRY_SECONDS`` and in a worker
+        thread; once a probe has run, the sets are confined as that probe at start would
+        have made them."""
+        if not self.short or self._probing or time.monotonic() < self._next_probe:
             return
         self._probing = True
         try:
-            found = await threads.run_sync(_probe_sandbox, self.config.sandbox, self.http_peers)
+            cgroups, found = await threads.run_sync(self._probe_again)
         finally:
             self._probing = False
             self._next_probe = time.monotonic() + RETRY_SECONDS
-        if found.short:
-            return
-        _log_sandbox(found)
-        if found.bwrap is not None:
-            log.info("sandbox_recovered", binary=found.bwrap)
-        self.bwrap, self.sandbox_reason = found.bwrap, found.reason
-        self.own_ipc, self.status_fd, self.no_userns = found.own_ipc, found.status, found.no_userns
-        self.bind_check = found.bwrap is not None and found.unchecked is None
-        self.sandbox_short = False
-        self._cache.clear()
-        self._network_configured = self.http_peers and self._sandbox_may_keep_network()
-        self.generation += 1
+        changed = False
+        if cgroups is not None and not cgroups[2]:
+            _log_cgroups(*cgroups)
+            if cgroups[0] is not None:
+                log.info("cgroups_recovered", tree=str(cgroups[0].folder))
+            self.cgroups, self.cgroup_reason = cgroups[0], cgroups[1]
+            self._daemon_cgroup = () if self.cgroups is not None else self._daemon_cgroup
+            self.cgroup_short, changed = False, True
+        if found is not None and not found.short:
+            _log_sandbox(found)
+            if found.bwrap is not None:
+                log.info("sandbox_recovered", binary=found.bwrap)
+            self.bwrap, self.sandbox_reason = found.bwrap, found.reason
+            self.own_ipc, self.status_fd = found.own_ipc, found.status
+            self.no_userns = found.no_userns
+            self.bind_check = found.bwrap is not None and found.unchecked is None
+            self.sandbox_short, changed = False, True
+        if changed:
+            self._cache.clear()
+            self._network_configured = self.http_peers and self._sandbox_may_keep_network()
+            self.generation += 1
+
+    def _probe_again(self) -> tuple[tuple[CgroupTree | None, str, bool] | None, _Sandbox | None]:
+        """The probes ``retry_probes`` runs (in a worker thread): those still short."""
+        cgroups = _probe_cgroups(self.config.cgroup) if self.cgroup_short else None
+        found = _probe_sandbox(self.config.sandbox, self.http_peers) if self.sandbox_short else None
+        return cgroups, found
 
     def close(self) -> None:
         """Remove the cgroup tree (the daemon stops)."""
@@ -699,7 +746,14 @@ class Confinement:
                     'bubblewrap or set profile = "off" for it in toolsetd.toml.'
                 )
         if limits.needs() and failure is None:
-            if self.cgroups is None:
+            if self.cgroups is None and self.cgroup_short:
+                failure = (
+                    "the cgroup limits the daemon config sets for this set cannot be enforced "
+                    f"yet: {self.cgroup_reason}. The call did not run; retry it once the "
+                    "daemon has room (fewer calls at once, or a higher memory, open files or "
+                    "cgroup.max.descendants limit)."
+                )
+            elif self.cgroups is None:
                 failure = (
                     "the cgroup limits the daemon config sets for this set cannot be enforced: "
                     f"{self.cgroup_reason}. The call did not run; give the daemon a writable "
@@ -1067,9 +1121,10 @@ def setup_failure(
         and stderr.startswith(SETUP_FAILED_PREFIX)
         and not tool_ran(status)
     ):
-        return (
-            "toolsetd: the sandbox could not be set up, so the tool did not run: "
-            + stderr.decode(errors="replace").strip().splitlines()[0]
+        # bubblewrap's own fork failed for want of tasks: its words name no limit either.
+        said = stderr.decode(errors="replace").strip().splitlines()[0]
+        return "toolsetd: the sandbox could not be set up, so the tool did not run: " + (
+            out_of_tasks(said)
         )
     return None
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 from collections.abc import Iterator
 from typing import Any, TypeGuard
 
@@ -34,10 +35,13 @@ __all__ = [
     "OUT_OF_DESCRIPTORS",
     "OUT_OF_RESOURCES",
     "OUT_OF_TASKS",
+    "SHORT_OF_ROOM",
     "Acceptor",
+    "ProbeShort",
     "Shortage",
     "busy_when_short",
     "out_of_resources",
+    "out_of_tasks",
     "raise_open_files_limit",
 ]
 
@@ -51,6 +55,29 @@ OUT_OF_TASKS = (
     "toolsetd is at its limit of processes and threads (RLIMIT_NPROC, or its cgroup's "
     "pids.max, such as a unit's TasksMax=); retry when some calls have finished."
 )
+#: A fork, an allocation, a ``mkdir`` in a cgroup tree or a pipe that failed for want of
+#: processes, threads, memory, descriptors or room in a tree (``cgroup.max.descendants``):
+#: it passes.
+SHORT_OF_ROOM = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
+
+
+class ProbeShort(Exception):
+    """A probe at start (bubblewrap's, the cgroup tree's) could not run for want of room
+    (``SHORT_OF_ROOM``), so it says nothing about this machine: it is tried again once
+    there is room (``Confinement.retry_probes``). The message says what failed."""
+
+
+#: How ``EAGAIN`` reads: a failed fork's words, the daemon's or bubblewrap's (its
+#: ``die_with_error`` ends its line with ``strerror``).
+_EAGAIN_WORDS = os.strerror(errno.EAGAIN)
+
+
+def out_of_tasks(words: str) -> str:
+    """A failure's own ``words``, with ``OUT_OF_TASKS`` after them where they end with a
+    fork's ``EAGAIN`` ("Resource temporarily unavailable"): the daemon's fork of a call's
+    process, or bubblewrap's own fork of its sandbox ("bwrap: Creating new namespace
+    failed: Resource temporarily unavailable")."""
+    return f"{words}: {OUT_OF_TASKS}" if words.endswith(_EAGAIN_WORDS) else words
 
 
 def out_of_resources(exc: BaseException | None) -> TypeGuard[OSError]:

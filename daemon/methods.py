@@ -169,8 +169,8 @@ class Handlers:
         connections = self._connections()
         service = self.service
         held = service.confinement
-        if held is not None and held.sandbox_short:
-            await held.retry_sandbox()  # its report changes once the probe has run
+        if held is not None and held.short:
+            await held.retry_probes()  # its report changes once the probe has run
         fixed = self._status_fixed
         if (
             fixed[0] is not service.settings

@@ -377,10 +377,11 @@ class Registry:
         thread, whose hand-off cost more than the read (and, on a busy machine, a wait for
         a CPU). Only suspects the last scan found too fresh as well are read here, at most
         ``RECHECK_INLINE_MAX`` in a reload over every snapshot and ``RECHECK_INLINE_BYTES``
-        each, and only where ``_patch`` would take them (a set it would rebuild goes to the
-        thread as before): their bytes unchanged, ``_patch`` would return ``old`` itself. A
-        manifest that changed (a newer signature) goes to the thread unread, where it is
-        parsed.
+        each (by its stat and by the read, which stops one byte past it: a file that grew
+        since the stat, or another renamed over it, goes to the thread), and only where
+        ``_patch`` would take them (a set it would rebuild goes to the thread as before):
+        their bytes unchanged, ``_patch`` would return ``old`` itself. A manifest that
+        changed (a newer signature) goes to the thread unread, where it is parsed.
         """
         if len(suspects) > self._rechecks_left:
             return False

@@ -103,7 +103,7 @@ from .ending import (
     terminate,
     wait_exit,
 )
-from .exhaustion import OUT_OF_TASKS
+from .exhaustion import out_of_tasks
 from .output import CANCELLED_TEXT, start_failure_text, timeout_text
 from .progress import Finish, read_progress
 from .reaper import NullGuard, ProcessGroupGuard
@@ -489,7 +489,7 @@ class Runner:
             if isinstance(exc, OSError) and exc.filename:
                 message = f"{message}: {exc.filename}"  # say which file: the fix is there
             elif isinstance(exc, OSError) and exc.errno == errno.EAGAIN:
-                message = f"{message}: {OUT_OF_TASKS}"  # fork's words name no limit
+                message = out_of_tasks(str(message))  # fork's words name no limit
             return no_process_outcome(t0, start_failure_text(message), spawn_failed=True)
         finally:
             for fd in (in_r, out_w, err_w, prog_w, status_w, block_r):

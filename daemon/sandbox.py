@@ -63,7 +63,7 @@ namespace too. Its cost is measured in ``bench/bench_confine.py``.
 missing or the kernel refuses a namespace gets the reason, for the log and ``status``.
 A probe that fails for want of processes, threads or memory (the fork, or bubblewrap's
 own, fails with ``EAGAIN`` or ``ENOMEM``) says nothing about this machine's bubblewrap:
-it raises ``ProbeShort``, and the daemon tries again later (``Confinement.retry_sandbox``).
+it raises ``ProbeShort``, and the daemon tries again later (``Confinement.retry_probes``).
 """
 
 from __future__ import annotations
@@ -82,12 +82,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from .exhaustion import SHORT_OF_ROOM, ProbeShort
 from .mountinfo import parse_mountinfo
 from .paths import is_within
 
 __all__ = [
     "SETUP_FAILED_PREFIX",
-    "ProbeShort",
     "Profile",
     "SandboxPlan",
     "bind_identities",
@@ -125,9 +125,6 @@ _KERNEL_SETTINGS = ("/proc/sys", "/proc/sysrq-trigger", "/sys")
 _NO_USERNS = ("--unshare-user", "--disable-userns")
 
 
-#: A fork, an allocation or a pipe that failed for want of processes, threads, memory or
-#: descriptors: it passes.
-_SHORT_ERRNOS = frozenset({errno.EAGAIN, errno.ENOMEM, errno.EMFILE, errno.ENFILE})
 #: What bubblewrap says when its own fork or allocation fails so: ``die_with_error``'s
 #: ``strerror`` ("bwrap: Creating new namespace failed: Resource temporarily unavailable",
 #: "bwrap: Can't fork for pid 1: ...") or ``die_oom``'s words.
@@ -136,18 +133,12 @@ _SHORT_WORDS = (
 )  # fmt: skip
 
 
-class ProbeShort(Exception):
-    """A probe could not run for want of processes, threads, memory or descriptors, so it
-    says nothing about bubblewrap here (try again once there is room); the message says
-    what failed."""
-
-
 def _short_spawn(binary: str, exc: BaseException) -> ProbeShort | None:
     """The ``ProbeShort`` of a probe whose spawn failed for want of tasks or memory, else
     None."""
     if isinstance(exc, MemoryError):
         return ProbeShort(f"bubblewrap at {binary} cannot run: the daemon is out of memory")
-    if isinstance(exc, OSError) and exc.errno in _SHORT_ERRNOS:
+    if isinstance(exc, OSError) and exc.errno in SHORT_OF_ROOM:
         return ProbeShort(
             f"bubblewrap at {binary} cannot run: {exc.strerror} (the daemon is short of "
             "processes, threads, memory or descriptors)"

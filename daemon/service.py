@@ -540,10 +540,11 @@ class Service:
                 {"errors": errors},
             )
         confinement = self.confinement
-        if confinement is not None and confinement.sandbox_short:
-            # bubblewrap's probe could not run (the daemon was short of tasks or memory):
+        if confinement is not None and confinement.short:
+            # A probe at start could not run (the daemon was short of tasks, memory or
+            # room in its cgroup tree): bubblewrap, the cgroup tree or both are
             # tried again now, at most every few seconds, before the call is judged.
-            await confinement.retry_sandbox()
+            await confinement.retry_probes()
         classification = classify(
             loaded,
             arguments,

@@ -511,15 +511,15 @@ async def test_confinement_deferred_probe_is_tried_again_then_confines(tmp_path:
     conf = Confinement.probe(parse_confinement({"cgroup": "off", "sandbox": str(fake)}),
                              home, home / ".crystal")
     assert conf.sandbox_short and conf.for_set(_set("p", Source.PROJECT)).failure is not None
-    await conf.retry_sandbox()  # the first try at once: still short
+    await conf.retry_probes()  # the first try at once: still short
     tried = runs.read_text().count("run")
     flag.unlink()
-    await conf.retry_sandbox()  # within RETRY_SECONDS of the last: not tried
+    await conf.retry_probes()  # within RETRY_SECONDS of the last: not tried
     assert runs.read_text().count("run") == tried
     assert conf.sandbox_short and conf.generation == 0
     conf._next_probe = 0.0  # as RETRY_SECONDS later
     with capture_logs() as logs:
-        await conf.retry_sandbox()
+        await conf.retry_probes()
     assert conf.bwrap == str(fake) and not conf.sandbox_short and conf.generation == 1
     assert conf.own_ipc and conf.status_fd and conf.bind_check
     assert [e["event"] for e in logs] == ["sandbox_recovered"]

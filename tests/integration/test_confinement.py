@@ -37,6 +37,7 @@ from .conftest import (
     eventually,
     launched_at_the_limit,
     marked_processes,
+    tasks_limited,
     start_daemon,
     write_set,
 )
@@ -1999,3 +2000,93 @@ def test_confinement_approved_path_on_a_read_only_mount_runs_read_only() -> None
         assert json.loads(text.strip().splitlines()[-1])["content"] == "read me\n", text
     finally:
         _close(tree)
+
+
+def test_confinement_bubblewrap_that_cannot_fork_for_want_of_tasks_says_what_ran_out() -> None:
+    """At the daemon's limit of processes and threads, with room for bubblewrap alone,
+    bubblewrap's own fork of its sandbox fails ("bwrap: Creating new namespace failed:
+    Resource temporarily unavailable"): the call's text said bubblewrap's words only, which
+    name neither the limit nor what to do, where a fork of the daemon's own says both. It
+    says both too; once there is room the call runs, sandboxed."""
+    if ensure_bubblewrap() is not None:
+        pytest.skip("bubblewrap is not installed")
+    t = _make_tree()
+    try:
+        _need_sandbox(t)
+        key = str(t.user_home / ".ssh" / "id_rsa")
+        with tasks_limited(t.daemon.proc.pid, free=1):
+            _, reply = t.invoke("probe", {"action": "read", "target": key})
+        text = reply["result"]["content"][0]["text"]
+        assert reply["result"]["isError"], reply
+        assert text.startswith(
+            "toolsetd: the sandbox could not be set up, so the tool did not run: bwrap: "
+        ), text
+        assert text.endswith(
+            "Resource temporarily unavailable: toolsetd is at its limit of processes and "
+            "threads (RLIMIT_NPROC, or its cgroup's pids.max, such as a unit's TasksMax=); "
+            "retry when some calls have finished."
+        ), text
+        result = t.probe({"action": "read", "target": key})
+        assert result["ok"] is False, result
+    finally:
+        _close(t)
+
+
+def test_confinement_cgroup_probe_short_at_start_is_tried_again() -> None:
+    """A cgroup probe that failed at start for want of room (the kernel's EAGAIN: here the
+    base's ``cgroup.max.descendants`` reached, as other daemons' calls can hold it; or
+    ENOMEM) left the daemon without a cgroup per call for its whole life: every call ran
+    in a process group alone (a ``setsid`` grandchild outlives it), and a set with limits
+    failed closed telling the operator to give the daemon a writable subtree. Such a
+    failure passes: the sets that need a cgroup fail closed meanwhile, saying it is tried
+    again, and once there is room the next call probes again and runs in its own cgroup,
+    as ``status`` says."""
+    unified = next(iter(_cgroup2_mounts()), None)
+    if os.geteuid() != 0 or unified is None:
+        pytest.skip("needs root and a cgroup v2 mount")
+    outer = Path(unified) / f"toolsetd-test-descendants-{uuid.uuid4().hex[:8]}"
+    base = outer / "base"
+    try:
+        outer.mkdir()
+        (outer / "cgroup.max.descendants").write_text("1")
+        base.mkdir()  # the one descendant: the daemon's own folder cannot be made
+    except OSError as exc:
+        pytest.skip(f"a cgroup with cgroup.max.descendants cannot be made here: {exc}")
+    t = _make_tree(
+        f'[confinement]\ncgroup = "{base}"\nsandbox = "off"\n'
+        "[confinement.sets.hp]\npids-max = 64\n"
+    )
+    try:
+        cgroup = t.status()["cgroup"]
+        assert cgroup["mode"] == "process-group", cgroup
+        assert "Resource temporarily unavailable" in cgroup["reason"], cgroup
+        assert "tried again" in cgroup["reason"], cgroup
+        _, reply = t.invoke("probe", {"action": "read", "target": "x"}, project=False)
+        text = reply["result"]["content"][0]["text"]
+        assert "did not run" in text and "tried again" in text, text  # the limits' set
+        (outer / "cgroup.max.descendants").write_text("max")
+
+        def in_its_own_cgroup() -> bool:
+            result = t.probe({"action": "read", "target": "/proc/self/cgroup"})
+            line = next(x for x in result["content"].splitlines() if x.startswith("0::"))
+            return line.startswith(f"0::/{base.relative_to(unified)}/toolsetd-")
+
+        eventually(in_its_own_cgroup, timeout=30, what="a call in a cgroup of its own")
+        cgroup = t.status()["cgroup"]
+        assert cgroup["mode"] == "cgroup", cgroup
+        assert Path(cgroup["tree"]).parent == base, cgroup
+        _, reply = t.invoke("probe", {"action": "read", "target": "x"}, project=False)
+        text = reply["result"]["content"][0]["text"]
+        assert "tried again" not in text, text  # the limits' controller is judged now
+        events = [e.get("event") for e in t.daemon.log_events()]
+        assert events.count("cgroups_probe_deferred") == 1, events
+        assert events.count("cgroups_recovered") == 1, events
+        assert "cgroups_unavailable" not in events, events
+    finally:
+        _close(t)
+        for folder in sorted(outer.rglob("*"), key=lambda p: -len(p.parts)):
+            if folder.is_dir():
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        with contextlib.suppress(OSError):
+            outer.rmdir()

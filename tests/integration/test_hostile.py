@@ -36,6 +36,7 @@ from .conftest import (
     eventually,
     marked_processes,
     memory_limited,
+    start_daemon,
     started_at_the_limit,
     tasks_limited,
     write_set,
@@ -1695,3 +1696,79 @@ def test_a_call_whose_client_left_before_it_registered_is_cancelled() -> None:
             return bool(d.call("status")["result"]["inFlight"] == 0)
 
         eventually(idle, timeout=30, what="the calls of the clients that left are cancelled")
+
+
+#: A launcher for the daemon whose ``pidfd_open`` of any process but itself fails with
+#: EMFILE, as it does at the descriptor limit: a seccomp filter (x86-64) set before the
+#: daemon's ``exec``, so the kernel answers it, not a stand-in of the daemon's code.
+_NO_PIDFDS_OF_OTHERS = r"""
+import ctypes, errno, os, struct, sys
+pid = os.getpid()
+code = [  # (op, jt, jf, k)
+    (0x20, 0, 0, 4), (0x15, 0, 5, 0xC000003E),  # arch is x86-64, else allow
+    (0x20, 0, 0, 0), (0x15, 0, 3, 434),  # nr is pidfd_open, else allow
+    (0x20, 0, 0, 16), (0x15, 1, 0, pid),  # its pid is ours: allow
+    (0x06, 0, 0, 0x00050000 | errno.EMFILE), (0x06, 0, 0, 0x7FFF0000),
+]
+insns = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *c) for c in code))
+prog = struct.pack("HxxxxxxP", len(code), ctypes.addressof(insns))
+libc = ctypes.CDLL(None, use_errno=True)
+if libc.prctl(22, 2, ctypes.c_char_p(prog), 0, 0) != 0:  # PR_SET_SECCOMP, MODE_FILTER
+    sys.exit(f"seccomp: {os.strerror(ctypes.get_errno())}")
+os.execv(sys.executable, [sys.executable, "-m", "toolsetd.daemon", *sys.argv[1:]])
+"""
+
+
+def _children_of(pid: int) -> list[str]:
+    """The processes whose parent is ``pid`` but its orphan guard (``reaper``), each as
+    its ``stat`` line (zombies too)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text()
+                guard = b"toolsetd orphan guard" in (entry / "cmdline").read_bytes()
+                if int(stat.rsplit(")", 1)[1].split()[1]) == pid and not guard:
+                    found.append(stat)
+    return found
+
+
+def _pipes_of(pid: int) -> int:
+    """How many pipes process ``pid`` holds open."""
+    count = 0
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            count += os.readlink(fd).startswith("pipe:")
+    return count
+
+
+def test_a_check_process_the_loop_cannot_wait_for_is_reaped_and_not_kept(tmp_base: Path) -> None:
+    """The daemon waits for its check process through a pidfd (asyncio's child watcher).
+    Where ``pidfd_open`` fails after the spawn (EMFILE: the descriptor limit), asyncio
+    raised with the process started: the check ran on the loop, and the process was left
+    running, never waited for, its two pipes open in the daemon, until the daemon ended
+    (one more each minute). It is killed and reaped at once, its pipes closed; the call
+    is answered (checked on the loop, as where no process can be had) and the failure is
+    logged with its reason."""
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        pytest.skip("the seccomp filter is written for x86-64 Linux")
+    home, workspace = tmp_base / "home", tmp_base / "ws"
+    (home / "tools").mkdir(parents=True)
+    workspace.mkdir()
+    _deep_sets(home, workspace)
+    d = start_daemon(home, workspace, tmp_base, ["--no-watch"],
+                     launcher=[sys.executable, "-c", _NO_PIDFDS_OF_OTHERS])
+    try:
+        assert d.call("status")["result"]
+        pipes = _pipes_of(d.proc.pid)
+        good = json.loads(_redos_line(d, "good", "a" * 70_000, "classify"))
+        assert conn_result(d, good)["decision"] == "allow"
+        failed = [e for e in d.log_events() if e.get("event") == "argument_check_process_failed"]
+        assert failed, "no argument_check_process_failed"
+        assert "Too many open files" in failed[0]["error"], failed
+        assert _children_of(d.proc.pid) == [], "the check process is left (or unreaped)"
+        eventually(lambda: _pipes_of(d.proc.pid) == pipes, what="its pipes closed")
+        assert conn_result(d, good)["decision"] == "allow"  # on the loop meanwhile
+        assert "Traceback" not in d.log(), d.log()
+    finally:
+        d.stop()

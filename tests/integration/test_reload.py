@@ -451,3 +451,89 @@ def test_a_set_folder_the_daemon_may_not_read_leaves_the_rest_watched(
             d.stop()
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+class _OpenGate:
+    """fanotify (``FAN_OPEN_PERM``, root): every open of one file waits for this test, which
+    notes the thread that opened it and, at the first open by ``pid``'s main thread, writes
+    ``fill`` into it (through the event's own descriptor, which raises no event) before the
+    open goes on. A file the daemon stat'ed small is then larger when it reads it, however
+    long the daemon took between the two: no race to win."""
+
+    def __init__(self, path: Path, pid: int, fill: bytes) -> None:
+        import ctypes  # only this test speaks to the kernel so
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.fanotify_mark.argtypes = [
+            ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int, ctypes.c_char_p,
+        ]  # fmt: skip
+        # FAN_CLOEXEC | FAN_CLASS_CONTENT | FAN_REPORT_TID; the event's file opened read-write
+        self.fd = libc.fanotify_init(0x1 | 0x4 | 0x100, os.O_RDWR)
+        if self.fd < 0:
+            pytest.skip(f"no fanotify here: {os.strerror(ctypes.get_errno())}")
+        # FAN_MARK_ADD, FAN_OPEN_PERM, on the file's inode
+        if libc.fanotify_mark(self.fd, 0x1, 0x10000, -100, str(path).encode()) != 0:
+            os.close(self.fd)
+            pytest.skip(f"no FAN_OPEN_PERM here: {os.strerror(ctypes.get_errno())}")
+        self.pid, self.fill = pid, fill
+        self.openers: list[int] = []  # the thread ids of the opens, in order
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import select
+        import struct
+
+        while not self._stop.is_set():
+            if not select.select([self.fd], [], [], 0.1)[0]:
+                continue
+            data = os.read(self.fd, 4096)
+            while data:
+                length, _, _, _, _, event_fd, tid = struct.unpack("IBBHQii", data[:24])
+                data = data[length:]
+                try:
+                    if tid == self.pid and not self.openers:
+                        os.pwrite(event_fd, self.fill, 0)
+                    self.openers.append(tid)
+                finally:
+                    os.write(self.fd, struct.pack("iI", event_fd, 0x1))  # FAN_ALLOW
+                    os.close(event_fd)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+        os.close(self.fd)
+
+
+def test_reload_inline_reread_is_bounded_by_what_it_reads(tmp_base: Path) -> None:
+    """A manifest too fresh to judge by its stat is read again on the event loop when its
+    stat says it is small (64 KiB at most). The bound was the stat's alone: a file that
+    grew between that stat and the read (or one renamed over it) was read on the loop up
+    to the manifest limit, 1 MiB. The read itself is bounded: past the bound the manifest
+    goes to a worker thread, as one large by its stat does."""
+    if os.geteuid() != 0:
+        pytest.skip("fanotify permission events need root")
+    home, workspace = tmp_base / "home", tmp_base / "ws"
+    workspace.mkdir()
+    big = json.dumps({**SIMPLE, "description": "x" * (200 * 1024)}, indent=2).encode()
+    manifest = write_set(home / "tools", "big", big.decode()) / "tools.json"
+    future = time.time_ns() + 3600 * 10**9  # too fresh to judge by its stat for an hour
+    os.utime(manifest, ns=(future, future))
+    d = start_daemon(home, workspace, tmp_base, ["--no-watch"])
+    try:
+        assert names(d) == ["big"]
+        os.truncate(manifest, 0)  # small by its stat (no open: no event)
+        os.utime(manifest, ns=(future, future))
+        gate = _OpenGate(manifest, d.proc.pid, big)
+        try:
+            assert d.call("reload")["result"]["changed"] == []
+        finally:
+            gate.close()
+        assert manifest.read_bytes() == big
+        assert gate.openers[:1] == [d.proc.pid], gate.openers  # read on the loop first
+        # ... and, past the bound there, again in a worker thread.
+        assert [tid for tid in gate.openers if tid != d.proc.pid], gate.openers
+        assert names(d) == ["big"]
+    finally:
+        d.stop()
