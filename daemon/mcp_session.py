@@ -548,7 +548,7 @@ class McpSession:
                 -32602, f"Invalid params: {method} takes its params by name, as an object."
             )
         if method == "initialize":
-            return await self._initialize(params)
+            return await self._initialize(message.get("params"))
         initializing = self._initializing
         if (
             initializing is not None
@@ -641,7 +641,8 @@ class McpSession:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _initialize(self, params: Any) -> dict[str, Any]:
+        _check_initialize(params)
         if self.legacy_version is not None or self._initializing is not None:
             # MCP's lifecycle: initialize is the session's first exchange, once. A second
             # one would change the version and capabilities the first agreed on under the
@@ -652,9 +653,9 @@ class McpSession:
                 f"Invalid Request: this session is already initialized (protocol {agreed}); "
                 "start a new session to initialize again.",
             )
-        asked = params.get("protocolVersion")
+        asked = params["protocolVersion"]
         version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
-        caps = params.get("capabilities")
+        caps: dict[str, Any] = params["capabilities"]
         done = self._initializing = anyio.Event()
         try:
             catalog = await self._service.catalog(self.binding.workspace)  # watched from now
@@ -662,7 +663,7 @@ class McpSession:
         finally:
             self._initializing = None
             done.set()
-        self._legacy_caps = caps if isinstance(caps, dict) else {}
+        self._legacy_caps = caps
         self.legacy_version = version
         return {
             "protocolVersion": version,
@@ -945,6 +946,57 @@ class McpSession:
                     "method": "notifications/tools/list_changed",
                     "params": {"_meta": {_SUBSCRIPTION: request_id}},
                 }
+            )
+
+
+def _check_initialize(params: Any) -> None:
+    """Refuse ``initialize`` params MCP's ``InitializeRequestParams`` does not allow
+    (-32602 naming the field), as the SDKs' servers do.
+
+    Every field checked is required by the schema of both handshake revisions, and every
+    host of docs/mcp.md sends it (the SDKs' clients build it, and their servers refuse
+    it missing): ``protocolVersion`` (a string), ``capabilities`` (an object) and
+    ``clientInfo`` (an object with string ``name`` and ``version``). Taken as they were, a
+    host that sent ``capabilities: "x"`` was served as one that declared nothing, a
+    mistake it was never told of. Fields beyond these (``title``, ``icons``, ``_meta``,
+    another revision's) are left alone: the schema keeps these objects open.
+    """
+    if not isinstance(params, dict):
+        raise McpError(
+            -32602,
+            "Invalid params: initialize needs its 'params': an object with protocolVersion, "
+            "capabilities and clientInfo.",
+            {"field": "params"},
+        )
+    if not isinstance(params.get("protocolVersion"), str):
+        raise McpError(
+            -32602,
+            "Invalid params: initialize needs 'protocolVersion', the latest protocol version "
+            f"the client supports, as a string (such as '{HANDSHAKE_VERSIONS[0]}').",
+            {"field": "protocolVersion"},
+        )
+    if not isinstance(params.get("capabilities"), dict):
+        raise McpError(
+            -32602,
+            "Invalid params: initialize needs 'capabilities', the client's capabilities, as "
+            "an object ({} when it declares none).",
+            {"field": "capabilities"},
+        )
+    info = params.get("clientInfo")
+    if not isinstance(info, dict):
+        raise McpError(
+            -32602,
+            "Invalid params: initialize needs 'clientInfo', the client's name and version, as "
+            'an object such as {"name": "my-host", "version": "1.0"}.',
+            {"field": "clientInfo"},
+        )
+    for name in ("name", "version"):
+        if not isinstance(info.get(name), str):
+            raise McpError(
+                -32602,
+                f"Invalid params: initialize needs 'clientInfo.{name}', the client's {name}, "
+                "as a string.",
+                {"field": f"clientInfo.{name}"},
             )
 
 

@@ -249,7 +249,7 @@ def test_mcp_ping_is_no_method_of_2026_07_28(mcp_daemon: Daemon, workspace: Path
         assert removed["error"]["code"] == -32601, removed
         assert "2026-07-28" in removed["error"]["message"]
         assert pump.request(2, "ping")["result"] == {}
-        pump.request(3, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        pump.request(3, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert pump.request(4, "ping")["result"] == {}
         assert pump.request(5, "ping", {"_meta": meta})["error"]["code"] == -32601
     finally:
@@ -351,7 +351,7 @@ def test_mcp_garbage_on_stdin_is_answered_and_survived(mcp_daemon: Daemon, works
                 "message": "Invalid Request: 'jsonrpc' must be exactly \"2.0\".",
             },
         }
-        init = pump.request(7, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        init = pump.request(7, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert init["result"]["protocolVersion"] == "2025-11-25"
         assert pump.request(8, "ping")["result"] == {}
     finally:
@@ -368,7 +368,7 @@ def test_mcp_arguments_deeper_than_the_cap_are_refused_naming_it(
         deep = [deep]
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert "result" in init
         reply = pump.request(2, "tools/call", {"name": "hello", "arguments": {"name": deep}})
         assert reply["error"]["code"] == -32602, reply
@@ -387,7 +387,7 @@ def test_mcp_progress_token_of_another_type_is_refused_naming_it(
     integer or null is taken, and the session carries on."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert "result" in init
         call = {"name": "hello", "arguments": {"name": "Ada"}}
         reply = pump.request(2, "tools/call", {**call, "_meta": {"progressToken": token}})
@@ -408,13 +408,60 @@ def test_mcp_a_second_initialize_is_refused_and_the_first_stands(
     version agreed, and the session goes on under the first one's terms."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        first = pump.request(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}})
+        first = pump.request(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert first["result"]["protocolVersion"] == "2025-06-18"
-        again = pump.request(2, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        again = pump.request(2, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert again["error"]["code"] == -32600, again
         assert "already initialized (protocol 2025-06-18)" in again["error"]["message"]
         listed = pump.request(3, "tools/list")
         assert any(t["name"] == "hello" for t in listed["result"]["tools"])
+    finally:
+        assert pump.close() == 0
+
+
+#: Malformed initialize params (MCP's InitializeRequestParams: protocolVersion a string,
+#: capabilities an object, clientInfo an Implementation with string name and version) and
+#: the field each -32602 names.
+MALFORMED_INITIALIZE = [
+    (None, "params"),
+    ({"capabilities": {}, "clientInfo": {"name": "h", "version": "1"}}, "protocolVersion"),
+    ({**INIT_PARAMS, "protocolVersion": 20251125}, "protocolVersion"),
+    ({**INIT_PARAMS, "protocolVersion": None}, "protocolVersion"),
+    ({"protocolVersion": "2025-11-25", "clientInfo": {"name": "h", "version": "1"}},
+     "capabilities"),
+    ({**INIT_PARAMS, "capabilities": "x"}, "capabilities"),
+    ({**INIT_PARAMS, "capabilities": ["elicitation"]}, "capabilities"),
+    ({"protocolVersion": "2025-11-25", "capabilities": {}}, "clientInfo"),
+    ({**INIT_PARAMS, "clientInfo": "host 1.0"}, "clientInfo"),
+    ({**INIT_PARAMS, "clientInfo": {"version": "1"}}, "clientInfo.name"),
+    ({**INIT_PARAMS, "clientInfo": {"name": 7, "version": "1"}}, "clientInfo.name"),
+    ({**INIT_PARAMS, "clientInfo": {"name": "h"}}, "clientInfo.version"),
+    ({**INIT_PARAMS, "clientInfo": {"name": "h", "version": 1}}, "clientInfo.version"),
+]
+
+
+def test_mcp_a_malformed_initialize_is_invalid_params_naming_the_field(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """MCP's schema makes initialize's params, and in them ``protocolVersion`` (a string),
+    ``capabilities`` (an object) and ``clientInfo`` (a name and a version, strings),
+    required; the SDK's server refuses one without them with -32602. Each is -32602 naming
+    the field (they were accepted, and a host that declared ``capabilities: "x"`` was
+    served as one that declared nothing); the session is not initialized by it, so a
+    well-formed initialize after it opens the session."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        for n, (params, field) in enumerate(MALFORMED_INITIALIZE):
+            reply = pump.request(n, "initialize", params)
+            assert reply["error"]["code"] == -32602, (params, reply)
+            assert reply["error"]["data"] == {"field": field}, (params, reply)
+            assert f"'{field}'" in reply["error"]["message"], reply
+            assert pump.request(f"list-{n}", "tools/list")["error"]["code"] == -32602
+        init = pump.request("ok", "initialize", INIT_PARAMS)
+        assert init["result"]["protocolVersion"] == "2025-11-25", init
+        # Extra fields are the host's own (title, icons, ...; the schema leaves it open).
+        again = pump.request("again", "initialize", {**INIT_PARAMS, "x": 1})
+        assert "already initialized" in again["error"]["message"], again
     finally:
         assert pump.close() == 0
 
@@ -434,7 +481,7 @@ def test_mcp_two_initializes_at_once_get_one_answer_and_one_refusal(
                     "jsonrpc": "2.0",
                     "id": request_id,
                     "method": "initialize",
-                    "params": {"protocolVersion": "2025-11-25", "capabilities": {}},
+                    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
                 }
             )
         answers = sorted((pump.receive() for _ in range(2)), key=lambda a: a["id"])
@@ -449,7 +496,7 @@ def test_mcp_two_initializes_at_once_get_one_answer_and_one_refusal(
 #: initialize, initialized and tools/list (id 2), as a host opens a session.
 _OPENING = [
     {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-     "params": {"protocolVersion": "2025-11-25", "capabilities": {}}},
+     "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
     {"jsonrpc": "2.0", "method": "notifications/initialized"},
     {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
 ]
@@ -592,7 +639,7 @@ async def test_mcp_cancel_ends_the_call_and_its_child(mcp_host: Daemon, workspac
 def test_mcp_stdin_closing_cancels_the_hosts_calls(mcp_daemon: Daemon, workspace: Path) -> None:
     """When the host goes away (stdin closes), its running call is cancelled and the pump exits."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
-    pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+    pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
     pump.send(
         {
             "jsonrpc": "2.0",
@@ -703,7 +750,7 @@ def test_mcp_list_changed_only_when_the_hosts_list_changed(tmp_base: Path) -> No
         sets = d.workspace / ".crystal" / "tools"
         pump = RawPump(pump_args(d, d.workspace, "--catalog", "plan"))
         try:
-            pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+            pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
             pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
             listed = pump.request(2, "tools/list")["result"]["tools"]
             assert [t["name"] for t in listed] == ["planned"]
@@ -882,7 +929,7 @@ def test_mcp_an_approval_request_nobody_answers_is_withdrawn(
     pump = RawPump(pump_args(d, workspace))
     try:
         capabilities = {"elicitation": {}}
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "t", "version": "1"}})
         call = {"name": "asker", "arguments": {}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         asked = pump.receive()
@@ -911,7 +958,7 @@ def test_mcp_arguments_that_are_not_an_object_are_invalid_params(
     write_set(sets, "untyped", tool("untyped.py", schema={}), **{"untyped.py": runs})
     pump = RawPump(pump_args(mcp_daemon, workspace, "--mode", "full"))
     try:
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         reply = pump.request(2, "tools/call", {"name": "untyped", "arguments": arguments})
     finally:
         pump.close()
@@ -931,7 +978,7 @@ def test_mcp_a_cancelled_call_withdraws_its_approval_request(
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
         capabilities = {"elicitation": {}}
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "t", "version": "1"}})
         call = {"name": "asker", "arguments": {}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         asked = pump.receive()
@@ -1071,7 +1118,7 @@ def test_mcp_odd_ids_and_params_keep_the_session(mcp_daemon: Daemon, workspace: 
     """An object or array where an id belongs, or params as an array, ends nothing."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         for request_id in ({"a": 1}, [1]):  # unhashable: no request in flight has it
             cancelled = {"requestId": request_id, "reason": "test"}
             pump.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancelled})
@@ -1093,7 +1140,7 @@ def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> No
     """After notifications/cancelled nothing more goes out for that request."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         params = {"name": "sleeper", "arguments": {}, "_meta": {"progressToken": "p"}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params})
         pid_file = workspace / "sleeper.pid"
@@ -1139,7 +1186,7 @@ def test_mcp_answers_and_cancels_pass_the_in_flight_limit() -> None:
         bind = {"workspace": str(d.workspace)}
         conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind", "params": bind})
         assert conn.receive()["result"]["bound"] is True
-        hello = {"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}}}
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}}, "clientInfo": {"name": "t", "version": "1"}}
         conn.send({"jsonrpc": "2.0", "id": "i", "method": "initialize", "params": hello})
         assert "result" in conn.receive()
         conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
@@ -1498,7 +1545,7 @@ def _autostarted(
         cwd=cwd,
     )
     try:
-        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert init["result"]["serverInfo"]["name"] == "toolsetd"
         if then is not None:
             then(pump)
@@ -1552,7 +1599,7 @@ def test_mcp_sigint_ends_the_pump_without_a_traceback(
         pump = RawPump(pump_args(mcp_daemon, workspace))
     finally:
         signal.signal(signal.SIGINT, previous)
-    init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+    init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
     assert init["result"]["serverInfo"]["name"] == "toolsetd"
     assert pump.proc.poll() is None, "the pump ended before the SIGINT"
     pump.proc.send_signal(signal.SIGINT)
@@ -1572,7 +1619,7 @@ def test_mcp_sigint_is_blocked_in_every_pump_thread_but_the_main_one(
     not 130). The other threads block SIGINT, so it always interrupts the main one."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert init["result"]["serverInfo"]["name"] == "toolsetd"
         bit = 1 << (signal.SIGINT - 1)
         blocked = {}
@@ -1727,7 +1774,7 @@ def test_mcp_no_new_call_during_a_graceful_stop(
     d = start_daemon(home, workspace, tmp_base, ["--shutdown-grace", "2"])
     pump = RawPump(pump_args(d, workspace))
     try:
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         call = {"name": "sleeper", "arguments": {}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         pid_file = workspace / "sleeper.pid"
@@ -1762,7 +1809,7 @@ def test_mcp_a_graceful_stop_answers_a_call_waiting_on_its_approval(
     pump = RawPump(pump_args(d, workspace))
     try:
         capabilities = {"elicitation": {}}
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "t", "version": "1"}})
         call = {"name": "asker", "arguments": {}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         asked = pump.receive()
@@ -1801,7 +1848,7 @@ def test_mcp_meta_traceparent_reaches_the_child_and_a_bad_one_is_ignored(
     d = start_daemon(home, workspace, tmp_base)
     pump = RawPump(pump_args(d, workspace))
     try:
-        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert "result" in init
         parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
         expected = {parent: repr(parent), "00-xyz": "None", parent + "\n": "None"}
@@ -1833,7 +1880,7 @@ def test_mcp_a_failing_stderr_keeps_the_exit_code_and_the_autostart(
     env = {**os.environ, "CRYSTAL_HOME": str(home)}
     env.pop("TOOLSETD_SOCKET", None)
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-11-25", "capabilities": {}}}
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     with open("/dev/full", "w") as full:
         proc = subprocess.run(  # noqa: S603
             [PY, "-m", "toolsetd.client", "--socket", str(sock), *options],
@@ -1860,7 +1907,7 @@ def test_mcp_a_failing_stdout_is_said_as_such_not_a_lost_daemon(
     (the daemon is unreachable), sending the operator after a daemon that was fine. The
     line names stdout; exit 9."""
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-11-25", "capabilities": {}}}
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     with open("/dev/full", "w") as full:
         proc = subprocess.Popen(  # noqa: S603
             [PY, "-m", "toolsetd.client", "--socket", str(mcp_daemon.socket),

@@ -279,6 +279,26 @@ def test_http_request_without_session_or_modern_meta(http_daemon, workspace: Pat
     assert unknown.json()["error"]["code"] == -32602
 
 
+def test_http_a_malformed_initialize_is_invalid_params_and_opens_no_session(
+    http_daemon, workspace: Path
+) -> None:
+    """An initialize without the params MCP's schema requires (protocolVersion a string,
+    capabilities an object, clientInfo with string name and version) is the core's -32602
+    naming the field, on the POST's 200 as the SDK's server answers it, and opens no
+    session (no Mcp-Session-Id): the host sends a well-formed one."""
+    from .test_mcp import MALFORMED_INITIALIZE
+
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    for n, (params, field) in enumerate(MALFORMED_INITIALIZE):
+        reply = http(url, body=rpc(n, "initialize", params))
+        assert reply.status == 200, (params, reply)
+        assert "mcp-session-id" not in reply.headers, (params, reply.headers)
+        assert reply.json()["error"]["code"] == -32602, (params, reply.body)
+        assert reply.json()["error"]["data"] == {"field": field}, (params, reply.body)
+    assert "mcp-session-id" in http(url, body=rpc("ok", "initialize", INIT_PARAMS)).headers
+
+
 def test_http_stateless_2026_request_needs_no_session(http_daemon, workspace: Path) -> None:
     """A 2026-07-28 request is one exchange: no session id, an answer with resultType."""
     _, base = http_daemon
