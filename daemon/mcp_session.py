@@ -333,6 +333,8 @@ class McpSession:
         self._legacy_caps: dict[str, Any] = {}
         #: An initialize is under way (its catalog not built yet): set when it ends.
         self._initializing: anyio.Event | None = None
+        #: The host sent ``notifications/initialized``: from then on we may send it requests.
+        self._initialized = anyio.Event()
         self._in_flight: dict[Any, _InFlight] = {}
         self._asked: dict[Any, _Asked] = {}
         #: Open ``subscriptions/listen`` requests: request id -> their outbox.
@@ -497,8 +499,12 @@ class McpSession:
             if flight is not None:
                 log.info("mcp_request_cancelled", reason=str(params.get("reason", ""))[:200])
                 self._cancel(flight)
-        # notifications/initialized, roots/list_changed and the like need nothing from us;
-        # unknown notifications are ignored, as JSON-RPC asks.
+        elif method == "notifications/initialized":
+            # Counted whenever it comes (twice is once; one before initialize, a host's
+            # mistake, still says it is ready): the SDKs' servers take it so too.
+            self._initialized.set()
+        # roots/list_changed and the like need nothing from us; unknown notifications are
+        # ignored, as JSON-RPC asks.
 
     def _answered(self, message: dict[str, Any]) -> None:
         answered = message.get("id")
@@ -836,18 +842,33 @@ class McpSession:
             return "stopping"  # an answer the daemon would not wait for
         asked_id = f"toolsetd-elicit-{next(self._asked_ids)}"
         asked = self._asked[asked_id] = _Asked()
-        out.post(
-            {"jsonrpc": "2.0", "id": asked_id, "method": "elicitation/create", "params": params}
-        )
+        posted = False
         self._server.asking.add(flight)
         try:
             with self._wait_scope(flight):
                 with anyio.move_on_after(self._server.settings.elicitation_timeout):
+                    if not self._initialized.is_set():
+                        # MCP's lifecycle: the server SHOULD NOT send requests (but pings
+                        # and logging) before the host's notifications/initialized. A call
+                        # that overtook it (pipelined, or a POST that came first) keeps its
+                        # place and its question waits, rather than be refused as a host
+                        # without elicitation: the host MUST send it, at once.
+                        log.info("mcp_approval_held", tool=str(classification.get("tool")))
+                        await self._initialized.wait()
+                    out.post(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": asked_id,
+                            "method": "elicitation/create",
+                            "params": params,
+                        }
+                    )
+                    posted = True
                     await asked.done.wait()
         finally:
             self._server.asking.discard(flight)
             del self._asked[asked_id]
-            if asked.response is None and not self._closed:
+            if posted and asked.response is None and not self._closed:
                 # We stop waiting (the call was cancelled, the daemon is stopping, or no
                 # answer came in time): MCP has the sender cancel its request, so the host
                 # takes the question down rather than leave the operator an accept that
@@ -870,7 +891,7 @@ class McpSession:
         if response is None:
             if flight.cancelled or self._closed:
                 return "cancel"
-            return "stopping" if flight.ended else "timeout"
+            return "stopping" if flight.ended else "timeout" if posted else "uninitialized"
         result = response.get("result")
         if isinstance(result, dict) and result.get("action") in ("accept", "decline", "cancel"):
             return str(result["action"])

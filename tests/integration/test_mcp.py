@@ -930,12 +930,22 @@ def test_mcp_an_approval_request_nobody_answers_is_withdrawn(
     try:
         capabilities = {"elicitation": {}}
         pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "t", "version": "1"}})
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         call = {"name": "asker", "arguments": {}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         asked = pump.receive()
         assert asked["method"] == "elicitation/create"
         withdrawn = pump.receive()
         answered = pump.receive()
+        # A host that never sends notifications/initialized is never asked (its question
+        # is held: no elicitation/create to withdraw), and its answer says why.
+        mute = RawPump(pump_args(d, workspace))
+        try:
+            mute.request(1, "initialize", {**INIT_PARAMS, "capabilities": capabilities})
+            mute.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+            unasked = mute.receive()  # the answer itself: no elicitation/create before it
+        finally:
+            mute.close()
     finally:
         pump.close()
         d.stop()
@@ -944,6 +954,8 @@ def test_mcp_an_approval_request_nobody_answers_is_withdrawn(
     assert answered["id"] == 2
     assert answered["result"]["isError"] is True
     assert "in time" in answered["result"]["content"][0]["text"]
+    assert "never sent notifications/initialized" in unasked["result"]["content"][0]["text"]
+    assert unasked["result"]["isError"] is True
 
 
 @pytest.mark.parametrize("arguments", ["text", [1, 2], 5, True])
@@ -968,6 +980,46 @@ def test_mcp_arguments_that_are_not_an_object_are_invalid_params(
     assert not (workspace / "ran").exists()
 
 
+def test_mcp_no_approval_request_goes_out_before_initialized(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """MCP's lifecycle: the server SHOULD NOT send requests other than pings and logging
+    before the host's notifications/initialized. A call that needs approval, sent after
+    initialize but before initialized (a pipe, HTTP requests that overtake each other),
+    holds its question until initialized comes, then asks it; the call is kept, not
+    refused. It went out at once. A held call the host cancels puts no question at all."""
+    name = _unique("asker")
+    write_project_asker(workspace, name)
+
+    def held() -> int:
+        return sum(
+            e.get("event") == "mcp_approval_held" and e.get("tool") == name
+            for e in mcp_daemon.log_events()
+        )
+
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.request(1, "initialize", {**INIT_PARAMS, "capabilities": {"elicitation": {}}})
+        call = {"name": name, "arguments": {}}
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        eventually(lambda: held() == 1, what="the first call's question held")
+        pump.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                   "params": {"requestId": 2}})
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": call})
+        eventually(lambda: held() == 2, what="the second call's question held")
+        assert pump.request(4, "ping")["result"] == {}  # nothing went out before it
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        asked = pump.receive()
+        assert asked["method"] == "elicitation/create", asked
+        pump.send({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "accept"}})
+        done = pump.receive()
+        assert done["id"] == 3, done
+        assert "asked and ran" in done["result"]["content"][0]["text"], done
+        assert pump.request(5, "ping")["result"] == {}  # and nothing for the cancelled one
+    finally:
+        assert pump.close() == 0
+
+
 def test_mcp_a_cancelled_call_withdraws_its_approval_request(
     mcp_daemon: Daemon, workspace: Path
 ) -> None:
@@ -979,6 +1031,7 @@ def test_mcp_a_cancelled_call_withdraws_its_approval_request(
     try:
         capabilities = {"elicitation": {}}
         pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "t", "version": "1"}})
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         call = {"name": "asker", "arguments": {}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         asked = pump.receive()
@@ -1810,6 +1863,7 @@ def test_mcp_a_graceful_stop_answers_a_call_waiting_on_its_approval(
     try:
         capabilities = {"elicitation": {}}
         pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "t", "version": "1"}})
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         call = {"name": "asker", "arguments": {}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         asked = pump.receive()

@@ -53,6 +53,7 @@ from .conftest import (
 )
 from .http_helpers import (
     INIT_PARAMS,
+    JSON_HEADERS,
     HttpReply,
     endpoint,
     http,
@@ -297,6 +298,53 @@ def test_http_a_malformed_initialize_is_invalid_params_and_opens_no_session(
         assert reply.json()["error"]["code"] == -32602, (params, reply.body)
         assert reply.json()["error"]["data"] == {"field": field}, (params, reply.body)
     assert "mcp-session-id" in http(url, body=rpc("ok", "initialize", INIT_PARAMS)).headers
+
+
+def test_http_no_approval_request_goes_out_before_initialized(
+    http_daemon, workspace: Path
+) -> None:
+    """A call that needs approval, POSTed in a session whose notifications/initialized has
+    not come yet (HTTP requests may overtake each other), holds its question until it
+    comes (MCP's lifecycle: no server request before it), then asks it on the call's
+    stream; the accept runs the call. It went out at once."""
+    daemon, base = http_daemon
+    name = f"asker_{uuid.uuid4().hex[:10]}"
+    write_set(workspace / ".crystal" / "tools", name, _tool(f"{name}.py"),
+              **{f"{name}.py": ASKER})
+    url = endpoint(base, workspace)
+    opened = http(url, body=rpc(1, "initialize", {**INIT_PARAMS,
+                                                  "capabilities": {"elicitation": {}}}))
+    session = {"mcp-session-id": opened.headers["mcp-session-id"]}
+    target = urlsplit(url)
+    conn = HTTPConnection(target.hostname, target.port, timeout=30)
+    try:
+        conn.request("POST", f"{target.path}?{target.query}",
+                     body=json.dumps(rpc(2, "tools/call", {"name": name, "arguments": {}})),
+                     headers={**JSON_HEADERS, **session})
+        eventually(lambda: any(e.get("event") == "mcp_approval_held" and e.get("tool") == name
+                               for e in daemon.log_events()), what="the question held")
+        note = http(url, body={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    headers=session)
+        assert note.status == 202, note
+        stream = conn.getresponse()
+        assert stream.headers["content-type"] == "text/event-stream"
+
+        def event() -> Any:
+            while True:
+                line = stream.readline()
+                assert line, "the stream ended"
+                if line.startswith(b"data:"):
+                    return json.loads(line[5:])
+
+        asked = event()
+        assert asked["method"] == "elicitation/create", asked
+        answer = {"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "accept"}}
+        assert http(url, body=answer, headers=session).status == 202
+        done = event()
+        assert done["id"] == 2, done
+        assert "asked and ran" in done["result"]["content"][0]["text"], done
+    finally:
+        conn.close()
 
 
 def test_http_stateless_2026_request_needs_no_session(http_daemon, workspace: Path) -> None:
