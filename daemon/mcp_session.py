@@ -3,7 +3,8 @@
 Interface (for every transport: the Unix socket and stdio pump, Streamable HTTP)
 ---------------------------------------------------------------------------------
 ``McpServer(service, settings)`` is built once per daemon (it holds the key that signs
-approval states). ``server.session(binding, outbox, calls)`` opens one ``McpSession``:
+approval states). ``server.session(binding, outbox, calls, one_request=False)`` opens one
+``McpSession`` (``one_request``: for one stateless request, its binding checked for it):
 
 * ``binding``: ``Binding(workspace, catalog, mode, headless)``: the one workspace (a
   canonical path), catalog and approval mode this host sees. ``Binding.from_params``
@@ -267,10 +268,19 @@ class McpServer:
         return bool(self.listens or self.asking)
 
     def session(
-        self, binding: Binding, outbox: Outbox, calls: MutableMapping[str, anyio.Event]
+        self,
+        binding: Binding,
+        outbox: Outbox,
+        calls: MutableMapping[str, anyio.Event],
+        *,
+        one_request: bool = False,
     ) -> McpSession:
-        """Open a session for one host bound to ``binding``."""
-        return McpSession(self, binding, outbox, calls, next(self._ids))
+        """Open a session for one host bound to ``binding``.
+
+        ``one_request``: the session serves the one request its binding was checked for
+        (a stateless HTTP exchange), so a call is judged in that checked workspace as it is.
+        """
+        return McpSession(self, binding, outbox, calls, next(self._ids), one_request)
 
 
 @dataclass(slots=True, eq=False)  # eq=False: hashed by identity (McpServer.listens)
@@ -319,6 +329,7 @@ class McpSession:
         outbox: Outbox,
         calls: MutableMapping[str, anyio.Event],
         number: int,
+        one_request: bool = False,
     ) -> None:
         self._server = server
         self._service = server.service
@@ -328,6 +339,9 @@ class McpSession:
         self.session_id = f"mcp-{number}-{uuid.uuid4().hex[:8]}"
         self._call_ids = itertools.count(1)
         self._asked_ids = itertools.count(1)
+        #: The binding's workspace, checked for the one request this session serves, else
+        #: None (a bound session's calls have it checked again: it may be gone since).
+        self._checked_workspace = binding.workspace if one_request else None
         #: The legacy era's negotiated version (after ``initialize``), else None.
         self.legacy_version: str | None = None
         self._legacy_caps: dict[str, Any] = {}
@@ -755,6 +769,7 @@ class McpSession:
             session=self.session_id,
             images=True,
             every_progress_line=True,
+            checked_workspace=self._checked_workspace,
         )
         # What a requestState is bound to (an encode of the arguments: large ones in the
         # worker slot), made at most once: a retry whose state is stale is asked again.

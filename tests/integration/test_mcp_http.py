@@ -392,6 +392,45 @@ def test_http_2026_request_headers_must_mirror_the_body(http_daemon, workspace: 
         assert bad.json()["id"] == 1
 
 
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_http_a_stateless_call_checks_its_workspace_once(http_daemon, workspace: Path) -> None:
+    """A 2026-07-28 tools/call over HTTP is one exchange whose core session is bound to the
+    URL's workspace for that request alone: the workspace is checked there (open, name,
+    identity), and the call's judging takes that check rather than make it again (it was
+    made twice per request). Counted by the daemon's own system calls (strace), the
+    checks of a workspace directory being its O_PATH opens."""
+    daemon, base = http_daemon
+    called = workspace.parent / f"called-{uuid.uuid4().hex[:8]}"  # opened by the call alone
+    called.mkdir()
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    call = rpc(1, "tools/call", {"_meta": meta, "name": "hello", "arguments": {"name": "Ada"}})
+    headers = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
+               "mcp-name": "hello"}
+    url = endpoint(base, called)
+    assert http(url, body=call, headers=headers).status == 200  # its catalog built
+    trace = workspace.parent / f"strace-{uuid.uuid4().hex[:8]}"
+    tracer = subprocess.Popen(
+        ["strace", "-f", "-e", "trace=openat", "-o", str(trace), "-p", str(daemon.proc.pid)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def attached() -> bool:  # a ping binds its URL's workspace: traced once attached
+            assert http(endpoint(base, workspace), body=rpc(0, "ping")).status == 200
+            return trace.exists() and f'"{workspace}"' in trace.read_text()
+
+        eventually(attached, what="strace attached")
+        reply = http(url, body=call, headers=headers)
+        assert reply.status == 200 and reply.json()["result"]["isError"] is False, reply
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(timeout=30)
+    opens = [line for line in trace.read_text().splitlines()
+             if f'"{called}"' in line and "O_PATH" in line]
+    assert len(opens) == 1, opens
+
+
 def test_http_2026_request_ignores_mcp_session_id(http_daemon, workspace: Path) -> None:
     """A 2026-07-28 request is served statelessly by its own URL, whatever Mcp-Session-Id
     it carries (that revision: "ignore it, and do not mint or echo session IDs"; a
