@@ -523,7 +523,11 @@ class McpSession:
     def _answered(self, message: dict[str, Any]) -> None:
         answered = message.get("id")
         asked = self._asked.get(answered) if mapping.is_request_id(answered) else None
-        if asked is not None:
+        # A request has one response (JSON-RPC): the first is the operator's answer. A
+        # second for the same id, read before the call took the first (a decline then an
+        # accept in one write), must not replace it; one for an id we never sent, or no
+        # longer wait for, names nothing and is ignored.
+        if asked is not None and asked.response is None:
             asked.response = message
             asked.done.set()
 

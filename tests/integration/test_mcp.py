@@ -1020,6 +1020,37 @@ def test_mcp_no_approval_request_goes_out_before_initialized(
         assert pump.close() == 0
 
 
+def test_mcp_the_first_answer_to_an_approval_request_stands(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """A request has one response (JSON-RPC): the host's first answer to an
+    elicitation/create is the operator's; a second one for the same id (a host that
+    answers twice), and one for an id toolsetd never sent, are ignored. The second used to
+    overwrite the first when it came before the call took it: a decline then an accept in
+    one write ran the call."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.request(1, "initialize", {**INIT_PARAMS, "capabilities": {"elicitation": {}}})
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        pump.send({"jsonrpc": "2.0", "id": "toolsetd-elicit-99", "result": {"action": "accept"}})
+        for n, (first, second) in enumerate((("decline", "accept"), ("accept", "decline"))):
+            call = {"name": "asker", "arguments": {}}
+            pump.send({"jsonrpc": "2.0", "id": 2 + n, "method": "tools/call", "params": call})
+            asked = pump.receive()
+            assert asked["method"] == "elicitation/create", asked
+            pump.send(b"".join(
+                json.dumps({"jsonrpc": "2.0", "id": asked["id"],
+                            "result": {"action": action}}).encode() + b"\n"
+                for action in (first, second)))
+            done = pump.receive()
+            assert done["id"] == 2 + n, done
+            text = done["result"]["content"][0]["text"]
+            assert ("asked and ran" in text) is (first == "accept"), (first, done)
+        assert pump.request(9, "ping")["result"] == {}
+    finally:
+        assert pump.close() == 0
+
+
 def test_mcp_a_cancelled_call_withdraws_its_approval_request(
     mcp_daemon: Daemon, workspace: Path
 ) -> None:
