@@ -100,6 +100,10 @@ log = structlog.get_logger("toolsetd.mcp")
 #: The requests that end when their host leaves (``McpSession.close``): they run a tool
 #: or wait for good.
 _WITH_HOST = frozenset({"tools/call", "subscriptions/listen"})
+#: The methods served (in one era or the other).
+_METHODS = frozenset(
+    {"initialize", "ping", "server/discover", "tools/list", "tools/call", "subscriptions/listen"}
+)
 #: The fields of ``mcp.bind`` (and of the HTTP face's query).
 _BIND_FIELDS = frozenset({"workspace", "catalog", "mode", "headless"})
 #: Legacy revisions answered by ``initialize``, newest first.
@@ -606,12 +610,7 @@ class McpSession:
             return await self._tools_call(era, params, out, flight)
         if method == "subscriptions/listen":
             return await self._listen(era, request_id, params, out, flight)
-        raise McpError(
-            -32601,
-            f"Method not found: '{method}'. toolsetd serves tools only: initialize, ping, "
-            "server/discover, tools/list, tools/call, subscriptions/listen.",
-            {"method": method},
-        )
+        raise _method_not_found(method)
 
     def _era(self, method: str, params: dict[str, Any]) -> _Era:
         meta = params.get("_meta")
@@ -645,6 +644,11 @@ class McpSession:
             return _Era(self.legacy_version, False, self._legacy_caps)
         if method in ("ping", "server/discover"):
             return _Era(MODERN_VERSIONS[-1], method == "server/discover", {})
+        if method not in _METHODS:
+            # Not served whatever comes first: -32601, as the SDK's server answers it
+            # before the handshake too (a host probing a method keys off that code), not
+            # "initialize first", which would not make it one.
+            raise _method_not_found(method)
         raise McpError(
             -32602,
             f"Invalid params: '{method}' before initialize: send initialize first (protocol "
@@ -1058,6 +1062,14 @@ def malformed_envelope(error: Any) -> bool:
     return isinstance(data, dict) and data.get("field") in (
         f"_meta.{PROTOCOL_VERSION_META}",
         f"_meta.{CAPABILITIES_META}",
+    )
+
+
+def _method_not_found(method: str) -> McpError:
+    return McpError(
+        -32601,
+        f"Method not found: '{method}'. toolsetd serves tools only: {', '.join(sorted(_METHODS))}.",
+        {"method": method},
     )
 
 

@@ -256,6 +256,27 @@ def test_mcp_ping_is_no_method_of_2026_07_28(mcp_daemon: Daemon, workspace: Path
         assert pump.close() == 0
 
 
+def test_mcp_a_method_toolsetd_lacks_is_not_found_before_initialize_too(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """A method toolsetd does not serve is -32601 whether or not initialize came first,
+    as the SDK's server answers it ("clients probing a server before the handshake key off
+    that code"); it was -32602 "send initialize first", which initialize does not cure.
+    A method it serves is still told to initialize first."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        for n, method in enumerate(("resources/list", "prompts/list", "logging/setLevel",
+                                    "tasks/get", "completion/complete")):
+            reply = pump.request(n, method, {})
+            assert reply["error"]["code"] == -32601, (method, reply)
+            assert reply["error"]["data"] == {"method": method}, reply
+        before = pump.request("list", "tools/list")
+        assert before["error"]["code"] == -32602, before
+        assert "initialize" in before["error"]["message"]
+    finally:
+        assert pump.close() == 0
+
+
 def test_mcp_a_task_augmented_call_is_served_as_a_plain_call(
     mcp_daemon: Daemon, workspace: Path
 ) -> None:

@@ -271,6 +271,10 @@ def test_http_request_without_session_or_modern_meta(http_daemon, workspace: Pat
         assert reply.json()["id"] == 1
         assert "initialize first" in reply.json()["error"]["message"]
     assert http(url, body=rpc(2, "ping")).status == 200
+    # A method toolsetd lacks is -32601 (initialize would not make it one), still 400.
+    lacking = http(url, body=rpc(4, "resources/list"))
+    assert lacking.status == 400, lacking
+    assert lacking.json()["error"]["code"] == -32601, lacking.body
     # A 2026-07-28 request is served without a session: its errors stay 200.
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {}}
