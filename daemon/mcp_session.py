@@ -304,6 +304,9 @@ class _InFlight:
     #: A tool call or a listen: cancelled when the host leaves (``McpSession.close``).
     #: Any other request is answered all the same: the transport may still carry it.
     with_host: bool = False
+    #: An ``initialize``: never cancelled (MCP: a client MUST NOT cancel it), as it opens
+    #: the session whether or not its answer goes out.
+    initialize: bool = False
 
 
 @dataclass(slots=True)
@@ -416,7 +419,8 @@ class McpSession:
             )
         else:
             flight = self._in_flight[request_id] = _InFlight(
-                with_host=message.get("method") in _WITH_HOST
+                with_host=message.get("method") in _WITH_HOST,
+                initialize=message.get("method") == "initialize",
             )
         try:
             result = await self._request(request_id, message, out, flight)
@@ -461,7 +465,9 @@ class McpSession:
             and request_id not in self._in_flight
         ):
             self._in_flight[request_id] = _InFlight(
-                announced=True, with_host=message.get("method") in _WITH_HOST
+                announced=True,
+                with_host=message.get("method") in _WITH_HOST,
+                initialize=message.get("method") == "initialize",
             )
 
     def close(self) -> None:
@@ -514,7 +520,10 @@ class McpSession:
             # Only a string or an integer can name a request in flight (an object or an
             # array, unhashable, names none: the notification is ignored like any other).
             flight = self._in_flight.get(cancelled) if mapping.is_request_id(cancelled) else None
-            if flight is not None:
+            # A cancel of initialize is ignored, as MCP lets a receiver ignore one for a
+            # request that cannot be cancelled: it opens the session either way, and its
+            # answer withheld left a host that sent it again refused "already initialized".
+            if flight is not None and not flight.initialize:
                 log.info("mcp_request_cancelled", reason=str(params.get("reason", ""))[:200])
                 self._cancel(flight)
         elif method == "notifications/initialized":

@@ -530,6 +530,33 @@ def _pump_on_a_fresh_workspace(daemon: Daemon, tmp_path: Path) -> RawPump:
     return RawPump(pump_args(daemon, fresh))
 
 
+def test_mcp_a_cancel_of_initialize_is_ignored(mcp_daemon: Daemon, tmp_path: Path) -> None:
+    """MCP: a client MUST NOT cancel its initialize, and a receiver may ignore a cancel of
+    a request that cannot be cancelled. One sent right behind it (while a new workspace's
+    catalog is built) withheld initialize's answer, yet the session was initialized by it:
+    the host, told nothing, was refused "already initialized" when it sent it again. It is
+    ignored: initialize is answered, and the session is the one it opened."""
+    pump = _pump_on_a_fresh_workspace(mcp_daemon, tmp_path)
+    try:
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT_PARAMS}
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                  "params": {"requestId": 1, "reason": "test"}}
+        pump.send(json.dumps(init).encode() + b"\n" + json.dumps(cancel).encode() + b"\n")
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})  # waits for it
+        seen: dict[Any, Any] = {}
+        while 2 not in seen:
+            message = pump.receive()
+            seen[message["id"]] = message
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})  # whatever is on its way
+        while 3 not in seen:
+            message = pump.receive()
+            seen[message["id"]] = message
+        assert seen[2]["result"]["tools"] is not None, seen
+        assert seen[1]["result"]["protocolVersion"] == "2025-11-25", seen
+    finally:
+        assert pump.close() == 0
+
+
 def test_mcp_a_request_pipelined_behind_initialize_is_served_under_it(
     mcp_daemon: Daemon, tmp_path: Path
 ) -> None:
