@@ -385,8 +385,10 @@ def _mcp_http_endpoint(
     from .mcp_session import Binding
     from .mcphttp import McpHttpEndpoint
 
-    def open_session(bind: dict[str, Any], outbox: Any, calls: dict[str, anyio.Event]) -> Any:
-        return mcp.session(Binding.from_params(bind), outbox, calls)
+    def open_session(
+        bind: dict[str, Any], outbox: Any, calls: dict[str, anyio.Event], stateless: bool
+    ) -> Any:
+        return mcp.session(Binding.from_params(bind), outbox, calls, one_request=stateless)
 
     return McpHttpEndpoint(
         open_session,

@@ -312,6 +312,8 @@ def declined_result(action: str) -> dict[str, Any]:
         "decline": "The operator declined this call",
         "cancel": "The operator cancelled the approval request",
         "timeout": "The operator did not answer the approval request in time",
+        "uninitialized": "The host never sent notifications/initialized, so toolsetd could "
+        "not put the approval request to the operator",
     }.get(action, "The host could not ask the operator for approval")
     return _text_result(f"{why}; it did not run. Do not retry it unless the operator asks you to.")
 

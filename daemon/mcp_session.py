@@ -3,7 +3,8 @@
 Interface (for every transport: the Unix socket and stdio pump, Streamable HTTP)
 ---------------------------------------------------------------------------------
 ``McpServer(service, settings)`` is built once per daemon (it holds the key that signs
-approval states). ``server.session(binding, outbox, calls)`` opens one ``McpSession``:
+approval states). ``server.session(binding, outbox, calls, one_request=False)`` opens one
+``McpSession`` (``one_request``: for one stateless request, its binding checked for it):
 
 * ``binding``: ``Binding(workspace, catalog, mode, headless)``: the one workspace (a
   canonical path), catalog and approval mode this host sees. ``Binding.from_params``
@@ -99,6 +100,10 @@ log = structlog.get_logger("toolsetd.mcp")
 #: The requests that end when their host leaves (``McpSession.close``): they run a tool
 #: or wait for good.
 _WITH_HOST = frozenset({"tools/call", "subscriptions/listen"})
+#: The methods served (in one era or the other).
+_METHODS = frozenset(
+    {"initialize", "ping", "server/discover", "tools/list", "tools/call", "subscriptions/listen"}
+)
 #: The fields of ``mcp.bind`` (and of the HTTP face's query).
 _BIND_FIELDS = frozenset({"workspace", "catalog", "mode", "headless"})
 #: Legacy revisions answered by ``initialize``, newest first.
@@ -267,10 +272,19 @@ class McpServer:
         return bool(self.listens or self.asking)
 
     def session(
-        self, binding: Binding, outbox: Outbox, calls: MutableMapping[str, anyio.Event]
+        self,
+        binding: Binding,
+        outbox: Outbox,
+        calls: MutableMapping[str, anyio.Event],
+        *,
+        one_request: bool = False,
     ) -> McpSession:
-        """Open a session for one host bound to ``binding``."""
-        return McpSession(self, binding, outbox, calls, next(self._ids))
+        """Open a session for one host bound to ``binding``.
+
+        ``one_request``: the session serves the one request its binding was checked for
+        (a stateless HTTP exchange), so a call is judged in that checked workspace as it is.
+        """
+        return McpSession(self, binding, outbox, calls, next(self._ids), one_request)
 
 
 @dataclass(slots=True, eq=False)  # eq=False: hashed by identity (McpServer.listens)
@@ -290,6 +304,9 @@ class _InFlight:
     #: A tool call or a listen: cancelled when the host leaves (``McpSession.close``).
     #: Any other request is answered all the same: the transport may still carry it.
     with_host: bool = False
+    #: An ``initialize``: never cancelled (MCP: a client MUST NOT cancel it), as it opens
+    #: the session whether or not its answer goes out.
+    initialize: bool = False
 
 
 @dataclass(slots=True)
@@ -319,6 +336,7 @@ class McpSession:
         outbox: Outbox,
         calls: MutableMapping[str, anyio.Event],
         number: int,
+        one_request: bool = False,
     ) -> None:
         self._server = server
         self._service = server.service
@@ -328,11 +346,16 @@ class McpSession:
         self.session_id = f"mcp-{number}-{uuid.uuid4().hex[:8]}"
         self._call_ids = itertools.count(1)
         self._asked_ids = itertools.count(1)
+        #: The binding's workspace, checked for the one request this session serves, else
+        #: None (a bound session's calls have it checked again: it may be gone since).
+        self._checked_workspace = binding.workspace if one_request else None
         #: The legacy era's negotiated version (after ``initialize``), else None.
         self.legacy_version: str | None = None
         self._legacy_caps: dict[str, Any] = {}
         #: An initialize is under way (its catalog not built yet): set when it ends.
         self._initializing: anyio.Event | None = None
+        #: The host sent ``notifications/initialized``: from then on we may send it requests.
+        self._initialized = anyio.Event()
         self._in_flight: dict[Any, _InFlight] = {}
         self._asked: dict[Any, _Asked] = {}
         #: Open ``subscriptions/listen`` requests: request id -> their outbox.
@@ -396,7 +419,8 @@ class McpSession:
             )
         else:
             flight = self._in_flight[request_id] = _InFlight(
-                with_host=message.get("method") in _WITH_HOST
+                with_host=message.get("method") in _WITH_HOST,
+                initialize=message.get("method") == "initialize",
             )
         try:
             result = await self._request(request_id, message, out, flight)
@@ -441,7 +465,9 @@ class McpSession:
             and request_id not in self._in_flight
         ):
             self._in_flight[request_id] = _InFlight(
-                announced=True, with_host=message.get("method") in _WITH_HOST
+                announced=True,
+                with_host=message.get("method") in _WITH_HOST,
+                initialize=message.get("method") == "initialize",
             )
 
     def close(self) -> None:
@@ -494,16 +520,27 @@ class McpSession:
             # Only a string or an integer can name a request in flight (an object or an
             # array, unhashable, names none: the notification is ignored like any other).
             flight = self._in_flight.get(cancelled) if mapping.is_request_id(cancelled) else None
-            if flight is not None:
+            # A cancel of initialize is ignored, as MCP lets a receiver ignore one for a
+            # request that cannot be cancelled: it opens the session either way, and its
+            # answer withheld left a host that sent it again refused "already initialized".
+            if flight is not None and not flight.initialize:
                 log.info("mcp_request_cancelled", reason=str(params.get("reason", ""))[:200])
                 self._cancel(flight)
-        # notifications/initialized, roots/list_changed and the like need nothing from us;
-        # unknown notifications are ignored, as JSON-RPC asks.
+        elif method == "notifications/initialized":
+            # Counted whenever it comes (twice is once; one before initialize, a host's
+            # mistake, still says it is ready): the SDKs' servers take it so too.
+            self._initialized.set()
+        # roots/list_changed and the like need nothing from us; unknown notifications are
+        # ignored, as JSON-RPC asks.
 
     def _answered(self, message: dict[str, Any]) -> None:
         answered = message.get("id")
         asked = self._asked.get(answered) if mapping.is_request_id(answered) else None
-        if asked is not None:
+        # A request has one response (JSON-RPC): the first is the operator's answer. A
+        # second for the same id, read before the call took the first (a decline then an
+        # accept in one write), must not replace it; one for an id we never sent, or no
+        # longer wait for, names nothing and is ignored.
+        if asked is not None and asked.response is None:
             asked.response = message
             asked.done.set()
 
@@ -548,7 +585,7 @@ class McpSession:
                 -32602, f"Invalid params: {method} takes its params by name, as an object."
             )
         if method == "initialize":
-            return await self._initialize(params)
+            return await self._initialize(message.get("params"))
         initializing = self._initializing
         if (
             initializing is not None
@@ -582,12 +619,7 @@ class McpSession:
             return await self._tools_call(era, params, out, flight)
         if method == "subscriptions/listen":
             return await self._listen(era, request_id, params, out, flight)
-        raise McpError(
-            -32601,
-            f"Method not found: '{method}'. toolsetd serves tools only: initialize, ping, "
-            "server/discover, tools/list, tools/call, subscriptions/listen.",
-            {"method": method},
-        )
+        raise _method_not_found(method)
 
     def _era(self, method: str, params: dict[str, Any]) -> _Era:
         meta = params.get("_meta")
@@ -621,6 +653,11 @@ class McpSession:
             return _Era(self.legacy_version, False, self._legacy_caps)
         if method in ("ping", "server/discover"):
             return _Era(MODERN_VERSIONS[-1], method == "server/discover", {})
+        if method not in _METHODS:
+            # Not served whatever comes first: -32601, as the SDK's server answers it
+            # before the handshake too (a host probing a method keys off that code), not
+            # "initialize first", which would not make it one.
+            raise _method_not_found(method)
         raise McpError(
             -32602,
             f"Invalid params: '{method}' before initialize: send initialize first (protocol "
@@ -641,7 +678,8 @@ class McpSession:
 
     # -- lifecycle -----------------------------------------------------------------------
 
-    async def _initialize(self, params: dict[str, Any]) -> dict[str, Any]:
+    async def _initialize(self, params: Any) -> dict[str, Any]:
+        _check_initialize(params)
         if self.legacy_version is not None or self._initializing is not None:
             # MCP's lifecycle: initialize is the session's first exchange, once. A second
             # one would change the version and capabilities the first agreed on under the
@@ -652,9 +690,9 @@ class McpSession:
                 f"Invalid Request: this session is already initialized (protocol {agreed}); "
                 "start a new session to initialize again.",
             )
-        asked = params.get("protocolVersion")
+        asked = params["protocolVersion"]
         version = asked if asked in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
-        caps = params.get("capabilities")
+        caps: dict[str, Any] = params["capabilities"]
         done = self._initializing = anyio.Event()
         try:
             catalog = await self._service.catalog(self.binding.workspace)  # watched from now
@@ -662,7 +700,7 @@ class McpSession:
         finally:
             self._initializing = None
             done.set()
-        self._legacy_caps = caps if isinstance(caps, dict) else {}
+        self._legacy_caps = caps
         self.legacy_version = version
         return {
             "protocolVersion": version,
@@ -748,6 +786,7 @@ class McpSession:
             session=self.session_id,
             images=True,
             every_progress_line=True,
+            checked_workspace=self._checked_workspace,
         )
         # What a requestState is bound to (an encode of the arguments: large ones in the
         # worker slot), made at most once: a retry whose state is stale is asked again.
@@ -835,18 +874,33 @@ class McpSession:
             return "stopping"  # an answer the daemon would not wait for
         asked_id = f"toolsetd-elicit-{next(self._asked_ids)}"
         asked = self._asked[asked_id] = _Asked()
-        out.post(
-            {"jsonrpc": "2.0", "id": asked_id, "method": "elicitation/create", "params": params}
-        )
+        posted = False
         self._server.asking.add(flight)
         try:
             with self._wait_scope(flight):
                 with anyio.move_on_after(self._server.settings.elicitation_timeout):
+                    if not self._initialized.is_set():
+                        # MCP's lifecycle: the server SHOULD NOT send requests (but pings
+                        # and logging) before the host's notifications/initialized. A call
+                        # that overtook it (pipelined, or a POST that came first) keeps its
+                        # place and its question waits, rather than be refused as a host
+                        # without elicitation: the host MUST send it, at once.
+                        log.info("mcp_approval_held", tool=str(classification.get("tool")))
+                        await self._initialized.wait()
+                    out.post(
+                        {
+                            "jsonrpc": "2.0",
+                            "id": asked_id,
+                            "method": "elicitation/create",
+                            "params": params,
+                        }
+                    )
+                    posted = True
                     await asked.done.wait()
         finally:
             self._server.asking.discard(flight)
             del self._asked[asked_id]
-            if asked.response is None and not self._closed:
+            if posted and asked.response is None and not self._closed:
                 # We stop waiting (the call was cancelled, the daemon is stopping, or no
                 # answer came in time): MCP has the sender cancel its request, so the host
                 # takes the question down rather than leave the operator an accept that
@@ -869,7 +923,7 @@ class McpSession:
         if response is None:
             if flight.cancelled or self._closed:
                 return "cancel"
-            return "stopping" if flight.ended else "timeout"
+            return "stopping" if flight.ended else "timeout" if posted else "uninitialized"
         result = response.get("result")
         if isinstance(result, dict) and result.get("action") in ("accept", "decline", "cancel"):
             return str(result["action"])
@@ -948,6 +1002,57 @@ class McpSession:
             )
 
 
+def _check_initialize(params: Any) -> None:
+    """Refuse ``initialize`` params MCP's ``InitializeRequestParams`` does not allow
+    (-32602 naming the field), as the SDKs' servers do.
+
+    Every field checked is required by the schema of both handshake revisions, and every
+    host of docs/mcp.md sends it (the SDKs' clients build it, and their servers refuse
+    it missing): ``protocolVersion`` (a string), ``capabilities`` (an object) and
+    ``clientInfo`` (an object with string ``name`` and ``version``). Taken as they were, a
+    host that sent ``capabilities: "x"`` was served as one that declared nothing, a
+    mistake it was never told of. Fields beyond these (``title``, ``icons``, ``_meta``,
+    another revision's) are left alone: the schema keeps these objects open.
+    """
+    if not isinstance(params, dict):
+        raise McpError(
+            -32602,
+            "Invalid params: initialize needs its 'params': an object with protocolVersion, "
+            "capabilities and clientInfo.",
+            {"field": "params"},
+        )
+    if not isinstance(params.get("protocolVersion"), str):
+        raise McpError(
+            -32602,
+            "Invalid params: initialize needs 'protocolVersion', the latest protocol version "
+            f"the client supports, as a string (such as '{HANDSHAKE_VERSIONS[0]}').",
+            {"field": "protocolVersion"},
+        )
+    if not isinstance(params.get("capabilities"), dict):
+        raise McpError(
+            -32602,
+            "Invalid params: initialize needs 'capabilities', the client's capabilities, as "
+            "an object ({} when it declares none).",
+            {"field": "capabilities"},
+        )
+    info = params.get("clientInfo")
+    if not isinstance(info, dict):
+        raise McpError(
+            -32602,
+            "Invalid params: initialize needs 'clientInfo', the client's name and version, as "
+            'an object such as {"name": "my-host", "version": "1.0"}.',
+            {"field": "clientInfo"},
+        )
+    for name in ("name", "version"):
+        if not isinstance(info.get(name), str):
+            raise McpError(
+                -32602,
+                f"Invalid params: initialize needs 'clientInfo.{name}', the client's {name}, "
+                "as a string.",
+                {"field": f"clientInfo.{name}"},
+            )
+
+
 def meta_version(message: Any) -> Any:
     """The protocol version a message's ``params._meta`` names, as sent (any JSON value;
     None when it names none)."""
@@ -966,6 +1071,14 @@ def malformed_envelope(error: Any) -> bool:
     return isinstance(data, dict) and data.get("field") in (
         f"_meta.{PROTOCOL_VERSION_META}",
         f"_meta.{CAPABILITIES_META}",
+    )
+
+
+def _method_not_found(method: str) -> McpError:
+    return McpError(
+        -32601,
+        f"Method not found: '{method}'. toolsetd serves tools only: {', '.join(sorted(_METHODS))}.",
+        {"method": method},
     )
 
 

@@ -163,9 +163,10 @@ class CoreSession(Protocol):
 
 
 #: Opens a core session: (bind params from the URL, the session's outbox, the
-#: transport's in-flight calls) -> session. Raises ``InvalidWorkspace`` or
-#: ``InvalidParams`` for a query the core refuses (the client gets 400).
-SessionFactory = Callable[[dict[str, Any], Outbox, dict[str, anyio.Event]], CoreSession]
+#: transport's in-flight calls, whether it serves one stateless request alone) -> session.
+#: Raises ``InvalidWorkspace`` or ``InvalidParams`` for a query the core refuses (the
+#: client gets 400).
+SessionFactory = Callable[[dict[str, Any], Outbox, dict[str, anyio.Event], bool], CoreSession]
 
 
 def bind_listen(address: ListenAddress, backlog: int = 256) -> socket.socket:
@@ -744,7 +745,7 @@ class McpHttpEndpoint:
         outbox = _StreamOutbox()
         session = _Session(None if stateless else secrets.token_urlsafe(24), outbox)
         try:
-            session.core = self._factory(bind, outbox, session.calls)
+            session.core = self._factory(bind, outbox, session.calls, stateless)
         except rpc_errors.RpcError as exc:
             # Busy passes (503: retry); anything else is the request's (400).
             status = 503 if isinstance(exc, rpc_errors.ServerBusy) else 400

@@ -194,6 +194,12 @@ class InvokeRequest:
         every_progress_line: Deliver every progress line the child writes (no
             coalescing of bursts).
         traceparent: The caller's W3C ``traceparent`` (for the observers), or None.
+        checked_workspace: ``workspace`` as the face checked it (``Service.workspace``)
+            for this very request, or None. The call is judged in it without a second
+            check: a stateless MCP exchange binds its URL's workspace for its one request
+            (a check is a few system calls: an open, its name, its identity). A face that
+            checked it for earlier requests (a bound session) leaves it None: the
+            directory may be gone since.
     """
 
     tool: str
@@ -209,6 +215,7 @@ class InvokeRequest:
     images: bool = True
     every_progress_line: bool = False
     traceparent: str | None = None
+    checked_workspace: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,18 +519,23 @@ class Service:
         headless: bool,
         catalog_name: str | None,
         cancel: anyio.Event | None = None,
+        checked_workspace: Path | None = None,
     ) -> Prepared:
         """Workspace, mode, the tool in the catalog, the schema, then the classification.
 
         Args:
             cancel: The call's cancel event, when it is a call: setting it ends a check
                 in the check process (which can take seconds) at once.
+            checked_workspace: ``workspace_raw`` already checked for this request
+                (``InvokeRequest.checked_workspace``): taken as it is.
 
         Raises:
             InvalidWorkspace, InvalidParams, UnknownTool, InvalidArguments: In that order.
             CallCancelled: ``cancel`` was set during the check in the check process.
         """
-        workspace = self.workspace(workspace_raw)
+        workspace = (
+            checked_workspace if checked_workspace is not None else self.workspace(workspace_raw)
+        )
         assert workspace is not None
         mode = self.mode(mode_raw)
         catalog = await self.catalog(workspace)
@@ -696,6 +708,7 @@ class Service:
             request.headless,
             request.catalog,
             cancel,
+            request.checked_workspace,
         )
         loaded = prepared.loaded
         observed = self._observer.call(

@@ -530,7 +530,7 @@ def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
         assert conn.receive()["result"]["bound"] is True
         if era == "2025-11-25":
             conn.send({"jsonrpc": "2.0", "id": "i", "method": "initialize",
-                       "params": {"protocolVersion": era, "capabilities": {"elicitation": {}}}})
+                       "params": {"protocolVersion": era, "capabilities": {"elicitation": {}}, "clientInfo": {"name": "t", "version": "1"}}})
             assert "result" in conn.receive()
             conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
             asked = served_first(conn, call("c", {}), other)
@@ -566,7 +566,7 @@ def test_an_mcp_call_cancelled_while_its_question_is_made_puts_none_to_the_opera
         assert conn.receive()["result"]["bound"] is True
         conn.send({"jsonrpc": "2.0", "id": "i", "method": "initialize",
                    "params": {"protocolVersion": "2025-11-25",
-                              "capabilities": {"elicitation": {}}}})
+                              "capabilities": {"elicitation": {}}, "clientInfo": {"name": "t", "version": "1"}}})
         assert "result" in conn.receive()
         conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         late = []
@@ -907,7 +907,7 @@ def test_an_idle_mcp_session_is_never_evicted(small: Daemon) -> None:
     try:
         assert mcp.request("mcp.bind", {"workspace": str(small.workspace)})["result"]["bound"]
         mcp.send({"jsonrpc": "2.0", "id": "i", "method": "initialize",
-                  "params": {"protocolVersion": "2025-11-25", "capabilities": {}}})
+                  "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})
         assert "result" in mcp.receive()
         others = [small.raw() for _ in range(3)]
         for conn in others:

@@ -249,9 +249,30 @@ def test_mcp_ping_is_no_method_of_2026_07_28(mcp_daemon: Daemon, workspace: Path
         assert removed["error"]["code"] == -32601, removed
         assert "2026-07-28" in removed["error"]["message"]
         assert pump.request(2, "ping")["result"] == {}
-        pump.request(3, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        pump.request(3, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert pump.request(4, "ping")["result"] == {}
         assert pump.request(5, "ping", {"_meta": meta})["error"]["code"] == -32601
+    finally:
+        assert pump.close() == 0
+
+
+def test_mcp_a_method_toolsetd_lacks_is_not_found_before_initialize_too(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """A method toolsetd does not serve is -32601 whether or not initialize came first,
+    as the SDK's server answers it ("clients probing a server before the handshake key off
+    that code"); it was -32602 "send initialize first", which initialize does not cure.
+    A method it serves is still told to initialize first."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        for n, method in enumerate(("resources/list", "prompts/list", "logging/setLevel",
+                                    "tasks/get", "completion/complete")):
+            reply = pump.request(n, method, {})
+            assert reply["error"]["code"] == -32601, (method, reply)
+            assert reply["error"]["data"] == {"method": method}, reply
+        before = pump.request("list", "tools/list")
+        assert before["error"]["code"] == -32602, before
+        assert "initialize" in before["error"]["message"]
     finally:
         assert pump.close() == 0
 
@@ -351,7 +372,7 @@ def test_mcp_garbage_on_stdin_is_answered_and_survived(mcp_daemon: Daemon, works
                 "message": "Invalid Request: 'jsonrpc' must be exactly \"2.0\".",
             },
         }
-        init = pump.request(7, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        init = pump.request(7, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert init["result"]["protocolVersion"] == "2025-11-25"
         assert pump.request(8, "ping")["result"] == {}
     finally:
@@ -368,7 +389,7 @@ def test_mcp_arguments_deeper_than_the_cap_are_refused_naming_it(
         deep = [deep]
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert "result" in init
         reply = pump.request(2, "tools/call", {"name": "hello", "arguments": {"name": deep}})
         assert reply["error"]["code"] == -32602, reply
@@ -387,7 +408,7 @@ def test_mcp_progress_token_of_another_type_is_refused_naming_it(
     integer or null is taken, and the session carries on."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert "result" in init
         call = {"name": "hello", "arguments": {"name": "Ada"}}
         reply = pump.request(2, "tools/call", {**call, "_meta": {"progressToken": token}})
@@ -408,13 +429,60 @@ def test_mcp_a_second_initialize_is_refused_and_the_first_stands(
     version agreed, and the session goes on under the first one's terms."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        first = pump.request(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}})
+        first = pump.request(1, "initialize", {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert first["result"]["protocolVersion"] == "2025-06-18"
-        again = pump.request(2, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        again = pump.request(2, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert again["error"]["code"] == -32600, again
         assert "already initialized (protocol 2025-06-18)" in again["error"]["message"]
         listed = pump.request(3, "tools/list")
         assert any(t["name"] == "hello" for t in listed["result"]["tools"])
+    finally:
+        assert pump.close() == 0
+
+
+#: Malformed initialize params (MCP's InitializeRequestParams: protocolVersion a string,
+#: capabilities an object, clientInfo an Implementation with string name and version) and
+#: the field each -32602 names.
+MALFORMED_INITIALIZE = [
+    (None, "params"),
+    ({"capabilities": {}, "clientInfo": {"name": "h", "version": "1"}}, "protocolVersion"),
+    ({**INIT_PARAMS, "protocolVersion": 20251125}, "protocolVersion"),
+    ({**INIT_PARAMS, "protocolVersion": None}, "protocolVersion"),
+    ({"protocolVersion": "2025-11-25", "clientInfo": {"name": "h", "version": "1"}},
+     "capabilities"),
+    ({**INIT_PARAMS, "capabilities": "x"}, "capabilities"),
+    ({**INIT_PARAMS, "capabilities": ["elicitation"]}, "capabilities"),
+    ({"protocolVersion": "2025-11-25", "capabilities": {}}, "clientInfo"),
+    ({**INIT_PARAMS, "clientInfo": "host 1.0"}, "clientInfo"),
+    ({**INIT_PARAMS, "clientInfo": {"version": "1"}}, "clientInfo.name"),
+    ({**INIT_PARAMS, "clientInfo": {"name": 7, "version": "1"}}, "clientInfo.name"),
+    ({**INIT_PARAMS, "clientInfo": {"name": "h"}}, "clientInfo.version"),
+    ({**INIT_PARAMS, "clientInfo": {"name": "h", "version": 1}}, "clientInfo.version"),
+]
+
+
+def test_mcp_a_malformed_initialize_is_invalid_params_naming_the_field(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """MCP's schema makes initialize's params, and in them ``protocolVersion`` (a string),
+    ``capabilities`` (an object) and ``clientInfo`` (a name and a version, strings),
+    required; the SDK's server refuses one without them with -32602. Each is -32602 naming
+    the field (they were accepted, and a host that declared ``capabilities: "x"`` was
+    served as one that declared nothing); the session is not initialized by it, so a
+    well-formed initialize after it opens the session."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        for n, (params, field) in enumerate(MALFORMED_INITIALIZE):
+            reply = pump.request(n, "initialize", params)
+            assert reply["error"]["code"] == -32602, (params, reply)
+            assert reply["error"]["data"] == {"field": field}, (params, reply)
+            assert f"'{field}'" in reply["error"]["message"], reply
+            assert pump.request(f"list-{n}", "tools/list")["error"]["code"] == -32602
+        init = pump.request("ok", "initialize", INIT_PARAMS)
+        assert init["result"]["protocolVersion"] == "2025-11-25", init
+        # Extra fields are the host's own (title, icons, ...; the schema leaves it open).
+        again = pump.request("again", "initialize", {**INIT_PARAMS, "x": 1})
+        assert "already initialized" in again["error"]["message"], again
     finally:
         assert pump.close() == 0
 
@@ -434,7 +502,7 @@ def test_mcp_two_initializes_at_once_get_one_answer_and_one_refusal(
                     "jsonrpc": "2.0",
                     "id": request_id,
                     "method": "initialize",
-                    "params": {"protocolVersion": "2025-11-25", "capabilities": {}},
+                    "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}},
                 }
             )
         answers = sorted((pump.receive() for _ in range(2)), key=lambda a: a["id"])
@@ -449,7 +517,7 @@ def test_mcp_two_initializes_at_once_get_one_answer_and_one_refusal(
 #: initialize, initialized and tools/list (id 2), as a host opens a session.
 _OPENING = [
     {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-     "params": {"protocolVersion": "2025-11-25", "capabilities": {}}},
+     "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}},
     {"jsonrpc": "2.0", "method": "notifications/initialized"},
     {"jsonrpc": "2.0", "id": 2, "method": "tools/list"},
 ]
@@ -460,6 +528,33 @@ def _pump_on_a_fresh_workspace(daemon: Daemon, tmp_path: Path) -> RawPump:
     fresh = tmp_path / "fresh"
     (fresh / ".crystal" / "tools").mkdir(parents=True)
     return RawPump(pump_args(daemon, fresh))
+
+
+def test_mcp_a_cancel_of_initialize_is_ignored(mcp_daemon: Daemon, tmp_path: Path) -> None:
+    """MCP: a client MUST NOT cancel its initialize, and a receiver may ignore a cancel of
+    a request that cannot be cancelled. One sent right behind it (while a new workspace's
+    catalog is built) withheld initialize's answer, yet the session was initialized by it:
+    the host, told nothing, was refused "already initialized" when it sent it again. It is
+    ignored: initialize is answered, and the session is the one it opened."""
+    pump = _pump_on_a_fresh_workspace(mcp_daemon, tmp_path)
+    try:
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT_PARAMS}
+        cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled",
+                  "params": {"requestId": 1, "reason": "test"}}
+        pump.send(json.dumps(init).encode() + b"\n" + json.dumps(cancel).encode() + b"\n")
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})  # waits for it
+        seen: dict[Any, Any] = {}
+        while 2 not in seen:
+            message = pump.receive()
+            seen[message["id"]] = message
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})  # whatever is on its way
+        while 3 not in seen:
+            message = pump.receive()
+            seen[message["id"]] = message
+        assert seen[2]["result"]["tools"] is not None, seen
+        assert seen[1]["result"]["protocolVersion"] == "2025-11-25", seen
+    finally:
+        assert pump.close() == 0
 
 
 def test_mcp_a_request_pipelined_behind_initialize_is_served_under_it(
@@ -592,7 +687,7 @@ async def test_mcp_cancel_ends_the_call_and_its_child(mcp_host: Daemon, workspac
 def test_mcp_stdin_closing_cancels_the_hosts_calls(mcp_daemon: Daemon, workspace: Path) -> None:
     """When the host goes away (stdin closes), its running call is cancelled and the pump exits."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
-    pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+    pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
     pump.send(
         {
             "jsonrpc": "2.0",
@@ -703,7 +798,7 @@ def test_mcp_list_changed_only_when_the_hosts_list_changed(tmp_base: Path) -> No
         sets = d.workspace / ".crystal" / "tools"
         pump = RawPump(pump_args(d, d.workspace, "--catalog", "plan"))
         try:
-            pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+            pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
             pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
             listed = pump.request(2, "tools/list")["result"]["tools"]
             assert [t["name"] for t in listed] == ["planned"]
@@ -882,13 +977,23 @@ def test_mcp_an_approval_request_nobody_answers_is_withdrawn(
     pump = RawPump(pump_args(d, workspace))
     try:
         capabilities = {"elicitation": {}}
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "t", "version": "1"}})
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         call = {"name": "asker", "arguments": {}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         asked = pump.receive()
         assert asked["method"] == "elicitation/create"
         withdrawn = pump.receive()
         answered = pump.receive()
+        # A host that never sends notifications/initialized is never asked (its question
+        # is held: no elicitation/create to withdraw), and its answer says why.
+        mute = RawPump(pump_args(d, workspace))
+        try:
+            mute.request(1, "initialize", {**INIT_PARAMS, "capabilities": capabilities})
+            mute.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+            unasked = mute.receive()  # the answer itself: no elicitation/create before it
+        finally:
+            mute.close()
     finally:
         pump.close()
         d.stop()
@@ -897,6 +1002,8 @@ def test_mcp_an_approval_request_nobody_answers_is_withdrawn(
     assert answered["id"] == 2
     assert answered["result"]["isError"] is True
     assert "in time" in answered["result"]["content"][0]["text"]
+    assert "never sent notifications/initialized" in unasked["result"]["content"][0]["text"]
+    assert unasked["result"]["isError"] is True
 
 
 @pytest.mark.parametrize("arguments", ["text", [1, 2], 5, True])
@@ -911,7 +1018,7 @@ def test_mcp_arguments_that_are_not_an_object_are_invalid_params(
     write_set(sets, "untyped", tool("untyped.py", schema={}), **{"untyped.py": runs})
     pump = RawPump(pump_args(mcp_daemon, workspace, "--mode", "full"))
     try:
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         reply = pump.request(2, "tools/call", {"name": "untyped", "arguments": arguments})
     finally:
         pump.close()
@@ -919,6 +1026,77 @@ def test_mcp_arguments_that_are_not_an_object_are_invalid_params(
     assert "'arguments' must be an object" in reply["error"]["message"]
     assert reply["error"]["data"] == {"field": "arguments"}
     assert not (workspace / "ran").exists()
+
+
+def test_mcp_no_approval_request_goes_out_before_initialized(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """MCP's lifecycle: the server SHOULD NOT send requests other than pings and logging
+    before the host's notifications/initialized. A call that needs approval, sent after
+    initialize but before initialized (a pipe, HTTP requests that overtake each other),
+    holds its question until initialized comes, then asks it; the call is kept, not
+    refused. It went out at once. A held call the host cancels puts no question at all."""
+    name = _unique("asker")
+    write_project_asker(workspace, name)
+
+    def held() -> int:
+        return sum(
+            e.get("event") == "mcp_approval_held" and e.get("tool") == name
+            for e in mcp_daemon.log_events()
+        )
+
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.request(1, "initialize", {**INIT_PARAMS, "capabilities": {"elicitation": {}}})
+        call = {"name": name, "arguments": {}}
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        eventually(lambda: held() == 1, what="the first call's question held")
+        pump.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                   "params": {"requestId": 2}})
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": call})
+        eventually(lambda: held() == 2, what="the second call's question held")
+        assert pump.request(4, "ping")["result"] == {}  # nothing went out before it
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        asked = pump.receive()
+        assert asked["method"] == "elicitation/create", asked
+        pump.send({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "accept"}})
+        done = pump.receive()
+        assert done["id"] == 3, done
+        assert "asked and ran" in done["result"]["content"][0]["text"], done
+        assert pump.request(5, "ping")["result"] == {}  # and nothing for the cancelled one
+    finally:
+        assert pump.close() == 0
+
+
+def test_mcp_the_first_answer_to_an_approval_request_stands(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """A request has one response (JSON-RPC): the host's first answer to an
+    elicitation/create is the operator's; a second one for the same id (a host that
+    answers twice), and one for an id toolsetd never sent, are ignored. The second used to
+    overwrite the first when it came before the call took it: a decline then an accept in
+    one write ran the call."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.request(1, "initialize", {**INIT_PARAMS, "capabilities": {"elicitation": {}}})
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        pump.send({"jsonrpc": "2.0", "id": "toolsetd-elicit-99", "result": {"action": "accept"}})
+        for n, (first, second) in enumerate((("decline", "accept"), ("accept", "decline"))):
+            call = {"name": "asker", "arguments": {}}
+            pump.send({"jsonrpc": "2.0", "id": 2 + n, "method": "tools/call", "params": call})
+            asked = pump.receive()
+            assert asked["method"] == "elicitation/create", asked
+            pump.send(b"".join(
+                json.dumps({"jsonrpc": "2.0", "id": asked["id"],
+                            "result": {"action": action}}).encode() + b"\n"
+                for action in (first, second)))
+            done = pump.receive()
+            assert done["id"] == 2 + n, done
+            text = done["result"]["content"][0]["text"]
+            assert ("asked and ran" in text) is (first == "accept"), (first, done)
+        assert pump.request(9, "ping")["result"] == {}
+    finally:
+        assert pump.close() == 0
 
 
 def test_mcp_a_cancelled_call_withdraws_its_approval_request(
@@ -931,7 +1109,8 @@ def test_mcp_a_cancelled_call_withdraws_its_approval_request(
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
         capabilities = {"elicitation": {}}
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "t", "version": "1"}})
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         call = {"name": "asker", "arguments": {}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         asked = pump.receive()
@@ -1071,7 +1250,7 @@ def test_mcp_odd_ids_and_params_keep_the_session(mcp_daemon: Daemon, workspace: 
     """An object or array where an id belongs, or params as an array, ends nothing."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         for request_id in ({"a": 1}, [1]):  # unhashable: no request in flight has it
             cancelled = {"requestId": request_id, "reason": "test"}
             pump.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancelled})
@@ -1093,7 +1272,7 @@ def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> No
     """After notifications/cancelled nothing more goes out for that request."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         params = {"name": "sleeper", "arguments": {}, "_meta": {"progressToken": "p"}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": params})
         pid_file = workspace / "sleeper.pid"
@@ -1139,7 +1318,7 @@ def test_mcp_answers_and_cancels_pass_the_in_flight_limit() -> None:
         bind = {"workspace": str(d.workspace)}
         conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind", "params": bind})
         assert conn.receive()["result"]["bound"] is True
-        hello = {"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}}}
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {"elicitation": {}}, "clientInfo": {"name": "t", "version": "1"}}
         conn.send({"jsonrpc": "2.0", "id": "i", "method": "initialize", "params": hello})
         assert "result" in conn.receive()
         conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
@@ -1498,7 +1677,7 @@ def _autostarted(
         cwd=cwd,
     )
     try:
-        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert init["result"]["serverInfo"]["name"] == "toolsetd"
         if then is not None:
             then(pump)
@@ -1552,7 +1731,7 @@ def test_mcp_sigint_ends_the_pump_without_a_traceback(
         pump = RawPump(pump_args(mcp_daemon, workspace))
     finally:
         signal.signal(signal.SIGINT, previous)
-    init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+    init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
     assert init["result"]["serverInfo"]["name"] == "toolsetd"
     assert pump.proc.poll() is None, "the pump ended before the SIGINT"
     pump.proc.send_signal(signal.SIGINT)
@@ -1572,7 +1751,7 @@ def test_mcp_sigint_is_blocked_in_every_pump_thread_but_the_main_one(
     not 130). The other threads block SIGINT, so it always interrupts the main one."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert init["result"]["serverInfo"]["name"] == "toolsetd"
         bit = 1 << (signal.SIGINT - 1)
         blocked = {}
@@ -1727,7 +1906,7 @@ def test_mcp_no_new_call_during_a_graceful_stop(
     d = start_daemon(home, workspace, tmp_base, ["--shutdown-grace", "2"])
     pump = RawPump(pump_args(d, workspace))
     try:
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         call = {"name": "sleeper", "arguments": {}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         pid_file = workspace / "sleeper.pid"
@@ -1762,7 +1941,8 @@ def test_mcp_a_graceful_stop_answers_a_call_waiting_on_its_approval(
     pump = RawPump(pump_args(d, workspace))
     try:
         capabilities = {"elicitation": {}}
-        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities})
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": capabilities, "clientInfo": {"name": "t", "version": "1"}})
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         call = {"name": "asker", "arguments": {}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         asked = pump.receive()
@@ -1801,7 +1981,7 @@ def test_mcp_meta_traceparent_reaches_the_child_and_a_bad_one_is_ignored(
     d = start_daemon(home, workspace, tmp_base)
     pump = RawPump(pump_args(d, workspace))
     try:
-        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}})
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
         assert "result" in init
         parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
         expected = {parent: repr(parent), "00-xyz": "None", parent + "\n": "None"}
@@ -1833,7 +2013,7 @@ def test_mcp_a_failing_stderr_keeps_the_exit_code_and_the_autostart(
     env = {**os.environ, "CRYSTAL_HOME": str(home)}
     env.pop("TOOLSETD_SOCKET", None)
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-11-25", "capabilities": {}}}
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     with open("/dev/full", "w") as full:
         proc = subprocess.run(  # noqa: S603
             [PY, "-m", "toolsetd.client", "--socket", str(sock), *options],
@@ -1860,7 +2040,7 @@ def test_mcp_a_failing_stdout_is_said_as_such_not_a_lost_daemon(
     (the daemon is unreachable), sending the operator after a daemon that was fine. The
     line names stdout; exit 9."""
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-            "params": {"protocolVersion": "2025-11-25", "capabilities": {}}}
+            "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     with open("/dev/full", "w") as full:
         proc = subprocess.Popen(  # noqa: S603
             [PY, "-m", "toolsetd.client", "--socket", str(mcp_daemon.socket),

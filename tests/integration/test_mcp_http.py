@@ -53,6 +53,7 @@ from .conftest import (
 )
 from .http_helpers import (
     INIT_PARAMS,
+    JSON_HEADERS,
     HttpReply,
     endpoint,
     http,
@@ -270,6 +271,10 @@ def test_http_request_without_session_or_modern_meta(http_daemon, workspace: Pat
         assert reply.json()["id"] == 1
         assert "initialize first" in reply.json()["error"]["message"]
     assert http(url, body=rpc(2, "ping")).status == 200
+    # A method toolsetd lacks is -32601 (initialize would not make it one), still 400.
+    lacking = http(url, body=rpc(4, "resources/list"))
+    assert lacking.status == 400, lacking
+    assert lacking.json()["error"]["code"] == -32601, lacking.body
     # A 2026-07-28 request is served without a session: its errors stay 200.
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
             "io.modelcontextprotocol/clientCapabilities": {}}
@@ -277,6 +282,73 @@ def test_http_request_without_session_or_modern_meta(http_daemon, workspace: Pat
         "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "nope"})
     assert unknown.status == 200, unknown
     assert unknown.json()["error"]["code"] == -32602
+
+
+def test_http_a_malformed_initialize_is_invalid_params_and_opens_no_session(
+    http_daemon, workspace: Path
+) -> None:
+    """An initialize without the params MCP's schema requires (protocolVersion a string,
+    capabilities an object, clientInfo with string name and version) is the core's -32602
+    naming the field, on the POST's 200 as the SDK's server answers it, and opens no
+    session (no Mcp-Session-Id): the host sends a well-formed one."""
+    from .test_mcp import MALFORMED_INITIALIZE
+
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    for n, (params, field) in enumerate(MALFORMED_INITIALIZE):
+        reply = http(url, body=rpc(n, "initialize", params))
+        assert reply.status == 200, (params, reply)
+        assert "mcp-session-id" not in reply.headers, (params, reply.headers)
+        assert reply.json()["error"]["code"] == -32602, (params, reply.body)
+        assert reply.json()["error"]["data"] == {"field": field}, (params, reply.body)
+    assert "mcp-session-id" in http(url, body=rpc("ok", "initialize", INIT_PARAMS)).headers
+
+
+def test_http_no_approval_request_goes_out_before_initialized(
+    http_daemon, workspace: Path
+) -> None:
+    """A call that needs approval, POSTed in a session whose notifications/initialized has
+    not come yet (HTTP requests may overtake each other), holds its question until it
+    comes (MCP's lifecycle: no server request before it), then asks it on the call's
+    stream; the accept runs the call. It went out at once."""
+    daemon, base = http_daemon
+    name = f"asker_{uuid.uuid4().hex[:10]}"
+    write_set(workspace / ".crystal" / "tools", name, _tool(f"{name}.py"),
+              **{f"{name}.py": ASKER})
+    url = endpoint(base, workspace)
+    opened = http(url, body=rpc(1, "initialize", {**INIT_PARAMS,
+                                                  "capabilities": {"elicitation": {}}}))
+    session = {"mcp-session-id": opened.headers["mcp-session-id"]}
+    target = urlsplit(url)
+    conn = HTTPConnection(target.hostname, target.port, timeout=30)
+    try:
+        conn.request("POST", f"{target.path}?{target.query}",
+                     body=json.dumps(rpc(2, "tools/call", {"name": name, "arguments": {}})),
+                     headers={**JSON_HEADERS, **session})
+        eventually(lambda: any(e.get("event") == "mcp_approval_held" and e.get("tool") == name
+                               for e in daemon.log_events()), what="the question held")
+        note = http(url, body={"jsonrpc": "2.0", "method": "notifications/initialized"},
+                    headers=session)
+        assert note.status == 202, note
+        stream = conn.getresponse()
+        assert stream.headers["content-type"] == "text/event-stream"
+
+        def event() -> Any:
+            while True:
+                line = stream.readline()
+                assert line, "the stream ended"
+                if line.startswith(b"data:"):
+                    return json.loads(line[5:])
+
+        asked = event()
+        assert asked["method"] == "elicitation/create", asked
+        answer = {"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "accept"}}
+        assert http(url, body=answer, headers=session).status == 202
+        done = event()
+        assert done["id"] == 2, done
+        assert "asked and ran" in done["result"]["content"][0]["text"], done
+    finally:
+        conn.close()
 
 
 def test_http_stateless_2026_request_needs_no_session(http_daemon, workspace: Path) -> None:
@@ -322,6 +394,45 @@ def test_http_2026_request_headers_must_mirror_the_body(http_daemon, workspace: 
         assert bad.status == 400, (headers, bad)
         assert bad.json()["error"]["code"] == -32020, (headers, bad.body)
         assert bad.json()["id"] == 1
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_http_a_stateless_call_checks_its_workspace_once(http_daemon, workspace: Path) -> None:
+    """A 2026-07-28 tools/call over HTTP is one exchange whose core session is bound to the
+    URL's workspace for that request alone: the workspace is checked there (open, name,
+    identity), and the call's judging takes that check rather than make it again (it was
+    made twice per request). Counted by the daemon's own system calls (strace), the
+    checks of a workspace directory being its O_PATH opens."""
+    daemon, base = http_daemon
+    called = workspace.parent / f"called-{uuid.uuid4().hex[:8]}"  # opened by the call alone
+    called.mkdir()
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    call = rpc(1, "tools/call", {"_meta": meta, "name": "hello", "arguments": {"name": "Ada"}})
+    headers = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
+               "mcp-name": "hello"}
+    url = endpoint(base, called)
+    assert http(url, body=call, headers=headers).status == 200  # its catalog built
+    trace = workspace.parent / f"strace-{uuid.uuid4().hex[:8]}"
+    tracer = subprocess.Popen(
+        ["strace", "-f", "-e", "trace=openat", "-o", str(trace), "-p", str(daemon.proc.pid)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def attached() -> bool:  # a ping binds its URL's workspace: traced once attached
+            assert http(endpoint(base, workspace), body=rpc(0, "ping")).status == 200
+            return trace.exists() and f'"{workspace}"' in trace.read_text()
+
+        eventually(attached, what="strace attached")
+        reply = http(url, body=call, headers=headers)
+        assert reply.status == 200 and reply.json()["result"]["isError"] is False, reply
+    finally:
+        tracer.send_signal(signal.SIGINT)
+        tracer.wait(timeout=30)
+    opens = [line for line in trace.read_text().splitlines()
+             if f'"{called}"' in line and "O_PATH" in line]
+    assert len(opens) == 1, opens
 
 
 def test_http_2026_request_ignores_mcp_session_id(http_daemon, workspace: Path) -> None:

@@ -843,7 +843,7 @@ def test_a_tilde_in_toolsetd_socket_names_one_socket_for_daemon_and_clients(
                                 env=env, cwd=workspace, check=False)
         assert status.returncode == 0, status.stderr
         init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
-                "params": {"protocolVersion": "2025-11-25", "capabilities": {}}}
+                "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
         with subprocess.Popen([*ctl, "mcp", "--no-autostart"], stdin=subprocess.PIPE,  # noqa: S603
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                               cwd=workspace) as pump:
