@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from http.client import HTTPConnection
@@ -21,8 +23,8 @@ import pytest
 
 from .conftest import Daemon, RawConn, alive, eventually, shut_down, write_set
 from .faces import FACES, Binding, Faces, disagreement
-from .http_helpers import JSON_HEADERS, http, rpc, start_http_daemon
-from .mcp_helpers import script
+from .http_helpers import INIT_PARAMS, JSON_HEADERS, endpoint, http, rpc, start_http_daemon
+from .mcp_helpers import RawPump, script
 
 ECHO = script(
     "import json, sys\n"
@@ -286,3 +288,82 @@ def test_cancel_ends_the_process_group_on_every_face(faces: Faces, face: str) ->
         pids = _group(tag)
         conn.close()
     eventually(lambda: not any(alive(pid) for pid in pids), 30, "the process group gone")
+
+
+@pytest.fixture
+def linked_workspace(faces: Faces) -> Iterator[tuple[Path, str]]:
+    """A workspace with a project tool, and a name of it through a link and ``..``: the
+    kernel takes ``<other>/link/..`` to the workspace, a lexical fold to ``<other>``."""
+    base = Path(tempfile.mkdtemp(prefix="tsd-faces-ws-"))
+    try:
+        workspace, other = base / "project", base / "other"
+        (workspace / "sub").mkdir(parents=True)
+        other.mkdir()
+        (other / "link").symlink_to(workspace / "sub")
+        write_set(
+            workspace / ".crystal" / "tools",
+            "projtool",
+            {
+                "runner": "exec",
+                "description": "A project tool.",
+                "command": ["p.sh"],
+                "schema": {"type": "object"},
+            },
+            **{"p.sh": "#!/bin/sh\necho project\n"},
+        )
+        yield workspace, f"{other}/link/.."
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_workspace_through_a_link_and_dotdot_is_one_folder_on_every_face(
+    faces: Faces, linked_workspace: tuple[Path, str]
+) -> None:
+    """``..`` after a link climbs from the link's target on every face, as the kernel and
+    the daemon read it: ``toolsetctl`` and ``toolsetctl mcp`` do not fold it away first."""
+    _, given = linked_workspace
+    with RawConn(faces.daemon.socket) as conn:
+        native = conn.request("list", {"workspace": given})["result"]["tools"]
+    assert "projtool" in [t["name"] for t in native]
+    url = endpoint(faces.url, given)
+    session = http(url, body=rpc(1, "initialize", INIT_PARAMS)).headers["mcp-session-id"]
+    listed = http(url, body=rpc(2, "tools/list", {}), headers={"mcp-session-id": session})
+    assert "projtool" in [t["name"] for t in listed.json()["result"]["tools"]]
+    pump = RawPump(
+        [
+            "-m",
+            "toolsetd.client",
+            "--socket",
+            str(faces.daemon.socket),
+            "--workspace",
+            given,
+            "mcp",
+            "--no-autostart",
+        ],
+        env=dict(os.environ),
+    )
+    try:
+        pump.request(1, "initialize", INIT_PARAMS)
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        tools = pump.request(2, "tools/list", {})["result"]["tools"]
+    finally:
+        pump.close()
+    assert "projtool" in [t["name"] for t in tools]
+    done = subprocess.run(  # noqa: TID251
+        [
+            sys.executable,
+            "-m",
+            "toolsetd.client",
+            "--socket",
+            str(faces.daemon.socket),
+            "--workspace",
+            given,
+            "--format",
+            "json",
+            "list",
+        ],
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    assert "projtool" in [t["name"] for t in json.loads(done.stdout)["tools"]]
