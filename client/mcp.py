@@ -577,7 +577,9 @@ def _main(argv: Sequence[str] | None) -> int:
     socket_option = options.get("socket")
     path = default_socket_path(option=str(socket_option) if socket_option else None)
     try:  # the current folder may have been removed (a CI step's, a deleted checkout)
-        workspace = absolute_path(str(options.get("workspace") or os.getcwd()))
+        # ~ as toolsetctl's other commands read it: a host's config has no shell to expand it
+        given = os.path.expanduser(str(options.get("workspace") or os.getcwd()))
+        workspace = absolute_path(given)
     except OSError as exc:
         _say(
             f"toolsetctl mcp: error: the current folder cannot be used ({exc.strerror}): "

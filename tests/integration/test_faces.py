@@ -367,3 +367,32 @@ def test_a_workspace_through_a_link_and_dotdot_is_one_folder_on_every_face(
         check=True,
     )
     assert "projtool" in [t["name"] for t in json.loads(done.stdout)["tools"]]
+
+
+def test_a_workspace_under_tilde_is_one_folder_for_toolsetctl_and_its_mcp(
+    faces: Faces, linked_workspace: tuple[Path, str]
+) -> None:
+    """``--workspace ~/project`` (a host's config, where no shell expands it) is the
+    home's ``project`` for ``toolsetctl mcp`` as for ``toolsetctl``'s other commands."""
+    workspace, _ = linked_workspace
+    env = {**os.environ, "HOME": str(workspace.parent)}
+    argv = ["-m", "toolsetd.client", "--socket", str(faces.daemon.socket)]
+    argv += ["--workspace", "~/project"]
+    done = subprocess.run(  # noqa: TID251
+        [sys.executable, *argv, "--format", "json", "list"],
+        capture_output=True,
+        timeout=60,
+        check=True,
+        env=env,
+    )
+    assert "projtool" in [t["name"] for t in json.loads(done.stdout)["tools"]]
+    pump = RawPump([*argv, "mcp", "--no-autostart"], env=env)
+    try:
+        pump.request(1, "initialize", INIT_PARAMS)
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        tools = pump.request(2, "tools/list", {})["result"]["tools"]
+    except EOFError:
+        tools = []
+    finally:
+        code = pump.close()
+    assert "projtool" in [t["name"] for t in tools], (code, pump.stderr())
