@@ -536,14 +536,13 @@ class McpHttpEndpoint:
                 else await self._large.parse(json_loads, request.body)
             )
         except orjson.JSONDecodeError as exc:
-            await _rpc_error(
-                exchange,
-                400,
-                None,
-                rpc_errors.ParseError(
-                    f"Parse error: the body is not JSON ({exc.msg} at character {exc.pos})."
-                ),
-            )
+            try:  # as the socket says it (orjson's words would be of surrogates, at 0)
+                request.body.decode("utf-8")
+            except UnicodeDecodeError:
+                why = "Parse error: the body is not valid UTF-8."
+            else:
+                why = f"Parse error: the body is not JSON ({exc.msg} at character {exc.pos})."
+            await _rpc_error(exchange, 400, None, rpc_errors.ParseError(why))
             return
         except MemoryError:  # the daemon's want, not the body's
             said = self._refused_requests.count("memory")

@@ -396,3 +396,20 @@ def test_a_workspace_under_tilde_is_one_folder_for_toolsetctl_and_its_mcp(
     finally:
         code = pump.close()
     assert "projtool" in [t["name"] for t in tools], (code, pump.stderr())
+
+
+def test_bytes_that_are_not_utf8_are_named_so_on_every_face(faces: Faces) -> None:
+    """A message with a byte that is no UTF-8 is -32700 "not valid UTF-8" on each face,
+    not a parser's words about surrogates at a position the byte is not at."""
+    call = b'{"jsonrpc": "2.0", "id": 0, "method": "tools/call", "params": {"name": "echo", '
+    call += b'"arguments": {"s": "\xff"}}}'
+    native = faces.native("echo", None, raw=call.replace(b"tools/call", b"invoke") + b"\n")
+    answers = [
+        native,
+        faces.stdio("echo", None, raw=call + b"\n"),
+        faces.http("echo", None, raw=call),
+    ]
+    for answer in answers:
+        assert answer["error"]["code"] == -32700
+        assert "not valid UTF-8" in answer["error"]["message"], answer
+        assert "surrogate" not in answer["error"]["message"], answer
