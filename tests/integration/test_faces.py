@@ -26,11 +26,8 @@ from .faces import FACES, Binding, Faces, disagreement
 from .http_helpers import INIT_PARAMS, JSON_HEADERS, endpoint, http, rpc, start_http_daemon
 from .mcp_helpers import RawPump, script
 
-ECHO = script(
-    "import json, sys\n"
-    "data = sys.stdin.read()\n"
-    "print('args', json.dumps(json.loads(data), sort_keys=True))\n"
-)
+#: Prints the arguments as the child gets them: the bytes on its stdin.
+ECHO = script("import sys\nprint('args', sys.stdin.read())\n")
 NONUTF8 = script("import sys\nsys.stdout.buffer.write(b'ok \\xff\\xfe \\xed\\xa0\\x80 end\\n')\n")
 SURROGATE_OUT = script('print(\'{"text": "x\\\\ud800y"}\')\n')
 FLOOD = script("import sys\nsys.stdout.write('z' * 150_000)\n")
@@ -211,6 +208,7 @@ def test_faces_agree(faces: Faces, tool: str, arguments: Any, binding: Binding) 
 RAW = [
     b'{"path": "/etc", "path": "inside.txt"}',
     b'{"path": "inside.txt", "path": "~/.ssh"}',
+    b'{"n": -0, "m": 1.50, "o": {"a": 1, "a": 2}, "e": 1E+2}',
     b'{"n": -0}',
     b'{"n": 1e400}',
     b'{"n": 123456789012345678901234567890}',
