@@ -411,3 +411,14 @@ def test_bytes_that_are_not_utf8_are_named_so_on_every_face(faces: Faces) -> Non
         assert answer["error"]["code"] == -32700
         assert "not valid UTF-8" in answer["error"]["message"], answer
         assert "surrogate" not in answer["error"]["message"], answer
+
+
+def test_the_way_to_allow_a_call_names_each_mcp_face(faces: Faces) -> None:
+    """A host without elicitation is told how the operator can allow the call: with a
+    mode, which over HTTP is the endpoint URL's ``mode=``, not only ``toolsetctl mcp``'s
+    ``--mode`` (an HTTP host has no command line to change)."""
+    for face in ("stdio", "http"):
+        reply = getattr(faces, face)("echo_ask", {"path": "inside.txt"})
+        text = reply["result"]["content"][0]["text"]
+        assert text.startswith("Approval required: "), text
+        assert "`mode=full`" in text and "--mode full" in text, text
