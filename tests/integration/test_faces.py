@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from .conftest import Daemon, RawConn, alive, eventually, shut_down, write_set
+from .conftest import Daemon, RawConn, eventually, shut_down, write_set
 from .faces import FACES, Binding, Faces, disagreement
 from .http_helpers import INIT_PARAMS, JSON_HEADERS, endpoint, http, rpc, start_http_daemon
 from .mcp_helpers import RawPump, script
@@ -164,7 +164,7 @@ PATHS = [
 ]
 CASES: list[tuple[str, Any, Binding]] = [
     *[("echo", {"path": p}, Binding()) for p in PATHS],
-    *[("echo", {"paths": [p]}, Binding()) for p in PATHS[:16]],
+    *[("echo", {"paths": [p]}, Binding()) for p in PATHS[6:16]],
     *[("echo", {"obj": {"deep": [p]}}, Binding()) for p in ("inside.txt", "~/.ssh", "/proc/self")],
     *[("echo", {"path": p}, Binding(headless=True)) for p in ("inside.txt", "/etc", "~/.ssh")],
     *[
@@ -174,7 +174,7 @@ CASES: list[tuple[str, Any, Binding]] = [
     ],
     *[
         ("echo_ask", {"path": "inside.txt"}, Binding(mode=m, headless=h))
-        for m in ("plan", "default", "edit", "review", "audit", "full", "yolo", " FULL ")
+        for m in ("plan", "default", "review", "audit", "full", " YOLO ")
         for h in (False, True)
     ],
     ("echo_plan", {}, Binding(catalog="work")),
@@ -250,6 +250,15 @@ def test_progress_lines_reach_every_face(faces: Faces) -> None:
     assert native[-1:] == ["100/100"]
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that still runs (a zombie waiting for its reaper is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
 def _group(tag: Path) -> list[int]:
     eventually(tag.exists, what=f"{tag.name} written")
     return [int(pid) for pid in tag.read_text().split()]
@@ -285,7 +294,7 @@ def test_cancel_ends_the_process_group_on_every_face(faces: Faces, face: str) ->
         conn.request("POST", f"{parts.path}?{parts.query}", json.dumps(body), headers)
         pids = _group(tag)
         conn.close()
-    eventually(lambda: not any(alive(pid) for pid in pids), 30, "the process group gone")
+    eventually(lambda: not any(_running(pid) for pid in pids), 30, "the process group gone")
 
 
 @pytest.fixture
@@ -421,4 +430,5 @@ def test_the_way_to_allow_a_call_names_each_mcp_face(faces: Faces) -> None:
         reply = getattr(faces, face)("echo_ask", {"path": "inside.txt"})
         text = reply["result"]["content"][0]["text"]
         assert text.startswith("Approval required: "), text
-        assert "`mode=full`" in text and "--mode full" in text, text
+        assert "`mode=full`" in text, text
+        assert "--mode full" in text, text
