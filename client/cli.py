@@ -25,6 +25,7 @@ from pathlib import Path
 from toolsetd.protocol.whitespace import NET_WHITESPACE
 
 from .blocking import BlockingClient
+from .command import absolute_path
 from .context import (
     Context,
     UsageError,
@@ -723,7 +724,7 @@ def run(
             out=out,
             socket=default_socket_path(env, getattr(args, "socket", None)),
             workspace=Path(
-                os.path.abspath(os.path.expanduser(getattr(args, "workspace", None) or "."))
+                absolute_path(os.path.expanduser(getattr(args, "workspace", None) or "."))
             ),
             home_option=(
                 Path(os.path.abspath(os.path.expanduser(home_option))) if home_option else None

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
+    "absolute_path",
     "command_in",
     "open_standard_streams",
     "utf8_output",
@@ -136,6 +137,19 @@ def wait_ready(fd: int, *, write: bool) -> None:
     import select  # only for a non-blocking descriptor
 
     select.select([] if write else [fd], [fd] if write else [], [])
+
+
+def absolute_path(path: str) -> str:
+    """``path`` made absolute against the current folder, its ``..`` left for the kernel.
+
+    ``os.path.abspath`` folds ``..`` away as text: ``/a/link/..`` becomes ``/a``, where the
+    kernel (and the daemon, which resolves the workspace it is sent) climbs from the link's
+    target. A folder named so would be another workspace here than over the wire or HTTP.
+    Only ``.`` and empty components (``//``, a trailing ``/``) are dropped: they name
+    nothing else to the kernel either.
+    """
+    joined = path if os.path.isabs(path) else os.path.join(os.getcwd(), path)
+    return "/" + "/".join(part for part in joined.split("/") if part not in ("", "."))
 
 
 def wire_text(value: str) -> str:

@@ -46,7 +46,8 @@ from toolsetd.protocol.sockfolder import folder_fault
 from toolsetd.protocol.sockpath import shared_tmp_folder
 from toolsetd.protocol.sockpath import socket_path as socket_path_rule
 
-from .command import wait_ready, wire_text  # stdlib only, loaded already (``__main__``)
+# stdlib only, loaded already (``__main__``)
+from .command import absolute_path, wait_ready, wire_text
 
 __all__ = ["default_socket_path", "main", "shared_tmp_peer_refused", "shared_tmp_squatted"]
 
@@ -576,7 +577,9 @@ def _main(argv: Sequence[str] | None) -> int:
     socket_option = options.get("socket")
     path = default_socket_path(option=str(socket_option) if socket_option else None)
     try:  # the current folder may have been removed (a CI step's, a deleted checkout)
-        workspace = os.path.abspath(str(options.get("workspace") or os.getcwd()))
+        # ~ as toolsetctl's other commands read it: a host's config has no shell to expand it
+        given = os.path.expanduser(str(options.get("workspace") or os.getcwd()))
+        workspace = absolute_path(given)
     except OSError as exc:
         _say(
             f"toolsetctl mcp: error: the current folder cannot be used ({exc.strerror}): "

@@ -340,7 +340,8 @@ def approval_unavailable_result(classification: dict[str, Any]) -> dict[str, Any
         how = (
             "To allow it, the operator can run it with `toolsetctl invoke "
             f"{tool} --args '<json>' --approve`, register this server with a mode that "
-            "allows it (`toolsetctl mcp --mode full` runs workspace calls unasked), or use "
+            "allows it (`toolsetctl mcp --mode full`, or `mode=full` in the URL of an HTTP "
+            "endpoint, runs workspace calls unasked), or use "
             "an MCP host that supports elicitation, which asks the operator."
         )
     return _text_result(

@@ -231,12 +231,27 @@ class _PostOutbox:
         if droppable and exchange.backlogged:
             return
         if not exchange.streaming:
-            exchange.start_stream_now(200, [*_SSE_HEADERS, *self._headers])
-            if self._tg is not None:
-                self._pinging = anyio.CancelScope()
-                self._tg.start_soon(self._keep_alive, self._pinging)
+            self._begin()
         exchange.send_now(_sse(message))
         self._sent += 1
+
+    def _begin(self) -> None:
+        self._exchange.start_stream_now(200, [*_SSE_HEADERS, *self._headers])
+        if self._tg is not None:
+            self._pinging = anyio.CancelScope()
+            self._tg.start_soon(self._keep_alive, self._pinging)
+
+    def keep_alive(self) -> None:
+        """A call still unanswered after the ping interval with nothing sent: its POST
+        becomes the event stream now, with a comment line (then one every interval), as
+        a client's read timeout would cut off a silent POST and so cancel the call."""
+        exchange = self._exchange
+        if self.closed or exchange.streaming or exchange.finished:
+            return
+        if exchange.disconnected.is_set():
+            return
+        self._begin()
+        exchange.send_now(b": ping\n\n")
 
     async def _keep_alive(self, scope: anyio.CancelScope) -> None:
         exchange = self._exchange
@@ -379,6 +394,8 @@ class McpHttpEndpoint:
         self.settings = settings or McpHttpSettings()
         self.http_settings = http or HttpSettings()
         self.sessions: dict[str, _Session] = {}
+        #: The POSTs of calls under way with nothing sent yet, by when they were read.
+        self._quiet_calls: dict[_PostOutbox, float] = {}
         self._servers: list[HttpServer] = []
         self._refused_log = Throttle()
         self._refused_requests = Throttle()
@@ -409,6 +426,7 @@ class McpHttpEndpoint:
                     urls.append(address.url(port))
                     log.info("mcp_http_listening", url=address.url(port))
                 tg.start_soon(self._expire_idle_sessions)
+                tg.start_soon(self._keep_calls_alive)
                 task_status.started(urls)
         finally:
             for session in list(self.sessions.values()):
@@ -537,14 +555,13 @@ class McpHttpEndpoint:
                 else await self._large.parse(json_loads, request.body)
             )
         except orjson.JSONDecodeError as exc:
-            await _rpc_error(
-                exchange,
-                400,
-                None,
-                rpc_errors.ParseError(
-                    f"Parse error: the body is not JSON ({exc.msg} at character {exc.pos})."
-                ),
-            )
+            try:  # as the socket says it (orjson's words would be of surrogates, at 0)
+                request.body.decode("utf-8")
+            except UnicodeDecodeError:
+                why = "Parse error: the body is not valid UTF-8."
+            else:
+                why = f"Parse error: the body is not JSON ({exc.msg} at character {exc.pos})."
+            await _rpc_error(exchange, 400, None, rpc_errors.ParseError(why))
             return
         except MemoryError:  # the daemon's want, not the body's
             said = self._refused_requests.count("memory")
@@ -783,6 +800,8 @@ class McpHttpEndpoint:
         # core answers it -32600, and input the server does not take is an error status.
         malformed = message.get("jsonrpc") != "2.0" or not is_request_id(request_id)
         outbox = _PostOutbox(exchange, headers, self.settings.ping_seconds, self._tg)
+        if not malformed and message.get("method") == "tools/call":
+            self._quiet_calls[outbox] = time.monotonic()
         # The request is answered by this task; a client that leaves does not cut it
         # off but has it cancelled through the core, which then ends it.
         exchange.cancel_on_disconnect = False
@@ -794,6 +813,7 @@ class McpHttpEndpoint:
             response = await core.receive(message, outbox)
         finally:
             session.running -= 1
+            self._quiet_calls.pop(outbox, None)
             outbox.close()
             # Served: a disconnect from now on cancels nothing (the id may already name
             # another request; a refused one, reusing an id in flight, never named its own).
@@ -974,6 +994,18 @@ class McpHttpEndpoint:
         while True:
             await anyio.sleep(interval)
             await self._expire_idle()
+
+    async def _keep_calls_alive(self) -> None:
+        """Turn the POST of each call unanswered for the ping interval, nothing sent on
+        it (no progress token), into a kept-alive event stream (``keep_alive``)."""
+        interval = self.settings.ping_seconds
+        while True:
+            await anyio.sleep(interval / 2)
+            cutoff = time.monotonic() - interval
+            for outbox, since in list(self._quiet_calls.items()):
+                if since <= cutoff:
+                    del self._quiet_calls[outbox]
+                    outbox.keep_alive()
 
     async def _expire_idle(self) -> None:
         """End sessions nobody used for ``session_idle_seconds`` (no request, no stream)."""

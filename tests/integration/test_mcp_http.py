@@ -1492,6 +1492,42 @@ def test_http_a_waiting_post_stream_is_kept_alive(
         daemon.stop()
 
 
+def test_http_a_long_call_without_a_progress_token_is_kept_alive(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A ``tools/call`` with no progress token whose tool runs past the ping interval gets
+    its POST turned into an event stream with comment lines, then its result: it used to
+    be one JSON body at the end, nothing before it, so the SDKs' clients (a 5-minute read
+    timeout) and proxies cut a long call off (and so cancelled it) that ``toolsetctl mcp``
+    runs to its end."""
+    write_set(home / "tools", "slowcall", _tool("slow.py"),
+              **{"slow.py": script("import time\ntime.sleep(2)\nprint('slept')\n")})
+    daemon = start_daemon(home, workspace, tmp_base, ["--mcp-listen", "127.0.0.1:0"],
+                          launcher=[PY, "-c", _SHORT_PING])
+    try:
+        url = endpoint(listening_urls(daemon)[0], workspace)
+        session = initialize(url)
+        target = urlsplit(url)
+        body = json.dumps(rpc(4, "tools/call", {"name": "slowcall", "arguments": {}})).encode()
+        with socket.create_connection((target.hostname, target.port), timeout=20) as sock:
+            sock.sendall(
+                f"POST {target.path}?{target.query} HTTP/1.1\r\n"
+                f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
+                "Accept: application/json, text/event-stream\r\n"
+                f"Mcp-Session-Id: {session}\r\n"
+                f"Content-Length: {len(body)}\r\n\r\n".encode() + body
+            )
+            seen = b""
+            while b"slept" not in seen:
+                chunk = sock.recv(65536)
+                assert chunk, seen
+                seen += chunk
+        assert b"text/event-stream" in seen.split(b"\r\n\r\n", 1)[0], seen
+        assert b": ping" in seen and seen.index(b": ping") < seen.index(b"slept"), seen
+    finally:
+        daemon.stop()
+
+
 def test_a_graceful_stop_answers_every_listen(
     home: Path, workspace: Path, tmp_base: Path
 ) -> None:
