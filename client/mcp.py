@@ -123,6 +123,9 @@ _REPLAY_ID = "toolsetctl-mcp-initialize-"
 #: daemon numbers its ``toolsetd-elicit-N`` from 1 again.
 _RENAMED = "toolsetctl-mcp-{}:"
 _VERSION_META = "io.modelcontextprotocol/protocolVersion"
+#: A host request in flight: its id, method, whether it is 2026-07-28's (its ``_meta``
+#: names the version), and an initialize's params (else None).
+_Entry = tuple[object, str, bool, object]
 _PASS = 1
 _DROP = 2
 _ABSENT = object()
@@ -515,7 +518,7 @@ class _Pump:
         self.generation = 1
         #: The host's requests sent to this daemon and not answered: key -> (id, method,
         #: modern), the pump answers them when the daemon goes away.
-        self.in_flight: dict[object, tuple[object, str, bool]] = {}
+        self.in_flight: dict[object, _Entry] = {}
         #: The daemon's requests to the host not answered yet: host key -> (host id, daemon
         #: id); after a restart the pump renames them (``_RENAMED``).
         self.asked: dict[object, tuple[object, object]] = {}
@@ -524,7 +527,7 @@ class _Pump:
         self.initialize: tuple[object, object] | None = None  # the host's (id key, params)
         self.initialized = False
         #: The host's lines read while the pump reconnects, and their size.
-        self.waiting: list[tuple[bytes, object, tuple[object, str, bool] | None]] = []
+        self.waiting: list[tuple[bytes, object, _Entry | None]] = []
         self.waiting_bytes = 0
         #: The pump's own answers the stdin thread leaves for the main thread to write.
         self.replies: list[bytes] = []
@@ -534,7 +537,7 @@ class _Pump:
         # The main thread's: the daemon line being copied.
         self._head = bytearray()
         self._mode = 0  # 0: at a line's start; _PASS or _DROP: within a line
-        self._line_entry: tuple[object, tuple[object, str, bool]] | None = None
+        self._line_entry: tuple[object, _Entry] | None = None
         self._swallow: object = None  # the replayed initialize's id
         self._replay_refused: str | None = None
         self._too_large = False  # the daemon said a line of the host's was over its limit
@@ -612,7 +615,7 @@ class _Pump:
             message = json.loads(line)
         except (ValueError, RecursionError):
             message = None  # the daemon answers it
-        entry: tuple[object, str, bool] | None = None
+        entry: _Entry | None = None
         key: object = None
         if type(message) is dict:
             method = message.get("method")
@@ -629,12 +632,12 @@ class _Pump:
                     params = message.get("params")
                     meta = params.get("_meta") if type(params) is dict else None
                     modern = type(meta) is dict and _VERSION_META in meta
-                    entry = (request_id, method, modern)
+                    # An initialize keeps its params: a new daemon is given them again.
+                    kept = message.get("params", _ABSENT) if method == "initialize" else None
+                    entry = (request_id, method, modern, kept)
                     if type(request_id) is str and len(request_id) > 32:
                         self.head_max = max(self.head_max, 6 * len(request_id) + _HEAD)
         with self.lock:
-            if entry is not None and entry[1] == "initialize" and self.initialize is None:
-                self.initialize = (key, message.get("params", _ABSENT))
             sock = self.sock
             if sock is None:
                 if self.waiting_bytes + len(line) > _WAITING_MAX:
@@ -646,8 +649,16 @@ class _Pump:
                 self.waiting_bytes += len(line)
                 return
             if entry is not None:
-                self.in_flight[key] = entry
+                self._sending(key, entry)
         self._send(sock, line)
+
+    def _sending(self, key: object, entry: _Entry) -> None:
+        """A host request goes to the daemon now (``lock`` held): it is in flight, and
+        the session's first initialize is the one a new daemon is given again (one that
+        waited for the new daemon is sent as itself, not replayed as well)."""
+        self.in_flight[key] = entry
+        if entry[1] == "initialize" and self.initialize is None:
+            self.initialize = (key, entry[3])
 
     def _host_answer(self, message: dict[str, object], line: bytes) -> bytes:
         """The host's answer to a request of the daemon's: the line to send, or b"" when
@@ -906,6 +917,12 @@ class _Pump:
         with self.lock:
             entries = list(self.in_flight.values())
             self.in_flight.clear()
+            if self.initialize is not None and any(
+                _key(entry[0]) == self.initialize[0] and entry[1] == "initialize"
+                for entry in entries
+            ):
+                self.initialize = None  # answered with an error here: the host may send another
+                self.initialized = False
             asked = list(self.asked.values())
             self.asked.clear()
             self.withdrawn.update(_key(host_id) for host_id, _ in asked)
@@ -1032,7 +1049,7 @@ class _Pump:
                         replay.append(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
                 for line, key, entry in self.waiting:
                     if entry is not None:
-                        self.in_flight[key] = entry
+                        self._sending(key, entry)
                     replay.append(line)
                 self.waiting, self.waiting_bytes = [], 0
                 self.sock = sock
@@ -1085,11 +1102,11 @@ def _key(value: object) -> object:
     return None
 
 
-def _gone_answer(entry: tuple[object, str, bool], why: str) -> bytes:
+def _gone_answer(entry: _Entry, why: str) -> bytes:
     """The pump's answer to a host request the daemon did not answer: for ``tools/call`` an
     ``isError`` result, else a JSON-RPC error. ``why``: "sent" (the daemon went away with
     it), "unsent" (it waited, and no daemon came back) or "overflow" (too much waited)."""
-    request_id, method, modern = entry
+    request_id, method, modern, _ = entry
     if why == "sent":
         text = "toolsetd went away while it served this request (it stopped or restarted)" + (
             "; the tool may have run: check before calling it again."
@@ -1097,7 +1114,10 @@ def _gone_answer(entry: tuple[object, str, bool], why: str) -> bytes:
             else "."
         )
     elif why == "unsent":
-        text = "toolsetd went away and did not come back in time; the request was not sent."
+        text = (
+            "toolsetd went away, and the pump could not reconnect to it (its stderr says "
+            "why); the request was not sent."
+        )
     else:
         text = (
             f"toolsetd is restarting, and more than {_WAITING_MAX} bytes of requests already "

@@ -371,7 +371,7 @@ def test_a_daemon_that_never_comes_back(
             pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
             waited = receive_until(pump, answer_to(2))[-1]
             assert waited["error"]["code"] == -32603, waited
-            assert "did not come back" in waited["error"]["message"]
+            assert "could not reconnect" in waited["error"]["message"]
             assert pump.proc.wait(timeout=60) == 5
             assert not d.socket.exists()  # nobody was started on it
         finally:
@@ -429,3 +429,27 @@ def test_a_line_over_the_size_limit_is_not_a_restart(
         assert d.proc.poll() is None
         opened = [e for e in d.log_events() if e.get("event") == "connection_opened"]
         assert len(opened) == 2, opened  # the start's probe and the pump's one
+
+
+def test_an_initialize_that_waited_for_the_new_daemon_is_sent_once(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The host's initialize arrives while no daemon answers (its first request: the
+    daemon went away right after the bind): it waits and goes to the new daemon as the
+    host's own, answered to the host, and is not also replayed (a second initialize on
+    one session is refused, and the host got that refusal)."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            assert "result" in pump.request(0, "ping")  # bound
+            assert d.stop() == 0
+            pump.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT})
+            pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            restart(started, home, workspace, tmp_base)
+            seen = receive_until(pump, answer_to(1))
+            assert seen[-1]["result"]["protocolVersion"] == "2025-11-25", seen
+            hello = pump.request(2, "tools/call", HELLO)
+            assert "again" in hello["result"]["content"][0]["text"], hello
+        finally:
+            assert close(pump) == 0
