@@ -453,3 +453,65 @@ def test_an_initialize_that_waited_for_the_new_daemon_is_sent_once(
             assert "again" in hello["result"]["content"][0]["text"], hello
         finally:
             assert close(pump) == 0
+
+
+def test_a_line_cut_short_by_the_daemons_death_is_ended_and_its_call_answered(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The daemon is killed while it writes a call's (20 MB) answer: the host gets the
+    part written, ended by a newline (one line it cannot parse, not a line glued to the
+    next), and then the pump's answer to that call, which the cut line did not give."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "bigimage", "arguments": {}}})
+            assert pump.proc.stdout is not None
+            # The answer's head is on stdout: the daemon is within that line (the rest
+            # waits, as the host reads nothing more yet).
+            head = os.read(pump.proc.stdout.fileno(), 64)
+            assert head.startswith(b'{"jsonrpc":"2.0","id":2,"result"'), head
+            d.proc.kill()
+            d.proc.wait()
+            cut = head + pump.proc.stdout.readline()
+            with pytest.raises(ValueError):
+                json.loads(cut)
+            gone = pump.receive()
+            assert gone["id"] == 2 and gone["result"]["isError"] is True, gone
+            assert "may have run" in gone["result"]["content"][0]["text"]
+            restart(started, home, workspace, tmp_base)
+            hello = pump.request(3, "tools/call", HELLO)
+            assert "again" in hello["result"]["content"][0]["text"], hello
+        finally:
+            assert close(pump) == 0
+
+
+def test_host_lines_past_the_waiting_bound_are_answered_at_once(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """While no daemon answers, the host's lines wait up to 4 MiB; a request past that is
+    answered at once with an error (the pump does not grow), and those that waited go to
+    the new daemon."""
+    big = {"name": "hello", "arguments": {"name": "x" * 1_500_000}}
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            assert d.stop() == 0
+            for n in (2, 3, 4):
+                pump.send({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": big})
+            over = receive_until(pump, answer_to(4))[-1]
+            assert over["result"]["isError"] is True, str(over)[:300]
+            assert "not sent" in over["result"]["content"][0]["text"]
+            restart(started, home, workspace, tmp_base)
+            seen = receive_until(pump, answer_to(3))
+            answered = [m for m in seen if m.get("id") in (2, 3)]
+            assert [m["id"] for m in answered] == [2, 3], str(seen)[:500]
+            # The daemon's answers (hello takes its name on the command line, too long
+            # here), not the pump's.
+            assert all("toolsetd/status" in m["result"]["_meta"] for m in answered)
+        finally:
+            assert close(pump) == 0
