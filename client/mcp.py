@@ -542,6 +542,8 @@ class _Pump:
         self._replay_refused: str | None = None
         self._too_large = False  # the daemon said a line of the host's was over its limit
         self._heard = False  # the daemon sent something since the last reconnect
+        #: The stdin thread's: the daemon a line over ``_HELD_LINE_MAX`` is going to.
+        self._streaming_to: socket.socket | None = None
 
     # -- host to daemon (the stdin thread) -----------------------------------------------
 
@@ -555,7 +557,8 @@ class _Pump:
         ``_HELD_LINE_MAX`` goes on as it comes (and is not carried across a restart).
         """
         partial = bytearray()
-        streaming = False
+        streaming = False  # a long line goes on as it comes, to the daemon it began with
+        self._streaming_to = None
         while True:
             try:
                 data = os.read(0, 65536)
@@ -591,6 +594,8 @@ class _Pump:
                 partial += rest
                 if len(partial) > _HELD_LINE_MAX:
                     streaming = True
+                    with self.lock:
+                        self._streaming_to = self.sock
                     self._send_raw(bytes(partial))
                     partial.clear()
         with self.lock:
@@ -693,9 +698,11 @@ class _Pump:
                 pass
 
     def _send_raw(self, data: bytes) -> None:
+        """Part of a long line: to the daemon it began with, else nowhere (a new daemon
+        would take the rest for a line of its own)."""
         with self.lock:
             sock = self.sock
-        if sock is not None:
+        if sock is not None and sock is self._streaming_to:
             self._send(sock, data)
 
     # -- daemon to host (the main thread) ------------------------------------------------

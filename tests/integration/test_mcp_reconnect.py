@@ -515,3 +515,32 @@ def test_host_lines_past_the_waiting_bound_are_answered_at_once(
             assert all("toolsetd/status" in m["result"]["_meta"] for m in answered)
         finally:
             assert close(pump) == 0
+
+
+def test_the_rest_of_a_long_line_does_not_go_to_the_new_daemon(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A host line over 16 MiB goes to the daemon as it comes (the pump holds no more);
+    when that daemon dies in the middle of it, the rest is not sent to the new one, which
+    would read it as a line of its own (a parse error the host never caused)."""
+    args = ["--max-message-bytes", "40000000"]
+    line = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "hello", "arguments": {"name": "x" * 20_000_000}}})
+    half = 17 * 1024 * 1024
+    with daemons(home, workspace, tmp_base) as started:
+        d = start_daemon(home, workspace, tmp_base, args)
+        started.append(d)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            pump.send(line[:half].encode())
+            d.proc.kill()
+            d.proc.wait()
+            started.append(start_daemon(home, workspace, tmp_base, args))
+            receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
+            pump.send(line[half:].encode() + b"\n")  # now the new daemon is bound
+            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+            seen = receive_until(pump, answer_to(3))
+            assert [m for m in seen if m.get("id") is None] == [], str(seen)[:500]
+        finally:
+            assert close(pump) == 0
