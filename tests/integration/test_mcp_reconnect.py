@@ -544,3 +544,32 @@ def test_the_rest_of_a_long_line_does_not_go_to_the_new_daemon(
             assert [m for m in seen if m.get("id") is None] == [], str(seen)[:500]
         finally:
             assert close(pump) == 0
+
+
+def test_a_new_daemons_withdrawal_names_the_question_as_the_host_knows_it(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """After a restart the pump gives the new daemon's questions ids of its own; when that
+    daemon withdraws one (it stops gracefully under a call waiting on its approval), the
+    host's notifications/cancelled names the id the host was asked under, once."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            assert d.stop() == 0
+            d = restart(started, home, workspace, tmp_base)
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "asker", "arguments": {}}})
+            asked = receive_until(pump, lambda m: m.get("method") == "elicitation/create")[-1]
+            assert asked["id"] != "toolsetd-elicit-1"
+            assert d.stop() == 0
+            restart(started, home, workspace, tmp_base)
+            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+            seen = receive_until(pump, answer_to(3))
+            withdrawn = [m["params"]["requestId"] for m in seen
+                         if m.get("method") == "notifications/cancelled"]
+            assert withdrawn == [asked["id"]], seen
+            assert [m["result"]["isError"] for m in seen if m.get("id") == 2] == [True], seen
+        finally:
+            assert close(pump) == 0
