@@ -1039,6 +1039,10 @@ class _Pump:
         self.send_lock.acquire()  # released by the sender below, once all of it is sent
         with self.lock:
             ended = self.stdin_closed.is_set()
+            # Only a session that was initialized before the restart is told list_changed:
+            # an initialize that waited for this daemon is answered after it (MCP: no
+            # notification before the initialize's answer).
+            legacy = self.initialize is not None
             if not ended:
                 self.generation += 1
                 if self.initialize is not None:
@@ -1060,7 +1064,6 @@ class _Pump:
                     replay.append(line)
                 self.waiting, self.waiting_bytes = [], 0
                 self.sock = sock
-            legacy = self.initialize is not None
         if ended:
             self.send_lock.release()
             sock.close()

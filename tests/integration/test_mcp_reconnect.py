@@ -449,6 +449,7 @@ def test_an_initialize_that_waited_for_the_new_daemon_is_sent_once(
             restart(started, home, workspace, tmp_base)
             seen = receive_until(pump, answer_to(1))
             assert seen[-1]["result"]["protocolVersion"] == "2025-11-25", seen
+            assert len(seen) == 1, seen  # no list_changed: nothing was listed before
             hello = pump.request(2, "tools/call", HELLO)
             assert "again" in hello["result"]["content"][0]["text"], hello
         finally:
