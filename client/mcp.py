@@ -516,8 +516,8 @@ class _Pump:
         #: Set by the stdin thread when it ends or holds an answer for the main thread.
         self.wake = threading.Event()
         self.generation = 1
-        #: The host's requests sent to this daemon and not answered: key -> (id, method,
-        #: modern), the pump answers them when the daemon goes away.
+        #: The host's requests sent to this daemon and not answered (key -> ``_Entry``):
+        #: the pump answers them when the daemon goes away.
         self.in_flight: dict[object, _Entry] = {}
         #: The daemon's requests to the host not answered yet: host key -> (host id, daemon
         #: id); after a restart the pump renames them (``_RENAMED``).
@@ -558,7 +558,6 @@ class _Pump:
         """
         partial = bytearray()
         streaming = False  # a long line goes on as it comes, to the daemon it began with
-        self._streaming_to = None
         while True:
             try:
                 data = os.read(0, 65536)
