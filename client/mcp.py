@@ -24,10 +24,25 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
 5. When stdin closes (a last line without its newline is ended by it), shut down the
    socket's sending side: the daemon cancels this host's calls and closes the
    connection; the pump exits when the socket closes (or after ``_EXIT_GRACE`` seconds).
-   When the daemon closes first (it stopped, or a line was over its size limit), the
-   pump says so on stderr and exits 5, also when the host was writing at that moment.
+6. When the daemon closes first while the host is still there (a restart, a crash), even
+   while the host is writing, bridge it (``_Pump.run``): answer what the old daemon left
+   unanswered and withdraw its questions to the host; wait up to ``RECONNECT_WINDOW``
+   seconds for a daemon at the socket (never starting one: only step 2 does); bind it as
+   in step 3; replay the host's ``initialize`` (its response swallowed) and
+   ``notifications/initialized``; send the host's lines that waited; tell a host that
+   initialized ``notifications/tools/list_changed``. A failure of that ends the pump as
+   the same failure at the start would, after answering every request that waited. A
+   close the daemon explained as a line over its size limit (-32007, id null) is not
+   bridged: exit 5.
 
-Frames are copied as bytes, unparsed; the daemon answers garbage with JSON-RPC errors.
+What the pump looks at, to do step 6: the host's lines are whole (each is sent once read
+to its newline, so none is split between two daemons) and small, and parsed: the pump
+notes each request in flight, the ``initialize``, and the host's answers to the daemon's
+questions. The daemon's lines may be megabytes (a ``tools/list``): only their head is
+read, where the daemon's encoder puts ``"jsonrpc"`` then ``"id"`` (``_daemon_head``; a
+test pins it), for the id of a response (no longer in flight) or of a question to the
+host (renamed after a restart, as a new daemon numbers them from 1 again). Everything
+else is copied as bytes; the daemon answers garbage with JSON-RPC errors.
 """
 
 from __future__ import annotations
@@ -78,8 +93,44 @@ SYSTEMD_ENV_VARS = frozenset(
 #: Seconds allowed to connect to the daemon, a full listen backlog included: the pump's
 #: and every other ``toolsetctl`` command's (``context`` takes it from here).
 CONNECT_TIMEOUT = 5.0
-#: ``_pump_socket``: the daemon closed the bound connection (main decides what it means).
+#: ``_Pump._copy``: the daemon closed the bound connection (``run`` decides what it means).
 _DAEMON_CLOSED = -1
+#: ``_Pump._rebind``: no answer to the bind (a daemon still starting or stopping): try again.
+_RETRY = -2
+#: The bind errors a reconnect tries again within its window: a daemon stopping (-32010,
+#: the old one, still listening), a busy one (-32008), no answer.
+_BIND_RETRY = frozenset({6, 8, _RETRY})
+#: Seconds a pump whose daemon closed the connection while the host is still there (a
+#: restart: systemd's ``Restart=``, socket activation, an operator) waits for a daemon to
+#: answer at the socket again. It tries at once, then after 0.05 s, 0.1 s, ... (at most 1 s
+#: apart). It never starts one: only the first connect autostarts.
+RECONNECT_WINDOW = 30.0
+_BACKOFF_FIRST = 0.05
+_BACKOFF_MAX = 1.0
+#: The most bytes of host lines held while the pump reconnects; a request past them is
+#: answered with an error at once.
+_WAITING_MAX = 4 << 20
+#: A host line is sent whole, once read to its end (so that one the daemon did not get is
+#: resent whole to the next); a longer one goes on as it comes (the daemon's default limit:
+#: it refuses it), and is neither followed nor carried across a restart.
+_HELD_LINE_MAX = 16 << 20
+#: The bytes of a daemon line read for its id (more when the host's ids are long).
+_HEAD = 256
+_ID_HEAD = b'{"jsonrpc":"2.0","id":'
+_CANCELLED_HEAD = b'{"jsonrpc":"2.0","method":"notifications/cancelled"'
+#: The id of the host's initialize replayed to a new daemon (its response is swallowed).
+_REPLAY_ID = "toolsetctl-mcp-initialize-"
+#: The prefix of a new daemon's requests to the host, after its number (2, 3, ...): a new
+#: daemon numbers its ``toolsetd-elicit-N`` from 1 again.
+_RENAMED = "toolsetctl-mcp-{}:"
+_VERSION_META = "io.modelcontextprotocol/protocolVersion"
+#: A host request in flight: its id, method, whether it is 2026-07-28's (its ``_meta``
+#: names the version), and an initialize's params (else None).
+_Entry = tuple[object, str, bool, object]
+_PASS = 1
+_DROP = 2
+_ABSENT = object()
+_DECODER = json.JSONDecoder()
 _START_TIMEOUT = 15.0
 #: How long a pump whose daemon exited at start waits for the one that holds the path's
 #: lock to make its removed socket again (the daemon checks every 2 s).
@@ -443,17 +494,71 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
         view = view[written:]
 
 
-def _pump_stdin(
-    sock: socket.socket, stdin_closed: threading.Event, bound: threading.Event, path: str
-) -> None:
-    """stdin to the socket; at EOF, half-close it so the daemon cancels this host's calls.
+class _Pump:
+    """The copying both ways, and what it keeps to carry the session across a restart.
 
-    The end of input ends the last message as a newline would (``printf '%s' "$json" |
-    toolsetctl mcp``; the SDK's stdio server reads it so): the socket's wire drops a line
-    its client left unfinished, so the pump finishes it.
+    Two threads: the stdin thread (``stdin``) reads the host's lines, notes each request
+    in flight (and the host's ``initialize``), and sends the line to the daemon, or holds
+    it while the pump reconnects; the main thread (``run``) copies the daemon's lines to
+    stdout, reading only the head of each (``_daemon_head``), and reconnects when the
+    daemon closes the connection while the host is still there (``_reconnect``).
     """
-    last = b"\n"
-    try:
+
+    def __init__(self, path: str, bind: Mapping[str, object], sock: socket.socket) -> None:
+        self.path = path
+        self.bind = bind
+        self.sock: socket.socket | None = sock  # None while the pump reconnects
+        #: Guards what both threads read and write below (never held across a send).
+        self.lock = threading.Lock()
+        #: Held across each send to the daemon, so lines go in the order they were read.
+        self.send_lock = threading.Lock()
+        self.stdin_closed = threading.Event()
+        self.bound = threading.Event()
+        #: Set by the stdin thread when it ends or holds an answer for the main thread.
+        self.wake = threading.Event()
+        self.generation = 1
+        #: The host's requests sent to this daemon and not answered (key -> ``_Entry``):
+        #: the pump answers them when the daemon goes away.
+        self.in_flight: dict[object, _Entry] = {}
+        #: The daemon's requests to the host not answered yet: host key -> (host id, daemon
+        #: id); after a restart the pump renames them (``_RENAMED``).
+        self.asked: dict[object, tuple[object, object]] = {}
+        #: Host ids of the daemon's requests the pump withdrew: the host's answers are dropped.
+        self.withdrawn: set[object] = set()
+        self.initialize: tuple[object, object] | None = None  # the host's (id key, params)
+        self.initialized = False
+        #: The host's lines read while the pump reconnects, and their size.
+        self.waiting: list[tuple[bytes, object, _Entry | None]] = []
+        self.waiting_bytes = 0
+        #: The pump's own answers the stdin thread leaves for the main thread to write.
+        self.replies: list[bytes] = []
+        #: How many bytes of a daemon line's head are read to find its id (grows with the
+        #: host's longest id).
+        self.head_max = _HEAD
+        # The main thread's: the daemon line being copied.
+        self._head = bytearray()
+        self._mode = 0  # 0: at a line's start; _PASS or _DROP: within a line
+        self._line_entry: tuple[object, _Entry] | None = None
+        self._swallow: object = None  # the replayed initialize's id
+        self._replay_refused: str | None = None
+        self._too_large = False  # the daemon said a line of the host's was over its limit
+        self._heard = False  # the daemon sent something since the last reconnect
+        #: The stdin thread's: the daemon a line over ``_HELD_LINE_MAX`` is going to.
+        self._streaming_to: socket.socket | None = None
+
+    # -- host to daemon (the stdin thread) -----------------------------------------------
+
+    def stdin(self) -> None:
+        """stdin to the daemon, line by line; at its end, half-close the socket so the
+        daemon cancels this host's calls (and the pump ends when it closes).
+
+        The end of input ends the last message as a newline would (``printf '%s' "$json" |
+        toolsetctl mcp``; the SDK's stdio server reads it so): the socket's wire drops a
+        line its client left unfinished, so the pump finishes it. A line longer than
+        ``_HELD_LINE_MAX`` goes on as it comes (and is not carried across a restart).
+        """
+        partial = bytearray()
+        streaming = False  # a long line goes on as it comes, to the daemon it began with
         while True:
             try:
                 data = os.read(0, 65536)
@@ -463,25 +568,592 @@ def _pump_stdin(
             except OSError:
                 break  # stdin failed: as good as closed
             if not data:
-                if last != b"\n":
-                    sock.sendall(b"\n")
-                break
+                if partial or streaming:
+                    data = b"\n"
+                else:
+                    break
+            start = 0
+            while True:
+                newline = data.find(b"\n", start)
+                if newline < 0:
+                    break
+                if streaming:
+                    self._send_raw(data[start : newline + 1])
+                    streaming = False
+                elif partial:
+                    partial += data[start : newline + 1]
+                    self._host_line(bytes(partial))
+                    partial.clear()
+                else:
+                    self._host_line(data[start : newline + 1])
+                start = newline + 1
+            rest = data[start:]
+            if streaming:
+                self._send_raw(rest)
+            elif rest:
+                partial += rest
+                if len(partial) > _HELD_LINE_MAX:
+                    streaming = True
+                    with self.lock:
+                        self._streaming_to = self.sock
+                    self._send_raw(bytes(partial))
+                    partial.clear()
+        with self.lock:
+            self.stdin_closed.set()
+            sock = self.sock
+        self.wake.set()
+        if sock is None:
+            return  # the main thread, reconnecting, sees the end
+        with self.send_lock:
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        # The daemon closes the connection once the calls are cancelled; do not outwait it.
+        timer = threading.Timer(_EXIT_GRACE, _outwaited, (self.bound, self.path))
+        timer.daemon = True
+        timer.start()
+
+    def _host_line(self, line: bytes) -> None:
+        """One whole line of the host's: note it, then send it (or hold it)."""
+        try:
+            message = json.loads(line)
+        except (ValueError, RecursionError):
+            message = None  # the daemon answers it
+        entry: _Entry | None = None
+        key: object = None
+        if type(message) is dict:
+            method = message.get("method")
+            request_id = message.get("id", _ABSENT)
+            if method is None and request_id is not _ABSENT:
+                line = self._host_answer(message, line)
+                if not line:
+                    return
+            elif type(method) is str and request_id is _ABSENT:
+                self._host_notification(method, message.get("params"))
+            elif type(method) is str:
+                key = _key(request_id)
+                if key is not None:
+                    params = message.get("params")
+                    meta = params.get("_meta") if type(params) is dict else None
+                    modern = type(meta) is dict and _VERSION_META in meta
+                    # An initialize keeps its params: a new daemon is given them again.
+                    kept = message.get("params", _ABSENT) if method == "initialize" else None
+                    entry = (request_id, method, modern, kept)
+                    if type(request_id) is str and len(request_id) > 32:
+                        self.head_max = max(self.head_max, 6 * len(request_id) + _HEAD)
+        with self.lock:
+            sock = self.sock
+            if sock is None:
+                if self.waiting_bytes + len(line) > _WAITING_MAX:
+                    if entry is not None:
+                        self.replies.append(_gone_answer(entry, "overflow"))
+                        self.wake.set()
+                    return
+                self.waiting.append((line, key, entry))
+                self.waiting_bytes += len(line)
+                return
+            if entry is not None:
+                self._sending(key, entry)
+        self._send(sock, line)
+
+    def _sending(self, key: object, entry: _Entry) -> None:
+        """A host request goes to the daemon now (``lock`` held): it is in flight, and
+        the session's first initialize is the one a new daemon is given again (one that
+        waited for the new daemon is sent as itself, not replayed as well)."""
+        self.in_flight[key] = entry
+        if entry[1] == "initialize" and self.initialize is None:
+            self.initialize = (key, entry[3])
+
+    def _host_answer(self, message: dict[str, object], line: bytes) -> bytes:
+        """The host's answer to a request of the daemon's: the line to send, or b"" when
+        it answers one the pump withdrew (an older daemon's)."""
+        key = _key(message.get("id"))
+        with self.lock:
+            if key in self.withdrawn:
+                self.withdrawn.discard(key)
+                return b""
+            asked = self.asked.pop(key, None)
+        if asked is not None and asked[0] != asked[1]:  # renamed after a restart: its own id
+            message["id"] = asked[1]
+            return json.dumps(message).encode() + b"\n"
+        return line
+
+    def _host_notification(self, method: str, params: object) -> None:
+        if method == "notifications/initialized":
+            with self.lock:
+                self.initialized = True
+        elif method == "notifications/cancelled" and type(params) is dict:
+            with self.lock:  # a cancelled request gets no answer, from the pump neither
+                self.in_flight.pop(_key(params.get("requestId")), None)
+
+    def _send(self, sock: socket.socket, line: bytes) -> None:
+        with self.send_lock:
+            try:
+                sock.sendall(line)
+            except OSError:
+                # The daemon closed the connection (it stopped, or restarted) while the
+                # host was writing: not the end of the host's input. The main thread sees
+                # the close, answers this line's request and reconnects.
+                pass
+
+    def _send_raw(self, data: bytes) -> None:
+        """Part of a long line: to the daemon it began with, else nowhere (a new daemon
+        would take the rest for a line of its own)."""
+        with self.lock:
+            sock = self.sock
+        if sock is not None and sock is self._streaming_to:
+            self._send(sock, data)
+
+    # -- daemon to host (the main thread) ------------------------------------------------
+
+    def run(self) -> int:
+        """Copy the daemon's lines to stdout; bridge a restart. Returns the exit code."""
+        sock = self.sock
+        assert sock is not None
+        code = self._copy(sock, first=True)
+        deadline: float | None = None
+        while code == _DAEMON_CLOSED:
+            with self.lock:
+                self.sock = None  # the host's lines wait from now on
+            with self.send_lock:  # no send is under way on it: its number may be reused
+                sock.close()
+            if self.stdin_closed.is_set():
+                return EXIT_OK
+            if self._too_large:
+                # The daemon closed the connection for a line of the host's over its size
+                # limit (and said so, -32007): not a restart; a new session would only
+                # meet the next such line.
+                return self._fail(
+                    f"toolsetd at {self.path} closed the connection: a line of the host's "
+                    "was over its size limit",
+                    EXIT_UNREACHABLE,
+                )
+            if deadline is None or self._heard:
+                # The window runs from the first loss, and again only once a new daemon has
+                # said something: one that binds and closes at once, again and again (a
+                # crash loop, a peer that is no toolsetd), ends the pump within it.
+                deadline = time.monotonic() + RECONNECT_WINDOW
+            self._heard = False
+            reconnected = self._reconnect(deadline)
+            if isinstance(reconnected, int):
+                return reconnected
+            sock = reconnected
+            code = self._copy(sock, first=False)
+        return code
+
+    def _copy(self, sock: socket.socket, *, first: bool) -> int:
+        """The socket to stdout until it closes (``_DAEMON_CLOSED``) or an exit code; the
+        first connection's bind response is read off its front."""
+        pending = b""
+        bound = not first
+        try:
+            while True:
+                try:
+                    data = sock.recv(1 << 20)
+                except ConnectionResetError:
+                    data = b""
+                if not data:
+                    break
+                if not bound:
+                    pending += data
+                    newline = pending.find(b"\n")
+                    if newline < 0:
+                        if len(pending) > _BIND_LINE_MAX:
+                            _say(
+                                f"toolsetctl mcp: toolsetd at {self.path} answered mcp.bind "
+                                f"with more than {_BIND_LINE_MAX} bytes and no line end\n"
+                            )
+                            return EXIT_UNREACHABLE
+                        continue
+                    error = _bind_error(pending[:newline])
+                    if error is not None:
+                        _say(f"toolsetctl mcp: {error[1]}\n")
+                        return error[0]
+                    bound = True
+                    self.bound.set()
+                    data, pending = pending[newline + 1 :], b""
+                    if not data:
+                        continue
+                self._feed(data)
+                if self._replay_refused is not None:
+                    return self._fail(self._replay_refused, EXIT_UNREACHABLE)
+        except _StdoutGone as exc:
+            return exc.code
+        except OSError as exc:
+            if not bound:
+                _say(f"toolsetctl mcp: lost the connection to toolsetd at {self.path}: {exc}\n")
+                return EXIT_UNREACHABLE
+        if not bound:
+            _say(f"toolsetctl mcp: toolsetd at {self.path} closed the connection before binding\n")
+            return EXIT_UNREACHABLE
+        return _DAEMON_CLOSED
+
+    def _feed(self, data: bytes) -> None:
+        """Write the daemon's bytes to stdout, line by line, each as its head says."""
+        self._heard = True
+        view = memoryview(data)
+        size = len(data)
+        pos = 0
+        out: list[bytes | memoryview] = []
+        while pos < size:
+            if self._mode:
+                newline = data.find(b"\n", pos)
+                end = size if newline < 0 else newline + 1
+                if self._mode == _PASS:
+                    out.append(view[pos:end])
+                pos = end
+                if newline >= 0:
+                    self._mode = 0
+                    self._line_entry = None
+                continue
+            head = self._head
+            room = self.head_max - len(head)
+            newline = data.find(b"\n", pos, pos + room)
+            end = min(size, pos + room) if newline < 0 else newline + 1
+            complete = newline >= 0
+            if not head and (complete or end - pos >= room):
+                line: bytes = data[pos:end]  # the common case: the head in one piece
+            else:
+                head += view[pos:end]
+                if not complete and len(head) < self.head_max:
+                    break  # the head's end comes with the next bytes
+                line = bytes(head)
+                head.clear()
+            pos = end
+            kept = self._daemon_head(line, complete)
+            if kept:
+                out.append(kept)
+            if not complete:
+                self._mode = _PASS if kept else _DROP
+            else:
+                self._line_entry = None
+        if out:
+            self._write(b"".join(out) if len(out) > 1 else out[0])
+
+    def _daemon_head(self, head: bytes, complete: bool) -> bytes:
+        """What of a daemon line's head goes to the host (b"": none of the line).
+
+        The daemon encodes each message with ``"jsonrpc"`` first and ``"id"`` second
+        (``tests/integration/test_mcp_reconnect.py`` pins it): a response is
+        ``{"jsonrpc":"2.0","id":<id>,"result"|"error"``, a request of the daemon's is
+        ``...,"id":<id>,"method"``; so the id is read from the head only, never by parsing
+        a whole (maybe megabytes) line.
+        """
+        if head.startswith(_ID_HEAD):
+            text = head[len(_ID_HEAD) :].decode("utf-8", "replace")
+            try:
+                value, end = _DECODER.raw_decode(text)
+            except (ValueError, RecursionError):
+                return head  # not ours to follow: copied as it is
+            after = text[end : end + 24]
+            key = _key(value)
+            if after.startswith(',"method"'):
+                if key is None:
+                    return head
+                host_id = value
+                if self.generation > 1:  # never the id of an older daemon's question
+                    host_id = _RENAMED.format(self.generation) + str(value)
+                    cut = len(_ID_HEAD) + len(text[:end].encode())
+                    head = _ID_HEAD + json.dumps(host_id).encode() + head[cut:]
+                with self.lock:
+                    self.asked[_key(host_id)] = (host_id, value)
+                return head
+            if key is not None and key == self._swallow:
+                self._swallow = None
+                if after.startswith(',"error"'):
+                    self._replay_refused = (
+                        f"toolsetd at {self.path} refused the host's initialize after its "
+                        f"restart: {_error_text(head, complete)}"
+                    )
+                return b""
+            if value is None and after.startswith(',"error":{"code":-32007'):
+                self._too_large = True
+            with self.lock:
+                entry = self.in_flight.pop(key, None) if key is not None else None
+                if (
+                    entry is not None
+                    and entry[1] == "initialize"
+                    and after.startswith(',"error"')
+                    and self.initialize is not None
+                    and self.initialize[0] == key
+                ):
+                    self.initialize = None  # refused: the host may send another
+            if entry is not None and not complete:
+                self._line_entry = (key, entry)
+            return head
+        if head.startswith(_CANCELLED_HEAD) and complete:
+            try:
+                message = json.loads(head)
+                asked_id = message["params"]["requestId"]
+            except (ValueError, RecursionError, KeyError, TypeError):
+                return head
+            with self.lock:
+                for host_key, (host_id, daemon_id) in list(self.asked.items()):
+                    if _key(daemon_id) == _key(asked_id):
+                        del self.asked[host_key]  # withdrawn by the daemon itself
+                        if host_id != daemon_id:
+                            message["params"]["requestId"] = host_id
+                            return json.dumps(message).encode() + b"\n"
+                        break
+        return head
+
+    def _write(self, data: bytes | memoryview) -> None:
+        try:
+            _write_all(1, data)
+        except BrokenPipeError:
+            raise _StdoutGone(EXIT_OK) from None  # the host stopped reading: it is gone
+        except OSError as exc:
+            # Our stdout (a full disk, an I/O error), not the daemon: not exit 5.
+            _say(f"toolsetctl mcp: cannot write to stdout: {exc}\n")
+            raise _StdoutGone(EXIT_INTERNAL) from None
+
+    # -- the restart ---------------------------------------------------------------------
+
+    def _abandon(self) -> None:
+        """The daemon went away: answer what it left unanswered, withdraw its questions."""
+        out: list[bytes] = []
+        if self._mode == _PASS:
+            out.append(b"\n")  # a line the daemon did not finish: ended, not continued
+        if self._line_entry is not None:  # its answer was that line
+            with self.lock:
+                self.in_flight.setdefault(*self._line_entry)
+        self._mode, self._line_entry = 0, None
+        self._head.clear()
+        self._swallow = None
+        with self.lock:
+            entries = list(self.in_flight.values())
+            self.in_flight.clear()
+            if self.initialize is not None and any(
+                _key(entry[0]) == self.initialize[0] and entry[1] == "initialize"
+                for entry in entries
+            ):
+                self.initialize = None  # answered with an error here: the host may send another
+                self.initialized = False
+            asked = list(self.asked.values())
+            self.asked.clear()
+            self.withdrawn.update(_key(host_id) for host_id, _ in asked)
+        out.extend(_gone_answer(entry, "sent") for entry in entries)
+        for host_id, _ in asked:
+            cancelled = {
+                "jsonrpc": "2.0",
+                "method": "notifications/cancelled",
+                "params": {"requestId": host_id, "reason": "toolsetd went away"},
+            }
+            out.append(json.dumps(cancelled).encode() + b"\n")
+        if out:
+            self._write(b"".join(out))
+
+    def _flush_replies(self) -> None:
+        with self.lock:
+            replies, self.replies = self.replies, []
+        if replies:
+            self._write(b"".join(replies))
+
+    def _fail(self, why: str, code: int) -> int:
+        """Reconnecting failed for good: answer everything, say why, end with ``code``."""
+        try:
+            self._abandon()
+            with self.lock:
+                waiting, self.waiting, self.waiting_bytes = self.waiting, [], 0
+                self.sock = None
+                self.replies.extend(
+                    _gone_answer(entry, "unsent") for _, _, entry in waiting if entry is not None
+                )
+            self._flush_replies()
+        except _StdoutGone:
+            pass
+        _say(f"toolsetctl mcp: {why}\n")
+        return code
+
+    def _reconnect(self, deadline: float) -> socket.socket | int:
+        """Wait for a daemon at the socket again (``RECONNECT_WINDOW``), bind it, replay the
+        host's initialize and send what waited. Returns the socket or the exit code."""
+        try:
+            self._abandon()
+        except _StdoutGone as exc:
+            return exc.code
+        delay = _BACKOFF_FIRST
+        why = (
+            f"toolsetd at {self.path} closed the connection and did not come back within "
+            f"{RECONNECT_WINDOW:.0f} s"
+        )
+        while True:
+            try:
+                self._flush_replies()
+            except _StdoutGone as exc:
+                return exc.code
+            if self.stdin_closed.is_set():
+                return self._fail(
+                    f"toolsetd at {self.path} closed the connection (the input ended while "
+                    "the pump waited for it to come back)",
+                    EXIT_UNREACHABLE,
+                )
+            try:
+                sock = _connect(self.path)
+            except _Refused as exc:
+                return self._fail(str(exc), EXIT_UNREACHABLE)
+            if sock is not None:
+                bound = self._rebind(sock)
+                if bound is None:
+                    return self._resume(sock)
+                sock.close()
+                if bound[0] not in _BIND_RETRY:
+                    return self._fail(
+                        f"toolsetd at {self.path} closed the connection, and binding a new "
+                        f"one failed: {bound[1]}",
+                        bound[0],
+                    )
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return self._fail(why, EXIT_UNREACHABLE)
+            self.wake.wait(min(delay, left))
+            self.wake.clear()
+            delay = min(delay * 2, _BACKOFF_MAX)
+
+    def _rebind(self, sock: socket.socket) -> tuple[int, str] | None:
+        """Bind a new connection as the first was: None, or the exit code and the reason
+        (-32010, -32008 and a close before the answer are tried again)."""
+        try:
+            sock.settimeout(CONNECT_TIMEOUT)
+            sock.sendall(json.dumps(self.bind).encode() + b"\n")
+            answer = b""
+            while b"\n" not in answer:
+                data = sock.recv(65536)
+                if not data:
+                    return _RETRY, f"toolsetd at {self.path} closed the connection"
+                answer += data
+                if len(answer) > _BIND_LINE_MAX:
+                    return EXIT_UNREACHABLE, "unexpected answer to mcp.bind"
+            sock.settimeout(None)
+        except OSError as exc:
+            return _RETRY, f"lost the connection to toolsetd at {self.path}: {exc}"
+        line, _, rest = answer.partition(b"\n")
+        if rest:  # the daemon sends nothing unasked before the first request
+            return EXIT_UNREACHABLE, "unexpected answer to mcp.bind"
+        return _bind_error(line)
+
+    def _resume(self, sock: socket.socket) -> socket.socket | int:
+        """The new daemon is bound: restore the session on it, then send what waited."""
+        replay: list[bytes] = []
+        self.send_lock.acquire()  # released by the sender below, once all of it is sent
+        with self.lock:
+            ended = self.stdin_closed.is_set()
+            # Only a session that was initialized before the restart is told list_changed:
+            # an initialize that waited for this daemon is answered after it (MCP: no
+            # notification before the initialize's answer).
+            legacy = self.initialize is not None
+            if not ended:
+                self.generation += 1
+                if self.initialize is not None:
+                    replay_id = f"{_REPLAY_ID}{self.generation}"
+                    self._swallow = replay_id
+                    request: dict[str, object] = {
+                        "jsonrpc": "2.0",
+                        "id": replay_id,
+                        "method": "initialize",
+                    }
+                    if self.initialize[1] is not _ABSENT:  # as the host sent it
+                        request["params"] = self.initialize[1]
+                    replay.append(json.dumps(request).encode() + b"\n")
+                    if self.initialized:
+                        replay.append(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+                for line, key, entry in self.waiting:
+                    if entry is not None:
+                        self._sending(key, entry)
+                    replay.append(line)
+                self.waiting, self.waiting_bytes = [], 0
+                self.sock = sock
+        if ended:
+            self.send_lock.release()
+            sock.close()
+            return self._fail(
+                f"toolsetd at {self.path} closed the connection (the input ended while the "
+                "pump waited for it to come back)",
+                EXIT_UNREACHABLE,
+            )
+        # Sent by a thread of its own while this one reads: what waited may be answered at
+        # length, and a daemon whose output waits reads nothing more.
+        sender = threading.Thread(target=self._send_held, args=(sock, b"".join(replay)))
+        sender.daemon = True
+        sender.start()
+        try:
+            self._flush_replies()
+            if legacy:  # the catalog may differ now
+                self._write(b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n')
+        except _StdoutGone as exc:
+            return exc.code
+        return sock
+
+    def _send_held(self, sock: socket.socket, data: bytes) -> None:
+        """Send ``data`` with ``send_lock`` held already (``_resume``), then release it."""
+        try:
             sock.sendall(data)
-            last = data[-1:]
-    except OSError:
-        # The send failed: the daemon closed the connection (it stopped, or restarted)
-        # while the host was writing. Not the end of the host's input: the socket's reader
-        # sees the close and says so (exit 5); taken for stdin's end, it was an exit 0.
-        return
-    stdin_closed.set()
-    try:
-        sock.shutdown(socket.SHUT_WR)
-    except OSError:
-        pass
-    # The daemon closes the connection once the calls are cancelled; do not outwait it.
-    timer = threading.Timer(_EXIT_GRACE, _outwaited, (bound, path))
-    timer.daemon = True
-    timer.start()
+        except OSError:
+            pass  # gone again: ``_copy`` sees it
+        finally:
+            self.send_lock.release()
+
+
+class _StdoutGone(Exception):
+    """stdout cannot be written: the pump ends with ``code``."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+def _key(value: object) -> object:
+    """A request id as a dict key (1 and "1" are two ids), or None for no id."""
+    if type(value) is str:
+        return value
+    if type(value) is int:
+        return (value,)
+    return None
+
+
+def _gone_answer(entry: _Entry, why: str) -> bytes:
+    """The pump's answer to a host request the daemon did not answer: for ``tools/call`` an
+    ``isError`` result, else a JSON-RPC error. ``why``: "sent" (the daemon went away with
+    it), "unsent" (it waited, and no daemon came back) or "overflow" (too much waited)."""
+    request_id, method, modern, _ = entry
+    if why == "sent":
+        text = "toolsetd went away while it served this request (it stopped or restarted)" + (
+            "; the tool may have run: check before calling it again."
+            if method == "tools/call"
+            else "."
+        )
+    elif why == "unsent":
+        text = (
+            "toolsetd went away, and the pump could not reconnect to it (its stderr says "
+            "why); the request was not sent."
+        )
+    else:
+        text = (
+            f"toolsetd is restarting, and more than {_WAITING_MAX} bytes of requests already "
+            "wait for it; the request was not sent."
+        )
+    message: dict[str, object] = {"jsonrpc": "2.0", "id": request_id}
+    if method == "tools/call":
+        result: dict[str, object] = {"content": [{"type": "text", "text": text}], "isError": True}
+        if modern:
+            result = {"resultType": "complete", **result}
+        message["result"] = result
+    else:
+        message["error"] = {"code": -32603, "message": f"Internal error: {text}"}
+    return json.dumps(message).encode() + b"\n"
+
+
+def _error_text(head: bytes, complete: bool) -> str:
+    """The message of an error response's line (its head, when that is all there is)."""
+    if complete:
+        try:
+            error = json.loads(head).get("error")
+            if isinstance(error, dict):
+                return str(error.get("message"))[:300]
+        except (ValueError, RecursionError, AttributeError):
+            pass
+    return head[:300].decode("utf-8", "replace")
 
 
 def _outwaited(bound: threading.Event, path: str) -> None:
@@ -628,72 +1300,14 @@ def _main(argv: Sequence[str] | None) -> int:
     except OSError as exc:
         _say(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
         return EXIT_UNREACHABLE
-    stdin_closed = threading.Event()
-    bound = threading.Event()
+    pump = _Pump(path, bind, sock)
     # SIGINT blocked while the thread starts, so it and the timer it starts inherit the
     # mask: a signal sent to the process then always reaches this thread, whose recv it
     # interrupts (KeyboardInterrupt, 130). Taken by the stdin thread, it left this one in
     # recv until the daemon closed or the exit timer ended the pump with 0.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        threading.Thread(
-            target=_pump_stdin, args=(sock, stdin_closed, bound, path), daemon=True
-        ).start()
+        threading.Thread(target=pump.stdin, daemon=True).start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    code = _pump_socket(sock, path, bound)
-    if code == _DAEMON_CLOSED:
-        if stdin_closed.is_set():
-            return EXIT_OK
-        # The daemon ended the session while the host was still there (it stopped, or the
-        # host sent a line over the size limit): say so, the host shows it.
-        _say(f"toolsetctl mcp: toolsetd at {path} closed the connection\n")
-        return EXIT_UNREACHABLE
-    return code
-
-
-def _pump_socket(sock: socket.socket, path: str, bound_event: threading.Event) -> int:
-    """The socket to stdout, after reading the bind's response off the front (then
-    ``bound_event`` is set)."""
-    pending = b""
-    bound = False
-    try:
-        while True:
-            data = sock.recv(1 << 20)
-            if not data:
-                break
-            if not bound:
-                pending += data
-                newline = pending.find(b"\n")
-                if newline < 0:
-                    if len(pending) > _BIND_LINE_MAX:
-                        _say(
-                            f"toolsetctl mcp: toolsetd at {path} answered mcp.bind with more "
-                            f"than {_BIND_LINE_MAX} bytes and no line end\n"
-                        )
-                        return EXIT_UNREACHABLE
-                    continue
-                error = _bind_error(pending[:newline])
-                if error is not None:
-                    _say(f"toolsetctl mcp: {error[1]}\n")
-                    return error[0]
-                bound = True
-                bound_event.set()
-                data, pending = pending[newline + 1 :], b""
-                if not data:
-                    continue
-            try:
-                _write_all(1, data)
-            except BrokenPipeError:
-                return EXIT_OK  # the host stopped reading: it is gone
-            except OSError as exc:
-                # Our stdout (a full disk, an I/O error), not the daemon: not exit 5.
-                _say(f"toolsetctl mcp: cannot write to stdout: {exc}\n")
-                return EXIT_INTERNAL
-    except OSError as exc:
-        _say(f"toolsetctl mcp: lost the connection to toolsetd at {path}: {exc}\n")
-        return EXIT_UNREACHABLE
-    if not bound:
-        _say(f"toolsetctl mcp: toolsetd at {path} closed the connection before binding\n")
-        return EXIT_UNREACHABLE
-    return _DAEMON_CLOSED
+    return pump.run()

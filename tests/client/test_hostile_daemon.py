@@ -801,8 +801,9 @@ def test_the_pump_exits_5_when_the_daemon_closes_while_the_host_is_sending(
     """The daemon closes the bound connection (it stopped, or restarted) while the host is
     writing to the pump: the send failing in the stdin thread was taken for the end of the
     host's input, and the pump then exited 0 without a word, about one time in two, as if
-    its host had left. The host is still there and its server went away: exit 5 and the
-    line that says so, every time."""
+    its host had left. The host is still there and its server went away: the pump
+    reconnects (here to a peer whose answer to the new bind is no JSON: exit 5 and the
+    line that says so), every time."""
     import sys
 
     path = sockdir / "closing.sock"
@@ -811,13 +812,18 @@ def test_the_pump_exits_5_when_the_daemon_closes_while_the_host_is_sending(
     server.listen(8)
 
     def serve() -> None:
+        accepted = 0
         while True:
             try:
                 conn, _ = server.accept()
             except OSError:
                 return
+            accepted += 1
             with conn:
                 request = json.loads(conn.makefile("rb").readline())
+                if accepted % 2 == 0:  # each pump's reconnect
+                    conn.sendall(b"not json\n")
+                    continue
                 _send(conn, {"jsonrpc": "2.0", "id": request["id"], "result": {"bound": True}})
                 time.sleep(0.3)  # the host's stream fills the socket meanwhile
 
@@ -834,7 +840,7 @@ def test_the_pump_exits_5_when_the_daemon_closes_while_the_host_is_sending(
             def feed(stream: Any = proc.stdin) -> None:
                 try:
                     while True:
-                        stream.write(b"x" * 65536)
+                        stream.write(b"x" * 65535 + b"\n")
                 except (OSError, ValueError):
                     pass
 

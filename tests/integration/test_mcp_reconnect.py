@@ -1,0 +1,576 @@
+"""``toolsetctl mcp`` across a daemon restart: a real daemon stopped (SIGTERM) or killed
+(SIGKILL) and a new one started on the same socket, under one pump and one host.
+
+The pump reconnects (never autostarting), binds again, replays the host's ``initialize``
+(its response swallowed), tells a legacy host ``notifications/tools/list_changed``,
+answers what the old daemon left unanswered, withdraws its questions to the host, and
+sends the host's lines that waited. Each test starts its own daemons.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from mcp import Client
+
+from .conftest import Daemon, eventually, start_daemon
+from .mcp_helpers import RawPump, pump_args, server, write_project_asker, write_test_sets
+
+MODERN = "2026-07-28"
+INIT = {
+    "protocolVersion": "2025-11-25",
+    "capabilities": {"elicitation": {}},
+    "clientInfo": {"name": "reconnect-test", "version": "1"},
+}
+HELLO = {"name": "hello", "arguments": {"name": "again"}}
+
+
+@pytest.fixture
+def sets(home: Path, workspace: Path) -> None:
+    write_test_sets(home)
+    write_project_asker(workspace)
+
+
+@contextlib.contextmanager
+def daemons(home: Path, workspace: Path, base: Path) -> Iterator[list[Daemon]]:
+    """The daemons a test starts on one socket (the last is the current one); each is
+    stopped at the end."""
+    started: list[Daemon] = []
+    try:
+        yield started
+    finally:
+        for d in started:
+            if d.proc.poll() is None:
+                d.proc.kill()
+                d.proc.wait()
+
+
+def restart(started: list[Daemon], home: Path, workspace: Path, base: Path) -> Daemon:
+    d = start_daemon(home, workspace, base)
+    started.append(d)
+    return d
+
+
+def receive_until(pump: RawPump, done: Any) -> list[Any]:
+    """Messages from the pump up to and with the first for which ``done`` is true."""
+    seen = []
+    while True:
+        message = pump.receive()
+        seen.append(message)
+        if done(message):
+            return seen
+
+
+def answer_to(request_id: Any) -> Any:
+    return lambda m: m.get("id") == request_id and "method" not in m
+
+
+def initialize(pump: RawPump) -> None:
+    assert pump.request(1, "initialize", INIT)["result"]["protocolVersion"] == "2025-11-25"
+    pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+
+def close(pump: RawPump) -> int:
+    """Close the pump's stdin, wait for it to exit and read its stderr; its exit code."""
+    with contextlib.suppress(BrokenPipeError):
+        return pump.close()
+    return pump.proc.wait()
+
+
+def test_the_daemons_mcp_lines_begin_with_jsonrpc_then_id_or_method(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The pump finds the id of each daemon line in its head (``_Pump._daemon_head``),
+    never parsing a whole (maybe megabytes) line: every line the daemon writes on a bound
+    connection begins ``{"jsonrpc":"2.0","id":`` (a response, a request of its own) or
+    ``{"jsonrpc":"2.0","method":`` (a notification). Pinned here for each kind: results,
+    errors (of the session, of the wire: bad JSON), an elicitation/create, a progress
+    notification, list_changed and the error of a line over the size limit."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = start_daemon(home, workspace, tmp_base, ["--max-message-bytes", "100000"])
+        started.append(d)
+        lines: list[bytes] = []
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(30)
+            sock.connect(str(d.socket))
+            reader = sock.makefile("rb")
+
+            def send(message: Any) -> None:
+                data = message if isinstance(message, bytes) else json.dumps(message).encode()
+                sock.sendall(data + b"\n")
+
+            def read() -> Any:
+                line = reader.readline()
+                assert line, "closed"
+                lines.append(line)
+                return json.loads(line)
+
+            send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind",
+                  "params": {"workspace": str(workspace)}})
+            assert read()["result"]["bound"] is True
+            lines.clear()  # the bind's answer is the native wire's, read by the pump itself
+            send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT})
+            read()
+            send({"method": "tools/list", "id": "x", "jsonrpc": "2.0"})  # the host's order
+            read()
+            send(b"{not json")
+            assert read()["error"]["code"] == -32700
+            send({"jsonrpc": "2.0", "id": 3, "method": "no/such"})
+            assert read()["error"]["code"] == -32601
+            send({"jsonrpc": "2.0", "id": 4, "method": "tools/call",
+                  "params": {"name": "progress3", "arguments": {}, "_meta": {"progressToken": 7}}})
+            assert "result" in receive_lines(read, 4)
+            send({"jsonrpc": "2.0", "id": 5, "method": "tools/call",
+                  "params": {"name": "asker", "arguments": {}}})
+            asked = read()
+            assert asked["method"] == "elicitation/create"
+            send({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "decline"}})
+            receive_lines(read, 5)
+            (home / "tools" / "progress3" / "tools.json").unlink()
+            eventually(lambda: read().get("method") == "notifications/tools/list_changed",
+                       what="list_changed")
+            send(b"[" * 200_000)
+            assert read()["error"]["code"] == -32007
+        kinds = set()
+        for line in lines:
+            assert line.startswith((b'{"jsonrpc":"2.0","id":', b'{"jsonrpc":"2.0","method":')), line
+            message = json.loads(line)
+            kinds.add("method" if "method" in message else "error" if "error" in message
+                      else "result")
+        assert kinds == {"method", "error", "result"}
+        assert lines[-1].startswith(b'{"jsonrpc":"2.0","id":null,"error":{"code":-32007')
+
+
+def receive_lines(read: Any, request_id: Any) -> Any:
+    while True:
+        message = read()
+        if message.get("id") == request_id and "method" not in message:
+            return message
+
+
+@pytest.mark.anyio
+async def test_a_graceful_restart_keeps_the_sdk_hosts_session(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """SIGTERM, then a new daemon on the same socket: the SDK host keeps calling tools on
+    the same pump; the replayed initialize keeps its elicitation capability (an asking
+    tool asks the host again after the restart), and it is told list_changed."""
+    seen: list[str] = []
+    changed = anyio.Event()
+
+    async def elicit(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        seen.append(params.message)
+        return types.ElicitResult(action="accept")
+
+    async def on_message(message: Any) -> None:
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
+
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        with anyio.fail_after(60):
+            async with Client(
+                server(d, workspace), mode="legacy", elicitation_callback=elicit,
+                message_handler=on_message,
+            ) as client:
+                assert "asked and ran" in _text(await client.call_tool("asker", {}))
+                assert len(seen) == 1
+                assert d.stop() == 0
+                restart(started, home, workspace, tmp_base)
+                await changed.wait()
+                hello = await client.call_tool("hello", {"name": "again"})
+                assert hello.is_error is False
+                assert "again" in _text(hello)
+                asked = await client.call_tool("asker", {})
+                assert "asked and ran" in _text(asked)
+                assert len(seen) == 2  # asked again: the new session knows elicitation
+                assert any(t.name == "hello" for t in (await client.list_tools()).tools)
+
+
+def _text(result: Any) -> str:
+    return "".join(getattr(c, "text", "") for c in result.content)
+
+
+def test_a_graceful_restart_over_raw_lines(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """What the host sees of a graceful restart, line by line: the old daemon answers the
+    call waiting on its approval and withdraws the question itself (the pump does neither
+    again), the host never sees the replayed initialize's response, it gets list_changed,
+    and a request it sends while no daemon answers waits for the new one."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "asker", "arguments": {}}})
+            asked = pump.receive()
+            assert asked["method"] == "elicitation/create"
+            assert d.stop() == 0
+            # No daemon now: this waits in the pump for the next one.
+            pump.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": HELLO})
+            restart(started, home, workspace, tmp_base)
+            seen = receive_until(pump, answer_to(3))
+            assert "again" in seen[-1]["result"]["content"][0]["text"], seen
+            pump.send({"jsonrpc": "2.0", "id": 4, "method": "ping"})
+            seen += receive_until(pump, answer_to(4))
+            answers = [m for m in seen if m.get("id") == 2]
+            assert len(answers) == 1 and answers[0]["result"]["isError"] is True, seen
+            assert "may have run" not in json.dumps(answers[0])  # the daemon's own answer
+            withdrawn = [m for m in seen if m.get("method") == "notifications/cancelled"]
+            assert [m["params"]["requestId"] for m in withdrawn] == [asked["id"]], seen
+            assert {"jsonrpc": "2.0", "method": "notifications/tools/list_changed"} in seen
+            assert all(m.get("id") in (2, 3, 4) for m in seen if "method" not in m), seen
+        finally:
+            assert close(pump) == 0
+
+
+def test_sigkill_mid_call_is_answered_by_the_pump(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A daemon killed under a running tools/call: the pump answers the call (an isError
+    result saying toolsetd went away and that the tool may have run); later calls go to
+    the new daemon."""
+    pid_file = workspace / "sleeper.pid"
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "sleeper", "arguments": {}}})
+            pump.send({"jsonrpc": "2.0", "id": 3, "method": "tools/list"})
+            receive_until(pump, answer_to(3))
+            eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
+            d.proc.kill()
+            d.proc.wait()
+            gone = receive_until(pump, answer_to(2))[-1]
+            assert gone["result"]["isError"] is True, gone
+            text = gone["result"]["content"][0]["text"]
+            assert "went away" in text and "may have run" in text, text
+            restart(started, home, workspace, tmp_base)
+            hello = pump.request(4, "tools/call", HELLO)
+            assert "again" in hello["result"]["content"][0]["text"], hello
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+            assert close(pump) == 0
+
+
+def test_a_question_pending_across_a_restart_is_withdrawn(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The old daemon's elicitation/create, still open at the host when the daemon was
+    killed, is withdrawn (notifications/cancelled) and the host's late answer to it goes
+    nowhere: the new daemon numbers its questions from 1 again, and its own first one is
+    not answered by that late answer (the pump gives the new daemon's a name of its own)."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "asker", "arguments": {}}})
+            old = pump.receive()
+            assert old["method"] == "elicitation/create"
+            d.proc.kill()
+            d.proc.wait()
+            seen = receive_until(pump, lambda m: m.get("method") == "notifications/cancelled")
+            assert seen[-1]["params"]["requestId"] == old["id"], seen
+            assert [m["result"]["isError"] for m in seen if m.get("id") == 2] == [True], seen
+            restart(started, home, workspace, tmp_base)
+            pump.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                       "params": {"name": "asker", "arguments": {}}})
+            new = receive_until(pump, lambda m: m.get("method") == "elicitation/create")[-1]
+            assert new["id"] != old["id"]
+            # The late accept of the withdrawn question, then a ping behind it: had the
+            # accept reached the new daemon, the call would have run by the ping's answer.
+            pump.send({"jsonrpc": "2.0", "id": old["id"],
+                       "result": {"action": "accept", "content": {}}})
+            pump.send({"jsonrpc": "2.0", "id": 4, "method": "ping"})
+            seen = receive_until(pump, answer_to(4))
+            assert all(m.get("id") != 3 for m in seen), seen
+            pump.send({"jsonrpc": "2.0", "id": new["id"], "result": {"action": "decline"}})
+            seen += receive_until(pump, answer_to(3))
+            assert seen[-1]["result"]["isError"] is True, seen
+            assert "asked and ran" not in json.dumps(seen), seen
+        finally:
+            assert close(pump) == 0
+
+
+def test_a_stateless_host_across_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A 2026-07-28 host (no initialize: each request carries its _meta) goes on after a
+    restart with nothing replayed and no list_changed (its era has it on a listen only)."""
+    meta = {"io.modelcontextprotocol/protocolVersion": MODERN,
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            assert pump.request(1, "tools/list", {"_meta": meta})["result"]["tools"]
+            assert d.stop() == 0
+            restart(started, home, workspace, tmp_base)
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {**HELLO, "_meta": meta}})
+            seen = receive_until(pump, answer_to(2))
+            assert seen[-1]["result"]["resultType"] == "complete", seen
+            assert "again" in seen[-1]["result"]["content"][0]["text"]
+            assert len(seen) == 1, seen
+        finally:
+            assert close(pump) == 0
+
+
+@pytest.mark.parametrize("autostart", [False, True])
+def test_a_daemon_that_comes_back_within_the_window(
+    sets: None, home: Path, workspace: Path, tmp_base: Path, autostart: bool
+) -> None:
+    """A daemon started a while after the old one stopped is found, with or without
+    ``--no-autostart``; the request the host sent meanwhile is answered by it."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace, autostart=autostart))
+        try:
+            initialize(pump)
+            assert d.stop() == 0
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": HELLO})
+            restart(started, home, workspace, tmp_base)
+            hello = receive_until(pump, answer_to(2))[-1]
+            assert "again" in hello["result"]["content"][0]["text"], hello
+        finally:
+            assert close(pump) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("autostart", [False, True])
+def test_a_daemon_that_never_comes_back(
+    sets: None, home: Path, workspace: Path, tmp_base: Path, autostart: bool
+) -> None:
+    """No daemon comes back: the pump starts none (an operator who stopped toolsetd keeps
+    it stopped), answers the request that waited with an error when the window has passed,
+    says so in one line and exits 5."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace, autostart=autostart))
+        try:
+            initialize(pump)
+            assert d.stop() == 0
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+            waited = receive_until(pump, answer_to(2))[-1]
+            assert waited["error"]["code"] == -32603, waited
+            assert "could not reconnect" in waited["error"]["message"]
+            assert pump.proc.wait(timeout=60) == 5
+            assert not d.socket.exists()  # nobody was started on it
+        finally:
+            code = close(pump)
+        said = pump.stderr()
+        assert said.count("\n") == 1 and "did not come back within 30 s" in said, said
+        assert code == 5
+
+
+def test_a_new_bind_refused_ends_the_pump_with_its_code(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The workspace was removed while the daemon restarted: the new daemon refuses the
+    bind, and the pump answers what waited and exits 2, as a first bind refused so would."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            assert d.stop() == 0
+            shutil.rmtree(workspace)
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})
+            restart(started, home, workspace, tmp_base)
+            waited = receive_until(pump, answer_to(2))[-1]
+            assert waited["error"]["code"] == -32603, waited
+            assert pump.proc.wait(timeout=30) == 2
+        finally:
+            code = close(pump)
+        said = pump.stderr()
+        assert said.count("\n") == 1 and "closed the connection" in said, said
+        assert code == 2
+
+
+def test_a_line_over_the_size_limit_is_not_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The daemon closes the connection after a line over its size limit, having said so
+    (-32007, id null): the pump passes that on and exits 5, and neither reconnects (the
+    host's next such line would only close the next one) nor sends the line again."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = start_daemon(home, workspace, tmp_base, ["--max-message-bytes", "100000"])
+        started.append(d)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "hello", "arguments": {"name": "x" * 200_000}}})
+            too_large = pump.receive()
+            assert too_large["error"]["code"] == -32007 and too_large["id"] is None
+            assert pump.proc.wait(timeout=30) == 5
+        finally:
+            code = close(pump)
+        assert code == 5
+        assert "over its size limit" in pump.stderr(), pump.stderr()
+        assert d.proc.poll() is None
+        opened = [e for e in d.log_events() if e.get("event") == "connection_opened"]
+        assert len(opened) == 2, opened  # the start's probe and the pump's one
+
+
+def test_an_initialize_that_waited_for_the_new_daemon_is_sent_once(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The host's initialize arrives while no daemon answers (its first request: the
+    daemon went away right after the bind): it waits and goes to the new daemon as the
+    host's own, answered to the host, and is not also replayed (a second initialize on
+    one session is refused, and the host got that refusal)."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            assert "result" in pump.request(0, "ping")  # bound
+            assert d.stop() == 0
+            pump.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT})
+            pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+            restart(started, home, workspace, tmp_base)
+            seen = receive_until(pump, answer_to(1))
+            assert seen[-1]["result"]["protocolVersion"] == "2025-11-25", seen
+            assert len(seen) == 1, seen  # no list_changed: nothing was listed before
+            hello = pump.request(2, "tools/call", HELLO)
+            assert "again" in hello["result"]["content"][0]["text"], hello
+        finally:
+            assert close(pump) == 0
+
+
+def test_a_line_cut_short_by_the_daemons_death_is_ended_and_its_call_answered(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The daemon is killed while it writes a call's (20 MB) answer: the host gets the
+    part written, ended by a newline (one line it cannot parse, not a line glued to the
+    next), and then the pump's answer to that call, which the cut line did not give."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "bigimage", "arguments": {}}})
+            assert pump.proc.stdout is not None
+            # The answer's head is on stdout: the daemon is within that line (the rest
+            # waits, as the host reads nothing more yet).
+            head = os.read(pump.proc.stdout.fileno(), 64)
+            assert head.startswith(b'{"jsonrpc":"2.0","id":2,"result"'), head
+            d.proc.kill()
+            d.proc.wait()
+            cut = head + pump.proc.stdout.readline()
+            with pytest.raises(ValueError):
+                json.loads(cut)
+            gone = pump.receive()
+            assert gone["id"] == 2 and gone["result"]["isError"] is True, gone
+            assert "may have run" in gone["result"]["content"][0]["text"]
+            restart(started, home, workspace, tmp_base)
+            hello = pump.request(3, "tools/call", HELLO)
+            assert "again" in hello["result"]["content"][0]["text"], hello
+        finally:
+            assert close(pump) == 0
+
+
+def test_host_lines_past_the_waiting_bound_are_answered_at_once(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """While no daemon answers, the host's lines wait up to 4 MiB; a request past that is
+    answered at once with an error (the pump does not grow), and those that waited go to
+    the new daemon."""
+    big = {"name": "hello", "arguments": {"name": "x" * 1_500_000}}
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            assert d.stop() == 0
+            for n in (2, 3, 4):
+                pump.send({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": big})
+            over = receive_until(pump, answer_to(4))[-1]
+            assert over["result"]["isError"] is True, str(over)[:300]
+            assert "not sent" in over["result"]["content"][0]["text"]
+            restart(started, home, workspace, tmp_base)
+            seen = receive_until(pump, answer_to(3))
+            answered = [m for m in seen if m.get("id") in (2, 3)]
+            assert [m["id"] for m in answered] == [2, 3], str(seen)[:500]
+            # The daemon's answers (hello takes its name on the command line, too long
+            # here), not the pump's.
+            assert all("toolsetd/status" in m["result"]["_meta"] for m in answered)
+        finally:
+            assert close(pump) == 0
+
+
+def test_the_rest_of_a_long_line_does_not_go_to_the_new_daemon(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A host line over 16 MiB goes to the daemon as it comes (the pump holds no more);
+    when that daemon dies in the middle of it, the rest is not sent to the new one, which
+    would read it as a line of its own (a parse error the host never caused)."""
+    args = ["--max-message-bytes", "40000000"]
+    line = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "hello", "arguments": {"name": "x" * 20_000_000}}})
+    half = 17 * 1024 * 1024
+    with daemons(home, workspace, tmp_base) as started:
+        d = start_daemon(home, workspace, tmp_base, args)
+        started.append(d)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            pump.send(line[:half].encode())
+            d.proc.kill()
+            d.proc.wait()
+            started.append(start_daemon(home, workspace, tmp_base, args))
+            receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
+            pump.send(line[half:].encode() + b"\n")  # now the new daemon is bound
+            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+            seen = receive_until(pump, answer_to(3))
+            assert [m for m in seen if m.get("id") is None] == [], str(seen)[:500]
+        finally:
+            assert close(pump) == 0
+
+
+def test_a_new_daemons_withdrawal_names_the_question_as_the_host_knows_it(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """After a restart the pump gives the new daemon's questions ids of its own; when that
+    daemon withdraws one (it stops gracefully under a call waiting on its approval), the
+    host's notifications/cancelled names the id the host was asked under, once."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            assert d.stop() == 0
+            d = restart(started, home, workspace, tmp_base)
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "asker", "arguments": {}}})
+            asked = receive_until(pump, lambda m: m.get("method") == "elicitation/create")[-1]
+            assert asked["id"] != "toolsetd-elicit-1"
+            assert d.stop() == 0
+            restart(started, home, workspace, tmp_base)
+            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+            seen = receive_until(pump, answer_to(3))
+            withdrawn = [m["params"]["requestId"] for m in seen
+                         if m.get("method") == "notifications/cancelled"]
+            assert withdrawn == [asked["id"]], seen
+            assert [m["result"]["isError"] for m in seen if m.get("id") == 2] == [True], seen
+        finally:
+            assert close(pump) == 0
