@@ -122,6 +122,8 @@ def test_the_daemons_mcp_lines_begin_with_jsonrpc_then_id_or_method(
             lines.clear()  # the bind's answer is the native wire's, read by the pump itself
             send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT})
             read()
+            # No question goes to a host before its initialized (the asker below).
+            send({"jsonrpc": "2.0", "method": "notifications/initialized"})
             send({"method": "tools/list", "id": "x", "jsonrpc": "2.0"})  # the host's order
             read()
             send(b"{not json")
