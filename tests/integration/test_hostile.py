@@ -1373,7 +1373,12 @@ def test_an_orphan_guard_that_could_not_start_at_the_limit_starts_once_there_is_
             eventually(started, timeout=30, what="the sentinel started")
             conn.send({"jsonrpc": "2.0", "id": "hold", "method": "invoke",
                        "params": {**call, "tool": "hold"}})
-            eventually(lambda: bool(marked_processes(marker)), what="the tool running")
+            # ``started`` comes once the daemon has registered the tool with the guard; seen
+            # in /proc it may not be yet (a SIGKILL between the exec and the register is a
+            # window no guard that learns the pid from the spawn can close).
+            while conn.receive().get("method") != "started":
+                pass
+            assert marked_processes(marker), "the tool running"
             d.stop(signal.SIGKILL)
         eventually(lambda: not marked_processes(marker), what="the tool killed with the daemon")
     finally:
