@@ -139,6 +139,34 @@ def test_http_session_initialize_list_call_delete(http_daemon, workspace: Path) 
     assert "initialize" in gone.json()["error"]["message"]
 
 
+def test_http_the_tools_session_is_toolsetds_name_never_the_session_header(
+    http_daemon, workspace: Path
+) -> None:
+    """A call's ``CRYSTAL_SESSION`` is toolsetd's name for the MCP session, one per HTTP
+    session: the ``Mcp-Session-Id`` the host presents is the credential of that session
+    (anyone holding it can act in it), so no tool may read it."""
+    _, base = http_daemon
+    env = "#!/bin/sh\nenv\n"
+    write_set(workspace / ".crystal" / "tools", "envdump", _tool("env.sh"), **{"env.sh": env})
+    url = endpoint(base, workspace, mode="full")  # a project set: full runs it unasked
+
+    def session_seen(header: str, request_id: int) -> tuple[str, str]:
+        called = http(url, body=rpc(request_id, "tools/call", {"name": "envdump", "arguments": {}}),
+                      headers={"mcp-session-id": header})
+        assert called.status == 200, called
+        text = called.json()["result"]["content"][0]["text"]
+        assert header not in text, "the session header reached the tool"
+        lines = [line for line in text.splitlines() if line.startswith("CRYSTAL_SESSION=")]
+        assert len(lines) == 1, text
+        return lines[0].partition("=")[2], text
+
+    first = initialize(url)
+    seen, _ = session_seen(first, 2)
+    assert seen.startswith("mcp-"), seen
+    assert session_seen(first, 3)[0] == seen  # one name for the session's calls
+    assert session_seen(initialize(url), 2)[0] not in ("", seen)  # another for another
+
+
 def test_http_numbers_reach_the_tool_and_the_list_as_written(http_daemon, workspace: Path) -> None:
     """Over HTTP as on the socket: 1.50 and a 90-bit integer reach argv as typed, and a schema
     holding such an integer is listed exactly (no float, no failed tools/list)."""
