@@ -684,8 +684,14 @@ class _Pump:
             with self.lock:
                 self.initialized = True
         elif method == "notifications/cancelled" and type(params) is dict:
+            key = _key(params.get("requestId"))
             with self.lock:  # a cancelled request gets no answer, from the pump neither
-                self.in_flight.pop(_key(params.get("requestId")), None)
+                self.in_flight.pop(key, None)
+                if key is not None and self.waiting:  # one that waits goes unnoted
+                    self.waiting = [
+                        (line, k, None if k == key and _cancellable(e) else e)
+                        for line, k, e in self.waiting
+                    ]
 
     def _send(self, sock: socket.socket, line: bytes) -> None:
         with self.send_lock:
@@ -1110,6 +1116,11 @@ def _key(value: object) -> object:
     if type(value) is int:
         return (value,)
     return None
+
+
+def _cancellable(entry: _Entry | None) -> bool:
+    """Whether a host request is unanswered once cancelled (an initialize is answered)."""
+    return entry is not None and entry[1] != "initialize"
 
 
 def _gone_answer(entry: _Entry, why: str) -> bytes:

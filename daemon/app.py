@@ -592,6 +592,8 @@ async def _run(
     )  # fmt: skip
     # The groups are tracked with or without the sentinel: a forced stop SIGKILLs them.
     guard = OrphanGuard()
+    # A tree a deferred probe makes later is the sentinel's to kill too.
+    confinement.on_cgroup_tree = lambda folder: guard.set_cgroup(str(folder))
     if options.orphan_guard:
         try:
             cgroups = confinement.cgroups

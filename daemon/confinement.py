@@ -63,7 +63,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -578,6 +578,9 @@ class Confinement:
         self.generation = 0
         self._next_probe = 0.0
         self._probing = False
+        #: Told the folder of a cgroup tree a deferred probe made (the orphan guard's
+        #: sentinel writes its ``cgroup.kill`` should the daemon die), else None.
+        self.on_cgroup_tree: Callable[[Path], None] | None = None
         self.bind_check = bind_check
         self.http_peers = http_peers
         self.no_userns = no_userns
@@ -664,6 +667,8 @@ class Confinement:
             _log_cgroups(*cgroups)
             if cgroups[0] is not None:
                 log.info("cgroups_recovered", tree=str(cgroups[0].folder))
+                if self.on_cgroup_tree is not None:
+                    self.on_cgroup_tree(cgroups[0].folder)
             self.cgroups, self.cgroup_reason = cgroups[0], cgroups[1]
             self._daemon_cgroup = () if self.cgroups is not None else self._daemon_cgroup
             self.cgroup_short, changed = False, True

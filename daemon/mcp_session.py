@@ -315,6 +315,9 @@ class _Asked:
 
     done: anyio.Event = field(default_factory=anyio.Event)
     response: dict[str, Any] | None = None
+    #: Whether it went out: an answer that comes before (its question held until
+    #: ``notifications/initialized``) answers nothing the operator saw.
+    posted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -539,8 +542,9 @@ class McpSession:
         # A request has one response (JSON-RPC): the first is the operator's answer. A
         # second for the same id, read before the call took the first (a decline then an
         # accept in one write), must not replace it; one for an id we never sent, or no
-        # longer wait for, names nothing and is ignored.
-        if asked is not None and asked.response is None:
+        # longer wait for, names nothing and is ignored; so does one that came before the
+        # question went out (held until initialized): a stale answer, not the operator's.
+        if asked is not None and asked.posted and asked.response is None:
             asked.response = message
             asked.done.set()
 
@@ -887,6 +891,7 @@ class McpSession:
                         # without elicitation: the host MUST send it, at once.
                         log.info("mcp_approval_held", tool=str(classification.get("tool")))
                         await self._initialized.wait()
+                    asked.posted = True
                     out.post(
                         {
                             "jsonrpc": "2.0",

@@ -35,7 +35,9 @@ that the daemon died. The guard covers that case outside systemd (under systemd 
 
 With a cgroup tree (``cgroup.CgroupTree``) the sentinel is also given the daemon's cgroup
 folder, and after the groups it writes that folder's ``cgroup.kill``: every call's
-processes die, those that left their process group included.
+processes die, those that left their process group included. A tree made after the
+sentinel started (a probe at start that was short of room, tried again by
+``Confinement.retry_probes``) is told to it by a line on its pipe (``set_cgroup``).
 
 A sentinel that could not start for want of processes, threads, memory or descriptors (a
 daemon started at its ``TasksMax=``) is started by a later ``register`` (``start_later``),
@@ -71,12 +73,14 @@ log = structlog.get_logger("toolsetd.reaper")
 
 #: The sentinel's program: on EOF of stdin, kill the groups in the table (the memfd named by
 #: ``argv[1]``, native 32-bit ints, 0 = free; -1: none) and those of ``+pgid``/``-pgid``
-#: stdin lines, then write ``cgroup.kill`` of the cgroup folder ``argv[2]``, if given.
+#: stdin lines, then write ``cgroup.kill`` of the cgroup folder ``argv[2]``, if given, or
+#: of the last ``c<folder as hex>`` stdin line (a tree made after the start: ``set_cgroup``).
 SENTINEL_SCRIPT = r"""# toolsetd orphan guard: on EOF, SIGKILL the registered process groups
 import os, signal, sys
 for s in (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE):
     signal.signal(s, signal.SIG_IGN)
 table = int(sys.argv[1]) if len(sys.argv) > 1 else -1
+cgroup = sys.argv[2] if len(sys.argv) > 2 else ""
 groups = set()
 pending = b""
 while True:
@@ -91,6 +95,12 @@ while True:
     pending += chunk
     *lines, pending = pending.split(b"\n")
     for line in lines:
+        if line[:1] == b"c":
+            try:
+                cgroup = os.fsdecode(bytes.fromhex(line[1:].decode()))
+            except ValueError:
+                pass
+            continue
         try:
             pgid = int(line[1:])
         except ValueError:
@@ -115,9 +125,9 @@ for pgid in groups:
         os.killpg(pgid, signal.SIGKILL)
     except OSError:
         pass
-if len(sys.argv) > 2 and sys.argv[2]:
+if cgroup:
     try:
-        with open(os.path.join(sys.argv[2], "cgroup.kill"), "w") as f:
+        with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:
             f.write("1")
     except OSError:
         pass
@@ -231,6 +241,13 @@ class OrphanGuard:
         descriptors, which pass."""
         self._cgroup = cgroup
         self._retry_at = time.monotonic() + RETRY_SECONDS
+
+    def set_cgroup(self, cgroup: str) -> None:
+        """The daemon's cgroup folder, made after ``start``: the sentinel writes its
+        ``cgroup.kill`` too (a line on its pipe; one not started yet gets it at its start)."""
+        self._cgroup = cgroup
+        if self._proc is not None:
+            self._write(b"c%s\n" % os.fsencode(cgroup).hex().encode())
 
     def _start_again(self) -> None:
         """Start the sentinel ``start_later`` asked for, and guard the groups held meanwhile."""

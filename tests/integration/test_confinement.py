@@ -2090,3 +2090,43 @@ def test_confinement_cgroup_probe_short_at_start_is_tried_again() -> None:
                     folder.rmdir()
         with contextlib.suppress(OSError):
             outer.rmdir()
+
+
+def test_confinement_cgroup_tree_made_late_is_killed_by_the_orphan_guard() -> None:
+    """The orphan guard's sentinel starts with the daemon and is told the cgroup tree it
+    writes ``cgroup.kill`` of should the daemon die. A tree the retry made later (its probe
+    at start was short of room) must reach it too: else a SIGKILLed daemon's setsid'd
+    grandchild, out of every process group the sentinel kills, outlived it."""
+    unified = next(iter(_cgroup2_mounts()), None)
+    if os.geteuid() != 0 or unified is None:
+        pytest.skip("needs root and a cgroup v2 mount")
+    outer = Path(unified) / f"toolsetd-test-late-guard-{uuid.uuid4().hex[:8]}"
+    base = outer / "base"
+    try:
+        outer.mkdir()
+        (outer / "cgroup.max.descendants").write_text("1")
+        base.mkdir()  # the one descendant: the daemon's own folder cannot be made
+    except OSError as exc:
+        pytest.skip(f"a cgroup with cgroup.max.descendants cannot be made here: {exc}")
+    t = _make_tree(f'[confinement]\ncgroup = "{base}"\nsandbox = "off"\n')
+    marker = f"tsc-{uuid.uuid4().hex}"
+    try:
+        assert t.status()["cgroup"]["mode"] == "process-group"
+        (outer / "cgroup.max.descendants").write_text("max")
+        eventually(lambda: t.status()["cgroup"]["mode"] == "cgroup", timeout=30,
+                   what="the cgroup tree made by the retry")
+        thread = threading.Thread(target=lambda: _swallow(t, marker, False), daemon=True)
+        thread.start()
+        eventually(lambda: bool(marked_processes(marker)), what="the grandchild")
+        t.daemon.proc.send_signal(signal.SIGKILL)
+        t.daemon.proc.wait(10)
+        eventually(lambda: marked_processes(marker) == [], timeout=10, what="no tool left")
+    finally:
+        _kill_marked(marker)
+        _close(t)
+        for folder in sorted(outer.rglob("*"), key=lambda p: -len(p.parts)):
+            if folder.is_dir():
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        with contextlib.suppress(OSError):
+            outer.rmdir()

@@ -1068,6 +1068,44 @@ def test_mcp_no_approval_request_goes_out_before_initialized(
         assert pump.close() == 0
 
 
+def test_mcp_an_answer_before_its_question_went_out_is_not_the_operators(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """A question held until notifications/initialized has its id already (the daemon's
+    ``toolsetd-elicit-N``, numbered from 1 on each session), but nobody was asked yet: a
+    response naming that id that comes before the question went out (a stale answer, an
+    older daemon's question's, that a pump or a host sends on) is no operator's answer to
+    it. It was taken as one: the call ran, accepted, with no elicitation/create ever
+    shown. The question goes out once initialized comes, and only its answer counts."""
+    name = _unique("asker")
+    write_project_asker(workspace, name)
+
+    def held() -> int:
+        return sum(
+            e.get("event") == "mcp_approval_held" and e.get("tool") == name
+            for e in mcp_daemon.log_events()
+        )
+
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.request(1, "initialize", {**INIT_PARAMS, "capabilities": {"elicitation": {}}})
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                   "params": {"name": name, "arguments": {}}})
+        eventually(lambda: held() == 1, what="the call's question held")
+        pump.send({"jsonrpc": "2.0", "id": "toolsetd-elicit-1", "result": {"action": "accept"}})
+        assert pump.request(3, "ping")["result"] == {}  # read before initialized comes
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        asked = pump.receive()
+        assert asked.get("method") == "elicitation/create", asked
+        pump.send({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "decline"}})
+        done = pump.receive()
+        assert done["id"] == 2, done
+        assert done["result"]["isError"] is True, done
+        assert "asked and ran" not in json.dumps(done), done
+    finally:
+        assert pump.close() == 0
+
+
 def test_mcp_the_first_answer_to_an_approval_request_stands(
     mcp_daemon: Daemon, workspace: Path
 ) -> None:

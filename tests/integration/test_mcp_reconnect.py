@@ -576,3 +576,41 @@ def test_a_new_daemons_withdrawal_names_the_question_as_the_host_knows_it(
             assert [m["result"]["isError"] for m in seen if m.get("id") == 2] == [True], seen
         finally:
             assert close(pump) == 0
+
+
+def test_a_request_cancelled_while_it_waited_is_not_answered_at_the_next_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A request the host sent and then cancelled while the pump reconnected goes to the
+    new daemon with its cancel behind it, and gets no answer (MCP: none after a cancel).
+    The pump must not keep it as in flight: at the next restart it answered it, a response
+    to a request the host had given up."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        pid_file = workspace / "sleeper.pid"
+
+        def listed(m: Any) -> bool:
+            return bool(m.get("method") == "notifications/tools/list_changed")
+
+        try:
+            initialize(pump)
+            assert d.stop() == 0
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "sleeper", "arguments": {}}})
+            pump.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                       "params": {"requestId": 2, "reason": "the user gave up"}})
+            d = restart(started, home, workspace, tmp_base)
+            seen = receive_until(pump, listed)
+            assert pump.request(3, "ping") == {"jsonrpc": "2.0", "id": 3, "result": {}}
+            d.proc.kill()
+            d.proc.wait()
+            restart(started, home, workspace, tmp_base)
+            seen += receive_until(pump, listed)
+            assert pump.request(4, "ping")["result"] == {}
+            assert all(m.get("id") != 2 for m in seen), seen
+        finally:
+            assert close(pump) == 0
+            if pid_file.exists() and pid_file.read_text():
+                with contextlib.suppress(OSError):
+                    os.kill(int(pid_file.read_text()), signal.SIGKILL)
