@@ -33,7 +33,8 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    initialized ``notifications/tools/list_changed``. A failure of that ends the pump as
    the same failure at the start would, after answering every request that waited. A
    close the daemon explained as a line over its size limit (-32007, id null) is not
-   bridged: exit 5.
+   bridged: exit 5; nor is a daemon that closed it more than ``_LOSSES_MAX`` times within
+   ``_LOSS_SPAN`` seconds (a crash loop): exit 5.
 
 What the pump looks at, to do step 6: the host's lines are whole (each is sent once read
 to its newline, so none is split between two daemons) and small, and parsed: the pump
@@ -107,6 +108,11 @@ _BIND_RETRY = frozenset({6, 8, _RETRY})
 RECONNECT_WINDOW = 30.0
 _BACKOFF_FIRST = 0.05
 _BACKOFF_MAX = 1.0
+#: A daemon that binds, answers, then dies, again and again (a crash loop) restarts the
+#: window each time it answered: the pump gives up (exit 5) when the daemon closed the
+#: connection more than ``_LOSSES_MAX`` times within ``_LOSS_SPAN`` seconds.
+_LOSSES_MAX = 10
+_LOSS_SPAN = 60.0
 #: The most bytes of host lines held while the pump reconnects; a request past them is
 #: answered with an error at once.
 _WAITING_MAX = 4 << 20
@@ -713,6 +719,7 @@ class _Pump:
         assert sock is not None
         code = self._copy(sock, first=True)
         deadline: float | None = None
+        losses: list[float] = []
         while code == _DAEMON_CLOSED:
             with self.lock:
                 self.sock = None  # the host's lines wait from now on
@@ -727,6 +734,14 @@ class _Pump:
                 return self._fail(
                     f"toolsetd at {self.path} closed the connection: a line of the host's "
                     "was over its size limit",
+                    EXIT_UNREACHABLE,
+                )
+            now = time.monotonic()
+            losses = [t for t in losses if now - t < _LOSS_SPAN] + [now]
+            if len(losses) > _LOSSES_MAX:
+                return self._fail(
+                    f"toolsetd at {self.path} closed the connection {len(losses)} times "
+                    f"within {_LOSS_SPAN:.0f} s (is it crashing?); not reconnecting again",
                     EXIT_UNREACHABLE,
                 )
             if deadline is None or self._heard:

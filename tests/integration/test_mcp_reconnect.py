@@ -576,3 +576,38 @@ def test_a_new_daemons_withdrawal_names_the_question_as_the_host_knows_it(
             assert [m["result"]["isError"] for m in seen if m.get("id") == 2] == [True], seen
         finally:
             assert close(pump) == 0
+
+
+@pytest.mark.slow
+def test_a_daemon_that_keeps_dying_ends_the_pump(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A daemon that binds, answers, then dies, over and over (a crash loop): each answer
+    restarted the reconnect window, so the pump reconnected for ever. More than 10 losses
+    within 60 s end it: exit 5 and a line that says so."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            for n in range(2, 13):
+                d.proc.kill()
+                d.proc.wait()
+                if pump.proc.poll() is not None:
+                    break
+                d = restart(started, home, workspace, tmp_base)
+                with contextlib.suppress(BrokenPipeError, EOFError):
+                    # Answered by this daemon (it bound), or the pump gave up already.
+                    pump.send({"jsonrpc": "2.0", "id": n, "method": "ping"})
+                    receive_until(pump, answer_to(n))
+            assert pump.proc.wait(timeout=60) == 5
+            assert pump.proc.stderr is not None
+            said = pump.proc.stderr.read().decode()
+        finally:
+            pump.proc.kill()
+            pump.proc.wait()
+            for pipe in (pump.proc.stdin, pump.proc.stdout, pump.proc.stderr):
+                with contextlib.suppress(OSError):
+                    if pipe is not None:
+                        pipe.close()
+        assert said.count("\n") == 1 and "11 times within 60 s" in said, said
