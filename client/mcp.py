@@ -27,7 +27,8 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
 6. When the daemon closes first while the host is still there (a restart, a crash), even
    while the host is writing, bridge it (``_Pump.run``): answer what the old daemon left
    unanswered and withdraw its questions to the host; wait up to ``RECONNECT_WINDOW``
-   seconds for a daemon at the socket (never starting one: only step 2 does); bind it as
+   seconds for a daemon at the socket (never starting one: only step 2 does; a full
+   listen backlog is tried again within the window, not exit 5 as in step 2); bind it as
    in step 3; replay the host's ``initialize`` (its response swallowed) and
    ``notifications/initialized``; send the host's lines that waited; tell a host that
    initialized ``notifications/tools/list_changed``. A failure of that ends the pump as
@@ -313,6 +314,10 @@ class _Refused(OSError):
     toolsetd of ours), or one whose backlog stayed full (no daemon is started beside it)."""
 
 
+class _Backlog(_Refused):
+    """The listener's backlog stayed full (a reconnect tries again within its window)."""
+
+
 #: Seconds between connect attempts while the listener's backlog is full.
 _BACKLOG_RETRY = 0.02
 
@@ -341,13 +346,13 @@ def connect_within(sock: socket.socket, path: str, timeout: float) -> None:
             time.sleep(_BACKLOG_RETRY)
 
 
-def _connect(path: str) -> socket.socket | None:
+def _connect(path: str, timeout: float = CONNECT_TIMEOUT) -> socket.socket | None:
     """The connected socket, or None when nothing listens (``_start_daemon`` may start one).
 
     Raises:
-        _Refused: Someone else listens there (``shared_tmp_peer_refused``), or the
-            listener's backlog stayed full for ``CONNECT_TIMEOUT``: no daemon is started
-            (ours would only find the path taken and say "already running").
+        _Refused: Someone else listens there (``shared_tmp_peer_refused``), or (``_Backlog``)
+            the listener's backlog stayed full for ``timeout`` seconds: no daemon is
+            started (ours would only find the path taken and say "already running").
     """
     if shared_tmp_squatted(path) is not None:
         return None  # then _start_daemon: the daemon refuses the folder and says why
@@ -355,12 +360,12 @@ def _connect(path: str) -> socket.socket | None:
     try:
         # A blocking connect waits for room in a full backlog for as long as it stays
         # full: a wedged daemon held the pump, and its host's MCP start-up, forever.
-        connect_within(sock, path, CONNECT_TIMEOUT)
+        connect_within(sock, path, timeout)
     except TimeoutError:
         sock.close()
-        raise _Refused(
+        raise _Backlog(
             f"toolsetd at {path} accepts no connection: its listen backlog stayed full for "
-            f"{CONNECT_TIMEOUT:.0f} s (is the daemon stopped or hung?)"
+            f"{timeout:.0f} s (is the daemon stopped or hung?)"
         ) from None
     except OSError:
         sock.close()
@@ -989,11 +994,12 @@ class _Pump:
         except _StdoutGone as exc:
             return exc.code
         delay = _BACKOFF_FIRST
-        why = (
+        gone = (
             f"toolsetd at {self.path} closed the connection and did not come back within "
             f"{RECONNECT_WINDOW:.0f} s"
         )
         while True:
+            why = gone
             try:
                 self._flush_replies()
             except _StdoutGone as exc:
@@ -1004,8 +1010,15 @@ class _Pump:
                     "the pump waited for it to come back)",
                     EXIT_UNREACHABLE,
                 )
-            try:
-                sock = _connect(self.path)
+            try:  # a daemon starting or busy may have a full backlog for a while
+                left = deadline - time.monotonic()
+                sock = _connect(self.path, min(CONNECT_TIMEOUT, max(left, _BACKLOG_RETRY)))
+            except _Backlog:
+                sock = None
+                why = (
+                    f"toolsetd at {self.path} closed the connection, and the listen backlog "
+                    f"at the socket stayed full until {RECONNECT_WINDOW:.0f} s had passed"
+                )
             except _Refused as exc:
                 return self._fail(str(exc), EXIT_UNREACHABLE)
             if sock is not None:

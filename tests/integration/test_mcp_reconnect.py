@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -611,3 +612,37 @@ def test_a_daemon_that_keeps_dying_ends_the_pump(
                     if pipe is not None:
                         pipe.close()
         assert said.count("\n") == 1 and "11 times within 60 s" in said, said
+
+
+@pytest.mark.slow
+def test_a_full_backlog_during_the_reconnect_is_tried_again(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """While the pump reconnects, the listener at the socket has a full backlog for longer
+    than a first connect waits (5 s): a daemon starting or busy. The pump does not give up
+    (it exited 5 at once): it tries again within its window, and the request that waited
+    is answered by the daemon that then comes."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            d.proc.kill()
+            d.proc.wait()
+            # Someone listening that accepts nothing, its backlog full (listen(0) holds one).
+            d.socket.unlink()
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stuck:
+                stuck.bind(str(d.socket))
+                stuck.listen(0)
+                filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                filler.connect(str(d.socket))
+                pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": HELLO})
+                with pytest.raises(subprocess.TimeoutExpired):
+                    pump.proc.wait(timeout=7)  # more than the 5 s a first connect waits
+                filler.close()
+            d.socket.unlink()
+            restart(started, home, workspace, tmp_base)
+            seen = receive_until(pump, answer_to(2))
+            assert "again" in seen[-1]["result"]["content"][0]["text"], seen
+        finally:
+            assert close(pump) == 0
