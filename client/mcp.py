@@ -30,12 +30,13 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    seconds for a daemon at the socket (never starting one: only step 2 does; a full
    listen backlog is tried again within the window, not exit 5 as in step 2); bind it as
    in step 3; replay the host's ``initialize`` (its response swallowed) and
-   ``notifications/initialized``; send the host's lines that waited; tell a host that
-   initialized ``notifications/tools/list_changed``. A failure of that ends the pump as
-   the same failure at the start would, after answering every request that waited. A
-   close the daemon explained as a line over its size limit (-32007, id null) is not
-   bridged: exit 5; nor is a daemon that closed it more than ``_LOSSES_MAX`` times within
-   ``_LOSS_SPAN`` seconds (a crash loop): exit 5.
+   ``notifications/initialized``, and the 2026-07-28 ``subscriptions/listen`` requests left
+   open (the host's streams go on); send the host's lines that waited; tell a host that
+   initialized, and each listen resent for it, ``notifications/tools/list_changed``. A
+   failure of that ends the pump as the same failure at the start would, after answering
+   every request that waited. A close the daemon explained as a line over its size limit
+   (-32007, id null) is not bridged: exit 5; nor is a daemon that closed it more than
+   ``_LOSSES_MAX`` times within ``_LOSS_SPAN`` seconds (a crash loop): exit 5.
 
 What the pump looks at, to do step 6: the host's lines are whole (each is sent once read
 to its newline, so none is split between two daemons) and small, and parsed: the pump
@@ -131,8 +132,10 @@ _REPLAY_ID = "toolsetctl-mcp-initialize-"
 #: daemon numbers its ``toolsetd-elicit-N`` from 1 again.
 _RENAMED = "toolsetctl-mcp-{}:"
 _VERSION_META = "io.modelcontextprotocol/protocolVersion"
+_LISTEN = "subscriptions/listen"
+_SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
 #: A host request in flight: its id, method, whether it is 2026-07-28's (its ``_meta``
-#: names the version), and an initialize's params (else None).
+#: names the version), and an initialize's or a listen's params (else None).
 _Entry = tuple[object, str, bool, object]
 _PASS = 1
 _DROP = 2
@@ -537,6 +540,9 @@ class _Pump:
         #: Host ids of the daemon's requests the pump withdrew: the host's answers are dropped.
         self.withdrawn: set[object] = set()
         self.initialize: tuple[object, object] | None = None  # the host's (id key, params)
+        #: 2026-07-28 ``subscriptions/listen`` requests a daemon that went away left open:
+        #: sent to the next one as they were (key -> ``_Entry``), so the host's streams go on.
+        self.listens: dict[object, _Entry] = {}
         self.initialized = False
         #: The host's lines read while the pump reconnects, and their size.
         self.waiting: list[tuple[bytes, object, _Entry | None]] = []
@@ -648,8 +654,13 @@ class _Pump:
                     params = message.get("params")
                     meta = params.get("_meta") if type(params) is dict else None
                     modern = type(meta) is dict and _VERSION_META in meta
-                    # An initialize keeps its params: a new daemon is given them again.
-                    kept = message.get("params", _ABSENT) if method == "initialize" else None
+                    # An initialize and a listen keep their params: a new daemon is given
+                    # them again.
+                    kept = (
+                        message.get("params", _ABSENT)
+                        if method == "initialize" or method == _LISTEN
+                        else None
+                    )
                     entry = (request_id, method, modern, kept)
                     if type(request_id) is str and len(request_id) > 32:
                         self.head_max = max(self.head_max, 6 * len(request_id) + _HEAD)
@@ -696,7 +707,9 @@ class _Pump:
                 self.initialized = True
         elif method == "notifications/cancelled" and type(params) is dict:
             with self.lock:  # a cancelled request gets no answer, from the pump neither
-                self.in_flight.pop(_key(params.get("requestId")), None)
+                key = _key(params.get("requestId"))
+                self.in_flight.pop(key, None)
+                self.listens.pop(key, None)  # nor is a cancelled listen sent again
 
     def _send(self, sock: socket.socket, line: bytes) -> None:
         with self.send_lock:
@@ -930,8 +943,10 @@ class _Pump:
 
     # -- the restart ---------------------------------------------------------------------
 
-    def _abandon(self) -> None:
-        """The daemon went away: answer what it left unanswered, withdraw its questions."""
+    def _abandon(self, *, keep_listens: bool = False) -> None:
+        """The daemon went away: answer what it left unanswered, withdraw its questions.
+        With ``keep_listens`` (a reconnect), a 2026-07-28 listen left open is kept for the
+        next daemon instead (``listens``); else it is answered too."""
         out: list[bytes] = []
         if self._mode == _PASS:
             out.append(b"\n")  # a line the daemon did not finish: ended, not continued
@@ -944,6 +959,14 @@ class _Pump:
         with self.lock:
             entries = list(self.in_flight.values())
             self.in_flight.clear()
+            if keep_listens:
+                for entry in entries:
+                    if entry[1] == _LISTEN and entry[2]:
+                        self.listens[_key(entry[0])] = entry
+                entries = [entry for entry in entries if not (entry[1] == _LISTEN and entry[2])]
+            else:
+                entries.extend(self.listens.values())
+                self.listens.clear()
             if self.initialize is not None and any(
                 _key(entry[0]) == self.initialize[0] and entry[1] == "initialize"
                 for entry in entries
@@ -990,7 +1013,7 @@ class _Pump:
         """Wait for a daemon at the socket again (``RECONNECT_WINDOW``), bind it, replay the
         host's initialize and send what waited. Returns the socket or the exit code."""
         try:
-            self._abandon()
+            self._abandon(keep_listens=True)
         except _StdoutGone as exc:
             return exc.code
         delay = _BACKOFF_FIRST
@@ -1064,6 +1087,7 @@ class _Pump:
     def _resume(self, sock: socket.socket) -> socket.socket | int:
         """The new daemon is bound: restore the session on it, then send what waited."""
         replay: list[bytes] = []
+        changed: list[object] = []  # the listens told list_changed
         self.send_lock.acquire()  # released by the sender below, once all of it is sent
         with self.lock:
             ended = self.stdin_closed.is_set()
@@ -1086,6 +1110,23 @@ class _Pump:
                     replay.append(json.dumps(request).encode() + b"\n")
                     if self.initialized:
                         replay.append(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+                # The host's open listens, as it sent them: its streams go on (the new
+                # daemon acknowledges each again). Each that asked for list_changed is told
+                # it: the catalog may differ now.
+                for key, entry in self.listens.items():
+                    listen: dict[str, object] = {
+                        "jsonrpc": "2.0",
+                        "id": entry[0],
+                        "method": _LISTEN,
+                    }
+                    if entry[3] is not _ABSENT:
+                        listen["params"] = entry[3]
+                    replay.append(json.dumps(listen).encode() + b"\n")
+                    self._sending(key, entry)
+                    wanted = entry[3].get("notifications") if type(entry[3]) is dict else None
+                    if type(wanted) is dict and wanted.get("toolsListChanged") is True:
+                        changed.append(entry[0])
+                self.listens.clear()
                 for line, key, entry in self.waiting:
                     if entry is not None:
                         self._sending(key, entry)
@@ -1109,6 +1150,13 @@ class _Pump:
             self._flush_replies()
             if legacy:  # the catalog may differ now
                 self._write(b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n')
+            for subscription in changed:
+                notification = {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/tools/list_changed",
+                    "params": {"_meta": {_SUBSCRIPTION_META: subscription}},
+                }
+                self._write(json.dumps(notification).encode() + b"\n")
         except _StdoutGone as exc:
             return exc.code
         return sock

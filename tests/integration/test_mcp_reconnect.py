@@ -646,3 +646,43 @@ def test_a_full_backlog_during_the_reconnect_is_tried_again(
             assert "again" in seen[-1]["result"]["content"][0]["text"], seen
         finally:
             assert close(pump) == 0
+
+
+def test_a_listen_open_during_a_sigkill_goes_on_with_the_new_daemon(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A 2026-07-28 host's subscriptions/listen, open when the daemon is killed: the pump
+    sends it to the new daemon (same id, same params) instead of answering it with an
+    error, tells the stream list_changed (the catalog may differ now), and the new daemon's
+    list_changed then comes on the host's same stream."""
+    meta = {"io.modelcontextprotocol/protocolVersion": MODERN,
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    listen = {"_meta": meta, "notifications": {"toolsListChanged": True}}
+
+    def on_stream(method: str) -> Any:
+        return lambda m: m.get("method") == method and m["params"]["_meta"] == {
+            "io.modelcontextprotocol/subscriptionId": "sub"}
+
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            pump.send({"jsonrpc": "2.0", "id": "sub", "method": "subscriptions/listen",
+                       "params": listen})
+            receive_until(pump, on_stream("notifications/subscriptions/acknowledged"))
+            d.proc.kill()
+            d.proc.wait()
+            restart(started, home, workspace, tmp_base)
+            seen = receive_until(pump, lambda m: on_stream(
+                "notifications/subscriptions/acknowledged")(m) or m.get("id") == "sub")
+            assert all(m.get("id") != "sub" for m in seen), seen  # not ended
+            assert any(on_stream("notifications/tools/list_changed")(m) for m in seen), seen
+            # The new daemon has the catalog (the listen's snapshot to differ from).
+            tools = pump.request(2, "tools/list", {"_meta": meta})["result"]["tools"]
+            assert "progress3" in {t["name"] for t in tools}
+            (home / "tools" / "progress3" / "tools.json").unlink()
+            receive_until(pump, on_stream("notifications/tools/list_changed"))
+            tools = pump.request(3, "tools/list", {"_meta": meta})["result"]["tools"]
+            assert "progress3" not in {t["name"] for t in tools}
+        finally:
+            assert close(pump) == 0
