@@ -1113,19 +1113,20 @@ class _Pump:
                 # The host's open listens, as it sent them: its streams go on (the new
                 # daemon acknowledges each again). Each that asked for list_changed is told
                 # it: the catalog may differ now.
-                for key, entry in self.listens.items():
+                for key, open_listen in self.listens.items():
                     listen: dict[str, object] = {
                         "jsonrpc": "2.0",
-                        "id": entry[0],
+                        "id": open_listen[0],
                         "method": _LISTEN,
                     }
-                    if entry[3] is not _ABSENT:
-                        listen["params"] = entry[3]
+                    if open_listen[3] is not _ABSENT:
+                        listen["params"] = open_listen[3]
                     replay.append(json.dumps(listen).encode() + b"\n")
-                    self._sending(key, entry)
-                    wanted = entry[3].get("notifications") if type(entry[3]) is dict else None
+                    self._sending(key, open_listen)
+                    params = open_listen[3]
+                    wanted = params.get("notifications") if type(params) is dict else None
                     if type(wanted) is dict and wanted.get("toolsListChanged") is True:
-                        changed.append(entry[0])
+                        changed.append(open_listen[0])
                 self.listens.clear()
                 for line, key, entry in self.waiting:
                     if entry is not None:
