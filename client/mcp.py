@@ -34,7 +34,9 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    open (the host's streams go on); send the host's lines that waited; tell a host that
    initialized, and each listen resent for it, ``notifications/tools/list_changed``. A
    failure of that ends the pump as the same failure at the start would, after answering
-   every request that waited. A close the daemon explained as a line over its size limit
+   every request that waited; so does a replayed initialize answered with an error or
+   with another protocol version than the host was given (exit 5). A close the daemon
+   explained as a line over its size limit
    (-32007, id null) is not bridged: exit 5; nor is a daemon that closed it more than
    ``_LOSSES_MAX`` times within ``_LOSS_SPAN`` seconds (a crash loop): exit 5.
 
@@ -132,6 +134,9 @@ _REPLAY_ID = "toolsetctl-mcp-initialize-"
 #: daemon numbers its ``toolsetd-elicit-N`` from 1 again.
 _RENAMED = "toolsetctl-mcp-{}:"
 _VERSION_META = "io.modelcontextprotocol/protocolVersion"
+#: What follows the id in the head of an initialize's result: the daemon puts the protocol
+#: version first (``tests/integration/test_mcp_reconnect.py`` pins it).
+_AGREED_HEAD = ',"result":{"protocolVersion":'
 _LISTEN = "subscriptions/listen"
 _SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
 #: A host request in flight: its id, method, whether it is 2026-07-28's (its ``_meta``
@@ -558,6 +563,8 @@ class _Pump:
         self._line_entry: tuple[object, _Entry] | None = None
         self._swallow: object = None  # the replayed initialize's id
         self._replay_refused: str | None = None
+        #: The protocol version the host's initialize was given (a replay must agree on it).
+        self._agreed: object = None
         self._too_large = False  # the daemon said a line of the host's was over its limit
         self._heard = False  # the daemon sent something since the last reconnect
         #: The stdin thread's: the daemon a line over ``_HELD_LINE_MAX`` is going to.
@@ -899,6 +906,16 @@ class _Pump:
                         f"toolsetd at {self.path} refused the host's initialize after its "
                         f"restart: {_error_text(head, complete)}"
                     )
+                else:
+                    agreed = _agreed_version(text, end)
+                    if agreed != self._agreed and self._agreed is not None:
+                        # A downgraded daemon: the host would go on speaking the version it
+                        # was given; ended, it starts the server again and negotiates anew.
+                        self._replay_refused = (
+                            f"toolsetd at {self.path} agreed on protocol version {agreed} "
+                            f"after its restart, not on {self._agreed}, the host's: ending "
+                            "the session, for the host to start it again"
+                        )
                 return b""
             if value is None and after.startswith(',"error":{"code":-32007'):
                 self._too_large = True
@@ -907,11 +924,13 @@ class _Pump:
                 if (
                     entry is not None
                     and entry[1] == "initialize"
-                    and after.startswith(',"error"')
                     and self.initialize is not None
                     and self.initialize[0] == key
                 ):
-                    self.initialize = None  # refused: the host may send another
+                    if after.startswith(',"error"'):
+                        self.initialize = None  # refused: the host may send another
+                    else:
+                        self._agreed = _agreed_version(text, end)
             if entry is not None and not complete:
                 self._line_entry = (key, entry)
             return head
@@ -1219,6 +1238,17 @@ def _gone_answer(entry: _Entry, why: str) -> bytes:
     else:
         message["error"] = {"code": -32603, "message": f"Internal error: {text}"}
     return json.dumps(message).encode() + b"\n"
+
+
+def _agreed_version(text: str, end: int) -> object:
+    """The ``protocolVersion`` of an initialize's result, from its head's text after the
+    id (which ends at ``end``); None when it is not where the daemon puts it."""
+    if not text.startswith(_AGREED_HEAD, end):
+        return None
+    try:
+        return _DECODER.raw_decode(text, end + len(_AGREED_HEAD))[0]
+    except (ValueError, RecursionError):
+        return None
 
 
 def _error_text(head: bytes, complete: bool) -> str:

@@ -16,6 +16,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -123,6 +124,9 @@ def test_the_daemons_mcp_lines_begin_with_jsonrpc_then_id_or_method(
             lines.clear()  # the bind's answer is the native wire's, read by the pump itself
             send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT})
             read()
+            # The version agreed on comes first: the pump compares a replay's with it.
+            assert lines[-1].startswith(
+                b'{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25"'), lines
             # No question goes to a host before its initialized (the asker below).
             send({"jsonrpc": "2.0", "method": "notifications/initialized"})
             send({"method": "tools/list", "id": "x", "jsonrpc": "2.0"})  # the host's order
@@ -686,3 +690,46 @@ def test_a_listen_open_during_a_sigkill_goes_on_with_the_new_daemon(
             assert "progress3" not in {t["name"] for t in tools}
         finally:
             assert close(pump) == 0
+
+
+#: A toolsetd that no longer serves what the host agreed on (a downgrade): its main, run
+#: with the MCP session serving 2025-06-18 only, or refusing every initialize.
+_DOWNGRADED = (
+    "import sys\n"
+    "import toolsetd.daemon.mcp_session as session\n"
+    "from toolsetd.daemon.mcp_mapping import McpError\n"
+    "def refuse(params):\n"
+    "    raise McpError(-32602, 'Invalid params: not this one')\n"
+    "if sys.argv.pop(1) == 'version':\n"
+    "    session.HANDSHAKE_VERSIONS = ('2025-06-18',)\n"
+    "else:\n"
+    "    session._check_initialize = refuse\n"
+    "from toolsetd.daemon.app import main\n"
+    "sys.exit(main())\n"
+)
+
+
+@pytest.mark.parametrize("how", ["version", "refused"])
+def test_a_new_daemon_that_does_not_agree_to_the_hosts_session_ends_the_pump(
+    sets: None, home: Path, workspace: Path, tmp_base: Path, how: str
+) -> None:
+    """The new daemon answers the replayed initialize with another protocol version than
+    the one the host was given (a toolsetd downgraded across the restart), or with an
+    error: the host would go on speaking a version the session did not agree on, so the
+    pump ends (exit 5, one line on stderr): the host starts the server again and
+    negotiates anew."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            assert d.stop() == 0
+            started.append(start_daemon(
+                home, workspace, tmp_base, launcher=[sys.executable, "-c", _DOWNGRADED, how]))
+            assert pump.proc.wait(timeout=30) == 5
+        finally:
+            code = close(pump)
+        said = pump.stderr()
+        expected = "2025-06-18" if how == "version" else "refused the host's initialize"
+        assert said.count("\n") == 1 and expected in said, said
+        assert code == 5
