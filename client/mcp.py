@@ -27,13 +27,18 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
 6. When the daemon closes first while the host is still there (a restart, a crash), even
    while the host is writing, bridge it (``_Pump.run``): answer what the old daemon left
    unanswered and withdraw its questions to the host; wait up to ``RECONNECT_WINDOW``
-   seconds for a daemon at the socket (never starting one: only step 2 does); bind it as
+   seconds for a daemon at the socket (never starting one: only step 2 does; a full
+   listen backlog is tried again within the window, not exit 5 as in step 2); bind it as
    in step 3; replay the host's ``initialize`` (its response swallowed) and
-   ``notifications/initialized``; send the host's lines that waited; tell a host that
-   initialized ``notifications/tools/list_changed``. A failure of that ends the pump as
-   the same failure at the start would, after answering every request that waited. A
-   close the daemon explained as a line over its size limit (-32007, id null) is not
-   bridged: exit 5.
+   ``notifications/initialized``, and the 2026-07-28 ``subscriptions/listen`` requests left
+   open (the host's streams go on); send the host's lines that waited; tell a host that
+   initialized, and each listen resent for it, ``notifications/tools/list_changed``. A
+   failure of that ends the pump as the same failure at the start would, after answering
+   every request that waited; so does a replayed initialize answered with an error or
+   with another protocol version than the host was given (exit 5). A close the daemon
+   explained as a line over its size limit
+   (-32007, id null) is not bridged: exit 5; nor is a daemon that closed it more than
+   ``_LOSSES_MAX`` times within ``_LOSS_SPAN`` seconds (a crash loop): exit 5.
 
 What the pump looks at, to do step 6: the host's lines are whole (each is sent once read
 to its newline, so none is split between two daemons) and small, and parsed: the pump
@@ -107,6 +112,11 @@ _BIND_RETRY = frozenset({6, 8, _RETRY})
 RECONNECT_WINDOW = 30.0
 _BACKOFF_FIRST = 0.05
 _BACKOFF_MAX = 1.0
+#: A daemon that binds, answers, then dies, again and again (a crash loop) restarts the
+#: window each time it answered: the pump gives up (exit 5) when the daemon closed the
+#: connection more than ``_LOSSES_MAX`` times within ``_LOSS_SPAN`` seconds.
+_LOSSES_MAX = 10
+_LOSS_SPAN = 60.0
 #: The most bytes of host lines held while the pump reconnects; a request past them is
 #: answered with an error at once.
 _WAITING_MAX = 4 << 20
@@ -124,8 +134,13 @@ _REPLAY_ID = "toolsetctl-mcp-initialize-"
 #: daemon numbers its ``toolsetd-elicit-N`` from 1 again.
 _RENAMED = "toolsetctl-mcp-{}:"
 _VERSION_META = "io.modelcontextprotocol/protocolVersion"
+#: What follows the id in the head of an initialize's result: the daemon puts the protocol
+#: version first (``tests/integration/test_mcp_reconnect.py`` pins it).
+_AGREED_HEAD = ',"result":{"protocolVersion":'
+_LISTEN = "subscriptions/listen"
+_SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
 #: A host request in flight: its id, method, whether it is 2026-07-28's (its ``_meta``
-#: names the version), and an initialize's params (else None).
+#: names the version), and an initialize's or a listen's params (else None).
 _Entry = tuple[object, str, bool, object]
 _PASS = 1
 _DROP = 2
@@ -307,6 +322,10 @@ class _Refused(OSError):
     toolsetd of ours), or one whose backlog stayed full (no daemon is started beside it)."""
 
 
+class _Backlog(_Refused):
+    """The listener's backlog stayed full (a reconnect tries again within its window)."""
+
+
 #: Seconds between connect attempts while the listener's backlog is full.
 _BACKLOG_RETRY = 0.02
 
@@ -335,13 +354,13 @@ def connect_within(sock: socket.socket, path: str, timeout: float) -> None:
             time.sleep(_BACKLOG_RETRY)
 
 
-def _connect(path: str) -> socket.socket | None:
+def _connect(path: str, timeout: float = CONNECT_TIMEOUT) -> socket.socket | None:
     """The connected socket, or None when nothing listens (``_start_daemon`` may start one).
 
     Raises:
-        _Refused: Someone else listens there (``shared_tmp_peer_refused``), or the
-            listener's backlog stayed full for ``CONNECT_TIMEOUT``: no daemon is started
-            (ours would only find the path taken and say "already running").
+        _Refused: Someone else listens there (``shared_tmp_peer_refused``), or (``_Backlog``)
+            the listener's backlog stayed full for ``timeout`` seconds: no daemon is
+            started (ours would only find the path taken and say "already running").
     """
     if shared_tmp_squatted(path) is not None:
         return None  # then _start_daemon: the daemon refuses the folder and says why
@@ -349,12 +368,12 @@ def _connect(path: str) -> socket.socket | None:
     try:
         # A blocking connect waits for room in a full backlog for as long as it stays
         # full: a wedged daemon held the pump, and its host's MCP start-up, forever.
-        connect_within(sock, path, CONNECT_TIMEOUT)
+        connect_within(sock, path, timeout)
     except TimeoutError:
         sock.close()
-        raise _Refused(
+        raise _Backlog(
             f"toolsetd at {path} accepts no connection: its listen backlog stayed full for "
-            f"{CONNECT_TIMEOUT:.0f} s (is the daemon stopped or hung?)"
+            f"{timeout:.0f} s (is the daemon stopped or hung?)"
         ) from None
     except OSError:
         sock.close()
@@ -526,6 +545,9 @@ class _Pump:
         #: Host ids of the daemon's requests the pump withdrew: the host's answers are dropped.
         self.withdrawn: set[object] = set()
         self.initialize: tuple[object, object] | None = None  # the host's (id key, params)
+        #: 2026-07-28 ``subscriptions/listen`` requests a daemon that went away left open:
+        #: sent to the next one as they were (key -> ``_Entry``), so the host's streams go on.
+        self.listens: dict[object, _Entry] = {}
         self.initialized = False
         #: The host's lines read while the pump reconnects, and their size.
         self.waiting: list[tuple[bytes, object, _Entry | None]] = []
@@ -541,6 +563,8 @@ class _Pump:
         self._line_entry: tuple[object, _Entry] | None = None
         self._swallow: object = None  # the replayed initialize's id
         self._replay_refused: str | None = None
+        #: The protocol version the host's initialize was given (a replay must agree on it).
+        self._agreed: object = None
         self._too_large = False  # the daemon said a line of the host's was over its limit
         self._heard = False  # the daemon sent something since the last reconnect
         #: The stdin thread's: the daemon a line over ``_HELD_LINE_MAX`` is going to.
@@ -637,8 +661,13 @@ class _Pump:
                     params = message.get("params")
                     meta = params.get("_meta") if type(params) is dict else None
                     modern = type(meta) is dict and _VERSION_META in meta
-                    # An initialize keeps its params: a new daemon is given them again.
-                    kept = message.get("params", _ABSENT) if method == "initialize" else None
+                    # An initialize and a listen keep their params: a new daemon is given
+                    # them again.
+                    kept = (
+                        message.get("params", _ABSENT)
+                        if method == "initialize" or method == _LISTEN
+                        else None
+                    )
                     entry = (request_id, method, modern, kept)
                     if type(request_id) is str and len(request_id) > 32:
                         self.head_max = max(self.head_max, 6 * len(request_id) + _HEAD)
@@ -687,6 +716,7 @@ class _Pump:
             key = _key(params.get("requestId"))
             with self.lock:  # a cancelled request gets no answer, from the pump neither
                 self.in_flight.pop(key, None)
+                self.listens.pop(key, None)  # nor is a cancelled listen sent again
                 if key is not None and self.waiting:  # one that waits goes unnoted
                     self.waiting = [
                         (line, k, None if k == key and _cancellable(e) else e)
@@ -719,6 +749,7 @@ class _Pump:
         assert sock is not None
         code = self._copy(sock, first=True)
         deadline: float | None = None
+        losses: list[float] = []
         while code == _DAEMON_CLOSED:
             with self.lock:
                 self.sock = None  # the host's lines wait from now on
@@ -733,6 +764,14 @@ class _Pump:
                 return self._fail(
                     f"toolsetd at {self.path} closed the connection: a line of the host's "
                     "was over its size limit",
+                    EXIT_UNREACHABLE,
+                )
+            now = time.monotonic()
+            losses = [t for t in losses if now - t < _LOSS_SPAN] + [now]
+            if len(losses) > _LOSSES_MAX:
+                return self._fail(
+                    f"toolsetd at {self.path} closed the connection {len(losses)} times "
+                    f"within {_LOSS_SPAN:.0f} s (is it crashing?); not reconnecting again",
                     EXIT_UNREACHABLE,
                 )
             if deadline is None or self._heard:
@@ -872,6 +911,16 @@ class _Pump:
                         f"toolsetd at {self.path} refused the host's initialize after its "
                         f"restart: {_error_text(head, complete)}"
                     )
+                else:
+                    agreed = _agreed_version(text, end)
+                    if agreed != self._agreed and self._agreed is not None:
+                        # A downgraded daemon: the host would go on speaking the version it
+                        # was given; ended, it starts the server again and negotiates anew.
+                        self._replay_refused = (
+                            f"toolsetd at {self.path} agreed on protocol version {agreed} "
+                            f"after its restart, not on {self._agreed}, the host's: ending "
+                            "the session, for the host to start it again"
+                        )
                 return b""
             if value is None and after.startswith(',"error":{"code":-32007'):
                 self._too_large = True
@@ -880,11 +929,13 @@ class _Pump:
                 if (
                     entry is not None
                     and entry[1] == "initialize"
-                    and after.startswith(',"error"')
                     and self.initialize is not None
                     and self.initialize[0] == key
                 ):
-                    self.initialize = None  # refused: the host may send another
+                    if after.startswith(',"error"'):
+                        self.initialize = None  # refused: the host may send another
+                    else:
+                        self._agreed = _agreed_version(text, end)
             if entry is not None and not complete:
                 self._line_entry = (key, entry)
             return head
@@ -916,8 +967,10 @@ class _Pump:
 
     # -- the restart ---------------------------------------------------------------------
 
-    def _abandon(self) -> None:
-        """The daemon went away: answer what it left unanswered, withdraw its questions."""
+    def _abandon(self, *, keep_listens: bool = False) -> None:
+        """The daemon went away: answer what it left unanswered, withdraw its questions.
+        With ``keep_listens`` (a reconnect), a 2026-07-28 listen left open is kept for the
+        next daemon instead (``listens``); else it is answered too."""
         out: list[bytes] = []
         if self._mode == _PASS:
             out.append(b"\n")  # a line the daemon did not finish: ended, not continued
@@ -930,6 +983,14 @@ class _Pump:
         with self.lock:
             entries = list(self.in_flight.values())
             self.in_flight.clear()
+            if keep_listens:
+                for entry in entries:
+                    if entry[1] == _LISTEN and entry[2]:
+                        self.listens[_key(entry[0])] = entry
+                entries = [entry for entry in entries if not (entry[1] == _LISTEN and entry[2])]
+            else:
+                entries.extend(self.listens.values())
+                self.listens.clear()
             if self.initialize is not None and any(
                 _key(entry[0]) == self.initialize[0] and entry[1] == "initialize"
                 for entry in entries
@@ -976,15 +1037,16 @@ class _Pump:
         """Wait for a daemon at the socket again (``RECONNECT_WINDOW``), bind it, replay the
         host's initialize and send what waited. Returns the socket or the exit code."""
         try:
-            self._abandon()
+            self._abandon(keep_listens=True)
         except _StdoutGone as exc:
             return exc.code
         delay = _BACKOFF_FIRST
-        why = (
+        gone = (
             f"toolsetd at {self.path} closed the connection and did not come back within "
             f"{RECONNECT_WINDOW:.0f} s"
         )
         while True:
+            why = gone
             try:
                 self._flush_replies()
             except _StdoutGone as exc:
@@ -995,8 +1057,15 @@ class _Pump:
                     "the pump waited for it to come back)",
                     EXIT_UNREACHABLE,
                 )
-            try:
-                sock = _connect(self.path)
+            try:  # a daemon starting or busy may have a full backlog for a while
+                left = deadline - time.monotonic()
+                sock = _connect(self.path, min(CONNECT_TIMEOUT, max(left, _BACKLOG_RETRY)))
+            except _Backlog:
+                sock = None
+                why = (
+                    f"toolsetd at {self.path} closed the connection, and the listen backlog "
+                    f"at the socket stayed full until {RECONNECT_WINDOW:.0f} s had passed"
+                )
             except _Refused as exc:
                 return self._fail(str(exc), EXIT_UNREACHABLE)
             if sock is not None:
@@ -1042,6 +1111,7 @@ class _Pump:
     def _resume(self, sock: socket.socket) -> socket.socket | int:
         """The new daemon is bound: restore the session on it, then send what waited."""
         replay: list[bytes] = []
+        changed: list[object] = []  # the listens told list_changed
         self.send_lock.acquire()  # released by the sender below, once all of it is sent
         with self.lock:
             ended = self.stdin_closed.is_set()
@@ -1064,6 +1134,24 @@ class _Pump:
                     replay.append(json.dumps(request).encode() + b"\n")
                     if self.initialized:
                         replay.append(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+                # The host's open listens, as it sent them: its streams go on (the new
+                # daemon acknowledges each again). Each that asked for list_changed is told
+                # it: the catalog may differ now.
+                for key, open_listen in self.listens.items():
+                    listen: dict[str, object] = {
+                        "jsonrpc": "2.0",
+                        "id": open_listen[0],
+                        "method": _LISTEN,
+                    }
+                    if open_listen[3] is not _ABSENT:
+                        listen["params"] = open_listen[3]
+                    replay.append(json.dumps(listen).encode() + b"\n")
+                    self._sending(key, open_listen)
+                    params = open_listen[3]
+                    wanted = params.get("notifications") if type(params) is dict else None
+                    if type(wanted) is dict and wanted.get("toolsListChanged") is True:
+                        changed.append(open_listen[0])
+                self.listens.clear()
                 for line, key, entry in self.waiting:
                     if entry is not None:
                         self._sending(key, entry)
@@ -1087,6 +1175,13 @@ class _Pump:
             self._flush_replies()
             if legacy:  # the catalog may differ now
                 self._write(b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n')
+            for subscription in changed:
+                notification = {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/tools/list_changed",
+                    "params": {"_meta": {_SUBSCRIPTION_META: subscription}},
+                }
+                self._write(json.dumps(notification).encode() + b"\n")
         except _StdoutGone as exc:
             return exc.code
         return sock
@@ -1153,6 +1248,17 @@ def _gone_answer(entry: _Entry, why: str) -> bytes:
     else:
         message["error"] = {"code": -32603, "message": f"Internal error: {text}"}
     return json.dumps(message).encode() + b"\n"
+
+
+def _agreed_version(text: str, end: int) -> object:
+    """The ``protocolVersion`` of an initialize's result, from its head's text after the
+    id (which ends at ``end``); None when it is not where the daemon puts it."""
+    if not text.startswith(_AGREED_HEAD, end):
+        return None
+    try:
+        return _DECODER.raw_decode(text, end + len(_AGREED_HEAD))[0]
+    except (ValueError, RecursionError):
+        return None
 
 
 def _error_text(head: bytes, complete: bool) -> str:

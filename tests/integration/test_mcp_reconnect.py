@@ -15,6 +15,8 @@ import os
 import shutil
 import signal
 import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -122,6 +124,9 @@ def test_the_daemons_mcp_lines_begin_with_jsonrpc_then_id_or_method(
             lines.clear()  # the bind's answer is the native wire's, read by the pump itself
             send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": INIT})
             read()
+            # The version agreed on comes first: the pump compares a replay's with it.
+            assert lines[-1].startswith(
+                b'{"jsonrpc":"2.0","id":1,"result":{"protocolVersion":"2025-11-25"'), lines
             # No question goes to a host before its initialized (the asker below).
             send({"jsonrpc": "2.0", "method": "notifications/initialized"})
             send({"method": "tools/list", "id": "x", "jsonrpc": "2.0"})  # the host's order
@@ -614,3 +619,155 @@ def test_a_request_cancelled_while_it_waited_is_not_answered_at_the_next_restart
             if pid_file.exists() and pid_file.read_text():
                 with contextlib.suppress(OSError):
                     os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_daemon_that_keeps_dying_ends_the_pump(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A daemon that binds, answers, then dies, over and over (a crash loop): each answer
+    restarted the reconnect window, so the pump reconnected for ever. More than 10 losses
+    within 60 s end it: exit 5 and a line that says so."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            for n in range(2, 13):
+                d.proc.kill()
+                d.proc.wait()
+                if pump.proc.poll() is not None:
+                    break
+                d = restart(started, home, workspace, tmp_base)
+                with contextlib.suppress(BrokenPipeError, EOFError):
+                    # Answered by this daemon (it bound), or the pump gave up already.
+                    pump.send({"jsonrpc": "2.0", "id": n, "method": "ping"})
+                    receive_until(pump, answer_to(n))
+            assert pump.proc.wait(timeout=60) == 5
+            assert pump.proc.stderr is not None
+            said = pump.proc.stderr.read().decode()
+        finally:
+            pump.proc.kill()
+            pump.proc.wait()
+            for pipe in (pump.proc.stdin, pump.proc.stdout, pump.proc.stderr):
+                with contextlib.suppress(OSError):
+                    if pipe is not None:
+                        pipe.close()
+        assert said.count("\n") == 1 and "11 times within 60 s" in said, said
+
+
+@pytest.mark.slow
+def test_a_full_backlog_during_the_reconnect_is_tried_again(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """While the pump reconnects, the listener at the socket has a full backlog for longer
+    than a first connect waits (5 s): a daemon starting or busy. The pump does not give up
+    (it exited 5 at once): it tries again within its window, and the request that waited
+    is answered by the daemon that then comes."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            d.proc.kill()
+            d.proc.wait()
+            # Someone listening that accepts nothing, its backlog full (listen(0) holds one).
+            d.socket.unlink()
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as stuck:
+                stuck.bind(str(d.socket))
+                stuck.listen(0)
+                filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                filler.connect(str(d.socket))
+                pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": HELLO})
+                with pytest.raises(subprocess.TimeoutExpired):
+                    pump.proc.wait(timeout=7)  # more than the 5 s a first connect waits
+                filler.close()
+            d.socket.unlink()
+            restart(started, home, workspace, tmp_base)
+            seen = receive_until(pump, answer_to(2))
+            assert "again" in seen[-1]["result"]["content"][0]["text"], seen
+        finally:
+            assert close(pump) == 0
+
+
+def test_a_listen_open_during_a_sigkill_goes_on_with_the_new_daemon(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A 2026-07-28 host's subscriptions/listen, open when the daemon is killed: the pump
+    sends it to the new daemon (same id, same params) instead of answering it with an
+    error, tells the stream list_changed (the catalog may differ now), and the new daemon's
+    list_changed then comes on the host's same stream."""
+    meta = {"io.modelcontextprotocol/protocolVersion": MODERN,
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    listen = {"_meta": meta, "notifications": {"toolsListChanged": True}}
+
+    def on_stream(method: str) -> Any:
+        return lambda m: m.get("method") == method and m["params"]["_meta"] == {
+            "io.modelcontextprotocol/subscriptionId": "sub"}
+
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            pump.send({"jsonrpc": "2.0", "id": "sub", "method": "subscriptions/listen",
+                       "params": listen})
+            receive_until(pump, on_stream("notifications/subscriptions/acknowledged"))
+            d.proc.kill()
+            d.proc.wait()
+            restart(started, home, workspace, tmp_base)
+            seen = receive_until(pump, lambda m: on_stream(
+                "notifications/subscriptions/acknowledged")(m) or m.get("id") == "sub")
+            assert all(m.get("id") != "sub" for m in seen), seen  # not ended
+            assert any(on_stream("notifications/tools/list_changed")(m) for m in seen), seen
+            # The new daemon has the catalog (the listen's snapshot to differ from).
+            tools = pump.request(2, "tools/list", {"_meta": meta})["result"]["tools"]
+            assert "progress3" in {t["name"] for t in tools}
+            (home / "tools" / "progress3" / "tools.json").unlink()
+            receive_until(pump, on_stream("notifications/tools/list_changed"))
+            tools = pump.request(3, "tools/list", {"_meta": meta})["result"]["tools"]
+            assert "progress3" not in {t["name"] for t in tools}
+        finally:
+            assert close(pump) == 0
+
+
+#: A toolsetd that no longer serves what the host agreed on (a downgrade): its main, run
+#: with the MCP session serving 2025-06-18 only, or refusing every initialize.
+_DOWNGRADED = (
+    "import sys\n"
+    "import toolsetd.daemon.mcp_session as session\n"
+    "from toolsetd.daemon.mcp_mapping import McpError\n"
+    "def refuse(params):\n"
+    "    raise McpError(-32602, 'Invalid params: not this one')\n"
+    "if sys.argv.pop(1) == 'version':\n"
+    "    session.HANDSHAKE_VERSIONS = ('2025-06-18',)\n"
+    "else:\n"
+    "    session._check_initialize = refuse\n"
+    "from toolsetd.daemon.app import main\n"
+    "sys.exit(main())\n"
+)
+
+
+@pytest.mark.parametrize("how", ["version", "refused"])
+def test_a_new_daemon_that_does_not_agree_to_the_hosts_session_ends_the_pump(
+    sets: None, home: Path, workspace: Path, tmp_base: Path, how: str
+) -> None:
+    """The new daemon answers the replayed initialize with another protocol version than
+    the one the host was given (a toolsetd downgraded across the restart), or with an
+    error: the host would go on speaking a version the session did not agree on, so the
+    pump ends (exit 5, one line on stderr): the host starts the server again and
+    negotiates anew."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            assert d.stop() == 0
+            started.append(start_daemon(
+                home, workspace, tmp_base, launcher=[sys.executable, "-c", _DOWNGRADED, how]))
+            assert pump.proc.wait(timeout=30) == 5
+        finally:
+            code = close(pump)
+        said = pump.stderr()
+        expected = "2025-06-18" if how == "version" else "refused the host's initialize"
+        assert said.count("\n") == 1 and expected in said, said
+        assert code == 5
