@@ -663,7 +663,7 @@ class _Pump:
                 # pump withdraws that question.
                 if not answer:
                     with self.lock:
-                        if entry is not None:
+                        if entry is not None and self.in_flight.get(key) is entry:
                             del self.in_flight[key]
                             if first:
                                 self.initialize = None
