@@ -646,10 +646,12 @@ class _Pump:
             message = None  # the daemon answers it
         entry: _Entry | None = None
         key: object = None
+        answer = False
         if type(message) is dict:
             method = message.get("method")
             request_id = message.get("id", _ABSENT)
             if method is None and request_id is not _ABSENT:
+                answer = True
                 line = self._host_answer(message, line)
                 if not line:
                     return
@@ -674,25 +676,49 @@ class _Pump:
         with self.lock:
             sock = self.sock
             if sock is None:
-                if self.waiting_bytes + len(line) > _WAITING_MAX:
-                    if entry is not None:
-                        self.replies.append(_gone_answer(entry, "overflow"))
-                        self.wake.set()
-                    return
-                self.waiting.append((line, key, entry))
-                self.waiting_bytes += len(line)
+                self._wait(line, key, entry)
                 return
-            if entry is not None:
-                self._sending(key, entry)
-        self._send(sock, line)
+            first = entry is not None and self._sending(key, entry)
+        with self.send_lock:
+            try:
+                sock.sendall(line)
+            except OSError:
+                # The daemon closed the connection (it stopped, or restarted) before the
+                # main thread saw it: not the end of the host's input. The line did not
+                # reach it whole (its newline, last, was not sent), so it waits for the
+                # new daemon as one read a moment later does; held here, before the main
+                # thread (which closes the socket under ``send_lock`` first) answers what
+                # was in flight. An answer to the old daemon's question is dropped: the
+                # pump withdraws that question.
+                if not answer:
+                    with self.lock:
+                        if entry is not None and self.in_flight.get(key) is entry:
+                            del self.in_flight[key]
+                            if first:
+                                self.initialize = None
+                        self._wait(line, key, entry)
 
-    def _sending(self, key: object, entry: _Entry) -> None:
+    def _wait(self, line: bytes, key: object, entry: _Entry | None) -> None:
+        """Hold a host line for the new daemon (``lock`` held); a request past
+        ``_WAITING_MAX`` is answered at once."""
+        if self.waiting_bytes + len(line) > _WAITING_MAX:
+            if entry is not None:
+                self.replies.append(_gone_answer(entry, "overflow"))
+                self.wake.set()
+            return
+        self.waiting.append((line, key, entry))
+        self.waiting_bytes += len(line)
+
+    def _sending(self, key: object, entry: _Entry) -> bool:
         """A host request goes to the daemon now (``lock`` held): it is in flight, and
         the session's first initialize is the one a new daemon is given again (one that
-        waited for the new daemon is sent as itself, not replayed as well)."""
+        waited for the new daemon is sent as itself, not replayed as well). Whether it is
+        that first initialize."""
         self.in_flight[key] = entry
         if entry[1] == "initialize" and self.initialize is None:
             self.initialize = (key, entry[3])
+            return True
+        return False
 
     def _host_answer(self, message: dict[str, object], line: bytes) -> bytes:
         """The host's answer to a request of the daemon's: the line to send, or b"" when
@@ -729,8 +755,7 @@ class _Pump:
                 sock.sendall(line)
             except OSError:
                 # The daemon closed the connection (it stopped, or restarted) while the
-                # host was writing: not the end of the host's input. The main thread sees
-                # the close, answers this line's request and reconnects.
+                # host was writing: the main thread sees the close and reconnects.
                 pass
 
     def _send_raw(self, data: bytes) -> None:

@@ -514,7 +514,9 @@ def test_confinement_without_cgroup_the_grandchild_survives() -> None:
             "mode": "process-group", "reason": 'cgroups are off in the config (cgroup = "off")',
         }
         t.invoke("probe", {"action": "escape", "marker": marker}, project=False)
-        assert marked_processes(marker) != []
+        # Waited for: the probe's Popen returns (and the call ends) before the kernel has
+        # set the grandchild's argv, which is how it is found.
+        eventually(lambda: marked_processes(marker) != [], what="the grandchild")
     finally:
         _kill_marked(marker)
         _close(t)

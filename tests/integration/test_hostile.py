@@ -1375,10 +1375,12 @@ def test_an_orphan_guard_that_could_not_start_at_the_limit_starts_once_there_is_
                        "params": {**call, "tool": "hold"}})
             # ``started`` comes once the daemon has registered the tool with the guard; seen
             # in /proc it may not be yet (a SIGKILL between the exec and the register is a
-            # window no guard that learns the pid from the spawn can close).
+            # window no guard that learns the pid from the spawn can close). Nor is its
+            # command line always there by ``started``: the exec-status pipe closes within
+            # the exec, before the kernel has set the new argv, so it is waited for too.
             while conn.receive().get("method") != "started":
                 pass
-            assert marked_processes(marker), "the tool running"
+            eventually(lambda: bool(marked_processes(marker)), what="the tool running")
             d.stop(signal.SIGKILL)
         eventually(lambda: not marked_processes(marker), what="the tool killed with the daemon")
     finally:

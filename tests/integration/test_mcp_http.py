@@ -1528,8 +1528,10 @@ def test_http_a_long_call_without_a_progress_token_is_kept_alive(
     be one JSON body at the end, nothing before it, so the SDKs' clients (a 5-minute read
     timeout) and proxies cut a long call off (and so cancelled it) that ``toolsetctl mcp``
     runs to its end."""
+    go = workspace / "slowcall-go"  # the call ends once the test has seen it kept alive
+    slow = f"import os, time\nwhile not os.path.exists({str(go)!r}):\n    time.sleep(0.02)\n"
     write_set(home / "tools", "slowcall", _tool("slow.py"),
-              **{"slow.py": script("import time\ntime.sleep(2)\nprint('slept')\n")})
+              **{"slow.py": script(slow + "print('slept')\n")})
     daemon = start_daemon(home, workspace, tmp_base, ["--mcp-listen", "127.0.0.1:0"],
                           launcher=[PY, "-c", _SHORT_PING])
     try:
@@ -1546,10 +1548,12 @@ def test_http_a_long_call_without_a_progress_token_is_kept_alive(
                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body
             )
             seen = b""
-            while b"slept" not in seen:
-                chunk = sock.recv(65536)
-                assert chunk, seen
-                seen += chunk
+            for awaited in (b": ping", b"slept"):  # a ping, however long it takes; the end
+                while awaited not in seen:
+                    chunk = sock.recv(65536)
+                    assert chunk, seen
+                    seen += chunk
+                go.touch()
         assert b"text/event-stream" in seen.split(b"\r\n\r\n", 1)[0], seen
         assert b": ping" in seen and seen.index(b": ping") < seen.index(b"slept"), seen
     finally:
