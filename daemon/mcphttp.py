@@ -61,7 +61,7 @@ import structlog
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol.jsonrpc import is_request_id
 from toolsetd.protocol.jsontext import dumps as json_dumps
-from toolsetd.protocol.jsontext import is_utf8
+from toolsetd.protocol.jsontext import is_utf8, is_utf8_bytes
 from toolsetd.protocol.jsontext import loads as json_loads
 
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
@@ -555,9 +555,8 @@ class McpHttpEndpoint:
                 else await self._large.parse(json_loads, request.body)
             )
         except orjson.JSONDecodeError as exc:
-            try:  # as the socket says it (orjson's words would be of surrogates, at 0)
-                request.body.decode("utf-8")
-            except UnicodeDecodeError:
+            # As the socket says it (orjson's words would be of surrogates, at 0).
+            if not is_utf8_bytes(request.body):
                 why = "Parse error: the body is not valid UTF-8."
             else:
                 why = f"Parse error: the body is not JSON ({exc.msg} at character {exc.pos})."

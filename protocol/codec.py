@@ -51,7 +51,7 @@ from typing import Any, Final, Literal, TypeAlias
 import orjson
 
 from .errors import FrameTooLarge, LocalProtocolError, ParseError, RemoteProtocolError
-from .jsontext import dumps, loads
+from .jsontext import dumps, is_utf8_bytes, loads
 
 __all__ = [
     "CLOSED",
@@ -326,9 +326,7 @@ def _describe_bad_line(line: bytes | bytearray, exc: orjson.JSONDecodeError) -> 
     1 column 9 (char 8)``, ``no low surrogate in string: ...``) and never quotes the
     input, so it is passed on.
     """
-    try:
-        line.decode("utf-8")
-    except UnicodeDecodeError:
+    if not is_utf8_bytes(line):
         return _MSG_NOT_UTF8
     detail = str(exc.msg if hasattr(exc, "msg") else exc)
     position = f": line {exc.lineno} column {exc.colno} (char {exc.pos})" if exc.lineno else ""

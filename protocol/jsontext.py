@@ -54,7 +54,15 @@ import orjson
 
 from .errors import reject_json_constant
 
-__all__ = ["JsonNumber", "decode_file_text", "dumps", "is_utf8", "loads", "nesting_exceeds"]
+__all__ = [
+    "JsonNumber",
+    "decode_file_text",
+    "dumps",
+    "is_utf8",
+    "is_utf8_bytes",
+    "loads",
+    "nesting_exceeds",
+]
 
 _INT64_MIN: Final = -(2**63)
 _UINT64_MAX: Final = 2**64 - 1
@@ -281,6 +289,16 @@ def _has_lone_surrogate(value: Any) -> bool:
         elif type(item) is str and not is_utf8(item):
             return True
     return False
+
+
+def is_utf8_bytes(data: bytes | bytearray) -> bool:
+    """Whether ``data`` is valid UTF-8: what a message that does not parse is told first
+    (a socket's line, an HTTP body), rather than the JSON parser's words for it."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def is_utf8(text: str) -> bool:
