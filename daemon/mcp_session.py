@@ -308,6 +308,13 @@ class _InFlight:
     #: the session whether or not its answer goes out.
     initialize: bool = False
 
+    @classmethod
+    def of(cls, method: Any, *, announced: bool = False) -> _InFlight:
+        """The flight of a request for ``method`` (as sent: any JSON value)."""
+        return cls(
+            announced=announced, with_host=method in _WITH_HOST, initialize=method == "initialize"
+        )
+
 
 @dataclass(slots=True)
 class _Asked:
@@ -421,10 +428,7 @@ class McpSession:
                 ),
             )
         else:
-            flight = self._in_flight[request_id] = _InFlight(
-                with_host=message.get("method") in _WITH_HOST,
-                initialize=message.get("method") == "initialize",
-            )
+            flight = self._in_flight[request_id] = _InFlight.of(message.get("method"))
         try:
             result = await self._request(request_id, message, out, flight)
         except McpError as exc:
@@ -467,11 +471,7 @@ class McpSession:
             and mapping.is_request_id(request_id)
             and request_id not in self._in_flight
         ):
-            self._in_flight[request_id] = _InFlight(
-                announced=True,
-                with_host=message.get("method") in _WITH_HOST,
-                initialize=message.get("method") == "initialize",
-            )
+            self._in_flight[request_id] = _InFlight.of(message.get("method"), announced=True)
 
     def close(self) -> None:
         """The host is gone: cancel its calls, end its waits and subscriptions. Its other
@@ -878,7 +878,6 @@ class McpSession:
             return "stopping"  # an answer the daemon would not wait for
         asked_id = f"toolsetd-elicit-{next(self._asked_ids)}"
         asked = self._asked[asked_id] = _Asked()
-        posted = False
         self._server.asking.add(flight)
         try:
             with self._wait_scope(flight):
@@ -900,12 +899,11 @@ class McpSession:
                             "params": params,
                         }
                     )
-                    posted = True
                     await asked.done.wait()
         finally:
             self._server.asking.discard(flight)
             del self._asked[asked_id]
-            if posted and asked.response is None and not self._closed:
+            if asked.posted and asked.response is None and not self._closed:
                 # We stop waiting (the call was cancelled, the daemon is stopping, or no
                 # answer came in time): MCP has the sender cancel its request, so the host
                 # takes the question down rather than leave the operator an accept that
@@ -928,7 +926,9 @@ class McpSession:
         if response is None:
             if flight.cancelled or self._closed:
                 return "cancel"
-            return "stopping" if flight.ended else "timeout" if posted else "uninitialized"
+            if flight.ended:
+                return "stopping"
+            return "timeout" if asked.posted else "uninitialized"
         result = response.get("result")
         if isinstance(result, dict) and result.get("action") in ("accept", "decline", "cancel"):
             return str(result["action"])
