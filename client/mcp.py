@@ -1058,6 +1058,14 @@ class _Pump:
         _say(f"toolsetctl mcp: {why}\n")
         return code
 
+    def _input_ended(self) -> int:
+        """The host's input ended while the pump waited for a daemon to come back."""
+        return self._fail(
+            f"toolsetd at {self.path} closed the connection (the input ended while the pump "
+            "waited for it to come back)",
+            EXIT_UNREACHABLE,
+        )
+
     def _reconnect(self, deadline: float) -> socket.socket | int:
         """Wait for a daemon at the socket again (``RECONNECT_WINDOW``), bind it, replay the
         host's initialize and send what waited. Returns the socket or the exit code."""
@@ -1077,11 +1085,7 @@ class _Pump:
             except _StdoutGone as exc:
                 return exc.code
             if self.stdin_closed.is_set():
-                return self._fail(
-                    f"toolsetd at {self.path} closed the connection (the input ended while "
-                    "the pump waited for it to come back)",
-                    EXIT_UNREACHABLE,
-                )
+                return self._input_ended()
             try:  # a daemon starting or busy may have a full backlog for a while
                 left = deadline - time.monotonic()
                 sock = _connect(self.path, min(CONNECT_TIMEOUT, max(left, _BACKLOG_RETRY)))
@@ -1149,28 +1153,14 @@ class _Pump:
                 if self.initialize is not None:
                     replay_id = f"{_REPLAY_ID}{self.generation}"
                     self._swallow = replay_id
-                    request: dict[str, object] = {
-                        "jsonrpc": "2.0",
-                        "id": replay_id,
-                        "method": "initialize",
-                    }
-                    if self.initialize[1] is not _ABSENT:  # as the host sent it
-                        request["params"] = self.initialize[1]
-                    replay.append(json.dumps(request).encode() + b"\n")
+                    replay.append(_request_line(replay_id, "initialize", self.initialize[1]))
                     if self.initialized:
                         replay.append(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
                 # The host's open listens, as it sent them: its streams go on (the new
                 # daemon acknowledges each again). Each that asked for list_changed is told
                 # it: the catalog may differ now.
                 for key, open_listen in self.listens.items():
-                    listen: dict[str, object] = {
-                        "jsonrpc": "2.0",
-                        "id": open_listen[0],
-                        "method": _LISTEN,
-                    }
-                    if open_listen[3] is not _ABSENT:
-                        listen["params"] = open_listen[3]
-                    replay.append(json.dumps(listen).encode() + b"\n")
+                    replay.append(_request_line(open_listen[0], _LISTEN, open_listen[3]))
                     self._sending(key, open_listen)
                     params = open_listen[3]
                     wanted = params.get("notifications") if type(params) is dict else None
@@ -1186,11 +1176,7 @@ class _Pump:
         if ended:
             self.send_lock.release()
             sock.close()
-            return self._fail(
-                f"toolsetd at {self.path} closed the connection (the input ended while the "
-                "pump waited for it to come back)",
-                EXIT_UNREACHABLE,
-            )
+            return self._input_ended()
         # Sent by a thread of its own while this one reads: what waited may be answered at
         # length, and a daemon whose output waits reads nothing more.
         sender = threading.Thread(target=self._send_held, args=(sock, b"".join(replay)))
@@ -1236,6 +1222,15 @@ def _key(value: object) -> object:
     if type(value) is int:
         return (value,)
     return None
+
+
+def _request_line(request_id: object, method: str, params: object) -> bytes:
+    """A request of the host's as the pump sends it again (``_resume``): its params as the
+    host sent them, none where it sent none (``_ABSENT``)."""
+    request: dict[str, object] = {"jsonrpc": "2.0", "id": request_id, "method": method}
+    if params is not _ABSENT:
+        request["params"] = params
+    return json.dumps(request).encode() + b"\n"
 
 
 def _cancellable(entry: _Entry | None) -> bool:
