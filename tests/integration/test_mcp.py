@@ -1028,6 +1028,14 @@ def test_mcp_arguments_that_are_not_an_object_are_invalid_params(
     assert not (workspace / "ran").exists()
 
 
+def _approvals_held(daemon: Daemon, tool: str) -> int:
+    """How many of ``tool``'s approval questions the daemon held for initialized."""
+    return sum(
+        e.get("event") == "mcp_approval_held" and e.get("tool") == tool
+        for e in daemon.log_events()
+    )
+
+
 def test_mcp_no_approval_request_goes_out_before_initialized(
     mcp_daemon: Daemon, workspace: Path
 ) -> None:
@@ -1040,10 +1048,7 @@ def test_mcp_no_approval_request_goes_out_before_initialized(
     write_project_asker(workspace, name)
 
     def held() -> int:
-        return sum(
-            e.get("event") == "mcp_approval_held" and e.get("tool") == name
-            for e in mcp_daemon.log_events()
-        )
+        return _approvals_held(mcp_daemon, name)
 
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
@@ -1081,10 +1086,7 @@ def test_mcp_an_answer_before_its_question_went_out_is_not_the_operators(
     write_project_asker(workspace, name)
 
     def held() -> int:
-        return sum(
-            e.get("event") == "mcp_approval_held" and e.get("tool") == name
-            for e in mcp_daemon.log_events()
-        )
+        return _approvals_held(mcp_daemon, name)
 
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
