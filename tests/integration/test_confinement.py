@@ -2034,6 +2034,33 @@ def test_confinement_bubblewrap_that_cannot_fork_for_want_of_tasks_says_what_ran
         _close(t)
 
 
+@contextlib.contextmanager
+def _base_without_room(tag: str) -> Iterator[tuple[Path, Path, str]]:
+    """A cgroup v2 folder (``outer``) whose ``cgroup.max.descendants`` is 1 and taken by
+    its ``base``: a daemon given ``base`` cannot make its own folder there (EAGAIN) until
+    the test writes ``max``. Yields (outer, base, the cgroup v2 mount); removed after."""
+    unified = next(iter(_cgroup2_mounts()), None)
+    if os.geteuid() != 0 or unified is None:
+        pytest.skip("needs root and a cgroup v2 mount")
+    outer = Path(unified) / f"toolsetd-test-{tag}-{uuid.uuid4().hex[:8]}"
+    base = outer / "base"
+    try:
+        outer.mkdir()
+        (outer / "cgroup.max.descendants").write_text("1")
+        base.mkdir()  # the one descendant: the daemon's own folder cannot be made
+    except OSError as exc:
+        pytest.skip(f"a cgroup with cgroup.max.descendants cannot be made here: {exc}")
+    try:
+        yield outer, base, unified
+    finally:
+        for folder in sorted(outer.rglob("*"), key=lambda p: -len(p.parts)):
+            if folder.is_dir():
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
+        with contextlib.suppress(OSError):
+            outer.rmdir()
+
+
 def test_confinement_cgroup_probe_short_at_start_is_tried_again() -> None:
     """A cgroup probe that failed at start for want of room (the kernel's EAGAIN: here the
     base's ``cgroup.max.descendants`` reached, as other daemons' calls can hold it; or
@@ -2043,55 +2070,39 @@ def test_confinement_cgroup_probe_short_at_start_is_tried_again() -> None:
     failure passes: the sets that need a cgroup fail closed meanwhile, saying it is tried
     again, and once there is room the next call probes again and runs in its own cgroup,
     as ``status`` says."""
-    unified = next(iter(_cgroup2_mounts()), None)
-    if os.geteuid() != 0 or unified is None:
-        pytest.skip("needs root and a cgroup v2 mount")
-    outer = Path(unified) / f"toolsetd-test-descendants-{uuid.uuid4().hex[:8]}"
-    base = outer / "base"
-    try:
-        outer.mkdir()
-        (outer / "cgroup.max.descendants").write_text("1")
-        base.mkdir()  # the one descendant: the daemon's own folder cannot be made
-    except OSError as exc:
-        pytest.skip(f"a cgroup with cgroup.max.descendants cannot be made here: {exc}")
-    t = _make_tree(
-        f'[confinement]\ncgroup = "{base}"\nsandbox = "off"\n'
-        "[confinement.sets.hp]\npids-max = 64\n"
-    )
-    try:
-        cgroup = t.status()["cgroup"]
-        assert cgroup["mode"] == "process-group", cgroup
-        assert "Resource temporarily unavailable" in cgroup["reason"], cgroup
-        assert "tried again" in cgroup["reason"], cgroup
-        _, reply = t.invoke("probe", {"action": "read", "target": "x"}, project=False)
-        text = reply["result"]["content"][0]["text"]
-        assert "did not run" in text and "tried again" in text, text  # the limits' set
-        (outer / "cgroup.max.descendants").write_text("max")
+    with _base_without_room("descendants") as (outer, base, unified):
+        t = _make_tree(
+            f'[confinement]\ncgroup = "{base}"\nsandbox = "off"\n'
+            "[confinement.sets.hp]\npids-max = 64\n"
+        )
+        try:
+            cgroup = t.status()["cgroup"]
+            assert cgroup["mode"] == "process-group", cgroup
+            assert "Resource temporarily unavailable" in cgroup["reason"], cgroup
+            assert "tried again" in cgroup["reason"], cgroup
+            _, reply = t.invoke("probe", {"action": "read", "target": "x"}, project=False)
+            text = reply["result"]["content"][0]["text"]
+            assert "did not run" in text and "tried again" in text, text  # the limits' set
+            (outer / "cgroup.max.descendants").write_text("max")
 
-        def in_its_own_cgroup() -> bool:
-            result = t.probe({"action": "read", "target": "/proc/self/cgroup"})
-            line = next(x for x in result["content"].splitlines() if x.startswith("0::"))
-            return line.startswith(f"0::/{base.relative_to(unified)}/toolsetd-")
+            def in_its_own_cgroup() -> bool:
+                result = t.probe({"action": "read", "target": "/proc/self/cgroup"})
+                line = next(x for x in result["content"].splitlines() if x.startswith("0::"))
+                return line.startswith(f"0::/{base.relative_to(unified)}/toolsetd-")
 
-        eventually(in_its_own_cgroup, timeout=30, what="a call in a cgroup of its own")
-        cgroup = t.status()["cgroup"]
-        assert cgroup["mode"] == "cgroup", cgroup
-        assert Path(cgroup["tree"]).parent == base, cgroup
-        _, reply = t.invoke("probe", {"action": "read", "target": "x"}, project=False)
-        text = reply["result"]["content"][0]["text"]
-        assert "tried again" not in text, text  # the limits' controller is judged now
-        events = [e.get("event") for e in t.daemon.log_events()]
-        assert events.count("cgroups_probe_deferred") == 1, events
-        assert events.count("cgroups_recovered") == 1, events
-        assert "cgroups_unavailable" not in events, events
-    finally:
-        _close(t)
-        for folder in sorted(outer.rglob("*"), key=lambda p: -len(p.parts)):
-            if folder.is_dir():
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-        with contextlib.suppress(OSError):
-            outer.rmdir()
+            eventually(in_its_own_cgroup, timeout=30, what="a call in a cgroup of its own")
+            cgroup = t.status()["cgroup"]
+            assert cgroup["mode"] == "cgroup", cgroup
+            assert Path(cgroup["tree"]).parent == base, cgroup
+            _, reply = t.invoke("probe", {"action": "read", "target": "x"}, project=False)
+            text = reply["result"]["content"][0]["text"]
+            assert "tried again" not in text, text  # the limits' controller is judged now
+            events = [e.get("event") for e in t.daemon.log_events()]
+            assert events.count("cgroups_probe_deferred") == 1, events
+            assert events.count("cgroups_recovered") == 1, events
+            assert "cgroups_unavailable" not in events, events
+        finally:
+            _close(t)
 
 
 def test_confinement_cgroup_tree_made_late_is_killed_by_the_orphan_guard() -> None:
@@ -2099,36 +2110,20 @@ def test_confinement_cgroup_tree_made_late_is_killed_by_the_orphan_guard() -> No
     writes ``cgroup.kill`` of should the daemon die. A tree the retry made later (its probe
     at start was short of room) must reach it too: else a SIGKILLed daemon's setsid'd
     grandchild, out of every process group the sentinel kills, outlived it."""
-    unified = next(iter(_cgroup2_mounts()), None)
-    if os.geteuid() != 0 or unified is None:
-        pytest.skip("needs root and a cgroup v2 mount")
-    outer = Path(unified) / f"toolsetd-test-late-guard-{uuid.uuid4().hex[:8]}"
-    base = outer / "base"
-    try:
-        outer.mkdir()
-        (outer / "cgroup.max.descendants").write_text("1")
-        base.mkdir()  # the one descendant: the daemon's own folder cannot be made
-    except OSError as exc:
-        pytest.skip(f"a cgroup with cgroup.max.descendants cannot be made here: {exc}")
-    t = _make_tree(f'[confinement]\ncgroup = "{base}"\nsandbox = "off"\n')
-    marker = f"tsc-{uuid.uuid4().hex}"
-    try:
-        assert t.status()["cgroup"]["mode"] == "process-group"
-        (outer / "cgroup.max.descendants").write_text("max")
-        eventually(lambda: t.status()["cgroup"]["mode"] == "cgroup", timeout=30,
-                   what="the cgroup tree made by the retry")
-        thread = threading.Thread(target=lambda: _swallow(t, marker, False), daemon=True)
-        thread.start()
-        eventually(lambda: bool(marked_processes(marker)), what="the grandchild")
-        t.daemon.proc.send_signal(signal.SIGKILL)
-        t.daemon.proc.wait(10)
-        eventually(lambda: marked_processes(marker) == [], timeout=10, what="no tool left")
-    finally:
-        _kill_marked(marker)
-        _close(t)
-        for folder in sorted(outer.rglob("*"), key=lambda p: -len(p.parts)):
-            if folder.is_dir():
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-        with contextlib.suppress(OSError):
-            outer.rmdir()
+    with _base_without_room("late-guard") as (outer, base, _):
+        t = _make_tree(f'[confinement]\ncgroup = "{base}"\nsandbox = "off"\n')
+        marker = f"tsc-{uuid.uuid4().hex}"
+        try:
+            assert t.status()["cgroup"]["mode"] == "process-group"
+            (outer / "cgroup.max.descendants").write_text("max")
+            eventually(lambda: t.status()["cgroup"]["mode"] == "cgroup", timeout=30,
+                       what="the cgroup tree made by the retry")
+            thread = threading.Thread(target=lambda: _swallow(t, marker, False), daemon=True)
+            thread.start()
+            eventually(lambda: bool(marked_processes(marker)), what="the grandchild")
+            t.daemon.proc.send_signal(signal.SIGKILL)
+            t.daemon.proc.wait(10)
+            eventually(lambda: marked_processes(marker) == [], timeout=10, what="no tool left")
+        finally:
+            _kill_marked(marker)
+            _close(t)
