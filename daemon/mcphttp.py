@@ -536,6 +536,22 @@ class McpHttpEndpoint:
     # -- POST ----------------------------------------------------------------------------
 
     async def _post(self, request: HttpRequest, exchange: Exchange) -> None:
+        if not (request.accepts("application/json") and request.accepts("text/event-stream")):
+            # A request's POST is answered with either (an event stream once the core has
+            # more to say than the answer, or a call runs long), and the transport has the
+            # client list both. One that refuses a stream (``application/json`` alone, or
+            # no Accept) was sent the stream anyway, which it cannot read; the SDKs'
+            # servers answer it 406, before anything is served.
+            await _rpc_error(
+                exchange,
+                406,
+                None,
+                rpc_errors.InvalidRequest(
+                    "Not acceptable: a POST to /mcp is answered with application/json or "
+                    "text/event-stream; send 'Accept: application/json, text/event-stream'."
+                ),
+            )
+            return
         content_type = (request.header("content-type") or "").split(";")[0].strip().lower()
         if content_type != "application/json":
             await _rpc_error(

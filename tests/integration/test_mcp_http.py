@@ -901,7 +901,8 @@ def test_http_head_is_answered_without_a_body(http_daemon, workspace: Path) -> N
             assert (reply.status, reply.read()) == (status, b"")
         assert reply.getheader("content-type") == "application/json"
         conn.request("POST", path, body=json.dumps(rpc(1, "initialize", INIT_PARAMS)),
-                     headers={"content-type": "application/json"})
+                     headers={"content-type": "application/json",
+                              "accept": "application/json, text/event-stream"})
         assert conn.getresponse().status == 200
     finally:
         conn.close()
@@ -980,6 +981,62 @@ def test_http_get_accept_is_read_as_media_ranges(
     assert _get_status(base, url, session, accept) == status
 
 
+def _post_raw(base: str, url: str, headers: list[str], body: bytes) -> HttpReply:
+    """A POST of ``body`` with exactly these header lines (beside Host and the framing),
+    read whole on a connection it closes."""
+    target = urlsplit(url)
+    head = (f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {target.netloc}\r\n"
+            + "".join(f"{line}\r\n" for line in headers)
+            + f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n")
+    with socket.create_connection(_address(base), timeout=20) as sock:
+        sock.sendall(head.encode() + body)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    first, _, rest = data.partition(b"\r\n")
+    fields, _, content = rest.partition(b"\r\n\r\n")
+    found = dict(line.decode().split(": ", 1) for line in fields.split(b"\r\n"))
+    return HttpReply(int(first.split(b" ", 2)[1]),
+                     {k.lower(): v for k, v in found.items()}, content)
+
+
+@pytest.mark.parametrize(
+    ("accept", "status"),
+    [
+        ([], 406),
+        (["application/json"], 406),
+        (["text/event-stream"], 406),
+        (["application/json, text/event-stream;q=0"], 406),
+        (["application/json;q=0, text/event-stream"], 406),
+        (["application/json", "text/event-stream"], 200),
+        (["application/*, text/*"], 200),
+        (["*/*"], 200),
+    ],
+)
+def test_http_post_accept_must_admit_json_and_the_stream(
+    http_daemon, workspace: Path, accept: list[str], status: int
+) -> None:
+    """A request's POST is answered with JSON or an event stream, so the transport has the
+    client list both in ``Accept``. One that refuses either (none sent, JSON alone, or a
+    ``q=0``) is 406 with a JSON-RPC error, as the SDK's server answers it, and nothing is
+    served: it was served, and a call that ran long (or asked for approval) answered it
+    with the event stream it had refused."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
+    reply = _post_raw(base, url, ["Content-Type: application/json",
+                                  *(f"Accept: {a}" for a in accept)], body)
+    assert reply.status == status, reply
+    if status == 406:
+        assert "mcp-session-id" not in reply.headers
+        assert reply.headers["content-type"] == "application/json"
+        assert reply.json() == {"jsonrpc": "2.0", "id": None, "error": {
+            "code": -32600, "message": reply.json()["error"]["message"]}}
+        assert "Accept: application/json, text/event-stream" in reply.json()["error"]["message"]
+    else:
+        assert reply.json()["result"]["protocolVersion"] == INIT_PARAMS["protocolVersion"]
+
+
 # -- the guards --------------------------------------------------------------------------------
 
 
@@ -1012,7 +1069,7 @@ def test_http_every_origin_sent_is_judged(http_daemon, workspace: Path) -> None:
         with socket.create_connection(_address(base), timeout=20) as sock:
             head = (
                 f"POST {target.path}?{target.query} HTTP/1.1\r\n"
-                f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
+                f"Host: {target.netloc}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
                 + "".join(f"Origin: {origin}\r\n" for origin in origins)
                 + f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
             )
@@ -1083,7 +1140,7 @@ def test_http_absolute_form_target_is_judged_by_its_authority(
         with socket.create_connection(_address(base), timeout=20) as sock:
             sock.sendall(
                 f"POST {scheme}://{authority}{target.path}?{target.query} HTTP/1.1\r\n"
-                f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
+                f"Host: {target.netloc}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
                 f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
             )
             data = b""
@@ -1123,7 +1180,7 @@ def test_http_a_flood_of_foreign_origins_is_logged_once_a_minute(
         def flood(host: str, origin: str) -> None:
             head = (
                 f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {host}\r\n"
-                f"Content-Type: application/json\r\nAccept: application/json\r\n"
+                f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
                 f"Origin: {origin}\r\nContent-Length: {len(body)}\r\n\r\n"
             ).encode() + body
             with socket.create_connection(_address(base), timeout=30) as sock:
@@ -1748,7 +1805,7 @@ def test_http_a_client_that_pipelined_much_and_left_has_its_call_cancelled(
 
     def post(body: bytes) -> bytes:
         return (f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {target.netloc}\r\n"
-                f"Content-Type: application/json\r\nMcp-Session-Id: {session}\r\n"
+                f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {session}\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
     call = post(json.dumps(rpc(7, "tools/call", {"name": "sleeper", "arguments": {}})).encode())
@@ -2123,7 +2180,7 @@ def _post_head(base: str, workspace: Path, length: int) -> bytes:
     host, port = _address(base)
     return (
         f"POST /mcp?workspace={workspace} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {length}\r\n\r\n"
     ).encode()
 
 
@@ -2316,7 +2373,7 @@ def test_http_a_request_framed_two_ways_is_400_and_closed(http_daemon, workspace
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {}}})).encode()
     head = (f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {target.netloc}\r\n"
-            "Content-Type: application/json\r\nMCP-Protocol-Version: 2026-07-28\r\n"
+            "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n"
             "Mcp-Method: ping\r\n")
     smuggled = (head + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n").encode() + (
         b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
