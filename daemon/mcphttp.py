@@ -356,6 +356,14 @@ class _Session:
     closed: bool = False
 
 
+def _session_not_found(session_id: str) -> rpc_errors.RpcError:
+    """The 404 of an unknown or ended session, on which the host starts a new one."""
+    return rpc_errors.InvalidRequest(
+        f"Session not found: Mcp-Session-Id {session_id!r} is not (or no longer) a session "
+        "of this daemon; send initialize for a new one."
+    )
+
+
 def _is_request(message: dict[str, Any]) -> bool:
     return "method" in message and "id" in message
 
@@ -468,7 +476,8 @@ class McpHttpEndpoint:
             said = self._refused_log.count(("sandboxed", uid) if sandboxed else uid)
             if said is not None:
                 log.warning("mcp_http_peer_refused", uid=uid, refused=said, sandboxed=sandboxed)
-            return cred, Refusal(*refused)
+            status, message = refused
+            return cred, Refusal(status, rpc_errors.PeerNotAllowed(message))
         return cred, None
 
     def _handler(
@@ -488,8 +497,13 @@ class McpHttpEndpoint:
         port: int,
     ) -> None:
         if request.path != "/mcp":
-            await exchange.respond_json(
-                404, {"error": f"Not found: {request.path!r}; the MCP endpoint is /mcp."}
+            await _rpc_error(
+                exchange,
+                404,
+                None,
+                rpc_errors.InvalidRequest(
+                    f"Not found: {request.path!r}; the MCP endpoint is /mcp."
+                ),
             )
             return
         host = request.header("host")
@@ -515,7 +529,7 @@ class McpHttpEndpoint:
             if said is not None:
                 log.warning("mcp_http_refused", status=status, refused=said)
             headers = [("www-authenticate", "Bearer")] if status == 401 else []
-            await exchange.respond_json(status, {"error": message}, headers)
+            await _rpc_error(exchange, status, None, rpc_errors.InvalidRequest(message), headers)
             return
         if request.method == "POST":
             await self._post(request, exchange)
@@ -524,12 +538,13 @@ class McpHttpEndpoint:
         elif request.method == "DELETE":
             await self._delete(request, exchange)
         else:
-            await exchange.respond_json(
+            await _rpc_error(
+                exchange,
                 405,
-                {
-                    "error": f"Method not allowed: {request.method}; /mcp takes POST, GET and "
-                    "DELETE."
-                },
+                None,
+                rpc_errors.InvalidRequest(
+                    f"Method not allowed: {request.method}; /mcp takes POST, GET and DELETE."
+                ),
                 [("allow", "GET, POST, DELETE")],
             )
 
@@ -632,10 +647,7 @@ class McpHttpEndpoint:
                     exchange,
                     404,
                     message.get("id"),
-                    rpc_errors.InvalidRequest(
-                        f"Session not found: Mcp-Session-Id {session_id!r} is not (or no longer) a "
-                        "session of this daemon; send initialize for a new one."
-                    ),
+                    _session_not_found(session_id),
                 )
                 return
         elif message.get("method") == "initialize" and "id" in message:
@@ -902,17 +914,23 @@ class McpHttpEndpoint:
     async def _session_of(self, request: HttpRequest, exchange: Exchange) -> _Session | None:
         session_id = request.header(_SESSION_HEADER)
         if session_id is None:
-            await exchange.respond_json(
-                400, {"error": "Bad request: the Mcp-Session-Id header is required."}
+            await _rpc_error(
+                exchange,
+                400,
+                None,
+                rpc_errors.InvalidRequest("Bad request: the Mcp-Session-Id header is required."),
             )
             return None
         if request.header_count(_SESSION_HEADER) > 1:
-            await exchange.respond_json(400, {"error": _SESSION_TWICE})
+            await _rpc_error(exchange, 400, None, rpc_errors.InvalidRequest(_SESSION_TWICE))
             return None
         session = self.sessions.get(session_id)
         if session is None:
-            await exchange.respond_json(
-                404, {"error": f"Session not found: Mcp-Session-Id {session_id!r}."}
+            await _rpc_error(
+                exchange,
+                404,
+                None,
+                _session_not_found(session_id),
             )
             return None
         assert session.core is not None
@@ -924,16 +942,26 @@ class McpHttpEndpoint:
 
     async def _get(self, request: HttpRequest, exchange: Exchange) -> None:
         if not request.accepts("text/event-stream"):
-            await exchange.respond_json(
-                406, {"error": "Not acceptable: GET /mcp answers with text/event-stream only."}
+            await _rpc_error(
+                exchange,
+                406,
+                None,
+                rpc_errors.InvalidRequest(
+                    "Not acceptable: GET /mcp answers with text/event-stream only."
+                ),
             )
             return
         session = await self._session_of(request, exchange)
         if session is None:
             return
         if session.get_open:
-            await exchange.respond_json(
-                409, {"error": "Conflict: this session's server-to-client stream is already open."}
+            await _rpc_error(
+                exchange,
+                409,
+                None,
+                rpc_errors.InvalidRequest(
+                    "Conflict: this session's server-to-client stream is already open."
+                ),
             )
             return
         outbox = session.outbox
@@ -1315,7 +1343,13 @@ def _mirrors(sent: str, value: str | int | float) -> bool:
 
 
 async def _rpc_error(
-    exchange: Exchange, status: int, request_id: Any, error: rpc_errors.RpcError | McpError
+    exchange: Exchange,
+    status: int,
+    request_id: Any,
+    error: rpc_errors.RpcError | McpError,
+    headers: Sequence[tuple[str, str]] = (),
 ) -> None:
-    """Answer with a JSON-RPC error; the id is echoed by the MCP core's rule."""
-    await exchange.respond_json(status, error_response(request_id, error.to_error()))
+    """Answer with a JSON-RPC error (every error status of the endpoint carries one, as
+    the SDK's server's do, so that a client reads why); the id is echoed by the MCP
+    core's rule."""
+    await exchange.respond_json(status, error_response(request_id, error.to_error()), headers)

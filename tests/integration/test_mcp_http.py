@@ -1051,7 +1051,7 @@ def test_http_dns_rebinding_host_and_origin(http_daemon, workspace: Path) -> Non
     assert http(url, body=body, headers={"host": "localhost:1"}).status == 421
     refused = http(url, body=body, headers={"origin": "http://evil.example.com"})
     assert refused.status == 403
-    assert "DNS rebinding" in refused.json()["error"]
+    assert "DNS rebinding" in refused.json()["error"]["message"]
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", "localhost"):
         ok = http(url, body=body, headers={"host": host, "origin": f"http://{host}"})
         assert ok.status == 200, (host, ok)
@@ -1199,6 +1199,104 @@ def test_http_a_flood_of_foreign_origins_is_logged_once_a_minute(
         assert all(e["level"] == "warning" for e in refused)
     finally:
         daemon.stop()
+
+
+def _raw_reply(base: str, request: bytes) -> HttpReply:
+    """The whole answer to raw request bytes (the daemon closes the connection)."""
+    with socket.create_connection(_address(base), timeout=20) as sock:
+        sock.sendall(request)
+        data = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                data += chunk
+    first, _, rest = data.partition(b"\r\n")
+    fields, _, content = rest.partition(b"\r\n\r\n")
+    found = dict(line.decode().split(": ", 1) for line in fields.split(b"\r\n"))
+    return HttpReply(int(first.split(b" ", 2)[1]),
+                     {k.lower(): v for k, v in found.items()}, content)
+
+
+def test_http_every_error_status_carries_a_json_rpc_error(http_daemon, workspace: Path) -> None:
+    """Every error status of the endpoint, its own (404, 405, GET's and DELETE's 400, 404,
+    406 and 409, the guards' 421 and 403) and HTTP's (413, 431, 501), carries a JSON-RPC
+    error with no id, as the SDK's server's do and MCP's clients read: they were
+    ``{"error": "..."}``, which the SDK's client reports as "Server returned an error
+    response" (or, for a 404, "Session terminated"), not why. An oversized body or head
+    is -32007 with the limit, as the socket answers a line over its limit."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    stream = {"accept": "text/event-stream"}
+    target = urlsplit(url)
+    host, port = _address(base)
+    replies = {
+        "path": http(base.replace("/mcp", "/other"), body=rpc(1, "ping")),
+        "method": http(url, "PUT", body=b""),
+        "get without session": http(url, "GET", headers=stream),
+        "get unknown session": http(url, "GET", headers={**stream, "mcp-session-id": "nope"}),
+        "get json": http(url, "GET", headers={"accept": "application/json",
+                                              "mcp-session-id": session}),
+        "delete without session": http(url, "DELETE"),
+        "host": http(url, body=rpc(1, "ping"), headers={"host": "evil.example.com"}),
+        "origin": http(url, body=rpc(1, "ping"), headers={"origin": "http://evil.example.com"}),
+        "body too large": _raw_reply(base, _post_head(base, workspace, 17 * 1024 * 1024)),
+        "head too large": _raw_reply(
+            base, f"GET {target.path}?{target.query}&x={'a' * 17000} HTTP/1.1\r\n"
+                  f"Host: {host}:{port}\r\n\r\n".encode()),
+        "transfer coding": _raw_reply(
+            base, _post_head(base, workspace, 0).replace(
+                b"Content-Length: 0", b"Transfer-Encoding: gzip") + b"3\r\nabc\r\n0\r\n\r\n"),
+    }
+    assert http(url, "DELETE", headers={"mcp-session-id": session}).status == 204
+    replies["delete ended session"] = http(url, "DELETE", headers={"mcp-session-id": session})
+    second = initialize(url)
+    with httpx.Client(timeout=10) as client, client.stream(
+        "GET", url, headers={**stream, "mcp-session-id": second}
+    ) as first:
+        assert first.status_code == 200
+        replies["second stream"] = http(url, "GET", headers={**stream,
+                                                             "mcp-session-id": second})
+    statuses = {name: reply.status for name, reply in replies.items()}
+    assert statuses == {
+        "path": 404, "method": 405, "get without session": 400, "get unknown session": 404,
+        "get json": 406, "delete without session": 400, "host": 421, "origin": 403,
+        "body too large": 413, "head too large": 431, "transfer coding": 501,
+        "delete ended session": 404, "second stream": 409,
+    }, statuses
+    for name, reply in replies.items():
+        assert reply.headers["content-type"] == "application/json", (name, reply)
+        body = reply.json()
+        assert (body["jsonrpc"], body["id"]) == ("2.0", None), (name, body)
+        assert isinstance(body["error"]["message"], str), (name, body)
+        code = -32007 if name.endswith("too large") else -32600
+        assert body["error"]["code"] == code, (name, body)
+    assert replies["body too large"].json()["error"]["data"] == {"limit": 16 * 1024 * 1024}
+    assert replies["method"].headers["allow"] == "GET, POST, DELETE"
+
+
+def test_sdk_client_reads_why_a_body_is_too_large(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The SDK's client surfaces a 413's JSON-RPC error, so a host shows why its call was
+    refused (the body over the message size limit); the body was ``{"error": "..."}`` and
+    the client said only "Server returned an error response"."""
+    daemon, base = start_http_daemon(home, workspace, tmp_base,
+                                     ["--max-message-bytes", "100000"])
+    try:
+        async def main() -> BaseException | None:
+            with anyio.fail_after(60):
+                async with _sdk(endpoint(base, workspace)) as client:
+                    try:
+                        await client.call_tool("progress3", {"text": "x" * 200_000})
+                    except Exception as exc:  # noqa: BLE001 - what the client raises
+                        return exc
+            return None
+
+        raised = anyio.run(main)
+    finally:
+        assert daemon.stop() == 0
+    assert raised is not None
+    assert "Request body too large: at most 100000 bytes" in str(raised), repr(raised)
 
 
 def test_http_a_flood_of_bad_requests_is_logged_once_a_second(
