@@ -988,11 +988,17 @@ def _post_raw(base: str, url: str, headers: list[str], body: bytes) -> HttpReply
     head = (f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {target.netloc}\r\n"
             + "".join(f"{line}\r\n" for line in headers)
             + f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n")
+    return _raw_reply(base, head.encode() + body)
+
+
+def _raw_reply(base: str, request: bytes) -> HttpReply:
+    """The whole answer to raw request bytes (the daemon closes the connection)."""
     with socket.create_connection(_address(base), timeout=20) as sock:
-        sock.sendall(head.encode() + body)
+        sock.sendall(request)
         data = b""
-        while chunk := sock.recv(65536):
-            data += chunk
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                data += chunk
     first, _, rest = data.partition(b"\r\n")
     fields, _, content = rest.partition(b"\r\n\r\n")
     found = dict(line.decode().split(": ", 1) for line in fields.split(b"\r\n"))
@@ -1201,21 +1207,6 @@ def test_http_a_flood_of_foreign_origins_is_logged_once_a_minute(
         daemon.stop()
 
 
-def _raw_reply(base: str, request: bytes) -> HttpReply:
-    """The whole answer to raw request bytes (the daemon closes the connection)."""
-    with socket.create_connection(_address(base), timeout=20) as sock:
-        sock.sendall(request)
-        data = b""
-        with contextlib.suppress(ConnectionResetError):
-            while chunk := sock.recv(65536):
-                data += chunk
-    first, _, rest = data.partition(b"\r\n")
-    fields, _, content = rest.partition(b"\r\n\r\n")
-    found = dict(line.decode().split(": ", 1) for line in fields.split(b"\r\n"))
-    return HttpReply(int(first.split(b" ", 2)[1]),
-                     {k.lower(): v for k, v in found.items()}, content)
-
-
 def test_http_every_error_status_carries_a_json_rpc_error(http_daemon, workspace: Path) -> None:
     """Every error status of the endpoint, its own (404, 405, GET's and DELETE's 400, 404,
     406 and 409, the guards' 421 and 403) and HTTP's (413, 431, 501), carries a JSON-RPC
@@ -1313,13 +1304,8 @@ def test_http_a_flood_of_bad_requests_is_logged_once_a_second(
         head = b"GET /mcp?x=" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         began = time.monotonic()
         for _ in range(200):
-            with socket.create_connection(_address(base), timeout=30) as sock:
-                sock.sendall(head)
-                answer = b""
-                with contextlib.suppress(ConnectionResetError):
-                    while chunk := sock.recv(65536):
-                        answer += chunk
-                assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+            answer = _raw_reply(base, head)
+            assert answer.status == 431, answer
         seconds = time.monotonic() - began
         bad = [e for e in daemon.log_events() if e["event"] == "http_bad_request"]
         assert 1 <= len(bad) <= seconds + 2, (len(bad), seconds)  # a line a second at most
