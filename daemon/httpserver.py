@@ -16,7 +16,9 @@ loads h11.
   stops arriving for ``body_timeout`` is ``408``; malformed framing (bad chunk sizes, a
   broken request line, both ``Transfer-Encoding`` and ``Content-Length``, a
   ``Transfer-Encoding`` in an HTTP/1.0 request) is ``400``, a transfer coding other than
-  chunked ``501``. After any of these the connection closes: h11 is poisoned by a
+  chunked ``501``. Each is answered with a JSON-RPC error (``error_body``: ``-32007``
+  for a head or body over its limit, as the socket answers a long line), which MCP's
+  clients read. After any of these the connection closes: h11 is poisoned by a
   protocol error, and we do not resynchronise. A keep-alive connection may sit idle
   between requests for ``idle_timeout``. The body of a ``GET``, ``HEAD`` or ``DELETE``,
   whose content means nothing, is read and dropped before the handler runs: it is not

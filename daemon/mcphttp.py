@@ -926,12 +926,7 @@ class McpHttpEndpoint:
             return None
         session = self.sessions.get(session_id)
         if session is None:
-            await _rpc_error(
-                exchange,
-                404,
-                None,
-                _session_not_found(session_id),
-            )
+            await _rpc_error(exchange, 404, None, _session_not_found(session_id))
             return None
         assert session.core is not None
         mismatch = _version_mismatch(request, session.core)
