@@ -368,6 +368,18 @@ def _is_request(message: dict[str, Any]) -> bool:
     return "method" in message and "id" in message
 
 
+def _is_modern_notification(request: HttpRequest, message: dict[str, Any]) -> bool:
+    """Whether ``message`` is a JSON-RPC 2.0 notification sent as a 2026-07-28 one (its
+    ``MCP-Protocol-Version``, sent once, names that revision)."""
+    return (
+        "id" not in message
+        and isinstance(message.get("method"), str)
+        and message.get("jsonrpc") == "2.0"
+        and request.header_count(_VERSION_HEADER) == 1
+        and request.header(_VERSION_HEADER) in MODERN_VERSIONS
+    )
+
+
 class McpHttpEndpoint:
     """The ``/mcp`` endpoint: guards, sessions, POST, GET and DELETE.
 
@@ -660,6 +672,16 @@ class McpHttpEndpoint:
             if opened is None:
                 return
             session = opened
+        elif _is_modern_notification(request, message):
+            # 2026-07-28 has no sessions and defines no notification from the client over
+            # HTTP (a client cancels by closing its POST), but clients still send some
+            # (notifications/cancelled): the SDK's server acknowledges them, 202, and drops
+            # them, as a notification is answered; refused 400, "needs its session", the
+            # client was told of a session its revision does not have. Dropped here too: a
+            # cancellation by an id the sender chose, with no session to scope it, could
+            # name another client's request.
+            await exchange.respond(202)
+            return
         else:
             await _rpc_error(
                 exchange,

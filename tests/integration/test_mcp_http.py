@@ -488,6 +488,29 @@ def test_http_2026_request_ignores_mcp_session_id(http_daemon, workspace: Path) 
     assert "asker" in {t["name"] for t in legacy.json()["result"]["tools"]}
 
 
+def test_http_a_2026_notification_is_acknowledged_without_a_session(
+    http_daemon, workspace: Path
+) -> None:
+    """A notification sent as a 2026-07-28 one (its MCP-Protocol-Version) needs no session,
+    which that revision does not have: 202 with no body, and dropped, as the SDK's server
+    answers it (it was 400, "needs its session's Mcp-Session-Id"). A legacy one without a
+    session, and a response, are still 400."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    modern = {"mcp-protocol-version": "2026-07-28"}
+    for method, params in (("notifications/cancelled", {"requestId": 1}),
+                           ("notifications/initialized", None)):
+        note = {"jsonrpc": "2.0", "method": method, **({"params": params} if params else {})}
+        reply = http(url, body=note, headers={**modern, "mcp-method": method})
+        assert (reply.status, reply.body) == (202, b""), (method, reply)
+        assert "mcp-session-id" not in reply.headers
+    legacy = http(url, body={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    assert legacy.status == 400, legacy
+    response = http(url, body={"jsonrpc": "2.0", "id": 5, "result": {}}, headers=modern)
+    assert response.status == 400, response
+    assert response.json()["error"]["code"] == -32600
+
+
 def test_http_2026_mcp_param_headers_must_mirror_the_body(
     http_daemon, workspace: Path
 ) -> None:
