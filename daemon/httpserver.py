@@ -16,7 +16,9 @@ loads h11.
   stops arriving for ``body_timeout`` is ``408``; malformed framing (bad chunk sizes, a
   broken request line, both ``Transfer-Encoding`` and ``Content-Length``, a
   ``Transfer-Encoding`` in an HTTP/1.0 request) is ``400``, a transfer coding other than
-  chunked ``501``. After any of these the connection closes: h11 is poisoned by a
+  chunked ``501``. Each is answered with a JSON-RPC error (``error_body``: ``-32007``
+  for a head or body over its limit, as the socket answers a long line), which MCP's
+  clients read. After any of these the connection closes: h11 is poisoned by a
   protocol error, and we do not resynchronise. A keep-alive connection may sit idle
   between requests for ``idle_timeout``. The body of a ``GET``, ``HEAD`` or ``DELETE``,
   whose content means nothing, is read and dropped before the handler runs: it is not
@@ -70,6 +72,7 @@ import anyio.abc
 import anyio.lowlevel
 import h11
 import structlog
+from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .exhaustion import ACCEPT_RETRY_SECONDS, Shortage, out_of_resources
@@ -83,6 +86,7 @@ __all__ = [
     "HttpServer",
     "HttpSettings",
     "Refusal",
+    "error_body",
     "json_response_body",
 ]
 
@@ -230,18 +234,26 @@ class Refusal:
 
     Attributes:
         status: The HTTP status.
-        message: The sentence for the client (and the log).
+        error: What the client is told (its body: ``error_body``).
         headers: Extra response headers (``WWW-Authenticate``, ...).
     """
 
     status: int
-    message: str
+    error: rpc_errors.RpcError
     headers: Sequence[tuple[str, str]] = ()
 
 
 def json_response_body(value: Any) -> bytes:
     """Serialise a JSON body (numbers as the request wrote them: ``jsontext``)."""
     return json_dumps(value)
+
+
+def error_body(error: rpc_errors.RpcError) -> bytes:
+    """The body of an error this server answers itself: a JSON-RPC error response with no
+    id (none was read), as MCP's transport has a server's error statuses carry, so that a
+    client reads the reason (the SDKs' clients surface such a body's error; another body
+    is "Server returned an error response")."""
+    return json_dumps({"jsonrpc": "2.0", "id": None, "error": error.to_error()})
 
 
 class _Closed(Exception):
@@ -684,7 +696,11 @@ class HttpServer:
         if refusal is None and self.connections >= limit:
             refusal = Refusal(
                 503,
-                f"Too many connections: toolsetd serves at most {limit} HTTP connections at once.",
+                rpc_errors.ServerBusy(
+                    f"Too many connections: toolsetd serves at most {limit} HTTP connections "
+                    "at once.",
+                    {"limit": limit},
+                ),
             )
             said = self._limit_log.count(None)
             if said is not None:
@@ -715,7 +731,7 @@ class HttpServer:
                 try:
                     if refusal is not None:
                         await self._answer_and_close(
-                            conn, refusal.status, refusal.message, refusal.headers
+                            conn, refusal.status, refusal.error, refusal.headers
                         )
                     else:
                         await self._serve_requests(conn, peer)
@@ -773,12 +789,14 @@ class HttpServer:
                 await self._fail(
                     conn,
                     408,
-                    "Request timeout: the request head did not arrive "
-                    f"within {settings.head_timeout:g} s.",
+                    rpc_errors.InvalidRequest(
+                        "Request timeout: the request head did not arrive "
+                        f"within {settings.head_timeout:g} s."
+                    ),
                 )
                 return
             except h11.RemoteProtocolError as exc:
-                await self._fail(conn, exc.error_status_hint, _protocol_message(exc))
+                await self._fail(conn, exc.error_status_hint, _protocol_error(exc, settings))
                 return
             if isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
                 return
@@ -789,11 +807,7 @@ class HttpServer:
             if head_size > settings.max_header_bytes:
                 # h11 bounds only a head still incomplete; one that arrived whole in a
                 # single read is measured here, request line (a long target) included.
-                await self._fail(
-                    conn,
-                    431,
-                    f"Request header fields too large: at most {settings.max_header_bytes} bytes.",
-                )
+                await self._fail(conn, 431, _head_too_large(settings))
                 return
             declared = next((v for k, v in event.headers if k == b"content-length"), None)
             chunked = any(k == b"transfer-encoding" for k, _ in event.headers)
@@ -804,7 +818,10 @@ class HttpServer:
                 await self._fail(
                     conn,
                     400,
-                    "Bad request: both Transfer-Encoding and Content-Length are given; send one.",
+                    rpc_errors.InvalidRequest(
+                        "Bad request: both Transfer-Encoding and Content-Length are given; "
+                        "send one."
+                    ),
                 )
                 return
             if chunked and event.http_version == b"1.0":
@@ -814,15 +831,15 @@ class HttpServer:
                 await self._fail(
                     conn,
                     400,
-                    "Bad request: Transfer-Encoding in an HTTP/1.0 request, which has no "
-                    "transfer codings; send Content-Length.",
+                    rpc_errors.InvalidRequest(
+                        "Bad request: Transfer-Encoding in an HTTP/1.0 request, which has no "
+                        "transfer codings; send Content-Length."
+                    ),
                 )
                 return
             if declared is not None and int(declared) > settings.max_body_bytes:
                 # h11 checked it is a number: refuse now, not after waiting for the body.
-                await self._fail(
-                    conn, 413, f"Request body too large: at most {settings.max_body_bytes} bytes."
-                )
+                await self._fail(conn, 413, _body_too_large(settings))
                 return
             held = _Held()
             try:
@@ -861,16 +878,16 @@ class HttpServer:
             await self._fail(
                 conn,
                 408,
-                f"Request timeout: the body did not arrive within {settings.body_timeout:g} s.",
+                rpc_errors.InvalidRequest(
+                    f"Request timeout: the body did not arrive within {settings.body_timeout:g} s."
+                ),
             )
             return False
         except h11.RemoteProtocolError as exc:
-            await self._fail(conn, exc.error_status_hint, _protocol_message(exc))
+            await self._fail(conn, exc.error_status_hint, _protocol_error(exc, settings))
             return False
         except _BodyTooLarge:
-            await self._fail(
-                conn, 413, f"Request body too large: at most {settings.max_body_bytes} bytes."
-            )
+            await self._fail(conn, 413, _body_too_large(settings))
             return False
         except _LargeRefused as refused:
             await self._refuse_large(conn, refused.size)
@@ -915,10 +932,13 @@ class HttpServer:
         await self._answer_and_close(
             conn,
             503,
-            f"Busy: requests of more than {LARGE_TEXT} bytes being received or in flight "
-            f"hold {others} bytes, and this body of {size} bytes would take them past "
-            f"{limit} (four times the message size limit); the connection is closed. Send it "
-            "again once some of those have been answered.",
+            rpc_errors.ServerBusy(
+                f"Busy: requests of more than {LARGE_TEXT} bytes being received or in flight "
+                f"hold {others} bytes, and this body of {size} bytes would take them past "
+                f"{limit} (four times the message size limit); the connection is closed. "
+                "Send it again once some of those have been answered.",
+                {"resource": "memory", "limit": limit},
+            ),
             [("retry-after", "1")],
         )
 
@@ -979,31 +999,35 @@ class HttpServer:
             return
         if not exchange.started:
             log.error("http_handler_no_answer", path=request.path)
-            await exchange.respond_json(500, {"error": "Internal error: no answer was made."})
+            await exchange.respond(
+                500,
+                [("content-type", "application/json")],
+                error_body(rpc_errors.InternalError("Internal error: no answer was made.")),
+            )
         elif not exchange.finished:
             await exchange.end()
 
-    async def _fail(self, conn: _HttpConnection, status: int, message: str) -> None:
+    async def _fail(self, conn: _HttpConnection, status: int, error: rpc_errors.RpcError) -> None:
         """Answer a request we cannot serve (if a response may still go out), then close."""
         # A web page can have the browser send these as fast as it opens connections (a
         # long target is 431): one line a second per status, counting the rest.
         said = self._bad_log.count(status)
         if said is not None:
-            log.info("http_bad_request", status=status, message=message, refused=said)
-        await self._answer_and_close(conn, status, message)
+            log.info("http_bad_request", status=status, message=error.message, refused=said)
+        await self._answer_and_close(conn, status, error)
 
     async def _answer_and_close(
         self,
         conn: _HttpConnection,
         status: int,
-        message: str,
+        error: rpc_errors.RpcError,
         headers: Sequence[tuple[str, str]] = (),
     ) -> None:
         """Send an error response with ``Connection: close`` (whether or not a request
         arrived), then linger so the peer reads it rather than a reset."""
         if conn.parser.our_state not in (h11.IDLE, h11.SEND_RESPONSE):
             return
-        body = json_response_body({"error": message})
+        body = error_body(error)
         try:
             await conn.send(
                 h11.Response(
@@ -1047,17 +1071,33 @@ class _BodyTooLarge(Exception):
     """The request body exceeded ``max_body_bytes``."""
 
 
-def _protocol_message(exc: h11.RemoteProtocolError) -> str:
+def _protocol_error(exc: h11.RemoteProtocolError, settings: HttpSettings) -> rpc_errors.RpcError:
     if exc.error_status_hint == 431:
-        return "Request header fields too large."
+        return _head_too_large(settings)
     if exc.error_status_hint == 501:
         # h11's 501s: a transfer coding it does not implement (gzip, identity, ...), or
         # Transfer-Encoding given on more than one line.
-        return (
+        return rpc_errors.InvalidRequest(
             f"Not implemented: {exc}; send the body with Content-Length or the chunked "
             "transfer coding alone."
         )
-    return f"Bad request: malformed HTTP/1.1 ({exc})."
+    return rpc_errors.InvalidRequest(f"Bad request: malformed HTTP/1.1 ({exc}).")
+
+
+def _head_too_large(settings: HttpSettings) -> rpc_errors.RpcError:
+    """431, as the socket answers a line over its limit (``-32007``)."""
+    limit = settings.max_header_bytes
+    return rpc_errors.MessageTooLarge(
+        f"Request header fields too large: at most {limit} bytes.", {"limit": limit}
+    )
+
+
+def _body_too_large(settings: HttpSettings) -> rpc_errors.RpcError:
+    """413, as the socket answers a line over its limit (``-32007``)."""
+    limit = settings.max_body_bytes
+    return rpc_errors.MessageTooLarge(
+        f"Request body too large: at most {limit} bytes.", {"limit": limit}
+    )
 
 
 def _request(event: h11.Request, body: bytes) -> HttpRequest:

@@ -356,8 +356,28 @@ class _Session:
     closed: bool = False
 
 
+def _session_not_found(session_id: str) -> rpc_errors.RpcError:
+    """The 404 of an unknown or ended session, on which the host starts a new one."""
+    return rpc_errors.InvalidRequest(
+        f"Session not found: Mcp-Session-Id {session_id!r} is not (or no longer) a session "
+        "of this daemon; send initialize for a new one."
+    )
+
+
 def _is_request(message: dict[str, Any]) -> bool:
     return "method" in message and "id" in message
+
+
+def _is_modern_notification(request: HttpRequest, message: dict[str, Any]) -> bool:
+    """Whether ``message`` is a JSON-RPC 2.0 notification sent as a 2026-07-28 one (its
+    ``MCP-Protocol-Version``, sent once, names that revision)."""
+    return (
+        "id" not in message
+        and isinstance(message.get("method"), str)
+        and message.get("jsonrpc") == "2.0"
+        and request.header_count(_VERSION_HEADER) == 1
+        and request.header(_VERSION_HEADER) in MODERN_VERSIONS
+    )
 
 
 class McpHttpEndpoint:
@@ -468,7 +488,8 @@ class McpHttpEndpoint:
             said = self._refused_log.count(("sandboxed", uid) if sandboxed else uid)
             if said is not None:
                 log.warning("mcp_http_peer_refused", uid=uid, refused=said, sandboxed=sandboxed)
-            return cred, Refusal(*refused)
+            status, message = refused
+            return cred, Refusal(status, rpc_errors.PeerNotAllowed(message))
         return cred, None
 
     def _handler(
@@ -488,8 +509,13 @@ class McpHttpEndpoint:
         port: int,
     ) -> None:
         if request.path != "/mcp":
-            await exchange.respond_json(
-                404, {"error": f"Not found: {request.path!r}; the MCP endpoint is /mcp."}
+            await _rpc_error(
+                exchange,
+                404,
+                None,
+                rpc_errors.InvalidRequest(
+                    f"Not found: {request.path!r}; the MCP endpoint is /mcp."
+                ),
             )
             return
         host = request.header("host")
@@ -515,7 +541,7 @@ class McpHttpEndpoint:
             if said is not None:
                 log.warning("mcp_http_refused", status=status, refused=said)
             headers = [("www-authenticate", "Bearer")] if status == 401 else []
-            await exchange.respond_json(status, {"error": message}, headers)
+            await _rpc_error(exchange, status, None, rpc_errors.InvalidRequest(message), headers)
             return
         if request.method == "POST":
             await self._post(request, exchange)
@@ -524,18 +550,35 @@ class McpHttpEndpoint:
         elif request.method == "DELETE":
             await self._delete(request, exchange)
         else:
-            await exchange.respond_json(
+            await _rpc_error(
+                exchange,
                 405,
-                {
-                    "error": f"Method not allowed: {request.method}; /mcp takes POST, GET and "
-                    "DELETE."
-                },
+                None,
+                rpc_errors.InvalidRequest(
+                    f"Method not allowed: {request.method}; /mcp takes POST, GET and DELETE."
+                ),
                 [("allow", "GET, POST, DELETE")],
             )
 
     # -- POST ----------------------------------------------------------------------------
 
     async def _post(self, request: HttpRequest, exchange: Exchange) -> None:
+        if not (request.accepts("application/json") and request.accepts("text/event-stream")):
+            # A request's POST is answered with either (an event stream once the core has
+            # more to say than the answer, or a call runs long), and the transport has the
+            # client list both. One that refuses a stream (``application/json`` alone, or
+            # no Accept) was sent the stream anyway, which it cannot read; the SDKs'
+            # servers answer it 406, before anything is served.
+            await _rpc_error(
+                exchange,
+                406,
+                None,
+                rpc_errors.InvalidRequest(
+                    "Not acceptable: a POST to /mcp is answered with application/json or "
+                    "text/event-stream; send 'Accept: application/json, text/event-stream'."
+                ),
+            )
+            return
         content_type = (request.header("content-type") or "").split(";")[0].strip().lower()
         if content_type != "application/json":
             await _rpc_error(
@@ -616,10 +659,7 @@ class McpHttpEndpoint:
                     exchange,
                     404,
                     message.get("id"),
-                    rpc_errors.InvalidRequest(
-                        f"Session not found: Mcp-Session-Id {session_id!r} is not (or no longer) a "
-                        "session of this daemon; send initialize for a new one."
-                    ),
+                    _session_not_found(session_id),
                 )
                 return
         elif message.get("method") == "initialize" and "id" in message:
@@ -632,6 +672,16 @@ class McpHttpEndpoint:
             if opened is None:
                 return
             session = opened
+        elif _is_modern_notification(request, message):
+            # 2026-07-28 has no sessions and defines no notification from the client over
+            # HTTP (a client cancels by closing its POST), but clients still send some
+            # (notifications/cancelled): the SDK's server acknowledges them, 202, and drops
+            # them, as a notification is answered; refused 400, "needs its session", the
+            # client was told of a session its revision does not have. Dropped here too: a
+            # cancellation by an id the sender chose, with no session to scope it, could
+            # name another client's request.
+            await exchange.respond(202)
+            return
         else:
             await _rpc_error(
                 exchange,
@@ -886,18 +936,19 @@ class McpHttpEndpoint:
     async def _session_of(self, request: HttpRequest, exchange: Exchange) -> _Session | None:
         session_id = request.header(_SESSION_HEADER)
         if session_id is None:
-            await exchange.respond_json(
-                400, {"error": "Bad request: the Mcp-Session-Id header is required."}
+            await _rpc_error(
+                exchange,
+                400,
+                None,
+                rpc_errors.InvalidRequest("Bad request: the Mcp-Session-Id header is required."),
             )
             return None
         if request.header_count(_SESSION_HEADER) > 1:
-            await exchange.respond_json(400, {"error": _SESSION_TWICE})
+            await _rpc_error(exchange, 400, None, rpc_errors.InvalidRequest(_SESSION_TWICE))
             return None
         session = self.sessions.get(session_id)
         if session is None:
-            await exchange.respond_json(
-                404, {"error": f"Session not found: Mcp-Session-Id {session_id!r}."}
-            )
+            await _rpc_error(exchange, 404, None, _session_not_found(session_id))
             return None
         assert session.core is not None
         mismatch = _version_mismatch(request, session.core)
@@ -908,16 +959,26 @@ class McpHttpEndpoint:
 
     async def _get(self, request: HttpRequest, exchange: Exchange) -> None:
         if not request.accepts("text/event-stream"):
-            await exchange.respond_json(
-                406, {"error": "Not acceptable: GET /mcp answers with text/event-stream only."}
+            await _rpc_error(
+                exchange,
+                406,
+                None,
+                rpc_errors.InvalidRequest(
+                    "Not acceptable: GET /mcp answers with text/event-stream only."
+                ),
             )
             return
         session = await self._session_of(request, exchange)
         if session is None:
             return
         if session.get_open:
-            await exchange.respond_json(
-                409, {"error": "Conflict: this session's server-to-client stream is already open."}
+            await _rpc_error(
+                exchange,
+                409,
+                None,
+                rpc_errors.InvalidRequest(
+                    "Conflict: this session's server-to-client stream is already open."
+                ),
             )
             return
         outbox = session.outbox
@@ -1299,7 +1360,13 @@ def _mirrors(sent: str, value: str | int | float) -> bool:
 
 
 async def _rpc_error(
-    exchange: Exchange, status: int, request_id: Any, error: rpc_errors.RpcError | McpError
+    exchange: Exchange,
+    status: int,
+    request_id: Any,
+    error: rpc_errors.RpcError | McpError,
+    headers: Sequence[tuple[str, str]] = (),
 ) -> None:
-    """Answer with a JSON-RPC error; the id is echoed by the MCP core's rule."""
-    await exchange.respond_json(status, error_response(request_id, error.to_error()))
+    """Answer with a JSON-RPC error (every error status of the endpoint carries one, as
+    the SDK's server's do, so that a client reads why); the id is echoed by the MCP
+    core's rule."""
+    await exchange.respond_json(status, error_response(request_id, error.to_error()), headers)

@@ -15,6 +15,7 @@ import anyio.abc
 import pytest
 
 from toolsetd.daemon.httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
+from toolsetd.protocol import errors as rpc_errors
 
 pytestmark = pytest.mark.anyio
 
@@ -192,35 +193,45 @@ async def test_http_chunked_body_is_assembled() -> None:
 
 
 @pytest.mark.parametrize(
-    ("raw", "status"),
+    ("raw", "status", "code"),
     [
         pytest.param(b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"zz\r\nabc\r\n0\r\n\r\n", 400, id="bad-chunk-size"),
+                     b"zz\r\nabc\r\n0\r\n\r\n", 400, -32600, id="bad-chunk-size"),
         pytest.param(b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"3\r\nabcdef\r\n0\r\n\r\n", 400, id="chunk-longer-than-its-size"),
+                     b"3\r\nabcdef\r\n0\r\n\r\n", 400, -32600, id="chunk-longer-than-its-size"),
         # RFC 9112 6.1: an HTTP/1.0 message with Transfer-Encoding MUST be taken as faulty
         # framing (a 1.0 intermediary reads no chunks: what follows the 0 chunk would be
         # its next request), and the connection closed: the GET after it is not served.
         pytest.param(b"POST /a HTTP/1.0\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
-                     b"3\r\nabc\r\n0\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n", 400,
+                     b"3\r\nabc\r\n0\r\n\r\nGET /b HTTP/1.1\r\nHost: x\r\n\r\n", 400, -32600,
                      id="transfer-encoding-in-http-1.0"),
-        pytest.param(b"GARBAGE\r\n\r\n", 400, id="bad-request-line"),
-        pytest.param(b"GET /a HTTP/1.1\r\n\r\n", 400, id="no-host"),
-        pytest.param(b"GET /a HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 8000 + b"\r\n\r\n", 431,
+        pytest.param(b"GARBAGE\r\n\r\n", 400, -32600, id="bad-request-line"),
+        pytest.param(b"GET /a HTTP/1.1\r\n\r\n", 400, -32600, id="no-host"),
+        pytest.param(b"GET /a HTTP/1.1\r\nHost: x\r\nX: " + b"a" * 8000 + b"\r\n\r\n", 431, -32007,
                      id="huge-header"),
         pytest.param(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 2000\r\n\r\n" + b"a" * 2000,
-                     413, id="body-too-large"),
-        pytest.param(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc", 408,
+                     413, -32007, id="body-too-large"),
+        pytest.param(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nabc", 408, -32600,
                      id="body-never-completes"),
     ],
 )
-async def test_http_malformed_request_answered_and_closed(raw: bytes, status: int) -> None:
-    """Malformed or oversized requests get their 4xx and the connection closes."""
+async def test_http_malformed_request_answered_and_closed(
+    raw: bytes, status: int, code: int
+) -> None:
+    """Malformed or oversized requests get their 4xx and the connection closes. The body
+    is a JSON-RPC error, as MCP's transport has error statuses carry and its clients read
+    (it was ``{"error": "..."}``, which the SDK's client reads as "Server returned an error
+    response"): an oversized head or body is -32007, as the socket answers a long line."""
     async with served() as (port, handler):
         with anyio.fail_after(5):
             data = await _exchange(port, raw)
         assert _status(data) == status
-        assert "error" in _body(data)
+        body = _body(data)
+        assert (body["jsonrpc"], body["id"], body["error"]["code"]) == ("2.0", None, code), body
+        assert body["error"]["message"], body
+        if code == -32007:
+            assert body["error"]["data"]["limit"] in (SETTINGS.max_header_bytes,
+                                                      SETTINGS.max_body_bytes), body
         assert handler.requests == []
 
 
@@ -233,7 +244,7 @@ async def test_http_an_unknown_transfer_coding_is_501_and_says_so() -> None:
             data = await _exchange(port, b"POST /a HTTP/1.1\r\nHost: x\r\n"
                                          b"Transfer-Encoding: gzip\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
         assert _status(data) == 501, data
-        message = _body(data)["error"]
+        message = _body(data)["error"]["message"]
         assert message.startswith("Not implemented: "), message
         assert "chunked" in message, message
         assert handler.requests == []
@@ -280,11 +291,13 @@ async def test_http_stream_disconnect_cancels_handler() -> None:
 
 async def test_http_refusal_answers_and_closes() -> None:
     """A refused peer gets the refusal's status and message, and the handler never runs."""
-    async with _serve(SETTINGS, Recorder(), Refusal(403, "Forbidden: no.")) as (port, handler):
+    refusal = Refusal(403, rpc_errors.PeerNotAllowed("Forbidden: no."))
+    async with _serve(SETTINGS, Recorder(), refusal) as (port, handler):
         with anyio.fail_after(5):
             data = await _exchange(port, b"GET /a HTTP/1.1\r\nHost: x\r\n\r\n")
         assert _status(data) == 403
-        assert _body(data) == {"error": "Forbidden: no."}
+        assert _body(data) == {"jsonrpc": "2.0", "id": None,
+                               "error": {"code": -32009, "message": "Forbidden: no."}}
         assert handler.requests == []
 
 

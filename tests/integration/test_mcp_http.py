@@ -488,6 +488,29 @@ def test_http_2026_request_ignores_mcp_session_id(http_daemon, workspace: Path) 
     assert "asker" in {t["name"] for t in legacy.json()["result"]["tools"]}
 
 
+def test_http_a_2026_notification_is_acknowledged_without_a_session(
+    http_daemon, workspace: Path
+) -> None:
+    """A notification sent as a 2026-07-28 one (its MCP-Protocol-Version) needs no session,
+    which that revision does not have: 202 with no body, and dropped, as the SDK's server
+    answers it (it was 400, "needs its session's Mcp-Session-Id"). A legacy one without a
+    session, and a response, are still 400."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    modern = {"mcp-protocol-version": "2026-07-28"}
+    for method, params in (("notifications/cancelled", {"requestId": 1}),
+                           ("notifications/initialized", None)):
+        note = {"jsonrpc": "2.0", "method": method, **({"params": params} if params else {})}
+        reply = http(url, body=note, headers={**modern, "mcp-method": method})
+        assert (reply.status, reply.body) == (202, b""), (method, reply)
+        assert "mcp-session-id" not in reply.headers
+    legacy = http(url, body={"jsonrpc": "2.0", "method": "notifications/initialized"})
+    assert legacy.status == 400, legacy
+    response = http(url, body={"jsonrpc": "2.0", "id": 5, "result": {}}, headers=modern)
+    assert response.status == 400, response
+    assert response.json()["error"]["code"] == -32600
+
+
 def test_http_2026_mcp_param_headers_must_mirror_the_body(
     http_daemon, workspace: Path
 ) -> None:
@@ -901,7 +924,8 @@ def test_http_head_is_answered_without_a_body(http_daemon, workspace: Path) -> N
             assert (reply.status, reply.read()) == (status, b"")
         assert reply.getheader("content-type") == "application/json"
         conn.request("POST", path, body=json.dumps(rpc(1, "initialize", INIT_PARAMS)),
-                     headers={"content-type": "application/json"})
+                     headers={"content-type": "application/json",
+                              "accept": "application/json, text/event-stream"})
         assert conn.getresponse().status == 200
     finally:
         conn.close()
@@ -980,6 +1004,68 @@ def test_http_get_accept_is_read_as_media_ranges(
     assert _get_status(base, url, session, accept) == status
 
 
+def _post_raw(base: str, url: str, headers: list[str], body: bytes) -> HttpReply:
+    """A POST of ``body`` with exactly these header lines (beside Host and the framing),
+    read whole on a connection it closes."""
+    target = urlsplit(url)
+    head = (f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {target.netloc}\r\n"
+            + "".join(f"{line}\r\n" for line in headers)
+            + f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n")
+    return _raw_reply(base, head.encode() + body)
+
+
+def _raw_reply(base: str, request: bytes) -> HttpReply:
+    """The whole answer to raw request bytes (the daemon closes the connection)."""
+    with socket.create_connection(_address(base), timeout=20) as sock:
+        sock.sendall(request)
+        data = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(65536):
+                data += chunk
+    first, _, rest = data.partition(b"\r\n")
+    fields, _, content = rest.partition(b"\r\n\r\n")
+    found = dict(line.decode().split(": ", 1) for line in fields.split(b"\r\n"))
+    return HttpReply(int(first.split(b" ", 2)[1]),
+                     {k.lower(): v for k, v in found.items()}, content)
+
+
+@pytest.mark.parametrize(
+    ("accept", "status"),
+    [
+        ([], 406),
+        (["application/json"], 406),
+        (["text/event-stream"], 406),
+        (["application/json, text/event-stream;q=0"], 406),
+        (["application/json;q=0, text/event-stream"], 406),
+        (["application/json", "text/event-stream"], 200),
+        (["application/*, text/*"], 200),
+        (["*/*"], 200),
+    ],
+)
+def test_http_post_accept_must_admit_json_and_the_stream(
+    http_daemon, workspace: Path, accept: list[str], status: int
+) -> None:
+    """A request's POST is answered with JSON or an event stream, so the transport has the
+    client list both in ``Accept``. One that refuses either (none sent, JSON alone, or a
+    ``q=0``) is 406 with a JSON-RPC error, as the SDK's server answers it, and nothing is
+    served: it was served, and a call that ran long (or asked for approval) answered it
+    with the event stream it had refused."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
+    reply = _post_raw(base, url, ["Content-Type: application/json",
+                                  *(f"Accept: {a}" for a in accept)], body)
+    assert reply.status == status, reply
+    if status == 406:
+        assert "mcp-session-id" not in reply.headers
+        assert reply.headers["content-type"] == "application/json"
+        assert reply.json() == {"jsonrpc": "2.0", "id": None, "error": {
+            "code": -32600, "message": reply.json()["error"]["message"]}}
+        assert "Accept: application/json, text/event-stream" in reply.json()["error"]["message"]
+    else:
+        assert reply.json()["result"]["protocolVersion"] == INIT_PARAMS["protocolVersion"]
+
+
 # -- the guards --------------------------------------------------------------------------------
 
 
@@ -994,7 +1080,7 @@ def test_http_dns_rebinding_host_and_origin(http_daemon, workspace: Path) -> Non
     assert http(url, body=body, headers={"host": "localhost:1"}).status == 421
     refused = http(url, body=body, headers={"origin": "http://evil.example.com"})
     assert refused.status == 403
-    assert "DNS rebinding" in refused.json()["error"]
+    assert "DNS rebinding" in refused.json()["error"]["message"]
     for host in (f"localhost:{port}", f"127.0.0.1:{port}", "localhost"):
         ok = http(url, body=body, headers={"host": host, "origin": f"http://{host}"})
         assert ok.status == 200, (host, ok)
@@ -1012,7 +1098,7 @@ def test_http_every_origin_sent_is_judged(http_daemon, workspace: Path) -> None:
         with socket.create_connection(_address(base), timeout=20) as sock:
             head = (
                 f"POST {target.path}?{target.query} HTTP/1.1\r\n"
-                f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
+                f"Host: {target.netloc}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
                 + "".join(f"Origin: {origin}\r\n" for origin in origins)
                 + f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
             )
@@ -1083,7 +1169,7 @@ def test_http_absolute_form_target_is_judged_by_its_authority(
         with socket.create_connection(_address(base), timeout=20) as sock:
             sock.sendall(
                 f"POST {scheme}://{authority}{target.path}?{target.query} HTTP/1.1\r\n"
-                f"Host: {target.netloc}\r\nContent-Type: application/json\r\n"
+                f"Host: {target.netloc}\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
                 f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
             )
             data = b""
@@ -1123,7 +1209,7 @@ def test_http_a_flood_of_foreign_origins_is_logged_once_a_minute(
         def flood(host: str, origin: str) -> None:
             head = (
                 f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {host}\r\n"
-                f"Content-Type: application/json\r\nAccept: application/json\r\n"
+                f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n"
                 f"Origin: {origin}\r\nContent-Length: {len(body)}\r\n\r\n"
             ).encode() + body
             with socket.create_connection(_address(base), timeout=30) as sock:
@@ -1144,6 +1230,89 @@ def test_http_a_flood_of_foreign_origins_is_logged_once_a_minute(
         daemon.stop()
 
 
+def test_http_every_error_status_carries_a_json_rpc_error(http_daemon, workspace: Path) -> None:
+    """Every error status of the endpoint, its own (404, 405, GET's and DELETE's 400, 404,
+    406 and 409, the guards' 421 and 403) and HTTP's (413, 431, 501), carries a JSON-RPC
+    error with no id, as the SDK's server's do and MCP's clients read: they were
+    ``{"error": "..."}``, which the SDK's client reports as "Server returned an error
+    response" (or, for a 404, "Session terminated"), not why. An oversized body or head
+    is -32007 with the limit, as the socket answers a line over its limit."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    session = initialize(url)
+    stream = {"accept": "text/event-stream"}
+    target = urlsplit(url)
+    host, port = _address(base)
+    replies = {
+        "path": http(base.replace("/mcp", "/other"), body=rpc(1, "ping")),
+        "method": http(url, "PUT", body=b""),
+        "get without session": http(url, "GET", headers=stream),
+        "get unknown session": http(url, "GET", headers={**stream, "mcp-session-id": "nope"}),
+        "get json": http(url, "GET", headers={"accept": "application/json",
+                                              "mcp-session-id": session}),
+        "delete without session": http(url, "DELETE"),
+        "host": http(url, body=rpc(1, "ping"), headers={"host": "evil.example.com"}),
+        "origin": http(url, body=rpc(1, "ping"), headers={"origin": "http://evil.example.com"}),
+        "body too large": _raw_reply(base, _post_head(base, workspace, 17 * 1024 * 1024)),
+        "head too large": _raw_reply(
+            base, f"GET {target.path}?{target.query}&x={'a' * 17000} HTTP/1.1\r\n"
+                  f"Host: {host}:{port}\r\n\r\n".encode()),
+        "transfer coding": _raw_reply(
+            base, _post_head(base, workspace, 0).replace(
+                b"Content-Length: 0", b"Transfer-Encoding: gzip") + b"3\r\nabc\r\n0\r\n\r\n"),
+    }
+    assert http(url, "DELETE", headers={"mcp-session-id": session}).status == 204
+    replies["delete ended session"] = http(url, "DELETE", headers={"mcp-session-id": session})
+    second = initialize(url)
+    with httpx.Client(timeout=10) as client, client.stream(
+        "GET", url, headers={**stream, "mcp-session-id": second}
+    ) as first:
+        assert first.status_code == 200
+        replies["second stream"] = http(url, "GET", headers={**stream,
+                                                             "mcp-session-id": second})
+    statuses = {name: reply.status for name, reply in replies.items()}
+    assert statuses == {
+        "path": 404, "method": 405, "get without session": 400, "get unknown session": 404,
+        "get json": 406, "delete without session": 400, "host": 421, "origin": 403,
+        "body too large": 413, "head too large": 431, "transfer coding": 501,
+        "delete ended session": 404, "second stream": 409,
+    }, statuses
+    for name, reply in replies.items():
+        assert reply.headers["content-type"] == "application/json", (name, reply)
+        body = reply.json()
+        assert (body["jsonrpc"], body["id"]) == ("2.0", None), (name, body)
+        assert isinstance(body["error"]["message"], str), (name, body)
+        code = -32007 if name.endswith("too large") else -32600
+        assert body["error"]["code"] == code, (name, body)
+    assert replies["body too large"].json()["error"]["data"] == {"limit": 16 * 1024 * 1024}
+    assert replies["method"].headers["allow"] == "GET, POST, DELETE"
+
+
+def test_sdk_client_reads_why_a_body_is_too_large(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The SDK's client surfaces a 413's JSON-RPC error, so a host shows why its call was
+    refused (the body over the message size limit); the body was ``{"error": "..."}`` and
+    the client said only "Server returned an error response"."""
+    daemon, base = start_http_daemon(home, workspace, tmp_base,
+                                     ["--max-message-bytes", "100000"])
+    try:
+        async def main() -> BaseException | None:
+            with anyio.fail_after(60):
+                async with _sdk(endpoint(base, workspace)) as client:
+                    try:
+                        await client.call_tool("progress3", {"text": "x" * 200_000})
+                    except Exception as exc:  # noqa: BLE001 - what the client raises
+                        return exc
+            return None
+
+        raised = anyio.run(main)
+    finally:
+        assert daemon.stop() == 0
+    assert raised is not None
+    assert "Request body too large: at most 100000 bytes" in str(raised), repr(raised)
+
+
 def test_http_a_flood_of_bad_requests_is_logged_once_a_second(
     tmp_base: Path, workspace: Path
 ) -> None:
@@ -1158,13 +1327,8 @@ def test_http_a_flood_of_bad_requests_is_logged_once_a_second(
         head = b"GET /mcp?x=" + b"a" * 70_000 + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
         began = time.monotonic()
         for _ in range(200):
-            with socket.create_connection(_address(base), timeout=30) as sock:
-                sock.sendall(head)
-                answer = b""
-                with contextlib.suppress(ConnectionResetError):
-                    while chunk := sock.recv(65536):
-                        answer += chunk
-                assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+            answer = _raw_reply(base, head)
+            assert answer.status == 431, answer
         seconds = time.monotonic() - began
         bad = [e for e in daemon.log_events() if e["event"] == "http_bad_request"]
         assert 1 <= len(bad) <= seconds + 2, (len(bad), seconds)  # a line a second at most
@@ -1748,7 +1912,7 @@ def test_http_a_client_that_pipelined_much_and_left_has_its_call_cancelled(
 
     def post(body: bytes) -> bytes:
         return (f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {target.netloc}\r\n"
-                f"Content-Type: application/json\r\nMcp-Session-Id: {session}\r\n"
+                f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMcp-Session-Id: {session}\r\n"
                 f"Content-Length: {len(body)}\r\n\r\n").encode() + body
 
     call = post(json.dumps(rpc(7, "tools/call", {"name": "sleeper", "arguments": {}})).encode())
@@ -2123,7 +2287,7 @@ def _post_head(base: str, workspace: Path, length: int) -> bytes:
     host, port = _address(base)
     return (
         f"POST /mcp?workspace={workspace} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+        f"Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nContent-Length: {length}\r\n\r\n"
     ).encode()
 
 
@@ -2316,7 +2480,7 @@ def test_http_a_request_framed_two_ways_is_400_and_closed(http_daemon, workspace
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {}}})).encode()
     head = (f"POST {target.path}?{target.query} HTTP/1.1\r\nHost: {target.netloc}\r\n"
-            "Content-Type: application/json\r\nMCP-Protocol-Version: 2026-07-28\r\n"
+            "Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\nMCP-Protocol-Version: 2026-07-28\r\n"
             "Mcp-Method: ping\r\n")
     smuggled = (head + "Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n").encode() + (
         b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
