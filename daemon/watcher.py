@@ -83,12 +83,13 @@ or dies (``the watch process ended (killed by SIGABRT)``: its watcher's thread c
 start), the watcher logs
 ``watch_unavailable`` once, keeps serving from the poller alone, and retries the watch
 when the directories change or after ``retry_seconds`` (``watch_retry``, debug; a retried
-watch says ``watch_started`` only at its first change, as it cannot tell it started
-sooner). One failure is not the watch's: an event naming a path that is not UTF-8 (a name
-made in a watched folder), which watchfiles cannot decode, ends its awatch; that watch is
-started again within a second (``watch_restarted``, logged once a minute, and no
-``watch_started`` for it), and the probe after its start takes in the lost batch. Nothing
-but cancellation leaves ``run``. Reload through the RPC path is unaffected either way.
+watch says ``watch_started`` once its process watches, or, made by a factory that cannot
+tell, at its first change). One failure is not the watch's: an event naming a path that
+is not UTF-8 (a name made in a watched folder), which watchfiles cannot decode, ends its
+awatch; that watch is started again within a second (``watch_restarted``, logged once a
+minute, and no ``watch_started`` for it), and the probe after its start takes in the lost
+batch. Nothing but cancellation leaves ``run``. Reload through the RPC path is unaffected
+either way.
 
 Duplicate calls are expected (an event, then the settle call, sometimes a poll) and
 cheap: the registry re-stats manifests, re-parses only changed ones, and reports
@@ -504,6 +505,9 @@ class Watcher:
                 await established()
                 # What changed before it watched was reported by no event: probed now.
                 self._schedule_poll(0.0)
+                if self._degraded and not stop.is_set():  # it watches: the retry worked
+                    self._degraded = False
+                    log.info("watch_started", paths=len(dirs))
             async for batch in changes:
                 if self._degraded:
                     self._degraded = False
