@@ -1317,8 +1317,8 @@ def _bind_error(line: bytes) -> tuple[int, str] | None:
     error = reply.get("error") if isinstance(reply, dict) else None
     if isinstance(error, dict):
         code = error.get("code")
-        if code == -32601:
-            return EXIT_USAGE, (
+        if code == -32601:  # an older daemon, still running after an upgrade: not usage
+            return EXIT_INTERNAL, (
                 "this toolsetd does not serve MCP (mcp.bind is unknown): upgrade it and restart it"
             )
         from .table import printable  # only on this path: stdlib, but not free

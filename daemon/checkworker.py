@@ -72,6 +72,7 @@ from toolsetd.protocol.jsontext import loads as json_loads
 
 from .large import LargeRequests
 from .logs import Throttle
+from .pdeath import die_with
 from .validation import ArgumentValidators, stopped_message, time_limit_for
 
 if TYPE_CHECKING:
@@ -96,7 +97,6 @@ _TOO_LONG_MESSAGE = (
 _DOWN_SECONDS = 60.0
 #: Seconds a stopping daemon waits for the process to end at EOF before killing it.
 _CLOSE_WAIT = 1.0
-_PR_SET_PDEATHSIG = 1
 #: A process whose resident memory grew by more than this since its start exits once it
 #: has answered (saying so in its answer), and the next check starts a new one: what a
 #: check of many small values took is not all given back to the system (1.5 million
@@ -345,16 +345,6 @@ def _lost_message(returncode: int | None) -> str:
 # -- the process ----------------------------------------------------------------------------
 
 
-def _die_with(parent: int) -> None:
-    """Have the kernel kill this process when the daemon (``parent``) dies."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # it died before the call above
-        os._exit(0)
-
-
 def _plain_floats(value: Any) -> Any:
     """The schema as the daemon holds it: each ``JsonNumber`` a plain ``float`` again.
 
@@ -388,7 +378,7 @@ def _first_to_go() -> None:
 def main() -> None:
     """The check process: answer request lines on stdin until EOF."""
     parent, time_limit = int(sys.argv[1]), float(sys.argv[2])
-    _die_with(parent)
+    die_with(parent)
     _first_to_go()
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)

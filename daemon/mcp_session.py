@@ -64,6 +64,7 @@ import itertools
 import uuid
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
+from decimal import Decimal
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -141,10 +142,20 @@ def _traceparent(meta: Any) -> str | None:
 
 
 def _is_progress_token(token: object) -> bool:
-    """A string or a JSON integer (``-0`` arrives as a ``JsonNumber`` keeping its text)."""
+    """A string or a JSON integer: a number with no fractional part, however written.
+
+    MCP's schema types the token ``["string", "integer"]``, and JSON Schema's ``integer``
+    is a number whose fraction is zero, so ``1.0``, ``1e3`` and ``-0`` (which arrive as a
+    ``JsonNumber`` keeping their text, and are echoed as written) are tokens: a host whose
+    serialiser writes its integer token as ``1.0`` had every such call refused. Decided on
+    the text, in decimal: ``1.0000000000000000001`` is a float's ``1.0`` but no integer.
+    """
     if isinstance(token, str) or type(token) is int:
         return True
-    return isinstance(token, JsonNumber) and token.text == "-0"
+    if not isinstance(token, JsonNumber):
+        return False
+    number = Decimal(token.text)
+    return number.is_finite() and number == number.to_integral_value()
 
 
 class Outbox(Protocol):

@@ -71,18 +71,25 @@ Four sibling tasks in one task group:
   otherwise is made again, whole, by the next poll (see the poller).
 * **host** (``run`` itself): waits for cancellation and then sets the current stop event.
 
+The awatch runs in a process of its own (``watchproc``, the default ``watch_factory``):
+watchfiles' watcher aborts the process it is made in when its thread cannot start (at the
+limit of processes and threads), and a look beforehand could always lose the last place to
+a tool's fork. The supervisor waits until that process watches (``established``), then
+probes at once: what changed before it watched was reported by no event.
+
 Failure: if awatch raises (``OSError`` "OS file watch limit reached", a directory that
-vanished between probe and watch, an unsupported filesystem), or the two threads an awatch
-starts cannot start (``_threads_can_start``, first: watchfiles' own failure there aborts
-the process), the watcher logs
+vanished between probe and watch, an unsupported filesystem), or its process cannot start
+or dies (``the watch process ended (killed by SIGABRT)``: its watcher's thread could not
+start), the watcher logs
 ``watch_unavailable`` once, keeps serving from the poller alone, and retries the watch
 when the directories change or after ``retry_seconds`` (``watch_retry``, debug; a retried
-watch says ``watch_started`` only at its first change, as it cannot tell it started
-sooner). One failure is not the watch's: an event naming a path that is not UTF-8 (a name
-made in a watched folder), which watchfiles cannot decode, ends its awatch; that watch is
-started again within a second (``watch_restarted``, logged once a minute, and no
-``watch_started`` for it), and the probe after its start takes in the lost batch. Nothing
-but cancellation leaves ``run``. Reload through the RPC path is unaffected either way.
+watch says ``watch_started`` once its process watches, or, made by a factory that cannot
+tell, at its first change). One failure is not the watch's: an event naming a path that
+is not UTF-8 (a name made in a watched folder), which watchfiles cannot decode, ends its
+awatch; that watch is started again within a second (``watch_restarted``, logged once a
+minute, and no ``watch_started`` for it), and the probe after its start takes in the lost
+batch. Nothing but cancellation leaves ``run``. Reload through the RPC path is unaffected
+either way.
 
 Duplicate calls are expected (an event, then the settle call, sometimes a poll) and
 cheap: the registry re-stats manifests, re-parses only changed ones, and reports
@@ -94,7 +101,6 @@ from __future__ import annotations
 import math
 import os
 import stat
-import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -102,7 +108,6 @@ from pathlib import Path
 
 import anyio
 import structlog
-import watchfiles
 from anyio.abc import TaskStatus
 from toolsetd.protocol.errors import ServerBusy
 from toolsetd.protocol.jsontext import is_utf8
@@ -111,6 +116,7 @@ from watchfiles import Change
 from . import threads
 from .catalog import subdirectory_names
 from .logs import Throttle
+from .watchproc import watch_in_process
 
 __all__ = ["ReloadKey", "Watcher"]
 
@@ -128,8 +134,6 @@ _RESTART_PROBE_DELAY = 0.25  # seconds: long enough for a new awatch to be estab
 _RUST_TIMEOUT_MS = 5_000  # the thread returns to Python this often even with no events
 _BUSY_RETRY_SECONDS = 1.0  # a reload the daemon was too short of descriptors for: again
 _UNDECODABLE_PACE = 1.0  # seconds between restarts after names watchfiles cannot decode
-#: Threads an awatch starts: notify's event loop, and the worker its ``watch`` waits in.
-_WATCH_THREADS = 2
 #: After a poll, the next waits at least this many times as long as that one took, so the
 #: poller spends at most about 1/20 of a core: a tools root of 100,000 subdirectories
 #: (a hostile checkout) costs ~2 s of stat calls a probe, which every 2 s was a core.
@@ -184,7 +188,8 @@ class Watcher:
         settle_seconds: Quiet time after a batch before its keys are sent once more.
         recheck_seconds: Period of the stat poll (the safety net and the fallback).
         retry_seconds: Period of retries of a watch that could not be started.
-        watch_factory: ``watchfiles.awatch`` or a fake with its signature.
+        watch_factory: ``watchproc.watch_in_process`` (the default), ``watchfiles.awatch``
+            or a fake with its signature.
         clock: Measures what a poll cost, in the probing thread: the time it took there,
             waiting on a slow file system included (``time.monotonic``; injectable for
             tests).
@@ -202,7 +207,7 @@ class Watcher:
         settle_seconds: float = 0.5,
         recheck_seconds: float = 2.0,
         retry_seconds: float = 30.0,
-        watch_factory: WatchFactory = watchfiles.awatch,
+        watch_factory: WatchFactory = watch_in_process,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._home = home
@@ -484,7 +489,6 @@ class Watcher:
                     await stop.wait()
 
     async def _watch(self, dirs: _Watched, stop: anyio.Event) -> None:
-        _threads_can_start(_WATCH_THREADS)  # before the awatch makes its Rust watcher
         changes = self._factory(
             *sorted(dirs),
             stop_event=stop,
@@ -496,6 +500,14 @@ class Watcher:
             rust_timeout=_RUST_TIMEOUT_MS,
         )
         try:
+            established = getattr(changes, "established", None)
+            if established is not None:  # a watch process: its start takes a while
+                await established()
+                # What changed before it watched was reported by no event: probed now.
+                self._schedule_poll(0.0)
+                if self._degraded and not stop.is_set():  # it watches: the retry worked
+                    self._degraded = False
+                    log.info("watch_started", paths=len(dirs))
             async for batch in changes:
                 if self._degraded:
                     self._degraded = False
@@ -667,37 +679,6 @@ class Watcher:
             self._failing.difference_update(keys)
             if not self._failing:
                 self._failures.reset()
-
-
-def _threads_can_start(count: int) -> None:
-    """Start ``count`` threads at once and see them gone: raises ``RuntimeError`` ("can't
-    start new thread") when they cannot all start.
-
-    watchfiles makes its Rust watcher on an awatch's first step, and the watcher starts a
-    thread of its own (notify's event loop); the awatch then waits for its events in a
-    worker thread. At the limit of processes and threads (``RLIMIT_NPROC``, a cgroup's
-    ``pids.max``) notify's thread cannot start, and notify panics, then panics again in
-    its destructor: the daemon aborted (SIGABRT) when a new workspace restarted its watch.
-    Checked first, the watch fails as any other (``watch_unavailable``, the poll serves on)
-    and is retried. A probe must be gone, not only joined (the kernel releases an ended
-    thread's place a moment after ``join`` returns), or the watcher's thread would find
-    its place still taken.
-    """
-    probes: list[threading.Thread] = []
-    try:
-        for _ in range(count):
-            probe = threading.Thread(target=int, name="toolsetd-watch-probe", daemon=True)
-            probe.start()
-            probes.append(probe)
-    finally:
-        for probe in probes:
-            probe.join()
-        deadline = time.monotonic() + 1
-        for probe in probes:
-            while os.path.exists(f"/proc/self/task/{probe.native_id}"):
-                if time.monotonic() > deadline:
-                    break
-                time.sleep(0.001)
 
 
 def _cause(exc: BaseException) -> BaseException:

@@ -498,6 +498,25 @@ def test_the_pump_shows_a_bind_error_escaped(fake: Callable[[Reply], FakeDaemon]
     assert b"bad \\x1b]52;c;cHduZWQ=\\x07" in result.stderr
 
 
+def test_the_pump_at_a_daemon_that_does_not_know_bind_exits_9_not_usage(
+    fake: Callable[[Reply], FakeDaemon],
+) -> None:
+    """An older toolsetd (still running after an upgrade) answers mcp.bind -32601: exit 9,
+    as any command gets for a code it does not know, with what to do. It was 2, which
+    sends the operator to the options, the workspace and the mode."""
+
+    def unknown(conn: socket.socket, request: dict[str, object]) -> None:
+        _send(conn, {"jsonrpc": "2.0", "id": request["id"],
+                     "error": {"code": -32601, "message": "Method not found"}})
+
+    result = _pump(fake(unknown))
+    assert result.returncode == 9, result.stderr
+    assert result.stderr == (
+        b"toolsetctl mcp: this toolsetd does not serve MCP (mcp.bind is unknown): "
+        b"upgrade it and restart it\n"
+    )
+
+
 def test_a_wait_with_a_timeout_is_a_deadline_not_a_limit_per_read() -> None:
     """Events trickling in (a daemon's progress ticks) do not stretch a bounded wait: the
     Ctrl-C wait for a cancelled call's result ("up to 5 seconds") and REQUEST_TIMEOUT."""

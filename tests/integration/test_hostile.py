@@ -18,6 +18,7 @@ import shutil
 import signal
 import socket
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -1293,8 +1294,9 @@ def test_a_watch_restarted_where_no_thread_can_start_leaves_the_daemon_running(
 ) -> None:
     """watchfiles' Rust watcher starts a thread when it is made; at the limit of processes
     and threads it cannot, notify panics, and again in its destructor: the daemon aborted
-    (SIGABRT) when a new workspace restarted its watch. The watch now fails as any other
-    (watch_unavailable, the poll serves on) and starts again once a thread can."""
+    (SIGABRT) when a new workspace restarted its watch. The watch runs in a process of its
+    own, which cannot start here: the watch fails as any other (watch_unavailable, the poll
+    serves on) and starts again once there is room."""
     args = [a for a in _unconfined(tmp_path) if a != "--no-watch"]
     with daemon_in("tsv-", _noop_set, args=args) as d, d.raw(timeout=60) as conn:
         eventually(lambda: any(e.get("event") == "watch_started" for e in d.log_events()),
@@ -1315,7 +1317,9 @@ def test_a_watch_restarted_where_no_thread_can_start_leaves_the_daemon_running(
             assert d.proc.poll() is None, f"the daemon ended: {d.log()[-300:]}"
             assert "result" in conn.request("status")
         unavailable = [e for e in d.log_events() if e.get("event") == "watch_unavailable"]
-        assert unavailable[0]["message"] == "can't start new thread", unavailable
+        assert unavailable[0]["message"] == (
+            "[Errno 11] the watch process could not start: Resource temporarily unavailable"
+        ), unavailable
         third = d.workspace.parent / "third"
         third.mkdir()
         assert "result" in conn.request("list", {"workspace": str(third)})  # a restart
@@ -1328,7 +1332,7 @@ def test_a_watch_restarted_where_no_thread_can_start_leaves_the_daemon_running(
 
         eventually(described, what="the edit in the catalog")
 
-        def started_again() -> bool:  # said at the retried watch's first event
+        def started_again() -> bool:  # said once the retried watch's process watches
             events = [e.get("event") for e in d.log_events()]
             if "watch_started" in events[events.index("watch_unavailable"):]:
                 return True
@@ -1337,6 +1341,148 @@ def test_a_watch_restarted_where_no_thread_can_start_leaves_the_daemon_running(
 
         eventually(started_again, what="the watch started again")
         assert d.proc.poll() is None
+
+
+#: A Watcher over ``home`` (argv[1]) whose watch factory, once told ``race`` on stdin, first
+#: takes every place for a task left (threads that wait), as a tool's fork or another
+#: process of the user can between the daemon's look and the watch's start, then makes
+#: the watch as the daemon does (the Watcher's default factory). Its log on stdout.
+_RACED_WATCHER = """
+import inspect, json, os, sys, threading
+import anyio, structlog
+from pathlib import Path
+from toolsetd.daemon.app import _wait_for_children_by_pidfd
+from toolsetd.daemon.watcher import Watcher
+
+structlog.configure(
+    processors=[structlog.processors.add_log_level, structlog.processors.JSONRenderer()],
+    logger_factory=structlog.PrintLoggerFactory(sys.stdout),
+)
+default = inspect.signature(Watcher.__init__).parameters["watch_factory"].default
+racing = threading.Event()
+holds = []  # the threads that take the places, each with the event it waits for
+room = sys.argv[2] == "1"
+
+def say(event):
+    print(json.dumps({"event": event}), flush=True)
+
+def factory(*paths, **options):
+    if racing.is_set():
+        racing.clear()
+        try:
+            while True:
+                ending = threading.Event()
+                thread = threading.Thread(target=ending.wait, daemon=True)
+                thread.start()
+                holds.append((thread, ending))
+        except RuntimeError:
+            if room:  # one place back: the watch process starts, its watcher's thread not
+                thread, ending = holds.pop()
+                ending.set()
+                thread.join()
+                while os.path.exists(f"/proc/self/task/{thread.native_id}"):
+                    pass
+            say("places_taken")
+    return default(*paths, **options)
+
+async def changed(keys):
+    say("changed")
+
+async def main():
+    _wait_for_children_by_pidfd()  # as the daemon waits for its processes
+    home = Path(sys.argv[1])
+    watcher = Watcher(home, changed, recheck_seconds=60, retry_seconds=0.5,
+                      watch_factory=factory)
+    async with anyio.create_task_group() as tg:
+        await tg.start(watcher.run)
+        say("running")
+        while True:
+            await anyio.wait_readable(0)
+            for command in os.read(0, 100).decode().split():
+                if command == "race":
+                    racing.set()
+                    (home / "tools" / "second").mkdir()  # the poll restarts the watch
+                elif command == "release":
+                    for _, ending in holds:
+                        ending.set()
+                elif command == "stop":
+                    tg.cancel_scope.cancel()
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.parametrize("room", [0, 1], ids=["no-process", "no-thread"])
+def test_a_watch_whose_thread_loses_the_last_place_to_a_spawn_leaves_the_watcher_running(
+    tmp_path: Path, room: int
+) -> None:
+    """The daemon looked whether a watch's threads could start before it made the watch,
+    but a tool's fork could take the last place in between: watchfiles' watcher then
+    could not start its thread, and notify's panic aborted the daemon (SIGABRT). The
+    watch runs in a process of its own now, whose start fails (or which dies) alone: the
+    watch is unavailable, said once, the watcher runs on, and once there is room the
+    watch starts again and reports changes. With no place left the watch process cannot
+    start; with one, it starts and its watcher's thread cannot, and it aborts alone."""
+    home = tmp_path / "home"
+    write_set(home / "tools", "first", {
+        "runner": "exec", "description": "d", "schema": {"type": "object"},
+        "command": ["/bin/true"], "approval": "always", "stdin": False,
+    })
+    with subprocess.Popen(
+        [sys.executable, "-c", _RACED_WATCHER, str(home), str(room)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    ) as proc:
+        try:
+            unavailable = _race_a_watch(proc, home)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert unavailable == (
+        "the watch process ended (killed by SIGABRT)" if room
+        else "[Errno 11] the watch process could not start: Resource temporarily unavailable"
+    )
+
+
+def _race_a_watch(proc: subprocess.Popen[str], home: Path) -> str:
+    """``_RACED_WATCHER`` (``proc``): its watch raced at the limit, then given room; the
+    message of its ``watch_unavailable``."""
+    seen: list[str] = []
+    unavailable: list[str] = []
+
+    def read() -> None:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line, f"the watcher ended ({proc.wait()}): {seen}"
+        event = json.loads(line)
+        seen.append(event["event"])
+        if event["event"] == "watch_unavailable":
+            unavailable.append(event["message"])
+
+    def wait_for(event: str) -> None:
+        while event not in seen:
+            read()
+
+    def send(command: str) -> None:
+        assert proc.stdin is not None
+        proc.stdin.write(command + "\n")
+        proc.stdin.flush()
+
+    wait_for("running")
+    with tasks_limited(proc.pid, free=10):
+        send("race")
+        wait_for("places_taken")
+        wait_for("watch_unavailable")
+    send("release")
+    while "watch_started" not in seen[seen.index("watch_unavailable"):]:
+        read()  # said once the retried watch's process watches
+    del seen[:]
+    (home / "tools" / "first" / "tools.json").touch()
+    wait_for("changed")
+    assert proc.poll() is None
+    send("stop")
+    assert proc.wait(timeout=30) == 0
+    assert len(unavailable) == 1, unavailable
+    return unavailable[0]
 
 
 def test_an_orphan_guard_that_could_not_start_at_the_limit_starts_once_there_is_room(

@@ -422,6 +422,31 @@ def test_mcp_progress_token_of_another_type_is_refused_naming_it(
         assert pump.close() == 0
 
 
+@pytest.mark.parametrize("token", [1.0, 1e3, -0.0], ids=repr)
+def test_mcp_progress_token_an_integer_written_with_a_fraction_is_taken_and_echoed(
+    mcp_daemon: Daemon, workspace: Path, token: float
+) -> None:
+    """MCP's schema types progressToken ``["string", "integer"]``, and JSON Schema's integer
+    is any number with no fractional part: ``1.0`` (what a serialiser holding its integer
+    as a double writes) is a token. It was -32602, the call refused. Its progress comes on
+    the token as the host wrote it (Python's json reads that back as a float)."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+        assert "result" in init
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                   "params": {"name": "progress3", "arguments": {}, "_meta": {"progressToken": token}}})
+        progress = []
+        while "id" not in (message := pump.receive()):
+            if message["method"] == "notifications/progress":
+                progress.append(message["params"]["progressToken"])
+        assert "result" in message and message["result"]["isError"] is False, message
+        assert progress, "no progress on the token"
+        assert all(type(each) is float and each == token for each in progress), progress
+    finally:
+        assert pump.close() == 0
+
+
 def test_mcp_a_second_initialize_is_refused_and_the_first_stands(
     mcp_daemon: Daemon, workspace: Path
 ) -> None:

@@ -1,0 +1,312 @@
+"""The watch process: watchfiles runs in a process of its own, which may die alone.
+
+Theory of operation
+-------------------
+watchfiles' Rust watcher (notify) starts a thread when it is made. At the limit of
+processes and threads (``RLIMIT_NPROC``, a cgroup's ``pids.max``: a unit's ``TasksMax=``,
+which the tools' processes share) that thread cannot start, and notify panics, then panics
+again in its destructor: the process aborts (SIGABRT). Made in the daemon, that was the
+daemon. Checking first that threads can start leaves a race: a tool's fork (or any other
+process of the user) can take the last place between the check and the watcher's thread,
+and nothing in the daemon can hold a place for a thread another library starts.
+
+So the watch runs in a child, ``python -m toolsetd.daemon.watchproc <daemon pid>``, the
+**watch process**; :func:`watch_in_process` is an async iterator with ``watchfiles.awatch``'s
+signature (the ``Watcher``'s ``watch_factory``) that starts it and reads its batches. Where
+its watcher cannot start its thread, the watch process aborts, and the daemon sees it end
+(``the watch process ended (killed by SIGABRT)``): the watch failed as any other, the poll
+serves on, and the watch is tried again later. Where the process itself cannot start, the
+spawn fails (``EAGAIN``) the same way. The daemon starts no thread for a watch.
+
+* **Wire** (one JSON text a line). The daemon writes one request on the process's stdin,
+  ``{"paths", "debounce", "step", "recursive", "timeout"}``, and leaves stdin open: EOF is
+  the stop (seen within one ``step``). The process answers ``{"ready": true}`` once its
+  watcher is made and watching (:meth:`ProcessWatch.established`), then
+  ``{"changes": [[change, path], ...]}`` per batch (at most ``_CHUNK`` to a line: a batch
+  of more comes as several), or ``{"error", "message"}`` (the exception's type name and
+  text) when watchfiles raised, and exits. The daemon raises that error again (a builtin
+  type of that name, else ``RuntimeError``), so a name watchfiles cannot decode is still
+  told apart (``watcher._undecodable_name``).
+* **Lifetime.** One process per awatch generation. The daemon kills it when the generation
+  ends (``aclose``); the kernel kills it when the daemon dies (``PR_SET_PDEATHSIG``). It
+  leads its own session: a terminal's Ctrl-C for the daemon does not reach it.
+* **Cost.** A Python process (about 25 MB resident, 0.15 s to watching here; two tasks, as
+  the awatch's two threads were in the daemon) per watch, and a
+  start per restart; the events of a restart's gap are taken in by the poll that follows
+  ``established``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import os
+import select
+import signal
+import site
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.abc
+from anyio.streams.buffered import BufferedByteReceiveStream
+from watchfiles import Change
+
+from .pdeath import die_with
+
+__all__ = ["ProcessWatch", "main", "watch_in_process"]
+
+#: The longest line read from the process (a chunk of ``_CHUNK`` changes of long paths).
+_MAX_LINE = 64 * 1024 * 1024
+#: Changes written to one line at most.
+_CHUNK = 1000
+#: Seconds the daemon waits for the process's exit status after its output ended.
+_EXIT_WAIT = 1.0
+#: The watch process started through ``/proc/self/exe``: the arguments after the daemon's
+#: pid are its site folders, the import path a start by the interpreter's name finds.
+_BOOTSTRAP = (
+    "import site, sys; [site.addsitedir(folder) for folder in sys.argv[2:]]; "
+    "from toolsetd.daemon.watchproc import main; main()"
+)
+
+
+class ProcessWatch:
+    """One awatch generation in a watch process (made by :func:`watch_in_process`).
+
+    Args:
+        paths: The directories to watch.
+        stop_event: Set to end the iteration (within one ``step``; at once, here).
+        request: The process's request (see the module docstring).
+        python: The interpreter to run the process with.
+    """
+
+    def __init__(
+        self, paths: Iterable[str], stop_event: anyio.Event, request: dict[str, Any], python: str
+    ) -> None:
+        self._stop = stop_event
+        self._request = {"paths": [str(path) for path in paths], **request}
+        self._python = python
+        self._proc: anyio.abc.Process | None = None
+        self._stdout: BufferedByteReceiveStream | None = None
+        self._ready = False
+        #: Batches read and not yet taken (one came before the process said it was ready).
+        self._batches: list[set[tuple[Change, str]]] = []
+
+    def __aiter__(self) -> ProcessWatch:
+        return self
+
+    async def established(self) -> None:
+        """Return once the watcher is made and watching (or the stop is set): an event
+        from then on is reported. Raises as :meth:`__anext__` does."""
+        while not self._ready:
+            message = await self._message()
+            if message is None:
+                return
+            self._take(message)
+
+    async def __anext__(self) -> set[tuple[Change, str]]:
+        while not self._batches:
+            message = await self._message()
+            if message is None:
+                raise StopAsyncIteration
+            self._take(message)
+        return self._batches.pop(0)
+
+    async def aclose(self) -> None:
+        """End the process (killed: it holds nothing to finish) and reap it."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        with anyio.CancelScope(shield=True):
+            if proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+            await proc.aclose()
+
+    def _take(self, message: dict[str, Any]) -> None:
+        """Take in one line of the process: ready, a batch, or its error (raised again)."""
+        if "error" in message:
+            kind = getattr(builtins, str(message["error"]), None)
+            if not (isinstance(kind, type) and issubclass(kind, Exception)):
+                kind = RuntimeError
+            raise kind(message["message"])
+        if message.get("ready"):
+            self._ready = True
+        else:
+            self._batches.append({(Change(change), path) for change, path in message["changes"]})
+
+    async def _message(self) -> dict[str, Any] | None:
+        """The process's next line (None once the stop is set); the process is started by
+        the first call."""
+        if self._stop.is_set():
+            return None
+        if self._stdout is None:
+            self._stdout = await self._start()
+        stdout = self._stdout
+        line: bytes | None = None
+        too_long = False
+        async with anyio.create_task_group() as tg:
+
+            async def stop() -> None:
+                await self._stop.wait()
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(stop)
+            try:
+                line = await stdout.receive_until(b"\n", _MAX_LINE)
+            except (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError):
+                line = b""
+            except anyio.DelimiterNotFound:
+                too_long = True
+            tg.cancel_scope.cancel()
+        if too_long:
+            raise RuntimeError(f"the watch process wrote a line longer than {_MAX_LINE} bytes")
+        if line is None:
+            return None
+        if not line:
+            raise RuntimeError(f"the watch process ended ({await self._ended()})")
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    async def _start(self) -> BufferedByteReceiveStream:
+        try:
+            try:
+                proc = await _spawn([self._python, "-P", "-m", __name__, str(os.getpid())])
+            except PermissionError:
+                # The daemon's user may not reach its interpreter by its path (a folder on
+                # the way only root may search, the daemon started by a launcher that
+                # could): the running binary, by /proc, with the daemon's site folders.
+                pid, folders = str(os.getpid()), site.getsitepackages()
+                proc = await _spawn(["/proc/self/exe", "-P", "-c", _BOOTSTRAP, pid, *folders])
+        except OSError as exc:  # EAGAIN at the limit of processes and threads, EMFILE, ...
+            raise type(exc)(
+                exc.errno, f"the watch process could not start: {exc.strerror}"
+            ) from None
+        self._proc = proc
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        with contextlib.suppress(anyio.BrokenResourceError):  # its end is read as such
+            await proc.stdin.send(json.dumps(self._request).encode() + b"\n")
+        return BufferedByteReceiveStream(proc.stdout)
+
+    async def _ended(self) -> str:
+        """How the process ended, once its output did (killed if it lingers)."""
+        proc = self._proc
+        assert proc is not None
+        with anyio.move_on_after(_EXIT_WAIT):
+            await proc.wait()
+        code = proc.returncode
+        if code is None:
+            return "its output closed"
+        if code < 0:
+            try:
+                return f"killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit status {code}"
+
+
+async def _spawn(command: list[str]) -> anyio.abc.Process:
+    """The watch process, in a session of its own (a terminal's Ctrl-C for the daemon does
+    not reach it)."""
+    return await anyio.open_process(
+        command,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        cwd="/",
+        start_new_session=True,
+    )
+
+
+def watch_in_process(
+    *paths: Path | str,
+    stop_event: anyio.Event,
+    debounce: int,
+    step: int,
+    recursive: bool,
+    rust_timeout: int,
+    python: str = sys.executable,
+    **_ignored: Any,
+) -> ProcessWatch:
+    """``watchfiles.awatch`` in a watch process (``watch_filter`` and ``yield_on_timeout``
+    are ignored: every change is reported, and no empty batch).
+
+    Args:
+        paths: The directories to watch.
+        stop_event: Set to end the iteration.
+        debounce: awatch's grouping window for one batch, in ms.
+        step: How often the watcher looks at the stop, in ms.
+        recursive: Whether directories are watched recursively.
+        rust_timeout: The watcher returns to Python this often with no events, in ms.
+        python: The interpreter to run the process with.
+        _ignored: awatch's other arguments.
+    """
+    request = {"debounce": debounce, "step": step, "recursive": recursive, "timeout": rust_timeout}
+    return ProcessWatch([str(path) for path in paths], stop_event, request, python)
+
+
+# -- the process ----------------------------------------------------------------------------
+
+
+class _StdinEnded:
+    """The watch's stop event: set once the daemon closed stdin (or died). Its first look,
+    made by the watcher once it is watching, says ``ready``."""
+
+    def __init__(self, say: Any) -> None:
+        self._say = say
+        self._ready = False
+
+    def is_set(self) -> bool:
+        if not self._ready:
+            self._ready = True
+            self._say({"ready": True})
+        return bool(select.select([sys.stdin.fileno()], [], [], 0)[0])
+
+
+def main() -> None:
+    """The watch process: watch what the request names, a line per batch, until EOF."""
+    die_with(int(sys.argv[1]))
+    for signum in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return
+    request = json.loads(line)
+    out = sys.stdout
+
+    def say(message: dict[str, Any]) -> None:
+        out.write(json.dumps(message) + "\n")
+        out.flush()
+
+    import watchfiles
+
+    try:
+        for batch in watchfiles.watch(
+            *request["paths"],
+            watch_filter=None,
+            debounce=request["debounce"],
+            step=request["step"],
+            stop_event=_StdinEnded(say),
+            rust_timeout=request["timeout"],
+            yield_on_timeout=False,
+            raise_interrupt=False,
+            recursive=request["recursive"],
+        ):
+            changes = [[int(change), path] for change, path in batch]
+            for start in range(0, len(changes), _CHUNK):
+                say({"changes": changes[start : start + _CHUNK]})
+    except BrokenPipeError:
+        return
+    except Exception as exc:
+        with contextlib.suppress(BrokenPipeError):
+            say({"error": type(exc).__name__, "message": str(exc)})
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
