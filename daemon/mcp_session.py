@@ -64,7 +64,7 @@ import itertools
 import uuid
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
@@ -149,13 +149,18 @@ def _is_progress_token(token: object) -> bool:
     ``JsonNumber`` keeping their text, and are echoed as written) are tokens: a host whose
     serialiser writes its integer token as ``1.0`` had every such call refused. Decided on
     the text, in decimal: ``1.0000000000000000001`` is a float's ``1.0`` but no integer.
+    An exponent past what ``decimal`` can hold (``1.5e99999999999999999999999``) is
+    refused as not an integer (it raised: the call was an internal error).
     """
     if isinstance(token, str) or type(token) is int:
         return True
     if not isinstance(token, JsonNumber):
         return False
-    number = Decimal(token.text)
-    return number.is_finite() and number == number.to_integral_value()
+    try:
+        number = Decimal(token.text)
+        return number.is_finite() and number == number.to_integral_value()
+    except InvalidOperation:  # an exponent past what decimal holds: no integer meant
+        return False
 
 
 class Outbox(Protocol):

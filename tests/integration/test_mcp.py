@@ -447,6 +447,32 @@ def test_mcp_progress_token_an_integer_written_with_a_fraction_is_taken_and_echo
         assert pump.close() == 0
 
 
+@pytest.mark.parametrize(
+    "token", ["1.5e99999999999999999999999", "1e-99999999999999999999999"], ids=str
+)
+def test_mcp_progress_token_with_an_exponent_past_decimal_range_is_refused_naming_it(
+    mcp_daemon: Daemon, workspace: Path, token: str
+) -> None:
+    """A token written with an exponent that ``decimal`` cannot hold (its construction
+    raises ``InvalidOperation``) is no integer the host could mean: -32602 naming
+    '_meta.progressToken', as for 1.5, not an internal error, and the session carries on."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+        assert "result" in init
+        pump.send(
+            b'{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "hello", '
+            b'"arguments": {"name": "Ada"}, "_meta": {"progressToken": ' + token.encode()
+            + b"}}}\n"
+        )
+        reply = pump.receive()
+        assert reply.get("id") == 2 and reply["error"]["code"] == -32602, reply
+        assert reply["error"]["data"] == {"field": "_meta.progressToken"}
+        assert pump.request(3, "ping")["result"] == {}
+    finally:
+        assert pump.close() == 0
+
+
 def test_mcp_a_second_initialize_is_refused_and_the_first_stands(
     mcp_daemon: Daemon, workspace: Path
 ) -> None:
