@@ -672,7 +672,14 @@ async def _serve(
         idle_seconds=options.workspace_idle_seconds,
     )
     limiter = anyio.CapacityLimiter(options.max_running)
-    runner = Runner(options.runner, limiter, base_env, guard=guard, confinement=confinement)
+    runner = Runner(
+        options.runner,
+        limiter,
+        base_env,
+        guard=guard,
+        confinement=confinement,
+        manifest_problem=registry.manifest_problem,
+    )
     server: Server
     watcher: Watcher | None = None
     state = _State(options=options)

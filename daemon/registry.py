@@ -63,6 +63,7 @@ from .model import (
     SetEntry,
     SetState,
     Source,
+    ToolSet,
 )
 from .paths import unreachable_link
 
@@ -322,6 +323,38 @@ class Registry:
         finally:
             del self._building[workspace]
             event.set()
+
+    async def manifest_problem(self, toolset: ToolSet) -> str | None:
+        """Why a call of ``toolset`` must not start now, as its result text: the manifest
+        in its folder no longer loads (broken, gone, or another folder put at its path
+        whose ``tools.json`` is refused); None while it still loads.
+
+        A call is judged against its catalog, and its process started later (after a
+        wait for a runner slot, or before a reload caught up with an edit); the files it
+        runs are the ones in the set's folder at that moment. The common case costs a
+        ``stat`` on the loop (the manifest still holds the bytes the call's set came from);
+        any other is loaded in a worker thread, as a reload would load it.
+        """
+        manifest = os.path.join(toolset.path, MANIFEST_NAME)
+        if self.cache.unchanged(
+            manifest, toolset.source, self.reserved, toolset, RECHECK_INLINE_BYTES
+        ):
+            return None
+        return await threads.run_sync(self._manifest_problem_sync, toolset)
+
+    def _manifest_problem_sync(self, toolset: ToolSet) -> str | None:
+        try:
+            self.cache.get(toolset.path, toolset.source, self.reserved)
+        except ManifestError as exc:
+            manifest = os.path.join(toolset.path, MANIFEST_NAME)
+            return (
+                f"The call did not run: the manifest of tool set '{toolset.directory}' "
+                f"({manifest}) no longer loads: {exc.message} A call starts only while its "
+                "set's manifest loads: fix the set, then call again."
+            )
+        except OSError:
+            return None  # the set cache's own files failed: the spawn tells what it finds
+        return None
 
     async def _build(self, workspace: Key) -> Catalog:
         refreshed = await threads.run_sync(self._refresh_sync, workspace, True)

@@ -67,7 +67,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -104,6 +104,7 @@ from .ending import (
     wait_exit,
 )
 from .exhaustion import out_of_tasks
+from .model import ToolSet
 from .output import CANCELLED_TEXT, start_failure_text, timeout_text
 from .progress import Finish, read_progress
 from .reaper import NullGuard, ProcessGroupGuard
@@ -219,6 +220,10 @@ class Runner:
             killed should the daemon die meanwhile). Default: nothing is told.
         confinement: The cgroup per call and the sandbox (``confinement.Confinement``).
             Default: neither (process groups, no sandbox).
+        manifest_problem: Asked once a call has its runner slot, just before its process
+            starts: None, or why the manifest in its set's folder no longer loads, as the
+            call's result text (``Registry.manifest_problem``); such a call starts no
+            process. Default: nothing is asked.
     """
 
     def __init__(
@@ -228,9 +233,11 @@ class Runner:
         base_env: Mapping[str, str],
         guard: ProcessGroupGuard | None = None,
         confinement: Confinement | None = None,
+        manifest_problem: Callable[[ToolSet], Awaitable[str | None]] | None = None,
     ) -> None:
         self._s = settings
         self._confinement = confinement
+        self._manifest_problem = manifest_problem
         self._limiter = limiter
         self._spawner = Spawner(
             {k: v for k, v in base_env.items() if k not in _DAEMON_TRACE_VARIABLES},
@@ -284,6 +291,10 @@ class Runner:
         queue_ms = elapsed_ms(t0)
         self._running += 1
         try:
+            if self._manifest_problem is not None:
+                problem = await self._manifest_problem(request.loaded.toolset)
+                if problem is not None:
+                    return no_process_outcome(t0, problem)
             outcome = await self._run_child(request, argv, stdin_data, events, cancel, t0)
         finally:
             self._running -= 1

@@ -12,6 +12,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -109,6 +110,72 @@ def test_reload_call_in_flight_keeps_its_definition(unwatched: Daemon, workspace
     assert reply["status"] == "ok"
     assert "done-" in reply["content"][0]["text"]
     assert "slow" not in names(d)
+
+
+def _queued_behind_a_held_slot(
+    d: Daemon, workspace: Path, change: Callable[[], None]
+) -> tuple[list[str], dict[str, Any]]:
+    """Call ``tool`` while ``hold`` keeps the daemon's one runner slot, so the call is
+    judged and then queued; ``change()`` the files; then free the slot (the file ``gate``
+    ends ``hold``). Returns the queued call's notifications and its result."""
+    with d.raw(timeout=30) as holder, d.raw(timeout=30) as caller:
+        for conn, tool in ((holder, "hold"), (caller, "tool")):
+            params = {"tool": tool, "arguments": {}, "workspace": str(workspace)}
+            conn.send({"jsonrpc": "2.0", "id": 1, "method": "invoke", "params": params})
+        assert holder.receive()["method"] == "started"
+        queued = caller.receive()
+        assert queued["params"].get("queued"), queued
+        change()
+        (workspace / "gate").touch()
+        events = []
+        while "id" not in (message := caller.receive()):
+            events.append(message["method"])
+    return events, message["result"]
+
+
+@pytest.mark.parametrize("refused", [True, False], ids=["pointed-at-refused", "edited"])
+def test_reload_a_queued_call_starts_only_while_its_sets_manifest_loads(
+    tmp_base: Path, refused: bool
+) -> None:
+    """A call judged, then queued for a runner slot, runs the files in its set's folder
+    when it starts. Its set's link pointed meanwhile at a folder whose tools.json is
+    refused: it ran that folder's program, which no manifest that ever loaded names (the
+    chaos run of the three faces found it). It now starts no process. A manifest edited
+    in place to another version that loads still runs the call, as accepted."""
+    home, workspace, links = tmp_base / "home", tmp_base / "ws", tmp_base / "links"
+    workspace.mkdir()
+    (home / "tools").mkdir(parents=True)
+    program = f"#!{sys.executable}\nopen('ran', 'a').write('%s')\n"
+    tool = {**SIMPLE, "command": ["t.py"], "approval": "always"}
+    write_set(links, "good", tool, **{"t.py": program % "good"})
+    write_set(links, "bad", {**tool, "catalogs": ["nowhere"]}, **{"t.py": program % "bad"})
+    os.symlink(links / "good", home / "tools" / "tool")
+    hold = f"#!/bin/sh\nwhile [ ! -e {workspace / 'gate'} ]; do sleep 0.02; done\n"
+    write_set(home / "tools", "hold", {**tool, "command": ["hold.sh"]}, **{"hold.sh": hold})
+
+    def change() -> None:
+        if refused:
+            os.symlink(links / "bad", home / "tools" / "new")
+            os.replace(home / "tools" / "new", home / "tools" / "tool")
+        else:
+            (links / "good" / "tools.json").write_text(json.dumps({**tool, "description": "e"}))
+
+    d = start_daemon(home, workspace, tmp_base, ["--no-watch", "--max-running", "1"])
+    try:
+        events, result = _queued_behind_a_held_slot(d, workspace, change)
+    finally:
+        d.stop()
+    if not refused:
+        assert result["status"] == "ok", result
+        assert (workspace / "ran").read_text() == "good"
+        return
+    assert "started" not in events, (events, result)
+    assert result["isError"], result
+    assert result["exitCode"] is None
+    text = result["content"][0]["text"]
+    assert text.startswith("The call did not run: the manifest of tool set 'tool' ("), text
+    assert "no longer loads: catalogs must be plan, work, or both." in text
+    assert not (workspace / "ran").exists(), (workspace / "ran").read_text()
 
 
 def test_reload_catalog_changed_only_to_subscribers(unwatched: Daemon, workspace: Path) -> None:
