@@ -31,8 +31,10 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    listen backlog is tried again within the window, not exit 5 as in step 2); bind it as
    in step 3; replay the host's ``initialize`` (its response swallowed) and
    ``notifications/initialized``, and the 2026-07-28 ``subscriptions/listen`` requests left
-   open (the host's streams go on); send the host's lines that waited; tell a host that
-   initialized, and each listen resent for it, ``notifications/tools/list_changed``. A
+   open (the host's streams go on, their new acknowledgements dropped: a stream is
+   acknowledged once); send the host's lines that waited; tell a host that initialized,
+   each listen resent for it, and each it opens again after a graceful stop ended it,
+   ``notifications/tools/list_changed``. A
    failure of that ends the pump as the same failure at the start would, after answering
    every request that waited; so does a replayed initialize answered with an error or
    with another protocol version than the host was given (exit 5). A close the daemon
@@ -139,6 +141,17 @@ _VERSION_META = "io.modelcontextprotocol/protocolVersion"
 _AGREED_HEAD = ',"result":{"protocolVersion":'
 _LISTEN = "subscriptions/listen"
 _SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
+#: The head of a daemon's acknowledgement of a listen, up to its subscription id.
+_ACK_HEAD = (
+    b'{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged",'
+    b'"params":{"_meta":{"io.modelcontextprotocol/subscriptionId":'
+)
+#: What the pump does with a new daemon's acknowledgement of a listen (``_Pump.at_ack``):
+#: drop it (the host's stream was acknowledged by an older daemon, and MCP acknowledges a
+#: subscription once), or pass it on with ``notifications/tools/list_changed`` behind it
+#: (the host's first acknowledgement of the stream; the catalog may differ now).
+_SWALLOW = 1
+_TELL = 2
 #: A host request in flight: its id, method, whether it is 2026-07-28's (its ``_meta``
 #: names the version), and an initialize's or a listen's params (else None).
 _Entry = tuple[object, str, bool, object]
@@ -548,6 +561,18 @@ class _Pump:
         #: 2026-07-28 ``subscriptions/listen`` requests a daemon that went away left open:
         #: sent to the next one as they were (key -> ``_Entry``), so the host's streams go on.
         self.listens: dict[object, _Entry] = {}
+        #: The host's open listens it has seen acknowledged (keys).
+        self.acked: set[object] = set()
+        #: Listens whose next acknowledgement the pump handles (key -> ``_SWALLOW`` or
+        #: ``_TELL``).
+        self.at_ack: dict[object, int] = {}
+        #: Listens (asking for list_changed) a stopping daemon ended with their completion
+        #: result and the host has not opened again since; ``ended_in``: the generation of
+        #: the daemon that ended the last of them. The host's next listens to a later
+        #: daemon are told list_changed after their acknowledgement, as a legacy host is
+        #: after a restart: what changed in between was told to no stream.
+        self.unopened = 0
+        self.ended_in = 0
         self.initialized = False
         #: The host's lines read while the pump reconnects, and their size.
         self.waiting: list[tuple[bytes, object, _Entry | None]] = []
@@ -679,6 +704,8 @@ class _Pump:
                 self._wait(line, key, entry)
                 return
             first = entry is not None and self._sending(key, entry)
+            if entry is not None:
+                self._opening(key, entry)
         with self.send_lock:
             try:
                 sock.sendall(line)
@@ -720,6 +747,21 @@ class _Pump:
             return True
         return False
 
+    def _opening(self, key: object, entry: _Entry) -> None:
+        """A host request goes to the daemon as the host sent it (``lock`` held): a listen
+        that opens a stream again after a graceful stop, on a later daemon, is told
+        list_changed once acknowledged."""
+        if entry[1] != _LISTEN or not entry[2] or not _wants_tools(entry[3]) or not self.unopened:
+            return
+        self.unopened -= 1
+        if self.generation > self.ended_in:
+            self.at_ack[key] = _TELL
+
+    def _listen_over(self, key: object) -> None:
+        """The host's listen ``key`` ended (answered or cancelled; ``lock`` held)."""
+        self.acked.discard(key)
+        self.at_ack.pop(key, None)
+
     def _host_answer(self, message: dict[str, object], line: bytes) -> bytes:
         """The host's answer to a request of the daemon's: the line to send, or b"" when
         it answers one the pump withdrew (an older daemon's)."""
@@ -743,6 +785,7 @@ class _Pump:
             with self.lock:  # a cancelled request gets no answer, from the pump neither
                 self.in_flight.pop(key, None)
                 self.listens.pop(key, None)  # nor is a cancelled listen sent again
+                self._listen_over(key)
                 if key is not None and self.waiting:  # one that waits goes unnoted
                     self.waiting = [
                         (line, k, None if k == key and _cancellable(e) else e)
@@ -951,6 +994,12 @@ class _Pump:
                 self._too_large = True
             with self.lock:
                 entry = self.in_flight.pop(key, None) if key is not None else None
+                if entry is not None and entry[1] == _LISTEN:
+                    self._listen_over(key)
+                    if entry[2] and _wants_tools(entry[3]) and after.startswith(',"result"'):
+                        # Ended by a stopping daemon (MCP's graceful closure).
+                        self.unopened += 1
+                        self.ended_in = self.generation
                 if (
                     entry is not None
                     and entry[1] == "initialize"
@@ -964,6 +1013,8 @@ class _Pump:
             if entry is not None and not complete:
                 self._line_entry = (key, entry)
             return head
+        if head.startswith(_ACK_HEAD) and complete:
+            return self._acknowledged(head)
         if head.startswith(_CANCELLED_HEAD) and complete:
             try:
                 message = json.loads(head)
@@ -979,6 +1030,26 @@ class _Pump:
                             return json.dumps(message).encode() + b"\n"
                         break
         return head
+
+    def _acknowledged(self, line: bytes) -> bytes:
+        """What of a daemon's acknowledgement of a listen goes to the host (``_SWALLOW``,
+        ``_TELL``; else all of it)."""
+        try:
+            params = json.loads(line)["params"]
+            subscription = params["_meta"][_SUBSCRIPTION_META]
+            honoured = params.get("notifications")
+        except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
+            return line
+        key = _key(subscription)
+        with self.lock:
+            then = self.at_ack.pop(key, None)
+            if then == _SWALLOW:
+                return b""
+            if key in self.in_flight:
+                self.acked.add(key)
+        if then == _TELL and type(honoured) is dict and honoured.get("toolsListChanged") is True:
+            return line + _stream_changed(subscription)
+        return line
 
     def _write(self, data: bytes | memoryview) -> None:
         try:
@@ -1016,6 +1087,8 @@ class _Pump:
             else:
                 entries.extend(self.listens.values())
                 self.listens.clear()
+                self.acked.clear()
+                self.at_ack.clear()
             if self.initialize is not None and any(
                 _key(entry[0]) == self.initialize[0] and entry[1] == "initialize"
                 for entry in entries
@@ -1156,20 +1229,25 @@ class _Pump:
                     replay.append(_request_line(replay_id, "initialize", self.initialize[1]))
                     if self.initialized:
                         replay.append(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
-                # The host's open listens, as it sent them: its streams go on (the new
-                # daemon acknowledges each again). Each that asked for list_changed is told
-                # it: the catalog may differ now.
+                # The host's open listens, as it sent them: its streams go on. One the host
+                # saw acknowledged is not acknowledged again (the new daemon's is dropped),
+                # and is told list_changed at once when it asked for it: the catalog may
+                # differ now. One that was not is, by the new daemon, and then told.
                 for key, open_listen in self.listens.items():
                     replay.append(_request_line(open_listen[0], _LISTEN, open_listen[3]))
                     self._sending(key, open_listen)
-                    params = open_listen[3]
-                    wanted = params.get("notifications") if type(params) is dict else None
-                    if type(wanted) is dict and wanted.get("toolsListChanged") is True:
-                        changed.append(open_listen[0])
+                    wanted = _wants_tools(open_listen[3])
+                    if key in self.acked:
+                        self.at_ack[key] = _SWALLOW
+                        if wanted:
+                            changed.append(open_listen[0])
+                    elif wanted:
+                        self.at_ack[key] = _TELL
                 self.listens.clear()
                 for line, key, entry in self.waiting:
                     if entry is not None:
                         self._sending(key, entry)
+                        self._opening(key, entry)
                     replay.append(line)
                 self.waiting, self.waiting_bytes = [], 0
                 self.sock = sock
@@ -1187,12 +1265,7 @@ class _Pump:
             if legacy:  # the catalog may differ now
                 self._write(b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n')
             for subscription in changed:
-                notification = {
-                    "jsonrpc": "2.0",
-                    "method": "notifications/tools/list_changed",
-                    "params": {"_meta": {_SUBSCRIPTION_META: subscription}},
-                }
-                self._write(json.dumps(notification).encode() + b"\n")
+                self._write(_stream_changed(subscription))
         except _StdoutGone as exc:
             return exc.code
         return sock
@@ -1231,6 +1304,22 @@ def _request_line(request_id: object, method: str, params: object) -> bytes:
     if params is not _ABSENT:
         request["params"] = params
     return json.dumps(request).encode() + b"\n"
+
+
+def _wants_tools(params: object) -> bool:
+    """Whether a listen's params ask for ``notifications/tools/list_changed``."""
+    wanted = params.get("notifications") if type(params) is dict else None
+    return type(wanted) is dict and wanted.get("toolsListChanged") is True
+
+
+def _stream_changed(subscription: object) -> bytes:
+    """The pump's ``notifications/tools/list_changed`` on the host's listen stream."""
+    notification = {
+        "jsonrpc": "2.0",
+        "method": "notifications/tools/list_changed",
+        "params": {"_meta": {_SUBSCRIPTION_META: subscription}},
+    }
+    return json.dumps(notification).encode() + b"\n"
 
 
 def _cancellable(entry: _Entry | None) -> bool:

@@ -147,9 +147,21 @@ def test_the_daemons_mcp_lines_begin_with_jsonrpc_then_id_or_method(
             assert asked["method"] == "elicitation/create"
             send({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "decline"}})
             receive_lines(read, 5)
+            meta = {"io.modelcontextprotocol/protocolVersion": MODERN,
+                    "io.modelcontextprotocol/clientCapabilities": {}}
+            send({"jsonrpc": "2.0", "id": "sub", "method": "subscriptions/listen",
+                  "params": {"_meta": meta, "notifications": {"toolsListChanged": True}}})
+            assert read()["method"] == "notifications/subscriptions/acknowledged"
+            # The pump knows an acknowledgement, and its subscription, by this head.
+            assert lines[-1].startswith(
+                b'{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged",'
+                b'"params":{"_meta":{"io.modelcontextprotocol/subscriptionId":"sub"}'), lines
             (home / "tools" / "progress3" / "tools.json").unlink()
-            eventually(lambda: read().get("method") == "notifications/tools/list_changed",
-                       what="list_changed")
+            told: set[str] = set()  # the session's (legacy) and the listen's
+            while len(told) < 2:
+                message = read()
+                if message.get("method") == "notifications/tools/list_changed":
+                    told.add(json.dumps(message.get("params")))
             send(b"[" * 200_000)
             assert read()["error"]["code"] == -32007
         kinds = set()
@@ -753,44 +765,118 @@ def test_a_full_backlog_during_the_reconnect_is_tried_again(
             assert close(pump) == 0
 
 
+META = {"io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {}}
+LISTEN = {"_meta": META, "notifications": {"toolsListChanged": True}}
+ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
+LIST_CHANGED = "notifications/tools/list_changed"
+
+
+def on_stream(method: str, subscription: Any) -> Any:
+    """Whether a message is a ``method`` notification on the listen ``subscription``."""
+    return lambda m: m.get("method") == method and m["params"]["_meta"] == {
+        "io.modelcontextprotocol/subscriptionId": subscription}
+
+
 def test_a_listen_open_during_a_sigkill_goes_on_with_the_new_daemon(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """A 2026-07-28 host's subscriptions/listen, open when the daemon is killed: the pump
     sends it to the new daemon (same id, same params) instead of answering it with an
     error, tells the stream list_changed (the catalog may differ now), and the new daemon's
-    list_changed then comes on the host's same stream."""
-    meta = {"io.modelcontextprotocol/protocolVersion": MODERN,
-            "io.modelcontextprotocol/clientCapabilities": {}}
-    listen = {"_meta": meta, "notifications": {"toolsListChanged": True}}
-
-    def on_stream(method: str) -> Any:
-        return lambda m: m.get("method") == method and m["params"]["_meta"] == {
-            "io.modelcontextprotocol/subscriptionId": "sub"}
-
+    list_changed then comes on the host's same stream. The stream is acknowledged once:
+    the new daemon's acknowledgement of the resent listen (it came to the host a second
+    time) is the pump's, not the host's."""
     with daemons(home, workspace, tmp_base) as started:
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
         try:
             pump.send({"jsonrpc": "2.0", "id": "sub", "method": "subscriptions/listen",
-                       "params": listen})
-            receive_until(pump, on_stream("notifications/subscriptions/acknowledged"))
+                       "params": LISTEN})
+            receive_until(pump, on_stream(ACKNOWLEDGED, "sub"))
             d.proc.kill()
             d.proc.wait()
             restart(started, home, workspace, tmp_base)
-            seen = receive_until(pump, lambda m: on_stream(
-                "notifications/subscriptions/acknowledged")(m) or m.get("id") == "sub")
-            assert all(m.get("id") != "sub" for m in seen), seen  # not ended
-            assert any(on_stream("notifications/tools/list_changed")(m) for m in seen), seen
+            seen = receive_until(pump, on_stream(LIST_CHANGED, "sub"))  # the pump's
             # The new daemon has the catalog (the listen's snapshot to differ from).
-            tools = pump.request(2, "tools/list", {"_meta": meta})["result"]["tools"]
-            assert "progress3" in {t["name"] for t in tools}
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list",
+                       "params": {"_meta": META}})
+            seen += receive_until(pump, answer_to(2))
+            assert "progress3" in {t["name"] for t in seen[-1]["result"]["tools"]}
             (home / "tools" / "progress3" / "tools.json").unlink()
-            receive_until(pump, on_stream("notifications/tools/list_changed"))
-            tools = pump.request(3, "tools/list", {"_meta": meta})["result"]["tools"]
+            # The new daemon's, which it sends only once the listen is acknowledged.
+            seen += receive_until(pump, on_stream(LIST_CHANGED, "sub"))
+            assert all(m.get("id") != "sub" for m in seen), seen  # not ended
+            assert not [m for m in seen if on_stream(ACKNOWLEDGED, "sub")(m)], seen
+            tools = pump.request(3, "tools/list", {"_meta": META})["result"]["tools"]
             assert "progress3" not in {t["name"] for t in tools}
         finally:
             assert close(pump) == 0
+
+
+def test_a_listen_opened_again_after_a_graceful_restart_is_told_list_changed(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A graceful stop ends the host's listen with its completion result; the host opens
+    it again, and the new daemon acknowledges it. What changed while no daemon served it
+    was told to no stream: the pump tells the new stream list_changed after its
+    acknowledgement, as it tells a legacy host after a restart (and a listen it resent
+    after a crash). It was told nothing, and went on with the old daemon's list."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            pump.send({"jsonrpc": "2.0", "id": "sub", "method": "subscriptions/listen",
+                       "params": LISTEN})
+            receive_until(pump, on_stream(ACKNOWLEDGED, "sub"))
+            assert d.stop() == 0
+            ended = receive_until(pump, answer_to("sub"))[-1]
+            assert ended["result"]["resultType"] == "complete", ended
+            (home / "tools" / "progress3" / "tools.json").unlink()  # in the gap
+            # Sent again while no daemon answers: it waits for the new one.
+            pump.send({"jsonrpc": "2.0", "id": "sub2", "method": "subscriptions/listen",
+                       "params": LISTEN})
+            restart(started, home, workspace, tmp_base)
+            seen = receive_until(pump, on_stream(ACKNOWLEDGED, "sub2"))
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+            seen += receive_until(pump, answer_to(2))
+            # Acknowledged once, and told after that (MCP: nothing on a stream before).
+            stream = [m["method"] for m in seen
+                      if "method" in m and m["params"]["_meta"] == {
+                          "io.modelcontextprotocol/subscriptionId": "sub2"}]
+            assert stream == [ACKNOWLEDGED, LIST_CHANGED], seen
+            # Only a stream opened again: a listen the host opens later is not told.
+            pump.send({"jsonrpc": "2.0", "id": "sub3", "method": "subscriptions/listen",
+                       "params": LISTEN})
+            seen = receive_until(pump, on_stream(ACKNOWLEDGED, "sub3"))
+            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+            seen += receive_until(pump, answer_to(3))
+            assert not [m for m in seen if m.get("method") == LIST_CHANGED], seen
+        finally:
+            assert close(pump) == 0
+
+
+@pytest.mark.anyio
+async def test_the_sdk_hosts_listen_across_a_graceful_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The SDK host (2026-07-28) sees its listen end gracefully when the daemon stops, and
+    listens again ("re-listen and refetch"): the new stream's first event is the change
+    made while no daemon served it."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        with anyio.fail_after(30):
+            async with Client(server(d, workspace)) as client:
+                async with client.listen(tools_list_changed=True) as sub:
+                    assert d.stop() == 0
+                    assert [event async for event in sub] == []  # ended, not lost
+                (home / "tools" / "progress3" / "tools.json").unlink()
+                restart(started, home, workspace, tmp_base)
+                async with client.listen(tools_list_changed=True) as sub:
+                    async for _event in sub:
+                        break
+                tools = {t.name for t in (await client.list_tools()).tools}
+                assert "progress3" not in tools and "hello" in tools
 
 
 #: A toolsetd that no longer serves what the host agreed on (a downgrade): its main, run
