@@ -672,6 +672,7 @@ class _Pump:
         entry: _Entry | None = None
         key: object = None
         answer = False
+        cancel = False  # a notifications/cancelled: it never waits for a new daemon
         if type(message) is dict:
             method = message.get("method")
             request_id = message.get("id", _ABSENT)
@@ -682,6 +683,7 @@ class _Pump:
                     return
             elif type(method) is str and request_id is _ABSENT:
                 self._host_notification(method, message.get("params"))
+                cancel = method == "notifications/cancelled"
             elif type(method) is str:
                 key = _key(request_id)
                 if key is not None:
@@ -701,7 +703,8 @@ class _Pump:
         with self.lock:
             sock = self.sock
             if sock is None:
-                self._wait(line, key, entry)
+                if not cancel:
+                    self._wait(line, key, entry)
                 return
             first = entry is not None and self._sending(key, entry)
             if entry is not None:
@@ -716,8 +719,8 @@ class _Pump:
                 # new daemon as one read a moment later does; held here, before the main
                 # thread (which closes the socket under ``send_lock`` first) answers what
                 # was in flight. An answer to the old daemon's question is dropped: the
-                # pump withdraws that question.
-                if not answer:
+                # pump withdraws that question; so is a cancel (``_host_notification``).
+                if not answer and not cancel:
                     with self.lock:
                         if entry is not None and self.in_flight.get(key) is entry:
                             del self.in_flight[key]
@@ -782,15 +785,22 @@ class _Pump:
                 self.initialized = True
         elif method == "notifications/cancelled" and type(params) is dict:
             key = _key(params.get("requestId"))
+            # A cancel never waits for a new daemon (``_host_line``): it named a request
+            # that waits (not sent now: it never reaches a daemon), one the old daemon had
+            # (answered, or a listen not sent again) or none; held, it could be dropped
+            # past ``_WAITING_MAX`` while its request went on, and ran.
             with self.lock:  # a cancelled request gets no answer, from the pump neither
                 self.in_flight.pop(key, None)
                 self.listens.pop(key, None)  # nor is a cancelled listen sent again
                 self._listen_over(key)
-                if key is not None and self.waiting:  # one that waits goes unnoted
-                    self.waiting = [
-                        (line, k, None if k == key and _cancellable(e) else e)
-                        for line, k, e in self.waiting
-                    ]
+                if key is not None and self.waiting:
+                    kept: list[tuple[bytes, object, _Entry | None]] = []
+                    for held in self.waiting:
+                        if held[1] == key and _cancellable(held[2]):
+                            self.waiting_bytes -= len(held[0])
+                        else:
+                            kept.append(held)
+                    self.waiting = kept
 
     def _send(self, sock: socket.socket, line: bytes) -> None:
         with self.send_lock:

@@ -29,8 +29,18 @@ import mcp_types as types
 import pytest
 from mcp import Client
 
-from .conftest import Daemon, eventually, start_daemon
-from .mcp_helpers import RawPump, pump_args, server, write_project_asker, write_test_sets
+from toolsetd.client.mcp import _WAITING_MAX
+
+from .conftest import Daemon, eventually, start_daemon, write_set
+from .mcp_helpers import (
+    RawPump,
+    pump_args,
+    script,
+    server,
+    tool,
+    write_project_asker,
+    write_test_sets,
+)
 
 MODERN = "2026-07-28"
 INIT = {
@@ -596,6 +606,52 @@ def test_host_lines_past_the_waiting_bound_are_answered_at_once(
             # The daemon's answers (hello takes its name on the command line, too long
             # here), not the pump's.
             assert all("toolsetd/status" in m["result"]["_meta"] for m in answered)
+        finally:
+            assert close(pump) == 0
+
+
+#: Appends a line to counter.log each time it runs.
+COUNTER = script("open('counter.log', 'a').write('ran\\n')\nprint('counted')\n")
+
+
+def test_a_cancel_past_the_waiting_bound_still_cancels_its_request(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The host cancels a call that waits for the new daemon when the lines that wait
+    fill the pump's 4 MiB: the call never runs. The cancel, held like any line, was
+    dropped silently past the bound while its call went to the new daemon, and ran."""
+    write_set(home / "tools", "counter", tool("counter.py"), **{"counter.py": COUNTER})
+
+    def line(request_id: int, name: str, arguments: dict[str, Any]) -> bytes:
+        return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                           "params": {"name": name, "arguments": arguments}}).encode() + b"\n"
+
+    counted = line(2, "counter", {})
+    first = line(3, "hello", {"name": "x" * 2_000_000})
+    # The third fills the bound but for 8 bytes: the cancel (some 90) does not fit.
+    room = _WAITING_MAX - len(counted) - len(first) - len(line(4, "hello", {"name": ""})) - 8
+    filling = line(4, "hello", {"name": "x" * room})
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled",
+              "params": {"requestId": 2, "reason": "the user gave up"}}
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            assert d.stop() == 0
+            for waiting in (counted, first, filling):
+                pump.send(waiting)
+            pump.send(cancel)
+            restart(started, home, workspace, tmp_base)
+            seen = receive_until(pump, answer_to(3))
+            seen += receive_until(pump, answer_to(4))
+            # The daemon's answers (hello takes its name on the command line, too long).
+            assert all("toolsetd/status" in m["result"]["_meta"]
+                       for m in seen if m.get("id") in (3, 4)), str(seen)[:500]
+            again = pump.request(5, "tools/call", {"name": "counter", "arguments": {}})
+            assert "counted" in again["result"]["content"][0]["text"], again
+            assert (workspace / "counter.log").read_text() == "ran\n"  # call 5's only
+            assert all(m.get("id") != 2 for m in seen), str(seen)[:500]
         finally:
             assert close(pump) == 0
 
