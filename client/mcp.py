@@ -29,10 +29,11 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    unanswered and withdraw its questions to the host; wait up to ``RECONNECT_WINDOW``
    seconds for a daemon at the socket (never starting one: only step 2 does; a full
    listen backlog is tried again within the window, not exit 5 as in step 2); bind it as
-   in step 3; replay the host's ``initialize`` (its response swallowed) and
-   ``notifications/initialized``, and the 2026-07-28 ``subscriptions/listen`` requests left
-   open (the host's streams go on, their new acknowledgements dropped: a stream is
-   acknowledged once); send the host's lines that waited; tell a host that initialized,
+   in step 3; replay the host's ``initialize`` (its response swallowed) and the 2026-07-28
+   ``subscriptions/listen`` requests left open (the host's streams go on, their new
+   acknowledgements dropped: a stream is acknowledged once); once the replayed initialize
+   is answered as agreed (``gated`` until then), send ``notifications/initialized`` and
+   the host's lines that waited; tell a host that initialized,
    each listen resent for it, and each it opens again after a graceful stop ended it,
    ``notifications/tools/list_changed``. A
    failure of that ends the pump as the same failure at the start would, after answering
@@ -587,6 +588,10 @@ class _Pump:
         self._mode = 0  # 0: at a line's start; _PASS or _DROP: within a line
         self._line_entry: tuple[object, _Entry] | None = None
         self._swallow: object = None  # the replayed initialize's id
+        #: The host's lines wait while the replayed initialize is unanswered (``_resume``):
+        #: a new daemon that refuses it ends the pump, and they must not have run.
+        self.gated = False
+        self._agreed_again = False  # the main thread's: the replay was answered as agreed
         self._replay_refused: str | None = None
         #: The protocol version the host's initialize was given (a replay must agree on it).
         self._agreed: object = None
@@ -650,14 +655,13 @@ class _Pump:
         with self.lock:
             self.stdin_closed.set()
             sock = self.sock
+            gated = self.gated
         self.wake.set()
         if sock is None:
             return  # the main thread, reconnecting, sees the end
-        with self.send_lock:
-            try:
-                sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
+        if not gated:  # else ``_send_gated`` half-closes once what waits is sent
+            with self.send_lock:
+                _half_close(sock)
         # The daemon closes the connection once the calls are cancelled; do not outwait it.
         timer = threading.Timer(_EXIT_GRACE, _outwaited, (self.bound, self.path))
         timer.daemon = True
@@ -702,7 +706,7 @@ class _Pump:
                         self.head_max = max(self.head_max, 6 * len(request_id) + _HEAD)
         with self.lock:
             sock = self.sock
-            if sock is None:
+            if sock is None or self.gated:
                 if not cancel:
                     self._wait(line, key, entry)
                 return
@@ -831,9 +835,13 @@ class _Pump:
         while code == _DAEMON_CLOSED:
             with self.lock:
                 self.sock = None  # the host's lines wait from now on
+                self.gated = False
+                held = bool(self.waiting)
+            self._agreed_again = False
             with self.send_lock:  # no send is under way on it: its number may be reused
                 sock.close()
-            if self.stdin_closed.is_set():
+            if self.stdin_closed.is_set() and not held:
+                # (Lines that waited for a replay never answered are answered below.)
                 return EXIT_OK
             if self._too_large:
                 # The daemon closed the connection for a line of the host's over its size
@@ -901,6 +909,9 @@ class _Pump:
                 self._feed(data)
                 if self._replay_refused is not None:
                     return self._fail(self._replay_refused, EXIT_UNREACHABLE)
+                if self._agreed_again:
+                    self._agreed_again = False
+                    self._open_gate(sock)
         except _StdoutGone as exc:
             return exc.code
         except OSError as exc:
@@ -999,6 +1010,8 @@ class _Pump:
                             f"after its restart, not on {self._agreed}, the host's: ending "
                             "the session, for the host to start it again"
                         )
+                    else:
+                        self._agreed_again = True
                 return b""
             if value is None and after.startswith(',"error":{"code":-32007'):
                 self._too_large = True
@@ -1237,8 +1250,9 @@ class _Pump:
                     replay_id = f"{_REPLAY_ID}{self.generation}"
                     self._swallow = replay_id
                     replay.append(_request_line(replay_id, "initialize", self.initialize[1]))
-                    if self.initialized:
-                        replay.append(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+                    # The host's lines (and its initialized) wait for the answer: one that
+                    # refuses the session ends the pump, and they must not have run.
+                    self.gated = True
                 # The host's open listens, as it sent them: its streams go on. One the host
                 # saw acknowledged is not acknowledged again (the new daemon's is dropped),
                 # and is told list_changed at once when it asked for it: the catalog may
@@ -1254,12 +1268,8 @@ class _Pump:
                     elif wanted:
                         self.at_ack[key] = _TELL
                 self.listens.clear()
-                for line, key, entry in self.waiting:
-                    if entry is not None:
-                        self._sending(key, entry)
-                        self._opening(key, entry)
-                    replay.append(line)
-                self.waiting, self.waiting_bytes = [], 0
+                if not self.gated:
+                    replay.extend(self._take_waiting())
                 self.sock = sock
         if ended:
             self.send_lock.release()
@@ -1279,6 +1289,41 @@ class _Pump:
         except _StdoutGone as exc:
             return exc.code
         return sock
+
+    def _take_waiting(self) -> list[bytes]:
+        """The host's lines that waited, going to the daemon now (``lock`` held)."""
+        lines = []
+        for line, key, entry in self.waiting:
+            if entry is not None:
+                self._sending(key, entry)
+                self._opening(key, entry)
+            lines.append(line)
+        self.waiting, self.waiting_bytes = [], 0
+        return lines
+
+    def _open_gate(self, sock: socket.socket) -> None:
+        """The new daemon agreed to the replayed initialize: send the host's initialized
+        and the lines that waited, by a thread of its own (``_resume``'s reason)."""
+        sender = threading.Thread(target=self._send_gated, args=(sock,))
+        sender.daemon = True
+        sender.start()
+
+    def _send_gated(self, sock: socket.socket) -> None:
+        with self.send_lock:  # before the gate opens: a line read after it goes after these
+            with self.lock:
+                if self.sock is not sock or not self.gated:
+                    return  # gone again meanwhile: they wait for the next daemon
+                initialized = b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
+                lines = [initialized] if self.initialized else []
+                lines.extend(self._take_waiting())
+                self.gated = False
+                ended = self.stdin_closed.is_set()
+            try:
+                sock.sendall(b"".join(lines))
+            except OSError:
+                return  # gone again: ``_copy`` sees it
+            if ended:  # the stdin thread left the half-close to this one
+                _half_close(sock)
 
     def _send_held(self, sock: socket.socket, data: bytes) -> None:
         """Send ``data`` with ``send_lock`` held already (``_resume``), then release it."""
@@ -1314,6 +1359,15 @@ def _request_line(request_id: object, method: str, params: object) -> bytes:
     if params is not _ABSENT:
         request["params"] = params
     return json.dumps(request).encode() + b"\n"
+
+
+def _half_close(sock: socket.socket) -> None:
+    """The host's input ended and all of it is sent (``send_lock`` held): the daemon
+    cancels this host's calls and closes the connection."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
 
 
 def _wants_tools(params: object) -> bool:

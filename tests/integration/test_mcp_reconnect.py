@@ -967,19 +967,26 @@ def test_a_new_daemon_that_does_not_agree_to_the_hosts_session_ends_the_pump(
     the one the host was given (a toolsetd downgraded across the restart), or with an
     error: the host would go on speaking a version the session did not agree on, so the
     pump ends (exit 5, one line on stderr): the host starts the server again and
-    negotiates anew."""
+    negotiates anew. A call that waited for the new daemon is not sent to it before it
+    has agreed (it went right behind the replay, and may have run, in a session the host
+    never had): the pump answers it as not sent."""
     with daemons(home, workspace, tmp_base) as started:
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
         try:
             initialize(pump)
             assert d.stop() == 0
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": HELLO})
             started.append(start_daemon(
                 home, workspace, tmp_base, launcher=[sys.executable, "-c", _DOWNGRADED, how]))
             assert pump.proc.wait(timeout=30) == 5
         finally:
             code = close(pump)
         said = pump.stderr()
+        answers = [json.loads(line) for line in pump.stdout_text.splitlines()]
+        waited = [m for m in answers if m.get("id") == 2]
+        assert len(waited) == 1 and waited[0]["result"]["isError"] is True, answers
+        assert "was not sent" in waited[0]["result"]["content"][0]["text"], waited
         expected = "2025-06-18" if how == "version" else "refused the host's initialize"
         assert said.count("\n") == 1 and expected in said, said
         assert code == 5
