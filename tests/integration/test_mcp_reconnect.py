@@ -28,7 +28,6 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp import Client
-
 from toolsetd.client.mcp import _WAITING_MAX
 
 from .conftest import Daemon, eventually, start_daemon, write_set
@@ -529,6 +528,12 @@ def test_a_line_cut_short_by_the_daemons_death_is_ended_and_its_call_answered(
 _READ = {"x86_64": 0, "aarch64": 63}.get(os.uname().machine)
 
 
+def _needs_syscall() -> None:
+    """Skip a test that waits for ``_stdin_taken`` where it cannot be told."""
+    if _READ is None or not Path("/proc/self/syscall").exists():
+        pytest.skip("needs /proc/<pid>/syscall on x86-64 or arm64")
+
+
 def _stdin_taken(pump: RawPump) -> bool:
     """Whether the pump has read all the host wrote and its stdin thread waits for more
     (in ``read`` on fd 0 again): the host's last line is handled, sent or held."""
@@ -553,8 +558,7 @@ def test_a_request_sent_before_the_pump_saw_the_daemon_go_waits_for_the_new_one(
     was answered "went away ... the tool may have run" (and the tests of a request sent
     after a restart failed so now and then on a loaded machine, the pump slower to see the
     close than the host to write)."""
-    if _READ is None or not Path("/proc/self/syscall").exists():
-        pytest.skip("needs /proc/<pid>/syscall on x86-64 or arm64")
+    _needs_syscall()
     with daemons(home, workspace, tmp_base) as started:
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
@@ -633,8 +637,7 @@ def test_a_cancel_past_the_waiting_bound_still_cancels_its_request(
     filling = line(4, "hello", {"name": "x" * room})
     cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled",
               "params": {"requestId": 2, "reason": "the user gave up"}}
-    if _READ is None or not Path("/proc/self/syscall").exists():
-        pytest.skip("needs /proc/<pid>/syscall on x86-64 or arm64")
+    _needs_syscall()
     with daemons(home, workspace, tmp_base) as started:
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
@@ -939,7 +942,8 @@ async def test_the_sdk_hosts_listen_across_a_graceful_restart(
                     async for _event in sub:
                         break
                 tools = {t.name for t in (await client.list_tools()).tools}
-                assert "progress3" not in tools and "hello" in tools
+                assert "progress3" not in tools
+                assert "hello" in tools
 
 
 #: A toolsetd that no longer serves what the host agreed on (a downgrade): its main, run
@@ -985,7 +989,8 @@ def test_a_new_daemon_that_does_not_agree_to_the_hosts_session_ends_the_pump(
         said = pump.stderr()
         answers = [json.loads(line) for line in pump.stdout_text.splitlines()]
         waited = [m for m in answers if m.get("id") == 2]
-        assert len(waited) == 1 and waited[0]["result"]["isError"] is True, answers
+        assert len(waited) == 1, answers
+        assert waited[0]["result"]["isError"] is True, waited
         assert "was not sent" in waited[0]["result"]["content"][0]["text"], waited
         expected = "2025-06-18" if how == "version" else "refused the host's initialize"
         assert said.count("\n") == 1 and expected in said, said
