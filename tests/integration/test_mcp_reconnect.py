@@ -844,6 +844,13 @@ def on_stream(method: str, subscription: Any) -> Any:
         "io.modelcontextprotocol/subscriptionId": subscription}
 
 
+def listen(pump: RawPump, subscription: Any) -> list[Any]:
+    """Open a listen stream (list_changed) and read up to its acknowledgement."""
+    pump.send({"jsonrpc": "2.0", "id": subscription, "method": "subscriptions/listen",
+               "params": LISTEN})
+    return receive_until(pump, on_stream(ACKNOWLEDGED, subscription))
+
+
 def test_a_listen_open_during_a_sigkill_goes_on_with_the_new_daemon(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
@@ -857,9 +864,7 @@ def test_a_listen_open_during_a_sigkill_goes_on_with_the_new_daemon(
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
         try:
-            pump.send({"jsonrpc": "2.0", "id": "sub", "method": "subscriptions/listen",
-                       "params": LISTEN})
-            receive_until(pump, on_stream(ACKNOWLEDGED, "sub"))
+            listen(pump, "sub")
             d.proc.kill()
             d.proc.wait()
             restart(started, home, workspace, tmp_base)
@@ -892,9 +897,7 @@ def test_a_listen_opened_again_after_a_graceful_restart_is_told_list_changed(
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
         try:
-            pump.send({"jsonrpc": "2.0", "id": "sub", "method": "subscriptions/listen",
-                       "params": LISTEN})
-            receive_until(pump, on_stream(ACKNOWLEDGED, "sub"))
+            listen(pump, "sub")
             assert d.stop() == 0
             ended = receive_until(pump, answer_to("sub"))[-1]
             assert ended["result"]["resultType"] == "complete", ended
@@ -912,9 +915,7 @@ def test_a_listen_opened_again_after_a_graceful_restart_is_told_list_changed(
                           "io.modelcontextprotocol/subscriptionId": "sub2"}]
             assert stream == [ACKNOWLEDGED, LIST_CHANGED], seen
             # Only a stream opened again: a listen the host opens later is not told.
-            pump.send({"jsonrpc": "2.0", "id": "sub3", "method": "subscriptions/listen",
-                       "params": LISTEN})
-            seen = receive_until(pump, on_stream(ACKNOWLEDGED, "sub3"))
+            seen = listen(pump, "sub3")
             pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
             seen += receive_until(pump, answer_to(3))
             assert not [m for m in seen if m.get("method") == LIST_CHANGED], seen
