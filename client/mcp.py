@@ -912,6 +912,9 @@ class _Pump:
                 if self._agreed_again:
                     self._agreed_again = False
                     self._open_gate(sock)
+                if self.replies and not self._mode and not self._head:
+                    # Answers to lines past _WAITING_MAX while gated, between whole lines.
+                    self._flush_replies()
         except _StdoutGone as exc:
             return exc.code
         except OSError as exc:

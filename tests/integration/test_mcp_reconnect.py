@@ -48,6 +48,8 @@ INIT = {
     "clientInfo": {"name": "reconnect-test", "version": "1"},
 }
 HELLO = {"name": "hello", "arguments": {"name": "again"}}
+#: A call of some 1.5 MB: three of them pass the 4 MiB the pump holds while it reconnects.
+BIG = {"name": "hello", "arguments": {"name": "x" * 1_500_000}}
 
 
 @pytest.fixture
@@ -70,6 +72,21 @@ def daemons(home: Path, workspace: Path, base: Path) -> Iterator[list[Daemon]]:
                 d.proc.wait()
 
 
+@contextlib.contextmanager
+def pumped(
+    home: Path, workspace: Path, base: Path
+) -> Iterator[tuple[list[Daemon], Daemon, RawPump]]:
+    """The daemons started (``daemons``), the first of them, and a pump bound to it; the
+    pump must end with 0 when its input is closed at the end."""
+    with daemons(home, workspace, base) as started:
+        d = restart(started, home, workspace, base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            yield started, d, pump
+        finally:
+            assert close(pump) == 0
+
+
 def restart(started: list[Daemon], home: Path, workspace: Path, base: Path) -> Daemon:
     d = start_daemon(home, workspace, base)
     started.append(d)
@@ -84,6 +101,14 @@ def receive_until(pump: RawPump, done: Any) -> list[Any]:
         seen.append(message)
         if done(message):
             return seen
+
+
+def receive_answers(pump: RawPump, ids: set[Any]) -> list[Any]:
+    """Messages from the pump up to the answers to all of ``ids``, in whatever order."""
+    seen: list[Any] = []
+    while not ids <= {m.get("id") for m in seen if "method" not in m}:
+        seen.append(pump.receive())
+    return seen
 
 
 def answer_to(request_id: Any) -> Any:
@@ -591,7 +616,6 @@ def test_host_lines_past_the_waiting_bound_are_answered_at_once(
     """While no daemon answers, the host's lines wait up to 4 MiB; a request past that is
     answered at once with an error (the pump does not grow), and those that waited go to
     the new daemon."""
-    big = {"name": "hello", "arguments": {"name": "x" * 1_500_000}}
     with daemons(home, workspace, tmp_base) as started:
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
@@ -599,7 +623,7 @@ def test_host_lines_past_the_waiting_bound_are_answered_at_once(
             initialize(pump)
             assert d.stop() == 0
             for n in (2, 3, 4):
-                pump.send({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": big})
+                pump.send({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": BIG})
             over = receive_until(pump, answer_to(4))[-1]
             assert over["result"]["isError"] is True, str(over)[:300]
             assert "not sent" in over["result"]["content"][0]["text"]
@@ -638,32 +662,67 @@ def test_a_cancel_past_the_waiting_bound_still_cancels_its_request(
     cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled",
               "params": {"requestId": 2, "reason": "the user gave up"}}
     _needs_syscall()
-    with daemons(home, workspace, tmp_base) as started:
-        d = restart(started, home, workspace, tmp_base)
-        pump = RawPump(pump_args(d, workspace))
-        try:
-            initialize(pump)
-            assert "result" in pump.request(9, "ping")  # initialized went: nothing waits
-            assert d.stop() == 0
-            for waiting in (counted, first, filling):
-                pump.send(waiting)
-            pump.send(cancel)
-            # All of it read (the cancel too) while no daemon answers.
-            eventually(lambda: _stdin_taken(pump), what="the lines read by the pump")
-            restart(started, home, workspace, tmp_base)
-            seen: list[Any] = []
-            while not {3, 4} <= {m.get("id") for m in seen if "method" not in m}:
-                seen.append(pump.receive())  # their answers, in either order
-            # The daemon's answers (hello takes its name on the command line, too long).
-            answers = [m for m in seen if m.get("id") in (3, 4)]
-            assert all("toolsetd/status" in m["result"].get("_meta", {}) for m in answers), [
-                str(m)[:300] for m in answers]
-            again = pump.request(5, "tools/call", {"name": "counter", "arguments": {}})
-            assert "counted" in again["result"]["content"][0]["text"], again
-            assert (workspace / "counter.log").read_text() == "ran\n"  # call 5's only
-            assert all(m.get("id") != 2 for m in seen), str(seen)[:500]
-        finally:
-            assert close(pump) == 0
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        assert "result" in pump.request(9, "ping")  # initialized went: nothing waits
+        assert d.stop() == 0
+        for waiting in (counted, first, filling):
+            pump.send(waiting)
+        pump.send(cancel)
+        # All of it read (the cancel too) while no daemon answers.
+        eventually(lambda: _stdin_taken(pump), what="the lines read by the pump")
+        restart(started, home, workspace, tmp_base)
+        seen = receive_answers(pump, {3, 4})
+        # The daemon's answers (hello takes its name on the command line, too long).
+        answers = [m for m in seen if m.get("id") in (3, 4)]
+        assert all("toolsetd/status" in m["result"].get("_meta", {}) for m in answers), [
+            str(m)[:300] for m in answers]
+        again = pump.request(5, "tools/call", {"name": "counter", "arguments": {}})
+        assert "counted" in again["result"]["content"][0]["text"], again
+        assert (workspace / "counter.log").read_text() == "ran\n"  # call 5's only
+        assert all(m.get("id") != 2 for m in seen), str(seen)[:500]
+
+
+#: A toolsetd whose first initialize waits (its event loop held) until the file named
+#: by its first argument exists: a new daemon slow to answer the replayed initialize.
+_SLOW_INITIALIZE = (
+    "import os, sys, time\n"
+    "import toolsetd.daemon.mcp_session as session\n"
+    "gate = sys.argv.pop(1)\n"
+    "check = session._check_initialize\n"
+    "def slow(params):\n"
+    "    while not os.path.exists(gate):\n"
+    "        time.sleep(0.01)\n"
+    "    check(params)\n"
+    "session._check_initialize = slow\n"
+    "from toolsetd.daemon.app import main\n"
+    "sys.exit(main())\n"
+)
+
+
+def test_a_request_past_the_bound_while_the_replay_is_unanswered_is_answered(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The new daemon is bound but has not answered the replayed initialize: the host's
+    lines still wait, and one past the 4 MiB is answered by the pump, once the daemon
+    has answered (between its lines), not kept for a reconnect that never comes."""
+    _needs_syscall()
+    gate = tmp_base / "answer-initialize"
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        assert d.stop() == 0
+        started.append(start_daemon(home, workspace, tmp_base, launcher=[
+            sys.executable, "-c", _SLOW_INITIALIZE, str(gate)]))
+        # Told once the pump is bound and has sent the replay: its lines wait now.
+        receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
+        for n in (2, 3, 4):
+            pump.send({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": BIG})
+        eventually(lambda: _stdin_taken(pump), what="the lines read by the pump")
+        gate.touch()
+        seen = receive_answers(pump, {2, 3})  # the daemon's
+        over = [m for m in seen if m.get("id") == 4]
+        assert len(over) == 1, str(seen)[:500]
+        assert "not sent" in over[0]["result"]["content"][0]["text"], over
 
 
 def test_the_rest_of_a_long_line_does_not_go_to_the_new_daemon(
@@ -860,29 +919,24 @@ def test_a_listen_open_during_a_sigkill_goes_on_with_the_new_daemon(
     list_changed then comes on the host's same stream. The stream is acknowledged once:
     the new daemon's acknowledgement of the resent listen (it came to the host a second
     time) is the pump's, not the host's."""
-    with daemons(home, workspace, tmp_base) as started:
-        d = restart(started, home, workspace, tmp_base)
-        pump = RawPump(pump_args(d, workspace))
-        try:
-            listen(pump, "sub")
-            d.proc.kill()
-            d.proc.wait()
-            restart(started, home, workspace, tmp_base)
-            seen = receive_until(pump, on_stream(LIST_CHANGED, "sub"))  # the pump's
-            # The new daemon has the catalog (the listen's snapshot to differ from).
-            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list",
-                       "params": {"_meta": META}})
-            seen += receive_until(pump, answer_to(2))
-            assert "progress3" in {t["name"] for t in seen[-1]["result"]["tools"]}
-            (home / "tools" / "progress3" / "tools.json").unlink()
-            # The new daemon's, which it sends only once the listen is acknowledged.
-            seen += receive_until(pump, on_stream(LIST_CHANGED, "sub"))
-            assert all(m.get("id") != "sub" for m in seen), seen  # not ended
-            assert not [m for m in seen if on_stream(ACKNOWLEDGED, "sub")(m)], seen
-            tools = pump.request(3, "tools/list", {"_meta": META})["result"]["tools"]
-            assert "progress3" not in {t["name"] for t in tools}
-        finally:
-            assert close(pump) == 0
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        listen(pump, "sub")
+        d.proc.kill()
+        d.proc.wait()
+        restart(started, home, workspace, tmp_base)
+        seen = receive_until(pump, on_stream(LIST_CHANGED, "sub"))  # the pump's
+        # The new daemon has the catalog (the listen's snapshot to differ from).
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list",
+                   "params": {"_meta": META}})
+        seen += receive_until(pump, answer_to(2))
+        assert "progress3" in {t["name"] for t in seen[-1]["result"]["tools"]}
+        (home / "tools" / "progress3" / "tools.json").unlink()
+        # The new daemon's, which it sends only once the listen is acknowledged.
+        seen += receive_until(pump, on_stream(LIST_CHANGED, "sub"))
+        assert all(m.get("id") != "sub" for m in seen), seen  # not ended
+        assert not [m for m in seen if on_stream(ACKNOWLEDGED, "sub")(m)], seen
+        tools = pump.request(3, "tools/list", {"_meta": META})["result"]["tools"]
+        assert "progress3" not in {t["name"] for t in tools}
 
 
 def test_a_listen_opened_again_after_a_graceful_restart_is_told_list_changed(
@@ -893,34 +947,29 @@ def test_a_listen_opened_again_after_a_graceful_restart_is_told_list_changed(
     was told to no stream: the pump tells the new stream list_changed after its
     acknowledgement, as it tells a legacy host after a restart (and a listen it resent
     after a crash). It was told nothing, and went on with the old daemon's list."""
-    with daemons(home, workspace, tmp_base) as started:
-        d = restart(started, home, workspace, tmp_base)
-        pump = RawPump(pump_args(d, workspace))
-        try:
-            listen(pump, "sub")
-            assert d.stop() == 0
-            ended = receive_until(pump, answer_to("sub"))[-1]
-            assert ended["result"]["resultType"] == "complete", ended
-            (home / "tools" / "progress3" / "tools.json").unlink()  # in the gap
-            # Sent again while no daemon answers: it waits for the new one.
-            pump.send({"jsonrpc": "2.0", "id": "sub2", "method": "subscriptions/listen",
-                       "params": LISTEN})
-            restart(started, home, workspace, tmp_base)
-            seen = receive_until(pump, on_stream(ACKNOWLEDGED, "sub2"))
-            pump.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
-            seen += receive_until(pump, answer_to(2))
-            # Acknowledged once, and told after that (MCP: nothing on a stream before).
-            stream = [m["method"] for m in seen
-                      if "method" in m and m["params"]["_meta"] == {
-                          "io.modelcontextprotocol/subscriptionId": "sub2"}]
-            assert stream == [ACKNOWLEDGED, LIST_CHANGED], seen
-            # Only a stream opened again: a listen the host opens later is not told.
-            seen = listen(pump, "sub3")
-            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
-            seen += receive_until(pump, answer_to(3))
-            assert not [m for m in seen if m.get("method") == LIST_CHANGED], seen
-        finally:
-            assert close(pump) == 0
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        listen(pump, "sub")
+        assert d.stop() == 0
+        ended = receive_until(pump, answer_to("sub"))[-1]
+        assert ended["result"]["resultType"] == "complete", ended
+        (home / "tools" / "progress3" / "tools.json").unlink()  # in the gap
+        # Sent again while no daemon answers: it waits for the new one.
+        pump.send({"jsonrpc": "2.0", "id": "sub2", "method": "subscriptions/listen",
+                   "params": LISTEN})
+        restart(started, home, workspace, tmp_base)
+        seen = receive_until(pump, on_stream(ACKNOWLEDGED, "sub2"))
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        seen += receive_until(pump, answer_to(2))
+        # Acknowledged once, and told after that (MCP: nothing on a stream before).
+        stream = [m["method"] for m in seen
+                  if "method" in m and m["params"]["_meta"] == {
+                      "io.modelcontextprotocol/subscriptionId": "sub2"}]
+        assert stream == [ACKNOWLEDGED, LIST_CHANGED], seen
+        # Only a stream opened again: a listen the host opens later is not told.
+        seen = listen(pump, "sub3")
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        seen += receive_until(pump, answer_to(3))
+        assert not [m for m in seen if m.get("method") == LIST_CHANGED], seen
 
 
 @pytest.mark.anyio
