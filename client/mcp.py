@@ -29,10 +29,13 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    unanswered and withdraw its questions to the host; wait up to ``RECONNECT_WINDOW``
    seconds for a daemon at the socket (never starting one: only step 2 does; a full
    listen backlog is tried again within the window, not exit 5 as in step 2); bind it as
-   in step 3; replay the host's ``initialize`` (its response swallowed) and
-   ``notifications/initialized``, and the 2026-07-28 ``subscriptions/listen`` requests left
-   open (the host's streams go on); send the host's lines that waited; tell a host that
-   initialized, and each listen resent for it, ``notifications/tools/list_changed``. A
+   in step 3; replay the host's ``initialize`` (its response swallowed) and the 2026-07-28
+   ``subscriptions/listen`` requests left open (the host's streams go on, their new
+   acknowledgements dropped: a stream is acknowledged once); once the replayed initialize
+   is answered as agreed (``gated`` until then), send ``notifications/initialized`` and
+   the host's lines that waited; tell a host that initialized,
+   each listen resent for it, and each it opens again after a graceful stop ended it,
+   ``notifications/tools/list_changed``. A
    failure of that ends the pump as the same failure at the start would, after answering
    every request that waited; so does a replayed initialize answered with an error or
    with another protocol version than the host was given (exit 5). A close the daemon
@@ -139,6 +142,17 @@ _VERSION_META = "io.modelcontextprotocol/protocolVersion"
 _AGREED_HEAD = ',"result":{"protocolVersion":'
 _LISTEN = "subscriptions/listen"
 _SUBSCRIPTION_META = "io.modelcontextprotocol/subscriptionId"
+#: The head of a daemon's acknowledgement of a listen, up to its subscription id.
+_ACK_HEAD = (
+    b'{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged",'
+    b'"params":{"_meta":{"io.modelcontextprotocol/subscriptionId":'
+)
+#: What the pump does with a new daemon's acknowledgement of a listen (``_Pump.at_ack``):
+#: drop it (the host's stream was acknowledged by an older daemon, and MCP acknowledges a
+#: subscription once), or pass it on with ``notifications/tools/list_changed`` behind it
+#: (the host's first acknowledgement of the stream; the catalog may differ now).
+_SWALLOW = 1
+_TELL = 2
 #: A host request in flight: its id, method, whether it is 2026-07-28's (its ``_meta``
 #: names the version), and an initialize's or a listen's params (else None).
 _Entry = tuple[object, str, bool, object]
@@ -548,6 +562,18 @@ class _Pump:
         #: 2026-07-28 ``subscriptions/listen`` requests a daemon that went away left open:
         #: sent to the next one as they were (key -> ``_Entry``), so the host's streams go on.
         self.listens: dict[object, _Entry] = {}
+        #: The host's open listens it has seen acknowledged (keys).
+        self.acked: set[object] = set()
+        #: Listens whose next acknowledgement the pump handles (key -> ``_SWALLOW`` or
+        #: ``_TELL``).
+        self.at_ack: dict[object, int] = {}
+        #: Listens (asking for list_changed) a stopping daemon ended with their completion
+        #: result and the host has not opened again since; ``ended_in``: the generation of
+        #: the daemon that ended the last of them. The host's next listens to a later
+        #: daemon are told list_changed after their acknowledgement, as a legacy host is
+        #: after a restart: what changed in between was told to no stream.
+        self.unopened = 0
+        self.ended_in = 0
         self.initialized = False
         #: The host's lines read while the pump reconnects, and their size.
         self.waiting: list[tuple[bytes, object, _Entry | None]] = []
@@ -562,6 +588,10 @@ class _Pump:
         self._mode = 0  # 0: at a line's start; _PASS or _DROP: within a line
         self._line_entry: tuple[object, _Entry] | None = None
         self._swallow: object = None  # the replayed initialize's id
+        #: The host's lines wait while the replayed initialize is unanswered (``_resume``):
+        #: a new daemon that refuses it ends the pump, and they must not have run.
+        self.gated = False
+        self._agreed_again = False  # the main thread's: the replay was answered as agreed
         self._replay_refused: str | None = None
         #: The protocol version the host's initialize was given (a replay must agree on it).
         self._agreed: object = None
@@ -625,14 +655,13 @@ class _Pump:
         with self.lock:
             self.stdin_closed.set()
             sock = self.sock
+            gated = self.gated
         self.wake.set()
         if sock is None:
             return  # the main thread, reconnecting, sees the end
-        with self.send_lock:
-            try:
-                sock.shutdown(socket.SHUT_WR)
-            except OSError:
-                pass
+        if not gated:  # else ``_send_gated`` half-closes once what waits is sent
+            with self.send_lock:
+                _half_close(sock)
         # The daemon closes the connection once the calls are cancelled; do not outwait it.
         timer = threading.Timer(_EXIT_GRACE, _outwaited, (self.bound, self.path))
         timer.daemon = True
@@ -647,6 +676,7 @@ class _Pump:
         entry: _Entry | None = None
         key: object = None
         answer = False
+        cancel = False  # a notifications/cancelled: it never waits for a new daemon
         if type(message) is dict:
             method = message.get("method")
             request_id = message.get("id", _ABSENT)
@@ -657,6 +687,7 @@ class _Pump:
                     return
             elif type(method) is str and request_id is _ABSENT:
                 self._host_notification(method, message.get("params"))
+                cancel = method == "notifications/cancelled"
             elif type(method) is str:
                 key = _key(request_id)
                 if key is not None:
@@ -675,10 +706,13 @@ class _Pump:
                         self.head_max = max(self.head_max, 6 * len(request_id) + _HEAD)
         with self.lock:
             sock = self.sock
-            if sock is None:
-                self._wait(line, key, entry)
+            if sock is None or self.gated:
+                if not cancel:
+                    self._wait(line, key, entry)
                 return
             first = entry is not None and self._sending(key, entry)
+            if entry is not None:
+                self._opening(key, entry)
         with self.send_lock:
             try:
                 sock.sendall(line)
@@ -689,8 +723,8 @@ class _Pump:
                 # new daemon as one read a moment later does; held here, before the main
                 # thread (which closes the socket under ``send_lock`` first) answers what
                 # was in flight. An answer to the old daemon's question is dropped: the
-                # pump withdraws that question.
-                if not answer:
+                # pump withdraws that question; so is a cancel (``_host_notification``).
+                if not answer and not cancel:
                     with self.lock:
                         if entry is not None and self.in_flight.get(key) is entry:
                             del self.in_flight[key]
@@ -720,6 +754,21 @@ class _Pump:
             return True
         return False
 
+    def _opening(self, key: object, entry: _Entry) -> None:
+        """A host request goes to the daemon as the host sent it (``lock`` held): a listen
+        that opens a stream again after a graceful stop, on a later daemon, is told
+        list_changed once acknowledged."""
+        if entry[1] != _LISTEN or not entry[2] or not _wants_tools(entry[3]) or not self.unopened:
+            return
+        self.unopened -= 1
+        if self.generation > self.ended_in:
+            self.at_ack[key] = _TELL
+
+    def _listen_over(self, key: object) -> None:
+        """The host's listen ``key`` ended (answered or cancelled; ``lock`` held)."""
+        self.acked.discard(key)
+        self.at_ack.pop(key, None)
+
     def _host_answer(self, message: dict[str, object], line: bytes) -> bytes:
         """The host's answer to a request of the daemon's: the line to send, or b"" when
         it answers one the pump withdrew (an older daemon's)."""
@@ -740,14 +789,22 @@ class _Pump:
                 self.initialized = True
         elif method == "notifications/cancelled" and type(params) is dict:
             key = _key(params.get("requestId"))
+            # A cancel never waits for a new daemon (``_host_line``): it named a request
+            # that waits (not sent now: it never reaches a daemon), one the old daemon had
+            # (answered, or a listen not sent again) or none; held, it could be dropped
+            # past ``_WAITING_MAX`` while its request went on, and ran.
             with self.lock:  # a cancelled request gets no answer, from the pump neither
                 self.in_flight.pop(key, None)
                 self.listens.pop(key, None)  # nor is a cancelled listen sent again
-                if key is not None and self.waiting:  # one that waits goes unnoted
-                    self.waiting = [
-                        (line, k, None if k == key and _cancellable(e) else e)
-                        for line, k, e in self.waiting
-                    ]
+                self._listen_over(key)
+                if key is not None and self.waiting:
+                    kept: list[tuple[bytes, object, _Entry | None]] = []
+                    for held in self.waiting:
+                        if held[1] == key and _cancellable(held[2]):
+                            self.waiting_bytes -= len(held[0])
+                        else:
+                            kept.append(held)
+                    self.waiting = kept
 
     def _send(self, sock: socket.socket, line: bytes) -> None:
         with self.send_lock:
@@ -778,9 +835,13 @@ class _Pump:
         while code == _DAEMON_CLOSED:
             with self.lock:
                 self.sock = None  # the host's lines wait from now on
+                self.gated = False
+                held = bool(self.waiting)
+            self._agreed_again = False
             with self.send_lock:  # no send is under way on it: its number may be reused
                 sock.close()
-            if self.stdin_closed.is_set():
+            if self.stdin_closed.is_set() and not held:
+                # (Lines that waited for a replay never answered are answered below.)
                 return EXIT_OK
             if self._too_large:
                 # The daemon closed the connection for a line of the host's over its size
@@ -848,6 +909,12 @@ class _Pump:
                 self._feed(data)
                 if self._replay_refused is not None:
                     return self._fail(self._replay_refused, EXIT_UNREACHABLE)
+                if self._agreed_again:
+                    self._agreed_again = False
+                    self._open_gate(sock)
+                if self.replies and not self._mode and not self._head:
+                    # Answers to lines past _WAITING_MAX while gated, between whole lines.
+                    self._flush_replies()
         except _StdoutGone as exc:
             return exc.code
         except OSError as exc:
@@ -946,11 +1013,19 @@ class _Pump:
                             f"after its restart, not on {self._agreed}, the host's: ending "
                             "the session, for the host to start it again"
                         )
+                    else:
+                        self._agreed_again = True
                 return b""
             if value is None and after.startswith(',"error":{"code":-32007'):
                 self._too_large = True
             with self.lock:
                 entry = self.in_flight.pop(key, None) if key is not None else None
+                if entry is not None and entry[1] == _LISTEN:
+                    self._listen_over(key)
+                    if entry[2] and _wants_tools(entry[3]) and after.startswith(',"result"'):
+                        # Ended by a stopping daemon (MCP's graceful closure).
+                        self.unopened += 1
+                        self.ended_in = self.generation
                 if (
                     entry is not None
                     and entry[1] == "initialize"
@@ -964,6 +1039,8 @@ class _Pump:
             if entry is not None and not complete:
                 self._line_entry = (key, entry)
             return head
+        if head.startswith(_ACK_HEAD) and complete:
+            return self._acknowledged(head)
         if head.startswith(_CANCELLED_HEAD) and complete:
             try:
                 message = json.loads(head)
@@ -979,6 +1056,26 @@ class _Pump:
                             return json.dumps(message).encode() + b"\n"
                         break
         return head
+
+    def _acknowledged(self, line: bytes) -> bytes:
+        """What of a daemon's acknowledgement of a listen goes to the host (``_SWALLOW``,
+        ``_TELL``; else all of it)."""
+        try:
+            params = json.loads(line)["params"]
+            subscription = params["_meta"][_SUBSCRIPTION_META]
+            honoured = params.get("notifications")
+        except (ValueError, RecursionError, KeyError, TypeError, AttributeError):
+            return line
+        key = _key(subscription)
+        with self.lock:
+            then = self.at_ack.pop(key, None)
+            if then == _SWALLOW:
+                return b""
+            if key in self.in_flight:
+                self.acked.add(key)
+        if then == _TELL and type(honoured) is dict and honoured.get("toolsListChanged") is True:
+            return line + _stream_changed(subscription)
+        return line
 
     def _write(self, data: bytes | memoryview) -> None:
         try:
@@ -1016,6 +1113,8 @@ class _Pump:
             else:
                 entries.extend(self.listens.values())
                 self.listens.clear()
+                self.acked.clear()
+                self.at_ack.clear()
             if self.initialize is not None and any(
                 _key(entry[0]) == self.initialize[0] and entry[1] == "initialize"
                 for entry in entries
@@ -1154,24 +1253,26 @@ class _Pump:
                     replay_id = f"{_REPLAY_ID}{self.generation}"
                     self._swallow = replay_id
                     replay.append(_request_line(replay_id, "initialize", self.initialize[1]))
-                    if self.initialized:
-                        replay.append(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
-                # The host's open listens, as it sent them: its streams go on (the new
-                # daemon acknowledges each again). Each that asked for list_changed is told
-                # it: the catalog may differ now.
+                    # The host's lines (and its initialized) wait for the answer: one that
+                    # refuses the session ends the pump, and they must not have run.
+                    self.gated = True
+                # The host's open listens, as it sent them: its streams go on. One the host
+                # saw acknowledged is not acknowledged again (the new daemon's is dropped),
+                # and is told list_changed at once when it asked for it: the catalog may
+                # differ now. One that was not is, by the new daemon, and then told.
                 for key, open_listen in self.listens.items():
                     replay.append(_request_line(open_listen[0], _LISTEN, open_listen[3]))
                     self._sending(key, open_listen)
-                    params = open_listen[3]
-                    wanted = params.get("notifications") if type(params) is dict else None
-                    if type(wanted) is dict and wanted.get("toolsListChanged") is True:
-                        changed.append(open_listen[0])
+                    wanted = _wants_tools(open_listen[3])
+                    if key in self.acked:
+                        self.at_ack[key] = _SWALLOW
+                        if wanted:
+                            changed.append(open_listen[0])
+                    elif wanted:
+                        self.at_ack[key] = _TELL
                 self.listens.clear()
-                for line, key, entry in self.waiting:
-                    if entry is not None:
-                        self._sending(key, entry)
-                    replay.append(line)
-                self.waiting, self.waiting_bytes = [], 0
+                if not self.gated:
+                    replay.extend(self._take_waiting())
                 self.sock = sock
         if ended:
             self.send_lock.release()
@@ -1187,15 +1288,45 @@ class _Pump:
             if legacy:  # the catalog may differ now
                 self._write(b'{"jsonrpc":"2.0","method":"notifications/tools/list_changed"}\n')
             for subscription in changed:
-                notification = {
-                    "jsonrpc": "2.0",
-                    "method": "notifications/tools/list_changed",
-                    "params": {"_meta": {_SUBSCRIPTION_META: subscription}},
-                }
-                self._write(json.dumps(notification).encode() + b"\n")
+                self._write(_stream_changed(subscription))
         except _StdoutGone as exc:
             return exc.code
         return sock
+
+    def _take_waiting(self) -> list[bytes]:
+        """The host's lines that waited, going to the daemon now (``lock`` held)."""
+        lines = []
+        for line, key, entry in self.waiting:
+            if entry is not None:
+                self._sending(key, entry)
+                self._opening(key, entry)
+            lines.append(line)
+        self.waiting, self.waiting_bytes = [], 0
+        return lines
+
+    def _open_gate(self, sock: socket.socket) -> None:
+        """The new daemon agreed to the replayed initialize: send the host's initialized
+        and the lines that waited, by a thread of its own (``_resume``'s reason)."""
+        sender = threading.Thread(target=self._send_gated, args=(sock,))
+        sender.daemon = True
+        sender.start()
+
+    def _send_gated(self, sock: socket.socket) -> None:
+        with self.send_lock:  # before the gate opens: a line read after it goes after these
+            with self.lock:
+                if self.sock is not sock or not self.gated:
+                    return  # gone again meanwhile: they wait for the next daemon
+                initialized = b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n'
+                lines = [initialized] if self.initialized else []
+                lines.extend(self._take_waiting())
+                self.gated = False
+                ended = self.stdin_closed.is_set()
+            try:
+                sock.sendall(b"".join(lines))
+            except OSError:
+                return  # gone again: ``_copy`` sees it
+            if ended:  # the stdin thread left the half-close to this one
+                _half_close(sock)
 
     def _send_held(self, sock: socket.socket, data: bytes) -> None:
         """Send ``data`` with ``send_lock`` held already (``_resume``), then release it."""
@@ -1231,6 +1362,31 @@ def _request_line(request_id: object, method: str, params: object) -> bytes:
     if params is not _ABSENT:
         request["params"] = params
     return json.dumps(request).encode() + b"\n"
+
+
+def _half_close(sock: socket.socket) -> None:
+    """The host's input ended and all of it is sent (``send_lock`` held): the daemon
+    cancels this host's calls and closes the connection."""
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def _wants_tools(params: object) -> bool:
+    """Whether a listen's params ask for ``notifications/tools/list_changed``."""
+    wanted = params.get("notifications") if type(params) is dict else None
+    return type(wanted) is dict and wanted.get("toolsListChanged") is True
+
+
+def _stream_changed(subscription: object) -> bytes:
+    """The pump's ``notifications/tools/list_changed`` on the host's listen stream."""
+    notification = {
+        "jsonrpc": "2.0",
+        "method": "notifications/tools/list_changed",
+        "params": {"_meta": {_SUBSCRIPTION_META: subscription}},
+    }
+    return json.dumps(notification).encode() + b"\n"
 
 
 def _cancellable(entry: _Entry | None) -> bool:

@@ -968,22 +968,25 @@ class McpSession:
             if isinstance(wanted, dict) and wanted.get("toolsListChanged") is True
             else {}
         )
-        out.post(
-            {
-                "jsonrpc": "2.0",
-                "method": "notifications/subscriptions/acknowledged",
-                "params": {"_meta": {_SUBSCRIPTION: request_id}, "notifications": honoured},
-            }
-        )
         server.listens.add(flight)
         if server.stopping:
             flight.ended = True
         try:
             if honoured:
-                self._listens[request_id] = (out, flight)
-                # A change is a difference to a snapshot: make sure there is one to differ
-                # from.
+                # A change is a difference to a snapshot: there is one to differ from
+                # before the acknowledgement goes out. Taken after it, a change the host
+                # made on seeing it (a tool set edited) was in the snapshot already, and
+                # never announced.
                 self._know_list(await self._service.catalog(self.binding.workspace))
+            out.post(
+                {
+                    "jsonrpc": "2.0",
+                    "method": "notifications/subscriptions/acknowledged",
+                    "params": {"_meta": {_SUBSCRIPTION: request_id}, "notifications": honoured},
+                }
+            )
+            if honoured:  # told of changes from now on, never before its acknowledgement
+                self._listens[request_id] = (out, flight)
             with self._wait_scope(flight):
                 await anyio.sleep_forever()
         finally:

@@ -828,6 +828,36 @@ async def test_mcp_list_changed_modern_listen(mcp_host: Daemon, workspace: Path)
             assert "fresh" in {t.name for t in (await client.list_tools()).tools}
 
 
+def test_mcp_a_change_made_on_the_listens_acknowledgement_is_announced(tmp_base: Path) -> None:
+    """A 2026-07-28 host edits a tool set as soon as its listen is acknowledged: the
+    change is announced on the stream. The daemon acknowledged the listen before it took
+    the snapshot a change is told against, and that snapshot (a workspace's first) was
+    read after the edit: the reload found no difference, and the host was never told."""
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {}}
+    stream = {"io.modelcontextprotocol/subscriptionId": "sub"}
+    with daemon_in("tsm-", None, ["--no-watch"]) as d, d.raw() as conn:
+        conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind",
+                   "params": {"workspace": str(d.workspace)}})
+        assert conn.receive()["result"]["bound"] is True
+        conn.send({"jsonrpc": "2.0", "id": "sub", "method": "subscriptions/listen",
+                   "params": {"_meta": meta, "notifications": {"toolsListChanged": True}}})
+        acknowledged = conn.receive()
+        assert acknowledged["method"] == "notifications/subscriptions/acknowledged"
+        write_set(d.workspace / ".crystal" / "tools", "fresh", tool("f.py"),
+                  **{"f.py": ASKER_OK})
+        assert "result" in d.call("reload", {"workspace": str(d.workspace)})
+        conn.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list",
+                   "params": {"_meta": meta}})
+        seen = [conn.receive()]
+        while seen[-1].get("id") != 2:
+            seen.append(conn.receive())
+        told = {"jsonrpc": "2.0", "method": "notifications/tools/list_changed",
+                "params": {"_meta": stream}}
+        assert seen[:-1] == [told], seen
+        assert "fresh" in {t["name"] for t in seen[-1]["result"]["tools"]}
+
+
 def test_mcp_list_changed_only_when_the_hosts_list_changed(tmp_base: Path) -> None:
     """A reload that leaves the host's tools/list as it was (a tool of the other catalog
     edited, a broken set broken another way) sends no list_changed; one that changes it

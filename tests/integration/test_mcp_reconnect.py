@@ -28,9 +28,18 @@ import anyio
 import mcp_types as types
 import pytest
 from mcp import Client
+from toolsetd.client.mcp import _WAITING_MAX
 
-from .conftest import Daemon, eventually, start_daemon
-from .mcp_helpers import RawPump, pump_args, server, write_project_asker, write_test_sets
+from .conftest import Daemon, eventually, start_daemon, write_set
+from .mcp_helpers import (
+    RawPump,
+    pump_args,
+    script,
+    server,
+    tool,
+    write_project_asker,
+    write_test_sets,
+)
 
 MODERN = "2026-07-28"
 INIT = {
@@ -39,6 +48,8 @@ INIT = {
     "clientInfo": {"name": "reconnect-test", "version": "1"},
 }
 HELLO = {"name": "hello", "arguments": {"name": "again"}}
+#: A call of some 1.5 MB: three of them pass the 4 MiB the pump holds while it reconnects.
+BIG = {"name": "hello", "arguments": {"name": "x" * 1_500_000}}
 
 
 @pytest.fixture
@@ -61,6 +72,21 @@ def daemons(home: Path, workspace: Path, base: Path) -> Iterator[list[Daemon]]:
                 d.proc.wait()
 
 
+@contextlib.contextmanager
+def pumped(
+    home: Path, workspace: Path, base: Path
+) -> Iterator[tuple[list[Daemon], Daemon, RawPump]]:
+    """The daemons started (``daemons``), the first of them, and a pump bound to it; the
+    pump must end with 0 when its input is closed at the end."""
+    with daemons(home, workspace, base) as started:
+        d = restart(started, home, workspace, base)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            yield started, d, pump
+        finally:
+            assert close(pump) == 0
+
+
 def restart(started: list[Daemon], home: Path, workspace: Path, base: Path) -> Daemon:
     d = start_daemon(home, workspace, base)
     started.append(d)
@@ -75,6 +101,14 @@ def receive_until(pump: RawPump, done: Any) -> list[Any]:
         seen.append(message)
         if done(message):
             return seen
+
+
+def receive_answers(pump: RawPump, ids: set[Any]) -> list[Any]:
+    """Messages from the pump up to the answers to all of ``ids``, in whatever order."""
+    seen: list[Any] = []
+    while not ids <= {m.get("id") for m in seen if "method" not in m}:
+        seen.append(pump.receive())
+    return seen
 
 
 def answer_to(request_id: Any) -> Any:
@@ -147,9 +181,21 @@ def test_the_daemons_mcp_lines_begin_with_jsonrpc_then_id_or_method(
             assert asked["method"] == "elicitation/create"
             send({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "decline"}})
             receive_lines(read, 5)
+            meta = {"io.modelcontextprotocol/protocolVersion": MODERN,
+                    "io.modelcontextprotocol/clientCapabilities": {}}
+            send({"jsonrpc": "2.0", "id": "sub", "method": "subscriptions/listen",
+                  "params": {"_meta": meta, "notifications": {"toolsListChanged": True}}})
+            assert read()["method"] == "notifications/subscriptions/acknowledged"
+            # The pump knows an acknowledgement, and its subscription, by this head.
+            assert lines[-1].startswith(
+                b'{"jsonrpc":"2.0","method":"notifications/subscriptions/acknowledged",'
+                b'"params":{"_meta":{"io.modelcontextprotocol/subscriptionId":"sub"}'), lines
             (home / "tools" / "progress3" / "tools.json").unlink()
-            eventually(lambda: read().get("method") == "notifications/tools/list_changed",
-                       what="list_changed")
+            told: set[str] = set()  # the session's (legacy) and the listen's
+            while len(told) < 2:
+                message = read()
+                if message.get("method") == "notifications/tools/list_changed":
+                    told.add(json.dumps(message.get("params")))
             send(b"[" * 200_000)
             assert read()["error"]["code"] == -32007
         kinds = set()
@@ -507,6 +553,12 @@ def test_a_line_cut_short_by_the_daemons_death_is_ended_and_its_call_answered(
 _READ = {"x86_64": 0, "aarch64": 63}.get(os.uname().machine)
 
 
+def _needs_syscall() -> None:
+    """Skip a test that waits for ``_stdin_taken`` where it cannot be told."""
+    if _READ is None or not Path("/proc/self/syscall").exists():
+        pytest.skip("needs /proc/<pid>/syscall on x86-64 or arm64")
+
+
 def _stdin_taken(pump: RawPump) -> bool:
     """Whether the pump has read all the host wrote and its stdin thread waits for more
     (in ``read`` on fd 0 again): the host's last line is handled, sent or held."""
@@ -531,8 +583,7 @@ def test_a_request_sent_before_the_pump_saw_the_daemon_go_waits_for_the_new_one(
     was answered "went away ... the tool may have run" (and the tests of a request sent
     after a restart failed so now and then on a loaded machine, the pump slower to see the
     close than the host to write)."""
-    if _READ is None or not Path("/proc/self/syscall").exists():
-        pytest.skip("needs /proc/<pid>/syscall on x86-64 or arm64")
+    _needs_syscall()
     with daemons(home, workspace, tmp_base) as started:
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
@@ -565,7 +616,6 @@ def test_host_lines_past_the_waiting_bound_are_answered_at_once(
     """While no daemon answers, the host's lines wait up to 4 MiB; a request past that is
     answered at once with an error (the pump does not grow), and those that waited go to
     the new daemon."""
-    big = {"name": "hello", "arguments": {"name": "x" * 1_500_000}}
     with daemons(home, workspace, tmp_base) as started:
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
@@ -573,7 +623,7 @@ def test_host_lines_past_the_waiting_bound_are_answered_at_once(
             initialize(pump)
             assert d.stop() == 0
             for n in (2, 3, 4):
-                pump.send({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": big})
+                pump.send({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": BIG})
             over = receive_until(pump, answer_to(4))[-1]
             assert over["result"]["isError"] is True, str(over)[:300]
             assert "not sent" in over["result"]["content"][0]["text"]
@@ -586,6 +636,93 @@ def test_host_lines_past_the_waiting_bound_are_answered_at_once(
             assert all("toolsetd/status" in m["result"]["_meta"] for m in answered)
         finally:
             assert close(pump) == 0
+
+
+#: Appends a line to counter.log each time it runs.
+COUNTER = script("open('counter.log', 'a').write('ran\\n')\nprint('counted')\n")
+
+
+def test_a_cancel_past_the_waiting_bound_still_cancels_its_request(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The host cancels a call that waits for the new daemon when the lines that wait
+    fill the pump's 4 MiB: the call never runs. The cancel, held like any line, was
+    dropped silently past the bound while its call went to the new daemon, and ran."""
+    write_set(home / "tools", "counter", tool("counter.py"), **{"counter.py": COUNTER})
+
+    def line(request_id: int, name: str, arguments: dict[str, Any]) -> bytes:
+        return json.dumps({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                           "params": {"name": name, "arguments": arguments}}).encode() + b"\n"
+
+    counted = line(2, "counter", {})
+    first = line(3, "hello", {"name": "x" * 2_000_000})
+    # The third fills the bound but for 8 bytes: the cancel (some 90) does not fit.
+    room = _WAITING_MAX - len(counted) - len(first) - len(line(4, "hello", {"name": ""})) - 8
+    filling = line(4, "hello", {"name": "x" * room})
+    cancel = {"jsonrpc": "2.0", "method": "notifications/cancelled",
+              "params": {"requestId": 2, "reason": "the user gave up"}}
+    _needs_syscall()
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        assert "result" in pump.request(9, "ping")  # initialized went: nothing waits
+        assert d.stop() == 0
+        for waiting in (counted, first, filling):
+            pump.send(waiting)
+        pump.send(cancel)
+        # All of it read (the cancel too) while no daemon answers.
+        eventually(lambda: _stdin_taken(pump), what="the lines read by the pump")
+        restart(started, home, workspace, tmp_base)
+        seen = receive_answers(pump, {3, 4})
+        # The daemon's answers (hello takes its name on the command line, too long).
+        answers = [m for m in seen if m.get("id") in (3, 4)]
+        assert all("toolsetd/status" in m["result"].get("_meta", {}) for m in answers), [
+            str(m)[:300] for m in answers]
+        again = pump.request(5, "tools/call", {"name": "counter", "arguments": {}})
+        assert "counted" in again["result"]["content"][0]["text"], again
+        assert (workspace / "counter.log").read_text() == "ran\n"  # call 5's only
+        assert all(m.get("id") != 2 for m in seen), str(seen)[:500]
+
+
+#: A toolsetd whose first initialize waits (its event loop held) until the file named
+#: by its first argument exists: a new daemon slow to answer the replayed initialize.
+_SLOW_INITIALIZE = (
+    "import os, sys, time\n"
+    "import toolsetd.daemon.mcp_session as session\n"
+    "gate = sys.argv.pop(1)\n"
+    "check = session._check_initialize\n"
+    "def slow(params):\n"
+    "    while not os.path.exists(gate):\n"
+    "        time.sleep(0.01)\n"
+    "    check(params)\n"
+    "session._check_initialize = slow\n"
+    "from toolsetd.daemon.app import main\n"
+    "sys.exit(main())\n"
+)
+
+
+def test_a_request_past_the_bound_while_the_replay_is_unanswered_is_answered(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The new daemon is bound but has not answered the replayed initialize: the host's
+    lines still wait, and one past the 4 MiB is answered by the pump, once the daemon
+    has answered (between its lines), not kept for a reconnect that never comes."""
+    _needs_syscall()
+    gate = tmp_base / "answer-initialize"
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        assert d.stop() == 0
+        started.append(start_daemon(home, workspace, tmp_base, launcher=[
+            sys.executable, "-c", _SLOW_INITIALIZE, str(gate)]))
+        # Told once the pump is bound and has sent the replay: its lines wait now.
+        receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
+        for n in (2, 3, 4):
+            pump.send({"jsonrpc": "2.0", "id": n, "method": "tools/call", "params": BIG})
+        eventually(lambda: _stdin_taken(pump), what="the lines read by the pump")
+        gate.touch()
+        seen = receive_answers(pump, {2, 3})  # the daemon's
+        over = [m for m in seen if m.get("id") == 4]
+        assert len(over) == 1, str(seen)[:500]
+        assert "not sent" in over[0]["result"]["content"][0]["text"], over
 
 
 def test_the_rest_of_a_long_line_does_not_go_to_the_new_daemon(
@@ -753,44 +890,110 @@ def test_a_full_backlog_during_the_reconnect_is_tried_again(
             assert close(pump) == 0
 
 
+META = {"io.modelcontextprotocol/protocolVersion": MODERN,
+        "io.modelcontextprotocol/clientCapabilities": {}}
+LISTEN = {"_meta": META, "notifications": {"toolsListChanged": True}}
+ACKNOWLEDGED = "notifications/subscriptions/acknowledged"
+LIST_CHANGED = "notifications/tools/list_changed"
+
+
+def on_stream(method: str, subscription: Any) -> Any:
+    """Whether a message is a ``method`` notification on the listen ``subscription``."""
+    return lambda m: m.get("method") == method and m["params"]["_meta"] == {
+        "io.modelcontextprotocol/subscriptionId": subscription}
+
+
+def listen(pump: RawPump, subscription: Any) -> list[Any]:
+    """Open a listen stream (list_changed) and read up to its acknowledgement."""
+    pump.send({"jsonrpc": "2.0", "id": subscription, "method": "subscriptions/listen",
+               "params": LISTEN})
+    return receive_until(pump, on_stream(ACKNOWLEDGED, subscription))
+
+
 def test_a_listen_open_during_a_sigkill_goes_on_with_the_new_daemon(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """A 2026-07-28 host's subscriptions/listen, open when the daemon is killed: the pump
     sends it to the new daemon (same id, same params) instead of answering it with an
     error, tells the stream list_changed (the catalog may differ now), and the new daemon's
-    list_changed then comes on the host's same stream."""
-    meta = {"io.modelcontextprotocol/protocolVersion": MODERN,
-            "io.modelcontextprotocol/clientCapabilities": {}}
-    listen = {"_meta": meta, "notifications": {"toolsListChanged": True}}
+    list_changed then comes on the host's same stream. The stream is acknowledged once:
+    the new daemon's acknowledgement of the resent listen (it came to the host a second
+    time) is the pump's, not the host's."""
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        listen(pump, "sub")
+        d.proc.kill()
+        d.proc.wait()
+        restart(started, home, workspace, tmp_base)
+        seen = receive_until(pump, on_stream(LIST_CHANGED, "sub"))  # the pump's
+        # The new daemon has the catalog (the listen's snapshot to differ from).
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/list",
+                   "params": {"_meta": META}})
+        seen += receive_until(pump, answer_to(2))
+        assert "progress3" in {t["name"] for t in seen[-1]["result"]["tools"]}
+        (home / "tools" / "progress3" / "tools.json").unlink()
+        # The new daemon's, which it sends only once the listen is acknowledged.
+        seen += receive_until(pump, on_stream(LIST_CHANGED, "sub"))
+        assert all(m.get("id") != "sub" for m in seen), seen  # not ended
+        assert not [m for m in seen if on_stream(ACKNOWLEDGED, "sub")(m)], seen
+        tools = pump.request(3, "tools/list", {"_meta": META})["result"]["tools"]
+        assert "progress3" not in {t["name"] for t in tools}
 
-    def on_stream(method: str) -> Any:
-        return lambda m: m.get("method") == method and m["params"]["_meta"] == {
-            "io.modelcontextprotocol/subscriptionId": "sub"}
 
+def test_a_listen_opened_again_after_a_graceful_restart_is_told_list_changed(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A graceful stop ends the host's listen with its completion result; the host opens
+    it again, and the new daemon acknowledges it. What changed while no daemon served it
+    was told to no stream: the pump tells the new stream list_changed after its
+    acknowledgement, as it tells a legacy host after a restart (and a listen it resent
+    after a crash). It was told nothing, and went on with the old daemon's list."""
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        listen(pump, "sub")
+        assert d.stop() == 0
+        ended = receive_until(pump, answer_to("sub"))[-1]
+        assert ended["result"]["resultType"] == "complete", ended
+        (home / "tools" / "progress3" / "tools.json").unlink()  # in the gap
+        # Sent again while no daemon answers: it waits for the new one.
+        pump.send({"jsonrpc": "2.0", "id": "sub2", "method": "subscriptions/listen",
+                   "params": LISTEN})
+        restart(started, home, workspace, tmp_base)
+        seen = receive_until(pump, on_stream(ACKNOWLEDGED, "sub2"))
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        seen += receive_until(pump, answer_to(2))
+        # Acknowledged once, and told after that (MCP: nothing on a stream before).
+        stream = [m["method"] for m in seen
+                  if "method" in m and m["params"]["_meta"] == {
+                      "io.modelcontextprotocol/subscriptionId": "sub2"}]
+        assert stream == [ACKNOWLEDGED, LIST_CHANGED], seen
+        # Only a stream opened again: a listen the host opens later is not told.
+        seen = listen(pump, "sub3")
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        seen += receive_until(pump, answer_to(3))
+        assert not [m for m in seen if m.get("method") == LIST_CHANGED], seen
+
+
+@pytest.mark.anyio
+async def test_the_sdk_hosts_listen_across_a_graceful_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The SDK host (2026-07-28) sees its listen end gracefully when the daemon stops, and
+    listens again ("re-listen and refetch"): the new stream's first event is the change
+    made while no daemon served it."""
     with daemons(home, workspace, tmp_base) as started:
         d = restart(started, home, workspace, tmp_base)
-        pump = RawPump(pump_args(d, workspace))
-        try:
-            pump.send({"jsonrpc": "2.0", "id": "sub", "method": "subscriptions/listen",
-                       "params": listen})
-            receive_until(pump, on_stream("notifications/subscriptions/acknowledged"))
-            d.proc.kill()
-            d.proc.wait()
-            restart(started, home, workspace, tmp_base)
-            seen = receive_until(pump, lambda m: on_stream(
-                "notifications/subscriptions/acknowledged")(m) or m.get("id") == "sub")
-            assert all(m.get("id") != "sub" for m in seen), seen  # not ended
-            assert any(on_stream("notifications/tools/list_changed")(m) for m in seen), seen
-            # The new daemon has the catalog (the listen's snapshot to differ from).
-            tools = pump.request(2, "tools/list", {"_meta": meta})["result"]["tools"]
-            assert "progress3" in {t["name"] for t in tools}
-            (home / "tools" / "progress3" / "tools.json").unlink()
-            receive_until(pump, on_stream("notifications/tools/list_changed"))
-            tools = pump.request(3, "tools/list", {"_meta": meta})["result"]["tools"]
-            assert "progress3" not in {t["name"] for t in tools}
-        finally:
-            assert close(pump) == 0
+        with anyio.fail_after(30):
+            async with Client(server(d, workspace)) as client:
+                async with client.listen(tools_list_changed=True) as sub:
+                    assert d.stop() == 0
+                    assert [event async for event in sub] == []  # ended, not lost
+                (home / "tools" / "progress3" / "tools.json").unlink()
+                restart(started, home, workspace, tmp_base)
+                async with client.listen(tools_list_changed=True) as sub:
+                    async for _event in sub:
+                        break
+                tools = {t.name for t in (await client.list_tools()).tools}
+                assert "progress3" not in tools
+                assert "hello" in tools
 
 
 #: A toolsetd that no longer serves what the host agreed on (a downgrade): its main, run
@@ -818,19 +1021,27 @@ def test_a_new_daemon_that_does_not_agree_to_the_hosts_session_ends_the_pump(
     the one the host was given (a toolsetd downgraded across the restart), or with an
     error: the host would go on speaking a version the session did not agree on, so the
     pump ends (exit 5, one line on stderr): the host starts the server again and
-    negotiates anew."""
+    negotiates anew. A call that waited for the new daemon is not sent to it before it
+    has agreed (it went right behind the replay, and may have run, in a session the host
+    never had): the pump answers it as not sent."""
     with daemons(home, workspace, tmp_base) as started:
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
         try:
             initialize(pump)
             assert d.stop() == 0
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": HELLO})
             started.append(start_daemon(
                 home, workspace, tmp_base, launcher=[sys.executable, "-c", _DOWNGRADED, how]))
             assert pump.proc.wait(timeout=30) == 5
         finally:
             code = close(pump)
         said = pump.stderr()
+        answers = [json.loads(line) for line in pump.stdout_text.splitlines()]
+        waited = [m for m in answers if m.get("id") == 2]
+        assert len(waited) == 1, answers
+        assert waited[0]["result"]["isError"] is True, waited
+        assert "was not sent" in waited[0]["result"]["content"][0]["text"], waited
         expected = "2025-06-18" if how == "version" else "refused the host's initialize"
         assert said.count("\n") == 1 and expected in said, said
         assert code == 5
