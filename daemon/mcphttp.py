@@ -756,8 +756,8 @@ class McpHttpEndpoint:
                 # Which one was meant? Guessing (the last wins) could run the call in
                 # another workspace or mode than the host believes.
                 problem = (
-                    f"Invalid params: '{name}' is given {len(values)} times in the URL; "
-                    "give it once."
+                    f"Invalid {'workspace' if workspace else 'params'}: '{name}' is given "
+                    f"{len(values)} times in the URL; give it once."
                 )
             elif not is_utf8(values[0]):
                 # A name whose %-escapes are not UTF-8 cannot be honoured as given (as on

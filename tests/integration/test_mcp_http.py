@@ -226,6 +226,10 @@ def test_http_a_query_parameter_given_twice_is_400(http_daemon, workspace: Path)
         error = reply.json()["error"]
         assert f"'{field}' is given 2 times" in error["message"], error
         assert error["data"]["field"] == field
+        # The message's lead names the same kind of error as its code.
+        lead = "Invalid workspace:" if field == "workspace" else "Invalid params:"
+        assert error["code"] == (-32006 if field == "workspace" else -32602), error
+        assert error["message"].startswith(lead), error
 
 
 def test_http_an_unknown_query_parameter_is_400(http_daemon, workspace: Path) -> None:
