@@ -406,10 +406,10 @@ def _pids_hierarchy() -> tuple[Path, str] | None:
     return None
 
 
-def marked_processes(marker: str) -> list[int]:
-    """The pids of the live processes whose command line carries ``marker`` (zombies
-    excluded): a test's tools, found by a word in their argv."""
-    found = []
+def processes() -> Iterator[tuple[int, list[bytes], bytes]]:
+    """Each process: its pid, the fields of its ``/proc/<pid>/stat`` after the command
+    (state, ppid, pgrp, ...) and its command line (NUL-separated); one that goes meanwhile
+    is left out."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -417,12 +417,20 @@ def marked_processes(marker: str) -> list[int]:
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmdline = f.read()
             with open(f"/proc/{entry}/stat", "rb") as f:
-                state = f.read().rsplit(b")", 1)[1].split()[0]
+                fields = f.read().rsplit(b")", 1)[1].split()
         except OSError:
             continue
-        if marker.encode() in cmdline and state != b"Z":
-            found.append(int(entry))
-    return found
+        yield int(entry), fields, cmdline
+
+
+def marked_processes(marker: str) -> list[int]:
+    """The pids of the live processes whose command line carries ``marker`` (zombies
+    excluded): a test's tools, found by a word in their argv."""
+    return [
+        pid
+        for pid, fields, cmdline in processes()
+        if marker.encode() in cmdline and fields[0] != b"Z"
+    ]
 
 
 @contextlib.contextmanager
