@@ -604,7 +604,7 @@ def test_sandboxed_peer_knows_the_cgroups_of_running_sandboxed_calls(
         accepted, _ = server.accept()
         with accepted:
             _, refused = endpoint._admit(accepted)
-    assert refused is not None and "cannot tell" in refused.message
+    assert refused is not None and "cannot tell" in refused.error.message
     anyio.run(prepared.cgroup.finish)
     assert tree.sandboxed == {}
     assert c.sandboxed_peer(own) is None

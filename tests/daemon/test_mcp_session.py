@@ -18,8 +18,14 @@ from toolsetd.protocol.jsontext import loads
         ("7", True),
         ("-0", True),  # an integer in JSON's grammar, kept as a number with its text
         (str(2**80), True),
-        ("0.0", False),
-        ("1e2", False),
+        # JSON Schema's integer is a number whose fraction is zero, however written
+        # (fccc697); decided in decimal, never through a float.
+        ("0.0", True),
+        ("1e2", True),
+        ("1.5", False),
+        ("1e-2", False),
+        ("1.0000000000000000001", False),  # a float's 1.0, but no integer
+        ("1.5e99999999999999999999999", False),  # past decimal's exponent: refused (692d00a)
         ("true", False),
         ("{}", False),
         ("[]", False),
