@@ -66,10 +66,15 @@ _MAX_LINE = 64 * 1024 * 1024
 _CHUNK = 1000
 #: Seconds the daemon waits for the process's exit status after its output ended.
 _EXIT_WAIT = 1.0
-#: The watch process started through ``/proc/self/exe``: the arguments after the daemon's
-#: pid are its site folders, the import path a start by the interpreter's name finds.
+#: The watch process started through ``/proc/self/exe`` (with ``-S``): the argument after
+#: the daemon's pid is its import path and its site folders (their ``.pth`` files, an
+#: editable install's finder among them, run again), in JSON. That binary is the bare
+#: interpreter behind the daemon's venv: left to its own path, its site-packages and the
+#: user's came before the daemon's folders, and another version installed there (an
+#: older ``typing_extensions``, ``watchfiles``) was imported instead of the daemon's.
 _BOOTSTRAP = (
-    "import site, sys; [site.addsitedir(folder) for folder in sys.argv[2:]]; "
+    "import json, site, sys; path, folders = json.loads(sys.argv.pop(2)); sys.path[:] = path; "
+    "[site.addsitedir(folder) for folder in folders]; "
     "from toolsetd.daemon.watchproc import main; main()"
 )
 
@@ -179,9 +184,9 @@ class ProcessWatch:
             except PermissionError:
                 # The daemon's user may not reach its interpreter by its path (a folder on
                 # the way only root may search, the daemon started by a launcher that
-                # could): the running binary, by /proc, with the daemon's site folders.
-                pid, folders = str(os.getpid()), site.getsitepackages()
-                proc = await _spawn(["/proc/self/exe", "-P", "-c", _BOOTSTRAP, pid, *folders])
+                # could): the running binary, by /proc, with the daemon's import path.
+                pid, where = str(os.getpid()), json.dumps(_import_path())
+                proc = await _spawn(["/proc/self/exe", "-S", "-P", "-c", _BOOTSTRAP, pid, where])
         except OSError as exc:  # EAGAIN at the limit of processes and threads, EMFILE, ...
             raise type(exc)(
                 exc.errno, f"the watch process could not start: {exc.strerror}"
@@ -208,6 +213,16 @@ class ProcessWatch:
             except ValueError:
                 return f"killed by signal {-code}"
         return f"exit status {code}"
+
+
+def _import_path() -> tuple[list[str], list[str]]:
+    """The daemon's import path (its absolute folders, in order) and the site folders on it
+    (whose ``.pth`` files install what the path alone does not: an editable finder)."""
+    path = [entry for entry in sys.path if os.path.isabs(entry)]
+    folders = site.getsitepackages()
+    if site.ENABLE_USER_SITE:
+        folders.append(site.getusersitepackages())
+    return path, [folder for folder in folders if folder in path]
 
 
 async def _spawn(command: list[str]) -> anyio.abc.Process:
