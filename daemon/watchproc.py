@@ -23,7 +23,9 @@ spawn fails (``EAGAIN``) the same way. The daemon starts no thread for a watch.
   the stop (seen within one ``step``). The process answers ``{"ready": true}`` once its
   watcher is made and watching (:meth:`ProcessWatch.established`), then
   ``{"changes": [[change, path], ...]}`` per batch (at most ``_CHUNK`` to a line: a batch
-  of more comes as several), or ``{"error", "message"}`` (the exception's type name and
+  of more comes as several, each but the last with ``"more": true``, and is one batch
+  again in the daemon, as watchfiles made it), or ``{"error", "message"}`` (the
+  exception's type name and
   text) when watchfiles raised, and exits. The daemon raises that error again (a builtin
   type of that name, else ``RuntimeError``), so a name watchfiles cannot decode is still
   told apart (``watcher._undecodable_name``).
@@ -98,6 +100,8 @@ class ProcessWatch:
         self._proc: anyio.abc.Process | None = None
         self._stdout: BufferedByteReceiveStream | None = None
         self._ready = False
+        #: The changes of a batch whose last line has not come yet.
+        self._partial: set[tuple[Change, str]] = set()
         #: Batches read and not yet taken (one came before the process said it was ready).
         self._batches: list[set[tuple[Change, str]]] = []
 
@@ -142,7 +146,10 @@ class ProcessWatch:
         if message.get("ready"):
             self._ready = True
         else:
-            self._batches.append({(Change(change), path) for change, path in message["changes"]})
+            self._partial.update((Change(change), path) for change, path in message["changes"])
+            if not message.get("more"):
+                self._batches.append(self._partial)
+                self._partial = set()
 
     async def _message(self) -> dict[str, Any] | None:
         """The process's next line (None once the stop is set); the process is started by
@@ -314,7 +321,10 @@ def main() -> None:
         ):
             changes = [[int(change), path] for change, path in batch]
             for start in range(0, len(changes), _CHUNK):
-                say({"changes": changes[start : start + _CHUNK]})
+                chunk: dict[str, Any] = {"changes": changes[start : start + _CHUNK]}
+                if start + _CHUNK < len(changes):
+                    chunk["more"] = True
+                say(chunk)
     except BrokenPipeError:
         return
     except Exception as exc:

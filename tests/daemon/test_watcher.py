@@ -1209,3 +1209,26 @@ async def test_a_watch_process_started_through_proc_self_exe_imports_the_daemons
     finally:
         await watch.aclose()
     assert (Change.added, str(watched / "made")) in batch
+
+
+async def test_a_batch_the_watch_process_writes_in_chunks_is_one_batch(tmp_path: Path) -> None:
+    """The watch process writes a batch of more than 1000 changes as several lines, and
+    each line came out as a batch of its own: a checkout that brought 2,500 entries at
+    once was 3 batches, each a probe and a reload of its own, where watchfiles made one."""
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    stop = anyio.Event()
+    # A step long enough that the entries below, made in a tight loop, are one batch.
+    watch = watch_in_process(
+        watched, stop_event=stop, debounce=10_000, step=1000, recursive=False,
+        rust_timeout=5000,
+    )
+    try:
+        with anyio.fail_after(30):
+            await watch.established()
+            for n in range(2500):
+                (watched / f"e{n}").touch()
+            batch = await watch.__anext__()
+    finally:
+        await watch.aclose()
+    assert len(batch) == 2500
