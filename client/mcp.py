@@ -677,6 +677,7 @@ class _Pump:
         key: object = None
         answer = False
         cancel = False  # a notifications/cancelled: it never waits for a new daemon
+        reaches = False  # it names a request the daemon has (``_host_notification``)
         if type(message) is dict:
             method = message.get("method")
             request_id = message.get("id", _ABSENT)
@@ -686,7 +687,7 @@ class _Pump:
                 if not line:
                     return
             elif type(method) is str and request_id is _ABSENT:
-                self._host_notification(method, message.get("params"))
+                reaches = self._host_notification(method, message.get("params"))
                 cancel = method == "notifications/cancelled"
             elif type(method) is str:
                 key = _key(request_id)
@@ -706,7 +707,7 @@ class _Pump:
                         self.head_max = max(self.head_max, 6 * len(request_id) + _HEAD)
         with self.lock:
             sock = self.sock
-            if sock is None or self.gated:
+            if sock is None or (self.gated and not reaches):
                 if not cancel:
                     self._wait(line, key, entry)
                 return
@@ -783,7 +784,9 @@ class _Pump:
             return json.dumps(message).encode() + b"\n"
         return line
 
-    def _host_notification(self, method: str, params: object) -> None:
+    def _host_notification(self, method: str, params: object) -> bool:
+        """Note a host notification; whether it is a cancel of a request in flight."""
+        reaches = False
         if method == "notifications/initialized":
             with self.lock:
                 self.initialized = True
@@ -791,10 +794,12 @@ class _Pump:
             key = _key(params.get("requestId"))
             # A cancel never waits for a new daemon (``_host_line``): it named a request
             # that waits (not sent now: it never reaches a daemon), one the old daemon had
-            # (answered, or a listen not sent again) or none; held, it could be dropped
-            # past ``_WAITING_MAX`` while its request went on, and ran.
+            # (answered, or a listen not sent again), a listen resent to the new daemon
+            # (sent to it at once, while the replayed initialize is unanswered too: the
+            # listen ends there) or none; held, it could be dropped past ``_WAITING_MAX``
+            # while its request went on, and ran.
             with self.lock:  # a cancelled request gets no answer, from the pump neither
-                self.in_flight.pop(key, None)
+                reaches = self.in_flight.pop(key, None) is not None
                 self.listens.pop(key, None)  # nor is a cancelled listen sent again
                 self._listen_over(key)
                 if key is not None and self.waiting:
@@ -805,6 +810,7 @@ class _Pump:
                         else:
                             kept.append(held)
                     self.waiting = kept
+        return reaches
 
     def _send(self, sock: socket.socket, line: bytes) -> None:
         with self.send_lock:

@@ -23,7 +23,9 @@ spawn fails (``EAGAIN``) the same way. The daemon starts no thread for a watch.
   the stop (seen within one ``step``). The process answers ``{"ready": true}`` once its
   watcher is made and watching (:meth:`ProcessWatch.established`), then
   ``{"changes": [[change, path], ...]}`` per batch (at most ``_CHUNK`` to a line: a batch
-  of more comes as several), or ``{"error", "message"}`` (the exception's type name and
+  of more comes as several, each but the last with ``"more": true``, and is one batch
+  again in the daemon, as watchfiles made it), or ``{"error", "message"}`` (the
+  exception's type name and
   text) when watchfiles raised, and exits. The daemon raises that error again (a builtin
   type of that name, else ``RuntimeError``), so a name watchfiles cannot decode is still
   told apart (``watcher._undecodable_name``).
@@ -66,10 +68,15 @@ _MAX_LINE = 64 * 1024 * 1024
 _CHUNK = 1000
 #: Seconds the daemon waits for the process's exit status after its output ended.
 _EXIT_WAIT = 1.0
-#: The watch process started through ``/proc/self/exe``: the arguments after the daemon's
-#: pid are its site folders, the import path a start by the interpreter's name finds.
+#: The watch process started through ``/proc/self/exe`` (with ``-S``): the argument after
+#: the daemon's pid is its import path and its site folders (their ``.pth`` files, an
+#: editable install's finder among them, run again), in JSON. That binary is the bare
+#: interpreter behind the daemon's venv: left to its own path, its site-packages and the
+#: user's came before the daemon's folders, and another version installed there (an
+#: older ``typing_extensions``, ``watchfiles``) was imported instead of the daemon's.
 _BOOTSTRAP = (
-    "import site, sys; [site.addsitedir(folder) for folder in sys.argv[2:]]; "
+    "import json, site, sys; path, folders = json.loads(sys.argv.pop(2)); sys.path[:] = path; "
+    "[site.addsitedir(folder) for folder in folders]; "
     "from toolsetd.daemon.watchproc import main; main()"
 )
 
@@ -93,6 +100,8 @@ class ProcessWatch:
         self._proc: anyio.abc.Process | None = None
         self._stdout: BufferedByteReceiveStream | None = None
         self._ready = False
+        #: The changes of a batch whose last line has not come yet.
+        self._partial: set[tuple[Change, str]] = set()
         #: Batches read and not yet taken (one came before the process said it was ready).
         self._batches: list[set[tuple[Change, str]]] = []
 
@@ -137,7 +146,10 @@ class ProcessWatch:
         if message.get("ready"):
             self._ready = True
         else:
-            self._batches.append({(Change(change), path) for change, path in message["changes"]})
+            self._partial.update((Change(change), path) for change, path in message["changes"])
+            if not message.get("more"):
+                self._batches.append(self._partial)
+                self._partial = set()
 
     async def _message(self) -> dict[str, Any] | None:
         """The process's next line (None once the stop is set); the process is started by
@@ -179,9 +191,9 @@ class ProcessWatch:
             except PermissionError:
                 # The daemon's user may not reach its interpreter by its path (a folder on
                 # the way only root may search, the daemon started by a launcher that
-                # could): the running binary, by /proc, with the daemon's site folders.
-                pid, folders = str(os.getpid()), site.getsitepackages()
-                proc = await _spawn(["/proc/self/exe", "-P", "-c", _BOOTSTRAP, pid, *folders])
+                # could): the running binary, by /proc, with the daemon's import path.
+                pid, where = str(os.getpid()), json.dumps(_import_path())
+                proc = await _spawn(["/proc/self/exe", "-S", "-P", "-c", _BOOTSTRAP, pid, where])
         except OSError as exc:  # EAGAIN at the limit of processes and threads, EMFILE, ...
             raise type(exc)(
                 exc.errno, f"the watch process could not start: {exc.strerror}"
@@ -208,6 +220,16 @@ class ProcessWatch:
             except ValueError:
                 return f"killed by signal {-code}"
         return f"exit status {code}"
+
+
+def _import_path() -> tuple[list[str], list[str]]:
+    """The daemon's import path (its absolute folders, in order) and the site folders on it
+    (whose ``.pth`` files install what the path alone does not: an editable finder)."""
+    path = [entry for entry in sys.path if os.path.isabs(entry)]
+    folders = site.getsitepackages()
+    if site.ENABLE_USER_SITE:
+        folders.append(site.getusersitepackages())
+    return path, [folder for folder in folders if folder in path]
 
 
 async def _spawn(command: list[str]) -> anyio.abc.Process:
@@ -299,7 +321,10 @@ def main() -> None:
         ):
             changes = [[int(change), path] for change, path in batch]
             for start in range(0, len(changes), _CHUNK):
-                say({"changes": changes[start : start + _CHUNK]})
+                chunk: dict[str, Any] = {"changes": changes[start : start + _CHUNK]}
+                if start + _CHUNK < len(changes):
+                    chunk["more"] = True
+                say(chunk)
     except BrokenPipeError:
         return
     except Exception as exc:

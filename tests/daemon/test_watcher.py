@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import sys
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
@@ -15,6 +16,7 @@ import anyio
 import pytest
 from structlog.testing import capture_logs
 from toolsetd.daemon.watcher import ReloadKey, Watcher
+from toolsetd.daemon.watchproc import watch_in_process
 from watchfiles import Change
 
 pytestmark = pytest.mark.anyio
@@ -1172,3 +1174,61 @@ async def test_a_link_to_a_watched_folder_pointed_elsewhere_is_watched_again(
                 await anyio.sleep(0.01)
             await _poke_until(recorder, workspace, manifest)
             tg.cancel_scope.cancel()
+
+
+async def test_a_watch_process_started_through_proc_self_exe_imports_the_daemons_packages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A daemon whose user may not run its interpreter by its path starts the watch
+    process as ``/proc/self/exe``: the bare interpreter behind the daemon's venv, whose own
+    search path (its site-packages, the user's) came first and the daemon's site folders
+    after. Another watchfiles installed there (a user's older one; here one that exits at
+    import) was the one imported, and the watch process ended at its start, every time.
+    It imports what the daemon does."""
+    user_base = tmp_path / "user"
+    decoy = user_base / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    decoy = decoy / "site-packages" / "watchfiles"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise SystemExit(3)\n")
+    monkeypatch.setenv("PYTHONUSERBASE", str(user_base))
+    monkeypatch.delenv("PYTHONNOUSERSITE", raising=False)
+    interpreter = tmp_path / "python"  # not executable: the start by path is refused
+    interpreter.write_text("")
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    stop = anyio.Event()
+    watch = watch_in_process(
+        watched, stop_event=stop, debounce=50, step=50, recursive=False, rust_timeout=5000,
+        python=str(interpreter),
+    )
+    try:
+        with anyio.fail_after(30):
+            await watch.established()
+            (watched / "made").touch()
+            batch = await watch.__anext__()
+    finally:
+        await watch.aclose()
+    assert (Change.added, str(watched / "made")) in batch
+
+
+async def test_a_batch_the_watch_process_writes_in_chunks_is_one_batch(tmp_path: Path) -> None:
+    """The watch process writes a batch of more than 1000 changes as several lines, and
+    each line came out as a batch of its own: a checkout that brought 2,500 entries at
+    once was 3 batches, each a probe and a reload of its own, where watchfiles made one."""
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    stop = anyio.Event()
+    # A step long enough that the entries below, made in a tight loop, are one batch.
+    watch = watch_in_process(
+        watched, stop_event=stop, debounce=10_000, step=1000, recursive=False,
+        rust_timeout=5000,
+    )
+    try:
+        with anyio.fail_after(30):
+            await watch.established()
+            for n in range(2500):
+                (watched / f"e{n}").touch()
+            batch = await watch.__anext__()
+    finally:
+        await watch.aclose()
+    assert len(batch) == 2500

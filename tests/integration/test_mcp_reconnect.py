@@ -1045,3 +1045,53 @@ def test_a_new_daemon_that_does_not_agree_to_the_hosts_session_ends_the_pump(
         expected = "2025-06-18" if how == "version" else "refused the host's initialize"
         assert said.count("\n") == 1 and expected in said, said
         assert code == 5
+
+
+def test_a_listen_cancelled_while_the_replay_is_unanswered_ends_at_the_new_daemon(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A host that initialized and listens (both eras, one connection): the daemon is
+    killed, and the pump sends the new one the replayed initialize and the open listen.
+    The host cancels the listen before the replay is answered. A cancel never waits, and
+    this one was dropped: the listen the new daemon has was never cancelled, and its
+    list_changed kept coming on a stream the host had ended. The cancel goes to the
+    daemon that has the listen. (Its acknowledgement may still come, sent before the
+    cancel arrived: MCP has the host ignore what comes after its cancel.)"""
+    _needs_syscall()
+    gate = tmp_base / "answer-initialize"
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        listen(pump, "sub")
+        d.proc.kill()
+        d.proc.wait()
+        started.append(start_daemon(home, workspace, tmp_base, launcher=[
+            sys.executable, "-c", _SLOW_INITIALIZE, str(gate)]))
+        # Told once the pump is bound and has sent the replay and the listen.
+        seen = receive_until(pump, lambda m: m.get("method") == LIST_CHANGED
+                             and "params" not in m)
+        pump.send({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                   "params": {"requestId": "sub"}})
+        eventually(lambda: _stdin_taken(pump), what="the cancel read by the pump")
+        gate.touch()
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        seen += receive_until(pump, answer_to(2))
+        (home / "tools" / "progress3" / "tools.json").unlink()
+        asked = iter(range(3, 1000))
+
+        def reloaded() -> bool:  # the change is in the new daemon's catalog
+            request_id = next(asked)
+            pump.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/list",
+                       "params": {"_meta": META}})
+            seen.extend(receive_until(pump, answer_to(request_id)))
+            return "progress3" not in {t["name"] for t in seen[-1]["result"]["tools"]}
+
+        eventually(reloaded, what="the set removed")
+        pump.send({"jsonrpc": "2.0", "id": 2000, "method": "ping"})
+        seen += receive_until(pump, answer_to(2000))
+        on_sub = [m["method"] for m in seen if "method" in m and m.get("params", {}).get(
+            "_meta") == {"io.modelcontextprotocol/subscriptionId": "sub"}]
+        # The pump's list_changed as it resent the listen, before the cancel; none of the
+        # new daemon's for the change made after it.
+        assert on_sub.count(LIST_CHANGED) == 1, seen
+        assert on_sub[0] == LIST_CHANGED, seen
+        assert all(m.get("id") != "sub" for m in seen), seen  # cancelled: no answer
