@@ -14,7 +14,8 @@ So the watch runs in a child, ``python -m toolsetd.daemon.watchproc <daemon pid>
 **watch process**; :func:`watch_in_process` is an async iterator with ``watchfiles.awatch``'s
 signature (the ``Watcher``'s ``watch_factory``) that starts it and reads its batches. Where
 its watcher cannot start its thread, the watch process aborts, and the daemon sees it end
-(``the watch process ended (killed by SIGABRT)``): the watch failed as any other, the poll
+(``the watch process ended (killed by SIGABRT; it said: ...)``, the last line it wrote
+on stderr, notify's panic): the watch failed as any other, the poll
 serves on, and the watch is tried again later. Where the process itself cannot start, the
 spawn fails (``EAGAIN``) the same way. The daemon starts no thread for a watch.
 
@@ -49,9 +50,10 @@ import signal
 import site
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import anyio
 import anyio.abc
@@ -68,6 +70,9 @@ _MAX_LINE = 64 * 1024 * 1024
 _CHUNK = 1000
 #: Seconds the daemon waits for the process's exit status after its output ended.
 _EXIT_WAIT = 1.0
+#: How much of the start and of the end of the process's stderr is read for what its
+#: ending says (a Rust panic's message, the last line of a Python traceback).
+_STDERR_TAIL = 2048
 #: The watch process started through ``/proc/self/exe`` (with ``-S``): the argument after
 #: the daemon's pid is its import path and its site folders (their ``.pth`` files, an
 #: editable install's finder among them, run again), in JSON. That binary is the bare
@@ -99,6 +104,8 @@ class ProcessWatch:
         self._python = python
         self._proc: anyio.abc.Process | None = None
         self._stdout: BufferedByteReceiveStream | None = None
+        #: The process's stderr: an unnamed file, read only once the process ended.
+        self._stderr: IO[bytes] | None = None
         self._ready = False
         #: The changes of a batch whose last line has not come yet.
         self._partial: set[tuple[Change, str]] = set()
@@ -128,6 +135,9 @@ class ProcessWatch:
     async def aclose(self) -> None:
         """End the process (killed: it holds nothing to finish) and reap it."""
         proc, self._proc = self._proc, None
+        stderr, self._stderr = self._stderr, None
+        if stderr is not None:
+            stderr.close()
         if proc is None:
             return
         with anyio.CancelScope(shield=True):
@@ -186,14 +196,28 @@ class ProcessWatch:
 
     async def _start(self) -> BufferedByteReceiveStream:
         try:
+            # Its stderr goes to a file, not a pipe: nothing reads it while the process
+            # runs (a pipe left full would block it), and what it holds is read once the
+            # process ended, for the log line that says so.
+            self._stderr = stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by aclose
             try:
-                proc = await _spawn([self._python, "-P", "-m", __name__, str(os.getpid())])
-            except PermissionError:
-                # The daemon's user may not reach its interpreter by its path (a folder on
-                # the way only root may search, the daemon started by a launcher that
-                # could): the running binary, by /proc, with the daemon's import path.
-                pid, where = str(os.getpid()), json.dumps(_import_path())
-                proc = await _spawn(["/proc/self/exe", "-S", "-P", "-c", _BOOTSTRAP, pid, where])
+                try:
+                    proc = await _spawn(
+                        [self._python, "-P", "-m", __name__, str(os.getpid())], stderr
+                    )
+                except PermissionError:
+                    # The daemon's user may not reach its interpreter by its path (a folder
+                    # on the way only root may search, the daemon started by a launcher
+                    # that could): the running binary, by /proc, with the daemon's import
+                    # path.
+                    pid, where = str(os.getpid()), json.dumps(_import_path())
+                    proc = await _spawn(
+                        ["/proc/self/exe", "-S", "-P", "-c", _BOOTSTRAP, pid, where], stderr
+                    )
+            except BaseException:
+                self._stderr = None
+                stderr.close()
+                raise
         except OSError as exc:  # EAGAIN at the limit of processes and threads, EMFILE, ...
             raise type(exc)(
                 exc.errno, f"the watch process could not start: {exc.strerror}"
@@ -213,13 +237,40 @@ class ProcessWatch:
             await proc.wait()
         code = proc.returncode
         if code is None:
-            return "its output closed"
-        if code < 0:
+            how = "its output closed"
+        elif code < 0:
             try:
-                return f"killed by {signal.Signals(-code).name}"
+                how = f"killed by {signal.Signals(-code).name}"
             except ValueError:
-                return f"killed by signal {-code}"
-        return f"exit status {code}"
+                how = f"killed by signal {-code}"
+        else:
+            how = f"exit status {code}"
+        said = self._said()
+        return f"{how}; it said: {said}" if said else how
+
+    def _said(self) -> str:
+        """What the process said on stderr, printable, or '': its first Rust panic (the
+        ``panicked at`` line and the message after it, within the first
+        ``_STDERR_TAIL`` bytes: later panics are the abort's own), else its last line (a
+        Python traceback's exception, within the last ``_STDERR_TAIL`` bytes)."""
+        stderr = self._stderr
+        if stderr is None:
+            return ""
+        try:
+            size = os.fstat(stderr.fileno()).st_size
+            head = os.pread(stderr.fileno(), _STDERR_TAIL, 0)
+            tail = os.pread(stderr.fileno(), _STDERR_TAIL, max(0, size - _STDERR_TAIL))
+        except OSError:
+            return ""
+        lines = _lines(head)
+        panic = next((n for n, line in enumerate(lines) if " panicked at " in line), None)
+        said = lines[panic : panic + 2] if panic is not None else _lines(tail)[-1:]
+        return "".join(c if c.isprintable() else "?" for c in " ".join(said))
+
+
+def _lines(text: bytes) -> list[str]:
+    """The lines of ``text`` that are not blank, stripped."""
+    return [line.strip() for line in text.decode("utf-8", "replace").splitlines() if line.strip()]
 
 
 def _import_path() -> tuple[list[str], list[str]]:
@@ -232,14 +283,14 @@ def _import_path() -> tuple[list[str], list[str]]:
     return path, [folder for folder in folders if folder in path]
 
 
-async def _spawn(command: list[str]) -> anyio.abc.Process:
+async def _spawn(command: list[str], stderr: IO[bytes]) -> anyio.abc.Process:
     """The watch process, in a session of its own (a terminal's Ctrl-C for the daemon does
     not reach it)."""
     return await anyio.open_process(
         command,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+        stderr=stderr,
         cwd="/",
         start_new_session=True,
     )

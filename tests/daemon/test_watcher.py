@@ -1211,6 +1211,33 @@ async def test_a_watch_process_started_through_proc_self_exe_imports_the_daemons
     assert (Change.added, str(watched / "made")) in batch
 
 
+async def test_a_watch_process_that_ends_says_what_it_wrote_on_stderr(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watch process that ends before it watches (here: the watchfiles it imports raises)
+    is reported with how it ended and the last thing it said: its stderr went to
+    /dev/null, and ``exit status 1`` alone left the operator nothing to go on."""
+    decoy = tmp_path / "decoy" / "watchfiles"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise ImportError('a decoy watchfiles, refused')\n")
+    monkeypatch.setenv("PYTHONPATH", str(decoy.parent))
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    watch = watch_in_process(
+        watched, stop_event=anyio.Event(), debounce=50, step=50, recursive=False,
+        rust_timeout=5000,
+    )
+    try:
+        with anyio.fail_after(30), pytest.raises(RuntimeError) as ended:
+            await watch.established()
+    finally:
+        await watch.aclose()
+    assert str(ended.value) == (
+        "the watch process ended (exit status 1; it said: "
+        "ImportError: a decoy watchfiles, refused)"
+    )
+
+
 async def test_a_batch_the_watch_process_writes_in_chunks_is_one_batch(tmp_path: Path) -> None:
     """The watch process writes a batch of more than 1000 changes as several lines, and
     each line came out as a batch of its own: a checkout that brought 2,500 entries at
