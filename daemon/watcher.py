@@ -81,7 +81,8 @@ Failure: if awatch raises (``OSError`` "OS file watch limit reached", a director
 vanished between probe and watch, an unsupported filesystem), or its process cannot start
 or dies (``the watch process ended (killed by SIGABRT)``: its watcher's thread could not
 start), the watcher logs
-``watch_unavailable`` once, keeps serving from the poller alone, and retries the watch
+``watch_unavailable`` once, probes at once (what changed while the watch started was seen
+by no event), keeps serving from the poller alone, and retries the watch
 when the directories change or after ``retry_seconds`` (``watch_retry``, debug; a retried
 watch says ``watch_started`` once its process watches, or, made by a factory that cannot
 tell, at its first change). One failure is not the watch's: an event naming a path that
@@ -480,6 +481,11 @@ class Watcher:
                 else:
                     self._degraded = True
                     log.warning("watch_unavailable", error=type(cause).__name__, message=str(cause))
+                # What changed while it started was seen by no event, and the restart's
+                # probe may have come first (a watch process's start takes a while): a
+                # probe now takes it in, and restarts the watch if the folders moved (a
+                # folder it was to watch vanished). Else it waited for the next poll.
+                self._schedule_poll(0.0)
                 with anyio.move_on_after(self._retry):
                     await stop.wait()
                 continue

@@ -300,6 +300,37 @@ async def test_watcher_falls_back_to_polling_when_watch_unavailable(layout: Layo
     assert warnings[0]["log_level"] == "warning"
 
 
+async def test_a_change_made_while_a_watch_failed_to_start_is_probed_at_once(
+    layout: Layout,
+) -> None:
+    """A watch that fails as it starts (a folder it was to watch vanished meanwhile: a
+    project's ``.crystal/tools`` removed while its watch process started) took in what
+    changed during its start only at the next poll, ``recheck_seconds`` later: a watch
+    process's start takes a while, and under load the removal's reload waited for the
+    poll. The failure is now followed by a probe at once."""
+    home, _ = layout
+    manifest = home / "tools" / "a" / "tools.json"
+
+    async def vanished(*paths: Path, **kwargs: Any) -> AsyncIterator[Batch]:
+        # Past the probe a restart schedules (0.25 s), as a slow start is: what changes
+        # now is seen by no event and no probe yet.
+        await anyio.sleep(0.5)
+        manifest.write_text('{"runner": "exec"}')
+        raise FileNotFoundError("No such file or directory (os error 2)")
+        yield set()  # pragma: no cover - makes this an async generator
+
+    recorder = Recorder()
+    watcher = Watcher(
+        home, recorder, settle_seconds=60.0, recheck_seconds=60.0, retry_seconds=60.0,
+        watch_factory=vanished,
+    )
+    with anyio.fail_after(20):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await recorder.wait_for(None)
+            tg.cancel_scope.cancel()
+
+
 async def test_a_retry_of_an_unavailable_watch_does_not_say_it_started(layout: Layout) -> None:
     """With the watch limit reached, every retry (every 30 s) logged ``watch_started`` at
     info before failing again at debug: the last line an operator read said the watch had
