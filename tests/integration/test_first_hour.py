@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import pytest
 from mcp import Client
+from mcp.shared.exceptions import MCPError
 
 from .conftest import Daemon, daemon_in, write_set
 from .mcp_helpers import server
@@ -31,6 +32,15 @@ def _fill(home: Path, workspace: Path) -> None:
     # "always", which the project sets' default host policy does not let count.
     write_set(tools, "fmt", {**TOOL, "command": ["/bin/echo", "formatted"]})
     write_set(project, "deploy", {**TOOL, "command": ["/bin/echo", "ran"], "approval": "always"})
+    # A set the operator turned off, one whose field name is misspelt ("comand": the
+    # shorthand then has no command), and a home set a project copy replaces whole.
+    write_set(tools, "lint", {**TOOL, "command": ["/bin/true"], "enabled": False})
+    write_set(tools, "typo", {**TOOL, "comand": ["/bin/true"]})
+    shared = {"runner": "exec", "command": ["/bin/true"]}
+    write_set(
+        tools, "pair", {**shared, "tools": [{**TOOL, "name": "left"}, {**TOOL, "name": "right"}]}
+    )
+    write_set(project, "pair", {**shared, "tools": [{**TOOL, "name": "left"}]})
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +63,8 @@ async def mcp_call(daemon: Daemon, tool: str, *options: str) -> tuple[bool | Non
         async with Client(server(daemon, daemon.workspace, *options)) as client:
             try:
                 result = await client.call_tool(tool, {})
-            except Exception as exc:  # noqa: BLE001 - the SDK raises MCPError for -32602
-                return None, str(getattr(getattr(exc, "error", None), "message", exc))
+            except MCPError as exc:  # an unknown tool is -32602
+                return None, exc.error.message
     text = "".join(getattr(block, "text", "") for block in result.content)
     return result.is_error, text
 
@@ -108,3 +118,51 @@ async def test_headless_denial_names_the_fix_and_the_fix_works(first_hour: Daemo
     project = ctl(first_hour, "invoke", "deploy", "--headless")
     assert 'declare "approval"' not in project.stderr
     assert HOST_IGNORES in project.stderr
+
+
+# -- a tool that is not loaded: which set has it, and why it did not load ---------------
+
+
+@pytest.mark.parametrize(
+    ("tool", "why"),
+    [
+        (
+            "lint",
+            "Tool set 'lint' (home, {home}/tools/lint/tools.json) declares it but is disabled: "
+            'set "enabled": true in it, or run toolsetctl enable lint --source home.',
+        ),
+        (
+            "typo",
+            "Tool set 'typo' (home, {home}/tools/typo/tools.json) was skipped (toolsetctl "
+            "validate typo lists every problem): exec requires a command array.",
+        ),
+        (
+            "right",
+            "Tool set 'pair' (home, {home}/tools/pair/tools.json) declares it but is hidden by "
+            "the project tool set of the same directory name, which replaces it whole.",
+        ),
+    ],
+)
+@pytest.mark.anyio
+async def test_unknown_tool_of_a_set_that_did_not_load_says_why(
+    first_hour: Daemon, tool: str, why: str
+) -> None:
+    """Calling a tool whose set is disabled, skipped or hidden was "no such tool" and a
+    list of loaded tools that does not name it. The refusal now names the set, its
+    tools.json and the fix, the same on toolsetctl and MCP."""
+    why = why.format(home=first_hour.home)
+    r = ctl(first_hour, "invoke", tool, "--format", "json")
+    assert r.returncode == 2
+    error = _json(r)["error"]
+    assert error["code"] == -32001
+    assert error["message"].startswith(f"Unknown tool '{tool}': no such tool")
+    assert error["message"].endswith(f"Loaded tools: deploy, fmt, left. {why}")
+    is_error, text = await mcp_call(first_hour, tool)
+    assert (is_error, text) == (None, error["message"])
+
+
+def test_unknown_tool_nobody_declares_says_nothing_more(first_hour: Daemon) -> None:
+    """A name no set on disk has keeps the plain refusal."""
+    r = ctl(first_hour, "invoke", "nothing_has_this")
+    assert r.returncode == 2
+    assert r.stderr.rstrip().endswith("Loaded tools: deploy, fmt, left.")
