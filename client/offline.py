@@ -20,14 +20,12 @@ Nothing here opens a socket, starts a process or logs.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolsetd.daemon.argv import ArgvError, resolve_executable
+from toolsetd.daemon.argv import ArgvError, executable_problem, resolve_executable
 from toolsetd.daemon.catalog import (
     INVALID_DIRECTORY_NAME,
     ManifestCache,
@@ -356,25 +354,8 @@ def _command_problems(toolset: ToolSet, set_dir: Path) -> list[str]:
         except ArgvError as exc:
             key, problem = command[0], f"Command '{command[0]}': {exc.message}"
         else:
-            key, problem = resolved, _executable_problem(resolved, set_dir)
+            key, problem = resolved, executable_problem(resolved, set_dir)
         if problem:
             users.setdefault(key, []).append(tool.name)
             problems[key] = problem
     return [f"{problems[key]} (used by {', '.join(names)})" for key, names in users.items()]
-
-
-def _executable_problem(resolved: str, set_dir: Path) -> str:
-    if "/" not in resolved:
-        if shutil.which(resolved) is None:
-            return (
-                f"Command '{resolved}' is neither a file in {set_dir} nor found on PATH "
-                "(toolsetd searches its own PATH)."
-            )
-        return ""
-    if not os.path.exists(resolved):
-        return f"Command file {resolved} does not exist."
-    if not os.path.isfile(resolved):
-        return f"Command file {resolved} is not a file."
-    if not os.access(resolved, os.X_OK):
-        return f"Command file {resolved} is not executable: run chmod +x {resolved}."
-    return ""

@@ -9,8 +9,10 @@ words it.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -41,12 +43,51 @@ def _fill(home: Path, workspace: Path) -> None:
         tools, "pair", {**shared, "tools": [{**TOOL, "name": "left"}, {**TOOL, "name": "right"}]}
     )
     write_set(project, "pair", {**shared, "tools": [{**TOOL, "name": "left"}]})
+    # Scripts the system cannot run as they stand (approval always: they run unasked).
+    for name, (body, _fix) in SCRIPTS.items():
+        runs = {**TOOL, "command": ["run.sh"], "approval": "always"}
+        write_set(tools, name, runs, **{"run.sh": body})
+    (tools / "noexec" / "run.sh").chmod(0o644)
+    write_set(project, "pcrlf", {**TOOL, "command": ["run.sh"]}, **{"run.sh": CRLF})
+
+
+CRLF = "#!/bin/sh\r\necho hi\r\n"
+#: A script, and the sentence (after "Command file <path> ") that names its fix.
+SCRIPTS = {
+    "nobang": (
+        "echo hi\n",
+        "does not start with a #! line: make its first line one that names its "
+        "interpreter, such as #!/bin/sh.",
+    ),
+    "crlf": (
+        CRLF,
+        "has Windows (CRLF) line endings: its #! line ends in a carriage return, which the "
+        "system reads as part of the interpreter's name; save it with LF line endings "
+        "(dos2unix {path}).",
+    ),
+    "python9": (
+        "#!/usr/bin/python9-not-installed\nprint(1)\n",
+        "names the interpreter /usr/bin/python9-not-installed on its #! line, which does not "
+        "exist: install it, or name one that does.",
+    ),
+    "noexec": ("#!/bin/sh\necho hi\n", "is not executable: run chmod +x {path}."),
+}
 
 
 @pytest.fixture(scope="module")
 def first_hour() -> Iterator[Daemon]:
     with daemon_in("tfh-", _fill, ["--no-watch"]) as daemon:
         yield daemon
+
+
+@pytest.fixture(scope="module")
+def unconfined() -> Iterator[Daemon]:
+    """The same sets under a daemon with no cgroups and no sandbox: the spawn itself fails."""
+    with tempfile.TemporaryDirectory(prefix="tfh-conf-") as folder:
+        config = Path(folder) / "toolsetd.toml"
+        config.write_text('[confinement]\ncgroup = "off"\nsandbox = "off"\n')
+        with daemon_in("tfh-", _fill, ["--no-watch", "--config", str(config)]) as daemon:
+            yield daemon
 
 
 def ctl(daemon: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
@@ -156,7 +197,10 @@ async def test_unknown_tool_of_a_set_that_did_not_load_says_why(
     error = _json(r)["error"]
     assert error["code"] == -32001
     assert error["message"].startswith(f"Unknown tool '{tool}': no such tool")
-    assert error["message"].endswith(f"Loaded tools: deploy, fmt, left. {why}")
+    loaded, said = error["message"].split(". Loaded tools: ", 1)[1].split(". ", 1)
+    assert "fmt" in loaded.split(", ")
+    assert tool not in loaded.split(", ")
+    assert said == why
     is_error, text = await mcp_call(first_hour, tool)
     assert (is_error, text) == (None, error["message"])
 
@@ -165,4 +209,63 @@ def test_unknown_tool_nobody_declares_says_nothing_more(first_hour: Daemon) -> N
     """A name no set on disk has keeps the plain refusal."""
     r = ctl(first_hour, "invoke", "nothing_has_this")
     assert r.returncode == 2
-    assert r.stderr.rstrip().endswith("Loaded tools: deploy, fmt, left.")
+    assert re.search(r"\. Loaded tools: [a-z0-9, ]+\.$", r.stderr.rstrip()), r.stderr
+
+
+# -- a command file the system cannot start: the fix, before and after ------------------
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_validate_names_what_stops_a_script(first_hour: Daemon, name: str) -> None:
+    """validate called these sets valid (all but noexec), and the call then failed with
+    "No such file or directory" for a script that is there, or "Exec format error"."""
+    folder = first_hour.home / "tools" / name
+    path = folder / "run.sh"
+    r = ctl(first_hour, "validate", str(folder))
+    assert r.returncode == 2, r.stdout
+    fix = SCRIPTS[name][1].format(path=path)
+    assert r.stdout == (
+        f"Tool set {name} is not valid:\n- Command file {path} {fix} (used by {name})\n"
+    )
+
+
+@pytest.mark.parametrize("confinement", ["confined", "unconfined"])
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_a_call_that_cannot_start_names_the_fix(
+    request: pytest.FixtureRequest, confinement: str, name: str
+) -> None:
+    """The start failure adds the sentence validate prints, whether the daemon checks the
+    command before a confined spawn or the spawn itself fails."""
+    daemon: Daemon = request.getfixturevalue(
+        "first_hour" if confinement == "confined" else "unconfined"
+    )
+    path = daemon.home / "tools" / name / "run.sh"
+    r = ctl(daemon, "invoke", name)
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.startswith("The external process failed to start: ")
+    assert r.stdout.endswith(
+        f": {path}. Command file {path} {SCRIPTS[name][1].format(path=path)}\n"
+    )
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("confinement", ["confined", "unconfined"])
+async def test_a_crlf_project_script_is_no_sandbox_failure(
+    request: pytest.FixtureRequest, confinement: str
+) -> None:
+    """A project script saved with Windows line endings, sandboxed, was reported as "the
+    sandbox could not be set up" (bubblewrap's exec of it failed): the sandbox was fine.
+    It is now the start failure that names the file and the fix, on both faces."""
+    daemon: Daemon = request.getfixturevalue(
+        "first_hour" if confinement == "confined" else "unconfined"
+    )
+    path = daemon.workspace / ".crystal" / "tools" / "pcrlf" / "run.sh"
+    r = ctl(daemon, "invoke", "pcrlf", "--approve")
+    assert r.returncode == 1, r.stderr
+    fix = SCRIPTS["crlf"][1].format(path=path)
+    assert r.stdout == (
+        f"The external process failed to start: No such file or directory: {path}. "
+        f"Command file {path} {fix}\n"
+    )
+    is_error, text = await mcp_call(daemon, "pcrlf", "--mode", "full")
+    assert (is_error, text) == (True, r.stdout.rstrip("\n"))
