@@ -9,7 +9,9 @@ words it.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -22,7 +24,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from .conftest import Daemon, daemon_in, write_set
+from .conftest import REPO, Daemon, daemon_in, start_daemon, write_set
 from .mcp_helpers import server
 
 TOOL = {"runner": "exec", "description": "d", "schema": {"type": "object"}}
@@ -269,3 +271,72 @@ async def test_a_crlf_project_script_is_no_sandbox_failure(
     )
     is_error, text = await mcp_call(daemon, "pcrlf", "--mode", "full")
     assert (is_error, text) == (True, r.stdout.rstrip("\n"))
+
+
+# -- a CI job whose daemon is not running -------------------------------------------------
+
+
+def test_a_job_without_a_daemon_is_told_how_to_start_one() -> None:
+    """A CI step that calls before any toolsetd runs exits 5 with nothing on stdout, and
+    the message on stderr says how to start one; started so, the same step runs."""
+    base = Path(tempfile.mkdtemp(prefix="tfh-ci-", dir="/tmp"))
+    home, workspace = base / "home", base / "ws"
+    workspace.mkdir()
+    _fill(home, workspace)
+    sock = base / "s.sock"  # where start_daemon puts it
+    absent = Daemon(None, sock, home, workspace, base / "daemon.log")  # type: ignore[arg-type]
+    r = ctl(absent, "invoke", "fmt", "--headless", "--mode", "full")
+    assert (r.returncode, r.stdout) == (5, "")
+    assert r.stderr == (
+        f"toolsetd is not running at {sock} (no such socket): start it (toolsetd --socket "
+        f"{sock}), or give --socket (or TOOLSETD_SOCKET) the socket a running toolsetd "
+        "serves.\n"
+    )
+    daemon = start_daemon(home, workspace, base, ["--no-watch"])
+    try:
+        assert daemon.socket == sock
+        r = ctl(daemon, "invoke", "fmt", "--headless", "--mode", "full")
+        assert (r.returncode, r.stdout) == (0, "exit 0\nformatted\n"), r.stderr
+    finally:
+        daemon.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _ci_script() -> str:
+    text = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = text.split("\n## In a CI job\n", 1)[1]
+    return section.split("```sh\n", 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize(("lint", "code", "out"), [(0, 0, "clean"), (3, 3, "2 problems")])
+def test_the_ci_job_of_the_docs_runs_as_written(lint: int, code: int, out: str) -> None:
+    """docs/cli.md's CI script, run verbatim by bash in a checkout with a project set:
+    it starts its own daemon, gates on the tool's exit code, and leaves nothing behind."""
+    base = Path(tempfile.mkdtemp(prefix="tfh-job-", dir="/tmp"))
+    try:
+        checkout, scratch = base / "checkout", base / "tmp"
+        scratch.mkdir()
+        body = f"#!/bin/sh\necho '{out}'\nexit {lint}\n"
+        write_set(
+            checkout / ".crystal" / "tools",
+            "lint",
+            {**TOOL, "command": ["run.sh"]},
+            **{"run.sh": body},
+        )
+        env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
+        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+        env["TMPDIR"] = str(scratch)
+        r = subprocess.run(
+            ["bash", "-c", _ci_script()],
+            cwd=checkout,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert (r.returncode, r.stdout) == (code, f"exit {lint}\n{out}\n"), r.stderr
+        [folder] = scratch.iterdir()
+        assert not (folder / "toolsetd.sock").exists()  # the daemon stopped and cleaned up
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
