@@ -20,7 +20,8 @@ Nothing here opens a socket, starts a process or logs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import difflib
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -327,7 +328,9 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
             report.problems.append(_shorthand_problem(directory))
         else:
             report.problems.append(exc.message)
+        report.problems.extend(misspelt_keys(data))
         return report
+    report.problems.extend(misspelt_keys(data))
     report.runner = toolset.runner.value
     if parse_dir is not set_dir and [t.name for t in toolset.tools] == [_PLACEHOLDER]:
         report.problems.append(_shorthand_problem(directory))
@@ -359,3 +362,89 @@ def _command_problems(toolset: ToolSet, set_dir: Path) -> list[str]:
             users.setdefault(key, []).append(tool.name)
             problems[key] = problem
     return [f"{problems[key]} (used by {', '.join(names)})" for key, names in users.items()]
+
+
+#: The members a ``tools.json`` root, an exec tool and a dotnet overlay are read for
+#: (``name`` at the root: the reference host ignores it, and people write it).
+_ROOT_KEYS = (
+    "runner",
+    "catalogs",
+    "approval",
+    "timeoutSeconds",
+    "stdin",
+    "enabled",
+    "command",
+    "tools",
+    "description",
+    "argv",
+    "pathArguments",
+    "output",
+    "schema",
+    "name",
+)
+_DOTNET_KEYS = ("assembly", "types")
+_TOOL_KEYS = (
+    "name",
+    "description",
+    "schema",
+    "catalogs",
+    "argv",
+    "command",
+    "pathArguments",
+    "approval",
+    "output",
+)
+
+
+def _meant(key: str, known: Sequence[str]) -> str | None:
+    """The member ``key`` was probably meant to be: the same in another case, or one
+    close in spelling (``comand``, ``pathArgument``, ``timeout_seconds``)."""
+    if key in known or key.startswith("$"):  # "$schema": for editors, documented
+        return None
+    folded = {k.lower(): k for k in known}
+    if key.lower() in folded:
+        return folded[key.lower()]
+    close = difflib.get_close_matches(key.lower().replace("_", ""), list(folded), 1, 0.8)
+    return folded[close[0]] if close else None
+
+
+def misspelt_keys(text: bytes) -> list[str]:
+    """Members of the manifest that no rule reads and that look like one that is.
+
+    The reference host, and so toolsetd, ignore members they do not know, so a
+    misspelt ``pathArguments`` leaves a path argument unfenced, and a misspelt
+    ``command`` fails as "exec requires a command array." with no word of the member
+    that was there. Only ``validate`` says so: the file still loads as it always did.
+    """
+    try:
+        root = loads(text.removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
+    except ValueError:
+        return []
+    if not isinstance(root, dict):
+        return []
+    runner = root.get("runner")
+    dotnet = isinstance(runner, str) and runner.strip().lower() == "dotnet"
+    found: list[str] = []
+    known = (*_ROOT_KEYS, *_DOTNET_KEYS) if dotnet else _ROOT_KEYS
+    for key in root:
+        meant = _meant(key, known)
+        if meant is not None and meant != "name":  # the root's name is ignored anyway
+            found.append(
+                f"tools.json has the member '{key}', which toolsetd ignores, as the reference "
+                f"host does: did you mean '{meant}'?"
+            )
+    tools = root.get("tools")
+    if not dotnet and isinstance(tools, list):
+        for tool in tools:
+            if not isinstance(tool, dict):
+                continue
+            name = tool.get("name")
+            label = f"Tool '{name}'" if isinstance(name, str) and name.strip() else "A tool"
+            for key in tool:
+                meant = _meant(key, _TOOL_KEYS)
+                if meant is not None:
+                    found.append(
+                        f"{label} has the member '{key}', which toolsetd ignores, as the "
+                        f"reference host does: did you mean '{meant}'?"
+                    )
+    return found

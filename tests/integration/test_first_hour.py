@@ -40,6 +40,24 @@ def _fill(home: Path, workspace: Path) -> None:
     # shorthand then has no command), and a home set a project copy replaces whole.
     write_set(tools, "lint", {**TOOL, "command": ["/bin/true"], "enabled": False})
     write_set(tools, "typo", {**TOOL, "comand": ["/bin/true"]})
+    # Misspelt members of a set that loads: its path argument goes unfenced.
+    fenced = {"name": "cat", "description": "d", "schema": {"type": "object"}}
+    write_set(
+        tools,
+        "typo2",
+        {
+            "runner": "exec",
+            "command": ["/bin/cat"],
+            "timeout_seconds": 5,
+            "tools": [{**fenced, "pathArgument": ["file"], "Approval": "always"}],
+        },
+    )
+    # Members people add that are no misspelling: $schema (for editors) and a root name.
+    write_set(
+        tools,
+        "editor",
+        {"$schema": "file:///x", "name": "Editor", **TOOL, "command": ["/bin/true"]},
+    )
     shared = {"runner": "exec", "command": ["/bin/true"]}
     write_set(
         tools, "pair", {**shared, "tools": [{**TOOL, "name": "left"}, {**TOOL, "name": "right"}]}
@@ -340,3 +358,29 @@ def test_the_ci_job_of_the_docs_runs_as_written(lint: int, code: int, out: str) 
         assert not (folder / "toolsetd.sock").exists()  # the daemon stopped and cleaned up
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+# -- a misspelt member -----------------------------------------------------------------
+
+
+def test_validate_names_a_misspelt_member(first_hour: Daemon) -> None:
+    """An unknown member is ignored (as the reference host ignores it), so "comand" was
+    only "exec requires a command array." and "pathArgument" left the path unfenced in
+    a set that validate called valid. validate names each with the member meant."""
+    tools = first_hour.home / "tools"
+    ignored = "which toolsetd ignores, as the reference host does: did you mean"
+    r = ctl(first_hour, "validate", str(tools / "typo"))
+    assert (r.returncode, r.stdout) == (
+        2,
+        "Tool set typo is not valid:\n- exec requires a command array.\n"
+        f"- tools.json has the member 'comand', {ignored} 'command'?\n",
+    )
+    r = ctl(first_hour, "validate", str(tools / "typo2"), "--format", "json")
+    assert r.returncode == 2
+    assert _json(r)["problems"] == [
+        f"tools.json has the member 'timeout_seconds', {ignored} 'timeoutSeconds'?",
+        f"Tool 'cat' has the member 'pathArgument', {ignored} 'pathArguments'?",
+        f"Tool 'cat' has the member 'Approval', {ignored} 'approval'?",
+    ]
+    r = ctl(first_hour, "validate", str(tools / "editor"))
+    assert (r.returncode, r.stdout) == (0, "Tool set editor is valid: 1 tool (editor).\n")
