@@ -536,6 +536,13 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
     report = offline.validate_set(target, args.reserve)
     report.problems[:0] = problems
     report.problems.extend(elsewhere)
+    if report.runner == "dotnet":
+        # Valid, and still not served: "valid: 0 tools" alone read as if it were.
+        report.notes.append(
+            "toolsetd skips it: the dotnet runner is not supported (no .NET runtime)."
+        )
+    if report.runner is not None:
+        report.notes.extend(_not_looked_for(ctx, target, home))
     try:  # the verdict is the exit code, read or not (toolsetctl validate x | head -n1)
         if ctx.out.is_json:
             ctx.emit(report.to_json())
@@ -544,18 +551,63 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
             noun = "tool" if count == 1 else "tools"
             names = f" ({', '.join(report.tools)})" if report.tools else ""
             ctx.out.line(f"Tool set {report.directory} is valid: {count} {noun}{names}.")
-            if report.runner == "dotnet":
-                # Valid, and still not served: "valid: 0 tools" alone read as if it were.
-                ctx.out.line(
-                    "toolsetd skips it: the dotnet runner is not supported (no .NET runtime)."
-                )
+            for note in report.notes:
+                ctx.out.line(note)
         else:
             ctx.out.line(f"Tool set {report.directory} is not valid:")
             for problem in report.problems:
                 ctx.out.line(f"- {problem}")
+            for note in report.notes:
+                ctx.out.line(note)
     except BrokenPipeError:
         ctx.out.discard()
     return EXIT_OK if report.valid else EXIT_USAGE
+
+
+def _not_looked_for(ctx: Context, target: Path, home: Path | None) -> list[str]:
+    """A sentence when toolsetd never reads the set at ``target`` (it is not a folder of
+    ``<home>/tools`` or ``<workspace>/.crystal/tools``), else none.
+
+    A set made in ``~/.crystal/x``, ``.crystal/tool/x`` or one level too deep was called
+    valid, and then was in no list and no catalog, with no word of where sets go. The
+    home is ``--home``, else the default one, else (only when the set is in neither)
+    the home of the toolsetd at ``--socket``, as ``enable`` finds it: a daemon started
+    with ``--home`` reads its sets there.
+    """
+    try:
+        parent = os.path.realpath(target.parent)
+    except (OSError, ValueError):
+        return []
+
+    def roots(home: Path) -> tuple[Path, Path]:
+        return home / "tools", ctx.workspace / ".crystal" / "tools"
+
+    def reads(home: Path) -> bool:
+        return any(parent == os.path.realpath(root) for root in roots(home))
+
+    home = home or ctx.default_home
+    if reads(home):
+        return []
+    if ctx.home_option is None:
+        try:
+            client = BlockingClient.connect(ctx.socket, timeout=CONNECT_TIMEOUT)
+        except ConnectError:
+            client = None
+        if client is not None:
+            try:
+                home = _daemon_home(ctx, client)
+            except Failure:
+                pass
+            finally:
+                client.close()
+            if reads(home):
+                return []
+    looked = roots(home)
+    return [
+        f"toolsetd does not load it from {target.parent}: it reads the tool sets in "
+        f"{looked[0]} (the home's) and {looked[1]} (this workspace's); move the folder "
+        "into one of them."
+    ]
 
 
 def _exists(path: Path) -> bool:

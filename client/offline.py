@@ -21,6 +21,7 @@ Nothing here opens a socket, starts a process or logs.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,6 +238,8 @@ class ValidationReport:
         problems: Every problem found, in order; empty when the set is valid.
         tools: The tool names, in manifest order, when the manifest parsed.
         runner: The runner, when the manifest parsed.
+        notes: What is true of the set besides its problems (toolsetd skips it, or does
+            not look where it is).
     """
 
     directory: str
@@ -244,6 +247,7 @@ class ValidationReport:
     problems: list[str] = field(default_factory=list)
     tools: list[str] = field(default_factory=list)
     runner: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
@@ -259,7 +263,40 @@ class ValidationReport:
             "runner": self.runner,
             "tools": self.tools,
             "problems": self.problems,
+            "notes": self.notes,
         }
+
+
+def _no_manifest(set_dir: Path) -> str | None:
+    """Say that ``set_dir`` has no ``tools.json``, and which folders in it do, else None.
+
+    "tools.json could not be read." is the daemon's word for a file it cannot read; for
+    a folder that has none (the tools folder itself, or one a set sits one level too
+    deep in) it sent the author looking for a permission problem.
+    """
+    try:
+        if os.path.lexists(set_dir / _MANIFEST):
+            return None
+        inside = sorted(
+            entry.name
+            for entry in os.scandir(set_dir)
+            if entry.is_dir() and os.path.isfile(os.path.join(entry.path, _MANIFEST))
+        )
+    except OSError:
+        return None
+    text = f"{set_dir} has no tools.json."
+    if inside:
+        shown = ", ".join(inside[:5]) + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
+        which = (
+            f"The folder {shown} in it has"
+            if len(inside) == 1
+            else f"The folders {shown} in it have"
+        )
+        text += (
+            f" {which} one: a tool set is a folder with its own tools.json (toolsetctl "
+            f"validate {set_dir / inside[0]})."
+        )
+    return text
 
 
 def _shorthand_problem(directory: str) -> str:
@@ -317,7 +354,7 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
     try:
         data = read_manifest(set_dir / _MANIFEST)
     except ManifestError as exc:
-        report.problems.append(exc.message)
+        report.problems.append(_no_manifest(set_dir) or exc.message)
         return report
     try:
         toolset: ToolSet = parse_manifest(

@@ -52,6 +52,9 @@ def _fill(home: Path, workspace: Path) -> None:
             "tools": [{**fenced, "pathArgument": ["file"], "Approval": "always"}],
         },
     )
+    # Sets where toolsetd does not look: in the home itself, and one level too deep.
+    write_set(home, "misplaced", {**TOOL, "command": ["/bin/true"]})
+    write_set(tools / "nest", "inner", {**TOOL, "command": ["/bin/true"]})
     # Members people add that are no misspelling: $schema (for editors) and a root name.
     write_set(
         tools,
@@ -384,3 +387,40 @@ def test_validate_names_a_misspelt_member(first_hour: Daemon) -> None:
     ]
     r = ctl(first_hour, "validate", str(tools / "editor"))
     assert (r.returncode, r.stdout) == (0, "Tool set editor is valid: 1 tool (editor).\n")
+
+
+# -- a set in the wrong folder -------------------------------------------------------------
+
+
+def test_validate_says_where_sets_go(first_hour: Daemon) -> None:
+    """A set made in the wrong folder was called valid and then loaded nowhere, and a
+    folder with no tools.json was "tools.json could not be read.", as if a permission
+    were wrong. validate says where toolsetd reads sets, and which folders hold one."""
+    home, workspace = first_hour.home, first_hour.workspace
+    where = (
+        f"it reads the tool sets in {home / 'tools'} (the home's) and "
+        f"{workspace / '.crystal' / 'tools'} (this workspace's); move the folder into one "
+        "of them.\n"
+    )
+    r = ctl(first_hour, "validate", str(home / "misplaced"))
+    assert (r.returncode, r.stdout) == (
+        0,
+        f"Tool set misplaced is valid: 1 tool (misplaced).\ntoolsetd does not load it from "
+        f"{home}: {where}",
+    )
+    nest = home / "tools" / "nest"
+    r = ctl(first_hour, "validate", str(nest))
+    assert (r.returncode, r.stdout) == (
+        2,
+        f"Tool set nest is not valid:\n- {nest} has no tools.json. The folder inner in it "
+        "has one: a tool set is a folder with its own tools.json (toolsetctl validate "
+        f"{nest / 'inner'}).\n",
+    )
+    r = ctl(first_hour, "validate", str(nest / "inner"), "--format", "json")
+    assert r.returncode == 0
+    assert _json(r)["notes"] == [f"toolsetd does not load it from {nest}: {where.rstrip()}"]
+    r = ctl(first_hour, "validate", str(home / "tools"))
+    assert r.returncode == 2
+    assert f"- {home / 'tools'} has no tools.json. The folders " in r.stdout
+    r = ctl(first_hour, "validate", str(home / "tools" / "fmt"))
+    assert (r.returncode, r.stdout) == (0, "Tool set fmt is valid: 1 tool (fmt).\n")
