@@ -424,3 +424,42 @@ def test_validate_says_where_sets_go(first_hour: Daemon) -> None:
     assert f"- {home / 'tools'} has no tools.json. The folders " in r.stdout
     r = ctl(first_hour, "validate", str(home / "tools" / "fmt"))
     assert (r.returncode, r.stdout) == (0, "Tool set fmt is valid: 1 tool (fmt).\n")
+
+
+# -- the daemon log ---------------------------------------------------------------------
+
+
+def test_the_log_names_each_note_once(tmp_path: Path) -> None:
+    """A service's journal said 'catalog_built notes=1' and nothing of which set, why, or
+    where its tools.json is. Each note is logged with its set and file when it first
+    appears; the workspace's catalog, which has the home's notes too, says no more."""
+
+    def fill(home: Path, workspace: Path) -> None:
+        write_set(home / "tools", "typo", {**TOOL, "comand": ["/bin/true"]})
+        write_set(home / "tools", "fine", {**TOOL, "command": ["/bin/true"]})
+
+    with daemon_in("tfh-log-", fill, ["--no-watch"]) as daemon:
+
+        def notes() -> list[dict[str, Any]]:
+            return [e for e in daemon.log_events() if e.get("event") == "catalog_note"]
+
+        typo = daemon.home / "tools" / "typo" / "tools.json"
+        skipped = {
+            "set": "typo",
+            "source": "home",
+            "path": str(typo),
+            "message": "External tool set 'typo' was skipped: exec requires a command array.",
+            "level": "warning",
+        }
+        assert ctl(daemon, "list").returncode == 0  # the workspace's catalog: built now
+        assert [{k: e[k] for k in skipped} for e in notes()] == [skipped]
+        fine = daemon.home / "tools" / "fine" / "tools.json"
+        fine.write_text(json.dumps({**TOOL, "command": ["/bin/true"], "enabled": "no"}))
+        assert ctl(daemon, "reload", "--all").returncode == 0
+        broken = {
+            **skipped,
+            "set": "fine",
+            "path": str(fine),
+            "message": "External tool set 'fine' was skipped: enabled must be a boolean.",
+        }
+        assert [{k: e[k] for k in skipped} for e in notes()] == [skipped, broken]
