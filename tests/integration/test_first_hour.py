@@ -463,3 +463,58 @@ def test_the_log_names_each_note_once(tmp_path: Path) -> None:
             "message": "External tool set 'fine' was skipped: enabled must be a boolean.",
         }
         assert [{k: e[k] for k in skipped} for e in notes()] == [skipped, broken]
+
+
+# -- a CI script's command line ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "hint"),
+    [
+        (["list", "--json"], "unrecognized arguments: --json; for --json, give --format json"),
+        (
+            ["invoke", "fmt", "--arg", "{}"],
+            "unrecognized arguments: --arg {}; did you mean --args? (options are spelled in full)",
+        ),
+        (
+            ["invoke", "fmt", "--headles"],
+            "; did you mean --headless? (options are spelled in full)",
+        ),
+        (
+            ["invoke", "fmt", "--aprove"],
+            "unrecognized arguments: --aprove; did you mean --approve?",
+        ),
+        (["--sock", "s.sock", "list"], "invalid choice: 's.sock' (choose from "),
+        (["--sock", "s.sock", "list"], "; did you mean --socket? (options are spelled in full)"),
+    ],
+)
+def test_an_unknown_option_names_the_one_meant(
+    first_hour: Daemon, args: list[str], hint: str
+) -> None:
+    """Options are spelled in full, so an abbreviation, a misspelling or another tool's
+    --json was a usage error that named no way out (--sock S even read S as the command)."""
+    r = ctl(first_hour, *args)
+    assert (r.returncode, r.stdout) == (2, ""), r.stderr
+    assert hint in r.stderr.splitlines()[-1]
+
+
+def test_an_option_of_another_command_is_not_suggested(first_hour: Daemon) -> None:
+    """Only the command's own options are offered: --approve is invoke's, not list's."""
+    r = ctl(first_hour, "list", "--approve")
+    assert r.returncode == 2
+    assert r.stderr.splitlines()[-1] == "toolsetctl: error: unrecognized arguments: --approve"
+
+
+def test_args_naming_a_file_says_to_give_it_with_an_at(first_hour: Daemon, tmp_path: Path) -> None:
+    """--args args.json (for --args @args.json) was "not valid JSON: Expecting value", of a
+    file its author knew to be valid JSON."""
+    args = tmp_path / "args.json"
+    args.write_text("{}")
+    r = ctl(first_hour, "invoke", "fmt", "--args", str(args), "--headless", "--mode", "full")
+    assert (r.returncode, r.stdout) == (2, "")
+    assert r.stderr == (
+        "--args is not valid JSON: Expecting value: line 1 column 1 (char 0) "
+        f"({args} is a file: give --args @{args} to read the arguments from it)\n"
+    )
+    r = ctl(first_hour, "invoke", "fmt", "--args", f"@{args}", "--headless", "--mode", "full")
+    assert (r.returncode, r.stdout) == (0, "exit 0\nformatted\n"), r.stderr
