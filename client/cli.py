@@ -158,9 +158,39 @@ def _cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_notes(ctx: Context, notes: Sequence[Mapping[str, Any]]) -> None:
+def _print_notes(
+    ctx: Context, notes: Sequence[Mapping[str, Any]], tools: Sequence[Any] = ()
+) -> None:
+    loaded = {t.get("name"): t for t in tools if isinstance(t, Mapping)}
     for note in notes:
-        ctx.out.line(f"- {note.get('message', '')}")
+        message = str(note.get("message", ""))
+        ctx.out.line(f"- {message}{_omitted_where(note, message, loaded)}")
+
+
+_OMITTED = "was omitted because the name is already registered."
+
+
+def _omitted_where(note: Mapping[str, Any], message: str, loaded: Mapping[Any, Any]) -> str:
+    """Which sets a tool name clashes between, after the reference host's note.
+
+    "External tool 'lint' was omitted because the name is already registered." named
+    neither the set that lost the tool nor the one that has it: an operator with two sets
+    declaring one name could not tell which copy runs. The note itself stays the
+    reference host's; the wire's note carries the set, ``list``'s tools the winner.
+    """
+    prefix = "External tool '"
+    if not (message.startswith(prefix) and message.endswith(_OMITTED)):
+        return ""
+    name = message[len(prefix) : -len(_OMITTED)].removesuffix("' ")
+    lost, source = note.get("set"), note.get("source")
+    if not isinstance(lost, str) or not isinstance(source, str):
+        return ""
+    text = f" It is tool set {lost}'s ({source})"
+    owner = loaded.get(name)
+    if isinstance(owner, Mapping) and owner.get("set") != lost:
+        winner = f"tool set {owner.get('set')}'s ({owner.get('source')})"
+        text += f"; the '{name}' that loaded is {winner}"
+    return f"{text}: rename one of them."
 
 
 class _Listing:
@@ -284,7 +314,7 @@ def _cmd_list(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit(listing.result)
         return EXIT_OK
     _inventory(ctx, listing)
-    _print_notes(ctx, listing.result.get("notes") or [])
+    _print_notes(ctx, listing.result.get("notes") or [], listing.result.get("tools") or [])
     if not _listing_discovery(listing):
         ctx.out.line(DISCOVERY_OFF)
     return EXIT_OK

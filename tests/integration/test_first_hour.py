@@ -40,6 +40,11 @@ def _fill(home: Path, workspace: Path) -> None:
     # shorthand then has no command), and a home set a project copy replaces whole.
     write_set(tools, "lint", {**TOOL, "command": ["/bin/true"], "enabled": False})
     write_set(tools, "typo", {**TOOL, "comand": ["/bin/true"]})
+    shared = {"runner": "exec", "command": ["/bin/true"]}
+    write_set(
+        tools, "pair", {**shared, "tools": [{**TOOL, "name": "left"}, {**TOOL, "name": "right"}]}
+    )
+    write_set(project, "pair", {**shared, "tools": [{**TOOL, "name": "left"}]})
     # Misspelt members of a set that loads: its path argument goes unfenced.
     fenced = {"name": "cat", "description": "d", "schema": {"type": "object"}}
     write_set(
@@ -52,6 +57,9 @@ def _fill(home: Path, workspace: Path) -> None:
             "tools": [{**fenced, "pathArgument": ["file"], "Approval": "always"}],
         },
     )
+    # Two sets that declare one tool name: the earlier set in sort order has it.
+    for clash in ("clashA", "clashB"):
+        write_set(tools, clash, {**shared, "tools": [{**TOOL, "name": "clash"}]})
     # Sets where toolsetd does not look: in the home itself, and one level too deep.
     write_set(home, "misplaced", {**TOOL, "command": ["/bin/true"]})
     write_set(tools / "nest", "inner", {**TOOL, "command": ["/bin/true"]})
@@ -61,11 +69,6 @@ def _fill(home: Path, workspace: Path) -> None:
         "editor",
         {"$schema": "file:///x", "name": "Editor", **TOOL, "command": ["/bin/true"]},
     )
-    shared = {"runner": "exec", "command": ["/bin/true"]}
-    write_set(
-        tools, "pair", {**shared, "tools": [{**TOOL, "name": "left"}, {**TOOL, "name": "right"}]}
-    )
-    write_set(project, "pair", {**shared, "tools": [{**TOOL, "name": "left"}]})
     # Scripts the system cannot run as they stand (approval always: they run unasked).
     for name, (body, _fix) in SCRIPTS.items():
         runs = {**TOOL, "command": ["run.sh"], "approval": "always"}
@@ -518,3 +521,26 @@ def test_args_naming_a_file_says_to_give_it_with_an_at(first_hour: Daemon, tmp_p
     )
     r = ctl(first_hour, "invoke", "fmt", "--args", f"@{args}", "--headless", "--mode", "full")
     assert (r.returncode, r.stdout) == (0, "exit 0\nformatted\n"), r.stderr
+
+
+# -- two sets with one tool name -----------------------------------------------------------
+
+
+def test_a_name_two_sets_declare_says_which_sets(first_hour: Daemon, tmp_path: Path) -> None:
+    """The reference host's note names the tool, not the set that lost it nor the one
+    that has it. toolsetctl list adds both, and the fix, with a daemon and without."""
+    said = (
+        "- External tool 'clash' was omitted because the name is already registered. "
+        "It is tool set clashB's (home); the 'clash' that loaded is tool set clashA's "
+        "(home): rename one of them."
+    )
+    r = ctl(first_hour, "list")
+    assert r.returncode == 0
+    assert said in r.stdout.splitlines()
+    offline = ctl(
+        first_hour, "--socket", str(tmp_path / "none.sock"), "--home", str(first_hour.home), "list"
+    )
+    assert offline.returncode == 0, offline.stderr
+    assert said in offline.stdout.splitlines()
+    notes = _json(ctl(first_hour, "list", "--format", "json"))["notes"]
+    assert {"set": "clashB", "source": "home", "message": said[2:].split(" It is")[0]} in notes
