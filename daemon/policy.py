@@ -465,9 +465,11 @@ _HOST_IGNORES = (
 )
 _HEADLESS_FIX_AUTHOR = (
     ' To let it run headless, declare "approval": "always" for the tool in its '
-    "tools.json, or run in full mode (--mode full)."
+    "tools.json, or run in full mode (--mode full; mode=full in an MCP URL)."
 )
-_HEADLESS_FIX_HOST = " To let it run headless, run in full mode (--mode full)."
+_HEADLESS_FIX_HOST = (
+    " To let it run headless, run in full mode (--mode full; mode=full in an MCP URL)."
+)
 
 
 def _fix(scope: Scope, decision: Decision, loaded: LoadedTool) -> str:

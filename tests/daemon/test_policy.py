@@ -337,9 +337,7 @@ def test_classify_child_gets_the_path_it_judged(
         return real(user_home, crystal_home)
 
     monkeypatch.setattr(paths, "credential_identities", swap_then_read)
-    result = run(
-        loaded("path", declared=Approval.ALWAYS), {"path": "l"}, ws, home, headless=True
-    )
+    result = run(loaded("path", declared=Approval.ALWAYS), {"path": "l"}, ws, home, headless=True)
     assert result.paths[0].resolved == str(ws / "file.txt")
     assert result.arguments == {"path": str(ws / "file.txt")}
     assert result.decision == Decision.ALLOW
@@ -542,8 +540,10 @@ def test_classify_container_strings_through_a_live_process_are_forbidden(
     assert direct.scope == Scope.OUTSIDE
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                    reason="needs root and unshare(1) for a mount namespace")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare(1) for a mount namespace",
+)
 def test_classify_container_strings_into_another_mount_namespace_are_forbidden(
     root: Path, ws: Path, home: Path
 ) -> None:
@@ -555,8 +555,17 @@ def test_classify_container_strings_into_another_mount_namespace_are_forbidden(
     keys = root / "keys"
     keys.mkdir()
     holder = subprocess.Popen(  # noqa: S603
-        ["unshare", "-m", "--propagation", "private", "sh", "-c",  # noqa: S607
-         f'mount --bind "$0" "$1" && echo ready && exec sleep 60', home / ".ssh", keys],
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",  # noqa: S607
+            f'mount --bind "$0" "$1" && echo ready && exec sleep 60',
+            home / ".ssh",
+            keys,
+        ],
         stdout=subprocess.PIPE,
     )
     try:
@@ -598,7 +607,7 @@ def test_classify_headless_denies_ask(ws: Path, home: Path) -> None:
         "Headless run: a call that needs a person's approval is denied. "
         "External tools need approval in default mode; this call stays inside the workspace. "
         'To let it run headless, declare "approval": "always" for the tool in its '
-        "tools.json, or run in full mode (--mode full)."
+        "tools.json, or run in full mode (--mode full; mode=full in an MCP URL)."
     )
 
 

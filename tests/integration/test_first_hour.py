@@ -168,7 +168,7 @@ async def test_headless_denial_names_the_fix_and_the_fix_works(first_hour: Daemo
     the same on toolsetctl and MCP; and the named fix (--mode full) does run it."""
     fix = (
         'To let it run headless, declare "approval": "always" for the tool in its '
-        "tools.json, or run in full mode (--mode full)."
+        "tools.json, or run in full mode (--mode full; mode=full in an MCP URL)."
     )
     r = ctl(first_hour, "invoke", "fmt", "--headless")
     assert r.returncode == 3
