@@ -40,7 +40,14 @@ from toolsetd.daemon.catalog import (
 )
 from toolsetd.daemon.config_file import read_regular_file
 from toolsetd.daemon.manifest import ManifestError, is_directory_name, parse_manifest
-from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Approval, RunnerKind, Source, ToolSet
+from toolsetd.daemon.model import (
+    DEFAULT_RESERVED_NAMES,
+    Approval,
+    RunnerKind,
+    Source,
+    ToolDef,
+    ToolSet,
+)
 from toolsetd.daemon.paths import file_exists, os_user_home
 from toolsetd.daemon.validation import SchemaChecker
 from toolsetd.protocol.jsontext import dumps, is_utf8, loads
@@ -376,9 +383,56 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
     for tool in toolset.tools:
         for problem in SchemaChecker.problems(tool.schema):
             report.problems.append(f"Tool '{tool.name}' has an invalid JSON Schema: {problem}")
+        report.problems.extend(_unknown_properties(tool))
     if toolset.runner is RunnerKind.EXEC:
         report.problems.extend(_command_problems(toolset, set_dir))
     return report
+
+
+#: Schema keywords that can admit a property the top-level ``properties`` do not list.
+_MORE_PROPERTIES = (
+    "patternProperties",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "$ref",
+    "$dynamicRef",
+    "dependentSchemas",
+    "if",
+    "then",
+    "else",
+    "unevaluatedProperties",
+)
+
+
+def _unknown_properties(tool: ToolDef) -> list[str]:
+    """``pathArguments`` and ``argv`` names the tool's schema has no property of.
+
+    Neither is checked against the schema (the reference host does not), so a
+    ``pathArguments`` of ``file`` for a schema whose property is ``path`` loads, and the
+    path the model sends is never fenced or rewritten; an ``argv`` key misspelt is a flag
+    that is never passed. Said only when the schema's ``properties`` are all there is.
+    """
+    schema = tool.schema
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping) or any(k in schema for k in _MORE_PROPERTIES):
+        return []
+    found: list[str] = []
+    shown = ", ".join(sorted(properties)[:5]) + (" ..." if len(properties) > 5 else "")
+    for key, names, effect in (
+        ("pathArguments", tool.path_arguments, "the path it was meant for goes unfenced"),
+        ("argv", tuple(name for name, _flag in tool.argv), "its flag is never passed"),
+    ):
+        for name in names:
+            if name in properties:
+                continue
+            close = difflib.get_close_matches(name, sorted(properties), 1, 0.6)
+            meant = f": did you mean '{close[0]}'?" if close else "."
+            found.append(
+                f"Tool '{tool.name}' {key} names '{name}', which is not among its schema's "
+                f"properties ({shown}), so {effect}{meant}"
+            )
+    return found
 
 
 def _command_problems(toolset: ToolSet, set_dir: Path) -> list[str]:

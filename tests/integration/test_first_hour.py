@@ -544,3 +544,37 @@ def test_a_name_two_sets_declare_says_which_sets(first_hour: Daemon, tmp_path: P
     assert said in offline.stdout.splitlines()
     notes = _json(ctl(first_hour, "list", "--format", "json"))["notes"]
     assert {"set": "clashB", "source": "home", "message": said[2:].split(" It is")[0]} in notes
+
+
+# -- pathArguments and argv that name no property ---------------------------------------------
+
+
+def test_validate_names_path_and_argv_names_the_schema_lacks(
+    first_hour: Daemon, tmp_path: Path
+) -> None:
+    """Neither is checked against the schema when the set loads (nor by the reference
+    host): a pathArguments name the schema does not have left the real path argument
+    unfenced, and a misspelt argv key a flag never passed, in a set validate called
+    valid. A schema that can admit other properties (allOf, patternProperties ...) is
+    not second-guessed."""
+    schema = {"type": "object", "properties": {"path": {"type": "string"}}}
+    manifest = {**TOOL, "schema": schema, "command": ["/bin/cat"]}
+    folder = write_set(
+        tmp_path, "reader", {**manifest, "pathArguments": ["file"], "argv": {"paht": "--path"}}
+    )
+    r = ctl(first_hour, "validate", str(folder), "--format", "json")
+    assert r.returncode == 2
+    assert _json(r)["problems"] == [
+        "Tool 'reader' pathArguments names 'file', which is not among its schema's properties "
+        "(path), so the path it was meant for goes unfenced.",
+        "Tool 'reader' argv names 'paht', which is not among its schema's properties (path), "
+        "so its flag is never passed: did you mean 'path'?",
+    ]
+    fine = write_set(tmp_path, "fine", {**manifest, "pathArguments": ["path"]})
+    open_schema = {**schema, "patternProperties": {"^f": {"type": "string"}}}
+    wider = write_set(
+        tmp_path, "wider", {**manifest, "schema": open_schema, "pathArguments": ["file"]}
+    )
+    for folder in (fine, wider):
+        r = ctl(first_hour, "validate", str(folder), "--format", "json")
+        assert (r.returncode, _json(r)["problems"]) == (0, []), r.stdout
