@@ -158,9 +158,39 @@ def _cmd_status(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _print_notes(ctx: Context, notes: Sequence[Mapping[str, Any]]) -> None:
+def _print_notes(
+    ctx: Context, notes: Sequence[Mapping[str, Any]], tools: Sequence[Any] = ()
+) -> None:
+    loaded = {t.get("name"): t for t in tools if isinstance(t, Mapping)}
     for note in notes:
-        ctx.out.line(f"- {note.get('message', '')}")
+        message = str(note.get("message", ""))
+        ctx.out.line(f"- {message}{_omitted_where(note, message, loaded)}")
+
+
+_OMITTED = "was omitted because the name is already registered."
+
+
+def _omitted_where(note: Mapping[str, Any], message: str, loaded: Mapping[Any, Any]) -> str:
+    """Which sets a tool name clashes between, after the reference host's note.
+
+    "External tool 'lint' was omitted because the name is already registered." named
+    neither the set that lost the tool nor the one that has it: an operator with two sets
+    declaring one name could not tell which copy runs. The note itself stays the
+    reference host's; the wire's note carries the set, ``list``'s tools the winner.
+    """
+    prefix = "External tool '"
+    if not (message.startswith(prefix) and message.endswith(_OMITTED)):
+        return ""
+    name = message[len(prefix) : -len(_OMITTED)].removesuffix("' ")
+    lost, source = note.get("set"), note.get("source")
+    if not isinstance(lost, str) or not isinstance(source, str):
+        return ""
+    text = f" It is tool set {lost}'s ({source})"
+    owner = loaded.get(name)
+    if isinstance(owner, Mapping) and owner.get("set") != lost:
+        winner = f"tool set {owner.get('set')}'s ({owner.get('source')})"
+        text += f"; the '{name}' that loaded is {winner}"
+    return f"{text}: rename one of them."
 
 
 class _Listing:
@@ -284,7 +314,7 @@ def _cmd_list(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit(listing.result)
         return EXIT_OK
     _inventory(ctx, listing)
-    _print_notes(ctx, listing.result.get("notes") or [])
+    _print_notes(ctx, listing.result.get("notes") or [], listing.result.get("tools") or [])
     if not _listing_discovery(listing):
         ctx.out.line(DISCOVERY_OFF)
     return EXIT_OK
@@ -536,6 +566,13 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
     report = offline.validate_set(target, args.reserve)
     report.problems[:0] = problems
     report.problems.extend(elsewhere)
+    if report.runner == "dotnet":
+        # Valid, and still not served: "valid: 0 tools" alone read as if it were.
+        report.notes.append(
+            "toolsetd skips it: the dotnet runner is not supported (no .NET runtime)."
+        )
+    if report.runner is not None:
+        report.notes.extend(_not_looked_for(ctx, target, home))
     try:  # the verdict is the exit code, read or not (toolsetctl validate x | head -n1)
         if ctx.out.is_json:
             ctx.emit(report.to_json())
@@ -544,18 +581,63 @@ def _cmd_validate(ctx: Context, args: argparse.Namespace) -> int:
             noun = "tool" if count == 1 else "tools"
             names = f" ({', '.join(report.tools)})" if report.tools else ""
             ctx.out.line(f"Tool set {report.directory} is valid: {count} {noun}{names}.")
-            if report.runner == "dotnet":
-                # Valid, and still not served: "valid: 0 tools" alone read as if it were.
-                ctx.out.line(
-                    "toolsetd skips it: the dotnet runner is not supported (no .NET runtime)."
-                )
+            for note in report.notes:
+                ctx.out.line(note)
         else:
             ctx.out.line(f"Tool set {report.directory} is not valid:")
             for problem in report.problems:
                 ctx.out.line(f"- {problem}")
+            for note in report.notes:
+                ctx.out.line(note)
     except BrokenPipeError:
         ctx.out.discard()
     return EXIT_OK if report.valid else EXIT_USAGE
+
+
+def _not_looked_for(ctx: Context, target: Path, home: Path | None) -> list[str]:
+    """A sentence when toolsetd never reads the set at ``target`` (it is not a folder of
+    ``<home>/tools`` or ``<workspace>/.crystal/tools``), else none.
+
+    A set made in ``~/.crystal/x``, ``.crystal/tool/x`` or one level too deep was called
+    valid, and then was in no list and no catalog, with no word of where sets go. The
+    home is ``--home``, else the default one, else (only when the set is in neither)
+    the home of the toolsetd at ``--socket``, as ``enable`` finds it: a daemon started
+    with ``--home`` reads its sets there.
+    """
+    try:
+        parent = os.path.realpath(target.parent)
+    except (OSError, ValueError):
+        return []
+
+    def roots(home: Path) -> tuple[Path, Path]:
+        return home / "tools", ctx.workspace / ".crystal" / "tools"
+
+    def reads(home: Path) -> bool:
+        return any(parent == os.path.realpath(root) for root in roots(home))
+
+    home = home or ctx.default_home
+    if reads(home):
+        return []
+    if ctx.home_option is None:
+        try:
+            client = BlockingClient.connect(ctx.socket, timeout=CONNECT_TIMEOUT)
+        except ConnectError:
+            client = None
+        if client is not None:
+            try:
+                home = _daemon_home(ctx, client)
+            except Failure:
+                pass
+            finally:
+                client.close()
+            if reads(home):
+                return []
+    looked = roots(home)
+    return [
+        f"toolsetd does not load it from {target.parent}: it reads the tool sets in "
+        f"{looked[0]} (the home's) and {looked[1]} (this workspace's); move the folder "
+        "into one of them."
+    ]
 
 
 def _exists(path: Path) -> bool:

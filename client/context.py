@@ -103,7 +103,7 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
     try:
         value = json.loads(text, parse_constant=reject_json_constant, parse_float=json_number)
     except ValueError as exc:
-        raise UsageError(f"{where} is not valid JSON: {exc}") from exc
+        raise UsageError(f"{where} is not valid JSON: {exc}{_file_hint(spec)}") from exc
     except RecursionError:  # the stdlib decoder recurses once per level
         raise UsageError(f"{where} is nested too deeply to be read.") from None
     if not isinstance(value, dict):
@@ -116,6 +116,21 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
             "without its other half), which is no character: the daemon refuses it."
         ) from None
     return value, text
+
+
+def _file_hint(spec: str) -> str:
+    """When inline ``--args`` text that is no JSON names a file: the way to read it.
+
+    ``--args args.json`` (for ``--args @args.json``) was "not valid JSON: Expecting value:
+    line 1 column 1", about a file the author knew was valid.
+    """
+    try:
+        named = not spec.startswith(("@", "-", "{")) and os.path.isfile(spec)
+    except (OSError, ValueError):
+        named = False
+    if not named:
+        return ""
+    return f" ({spec} is a file: give --args @{spec} to read the arguments from it)"
 
 
 def _read_stdin(raw: Any, limit: int) -> bytes:

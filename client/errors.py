@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -127,7 +128,7 @@ class RequestTimeout(ClientError):
 def _connect_message(path: str, exc: OSError) -> str:
     """Word a connect failure for the operator, naming the socket path."""
     if exc.errno in (errno.ENOENT, errno.ENOTDIR):
-        return f"toolsetd is not running at {path} (no such socket)."
+        return f"toolsetd is not running at {path} (no such socket){_start_it(path)}"
     if exc.errno == errno.ECONNREFUSED:
         kind = _not_a_socket(path)
         if kind is not None:
@@ -135,11 +136,20 @@ def _connect_message(path: str, exc: OSError) -> str:
                 f"Cannot connect to toolsetd: {path} is {kind}, not a socket; give --socket "
                 "(or TOOLSETD_SOCKET) the path of toolsetd's socket."
             )
-        return f"toolsetd is not running at {path} (connection refused)."
+        return f"toolsetd is not running at {path} (connection refused){_start_it(path)}"
     if exc.errno in (errno.EACCES, errno.EPERM):
         return f"Permission denied connecting to toolsetd at {path}{_denied_by(path)}."
     detail = exc.strerror or str(exc)
     return f"Cannot connect to toolsetd at {path}: {detail}."
+
+
+def _start_it(path: str) -> str:
+    """The way out of a daemon that is not running, for an operator or a CI job that
+    has not started one (or points at another socket than the one it serves)."""
+    return (
+        f": start it (toolsetd --socket {shlex.quote(path)}), or give --socket (or "
+        "TOOLSETD_SOCKET) the socket a running toolsetd serves."
+    )
 
 
 def _denied_by(path: str) -> str:

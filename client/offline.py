@@ -20,14 +20,14 @@ Nothing here opens a socket, starts a process or logs.
 
 from __future__ import annotations
 
+import difflib
 import os
-import shutil
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from toolsetd.daemon.argv import ArgvError, resolve_executable
+from toolsetd.daemon.argv import ArgvError, executable_problem, resolve_executable
 from toolsetd.daemon.catalog import (
     INVALID_DIRECTORY_NAME,
     ManifestCache,
@@ -40,7 +40,14 @@ from toolsetd.daemon.catalog import (
 )
 from toolsetd.daemon.config_file import read_regular_file
 from toolsetd.daemon.manifest import ManifestError, is_directory_name, parse_manifest
-from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Approval, RunnerKind, Source, ToolSet
+from toolsetd.daemon.model import (
+    DEFAULT_RESERVED_NAMES,
+    Approval,
+    RunnerKind,
+    Source,
+    ToolDef,
+    ToolSet,
+)
 from toolsetd.daemon.paths import file_exists, os_user_home
 from toolsetd.daemon.validation import SchemaChecker
 from toolsetd.protocol.jsontext import dumps, is_utf8, loads
@@ -238,6 +245,8 @@ class ValidationReport:
         problems: Every problem found, in order; empty when the set is valid.
         tools: The tool names, in manifest order, when the manifest parsed.
         runner: The runner, when the manifest parsed.
+        notes: What is true of the set besides its problems (toolsetd skips it, or does
+            not look where it is).
     """
 
     directory: str
@@ -245,6 +254,7 @@ class ValidationReport:
     problems: list[str] = field(default_factory=list)
     tools: list[str] = field(default_factory=list)
     runner: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     @property
     def valid(self) -> bool:
@@ -260,7 +270,40 @@ class ValidationReport:
             "runner": self.runner,
             "tools": self.tools,
             "problems": self.problems,
+            "notes": self.notes,
         }
+
+
+def _no_manifest(set_dir: Path) -> str | None:
+    """Say that ``set_dir`` has no ``tools.json``, and which folders in it do, else None.
+
+    "tools.json could not be read." is the daemon's word for a file it cannot read; for
+    a folder that has none (the tools folder itself, or one a set sits one level too
+    deep in) it sent the author looking for a permission problem.
+    """
+    try:
+        if os.path.lexists(set_dir / _MANIFEST):
+            return None
+        inside = sorted(
+            entry.name
+            for entry in os.scandir(set_dir)
+            if entry.is_dir() and os.path.isfile(os.path.join(entry.path, _MANIFEST))
+        )
+    except OSError:
+        return None
+    text = f"{set_dir} has no tools.json."
+    if inside:
+        shown = ", ".join(inside[:5]) + (f" and {len(inside) - 5} more" if len(inside) > 5 else "")
+        which = (
+            f"The folder {shown} in it has"
+            if len(inside) == 1
+            else f"The folders {shown} in it have"
+        )
+        text += (
+            f" {which} one: a tool set is a folder with its own tools.json (toolsetctl "
+            f"validate {set_dir / inside[0]})."
+        )
+    return text
 
 
 def _shorthand_problem(directory: str) -> str:
@@ -318,7 +361,7 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
     try:
         data = read_manifest(set_dir / _MANIFEST)
     except ManifestError as exc:
-        report.problems.append(exc.message)
+        report.problems.append(_no_manifest(set_dir) or exc.message)
         return report
     try:
         toolset: ToolSet = parse_manifest(
@@ -329,7 +372,9 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
             report.problems.append(_shorthand_problem(directory))
         else:
             report.problems.append(exc.message)
+        report.problems.extend(misspelt_keys(data))
         return report
+    report.problems.extend(misspelt_keys(data))
     report.runner = toolset.runner.value
     if parse_dir is not set_dir and [t.name for t in toolset.tools] == [_PLACEHOLDER]:
         report.problems.append(_shorthand_problem(directory))
@@ -338,9 +383,56 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
     for tool in toolset.tools:
         for problem in SchemaChecker.problems(tool.schema):
             report.problems.append(f"Tool '{tool.name}' has an invalid JSON Schema: {problem}")
+        report.problems.extend(_unknown_properties(tool))
     if toolset.runner is RunnerKind.EXEC:
         report.problems.extend(_command_problems(toolset, set_dir))
     return report
+
+
+#: Schema keywords that can admit a property the top-level ``properties`` do not list.
+_MORE_PROPERTIES = (
+    "patternProperties",
+    "allOf",
+    "anyOf",
+    "oneOf",
+    "$ref",
+    "$dynamicRef",
+    "dependentSchemas",
+    "if",
+    "then",
+    "else",
+    "unevaluatedProperties",
+)
+
+
+def _unknown_properties(tool: ToolDef) -> list[str]:
+    """``pathArguments`` and ``argv`` names the tool's schema has no property of.
+
+    Neither is checked against the schema (the reference host does not), so a
+    ``pathArguments`` of ``file`` for a schema whose property is ``path`` loads, and the
+    path the model sends is never fenced or rewritten; an ``argv`` key misspelt is a flag
+    that is never passed. Said only when the schema's ``properties`` are all there is.
+    """
+    schema = tool.schema
+    properties = schema.get("properties")
+    if not isinstance(properties, Mapping) or any(k in schema for k in _MORE_PROPERTIES):
+        return []
+    found: list[str] = []
+    shown = ", ".join(sorted(properties)[:5]) + (" ..." if len(properties) > 5 else "")
+    for key, names, effect in (
+        ("pathArguments", tool.path_arguments, "the path it was meant for goes unfenced"),
+        ("argv", tuple(name for name, _flag in tool.argv), "its flag is never passed"),
+    ):
+        for name in names:
+            if name in properties:
+                continue
+            close = difflib.get_close_matches(name, sorted(properties), 1, 0.6)
+            meant = f": did you mean '{close[0]}'?" if close else "."
+            found.append(
+                f"Tool '{tool.name}' {key} names '{name}', which is not among its schema's "
+                f"properties ({shown}), so {effect}{meant}"
+            )
+    return found
 
 
 def _command_problems(toolset: ToolSet, set_dir: Path) -> list[str]:
@@ -356,25 +448,94 @@ def _command_problems(toolset: ToolSet, set_dir: Path) -> list[str]:
         except ArgvError as exc:
             key, problem = command[0], f"Command '{command[0]}': {exc.message}"
         else:
-            key, problem = resolved, _executable_problem(resolved, set_dir)
+            key, problem = resolved, executable_problem(resolved, set_dir)
         if problem:
             users.setdefault(key, []).append(tool.name)
             problems[key] = problem
     return [f"{problems[key]} (used by {', '.join(names)})" for key, names in users.items()]
 
 
-def _executable_problem(resolved: str, set_dir: Path) -> str:
-    if "/" not in resolved:
-        if shutil.which(resolved) is None:
-            return (
-                f"Command '{resolved}' is neither a file in {set_dir} nor found on PATH "
-                "(toolsetd searches its own PATH)."
+#: The members a ``tools.json`` root, an exec tool and a dotnet overlay are read for
+#: (``name`` at the root: the reference host ignores it, and people write it).
+_ROOT_KEYS = (
+    "runner",
+    "catalogs",
+    "approval",
+    "timeoutSeconds",
+    "stdin",
+    "enabled",
+    "command",
+    "tools",
+    "description",
+    "argv",
+    "pathArguments",
+    "output",
+    "schema",
+    "name",
+)
+_DOTNET_KEYS = ("assembly", "types")
+_TOOL_KEYS = (
+    "name",
+    "description",
+    "schema",
+    "catalogs",
+    "argv",
+    "command",
+    "pathArguments",
+    "approval",
+    "output",
+)
+
+
+def _meant(key: str, known: Sequence[str]) -> str | None:
+    """The member ``key`` was probably meant to be: the same in another case, or one
+    close in spelling (``comand``, ``pathArgument``, ``timeout_seconds``)."""
+    if key in known or key.startswith("$"):  # "$schema": for editors, documented
+        return None
+    folded = {k.lower(): k for k in known}
+    if key.lower() in folded:
+        return folded[key.lower()]
+    close = difflib.get_close_matches(key.lower().replace("_", ""), list(folded), 1, 0.8)
+    return folded[close[0]] if close else None
+
+
+def misspelt_keys(text: bytes) -> list[str]:
+    """Members of the manifest that no rule reads and that look like one that is.
+
+    The reference host, and so toolsetd, ignore members they do not know, so a
+    misspelt ``pathArguments`` leaves a path argument unfenced, and a misspelt
+    ``command`` fails as "exec requires a command array." with no word of the member
+    that was there. Only ``validate`` says so: the file still loads as it always did.
+    """
+    try:
+        root = loads(text.removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
+    except ValueError:
+        return []
+    if not isinstance(root, dict):
+        return []
+    runner = root.get("runner")
+    dotnet = isinstance(runner, str) and runner.strip().lower() == "dotnet"
+    found: list[str] = []
+    known = (*_ROOT_KEYS, *_DOTNET_KEYS) if dotnet else _ROOT_KEYS
+    for key in root:
+        meant = _meant(key, known)
+        if meant is not None and meant != "name":  # the root's name is ignored anyway
+            found.append(
+                f"tools.json has the member '{key}', which toolsetd ignores, as the reference "
+                f"host does: did you mean '{meant}'?"
             )
-        return ""
-    if not os.path.exists(resolved):
-        return f"Command file {resolved} does not exist."
-    if not os.path.isfile(resolved):
-        return f"Command file {resolved} is not a file."
-    if not os.access(resolved, os.X_OK):
-        return f"Command file {resolved} is not executable: run chmod +x {resolved}."
-    return ""
+    tools = root.get("tools")
+    if not dotnet and isinstance(tools, list):
+        for tool in tools:
+            if not isinstance(tool, dict):
+                continue
+            name = tool.get("name")
+            label = f"Tool '{name}'" if isinstance(name, str) and name.strip() else "A tool"
+            for key in tool:
+                meant = _meant(key, _TOOL_KEYS)
+                if meant is not None:
+                    found.append(
+                        f"{label} has the member '{key}', which toolsetd ignores, as the "
+                        f"reference host does: did you mean '{meant}'?"
+                    )
+    return found

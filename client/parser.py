@@ -10,6 +10,7 @@ builds only the subcommand the command line names (``command_in``), and all of t
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from toolsetd.protocol import __version__
@@ -66,8 +67,14 @@ class _Parser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)  # the subcommands' parsers too
         super().__init__(*args, **kwargs)
 
+    _argv: list[str] | None = None
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._argv = list(sys.argv[1:] if args is None else args)  # for ``error``'s hints
+        return super().parse_known_args(args, namespace)
+
     def error(self, message: str) -> NoReturn:
-        raise ParseError(self, message)
+        raise ParseError(self, message + _meant(self, message, self._argv or []))
 
     def _print_message(self, message: str, file: SupportsWrite[str] | None = None) -> None:
         """argparse's, without its ``except OSError: pass``: ``--help > /dev/full`` printed
@@ -75,6 +82,56 @@ class _Parser(argparse.ArgumentParser):
         stdout that fails (exit 9)."""
         if message:
             (file or sys.stderr).write(message)
+
+
+#: Output flags other tools have, and the ``--format`` that says the same here.
+_FORMAT_FLAGS = {"--json": "json", "--jsonl": "jsonl", "--text": "text", "--table": "table"}
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option the parser and the subcommand parsers it holds take."""
+    found: set[str] = set()
+    for action in parser._actions:
+        found.update(s for s in action.option_strings if s.startswith("--"))
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _option_strings(sub)
+    return found
+
+
+def _meant(parser: argparse.ArgumentParser, message: str, argv: list[str]) -> str:
+    """For "unrecognized arguments", the option each unknown one was probably meant to be.
+
+    Options are spelled in full (``_Parser``), so ``--arg '{}'`` (for ``--args``), and
+    ``--json`` (another tool's flag), were an "unrecognized arguments" error that named no
+    way out. Only the options of the command being parsed are suggested (``build_parser``
+    builds that one alone).
+    """
+    prefix = "unrecognized arguments: "
+    if message.startswith(prefix):
+        words = message.removeprefix(prefix).split(" ")
+    elif message.startswith("argument COMMAND: invalid choice"):
+        # ``--sock S list``: argparse took S for the command, and said only that.
+        words = argv
+    else:
+        return ""
+    known = _option_strings(parser)
+    hints: list[str] = []
+    for word in words:
+        flag = word.split("=", 1)[0]
+        if not flag.startswith("--") or flag in known:
+            continue
+        if flag in _FORMAT_FLAGS:
+            hints.append(f"for {flag}, give --format {_FORMAT_FLAGS[flag]}")
+            continue
+        longer = sorted(k for k in known if k.startswith(flag))
+        if len(longer) == 1:
+            hints.append(f"did you mean {longer[0]}? (options are spelled in full)")
+            continue
+        close = difflib.get_close_matches(flag, sorted(known), 1, 0.8)
+        if close:
+            hints.append(f"did you mean {close[0]}?")
+    return f"; {'; '.join(hints)}" if hints else ""
 
 
 def _path(value: str) -> str:

@@ -28,6 +28,8 @@ environment; a relative path containing a separator must stay inside the set dir
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -167,3 +169,91 @@ def build_argv(loaded: LoadedTool, arguments: Any) -> list[str]:
     flags = render_flags(loaded.tool.argv, arguments)
     command[0] = resolve_executable(command[0], loaded.toolset.path)
     return command + flags
+
+
+#: How much of a command file is read for its ``#!`` line (Linux reads at most 256 bytes).
+_HEAD_BYTES = 256
+
+
+def interpreter_problem(path: str, *, without_line: bool = True) -> str:
+    """Why the executable regular file ``path`` cannot be run as it stands, else "".
+
+    The kernel reads a script's ``#!`` line to find its interpreter, and when it cannot,
+    ``execve`` fails with words that point elsewhere: a ``#!/bin/sh`` line saved with
+    Windows line endings names the interpreter ``/bin/sh\\r``, and an interpreter that
+    is not installed, say ``/usr/bin/python9``, both fail as "No such file or directory"
+    for the script that is right there; a script with no ``#!`` line at all fails as
+    "Exec format error". These are the sentences that name the fix.
+
+    Args:
+        path: The command file (an absolute path).
+        without_line: Whether a file that starts with neither ``#!`` nor an ELF header
+            counts as a problem. bubblewrap's ``execvp`` runs such a file with
+            ``/bin/sh``, so only unsandboxed starts fail for it.
+    """
+    try:
+        # Never blocking: a FIFO with its x bit set (or one swapped in for the file)
+        # would hold the daemon's loop in open() until a writer came.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return ""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return ""
+        head = os.read(fd, _HEAD_BYTES)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    if head.startswith(b"\x7fELF"):
+        return ""
+    if not head.startswith(b"#!"):
+        if not without_line or not head:
+            return ""
+        return (
+            f"Command file {path} does not start with a #! line: make its first line one "
+            "that names its interpreter, such as #!/bin/sh."
+        )
+    line = head[2:].split(b"\n", 1)[0]
+    if line.endswith(b"\r"):
+        return (
+            f"Command file {path} has Windows (CRLF) line endings: its #! line ends in a "
+            f"carriage return, which the system reads as part of the interpreter's name; "
+            f"save it with LF line endings (dos2unix {path})."
+        )
+    words = line.split()
+    interpreter = os.fsdecode(words[0]) if words else ""
+    if interpreter.startswith("/") and not os.path.exists(interpreter):
+        return (
+            f"Command file {path} names the interpreter {interpreter} on its #! line, "
+            "which does not exist: install it, or name one that does."
+        )
+    return ""
+
+
+def executable_problem(resolved: str, set_dir: Path, search_path: str | None = None) -> str:
+    """What would stop the command ``resolved`` (``resolve_executable``'s answer) from
+    starting, as one sentence with the fix, else "".
+
+    ``toolsetctl validate`` lists it before a call, and a call that failed to start adds
+    it to the system's reason, so both say the same.
+
+    Args:
+        resolved: The path to execute, or a bare name for a PATH search.
+        set_dir: The set directory (a bare name was not found there).
+        search_path: The ``PATH`` a bare name is looked up in (None: this process's).
+    """
+    if "/" not in resolved:
+        if shutil.which(resolved, path=search_path) is None:
+            return (
+                f"Command '{resolved}' is neither a file in {set_dir} nor found on PATH "
+                "(toolsetd searches its own PATH)."
+            )
+        return ""
+    if not os.path.exists(resolved):
+        return f"Command file {resolved} does not exist."
+    if not os.path.isfile(resolved):
+        return f"Command file {resolved} is not a file."
+    if not os.access(resolved, os.X_OK):
+        return f"Command file {resolved} is not executable: run chmod +x {resolved}."
+    return interpreter_problem(resolved)

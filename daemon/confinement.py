@@ -71,6 +71,7 @@ from typing import Any
 import structlog
 
 from . import threads
+from .argv import executable_problem, interpreter_problem
 from .cgroup import (
     JOIN_ARGV,
     JOIN_FAILED_EXIT,
@@ -198,25 +199,38 @@ def _files_below(folder: str, depth: int) -> list[str]:
     return found
 
 
-def check_executable(name: str, search_path: str | None) -> None:
+def check_executable(name: str, search_path: str | None, set_dir: Path | None = None) -> None:
     """Raise ``ExecutableError`` when ``name`` could not be executed.
 
-    The message is what the spawn itself would have said: the reason, then the file.
+    The message is what the spawn itself would have said, the reason, then the file,
+    and after it the sentence that names the fix (``argv.executable_problem``). A script
+    whose ``#!`` line names no interpreter that exists (Windows line endings, one not
+    installed) is refused here too: bubblewrap's exec of it failed after the sandbox was
+    built, and the call was reported as a sandbox that could not be set up.
 
     Args:
         name: argv[0] (a path, or a name looked up in ``search_path``).
         search_path: The child's ``PATH``.
+        set_dir: The set directory, which the sentence about a bare name names.
     """
+
+    def refuse(code: int) -> ExecutableError:
+        hint = executable_problem(name, set_dir or Path(os.curdir), search_path)
+        return ExecutableError(f"{os.strerror(code)}: {name}" + (f". {hint}" if hint else ""))
+
     if os.sep not in name:
         if shutil.which(name, path=search_path) is None:
-            raise ExecutableError(f"{os.strerror(errno.ENOENT)}: {name}")
+            raise refuse(errno.ENOENT)
         return
     try:
         info = os.stat(name)
     except OSError as exc:
-        raise ExecutableError(f"{exc.strerror or os.strerror(errno.ENOENT)}: {name}") from exc
+        raise refuse(exc.errno or errno.ENOENT) from exc
     if stat.S_ISDIR(info.st_mode) or not os.access(name, os.X_OK):
-        raise ExecutableError(f"{os.strerror(errno.EACCES)}: {name}")
+        raise refuse(errno.EACCES)
+    problem = interpreter_problem(name, without_line=False)
+    if problem:
+        raise ExecutableError(f"{os.strerror(errno.ENOENT)}: {name}. {problem}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -915,7 +929,7 @@ class Confinement:
         # Beside the MCP endpoint on the loopback it keeps (``sandboxed_peer``).
         shares_loopback = sandboxed and conf.network and self.http_peers
         if sandboxed or self.cgroups is not None:
-            check_executable(argv[0], search_path)
+            check_executable(argv[0], search_path, toolset.path)
         cgroup = None
         enter = False
         if self.cgroups is not None:

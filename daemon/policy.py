@@ -458,6 +458,37 @@ _HEADLESS_DENY = "Headless run: a call that needs a person's approval is denied.
 _HEADLESS_REVIEW = " Headless run: unless the reviewing model allows it, it is denied."
 
 
+_HOST_IGNORES = (
+    " The tool declares approval 'always', which does not count for {source} tool sets: "
+    "externalToolApproval.{source} in the Crystal home's config.json is host; set it to "
+    "author to let the declaration count."
+)
+_HEADLESS_FIX_AUTHOR = (
+    ' To let it run headless, declare "approval": "always" for the tool in its '
+    "tools.json, or run in full mode (--mode full; mode=full in an MCP URL)."
+)
+_HEADLESS_FIX_HOST = (
+    " To let it run headless, run in full mode (--mode full; mode=full in an MCP URL)."
+)
+
+
+def _fix(scope: Scope, decision: Decision, loaded: LoadedTool) -> str:
+    """What the operator can change so that a workspace call that is not allowed runs.
+
+    A tool set's ``"approval": "always"`` under the host policy (a project set's, by
+    default) reads as ``inherit``, and the call asks although its author wrote
+    ``always``: the operator was told only that external tools need approval. A
+    headless job whose workspace call is denied was told why, not how to let it run.
+    """
+    if scope is not Scope.WORKSPACE or decision is _A:
+        return ""
+    if loaded.policy is ApprovalSource.HOST and loaded.tool.approval is Approval.ALWAYS:
+        return _HOST_IGNORES.format(source=loaded.toolset.source.value)
+    if decision is not _D:
+        return ""
+    return _HEADLESS_FIX_HOST if loaded.policy is ApprovalSource.HOST else _HEADLESS_FIX_AUTHOR
+
+
 def _reason(
     scope: Scope,
     mode: Mode,
@@ -546,6 +577,7 @@ def classify(
             child_arguments, arguments_error = arguments, exc.message
             arguments_error_argument = exc.argument
             reason += f" The arguments are refused: {exc.message}"
+    reason += _fix(scope, rule.decision, loaded)
     return Classification(
         tool=loaded.tool.name,
         set=loaded.toolset.directory,

@@ -267,6 +267,9 @@ class Registry:
         self._reload_failures = Throttle()
         #: How many manifests the reload under way may still read on the loop.
         self._rechecks_left = 0
+        #: The notes last logged for each set folder (``""``: config.json's), so a note is
+        #: logged when it first appears there, not again with every catalog that has it.
+        self._said: dict[str, frozenset[str]] = {}
         self.generation = 1
 
     @property
@@ -319,10 +322,46 @@ class Registry:
                 sets=len(snapshot.sets),
                 notes=len(snapshot.notes),
             )
+            self._say_notes(snapshot)
             return snapshot
         finally:
             del self._building[workspace]
             event.set()
+
+    def _say_notes(self, snapshot: Catalog) -> None:
+        """Log each note of ``snapshot`` that its set folder did not have when last logged.
+
+        ``catalog_built`` counted the notes and named none: an operator reading a
+        service's journal learnt that some set did not load, not which, why, or where its
+        ``tools.json`` is. Each note is logged once when it appears (again after its set
+        was fixed and broke anew); a catalog that has it too says nothing more.
+        """
+        config = frozenset(n.message for n in snapshot.notes if n.source is None)
+        if config != self._said.get(""):
+            for message in sorted(config - self._said.get("", frozenset())):
+                path = os.path.join(self.home, "config.json")
+                log.warning("catalog_note", set=None, source=None, path=path, message=message)
+            self._said[""] = config
+        for entry in snapshot.sets:
+            if not entry.notes and not self._said:  # the usual set: nothing to say or forget
+                continue
+            key, notes = str(entry.path), frozenset(entry.notes)
+            said = self._said.get(key, frozenset())
+            if notes == said:
+                continue
+            for message in entry.notes:
+                if message not in said:
+                    log.warning(
+                        "catalog_note",
+                        set=entry.directory,
+                        source=entry.source.value,
+                        path=os.path.join(key, MANIFEST_NAME),
+                        message=message,
+                    )
+            if notes:
+                self._said[key] = notes
+            else:
+                self._said.pop(key, None)
 
     async def manifest_problem(self, toolset: ToolSet) -> str | None:
         """Why a call of ``toolset`` must not start now, as its result text: the manifest
@@ -858,6 +897,8 @@ class Registry:
             for key, (old, new, scan) in staged.items():
                 if old is not None and self._snapshots.get(key) is not old:
                     continue  # released as idle meanwhile: not brought back
+                if new is not old:
+                    self._say_notes(new)
                 self._snapshots[key] = new
                 self._scans[key] = scan
                 self._workspace_names = None

@@ -63,11 +63,12 @@ from toolsetd.protocol import modes as m
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .call import no_process_outcome
+from .catalog import MANIFEST_NAME
 from .checkworker import CheckWorker
 from .confinement import Confinement
 from .exhaustion import busy_when_short
 from .large import LargeRequests
-from .model import Catalog, CatalogName, LoadedTool
+from .model import Catalog, CatalogName, LoadedTool, SetState
 from .observe import NO_OBSERVER, CallInfo, CallObservation, Observer
 from .output import CANCELLED_TEXT
 from .paths import Scope, existing_directory
@@ -356,6 +357,49 @@ class _Bookkeeping:
             await self._sink.completed(self._call_id, completion)
 
 
+def _not_loaded(catalog: Catalog, name: str) -> str:
+    """Why the tool ``name`` is not in ``catalog`` when a tool set on disk has it, else "".
+
+    A set that is disabled, skipped (its manifest does not parse, its runner is not
+    supported) or hidden by a project copy declares tools nobody can call. The operator
+    who called one was told only that no such tool is loaded, and a front end's list
+    of loaded tools does not name it either: the set, its ``tools.json`` and the fix are
+    what they need. A set whose manifest did not parse names no tools; one whose
+    directory is ``name`` (the shorthand's tool name) is the likely one.
+    """
+    if not catalog.config.external_tools:
+        return (
+            " External tool discovery is off (externalTools in the Crystal home's "
+            "config.json), so no tool set loads."
+        )
+    for entry in catalog.sets:
+        if entry.state is SetState.LOADED:
+            continue
+        if entry.toolset is not None:
+            if name not in (tool.name for tool in entry.toolset.tools):
+                continue
+        elif entry.directory != name:
+            continue
+        where = f"Tool set '{entry.directory}' ({entry.source.value}, {entry.path / MANIFEST_NAME})"
+        if entry.state is SetState.DISABLED:
+            return (
+                f' {where} declares it but is disabled: set "enabled": true in it, or run '
+                f"toolsetctl enable {entry.directory} --source {entry.source.value}."
+            )
+        if entry.state is SetState.HIDDEN:
+            return (
+                f" {where} declares it but is hidden by the project tool set of the same "
+                "directory name, which replaces it whole."
+            )
+        if entry.error is not None:
+            return (
+                f" {where} was skipped (toolsetctl validate {entry.directory} lists every "
+                f"problem): {entry.error}"
+            )
+        return f" {where} declares it but did not load: {' '.join(entry.notes)}"
+    return ""
+
+
 class Service:
     """The core every face calls: catalogs, the checks in order, calls, cancel, reload.
 
@@ -481,7 +525,7 @@ class Service:
             )
             raise rpc_errors.UnknownTool(
                 f"Unknown tool '{name}': no such tool in the catalog of {where}. "
-                f"Loaded tools: {shown}{more}.",
+                f"Loaded tools: {shown}{more}.{_not_loaded(catalog, name)}",
                 {"tool": name},
             )
         if wanted is not None and CatalogName(wanted) not in loaded.tool.catalogs:

@@ -337,9 +337,7 @@ def test_classify_child_gets_the_path_it_judged(
         return real(user_home, crystal_home)
 
     monkeypatch.setattr(paths, "credential_identities", swap_then_read)
-    result = run(
-        loaded("path", declared=Approval.ALWAYS), {"path": "l"}, ws, home, headless=True
-    )
+    result = run(loaded("path", declared=Approval.ALWAYS), {"path": "l"}, ws, home, headless=True)
     assert result.paths[0].resolved == str(ws / "file.txt")
     assert result.arguments == {"path": str(ws / "file.txt")}
     assert result.decision == Decision.ALLOW
@@ -542,8 +540,10 @@ def test_classify_container_strings_through_a_live_process_are_forbidden(
     assert direct.scope == Scope.OUTSIDE
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None,
-                    reason="needs root and unshare(1) for a mount namespace")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root and unshare(1) for a mount namespace",
+)
 def test_classify_container_strings_into_another_mount_namespace_are_forbidden(
     root: Path, ws: Path, home: Path
 ) -> None:
@@ -555,8 +555,17 @@ def test_classify_container_strings_into_another_mount_namespace_are_forbidden(
     keys = root / "keys"
     keys.mkdir()
     holder = subprocess.Popen(  # noqa: S603
-        ["unshare", "-m", "--propagation", "private", "sh", "-c",  # noqa: S607
-         f'mount --bind "$0" "$1" && echo ready && exec sleep 60', home / ".ssh", keys],
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "sh",
+            "-c",  # noqa: S607
+            f'mount --bind "$0" "$1" && echo ready && exec sleep 60',
+            home / ".ssh",
+            keys,
+        ],
         stdout=subprocess.PIPE,
     )
     try:
@@ -589,13 +598,43 @@ def test_classify_container_strings_are_judged_as_written_too(
 
 
 def test_classify_headless_denies_ask(ws: Path, home: Path) -> None:
-    """Headless, an ask becomes deny with the headless sentence first."""
+    """Headless, an ask becomes deny with the headless sentence first, and what would let
+    it run last."""
     result = run(loaded("path"), {"path": "file.txt"}, ws, home, Mode.DEFAULT, headless=True)
     assert result.decision == Decision.DENY
     assert result.grant_scopes == ()
     assert result.reason == (
         "Headless run: a call that needs a person's approval is denied. "
-        "External tools need approval in default mode; this call stays inside the workspace."
+        "External tools need approval in default mode; this call stays inside the workspace. "
+        'To let it run headless, declare "approval": "always" for the tool in its '
+        "tools.json, or run in full mode (--mode full; mode=full in an MCP URL)."
+    )
+
+
+@pytest.mark.parametrize("headless", [False, True])
+def test_classify_always_under_host_says_it_does_not_count(
+    ws: Path, home: Path, headless: bool
+) -> None:
+    """A declared 'always' that the host policy reads as inherit asks (or, headless, is
+    denied) with the policy and the setting that would let the declaration count; a
+    call outside the workspace, which 'always' never covers, does not say so."""
+    tool = loaded("path", declared=Approval.ALWAYS, policy=ApprovalSource.HOST)
+    inside = run(tool, {"path": "file.txt"}, ws, home, Mode.DEFAULT, headless=headless)
+    assert inside.decision == (Decision.DENY if headless else Decision.ASK)
+    assert inside.reason.endswith(
+        " The tool declares approval 'always', which does not count for home tool sets: "
+        "externalToolApproval.home in the Crystal home's config.json is host; set it to "
+        "author to let the declaration count."
+    )
+    outside = run(tool, {"path": "/etc/hosts"}, ws, home, Mode.DEFAULT, headless=headless)
+    assert "does not count" not in outside.reason
+    assert "To let it run headless" not in outside.reason
+    author = loaded("path", declared=Approval.ALWAYS, policy=ApprovalSource.AUTHOR)
+    allowed = run(author, {"path": "file.txt"}, ws, home, Mode.DEFAULT, headless=headless)
+    assert allowed.decision == Decision.ALLOW
+    assert allowed.reason == (
+        "The tool's effective approval is 'always', so it runs in any mode; "
+        "this call stays inside the workspace."
     )
 
 

@@ -259,13 +259,15 @@ async def test_runner_unencodable_environment_value_is_a_start_failure(
 
 
 async def test_runner_start_failure(runner: Runner, env: Env) -> None:
-    """A missing executable gives the start failure text and no started event."""
+    """A missing executable gives the start failure text, with what validate says of the
+    file, and no started event."""
     sink = RecordingSink()
     loaded = make_tool(env.set_dir, command=("./does-not-exist",))
     outcome = await run(runner, env, loaded, sink=sink)
+    missing = env.set_dir / "does-not-exist"
     assert text(outcome) == (
-        "The external process failed to start: No such file or directory: "
-        f"{env.set_dir / 'does-not-exist'}"
+        f"The external process failed to start: No such file or directory: {missing}. "
+        f"Command file {missing} does not exist."
     )
     assert (outcome.status, outcome.started, outcome.exit_code) == ("error", False, None)
     assert sink.events == []

@@ -1083,8 +1083,9 @@ def test_cli_validate_finds_a_command_file_invoke_cannot_start(ctl: Ctl, tmp_pat
         ctl.run("reload")
         r = ctl.run("invoke", "noexec", "--approve")
         assert r.returncode == 1
-        assert (
-            r.stdout.strip() == f"The external process failed to start: Permission denied: {script}"
+        assert r.stdout.strip() == (
+            f"The external process failed to start: Permission denied: {script}. "
+            f"Command file {script} is not executable: run chmod +x {script}."
         )
         script.chmod(0o755)
         r = ctl.run("validate", "noexec")  # by name: found in the workspace

@@ -633,21 +633,30 @@ def test_invoke_child_inherits_no_daemon_descriptors(env: Env) -> None:
 
 
 @pytest.mark.parametrize(
-    ("tool", "text", "file"),
+    ("tool", "text", "file", "fix"),
     [
-        ("noexec", "The external process failed to start: Permission denied: ", "/noexec/noexec.sh"),
+        ("noexec", "The external process failed to start: Permission denied: ", "/noexec/noexec.sh",
+         "is not executable: run chmod +x {file}."),
         ("missing", "The external process failed to start: No such file or directory: ",
-         "toolsetd-no-such-program-xyz"),
+         "toolsetd-no-such-program-xyz",
+         "is neither a file in {set_dir} nor found on PATH (toolsetd searches its own PATH)."),
     ],
 )
-def test_invoke_start_failure_gets_no_events(env: Env, tool: str, text: str, file: str) -> None:
-    """A child that cannot be spawned is an isError result with the reference text naming the file."""
+def test_invoke_start_failure_gets_no_events(
+    env: Env, tool: str, text: str, file: str, fix: str
+) -> None:
+    """A child that cannot be spawned is an isError result with the reference text naming
+    the file, then the sentence validate prints for it, which names the fix."""
     events, reply = env.invoke(tool)
     assert events == []
     result = reply["result"]
     assert (result["status"], result["exitCode"], result["isError"]) == ("error", None, True)
     [item] = result["content"]
-    assert item["text"].startswith(text) and item["text"].endswith(file), item
+    named, said = item["text"].split(". ", 1)
+    assert named.startswith(text) and named.endswith(file), item
+    named = named.removeprefix(text)
+    set_dir = env.daemon.home / "tools" / tool
+    assert said.endswith(fix.format(file=named, set_dir=set_dir)), item
 
 
 def test_invoke_working_directory_is_the_canonical_workspace(env: Env, tmp_path: Path) -> None:
