@@ -83,6 +83,7 @@ def run_client(
     return report
 
 
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_ts_client_initializes_pages_and_calls(
     sdk: Path, ts_daemon: Daemon, transport: str
@@ -114,6 +115,7 @@ def test_ts_client_initializes_pages_and_calls(
     assert report["stderr"] == ""
 
 
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_ts_client_abort_cancels_the_call_and_its_child(
     sdk: Path, ts_daemon: Daemon, transport: str
@@ -133,6 +135,7 @@ def test_ts_client_abort_cancels_the_call_and_its_child(
     assert [e["status"] for e in finished] == ["cancelled"]
 
 
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_ts_client_answers_approvals(sdk: Path, ts_daemon: Daemon, transport: str) -> None:
     """The approval comes as an elicitation/create the TS client's schema takes (form mode,
@@ -147,6 +150,7 @@ def test_ts_client_answers_approvals(sdk: Path, ts_daemon: Daemon, transport: st
     assert all("asker" in a["message"] for a in approvals["asked"])
 
 
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_ts_client_hears_list_changed(sdk: Path, ts_daemon: Daemon, transport: str) -> None:
     """A tools.json written while the TS client is connected reaches it as
@@ -161,7 +165,10 @@ def test_ts_client_hears_list_changed(sdk: Path, ts_daemon: Daemon, transport: s
     assert changed["notifications"] >= 1
 
 
-def test_ts_client_ends_its_http_session_and_starts_another(sdk: Path, ts_daemon: Daemon) -> None:
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+def test_ts_client_ends_its_http_session_and_starts_another(
+    sdk: Path, ts_daemon: Daemon
+) -> None:
     """terminateSession() sends DELETE and the session ends; a host that comes back with
     the old id is told it is gone (404), and a new connection gets a new session."""
     report = run_client(sdk, ts_daemon, "http", ["initialize", "terminate"])
@@ -173,3 +180,58 @@ def test_ts_client_ends_its_http_session_and_starts_another(sdk: Path, ts_daemon
     assert ended["renewed"] not in (None, ended["old"])
     assert ended["count"] >= len(PAGED)
     assert "Hello, C!" in ended["hello"]
+
+
+# -- the MCP Inspector's CLI mode ----------------------------------------------------------
+
+INSPECTOR_VERSION = "0.21.2"
+
+
+@pytest.fixture(scope="module")
+def inspector() -> Path:
+    """The MCP Inspector's entry point from npm (installed once)."""
+    folder = npm_installed(
+        f"mcp-inspector-{INSPECTOR_VERSION}",
+        [f"@modelcontextprotocol/inspector@{INSPECTOR_VERSION}"],
+        "node_modules/@modelcontextprotocol/inspector/cli/build/cli.js",
+    )
+    return folder / "node_modules/@modelcontextprotocol/inspector/cli/build/cli.js"
+
+
+def run_inspector(inspector: Path, daemon: Daemon, transport: str, *method: str) -> Any:
+    """``mcp-inspector --cli`` against the daemon over ``transport``; returns its JSON."""
+    assert daemon.mcp_url is not None
+    target = (
+        [PY, *pump_args(daemon, daemon.workspace)]
+        if transport == "stdio"
+        else [endpoint(daemon.mcp_url, daemon.workspace), "--transport", "http"]
+    )
+    done = subprocess.run(
+        [node(), str(inspector), "--cli", *target, "--method", *method],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{daemon.log()[-4000:]}"
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow  # several Node processes each, after a 271-package install
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_inspector_cli_lists_and_calls(
+    inspector: Path, ts_daemon: Daemon, transport: str
+) -> None:
+    """The Inspector's CLI mode lists the tools (the first page, with its cursor) and calls
+    one with an argument, over both transports."""
+    listed = run_inspector(inspector, ts_daemon, transport, "tools/list")
+    names = [t["name"] for t in listed["tools"]]
+    assert len(names) == 1000
+    assert "hello" in names
+    assert listed["nextCursor"]
+    called = run_inspector(
+        inspector, ts_daemon, transport, "tools/call", "--tool-name", "hello",
+        "--tool-arg", "name=Ada",
+    )
+    assert called["isError"] is False
+    assert "Hello, Ada!" in called["content"][0]["text"]
+    failed = run_inspector(inspector, ts_daemon, transport, "tools/call", "--tool-name", "fails")
+    assert failed["isError"] is True
