@@ -30,6 +30,8 @@ CLIENT = Path(__file__).parent / "ts_client" / "client.mjs"
 #: One tool more than a tools/list page holds (docs/mcp.md: pages of 1,000 tools).
 PAGED = [f"paged_{n:04d}" for n in range(1001)]
 TRANSPORTS = ["stdio", "http"]
+#: Valid JSON Schema whose root properties are boolean schemas (MCP's schema has objects).
+BOOLEAN_PROPERTIES = {"type": "object", "properties": {"any": True, "never": False}}
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +46,8 @@ def sdk() -> Path:
 @pytest.fixture(scope="module")
 def ts_daemon() -> Iterator[Daemon]:
     """The module's daemon: the example sets, the MCP test sets, a set of 1,001 tools (two
-    pages) and a project set that asks; MCP on the socket and on a 127.0.0.1 port."""
+    pages), a tool whose properties are boolean schemas and a project set that asks; MCP
+    on the socket and on a 127.0.0.1 port."""
 
     def fill(home: Path, workspace: Path) -> None:
         shutil.copytree(EXAMPLES, home / "tools", dirs_exist_ok=True)
@@ -54,6 +57,8 @@ def ts_daemon() -> Iterator[Daemon]:
         manifest = {"runner": "exec", "approval": "always", "tools": tools}
         write_set(home / "tools", "paged", manifest, **{"paged.py": script("print('paged')\n")})
         write_project_asker(workspace)
+        write_set(home / "tools", "boolprops", tool("b.py", schema=BOOLEAN_PROPERTIES),
+                  **{"b.py": script("print('took it')\n")})
 
     with daemon_in("tst-", fill, ["--mcp-listen", "127.0.0.1:0"]) as d:
         d.mcp_url = listening_urls(d)[0]
@@ -113,6 +118,26 @@ def test_ts_client_initializes_pages_and_calls(
     assert call["unknown"]["code"] == -32602
     assert "no_such_tool" in call["unknown"]["message"]
     assert report["stderr"] == ""
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_ts_client_lists_a_tool_whose_properties_are_boolean_schemas(
+    sdk: Path, ts_daemon: Daemon, transport: str
+) -> None:
+    """A root property that is a boolean schema (``"any": true``, valid JSON Schema) is
+    listed as the object that says the same: the TS client's zod refused the whole
+    tools/list over it (MCP's schema has an object there), so the host saw no tool at all.
+    The call is still validated against the schema as declared."""
+    calls = [{"name": "boolprops", "arguments": args} for args in ({"any": [1]}, {"never": 1})]
+    report = run_client(sdk, ts_daemon, transport, ["list", "calls"], calls=calls)
+    listed = report["steps"]["list"]["tools"]["boolprops"]["inputSchema"]
+    assert listed == {"type": "object", "properties": {"any": {}, "never": {"not": {}}}}
+    took, refused = report["steps"]["calls"]["results"]
+    assert took["isError"] is False
+    assert "took it" in took["text"]
+    assert refused["isError"] is True
+    assert "Invalid arguments" in refused["text"]
 
 
 @pytest.mark.timeout(900)  # a fresh machine installs from npm first

@@ -6,7 +6,8 @@
 // Usage: node client.mjs CONFIG.json STEP...
 // CONFIG: {"sdk": folder holding node_modules/@modelcontextprotocol/sdk,
 //          "transport": "stdio" | "http", "command": [argv...] (stdio), "url": ... (http),
-//          "workspace": folder, "write": {path: text} (the list_changed step's edit)}
+//          "workspace": folder, "write": {path: text} and "expect": a tool name (the
+//          list_changed step's edit and the tool it adds), "calls": [{name, arguments}]}
 import { readFileSync, existsSync, writeFileSync, mkdirSync, chmodSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -75,7 +76,8 @@ const stepsByName = {
     const { names, pages } = await allTools(ctx.client);
     const first = await ctx.client.listTools();
     const hello = first.tools.find((t) => t.name === 'hello') ?? null;
-    return { count: names.length, unique: new Set(names).size, pages, hello, names: names.filter((n) => !n.startsWith('paged_')) };
+    const tools = Object.fromEntries(first.tools.filter((t) => !t.name.startsWith('paged_')).map((t) => [t.name, t]));
+    return { count: names.length, unique: new Set(names).size, pages, hello, names: names.filter((n) => !n.startsWith('paged_')), tools };
   },
   async call(ctx) {
     const hello = await ctx.client.callTool({ name: 'hello', arguments: { name: 'Ada' } });
@@ -96,6 +98,14 @@ const stepsByName = {
       progress3: { isError: counted.isError ?? false, text: text(counted), progress },
       unknown,
     };
+  },
+  async calls(ctx) {
+    const out = [];
+    for (const { name, arguments: args } of config.calls) {
+      const result = await ctx.client.callTool({ name, arguments: args });
+      out.push({ isError: result.isError ?? false, text: text(result) });
+    }
+    return { results: out };
   },
   async cancel(ctx) {
     const pidFile = join(config.workspace, 'sleeper.pid');
