@@ -10,7 +10,8 @@ values look in MCP (contract section 7, the table in ``docs/mcp.md``):
   by an opaque cursor that names the snapshot it was cut from (a cursor of an older
   snapshot is -32602: list again). Each entry: ``name``, ``description``,
   ``inputSchema`` as declared with ``type: "object"`` at its root and its root
-  ``properties`` objects (MCP's; a boolean schema there as ``{}`` or ``{"not": {}}``),
+  ``properties`` objects (MCP's; a boolean schema there as ``{}`` or ``{"not": {}}``)
+  and no draft 3 boolean ``required`` at its root,
   ``annotations`` (``readOnlyHint: false``, ``destructiveHint: true``: every external
   tool has write authority), ``_meta`` with ``toolsetd/set``, ``toolsetd/source``,
   ``toolsetd/hash``.
@@ -225,8 +226,9 @@ def _input_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     MCP host sends, ``"object"`` says the same. MCP's schema also makes each root property
     an object, and the TypeScript SDK's client (most Node hosts') refuses the whole list
     when one is a boolean schema (``"x": true``, valid JSON Schema): it is listed as the
-    object that says the same (``{}``, ``{"not": {}}``). The call is validated against the
-    schema as declared.
+    object that says the same (``{}``, ``{"not": {}}``); its root ``required`` must be a
+    list of names, and draft 3's boolean one (which says nothing at the root) is left out.
+    The call is validated against the schema as declared.
     """
     properties = schema.get("properties")
     if isinstance(properties, Mapping) and any(
@@ -236,6 +238,10 @@ def _input_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
             k: _BOOLEAN_SCHEMAS[v] if isinstance(v, bool) else v for k, v in properties.items()
         }
         schema = {**schema, "properties": fixed}
+    if isinstance(schema.get("required"), bool):
+        # Draft 3's ``required`` is a boolean (its instance must be present), which the
+        # root always is; MCP's schema (and the TypeScript SDK's) has a list of names there.
+        schema = {k: v for k, v in schema.items() if k != "required"}
     if schema.get("type") == "object":
         return schema
     return {**schema, "type": "object"}

@@ -32,6 +32,11 @@ PAGED = [f"paged_{n:04d}" for n in range(1001)]
 TRANSPORTS = ["stdio", "http"]
 #: Valid JSON Schema whose root properties are boolean schemas (MCP's schema has objects).
 BOOLEAN_PROPERTIES = {"type": "object", "properties": {"any": True, "never": False}}
+#: Valid draft 3 JSON Schema whose root ``required`` is a boolean (MCP's has a list).
+DRAFT3_REQUIRED = {
+    "$schema": "http://json-schema.org/draft-03/schema#", "type": "object", "required": True,
+    "properties": {"x": {"type": "string", "required": True}},
+}
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +51,8 @@ def sdk() -> Path:
 @pytest.fixture(scope="module")
 def ts_daemon() -> Iterator[Daemon]:
     """The module's daemon: the example sets, the MCP test sets, a set of 1,001 tools (two
-    pages), a tool whose properties are boolean schemas and a project set that asks; MCP
-    on the socket and on a 127.0.0.1 port."""
+    pages), two tools whose schemas MCP's shape does not take as declared and a project
+    set that asks; MCP on the socket and on a 127.0.0.1 port."""
 
     def fill(home: Path, workspace: Path) -> None:
         shutil.copytree(EXAMPLES, home / "tools", dirs_exist_ok=True)
@@ -59,6 +64,8 @@ def ts_daemon() -> Iterator[Daemon]:
         write_project_asker(workspace)
         write_set(home / "tools", "boolprops", tool("b.py", schema=BOOLEAN_PROPERTIES),
                   **{"b.py": script("print('took it')\n")})
+        write_set(home / "tools", "draft3", tool("d.py", schema=DRAFT3_REQUIRED),
+                  **{"d.py": script("print('took it')\n")})
 
     with daemon_in("tst-", fill, ["--mcp-listen", "127.0.0.1:0"]) as d:
         d.mcp_url = listening_urls(d)[0]
@@ -122,22 +129,36 @@ def test_ts_client_initializes_pages_and_calls(
 
 @pytest.mark.timeout(900)  # a fresh machine installs from npm first
 @pytest.mark.parametrize("transport", TRANSPORTS)
-def test_ts_client_lists_a_tool_whose_properties_are_boolean_schemas(
+def test_ts_client_lists_tools_whose_schemas_mcp_shapes_otherwise(
     sdk: Path, ts_daemon: Daemon, transport: str
 ) -> None:
     """A root property that is a boolean schema (``"any": true``, valid JSON Schema) is
-    listed as the object that says the same: the TS client's zod refused the whole
-    tools/list over it (MCP's schema has an object there), so the host saw no tool at all.
-    The call is still validated against the schema as declared."""
-    calls = [{"name": "boolprops", "arguments": args} for args in ({"any": [1]}, {"never": 1})]
+    listed as the object that says the same, and a draft 3 boolean ``required`` at the
+    root is left out: the TS client's zod refused the whole tools/list over either (MCP's
+    schema has an object, a list of names there), so the host saw no tool at all. The
+    calls are still validated against the schemas as declared."""
+    calls = [
+        {"name": "boolprops", "arguments": {"any": [1]}},
+        {"name": "boolprops", "arguments": {"never": 1}},
+        {"name": "draft3", "arguments": {"x": "a"}},
+        {"name": "draft3", "arguments": {}},
+    ]
     report = run_client(sdk, ts_daemon, transport, ["list", "calls"], calls=calls)
-    listed = report["steps"]["list"]["tools"]["boolprops"]["inputSchema"]
-    assert listed == {"type": "object", "properties": {"any": {}, "never": {"not": {}}}}
-    took, refused = report["steps"]["calls"]["results"]
+    listed = report["steps"]["list"]["tools"]
+    assert listed["boolprops"]["inputSchema"] == {
+        "type": "object", "properties": {"any": {}, "never": {"not": {}}},
+    }
+    assert listed["draft3"]["inputSchema"] == {
+        k: v for k, v in DRAFT3_REQUIRED.items() if k != "required"
+    }
+    took, refused, ran, missing = report["steps"]["calls"]["results"]
     assert took["isError"] is False
     assert "took it" in took["text"]
     assert refused["isError"] is True
     assert "Invalid arguments" in refused["text"]
+    assert ran["isError"] is False
+    assert missing["isError"] is True
+    assert "x" in missing["text"]
 
 
 @pytest.mark.timeout(900)  # a fresh machine installs from npm first

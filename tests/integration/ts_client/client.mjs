@@ -35,6 +35,7 @@ async function connect(state, sessionId, errors = state.errors) {
   client.close = () => { closing = true; return close(); };
   client.setRequestHandler(ElicitRequestSchema, async (request) => {
     state.asked.push({ mode: request.params.mode ?? null, message: request.params.message });
+    if (state.answer === 'throw') throw new Error('this host cannot show the question');
     return state.answer === 'accept' ? { action: 'accept', content: {} } : { action: state.answer };
   });
   client.setNotificationHandler(ToolListChangedNotificationSchema, async () => {
@@ -120,7 +121,7 @@ const stepsByName = {
   },
   async approvals(ctx) {
     const out = {};
-    for (const answer of ['accept', 'decline']) {
+    for (const answer of config.answers ?? ['accept', 'decline']) {
       ctx.state.answer = answer;
       const result = await ctx.client.callTool({ name: config.asker ?? 'asker', arguments: {} });
       out[answer] = { isError: result.isError ?? false, text: text(result) };
