@@ -185,14 +185,19 @@ def test_ts_client_abort_cancels_the_call_and_its_child(
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_ts_client_answers_approvals(sdk: Path, ts_daemon: Daemon, transport: str) -> None:
     """The approval comes as an elicitation/create the TS client's schema takes (form mode,
-    an empty form): an accept runs the call, a decline refuses it as isError."""
-    report = run_client(sdk, ts_daemon, transport, ["approvals"])
+    an empty form): an accept runs the call; a decline, or a handler that throws (the
+    host cannot ask: the client answers with an error), refuses it as isError."""
+    report = run_client(
+        sdk, ts_daemon, transport, ["approvals"], answers=["accept", "decline", "throw"]
+    )
     approvals = report["steps"]["approvals"]
     assert approvals["accept"] == {"isError": False, "text": approvals["accept"]["text"]}
     assert "asked and ran" in approvals["accept"]["text"]
     assert approvals["decline"]["isError"] is True
     assert "declined" in approvals["decline"]["text"]
-    assert [a["mode"] for a in approvals["asked"]] == ["form", "form"]
+    assert approvals["throw"]["isError"] is True  # the host could not ask
+    assert "did not run" in approvals["throw"]["text"]
+    assert [a["mode"] for a in approvals["asked"]] == ["form", "form", "form"]
     assert all("asker" in a["message"] for a in approvals["asked"])
 
 
