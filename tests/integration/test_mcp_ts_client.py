@@ -101,8 +101,9 @@ def test_ts_client_initializes_pages_and_calls(
     sdk: Path, ts_daemon: Daemon, transport: str
 ) -> None:
     """The TS client initializes (2025-11-25), walks both pages of tools/list by cursor,
-    and calls: a text result, an isError one, progress as onprogress, an unknown tool."""
-    report = run_client(sdk, ts_daemon, transport, ["initialize", "list", "call"])
+    and calls: a text result, an isError one, progress as onprogress, an unknown tool;
+    then six calls side by side, each with its own progress, and a ping among them."""
+    report = run_client(sdk, ts_daemon, transport, ["initialize", "list", "call", "parallel"])
     init = report["steps"]["initialize"]
     assert init["server"]["name"] == "toolsetd"
     assert init["capabilities"]["tools"] == {"listChanged": True}
@@ -124,6 +125,10 @@ def test_ts_client_initializes_pages_and_calls(
     assert messages == ["0/100", "50/100", "100/100"]
     assert call["unknown"]["code"] == -32602
     assert "no_such_tool" in call["unknown"]["message"]
+    parallel = report["steps"]["parallel"]
+    assert parallel["pong"] == {}
+    assert [r["progress"] for r in parallel["results"]] == [["0/100", "50/100", "100/100"]] * 6
+    assert all(r["isError"] is False and "counted" in r["text"] for r in parallel["results"])
     assert report["stderr"] == ""
 
 

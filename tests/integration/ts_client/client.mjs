@@ -100,6 +100,18 @@ const stepsByName = {
       unknown,
     };
   },
+  async parallel(ctx) {
+    // Hosts run a model's tool calls side by side: each keeps its own progress.
+    const runs = Array.from({ length: 6 }, async () => {
+      const progress = [];
+      const result = await ctx.client.callTool({ name: 'progress3', arguments: {} }, undefined, {
+        onprogress: (p) => progress.push(p.message ?? null),
+      });
+      return { isError: result.isError ?? false, text: text(result), progress: progress.filter((m) => m) };
+    });
+    const pong = await ctx.client.ping();
+    return { results: await Promise.all(runs), pong };
+  },
   async calls(ctx) {
     const out = [];
     for (const { name, arguments: args } of config.calls) {
