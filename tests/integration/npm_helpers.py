@@ -48,6 +48,6 @@ def npm_installed(name: str, packages: list[str], marker: str) -> Path:
             except subprocess.TimeoutExpired:
                 pytest.skip(f"npm did not install {' '.join(packages)} within 600 s")
             if done.returncode != 0 or not (folder / marker).exists():
-                pytest.skip(f"npm could not install {' '.join(packages)} (no registry?):\n"
-                            f"{done.stderr[-2000:]}")
+                why = " ".join(done.stderr.split())[:400] or f"exit {done.returncode}"
+                pytest.skip(f"npm could not install {' '.join(packages)} (no registry?): {why}")
     return folder

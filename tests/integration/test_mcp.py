@@ -53,6 +53,7 @@ from .mcp_helpers import (
     write_project_asker,
     write_test_sets,
 )
+from .npm_helpers import npm_installed
 
 pytestmark = pytest.mark.anyio
 
@@ -1959,29 +1960,8 @@ def test_mcp_autostarted_daemon_does_not_notify_the_hosts_systemd(
 @pytest.fixture(scope="session")
 def claude_cli() -> Path:
     """Claude Code from npm, installed once into a cache folder outside the repository."""
-    npm, node = shutil.which("npm"), shutil.which("node")
-    if npm is None or node is None:
-        pytest.skip("npm and node are needed to install Claude Code")
-    cache = (
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        / "toolsetd-tests"
-        / "claude-code"
-    )
-    binary = cache / "node_modules" / ".bin" / "claude"
-    if not binary.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        try:
-            done = subprocess.run(
-                [npm, "install", "--prefix", str(cache), "@anthropic-ai/claude-code"],
-                capture_output=True,
-                timeout=600,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            pytest.skip("npm did not install Claude Code within 600 s")
-        if done.returncode != 0 or not binary.exists():
-            pytest.skip(f"could not install Claude Code: {done.stderr.decode()[-300:]}")
-    return binary
+    folder = npm_installed("claude-code", ["@anthropic-ai/claude-code"], "node_modules/.bin/claude")
+    return folder / "node_modules" / ".bin" / "claude"
 
 
 @pytest.mark.slow
