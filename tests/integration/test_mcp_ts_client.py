@@ -191,10 +191,16 @@ def test_ts_client_abort_cancels_the_call_and_its_child(
 def test_ts_client_answers_approvals(sdk: Path, ts_daemon: Daemon, transport: str) -> None:
     """The approval comes as an elicitation/create the TS client's schema takes (form mode,
     an empty form): an accept runs the call; a decline, or a handler that throws (the
-    host cannot ask: the client answers with an error), refuses it as isError."""
+    host cannot ask: the client answers with an error), refuses it as isError. A call the
+    host aborts while its question is up withdraws the question: the daemon's
+    notifications/cancelled aborts the handler's signal, so the host can take it down."""
     report = run_client(
-        sdk, ts_daemon, transport, ["approvals"], answers=["accept", "decline", "throw"]
+        sdk, ts_daemon, transport, ["withdrawn", "approvals"],
+        answers=["accept", "decline", "throw"],
     )
+    withdrawn = report["steps"]["withdrawn"]
+    assert "the host gave up" in withdrawn["error"]["message"]
+    assert len(withdrawn["withdrawn"]) == 1  # the handler's signal was aborted
     approvals = report["steps"]["approvals"]
     assert approvals["accept"] == {"isError": False, "text": approvals["accept"]["text"]}
     assert "asked and ran" in approvals["accept"]["text"]
@@ -202,7 +208,7 @@ def test_ts_client_answers_approvals(sdk: Path, ts_daemon: Daemon, transport: st
     assert "declined" in approvals["decline"]["text"]
     assert approvals["throw"]["isError"] is True  # the host could not ask
     assert "did not run" in approvals["throw"]["text"]
-    assert [a["mode"] for a in approvals["asked"]] == ["form", "form", "form"]
+    assert [a["mode"] for a in approvals["asked"]] == ["form"] * 4
     assert all("asker" in a["message"] for a in approvals["asked"])
 
 

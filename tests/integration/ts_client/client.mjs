@@ -33,8 +33,15 @@ async function connect(state, sessionId, errors = state.errors) {
   client.onerror = (error) => closing || errors.push({ phase: state.phase, ...failure(error) });
   const close = client.close.bind(client);
   client.close = () => { closing = true; return close(); };
-  client.setRequestHandler(ElicitRequestSchema, async (request) => {
+  client.setRequestHandler(ElicitRequestSchema, async (request, extra) => {
     state.asked.push({ mode: request.params.mode ?? null, message: request.params.message });
+    if (state.answer === 'wait') {
+      // A person who has not answered yet: the question stays up until it is withdrawn.
+      state.waiting?.();
+      await new Promise((resolve) => extra.signal.addEventListener('abort', resolve));
+      state.withdrawn.push(String(extra.signal.reason ?? 'aborted'));
+      return { action: 'cancel' };
+    }
     if (state.answer === 'throw') throw new Error('this host cannot show the question');
     return state.answer === 'accept' ? { action: 'accept', content: {} } : { action: state.answer };
   });
@@ -130,6 +137,20 @@ const stepsByName = {
     const error = await outcome;
     const after = await ctx.client.callTool({ name: 'hello', arguments: { name: 'B' } });
     return { error, pid: Number(readFileSync(pidFile, 'utf8')), after: text(after) };
+  },
+  async withdrawn(ctx) {
+    // The host gives up on a call whose approval is still being asked.
+    ctx.state.answer = 'wait';
+    ctx.state.withdrawn = [];
+    const asked = new Promise((resolve) => { ctx.state.waiting = resolve; });
+    const controller = new AbortController();
+    const call = ctx.client.callTool({ name: config.asker ?? 'asker', arguments: {} }, undefined, { signal: controller.signal })
+      .then(() => null, (error) => failure(error));
+    await asked;
+    controller.abort('the host gave up');
+    const error = await call;
+    while (ctx.state.withdrawn.length === 0) await sleep(20);
+    return { error, withdrawn: ctx.state.withdrawn };
   },
   async approvals(ctx) {
     const out = {};
