@@ -4,8 +4,11 @@ Most Node hosts (Claude Code, Cursor, OpenCode, Gemini CLI, the MCP Inspector) b
 this client: its zod schemas check every message toolsetd sends, and its transports speak
 stdio (spawning ``toolsetctl mcp``) and Streamable HTTP (``--mcp-listen``). Each test runs
 one Node process (``ts_client/client.mjs``) through named steps on one connection, over
-each transport, and asserts on the report it prints. The SDK is installed from npm into
-the tests' cache folder (``npm_helpers``); without node, npm or a registry the tests skip.
+each transport, and asserts on the report it prints. Over stdio the pump gets the
+environment the SDK passes when a host gives none (``HOME``, ``PATH`` and a few more), so
+the daemon's socket is named in its arguments. The MCP Inspector's CLI mode (built on
+the same client) lists and calls too. Both are installed from npm into the tests' cache
+folder (``npm_helpers``); without node, npm or a registry the tests skip with the reason.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ async function connect(state, sessionId, errors = state.errors) {
   client.setNotificationHandler(ToolListChangedNotificationSchema, async () => {
     state.listChanged += 1;
   });
+  // No env for stdio: the pump gets what the SDK passes a host's server by default.
   const transport = config.transport === 'stdio'
     ? new StdioClientTransport({ command: config.command[0], args: config.command.slice(1), stderr: 'pipe' })
     : new StreamableHTTPClientTransport(new URL(config.url), sessionId ? { sessionId } : {});
