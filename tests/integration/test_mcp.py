@@ -53,6 +53,7 @@ from .mcp_helpers import (
     write_project_asker,
     write_test_sets,
 )
+from .npm_helpers import npm_installed
 
 pytestmark = pytest.mark.anyio
 
@@ -1275,6 +1276,34 @@ async def test_mcp_an_input_schema_without_type_object_is_listed_with_it(
     assert "x" in _text(refused)
 
 
+async def test_mcp_boolean_root_properties_and_draft3_required_are_listed_as_mcp_has_them(
+    mcp_host: Daemon, workspace: Path
+) -> None:
+    """MCP's schema has an object for each root property and a list of names for the
+    root ``required``; the TypeScript SDK's client refuses the whole tools/list otherwise
+    (test_mcp_ts_client.py drives it). A boolean property schema is listed as the object
+    that says the same, a draft 3 boolean ``required`` at the root is left out, and the
+    calls are validated against the schemas as declared."""
+    sets = workspace / ".crystal" / "tools"
+    booleans = {"type": "object", "properties": {"any": True, "never": False}}
+    write_set(sets, "boolprops", tool("b.py", schema=booleans), **{"b.py": ASKER_OK})
+    draft3 = {"$schema": "http://json-schema.org/draft-03/schema#", "required": True,
+              "properties": {"x": {"type": "string", "required": True}}}
+    write_set(sets, "draft3", tool("d.py", schema=draft3), **{"d.py": ASKER_OK})
+    with anyio.fail_after(30):
+        async with Client(server(mcp_host, workspace, "--mode", "full")) as client:
+            listed = {t.name: t for t in (await client.list_tools()).tools}
+            never = await client.call_tool("boolprops", {"never": 1})
+            missing = await client.call_tool("draft3", {})
+    assert listed["boolprops"].input_schema == {
+        "type": "object", "properties": {"any": {}, "never": {"not": {}}}}
+    assert listed["draft3"].input_schema == {
+        "$schema": draft3["$schema"], "properties": draft3["properties"], "type": "object"}
+    assert never.is_error is True
+    assert missing.is_error is True
+    assert "x" in _text(missing)
+
+
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_mcp_without_elicitation_says_how_to_allow(
     mcp_host: Daemon, workspace: Path, mode: str
@@ -1931,29 +1960,8 @@ def test_mcp_autostarted_daemon_does_not_notify_the_hosts_systemd(
 @pytest.fixture(scope="session")
 def claude_cli() -> Path:
     """Claude Code from npm, installed once into a cache folder outside the repository."""
-    npm, node = shutil.which("npm"), shutil.which("node")
-    if npm is None or node is None:
-        pytest.skip("npm and node are needed to install Claude Code")
-    cache = (
-        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-        / "toolsetd-tests"
-        / "claude-code"
-    )
-    binary = cache / "node_modules" / ".bin" / "claude"
-    if not binary.exists():
-        cache.mkdir(parents=True, exist_ok=True)
-        try:
-            done = subprocess.run(
-                [npm, "install", "--prefix", str(cache), "@anthropic-ai/claude-code"],
-                capture_output=True,
-                timeout=600,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            pytest.skip("npm did not install Claude Code within 600 s")
-        if done.returncode != 0 or not binary.exists():
-            pytest.skip(f"could not install Claude Code: {done.stderr.decode()[-300:]}")
-    return binary
+    folder = npm_installed("claude-code", ["@anthropic-ai/claude-code"], "node_modules/.bin/claude")
+    return folder / "node_modules" / ".bin" / "claude"
 
 
 @pytest.mark.slow

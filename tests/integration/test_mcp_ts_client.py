@@ -1,0 +1,302 @@
+"""The official TypeScript SDK client (``@modelcontextprotocol/sdk``) against toolsetd.
+
+Most Node hosts (Claude Code, Cursor, OpenCode, Gemini CLI, the MCP Inspector) build on
+this client: its zod schemas check every message toolsetd sends, and its transports speak
+stdio (spawning ``toolsetctl mcp``) and Streamable HTTP (``--mcp-listen``). Each test runs
+one Node process (``ts_client/client.mjs``) through named steps on one connection, over
+each transport, and asserts on the report it prints. Over stdio the pump gets the
+environment the SDK passes when a host gives none (``HOME``, ``PATH`` and a few more), so
+the daemon's socket is named in its arguments. The MCP Inspector's CLI mode (built on
+the same client) lists and calls too. Both are installed from npm into the tests' cache
+folder (``npm_helpers``); without node, npm or a registry the tests skip with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .conftest import EXAMPLES, Daemon, alive, daemon_in, eventually, write_set
+from .http_helpers import endpoint, listening_urls
+from .mcp_helpers import PY, pump_args, script, tool, write_project_asker, write_test_sets
+from .npm_helpers import node, npm_installed
+
+SDK_VERSION = "1.32.2"
+CLIENT = Path(__file__).parent / "ts_client" / "client.mjs"
+#: One tool more than a tools/list page holds (docs/mcp.md: pages of 1,000 tools).
+PAGED = [f"paged_{n:04d}" for n in range(1001)]
+TRANSPORTS = ["stdio", "http"]
+#: Valid JSON Schema whose root properties are boolean schemas (MCP's schema has objects).
+BOOLEAN_PROPERTIES = {"type": "object", "properties": {"any": True, "never": False}}
+#: Valid draft 3 JSON Schema whose root ``required`` is a boolean (MCP's has a list).
+DRAFT3_REQUIRED = {
+    "$schema": "http://json-schema.org/draft-03/schema#", "type": "object", "required": True,
+    "properties": {"x": {"type": "string", "required": True}},
+}
+
+
+@pytest.fixture(scope="module")
+def sdk() -> Path:
+    """The folder holding the TypeScript SDK from npm (installed once)."""
+    return npm_installed(
+        f"ts-sdk-{SDK_VERSION}", [f"@modelcontextprotocol/sdk@{SDK_VERSION}"],
+        "node_modules/@modelcontextprotocol/sdk/package.json",
+    )
+
+
+@pytest.fixture(scope="module")
+def ts_daemon() -> Iterator[Daemon]:
+    """The module's daemon: the example sets, the MCP test sets, a set of 1,001 tools (two
+    pages), two tools whose schemas MCP's shape does not take as declared and a project
+    set that asks; MCP on the socket and on a 127.0.0.1 port."""
+
+    def fill(home: Path, workspace: Path) -> None:
+        shutil.copytree(EXAMPLES, home / "tools", dirs_exist_ok=True)
+        write_test_sets(home)
+        tools = [{"name": name, "description": f"Tool {name}.", "schema": {"type": "object"},
+                  "command": ["paged.py"]} for name in PAGED]
+        manifest = {"runner": "exec", "approval": "always", "tools": tools}
+        write_set(home / "tools", "paged", manifest, **{"paged.py": script("print('paged')\n")})
+        write_project_asker(workspace)
+        write_set(home / "tools", "boolprops", tool("b.py", schema=BOOLEAN_PROPERTIES),
+                  **{"b.py": script("print('took it')\n")})
+        write_set(home / "tools", "draft3", tool("d.py", schema=DRAFT3_REQUIRED),
+                  **{"d.py": script("print('took it')\n")})
+
+    with daemon_in("tst-", fill, ["--mcp-listen", "127.0.0.1:0"]) as d:
+        d.mcp_url = listening_urls(d)[0]
+        yield d
+
+
+def run_client(
+    sdk: Path, daemon: Daemon, transport: str, steps: list[str], **extra: Any
+) -> dict[str, Any]:
+    """Run ``client.mjs`` through ``steps`` over ``transport``; returns its report."""
+    assert daemon.mcp_url is not None
+    config = {
+        "sdk": str(sdk), "transport": transport, "workspace": str(daemon.workspace),
+        "command": [PY, *pump_args(daemon, daemon.workspace)],
+        "url": endpoint(daemon.mcp_url, daemon.workspace), **extra,
+    }
+    path = daemon.log_path.parent / f"ts-{uuid.uuid4().hex[:8]}.json"
+    path.write_text(json.dumps(config))
+    done = subprocess.run([node(), str(CLIENT), str(path), *steps], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{daemon.log()[-4000:]}"
+    report: dict[str, Any] = json.loads(done.stdout.splitlines()[-1])
+    assert "connect" not in report, f"{report}\n{daemon.log()[-4000:]}"
+    assert report["errors"] == [], report
+    for step in steps:
+        assert report["steps"][step]["ok"] is True, f"{step}: {report}\n{daemon.log()[-4000:]}"
+    return report
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_ts_client_initializes_pages_and_calls(
+    sdk: Path, ts_daemon: Daemon, transport: str
+) -> None:
+    """The TS client initializes (2025-11-25), walks both pages of tools/list by cursor,
+    and calls: a text result, an isError one, progress as onprogress, an unknown tool;
+    then six calls side by side, each with its own progress, and a ping among them."""
+    report = run_client(sdk, ts_daemon, transport, ["initialize", "list", "call", "parallel"])
+    init = report["steps"]["initialize"]
+    assert init["server"]["name"] == "toolsetd"
+    assert init["capabilities"]["tools"] == {"listChanged": True}
+    if transport == "http":
+        assert init["sessionId"]
+        assert init["protocolVersion"] == "2025-11-25"
+    listed = report["steps"]["list"]
+    assert listed["pages"] == 2
+    assert listed["count"] == listed["unique"] >= len(PAGED) + 4
+    assert {"hello", "asker", "progress3", "fails"} <= set(listed["names"])
+    assert listed["hello"]["inputSchema"]["required"] == ["name"]
+    call = report["steps"]["call"]
+    assert call["hello"] == {"isError": False, "text": call["hello"]["text"]}
+    assert "Hello, Ada!" in call["hello"]["text"]
+    assert call["fails"]["isError"] is True
+    assert "it broke" in call["fails"]["text"]
+    assert "counted" in call["progress3"]["text"]
+    messages = [p.get("message") for p in call["progress3"]["progress"] if p.get("message")]
+    assert messages == ["0/100", "50/100", "100/100"]
+    assert call["unknown"]["code"] == -32602
+    assert "no_such_tool" in call["unknown"]["message"]
+    parallel = report["steps"]["parallel"]
+    assert parallel["pong"] == {}
+    assert [r["progress"] for r in parallel["results"]] == [["0/100", "50/100", "100/100"]] * 6
+    assert all(r["isError"] is False and "counted" in r["text"] for r in parallel["results"])
+    assert report["stderr"] == ""
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_ts_client_lists_tools_whose_schemas_mcp_shapes_otherwise(
+    sdk: Path, ts_daemon: Daemon, transport: str
+) -> None:
+    """A root property that is a boolean schema (``"any": true``, valid JSON Schema) is
+    listed as the object that says the same, and a draft 3 boolean ``required`` at the
+    root is left out: the TS client's zod refused the whole tools/list over either (MCP's
+    schema has an object, a list of names there), so the host saw no tool at all. The
+    calls are still validated against the schemas as declared."""
+    calls = [
+        {"name": "boolprops", "arguments": {"any": [1]}},
+        {"name": "boolprops", "arguments": {"never": 1}},
+        {"name": "draft3", "arguments": {"x": "a"}},
+        {"name": "draft3", "arguments": {}},
+    ]
+    report = run_client(sdk, ts_daemon, transport, ["list", "calls"], calls=calls)
+    listed = report["steps"]["list"]["tools"]
+    assert listed["boolprops"]["inputSchema"] == {
+        "type": "object", "properties": {"any": {}, "never": {"not": {}}},
+    }
+    assert listed["draft3"]["inputSchema"] == {
+        k: v for k, v in DRAFT3_REQUIRED.items() if k != "required"
+    }
+    took, refused, ran, missing = report["steps"]["calls"]["results"]
+    assert took["isError"] is False
+    assert "took it" in took["text"]
+    assert refused["isError"] is True
+    assert "Invalid arguments" in refused["text"]
+    assert ran["isError"] is False
+    assert missing["isError"] is True
+    assert "x" in missing["text"]
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_ts_client_abort_cancels_the_call_and_its_child(
+    sdk: Path, ts_daemon: Daemon, transport: str
+) -> None:
+    """An AbortSignal ends the call at the host (notifications/cancelled goes out), the
+    tool's process is killed, and the same connection calls again."""
+    for name in ("sleeper.pid", "sleeper.call"):
+        (ts_daemon.workspace / name).unlink(missing_ok=True)
+    report = run_client(sdk, ts_daemon, transport, ["cancel"])
+    cancel = report["steps"]["cancel"]
+    assert "the host gave up" in cancel["error"]["message"], cancel
+    assert "Hello, B!" in cancel["after"]
+    eventually(lambda: not alive(cancel["pid"]), timeout=15, what="the sleeper killed")
+    call_id = (ts_daemon.workspace / "sleeper.call").read_text()
+    finished = [e for e in ts_daemon.log_events()
+                if e.get("event") == "call_finished" and e.get("call_id") == call_id]
+    assert [e["status"] for e in finished] == ["cancelled"]
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_ts_client_answers_approvals(sdk: Path, ts_daemon: Daemon, transport: str) -> None:
+    """The approval comes as an elicitation/create the TS client's schema takes (form mode,
+    an empty form): an accept runs the call; a decline, or a handler that throws (the
+    host cannot ask: the client answers with an error), refuses it as isError. A call the
+    host aborts while its question is up withdraws the question: the daemon's
+    notifications/cancelled aborts the handler's signal, so the host can take it down."""
+    report = run_client(
+        sdk, ts_daemon, transport, ["withdrawn", "approvals"],
+        answers=["accept", "decline", "throw"],
+    )
+    withdrawn = report["steps"]["withdrawn"]
+    assert "the host gave up" in withdrawn["error"]["message"]
+    assert len(withdrawn["withdrawn"]) == 1  # the handler's signal was aborted
+    approvals = report["steps"]["approvals"]
+    assert approvals["accept"] == {"isError": False, "text": approvals["accept"]["text"]}
+    assert "asked and ran" in approvals["accept"]["text"]
+    assert approvals["decline"]["isError"] is True
+    assert "declined" in approvals["decline"]["text"]
+    assert approvals["throw"]["isError"] is True  # the host could not ask
+    assert "did not run" in approvals["throw"]["text"]
+    assert [a["mode"] for a in approvals["asked"]] == ["form"] * 4
+    assert all("asker" in a["message"] for a in approvals["asked"])
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_ts_client_hears_list_changed(sdk: Path, ts_daemon: Daemon, transport: str) -> None:
+    """A tools.json written while the TS client is connected reaches it as
+    notifications/tools/list_changed, and the new tool lists."""
+    name = f"fresh_{uuid.uuid4().hex[:10]}"
+    folder = ts_daemon.home / "tools" / name
+    write = {str(folder / "f.py"): script("print('fresh')\n"),
+             str(folder / "tools.json"): json.dumps(tool("f.py"))}
+    report = run_client(sdk, ts_daemon, transport, ["list_changed"], write=write, expect=name)
+    changed = report["steps"]["list_changed"]
+    assert changed["before"] is False
+    assert changed["notifications"] >= 1
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+def test_ts_client_ends_its_http_session_and_starts_another(
+    sdk: Path, ts_daemon: Daemon
+) -> None:
+    """terminateSession() sends DELETE and the session ends; a host that comes back with
+    the old id is told it is gone (404), and a new connection gets a new session."""
+    report = run_client(sdk, ts_daemon, "http", ["initialize", "terminate"])
+    ended = report["steps"]["terminate"]
+    assert ended["old"] == report["steps"]["initialize"]["sessionId"]
+    assert ended["cleared"] is None
+    assert ended["stale"] is not None
+    assert ended["stale"]["code"] == 404, ended
+    assert ended["renewed"] not in (None, ended["old"])
+    assert ended["count"] >= len(PAGED)
+    assert "Hello, C!" in ended["hello"]
+
+
+# -- the MCP Inspector's CLI mode ----------------------------------------------------------
+
+INSPECTOR_VERSION = "0.21.2"
+
+
+@pytest.fixture(scope="module")
+def inspector() -> Path:
+    """The MCP Inspector's entry point from npm (installed once)."""
+    folder = npm_installed(
+        f"mcp-inspector-{INSPECTOR_VERSION}",
+        [f"@modelcontextprotocol/inspector@{INSPECTOR_VERSION}"],
+        "node_modules/@modelcontextprotocol/inspector/cli/build/cli.js",
+    )
+    return folder / "node_modules/@modelcontextprotocol/inspector/cli/build/cli.js"
+
+
+def run_inspector(inspector: Path, daemon: Daemon, transport: str, *method: str) -> Any:
+    """``mcp-inspector --cli`` against the daemon over ``transport``; returns its JSON."""
+    assert daemon.mcp_url is not None
+    target = (
+        [PY, *pump_args(daemon, daemon.workspace)]
+        if transport == "stdio"
+        else [endpoint(daemon.mcp_url, daemon.workspace), "--transport", "http"]
+    )
+    done = subprocess.run(
+        [node(), str(inspector), "--cli", *target, "--method", *method],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{daemon.log()[-4000:]}"
+    return json.loads(done.stdout)
+
+
+@pytest.mark.slow  # several Node processes each, after a 271-package install
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_inspector_cli_lists_and_calls(
+    inspector: Path, ts_daemon: Daemon, transport: str
+) -> None:
+    """The Inspector's CLI mode lists the tools (the first page, with its cursor) and calls
+    one with an argument, over both transports."""
+    listed = run_inspector(inspector, ts_daemon, transport, "tools/list")
+    names = [t["name"] for t in listed["tools"]]
+    assert len(names) == 1000
+    assert "hello" in names
+    assert listed["nextCursor"]
+    called = run_inspector(
+        inspector, ts_daemon, transport, "tools/call", "--tool-name", "hello",
+        "--tool-arg", "name=Ada",
+    )
+    assert called["isError"] is False
+    assert "Hello, Ada!" in called["content"][0]["text"]
+    failed = run_inspector(inspector, ts_daemon, transport, "tools/call", "--tool-name", "fails")
+    assert failed["isError"] is True
