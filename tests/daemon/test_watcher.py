@@ -1226,12 +1226,16 @@ async def test_a_watch_process_started_through_proc_self_exe_imports_the_daemons
     monkeypatch.delenv("PYTHONNOUSERSITE", raising=False)
     interpreter = tmp_path / "python"  # not executable: the start by path is refused
     interpreter.write_text("")
+    await _a_file_made_is_seen(tmp_path, python=str(interpreter))
+
+
+async def _a_file_made_is_seen(tmp_path: Path, python: str = sys.executable) -> None:
+    """A watch process started with ``python`` watches: a file made is in its batch."""
     watched = tmp_path / "watched"
     watched.mkdir()
-    stop = anyio.Event()
     watch = watch_in_process(
-        watched, stop_event=stop, debounce=50, step=50, recursive=False, rust_timeout=5000,
-        python=str(interpreter),
+        watched, stop_event=anyio.Event(), debounce=50, step=50, recursive=False,
+        rust_timeout=5000, python=python,
     )
     try:
         with anyio.fail_after(30):
@@ -1280,20 +1284,7 @@ async def test_a_watch_process_runs_where_no_temporary_file_can_be_made(
     ``tempfile.tempdir`` (the stdlib's documented default folder) names a folder that is
     not there, as ``gettempdir`` would find none."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-folder"))
-    watched = tmp_path / "watched"
-    watched.mkdir()
-    watch = watch_in_process(
-        watched, stop_event=anyio.Event(), debounce=50, step=50, recursive=False,
-        rust_timeout=5000,
-    )
-    try:
-        with anyio.fail_after(30):
-            await watch.established()
-            (watched / "made").touch()
-            batch = await watch.__anext__()
-    finally:
-        await watch.aclose()
-    assert (Change.added, str(watched / "made")) in batch
+    await _a_file_made_is_seen(tmp_path)
 
 
 async def test_a_batch_the_watch_process_writes_in_chunks_is_one_batch(tmp_path: Path) -> None:
