@@ -255,5 +255,20 @@ def executable_problem(resolved: str, set_dir: Path, search_path: str | None = N
     if not os.path.isfile(resolved):
         return f"Command file {resolved} is not a file."
     if not os.access(resolved, os.X_OK):
+        if _on_noexec(resolved):  # its x bits are no use there: chmod would not help
+            return (
+                f"Command file {resolved} is on a file system mounted noexec, from which the "
+                "system starts no program: move the tool set to another file system, or "
+                "mount this one without noexec."
+            )
         return f"Command file {resolved} is not executable: run chmod +x {resolved}."
     return interpreter_problem(resolved)
+
+
+def _on_noexec(path: str) -> bool:
+    """Whether ``path`` is on a file system mounted ``noexec`` (where ``access(X_OK)``
+    and the exec both fail with ``EACCES``, whatever the file's mode)."""
+    try:
+        return bool(os.statvfs(path).f_flag & os.ST_NOEXEC)
+    except OSError:
+        return False

@@ -499,8 +499,9 @@ class Runner:
             message = exc.strerror if isinstance(exc, OSError) else str(exc)
             if isinstance(exc, OSError) and exc.filename:
                 message = f"{message}: {exc.filename}"  # say which file: the fix is there
-                hint = executable_problem(os.fsdecode(exc.filename), toolset.path, env_path(env))
-                message += f". {hint}" if hint else ""  # and the fix, as validate says it
+                if os.fsdecode(exc.filename) == argv[0]:  # not the workspace chdir failed on
+                    hint = executable_problem(argv[0], toolset.path, env_path(env))
+                    message += f". {hint}" if hint else ""  # and the fix, as validate says it
             elif isinstance(exc, OSError) and exc.errno == errno.EAGAIN:
                 message = out_of_tasks(str(message))  # fork's words name no limit
             return no_process_outcome(t0, start_failure_text(message), spawn_failed=True)

@@ -198,8 +198,10 @@ class ProcessWatch:
         try:
             # Its stderr goes to a file, not a pipe: nothing reads it while the process
             # runs (a pipe left full would block it), and what it holds is read once the
-            # process ended, for the log line that says so.
-            self._stderr = stderr = tempfile.TemporaryFile()  # noqa: SIM115 - closed by aclose
+            # process ended, for the log line that says so. Where the daemon has no
+            # temporary folder it may write (a unit with a read-only /tmp), the watch
+            # runs all the same, its words unkept: they only explain its end.
+            self._stderr = stderr = _stderr_file()
             try:
                 try:
                     proc = await _spawn(
@@ -216,7 +218,8 @@ class ProcessWatch:
                     )
             except BaseException:
                 self._stderr = None
-                stderr.close()
+                if stderr is not None:
+                    stderr.close()
                 raise
         except OSError as exc:  # EAGAIN at the limit of processes and threads, EMFILE, ...
             raise type(exc)(
@@ -283,14 +286,23 @@ def _import_path() -> tuple[list[str], list[str]]:
     return path, [folder for folder in folders if folder in path]
 
 
-async def _spawn(command: list[str], stderr: IO[bytes]) -> anyio.abc.Process:
+def _stderr_file() -> IO[bytes] | None:
+    """An unnamed temporary file for the watch process's stderr, or None where none can
+    be made (no temporary folder the daemon may write: its stderr is then dropped)."""
+    try:
+        return tempfile.TemporaryFile()  # closed by aclose
+    except OSError:
+        return None
+
+
+async def _spawn(command: list[str], stderr: IO[bytes] | None) -> anyio.abc.Process:
     """The watch process, in a session of its own (a terminal's Ctrl-C for the daemon does
-    not reach it)."""
+    not reach it); its stderr to ``stderr``, else dropped."""
     return await anyio.open_process(
         command,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
-        stderr=stderr,
+        stderr=stderr if stderr is not None else subprocess.DEVNULL,
         cwd="/",
         start_new_session=True,
     )

@@ -273,6 +273,25 @@ async def test_runner_start_failure(runner: Runner, env: Env) -> None:
     assert sink.events == []
 
 
+async def test_runner_start_failure_in_the_workspace_names_no_command_file(
+    runner: Runner, env: Env
+) -> None:
+    """A workspace the child cannot enter (removed after the call was checked) fails the
+    start naming the workspace, as the spawn reports it; the sentence about the command
+    file is not added to it. It was: "Command file <workspace> does not exist.", which
+    sent the operator to a tool set with nothing wrong in it."""
+    script = env.set_dir / "run.sh"
+    script.write_text("#!/bin/sh\necho ran\n")
+    script.chmod(0o755)
+    loaded = make_tool(env.set_dir, command=("./run.sh",))
+    env.workspace.rmdir()
+    outcome = await run(runner, env, loaded)
+    assert text(outcome) == (
+        f"The external process failed to start: No such file or directory: {env.workspace}"
+    )
+    assert (outcome.status, outcome.started, outcome.spawn_failed) == ("error", False, True)
+
+
 async def test_runner_truncation_spills_full_output(env: Env) -> None:
     """A cut text names a spill file holding the whole output."""
     runner = Runner(replace(FAST, output_limit_chars=1000), anyio.CapacityLimiter(1), os.environ)

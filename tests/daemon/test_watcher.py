@@ -6,6 +6,7 @@ import ctypes
 import os
 import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
@@ -1225,12 +1226,16 @@ async def test_a_watch_process_started_through_proc_self_exe_imports_the_daemons
     monkeypatch.delenv("PYTHONNOUSERSITE", raising=False)
     interpreter = tmp_path / "python"  # not executable: the start by path is refused
     interpreter.write_text("")
+    await _a_file_made_is_seen(tmp_path, python=str(interpreter))
+
+
+async def _a_file_made_is_seen(tmp_path: Path, python: str = sys.executable) -> None:
+    """A watch process started with ``python`` watches: a file made is in its batch."""
     watched = tmp_path / "watched"
     watched.mkdir()
-    stop = anyio.Event()
     watch = watch_in_process(
-        watched, stop_event=stop, debounce=50, step=50, recursive=False, rust_timeout=5000,
-        python=str(interpreter),
+        watched, stop_event=anyio.Event(), debounce=50, step=50, recursive=False,
+        rust_timeout=5000, python=python,
     )
     try:
         with anyio.fail_after(30):
@@ -1267,6 +1272,19 @@ async def test_a_watch_process_that_ends_says_what_it_wrote_on_stderr(
         "the watch process ended (exit status 1; it said: "
         "ImportError: a decoy watchfiles, refused)"
     )
+
+
+async def test_a_watch_process_runs_where_no_temporary_file_can_be_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The watch process's stderr goes to a temporary file, kept only to explain its end;
+    where the daemon may write no temporary folder (a unit whose /tmp is read-only) that
+    file could not be made, and the watch never started: "the watch process could not
+    start: No such file or directory", and only the poll served, for the daemon's life.
+    ``tempfile.tempdir`` (the stdlib's documented default folder) names a folder that is
+    not there, as ``gettempdir`` would find none."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "no-such-folder"))
+    await _a_file_made_is_seen(tmp_path)
 
 
 async def test_a_batch_the_watch_process_writes_in_chunks_is_one_batch(tmp_path: Path) -> None:

@@ -255,6 +255,39 @@ def test_validate_names_what_stops_a_script(first_hour: Daemon, name: str) -> No
     )
 
 
+def test_validate_of_a_script_on_a_noexec_mount_does_not_say_chmod(tmp_path: Path) -> None:
+    """A script with its x bits, on a file system mounted noexec (a hardened /tmp, a CI
+    runner's scratch mount), fails as "Permission denied", and ``access`` says it is not
+    executable: validate (and a start failure, which adds the same sentence) told the
+    author to run chmod +x on a file that had its x bits. The mount is made in a mount
+    namespace of the check's own, so nothing outside sees it."""
+    unshare, mount = shutil.which("unshare"), shutil.which("mount")
+    if os.geteuid() != 0 or unshare is None or mount is None:
+        pytest.skip("a noexec mount of its own needs root, unshare and mount")
+    folder = tmp_path / "home" / "tools"  # the home's tools folder, mounted noexec
+    write_set(folder, "tool", {**TOOL, "command": ["run.sh"]}, **{"run.sh": "#!/bin/sh\n"})
+    path = folder / "tool" / "run.sh"
+    path.chmod(0o755)
+    script = (
+        'mount --bind "$1" "$1" && mount -o remount,bind,noexec "$1" "$1" || exit 99; '
+        'shift; exec "$@"'
+    )
+    r = subprocess.run(
+        [unshare, "-m", "--propagation", "private", "sh", "-c", script, "sh", str(folder),
+         sys.executable, "-m", "toolsetd.client", "--home", str(folder.parent), "validate",
+         str(folder / "tool")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    if r.returncode == 99:
+        pytest.skip(f"no mount namespace of its own here: {r.stderr.strip()[:200]}")
+    assert (r.returncode, r.stderr) == (2, "")
+    assert r.stdout == (
+        f"Tool set tool is not valid:\n- Command file {path} is on a file system mounted "
+        "noexec, from which the system starts no program: move the tool set to another file "
+        "system, or mount this one without noexec. (used by tool)\n"
+    )
+
+
 @pytest.mark.parametrize("confinement", ["confined", "unconfined"])
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_a_call_that_cannot_start_names_the_fix(
