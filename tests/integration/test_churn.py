@@ -159,9 +159,13 @@ def _held(daemon: Daemon) -> dict[str, Any]:
 
 
 def _children(pid: int) -> list[str]:
-    """The state and command line of each child of ``pid`` (zombies too), sorted."""
+    """The command line of each child of ``pid``, a zombie's (one never reaped) marked,
+    sorted. A live child's state (S, R, D) is the moment's, not something held: the watch
+    process, woken every 50 ms, was now and then caught R on a busy machine, and a first
+    count that caught it could never be matched."""
     return sorted(
-        (fields[0] + b" " + cmdline.replace(b"\0", b" ")[:80]).decode(errors="replace")
+        ("Z " if fields[0] == b"Z" else "")
+        + cmdline.replace(b"\0", b" ")[:80].decode(errors="replace")
         for _, fields, cmdline in processes()
         if int(fields[1]) == pid
     )
