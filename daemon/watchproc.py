@@ -70,6 +70,10 @@ _MAX_LINE = 64 * 1024 * 1024
 _CHUNK = 1000
 #: Seconds the daemon waits for the process's exit status after its output ended.
 _EXIT_WAIT = 1.0
+#: Seconds a watch process has to say it watches (0.15 s here; a few seconds under load):
+#: one stopped or stuck before that fails as any other watch, rather than leave the daemon
+#: on the poll with nothing logged.
+_READY_TIMEOUT = 60.0
 #: How much of the start and of the end of the process's stderr is read for what its
 #: ending says (a Rust panic's message, the last line of a Python traceback).
 _STDERR_TAIL = 2048
@@ -117,12 +121,18 @@ class ProcessWatch:
 
     async def established(self) -> None:
         """Return once the watcher is made and watching (or the stop is set): an event
-        from then on is reported. Raises as :meth:`__anext__` does."""
-        while not self._ready:
-            message = await self._message()
-            if message is None:
-                return
-            self._take(message)
+        from then on is reported. Raises as :meth:`__anext__` does, and ``RuntimeError``
+        when the process has not said it watches within ``_READY_TIMEOUT``."""
+        with anyio.move_on_after(_READY_TIMEOUT) as waited:
+            while not self._ready:
+                message = await self._message()
+                if message is None:
+                    return
+                self._take(message)
+        if waited.cancelled_caught:
+            raise RuntimeError(
+                f"the watch process did not start watching within {_READY_TIMEOUT:g} s"
+            )
 
     async def __anext__(self) -> set[tuple[Change, str]]:
         while not self._batches:

@@ -1287,6 +1287,32 @@ async def test_a_watch_process_runs_where_no_temporary_file_can_be_made(
     await _a_file_made_is_seen(tmp_path)
 
 
+async def test_a_watch_process_that_never_says_it_watches_fails_as_a_watch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A watch process stopped or stuck before it watches (SIGSTOPped, a start that
+    hangs) left ``established()`` waiting for ever: the daemon served from the poll with
+    nothing logged, and never retried. It now fails as any watch does, after a deadline."""
+    import toolsetd.daemon.watchproc as watchproc
+
+    monkeypatch.setattr(watchproc, "_READY_TIMEOUT", 1.0, raising=False)
+    stuck = tmp_path / "python"  # an interpreter that starts and never says a word
+    stuck.write_text("#!/bin/sh\nexec sleep 600\n")
+    stuck.chmod(0o755)
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    watch = watch_in_process(
+        watched, stop_event=anyio.Event(), debounce=50, step=50, recursive=False,
+        rust_timeout=5000, python=str(stuck),
+    )
+    try:
+        with anyio.fail_after(15), pytest.raises(RuntimeError) as failed:
+            await watch.established()
+    finally:
+        await watch.aclose()
+    assert str(failed.value) == "the watch process did not start watching within 1 s"
+
+
 async def test_a_batch_the_watch_process_writes_in_chunks_is_one_batch(tmp_path: Path) -> None:
     """The watch process writes a batch of more than 1000 changes as several lines, and
     each line came out as a batch of its own: a checkout that brought 2,500 entries at
