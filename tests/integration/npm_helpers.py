@@ -17,6 +17,13 @@ from pathlib import Path
 
 import pytest
 
+#: Where the installs are kept: the cache folder of the user who runs the tests, read when
+#: this module is imported (at collection). The session fixture in tests/conftest.py then
+#: points ``XDG_CACHE_HOME`` at a fresh folder per session, for the daemons' set caches;
+#: read at install time, that made every session install every package again (8-30 s each,
+#: from npm's own cache).
+CACHE_BASE = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+
 
 def node() -> str:
     """The ``node`` to run an installed program with; skips when there is none."""
@@ -33,8 +40,7 @@ def npm_installed(name: str, packages: list[str], marker: str) -> Path:
     npm = shutil.which("npm")
     if npm is None:
         pytest.skip(f"npm is needed to install {' '.join(packages)}, and this machine has none")
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    folder = Path(base) / "toolsetd-tests" / name
+    folder = Path(CACHE_BASE) / "toolsetd-tests" / name
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)

@@ -16,7 +16,6 @@ the run for a scenario that fails unlisted, or passes listed.
 from __future__ import annotations
 
 import fcntl
-import os
 import re
 import shutil
 import subprocess
@@ -27,6 +26,7 @@ import pytest
 
 from .conftest import REPO, Daemon, shut_down
 from .http_helpers import endpoint, start_http_daemon
+from .npm_helpers import CACHE_BASE
 
 SUITE_VERSION = "0.1.16"
 GLOB_VERSION = "14.0.6"
@@ -41,8 +41,7 @@ MUST_PASS = (
 
 
 def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "toolsetd-tests" / f"mcp-conformance-{SUITE_VERSION}"
+    return Path(CACHE_BASE) / "toolsetd-tests" / f"mcp-conformance-{SUITE_VERSION}"
 
 
 def _node_major(node: str) -> int:
