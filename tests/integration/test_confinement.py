@@ -1853,18 +1853,24 @@ def test_confinement_daemon_sigkill_leaves_no_tool(sandboxed: bool) -> None:
             pytest.skip(f"no sandbox: {reason or t.status()['sandbox']['reason']}")
         if not sandboxed:
             _need_cgroup(t)
-        threads = []
-        for _ in range(2):
-            thread = threading.Thread(target=lambda: _swallow(t, marker, sandboxed), daemon=True)
-            thread.start()
-            threads.append(thread)
-        eventually(lambda: len(marked_processes(marker)) >= 2, what="both grandchildren")
-        t.daemon.proc.send_signal(signal.SIGKILL)
-        t.daemon.proc.wait(10)
-        eventually(lambda: marked_processes(marker) == [], timeout=10, what="no tool left")
+        _kill_the_daemon_under_escaped_tools(t, marker, sandboxed, 2)
     finally:
         _kill_marked(marker)
         _close(t)
+
+
+def _kill_the_daemon_under_escaped_tools(
+    t: Tree, marker: str, project: bool, count: int
+) -> None:
+    """Run ``count`` calls whose tool leaves a ``setsid``'d grandchild marked ``marker``
+    (``_swallow``, each in a thread), SIGKILL the daemon once all of them run, and see
+    every one of them gone: what kills them is the orphan guard's, the daemon had no say."""
+    for _ in range(count):
+        threading.Thread(target=lambda: _swallow(t, marker, project), daemon=True).start()
+    eventually(lambda: len(marked_processes(marker)) >= count, what="the grandchildren")
+    t.daemon.proc.send_signal(signal.SIGKILL)
+    t.daemon.proc.wait(10)
+    eventually(lambda: marked_processes(marker) == [], timeout=10, what="no tool left")
 
 
 def _swallow(t: Tree, marker: str, project: bool) -> None:
@@ -2118,12 +2124,7 @@ def test_confinement_cgroup_tree_made_late_is_killed_by_the_orphan_guard() -> No
             (outer / "cgroup.max.descendants").write_text("max")
             eventually(lambda: t.status()["cgroup"]["mode"] == "cgroup", timeout=30,
                        what="the cgroup tree made by the retry")
-            thread = threading.Thread(target=lambda: _swallow(t, marker, False), daemon=True)
-            thread.start()
-            eventually(lambda: bool(marked_processes(marker)), what="the grandchild")
-            t.daemon.proc.send_signal(signal.SIGKILL)
-            t.daemon.proc.wait(10)
-            eventually(lambda: marked_processes(marker) == [], timeout=10, what="no tool left")
+            _kill_the_daemon_under_escaped_tools(t, marker, False, 1)
         finally:
             _kill_marked(marker)
             _close(t)

@@ -12,6 +12,7 @@ its daemon, starts one of its own (and the autostart test has the client start o
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import os
@@ -1118,6 +1119,23 @@ def _approvals_held(daemon: Daemon, tool: str) -> int:
     )
 
 
+@contextlib.contextmanager
+def _asker_before_initialized(
+    daemon: Daemon, workspace: Path
+) -> Iterator[tuple[str, Callable[[], int], RawPump]]:
+    """A new project tool that asks for approval, and a pump initialized with elicitation
+    but not yet told ``notifications/initialized``: the tool's name, the count of its
+    questions held (``_approvals_held``), and the pump, which must exit 0."""
+    name = _unique("asker")
+    write_project_asker(workspace, name)
+    pump = RawPump(pump_args(daemon, workspace))
+    try:
+        pump.request(1, "initialize", {**INIT_PARAMS, "capabilities": {"elicitation": {}}})
+        yield name, lambda: _approvals_held(daemon, name), pump
+    finally:
+        assert pump.close() == 0
+
+
 def test_mcp_no_approval_request_goes_out_before_initialized(
     mcp_daemon: Daemon, workspace: Path
 ) -> None:
@@ -1126,15 +1144,7 @@ def test_mcp_no_approval_request_goes_out_before_initialized(
     initialize but before initialized (a pipe, HTTP requests that overtake each other),
     holds its question until initialized comes, then asks it; the call is kept, not
     refused. It went out at once. A held call the host cancels puts no question at all."""
-    name = _unique("asker")
-    write_project_asker(workspace, name)
-
-    def held() -> int:
-        return _approvals_held(mcp_daemon, name)
-
-    pump = RawPump(pump_args(mcp_daemon, workspace))
-    try:
-        pump.request(1, "initialize", {**INIT_PARAMS, "capabilities": {"elicitation": {}}})
+    with _asker_before_initialized(mcp_daemon, workspace) as (name, held, pump):
         call = {"name": name, "arguments": {}}
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         eventually(lambda: held() == 1, what="the first call's question held")
@@ -1151,8 +1161,6 @@ def test_mcp_no_approval_request_goes_out_before_initialized(
         assert done["id"] == 3, done
         assert "asked and ran" in done["result"]["content"][0]["text"], done
         assert pump.request(5, "ping")["result"] == {}  # and nothing for the cancelled one
-    finally:
-        assert pump.close() == 0
 
 
 def test_mcp_an_answer_before_its_question_went_out_is_not_the_operators(
@@ -1164,15 +1172,7 @@ def test_mcp_an_answer_before_its_question_went_out_is_not_the_operators(
     older daemon's question's, that a pump or a host sends on) is no operator's answer to
     it. It was taken as one: the call ran, accepted, with no elicitation/create ever
     shown. The question goes out once initialized comes, and only its answer counts."""
-    name = _unique("asker")
-    write_project_asker(workspace, name)
-
-    def held() -> int:
-        return _approvals_held(mcp_daemon, name)
-
-    pump = RawPump(pump_args(mcp_daemon, workspace))
-    try:
-        pump.request(1, "initialize", {**INIT_PARAMS, "capabilities": {"elicitation": {}}})
+    with _asker_before_initialized(mcp_daemon, workspace) as (name, held, pump):
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
                    "params": {"name": name, "arguments": {}}})
         eventually(lambda: held() == 1, what="the call's question held")
@@ -1186,8 +1186,6 @@ def test_mcp_an_answer_before_its_question_went_out_is_not_the_operators(
         assert done["id"] == 2, done
         assert done["result"]["isError"] is True, done
         assert "asked and ran" not in json.dumps(done), done
-    finally:
-        assert pump.close() == 0
 
 
 def test_mcp_the_first_answer_to_an_approval_request_stands(

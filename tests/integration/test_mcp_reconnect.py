@@ -120,6 +120,21 @@ def initialize(pump: RawPump) -> None:
     pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
 
+def _killed_within_a_big_answer(pump: RawPump, d: Daemon) -> bytes:
+    """Initialize ``pump``, call ``bigimage`` (id 2, a 20 MB answer), and SIGKILL ``d``
+    once the answer's head is on the pump's stdout: the daemon is within that line (the
+    rest waits, as the host reads nothing more yet). Returns the head read."""
+    initialize(pump)
+    pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+               "params": {"name": "bigimage", "arguments": {}}})
+    assert pump.proc.stdout is not None
+    head = os.read(pump.proc.stdout.fileno(), 64)
+    assert head.startswith(b'{"jsonrpc":"2.0","id":2,"result"'), head
+    d.proc.kill()
+    d.proc.wait()
+    return head
+
+
 def close(pump: RawPump) -> int:
     """Close the pump's stdin, wait for it to exit and read its stderr; its exit code."""
     with contextlib.suppress(BrokenPipeError):
@@ -526,16 +541,8 @@ def test_a_line_cut_short_by_the_daemons_death_is_ended_and_its_call_answered(
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
         try:
-            initialize(pump)
-            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                       "params": {"name": "bigimage", "arguments": {}}})
+            head = _killed_within_a_big_answer(pump, d)
             assert pump.proc.stdout is not None
-            # The answer's head is on stdout: the daemon is within that line (the rest
-            # waits, as the host reads nothing more yet).
-            head = os.read(pump.proc.stdout.fileno(), 64)
-            assert head.startswith(b'{"jsonrpc":"2.0","id":2,"result"'), head
-            d.proc.kill()
-            d.proc.wait()
             cut = head + pump.proc.stdout.readline()
             with pytest.raises(ValueError):
                 json.loads(cut)
@@ -588,14 +595,7 @@ def test_a_request_sent_before_the_pump_saw_the_daemon_go_waits_for_the_new_one(
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
         try:
-            initialize(pump)
-            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                       "params": {"name": "bigimage", "arguments": {}}})
-            assert pump.proc.stdout is not None
-            head = os.read(pump.proc.stdout.fileno(), 64)  # the pump is within that line
-            assert head.startswith(b'{"jsonrpc":"2.0","id":2,"result"'), head
-            d.proc.kill()
-            d.proc.wait()
+            _killed_within_a_big_answer(pump, d)
             pump.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": HELLO})
             eventually(lambda: _stdin_taken(pump), what="the request read by the pump")
             pump.proc.stdout.readline()  # the rest of the cut line: the pump sees the close
