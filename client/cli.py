@@ -676,7 +676,13 @@ def _cmd_reload(ctx: Context, args: argparse.Namespace) -> int:
         ctx.emit(result)
         return EXIT_OK
     try:  # an unusable config file is the exit code, read or not (reload | head -n1)
-        ctx.out.rows(CHANGE_HEADERS, reload_rows(result), empty="Nothing changed.")
+        # Nothing changed *since the last load*: the watcher may have taken the edit in
+        # already, and the operator who runs reload after it should not read "ignored".
+        ctx.out.rows(
+            CHANGE_HEADERS,
+            reload_rows(result),
+            empty=f"Nothing changed since the last load (generation {result.get('generation')}).",
+        )
         _print_notes(ctx, result.get("notes") or [])
         if config.get("applied"):
             ctx.out.line(f"Config applied: {', '.join(config['applied'])}")

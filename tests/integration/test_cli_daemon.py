@@ -153,7 +153,9 @@ def test_cli_show_tool_and_set(setup: Setup) -> None:
 
 
 def test_cli_reload(setup: Setup) -> None:
-    """reload prints what changed: a new set shows as added, then nothing changed."""
+    """reload prints what changed: a new set shows as added, then that nothing changed
+    since that load, naming its generation (a reload after the watcher took an edit in
+    is not told that the edit was ignored)."""
     # Load the workspace first: a reload is compared with what was loaded before, and
     # under xdist this test may be the first of its worker to use the workspace.
     assert setup.ctl("list").returncode == 0
@@ -164,8 +166,10 @@ def test_cli_reload(setup: Setup) -> None:
         r = setup.ctl("reload", "--format", "text")
         assert r.returncode == 0, r.stderr
         assert "fresh" in r.stdout and "added" in r.stdout.lower()
+        generation = json.loads(setup.ctl("reload", "--format", "json").stdout)["generation"]
         r = setup.ctl("reload")
-        assert r.returncode == 0 and "Nothing changed." in r.stdout
+        assert r.returncode == 0, r.stderr
+        assert f"Nothing changed since the last load (generation {generation})." in r.stdout
     finally:
         shutil.rmtree(setup.workspace / ".crystal" / "tools")
         setup.ctl("reload")
