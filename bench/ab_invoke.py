@@ -1,6 +1,7 @@
-"""Call latency of this tree against another checkout's daemon, paired: native or MCP HTTP.
+"""Call latency of this tree against another checkout's daemon, paired: native, MCP over
+HTTP or MCP over stdio.
 
-``python -m bench.ab_invoke --against DIR [--face native|http] [--rounds 15] [--calls 300]``
+``python -m bench.ab_invoke --against DIR [--face native|http|stdio] [--rounds 15] [--calls 300]``
 
 ``DIR`` is another checkout of toolsetd with its own venv (``DIR/.venv/bin/python``), for
 example the code before a change::
@@ -27,6 +28,12 @@ keep-alive connection, a new session each round) and native ``invoke`` on each d
 ratios this / other over HTTP, each daemon's HTTP / native (goal 6's row, per side) and
 this / other native. A change that moves the HTTP face alone moves the first two; one in
 the shared invoke path moves the native ratio too.
+
+``--face stdio``: the same four series and ratios with ``tools/call`` through each tree's
+own ``toolsetctl mcp`` (its pump, started with that tree's interpreter, on its own daemon;
+``bench_mcp_face``'s raw client), in place of HTTP: goal 6's stdio row, per side. The CPU
+column of a stdio series is the pump's main thread, where a pump change shows; the
+daemon's is in the native series.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ from bench._common import (
     temp_base,
 )
 from bench.bench_invoke import DAEMON_ARGS, trivial_call
+from bench.bench_mcp_face import Stdio
 from bench.bench_mcp_http import free_port, http_latency
 
 
@@ -71,6 +79,31 @@ def _native(server: Proc, params: Any, calls: int) -> Callable[[], float]:
 def _http(port: int, path: str, calls: int) -> Callable[[], float]:
     """A measure: the median µs of ``calls`` sequential ``tools/call`` over MCP HTTP."""
     return lambda: median(asyncio.run(http_latency(port, path, TRUE_SET, calls, 10))) / 1000
+
+
+def _stdio(pump: Stdio, calls: int) -> Callable[[], float]:
+    """A measure: the median µs of ``calls`` sequential ``tools/call`` through ``pump``."""
+    call = {"name": TRUE_SET, "arguments": {}}
+    return lambda: median(pump.latency("tools/call", call, calls, 10)) / 1000
+
+
+def _pump(python: str, sock: Path, workspace: str) -> Stdio:
+    """``toolsetctl mcp`` of the tree whose interpreter is ``python``, initialized."""
+    pump = Stdio(
+        [
+            python,
+            "-m",
+            "toolsetd.client",
+            "--socket",
+            str(sock),
+            "--workspace",
+            workspace,
+            "mcp",
+            "--no-autostart",
+        ]
+    )
+    pump.start()
+    return pump
 
 
 def _cpu_ns(pid: int) -> int:
@@ -95,18 +128,20 @@ def _counting(measure: Callable[[], float], pid: int, spent: list[int]) -> Calla
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--against", required=True, type=Path, help="a checkout with .venv")
-    parser.add_argument("--face", choices=("native", "http"), default="native")
+    parser.add_argument("--face", choices=("native", "http", "stdio"), default="native")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=300)
     args = parser.parse_args()
     other_python = against_python(parser, args.against)
     http = args.face == "http"
+    stdio = args.face == "stdio"
     print(f"load at start: {load()}")
     with temp_base() as base:
         home, params = trivial_call(base)
         path = f"/mcp?workspace={params['workspace']}"
         servers: list[Proc] = []
         ports: list[int] = []  # the daemons' MCP HTTP ports (--face http)
+        pumps: list[Stdio] = []  # each tree's toolsetctl mcp (--face stdio)
         measures: dict[str, Callable[[], float]] = {}
         spent: dict[str, list[int]] = {}  # CPU ns of the measured server, per round
 
@@ -127,17 +162,28 @@ def main() -> None:
                     ports.append(port)
                     add(f"{side} http", _http(port, path, args.calls), server)
                     add(f"{side} native", _native(server, params, args.calls), server)
+                elif stdio:
+                    pumps.append(_pump(python, sock, params["workspace"]))
+                    spent[f"{side} stdio"] = []
+                    measures[f"{side} stdio"] = _counting(
+                        _stdio(pumps[-1], args.calls), pumps[-1].proc.pid, spent[f"{side} stdio"]
+                    )
+                    add(f"{side} native", _native(server, params, args.calls), server)
                 else:
                     add(side, _native(server, params, args.calls), server)
-            if not http:
+            if not (http or stdio):
                 servers.append(start_baseline("spawn", base, name="floor"))
                 add("floor", _native(servers[-1], params, args.calls), servers[-1])
             for server in servers:  # warm up: the set's catalog, the code paths, the caches
                 sequential_latency(server.socket, "invoke", params, 100, warmup=20)
             for port in ports:  # and the HTTP face's
                 asyncio.run(http_latency(port, path, TRUE_SET, 50, 20))
+            for pump in pumps:  # or the stdio face's
+                pump.latency("tools/call", {"name": TRUE_SET, "arguments": {}}, 50, 20)
             series = dict(zip(measures, paired(args.rounds, *measures.values()), strict=True))
         finally:
+            for pump in pumps:
+                pump.close()
             for server in servers:
                 server.stop()
     named = {"this": "this tree", "other": str(args.against), "floor": "floor"}
@@ -158,14 +204,15 @@ def main() -> None:
             for name, values in series.items()
         ],
     )
+    face = args.face
     pairs = (
         [
-            ("this / other, http", "this http", "other http"),
-            ("this http / native", "this http", "this native"),
-            ("other http / native", "other http", "other native"),
+            (f"this / other, {face}", f"this {face}", f"other {face}"),
+            (f"this {face} / native", f"this {face}", "this native"),
+            (f"other {face} / native", f"other {face}", "other native"),
             ("this / other, native", "this native", "other native"),
         ]
-        if http
+        if http or stdio
         else [
             ("this / other", "this", "other"),
             ("this / floor", "this", "floor"),
