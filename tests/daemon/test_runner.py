@@ -304,7 +304,8 @@ async def test_runner_start_failure_of_a_command_on_path_names_the_file_there(
     found = folder / "toolsetd-on-path-tool"
     found.write_text("#!/bin/sh\necho ran\n")
     found.chmod(0o644)
-    runner = Runner(FAST, anyio.CapacityLimiter(1), {**os.environ, "PATH": f"{folder}:/usr/bin:/bin"})
+    path = f"{folder}:/usr/bin:/bin"
+    runner = Runner(FAST, anyio.CapacityLimiter(1), {**os.environ, "PATH": path})
     loaded = make_tool(env.set_dir, command=(found.name,))
     outcome = await run(runner, env, loaded)
     assert text(outcome) == (
