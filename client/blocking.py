@@ -65,15 +65,19 @@ def json_number(text: str) -> float | int:
 
     Raises:
         ValueError: The integer would have more digits than Python prints (4300 unless
-            ``PYTHONINTMAXSTRDIGITS`` says otherwise), as for an integer written out.
+            ``PYTHONINTMAXSTRDIGITS`` says otherwise), as for an integer written out; or
+            its exponent is past what ``decimal`` holds (``1e99999999999999999999999``).
     """
     value = float(text)
     if value - value == 0:  # finite
         return value
-    from decimal import Decimal  # only for a number past the double range
+    import decimal  # only for a number past the double range
 
-    exact = Decimal(text)
     limit = sys.get_int_max_str_digits()
+    try:
+        exact = decimal.Decimal(text)
+    except decimal.InvalidOperation:  # an ArithmeticError: it escaped every ValueError caught
+        raise ValueError(f"the number {text} has more than {decimal.MAX_EMAX} digits") from None
     if limit and exact.adjusted() >= limit:
         raise ValueError(f"the number {text} has more than {limit} digits")
     return int(exact)

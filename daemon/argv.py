@@ -245,6 +245,9 @@ def executable_problem(resolved: str, set_dir: Path, search_path: str | None = N
     """
     if "/" not in resolved:
         if shutil.which(resolved, path=search_path) is None:
+            found = found_on_path(resolved, search_path)
+            if found is not None:  # there, but not to be run: its own fix (chmod, noexec)
+                return executable_problem(found, set_dir)
             return (
                 f"Command '{resolved}' is neither a file in {set_dir} nor found on PATH "
                 "(toolsetd searches its own PATH)."
@@ -263,6 +266,23 @@ def executable_problem(resolved: str, set_dir: Path, search_path: str | None = N
             )
         return f"Command file {resolved} is not executable: run chmod +x {resolved}."
     return interpreter_problem(resolved)
+
+
+def found_on_path(name: str, search_path: str | None = None) -> str | None:
+    """The first entry named ``name`` in a folder of ``search_path`` (None: this process's
+    ``PATH``), executable or not, else None.
+
+    ``shutil.which`` finds only a file that may be run; a spawn tries every folder, and
+    where the only ``name`` there is not executable (or on a ``noexec`` mount) it fails as
+    "Permission denied", for a command that is on ``PATH`` all the same.
+    """
+    folders = os.get_exec_path({"PATH": search_path} if search_path is not None else None)
+    for folder in folders:
+        if os.path.isabs(folder):  # a relative one is the child's folder, not ours
+            candidate = os.path.join(folder, name)
+            if os.path.exists(candidate):  # a link leading nowhere: the exec goes on
+                return candidate
+    return None
 
 
 def _on_noexec(path: str) -> bool:

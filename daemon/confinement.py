@@ -71,7 +71,7 @@ from typing import Any
 import structlog
 
 from . import threads
-from .argv import executable_problem, interpreter_problem
+from .argv import executable_problem, found_on_path, interpreter_problem
 from .cgroup import (
     JOIN_ARGV,
     JOIN_FAILED_EXIT,
@@ -220,7 +220,9 @@ def check_executable(name: str, search_path: str | None, set_dir: Path | None = 
 
     if os.sep not in name:
         if shutil.which(name, path=search_path) is None:
-            raise refuse(errno.ENOENT)
+            # One there that may not be run fails the spawn as "Permission denied".
+            found = found_on_path(name, search_path) is not None
+            raise refuse(errno.EACCES if found else errno.ENOENT)
         return
     try:
         info = os.stat(name)

@@ -63,6 +63,8 @@ def test_args_with_a_byte_order_mark_are_read(tmp_path: Path) -> None:
         ("{bad", "", "--args is not valid JSON: "),
         ('{"n": NaN}', "", "--args is not valid JSON: NaN is not a valid JSON value."),
         ('{"n": -Infinity}', "", "--args is not valid JSON: -Infinity is not a valid JSON value."),
+        # An exponent past what decimal holds: it was InvalidOperation, "unexpected error" (9).
+        ('{"n": 1e99999999999999999999999}', "", "--args is not valid JSON: the number 1e9999"),
         ("[1]", "", "--args must be a JSON object."),
         ("-", "nope", "--args from stdin is not valid JSON: "),
         ("@/nonexistent/args.json", "", "Cannot read the --args file /nonexistent/args.json: "),

@@ -609,6 +609,20 @@ def test_confinement_check_executable(tmp_path: Path) -> None:
         check_executable(str(tmp_path), None)
 
 
+def test_confinement_check_executable_of_a_name_on_path_that_cannot_run(tmp_path: Path) -> None:
+    """A bare name whose only file on PATH is not executable was refused as "No such file
+    or directory: ... neither a file in ... nor found on PATH" (the spawn itself says
+    "Permission denied"): it names the file found and its fix."""
+    found = tmp_path / "toolsetd-on-path-tool"
+    found.write_text("#!/bin/sh\n")
+    with pytest.raises(ExecutableError) as refused:
+        check_executable(found.name, f"{tmp_path}:/usr/bin:/bin", tmp_path / "set")
+    assert str(refused.value) == (
+        f"Permission denied: {found.name}. Command file {found} is not executable: run "
+        f"chmod +x {found}."
+    )
+
+
 def test_confinement_hidden_link_a_call_could_remove_is_refused() -> None:
     """A hidden path that is a link is hidden where it leads, so the link is no mount point:
     with ``$HOME`` as the workspace and ``~/.ssh`` a dotfile manager's link, one call removed

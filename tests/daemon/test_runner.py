@@ -292,6 +292,28 @@ async def test_runner_start_failure_in_the_workspace_names_no_command_file(
     assert (outcome.status, outcome.started, outcome.spawn_failed) == ("error", False, True)
 
 
+async def test_runner_start_failure_of_a_command_on_path_names_the_file_there(
+    env: Env, tmp_path: Path
+) -> None:
+    """A bare command name whose only file on PATH cannot be run (not executable; as on a
+    noexec mount) fails the start as "Permission denied"; the sentence added said the
+    command was "neither a file in the set nor found on PATH", for a file that is on PATH.
+    It names that file and its fix, as for a command file in the set."""
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    found = folder / "toolsetd-on-path-tool"
+    found.write_text("#!/bin/sh\necho ran\n")
+    found.chmod(0o644)
+    path = f"{folder}:/usr/bin:/bin"
+    runner = Runner(FAST, anyio.CapacityLimiter(1), {**os.environ, "PATH": path})
+    loaded = make_tool(env.set_dir, command=(found.name,))
+    outcome = await run(runner, env, loaded)
+    assert text(outcome) == (
+        f"The external process failed to start: Permission denied: {found.name}. "
+        f"Command file {found} is not executable: run chmod +x {found}."
+    )
+
+
 async def test_runner_truncation_spills_full_output(env: Env) -> None:
     """A cut text names a spill file holding the whole output."""
     runner = Runner(replace(FAST, output_limit_chars=1000), anyio.CapacityLimiter(1), os.environ)
