@@ -41,7 +41,7 @@ spawn fails (``EAGAIN``) the same way. The daemon starts no thread for a watch.
   ends (``aclose``); the kernel kills it when the daemon dies (``PR_SET_PDEATHSIG``). It
   leads its own session: a terminal's Ctrl-C for the daemon does not reach it.
 * **Cost.** A Python process (about 17 MB resident and 0.05 s of CPU to start, 0.1-0.15 s
-  to watching here, against 26 MB and 0.09-0.12 s when it imported the package; two tasks,
+  to watching here, against 26 MB and 0.1 s of CPU when it imported the package; two tasks,
   as the awatch's two threads were in the daemon) per watch, and a start per restart; the
   events of a restart's gap are taken in by the poll that follows ``established``.
 """
