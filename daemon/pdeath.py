@@ -1,4 +1,8 @@
-"""The daemon's own helper processes end with it (``PR_SET_PDEATHSIG``)."""
+"""The daemon's own helper processes end with it (``PR_SET_PDEATHSIG``).
+
+The watch process runs this module from its source, sent by the daemon, without the
+package (``watchproc._MODULES``): it imports the standard library only.
+"""
 
 from __future__ import annotations
 
