@@ -105,9 +105,25 @@ module.main()
 
 
 def _module(module: ModuleType) -> list[str]:
-    """``[name, file, source]`` of ``module`` for ``_BOOTSTRAP``: its source read now."""
-    assert module.__file__ is not None  # a module of the package's folder
-    return [module.__name__, module.__file__, Path(module.__file__).read_text(encoding="utf-8")]
+    """``[name, file, source]`` of ``module`` for ``_BOOTSTRAP``: its source read now.
+
+    Raises:
+        OSError: The module has no source file to read (an install of ``.pyc`` files only),
+            or it cannot be read.
+        ValueError: It is not UTF-8.
+    """
+    file = module.__file__
+    if file is None or not file.endswith(".py"):
+        raise OSError(f"{module.__name__} has no source file ({file})")
+    return [module.__name__, file, Path(file).read_text(encoding="utf-8")]
+
+
+def _read_modules() -> tuple[str | None, str]:
+    """``_MODULES`` and, where it could not be read, why (else '')."""
+    try:
+        return json.dumps([_module(pdeath), _module(watchchild)]), ""
+    except (OSError, ValueError) as exc:
+        return None, str(exc)
 
 
 #: The watch process's code, read once, when the daemon imports this module: every watch
@@ -115,8 +131,10 @@ def _module(module: ModuleType) -> list[str]:
 #: -U``, a ``git pull`` in an editable install) put on disk since, and imports no more of
 #: toolsetd than these two modules, neither of which imports more than the standard
 #: library and watchfiles (not the ``toolsetd.daemon`` package, whose ``__init__`` imports
-#: structlog). In JSON, for ``_BOOTSTRAP``.
-_MODULES = json.dumps([_module(pdeath), _module(watchchild)])
+#: structlog). In JSON, for ``_BOOTSTRAP``. None where it could not be read
+#: (``_UNREADABLE`` says why): the daemon starts all the same, and each watch fails at its
+#: start, saying so, as any watch that cannot start (the poll serves).
+_MODULES, _UNREADABLE = _read_modules()
 
 
 class ProcessWatch:
@@ -234,6 +252,12 @@ class ProcessWatch:
         return message
 
     async def _start(self) -> BufferedByteReceiveStream:
+        modules = _MODULES
+        if modules is None:
+            raise RuntimeError(
+                f"the watch process's code could not be read when the daemon started "
+                f"({_UNREADABLE}); reinstall toolsetd with its source files and restart it"
+            )
         try:
             # Its stderr goes to a file, not a pipe: nothing reads it while the process
             # runs (a pipe left full would block it), and what it holds is read once the
@@ -267,7 +291,7 @@ class ProcessWatch:
         assert proc.stdin is not None
         assert proc.stdout is not None
         with contextlib.suppress(anyio.BrokenResourceError):  # its end is read as such
-            program = f"[{json.dumps(path)}, {_MODULES}]\n"
+            program = f"[{json.dumps(path)}, {modules}]\n"
             await proc.stdin.send(f"{program}{json.dumps(self._request)}\n".encode())
         return BufferedByteReceiveStream(proc.stdout)
 

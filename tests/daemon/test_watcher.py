@@ -1443,3 +1443,43 @@ async def test_a_watch_process_runs_the_code_the_daemon_loaded(tmp_path: Path) -
             await daemon.stdin.send(b"upgraded\n")
             outcome = json.loads(await said.receive_until(b"\n", 65536))
     assert outcome == [str(watched / "made")]
+
+
+async def test_a_daemon_installed_without_its_watch_code_starts_and_its_watch_says_why(
+    tmp_path: Path,
+) -> None:
+    """The watch process's code is read from its source files when the daemon imports
+    ``watchproc``. An install of compiled files only (``.pyc``, no ``.py``) made that
+    import raise, so a daemon with the watch on did not start at all. It starts, and its
+    watch fails at its start, saying why and what to do (the poll serves meanwhile)."""
+    import py_compile
+
+    import toolsetd.daemon
+
+    install = tmp_path / "install"
+    package = install / "toolsetd" / "daemon"
+    shutil.copytree(
+        Path(toolsetd.daemon.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    compiled = package / "watchchild.pyc"
+    py_compile.compile(str(package / "watchchild.py"), cfile=str(compiled), doraise=True)
+    (package / "watchchild.py").unlink()
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    environment = {**os.environ, "PYTHONPATH": str(install), "PYTHONDONTWRITEBYTECODE": "1"}
+    async with await anyio.open_process(
+        [sys.executable, "-P", "-c", _DAEMON_UPGRADED_UNDER, str(watched)], env=environment, cwd="/"
+    ) as daemon:
+        assert daemon.stdin is not None
+        assert daemon.stdout is not None
+        said = BufferedByteReceiveStream(daemon.stdout)
+        with anyio.fail_after(60):
+            loaded = json.loads(await said.receive_until(b"\n", 65536))
+            assert loaded == str(package / "watchproc.py")
+            await daemon.stdin.send(b"go\n")
+            outcome = json.loads(await said.receive_until(b"\n", 65536))
+    assert outcome == (
+        "RuntimeError: the watch process's code could not be read when the daemon started "
+        f"(toolsetd.daemon.watchchild has no source file ({compiled})); reinstall toolsetd "
+        "with its source files and restart it"
+    )
