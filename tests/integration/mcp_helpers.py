@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from urllib.parse import urlencode
 
 from mcp import StdioServerParameters
 
-from .conftest import Daemon, write_set
+from .conftest import REPO, Daemon, write_set
 
 PY = sys.executable
 #: The interpreter of the test tools' scripts: the venv's own interpreter file, outside the
@@ -189,3 +190,15 @@ class RawPump:
     def stderr(self) -> str:
         """What the pump wrote on stderr (read when it exited)."""
         return self._stderr
+
+
+def host_recipe(host: str) -> str:
+    """docs/mcp.md's paragraphs on registering one host, from its bold name to the next's."""
+    text = (REPO / "docs" / "mcp.md").read_text(encoding="utf-8")
+    return text.split(f"\n**{host}**", 1)[1].split("\n**", 1)[0]
+
+
+def doc_commands(block: str) -> list[list[str]]:
+    """The command lines of a docs ``sh`` block, split as a shell splits them, comments
+    dropped."""
+    return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]

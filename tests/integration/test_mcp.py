@@ -16,10 +16,13 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -47,6 +50,8 @@ from .http_helpers import INIT_PARAMS, endpoint, http, listening_urls
 from .mcp_helpers import (
     PY,
     RawPump,
+    doc_commands,
+    host_recipe,
     pump_args,
     script,
     server,
@@ -2023,6 +2028,75 @@ def test_mcp_claude_code_lists_and_gets_both_transports(
         assert "Connected" in got.stdout, got.stdout
         assert f"Type: {kind}" in got.stdout, got.stdout
         assert got.stderr == "", got.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a fresh machine installs Claude Code from npm first
+def test_mcp_claude_code_recipe_of_the_docs_runs_as_written(
+    claude_cli: Path, tmp_base: Path
+) -> None:
+    """docs/mcp.md's Claude Code recipe, run as written with the checkout's ``toolsetctl``
+    on ``PATH`` (only the URL's port and folder filled in): the local server, the
+    ``.mcp.json`` one once approved as it says, and the HTTP one each report what the docs
+    show, and the tools run in the folder the docs say: the one ``claude`` runs in (a
+    subfolder's when it is started there), and over HTTP the URL's."""
+    recipe = host_recipe("Claude Code")
+    local, http_add = re.findall(r"```sh\n(.*?)```", recipe, flags=re.S)
+    [mcp_json] = re.findall(r"```json\n(.*?)```", recipe, flags=re.S)
+    [project_add] = re.findall(r"`(claude mcp add -s project [^`]*)`", recipe)
+    [approval] = re.findall(r"`(\"enabledMcpjsonServers\": [^`]*)` in", recipe)
+    home = tmp_base / "claude-home"
+    home.mkdir()
+    bin_dir = str(Path(sys.executable).parent)  # the checkout's toolsetctl, as installed
+    env = {k: v for k, v in os.environ.items() if k != "CRYSTAL_HOME"}
+    env |= {"HOME": str(home), "PATH": f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"}
+
+    def claude(folder: Path, argv: list[str]) -> str:
+        assert argv[0] == "claude", argv
+        done = subprocess.run([str(claude_cli), *argv[1:]], cwd=folder, env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done
+        return done.stdout
+
+    def project(name: str) -> Path:
+        folder = tmp_base / name
+        (folder / "sub").mkdir(parents=True)
+        subprocess.run(["git", "init", "-q", str(folder)], check=True, timeout=30)
+        return folder
+
+    with daemon_in("tsc-", args=["--mcp-listen", "127.0.0.1:0"]) as daemon:
+        env["TOOLSETD_SOCKET"] = str(daemon.socket)
+
+        def served() -> set[str]:
+            return set(daemon.call("status")["result"]["workspaces"])
+
+        # The local server, from the project's root and then from a subfolder.
+        root = project("app")
+        add, listing = doc_commands(local)
+        claude(root, add)
+        shown = local.splitlines()[1].split("# ", 1)[1]
+        assert shown in claude(root, listing).splitlines()
+        assert served() == {str(root)}
+        assert shown in claude(root / "sub", listing).splitlines()
+        assert served() == {str(root), str(root / "sub")}
+        # The project's .mcp.json, as the docs show it, pending until approved their way.
+        team = project("team")
+        claude(team, shlex.split(project_add))
+        assert json.loads((team / ".mcp.json").read_text()) == json.loads(mcp_json)
+        assert "Pending approval" in claude(team, listing)
+        (team / ".claude").mkdir()
+        (team / ".claude" / "settings.local.json").write_text("{" + approval + "}")
+        assert shown in claude(team, listing).splitlines()
+        assert str(team) in served()
+        # Over HTTP the URL's folder is served, not the one claude runs in.
+        web = project("web")
+        url = endpoint(listening_urls(daemon)[0], daemon.workspace)
+        example = "http://127.0.0.1:8765/mcp?workspace=/abs/project"
+        [http_argv] = doc_commands(http_add.replace(example, url))
+        claude(web, http_argv)
+        assert f"tools: {url} (HTTP) - \u2714 Connected" in claude(web, listing).splitlines()
+        assert str(daemon.workspace) in served()
+        assert str(web) not in served()
 
 
 @pytest.mark.slow
