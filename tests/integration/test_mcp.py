@@ -2099,6 +2099,68 @@ def test_mcp_claude_code_recipe_of_the_docs_runs_as_written(
         assert str(web) not in served()
 
 
+OPENCODE_VERSION = "1.18.33"
+
+
+@pytest.fixture(scope="session")
+def opencode_cli() -> Path:
+    """OpenCode from npm (its Node launcher and the platform's binary), installed once."""
+    folder = npm_installed(
+        f"opencode-{OPENCODE_VERSION}", [f"opencode-ai@{OPENCODE_VERSION}"],
+        "node_modules/.bin/opencode",
+    )
+    return folder / "node_modules" / ".bin" / "opencode"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a fresh machine installs OpenCode from npm first
+def test_mcp_opencode_recipe_of_the_docs_runs_as_written(
+    opencode_cli: Path, tmp_base: Path
+) -> None:
+    """docs/mcp.md's OpenCode recipe, run as written with the checkout's ``toolsetctl``
+    on ``PATH``: ``opencode mcp add`` then ``opencode mcp list`` shows what the docs show,
+    and so does the project's ``opencode.json`` as the docs give it; each serves the folder
+    ``opencode`` runs in, a subfolder's when it is started there."""
+    recipe = host_recipe("OpenCode")
+    [block] = re.findall(r"```sh\n(.*?)```", recipe, flags=re.S)
+    [config] = re.findall(r"```json\n(.*?)```", recipe, flags=re.S)
+    add, listing = doc_commands(block)
+    shown = block.splitlines()[1].split("# ", 1)[1]
+    home = tmp_base / "opencode-home"
+    bin_dir = str(Path(sys.executable).parent)  # the checkout's toolsetctl, as installed
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "CRYSTAL_"))}
+    env |= {"HOME": str(home), "PATH": f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"}
+    env |= {f"XDG_{kind}_HOME": str(home / kind.lower()) for kind in ("CONFIG", "DATA", "STATE", "CACHE")}
+
+    def opencode(folder: Path, argv: list[str]) -> str:
+        assert argv[0] == "opencode", argv
+        done = subprocess.run([str(opencode_cli), *argv[1:]], cwd=folder, env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=180, check=False)
+        assert done.returncode == 0, done
+        return re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)
+
+    with daemon_in("tso-") as daemon:
+        env["TOOLSETD_SOCKET"] = str(daemon.socket)
+
+        def served() -> set[str]:
+            return set(daemon.call("status")["result"]["workspaces"])
+
+        root = tmp_base / "app"
+        (root / "sub").mkdir(parents=True)
+        subprocess.run(["git", "init", "-q", str(root)], check=True, timeout=30)
+        opencode(root, add)
+        assert shown in opencode(root, listing)
+        assert served() == {str(root)}
+        # The project's opencode.json alone (the user's config set aside), and a subfolder.
+        user = home / "config" / "opencode"
+        for written in user.glob("opencode.json*"):
+            written.rename(written.with_suffix(".set-aside"))
+        (root / "opencode.json").write_text(config)
+        assert shown in opencode(root / "sub", listing)
+        assert served() == {str(root), str(root / "sub")}
+
+
 @pytest.mark.slow
 def test_mcp_no_new_call_during_a_graceful_stop(
     mcp_sets: None, home: Path, workspace: Path, tmp_base: Path
