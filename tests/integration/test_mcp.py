@@ -2161,6 +2161,74 @@ def test_mcp_opencode_recipe_of_the_docs_runs_as_written(
         assert served() == {str(root), str(root / "sub")}
 
 
+GEMINI_VERSION = "0.61.0"
+
+
+@pytest.fixture(scope="session")
+def gemini_cli() -> Path:
+    """Gemini CLI from npm, installed once into a cache folder outside the repository."""
+    folder = npm_installed(
+        f"gemini-cli-{GEMINI_VERSION}", [f"@google/gemini-cli@{GEMINI_VERSION}"],
+        "node_modules/.bin/gemini",
+    )
+    return folder / "node_modules" / ".bin" / "gemini"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a fresh machine installs Gemini CLI from npm first
+def test_mcp_gemini_cli_recipe_of_the_docs_runs_as_written(
+    gemini_cli: Path, tmp_base: Path
+) -> None:
+    """docs/mcp.md's Gemini CLI recipe, run as written in trusted folders with the
+    checkout's ``toolsetctl`` on ``PATH``: ``gemini mcp add`` writes the settings the docs
+    show and ``gemini mcp list`` what they show, the pump's flags go after ``--`` as they
+    say, and the HTTP form connects and serves the URL's folder."""
+    recipe = host_recipe("Gemini CLI")
+    [block] = re.findall(r"```sh\n(.*?)```", recipe, flags=re.S)
+    [settings] = re.findall(r"```json\n(.*?)```", recipe, flags=re.S)
+    [flagged] = re.findall(r"`(gemini mcp add tools toolsetctl mcp -- [^`]*)`", recipe)
+    [http_add] = re.findall(r"`(gemini mcp add --transport http [^`]*)`", recipe)
+    add, listing = doc_commands(block)
+    shown = block.splitlines()[1].split("# ", 1)[1]
+    home = tmp_base / "gemini-home"
+    (home / ".gemini").mkdir(parents=True)
+    folders = {name: tmp_base / name for name in ("app", "flags", "web")}
+    trusted = {str(folder): "TRUST_FOLDER" for folder in folders.values()}
+    (home / ".gemini" / "trustedFolders.json").write_text(json.dumps(trusted))
+    bin_dir = str(Path(sys.executable).parent)  # the checkout's toolsetctl, as installed
+    env = {k: v for k, v in os.environ.items() if k != "CRYSTAL_HOME"}
+    env |= {"HOME": str(home), "PATH": f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"}
+
+    def gemini(folder: Path, argv: list[str]) -> str:
+        assert argv[0] == "gemini", argv
+        done = subprocess.run([str(gemini_cli), *argv[1:]], cwd=folder, env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=180, check=False)
+        assert done.returncode == 0, done
+        return done.stdout + done.stderr
+
+    def written(folder: Path) -> Any:
+        return json.loads((folder / ".gemini" / "settings.json").read_text())
+
+    with daemon_in("tsg-", args=["--mcp-listen", "127.0.0.1:0"]) as daemon:
+        env["TOOLSETD_SOCKET"] = str(daemon.socket)
+        for folder in folders.values():
+            folder.mkdir()
+        root = folders["app"]
+        gemini(root, add)
+        assert written(root) == json.loads(settings)
+        assert shown in gemini(root, listing)
+        assert set(daemon.call("status")["result"]["workspaces"]) == {str(root)}
+        gemini(folders["flags"], shlex.split(flagged))
+        assert written(folders["flags"])["mcpServers"]["tools"]["args"] == ["mcp", "--mode", "full"]
+        url = endpoint(listening_urls(daemon)[0], daemon.workspace)
+        example = "http://127.0.0.1:8765/mcp?workspace=/abs/project"
+        gemini(folders["web"], shlex.split(http_add.replace(example, url)))
+        assert written(folders["web"])["mcpServers"]["tools"] == {"url": url, "type": "http"}
+        assert f"\u2713 tools: {url} (http) - Connected" in gemini(folders["web"], listing)
+        assert str(folders["web"]) not in daemon.call("status")["result"]["workspaces"]
+
+
 @pytest.mark.slow
 def test_mcp_no_new_call_during_a_graceful_stop(
     mcp_sets: None, home: Path, workspace: Path, tmp_base: Path
