@@ -22,7 +22,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -48,9 +47,12 @@ from .conftest import (
 )
 from .http_helpers import INIT_PARAMS, endpoint, http, listening_urls
 from .mcp_helpers import (
+    DOC_URL,
     PY,
     RawPump,
+    RecipeHost,
     doc_commands,
+    git_project,
     host_recipe,
     pump_args,
     script,
@@ -59,7 +61,7 @@ from .mcp_helpers import (
     write_project_asker,
     write_test_sets,
 )
-from .npm_helpers import npm_installed
+from .npm_helpers import npm_program
 
 pytestmark = pytest.mark.anyio
 
@@ -1963,8 +1965,7 @@ def test_mcp_autostarted_daemon_does_not_notify_the_hosts_systemd(
 @pytest.fixture(scope="session")
 def claude_cli() -> Path:
     """Claude Code from npm, installed once into a cache folder outside the repository."""
-    folder = npm_installed("claude-code", ["@anthropic-ai/claude-code"], "node_modules/.bin/claude")
-    return folder / "node_modules" / ".bin" / "claude"
+    return npm_program("claude-code", "@anthropic-ai/claude-code", "claude")
 
 
 @pytest.mark.slow
@@ -2045,33 +2046,11 @@ def test_mcp_claude_code_recipe_of_the_docs_runs_as_written(
     [mcp_json] = re.findall(r"```json\n(.*?)```", recipe, flags=re.S)
     [project_add] = re.findall(r"`(claude mcp add -s project [^`]*)`", recipe)
     [approval] = re.findall(r"`(\"enabledMcpjsonServers\": [^`]*)` in", recipe)
-    home = tmp_base / "claude-home"
-    home.mkdir()
-    bin_dir = str(Path(sys.executable).parent)  # the checkout's toolsetctl, as installed
-    env = {k: v for k, v in os.environ.items() if k != "CRYSTAL_HOME"}
-    env |= {"HOME": str(home), "PATH": f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"}
-
-    def claude(folder: Path, argv: list[str]) -> str:
-        assert argv[0] == "claude", argv
-        done = subprocess.run([str(claude_cli), *argv[1:]], cwd=folder, env=env,
-                              capture_output=True, text=True, timeout=120, check=False)
-        assert done.returncode == 0, done
-        return done.stdout
-
-    def project(name: str) -> Path:
-        folder = tmp_base / name
-        (folder / "sub").mkdir(parents=True)
-        subprocess.run(["git", "init", "-q", str(folder)], check=True, timeout=30)
-        return folder
-
     with daemon_in("tsc-", args=["--mcp-listen", "127.0.0.1:0"]) as daemon:
-        env["TOOLSETD_SOCKET"] = str(daemon.socket)
-
-        def served() -> set[str]:
-            return set(daemon.call("status")["result"]["workspaces"])
-
+        claude = RecipeHost("claude", claude_cli, tmp_base / "claude-home", daemon)
+        served = claude.served
         # The local server, from the project's root and then from a subfolder.
-        root = project("app")
+        root = git_project(tmp_base, "app")
         add, listing = doc_commands(local)
         claude(root, add)
         shown = local.splitlines()[1].split("# ", 1)[1]
@@ -2080,7 +2059,7 @@ def test_mcp_claude_code_recipe_of_the_docs_runs_as_written(
         assert shown in claude(root / "sub", listing).splitlines()
         assert served() == {str(root), str(root / "sub")}
         # The project's .mcp.json, as the docs show it, pending until approved their way.
-        team = project("team")
+        team = git_project(tmp_base, "team")
         claude(team, shlex.split(project_add))
         assert json.loads((team / ".mcp.json").read_text()) == json.loads(mcp_json)
         assert "Pending approval" in claude(team, listing)
@@ -2089,10 +2068,9 @@ def test_mcp_claude_code_recipe_of_the_docs_runs_as_written(
         assert shown in claude(team, listing).splitlines()
         assert str(team) in served()
         # Over HTTP the URL's folder is served, not the one claude runs in.
-        web = project("web")
+        web = git_project(tmp_base, "web")
         url = endpoint(listening_urls(daemon)[0], daemon.workspace)
-        example = "http://127.0.0.1:8765/mcp?workspace=/abs/project"
-        [http_argv] = doc_commands(http_add.replace(example, url))
+        [http_argv] = doc_commands(http_add.replace(DOC_URL, url))
         claude(web, http_argv)
         assert f"tools: {url} (HTTP) - \u2714 Connected" in claude(web, listing).splitlines()
         assert str(daemon.workspace) in served()
@@ -2105,11 +2083,7 @@ OPENCODE_VERSION = "1.18.33"
 @pytest.fixture(scope="session")
 def opencode_cli() -> Path:
     """OpenCode from npm (its Node launcher and the platform's binary), installed once."""
-    folder = npm_installed(
-        f"opencode-{OPENCODE_VERSION}", [f"opencode-ai@{OPENCODE_VERSION}"],
-        "node_modules/.bin/opencode",
-    )
-    return folder / "node_modules" / ".bin" / "opencode"
+    return npm_program(f"opencode-{OPENCODE_VERSION}", f"opencode-ai@{OPENCODE_VERSION}", "opencode")
 
 
 @pytest.mark.slow
@@ -2127,28 +2101,10 @@ def test_mcp_opencode_recipe_of_the_docs_runs_as_written(
     add, listing = doc_commands(block)
     shown = block.splitlines()[1].split("# ", 1)[1]
     home = tmp_base / "opencode-home"
-    bin_dir = str(Path(sys.executable).parent)  # the checkout's toolsetctl, as installed
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "CRYSTAL_"))}
-    env |= {"HOME": str(home), "PATH": f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"}
-    env |= {f"XDG_{kind}_HOME": str(home / kind.lower()) for kind in ("CONFIG", "DATA", "STATE", "CACHE")}
-
-    def opencode(folder: Path, argv: list[str]) -> str:
-        assert argv[0] == "opencode", argv
-        done = subprocess.run([str(opencode_cli), *argv[1:]], cwd=folder, env=env,
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=180, check=False)
-        assert done.returncode == 0, done
-        return re.sub(r"\x1b\[[0-9;]*m", "", done.stdout)
-
     with daemon_in("tso-") as daemon:
-        env["TOOLSETD_SOCKET"] = str(daemon.socket)
-
-        def served() -> set[str]:
-            return set(daemon.call("status")["result"]["workspaces"])
-
-        root = tmp_base / "app"
-        (root / "sub").mkdir(parents=True)
-        subprocess.run(["git", "init", "-q", str(root)], check=True, timeout=30)
+        opencode = RecipeHost("opencode", opencode_cli, home, daemon, xdg=True)
+        served = opencode.served
+        root = git_project(tmp_base, "app")
         opencode(root, add)
         assert shown in opencode(root, listing)
         assert served() == {str(root)}
@@ -2167,11 +2123,9 @@ GEMINI_VERSION = "0.61.0"
 @pytest.fixture(scope="session")
 def gemini_cli() -> Path:
     """Gemini CLI from npm, installed once into a cache folder outside the repository."""
-    folder = npm_installed(
-        f"gemini-cli-{GEMINI_VERSION}", [f"@google/gemini-cli@{GEMINI_VERSION}"],
-        "node_modules/.bin/gemini",
+    return npm_program(
+        f"gemini-cli-{GEMINI_VERSION}", f"@google/gemini-cli@{GEMINI_VERSION}", "gemini"
     )
-    return folder / "node_modules" / ".bin" / "gemini"
 
 
 @pytest.mark.slow
@@ -2195,38 +2149,26 @@ def test_mcp_gemini_cli_recipe_of_the_docs_runs_as_written(
     folders = {name: tmp_base / name for name in ("app", "flags", "web")}
     trusted = {str(folder): "TRUST_FOLDER" for folder in folders.values()}
     (home / ".gemini" / "trustedFolders.json").write_text(json.dumps(trusted))
-    bin_dir = str(Path(sys.executable).parent)  # the checkout's toolsetctl, as installed
-    env = {k: v for k, v in os.environ.items() if k != "CRYSTAL_HOME"}
-    env |= {"HOME": str(home), "PATH": f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"}
-
-    def gemini(folder: Path, argv: list[str]) -> str:
-        assert argv[0] == "gemini", argv
-        done = subprocess.run([str(gemini_cli), *argv[1:]], cwd=folder, env=env,
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                              timeout=180, check=False)
-        assert done.returncode == 0, done
-        return done.stdout + done.stderr
 
     def written(folder: Path) -> Any:
         return json.loads((folder / ".gemini" / "settings.json").read_text())
 
     with daemon_in("tsg-", args=["--mcp-listen", "127.0.0.1:0"]) as daemon:
-        env["TOOLSETD_SOCKET"] = str(daemon.socket)
+        gemini = RecipeHost("gemini", gemini_cli, home, daemon)
         for folder in folders.values():
             folder.mkdir()
         root = folders["app"]
         gemini(root, add)
         assert written(root) == json.loads(settings)
         assert shown in gemini(root, listing)
-        assert set(daemon.call("status")["result"]["workspaces"]) == {str(root)}
+        assert gemini.served() == {str(root)}
         gemini(folders["flags"], shlex.split(flagged))
         assert written(folders["flags"])["mcpServers"]["tools"]["args"] == ["mcp", "--mode", "full"]
         url = endpoint(listening_urls(daemon)[0], daemon.workspace)
-        example = "http://127.0.0.1:8765/mcp?workspace=/abs/project"
-        gemini(folders["web"], shlex.split(http_add.replace(example, url)))
+        gemini(folders["web"], shlex.split(http_add.replace(DOC_URL, url)))
         assert written(folders["web"])["mcpServers"]["tools"] == {"url": url, "type": "http"}
         assert f"\u2713 tools: {url} (http) - Connected" in gemini(folders["web"], listing)
-        assert str(folders["web"]) not in daemon.call("status")["result"]["workspaces"]
+        assert str(folders["web"]) not in gemini.served()
 
 
 @pytest.mark.slow

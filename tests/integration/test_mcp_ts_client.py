@@ -29,6 +29,7 @@ import pytest
 from .conftest import EXAMPLES, Daemon, alive, daemon_in, eventually, write_set
 from .http_helpers import endpoint, listening_urls
 from .mcp_helpers import (
+    DOC_URL,
     PY,
     doc_commands,
     host_recipe,
@@ -323,7 +324,7 @@ def test_inspector_recipe_of_the_docs_runs_as_written(inspector: Path, ts_daemon
     [block] = re.findall(r"```sh\n(.*?)```", host_recipe("The MCP Inspector"), flags=re.S)
     assert ts_daemon.mcp_url is not None
     url = endpoint(ts_daemon.mcp_url, ts_daemon.workspace)
-    lines = doc_commands(block.replace("http://127.0.0.1:8765/mcp?workspace=/abs/project", url))
+    lines = doc_commands(block.replace(DOC_URL, url))
     assert len(lines) == 2
     bin_dir = str(Path(sys.executable).parent)  # the checkout's toolsetctl, as installed
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
