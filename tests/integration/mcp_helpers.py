@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
 from mcp import StdioServerParameters
 
-from .conftest import Daemon, write_set
+from .conftest import REPO, Daemon, write_set
 
 PY = sys.executable
 #: The interpreter of the test tools' scripts: the venv's own interpreter file, outside the
@@ -189,3 +192,66 @@ class RawPump:
     def stderr(self) -> str:
         """What the pump wrote on stderr (read when it exited)."""
         return self._stderr
+
+
+def host_recipe(host: str) -> str:
+    """docs/mcp.md's paragraphs on registering one host, from its bold name to the next's."""
+    text = (REPO / "docs" / "mcp.md").read_text(encoding="utf-8")
+    return text.split(f"\n**{host}**", 1)[1].split("\n**", 1)[0]
+
+
+def doc_commands(block: str) -> list[list[str]]:
+    """The command lines of a docs ``sh`` block, split as a shell splits them, comments
+    dropped."""
+    return [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
+
+
+#: The endpoint docs/mcp.md's recipes show; a test puts its daemon's in its place.
+DOC_URL = "http://127.0.0.1:8765/mcp?workspace=/abs/project"
+
+
+@dataclass
+class RecipeHost:
+    """An MCP host's CLI run as docs/mcp.md's recipes run it: the checkout's
+    ``toolsetctl`` first on ``PATH``, a home of its own (and, with ``xdg``, XDG folders of
+    its own), the daemon's socket in ``TOOLSETD_SOCKET`` and no ``CRYSTAL_HOME``."""
+
+    name: str
+    cli: Path
+    home: Path
+    daemon: Daemon
+    xdg: bool = False
+    env: dict[str, str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        drop = ("CRYSTAL_HOME", "XDG_") if self.xdg else ("CRYSTAL_HOME",)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+        bin_dir = str(Path(sys.executable).parent)  # the checkout's toolsetctl, as installed
+        env |= {"HOME": str(self.home), "PATH": f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"}
+        env["TOOLSETD_SOCKET"] = str(self.daemon.socket)
+        if self.xdg:
+            env |= {f"XDG_{k}_HOME": str(self.home / k.lower()) for k in ("CONFIG", "DATA", "STATE", "CACHE")}
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.env = env
+
+    def __call__(self, folder: Path, argv: list[str]) -> str:
+        """Run one of the recipe's command lines in ``folder``; its output, colours off."""
+        assert argv[0] == self.name, argv
+        done = subprocess.run(
+            [str(self.cli), *argv[1:]], cwd=folder, env=self.env, stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=180, check=False,
+        )
+        assert done.returncode == 0, done
+        return re.sub(r"\x1b\[[0-9;]*m", "", done.stdout + done.stderr)
+
+    def served(self) -> set[str]:
+        """The workspaces the daemon serves now (its status)."""
+        return set(self.daemon.call("status")["result"]["workspaces"])
+
+
+def git_project(base: Path, name: str) -> Path:
+    """A git repository ``base/name`` with an empty ``sub`` folder: a project's root."""
+    folder = base / name
+    (folder / "sub").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(folder)], check=True, timeout=30)  # noqa: S607
+    return folder

@@ -57,3 +57,10 @@ def npm_installed(name: str, packages: list[str], marker: str) -> Path:
                 why = " ".join(done.stderr.split())[:400] or f"exit {done.returncode}"
                 pytest.skip(f"npm could not install {' '.join(packages)} (no registry?): {why}")
     return folder
+
+
+def npm_program(name: str, spec: str, program: str) -> Path:
+    """The program ``program`` of the npm package ``spec`` (pinned), installed once into
+    the cache folder ``name``."""
+    folder = npm_installed(name, [spec], f"node_modules/.bin/{program}")
+    return folder / "node_modules" / ".bin" / program

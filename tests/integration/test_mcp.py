@@ -16,6 +16,8 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
+import shlex
 import shutil
 import signal
 import socket
@@ -45,8 +47,13 @@ from .conftest import (
 )
 from .http_helpers import INIT_PARAMS, endpoint, http, listening_urls
 from .mcp_helpers import (
+    DOC_URL,
     PY,
     RawPump,
+    RecipeHost,
+    doc_commands,
+    git_project,
+    host_recipe,
     pump_args,
     script,
     server,
@@ -54,7 +61,7 @@ from .mcp_helpers import (
     write_project_asker,
     write_test_sets,
 )
-from .npm_helpers import npm_installed
+from .npm_helpers import npm_program
 
 pytestmark = pytest.mark.anyio
 
@@ -1958,8 +1965,7 @@ def test_mcp_autostarted_daemon_does_not_notify_the_hosts_systemd(
 @pytest.fixture(scope="session")
 def claude_cli() -> Path:
     """Claude Code from npm, installed once into a cache folder outside the repository."""
-    folder = npm_installed("claude-code", ["@anthropic-ai/claude-code"], "node_modules/.bin/claude")
-    return folder / "node_modules" / ".bin" / "claude"
+    return npm_program("claude-code", "@anthropic-ai/claude-code", "claude")
 
 
 @pytest.mark.slow
@@ -2023,6 +2029,146 @@ def test_mcp_claude_code_lists_and_gets_both_transports(
         assert "Connected" in got.stdout, got.stdout
         assert f"Type: {kind}" in got.stdout, got.stdout
         assert got.stderr == "", got.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a fresh machine installs Claude Code from npm first
+def test_mcp_claude_code_recipe_of_the_docs_runs_as_written(
+    claude_cli: Path, tmp_base: Path
+) -> None:
+    """docs/mcp.md's Claude Code recipe, run as written with the checkout's ``toolsetctl``
+    on ``PATH`` (only the URL's port and folder filled in): the local server, the
+    ``.mcp.json`` one once approved as it says, and the HTTP one each report what the docs
+    show, and the tools run in the folder the docs say: the one ``claude`` runs in (a
+    subfolder's when it is started there), and over HTTP the URL's."""
+    recipe = host_recipe("Claude Code")
+    local, http_add = re.findall(r"```sh\n(.*?)```", recipe, flags=re.S)
+    [mcp_json] = re.findall(r"```json\n(.*?)```", recipe, flags=re.S)
+    [project_add] = re.findall(r"`(claude mcp add -s project [^`]*)`", recipe)
+    [approval] = re.findall(r"`(\"enabledMcpjsonServers\": [^`]*)` in", recipe)
+    with daemon_in("tsc-", args=["--mcp-listen", "127.0.0.1:0"]) as daemon:
+        claude = RecipeHost("claude", claude_cli, tmp_base / "claude-home", daemon)
+        served = claude.served
+        # The local server, from the project's root and then from a subfolder.
+        root = git_project(tmp_base, "app")
+        add, listing = doc_commands(local)
+        claude(root, add)
+        shown = local.splitlines()[1].split("# ", 1)[1]
+        assert shown in claude(root, listing).splitlines()
+        assert served() == {str(root)}
+        assert shown in claude(root / "sub", listing).splitlines()
+        assert served() == {str(root), str(root / "sub")}
+        # The project's .mcp.json, as the docs show it, pending until approved their way.
+        team = git_project(tmp_base, "team")
+        claude(team, shlex.split(project_add))
+        assert json.loads((team / ".mcp.json").read_text()) == json.loads(mcp_json)
+        assert "Pending approval" in claude(team, listing)
+        (team / ".claude").mkdir()
+        (team / ".claude" / "settings.local.json").write_text("{" + approval + "}")
+        assert shown in claude(team, listing).splitlines()
+        assert str(team) in served()
+        # Over HTTP the URL's folder is served, not the one claude runs in.
+        web = git_project(tmp_base, "web")
+        url = endpoint(listening_urls(daemon)[0], daemon.workspace)
+        [http_argv] = doc_commands(http_add.replace(DOC_URL, url))
+        claude(web, http_argv)
+        assert f"tools: {url} (HTTP) - \u2714 Connected" in claude(web, listing).splitlines()
+        assert str(daemon.workspace) in served()
+        assert str(web) not in served()
+
+
+OPENCODE_VERSION = "1.18.33"
+
+
+@pytest.fixture(scope="session")
+def opencode_cli() -> Path:
+    """OpenCode from npm (its Node launcher and the platform's binary), installed once."""
+    return npm_program(f"opencode-{OPENCODE_VERSION}", f"opencode-ai@{OPENCODE_VERSION}", "opencode")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a fresh machine installs OpenCode from npm first
+def test_mcp_opencode_recipe_of_the_docs_runs_as_written(
+    opencode_cli: Path, tmp_base: Path
+) -> None:
+    """docs/mcp.md's OpenCode recipe, run as written with the checkout's ``toolsetctl``
+    on ``PATH``: ``opencode mcp add`` then ``opencode mcp list`` shows what the docs show,
+    and so does the project's ``opencode.json`` as the docs give it; each serves the folder
+    ``opencode`` runs in, a subfolder's when it is started there."""
+    recipe = host_recipe("OpenCode")
+    [block] = re.findall(r"```sh\n(.*?)```", recipe, flags=re.S)
+    [config] = re.findall(r"```json\n(.*?)```", recipe, flags=re.S)
+    add, listing = doc_commands(block)
+    shown = block.splitlines()[1].split("# ", 1)[1]
+    home = tmp_base / "opencode-home"
+    with daemon_in("tso-") as daemon:
+        opencode = RecipeHost("opencode", opencode_cli, home, daemon, xdg=True)
+        served = opencode.served
+        root = git_project(tmp_base, "app")
+        opencode(root, add)
+        assert shown in opencode(root, listing)
+        assert served() == {str(root)}
+        # The project's opencode.json alone (the user's config set aside), and a subfolder.
+        user = home / "config" / "opencode"
+        for written in user.glob("opencode.json*"):
+            written.rename(written.with_suffix(".set-aside"))
+        (root / "opencode.json").write_text(config)
+        assert shown in opencode(root / "sub", listing)
+        assert served() == {str(root), str(root / "sub")}
+
+
+GEMINI_VERSION = "0.61.0"
+
+
+@pytest.fixture(scope="session")
+def gemini_cli() -> Path:
+    """Gemini CLI from npm, installed once into a cache folder outside the repository."""
+    return npm_program(
+        f"gemini-cli-{GEMINI_VERSION}", f"@google/gemini-cli@{GEMINI_VERSION}", "gemini"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # a fresh machine installs Gemini CLI from npm first
+def test_mcp_gemini_cli_recipe_of_the_docs_runs_as_written(
+    gemini_cli: Path, tmp_base: Path
+) -> None:
+    """docs/mcp.md's Gemini CLI recipe, run as written in trusted folders with the
+    checkout's ``toolsetctl`` on ``PATH``: ``gemini mcp add`` writes the settings the docs
+    show and ``gemini mcp list`` what they show, the pump's flags go after ``--`` as they
+    say, and the HTTP form connects and serves the URL's folder."""
+    recipe = host_recipe("Gemini CLI")
+    [block] = re.findall(r"```sh\n(.*?)```", recipe, flags=re.S)
+    [settings] = re.findall(r"```json\n(.*?)```", recipe, flags=re.S)
+    [flagged] = re.findall(r"`(gemini mcp add tools toolsetctl mcp -- [^`]*)`", recipe)
+    [http_add] = re.findall(r"`(gemini mcp add --transport http [^`]*)`", recipe)
+    add, listing = doc_commands(block)
+    shown = block.splitlines()[1].split("# ", 1)[1]
+    home = tmp_base / "gemini-home"
+    (home / ".gemini").mkdir(parents=True)
+    folders = {name: tmp_base / name for name in ("app", "flags", "web")}
+    trusted = {str(folder): "TRUST_FOLDER" for folder in folders.values()}
+    (home / ".gemini" / "trustedFolders.json").write_text(json.dumps(trusted))
+
+    def written(folder: Path) -> Any:
+        return json.loads((folder / ".gemini" / "settings.json").read_text())
+
+    with daemon_in("tsg-", args=["--mcp-listen", "127.0.0.1:0"]) as daemon:
+        gemini = RecipeHost("gemini", gemini_cli, home, daemon)
+        for folder in folders.values():
+            folder.mkdir()
+        root = folders["app"]
+        gemini(root, add)
+        assert written(root) == json.loads(settings)
+        assert shown in gemini(root, listing)
+        assert gemini.served() == {str(root)}
+        gemini(folders["flags"], shlex.split(flagged))
+        assert written(folders["flags"])["mcpServers"]["tools"]["args"] == ["mcp", "--mode", "full"]
+        url = endpoint(listening_urls(daemon)[0], daemon.workspace)
+        gemini(folders["web"], shlex.split(http_add.replace(DOC_URL, url)))
+        assert written(folders["web"])["mcpServers"]["tools"] == {"url": url, "type": "http"}
+        assert f"\u2713 tools: {url} (http) - Connected" in gemini(folders["web"], listing)
+        assert str(folders["web"]) not in gemini.served()
 
 
 @pytest.mark.slow

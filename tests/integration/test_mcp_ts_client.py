@@ -14,8 +14,11 @@ folder (``npm_helpers``); without node, npm or a registry the tests skip with th
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +28,17 @@ import pytest
 
 from .conftest import EXAMPLES, Daemon, alive, daemon_in, eventually, write_set
 from .http_helpers import endpoint, listening_urls
-from .mcp_helpers import PY, pump_args, script, tool, write_project_asker, write_test_sets
+from .mcp_helpers import (
+    DOC_URL,
+    PY,
+    doc_commands,
+    host_recipe,
+    pump_args,
+    script,
+    tool,
+    write_project_asker,
+    write_test_sets,
+)
 from .npm_helpers import node, npm_installed
 
 SDK_VERSION = "1.32.2"
@@ -300,3 +313,28 @@ def test_inspector_cli_lists_and_calls(
     assert "Hello, Ada!" in called["content"][0]["text"]
     failed = run_inspector(inspector, ts_daemon, transport, "tools/call", "--tool-name", "fails")
     assert failed["isError"] is True
+
+
+@pytest.mark.slow  # two Node processes, after a 271-package install
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+def test_inspector_recipe_of_the_docs_runs_as_written(inspector: Path, ts_daemon: Daemon) -> None:
+    """docs/mcp.md's MCP Inspector lines, run as written in the workspace with the
+    checkout's ``toolsetctl`` on ``PATH`` (``npx`` runs the installed Inspector; only the
+    URL's port and folder filled in), list the workspace's tools over both transports."""
+    [block] = re.findall(r"```sh\n(.*?)```", host_recipe("The MCP Inspector"), flags=re.S)
+    assert ts_daemon.mcp_url is not None
+    url = endpoint(ts_daemon.mcp_url, ts_daemon.workspace)
+    lines = doc_commands(block.replace(DOC_URL, url))
+    assert len(lines) == 2
+    bin_dir = str(Path(sys.executable).parent)  # the checkout's toolsetctl, as installed
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
+    env["TOOLSETD_SOCKET"] = str(ts_daemon.socket)
+    for argv in lines:
+        assert argv[:2] == ["npx", "@modelcontextprotocol/inspector"], argv
+        done = subprocess.run(
+            [node(), str(inspector), *argv[2:]], cwd=ts_daemon.workspace, env=env,
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+        names = [t["name"] for t in json.loads(done.stdout)["tools"]]
+        assert "hello" in names, argv
