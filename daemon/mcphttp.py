@@ -79,6 +79,7 @@ from .mcp_session import (
     meta_version,
     unsupported_version,
 )
+from .mcpschema import header_marks
 from .peercred import PeerPolicy
 from .tcppeer import tcp_peer, tcp_peer_credentials
 
@@ -1256,31 +1257,8 @@ async def _param_headers_mismatch(
     return None
 
 
-#: JSON Schema keywords whose value is a schema, a list of schemas, or a map of them
-#: (besides ``properties``, the one keyword that keeps a property statically reachable).
-_SUBSCHEMA = frozenset(
-    {
-        "items",
-        "contains",
-        "unevaluatedItems",
-        "additionalProperties",
-        "propertyNames",
-        "unevaluatedProperties",
-        "not",
-        "if",
-        "then",
-        "else",
-        "contentSchema",
-    }
-)
-_SUBSCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
-_SUBSCHEMA_MAP = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
-#: An HTTP field name (RFC 9110 5.6.2 token).
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-
-
 class _HeaderMarks:
-    """The ``x-mcp-header`` marks of tools' schemas (``_header_params``), by tool hash.
+    """The ``x-mcp-header`` marks of tools' schemas (``mcpschema.header_marks``), by tool hash.
 
     Every 2026-07-28 ``tools/call`` needs its tool's marks, and finding them walks the
     whole schema (~1 µs a node: 1 ms a call for a tool of 1,100 properties). The hash
@@ -1298,52 +1276,11 @@ class _HeaderMarks:
             return self._marks[key]
         except KeyError:
             pass
-        marked = _header_params(schema)
+        marked = header_marks(schema)
         while len(self._marks) >= self._max_entries:
             del self._marks[next(iter(self._marks))]
         self._marks[key] = marked
         return marked
-
-
-def _header_params(schema: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]] | None:
-    """The (property path, header name) of every ``x-mcp-header`` of a tool's schema.
-
-    None when there is none, or when one breaks MCP's constraints (on a property not
-    reached from the root through ``properties`` keys alone, not a token, on a type
-    other than string, integer or boolean, or the same name twice in any case): clients
-    then drop the tool and mirror nothing, so nothing is checked (as the SDK's server).
-    """
-    found: list[tuple[tuple[str, ...], str]] = []
-    seen: set[str] = set()
-    pending: list[tuple[tuple[str, ...] | None, Any]] = [((), schema)]
-    while pending:
-        path, node = pending.pop()
-        if not isinstance(node, Mapping):
-            continue
-        if "x-mcp-header" in node:
-            marked = node["x-mcp-header"]
-            if (
-                not path
-                or not isinstance(marked, str)
-                or not _TOKEN.fullmatch(marked)
-                or node.get("type") not in ("string", "integer", "boolean")
-                or marked.lower() in seen
-            ):
-                return None
-            seen.add(marked.lower())
-            found.append((path, marked))
-        for keyword, value in node.items():
-            if keyword == "properties" and isinstance(value, Mapping):
-                pending.extend(
-                    ((*path, key) if path is not None else None, sub) for key, sub in value.items()
-                )
-            elif keyword in _SUBSCHEMA:
-                pending.append((None, value))
-            elif keyword in _SUBSCHEMAS and isinstance(value, list):
-                pending.extend((None, sub) for sub in value)
-            elif keyword in _SUBSCHEMA_MAP and isinstance(value, Mapping):
-                pending.extend((None, sub) for sub in value.values())
-    return found or None
 
 
 def _mirrors(sent: str, value: str | int | float) -> bool:

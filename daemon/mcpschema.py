@@ -1,0 +1,167 @@
+"""A tool's input schema as MCP hosts take it (pure: no I/O).
+
+Theory of operation
+-------------------
+A manifest's schema is any valid JSON Schema (contract section 4); MCP's ``Tool`` has a
+narrower ``inputSchema``, and its SDKs check it. The SDK clients most hosts build on
+refuse a whole ``tools/list`` over one entry they do not take, or drop that entry, so
+one odd schema cost a host every tool. This module holds, in one place for every MCP
+face (socket, stdio, HTTP) and for the operator notes that say so:
+
+* ``listed_schema``: the schema as listed. ``type: "object"`` at its root; each root
+  ``properties`` entry an object (a boolean schema as the object that says the same);
+  no draft 3 boolean ``required`` at the root; and no ``x-mcp-header`` marks when they
+  break MCP's rules (``header_marks``: the daemon checks no header for such a schema,
+  and the SDK clients drop the tool). None of these changes what the daemon validates:
+  a call is checked against the schema as declared.
+* ``header_marks``: the ``x-mcp-header`` marks the HTTP face checks.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+__all__ = ["HEADER_MARK", "header_marks", "listed_schema"]
+
+#: The annotation that has a 2026-07-28 HTTP client mirror an argument into a header.
+HEADER_MARK = "x-mcp-header"
+#: The object form of JSON Schema's boolean schemas: ``true`` takes anything, ``false`` nothing.
+_BOOLEAN_SCHEMAS: dict[bool, dict[str, Any]] = {True: {}, False: {"not": {}}}
+#: JSON Schema keywords whose value is a schema, a list of schemas, or a map of them
+#: (besides ``properties``, the one keyword that keeps a property statically reachable):
+#: the positions MCP's SDKs look for marks in (instance data such as ``const`` is none).
+_SUBSCHEMA = frozenset(
+    {
+        "items",
+        "contains",
+        "unevaluatedItems",
+        "additionalProperties",
+        "propertyNames",
+        "unevaluatedProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contentSchema",
+    }
+)
+_SUBSCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_SUBSCHEMA_MAP = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
+#: An HTTP field name (RFC 9110 5.6.2 token).
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_TYPES = ("string", "integer", "boolean")
+
+
+def _positions(
+    schema: Mapping[str, Any],
+) -> Iterator[tuple[tuple[str, ...] | None, Mapping[str, Any]]]:
+    """Every schema position MCP's SDKs walk for marks, with its path of ``properties``
+    keys from the root (None once the chain passes any other keyword)."""
+    pending: list[tuple[tuple[str, ...] | None, Any]] = [((), schema)]
+    while pending:
+        path, node = pending.pop()
+        if not isinstance(node, Mapping):
+            continue
+        yield path, node
+        for keyword, value in node.items():
+            if keyword == "properties" and isinstance(value, Mapping):
+                pending.extend(
+                    ((*path, key) if path is not None else None, sub) for key, sub in value.items()
+                )
+            elif keyword in _SUBSCHEMA:
+                pending.append((None, value))
+            elif keyword in _SUBSCHEMAS and isinstance(value, list):
+                pending.extend((None, sub) for sub in value)
+            elif keyword in _SUBSCHEMA_MAP and isinstance(value, Mapping):
+                pending.extend((None, sub) for sub in value.values())
+
+
+def _marks(schema: Mapping[str, Any]) -> tuple[bool, list[tuple[tuple[str, ...], str]]]:
+    """Whether the schema has any mark, and its marks when all keep MCP's rules (else [])."""
+    found: list[tuple[tuple[str, ...], str]] = []
+    seen: set[str] = set()
+    marked_any = False
+    for path, node in _positions(schema):
+        if HEADER_MARK not in node:
+            continue
+        marked_any = True
+        marked = node[HEADER_MARK]
+        if (
+            not path
+            or not isinstance(marked, str)
+            or not _TOKEN.fullmatch(marked)
+            or node.get("type") not in _HEADER_TYPES
+            or marked.lower() in seen
+        ):
+            return True, []
+        seen.add(marked.lower())
+        found.append((path, marked))
+    return marked_any, found
+
+
+def header_marks(schema: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]] | None:
+    """The (property path, header name) of every ``x-mcp-header`` of a tool's schema.
+
+    None when there is none, or when one breaks MCP's constraints (on a property not
+    reached from the root through ``properties`` keys alone, not a token, on a type
+    other than string, integer or boolean, or the same name twice in any case): such a
+    schema is listed without its marks (``listed_schema``), so no header is checked.
+    """
+    return _marks(schema)[1] or None
+
+
+def _unmarked(node: Any) -> Any:
+    """``node`` without an ``x-mcp-header`` at any position ``_positions`` walks."""
+    if not isinstance(node, Mapping):
+        return node
+    out: dict[str, Any] = {}
+    for keyword, value in node.items():
+        if keyword == HEADER_MARK:
+            continue
+        if keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
+            out[keyword] = {key: _unmarked(sub) for key, sub in value.items()}
+        elif keyword in _SUBSCHEMA:
+            out[keyword] = _unmarked(value)
+        elif keyword in _SUBSCHEMAS and isinstance(value, list):
+            out[keyword] = [_unmarked(sub) for sub in value]
+        else:
+            out[keyword] = value
+    return out
+
+
+def listed_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A tool's schema as an MCP ``inputSchema`` (the module docstring says what changes).
+
+    MCP's arguments are always an object, and its schema requires that root type; a host
+    that checks it (the SDK) refuses the whole ``tools/list`` when one tool lacks it. A
+    manifest may leave ``type`` out or allow other types beside object: for the objects an
+    MCP host sends, ``"object"`` says the same. MCP's schema also makes each root property
+    an object, and the TypeScript SDK's client (most Node hosts') refuses the whole list
+    when one is a boolean schema (``"x": true``, valid JSON Schema): it is listed as the
+    object that says the same (``{}``, ``{"not": {}}``); its root ``required`` must be a
+    list of names, and draft 3's boolean one (which says nothing at the root) is left out.
+    A mark that breaks MCP's rules makes its SDK clients (Python's on every transport,
+    TypeScript's over HTTP) drop the tool on 2026-07-28; the daemon checks no header of
+    such a schema, so its marks are left out and the tool is listed. An annotation
+    changes no validation.
+    """
+    marked_any, valid_marks = _marks(schema)
+    if marked_any and not valid_marks:
+        schema = _unmarked(schema)
+    properties = schema.get("properties")
+    if isinstance(properties, Mapping) and any(
+        isinstance(sub, bool) for sub in properties.values()
+    ):
+        fixed = {
+            k: _BOOLEAN_SCHEMAS[v] if isinstance(v, bool) else v for k, v in properties.items()
+        }
+        schema = {**schema, "properties": fixed}
+    if isinstance(schema.get("required"), bool):
+        # Draft 3's ``required`` is a boolean (its instance must be present), which the
+        # root always is; MCP's schema (and the TypeScript SDK's) has a list of names there.
+        schema = {k: v for k, v in schema.items() if k != "required"}
+    if schema.get("type") == "object":
+        return schema
+    return {**schema, "type": "object"}
