@@ -11,7 +11,8 @@ values look in MCP (contract section 7, the table in ``docs/mcp.md``):
   snapshot is -32602: list again). Each entry: ``name``, ``description``,
   ``inputSchema`` as declared, shaped as MCP's SDK clients take it (``mcpschema``:
   ``type: "object"`` at its root, its root ``properties`` objects, no draft 3 boolean
-  ``required``, no ``x-mcp-header`` marks that break MCP's rules),
+  ``required``, no ``x-mcp-header`` marks that break MCP's rules; a tool whose schema
+  holds an integer no double holds is left out, ``unlisted_reason``),
   ``annotations`` (``readOnlyHint: false``, ``destructiveHint: true``: every external
   tool has write authority), ``_meta`` with ``toolsetd/set``, ``toolsetd/source``,
   ``toolsetd/hash``.
@@ -50,7 +51,7 @@ from toolsetd.protocol.jsonrpc import is_request_id
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.printable import printable
 
-from .mcpschema import listed_schema
+from .mcpschema import listed_schema, unlisted_reason
 from .model import Catalog, CatalogName, SnapshotCache
 from .runner import CallOutcome
 from .service import Completion, ProgressReport
@@ -169,7 +170,9 @@ class ToolPages:
                 },
             }
             for _, loaded in sorted(catalog.tools.items())
-            if want is None or want in loaded.tool.catalogs
+            if (want is None or want in loaded.tool.catalogs)
+            # A schema no JavaScript host reads as written: left out, and noted (catalog).
+            and unlisted_reason(loaded.tool.name, loaded.tool.schema) is None
         ]
         tag = hashlib.sha256(
             "\n".join(t["_meta"]["toolsetd/hash"] for t in tools).encode()

@@ -15,6 +15,13 @@ face (socket, stdio, HTTP) and for the operator notes that say so:
   and the SDK clients drop the tool). None of these changes what the daemon validates:
   a call is checked against the schema as declared.
 * ``header_marks``: the ``x-mcp-header`` marks the HTTP face checks.
+* ``unlisted_reason``: why a tool cannot be listed at all. An integer no double holds
+  (309 digits or more; the manifest parser refuses such a number written with a fraction
+  or an exponent, not an integer) reads as ``Infinity`` in a JavaScript host: the
+  TypeScript SDK's 2.x client refuses the whole list over one in a root property, its
+  1.x client shows ``null`` in its place. No listing says the same number, so the tool
+  is left out of ``tools/list`` and the catalog (and ``toolsetctl validate``) notes why;
+  the native face and ``tools/call`` keep it.
 """
 
 from __future__ import annotations
@@ -23,7 +30,11 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-__all__ = ["HEADER_MARK", "header_marks", "listed_schema"]
+import orjson
+
+from .validation import json_pointer
+
+__all__ = ["HEADER_MARK", "header_marks", "listed_schema", "unlisted_reason"]
 
 #: The annotation that has a 2026-07-28 HTTP client mirror an argument into a header.
 HEADER_MARK = "x-mcp-header"
@@ -165,3 +176,45 @@ def listed_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     if schema.get("type") == "object":
         return schema
     return {**schema, "type": "object"}
+
+
+def unlisted_reason(name: str, schema: Mapping[str, Any]) -> str | None:
+    """The operator note for a tool MCP hosts cannot be shown, or None (most tools).
+
+    Args:
+        name: The tool's name.
+        schema: Its schema as declared.
+    """
+    try:
+        # orjson refuses any integer wider than 64 bits: one C pass clears almost every
+        # schema (a walk in Python cost ~10 us a tool, at every catalog build).
+        orjson.dumps(schema)
+    except orjson.JSONEncodeError:
+        pass
+    else:
+        return None
+    pending: list[tuple[tuple[str | int, ...], Any]] = [((), schema)]
+    while pending:
+        path, node = pending.pop()
+        if isinstance(node, Mapping):
+            pending.extend(((*path, k), v) for k, v in reversed(list(node.items())))
+        elif isinstance(node, list):
+            pending.extend(((*path, i), v) for i, v in reversed(list(enumerate(node))))
+        elif type(node) is int and not _double_holds(node):
+            return (
+                f"External tool '{name}' is not listed to MCP hosts: its schema holds an "
+                f"integer beyond the range of a double (about ±1.8e308) at "
+                f"{json_pointer(path)}, which a JavaScript host reads as Infinity (the "
+                "TypeScript SDK's client refuses the whole tools/list over it). Write a "
+                "smaller number, or leave it out."
+            )
+    return None
+
+
+def _double_holds(number: int) -> bool:
+    """Whether a double holds ``number`` (rounded as JavaScript's ``JSON.parse`` rounds)."""
+    try:
+        float(number)
+    except OverflowError:
+        return False
+    return True

@@ -29,6 +29,9 @@ from .mcp_helpers import PY, pump_args, script, tool, write_project_asker, write
 from .npm_helpers import node, npm_installed
 
 SDK_VERSION = "1.32.2"
+#: The newest client: the 2.x SDK's own package (its zod checks each root property's
+#: schema as JSON values, where 1.x takes any object).
+CLIENT2_VERSION = "2.4.0"
 CLIENT = Path(__file__).parent / "ts_client" / "client.mjs"
 #: One tool more than a tools/list page holds (docs/mcp.md: pages of 1,000 tools).
 PAGED = [f"paged_{n:04d}" for n in range(1001)]
@@ -40,6 +43,8 @@ DRAFT3_REQUIRED = {
     "$schema": "http://json-schema.org/draft-03/schema#", "type": "object", "required": True,
     "properties": {"x": {"type": "string", "required": True}},
 }
+#: Valid JSON Schema holding an integer no double holds (JavaScript reads it as Infinity).
+HUGE_INTEGER = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 10**400}}}
 
 
 @pytest.fixture(scope="module")
@@ -52,9 +57,18 @@ def sdk() -> Path:
 
 
 @pytest.fixture(scope="module")
+def sdk2() -> Path:
+    """The folder holding the TypeScript SDK's 2.x client from npm (installed once)."""
+    return npm_installed(
+        f"ts-client-{CLIENT2_VERSION}", [f"@modelcontextprotocol/client@{CLIENT2_VERSION}"],
+        "node_modules/@modelcontextprotocol/client/package.json",
+    )
+
+
+@pytest.fixture(scope="module")
 def ts_daemon() -> Iterator[Daemon]:
     """The module's daemon: the example sets, the MCP test sets, a set of 1,001 tools (two
-    pages), two tools whose schemas MCP's shape does not take as declared and a project
+    pages), three tools whose schemas MCP's shape does not take as declared and a project
     set that asks; MCP on the socket and on a 127.0.0.1 port."""
 
     def fill(home: Path, workspace: Path) -> None:
@@ -69,6 +83,8 @@ def ts_daemon() -> Iterator[Daemon]:
                   **{"b.py": script("print('took it')\n")})
         write_set(home / "tools", "draft3", tool("d.py", schema=DRAFT3_REQUIRED),
                   **{"d.py": script("print('took it')\n")})
+        write_set(home / "tools", "hugeint", tool("h.py", schema=HUGE_INTEGER),
+                  **{"h.py": script("print('took it')\n")})
 
     with daemon_in("tst-", fill, ["--mcp-listen", "127.0.0.1:0"]) as d:
         d.mcp_url = listening_urls(d)[0]
@@ -167,6 +183,36 @@ def test_ts_client_lists_tools_whose_schemas_mcp_shapes_otherwise(
     assert ran["isError"] is False
     assert missing["isError"] is True
     assert "x" in missing["text"]
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("major", [1, 2])
+def test_ts_client_lists_every_tool_but_one_whose_schema_no_double_holds(
+    sdk: Path, sdk2: Path, ts_daemon: Daemon, transport: str, major: int
+) -> None:
+    """An integer of 400 digits in one tool's schema (valid JSON Schema) reads as Infinity
+    in JavaScript: the 2.x client's zod refused the whole tools/list over it, and the 1.x
+    client showed the tool with ``null`` in its place. That tool is left out of the
+    listing (the catalog notes why), every other tool lists, and a call of it still runs,
+    validated against its schema as declared."""
+    folder, extra = (sdk, {}) if major == 1 else (sdk2, {"package": "client"})
+    calls = [{"name": "hugeint", "arguments": {"n": 5}},
+             {"name": "hugeint", "arguments": {"n": "5"}}]
+    report = run_client(folder, ts_daemon, transport, ["list", "calls"], calls=calls, **extra)
+    listed = report["steps"]["list"]
+    assert "hugeint" not in listed["names"]
+    assert {"hello", "boolprops", "draft3"} <= set(listed["names"])
+    assert listed["count"] >= len(PAGED) + 4
+    took, refused = report["steps"]["calls"]["results"]
+    assert took["isError"] is False
+    assert "took it" in took["text"]
+    assert refused["isError"] is True
+    notes = ts_daemon.call("list", {"workspace": str(ts_daemon.workspace)})["result"]["notes"]
+    noted = [n["message"] for n in notes if n["set"] == "hugeint"]
+    assert len(noted) == 1
+    assert "not listed to MCP hosts" in noted[0]
+    assert "/properties/n/maximum" in noted[0]
 
 
 @pytest.mark.timeout(900)  # a fresh machine installs from npm first
