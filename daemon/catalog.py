@@ -47,7 +47,7 @@ from .config_file import MAX_MANIFEST_BYTES, ManifestUnreadable, load_config, re
 from .exhaustion import out_of_resources
 from .gcpause import GcPause
 from .manifest import ManifestError, is_directory_name, parse_manifest
-from .mcpschema import unlisted_reason
+from .mcpschema import listing_notes
 from .model import (
     Approval,
     ApprovalSource,
@@ -926,8 +926,8 @@ class _Builder:
                     tool, toolset, tool.approval if effective_author else _INHERIT, policy, digest
                 )
                 candidate.tools.append(tool.name)
-                if (unlisted := unlisted_reason(tool.name, tool.schema)) is not None:
-                    self.note(candidate, unlisted)
+                for note in listing_notes(tool.name, tool.schema):
+                    self.note(candidate, note)
             candidate.state = _LOADED if candidate.tools else _REFUSED
         return tools
 

@@ -22,6 +22,7 @@ face (socket, stdio, HTTP) and for the operator notes that say so:
   1.x client shows ``null`` in its place. No listing says the same number, so the tool
   is left out of ``tools/list`` and the catalog (and ``toolsetctl validate``) notes why;
   the native face and ``tools/call`` keep it.
+* ``listing_notes``: the operator notes on both (the catalog's and ``validate``'s).
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ import orjson
 
 from .validation import json_pointer
 
-__all__ = ["HEADER_MARK", "header_marks", "listed_schema", "unlisted_reason"]
+__all__ = [
+    "HEADER_MARK",
+    "header_marks",
+    "listed_schema",
+    "listing_notes",
+    "unlisted_reason",
+]
 
 #: The annotation that has a 2026-07-28 HTTP client mirror an argument into a header.
 HEADER_MARK = "x-mcp-header"
@@ -76,40 +83,41 @@ def _positions(
         if not isinstance(node, Mapping):
             continue
         yield path, node
+        children: list[tuple[tuple[str, ...] | None, Any]] = []
         for keyword, value in node.items():
             if keyword == "properties" and isinstance(value, Mapping):
-                pending.extend(
+                children.extend(
                     ((*path, key) if path is not None else None, sub) for key, sub in value.items()
                 )
             elif keyword in _SUBSCHEMA:
-                pending.append((None, value))
+                children.append((None, value))
             elif keyword in _SUBSCHEMAS and isinstance(value, list):
-                pending.extend((None, sub) for sub in value)
+                children.extend((None, sub) for sub in value)
             elif keyword in _SUBSCHEMA_MAP and isinstance(value, Mapping):
-                pending.extend((None, sub) for sub in value.values())
+                children.extend((None, sub) for sub in value.values())
+        pending.extend(reversed(children))  # depth first, in the file's order
 
 
-def _marks(schema: Mapping[str, Any]) -> tuple[bool, list[tuple[tuple[str, ...], str]]]:
-    """Whether the schema has any mark, and its marks when all keep MCP's rules (else [])."""
+def _marks(schema: Mapping[str, Any]) -> tuple[list[tuple[tuple[str, ...], str]], str | None]:
+    """The schema's marks, and the first way one breaks MCP's rules (None: none does)."""
     found: list[tuple[tuple[str, ...], str]] = []
-    seen: set[str] = set()
-    marked_any = False
+    seen: dict[str, str] = {}
     for path, node in _positions(schema):
         if HEADER_MARK not in node:
             continue
-        marked_any = True
         marked = node[HEADER_MARK]
-        if (
-            not path
-            or not isinstance(marked, str)
-            or not _TOKEN.fullmatch(marked)
-            or node.get("type") not in _HEADER_TYPES
-            or marked.lower() in seen
-        ):
-            return True, []
-        seen.add(marked.lower())
+        where = ".".join(path) if path else ""
+        if not path:
+            return [], "one is not on a property reached from the root through properties alone"
+        if not isinstance(marked, str) or not _TOKEN.fullmatch(marked):
+            return [], f"the one on '{where}' is no HTTP header name"
+        if node.get("type") not in _HEADER_TYPES:
+            return [], f"the one on '{where}' is on a type other than string, integer or boolean"
+        if (other := seen.get(marked.lower())) is not None:
+            return [], f"'{other}' and '{where}' are marked with the same name"
+        seen[marked.lower()] = where
         found.append((path, marked))
-    return marked_any, found
+    return found, None
 
 
 def header_marks(schema: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]] | None:
@@ -120,7 +128,8 @@ def header_marks(schema: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]
     other than string, integer or boolean, or the same name twice in any case): such a
     schema is listed without its marks (``listed_schema``), so no header is checked.
     """
-    return _marks(schema)[1] or None
+    found, problem = _marks(schema)
+    return found if found and problem is None else None
 
 
 def _unmarked(node: Any) -> Any:
@@ -158,8 +167,7 @@ def listed_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     such a schema, so its marks are left out and the tool is listed. An annotation
     changes no validation.
     """
-    marked_any, valid_marks = _marks(schema)
-    if marked_any and not valid_marks:
+    if _marks(schema)[1] is not None:
         schema = _unmarked(schema)
     properties = schema.get("properties")
     if isinstance(properties, Mapping) and any(
@@ -190,9 +198,39 @@ def unlisted_reason(name: str, schema: Mapping[str, Any]) -> str | None:
         # schema (a walk in Python cost ~10 us a tool, at every catalog build).
         orjson.dumps(schema)
     except orjson.JSONEncodeError:
-        pass
-    else:
-        return None
+        return _huge_integer(name, schema)
+    return None
+
+
+def listing_notes(name: str, schema: Mapping[str, Any]) -> list[str]:
+    """The operator notes on how MCP hosts are shown a tool (the catalog's, ``validate``'s):
+    left out (``unlisted_reason``), or listed without its ``x-mcp-header`` marks.
+
+    Args:
+        name: The tool's name.
+        schema: Its schema as declared.
+    """
+    try:
+        encoded = orjson.dumps(schema)
+    except orjson.JSONEncodeError:
+        unlisted = _huge_integer(name, schema)
+        if unlisted is not None:
+            return [unlisted]
+        encoded = HEADER_MARK.encode()  # wide but not huge integers: look for marks
+    if HEADER_MARK.encode() not in encoded:
+        return []
+    problem = _marks(schema)[1]
+    if problem is None:
+        return []
+    return [
+        f"External tool '{name}' is listed to MCP hosts without its {HEADER_MARK} marks: "
+        f"{problem}, which MCP's rules refuse (its 2026-07-28 clients drop such a tool), so "
+        "no argument of it is mirrored into a header, nor checked in one."
+    ]
+
+
+def _huge_integer(name: str, schema: Mapping[str, Any]) -> str | None:
+    """``unlisted_reason`` past its fast path: the first integer no double holds."""
     pending: list[tuple[tuple[str | int, ...], Any]] = [((), schema)]
     while pending:
         path, node = pending.pop()

@@ -202,6 +202,24 @@ def test_validate_says_a_tool_whose_schema_no_double_holds_is_not_listed_to_mcp_
     assert len(lines) == 2
 
 
+def test_validate_says_a_tool_whose_header_marks_break_mcp_rules_is_listed_without_them(
+    env: Env,
+) -> None:
+    """``x-mcp-header`` on a ``number`` breaks MCP's rules: the set is valid (exit 0), and
+    validate says the tool is listed to MCP hosts without its marks."""
+    manifest = exec_set("routed")
+    manifest["tools"][0]["schema"] = {  # type: ignore[index]
+        "type": "object", "properties": {"ratio": {"type": "number", "x-mcp-header": "Ratio"}}}
+    path = env.home_set("acme", manifest)
+    proc = env.run("validate", str(path.parent), "--format", "json")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert json.loads(proc.stdout)["notes"] == [
+        "External tool 'routed' is listed to MCP hosts without its x-mcp-header marks: the "
+        "one on 'ratio' is on a type other than string, integer or boolean, which MCP's rules "
+        "refuse (its 2026-07-28 clients drop such a tool), so no argument of it is mirrored "
+        "into a header, nor checked in one."]
+
+
 def test_validate_json_format(env: Env) -> None:
     """``--format json`` prints the report object."""
     path = env.home_set("acme", exec_set("fmt"))

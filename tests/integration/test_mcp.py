@@ -1307,8 +1307,8 @@ async def test_mcp_a_schema_whose_header_marks_break_mcp_rules_is_listed_without
 ) -> None:
     """A 2026-07-28 SDK client drops a tool whose ``x-mcp-header`` marks break MCP's rules
     (Python's on every transport), so the host never saw it; the daemon checks no header
-    of such a schema, so the marks are left out of its listing and the tool lists and
-    runs. A schema whose marks keep the rules is listed with them."""
+    of such a schema, so the marks are left out of its listing (the catalog notes why) and
+    the tool lists and runs. A schema whose marks keep the rules is listed with them."""
     sets = workspace / ".crystal" / "tools"
     broken = {
         "on_number": {"type": "object", "properties": {
@@ -1337,6 +1337,15 @@ async def test_mcp_a_schema_whose_header_marks_break_mcp_rules_is_listed_without
         "list": {"type": "array", "items": {"type": "string"}}}}
     assert listed["routed"].input_schema == good
     assert [r.is_error for r in results] == [False] * 3, [_text(r) for r in results]
+    notes = mcp_host.call("list", {"workspace": str(workspace)})["result"]["notes"]
+    noted = {n["set"]: n["message"] for n in notes if n["set"] in {*broken, "routed"}}
+    assert set(noted) == set(broken)
+    assert noted["on_number"] == (
+        "External tool 'on_number' is listed to MCP hosts without its x-mcp-header marks: the "
+        "one on 'ratio' is on a type other than string, integer or boolean, which MCP's rules "
+        "refuse (its 2026-07-28 clients drop such a tool), so no argument of it is mirrored "
+        "into a header, nor checked in one.")
+    assert "one is not on a property reached from the root" in noted["off_chain"]
 
 
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
