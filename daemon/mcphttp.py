@@ -1191,6 +1191,8 @@ def _standard_headers_mismatch(request: HttpRequest, message: dict[str, Any]) ->
     return None
 
 
+#: The largest integer JavaScript holds exactly (``Number.MAX_SAFE_INTEGER``, 2^53 - 1).
+_MAX_SAFE_INTEGER = 2**53 - 1
 #: The characters a header value may hold (RFC 9110 5.5): visible ASCII, space and tab.
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 
@@ -1206,7 +1208,9 @@ async def _param_headers_mismatch(
     a request whose header is missing while the body has a value there, differs from it
     (after decoding the Base64 sentinel; integers compared as numbers), holds characters a
     header may not, or is sent twice. A value that is absent or null (or not a primitive)
-    takes no header, and one sent anyway is refused: it names a value the call lacks.
+    takes no header, and one sent anyway is refused: it names a value the call lacks. A
+    number outside JavaScript's safe integers may come without one (MCP keeps mirrored
+    integers within them, and the TypeScript SDK's client mirrors none outside).
     """
     params = message.get("params")
     name = params.get("name") if isinstance(params, dict) else None
@@ -1239,6 +1243,11 @@ async def _param_headers_mismatch(
                 )
             continue
         if sent is None:
+            if not isinstance(value, (str, bool)) and not abs(value) <= _MAX_SAFE_INTEGER:
+                # MCP keeps a mirrored integer within JavaScript's safe range, and the
+                # TypeScript SDK's client mirrors none outside it: a valid call of such a
+                # value came without its header and was refused (a header sent is checked).
+                continue
             return _header_mismatch(
                 f"the argument {where!r} is in the body, so the request must carry "
                 f"{shown} (its schema marks it x-mcp-header)"

@@ -43,6 +43,8 @@ DRAFT3_REQUIRED = {
     "$schema": "http://json-schema.org/draft-03/schema#", "type": "object", "required": True,
     "properties": {"x": {"type": "string", "required": True}},
 }
+#: A schema that marks an integer for the 2026-07-28 ``Mcp-Param-N`` header.
+ROUTED = {"type": "object", "properties": {"n": {"type": "integer", "x-mcp-header": "N"}}}
 #: Valid JSON Schema holding an integer no double holds (JavaScript reads it as Infinity).
 HUGE_INTEGER = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 10**400}}}
 
@@ -68,8 +70,8 @@ def sdk2() -> Path:
 @pytest.fixture(scope="module")
 def ts_daemon() -> Iterator[Daemon]:
     """The module's daemon: the example sets, the MCP test sets, a set of 1,001 tools (two
-    pages), three tools whose schemas MCP's shape does not take as declared and a project
-    set that asks; MCP on the socket and on a 127.0.0.1 port."""
+    pages), three tools whose schemas MCP's shape does not take as declared, one whose
+    schema marks an integer for a 2026-07-28 header and a project set that asks; MCP on the socket and on a 127.0.0.1 port."""
 
     def fill(home: Path, workspace: Path) -> None:
         shutil.copytree(EXAMPLES, home / "tools", dirs_exist_ok=True)
@@ -85,6 +87,8 @@ def ts_daemon() -> Iterator[Daemon]:
                   **{"d.py": script("print('took it')\n")})
         write_set(home / "tools", "hugeint", tool("h.py", schema=HUGE_INTEGER),
                   **{"h.py": script("print('took it')\n")})
+        write_set(home / "tools", "routed", tool("r.py", schema=ROUTED),
+                  **{"r.py": script("import sys\nprint('took', sys.stdin.read())\n")})
 
     with daemon_in("tst-", fill, ["--mcp-listen", "127.0.0.1:0"]) as d:
         d.mcp_url = listening_urls(d)[0]
@@ -213,6 +217,32 @@ def test_ts_client_lists_every_tool_but_one_whose_schema_no_double_holds(
     assert len(noted) == 1
     assert "not listed to MCP hosts" in noted[0]
     assert "/properties/n/maximum" in noted[0]
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+def test_ts_client_2026_calls_a_marked_integer_outside_javascripts_safe_range(
+    sdk2: Path, ts_daemon: Daemon
+) -> None:
+    """On 2026-07-28 over HTTP the 2.x client mirrors a marked argument into
+    ``Mcp-Param-N``, but no integer outside JavaScript's safe range (which MCP keeps
+    mirrored integers within): the daemon refused such a valid call (-32020, the header
+    missing), so the host got an error. It runs now; a safe integer is still mirrored and
+    checked, and the value still validated against the schema."""
+    calls = [{"name": "routed", "arguments": {"n": 2**60}},
+             {"name": "routed", "arguments": {"n": -(2**53)}},
+             {"name": "routed", "arguments": {"n": 5}},
+             {"name": "routed", "arguments": {"n": "5"}}]
+    report = run_client(sdk2, ts_daemon, "http", ["initialize", "calls"], calls=calls,
+                        package="client", negotiation="auto")
+    assert report["steps"]["initialize"]["era"] == "modern"
+    big, low, small, text = report["steps"]["calls"]["results"]
+    assert big == {"isError": False, "text": big["text"]}
+    assert '"n":1152921504606847000' in big["text"]  # 2**60 as JavaScript writes it
+    assert low["isError"] is False
+    assert '"n":-9007199254740992' in low["text"]
+    assert small["isError"] is False
+    assert '"n":5' in small["text"]
+    assert text["isError"] is True  # "5" is no integer
 
 
 @pytest.mark.timeout(900)  # a fresh machine installs from npm first

@@ -8,7 +8,8 @@
 //          "transport": "stdio" | "http", "command": [argv...] (stdio), "url": ... (http),
 //          "workspace": folder, "write": {path: text} and "expect": a tool name (the
 //          list_changed step's edit and the tool it adds), "calls": [{name, arguments}],
-//          "package": "client" for the 2.x client (sdk: the folder holding it)}
+//          "package": "client" for the 2.x client (sdk: the folder holding it),
+//          "negotiation": its versionNegotiation mode}
 import { readFileSync, existsSync, writeFileSync, mkdirSync, chmodSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { pathToFileURL } from 'node:url';
@@ -35,7 +36,9 @@ const failure = (error) => ({ name: error?.constructor?.name, code: error?.code,
 
 /** A connected client; ``answer`` is what its elicitation handler says (changeable). */
 async function connect(state, sessionId, errors = state.errors) {
-  const client = new Client({ name: 'toolsetd-ts-test', version: '1' }, { capabilities: { elicitation: {} } });
+  // "negotiation": "auto" has the 2.x client probe for 2026-07-28 (its default is 2025-11-25).
+  const negotiation = config.negotiation ? { versionNegotiation: { mode: config.negotiation } } : {};
+  const client = new Client({ name: 'toolsetd-ts-test', version: '1' }, { capabilities: { elicitation: {} }, ...negotiation });
   // What the client's own close() aborts (its open SSE streams) is no error of the server's.
   let closing = false;
   client.onerror = (error) => closing || errors.push({ phase: state.phase, ...failure(error) });
@@ -83,6 +86,7 @@ async function allTools(client) {
 const stepsByName = {
   async initialize(ctx) {
     return {
+      era: ctx.client.getProtocolEra?.() ?? null,
       server: ctx.client.getServerVersion(),
       capabilities: ctx.client.getServerCapabilities(),
       sessionId: ctx.transport.sessionId ?? null,
