@@ -67,6 +67,8 @@ _SUBSCHEMA = frozenset(
 )
 _SUBSCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _SUBSCHEMA_MAP = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
+#: The keywords whose value may be a list of schemas (draft 7's tuple ``items`` too).
+_SUBSCHEMA_LISTS = _SUBSCHEMAS | _SUBSCHEMA
 #: An HTTP field name (RFC 9110 5.6.2 token).
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_TYPES = ("string", "integer", "boolean")
@@ -90,7 +92,10 @@ def _positions(
                     ((*path, key) if path is not None else None, sub) for key, sub in value.items()
                 )
             elif keyword in _SUBSCHEMA:
-                children.append((None, value))
+                # Draft 7's tuple ``items`` is a list: the TypeScript SDK looks in it too.
+                children.extend(
+                    (None, sub) for sub in (value if isinstance(value, list) else [value])
+                )
             elif keyword in _SUBSCHEMAS and isinstance(value, list):
                 children.extend((None, sub) for sub in value)
             elif keyword in _SUBSCHEMA_MAP and isinstance(value, Mapping):
@@ -142,10 +147,10 @@ def _unmarked(node: Any) -> Any:
             continue
         if keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
             out[keyword] = {key: _unmarked(sub) for key, sub in value.items()}
+        elif keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
+            out[keyword] = [_unmarked(sub) for sub in value]
         elif keyword in _SUBSCHEMA:
             out[keyword] = _unmarked(value)
-        elif keyword in _SUBSCHEMAS and isinstance(value, list):
-            out[keyword] = [_unmarked(sub) for sub in value]
         else:
             out[keyword] = value
     return out

@@ -45,6 +45,11 @@ DRAFT3_REQUIRED = {
 }
 #: A schema that marks an integer for the 2026-07-28 ``Mcp-Param-N`` header.
 ROUTED = {"type": "object", "properties": {"n": {"type": "integer", "x-mcp-header": "N"}}}
+#: A draft 7 schema with a mark in its tuple ``items``, where MCP's rules refuse one.
+TUPLE_MARK = {
+    "$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+    "properties": {"t": {"type": "array", "items": [{"type": "string", "x-mcp-header": "T"}]}},
+}
 #: Valid JSON Schema holding an integer no double holds (JavaScript reads it as Infinity).
 HUGE_INTEGER = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 10**400}}}
 
@@ -70,7 +75,7 @@ def sdk2() -> Path:
 @pytest.fixture(scope="module")
 def ts_daemon() -> Iterator[Daemon]:
     """The module's daemon: the example sets, the MCP test sets, a set of 1,001 tools (two
-    pages), three tools whose schemas MCP's shape does not take as declared, one whose
+    pages), four tools whose schemas MCP's shape does not take as declared, one whose
     schema marks an integer for a 2026-07-28 header and a project set that asks; MCP on the socket and on a 127.0.0.1 port."""
 
     def fill(home: Path, workspace: Path) -> None:
@@ -87,6 +92,8 @@ def ts_daemon() -> Iterator[Daemon]:
                   **{"d.py": script("print('took it')\n")})
         write_set(home / "tools", "hugeint", tool("h.py", schema=HUGE_INTEGER),
                   **{"h.py": script("print('took it')\n")})
+        write_set(home / "tools", "tuplemark", tool("t.py", schema=TUPLE_MARK),
+                  **{"t.py": script("print('took it')\n")})
         write_set(home / "tools", "routed", tool("r.py", schema=ROUTED),
                   **{"r.py": script("import sys\nprint('took', sys.stdin.read())\n")})
 
@@ -243,6 +250,24 @@ def test_ts_client_2026_calls_a_marked_integer_outside_javascripts_safe_range(
     assert small["isError"] is False
     assert '"n":5' in small["text"]
     assert text["isError"] is True  # "5" is no integer
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+def test_ts_client_2026_lists_a_tool_whose_mark_in_tuple_items_breaks_mcp_rules(
+    sdk2: Path, ts_daemon: Daemon
+) -> None:
+    """A mark in draft 7's tuple ``items`` breaks MCP's rules: the 2.x client on 2026-07-28
+    over HTTP looks there and dropped the tool, while the daemon did not look and listed its
+    marks. The daemon looks there too: the tool is listed without the mark, and runs."""
+    calls = [{"name": "tuplemark", "arguments": {"t": ["a"]}}]
+    report = run_client(sdk2, ts_daemon, "http", ["initialize", "list", "calls"], calls=calls,
+                        package="client", negotiation="auto")
+    assert report["steps"]["initialize"]["era"] == "modern"
+    listed = report["steps"]["list"]["tools"]
+    assert "tuplemark" in listed
+    assert listed["tuplemark"]["inputSchema"]["properties"]["t"]["items"] == [{"type": "string"}]
+    (ran,) = report["steps"]["calls"]["results"]
+    assert ran["isError"] is False
 
 
 @pytest.mark.timeout(900)  # a fresh machine installs from npm first
