@@ -47,6 +47,7 @@ from .config_file import MAX_MANIFEST_BYTES, ManifestUnreadable, load_config, re
 from .exhaustion import out_of_resources
 from .gcpause import GcPause
 from .manifest import ManifestError, is_directory_name, parse_manifest
+from .mcpschema import listing_notes
 from .model import (
     Approval,
     ApprovalSource,
@@ -925,6 +926,8 @@ class _Builder:
                     tool, toolset, tool.approval if effective_author else _INHERIT, policy, digest
                 )
                 candidate.tools.append(tool.name)
+                for note in listing_notes(tool.name, tool.schema):
+                    self.note(candidate, note)
             candidate.state = _LOADED if candidate.tools else _REFUSED
         return tools
 

@@ -9,9 +9,10 @@ values look in MCP (contract section 7, the table in ``docs/mcp.md``):
   encoded) once per snapshot and catalog filter, ordered by name (deterministic), paged
   by an opaque cursor that names the snapshot it was cut from (a cursor of an older
   snapshot is -32602: list again). Each entry: ``name``, ``description``,
-  ``inputSchema`` as declared with ``type: "object"`` at its root and its root
-  ``properties`` objects (MCP's; a boolean schema there as ``{}`` or ``{"not": {}}``)
-  and no draft 3 boolean ``required`` at its root,
+  ``inputSchema`` as declared, shaped as MCP's SDK clients take it (``mcpschema``:
+  ``type: "object"`` at its root, its root ``properties`` objects, no draft 3 boolean
+  ``required``, no ``x-mcp-header`` marks that break MCP's rules; a tool whose schema
+  holds an integer no double holds is left out, ``unlisted_reason``),
   ``annotations`` (``readOnlyHint: false``, ``destructiveHint: true``: every external
   tool has write authority), ``_meta`` with ``toolsetd/set``, ``toolsetd/source``,
   ``toolsetd/hash``.
@@ -40,7 +41,7 @@ import hmac
 import itertools
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,7 @@ from toolsetd.protocol.jsonrpc import is_request_id
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.printable import printable
 
+from .mcpschema import listed_schema, unlisted_reason
 from .model import Catalog, CatalogName, SnapshotCache
 from .runner import CallOutcome
 from .service import Completion, ProgressReport
@@ -159,7 +161,7 @@ class ToolPages:
             {
                 "name": loaded.tool.name,
                 "description": loaded.tool.description,
-                "inputSchema": _input_schema(loaded.tool.schema),
+                "inputSchema": listed_schema(loaded.tool.schema),
                 "annotations": _ANNOTATIONS,
                 "_meta": {
                     "toolsetd/set": loaded.toolset.directory,
@@ -168,7 +170,9 @@ class ToolPages:
                 },
             }
             for _, loaded in sorted(catalog.tools.items())
-            if want is None or want in loaded.tool.catalogs
+            if (want is None or want in loaded.tool.catalogs)
+            # A schema no JavaScript host reads as written: left out, and noted (catalog).
+            and unlisted_reason(loaded.tool.name, loaded.tool.schema) is None
         ]
         tag = hashlib.sha256(
             "\n".join(t["_meta"]["toolsetd/hash"] for t in tools).encode()
@@ -210,41 +214,6 @@ class ToolPages:
         if end >= len(listing.tools):
             return encoded, None
         return encoded, _cursor(listing.tag, end)
-
-
-#: The object form of JSON Schema's boolean schemas: ``true`` takes anything, ``false`` nothing.
-_BOOLEAN_SCHEMAS: dict[bool, dict[str, Any]] = {True: {}, False: {"not": {}}}
-
-
-def _input_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A tool's schema as an MCP ``inputSchema``: as declared, with ``type: "object"`` at
-    its root and each of its root ``properties`` an object.
-
-    MCP's arguments are always an object, and its schema requires that root type; a host
-    that checks it (the SDK) refuses the whole ``tools/list`` when one tool lacks it. A
-    manifest may leave ``type`` out or allow other types beside object: for the objects an
-    MCP host sends, ``"object"`` says the same. MCP's schema also makes each root property
-    an object, and the TypeScript SDK's client (most Node hosts') refuses the whole list
-    when one is a boolean schema (``"x": true``, valid JSON Schema): it is listed as the
-    object that says the same (``{}``, ``{"not": {}}``); its root ``required`` must be a
-    list of names, and draft 3's boolean one (which says nothing at the root) is left out.
-    The call is validated against the schema as declared.
-    """
-    properties = schema.get("properties")
-    if isinstance(properties, Mapping) and any(
-        isinstance(sub, bool) for sub in properties.values()
-    ):
-        fixed = {
-            k: _BOOLEAN_SCHEMAS[v] if isinstance(v, bool) else v for k, v in properties.items()
-        }
-        schema = {**schema, "properties": fixed}
-    if isinstance(schema.get("required"), bool):
-        # Draft 3's ``required`` is a boolean (its instance must be present), which the
-        # root always is; MCP's schema (and the TypeScript SDK's) has a list of names there.
-        schema = {k: v for k, v in schema.items() if k != "required"}
-    if schema.get("type") == "object":
-        return schema
-    return {**schema, "type": "object"}
 
 
 def _cursor(tag: str, offset: int) -> str:

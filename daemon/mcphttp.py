@@ -79,6 +79,7 @@ from .mcp_session import (
     meta_version,
     unsupported_version,
 )
+from .mcpschema import header_marks
 from .peercred import PeerPolicy
 from .tcppeer import tcp_peer, tcp_peer_credentials
 
@@ -1190,6 +1191,8 @@ def _standard_headers_mismatch(request: HttpRequest, message: dict[str, Any]) ->
     return None
 
 
+#: The largest integer JavaScript holds exactly (``Number.MAX_SAFE_INTEGER``, 2^53 - 1).
+_MAX_SAFE_INTEGER = 2**53 - 1
 #: The characters a header value may hold (RFC 9110 5.5): visible ASCII, space and tab.
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
 
@@ -1205,7 +1208,9 @@ async def _param_headers_mismatch(
     a request whose header is missing while the body has a value there, differs from it
     (after decoding the Base64 sentinel; integers compared as numbers), holds characters a
     header may not, or is sent twice. A value that is absent or null (or not a primitive)
-    takes no header, and one sent anyway is refused: it names a value the call lacks.
+    takes no header, and one sent anyway is refused: it names a value the call lacks. A
+    number outside JavaScript's safe integers may come without one (MCP keeps mirrored
+    integers within them, and the TypeScript SDK's client mirrors none outside).
     """
     params = message.get("params")
     name = params.get("name") if isinstance(params, dict) else None
@@ -1238,6 +1243,11 @@ async def _param_headers_mismatch(
                 )
             continue
         if sent is None:
+            if not isinstance(value, (str, bool)) and not abs(value) <= _MAX_SAFE_INTEGER:
+                # MCP keeps a mirrored integer within JavaScript's safe range, and the
+                # TypeScript SDK's client mirrors none outside it: a valid call of such a
+                # value came without its header and was refused (a header sent is checked).
+                continue
             return _header_mismatch(
                 f"the argument {where!r} is in the body, so the request must carry "
                 f"{shown} (its schema marks it x-mcp-header)"
@@ -1256,31 +1266,8 @@ async def _param_headers_mismatch(
     return None
 
 
-#: JSON Schema keywords whose value is a schema, a list of schemas, or a map of them
-#: (besides ``properties``, the one keyword that keeps a property statically reachable).
-_SUBSCHEMA = frozenset(
-    {
-        "items",
-        "contains",
-        "unevaluatedItems",
-        "additionalProperties",
-        "propertyNames",
-        "unevaluatedProperties",
-        "not",
-        "if",
-        "then",
-        "else",
-        "contentSchema",
-    }
-)
-_SUBSCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
-_SUBSCHEMA_MAP = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
-#: An HTTP field name (RFC 9110 5.6.2 token).
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-
-
 class _HeaderMarks:
-    """The ``x-mcp-header`` marks of tools' schemas (``_header_params``), by tool hash.
+    """The ``x-mcp-header`` marks of tools' schemas (``mcpschema.header_marks``), by tool hash.
 
     Every 2026-07-28 ``tools/call`` needs its tool's marks, and finding them walks the
     whole schema (~1 µs a node: 1 ms a call for a tool of 1,100 properties). The hash
@@ -1298,52 +1285,11 @@ class _HeaderMarks:
             return self._marks[key]
         except KeyError:
             pass
-        marked = _header_params(schema)
+        marked = header_marks(schema)
         while len(self._marks) >= self._max_entries:
             del self._marks[next(iter(self._marks))]
         self._marks[key] = marked
         return marked
-
-
-def _header_params(schema: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]] | None:
-    """The (property path, header name) of every ``x-mcp-header`` of a tool's schema.
-
-    None when there is none, or when one breaks MCP's constraints (on a property not
-    reached from the root through ``properties`` keys alone, not a token, on a type
-    other than string, integer or boolean, or the same name twice in any case): clients
-    then drop the tool and mirror nothing, so nothing is checked (as the SDK's server).
-    """
-    found: list[tuple[tuple[str, ...], str]] = []
-    seen: set[str] = set()
-    pending: list[tuple[tuple[str, ...] | None, Any]] = [((), schema)]
-    while pending:
-        path, node = pending.pop()
-        if not isinstance(node, Mapping):
-            continue
-        if "x-mcp-header" in node:
-            marked = node["x-mcp-header"]
-            if (
-                not path
-                or not isinstance(marked, str)
-                or not _TOKEN.fullmatch(marked)
-                or node.get("type") not in ("string", "integer", "boolean")
-                or marked.lower() in seen
-            ):
-                return None
-            seen.add(marked.lower())
-            found.append((path, marked))
-        for keyword, value in node.items():
-            if keyword == "properties" and isinstance(value, Mapping):
-                pending.extend(
-                    ((*path, key) if path is not None else None, sub) for key, sub in value.items()
-                )
-            elif keyword in _SUBSCHEMA:
-                pending.append((None, value))
-            elif keyword in _SUBSCHEMAS and isinstance(value, list):
-                pending.extend((None, sub) for sub in value)
-            elif keyword in _SUBSCHEMA_MAP and isinstance(value, Mapping):
-                pending.extend((None, sub) for sub in value.values())
-    return found or None
 
 
 def _mirrors(sent: str, value: str | int | float) -> bool:

@@ -182,6 +182,44 @@ def test_validate_reports_directory_name_and_parse_error(env: Env) -> None:
     assert proc.stdout.splitlines()[1:] == ["- Tool 't' requires description."]
 
 
+def test_validate_says_a_tool_whose_schema_no_double_holds_is_not_listed_to_mcp_hosts(
+    env: Env,
+) -> None:
+    """A schema holding an integer beyond a double's range is valid (exit 0), and the
+    daemon leaves that tool out of MCP's tools/list (a JavaScript host reads Infinity
+    there): validate says so, with the JSON Pointer of the number."""
+    manifest = exec_set("big", "small")
+    manifest["tools"][0]["schema"] = {  # type: ignore[index]
+        "type": "object", "properties": {"n": {"type": "integer", "minimum": -(10**400)}}}
+    path = env.home_set("acme", manifest)
+    proc = env.run("validate", str(path.parent))
+    assert (proc.returncode, proc.stderr) == (0, "")
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "Tool set acme is valid: 2 tools (big, small)."
+    assert lines[1].startswith(
+        "External tool 'big' is not listed to MCP hosts: its schema holds an integer beyond "
+        "the range of a double (about ±1.8e308) at /properties/n/minimum")
+    assert len(lines) == 2
+
+
+def test_validate_says_a_tool_whose_header_marks_break_mcp_rules_is_listed_without_them(
+    env: Env,
+) -> None:
+    """``x-mcp-header`` on a ``number`` breaks MCP's rules: the set is valid (exit 0), and
+    validate says the tool is listed to MCP hosts without its marks."""
+    manifest = exec_set("routed")
+    manifest["tools"][0]["schema"] = {  # type: ignore[index]
+        "type": "object", "properties": {"ratio": {"type": "number", "x-mcp-header": "Ratio"}}}
+    path = env.home_set("acme", manifest)
+    proc = env.run("validate", str(path.parent), "--format", "json")
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert json.loads(proc.stdout)["notes"] == [
+        "External tool 'routed' is listed to MCP hosts without its x-mcp-header marks: the "
+        "one on 'ratio' is on a type other than string, integer or boolean, which MCP's rules "
+        "refuse (its 2026-07-28 clients drop such a tool), so no argument of it is mirrored "
+        "into a header, nor checked in one."]
+
+
 def test_validate_json_format(env: Env) -> None:
     """``--format json`` prints the report object."""
     path = env.home_set("acme", exec_set("fmt"))

@@ -1309,6 +1309,52 @@ async def test_mcp_boolean_root_properties_and_draft3_required_are_listed_as_mcp
     assert "x" in _text(missing)
 
 
+async def test_mcp_a_schema_whose_header_marks_break_mcp_rules_is_listed_without_them(
+    mcp_host: Daemon, workspace: Path
+) -> None:
+    """A 2026-07-28 SDK client drops a tool whose ``x-mcp-header`` marks break MCP's rules
+    (Python's on every transport), so the host never saw it; the daemon checks no header
+    of such a schema, so the marks are left out of its listing (the catalog notes why) and
+    the tool lists and runs. A schema whose marks keep the rules is listed with them."""
+    sets = workspace / ".crystal" / "tools"
+    broken = {
+        "on_number": {"type": "object", "properties": {
+            "region": {"type": "string", "x-mcp-header": "Region"},
+            "ratio": {"type": "number", "x-mcp-header": "Ratio"}}},
+        "off_chain": {"type": "object", "properties": {"list": {
+            "type": "array", "items": {"type": "string", "x-mcp-header": "Item"}}}},
+    }
+    good = {"type": "object", "properties": {
+        "region": {"type": "string", "x-mcp-header": "Region"}}}
+    for name, schema in [("routed", good), *broken.items()]:
+        write_set(sets, name, tool(f"{name}.py", schema=schema), **{f"{name}.py": ASKER_OK})
+    with anyio.fail_after(30):
+        async with Client(server(mcp_host, workspace, "--mode", "full")) as client:
+            assert client.protocol_version == MODERN
+            listed = {t.name: t for t in (await client.list_tools()).tools}
+            results = [
+                await client.call_tool("on_number", {"region": "us-west1", "ratio": 0.5}),
+                await client.call_tool("off_chain", {"list": ["a"]}),
+                await client.call_tool("routed", {"region": "us-west1"}),
+            ]
+    assert set(broken) | {"routed"} <= set(listed)
+    assert listed["on_number"].input_schema == {"type": "object", "properties": {
+        "region": {"type": "string"}, "ratio": {"type": "number"}}}
+    assert listed["off_chain"].input_schema == {"type": "object", "properties": {
+        "list": {"type": "array", "items": {"type": "string"}}}}
+    assert listed["routed"].input_schema == good
+    assert [r.is_error for r in results] == [False] * 3, [_text(r) for r in results]
+    notes = mcp_host.call("list", {"workspace": str(workspace)})["result"]["notes"]
+    noted = {n["set"]: n["message"] for n in notes if n["set"] in {*broken, "routed"}}
+    assert set(noted) == set(broken)
+    assert noted["on_number"] == (
+        "External tool 'on_number' is listed to MCP hosts without its x-mcp-header marks: the "
+        "one on 'ratio' is on a type other than string, integer or boolean, which MCP's rules "
+        "refuse (its 2026-07-28 clients drop such a tool), so no argument of it is mirrored "
+        "into a header, nor checked in one.")
+    assert "one is not on a property reached from the root" in noted["off_chain"]
+
+
 @pytest.mark.parametrize("mode", ["legacy", "auto"])
 async def test_mcp_without_elicitation_says_how_to_allow(
     mcp_host: Daemon, workspace: Path, mode: str

@@ -42,6 +42,9 @@ from .mcp_helpers import (
 from .npm_helpers import node, npm_installed
 
 SDK_VERSION = "1.32.2"
+#: The newest client: the 2.x SDK's own package (its zod checks each root property's
+#: schema as JSON values, where 1.x takes any object).
+CLIENT2_VERSION = "2.4.0"
 CLIENT = Path(__file__).parent / "ts_client" / "client.mjs"
 #: One tool more than a tools/list page holds (docs/mcp.md: pages of 1,000 tools).
 PAGED = [f"paged_{n:04d}" for n in range(1001)]
@@ -53,6 +56,15 @@ DRAFT3_REQUIRED = {
     "$schema": "http://json-schema.org/draft-03/schema#", "type": "object", "required": True,
     "properties": {"x": {"type": "string", "required": True}},
 }
+#: A schema that marks an integer for the 2026-07-28 ``Mcp-Param-N`` header.
+ROUTED = {"type": "object", "properties": {"n": {"type": "integer", "x-mcp-header": "N"}}}
+#: A draft 7 schema with a mark in its tuple ``items``, where MCP's rules refuse one.
+TUPLE_MARK = {
+    "$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+    "properties": {"t": {"type": "array", "items": [{"type": "string", "x-mcp-header": "T"}]}},
+}
+#: Valid JSON Schema holding an integer no double holds (JavaScript reads it as Infinity).
+HUGE_INTEGER = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 10**400}}}
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +77,19 @@ def sdk() -> Path:
 
 
 @pytest.fixture(scope="module")
+def sdk2() -> Path:
+    """The folder holding the TypeScript SDK's 2.x client from npm (installed once)."""
+    return npm_installed(
+        f"ts-client-{CLIENT2_VERSION}", [f"@modelcontextprotocol/client@{CLIENT2_VERSION}"],
+        "node_modules/@modelcontextprotocol/client/package.json",
+    )
+
+
+@pytest.fixture(scope="module")
 def ts_daemon() -> Iterator[Daemon]:
     """The module's daemon: the example sets, the MCP test sets, a set of 1,001 tools (two
-    pages), two tools whose schemas MCP's shape does not take as declared and a project
-    set that asks; MCP on the socket and on a 127.0.0.1 port."""
+    pages), four tools whose schemas MCP's shape does not take as declared, one whose
+    schema marks an integer for a 2026-07-28 header and a project set that asks; MCP on the socket and on a 127.0.0.1 port."""
 
     def fill(home: Path, workspace: Path) -> None:
         shutil.copytree(EXAMPLES, home / "tools", dirs_exist_ok=True)
@@ -82,6 +103,12 @@ def ts_daemon() -> Iterator[Daemon]:
                   **{"b.py": script("print('took it')\n")})
         write_set(home / "tools", "draft3", tool("d.py", schema=DRAFT3_REQUIRED),
                   **{"d.py": script("print('took it')\n")})
+        write_set(home / "tools", "hugeint", tool("h.py", schema=HUGE_INTEGER),
+                  **{"h.py": script("print('took it')\n")})
+        write_set(home / "tools", "tuplemark", tool("t.py", schema=TUPLE_MARK),
+                  **{"t.py": script("print('took it')\n")})
+        write_set(home / "tools", "routed", tool("r.py", schema=ROUTED),
+                  **{"r.py": script("import sys\nprint('took', sys.stdin.read())\n")})
 
     with daemon_in("tst-", fill, ["--mcp-listen", "127.0.0.1:0"]) as d:
         d.mcp_url = listening_urls(d)[0]
@@ -180,6 +207,80 @@ def test_ts_client_lists_tools_whose_schemas_mcp_shapes_otherwise(
     assert ran["isError"] is False
     assert missing["isError"] is True
     assert "x" in missing["text"]
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+@pytest.mark.parametrize("transport", TRANSPORTS)
+@pytest.mark.parametrize("major", [1, 2])
+def test_ts_client_lists_every_tool_but_one_whose_schema_no_double_holds(
+    sdk: Path, sdk2: Path, ts_daemon: Daemon, transport: str, major: int
+) -> None:
+    """An integer of 400 digits in one tool's schema (valid JSON Schema) reads as Infinity
+    in JavaScript: the 2.x client's zod refused the whole tools/list over it, and the 1.x
+    client showed the tool with ``null`` in its place. That tool is left out of the
+    listing (the catalog notes why), every other tool lists, and a call of it still runs,
+    validated against its schema as declared."""
+    folder, extra = (sdk, {}) if major == 1 else (sdk2, {"package": "client"})
+    calls = [{"name": "hugeint", "arguments": {"n": 5}},
+             {"name": "hugeint", "arguments": {"n": "5"}}]
+    report = run_client(folder, ts_daemon, transport, ["list", "calls"], calls=calls, **extra)
+    listed = report["steps"]["list"]
+    assert "hugeint" not in listed["names"]
+    assert {"hello", "boolprops", "draft3"} <= set(listed["names"])
+    assert listed["count"] >= len(PAGED) + 4
+    took, refused = report["steps"]["calls"]["results"]
+    assert took["isError"] is False
+    assert "took it" in took["text"]
+    assert refused["isError"] is True
+    notes = ts_daemon.call("list", {"workspace": str(ts_daemon.workspace)})["result"]["notes"]
+    noted = [n["message"] for n in notes if n["set"] == "hugeint"]
+    assert len(noted) == 1
+    assert "not listed to MCP hosts" in noted[0]
+    assert "/properties/n/maximum" in noted[0]
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+def test_ts_client_2026_calls_a_marked_integer_outside_javascripts_safe_range(
+    sdk2: Path, ts_daemon: Daemon
+) -> None:
+    """On 2026-07-28 over HTTP the 2.x client mirrors a marked argument into
+    ``Mcp-Param-N``, but no integer outside JavaScript's safe range (which MCP keeps
+    mirrored integers within): the daemon refused such a valid call (-32020, the header
+    missing), so the host got an error. It runs now; a safe integer is still mirrored and
+    checked, and the value still validated against the schema."""
+    calls = [{"name": "routed", "arguments": {"n": 2**60}},
+             {"name": "routed", "arguments": {"n": -(2**53)}},
+             {"name": "routed", "arguments": {"n": 5}},
+             {"name": "routed", "arguments": {"n": "5"}}]
+    report = run_client(sdk2, ts_daemon, "http", ["initialize", "calls"], calls=calls,
+                        package="client", negotiation="auto")
+    assert report["steps"]["initialize"]["era"] == "modern"
+    big, low, small, text = report["steps"]["calls"]["results"]
+    assert big == {"isError": False, "text": big["text"]}
+    assert '"n":1152921504606847000' in big["text"]  # 2**60 as JavaScript writes it
+    assert low["isError"] is False
+    assert '"n":-9007199254740992' in low["text"]
+    assert small["isError"] is False
+    assert '"n":5' in small["text"]
+    assert text["isError"] is True  # "5" is no integer
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+def test_ts_client_2026_lists_a_tool_whose_mark_in_tuple_items_breaks_mcp_rules(
+    sdk2: Path, ts_daemon: Daemon
+) -> None:
+    """A mark in draft 7's tuple ``items`` breaks MCP's rules: the 2.x client on 2026-07-28
+    over HTTP looks there and dropped the tool, while the daemon did not look and listed its
+    marks. The daemon looks there too: the tool is listed without the mark, and runs."""
+    calls = [{"name": "tuplemark", "arguments": {"t": ["a"]}}]
+    report = run_client(sdk2, ts_daemon, "http", ["initialize", "list", "calls"], calls=calls,
+                        package="client", negotiation="auto")
+    assert report["steps"]["initialize"]["era"] == "modern"
+    listed = report["steps"]["list"]["tools"]
+    assert "tuplemark" in listed
+    assert listed["tuplemark"]["inputSchema"]["properties"]["t"]["items"] == [{"type": "string"}]
+    (ran,) = report["steps"]["calls"]["results"]
+    assert ran["isError"] is False
 
 
 @pytest.mark.timeout(900)  # a fresh machine installs from npm first

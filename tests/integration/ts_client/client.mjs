@@ -7,19 +7,28 @@
 // CONFIG: {"sdk": folder holding node_modules/@modelcontextprotocol/sdk,
 //          "transport": "stdio" | "http", "command": [argv...] (stdio), "url": ... (http),
 //          "workspace": folder, "write": {path: text} and "expect": a tool name (the
-//          list_changed step's edit and the tool it adds), "calls": [{name, arguments}]}
+//          list_changed step's edit and the tool it adds), "calls": [{name, arguments}],
+//          "package": "client" for the 2.x client (sdk: the folder holding it),
+//          "negotiation": its versionNegotiation mode}
 import { readFileSync, existsSync, writeFileSync, mkdirSync, chmodSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 
 const [configPath, ...steps] = process.argv.slice(2);
 const config = JSON.parse(readFileSync(configPath, 'utf8'));
-const esm = join(config.sdk, 'node_modules', '@modelcontextprotocol', 'sdk', 'dist', 'esm');
+// The 1.x SDK (@modelcontextprotocol/sdk) takes handlers by zod schema; the 2.x client
+// (@modelcontextprotocol/client, "package": "client") by method name.
+const v2 = config.package === 'client';
+const esm = v2
+  ? join(config.sdk, 'node_modules', '@modelcontextprotocol', 'client', 'dist')
+  : join(config.sdk, 'node_modules', '@modelcontextprotocol', 'sdk', 'dist', 'esm');
 const load = (path) => import(pathToFileURL(join(esm, path)).href);
-const { Client } = await load('client/index.js');
-const { StdioClientTransport } = await load('client/stdio.js');
-const { StreamableHTTPClientTransport } = await load('client/streamableHttp.js');
-const { ElicitRequestSchema, ToolListChangedNotificationSchema } = await load('types.js');
+const { Client } = await load(v2 ? 'index.mjs' : 'client/index.js');
+const { StdioClientTransport } = await load(v2 ? 'stdio.mjs' : 'client/stdio.js');
+const { StreamableHTTPClientTransport } = await load(v2 ? 'index.mjs' : 'client/streamableHttp.js');
+const { ElicitRequestSchema, ToolListChangedNotificationSchema } = v2
+  ? { ElicitRequestSchema: 'elicitation/create', ToolListChangedNotificationSchema: 'notifications/tools/list_changed' }
+  : await load('types.js');
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 const text = (result) => (result.content ?? []).filter((b) => b.type === 'text').map((b) => b.text).join('');
@@ -27,7 +36,9 @@ const failure = (error) => ({ name: error?.constructor?.name, code: error?.code,
 
 /** A connected client; ``answer`` is what its elicitation handler says (changeable). */
 async function connect(state, sessionId, errors = state.errors) {
-  const client = new Client({ name: 'toolsetd-ts-test', version: '1' }, { capabilities: { elicitation: {} } });
+  // "negotiation": "auto" has the 2.x client probe for 2026-07-28 (its default is 2025-11-25).
+  const negotiation = config.negotiation ? { versionNegotiation: { mode: config.negotiation } } : {};
+  const client = new Client({ name: 'toolsetd-ts-test', version: '1' }, { capabilities: { elicitation: {} }, ...negotiation });
   // What the client's own close() aborts (its open SSE streams) is no error of the server's.
   let closing = false;
   client.onerror = (error) => closing || errors.push({ phase: state.phase, ...failure(error) });
@@ -75,6 +86,7 @@ async function allTools(client) {
 const stepsByName = {
   async initialize(ctx) {
     return {
+      era: ctx.client.getProtocolEra?.() ?? null,
       server: ctx.client.getServerVersion(),
       capabilities: ctx.client.getServerCapabilities(),
       sessionId: ctx.transport.sessionId ?? null,
@@ -234,5 +246,4 @@ try {
 }
 report.errors = state.errors;
 report.stderr = state.stderr;
-process.stdout.write(JSON.stringify(report) + '\n');
-process.exit(0);
+process.stdout.write(JSON.stringify(report) + '\n', () => process.exit(0));
