@@ -40,7 +40,6 @@ from toolsetd.daemon.catalog import (
 )
 from toolsetd.daemon.config_file import read_regular_file
 from toolsetd.daemon.manifest import ManifestError, is_directory_name, parse_manifest
-from toolsetd.daemon.mcpschema import listing_notes
 from toolsetd.daemon.model import (
     DEFAULT_RESERVED_NAMES,
     Approval,
@@ -385,7 +384,7 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
         for problem in SchemaChecker.problems(tool.schema):
             report.problems.append(f"Tool '{tool.name}' has an invalid JSON Schema: {problem}")
         report.problems.extend(_unknown_properties(tool))
-        report.notes.extend(listing_notes(tool.name, tool.schema))
+        report.notes.extend(tool.listing_notes)
     if toolset.runner is RunnerKind.EXEC:
         report.problems.extend(_command_problems(toolset, set_dir))
     return report

@@ -47,7 +47,6 @@ from .config_file import MAX_MANIFEST_BYTES, ManifestUnreadable, load_config, re
 from .exhaustion import out_of_resources
 from .gcpause import GcPause
 from .manifest import ManifestError, is_directory_name, parse_manifest
-from .mcpschema import listing_notes
 from .model import (
     Approval,
     ApprovalSource,
@@ -926,7 +925,7 @@ class _Builder:
                     tool, toolset, tool.approval if effective_author else _INHERIT, policy, digest
                 )
                 candidate.tools.append(tool.name)
-                for note in listing_notes(tool.name, tool.schema):
+                for note in tool.listing_notes:  # made by the parse, kept in the store
                     self.note(candidate, note)
             candidate.state = _LOADED if candidate.tools else _REFUSED
         return tools

@@ -36,6 +36,7 @@ from toolsetd.protocol.errors import reject_json_constant
 from toolsetd.protocol.jsontext import decode_file_text
 from toolsetd.protocol.whitespace import NET_WHITESPACE
 
+from .mcpschema import listing_notes
 from .model import (
     DEFAULT_TIMEOUT_SECONDS,
     Approval,
@@ -400,6 +401,7 @@ def _exec_tool(
         argv=argv,
         path_arguments=path_arguments or (),
         output=output,
+        listing_notes=tuple(listing_notes(name, schema)),
     )
 
 

@@ -194,6 +194,10 @@ class ToolDef:
         argv: ``(property, flag)`` pairs in manifest order.
         path_arguments: Property names treated as filesystem paths, in manifest order.
         output: ``text`` or ``content``.
+        listing_notes: The operator notes on how MCP hosts are shown the tool
+            (``mcpschema.listing_notes``: left out of ``tools/list``, or listed without its
+            ``x-mcp-header`` marks), made when the manifest is parsed and kept in the set
+            store's record: a catalog build, a restart's too, only reads them.
     """
 
     name: str
@@ -205,6 +209,7 @@ class ToolDef:
     argv: tuple[tuple[str, str], ...] = ()
     path_arguments: tuple[str, ...] = ()
     output: OutputMode = OutputMode.TEXT
+    listing_notes: tuple[str, ...] = ()
 
 
 @_slot_init

@@ -234,6 +234,7 @@ _DECIDING_MODULES = (
     "toolsetd.protocol.jsontext",
     "toolsetd.daemon.catalog",
     "toolsetd.daemon.manifest",
+    "toolsetd.daemon.mcpschema",
     "toolsetd.daemon.model",
     "toolsetd.daemon.setcache",
     "toolsetd.daemon.validation",
@@ -377,6 +378,7 @@ def encode_record(
             _OUTPUT_CODES[t.output],
             hashes[(t.name, _AUTHOR)],
             hashes[(t.name, _HOST)],
+            list(t.listing_notes),
         ]
         for t in result.tools
     ]
@@ -433,6 +435,7 @@ def decode_record(
         output,
         h_author,
         h_host,
+        notes,
     ) in tools:
         if not isinstance(schema, dict):
             raise TypeError("schema is not an object")
@@ -447,6 +450,7 @@ def decode_record(
                 tuple([(k, v) for k, v in argv]) if argv else (),
                 tuple(path_args),
                 _OUTPUTS[output],
+                tuple(notes),
             )
         )
         hashes[(name, _AUTHOR)] = h_author

@@ -36,7 +36,7 @@ _SET = ToolSet("s", Source.HOME, Path("/h/tools/s"), RunnerKind.EXEC, tools=(_TO
 _ALL: dict[type, tuple[Any, ...]] = {
     ToolDef: (
         "t", "d", {"type": "object"}, frozenset({CatalogName.WORK}), Approval.INHERIT,
-        ("run",), (("p", "--p"),), ("p",), OutputMode.CONTENT,
+        ("run",), (("p", "--p"),), ("p",), OutputMode.CONTENT, ("a note",),
     ),
     ToolSet: (
         "s", Source.PROJECT, Path("/w/s"), RunnerKind.DOTNET, False, Approval.ALWAYS,

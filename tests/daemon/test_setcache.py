@@ -513,6 +513,28 @@ def test_setstore_keeps_only_exact_round_trips(tmp_path: Path) -> None:
     assert second.tools["big"].tool.schema["maximum"] == 2**70
 
 
+def test_setstore_keeps_a_tools_mcp_listing_note(tmp_path: Path) -> None:
+    """A tool's note on its MCP listing (here: an ``x-mcp-header`` mark on a number) is
+    made when its manifest is parsed and comes back from the store's record, so that a
+    restart, which parses nothing, notes it too and no catalog build walks a schema."""
+    home = tmp_path / "home"
+    marked = {"type": "object", "properties": {"n": {"type": "number", "x-mcp-header": "N"}}}
+    _write(home / "tools", "marked", schema=marked)
+    folder = tmp_path / "cache"
+    first, cache = _build(home, folder)
+    assert cache.parses == 1
+    second, cache = _build(home, folder)
+    assert cache.parses == 0
+    assert second == first
+    (entry,) = second.sets
+    assert entry.notes == (
+        "External tool 'marked' is listed to MCP hosts without its x-mcp-header marks: the one "
+        "on 'n' is on a type other than string, integer or boolean, which MCP's rules refuse "
+        "(its 2026-07-28 clients drop such a tool), so no argument of it is mirrored into a "
+        "header, nor checked in one.",
+    )
+
+
 def test_setstore_a_path_that_is_not_utf8_is_read_not_indexed(tmp_path: Path) -> None:
     """Sets below a folder whose name is not UTF-8 load again and again; the store still writes."""
     home = Path(os.fsdecode(os.fsencode(tmp_path) + b"/caf\xe9")) / "home"
@@ -906,6 +928,7 @@ def test_setstore_record_round_trips_every_enum_value(
         (("q", "--q"),),
         ("p",),
         output,
+        ("a note on the tool's MCP listing",),
     )
     other = next(a for a in Approval if a is not approval)  # the set's differ from the tool's
     toolset = ToolSet(
