@@ -161,7 +161,9 @@ class ToolPages:
             {
                 "name": loaded.tool.name,
                 "description": loaded.tool.description,
-                "inputSchema": listed_schema(loaded.tool.schema),
+                "inputSchema": listed_schema(
+                    loaded.tool.schema, marks_checked=not loaded.tool.listing_notes
+                ),
                 "annotations": _ANNOTATIONS,
                 "_meta": {
                     "toolsetd/set": loaded.toolset.directory,
@@ -171,8 +173,12 @@ class ToolPages:
             }
             for _, loaded in sorted(catalog.tools.items())
             if (want is None or want in loaded.tool.catalogs)
-            # A schema no JavaScript host reads as written: left out, and noted (catalog).
-            and unlisted_reason(loaded.tool.name, loaded.tool.schema) is None
+            # A schema no JavaScript host reads as written: left out, and noted (its parse
+            # made the note; a tool without one is listed, with no walk of its schema).
+            and (
+                not loaded.tool.listing_notes
+                or unlisted_reason(loaded.tool.name, loaded.tool.schema) is None
+            )
         ]
         tag = hashlib.sha256(
             "\n".join(t["_meta"]["toolsetd/hash"] for t in tools).encode()

@@ -166,8 +166,11 @@ def _may_be_marked(schema: Mapping[str, Any]) -> bool:
         return True
 
 
-def listed_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+def listed_schema(schema: Mapping[str, Any], *, marks_checked: bool = False) -> Mapping[str, Any]:
     """A tool's schema as an MCP ``inputSchema`` (the module docstring says what changes).
+
+    ``marks_checked``: the caller knows the schema's marks break none of MCP's rules (a
+    tool whose parse made no ``listing_notes``), so they are not looked at again.
 
     MCP's arguments are always an object, and its schema requires that root type; a host
     that checks it (the SDK) refuses the whole ``tools/list`` when one tool lacks it. A
@@ -182,7 +185,7 @@ def listed_schema(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     such a schema, so its marks are left out and the tool is listed. An annotation
     changes no validation.
     """
-    if _may_be_marked(schema) and _marks(schema)[1] is not None:
+    if not marks_checked and _may_be_marked(schema) and _marks(schema)[1] is not None:
         schema = _unmarked(schema)
     properties = schema.get("properties")
     if isinstance(properties, Mapping) and any(
