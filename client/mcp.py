@@ -703,8 +703,9 @@ class _Pump:
                         else None
                     )
                     entry = (request_id, method, modern, kept)
-                    if type(request_id) is str and len(request_id) > 32:
-                        self.head_max = max(self.head_max, 6 * len(request_id) + _HEAD)
+                    room = _id_room(request_id)
+                    if room > _HEAD - 64:
+                        self.head_max = max(self.head_max, room + _HEAD)
         with self.lock:
             sock = self.sock
             if sock is None or (self.gated and not reaches):
@@ -1359,6 +1360,16 @@ def _key(value: object) -> object:
     if type(value) is int:
         return (value,)
     return None
+
+
+def _id_room(request_id: object) -> int:
+    """The most bytes the daemon's encoding of a request id (a str or an int) takes: 6 a
+    character (an escape), a digit each (an int's are at most the 4,300 ``json`` parses).
+    A long int's head was read cut short, its id taken for another, and its answer left
+    in flight: answered again by the pump at the next restart."""
+    if type(request_id) is str:
+        return 6 * len(request_id)
+    return len(str(request_id)) if type(request_id) is int else 0
 
 
 def _request_line(request_id: object, method: str, params: object) -> bytes:

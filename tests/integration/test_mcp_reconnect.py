@@ -783,6 +783,25 @@ def test_a_new_daemons_withdrawal_names_the_question_as_the_host_knows_it(
             assert close(pump) == 0
 
 
+def test_a_request_with_a_long_integer_id_is_answered_once_across_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """JSON-RPC bounds no id: a host's integer id of 250 digits (the daemon keeps every
+    digit) is answered by the daemon, and not again by the pump at the next restart. The
+    pump read the daemon's answer only to its first 256 bytes, took the id cut short for
+    another, and kept the request in flight: the restart answered it a second time."""
+    long_id = 10**250
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        assert pump.request(long_id, "ping") == {"jsonrpc": "2.0", "id": long_id, "result": {}}
+        d.proc.kill()
+        d.proc.wait()
+        restart(started, home, workspace, tmp_base)
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        seen = receive_until(pump, answer_to(2))
+        assert all(m.get("id") != long_id for m in seen), str(seen)[:500]
+
+
 def test_a_request_cancelled_while_it_waited_is_not_answered_at_the_next_restart(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
