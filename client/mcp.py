@@ -556,8 +556,6 @@ class _Pump:
         #: The daemon's requests to the host not answered yet: host key -> (host id, daemon
         #: id); after a restart the pump renames them (``_RENAMED``).
         self.asked: dict[object, tuple[object, object]] = {}
-        #: Host ids of the daemon's requests the pump withdrew: the host's answers are dropped.
-        self.withdrawn: set[object] = set()
         self.initialize: tuple[object, object] | None = None  # the host's (id key, params)
         #: 2026-07-28 ``subscriptions/listen`` requests a daemon that went away left open:
         #: sent to the next one as they were (key -> ``_Entry``), so the host's streams go on.
@@ -681,7 +679,11 @@ class _Pump:
         if type(message) is dict:
             method = message.get("method")
             request_id = message.get("id", _ABSENT)
-            if method is None and request_id is not _ABSENT:
+            if (
+                method is None
+                and request_id is not _ABSENT
+                and ("result" in message or "error" in message)
+            ):
                 answer = True
                 line = self._host_answer(message, line)
                 if not line:
@@ -709,7 +711,7 @@ class _Pump:
         with self.lock:
             sock = self.sock
             if sock is None or (self.gated and not reaches):
-                if not cancel:
+                if not cancel and not answer:  # an answer's daemon is gone: dropped
                     self._wait(line, key, entry)
                 return
             first = entry is not None and self._sending(key, entry)
@@ -773,14 +775,16 @@ class _Pump:
 
     def _host_answer(self, message: dict[str, object], line: bytes) -> bytes:
         """The host's answer to a request of the daemon's: the line to send, or b"" when
-        it answers one the pump withdrew (an older daemon's)."""
-        key = _key(message.get("id"))
+        it answers none the daemon has open after a restart: one the pump or the daemon
+        withdrew (an older daemon's, whose id a new daemon, numbering from 1 again, gives
+        its own), or one answered already. Such an answer, late, was sent on, and a new
+        daemon took an accept of an old daemon's question for the operator's approval of
+        another call. The first daemon is sent every answer: it knows what it asked."""
         with self.lock:
-            if key in self.withdrawn:
-                self.withdrawn.discard(key)
-                return b""
-            asked = self.asked.pop(key, None)
-        if asked is not None and asked[0] != asked[1]:  # renamed after a restart: its own id
+            asked = self.asked.pop(_key(message.get("id")), None)
+            if asked is None:
+                return b"" if self.generation > 1 else line
+        if asked[0] != asked[1]:  # renamed after a restart: its own id
             message["id"] = asked[1]
             return json.dumps(message).encode() + b"\n"
         return line
@@ -1130,7 +1134,6 @@ class _Pump:
                 self.initialized = False
             asked = list(self.asked.values())
             self.asked.clear()
-            self.withdrawn.update(_key(host_id) for host_id, _ in asked)
         out.extend(_gone_answer(entry, "sent") for entry in entries)
         for host_id, _ in asked:
             cancelled = {

@@ -802,6 +802,33 @@ def test_a_request_with_a_long_integer_id_is_answered_once_across_a_restart(
         assert all(m.get("id") != long_id for m in seen), str(seen)[:500]
 
 
+def test_a_late_answer_to_a_question_the_old_daemon_withdrew_reaches_no_new_one(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A graceful stop withdraws the daemon's open elicitation/create itself. A host that
+    shows it on (many ignore a cancel of a question) sends the operator's accept late,
+    once the new daemon asks its own first question, which has the same id as the daemon
+    knows it (it numbers from 1 again). The pump sent the late accept on, and the new
+    daemon took it for the approval of the other call: that call ran, the operator's
+    decline of it came too late. Only an answer to a question open now goes on."""
+    ask = {"name": "asker", "arguments": {}}
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": ask})
+        old = pump.receive()
+        assert old["method"] == "elicitation/create"
+        assert d.stop() == 0
+        restart(started, home, workspace, tmp_base)
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": ask})
+        new = receive_until(pump, lambda m: m.get("method") == "elicitation/create")[-1]
+        pump.send({"jsonrpc": "2.0", "id": old["id"],
+                   "result": {"action": "accept", "content": {}}})
+        pump.send({"jsonrpc": "2.0", "id": new["id"], "result": {"action": "decline"}})
+        seen = receive_until(pump, answer_to(3))
+        assert seen[-1]["result"]["isError"] is True, seen
+        assert "asked and ran" not in json.dumps(seen), seen
+
+
 def test_a_request_cancelled_while_it_waited_is_not_answered_at_the_next_restart(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
