@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -125,8 +126,12 @@ _LOSS_SPAN = 60.0
 _WAITING_MAX = 4 << 20
 #: A host line is sent whole, once read to its end (so that one the daemon did not get is
 #: resent whole to the next); a longer one goes on as it comes (the daemon's default limit:
-#: it refuses it), and is neither followed nor carried across a restart.
+#: it refuses it), and is not carried across a restart; its id and method are read as it
+#: goes (``_LongLine``), so that its request is answered all the same.
 _HELD_LINE_MAX = 16 << 20
+#: The id of the pump's ping to a daemon, whose answer (swallowed) lets the pump write its
+#: own answers between the daemon's lines (``_Pump._long_line_end``).
+_FLUSH_ID = "toolsetctl-mcp-flush"
 #: The bytes of a daemon line read for its id (more when the host's ids are long).
 _HEAD = 256
 _ID_HEAD = b'{"jsonrpc":"2.0","id":'
@@ -610,7 +615,7 @@ class _Pump:
         ``_HELD_LINE_MAX`` goes on as it comes (and is not carried across a restart).
         """
         partial = bytearray()
-        streaming = False  # a long line goes on as it comes, to the daemon it began with
+        streaming: _LongLine | None = None  # a long line goes on as it comes, to its daemon
         while True:
             try:
                 data = os.read(0, 65536)
@@ -620,7 +625,7 @@ class _Pump:
             except OSError:
                 break  # stdin failed: as good as closed
             if not data:
-                if partial or streaming:
+                if partial or streaming is not None:
                     data = b"\n"
                 else:
                     break
@@ -629,9 +634,9 @@ class _Pump:
                 newline = data.find(b"\n", start)
                 if newline < 0:
                     break
-                if streaming:
-                    self._send_raw(data[start : newline + 1])
-                    streaming = False
+                if streaming is not None:
+                    self._long_line_end(streaming, data[start : newline + 1])
+                    streaming = None
                 elif partial:
                     partial += data[start : newline + 1]
                     self._host_line(bytes(partial))
@@ -640,12 +645,14 @@ class _Pump:
                     self._host_line(data[start : newline + 1])
                 start = newline + 1
             rest = data[start:]
-            if streaming:
+            if streaming is not None:
+                streaming.feed(rest)
                 self._send_raw(rest)
             elif rest:
                 partial += rest
                 if len(partial) > _HELD_LINE_MAX:
-                    streaming = True
+                    streaming = _LongLine()
+                    streaming.feed(partial)
                     with self.lock:
                         self._streaming_to = self.sock
                     self._send_raw(bytes(partial))
@@ -825,6 +832,29 @@ class _Pump:
                 # The daemon closed the connection (it stopped, or restarted) while the
                 # host was writing: the main thread sees the close and reconnects.
                 pass
+
+    def _long_line_end(self, line: _LongLine, tail: bytes) -> None:
+        """The end of a line over ``_HELD_LINE_MAX``: a request in it is in flight when all
+        of it went to one daemon; else (its daemon went away, or none was there when it
+        began: the rest went nowhere) the pump answers it, as not run. It went
+        unanswered, and the host waited for ever."""
+        line.feed(tail)
+        found = line.request(modern=self.initialize is None)
+        with self.lock:
+            sock = self.sock
+            whole = sock is not None and sock is self._streaming_to
+            if found is not None:
+                if whole:
+                    self.in_flight[found[0]] = found[1]
+                else:
+                    self.replies.append(_gone_answer(found[1], "cut"))
+        if whole and sock is not None:
+            self._send(sock, tail)
+        elif found is not None:
+            self.wake.set()  # a reconnecting pump writes it
+            if sock is not None:  # one copying a daemon's lines writes it after the next
+                ping = {"jsonrpc": "2.0", "id": _FLUSH_ID, "method": "ping"}
+                self._send(sock, json.dumps(ping).encode() + b"\n")
 
     def _send_raw(self, data: bytes) -> None:
         """Part of a long line: to the daemon it began with, else nowhere (a new daemon
@@ -1007,6 +1037,8 @@ class _Pump:
                 with self.lock:
                     self.asked[_key(host_id)] = (host_id, value)
                 return head
+            if value == _FLUSH_ID:
+                return b""  # the answer to the pump's ping: its answers follow this line
             if key is not None and key == self._swallow:
                 self._swallow = None
                 if after.startswith(',"error"'):
@@ -1348,6 +1380,72 @@ class _Pump:
             self.send_lock.release()
 
 
+#: The bytes a long line's scan stops at: outside a string, and within one.
+_OUTSIDE = re.compile(rb'[\\"{}\[\]]')
+_INSIDE = re.compile(rb'[\\"]')
+#: The most bytes of a long line's outer object kept (its nested values left out).
+_TOP_MAX = 64 << 10
+
+
+class _LongLine:
+    """A host line over ``_HELD_LINE_MAX``, scanned as it streams to the daemon: its outer
+    object's own bytes are kept, each value nested in it as ``0``, enough to tell its id
+    and method wherever they are in the line (a TypeScript host's id comes last)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.top = bytearray()
+
+    def feed(self, data: bytes | bytearray) -> None:
+        pos, size = 0, len(data)
+        while pos < size:
+            if self.escaped:
+                self.escaped = False
+                self._keep(data[pos : pos + 1])
+                pos += 1
+                continue
+            found = (_INSIDE if self.in_string else _OUTSIDE).search(data, pos)
+            end = size if found is None else found.start()
+            self._keep(data[pos:end])
+            if found is None:
+                return
+            char = data[end : end + 1]
+            pos = end + 1
+            if char == b"\\":
+                self.escaped = True
+                self._keep(char)
+            elif char == b'"':
+                self.in_string = not self.in_string
+                self._keep(char)
+            elif char in (b"{", b"["):
+                self.depth += 1
+                if self.depth <= 2:  # a nested value is kept as 0
+                    self.top += char if self.depth == 1 else b"0"
+            else:
+                self._keep(char)
+                self.depth -= 1
+
+    def _keep(self, data: bytes | bytearray) -> None:
+        if self.depth <= 1 and data and len(self.top) <= _TOP_MAX:
+            self.top += data
+
+    def request(self, *, modern: bool) -> tuple[object, _Entry] | None:
+        """The key and entry of the request the line is, or None (not one, or not told)."""
+        try:
+            message = json.loads(self.top) if len(self.top) <= _TOP_MAX else None
+        except (ValueError, RecursionError):
+            return None
+        if type(message) is not dict or type(message.get("method")) is not str:
+            return None
+        request_id = message.get("id")
+        key = _key(request_id)
+        if key is None:
+            return None
+        return key, (request_id, message["method"], modern, None)
+
+
 class _StdoutGone(Exception):
     """stdout cannot be written: the pump ends with ``code``."""
 
@@ -1417,13 +1515,20 @@ def _cancellable(entry: _Entry | None) -> bool:
 def _gone_answer(entry: _Entry, why: str) -> bytes:
     """The pump's answer to a host request the daemon did not answer: for ``tools/call`` an
     ``isError`` result, else a JSON-RPC error. ``why``: "sent" (the daemon went away with
-    it), "unsent" (it waited, and no daemon came back) or "overflow" (too much waited)."""
+    it), "cut" (with part of it), "unsent" (it waited, and no daemon came back) or
+    "overflow" (too much waited)."""
     request_id, method, modern, _ = entry
     if why == "sent":
         text = "toolsetd went away while it served this request (it stopped or restarted)" + (
             "; the tool may have run: check before calling it again."
             if method == "tools/call"
             else "."
+        )
+    elif why == "cut":
+        text = (
+            "toolsetd went away while the request was being sent to it (a line over "
+            f"{_HELD_LINE_MAX} bytes, which the pump does not hold to send again); the "
+            "request was not run."
         )
     elif why == "unsent":
         text = (

@@ -730,10 +730,13 @@ def test_the_rest_of_a_long_line_does_not_go_to_the_new_daemon(
 ) -> None:
     """A host line over 16 MiB goes to the daemon as it comes (the pump holds no more);
     when that daemon dies in the middle of it, the rest is not sent to the new one, which
-    would read it as a line of its own (a parse error the host never caused)."""
+    would read it as a line of its own (a parse error the host never caused). The request
+    is answered by the pump, at its end, as not run: it went unanswered, and the host
+    waited for ever (its id last in the line, as a TypeScript host writes it)."""
     args = ["--max-message-bytes", "40000000"]
-    line = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                       "params": {"name": "hello", "arguments": {"name": "x" * 20_000_000}}})
+    line = json.dumps({"method": "tools/call", "jsonrpc": "2.0",
+                       "params": {"name": "hello", "arguments": {"name": "x" * 20_000_000}},
+                       "id": 2})
     half = 17 * 1024 * 1024
     with daemons(home, workspace, tmp_base) as started:
         d = start_daemon(home, workspace, tmp_base, args)
@@ -747,10 +750,45 @@ def test_the_rest_of_a_long_line_does_not_go_to_the_new_daemon(
             started.append(start_daemon(home, workspace, tmp_base, args))
             receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
             pump.send(line[half:].encode() + b"\n")  # now the new daemon is bound
+            seen = receive_until(pump, answer_to(2))  # and says nothing unasked
+            assert seen[-1]["result"]["isError"] is True, str(seen)[:500]
+            assert "was not run" in seen[-1]["result"]["content"][0]["text"], seen[-1]
             pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
-            seen = receive_until(pump, answer_to(3))
+            seen += receive_until(pump, answer_to(3))
             assert [m for m in seen if m.get("id") is None] == [], str(seen)[:500]
+            assert len([m for m in seen if m.get("id") == 2]) == 1, str(seen)[:500]
         finally:
+            assert close(pump) == 0
+
+
+def test_a_long_line_in_flight_when_its_daemon_dies_is_answered(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A tools/call over 16 MiB that reached the daemon whole (it went on as it came, the
+    pump holding none of it) is in flight like any other: when the daemon is killed under
+    it, the pump answers it ("went away ... may have run"). It was never noted, and the
+    host waited for ever."""
+    args = ["--max-message-bytes", "40000000"]
+    call = {"name": "sleeper", "arguments": {"pad": "x" * 17_000_000}}
+    pid_file = workspace / "sleeper.pid"
+    with daemons(home, workspace, tmp_base) as started:
+        d = start_daemon(home, workspace, tmp_base, args)
+        started.append(d)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            pump.send({"jsonrpc": "2.0", "method": "tools/call", "params": call, "id": 2})
+            eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
+            d.proc.kill()
+            d.proc.wait()
+            gone = receive_until(pump, answer_to(2))[-1]
+            assert gone["result"]["isError"] is True, gone
+            assert "may have run" in gone["result"]["content"][0]["text"], gone
+            restart(started, home, workspace, tmp_base)
+            assert pump.request(3, "ping")["result"] == {}
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
             assert close(pump) == 0
 
 
