@@ -163,6 +163,11 @@ _TELL = 2
 _Entry = tuple[object, str, bool, object]
 _PASS = 1
 _DROP = 2
+#: A daemon line that came in part is held until its end, up to ``_HOLD_MAX`` bytes (then
+#: it goes on as it comes): a daemon that dies within it leaves the host no half line, a
+#: message it cannot parse (a progress notification, an answer, cut short).
+_HOLD = 3
+_HOLD_MAX = 1 << 20
 _ABSENT = object()
 _DECODER = json.JSONDecoder()
 _START_TIMEOUT = 15.0
@@ -521,7 +526,7 @@ def _last_line(log_path: str) -> str:
     return last[:300]
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     view = memoryview(data)
     while view:
         try:
@@ -588,7 +593,8 @@ class _Pump:
         self.head_max = _HEAD
         # The main thread's: the daemon line being copied.
         self._head = bytearray()
-        self._mode = 0  # 0: at a line's start; _PASS or _DROP: within a line
+        self._mode = 0  # 0: at a line's start; _PASS, _DROP or _HOLD: within a line
+        self._held = bytearray()  # the line ``_HOLD`` holds
         self._line_entry: tuple[object, _Entry] | None = None
         self._swallow: object = None  # the replayed initialize's id
         #: The host's lines wait while the replayed initialize is unanswered (``_resume``):
@@ -973,13 +979,19 @@ class _Pump:
         view = memoryview(data)
         size = len(data)
         pos = 0
-        out: list[bytes | memoryview] = []
+        out: list[bytes | bytearray | memoryview] = []
         while pos < size:
             if self._mode:
                 newline = data.find(b"\n", pos)
                 end = size if newline < 0 else newline + 1
                 if self._mode == _PASS:
                     out.append(view[pos:end])
+                elif self._mode == _HOLD:
+                    self._held += view[pos:end]
+                    if newline >= 0 or len(self._held) > _HOLD_MAX:
+                        out.append(self._held)
+                        self._held = bytearray()
+                        self._mode = _PASS
                 pos = end
                 if newline >= 0:
                     self._mode = 0
@@ -1000,11 +1012,12 @@ class _Pump:
                 head.clear()
             pos = end
             kept = self._daemon_head(line, complete)
-            if kept:
-                out.append(kept)
             if not complete:
-                self._mode = _PASS if kept else _DROP
+                self._mode = _HOLD if kept else _DROP
+                self._held += kept
             else:
+                if kept:
+                    out.append(kept)
                 self._line_entry = None
         if out:
             self._write(b"".join(out) if len(out) > 1 else out[0])
@@ -1120,7 +1133,7 @@ class _Pump:
             return line + _stream_changed(subscription)
         return line
 
-    def _write(self, data: bytes | memoryview) -> None:
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
         try:
             _write_all(1, data)
         except BrokenPipeError:
@@ -1138,7 +1151,8 @@ class _Pump:
         next daemon instead (``listens``); else it is answered too."""
         out: list[bytes] = []
         if self._mode == _PASS:
-            out.append(b"\n")  # a line the daemon did not finish: ended, not continued
+            out.append(b"\n")  # a long line the daemon did not finish: ended, not continued
+        self._held.clear()  # a shorter one: never shown
         if self._line_entry is not None:  # its answer was that line
             with self.lock:
                 self.in_flight.setdefault(*self._line_entry)

@@ -792,6 +792,49 @@ def test_a_long_line_in_flight_when_its_daemon_dies_is_answered(
             assert close(pump) == 0
 
 
+#: A toolsetd that dies (SIGKILL) within the first line it writes that names "cut-me": it
+#: hands the socket the first half of it, then kills itself.
+_DIES_WITHIN_A_LINE = (
+    "import os, signal, sys\n"
+    "import toolsetd.daemon.wire as wire\n"
+    "write = wire.Wire._write\n"
+    "def cut(self, transport, frame):\n"
+    "    if b'cut-me' not in frame:\n"
+    "        return write(self, transport, frame)\n"
+    "    transport.write(frame[: len(frame) // 2])\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    "wire.Wire._write = cut\n"
+    "from toolsetd.daemon.app import main\n"
+    "sys.exit(main())\n"
+)
+
+
+def test_a_short_line_cut_by_the_daemons_death_never_reaches_the_host(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The daemon dies within a line of a few kilobytes (an answer, a progress
+    notification): the pump holds such a line until its end, and the host sees none of
+    it, only the pump's answer to its call. The half the pump had was copied on and ended
+    with a newline: a message no host can parse, and an SDK host's reader fails on it."""
+    call = {"name": "hello", "arguments": {"name": "cut-me" + "x" * 4000}}
+    with daemons(home, workspace, tmp_base) as started:
+        d = start_daemon(home, workspace, tmp_base, launcher=[
+            sys.executable, "-c", _DIES_WITHIN_A_LINE])
+        started.append(d)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+            gone = receive_until(pump, answer_to(2))  # each line parsed
+            assert len(gone) == 1, str(gone)[:500]
+            assert "may have run" in gone[0]["result"]["content"][0]["text"], gone
+            assert d.proc.wait() == -signal.SIGKILL
+            restart(started, home, workspace, tmp_base)
+            assert pump.request(3, "ping")["result"] == {}
+        finally:
+            assert close(pump) == 0
+
+
 def test_a_new_daemons_withdrawal_names_the_question_as_the_host_knows_it(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
