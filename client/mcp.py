@@ -141,6 +141,8 @@ _REPLAY_ID = "toolsetctl-mcp-initialize-"
 #: The prefix of a new daemon's requests to the host, after its number (2, 3, ...): a new
 #: daemon numbers its ``toolsetd-elicit-N`` from 1 again.
 _RENAMED = "toolsetctl-mcp-{}:"
+#: What follows the id in the head of a stopping daemon's refusal of a call (ShuttingDown).
+_REFUSED_STOPPING = ',"error":{"code":-32010'
 _VERSION_META = "io.modelcontextprotocol/protocolVersion"
 #: What follows the id in the head of an initialize's result: the daemon puts the protocol
 #: version first (``tests/integration/test_mcp_reconnect.py`` pins it).
@@ -563,6 +565,11 @@ class _Pump:
         #: The host's requests sent to this daemon and not answered (key -> ``_Entry``):
         #: the pump answers them when the daemon goes away.
         self.in_flight: dict[object, _Entry] = {}
+        #: The lines of the ``tools/call`` requests in flight (key -> line), up to
+        #: ``_WAITING_MAX`` bytes in all (``calls_bytes``): one a stopping daemon refuses
+        #: (-32010: it started nothing) waits for the next daemon (``_refused``).
+        self.calls: dict[object, bytes] = {}
+        self.calls_bytes = 0
         #: The daemon's requests to the host not answered yet: host key -> (host id, daemon
         #: id); after a restart the pump renames them (``_RENAMED``).
         self.asked: dict[object, tuple[object, object]] = {}
@@ -730,6 +737,7 @@ class _Pump:
             first = entry is not None and self._sending(key, entry)
             if entry is not None:
                 self._opening(key, entry)
+                self._keep_call(key, entry, line)
         with self.send_lock:
             try:
                 sock.sendall(line)
@@ -745,6 +753,7 @@ class _Pump:
                     with self.lock:
                         if entry is not None and self.in_flight.get(key) is entry:
                             del self.in_flight[key]
+                            self._drop_call(key)
                             if first:
                                 self.initialize = None
                         self._wait(line, key, entry)
@@ -759,6 +768,21 @@ class _Pump:
             return
         self.waiting.append((line, key, entry))
         self.waiting_bytes += len(line)
+
+    def _keep_call(self, key: object, entry: _Entry, line: bytes) -> None:
+        """Keep the line of a ``tools/call`` going to the daemon (``lock`` held), room
+        allowing: a stopping daemon that refuses it sends it to the next."""
+        if entry[1] == "tools/call" and self.calls_bytes + len(line) <= _WAITING_MAX:
+            self._drop_call(key)
+            self.calls[key] = line
+            self.calls_bytes += len(line)
+
+    def _drop_call(self, key: object) -> bytes | None:
+        """The kept line of a call no longer in flight, forgotten (``lock`` held)."""
+        line = self.calls.pop(key, None)
+        if line is not None:
+            self.calls_bytes -= len(line)
+        return line
 
     def _sending(self, key: object, entry: _Entry) -> bool:
         """A host request goes to the daemon now (``lock`` held): it is in flight, and
@@ -818,6 +842,7 @@ class _Pump:
             # while its request went on, and ran.
             with self.lock:  # a cancelled request gets no answer, from the pump neither
                 reaches = self.in_flight.pop(key, None) is not None
+                self._drop_call(key)
                 self.listens.pop(key, None)  # nor is a cancelled listen sent again
                 self._listen_over(key)
                 if key is not None and self.waiting:
@@ -1076,6 +1101,13 @@ class _Pump:
                 self._too_large = True
             with self.lock:
                 entry = self.in_flight.pop(key, None) if key is not None else None
+                line = self._drop_call(key) if entry is not None else None
+                if line is not None and complete and after.startswith(_REFUSED_STOPPING):
+                    # A stopping daemon refused the call before it started anything (a
+                    # graceful restart's last moments): it goes to the next daemon, as one
+                    # the host sent a moment later does. It was answered with the error.
+                    self._wait(line, key, entry)
+                    return b""
                 if entry is not None and entry[1] == _LISTEN:
                     self._listen_over(key)
                     if entry[2] and _wants_tools(entry[3]) and after.startswith(',"result"'):
@@ -1162,6 +1194,8 @@ class _Pump:
         with self.lock:
             entries = list(self.in_flight.values())
             self.in_flight.clear()
+            self.calls.clear()
+            self.calls_bytes = 0
             if keep_listens:
                 for entry in entries:
                     if entry[1] == _LISTEN and entry[2]:
@@ -1356,6 +1390,7 @@ class _Pump:
             if entry is not None:
                 self._sending(key, entry)
                 self._opening(key, entry)
+                self._keep_call(key, entry, line)
             lines.append(line)
         self.waiting, self.waiting_bytes = [], 0
         return lines

@@ -1066,6 +1066,35 @@ def test_a_listen_open_during_a_sigkill_goes_on_with_the_new_daemon(
         assert "progress3" not in {t["name"] for t in tools}
 
 
+@pytest.mark.slow  # the stop waits for the sleeper's call to end
+def test_a_call_sent_while_the_daemon_stops_goes_to_the_next_one(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A graceful stop waits for the calls that run (a sleeper, here); a call the host
+    sends meanwhile is refused by the stopping daemon before it starts anything (-32010).
+    It was passed on: a restart that should have kept the session failed the call. The
+    pump sends it to the next daemon instead, as one sent a moment later, and the host
+    gets that daemon's answer."""
+    pid_file = workspace / "sleeper.pid"
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        listen(pump, "sub")
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                   "params": {"name": "sleeper", "arguments": {}}})
+        eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
+        d.proc.send_signal(signal.SIGTERM)
+        seen = receive_until(pump, answer_to("sub"))  # ended: the daemon is stopping
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": HELLO})
+        seen += receive_until(pump, answer_to(2))  # the sleeper's, cancelled by the stop
+        assert d.proc.wait(timeout=30) == 0
+        restart(started, home, workspace, tmp_base)
+        if not [m for m in seen if answer_to(3)(m)]:  # the stopping daemon's refusal, else
+            seen += receive_until(pump, answer_to(3))
+        answers = [m for m in seen if answer_to(3)(m)]
+        assert len(answers) == 1, seen
+        assert "again" in answers[0]["result"]["content"][0]["text"], answers
+
+
 def test_a_listen_opened_again_after_a_graceful_restart_is_told_list_changed(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
