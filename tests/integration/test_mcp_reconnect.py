@@ -74,12 +74,14 @@ def daemons(home: Path, workspace: Path, base: Path) -> Iterator[list[Daemon]]:
 
 @contextlib.contextmanager
 def pumped(
-    home: Path, workspace: Path, base: Path
+    home: Path, workspace: Path, base: Path, **start: Any
 ) -> Iterator[tuple[list[Daemon], Daemon, RawPump]]:
-    """The daemons started (``daemons``), the first of them, and a pump bound to it; the
-    pump must end with 0 when its input is closed at the end."""
+    """The daemons started (``daemons``), the first of them (``start_daemon``'s keywords:
+    ``extra_args``, ``launcher``), and a pump bound to it; the pump must end with 0 when
+    its input is closed at the end."""
     with daemons(home, workspace, base) as started:
-        d = restart(started, home, workspace, base)
+        d = start_daemon(home, workspace, base, **start)
+        started.append(d)
         pump = RawPump(pump_args(d, workspace))
         try:
             yield started, d, pump
@@ -738,27 +740,21 @@ def test_the_rest_of_a_long_line_does_not_go_to_the_new_daemon(
                        "params": {"name": "hello", "arguments": {"name": "x" * 20_000_000}},
                        "id": 2})
     half = 17 * 1024 * 1024
-    with daemons(home, workspace, tmp_base) as started:
-        d = start_daemon(home, workspace, tmp_base, args)
-        started.append(d)
-        pump = RawPump(pump_args(d, workspace))
-        try:
-            initialize(pump)
-            pump.send(line[:half].encode())
-            d.proc.kill()
-            d.proc.wait()
-            started.append(start_daemon(home, workspace, tmp_base, args))
-            receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
-            pump.send(line[half:].encode() + b"\n")  # now the new daemon is bound
-            seen = receive_until(pump, answer_to(2))  # and says nothing unasked
-            assert seen[-1]["result"]["isError"] is True, str(seen)[:500]
-            assert "was not run" in seen[-1]["result"]["content"][0]["text"], seen[-1]
-            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
-            seen += receive_until(pump, answer_to(3))
-            assert [m for m in seen if m.get("id") is None] == [], str(seen)[:500]
-            assert len([m for m in seen if m.get("id") == 2]) == 1, str(seen)[:500]
-        finally:
-            assert close(pump) == 0
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        pump.send(line[:half].encode())
+        d.proc.kill()
+        d.proc.wait()
+        started.append(start_daemon(home, workspace, tmp_base, args))
+        receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
+        pump.send(line[half:].encode() + b"\n")  # now the new daemon is bound
+        seen = receive_until(pump, answer_to(2))  # and says nothing unasked
+        assert seen[-1]["result"]["isError"] is True, str(seen)[:500]
+        assert "was not run" in seen[-1]["result"]["content"][0]["text"], seen[-1]
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        seen += receive_until(pump, answer_to(3))
+        assert [m for m in seen if m.get("id") is None] == [], str(seen)[:500]
+        assert len([m for m in seen if m.get("id") == 2]) == 1, str(seen)[:500]
 
 
 def test_a_long_line_in_flight_when_its_daemon_dies_is_answered(
@@ -771,10 +767,7 @@ def test_a_long_line_in_flight_when_its_daemon_dies_is_answered(
     args = ["--max-message-bytes", "40000000"]
     call = {"name": "sleeper", "arguments": {"pad": "x" * 17_000_000}}
     pid_file = workspace / "sleeper.pid"
-    with daemons(home, workspace, tmp_base) as started:
-        d = start_daemon(home, workspace, tmp_base, args)
-        started.append(d)
-        pump = RawPump(pump_args(d, workspace))
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
         try:
             initialize(pump)
             pump.send({"jsonrpc": "2.0", "method": "tools/call", "params": call, "id": 2})
@@ -789,7 +782,6 @@ def test_a_long_line_in_flight_when_its_daemon_dies_is_answered(
         finally:
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
-            assert close(pump) == 0
 
 
 #: A toolsetd that dies (SIGKILL) within the first line it writes that names "cut-me": it
@@ -817,22 +809,16 @@ def test_a_short_line_cut_by_the_daemons_death_never_reaches_the_host(
     it, only the pump's answer to its call. The half the pump had was copied on and ended
     with a newline: a message no host can parse, and an SDK host's reader fails on it."""
     call = {"name": "hello", "arguments": {"name": "cut-me" + "x" * 4000}}
-    with daemons(home, workspace, tmp_base) as started:
-        d = start_daemon(home, workspace, tmp_base, launcher=[
-            sys.executable, "-c", _DIES_WITHIN_A_LINE])
-        started.append(d)
-        pump = RawPump(pump_args(d, workspace))
-        try:
-            initialize(pump)
-            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
-            gone = receive_until(pump, answer_to(2))  # each line parsed
-            assert len(gone) == 1, str(gone)[:500]
-            assert "may have run" in gone[0]["result"]["content"][0]["text"], gone
-            assert d.proc.wait() == -signal.SIGKILL
-            restart(started, home, workspace, tmp_base)
-            assert pump.request(3, "ping")["result"] == {}
-        finally:
-            assert close(pump) == 0
+    launcher = [sys.executable, "-c", _DIES_WITHIN_A_LINE]
+    with pumped(home, workspace, tmp_base, launcher=launcher) as (started, d, pump):
+        initialize(pump)
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        gone = receive_until(pump, answer_to(2))  # each line parsed
+        assert len(gone) == 1, str(gone)[:500]
+        assert "may have run" in gone[0]["result"]["content"][0]["text"], gone
+        assert d.proc.wait() == -signal.SIGKILL
+        restart(started, home, workspace, tmp_base)
+        assert pump.request(3, "ping")["result"] == {}
 
 
 def test_a_new_daemons_withdrawal_names_the_question_as_the_host_knows_it(
