@@ -570,6 +570,8 @@ class _Pump:
         #: (-32010: it started nothing) waits for the next daemon (``_refused``).
         self.calls: dict[object, bytes] = {}
         self.calls_bytes = 0
+        #: The pump's pings (``_FLUSH_ID``) the daemon has not answered yet.
+        self.flushing = 0
         #: The daemon's requests to the host not answered yet: host key -> (host id, daemon
         #: id); after a restart the pump renames them (``_RENAMED``).
         self.asked: dict[object, tuple[object, object]] = {}
@@ -884,6 +886,8 @@ class _Pump:
         elif found is not None:
             self.wake.set()  # a reconnecting pump writes it
             if sock is not None:  # one copying a daemon's lines writes it after the next
+                with self.lock:
+                    self.flushing += 1
                 ping = {"jsonrpc": "2.0", "id": _FLUSH_ID, "method": "ping"}
                 self._send(sock, json.dumps(ping).encode() + b"\n")
 
@@ -1075,7 +1079,9 @@ class _Pump:
                 with self.lock:
                     self.asked[_key(host_id)] = (host_id, value)
                 return head
-            if value == _FLUSH_ID:
+            if value == _FLUSH_ID and self.flushing:
+                with self.lock:
+                    self.flushing -= 1
                 return b""  # the answer to the pump's ping: its answers follow this line
             if key is not None and key == self._swallow:
                 self._swallow = None
@@ -1196,6 +1202,7 @@ class _Pump:
             self.in_flight.clear()
             self.calls.clear()
             self.calls_bytes = 0
+            self.flushing = 0  # their daemon is gone
             if keep_listens:
                 for entry in entries:
                     if entry[1] == _LISTEN and entry[2]:
