@@ -668,8 +668,8 @@ class _Pump:
                 if len(partial) > _HELD_LINE_MAX:
                     streaming = _LongLine()
                     streaming.feed(partial)
-                    with self.lock:
-                        self._streaming_to = self.sock
+                    with self.lock:  # not ahead of the lines that wait for the gate
+                        self._streaming_to = None if self.gated else self.sock
                     self._send_raw(bytes(partial))
                     partial.clear()
         with self.lock:
@@ -1582,7 +1582,7 @@ def _gone_answer(entry: _Entry, why: str) -> bytes:
         )
     elif why == "cut":
         text = (
-            "toolsetd went away while the request was being sent to it (a line over "
+            "toolsetd restarted while the request was being sent to it (a line over "
             f"{_HELD_LINE_MAX} bytes, which the pump does not hold to send again); the "
             "request was not run."
         )

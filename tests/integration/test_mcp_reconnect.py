@@ -20,6 +20,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -755,6 +756,47 @@ def test_the_rest_of_a_long_line_does_not_go_to_the_new_daemon(
         seen += receive_until(pump, answer_to(3))
         assert [m for m in seen if m.get("id") is None] == [], str(seen)[:500]
         assert len([m for m in seen if m.get("id") == 2]) == 1, str(seen)[:500]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def test_a_long_line_while_the_replay_is_unanswered_does_not_jump_the_gate(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The host's lines wait until the new daemon agrees to the replayed initialize; one
+    over 16 MiB, which the pump cannot hold, went to the daemon at once, ahead of the
+    lines that waited before it and of the host's session: the daemon took a request
+    the host sent after a ping before the ping. It goes nowhere now, and is answered as
+    not run; the ping is the daemon's to answer."""
+    _needs_syscall()
+    gate = tmp_base / "answer-initialize"
+    args = ["--max-message-bytes", "40000000"]
+    line = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                       "params": {"name": "hello", "arguments": {"name": "x" * 17_000_000}}})
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        assert d.stop() == 0
+        started.append(start_daemon(home, workspace, tmp_base, args, launcher=[
+            sys.executable, "-c", _SLOW_INITIALIZE, str(gate)]))
+        receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        # By a thread: a pump that sends the line on blocks (the daemon, held, reads
+        # nothing), and so does this write.
+        assert pump.proc.stdin is not None
+        fd, data = pump.proc.stdin.fileno(), line.encode() + b"\n"
+        writer = threading.Thread(target=_write_all, args=(fd, data), daemon=True)
+        writer.start()
+        eventually(lambda: not writer.is_alive() and _stdin_taken(pump),
+                   what="the lines read by the pump")
+        gate.touch()
+        seen = receive_answers(pump, {2, 3})
+        long = [m for m in seen if m.get("id") == 3]
+        assert len(long) == 1, str(seen)[:500]
+        assert "was not run" in long[0]["result"]["content"][0]["text"], str(long)[:500]
 
 
 def test_a_long_line_in_flight_when_its_daemon_dies_is_answered(
