@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sys
@@ -125,8 +126,12 @@ _LOSS_SPAN = 60.0
 _WAITING_MAX = 4 << 20
 #: A host line is sent whole, once read to its end (so that one the daemon did not get is
 #: resent whole to the next); a longer one goes on as it comes (the daemon's default limit:
-#: it refuses it), and is neither followed nor carried across a restart.
+#: it refuses it), and is not carried across a restart; its id and method are read as it
+#: goes (``_LongLine``), so that its request is answered all the same.
 _HELD_LINE_MAX = 16 << 20
+#: The id of the pump's ping to a daemon, whose answer (swallowed) lets the pump write its
+#: own answers between the daemon's lines (``_Pump._long_line_end``).
+_FLUSH_ID = "toolsetctl-mcp-flush"
 #: The bytes of a daemon line read for its id (more when the host's ids are long).
 _HEAD = 256
 _ID_HEAD = b'{"jsonrpc":"2.0","id":'
@@ -136,6 +141,8 @@ _REPLAY_ID = "toolsetctl-mcp-initialize-"
 #: The prefix of a new daemon's requests to the host, after its number (2, 3, ...): a new
 #: daemon numbers its ``toolsetd-elicit-N`` from 1 again.
 _RENAMED = "toolsetctl-mcp-{}:"
+#: What follows the id in the head of a stopping daemon's refusal of a call (ShuttingDown).
+_REFUSED_STOPPING = ',"error":{"code":-32010'
 _VERSION_META = "io.modelcontextprotocol/protocolVersion"
 #: What follows the id in the head of an initialize's result: the daemon puts the protocol
 #: version first (``tests/integration/test_mcp_reconnect.py`` pins it).
@@ -158,6 +165,11 @@ _TELL = 2
 _Entry = tuple[object, str, bool, object]
 _PASS = 1
 _DROP = 2
+#: A daemon line that came in part is held until its end, up to ``_HOLD_MAX`` bytes (then
+#: it goes on as it comes): a daemon that dies within it leaves the host no half line, a
+#: message it cannot parse (a progress notification, an answer, cut short).
+_HOLD = 3
+_HOLD_MAX = 1 << 20
 _ABSENT = object()
 _DECODER = json.JSONDecoder()
 _START_TIMEOUT = 15.0
@@ -516,7 +528,7 @@ def _last_line(log_path: str) -> str:
     return last[:300]
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
     view = memoryview(data)
     while view:
         try:
@@ -553,11 +565,16 @@ class _Pump:
         #: The host's requests sent to this daemon and not answered (key -> ``_Entry``):
         #: the pump answers them when the daemon goes away.
         self.in_flight: dict[object, _Entry] = {}
+        #: The lines of the ``tools/call`` requests in flight (key -> line), up to
+        #: ``_WAITING_MAX`` bytes in all (``calls_bytes``): one a stopping daemon refuses
+        #: (-32010: it started nothing) waits for the next daemon (``_refused``).
+        self.calls: dict[object, bytes] = {}
+        self.calls_bytes = 0
+        #: The pump's pings (``_FLUSH_ID``) the daemon has not answered yet.
+        self.flushing = 0
         #: The daemon's requests to the host not answered yet: host key -> (host id, daemon
         #: id); after a restart the pump renames them (``_RENAMED``).
         self.asked: dict[object, tuple[object, object]] = {}
-        #: Host ids of the daemon's requests the pump withdrew: the host's answers are dropped.
-        self.withdrawn: set[object] = set()
         self.initialize: tuple[object, object] | None = None  # the host's (id key, params)
         #: 2026-07-28 ``subscriptions/listen`` requests a daemon that went away left open:
         #: sent to the next one as they were (key -> ``_Entry``), so the host's streams go on.
@@ -585,7 +602,8 @@ class _Pump:
         self.head_max = _HEAD
         # The main thread's: the daemon line being copied.
         self._head = bytearray()
-        self._mode = 0  # 0: at a line's start; _PASS or _DROP: within a line
+        self._mode = 0  # 0: at a line's start; _PASS, _DROP or _HOLD: within a line
+        self._held = bytearray()  # the line ``_HOLD`` holds
         self._line_entry: tuple[object, _Entry] | None = None
         self._swallow: object = None  # the replayed initialize's id
         #: The host's lines wait while the replayed initialize is unanswered (``_resume``):
@@ -612,7 +630,7 @@ class _Pump:
         ``_HELD_LINE_MAX`` goes on as it comes (and is not carried across a restart).
         """
         partial = bytearray()
-        streaming = False  # a long line goes on as it comes, to the daemon it began with
+        streaming: _LongLine | None = None  # a long line goes on as it comes, to its daemon
         while True:
             try:
                 data = os.read(0, 65536)
@@ -622,7 +640,7 @@ class _Pump:
             except OSError:
                 break  # stdin failed: as good as closed
             if not data:
-                if partial or streaming:
+                if partial or streaming is not None:
                     data = b"\n"
                 else:
                     break
@@ -631,9 +649,9 @@ class _Pump:
                 newline = data.find(b"\n", start)
                 if newline < 0:
                     break
-                if streaming:
-                    self._send_raw(data[start : newline + 1])
-                    streaming = False
+                if streaming is not None:
+                    self._long_line_end(streaming, data[start : newline + 1])
+                    streaming = None
                 elif partial:
                     partial += data[start : newline + 1]
                     self._host_line(bytes(partial))
@@ -642,14 +660,16 @@ class _Pump:
                     self._host_line(data[start : newline + 1])
                 start = newline + 1
             rest = data[start:]
-            if streaming:
+            if streaming is not None:
+                streaming.feed(rest)
                 self._send_raw(rest)
             elif rest:
                 partial += rest
                 if len(partial) > _HELD_LINE_MAX:
-                    streaming = True
-                    with self.lock:
-                        self._streaming_to = self.sock
+                    streaming = _LongLine()
+                    streaming.feed(partial)
+                    with self.lock:  # not ahead of the lines that wait for the gate
+                        self._streaming_to = None if self.gated else self.sock
                     self._send_raw(bytes(partial))
                     partial.clear()
         with self.lock:
@@ -681,7 +701,11 @@ class _Pump:
         if type(message) is dict:
             method = message.get("method")
             request_id = message.get("id", _ABSENT)
-            if method is None and request_id is not _ABSENT:
+            if (
+                method is None
+                and request_id is not _ABSENT
+                and ("result" in message or "error" in message)
+            ):
                 answer = True
                 line = self._host_answer(message, line)
                 if not line:
@@ -703,17 +727,19 @@ class _Pump:
                         else None
                     )
                     entry = (request_id, method, modern, kept)
-                    if type(request_id) is str and len(request_id) > 32:
-                        self.head_max = max(self.head_max, 6 * len(request_id) + _HEAD)
+                    room = _id_room(request_id)
+                    if room > _HEAD - 64:
+                        self.head_max = max(self.head_max, room + _HEAD)
         with self.lock:
             sock = self.sock
             if sock is None or (self.gated and not reaches):
-                if not cancel:
+                if not cancel and not answer:  # an answer's daemon is gone: dropped
                     self._wait(line, key, entry)
                 return
             first = entry is not None and self._sending(key, entry)
             if entry is not None:
                 self._opening(key, entry)
+                self._keep_call(key, entry, line)
         with self.send_lock:
             try:
                 sock.sendall(line)
@@ -729,6 +755,7 @@ class _Pump:
                     with self.lock:
                         if entry is not None and self.in_flight.get(key) is entry:
                             del self.in_flight[key]
+                            self._drop_call(key)
                             if first:
                                 self.initialize = None
                         self._wait(line, key, entry)
@@ -743,6 +770,21 @@ class _Pump:
             return
         self.waiting.append((line, key, entry))
         self.waiting_bytes += len(line)
+
+    def _keep_call(self, key: object, entry: _Entry, line: bytes) -> None:
+        """Keep the line of a ``tools/call`` going to the daemon (``lock`` held), room
+        allowing: a stopping daemon that refuses it sends it to the next."""
+        if entry[1] == "tools/call" and self.calls_bytes + len(line) <= _WAITING_MAX:
+            self._drop_call(key)
+            self.calls[key] = line
+            self.calls_bytes += len(line)
+
+    def _drop_call(self, key: object) -> bytes | None:
+        """The kept line of a call no longer in flight, forgotten (``lock`` held)."""
+        line = self.calls.pop(key, None)
+        if line is not None:
+            self.calls_bytes -= len(line)
+        return line
 
     def _sending(self, key: object, entry: _Entry) -> bool:
         """A host request goes to the daemon now (``lock`` held): it is in flight, and
@@ -772,14 +814,16 @@ class _Pump:
 
     def _host_answer(self, message: dict[str, object], line: bytes) -> bytes:
         """The host's answer to a request of the daemon's: the line to send, or b"" when
-        it answers one the pump withdrew (an older daemon's)."""
-        key = _key(message.get("id"))
+        it answers none the daemon has open after a restart: one the pump or the daemon
+        withdrew (an older daemon's, whose id a new daemon, numbering from 1 again, gives
+        its own), or one answered already. Such an answer, late, was sent on, and a new
+        daemon took an accept of an old daemon's question for the operator's approval of
+        another call. The first daemon is sent every answer: it knows what it asked."""
         with self.lock:
-            if key in self.withdrawn:
-                self.withdrawn.discard(key)
-                return b""
-            asked = self.asked.pop(key, None)
-        if asked is not None and asked[0] != asked[1]:  # renamed after a restart: its own id
+            asked = self.asked.pop(_key(message.get("id")), None)
+            if asked is None:
+                return b"" if self.generation > 1 else line
+        if asked[0] != asked[1]:  # renamed after a restart: its own id
             message["id"] = asked[1]
             return json.dumps(message).encode() + b"\n"
         return line
@@ -800,6 +844,7 @@ class _Pump:
             # while its request went on, and ran.
             with self.lock:  # a cancelled request gets no answer, from the pump neither
                 reaches = self.in_flight.pop(key, None) is not None
+                self._drop_call(key)
                 self.listens.pop(key, None)  # nor is a cancelled listen sent again
                 self._listen_over(key)
                 if key is not None and self.waiting:
@@ -820,6 +865,31 @@ class _Pump:
                 # The daemon closed the connection (it stopped, or restarted) while the
                 # host was writing: the main thread sees the close and reconnects.
                 pass
+
+    def _long_line_end(self, line: _LongLine, tail: bytes) -> None:
+        """The end of a line over ``_HELD_LINE_MAX``: a request in it is in flight when all
+        of it went to one daemon; else (its daemon went away, or none was there when it
+        began: the rest went nowhere) the pump answers it, as not run. It went
+        unanswered, and the host waited for ever."""
+        line.feed(tail)
+        found = line.request(modern=self.initialize is None)
+        with self.lock:
+            sock = self.sock
+            whole = sock is not None and sock is self._streaming_to
+            if found is not None:
+                if whole:
+                    self.in_flight[found[0]] = found[1]
+                else:
+                    self.replies.append(_gone_answer(found[1], "cut"))
+        if whole and sock is not None:
+            self._send(sock, tail)
+        elif found is not None:
+            self.wake.set()  # a reconnecting pump writes it
+            if sock is not None:  # one copying a daemon's lines writes it after the next
+                with self.lock:
+                    self.flushing += 1
+                ping = {"jsonrpc": "2.0", "id": _FLUSH_ID, "method": "ping"}
+                self._send(sock, json.dumps(ping).encode() + b"\n")
 
     def _send_raw(self, data: bytes) -> None:
         """Part of a long line: to the daemon it began with, else nowhere (a new daemon
@@ -938,13 +1008,19 @@ class _Pump:
         view = memoryview(data)
         size = len(data)
         pos = 0
-        out: list[bytes | memoryview] = []
+        out: list[bytes | bytearray | memoryview] = []
         while pos < size:
             if self._mode:
                 newline = data.find(b"\n", pos)
                 end = size if newline < 0 else newline + 1
                 if self._mode == _PASS:
                     out.append(view[pos:end])
+                elif self._mode == _HOLD:
+                    self._held += view[pos:end]
+                    if newline >= 0 or len(self._held) > _HOLD_MAX:
+                        out.append(self._held)
+                        self._held = bytearray()
+                        self._mode = _PASS
                 pos = end
                 if newline >= 0:
                     self._mode = 0
@@ -965,11 +1041,12 @@ class _Pump:
                 head.clear()
             pos = end
             kept = self._daemon_head(line, complete)
-            if kept:
-                out.append(kept)
             if not complete:
-                self._mode = _PASS if kept else _DROP
+                self._mode = _HOLD if kept else _DROP
+                self._held += kept
             else:
+                if kept:
+                    out.append(kept)
                 self._line_entry = None
         if out:
             self._write(b"".join(out) if len(out) > 1 else out[0])
@@ -1002,6 +1079,10 @@ class _Pump:
                 with self.lock:
                     self.asked[_key(host_id)] = (host_id, value)
                 return head
+            if value == _FLUSH_ID and self.flushing:
+                with self.lock:
+                    self.flushing -= 1
+                return b""  # the answer to the pump's ping: its answers follow this line
             if key is not None and key == self._swallow:
                 self._swallow = None
                 if after.startswith(',"error"'):
@@ -1026,6 +1107,13 @@ class _Pump:
                 self._too_large = True
             with self.lock:
                 entry = self.in_flight.pop(key, None) if key is not None else None
+                line = self._drop_call(key) if entry is not None else None
+                if line is not None and complete and after.startswith(_REFUSED_STOPPING):
+                    # A stopping daemon refused the call before it started anything (a
+                    # graceful restart's last moments): it goes to the next daemon, as one
+                    # the host sent a moment later does. It was answered with the error.
+                    self._wait(line, key, entry)
+                    return b""
                 if entry is not None and entry[1] == _LISTEN:
                     self._listen_over(key)
                     if entry[2] and _wants_tools(entry[3]) and after.startswith(',"result"'):
@@ -1083,7 +1171,7 @@ class _Pump:
             return line + _stream_changed(subscription)
         return line
 
-    def _write(self, data: bytes | memoryview) -> None:
+    def _write(self, data: bytes | bytearray | memoryview) -> None:
         try:
             _write_all(1, data)
         except BrokenPipeError:
@@ -1101,7 +1189,8 @@ class _Pump:
         next daemon instead (``listens``); else it is answered too."""
         out: list[bytes] = []
         if self._mode == _PASS:
-            out.append(b"\n")  # a line the daemon did not finish: ended, not continued
+            out.append(b"\n")  # a long line the daemon did not finish: ended, not continued
+        self._held.clear()  # a shorter one: never shown
         if self._line_entry is not None:  # its answer was that line
             with self.lock:
                 self.in_flight.setdefault(*self._line_entry)
@@ -1111,6 +1200,9 @@ class _Pump:
         with self.lock:
             entries = list(self.in_flight.values())
             self.in_flight.clear()
+            self.calls.clear()
+            self.calls_bytes = 0
+            self.flushing = 0  # their daemon is gone
             if keep_listens:
                 for entry in entries:
                     if entry[1] == _LISTEN and entry[2]:
@@ -1129,7 +1221,6 @@ class _Pump:
                 self.initialized = False
             asked = list(self.asked.values())
             self.asked.clear()
-            self.withdrawn.update(_key(host_id) for host_id, _ in asked)
         out.extend(_gone_answer(entry, "sent") for entry in entries)
         for host_id, _ in asked:
             cancelled = {
@@ -1306,6 +1397,7 @@ class _Pump:
             if entry is not None:
                 self._sending(key, entry)
                 self._opening(key, entry)
+                self._keep_call(key, entry, line)
             lines.append(line)
         self.waiting, self.waiting_bytes = [], 0
         return lines
@@ -1344,6 +1436,72 @@ class _Pump:
             self.send_lock.release()
 
 
+#: The bytes a long line's scan stops at: outside a string, and within one.
+_OUTSIDE = re.compile(rb'[\\"{}\[\]]')
+_INSIDE = re.compile(rb'[\\"]')
+#: The most bytes of a long line's outer object kept (its nested values left out).
+_TOP_MAX = 64 << 10
+
+
+class _LongLine:
+    """A host line over ``_HELD_LINE_MAX``, scanned as it streams to the daemon: its outer
+    object's own bytes are kept, each value nested in it as ``0``, enough to tell its id
+    and method wherever they are in the line (a TypeScript host's id comes last)."""
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.in_string = False
+        self.escaped = False
+        self.top = bytearray()
+
+    def feed(self, data: bytes | bytearray) -> None:
+        pos, size = 0, len(data)
+        while pos < size:
+            if self.escaped:
+                self.escaped = False
+                self._keep(data[pos : pos + 1])
+                pos += 1
+                continue
+            found = (_INSIDE if self.in_string else _OUTSIDE).search(data, pos)
+            end = size if found is None else found.start()
+            self._keep(data[pos:end])
+            if found is None:
+                return
+            char = data[end : end + 1]
+            pos = end + 1
+            if char == b"\\":
+                self.escaped = True
+                self._keep(char)
+            elif char == b'"':
+                self.in_string = not self.in_string
+                self._keep(char)
+            elif char in (b"{", b"["):
+                self.depth += 1
+                if self.depth <= 2:  # a nested value is kept as 0
+                    self.top += char if self.depth == 1 else b"0"
+            else:
+                self._keep(char)
+                self.depth -= 1
+
+    def _keep(self, data: bytes | bytearray) -> None:
+        if self.depth <= 1 and data and len(self.top) <= _TOP_MAX:
+            self.top += data
+
+    def request(self, *, modern: bool) -> tuple[object, _Entry] | None:
+        """The key and entry of the request the line is, or None (not one, or not told)."""
+        try:
+            message = json.loads(self.top) if len(self.top) <= _TOP_MAX else None
+        except (ValueError, RecursionError):
+            return None
+        if type(message) is not dict or type(message.get("method")) is not str:
+            return None
+        request_id = message.get("id")
+        key = _key(request_id)
+        if key is None:
+            return None
+        return key, (request_id, message["method"], modern, None)
+
+
 class _StdoutGone(Exception):
     """stdout cannot be written: the pump ends with ``code``."""
 
@@ -1359,6 +1517,16 @@ def _key(value: object) -> object:
     if type(value) is int:
         return (value,)
     return None
+
+
+def _id_room(request_id: object) -> int:
+    """The most bytes the daemon's encoding of a request id (a str or an int) takes: 6 a
+    character (an escape), a digit each (an int's are at most the 4,300 ``json`` parses).
+    A long int's head was read cut short, its id taken for another, and its answer left
+    in flight: answered again by the pump at the next restart."""
+    if type(request_id) is str:
+        return 6 * len(request_id)
+    return len(str(request_id)) if type(request_id) is int else 0
 
 
 def _request_line(request_id: object, method: str, params: object) -> bytes:
@@ -1403,13 +1571,20 @@ def _cancellable(entry: _Entry | None) -> bool:
 def _gone_answer(entry: _Entry, why: str) -> bytes:
     """The pump's answer to a host request the daemon did not answer: for ``tools/call`` an
     ``isError`` result, else a JSON-RPC error. ``why``: "sent" (the daemon went away with
-    it), "unsent" (it waited, and no daemon came back) or "overflow" (too much waited)."""
+    it), "cut" (with part of it), "unsent" (it waited, and no daemon came back) or
+    "overflow" (too much waited)."""
     request_id, method, modern, _ = entry
     if why == "sent":
         text = "toolsetd went away while it served this request (it stopped or restarted)" + (
             "; the tool may have run: check before calling it again."
             if method == "tools/call"
             else "."
+        )
+    elif why == "cut":
+        text = (
+            "toolsetd restarted while the request was being sent to it (a line over "
+            f"{_HELD_LINE_MAX} bytes, which the pump does not hold to send again); the "
+            "request was not run."
         )
     elif why == "unsent":
         text = (

@@ -2221,7 +2221,9 @@ def test_mcp_gemini_cli_recipe_of_the_docs_runs_as_written(
 def test_mcp_no_new_call_during_a_graceful_stop(
     mcp_sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
-    """After SIGTERM a new tools/call is refused (-32010); the running one is cancelled."""
+    """After SIGTERM a new tools/call is refused (-32010), which the pump keeps from the
+    host: the call waits for the next daemon (none comes here, and it is answered as not
+    sent once the input ends); the running one is cancelled."""
     d = start_daemon(home, workspace, tmp_base, ["--shutdown-grace", "2"])
     pump = RawPump(pump_args(d, workspace))
     try:
@@ -2232,8 +2234,8 @@ def test_mcp_no_new_call_during_a_graceful_stop(
         eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="the sleeper")
         d.proc.send_signal(signal.SIGTERM)
         eventually(lambda: "stop_requested" in d.log(), what="the stop to begin")
-        refused = pump.request(3, "tools/call", {"name": "hello", "arguments": {"name": "x"}})
-        assert refused["error"]["code"] == -32010
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                   "params": {"name": "hello", "arguments": {"name": "x"}}})
         cancelled = pump.receive()
         assert cancelled["id"] == 2
         assert cancelled["result"]["isError"] is True
@@ -2241,6 +2243,9 @@ def test_mcp_no_new_call_during_a_graceful_stop(
         assert not alive(int(pid_file.read_text()))
         assert pump.close() == 5  # the daemon went away under the host: one line says so
         assert "closed the connection" in pump.stderr()
+        waited = [json.loads(line) for line in pump.stdout_text.splitlines()]
+        assert [m["id"] for m in waited] == [3], waited
+        assert "was not sent" in waited[0]["result"]["content"][0]["text"], waited
     finally:
         if pump.proc.poll() is None:
             pump.close()

@@ -20,6 +20,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -74,12 +75,14 @@ def daemons(home: Path, workspace: Path, base: Path) -> Iterator[list[Daemon]]:
 
 @contextlib.contextmanager
 def pumped(
-    home: Path, workspace: Path, base: Path
+    home: Path, workspace: Path, base: Path, **start: Any
 ) -> Iterator[tuple[list[Daemon], Daemon, RawPump]]:
-    """The daemons started (``daemons``), the first of them, and a pump bound to it; the
-    pump must end with 0 when its input is closed at the end."""
+    """The daemons started (``daemons``), the first of them (``start_daemon``'s keywords:
+    ``extra_args``, ``launcher``), and a pump bound to it; the pump must end with 0 when
+    its input is closed at the end."""
     with daemons(home, workspace, base) as started:
-        d = restart(started, home, workspace, base)
+        d = start_daemon(home, workspace, base, **start)
+        started.append(d)
         pump = RawPump(pump_args(d, workspace))
         try:
             yield started, d, pump
@@ -730,28 +733,134 @@ def test_the_rest_of_a_long_line_does_not_go_to_the_new_daemon(
 ) -> None:
     """A host line over 16 MiB goes to the daemon as it comes (the pump holds no more);
     when that daemon dies in the middle of it, the rest is not sent to the new one, which
-    would read it as a line of its own (a parse error the host never caused)."""
+    would read it as a line of its own (a parse error the host never caused). The request
+    is answered by the pump, at its end, as not run: it went unanswered, and the host
+    waited for ever (its id last in the line, as a TypeScript host writes it)."""
     args = ["--max-message-bytes", "40000000"]
-    line = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                       "params": {"name": "hello", "arguments": {"name": "x" * 20_000_000}}})
+    line = json.dumps({"method": "tools/call", "jsonrpc": "2.0",
+                       "params": {"name": "hello", "arguments": {"name": "x" * 20_000_000}},
+                       "id": 2})
     half = 17 * 1024 * 1024
-    with daemons(home, workspace, tmp_base) as started:
-        d = start_daemon(home, workspace, tmp_base, args)
-        started.append(d)
-        pump = RawPump(pump_args(d, workspace))
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        pump.send(line[:half].encode())
+        d.proc.kill()
+        d.proc.wait()
+        started.append(start_daemon(home, workspace, tmp_base, args))
+        receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
+        pump.send(line[half:].encode() + b"\n")  # now the new daemon is bound
+        seen = receive_until(pump, answer_to(2))  # and says nothing unasked
+        assert seen[-1]["result"]["isError"] is True, str(seen)[:500]
+        assert "was not run" in seen[-1]["result"]["content"][0]["text"], seen[-1]
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        seen += receive_until(pump, answer_to(3))
+        assert [m for m in seen if m.get("id") is None] == [], str(seen)[:500]
+        assert len([m for m in seen if m.get("id") == 2]) == 1, str(seen)[:500]
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def test_a_long_line_while_the_replay_is_unanswered_does_not_jump_the_gate(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The host's lines wait until the new daemon agrees to the replayed initialize; one
+    over 16 MiB, which the pump cannot hold, went to the daemon at once, ahead of the
+    lines that waited before it and of the host's session: the daemon took a request
+    the host sent after a ping before the ping. It goes nowhere now, and is answered as
+    not run; the ping is the daemon's to answer."""
+    _needs_syscall()
+    gate = tmp_base / "answer-initialize"
+    args = ["--max-message-bytes", "40000000"]
+    line = json.dumps({"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                       "params": {"name": "hello", "arguments": {"name": "x" * 17_000_000}}})
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        assert d.stop() == 0
+        started.append(start_daemon(home, workspace, tmp_base, args, launcher=[
+            sys.executable, "-c", _SLOW_INITIALIZE, str(gate)]))
+        receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        # By a thread: a pump that sends the line on blocks (the daemon, held, reads
+        # nothing), and so does this write.
+        assert pump.proc.stdin is not None
+        fd, data = pump.proc.stdin.fileno(), line.encode() + b"\n"
+        writer = threading.Thread(target=_write_all, args=(fd, data), daemon=True)
+        writer.start()
+        eventually(lambda: not writer.is_alive() and _stdin_taken(pump),
+                   what="the lines read by the pump")
+        gate.touch()
+        seen = receive_answers(pump, {2, 3})
+        long = [m for m in seen if m.get("id") == 3]
+        assert len(long) == 1, str(seen)[:500]
+        assert "was not run" in long[0]["result"]["content"][0]["text"], str(long)[:500]
+
+
+def test_a_long_line_in_flight_when_its_daemon_dies_is_answered(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A tools/call over 16 MiB that reached the daemon whole (it went on as it came, the
+    pump holding none of it) is in flight like any other: when the daemon is killed under
+    it, the pump answers it ("went away ... may have run"). It was never noted, and the
+    host waited for ever."""
+    args = ["--max-message-bytes", "40000000"]
+    call = {"name": "sleeper", "arguments": {"pad": "x" * 17_000_000}}
+    pid_file = workspace / "sleeper.pid"
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
         try:
             initialize(pump)
-            pump.send(line[:half].encode())
+            pump.send({"jsonrpc": "2.0", "method": "tools/call", "params": call, "id": 2})
+            eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
             d.proc.kill()
             d.proc.wait()
-            started.append(start_daemon(home, workspace, tmp_base, args))
-            receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
-            pump.send(line[half:].encode() + b"\n")  # now the new daemon is bound
-            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
-            seen = receive_until(pump, answer_to(3))
-            assert [m for m in seen if m.get("id") is None] == [], str(seen)[:500]
+            gone = receive_until(pump, answer_to(2))[-1]
+            assert gone["result"]["isError"] is True, gone
+            assert "may have run" in gone["result"]["content"][0]["text"], gone
+            restart(started, home, workspace, tmp_base)
+            assert pump.request(3, "ping")["result"] == {}
         finally:
-            assert close(pump) == 0
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+#: A toolsetd that dies (SIGKILL) within the first line it writes that names "cut-me": it
+#: hands the socket the first half of it, then kills itself.
+_DIES_WITHIN_A_LINE = (
+    "import os, signal, sys\n"
+    "import toolsetd.daemon.wire as wire\n"
+    "write = wire.Wire._write\n"
+    "def cut(self, transport, frame):\n"
+    "    if b'cut-me' not in frame:\n"
+    "        return write(self, transport, frame)\n"
+    "    transport.write(frame[: len(frame) // 2])\n"
+    "    os.kill(os.getpid(), signal.SIGKILL)\n"
+    "wire.Wire._write = cut\n"
+    "from toolsetd.daemon.app import main\n"
+    "sys.exit(main())\n"
+)
+
+
+def test_a_short_line_cut_by_the_daemons_death_never_reaches_the_host(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The daemon dies within a line of a few kilobytes (an answer, a progress
+    notification): the pump holds such a line until its end, and the host sees none of
+    it, only the pump's answer to its call. The half the pump had was copied on and ended
+    with a newline: a message no host can parse, and an SDK host's reader fails on it."""
+    call = {"name": "hello", "arguments": {"name": "cut-me" + "x" * 4000}}
+    launcher = [sys.executable, "-c", _DIES_WITHIN_A_LINE]
+    with pumped(home, workspace, tmp_base, launcher=launcher) as (started, d, pump):
+        initialize(pump)
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        gone = receive_until(pump, answer_to(2))  # each line parsed
+        assert len(gone) == 1, str(gone)[:500]
+        assert "may have run" in gone[0]["result"]["content"][0]["text"], gone
+        assert d.proc.wait() == -signal.SIGKILL
+        restart(started, home, workspace, tmp_base)
+        assert pump.request(3, "ping")["result"] == {}
 
 
 def test_a_new_daemons_withdrawal_names_the_question_as_the_host_knows_it(
@@ -781,6 +890,52 @@ def test_a_new_daemons_withdrawal_names_the_question_as_the_host_knows_it(
             assert [m["result"]["isError"] for m in seen if m.get("id") == 2] == [True], seen
         finally:
             assert close(pump) == 0
+
+
+def test_a_request_with_a_long_integer_id_is_answered_once_across_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """JSON-RPC bounds no id: a host's integer id of 250 digits (the daemon keeps every
+    digit) is answered by the daemon, and not again by the pump at the next restart. The
+    pump read the daemon's answer only to its first 256 bytes, took the id cut short for
+    another, and kept the request in flight: the restart answered it a second time."""
+    long_id = 10**250
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        assert pump.request(long_id, "ping") == {"jsonrpc": "2.0", "id": long_id, "result": {}}
+        d.proc.kill()
+        d.proc.wait()
+        restart(started, home, workspace, tmp_base)
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        seen = receive_until(pump, answer_to(2))
+        assert all(m.get("id") != long_id for m in seen), str(seen)[:500]
+
+
+def test_a_late_answer_to_a_question_the_old_daemon_withdrew_reaches_no_new_one(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A graceful stop withdraws the daemon's open elicitation/create itself. A host that
+    shows it on (many ignore a cancel of a question) sends the operator's accept late,
+    once the new daemon asks its own first question, which has the same id as the daemon
+    knows it (it numbers from 1 again). The pump sent the late accept on, and the new
+    daemon took it for the approval of the other call: that call ran, the operator's
+    decline of it came too late. Only an answer to a question open now goes on."""
+    ask = {"name": "asker", "arguments": {}}
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": ask})
+        old = pump.receive()
+        assert old["method"] == "elicitation/create"
+        assert d.stop() == 0
+        restart(started, home, workspace, tmp_base)
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": ask})
+        new = receive_until(pump, lambda m: m.get("method") == "elicitation/create")[-1]
+        pump.send({"jsonrpc": "2.0", "id": old["id"],
+                   "result": {"action": "accept", "content": {}}})
+        pump.send({"jsonrpc": "2.0", "id": new["id"], "result": {"action": "decline"}})
+        seen = receive_until(pump, answer_to(3))
+        assert seen[-1]["result"]["isError"] is True, seen
+        assert "asked and ran" not in json.dumps(seen), seen
 
 
 def test_a_request_cancelled_while_it_waited_is_not_answered_at_the_next_restart(
@@ -937,6 +1092,35 @@ def test_a_listen_open_during_a_sigkill_goes_on_with_the_new_daemon(
         assert not [m for m in seen if on_stream(ACKNOWLEDGED, "sub")(m)], seen
         tools = pump.request(3, "tools/list", {"_meta": META})["result"]["tools"]
         assert "progress3" not in {t["name"] for t in tools}
+
+
+@pytest.mark.slow  # the stop waits for the sleeper's call to end
+def test_a_call_sent_while_the_daemon_stops_goes_to_the_next_one(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A graceful stop waits for the calls that run (a sleeper, here); a call the host
+    sends meanwhile is refused by the stopping daemon before it starts anything (-32010).
+    It was passed on: a restart that should have kept the session failed the call. The
+    pump sends it to the next daemon instead, as one sent a moment later, and the host
+    gets that daemon's answer."""
+    pid_file = workspace / "sleeper.pid"
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        listen(pump, "sub")
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                   "params": {"name": "sleeper", "arguments": {}}})
+        eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
+        d.proc.send_signal(signal.SIGTERM)
+        seen = receive_until(pump, answer_to("sub"))  # ended: the daemon is stopping
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": HELLO})
+        seen += receive_until(pump, answer_to(2))  # the sleeper's, cancelled by the stop
+        assert d.proc.wait(timeout=30) == 0
+        restart(started, home, workspace, tmp_base)
+        if not [m for m in seen if answer_to(3)(m)]:  # the stopping daemon's refusal, else
+            seen += receive_until(pump, answer_to(3))
+        answers = [m for m in seen if answer_to(3)(m)]
+        assert len(answers) == 1, seen
+        assert "again" in answers[0]["result"]["content"][0]["text"], answers
 
 
 def test_a_listen_opened_again_after_a_graceful_restart_is_told_list_changed(
