@@ -1413,21 +1413,27 @@ anyio.run(main)
 """
 
 
-async def test_a_watch_process_runs_the_code_the_daemon_loaded(tmp_path: Path) -> None:
-    """The watch process imported toolsetd from disk when it started: after an upgrade in
-    place under a running daemon (``pip install -U``, a ``git pull`` in an editable
-    install), the old daemon's next watch ran the new code, whatever its wire. Here the
-    install is a copy of the package, each of whose modules is replaced, once the daemon
-    imported it, by one that refuses to load: the watch the daemon starts then still
-    watches, with the code the daemon loaded."""
+def _package_copy(tmp_path: Path) -> Path:
+    """A copy of the ``toolsetd.daemon`` package, the install a daemon of
+    ``_DAEMON_UPGRADED_UNDER`` imports (``install/toolsetd/daemon``)."""
     import toolsetd.daemon
 
-    install = tmp_path / "install"
-    package = install / "toolsetd" / "daemon"
-    source = Path(toolsetd.daemon.__file__).parent
-    shutil.copytree(source, package, ignore=shutil.ignore_patterns("__pycache__"))
+    package = tmp_path / "install" / "toolsetd" / "daemon"
+    shutil.copytree(
+        Path(toolsetd.daemon.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__")
+    )
+    return package
+
+
+async def _watch_of_a_daemon_from(
+    tmp_path: Path, package: Path, meanwhile: Callable[[], None] = lambda: None
+) -> Any:
+    """What the watch of a daemon run from the copy ``package`` saw (the paths of its first
+    batch, or the error it raised), ``meanwhile`` run between the daemon's import of
+    ``watchproc`` and its start of the watch."""
     watched = tmp_path / "watched"
     watched.mkdir()
+    install = package.parent.parent
     environment = {**os.environ, "PYTHONPATH": str(install), "PYTHONDONTWRITEBYTECODE": "1"}
     async with await anyio.open_process(
         [sys.executable, "-P", "-c", _DAEMON_UPGRADED_UNDER, str(watched)], env=environment, cwd="/"
@@ -1438,11 +1444,26 @@ async def test_a_watch_process_runs_the_code_the_daemon_loaded(tmp_path: Path) -
         with anyio.fail_after(60):
             loaded = json.loads(await said.receive_until(b"\n", 65536))
             assert loaded == str(package / "watchproc.py")  # the copy, not the checkout
-            for module in package.glob("*.py"):
-                module.write_text("raise ImportError('toolsetd 0.2 is on disk now')\n")
-            await daemon.stdin.send(b"upgraded\n")
-            outcome = json.loads(await said.receive_until(b"\n", 65536))
-    assert outcome == [str(watched / "made")]
+            meanwhile()
+            await daemon.stdin.send(b"go\n")
+            return json.loads(await said.receive_until(b"\n", 65536))
+
+
+async def test_a_watch_process_runs_the_code_the_daemon_loaded(tmp_path: Path) -> None:
+    """The watch process imported toolsetd from disk when it started: after an upgrade in
+    place under a running daemon (``pip install -U``, a ``git pull`` in an editable
+    install), the old daemon's next watch ran the new code, whatever its wire. Here the
+    install is a copy of the package, each of whose modules is replaced, once the daemon
+    imported it, by one that refuses to load: the watch the daemon starts then still
+    watches, with the code the daemon loaded."""
+    package = _package_copy(tmp_path)
+
+    def upgrade() -> None:
+        for module in package.glob("*.py"):
+            module.write_text("raise ImportError('toolsetd 0.2 is on disk now')\n")
+
+    outcome = await _watch_of_a_daemon_from(tmp_path, package, upgrade)
+    assert outcome == [str(tmp_path / "watched" / "made")]
 
 
 async def test_a_daemon_installed_without_its_watch_code_starts_and_its_watch_says_why(
@@ -1454,30 +1475,11 @@ async def test_a_daemon_installed_without_its_watch_code_starts_and_its_watch_sa
     watch fails at its start, saying why and what to do (the poll serves meanwhile)."""
     import py_compile
 
-    import toolsetd.daemon
-
-    install = tmp_path / "install"
-    package = install / "toolsetd" / "daemon"
-    shutil.copytree(
-        Path(toolsetd.daemon.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__")
-    )
+    package = _package_copy(tmp_path)
     compiled = package / "watchchild.pyc"
     py_compile.compile(str(package / "watchchild.py"), cfile=str(compiled), doraise=True)
     (package / "watchchild.py").unlink()
-    watched = tmp_path / "watched"
-    watched.mkdir()
-    environment = {**os.environ, "PYTHONPATH": str(install), "PYTHONDONTWRITEBYTECODE": "1"}
-    async with await anyio.open_process(
-        [sys.executable, "-P", "-c", _DAEMON_UPGRADED_UNDER, str(watched)], env=environment, cwd="/"
-    ) as daemon:
-        assert daemon.stdin is not None
-        assert daemon.stdout is not None
-        said = BufferedByteReceiveStream(daemon.stdout)
-        with anyio.fail_after(60):
-            loaded = json.loads(await said.receive_until(b"\n", 65536))
-            assert loaded == str(package / "watchproc.py")
-            await daemon.stdin.send(b"go\n")
-            outcome = json.loads(await said.receive_until(b"\n", 65536))
+    outcome = await _watch_of_a_daemon_from(tmp_path, package)
     assert outcome == (
         "RuntimeError: the watch process's code could not be read when the daemon started "
         f"(toolsetd.daemon.watchchild has no source file ({compiled})); reinstall toolsetd "
