@@ -460,6 +460,66 @@ def _check_answered(d: Daemon) -> Any:
     return answered
 
 
+def _cpu_ticks(stat: Path) -> int:
+    """The user and system CPU time (clock ticks) in a ``/proc`` ``stat`` file."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+def _unread_input(pid: int) -> int:
+    """Bytes written to process ``pid``'s stdin (a pipe) that it has not read yet."""
+    import fcntl  # noqa: PLC0415 - Linux-only ioctl, as the daemon's platform
+    import termios  # noqa: PLC0415
+
+    fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)  # the pipe, never read
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0])
+    finally:
+        os.close(fd)
+
+
+def _answered_off_the_loop(d: Daemon, conn: RawConn, line: bytes) -> Any:
+    """Send ``line``, a large call, on ``conn``; check that what the daemon does with its
+    arguments once they are checked (encodes of them, for an answer, a digest, a question)
+    runs off the event loop; return the first message that follows.
+
+    Told apart by thread, not by the order of two clients' answers, which a loaded machine
+    can turn around however right the daemon is: the CPU time its event loop's thread (the
+    main one, ``anyio.run``'s) spends, against its other threads' (the worker threads,
+    ended ones included), from before its check process could answer until the first byte
+    of the answer. How much of the work each thread does does not depend on the load.
+
+    The window starts where nothing after the check can have begun: the check process
+    (started by a small large check) is stopped while the call is parsed, its depth
+    checked and its arguments encoded for the process; once the daemon has asked it
+    whether it is alive (``checkworker._alive``: the blank line in its stdin), that is all
+    done, and the process is let go. The window holds one to three encodes of the same
+    arguments (0.35 s each here), and the loop's own work (sending them to the process,
+    posting the answer: a tick or two). One encode on the loop gives its thread at least
+    half of what the worker threads spend; a quarter is the bound.
+    """
+    conn_result(d, json.loads(_redos_line(d, "warm", "a" * 70_000, "classify")))
+    [worker] = _check_processes(d.proc.pid)
+    loop = Path(f"/proc/{d.proc.pid}/task/{d.proc.pid}/stat")
+    process = Path(f"/proc/{d.proc.pid}/stat")  # every thread's, ended ones too
+    os.kill(worker, signal.SIGSTOP)
+    try:
+        conn.send_bytes(line)
+        eventually(lambda: _unread_input(worker) > 0, timeout=60,
+                   what="the daemon waiting for its check process")
+        loop_before, process_before = _cpu_ticks(loop), _cpu_ticks(process)
+    finally:
+        os.kill(worker, signal.SIGCONT)
+    conn.sock.recv(1, socket.MSG_PEEK)  # the first byte: its frame is encoded whole before
+    on_loop = _cpu_ticks(loop) - loop_before
+    off_loop = _cpu_ticks(process) - process_before - on_loop
+    assert on_loop * 4 < off_loop, (
+        f"encoded on the event loop: after the check its thread spent {on_loop} ticks of CPU, "
+        f"the worker threads {off_loop}"
+    )
+    return conn.receive()
+
+
 @pytest.mark.timeout(180)  # large arguments parsed, checked and echoed (~12 s in CI, 37 at a load of 10)
 @pytest.mark.parametrize("batch", [False, True], ids=["request", "batch"])
 def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
@@ -467,25 +527,19 @@ def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
 ) -> None:
     """A ``classify`` answers with its arguments, and orjson calls back into Python for
     every fraction kept as written: three million of them took most of a second to encode,
-    on the event loop, after the check. The answer to a large line is encoded in a worker
-    thread: another client's status, sent once the check process has answered, is served
-    while the big answer is encoded, and comes first. A batch of more than one request
-    answers in one array, posted by its own path (``_handle_batch``), whose encode held
-    every other client as long until it went to the worker slot too."""
-    answered = _check_answered(echo_daemon)
+    on the event loop, after the check, and every other client waited as long. The answer
+    to a large line is encoded in a worker thread: from the check on, the loop's thread
+    spends a small part of what the worker threads spend on it. A batch of more than one
+    request answers in one array, posted by its own path (``_handle_batch``), whose encode
+    held every other client as long until it went to the worker slot too."""
     count = 3_000_000
     request = (b'{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
                b'"workspace":' + json.dumps(str(echo_daemon.workspace)).encode()
                + b',"arguments":{"n":[' + b"0.5," * (count - 1) + b"0.5]}}}")
     small = b'{"jsonrpc":"2.0","id":"small","method":"status"}'
     line = (b"[" + request + b"," + small + b"]\n") if batch else request + b"\n"
-    with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
-        other.request("status")
-        big.send_bytes(line)
-        eventually(answered, timeout=60, what="the check process's answer")
-        assert "result" in other.request("status")
-        assert not _answered_yet(big), "the big answer was encoded before the other's status"
-        reply = big.receive()
+    with echo_daemon.raw(timeout=120) as big:
+        reply = _answered_off_the_loop(echo_daemon, big, line)
     if batch:
         assert [answer["id"] for answer in reply] == ["big", "small"]
         reply = reply[0]
@@ -501,8 +555,10 @@ def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
     approval's digest, for the question put to the operator, and (2026-07-28) for the key
     its ``requestState`` is bound to, and again for the digest when the accepted call comes
     back. With three million fractions each encode held the event loop, and every other
-    client, about 0.35 s. They run in the large requests' worker slot: another client's
-    status, sent once the check process has answered, is served first."""
+    client, about 0.35 s. They run in the large requests' worker slot: from the check on,
+    the loop's thread spends a small part of what the worker threads spend, for the
+    accepted retry's digest too (which no order of answers told apart: the tool's run
+    comes after it anyway)."""
     # 2026-07-28 says its version and capabilities on each request; 2025-11-25 at initialize.
     meta = {"_meta": {"io.modelcontextprotocol/protocolVersion": era,
                       "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}}
@@ -516,16 +572,7 @@ def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
         return (b'{"jsonrpc":"2.0","id":"' + request_id.encode() + b'","method":"tools/call",'
                 b'"params":' + params[:-1] + b',"arguments":' + arguments + b"}}\n")
 
-    def served_first(conn: RawConn, line: bytes, other: RawConn) -> Any:
-        answered = _check_answered(echo_daemon)
-        conn.send_bytes(line)
-        eventually(answered, timeout=60, what="the check process's answer")
-        assert "result" in other.request("status")
-        assert not _answered_yet(conn), "the approval's encodes ran before the other's status"
-        return conn.receive()
-
-    with echo_daemon.raw(timeout=120) as conn, echo_daemon.raw(timeout=120) as other:
-        other.request("status")
+    with echo_daemon.raw(timeout=120) as conn:
         conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind",
                    "params": {"workspace": str(echo_daemon.workspace)}})
         assert conn.receive()["result"]["bound"] is True
@@ -534,15 +581,15 @@ def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
                        "params": {"protocolVersion": era, "capabilities": {"elicitation": {}}, "clientInfo": {"name": "t", "version": "1"}}})
             assert "result" in conn.receive()
             conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-            asked = served_first(conn, call("c", {}), other)
+            asked = _answered_off_the_loop(echo_daemon, conn, call("c", {}))
             assert asked["method"] == "elicitation/create", asked
             return
-        first = served_first(conn, call("c", {}), other)
+        first = _answered_off_the_loop(echo_daemon, conn, call("c", {}))
         assert first["result"]["resultType"] == "input_required", first
         (key,) = first["result"]["inputRequests"]
         retry = {"requestState": first["result"]["requestState"],
                  "inputResponses": {key: {"action": "accept", "content": {}}}}
-        ran = served_first(conn, call("r", retry), other)
+        ran = _answered_off_the_loop(echo_daemon, conn, call("r", retry))
         assert ran["result"]["isError"] is False, ran
 
 
