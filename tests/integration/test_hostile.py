@@ -23,13 +23,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .conftest import (
+    CpuByThread,
     Daemon,
     RawConn,
     daemon_in,
@@ -300,9 +301,11 @@ def test_many_arguments_are_checked_without_holding_other_clients(
     """Checking 500,000 integers against a plain schema takes most of a second of Python.
     On the event loop it held every other client for as long: another client's status,
     sent while the check ran, was answered after the big call. It runs in the check
-    process now, with the same verdict: the status is answered first. The arguments that
-    fail (the last integer is negative) go on to jsonschema for the messages, still under
-    the time limit for their size, which stops it there as on the loop."""
+    process now, with the same verdict: while the daemon waits for that process (held
+    stopped, so that no load can make the check end first), the status is answered and the
+    big call is not. The arguments that fail (the last integer is negative) go on to
+    jsonschema for the messages, still under the time limit for their size, which stops it
+    there as on the loop."""
     count = 500_000
     arguments = b'{"n":[' + b"0," * (count - 1) + str(last).encode() + b"]}"
     line = (b'{"jsonrpc":"2.0","id":"big","method":"' + method.encode() + b'","params":'
@@ -310,13 +313,7 @@ def test_many_arguments_are_checked_without_holding_other_clients(
             + b',"arguments":' + arguments + b"}}\n")
     with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
         other.request("status")  # connected and served before the big line is sent
-        big.send_bytes(line)
-        eventually(lambda: _unread(big.sock) == 0, timeout=60, what="the big line read")
-        # Its parse and depth check take some 40 ms here, its check a second: sent within
-        # it, on a host ten times as fast too.
-        time.sleep(0.1)
-        assert "result" in other.request("status")
-        assert not _answered_yet(big), "the big call was answered before the other's status"
+        _served_while_checked(echo_daemon, big, line, other)
         reply = big.receive()
     assert reply["id"] == "big"
     if last == 0:
@@ -360,15 +357,14 @@ def test_a_pattern_that_backtracks_on_large_arguments_holds_no_other_client(
     """A pattern that backtracks over a long string is stopped only at the limit for the
     arguments' size: 0.67 s for these 600 KB, 16 s for a 16 MiB message. On the event
     loop that held every other client as long (``re`` holds the GIL, so a thread would
-    too). Large arguments are checked in the check process: another client's status,
-    sent while the check runs, is answered first, and the call gets the same error."""
+    too). Large arguments are checked in the check process: another client's status, sent
+    while the daemon waits for it, is answered first (the process held stopped meanwhile:
+    its alarm, 0.67 s of the wall clock, could end the check before a loaded machine had
+    served the status), and the call gets the same error."""
     with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
         other.request("status")
-        big.send_bytes(_redos_line(echo_daemon, "big", _LONG_REDOS))
-        eventually(lambda: _unread(big.sock) == 0, timeout=60, what="the big line read")
-        time.sleep(0.1)  # within the check's 0.67 s, on any host: the alarm ends it
-        assert "result" in other.request("status")
-        assert not _answered_yet(big), "the big call was answered before the other's status"
+        line = _redos_line(echo_daemon, "big", _LONG_REDOS)
+        _served_while_checked(echo_daemon, big, line, other)
         reply = big.receive()
     assert reply["error"]["code"] == -32002, reply
     [error] = reply["error"]["data"]["errors"]
@@ -460,12 +456,6 @@ def _check_answered(d: Daemon) -> Any:
     return answered
 
 
-def _cpu_ticks(stat: Path) -> int:
-    """The user and system CPU time (clock ticks) in a ``/proc`` ``stat`` file."""
-    fields = stat.read_text().rsplit(")", 1)[1].split()
-    return int(fields[11]) + int(fields[12])
-
-
 def _unread_input(pid: int) -> int:
     """Bytes written to process ``pid``'s stdin (a pipe) that it has not read yet."""
     import fcntl  # noqa: PLC0415 - Linux-only ioctl, as the daemon's platform
@@ -478,45 +468,58 @@ def _unread_input(pid: int) -> int:
         os.close(fd)
 
 
+@contextlib.contextmanager
+def _check_process_stopped(d: Daemon) -> Iterator[Callable[[], bool]]:
+    """The daemon's check process (started by a small large check) stopped until the block
+    ends; yields a condition: the daemon waits for it.
+
+    Once the daemon has asked the process whether it is alive (``checkworker._alive``: the
+    blank line in its stdin, unread), a large call's parse, depth check and encode for the
+    process are done, and nothing that follows its check can have begun: its verdict and
+    answer wait for the process, however slow or loaded the machine.
+    """
+    conn_result(d, json.loads(_redos_line(d, "warm", "a" * 70_000, "classify")))
+    workers = _check_processes(d.proc.pid)
+    assert len(workers) == 1, f"the check processes of a large check: {workers}"
+    os.kill(workers[0], signal.SIGSTOP)
+    try:
+        yield lambda: _unread_input(workers[0]) > 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(workers[0], signal.SIGCONT)
+
+
+def _served_while_checked(d: Daemon, big: RawConn, line: bytes, other: RawConn) -> None:
+    """Send ``line``, a call with large arguments, on ``big``; check that its check is the
+    check process's, and that ``other`` is served while the daemon waits for it.
+
+    On the loop the check would answer the call without a word to the process.
+    """
+    with _check_process_stopped(d) as waiting:
+        big.send_bytes(line)
+        eventually(lambda: waiting() or _answered_yet(big), timeout=60,
+                   what="the daemon waiting for its check process")
+        assert not _answered_yet(big), "the big call was answered without its check process"
+        assert "result" in other.request("status")
+        assert not _answered_yet(big), "the big call was answered, its check process stopped"
+
+
 def _answered_off_the_loop(d: Daemon, conn: RawConn, line: bytes) -> Any:
     """Send ``line``, a large call, on ``conn``; check that what the daemon does with its
     arguments once they are checked (encodes of them, for an answer, a digest, a question)
-    runs off the event loop; return the first message that follows.
+    runs off the event loop (``CpuByThread``); return the first message that follows.
 
-    Told apart by thread, not by the order of two clients' answers, which a loaded machine
-    can turn around however right the daemon is: the CPU time its event loop's thread (the
-    main one, ``anyio.run``'s) spends, against its other threads' (the worker threads,
-    ended ones included), from before its check process could answer until the first byte
-    of the answer. How much of the work each thread does does not depend on the load.
-
-    The window starts where nothing after the check can have begun: the check process
-    (started by a small large check) is stopped while the call is parsed, its depth
-    checked and its arguments encoded for the process; once the daemon has asked it
-    whether it is alive (``checkworker._alive``: the blank line in its stdin), that is all
-    done, and the process is let go. The window holds one to three encodes of the same
-    arguments (0.35 s each here), and the loop's own work (sending them to the process,
-    posting the answer: a tick or two). One encode on the loop gives its thread at least
-    half of what the worker threads spend; a quarter is the bound.
+    The window starts while the daemon waits for its check process
+    (``_check_process_stopped``) and ends at the answer's first byte (its frame is encoded
+    whole before). It holds one to three encodes of the same arguments (0.35 s each here):
+    one of them on the loop gives its thread at least half of what the worker threads spend.
     """
-    conn_result(d, json.loads(_redos_line(d, "warm", "a" * 70_000, "classify")))
-    [worker] = _check_processes(d.proc.pid)
-    loop = Path(f"/proc/{d.proc.pid}/task/{d.proc.pid}/stat")
-    process = Path(f"/proc/{d.proc.pid}/stat")  # every thread's, ended ones too
-    os.kill(worker, signal.SIGSTOP)
-    try:
+    with _check_process_stopped(d) as waiting:
         conn.send_bytes(line)
-        eventually(lambda: _unread_input(worker) > 0, timeout=60,
-                   what="the daemon waiting for its check process")
-        loop_before, process_before = _cpu_ticks(loop), _cpu_ticks(process)
-    finally:
-        os.kill(worker, signal.SIGCONT)
-    conn.sock.recv(1, socket.MSG_PEEK)  # the first byte: its frame is encoded whole before
-    on_loop = _cpu_ticks(loop) - loop_before
-    off_loop = _cpu_ticks(process) - process_before - on_loop
-    assert on_loop * 4 < off_loop, (
-        f"encoded on the event loop: after the check its thread spent {on_loop} ticks of CPU, "
-        f"the worker threads {off_loop}"
-    )
+        eventually(waiting, timeout=60, what="the daemon waiting for its check process")
+        cpu = CpuByThread(d.proc.pid)
+    conn.sock.recv(1, socket.MSG_PEEK)
+    cpu.assert_off_the_loop("the checked arguments were encoded")
     return conn.receive()
 
 
@@ -1065,7 +1068,9 @@ def test_a_connection_whose_large_line_is_being_parsed_does_not_make_room() -> N
                 b'"noop", "workspace": "' + str(d.workspace).encode() + b'", "arguments": '
                 b'{"n": [' + numbers.encode() + b"]}}}\n"
             )
-            time.sleep(0.3)  # the line is in; its parse takes seconds more
+            # Read whole (a line still coming in is idle, and older than the other's
+            # status): its parse takes seconds more, and its request is in flight since.
+            eventually(lambda: _unread(parsing.sock) == 0, timeout=60, what="the line read")
             with d.raw() as newcomer:
                 assert "result" in newcomer.request("status")
             assert idle.closed_by_peer(), "the idle connection made room"
@@ -1709,25 +1714,19 @@ def _unread(sock: socket.socket) -> int:
 @pytest.mark.timeout(180)  # a huge line of numbers parsed (17 s at a load of 10)
 def test_a_huge_line_of_numbers_is_parsed_without_holding_other_clients(plain: Daemon) -> None:
     """A 16 MiB line of numbers (each kept with its text) takes seconds to parse: that is
-    done off the event loop, so another client's status is answered meanwhile, before the
-    big line's own answer."""
+    done off the event loop, which serves every other client meanwhile. Told by thread
+    (``CpuByThread``), from before the line's newline is sent (its parse cannot have
+    begun) to its answer's first byte: no order of two clients' answers, which a loaded
+    machine can turn around."""
     count = (16 * 1024 * 1024 - 100) // 4
     head = b'{"jsonrpc":"2.0","id":"big","method":"list","params":{"x":[' + b"1.5," * count
-    with plain.raw(timeout=120) as big, plain.raw(timeout=120) as other:
-        other.request("status")  # connected and served before the big line completes
+    with plain.raw(timeout=120) as big:
         big.send_bytes(head + b"1]}}")
         eventually(lambda: _unread(big.sock) == 0, timeout=60, what="the partial line read")
+        cpu = CpuByThread(plain.proc.pid)
         big.send_bytes(b"\n")
-        eventually(lambda: _unread(big.sock) == 0, timeout=60, what="the newline read")
-        assert "result" in other.request("status")
-        big.sock.setblocking(False)
-        try:
-            early = big.sock.recv(1)
-        except BlockingIOError:
-            early = b""
-        big.sock.setblocking(True)
-        big.sock.settimeout(120)
-        assert early == b"", "the big line was answered before the other client's status"
+        big.sock.recv(1, socket.MSG_PEEK)
+        cpu.assert_off_the_loop("the big line was parsed")
         reply = big.receive()
     assert reply["id"] == "big" and reply["error"]["code"] == -32602
 
