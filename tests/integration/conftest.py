@@ -181,6 +181,50 @@ def eventually(check: Callable[[], bool], timeout: float = 10.0, what: str = "co
         time.sleep(0.02)
 
 
+def _cpu_ticks(stat: Path) -> int:
+    """The user and system CPU time (clock ticks) in a ``/proc`` ``stat`` file."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+class CpuByThread:
+    """The CPU time a daemon spends from now on, on its event loop's thread (the main one,
+    ``anyio.run``'s) and on its other threads (the worker threads, ended ones included).
+
+    For a test that some work runs off the event loop. The order of two clients' answers
+    tells it only while the test outruns the work, which a loaded machine can turn around
+    however right the daemon is; which thread does the work, and how much CPU it takes,
+    does not depend on the load. The window must hold the work: start it where the work
+    cannot have begun, end it where it must be done.
+    """
+
+    def __init__(self, pid: int) -> None:
+        self._loop = Path(f"/proc/{pid}/task/{pid}/stat")
+        self._process = Path(f"/proc/{pid}/stat")  # every thread's, ended ones too
+        self._start = self._now()
+
+    def _now(self) -> tuple[int, int]:
+        loop = _cpu_ticks(self._loop)
+        return loop, _cpu_ticks(self._process) - loop
+
+    def spent(self) -> tuple[int, int]:
+        """The ticks spent since, on the loop's thread and on the others."""
+        loop, others = self._now()
+        return loop - self._start[0], others - self._start[1]
+
+    def assert_off_the_loop(self, what: str) -> None:
+        """Fail unless the loop's thread spent less than a quarter of the others' time.
+
+        Work done on the loop shows as its thread's; the loop's own share of a window that
+        holds large work (a read, an answer posted) is a tick or two.
+        """
+        on_loop, off_loop = self.spent()
+        assert on_loop * 4 < off_loop, (
+            f"{what} on the event loop: its thread spent {on_loop} ticks of CPU meanwhile, "
+            f"the others {off_loop}"
+        )
+
+
 def pid_namespaces() -> bool:
     """Whether a test may start a process as 1 of a new PID namespace (root, unshare)."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:

@@ -23,13 +23,14 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .conftest import (
+    CpuByThread,
     Daemon,
     RawConn,
     daemon_in,
@@ -300,9 +301,11 @@ def test_many_arguments_are_checked_without_holding_other_clients(
     """Checking 500,000 integers against a plain schema takes most of a second of Python.
     On the event loop it held every other client for as long: another client's status,
     sent while the check ran, was answered after the big call. It runs in the check
-    process now, with the same verdict: the status is answered first. The arguments that
-    fail (the last integer is negative) go on to jsonschema for the messages, still under
-    the time limit for their size, which stops it there as on the loop."""
+    process now, with the same verdict: while the daemon waits for that process (held
+    stopped, so that no load can make the check end first), the status is answered and the
+    big call is not. The arguments that fail (the last integer is negative) go on to
+    jsonschema for the messages, still under the time limit for their size, which stops it
+    there as on the loop."""
     count = 500_000
     arguments = b'{"n":[' + b"0," * (count - 1) + str(last).encode() + b"]}"
     line = (b'{"jsonrpc":"2.0","id":"big","method":"' + method.encode() + b'","params":'
@@ -310,13 +313,7 @@ def test_many_arguments_are_checked_without_holding_other_clients(
             + b',"arguments":' + arguments + b"}}\n")
     with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
         other.request("status")  # connected and served before the big line is sent
-        big.send_bytes(line)
-        eventually(lambda: _unread(big.sock) == 0, timeout=60, what="the big line read")
-        # Its parse and depth check take some 40 ms here, its check a second: sent within
-        # it, on a host ten times as fast too.
-        time.sleep(0.1)
-        assert "result" in other.request("status")
-        assert not _answered_yet(big), "the big call was answered before the other's status"
+        _served_while_checked(echo_daemon, big, line, other)
         reply = big.receive()
     assert reply["id"] == "big"
     if last == 0:
@@ -360,15 +357,14 @@ def test_a_pattern_that_backtracks_on_large_arguments_holds_no_other_client(
     """A pattern that backtracks over a long string is stopped only at the limit for the
     arguments' size: 0.67 s for these 600 KB, 16 s for a 16 MiB message. On the event
     loop that held every other client as long (``re`` holds the GIL, so a thread would
-    too). Large arguments are checked in the check process: another client's status,
-    sent while the check runs, is answered first, and the call gets the same error."""
+    too). Large arguments are checked in the check process: another client's status, sent
+    while the daemon waits for it, is answered first (the process held stopped meanwhile:
+    its alarm, 0.67 s of the wall clock, could end the check before a loaded machine had
+    served the status), and the call gets the same error."""
     with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
         other.request("status")
-        big.send_bytes(_redos_line(echo_daemon, "big", _LONG_REDOS))
-        eventually(lambda: _unread(big.sock) == 0, timeout=60, what="the big line read")
-        time.sleep(0.1)  # within the check's 0.67 s, on any host: the alarm ends it
-        assert "result" in other.request("status")
-        assert not _answered_yet(big), "the big call was answered before the other's status"
+        line = _redos_line(echo_daemon, "big", _LONG_REDOS)
+        _served_while_checked(echo_daemon, big, line, other)
         reply = big.receive()
     assert reply["error"]["code"] == -32002, reply
     [error] = reply["error"]["data"]["errors"]
@@ -460,6 +456,95 @@ def _check_answered(d: Daemon) -> Any:
     return answered
 
 
+def _unread_input(pid: int) -> int:
+    """Bytes written to process ``pid``'s stdin (a pipe) that it has not read yet."""
+    import fcntl  # noqa: PLC0415 - Linux-only ioctl, as the daemon's platform
+    import termios  # noqa: PLC0415
+
+    fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)  # the pipe, never read
+    try:
+        return int(struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0" * 4))[0])
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def _check_process_stopped(d: Daemon) -> Iterator[Callable[[], bool]]:
+    """The daemon's check process (started by a small large check) stopped until the block
+    ends; yields a condition: the daemon waits for it.
+
+    Once the daemon has asked the process whether it is alive (``checkworker._alive``: the
+    blank line in its stdin, unread), a large call's parse, depth check and encode for the
+    process are done, and nothing that follows its check can have begun: its verdict and
+    answer wait for the process, however slow or loaded the machine.
+    """
+    for _ in range(3):  # one that ended after its answer is replaced by the next check
+        conn_result(d, json.loads(_redos_line(d, "warm", "a" * 70_000, "classify")))
+        workers = _check_processes(d.proc.pid)
+        assert len(workers) == 1, f"the check processes of a large check: {workers}"
+        [worker] = workers
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGSTOP)
+        eventually(lambda: _state(worker) not in ("R", "S", "D"), timeout=30,  # noqa: B023
+                   what="the check process stopped")
+        if _state(worker) in ("T", "t"):
+            break
+    else:
+        raise AssertionError("no check process lived on after its answer")
+
+    def waiting() -> bool:
+        assert _state(worker) in ("T", "t"), f"the check process {worker} ended, held stopped"
+        return _unread_input(worker) > 0
+
+    try:
+        yield waiting
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGCONT)
+
+
+def _state(pid: int) -> str | None:
+    """Process ``pid``'s state (``T`` stopped, ``Z`` ended, ...), None once it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return None
+
+
+def _served_while_checked(d: Daemon, big: RawConn, line: bytes, other: RawConn) -> None:
+    """Send ``line``, a call with large arguments, on ``big``; check that its check is the
+    check process's, and that ``other`` is served while the daemon waits for it.
+
+    On the loop the check would answer the call without a word to the process.
+    """
+    with _check_process_stopped(d) as waiting:
+        big.send_bytes(line)
+        eventually(lambda: waiting() or _answered_yet(big), timeout=60,
+                   what="the daemon waiting for its check process")
+        assert not _answered_yet(big), "the big call was answered without its check process"
+        assert "result" in other.request("status")
+        assert not _answered_yet(big), "the big call was answered, its check process stopped"
+
+
+def _answered_off_the_loop(d: Daemon, conn: RawConn, line: bytes) -> Any:
+    """Send ``line``, a large call, on ``conn``; check that what the daemon does with its
+    arguments once they are checked (encodes of them, for an answer, a digest, a question)
+    runs off the event loop (``CpuByThread``); return the first message that follows.
+
+    The window starts while the daemon waits for its check process
+    (``_check_process_stopped``) and ends at the answer's first byte (its frame is encoded
+    whole before). It holds one to three encodes of the same arguments (0.35 s each here):
+    one of them on the loop gives its thread at least half of what the worker threads spend.
+    """
+    with _check_process_stopped(d) as waiting:
+        conn.send_bytes(line)
+        eventually(waiting, timeout=60, what="the daemon waiting for its check process")
+        cpu = CpuByThread(d.proc.pid)
+    conn.sock.recv(1, socket.MSG_PEEK)
+    cpu.assert_off_the_loop("the checked arguments were encoded")
+    return conn.receive()
+
+
 @pytest.mark.timeout(180)  # large arguments parsed, checked and echoed (~12 s in CI, 37 at a load of 10)
 @pytest.mark.parametrize("batch", [False, True], ids=["request", "batch"])
 def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
@@ -467,25 +552,19 @@ def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
 ) -> None:
     """A ``classify`` answers with its arguments, and orjson calls back into Python for
     every fraction kept as written: three million of them took most of a second to encode,
-    on the event loop, after the check. The answer to a large line is encoded in a worker
-    thread: another client's status, sent once the check process has answered, is served
-    while the big answer is encoded, and comes first. A batch of more than one request
-    answers in one array, posted by its own path (``_handle_batch``), whose encode held
-    every other client as long until it went to the worker slot too."""
-    answered = _check_answered(echo_daemon)
+    on the event loop, after the check, and every other client waited as long. The answer
+    to a large line is encoded in a worker thread: from the check on, the loop's thread
+    spends a small part of what the worker threads spend on it. A batch of more than one
+    request answers in one array, posted by its own path (``_handle_batch``), whose encode
+    held every other client as long until it went to the worker slot too."""
     count = 3_000_000
     request = (b'{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
                b'"workspace":' + json.dumps(str(echo_daemon.workspace)).encode()
                + b',"arguments":{"n":[' + b"0.5," * (count - 1) + b"0.5]}}}")
     small = b'{"jsonrpc":"2.0","id":"small","method":"status"}'
     line = (b"[" + request + b"," + small + b"]\n") if batch else request + b"\n"
-    with echo_daemon.raw(timeout=120) as big, echo_daemon.raw(timeout=120) as other:
-        other.request("status")
-        big.send_bytes(line)
-        eventually(answered, timeout=60, what="the check process's answer")
-        assert "result" in other.request("status")
-        assert not _answered_yet(big), "the big answer was encoded before the other's status"
-        reply = big.receive()
+    with echo_daemon.raw(timeout=120) as big:
+        reply = _answered_off_the_loop(echo_daemon, big, line)
     if batch:
         assert [answer["id"] for answer in reply] == ["big", "small"]
         reply = reply[0]
@@ -501,8 +580,10 @@ def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
     approval's digest, for the question put to the operator, and (2026-07-28) for the key
     its ``requestState`` is bound to, and again for the digest when the accepted call comes
     back. With three million fractions each encode held the event loop, and every other
-    client, about 0.35 s. They run in the large requests' worker slot: another client's
-    status, sent once the check process has answered, is served first."""
+    client, about 0.35 s. They run in the large requests' worker slot: from the check on,
+    the loop's thread spends a small part of what the worker threads spend, for the
+    accepted retry's digest too (which no order of answers told apart: the tool's run
+    comes after it anyway)."""
     # 2026-07-28 says its version and capabilities on each request; 2025-11-25 at initialize.
     meta = {"_meta": {"io.modelcontextprotocol/protocolVersion": era,
                       "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}}
@@ -516,16 +597,7 @@ def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
         return (b'{"jsonrpc":"2.0","id":"' + request_id.encode() + b'","method":"tools/call",'
                 b'"params":' + params[:-1] + b',"arguments":' + arguments + b"}}\n")
 
-    def served_first(conn: RawConn, line: bytes, other: RawConn) -> Any:
-        answered = _check_answered(echo_daemon)
-        conn.send_bytes(line)
-        eventually(answered, timeout=60, what="the check process's answer")
-        assert "result" in other.request("status")
-        assert not _answered_yet(conn), "the approval's encodes ran before the other's status"
-        return conn.receive()
-
-    with echo_daemon.raw(timeout=120) as conn, echo_daemon.raw(timeout=120) as other:
-        other.request("status")
+    with echo_daemon.raw(timeout=120) as conn:
         conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind",
                    "params": {"workspace": str(echo_daemon.workspace)}})
         assert conn.receive()["result"]["bound"] is True
@@ -534,15 +606,15 @@ def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
                        "params": {"protocolVersion": era, "capabilities": {"elicitation": {}}, "clientInfo": {"name": "t", "version": "1"}}})
             assert "result" in conn.receive()
             conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-            asked = served_first(conn, call("c", {}), other)
+            asked = _answered_off_the_loop(echo_daemon, conn, call("c", {}))
             assert asked["method"] == "elicitation/create", asked
             return
-        first = served_first(conn, call("c", {}), other)
+        first = _answered_off_the_loop(echo_daemon, conn, call("c", {}))
         assert first["result"]["resultType"] == "input_required", first
         (key,) = first["result"]["inputRequests"]
         retry = {"requestState": first["result"]["requestState"],
                  "inputResponses": {key: {"action": "accept", "content": {}}}}
-        ran = served_first(conn, call("r", retry), other)
+        ran = _answered_off_the_loop(echo_daemon, conn, call("r", retry))
         assert ran["result"]["isError"] is False, ran
 
 
@@ -1018,7 +1090,9 @@ def test_a_connection_whose_large_line_is_being_parsed_does_not_make_room() -> N
                 b'"noop", "workspace": "' + str(d.workspace).encode() + b'", "arguments": '
                 b'{"n": [' + numbers.encode() + b"]}}}\n"
             )
-            time.sleep(0.3)  # the line is in; its parse takes seconds more
+            # Read whole (a line still coming in is idle, and older than the other's
+            # status): its parse takes seconds more, and its request is in flight since.
+            eventually(lambda: _unread(parsing.sock) == 0, timeout=60, what="the line read")
             with d.raw() as newcomer:
                 assert "result" in newcomer.request("status")
             assert idle.closed_by_peer(), "the idle connection made room"
@@ -1662,25 +1736,19 @@ def _unread(sock: socket.socket) -> int:
 @pytest.mark.timeout(180)  # a huge line of numbers parsed (17 s at a load of 10)
 def test_a_huge_line_of_numbers_is_parsed_without_holding_other_clients(plain: Daemon) -> None:
     """A 16 MiB line of numbers (each kept with its text) takes seconds to parse: that is
-    done off the event loop, so another client's status is answered meanwhile, before the
-    big line's own answer."""
+    done off the event loop, which serves every other client meanwhile. Told by thread
+    (``CpuByThread``), from before the line's newline is sent (its parse cannot have
+    begun) to its answer's first byte: no order of two clients' answers, which a loaded
+    machine can turn around."""
     count = (16 * 1024 * 1024 - 100) // 4
     head = b'{"jsonrpc":"2.0","id":"big","method":"list","params":{"x":[' + b"1.5," * count
-    with plain.raw(timeout=120) as big, plain.raw(timeout=120) as other:
-        other.request("status")  # connected and served before the big line completes
+    with plain.raw(timeout=120) as big:
         big.send_bytes(head + b"1]}}")
         eventually(lambda: _unread(big.sock) == 0, timeout=60, what="the partial line read")
+        cpu = CpuByThread(plain.proc.pid)
         big.send_bytes(b"\n")
-        eventually(lambda: _unread(big.sock) == 0, timeout=60, what="the newline read")
-        assert "result" in other.request("status")
-        big.sock.setblocking(False)
-        try:
-            early = big.sock.recv(1)
-        except BlockingIOError:
-            early = b""
-        big.sock.setblocking(True)
-        big.sock.settimeout(120)
-        assert early == b"", "the big line was answered before the other client's status"
+        big.sock.recv(1, socket.MSG_PEEK)
+        cpu.assert_off_the_loop("the big line was parsed")
         reply = big.receive()
     assert reply["id"] == "big" and reply["error"]["code"] == -32602
 
