@@ -8,9 +8,13 @@ refuse a whole ``tools/list`` over one entry they do not take, or drop that entr
 one odd schema cost a host every tool. This module holds, in one place for every MCP
 face (socket, stdio, HTTP) and for the operator notes that say so:
 
-* ``listed_schema``: the schema as listed. ``type: "object"`` at its root; each root
-  ``properties`` entry an object (a boolean schema as the object that says the same);
-  no draft 3 boolean ``required`` at the root; and no ``x-mcp-header`` marks when they
+* ``listed_schema``: the schema as listed. JSON Schema 2020-12, MCP's default dialect
+  (``as_2020_12``: a schema of drafts 3 to 2019-09 as the 2020-12 schema that says the
+  same; Claude's API refuses every request of a session whose tools hold one schema of
+  another dialect); no ``allOf``/``anyOf``/``oneOf`` at its root (Claude's API refuses
+  them there: they move under ``"if": true, "then"``, which applies them the same);
+  ``type: "object"`` at its root; each root ``properties`` entry an object (a boolean
+  schema as the object that says the same); and no ``x-mcp-header`` marks when they
   break MCP's rules (``header_marks``: the daemon checks no header for such a schema,
   and the SDK clients drop the tool). None of these changes what the daemon validates:
   a call is checked against the schema as declared.
@@ -21,7 +25,9 @@ face (socket, stdio, HTTP) and for the operator notes that say so:
   TypeScript SDK's 2.x client refuses the whole list over one in a root property, its
   1.x client shows ``null`` in its place. No listing says the same number, so the tool
   is left out of ``tools/list`` and the catalog (and ``toolsetctl validate``) notes why;
-  the native face and ``tools/call`` keep it.
+  the native face and ``tools/call`` keep it. A schema whose root type excludes objects
+  (``"type": "array"``) is left out too: an MCP host's arguments are an object, so none
+  of its calls could pass.
 * ``listing_notes``: the operator notes on both (the catalog's and ``validate``'s).
 """
 
@@ -33,10 +39,12 @@ from typing import Any
 
 import orjson
 
-from .validation import json_pointer
+from .validation import dialect, json_pointer
 
 __all__ = [
+    "DIALECT_2020_12",
     "HEADER_MARK",
+    "as_2020_12",
     "header_marks",
     "listed_schema",
     "listing_notes",
@@ -72,6 +80,163 @@ _SUBSCHEMA_LISTS = _SUBSCHEMAS | _SUBSCHEMA
 #: An HTTP field name (RFC 9110 5.6.2 token).
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_TYPES = ("string", "integer", "boolean")
+
+
+#: The ``$schema`` of JSON Schema 2020-12, MCP's dialect when none is declared.
+DIALECT_2020_12 = "https://json-schema.org/draft/2020-12/schema"
+#: The 2020-12 keywords that assert, apply or name something, each in the last older draft
+#: that lacks it: a schema of that draft (or an older one) that holds one means nothing by it
+#: (its validator passes it by), so its listing as 2020-12 leaves it out.
+_ADDED_AFTER: dict[int, frozenset[str]] = {
+    2019: frozenset({"prefixItems", "$dynamicRef", "$dynamicAnchor"}),
+    7: frozenset({
+        "dependentRequired", "dependentSchemas", "unevaluatedItems", "unevaluatedProperties",
+        "maxContains", "minContains", "$anchor", "$recursiveRef", "$recursiveAnchor",
+    }),
+    6: frozenset({"if", "then", "else"}),
+    4: frozenset({"const", "contains", "propertyNames", "$id"}),
+    3: frozenset({
+        "allOf", "anyOf", "oneOf", "not", "multipleOf", "maxProperties", "minProperties",
+    }),
+}  # fmt: skip
+_NEWER_THAN: dict[int, frozenset[str]] = {
+    draft: frozenset().union(*(added for last, added in _ADDED_AFTER.items() if last >= draft))
+    for draft in _ADDED_AFTER
+}
+#: The keywords that assert or apply in some draft (or that move what ``$ref`` resolves
+#: against): the ones draft 7 and older pass by beside a ``$ref``.
+_APPLYING = _NEWER_THAN[3] | {
+    "type", "enum", "maximum", "exclusiveMaximum", "minimum", "exclusiveMinimum",
+    "maxLength", "minLength", "pattern", "maxItems", "minItems", "uniqueItems", "required",
+    "dependencies", "items", "additionalItems", "properties", "patternProperties",
+    "additionalProperties", "id", "extends", "disallow", "divisibleBy",
+}  # fmt: skip
+#: A 2020-12 ``$anchor``.
+_ANCHOR = re.compile(r"[A-Za-z_][-A-Za-z0-9._]*")
+#: What Claude's API refuses at an ``input_schema``'s root (it says "input_schema does not
+#: support oneOf, allOf, or anyOf at the top level"), and the keywords that move with them.
+_CONDITIONAL = frozenset({"allOf", "anyOf", "oneOf", "if", "then", "else"})
+
+
+def as_2020_12(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``schema`` as the JSON Schema 2020-12 schema that takes the same instances, without a
+    ``$schema`` unless it is 2020-12's (MCP's default dialect; Claude's API refuses every
+    request of a session whose tools hold one schema that is not 2020-12). ``schema``
+    itself when it is one already (most schemas: no ``$schema``)."""
+    declared = schema.get("$schema")
+    if declared is None:
+        return schema
+    draft = dialect(schema)
+    if draft == 2020:
+        if declared in (DIALECT_2020_12, DIALECT_2020_12 + "#"):
+            return schema
+        # jsonschema checks an unknown $schema as 2020-12; a host may refuse the name.
+        return {k: v for k, v in schema.items() if k != "$schema"}
+    converted: Mapping[str, Any] = _converted(schema, draft)
+    return converted
+
+
+def _converted(node: Any, draft: int) -> Any:
+    """A schema of ``draft`` (3 to 2019-09) as 2020-12 (``as_2020_12``), its subschemas too.
+
+    What changed on the way: tuple ``items`` became ``prefixItems`` (and ``additionalItems``
+    ``items``); ``dependencies`` became ``dependentRequired``/``dependentSchemas``; draft 3
+    and 4's boolean ``exclusiveMaximum`` the number (``exclusiveMinimum`` alike); draft 3's
+    ``required: true`` in a property its parent's list, ``type`` with schemas or ``any`` an
+    ``anyOf``, ``extends`` an ``allOf``, ``disallow`` a ``not``, ``divisibleBy``
+    ``multipleOf``; a draft 6 or 7 ``$id`` fragment an ``$anchor``; 2019-09's
+    ``$recursiveRef`` a ``$ref``. Keywords an older draft passes by (``_NEWER_THAN``; beside
+    a ``$ref`` in draft 7 and older, ``_APPLYING``) are left out, as they would apply.
+    """
+    if not isinstance(node, Mapping):
+        return node  # a boolean schema (draft 6 on) says the same in 2020-12
+    dropped = _NEWER_THAN[draft] | {"$schema"}
+    if draft <= 7 and "$ref" in node:
+        dropped = dropped | (_APPLYING - {"$ref"})
+    out: dict[str, Any] = {}
+    all_of: list[Any] = []
+    for keyword, value in node.items():
+        if keyword in dropped:
+            continue
+        if keyword == "items":
+            if isinstance(value, list):
+                out["prefixItems"] = [_converted(sub, draft) for sub in value]
+                if "additionalItems" in node:
+                    out["items"] = _converted(node["additionalItems"], draft)
+            else:
+                out["items"] = _converted(value, draft)
+        elif keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
+            out[keyword] = {key: _converted(sub, draft) for key, sub in value.items()}
+            if keyword == "properties" and draft == 3:
+                needed = [k for k, sub in value.items() if _draft3_required(sub)]
+                if needed:
+                    out["required"] = needed
+        elif keyword in _SUBSCHEMAS and isinstance(value, list):
+            out[keyword] = [_converted(sub, draft) for sub in value]
+        elif keyword in _SUBSCHEMA:
+            out[keyword] = _converted(value, draft)
+        elif keyword == "dependencies":
+            if draft <= 7 and isinstance(value, Mapping):
+                for key, sub in value.items():
+                    if isinstance(sub, (str, list)):
+                        needs = [sub] if isinstance(sub, str) else sub
+                        out.setdefault("dependentRequired", {})[key] = needs
+                    else:
+                        out.setdefault("dependentSchemas", {})[key] = _converted(sub, draft)
+        elif keyword in ("maximum", "minimum") and draft <= 4:
+            exclusive = "exclusiveMaximum" if keyword == "maximum" else "exclusiveMinimum"
+            out[exclusive if node.get(exclusive) is True else keyword] = value
+        elif keyword in ("exclusiveMaximum", "exclusiveMinimum") and isinstance(value, bool):
+            continue  # draft 3 and 4's flag, taken with its bound
+        elif keyword == "required" and isinstance(value, bool):
+            continue  # draft 3's, in its parent's list (at the root it says nothing)
+        elif keyword == "additionalItems":
+            continue  # with tuple ``items``; passed by beside any other
+        elif draft == 3 and keyword in ("type", "disallow", "extends", "divisibleBy"):
+            _draft3_keyword(out, all_of, keyword, value)
+        elif keyword == "$id" and draft <= 7 and isinstance(value, str) and "#" in value:
+            base, _, fragment = value.partition("#")
+            if base:
+                out["$id"] = base
+            if _ANCHOR.fullmatch(fragment):
+                out["$anchor"] = fragment
+        elif keyword == "$recursiveRef":
+            # Within one document (no ``$id`` below the root), as ``$ref`` resolves.
+            if "$ref" in node:
+                all_of.append({"$ref": value})
+            else:
+                out["$ref"] = value
+        elif keyword != "$recursiveAnchor":
+            out[keyword] = value
+    if all_of:
+        out["allOf"] = [*out.get("allOf", ()), *all_of]
+    return out
+
+
+def _draft3_required(sub: Any) -> bool:
+    return isinstance(sub, Mapping) and sub.get("required") is True
+
+
+def _draft3_keyword(out: dict[str, Any], all_of: list[Any], keyword: str, value: Any) -> None:
+    """Draft 3's ``type`` (names, schemas, ``any``), ``disallow``, ``extends`` and
+    ``divisibleBy`` as 2020-12 keywords, into ``out`` (``allOf`` members into ``all_of``)."""
+    if keyword == "divisibleBy":
+        out["multipleOf"] = value
+    elif keyword == "extends":
+        all_of.extend(_converted(sub, 3) for sub in (value if isinstance(value, list) else [value]))
+    else:
+        kinds = value if isinstance(value, list) else [value]
+        if keyword == "type" and all(isinstance(k, str) and k != "any" for k in kinds):
+            out["type"] = value
+            return
+        names = [k for k in kinds if isinstance(k, str)]
+        choices = [{"type": names}] if names and "any" not in names else []
+        choices += [_converted(k, 3) for k in kinds if isinstance(k, Mapping)]
+        if keyword == "type":
+            if "any" not in names:
+                out["anyOf"] = choices
+        else:
+            out["not"] = {} if "any" in names else {"anyOf": choices}
 
 
 def _positions(
@@ -132,8 +297,9 @@ def header_marks(schema: Mapping[str, Any]) -> list[tuple[tuple[str, ...], str]]
     reached from the root through ``properties`` keys alone, not a token, on a type
     other than string, integer or boolean, or the same name twice in any case): such a
     schema is listed without its marks (``listed_schema``), so no header is checked.
+    The marks are those of the schema as listed (``as_2020_12``), which a host reads.
     """
-    found, problem = _marks(schema)
+    found, problem = _marks(as_2020_12(schema))
     return found if found and problem is None else None
 
 
@@ -172,19 +338,24 @@ def listed_schema(schema: Mapping[str, Any], *, marks_checked: bool = False) -> 
     ``marks_checked``: the caller knows the schema's marks break none of MCP's rules (a
     tool whose parse made no ``listing_notes``), so they are not looked at again.
 
+    MCP's default dialect is JSON Schema 2020-12, and Claude's API refuses every request
+    of a session when one tool's schema is not 2020-12 or holds ``allOf``, ``anyOf`` or
+    ``oneOf`` at its root: a schema of an older draft is listed as the 2020-12 schema
+    that says the same (``as_2020_12``), and root combinators move under
+    ``"if": true, "then": {...}``, which applies them as the root did.
     MCP's arguments are always an object, and its schema requires that root type; a host
     that checks it (the SDK) refuses the whole ``tools/list`` when one tool lacks it. A
     manifest may leave ``type`` out or allow other types beside object: for the objects an
     MCP host sends, ``"object"`` says the same. MCP's schema also makes each root property
     an object, and the TypeScript SDK's client (most Node hosts') refuses the whole list
     when one is a boolean schema (``"x": true``, valid JSON Schema): it is listed as the
-    object that says the same (``{}``, ``{"not": {}}``); its root ``required`` must be a
-    list of names, and draft 3's boolean one (which says nothing at the root) is left out.
+    object that says the same (``{}``, ``{"not": {}}``).
     A mark that breaks MCP's rules makes its SDK clients (Python's on every transport,
     TypeScript's over HTTP) drop the tool on 2026-07-28; the daemon checks no header of
     such a schema, so its marks are left out and the tool is listed. An annotation
-    changes no validation.
+    changes no validation: a call is checked against the schema as declared.
     """
+    schema = as_2020_12(schema)
     if not marks_checked and _may_be_marked(schema) and _marks(schema)[1] is not None:
         schema = _unmarked(schema)
     properties = schema.get("properties")
@@ -195,10 +366,13 @@ def listed_schema(schema: Mapping[str, Any], *, marks_checked: bool = False) -> 
             k: _BOOLEAN_SCHEMAS[v] if isinstance(v, bool) else v for k, v in properties.items()
         }
         schema = {**schema, "properties": fixed}
-    if isinstance(schema.get("required"), bool):
-        # Draft 3's ``required`` is a boolean (its instance must be present), which the
-        # root always is; MCP's schema (and the TypeScript SDK's) has a list of names there.
-        schema = {k: v for k, v in schema.items() if k != "required"}
+    if "anyOf" in schema or "allOf" in schema or "oneOf" in schema:
+        moved = {k: v for k, v in schema.items() if k in _CONDITIONAL}
+        schema = {
+            **{k: v for k, v in schema.items() if k not in _CONDITIONAL},
+            "if": True,
+            "then": moved,
+        }
     if schema.get("type") == "object":
         return schema
     return {**schema, "type": "object"}
@@ -211,6 +385,17 @@ def unlisted_reason(name: str, schema: Mapping[str, Any]) -> str | None:
         name: The tool's name.
         schema: Its schema as declared.
     """
+    kinds = schema.get("type", "object")
+    if not any(
+        kind in ("object", "any") or isinstance(kind, Mapping)  # draft 3's "any", schemas
+        for kind in (kinds if isinstance(kinds, list) else [kinds])
+    ):
+        return (
+            f"External tool '{name}' is not listed to MCP hosts: its schema's root type is "
+            f"{orjson.dumps(kinds).decode()}, and MCP hosts send arguments as an object, "
+            'so no call of theirs could pass. Give the schema "type": "object" and the '
+            "values as its properties; the native invoke still takes the tool as it is."
+        )
     try:
         # orjson refuses any integer wider than 64 bits: one C pass clears almost every
         # schema (a walk in Python cost ~10 us a tool, at every catalog build).
@@ -233,7 +418,7 @@ def listing_notes(name: str, schema: Mapping[str, Any]) -> list[str]:
         return [unlisted]
     if not _may_be_marked(schema):
         return []
-    problem = _marks(schema)[1]
+    problem = _marks(as_2020_12(schema))[1]
     if problem is None:
         return []
     return [

@@ -58,6 +58,7 @@ __all__ = [
     "ArgumentValidators",
     "SchemaChecker",
     "canonical_json",
+    "dialect",
     "json_pointer",
     "off_loop",
     "stopped_message",
@@ -138,6 +139,21 @@ def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
         return Draft202012Validator
     cls: type[Validator] = validator_for(schema, default=Draft202012Validator)
     return cls
+
+
+def dialect(schema: Mapping[str, Any]) -> int:
+    """The JSON Schema draft that checks ``schema`` (its ``$schema``; 2020-12 by default):
+    3, 4, 6, 7, 2019 (2019-09) or 2020 (2020-12)."""
+    from jsonschema import validators
+
+    drafts: dict[Any, int] = {
+        validators.Draft3Validator: 3,
+        validators.Draft4Validator: 4,
+        validators.Draft6Validator: 6,
+        validators.Draft7Validator: 7,
+        validators.Draft201909Validator: 2019,
+    }
+    return drafts.get(_validator_class(schema), 2020)
 
 
 def _additional_properties_in_order(

@@ -32,6 +32,7 @@ from typing import Any
 import anyio
 import mcp_types as types
 import pytest
+from jsonschema import Draft202012Validator
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
@@ -1302,11 +1303,60 @@ async def test_mcp_boolean_root_properties_and_draft3_required_are_listed_as_mcp
             missing = await client.call_tool("draft3", {})
     assert listed["boolprops"].input_schema == {
         "type": "object", "properties": {"any": {}, "never": {"not": {}}}}
-    assert listed["draft3"].input_schema == {
-        "$schema": draft3["$schema"], "properties": draft3["properties"], "type": "object"}
+    assert listed["draft3"].input_schema == {  # as JSON Schema 2020-12 (test_mcpschema.py)
+        "properties": {"x": {"type": "string"}}, "required": ["x"], "type": "object"}
     assert never.is_error is True
     assert missing.is_error is True
     assert "x" in _text(missing)
+
+
+async def test_mcp_lists_every_schema_as_json_schema_2020_12_and_checks_calls_as_declared(
+    mcp_host: Daemon, workspace: Path
+) -> None:
+    """Claude's API refuses every request of a session when one tool's schema is not JSON
+    Schema 2020-12, or holds ``anyOf``/``allOf``/``oneOf`` at its root: a draft 7 schema
+    is listed as the 2020-12 schema that says the same, without its ``$schema``, and a root
+    ``anyOf`` moves under ``"if": true, "then"``. A schema whose root type takes no object
+    can take no MCP call: it is left out, and the catalog says why. Calls are checked
+    against the schemas as declared."""
+    sets = workspace / ".crystal" / "tools"
+    draft7 = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+              "properties": {"t": {"type": "array", "items": [{"type": "string"}],
+                                   "additionalItems": {"type": "integer"}}},
+              "dependencies": {"a": ["t"]}}
+    write_set(sets, "draft7", tool("d.py", schema=draft7), **{"d.py": ASKER_OK})
+    either = {"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+              "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}
+    write_set(sets, "either", tool("e.py", schema=either), **{"e.py": ASKER_OK})
+    write_set(sets, "arrayroot", tool("r.py", schema={"type": "array"}), **{"r.py": ASKER_OK})
+    with anyio.fail_after(30):
+        async with Client(server(mcp_host, workspace, "--mode", "full")) as client:
+            listed = {t.name: t for t in (await client.list_tools()).tools}
+            results = [
+                await client.call_tool("draft7", {"t": ["a", 1, 2], "a": 1}),
+                await client.call_tool("draft7", {"t": ["a", "b"]}),
+                await client.call_tool("draft7", {"a": 1}),
+                await client.call_tool("either", {"b": "x"}),
+                await client.call_tool("either", {}),
+            ]
+    assert listed["draft7"].input_schema == {
+        "type": "object",
+        "properties": {"t": {"type": "array", "prefixItems": [{"type": "string"}],
+                             "items": {"type": "integer"}}},
+        "dependentRequired": {"a": ["t"]},
+    }
+    assert listed["either"].input_schema == {
+        "type": "object", "properties": either["properties"],
+        "if": True, "then": {"anyOf": either["anyOf"]},
+    }
+    for schema in (listed["draft7"].input_schema, listed["either"].input_schema):
+        Draft202012Validator.check_schema(schema)
+    assert [r.is_error for r in results] == [False, True, True, False, True]
+    assert "arrayroot" not in listed
+    notes = mcp_host.call("list", {"workspace": str(workspace)})["result"]["notes"]
+    (noted,) = [n["message"] for n in notes if n["set"] == "arrayroot"]
+    assert 'root type is "array"' in noted
+    assert "MCP hosts send arguments as an object" in noted
 
 
 async def test_mcp_a_schema_whose_header_marks_break_mcp_rules_is_listed_without_them(

@@ -56,6 +56,11 @@ DRAFT3_REQUIRED = {
     "$schema": "http://json-schema.org/draft-03/schema#", "type": "object", "required": True,
     "properties": {"x": {"type": "string", "required": True}},
 }
+#: A schema with ``anyOf`` at its root, which Claude's API refuses there.
+ROOT_ANY_OF = {
+    "type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "string"}},
+    "anyOf": [{"required": ["a"]}, {"required": ["b"]}],
+}
 #: A schema that marks an integer for the 2026-07-28 ``Mcp-Param-N`` header.
 ROUTED = {"type": "object", "properties": {"n": {"type": "integer", "x-mcp-header": "N"}}}
 #: A draft 7 schema with a mark in its tuple ``items``, where MCP's rules refuse one.
@@ -88,7 +93,7 @@ def sdk2() -> Path:
 @pytest.fixture(scope="module")
 def ts_daemon() -> Iterator[Daemon]:
     """The module's daemon: the example sets, the MCP test sets, a set of 1,001 tools (two
-    pages), four tools whose schemas MCP's shape does not take as declared, one whose
+    pages), five tools whose schemas MCP's shape does not take as declared, one whose
     schema marks an integer for a 2026-07-28 header and a project set that asks; MCP on the socket and on a 127.0.0.1 port."""
 
     def fill(home: Path, workspace: Path) -> None:
@@ -103,6 +108,8 @@ def ts_daemon() -> Iterator[Daemon]:
                   **{"b.py": script("print('took it')\n")})
         write_set(home / "tools", "draft3", tool("d.py", schema=DRAFT3_REQUIRED),
                   **{"d.py": script("print('took it')\n")})
+        write_set(home / "tools", "anyofroot", tool("a.py", schema=ROOT_ANY_OF),
+                  **{"a.py": script("print('took it')\n")})
         write_set(home / "tools", "hugeint", tool("h.py", schema=HUGE_INTEGER),
                   **{"h.py": script("print('took it')\n")})
         write_set(home / "tools", "tuplemark", tool("t.py", schema=TUPLE_MARK),
@@ -183,23 +190,33 @@ def test_ts_client_lists_tools_whose_schemas_mcp_shapes_otherwise(
     """A root property that is a boolean schema (``"any": true``, valid JSON Schema) is
     listed as the object that says the same, and a draft 3 boolean ``required`` at the
     root is left out: the TS client's zod refused the whole tools/list over either (MCP's
-    schema has an object, a list of names there), so the host saw no tool at all. The
-    calls are still validated against the schemas as declared."""
+    schema has an object, a list of names there), so the host saw no tool at all. A root
+    ``anyOf`` (which Claude's API refuses there) is listed under ``"if": true, "then"``,
+    and the client takes it. The calls are still validated against the schemas as
+    declared."""
     calls = [
         {"name": "boolprops", "arguments": {"any": [1]}},
         {"name": "boolprops", "arguments": {"never": 1}},
         {"name": "draft3", "arguments": {"x": "a"}},
         {"name": "draft3", "arguments": {}},
+        {"name": "anyofroot", "arguments": {"b": "x"}},
+        {"name": "anyofroot", "arguments": {}},
     ]
     report = run_client(sdk, ts_daemon, transport, ["list", "calls"], calls=calls)
     listed = report["steps"]["list"]["tools"]
     assert listed["boolprops"]["inputSchema"] == {
         "type": "object", "properties": {"any": {}, "never": {"not": {}}},
     }
-    assert listed["draft3"]["inputSchema"] == {
-        k: v for k, v in DRAFT3_REQUIRED.items() if k != "required"
+    assert listed["draft3"]["inputSchema"] == {  # as JSON Schema 2020-12 (test_mcpschema.py)
+        "type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"],
     }
-    took, refused, ran, missing = report["steps"]["calls"]["results"]
+    assert listed["anyofroot"]["inputSchema"] == {
+        "type": "object", "properties": ROOT_ANY_OF["properties"],
+        "if": True, "then": {"anyOf": ROOT_ANY_OF["anyOf"]},
+    }
+    took, refused, ran, missing, either, neither = report["steps"]["calls"]["results"]
+    assert either["isError"] is False
+    assert neither["isError"] is True
     assert took["isError"] is False
     assert "took it" in took["text"]
     assert refused["isError"] is True
@@ -226,7 +243,7 @@ def test_ts_client_lists_every_tool_but_one_whose_schema_no_double_holds(
     report = run_client(folder, ts_daemon, transport, ["list", "calls"], calls=calls, **extra)
     listed = report["steps"]["list"]
     assert "hugeint" not in listed["names"]
-    assert {"hello", "boolprops", "draft3"} <= set(listed["names"])
+    assert {"hello", "boolprops", "draft3", "anyofroot", "tuplemark"} <= set(listed["names"])
     assert listed["count"] >= len(PAGED) + 4
     took, refused = report["steps"]["calls"]["results"]
     assert took["isError"] is False
@@ -278,7 +295,8 @@ def test_ts_client_2026_lists_a_tool_whose_mark_in_tuple_items_breaks_mcp_rules(
     assert report["steps"]["initialize"]["era"] == "modern"
     listed = report["steps"]["list"]["tools"]
     assert "tuplemark" in listed
-    assert listed["tuplemark"]["inputSchema"]["properties"]["t"]["items"] == [{"type": "string"}]
+    assert listed["tuplemark"]["inputSchema"]["properties"]["t"] == {  # 2020-12's tuple
+        "type": "array", "prefixItems": [{"type": "string"}]}
     (ran,) = report["steps"]["calls"]["results"]
     assert ran["isError"] is False
 
