@@ -22,6 +22,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from toolsetd.protocol.errors import workspace_not_a_directory
 from toolsetd.protocol.whitespace import NET_WHITESPACE
 
 from .blocking import BlockingClient
@@ -242,8 +243,7 @@ def _require_workspace(ctx: Context) -> None:
     if state is True:
         return
     message = (
-        f"Invalid workspace: {str(ctx.workspace)!r} is not a directory; 'workspace' must be "
-        "an absolute path to an existing directory."
+        workspace_not_a_directory(str(ctx.workspace))
         if state is False
         else f"Invalid workspace: {_cannot_read(ctx.workspace, state)}."
     )

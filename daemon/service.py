@@ -477,9 +477,7 @@ class Service:
             canonical = existing_directory(raw)
         if canonical is None:
             raise rpc_errors.InvalidWorkspace(
-                f"Invalid workspace: {raw!r} is not a directory; 'workspace' must be an "
-                "absolute path to an existing directory.",
-                {"field": "workspace"},
+                rpc_errors.workspace_not_a_directory(raw), {"field": "workspace"}
             )
         return canonical
 

@@ -61,6 +61,7 @@ __all__ = [
     "UnknownCall",
     "UnknownTool",
     "reject_json_constant",
+    "workspace_not_a_directory",
 ]
 
 
@@ -260,6 +261,34 @@ class ShuttingDown(RpcError):
 
     CODE = -32010
     MESSAGE = "Shutting down"
+
+
+#: A variable its host left unexpanded in a path: ``${workspaceFolder}``, ``$PWD``.
+_UNEXPANDED = r"\$\{[^}]*\}|\$[A-Za-z_][A-Za-z0-9_]*"
+
+
+def workspace_not_a_directory(path: str) -> str:
+    """``InvalidWorkspace``'s message for a workspace that names no directory (the daemon's
+    on every face, and toolsetctl's when no daemon answers).
+
+    A host's config names the workspace with its own variable (``${workspaceFolder}``),
+    which Cursor and VS Code leave as it is when no folder is open: the path then holds
+    the variable's name, and the message says so.
+    """
+    message = (
+        f"Invalid workspace: {path!r} is not a directory; 'workspace' must be an absolute "
+        "path to an existing directory."
+    )
+    import re  # a failure's path only: toolsetctl's start-up does not import it
+
+    unexpanded = re.search(_UNEXPANDED, path)
+    if unexpanded is None:
+        return message
+    return (
+        f"{message} It holds {unexpanded.group()}, a variable its host did not expand "
+        "(Cursor and VS Code leave ${workspaceFolder} so when no folder is open): open a "
+        "folder, or give the folder's own path."
+    )
 
 
 def reject_json_constant(name: str) -> object:

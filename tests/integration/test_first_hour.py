@@ -611,3 +611,45 @@ def test_validate_names_path_and_argv_names_the_schema_lacks(
     for folder in (fine, wider):
         r = ctl(first_hour, "validate", str(folder), "--format", "json")
         assert (r.returncode, _json(r)["problems"]) == (0, []), r.stdout
+
+
+# -- a host's variable left unexpanded ------------------------------------------------
+
+
+def test_a_workspace_variable_the_host_left_unexpanded_is_named(
+    first_hour: Daemon, tmp_path: Path
+) -> None:
+    """Cursor and VS Code leave ``${workspaceFolder}`` as it is when no folder is open, so
+    ``toolsetctl mcp`` got that text for its workspace and said only that the path (the
+    current folder joined with it) is no directory. Every face now names the variable
+    and the fix: the pump, a command through the daemon, and one with no daemon."""
+    hint = (
+        "It holds ${workspaceFolder}, a variable its host did not expand (Cursor and VS Code "
+        "leave ${workspaceFolder} so when no folder is open): open a folder, or give the "
+        "folder's own path."
+    )
+    argv = [sys.executable, "-m", "toolsetd.client", "--socket", str(first_hour.socket)]
+    unexpanded = ["--workspace", "${workspaceFolder}"]
+    pump = subprocess.run(
+        [*argv, *unexpanded, "mcp", "--no-autostart"],
+        input="", capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+    )
+    assert pump.returncode == 2
+    assert f"'{tmp_path}/${{workspaceFolder}}' is not a directory" in pump.stderr
+    assert hint in pump.stderr
+    listed = subprocess.run(
+        [*argv, *unexpanded, "list"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+    )
+    assert listed.returncode == 2
+    assert hint in listed.stderr
+    offline = subprocess.run(
+        [sys.executable, "-m", "toolsetd.client", "--socket", str(tmp_path / "none.sock"),
+         *unexpanded, "list"],
+        capture_output=True, text=True, timeout=60, check=False, cwd=tmp_path,
+    )
+    assert offline.returncode == 2
+    assert hint in offline.stderr
+    plain = ctl(first_hour, "--workspace", str(tmp_path / "gone"), "list")
+    assert plain.returncode == 2
+    assert "It holds" not in plain.stderr
