@@ -75,8 +75,8 @@ _SUBSCHEMA = frozenset(
 )
 _SUBSCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _SUBSCHEMA_MAP = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
-#: The keywords whose value may be a list of schemas (draft 7's tuple ``items`` too).
-_SUBSCHEMA_LISTS = _SUBSCHEMAS | _SUBSCHEMA
+#: Every keyword ``_positions`` walks besides ``properties``.
+_WALKED = _SUBSCHEMA | _SUBSCHEMAS | _SUBSCHEMA_MAP
 #: An HTTP field name (RFC 9110 5.6.2 token).
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_TYPES = ("string", "integer", "boolean")
@@ -256,16 +256,23 @@ def _positions(
                 children.extend(
                     ((*path, key) if path is not None else None, sub) for key, sub in value.items()
                 )
-            elif keyword in _SUBSCHEMA:
-                # Draft 7's tuple ``items`` is a list: the TypeScript SDK looks in it too.
-                children.extend(
-                    (None, sub) for sub in (value if isinstance(value, list) else [value])
-                )
-            elif keyword in _SUBSCHEMAS and isinstance(value, list):
-                children.extend((None, sub) for sub in value)
-            elif keyword in _SUBSCHEMA_MAP and isinstance(value, Mapping):
-                children.extend((None, sub) for sub in value.values())
+            elif keyword in _WALKED:
+                children.extend((None, sub) for sub in _subschemas(keyword, value))
         pending.extend(reversed(children))  # depth first, in the file's order
+
+
+def _subschemas(keyword: str, value: Any) -> list[Any]:
+    """The schemas under ``keyword`` (one of ``_WALKED``), whatever the shape of its value,
+    as the TypeScript SDK's client takes them: a list's items (draft 7's tuple ``items``),
+    a map keyword's values, or the value itself. A value of another shape than its
+    keyword's (``"prefixItems": {...}``, ``"$defs": [...]``) is valid JSON Schema where the
+    schema's ``$schema`` names a draft that does not know that keyword (draft 7 knows
+    neither), and that client looks in it all the same: a mark there dropped the tool."""
+    if isinstance(value, list):
+        return value
+    if isinstance(value, Mapping) and keyword in _SUBSCHEMA_MAP:
+        return list(value.values())
+    return [value]
 
 
 def _marks(schema: Mapping[str, Any]) -> tuple[list[tuple[tuple[str, ...], str]], str | None]:
@@ -313,9 +320,9 @@ def _unmarked(node: Any) -> Any:
             continue
         if keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
             out[keyword] = {key: _unmarked(sub) for key, sub in value.items()}
-        elif keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
+        elif keyword in _WALKED and isinstance(value, list):
             out[keyword] = [_unmarked(sub) for sub in value]
-        elif keyword in _SUBSCHEMA:
+        elif keyword in _WALKED:
             out[keyword] = _unmarked(value)
         else:
             out[keyword] = value

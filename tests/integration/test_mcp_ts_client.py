@@ -68,6 +68,21 @@ TUPLE_MARK = {
     "$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
     "properties": {"t": {"type": "array", "items": [{"type": "string", "x-mcp-header": "T"}]}},
 }
+#: Draft 7 schemas with a mark under a keyword draft 7 does not know, so of any shape: in
+#: ``prefixItems`` written as one schema, in ``$defs`` written as a list. The TypeScript
+#: SDK's 2.x client looks there all the same, and MCP's rules refuse a mark there.
+SHAPE_MARKS = {
+    "prefixmark": {
+        "$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+        "properties": {"t": {"type": "array",
+                             "prefixItems": {"type": "string", "x-mcp-header": "P"}}},
+    },
+    "defsmark": {
+        "$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+        "properties": {"t": {"type": "array"}},
+        "$defs": [{"type": "string", "x-mcp-header": "D"}],
+    },
+}
 #: Valid JSON Schema holding an integer no double holds (JavaScript reads it as Infinity).
 HUGE_INTEGER = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 10**400}}}
 
@@ -93,8 +108,9 @@ def sdk2() -> Path:
 @pytest.fixture(scope="module")
 def ts_daemon() -> Iterator[Daemon]:
     """The module's daemon: the example sets, the MCP test sets, a set of 1,001 tools (two
-    pages), five tools whose schemas MCP's shape does not take as declared, one whose
-    schema marks an integer for a 2026-07-28 header and a project set that asks; MCP on the socket and on a 127.0.0.1 port."""
+    pages), seven tools whose schemas MCP's shape does not take as declared, one whose
+    schema marks an integer for a 2026-07-28 header and a project set that asks; MCP on the
+    socket and on a 127.0.0.1 port."""
 
     def fill(home: Path, workspace: Path) -> None:
         shutil.copytree(EXAMPLES, home / "tools", dirs_exist_ok=True)
@@ -114,6 +130,9 @@ def ts_daemon() -> Iterator[Daemon]:
                   **{"h.py": script("print('took it')\n")})
         write_set(home / "tools", "tuplemark", tool("t.py", schema=TUPLE_MARK),
                   **{"t.py": script("print('took it')\n")})
+        for name, schema in SHAPE_MARKS.items():
+            write_set(home / "tools", name, tool("t.py", schema=schema),
+                      **{"t.py": script("print('took it')\n")})
         write_set(home / "tools", "routed", tool("r.py", schema=ROUTED),
                   **{"r.py": script("import sys\nprint('took', sys.stdin.read())\n")})
 
@@ -299,6 +318,30 @@ def test_ts_client_2026_lists_a_tool_whose_mark_in_tuple_items_breaks_mcp_rules(
         "type": "array", "prefixItems": [{"type": "string"}]}
     (ran,) = report["steps"]["calls"]["results"]
     assert ran["isError"] is False
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+@pytest.mark.parametrize("name", sorted(SHAPE_MARKS))
+def test_ts_client_2026_lists_a_tool_whose_mark_under_a_keyword_its_draft_lacks_breaks_mcp_rules(
+    sdk2: Path, ts_daemon: Daemon, name: str
+) -> None:
+    """A keyword the schema's draft does not know takes a value of any shape, and the 2.x
+    client on 2026-07-28 over HTTP looks for marks in it as it does where the keyword is
+    known: a list's items, an object as a schema (a map keyword's: its values). The daemon
+    looked in a list keyword's list only and in a map keyword's object only, so it listed
+    the mark and the client dropped the tool. It is listed without it, and noted."""
+    calls = [{"name": name, "arguments": {"t": ["a"]}}]
+    report = run_client(sdk2, ts_daemon, "http", ["initialize", "list", "calls"], calls=calls,
+                        package="client", negotiation="auto")
+    assert report["steps"]["initialize"]["era"] == "modern"
+    listed = report["steps"]["list"]["tools"]
+    assert name in listed
+    assert "x-mcp-header" not in json.dumps(listed[name]["inputSchema"])
+    (ran,) = report["steps"]["calls"]["results"]
+    assert ran["isError"] is False
+    notes = ts_daemon.call("list", {"workspace": str(ts_daemon.workspace)})["result"]["notes"]
+    (noted,) = [n["message"] for n in notes if n["set"] == name]
+    assert "is listed to MCP hosts without its x-mcp-header marks: one is not on a " in noted
 
 
 @pytest.mark.timeout(900)  # a fresh machine installs from npm first
