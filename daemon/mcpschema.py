@@ -111,6 +111,14 @@ _APPLYING = _NEWER_THAN[3] | {
     "dependencies", "items", "additionalItems", "properties", "patternProperties",
     "additionalProperties", "id", "extends", "disallow", "divisibleBy",
 }  # fmt: skip
+#: Keywords whose value 2020-12's meta-schema gives a shape (a map of schemas, an
+#: annotation's type) that an older draft, which does not know them, leaves free: left out
+#: of a listing when of another shape (a draft 7 schema's ``"$defs": [...]``).
+_SHAPES: dict[str, type | tuple[type, ...]] = {
+    "$defs": Mapping, "definitions": Mapping, "deprecated": bool, "readOnly": bool,
+    "writeOnly": bool, "$comment": str, "contentMediaType": str, "contentEncoding": str,
+    "examples": list,
+}  # fmt: skip
 #: A 2020-12 ``$anchor``.
 _ANCHOR = re.compile(r"[A-Za-z_][-A-Za-z0-9._]*")
 #: What Claude's API refuses at an ``input_schema``'s root (it says "input_schema does not
@@ -156,7 +164,9 @@ def _converted(node: Any, draft: int) -> Any:
     out: dict[str, Any] = {}
     all_of: list[Any] = []
     for keyword, value in node.items():
-        if keyword in dropped:
+        if keyword in dropped or keyword == "$vocabulary":  # a meta-schema's alone
+            continue
+        if keyword in _SHAPES and not isinstance(value, _SHAPES[keyword]):
             continue
         if keyword == "items":
             if isinstance(value, list):

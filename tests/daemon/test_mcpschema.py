@@ -125,6 +125,20 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
         "type": "object", "allOf": [{"properties": {"a": {"type": "string"}}}],
         "unevaluatedProperties": False,
     }, [{"a": "x"}, {"a": 1}, {"b": 1}]),
+    ("draft 7 keywords it does not know, of shapes 2020-12 refuses", {
+        "$schema": D7, "type": "object", "$defs": [{"type": "string"}],
+        "deprecated": "soon", "$vocabulary": 1, "$anchor": "1", "dependentSchemas": [],
+        "properties": {"n": {"type": "integer"}},
+    }, [{"n": 1}, {"n": "x"}]),
+    ("draft 4 and 3 annotations of draft 7's names, of other shapes", {
+        "$schema": D4, "type": "object", "examples": {"a": 1}, "contentMediaType": 1,
+        "properties": {"n": {"type": "integer", "writeOnly": 0, "contentEncoding": [],
+                             "$comment": 5, "readOnly": "yes"}},
+    }, [{"n": 1}, {"n": "x"}]),
+    ("draft 3 definitions that are no map", {
+        "$schema": D3, "type": "object", "definitions": [1],
+        "properties": {"n": {"type": "integer"}},
+    }, [{"n": 1}, {"n": "x"}]),
     ("an unknown $schema, checked as 2020-12", {
         "$schema": "https://json-schema.org/draft-07/schema#", "type": "object",
         "properties": {"t": {"prefixItems": [{"type": "string"}]}},
