@@ -27,6 +27,7 @@ environment; a relative path containing a separator must stay inside the set dir
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -175,8 +176,9 @@ def build_argv(loaded: LoadedTool, arguments: Any) -> list[str]:
 _HEAD_BYTES = 256
 
 
-def interpreter_problem(path: str, *, without_line: bool = True) -> str:
-    """Why the executable regular file ``path`` cannot be run as it stands, else "".
+def interpreter_failure(path: str, *, without_line: bool = True) -> tuple[int, str]:
+    """Why the executable regular file ``path`` cannot be run as it stands: the errno its
+    start fails with and the sentence that names the fix, else ``(0, "")``.
 
     The kernel reads a script's ``#!`` line to find its interpreter, and when it cannot,
     ``execve`` fails with words that point elsewhere: a ``#!/bin/sh`` line saved with
@@ -196,39 +198,50 @@ def interpreter_problem(path: str, *, without_line: bool = True) -> str:
         # would hold the daemon's loop in open() until a writer came.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError:
-        return ""
+        return 0, ""
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return ""
+            return 0, ""
         head = os.read(fd, _HEAD_BYTES)
     except OSError:
-        return ""
+        return 0, ""
     finally:
         os.close(fd)
     if head.startswith(b"\x7fELF"):
-        return ""
+        return 0, ""
     if not head.startswith(b"#!"):
         if not without_line or not head:
-            return ""
-        return (
+            return 0, ""
+        return errno.ENOEXEC, (
             f"Command file {path} does not start with a #! line: make its first line one "
             "that names its interpreter, such as #!/bin/sh."
         )
     line = head[2:].split(b"\n", 1)[0]
     if line.endswith(b"\r"):
-        return (
+        return errno.ENOENT, (
             f"Command file {path} has Windows (CRLF) line endings: its #! line ends in a "
             f"carriage return, which the system reads as part of the interpreter's name; "
             f"save it with LF line endings (dos2unix {path})."
         )
     words = line.split()
     interpreter = os.fsdecode(words[0]) if words else ""
-    if interpreter.startswith("/") and not os.path.exists(interpreter):
-        return (
-            f"Command file {path} names the interpreter {interpreter} on its #! line, "
-            "which does not exist: install it, or name one that does."
+    if not interpreter.startswith("/"):
+        return 0, ""
+    named = f"Command file {path} names the interpreter {interpreter} on its #! line, "
+    if not os.path.exists(interpreter):
+        return errno.ENOENT, named + "which does not exist: install it, or name one that does."
+    if os.path.isdir(interpreter):
+        return errno.EACCES, named + "which is a folder: name the program in it."
+    if not os.access(interpreter, os.X_OK):
+        if _on_noexec(interpreter):
+            return errno.EACCES, named + (
+                "which is on a file system mounted noexec, from which the system starts no "
+                "program: name an interpreter on another file system."
+            )
+        return errno.EACCES, named + (
+            f"which is not executable: run chmod +x {interpreter}, or name another."
         )
-    return ""
+    return 0, ""
 
 
 def executable_problem(resolved: str, set_dir: Path, search_path: str | None = None) -> str:
@@ -265,7 +278,7 @@ def executable_problem(resolved: str, set_dir: Path, search_path: str | None = N
                 "mount this one without noexec."
             )
         return f"Command file {resolved} is not executable: run chmod +x {resolved}."
-    return interpreter_problem(resolved)
+    return interpreter_failure(resolved)[1]
 
 
 def found_on_path(name: str, search_path: str | None = None) -> str | None:

@@ -71,7 +71,7 @@ from typing import Any
 import structlog
 
 from . import threads
-from .argv import executable_problem, found_on_path, interpreter_problem
+from .argv import executable_problem, found_on_path, interpreter_failure
 from .cgroup import (
     JOIN_ARGV,
     JOIN_FAILED_EXIT,
@@ -230,9 +230,9 @@ def check_executable(name: str, search_path: str | None, set_dir: Path | None = 
         raise refuse(exc.errno or errno.ENOENT) from exc
     if stat.S_ISDIR(info.st_mode) or not os.access(name, os.X_OK):
         raise refuse(errno.EACCES)
-    problem = interpreter_problem(name, without_line=False)
+    code, problem = interpreter_failure(name, without_line=False)
     if problem:
-        raise ExecutableError(f"{os.strerror(errno.ENOENT)}: {name}. {problem}")
+        raise ExecutableError(f"{os.strerror(code)}: {name}. {problem}")
 
 
 @dataclass(frozen=True, slots=True)

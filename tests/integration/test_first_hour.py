@@ -72,8 +72,9 @@ def _fill(home: Path, workspace: Path) -> None:
     # Scripts the system cannot run as they stand (approval always: they run unasked).
     for name, (body, _fix) in SCRIPTS.items():
         runs = {**TOOL, "command": ["run.sh"], "approval": "always"}
-        write_set(tools, name, runs, **{"run.sh": body})
+        write_set(tools, name, runs, **{"run.sh": body.format(folder=tools / name)})
     (tools / "noexec" / "run.sh").chmod(0o644)
+    (tools / "interpnox" / "interp").write_text("#!/bin/sh\n")  # not executable
     write_set(project, "pcrlf", {**TOOL, "command": ["run.sh"]}, **{"run.sh": CRLF})
 
 
@@ -97,6 +98,18 @@ SCRIPTS = {
         "exist: install it, or name one that does.",
     ),
     "noexec": ("#!/bin/sh\necho hi\n", "is not executable: run chmod +x {path}."),
+    # An interpreter that is there but cannot run: the start said only "Permission denied"
+    # for the script, whose own x bits are set.
+    "interpnox": (
+        "#!{folder}/interp\necho hi\n",
+        "names the interpreter {folder}/interp on its #! line, which is not executable: run "
+        "chmod +x {folder}/interp, or name another.",
+    ),
+    "interpdir": (
+        "#!{folder}\necho hi\n",
+        "names the interpreter {folder} on its #! line, which is a folder: name the program "
+        "in it.",
+    ),
 }
 
 
@@ -249,7 +262,7 @@ def test_validate_names_what_stops_a_script(first_hour: Daemon, name: str) -> No
     path = folder / "run.sh"
     r = ctl(first_hour, "validate", str(folder))
     assert r.returncode == 2, r.stdout
-    fix = SCRIPTS[name][1].format(path=path)
+    fix = SCRIPTS[name][1].format(path=path, folder=folder)
     assert r.stdout == (
         f"Tool set {name} is not valid:\n- Command file {path} {fix} (used by {name})\n"
     )
@@ -302,9 +315,8 @@ def test_a_call_that_cannot_start_names_the_fix(
     r = ctl(daemon, "invoke", name)
     assert r.returncode == 1, r.stderr
     assert r.stdout.startswith("The external process failed to start: ")
-    assert r.stdout.endswith(
-        f": {path}. Command file {path} {SCRIPTS[name][1].format(path=path)}\n"
-    )
+    fix = SCRIPTS[name][1].format(path=path, folder=path.parent)
+    assert r.stdout.endswith(f": {path}. Command file {path} {fix}\n")
 
 
 @pytest.mark.anyio
