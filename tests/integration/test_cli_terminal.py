@@ -48,7 +48,8 @@ TOOL_OUTPUT = (
     "    sys.stdout.write('\\x1b[8mhidden\\n')\n"
     "elif mode == 'progress':\n"
     "    with os.fdopen(int(os.environ['TOOLSETD_PROGRESS_FD']), 'w') as p:\n"
-    "        p.write(json.dumps({{'message': 'prog ' + {escapes!r}, 'fraction': 0.5}}) + '\\n')\n"
+    "        p.write(json.dumps({{'message': 'prog ' + {escapes!r} + ' ##vso[task.setvariable "
+    "variable=x]y', 'fraction': 0.5}}) + '\\n')\n"
     "        p.flush()\n"
     "        time.sleep(2)\n"
     "elif mode == 'long':\n"
@@ -276,6 +277,9 @@ def test_a_progress_message_on_a_terminal_is_shown_escaped(setup: Setup) -> None
     assert code == 0, seen
     assert b"prog \\x1b]52;c;cHduZWQ=\\x07" in seen
     _no_raw(seen.replace(b"\r\x1b[2K", b""))
+    # A terminal a CI runner reads (a PTY, CI unset): the tool's message commands nothing.
+    assert b"\\x23#vso[task.setvariable" in seen
+    assert _runner_commands(seen) == []
 
 
 def test_a_closed_stdout_keeps_the_outcome_exit_code(setup: Setup) -> None:
