@@ -810,7 +810,7 @@ class Output:
         escaped like every other control character."""
         if self.format == "table":
             text = _LAYOUT_WHITESPACE.sub(" ", text)
-        return printable(text)
+        return inert_line(printable(text))
 
     def flush(self) -> None:
         """Flush stdout."""
