@@ -222,6 +222,15 @@ def test_a_project_set_forges_no_ci_runner_command(
         assert hostile.index(" Project") == plain.index(" Project")  # its columns line up
 
 
+def test_the_daemons_log_of_such_sets_forges_no_ci_runner_command(setup: Setup) -> None:
+    """docs/cli.md's CI script prints its daemon's log when the daemon fails; the log's
+    notes quote the sets (``##[set-output ...`` from a schema): the same text, inert."""
+    assert setup.ctl("list").returncode == 0
+    assert _runner_commands(setup.daemon.log().encode()) == []
+    messages = [str(event.get("message")) for event in setup.daemon.log_events()]
+    assert any(CI_TYPE in message for message in messages)
+
+
 @pytest.mark.parametrize("fmt", ["json", "jsonl"])
 def test_a_tools_output_in_json_forges_no_ci_runner_command(setup: Setup, fmt: str) -> None:
     """docs/cli.md's way to run a tool whose output the job does not trust: in JSON its
