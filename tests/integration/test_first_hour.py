@@ -366,24 +366,30 @@ def _ci_script() -> str:
     return section.split("```sh\n", 1)[1].split("```", 1)[0]
 
 
+def _ci_checkout(base: Path, body: str) -> tuple[Path, Path, dict[str, str]]:
+    """A job's checkout in ``base`` whose project set ``lint`` runs the script ``body``, its
+    ``TMPDIR``, and the environment the docs' script runs in (this toolsetd on ``PATH``)."""
+    checkout, scratch = base / "checkout", base / "tmp"
+    scratch.mkdir()
+    write_set(
+        checkout / ".crystal" / "tools",
+        "lint",
+        {**TOOL, "command": ["run.sh"]},
+        **{"run.sh": body},
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+    env["TMPDIR"] = str(scratch)
+    return checkout, scratch, env
+
+
 @pytest.mark.parametrize(("lint", "code", "out"), [(0, 0, "clean"), (3, 3, "2 problems")])
 def test_the_ci_job_of_the_docs_runs_as_written(lint: int, code: int, out: str) -> None:
     """docs/cli.md's CI script, run verbatim by bash in a checkout with a project set:
     it starts its own daemon, gates on the tool's exit code, and leaves nothing behind."""
     base = Path(tempfile.mkdtemp(prefix="tfh-job-", dir="/tmp"))
     try:
-        checkout, scratch = base / "checkout", base / "tmp"
-        scratch.mkdir()
-        body = f"#!/bin/sh\necho '{out}'\nexit {lint}\n"
-        write_set(
-            checkout / ".crystal" / "tools",
-            "lint",
-            {**TOOL, "command": ["run.sh"]},
-            **{"run.sh": body},
-        )
-        env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
-        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
-        env["TMPDIR"] = str(scratch)
+        checkout, scratch, env = _ci_checkout(base, f"#!/bin/sh\necho '{out}'\nexit {lint}\n")
         r = subprocess.run(
             ["bash", "-c", _ci_script()],
             cwd=checkout,
@@ -419,16 +425,7 @@ def test_the_ci_job_of_the_docs_fails_as_unreachable_when_its_daemon_dies() -> N
     step ends with toolsetctl's 5, and says why, not with the 1 of a tool that failed."""
     base = Path(tempfile.mkdtemp(prefix="tfh-job-", dir="/tmp"))
     try:
-        checkout, scratch = base / "checkout", base / "tmp"
-        scratch.mkdir()
-        body = "#!/bin/sh\nexec sleep 30\n"
-        write_set(
-            checkout / ".crystal" / "tools", "lint", {**TOOL, "command": ["run.sh"]},
-            **{"run.sh": body},
-        )
-        env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
-        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
-        env["TMPDIR"] = str(scratch)
+        checkout, scratch, env = _ci_checkout(base, "#!/bin/sh\nexec sleep 30\n")
         job = subprocess.Popen(
             ["bash", "-c", _ci_script()],
             cwd=checkout,
