@@ -15,6 +15,8 @@ import os
 import time
 from collections.abc import Mapping
 
+from toolsetd.protocol.printable import inert_line
+
 from .table import chunks, printable
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
@@ -136,7 +138,7 @@ class Progress:
             columns = os.get_terminal_size(self._stream.fileno()).columns or 80
         except (AttributeError, ValueError, OSError):
             columns = 80
-        self._stream.write("\r\x1b[2K" + _fit(printable(text), max(columns - 1, 10)))
+        self._stream.write("\r\x1b[2K" + _fit(inert_line(printable(text)), max(columns - 1, 10)))
         self._stream.flush()
         self._drawn = True
 

@@ -28,6 +28,8 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
+from toolsetd.protocol.printable import inert_json, inert_line
+
 from .table import (
     fields_lines,
     fits,
@@ -697,7 +699,7 @@ _JSON_UNSAFE = re.compile(
 
 def _json_text(value: Any, **options: Any) -> str:
     text = json.dumps(value, ensure_ascii=False, **options)
-    return _JSON_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", text)
+    return inert_json(_JSON_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", text))
 
 
 #: The ASCII whitespace ``textwrap`` turns into spaces when it wraps a ``table`` value.
@@ -710,9 +712,11 @@ class Output:
     What it prints in ``table`` and ``text`` goes through ``printable`` (cells, field
     values, lines, error messages): names, descriptions, notes and the daemon's messages
     come from tool sets nobody reviewed (a cloned repository's ``.crystal/tools``), and a
-    terminal must show them, not obey them. JSON escapes the same characters as ``\\uXXXX``
-    (the same document). A tool's output is the one thing printed as it is
-    (``tool_text``), and on a terminal only with its control characters shown as escapes.
+    terminal must show them, not obey them; each line then goes through ``inert_line``, so
+    a CI runner logs it and does not take it for a workflow command (``::add-mask::``,
+    ``##vso[``). JSON escapes the same characters as ``\\uXXXX`` (the same document). A
+    tool's output is the one thing printed as it is (``tool_text``), and on a terminal
+    only with its control characters shown as escapes.
 
     Args:
         fmt: ``table``, ``text``, ``json`` or ``jsonl``.
@@ -736,7 +740,7 @@ class Output:
 
     def line(self, text: str = "") -> None:
         """Print one plain line to stdout (its control characters shown as escapes)."""
-        self.stdout.write(printable(text) + "\n")
+        self.stdout.write(inert_line(printable(text)) + "\n")
 
     def error(self, text: str) -> None:
         """Print one line to stderr (its control characters shown as escapes).
@@ -748,7 +752,7 @@ class Output:
         exit 1 of an uncaught error (which reads as "the tool failed").
         """
         try:
-            self.stderr.write(printable(text) + "\n")
+            self.stderr.write(inert_line(printable(text)) + "\n")
             self.stderr.flush()
         except OSError:
             _to_devnull(self.stderr)
@@ -806,7 +810,7 @@ class Output:
         escaped like every other control character."""
         if self.format == "table":
             text = _LAYOUT_WHITESPACE.sub(" ", text)
-        return printable(text)
+        return inert_line(printable(text))
 
     def flush(self) -> None:
         """Flush stdout."""

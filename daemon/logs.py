@@ -32,6 +32,7 @@ written as before, waiting.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import select
@@ -46,6 +47,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import structlog
+from toolsetd.protocol.printable import inert_json
 
 __all__ = [
     "HELD_LOG_BYTES",
@@ -404,21 +406,29 @@ def _with_priority(prefix: str, text: str) -> str:
     return "\n".join(prefix + line for line in text.split("\n"))
 
 
+def _inert_dumps(value: Any, **options: Any) -> str:
+    """A JSON log line no CI runner takes for a command to itself: the log of a daemon a
+    job started is printed into the job's log (docs/cli.md's script does on a failure),
+    and its notes quote a checkout's set names and schemas (``##vso[``, ``##[``)."""
+    return inert_json(json.dumps(value, **options))
+
+
 def _printable_values(
     _logger: Any, _method: str, event: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
-    """Console form: every string value shown, not obeyed, by the terminal reading the log.
+    """Console form: every string value shown, not obeyed, by the terminal reading the log
+    (nor, ``inert_line``, by a CI runner reading the job's log).
 
     The ``exception`` traceback keeps its lines (its other controls are escaped).
     """
-    from toolsetd.protocol.printable import printable  # the console form's only
+    from toolsetd.protocol.printable import inert_line, printable  # the console form's only
 
     for key, value in event.items():
         if isinstance(value, str):
             if key == "exception":
-                event[key] = "\n".join(printable(line) for line in value.split("\n"))
+                event[key] = "\n".join(inert_line(printable(line)) for line in value.split("\n"))
             else:
-                event[key] = printable(value)
+                event[key] = inert_line(printable(value))
     return event
 
 
@@ -441,7 +451,7 @@ def configure_logging(
     if journal is None:
         journal = stderr_is_journal()
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer()
+        structlog.processors.JSONRenderer(serializer=_inert_dumps)
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(
             colors=sys.stderr.isatty() and not journal,

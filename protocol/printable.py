@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["BIDI_AND_BREAKS", "escaped", "printable"]
+__all__ = ["BIDI_AND_BREAKS", "escaped", "inert_json", "inert_line", "printable"]
 
 # What a terminal would act on rather than show: the C0 controls (ESC starts CSI, OSC and
 # DCS sequences: clear the screen, set the title, write the clipboard with OSC 52, hyperlinks
@@ -36,3 +36,34 @@ def printable(text: str) -> str:
     retitle the window, write the clipboard or forge lines of the output.
     """
     return _UNSAFE.sub(escaped, text)
+
+
+# What a CI runner reads in a job's output as a command to itself rather than as output
+# (stdout and stderr alike, line by line): GitHub Actions' workflow commands, ``::name::``
+# at the start of a line after white space (``::add-mask::``, ``::set-output``,
+# ``::stop-commands::``), and, anywhere in a line, its older ``##[name]`` form, Azure
+# Pipelines' ``##vso[`` (``task.setvariable``, ``task.prependpath``) and TeamCity's
+# ``##teamcity[``. Of each, the one ``#`` or ``:`` that makes it a command is escaped.
+_BRACKET_COMMAND = re.compile(r"#(?=#[A-Za-z]{0,16}\[)")
+_LEADING_COMMAND = re.compile(r"^(\s*):(?=:)")
+
+
+def inert_line(line: str) -> str:
+    """One line of ``printable`` text as a CI runner logs it and does not obey it.
+
+    ``##[``, ``##vso[`` (and ``##<letters>[``) anywhere become ``\\x23#[``, ``\\x23#vso[``,
+    and a ``::`` that starts the line (after white space) becomes ``\\x3a:``, in the
+    escapes of ``printable``; the rest is unchanged, and applying it twice is applying it
+    once. A ``tools.json`` in a pull request's checkout must not mask, set a step's
+    output, or prepend to ``PATH`` through ``toolsetctl list`` or ``validate``.
+    """
+    line = _BRACKET_COMMAND.sub(r"\\x23", line)
+    return _LEADING_COMMAND.sub(r"\1\\x3a", line, count=1) if "::" in line else line
+
+
+def inert_json(text: str) -> str:
+    """JSON text with no ``##[``-form command for a CI runner: ``#`` is only ever inside a
+    string there, so each such ``#`` written ``\\u0023`` is the same value. (No line of
+    JSON text starts with ``::``: each starts with a bracket, a quote, a digit or a letter.)
+    """
+    return _BRACKET_COMMAND.sub(r"\\u0023", text)

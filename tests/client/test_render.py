@@ -196,3 +196,23 @@ def test_table_counts_no_cell_for_marks_without_a_combining_class() -> None:
         "a\u200bb    zero-width space",
         "ab    x",
     ]
+
+
+def test_no_line_reads_as_a_ci_runners_command_and_escaping_twice_changes_nothing() -> None:
+    """GitHub Actions takes ``::`` at a line's start (after white space) and ``##[`` in it,
+    Azure Pipelines ``##vso[`` anywhere; ``## Usage`` and ``a ::b`` are nobody's command."""
+    cases = {
+        "::add-mask::x  Project": "\\x3a:add-mask::x  Project",
+        "\u3000 ::set-output name=a::b": "\u3000 \\x3a:set-output name=a::b",
+        "a ##vso[task.prependpath]/x": "a \\x23#vso[task.prependpath]/x",
+        "###[error]z": "#\\x23#[error]z",
+        "## Usage, a ::b": "## Usage, a ::b",
+    }
+    for text, shown in cases.items():
+        stdout, stderr = io.StringIO(), io.StringIO()
+        out = Output("text", stdout, stderr)
+        out.line(text)
+        out.error(text)
+        out.line(shown)
+        assert stdout.getvalue() == f"{shown}\n{shown}\n"
+        assert stderr.getvalue() == f"{shown}\n"

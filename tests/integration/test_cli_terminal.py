@@ -12,6 +12,7 @@ import fcntl
 import json
 import os
 import pty
+import re
 import select
 import shutil
 import struct
@@ -33,6 +34,9 @@ ESCAPES = f"{OSC52}\x1b]0;title\x07\x1b[2J\x9b31m\u202e"
 #: What a terminal would act on; none of it may reach one from toolsetctl's own rendering.
 RAW = ("\x1b", "\x07", "\x9b", "\u202e")
 
+#: A tool's output that GitHub Actions and Azure Pipelines would obey, line by line.
+CI_OUTPUT = "::add-mask::secret\n##vso[task.setvariable variable=x]y\n  ##[error]z\n"
+
 TOOL_OUTPUT = (
     "import json, os, sys, time\n"
     "mode = json.load(sys.stdin).get('mode')\n"
@@ -44,7 +48,8 @@ TOOL_OUTPUT = (
     "    sys.stdout.write('\\x1b[8mhidden\\n')\n"
     "elif mode == 'progress':\n"
     "    with os.fdopen(int(os.environ['TOOLSETD_PROGRESS_FD']), 'w') as p:\n"
-    "        p.write(json.dumps({{'message': 'prog ' + {escapes!r}, 'fraction': 0.5}}) + '\\n')\n"
+    "        p.write(json.dumps({{'message': 'prog ' + {escapes!r} + ' ##vso[task.setvariable "
+    "variable=x]y', 'fraction': 0.5}}) + '\\n')\n"
     "        p.flush()\n"
     "        time.sleep(2)\n"
     "elif mode == 'long':\n"
@@ -58,7 +63,9 @@ TOOL_OUTPUT = (
     "    time.sleep(30)\n"
     "elif mode == 'brief':\n"
     "    time.sleep(0.3)\n"
-).format(escapes=ESCAPES)
+    "elif mode == 'ci':\n"
+    "    sys.stdout.write({ci_output!r})\n"
+).format(escapes=ESCAPES, ci_output=CI_OUTPUT)
 
 
 class Setup(CtlTarget):
@@ -137,12 +144,42 @@ def setup() -> Iterator[Setup]:
         "tools": [{"name": f"bad{OSC52}\x1b[2K\rFAKE", "description": "d",
                    "schema": {"type": "object"}}],
     })
+    # A pull request's sets that carry CI runners' workflow commands: a folder named as one
+    # (invalid, still listed), a description, and a schema error that quotes its value.
+    write_set(project, "::add-mask::x", {"runner": "exec", "command": ["x"]})
+    write_set(project, "ci", {
+        "runner": "exec", "command": ["x"],
+        "tools": [{"name": "ci_run", "description": CI_DESCRIPTION,
+                   "schema": {"type": "object"}}],
+    })
+    write_set(project, "cischema", {
+        "runner": "exec", "command": ["x"],
+        "tools": [{"name": "cs", "description": "d",
+                   "schema": {"type": "object", "properties": {"a": {"type": CI_TYPE}}}}],
+    })
     d = start_daemon(home, workspace, base, ["--no-watch"])
     try:
         yield Setup(d, workspace, base)
     finally:
         d.stop()
         shutil.rmtree(base, ignore_errors=True)
+
+
+#: Workflow commands of GitHub Actions (``::name::`` starting a line, ``##[name]``
+#: anywhere) and Azure Pipelines (``##vso[`` anywhere); wrapped at 60 columns, the
+#: description's ``::set-output`` starts a line of ``show``.
+CI_DESCRIPTION = "x" * 40 + " ::set-output name=ok::true ##vso[task.prependpath]/tmp/evil"
+CI_TYPE = "##[set-output name=ok;]true"
+
+
+def _runner_commands(data: bytes) -> list[str]:
+    """The lines of ``data`` a CI runner would take for a command to itself."""
+    lines = data.decode("utf-8", "replace").replace("\r", "\n").split("\n")
+    return [
+        line
+        for line in lines
+        if line.lstrip().startswith("::") or re.search(r"##[A-Za-z]*\[", line)
+    ]
 
 
 def _no_raw(data: bytes) -> None:
@@ -161,6 +198,50 @@ def test_list_shows_a_hostile_project_set_escaped(setup: Setup, fmt: str) -> Non
     assert b"Tool name 'bad\\x1b]52;c;cHduZWQ=\\x07\\x1b[2K\\rFAKE' is reserved or invalid." in (
         result.stdout
     )
+
+
+@pytest.mark.parametrize("fmt", ["table", "text", "json"])
+@pytest.mark.parametrize("command", [["list"], ["show", "ci_run"], ["validate", "cischema"]])
+def test_a_project_set_forges_no_ci_runner_command(
+    setup: Setup, fmt: str, command: list[str]
+) -> None:
+    """A CI job that lists or validates a pull request's sets logs what they say: none of
+    it becomes a workflow command of the runner (a mask, a step output, a PATH entry)."""
+    env = {**setup.env(), "COLUMNS": "60", "CI": "true"}
+    result = subprocess.run(setup.argv("--format", fmt, *command), capture_output=True,
+                            timeout=60, env=env, cwd=setup.base, check=False)
+    assert result.returncode == (2 if command[0] == "validate" else 0), result.stderr
+    assert _runner_commands(result.stdout + b"\n" + result.stderr) == []
+    if fmt == "json" and command[0] == "show":  # the same value, escaped
+        assert json.loads(result.stdout)["description"] == CI_DESCRIPTION
+    elif fmt == "json" and command[0] == "validate":
+        assert CI_TYPE in json.loads(result.stdout)["problems"][0]
+    elif command[0] == "list" and fmt != "json":  # the folder's row, shown and inert
+        rows = {line.split()[0]: line for line in result.stdout.decode().splitlines() if line}
+        hostile, plain = rows["\\x3a:add-mask::x"], rows["ci"]
+        assert hostile.index(" Project") == plain.index(" Project")  # its columns line up
+
+
+def test_the_daemons_log_of_such_sets_forges_no_ci_runner_command(setup: Setup) -> None:
+    """docs/cli.md's CI script prints its daemon's log when the daemon fails; the log's
+    notes quote the sets (``##[set-output ...`` from a schema): the same text, inert."""
+    assert setup.ctl("list").returncode == 0
+    assert _runner_commands(setup.daemon.log().encode()) == []
+    messages = [str(event.get("message")) for event in setup.daemon.log_events()]
+    assert any(CI_TYPE in message for message in messages)
+
+
+@pytest.mark.parametrize("fmt", ["json", "jsonl"])
+def test_a_tools_output_in_json_forges_no_ci_runner_command(setup: Setup, fmt: str) -> None:
+    """docs/cli.md's way to run a tool whose output the job does not trust: in JSON its
+    workflow commands are inside strings, and the same text once parsed."""
+    result = setup.ctl("--format", fmt, "invoke", "h_run", "--approve", "--args",
+                       '{"mode": "ci"}')
+    assert result.returncode == 0, result.stderr
+    assert _runner_commands(result.stdout) == []
+    last = json.loads(result.stdout.splitlines()[-1] if fmt == "jsonl" else result.stdout)
+    [content] = (last["result"] if fmt == "jsonl" else last)["content"]
+    assert content["text"].endswith(CI_OUTPUT)
 
 
 def test_show_and_json_escape_a_hostile_description(setup: Setup) -> None:
@@ -207,6 +288,9 @@ def test_a_progress_message_on_a_terminal_is_shown_escaped(setup: Setup) -> None
     assert code == 0, seen
     assert b"prog \\x1b]52;c;cHduZWQ=\\x07" in seen
     _no_raw(seen.replace(b"\r\x1b[2K", b""))
+    # A terminal a CI runner reads (a PTY, CI unset): the tool's message commands nothing.
+    assert b"\\x23#vso[task.setvariable" in seen
+    assert _runner_commands(seen) == []
 
 
 def test_a_closed_stdout_keeps_the_outcome_exit_code(setup: Setup) -> None:

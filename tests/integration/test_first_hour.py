@@ -12,6 +12,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,7 +25,7 @@ import pytest
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from .conftest import REPO, Daemon, daemon_in, start_daemon, write_set
+from .conftest import REPO, Daemon, daemon_in, eventually, start_daemon, write_set
 from .mcp_helpers import server
 
 TOOL = {"runner": "exec", "description": "d", "schema": {"type": "object"}}
@@ -377,24 +378,30 @@ def _ci_script() -> str:
     return section.split("```sh\n", 1)[1].split("```", 1)[0]
 
 
+def _ci_checkout(base: Path, body: str) -> tuple[Path, Path, dict[str, str]]:
+    """A job's checkout in ``base`` whose project set ``lint`` runs the script ``body``, its
+    ``TMPDIR``, and the environment the docs' script runs in (this toolsetd on ``PATH``)."""
+    checkout, scratch = base / "checkout", base / "tmp"
+    scratch.mkdir()
+    write_set(
+        checkout / ".crystal" / "tools",
+        "lint",
+        {**TOOL, "command": ["run.sh"]},
+        **{"run.sh": body},
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
+    env["TMPDIR"] = str(scratch)
+    return checkout, scratch, env
+
+
 @pytest.mark.parametrize(("lint", "code", "out"), [(0, 0, "clean"), (3, 3, "2 problems")])
 def test_the_ci_job_of_the_docs_runs_as_written(lint: int, code: int, out: str) -> None:
     """docs/cli.md's CI script, run verbatim by bash in a checkout with a project set:
     it starts its own daemon, gates on the tool's exit code, and leaves nothing behind."""
     base = Path(tempfile.mkdtemp(prefix="tfh-job-", dir="/tmp"))
     try:
-        checkout, scratch = base / "checkout", base / "tmp"
-        scratch.mkdir()
-        body = f"#!/bin/sh\necho '{out}'\nexit {lint}\n"
-        write_set(
-            checkout / ".crystal" / "tools",
-            "lint",
-            {**TOOL, "command": ["run.sh"]},
-            **{"run.sh": body},
-        )
-        env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
-        env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '/usr/bin:/bin')}"
-        env["TMPDIR"] = str(scratch)
+        checkout, scratch, env = _ci_checkout(base, f"#!/bin/sh\necho '{out}'\nexit {lint}\n")
         r = subprocess.run(
             ["bash", "-c", _ci_script()],
             cwd=checkout,
@@ -407,6 +414,55 @@ def test_the_ci_job_of_the_docs_runs_as_written(lint: int, code: int, out: str) 
         assert (r.returncode, r.stdout) == (code, f"exit {lint}\n{out}\n"), r.stderr
         [folder] = scratch.iterdir()
         assert not (folder / "toolsetd.sock").exists()  # the daemon stopped and cleaned up
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _daemon_of(scratch: Path) -> int | None:
+    """The pid of the toolsetd the docs' script started in ``scratch`` (its home is there)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(b"toolsetd" in arg for arg in argv) and any(
+            arg.startswith(str(scratch).encode()) for arg in argv
+        ):
+            return int(entry.name)
+    return None
+
+
+def test_the_ci_job_of_the_docs_fails_as_unreachable_when_its_daemon_dies() -> None:
+    """docs/cli.md's CI script when its daemon dies mid-call (the OOM killer, a crash): the
+    step ends with toolsetctl's 5, and says why, not with the 1 of a tool that failed."""
+    base = Path(tempfile.mkdtemp(prefix="tfh-job-", dir="/tmp"))
+    try:
+        checkout, scratch, env = _ci_checkout(base, "#!/bin/sh\nexec sleep 30\n")
+        job = subprocess.Popen(
+            ["bash", "-c", _ci_script()],
+            cwd=checkout,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            eventually(
+                lambda: any("call_started" in log.read_text() for log in scratch.glob("*/*.log")),
+                timeout=60,
+                what="the job's call started",
+            )
+            daemon = _daemon_of(scratch)
+            assert daemon is not None
+            os.kill(daemon, signal.SIGKILL)
+            out, err = job.communicate(timeout=60)
+        finally:
+            if job.poll() is None:
+                job.kill()
+                job.wait()
+        assert job.returncode == 5, err
+        assert "Lost the connection to toolsetd" in err
+        assert '"event": "call_started"' in err  # the daemon's log, to say why
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
