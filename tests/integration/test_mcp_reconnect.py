@@ -911,6 +911,25 @@ def test_a_request_with_a_long_integer_id_is_answered_once_across_a_restart(
         assert all(m.get("id") != long_id for m in seen), str(seen)[:500]
 
 
+def test_a_host_request_with_the_pumps_ping_id_is_answered(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The pump pings the daemon under an id of its own (``toolsetctl-mcp-flush``) to
+    write its answer to a cut long line between the daemon's lines, and swallows the
+    ping's answer. A host request with that same id (JSON-RPC lets the host choose any)
+    had its answer swallowed too, with no ping of the pump's out: the host waited for
+    ever. Read once the input has ended: the daemon answers what it was sent, then
+    closes, and the pump writes all of it before it exits."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        initialize(pump)
+        pump.send({"jsonrpc": "2.0", "id": "toolsetctl-mcp-flush", "method": "ping"})
+        assert close(pump) == 0
+        seen = [json.loads(line) for line in pump.stdout_text.splitlines()]
+        assert seen == [{"jsonrpc": "2.0", "id": "toolsetctl-mcp-flush", "result": {}}], seen
+
+
 def test_a_late_answer_to_a_question_the_old_daemon_withdrew_reaches_no_new_one(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
