@@ -727,9 +727,7 @@ class _Pump:
                         else None
                     )
                     entry = (request_id, method, modern, kept)
-                    room = _id_room(request_id)
-                    if room > _HEAD - 64:
-                        self.head_max = max(self.head_max, room + _HEAD)
+                    self._room_for(request_id)
         with self.lock:
             sock = self.sock
             if sock is None or (self.gated and not reaches):
@@ -759,6 +757,13 @@ class _Pump:
                             if first:
                                 self.initialize = None
                         self._wait(line, key, entry)
+
+    def _room_for(self, request_id: object) -> None:
+        """A host request goes in flight: the daemon lines' heads are read far enough to
+        hold its id whole (``_id_room``), whatever the line it came in."""
+        room = _id_room(request_id)
+        if room > _HEAD - 64:
+            self.head_max = max(self.head_max, room + _HEAD)
 
     def _wait(self, line: bytes, key: object, entry: _Entry | None) -> None:
         """Hold a host line for the new daemon (``lock`` held); a request past
@@ -878,6 +883,7 @@ class _Pump:
             whole = sock is not None and sock is self._streaming_to
             if found is not None:
                 if whole:
+                    self._room_for(found[1][0])
                     self.in_flight[found[0]] = found[1]
                 else:
                     self.replies.append(_gone_answer(found[1], "cut"))

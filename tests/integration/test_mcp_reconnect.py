@@ -911,6 +911,29 @@ def test_a_request_with_a_long_integer_id_is_answered_once_across_a_restart(
         assert all(m.get("id") != long_id for m in seen), str(seen)[:500]
 
 
+def test_a_long_line_with_a_long_id_is_answered_once_across_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The same for a request in a line over 16 MiB, which the pump sends on as it comes
+    and reads for its id as it goes (``_LongLine``): the daemon's answer was read for its
+    id to 256 bytes only, the 250-digit id taken for another, and the next restart
+    answered the call a second time ("toolsetd went away ... may have run")."""
+    args = ["--max-message-bytes", "40000000"]
+    long_id = 10**250
+    line = json.dumps({"jsonrpc": "2.0", "id": long_id, "method": "tools/call",
+                       "params": {"name": "hello", "arguments": {"name": "x" * 17_000_000}}})
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        pump.send(line.encode() + b"\n")
+        assert "result" in receive_until(pump, answer_to(long_id))[-1]
+        d.proc.kill()
+        d.proc.wait()
+        started.append(start_daemon(home, workspace, tmp_base, args))
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        seen = receive_until(pump, answer_to(2))
+        assert all(m.get("id") != long_id for m in seen), str(seen)[:500]
+
+
 def test_a_host_request_with_the_pumps_ping_id_is_answered(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
