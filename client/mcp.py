@@ -44,7 +44,8 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    ``_LOSSES_MAX`` times within ``_LOSS_SPAN`` seconds (a crash loop): exit 5.
 
 What the pump looks at, to do step 6: the host's lines are whole (each is sent once read
-to its newline, so none is split between two daemons) and small, and parsed: the pump
+to its newline, so none is split between two daemons) and small, and parsed (refused as
+the daemon's parser refuses them, ``_host_message``): the pump
 notes each request in flight, the ``initialize``, and the host's answers to the daemon's
 questions. The daemon's lines may be megabytes (a ``tools/list``): only their head is
 read, where the daemon's encoder puts ``"jsonrpc"`` then ``"id"`` (``_daemon_head``; a
@@ -689,10 +690,7 @@ class _Pump:
 
     def _host_line(self, line: bytes) -> None:
         """One whole line of the host's: note it, then send it (or hold it)."""
-        try:
-            message = json.loads(line)
-        except (ValueError, RecursionError):
-            message = None  # the daemon answers it
+        message = _host_message(line)
         entry: _Entry | None = None
         key: object = None
         answer = False
@@ -1514,6 +1512,33 @@ class _StdoutGone(Exception):
     def __init__(self, code: int) -> None:
         super().__init__(code)
         self.code = code
+
+
+def _no_constant(name: str) -> object:
+    """``NaN``, ``Infinity``, ``-Infinity``: Python's, not JSON's (``_HOST_DECODER``)."""
+    raise ValueError(f"{name} is not JSON")
+
+
+#: The standard library's parser without its extras (``NaN``, ``Infinity``), as the daemon's.
+_HOST_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+
+
+def _host_message(line: bytes) -> object:
+    """A host line parsed as the daemon parses it, or None for a line the daemon refuses
+    (a parse error, with id null: the daemon cannot tell whose it is, so the request is
+    not in flight). ``json.loads`` alone took what the daemon's parser (orjson) refuses:
+    ``NaN`` or ``Infinity``, a lone surrogate (``\\ud800``, as Python writes a file
+    name's undecodable bytes), a surrogate written in UTF-8; the request stayed in flight
+    for ever (a call's line kept too, in the 4 MiB ``calls``), and a restart answered it:
+    "the tool may have run", of a call that never ran."""
+    try:
+        text = line.decode()  # strict: no surrogate written in UTF-8
+        message = _HOST_DECODER.decode(text)
+        if "\\ud" in text or "\\uD" in text:  # a surrogate's escape: is it paired?
+            json.dumps(message, ensure_ascii=False).encode()  # a lone one: a ValueError
+    except (ValueError, RecursionError):
+        return None
+    return message
 
 
 def _key(value: object) -> object:

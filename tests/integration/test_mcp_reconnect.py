@@ -934,6 +934,30 @@ def test_a_long_line_with_a_long_id_is_answered_once_across_a_restart(
         assert all(m.get("id") != long_id for m in seen), str(seen)[:500]
 
 
+def test_a_line_the_daemon_cannot_parse_is_not_answered_at_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """Python's json reads ``NaN`` and a lone surrogate (``\\udcff``: how Python writes a
+    file name's undecodable byte), which the daemon's parser refuses: it answers such a
+    line with a parse error whose id is null, as it cannot tell whose it is. The pump had
+    noted the call in it as in flight, for ever, and the next restart answered it:
+    "toolsetd went away ... the tool may have run", of a call that never ran."""
+    call = b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"hello",'
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        pump.send(call % 2 + b'"arguments":{"name":"x","n":NaN}}}\n')
+        pump.send(call % 3 + b'"arguments":{"name":"caf\\udce9"}}}\n')
+        pump.send({"jsonrpc": "2.0", "id": 4, "method": "ping"})
+        seen = receive_until(pump, answer_to(4))
+        assert [m["error"]["code"] for m in seen if "error" in m] == [-32700, -32700], seen
+        d.proc.kill()
+        d.proc.wait()
+        restart(started, home, workspace, tmp_base)
+        pump.send({"jsonrpc": "2.0", "id": 5, "method": "ping"})
+        seen += receive_until(pump, answer_to(5))
+        assert [m for m in seen if m.get("id") in (2, 3)] == [], seen
+
+
 def test_a_host_request_with_the_pumps_ping_id_is_answered(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
