@@ -1521,6 +1521,8 @@ def _no_constant(name: str) -> object:
 
 #: The standard library's parser without its extras (``NaN``, ``Infinity``), as the daemon's.
 _HOST_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+#: A surrogate's escape (``\\ud800`` to ``\\udfff``), or a backslash's and then such text.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _host_message(line: bytes) -> object:
@@ -1534,7 +1536,7 @@ def _host_message(line: bytes) -> object:
     try:
         text = line.decode()  # strict: no surrogate written in UTF-8
         message = _HOST_DECODER.decode(text)
-        if "\\ud" in text or "\\uD" in text:  # a surrogate's escape: is it paired?
+        if _SURROGATE_ESCAPE.search(text) is not None:  # is each one paired?
             json.dumps(message, ensure_ascii=False).encode()  # a lone one: a ValueError
     except (ValueError, RecursionError):
         return None
