@@ -717,12 +717,10 @@ class _Pump:
                     params = message.get("params")
                     meta = params.get("_meta") if type(params) is dict else None
                     modern = type(meta) is dict and _VERSION_META in meta
-                    # An initialize and a listen keep their params: a new daemon is given
-                    # them again.
+                    # An initialize and a listen keep their params' text: a new daemon is
+                    # given them again.
                     kept = (
-                        message.get("params", _ABSENT)
-                        if method == "initialize" or method == _LISTEN
-                        else None
+                        _params_text(line) if method == "initialize" or method == _LISTEN else None
                     )
                     entry = (request_id, method, modern, kept)
                     self._room_for(request_id)
@@ -1523,6 +1521,7 @@ def _no_constant(name: str) -> object:
 _HOST_DECODER = json.JSONDecoder(parse_constant=_no_constant)
 #: A surrogate's escape (``\\ud800`` to ``\\udfff``), or a backslash's and then such text.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SPACE = re.compile(r"[ \t\n\r]*")
 
 
 def _host_message(line: bytes) -> object:
@@ -1562,13 +1561,43 @@ def _id_room(request_id: object) -> int:
     return len(str(request_id)) if type(request_id) is int else 0
 
 
+def _params_text(line: bytes) -> object:
+    """The text of a host request's ``params``, as the host wrote it (the last, as a parse
+    keeps it), or ``_ABSENT``; the line is an object (``_host_message`` parsed it)."""
+    text = line.decode()
+    found: object = _ABSENT
+    pos = _skip(text, 0) + 1  # past the "{"
+    while True:
+        pos = _skip(text, pos)
+        if text[pos] == "}":
+            return found
+        name, pos = _HOST_DECODER.raw_decode(text, pos)
+        pos = _skip(text, _skip(text, pos) + 1)  # past the ":"
+        end = _HOST_DECODER.raw_decode(text, pos)[1]
+        if name == "params":
+            found = text[pos:end]
+        pos = _skip(text, end)
+        if text[pos] == ",":
+            pos += 1
+
+
+def _skip(text: str, pos: int) -> int:
+    """The position of the first character at ``pos`` or after that is no JSON space."""
+    space = _SPACE.match(text, pos)
+    return pos if space is None else space.end()
+
+
 def _request_line(request_id: object, method: str, params: object) -> bytes:
-    """A request of the host's as the pump sends it again (``_resume``): its params as the
-    host sent them, none where it sent none (``_ABSENT``)."""
-    request: dict[str, object] = {"jsonrpc": "2.0", "id": request_id, "method": method}
-    if params is not _ABSENT:
-        request["params"] = params
-    return json.dumps(request).encode() + b"\n"
+    """A request of the host's as the pump sends it again (``_resume``): its params' text
+    as the host wrote it (``_params_text``), none where it sent none (``_ABSENT``). Parsed
+    and written again, a number past the double range (``1e999``, which the daemon takes)
+    became ``Infinity``, which no JSON parser takes: the new daemon refused the replayed
+    initialize with a parse error, whose id is null, and the host's lines waited behind it
+    for ever."""
+    head = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method})
+    if type(params) is not str:
+        return head.encode() + b"\n"
+    return f'{head[:-1]}, "params": {params}}}\n'.encode()
 
 
 def _half_close(sock: socket.socket) -> None:
@@ -1581,7 +1610,8 @@ def _half_close(sock: socket.socket) -> None:
 
 
 def _wants_tools(params: object) -> bool:
-    """Whether a listen's params ask for ``notifications/tools/list_changed``."""
+    """Whether a listen's params (their text) ask for ``notifications/tools/list_changed``."""
+    params = json.loads(params) if type(params) is str else None
     wanted = params.get("notifications") if type(params) is dict else None
     return type(wanted) is dict and wanted.get("toolsListChanged") is True
 

@@ -942,6 +942,33 @@ def test_a_line_the_daemon_cannot_parse_is_not_answered_at_a_restart(
         assert [m for m in seen if m.get("id") in (2, 3)] == [], seen
 
 
+def test_an_initialize_with_a_number_past_the_double_range_is_replayed_as_written(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """JSON has no range: the daemon takes an initialize whose params hold ``1e999`` (an
+    experimental capability, here). The pump replayed it to the new daemon parsed and
+    written again, as ``Infinity``, which no JSON parser takes: the new daemon answered a
+    parse error with id null, the replay stayed unanswered, and every line of the host's
+    waited behind it. The ping, read once the input has ended, was never answered."""
+    params = json.dumps(INIT).replace('"capabilities": {',
+                                      '"capabilities": {"experimental": {"x": {"n": 1e999}}, ')
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        pump.send(b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": %s}\n'
+                  % params.encode())
+        assert pump.receive()["result"]["protocolVersion"] == "2025-11-25"
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        d.proc.kill()
+        d.proc.wait()
+        restart(started, home, workspace, tmp_base)
+        receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        assert close(pump) == 0
+        seen = [json.loads(line) for line in pump.stdout_text.splitlines()]
+        assert seen == [{"jsonrpc": "2.0", "id": 2, "result": {}}], seen
+
+
 def test_a_host_request_with_the_pumps_ping_id_is_answered(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
