@@ -162,7 +162,8 @@ _ACK_HEAD = (
 _SWALLOW = 1
 _TELL = 2
 #: A host request in flight: its id, method, whether it is 2026-07-28's (its ``_meta``
-#: names the version), and an initialize's or a listen's params (else None).
+#: names the version), and an initialize's or a listen's params, their text as the host
+#: wrote it (``_params_text``; else None).
 _Entry = tuple[object, str, bool, object]
 _PASS = 1
 _DROP = 2
@@ -576,7 +577,7 @@ class _Pump:
         #: The daemon's requests to the host not answered yet: host key -> (host id, daemon
         #: id); after a restart the pump renames them (``_RENAMED``).
         self.asked: dict[object, tuple[object, object]] = {}
-        self.initialize: tuple[object, object] | None = None  # the host's (id key, params)
+        self.initialize: tuple[object, object] | None = None  # the host's (id key, params text)
         #: 2026-07-28 ``subscriptions/listen`` requests a daemon that went away left open:
         #: sent to the next one as they were (key -> ``_Entry``), so the host's streams go on.
         self.listens: dict[object, _Entry] = {}
