@@ -44,7 +44,8 @@ speaks MCP on its socket (``daemon/mcp_socket.py``); this is a pump:
    ``_LOSSES_MAX`` times within ``_LOSS_SPAN`` seconds (a crash loop): exit 5.
 
 What the pump looks at, to do step 6: the host's lines are whole (each is sent once read
-to its newline, so none is split between two daemons) and small, and parsed: the pump
+to its newline, so none is split between two daemons) and small, and parsed (refused as
+the daemon's parser refuses them, ``_host_message``): the pump
 notes each request in flight, the ``initialize``, and the host's answers to the daemon's
 questions. The daemon's lines may be megabytes (a ``tools/list``): only their head is
 read, where the daemon's encoder puts ``"jsonrpc"`` then ``"id"`` (``_daemon_head``; a
@@ -161,7 +162,8 @@ _ACK_HEAD = (
 _SWALLOW = 1
 _TELL = 2
 #: A host request in flight: its id, method, whether it is 2026-07-28's (its ``_meta``
-#: names the version), and an initialize's or a listen's params (else None).
+#: names the version), and an initialize's or a listen's params, their text as the host
+#: wrote it (``_params_text``; else None).
 _Entry = tuple[object, str, bool, object]
 _PASS = 1
 _DROP = 2
@@ -575,7 +577,7 @@ class _Pump:
         #: The daemon's requests to the host not answered yet: host key -> (host id, daemon
         #: id); after a restart the pump renames them (``_RENAMED``).
         self.asked: dict[object, tuple[object, object]] = {}
-        self.initialize: tuple[object, object] | None = None  # the host's (id key, params)
+        self.initialize: tuple[object, object] | None = None  # the host's (id key, params text)
         #: 2026-07-28 ``subscriptions/listen`` requests a daemon that went away left open:
         #: sent to the next one as they were (key -> ``_Entry``), so the host's streams go on.
         self.listens: dict[object, _Entry] = {}
@@ -689,10 +691,7 @@ class _Pump:
 
     def _host_line(self, line: bytes) -> None:
         """One whole line of the host's: note it, then send it (or hold it)."""
-        try:
-            message = json.loads(line)
-        except (ValueError, RecursionError):
-            message = None  # the daemon answers it
+        message = _host_message(line)
         entry: _Entry | None = None
         key: object = None
         answer = False
@@ -719,17 +718,13 @@ class _Pump:
                     params = message.get("params")
                     meta = params.get("_meta") if type(params) is dict else None
                     modern = type(meta) is dict and _VERSION_META in meta
-                    # An initialize and a listen keep their params: a new daemon is given
-                    # them again.
+                    # An initialize and a listen keep their params' text: a new daemon is
+                    # given them again.
                     kept = (
-                        message.get("params", _ABSENT)
-                        if method == "initialize" or method == _LISTEN
-                        else None
+                        _params_text(line) if method == "initialize" or method == _LISTEN else None
                     )
                     entry = (request_id, method, modern, kept)
-                    room = _id_room(request_id)
-                    if room > _HEAD - 64:
-                        self.head_max = max(self.head_max, room + _HEAD)
+                    self._room_for(request_id)
         with self.lock:
             sock = self.sock
             if sock is None or (self.gated and not reaches):
@@ -759,6 +754,13 @@ class _Pump:
                             if first:
                                 self.initialize = None
                         self._wait(line, key, entry)
+
+    def _room_for(self, request_id: object) -> None:
+        """A host request goes in flight: the daemon lines' heads are read far enough to
+        hold its id whole (``_id_room``), whatever the line it came in."""
+        room = _id_room(request_id)
+        if room > _HEAD - 64:
+            self.head_max = max(self.head_max, room + _HEAD)
 
     def _wait(self, line: bytes, key: object, entry: _Entry | None) -> None:
         """Hold a host line for the new daemon (``lock`` held); a request past
@@ -878,6 +880,7 @@ class _Pump:
             whole = sock is not None and sock is self._streaming_to
             if found is not None:
                 if whole:
+                    self._room_for(found[1][0])
                     self.in_flight[found[0]] = found[1]
                 else:
                     self.replies.append(_gone_answer(found[1], "cut"))
@@ -1510,6 +1513,36 @@ class _StdoutGone(Exception):
         self.code = code
 
 
+def _no_constant(name: str) -> object:
+    """``NaN``, ``Infinity``, ``-Infinity``: Python's, not JSON's (``_HOST_DECODER``)."""
+    raise ValueError(f"{name} is not JSON")
+
+
+#: The standard library's parser without its extras (``NaN``, ``Infinity``), as the daemon's.
+_HOST_DECODER = json.JSONDecoder(parse_constant=_no_constant)
+#: A surrogate's escape (``\\ud800`` to ``\\udfff``), or a backslash's and then such text.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+def _host_message(line: bytes) -> object:
+    """A host line parsed as the daemon parses it, or None for a line the daemon refuses
+    (a parse error, with id null: the daemon cannot tell whose it is, so the request is
+    not in flight). ``json.loads`` alone took what the daemon's parser (orjson) refuses:
+    ``NaN`` or ``Infinity``, a lone surrogate (``\\ud800``, as Python writes a file
+    name's undecodable bytes), a surrogate written in UTF-8; the request stayed in flight
+    for ever (a call's line kept too, in the 4 MiB ``calls``), and a restart answered it:
+    "the tool may have run", of a call that never ran."""
+    try:
+        text = line.decode()  # strict: no surrogate written in UTF-8
+        message = _HOST_DECODER.decode(text)
+        if _SURROGATE_ESCAPE.search(text) is not None:  # is each one paired?
+            json.dumps(message, ensure_ascii=False).encode()  # a lone one: a ValueError
+    except (ValueError, RecursionError):
+        return None
+    return message
+
+
 def _key(value: object) -> object:
     """A request id as a dict key (1 and "1" are two ids), or None for no id."""
     if type(value) is str:
@@ -1529,13 +1562,43 @@ def _id_room(request_id: object) -> int:
     return len(str(request_id)) if type(request_id) is int else 0
 
 
+def _params_text(line: bytes) -> object:
+    """The text of a host request's ``params``, as the host wrote it (the last, as a parse
+    keeps it), or ``_ABSENT``; the line is an object (``_host_message`` parsed it)."""
+    text = line.decode()
+    found: object = _ABSENT
+    pos = _skip(text, 0) + 1  # past the "{"
+    while True:
+        pos = _skip(text, pos)
+        if text[pos] == "}":
+            return found
+        name, pos = _HOST_DECODER.raw_decode(text, pos)
+        pos = _skip(text, _skip(text, pos) + 1)  # past the ":"
+        end = _HOST_DECODER.raw_decode(text, pos)[1]
+        if name == "params":
+            found = text[pos:end]
+        pos = _skip(text, end)
+        if text[pos] == ",":
+            pos += 1
+
+
+def _skip(text: str, pos: int) -> int:
+    """The position of the first character at ``pos`` or after that is no JSON space."""
+    space = _SPACE.match(text, pos)
+    return pos if space is None else space.end()
+
+
 def _request_line(request_id: object, method: str, params: object) -> bytes:
-    """A request of the host's as the pump sends it again (``_resume``): its params as the
-    host sent them, none where it sent none (``_ABSENT``)."""
-    request: dict[str, object] = {"jsonrpc": "2.0", "id": request_id, "method": method}
-    if params is not _ABSENT:
-        request["params"] = params
-    return json.dumps(request).encode() + b"\n"
+    """A request of the host's as the pump sends it again (``_resume``): its params' text
+    as the host wrote it (``_params_text``), none where it sent none (``_ABSENT``). Parsed
+    and written again, a number past the double range (``1e999``, which the daemon takes)
+    became ``Infinity``, which no JSON parser takes: the new daemon refused the replayed
+    initialize with a parse error, whose id is null, and the host's lines waited behind it
+    for ever."""
+    head = json.dumps({"jsonrpc": "2.0", "id": request_id, "method": method})
+    if type(params) is not str:
+        return head.encode() + b"\n"
+    return f'{head[:-1]}, "params": {params}}}\n'.encode()
 
 
 def _half_close(sock: socket.socket) -> None:
@@ -1548,7 +1611,8 @@ def _half_close(sock: socket.socket) -> None:
 
 
 def _wants_tools(params: object) -> bool:
-    """Whether a listen's params ask for ``notifications/tools/list_changed``."""
+    """Whether a listen's params (their text) ask for ``notifications/tools/list_changed``."""
+    params = json.loads(params) if type(params) is str else None
     wanted = params.get("notifications") if type(params) is dict else None
     return type(wanted) is dict and wanted.get("toolsListChanged") is True
 

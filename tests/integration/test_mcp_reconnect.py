@@ -892,23 +892,100 @@ def test_a_new_daemons_withdrawal_names_the_question_as_the_host_knows_it(
             assert close(pump) == 0
 
 
+@pytest.mark.parametrize("over_16_mib", [False, True], ids=["held", "over-16-MiB"])
 def test_a_request_with_a_long_integer_id_is_answered_once_across_a_restart(
-    sets: None, home: Path, workspace: Path, tmp_base: Path
+    over_16_mib: bool, sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """JSON-RPC bounds no id: a host's integer id of 250 digits (the daemon keeps every
     digit) is answered by the daemon, and not again by the pump at the next restart. The
     pump read the daemon's answer only to its first 256 bytes, took the id cut short for
-    another, and kept the request in flight: the restart answered it a second time."""
+    another, and kept the request in flight: the restart answered it a second time. So
+    too for a request in a line over 16 MiB, which the pump sends on as it comes and reads
+    for its id as it goes (``_LongLine``): its id did not make the head read longer."""
+    args = ["--max-message-bytes", "40000000"] if over_16_mib else []
     long_id = 10**250
-    with pumped(home, workspace, tmp_base) as (started, d, pump):
+    name = "x" * (17_000_000 if over_16_mib else 5)
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
         initialize(pump)
-        assert pump.request(long_id, "ping") == {"jsonrpc": "2.0", "id": long_id, "result": {}}
+        pump.send({"jsonrpc": "2.0", "id": long_id, "method": "tools/call",
+                   "params": {"name": "hello", "arguments": {"name": name}}})
+        assert "result" in receive_until(pump, answer_to(long_id))[-1]
         d.proc.kill()
         d.proc.wait()
-        restart(started, home, workspace, tmp_base)
+        started.append(start_daemon(home, workspace, tmp_base, args))
         pump.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
         seen = receive_until(pump, answer_to(2))
         assert all(m.get("id") != long_id for m in seen), str(seen)[:500]
+
+
+def test_a_line_the_daemon_cannot_parse_is_not_answered_at_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """Python's json reads ``NaN`` and a lone surrogate (``\\udcff``: how Python writes a
+    file name's undecodable byte), which the daemon's parser refuses: it answers such a
+    line with a parse error whose id is null, as it cannot tell whose it is. The pump had
+    noted the call in it as in flight, for ever, and the next restart answered it:
+    "toolsetd went away ... the tool may have run", of a call that never ran."""
+    call = b'{"jsonrpc":"2.0","id":%d,"method":"tools/call","params":{"name":"hello",'
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        pump.send(call % 2 + b'"arguments":{"name":"x","n":NaN}}}\n')
+        pump.send(call % 3 + b'"arguments":{"name":"caf\\udce9"}}}\n')
+        pump.send({"jsonrpc": "2.0", "id": 4, "method": "ping"})
+        seen = receive_until(pump, answer_to(4))
+        assert [m["error"]["code"] for m in seen if "error" in m] == [-32700, -32700], seen
+        d.proc.kill()
+        d.proc.wait()
+        restart(started, home, workspace, tmp_base)
+        pump.send({"jsonrpc": "2.0", "id": 5, "method": "ping"})
+        seen += receive_until(pump, answer_to(5))
+        assert [m for m in seen if m.get("id") in (2, 3)] == [], seen
+
+
+def test_an_initialize_with_a_number_past_the_double_range_is_replayed_as_written(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """JSON has no range: the daemon takes an initialize whose params hold ``1e999`` (an
+    experimental capability, here). The pump replayed it to the new daemon parsed and
+    written again, as ``Infinity``, which no JSON parser takes: the new daemon answered a
+    parse error with id null, the replay stayed unanswered, and every line of the host's
+    waited behind it. The ping, read once the input has ended, was never answered."""
+    params = json.dumps(INIT).replace('"capabilities": {',
+                                      '"capabilities": {"experimental": {"x": {"n": 1e999}}, ')
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        pump.send(b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": %s}\n'
+                  % params.encode())
+        assert pump.receive()["result"]["protocolVersion"] == "2025-11-25"
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        d.proc.kill()
+        d.proc.wait()
+        restart(started, home, workspace, tmp_base)
+        receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "ping"})
+        assert close(pump) == 0
+        seen = [json.loads(line) for line in pump.stdout_text.splitlines()]
+        assert seen == [{"jsonrpc": "2.0", "id": 2, "result": {}}], seen
+
+
+def test_a_host_request_with_the_pumps_ping_id_is_answered(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The pump pings the daemon under an id of its own (``toolsetctl-mcp-flush``) to
+    write its answer to a cut long line between the daemon's lines, and swallows the
+    ping's answer. A host request with that same id (JSON-RPC lets the host choose any)
+    had its answer swallowed too, with no ping of the pump's out: the host waited for
+    ever. Read once the input has ended: the daemon answers what it was sent, then
+    closes, and the pump writes all of it before it exits."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = restart(started, home, workspace, tmp_base)
+        pump = RawPump(pump_args(d, workspace))
+        initialize(pump)
+        pump.send({"jsonrpc": "2.0", "id": "toolsetctl-mcp-flush", "method": "ping"})
+        assert close(pump) == 0
+        seen = [json.loads(line) for line in pump.stdout_text.splitlines()]
+        assert seen == [{"jsonrpc": "2.0", "id": "toolsetctl-mcp-flush", "result": {}}], seen
 
 
 def test_a_late_answer_to_a_question_the_old_daemon_withdrew_reaches_no_new_one(
