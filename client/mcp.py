@@ -875,6 +875,7 @@ class _Pump:
         unanswered, and the host waited for ever."""
         line.feed(tail)
         found = line.request(modern=self.initialize is None)
+        flush = False
         with self.lock:
             sock = self.sock
             whole = sock is not None and sock is self._streaming_to
@@ -884,13 +885,16 @@ class _Pump:
                     self.in_flight[found[0]] = found[1]
                 else:
                     self.replies.append(_gone_answer(found[1], "cut"))
+                    # Counted with the daemon it goes to: a daemon lost after this lock
+                    # resets the count, which a second section here would then raise.
+                    flush = sock is not None
+                    if flush:
+                        self.flushing += 1
         if whole and sock is not None:
             self._send(sock, tail)
         elif found is not None:
             self.wake.set()  # a reconnecting pump writes it
-            if sock is not None:  # one copying a daemon's lines writes it after the next
-                with self.lock:
-                    self.flushing += 1
+            if flush and sock is not None:  # one copying a daemon's lines: after the next
                 ping = {"jsonrpc": "2.0", "id": _FLUSH_ID, "method": "ping"}
                 self._send(sock, json.dumps(ping).encode() + b"\n")
 
