@@ -1,0 +1,122 @@
+"""Which code is installed: what tells a daemon that toolsetd was upgraded under it.
+
+Theory of operation
+-------------------
+Operators upgrade toolsetd in place while its daemon runs (``pip install -U`` into the
+venv, a ``git pull`` in an editable checkout, a distro package replacing the files), or
+remove the venv. The running daemon keeps the code it imported; what it starts or imports
+from disk later is the new code, or none. Two things are taken from disk after the start:
+
+* the **check process** (``checkworker``), started at the first large check and again
+  after one ends. Run from other code, it checked a call's arguments with other rules, or
+  answered in another shape (every large call then failed as an internal error);
+* the **MCP face**'s modules (``mcp_socket``, ``mcp_session``, ``mcp_mapping``), imported
+  at the first ``mcp.bind``: other code, mixed into the old daemon's.
+
+``code_id`` names the code a process would run: a hash of the source of every module of
+``toolsetd.daemon`` and ``toolsetd.protocol`` as the files hold it now, the version of
+Python, and the versions of the distributions whose code decides a check's verdict
+(``_DISTRIBUTIONS``). The daemon takes it once at its start (1.6 ms here); a check process
+takes its own at its start and sends it first (``checkworker``), and the daemon uses the
+process only if the two are equal. Equal source is equal code, whatever the files' times:
+a reinstall of the same version is no upgrade.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import sys
+
+__all__ = ["FORMAT_DISTRIBUTIONS", "UPGRADED", "code_id", "installed_version"]
+
+#: What a daemon says when the code on disk is not the code it runs.
+UPGRADED = "toolsetd was upgraded (or removed) under this daemon: restart it"
+
+#: The optional packages jsonschema takes its ``format`` checks from, installed or not.
+FORMAT_DISTRIBUTIONS = (
+    "fqdn",
+    "idna",
+    "isoduration",
+    "jsonpointer",
+    "rfc3339_validator",
+    "rfc3986_validator",
+    "rfc3987",
+    "rfc3987_syntax",
+    "uri_template",
+    "webcolors",
+)
+#: The distributions whose code decides a check's verdict or its wire: jsonschema, its
+#: meta-schemas and resolver, the packages its ``format`` checks come from, and orjson
+#: (the encoding of the request and the answer).
+_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing", "orjson")
+
+
+def code_id() -> str:
+    """A short hash of the code a process started now would run (see the module docstring).
+
+    Reads the files as they are now; a package folder or file that is gone (the venv
+    removed) hashes as such, so it differs from any install.
+
+    Raises:
+        OSError: A file or folder could not be read for another reason (out of
+            descriptors, say): what is installed cannot be told now.
+    """
+    import toolsetd.protocol
+
+    h = hashlib.sha256(sys.version.encode())
+    for folders in ([os.path.dirname(__file__)], toolsetd.protocol.__path__):
+        for folder in folders:
+            try:
+                names = sorted(name for name in os.listdir(folder) if name.endswith(".py"))
+            except (FileNotFoundError, NotADirectoryError):
+                h.update(f"\x00{folder} is gone".encode(errors="surrogateescape"))
+                continue
+            for name in names:
+                try:
+                    with open(os.path.join(folder, name), "rb") as source:
+                        data = source.read()
+                except (FileNotFoundError, NotADirectoryError):
+                    data = b"gone"
+                h.update(b"\x00%s %d\x00" % (name.encode(errors="surrogateescape"), len(data)))
+                h.update(data)
+    listings: dict[str, list[str]] = {}  # they are usually installed side by side
+    for name in (*_DISTRIBUTIONS, *FORMAT_DISTRIBUTIONS):
+        h.update(b"\x00" + installed_version(name, listings).encode(errors="surrogateescape"))
+    return h.hexdigest()[:16]
+
+
+def installed_version(package: str, listings: dict[str, list[str]]) -> str:
+    """What identifies the installed version of a top-level package, without importing it.
+
+    The name of its ``<package>-<version>.dist-info`` (or ``.egg-info``) folder beside it;
+    failing that, the path, size and mtime of its ``__init__`` (an unusual install).
+
+    Args:
+        package: The import name (here also the distribution's normalised name).
+        listings: Folder listings made so far, by folder.
+    """
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None:
+        return package + " missing"
+    site = os.path.dirname(spec.origin)  # a module's folder; a package's parent folder
+    if os.path.basename(spec.origin).startswith("__init__."):
+        site = os.path.dirname(site)
+    try:
+        if site not in listings:
+            listings[site] = os.listdir(site)
+        found = sorted(
+            name
+            for name in listings[site]
+            if name.startswith(package + "-") and name.endswith((".dist-info", ".egg-info"))
+        )
+        if found:
+            return " ".join(found)
+        st = os.stat(spec.origin)
+    except OSError:
+        return spec.origin
+    return f"{spec.origin} {st.st_size} {st.st_mtime_ns}"

@@ -1,0 +1,189 @@
+"""toolsetd upgraded in place under a running daemon (``daemon/install.py``).
+
+Each daemon here runs from a copy of the package (``install/toolsetd``, on PYTHONPATH, as
+a venv's site-packages holds it), which the test then changes, as ``pip install -U``, a
+``git pull`` in an editable checkout or a distro package would, or removes, as when the
+venv goes: what the daemon starts or imports from disk later (the check process, the MCP
+face's modules) is then other code, or none.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import venv
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, Daemon, shut_down, start_daemon, write_set
+
+#: A tool whose string may hold 10 characters: 70,000 of them are checked in the check
+#: process (``validation.off_loop``), 11 on the loop.
+_SHORT = {
+    "runner": "exec",
+    "command": ["/bin/true"],
+    "tools": [
+        {
+            "name": "short",
+            "description": "Takes a short string.",
+            "schema": {"type": "object", "properties": {"s": {"type": "string", "maxLength": 10}}},
+        }
+    ],
+}
+_REFUSED = "Invalid arguments for 'short': /s: expected at most 10 characters, got 70000"
+_UPGRADED = "toolsetd was upgraded (or removed) under this daemon: restart it"
+
+
+@pytest.fixture
+def installed(tmp_base: Path) -> Iterator[tuple[Daemon, Path]]:
+    """A daemon run from a venv of its own holding a copy of the package, and that copy's
+    ``toolsetd`` folder. The venv finds the other distributions in this one's
+    site-packages (a ``.pth`` line, which does not load this one's editable install)."""
+    venv.create(tmp_base / "venv", with_pip=False, symlinks=True)
+    python = tmp_base / "venv" / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=60,
+        ).stdout.strip()
+    )
+    (site / "deps.pth").write_text("".join(f"{path}\n" for path in sys.path if "-packages" in path))
+    package = site / "toolsetd"
+    for part in ("protocol", "daemon", "client"):
+        shutil.copytree(REPO / part, package / part, ignore=shutil.ignore_patterns("__pycache__"))
+    where = [
+        python,
+        "-P",
+        "-c",
+        "import toolsetd.daemon as d, toolsetd.protocol as p; print(d.__file__, *p.__path__)",
+    ]
+    found = subprocess.run(where, capture_output=True, text=True, check=True, timeout=60)
+    # the copy is what runs, not the checkout
+    assert found.stdout.split() == [
+        str(package / "daemon" / "__init__.py"),
+        str(package / "protocol"),
+    ]
+    home, workspace = tmp_base / "home", tmp_base / "ws"
+    (home / "tools").mkdir(parents=True)
+    workspace.mkdir()
+    write_set(home / "tools", "short", _SHORT)
+    daemon = start_daemon(
+        home,
+        workspace,
+        tmp_base,
+        ["--no-watch"],
+        env={"PYTHONDONTWRITEBYTECODE": "1"},
+        launcher=[str(python), "-P", "-m", "toolsetd.daemon"],
+    )
+    try:
+        yield daemon, package
+    finally:
+        shut_down(daemon)
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+def _other_rules(package: Path) -> None:
+    """A release whose check passes every argument."""
+    _edit(
+        package / "daemon" / "validation.py",
+        "    def errors_for(",
+        "    def errors_for(self, *args, **kwargs):\n        return []\n\n    def _old(",
+    )
+
+
+def _other_wire(package: Path) -> None:
+    """A release whose check process answers in another shape."""
+    _edit(package / "daemon" / "checkworker.py", '"errors": validators', '"found": validators')
+
+
+def _removed(package: Path) -> None:
+    """The venv removed."""
+    shutil.rmtree(package.parents[3])  # venv/lib/python3.x/site-packages/toolsetd
+
+
+@pytest.mark.parametrize("upgrade", [_other_rules, _other_wire, _removed])
+def test_large_arguments_are_checked_by_the_daemons_own_code_after_an_upgrade(
+    installed: tuple[Daemon, Path], upgrade: Callable[[Path], None]
+) -> None:
+    """The check process is started from disk at the first large check. After an upgrade
+    in place it ran the new code: a release whose check differed judged the call by its
+    rules (70,000 characters where 10 fit passed), one whose answer had another shape
+    failed every large call as an internal error, and a removed install was logged as a
+    process that "exited with status 1 at its start", naming no upgrade. The daemon uses
+    only a process that runs its own code: the call is checked on the loop, as the small
+    ones are, and the log says to restart it."""
+    daemon, package = installed
+    upgrade(package)
+    params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+    for _ in range(2):  # the second finds the worker given up, not started again
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None and error["message"] == _REFUSED
+    said = [e for e in daemon.log_events() if e["event"].startswith("argument_check_process")]
+    assert [(e["event"], e.get("error")) for e in said][-1:] == [
+        ("argument_check_process_upgraded", _UPGRADED)
+    ]
+    assert sum(e["event"] == "argument_check_process_started" for e in said) <= 1
+
+
+def _other_instructions(package: Path) -> None:
+    """A release that says other things to MCP hosts."""
+    _edit(package / "daemon" / "mcp_session.py", "The operator's external tools", "Other tools")
+
+
+@pytest.mark.parametrize("upgrade", [_other_instructions, _removed])
+def test_an_mcp_host_after_an_upgrade_is_told_to_restart_the_daemon(
+    installed: tuple[Daemon, Path], upgrade: Callable[[Path], None]
+) -> None:
+    """The daemon imports its MCP face at the first ``mcp.bind``. After an upgrade in
+    place it imported the new files into the old daemon, which then served MCP with
+    mixed code, or (the venv removed) failed the bind as an internal error with an
+    incident id. The bind is refused, saying what happened and what to do."""
+    daemon, package = installed
+    upgrade(package)
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "upgrade-test", "version": "1"},
+        },
+    }
+    pump = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "toolsetd.client",
+            "--socket",
+            str(daemon.socket),
+            "--workspace",
+            str(daemon.workspace),
+            "mcp",
+        ],
+        input=json.dumps(initialize) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (pump.returncode, pump.stderr.strip()) == (
+        9,
+        "toolsetctl mcp: toolsetd was upgraded (or removed) under this daemon, which loads "
+        "its MCP code at its first MCP session: restart it",
+    )
+    assert ("mcp_code_upgraded", _UPGRADED) in [
+        (e["event"], e.get("error")) for e in daemon.log_events()
+    ]
