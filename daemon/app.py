@@ -62,7 +62,7 @@ from .checkworker import CheckWorker
 from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
 from .exhaustion import open_standard_streams, out_of_resources, raise_open_files_limit
-from .install import UPGRADED, code_id
+from .install import UPGRADED, code_id, libraries_id
 from .large import LargeRequests
 from .logs import configure_logging, drain_logs, finish_logging, holding, say, writes_stderr
 from .methods import Handlers
@@ -743,10 +743,11 @@ async def _serve(
 
     # Large requests: one bound on their bytes in flight and one worker slot, every face's.
     large_requests = LargeRequests()
-    validators = ArgumentValidators()
     # The code this daemon runs, as installed at its start: what it starts or imports
     # from disk later must be the same (``install``).
-    code = code_id()
+    libraries = libraries_id()
+    code = code_id(libraries)
+    validators = ArgumentValidators(libraries=libraries)
     checks = CheckWorker(validators.time_limit, large_requests=large_requests, code=code)
     service = Service(
         ServiceSettings(socket=str(socket_path), home=options.home, user_home=options.user_home),

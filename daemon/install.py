@@ -5,21 +5,26 @@ Theory of operation
 Operators upgrade toolsetd in place while its daemon runs (``pip install -U`` into the
 venv, a ``git pull`` in an editable checkout, a distro package replacing the files), or
 remove the venv. The running daemon keeps the code it imported; what it starts or imports
-from disk later is the new code, or none. Two things are taken from disk after the start:
+from disk later is the new code, or none. Three things are taken from disk after the start:
 
 * the **check process** (``checkworker``), started at the first large check and again
   after one ends. Run from other code, it checked a call's arguments with other rules, or
   answered in another shape (every large call then failed as an internal error);
 * the **MCP face**'s modules (``mcp_socket``, ``mcp_session``, ``mcp_mapping``), imported
-  at the first ``mcp.bind``: other code, mixed into the old daemon's.
+  at the first ``mcp.bind``: other code, mixed into the old daemon's;
+* **jsonschema**, imported at the first check that needs it when the set cache made the
+  start parse nothing: another version checked the calls with its own rules.
 
 ``code_id`` names the code a process would run: a hash of the source of every module of
 ``toolsetd.daemon`` and ``toolsetd.protocol`` as the files hold it now, the version of
-Python, and the versions of the distributions whose code decides a check's verdict
-(``_DISTRIBUTIONS``). The daemon takes it once at its start (1.6 ms here); a check process
-takes its own at its start and sends it first (``checkworker``), and the daemon uses the
-process only if the two are equal. Equal source is equal code, whatever the files' times:
-a reinstall of the same version is no upgrade.
+Python, and ``libraries_id``: the versions of the distributions whose code decides a
+check's verdict (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``). The daemon takes both
+once, at its start (2.5-3.5 ms here); a check process takes its own ``code_id`` at its
+start and sends it first (``checkworker``), and the daemon uses the process only if the
+two are equal; the MCP modules are imported only while ``code_id`` is unchanged, and
+jsonschema only while ``libraries_id`` is (``validation.ArgumentValidators``). Equal
+source is equal code, whatever the files' times: a reinstall of the same version is no
+upgrade.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["FORMAT_DISTRIBUTIONS", "UPGRADED", "code_id", "installed_version"]
+__all__ = ["FORMAT_DISTRIBUTIONS", "UPGRADED", "code_id", "installed_version", "libraries_id"]
 
 #: What a daemon says when the code on disk is not the code it runs.
 UPGRADED = "toolsetd was upgraded (or removed) under this daemon: restart it"
@@ -53,15 +58,32 @@ FORMAT_DISTRIBUTIONS = (
 _DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing", "orjson")
 
 
-def code_id() -> str:
+def libraries_id() -> str:
+    """A short hash of the installed versions of the distributions whose code decides a
+    check (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``), read without importing them.
+
+    A daemon started with its set cache warm has not imported jsonschema yet: it does at
+    the first check that needs it (``validation.ArgumentValidators``), from disk.
+    """
+    h = hashlib.sha256()
+    listings: dict[str, list[str]] = {}  # they are usually installed side by side
+    for name in (*_DISTRIBUTIONS, *FORMAT_DISTRIBUTIONS):
+        found = installed_version(name, listings, strict=True)
+        h.update(b"\x00" + found.encode(errors="surrogateescape"))
+    return h.hexdigest()[:16]
+
+
+def code_id(libraries: str | None = None) -> str:
     """A short hash of the code a process started now would run (see the module docstring).
+
+    ``libraries``: ``libraries_id()``, if just taken.
 
     Reads the files as they are now; a package folder or file that is gone (the venv
     removed) hashes as such, so it differs from any install.
 
     Raises:
         OSError: A file or folder could not be read for another reason (out of
-            descriptors, say): what is installed cannot be told now.
+            descriptors, say): what is installed cannot be told now (``libraries_id``).
     """
     import toolsetd.protocol
 
@@ -81,13 +103,11 @@ def code_id() -> str:
                     data = b"gone"
                 h.update(b"\x00%s %d\x00" % (name.encode(errors="surrogateescape"), len(data)))
                 h.update(data)
-    listings: dict[str, list[str]] = {}  # they are usually installed side by side
-    for name in (*_DISTRIBUTIONS, *FORMAT_DISTRIBUTIONS):
-        h.update(b"\x00" + installed_version(name, listings).encode(errors="surrogateescape"))
+    h.update(b"\x00" + (libraries if libraries is not None else libraries_id()).encode())
     return h.hexdigest()[:16]
 
 
-def installed_version(package: str, listings: dict[str, list[str]]) -> str:
+def installed_version(package: str, listings: dict[str, list[str]], strict: bool = False) -> str:
     """What identifies the installed version of a top-level package, without importing it.
 
     The name of its ``<package>-<version>.dist-info`` (or ``.egg-info``) folder beside it;
@@ -96,6 +116,9 @@ def installed_version(package: str, listings: dict[str, list[str]]) -> str:
     Args:
         package: The import name (here also the distribution's normalised name).
         listings: Folder listings made so far, by folder.
+        strict: Raise what a folder that is there, but cannot be read, raised (out of
+            descriptors, say), rather than answer its path: what is installed cannot be
+            told now.
     """
     try:
         spec = importlib.util.find_spec(package)
@@ -117,6 +140,8 @@ def installed_version(package: str, listings: dict[str, list[str]]) -> str:
         if found:
             return " ".join(found)
         st = os.stat(spec.origin)
-    except OSError:
+    except OSError as exc:
+        if strict and not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            raise
         return spec.origin
     return f"{spec.origin} {st.st_size} {st.st_mtime_ns}"

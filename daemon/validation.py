@@ -30,16 +30,20 @@ import hashlib
 import itertools
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import structlog
+from toolsetd.protocol.errors import InternalError
 from toolsetd.protocol.jsontext import JsonNumber, nesting_exceeds
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.params import MAX_ARGUMENT_DEPTH
 
+from .install import UPGRADED, libraries_id
 from .timelimit import TimeLimitExceeded, run_limited
 
 if TYPE_CHECKING:
@@ -63,6 +67,8 @@ __all__ = [
     "stopped_message",
     "time_limit_for",
 ]
+
+log = structlog.get_logger("toolsetd.validation")
 
 #: Longest echo of a value (argument or enum) inside a message, in characters.
 _ECHO_LIMIT = 80
@@ -879,15 +885,23 @@ class ArgumentValidators:
     (for the messages) or for any other schema.
     """
 
-    def __init__(self, max_entries: int = 4096, time_limit: float = TIME_LIMIT) -> None:
+    def __init__(
+        self, max_entries: int = 4096, time_limit: float = TIME_LIMIT, libraries: str | None = None
+    ) -> None:
         """Create an empty cache.
 
         Args:
             max_entries: How many compiled validators to keep; the oldest goes first.
             time_limit: The most seconds one call's check may run before the allowance
                 for its size (``TIME_LIMIT_PER_MIB``); see ``timelimit``.
+            libraries: The daemon's ``install.libraries_id()``, taken at its start:
+                jsonschema, imported at the first check that needs it (not at start: a
+                warm set cache parses nothing), is imported only while the versions
+                installed are those (``_own_libraries``). None: not looked at (the check
+                process, whose code the daemon knows by ``install.code_id``).
         """
         self._time_limit = time_limit
+        self._libraries = libraries
         self._validators: dict[str, Validator] = {}
         self._plain: dict[str, bool] = {}
         self._lock = threading.Lock()
@@ -904,6 +918,8 @@ class ArgumentValidators:
             found = self._validators.get(key)
         if found is not None:
             return found
+        if self._libraries is not None and "jsonschema" not in sys.modules:
+            self._own_libraries()
         cls = _validator_class(schema)
         import jsonschema_specifications  # type: ignore[import-untyped]  # it ships no py.typed
 
@@ -914,6 +930,27 @@ class ArgumentValidators:
                 del self._validators[next(iter(self._validators))]
             self._validators[key] = validator
         return validator
+
+    def _own_libraries(self) -> None:
+        """Before jsonschema's first import: refuse if what is installed now is not what
+        the daemon started with (an upgrade in place: a newer jsonschema checked with its
+        own rules, and the keywords ``_patch_keywords`` replaces are its private names; a
+        removed venv: ``ModuleNotFoundError``, an internal error). One that cannot be read
+        now (out of descriptors, say) is not judged.
+
+        Raises:
+            InternalError: Another version is installed now; the daemon must be restarted.
+        """
+        try:
+            same = libraries_id() == self._libraries
+        except OSError:
+            return
+        if not same:
+            log.warning("schema_code_upgraded", error=UPGRADED)
+            raise InternalError(
+                "toolsetd was upgraded (or removed) under this daemon, which loads jsonschema "
+                "at its first check of a schema: restart it"
+            )
 
     def _is_plain(self, key: str, schema: Mapping[str, Any]) -> bool:
         """Whether the schema is in the plain subset (``_plain_subset``), cached by key."""

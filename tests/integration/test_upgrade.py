@@ -9,6 +9,7 @@ face's modules) is then other code, or none.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -38,50 +39,56 @@ _REFUSED = "Invalid arguments for 'short': /s: expected at most 10 characters, g
 _UPGRADED = "toolsetd was upgraded (or removed) under this daemon: restart it"
 
 
-@pytest.fixture
-def installed(tmp_base: Path) -> Iterator[tuple[Daemon, Path]]:
-    """A daemon run from a venv of its own holding a copy of the package, and that copy's
-    ``toolsetd`` folder. The venv finds the other distributions in this one's
-    site-packages (a ``.pth`` line, which does not load this one's editable install)."""
-    venv.create(tmp_base / "venv", with_pip=False, symlinks=True)
-    python = tmp_base / "venv" / "bin" / "python"
-    site = Path(
-        subprocess.run(
-            [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=60,
-        ).stdout.strip()
-    )
-    (site / "deps.pth").write_text("".join(f"{path}\n" for path in sys.path if "-packages" in path))
+#: The distributions the jsonschema test installs into the daemon's venv (import name,
+#: distribution name), beside the copy of the package: jsonschema and what it imports.
+_JSONSCHEMA = {
+    "jsonschema": "jsonschema", "jsonschema_specifications": "jsonschema_specifications",
+    "referencing": "referencing", "rpds": "rpds_py", "attr": "attrs", "attrs": "attrs",
+}
+
+
+def _daemon_from_a_venv(
+    base: Path, distributions: dict[str, str] | None = None, warm: bool = False
+) -> tuple[Daemon, Path]:
+    """A daemon run from a venv of its own holding a copy of the package (and of
+    ``distributions``), and that copy's ``toolsetd`` folder. The venv finds the other
+    distributions in this one's site-packages (a ``.pth`` line, which does not load this
+    one's editable install). ``warm``: started once before, so that its set cache is warm
+    (the daemon then parses no set, and imports no jsonschema, at its start)."""
+    venv.create(base / "venv", with_pip=False, symlinks=True)
+    python = base / "venv" / "bin" / "python"
+    purelib = [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+    site = Path(subprocess.run(purelib, capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+    ours = [Path(path) for path in sys.path if path.endswith("-packages")]
+    (site / "deps.pth").write_text("".join(f"{path}\n" for path in ours))
     package = site / "toolsetd"
     for part in ("protocol", "daemon", "client"):
         shutil.copytree(REPO / part, package / part, ignore=shutil.ignore_patterns("__pycache__"))
-    where = [
-        python,
-        "-P",
-        "-c",
-        "import toolsetd.daemon as d, toolsetd.protocol as p; print(d.__file__, *p.__path__)",
-    ]
+    distributions = distributions or {}
+    for module, distribution in distributions.items():
+        origin = Path(importlib.util.find_spec(module).origin).parent  # type: ignore[union-attr,arg-type]
+        shutil.copytree(origin, site / module, ignore=shutil.ignore_patterns("__pycache__"))
+        for info in origin.parent.glob(f"{distribution}-*.dist-info"):
+            shutil.copytree(info, site / info.name, dirs_exist_ok=True)
+    names = ", ".join(["toolsetd.daemon", *distributions])
+    where = [python, "-P", "-c", f"import {names}, sys; print(*(m.__file__ for m in ({names},)))"]
     found = subprocess.run(where, capture_output=True, text=True, check=True, timeout=60)
-    # the copy is what runs, not the checkout
-    assert found.stdout.split() == [
-        str(package / "daemon" / "__init__.py"),
-        str(package / "protocol"),
-    ]
-    home, workspace = tmp_base / "home", tmp_base / "ws"
+    assert all(Path(path).is_relative_to(site) for path in found.stdout.split())  # not ours
+    home, workspace = base / "home", base / "ws"
     (home / "tools").mkdir(parents=True)
     workspace.mkdir()
     write_set(home / "tools", "short", _SHORT)
-    daemon = start_daemon(
-        home,
-        workspace,
-        tmp_base,
-        ["--no-watch"],
-        env={"PYTHONDONTWRITEBYTECODE": "1"},
-        launcher=[str(python), "-P", "-m", "toolsetd.daemon"],
-    )
+    launcher = [str(python), "-P", "-m", "toolsetd.daemon"]
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    if warm:
+        shut_down(start_daemon(home, workspace, base, ["--no-watch"], env=env, launcher=launcher))
+    return start_daemon(home, workspace, base, ["--no-watch"], env=env, launcher=launcher), package
+
+
+@pytest.fixture
+def installed(tmp_base: Path) -> Iterator[tuple[Daemon, Path]]:
+    """A daemon run from a venv of its own holding a copy of the package, and that copy."""
+    daemon, package = _daemon_from_a_venv(tmp_base)
     try:
         yield daemon, package
     finally:
@@ -187,3 +194,32 @@ def test_an_mcp_host_after_an_upgrade_is_told_to_restart_the_daemon(
     assert ("mcp_code_upgraded", _UPGRADED) in [
         (e["event"], e.get("error")) for e in daemon.log_events()
     ]
+
+
+def test_a_daemon_started_warm_checks_with_the_jsonschema_it_started_with(tmp_base: Path) -> None:
+    """A daemon started with its set cache warm parses no set, so it imports jsonschema
+    at the first check that needs it, from disk. After an upgrade that brought another
+    jsonschema (``pipx install --force`` makes the venv anew), the old daemon checked the
+    calls with it: here a jsonschema whose ``maxLength`` checks nothing, and 11 characters
+    where 10 fit passed. The call is refused, saying to restart the daemon."""
+    daemon, package = _daemon_from_a_venv(tmp_base, _JSONSCHEMA, warm=True)
+    try:
+        site = package.parent
+        keywords = site / "jsonschema" / "_keywords.py"
+        _edit(keywords, "def maxLength(validator, mL, instance, schema):\n",
+              "def maxLength(validator, mL, instance, schema):\n    return\n")
+        (info,) = site.glob("jsonschema-*.dist-info")
+        info.rename(site / "jsonschema-999.0.0.dist-info")
+        params = {"tool": "short", "arguments": {"s": "x" * 11}, "workspace": str(daemon.workspace)}
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None
+        assert (error["code"], error["message"]) == (
+            -32603,
+            "toolsetd was upgraded (or removed) under this daemon, which loads jsonschema at its "
+            "first check of a schema: restart it",
+        )
+        assert ("schema_code_upgraded", _UPGRADED) in [
+            (e["event"], e.get("error")) for e in daemon.log_events()
+        ]
+    finally:
+        shut_down(daemon)
