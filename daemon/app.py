@@ -96,7 +96,7 @@ from .sockpath import (
     default_socket_path,
     prepare_socket_dir,
 )
-from .validation import ArgumentValidators
+from .validation import ArgumentValidators, SchemaChecker
 
 if TYPE_CHECKING:  # the HTTP endpoint's modules load only when --mcp-listen is given
     from .httpguard import ListenAddress
@@ -695,11 +695,15 @@ async def _serve(
         if lock is not None:
             lock.release()
         raise
+    # The code this daemon runs, as installed at its start: what it starts or imports
+    # from disk later must be the same (``install``).
+    libraries = libraries_id()
+    code = code_id(libraries)
     store = SetStore(options.cache_dir) if options.cache_dir is not None else None
     registry = Registry(
         options.home,
         options.reserved,
-        ManifestCache(store=store),
+        ManifestCache(store=store, schemas=SchemaChecker(libraries=libraries)),
         idle_seconds=options.workspace_idle_seconds,
     )
     limiter = anyio.CapacityLimiter(options.max_running)
@@ -743,10 +747,6 @@ async def _serve(
 
     # Large requests: one bound on their bytes in flight and one worker slot, every face's.
     large_requests = LargeRequests()
-    # The code this daemon runs, as installed at its start: what it starts or imports
-    # from disk later must be the same (``install``).
-    libraries = libraries_id()
-    code = code_id(libraries)
     validators = ArgumentValidators(libraries=libraries)
     checks = CheckWorker(validators.time_limit, large_requests=large_requests, code=code)
     service = Service(

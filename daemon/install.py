@@ -13,7 +13,8 @@ from disk later is the new code, or none. Three things are taken from disk after
 * the **MCP face**'s modules (``mcp_socket``, ``mcp_session``, ``mcp_mapping``), imported
   at the first ``mcp.bind``: other code, mixed into the old daemon's;
 * **jsonschema**, imported at the first check that needs it when the set cache made the
-  start parse nothing: another version checked the calls with its own rules.
+  start parse nothing: another version checked the calls, and judged the sets changed
+  since, with its own rules.
 
 ``code_id`` names the code a process would run: a hash of the source of every module of
 ``toolsetd.daemon`` and ``toolsetd.protocol`` as the files hold it now, the version of
@@ -22,7 +23,7 @@ check's verdict (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``). The daemon takes
 once, at its start (2.5-3.5 ms here); a check process takes its own ``code_id`` at its
 start and sends it first (``checkworker``), and the daemon uses the process only if the
 two are equal; the MCP modules are imported only while ``code_id`` is unchanged, and
-jsonschema only while ``libraries_id`` is (``validation.ArgumentValidators``). Equal
+jsonschema only while ``libraries_id`` is (``validation``: a call's check, a set's parse). Equal
 source is equal code, whatever the files' times: a reinstall of the same version is no
 upgrade.
 """

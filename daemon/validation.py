@@ -60,6 +60,7 @@ __all__ = [
     "TIME_LIMIT",
     "TIME_LIMIT_PER_MIB",
     "ArgumentValidators",
+    "JsonschemaChanged",
     "SchemaChecker",
     "canonical_json",
     "json_pointer",
@@ -629,6 +630,42 @@ def _plainly_valid(schema: Any, depth: int = 0) -> bool:
     return True
 
 
+class JsonschemaChanged(InternalError):
+    """jsonschema is still to be imported, and other versions of it (or of its companions)
+    are installed than at the daemon's start: toolsetd was upgraded, or removed, under it
+    (``_own_jsonschema``). A call gets it as is; a set's parse, as a note (not cached)."""
+
+    MESSAGE = (
+        "toolsetd was upgraded (or removed) under this daemon, which loads jsonschema at its "
+        "first check of a schema: restart it"
+    )
+
+
+def _own_jsonschema(libraries: str | None) -> None:
+    """Before jsonschema's first import in a daemon started warm (its set cache made the
+    start parse nothing, so it imported none): refuse if what is installed now is not what
+    it started with (``install.libraries_id``). Another jsonschema checked with its own
+    rules, and the keywords ``_patch_keywords`` replaces are its private names; a removed
+    one raised ``ImportError``, an internal error at every call and reload. What cannot be
+    read now (out of descriptors, say) is not judged.
+
+    Args:
+        libraries: ``install.libraries_id()`` at the daemon's start; None: not looked at.
+
+    Raises:
+        JsonschemaChanged: Another version is installed now.
+    """
+    if libraries is None or "jsonschema" in sys.modules:
+        return
+    try:
+        same = libraries_id() == libraries
+    except OSError:
+        return
+    if not same:
+        log.warning("schema_code_upgraded", error=UPGRADED)
+        raise JsonschemaChanged
+
+
 class SchemaChecker:
     """Checks tool input schemas against their meta-schema, caching by content hash.
 
@@ -639,8 +676,13 @@ class SchemaChecker:
         checks: How many schemas were actually checked (cache misses).
     """
 
-    def __init__(self, max_verdicts: int = _MAX_VERDICTS) -> None:
-        """Create an empty cache."""
+    def __init__(self, max_verdicts: int = _MAX_VERDICTS, libraries: str | None = None) -> None:
+        """Create an empty cache.
+
+        ``libraries``: the daemon's ``install.libraries_id()`` at its start, as for
+        ``ArgumentValidators``: jsonschema is imported only while those are installed.
+        """
+        self._libraries = libraries
         self._verdicts: dict[bytes, str | None] = {}
         self._max_verdicts = max_verdicts
         self._lock = threading.Lock()
@@ -654,11 +696,17 @@ class SchemaChecker:
 
         Returns:
             None, or ``"<jsonschema message> (at <JSON Pointer into the schema>)"``.
+
+        Raises:
+            JsonschemaChanged: The check needs jsonschema, which is still to be imported,
+                and toolsetd was upgraded under the daemon (``_own_jsonschema``).
         """
         key = hashlib.sha256(canonical_json(schema)).digest()
         with self._lock:
             if key in self._verdicts:
                 return self._verdicts[key]
+        if "jsonschema" not in sys.modules and not _plainly_valid(schema):
+            _own_jsonschema(self._libraries)
         verdict = self._check(schema)
         with self._lock:
             self.checks += 1
@@ -897,7 +945,7 @@ class ArgumentValidators:
             libraries: The daemon's ``install.libraries_id()``, taken at its start:
                 jsonschema, imported at the first check that needs it (not at start: a
                 warm set cache parses nothing), is imported only while the versions
-                installed are those (``_own_libraries``). None: not looked at (the check
+                installed are those (``_own_jsonschema``). None: not looked at (the check
                 process, whose code the daemon knows by ``install.code_id``).
         """
         self._time_limit = time_limit
@@ -918,8 +966,7 @@ class ArgumentValidators:
             found = self._validators.get(key)
         if found is not None:
             return found
-        if self._libraries is not None and "jsonschema" not in sys.modules:
-            self._own_libraries()
+        _own_jsonschema(self._libraries)
         cls = _validator_class(schema)
         import jsonschema_specifications  # type: ignore[import-untyped]  # it ships no py.typed
 
@@ -930,27 +977,6 @@ class ArgumentValidators:
                 del self._validators[next(iter(self._validators))]
             self._validators[key] = validator
         return validator
-
-    def _own_libraries(self) -> None:
-        """Before jsonschema's first import: refuse if what is installed now is not what
-        the daemon started with (an upgrade in place: a newer jsonschema checked with its
-        own rules, and the keywords ``_patch_keywords`` replaces are its private names; a
-        removed venv: ``ModuleNotFoundError``, an internal error). One that cannot be read
-        now (out of descriptors, say) is not judged.
-
-        Raises:
-            InternalError: Another version is installed now; the daemon must be restarted.
-        """
-        try:
-            same = libraries_id() == self._libraries
-        except OSError:
-            return
-        if not same:
-            log.warning("schema_code_upgraded", error=UPGRADED)
-            raise InternalError(
-                "toolsetd was upgraded (or removed) under this daemon, which loads jsonschema "
-                "at its first check of a schema: restart it"
-            )
 
     def _is_plain(self, key: str, schema: Mapping[str, Any]) -> bool:
         """Whether the schema is in the plain subset (``_plain_subset``), cached by key."""

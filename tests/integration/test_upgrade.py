@@ -196,6 +196,22 @@ def test_an_mcp_host_after_an_upgrade_is_told_to_restart_the_daemon(
     ]
 
 
+def _other_jsonschema(package: Path) -> None:
+    """A jsonschema 999.0.0 whose ``maxLength`` checks nothing, over the daemon's."""
+    site = package.parent
+    keywords = site / "jsonschema" / "_keywords.py"
+    _edit(keywords, "def maxLength(validator, mL, instance, schema):\n",
+          "def maxLength(validator, mL, instance, schema):\n    return\n")
+    (info,) = site.glob("jsonschema-*.dist-info")
+    info.rename(site / "jsonschema-999.0.0.dist-info")
+
+
+_JSONSCHEMA_UPGRADED = (
+    "toolsetd was upgraded (or removed) under this daemon, which loads jsonschema at its "
+    "first check of a schema: restart it"
+)
+
+
 def test_a_daemon_started_warm_checks_with_the_jsonschema_it_started_with(tmp_base: Path) -> None:
     """A daemon started with its set cache warm parses no set, so it imports jsonschema
     at the first check that needs it, from disk. After an upgrade that brought another
@@ -204,22 +220,45 @@ def test_a_daemon_started_warm_checks_with_the_jsonschema_it_started_with(tmp_ba
     where 10 fit passed. The call is refused, saying to restart the daemon."""
     daemon, package = _daemon_from_a_venv(tmp_base, _JSONSCHEMA, warm=True)
     try:
-        site = package.parent
-        keywords = site / "jsonschema" / "_keywords.py"
-        _edit(keywords, "def maxLength(validator, mL, instance, schema):\n",
-              "def maxLength(validator, mL, instance, schema):\n    return\n")
-        (info,) = site.glob("jsonschema-*.dist-info")
-        info.rename(site / "jsonschema-999.0.0.dist-info")
+        _other_jsonschema(package)
         params = {"tool": "short", "arguments": {"s": "x" * 11}, "workspace": str(daemon.workspace)}
         error = daemon.call("invoke", params).get("error")
         assert error is not None
-        assert (error["code"], error["message"]) == (
-            -32603,
-            "toolsetd was upgraded (or removed) under this daemon, which loads jsonschema at its "
-            "first check of a schema: restart it",
-        )
+        assert (error["code"], error["message"]) == (-32603, _JSONSCHEMA_UPGRADED)
         assert ("schema_code_upgraded", _UPGRADED) in [
             (e["event"], e.get("error")) for e in daemon.log_events()
         ]
+    finally:
+        shut_down(daemon)
+
+
+def test_a_set_changed_after_an_upgrade_waits_for_the_restart(tmp_base: Path) -> None:
+    """The same daemon's first parse of a set (one added, or edited, after the upgrade)
+    imported the other jsonschema too: the set was judged by its rules, and from then on
+    every call was checked with them (11 characters where 10 fit passed). Or, a jsonschema
+    that cannot be imported (a venv half replaced), the reload and every call failed as
+    internal errors. The set is skipped with a note saying to restart the daemon, and not
+    cached; the other sets are served on, with the daemon's own checks."""
+    daemon, package = _daemon_from_a_venv(tmp_base, _JSONSCHEMA, warm=True)
+    try:
+        _other_jsonschema(package)
+        referenced = {"type": "object", "properties": {"s": {"$ref": "#/$defs/s"}},
+                      "$defs": {"s": {"type": "string"}}}
+        write_set(daemon.home / "tools", "added", {
+            "runner": "exec", "command": ["/bin/true"],
+            "tools": [{"name": "added", "description": "Added after the upgrade.", "schema": referenced}],
+        })
+        reloaded = daemon.call("reload")["result"]
+        assert reloaded["notes"] == [{
+            "set": "added", "source": "home",
+            "message": f"External tool set 'added' was skipped: {_JSONSCHEMA_UPGRADED}",
+        }]
+        params = {"tool": "short", "arguments": {"s": "x" * 11}, "workspace": str(daemon.workspace)}
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None
+        assert (error["code"], error["message"]) == (-32603, _JSONSCHEMA_UPGRADED)
+        params["arguments"] = {"s": "fits"}  # the plain subset: checked without jsonschema
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None and error["code"] == -32004  # checked, put to the operator
     finally:
         shut_down(daemon)
