@@ -262,3 +262,52 @@ def test_a_set_changed_after_an_upgrade_waits_for_the_restart(tmp_base: Path) ->
         assert error is not None and error["code"] == -32004  # checked, put to the operator
     finally:
         shut_down(daemon)
+
+
+def test_a_pump_whose_install_went_says_why_it_ends(tmp_base: Path) -> None:
+    """A ``toolsetctl mcp`` lives as long as its host's session, and its install may go
+    meanwhile (a venv made anew). Its last words were written with a module it imported
+    only then: a pump whose daemon went away, its host's input ended while it waited for
+    another, ended with exit 1 and an ``ImportError`` traceback, not with exit 5 and what
+    happened."""
+    daemon, package = _daemon_from_a_venv(tmp_base)
+    write_set(daemon.home / "tools", "sleeper", {
+        "runner": "exec", "command": ["/bin/sleep"],
+        "tools": [{"name": "sleeper", "description": "Sleeps.", "schema": {"type": "object"}, "command": ["60"]}],
+    })
+    assert daemon.call("reload")["result"]["changed"]
+    python = package.parents[3] / "bin" / "python"  # venv/lib/python3.x/site-packages/toolsetd
+    with subprocess.Popen(
+        [python, "-P", "-m", "toolsetd.client", "--socket", str(daemon.socket),
+         "--workspace", str(daemon.workspace), "mcp", "--mode", "full"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as pump:
+        try:
+            assert pump.stdin is not None and pump.stdout is not None
+            initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "upgrade-test", "version": "1"}}}
+            call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                    "params": {"name": "sleeper", "arguments": {}}}
+            pump.stdin.write(json.dumps(initialize).encode() + b"\n")
+            pump.stdin.flush()
+            assert json.loads(pump.stdout.readline())["id"] == 1
+            pump.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+            pump.stdin.write(json.dumps(call).encode() + b"\n")
+            pump.stdin.flush()
+            shutil.rmtree(package.parents[3])  # the venv goes
+            daemon.proc.kill()  # and the daemon with the call: the pump answers it, and waits
+            daemon.proc.wait(timeout=20)
+            gone = json.loads(pump.stdout.readline())
+            assert gone["id"] == 2 and gone["result"]["isError"]
+            # The host ends (its input) while the pump waits for a daemon.
+            _, stderr = pump.communicate(timeout=60)
+            assert (pump.returncode, stderr.decode()) == (
+                5,
+                f"toolsetctl mcp: toolsetd at {daemon.socket} closed the connection (the input "
+                "ended while the pump waited for it to come back)\n",
+            )
+        finally:
+            if pump.poll() is None:
+                pump.kill()
+            shut_down(daemon)
