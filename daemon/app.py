@@ -343,6 +343,8 @@ class _McpCore:
         self._code = code
         #: Whether the MCP modules were imported (from the daemon's own code).
         self._loaded = False
+        #: Whether the install was found changed before they were: binds are refused.
+        self._upgraded = False
         self._server: McpServer | None = None
         #: A graceful stop has begun: a core built from now on answers listens at once.
         self._stopping = False
@@ -367,8 +369,10 @@ class _McpCore:
         if self._loaded:
             return
         with contextlib.suppress(OSError):
-            if code_id() != self._code:
-                log.warning("mcp_code_upgraded", error=UPGRADED)
+            if self._upgraded or code_id() != self._code:
+                if not self._upgraded:  # said once: each bind from now on is refused
+                    self._upgraded = True
+                    log.warning("mcp_code_upgraded", error=UPGRADED)
                 raise InternalError(
                     "toolsetd was upgraded (or removed) under this daemon, which loads its "
                     "MCP code at its first MCP session: restart it"

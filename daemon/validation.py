@@ -641,10 +641,14 @@ class JsonschemaChanged(InternalError):
     )
 
 
-def _own_jsonschema(libraries: str | None) -> None:
+#: What a checker holds in place of the libraries it started with, once they changed.
+_CHANGED = "changed"
+
+
+def _own_jsonschema(libraries: str | None) -> str | None:
     """Before jsonschema's first import in a daemon started warm (its set cache made the
-    start parse nothing, so it imported none): refuse if what is installed now is not what
-    it started with (``install.libraries_id``). Another jsonschema checked with its own
+    start parse nothing, so it imported none): whether what is installed now is what it
+    started with (``install.libraries_id``). Another jsonschema checked with its own
     rules, and the keywords ``_patch_keywords`` replaces are its private names; a removed
     one raised ``ImportError``, an internal error at every call and reload. What cannot be
     read now (out of descriptors, say) is not judged.
@@ -652,18 +656,21 @@ def _own_jsonschema(libraries: str | None) -> None:
     Args:
         libraries: ``install.libraries_id()`` at the daemon's start; None: not looked at.
 
-    Raises:
-        JsonschemaChanged: Another version is installed now.
+    Returns:
+        What the checker keeps in place of ``libraries``: ``_CHANGED`` once they changed
+        (said once; the checker then raises ``JsonschemaChanged`` until the restart,
+        without looking again), else ``libraries``.
     """
-    if libraries is None or "jsonschema" in sys.modules:
-        return
+    if libraries is None or libraries == _CHANGED or "jsonschema" in sys.modules:
+        return libraries
     try:
         same = libraries_id() == libraries
     except OSError:
-        return
-    if not same:
-        log.warning("schema_code_upgraded", error=UPGRADED)
-        raise JsonschemaChanged
+        return libraries
+    if same:
+        return libraries
+    log.warning("schema_code_upgraded", error=UPGRADED)
+    return _CHANGED
 
 
 class SchemaChecker:
@@ -706,7 +713,9 @@ class SchemaChecker:
             if key in self._verdicts:
                 return self._verdicts[key]
         if "jsonschema" not in sys.modules and not _plainly_valid(schema):
-            _own_jsonschema(self._libraries)
+            self._libraries = _own_jsonschema(self._libraries)
+            if self._libraries == _CHANGED:
+                raise JsonschemaChanged
         verdict = self._check(schema)
         with self._lock:
             self.checks += 1
@@ -966,7 +975,9 @@ class ArgumentValidators:
             found = self._validators.get(key)
         if found is not None:
             return found
-        _own_jsonschema(self._libraries)
+        self._libraries = _own_jsonschema(self._libraries)
+        if self._libraries == _CHANGED:
+            raise JsonschemaChanged
         cls = _validator_class(schema)
         import jsonschema_specifications  # type: ignore[import-untyped]  # it ships no py.typed
 
