@@ -17,8 +17,9 @@ from disk later is the new code, or none. Three things are taken from disk after
   since, with its own rules.
 
 ``code_id`` names the code a process would run: a hash of the source of every module of
-``toolsetd.daemon`` and ``toolsetd.protocol`` as the files hold it now, the version of
-Python, and ``libraries_id``: the versions of the distributions whose code decides a
+``toolsetd.daemon`` and ``toolsetd.protocol`` as the files hold it now (its compiled
+file, in an install of compiled files only), the version of Python, and
+``libraries_id``: the versions of the distributions whose code decides a
 check's verdict (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``). The daemon takes both
 once, at its start (2.5-3.5 ms here); a check process takes its own ``code_id`` at its
 start and sends it first (``checkworker``), and the daemon uses the process only if the
@@ -92,7 +93,8 @@ def code_id(libraries: str | None = None) -> str:
     for folders in ([os.path.dirname(__file__)], toolsetd.protocol.__path__):
         for folder in folders:
             try:
-                names = sorted(name for name in os.listdir(folder) if name.endswith(".py"))
+                # An install of compiled files only has its modules as .pyc files here.
+                names = sorted(n for n in os.listdir(folder) if n.endswith((".py", ".pyc")))
             except (FileNotFoundError, NotADirectoryError):
                 h.update(f"\x00{folder} is gone".encode(errors="surrogateescape"))
                 continue

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import py_compile
 import shutil
 import subprocess
 import sys
@@ -48,13 +49,17 @@ _JSONSCHEMA = {
 
 
 def _daemon_from_a_venv(
-    base: Path, distributions: dict[str, str] | None = None, warm: bool = False
+    base: Path,
+    distributions: dict[str, str] | None = None,
+    warm: bool = False,
+    compiled: bool = False,
 ) -> tuple[Daemon, Path]:
     """A daemon run from a venv of its own holding a copy of the package (and of
     ``distributions``), and that copy's ``toolsetd`` folder. The venv finds the other
     distributions in this one's site-packages (a ``.pth`` line, which does not load this
     one's editable install). ``warm``: started once before, so that its set cache is warm
-    (the daemon then parses no set, and imports no jsonschema, at its start)."""
+    (the daemon then parses no set, and imports no jsonschema, at its start). ``compiled``:
+    an install of compiled files only (``_compile``)."""
     venv.create(base / "venv", with_pip=False, symlinks=True)
     python = base / "venv" / "bin" / "python"
     purelib = [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
@@ -70,6 +75,8 @@ def _daemon_from_a_venv(
         shutil.copytree(origin, site / module, ignore=shutil.ignore_patterns("__pycache__"))
         for info in origin.parent.glob(f"{distribution}-*.dist-info"):
             shutil.copytree(info, site / info.name, dirs_exist_ok=True)
+    if compiled:
+        _compile(package)
     names = ", ".join(["toolsetd.daemon", *distributions])
     where = [python, "-P", "-c", f"import {names}, sys; print(*(m.__file__ for m in ({names},)))"]
     found = subprocess.run(where, capture_output=True, text=True, check=True, timeout=60)
@@ -93,6 +100,13 @@ def installed(tmp_base: Path) -> Iterator[tuple[Daemon, Path]]:
         yield daemon, package
     finally:
         shut_down(daemon)
+
+
+def _compile(package: Path) -> None:
+    """Each module of ``package`` (a ``toolsetd`` folder) as a compiled file only."""
+    for module in package.rglob("*.py"):
+        py_compile.compile(str(module), cfile=str(module.with_suffix(".pyc")), doraise=True)
+        module.unlink()
 
 
 def _edit(path: Path, old: str, new: str) -> None:
@@ -142,6 +156,28 @@ def test_large_arguments_are_checked_by_the_daemons_own_code_after_an_upgrade(
         ("argument_check_process_upgraded", _UPGRADED)
     ]
     assert sum(e["event"] == "argument_check_process_started" for e in said) <= 1
+
+
+def test_an_install_of_compiled_files_only_is_told_from_another(tmp_base: Path) -> None:
+    """An install of compiled files only (``.pyc`` in place of each ``.py``) had no source
+    to tell its code by: after an upgrade to another such install, the check process ran
+    the new code, as if it were the daemon's (here a check that passes everything). Its
+    compiled files tell it as the source would."""
+    daemon, package = _daemon_from_a_venv(tmp_base, compiled=True)
+    try:
+        validation = package / "daemon" / "validation.pyc"
+        source = (REPO / "daemon" / "validation.py").read_text()
+        lenient = tmp_base / "validation.py"
+        lenient.write_text(source.replace(
+            "    def errors_for(",
+            "    def errors_for(self, *args, **kwargs):\n        return []\n\n    def _old(",
+        ))
+        py_compile.compile(str(lenient), cfile=str(validation), doraise=True)
+        params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None and error["message"] == _REFUSED
+    finally:
+        shut_down(daemon)
 
 
 def _other_instructions(package: Path) -> None:
