@@ -53,15 +53,16 @@ backtracks on them is stopped at 0.1 s and a little.
   daemon is restarted.
 
 Wire (the daemon's own, one JSON text a line): the process first says ``{"code": ...}``
-(its ``install.code_id``); the daemon sends a blank line at once, and reads that, then
-the blank line's echo (an older process, which says nothing first, echoes at once, and is
-other code too). The request is ``{"key", "size", "schema",
-"arguments"}`` (``key`` caches the compiled schema, ``size`` is the arguments' encoded
-length); the answer ``{"errors": [...]}``, or ``{"failure": "..."}`` for an exception the
-check raised, which the daemon reports as an internal error; either with ``"exit": true``
-when the process exits after it. A blank line is answered with a blank line: before it
-sends a request to a process that has answered before, the daemon asks so, and one that
-died idle (its end not reported yet) is replaced, not blamed on the call.
+(its ``install.code_id``); the daemon sends a blank line at once, and reads that (an
+older process, which says nothing first, echoes the blank line at once, and is other
+code too), then, from its own code only, the blank line's echo. The request is
+``{"key", "size", "schema", "arguments"}`` (``key`` caches the compiled schema, ``size``
+is the arguments' encoded length); the answer ``{"errors": [...]}``, or ``{"failure":
+"..."}`` for an exception the check raised, which the daemon reports as an internal
+error; either with ``"exit": true`` when the process exits after it. A blank line is
+answered with a blank line: before it sends a request to a process that has answered
+before, the daemon asks so, and one that died idle (its end not reported yet) is
+replaced, not blamed on the call.
 """
 
 from __future__ import annotations
@@ -225,6 +226,7 @@ class CheckWorker:
                             await self._discard()
                             self._other_code(said.decode(errors="replace")[:100])
                             return None
+                        await stdout.receive_until(b"\n", 1)  # the blank line's echo
                         self._same_code = True
                     assert proc.stdin is not None
                     await proc.stdin.send(request)
@@ -381,7 +383,9 @@ async def _alive(proc: anyio.abc.Process, stdout: BufferedByteReceiveStream) -> 
 
 async def _code_of(proc: anyio.abc.Process, stdout: BufferedByteReceiveStream) -> bytes:
     """What a process just started says first: its ``{"code": ...}``, or a blank line (an
-    older process, which answers the blank line sent here at once).
+    older process, which answers the blank line sent here at once). The blank line's echo
+    is still to be read after a ``{"code": ...}``: only the daemon's own code's is read,
+    other code's need not come.
 
     Raises:
         anyio.BrokenResourceError, anyio.EndOfStream, anyio.IncompleteRead: It ended.
@@ -389,12 +393,9 @@ async def _code_of(proc: anyio.abc.Process, stdout: BufferedByteReceiveStream) -
     assert proc.stdin is not None
     await proc.stdin.send(b"\n")
     try:
-        said = await stdout.receive_until(b"\n", _MAX_HELLO)
-        if said:
-            await stdout.receive_until(b"\n", _MAX_HELLO)  # the blank line's echo
+        return await stdout.receive_until(b"\n", _MAX_HELLO)
     except anyio.DelimiterNotFound:
         return b"a first line longer than %d bytes" % _MAX_HELLO
-    return said
 
 
 def _lost_message(returncode: int | None) -> str:

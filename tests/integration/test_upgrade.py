@@ -129,19 +129,32 @@ def _other_wire(package: Path) -> None:
     _edit(package / "daemon" / "checkworker.py", '"errors": validators', '"found": validators')
 
 
+def _other_greeting(package: Path) -> None:
+    """A release whose check process says something else first, and then waits for its
+    own kind of request."""
+    _edit(
+        package / "daemon" / "checkworker.py",
+        'stdout.write(json_dumps({"code": code_id()}) + b"\\n")',
+        'stdout.write(b\'{"version": 2}\\n\'); stdout.flush(); time.sleep(3600)',
+    )
+    _edit(package / "daemon" / "checkworker.py", "import signal\n", "import signal\nimport time\n")
+
+
 def _removed(package: Path) -> None:
     """The venv removed."""
     shutil.rmtree(package.parents[3])  # venv/lib/python3.x/site-packages/toolsetd
 
 
-@pytest.mark.parametrize("upgrade", [_other_rules, _other_wire, _removed])
+@pytest.mark.parametrize("upgrade", [_other_rules, _other_wire, _other_greeting, _removed])
 def test_large_arguments_are_checked_by_the_daemons_own_code_after_an_upgrade(
     installed: tuple[Daemon, Path], upgrade: Callable[[Path], None]
 ) -> None:
     """The check process is started from disk at the first large check. After an upgrade
     in place it ran the new code: a release whose check differed judged the call by its
     rules (70,000 characters where 10 fit passed), one whose answer had another shape
-    failed every large call as an internal error, and a removed install was logged as a
+    failed every large call as an internal error, one that said something else first
+    held the call until the check's limit and 10 s (its echo awaited), then said it "was
+    stopped", and a removed install was logged as a
     process that "exited with status 1 at its start", naming no upgrade. The daemon uses
     only a process that runs its own code: the call is checked on the loop, as the small
     ones are, and the log says to restart it."""
