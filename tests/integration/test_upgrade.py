@@ -13,10 +13,11 @@ import importlib.util
 import json
 import py_compile
 import shutil
+import socket
 import subprocess
 import sys
 import venv
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -53,13 +54,14 @@ def _daemon_from_a_venv(
     distributions: dict[str, str] | None = None,
     warm: bool = False,
     compiled: bool = False,
+    args: Sequence[str] = (),
 ) -> tuple[Daemon, Path]:
     """A daemon run from a venv of its own holding a copy of the package (and of
     ``distributions``), and that copy's ``toolsetd`` folder. The venv finds the other
     distributions in this one's site-packages (a ``.pth`` line, which does not load this
     one's editable install). ``warm``: started once before, so that its set cache is warm
     (the daemon then parses no set, and imports no jsonschema, at its start). ``compiled``:
-    an install of compiled files only (``_compile``)."""
+    an install of compiled files only (``_compile``). ``args``: the daemon's, more."""
     venv.create(base / "venv", with_pip=False, symlinks=True)
     python = base / "venv" / "bin" / "python"
     purelib = [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
@@ -87,9 +89,10 @@ def _daemon_from_a_venv(
     write_set(home / "tools", "short", _SHORT)
     launcher = [str(python), "-P", "-m", "toolsetd.daemon"]
     env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    options = ["--no-watch", *args]
     if warm:
-        shut_down(start_daemon(home, workspace, base, ["--no-watch"], env=env, launcher=launcher))
-    return start_daemon(home, workspace, base, ["--no-watch"], env=env, launcher=launcher), package
+        shut_down(start_daemon(home, workspace, base, options, env=env, launcher=launcher))
+    return start_daemon(home, workspace, base, options, env=env, launcher=launcher), package
 
 
 @pytest.fixture
@@ -349,3 +352,37 @@ def test_a_pump_whose_install_went_says_why_it_ends(tmp_base: Path) -> None:
             if pump.poll() is None:
                 pump.kill()
             shut_down(daemon)
+
+
+def test_metrics_whose_library_cannot_be_loaded_say_why(tmp_base: Path) -> None:
+    """The daemon imports prometheus_client at the first scrape, from disk. One that could
+    not be imported then (the venv half replaced, or removed) failed ``toolsetctl
+    metrics`` as "Internal error (incident ...)", and a scrape of ``/metrics`` got no answer
+    at all (the connection closed, a traceback logged as a bug, every 15 s). Both say
+    what happened and what to do: the call's message, and a 503 carrying it."""
+    daemon, package = _daemon_from_a_venv(
+        tmp_base, {"prometheus_client": "prometheus_client"},
+        args=["--metrics-listen", "127.0.0.1:0"],
+    )
+    try:
+        broken = package.parent / "prometheus_client" / "__init__.py"
+        broken.write_text("raise ImportError('prometheus_client is being replaced')\n")
+        said = (
+            "toolsetd was upgraded (or removed) under this daemon, which loads its metrics "
+            "renderer at the first scrape, and it cannot be loaded now (prometheus_client is "
+            "being replaced): restart it"
+        )
+        error = daemon.call("metrics").get("error")
+        assert error is not None and (error["code"], error["message"]) == (-32603, said)
+        address = next(e["address"] for e in daemon.log_events() if e["event"] == "metrics_listening")
+        host, _, port = address.rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=10) as scrape:
+            scrape.sendall(f"GET /metrics HTTP/1.1\r\nHost: {address}\r\n\r\n".encode())
+            answer = b""
+            while chunk := scrape.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable"
+        assert body.decode() == said + "\n"
+    finally:
+        shut_down(daemon)
