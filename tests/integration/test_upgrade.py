@@ -1,10 +1,11 @@
 """toolsetd upgraded in place under a running daemon (``daemon/install.py``).
 
-Each daemon here runs from a copy of the package (``install/toolsetd``, on PYTHONPATH, as
-a venv's site-packages holds it), which the test then changes, as ``pip install -U``, a
-``git pull`` in an editable checkout or a distro package would, or removes, as when the
-venv goes: what the daemon starts or imports from disk later (the check process, the MCP
-face's modules) is then other code, or none.
+Each daemon here runs from a venv of its own holding a copy of the package (and of some
+distributions), which the test then changes, as ``pip install -U``, a ``git pull`` in an
+editable checkout or a distro package would, or removes, as when the venv goes: what the
+daemon (or a ``toolsetctl mcp``) starts or imports from disk later (the check process,
+the MCP face's modules, jsonschema, prometheus_client, the pump's last words) is then
+other code, or none.
 """
 
 from __future__ import annotations
@@ -118,13 +119,14 @@ def _edit(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new))
 
 
+#: ``validation.py``'s check, and one of a release whose check passes every argument.
+_CHECK = "    def errors_for("
+_PASSES = "    def errors_for(self, *args, **kwargs):\n        return []\n\n    def _old("
+
+
 def _other_rules(package: Path) -> None:
     """A release whose check passes every argument."""
-    _edit(
-        package / "daemon" / "validation.py",
-        "    def errors_for(",
-        "    def errors_for(self, *args, **kwargs):\n        return []\n\n    def _old(",
-    )
+    _edit(package / "daemon" / "validation.py", _CHECK, _PASSES)
 
 
 def _other_wire(package: Path) -> None:
@@ -157,10 +159,10 @@ def test_large_arguments_are_checked_by_the_daemons_own_code_after_an_upgrade(
     rules (70,000 characters where 10 fit passed), one whose answer had another shape
     failed every large call as an internal error, one that said something else first
     held the call until the check's limit and 10 s (its echo awaited), then said it "was
-    stopped", and a removed install was logged as a
-    process that "exited with status 1 at its start", naming no upgrade. The daemon uses
-    only a process that runs its own code: the call is checked on the loop, as the small
-    ones are, and the log says to restart it."""
+    stopped", and a removed install was logged as a process that "exited with status 1 at
+    its start", naming no upgrade. The daemon uses only a process that runs its own code:
+    the call is checked on the loop, as the small ones are, and the log says to restart
+    it."""
     daemon, package = installed
     upgrade(package)
     params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
@@ -184,10 +186,7 @@ def test_an_install_of_compiled_files_only_is_told_from_another(tmp_base: Path) 
         validation = package / "daemon" / "validation.pyc"
         source = (REPO / "daemon" / "validation.py").read_text()
         lenient = tmp_base / "validation.py"
-        lenient.write_text(source.replace(
-            "    def errors_for(",
-            "    def errors_for(self, *args, **kwargs):\n        return []\n\n    def _old(",
-        ))
+        lenient.write_text(source.replace(_CHECK, _PASSES))
         py_compile.compile(str(lenient), cfile=str(validation), doraise=True)
         params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
         error = daemon.call("invoke", params).get("error")
