@@ -31,6 +31,7 @@ upgrade.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import os
@@ -81,10 +82,11 @@ def code_id(libraries: str | None = None) -> str:
     ``libraries``: ``libraries_id()``, if just taken.
 
     Reads the files as they are now; a package folder or file that is gone (the venv
-    removed) hashes as such, so it differs from any install.
+    removed), or that may not be read, hashes as such (``_unread``), so it differs from
+    any install that can be read.
 
     Raises:
-        OSError: A file or folder could not be read for another reason (out of
+        OSError: A file or folder could not be read for want of a resource (out of
             descriptors, say): what is installed cannot be told now (``libraries_id``).
     """
     import toolsetd.protocol
@@ -95,15 +97,15 @@ def code_id(libraries: str | None = None) -> str:
             try:
                 # An install of compiled files only has its modules as .pyc files here.
                 names = sorted(n for n in os.listdir(folder) if n.endswith((".py", ".pyc")))
-            except (FileNotFoundError, NotADirectoryError):
-                h.update(f"\x00{folder} is gone".encode(errors="surrogateescape"))
+            except OSError as exc:
+                h.update(f"\x00{folder} {_unread(exc)}".encode(errors="surrogateescape"))
                 continue
             for name in names:
                 try:
                     with open(os.path.join(folder, name), "rb") as source:
                         data = source.read()
-                except (FileNotFoundError, NotADirectoryError):
-                    data = b"gone"
+                except OSError as exc:
+                    data = _unread(exc).encode()
                 h.update(b"\x00%s %d\x00" % (name.encode(errors="surrogateescape"), len(data)))
                 h.update(data)
     h.update(b"\x00" + (libraries if libraries is not None else libraries_id()).encode())
@@ -119,9 +121,9 @@ def installed_version(package: str, listings: dict[str, list[str]], strict: bool
     Args:
         package: The import name (here also the distribution's normalised name).
         listings: Folder listings made so far, by folder.
-        strict: Raise what a folder that is there, but cannot be read, raised (out of
-            descriptors, say), rather than answer its path: what is installed cannot be
-            told now.
+        strict: Raise what a folder that cannot be read for want of a resource raised
+            (out of descriptors, say), rather than answer its path: what is installed
+            cannot be told now (``_unread``).
     """
     try:
         spec = importlib.util.find_spec(package)
@@ -144,7 +146,25 @@ def installed_version(package: str, listings: dict[str, list[str]], strict: bool
             return " ".join(found)
         st = os.stat(spec.origin)
     except OSError as exc:
-        if strict and not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
-            raise
+        if strict:
+            _unread(exc)
         return spec.origin
     return f"{spec.origin} {st.st_size} {st.st_mtime_ns}"
+
+
+#: What a file or folder that cannot be read now, but may be later, fails with: out of
+#: descriptors, memory or processes' resources, or interrupted.
+_TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EINTR})
+
+
+def _unread(exc: OSError) -> str:
+    """What stands for a file or folder that could not be read: its error's name, the same
+    each time (gone, or not to be read: the venv removed, a folder of another user's).
+
+    Raises:
+        OSError: ``exc``, when it is for want of a resource (``_TRANSIENT``): nothing can
+            be told from it.
+    """
+    if exc.errno in _TRANSIENT:
+        raise exc
+    return errno.errorcode.get(exc.errno or 0, "unreadable")
