@@ -986,6 +986,7 @@ class _Pump:
                         return error[0]
                     bound = True
                     self.bound.set()
+                    _hold_words()
                     data, pending = pending[newline + 1 :], b""
                     if not data:
                         continue
@@ -1726,11 +1727,21 @@ def _bind_error(line: bytes) -> tuple[int, str] | None:
             return EXIT_INTERNAL, (
                 "this toolsetd does not serve MCP (mcp.bind is unknown): upgrade it and restart it"
             )
-        from .table import printable  # only on this path: stdlib, but not free
+        from toolsetd.protocol.printable import printable  # as ``_say``: see ``_hold_words``
 
         exit_code = _BIND_EXITS.get(code, EXIT_INTERNAL) if type(code) is int else EXIT_UNREACHABLE
         return exit_code, printable(str(error.get("message")))
     return EXIT_UNREACHABLE, "unexpected answer to mcp.bind"
+
+
+def _hold_words() -> None:
+    """Once the first bind is answered, load what the pump's last words are written with
+    (``_say``, ``_bind_error``): it lives as long as its host's session, and its install
+    may be upgraded or removed meanwhile (``pip install -U``, a venv made anew). Loaded
+    then, at its ending, an ``ImportError`` ended it with exit 1 and a traceback, in place
+    of exit 5 and what happened. Not at the start, where every host waits for the pump
+    (0.6 ms here)."""
+    import toolsetd.protocol.printable  # noqa: F401 - kept in sys.modules for _say
 
 
 def _say(text: str) -> None:

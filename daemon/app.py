@@ -53,7 +53,7 @@ import anyio
 import anyio.abc
 import structlog
 from toolsetd.protocol import __version__
-from toolsetd.protocol.errors import ServerBusy
+from toolsetd.protocol.errors import InternalError, ServerBusy
 from toolsetd.protocol.names import METHOD_MCP_BIND
 
 from .activation import ActivationError, listen_fds
@@ -62,6 +62,7 @@ from .checkworker import CheckWorker
 from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
 from .exhaustion import open_standard_streams, out_of_resources, raise_open_files_limit
+from .install import UPGRADED, code_id, libraries_id
 from .large import LargeRequests
 from .logs import configure_logging, drain_logs, finish_logging, holding, say, writes_stderr
 from .methods import Handlers
@@ -95,7 +96,7 @@ from .sockpath import (
     default_socket_path,
     prepare_socket_dir,
 )
-from .validation import ArgumentValidators
+from .validation import ArgumentValidators, SchemaChecker
 
 if TYPE_CHECKING:  # the HTTP endpoint's modules load only when --mcp-listen is given
     from .httpguard import ListenAddress
@@ -329,11 +330,21 @@ class _McpCore:
     """The daemon's one MCP core, built when the first MCP host arrives.
 
     A daemon that only native clients talk to never imports the MCP modules (~45 ms of
-    every start); the first ``mcp.bind``, or ``--mcp-listen`` at start, builds it.
+    every start); the first ``mcp.bind``, or ``--mcp-listen`` at start, builds it. They
+    are imported only from the daemon's own code: after an upgrade in place (``install``)
+    the files hold other code, which mixed into the daemon's ran with other rules or not at
+    all (an ``ImportError``, reported as an internal error with an incident id), so the
+    bind is refused with ``install.UPGRADED``.
     """
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, code: str) -> None:
+        """``code``: the daemon's ``install.code_id``, taken at its start."""
         self._service = service
+        self._code = code
+        #: Whether the MCP modules were imported (from the daemon's own code).
+        self._loaded = False
+        #: Whether the install was found changed before they were: binds are refused.
+        self._upgraded = False
         self._server: McpServer | None = None
         #: A graceful stop has begun: a core built from now on answers listens at once.
         self._stopping = False
@@ -351,9 +362,32 @@ class _McpCore:
         """Whether a listen, or a call waiting for its approval, is still being served."""
         return self._server is not None and self._server.waiting()
 
+    def _load(self) -> None:
+        """Before the first import of the MCP modules: refuse if the install is no longer
+        the daemon's code (one that cannot be read now, out of descriptors say, is not
+        judged: the import then fails as it fails)."""
+        if self._loaded:
+            return
+        with contextlib.suppress(OSError):
+            if self._upgraded or code_id() != self._code:
+                if not self._upgraded:  # said once: each bind from now on is refused
+                    self._upgraded = True
+                    log.warning("mcp_code_upgraded", error=UPGRADED)
+                raise InternalError(
+                    "toolsetd was upgraded (or removed) under this daemon, which loads its "
+                    "MCP code at its first MCP session: restart it"
+                )
+        self._loaded = True
+
     def get(self) -> McpServer:
-        """The core, built on the first call."""
+        """The core, built on the first call.
+
+        Raises:
+            InternalError: The MCP modules are still to be imported, and toolsetd was
+                upgraded under the daemon (``_load``).
+        """
         if self._server is None:
+            self._load()
             from .mcp_session import McpServer
 
             self._server = McpServer(self._service)
@@ -363,6 +397,7 @@ class _McpCore:
 
     async def bind(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """The socket's ``mcp.bind`` (``mcp_socket.McpBinder``) over the core."""
+        self._load()
         from .mcp_socket import McpBinder
 
         return await McpBinder(self.get()).bind(ctx, params)
@@ -664,11 +699,15 @@ async def _serve(
         if lock is not None:
             lock.release()
         raise
+    # The code this daemon runs, as installed at its start: what it starts or imports
+    # from disk later must be the same (``install``).
+    libraries = libraries_id()
+    code = code_id(libraries)
     store = SetStore(options.cache_dir) if options.cache_dir is not None else None
     registry = Registry(
         options.home,
         options.reserved,
-        ManifestCache(store=store),
+        ManifestCache(store=store, schemas=SchemaChecker(libraries=libraries)),
         idle_seconds=options.workspace_idle_seconds,
     )
     limiter = anyio.CapacityLimiter(options.max_running)
@@ -712,8 +751,8 @@ async def _serve(
 
     # Large requests: one bound on their bytes in flight and one worker slot, every face's.
     large_requests = LargeRequests()
-    validators = ArgumentValidators()
-    checks = CheckWorker(validators.time_limit, large_requests=large_requests)
+    validators = ArgumentValidators(libraries=libraries)
+    checks = CheckWorker(validators.time_limit, large_requests=large_requests, code=code)
     service = Service(
         ServiceSettings(socket=str(socket_path), home=options.home, user_home=options.user_home),
         registry,
@@ -726,7 +765,7 @@ async def _serve(
         checks=checks,
         large_requests=large_requests,
     )
-    mcp = state.mcp = _McpCore(service)
+    mcp = state.mcp = _McpCore(service, code)
     handlers = Handlers(
         service,
         lambda: server.connections.values(),

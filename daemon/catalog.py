@@ -43,7 +43,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from .config_file import MAX_MANIFEST_BYTES, ManifestUnreadable, load_config, read_regular_file
+from .config_file import (
+    MAX_MANIFEST_BYTES,
+    ManifestUnchecked,
+    ManifestUnreadable,
+    load_config,
+    read_regular_file,
+)
 from .exhaustion import out_of_resources
 from .gcpause import GcPause
 from .manifest import ManifestError, is_directory_name, parse_manifest
@@ -63,7 +69,7 @@ from .model import (
 )
 from .paths import unreachable_link
 from .setcache import SetStore, decode_record, encode_record, reserved_fingerprint
-from .validation import SchemaChecker, canonical_json
+from .validation import JsonschemaChanged, SchemaChecker, canonical_json
 
 __all__ = [
     "INVALID_DIRECTORY_NAME",
@@ -507,6 +513,10 @@ class ManifestCache:
             # Kept without its traceback: that holds the parser's frames (the manifest's
             # bytes and parsed JSON) and this frame, a cycle only the collector can free.
             result = ManifestError(exc.message)
+        except JsonschemaChanged as exc:
+            # Not the set's fault, nor a verdict on it: skipped with a note, not cached,
+            # and parsed again at the next look (after the restart it asks for).
+            raise ManifestUnchecked(exc.message) from None
         if store is None or key is None:
             return result, {}, True, None
         if isinstance(result, ManifestError):

@@ -41,19 +41,34 @@ backtracks on them is stopped at 0.1 s and a little.
   logged, once a minute at most.
 * **An answer longer than ``_MAX_ANSWER``** (error paths into keys of megabytes) is not
   read: the process goes, and the call gets an error that says so.
+* **Only the daemon's own code.** The process is started from the files on disk, which an
+  upgrade in place replaces under a running daemon (``install``): run from other code, it
+  checked with other rules (a verdict the daemon's own check on the loop does not give)
+  or answered in another shape (every large call failed as an internal error). So its
+  first line, before it reads anything, is the ``install.code_id`` of the code it runs,
+  and the daemon sends it a request only if that is the one it took at its own start.
+  Other code (or a process that cannot run while the install changed, or no interpreter
+  at all: the venv removed) is never used again: ``argument_check_process_upgraded`` is
+  logged, once, with ``install.UPGRADED``, and large checks run on the loop until the
+  daemon is restarted.
 
-Wire (the daemon's own, one JSON text a line): the request is ``{"key", "size", "schema",
-"arguments"}`` (``key`` caches the compiled schema, ``size`` is the arguments' encoded
-length); the answer ``{"errors": [...]}``, or ``{"failure": "..."}`` for an exception the
-check raised, which the daemon reports as an internal error; either with ``"exit": true``
-when the process exits after it. A blank line is answered with a blank line: before it
-sends a request to a process that has answered before, the daemon asks so, and one that
-died idle (its end not reported yet) is replaced, not blamed on the call.
+Wire (the daemon's own, one JSON text a line): the process first says ``{"code": ...}``
+(its ``install.code_id``); the daemon sends a blank line at once, and reads that (an
+older process, which says nothing first, echoes the blank line at once, and is other
+code too), then, from its own code only, the blank line's echo. The request is
+``{"key", "size", "schema", "arguments"}`` (``key`` caches the compiled schema, ``size``
+is the arguments' encoded length); the answer ``{"errors": [...]}``, or ``{"failure":
+"..."}`` for an exception the check raised, which the daemon reports as an internal
+error; either with ``"exit": true`` when the process exits after it. A blank line is
+answered with a blank line: before it sends a request to a process that has answered
+before, the daemon asks so, and one that died idle (its end not reported yet) is
+replaced, not blamed on the call.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 import signal
@@ -70,6 +85,7 @@ from toolsetd.protocol.jsontext import JsonNumber
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.jsontext import loads as json_loads
 
+from .install import UPGRADED, code_id
 from .large import LargeRequests
 from .logs import Throttle
 from .pdeath import die_with
@@ -95,6 +111,11 @@ _TOO_LONG_MESSAGE = (
 #: Seconds after a process could not be started (or exited at its start) during which large
 #: checks run on the loop without trying to start another.
 _DOWN_SECONDS = 60.0
+#: What an interpreter that cannot be started says when its install is gone or broken (the
+#: venv removed or moved), not short of a resource.
+_NOT_INSTALLED = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EACCES, errno.ENOEXEC})
+#: The longest first line read from a process (its ``{"code": ...}``, 30 bytes).
+_MAX_HELLO = 4096
 #: Seconds a stopping daemon waits for the process to end at EOF before killing it.
 _CLOSE_WAIT = 1.0
 #: A process whose resident memory grew by more than this since its start exits once it
@@ -116,6 +137,7 @@ class CheckWorker:
         time_limit: float,
         python: str = sys.executable,
         large_requests: LargeRequests | None = None,
+        code: str | None = None,
     ) -> None:
         """Nothing is started until the first check.
 
@@ -125,6 +147,8 @@ class CheckWorker:
             large_requests: The daemon's worker slot for large requests
                 (``large.LargeRequests``): the arguments are encoded for the process
                 there, not on the loop (three million fractions took most of a second).
+            code: The daemon's ``install.code_id``, taken at its start (by default, now):
+                a process that runs other code is not used.
         """
         self._time_limit = time_limit
         self._python = python
@@ -134,6 +158,11 @@ class CheckWorker:
         self._lock = anyio.Lock()
         self._failures = Throttle()
         self._closed = False
+        self._hello = json_dumps({"code": code if code is not None else code_id()})
+        #: Set when the code on disk is no longer the daemon's: no process is started again.
+        self._upgraded = False
+        #: Whether the running process said it runs the daemon's code.
+        self._same_code = False
         #: Until when (``anyio.current_time``) no process is started after one could not be.
         self._down_until = -math.inf
         #: Answers the running process has given.
@@ -172,12 +201,12 @@ class CheckWorker:
         limit = time_limit_for(self._time_limit, len(text))
         del text
         async with self._lock:
-            if self._closed or anyio.current_time() < self._down_until:
+            if self._closed or self._upgraded or anyio.current_time() < self._down_until:
                 return None
             try:
                 proc, stdout = await self._process()
             except OSError as exc:
-                self._down(str(exc))
+                self._down(str(exc), exc.errno in _NOT_INSTALLED)
                 return None
             try:
                 with anyio.fail_after(limit + _GRACE):
@@ -189,8 +218,16 @@ class CheckWorker:
                         try:
                             proc, stdout = await self._process()
                         except OSError as exc:
-                            self._down(str(exc))
+                            self._down(str(exc), exc.errno in _NOT_INSTALLED)
                             return None
+                    if not self._same_code:
+                        said = await _code_of(proc, stdout)
+                        if said != self._hello:
+                            await self._discard()
+                            self._other_code(said.decode(errors="replace")[:100])
+                            return None
+                        await stdout.receive_until(b"\n", 1)  # the blank line's echo
+                        self._same_code = True
                     assert proc.stdin is not None
                     await proc.stdin.send(request)
                     del request
@@ -215,7 +252,7 @@ class CheckWorker:
                 if not answered and code is not None and code >= 0:
                     # It ended by itself before its first answer: it could not run (an
                     # install changed under the daemon, say), not this call's doing.
-                    self._down(f"the check process exited with status {code} at its start")
+                    self._down(f"the check process exited with status {code} at its start", True)
                     return None
                 log.warning(
                     "argument_check_process_lost", returncode=code, error=type(exc).__name__
@@ -262,16 +299,33 @@ class CheckWorker:
         assert proc.stdout is not None
         self._proc, self._stdout = proc, BufferedByteReceiveStream(proc.stdout)
         self._answered = 0
+        self._same_code = False
         self.started += 1
         log.debug("argument_check_process_started", pid=proc.pid)
         return proc, self._stdout
 
-    def _down(self, error: str) -> None:
-        """No process could be had: checks run on the loop for ``_DOWN_SECONDS``."""
+    def _down(self, error: str, install: bool) -> None:
+        """No process could be had: checks run on the loop for ``_DOWN_SECONDS``, or for
+        good when ``install`` may be why and it is no longer the daemon's (``_other_code``);
+        not when it cannot be read now (out of descriptors, say)."""
+        if install:
+            try:
+                changed = json_dumps({"code": code_id()}) != self._hello
+            except OSError:
+                changed = False
+            if changed:
+                self._other_code(error)
+                return
         self._down_until = anyio.current_time() + _DOWN_SECONDS
         said = self._failures.count("start")
         if said is not None:
             log.warning("argument_check_process_failed", error=error, failures=said)
+
+    def _other_code(self, said: str) -> None:
+        """The process runs other code than the daemon, or none can run from the install as
+        it is now: no process is started again, and the operator is told once."""
+        self._upgraded = True
+        log.warning("argument_check_process_upgraded", error=UPGRADED, said=said)
 
     async def _discard(self, wait: float = 0.0) -> int | None:
         """Kill the process (unless it ends within ``wait`` seconds) and reap it; its exit
@@ -325,6 +379,23 @@ async def _alive(proc: anyio.abc.Process, stdout: BufferedByteReceiveStream) -> 
         anyio.DelimiterNotFound,
     ):
         return False
+
+
+async def _code_of(proc: anyio.abc.Process, stdout: BufferedByteReceiveStream) -> bytes:
+    """What a process just started says first: its ``{"code": ...}``, or a blank line (an
+    older process, which answers the blank line sent here at once). The blank line's echo
+    is still to be read after a ``{"code": ...}``: only the daemon's own code's is read,
+    other code's need not come.
+
+    Raises:
+        anyio.BrokenResourceError, anyio.EndOfStream, anyio.IncompleteRead: It ended.
+    """
+    assert proc.stdin is not None
+    await proc.stdin.send(b"\n")
+    try:
+        return await stdout.receive_until(b"\n", _MAX_HELLO)
+    except anyio.DelimiterNotFound:
+        return b"a first line longer than %d bytes" % _MAX_HELLO
 
 
 def _lost_message(returncode: int | None) -> str:
@@ -384,6 +455,11 @@ def main() -> None:
         signal.signal(signum, signal.SIG_IGN)
     validators = ArgumentValidators(time_limit=time_limit)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    try:  # first, which code this is: the daemon uses only its own (see ``install``)
+        stdout.write(json_dumps({"code": code_id()}) + b"\n")
+        stdout.flush()
+    except BrokenPipeError:
+        return
     baseline = _resident()
     while line := stdin.readline():
         if line == b"\n":  # the daemon asks whether it still answers (``_alive``)

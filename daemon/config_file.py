@@ -31,6 +31,7 @@ from .paths import NET_WHITESPACE
 
 __all__ = [
     "MAX_MANIFEST_BYTES",
+    "ManifestUnchecked",
     "ManifestUnreadable",
     "load_config",
     "read_descriptor",
@@ -44,6 +45,11 @@ _CONFIG_SET = "config.json"
 
 class ManifestUnreadable(ManifestError):
     """A ``tools.json`` that could not be read (missing, not a regular file, too large, I/O)."""
+
+
+class ManifestUnchecked(ManifestError):
+    """A ``tools.json`` whose schemas the daemon cannot check with its own code now
+    (``validation.JsonschemaChanged``): a note, never a cached verdict."""
 
 
 def _unreadable(path: str | Path) -> ManifestUnreadable:

@@ -11,7 +11,10 @@ them from the daemon's own state when someone asks.
 ``prometheus_client`` renders the exposition format. It is imported the first time
 metrics are asked for (``toolsetctl metrics`` or a scrape of ``/metrics``), so a daemon
 nobody scrapes never loads it, and start-up does not pay for it. The collector builds
-metric families from the counts at each scrape, on the event loop.
+metric families from the counts at each scrape, on the event loop. Imported then, it
+comes from the install as it is then: one that cannot be imported (toolsetd upgraded or
+removed under the daemon, the venv half replaced) is said as such (``MetricsUnavailable``:
+``toolsetctl metrics`` gets its message, a scrape a 503 with it), not as a bug.
 
 Labels carry tool-set directory names, statuses, decisions and reasons only: never
 argument values, paths or output.
@@ -37,6 +40,7 @@ import anyio
 import anyio.abc
 import structlog
 from toolsetd.protocol import __version__
+from toolsetd.protocol.errors import InternalError
 
 from .exhaustion import Acceptor
 from .logs import Throttle
@@ -51,6 +55,7 @@ __all__ = [
     "OTHER_SETS",
     "Metrics",
     "MetricsSources",
+    "MetricsUnavailable",
     "bind_metrics",
     "serve_metrics",
 ]
@@ -179,6 +184,11 @@ class _CallObservation:
             m.oom_kills[info.set] = m.oom_kills.get(info.set, 0) + 1
 
 
+class MetricsUnavailable(InternalError):
+    """``prometheus_client`` could not be imported at the first exposition (see the module
+    docstring); ``toolsetctl metrics`` gets this message, a scrape a 503 with it."""
+
+
 class Metrics:
     """The daemon's counters, and their exposition.
 
@@ -240,10 +250,21 @@ class Metrics:
     # -- exposition -------------------------------------------------------------------
 
     def exposition(self) -> tuple[str, str]:
-        """The Prometheus text exposition and its content type (loads prometheus_client)."""
-        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        """The Prometheus text exposition and its content type (loads prometheus_client).
 
-        return generate_latest(self._collector_registry()).decode(), CONTENT_TYPE_LATEST
+        Raises:
+            MetricsUnavailable: prometheus_client could not be imported.
+        """
+        try:
+            from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+            registry = self._collector_registry()
+        except ImportError as exc:
+            raise MetricsUnavailable(
+                "toolsetd was upgraded (or removed) under this daemon, which loads its metrics "
+                f"renderer at the first scrape, and it cannot be loaded now ({exc}): restart it"
+            ) from None
+        return generate_latest(registry).decode(), CONTENT_TYPE_LATEST
 
     def recent_exposition(
         self, max_age: float = _SCRAPE_MAX_AGE, clock: Callable[[], float] = time.monotonic
@@ -589,7 +610,11 @@ async def _exchange(metrics: Metrics, stream: anyio.abc.SocketStream, host: str,
         status, message = refusal
         await stream.send(_response(status, "text/plain", message.encode() + b"\n"))
         return
-    text, content_type = metrics.recent_exposition()
+    try:
+        text, content_type = metrics.recent_exposition()
+    except MetricsUnavailable as exc:
+        await stream.send(_response(503, "text/plain", exc.message.encode() + b"\n"))
+        return
     body = text.encode()
     await stream.send(
         _response(200, content_type, b"" if method == b"HEAD" else body, length=len(body))
@@ -667,6 +692,7 @@ _REASONS = {
     405: "Method Not Allowed",
     421: "Misdirected Request",
     431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
 }
 
 

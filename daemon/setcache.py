@@ -112,6 +112,8 @@ import structlog
 from toolsetd.protocol.jsontext import is_utf8
 
 from .config_file import read_descriptor
+from .install import FORMAT_DISTRIBUTIONS
+from .install import installed_version as _installed_version
 from .model import (
     Approval,
     ApprovalSource,
@@ -246,18 +248,7 @@ _DECIDING_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referenci
 #: the meta-schema check of a tool's schema checks ``"format": "uri-reference"`` (``$ref``,
 #: ``$id``) and ``"uri"`` (``$schema``) only when one of them is there, so a schema such as
 #: ``{"$ref": "a b"}`` passes without them and is refused with them.
-_FORMAT_DISTRIBUTIONS = (
-    "fqdn",
-    "idna",
-    "isoduration",
-    "jsonpointer",
-    "rfc3339_validator",
-    "rfc3986_validator",
-    "rfc3987",
-    "rfc3987_syntax",
-    "uri_template",
-    "webcolors",
-)
+_FORMAT_DISTRIBUTIONS = FORMAT_DISTRIBUTIONS
 
 
 @functools.cache
@@ -289,41 +280,6 @@ def _code_fingerprint(digit_limit: int) -> str:
     for name in (*_DECIDING_DISTRIBUTIONS, *_FORMAT_DISTRIBUTIONS):
         h.update(b"\x00" + _installed_version(name, listings).encode())
     return h.hexdigest()[:16]
-
-
-def _installed_version(package: str, listings: dict[str, list[str]]) -> str:
-    """What identifies the installed version of a top-level package, without importing it.
-
-    The name of its ``<package>-<version>.dist-info`` (or ``.egg-info``) folder beside it;
-    failing that, the path, size and mtime of its ``__init__`` (an unusual install).
-
-    Args:
-        package: The import name (here also the distribution's normalised name).
-        listings: Folder listings made so far, by folder.
-    """
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is None or spec.origin is None:
-        return package + " missing"
-    site = os.path.dirname(spec.origin)  # a module's folder; a package's parent folder
-    if os.path.basename(spec.origin).startswith("__init__."):
-        site = os.path.dirname(site)
-    try:
-        if site not in listings:
-            listings[site] = os.listdir(site)
-        found = sorted(
-            name
-            for name in listings[site]
-            if name.startswith(package + "-") and name.endswith((".dist-info", ".egg-info"))
-        )
-        if found:
-            return " ".join(found)
-        st = os.stat(spec.origin)
-    except OSError:
-        return spec.origin
-    return f"{spec.origin} {st.st_size} {st.st_mtime_ns}"
 
 
 def reserved_fingerprint(reserved: frozenset[str]) -> str:

@@ -30,16 +30,20 @@ import hashlib
 import itertools
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import orjson
+import structlog
+from toolsetd.protocol.errors import InternalError
 from toolsetd.protocol.jsontext import JsonNumber, nesting_exceeds
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.params import MAX_ARGUMENT_DEPTH
 
+from .install import UPGRADED, libraries_id
 from .timelimit import TimeLimitExceeded, run_limited
 
 if TYPE_CHECKING:
@@ -56,6 +60,7 @@ __all__ = [
     "TIME_LIMIT",
     "TIME_LIMIT_PER_MIB",
     "ArgumentValidators",
+    "JsonschemaChanged",
     "SchemaChecker",
     "canonical_json",
     "dialect",
@@ -64,6 +69,8 @@ __all__ = [
     "stopped_message",
     "time_limit_for",
 ]
+
+log = structlog.get_logger("toolsetd.validation")
 
 #: Longest echo of a value (argument or enum) inside a message, in characters.
 _ECHO_LIMIT = 80
@@ -639,6 +646,49 @@ def _plainly_valid(schema: Any, depth: int = 0) -> bool:
     return True
 
 
+class JsonschemaChanged(InternalError):
+    """jsonschema is still to be imported, and other versions of it (or of its companions)
+    are installed than at the daemon's start: toolsetd was upgraded, or removed, under it
+    (``_own_jsonschema``). A call gets it as is; a set's parse, as a note (not cached)."""
+
+    MESSAGE = (
+        "toolsetd was upgraded (or removed) under this daemon, which loads jsonschema at its "
+        "first check of a schema: restart it"
+    )
+
+
+#: What a checker holds in place of the libraries it started with, once they changed.
+_CHANGED = "changed"
+
+
+def _own_jsonschema(libraries: str | None) -> str | None:
+    """Before jsonschema's first import in a daemon started warm (its set cache made the
+    start parse nothing, so it imported none): whether what is installed now is what it
+    started with (``install.libraries_id``). Another jsonschema checked with its own
+    rules, and the keywords ``_patch_keywords`` replaces are its private names; a removed
+    one raised ``ImportError``, an internal error at every call and reload. What cannot be
+    read now (out of descriptors, say) is not judged.
+
+    Args:
+        libraries: ``install.libraries_id()`` at the daemon's start; None: not looked at.
+
+    Returns:
+        What the checker keeps in place of ``libraries``: ``_CHANGED`` once they changed
+        (said once; the checker then raises ``JsonschemaChanged`` until the restart,
+        without looking again), else ``libraries``.
+    """
+    if libraries is None or libraries == _CHANGED or "jsonschema" in sys.modules:
+        return libraries
+    try:
+        same = libraries_id() == libraries
+    except OSError:
+        return libraries
+    if same:
+        return libraries
+    log.warning("schema_code_upgraded", error=UPGRADED)
+    return _CHANGED
+
+
 class SchemaChecker:
     """Checks tool input schemas against their meta-schema, caching by content hash.
 
@@ -649,8 +699,13 @@ class SchemaChecker:
         checks: How many schemas were actually checked (cache misses).
     """
 
-    def __init__(self, max_verdicts: int = _MAX_VERDICTS) -> None:
-        """Create an empty cache."""
+    def __init__(self, max_verdicts: int = _MAX_VERDICTS, libraries: str | None = None) -> None:
+        """Create an empty cache.
+
+        ``libraries``: the daemon's ``install.libraries_id()`` at its start, as for
+        ``ArgumentValidators``: jsonschema is imported only while those are installed.
+        """
+        self._libraries = libraries
         self._verdicts: dict[bytes, str | None] = {}
         self._max_verdicts = max_verdicts
         self._lock = threading.Lock()
@@ -664,11 +719,19 @@ class SchemaChecker:
 
         Returns:
             None, or ``"<jsonschema message> (at <JSON Pointer into the schema>)"``.
+
+        Raises:
+            JsonschemaChanged: The check needs jsonschema, which is still to be imported,
+                and toolsetd was upgraded under the daemon (``_own_jsonschema``).
         """
         key = hashlib.sha256(canonical_json(schema)).digest()
         with self._lock:
             if key in self._verdicts:
                 return self._verdicts[key]
+        if "jsonschema" not in sys.modules and not _plainly_valid(schema):
+            self._libraries = _own_jsonschema(self._libraries)
+            if self._libraries == _CHANGED:
+                raise JsonschemaChanged
         verdict = self._check(schema)
         with self._lock:
             self.checks += 1
@@ -895,15 +958,23 @@ class ArgumentValidators:
     (for the messages) or for any other schema.
     """
 
-    def __init__(self, max_entries: int = 4096, time_limit: float = TIME_LIMIT) -> None:
+    def __init__(
+        self, max_entries: int = 4096, time_limit: float = TIME_LIMIT, libraries: str | None = None
+    ) -> None:
         """Create an empty cache.
 
         Args:
             max_entries: How many compiled validators to keep; the oldest goes first.
             time_limit: The most seconds one call's check may run before the allowance
                 for its size (``TIME_LIMIT_PER_MIB``); see ``timelimit``.
+            libraries: The daemon's ``install.libraries_id()``, taken at its start:
+                jsonschema, imported at the first check that needs it (not at start: a
+                warm set cache parses nothing), is imported only while the versions
+                installed are those (``_own_jsonschema``). None: not looked at (the check
+                process, whose code the daemon knows by ``install.code_id``).
         """
         self._time_limit = time_limit
+        self._libraries = libraries
         self._validators: dict[str, Validator] = {}
         self._plain: dict[str, bool] = {}
         self._lock = threading.Lock()
@@ -920,6 +991,9 @@ class ArgumentValidators:
             found = self._validators.get(key)
         if found is not None:
             return found
+        self._libraries = _own_jsonschema(self._libraries)
+        if self._libraries == _CHANGED:
+            raise JsonschemaChanged
         cls = _validator_class(schema)
         import jsonschema_specifications  # type: ignore[import-untyped]  # it ships no py.typed
 

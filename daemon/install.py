@@ -1,0 +1,170 @@
+"""Which code is installed: what tells a daemon that toolsetd was upgraded under it.
+
+Theory of operation
+-------------------
+Operators upgrade toolsetd in place while its daemon runs (``pip install -U`` into the
+venv, a ``git pull`` in an editable checkout, a distro package replacing the files), or
+remove the venv. The running daemon keeps the code it imported; what it starts or imports
+from disk later is the new code, or none. Three things are taken from disk after the start:
+
+* the **check process** (``checkworker``), started at the first large check and again
+  after one ends. Run from other code, it checked a call's arguments with other rules, or
+  answered in another shape (every large call then failed as an internal error);
+* the **MCP face**'s modules (``mcp_socket``, ``mcp_session``, ``mcp_mapping``), imported
+  at the first ``mcp.bind``: other code, mixed into the old daemon's;
+* **jsonschema**, imported at the first check that needs it when the set cache made the
+  start parse nothing: another version checked the calls, and judged the sets changed
+  since, with its own rules.
+
+``code_id`` names the code a process would run: a hash of the source of every module of
+``toolsetd.daemon`` and ``toolsetd.protocol`` as the files hold it now (its compiled
+file, in an install of compiled files only), the version of Python, and
+``libraries_id``: the versions of the distributions whose code decides a
+check's verdict (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``). The daemon takes both
+once, at its start (2.5-3.5 ms here); a check process takes its own ``code_id`` at its
+start and sends it first (``checkworker``), and the daemon uses the process only if the
+two are equal; the MCP modules are imported only while ``code_id`` is unchanged, and
+jsonschema only while ``libraries_id`` is (``validation``: a call's check, a set's parse). Equal
+source is equal code, whatever the files' times: a reinstall of the same version is no
+upgrade.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import importlib.util
+import os
+import sys
+
+__all__ = ["FORMAT_DISTRIBUTIONS", "UPGRADED", "code_id", "installed_version", "libraries_id"]
+
+#: What a daemon says when the code on disk is not the code it runs.
+UPGRADED = "toolsetd was upgraded (or removed) under this daemon: restart it"
+
+#: The optional packages jsonschema takes its ``format`` checks from, installed or not.
+FORMAT_DISTRIBUTIONS = (
+    "fqdn",
+    "idna",
+    "isoduration",
+    "jsonpointer",
+    "rfc3339_validator",
+    "rfc3986_validator",
+    "rfc3987",
+    "rfc3987_syntax",
+    "uri_template",
+    "webcolors",
+)
+#: The distributions whose code decides a check's verdict or its wire: jsonschema, its
+#: meta-schemas and resolver, the packages its ``format`` checks come from, and orjson
+#: (the encoding of the request and the answer).
+_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing", "orjson")
+
+
+def libraries_id() -> str:
+    """A short hash of the installed versions of the distributions whose code decides a
+    check (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``), read without importing them.
+
+    A daemon started with its set cache warm has not imported jsonschema yet: it does at
+    the first check that needs it (``validation.ArgumentValidators``), from disk.
+    """
+    h = hashlib.sha256()
+    listings: dict[str, list[str]] = {}  # they are usually installed side by side
+    for name in (*_DISTRIBUTIONS, *FORMAT_DISTRIBUTIONS):
+        found = installed_version(name, listings, strict=True)
+        h.update(b"\x00" + found.encode(errors="surrogateescape"))
+    return h.hexdigest()[:16]
+
+
+def code_id(libraries: str | None = None) -> str:
+    """A short hash of the code a process started now would run (see the module docstring).
+
+    ``libraries``: ``libraries_id()``, if just taken.
+
+    Reads the files as they are now; a package folder or file that is gone (the venv
+    removed), or that may not be read, hashes as such (``_unread``), so it differs from
+    any install that can be read.
+
+    Raises:
+        OSError: A file or folder could not be read for want of a resource (out of
+            descriptors, say): what is installed cannot be told now (``libraries_id``).
+    """
+    import toolsetd.protocol
+
+    h = hashlib.sha256(sys.version.encode())
+    for folders in ([os.path.dirname(__file__)], toolsetd.protocol.__path__):
+        for folder in folders:
+            try:
+                # An install of compiled files only has its modules as .pyc files here.
+                names = sorted(n for n in os.listdir(folder) if n.endswith((".py", ".pyc")))
+            except OSError as exc:
+                h.update(f"\x00{folder} {_unread(exc)}".encode(errors="surrogateescape"))
+                continue
+            for name in names:
+                try:
+                    with open(os.path.join(folder, name), "rb") as source:
+                        data = source.read()
+                except OSError as exc:
+                    data = _unread(exc).encode()
+                h.update(b"\x00%s %d\x00" % (name.encode(errors="surrogateescape"), len(data)))
+                h.update(data)
+    h.update(b"\x00" + (libraries if libraries is not None else libraries_id()).encode())
+    return h.hexdigest()[:16]
+
+
+def installed_version(package: str, listings: dict[str, list[str]], strict: bool = False) -> str:
+    """What identifies the installed version of a top-level package, without importing it.
+
+    The name of its ``<package>-<version>.dist-info`` (or ``.egg-info``) folder beside it;
+    failing that, the path, size and mtime of its ``__init__`` (an unusual install).
+
+    Args:
+        package: The import name (here also the distribution's normalised name).
+        listings: Folder listings made so far, by folder.
+        strict: Raise what a folder that cannot be read for want of a resource raised
+            (out of descriptors, say), rather than answer its path: what is installed
+            cannot be told now (``_unread``).
+    """
+    try:
+        spec = importlib.util.find_spec(package)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or spec.origin is None:
+        return package + " missing"
+    site = os.path.dirname(spec.origin)  # a module's folder; a package's parent folder
+    if os.path.basename(spec.origin).startswith("__init__."):
+        site = os.path.dirname(site)
+    try:
+        if site not in listings:
+            listings[site] = os.listdir(site)
+        found = sorted(
+            name
+            for name in listings[site]
+            if name.startswith(package + "-") and name.endswith((".dist-info", ".egg-info"))
+        )
+        if found:
+            return " ".join(found)
+        st = os.stat(spec.origin)
+    except OSError as exc:
+        if strict:
+            _unread(exc)
+        return spec.origin
+    return f"{spec.origin} {st.st_size} {st.st_mtime_ns}"
+
+
+#: What a file or folder that cannot be read now, but may be later, fails with: out of
+#: descriptors, memory or processes' resources, or interrupted.
+_TRANSIENT = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.EAGAIN, errno.EINTR})
+
+
+def _unread(exc: OSError) -> str:
+    """What stands for a file or folder that could not be read: its error's name, the same
+    each time (gone, or not to be read: the venv removed, a folder of another user's).
+
+    Raises:
+        OSError: ``exc``, when it is for want of a resource (``_TRANSIENT``): nothing can
+            be told from it.
+    """
+    if exc.errno in _TRANSIENT:
+        raise exc
+    return errno.errorcode.get(exc.errno or 0, "unreadable")

@@ -1,0 +1,387 @@
+"""toolsetd upgraded in place under a running daemon (``daemon/install.py``).
+
+Each daemon here runs from a venv of its own holding a copy of the package (and of some
+distributions), which the test then changes, as ``pip install -U``, a ``git pull`` in an
+editable checkout or a distro package would, or removes, as when the venv goes: what the
+daemon (or a ``toolsetctl mcp``) starts or imports from disk later (the check process,
+the MCP face's modules, jsonschema, prometheus_client, the pump's last words) is then
+other code, or none.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import py_compile
+import shutil
+import socket
+import subprocess
+import sys
+import venv
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, Daemon, shut_down, start_daemon, write_set
+
+#: A tool whose string may hold 10 characters: 70,000 of them are checked in the check
+#: process (``validation.off_loop``), 11 on the loop.
+_SHORT = {
+    "runner": "exec",
+    "command": ["/bin/true"],
+    "tools": [
+        {
+            "name": "short",
+            "description": "Takes a short string.",
+            "schema": {"type": "object", "properties": {"s": {"type": "string", "maxLength": 10}}},
+        }
+    ],
+}
+_REFUSED = "Invalid arguments for 'short': /s: expected at most 10 characters, got 70000"
+_UPGRADED = "toolsetd was upgraded (or removed) under this daemon: restart it"
+
+
+#: The distributions the jsonschema test installs into the daemon's venv (import name,
+#: distribution name), beside the copy of the package: jsonschema and what it imports.
+_JSONSCHEMA = {
+    "jsonschema": "jsonschema", "jsonschema_specifications": "jsonschema_specifications",
+    "referencing": "referencing", "rpds": "rpds_py", "attr": "attrs", "attrs": "attrs",
+}
+
+
+def _daemon_from_a_venv(
+    base: Path,
+    distributions: dict[str, str] | None = None,
+    warm: bool = False,
+    compiled: bool = False,
+    args: Sequence[str] = (),
+) -> tuple[Daemon, Path]:
+    """A daemon run from a venv of its own holding a copy of the package (and of
+    ``distributions``), and that copy's ``toolsetd`` folder. The venv finds the other
+    distributions in this one's site-packages (a ``.pth`` line, which does not load this
+    one's editable install). ``warm``: started once before, so that its set cache is warm
+    (the daemon then parses no set, and imports no jsonschema, at its start). ``compiled``:
+    an install of compiled files only (``_compile``). ``args``: the daemon's, more."""
+    venv.create(base / "venv", with_pip=False, symlinks=True)
+    python = base / "venv" / "bin" / "python"
+    purelib = [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
+    site = Path(subprocess.run(purelib, capture_output=True, text=True, check=True, timeout=60).stdout.strip())
+    ours = [Path(path) for path in sys.path if path.endswith("-packages")]
+    (site / "deps.pth").write_text("".join(f"{path}\n" for path in ours))
+    package = site / "toolsetd"
+    for part in ("protocol", "daemon", "client"):
+        shutil.copytree(REPO / part, package / part, ignore=shutil.ignore_patterns("__pycache__"))
+    distributions = distributions or {}
+    for module, distribution in distributions.items():
+        origin = Path(importlib.util.find_spec(module).origin).parent  # type: ignore[union-attr,arg-type]
+        shutil.copytree(origin, site / module, ignore=shutil.ignore_patterns("__pycache__"))
+        for info in origin.parent.glob(f"{distribution}-*.dist-info"):
+            shutil.copytree(info, site / info.name, dirs_exist_ok=True)
+    if compiled:
+        _compile(package)
+    names = ", ".join(["toolsetd.daemon", *distributions])
+    where = [python, "-P", "-c", f"import {names}, sys; print(*(m.__file__ for m in ({names},)))"]
+    found = subprocess.run(where, capture_output=True, text=True, check=True, timeout=60)
+    assert all(Path(path).is_relative_to(site) for path in found.stdout.split())  # not ours
+    home, workspace = base / "home", base / "ws"
+    (home / "tools").mkdir(parents=True)
+    workspace.mkdir()
+    write_set(home / "tools", "short", _SHORT)
+    launcher = [str(python), "-P", "-m", "toolsetd.daemon"]
+    env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    options = ["--no-watch", *args]
+    if warm:
+        shut_down(start_daemon(home, workspace, base, options, env=env, launcher=launcher))
+    return start_daemon(home, workspace, base, options, env=env, launcher=launcher), package
+
+
+@pytest.fixture
+def installed(tmp_base: Path) -> Iterator[tuple[Daemon, Path]]:
+    """A daemon run from a venv of its own holding a copy of the package, and that copy."""
+    daemon, package = _daemon_from_a_venv(tmp_base)
+    try:
+        yield daemon, package
+    finally:
+        shut_down(daemon)
+
+
+def _compile(package: Path) -> None:
+    """Each module of ``package`` (a ``toolsetd`` folder) as a compiled file only."""
+    for module in package.rglob("*.py"):
+        py_compile.compile(str(module), cfile=str(module.with_suffix(".pyc")), doraise=True)
+        module.unlink()
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+#: ``validation.py``'s check, and one of a release whose check passes every argument.
+_CHECK = "    def errors_for("
+_PASSES = "    def errors_for(self, *args, **kwargs):\n        return []\n\n    def _old("
+
+
+def _other_rules(package: Path) -> None:
+    """A release whose check passes every argument."""
+    _edit(package / "daemon" / "validation.py", _CHECK, _PASSES)
+
+
+def _other_wire(package: Path) -> None:
+    """A release whose check process answers in another shape."""
+    _edit(package / "daemon" / "checkworker.py", '"errors": validators', '"found": validators')
+
+
+def _other_greeting(package: Path) -> None:
+    """A release whose check process says something else first, and then waits for its
+    own kind of request."""
+    _edit(
+        package / "daemon" / "checkworker.py",
+        'stdout.write(json_dumps({"code": code_id()}) + b"\\n")',
+        'stdout.write(b\'{"version": 2}\\n\'); stdout.flush(); time.sleep(3600)',
+    )
+    _edit(package / "daemon" / "checkworker.py", "import signal\n", "import signal\nimport time\n")
+
+
+def _removed(package: Path) -> None:
+    """The venv removed."""
+    shutil.rmtree(package.parents[3])  # venv/lib/python3.x/site-packages/toolsetd
+
+
+@pytest.mark.parametrize("upgrade", [_other_rules, _other_wire, _other_greeting, _removed])
+def test_large_arguments_are_checked_by_the_daemons_own_code_after_an_upgrade(
+    installed: tuple[Daemon, Path], upgrade: Callable[[Path], None]
+) -> None:
+    """The check process is started from disk at the first large check. After an upgrade
+    in place it ran the new code: a release whose check differed judged the call by its
+    rules (70,000 characters where 10 fit passed), one whose answer had another shape
+    failed every large call as an internal error, one that said something else first
+    held the call until the check's limit and 10 s (its echo awaited), then said it "was
+    stopped", and a removed install was logged as a process that "exited with status 1 at
+    its start", naming no upgrade. The daemon uses only a process that runs its own code:
+    the call is checked on the loop, as the small ones are, and the log says to restart
+    it."""
+    daemon, package = installed
+    upgrade(package)
+    params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+    for _ in range(2):  # the second finds the worker given up, not started again
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None and error["message"] == _REFUSED
+    said = [e for e in daemon.log_events() if e["event"].startswith("argument_check_process")]
+    assert [(e["event"], e.get("error")) for e in said][-1:] == [
+        ("argument_check_process_upgraded", _UPGRADED)
+    ]
+    assert sum(e["event"] == "argument_check_process_started" for e in said) <= 1
+
+
+def test_an_install_of_compiled_files_only_is_told_from_another(tmp_base: Path) -> None:
+    """An install of compiled files only (``.pyc`` in place of each ``.py``) had no source
+    to tell its code by: after an upgrade to another such install, the check process ran
+    the new code, as if it were the daemon's (here a check that passes everything). Its
+    compiled files tell it as the source would."""
+    daemon, package = _daemon_from_a_venv(tmp_base, compiled=True)
+    try:
+        validation = package / "daemon" / "validation.pyc"
+        source = (REPO / "daemon" / "validation.py").read_text()
+        lenient = tmp_base / "validation.py"
+        lenient.write_text(source.replace(_CHECK, _PASSES))
+        py_compile.compile(str(lenient), cfile=str(validation), doraise=True)
+        params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None and error["message"] == _REFUSED
+    finally:
+        shut_down(daemon)
+
+
+def _other_instructions(package: Path) -> None:
+    """A release that says other things to MCP hosts."""
+    _edit(package / "daemon" / "mcp_session.py", "The operator's external tools", "Other tools")
+
+
+@pytest.mark.parametrize("upgrade", [_other_instructions, _removed])
+def test_an_mcp_host_after_an_upgrade_is_told_to_restart_the_daemon(
+    installed: tuple[Daemon, Path], upgrade: Callable[[Path], None]
+) -> None:
+    """The daemon imports its MCP face at the first ``mcp.bind``. After an upgrade in
+    place it imported the new files into the old daemon, which then served MCP with
+    mixed code, or (the venv removed) failed the bind as an internal error with an
+    incident id. The bind is refused, saying what happened and what to do."""
+    daemon, package = installed
+    upgrade(package)
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "upgrade-test", "version": "1"},
+        },
+    }
+    for _ in range(2):  # refused until the restart, said once
+        pump = subprocess.run(
+            [sys.executable, "-m", "toolsetd.client", "--socket", str(daemon.socket),
+             "--workspace", str(daemon.workspace), "mcp"],
+            input=json.dumps(initialize) + "\n", capture_output=True, text=True, timeout=60,
+            check=False,
+        )
+        assert (pump.returncode, pump.stderr.strip()) == (
+            9,
+            "toolsetctl mcp: toolsetd was upgraded (or removed) under this daemon, which loads "
+            "its MCP code at its first MCP session: restart it",
+        )
+    said = [(e["event"], e.get("error")) for e in daemon.log_events()]
+    assert said.count(("mcp_code_upgraded", _UPGRADED)) == 1
+
+
+def _other_jsonschema(package: Path) -> None:
+    """A jsonschema 999.0.0 whose ``maxLength`` checks nothing, over the daemon's."""
+    site = package.parent
+    keywords = site / "jsonschema" / "_keywords.py"
+    _edit(keywords, "def maxLength(validator, mL, instance, schema):\n",
+          "def maxLength(validator, mL, instance, schema):\n    return\n")
+    (info,) = site.glob("jsonschema-*.dist-info")
+    info.rename(site / "jsonschema-999.0.0.dist-info")
+
+
+_JSONSCHEMA_UPGRADED = (
+    "toolsetd was upgraded (or removed) under this daemon, which loads jsonschema at its "
+    "first check of a schema: restart it"
+)
+
+
+def test_a_daemon_started_warm_checks_with_the_jsonschema_it_started_with(tmp_base: Path) -> None:
+    """A daemon started with its set cache warm parses no set, so it imports jsonschema
+    at the first check that needs it, from disk. After an upgrade that brought another
+    jsonschema (``pipx install --force`` makes the venv anew), the old daemon checked the
+    calls with it: here a jsonschema whose ``maxLength`` checks nothing, and 11 characters
+    where 10 fit passed. The call is refused, saying to restart the daemon."""
+    daemon, package = _daemon_from_a_venv(tmp_base, _JSONSCHEMA, warm=True)
+    try:
+        _other_jsonschema(package)
+        params = {"tool": "short", "arguments": {"s": "x" * 11}, "workspace": str(daemon.workspace)}
+        for _ in range(2):  # refused until the restart, said once
+            error = daemon.call("invoke", params).get("error")
+            assert error is not None
+            assert (error["code"], error["message"]) == (-32603, _JSONSCHEMA_UPGRADED)
+        said = [(e["event"], e.get("error")) for e in daemon.log_events()]
+        assert said.count(("schema_code_upgraded", _UPGRADED)) == 1
+    finally:
+        shut_down(daemon)
+
+
+def test_a_set_changed_after_an_upgrade_waits_for_the_restart(tmp_base: Path) -> None:
+    """The same daemon's first parse of a set (one added, or edited, after the upgrade)
+    imported the other jsonschema too: the set was judged by its rules, and from then on
+    every call was checked with them (11 characters where 10 fit passed). Or, a jsonschema
+    that cannot be imported (a venv half replaced), the reload and every call failed as
+    internal errors. The set is skipped with a note saying to restart the daemon, and not
+    cached; the other sets are served on, with the daemon's own checks."""
+    daemon, package = _daemon_from_a_venv(tmp_base, _JSONSCHEMA, warm=True)
+    try:
+        _other_jsonschema(package)
+        referenced = {"type": "object", "properties": {"s": {"$ref": "#/$defs/s"}},
+                      "$defs": {"s": {"type": "string"}}}
+        write_set(daemon.home / "tools", "added", {
+            "runner": "exec", "command": ["/bin/true"],
+            "tools": [{"name": "added", "description": "Added after the upgrade.", "schema": referenced}],
+        })
+        reloaded = daemon.call("reload")["result"]
+        assert reloaded["notes"] == [{
+            "set": "added", "source": "home",
+            "message": f"External tool set 'added' was skipped: {_JSONSCHEMA_UPGRADED}",
+        }]
+        params = {"tool": "short", "arguments": {"s": "x" * 11}, "workspace": str(daemon.workspace)}
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None
+        assert (error["code"], error["message"]) == (-32603, _JSONSCHEMA_UPGRADED)
+        params["arguments"] = {"s": "fits"}  # the plain subset: checked without jsonschema
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None and error["code"] == -32004  # checked, put to the operator
+    finally:
+        shut_down(daemon)
+
+
+def test_a_pump_whose_install_went_says_why_it_ends(tmp_base: Path) -> None:
+    """A ``toolsetctl mcp`` lives as long as its host's session, and its install may go
+    meanwhile (a venv made anew). Its last words were written with a module it imported
+    only then: a pump whose daemon went away, its host's input ended while it waited for
+    another, ended with exit 1 and an ``ImportError`` traceback, not with exit 5 and what
+    happened."""
+    daemon, package = _daemon_from_a_venv(tmp_base)
+    write_set(daemon.home / "tools", "sleeper", {
+        "runner": "exec", "command": ["/bin/sleep"],
+        "tools": [{"name": "sleeper", "description": "Sleeps.", "schema": {"type": "object"}, "command": ["60"]}],
+    })
+    assert daemon.call("reload")["result"]["changed"]
+    python = package.parents[3] / "bin" / "python"  # venv/lib/python3.x/site-packages/toolsetd
+    with subprocess.Popen(
+        [python, "-P", "-m", "toolsetd.client", "--socket", str(daemon.socket),
+         "--workspace", str(daemon.workspace), "mcp", "--mode", "full"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as pump:
+        try:
+            assert pump.stdin is not None and pump.stdout is not None
+            initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "upgrade-test", "version": "1"}}}
+            call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                    "params": {"name": "sleeper", "arguments": {}}}
+            pump.stdin.write(json.dumps(initialize).encode() + b"\n")
+            pump.stdin.flush()
+            assert json.loads(pump.stdout.readline())["id"] == 1
+            pump.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+            pump.stdin.write(json.dumps(call).encode() + b"\n")
+            pump.stdin.flush()
+            shutil.rmtree(package.parents[3])  # the venv goes
+            daemon.proc.kill()  # and the daemon with the call: the pump answers it, and waits
+            daemon.proc.wait(timeout=20)
+            gone = json.loads(pump.stdout.readline())
+            assert gone["id"] == 2 and gone["result"]["isError"]
+            # The host ends (its input) while the pump waits for a daemon.
+            _, stderr = pump.communicate(timeout=60)
+            assert (pump.returncode, stderr.decode()) == (
+                5,
+                f"toolsetctl mcp: toolsetd at {daemon.socket} closed the connection (the input "
+                "ended while the pump waited for it to come back)\n",
+            )
+        finally:
+            if pump.poll() is None:
+                pump.kill()
+            shut_down(daemon)
+
+
+def test_metrics_whose_library_cannot_be_loaded_say_why(tmp_base: Path) -> None:
+    """The daemon imports prometheus_client at the first scrape, from disk. One that could
+    not be imported then (the venv half replaced, or removed) failed ``toolsetctl
+    metrics`` as "Internal error (incident ...)", and a scrape of ``/metrics`` got no answer
+    at all (the connection closed, a traceback logged as a bug, every 15 s). Both say
+    what happened and what to do: the call's message, and a 503 carrying it."""
+    daemon, package = _daemon_from_a_venv(
+        tmp_base, {"prometheus_client": "prometheus_client"},
+        args=["--metrics-listen", "127.0.0.1:0"],
+    )
+    try:
+        broken = package.parent / "prometheus_client" / "__init__.py"
+        broken.write_text("raise ImportError('prometheus_client is being replaced')\n")
+        said = (
+            "toolsetd was upgraded (or removed) under this daemon, which loads its metrics "
+            "renderer at the first scrape, and it cannot be loaded now (prometheus_client is "
+            "being replaced): restart it"
+        )
+        error = daemon.call("metrics").get("error")
+        assert error is not None and (error["code"], error["message"]) == (-32603, said)
+        address = next(e["address"] for e in daemon.log_events() if e["event"] == "metrics_listening")
+        host, _, port = address.rpartition(":")
+        with socket.create_connection((host, int(port)), timeout=10) as scrape:
+            scrape.sendall(f"GET /metrics HTTP/1.1\r\nHost: {address}\r\n\r\n".encode())
+            answer = b""
+            while chunk := scrape.recv(65536):
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.split(b"\r\n")[0] == b"HTTP/1.1 503 Service Unavailable"
+        assert body.decode() == said + "\n"
+    finally:
+        shut_down(daemon)
