@@ -144,9 +144,11 @@ def _converted(node: Any, draft: int) -> Any:
     and 4's boolean ``exclusiveMaximum`` the number (``exclusiveMinimum`` alike); draft 3's
     ``required: true`` in a property its parent's list, ``type`` with schemas or ``any`` an
     ``anyOf``, ``extends`` an ``allOf``, ``disallow`` a ``not``, ``divisibleBy``
-    ``multipleOf``; a draft 6 or 7 ``$id`` fragment an ``$anchor``; 2019-09's
-    ``$recursiveRef`` a ``$ref``. Keywords an older draft passes by (``_NEWER_THAN``; beside
-    a ``$ref`` in draft 7 and older, ``_APPLYING``) are left out, as they would apply.
+    ``multipleOf`` (an empty ``type``, which nothing passes, ``allOf: [false]``; an empty
+    ``disallow`` or tuple ``items`` nothing: 2020-12 takes none of them empty); a draft 6
+    or 7 ``$id`` fragment an ``$anchor``; 2019-09's ``$recursiveRef`` a ``$ref``. Keywords
+    an older draft passes by (``_NEWER_THAN``; beside a ``$ref`` in draft 7 and older,
+    ``_APPLYING``) are left out, as they would apply.
     """
     if not isinstance(node, Mapping):
         return node  # a boolean schema (draft 6 on) says the same in 2020-12
@@ -160,7 +162,8 @@ def _converted(node: Any, draft: int) -> Any:
             continue
         if keyword == "items":
             if isinstance(value, list):
-                out["prefixItems"] = [_converted(sub, draft) for sub in value]
+                if value:  # draft 3's ``[]`` (2020-12's ``prefixItems`` takes none)
+                    out["prefixItems"] = [_converted(sub, draft) for sub in value]
                 if "additionalItems" in node:
                     out["items"] = _converted(node["additionalItems"], draft)
             else:
@@ -226,6 +229,10 @@ def _draft3_keyword(out: dict[str, Any], all_of: list[Any], keyword: str, value:
         all_of.extend(_converted(sub, 3) for sub in (value if isinstance(value, list) else [value]))
     else:
         kinds = value if isinstance(value, list) else [value]
+        if not kinds:  # 2020-12 takes no empty ``type`` or ``anyOf``
+            if keyword == "type":
+                all_of.append(False)  # no type: nothing passes
+            return
         if keyword == "type" and all(isinstance(k, str) and k != "any" for k in kinds):
             out["type"] = value
             return

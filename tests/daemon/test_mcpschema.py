@@ -209,6 +209,19 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
         ],
     ),
     (
+        "draft 3 empty type, disallow and tuple items (2020-12 takes none of them empty)",
+        {
+            "$schema": D3,
+            "type": "object",
+            "properties": {
+                "n": {"type": []},
+                "d": {"disallow": []},
+                "t": {"items": [], "additionalItems": False},
+            },
+        },
+        [{"n": 1}, {"d": 1}, {"t": []}, {"t": [1]}, {}],
+    ),
+    (
         "2019-09 tuple items, $recursiveRef, dependencies (passed by)",
         {
             "$schema": D2019,
