@@ -34,8 +34,9 @@ face (socket, stdio, HTTP) and for the operator notes that say so:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+from urllib.parse import quote, unquote
 
 import orjson
 
@@ -80,6 +81,8 @@ _SUBSCHEMA_LISTS = _SUBSCHEMAS | _SUBSCHEMA
 #: An HTTP field name (RFC 9110 5.6.2 token).
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_TYPES = ("string", "integer", "boolean")
+#: What a JSON Pointer in a URI fragment keeps as it is (RFC 3986 ``pchar`` and ``/``).
+_POINTER_SAFE = "!$&'()*+,;=:@-._~"
 
 
 #: The ``$schema`` of JSON Schema 2020-12, MCP's dialect when none is declared.
@@ -132,11 +135,22 @@ def as_2020_12(schema: Mapping[str, Any]) -> Mapping[str, Any]:
             return schema
         # jsonschema checks an unknown $schema as 2020-12; a host may refuse the name.
         return {k: v for k, v in schema.items() if k != "$schema"}
-    converted: Mapping[str, Any] = _converted(schema, draft)
+    moves: _Moves = {}
+    converted: Mapping[str, Any] = _converted(schema, draft, moves)
+    if moves and _may_refer(converted):
+        # A pointer to a subschema that moved (``#/items/0``) follows it (``#/prefixItems/0``).
+        converted = _refs_moved(converted, moves.get)
     return converted
 
 
-def _converted(node: Any, draft: int) -> Any:
+#: Where a subschema moved on the way to 2020-12: its path from the root as declared (JSON
+#: Pointer tokens) to its path as listed. Only the ones that moved.
+_Moves = dict[tuple[str, ...], tuple[str, ...]]
+
+
+def _converted(
+    node: Any, draft: int, moves: _Moves, at: tuple[str, ...] = (), to: tuple[str, ...] = ()
+) -> Any:
     """A schema of ``draft`` (3 to 2019-09) as 2020-12 (``as_2020_12``), its subschemas too.
 
     What changed on the way: tuple ``items`` became ``prefixItems`` (and ``additionalItems``
@@ -148,8 +162,12 @@ def _converted(node: Any, draft: int) -> Any:
     ``disallow`` or tuple ``items`` nothing: 2020-12 takes none of them empty); a draft 6
     or 7 ``$id`` fragment an ``$anchor``; 2019-09's ``$recursiveRef`` a ``$ref``. Keywords
     an older draft passes by (``_NEWER_THAN``; beside a ``$ref`` in draft 7 and older,
-    ``_APPLYING``) are left out, as they would apply.
+    ``_APPLYING``) are left out, as they would apply. ``moves`` gets each subschema's move
+    (from its path as declared, ``at``, to its path as listed, ``to``), which the pointers
+    of ``$ref`` follow (``_refs_moved``).
     """
+    if at != to:
+        moves[at] = to
     if not isinstance(node, Mapping):
         return node  # a boolean schema (draft 6 on) says the same in 2020-12
     dropped = _NEWER_THAN[draft] | {"$schema"}
@@ -160,24 +178,40 @@ def _converted(node: Any, draft: int) -> Any:
     for keyword, value in node.items():
         if keyword in dropped:
             continue
+        here = (*at, keyword)
         if keyword == "items":
             if isinstance(value, list):
                 if value:  # draft 3's ``[]`` (2020-12's ``prefixItems`` takes none)
-                    out["prefixItems"] = [_converted(sub, draft) for sub in value]
+                    out["prefixItems"] = [
+                        _converted(sub, draft, moves, (*here, str(i)), (*to, "prefixItems", str(i)))
+                        for i, sub in enumerate(value)
+                    ]
                 if "additionalItems" in node:
-                    out["items"] = _converted(node["additionalItems"], draft)
+                    out["items"] = _converted(
+                        node["additionalItems"],
+                        draft,
+                        moves,
+                        (*at, "additionalItems"),
+                        (*to, "items"),
+                    )
             else:
-                out["items"] = _converted(value, draft)
+                out["items"] = _converted(value, draft, moves, here, (*to, keyword))
         elif keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
-            out[keyword] = {key: _converted(sub, draft) for key, sub in value.items()}
+            out[keyword] = {
+                key: _converted(sub, draft, moves, (*here, key), (*to, keyword, key))
+                for key, sub in value.items()
+            }
             if keyword == "properties" and draft == 3:
                 needed = [k for k, sub in value.items() if _draft3_required(sub)]
                 if needed:
                     out["required"] = needed
         elif keyword in _SUBSCHEMAS and isinstance(value, list):
-            out[keyword] = [_converted(sub, draft) for sub in value]
+            out[keyword] = [
+                _converted(sub, draft, moves, (*here, str(i)), (*to, keyword, str(i)))
+                for i, sub in enumerate(value)
+            ]
         elif keyword in _SUBSCHEMA:
-            out[keyword] = _converted(value, draft)
+            out[keyword] = _converted(value, draft, moves, here, (*to, keyword))
         elif keyword == "dependencies":
             if draft <= 7 and isinstance(value, Mapping):
                 for key, sub in value.items():
@@ -185,7 +219,9 @@ def _converted(node: Any, draft: int) -> Any:
                         needs = [sub] if isinstance(sub, str) else sub
                         out.setdefault("dependentRequired", {})[key] = needs
                     else:
-                        out.setdefault("dependentSchemas", {})[key] = _converted(sub, draft)
+                        out.setdefault("dependentSchemas", {})[key] = _converted(
+                            sub, draft, moves, (*here, key), (*to, "dependentSchemas", key)
+                        )
         elif keyword in ("maximum", "minimum") and draft <= 4:
             exclusive = "exclusiveMaximum" if keyword == "maximum" else "exclusiveMinimum"
             out[exclusive if node.get(exclusive) is True else keyword] = value
@@ -196,7 +232,7 @@ def _converted(node: Any, draft: int) -> Any:
         elif keyword == "additionalItems":
             continue  # with tuple ``items``; passed by beside any other
         elif draft == 3 and keyword in ("type", "disallow", "extends", "divisibleBy"):
-            _draft3_keyword(out, all_of, keyword, value)
+            _draft3_keyword(out, all_of, keyword, value, moves, at, to)
         elif keyword == "$id" and draft <= 7 and isinstance(value, str) and "#" in value:
             base, _, fragment = value.partition("#")
             if base:
@@ -220,30 +256,99 @@ def _draft3_required(sub: Any) -> bool:
     return isinstance(sub, Mapping) and sub.get("required") is True
 
 
-def _draft3_keyword(out: dict[str, Any], all_of: list[Any], keyword: str, value: Any) -> None:
+def _draft3_keyword(
+    out: dict[str, Any],
+    all_of: list[Any],
+    keyword: str,
+    value: Any,
+    moves: _Moves,
+    at: tuple[str, ...],
+    to: tuple[str, ...],
+) -> None:
     """Draft 3's ``type`` (names, schemas, ``any``), ``disallow``, ``extends`` and
-    ``divisibleBy`` as 2020-12 keywords, into ``out`` (``allOf`` members into ``all_of``)."""
+    ``divisibleBy`` as 2020-12 keywords, into ``out`` (``allOf`` members into ``all_of``;
+    draft 3 has no ``allOf`` of its own), each schema's move into ``moves``."""
     if keyword == "divisibleBy":
         out["multipleOf"] = value
-    elif keyword == "extends":
-        all_of.extend(_converted(sub, 3) for sub in (value if isinstance(value, list) else [value]))
-    else:
-        kinds = value if isinstance(value, list) else [value]
-        if not kinds:  # 2020-12 takes no empty ``type`` or ``anyOf``
-            if keyword == "type":
-                all_of.append(False)  # no type: nothing passes
-            return
-        if keyword == "type" and all(isinstance(k, str) and k != "any" for k in kinds):
-            out["type"] = value
-            return
-        names = [k for k in kinds if isinstance(k, str)]
-        choices = [{"type": names}] if names and "any" not in names else []
-        choices += [_converted(k, 3) for k in kinds if isinstance(k, Mapping)]
+        return
+    listed = isinstance(value, list)
+    kinds = value if listed else [value]
+    # Each schema member's path as declared: ``type/1``, or ``type`` for a lone schema.
+    paths = [(*at, keyword, str(i)) if listed else (*at, keyword) for i in range(len(kinds))]
+    if keyword == "extends":
+        for path, sub in zip(paths, kinds, strict=True):
+            all_of.append(_converted(sub, 3, moves, path, (*to, "allOf", str(len(all_of)))))
+        return
+    if not kinds:  # 2020-12 takes no empty ``type`` or ``anyOf``
         if keyword == "type":
-            if "any" not in names:
-                out["anyOf"] = choices
-        else:
-            out["not"] = {} if "any" in names else {"anyOf": choices}
+            all_of.append(False)  # no type: nothing passes
+        return
+    if keyword == "type" and all(isinstance(k, str) and k != "any" for k in kinds):
+        out["type"] = value
+        return
+    names = [k for k in kinds if isinstance(k, str)]
+    if "any" in names:
+        if keyword == "disallow":
+            out["not"] = {}
+        return  # any type: no constraint (its schemas say nothing)
+    choices: list[Any] = [{"type": names}] if names else []
+    within = (*to, "anyOf") if keyword == "type" else (*to, "not", "anyOf")
+    for path, kind in zip(paths, kinds, strict=True):
+        if isinstance(kind, Mapping):
+            choices.append(_converted(kind, 3, moves, path, (*within, str(len(choices)))))
+    if keyword == "type":
+        out["anyOf"] = choices
+    else:
+        out["not"] = {"anyOf": choices}
+
+
+def _refs_moved(
+    node: Any, moved: Callable[[tuple[str, ...]], tuple[str, ...] | None], root: bool = True
+) -> Any:
+    """``node`` with each ``$ref`` (and ``$dynamicRef``) that is a JSON Pointer into the
+    document to a subschema that ``moved`` (its path as written to its path now, or None)
+    pointing where that subschema is now; ``node`` itself when none is. A pointer below a
+    subschema with an ``$id`` (or draft 3 and 4's ``id``) is into that subschema, and is
+    left as it is."""
+    if not isinstance(node, Mapping) or (not root and ("$id" in node or "id" in node)):
+        return node
+    changed: dict[str, Any] = {}
+    for keyword, value in node.items():
+        if keyword in ("$ref", "$dynamicRef") and isinstance(value, str):
+            pointer = _moved_pointer(value, moved)
+            if pointer is not None:
+                changed[keyword] = pointer
+        elif keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
+            members = {key: _refs_moved(sub, moved, False) for key, sub in value.items()}
+            if any(members[key] is not sub for key, sub in value.items()):
+                changed[keyword] = members
+        elif keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
+            items = [_refs_moved(sub, moved, False) for sub in value]
+            if any(new is not old for new, old in zip(items, value, strict=True)):
+                changed[keyword] = items
+        elif keyword in _SUBSCHEMA:
+            sub = _refs_moved(value, moved, False)
+            if sub is not value:
+                changed[keyword] = sub
+    return {**node, **changed} if changed else node
+
+
+def _moved_pointer(
+    ref: str, moved: Callable[[tuple[str, ...]], tuple[str, ...] | None]
+) -> str | None:
+    """``ref`` pointing where its target moved (None: not a pointer, or not moved)."""
+    if not ref.startswith("#/"):
+        return None
+    tokens = tuple(
+        token.replace("~1", "/").replace("~0", "~") for token in unquote(ref[2:]).split("/")
+    )
+    path = moved(tokens)
+    if path is None:
+        return None
+    return "#" + "".join(
+        "/" + quote(token.replace("~", "~0").replace("/", "~1"), safe=_POINTER_SAFE)
+        for token in path
+    )
 
 
 def _positions(
@@ -329,6 +434,16 @@ def _unmarked(node: Any) -> Any:
     return out
 
 
+def _may_refer(schema: Mapping[str, Any]) -> bool:
+    """Whether ``schema`` may hold a ``$ref`` or ``$dynamicRef`` (one C pass, as
+    ``_may_be_marked``)."""
+    try:
+        text = orjson.dumps(schema)
+    except orjson.JSONEncodeError:
+        return True
+    return b'"$ref"' in text or b'"$dynamicRef"' in text
+
+
 def _may_be_marked(schema: Mapping[str, Any]) -> bool:
     """Whether ``schema`` may hold a mark: one C pass (~1 us) instead of a walk in Python
     (~6 us a tool, for every tool of a listing); an integer wider than 64 bits, which
@@ -349,7 +464,8 @@ def listed_schema(schema: Mapping[str, Any], *, marks_checked: bool = False) -> 
     of a session when one tool's schema is not 2020-12 or holds ``allOf``, ``anyOf`` or
     ``oneOf`` at its root: a schema of an older draft is listed as the 2020-12 schema
     that says the same (``as_2020_12``), and root combinators move under
-    ``"if": true, "then": {...}``, which applies them as the root did.
+    ``"if": true, "then": {...}``, which applies them as the root did (a ``$ref`` pointer to
+    one follows it: ``#/anyOf/0`` is ``#/then/anyOf/0``).
     MCP's arguments are always an object, and its schema requires that root type; a host
     that checks it (the SDK) refuses the whole ``tools/list`` when one tool lacks it. A
     manifest may leave ``type`` out or allow other types beside object: for the objects an
@@ -380,6 +496,9 @@ def listed_schema(schema: Mapping[str, Any], *, marks_checked: bool = False) -> 
             "if": True,
             "then": moved,
         }
+        if _may_refer(schema):
+            # A pointer to a moved keyword's subschema (``#/anyOf/0``) follows it.
+            schema = _refs_moved(schema, lambda path: ("then", *path) if path[0] in moved else None)
     if schema.get("type") == "object":
         return schema
     return {**schema, "type": "object"}

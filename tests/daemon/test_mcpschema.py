@@ -265,6 +265,49 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
         [{"a": "x"}, {"a": 1}, {"b": 1}],
     ),
     (
+        "draft 7 pointers into renamed subschemas follow them",
+        {
+            "$schema": D7,
+            "type": "object",
+            "properties": {
+                "t": {
+                    "items": [{"type": "string"}, {"type": "integer"}],
+                    "additionalItems": {"type": "boolean"},
+                },
+                "u": {"$ref": "#/properties/t/items/1"},
+                "v": {"$ref": "#/dependencies/a"},
+                "w": {"$ref": "#/properties/t/additionalItems"},
+            },
+            "dependencies": {"a": {"required": ["b"]}},
+        },
+        [{"u": 1}, {"u": "s"}, {"v": {}}, {"v": {"b": 1}}, {"w": True}, {"w": 1}],
+    ),
+    (
+        "draft 3 pointers into extends, type and disallow follow them",
+        {
+            "$schema": D3,
+            "type": "object",
+            "properties": {
+                "e": {"extends": [{}, {"type": "string"}]},
+                "f": {"$ref": "#/properties/e/extends/1"},
+                "g": {"type": ["null", {"type": "integer"}]},
+                "h": {"$ref": "#/properties/g/type/1"},
+                "i": {"disallow": [{"type": "boolean"}]},
+                "j": {"$ref": "#/properties/i/disallow/0"},
+            },
+        },
+        [{"f": "s"}, {"f": 1}, {"h": 1}, {"h": None}, {"j": True}, {"j": 1}],
+    ),
+    (
+        "2020-12 pointers into a root combinator moved under then follow it",
+        {
+            "type": "object",
+            "oneOf": [{"required": ["a"]}, {"required": ["b"]}],
+            "properties": {"a": {}, "b": {"$ref": "#/oneOf/0"}},
+        },
+        [{"b": {"a": 1}}, {"b": {}}, {"a": 1}, {}],
+    ),
+    (
         "an unknown $schema, checked as 2020-12",
         {
             "$schema": "https://json-schema.org/draft-07/schema#",
@@ -324,6 +367,18 @@ def test_the_listing_moves_each_draft_7_item_it_changes() -> None:
         "dependentRequired": {"a": ["b"]},
         "dependentSchemas": {"c": {"required": ["d"]}},
     }
+    pointed = {
+        "$schema": D7,
+        "properties": {"t": {"items": [{}]}, "u": {"$ref": "#/properties/t/items/0"}},
+    }
+    assert listed_schema(pointed)["properties"]["u"] == {"$ref": "#/properties/t/prefixItems/0"}
+    assert listed_schema(
+        {
+            "$schema": D4,
+            "patternProperties": {"^[a-c]~/$": {"items": [{}]}},
+            "not": {"$ref": "#/patternProperties/^[a-c]~0~1$/items/0"},
+        }
+    )["not"] == {"$ref": "#/patternProperties/%5E%5Ba-c%5D~0~1$/prefixItems/0"}
     assert listed_schema({"$schema": D6, "$id": "http://e.x/s#top", "type": "object"}) == {
         "$id": "http://e.x/s",
         "$anchor": "top",
