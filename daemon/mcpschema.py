@@ -114,6 +114,18 @@ _APPLYING = _NEWER_THAN[3] | {
     "dependencies", "items", "additionalItems", "properties", "patternProperties",
     "additionalProperties", "id", "extends", "disallow", "divisibleBy",
 }  # fmt: skip
+#: The annotations 2020-12's meta-schema gives a type, with it. A draft that does not know one
+#: (``examples`` before draft 6, ``$comment`` before 7, ``deprecated`` before 2019-09) takes
+#: any value there: such a value of another type is left out (it annotates nothing).
+_ANNOTATION_TYPES: dict[str, type] = {
+    "$comment": str,
+    "contentEncoding": str,
+    "contentMediaType": str,
+    "deprecated": bool,
+    "readOnly": bool,
+    "writeOnly": bool,
+    "examples": list,
+}
 #: A 2020-12 ``$anchor``.
 _ANCHOR = re.compile(r"[A-Za-z_][-A-Za-z0-9._]*")
 #: What Claude's API refuses at an ``input_schema``'s root (it says "input_schema does not
@@ -176,7 +188,7 @@ def _converted(
     out: dict[str, Any] = {}
     all_of: list[Any] = []
     for keyword, value in node.items():
-        if keyword in dropped:
+        if keyword in dropped or _misfit(keyword, value):
             continue
         here = (*at, keyword)
         if keyword == "items":
@@ -200,6 +212,7 @@ def _converted(
             out[keyword] = {
                 key: _converted(sub, draft, moves, (*here, key), (*to, keyword, key))
                 for key, sub in value.items()
+                if isinstance(sub, (Mapping, bool))  # a draft's unknown ``$defs`` takes any
             }
             if keyword == "properties" and draft == 3:
                 needed = [k for k, sub in value.items() if _draft3_required(sub)]
@@ -250,6 +263,22 @@ def _converted(
     if all_of:
         out["allOf"] = [*out.get("allOf", ()), *all_of]
     return out
+
+
+def _misfit(keyword: str, value: Any) -> bool:
+    """Whether 2020-12's meta-schema refuses ``value`` for ``keyword`` where the declared
+    draft, which does not know the keyword, took it (and passed it by): an annotation of
+    another type, a subschema that is none (``"$defs": 5``, ``"contentSchema": []`` before
+    2019-09, ``definitions`` in draft 3), or ``$vocabulary`` (a meta-schema's, which says
+    nothing of arguments)."""
+    kind = _ANNOTATION_TYPES.get(keyword)
+    if kind is not None:
+        return not isinstance(value, kind)
+    if keyword in _SUBSCHEMA_MAP:
+        return not isinstance(value, Mapping)
+    if keyword == "contentSchema":
+        return not isinstance(value, (Mapping, bool))
+    return keyword == "$vocabulary"
 
 
 def _draft3_required(sub: Any) -> bool:

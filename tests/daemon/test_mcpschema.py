@@ -138,6 +138,26 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
         [{"k": "a"}, {"k": 1}],
     ),
     (
+        "draft 6 keywords it does not know, of types 2020-12 refuses (passed by)",
+        {
+            "$schema": D6,
+            "type": "object",
+            "$comment": 5,
+            "readOnly": "x",
+            "$defs": 5,
+            "properties": {
+                "a": {
+                    "type": "string",
+                    "contentMediaType": [],
+                    "contentSchema": 0,
+                    "$vocabulary": [],
+                },
+                "b": {"deprecated": {}, "$defs": {"n": 1, "s": {"type": "integer"}}},
+            },
+        },
+        [{"a": "s"}, {"a": 1}, {"b": 1}],
+    ),
+    (
         "draft 4 boolean exclusive bounds",
         {
             "$schema": D4,
