@@ -34,7 +34,7 @@ face (socket, stdio, HTTP) and for the operator notes that say so:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, unquote
 
@@ -126,6 +126,10 @@ _ANNOTATION_TYPES: dict[str, type] = {
     "writeOnly": bool,
     "examples": list,
 }
+#: The keywords of a document's root that name or hold resources rather than constrain it.
+_RESOURCE_KEYWORDS = frozenset(
+    {"$schema", "$id", "$anchor", "$dynamicAnchor", "$vocabulary", "$defs", "definitions"}
+)
 #: A 2020-12 ``$anchor``.
 _ANCHOR = re.compile(r"[A-Za-z_][-A-Za-z0-9._]*")
 #: What Claude's API refuses at an ``input_schema``'s root (it says "input_schema does not
@@ -366,11 +370,14 @@ def _moved_pointer(
     ref: str, moved: Callable[[tuple[str, ...]], tuple[str, ...] | None]
 ) -> str | None:
     """``ref`` pointing where its target moved (None: not a pointer, or not moved)."""
-    if not ref.startswith("#/"):
+    if ref in ("#", ""):
+        tokens: tuple[str, ...] = ()
+    elif ref.startswith("#/"):
+        tokens = tuple(
+            token.replace("~1", "/").replace("~0", "~") for token in unquote(ref[2:]).split("/")
+        )
+    else:
         return None
-    tokens = tuple(
-        token.replace("~1", "/").replace("~0", "~") for token in unquote(ref[2:]).split("/")
-    )
     path = moved(tokens)
     if path is None:
         return None
@@ -498,10 +505,11 @@ def listed_schema(schema: Mapping[str, Any], *, marks_checked: bool = False) -> 
     MCP's arguments are always an object, and its schema requires that root type; a host
     that checks it (the SDK) refuses the whole ``tools/list`` when one tool lacks it. A
     manifest may leave ``type`` out or allow other types beside object: for the objects an
-    MCP host sends, ``"object"`` says the same. MCP's schema also makes each root property
-    an object, and the TypeScript SDK's client (most Node hosts') refuses the whole list
-    when one is a boolean schema (``"x": true``, valid JSON Schema): it is listed as the
-    object that says the same (``{}``, ``{"not": {}}``).
+    MCP host sends, ``"object"`` says the same (a ``$ref`` to the root, which may take other
+    values, points to a copy of the root as declared: ``_root_refs_kept``). MCP's schema
+    also makes each root property an object, and the TypeScript SDK's client (most Node
+    hosts') refuses the whole list when one is a boolean schema (``"x": true``, valid JSON
+    Schema): it is listed as the object that says the same (``{}``, ``{"not": {}}``).
     A mark that breaks MCP's rules makes its SDK clients (Python's on every transport,
     TypeScript's over HTTP) drop the tool on 2026-07-28; the daemon checks no header of
     such a schema, so its marks are left out and the tool is listed. An annotation
@@ -527,10 +535,59 @@ def listed_schema(schema: Mapping[str, Any], *, marks_checked: bool = False) -> 
         }
         if _may_refer(schema):
             # A pointer to a moved keyword's subschema (``#/anyOf/0``) follows it.
-            schema = _refs_moved(schema, lambda path: ("then", *path) if path[0] in moved else None)
+            schema = _refs_moved(
+                schema, lambda path: ("then", *path) if path and path[0] in moved else None
+            )
     if schema.get("type") == "object":
         return schema
+    if _may_refer(schema):
+        schema = _root_refs_kept(schema)
     return {**schema, "type": "object"}
+
+
+def _root_refs_kept(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``schema``, whose root is about to take ``type: "object"``, with each ``$ref`` to
+    its root (``#``) pointing instead to a copy of the root as it was, in ``$defs``: a
+    tree's ``"items": {"$ref": "#"}`` takes what the root takes as declared, not objects
+    alone. ``schema`` itself when no ``$ref`` leads to the root, or when a subschema has
+    an ``$id`` (a copy of it would be a second resource of that name)."""
+    if _root_refs(schema, root=True) <= 0:
+        return schema
+    defs = schema.get("$defs")
+    defs = defs if isinstance(defs, Mapping) else {}
+    name = "root"
+    while name in defs:
+        name += "_"
+    copy = {k: v for k, v in schema.items() if k not in _RESOURCE_KEYWORDS}
+    with_copy = {**schema, "$defs": {**defs, name: _unmarked(copy)}}
+    moved: _Moves = {(): ("$defs", name)}
+    kept: Mapping[str, Any] = _refs_moved(with_copy, moved.get)
+    return kept
+
+
+def _root_refs(node: Any, root: bool = False) -> int:
+    """How many ``$ref`` below ``node`` lead to the document's root (``#``); -1 when a
+    subschema has its own ``$id`` (``id``): the count is not made then."""
+    if not isinstance(node, Mapping):
+        return 0
+    if not root and ("$id" in node or "id" in node):
+        return -1
+    count = 1 if node.get("$ref") in ("#", "") else 0
+    for keyword, value in node.items():
+        if keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
+            subs: Iterable[Any] = value.values()
+        elif keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
+            subs = value
+        elif keyword in _SUBSCHEMA:
+            subs = (value,)
+        else:
+            continue
+        for sub in subs:
+            found = _root_refs(sub)
+            if found < 0:
+                return -1
+            count += found
+    return count
 
 
 def unlisted_reason(name: str, schema: Mapping[str, Any]) -> str | None:

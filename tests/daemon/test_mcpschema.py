@@ -328,6 +328,16 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
         [{"b": {"a": 1}}, {"b": {}}, {"a": 1}, {}],
     ),
     (
+        "a $ref to the root takes what the root takes as declared, not objects alone",
+        {
+            "properties": {
+                "kids": {"type": "array", "items": {"$ref": "#"}},
+                "n": {"not": {"$ref": "#"}},
+            }
+        },
+        [{"kids": [1, "x"]}, {"kids": [{"kids": 5}]}, {"n": 5}, {"n": {"kids": 1}}, {}],
+    ),
+    (
         "an unknown $schema, checked as 2020-12",
         {
             "$schema": "https://json-schema.org/draft-07/schema#",
@@ -399,6 +409,17 @@ def test_the_listing_moves_each_draft_7_item_it_changes() -> None:
             "not": {"$ref": "#/patternProperties/^[a-c]~0~1$/items/0"},
         }
     )["not"] == {"$ref": "#/patternProperties/%5E%5Ba-c%5D~0~1$/prefixItems/0"}
+    tree = {"type": ["object", "string"], "properties": {"kids": {"items": {"$ref": "#"}}}}
+    assert listed_schema(tree) == {
+        "type": "object",
+        "properties": {"kids": {"items": {"$ref": "#/$defs/root"}}},
+        "$defs": {
+            "root": {
+                "type": ["object", "string"],
+                "properties": {"kids": {"items": {"$ref": "#/$defs/root"}}},
+            }
+        },
+    }
     assert listed_schema({"$schema": D6, "$id": "http://e.x/s#top", "type": "object"}) == {
         "$id": "http://e.x/s",
         "$anchor": "top",
