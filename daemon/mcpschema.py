@@ -175,10 +175,11 @@ def _converted(
     ``required: true`` in a property its parent's list, ``type`` with schemas or ``any`` an
     ``anyOf``, ``extends`` an ``allOf``, ``disallow`` a ``not``, ``divisibleBy``
     ``multipleOf`` (an empty ``type``, which nothing passes, ``allOf: [false]``; an empty
-    ``disallow`` or tuple ``items`` nothing: 2020-12 takes none of them empty); a draft 6
-    or 7 ``$id`` fragment an ``$anchor``; 2019-09's ``$recursiveRef`` a ``$ref``. Keywords
-    an older draft passes by (``_NEWER_THAN``; beside a ``$ref`` in draft 7 and older,
-    ``_APPLYING``) are left out, as they would apply. ``moves`` gets each subschema's move
+    ``disallow`` or tuple ``items`` nothing: 2020-12 takes none of them empty); draft 3
+    and 4's ``id`` an ``$id``, and its fragment, as a draft 6 or 7 ``$id``'s, an
+    ``$anchor``; 2019-09's ``$recursiveRef`` a ``$ref``. Keywords an older draft passes by
+    (``_NEWER_THAN``; beside a ``$ref`` in draft 7 and older, ``_APPLYING``) are left out,
+    as they would apply. ``moves`` gets each subschema's move
     (from its path as declared, ``at``, to its path as listed, ``to``), which the pointers
     of ``$ref`` follow (``_refs_moved``).
     """
@@ -250,7 +251,8 @@ def _converted(
             continue  # with tuple ``items``; passed by beside any other
         elif draft == 3 and keyword in ("type", "disallow", "extends", "divisibleBy"):
             _draft3_keyword(out, all_of, keyword, value, moves, at, to)
-        elif keyword == "$id" and draft <= 7 and isinstance(value, str) and "#" in value:
+        elif keyword == ("id" if draft <= 4 else "$id") and draft <= 7 and isinstance(value, str):
+            # Draft 3 and 4's ``id`` and draft 6 and 7's ``$id``, with a fragment or without.
             base, _, fragment = value.partition("#")
             if base:
                 out["$id"] = base
@@ -341,9 +343,8 @@ def _refs_moved(
     """``node`` with each ``$ref`` (and ``$dynamicRef``) that is a JSON Pointer into the
     document to a subschema that ``moved`` (its path as written to its path now, or None)
     pointing where that subschema is now; ``node`` itself when none is. A pointer below a
-    subschema with an ``$id`` (or draft 3 and 4's ``id``) is into that subschema, and is
-    left as it is."""
-    if not isinstance(node, Mapping) or (not root and ("$id" in node or "id" in node)):
+    subschema with an ``$id`` is into that subschema, and is left as it is."""
+    if not isinstance(node, Mapping) or (not root and "$id" in node):
         return node
     changed: dict[str, Any] = {}
     for keyword, value in node.items():
@@ -567,10 +568,10 @@ def _root_refs_kept(schema: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def _root_refs(node: Any, root: bool = False) -> int:
     """How many ``$ref`` below ``node`` lead to the document's root (``#``); -1 when a
-    subschema has its own ``$id`` (``id``): the count is not made then."""
+    subschema has its own ``$id``: the count is not made then."""
     if not isinstance(node, Mapping):
         return 0
-    if not root and ("$id" in node or "id" in node):
+    if not root and "$id" in node:
         return -1
     count = 1 if node.get("$ref") in ("#", "") else 0
     for keyword, value in node.items():

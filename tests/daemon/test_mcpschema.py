@@ -158,6 +158,20 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
         [{"a": "s"}, {"a": 1}, {"b": 1}],
     ),
     (
+        "draft 4 ids, a fragment's and a URI's, and $refs to them",
+        {
+            "$schema": D4,
+            "type": "object",
+            "properties": {
+                "c": {"$ref": "#an0"},
+                "d": {"id": "#an0", "type": "string"},
+                "e": {"id": "http://example.com/e", "type": "integer"},
+                "f": {"$ref": "http://example.com/e"},
+            },
+        },
+        [{"c": "x"}, {"c": 0}, {"f": 1}, {"f": "x"}],
+    ),
+    (
         "draft 4 boolean exclusive bounds",
         {
             "$schema": D4,
