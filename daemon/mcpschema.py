@@ -179,9 +179,9 @@ def _converted(
     and 4's ``id`` an ``$id``, and its fragment, as a draft 6 or 7 ``$id``'s, an
     ``$anchor``; 2019-09's ``$recursiveRef`` a ``$ref``. Keywords an older draft passes by
     (``_NEWER_THAN``; beside a ``$ref`` in draft 7 and older, ``_APPLYING``) are left out,
-    as they would apply. ``moves`` gets each subschema's move
-    (from its path as declared, ``at``, to its path as listed, ``to``), which the pointers
-    of ``$ref`` follow (``_refs_moved``).
+    as they would apply, and so are values 2020-12 refuses where the draft took any
+    (``_misfit``). ``moves`` gets each subschema's move (from its path as declared, ``at``,
+    to its path as listed, ``to``), which the pointers of ``$ref`` follow (``_refs_moved``).
     """
     if at != to:
         moves[at] = to
@@ -272,11 +272,11 @@ def _converted(
 
 
 def _misfit(keyword: str, value: Any) -> bool:
-    """Whether 2020-12's meta-schema refuses ``value`` for ``keyword`` where the declared
-    draft, which does not know the keyword, took it (and passed it by): an annotation of
-    another type, a subschema that is none (``"$defs": 5``, ``"contentSchema": []`` before
-    2019-09, ``definitions`` in draft 3), or ``$vocabulary`` (a meta-schema's, which says
-    nothing of arguments)."""
+    """Whether 2020-12's meta-schema refuses ``value`` for ``keyword`` where a draft that
+    does not know the keyword took it (and passed it by): an annotation of another type, a
+    subschema that is none (``"$defs": 5``, ``"contentSchema": []`` before 2019-09,
+    ``definitions`` in draft 3), or ``$vocabulary`` (a meta-schema's, which says nothing of
+    arguments). A keyword the draft knows has the type already (its meta-schema's)."""
     kind = _ANNOTATION_TYPES.get(keyword)
     if kind is not None:
         return not isinstance(value, kind)
