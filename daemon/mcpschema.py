@@ -188,9 +188,14 @@ def _converted(
     if not isinstance(node, Mapping):
         return node  # a boolean schema (draft 6 on) says the same in 2020-12
     dropped = _NEWER_THAN[draft] | {"$schema"}
+    out: dict[str, Any] = {}
     if draft <= 7 and "$ref" in node:
         dropped = dropped | (_APPLYING - {"$ref"})
-    out: dict[str, Any] = {}
+        # A fragment id beside the ``$ref`` still names this subschema (jsonschema resolves
+        # it), though its base is passed by: the name is listed as an ``$anchor``.
+        named = node.get("id" if draft <= 4 else "$id")
+        if isinstance(named, str) and named.startswith("#") and _ANCHOR.fullmatch(named[1:]):
+            out["$anchor"] = named[1:]
     all_of: list[Any] = []
     for keyword, value in node.items():
         if keyword in dropped or _misfit(keyword, value):

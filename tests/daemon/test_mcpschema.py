@@ -95,6 +95,19 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
         [{"n": 1}, {"n": "x"}, {}],
     ),
     (
+        "draft 7 $id fragment beside a $ref names the subschema still",
+        {
+            "$schema": D7,
+            "type": "object",
+            "properties": {
+                "a": {"$id": "#named", "$ref": "#/definitions/s"},
+                "b": {"$ref": "#named"},
+            },
+            "definitions": {"s": {"type": "string"}},
+        },
+        [{"b": "x"}, {"b": 1}, {"a": 1}],
+    ),
+    (
         "draft 7 keywords it does not know (passed by)",
         {
             "$schema": D7,
