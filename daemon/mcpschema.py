@@ -34,8 +34,9 @@ face (socket, stdio, HTTP) and for the operator notes that say so:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
+from urllib.parse import quote, unquote
 
 import orjson
 
@@ -75,11 +76,13 @@ _SUBSCHEMA = frozenset(
 )
 _SUBSCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _SUBSCHEMA_MAP = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
-#: Every keyword ``_positions`` walks besides ``properties``.
-_WALKED = _SUBSCHEMA | _SUBSCHEMAS | _SUBSCHEMA_MAP
+#: The keywords whose value may be a list of schemas (draft 7's tuple ``items`` too).
+_SUBSCHEMA_LISTS = _SUBSCHEMAS | _SUBSCHEMA
 #: An HTTP field name (RFC 9110 5.6.2 token).
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_TYPES = ("string", "integer", "boolean")
+#: What a JSON Pointer in a URI fragment keeps as it is (RFC 3986 ``pchar`` and ``/``).
+_POINTER_SAFE = "!$&'()*+,;=:@-._~"
 
 
 #: The ``$schema`` of JSON Schema 2020-12, MCP's dialect when none is declared.
@@ -111,14 +114,22 @@ _APPLYING = _NEWER_THAN[3] | {
     "dependencies", "items", "additionalItems", "properties", "patternProperties",
     "additionalProperties", "id", "extends", "disallow", "divisibleBy",
 }  # fmt: skip
-#: Keywords whose value 2020-12's meta-schema gives a shape (a map of schemas, an
-#: annotation's type) that an older draft, which does not know them, leaves free: left out
-#: of a listing when of another shape (a draft 7 schema's ``"$defs": [...]``).
-_SHAPES: dict[str, type | tuple[type, ...]] = {
-    "$defs": Mapping, "definitions": Mapping, "deprecated": bool, "readOnly": bool,
-    "writeOnly": bool, "$comment": str, "contentMediaType": str, "contentEncoding": str,
+#: The annotations 2020-12's meta-schema gives a type, with it. A draft that does not know one
+#: (``examples`` before draft 6, ``$comment`` before 7, ``deprecated`` before 2019-09) takes
+#: any value there: such a value of another type is left out (it annotates nothing).
+_ANNOTATION_TYPES: dict[str, type] = {
+    "$comment": str,
+    "contentEncoding": str,
+    "contentMediaType": str,
+    "deprecated": bool,
+    "readOnly": bool,
+    "writeOnly": bool,
     "examples": list,
-}  # fmt: skip
+}
+#: The keywords of a document's root that name or hold resources rather than constrain it.
+_RESOURCE_KEYWORDS = frozenset(
+    {"$schema", "$id", "$anchor", "$dynamicAnchor", "$vocabulary", "$defs", "definitions"}
+)
 #: A 2020-12 ``$anchor``.
 _ANCHOR = re.compile(r"[A-Za-z_][-A-Za-z0-9._]*")
 #: What Claude's API refuses at an ``input_schema``'s root (it says "input_schema does not
@@ -140,11 +151,22 @@ def as_2020_12(schema: Mapping[str, Any]) -> Mapping[str, Any]:
             return schema
         # jsonschema checks an unknown $schema as 2020-12; a host may refuse the name.
         return {k: v for k, v in schema.items() if k != "$schema"}
-    converted: Mapping[str, Any] = _converted(schema, draft)
+    moves: _Moves = {}
+    converted: Mapping[str, Any] = _converted(schema, draft, moves)
+    if moves and _may_refer(converted):
+        # A pointer to a subschema that moved (``#/items/0``) follows it (``#/prefixItems/0``).
+        converted = _refs_moved(converted, moves.get)
     return converted
 
 
-def _converted(node: Any, draft: int) -> Any:
+#: Where a subschema moved on the way to 2020-12: its path from the root as declared (JSON
+#: Pointer tokens) to its path as listed. Only the ones that moved.
+_Moves = dict[tuple[str, ...], tuple[str, ...]]
+
+
+def _converted(
+    node: Any, draft: int, moves: _Moves, at: tuple[str, ...] = (), to: tuple[str, ...] = ()
+) -> Any:
     """A schema of ``draft`` (3 to 2019-09) as 2020-12 (``as_2020_12``), its subschemas too.
 
     What changed on the way: tuple ``items`` became ``prefixItems`` (and ``additionalItems``
@@ -152,39 +174,67 @@ def _converted(node: Any, draft: int) -> Any:
     and 4's boolean ``exclusiveMaximum`` the number (``exclusiveMinimum`` alike); draft 3's
     ``required: true`` in a property its parent's list, ``type`` with schemas or ``any`` an
     ``anyOf``, ``extends`` an ``allOf``, ``disallow`` a ``not``, ``divisibleBy``
-    ``multipleOf``; a draft 6 or 7 ``$id`` fragment an ``$anchor``; 2019-09's
-    ``$recursiveRef`` a ``$ref``. Keywords an older draft passes by (``_NEWER_THAN``; beside
-    a ``$ref`` in draft 7 and older, ``_APPLYING``) are left out, as they would apply.
+    ``multipleOf`` (an empty ``type``, which nothing passes, ``allOf: [false]``; an empty
+    ``disallow`` or tuple ``items`` nothing: 2020-12 takes none of them empty); draft 3
+    and 4's ``id`` an ``$id``, and its fragment, as a draft 6 or 7 ``$id``'s, an
+    ``$anchor``; 2019-09's ``$recursiveRef`` a ``$ref``. Keywords an older draft passes by
+    (``_NEWER_THAN``; beside a ``$ref`` in draft 7 and older, ``_APPLYING``) are left out,
+    as they would apply, and so are values 2020-12 refuses where the draft took any
+    (``_misfit``). ``moves`` gets each subschema's move (from its path as declared, ``at``,
+    to its path as listed, ``to``), which the pointers of ``$ref`` follow (``_refs_moved``).
     """
+    if at != to:
+        moves[at] = to
     if not isinstance(node, Mapping):
         return node  # a boolean schema (draft 6 on) says the same in 2020-12
     dropped = _NEWER_THAN[draft] | {"$schema"}
+    out: dict[str, Any] = {}
     if draft <= 7 and "$ref" in node:
         dropped = dropped | (_APPLYING - {"$ref"})
-    out: dict[str, Any] = {}
+        # A fragment id beside the ``$ref`` still names this subschema (jsonschema resolves
+        # it), though its base is passed by: the name is listed as an ``$anchor``.
+        named = node.get("id" if draft <= 4 else "$id")
+        if isinstance(named, str) and named.startswith("#") and _ANCHOR.fullmatch(named[1:]):
+            out["$anchor"] = named[1:]
     all_of: list[Any] = []
     for keyword, value in node.items():
-        if keyword in dropped or keyword == "$vocabulary":  # a meta-schema's alone
+        if keyword in dropped or _misfit(keyword, value):
             continue
-        if keyword in _SHAPES and not isinstance(value, _SHAPES[keyword]):
-            continue
+        here = (*at, keyword)
         if keyword == "items":
             if isinstance(value, list):
-                out["prefixItems"] = [_converted(sub, draft) for sub in value]
+                if value:  # draft 3's ``[]`` (2020-12's ``prefixItems`` takes none)
+                    out["prefixItems"] = [
+                        _converted(sub, draft, moves, (*here, str(i)), (*to, "prefixItems", str(i)))
+                        for i, sub in enumerate(value)
+                    ]
                 if "additionalItems" in node:
-                    out["items"] = _converted(node["additionalItems"], draft)
+                    out["items"] = _converted(
+                        node["additionalItems"],
+                        draft,
+                        moves,
+                        (*at, "additionalItems"),
+                        (*to, "items"),
+                    )
             else:
-                out["items"] = _converted(value, draft)
+                out["items"] = _converted(value, draft, moves, here, (*to, keyword))
         elif keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
-            out[keyword] = {key: _converted(sub, draft) for key, sub in value.items()}
+            out[keyword] = {
+                key: _converted(sub, draft, moves, (*here, key), (*to, keyword, key))
+                for key, sub in value.items()
+                if isinstance(sub, (Mapping, bool))  # a draft's unknown ``$defs`` takes any
+            }
             if keyword == "properties" and draft == 3:
                 needed = [k for k, sub in value.items() if _draft3_required(sub)]
                 if needed:
                     out["required"] = needed
         elif keyword in _SUBSCHEMAS and isinstance(value, list):
-            out[keyword] = [_converted(sub, draft) for sub in value]
+            out[keyword] = [
+                _converted(sub, draft, moves, (*here, str(i)), (*to, keyword, str(i)))
+                for i, sub in enumerate(value)
+            ]
         elif keyword in _SUBSCHEMA:
-            out[keyword] = _converted(value, draft)
+            out[keyword] = _converted(value, draft, moves, here, (*to, keyword))
         elif keyword == "dependencies":
             if draft <= 7 and isinstance(value, Mapping):
                 for key, sub in value.items():
@@ -192,7 +242,9 @@ def _converted(node: Any, draft: int) -> Any:
                         needs = [sub] if isinstance(sub, str) else sub
                         out.setdefault("dependentRequired", {})[key] = needs
                     else:
-                        out.setdefault("dependentSchemas", {})[key] = _converted(sub, draft)
+                        out.setdefault("dependentSchemas", {})[key] = _converted(
+                            sub, draft, moves, (*here, key), (*to, "dependentSchemas", key)
+                        )
         elif keyword in ("maximum", "minimum") and draft <= 4:
             exclusive = "exclusiveMaximum" if keyword == "maximum" else "exclusiveMinimum"
             out[exclusive if node.get(exclusive) is True else keyword] = value
@@ -203,8 +255,9 @@ def _converted(node: Any, draft: int) -> Any:
         elif keyword == "additionalItems":
             continue  # with tuple ``items``; passed by beside any other
         elif draft == 3 and keyword in ("type", "disallow", "extends", "divisibleBy"):
-            _draft3_keyword(out, all_of, keyword, value)
-        elif keyword == "$id" and draft <= 7 and isinstance(value, str) and "#" in value:
+            _draft3_keyword(out, all_of, keyword, value, moves, at, to)
+        elif keyword == ("id" if draft <= 4 else "$id") and draft <= 7 and isinstance(value, str):
+            # Draft 3 and 4's ``id`` and draft 6 and 7's ``$id``, with a fragment or without.
             base, _, fragment = value.partition("#")
             if base:
                 out["$id"] = base
@@ -223,30 +276,121 @@ def _converted(node: Any, draft: int) -> Any:
     return out
 
 
+def _misfit(keyword: str, value: Any) -> bool:
+    """Whether 2020-12's meta-schema refuses ``value`` for ``keyword`` where a draft that
+    does not know the keyword took it (and passed it by): an annotation of another type, a
+    subschema that is none (``"$defs": 5``, ``"contentSchema": []`` before 2019-09,
+    ``definitions`` in draft 3), or ``$vocabulary`` (a meta-schema's, which says nothing of
+    arguments). A keyword the draft knows has the type already (its meta-schema's)."""
+    kind = _ANNOTATION_TYPES.get(keyword)
+    if kind is not None:
+        return not isinstance(value, kind)
+    if keyword in _SUBSCHEMA_MAP:
+        return not isinstance(value, Mapping)
+    if keyword == "contentSchema":
+        return not isinstance(value, (Mapping, bool))
+    return keyword == "$vocabulary"
+
+
 def _draft3_required(sub: Any) -> bool:
     return isinstance(sub, Mapping) and sub.get("required") is True
 
 
-def _draft3_keyword(out: dict[str, Any], all_of: list[Any], keyword: str, value: Any) -> None:
+def _draft3_keyword(
+    out: dict[str, Any],
+    all_of: list[Any],
+    keyword: str,
+    value: Any,
+    moves: _Moves,
+    at: tuple[str, ...],
+    to: tuple[str, ...],
+) -> None:
     """Draft 3's ``type`` (names, schemas, ``any``), ``disallow``, ``extends`` and
-    ``divisibleBy`` as 2020-12 keywords, into ``out`` (``allOf`` members into ``all_of``)."""
+    ``divisibleBy`` as 2020-12 keywords, into ``out`` (``allOf`` members into ``all_of``;
+    draft 3 has no ``allOf`` of its own), each schema's move into ``moves``."""
     if keyword == "divisibleBy":
         out["multipleOf"] = value
-    elif keyword == "extends":
-        all_of.extend(_converted(sub, 3) for sub in (value if isinstance(value, list) else [value]))
-    else:
-        kinds = value if isinstance(value, list) else [value]
-        if keyword == "type" and all(isinstance(k, str) and k != "any" for k in kinds):
-            out["type"] = value
-            return
-        names = [k for k in kinds if isinstance(k, str)]
-        choices = [{"type": names}] if names and "any" not in names else []
-        choices += [_converted(k, 3) for k in kinds if isinstance(k, Mapping)]
+        return
+    listed = isinstance(value, list)
+    kinds = value if listed else [value]
+    # Each schema member's path as declared: ``type/1``, or ``type`` for a lone schema.
+    paths = [(*at, keyword, str(i)) if listed else (*at, keyword) for i in range(len(kinds))]
+    if keyword == "extends":
+        for path, sub in zip(paths, kinds, strict=True):
+            all_of.append(_converted(sub, 3, moves, path, (*to, "allOf", str(len(all_of)))))
+        return
+    if not kinds:  # 2020-12 takes no empty ``type`` or ``anyOf``
         if keyword == "type":
-            if "any" not in names:
-                out["anyOf"] = choices
-        else:
-            out["not"] = {} if "any" in names else {"anyOf": choices}
+            all_of.append(False)  # no type: nothing passes
+        return
+    if keyword == "type" and all(isinstance(k, str) and k != "any" for k in kinds):
+        out["type"] = value
+        return
+    names = [k for k in kinds if isinstance(k, str)]
+    if "any" in names:
+        if keyword == "disallow":
+            out["not"] = {}
+        return  # any type: no constraint (its schemas say nothing)
+    choices: list[Any] = [{"type": names}] if names else []
+    within = (*to, "anyOf") if keyword == "type" else (*to, "not", "anyOf")
+    for path, kind in zip(paths, kinds, strict=True):
+        if isinstance(kind, Mapping):
+            choices.append(_converted(kind, 3, moves, path, (*within, str(len(choices)))))
+    if keyword == "type":
+        out["anyOf"] = choices
+    else:
+        out["not"] = {"anyOf": choices}
+
+
+def _refs_moved(
+    node: Any, moved: Callable[[tuple[str, ...]], tuple[str, ...] | None], root: bool = True
+) -> Any:
+    """``node`` with each ``$ref`` (and ``$dynamicRef``) that is a JSON Pointer into the
+    document to a subschema that ``moved`` (its path as written to its path now, or None)
+    pointing where that subschema is now; ``node`` itself when none is. A pointer below a
+    subschema with an ``$id`` is into that subschema, and is left as it is."""
+    if not isinstance(node, Mapping) or (not root and "$id" in node):
+        return node
+    changed: dict[str, Any] = {}
+    for keyword, value in node.items():
+        if keyword in ("$ref", "$dynamicRef") and isinstance(value, str):
+            pointer = _moved_pointer(value, moved)
+            if pointer is not None:
+                changed[keyword] = pointer
+        elif keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
+            members = {key: _refs_moved(sub, moved, False) for key, sub in value.items()}
+            if any(members[key] is not sub for key, sub in value.items()):
+                changed[keyword] = members
+        elif keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
+            items = [_refs_moved(sub, moved, False) for sub in value]
+            if any(new is not old for new, old in zip(items, value, strict=True)):
+                changed[keyword] = items
+        elif keyword in _SUBSCHEMA:
+            sub = _refs_moved(value, moved, False)
+            if sub is not value:
+                changed[keyword] = sub
+    return {**node, **changed} if changed else node
+
+
+def _moved_pointer(
+    ref: str, moved: Callable[[tuple[str, ...]], tuple[str, ...] | None]
+) -> str | None:
+    """``ref`` pointing where its target moved (None: not a pointer, or not moved)."""
+    if ref in ("#", ""):
+        tokens: tuple[str, ...] = ()
+    elif ref.startswith("#/"):
+        tokens = tuple(
+            token.replace("~1", "/").replace("~0", "~") for token in unquote(ref[2:]).split("/")
+        )
+    else:
+        return None
+    path = moved(tokens)
+    if path is None:
+        return None
+    return "#" + "".join(
+        "/" + quote(token.replace("~", "~0").replace("/", "~1"), safe=_POINTER_SAFE)
+        for token in path
+    )
 
 
 def _positions(
@@ -266,23 +410,16 @@ def _positions(
                 children.extend(
                     ((*path, key) if path is not None else None, sub) for key, sub in value.items()
                 )
-            elif keyword in _WALKED:
-                children.extend((None, sub) for sub in _subschemas(keyword, value))
+            elif keyword in _SUBSCHEMA:
+                # Draft 7's tuple ``items`` is a list: the TypeScript SDK looks in it too.
+                children.extend(
+                    (None, sub) for sub in (value if isinstance(value, list) else [value])
+                )
+            elif keyword in _SUBSCHEMAS and isinstance(value, list):
+                children.extend((None, sub) for sub in value)
+            elif keyword in _SUBSCHEMA_MAP and isinstance(value, Mapping):
+                children.extend((None, sub) for sub in value.values())
         pending.extend(reversed(children))  # depth first, in the file's order
-
-
-def _subschemas(keyword: str, value: Any) -> list[Any]:
-    """The schemas under ``keyword`` (one of ``_WALKED``), whatever the shape of its value,
-    as the TypeScript SDK's client takes them: a list's items (draft 7's tuple ``items``),
-    a map keyword's values, or the value itself. A value of another shape than its
-    keyword's (``"prefixItems": {...}``, ``"$defs": [...]``) is valid JSON Schema where the
-    schema's ``$schema`` names a draft that does not know that keyword (draft 7 knows
-    neither), and that client looks in it all the same: a mark there dropped the tool."""
-    if isinstance(value, list):
-        return value
-    if isinstance(value, Mapping) and keyword in _SUBSCHEMA_MAP:
-        return list(value.values())
-    return [value]
 
 
 def _marks(schema: Mapping[str, Any]) -> tuple[list[tuple[tuple[str, ...], str]], str | None]:
@@ -330,13 +467,23 @@ def _unmarked(node: Any) -> Any:
             continue
         if keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
             out[keyword] = {key: _unmarked(sub) for key, sub in value.items()}
-        elif keyword in _WALKED and isinstance(value, list):
+        elif keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
             out[keyword] = [_unmarked(sub) for sub in value]
-        elif keyword in _WALKED:
+        elif keyword in _SUBSCHEMA:
             out[keyword] = _unmarked(value)
         else:
             out[keyword] = value
     return out
+
+
+def _may_refer(schema: Mapping[str, Any]) -> bool:
+    """Whether ``schema`` may hold a ``$ref`` or ``$dynamicRef`` (one C pass, as
+    ``_may_be_marked``)."""
+    try:
+        text = orjson.dumps(schema)
+    except orjson.JSONEncodeError:
+        return True
+    return b'"$ref"' in text or b'"$dynamicRef"' in text
 
 
 def _may_be_marked(schema: Mapping[str, Any]) -> bool:
@@ -359,14 +506,16 @@ def listed_schema(schema: Mapping[str, Any], *, marks_checked: bool = False) -> 
     of a session when one tool's schema is not 2020-12 or holds ``allOf``, ``anyOf`` or
     ``oneOf`` at its root: a schema of an older draft is listed as the 2020-12 schema
     that says the same (``as_2020_12``), and root combinators move under
-    ``"if": true, "then": {...}``, which applies them as the root did.
+    ``"if": true, "then": {...}``, which applies them as the root did (a ``$ref`` pointer to
+    one follows it: ``#/anyOf/0`` is ``#/then/anyOf/0``).
     MCP's arguments are always an object, and its schema requires that root type; a host
     that checks it (the SDK) refuses the whole ``tools/list`` when one tool lacks it. A
     manifest may leave ``type`` out or allow other types beside object: for the objects an
-    MCP host sends, ``"object"`` says the same. MCP's schema also makes each root property
-    an object, and the TypeScript SDK's client (most Node hosts') refuses the whole list
-    when one is a boolean schema (``"x": true``, valid JSON Schema): it is listed as the
-    object that says the same (``{}``, ``{"not": {}}``).
+    MCP host sends, ``"object"`` says the same (a ``$ref`` to the root, which may take other
+    values, points to a copy of the root as declared: ``_root_refs_kept``). MCP's schema
+    also makes each root property an object, and the TypeScript SDK's client (most Node
+    hosts') refuses the whole list when one is a boolean schema (``"x": true``, valid JSON
+    Schema): it is listed as the object that says the same (``{}``, ``{"not": {}}``).
     A mark that breaks MCP's rules makes its SDK clients (Python's on every transport,
     TypeScript's over HTTP) drop the tool on 2026-07-28; the daemon checks no header of
     such a schema, so its marks are left out and the tool is listed. An annotation
@@ -390,9 +539,61 @@ def listed_schema(schema: Mapping[str, Any], *, marks_checked: bool = False) -> 
             "if": True,
             "then": moved,
         }
+        if _may_refer(schema):
+            # A pointer to a moved keyword's subschema (``#/anyOf/0``) follows it.
+            schema = _refs_moved(
+                schema, lambda path: ("then", *path) if path and path[0] in moved else None
+            )
     if schema.get("type") == "object":
         return schema
+    if _may_refer(schema):
+        schema = _root_refs_kept(schema)
     return {**schema, "type": "object"}
+
+
+def _root_refs_kept(schema: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``schema``, whose root is about to take ``type: "object"``, with each ``$ref`` to
+    its root (``#``) pointing instead to a copy of the root as it was, in ``$defs``: a
+    tree's ``"items": {"$ref": "#"}`` takes what the root takes as declared, not objects
+    alone. ``schema`` itself when no ``$ref`` leads to the root, or when a subschema has
+    an ``$id`` (a copy of it would be a second resource of that name)."""
+    if _root_refs(schema, root=True) <= 0:
+        return schema
+    defs = schema.get("$defs")
+    defs = defs if isinstance(defs, Mapping) else {}
+    name = "root"
+    while name in defs:
+        name += "_"
+    copy = {k: v for k, v in schema.items() if k not in _RESOURCE_KEYWORDS}
+    with_copy = {**schema, "$defs": {**defs, name: _unmarked(copy)}}
+    moved: _Moves = {(): ("$defs", name)}
+    kept: Mapping[str, Any] = _refs_moved(with_copy, moved.get)
+    return kept
+
+
+def _root_refs(node: Any, root: bool = False) -> int:
+    """How many ``$ref`` below ``node`` lead to the document's root (``#``); -1 when a
+    subschema has its own ``$id``: the count is not made then."""
+    if not isinstance(node, Mapping):
+        return 0
+    if not root and "$id" in node:
+        return -1
+    count = 1 if node.get("$ref") in ("#", "") else 0
+    for keyword, value in node.items():
+        if keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
+            subs: Iterable[Any] = value.values()
+        elif keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
+            subs = value
+        elif keyword in _SUBSCHEMA:
+            subs = (value,)
+        else:
+            continue
+        for sub in subs:
+            found = _root_refs(sub)
+            if found < 0:
+                return -1
+            count += found
+    return count
 
 
 def unlisted_reason(name: str, schema: Mapping[str, Any]) -> str | None:
