@@ -189,6 +189,36 @@ def _additional_properties_in_order(
 _MULTIPLE_OF_DIGITS = 1000
 
 
+def _additional_items(
+    validator: Any, aI: Any, instance: Any, schema: Mapping[str, Any]
+) -> Iterable[ValidationError]:
+    """jsonschema's ``additionalItems`` (drafts 3 to 2019-09), passed by beside a boolean
+    ``items``, as beside any other schema there (drafts 6 to 2019-09 take ``true`` and
+    ``false`` as schemas): it took the length of the boolean and raised ``TypeError``, so
+    every call with an array there failed as an internal error."""
+    from jsonschema import _legacy_keywords
+
+    if isinstance(schema.get("items"), bool):
+        return
+    original: Any = _legacy_keywords.additionalItems  # typed as returning None: a generator
+    yield from original(validator, aI, instance, schema)
+
+
+def _evaluated_item_indexes(original: Any) -> Any:
+    """jsonschema's ``find_evaluated_item_indexes_by_schema`` (2019-09's
+    ``unevaluatedItems``), which took the length of a boolean ``items`` (``TypeError``,
+    an internal error for every call with an array there): such an ``items`` is a schema
+    of every item, so every item was evaluated."""
+
+    def indexes(validator: Any, instance: Any, schema: Any) -> list[int]:
+        if isinstance(schema, Mapping) and isinstance(schema.get("items"), bool):
+            return list(range(len(instance)))
+        found: list[int] = original(validator, instance, schema)
+        return found
+
+    return indexes
+
+
 def _decimal(number: float) -> decimal.Decimal:
     """A JSON number as the decimal it was written as (a ``JsonNumber``'s own text; a plain
     float's shortest text, which is what a manifest or a client wrote for it)."""
@@ -437,6 +467,9 @@ def _patch_keywords() -> None:
     """Replace jsonschema keywords, and Draft 6+'s ``integer`` type, in every draft's
     validator class of this process (once, before the first validator is made):
 
+    * ``additionalItems`` is passed by beside a boolean ``items`` (``_additional_items``),
+      and 2019-09's ``unevaluatedItems`` takes one as evaluating every item
+      (``_evaluated_item_indexes``): both raised ``TypeError`` on it;
     * ``additionalProperties`` walks members in the instance's order
       (``_additional_properties_in_order``). A set's order follows the string hash seed,
       so without it the first problem found in a schema (``SchemaChecker.problem``), or in
@@ -473,9 +506,14 @@ def _patch_keywords() -> None:
         ("enum", _keywords.enum, _enum),
         ("const", _keywords.const, _const),
         ("uniqueItems", _keywords.uniqueItems, _unique_items),
+        ("additionalItems", _legacy_keywords.additionalItems, _additional_items),
         ("minimum", _legacy_keywords.minimum_draft3_draft4, _legacy_bound(-1, "minimum")),
         ("maximum", _legacy_keywords.maximum_draft3_draft4, _legacy_bound(1, "maximum")),
     ]
+    # Called by name from 2019-09's ``unevaluatedItems``, and by itself as it recurses.
+    _legacy_keywords.find_evaluated_item_indexes_by_schema = _evaluated_item_indexes(
+        _legacy_keywords.find_evaluated_item_indexes_by_schema
+    )
     for cls in (
         validators.Draft3Validator,
         validators.Draft4Validator,

@@ -477,6 +477,30 @@ def test_argument_validators_draft3_and_draft4_integers_are_literals(
     assert (errors == []) is valid, errors
 
 
+_LATER = {
+    "draft 6": "http://json-schema.org/draft-06/schema#",
+    "draft 7": "http://json-schema.org/draft-07/schema#",
+    "2019-09": "https://json-schema.org/draft/2019-09/schema",
+}
+
+
+@pytest.mark.parametrize(
+    ("dialect", "keyword"),
+    [(d, "additionalItems") for d in _LATER] + [("2019-09", "unevaluatedItems")],
+)
+@pytest.mark.parametrize(("items", "expected"), [(True, []), (False, ["/t"])])
+def test_argument_validators_take_a_boolean_items_beside_later_item_keywords(
+    dialect: str, keyword: str, items: bool, expected: list[str]
+) -> None:
+    """Drafts 6 to 2019-09 take ``true`` and ``false`` as schemas, ``items`` too; beside
+    one, ``additionalItems`` is passed by, and 2019-09's ``unevaluatedItems`` finds every
+    item evaluated. jsonschema took the length of the boolean (``TypeError``), so every
+    call with an array there was an internal error (-32603) for a valid schema."""
+    schema = {"$schema": _LATER[dialect], "properties": {"t": {"items": items, keyword: False}}}
+    errors = ArgumentValidators().errors(loaded(schema), {"t": [1]})
+    assert [e["path"] for e in errors] == expected
+
+
 @pytest.mark.parametrize(
     "schema",
     [
