@@ -18,7 +18,8 @@ from disk later is the new code, or none. Three things are taken from disk after
 
 ``code_id`` names the code a process would run: a hash of the source of every module of
 ``toolsetd.daemon`` and ``toolsetd.protocol`` as the files hold it now (its compiled
-file, in an install of compiled files only), the version of Python, and
+file, in an install of compiled files only; no file an import does not load, such as an
+editor's lock ``.#app.py``: ``_module_files``), the version of Python, and
 ``libraries_id``: the versions of the distributions whose code decides a
 check's verdict (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``). The daemon takes both
 once, at its start (2.5-3.5 ms here); a check process takes its own ``code_id`` at its
@@ -95,8 +96,7 @@ def code_id(libraries: str | None = None) -> str:
     for folders in ([os.path.dirname(__file__)], toolsetd.protocol.__path__):
         for folder in folders:
             try:
-                # An install of compiled files only has its modules as .pyc files here.
-                names = sorted(n for n in os.listdir(folder) if n.endswith((".py", ".pyc")))
+                names = _module_files(os.listdir(folder))
             except OSError as exc:
                 h.update(f"\x00{folder} {_unread(exc)}".encode(errors="surrogateescape"))
                 continue
@@ -110,6 +110,22 @@ def code_id(libraries: str | None = None) -> str:
                 h.update(data)
     h.update(b"\x00" + (libraries if libraries is not None else libraries_id()).encode())
     return h.hexdigest()[:16]
+
+
+def _module_files(names: list[str]) -> list[str]:
+    """The files among a package folder's ``names`` that an import can load: a module's
+    source, or its compiled file where there is no source (an install of compiled files
+    only). Not what an editor or a tool leaves beside them, which no import loads and which
+    comes and goes with no upgrade: a name that is no identifier (Emacs's lock of a
+    modified buffer, ``.#app.py``; a hidden copy, ``.app.py``), nor a compiled file beside
+    its source (``compileall -b``: the source is what is loaded)."""
+    sources = {name for name in names if name.endswith(".py") and name[:-3].isidentifier()}
+    compiled = {
+        name
+        for name in names
+        if name.endswith(".pyc") and name[:-4].isidentifier() and name[:-1] not in sources
+    }
+    return sorted(sources | compiled)
 
 
 def installed_version(package: str, listings: dict[str, list[str]], strict: bool = False) -> str:

@@ -200,6 +200,59 @@ def _other_instructions(package: Path) -> None:
     _edit(package / "daemon" / "mcp_session.py", "The operator's external tools", "Other tools")
 
 
+_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "upgrade-test", "version": "1"},
+    },
+}
+
+
+def _bind(daemon: Daemon) -> subprocess.CompletedProcess[str]:
+    """A ``toolsetctl mcp`` whose host sends ``initialize`` and ends: what it wrote."""
+    return subprocess.run(
+        [sys.executable, "-m", "toolsetd.client", "--socket", str(daemon.socket),
+         "--workspace", str(daemon.workspace), "mcp"],
+        input=json.dumps(_INITIALIZE) + "\n", capture_output=True, text=True, timeout=60,
+        check=False,
+    )
+
+
+def _served(daemon: Daemon) -> None:
+    """A new MCP host is served, and a large check runs in a check process, of the
+    daemon's own code."""
+    pump = _bind(daemon)
+    assert pump.returncode == 0, pump.stderr
+    assert json.loads(pump.stdout.splitlines()[0])["result"]["serverInfo"]["name"] == "toolsetd"
+    params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+    error = daemon.call("invoke", params).get("error")
+    assert error is not None and error["message"] == _REFUSED
+    said = [e["event"] for e in daemon.log_events()]
+    assert "argument_check_process_started" in said
+    assert not [event for event in said if event.endswith("_upgraded")]
+
+
+def test_an_editors_files_beside_the_modules_are_no_upgrade(
+    installed: tuple[Daemon, Path],
+) -> None:
+    """Files that no import loads appear in an install that is not upgraded: Emacs's lock
+    of a modified buffer (``.#validation.py``, a dangling symlink, in an editable
+    checkout), a compiled file beside its source (``compileall -b``: the source is what
+    an import loads). Counted as code, they refused every MCP host (toolsetctl mcp exit
+    9, "toolsetd was upgraded ... restart it") and gave up the check process, until the
+    daemon was restarted, though the code it would load was its own."""
+    daemon, package = installed
+    modules = package / "daemon"
+    (modules / ".#validation.py").symlink_to("operator@host.4242:1764000000")
+    py_compile.compile(str(modules / "validation.py"), cfile=str(modules / "validation.pyc"), doraise=True)
+    (package / "protocol" / ".errors.py").write_text("# an editor's hidden copy\n")
+    _served(daemon)
+
+
 @pytest.mark.parametrize("upgrade", [_other_instructions, _removed])
 def test_an_mcp_host_after_an_upgrade_is_told_to_restart_the_daemon(
     installed: tuple[Daemon, Path], upgrade: Callable[[Path], None]
@@ -210,23 +263,8 @@ def test_an_mcp_host_after_an_upgrade_is_told_to_restart_the_daemon(
     incident id. The bind is refused, saying what happened and what to do."""
     daemon, package = installed
     upgrade(package)
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "upgrade-test", "version": "1"},
-        },
-    }
     for _ in range(2):  # refused until the restart, said once
-        pump = subprocess.run(
-            [sys.executable, "-m", "toolsetd.client", "--socket", str(daemon.socket),
-             "--workspace", str(daemon.workspace), "mcp"],
-            input=json.dumps(initialize) + "\n", capture_output=True, text=True, timeout=60,
-            check=False,
-        )
+        pump = _bind(daemon)
         assert (pump.returncode, pump.stderr.strip()) == (
             9,
             "toolsetctl mcp: toolsetd was upgraded (or removed) under this daemon, which loads "
