@@ -38,7 +38,14 @@ import importlib.util
 import os
 import sys
 
-__all__ = ["FORMAT_DISTRIBUTIONS", "UPGRADED", "code_id", "installed_version", "libraries_id"]
+__all__ = [
+    "FORMAT_DISTRIBUTIONS",
+    "UPGRADED",
+    "code_id",
+    "installed_version",
+    "libraries_id",
+    "sources_id",
+]
 
 #: What a daemon says when the code on disk is not the code it runs.
 UPGRADED = "toolsetd was upgraded (or removed) under this daemon: restart it"
@@ -77,18 +84,32 @@ def libraries_id() -> str:
     return h.hexdigest()[:16]
 
 
-def code_id(libraries: str | None = None) -> str:
+def code_id(libraries: str | None = None, sources: str | None = None) -> str:
     """A short hash of the code a process started now would run (see the module docstring).
 
-    ``libraries``: ``libraries_id()``, if just taken.
+    ``libraries``, ``sources``: ``libraries_id()``, ``sources_id()``, if just taken.
+
+    Raises:
+        OSError: A file or folder could not be read for want of a resource (out of
+            descriptors, say): what is installed cannot be told now (``libraries_id``).
+    """
+    h = hashlib.sha256((sources if sources is not None else sources_id()).encode())
+    h.update(b"\x00" + (libraries if libraries is not None else libraries_id()).encode())
+    return h.hexdigest()[:16]
+
+
+def sources_id() -> str:
+    """A short hash of toolsetd's own code as installed now, and the version of Python:
+    ``code_id`` but the libraries. What a daemon's first ``mcp.bind`` looks at: the MCP
+    modules load none of those libraries anew (a format package installed beside the
+    daemon is nothing to them).
 
     Reads the files as they are now; a package folder or file that is gone (the venv
     removed), or that may not be read, hashes as such (``_unread``), so it differs from
     any install that can be read.
 
     Raises:
-        OSError: A file or folder could not be read for want of a resource (out of
-            descriptors, say): what is installed cannot be told now (``libraries_id``).
+        OSError: As ``code_id``.
     """
     import toolsetd.protocol
 
@@ -108,7 +129,6 @@ def code_id(libraries: str | None = None) -> str:
                     data = _unread(exc).encode()
                 h.update(b"\x00%s %d\x00" % (name.encode(errors="surrogateescape"), len(data)))
                 h.update(data)
-    h.update(b"\x00" + (libraries if libraries is not None else libraries_id()).encode())
     return h.hexdigest()[:16]
 
 

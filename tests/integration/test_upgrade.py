@@ -274,6 +274,41 @@ def test_an_mcp_host_after_an_upgrade_is_told_to_restart_the_daemon(
     assert said.count(("mcp_code_upgraded", _UPGRADED)) == 1
 
 
+def test_an_mcp_host_is_served_once_a_reinstall_of_the_same_code_is_done(
+    installed: tuple[Daemon, Path],
+) -> None:
+    """A reinstall of the same version (``pip install --force-reinstall``, a config
+    manager's run) removes the files and writes them again: a bind in between is refused,
+    as the MCP code cannot be loaded then. The refusal was kept until the restart: every
+    MCP host after it was refused too, with the install its own again."""
+    daemon, package = installed
+    session = package / "daemon" / "mcp_session.py"
+    text = session.read_bytes()
+    session.unlink()
+    assert _bind(daemon).returncode == 9
+    session.write_bytes(text)
+    pump = _bind(daemon)
+    assert pump.returncode == 0, pump.stderr
+    said = [(e["event"], e.get("error")) for e in daemon.log_events()]
+    assert said.count(("mcp_code_upgraded", _UPGRADED)) == 1
+
+
+def test_an_mcp_host_is_served_when_only_a_library_of_the_checks_changed(
+    installed: tuple[Daemon, Path],
+) -> None:
+    """The MCP modules load none of jsonschema's libraries, nor orjson anew. A format
+    package installed beside the daemon (another tool's dependency; a distro's update of
+    python3-idna under a distro's toolsetd) refused every new MCP host until the restart,
+    toolsetd's own code unchanged."""
+    daemon, package = installed
+    site = package.parent
+    (site / "webcolors").mkdir()
+    (site / "webcolors" / "__init__.py").write_text("")
+    (site / "webcolors-99.0.dist-info").mkdir()
+    pump = _bind(daemon)
+    assert pump.returncode == 0, pump.stderr
+
+
 def _other_jsonschema(package: Path) -> None:
     """A jsonschema 999.0.0 whose ``maxLength`` checks nothing, over the daemon's."""
     site = package.parent
