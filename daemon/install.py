@@ -16,18 +16,20 @@ from disk later is the new code, or none. Three things are taken from disk after
   start parse nothing: another version checked the calls, and judged the sets changed
   since, with its own rules.
 
-``code_id`` names the code a process would run: a hash of the source of every module of
-``toolsetd.daemon`` and ``toolsetd.protocol`` as the files hold it now (its compiled
-file, in an install of compiled files only; no file an import does not load, such as an
-editor's lock ``.#app.py``: ``_module_files``), the version of Python, and
-``libraries_id``: the versions of the distributions whose code decides a
-check's verdict (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``). The daemon takes both
-once, at its start (2.5-3.5 ms here); a check process takes its own ``code_id`` at its
-start and sends it first (``checkworker``), and the daemon uses the process only if the
-two are equal; the MCP modules are imported only while ``code_id`` is unchanged, and
-jsonschema only while ``libraries_id`` is (``validation``: a call's check, a set's parse). Equal
-source is equal code, whatever the files' times: a reinstall of the same version is no
-upgrade.
+``code_id`` names the code a process would run: ``sources_id``, a hash of the source of
+every module of ``toolsetd.daemon`` and ``toolsetd.protocol`` as the files hold it now
+(its compiled file, in an install of compiled files only; no file an import does not
+load, such as an editor's lock ``.#app.py``: ``_module_files``) and the version of
+Python; ``libraries_id``, the versions of the distributions whose code decides a check's
+verdict and jsonschema's import loads (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``); and
+orjson's (``_WIRE``). The daemon takes them once, at its start (2.5-3.5 ms here); a check
+process takes its own ``code_id`` at its start and sends it first (``checkworker``), and
+the daemon uses the process only if the two are equal; the MCP modules are imported only
+while ``sources_id`` is unchanged (they load no library anew), and jsonschema only while
+``libraries_id`` is (``validation``: a call's check, a set's parse); both are looked at
+again each time until the import, so that a moment's change (a reinstall's files gone) is
+refused only for that moment. Equal source is equal code, whatever the files' times: a
+reinstall of the same version is no upgrade.
 """
 
 from __future__ import annotations
@@ -63,15 +65,18 @@ FORMAT_DISTRIBUTIONS = (
     "uri_template",
     "webcolors",
 )
-#: The distributions whose code decides a check's verdict or its wire: jsonschema, its
-#: meta-schemas and resolver, the packages its ``format`` checks come from, and orjson
-#: (the encoding of the request and the answer).
-_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing", "orjson")
+#: The distributions whose code decides a check's verdict, and jsonschema's first import
+#: loads: jsonschema, its meta-schemas and resolver (and ``FORMAT_DISTRIBUTIONS``).
+_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing")
+#: What else decides a check process's wire: orjson, the encoding of the request and the
+#: answer (the daemon's own is loaded at its start, and never anew).
+_WIRE = "orjson"
 
 
 def libraries_id() -> str:
     """A short hash of the installed versions of the distributions whose code decides a
-    check (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``), read without importing them.
+    check and jsonschema's import loads (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``),
+    read without importing them.
 
     A daemon started with its set cache warm has not imported jsonschema yet: it does at
     the first check that needs it (``validation.ArgumentValidators``), from disk.
@@ -95,6 +100,7 @@ def code_id(libraries: str | None = None, sources: str | None = None) -> str:
     """
     h = hashlib.sha256((sources if sources is not None else sources_id()).encode())
     h.update(b"\x00" + (libraries if libraries is not None else libraries_id()).encode())
+    h.update(b"\x00" + installed_version(_WIRE, {}, strict=True).encode(errors="surrogateescape"))
     return h.hexdigest()[:16]
 
 

@@ -377,6 +377,50 @@ def test_a_set_changed_after_an_upgrade_waits_for_the_restart(tmp_base: Path) ->
         shut_down(daemon)
 
 
+_ELEVEN = "Invalid arguments for 'short': /s: expected at most 10 characters, got 11"
+
+
+def _eleven(daemon: Daemon) -> dict[str, object]:
+    """The error of a call whose 11 characters need jsonschema for their message."""
+    params = {"tool": "short", "arguments": {"s": "x" * 11}, "workspace": str(daemon.workspace)}
+    error = daemon.call("invoke", params).get("error")
+    assert error is not None
+    return error
+
+
+def test_a_daemon_started_warm_checks_after_a_reinstall_of_the_same_jsonschema(
+    tmp_base: Path,
+) -> None:
+    """A reinstall of the same versions (``pip install --force-reinstall toolsetd``
+    reinstalls jsonschema too) removes jsonschema's files a moment: a call that needed
+    jsonschema's first import then was refused, and so was every such call after it, and
+    every set added or edited, until the restart, with jsonschema the daemon's again."""
+    daemon, package = _daemon_from_a_venv(tmp_base, _JSONSCHEMA, warm=True)
+    try:
+        (info,) = package.parent.glob("jsonschema-*.dist-info")
+        aside = tmp_base / info.name
+        info.rename(aside)  # pip's uninstall moves it away first
+        assert _eleven(daemon)["message"] == _JSONSCHEMA_UPGRADED
+        aside.rename(info)
+        assert _eleven(daemon)["message"] == _ELEVEN
+    finally:
+        shut_down(daemon)
+
+
+def test_a_daemon_started_warm_checks_after_orjson_changed(tmp_base: Path) -> None:
+    """jsonschema's first import loads no orjson: the daemon's is loaded since its start.
+    Another orjson installed under a daemon started warm (another tool's requirement in
+    the same venv) refused each call needing jsonschema, and each set added or edited,
+    until the restart, though nothing they load changed."""
+    daemon, package = _daemon_from_a_venv(tmp_base, {"orjson": "orjson"}, warm=True)
+    try:
+        (info,) = package.parent.glob("orjson-*.dist-info")
+        info.rename(package.parent / "orjson-999.0.0.dist-info")
+        assert _eleven(daemon)["message"] == _ELEVEN
+    finally:
+        shut_down(daemon)
+
+
 def test_a_pump_whose_install_went_says_why_it_ends(tmp_base: Path) -> None:
     """A ``toolsetctl mcp`` lives as long as its host's session, and its install may go
     meanwhile (a venv made anew). Its last words were written with a module it imported
