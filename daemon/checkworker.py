@@ -284,6 +284,7 @@ class CheckWorker:
         proc = await anyio.open_process(
             [
                 self._python,
+                *_interpreter_flags(),
                 "-P",  # no current folder on sys.path (it is /, but nothing is assumed)
                 "-m",
                 "toolsetd.daemon.checkworker",
@@ -396,6 +397,25 @@ async def _code_of(proc: anyio.abc.Process, stdout: BufferedByteReceiveStream) -
         return await stdout.receive_until(b"\n", _MAX_HELLO)
     except anyio.DelimiterNotFound:
         return b"a first line longer than %d bytes" % _MAX_HELLO
+
+
+def _interpreter_flags() -> list[str]:
+    """The daemon's own interpreter flags that decide where imports are found: the
+    process must find the modules and libraries the daemon does (a daemon run by
+    ``python -I`` or ``-E``, a unit's hardening, or ``-s``, a distro's script line), else
+    it greets with another ``install.code_id`` (a library on a ``PYTHONPATH`` or in a
+    user's site that the daemon does not see) and is never used, nothing upgraded."""
+    flags = sys.flags
+    return [
+        flag
+        for flag, on in (
+            ("-I", flags.isolated),
+            ("-E", flags.ignore_environment),
+            ("-s", flags.no_user_site),
+            ("-S", flags.no_site),
+        )
+        if on
+    ]
 
 
 def _lost_message(returncode: int | None) -> str:

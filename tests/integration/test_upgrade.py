@@ -56,13 +56,16 @@ def _daemon_from_a_venv(
     warm: bool = False,
     compiled: bool = False,
     args: Sequence[str] = (),
+    python_flags: Sequence[str] = (),
+    env: dict[str, str] | None = None,
 ) -> tuple[Daemon, Path]:
     """A daemon run from a venv of its own holding a copy of the package (and of
     ``distributions``), and that copy's ``toolsetd`` folder. The venv finds the other
     distributions in this one's site-packages (a ``.pth`` line, which does not load this
     one's editable install). ``warm``: started once before, so that its set cache is warm
     (the daemon then parses no set, and imports no jsonschema, at its start). ``compiled``:
-    an install of compiled files only (``_compile``). ``args``: the daemon's, more."""
+    an install of compiled files only (``_compile``). ``args``: the daemon's, more;
+    ``python_flags``: its interpreter's; ``env``: its environment's, more."""
     venv.create(base / "venv", with_pip=False, symlinks=True)
     python = base / "venv" / "bin" / "python"
     purelib = [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
@@ -88,8 +91,8 @@ def _daemon_from_a_venv(
     (home / "tools").mkdir(parents=True)
     workspace.mkdir()
     write_set(home / "tools", "short", _SHORT)
-    launcher = [str(python), "-P", "-m", "toolsetd.daemon"]
-    env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    launcher = [str(python), *python_flags, "-P", "-m", "toolsetd.daemon"]
+    env = {"PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
     options = ["--no-watch", *args]
     if warm:
         shut_down(start_daemon(home, workspace, base, options, env=env, launcher=launcher))
@@ -191,6 +194,31 @@ def test_an_install_of_compiled_files_only_is_told_from_another(tmp_base: Path) 
         params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
         error = daemon.call("invoke", params).get("error")
         assert error is not None and error["message"] == _REFUSED
+    finally:
+        shut_down(daemon)
+
+
+def test_a_daemon_run_without_the_environment_starts_its_check_process_alike(
+    tmp_base: Path,
+) -> None:
+    """A daemon run by ``python -E`` or ``-I`` (a unit's hardening), or ``-s`` (a
+    distro's script line, ``#!/usr/bin/python3 -s``), started its check process without
+    that flag: the process found libraries the daemon does not see (here a format
+    package on the ``PYTHONPATH`` the daemon ignores; a user's ``pip install --user``),
+    so from its first large check the daemon said "toolsetd was upgraded ... restart
+    it", and checked every large call on the event loop, nothing upgraded."""
+    extra = tmp_base / "extra"
+    (extra / "webcolors").mkdir(parents=True)
+    (extra / "webcolors" / "__init__.py").write_text("")
+    (extra / "webcolors-99.0.dist-info").mkdir()
+    daemon, _ = _daemon_from_a_venv(tmp_base, python_flags=["-E"], env={"PYTHONPATH": str(extra)})
+    try:
+        params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None and error["message"] == _REFUSED
+        said = [e["event"] for e in daemon.log_events()]
+        assert "argument_check_process_started" in said
+        assert "argument_check_process_upgraded" not in said
     finally:
         shut_down(daemon)
 
