@@ -179,6 +179,32 @@ def test_large_arguments_are_checked_by_the_daemons_own_code_after_an_upgrade(
     assert sum(e["event"] == "argument_check_process_started" for e in said) <= 1
 
 
+def test_a_check_process_is_used_again_once_a_reinstall_of_the_same_code_is_done(
+    installed: tuple[Daemon, Path],
+) -> None:
+    """A reinstall of the same version removes the files and writes them again: a check
+    process started in between cannot run, and the daemon gave up the process until its
+    restart, checking every large call on the event loop (stalling its other clients)
+    with the install its own again. It is tried again once the install changed."""
+    daemon, package = installed
+    module = package / "daemon" / "checkworker.py"
+    text = module.read_bytes()
+    module.unlink()
+    params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+    for _ in range(2):  # the second finds the install as it was: no process is tried
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None and error["message"] == _REFUSED
+    module.write_bytes(text)
+    error = daemon.call("invoke", params).get("error")
+    assert error is not None and error["message"] == _REFUSED
+    said = [e["event"] for e in daemon.log_events() if e["event"].startswith("argument_check_process")]
+    assert said == [
+        "argument_check_process_started",
+        "argument_check_process_upgraded",
+        "argument_check_process_started",
+    ]
+
+
 def test_an_install_of_compiled_files_only_is_told_from_another(tmp_base: Path) -> None:
     """An install of compiled files only (``.pyc`` in place of each ``.py``) had no source
     to tell its code by: after an upgrade to another such install, the check process ran
