@@ -62,7 +62,7 @@ from .checkworker import CheckWorker
 from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
 from .exhaustion import open_standard_streams, out_of_resources, raise_open_files_limit
-from .install import UPGRADED, code_id, libraries_id, sources_id
+from .install import UPGRADED, at_start, sources_id
 from .large import LargeRequests
 from .logs import configure_logging, drain_logs, finish_logging, holding, say, writes_stderr
 from .methods import Handlers
@@ -703,10 +703,9 @@ async def _serve(
         if lock is not None:
             lock.release()
         raise
-    # The code this daemon runs, as installed at its start: what it starts or imports
-    # from disk later must be the same (``install``).
-    libraries, sources = libraries_id(), sources_id()
-    code = code_id(libraries, sources)
+    # The code this daemon runs, as installed at its start (before its modules loaded,
+    # when run as toolsetd): what it starts or imports from disk later must be the same.
+    libraries, sources, code = at_start()
     store = SetStore(options.cache_dir) if options.cache_dir is not None else None
     registry = Registry(
         options.home,

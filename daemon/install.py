@@ -35,6 +35,7 @@ reinstall of the same version is no upgrade.
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import importlib.util
 import os
@@ -43,6 +44,7 @@ import sys
 __all__ = [
     "FORMAT_DISTRIBUTIONS",
     "UPGRADED",
+    "at_start",
     "code_id",
     "installed_version",
     "libraries_id",
@@ -71,6 +73,22 @@ _DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing")
 #: What else decides a check process's wire: orjson, the encoding of the request and the
 #: answer (the daemon's own is loaded at its start, and never anew).
 _WIRE = "orjson"
+
+
+@functools.cache
+def at_start() -> tuple[str, str, str]:
+    """``libraries_id()``, ``sources_id()`` and ``code_id()`` as they were first asked for:
+    by ``python -m toolsetd.daemon`` (and the ``toolsetd`` script) before it loads the
+    daemon's modules. Taken once they were loaded (and the config read), an upgrade that
+    landed in between (a socket-activated start during ``pip install -U``) was the code
+    the daemon took for its own, and its check process judged by the new rules; taken
+    before, any change after it is one the daemon tells.
+
+    Raises:
+        OSError: As ``code_id`` (then nothing is kept: the next call looks again).
+    """
+    libraries, sources = libraries_id(), sources_id()
+    return libraries, sources, code_id(libraries, sources)
 
 
 def libraries_id() -> str:

@@ -58,6 +58,7 @@ def _daemon_from_a_venv(
     args: Sequence[str] = (),
     python_flags: Sequence[str] = (),
     env: dict[str, str] | None = None,
+    hook: str = "",
 ) -> tuple[Daemon, Path]:
     """A daemon run from a venv of its own holding a copy of the package (and of
     ``distributions``), and that copy's ``toolsetd`` folder. The venv finds the other
@@ -65,7 +66,8 @@ def _daemon_from_a_venv(
     one's editable install). ``warm``: started once before, so that its set cache is warm
     (the daemon then parses no set, and imports no jsonschema, at its start). ``compiled``:
     an install of compiled files only (``_compile``). ``args``: the daemon's, more;
-    ``python_flags``: its interpreter's; ``env``: its environment's, more."""
+    ``python_flags``: its interpreter's; ``env``: its environment's, more; ``hook``: a
+    module every process of the venv runs at its start (a ``.pth`` line imports it)."""
     venv.create(base / "venv", with_pip=False, symlinks=True)
     python = base / "venv" / "bin" / "python"
     purelib = [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
@@ -83,6 +85,9 @@ def _daemon_from_a_venv(
             shutil.copytree(info, site / info.name, dirs_exist_ok=True)
     if compiled:
         _compile(package)
+    if hook:
+        (site / "upgrade_hook.py").write_text(hook)
+        (site / "upgrade_hook.pth").write_text("import upgrade_hook\n")
     names = ", ".join(["toolsetd.daemon", *distributions])
     where = [python, "-P", "-c", f"import {names}, sys; print(*(m.__file__ for m in ({names},)))"]
     found = subprocess.run(where, capture_output=True, text=True, check=True, timeout=60)
@@ -203,6 +208,38 @@ def test_a_check_process_is_used_again_once_a_reinstall_of_the_same_code_is_done
         "argument_check_process_upgraded",
         "argument_check_process_started",
     ]
+
+
+#: An upgrade that lands while a daemon starts: once its modules are loaded (its start
+#: then reads its config file, with tomllib), a release whose check passes everything.
+_UPGRADE_AT_START = f"""
+import sys, sysconfig
+
+def _upgrade(event, args):
+    if event == "import" and args[0] == "tomllib":
+        path = sysconfig.get_path("purelib") + "/toolsetd/daemon/validation.py"
+        with open(path) as source:
+            text = source.read()
+        with open(path, "w") as source:
+            source.write(text.replace({_CHECK!r}, {_PASSES!r}))
+
+sys.addaudithook(_upgrade)
+"""
+
+
+def test_an_upgrade_landing_while_the_daemon_starts_is_told(tmp_base: Path) -> None:
+    """The daemon hashed its install once its start had loaded its modules and read its
+    config: an upgrade that landed in between (a socket-activated start during ``pip
+    install -U``) was taken for the daemon's own code, and its check process was used,
+    judging by the new release's rules (here 70,000 characters where 10 fit passed).
+    The hash is taken before the daemon's modules load."""
+    daemon, _ = _daemon_from_a_venv(tmp_base, hook=_UPGRADE_AT_START)
+    try:
+        params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None and error["message"] == _REFUSED
+    finally:
+        shut_down(daemon)
 
 
 def test_an_install_of_compiled_files_only_is_told_from_another(tmp_base: Path) -> None:
