@@ -62,7 +62,7 @@ from .checkworker import CheckWorker
 from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
 from .exhaustion import open_standard_streams, out_of_resources, raise_open_files_limit
-from .install import UPGRADED, code_id, libraries_id
+from .install import UPGRADED, at_start, sources_id
 from .large import LargeRequests
 from .logs import configure_logging, drain_logs, finish_logging, holding, say, writes_stderr
 from .methods import Handlers
@@ -334,16 +334,19 @@ class _McpCore:
     are imported only from the daemon's own code: after an upgrade in place (``install``)
     the files hold other code, which mixed into the daemon's ran with other rules or not at
     all (an ``ImportError``, reported as an internal error with an incident id), so the
-    bind is refused with ``install.UPGRADED``.
+    bind is refused with ``install.UPGRADED``: each bind until the install holds the
+    daemon's code again (the restart; or the same version reinstalled, the files gone a
+    moment: refused then for good, every MCP host after it was, until a restart).
     """
 
-    def __init__(self, service: Service, code: str) -> None:
-        """``code``: the daemon's ``install.code_id``, taken at its start."""
+    def __init__(self, service: Service, sources: str) -> None:
+        """``sources``: the daemon's ``install.sources_id``, taken at its start (its own
+        code: the MCP modules load no library of the checks anew)."""
         self._service = service
-        self._code = code
+        self._sources = sources
         #: Whether the MCP modules were imported (from the daemon's own code).
         self._loaded = False
-        #: Whether the install was found changed before they were: binds are refused.
+        #: Whether the install was found changed by the last bind, said once (``_load``).
         self._upgraded = False
         self._server: McpServer | None = None
         #: A graceful stop has begun: a core built from now on answers listens at once.
@@ -365,12 +368,13 @@ class _McpCore:
     def _load(self) -> None:
         """Before the first import of the MCP modules: refuse if the install is no longer
         the daemon's code (one that cannot be read now, out of descriptors say, is not
-        judged: the import then fails as it fails)."""
+        judged: the import then fails as it fails). Looked at again at each bind until
+        they are imported (~3 ms a bind)."""
         if self._loaded:
             return
         with contextlib.suppress(OSError):
-            if self._upgraded or code_id() != self._code:
-                if not self._upgraded:  # said once: each bind from now on is refused
+            if sources_id() != self._sources:
+                if not self._upgraded:  # said once, not at each bind refused
                     self._upgraded = True
                     log.warning("mcp_code_upgraded", error=UPGRADED)
                 raise InternalError(
@@ -699,10 +703,9 @@ async def _serve(
         if lock is not None:
             lock.release()
         raise
-    # The code this daemon runs, as installed at its start: what it starts or imports
-    # from disk later must be the same (``install``).
-    libraries = libraries_id()
-    code = code_id(libraries)
+    # The code this daemon runs, as installed at its start (before its modules loaded,
+    # when run as toolsetd): what it starts or imports from disk later must be the same.
+    libraries, sources, code = at_start()
     store = SetStore(options.cache_dir) if options.cache_dir is not None else None
     registry = Registry(
         options.home,
@@ -765,7 +768,7 @@ async def _serve(
         checks=checks,
         large_requests=large_requests,
     )
-    mcp = state.mcp = _McpCore(service, code)
+    mcp = state.mcp = _McpCore(service, sources)
     handlers = Handlers(
         service,
         lambda: server.connections.values(),

@@ -48,9 +48,11 @@ backtracks on them is stopped at 0.1 s and a little.
   first line, before it reads anything, is the ``install.code_id`` of the code it runs,
   and the daemon sends it a request only if that is the one it took at its own start.
   Other code (or a process that cannot run while the install changed, or no interpreter
-  at all: the venv removed) is never used again: ``argument_check_process_upgraded`` is
-  logged, once, with ``install.UPGRADED``, and large checks run on the loop until the
-  daemon is restarted.
+  at all: the venv removed) is not used: ``argument_check_process_upgraded`` is logged,
+  once, with ``install.UPGRADED``, and large checks run on the loop until the daemon is
+  restarted, or until the install changes again (another process is tried then: a
+  reinstall of the same version, its files gone a moment, is given up for that moment
+  only; ``_install_changed``).
 
 Wire (the daemon's own, one JSON text a line): the process first says ``{"code": ...}``
 (its ``install.code_id``); the daemon sends a blank line at once, and reads that (an
@@ -159,8 +161,11 @@ class CheckWorker:
         self._failures = Throttle()
         self._closed = False
         self._hello = json_dumps({"code": code if code is not None else code_id()})
-        #: Set when the code on disk is no longer the daemon's: no process is started again.
-        self._upgraded = False
+        #: The install's code (``_installed_code``) when a process of other code, or none,
+        #: was had from it: no process is started again until it changes (None: not so).
+        self._given_up: bytes | None = None
+        #: Whether ``argument_check_process_upgraded`` was said.
+        self._said_upgraded = False
         #: Whether the running process said it runs the daemon's code.
         self._same_code = False
         #: Until when (``anyio.current_time``) no process is started after one could not be.
@@ -201,7 +206,9 @@ class CheckWorker:
         limit = time_limit_for(self._time_limit, len(text))
         del text
         async with self._lock:
-            if self._closed or self._upgraded or anyio.current_time() < self._down_until:
+            if self._closed or anyio.current_time() < self._down_until:
+                return None
+            if self._given_up is not None and not await self._install_changed():
                 return None
             try:
                 proc, stdout = await self._process()
@@ -284,6 +291,7 @@ class CheckWorker:
         proc = await anyio.open_process(
             [
                 self._python,
+                *_interpreter_flags(),
                 "-P",  # no current folder on sys.path (it is /, but nothing is assumed)
                 "-m",
                 "toolsetd.daemon.checkworker",
@@ -309,23 +317,36 @@ class CheckWorker:
         good when ``install`` may be why and it is no longer the daemon's (``_other_code``);
         not when it cannot be read now (out of descriptors, say)."""
         if install:
-            try:
-                changed = json_dumps({"code": code_id()}) != self._hello
-            except OSError:
-                changed = False
-            if changed:
-                self._other_code(error)
+            installed = _installed_code()
+            if installed is not None and installed != self._hello:
+                self._other_code(error, installed)
                 return
         self._down_until = anyio.current_time() + _DOWN_SECONDS
         said = self._failures.count("start")
         if said is not None:
             log.warning("argument_check_process_failed", error=error, failures=said)
 
-    def _other_code(self, said: str) -> None:
+    def _other_code(self, said: str, installed: bytes | None = None) -> None:
         """The process runs other code than the daemon, or none can run from the install as
-        it is now: no process is started again, and the operator is told once."""
-        self._upgraded = True
-        log.warning("argument_check_process_upgraded", error=UPGRADED, said=said)
+        it is now (``installed``, if just looked at): no process is started again until
+        the install changes, and the operator is told once."""
+        if installed is None:
+            installed = _installed_code()
+        self._given_up = installed if installed is not None else b""
+        if not self._said_upgraded:
+            self._said_upgraded = True
+            log.warning("argument_check_process_upgraded", error=UPGRADED, said=said)
+
+    async def _install_changed(self) -> bool:
+        """Whether the install changed since a process of other code, or none, was had
+        from it: another is tried then. Looked at at each large check until it did, in a
+        worker thread (~4 ms); not while it stays as it was (another Python under the same
+        path, say: a process would greet with other code again)."""
+        installed = await anyio.to_thread.run_sync(_installed_code)
+        if installed is None or installed == self._given_up:
+            return False
+        self._given_up = None
+        return True
 
     async def _discard(self, wait: float = 0.0) -> int | None:
         """Kill the process (unless it ends within ``wait`` seconds) and reap it; its exit
@@ -396,6 +417,35 @@ async def _code_of(proc: anyio.abc.Process, stdout: BufferedByteReceiveStream) -
         return await stdout.receive_until(b"\n", _MAX_HELLO)
     except anyio.DelimiterNotFound:
         return b"a first line longer than %d bytes" % _MAX_HELLO
+
+
+def _installed_code() -> bytes | None:
+    """The first line, but its end, of a process started now from the install, as far as
+    the daemon can tell (its own Python's version); None when what is installed cannot be
+    read now (out of descriptors, say)."""
+    try:
+        return json_dumps({"code": code_id()})
+    except OSError:
+        return None
+
+
+def _interpreter_flags() -> list[str]:
+    """The daemon's own interpreter flags that decide where imports are found: the
+    process must find the modules and libraries the daemon does (a daemon run by
+    ``python -I`` or ``-E``, a unit's hardening, or ``-s``, a distro's script line), else
+    it greets with another ``install.code_id`` (a library on a ``PYTHONPATH`` or in a
+    user's site that the daemon does not see) and is never used, nothing upgraded."""
+    flags = sys.flags
+    return [
+        flag
+        for flag, on in (
+            ("-I", flags.isolated),
+            ("-E", flags.ignore_environment),
+            ("-s", flags.no_user_site),
+            ("-S", flags.no_site),
+        )
+        if on
+    ]
 
 
 def _lost_message(returncode: int | None) -> str:

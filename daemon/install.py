@@ -16,28 +16,40 @@ from disk later is the new code, or none. Three things are taken from disk after
   start parse nothing: another version checked the calls, and judged the sets changed
   since, with its own rules.
 
-``code_id`` names the code a process would run: a hash of the source of every module of
-``toolsetd.daemon`` and ``toolsetd.protocol`` as the files hold it now (its compiled
-file, in an install of compiled files only), the version of Python, and
-``libraries_id``: the versions of the distributions whose code decides a
-check's verdict (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``). The daemon takes both
-once, at its start (2.5-3.5 ms here); a check process takes its own ``code_id`` at its
-start and sends it first (``checkworker``), and the daemon uses the process only if the
-two are equal; the MCP modules are imported only while ``code_id`` is unchanged, and
-jsonschema only while ``libraries_id`` is (``validation``: a call's check, a set's parse). Equal
-source is equal code, whatever the files' times: a reinstall of the same version is no
-upgrade.
+``code_id`` names the code a process would run: ``sources_id``, a hash of the source of
+every module of ``toolsetd.daemon`` and ``toolsetd.protocol`` as the files hold it now
+(its compiled file, in an install of compiled files only; no file an import does not
+load, such as an editor's lock ``.#app.py``: ``_module_files``) and the version of
+Python; ``libraries_id``, the versions of the distributions whose code decides a check's
+verdict and jsonschema's import loads (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``); and
+orjson's (``_WIRE``). The daemon takes them once, at its start (2.5-3.5 ms here); a check
+process takes its own ``code_id`` at its start and sends it first (``checkworker``), and
+the daemon uses the process only if the two are equal; the MCP modules are imported only
+while ``sources_id`` is unchanged (they load no library anew), and jsonschema only while
+``libraries_id`` is (``validation``: a call's check, a set's parse); both are looked at
+again each time until the import, so that a moment's change (a reinstall's files gone) is
+refused only for that moment. Equal source is equal code, whatever the files' times: a
+reinstall of the same version is no upgrade.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import hashlib
 import importlib.util
 import os
 import sys
 
-__all__ = ["FORMAT_DISTRIBUTIONS", "UPGRADED", "code_id", "installed_version", "libraries_id"]
+__all__ = [
+    "FORMAT_DISTRIBUTIONS",
+    "UPGRADED",
+    "at_start",
+    "code_id",
+    "installed_version",
+    "libraries_id",
+    "sources_id",
+]
 
 #: What a daemon says when the code on disk is not the code it runs.
 UPGRADED = "toolsetd was upgraded (or removed) under this daemon: restart it"
@@ -55,15 +67,34 @@ FORMAT_DISTRIBUTIONS = (
     "uri_template",
     "webcolors",
 )
-#: The distributions whose code decides a check's verdict or its wire: jsonschema, its
-#: meta-schemas and resolver, the packages its ``format`` checks come from, and orjson
-#: (the encoding of the request and the answer).
-_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing", "orjson")
+#: The distributions whose code decides a check's verdict, and jsonschema's first import
+#: loads: jsonschema, its meta-schemas and resolver (and ``FORMAT_DISTRIBUTIONS``).
+_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing")
+#: What else decides a check process's wire: orjson, the encoding of the request and the
+#: answer (the daemon's own is loaded at its start, and never anew).
+_WIRE = "orjson"
+
+
+@functools.cache
+def at_start() -> tuple[str, str, str]:
+    """``libraries_id()``, ``sources_id()`` and ``code_id()`` as they were first asked for:
+    by ``python -m toolsetd.daemon`` (and the ``toolsetd`` script) before it loads the
+    daemon's modules. Taken once they were loaded (and the config read), an upgrade that
+    landed in between (a socket-activated start during ``pip install -U``) was the code
+    the daemon took for its own, and its check process judged by the new rules; taken
+    before, any change after it is one the daemon tells.
+
+    Raises:
+        OSError: As ``code_id`` (then nothing is kept: the next call looks again).
+    """
+    libraries, sources = libraries_id(), sources_id()
+    return libraries, sources, code_id(libraries, sources)
 
 
 def libraries_id() -> str:
     """A short hash of the installed versions of the distributions whose code decides a
-    check (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``), read without importing them.
+    check and jsonschema's import loads (``_DISTRIBUTIONS``, ``FORMAT_DISTRIBUTIONS``),
+    read without importing them.
 
     A daemon started with its set cache warm has not imported jsonschema yet: it does at
     the first check that needs it (``validation.ArgumentValidators``), from disk.
@@ -76,18 +107,33 @@ def libraries_id() -> str:
     return h.hexdigest()[:16]
 
 
-def code_id(libraries: str | None = None) -> str:
+def code_id(libraries: str | None = None, sources: str | None = None) -> str:
     """A short hash of the code a process started now would run (see the module docstring).
 
-    ``libraries``: ``libraries_id()``, if just taken.
+    ``libraries``, ``sources``: ``libraries_id()``, ``sources_id()``, if just taken.
+
+    Raises:
+        OSError: A file or folder could not be read for want of a resource (out of
+            descriptors, say): what is installed cannot be told now (``libraries_id``).
+    """
+    h = hashlib.sha256((sources if sources is not None else sources_id()).encode())
+    h.update(b"\x00" + (libraries if libraries is not None else libraries_id()).encode())
+    h.update(b"\x00" + installed_version(_WIRE, {}, strict=True).encode(errors="surrogateescape"))
+    return h.hexdigest()[:16]
+
+
+def sources_id() -> str:
+    """A short hash of toolsetd's own code as installed now, and the version of Python:
+    ``code_id`` but the libraries. What a daemon's first ``mcp.bind`` looks at: the MCP
+    modules load none of those libraries anew (a format package installed beside the
+    daemon is nothing to them).
 
     Reads the files as they are now; a package folder or file that is gone (the venv
     removed), or that may not be read, hashes as such (``_unread``), so it differs from
     any install that can be read.
 
     Raises:
-        OSError: A file or folder could not be read for want of a resource (out of
-            descriptors, say): what is installed cannot be told now (``libraries_id``).
+        OSError: As ``code_id``.
     """
     import toolsetd.protocol
 
@@ -95,8 +141,7 @@ def code_id(libraries: str | None = None) -> str:
     for folders in ([os.path.dirname(__file__)], toolsetd.protocol.__path__):
         for folder in folders:
             try:
-                # An install of compiled files only has its modules as .pyc files here.
-                names = sorted(n for n in os.listdir(folder) if n.endswith((".py", ".pyc")))
+                names = _module_files(os.listdir(folder))
             except OSError as exc:
                 h.update(f"\x00{folder} {_unread(exc)}".encode(errors="surrogateescape"))
                 continue
@@ -108,8 +153,23 @@ def code_id(libraries: str | None = None) -> str:
                     data = _unread(exc).encode()
                 h.update(b"\x00%s %d\x00" % (name.encode(errors="surrogateescape"), len(data)))
                 h.update(data)
-    h.update(b"\x00" + (libraries if libraries is not None else libraries_id()).encode())
     return h.hexdigest()[:16]
+
+
+def _module_files(names: list[str]) -> list[str]:
+    """The files among a package folder's ``names`` that an import can load: a module's
+    source, or its compiled file where there is no source (an install of compiled files
+    only). Not what an editor or a tool leaves beside them, which no import loads and which
+    comes and goes with no upgrade: a name that is no identifier (Emacs's lock of a
+    modified buffer, ``.#app.py``; a hidden copy, ``.app.py``), nor a compiled file beside
+    its source (``compileall -b``: the source is what is loaded)."""
+    sources = {name for name in names if name.endswith(".py") and name[:-3].isidentifier()}
+    compiled = {
+        name
+        for name in names
+        if name.endswith(".pyc") and name[:-4].isidentifier() and name[:-1] not in sources
+    }
+    return sorted(sources | compiled)
 
 
 def installed_version(package: str, listings: dict[str, list[str]], strict: bool = False) -> str:

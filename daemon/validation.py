@@ -687,7 +687,7 @@ def _plainly_valid(schema: Any, depth: int = 0) -> bool:
 class JsonschemaChanged(InternalError):
     """jsonschema is still to be imported, and other versions of it (or of its companions)
     are installed than at the daemon's start: toolsetd was upgraded, or removed, under it
-    (``_own_jsonschema``). A call gets it as is; a set's parse, as a note (not cached)."""
+    (``_OwnJsonschema``). A call gets it as is; a set's parse, as a note (not cached)."""
 
     MESSAGE = (
         "toolsetd was upgraded (or removed) under this daemon, which loads jsonschema at its "
@@ -695,11 +695,7 @@ class JsonschemaChanged(InternalError):
     )
 
 
-#: What a checker holds in place of the libraries it started with, once they changed.
-_CHANGED = "changed"
-
-
-def _own_jsonschema(libraries: str | None) -> str | None:
+class _OwnJsonschema:
     """Before jsonschema's first import in a daemon started warm (its set cache made the
     start parse nothing, so it imported none): whether what is installed now is what it
     started with (``install.libraries_id``). Another jsonschema checked with its own
@@ -707,24 +703,33 @@ def _own_jsonschema(libraries: str | None) -> str | None:
     one raised ``ImportError``, an internal error at every call and reload. What cannot be
     read now (out of descriptors, say) is not judged.
 
-    Args:
-        libraries: ``install.libraries_id()`` at the daemon's start; None: not looked at.
-
-    Returns:
-        What the checker keeps in place of ``libraries``: ``_CHANGED`` once they changed
-        (said once; the checker then raises ``JsonschemaChanged`` until the restart,
-        without looking again), else ``libraries``.
+    Looked at again at each check until jsonschema is imported (~0.6 ms, only while it is
+    still to be, and so only while the libraries differ after the first look): a reinstall
+    of the same versions (their files gone a moment) is refused only for that moment.
     """
-    if libraries is None or libraries == _CHANGED or "jsonschema" in sys.modules:
-        return libraries
-    try:
-        same = libraries_id() == libraries
-    except OSError:
-        return libraries
-    if same:
-        return libraries
-    log.warning("schema_code_upgraded", error=UPGRADED)
-    return _CHANGED
+
+    def __init__(self, libraries: str | None) -> None:
+        """``libraries``: ``install.libraries_id()`` at the daemon's start; None: not
+        looked at."""
+        self._libraries = libraries
+        self._said = False
+
+    def check(self) -> None:
+        """Raises:
+        JsonschemaChanged: Other versions are installed now (said once).
+        """
+        if self._libraries is None or "jsonschema" in sys.modules:
+            return
+        try:
+            same = libraries_id() == self._libraries
+        except OSError:
+            return
+        if same:
+            return
+        if not self._said:
+            self._said = True
+            log.warning("schema_code_upgraded", error=UPGRADED)
+        raise JsonschemaChanged
 
 
 class SchemaChecker:
@@ -743,7 +748,7 @@ class SchemaChecker:
         ``libraries``: the daemon's ``install.libraries_id()`` at its start, as for
         ``ArgumentValidators``: jsonschema is imported only while those are installed.
         """
-        self._libraries = libraries
+        self._own_jsonschema = _OwnJsonschema(libraries)
         self._verdicts: dict[bytes, str | None] = {}
         self._max_verdicts = max_verdicts
         self._lock = threading.Lock()
@@ -760,16 +765,14 @@ class SchemaChecker:
 
         Raises:
             JsonschemaChanged: The check needs jsonschema, which is still to be imported,
-                and toolsetd was upgraded under the daemon (``_own_jsonschema``).
+                and toolsetd was upgraded under the daemon (``_OwnJsonschema``).
         """
         key = hashlib.sha256(canonical_json(schema)).digest()
         with self._lock:
             if key in self._verdicts:
                 return self._verdicts[key]
         if "jsonschema" not in sys.modules and not _plainly_valid(schema):
-            self._libraries = _own_jsonschema(self._libraries)
-            if self._libraries == _CHANGED:
-                raise JsonschemaChanged
+            self._own_jsonschema.check()
         verdict = self._check(schema)
         with self._lock:
             self.checks += 1
@@ -1008,11 +1011,11 @@ class ArgumentValidators:
             libraries: The daemon's ``install.libraries_id()``, taken at its start:
                 jsonschema, imported at the first check that needs it (not at start: a
                 warm set cache parses nothing), is imported only while the versions
-                installed are those (``_own_jsonschema``). None: not looked at (the check
+                installed are those (``_OwnJsonschema``). None: not looked at (the check
                 process, whose code the daemon knows by ``install.code_id``).
         """
         self._time_limit = time_limit
-        self._libraries = libraries
+        self._own_jsonschema = _OwnJsonschema(libraries)
         self._validators: dict[str, Validator] = {}
         self._plain: dict[str, bool] = {}
         self._lock = threading.Lock()
@@ -1029,9 +1032,7 @@ class ArgumentValidators:
             found = self._validators.get(key)
         if found is not None:
             return found
-        self._libraries = _own_jsonschema(self._libraries)
-        if self._libraries == _CHANGED:
-            raise JsonschemaChanged
+        self._own_jsonschema.check()
         cls = _validator_class(schema)
         import jsonschema_specifications  # type: ignore[import-untyped]  # it ships no py.typed
 

@@ -56,13 +56,18 @@ def _daemon_from_a_venv(
     warm: bool = False,
     compiled: bool = False,
     args: Sequence[str] = (),
+    python_flags: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    hook: str = "",
 ) -> tuple[Daemon, Path]:
     """A daemon run from a venv of its own holding a copy of the package (and of
     ``distributions``), and that copy's ``toolsetd`` folder. The venv finds the other
     distributions in this one's site-packages (a ``.pth`` line, which does not load this
     one's editable install). ``warm``: started once before, so that its set cache is warm
     (the daemon then parses no set, and imports no jsonschema, at its start). ``compiled``:
-    an install of compiled files only (``_compile``). ``args``: the daemon's, more."""
+    an install of compiled files only (``_compile``). ``args``: the daemon's, more;
+    ``python_flags``: its interpreter's; ``env``: its environment's, more; ``hook``: a
+    module every process of the venv runs at its start (a ``.pth`` line imports it)."""
     venv.create(base / "venv", with_pip=False, symlinks=True)
     python = base / "venv" / "bin" / "python"
     purelib = [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"]
@@ -80,6 +85,9 @@ def _daemon_from_a_venv(
             shutil.copytree(info, site / info.name, dirs_exist_ok=True)
     if compiled:
         _compile(package)
+    if hook:
+        (site / "upgrade_hook.py").write_text(hook)
+        (site / "upgrade_hook.pth").write_text("import upgrade_hook\n")
     names = ", ".join(["toolsetd.daemon", *distributions])
     where = [python, "-P", "-c", f"import {names}, sys; print(*(m.__file__ for m in ({names},)))"]
     found = subprocess.run(where, capture_output=True, text=True, check=True, timeout=60)
@@ -88,8 +96,8 @@ def _daemon_from_a_venv(
     (home / "tools").mkdir(parents=True)
     workspace.mkdir()
     write_set(home / "tools", "short", _SHORT)
-    launcher = [str(python), "-P", "-m", "toolsetd.daemon"]
-    env = {"PYTHONDONTWRITEBYTECODE": "1"}
+    launcher = [str(python), *python_flags, "-P", "-m", "toolsetd.daemon"]
+    env = {"PYTHONDONTWRITEBYTECODE": "1", **(env or {})}
     options = ["--no-watch", *args]
     if warm:
         shut_down(start_daemon(home, workspace, base, options, env=env, launcher=launcher))
@@ -176,6 +184,64 @@ def test_large_arguments_are_checked_by_the_daemons_own_code_after_an_upgrade(
     assert sum(e["event"] == "argument_check_process_started" for e in said) <= 1
 
 
+def test_a_check_process_is_used_again_once_a_reinstall_of_the_same_code_is_done(
+    installed: tuple[Daemon, Path],
+) -> None:
+    """A reinstall of the same version removes the files and writes them again: a check
+    process started in between cannot run, and the daemon gave up the process until its
+    restart, checking every large call on the event loop (stalling its other clients)
+    with the install its own again. It is tried again once the install changed."""
+    daemon, package = installed
+    module = package / "daemon" / "checkworker.py"
+    text = module.read_bytes()
+    module.unlink()
+    params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+    for _ in range(2):  # the second finds the install as it was: no process is tried
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None and error["message"] == _REFUSED
+    module.write_bytes(text)
+    error = daemon.call("invoke", params).get("error")
+    assert error is not None and error["message"] == _REFUSED
+    said = [e["event"] for e in daemon.log_events() if e["event"].startswith("argument_check_process")]
+    assert said == [
+        "argument_check_process_started",
+        "argument_check_process_upgraded",
+        "argument_check_process_started",
+    ]
+
+
+#: An upgrade that lands while a daemon starts: once its modules are loaded (its start
+#: then reads its config file, with tomllib), a release whose check passes everything.
+_UPGRADE_AT_START = f"""
+import sys, sysconfig
+
+def _upgrade(event, args):
+    if event == "import" and args[0] == "tomllib":
+        path = sysconfig.get_path("purelib") + "/toolsetd/daemon/validation.py"
+        with open(path) as source:
+            text = source.read()
+        with open(path, "w") as source:
+            source.write(text.replace({_CHECK!r}, {_PASSES!r}))
+
+sys.addaudithook(_upgrade)
+"""
+
+
+def test_an_upgrade_landing_while_the_daemon_starts_is_told(tmp_base: Path) -> None:
+    """The daemon hashed its install once its start had loaded its modules and read its
+    config: an upgrade that landed in between (a socket-activated start during ``pip
+    install -U``) was taken for the daemon's own code, and its check process was used,
+    judging by the new release's rules (here 70,000 characters where 10 fit passed).
+    The hash is taken before the daemon's modules load."""
+    daemon, _ = _daemon_from_a_venv(tmp_base, hook=_UPGRADE_AT_START)
+    try:
+        params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None and error["message"] == _REFUSED
+    finally:
+        shut_down(daemon)
+
+
 def test_an_install_of_compiled_files_only_is_told_from_another(tmp_base: Path) -> None:
     """An install of compiled files only (``.pyc`` in place of each ``.py``) had no source
     to tell its code by: after an upgrade to another such install, the check process ran
@@ -195,9 +261,87 @@ def test_an_install_of_compiled_files_only_is_told_from_another(tmp_base: Path) 
         shut_down(daemon)
 
 
+def test_a_daemon_run_without_the_environment_starts_its_check_process_alike(
+    tmp_base: Path,
+) -> None:
+    """A daemon run by ``python -E`` or ``-I`` (a unit's hardening), or ``-s`` (a
+    distro's script line, ``#!/usr/bin/python3 -s``), started its check process without
+    that flag: the process found libraries the daemon does not see (here a format
+    package on the ``PYTHONPATH`` the daemon ignores; a user's ``pip install --user``),
+    so from its first large check the daemon said "toolsetd was upgraded ... restart
+    it", and checked every large call on the event loop, nothing upgraded."""
+    extra = tmp_base / "extra"
+    (extra / "webcolors").mkdir(parents=True)
+    (extra / "webcolors" / "__init__.py").write_text("")
+    (extra / "webcolors-99.0.dist-info").mkdir()
+    daemon, _ = _daemon_from_a_venv(tmp_base, python_flags=["-E"], env={"PYTHONPATH": str(extra)})
+    try:
+        params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+        error = daemon.call("invoke", params).get("error")
+        assert error is not None and error["message"] == _REFUSED
+        said = [e["event"] for e in daemon.log_events()]
+        assert "argument_check_process_started" in said
+        assert "argument_check_process_upgraded" not in said
+    finally:
+        shut_down(daemon)
+
+
 def _other_instructions(package: Path) -> None:
     """A release that says other things to MCP hosts."""
     _edit(package / "daemon" / "mcp_session.py", "The operator's external tools", "Other tools")
+
+
+_INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "upgrade-test", "version": "1"},
+    },
+}
+
+
+def _bind(daemon: Daemon) -> subprocess.CompletedProcess[str]:
+    """A ``toolsetctl mcp`` whose host sends ``initialize`` and ends: what it wrote."""
+    return subprocess.run(
+        [sys.executable, "-m", "toolsetd.client", "--socket", str(daemon.socket),
+         "--workspace", str(daemon.workspace), "mcp"],
+        input=json.dumps(_INITIALIZE) + "\n", capture_output=True, text=True, timeout=60,
+        check=False,
+    )
+
+
+def _served(daemon: Daemon) -> None:
+    """A new MCP host is served, and a large check runs in a check process, of the
+    daemon's own code."""
+    pump = _bind(daemon)
+    assert pump.returncode == 0, pump.stderr
+    assert json.loads(pump.stdout.splitlines()[0])["result"]["serverInfo"]["name"] == "toolsetd"
+    params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+    error = daemon.call("invoke", params).get("error")
+    assert error is not None and error["message"] == _REFUSED
+    said = [e["event"] for e in daemon.log_events()]
+    assert "argument_check_process_started" in said
+    assert not [event for event in said if event.endswith("_upgraded")]
+
+
+def test_an_editors_files_beside_the_modules_are_no_upgrade(
+    installed: tuple[Daemon, Path],
+) -> None:
+    """Files that no import loads appear in an install that is not upgraded: Emacs's lock
+    of a modified buffer (``.#validation.py``, a dangling symlink, in an editable
+    checkout), a compiled file beside its source (``compileall -b``: the source is what
+    an import loads). Counted as code, they refused every MCP host (toolsetctl mcp exit
+    9, "toolsetd was upgraded ... restart it") and gave up the check process, until the
+    daemon was restarted, though the code it would load was its own."""
+    daemon, package = installed
+    modules = package / "daemon"
+    (modules / ".#validation.py").symlink_to("operator@host.4242:1764000000")
+    py_compile.compile(str(modules / "validation.py"), cfile=str(modules / "validation.pyc"), doraise=True)
+    (package / "protocol" / ".errors.py").write_text("# an editor's hidden copy\n")
+    _served(daemon)
 
 
 @pytest.mark.parametrize("upgrade", [_other_instructions, _removed])
@@ -210,23 +354,8 @@ def test_an_mcp_host_after_an_upgrade_is_told_to_restart_the_daemon(
     incident id. The bind is refused, saying what happened and what to do."""
     daemon, package = installed
     upgrade(package)
-    initialize = {
-        "jsonrpc": "2.0",
-        "id": 1,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-06-18",
-            "capabilities": {},
-            "clientInfo": {"name": "upgrade-test", "version": "1"},
-        },
-    }
     for _ in range(2):  # refused until the restart, said once
-        pump = subprocess.run(
-            [sys.executable, "-m", "toolsetd.client", "--socket", str(daemon.socket),
-             "--workspace", str(daemon.workspace), "mcp"],
-            input=json.dumps(initialize) + "\n", capture_output=True, text=True, timeout=60,
-            check=False,
-        )
+        pump = _bind(daemon)
         assert (pump.returncode, pump.stderr.strip()) == (
             9,
             "toolsetctl mcp: toolsetd was upgraded (or removed) under this daemon, which loads "
@@ -234,6 +363,41 @@ def test_an_mcp_host_after_an_upgrade_is_told_to_restart_the_daemon(
         )
     said = [(e["event"], e.get("error")) for e in daemon.log_events()]
     assert said.count(("mcp_code_upgraded", _UPGRADED)) == 1
+
+
+def test_an_mcp_host_is_served_once_a_reinstall_of_the_same_code_is_done(
+    installed: tuple[Daemon, Path],
+) -> None:
+    """A reinstall of the same version (``pip install --force-reinstall``, a config
+    manager's run) removes the files and writes them again: a bind in between is refused,
+    as the MCP code cannot be loaded then. The refusal was kept until the restart: every
+    MCP host after it was refused too, with the install its own again."""
+    daemon, package = installed
+    session = package / "daemon" / "mcp_session.py"
+    text = session.read_bytes()
+    session.unlink()
+    assert _bind(daemon).returncode == 9
+    session.write_bytes(text)
+    pump = _bind(daemon)
+    assert pump.returncode == 0, pump.stderr
+    said = [(e["event"], e.get("error")) for e in daemon.log_events()]
+    assert said.count(("mcp_code_upgraded", _UPGRADED)) == 1
+
+
+def test_an_mcp_host_is_served_when_only_a_library_of_the_checks_changed(
+    installed: tuple[Daemon, Path],
+) -> None:
+    """The MCP modules load none of jsonschema's libraries, nor orjson anew. A format
+    package installed beside the daemon (another tool's dependency; a distro's update of
+    python3-idna under a distro's toolsetd) refused every new MCP host until the restart,
+    toolsetd's own code unchanged."""
+    daemon, package = installed
+    site = package.parent
+    (site / "webcolors").mkdir()
+    (site / "webcolors" / "__init__.py").write_text("")
+    (site / "webcolors-99.0.dist-info").mkdir()
+    pump = _bind(daemon)
+    assert pump.returncode == 0, pump.stderr
 
 
 def _other_jsonschema(package: Path) -> None:
@@ -300,6 +464,50 @@ def test_a_set_changed_after_an_upgrade_waits_for_the_restart(tmp_base: Path) ->
         params["arguments"] = {"s": "fits"}  # the plain subset: checked without jsonschema
         error = daemon.call("invoke", params).get("error")
         assert error is not None and error["code"] == -32004  # checked, put to the operator
+    finally:
+        shut_down(daemon)
+
+
+_ELEVEN = "Invalid arguments for 'short': /s: expected at most 10 characters, got 11"
+
+
+def _eleven(daemon: Daemon) -> dict[str, object]:
+    """The error of a call whose 11 characters need jsonschema for their message."""
+    params = {"tool": "short", "arguments": {"s": "x" * 11}, "workspace": str(daemon.workspace)}
+    error = daemon.call("invoke", params).get("error")
+    assert error is not None
+    return error
+
+
+def test_a_daemon_started_warm_checks_after_a_reinstall_of_the_same_jsonschema(
+    tmp_base: Path,
+) -> None:
+    """A reinstall of the same versions (``pip install --force-reinstall toolsetd``
+    reinstalls jsonschema too) removes jsonschema's files a moment: a call that needed
+    jsonschema's first import then was refused, and so was every such call after it, and
+    every set added or edited, until the restart, with jsonschema the daemon's again."""
+    daemon, package = _daemon_from_a_venv(tmp_base, _JSONSCHEMA, warm=True)
+    try:
+        (info,) = package.parent.glob("jsonschema-*.dist-info")
+        aside = tmp_base / info.name
+        info.rename(aside)  # pip's uninstall moves it away first
+        assert _eleven(daemon)["message"] == _JSONSCHEMA_UPGRADED
+        aside.rename(info)
+        assert _eleven(daemon)["message"] == _ELEVEN
+    finally:
+        shut_down(daemon)
+
+
+def test_a_daemon_started_warm_checks_after_orjson_changed(tmp_base: Path) -> None:
+    """jsonschema's first import loads no orjson: the daemon's is loaded since its start.
+    Another orjson installed under a daemon started warm (another tool's requirement in
+    the same venv) refused each call needing jsonschema, and each set added or edited,
+    until the restart, though nothing they load changed."""
+    daemon, package = _daemon_from_a_venv(tmp_base, {"orjson": "orjson"}, warm=True)
+    try:
+        (info,) = package.parent.glob("orjson-*.dist-info")
+        info.rename(package.parent / "orjson-999.0.0.dist-info")
+        assert _eleven(daemon)["message"] == _ELEVEN
     finally:
         shut_down(daemon)
 
