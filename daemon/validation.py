@@ -144,23 +144,40 @@ def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
         # A non-string $schema is reported by check_schema; validator_for would crash on a
         # list or an object (unhashable).
         return Draft202012Validator
-    cls: type[Validator] = validator_for(schema, default=Draft202012Validator)
+    try:
+        cls: type[Validator] = validator_for(schema, default=Draft202012Validator)
+    except ValueError:  # no URI (an unclosed "[": "Invalid IPv6 URL"), so no draft's
+        return Draft202012Validator
     return cls
 
 
-def dialect(schema: Mapping[str, Any]) -> int:
-    """The JSON Schema draft that checks ``schema`` (its ``$schema``; 2020-12 by default):
-    3, 4, 6, 7, 2019 (2019-09) or 2020 (2020-12)."""
-    from jsonschema import validators
+#: The drafts by their meta-schema's URI as jsonschema keys it (``validator_for``: its
+#: ``URIDict`` reads a ``$schema`` through ``urlsplit(...).geturl()``).
+_DRAFTS = {
+    "http://json-schema.org/draft-03/schema": 3,
+    "http://json-schema.org/draft-04/schema": 4,
+    "http://json-schema.org/draft-06/schema": 6,
+    "http://json-schema.org/draft-07/schema": 7,
+    "https://json-schema.org/draft/2019-09/schema": 2019,
+}
 
-    drafts: dict[Any, int] = {
-        validators.Draft3Validator: 3,
-        validators.Draft4Validator: 4,
-        validators.Draft6Validator: 6,
-        validators.Draft7Validator: 7,
-        validators.Draft201909Validator: 2019,
-    }
-    return drafts.get(_validator_class(schema), 2020)
+
+def dialect(schema: Mapping[str, Any]) -> int:
+    """The JSON Schema draft that checks ``schema`` (``_validator_class``: its ``$schema``;
+    2020-12 by default): 3, 4, 6, 7, 2019 (2019-09) or 2020 (2020-12).
+
+    Without jsonschema: a manifest's parse asks it for the MCP listing before the schema's
+    check, which imports jsonschema only while it is the daemon's (``_OwnJsonschema``).
+    """
+    declared = schema.get("$schema")
+    if not isinstance(declared, str):
+        return 2020
+    from urllib.parse import urlsplit  # loaded at start already (the socket path's)
+
+    try:
+        return _DRAFTS.get(urlsplit(declared).geturl(), 2020)
+    except ValueError:  # no URI (an unclosed "[" for IPv6): jsonschema has no draft of it
+        return 2020
 
 
 def _additional_properties_in_order(

@@ -27,6 +27,7 @@ from toolsetd.daemon.validation import (
     ArgumentValidators,
     SchemaChecker,
     canonical_json,
+    dialect,
     json_pointer,
     off_loop,
 )
@@ -501,6 +502,21 @@ def test_argument_validators_take_a_boolean_items_beside_later_item_keywords(
     assert [e["path"] for e in errors] == expected
 
 
+def test_a_schema_whose_schema_keyword_is_no_uri_is_checked_as_2020_12() -> None:
+    """``"$schema": "http://[x/schema"`` (an unclosed IPv6 bracket) made jsonschema's
+    ``validator_for`` raise ``ValueError``: ``toolsetctl validate`` ended with "unexpected
+    error" (exit 9). Like any unknown ``$schema``, it is checked as 2020-12, and its
+    ``$ref`` resolves."""
+    schema = {
+        "$schema": "http://[x/schema", "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/x"}}, "$defs": {"x": {"type": "string"}},
+    }
+    assert SchemaChecker().problem(schema) is None
+    assert dialect(schema) == 2020
+    assert ArgumentValidators().errors(loaded(schema), {"a": "x"}) == []
+    assert [e["path"] for e in ArgumentValidators().errors(loaded(schema), {"a": 1})] == ["/a"]
+
+
 @pytest.mark.parametrize(
     "schema",
     [
@@ -862,3 +878,53 @@ def test_argument_validators_other_schemas_take_the_jsonschema_path(schema: dict
     from toolsetd.daemon.validation import _plain_subset
 
     assert not _plain_subset(schema)
+
+
+@pytest.mark.parametrize(
+    "declared",
+    [
+        "http://json-schema.org/draft-03/schema#",
+        "http://json-schema.org/draft-04/schema",
+        "http://json-schema.org/draft-06/schema#",
+        "http://json-schema.org/draft-07/schema#",
+        "HTTP://json-schema.org/draft-07/schema",
+        "https://json-schema.org/draft-07/schema#",
+        "http://json-schema.org/draft-07/schema##",
+        "http://JSON-schema.org/draft-07/schema#",
+        "https://json-schema.org/draft/2019-09/schema",
+        "https://json-schema.org/draft/2020-12/schema#",
+        "http://json-schema.org/schema#",
+        "",
+    ],
+)
+def test_dialect_names_the_draft_jsonschema_checks_with(declared: str) -> None:
+    """``dialect`` reads ``$schema`` without jsonschema (the MCP listing asks before the
+    schema's check, which imports jsonschema only while it is the daemon's own); it must
+    name the draft jsonschema's ``validator_for`` picks."""
+    from jsonschema import validators
+
+    drafts = {
+        validators.Draft3Validator: 3,
+        validators.Draft4Validator: 4,
+        validators.Draft6Validator: 6,
+        validators.Draft7Validator: 7,
+        validators.Draft201909Validator: 2019,
+    }
+    picked = validators.validator_for({"$schema": declared}, default=validators.Draft202012Validator)
+    assert dialect({"$schema": declared}) == drafts.get(picked, 2020)
+
+
+def test_a_listing_of_a_draft_7_schema_imports_no_jsonschema() -> None:
+    """A manifest's parse makes its tools' MCP listing notes before it checks their
+    schemas; for a draft 7 schema that read its draft through jsonschema, which it
+    imported from disk before the check could see whether it is still the daemon's."""
+    code = (
+        "import sys\n"
+        "from toolsetd.daemon.mcpschema import listed_schema, listing_notes\n"
+        "s = {'$schema': 'http://json-schema.org/draft-07/schema#', 'type': 'object',\n"
+        "     'properties': {'a': {'type': 'number', 'x-mcp-header': 'A'}}}\n"
+        "assert listing_notes('t', s) and listed_schema(s)\n"
+        "print('jsonschema' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout == "False\n"
