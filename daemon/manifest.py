@@ -36,7 +36,7 @@ from toolsetd.protocol.errors import reject_json_constant
 from toolsetd.protocol.jsontext import decode_file_text
 from toolsetd.protocol.whitespace import NET_WHITESPACE
 
-from .mcpschema import listing_notes
+from .mcpschema import invalid_listing_note, is_unlisted, listed_schema, listing_notes
 from .model import (
     DEFAULT_TIMEOUT_SECONDS,
     Approval,
@@ -47,7 +47,7 @@ from .model import (
     ToolDef,
     ToolSet,
 )
-from .validation import SchemaChecker
+from .validation import SchemaChecker, dialect
 
 __all__ = ["ManifestError", "is_directory_name", "is_tool_name", "parse_manifest"]
 
@@ -562,4 +562,18 @@ def parse_manifest(
         problem = checker.problem(tool.schema)
         if problem is not None:
             _fail(f"Tool '{tool.name}' has an invalid JSON Schema: {problem}")
-    return ToolSet(**common, tools=defs)
+    return ToolSet(**common, tools=tuple(_listable(tool, checker) for tool in defs))
+
+
+def _listable(tool: ToolDef, checker: SchemaChecker) -> ToolDef:
+    """``tool``, noted as left out of MCP's ``tools/list`` when its schema, of an older
+    draft than 2020-12, is none once converted (``mcpschema.invalid_listing_note``): the
+    2020-12 meta-schema checks each such listing here, once per content (``checker``'s
+    verdicts), and a schema of 2020-12 (most: no ``$schema``) is not looked at again."""
+    if dialect(tool.schema) == 2020 or is_unlisted(tool.listing_notes):
+        return tool
+    problem = checker.problem(listed_schema(tool.schema))
+    if problem is None:
+        return tool
+    notes = (invalid_listing_note(tool.name, problem), *tool.listing_notes)
+    return dataclasses.replace(tool, listing_notes=notes)

@@ -9,10 +9,10 @@ values look in MCP (contract section 7, the table in ``docs/mcp.md``):
   encoded) once per snapshot and catalog filter, ordered by name (deterministic), paged
   by an opaque cursor that names the snapshot it was cut from (a cursor of an older
   snapshot is -32602: list again). Each entry: ``name``, ``description``,
-  ``inputSchema`` as declared, shaped as MCP's SDK clients take it (``mcpschema``:
-  ``type: "object"`` at its root, its root ``properties`` objects, no draft 3 boolean
-  ``required``, no ``x-mcp-header`` marks that break MCP's rules; a tool whose schema
-  holds an integer no double holds is left out, ``unlisted_reason``),
+  ``inputSchema`` as declared, shaped as MCP's hosts take it (``mcpschema``: JSON
+  Schema 2020-12, no root ``allOf``/``anyOf``/``oneOf``, ``type: "object"`` at its root,
+  its root ``properties`` objects, no ``x-mcp-header`` marks that break MCP's rules; a
+  tool whose parse noted it cannot be shown, ``is_unlisted``, is left out),
   ``annotations`` (``readOnlyHint: false``, ``destructiveHint: true``: every external
   tool has write authority), ``_meta`` with ``toolsetd/set``, ``toolsetd/source``,
   ``toolsetd/hash``.
@@ -51,7 +51,7 @@ from toolsetd.protocol.jsonrpc import is_request_id
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.printable import printable
 
-from .mcpschema import listed_schema, unlisted_reason
+from .mcpschema import is_unlisted, listed_schema
 from .model import Catalog, CatalogName, SnapshotCache
 from .runner import CallOutcome
 from .service import Completion, ProgressReport
@@ -173,12 +173,9 @@ class ToolPages:
             }
             for _, loaded in sorted(catalog.tools.items())
             if (want is None or want in loaded.tool.catalogs)
-            # A schema no JavaScript host reads as written: left out, and noted (its parse
-            # made the note; a tool without one is listed, with no walk of its schema).
-            and (
-                not loaded.tool.listing_notes
-                or unlisted_reason(loaded.tool.name, loaded.tool.schema) is None
-            )
+            # A schema no MCP host can be shown: left out, and noted (its parse made the
+            # note; a tool without one is listed, with no walk of its schema).
+            and not (loaded.tool.listing_notes and is_unlisted(loaded.tool.listing_notes))
         ]
         tag = hashlib.sha256(
             "\n".join(t["_meta"]["toolsetd/hash"] for t in tools).encode()

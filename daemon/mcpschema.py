@@ -47,11 +47,15 @@ __all__ = [
     "HEADER_MARK",
     "as_2020_12",
     "header_marks",
+    "invalid_listing_note",
+    "is_unlisted",
     "listed_schema",
     "listing_notes",
     "unlisted_reason",
 ]
 
+#: What every note of a tool left out of ``tools/list`` says, after the tool's name.
+_UNLISTED = "is not listed to MCP hosts:"
 #: The annotation that has a 2026-07-28 HTTP client mirror an argument into a header.
 HEADER_MARK = "x-mcp-header"
 #: The object form of JSON Schema's boolean schemas: ``true`` takes anything, ``false`` nothing.
@@ -609,7 +613,7 @@ def unlisted_reason(name: str, schema: Mapping[str, Any]) -> str | None:
         for kind in (kinds if isinstance(kinds, list) else [kinds])
     ):
         return (
-            f"External tool '{name}' is not listed to MCP hosts: its schema's root type is "
+            f"External tool '{name}' {_UNLISTED} its schema's root type is "
             f"{orjson.dumps(kinds).decode()}, and MCP hosts send arguments as an object, "
             'so no call of theirs could pass. Give the schema "type": "object" and the '
             "values as its properties; the native invoke still takes the tool as it is."
@@ -621,6 +625,28 @@ def unlisted_reason(name: str, schema: Mapping[str, Any]) -> str | None:
     except orjson.JSONEncodeError:
         return _huge_integer(name, schema)
     return None
+
+
+def is_unlisted(notes: Iterable[str]) -> bool:
+    """Whether a tool's listing notes (``listing_notes``, ``invalid_listing_note``) leave
+    it out of ``tools/list``: the notes, made at the manifest's parse and kept in the set
+    store's records, are the decision."""
+    return any(_UNLISTED in note for note in notes)
+
+
+def invalid_listing_note(name: str, problem: str) -> str:
+    """The note of a tool whose schema, of an older draft, is no valid JSON Schema 2020-12
+    once converted (``problem``: the 2020-12 meta-schema's words). Such a draft leaves
+    parts of a schema unchecked (draft 3 checks nothing in ``definitions``, drafts before
+    2019-09 nothing in ``$defs``), and one of them can hold what 2020-12 refuses: listed,
+    it would stop every request of a Claude session, so the manifest's parse checks each
+    such listing and the tool is left out, still callable."""
+    return (
+        f"External tool '{name}' {_UNLISTED} its schema, converted to JSON Schema 2020-12 "
+        f"(MCP's dialect, which Claude's API checks every tool of a request against), is "
+        f'not valid: {problem}. Declare the schema in 2020-12 (leave "$schema" out), or '
+        "mend what the message names."
+    )
 
 
 def listing_notes(name: str, schema: Mapping[str, Any]) -> list[str]:
@@ -657,7 +683,7 @@ def _huge_integer(name: str, schema: Mapping[str, Any]) -> str | None:
             pending.extend(((*path, i), v) for i, v in reversed(list(enumerate(node))))
         elif type(node) is int and not _double_holds(node):
             return (
-                f"External tool '{name}' is not listed to MCP hosts: its schema holds an "
+                f"External tool '{name}' {_UNLISTED} its schema holds an "
                 f"integer beyond the range of a double (about ±1.8e308) at "
                 f"{json_pointer(path)}, which a JavaScript host reads as Infinity (the "
                 "TypeScript SDK's client refuses the whole tools/list over it). Write a "

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from toolsetd.daemon.manifest import ManifestError, parse_manifest
+from toolsetd.daemon.mcpschema import is_unlisted
 from toolsetd.daemon.model import (
     DEFAULT_RESERVED_NAMES,
     Approval,
@@ -438,3 +439,25 @@ def test_parse_manifest_schema_checks_are_cached(tmp_path: Path) -> None:
     parse(exec_set(tools=[tool("a", schema=same), tool("b", schema=reordered)]), tmp_path, schemas=checker)
     parse(shorthand(schema=same), tmp_path, schemas=checker)
     assert checker.checks == 1
+
+
+def test_a_schema_whose_2020_12_listing_is_invalid_is_noted_unlisted(tmp_path: Path) -> None:
+    """Draft 3 checks nothing in ``definitions`` (not one of its keywords), so a valid
+    draft 3 schema can hold ``{"type": 5}`` there; converted to 2020-12 for MCP hosts it
+    became ``{"anyOf": []}``, which 2020-12 refuses, and Claude's API would refuse every
+    request of a session that listed it. The parse checks such a listing: the tool is
+    noted as left out of ``tools/list`` (``is_unlisted``), and a valid one is not."""
+    d3 = "http://json-schema.org/draft-03/schema#"
+    bad = {"$schema": d3, "type": "object", "definitions": {"x": {"type": 5}},
+           "properties": {"a": {"$ref": "#/definitions/x"}}}
+    (tool,) = parse(shorthand(schema=bad), tmp_path).tools
+    (note,) = tool.listing_notes
+    assert note.startswith(
+        "External tool 'acme' is not listed to MCP hosts: its schema, converted to JSON "
+        "Schema 2020-12 (MCP's dialect, which Claude's API checks every tool of a request "
+        "against), is not valid: [] should be non-empty"
+    )
+    assert is_unlisted(tool.listing_notes)
+    good = {**bad, "definitions": {"x": {"type": "string"}}}
+    (tool,) = parse(shorthand(schema=good), tmp_path).tools
+    assert tool.listing_notes == ()

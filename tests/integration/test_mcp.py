@@ -1329,6 +1329,10 @@ async def test_mcp_lists_every_schema_as_json_schema_2020_12_and_checks_calls_as
               "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}
     write_set(sets, "either", tool("e.py", schema=either), **{"e.py": ASKER_OK})
     write_set(sets, "arrayroot", tool("r.py", schema={"type": "array"}), **{"r.py": ASKER_OK})
+    # Valid draft 3 (which checks nothing in ``definitions``), invalid once 2020-12.
+    loose = {"$schema": "http://json-schema.org/draft-03/schema#", "type": "object",
+             "definitions": {"x": {"type": 5}}}
+    write_set(sets, "loose3", tool("l.py", schema=loose), **{"l.py": ASKER_OK})
     with anyio.fail_after(30):
         async with Client(server(mcp_host, workspace, "--mode", "full")) as client:
             listed = {t.name: t for t in (await client.list_tools()).tools}
@@ -1353,7 +1357,10 @@ async def test_mcp_lists_every_schema_as_json_schema_2020_12_and_checks_calls_as
         Draft202012Validator.check_schema(schema)
     assert [r.is_error for r in results] == [False, True, True, False, True]
     assert "arrayroot" not in listed
+    assert "loose3" not in listed
     notes = mcp_host.call("list", {"workspace": str(workspace)})["result"]["notes"]
+    (loose_note,) = [n["message"] for n in notes if n["set"] == "loose3"]
+    assert "converted to JSON Schema 2020-12" in loose_note
     (noted,) = [n["message"] for n in notes if n["set"] == "arrayroot"]
     assert 'root type is "array"' in noted
     assert "MCP hosts send arguments as an object" in noted
