@@ -11,8 +11,9 @@ face (socket, stdio, HTTP) and for the operator notes that say so:
 * ``listed_schema``: the schema as listed. JSON Schema 2020-12, MCP's default dialect
   (``as_2020_12``: a schema of drafts 3 to 2019-09 as the 2020-12 schema that says the
   same; Claude's API refuses every request of a session whose tools hold one schema of
-  another dialect); no ``allOf``/``anyOf``/``oneOf`` at its root (Claude's API refuses
-  them there: they move under ``"if": true, "then"``, which applies them the same);
+  another dialect); no ``allOf``/``anyOf``/``oneOf``/``not``/``enum`` at its root
+  (Claude's API refuses the first three there, OpenAI's all five: they move under
+  ``"if": true, "then"``, which applies them the same);
   ``type: "object"`` at its root; each root ``properties`` entry an object (a boolean
   schema as the object that says the same); and no ``x-mcp-header`` marks when they
   break MCP's rules (``header_marks``: the daemon checks no header for such a schema,
@@ -136,9 +137,12 @@ _RESOURCE_KEYWORDS = frozenset(
 )
 #: A 2020-12 ``$anchor``.
 _ANCHOR = re.compile(r"[A-Za-z_][-A-Za-z0-9._]*")
-#: What Claude's API refuses at an ``input_schema``'s root (it says "input_schema does not
-#: support oneOf, allOf, or anyOf at the top level"), and the keywords that move with them.
-_CONDITIONAL = frozenset({"allOf", "anyOf", "oneOf", "if", "then", "else"})
+#: What a model's API refuses at an ``input_schema``'s root: Claude's says "input_schema
+#: does not support oneOf, allOf, or anyOf at the top level", OpenAI's (Codex's) "schema
+#: must have type 'object' and not have 'oneOf'/'anyOf'/'allOf'/'enum'/'not' at the top
+#: level"; and the keywords that move with them (``listed_schema``).
+_ROOT_REFUSED = ("allOf", "anyOf", "oneOf", "not", "enum")
+_CONDITIONAL = frozenset({*_ROOT_REFUSED, "if", "then", "else"})
 
 
 def as_2020_12(schema: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -508,8 +512,9 @@ def listed_schema(schema: Mapping[str, Any], *, marks_checked: bool = False) -> 
 
     MCP's default dialect is JSON Schema 2020-12, and Claude's API refuses every request
     of a session when one tool's schema is not 2020-12 or holds ``allOf``, ``anyOf`` or
-    ``oneOf`` at its root: a schema of an older draft is listed as the 2020-12 schema
-    that says the same (``as_2020_12``), and root combinators move under
+    ``oneOf`` at its root (OpenAI's, for Codex, ``not`` and ``enum`` too): a schema of an
+    older draft is listed as the 2020-12 schema that says the same (``as_2020_12``), and
+    those root keywords move under
     ``"if": true, "then": {...}``, which applies them as the root did (a ``$ref`` pointer to
     one follows it: ``#/anyOf/0`` is ``#/then/anyOf/0``).
     MCP's arguments are always an object, and its schema requires that root type; a host
@@ -536,7 +541,7 @@ def listed_schema(schema: Mapping[str, Any], *, marks_checked: bool = False) -> 
             k: _BOOLEAN_SCHEMAS[v] if isinstance(v, bool) else v for k, v in properties.items()
         }
         schema = {**schema, "properties": fixed}
-    if "anyOf" in schema or "allOf" in schema or "oneOf" in schema:
+    if any(keyword in schema for keyword in _ROOT_REFUSED):
         moved = {k: v for k, v in schema.items() if k in _CONDITIONAL}
         schema = {
             **{k: v for k, v in schema.items() if k not in _CONDITIONAL},

@@ -408,6 +408,16 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
         [{"n": 1}, {"n": "x"}],
     ),
     (
+        "2020-12 not and enum at the root, which OpenAI's API refuses there",
+        {
+            "type": "object",
+            "properties": {"a": {}, "b": {}},
+            "not": {"required": ["a", "b"]},
+            "enum": [{"a": 1}, {"b": 2}, {"a": 1, "b": 2}],
+        },
+        [{"a": 1}, {"b": 2}, {"a": 1, "b": 2}, {"a": 2}, {}],
+    ),
+    (
         "an unknown $schema, checked as 2020-12",
         {
             "$schema": "https://json-schema.org/draft-07/schema#",
@@ -433,7 +443,7 @@ def test_a_listing_is_2020_12_and_takes_what_the_schema_as_declared_takes(
     listed = listed_schema(declared)
     Draft202012Validator.check_schema(listed)
     assert listed.get("$schema", DIALECT_2020_12) == DIALECT_2020_12
-    assert not {"allOf", "anyOf", "oneOf"} & set(listed)
+    assert not {"allOf", "anyOf", "oneOf", "not", "enum"} & set(listed)
     assert listed["type"] == "object"
     declared_verdicts = [own(declared).is_valid(i) for i in instances]
     listed_verdicts = [Draft202012Validator(listed).is_valid(i) for i in instances]
@@ -478,7 +488,7 @@ def test_the_listing_moves_each_draft_7_item_it_changes() -> None:
             "patternProperties": {"^[a-c]~/$": {"items": [{}]}},
             "not": {"$ref": "#/patternProperties/^[a-c]~0~1$/items/0"},
         }
-    )["not"] == {"$ref": "#/patternProperties/%5E%5Ba-c%5D~0~1$/prefixItems/0"}
+    )["then"]["not"] == {"$ref": "#/patternProperties/%5E%5Ba-c%5D~0~1$/prefixItems/0"}
     tree = {"type": ["object", "string"], "properties": {"kids": {"items": {"$ref": "#"}}}}
     assert listed_schema(tree) == {
         "type": "object",
@@ -495,11 +505,18 @@ def test_the_listing_moves_each_draft_7_item_it_changes() -> None:
         "$anchor": "top",
         "type": "object",
     }
-    assert listed_schema({"type": "object", "oneOf": [{"required": ["a"]}], "not": {}}) == {
+    # OpenAI's API (Codex) refuses a root ``not`` or ``enum`` too: they move with the rest.
+    assert listed_schema(
+        {"type": "object", "oneOf": [{"required": ["a"]}], "not": {"required": ["b"]}}
+    ) == {
         "type": "object",
-        "not": {},
         "if": True,
-        "then": {"oneOf": [{"required": ["a"]}]},
+        "then": {"oneOf": [{"required": ["a"]}], "not": {"required": ["b"]}},
+    }
+    assert listed_schema({"type": "object", "enum": [{"a": 1}]}) == {
+        "type": "object",
+        "if": True,
+        "then": {"enum": [{"a": 1}]},
     }
 
 
