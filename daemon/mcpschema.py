@@ -83,6 +83,8 @@ _SUBSCHEMAS = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
 _SUBSCHEMA_MAP = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
 #: The keywords whose value may be a list of schemas (draft 7's tuple ``items`` too).
 _SUBSCHEMA_LISTS = _SUBSCHEMAS | _SUBSCHEMA
+#: The keywords whose value is a map of schemas, ``properties`` with them.
+_SUBSCHEMA_MAPS = _SUBSCHEMA_MAP | {"properties"}
 #: An HTTP field name (RFC 9110 5.6.2 token).
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_TYPES = ("string", "integer", "boolean")
@@ -365,19 +367,38 @@ def _refs_moved(
             pointer = _moved_pointer(value, moved)
             if pointer is not None:
                 changed[keyword] = pointer
-        elif keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
-            members = {key: _refs_moved(sub, moved, False) for key, sub in value.items()}
-            if any(members[key] is not sub for key, sub in value.items()):
-                changed[keyword] = members
-        elif keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
-            items = [_refs_moved(sub, moved, False) for sub in value]
-            if any(new is not old for new, old in zip(items, value, strict=True)):
-                changed[keyword] = items
-        elif keyword in _SUBSCHEMA:
-            sub = _refs_moved(value, moved, False)
-            if sub is not value:
-                changed[keyword] = sub
+        else:
+            new = _rebuilt(keyword, value, lambda sub: _refs_moved(sub, moved, False))
+            if new is not value:
+                changed[keyword] = new
     return {**node, **changed} if changed else node
+
+
+def _children(keyword: str, value: Any) -> Iterable[Any]:
+    """The subschemas in ``value``, the value of ``keyword`` (none when it holds none).
+    The walks of this module (``_positions``, ``_unmarked``, ``_refs_moved``,
+    ``_root_refs``) take them from here, so that they agree on where a subschema is."""
+    if keyword in _SUBSCHEMA_MAPS:
+        return value.values() if isinstance(value, Mapping) else ()
+    if keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
+        return value
+    return (value,) if keyword in _SUBSCHEMA else ()
+
+
+def _rebuilt(keyword: str, value: Any, each: Callable[[Any], Any]) -> Any:
+    """``value`` (of ``keyword``) with ``each`` applied to every subschema in it
+    (``_children``), in its own shape; ``value`` itself when no subschema changed."""
+    if keyword in _SUBSCHEMA_MAPS:
+        if not isinstance(value, Mapping):
+            return value
+        members = {key: each(sub) for key, sub in value.items()}
+        return members if any(members[key] is not sub for key, sub in value.items()) else value
+    if keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
+        items = [each(sub) for sub in value]
+        return (
+            items if any(new is not old for new, old in zip(items, value, strict=True)) else value
+        )
+    return each(value) if keyword in _SUBSCHEMA else value
 
 
 def _moved_pointer(
@@ -418,15 +439,8 @@ def _positions(
                 children.extend(
                     ((*path, key) if path is not None else None, sub) for key, sub in value.items()
                 )
-            elif keyword in _SUBSCHEMA:
-                # Draft 7's tuple ``items`` is a list: the TypeScript SDK looks in it too.
-                children.extend(
-                    (None, sub) for sub in (value if isinstance(value, list) else [value])
-                )
-            elif keyword in _SUBSCHEMAS and isinstance(value, list):
-                children.extend((None, sub) for sub in value)
-            elif keyword in _SUBSCHEMA_MAP and isinstance(value, Mapping):
-                children.extend((None, sub) for sub in value.values())
+            else:  # draft 7's tuple ``items`` is a list: the TypeScript SDK looks in it too
+                children.extend((None, sub) for sub in _children(keyword, value))
         pending.extend(reversed(children))  # depth first, in the file's order
 
 
@@ -469,19 +483,11 @@ def _unmarked(node: Any) -> Any:
     """``node`` without an ``x-mcp-header`` at any position ``_positions`` walks."""
     if not isinstance(node, Mapping):
         return node
-    out: dict[str, Any] = {}
-    for keyword, value in node.items():
-        if keyword == HEADER_MARK:
-            continue
-        if keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
-            out[keyword] = {key: _unmarked(sub) for key, sub in value.items()}
-        elif keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
-            out[keyword] = [_unmarked(sub) for sub in value]
-        elif keyword in _SUBSCHEMA:
-            out[keyword] = _unmarked(value)
-        else:
-            out[keyword] = value
-    return out
+    return {
+        keyword: _rebuilt(keyword, value, _unmarked)
+        for keyword, value in node.items()
+        if keyword != HEADER_MARK
+    }
 
 
 def _may_refer(schema: Mapping[str, Any]) -> bool:
@@ -589,15 +595,7 @@ def _root_refs(node: Any, root: bool = False) -> int:
         return -1
     count = 1 if node.get("$ref") in ("#", "") else 0
     for keyword, value in node.items():
-        if keyword in ("properties", *_SUBSCHEMA_MAP) and isinstance(value, Mapping):
-            subs: Iterable[Any] = value.values()
-        elif keyword in _SUBSCHEMA_LISTS and isinstance(value, list):
-            subs = value
-        elif keyword in _SUBSCHEMA:
-            subs = (value,)
-        else:
-            continue
-        for sub in subs:
+        for sub in _children(keyword, value):
             found = _root_refs(sub)
             if found < 0:
                 return -1
