@@ -14,6 +14,7 @@ import importlib.util
 import json
 import py_compile
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, Daemon, shut_down, start_daemon, write_set
+from .conftest import REPO, Daemon, eventually, shut_down, start_daemon, write_set
 
 #: A tool whose string may hold 10 characters: 70,000 of them are checked in the check
 #: process (``validation.off_loop``), 11 on the loop.
@@ -593,3 +594,36 @@ def test_metrics_whose_library_cannot_be_loaded_say_why(tmp_base: Path) -> None:
         assert body.decode() == said + "\n"
     finally:
         shut_down(daemon)
+
+
+def _any_address(package: Path) -> None:
+    """A release whose MCP endpoint listens on any address, not loopback only."""
+    _edit(package / "daemon" / "httpguard.py", "    if not address.is_loopback:", "    if False:")
+
+
+@pytest.mark.parametrize(("upgrade", "address"), [(_any_address, "0.0.0.0:8765"), (_removed, "127.0.0.1:0")])
+def test_a_listen_address_added_after_an_upgrade_is_not_judged_by_other_code(
+    installed: tuple[Daemon, Path], upgrade: Callable[[Path], None], address: str
+) -> None:
+    """A daemon started without a listen key loads the rules of listen addresses
+    (``httpguard``) at the first one its config file names. Added after an upgrade in
+    place, it was read with the new release's rules, mixed into the daemon (here a
+    release that listens on any address: the reload took 0.0.0.0 as fine, waiting for
+    the restart); with the venv removed (or half replaced) the ``reload`` call failed as
+    an internal error, and a SIGHUP ended the daemon. The reload keeps the running
+    settings and says to restart it, as a bad file is said."""
+    daemon, package = installed
+    upgrade(package)
+    config = daemon.log_path.parent / "toolsetd.toml"
+    config.write_text(f'mcp-listen = ["{address}"]\n')
+    said = (
+        f"{config}:1: mcp-listen: toolsetd was upgraded (or removed) under this daemon, which "
+        "loads its rules of listen addresses at the first one it reads: restart it"
+    )
+    reloaded = daemon.call("reload").get("result")
+    assert reloaded is not None and reloaded["config"] == {
+        "applied": [], "restartNeeded": [], "error": said
+    }
+    daemon.proc.send_signal(signal.SIGHUP)
+    eventually(lambda: [e["event"] for e in daemon.log_events()].count("config_reload_failed") == 2)
+    assert "result" in daemon.call("status")
