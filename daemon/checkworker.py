@@ -87,7 +87,7 @@ from toolsetd.protocol.jsontext import JsonNumber
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.jsontext import loads as json_loads
 
-from .install import UPGRADED, code_id
+from .install import UPGRADED, code_id, interpreter_flags
 from .large import LargeRequests
 from .logs import Throttle
 from .pdeath import die_with
@@ -291,7 +291,7 @@ class CheckWorker:
         proc = await anyio.open_process(
             [
                 self._python,
-                *_interpreter_flags(),
+                *interpreter_flags(),
                 "-P",  # no current folder on sys.path (it is /, but nothing is assumed)
                 "-m",
                 "toolsetd.daemon.checkworker",
@@ -427,25 +427,6 @@ def _installed_code() -> bytes | None:
         return json_dumps({"code": code_id()})
     except OSError:
         return None
-
-
-def _interpreter_flags() -> list[str]:
-    """The daemon's own interpreter flags that decide where imports are found: the
-    process must find the modules and libraries the daemon does (a daemon run by
-    ``python -I`` or ``-E``, a unit's hardening, or ``-s``, a distro's script line), else
-    it greets with another ``install.code_id`` (a library on a ``PYTHONPATH`` or in a
-    user's site that the daemon does not see) and is never used, nothing upgraded."""
-    flags = sys.flags
-    return [
-        flag
-        for flag, on in (
-            ("-I", flags.isolated),
-            ("-E", flags.ignore_environment),
-            ("-s", flags.no_user_site),
-            ("-S", flags.no_site),
-        )
-        if on
-    ]
 
 
 def _lost_message(returncode: int | None) -> str:

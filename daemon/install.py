@@ -47,6 +47,7 @@ __all__ = [
     "at_start",
     "code_id",
     "installed_version",
+    "interpreter_flags",
     "libraries_id",
     "sources_id",
 ]
@@ -170,6 +171,28 @@ def _module_files(names: list[str]) -> list[str]:
         if name.endswith(".pyc") and name[:-4].isidentifier() and name[:-1] not in sources
     }
     return sorted(sources | compiled)
+
+
+def interpreter_flags() -> list[str]:
+    """The daemon's own interpreter flags that decide where imports are found, for the
+    Python processes it starts (the check process, the watch process): they must find the
+    modules and libraries the daemon does (a daemon run by ``python -I`` or ``-E``, a
+    unit's hardening, or ``-s``, a distro's script line). Without them, a check process
+    found a library on a ``PYTHONPATH`` or in a user's site that the daemon does not see,
+    greeted with another ``code_id`` and was never used, nothing upgraded; a watch process
+    imported such a watchfiles (another tool's, an older one) and failed each watch, the
+    daemon left on its poll."""
+    flags = sys.flags
+    return [
+        flag
+        for flag, on in (
+            ("-I", flags.isolated),
+            ("-E", flags.ignore_environment),
+            ("-s", flags.no_user_site),
+            ("-S", flags.no_site),
+        )
+        if on
+    ]
 
 
 def installed_version(package: str, listings: dict[str, list[str]], strict: bool = False) -> str:
