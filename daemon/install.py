@@ -69,8 +69,20 @@ FORMAT_DISTRIBUTIONS = (
     "webcolors",
 )
 #: The distributions whose code decides a check's verdict, and jsonschema's first import
-#: loads: jsonschema, its meta-schemas and resolver (and ``FORMAT_DISTRIBUTIONS``).
-_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing")
+#: loads (and ``FORMAT_DISTRIBUTIONS``), by import name: jsonschema, its meta-schemas and
+#: resolver, and the resolver's own libraries, attrs (``attr`` and ``attrs``) and rpds,
+#: which nothing else in the daemon loads first. Not pydantic: neither the daemon nor the
+#: check process imports it (only ``toolsetd.protocol.models``, the client's), nor the
+#: libraries the daemon loads whole at its start (anyio, structlog, h11 with the HTTP
+#: endpoint on, watchfiles with the watch on), which it does not load anew.
+_DISTRIBUTIONS = {
+    "jsonschema": "jsonschema",
+    "jsonschema_specifications": "jsonschema_specifications",
+    "referencing": "referencing",
+    "attrs": "attrs",
+    "rpds": "rpds_py",
+}
+_FORMATS = tuple((name, name) for name in FORMAT_DISTRIBUTIONS)
 #: What else decides a check process's wire: orjson, the encoding of the request and the
 #: answer (the daemon's own is loaded at its start, and never anew).
 _WIRE = "orjson"
@@ -102,8 +114,8 @@ def libraries_id() -> str:
     """
     h = hashlib.sha256()
     listings: dict[str, list[str]] = {}  # they are usually installed side by side
-    for name in (*_DISTRIBUTIONS, *FORMAT_DISTRIBUTIONS):
-        found = installed_version(name, listings, strict=True)
+    for name, distribution in (*_DISTRIBUTIONS.items(), *_FORMATS):
+        found = installed_version(name, listings, strict=True, distribution=distribution)
         h.update(b"\x00" + found.encode(errors="surrogateescape"))
     return h.hexdigest()[:16]
 
@@ -195,18 +207,26 @@ def interpreter_flags() -> list[str]:
     ]
 
 
-def installed_version(package: str, listings: dict[str, list[str]], strict: bool = False) -> str:
+def installed_version(
+    package: str,
+    listings: dict[str, list[str]],
+    strict: bool = False,
+    distribution: str | None = None,
+) -> str:
     """What identifies the installed version of a top-level package, without importing it.
 
-    The name of its ``<package>-<version>.dist-info`` (or ``.egg-info``) folder beside it;
-    failing that, the path, size and mtime of its ``__init__`` (an unusual install).
+    The name of its ``<distribution>-<version>.dist-info`` (or ``.egg-info``) folder beside
+    it; failing that, the path, size and mtime of its ``__init__`` (an unusual install:
+    the mtime changes at a reinstall of the same version).
 
     Args:
-        package: The import name (here also the distribution's normalised name).
+        package: The import name.
         listings: Folder listings made so far, by folder.
         strict: Raise what a folder that cannot be read for want of a resource raised
             (out of descriptors, say), rather than answer its path: what is installed
             cannot be told now (``_unread``).
+        distribution: The distribution's normalised name, where it is not ``package``
+            (``rpds_py`` for ``rpds``).
     """
     try:
         spec = importlib.util.find_spec(package)
@@ -223,7 +243,8 @@ def installed_version(package: str, listings: dict[str, list[str]], strict: bool
         found = sorted(
             name
             for name in listings[site]
-            if name.startswith(package + "-") and name.endswith((".dist-info", ".egg-info"))
+            if name.startswith((distribution or package) + "-")
+            and name.endswith((".dist-info", ".egg-info"))
         )
         if found:
             return " ".join(found)

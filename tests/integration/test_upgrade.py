@@ -480,6 +480,31 @@ def _eleven(daemon: Daemon) -> dict[str, object]:
     return error
 
 
+@pytest.mark.parametrize(("module", "distribution"), [("attr", "attrs"), ("rpds", "rpds_py")])
+def test_a_daemon_started_warm_loads_no_other_companion_of_jsonschema(
+    tmp_base: Path, module: str, distribution: str
+) -> None:
+    """jsonschema's first import, at the first check that needs it in a daemon started
+    warm, loads its resolver's libraries too, attrs and rpds, which nothing loads before.
+    Their versions were not looked at: another release of either (here one that refuses
+    to load) was imported into the daemon, and the call failed as an internal error
+    with an incident id (or was checked with the new code). The call is refused, saying
+    to restart the daemon, as for another jsonschema."""
+    daemon, package = _daemon_from_a_venv(tmp_base, _JSONSCHEMA, warm=True)
+    try:
+        site = package.parent
+        (site / module / "__init__.py").write_text(f"raise ImportError('{module} 999 is being installed')\n")
+        (info,) = site.glob(f"{distribution}-*.dist-info")
+        info.rename(site / f"{distribution}-999.0.0.dist-info")
+        for _ in range(2):  # refused until the restart, said once
+            error = _eleven(daemon)
+            assert (error["code"], error["message"]) == (-32603, _JSONSCHEMA_UPGRADED)
+        said = [(e["event"], e.get("error")) for e in daemon.log_events()]
+        assert said.count(("schema_code_upgraded", _UPGRADED)) == 1
+    finally:
+        shut_down(daemon)
+
+
 def test_a_daemon_started_warm_checks_after_a_reinstall_of_the_same_jsonschema(
     tmp_base: Path,
 ) -> None:
