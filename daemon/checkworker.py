@@ -52,7 +52,9 @@ backtracks on them is stopped at 0.1 s and a little.
   once, with ``install.UPGRADED``, and large checks run on the loop until the daemon is
   restarted, or until the install changes again (another process is tried then: a
   reinstall of the same version, its files gone a moment, is given up for that moment
-  only; ``_install_changed``).
+  only; ``_install_changed``). A process that greets with other code while the install
+  reads as the daemon's own when it looks (it met such a reinstall half done, done since)
+  is not given up: the next check starts another (``_other_code``).
 
 Wire (the daemon's own, one JSON text a line): the process first says ``{"code": ...}``
 (its ``install.code_id``); the daemon sends a blank line at once, and reads that (an
@@ -166,6 +168,9 @@ class CheckWorker:
         self._given_up: bytes | None = None
         #: Whether ``argument_check_process_upgraded`` was said.
         self._said_upgraded = False
+        #: Whether the last process was of other code while the install read as the
+        #: daemon's own (``_other_code``): another such is given up.
+        self._doubted = False
         #: Whether the running process said it runs the daemon's code.
         self._same_code = False
         #: Until when (``anyio.current_time``) no process is started after one could not be.
@@ -235,6 +240,7 @@ class CheckWorker:
                             return None
                         await stdout.receive_until(b"\n", 1)  # the blank line's echo
                         self._same_code = True
+                        self._doubted = False
                     assert proc.stdin is not None
                     await proc.stdin.send(request)
                     del request
@@ -329,9 +335,20 @@ class CheckWorker:
     def _other_code(self, said: str, installed: bytes | None = None) -> None:
         """The process runs other code than the daemon, or none can run from the install as
         it is now (``installed``, if just looked at): no process is started again until
-        the install changes, and the operator is told once."""
+        the install changes, and the operator is told once.
+
+        Not when the install reads as the daemon's own now, the first time: the process
+        met a reinstall of the same version half done (its files gone a moment), which was
+        done when the daemon looked. Given up then "until the install changes", it was
+        given up for good, every large check on the loop and the log saying toolsetd was
+        upgraded. The next check tries another; a second such process is given up (what it
+        finds is not what the daemon finds: another Python under the same path, say)."""
         if installed is None:
             installed = _installed_code()
+        if installed == self._hello and not self._doubted:
+            self._doubted = True
+            log.info("argument_check_process_other_code", said=said)
+            return
         self._given_up = installed if installed is not None else b""
         if not self._said_upgraded:
             self._said_upgraded = True

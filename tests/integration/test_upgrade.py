@@ -211,6 +211,65 @@ def test_a_check_process_is_used_again_once_a_reinstall_of_the_same_code_is_done
     ]
 
 
+#: A reinstall of the same version that a check process's start meets half done: the
+#: first check process's look at its install finds ``mcp_session.py`` gone (its listing of
+#: the daemon's folder), and the file is back before that process greets.
+_HALF_DONE = """
+import os, sys, sysconfig
+
+_site = sysconfig.get_path("purelib")
+_module = _site + "/toolsetd/daemon/mcp_session.py"
+_aside = _site + "/mcp_session.py.aside"
+_once = _site + "/half-done"
+_moved = []
+
+def _reinstall(event, args):
+    if not sys.argv or not sys.argv[0].endswith("checkworker.py"):
+        return
+    if event == "os.listdir" and str(args[0]).endswith("toolsetd/daemon") and not os.path.exists(_once + ONCE):
+        open(_once, "w").close()
+        os.rename(_module, _aside)
+        _moved.append(True)
+    elif event == "open" and _moved and "/toolsetd/protocol/" in str(args[0]):
+        _moved.clear()
+        os.rename(_aside, _module)
+
+sys.addaudithook(_reinstall)
+"""
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_a_check_process_that_met_a_reinstall_half_done_is_tried_again(
+    tmp_base: Path, once: bool
+) -> None:
+    """A reinstall of the same version removes the files and writes them again. A check
+    process started meanwhile greets with the code of the install half done, and when
+    the daemon looked at the install after that greeting it found it whole again, its
+    own: it gave the process up "until the install changes", which it then never did.
+    Every large call after it was checked on the event loop until the restart, and the
+    log said toolsetd was upgraded, which it was not. The next large check tries another
+    process (a second one greeting with other code while the install reads as the
+    daemon's is given up: another Python under the same path, say; here each process
+    finds the file gone, ``once`` false)."""
+    hook = _HALF_DONE.replace("_once + ONCE", "_once" if once else "_once + '-never'")
+    daemon, _ = _daemon_from_a_venv(tmp_base, hook=hook)
+    try:
+        params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+        for _ in range(3):
+            error = daemon.call("invoke", params).get("error")
+            assert error is not None and error["message"] == _REFUSED
+        assert any(tmp_base.rglob("half-done"))  # the first process met it
+        said = [e["event"] for e in daemon.log_events() if e["event"].startswith("argument_check_process")]
+        assert said == [
+            "argument_check_process_started",
+            "argument_check_process_other_code",
+            "argument_check_process_started",
+            *([] if once else ["argument_check_process_upgraded"]),
+        ]
+    finally:
+        shut_down(daemon)
+
+
 #: An upgrade that lands while a daemon starts: once its modules are loaded (its start
 #: then reads its config file, with tomllib), a release whose check passes everything.
 _UPGRADE_AT_START = f"""
