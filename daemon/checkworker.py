@@ -50,7 +50,9 @@ backtracks on them is stopped at 0.1 s and a little.
   Other code (or a process that cannot run while the install changed, or no interpreter
   at all: the venv removed) is not used: ``argument_check_process_upgraded`` is logged,
   once, with ``install.UPGRADED``, and large checks run on the loop until the daemon is
-  restarted, or until the install changes again (another process is tried then: a
+  restarted (served, not refused: the verdict is the daemon's own, and the others wait
+  at most each check's time limit, as when no process can be had), or until the
+  install changes again (another process is tried then: a
   reinstall of the same version, its files gone a moment, is given up for that moment
   only; ``_install_changed``). A process that greets with other code while the install
   reads as the daemon's own when it looks (it met such a reinstall half done, done since)

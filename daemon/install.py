@@ -30,6 +30,11 @@ while ``sources_id`` is unchanged (they load no library anew), and jsonschema on
 again each time until the import, so that a moment's change (a reinstall's files gone) is
 refused only for that moment. Equal source is equal code, whatever the files' times: a
 reinstall of the same version is no upgrade.
+
+An install as one zip archive (a zipapp, shiv, pex) is not supported: its package folders
+cannot be listed, so ``sources_id`` hashes them as unreadable, the same for any archive,
+and an archive replaced under the daemon goes untold (the set cache's fingerprint cannot
+be taken either, and the check process, ``python -m``, does not find the package).
 """
 
 from __future__ import annotations
