@@ -50,9 +50,13 @@ backtracks on them is stopped at 0.1 s and a little.
   Other code (or a process that cannot run while the install changed, or no interpreter
   at all: the venv removed) is not used: ``argument_check_process_upgraded`` is logged,
   once, with ``install.UPGRADED``, and large checks run on the loop until the daemon is
-  restarted, or until the install changes again (another process is tried then: a
+  restarted (served, not refused: the verdict is the daemon's own, and the others wait
+  at most each check's time limit, as when no process can be had), or until the
+  install changes again (another process is tried then: a
   reinstall of the same version, its files gone a moment, is given up for that moment
-  only; ``_install_changed``).
+  only; ``_install_changed``). A process that greets with other code while the install
+  reads as the daemon's own when it looks (it met such a reinstall half done, done since)
+  is not given up: the next check starts another (``_other_code``).
 
 Wire (the daemon's own, one JSON text a line): the process first says ``{"code": ...}``
 (its ``install.code_id``); the daemon sends a blank line at once, and reads that (an
@@ -87,7 +91,7 @@ from toolsetd.protocol.jsontext import JsonNumber
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.jsontext import loads as json_loads
 
-from .install import UPGRADED, code_id
+from .install import UPGRADED, code_id, interpreter_flags
 from .large import LargeRequests
 from .logs import Throttle
 from .pdeath import die_with
@@ -166,6 +170,9 @@ class CheckWorker:
         self._given_up: bytes | None = None
         #: Whether ``argument_check_process_upgraded`` was said.
         self._said_upgraded = False
+        #: Whether the last process was of other code while the install read as the
+        #: daemon's own (``_other_code``): another such is given up.
+        self._doubted = False
         #: Whether the running process said it runs the daemon's code.
         self._same_code = False
         #: Until when (``anyio.current_time``) no process is started after one could not be.
@@ -235,6 +242,7 @@ class CheckWorker:
                             return None
                         await stdout.receive_until(b"\n", 1)  # the blank line's echo
                         self._same_code = True
+                        self._doubted = False
                     assert proc.stdin is not None
                     await proc.stdin.send(request)
                     del request
@@ -291,7 +299,7 @@ class CheckWorker:
         proc = await anyio.open_process(
             [
                 self._python,
-                *_interpreter_flags(),
+                *interpreter_flags(),
                 "-P",  # no current folder on sys.path (it is /, but nothing is assumed)
                 "-m",
                 "toolsetd.daemon.checkworker",
@@ -329,9 +337,20 @@ class CheckWorker:
     def _other_code(self, said: str, installed: bytes | None = None) -> None:
         """The process runs other code than the daemon, or none can run from the install as
         it is now (``installed``, if just looked at): no process is started again until
-        the install changes, and the operator is told once."""
+        the install changes, and the operator is told once.
+
+        Not when the install reads as the daemon's own now, the first time: the process
+        met a reinstall of the same version half done (its files gone a moment), which was
+        done when the daemon looked. Given up then "until the install changes", it was
+        given up for good, every large check on the loop and the log saying toolsetd was
+        upgraded. The next check tries another; a second such process is given up (what it
+        finds is not what the daemon finds: another Python under the same path, say)."""
         if installed is None:
             installed = _installed_code()
+        if installed == self._hello and not self._doubted:
+            self._doubted = True
+            log.info("argument_check_process_other_code", said=said)
+            return
         self._given_up = installed if installed is not None else b""
         if not self._said_upgraded:
             self._said_upgraded = True
@@ -427,25 +446,6 @@ def _installed_code() -> bytes | None:
         return json_dumps({"code": code_id()})
     except OSError:
         return None
-
-
-def _interpreter_flags() -> list[str]:
-    """The daemon's own interpreter flags that decide where imports are found: the
-    process must find the modules and libraries the daemon does (a daemon run by
-    ``python -I`` or ``-E``, a unit's hardening, or ``-s``, a distro's script line), else
-    it greets with another ``install.code_id`` (a library on a ``PYTHONPATH`` or in a
-    user's site that the daemon does not see) and is never used, nothing upgraded."""
-    flags = sys.flags
-    return [
-        flag
-        for flag, on in (
-            ("-I", flags.isolated),
-            ("-E", flags.ignore_environment),
-            ("-s", flags.no_user_site),
-            ("-S", flags.no_site),
-        )
-        if on
-    ]
 
 
 def _lost_message(returncode: int | None) -> str:

@@ -30,6 +30,11 @@ while ``sources_id`` is unchanged (they load no library anew), and jsonschema on
 again each time until the import, so that a moment's change (a reinstall's files gone) is
 refused only for that moment. Equal source is equal code, whatever the files' times: a
 reinstall of the same version is no upgrade.
+
+An install as one zip archive (a zipapp, shiv, pex) is not supported: its package folders
+cannot be listed, so ``sources_id`` hashes them as unreadable, the same for any archive,
+and an archive replaced under the daemon goes untold (the set cache's fingerprint cannot
+be taken either, and the check process, ``python -m``, does not find the package).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ __all__ = [
     "at_start",
     "code_id",
     "installed_version",
+    "interpreter_flags",
     "libraries_id",
     "sources_id",
 ]
@@ -68,8 +74,20 @@ FORMAT_DISTRIBUTIONS = (
     "webcolors",
 )
 #: The distributions whose code decides a check's verdict, and jsonschema's first import
-#: loads: jsonschema, its meta-schemas and resolver (and ``FORMAT_DISTRIBUTIONS``).
-_DISTRIBUTIONS = ("jsonschema", "jsonschema_specifications", "referencing")
+#: loads (and ``FORMAT_DISTRIBUTIONS``), by import name: jsonschema, its meta-schemas and
+#: resolver, and the resolver's own libraries, attrs (``attr`` and ``attrs``) and rpds,
+#: which nothing else in the daemon loads first. Not pydantic: neither the daemon nor the
+#: check process imports it (only ``toolsetd.protocol.models``, the client's), nor the
+#: libraries the daemon loads whole at its start (anyio, structlog, h11 with the HTTP
+#: endpoint on, watchfiles with the watch on), which it does not load anew.
+_DISTRIBUTIONS = {
+    "jsonschema": "jsonschema",
+    "jsonschema_specifications": "jsonschema_specifications",
+    "referencing": "referencing",
+    "attrs": "attrs",
+    "rpds": "rpds_py",
+}
+_FORMATS = tuple((name, name) for name in FORMAT_DISTRIBUTIONS)
 #: What else decides a check process's wire: orjson, the encoding of the request and the
 #: answer (the daemon's own is loaded at its start, and never anew).
 _WIRE = "orjson"
@@ -101,8 +119,8 @@ def libraries_id() -> str:
     """
     h = hashlib.sha256()
     listings: dict[str, list[str]] = {}  # they are usually installed side by side
-    for name in (*_DISTRIBUTIONS, *FORMAT_DISTRIBUTIONS):
-        found = installed_version(name, listings, strict=True)
+    for name, distribution in (*_DISTRIBUTIONS.items(), *_FORMATS):
+        found = installed_version(name, listings, strict=True, distribution=distribution)
         h.update(b"\x00" + found.encode(errors="surrogateescape"))
     return h.hexdigest()[:16]
 
@@ -172,18 +190,48 @@ def _module_files(names: list[str]) -> list[str]:
     return sorted(sources | compiled)
 
 
-def installed_version(package: str, listings: dict[str, list[str]], strict: bool = False) -> str:
+def interpreter_flags() -> list[str]:
+    """The daemon's own interpreter flags that decide where imports are found, for the
+    Python processes it starts (the check process, the watch process): they must find the
+    modules and libraries the daemon does (a daemon run by ``python -I`` or ``-E``, a
+    unit's hardening, or ``-s``, a distro's script line). Without them, a check process
+    found a library on a ``PYTHONPATH`` or in a user's site that the daemon does not see,
+    greeted with another ``code_id`` and was never used, nothing upgraded; a watch process
+    imported such a watchfiles (another tool's, an older one) and failed each watch, the
+    daemon left on its poll."""
+    flags = sys.flags
+    return [
+        flag
+        for flag, on in (
+            ("-I", flags.isolated),
+            ("-E", flags.ignore_environment),
+            ("-s", flags.no_user_site),
+            ("-S", flags.no_site),
+        )
+        if on
+    ]
+
+
+def installed_version(
+    package: str,
+    listings: dict[str, list[str]],
+    strict: bool = False,
+    distribution: str | None = None,
+) -> str:
     """What identifies the installed version of a top-level package, without importing it.
 
-    The name of its ``<package>-<version>.dist-info`` (or ``.egg-info``) folder beside it;
-    failing that, the path, size and mtime of its ``__init__`` (an unusual install).
+    The name of its ``<distribution>-<version>.dist-info`` (or ``.egg-info``) folder beside
+    it; failing that, the path, size and mtime of its ``__init__`` (an unusual install:
+    the mtime changes at a reinstall of the same version).
 
     Args:
-        package: The import name (here also the distribution's normalised name).
+        package: The import name.
         listings: Folder listings made so far, by folder.
         strict: Raise what a folder that cannot be read for want of a resource raised
             (out of descriptors, say), rather than answer its path: what is installed
             cannot be told now (``_unread``).
+        distribution: The distribution's normalised name, where it is not ``package``
+            (``rpds_py`` for ``rpds``).
     """
     try:
         spec = importlib.util.find_spec(package)
@@ -200,7 +248,8 @@ def installed_version(package: str, listings: dict[str, list[str]], strict: bool
         found = sorted(
             name
             for name in listings[site]
-            if name.startswith(package + "-") and name.endswith((".dist-info", ".egg-info"))
+            if name.startswith((distribution or package) + "-")
+            and name.endswith((".dist-info", ".egg-info"))
         )
         if found:
             return " ".join(found)

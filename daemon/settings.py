@@ -55,6 +55,7 @@ from toolsetd.protocol.printable import printable  # at load: ConfigError is mad
 from .config_file import read_regular_file
 from .confinement import ConfinementConfig, parse_confinement
 from .exhaustion import out_of_resources
+from .install import at_start, sources_id
 from .manifest import ManifestError
 from .output import MAX_OUTPUT_LIMIT_CHARS
 from .paths import os_user_home
@@ -677,8 +678,12 @@ def _deep_line(text: str, depth: int = 64) -> int | None:
     return None
 
 
-def _check_value(option: Option, raw: Any, where: str) -> Any:
-    """Convert and check one value; raises ValueError with what was expected."""
+def _check_value(option: Option, raw: Any, where: str, started: bool = False) -> Any:
+    """Convert and check one value; raises ValueError with what was expected.
+
+    ``started``: the daemon runs already (a reload): a listen address's rules are taken
+    only from its own code (``_own_listen_rules``).
+    """
     kind = option.kind
     if kind == "bool":
         if not isinstance(raw, bool):
@@ -721,7 +726,7 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
                 what = "empty" if name == "" else _show(name)
                 raise ValueError(f"must be {entries}; entry {number} is {what}")
         if option.check == "loopback":
-            _check_loopback(raw)
+            _check_loopback(raw, started)
         return tuple(raw)
     if not isinstance(raw, str):
         raise ValueError(f"must be a string, got {_show(raw)}")
@@ -749,7 +754,7 @@ def _check_value(option: Option, raw: Any, where: str) -> Any:
                 "is gone; give an absolute path"
             ) from None
     if kind == "listen":
-        return _parse_listen(raw)
+        return _parse_listen(raw, started)
     if not raw:
         raise ValueError("must not be empty")
     return raw
@@ -768,8 +773,39 @@ def _number(raw: Any, where: str, convert: type[int] | type[float], what: str) -
     return raw
 
 
-def _check_loopback(values: Sequence[str]) -> None:
+#: Why a listen address read at a reload is not judged (``_own_listen_rules``).
+_LISTEN_UPGRADED = (
+    "toolsetd was upgraded (or removed) under this daemon, which loads its rules of listen "
+    "addresses at the first one it reads: restart it"
+)
+
+
+def _own_listen_rules(started: bool) -> None:
+    """Before ``httpguard``'s first import at a reload (a listen key added to the file since
+    a start that had none, so loaded none): refuse when the install is no longer the
+    daemon's code (``install.sources_id``). Imported from another release, its rules were
+    mixed into the daemon's, and from an install half replaced or removed its
+    ``ImportError`` failed the ``reload`` call as an internal error and ended the daemon
+    at a SIGHUP. Looked at (~3 ms) only until it is imported: not at the start, which
+    loads it from the code the daemon starts with; what cannot be read now is not judged.
+
+    Raises:
+        ValueError: It is no longer the daemon's code (the reload keeps the running
+            settings and says why).
+    """
+    if not started or f"{__package__}.httpguard" in sys.modules:
+        return
+    try:
+        same = sources_id() == at_start()[1]
+    except OSError:
+        return
+    if not same:
+        raise ValueError(_LISTEN_UPGRADED)
+
+
+def _check_loopback(values: Sequence[str], started: bool = False) -> None:
     """Refuse an address the HTTP endpoint would refuse to bind, at start and at reload."""
+    _own_listen_rules(started)
     from .httpguard import ListenError, parse_listen  # its rules; loaded only when used
 
     for text in values:
@@ -779,7 +815,8 @@ def _check_loopback(values: Sequence[str]) -> None:
             raise ValueError(f"{_show(text)}: {exc.reason}") from None
 
 
-def _parse_listen(raw: str) -> tuple[str, int]:
+def _parse_listen(raw: str, started: bool = False) -> tuple[str, int]:
+    _own_listen_rules(started)
     from .httpguard import port_number  # loaded only when used
 
     host, sep, port_text = raw.rpartition(":")
@@ -816,8 +853,9 @@ def _show(raw: Any) -> str:
     return repr(raw)
 
 
-def _file_values(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
-    """Read and check the file: (values by attribute, sources by key)."""
+def _file_values(path: Path, started: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
+    """Read and check the file: (values by attribute, sources by key); ``started``: as
+    ``_check_value``'s."""
     table, lines = _read_file(path)
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
@@ -835,7 +873,7 @@ def _file_values(path: Path) -> tuple[dict[str, Any], dict[str, str]]:
             hint = f"; did you mean {guess[0]!r}?" if guess else "; see toolsetd --help"
             raise ConfigError(f"unknown key{hint}", path, line, key)
         try:
-            values[option.attr] = _check_value(option, raw, "file")
+            values[option.attr] = _check_value(option, raw, "file", started)
         except ValueError as exc:
             raise ConfigError(str(exc), path, line, key) from None
         sources[key] = f"{path}:{line}" if line else str(path)
@@ -864,7 +902,11 @@ def _read_table(key: str, raw: Any, path: Path, lines: Mapping[str, int]) -> Any
 
 
 def load_settings(
-    args: argparse.Namespace, environ: Mapping[str, str], *, uid: int | None = None
+    args: argparse.Namespace,
+    environ: Mapping[str, str],
+    *,
+    uid: int | None = None,
+    started: bool = False,
 ) -> Settings:
     """The effective settings from the parsed flags, the environment and the config file.
 
@@ -872,6 +914,8 @@ def load_settings(
         args: ``build_parser().parse_args()`` (absent flags leave no attribute).
         environ: The environment.
         uid: The user id deciding the default file (the process's by default).
+        started: The daemon runs already (``reload_settings``): a module its start did not
+            load is loaded only from its own code (``_own_listen_rules``).
 
     Returns:
         The settings, with the source of every value.
@@ -886,7 +930,7 @@ def load_settings(
     file_values: dict[str, Any] = {}
     file_sources: dict[str, str] = {}
     if path is not None and (explicit or _present(path)):
-        file_values, file_sources = _file_values(path)
+        file_values, file_sources = _file_values(path, started)
     elif not explicit:
         path = None
     values: dict[str, Any] = {}
@@ -895,13 +939,13 @@ def load_settings(
         raw = getattr(args, option.attr, None)
         if raw is not None:
             try:
-                values[option.attr] = _check_value(option, raw, "flag")
+                values[option.attr] = _check_value(option, raw, "flag", started)
             except ValueError as exc:
                 raise ConfigError(str(exc), key=option.flag) from None
             sources[option.key] = f"flag {option.flag}"
         elif option.env and environ.get(option.env):
             try:
-                values[option.attr] = _check_value(option, environ[option.env], "env")
+                values[option.attr] = _check_value(option, environ[option.env], "env", started)
             except ValueError as exc:
                 raise ConfigError(f"(from {option.env}) {exc}", key=option.key) from None
             sources[option.key] = f"env {option.env}"
@@ -975,7 +1019,7 @@ def reload_settings(
     for option in OPTIONS:
         if option.env and running.sources.get(option.key) == f"env {option.env}":
             environ[option.env] = str(getattr(running, option.attr))
-    fresh = load_settings(args, environ)
+    fresh = load_settings(args, environ, started=True)
     applied: list[str] = []
     restart: list[str] = []
     keep: dict[str, Any] = {}

@@ -25,7 +25,11 @@ spawn fails (``EAGAIN``) the same way. The daemon starts no thread for a watch.
   a ``git pull`` in an editable install) its watch processes still run the code it loaded,
   whose wire matches its own. And they import the standard library and watchfiles only,
   not the ``toolsetd.daemon`` package (structlog) nor this module's imports (anyio's
-  streams, tempfile, subprocess). watchfiles itself is imported from disk as ever.
+  streams, tempfile, subprocess). watchfiles itself is imported from disk as ever, where
+  the daemon finds it: the process runs with the daemon's ``-I``/``-E``/``-s``/``-S``
+  (``install.interpreter_flags``), or a daemon run by ``python -E`` watched with a
+  watchfiles on a ``PYTHONPATH`` it ignores (each watch ended at its start, where that
+  one could not load).
 * **Wire** (one JSON text a line). The daemon writes the code on the process's stdin,
   ``[path, modules]`` (``_BOOTSTRAP`` says what it does with it), then one request,
   ``{"paths", "debounce", "step", "recursive", "timeout"}``, and leaves stdin open: EOF is
@@ -67,6 +71,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 from watchfiles import Change
 
 from . import pdeath, watchchild
+from .install import interpreter_flags
 
 __all__ = ["ProcessWatch", "watch_in_process"]
 
@@ -267,16 +272,19 @@ class ProcessWatch:
             self._stderr = stderr = _stderr_file()
             try:
                 pid = str(os.getpid())
+                # The daemon's -I/-E/-s/-S: its watchfiles is found where the daemon's is.
+                flags = interpreter_flags()
                 path: list[str] | None = None
                 try:
-                    proc = await _spawn([self._python, "-P", "-c", _BOOTSTRAP, pid], stderr)
+                    command = [self._python, *flags, "-P", "-c", _BOOTSTRAP, pid]
+                    proc = await _spawn(command, stderr)
                 except PermissionError:
                     # The daemon's user may not reach its interpreter by its path (a folder
                     # on the way only root may search, the daemon started by a launcher
                     # that could): the running binary, by /proc, with the daemon's import
                     # path.
                     path = [entry for entry in sys.path if os.path.isabs(entry)]
-                    command = ["/proc/self/exe", "-S", "-P", "-c", _BOOTSTRAP, pid]
+                    command = ["/proc/self/exe", *flags, "-S", "-P", "-c", _BOOTSTRAP, pid]
                     proc = await _spawn(command, stderr)
             except BaseException:
                 self._stderr = None

@@ -1413,6 +1413,29 @@ anyio.run(main)
 """
 
 
+async def test_a_watch_process_finds_watchfiles_where_a_daemon_run_without_the_environment_does(
+    tmp_path: Path,
+) -> None:
+    """A daemon run by ``python -E`` or ``-I`` (a unit's hardening), or ``-s`` (a distro's
+    script line), started its watch processes without that flag: they imported a
+    watchfiles the daemon does not see (here one on the ``PYTHONPATH`` it ignores, which
+    refuses to load; another tool's, an older one), each watch ended at its start, and the
+    daemon served from its poll. The watch process gets the daemon's flags, as the check
+    process does."""
+    decoy = tmp_path / "decoy" / "watchfiles"
+    decoy.mkdir(parents=True)
+    (decoy / "__init__.py").write_text("raise ImportError('a watchfiles the daemon ignores')\n")
+    watched = tmp_path / "watched"
+    watched.mkdir()
+    environment = {**os.environ, "PYTHONPATH": str(decoy.parent)}
+    daemon = await anyio.run_process(
+        [sys.executable, "-E", "-P", "-c", _DAEMON_UPGRADED_UNDER, str(watched)],
+        input=b"go\n", env=environment, cwd="/",
+    )
+    said = json.loads(daemon.stdout.splitlines()[-1])
+    assert said == [str(watched / "made")]
+
+
 def _package_copy(tmp_path: Path) -> Path:
     """A copy of the ``toolsetd.daemon`` package, the install a daemon of
     ``_DAEMON_UPGRADED_UNDER`` imports (``install/toolsetd/daemon``)."""

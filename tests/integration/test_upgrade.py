@@ -14,6 +14,7 @@ import importlib.util
 import json
 import py_compile
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO, Daemon, shut_down, start_daemon, write_set
+from .conftest import REPO, Daemon, eventually, shut_down, start_daemon, write_set
 
 #: A tool whose string may hold 10 characters: 70,000 of them are checked in the check
 #: process (``validation.off_loop``), 11 on the loop.
@@ -208,6 +209,65 @@ def test_a_check_process_is_used_again_once_a_reinstall_of_the_same_code_is_done
         "argument_check_process_upgraded",
         "argument_check_process_started",
     ]
+
+
+#: A reinstall of the same version that a check process's start meets half done: the
+#: first check process's look at its install finds ``mcp_session.py`` gone (its listing of
+#: the daemon's folder), and the file is back before that process greets.
+_HALF_DONE = """
+import os, sys, sysconfig
+
+_site = sysconfig.get_path("purelib")
+_module = _site + "/toolsetd/daemon/mcp_session.py"
+_aside = _site + "/mcp_session.py.aside"
+_once = _site + "/half-done"
+_moved = []
+
+def _reinstall(event, args):
+    if not sys.argv or not sys.argv[0].endswith("checkworker.py"):
+        return
+    if event == "os.listdir" and str(args[0]).endswith("toolsetd/daemon") and not os.path.exists(_once + ONCE):
+        open(_once, "w").close()
+        os.rename(_module, _aside)
+        _moved.append(True)
+    elif event == "open" and _moved and "/toolsetd/protocol/" in str(args[0]):
+        _moved.clear()
+        os.rename(_aside, _module)
+
+sys.addaudithook(_reinstall)
+"""
+
+
+@pytest.mark.parametrize("once", [True, False])
+def test_a_check_process_that_met_a_reinstall_half_done_is_tried_again(
+    tmp_base: Path, once: bool
+) -> None:
+    """A reinstall of the same version removes the files and writes them again. A check
+    process started meanwhile greets with the code of the install half done, and when
+    the daemon looked at the install after that greeting it found it whole again, its
+    own: it gave the process up "until the install changes", which it then never did.
+    Every large call after it was checked on the event loop until the restart, and the
+    log said toolsetd was upgraded, which it was not. The next large check tries another
+    process (a second one greeting with other code while the install reads as the
+    daemon's is given up: another Python under the same path, say; here each process
+    finds the file gone, ``once`` false)."""
+    hook = _HALF_DONE.replace("_once + ONCE", "_once" if once else "_once + '-never'")
+    daemon, _ = _daemon_from_a_venv(tmp_base, hook=hook)
+    try:
+        params = {"tool": "short", "arguments": {"s": "x" * 70_000}, "workspace": str(daemon.workspace)}
+        for _ in range(3):
+            error = daemon.call("invoke", params).get("error")
+            assert error is not None and error["message"] == _REFUSED
+        assert any(tmp_base.rglob("half-done"))  # the first process met it
+        said = [e["event"] for e in daemon.log_events() if e["event"].startswith("argument_check_process")]
+        assert said == [
+            "argument_check_process_started",
+            "argument_check_process_other_code",
+            "argument_check_process_started",
+            *([] if once else ["argument_check_process_upgraded"]),
+        ]
+    finally:
+        shut_down(daemon)
 
 
 #: An upgrade that lands while a daemon starts: once its modules are loaded (its start
@@ -479,6 +539,31 @@ def _eleven(daemon: Daemon) -> dict[str, object]:
     return error
 
 
+@pytest.mark.parametrize(("module", "distribution"), [("attr", "attrs"), ("rpds", "rpds_py")])
+def test_a_daemon_started_warm_loads_no_other_companion_of_jsonschema(
+    tmp_base: Path, module: str, distribution: str
+) -> None:
+    """jsonschema's first import, at the first check that needs it in a daemon started
+    warm, loads its resolver's libraries too, attrs and rpds, which nothing loads before.
+    Their versions were not looked at: another release of either (here one that refuses
+    to load) was imported into the daemon, and the call failed as an internal error
+    with an incident id (or was checked with the new code). The call is refused, saying
+    to restart the daemon, as for another jsonschema."""
+    daemon, package = _daemon_from_a_venv(tmp_base, _JSONSCHEMA, warm=True)
+    try:
+        site = package.parent
+        (site / module / "__init__.py").write_text(f"raise ImportError('{module} 999 is being installed')\n")
+        (info,) = site.glob(f"{distribution}-*.dist-info")
+        info.rename(site / f"{distribution}-999.0.0.dist-info")
+        for _ in range(2):  # refused until the restart, said once
+            error = _eleven(daemon)
+            assert (error["code"], error["message"]) == (-32603, _JSONSCHEMA_UPGRADED)
+        said = [(e["event"], e.get("error")) for e in daemon.log_events()]
+        assert said.count(("schema_code_upgraded", _UPGRADED)) == 1
+    finally:
+        shut_down(daemon)
+
+
 def test_a_daemon_started_warm_checks_after_a_reinstall_of_the_same_jsonschema(
     tmp_base: Path,
 ) -> None:
@@ -593,3 +678,36 @@ def test_metrics_whose_library_cannot_be_loaded_say_why(tmp_base: Path) -> None:
         assert body.decode() == said + "\n"
     finally:
         shut_down(daemon)
+
+
+def _any_address(package: Path) -> None:
+    """A release whose MCP endpoint listens on any address, not loopback only."""
+    _edit(package / "daemon" / "httpguard.py", "    if not address.is_loopback:", "    if False:")
+
+
+@pytest.mark.parametrize(("upgrade", "address"), [(_any_address, "0.0.0.0:8765"), (_removed, "127.0.0.1:0")])
+def test_a_listen_address_added_after_an_upgrade_is_not_judged_by_other_code(
+    installed: tuple[Daemon, Path], upgrade: Callable[[Path], None], address: str
+) -> None:
+    """A daemon started without a listen key loads the rules of listen addresses
+    (``httpguard``) at the first one its config file names. Added after an upgrade in
+    place, it was read with the new release's rules, mixed into the daemon (here a
+    release that listens on any address: the reload took 0.0.0.0 as fine, waiting for
+    the restart); with the venv removed (or half replaced) the ``reload`` call failed as
+    an internal error, and a SIGHUP ended the daemon. The reload keeps the running
+    settings and says to restart it, as a bad file is said."""
+    daemon, package = installed
+    upgrade(package)
+    config = daemon.log_path.parent / "toolsetd.toml"
+    config.write_text(f'mcp-listen = ["{address}"]\n')
+    said = (
+        f"{config}:1: mcp-listen: toolsetd was upgraded (or removed) under this daemon, which "
+        "loads its rules of listen addresses at the first one it reads: restart it"
+    )
+    reloaded = daemon.call("reload").get("result")
+    assert reloaded is not None and reloaded["config"] == {
+        "applied": [], "restartNeeded": [], "error": said
+    }
+    daemon.proc.send_signal(signal.SIGHUP)
+    eventually(lambda: [e["event"] for e in daemon.log_events()].count("config_reload_failed") == 2)
+    assert "result" in daemon.call("status")
