@@ -767,3 +767,10 @@ def test_a_workspace_variable_the_host_left_unexpanded_is_named(
     plain = ctl(first_hour, "--workspace", str(tmp_path / "gone"), "list")
     assert plain.returncode == 2
     assert "It holds" not in plain.stderr
+    # As sent by a client that does not make it absolute (an HTTP URL's workspace=, a
+    # client of the socket): a relative path, with the same variable in it.
+    error = first_hour.call("list", {"workspace": "${workspaceFolder}"})["error"]
+    assert error["code"] == -32006
+    assert error["message"].endswith(f"got a relative path. {hint}")
+    relative = first_hour.call("list", {"workspace": "ws"})["error"]["message"]
+    assert relative.endswith("got a relative path.")
