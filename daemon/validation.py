@@ -1179,10 +1179,7 @@ class ArgumentValidators:
             if isinstance(exc, referencing.exceptions.Unresolvable):
                 reason = _clip(str(exc), _SCHEMA_MESSAGE_LIMIT)
             elif _no_uri(exc):  # resolves to nothing, as an unresolvable one
-                reason = (
-                    "a $ref in it, or the $id it is read against, is no URI "
-                    f"({_clip(str(exc), _SCHEMA_MESSAGE_LIMIT)})"
-                )
+                reason = f"a $ref or $id in it is no URI ({_clip(str(exc), _SCHEMA_MESSAGE_LIMIT)})"
             else:
                 raise
             return [{"path": "", "message": f"the tool's input schema cannot be used: {reason}"}]

@@ -528,16 +528,16 @@ _NO_URI_USE = "the tool's input schema cannot be used: "
         ({"properties": {"a": {"$schema": "http://[x/schema", "type": "string"}}},
          [("/a", "/a: expected string, got integer")]),
         # A $ref or $dynamicRef with a fragment, or one read against an $id: no schema it
-        # names, as for any $ref that resolves to none.
+        # names, as for any $ref that resolves to none; so for an $id read against another.
         ({"properties": {"a": {"$ref": "http://[x/schema#/$defs/y"}}},
-         [("", _NO_URI_USE + "a $ref in it, or the $id it is read against, is no URI "
-                             "(Invalid IPv6 URL)")]),
+         [("", _NO_URI_USE + "a $ref or $id in it is no URI (Invalid IPv6 URL)")]),
         ({"properties": {"a": {"$dynamicRef": "http://[x/schema#y"}}},
-         [("", _NO_URI_USE + "a $ref in it, or the $id it is read against, is no URI "
-                             "(Invalid IPv6 URL)")]),
+         [("", _NO_URI_USE + "a $ref or $id in it is no URI (Invalid IPv6 URL)")]),
         ({"$id": "https://example.com/s", "properties": {"a": {"$ref": "http://[x/schema"}}},
-         [("", _NO_URI_USE + "a $ref in it, or the $id it is read against, is no URI "
-                             "(Invalid IPv6 URL)")]),
+         [("", _NO_URI_USE + "a $ref or $id in it is no URI (Invalid IPv6 URL)")]),
+        # An $id below one: the subschema's base is read against the root's.
+        ({"$id": "https://example.com/s", "properties": {"a": {"$id": "http://[x/"}}},
+         [("", _NO_URI_USE + "a $ref or $id in it is no URI (Invalid IPv6 URL)")]),
     ],
 )
 def test_a_uri_in_a_subschema_that_is_no_uri_is_no_internal_error(
