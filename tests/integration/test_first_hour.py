@@ -377,12 +377,16 @@ def test_a_command_on_path_whose_interpreter_is_gone_names_it(
         fixed = fix.format(script=daemon.workspace / "bin" / "py9tool")
         argv = [sys.executable, "-m", "toolsetd.client", "--socket", str(daemon.socket),
                 "--workspace", str(daemon.workspace)]  # fmt: skip
-        run: Any = {"capture_output": True, "text": True, "timeout": 60, "env": env}
-        r = subprocess.run([*argv, "validate", str(root / "tools" / "py9")], check=False, **run)
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=60,
+                                  env=env, check=False)  # fmt: skip
+
+        r = run("validate", str(root / "tools" / "py9"))
         assert (r.returncode, r.stdout) == (
             2, f"Tool set py9 is not valid:\n- {fixed} (used by py9)\n"
         ), r.stderr
-        r = subprocess.run([*argv, "invoke", "py9", "--approve"], check=False, **run)
+        r = run("invoke", "py9", "--approve")
         assert (r.returncode, r.stdout) == (
             1, f"The external process failed to start: No such file or directory: py9tool. "
             f"{fixed}\n"
