@@ -257,7 +257,8 @@ def executable_problem(resolved: str, set_dir: Path, search_path: str | None = N
         search_path: The ``PATH`` a bare name is looked up in (None: this process's).
     """
     if "/" not in resolved:
-        if shutil.which(resolved, path=search_path) is None:
+        runs = shutil.which(resolved, path=search_path)
+        if runs is None:
             found = found_on_path(resolved, search_path)
             if found is not None:  # there, but not to be run: its own fix (chmod, noexec)
                 return executable_problem(found, set_dir)
@@ -265,7 +266,10 @@ def executable_problem(resolved: str, set_dir: Path, search_path: str | None = N
                 f"Command '{resolved}' is neither a file in {set_dir} nor found on PATH "
                 "(toolsetd searches its own PATH)."
             )
-        return ""
+        # The one found, a script whose #! line may name no interpreter that runs (a
+        # console script whose venv was made anew): the system says "No such file or
+        # directory" of a name that is on PATH.
+        return interpreter_failure(runs)[1]
     if not os.path.exists(resolved):
         return f"Command file {resolved} does not exist."
     if not os.path.isfile(resolved):

@@ -204,8 +204,9 @@ def check_executable(name: str, search_path: str | None, set_dir: Path | None = 
 
     The message is what the spawn itself would have said, the reason, then the file,
     and after it the sentence that names the fix (``argv.executable_problem``). A script
-    whose ``#!`` line names no interpreter that exists (Windows line endings, one not
-    installed) is refused here too: bubblewrap's exec of it failed after the sandbox was
+    (given by its path, or the one a bare name finds on ``search_path``) whose ``#!`` line
+    names no interpreter that runs (Windows line endings, one not installed) is refused
+    here too: bubblewrap's exec of it failed after the sandbox was
     built, and the call was reported as a sandbox that could not be set up.
 
     Args:
@@ -218,19 +219,24 @@ def check_executable(name: str, search_path: str | None, set_dir: Path | None = 
         hint = executable_problem(name, set_dir or Path(os.curdir), search_path)
         return ExecutableError(f"{os.strerror(code)}: {name}" + (f". {hint}" if hint else ""))
 
+    runs = name
     if os.sep not in name:
-        if shutil.which(name, path=search_path) is None:
+        # The one found may be a script whose interpreter does not run (a console script
+        # whose venv was made anew): its #! line is read below as a path's is.
+        found = shutil.which(name, path=search_path)
+        if found is None:
             # One there that may not be run fails the spawn as "Permission denied".
-            found = found_on_path(name, search_path) is not None
-            raise refuse(errno.EACCES if found else errno.ENOENT)
-        return
-    try:
-        info = os.stat(name)
-    except OSError as exc:
-        raise refuse(exc.errno or errno.ENOENT) from exc
-    if stat.S_ISDIR(info.st_mode) or not os.access(name, os.X_OK):
-        raise refuse(errno.EACCES)
-    code, problem = interpreter_failure(name, without_line=False)
+            there = found_on_path(name, search_path) is not None
+            raise refuse(errno.EACCES if there else errno.ENOENT)
+        runs = found
+    else:
+        try:
+            info = os.stat(name)
+        except OSError as exc:
+            raise refuse(exc.errno or errno.ENOENT) from exc
+        if stat.S_ISDIR(info.st_mode) or not os.access(name, os.X_OK):
+            raise refuse(errno.EACCES)
+    code, problem = interpreter_failure(runs, without_line=False)
     if problem:
         raise ExecutableError(f"{os.strerror(code)}: {name}. {problem}")
 

@@ -469,9 +469,7 @@ class Service:
             )
         if not os.path.isabs(raw):
             raise rpc_errors.InvalidWorkspace(
-                "Invalid workspace: 'workspace' must be an absolute path to a directory; "
-                "got a relative path.",
-                {"field": "workspace"},
+                rpc_errors.workspace_relative(raw), {"field": "workspace"}
             )
         with busy_when_short("open the workspace to check it"):
             canonical = existing_directory(raw)

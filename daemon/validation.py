@@ -144,10 +144,8 @@ def _validator_class(schema: Mapping[str, Any]) -> type[Validator]:
         # A non-string $schema is reported by check_schema; validator_for would crash on a
         # list or an object (unhashable).
         return Draft202012Validator
-    try:
-        cls: type[Validator] = validator_for(schema, default=Draft202012Validator)
-    except ValueError:  # no URI (an unclosed "[": "Invalid IPv6 URL"), so no draft's
-        return Draft202012Validator
+    # One that is no URI (an unclosed "[") is a draft's of none (``_lenient_normalize``).
+    cls: type[Validator] = validator_for(schema, default=Draft202012Validator)
     return cls
 
 
@@ -219,6 +217,33 @@ def _additional_items(
         return
     original: Any = _legacy_keywords.additionalItems  # typed as returning None: a generator
     yield from original(validator, aI, instance, schema)
+
+
+def _lenient_normalize(normalize: Callable[[str], str]) -> Callable[[str], str]:
+    """jsonschema's ``URIDict.normalize`` of the drafts by ``$schema`` (``urlsplit``), which
+    raised ``ValueError`` on a ``$schema`` that is no URI (an unclosed "[": "Invalid IPv6
+    URL"): ``validator_for`` asks it at the root and at every subschema that has one. Such
+    a ``$schema`` is now kept as written, a draft's of none, as any other unknown one: the
+    root is checked as 2020-12, a subschema by its parent's draft."""
+
+    def lenient(uri: str) -> str:
+        try:
+            return normalize(uri)
+        except ValueError:
+            return uri
+
+    return lenient
+
+
+def _no_uri(exc: BaseException) -> bool:
+    """Whether ``exc`` is ``urllib.parse``'s ``ValueError`` for a text it cannot split as a
+    URI, which referencing meets as it reads a ``$ref`` (``urljoin``, ``urldefrag``)."""
+    if not isinstance(exc, ValueError):
+        return False
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_globals.get("__name__") == "urllib.parse"
 
 
 def _evaluated_item_indexes(original: Any) -> Any:
@@ -484,6 +509,8 @@ def _patch_keywords() -> None:
     """Replace jsonschema keywords, and Draft 6+'s ``integer`` type, in every draft's
     validator class of this process (once, before the first validator is made):
 
+    * a ``$schema`` that is no URI is a draft's of none (``_lenient_normalize``): jsonschema
+      raised ``ValueError`` on it;
     * ``additionalItems`` is passed by beside a boolean ``items`` (``_additional_items``),
       and 2019-09's ``unevaluatedItems`` takes one as evaluating every item
       (``_evaluated_item_indexes``): both raised ``TypeError`` on it;
@@ -527,6 +554,8 @@ def _patch_keywords() -> None:
         ("minimum", _legacy_keywords.minimum_draft3_draft4, _legacy_bound(-1, "minimum")),
         ("maximum", _legacy_keywords.maximum_draft3_draft4, _legacy_bound(1, "maximum")),
     ]
+    drafts: Any = validators._META_SCHEMAS  # type: ignore[attr-defined]  # a URIDict
+    drafts.normalize = _lenient_normalize(drafts.normalize)
     # Called by name from 2019-09's ``unevaluatedItems``, and by itself as it recurses.
     _legacy_keywords.find_evaluated_item_indexes_by_schema = _evaluated_item_indexes(
         _legacy_keywords.find_evaluated_item_indexes_by_schema
@@ -1147,9 +1176,12 @@ class ArgumentValidators:
         except Exception as exc:
             import referencing.exceptions  # loaded by jsonschema already; bound only here
 
-            if not isinstance(exc, referencing.exceptions.Unresolvable):
+            if isinstance(exc, referencing.exceptions.Unresolvable):
+                reason = _clip(str(exc), _SCHEMA_MESSAGE_LIMIT)
+            elif _no_uri(exc):  # resolves to nothing, as an unresolvable one
+                reason = f"a $ref or $id in it is no URI ({_clip(str(exc), _SCHEMA_MESSAGE_LIMIT)})"
+            else:
                 raise
-            reason = _clip(str(exc), _SCHEMA_MESSAGE_LIMIT)
             return [{"path": "", "message": f"the tool's input schema cannot be used: {reason}"}]
         return [{"path": p, "message": m} for p, m in sorted(found)[:_MAX_ERRORS]]
 

@@ -62,6 +62,7 @@ __all__ = [
     "UnknownTool",
     "reject_json_constant",
     "workspace_not_a_directory",
+    "workspace_relative",
 ]
 
 
@@ -263,8 +264,10 @@ class ShuttingDown(RpcError):
     MESSAGE = "Shutting down"
 
 
-#: A variable its host left unexpanded in a path: ``${workspaceFolder}``, ``$PWD``.
-_UNEXPANDED = r"\$\{[^}]*\}|\$[A-Za-z_][A-Za-z0-9_]*"
+#: A variable its host left unexpanded in a path: ``${workspaceFolder}``, ``$PWD``. A
+#: ``${`` looks no further than the next ``$``: with ``[^}]*`` each unclosed one went over
+#: the rest of the path again (a client's 400 KB of ``${`` held the event loop minutes).
+_UNEXPANDED = r"\$\{[^}$]*\}|\$[A-Za-z_][A-Za-z0-9_]*"
 
 
 def workspace_not_a_directory(path: str) -> str:
@@ -275,10 +278,26 @@ def workspace_not_a_directory(path: str) -> str:
     which Cursor and VS Code leave as it is when no folder is open: the path then holds
     the variable's name, and the message says so.
     """
-    message = (
+    return _unexpanded(
+        path,
         f"Invalid workspace: {path!r} is not a directory; 'workspace' must be an absolute "
-        "path to an existing directory."
+        "path to an existing directory.",
     )
+
+
+def workspace_relative(path: str) -> str:
+    """``InvalidWorkspace``'s message for a relative workspace, as sent by a client that
+    does not make it absolute (an HTTP URL's ``workspace=``, a client of the socket); the
+    variable a host left in it is named as ``workspace_not_a_directory`` names it."""
+    return _unexpanded(
+        path,
+        "Invalid workspace: 'workspace' must be an absolute path to a directory; got a "
+        "relative path.",
+    )
+
+
+def _unexpanded(path: str, message: str) -> str:
+    """``message``, and when ``path`` holds a host's variable, that it does and the fix."""
     import re  # a failure's path only: toolsetctl's start-up does not import it
 
     unexpanded = re.search(_UNEXPANDED, path)

@@ -517,6 +517,43 @@ def test_a_schema_whose_schema_keyword_is_no_uri_is_checked_as_2020_12() -> None
     assert [e["path"] for e in ArgumentValidators().errors(loaded(schema), {"a": 1})] == ["/a"]
 
 
+_NO_URI_USE = "the tool's input schema cannot be used: "
+
+
+@pytest.mark.parametrize(
+    ("schema", "expected"),
+    [
+        # A subschema's $schema, as the root's: checked by the draft of its parent, as any
+        # $schema jsonschema has no draft of.
+        ({"properties": {"a": {"$schema": "http://[x/schema", "type": "string"}}},
+         [("/a", "/a: expected string, got integer")]),
+        # A $ref or $dynamicRef with a fragment, or one read against an $id: no schema it
+        # names, as for any $ref that resolves to none; so for an $id read against another.
+        ({"properties": {"a": {"$ref": "http://[x/schema#/$defs/y"}}},
+         [("", _NO_URI_USE + "a $ref or $id in it is no URI (Invalid IPv6 URL)")]),
+        ({"properties": {"a": {"$dynamicRef": "http://[x/schema#y"}}},
+         [("", _NO_URI_USE + "a $ref or $id in it is no URI (Invalid IPv6 URL)")]),
+        ({"$id": "https://example.com/s", "properties": {"a": {"$ref": "http://[x/schema"}}},
+         [("", _NO_URI_USE + "a $ref or $id in it is no URI (Invalid IPv6 URL)")]),
+        # An $id below one: the subschema's base is read against the root's.
+        ({"$id": "https://example.com/s", "properties": {"a": {"$id": "http://[x/"}}},
+         [("", _NO_URI_USE + "a $ref or $id in it is no URI (Invalid IPv6 URL)")]),
+    ],
+)
+def test_a_uri_in_a_subschema_that_is_no_uri_is_no_internal_error(
+    schema: dict[str, Any], expected: list[tuple[str, str]]
+) -> None:
+    """The root's ``$schema`` was mended (checked as 2020-12), but the same unclosed "["
+    below it still made jsonschema (``validator_for``, as it enters the subschema) or
+    referencing (``urljoin``, ``urldefrag`` of a ``$ref``) raise ``ValueError``, which
+    ``errors_for`` re-raises: a schema that loads, and every call that reached it was
+    -32603 with an incident id."""
+    schema = {"type": "object", **schema}
+    assert SchemaChecker().problem(schema) is None
+    errors = ArgumentValidators().errors(loaded(schema), {"a": 1})
+    assert [(e["path"], e["message"]) for e in errors] == expected
+
+
 @pytest.mark.parametrize(
     "schema",
     [

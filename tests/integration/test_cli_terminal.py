@@ -231,6 +231,31 @@ def test_the_daemons_log_of_such_sets_forges_no_ci_runner_command(setup: Setup) 
     assert any(CI_TYPE in message for message in messages)
 
 
+def test_the_daemons_console_log_of_such_sets_forges_no_ci_runner_command() -> None:
+    """The same in ``--log-format console``, whose values b276caf passes through
+    ``inert_line``: the note quoting the schema's ``##[set-output`` is shown as
+    ``\\x23#[set-output``, the set folder ``::add-mask::x`` as it is (mid-line)."""
+    base = Path(tempfile.mkdtemp(prefix="tst-"))
+    home, workspace = base / "home", base / "ws"
+    (home / "tools").mkdir(parents=True)
+    project = workspace / ".crystal" / "tools"
+    write_set(project, "::add-mask::x", {"runner": "exec", "command": ["x"]})
+    write_set(project, "cischema", {
+        "runner": "exec", "command": ["x"],
+        "tools": [{"name": "cs", "description": "d",
+                   "schema": {"type": "object", "properties": {"a": {"type": CI_TYPE}}}}],
+    })
+    d = start_daemon(home, workspace, base, ["--no-watch", "--log-format", "console"])
+    try:
+        assert d.call("list", {"workspace": str(workspace)})["result"]["notes"]
+        eventually(lambda: "set-output" in d.log(), what="the schema's note logged")
+        assert _runner_commands(d.log().encode()) == []
+        assert "\\x23#[set-output" in d.log()
+    finally:
+        d.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
 @pytest.mark.parametrize("fmt", ["json", "jsonl"])
 def test_a_tools_output_in_json_forges_no_ci_runner_command(setup: Setup, fmt: str) -> None:
     """docs/cli.md's way to run a tool whose output the job does not trust: in JSON its

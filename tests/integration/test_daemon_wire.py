@@ -103,6 +103,21 @@ def test_daemon_list_rejects_bad_params_naming_the_field(
     assert needle in error["message"]
 
 
+@pytest.mark.parametrize("prefix", ["/", ""], ids=["no directory", "relative"])
+def test_a_workspace_of_unclosed_variables_is_refused_while_others_are_served(
+    daemon: Daemon, prefix: str
+) -> None:
+    """The message of a workspace that names no directory looks for a variable its host
+    left unexpanded (``${workspaceFolder}``); from each "${" with no "}" after it, that
+    search went over the rest of the path again, on the event loop. A client's 400 KB of
+    "${" (a frame takes 16 MiB) held every face of the daemon for minutes; it is
+    answered now, and so is the next client."""
+    with daemon.raw(timeout=10) as conn:
+        error = conn.request("list", {"workspace": prefix + "${" * 200_000})["error"]
+    assert error["code"] == -32006
+    assert daemon.call("status")["result"]["pid"] == daemon.proc.pid
+
+
 def test_daemon_unknown_method_and_positional_params(shared: Daemon) -> None:
     """An unknown method names itself; positional params are refused as by-name only."""
     error = shared.call("deploy")["error"]

@@ -343,6 +343,56 @@ async def test_a_crlf_project_script_is_no_sandbox_failure(
     assert (is_error, text) == (True, r.stdout.rstrip("\n"))
 
 
+@pytest.mark.parametrize("confinement", ["confined", "unconfined"])
+@pytest.mark.parametrize("source", ["home", "project"])
+def test_a_command_on_path_whose_interpreter_is_gone_names_it(
+    tmp_path: Path, confinement: str, source: str
+) -> None:
+    """A bare command found on ``PATH`` (a console script whose venv was made anew, its
+    ``#!`` naming the old one's python): validate called the set valid, a start said only
+    "No such file or directory: <name>" of a command that is on PATH, and a sandboxed one
+    "the sandbox could not be set up" (the check before it let a bare name by). Each now
+    names the file found and its interpreter, as for a command given by its path."""
+    env = dict(os.environ)
+    fix = (
+        "Command file {script} names the interpreter /usr/bin/python9-not-installed on its "
+        "#! line, which does not exist: install it, or name one that does."
+    )
+
+    def fill(home: Path, workspace: Path) -> None:
+        # On PATH in the workspace, which a project set's sandbox shows as it is.
+        folder = workspace / "bin"
+        folder.mkdir()
+        (folder / "py9tool").write_text("#!/usr/bin/python9-not-installed\nprint(1)\n")
+        (folder / "py9tool").chmod(0o755)
+        env["PATH"] = f"{folder}{os.pathsep}{os.environ.get('PATH', '')}"  # the daemon's too
+        tools = home / "tools" if source == "home" else workspace / ".crystal" / "tools"
+        write_set(tools, "py9", {**TOOL, "command": ["py9tool"], "approval": "always"})
+
+    config = tmp_path / "toolsetd.toml"
+    config.write_text('[confinement]\ncgroup = "off"\nsandbox = "off"\n')
+    args = ["--no-watch"] + (["--config", str(config)] if confinement == "unconfined" else [])
+    with daemon_in("tfh-", fill, args, env=env) as daemon:
+        root = daemon.home if source == "home" else daemon.workspace / ".crystal"
+        fixed = fix.format(script=daemon.workspace / "bin" / "py9tool")
+        argv = [sys.executable, "-m", "toolsetd.client", "--socket", str(daemon.socket),
+                "--workspace", str(daemon.workspace)]  # fmt: skip
+
+        def run(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=60,
+                                  env=env, check=False)  # fmt: skip
+
+        r = run("validate", str(root / "tools" / "py9"))
+        assert (r.returncode, r.stdout) == (
+            2, f"Tool set py9 is not valid:\n- {fixed} (used by py9)\n"
+        ), r.stderr
+        r = run("invoke", "py9", "--approve")
+        assert (r.returncode, r.stdout) == (
+            1, f"The external process failed to start: No such file or directory: py9tool. "
+            f"{fixed}\n"
+        ), r.stderr
+
+
 # -- a CI job whose daemon is not running -------------------------------------------------
 
 
@@ -721,3 +771,10 @@ def test_a_workspace_variable_the_host_left_unexpanded_is_named(
     plain = ctl(first_hour, "--workspace", str(tmp_path / "gone"), "list")
     assert plain.returncode == 2
     assert "It holds" not in plain.stderr
+    # As sent by a client that does not make it absolute (an HTTP URL's workspace=, a
+    # client of the socket): a relative path, with the same variable in it.
+    error = first_hour.call("list", {"workspace": "${workspaceFolder}"})["error"]
+    assert error["code"] == -32006
+    assert error["message"].endswith(f"got a relative path. {hint}")
+    relative = first_hour.call("list", {"workspace": "ws"})["error"]["message"]
+    assert relative.endswith("got a relative path.")
