@@ -11,7 +11,8 @@ def main() -> None:
     """Run ``toolsetctl`` with ``sys.argv`` and exit with its code.
 
     ``toolsetctl mcp`` goes to the stdlib-only pump before anything else is imported: MCP
-    hosts start it once per session and wait for its first answer.
+    hosts start it once per session and wait for its first answer. Every other command
+    handles SIGTERM and SIGHUP as Ctrl-C (``termination``), then ends by the signal.
     """
     open_standard_streams()
     if command_in(sys.argv[1:]) == "mcp":
@@ -19,10 +20,19 @@ def main() -> None:
 
         sys.exit(mcp_main(sys.argv[1:]))
     from .cli import run
+    from .exits import EXIT_INTERRUPTED
+    from .termination import Termination
 
     waiting_output()
     utf8_output()
-    sys.exit(run())
+    termination = Termination()
+    termination.catch()
+    try:
+        code = run()
+    except KeyboardInterrupt:  # a signal after run's own handlers: its outcome is printed
+        code = EXIT_INTERRUPTED
+    termination.end()  # a SIGTERM or SIGHUP caught ends the process by that signal here
+    sys.exit(code)
 
 
 if __name__ == "__main__":

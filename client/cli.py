@@ -74,6 +74,7 @@ from .render import (
     status_fields,
     tool_fields,
 )
+from .termination import interruption
 
 # Not typing's TYPE_CHECKING: typing (like dataclasses, which pulls in inspect and ast) is
 # a share of the start-up this module avoids; the names are only used in annotations.
@@ -857,16 +858,15 @@ def run(
     except BrokenPipeError:
         out.discard()  # so that the interpreter's own flush at exit stays quiet
         return EXIT_OK  # the reader went away (toolsetctl list | head)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # A failure like any other: in json and jsonl the one document says so (a CI
-        # runner cancels a job with SIGINT); a second Ctrl-C stops even that.
-        interrupted = Failure(
-            EXIT_INTERRUPTED, CLI_ERROR_CODES["interrupted"], "Interrupted.", None
-        )
+        # runner cancels a job with SIGINT or SIGTERM); a second signal stops even that.
+        reason, exit_code = interruption(exc)
+        interrupted = Failure(exit_code, CLI_ERROR_CODES["interrupted"], f"{reason}.", None)
         try:
             return _report(out, interrupted)
         except KeyboardInterrupt:
-            return EXIT_INTERRUPTED
+            return exit_code
     except Exception as exc:
         return _report(out, _unexpected(exc))
 

@@ -3,7 +3,8 @@
 ``__main__`` asks this before anything else is imported (``toolsetctl mcp`` goes to the
 stdlib-only pump), and ``parser`` asks it to build only the subcommand named. Before
 that, ``__main__`` opens the standard descriptors it was started without
-(``open_standard_streams``).
+(``open_standard_streams``). ``to_devnull`` points a stream that cannot be written at
+``/dev/null`` (``render`` and ``progress`` use it).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ import sys
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TextIO
 
 __all__ = [
     "absolute_path",
     "command_in",
     "open_standard_streams",
+    "to_devnull",
     "utf8_output",
     "wait_ready",
     "waiting_output",
@@ -72,6 +74,21 @@ def open_standard_streams() -> None:
         sys.stderr = io.TextIOWrapper(
             io.FileIO(2, "w", closefd=False), errors="backslashreplace", write_through=True
         )
+
+
+def to_devnull(stream: TextIO) -> None:
+    """Point a stream's file descriptor at ``/dev/null`` (what it still buffers goes there)."""
+    try:
+        fd = stream.fileno()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+    except (AttributeError, ValueError, OSError):
+        return  # not a file (a test's StringIO): nothing to redirect
+    try:
+        os.dup2(devnull, fd)
+    except OSError:
+        pass
+    finally:
+        os.close(devnull)
 
 
 def waiting_output() -> None:

@@ -109,7 +109,11 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
     if not isinstance(value, dict):
         raise UsageError(f"{where} must be a JSON object.")
     try:
-        json.dumps(value, ensure_ascii=False).encode("utf-8")
+        # Half a surrogate pair can only come from a \u escape (the text itself encoded
+        # above); without one, no dump, which writes out every number in full, slowly for
+        # a 1e1000000 under PYTHONINTMAXSTRDIGITS=0 (28 s).
+        if "\\u" in text:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise UsageError(
             f"{where} has a \\u escape of half a surrogate pair (\\ud800 to \\udfff "

@@ -18,9 +18,12 @@ code  meaning
 7     not allowed: the daemon refuses this user (-32009)
 8     the daemon is busy (-32008); try again later
 9     an internal error, in the daemon or in toolsetctl
+129   ended by SIGHUP, as 143 (``toolsetctl`` ends by the signal itself)
 130   interrupted (Ctrl-C; ``invoke`` cancels the call in the daemon first)
 141   ``invoke``: stdout was closed while the call ran (``--format jsonl | head``); the
       call was cancelled in the daemon, as a SIGPIPE would have ended toolsetctl
+143   ended by SIGTERM (a CI runner stopping the job, ``timeout``; ``invoke`` cancels the
+      call and prints its outcome first): ``toolsetctl`` ends by the signal itself
 ====  =============================================================================
 
 With ``invoke --tool-exit-code``, a tool that ran and exited gives its own exit code (1
@@ -46,11 +49,13 @@ __all__ = [
     "EXIT_BUSY",
     "EXIT_DAEMON_CANCELLED",
     "EXIT_DENIED",
+    "EXIT_HUNG_UP",
     "EXIT_INTERNAL",
     "EXIT_INTERRUPTED",
     "EXIT_NOT_ALLOWED",
     "EXIT_OK",
     "EXIT_STDOUT_CLOSED",
+    "EXIT_TERMINATED",
     "EXIT_TIMEOUT",
     "EXIT_TOOL_ERROR",
     "EXIT_UNREACHABLE",
@@ -71,6 +76,8 @@ EXIT_NOT_ALLOWED = 7
 EXIT_BUSY = 8
 EXIT_INTERNAL = 9
 EXIT_INTERRUPTED = 130
+EXIT_HUNG_UP = 129  # 128 + SIGHUP: what a shell reports for a process the signal ended
+EXIT_TERMINATED = 143  # 128 + SIGTERM, the same
 EXIT_STDOUT_CLOSED = 141  # 128 + SIGPIPE: what a shell reports for a writer whose reader left
 
 #: ``error.code`` of the failures toolsetctl finds itself (the daemon's keep their code).

@@ -3,8 +3,10 @@
 The call goes out on one ``BlockingClient`` connection with a fresh call id; its events
 feed the progress line (``toolsetd.client.progress``) and, in ``jsonl``, are printed as
 they arrive. Ctrl-C sends ``cancel`` for the call on the same connection and waits up to
-``CANCEL_GRACE`` seconds for the result (a second Ctrl-C stops waiting): exit 130. A call
-the daemon cancels by itself exits 6; ``--tool-exit-code`` exits with the tool's code.
+``CANCEL_GRACE`` seconds for the result (a second Ctrl-C stops waiting): exit 130. SIGTERM
+and SIGHUP (``termination``) do the same, waiting ``TERMINATED_GRACE`` seconds at most, and
+the process then ends by the signal (a second one is ignored). A call the daemon cancels
+by itself exits 6; ``--tool-exit-code`` exits with the tool's code.
 
 A reader that goes away (``toolsetctl --format jsonl invoke ... | head -n1``) is never a
 success: while the call runs, the events stop, the call is cancelled like on Ctrl-C, and
@@ -44,16 +46,20 @@ from .exits import (
 )
 from .progress import Progress, progress_stream
 from .render import content_lines
+from .termination import Terminated, interruption
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
     import argparse
     from typing import Any
 
-__all__ = ["CANCEL_GRACE", "cmd_invoke"]
+__all__ = ["CANCEL_GRACE", "TERMINATED_GRACE", "cmd_invoke"]
 
 #: Seconds to wait for the ``invoke`` response after sending ``cancel`` on Ctrl-C.
 CANCEL_GRACE = 5.0
+#: The same after SIGTERM or SIGHUP: a runner that sends SIGTERM kills a few seconds later
+#: (GitHub Actions 2.5 s after it), and the result line should be out before then.
+TERMINATED_GRACE = 2.0
 
 
 def _reviews(mode: str | None) -> bool:
@@ -105,7 +111,8 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
     def on_event_after(method: str, event: dict[str, Any]) -> None:
         progress.event(method, event)
 
-    interrupted = False
+    interrupted: int | None = None  # Ctrl-C, SIGTERM, SIGHUP: the exit code that says which
+    reason = ""
     stdout_closed = False
     ended = False  # the stream broke at 'completed': nothing of ours cancelled the call
     request_id: int | None = None
@@ -114,13 +121,14 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
             try:
                 request_id = client.send("invoke", params)
                 result = client.wait(request_id, on_event=on_event)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as exc:
                 if request_id is None:
                     raise  # nothing was sent: nothing to cancel
-                interrupted = True
+                reason, interrupted = interruption(exc)
                 progress.stop()
-                ctx.out.error("Interrupted; cancelling the call.")
-                result = _cancel(client, call_id, request_id, on_event)
+                ctx.out.error(f"{reason}; cancelling the call.")
+                grace = TERMINATED_GRACE if isinstance(exc, Terminated) else CANCEL_GRACE
+                result = _cancel(client, call_id, request_id, on_event, grace)
             except _StdoutClosed as closed:
                 assert request_id is not None  # events come only after the send
                 stdout_closed = True
@@ -129,10 +137,10 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
                 ended = closed.method == "completed"
                 if ended:  # over: only its response is to come
                     ctx.out.error("The output was closed; the call had already ended.")
-                    result = _cancel(client, None, request_id, on_event_after)
+                    result = _cancel(client, None, request_id, on_event_after, CANCEL_GRACE)
                 else:
                     ctx.out.error("The output was closed; cancelling the call.")
-                    result = _cancel(client, call_id, request_id, on_event_after)
+                    result = _cancel(client, call_id, request_id, on_event_after, CANCEL_GRACE)
         except RpcError as exc:
             raise rpc_failure(exc) from exc
         except (ConnectionClosed, RequestTimeout) as exc:
@@ -146,12 +154,12 @@ def cmd_invoke(ctx: Context, args: argparse.Namespace) -> int:
         # cancelled by the daemon, 6) keeps its own code.
         if not isinstance(result, dict) or (result.get("status") == "cancelled" and not ended):
             return EXIT_STDOUT_CLOSED
-        return _exit_code(result, interrupted=False, tool_exit_code=args.tool_exit_code)
+        return _exit_code(result, interrupted=None, tool_exit_code=args.tool_exit_code)
     if result is None:
         raise Failure(
-            EXIT_INTERRUPTED,
+            interrupted or EXIT_INTERRUPTED,
             CLI_ERROR_CODES["interrupted"],
-            "Interrupted; the call was cancelled.",
+            f"{reason or 'Interrupted'}; the call was cancelled.",
             {"callId": call_id},
         )
     return _print_result(ctx, result, interrupted=interrupted, tool_exit_code=args.tool_exit_code)
@@ -174,13 +182,15 @@ def _cancel(
     call_id: str | None,
     request_id: int,
     on_event: Callable[[str, dict[str, Any]], None],
+    grace: float,
 ) -> Any:
-    """After Ctrl-C or a closed stdout: cancel the call (unless ``call_id`` is None: it is
-    over) and wait (bounded) for its result; None if none came."""
+    """After Ctrl-C (SIGTERM, SIGHUP) or a closed stdout: cancel the call (unless
+    ``call_id`` is None: it is over) and wait up to ``grace`` seconds for its result; None
+    if none came."""
     try:
         if call_id is not None:
             client.send("cancel", {"callId": call_id})
-        return client.wait(request_id, on_event=on_event, timeout=CANCEL_GRACE)
+        return client.wait(request_id, on_event=on_event, timeout=grace)
     except KeyboardInterrupt:  # a second Ctrl-C: stop waiting at once
         return None
     except (RpcError, ConnectionClosed, RequestTimeout):
@@ -188,7 +198,7 @@ def _cancel(
 
 
 def _print_result(
-    ctx: Context, result: Mapping[str, Any], *, interrupted: bool, tool_exit_code: bool
+    ctx: Context, result: Mapping[str, Any], *, interrupted: int | None, tool_exit_code: bool
 ) -> int:
     """Print a call result; return the exit code it means (also when stdout is closed)."""
     code = _exit_code(result, interrupted=interrupted, tool_exit_code=tool_exit_code)
@@ -204,12 +214,13 @@ def _print_result(
     return code
 
 
-def _exit_code(result: Mapping[str, Any], *, interrupted: bool, tool_exit_code: bool) -> int:
-    """The exit code a call result means."""
+def _exit_code(result: Mapping[str, Any], *, interrupted: int | None, tool_exit_code: bool) -> int:
+    """The exit code a call result means (``interrupted``: the code of the Ctrl-C or the
+    signal that had this toolsetctl cancel it)."""
     status = result.get("status")
     exit_code = result.get("exitCode")
     if status == "cancelled":
-        return EXIT_INTERRUPTED if interrupted else EXIT_DAEMON_CANCELLED
+        return EXIT_DAEMON_CANCELLED if interrupted is None else interrupted
     if status == "timeout":
         return EXIT_TIMEOUT
     failed = bool(result.get("isError")) or status == "error"

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from toolsetd.protocol.printable import inert_line
 
+from .command import to_devnull
 from .table import chunks, printable
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
@@ -138,13 +139,22 @@ class Progress:
             columns = os.get_terminal_size(self._stream.fileno()).columns or 80
         except (AttributeError, ValueError, OSError):
             columns = 80
-        self._stream.write("\r\x1b[2K" + _fit(inert_line(printable(text)), max(columns - 1, 10)))
-        self._stream.flush()
+        self._write("\r\x1b[2K" + _fit(inert_line(printable(text)), max(columns - 1, 10)))
         self._drawn = True
 
     def stop(self) -> None:
         """Remove the line."""
         if self._stream is not None and self._drawn:
-            self._stream.write("\r\x1b[2K")
-            self._stream.flush()
+            self._write("\r\x1b[2K")
             self._drawn = False
+
+    def _write(self, text: str) -> None:
+        """Write to the terminal; one that is gone (hung up: EIO) ends the line, not the
+        command, which still has a call to cancel or a result to give."""
+        assert self._stream is not None
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except OSError:
+            to_devnull(self._stream)  # what it still buffers would fail again at exit
+            self._stream = None

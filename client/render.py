@@ -24,12 +24,12 @@ by ``set_rows_from_list``, or from the files on disk by ``toolsetd.client.offlin
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
 from toolsetd.protocol.printable import inert_json, inert_line
 
+from .command import to_devnull
 from .table import (
     fields_lines,
     fits,
@@ -755,7 +755,7 @@ class Output:
             self.stderr.write(inert_line(printable(text)) + "\n")
             self.stderr.flush()
         except OSError:
-            _to_devnull(self.stderr)
+            to_devnull(self.stderr)
 
     def tool_text(self, text: str) -> None:
         """Print a tool's output: as it is into a file or a pipe; on a terminal, its
@@ -823,19 +823,4 @@ class Output:
         the interpreter's own at exit included, fails again (Python then prints "Exception
         ignored" and exits 120 instead of the command's code).
         """
-        _to_devnull(self.stdout)
-
-
-def _to_devnull(stream: TextIO) -> None:
-    """Point a stream's file descriptor at ``/dev/null`` (what it still buffers goes there)."""
-    try:
-        fd = stream.fileno()
-        devnull = os.open(os.devnull, os.O_WRONLY)
-    except (AttributeError, ValueError, OSError):
-        return  # not a file (a test's StringIO): nothing to redirect
-    try:
-        os.dup2(devnull, fd)
-    except OSError:
-        pass
-    finally:
-        os.close(devnull)
+        to_devnull(self.stdout)

@@ -193,20 +193,7 @@ def interpreter_failure(path: str, *, without_line: bool = True) -> tuple[int, s
             counts as a problem. bubblewrap's ``execvp`` runs such a file with
             ``/bin/sh``, so only unsandboxed starts fail for it.
     """
-    try:
-        # Never blocking: a FIFO with its x bit set (or one swapped in for the file)
-        # would hold the daemon's loop in open() until a writer came.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError:
-        return 0, ""
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return 0, ""
-        head = os.read(fd, _HEAD_BYTES)
-    except OSError:
-        return 0, ""
-    finally:
-        os.close(fd)
+    head = _head(path)
     if head.startswith(b"\x7fELF"):
         return 0, ""
     if not head.startswith(b"#!"):
@@ -218,11 +205,7 @@ def interpreter_failure(path: str, *, without_line: bool = True) -> tuple[int, s
         )
     line = head[2:].split(b"\n", 1)[0]
     if line.endswith(b"\r"):
-        return errno.ENOENT, (
-            f"Command file {path} has Windows (CRLF) line endings: its #! line ends in a "
-            f"carriage return, which the system reads as part of the interpreter's name; "
-            f"save it with LF line endings (dos2unix {path})."
-        )
+        return errno.ENOENT, _crlf(path)
     words = line.split()
     interpreter = os.fsdecode(words[0]) if words else ""
     if not interpreter.startswith("/"):
@@ -244,6 +227,81 @@ def interpreter_failure(path: str, *, without_line: bool = True) -> tuple[int, s
     return 0, ""
 
 
+def _head(path: str) -> bytes:
+    """The first bytes of the regular file ``path`` (where a ``#!`` line is), else b""."""
+    try:
+        # Never blocking: a FIFO with its x bit set (or one swapped in for the file)
+        # would hold the daemon's loop in open() until a writer came.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError:
+        return b""
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return b""
+        return os.read(fd, _HEAD_BYTES)
+    except OSError:
+        return b""
+    finally:
+        os.close(fd)
+
+
+def _crlf(path: str) -> str:
+    return (
+        f"Command file {path} has Windows (CRLF) line endings: its #! line ends in a "
+        f"carriage return, which the system reads as part of the interpreter's name; "
+        f"save it with LF line endings (dos2unix {path})."
+    )
+
+
+def env_failure(path: str, search_path: str | None) -> str:
+    """Why the script ``path``, started, could not run when its ``#!`` line has ``env``
+    look its interpreter up (``#!/usr/bin/env python9``) and ``env`` finds none: the
+    sentence that names the fix, else "".
+
+    The start succeeds (``env`` is there), and ``env`` exits 127 with its own "No such file
+    or directory", which names neither the script nor the ``PATH`` searched. Said only when
+    that is certain: the name ``env`` looks up is not on ``search_path`` (the child's
+    ``PATH``), so whatever exited 127, the script never ran. Linux passes all of the line
+    after the interpreter as one argument, so ``#!/usr/bin/env python3 -u`` looks up a
+    program named ``python3 -u``: that one is told to use ``env -S``. Forms ``env`` reads
+    otherwise (other options, ``NAME=value``) are left alone. A CRLF line ends in ``\r``,
+    which ``env`` looks up too: that is said as ``interpreter_failure`` says it.
+
+    Args:
+        path: The command file (an absolute path).
+        search_path: The child's ``PATH`` (None: it has none, and ``env`` searches the
+            system's default, ``os.defpath``).
+    """
+    head = _head(path)
+    if not head.startswith(b"#!"):
+        return ""
+    line = head[2:].split(b"\n", 1)[0]
+    parts = line.strip(b" \t").split(None, 1)
+    if len(parts) != 2 or not parts[0].startswith(b"/") or os.path.basename(parts[0]) != b"env":
+        return ""
+    env, rest = os.fsdecode(parts[0]), os.fsdecode(parts[1].strip(b" \t"))
+    if rest.endswith("\r"):
+        return _crlf(path)
+    split = rest.startswith("-S")
+    words = rest[2:].split() if split else [rest]
+    if not words or words[0].startswith("-") or "=" in words[0]:
+        return ""  # another option, or a variable: not a form read here
+    name = words[0]
+    folders = os.defpath if search_path is None else search_path
+    if "/" in name or shutil.which(name, path=folders) is not None:
+        return ""  # found (or a path: env runs it itself, and the system says why not)
+    named = f"Command file {path} names the interpreter '{name}' on its #! line, through {env}"
+    if not split and len(rest.split()) > 1:
+        return named + (
+            ": the system passes the rest of a #! line as one argument, so env looks for one "
+            f"program of that name, spaces and all; write #!{env} -S {rest}."
+        )
+    return named + (
+        ", which finds no such program on PATH (the tool's, which is toolsetd's): install "
+        "it, or name one that is."
+    )
+
+
 def executable_problem(resolved: str, set_dir: Path, search_path: str | None = None) -> str:
     """What would stop the command ``resolved`` (``resolve_executable``'s answer) from
     starting, as one sentence with the fix, else "".
@@ -256,6 +314,7 @@ def executable_problem(resolved: str, set_dir: Path, search_path: str | None = N
         set_dir: The set directory (a bare name was not found there).
         search_path: The ``PATH`` a bare name is looked up in (None: this process's).
     """
+    child_path = search_path if search_path is not None else os.environ.get("PATH")
     if "/" not in resolved:
         runs = shutil.which(resolved, path=search_path)
         if runs is None:
@@ -268,8 +327,8 @@ def executable_problem(resolved: str, set_dir: Path, search_path: str | None = N
             )
         # The one found, a script whose #! line may name no interpreter that runs (a
         # console script whose venv was made anew): the system says "No such file or
-        # directory" of a name that is on PATH.
-        return interpreter_failure(runs)[1]
+        # directory" of a name that is on PATH; or one env looks up and finds none.
+        return interpreter_failure(runs)[1] or env_failure(runs, child_path)
     if not os.path.exists(resolved):
         return f"Command file {resolved} does not exist."
     if not os.path.isfile(resolved):
@@ -282,7 +341,7 @@ def executable_problem(resolved: str, set_dir: Path, search_path: str | None = N
                 "mount this one without noexec."
             )
         return f"Command file {resolved} is not executable: run chmod +x {resolved}."
-    return interpreter_failure(resolved)[1]
+    return interpreter_failure(resolved)[1] or env_failure(resolved, child_path)
 
 
 def found_on_path(name: str, search_path: str | None = None) -> str | None:

@@ -64,6 +64,7 @@ import errno
 import functools
 import math
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -74,7 +75,7 @@ from pathlib import Path
 import anyio
 
 from . import threads
-from .argv import ArgvError, build_argv, executable_problem
+from .argv import ArgvError, build_argv, env_failure, executable_problem
 from .call import (
     CallOutcome,
     CallRequest,
@@ -168,6 +169,29 @@ def _kill_rest(pgid: int, cgroup: CallCgroup | None) -> None:
     killpg(pgid, signal.SIGKILL)
     if cgroup is not None and cgroup.populated():  # one read, most calls
         cgroup.kill()
+
+
+def _env_failure_said(outcome: CallOutcome, command: str, search_path: str | None) -> CallOutcome:
+    """Add to a call that exited 127 the sentence naming the interpreter its script's
+    ``#!/usr/bin/env NAME`` line asked for and ``env`` did not find (``argv.env_failure``),
+    after the tool's text, which has only ``env``'s own "No such file or directory"."""
+    if "/" not in command:  # looked up on the child's PATH, as the spawn did
+        found = shutil.which(command, path=os.defpath if search_path is None else search_path)
+        if found is None:
+            return outcome
+        command = found
+    problem = env_failure(command, search_path)
+    if not problem:
+        return outcome
+    note = f"toolsetd: {problem}"
+    blocks = list(outcome.content)
+    if blocks and blocks[0].get("type") == "text":
+        text = blocks[0]["text"]
+        sep = "" if text.endswith("\n") else "\n"
+        blocks[0] = {"type": "text", "text": f"{text}{sep}{note}"}
+    else:
+        blocks.insert(0, {"type": "text", "text": note})
+    return replace(outcome, content=tuple(blocks))
 
 
 class _Pipes:
@@ -389,6 +413,7 @@ class Runner:
     ) -> CallOutcome:
         s = self._s
         toolset = request.loaded.toolset
+        command = argv[0]  # a sandboxed call's argv starts with bubblewrap below
         fds = Fds()
         try:
             out_r, out_w = output_pipe()
@@ -613,6 +638,8 @@ class Runner:
             raise
         if prepared is not None:
             outcome = self._confined(outcome, prepared, proc.returncode, call, usage, status)
+        if outcome.exit_code == 127:  # what env exits with when it finds no interpreter
+            outcome = _env_failure_said(outcome, command, env_path(env))
         return outcome
 
     def _timed_spawn(self, seconds: float) -> None:

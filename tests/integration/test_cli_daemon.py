@@ -316,20 +316,26 @@ def test_cli_invoke_json_prints_the_result(setup: Setup) -> None:
     assert json.loads(r.stdout)["exitCode"] == 7
 
 
+@pytest.mark.parametrize("fmt", ["table", "jsonl"])
 @pytest.mark.parametrize(
     ("sig", "code"),
     [(signal.SIGINT, 130), (signal.SIGTERM, -signal.SIGTERM), (signal.SIGHUP, -signal.SIGHUP)],
 )
-def test_cli_ctrl_c_cancels_the_call(setup: Setup, sig: signal.Signals, code: int) -> None:
+def test_cli_ctrl_c_cancels_the_call(
+    setup: Setup, sig: signal.Signals, code: int, fmt: str
+) -> None:
     """SIGINT to a running invoke exits 130 after cancelling: the child dies, inFlight returns to 0.
 
-    SIGTERM (a CI runner stopping the job) and SIGHUP (a closed terminal) end toolsetctl at
-    once, by the signal (docs/cli.md): its connection closes with it, and the daemon
-    cancels the call all the same."""
+    SIGTERM (a CI runner stopping the job, ``timeout``) and SIGHUP (a closed terminal) do
+    the same, then end toolsetctl by the signal (docs/cli.md): a jsonl log ends with the
+    cancelled call's result, where it used to stop at the last progress line. They come
+    twice here, as ``timeout`` sends them (to the command, then to its group): the second
+    must not cut the wait for that result short."""
     before = set(setup.workspace.glob("slow-*.pid"))
     env = {k: v for k, v in os.environ.items() if k != "TOOLSETD_SOCKET"}
     proc = subprocess.Popen(
-        setup.argv("invoke", "c_slow"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        setup.argv("invoke", "c_slow", "--format", fmt),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
     )
     try:
         eventually(lambda: setup.daemon.call("status")["result"]["inFlight"] == 1, 15, "started")
@@ -338,13 +344,24 @@ def test_cli_ctrl_c_cancels_the_call(setup: Setup, sig: signal.Signals, code: in
         eventually(lambda: pidfile.read_text().strip() != "", 5, "pid written")
         child = int(pidfile.read_text())
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=15)
+        if sig != signal.SIGINT:
+            proc.send_signal(sig)
+        out, err = proc.communicate(timeout=15)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert proc.returncode == code, err
     assert b"Traceback" not in err
+    name = "" if sig == signal.SIGINT else f" by {sig.name}"
+    assert f"Interrupted{name}; cancelling the call.".encode() in err, err
+    if fmt == "jsonl":
+        lines = [json.loads(line) for line in out.splitlines()]
+        assert lines[0]["method"] == "started", lines
+        assert lines[-1]["result"]["status"] == "cancelled", lines
+        assert lines[-1]["result"]["callId"] == lines[0]["params"]["callId"]
+    else:
+        assert out == b"The call was cancelled.\n", (out, err)
     eventually(lambda: setup.daemon.call("status")["result"]["inFlight"] == 0, 10, "idle")
 
     def gone() -> bool:

@@ -356,6 +356,18 @@ def test_cli_args_with_a_number_toolsetctl_cannot_print_are_usage(ctl: Ctl) -> N
     assert "1e5000" in _strict_json(r.stdout)["error"]["message"]
 
 
+def test_cli_args_with_a_long_exponent_and_no_digit_limit_are_sent_at_once(ctl: Ctl) -> None:
+    """``PYTHONINTMAXSTRDIGITS=0`` (an image that lifts Python's limit on integer digits)
+    and ``--args '{"n": 1e2000000}'``: toolsetctl built the exact integer with
+    ``int(Decimal)``, quadratic in its two million digits (minutes; 57 s for 1e1000000),
+    then wrote it out again looking for half surrogate pairs, all before sending the
+    call. It is sent at once now (the run's timeout of 60 s only guards against that
+    wait; no time is asserted), and the tool runs: c_fail exits 7, exit 1."""
+    r = ctl.run("invoke", "c_fail", "--args", '{"n": 1e2000000}', PYTHONINTMAXSTRDIGITS="0")
+    assert r.returncode == 1, r.stderr
+    assert r.stdout.startswith("exit 7\n")
+
+
 @pytest.mark.slow
 def test_cli_tool_exit_code(ctl: Ctl) -> None:
     """--tool-exit-code exits with the tool's own code once it ran; a timeout stays 4."""

@@ -15,6 +15,7 @@ import pty
 import re
 import select
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -405,3 +406,35 @@ def test_a_closed_event_stream_shared_with_stderr_still_exits_141(setup: Setup) 
                     for event in setup.daemon.log_events()),
         timeout=20, what="the call cancelled in the daemon",
     )
+
+
+def test_a_hung_up_terminal_still_gets_the_call_cancelled_and_its_result(setup: Setup) -> None:
+    """The terminal that shows the progress line closes (SIGHUP, then every write to it
+    fails with EIO) while stdout is a log: the call is cancelled and the log ends with its
+    result, then toolsetctl ends by the SIGHUP. Erasing the progress line failed first,
+    so nothing was cancelled and the log ended with an unexpected OSError."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen(
+        setup.argv("--format", "jsonl", "invoke", "h_run", "--approve", "--args",
+                   '{"mode": "long"}'),
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=follower,
+        env=setup.env(), cwd=setup.base,
+    )
+    os.close(follower)
+    try:
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        assert first["method"] == "started"
+        drawn = bytearray()
+        while b"h_run" not in drawn:  # the progress line is on the terminal
+            assert select.select([leader], [], [], 30)[0], drawn
+            drawn += os.read(leader, 65536)
+    finally:
+        os.close(leader)  # hung up
+    proc.send_signal(signal.SIGHUP)
+    out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == -signal.SIGHUP
+    last = json.loads(out.splitlines()[-1])
+    assert "result" in last, last
+    assert last["result"]["status"] == "cancelled", out
+    assert last["result"]["callId"] == first["params"]["callId"]

@@ -74,6 +74,9 @@ def _fill(home: Path, workspace: Path) -> None:
     for name, (body, _fix) in SCRIPTS.items():
         runs = {**TOOL, "command": ["run.sh"], "approval": "always"}
         write_set(tools, name, runs, **{"run.sh": body.format(folder=tools / name)})
+    for name, (body, _fix) in ENV_SCRIPTS.items():
+        runs = {**TOOL, "command": ["run.sh"], "approval": "always"}
+        write_set(tools, name, runs, **{"run.sh": body})
     (tools / "noexec" / "run.sh").chmod(0o644)
     (tools / "interpnox" / "interp").write_text("#!/bin/sh\n")  # not executable
     write_set(project, "pcrlf", {**TOOL, "command": ["run.sh"]}, **{"run.sh": CRLF})
@@ -111,6 +114,34 @@ SCRIPTS = {
         "names the interpreter {folder} on its #! line, which is a folder: name the program "
         "in it.",
     ),
+}
+
+
+#: Scripts that start (``/usr/bin/env`` is there) whose ``env`` finds no interpreter: it
+#: exits 127 with its own "No such file or directory", which names neither the script nor
+#: the fix. The sentence (after "Command file <path> ") that does, or None for one whose
+#: 127 is its own (``sh`` is there).
+ENV_SCRIPTS = {
+    "envpy9": (
+        "#!/usr/bin/env python9-not-installed\nprint(1)\n",
+        "names the interpreter 'python9-not-installed' on its #! line, through /usr/bin/env, "
+        "which finds no such program on PATH (the tool's, which is toolsetd's): install it, "
+        "or name one that is.",
+    ),
+    "envsplit": (
+        "#!/usr/bin/env -S python9-not-installed -u\nprint(1)\n",
+        "names the interpreter 'python9-not-installed' on its #! line, through /usr/bin/env, "
+        "which finds no such program on PATH (the tool's, which is toolsetd's): install it, "
+        "or name one that is.",
+    ),
+    # Linux passes "sh -e" to env as one argument: no program has that name.
+    "envargs": (
+        "#!/usr/bin/env sh -e\necho hi\n",
+        "names the interpreter 'sh -e' on its #! line, through /usr/bin/env: the system "
+        "passes the rest of a #! line as one argument, so env looks for one program of that "
+        "name, spaces and all; write #!/usr/bin/env -S sh -e.",
+    ),
+    "envown127": ("#!/usr/bin/env sh\nexit 127\n", None),
 }
 
 
@@ -318,6 +349,48 @@ def test_a_call_that_cannot_start_names_the_fix(
     assert r.stdout.startswith("The external process failed to start: ")
     fix = SCRIPTS[name][1].format(path=path, folder=path.parent)
     assert r.stdout.endswith(f": {path}. Command file {path} {fix}\n")
+
+
+@pytest.mark.skipif(not os.access("/usr/bin/env", os.X_OK), reason="no /usr/bin/env")
+@pytest.mark.parametrize("name", sorted(ENV_SCRIPTS))
+def test_validate_names_an_interpreter_env_does_not_find(first_hour: Daemon, name: str) -> None:
+    """validate called a set valid whose script's #!/usr/bin/env names a program not on
+    PATH (or "sh -e", which env reads as one name); its call then exits 127."""
+    folder = first_hour.home / "tools" / name
+    path = folder / "run.sh"
+    r = ctl(first_hour, "validate", str(folder))
+    fix = ENV_SCRIPTS[name][1]
+    if fix is None:
+        assert (r.returncode, r.stdout) == (0, f"Tool set {name} is valid: 1 tool ({name}).\n")
+        return
+    assert r.returncode == 2, r.stdout
+    assert r.stdout == (
+        f"Tool set {name} is not valid:\n- Command file {path} {fix} (used by {name})\n"
+    )
+
+
+@pytest.mark.skipif(not os.access("/usr/bin/env", os.X_OK), reason="no /usr/bin/env")
+@pytest.mark.parametrize("confinement", ["confined", "unconfined"])
+@pytest.mark.parametrize("name", sorted(ENV_SCRIPTS))
+def test_a_call_whose_env_finds_no_interpreter_names_it(
+    request: pytest.FixtureRequest, confinement: str, name: str
+) -> None:
+    """Such a call's result was env's "/usr/bin/env: 'python9': No such file or directory"
+    and exit 127 alone, naming neither the script nor the fix, where an absolute #! path
+    not installed is named. The sentence follows env's words now; a script that exits
+    127 itself (its interpreter found) keeps its output as it is."""
+    daemon: Daemon = request.getfixturevalue(
+        "first_hour" if confinement == "confined" else "unconfined"
+    )
+    path = daemon.home / "tools" / name / "run.sh"
+    r = ctl(daemon, "invoke", name, "--tool-exit-code")
+    assert r.returncode == 127, r.stderr
+    fix = ENV_SCRIPTS[name][1]
+    if fix is None:
+        assert r.stdout == "exit 127\n"
+        return
+    assert r.stdout.startswith("exit 127\n/usr/bin/env: "), r.stdout
+    assert r.stdout.endswith(f"\ntoolsetd: Command file {path} {fix}\n"), r.stdout
 
 
 @pytest.mark.anyio

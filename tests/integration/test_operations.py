@@ -1167,17 +1167,25 @@ def test_a_daemon_started_with_signals_blocked_stops_on_sigterm_and_blocks_none_
 #: (SIG_IGN survives exec): a supervisor or a host that set SIGCHLD to SIG_IGN to avoid
 #: zombies, a non-interactive shell's ``toolsetd &`` (SIGQUIT).
 _IGNORED_BY_LAUNCHER = ("SIGCHLD", "SIGQUIT", "SIGALRM", "SIGTTOU")
-#: Every other signal is set back to its default first: one the test's own environment
-#: ignores (a CI runner's SIGURG, say) would be restored too, and named in the log.
-_IGNORING = (
-    "import contextlib, os, signal, sys\n"
-    "for signum in signal.valid_signals():\n"
-    "    with contextlib.suppress(OSError, ValueError):\n"
-    "        signal.signal(signum, signal.SIG_DFL)\n"
-    f"for name in {_IGNORED_BY_LAUNCHER!r}:\n"
-    "    signal.signal(getattr(signal, name), signal.SIG_IGN)\n"
-    "os.execv(sys.executable, [sys.executable, '-m', 'toolsetd.daemon', *sys.argv[1:]])\n"
-)
+
+
+def _launcher_ignoring(names: tuple[str, ...]) -> str:
+    """A ``python -c`` launcher that execs the daemon with the signals ``names`` ignored.
+
+    Every other signal is set back to its default first: one the test's own environment
+    ignores (a CI runner's SIGURG, say) would be restored too, and named in the log."""
+    return (
+        "import contextlib, os, signal, sys\n"
+        "for signum in signal.valid_signals():\n"
+        "    with contextlib.suppress(OSError, ValueError):\n"
+        "        signal.signal(signum, signal.SIG_DFL)\n"
+        f"for name in {names!r}:\n"
+        "    signal.signal(getattr(signal, name), signal.SIG_IGN)\n"
+        "os.execv(sys.executable, [sys.executable, '-m', 'toolsetd.daemon', *sys.argv[1:]])\n"
+    )
+
+
+_IGNORING = _launcher_ignoring(_IGNORED_BY_LAUNCHER)
 
 
 def test_a_daemon_started_with_signals_ignored_reports_exit_codes_and_ignores_none_for_tools(
@@ -1214,6 +1222,27 @@ def test_a_daemon_started_with_signals_ignored_reports_exit_codes_and_ignores_no
         restored = [e for e in d.log_events() if e.get("event") == "signals_restored"]
         assert [sorted(e["signals"]) for e in restored] == [["SIGALRM", "SIGCHLD", "SIGQUIT"]]
         assert d.stop(signal.SIGTERM, timeout=20) == 0
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
+def test_a_daemon_started_as_a_scripts_background_job_still_stops_on_sigint(
+    tmp_base: Path,
+) -> None:
+    """``toolsetd &`` in a script starts it with SIGINT and SIGQUIT ignored (POSIX: a
+    background job of a shell without job control). The daemon still stops gracefully on
+    SIGINT (docs/operations.md, "Started with & from a script"): a Ctrl-C on the script
+    ends it with the script instead of leaving it serving with the job's environment."""
+    workspace = tmp_base / "ws"
+    workspace.mkdir()
+    launcher = [sys.executable, "-c", _launcher_ignoring(("SIGINT", "SIGQUIT"))]
+    d = start_daemon(tmp_base / "home", workspace, tmp_base, launcher=launcher)
+    try:
+        assert d.stop(signal.SIGINT, timeout=20) == 0
+        stops = [e for e in d.log_events() if e.get("event") == "stop_requested"]
+        assert [e["signal"] for e in stops] == ["SIGINT"], stops
     finally:
         if d.proc.poll() is None:
             d.proc.kill()

@@ -1,0 +1,93 @@
+"""SIGTERM and SIGHUP end ``toolsetctl`` as Ctrl-C does, then by the signal itself.
+
+A CI runner stops a job with SIGTERM (GitLab, ``docker stop``, a step's ``timeout``),
+GitHub Actions at times with SIGHUP, and a closed terminal sends SIGHUP. By default
+either ended ``toolsetctl`` at once: a ``--format jsonl`` log stopped after its last
+``progress`` line, with nothing telling a reader the call was cancelled rather than cut
+off, and the call was cancelled only because the daemon noticed the closed connection.
+
+``Termination.catch`` makes each signal raise ``Terminated``, a ``KeyboardInterrupt``,
+so every path that handles Ctrl-C handles it too: ``invoke`` sends ``cancel``, waits
+(bounded: a runner sends SIGKILL seconds later) and prints the outcome, and any other
+command prints its ``Interrupted by SIGTERM.`` error. ``Termination.end`` then ends the
+process by that signal, as the default action would have: a shell reports 143 (129), and
+a parent that reads the wait status (``timeout``, Python's ``subprocess``) sees the signal.
+
+Only the first one counts: a second SIGTERM or SIGHUP is ignored (``timeout`` signals the
+command and then its process group, so one often comes twice), and the wait for the
+cancelled call is bounded anyway. A signal the parent left ignored (``nohup`` ignores
+SIGHUP) stays ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from .exits import EXIT_HUNG_UP, EXIT_INTERRUPTED, EXIT_TERMINATED
+
+TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
+if TYPE_CHECKING:
+    from types import FrameType
+
+__all__ = ["Terminated", "Termination", "interruption"]
+
+#: The signals caught (what a CI runner or a closed terminal sends to stop a command), and
+#: the exit code of each: 128 + its number, what a shell reports for a process it ended.
+_CAUGHT: dict[int, int] = {signal.SIGTERM: EXIT_TERMINATED, signal.SIGHUP: EXIT_HUNG_UP}
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP arrived: handled as Ctrl-C is, then the process ends by it.
+
+    Attributes:
+        signum: The signal's number.
+    """
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def interruption(exc: KeyboardInterrupt) -> tuple[str, int]:
+    """What stopped the command (``Interrupted``, ``Interrupted by SIGTERM``) and the exit
+    code that says so: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP."""
+    if isinstance(exc, Terminated):
+        return f"Interrupted by {signal.Signals(exc.signum).name}", _CAUGHT[exc.signum]
+    return "Interrupted", EXIT_INTERRUPTED
+
+
+class Termination:
+    """The SIGTERM and SIGHUP handlers of one ``toolsetctl`` run, and the signal received."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+
+    def catch(self) -> None:
+        """Make SIGTERM and SIGHUP raise ``Terminated`` (those the parent did not ignore)."""
+        for signum in _CAUGHT:
+            if signal.getsignal(signum) == signal.SIG_DFL:
+                signal.signal(signum, self._raise)
+
+    def _raise(self, signum: int, frame: FrameType | None) -> None:
+        # Only the first: GNU timeout, and runners, signal the process and then its group,
+        # and a second Terminated would cut short the wait for the cancelled call's result.
+        if self.received is None:
+            self.received = signum
+            raise Terminated(signum)
+
+    def end(self) -> None:
+        """Restore the default actions; then, if a signal was caught, end by it (the
+        command has printed its outcome and flushed its output)."""
+        for signum in _CAUGHT:
+            if signal.getsignal(signum) == self._raise:
+                signal.signal(signum, signal.SIG_DFL)
+        if self.received is not None:
+            for stream in (sys.stdout, sys.stderr):
+                try:
+                    stream.flush()
+                except (AttributeError, ValueError, OSError):
+                    pass  # nothing to flush, or nobody to read it: the signal still ends it
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {self.received})
+            os.kill(os.getpid(), self.received)
