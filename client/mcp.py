@@ -131,13 +131,15 @@ _WAITING_MAX = 4 << 20
 #: goes (``_LongLine``), so that its request is answered all the same.
 _HELD_LINE_MAX = 16 << 20
 #: The id of the pump's ping to a daemon, whose answer (swallowed) lets the pump write its
-#: own answers between the daemon's lines (``_Pump._long_line_end``).
-_FLUSH_ID = "toolsetctl-mcp-flush"
+#: own answers between the daemon's lines (``_Pump._long_line_end``), before the pump's
+#: random token (``_Pump.token``).
+_FLUSH_ID = "toolsetctl-mcp-flush-"
 #: The bytes of a daemon line read for its id (more when the host's ids are long).
 _HEAD = 256
 _ID_HEAD = b'{"jsonrpc":"2.0","id":'
 _CANCELLED_HEAD = b'{"jsonrpc":"2.0","method":"notifications/cancelled"'
-#: The id of the host's initialize replayed to a new daemon (its response is swallowed).
+#: The id of the host's initialize replayed to a new daemon (its response is swallowed),
+#: before the pump's random token and the daemon's number.
 _REPLAY_ID = "toolsetctl-mcp-initialize-"
 #: The prefix of a new daemon's requests to the host, after its number (2, 3, ...): a new
 #: daemon numbers its ``toolsetd-elicit-N`` from 1 again.
@@ -564,6 +566,12 @@ class _Pump:
         #: Set by the stdin thread when it ends or holds an answer for the main thread.
         self.wake = threading.Event()
         self.generation = 1
+        #: In the ids of the pump's own requests (its ping, the replayed initialize),
+        #: which share the daemon's id space with the host's: a host cannot guess it. A
+        #: host request of the fixed ``toolsetctl-mcp-flush`` answered while the pump's
+        #: ping was out had its answer swallowed, and the ping's ``{}`` given to it.
+        self.token = os.urandom(12).hex()
+        self.flush_id = _FLUSH_ID + self.token
         #: The host's requests sent to this daemon and not answered (key -> ``_Entry``):
         #: the pump answers them when the daemon goes away.
         self.in_flight: dict[object, _Entry] = {}
@@ -572,7 +580,7 @@ class _Pump:
         #: (-32010: it started nothing) waits for the next daemon (``_refused``).
         self.calls: dict[object, bytes] = {}
         self.calls_bytes = 0
-        #: The pump's pings (``_FLUSH_ID``) the daemon has not answered yet.
+        #: The pump's pings (``flush_id``) the daemon has not answered yet.
         self.flushing = 0
         #: The daemon's requests to the host not answered yet: host key -> (host id, daemon
         #: id); after a restart the pump renames them (``_RENAMED``).
@@ -895,7 +903,7 @@ class _Pump:
         elif found is not None:
             self.wake.set()  # a reconnecting pump writes it
             if flush and sock is not None:  # one copying a daemon's lines: after the next
-                ping = {"jsonrpc": "2.0", "id": _FLUSH_ID, "method": "ping"}
+                ping = {"jsonrpc": "2.0", "id": self.flush_id, "method": "ping"}
                 self._send(sock, json.dumps(ping).encode() + b"\n")
 
     def _send_raw(self, data: bytes) -> None:
@@ -1087,7 +1095,7 @@ class _Pump:
                 with self.lock:
                     self.asked[_key(host_id)] = (host_id, value)
                 return head
-            if value == _FLUSH_ID and self.flushing:
+            if value == self.flush_id and self.flushing:
                 with self.lock:
                     self.flushing -= 1
                 return b""  # the answer to the pump's ping: its answers follow this line
@@ -1355,7 +1363,7 @@ class _Pump:
             if not ended:
                 self.generation += 1
                 if self.initialize is not None:
-                    replay_id = f"{_REPLAY_ID}{self.generation}"
+                    replay_id = f"{_REPLAY_ID}{self.token}-{self.generation}"
                     self._swallow = replay_id
                     replay.append(_request_line(replay_id, "initialize", self.initialize[1]))
                     # The host's lines (and its initialized) wait for the answer: one that

@@ -988,6 +988,62 @@ def test_a_host_request_with_the_pumps_ping_id_is_answered(
         assert seen == [{"jsonrpc": "2.0", "id": "toolsetctl-mcp-flush", "result": {}}], seen
 
 
+#: A tool that ends once the file ``go`` is in its folder (the workspace).
+_WAITS_FOR_GO = script(
+    "import os, time\n"
+    "while not os.path.exists('go'):\n"
+    "    time.sleep(0.01)\n"
+    "print('went')\n"
+)
+
+
+def test_a_host_request_with_the_pumps_ping_id_while_its_ping_is_out_gets_its_answer(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The pump pings a new daemon when it answers a long line cut by a restart, and
+    swallowed the first answer with the ping's id while the ping was out. A host request
+    of that id (``toolsetctl-mcp-flush``: the host may choose it) answered in that time
+    had its answer swallowed, and the host got the ping's ``{}`` as its call's result.
+    Here the call is answered while the pump writes a 20 MB answer the host does not
+    read yet, and the host's long line, begun while the daemon was away, ends after it."""
+    write_set(home / "tools", "waits", tool("waits.py"), **{"waits.py": _WAITS_FOR_GO})
+    args = ["--max-message-bytes", "40000000"]
+    line = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "hello", "arguments": {"name": "x" * 20_000_000}}})
+    half = 17 * 1024 * 1024
+    big = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+           "params": {"name": "bigimage", "arguments": {}}}
+    waits = {"jsonrpc": "2.0", "id": "toolsetctl-mcp-flush", "method": "tools/call",
+             "params": {"name": "waits", "arguments": {}}}
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        d.proc.kill()
+        d.proc.wait()
+        pump.send(json.dumps(big).encode() + b"\n" + json.dumps(waits).encode() + b"\n")
+        assert pump.proc.stdin is not None and pump.proc.stdout is not None
+        _write_all(pump.proc.stdin.fileno(), line[:half].encode())  # goes nowhere
+        d = start_daemon(home, workspace, tmp_base, args)
+        started.append(d)
+        receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
+        head = pump.proc.stdout.read(64)  # the pump writes the rest as the host reads it
+        assert head.startswith(b'{"jsonrpc":"2.0","id":3,"result"'), head
+        (workspace / "go").touch()
+        eventually(lambda: '"tool": "waits"' in d.log() or '"tool":"waits"' in d.log(),
+                   what="the waiting call's end")
+        _write_all(pump.proc.stdin.fileno(), line[half:].encode() + b"\n")
+        pump.proc.stdout.readline()  # the rest of the 20 MB
+        seen = receive_answers(pump, {2, "toolsetctl-mcp-flush"})
+        assert "was not run" in answer_to_text(seen, 2)
+        assert "went" in answer_to_text(seen, "toolsetctl-mcp-flush"), str(seen)[:500]
+
+
+def answer_to_text(seen: list[Any], request_id: Any) -> str:
+    """The text of the one tools/call result for ``request_id`` among ``seen``."""
+    results = [m["result"] for m in seen if m.get("id") == request_id and "method" not in m]
+    assert len(results) == 1, str(seen)[:500]
+    return str(results[0].get("content", [{}])[0].get("text"))
+
+
 def test_a_late_answer_to_a_question_the_old_daemon_withdrew_reaches_no_new_one(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
