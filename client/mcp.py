@@ -835,8 +835,7 @@ class _Pump:
             if asked is None:
                 return b"" if self.generation > 1 else line
         if asked[0] != asked[1]:  # renamed after a restart: its own id
-            message["id"] = asked[1]
-            return json.dumps(message).encode() + b"\n"
+            return _with_id(line, asked[1]) or b""  # (or none: see _with_id)
         return line
 
     def _host_notification(self, method: str, params: object) -> bool:
@@ -1560,6 +1559,9 @@ class _LongLine:
         self.escaped = False
         self.top = bytearray()
         self.over = False  # the outer object passed _TOP_MAX: nothing more is read
+        #: Where each value nested in the outer object begins and ends in the line.
+        self.nested: list[tuple[int, int]] = []
+        self._fed = 0  # the line's bytes fed before
 
     def feed(self, data: bytes | bytearray) -> None:
         pos, size = 0, len(data)
@@ -1570,6 +1572,7 @@ class _LongLine:
             pos = self._within(data, pos, size)
             if pos < size:  # the nested value ends within _BY_HAND bytes of here
                 pos = self._by_hand(data, pos, size)
+        self._fed += size
 
     def _within(self, data: bytes | bytearray, pos: int, size: int) -> int:
         """Pass over a nested value's bytes from ``pos``, in C (``_skim``): to ``size`` when
@@ -1623,11 +1626,14 @@ class _LongLine:
                     self.top += char
                 elif self.depth == 2:  # a nested value is kept as []
                     self.top += _HOLE
+                    self.nested.append((self._fed + end, -1))
                     return pos
             else:
                 self._keep(char)
                 self.depth -= 1
                 if not top and self.depth < 2:
+                    if self.nested:
+                        self.nested[-1] = (self.nested[-1][0], self._fed + pos)
                     return pos
         return pos
 
@@ -1687,9 +1693,25 @@ def _host_message(line: bytes) -> object:
         message = _HOST_DECODER.decode(text)
         if _SURROGATE_ESCAPE.search(text) is not None:  # is each one paired?
             json.dumps(message, ensure_ascii=False).encode()  # a lone one: a ValueError
-    except (ValueError, RecursionError):
+    except ValueError:
         return None
+    except RecursionError:
+        return _deep_message(line)
     return message
+
+
+def _deep_message(data: bytes | str) -> object:
+    """A host line (or a part of one) nested past what Python's json reads (some 990
+    levels), read by the daemon's own parser (orjson: 1,024 levels), or None where that
+    refuses it too. The pump took such a line for a parse error while the daemon served
+    it: its request was not in flight (nobody answered it when the daemon went away), its
+    initialize not replayed, its cancel not seen."""
+    from toolsetd.protocol.jsontext import loads  # orjson: only for such a line
+
+    try:
+        return loads(data)
+    except (ValueError, MemoryError):
+        return None
 
 
 def _key(value: object) -> object:
@@ -1714,18 +1736,83 @@ def _id_room(request_id: object) -> int:
 def _params_text(line: bytes) -> object:
     """The text of a host request's ``params``, as the host wrote it (the last, as a parse
     keeps it), or ``_ABSENT``; the line is an object (``_host_message`` parsed it)."""
-    text = line.decode()
+    outer = _outer(line)
+    if outer is None:
+        return _ABSENT
+    text, members, nested = outer
     found: object = _ABSENT
+    for name, start, end in members:
+        if name == "params":
+            found = nested[start].decode() if start in nested else text[start:end]
+    return found
+
+
+def _with_id(line: bytes, request_id: object) -> bytes | None:
+    """A host line (an object, parsed) with ``request_id`` for its ``id`` (each, as a parse
+    keeps the last), the rest as the host wrote it; None when it cannot be read so (an
+    outer object over ``_TOP_MAX`` nested past Python's json). Parsed and written again,
+    a number past the double range (``1e999``, which the daemon takes) became
+    ``Infinity``, which no JSON parser takes: the daemon never had the host's answer."""
+    outer = _outer(line)
+    if outer is None:
+        return None
+    text, members, nested = outer
+    out: list[bytes] = []
+    pos = 0
+    for name, start, end in members:
+        out.append(text[pos:start].encode())
+        if name == "id":
+            out.append(json.dumps(request_id).encode())
+        else:
+            out.append(nested.get(start) or text[start:end].encode())
+        pos = end
+    out.append(text[pos:].encode())
+    return b"".join(out)
+
+
+def _outer(line: bytes) -> tuple[str, list[tuple[object, int, int]], dict[int, bytes]] | None:
+    """A host line (an object, parsed) read for its members: its text, and each member's
+    name and where its value's text begins and ends in it. A line nested past Python's
+    json (which the daemon's parser reads) is its outer object as ``_LongLine`` keeps it,
+    each nested value ``[]``, whose text in the line is given by where it begins there
+    (else no such text is: the line's text is whole); None when that is over
+    ``_TOP_MAX``."""
+    text = line.decode()
+    try:
+        return text, _members(text), {}
+    except RecursionError:
+        pass
+    scan = _LongLine()
+    scan.feed(line)
+    if scan.over:
+        return None
+    text = scan.top.decode()
+    members = _members(text)
+    holes = [start for _, start, _ in members if text.startswith("[", start)]
+    return (
+        text,
+        members,
+        {start: line[a:b] for start, (a, b) in zip(holes, scan.nested, strict=False)},
+    )
+
+
+def _members(text: str) -> list[tuple[object, int, int]]:
+    """The members of the JSON object ``text``: each name, and where its value's text
+    begins and ends.
+
+    Raises:
+        RecursionError: A value nested past Python's json.
+    """
+    members: list[tuple[object, int, int]] = []
     pos = _skip(text, 0) + 1  # past the "{"
     while True:
         pos = _skip(text, pos)
         if text[pos] == "}":
-            return found
+            return members
         name, pos = _HOST_DECODER.raw_decode(text, pos)
         pos = _skip(text, _skip(text, pos) + 1)  # past the ":"
         end = _HOST_DECODER.raw_decode(text, pos)[1]
-        if name == "params":
-            found = text[pos:end]
+        members.append((name, pos, end))
         pos = _skip(text, end)
         if text[pos] == ",":
             pos += 1
@@ -1761,7 +1848,12 @@ def _half_close(sock: socket.socket) -> None:
 
 def _wants_tools(params: object) -> bool:
     """Whether a listen's params (their text) ask for ``notifications/tools/list_changed``."""
-    params = json.loads(params) if type(params) is str else None
+    if isinstance(params, str):
+        text = params
+        try:
+            params = json.loads(text)
+        except RecursionError:  # the daemon read it: so does its parser
+            params = _deep_message(text)
     wanted = params.get("notifications") if type(params) is dict else None
     return type(wanted) is dict and wanted.get("toolsListChanged") is True
 

@@ -942,6 +942,60 @@ def test_a_line_the_daemon_cannot_parse_is_not_answered_at_a_restart(
         assert [m for m in seen if m.get("id") in (2, 3)] == [], seen
 
 
+#: A value nested 1,005 levels: the daemon's parser (orjson) reads 1,024, Python's json
+#: some 990 (its recursion limit), where the pump read it.
+_DEEP = "[" * 1005 + "]" * 1005
+
+
+def test_a_request_nested_deeper_than_pythons_json_reads_is_answered_at_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The daemon serves a request nested past what Python's json reads (here in its
+    ``_meta``, which nothing checks). The pump took its line for one the daemon refuses,
+    with no request in it: when the daemon was killed under the call, nobody answered
+    it, and the host waited for ever."""
+    pid_file = workspace / "sleeper.pid"
+    line = ('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"sleeper",'
+            f'"arguments":{{}},"_meta":{{"x":{_DEEP}}}}}}}\n')
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        try:
+            initialize(pump)
+            pump.send(line.encode())
+            eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
+            d.proc.kill()
+            d.proc.wait()
+            restart(started, home, workspace, tmp_base)
+            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+            seen = receive_until(pump, answer_to(3))
+            gone = [m for m in seen if m.get("id") == 2]
+            assert len(gone) == 1, str(seen)[:500]
+            assert "may have run" in gone[0]["result"]["content"][0]["text"], gone
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_an_initialize_nested_deeper_than_pythons_json_reads_is_replayed(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The host's initialize nested past what Python's json reads (an experimental
+    capability), which the daemon takes: the pump did not note it, replayed nothing to the
+    new daemon after a restart, and the host's next request was refused there, as one of
+    a session never initialized."""
+    params = json.dumps(INIT).replace('"capabilities": {',
+                                      f'"capabilities": {{"experimental": {{"x": {_DEEP}}}, ')
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        pump.send(b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": %s}\n'
+                  % params.encode())
+        assert pump.receive()["result"]["protocolVersion"] == "2025-11-25"
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        d.proc.kill()
+        d.proc.wait()
+        restart(started, home, workspace, tmp_base)
+        listed = pump.request(2, "tools/list")  # it waits for the new daemon, if need be
+        assert "hello" in {t["name"] for t in listed["result"]["tools"]}, listed
+
+
 def test_an_initialize_with_a_number_past_the_double_range_is_replayed_as_written(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
@@ -1069,6 +1123,30 @@ def test_a_late_answer_to_a_question_the_old_daemon_withdrew_reaches_no_new_one(
         seen = receive_until(pump, answer_to(3))
         assert seen[-1]["result"]["isError"] is True, seen
         assert "asked and ran" not in json.dumps(seen), seen
+
+
+def test_a_renamed_question_is_answered_with_the_hosts_numbers_as_written(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """After a restart the pump gives the new daemon's questions ids of its own, and sends
+    the host's answer back under the daemon's. It parsed the answer and wrote it again:
+    a number past the double range (``1e999``, which JSON and the daemon take; here in
+    the answer's ``_meta``) became ``Infinity``, which no parser takes, and the daemon
+    never had the operator's accept: the call waited for it. Only the id is rewritten."""
+    ask = {"name": "asker", "arguments": {}}
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        d.proc.kill()
+        d.proc.wait()
+        restart(started, home, workspace, tmp_base)
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": ask})
+        asked = receive_until(pump, lambda m: m.get("method") == "elicitation/create")[-1]
+        assert asked["id"] != "toolsetd-elicit-1", asked
+        pump.send(b'{"jsonrpc": "2.0", "id": %s, "result": {"action": "accept", "content": {},'
+                  b' "_meta": {"n": 1e999}}}\n' % json.dumps(asked["id"]).encode())
+        # Up to the call's answer, or the daemon's refusal of a line it cannot parse.
+        seen = receive_until(pump, lambda m: m.get("id") in (2, None) and "method" not in m)
+        assert "asked and ran" in answer_to_text(seen, 2), str(seen)[:500]
 
 
 def test_a_request_cancelled_while_it_waited_is_not_answered_at_the_next_restart(
