@@ -681,7 +681,8 @@ class _Pump:
                     streaming.feed(partial)
                     with self.lock:  # not ahead of the lines that wait for the gate
                         self._streaming_to = None if self.gated else self.sock
-                    self._send_raw(bytes(partial))
+                        head = self._long_answer(streaming, bytes(partial))
+                    self._send_raw(head)
                     partial.clear()
         with self.lock:
             self.stdin_closed.set()
@@ -876,17 +877,45 @@ class _Pump:
                 # host was writing: the main thread sees the close and reconnects.
                 pass
 
+    def _long_answer(self, line: _LongLine, head: bytes) -> bytes:
+        """The first ``_HELD_LINE_MAX`` bytes of a long line (``lock`` held), as they go to
+        the daemon. A host answer to a question of the daemon's is looked at as
+        ``_host_answer`` looks at a short one: after a restart, one to a question no
+        daemon has open now goes nowhere, and one to a question renamed goes under the
+        daemon's id, rewritten here; one whose id is not in these bytes (a TypeScript
+        host writes it last) goes nowhere either, and its question is answered at its end
+        (``_long_line_end``). Every such answer went on as the host wrote it: under the
+        pump's id, unknown to the daemon, whose call then waited for it for ever; or, late,
+        to a question of the old daemon's, to the new daemon under the id of one of its
+        own (an approval of another call)."""
+        outer = line.so_far()
+        if outer is None or "method" in outer or not ("result" in outer or "error" in outer):
+            return head  # a request (or not a message): as it comes
+        line.answer = True
+        if self.generation == 1:
+            return head  # the first daemon is sent every answer: it knows what it asked
+        asked = self.asked.get(_key(outer.get("id")))
+        renamed = None if asked is None else line.with_id(head, asked[1])
+        if renamed is None:
+            self._streaming_to = None
+            return b""
+        return renamed
+
     def _long_line_end(self, line: _LongLine, tail: bytes) -> None:
         """The end of a line over ``_HELD_LINE_MAX``: a request in it is in flight when all
         of it went to one daemon; else (its daemon went away, or none was there when it
         began: the rest went nowhere) the pump answers it, as not run. It went
-        unanswered, and the host waited for ever."""
+        unanswered, and the host waited for ever. An answer's question is no longer open
+        (a restart withdrew it again); one that went nowhere is answered to the daemon
+        with an error (``_long_answer``)."""
         line.feed(tail)
         found = line.request(modern=self.initialize is None)
+        answered = line.answered() if line.answer else None
         flush = False
         with self.lock:
             sock = self.sock
             whole = sock is not None and sock is self._streaming_to
+            asked = None if answered is None else self.asked.pop(_key(answered[0]), None)
             if found is not None:
                 if whole:
                     self._room_for(found[1][0])
@@ -900,6 +929,17 @@ class _Pump:
                         self.flushing += 1
         if whole and sock is not None:
             self._send(sock, tail)
+        elif asked is not None and sock is not None:
+            failed = {
+                "jsonrpc": "2.0",
+                "id": asked[1],
+                "error": {
+                    "code": -32603,
+                    "message": "Internal error: the host's answer could not be passed on "
+                    f"(a line over {_HELD_LINE_MAX} bytes whose id came after them)",
+                },
+            }
+            self._send(sock, json.dumps(failed).encode() + b"\n")
         elif found is not None:
             self.wake.set()  # a reconnecting pump writes it
             if flush and sock is not None:  # one copying a daemon's lines: after the next
@@ -1562,6 +1602,7 @@ class _LongLine:
         #: Where each value nested in the outer object begins and ends in the line.
         self.nested: list[tuple[int, int]] = []
         self._fed = 0  # the line's bytes fed before
+        self.answer = False  # a host answer (``_Pump._long_answer``)
 
     def feed(self, data: bytes | bytearray) -> None:
         pos, size = 0, len(data)
@@ -1643,21 +1684,68 @@ class _LongLine:
             if len(self.top) > _TOP_MAX:
                 self.over = True
 
-    def request(self, *, modern: bool) -> tuple[object, _Entry] | None:
-        """The key and entry of the request the line is, or None (not one, or not told)."""
+    def so_far(self) -> dict[str, object] | None:
+        """The outer object's members read so far (each nested value ``[]``), while within
+        a value nested in it; else None."""
+        if self.over or self.depth < 2:
+            return None
+        try:
+            message = json.loads(self.top + b"}")
+        except ValueError:
+            return None
+        return message if type(message) is dict else None
+
+    def with_id(self, head: bytes, request_id: object) -> bytes | None:
+        """``head``, the line's bytes fed so far (``so_far`` has members), with
+        ``request_id`` for each ``id`` in it, the rest as the host wrote it."""
+        text = self.top.decode() + "}"
+        try:
+            members = _members(text)
+        except ValueError:
+            return None
+        holes = [start for _, start, _ in members if text.startswith("[", start)]
+        nested = dict(zip(holes, self.nested, strict=False))
+        out: list[bytes] = []
+        pos = 0
+        for name, start, end in members:
+            out.append(text[pos:start].encode())
+            if name == "id":
+                out.append(json.dumps(request_id).encode())
+            elif start in nested:
+                begins, ends = nested[start]
+                out.append(head[begins:] if ends < 0 else head[begins:ends])
+            else:
+                out.append(text[start:end].encode())
+            pos = end
+        return b"".join(out)  # up to the end of head, within the last nested value
+
+    def answered(self) -> tuple[object] | None:
+        """The id of the answer the whole line is (in a tuple), or None."""
+        message = self._message()
+        if message is None or "method" in message:
+            return None
+        return (message.get("id"),) if "result" in message or "error" in message else None
+
+    def _message(self) -> dict[str, object] | None:
         if self.over:
             return None
         try:
             message = json.loads(self.top)
         except (ValueError, RecursionError):
             return None
-        if type(message) is not dict or type(message.get("method")) is not str:
+        return message if type(message) is dict else None
+
+    def request(self, *, modern: bool) -> tuple[object, _Entry] | None:
+        """The key and entry of the request the line is, or None (not one, or not told)."""
+        message = self._message()
+        method = None if message is None else message.get("method")
+        if message is None or not isinstance(method, str):
             return None
         request_id = message.get("id")
         key = _key(request_id)
         if key is None:
             return None
-        return key, (request_id, message["method"], modern, None)
+        return key, (request_id, method, modern, None)
 
 
 class _StdoutGone(Exception):

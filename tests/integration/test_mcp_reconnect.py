@@ -1149,6 +1149,67 @@ def test_a_renamed_question_is_answered_with_the_hosts_numbers_as_written(
         assert "asked and ran" in answer_to_text(seen, 2), str(seen)[:500]
 
 
+def _long_accept(asked_id: Any, *, id_last: bool = False) -> bytes:
+    """An accept over 16 MiB (its ``_meta`` padded), its id first or (as a TypeScript
+    host writes a response) last."""
+    result = {"action": "accept", "content": {}, "_meta": {"pad": "x" * 17_000_000}}
+    if id_last:
+        return json.dumps({"result": result, "jsonrpc": "2.0", "id": asked_id}).encode() + b"\n"
+    return json.dumps({"jsonrpc": "2.0", "id": asked_id, "result": result}).encode() + b"\n"
+
+
+@pytest.mark.parametrize("id_last", [False, True], ids=["id-first", "id-last"])
+def test_an_answer_over_16_mib_to_a_renamed_question_reaches_the_daemon_under_its_id(
+    id_last: bool, sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A host answer over 16 MiB goes on as it comes; to a question a new daemon asked
+    (which the pump gave an id of its own) it went under the pump's id, which the daemon
+    does not know: the call waited for an answer it never had, and the host's next
+    answer to that question (a decline, here) was sent on, renamed, as if it were the
+    first. Now the accept goes under the daemon's id; one whose id comes last, after the
+    16 MiB the pump holds, goes nowhere, and the daemon is told the answer failed."""
+    args = ["--max-message-bytes", "40000000"]
+    ask = {"name": "asker", "arguments": {}}
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        d.proc.kill()
+        d.proc.wait()
+        started.append(start_daemon(home, workspace, tmp_base, args))
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": ask})
+        asked = receive_until(pump, lambda m: m.get("method") == "elicitation/create")[-1]
+        assert asked["id"] != "toolsetd-elicit-1", asked
+        pump.send(_long_accept(asked["id"], id_last=id_last))
+        pump.send({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "decline"}})
+        done = receive_until(pump, answer_to(2))[-1]
+        text = json.dumps(done)
+        if id_last:
+            assert "could not ask the operator" in text, done
+        else:
+            assert "asked and ran" in text, done
+
+
+def test_a_question_answered_over_16_mib_is_not_withdrawn_at_the_next_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The pump withdraws (notifications/cancelled) the questions a daemon that went away
+    left open at the host; one the host had answered with a line over 16 MiB was still
+    open for it, and withdrawn after its answer."""
+    args = ["--max-message-bytes", "40000000"]
+    ask = {"name": "asker", "arguments": {}}
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": ask})
+        asked = receive_until(pump, lambda m: m.get("method") == "elicitation/create")[-1]
+        pump.send(_long_accept(asked["id"]))
+        assert "asked and ran" in json.dumps(receive_until(pump, answer_to(2))[-1])
+        d.proc.kill()
+        d.proc.wait()
+        started.append(start_daemon(home, workspace, tmp_base, args))
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        seen = receive_until(pump, answer_to(3))
+        assert [m for m in seen if m.get("method") == "notifications/cancelled"] == [], seen
+
+
 def test_a_request_cancelled_while_it_waited_is_not_answered_at_the_next_restart(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
