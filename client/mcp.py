@@ -1703,21 +1703,20 @@ class _LongLine:
             members = _members(text)
         except ValueError:
             return None
+        pieces, _ = _id_rewritten(text, members, self.texts(text, members, head), request_id)
+        return b"".join(pieces)  # up to the end of head, within the last nested value
+
+    def texts(
+        self, text: str, members: list[tuple[object, int, int]], line: bytes
+    ) -> dict[int, bytes]:
+        """The text in ``line`` of each nested value, by where its ``[]`` begins in
+        ``text``, the outer object as kept (the last to the end of ``line`` when it has not
+        ended yet)."""
         holes = [start for _, start, _ in members if text.startswith("[", start)]
-        nested = dict(zip(holes, self.nested, strict=False))
-        out: list[bytes] = []
-        pos = 0
-        for name, start, end in members:
-            out.append(text[pos:start].encode())
-            if name == "id":
-                out.append(json.dumps(request_id).encode())
-            elif start in nested:
-                begins, ends = nested[start]
-                out.append(head[begins:] if ends < 0 else head[begins:ends])
-            else:
-                out.append(text[start:end].encode())
-            pos = end
-        return b"".join(out)  # up to the end of head, within the last nested value
+        return {
+            start: line[begins:] if ends < 0 else line[begins:ends]
+            for start, (begins, ends) in zip(holes, self.nested, strict=False)
+        }
 
     def answered(self) -> tuple[object] | None:
         """The id of the answer the whole line is (in a tuple), or None."""
@@ -1845,6 +1844,15 @@ def _with_id(line: bytes, request_id: object) -> bytes | None:
     if outer is None:
         return None
     text, members, nested = outer
+    pieces, end = _id_rewritten(text, members, nested, request_id)
+    return b"".join(pieces) + text[end:].encode()
+
+
+def _id_rewritten(
+    text: str, members: list[tuple[object, int, int]], nested: dict[int, bytes], request_id: object
+) -> tuple[list[bytes], int]:
+    """The pieces of an object's text (``_outer``'s) up to its last member's value, with
+    ``request_id`` for each ``id``, and where that value ends."""
     out: list[bytes] = []
     pos = 0
     for name, start, end in members:
@@ -1854,8 +1862,7 @@ def _with_id(line: bytes, request_id: object) -> bytes | None:
         else:
             out.append(nested.get(start) or text[start:end].encode())
         pos = end
-    out.append(text[pos:].encode())
-    return b"".join(out)
+    return out, pos
 
 
 def _outer(line: bytes) -> tuple[str, list[tuple[object, int, int]], dict[int, bytes]] | None:
@@ -1876,12 +1883,7 @@ def _outer(line: bytes) -> tuple[str, list[tuple[object, int, int]], dict[int, b
         return None
     text = scan.top.decode()
     members = _members(text)
-    holes = [start for _, start, _ in members if text.startswith("[", start)]
-    return (
-        text,
-        members,
-        {start: line[a:b] for start, (a, b) in zip(holes, scan.nested, strict=False)},
-    )
+    return text, members, scan.texts(text, members, line)
 
 
 def _members(text: str) -> list[tuple[object, int, int]]:

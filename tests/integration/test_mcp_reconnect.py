@@ -123,6 +123,14 @@ def initialize(pump: RawPump) -> None:
     pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
 
+def initialize_as_written(pump: RawPump, params: str) -> None:
+    """``initialize`` with ``params`` as this text (what ``json.dumps`` would not write)."""
+    pump.send(b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": %s}\n'
+              % params.encode())
+    assert pump.receive()["result"]["protocolVersion"] == "2025-11-25"
+    pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+
 def _killed_within_a_big_answer(pump: RawPump, d: Daemon) -> bytes:
     """Initialize ``pump``, call ``bigimage`` (id 2, a 20 MB answer), and SIGKILL ``d``
     once the answer's head is on the pump's stdout: the daemon is within that line (the
@@ -985,10 +993,7 @@ def test_an_initialize_nested_deeper_than_pythons_json_reads_is_replayed(
     params = json.dumps(INIT).replace('"capabilities": {',
                                       f'"capabilities": {{"experimental": {{"x": {_DEEP}}}, ')
     with pumped(home, workspace, tmp_base) as (started, d, pump):
-        pump.send(b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": %s}\n'
-                  % params.encode())
-        assert pump.receive()["result"]["protocolVersion"] == "2025-11-25"
-        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        initialize_as_written(pump, params)
         d.proc.kill()
         d.proc.wait()
         restart(started, home, workspace, tmp_base)
@@ -1009,10 +1014,7 @@ def test_an_initialize_with_a_number_past_the_double_range_is_replayed_as_writte
     with daemons(home, workspace, tmp_base) as started:
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
-        pump.send(b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": %s}\n'
-                  % params.encode())
-        assert pump.receive()["result"]["protocolVersion"] == "2025-11-25"
-        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        initialize_as_written(pump, params)
         d.proc.kill()
         d.proc.wait()
         restart(started, home, workspace, tmp_base)
@@ -1074,7 +1076,8 @@ def test_a_host_request_with_the_pumps_ping_id_while_its_ping_is_out_gets_its_an
         d.proc.kill()
         d.proc.wait()
         pump.send(json.dumps(big).encode() + b"\n" + json.dumps(waits).encode() + b"\n")
-        assert pump.proc.stdin is not None and pump.proc.stdout is not None
+        assert pump.proc.stdin is not None
+        assert pump.proc.stdout is not None
         _write_all(pump.proc.stdin.fileno(), line[:half].encode())  # goes nowhere
         d = start_daemon(home, workspace, tmp_base, args)
         started.append(d)
