@@ -1503,43 +1503,50 @@ _HOLE = b"[]"
 #: ``)`` (every other byte dropped).
 _ESCAPED_PAIRS = (b'\\"', b"\\{", b"\\}", b"\\[", b"\\]")
 _AS_PARENS = bytes.maketrans(b"{[}]", b"(())")
-#: ``_lowest``'s: the brackets as bits (``(`` is 1).
+#: ``_extremes``'s: the brackets as bits (``(`` is 1).
 _AS_BITS = bytes.maketrans(b"()", b"10")
+#: ``_skim``'s answer: the lowest, the last and the highest depth, within a string, after a
+#: backslash.
+_Skimmed = tuple[int, int, int, bool, bool]
+#: The deepest nesting the daemon's parser (orjson) reads: a line nested deeper is a
+#: parse error (id null), no request.
+_NESTING_MAX = 1024
 #: The bytes a long line's nested value is read by hand (``_LongLine._within``) around the
 #: end ``_skim`` found; ``_skim`` narrows everything else down to that.
 _BY_HAND = 64
 
 
 @functools.cache
-def _skim_tables() -> tuple[bytes, bytes, bytes]:
-    """``_skim``'s bytes that are no bracket, and ``_lowest``'s depth at the end of each byte
-    of eight steps (the first the highest bit) and the lowest within it (with the depth
-    before it), as signed bytes. Made at the first long line: 1.5 ms that no pump start
-    pays."""
+def _skim_tables() -> tuple[bytes, bytes, bytes, bytes]:
+    """``_skim``'s bytes that are no bracket, and ``_extremes``'s depth at the end of each
+    byte of eight steps (the first the highest bit), and the lowest and the highest within
+    it (with the depth before it), as signed bytes. Made at the first long line: 2 ms that
+    no pump start pays."""
     not_bracket = bytes(set(range(256)) - set(b"{}[]"))
-    change = bytes((2 * bin(b).count("1") - 8) & 0xFF for b in range(256))
-    low = bytes(
-        min(0, *(2 * bin(b >> (8 - i)).count("1") - i for i in range(1, 9))) & 0xFF
-        for b in range(256)
-    )
-    return not_bracket, change, low
+    steps = [[2 * bin(b >> (8 - i)).count("1") - i for i in range(9)] for b in range(256)]
+    change = bytes(depths[8] & 0xFF for depths in steps)
+    low = bytes(min(depths) & 0xFF for depths in steps)
+    high = bytes(max(depths) & 0xFF for depths in steps)
+    return not_bracket, change, low, high
 
 
-def _skim(piece: bytes, in_string: bool, escaped: bool) -> tuple[int, int, bool, bool]:
+def _skim(piece: bytes, in_string: bool, escaped: bool, room: int) -> _Skimmed:
     """JSON text read in C (its bytes split, translated, replaced), never a byte at a time:
-    the lowest depth reached relative to its start (0 or below), the depth at its end
-    relative to its start, and whether it ends within a string and after a backslash.
+    the lowest depth reached relative to its start (0 or below), the depth at its end, the
+    highest reached (exact when above ``room``, else no more than ``room``), and whether
+    it ends within a string and after a backslash.
 
     ``in_string`` and ``escaped`` say where it begins. A byte after a backslash is passed
     over wherever it is (as ``_LongLine._by_hand`` does; outside a string it is no JSON);
     quotes then bound the strings, whose brackets do not count. The brackets outside are
-    ``(`` and ``)``: a peak (``(())``) taken out leaves the lowest depth as it was, and
-    what is left without one is ``)...)(...(``. A line of ``[{},{},...]`` or of small
-    objects cost a Python step a byte; this is some ten passes in C over each byte.
+    ``(`` and ``)``: a peak (``(())``) taken out leaves the lowest depth as it was and the
+    highest one lower, and what is left without one is ``)...)(...(``. A line of
+    ``[{},{},...]`` or of small objects cost a Python step a byte; this is some ten
+    passes in C over each byte.
     """
     if escaped:
         if not piece:
-            return 0, 0, in_string, True
+            return 0, 0, 0, in_string, True
         piece = piece[1:]
         escaped = False
     if b"\\" in piece:
@@ -1552,33 +1559,48 @@ def _skim(piece: bytes, in_string: bool, escaped: bool) -> tuple[int, int, bool,
     outside = b"".join(parts[1::2] if in_string else parts[::2])
     if not len(parts) % 2:
         in_string = not in_string
-    parens = outside.translate(_AS_PARENS, _skim_tables()[0])
-    while b"()" in parens:
-        before = len(parens)
-        parens = parens.replace(b"()", b"")
-        if 2 * len(parens) > before:  # deeper peaks, whatever their shape: summed
-            low, change = _lowest(parens)
-            return low, change, in_string, escaped
-    closes = parens.count(b")")
-    return -closes, len(parens) - 2 * closes, in_string, escaped
+    parens = left = outside.translate(_AS_PARENS, _skim_tables()[0])
+    peaks = 0  # each pass takes one from the highest
+    while b"()" in left:
+        before = len(left)
+        left = left.replace(b"()", b"")
+        peaks += 1
+        if 2 * len(left) > before:  # deeper peaks, whatever their shape: summed
+            low, change, high = _extremes(left)
+            break
+    else:
+        closes = left.count(b")")
+        low, change = -closes, len(left) - 2 * closes
+        high = max(0, change)
+    high += peaks  # no lower than the highest
+    if high > room:  # maybe too deep: exactly
+        low, change, high = _extremes(parens)
+    return low, change, high, in_string, escaped
 
 
-def _lowest(parens: bytes) -> tuple[int, int]:
-    """The lowest depth (0 or below) and the depth at the end of ``(`` and ``)`` steps
-    from depth 0, eight steps a byte (an ``int`` of them in base 2, read in C) so that the
-    sums left to Python are an eighth of the steps."""
+def _extremes(parens: bytes) -> tuple[int, int, int]:
+    """The lowest depth (0 or below), the depth at the end and the highest depth (0 or
+    above) of ``(`` and ``)`` steps from depth 0, eight steps a byte (an ``int`` of them
+    in base 2, read in C) so that the sums left to Python are an eighth of the steps."""
     import array  # only here (a long line nested in peaks upon peaks): 0.3 ms at start
     import itertools
     import operator
 
-    pad = -len(parens) % 8  # steps up, at the end: no lower depth
-    bits = parens.translate(_AS_BITS) + b"1" * pad
-    eights = int(bits, 2).to_bytes(len(bits) // 8, "big")
-    _, byte_change, byte_low = _skim_tables()
+    whole = len(parens) - len(parens) % 8
+    eights = (
+        int(parens[:whole].translate(_AS_BITS), 2).to_bytes(whole // 8, "big") if whole else b""
+    )
+    _, byte_change, byte_low, byte_high = _skim_tables()
     changes = array.array("b", eights.translate(byte_change))
     lows = array.array("b", eights.translate(byte_low))
-    before = itertools.accumulate(changes, initial=0)
-    return min(0, min(map(operator.add, before, lows))), sum(changes) - pad
+    highs = array.array("b", eights.translate(byte_high))
+    low = min(map(operator.add, itertools.accumulate(changes, initial=0), lows), default=0)
+    high = max(map(operator.add, itertools.accumulate(changes, initial=0), highs), default=0)
+    depth = sum(changes)
+    for step in parens[whole:]:  # the last steps, fewer than eight
+        depth += 1 if step == 40 else -1  # "("
+        low, high = min(low, depth), max(high, depth)
+    return min(low, 0), depth, max(high, 0)
 
 
 class _LongLine:
@@ -1598,7 +1620,9 @@ class _LongLine:
         self.in_string = False
         self.escaped = False
         self.top = bytearray()
-        self.over = False  # the outer object passed _TOP_MAX: nothing more is read
+        #: Nothing more is read: the outer object passed _TOP_MAX, or the nesting
+        #: _NESTING_MAX.
+        self.over = False
         #: Where each value nested in the outer object begins and ends in the line.
         self.nested: list[tuple[int, int]] = []
         self._fed = 0  # the line's bytes fed before
@@ -1623,10 +1647,14 @@ class _LongLine:
         outer object of many small members is not skimmed to ``size`` for each."""
         end = ends_by = min(size, pos + 4 * _BY_HAND)
         while True:
-            skimmed = _skim(bytes(data[pos:end]), self.in_string, self.escaped)
+            room = _NESTING_MAX - self.depth
+            skimmed = _skim(bytes(data[pos:end]), self.in_string, self.escaped, room)
             if self.depth + skimmed[0] > 1:  # it does not end here: go on after it
+                if skimmed[2] > room:  # the daemon refuses the line: no request
+                    self.over = True
+                    return size
                 self.depth += skimmed[1]
-                self.in_string, self.escaped = skimmed[2], skimmed[3]
+                self.in_string, self.escaped = skimmed[3], skimmed[4]
                 if end == size:
                     return size
                 if end == ends_by:  # still looking for its end: twice as far
@@ -1663,6 +1691,9 @@ class _LongLine:
                 self._keep(char)
             elif char in (b"{", b"["):
                 self.depth += 1
+                if self.depth > _NESTING_MAX:  # the daemon refuses the line: no request
+                    self.over = True
+                    return size
                 if self.depth == 1:
                     self.top += char
                 elif self.depth == 2:  # a nested value is kept as []

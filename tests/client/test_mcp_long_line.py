@@ -73,3 +73,18 @@ def test_a_nested_id_or_method_is_no_request() -> None:
     null, and the pump kept it in flight and answered it at the next restart."""
     assert _read(b'{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}', []) is None
     assert _read(b'{"jsonrpc":"2.0","id":1,"method":["ping"]}', []) is None
+
+
+@pytest.mark.parametrize("deeper", [0, 1], ids=["1024-levels", "1025-levels"])
+def test_a_line_nested_past_the_daemons_parser_is_no_request(deeper: int) -> None:
+    """The daemon's parser (orjson) reads 1,024 levels of nesting: a line nested deeper
+    is a parse error (id null) there, and no request. The pump took its id and method for
+    a request in flight, which the next restart answered ("the tool may have run")."""
+    levels = 1024 - 3 + deeper  # under the outer object, params and arguments
+    nested = b"[" * levels + b"]" * levels
+    line = (
+        b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"t","arguments":'
+        b'{"x":' + nested + b"}}}"
+    )
+    found = _read(line, [len(line) // 3])
+    assert found == (None if deeper else ((2,), (2, "tools/call", False, None)))

@@ -983,6 +983,29 @@ def test_a_request_nested_deeper_than_pythons_json_reads_is_answered_at_a_restar
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
+def test_a_long_line_nested_past_the_daemons_parser_is_not_answered_at_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A line over 16 MiB nested 1,025 levels, which the daemon's parser refuses (a parse
+    error, id null): the pump, reading it as it went, kept its call in flight, and the
+    restart answered it, "the tool may have run", after the daemon's refusal."""
+    args = ["--max-message-bytes", "40000000"]
+    line = ('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"hello",'
+            f'"arguments":{{"name":"{"x" * 17_000_000}","deep":{"[" * 1022 + "]" * 1022}}}}}}}\n')
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        pump.send(line.encode())
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        seen = receive_until(pump, answer_to(3))
+        assert [m["error"]["code"] for m in seen if "error" in m] == [-32700], str(seen)[:500]
+        d.proc.kill()
+        d.proc.wait()
+        started.append(start_daemon(home, workspace, tmp_base, args))
+        pump.send({"jsonrpc": "2.0", "id": 4, "method": "ping"})
+        seen = receive_until(pump, answer_to(4))
+        assert [m for m in seen if m.get("id") == 2] == [], str(seen)[:500]
+
+
 def test_an_initialize_nested_deeper_than_pythons_json_reads_is_replayed(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
