@@ -56,6 +56,7 @@ else is copied as bytes; the daemon answers garbage with JSON-RPC errors.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -131,13 +132,15 @@ _WAITING_MAX = 4 << 20
 #: goes (``_LongLine``), so that its request is answered all the same.
 _HELD_LINE_MAX = 16 << 20
 #: The id of the pump's ping to a daemon, whose answer (swallowed) lets the pump write its
-#: own answers between the daemon's lines (``_Pump._long_line_end``).
-_FLUSH_ID = "toolsetctl-mcp-flush"
+#: own answers between the daemon's lines (``_Pump._long_line_end``), before the pump's
+#: random token (``_Pump.token``).
+_FLUSH_ID = "toolsetctl-mcp-flush-"
 #: The bytes of a daemon line read for its id (more when the host's ids are long).
 _HEAD = 256
 _ID_HEAD = b'{"jsonrpc":"2.0","id":'
 _CANCELLED_HEAD = b'{"jsonrpc":"2.0","method":"notifications/cancelled"'
-#: The id of the host's initialize replayed to a new daemon (its response is swallowed).
+#: The id of the host's initialize replayed to a new daemon (its response is swallowed),
+#: before the pump's random token and the daemon's number.
 _REPLAY_ID = "toolsetctl-mcp-initialize-"
 #: The prefix of a new daemon's requests to the host, after its number (2, 3, ...): a new
 #: daemon numbers its ``toolsetd-elicit-N`` from 1 again.
@@ -564,6 +567,12 @@ class _Pump:
         #: Set by the stdin thread when it ends or holds an answer for the main thread.
         self.wake = threading.Event()
         self.generation = 1
+        #: In the ids of the pump's own requests (its ping, the replayed initialize),
+        #: which share the daemon's id space with the host's: a host cannot guess it. A
+        #: host request of the fixed ``toolsetctl-mcp-flush`` answered while the pump's
+        #: ping was out had its answer swallowed, and the ping's ``{}`` given to it.
+        self.token = os.urandom(12).hex()
+        self.flush_id = _FLUSH_ID + self.token
         #: The host's requests sent to this daemon and not answered (key -> ``_Entry``):
         #: the pump answers them when the daemon goes away.
         self.in_flight: dict[object, _Entry] = {}
@@ -572,7 +581,7 @@ class _Pump:
         #: (-32010: it started nothing) waits for the next daemon (``_refused``).
         self.calls: dict[object, bytes] = {}
         self.calls_bytes = 0
-        #: The pump's pings (``_FLUSH_ID``) the daemon has not answered yet.
+        #: The pump's pings (``flush_id``) the daemon has not answered yet.
         self.flushing = 0
         #: The daemon's requests to the host not answered yet: host key -> (host id, daemon
         #: id); after a restart the pump renames them (``_RENAMED``).
@@ -672,7 +681,8 @@ class _Pump:
                     streaming.feed(partial)
                     with self.lock:  # not ahead of the lines that wait for the gate
                         self._streaming_to = None if self.gated else self.sock
-                    self._send_raw(bytes(partial))
+                        head = self._long_answer(streaming, bytes(partial))
+                    self._send_raw(head)
                     partial.clear()
         with self.lock:
             self.stdin_closed.set()
@@ -826,8 +836,7 @@ class _Pump:
             if asked is None:
                 return b"" if self.generation > 1 else line
         if asked[0] != asked[1]:  # renamed after a restart: its own id
-            message["id"] = asked[1]
-            return json.dumps(message).encode() + b"\n"
+            return _with_id(line, asked[1]) or b""  # (or none: see _with_id)
         return line
 
     def _host_notification(self, method: str, params: object) -> bool:
@@ -868,17 +877,45 @@ class _Pump:
                 # host was writing: the main thread sees the close and reconnects.
                 pass
 
+    def _long_answer(self, line: _LongLine, head: bytes) -> bytes:
+        """The first ``_HELD_LINE_MAX`` bytes of a long line (``lock`` held), as they go to
+        the daemon. A host answer to a question of the daemon's is looked at as
+        ``_host_answer`` looks at a short one: after a restart, one to a question no
+        daemon has open now goes nowhere, and one to a question renamed goes under the
+        daemon's id, rewritten here; one whose id is not in these bytes (a TypeScript
+        host writes it last) goes nowhere either, and its question is answered at its end
+        (``_long_line_end``). Every such answer went on as the host wrote it: under the
+        pump's id, unknown to the daemon, whose call then waited for it for ever; or, late,
+        to a question of the old daemon's, to the new daemon under the id of one of its
+        own (an approval of another call)."""
+        outer = line.so_far()
+        if outer is None or "method" in outer or not ("result" in outer or "error" in outer):
+            return head  # a request (or not a message): as it comes
+        line.answer = True
+        if self.generation == 1:
+            return head  # the first daemon is sent every answer: it knows what it asked
+        asked = self.asked.get(_key(outer.get("id")))
+        renamed = None if asked is None else line.with_id(head, asked[1])
+        if renamed is None:
+            self._streaming_to = None
+            return b""
+        return renamed
+
     def _long_line_end(self, line: _LongLine, tail: bytes) -> None:
         """The end of a line over ``_HELD_LINE_MAX``: a request in it is in flight when all
         of it went to one daemon; else (its daemon went away, or none was there when it
         began: the rest went nowhere) the pump answers it, as not run. It went
-        unanswered, and the host waited for ever."""
+        unanswered, and the host waited for ever. An answer's question is no longer open
+        (a restart withdrew it again); one that went nowhere is answered to the daemon
+        with an error (``_long_answer``)."""
         line.feed(tail)
         found = line.request(modern=self.initialize is None)
+        answered = line.answered() if line.answer else None
         flush = False
         with self.lock:
             sock = self.sock
             whole = sock is not None and sock is self._streaming_to
+            asked = None if answered is None else self.asked.pop(_key(answered[0]), None)
             if found is not None:
                 if whole:
                     self._room_for(found[1][0])
@@ -892,10 +929,21 @@ class _Pump:
                         self.flushing += 1
         if whole and sock is not None:
             self._send(sock, tail)
+        elif asked is not None and sock is not None:
+            failed = {
+                "jsonrpc": "2.0",
+                "id": asked[1],
+                "error": {
+                    "code": -32603,
+                    "message": "Internal error: the host's answer could not be passed on "
+                    f"(a line over {_HELD_LINE_MAX} bytes whose id came after them)",
+                },
+            }
+            self._send(sock, json.dumps(failed).encode() + b"\n")
         elif found is not None:
             self.wake.set()  # a reconnecting pump writes it
             if flush and sock is not None:  # one copying a daemon's lines: after the next
-                ping = {"jsonrpc": "2.0", "id": _FLUSH_ID, "method": "ping"}
+                ping = {"jsonrpc": "2.0", "id": self.flush_id, "method": "ping"}
                 self._send(sock, json.dumps(ping).encode() + b"\n")
 
     def _send_raw(self, data: bytes) -> None:
@@ -1087,7 +1135,7 @@ class _Pump:
                 with self.lock:
                     self.asked[_key(host_id)] = (host_id, value)
                 return head
-            if value == _FLUSH_ID and self.flushing:
+            if value == self.flush_id and self.flushing:
                 with self.lock:
                     self.flushing -= 1
                 return b""  # the answer to the pump's ping: its answers follow this line
@@ -1355,7 +1403,7 @@ class _Pump:
             if not ended:
                 self.generation += 1
                 if self.initialize is not None:
-                    replay_id = f"{_REPLAY_ID}{self.generation}"
+                    replay_id = f"{_REPLAY_ID}{self.token}-{self.generation}"
                     self._swallow = replay_id
                     replay.append(_request_line(replay_id, "initialize", self.initialize[1]))
                     # The host's lines (and its initialized) wait for the answer: one that
@@ -1449,21 +1497,179 @@ _OUTSIDE = re.compile(rb'[\\"{}\[\]]')
 _INSIDE = re.compile(rb'[\\"]')
 #: The most bytes of a long line's outer object kept (its nested values left out).
 _TOP_MAX = 64 << 10
+#: What a nested value is kept as in the outer object: no id, method or params is a list.
+_HOLE = b"[]"
+#: ``_skim``'s tools: a backslash and a byte of note it escapes; the brackets as ``(`` and
+#: ``)`` (every other byte dropped).
+_ESCAPED_PAIRS = (b'\\"', b"\\{", b"\\}", b"\\[", b"\\]")
+_AS_PARENS = bytes.maketrans(b"{[}]", b"(())")
+#: ``_extremes``'s: the brackets as bits (``(`` is 1).
+_AS_BITS = bytes.maketrans(b"()", b"10")
+#: ``_skim``'s answer: the lowest, the last and the highest depth, within a string, after a
+#: backslash.
+_Skimmed = tuple[int, int, int, bool, bool]
+#: The deepest nesting the daemon's parser (orjson) reads: a line nested deeper is a
+#: parse error (id null), no request.
+_NESTING_MAX = 1024
+#: The bytes a long line's nested value is read by hand (``_LongLine._within``) around the
+#: end ``_skim`` found; ``_skim`` narrows everything else down to that.
+_BY_HAND = 64
+
+
+@functools.cache
+def _skim_tables() -> tuple[bytes, bytes, bytes, bytes]:
+    """``_skim``'s bytes that are no bracket, and ``_extremes``'s depth at the end of each
+    byte of eight steps (the first the highest bit), and the lowest and the highest within
+    it (with the depth before it), as signed bytes. Made at the first long line: 2 ms that
+    no pump start pays."""
+    not_bracket = bytes(set(range(256)) - set(b"{}[]"))
+    steps = [[2 * bin(b >> (8 - i)).count("1") - i for i in range(9)] for b in range(256)]
+    change = bytes(depths[8] & 0xFF for depths in steps)
+    low = bytes(min(depths) & 0xFF for depths in steps)
+    high = bytes(max(depths) & 0xFF for depths in steps)
+    return not_bracket, change, low, high
+
+
+def _skim(piece: bytes, in_string: bool, escaped: bool, room: int) -> _Skimmed:
+    """JSON text read in C (its bytes split, translated, replaced), never a byte at a time:
+    the lowest depth reached relative to its start (0 or below), the depth at its end, the
+    highest reached (exact when above ``room``, else no more than ``room``), and whether
+    it ends within a string and after a backslash.
+
+    ``in_string`` and ``escaped`` say where it begins. A byte after a backslash is passed
+    over wherever it is (as ``_LongLine._by_hand`` does; outside a string it is no JSON);
+    quotes then bound the strings, whose brackets do not count. The brackets outside are
+    ``(`` and ``)``: a peak (``(())``) taken out leaves the lowest depth as it was and the
+    highest one lower, and what is left without one is ``)...)(...(``. A line of
+    ``[{},{},...]`` or of small objects cost a Python step a byte; this is some ten
+    passes in C over each byte.
+    """
+    if escaped:
+        if not piece:
+            return 0, 0, 0, in_string, True
+        piece = piece[1:]
+        escaped = False
+    if b"\\" in piece:
+        piece = piece.replace(b"\\\\", b"")  # then each backslash left escapes the next byte
+        for pair in _ESCAPED_PAIRS:
+            piece = piece.replace(pair, b"")
+        if piece.endswith(b"\\"):
+            piece, escaped = piece[:-1], True
+    parts = piece.split(b'"')
+    outside = b"".join(parts[1::2] if in_string else parts[::2])
+    if not len(parts) % 2:
+        in_string = not in_string
+    parens = left = outside.translate(_AS_PARENS, _skim_tables()[0])
+    peaks = 0  # each pass takes one from the highest
+    while b"()" in left:
+        before = len(left)
+        left = left.replace(b"()", b"")
+        peaks += 1
+        if 2 * len(left) > before:  # deeper peaks, whatever their shape: summed
+            low, change, high = _extremes(left)
+            break
+    else:
+        closes = left.count(b")")
+        low, change = -closes, len(left) - 2 * closes
+        high = max(0, change)
+    high += peaks  # no lower than the highest
+    if high > room:  # maybe too deep: exactly
+        low, change, high = _extremes(parens)
+    return low, change, high, in_string, escaped
+
+
+def _extremes(parens: bytes) -> tuple[int, int, int]:
+    """The lowest depth (0 or below), the depth at the end and the highest depth (0 or
+    above) of ``(`` and ``)`` steps from depth 0, eight steps a byte (an ``int`` of them
+    in base 2, read in C) so that the sums left to Python are an eighth of the steps."""
+    import array  # only here (a long line nested in peaks upon peaks): 0.3 ms at start
+    import itertools
+    import operator
+
+    whole = len(parens) - len(parens) % 8
+    eights = (
+        int(parens[:whole].translate(_AS_BITS), 2).to_bytes(whole // 8, "big") if whole else b""
+    )
+    _, byte_change, byte_low, byte_high = _skim_tables()
+    changes = array.array("b", eights.translate(byte_change))
+    lows = array.array("b", eights.translate(byte_low))
+    highs = array.array("b", eights.translate(byte_high))
+    low = min(map(operator.add, itertools.accumulate(changes, initial=0), lows), default=0)
+    high = max(map(operator.add, itertools.accumulate(changes, initial=0), highs), default=0)
+    depth = sum(changes)
+    for step in parens[whole:]:  # the last steps, fewer than eight
+        depth += 1 if step == 40 else -1  # "("
+        low, high = min(low, depth), max(high, depth)
+    return min(low, 0), depth, max(high, 0)
 
 
 class _LongLine:
     """A host line over ``_HELD_LINE_MAX``, scanned as it streams to the daemon: its outer
-    object's own bytes are kept, each value nested in it as ``0``, enough to tell its id
-    and method wherever they are in the line (a TypeScript host's id comes last)."""
+    object's own bytes are kept (``top``), each value nested in it as ``[]``, enough to tell
+    its id and method wherever they are in the line (a TypeScript host's id comes last).
+
+    The outer object's own bytes are read by hand (a Python step for each quote, bracket
+    and backslash: at most ``_TOP_MAX`` of them are kept, and a line whose outer object is
+    longer is not read further). A nested value is read by ``_skim`` for where it ends,
+    however it is made: a Python step a byte took 3 to 9 s of CPU for 18 MB of
+    ``[{},{},...]`` or of small objects, strings or escapes, which a host could send.
+    """
 
     def __init__(self) -> None:
         self.depth = 0
         self.in_string = False
         self.escaped = False
         self.top = bytearray()
+        #: Nothing more is read: the outer object passed _TOP_MAX, or the nesting
+        #: _NESTING_MAX.
+        self.over = False
+        #: Where each value nested in the outer object begins and ends in the line.
+        self.nested: list[tuple[int, int]] = []
+        self._fed = 0  # the line's bytes fed before
+        self.answer = False  # a host answer (``_Pump._long_answer``)
 
     def feed(self, data: bytes | bytearray) -> None:
         pos, size = 0, len(data)
+        while pos < size and not self.over:
+            if self.depth < 2:
+                pos = self._by_hand(data, pos, size)
+                continue
+            pos = self._within(data, pos, size)
+            if pos < size:  # the nested value ends within _BY_HAND bytes of here
+                pos = self._by_hand(data, pos, size)
+        self._fed += size
+
+    def _within(self, data: bytes | bytearray, pos: int, size: int) -> int:
+        """Pass over a nested value's bytes from ``pos``, in C (``_skim``): to ``size`` when
+        it does not end before, else to ``_BY_HAND`` bytes or less before its end. The
+        bytes skimmed double from ``_BY_HAND`` until they hold its end, which is then
+        halved down to: the bytes up to its end are skimmed some four times in all, and an
+        outer object of many small members is not skimmed to ``size`` for each."""
+        end = ends_by = min(size, pos + 4 * _BY_HAND)
+        while True:
+            room = _NESTING_MAX - self.depth
+            skimmed = _skim(bytes(data[pos:end]), self.in_string, self.escaped, room)
+            if self.depth + skimmed[0] > 1:  # it does not end here: go on after it
+                if skimmed[2] > room:  # the daemon refuses the line: no request
+                    self.over = True
+                    return size
+                self.depth += skimmed[1]
+                self.in_string, self.escaped = skimmed[3], skimmed[4]
+                if end == size:
+                    return size
+                if end == ends_by:  # still looking for its end: twice as far
+                    ends_by = min(size, end + 2 * (end - pos))
+                pos, end = end, ends_by
+                continue
+            ends_by = end  # it ends within data[pos:ends_by]
+            if ends_by - pos <= _BY_HAND:
+                return pos
+            end = (pos + ends_by) // 2
+
+    def _by_hand(self, data: bytes | bytearray, pos: int, size: int) -> int:
+        """Read from ``pos`` a byte of note at a time, up to ``size`` or to where the
+        depth changes between the outer object and a value nested in it."""
+        top = self.depth < 2
         while pos < size:
             if self.escaped:
                 self.escaped = False
@@ -1474,7 +1680,7 @@ class _LongLine:
             end = size if found is None else found.start()
             self._keep(data[pos:end])
             if found is None:
-                return
+                return size
             char = data[end : end + 1]
             pos = end + 1
             if char == b"\\":
@@ -1485,29 +1691,91 @@ class _LongLine:
                 self._keep(char)
             elif char in (b"{", b"["):
                 self.depth += 1
-                if self.depth <= 2:  # a nested value is kept as 0
-                    self.top += char if self.depth == 1 else b"0"
+                if self.depth > _NESTING_MAX:  # the daemon refuses the line: no request
+                    self.over = True
+                    return size
+                if self.depth == 1:
+                    self.top += char
+                elif self.depth == 2:  # a nested value is kept as []
+                    self.top += _HOLE
+                    self.nested.append((self._fed + end, -1))
+                    return pos
             else:
                 self._keep(char)
                 self.depth -= 1
+                if not top and self.depth < 2:
+                    if self.nested:
+                        self.nested[-1] = (self.nested[-1][0], self._fed + pos)
+                    return pos
+        return pos
 
     def _keep(self, data: bytes | bytearray) -> None:
-        if self.depth <= 1 and data and len(self.top) <= _TOP_MAX:
+        if self.depth <= 1 and data:
             self.top += data
+            if len(self.top) > _TOP_MAX:
+                self.over = True
+
+    def so_far(self) -> dict[str, object] | None:
+        """The outer object's members read so far (each nested value ``[]``), while within
+        a value nested in it; else None."""
+        if self.over or self.depth < 2:
+            return None
+        try:
+            message = json.loads(self.top + b"}")
+        except ValueError:
+            return None
+        return message if type(message) is dict else None
+
+    def with_id(self, head: bytes, request_id: object) -> bytes | None:
+        """``head``, the line's bytes fed so far (``so_far`` has members), with
+        ``request_id`` for each ``id`` in it, the rest as the host wrote it."""
+        text = self.top.decode() + "}"
+        try:
+            members = _members(text)
+        except ValueError:
+            return None
+        pieces, _ = _id_rewritten(text, members, self.texts(text, members, head), request_id)
+        return b"".join(pieces)  # up to the end of head, within the last nested value
+
+    def texts(
+        self, text: str, members: list[tuple[object, int, int]], line: bytes
+    ) -> dict[int, bytes]:
+        """The text in ``line`` of each nested value, by where its ``[]`` begins in
+        ``text``, the outer object as kept (the last to the end of ``line`` when it has not
+        ended yet)."""
+        holes = [start for _, start, _ in members if text.startswith("[", start)]
+        return {
+            start: line[begins:] if ends < 0 else line[begins:ends]
+            for start, (begins, ends) in zip(holes, self.nested, strict=False)
+        }
+
+    def answered(self) -> tuple[object] | None:
+        """The id of the answer the whole line is (in a tuple), or None."""
+        message = self._message()
+        if message is None or "method" in message:
+            return None
+        return (message.get("id"),) if "result" in message or "error" in message else None
+
+    def _message(self) -> dict[str, object] | None:
+        if self.over:
+            return None
+        try:
+            message = json.loads(self.top)
+        except (ValueError, RecursionError):
+            return None
+        return message if type(message) is dict else None
 
     def request(self, *, modern: bool) -> tuple[object, _Entry] | None:
         """The key and entry of the request the line is, or None (not one, or not told)."""
-        try:
-            message = json.loads(self.top) if len(self.top) <= _TOP_MAX else None
-        except (ValueError, RecursionError):
-            return None
-        if type(message) is not dict or type(message.get("method")) is not str:
+        message = self._message()
+        method = None if message is None else message.get("method")
+        if message is None or not isinstance(method, str):
             return None
         request_id = message.get("id")
         key = _key(request_id)
         if key is None:
             return None
-        return key, (request_id, message["method"], modern, None)
+        return key, (request_id, method, modern, None)
 
 
 class _StdoutGone(Exception):
@@ -1543,9 +1811,25 @@ def _host_message(line: bytes) -> object:
         message = _HOST_DECODER.decode(text)
         if _SURROGATE_ESCAPE.search(text) is not None:  # is each one paired?
             json.dumps(message, ensure_ascii=False).encode()  # a lone one: a ValueError
-    except (ValueError, RecursionError):
+    except ValueError:
         return None
+    except RecursionError:
+        return _deep_message(line)
     return message
+
+
+def _deep_message(data: bytes | str) -> object:
+    """A host line (or a part of one) nested past what Python's json reads (some 990
+    levels), read by the daemon's own parser (orjson: 1,024 levels), or None where that
+    refuses it too. The pump took such a line for a parse error while the daemon served
+    it: its request was not in flight (nobody answered it when the daemon went away), its
+    initialize not replayed, its cancel not seen."""
+    from toolsetd.protocol.jsontext import loads  # orjson: only for such a line
+
+    try:
+        return loads(data)
+    except (ValueError, MemoryError):
+        return None
 
 
 def _key(value: object) -> object:
@@ -1570,18 +1854,86 @@ def _id_room(request_id: object) -> int:
 def _params_text(line: bytes) -> object:
     """The text of a host request's ``params``, as the host wrote it (the last, as a parse
     keeps it), or ``_ABSENT``; the line is an object (``_host_message`` parsed it)."""
-    text = line.decode()
+    outer = _outer(line)
+    if outer is None:
+        return _ABSENT
+    text, members, nested = outer
     found: object = _ABSENT
+    for name, start, end in members:
+        if name == "params":
+            found = nested[start].decode() if start in nested else text[start:end]
+    return found
+
+
+def _with_id(line: bytes, request_id: object) -> bytes | None:
+    """A host line (an object, parsed) with ``request_id`` for its ``id`` (each, as a parse
+    keeps the last), the rest as the host wrote it; None when it cannot be read so (an
+    outer object over ``_TOP_MAX`` nested past Python's json). Parsed and written again,
+    a number past the double range (``1e999``, which the daemon takes) became
+    ``Infinity``, which no JSON parser takes: the daemon never had the host's answer."""
+    outer = _outer(line)
+    if outer is None:
+        return None
+    text, members, nested = outer
+    pieces, end = _id_rewritten(text, members, nested, request_id)
+    return b"".join(pieces) + text[end:].encode()
+
+
+def _id_rewritten(
+    text: str, members: list[tuple[object, int, int]], nested: dict[int, bytes], request_id: object
+) -> tuple[list[bytes], int]:
+    """The pieces of an object's text (``_outer``'s) up to its last member's value, with
+    ``request_id`` for each ``id``, and where that value ends."""
+    out: list[bytes] = []
+    pos = 0
+    for name, start, end in members:
+        out.append(text[pos:start].encode())
+        if name == "id":
+            out.append(json.dumps(request_id).encode())
+        else:
+            out.append(nested.get(start) or text[start:end].encode())
+        pos = end
+    return out, pos
+
+
+def _outer(line: bytes) -> tuple[str, list[tuple[object, int, int]], dict[int, bytes]] | None:
+    """A host line (an object, parsed) read for its members: its text, and each member's
+    name and where its value's text begins and ends in it. A line nested past Python's
+    json (which the daemon's parser reads) is its outer object as ``_LongLine`` keeps it,
+    each nested value ``[]``, whose text in the line is given by where it begins there
+    (else no such text is: the line's text is whole); None when that is over
+    ``_TOP_MAX``."""
+    text = line.decode()
+    try:
+        return text, _members(text), {}
+    except RecursionError:
+        pass
+    scan = _LongLine()
+    scan.feed(line)
+    if scan.over:
+        return None
+    text = scan.top.decode()
+    members = _members(text)
+    return text, members, scan.texts(text, members, line)
+
+
+def _members(text: str) -> list[tuple[object, int, int]]:
+    """The members of the JSON object ``text``: each name, and where its value's text
+    begins and ends.
+
+    Raises:
+        RecursionError: A value nested past Python's json.
+    """
+    members: list[tuple[object, int, int]] = []
     pos = _skip(text, 0) + 1  # past the "{"
     while True:
         pos = _skip(text, pos)
         if text[pos] == "}":
-            return found
+            return members
         name, pos = _HOST_DECODER.raw_decode(text, pos)
         pos = _skip(text, _skip(text, pos) + 1)  # past the ":"
         end = _HOST_DECODER.raw_decode(text, pos)[1]
-        if name == "params":
-            found = text[pos:end]
+        members.append((name, pos, end))
         pos = _skip(text, end)
         if text[pos] == ",":
             pos += 1
@@ -1617,7 +1969,12 @@ def _half_close(sock: socket.socket) -> None:
 
 def _wants_tools(params: object) -> bool:
     """Whether a listen's params (their text) ask for ``notifications/tools/list_changed``."""
-    params = json.loads(params) if type(params) is str else None
+    if isinstance(params, str):
+        text = params
+        try:
+            params = json.loads(text)
+        except RecursionError:  # the daemon read it: so does its parser
+            params = _deep_message(text)
     wanted = params.get("notifications") if type(params) is dict else None
     return type(wanted) is dict and wanted.get("toolsListChanged") is True
 

@@ -123,6 +123,14 @@ def initialize(pump: RawPump) -> None:
     pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
 
 
+def initialize_as_written(pump: RawPump, params: str) -> None:
+    """``initialize`` with ``params`` as this text (what ``json.dumps`` would not write)."""
+    pump.send(b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": %s}\n'
+              % params.encode())
+    assert pump.receive()["result"]["protocolVersion"] == "2025-11-25"
+    pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+
 def _killed_within_a_big_answer(pump: RawPump, d: Daemon) -> bytes:
     """Initialize ``pump``, call ``bigimage`` (id 2, a 20 MB answer), and SIGKILL ``d``
     once the answer's head is on the pump's stdout: the daemon is within that line (the
@@ -942,6 +950,80 @@ def test_a_line_the_daemon_cannot_parse_is_not_answered_at_a_restart(
         assert [m for m in seen if m.get("id") in (2, 3)] == [], seen
 
 
+#: A value nested 1,005 levels: the daemon's parser (orjson) reads 1,024, Python's json
+#: some 990 (its recursion limit), where the pump read it.
+_DEEP = "[" * 1005 + "]" * 1005
+
+
+def test_a_request_nested_deeper_than_pythons_json_reads_is_answered_at_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The daemon serves a request nested past what Python's json reads (here in its
+    ``_meta``, which nothing checks). The pump took its line for one the daemon refuses,
+    with no request in it: when the daemon was killed under the call, nobody answered
+    it, and the host waited for ever."""
+    pid_file = workspace / "sleeper.pid"
+    line = ('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"sleeper",'
+            f'"arguments":{{}},"_meta":{{"x":{_DEEP}}}}}}}\n')
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        try:
+            initialize(pump)
+            pump.send(line.encode())
+            eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
+            d.proc.kill()
+            d.proc.wait()
+            restart(started, home, workspace, tmp_base)
+            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+            seen = receive_until(pump, answer_to(3))
+            gone = [m for m in seen if m.get("id") == 2]
+            assert len(gone) == 1, str(seen)[:500]
+            assert "may have run" in gone[0]["result"]["content"][0]["text"], gone
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_long_line_nested_past_the_daemons_parser_is_not_answered_at_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A line over 16 MiB nested 1,025 levels, which the daemon's parser refuses (a parse
+    error, id null): the pump, reading it as it went, kept its call in flight, and the
+    restart answered it, "the tool may have run", after the daemon's refusal."""
+    args = ["--max-message-bytes", "40000000"]
+    line = ('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"hello",'
+            f'"arguments":{{"name":"{"x" * 17_000_000}","deep":{"[" * 1022 + "]" * 1022}}}}}}}\n')
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        pump.send(line.encode())
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        seen = receive_until(pump, answer_to(3))
+        assert [m["error"]["code"] for m in seen if "error" in m] == [-32700], str(seen)[:500]
+        d.proc.kill()
+        d.proc.wait()
+        started.append(start_daemon(home, workspace, tmp_base, args))
+        pump.send({"jsonrpc": "2.0", "id": 4, "method": "ping"})
+        seen = receive_until(pump, answer_to(4))
+        assert [m for m in seen if m.get("id") == 2] == [], str(seen)[:500]
+
+
+def test_an_initialize_nested_deeper_than_pythons_json_reads_is_replayed(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The host's initialize nested past what Python's json reads (an experimental
+    capability), which the daemon takes: the pump did not note it, replayed nothing to the
+    new daemon after a restart, and the host's next request was refused there, as one of
+    a session never initialized."""
+    params = json.dumps(INIT).replace('"capabilities": {',
+                                      f'"capabilities": {{"experimental": {{"x": {_DEEP}}}, ')
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize_as_written(pump, params)
+        d.proc.kill()
+        d.proc.wait()
+        restart(started, home, workspace, tmp_base)
+        listed = pump.request(2, "tools/list")  # it waits for the new daemon, if need be
+        assert "hello" in {t["name"] for t in listed["result"]["tools"]}, listed
+
+
 def test_an_initialize_with_a_number_past_the_double_range_is_replayed_as_written(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
@@ -955,10 +1037,7 @@ def test_an_initialize_with_a_number_past_the_double_range_is_replayed_as_writte
     with daemons(home, workspace, tmp_base) as started:
         d = restart(started, home, workspace, tmp_base)
         pump = RawPump(pump_args(d, workspace))
-        pump.send(b'{"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": %s}\n'
-                  % params.encode())
-        assert pump.receive()["result"]["protocolVersion"] == "2025-11-25"
-        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        initialize_as_written(pump, params)
         d.proc.kill()
         d.proc.wait()
         restart(started, home, workspace, tmp_base)
@@ -988,6 +1067,63 @@ def test_a_host_request_with_the_pumps_ping_id_is_answered(
         assert seen == [{"jsonrpc": "2.0", "id": "toolsetctl-mcp-flush", "result": {}}], seen
 
 
+#: A tool that ends once the file ``go`` is in its folder (the workspace).
+_WAITS_FOR_GO = script(
+    "import os, time\n"
+    "while not os.path.exists('go'):\n"
+    "    time.sleep(0.01)\n"
+    "print('went')\n"
+)
+
+
+def test_a_host_request_with_the_pumps_ping_id_while_its_ping_is_out_gets_its_answer(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The pump pings a new daemon when it answers a long line cut by a restart, and
+    swallowed the first answer with the ping's id while the ping was out. A host request
+    of that id (``toolsetctl-mcp-flush``: the host may choose it) answered in that time
+    had its answer swallowed, and the host got the ping's ``{}`` as its call's result.
+    Here the call is answered while the pump writes a 20 MB answer the host does not
+    read yet, and the host's long line, begun while the daemon was away, ends after it."""
+    write_set(home / "tools", "waits", tool("waits.py"), **{"waits.py": _WAITS_FOR_GO})
+    args = ["--max-message-bytes", "40000000"]
+    line = json.dumps({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "hello", "arguments": {"name": "x" * 20_000_000}}})
+    half = 17 * 1024 * 1024
+    big = {"jsonrpc": "2.0", "id": 3, "method": "tools/call",
+           "params": {"name": "bigimage", "arguments": {}}}
+    waits = {"jsonrpc": "2.0", "id": "toolsetctl-mcp-flush", "method": "tools/call",
+             "params": {"name": "waits", "arguments": {}}}
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        d.proc.kill()
+        d.proc.wait()
+        pump.send(json.dumps(big).encode() + b"\n" + json.dumps(waits).encode() + b"\n")
+        assert pump.proc.stdin is not None
+        assert pump.proc.stdout is not None
+        _write_all(pump.proc.stdin.fileno(), line[:half].encode())  # goes nowhere
+        d = start_daemon(home, workspace, tmp_base, args)
+        started.append(d)
+        receive_until(pump, lambda m: m.get("method") == "notifications/tools/list_changed")
+        head = pump.proc.stdout.read(64)  # the pump writes the rest as the host reads it
+        assert head.startswith(b'{"jsonrpc":"2.0","id":3,"result"'), head
+        (workspace / "go").touch()
+        eventually(lambda: '"tool": "waits"' in d.log() or '"tool":"waits"' in d.log(),
+                   what="the waiting call's end")
+        _write_all(pump.proc.stdin.fileno(), line[half:].encode() + b"\n")
+        pump.proc.stdout.readline()  # the rest of the 20 MB
+        seen = receive_answers(pump, {2, "toolsetctl-mcp-flush"})
+        assert "was not run" in answer_to_text(seen, 2)
+        assert "went" in answer_to_text(seen, "toolsetctl-mcp-flush"), str(seen)[:500]
+
+
+def answer_to_text(seen: list[Any], request_id: Any) -> str:
+    """The text of the one tools/call result for ``request_id`` among ``seen``."""
+    results = [m["result"] for m in seen if m.get("id") == request_id and "method" not in m]
+    assert len(results) == 1, str(seen)[:500]
+    return str(results[0].get("content", [{}])[0].get("text"))
+
+
 def test_a_late_answer_to_a_question_the_old_daemon_withdrew_reaches_no_new_one(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
@@ -1013,6 +1149,91 @@ def test_a_late_answer_to_a_question_the_old_daemon_withdrew_reaches_no_new_one(
         seen = receive_until(pump, answer_to(3))
         assert seen[-1]["result"]["isError"] is True, seen
         assert "asked and ran" not in json.dumps(seen), seen
+
+
+def test_a_renamed_question_is_answered_with_the_hosts_numbers_as_written(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """After a restart the pump gives the new daemon's questions ids of its own, and sends
+    the host's answer back under the daemon's. It parsed the answer and wrote it again:
+    a number past the double range (``1e999``, which JSON and the daemon take; here in
+    the answer's ``_meta``) became ``Infinity``, which no parser takes, and the daemon
+    never had the operator's accept: the call waited for it. Only the id is rewritten."""
+    ask = {"name": "asker", "arguments": {}}
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        initialize(pump)
+        d.proc.kill()
+        d.proc.wait()
+        restart(started, home, workspace, tmp_base)
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": ask})
+        asked = receive_until(pump, lambda m: m.get("method") == "elicitation/create")[-1]
+        assert asked["id"] != "toolsetd-elicit-1", asked
+        pump.send(b'{"jsonrpc": "2.0", "id": %s, "result": {"action": "accept", "content": {},'
+                  b' "_meta": {"n": 1e999}}}\n' % json.dumps(asked["id"]).encode())
+        # Up to the call's answer, or the daemon's refusal of a line it cannot parse.
+        seen = receive_until(pump, lambda m: m.get("id") in (2, None) and "method" not in m)
+        assert "asked and ran" in answer_to_text(seen, 2), str(seen)[:500]
+
+
+def _long_accept(asked_id: Any, *, id_last: bool = False) -> bytes:
+    """An accept over 16 MiB (its ``_meta`` padded), its id first or (as a TypeScript
+    host writes a response) last."""
+    result = {"action": "accept", "content": {}, "_meta": {"pad": "x" * 17_000_000}}
+    if id_last:
+        return json.dumps({"result": result, "jsonrpc": "2.0", "id": asked_id}).encode() + b"\n"
+    return json.dumps({"jsonrpc": "2.0", "id": asked_id, "result": result}).encode() + b"\n"
+
+
+@pytest.mark.parametrize("id_last", [False, True], ids=["id-first", "id-last"])
+def test_an_answer_over_16_mib_to_a_renamed_question_reaches_the_daemon_under_its_id(
+    id_last: bool, sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A host answer over 16 MiB goes on as it comes; to a question a new daemon asked
+    (which the pump gave an id of its own) it went under the pump's id, which the daemon
+    does not know: the call waited for an answer it never had, and the host's next
+    answer to that question (a decline, here) was sent on, renamed, as if it were the
+    first. Now the accept goes under the daemon's id; one whose id comes last, after the
+    16 MiB the pump holds, goes nowhere, and the daemon is told the answer failed."""
+    args = ["--max-message-bytes", "40000000"]
+    ask = {"name": "asker", "arguments": {}}
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        d.proc.kill()
+        d.proc.wait()
+        started.append(start_daemon(home, workspace, tmp_base, args))
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": ask})
+        asked = receive_until(pump, lambda m: m.get("method") == "elicitation/create")[-1]
+        assert asked["id"] != "toolsetd-elicit-1", asked
+        pump.send(_long_accept(asked["id"], id_last=id_last))
+        pump.send({"jsonrpc": "2.0", "id": asked["id"], "result": {"action": "decline"}})
+        done = receive_until(pump, answer_to(2))[-1]
+        text = json.dumps(done)
+        if id_last:
+            assert "could not ask the operator" in text, done
+        else:
+            assert "asked and ran" in text, done
+
+
+def test_a_question_answered_over_16_mib_is_not_withdrawn_at_the_next_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The pump withdraws (notifications/cancelled) the questions a daemon that went away
+    left open at the host; one the host had answered with a line over 16 MiB was still
+    open for it, and withdrawn after its answer."""
+    args = ["--max-message-bytes", "40000000"]
+    ask = {"name": "asker", "arguments": {}}
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": ask})
+        asked = receive_until(pump, lambda m: m.get("method") == "elicitation/create")[-1]
+        pump.send(_long_accept(asked["id"]))
+        assert "asked and ran" in json.dumps(receive_until(pump, answer_to(2))[-1])
+        d.proc.kill()
+        d.proc.wait()
+        started.append(start_daemon(home, workspace, tmp_base, args))
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        seen = receive_until(pump, answer_to(3))
+        assert [m for m in seen if m.get("method") == "notifications/cancelled"] == [], seen
 
 
 def test_a_request_cancelled_while_it_waited_is_not_answered_at_the_next_restart(
