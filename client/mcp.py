@@ -1824,8 +1824,10 @@ def _deep_message(data: bytes | str) -> object:
     refuses it too. The pump took such a line for a parse error while the daemon served
     it: its request was not in flight (nobody answered it when the daemon went away), its
     initialize not replayed, its cancel not seen."""
-    from toolsetd.protocol.jsontext import loads  # orjson: only for such a line
-
+    try:
+        from toolsetd.protocol.jsontext import loads  # orjson: only for such a line
+    except ImportError:  # its install went under the pump (a venv made anew): as before
+        return None
     try:
         return loads(data)
     except (ValueError, MemoryError):

@@ -711,3 +711,46 @@ def test_a_listen_address_added_after_an_upgrade_is_not_judged_by_other_code(
     daemon.proc.send_signal(signal.SIGHUP)
     eventually(lambda: [e["event"] for e in daemon.log_events()].count("config_reload_failed") == 2)
     assert "result" in daemon.call("status")
+
+
+def test_a_pump_whose_install_went_still_serves_a_line_nested_past_pythons_json(
+    tmp_base: Path,
+) -> None:
+    """A host line nested past what Python's json reads (some 990 levels; the daemon's
+    parser reads 1,024) is read by the pump with the daemon's parser, loaded only for such
+    a line. After the install went (a venv made anew), that import failed in the pump's
+    input thread: the line was never sent and the host waited for its answer for ever."""
+    daemon, package = _daemon_from_a_venv(tmp_base)
+    write_set(daemon.home / "tools", "quick", {
+        "runner": "exec", "command": ["/bin/true"],
+        "tools": [{"name": "quick", "description": "Returns.", "schema": {"type": "object"}}],
+    })
+    assert daemon.call("reload")["result"]["changed"]
+    python = package.parents[3] / "bin" / "python"  # venv/lib/python3.x/site-packages/toolsetd
+    with subprocess.Popen(
+        [python, "-P", "-m", "toolsetd.client", "--socket", str(daemon.socket),
+         "--workspace", str(daemon.workspace), "mcp", "--mode", "full"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as pump:
+        try:
+            assert pump.stdin is not None and pump.stdout is not None
+            initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "upgrade-test", "version": "1"}}}
+            pump.stdin.write(json.dumps(initialize).encode() + b"\n")
+            pump.stdin.flush()
+            assert json.loads(pump.stdout.readline())["id"] == 1
+            shutil.rmtree(package.parents[3])  # the venv goes; the daemon stays
+            deep = "[" * 1000 + "]" * 1000
+            call = ('{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": '
+                    '{"name": "quick", "arguments": {"deep": ' + deep + "}}}")
+            pump.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+            pump.stdin.write(call.encode() + b"\n")
+            out, err = pump.communicate(timeout=30)  # the input ends: the pump answers, ends
+            # The daemon's answer (it takes 64 levels of arguments): the line reached it.
+            assert [json.loads(line)["id"] for line in out.splitlines()] == [2]
+            assert (pump.returncode, err) == (0, b"")
+        finally:
+            if pump.poll() is None:
+                pump.kill()
+            shut_down(daemon)
