@@ -77,19 +77,22 @@ limit of processes and threads), and a look beforehand could always lose the las
 a tool's fork. The supervisor waits until that process watches (``established``), then
 probes at once: what changed before it watched was reported by no event.
 
-Failure: if awatch raises (``OSError`` "OS file watch limit reached", a directory that
-vanished between probe and watch, an unsupported filesystem), or its process cannot start
+Failure: if awatch raises (``OSError`` "OS file watch limit reached", an unsupported
+filesystem), or its process cannot start
 or dies (``the watch process ended (killed by SIGABRT)``: its watcher's thread could not
 start), the watcher logs
 ``watch_unavailable`` once, probes at once (what changed while the watch started was seen
 by no event), keeps serving from the poller alone, and retries the watch
 when the directories change or after ``retry_seconds`` (``watch_retry``, debug; a retried
 watch says ``watch_started`` once its process watches, or, made by a factory that cannot
-tell, at its first change). One failure is not the watch's: an event naming a path that
+tell, at its first change). Two failures are not the watch's: an event naming a path that
 is not UTF-8 (a name made in a watched folder), which watchfiles cannot decode, ends its
-awatch; that watch is started again within a second (``watch_restarted``, logged once a
+awatch; and a folder the probe listed can be gone before the awatch watches it
+(``FileNotFoundError``: a deploy's ``rm -rf`` and ``mv`` during a restart). That watch is
+started again within a second over a fresh probe (``watch_restarted``, logged once a
 minute, and no ``watch_started`` for it), and the probe after its start takes in the lost
-batch. Nothing but cancellation leaves ``run``. Reload through the RPC path is unaffected
+batch; a folder gone at ``_GONE_RESTARTS`` starts in a row is no race, and the watch is
+unavailable then. Nothing but cancellation leaves ``run``. Reload through the RPC path is unaffected
 either way.
 
 Duplicate calls are expected (an event, then the settle call, sometimes a poll) and
@@ -135,6 +138,11 @@ _RESTART_PROBE_DELAY = 0.25  # seconds: long enough for a new awatch to be estab
 _RUST_TIMEOUT_MS = 5_000  # the thread returns to Python this often even with no events
 _BUSY_RETRY_SECONDS = 1.0  # a reload the daemon was too short of descriptors for: again
 _UNDECODABLE_PACE = 1.0  # seconds between restarts after names watchfiles cannot decode
+#: A watch that failed as a folder it was given went before it watched it (a deploy's
+#: ``rm -rf`` then ``mv``, a checkout, during a restart) is started again over a fresh
+#: probe, quietly, up to this many times in a row; past that it is no race, and the watch
+#: is unavailable as for any other failure (rather than restarted every second).
+_GONE_RESTARTS = 3
 #: After a poll, the next waits at least this many times as long as that one took, so the
 #: poller spends at most about 1/20 of a core: a tools root of 100,000 subdirectories
 #: (a hostile checkout) costs ~2 s of stat calls a probe, which every 2 s was a core.
@@ -258,6 +266,8 @@ class Watcher:
         #: Restarts after a name watchfiles could not decode: logged once a minute.
         self._restarts = Throttle()
         #: The next awatch is such a restart: ``watch_restarted`` says it, not ``watch_started``.
+        #: Restarts in a row after a folder went as its watch started (``_GONE_RESTARTS``).
+        self._gone_restarts = 0
         self._restarting = False
         #: Keys whose last delivery failed: while any is, their failures are throttled;
         #: once each was reloaded, the throttle starts afresh (the next failure is news).
@@ -456,7 +466,17 @@ class Watcher:
                 await self._watch(dirs, stop)
             except Exception as exc:  # any failure of the watch degrades to polling
                 cause = _cause(exc)
-                if _undecodable_name(cause):
+                gone = _folder_gone(cause) and self._gone_restarts < _GONE_RESTARTS
+                if gone:
+                    # A folder the probe listed went before the watch watched it: the
+                    # watch works, over the folders a fresh probe lists. Degraded, it
+                    # warned of a watch that was not lost, and sat on the poll until a
+                    # poll saw the folders move, or for ``retry_seconds`` where the folder
+                    # came back under its inode number. What changed meanwhile was seen by
+                    # no event: probed now.
+                    self._gone_restarts += 1
+                    self._schedule_poll(0.0)
+                if gone or _undecodable_name(cause):
                     # A name in a watched folder that is not UTF-8 (a Latin-1 folder a
                     # checkout brought, a file written in a set folder) ended the awatch:
                     # the watch itself works. Started again within a second, and the probe
@@ -511,10 +531,12 @@ class Watcher:
                 await established()
                 # What changed before it watched was reported by no event: probed now.
                 self._schedule_poll(0.0)
+                self._gone_restarts = 0  # it watches: a folder gone later is a new race
                 if self._degraded and not stop.is_set():  # it watches: the retry worked
                     self._degraded = False
                     log.info("watch_started", paths=len(dirs))
             async for batch in changes:
+                self._gone_restarts = 0
                 if self._degraded:
                     self._degraded = False
                     log.info("watch_started", paths=len(dirs))
@@ -697,6 +719,12 @@ def _cause(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
+
+
+def _folder_gone(exc: BaseException) -> bool:
+    """Whether an awatch failed as a folder it was given was gone, or no longer a folder,
+    when it came to watch it (``No such file or directory (os error 2) about [...]``)."""
+    return isinstance(exc, FileNotFoundError | NotADirectoryError)
 
 
 def _undecodable_name(exc: BaseException) -> bool:

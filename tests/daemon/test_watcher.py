@@ -334,6 +334,73 @@ async def test_a_change_made_while_a_watch_failed_to_start_is_probed_at_once(
             tg.cancel_scope.cancel()
 
 
+@pytest.mark.parametrize("how", ["removed", "made again"])
+async def test_a_folder_gone_as_its_watch_starts_restarts_the_watch_quietly(
+    layout: Layout, how: str
+) -> None:
+    """A folder the probe listed and that went before the watch process watched it (a
+    deploy's ``rm -rf`` then ``mv``, a checkout, while a restart was under way) failed
+    the watch with FileNotFoundError: ``watch_unavailable`` warned of a watch that a
+    fresh probe starts at once, and the daemon sat on the poll until a poll saw the
+    folders move, or for 30 s where the folder came back under its inode number. The
+    watch is started again over a fresh probe within a second (``watch_restarted``)."""
+    home, _ = layout
+    set_dir = home / "tools" / "a"
+    calls: list[tuple[Path, ...]] = []
+
+    async def racing(*paths: Path, stop_event: anyio.Event, **kwargs: Any) -> AsyncIterator[Batch]:
+        calls.append(paths)
+        if len(calls) == 1:
+            shutil.rmtree(set_dir)
+            if how == "made again":
+                set_dir.mkdir()
+            raise FileNotFoundError(f"No such file or directory (os error 2) about [{set_dir}]")
+        await stop_event.wait()
+        yield set()  # pragma: no cover - makes this an async generator
+
+    watcher = Watcher(
+        home, Recorder(), settle_seconds=60.0, recheck_seconds=60.0, retry_seconds=60.0,
+        watch_factory=racing,
+    )
+    with capture_logs() as logs, anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            while len(calls) < 2:
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    events = [e["event"] for e in logs if e["event"].startswith("watch_")]
+    assert "watch_unavailable" not in events
+    assert "watch_restarted" in events
+    assert (set_dir in calls[1]) == (how == "made again")
+
+
+async def test_a_folder_gone_at_every_start_makes_the_watch_unavailable(layout: Layout) -> None:
+    """A watch that fails with FileNotFoundError start after start is no race with a
+    folder that went: after a few quiet restarts it is unavailable (``watch_unavailable``,
+    the poll serving, a retry every ``retry_seconds``), not restarted every second."""
+    home, _ = layout
+    attempts: list[int] = []
+
+    async def gone(*paths: Path, **kwargs: Any) -> AsyncIterator[Batch]:
+        attempts.append(len(paths))
+        raise FileNotFoundError("No such file or directory (os error 2)")
+        yield set()  # pragma: no cover - makes this an async generator
+
+    watcher = Watcher(
+        home, Recorder(), settle_seconds=60.0, recheck_seconds=0.05, retry_seconds=60.0,
+        watch_factory=gone,
+    )
+    with capture_logs() as logs, anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            while not any(e["event"] == "watch_unavailable" for e in logs):
+                await anyio.sleep(0.01)
+            tried = len(attempts)
+            await anyio.sleep(0.3)  # polls every 0.05 s meanwhile: none restarts the watch
+            tg.cancel_scope.cancel()
+    assert len(attempts) == tried
+
+
 async def test_a_retry_of_an_unavailable_watch_does_not_say_it_started(layout: Layout) -> None:
     """With the watch limit reached, every retry (every 30 s) logged ``watch_started`` at
     info before failing again at debug: the last line an operator read said the watch had
