@@ -353,7 +353,9 @@ class Registry:
             if entry.notes:  # the usual set has none: nothing to say or to count
                 holding.append(entry)
                 folder = str(entry.path)
-                noted[folder] = tuple(dict.fromkeys((*noted.get(folder, ()), *entry.notes)))
+                held = noted.get(folder)
+                # Two entries of one folder: where ``<workspace>/.crystal`` is the home.
+                noted[folder] = entry.notes if held is None else (*held, *entry.notes)
         before = self._noted.get(workspace, {})
         if noted == before:
             return
@@ -364,6 +366,8 @@ class Registry:
                 log.warning("catalog_note", set=None, source=None, path=path, message=message)
         for entry in holding:
             folder = str(entry.path)
+            if noted[folder] == before.get(folder):
+                continue  # as its predecessor had them: nothing new (nor to count again)
             for message in entry.notes:
                 if self._held(before, folder, message, counted):
                     log.warning(
@@ -406,7 +410,9 @@ class Registry:
         """Uncount the notes a snapshot held (``before``) and its successor does not."""
         for folder, messages in before.items():
             kept = after.get(folder, ())
-            for message in messages:
+            if messages == kept:
+                continue
+            for message in dict.fromkeys(messages):  # counted once a snapshot (``_held``)
                 if message in kept:
                     continue
                 key = (folder, message)
