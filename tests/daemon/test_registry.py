@@ -8,7 +8,7 @@ import json
 import os
 import resource
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -873,7 +873,7 @@ def _write_tools(root: Path, directory: str, *names: str) -> None:
     (set_dir / "tools.json").write_text(json.dumps(manifest))
 
 
-def _noted(logs: list[dict[str, Any]]) -> list[tuple[str | None, str]]:
+def _noted(logs: Sequence[Mapping[str, Any]]) -> list[tuple[str | None, str]]:
     return [(e["set"], e["message"]) for e in logs if e["event"] == "catalog_note"]
 
 

@@ -18,7 +18,7 @@ import anyio
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from structlog.testing import capture_logs
-from toolsetd.daemon.watcher import ReloadKey, Watcher
+from toolsetd.daemon.watcher import _GONE_RESTARTS, ReloadKey, Watcher
 from toolsetd.daemon.watchproc import watch_in_process
 from watchfiles import Change
 
@@ -347,9 +347,12 @@ async def test_a_folder_gone_as_its_watch_starts_restarts_the_watch_quietly(
     home, _ = layout
     set_dir = home / "tools" / "a"
     calls: list[tuple[Path, ...]] = []
+    again = anyio.Event()
 
     async def racing(*paths: Path, stop_event: anyio.Event, **kwargs: Any) -> AsyncIterator[Batch]:
         calls.append(paths)
+        if len(calls) == 2:
+            again.set()
         if len(calls) == 1:
             shutil.rmtree(set_dir)
             if how == "made again":
@@ -365,8 +368,7 @@ async def test_a_folder_gone_as_its_watch_starts_restarts_the_watch_quietly(
     with capture_logs() as logs, anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(watcher.run)
-            while len(calls) < 2:
-                await anyio.sleep(0.01)
+            await again.wait()
             tg.cancel_scope.cancel()
     events = [e["event"] for e in logs if e["event"].startswith("watch_")]
     assert "watch_unavailable" not in events
@@ -380,9 +382,12 @@ async def test_a_folder_gone_at_every_start_makes_the_watch_unavailable(layout: 
     the poll serving, a retry every ``retry_seconds``), not restarted every second."""
     home, _ = layout
     attempts: list[int] = []
+    last_quiet = anyio.Event()  # the start after the quiet restarts: it warns
 
     async def gone(*paths: Path, **kwargs: Any) -> AsyncIterator[Batch]:
         attempts.append(len(paths))
+        if len(attempts) == _GONE_RESTARTS + 1:
+            last_quiet.set()
         raise FileNotFoundError("No such file or directory (os error 2)")
         yield set()  # pragma: no cover - makes this an async generator
 
@@ -393,12 +398,12 @@ async def test_a_folder_gone_at_every_start_makes_the_watch_unavailable(layout: 
     with capture_logs() as logs, anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await tg.start(watcher.run)
-            while not any(e["event"] == "watch_unavailable" for e in logs):
-                await anyio.sleep(0.01)
-            tried = len(attempts)
+            await last_quiet.wait()
             await anyio.sleep(0.3)  # polls every 0.05 s meanwhile: none restarts the watch
             tg.cancel_scope.cancel()
-    assert len(attempts) == tried
+    assert len(attempts) == _GONE_RESTARTS + 1
+    events = [e["event"] for e in logs if e["event"] in {"watch_restarted", "watch_unavailable"}]
+    assert events == ["watch_restarted", "watch_unavailable"]  # restarts said once a minute
 
 
 async def test_a_retry_of_an_unavailable_watch_does_not_say_it_started(layout: Layout) -> None:
