@@ -91,9 +91,9 @@ awatch; and a folder the probe listed can be gone before the awatch watches it
 (``FileNotFoundError``: a deploy's ``rm -rf`` and ``mv`` during a restart). That watch is
 started again within a second over a fresh probe (``watch_restarted``, logged once a
 minute, and no ``watch_started`` for it), and the probe after its start takes in the lost
-batch; a folder gone at ``_GONE_RESTARTS`` starts in a row is no race, and the watch is
-unavailable then. Nothing but cancellation leaves ``run``. Reload through the RPC path is unaffected
-either way.
+batch; a folder gone at ``_GONE_RESTARTS`` starts in a row while the folders stand still
+is no race, and the watch is unavailable then. Nothing but cancellation leaves ``run``.
+Reload through the RPC path is unaffected either way.
 
 Duplicate calls are expected (an event, then the settle call, sometimes a poll) and
 cheap: the registry re-stats manifests, re-parses only changed ones, and reports
@@ -140,8 +140,9 @@ _BUSY_RETRY_SECONDS = 1.0  # a reload the daemon was too short of descriptors fo
 _UNDECODABLE_PACE = 1.0  # seconds between restarts after names watchfiles cannot decode
 #: A watch that failed as a folder it was given went before it watched it (a deploy's
 #: ``rm -rf`` then ``mv``, a checkout, during a restart) is started again over a fresh
-#: probe, quietly, up to this many times in a row; past that it is no race, and the watch
-#: is unavailable as for any other failure (rather than restarted every second).
+#: probe, quietly, while the folders it was given keep moving, and otherwise up to this
+#: many times in a row; past that it is no race, and the watch is unavailable as for any
+#: other failure (rather than restarted every second).
 _GONE_RESTARTS = 3
 #: After a poll, the next waits at least this many times as long as that one took, so the
 #: poller spends at most about 1/20 of a core: a tools root of 100,000 subdirectories
@@ -466,14 +467,18 @@ class Watcher:
                 await self._watch(dirs, stop)
             except Exception as exc:  # any failure of the watch degrades to polling
                 cause = _cause(exc)
-                gone = _folder_gone(cause) and self._gone_restarts < _GONE_RESTARTS
+                gone = _folder_gone(cause) and (
+                    await threads.run_sync(_moved, dirs) or self._gone_restarts < _GONE_RESTARTS
+                )
                 if gone:
                     # A folder the probe listed went before the watch watched it: the
                     # watch works, over the folders a fresh probe lists. Degraded, it
                     # warned of a watch that was not lost, and sat on the poll until a
                     # poll saw the folders move, or for ``retry_seconds`` where the folder
-                    # came back under its inode number. What changed meanwhile was seen by
-                    # no event: probed now.
+                    # came back under its inode number. Quiet as long as folders keep
+                    # moving (a long ``rm -rf``: each start races it), else a few times in
+                    # a row (one made again under its inode number looks unmoved). What
+                    # changed meanwhile was seen by no event: probed now.
                     self._gone_restarts += 1
                     self._schedule_poll(0.0)
                 if gone or _undecodable_name(cause):
@@ -719,6 +724,11 @@ def _cause(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
+
+
+def _moved(dirs: _Watched) -> bool:
+    """Whether a directory of ``dirs`` is gone, or another directory, or not one to watch."""
+    return any(_watch_id(path) != identity for path, identity in dirs.items())
 
 
 def _folder_gone(exc: BaseException) -> bool:

@@ -376,6 +376,44 @@ async def test_a_folder_gone_as_its_watch_starts_restarts_the_watch_quietly(
     assert (set_dir in calls[1]) == (how == "made again")
 
 
+async def test_folders_gone_at_start_after_start_while_they_move_restart_quietly(
+    layout: Layout,
+) -> None:
+    """A long ``rm -rf`` of a big root races every start of the watch: each probe lists
+    folders that are gone by the time the watch process watches them. While the folders
+    keep moving, each such failure restarts the watch quietly; counted as a folder that
+    stands still, the fourth in a row warned ``watch_unavailable`` in the middle of it."""
+    home, _ = layout
+    doomed = [home / "tools" / f"s{n}" for n in range(2 * _GONE_RESTARTS)]
+    for folder in doomed:
+        folder.mkdir()
+    calls: list[tuple[Path, ...]] = []
+    watching = anyio.Event()
+
+    async def removing(
+        *paths: Path, stop_event: anyio.Event, **kwargs: Any
+    ) -> AsyncIterator[Batch]:
+        calls.append(paths)
+        if doomed:
+            shutil.rmtree(doomed.pop())  # the rm -rf got one folder further
+            raise FileNotFoundError("No such file or directory (os error 2)")
+        watching.set()
+        await stop_event.wait()
+        yield set()  # pragma: no cover - makes this an async generator
+
+    watcher = Watcher(
+        home, Recorder(), settle_seconds=60.0, recheck_seconds=0.05, retry_seconds=60.0,
+        watch_factory=removing,
+    )
+    with capture_logs() as logs, anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await watching.wait()
+            tg.cancel_scope.cancel()
+    assert "watch_unavailable" not in [e["event"] for e in logs]
+    assert len(calls) > _GONE_RESTARTS + 1
+
+
 async def test_a_folder_gone_at_every_start_makes_the_watch_unavailable(layout: Layout) -> None:
     """A watch that fails with FileNotFoundError start after start is no race with a
     folder that went: after a few quiet restarts it is unavailable (``watch_unavailable``,
