@@ -253,6 +253,8 @@ class Watcher:
         self._poll_due = math.inf
         #: No poll starts before this (``_POLL_COST_FACTOR`` times the last one's cost).
         self._poll_floor = -math.inf
+        #: The poll due is the one a new watch asks for once it watches: not held back.
+        self._poll_now = False
         self._settle_due = math.inf
         self._settle_changes: _Changes = {}
         self._timer_wake = anyio.Event()
@@ -534,8 +536,11 @@ class Watcher:
             established = getattr(changes, "established", None)
             if established is not None:  # a watch process: its start takes a while
                 await established()
-                # What changed before it watched was reported by no event: probed now.
-                self._schedule_poll(0.0)
+                # What changed before it watched was reported by no event: probed now, not
+                # after the poll's pace (twenty times the last poll: 10 s over 20,000 sets,
+                # for changes made during the restart or a run of starts racing a rm -rf).
+                # A restart costs a probe of its own already: this one at most doubles it.
+                self._schedule_poll(0.0, now=True)
                 self._gone_restarts = 0  # it watches: a folder gone later is a new race
                 if self._degraded and not stop.is_set():  # it watches: the retry worked
                     self._degraded = False
@@ -554,12 +559,16 @@ class Watcher:
 
     # -- timers: poll and settle ------------------------------------------------------
 
-    def _schedule_poll(self, delay: float) -> None:
+    def _schedule_poll(self, delay: float, *, now: bool = False) -> None:
+        """Poll after ``delay`` seconds, or later: never sooner than the pace allows
+        (``_poll_floor``) unless ``now``."""
         if not self._running:
             return  # run() takes a fresh probe when it starts
         due = anyio.current_time() + delay
-        if due < self._poll_due:
-            self._poll_due = due
+        if now:
+            self._poll_now = True
+        if due < self._poll_due or now:
+            self._poll_due = min(due, self._poll_due)
             self._timer_wake.set()
 
     async def _run_timers(self) -> None:
@@ -570,9 +579,10 @@ class Watcher:
                 settled, self._settle_changes = self._settle_changes, {}
                 self._settle_due = math.inf
                 self._enqueue(settled)
-            poll_due = max(self._poll_due, self._poll_floor)
+            poll_due = self._poll_due if self._poll_now else max(self._poll_due, self._poll_floor)
             if poll_due <= now:
                 self._poll_due = now + self._recheck
+                self._poll_now = False
                 cost = await self._poll_once()
                 self._poll_floor = anyio.current_time() + _POLL_COST_FACTOR * cost
                 continue

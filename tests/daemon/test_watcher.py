@@ -645,6 +645,73 @@ async def test_watcher_counts_a_poll_blocked_on_a_slow_file_system_as_its_cost(
     assert await _polls_after_the_first_timed_one(watcher, fake, 1.0) == 2
 
 
+class _StartingWatch:
+    """A watch process's iterator: ``on_start`` runs as it starts watching (``established``),
+    then ``on_watch`` runs as its batches are waited for; it reports none."""
+
+    def __init__(
+        self, stop: anyio.Event, on_start: Callable[[], None], on_watch: Callable[[], Awaitable[None]]
+    ) -> None:
+        self._stop = stop
+        self._on_start = on_start
+        self._on_watch = on_watch
+
+    def __aiter__(self) -> _StartingWatch:
+        return self
+
+    async def established(self) -> None:
+        self._on_start()
+
+    async def __anext__(self) -> Batch:
+        await self._on_watch()
+        await self._stop.wait()
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_an_edit_made_while_a_watch_restarts_is_sent_once_it_watches(
+    layout: Layout,
+) -> None:
+    """What changed while a watch restarted is seen by no event: the probe made once the
+    new watch watches takes it in. That probe waited out the poll's pace (twenty times
+    what the last poll took), so over a big root (20,000 sets: 0.5 s a poll, 10 s of pace)
+    whatever changed during a restart, or during a run of starts racing a ``rm -rf``,
+    stayed out of the catalog that long. It runs at once: a restart costs a probe anyway."""
+    home, _ = layout
+    manifest = home / "tools" / "a" / "tools.json"
+    ticks = iter(range(0, 10**9, 1000))  # every poll seems to take 1,000 s: a long pace
+    watcher: Watcher
+    starts: list[int] = []
+
+    async def then_fail() -> None:
+        if len(starts) == 1:  # the first watch: ended (as by a name it cannot decode)
+            while watcher.polls_ended < 2:  # once a poll set the pace
+                await anyio.sleep(0.01)
+            raise RuntimeError("Unable to decode path b'caf\\xe9'")
+
+    def factory(*paths: Path, stop_event: anyio.Event, **kwargs: Any) -> _StartingWatch:
+        def start() -> None:
+            starts.append(1)
+            if len(starts) == 2:  # an edit while the second watch started
+                manifest.write_text('{"runner": "exec"}')
+
+        return _StartingWatch(stop_event, start, then_fail)
+
+    recorder = Recorder()
+    watcher = Watcher(
+        home, recorder, settle_seconds=60.0, recheck_seconds=60.0, retry_seconds=60.0,
+        watch_factory=factory, clock=lambda: next(ticks),
+    )
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await recorder.wait_for(None)
+            tg.cancel_scope.cancel()
+    assert len(starts) == 2
+
+
 async def test_watcher_reloads_a_workspace_changed_before_its_first_probe(
     layout: Layout, fake: FakeWatch
 ) -> None:
