@@ -334,6 +334,24 @@ async def test_a_change_made_while_a_watch_failed_to_start_is_probed_at_once(
             tg.cancel_scope.cancel()
 
 
+async def _watch_until(
+    home: Path, factory: Any, until: anyio.Event, recheck_seconds: float = 60.0, linger: float = 0
+) -> list[dict[str, Any]]:
+    """Run a watcher over ``factory`` (its settle and retry a minute long) until ``until``
+    is set, and ``linger`` seconds more; returns what it logged."""
+    watcher = Watcher(
+        home, Recorder(), settle_seconds=60.0, recheck_seconds=recheck_seconds,
+        retry_seconds=60.0, watch_factory=factory,
+    )
+    with capture_logs() as logs, anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await until.wait()
+            await anyio.sleep(linger)
+            tg.cancel_scope.cancel()
+    return [dict(entry) for entry in logs]
+
+
 @pytest.mark.parametrize("how", ["removed", "made again"])
 async def test_a_folder_gone_as_its_watch_starts_restarts_the_watch_quietly(
     layout: Layout, how: str
@@ -361,15 +379,7 @@ async def test_a_folder_gone_as_its_watch_starts_restarts_the_watch_quietly(
         await stop_event.wait()
         yield set()  # pragma: no cover - makes this an async generator
 
-    watcher = Watcher(
-        home, Recorder(), settle_seconds=60.0, recheck_seconds=60.0, retry_seconds=60.0,
-        watch_factory=racing,
-    )
-    with capture_logs() as logs, anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            await tg.start(watcher.run)
-            await again.wait()
-            tg.cancel_scope.cancel()
+    logs = await _watch_until(home, racing, again)
     events = [e["event"] for e in logs if e["event"].startswith("watch_")]
     assert "watch_unavailable" not in events
     assert "watch_restarted" in events
@@ -401,15 +411,7 @@ async def test_folders_gone_at_start_after_start_while_they_move_restart_quietly
         await stop_event.wait()
         yield set()  # pragma: no cover - makes this an async generator
 
-    watcher = Watcher(
-        home, Recorder(), settle_seconds=60.0, recheck_seconds=0.05, retry_seconds=60.0,
-        watch_factory=removing,
-    )
-    with capture_logs() as logs, anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            await tg.start(watcher.run)
-            await watching.wait()
-            tg.cancel_scope.cancel()
+    logs = await _watch_until(home, removing, watching, recheck_seconds=0.05)
     assert "watch_unavailable" not in [e["event"] for e in logs]
     assert len(calls) > _GONE_RESTARTS + 1
 
@@ -420,25 +422,17 @@ async def test_a_folder_gone_at_every_start_makes_the_watch_unavailable(layout: 
     the poll serving, a retry every ``retry_seconds``), not restarted every second."""
     home, _ = layout
     attempts: list[int] = []
-    last_quiet = anyio.Event()  # the start after the quiet restarts: it warns
+    warned = anyio.Event()  # the start after the quiet restarts: it warns
 
     async def gone(*paths: Path, **kwargs: Any) -> AsyncIterator[Batch]:
         attempts.append(len(paths))
         if len(attempts) == _GONE_RESTARTS + 1:
-            last_quiet.set()
+            warned.set()
         raise FileNotFoundError("No such file or directory (os error 2)")
         yield set()  # pragma: no cover - makes this an async generator
 
-    watcher = Watcher(
-        home, Recorder(), settle_seconds=60.0, recheck_seconds=0.05, retry_seconds=60.0,
-        watch_factory=gone,
-    )
-    with capture_logs() as logs, anyio.fail_after(10):
-        async with anyio.create_task_group() as tg:
-            await tg.start(watcher.run)
-            await last_quiet.wait()
-            await anyio.sleep(0.3)  # polls every 0.05 s meanwhile: none restarts the watch
-            tg.cancel_scope.cancel()
+    # Polls every 0.05 s for 0.3 s after it: none restarts the watch.
+    logs = await _watch_until(home, gone, warned, recheck_seconds=0.05, linger=0.3)
     assert len(attempts) == _GONE_RESTARTS + 1
     events = [e["event"] for e in logs if e["event"] in {"watch_restarted", "watch_unavailable"}]
     assert events == ["watch_restarted", "watch_unavailable"]  # restarts said once a minute
