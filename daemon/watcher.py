@@ -28,7 +28,8 @@ Four sibling tasks in one task group:
 
 * **supervisor**: one awatch *generation* at a time over the current directories.
   Each batch is mapped to reload keys (``None`` = home, which affects every snapshot;
-  a workspace path = that workspace) by :meth:`Watcher._changes_for`, a whitelist, so data
+  a workspace path = that workspace) by :meth:`Watcher._changes_for`, a whitelist (in a
+  worker thread for a batch of more than ``_MAP_INLINE_MAX`` changes), so data
   directories and unrelated files map to nothing; a path in a folder that is one directory
   with others (links) is mapped under each of its names, as inotify reports it under one
   (``_aliases``). A path inside a set folder also names
@@ -138,6 +139,7 @@ _RESTART_PROBE_DELAY = 0.25  # seconds: long enough for a new awatch to be estab
 _RUST_TIMEOUT_MS = 5_000  # the thread returns to Python this often even with no events
 _BUSY_RETRY_SECONDS = 1.0  # a reload the daemon was too short of descriptors for: again
 _UNDECODABLE_PACE = 1.0  # seconds between restarts after names watchfiles cannot decode
+_MAP_INLINE_MAX = 1_000  # changes in a batch mapped on the loop (~20 ms); more: in a thread
 #: A watch that failed as a folder it was given went before it watched it (a deploy's
 #: ``rm -rf`` then ``mv``, a checkout, during a restart) is started again over a fresh
 #: probe, quietly, while the folders it was given keep moving, and otherwise up to this
@@ -386,27 +388,18 @@ class Watcher:
         return found
 
     async def _handle_batch(self, batch: set[tuple[Change, str]]) -> None:
-        watching = self._watching
-        if watching is not None and any(
-            change is not Change.modified and Path(raw) in watching for change, raw in batch
-        ):
+        watching, aliases = self._watching, self._aliases
+        if len(batch) > _MAP_INLINE_MAX:
+            # 20 µs a change: 40,000 (a rm -rf of a big root) held every client 0.8 s.
+            rewatch, changes = await threads.run_sync(self._map_batch, batch, watching, aliases)
+        else:
+            rewatch, changes = self._map_batch(batch, watching, aliases)
+        if rewatch:
             # A watch follows a directory, not its name: a folder removed and made again
             # (its inode number often reused) is the same path in the next probe, and its
             # new directory had no watch until a poll found some other folder come or go.
             self._rewatch = True
             self._schedule_poll(0.0)
-        changes: _Changes = {}
-        aliases = self._aliases
-        for _change, raw in batch:
-            raws = [raw]
-            if aliases:
-                path = Path(raw)
-                # One directory under several names has one watch, which reports under
-                # the last name watched alone: the others' keys are told too.
-                raws += [str(alias / path.name) for alias in aliases.get(path.parent, ())]
-            for each in raws:
-                for key, pairs in self._changes_for(each).items():
-                    _merge(changes, key, pairs)
         if not changes:
             return
         log.info("watch_changed", keys=len(changes))
@@ -435,6 +428,31 @@ class Watcher:
             # Not only entries of set folders changed: a root or a set folder may have
             # come or gone (an entry of one cannot add or remove a folder to watch).
             self._schedule_poll(0.0)
+
+    def _map_batch(
+        self,
+        batch: set[tuple[Change, str]],
+        watching: _Watched | None,
+        aliases: dict[Path, tuple[Path, ...]],
+    ) -> tuple[bool, _Changes]:
+        """Whether ``batch`` reports a watched directory removed or made, and its changes
+        per reload key (``_changes_for``). Pure but for reading the workspaces followed: a
+        big batch is mapped in a worker thread."""
+        rewatch = watching is not None and any(
+            change is not Change.modified and Path(raw) in watching for change, raw in batch
+        )
+        changes: _Changes = {}
+        for _change, raw in batch:
+            raws = [raw]
+            if aliases:
+                path = Path(raw)
+                # One directory under several names has one watch, which reports under
+                # the last name watched alone: the others' keys are told too.
+                raws += [str(alias / path.name) for alias in aliases.get(path.parent, ())]
+            for each in raws:
+                for key, pairs in self._changes_for(each).items():
+                    _merge(changes, key, pairs)
+        return rewatch, changes
 
     # -- supervisor: awatch generations -----------------------------------------------
 

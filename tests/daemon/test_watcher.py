@@ -838,6 +838,36 @@ async def test_watcher_names_the_set_a_change_lies_in(layout: Layout, fake: Fake
     ]
 
 
+async def test_a_big_batch_is_mapped_off_the_event_loop(
+    layout: Layout, fake: FakeWatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of thousands of changes (a ``rm -rf`` or a checkout of a big tools root) is
+    mapped to its reload keys in a worker thread: on the loop, 40,000 changes held every
+    client for 0.8 s. A small batch is still mapped where it came."""
+    home, _ = layout
+    tools = home / "tools"
+    threads_seen: dict[int, set[bool]] = {}
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake)
+    real = watcher._changes_for
+
+    def spied(raw: str) -> Any:
+        on_loop = threading.current_thread() is threading.main_thread()
+        threads_seen.setdefault(len(batch), set()).add(on_loop)
+        return real(raw)
+
+    monkeypatch.setattr(watcher, "_changes_for", spied)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await _started(tg, watcher, fake)
+            for size in (3, 5000):
+                batch = {(Change.deleted, str(tools / f"s{n}" / "tools.json")) for n in range(size)}
+                await fake.send.send(batch)
+                await recorder.wait_for(None, since=len(recorder.calls))
+            tg.cancel_scope.cancel()
+    assert threads_seen == {3: {True}, 5000: {False}}
+
+
 async def test_a_change_no_event_reported_is_still_sent_by_the_poll(
     layout: Layout, fake: FakeWatch
 ) -> None:
