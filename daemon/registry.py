@@ -267,9 +267,11 @@ class Registry:
         self._reload_failures = Throttle()
         #: How many manifests the reload under way may still read on the loop.
         self._rechecks_left = 0
-        #: The notes last logged for each set folder (``""``: config.json's), so a note is
-        #: logged when it first appears there, not again with every catalog that has it.
-        self._said: dict[str, frozenset[str]] = {}
+        #: Per snapshot held, its notes per set folder (``""``: config.json's), and per
+        #: (folder, note) how many snapshots hold it: a note is logged when a first snapshot
+        #: comes to hold it, not again with every other that has it (``_say_notes``).
+        self._noted: dict[Key, dict[str, tuple[str, ...]]] = {}
+        self._holders: dict[tuple[str, str], int] = {}
         self.generation = 1
 
     @property
@@ -322,46 +324,103 @@ class Registry:
                 sets=len(snapshot.sets),
                 notes=len(snapshot.notes),
             )
-            self._say_notes(snapshot)
+            self._say_notes(workspace, snapshot)
             return snapshot
         finally:
             del self._building[workspace]
             event.set()
 
-    def _say_notes(self, snapshot: Catalog) -> None:
-        """Log each note of ``snapshot`` that its set folder did not have when last logged.
+    def _say_notes(self, workspace: Key, snapshot: Catalog) -> None:
+        """Log each note of ``snapshot``, now held for ``workspace``, that no snapshot held
+        for its folder until now.
 
         ``catalog_built`` counted the notes and named none: an operator reading a
         service's journal learnt that some set did not load, not which, why, or where its
-        ``tools.json`` is. Each note is logged once when it appears (again after its set
-        was fixed and broke anew); a catalog that has it too says nothing more.
+        ``tools.json`` is. Each note is logged once when it appears (again once no snapshot
+        holds it and it comes back: its set was fixed, or removed, and broke anew); another
+        snapshot that has it too says nothing more. Counted per snapshot: kept per folder
+        alone, a note one catalog has and another lacks (a home tool's name taken by a
+        project set, in that workspace's catalog only) was forgotten by the one and logged
+        anew by the other at every reload; and a set removed kept its note as said, so its
+        return, as broken as before, went unlogged.
         """
-        config = frozenset(n.message for n in snapshot.notes if n.source is None)
-        if config != self._said.get(""):
-            for message in sorted(config - self._said.get("", frozenset())):
+        noted: dict[str, tuple[str, ...]] = {}
+        config = tuple(sorted({n.message for n in snapshot.notes if n.source is None}))
+        if config:
+            noted[""] = config
+        holding: list[SetEntry] = []
+        for entry in snapshot.sets:
+            if entry.notes:  # the usual set has none: nothing to say or to count
+                holding.append(entry)
+                folder = str(entry.path)
+                held = noted.get(folder)
+                # Two entries of one folder: where ``<workspace>/.crystal`` is the home.
+                noted[folder] = entry.notes if held is None else (*held, *entry.notes)
+        before = self._noted.get(workspace, {})
+        if noted == before:
+            return
+        counted: set[tuple[str, str]] = set()  # a folder's note counts once a snapshot
+        for message in config:
+            if self._held(before, "", message, counted):
                 path = os.path.join(self.home, "config.json")
                 log.warning("catalog_note", set=None, source=None, path=path, message=message)
-            self._said[""] = config
-        for entry in snapshot.sets:
-            if not entry.notes and not self._said:  # the usual set: nothing to say or forget
-                continue
-            key, notes = str(entry.path), frozenset(entry.notes)
-            said = self._said.get(key, frozenset())
-            if notes == said:
-                continue
+        for entry in holding:
+            folder = str(entry.path)
+            if noted[folder] == before.get(folder):
+                continue  # as its predecessor had them: nothing new (nor to count again)
             for message in entry.notes:
-                if message not in said:
+                if self._held(before, folder, message, counted):
                     log.warning(
                         "catalog_note",
                         set=entry.directory,
                         source=entry.source.value,
-                        path=os.path.join(key, MANIFEST_NAME),
+                        path=os.path.join(folder, MANIFEST_NAME),
                         message=message,
                     )
-            if notes:
-                self._said[key] = notes
-            else:
-                self._said.pop(key, None)
+        self._release_notes(before, noted)
+        if noted:
+            self._noted[workspace] = noted
+        else:
+            self._noted.pop(workspace, None)
+
+    def _held(
+        self,
+        before: Mapping[str, tuple[str, ...]],
+        folder: str,
+        message: str,
+        counted: set[tuple[str, str]],
+    ) -> bool:
+        """Count a snapshot's note; True when it is news (no snapshot held it until now).
+
+        ``before`` is what that snapshot's predecessor held: a note it held already counts.
+        ``counted`` holds the notes of this snapshot counted so far (two entries of one
+        folder, as when ``<workspace>/.crystal`` is the home: one count for both).
+        """
+        key = (folder, message)
+        if message in before.get(folder, ()) or key in counted:
+            return False
+        counted.add(key)
+        count = self._holders.get(key, 0)
+        self._holders[key] = count + 1
+        return count == 0
+
+    def _release_notes(
+        self, before: Mapping[str, tuple[str, ...]], after: Mapping[str, tuple[str, ...]]
+    ) -> None:
+        """Uncount the notes a snapshot held (``before``) and its successor does not."""
+        for folder, messages in before.items():
+            kept = after.get(folder, ())
+            if messages == kept:
+                continue
+            for message in dict.fromkeys(messages):  # counted once a snapshot (``_held``)
+                if message in kept:
+                    continue
+                key = (folder, message)
+                count = self._holders.get(key, 0) - 1
+                if count > 0:
+                    self._holders[key] = count
+                else:
+                    self._holders.pop(key, None)
 
     async def manifest_problem(self, toolset: ToolSet) -> str | None:
         """Why a call of ``toolset`` must not start now, as its result text: the manifest
@@ -898,7 +957,7 @@ class Registry:
                 if old is not None and self._snapshots.get(key) is not old:
                     continue  # released as idle meanwhile: not brought back
                 if new is not old:
-                    self._say_notes(new)
+                    self._say_notes(key, new)
                 self._snapshots[key] = new
                 self._scans[key] = scan
                 self._workspace_names = None
@@ -954,6 +1013,7 @@ class Registry:
             self._last_used.pop(key, None)
             self._scans.pop(key, None)
             self._positions.pop(key, None)
+            self._release_notes(self._noted.pop(key, {}), {})
         if dropped:
             # Their next use builds them afresh, from files no watch followed meanwhile:
             # under the same generation, a front end that kept a released workspace's tools

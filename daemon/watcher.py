@@ -28,7 +28,8 @@ Four sibling tasks in one task group:
 
 * **supervisor**: one awatch *generation* at a time over the current directories.
   Each batch is mapped to reload keys (``None`` = home, which affects every snapshot;
-  a workspace path = that workspace) by :meth:`Watcher._changes_for`, a whitelist, so data
+  a workspace path = that workspace) by :meth:`Watcher._changes_for`, a whitelist (in a
+  worker thread for a batch of more than ``_MAP_INLINE_MAX`` changes), so data
   directories and unrelated files map to nothing; a path in a folder that is one directory
   with others (links) is mapped under each of its names, as inotify reports it under one
   (``_aliases``). A path inside a set folder also names
@@ -77,20 +78,23 @@ limit of processes and threads), and a look beforehand could always lose the las
 a tool's fork. The supervisor waits until that process watches (``established``), then
 probes at once: what changed before it watched was reported by no event.
 
-Failure: if awatch raises (``OSError`` "OS file watch limit reached", a directory that
-vanished between probe and watch, an unsupported filesystem), or its process cannot start
+Failure: if awatch raises (``OSError`` "OS file watch limit reached", an unsupported
+filesystem), or its process cannot start
 or dies (``the watch process ended (killed by SIGABRT)``: its watcher's thread could not
 start), the watcher logs
 ``watch_unavailable`` once, probes at once (what changed while the watch started was seen
 by no event), keeps serving from the poller alone, and retries the watch
 when the directories change or after ``retry_seconds`` (``watch_retry``, debug; a retried
 watch says ``watch_started`` once its process watches, or, made by a factory that cannot
-tell, at its first change). One failure is not the watch's: an event naming a path that
+tell, at its first change). Two failures are not the watch's: an event naming a path that
 is not UTF-8 (a name made in a watched folder), which watchfiles cannot decode, ends its
-awatch; that watch is started again within a second (``watch_restarted``, logged once a
+awatch; and a folder the probe listed can be gone before the awatch watches it
+(``FileNotFoundError``: a deploy's ``rm -rf`` and ``mv`` during a restart). That watch is
+started again within a second over a fresh probe (``watch_restarted``, logged once a
 minute, and no ``watch_started`` for it), and the probe after its start takes in the lost
-batch. Nothing but cancellation leaves ``run``. Reload through the RPC path is unaffected
-either way.
+batch; a folder gone at ``_GONE_RESTARTS`` starts in a row while the folders stand still
+is no race, and the watch is unavailable then. Nothing but cancellation leaves ``run``.
+Reload through the RPC path is unaffected either way.
 
 Duplicate calls are expected (an event, then the settle call, sometimes a poll) and
 cheap: the registry re-stats manifests, re-parses only changed ones, and reports
@@ -135,6 +139,13 @@ _RESTART_PROBE_DELAY = 0.25  # seconds: long enough for a new awatch to be estab
 _RUST_TIMEOUT_MS = 5_000  # the thread returns to Python this often even with no events
 _BUSY_RETRY_SECONDS = 1.0  # a reload the daemon was too short of descriptors for: again
 _UNDECODABLE_PACE = 1.0  # seconds between restarts after names watchfiles cannot decode
+_MAP_INLINE_MAX = 1_000  # changes in a batch mapped on the loop (~20 ms); more: in a thread
+#: A watch that failed as a folder it was given went before it watched it (a deploy's
+#: ``rm -rf`` then ``mv``, a checkout, during a restart) is started again over a fresh
+#: probe, quietly, while the folders it was given keep moving, and otherwise up to this
+#: many times in a row; past that it is no race, and the watch is unavailable as for any
+#: other failure (rather than restarted every second).
+_GONE_RESTARTS = 3
 #: After a poll, the next waits at least this many times as long as that one took, so the
 #: poller spends at most about 1/20 of a core: a tools root of 100,000 subdirectories
 #: (a hostile checkout) costs ~2 s of stat calls a probe, which every 2 s was a core.
@@ -244,6 +255,8 @@ class Watcher:
         self._poll_due = math.inf
         #: No poll starts before this (``_POLL_COST_FACTOR`` times the last one's cost).
         self._poll_floor = -math.inf
+        #: The poll due is the one a new watch asks for once it watches: not held back.
+        self._poll_now = False
         self._settle_due = math.inf
         self._settle_changes: _Changes = {}
         self._timer_wake = anyio.Event()
@@ -258,6 +271,8 @@ class Watcher:
         #: Restarts after a name watchfiles could not decode: logged once a minute.
         self._restarts = Throttle()
         #: The next awatch is such a restart: ``watch_restarted`` says it, not ``watch_started``.
+        #: Restarts in a row after a folder went as its watch started (``_GONE_RESTARTS``).
+        self._gone_restarts = 0
         self._restarting = False
         #: Keys whose last delivery failed: while any is, their failures are throttled;
         #: once each was reloaded, the throttle starts afresh (the next failure is news).
@@ -373,27 +388,18 @@ class Watcher:
         return found
 
     async def _handle_batch(self, batch: set[tuple[Change, str]]) -> None:
-        watching = self._watching
-        if watching is not None and any(
-            change is not Change.modified and Path(raw) in watching for change, raw in batch
-        ):
+        watching, aliases = self._watching, self._aliases
+        if len(batch) > _MAP_INLINE_MAX:
+            # 20 µs a change: 40,000 (a rm -rf of a big root) held every client 0.8 s.
+            rewatch, changes = await threads.run_sync(self._map_batch, batch, watching, aliases)
+        else:
+            rewatch, changes = self._map_batch(batch, watching, aliases)
+        if rewatch:
             # A watch follows a directory, not its name: a folder removed and made again
             # (its inode number often reused) is the same path in the next probe, and its
             # new directory had no watch until a poll found some other folder come or go.
             self._rewatch = True
             self._schedule_poll(0.0)
-        changes: _Changes = {}
-        aliases = self._aliases
-        for _change, raw in batch:
-            raws = [raw]
-            if aliases:
-                path = Path(raw)
-                # One directory under several names has one watch, which reports under
-                # the last name watched alone: the others' keys are told too.
-                raws += [str(alias / path.name) for alias in aliases.get(path.parent, ())]
-            for each in raws:
-                for key, pairs in self._changes_for(each).items():
-                    _merge(changes, key, pairs)
         if not changes:
             return
         log.info("watch_changed", keys=len(changes))
@@ -422,6 +428,31 @@ class Watcher:
             # Not only entries of set folders changed: a root or a set folder may have
             # come or gone (an entry of one cannot add or remove a folder to watch).
             self._schedule_poll(0.0)
+
+    def _map_batch(
+        self,
+        batch: set[tuple[Change, str]],
+        watching: _Watched | None,
+        aliases: dict[Path, tuple[Path, ...]],
+    ) -> tuple[bool, _Changes]:
+        """Whether ``batch`` reports a watched directory removed or made, and its changes
+        per reload key (``_changes_for``). Pure but for reading the workspaces followed: a
+        big batch is mapped in a worker thread."""
+        rewatch = watching is not None and any(
+            change is not Change.modified and Path(raw) in watching for change, raw in batch
+        )
+        changes: _Changes = {}
+        for _change, raw in batch:
+            raws = [raw]
+            if aliases:
+                path = Path(raw)
+                # One directory under several names has one watch, which reports under
+                # the last name watched alone: the others' keys are told too.
+                raws += [str(alias / path.name) for alias in aliases.get(path.parent, ())]
+            for each in raws:
+                for key, pairs in self._changes_for(each).items():
+                    _merge(changes, key, pairs)
+        return rewatch, changes
 
     # -- supervisor: awatch generations -----------------------------------------------
 
@@ -456,7 +487,21 @@ class Watcher:
                 await self._watch(dirs, stop)
             except Exception as exc:  # any failure of the watch degrades to polling
                 cause = _cause(exc)
-                if _undecodable_name(cause):
+                gone = _folder_gone(cause) and (
+                    await threads.run_sync(_moved, dirs) or self._gone_restarts < _GONE_RESTARTS
+                )
+                if gone:
+                    # A folder the probe listed went before the watch watched it: the
+                    # watch works, over the folders a fresh probe lists. Degraded, it
+                    # warned of a watch that was not lost, and sat on the poll until a
+                    # poll saw the folders move, or for ``retry_seconds`` where the folder
+                    # came back under its inode number. Quiet as long as folders keep
+                    # moving (a long ``rm -rf``: each start races it), else a few times in
+                    # a row (one made again under its inode number looks unmoved). What
+                    # changed meanwhile was seen by no event: probed now.
+                    self._gone_restarts += 1
+                    self._schedule_poll(0.0)
+                if gone or _undecodable_name(cause):
                     # A name in a watched folder that is not UTF-8 (a Latin-1 folder a
                     # checkout brought, a file written in a set folder) ended the awatch:
                     # the watch itself works. Started again within a second, and the probe
@@ -509,12 +554,17 @@ class Watcher:
             established = getattr(changes, "established", None)
             if established is not None:  # a watch process: its start takes a while
                 await established()
-                # What changed before it watched was reported by no event: probed now.
-                self._schedule_poll(0.0)
+                # What changed before it watched was reported by no event: probed now, not
+                # after the poll's pace (twenty times the last poll: 10 s over 20,000 sets,
+                # for changes made during the restart or a run of starts racing a rm -rf).
+                # A restart costs a probe of its own already: this one at most doubles it.
+                self._schedule_poll(0.0, now=True)
+                self._gone_restarts = 0  # it watches: a folder gone later is a new race
                 if self._degraded and not stop.is_set():  # it watches: the retry worked
                     self._degraded = False
                     log.info("watch_started", paths=len(dirs))
             async for batch in changes:
+                self._gone_restarts = 0
                 if self._degraded:
                     self._degraded = False
                     log.info("watch_started", paths=len(dirs))
@@ -527,12 +577,16 @@ class Watcher:
 
     # -- timers: poll and settle ------------------------------------------------------
 
-    def _schedule_poll(self, delay: float) -> None:
+    def _schedule_poll(self, delay: float, *, now: bool = False) -> None:
+        """Poll after ``delay`` seconds, or later: never sooner than the pace allows
+        (``_poll_floor``) unless ``now``."""
         if not self._running:
             return  # run() takes a fresh probe when it starts
         due = anyio.current_time() + delay
-        if due < self._poll_due:
-            self._poll_due = due
+        if now:
+            self._poll_now = True
+        if due < self._poll_due or now:
+            self._poll_due = min(due, self._poll_due)
             self._timer_wake.set()
 
     async def _run_timers(self) -> None:
@@ -543,9 +597,10 @@ class Watcher:
                 settled, self._settle_changes = self._settle_changes, {}
                 self._settle_due = math.inf
                 self._enqueue(settled)
-            poll_due = max(self._poll_due, self._poll_floor)
+            poll_due = self._poll_due if self._poll_now else max(self._poll_due, self._poll_floor)
             if poll_due <= now:
                 self._poll_due = now + self._recheck
+                self._poll_now = False
                 cost = await self._poll_once()
                 self._poll_floor = anyio.current_time() + _POLL_COST_FACTOR * cost
                 continue
@@ -697,6 +752,17 @@ def _cause(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
         exc = exc.exceptions[0]
     return exc
+
+
+def _moved(dirs: _Watched) -> bool:
+    """Whether a directory of ``dirs`` is gone, or another directory, or not one to watch."""
+    return any(_watch_id(path) != identity for path, identity in dirs.items())
+
+
+def _folder_gone(exc: BaseException) -> bool:
+    """Whether an awatch failed as a folder it was given was gone, or no longer a folder,
+    when it came to watch it (``No such file or directory (os error 2) about [...]``)."""
+    return isinstance(exc, FileNotFoundError | NotADirectoryError)
 
 
 def _undecodable_name(exc: BaseException) -> bool:

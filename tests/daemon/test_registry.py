@@ -8,7 +8,7 @@ import json
 import os
 import resource
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -862,3 +862,55 @@ async def test_a_workspace_released_during_a_reload_is_not_brought_back(
         release.set()
     assert registry.workspaces == []
     assert (await registry.catalog(None)).tools["a"].tool.description == "changed"
+
+
+def _write_tools(root: Path, directory: str, *names: str) -> None:
+    """A set named ``directory`` whose tools are ``names``."""
+    set_dir = root / directory
+    set_dir.mkdir(parents=True, exist_ok=True)
+    tools = [{"name": n, "description": "d", "schema": {"type": "object"}} for n in names]
+    manifest = {"runner": "exec", "command": ["true"], "tools": tools}
+    (set_dir / "tools.json").write_text(json.dumps(manifest))
+
+
+def _noted(logs: Sequence[Mapping[str, Any]]) -> list[tuple[str | None, str]]:
+    return [(e["set"], e["message"]) for e in logs if e["event"] == "catalog_note"]
+
+
+async def test_a_note_one_catalog_has_and_another_lacks_is_logged_once(
+    home: Path, tmp_path: Path
+) -> None:
+    """A note that only a workspace's catalog has (its project set takes the name of a home
+    set's tool) is logged once, not again at every reload of an unrelated edit. Kept per
+    folder alone, the home catalog, which lacks the note, forgot it at each reload, and the
+    workspace's catalog logged it anew: a warning a reload in a service's journal."""
+    _write_tools(home / "tools", "b", "t")
+    _write(home / "tools", "c")
+    ws = tmp_path / "ws"
+    _write_tools(ws / ".crystal" / "tools", "a", "t")
+    registry = Registry(home, DEFAULT_RESERVED_NAMES)
+    omitted = ("b", "External tool 't' was omitted because the name is already registered.")
+    with capture_logs() as logs:
+        await registry.catalog(None)
+        await registry.catalog(ws)
+        for n in range(3):
+            _write(home / "tools", "c", description=f"edit {n}")
+            outcome = await registry.reload()
+            assert [c.set for c in outcome.all_changes()] == ["c"]
+    assert _noted(logs) == [omitted]
+
+
+async def test_a_note_of_a_set_removed_and_brought_back_is_logged_again(home: Path) -> None:
+    """A broken set removed, then brought back as broken (a checkout of an old branch), is
+    logged again: its note appears anew. The folder's last note was kept after the set went,
+    so its return was silent."""
+    (home / "tools" / "x").mkdir()
+    (home / "tools" / "x" / "tools.json").write_text("{broken")
+    registry = Registry(home, DEFAULT_RESERVED_NAMES)
+    with capture_logs() as logs:
+        await registry.catalog(None)
+        (home / "tools" / "x" / "tools.json").rename(home / "x.json")
+        await registry.reload()
+        (home / "x.json").rename(home / "tools" / "x" / "tools.json")
+        await registry.reload()
+    assert [s for s, _ in _noted(logs)] == ["x", "x"]

@@ -18,7 +18,7 @@ import anyio
 import pytest
 from anyio.streams.buffered import BufferedByteReceiveStream
 from structlog.testing import capture_logs
-from toolsetd.daemon.watcher import ReloadKey, Watcher
+from toolsetd.daemon.watcher import _GONE_RESTARTS, ReloadKey, Watcher
 from toolsetd.daemon.watchproc import watch_in_process
 from watchfiles import Change
 
@@ -334,6 +334,110 @@ async def test_a_change_made_while_a_watch_failed_to_start_is_probed_at_once(
             tg.cancel_scope.cancel()
 
 
+async def _watch_until(
+    home: Path, factory: Any, until: anyio.Event, recheck_seconds: float = 60.0, linger: float = 0
+) -> list[dict[str, Any]]:
+    """Run a watcher over ``factory`` (its settle and retry a minute long) until ``until``
+    is set, and ``linger`` seconds more; returns what it logged."""
+    watcher = Watcher(
+        home, Recorder(), settle_seconds=60.0, recheck_seconds=recheck_seconds,
+        retry_seconds=60.0, watch_factory=factory,
+    )
+    with capture_logs() as logs, anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await until.wait()
+            await anyio.sleep(linger)
+            tg.cancel_scope.cancel()
+    return [dict(entry) for entry in logs]
+
+
+@pytest.mark.parametrize("how", ["removed", "made again"])
+async def test_a_folder_gone_as_its_watch_starts_restarts_the_watch_quietly(
+    layout: Layout, how: str
+) -> None:
+    """A folder the probe listed and that went before the watch process watched it (a
+    deploy's ``rm -rf`` then ``mv``, a checkout, while a restart was under way) failed
+    the watch with FileNotFoundError: ``watch_unavailable`` warned of a watch that a
+    fresh probe starts at once, and the daemon sat on the poll until a poll saw the
+    folders move, or for 30 s where the folder came back under its inode number. The
+    watch is started again over a fresh probe within a second (``watch_restarted``)."""
+    home, _ = layout
+    set_dir = home / "tools" / "a"
+    calls: list[tuple[Path, ...]] = []
+    again = anyio.Event()
+
+    async def racing(*paths: Path, stop_event: anyio.Event, **kwargs: Any) -> AsyncIterator[Batch]:
+        calls.append(paths)
+        if len(calls) == 2:
+            again.set()
+        if len(calls) == 1:
+            shutil.rmtree(set_dir)
+            if how == "made again":
+                set_dir.mkdir()
+            raise FileNotFoundError(f"No such file or directory (os error 2) about [{set_dir}]")
+        await stop_event.wait()
+        yield set()  # pragma: no cover - makes this an async generator
+
+    logs = await _watch_until(home, racing, again)
+    events = [e["event"] for e in logs if e["event"].startswith("watch_")]
+    assert "watch_unavailable" not in events
+    assert "watch_restarted" in events
+    assert (set_dir in calls[1]) == (how == "made again")
+
+
+async def test_folders_gone_at_start_after_start_while_they_move_restart_quietly(
+    layout: Layout,
+) -> None:
+    """A long ``rm -rf`` of a big root races every start of the watch: each probe lists
+    folders that are gone by the time the watch process watches them. While the folders
+    keep moving, each such failure restarts the watch quietly; counted as a folder that
+    stands still, the fourth in a row warned ``watch_unavailable`` in the middle of it."""
+    home, _ = layout
+    doomed = [home / "tools" / f"s{n}" for n in range(2 * _GONE_RESTARTS)]
+    for folder in doomed:
+        folder.mkdir()
+    calls: list[tuple[Path, ...]] = []
+    watching = anyio.Event()
+
+    async def removing(
+        *paths: Path, stop_event: anyio.Event, **kwargs: Any
+    ) -> AsyncIterator[Batch]:
+        calls.append(paths)
+        if doomed:
+            shutil.rmtree(doomed.pop())  # the rm -rf got one folder further
+            raise FileNotFoundError("No such file or directory (os error 2)")
+        watching.set()
+        await stop_event.wait()
+        yield set()  # pragma: no cover - makes this an async generator
+
+    logs = await _watch_until(home, removing, watching, recheck_seconds=0.05)
+    assert "watch_unavailable" not in [e["event"] for e in logs]
+    assert len(calls) > _GONE_RESTARTS + 1
+
+
+async def test_a_folder_gone_at_every_start_makes_the_watch_unavailable(layout: Layout) -> None:
+    """A watch that fails with FileNotFoundError start after start is no race with a
+    folder that went: after a few quiet restarts it is unavailable (``watch_unavailable``,
+    the poll serving, a retry every ``retry_seconds``), not restarted every second."""
+    home, _ = layout
+    attempts: list[int] = []
+    warned = anyio.Event()  # the start after the quiet restarts: it warns
+
+    async def gone(*paths: Path, **kwargs: Any) -> AsyncIterator[Batch]:
+        attempts.append(len(paths))
+        if len(attempts) == _GONE_RESTARTS + 1:
+            warned.set()
+        raise FileNotFoundError("No such file or directory (os error 2)")
+        yield set()  # pragma: no cover - makes this an async generator
+
+    # Polls every 0.05 s for 0.3 s after it: none restarts the watch.
+    logs = await _watch_until(home, gone, warned, recheck_seconds=0.05, linger=0.3)
+    assert len(attempts) == _GONE_RESTARTS + 1
+    events = [e["event"] for e in logs if e["event"] in {"watch_restarted", "watch_unavailable"}]
+    assert events == ["watch_restarted", "watch_unavailable"]  # restarts said once a minute
+
+
 async def test_a_retry_of_an_unavailable_watch_does_not_say_it_started(layout: Layout) -> None:
     """With the watch limit reached, every retry (every 30 s) logged ``watch_started`` at
     info before failing again at debug: the last line an operator read said the watch had
@@ -535,6 +639,73 @@ async def test_watcher_counts_a_poll_blocked_on_a_slow_file_system_as_its_cost(
     assert await _polls_after_the_first_timed_one(watcher, fake, 1.0) == 2
 
 
+class _StartingWatch:
+    """A watch process's iterator: ``on_start`` runs as it starts watching (``established``),
+    then ``on_watch`` runs as its batches are waited for; it reports none."""
+
+    def __init__(
+        self, stop: anyio.Event, on_start: Callable[[], None], on_watch: Callable[[], Awaitable[None]]
+    ) -> None:
+        self._stop = stop
+        self._on_start = on_start
+        self._on_watch = on_watch
+
+    def __aiter__(self) -> _StartingWatch:
+        return self
+
+    async def established(self) -> None:
+        self._on_start()
+
+    async def __anext__(self) -> Batch:
+        await self._on_watch()
+        await self._stop.wait()
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        pass
+
+
+async def test_an_edit_made_while_a_watch_restarts_is_sent_once_it_watches(
+    layout: Layout,
+) -> None:
+    """What changed while a watch restarted is seen by no event: the probe made once the
+    new watch watches takes it in. That probe waited out the poll's pace (twenty times
+    what the last poll took), so over a big root (20,000 sets: 0.5 s a poll, 10 s of pace)
+    whatever changed during a restart, or during a run of starts racing a ``rm -rf``,
+    stayed out of the catalog that long. It runs at once: a restart costs a probe anyway."""
+    home, _ = layout
+    manifest = home / "tools" / "a" / "tools.json"
+    ticks = iter(range(0, 10**9, 1000))  # every poll seems to take 1,000 s: a long pace
+    watcher: Watcher
+    starts: list[int] = []
+
+    async def then_fail() -> None:
+        if len(starts) == 1:  # the first watch: ended (as by a name it cannot decode)
+            while watcher.polls_ended < 2:  # once a poll set the pace
+                await anyio.sleep(0.01)
+            raise RuntimeError("Unable to decode path b'caf\\xe9'")
+
+    def factory(*paths: Path, stop_event: anyio.Event, **kwargs: Any) -> _StartingWatch:
+        def start() -> None:
+            starts.append(1)
+            if len(starts) == 2:  # an edit while the second watch started
+                manifest.write_text('{"runner": "exec"}')
+
+        return _StartingWatch(stop_event, start, then_fail)
+
+    recorder = Recorder()
+    watcher = Watcher(
+        home, recorder, settle_seconds=60.0, recheck_seconds=60.0, retry_seconds=60.0,
+        watch_factory=factory, clock=lambda: next(ticks),
+    )
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await recorder.wait_for(None)
+            tg.cancel_scope.cancel()
+    assert len(starts) == 2
+
+
 async def test_watcher_reloads_a_workspace_changed_before_its_first_probe(
     layout: Layout, fake: FakeWatch
 ) -> None:
@@ -665,6 +836,36 @@ async def test_watcher_names_the_set_a_change_lies_in(layout: Layout, fake: Fake
         {None: None},
         {None: None},
     ]
+
+
+async def test_a_big_batch_is_mapped_off_the_event_loop(
+    layout: Layout, fake: FakeWatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of thousands of changes (a ``rm -rf`` or a checkout of a big tools root) is
+    mapped to its reload keys in a worker thread: on the loop, 40,000 changes held every
+    client for 0.8 s. A small batch is still mapped where it came."""
+    home, _ = layout
+    tools = home / "tools"
+    threads_seen: dict[int, set[bool]] = {}
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake)
+    real = watcher._changes_for
+
+    def spied(raw: str) -> Any:
+        on_loop = threading.current_thread() is threading.main_thread()
+        threads_seen.setdefault(len(batch), set()).add(on_loop)
+        return real(raw)
+
+    monkeypatch.setattr(watcher, "_changes_for", spied)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await _started(tg, watcher, fake)
+            for size in (3, 5000):
+                batch = {(Change.deleted, str(tools / f"s{n}" / "tools.json")) for n in range(size)}
+                await fake.send.send(batch)
+                await recorder.wait_for(None, since=len(recorder.calls))
+            tg.cancel_scope.cancel()
+    assert threads_seen == {3: {True}, 5000: {False}}
 
 
 async def test_a_change_no_event_reported_is_still_sent_by_the_poll(

@@ -213,6 +213,49 @@ def test_reload_watcher_follows_home_and_project(daemon: Daemon, workspace: Path
     eventually(lambda: "watched" not in names(daemon, workspace))
 
 
+@pytest.mark.parametrize("where", ["home", "project"])
+def test_reload_a_set_link_pointed_at_another_release_serves_that_release(
+    daemon: Daemon, workspace: Path, tmp_base: Path, where: str
+) -> None:
+    """A set folder that is a link, pointed at another release with ``ln -sfn`` and a
+    rename (an atomic deploy), is served from the new release without a reload call:
+    other tools (added), the same tool names with another command (patched in place),
+    and edits made in the release it now points at. Pins the thirty-fourth pass's check
+    of a deploy that kept serving the old release."""
+    root = daemon.home / "tools" if where == "home" else workspace / ".crystal" / "tools"
+    root.mkdir(parents=True, exist_ok=True)
+    tool = {"description": "d", "schema": {"type": "object"}}
+
+    def release(name: str, command: str, *tools: str) -> Path:
+        manifest = {"runner": "exec", "command": [command], "stdin": False,
+                    "tools": [{"name": t, **tool} for t in tools]}
+        return write_set(tmp_base / "releases", name, manifest)
+
+    def deploy(target: Path) -> None:
+        staged = root / ".deploy.tmp"
+        staged.symlink_to(target)
+        os.replace(staged, root / "app")  # ln -sfn, atomically
+
+    def command(name: str) -> str:
+        listed = daemon.call("list", {"workspace": str(workspace)})["result"]
+        (entry,) = [s for s in listed["sets"] if s["directory"] == "app" and s["state"] == "loaded"]
+        assert name in entry["tools"]
+        return str(daemon.call("invoke", {
+            "tool": name, "arguments": {}, "workspace": str(workspace), "approved": True,
+        })["result"]["content"][0]["text"])
+
+    deploy(release("v1", "/bin/true", "app_one"))
+    eventually(lambda: "app_one" in names(daemon, workspace))
+    deploy(release("v2", "/bin/true", "app_two"))
+    eventually(lambda: "app_two" in names(daemon, workspace) and "app_one" not in names(
+        daemon, workspace))
+    deploy(release("v3", "/bin/pwd", "app_two"))
+    eventually(lambda: command("app_two") != "exit 0\n", what="v3's command for app_two")
+    write_set(tmp_base / "releases", "v3", {"runner": "exec", "command": ["/bin/pwd"],
+              "stdin": False, "tools": [{"name": "app_two", **tool}, {"name": "app_3", **tool}]})
+    eventually(lambda: "app_3" in names(daemon, workspace), what="an edit in the new release")
+
+
 def test_reload_the_home_catalog_is_built_after_the_watchers_first_probe(daemon: Daemon) -> None:
     """The daemon builds the home catalog only once the watcher has taken its first probe,
     so an edit made while it starts differs from that probe and is reloaded (the watcher's
