@@ -10,6 +10,7 @@ other code, or none.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import py_compile
@@ -597,16 +598,18 @@ def test_a_daemon_started_warm_checks_after_orjson_changed(tmp_base: Path) -> No
         shut_down(daemon)
 
 
-def test_a_pump_whose_install_went_says_why_it_ends(tmp_base: Path) -> None:
-    """A ``toolsetctl mcp`` lives as long as its host's session, and its install may go
-    meanwhile (a venv made anew). Its last words were written with a module it imported
-    only then: a pump whose daemon went away, its host's input ended while it waited for
-    another, ended with exit 1 and an ``ImportError`` traceback, not with exit 5 and what
-    happened."""
+@contextlib.contextmanager
+def _initialized_pump(
+    tmp_base: Path, command: list[str], tool_command: list[str]
+) -> Iterator[tuple[subprocess.Popen[bytes], Daemon, Path]]:
+    """A ``toolsetctl mcp`` run from a daemon's venv (``_daemon_from_a_venv``), its session
+    initialized, serving the home set ``tool`` (``command`` and ``tool_command``); the
+    pump, the daemon and the venv's ``toolsetd`` folder. Both end with the block."""
     daemon, package = _daemon_from_a_venv(tmp_base)
-    write_set(daemon.home / "tools", "sleeper", {
-        "runner": "exec", "command": ["/bin/sleep"],
-        "tools": [{"name": "sleeper", "description": "Sleeps.", "schema": {"type": "object"}, "command": ["60"]}],
+    write_set(daemon.home / "tools", "tool", {
+        "runner": "exec", "command": command,
+        "tools": [{"name": "tool", "description": "A tool.", "schema": {"type": "object"},
+                   "command": tool_command}],
     })
     assert daemon.call("reload")["result"]["changed"]
     python = package.parents[3] / "bin" / "python"  # venv/lib/python3.x/site-packages/toolsetd
@@ -620,30 +623,41 @@ def test_a_pump_whose_install_went_says_why_it_ends(tmp_base: Path) -> None:
             initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
                 "protocolVersion": "2025-06-18", "capabilities": {},
                 "clientInfo": {"name": "upgrade-test", "version": "1"}}}
-            call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                    "params": {"name": "sleeper", "arguments": {}}}
             pump.stdin.write(json.dumps(initialize).encode() + b"\n")
             pump.stdin.flush()
             assert json.loads(pump.stdout.readline())["id"] == 1
             pump.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
-            pump.stdin.write(json.dumps(call).encode() + b"\n")
-            pump.stdin.flush()
-            shutil.rmtree(package.parents[3])  # the venv goes
-            daemon.proc.kill()  # and the daemon with the call: the pump answers it, and waits
-            daemon.proc.wait(timeout=20)
-            gone = json.loads(pump.stdout.readline())
-            assert gone["id"] == 2 and gone["result"]["isError"]
-            # The host ends (its input) while the pump waits for a daemon.
-            _, stderr = pump.communicate(timeout=60)
-            assert (pump.returncode, stderr.decode()) == (
-                5,
-                f"toolsetctl mcp: toolsetd at {daemon.socket} closed the connection (the input "
-                "ended while the pump waited for it to come back)\n",
-            )
+            yield pump, daemon, package
         finally:
             if pump.poll() is None:
                 pump.kill()
             shut_down(daemon)
+
+
+def test_a_pump_whose_install_went_says_why_it_ends(tmp_base: Path) -> None:
+    """A ``toolsetctl mcp`` lives as long as its host's session, and its install may go
+    meanwhile (a venv made anew). Its last words were written with a module it imported
+    only then: a pump whose daemon went away, its host's input ended while it waited for
+    another, ended with exit 1 and an ``ImportError`` traceback, not with exit 5 and what
+    happened."""
+    with _initialized_pump(tmp_base, ["/bin/sleep"], ["60"]) as (pump, daemon, package):
+        assert pump.stdin is not None and pump.stdout is not None
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": {"name": "tool", "arguments": {}}}
+        pump.stdin.write(json.dumps(call).encode() + b"\n")
+        pump.stdin.flush()
+        shutil.rmtree(package.parents[3])  # the venv goes
+        daemon.proc.kill()  # and the daemon with the call: the pump answers it, and waits
+        daemon.proc.wait(timeout=20)
+        gone = json.loads(pump.stdout.readline())
+        assert gone["id"] == 2 and gone["result"]["isError"]
+        # The host ends (its input) while the pump waits for a daemon.
+        _, stderr = pump.communicate(timeout=60)
+        assert (pump.returncode, stderr.decode()) == (
+            5,
+            f"toolsetctl mcp: toolsetd at {daemon.socket} closed the connection (the input "
+            "ended while the pump waited for it to come back)\n",
+        )
 
 
 def test_metrics_whose_library_cannot_be_loaded_say_why(tmp_base: Path) -> None:
@@ -720,37 +734,14 @@ def test_a_pump_whose_install_went_still_serves_a_line_nested_past_pythons_json(
     parser reads 1,024) is read by the pump with the daemon's parser, loaded only for such
     a line. After the install went (a venv made anew), that import failed in the pump's
     input thread: the line was never sent and the host waited for its answer for ever."""
-    daemon, package = _daemon_from_a_venv(tmp_base)
-    write_set(daemon.home / "tools", "quick", {
-        "runner": "exec", "command": ["/bin/true"],
-        "tools": [{"name": "quick", "description": "Returns.", "schema": {"type": "object"}}],
-    })
-    assert daemon.call("reload")["result"]["changed"]
-    python = package.parents[3] / "bin" / "python"  # venv/lib/python3.x/site-packages/toolsetd
-    with subprocess.Popen(
-        [python, "-P", "-m", "toolsetd.client", "--socket", str(daemon.socket),
-         "--workspace", str(daemon.workspace), "mcp", "--mode", "full"],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    ) as pump:
-        try:
-            assert pump.stdin is not None and pump.stdout is not None
-            initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-                "protocolVersion": "2025-06-18", "capabilities": {},
-                "clientInfo": {"name": "upgrade-test", "version": "1"}}}
-            pump.stdin.write(json.dumps(initialize).encode() + b"\n")
-            pump.stdin.flush()
-            assert json.loads(pump.stdout.readline())["id"] == 1
-            shutil.rmtree(package.parents[3])  # the venv goes; the daemon stays
-            deep = "[" * 1000 + "]" * 1000
-            call = ('{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": '
-                    '{"name": "quick", "arguments": {"deep": ' + deep + "}}}")
-            pump.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
-            pump.stdin.write(call.encode() + b"\n")
-            out, err = pump.communicate(timeout=30)  # the input ends: the pump answers, ends
-            # The daemon's answer (it takes 64 levels of arguments): the line reached it.
-            assert [json.loads(line)["id"] for line in out.splitlines()] == [2]
-            assert (pump.returncode, err) == (0, b"")
-        finally:
-            if pump.poll() is None:
-                pump.kill()
-            shut_down(daemon)
+    with _initialized_pump(tmp_base, ["/bin/true"], []) as (pump, _, package):
+        assert pump.stdin is not None
+        shutil.rmtree(package.parents[3])  # the venv goes; the daemon stays
+        deep = "[" * 1000 + "]" * 1000
+        call = ('{"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": '
+                '{"name": "tool", "arguments": {"deep": ' + deep + "}}}")
+        pump.stdin.write(call.encode() + b"\n")
+        out, err = pump.communicate(timeout=30)  # the input ends: the pump answers, ends
+        # The daemon's answer (it takes 64 levels of arguments): the line reached it.
+        assert [json.loads(line)["id"] for line in out.splitlines()] == [2]
+        assert (pump.returncode, err) == (0, b"")
