@@ -2065,10 +2065,19 @@ def test_mcp_autostarted_daemon_does_not_notify_the_hosts_systemd(
 # -- a real host ---------------------------------------------------------------------------
 
 
+#: The Claude Code the tests run, pinned as the other hosts are: an unpinned install took
+#: whatever the registry served that day, and a cache folder kept the first one for good.
+CLAUDE_CODE_VERSION = "2.1.197"
+
+
 @pytest.fixture(scope="session")
 def claude_cli() -> Path:
     """Claude Code from npm, installed once into a cache folder outside the repository."""
-    return npm_program("claude-code", "@anthropic-ai/claude-code", "claude")
+    return npm_program(
+        f"claude-code-{CLAUDE_CODE_VERSION}",
+        f"@anthropic-ai/claude-code@{CLAUDE_CODE_VERSION}",
+        "claude",
+    )
 
 
 @pytest.mark.slow
