@@ -629,6 +629,20 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
             path,
             _deep_line(text),
         ) from None
+    except ValueError:
+        # tomllib reads an integer with int(), which refuses one of more digits than
+        # Python's limit (4,300 by default): that ValueError (no TOMLDecodeError) went past
+        # every handler, as the deep value's did: a traceback at start, an internal error
+        # for the reload RPC, and the daemon's end on SIGHUP.
+        limit = sys.get_int_max_str_digits()
+        found = re.search(rf"[0-9_]{{{limit or 1},}}", text)
+        long_line = text.count("\n", 0, found.start()) + 1 if found is not None else None
+        raise ConfigError(
+            f"holds an integer of more than {limit:,} digits, which toolsetd does not read; "
+            "write a shorter number",
+            path,
+            long_line,
+        ) from None
     return table, _key_lines(text)
 
 

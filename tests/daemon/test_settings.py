@@ -603,3 +603,23 @@ def test_settings_errors_show_the_files_control_characters_escaped(tmp_path: Pat
         message = str(caught.value)
         assert not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in message), message
         assert "\\x1b" in message or "\\n" in message, message
+
+
+def test_settings_file_with_an_integer_past_pythons_digit_limit_is_a_config_error(
+    tmp_path: Path,
+) -> None:
+    """tomllib reads an integer with ``int()``, which refuses one of more than 4,300 digits
+    with a ValueError, no TOMLDecodeError: as the deep value's RecursionError, it went past
+    every handler (a traceback at start, an internal error for the reload RPC, and the
+    daemon's end on SIGHUP). It is a file that cannot be used, with its line, and a reload
+    keeps the running settings."""
+    huge = "1" + "0" * 5000
+    path = _write(tmp_path, f"max-running = 2\n\nreserve = [{huge}]\n")
+    with pytest.raises(
+        ConfigError, match=r"toolsetd\.toml:3: holds an integer of more than 4,300 digits"
+    ):
+        _load(path)
+    running = _load(_write(tmp_path, "max-running = 2\n"))
+    _write(tmp_path, f"max-running = {huge}\n")
+    with pytest.raises(ConfigError, match="write a shorter number"):
+        reload_settings(running, _args("--config", str(tmp_path / "toolsetd.toml")), {})
