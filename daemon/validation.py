@@ -236,14 +236,20 @@ def _lenient_normalize(normalize: Callable[[str], str]) -> Callable[[str], str]:
 
 
 def _no_uri(exc: BaseException) -> bool:
-    """Whether ``exc`` is ``urllib.parse``'s ``ValueError`` for a text it cannot split as a
-    URI, which referencing meets as it reads a ``$ref`` (``urljoin``, ``urldefrag``)."""
+    """Whether ``exc`` is a ``ValueError`` raised as ``urllib.parse`` split a text that is
+    no URI, which referencing meets as it reads a ``$ref`` (``urljoin``, ``urldefrag``).
+    Raised within it or below it: an unclosed "[" is ``urllib.parse``'s own error, and a
+    bracketed host that is no address (``http://[::1x]/``) is ``ipaddress``'s, which
+    ``urlsplit`` calls (only the last frame was looked at, and that one was still an
+    internal error for every call)."""
     if not isinstance(exc, ValueError):
         return False
     tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__") == "urllib.parse":
+            return True
         tb = tb.tb_next
-    return tb is not None and tb.tb_frame.f_globals.get("__name__") == "urllib.parse"
+    return False
 
 
 def _evaluated_item_indexes(original: Any) -> Any:

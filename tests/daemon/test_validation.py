@@ -538,6 +538,13 @@ _NO_URI_USE = "the tool's input schema cannot be used: "
         # An $id below one: the subschema's base is read against the root's.
         ({"$id": "https://example.com/s", "properties": {"a": {"$id": "http://[x/"}}},
          [("", _NO_URI_USE + "a $ref or $id in it is no URI (Invalid IPv6 URL)")]),
+        # A bracketed host that is no address: ipaddress raises it, within urlsplit.
+        ({"properties": {"a": {"$ref": "http://[::1x]/s#/$defs/y"}}},
+         [("", _NO_URI_USE + "a $ref or $id in it is no URI ('::1x' does not appear to be "
+                             "an IPv4 or IPv6 address)")]),
+        ({"$id": "https://example.com/s", "properties": {"a": {"$id": "http://[::1x]/"}}},
+         [("", _NO_URI_USE + "a $ref or $id in it is no URI ('::1x' does not appear to be "
+                             "an IPv4 or IPv6 address)")]),
     ],
 )
 def test_a_uri_in_a_subschema_that_is_no_uri_is_no_internal_error(
