@@ -713,7 +713,15 @@ def _check_value(option: Option, raw: Any, where: str, started: bool = False) ->
             raise ValueError(f"must be at most {option.maximum}, got {number}")
         return number
     if kind == "float":
-        seconds = float(_number(raw, where, float, "a number of seconds"))
+        number = _number(raw, where, float, "a number of seconds")
+        try:
+            seconds = float(number)
+        except OverflowError:
+            # An integer past a double's range (``kill-grace = 1`` and 400 zeros): float()
+            # raised past every handler, a traceback at start, an internal error for the
+            # reload RPC and the daemon's end on SIGHUP. It is as endless as ``1e400``,
+            # which TOML reads as inf: judged as that below (a negative one as -inf).
+            seconds = math.inf if number > 0 else -math.inf
         if option.check == "seconds" and not seconds > 0:
             raise ValueError(f"must be a positive number of seconds, got {_show(raw)}")
         if seconds == math.inf and option.endless:

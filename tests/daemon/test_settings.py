@@ -623,3 +623,21 @@ def test_settings_file_with_an_integer_past_pythons_digit_limit_is_a_config_erro
     _write(tmp_path, f"max-running = {huge}\n")
     with pytest.raises(ConfigError, match="write a shorter number"):
         reload_settings(running, _args("--config", str(tmp_path / "toolsetd.toml")), {})
+
+
+def test_settings_seconds_past_a_doubles_range_are_judged_as_inf(tmp_path: Path) -> None:
+    """A seconds key written as an integer past a double's range (``kill-grace = 1`` and
+    400 zeros, under the digit limit) raised OverflowError from ``float()``, no ValueError:
+    a traceback at start, an internal error for the reload RPC, and the daemon's end on
+    SIGHUP. It is read as ``1e400`` is (TOML's inf): not finite where a bound is needed,
+    never where ``inf`` means never, and a negative one is not positive."""
+    huge = "1" + "0" * 400
+    with pytest.raises(ConfigError, match=r"toolsetd\.toml:2: kill-grace: must be a finite"):
+        _load(_write(tmp_path, f"max-running = 2\nkill-grace = {huge}\n"))
+    with pytest.raises(ConfigError, match="shutdown-grace: must be a positive number"):
+        _load(_write(tmp_path, f"shutdown-grace = -{huge}\n"))
+    assert _load(_write(tmp_path, f"workspace-idle = {huge}\n")).workspace_idle == math.inf
+    running = _load(_write(tmp_path, "kill-grace = 2\n"))
+    _write(tmp_path, f"kill-grace = {huge}\n")
+    with pytest.raises(ConfigError, match="must be a finite number of seconds"):
+        reload_settings(running, _args("--config", str(tmp_path / "toolsetd.toml")), {})

@@ -352,6 +352,29 @@ def test_config_reload_applies_limits_and_names_restart_keys(
         d.stop()
 
 
+def test_config_sighup_with_seconds_past_a_doubles_range_keeps_the_daemon(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A SIGHUP that read ``kill-grace = 1`` and 400 zeros ended the daemon (float()'s
+    OverflowError went past every handler): the file is refused as any bad one is, and
+    the daemon serves on with the settings it had."""
+    d, config = _configured(tmp_base, "output-limit = 100\n", "--no-watch")
+    try:
+        config.write_text(f"output-limit = 100000\nkill-grace = 1{'0' * 400}\n")
+        d.proc.send_signal(signal.SIGHUP)
+        eventually(
+            lambda: d.proc.poll() is not None
+            or any(e["event"] == "config_reload_failed" for e in d.log_events()),
+            what="the SIGHUP's reload judged",
+        )
+        assert d.proc.poll() is None, d.log()[-3000:]
+        failed = [e for e in d.log_events() if e["event"] == "config_reload_failed"]
+        assert "kill-grace: must be a finite number of seconds" in failed[0]["error"]
+        assert _invoke(d, workspace, "big")["result"]["truncated"] is True  # 100 kept
+    finally:
+        d.stop()
+
+
 def test_config_reload_lowering_workspace_idle_releases_within_the_new_period(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
