@@ -64,7 +64,15 @@ from .connection import RequestContext
 from .exhaustion import open_standard_streams, out_of_resources, raise_open_files_limit
 from .install import UPGRADED, at_start, sources_id
 from .large import LargeRequests
-from .logs import configure_logging, drain_logs, finish_logging, holding, say, writes_stderr
+from .logs import (
+    configure_logging,
+    drain_logs,
+    finish_logging,
+    holding,
+    log_incident,
+    say,
+    writes_stderr,
+)
 from .methods import Handlers
 from .metrics import Metrics, MetricsSources, bind_metrics, serve_metrics
 from .model import DEFAULT_RESERVED_NAMES, SetState, Source
@@ -838,9 +846,7 @@ async def _serve(
             if notifier.enabled:
                 tg.start_soon(_report_status, notifier, registry, handlers, state)
             task_status.started(str(socket_path))
-            await _handle_signals(
-                signals, tg, server, handlers, own, notifier, guard, state, reload_config
-            )
+            await _handle_signals(signals, tg, server, handlers, own, notifier, guard, state)
     finally:
         with anyio.CancelScope(shield=True):
             await checks.aclose()
@@ -939,11 +945,23 @@ def _reload_config(
 
 
 async def _reload_on_signal(handlers: Handlers) -> None:
-    """SIGHUP's reload: one the daemon is too short of descriptors to do is logged."""
+    """SIGHUP's reload: the ``reload`` RPC's own (``Handlers.reload_all``: the config file,
+    then every catalog), and what it raises is logged as the RPC's boundary logs it.
+
+    One the daemon is too short of descriptors to do is a warning: SIGHUP again later.
+    Anything else is an incident (``log_incident``, the shape of the RPC's
+    ``request_failed``). Before, the config was re-read in the signal task itself, with
+    only ``ConfigError`` caught: anything else a file could raise there (the OverflowError
+    of a 400-digit ``kill-grace``) ended the daemon, where the RPC answered an internal
+    error and the watcher logged it. A file is applied only once it was read and judged
+    whole, so the running settings stay; so do the snapshots.
+    """
     try:
-        await handlers.reload_catalogs(None)
-    except ServerBusy as exc:  # the snapshots stay as they were; SIGHUP again later
+        await handlers.reload_all()
+    except ServerBusy as exc:
         log.warning("signal_reload_failed", error=exc.message)
+    except Exception:
+        log_incident(log, "signal_reload_crashed", signal="SIGHUP")
 
 
 async def _handle_signals(
@@ -955,7 +973,6 @@ async def _handle_signals(
     notifier: Notifier,
     guard: OrphanGuard,
     state: _State,
-    reload_config: Callable[[], dict[str, Any]],
 ) -> None:
     async for signum in signals:
         if signum in _IGNORED_SIGNALS:
@@ -963,7 +980,6 @@ async def _handle_signals(
             continue
         if signum == signal.SIGHUP:
             log.info("reload_requested", signal="SIGHUP")
-            reload_config()
             tg.start_soon(_reload_on_signal, handlers)
             continue
         log.info(

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -39,7 +38,7 @@ from toolsetd.protocol.jsonrpc import (
 )
 
 from .connection import Connection, Handler, RequestContext
-from .logs import REQUEST, Throttle
+from .logs import REQUEST, Throttle, log_incident
 
 __all__ = ["Dispatcher"]
 
@@ -179,8 +178,7 @@ def _boundary(
                 log.info("request_refused", code=exc.code, ms=_ms(started), refused=said)
             return _Failure(exc.code, exc.message, _NO_DATA if exc.data is None else exc.data)
         except Exception:
-            incident = uuid.uuid4().hex[:12]
-            log.exception("request_failed", incident=incident)
+            incident = log_incident(log, "request_failed")
             return _Failure(
                 rpc_errors.InternalError.CODE,
                 f"Internal error (incident {incident}); the daemon log has the details.",

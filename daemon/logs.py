@@ -41,6 +41,7 @@ import stat
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
@@ -61,6 +62,7 @@ __all__ = [
     "drain_logs",
     "finish_logging",
     "holding",
+    "log_incident",
     "merge_request",
     "say",
     "stderr_is_journal",
@@ -329,6 +331,25 @@ def finish_logging(timeout: float = 2.0) -> bool:
     Returns whether nothing is left held (True when stderr is not a pipe or a socket).
     """
     return _WRITER.finish(timeout) if _WRITER is not None else True
+
+
+def log_incident(logger: Any, event: str, **fields: Any) -> str:
+    """Log the exception being handled, traceback and all, under a fresh incident id.
+
+    The one shape of an unexpected failure, whatever face met it: the ``reload`` RPC's (and
+    every method's, ``dispatch``) and SIGHUP's reload, which has no caller to answer.
+
+    Args:
+        logger: The structlog logger to log on.
+        event: The event's name.
+        fields: More key-value pairs for the line.
+
+    Returns:
+        The incident id (12 hex digits), for the caller's answer.
+    """
+    incident = uuid.uuid4().hex[:12]
+    logger.exception(event, incident=incident, **fields)
+    return incident
 
 
 def writes_stderr() -> bool:

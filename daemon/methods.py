@@ -278,8 +278,8 @@ class Handlers:
         """Rescan tool sets and answer what changed."""
         p = params_check.reload_args(self._named(params))
         workspace = self.service.workspace(p.workspace)
-        config = self._reload_config() if self._reload_config is not None else None
         if workspace is not None:
+            config = self._reload_config() if self._reload_config is not None else None
             await self.service.catalog(workspace)
             outcome = await self.reload_catalogs([None, workspace])
             catalog = outcome.catalogs.get(workspace)
@@ -288,7 +288,7 @@ class Handlers:
             changed = [c.to_wire() for c in outcome.changes.get(workspace, ())]
             notes = [note_info(n) for n in catalog.notes]
         else:
-            outcome = await self.reload_catalogs(None)
+            config, outcome = await self.reload_all()
             changed = [c.to_wire() for c in outcome.all_changes()]
             seen: dict[tuple[str, str | None, str], dict[str, Any]] = {}
             for catalog in outcome.catalogs.values():
@@ -308,6 +308,16 @@ class Handlers:
             raise rpc_errors.MethodNotFound("Method not found: this daemon keeps no metrics.")
         text, content_type = self._metrics_text()
         return {"contentType": content_type, "text": text}
+
+    async def reload_all(self) -> tuple[dict[str, Any] | None, ReloadOutcome]:
+        """The config file, then every catalog: ``reload`` without a workspace, and SIGHUP's.
+
+        Returns:
+            ``reload``'s ``config`` member (None without a config reloader), and what the
+            catalogs' reload found.
+        """
+        config = self._reload_config() if self._reload_config is not None else None
+        return config, await self.reload_catalogs(None)
 
     async def reload_catalogs(
         self, workspaces: Iterable[Path | None] | None, reported: Reported | None = None

@@ -296,7 +296,8 @@ def test_readme_documentation_table_names_every_page() -> None:
 
 def _logged_events() -> dict[str, tuple[set[str], set[str]]]:
     """Each event name the three packages log, with the levels and the keyword fields of
-    its calls: ``log.<level>("name", ...)``, setcache's ``_warn_once("name", ...)`` (a
+    its calls: ``log.<level>("name", ...)``, ``log_incident(log, "name", ...)`` (an error,
+    with ``incident``), setcache's ``_warn_once("name", ...)`` (a
     warning), the acceptors' ``<prefix>_failed|_retry|_resumed`` (a ``Shortage`` of its
     own: ``_retry|_resumed``) and the log writer's own
     ``log_lines_dropped``."""
@@ -329,6 +330,13 @@ def _logged_events() -> dict[str, tuple[set[str], set[str]]]:
                     prefix = node.args[1] if len(node.args) > 1 else None
                     if isinstance(prefix, ast.Constant) and isinstance(prefix.value, str):
                         shortages.add(prefix.value)
+                    continue
+                if name == "log_incident" and len(node.args) > 1:
+                    # logs.log_incident(logger, "name", ...): an error, with its incident id
+                    event = node.args[1]
+                    if isinstance(event, ast.Constant) and isinstance(event.value, str):
+                        fields = {k.arg for k in node.keywords if k.arg}
+                        add(event.value, "error", fields | {"incident"})
                     continue
                 if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
                     continue
