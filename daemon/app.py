@@ -17,7 +17,7 @@ opens the top-level task group:
    ``READY=1`` is sent once the listener accepts calls; a ``STATUS=`` line with the load
    follows whenever it changes (checked every ``status_interval`` seconds), and
    ``WATCHDOG=1`` every half ``WATCHDOG_USEC`` when systemd asks for it;
-4. SIGHUP reloads; the first SIGTERM or SIGINT starts a graceful stop (``STOPPING=1``,
+4. SIGHUP reloads; the first SIGTERM, SIGINT or SIGQUIT starts a graceful stop (``STOPPING=1``,
    the listener closes, in-flight calls get ``shutdown_grace`` seconds, then they are
    cancelled and their process groups killed, the connections closed after their last
    answer); a second one stops at once: every registered process group is SIGKILLed
@@ -453,7 +453,7 @@ async def run_daemon(
     task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED,
     process_exit: bool = False,
 ) -> None:
-    """Run the daemon until SIGTERM or SIGINT (or cancellation).
+    """Run the daemon until SIGTERM, SIGINT or SIGQUIT (or cancellation).
 
     Args:
         options: How to run.
@@ -991,7 +991,7 @@ async def _handle_signals(
         notifier.stopping()
         tg.start_soon(_graceful_stop, state, server, handlers, listener, state.http)
         async for again in signals:
-            if again in (signal.SIGTERM, signal.SIGINT):
+            if again in _STOP_SIGNALS:
                 log.info(
                     "stop_forced",
                     signal=signal.Signals(again).name,
@@ -1348,10 +1348,16 @@ def _stdout_failed(exc: OSError) -> int:
     return 1
 
 
+#: The signals that stop the daemon: the first gracefully, a second (of any of them) at
+#: once. SIGQUIT too (a terminal's Ctrl-\, a supervisor's stop signal, as nginx and
+#: php-fpm take it): at its default action it ended the daemon with no cleanup at all (the
+#: socket and lock files left behind, the tools left to the orphan guard, a core dump of
+#: the interpreter that tells an operator nothing).
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
 #: The signals the daemon's handlers take (``_handle_signals``), and those of them that
 #: are only logged.
 _IGNORED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
-_HANDLED_SIGNALS = (signal.SIGHUP, signal.SIGTERM, signal.SIGINT, *_IGNORED_SIGNALS)
+_HANDLED_SIGNALS = (signal.SIGHUP, *_STOP_SIGNALS, *_IGNORED_SIGNALS)
 
 #: What the init passes on to the daemon (``_init_for_the_daemon``).
 _INIT_FORWARDS = (

@@ -262,7 +262,39 @@ def test_sigusr1_and_sigusr2_are_logged_and_end_no_daemon(
         d.stop()
 
 
-@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGUSR1, signal.SIGINT])
+def test_sigquit_stops_the_daemon_as_sigterm_does(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """SIGQUIT (a terminal's Ctrl-\\, a supervisor whose stop signal it is) was left at its
+    default action: the daemon died at once, its socket file left behind and its tools left
+    to the orphan guard, a call's caller answered by nothing but a closed connection. It
+    is a stop like SIGTERM now: the call in flight is cancelled and answered, the socket
+    removed, exit 0."""
+    d, _ = _configured(tmp_base, "shutdown-grace = 0.2\nkill-grace = 0.2\n", "--no-watch")
+    try:
+        with d.raw(timeout=30) as conn:
+            conn.send({"jsonrpc": "2.0", "method": "invoke", "id": 1,
+                       "params": {"tool": "sleepy", "arguments": {}, "workspace": str(workspace)}})
+            eventually(
+                lambda: any(e["event"] == "call_started" for e in d.log_events()),
+                what="the call started",
+            )
+            d.proc.send_signal(signal.SIGQUIT)
+            reply = conn.receive()
+            while reply.get("id") != 1:
+                reply = conn.receive()
+        assert reply["result"]["status"] == "cancelled", reply
+        assert d.proc.wait(timeout=20) == 0, d.log()[-2000:]
+        stops = [e for e in d.log_events() if e["event"] == "stop_requested"]
+        assert [e["signal"] for e in stops] == ["SIGQUIT"]
+        assert not d.socket.exists()
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGUSR1, signal.SIGINT, signal.SIGQUIT])
 def test_a_signal_during_the_last_of_a_graceful_stop_changes_nothing(
     ops_home: Path, workspace: Path, tmp_base: Path, signum: signal.Signals
 ) -> None:
@@ -1243,7 +1275,8 @@ def test_a_daemon_started_with_signals_ignored_reports_exit_codes_and_ignores_no
         ignored = {name for name in _IGNORED_BY_LAUNCHER if mask >> (signal.Signals[name] - 1) & 1}
         assert ignored == {"SIGTTOU"}, text
         restored = [e for e in d.log_events() if e.get("event") == "signals_restored"]
-        assert [sorted(e["signals"]) for e in restored] == [["SIGALRM", "SIGCHLD", "SIGQUIT"]]
+        # SIGQUIT is no longer ignored either: the daemon handles it (a stop, as SIGTERM).
+        assert [sorted(e["signals"]) for e in restored] == [["SIGALRM", "SIGCHLD"]]
         assert d.stop(signal.SIGTERM, timeout=20) == 0
     finally:
         if d.proc.poll() is None:
