@@ -232,6 +232,23 @@ def test_daemon_stale_socket_is_replaced(home: Path, workspace: Path, tmp_base: 
     assert not (tmp_base / "s.sock").exists()
 
 
+def test_daemon_killed_by_sigkill_leaves_a_socket_the_next_start_replaces(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A daemon SIGKILLed (the OOM killer, ``kill -9``) removes nothing: its socket and
+    lock files stay. The next start on that path takes the lock (the kernel dropped the
+    dead one's), finds nobody listening, replaces the socket and serves."""
+    first = start_daemon(home, workspace, tmp_base)
+    assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+    assert (tmp_base / "s.sock").exists()  # left behind: what the next start must judge
+    d = start_daemon(home, workspace, tmp_base)
+    try:
+        assert "result" in d.call("status")
+    finally:
+        assert d.stop() == 0
+    assert not (tmp_base / "s.sock").exists()
+
+
 def test_daemon_logs_never_hold_argument_values(shared: Daemon, workspace: Path) -> None:
     """The argument JSON of a call never reaches the log."""
     secret = "s3cr3t-token-value"
