@@ -71,7 +71,6 @@ from .logs import (
     holding,
     log_incident,
     say,
-    writes_stderr,
 )
 from .methods import Handlers
 from .metrics import Metrics, MetricsSources, bind_metrics, serve_metrics
@@ -1458,11 +1457,11 @@ def _exit_code(exc: BaseException) -> int:
         return 1
     if any(isinstance(e, KeyboardInterrupt) for e in leaves):
         return 130
-    if writes_stderr():
-        # Printed by the interpreter, the traceback would wait for a stalled reader forever.
-        say("".join(traceback.format_exception(exc)).rstrip("\n"))
-        return 1
-    raise exc
+    # Said, never raised for the interpreter to print: printed by it, the traceback would
+    # wait for a stalled reader forever, and reached a terminal or a CI job's log raw (an
+    # exception's message quotes paths and values: an ESC sequence, a "::set-output" line).
+    say("".join(traceback.format_exception(exc)).rstrip("\n"))
+    return 1
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

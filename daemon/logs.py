@@ -48,7 +48,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 import structlog
-from toolsetd.protocol.printable import inert_json
+from toolsetd.protocol.printable import inert_json, inert_line, printable
 
 __all__ = [
     "HELD_LOG_BYTES",
@@ -66,7 +66,6 @@ __all__ = [
     "merge_request",
     "say",
     "stderr_is_journal",
-    "writes_stderr",
 ]
 
 LogFormat = Literal["json", "console"]
@@ -352,9 +351,10 @@ def log_incident(logger: Any, event: str, **fields: Any) -> str:
     return incident
 
 
-def writes_stderr() -> bool:
-    """Whether log lines go to stderr through the non-blocking writer (a pipe, a socket)."""
-    return _WRITER is not None
+def _inert_lines(text: str) -> str:
+    """``text`` with its lines kept, each shown by a terminal and a CI runner, not obeyed
+    (``printable``, then ``inert_line``)."""
+    return "\n".join(inert_line(printable(line)) for line in text.split("\n"))
 
 
 def say(text: str) -> None:
@@ -364,7 +364,13 @@ def say(text: str) -> None:
 
     On the journal each line starts ``<3>``: unprefixed, journald filed it at the stream's
     default priority (info), and ``journalctl -p warning`` left out why the daemon stopped.
+
+    Each line is shown, not obeyed (``_inert_lines``, as the console log's): the message
+    quotes paths, keys and values from flags, the environment, a config file or a checkout
+    (a socket folder named with an ESC sequence, a key named ``##vso[task.setvariable
+    ...]``), which reached a terminal or a CI job's log raw. Nothing parses these lines.
     """
+    text = _inert_lines(text)
     if stderr_is_journal():
         text = _with_priority(PRIORITIES["error"], text)
     writer = _WRITER
@@ -442,12 +448,10 @@ def _printable_values(
 
     The ``exception`` traceback keeps its lines (its other controls are escaped).
     """
-    from toolsetd.protocol.printable import inert_line, printable  # the console form's only
-
     for key, value in event.items():
         if isinstance(value, str):
             if key == "exception":
-                event[key] = "\n".join(inert_line(printable(line)) for line in value.split("\n"))
+                event[key] = _inert_lines(value)
             else:
                 event[key] = inert_line(printable(value))
     return event

@@ -156,3 +156,21 @@ def test_an_embedded_daemon_leaves_its_host_programs_ignored_signals_alone() -> 
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[-1:] == ["kept"], done.stdout + done.stderr
+
+
+def test_a_crash_traceback_is_said_shown_not_obeyed(capfd: pytest.CaptureFixture[str]) -> None:
+    """What ended the daemon unexpectedly was raised for the interpreter to print when
+    stderr was a terminal or a file: raw, an exception's message (it quotes paths and
+    values) put ESC sequences on the terminal and CI runner commands in a job's log. It is
+    said now, as through a pipe, each line shown and not obeyed, and the exit code is 1."""
+    from toolsetd.daemon.app import _exit_code
+
+    try:
+        raise RuntimeError("in /tmp/\x1b]0;pwned\x07x\n::set-output name=a::b ##vso[task.x]y")
+    except RuntimeError as exc:
+        assert _exit_code(exc) == 1
+    err = capfd.readouterr().err
+    assert "Traceback (most recent call last):" in err
+    assert "\x1b" not in err and "\x07" not in err
+    assert "##vso[" not in err
+    assert not any(line.lstrip().startswith("::") for line in err.splitlines()), err

@@ -736,6 +736,42 @@ def test_a_start_without_a_home_directory_says_so(
         assert not sock.exists()
 
 
+@pytest.mark.parametrize("stderr_kind", ["pipe", "file"])
+def test_a_start_error_quoting_hostile_text_is_shown_not_obeyed(
+    tmp_base: Path, stderr_kind: str
+) -> None:
+    """A start-up error quotes what it was given: a config key, a socket folder's path.
+    ConfigError escaped its control characters, but a CI runner's commands (``##vso[``,
+    ``##[``) reached the job's log as commands, and a SocketPathError printed a path's ESC
+    sequences raw to the terminal. Each line on the daemon's stderr is shown, not obeyed,
+    whether stderr is a pipe (the log writer) or a file."""
+    hostile = "a\x1b]0;pwned\x07##vso[task.setvariable variable=X]1"
+    in_toml = hostile.replace("\x1b", "\\u001b").replace("\x07", "\\u0007")
+    key = tmp_base / "hostile.toml"
+    key.write_text(f'"{in_toml}" = 1\n')
+    folder = tmp_base / hostile
+    folder.write_text("")  # a file where the socket's folder must be
+    cases = [
+        (["--config", str(key), "--socket", str(tmp_base / "s.sock")], 2, "unknown key"),
+        (["--config", str(_config(tmp_base, "")), "--socket", str(folder / "s.sock")], 1,
+         "is not a directory"),
+    ]
+    for flags, code, said in cases:
+        argv = [sys.executable, "-m", "toolsetd.daemon", "--home", str(tmp_base / "home"), *flags]
+        env = {**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")}
+        err_path = tmp_base / "err.log"
+        with open(err_path, "wb") as err_file:
+            done = subprocess.run(  # noqa: S603
+                argv, stdout=subprocess.DEVNULL, timeout=20, check=False, env=env,
+                stderr=subprocess.PIPE if stderr_kind == "pipe" else err_file,
+            )
+        err = (done.stderr or err_path.read_bytes()).decode()
+        assert done.returncode == code, err
+        assert said in err, err
+        assert "\x1b" not in err and "\x07" not in err, err
+        assert "##vso[" not in err and "\\x23#vso[" in err, err
+
+
 def _status_as(path: Path, uid: int, gid: int, groups: list[int]) -> int:
     """A status request from a forked child running as ``uid``/``gid`` with ``groups``:
     0 when answered, 3 when refused as PeerNotAllowed, 1 otherwise."""
