@@ -2110,10 +2110,12 @@ def _say(text: str) -> None:
 
     What the line quotes (an option as typed, the socket path, the daemon's words) is shown
     with its control characters escaped, as every other command shows them: an ESC in
-    ``toolsetctl mcp --x$'\\e]0;...'`` or in ``$TOOLSETD_SOCKET`` reached the terminal."""
-    from toolsetd.protocol.printable import printable  # re: loaded with json already
+    ``toolsetctl mcp --x$'\\e]0;...'`` or in ``$TOOLSETD_SOCKET`` reached the terminal. And
+    no CI runner takes it for a command (``inert_line``, as ``render``'s lines): a socket
+    path holding ``##vso[``, or a newline then ``::add-mask::``, was one in a job's log."""
+    from toolsetd.protocol.printable import inert_line, printable  # re: loaded with json
 
-    text = "\n".join(printable(line) for line in text.split("\n"))
+    text = "\n".join(inert_line(printable(line)) for line in text.split("\n"))
     try:
         sys.stderr.write(text)
         sys.stderr.flush()

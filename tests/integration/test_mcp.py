@@ -1837,6 +1837,26 @@ def test_mcp_failure_lines_show_control_characters_escaped(
 
 
 @pytest.mark.parametrize(
+    "socket_name",
+    ["s##vso[task.setvariable variable=A]1.sock", "s\n::add-mask::x\n  ::set-output name=a::b.sock"],
+)
+def test_mcp_failure_lines_command_no_ci_runner(tmp_base: Path, socket_name: str) -> None:
+    """The pump's own stderr lines escaped control characters but not a CI runner's
+    commands: a socket path (``--socket``, ``$TOOLSETD_SOCKET``, built from a branch or a
+    checkout's name in a job) holding ``##vso[`` set a pipeline variable, and one holding a
+    newline put ``::add-mask::`` at the start of a line of the job's log (a host that logs
+    its servers' stderr does). They are shown, not obeyed, as toolsetctl's other output."""
+    argv = [PY, "-m", "toolsetd.client", "--socket", str(tmp_base / socket_name), "mcp",
+            "--no-autostart"]
+    proc = subprocess.run(argv, input=b"", capture_output=True, timeout=20, check=False)
+    assert proc.returncode == 5, proc.stderr
+    err = proc.stderr.decode()
+    assert "toolsetctl mcp: " in err
+    assert "##vso[" not in err, err
+    assert not any(line.lstrip().startswith("::") for line in err.splitlines()), err
+
+
+@pytest.mark.parametrize(
     ("options", "code"),
     [
         (["-w", "mcp", "--format", "json", "--home", "/nonexistent"], 5),
