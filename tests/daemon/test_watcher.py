@@ -416,6 +416,48 @@ async def test_folders_gone_at_start_after_start_while_they_move_restart_quietly
     assert len(calls) > _GONE_RESTARTS + 1
 
 
+async def test_starts_that_raced_moving_folders_leave_the_bound_for_still_ones_whole(
+    layout: Layout,
+) -> None:
+    """The bound of ``_GONE_RESTARTS`` quiet restarts holds for failures while the folders
+    stand still (docs/operations.md). The starts that raced a long ``rm -rf`` counted
+    towards it too: once the removal was over, the next failure whose folder stands
+    still (made again under its inode number) warned ``watch_unavailable`` at once, and
+    the daemon sat on its poll for ``retry_seconds``."""
+    home, _ = layout
+    doomed = [home / "tools" / f"s{n}" for n in range(2 * _GONE_RESTARTS)]
+    for folder in doomed:
+        folder.mkdir()
+    calls: list[tuple[Path, ...]] = []
+    watching = anyio.Event()
+
+    async def removing_then_still(
+        *paths: Path, stop_event: anyio.Event, **kwargs: Any
+    ) -> AsyncIterator[Batch]:
+        calls.append(paths)
+        if doomed:
+            shutil.rmtree(doomed.pop())  # the rm -rf got one folder further
+            raise FileNotFoundError("No such file or directory (os error 2)")
+        if len(calls) == 2 * _GONE_RESTARTS + 1:  # nothing moved: gone and made again
+            raise FileNotFoundError("No such file or directory (os error 2)")
+        watching.set()
+        await stop_event.wait()
+        yield set()  # pragma: no cover - makes this an async generator
+
+    watcher = Watcher(
+        # A short retry: an unavailable watch is started again soon, and the test ends.
+        home, Recorder(), settle_seconds=60.0, recheck_seconds=0.05, retry_seconds=0.1,
+        watch_factory=removing_then_still,
+    )
+    with capture_logs() as logs, anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            await watching.wait()
+            tg.cancel_scope.cancel()
+    assert "watch_unavailable" not in [e["event"] for e in logs]
+    assert len(calls) == 2 * _GONE_RESTARTS + 2
+
+
 async def test_a_folder_gone_at_every_start_makes_the_watch_unavailable(layout: Layout) -> None:
     """A watch that fails with FileNotFoundError start after start is no race with a
     folder that went: after a few quiet restarts it is unavailable (``watch_unavailable``,
