@@ -635,7 +635,9 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
         # every handler, as the deep value's did: a traceback at start, an internal error
         # for the reload RPC, and the daemon's end on SIGHUP.
         limit = sys.get_int_max_str_digits()
-        found = re.search(rf"[0-9_]{{{limit or 1},}}", text)
+        # From a run's first digit only: tried from each, a run just short of the limit
+        # was read to its end once a digit, its length squared (seconds on the loop).
+        found = re.search(rf"(?<![0-9_])[0-9_]{{{limit or 1},}}", text)
         long_line = text.count("\n", 0, found.start()) + 1 if found is not None else None
         raise ConfigError(
             f"holds an integer of more than {limit:,} digits, which toolsetd does not read; "

@@ -487,9 +487,8 @@ class Watcher:
                 await self._watch(dirs, stop)
             except Exception as exc:  # any failure of the watch degrades to polling
                 cause = _cause(exc)
-                gone = _folder_gone(cause) and (
-                    await threads.run_sync(_moved, dirs) or self._gone_restarts < _GONE_RESTARTS
-                )
+                moved = _folder_gone(cause) and await threads.run_sync(_moved, dirs)
+                gone = moved or (_folder_gone(cause) and self._gone_restarts < _GONE_RESTARTS)
                 if gone:
                     # A folder the probe listed went before the watch watched it: the
                     # watch works, over the folders a fresh probe lists. Degraded, it
@@ -498,8 +497,12 @@ class Watcher:
                     # came back under its inode number. Quiet as long as folders keep
                     # moving (a long ``rm -rf``: each start races it), else a few times in
                     # a row (one made again under its inode number looks unmoved). What
-                    # changed meanwhile was seen by no event: probed now.
-                    self._gone_restarts += 1
+                    # changed meanwhile was seen by no event: probed now. Only a failure
+                    # whose folders stand still counts: counted too, the starts that raced
+                    # a long rm -rf used up the bound, and the first still one at its end
+                    # (a folder made again under its inode number) warned at once.
+                    if not moved:
+                        self._gone_restarts += 1
                     self._schedule_poll(0.0)
                 if gone or _undecodable_name(cause):
                     # A name in a watched folder that is not UTF-8 (a Latin-1 folder a

@@ -641,3 +641,23 @@ def test_settings_seconds_past_a_doubles_range_are_judged_as_inf(tmp_path: Path)
     _write(tmp_path, f"kill-grace = {huge}\n")
     with pytest.raises(ConfigError, match="must be a finite number of seconds"):
         reload_settings(running, _args("--config", str(tmp_path / "toolsetd.toml")), {})
+
+
+def test_the_line_of_an_integer_past_the_digit_limit_is_found_in_one_pass(
+    tmp_path: Path,
+) -> None:
+    """The line of the integer tomllib refused was looked for with ``[0-9_]{limit,}``,
+    which from each digit of a shorter run went to that run's end again: runs just under
+    the limit (in strings, which tomllib reads) cost their length squared, on the event
+    loop of a reload (5 s for a 1 MiB file at 4,300 digits; far more where
+    ``PYTHONINTMAXSTRDIGITS`` raises the limit, as here). Each run is now read once."""
+    old = sys.get_int_max_str_digits()
+    limit = 100_000
+    sys.set_int_max_str_digits(limit)
+    try:
+        runs = "".join(f'k{n} = "{"1" * (limit - 1)}"\n' for n in range(9))
+        path = _write(tmp_path, f"{runs}max-running = 1{'0' * limit}\n")
+        with pytest.raises(ConfigError, match=r"toolsetd\.toml:10: holds an integer of more"):
+            _load(path)
+    finally:
+        sys.set_int_max_str_digits(old)
