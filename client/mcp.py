@@ -581,8 +581,6 @@ class _Pump:
         #: (-32010: it started nothing) waits for the next daemon (``_refused``).
         self.calls: dict[object, bytes] = {}
         self.calls_bytes = 0
-        #: The pump's pings (``flush_id``) the daemon has not answered yet.
-        self.flushing = 0
         #: The daemon's requests to the host not answered yet: host key -> (host id, daemon
         #: id); after a restart the pump renames them (``_RENAMED``).
         self.asked: dict[object, tuple[object, object]] = {}
@@ -911,7 +909,6 @@ class _Pump:
         line.feed(tail)
         found = line.request(modern=self.initialize is None)
         answered = line.answered() if line.answer else None
-        flush = False
         with self.lock:
             sock = self.sock
             whole = sock is not None and sock is self._streaming_to
@@ -922,11 +919,6 @@ class _Pump:
                     self.in_flight[found[0]] = found[1]
                 else:
                     self.replies.append(_gone_answer(found[1], "cut"))
-                    # Counted with the daemon it goes to: a daemon lost after this lock
-                    # resets the count, which a second section here would then raise.
-                    flush = sock is not None
-                    if flush:
-                        self.flushing += 1
         if whole and sock is not None:
             self._send(sock, tail)
         elif asked is not None and sock is not None:
@@ -942,7 +934,7 @@ class _Pump:
             self._send(sock, json.dumps(failed).encode() + b"\n")
         elif found is not None:
             self.wake.set()  # a reconnecting pump writes it
-            if flush and sock is not None:  # one copying a daemon's lines: after the next
+            if sock is not None:  # one copying a daemon's lines: after the next
                 ping = {"jsonrpc": "2.0", "id": self.flush_id, "method": "ping"}
                 self._send(sock, json.dumps(ping).encode() + b"\n")
 
@@ -1135,9 +1127,7 @@ class _Pump:
                 with self.lock:
                     self.asked[_key(host_id)] = (host_id, value)
                 return head
-            if value == self.flush_id and self.flushing:
-                with self.lock:
-                    self.flushing -= 1
+            if value == self.flush_id:  # no host id has the pump's token (``token``)
                 return b""  # the answer to the pump's ping: its answers follow this line
             if key is not None and key == self._swallow:
                 self._swallow = None
@@ -1258,7 +1248,6 @@ class _Pump:
             self.in_flight.clear()
             self.calls.clear()
             self.calls_bytes = 0
-            self.flushing = 0  # their daemon is gone
             if keep_listens:
                 for entry in entries:
                     if entry[1] == _LISTEN and entry[2]:
