@@ -147,6 +147,8 @@ _REPLAY_ID = "toolsetctl-mcp-initialize-"
 _RENAMED = "toolsetctl-mcp-{}:"
 #: What follows the id in the head of a stopping daemon's refusal of a call (ShuttingDown).
 _REFUSED_STOPPING = ',"error":{"code":-32010'
+#: ... of its refusal of a request whose id is in flight already (InvalidRequest).
+_REFUSED_DOUBLE = ',"error":{"code":-32600'
 _VERSION_META = "io.modelcontextprotocol/protocolVersion"
 #: What follows the id in the head of an initialize's result: the daemon puts the protocol
 #: version first (``tests/integration/test_mcp_reconnect.py`` pins it).
@@ -576,6 +578,12 @@ class _Pump:
         #: The host's requests sent to this daemon and not answered (key -> ``_Entry``):
         #: the pump answers them when the daemon goes away.
         self.in_flight: dict[object, _Entry] = {}
+        #: The host's requests sent under an id in flight already (key -> entries, in the
+        #: order sent; MCP forbids it, JSON-RPC leaves it to the host): the daemon refuses
+        #: each (-32600, ``_REFUSED_DOUBLE``) while the first is in flight, or serves it
+        #: when it had answered the first before reading it. Each response under the id
+        #: ends one of them (``_ended``): a refusal the last sent, any other the first.
+        self.doubles: dict[object, list[_Entry]] = {}
         #: The lines of the ``tools/call`` requests in flight (key -> line), up to
         #: ``_WAITING_MAX`` bytes in all (``calls_bytes``): one a stopping daemon refuses
         #: (-32010: it started nothing) waits for the next daemon (``_refused``).
@@ -756,8 +764,7 @@ class _Pump:
                 # pump withdraws that question; so is a cancel (``_host_notification``).
                 if not answer and not cancel:
                     with self.lock:
-                        if entry is not None and self.in_flight.get(key) is entry:
-                            del self.in_flight[key]
+                        if entry is not None and self._unsent(key, entry):
                             self._drop_call(key)
                             if first:
                                 self.initialize = None
@@ -801,11 +808,51 @@ class _Pump:
         the session's first initialize is the one a new daemon is given again (one that
         waited for the new daemon is sent as itself, not replayed as well). Whether it is
         that first initialize."""
-        self.in_flight[key] = entry
+        self._in_flight(key, entry)
         if entry[1] == "initialize" and self.initialize is None:
             self.initialize = (key, entry[3])
             return True
         return False
+
+    def _in_flight(self, key: object, entry: _Entry) -> None:
+        """A host request is in flight now (``lock`` held): under an id in flight already,
+        it is one more (``doubles``), and the first stays tracked."""
+        if key in self.in_flight:
+            self.doubles.setdefault(key, []).append(entry)
+        else:
+            self.in_flight[key] = entry
+
+    def _ended(self, key: object, *, refused: bool = False) -> tuple[_Entry | None, bool]:
+        """The request a response (or a cancel) under ``key`` ends, no longer in flight
+        (``lock`` held), and whether it was one sent under an id in flight already. A
+        refusal (``refused``: the daemon's -32600) ends the last sent, any other the first,
+        the next then standing first."""
+        entry = self.in_flight.pop(key, None)
+        doubles = self.doubles.get(key)
+        if entry is None or not doubles:
+            return entry, False
+        if refused:
+            self.in_flight[key], ended = entry, doubles.pop()
+        else:
+            self.in_flight[key], ended = doubles.pop(0), entry
+        if not doubles:
+            del self.doubles[key]
+        return ended, refused
+
+    def _unsent(self, key: object, entry: _Entry) -> bool:
+        """A host request whose send failed is not in flight (``lock`` held); whether it
+        was."""
+        doubles = self.doubles.get(key, [])
+        for i, double in enumerate(doubles):
+            if double is entry:
+                del doubles[i]
+                if not doubles:
+                    del self.doubles[key]
+                return True
+        if self.in_flight.get(key) is not entry:
+            return False
+        self._ended(key)
+        return True
 
     def _opening(self, key: object, entry: _Entry) -> None:
         """A host request goes to the daemon as the host sent it (``lock`` held): a listen
@@ -852,7 +899,7 @@ class _Pump:
             # listen ends there) or none; held, it could be dropped past ``_WAITING_MAX``
             # while its request went on, and ran.
             with self.lock:  # a cancelled request gets no answer, from the pump neither
-                reaches = self.in_flight.pop(key, None) is not None
+                reaches = self._ended(key)[0] is not None
                 self._drop_call(key)
                 self.listens.pop(key, None)  # nor is a cancelled listen sent again
                 self._listen_over(key)
@@ -916,7 +963,7 @@ class _Pump:
             if found is not None:
                 if whole:
                     self._room_for(found[1][0])
-                    self.in_flight[found[0]] = found[1]
+                    self._in_flight(*found)
                 else:
                     self.replies.append(_gone_answer(found[1], "cut"))
         if whole and sock is not None:
@@ -1152,7 +1199,11 @@ class _Pump:
             if value is None and after.startswith(',"error":{"code":-32007'):
                 self._too_large = True
             with self.lock:
-                entry = self.in_flight.pop(key, None) if key is not None else None
+                entry, double = self._ended(key, refused=after.startswith(_REFUSED_DOUBLE))
+                if double:  # the first sent under its id is in flight still
+                    if not complete:
+                        self._line_entry = (key, entry)
+                    return head
                 line = self._drop_call(key) if entry is not None else None
                 if line is not None and complete and after.startswith(_REFUSED_STOPPING):
                     # A stopping daemon refused the call before it started anything (a
@@ -1239,13 +1290,16 @@ class _Pump:
         self._held.clear()  # a shorter one: never shown
         if self._line_entry is not None:  # its answer was that line
             with self.lock:
-                self.in_flight.setdefault(*self._line_entry)
+                self._in_flight(*self._line_entry)
         self._mode, self._line_entry = 0, None
         self._head.clear()
         self._swallow = None
         with self.lock:
             entries = list(self.in_flight.values())
+            for doubles in self.doubles.values():
+                entries.extend(doubles)
             self.in_flight.clear()
+            self.doubles.clear()
             self.calls.clear()
             self.calls_bytes = 0
             if keep_listens:

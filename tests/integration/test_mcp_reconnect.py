@@ -351,6 +351,36 @@ def test_sigkill_mid_call_is_answered_by_the_pump(
             assert close(pump) == 0
 
 
+def test_a_request_under_an_id_in_flight_leaves_the_first_answered_at_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A host that sends a request under the id of one in flight (MCP forbids it) has it
+    refused by the daemon (-32600, under that id), which serves the first. The pump took
+    the refusal for the first's answer: when the daemon was killed under the call, nobody
+    answered it, and the host waited for ever."""
+    pid_file = workspace / "sleeper.pid"
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        try:
+            initialize(pump)
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "sleeper", "arguments": {}}})
+            eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
+            refused = pump.request(2, "ping")
+            assert refused["error"]["code"] == -32600, refused
+            assert "already in flight" in refused["error"]["message"], refused
+            d.proc.kill()
+            d.proc.wait()
+            restart(started, home, workspace, tmp_base)
+            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+            seen = receive_until(pump, answer_to(3))
+            gone = [m for m in seen if m.get("id") == 2]
+            assert len(gone) == 1, str(seen)[:500]
+            assert "may have run" in gone[0]["result"]["content"][0]["text"], gone
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
 def test_a_question_pending_across_a_restart_is_withdrawn(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
