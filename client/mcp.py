@@ -135,6 +135,11 @@ _HELD_LINE_MAX = 16 << 20
 #: own answers between the daemon's lines (``_Pump._long_line_end``), before the pump's
 #: random token (``_Pump.token``).
 _FLUSH_ID = "toolsetctl-mcp-flush-"
+#: ... of its ping sent behind a host line over ``_HELD_LINE_MAX`` that the pump read as a
+#: request, whose answer says whether the daemon parsed that line (``_Pump.verdict``).
+_VERDICT_ID = "toolsetctl-mcp-verdict-"
+#: The key of a host line the daemon answers with a parse error (id null).
+_UNPARSED = object()
 #: The bytes of a daemon line read for its id (more when the host's ids are long).
 _HEAD = 256
 _ID_HEAD = b'{"jsonrpc":"2.0","id":'
@@ -575,6 +580,23 @@ class _Pump:
         #: ping was out had its answer swallowed, and the ping's ``{}`` given to it.
         self.token = os.urandom(12).hex()
         self.flush_id = _FLUSH_ID + self.token
+        self.verdict_id = _VERDICT_ID + self.token
+        #: A host line over ``_HELD_LINE_MAX`` read as a request (key, entry) that went to
+        #: the daemon whole, with ``unparsed_sent`` then, until the pump's ping behind it
+        #: (``verdict_id``) is answered: the host's lines wait in the pipe (the stdin
+        #: thread reads no more until ``verdict_done``), so that the parse errors (id null)
+        #: up to that answer are those of the lines up to it. One more than the lines before
+        #: it had (the pump knows which the daemon refuses: ``_host_message``) is its own,
+        #: and it is no longer in flight. Python's json cannot read such a line as it
+        #: streams: a NaN, a lone surrogate or a stray comma within it was taken for a
+        #: request in flight, and a restart answered it, after the daemon's refusal.
+        self.verdict: tuple[object, _Entry, int] | None = None
+        self.verdict_done = threading.Event()
+        self.verdict_done.set()
+        #: The host lines the daemon answers with a parse error sent to this daemon (the
+        #: stdin thread's count), and the parse errors it answered (the main thread's).
+        self.unparsed_sent = 0
+        self._unparsed_seen = 0
         #: The host's requests sent to this daemon and not answered (key -> ``_Entry``):
         #: the pump answers them when the daemon goes away.
         self.in_flight: dict[object, _Entry] = {}
@@ -709,7 +731,7 @@ class _Pump:
         """One whole line of the host's: note it, then send it (or hold it)."""
         message = _host_message(line)
         entry: _Entry | None = None
-        key: object = None
+        key: object = _UNPARSED if message is None and not line.isspace() else None
         answer = False
         cancel = False  # a notifications/cancelled: it never waits for a new daemon
         reaches = False  # it names a request the daemon has (``_host_notification``)
@@ -748,6 +770,8 @@ class _Pump:
                     self._wait(line, key, entry)
                 return
             first = entry is not None and self._sending(key, entry)
+            if key is _UNPARSED:
+                self.unparsed_sent += 1
             if entry is not None:
                 self._opening(key, entry)
                 self._keep_call(key, entry, line)
@@ -964,10 +988,16 @@ class _Pump:
                 if whole:
                     self._room_for(found[1][0])
                     self._in_flight(*found)
+                    self.verdict = (*found, self.unparsed_sent)
+                    self.verdict_done.clear()
                 else:
                     self.replies.append(_gone_answer(found[1], "cut"))
         if whole and sock is not None:
             self._send(sock, tail)
+            if found is not None:  # whether the daemon took it: no line goes before that
+                ping = {"jsonrpc": "2.0", "id": self.verdict_id, "method": "ping"}
+                self._send(sock, json.dumps(ping).encode() + b"\n")
+                self.verdict_done.wait()
         elif asked is not None and sock is not None:
             failed = {
                 "jsonrpc": "2.0",
@@ -1198,6 +1228,15 @@ class _Pump:
                 return b""
             if value is None and after.startswith(',"error":{"code":-32007'):
                 self._too_large = True
+            if value is None and after.startswith(',"error":{"code":-32700'):
+                self._unparsed_seen += 1
+            if value == self.verdict_id:
+                with self.lock:
+                    verdict, self.verdict = self.verdict, None
+                    if verdict is not None and self._unparsed_seen > verdict[2]:
+                        self._unsent(verdict[0], verdict[1])  # refused: no request
+                self.verdict_done.set()
+                return b""
             with self.lock:
                 entry, double = self._ended(key, refused=after.startswith(_REFUSED_DOUBLE))
                 if double:  # the first sent under its id is in flight still
@@ -1294,7 +1333,10 @@ class _Pump:
         self._mode, self._line_entry = 0, None
         self._head.clear()
         self._swallow = None
+        self._unparsed_seen = 0
         with self.lock:
+            self.verdict = None  # taken in flight: it may be
+            self.verdict_done.set()
             entries = list(self.in_flight.values())
             for doubles in self.doubles.values():
                 entries.extend(doubles)
@@ -1445,6 +1487,7 @@ class _Pump:
             legacy = self.initialize is not None
             if not ended:
                 self.generation += 1
+                self.unparsed_sent = 0  # the lines below are this daemon's first
                 if self.initialize is not None:
                     replay_id = f"{_REPLAY_ID}{self.token}-{self.generation}"
                     self._swallow = replay_id
@@ -1493,6 +1536,8 @@ class _Pump:
         """The host's lines that waited, going to the daemon now (``lock`` held)."""
         lines = []
         for line, key, entry in self.waiting:
+            if key is _UNPARSED:
+                self.unparsed_sent += 1
             if entry is not None:
                 self._sending(key, entry)
                 self._opening(key, entry)

@@ -1036,6 +1036,60 @@ def test_a_long_line_nested_past_the_daemons_parser_is_not_answered_at_a_restart
         assert [m for m in seen if m.get("id") == 2] == [], str(seen)[:500]
 
 
+@pytest.mark.parametrize(
+    "wrong", ["[1,,2]", '{"a" 1}', "NaN", '"caf\\udce9"'], ids=["comma", "colon", "nan", "surrogate"]
+)
+def test_a_long_line_the_daemon_cannot_parse_is_not_answered_at_a_restart(
+    wrong: str, sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A line over 16 MiB that is no JSON within its params (a daemon whose line limit is
+    raised takes it): the daemon refuses it as a parse error, whose id is null. The pump
+    reads such a line only for its outer object as it streams, took its call for one in
+    flight, and the restart answered it ("the tool may have run"), after that refusal."""
+    args = ["--max-message-bytes", "40000000"]
+    line = ('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"hello",'
+            f'"arguments":{{"name":"{"x" * 17_000_000}","wrong":{wrong}}}}}}}\n')
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        initialize(pump)
+        pump.send(line.encode())
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        seen = receive_until(pump, answer_to(3))
+        assert [(m["id"], m["error"]["code"]) for m in seen if "error" in m] == [(None, -32700)]
+        d.proc.kill()
+        d.proc.wait()
+        started.append(start_daemon(home, workspace, tmp_base, args))
+        pump.send({"jsonrpc": "2.0", "id": 4, "method": "ping"})
+        seen = receive_until(pump, answer_to(4))
+        assert [m for m in seen if m.get("id") == 2] == [], str(seen)[:500]
+
+
+def test_a_long_line_after_one_the_daemon_cannot_parse_is_answered_at_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """The pump tells whether the daemon took a line over 16 MiB by the parse errors it
+    answered up to then: one of a short line before it (``NaN``, which the pump knows the
+    daemon refuses) is not its own, and its call, in flight, is answered at the restart."""
+    args = ["--max-message-bytes", "40000000"]
+    call = {"name": "sleeper", "arguments": {"pad": "x" * 17_000_000}}
+    pid_file = workspace / "sleeper.pid"
+    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
+        try:
+            initialize(pump)
+            pump.send(b'{"jsonrpc":"2.0","id":5,"method":"ping","params":{"n":NaN}}\n')
+            pump.send({"jsonrpc": "2.0", "method": "tools/call", "params": call, "id": 2})
+            eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
+            assert pump.request(3, "ping")["result"] == {}
+            d.proc.kill()
+            d.proc.wait()
+            gone = receive_until(pump, answer_to(2))[-1]
+            assert "may have run" in gone["result"]["content"][0]["text"], gone
+            restart(started, home, workspace, tmp_base)
+            assert pump.request(4, "ping")["result"] == {}
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
 def test_an_initialize_nested_deeper_than_pythons_json_reads_is_replayed(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
