@@ -639,6 +639,12 @@ class _Pump:
         #: How many bytes of a daemon line's head are read to find its id (grows with the
         #: host's longest id).
         self.head_max = _HEAD
+        #: The longest host line held whole, and parsed (``_host_message``): the bound
+        #: daemon's line limit, which it says in its answer to the bind
+        #: (``maxMessageBytes``), ``_HELD_LINE_MAX`` at most. A longer one goes on as it
+        #: comes, and that daemon refuses it unread (-32007); the pump parsed every line
+        #: up to 16 MiB whole first (16 MiB of ``[],`` took 1.6 s and 420 MB).
+        self.held_max = _HELD_LINE_MAX
         # The main thread's: the daemon line being copied.
         self._head = bytearray()
         self._mode = 0  # 0: at a line's start; _PASS, _DROP or _HOLD: within a line
@@ -704,7 +710,7 @@ class _Pump:
                 self._send_raw(rest)
             elif rest:
                 partial += rest
-                if len(partial) > _HELD_LINE_MAX:
+                if len(partial) > self.held_max:
                     streaming = _LongLine()
                     streaming.feed(partial)
                     with self.lock:  # not ahead of the lines that wait for the gate
@@ -1102,6 +1108,7 @@ class _Pump:
                         _say(f"toolsetctl mcp: {error[1]}\n")
                         return error[0]
                     bound = True
+                    self.held_max = _line_limit(pending[:newline])
                     self.bound.set()
                     _hold_words()
                     data, pending = pending[newline + 1 :], b""
@@ -1472,7 +1479,10 @@ class _Pump:
         line, _, rest = answer.partition(b"\n")
         if rest:  # the daemon sends nothing unasked before the first request
             return EXIT_UNREACHABLE, "unexpected answer to mcp.bind"
-        return _bind_error(line)
+        error = _bind_error(line)
+        if error is None:
+            self.held_max = _line_limit(line)
+        return error
 
     def _resume(self, sock: socket.socket) -> socket.socket | int:
         """The new daemon is bound: restore the session on it, then send what waited."""
@@ -2099,7 +2109,8 @@ def _gone_answer(entry: _Entry, why: str) -> bytes:
     elif why == "cut":
         text = (
             "toolsetd restarted while the request was being sent to it (a line over "
-            f"{_HELD_LINE_MAX} bytes, which the pump does not hold to send again); the "
+            f"{_HELD_LINE_MAX} bytes, or over toolsetd's line limit, which the pump does not "
+            "hold to send again); the "
             "request was not run."
         )
     elif why == "unsent":
@@ -2179,6 +2190,14 @@ def _bind_error(line: bytes) -> tuple[int, str] | None:
         exit_code = _BIND_EXITS.get(code, EXIT_INTERNAL) if type(code) is int else EXIT_UNREACHABLE
         return exit_code, printable(str(error.get("message")))
     return EXIT_UNREACHABLE, "unexpected answer to mcp.bind"
+
+
+def _line_limit(line: bytes) -> int:
+    """The longest host line to hold whole for the daemon whose bind succeeded with
+    ``line``: its ``maxMessageBytes`` (an older daemon says none), ``_HELD_LINE_MAX`` at
+    most."""
+    limit = json.loads(line)["result"].get("maxMessageBytes")
+    return min(limit, _HELD_LINE_MAX) if type(limit) is int and limit > 0 else _HELD_LINE_MAX
 
 
 def _hold_words() -> None:

@@ -547,6 +547,36 @@ def test_a_line_over_the_size_limit_is_not_a_restart(
         assert opened() == probes + 1, d.log_events()  # the pump's one
 
 
+def test_a_line_over_the_daemons_limit_goes_on_unheld(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A host line over the daemon's size limit (``--max-message-bytes`` lowered) goes on
+    as it comes: the daemon refuses it (-32007) before its end, and the pump neither holds
+    it nor parses it whole. The pump held every line up to 16 MiB until its newline and
+    parsed it (16 MiB of ``[],``: 1.6 s and 420 MB), for a daemon that reads none of it."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = start_daemon(home, workspace, tmp_base, ["--max-message-bytes", "100000"])
+        started.append(d)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            with contextlib.suppress(BrokenPipeError):  # the pump may be gone by its end
+                pump.send(b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":'
+                          b'"hello","arguments":{"name":"x","list":[' + b"[]," * 100_000)
+            answered: list[Any] = []
+            reader = threading.Thread(target=lambda: answered.append(pump.receive()))
+            reader.daemon = True
+            reader.start()
+            reader.join(30)  # the line has no end yet: only the pump's streaming answers
+            assert answered, "no answer before the line's end"
+            assert answered[0]["error"]["code"] == -32007, answered
+            assert pump.proc.wait(timeout=30) == 5
+        finally:
+            code = close(pump)
+        assert code == 5
+        assert "over its size limit" in pump.stderr(), pump.stderr()
+
+
 def test_an_initialize_that_waited_for_the_new_daemon_is_sent_once(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
