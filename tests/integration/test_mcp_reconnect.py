@@ -153,6 +153,21 @@ def close(pump: RawPump) -> int:
     return pump.proc.wait()
 
 
+def killed_under_call_2(
+    pump: RawPump, d: Daemon, started: list[Daemon], home: Path, workspace: Path, base: Path
+) -> None:
+    """Kill ``d`` under the host's call of id 2, in flight, and start the next daemon: the
+    pump answers the call once, as one that may have run."""
+    d.proc.kill()
+    d.proc.wait()
+    restart(started, home, workspace, base)
+    pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+    seen = receive_until(pump, answer_to(3))
+    gone = [m for m in seen if m.get("id") == 2]
+    assert len(gone) == 1, str(seen)[:500]
+    assert "may have run" in gone[0]["result"]["content"][0]["text"], gone
+
+
 def test_the_daemons_mcp_lines_begin_with_jsonrpc_then_id_or_method(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
@@ -368,14 +383,7 @@ def test_a_request_under_an_id_in_flight_leaves_the_first_answered_at_a_restart(
             refused = pump.request(2, "ping")
             assert refused["error"]["code"] == -32600, refused
             assert "already in flight" in refused["error"]["message"], refused
-            d.proc.kill()
-            d.proc.wait()
-            restart(started, home, workspace, tmp_base)
-            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
-            seen = receive_until(pump, answer_to(3))
-            gone = [m for m in seen if m.get("id") == 2]
-            assert len(gone) == 1, str(seen)[:500]
-            assert "may have run" in gone[0]["result"]["content"][0]["text"], gone
+            killed_under_call_2(pump, d, started, home, workspace, tmp_base)
         finally:
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
@@ -867,21 +875,27 @@ def test_a_long_line_while_the_replay_is_unanswered_does_not_jump_the_gate(
         assert "was not run" in long[0]["result"]["content"][0]["text"], str(long)[:500]
 
 
+@pytest.mark.parametrize("after_unparsed", [False, True], ids=["alone", "after-a-nan"])
 def test_a_long_line_in_flight_when_its_daemon_dies_is_answered(
-    sets: None, home: Path, workspace: Path, tmp_base: Path
+    after_unparsed: bool, sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """A tools/call over 16 MiB that reached the daemon whole (it went on as it came, the
     pump holding none of it) is in flight like any other: when the daemon is killed under
     it, the pump answers it ("went away ... may have run"). It was never noted, and the
-    host waited for ever."""
+    host waited for ever. The pump tells whether the daemon took it by the parse errors
+    the daemon answered up to it: one of a short line before it (``NaN``, which the pump
+    knows the daemon refuses) is not its own."""
     args = ["--max-message-bytes", "40000000"]
     call = {"name": "sleeper", "arguments": {"pad": "x" * 17_000_000}}
     pid_file = workspace / "sleeper.pid"
     with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
         try:
             initialize(pump)
+            if after_unparsed:
+                pump.send(b'{"jsonrpc":"2.0","id":5,"method":"ping","params":{"n":NaN}}\n')
             pump.send({"jsonrpc": "2.0", "method": "tools/call", "params": call, "id": 2})
             eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
+            assert pump.request(4, "ping")["result"] == {}  # read after the pump's verdict
             d.proc.kill()
             d.proc.wait()
             gone = receive_until(pump, answer_to(2))[-1]
@@ -1030,52 +1044,25 @@ def test_a_request_nested_deeper_than_pythons_json_reads_is_answered_at_a_restar
             initialize(pump)
             pump.send(line.encode())
             eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
-            d.proc.kill()
-            d.proc.wait()
-            restart(started, home, workspace, tmp_base)
-            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
-            seen = receive_until(pump, answer_to(3))
-            gone = [m for m in seen if m.get("id") == 2]
-            assert len(gone) == 1, str(seen)[:500]
-            assert "may have run" in gone[0]["result"]["content"][0]["text"], gone
+            killed_under_call_2(pump, d, started, home, workspace, tmp_base)
         finally:
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
-def test_a_long_line_nested_past_the_daemons_parser_is_not_answered_at_a_restart(
-    sets: None, home: Path, workspace: Path, tmp_base: Path
-) -> None:
-    """A line over 16 MiB nested 1,025 levels, which the daemon's parser refuses (a parse
-    error, id null): the pump, reading it as it went, kept its call in flight, and the
-    restart answered it, "the tool may have run", after the daemon's refusal."""
-    args = ["--max-message-bytes", "40000000"]
-    line = ('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"hello",'
-            f'"arguments":{{"name":"{"x" * 17_000_000}","deep":{"[" * 1022 + "]" * 1022}}}}}}}\n')
-    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
-        initialize(pump)
-        pump.send(line.encode())
-        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
-        seen = receive_until(pump, answer_to(3))
-        assert [m["error"]["code"] for m in seen if "error" in m] == [-32700], str(seen)[:500]
-        d.proc.kill()
-        d.proc.wait()
-        started.append(start_daemon(home, workspace, tmp_base, args))
-        pump.send({"jsonrpc": "2.0", "id": 4, "method": "ping"})
-        seen = receive_until(pump, answer_to(4))
-        assert [m for m in seen if m.get("id") == 2] == [], str(seen)[:500]
-
-
 @pytest.mark.parametrize(
-    "wrong", ["[1,,2]", '{"a" 1}', "NaN", '"caf\\udce9"'], ids=["comma", "colon", "nan", "surrogate"]
+    "wrong",
+    ["[" * 1022 + "]" * 1022, "[1,,2]", '{"a" 1}', "NaN", '"caf\\udce9"'],
+    ids=["deep", "comma", "colon", "nan", "surrogate"],
 )
 def test_a_long_line_the_daemon_cannot_parse_is_not_answered_at_a_restart(
     wrong: str, sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """A line over 16 MiB that is no JSON within its params (a daemon whose line limit is
-    raised takes it): the daemon refuses it as a parse error, whose id is null. The pump
-    reads such a line only for its outer object as it streams, took its call for one in
-    flight, and the restart answered it ("the tool may have run"), after that refusal."""
+    raised takes it), or nested 1,025 levels, past the daemon's parser: the daemon refuses
+    it as a parse error, whose id is null. The pump reads such a line only for its outer
+    object as it streams, took its call for one in flight, and the restart answered it
+    ("the tool may have run"), after that refusal."""
     args = ["--max-message-bytes", "40000000"]
     line = ('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"hello",'
             f'"arguments":{{"name":"{"x" * 17_000_000}","wrong":{wrong}}}}}}}\n')
@@ -1091,33 +1078,6 @@ def test_a_long_line_the_daemon_cannot_parse_is_not_answered_at_a_restart(
         pump.send({"jsonrpc": "2.0", "id": 4, "method": "ping"})
         seen = receive_until(pump, answer_to(4))
         assert [m for m in seen if m.get("id") == 2] == [], str(seen)[:500]
-
-
-def test_a_long_line_after_one_the_daemon_cannot_parse_is_answered_at_a_restart(
-    sets: None, home: Path, workspace: Path, tmp_base: Path
-) -> None:
-    """The pump tells whether the daemon took a line over 16 MiB by the parse errors it
-    answered up to then: one of a short line before it (``NaN``, which the pump knows the
-    daemon refuses) is not its own, and its call, in flight, is answered at the restart."""
-    args = ["--max-message-bytes", "40000000"]
-    call = {"name": "sleeper", "arguments": {"pad": "x" * 17_000_000}}
-    pid_file = workspace / "sleeper.pid"
-    with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
-        try:
-            initialize(pump)
-            pump.send(b'{"jsonrpc":"2.0","id":5,"method":"ping","params":{"n":NaN}}\n')
-            pump.send({"jsonrpc": "2.0", "method": "tools/call", "params": call, "id": 2})
-            eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
-            assert pump.request(3, "ping")["result"] == {}
-            d.proc.kill()
-            d.proc.wait()
-            gone = receive_until(pump, answer_to(2))[-1]
-            assert "may have run" in gone["result"]["content"][0]["text"], gone
-            restart(started, home, workspace, tmp_base)
-            assert pump.request(4, "ping")["result"] == {}
-        finally:
-            with contextlib.suppress(OSError, ValueError):
-                os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
 def test_an_initialize_nested_deeper_than_pythons_json_reads_is_replayed(
