@@ -1246,7 +1246,7 @@ class _Pump:
                 return b""
             with self.lock:
                 entry, double = self._ended(key, refused=after.startswith(_REFUSED_DOUBLE))
-                if double:  # the first sent under its id is in flight still
+                if double and entry is not None:  # the first sent under its id goes on
                     if not complete:
                         self._line_entry = (key, entry)
                     return head
