@@ -129,7 +129,8 @@ _WAITING_MAX = 4 << 20
 #: A host line is sent whole, once read to its end (so that one the daemon did not get is
 #: resent whole to the next); a longer one goes on as it comes (the daemon's default limit:
 #: it refuses it), and is not carried across a restart; its id and method are read as it
-#: goes (``_LongLine``), so that its request is answered all the same.
+#: goes (``_LongLine``), so that its request is answered all the same. A daemon whose
+#: limit is lower holds the pump to it (``_Pump.held_max``).
 _HELD_LINE_MAX = 16 << 20
 #: The id of the pump's ping to a daemon, whose answer (swallowed) lets the pump write its
 #: own answers between the daemon's lines (``_Pump._long_line_end``), before the pump's
