@@ -738,7 +738,7 @@ class _Pump:
         """One whole line of the host's: note it, then send it (or hold it)."""
         message = _host_message(line)
         entry: _Entry | None = None
-        key: object = _UNPARSED if message is None and not line.isspace() else None
+        key: object = _UNPARSED if message is _ABSENT and not line.isspace() else None
         answer = False
         cancel = False  # a notifications/cancelled: it never waits for a new daemon
         reaches = False  # it names a request the daemon has (``_host_notification``)
@@ -1898,12 +1898,13 @@ _SPACE = re.compile(r"[ \t\n\r]*")
 
 
 def _host_message(line: bytes) -> object:
-    """A host line parsed as the daemon parses it, or None for a line the daemon refuses
-    (a parse error, with id null: the daemon cannot tell whose it is, so the request is
-    not in flight). ``json.loads`` alone took what the daemon's parser (orjson) refuses:
-    ``NaN`` or ``Infinity``, a lone surrogate (``\\ud800``, as Python writes a file
-    name's undecodable bytes), a surrogate written in UTF-8; the request stayed in flight
-    for ever (a call's line kept too, in the 4 MiB ``calls``), and a restart answered it:
+    """A host line parsed as the daemon parses it, or ``_ABSENT`` for a line the daemon
+    refuses (a parse error, with id null: the daemon cannot tell whose it is, so the
+    request is not in flight; a line ``null`` is JSON, which the daemon answers -32600).
+    ``json.loads`` alone took what the daemon's parser (orjson) refuses: ``NaN`` or
+    ``Infinity``, a lone surrogate (``\\ud800``, as Python writes a file name's
+    undecodable bytes), a surrogate written in UTF-8; the request stayed in flight for
+    ever (a call's line kept too, in the 4 MiB ``calls``), and a restart answered it:
     "the tool may have run", of a call that never ran."""
     try:
         text = line.decode()  # strict: no surrogate written in UTF-8
@@ -1911,9 +1912,10 @@ def _host_message(line: bytes) -> object:
         if _SURROGATE_ESCAPE.search(text) is not None:  # is each one paired?
             json.dumps(message, ensure_ascii=False).encode()  # a lone one: a ValueError
     except ValueError:
-        return None
+        return _ABSENT
     except RecursionError:
-        return _deep_message(line)
+        deep = _deep_message(line)  # nested so deep, it is no null
+        return _ABSENT if deep is None else deep
     return message
 
 

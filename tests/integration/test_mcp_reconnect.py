@@ -1062,16 +1062,18 @@ def test_a_long_line_the_daemon_cannot_parse_is_not_answered_at_a_restart(
     raised takes it), or nested 1,025 levels, past the daemon's parser: the daemon refuses
     it as a parse error, whose id is null. The pump reads such a line only for its outer
     object as it streams, took its call for one in flight, and the restart answered it
-    ("the tool may have run"), after that refusal."""
+    ("the tool may have run"), after that refusal. (A line ``null`` before it is JSON,
+    refused otherwise, -32600: no parse error of the daemon's.)"""
     args = ["--max-message-bytes", "40000000"]
     line = ('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"hello",'
             f'"arguments":{{"name":"{"x" * 17_000_000}","wrong":{wrong}}}}}}}\n')
     with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
         initialize(pump)
-        pump.send(line.encode())
+        pump.send(b"null\n" + line.encode())
         pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
         seen = receive_until(pump, answer_to(3))
-        assert [(m["id"], m["error"]["code"]) for m in seen if "error" in m] == [(None, -32700)]
+        errors = [(m["id"], m["error"]["code"]) for m in seen if "error" in m]
+        assert errors == [(None, -32600), (None, -32700)], errors
         d.proc.kill()
         d.proc.wait()
         started.append(start_daemon(home, workspace, tmp_base, args))
