@@ -129,12 +129,18 @@ _WAITING_MAX = 4 << 20
 #: A host line is sent whole, once read to its end (so that one the daemon did not get is
 #: resent whole to the next); a longer one goes on as it comes (the daemon's default limit:
 #: it refuses it), and is not carried across a restart; its id and method are read as it
-#: goes (``_LongLine``), so that its request is answered all the same.
+#: goes (``_LongLine``), so that its request is answered all the same. A daemon whose
+#: limit is lower holds the pump to it (``_Pump.held_max``).
 _HELD_LINE_MAX = 16 << 20
 #: The id of the pump's ping to a daemon, whose answer (swallowed) lets the pump write its
 #: own answers between the daemon's lines (``_Pump._long_line_end``), before the pump's
 #: random token (``_Pump.token``).
 _FLUSH_ID = "toolsetctl-mcp-flush-"
+#: ... of its ping sent behind a host line over ``_HELD_LINE_MAX`` that the pump read as a
+#: request, whose answer says whether the daemon parsed that line (``_Pump.verdict``).
+_VERDICT_ID = "toolsetctl-mcp-verdict-"
+#: The key of a host line the daemon answers with a parse error (id null).
+_UNPARSED = object()
 #: The bytes of a daemon line read for its id (more when the host's ids are long).
 _HEAD = 256
 _ID_HEAD = b'{"jsonrpc":"2.0","id":'
@@ -147,6 +153,8 @@ _REPLAY_ID = "toolsetctl-mcp-initialize-"
 _RENAMED = "toolsetctl-mcp-{}:"
 #: What follows the id in the head of a stopping daemon's refusal of a call (ShuttingDown).
 _REFUSED_STOPPING = ',"error":{"code":-32010'
+#: ... of its refusal of a request whose id is in flight already (InvalidRequest).
+_REFUSED_DOUBLE = ',"error":{"code":-32600'
 _VERSION_META = "io.modelcontextprotocol/protocolVersion"
 #: What follows the id in the head of an initialize's result: the daemon puts the protocol
 #: version first (``tests/integration/test_mcp_reconnect.py`` pins it).
@@ -573,16 +581,37 @@ class _Pump:
         #: ping was out had its answer swallowed, and the ping's ``{}`` given to it.
         self.token = os.urandom(12).hex()
         self.flush_id = _FLUSH_ID + self.token
+        self.verdict_id = _VERDICT_ID + self.token
+        #: A host line over ``_HELD_LINE_MAX`` read as a request (key, entry) that went to
+        #: the daemon whole, with ``unparsed_sent`` then, until the pump's ping behind it
+        #: (``verdict_id``) is answered: the host's lines wait in the pipe (the stdin
+        #: thread reads no more until ``verdict_done``), so that the parse errors (id null)
+        #: up to that answer are those of the lines up to it. One more than the lines before
+        #: it had (the pump knows which the daemon refuses: ``_host_message``) is its own,
+        #: and it is no longer in flight. Python's json cannot read such a line as it
+        #: streams: a NaN, a lone surrogate or a stray comma within it was taken for a
+        #: request in flight, and a restart answered it, after the daemon's refusal.
+        self.verdict: tuple[object, _Entry, int] | None = None
+        self.verdict_done = threading.Event()
+        self.verdict_done.set()
+        #: The host lines the daemon answers with a parse error sent to this daemon (the
+        #: stdin thread's count), and the parse errors it answered (the main thread's).
+        self.unparsed_sent = 0
+        self._unparsed_seen = 0
         #: The host's requests sent to this daemon and not answered (key -> ``_Entry``):
         #: the pump answers them when the daemon goes away.
         self.in_flight: dict[object, _Entry] = {}
+        #: The host's requests sent under an id in flight already (key -> entries, in the
+        #: order sent; MCP forbids it, JSON-RPC leaves it to the host): the daemon refuses
+        #: each (-32600, ``_REFUSED_DOUBLE``) while the first is in flight, or serves it
+        #: when it had answered the first before reading it. Each response under the id
+        #: ends one of them (``_ended``): a refusal the last sent, any other the first.
+        self.doubles: dict[object, list[_Entry]] = {}
         #: The lines of the ``tools/call`` requests in flight (key -> line), up to
         #: ``_WAITING_MAX`` bytes in all (``calls_bytes``): one a stopping daemon refuses
         #: (-32010: it started nothing) waits for the next daemon (``_refused``).
         self.calls: dict[object, bytes] = {}
         self.calls_bytes = 0
-        #: The pump's pings (``flush_id``) the daemon has not answered yet.
-        self.flushing = 0
         #: The daemon's requests to the host not answered yet: host key -> (host id, daemon
         #: id); after a restart the pump renames them (``_RENAMED``).
         self.asked: dict[object, tuple[object, object]] = {}
@@ -611,6 +640,12 @@ class _Pump:
         #: How many bytes of a daemon line's head are read to find its id (grows with the
         #: host's longest id).
         self.head_max = _HEAD
+        #: The longest host line held whole, and parsed (``_host_message``): the bound
+        #: daemon's line limit, which it says in its answer to the bind
+        #: (``maxMessageBytes``), ``_HELD_LINE_MAX`` at most. A longer one goes on as it
+        #: comes, and that daemon refuses it unread (-32007); the pump parsed every line
+        #: up to 16 MiB whole first (16 MiB of ``[],`` took 1.6 s and 420 MB).
+        self.held_max = _HELD_LINE_MAX
         # The main thread's: the daemon line being copied.
         self._head = bytearray()
         self._mode = 0  # 0: at a line's start; _PASS, _DROP or _HOLD: within a line
@@ -676,7 +711,7 @@ class _Pump:
                 self._send_raw(rest)
             elif rest:
                 partial += rest
-                if len(partial) > _HELD_LINE_MAX:
+                if len(partial) > self.held_max:
                     streaming = _LongLine()
                     streaming.feed(partial)
                     with self.lock:  # not ahead of the lines that wait for the gate
@@ -703,7 +738,7 @@ class _Pump:
         """One whole line of the host's: note it, then send it (or hold it)."""
         message = _host_message(line)
         entry: _Entry | None = None
-        key: object = None
+        key: object = _UNPARSED if message is _ABSENT and not line.isspace() else None
         answer = False
         cancel = False  # a notifications/cancelled: it never waits for a new daemon
         reaches = False  # it names a request the daemon has (``_host_notification``)
@@ -742,6 +777,8 @@ class _Pump:
                     self._wait(line, key, entry)
                 return
             first = entry is not None and self._sending(key, entry)
+            if key is _UNPARSED:
+                self.unparsed_sent += 1
             if entry is not None:
                 self._opening(key, entry)
                 self._keep_call(key, entry, line)
@@ -758,8 +795,7 @@ class _Pump:
                 # pump withdraws that question; so is a cancel (``_host_notification``).
                 if not answer and not cancel:
                     with self.lock:
-                        if entry is not None and self.in_flight.get(key) is entry:
-                            del self.in_flight[key]
+                        if entry is not None and self._unsent(key, entry):
                             self._drop_call(key)
                             if first:
                                 self.initialize = None
@@ -803,11 +839,51 @@ class _Pump:
         the session's first initialize is the one a new daemon is given again (one that
         waited for the new daemon is sent as itself, not replayed as well). Whether it is
         that first initialize."""
-        self.in_flight[key] = entry
+        self._in_flight(key, entry)
         if entry[1] == "initialize" and self.initialize is None:
             self.initialize = (key, entry[3])
             return True
         return False
+
+    def _in_flight(self, key: object, entry: _Entry) -> None:
+        """A host request is in flight now (``lock`` held): under an id in flight already,
+        it is one more (``doubles``), and the first stays tracked."""
+        if key in self.in_flight:
+            self.doubles.setdefault(key, []).append(entry)
+        else:
+            self.in_flight[key] = entry
+
+    def _ended(self, key: object, *, refused: bool = False) -> tuple[_Entry | None, bool]:
+        """The request a response (or a cancel) under ``key`` ends, no longer in flight
+        (``lock`` held), and whether it was one sent under an id in flight already. A
+        refusal (``refused``: the daemon's -32600) ends the last sent, any other the first,
+        the next then standing first."""
+        entry = self.in_flight.pop(key, None)
+        doubles = self.doubles.get(key)
+        if entry is None or not doubles:
+            return entry, False
+        if refused:
+            self.in_flight[key], ended = entry, doubles.pop()
+        else:
+            self.in_flight[key], ended = doubles.pop(0), entry
+        if not doubles:
+            del self.doubles[key]
+        return ended, refused
+
+    def _unsent(self, key: object, entry: _Entry) -> bool:
+        """A host request whose send failed is not in flight (``lock`` held); whether it
+        was."""
+        doubles = self.doubles.get(key, [])
+        for i, double in enumerate(doubles):
+            if double is entry:
+                del doubles[i]
+                if not doubles:
+                    del self.doubles[key]
+                return True
+        if self.in_flight.get(key) is not entry:
+            return False
+        self._ended(key)
+        return True
 
     def _opening(self, key: object, entry: _Entry) -> None:
         """A host request goes to the daemon as the host sent it (``lock`` held): a listen
@@ -854,7 +930,7 @@ class _Pump:
             # listen ends there) or none; held, it could be dropped past ``_WAITING_MAX``
             # while its request went on, and ran.
             with self.lock:  # a cancelled request gets no answer, from the pump neither
-                reaches = self.in_flight.pop(key, None) is not None
+                reaches = self._ended(key)[0] is not None
                 self._drop_call(key)
                 self.listens.pop(key, None)  # nor is a cancelled listen sent again
                 self._listen_over(key)
@@ -911,7 +987,6 @@ class _Pump:
         line.feed(tail)
         found = line.request(modern=self.initialize is None)
         answered = line.answered() if line.answer else None
-        flush = False
         with self.lock:
             sock = self.sock
             whole = sock is not None and sock is self._streaming_to
@@ -919,16 +994,17 @@ class _Pump:
             if found is not None:
                 if whole:
                     self._room_for(found[1][0])
-                    self.in_flight[found[0]] = found[1]
+                    self._in_flight(*found)
+                    self.verdict = (*found, self.unparsed_sent)
+                    self.verdict_done.clear()
                 else:
                     self.replies.append(_gone_answer(found[1], "cut"))
-                    # Counted with the daemon it goes to: a daemon lost after this lock
-                    # resets the count, which a second section here would then raise.
-                    flush = sock is not None
-                    if flush:
-                        self.flushing += 1
         if whole and sock is not None:
             self._send(sock, tail)
+            if found is not None:  # whether the daemon took it: no line goes before that
+                ping = {"jsonrpc": "2.0", "id": self.verdict_id, "method": "ping"}
+                self._send(sock, json.dumps(ping).encode() + b"\n")
+                self.verdict_done.wait()
         elif asked is not None and sock is not None:
             failed = {
                 "jsonrpc": "2.0",
@@ -942,7 +1018,7 @@ class _Pump:
             self._send(sock, json.dumps(failed).encode() + b"\n")
         elif found is not None:
             self.wake.set()  # a reconnecting pump writes it
-            if flush and sock is not None:  # one copying a daemon's lines: after the next
+            if sock is not None:  # one copying a daemon's lines: after the next
                 ping = {"jsonrpc": "2.0", "id": self.flush_id, "method": "ping"}
                 self._send(sock, json.dumps(ping).encode() + b"\n")
 
@@ -1033,6 +1109,7 @@ class _Pump:
                         _say(f"toolsetctl mcp: {error[1]}\n")
                         return error[0]
                     bound = True
+                    self.held_max = _line_limit(pending[:newline])
                     self.bound.set()
                     _hold_words()
                     data, pending = pending[newline + 1 :], b""
@@ -1135,9 +1212,7 @@ class _Pump:
                 with self.lock:
                     self.asked[_key(host_id)] = (host_id, value)
                 return head
-            if value == self.flush_id and self.flushing:
-                with self.lock:
-                    self.flushing -= 1
+            if value == self.flush_id:  # no host id has the pump's token (``token``)
                 return b""  # the answer to the pump's ping: its answers follow this line
             if key is not None and key == self._swallow:
                 self._swallow = None
@@ -1161,8 +1236,21 @@ class _Pump:
                 return b""
             if value is None and after.startswith(',"error":{"code":-32007'):
                 self._too_large = True
+            if value is None and after.startswith(',"error":{"code":-32700'):
+                self._unparsed_seen += 1
+            if value == self.verdict_id:
+                with self.lock:
+                    verdict, self.verdict = self.verdict, None
+                    if verdict is not None and self._unparsed_seen > verdict[2]:
+                        self._unsent(verdict[0], verdict[1])  # refused: no request
+                self.verdict_done.set()
+                return b""
             with self.lock:
-                entry = self.in_flight.pop(key, None) if key is not None else None
+                entry, double = self._ended(key, refused=after.startswith(_REFUSED_DOUBLE))
+                if double and entry is not None:  # the first sent under its id goes on
+                    if not complete:
+                        self._line_entry = (key, entry)
+                    return head
                 line = self._drop_call(key) if entry is not None else None
                 if line is not None and complete and after.startswith(_REFUSED_STOPPING):
                     # A stopping daemon refused the call before it started anything (a
@@ -1249,16 +1337,21 @@ class _Pump:
         self._held.clear()  # a shorter one: never shown
         if self._line_entry is not None:  # its answer was that line
             with self.lock:
-                self.in_flight.setdefault(*self._line_entry)
+                self._in_flight(*self._line_entry)
         self._mode, self._line_entry = 0, None
         self._head.clear()
         self._swallow = None
+        self._unparsed_seen = 0
         with self.lock:
+            self.verdict = None  # taken in flight: it may be
+            self.verdict_done.set()
             entries = list(self.in_flight.values())
+            for doubles in self.doubles.values():
+                entries.extend(doubles)
             self.in_flight.clear()
+            self.doubles.clear()
             self.calls.clear()
             self.calls_bytes = 0
-            self.flushing = 0  # their daemon is gone
             if keep_listens:
                 for entry in entries:
                     if entry[1] == _LISTEN and entry[2]:
@@ -1387,7 +1480,10 @@ class _Pump:
         line, _, rest = answer.partition(b"\n")
         if rest:  # the daemon sends nothing unasked before the first request
             return EXIT_UNREACHABLE, "unexpected answer to mcp.bind"
-        return _bind_error(line)
+        error = _bind_error(line)
+        if error is None:
+            self.held_max = _line_limit(line)
+        return error
 
     def _resume(self, sock: socket.socket) -> socket.socket | int:
         """The new daemon is bound: restore the session on it, then send what waited."""
@@ -1402,6 +1498,7 @@ class _Pump:
             legacy = self.initialize is not None
             if not ended:
                 self.generation += 1
+                self.unparsed_sent = 0  # the lines below are this daemon's first
                 if self.initialize is not None:
                     replay_id = f"{_REPLAY_ID}{self.token}-{self.generation}"
                     self._swallow = replay_id
@@ -1450,6 +1547,8 @@ class _Pump:
         """The host's lines that waited, going to the daemon now (``lock`` held)."""
         lines = []
         for line, key, entry in self.waiting:
+            if key is _UNPARSED:
+                self.unparsed_sent += 1
             if entry is not None:
                 self._sending(key, entry)
                 self._opening(key, entry)
@@ -1799,12 +1898,13 @@ _SPACE = re.compile(r"[ \t\n\r]*")
 
 
 def _host_message(line: bytes) -> object:
-    """A host line parsed as the daemon parses it, or None for a line the daemon refuses
-    (a parse error, with id null: the daemon cannot tell whose it is, so the request is
-    not in flight). ``json.loads`` alone took what the daemon's parser (orjson) refuses:
-    ``NaN`` or ``Infinity``, a lone surrogate (``\\ud800``, as Python writes a file
-    name's undecodable bytes), a surrogate written in UTF-8; the request stayed in flight
-    for ever (a call's line kept too, in the 4 MiB ``calls``), and a restart answered it:
+    """A host line parsed as the daemon parses it, or ``_ABSENT`` for a line the daemon
+    refuses (a parse error, with id null: the daemon cannot tell whose it is, so the
+    request is not in flight; a line ``null`` is JSON, which the daemon answers -32600).
+    ``json.loads`` alone took what the daemon's parser (orjson) refuses: ``NaN`` or
+    ``Infinity``, a lone surrogate (``\\ud800``, as Python writes a file name's
+    undecodable bytes), a surrogate written in UTF-8; the request stayed in flight for
+    ever (a call's line kept too, in the 4 MiB ``calls``), and a restart answered it:
     "the tool may have run", of a call that never ran."""
     try:
         text = line.decode()  # strict: no surrogate written in UTF-8
@@ -1812,9 +1912,10 @@ def _host_message(line: bytes) -> object:
         if _SURROGATE_ESCAPE.search(text) is not None:  # is each one paired?
             json.dumps(message, ensure_ascii=False).encode()  # a lone one: a ValueError
     except ValueError:
-        return None
+        return _ABSENT
     except RecursionError:
-        return _deep_message(line)
+        deep = _deep_message(line)  # nested so deep, it is no null
+        return _ABSENT if deep is None else deep
     return message
 
 
@@ -2011,7 +2112,8 @@ def _gone_answer(entry: _Entry, why: str) -> bytes:
     elif why == "cut":
         text = (
             "toolsetd restarted while the request was being sent to it (a line over "
-            f"{_HELD_LINE_MAX} bytes, which the pump does not hold to send again); the "
+            f"{_HELD_LINE_MAX} bytes, or over toolsetd's line limit, which the pump does not "
+            "hold to send again); the "
             "request was not run."
         )
     elif why == "unsent":
@@ -2091,6 +2193,14 @@ def _bind_error(line: bytes) -> tuple[int, str] | None:
         exit_code = _BIND_EXITS.get(code, EXIT_INTERNAL) if type(code) is int else EXIT_UNREACHABLE
         return exit_code, printable(str(error.get("message")))
     return EXIT_UNREACHABLE, "unexpected answer to mcp.bind"
+
+
+def _line_limit(line: bytes) -> int:
+    """The longest host line to hold whole for the daemon whose bind succeeded with
+    ``line``: its ``maxMessageBytes`` (an older daemon says none), ``_HELD_LINE_MAX`` at
+    most."""
+    limit = json.loads(line)["result"].get("maxMessageBytes")
+    return min(limit, _HELD_LINE_MAX) if type(limit) is int and limit > 0 else _HELD_LINE_MAX
 
 
 def _hold_words() -> None:

@@ -363,6 +363,13 @@ class Connection:
         self.close_gracefully()
 
     @property
+    def max_line(self) -> int:
+        """The longest line this connection takes, in bytes (its newline not counted):
+        ``--max-message-bytes`` as it was when it connected (a reload changes it for the
+        connections made after)."""
+        return self._settings.max_frame_size
+
+    @property
     def closed(self) -> bool:
         """Whether the connection is closing or closed."""
         return self._closed

@@ -90,4 +90,7 @@ class McpBinder:
             "session": session.session_id,
             "workspace": str(binding.workspace),
             "protocolVersions": list(SUPPORTED_VERSIONS),
+            # The pump (``toolsetctl mcp``) holds no longer line of its host's to parse:
+            # this connection refuses it unread.
+            "maxMessageBytes": connection.max_line,
         }

@@ -838,6 +838,17 @@ async def test_mcp_list_changed_modern_listen(mcp_host: Daemon, workspace: Path)
             assert "fresh" in {t.name for t in (await client.list_tools()).tools}
 
 
+def test_mcp_bind_says_the_connections_line_limit(tmp_base: Path) -> None:
+    """The bind's answer says the longest line the connection takes (``maxMessageBytes``):
+    the pump holds no longer line of its host's to parse, as the daemon refuses it
+    unread."""
+    with daemon_in("tsm-", None, ["--no-watch", "--max-message-bytes", "100000"]) as d:
+        with d.raw() as conn:
+            conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind",
+                       "params": {"workspace": str(d.workspace)}})
+            assert conn.receive()["result"]["maxMessageBytes"] == 100000
+
+
 def test_mcp_a_change_made_on_the_listens_acknowledgement_is_announced(tmp_base: Path) -> None:
     """A 2026-07-28 host edits a tool set as soon as its listen is acknowledged: the
     change is announced on the stream. The daemon acknowledged the listen before it took

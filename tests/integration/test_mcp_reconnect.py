@@ -153,6 +153,21 @@ def close(pump: RawPump) -> int:
     return pump.proc.wait()
 
 
+def killed_under_call_2(
+    pump: RawPump, d: Daemon, started: list[Daemon], home: Path, workspace: Path, base: Path
+) -> None:
+    """Kill ``d`` under the host's call of id 2, in flight, and start the next daemon: the
+    pump answers the call once, as one that may have run."""
+    d.proc.kill()
+    d.proc.wait()
+    restart(started, home, workspace, base)
+    pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+    seen = receive_until(pump, answer_to(3))
+    gone = [m for m in seen if m.get("id") == 2]
+    assert len(gone) == 1, str(seen)[:500]
+    assert "may have run" in gone[0]["result"]["content"][0]["text"], gone
+
+
 def test_the_daemons_mcp_lines_begin_with_jsonrpc_then_id_or_method(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
@@ -351,6 +366,29 @@ def test_sigkill_mid_call_is_answered_by_the_pump(
             assert close(pump) == 0
 
 
+def test_a_request_under_an_id_in_flight_leaves_the_first_answered_at_a_restart(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A host that sends a request under the id of one in flight (MCP forbids it) has it
+    refused by the daemon (-32600, under that id), which serves the first. The pump took
+    the refusal for the first's answer: when the daemon was killed under the call, nobody
+    answered it, and the host waited for ever."""
+    pid_file = workspace / "sleeper.pid"
+    with pumped(home, workspace, tmp_base) as (started, d, pump):
+        try:
+            initialize(pump)
+            pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                       "params": {"name": "sleeper", "arguments": {}}})
+            eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
+            refused = pump.request(2, "ping")
+            assert refused["error"]["code"] == -32600, refused
+            assert "already in flight" in refused["error"]["message"], refused
+            killed_under_call_2(pump, d, started, home, workspace, tmp_base)
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
 def test_a_question_pending_across_a_restart_is_withdrawn(
     sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
@@ -515,6 +553,36 @@ def test_a_line_over_the_size_limit_is_not_a_restart(
         assert "over its size limit" in pump.stderr(), pump.stderr()
         assert d.proc.poll() is None
         assert opened() == probes + 1, d.log_events()  # the pump's one
+
+
+def test_a_line_over_the_daemons_limit_goes_on_unheld(
+    sets: None, home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A host line over the daemon's size limit (``--max-message-bytes`` lowered) goes on
+    as it comes: the daemon refuses it (-32007) before its end, and the pump neither holds
+    it nor parses it whole. The pump held every line up to 16 MiB until its newline and
+    parsed it (16 MiB of ``[],``: 1.6 s and 420 MB), for a daemon that reads none of it."""
+    with daemons(home, workspace, tmp_base) as started:
+        d = start_daemon(home, workspace, tmp_base, ["--max-message-bytes", "100000"])
+        started.append(d)
+        pump = RawPump(pump_args(d, workspace))
+        try:
+            initialize(pump)
+            with contextlib.suppress(BrokenPipeError):  # the pump may be gone by its end
+                pump.send(b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":'
+                          b'"hello","arguments":{"name":"x","list":[' + b"[]," * 100_000)
+            answered: list[Any] = []
+            reader = threading.Thread(target=lambda: answered.append(pump.receive()))
+            reader.daemon = True
+            reader.start()
+            reader.join(30)  # the line has no end yet: only the pump's streaming answers
+            assert answered, "no answer before the line's end"
+            assert answered[0]["error"]["code"] == -32007, answered
+            assert pump.proc.wait(timeout=30) == 5
+        finally:
+            code = close(pump)
+        assert code == 5
+        assert "over its size limit" in pump.stderr(), pump.stderr()
 
 
 def test_an_initialize_that_waited_for_the_new_daemon_is_sent_once(
@@ -807,21 +875,27 @@ def test_a_long_line_while_the_replay_is_unanswered_does_not_jump_the_gate(
         assert "was not run" in long[0]["result"]["content"][0]["text"], str(long)[:500]
 
 
+@pytest.mark.parametrize("after_unparsed", [False, True], ids=["alone", "after-a-nan"])
 def test_a_long_line_in_flight_when_its_daemon_dies_is_answered(
-    sets: None, home: Path, workspace: Path, tmp_base: Path
+    after_unparsed: bool, sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """A tools/call over 16 MiB that reached the daemon whole (it went on as it came, the
     pump holding none of it) is in flight like any other: when the daemon is killed under
     it, the pump answers it ("went away ... may have run"). It was never noted, and the
-    host waited for ever."""
+    host waited for ever. The pump tells whether the daemon took it by the parse errors
+    the daemon answered up to it: one of a short line before it (``NaN``, which the pump
+    knows the daemon refuses) is not its own."""
     args = ["--max-message-bytes", "40000000"]
     call = {"name": "sleeper", "arguments": {"pad": "x" * 17_000_000}}
     pid_file = workspace / "sleeper.pid"
     with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
         try:
             initialize(pump)
+            if after_unparsed:
+                pump.send(b'{"jsonrpc":"2.0","id":5,"method":"ping","params":{"n":NaN}}\n')
             pump.send({"jsonrpc": "2.0", "method": "tools/call", "params": call, "id": 2})
             eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
+            assert pump.request(4, "ping")["result"] == {}  # read after the pump's verdict
             d.proc.kill()
             d.proc.wait()
             gone = receive_until(pump, answer_to(2))[-1]
@@ -970,34 +1044,36 @@ def test_a_request_nested_deeper_than_pythons_json_reads_is_answered_at_a_restar
             initialize(pump)
             pump.send(line.encode())
             eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
-            d.proc.kill()
-            d.proc.wait()
-            restart(started, home, workspace, tmp_base)
-            pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
-            seen = receive_until(pump, answer_to(3))
-            gone = [m for m in seen if m.get("id") == 2]
-            assert len(gone) == 1, str(seen)[:500]
-            assert "may have run" in gone[0]["result"]["content"][0]["text"], gone
+            killed_under_call_2(pump, d, started, home, workspace, tmp_base)
         finally:
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
-def test_a_long_line_nested_past_the_daemons_parser_is_not_answered_at_a_restart(
-    sets: None, home: Path, workspace: Path, tmp_base: Path
+@pytest.mark.parametrize(
+    "wrong",
+    ["[" * 1022 + "]" * 1022, "[1,,2]", '{"a" 1}', "NaN", '"caf\\udce9"'],
+    ids=["deep", "comma", "colon", "nan", "surrogate"],
+)
+def test_a_long_line_the_daemon_cannot_parse_is_not_answered_at_a_restart(
+    wrong: str, sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
-    """A line over 16 MiB nested 1,025 levels, which the daemon's parser refuses (a parse
-    error, id null): the pump, reading it as it went, kept its call in flight, and the
-    restart answered it, "the tool may have run", after the daemon's refusal."""
+    """A line over 16 MiB that is no JSON within its params (a daemon whose line limit is
+    raised takes it), or nested 1,025 levels, past the daemon's parser: the daemon refuses
+    it as a parse error, whose id is null. The pump reads such a line only for its outer
+    object as it streams, took its call for one in flight, and the restart answered it
+    ("the tool may have run"), after that refusal. (A line ``null`` before it is JSON,
+    refused otherwise, -32600: no parse error of the daemon's.)"""
     args = ["--max-message-bytes", "40000000"]
     line = ('{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"hello",'
-            f'"arguments":{{"name":"{"x" * 17_000_000}","deep":{"[" * 1022 + "]" * 1022}}}}}}}\n')
+            f'"arguments":{{"name":"{"x" * 17_000_000}","wrong":{wrong}}}}}}}\n')
     with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
         initialize(pump)
-        pump.send(line.encode())
+        pump.send(b"null\n" + line.encode())
         pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
         seen = receive_until(pump, answer_to(3))
-        assert [m["error"]["code"] for m in seen if "error" in m] == [-32700], str(seen)[:500]
+        errors = [(m["id"], m["error"]["code"]) for m in seen if "error" in m]
+        assert errors == [(None, -32600), (None, -32700)], errors
         d.proc.kill()
         d.proc.wait()
         started.append(start_daemon(home, workspace, tmp_base, args))
