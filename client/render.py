@@ -29,6 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from toolsetd.protocol.printable import inert_json, inert_line
 
+from .blocking import WrittenNumber
 from .command import to_devnull
 from .table import (
     fields_lines,
@@ -414,7 +415,47 @@ def _isatty(stream: TextIO) -> bool:
 
 
 def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return dumps(value, separators=(",", ":"))
+
+
+class _WrittenEncoder(json.JSONEncoder):
+    """``json.JSONEncoder`` that writes a ``WrittenNumber`` as its text: the standard
+    library's C encoder writes every float with ``float.__repr__``, so this one takes
+    its Python form (the one it uses anyway with ``indent``) with its own float writer."""
+
+    def iterencode(self, o: Any, _one_shot: bool = False) -> Any:
+        def floatstr(number: float) -> str:
+            text = getattr(number, "text", None)  # a WrittenNumber, or jsontext's JsonNumber
+            if isinstance(text, str):
+                return text
+            if number - number == 0:  # finite
+                return float.__repr__(number)
+            return "NaN" if number != number else "Infinity" if number > 0 else "-Infinity"
+
+        encoder = (
+            json.encoder.encode_basestring_ascii
+            if self.ensure_ascii
+            else json.encoder.encode_basestring
+        )
+        return json.encoder._make_iterencode(  # type: ignore[attr-defined]
+            {} if self.check_circular else None,
+            self.default,
+            encoder,
+            self.indent,
+            floatstr,
+            self.key_separator,
+            self.item_separator,
+            self.sort_keys,
+            self.skipkeys,
+            _one_shot,
+        )(o, 0)
+
+
+def dumps(value: Any, **options: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False, **options)``, every number the daemon sent
+    as it wrote it (``1.50``, ``1e4``, ``1e2000000``: ``blocking.WrittenNumber``), as the
+    daemon echoes arguments: bounded by what the caller wrote, and the same value."""
+    return json.dumps(value, ensure_ascii=False, cls=_WrittenEncoder, **options)
 
 
 def _approval_text(approval: Any) -> str:
@@ -486,7 +527,9 @@ def _uptime(uptime: Any) -> str:
     OverflowError, a traceback's exit 9), a float rounded, anything else ``-``."""
     if type(uptime) is int:
         return f"{uptime} s"
-    return f"{uptime:.0f} s" if type(uptime) is float else "-"
+    if isinstance(uptime, WrittenNumber) and uptime - uptime != 0:  # past the double range
+        return f"{uptime.text} s"
+    return f"{uptime:.0f} s" if isinstance(uptime, float) else "-"
 
 
 def _confinement_rows(confinement: Any) -> list[tuple[str, str]]:
@@ -698,7 +741,7 @@ _JSON_UNSAFE = re.compile(
 
 
 def _json_text(value: Any, **options: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, **options)
+    text = dumps(value, **options)
     return inert_json(_JSON_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", text))
 
 
