@@ -24,13 +24,15 @@ by ``set_rows_from_list``, or from the files on disk by ``toolsetd.client.offlin
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 
 from toolsetd.protocol.printable import inert_json, inert_line
 
 from .blocking import WrittenNumber
-from .command import to_devnull
+from .command import to_devnull, wait_ready
 from .table import (
     fields_lines,
     fits,
@@ -774,6 +776,7 @@ class Output:
         self.format = fmt
         self.stdout = stdout
         self.stderr = stderr
+        self._owed = memoryview(b"")  # the rest of a line a signal stopped (``_whole``)
         self.width: int | None = output_width(stdout) if width is False else width or None
 
     @property
@@ -795,6 +798,8 @@ class Output:
         exit 1 of an uncaught error (which reads as "the tool failed").
         """
         try:
+            if self._owed and _same_file(self.stdout, self.stderr):  # 2>&1: finish the line
+                self._drain()
             self.stderr.write(inert_line(printable(text)) + "\n")
             self.stderr.flush()
         except OSError:
@@ -808,12 +813,59 @@ class Output:
         self.stdout.write(text)
 
     def json(self, value: Any) -> None:
-        """Print a JSON value: indented (``json``) or on one line (``jsonl``), UTF-8."""
+        """Print a JSON value: indented (``json``) or on one line (``jsonl``), UTF-8, whole
+        (``_whole``) even when a signal stops the command while a reader lags."""
         if self.format == "jsonl":
-            self.stdout.write(_json_text(value, separators=(",", ":")) + "\n")
-            self.stdout.flush()
+            self._whole(_json_text(value, separators=(",", ":")) + "\n")
         else:
-            self.stdout.write(_json_text(value, indent=2) + "\n")
+            self._whole(_json_text(value, indent=2) + "\n")
+
+    def _whole(self, text: str) -> None:
+        """Write ``text`` to stdout's descriptor so that no signal leaves part of it.
+
+        Ctrl-C, SIGTERM or SIGHUP while a write waited for a lagging reader (a full pipe)
+        raised from the middle of it: Python's writer dropped the rest, and the ``error``
+        line that says "Interrupted" followed the part written, so a ``jsonl`` consumer's
+        parser failed on the joined line. Here each write is one a pipe takes at once
+        (``PIPE_BUF`` bytes, once it has room), with the three signals held only around
+        it, so what is left is known exactly; the signal is raised from the wait for room,
+        and what is left is owed (``_owed``): written, before anything else, by the next
+        line (the ``completed`` event of the cancelled call, the "Interrupted" error) or
+        the next line to stderr when it is the same pipe (``2>&1``).
+        """
+        try:
+            self.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # not a file (a test's StringIO)
+            self.stdout.write(text)
+            self.stdout.flush()
+            return
+        self.stdout.flush()  # nothing in json: everything it prints comes here
+        encoding = getattr(self.stdout, "encoding", None) or "utf-8"
+        self._drain()
+        self._owed = memoryview(
+            text.encode(encoding, getattr(self.stdout, "errors", None) or "strict")
+        )
+        self._drain()
+
+    def _drain(self) -> None:
+        """Write what is owed of the last line (see ``_whole``); a signal may raise from
+        the wait for room, never between a write and the count of what it took."""
+        if not self._owed:
+            return
+        import signal  # loaded already (termination): free
+
+        fd = self.stdout.fileno()
+        held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        chunk = _PIPE_BUF if not stat.S_ISREG(os.fstat(fd).st_mode) else len(self._owed)
+        while self._owed:
+            wait_ready(fd, write=True)
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+            try:
+                self._owed = self._owed[os.write(fd, self._owed[:chunk]) :]
+            except BlockingIOError:  # a non-blocking descriptor another writer filled
+                pass
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def rows(
         self,
@@ -866,4 +918,18 @@ class Output:
         the interpreter's own at exit included, fails again (Python then prints "Exception
         ignored" and exits 120 instead of the command's code).
         """
+        self._owed = memoryview(b"")
         to_devnull(self.stdout)
+
+
+#: What a pipe takes in one write once it has room at all (Linux's ``PIPE_BUF``): a larger
+#: write waits for the reader part-way, where only a signal could end it.
+_PIPE_BUF = 4096
+
+
+def _same_file(one: TextIO, other: TextIO) -> bool:
+    """Whether two streams write to the same file (``2>&1``)."""
+    try:
+        return os.path.samestat(os.fstat(one.fileno()), os.fstat(other.fileno()))
+    except (AttributeError, OSError, ValueError):
+        return False

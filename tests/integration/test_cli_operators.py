@@ -114,9 +114,11 @@ def ctl() -> Iterator[Ctl]:
                 {**TOOL, "name": "c_fail", "command": ["fail.sh"]},
                 {**TOOL, "name": "c_progress", "command": ["progress.sh"]},
                 {**TOOL, "name": "c_content", "command": ["content.sh"], "output": "content"},
+                {**TOOL, "name": "c_big", "command": ["big.sh"]},
             ],
         },
         **{
+            "big.sh": SH + "i=0\nwhile [ $i -lt 3000 ]; do printf '%099d\\n' $i; i=$((i+1)); done\n",
             "fail.sh": SH + "echo broken >&2\nexit 7\n",
             "progress.sh": PROGRESS,
             "content.sh": SH + "echo not content JSON\n",
@@ -291,6 +293,55 @@ def test_cli_jsonl_error_is_one_line(ctl: Ctl) -> None:
     assert r.returncode == 3
     [line] = r.stdout.splitlines()
     assert json.loads(line)["error"]["code"] == -32004
+
+
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])
+def test_cli_jsonl_lines_stay_whole_when_a_signal_stops_a_blocked_write(
+    ctl: Ctl, sig: int, code: int
+) -> None:
+    """A consumer that lags (its pipe full in the middle of the 100 KB ``result`` line) and
+    a SIGTERM or Ctrl-C then: the signal raised from inside Python's write, the rest of
+    the line was dropped, and the ``{"error": ...}`` line saying "Interrupted" followed
+    the part written, on the same line: the consumer's JSON parser failed on it. Each
+    line is whole now, the error one after it."""
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(  # noqa: S603
+            ctl.argv("invoke", "c_big", "--format", "jsonl"), stdout=write_end,
+            stderr=subprocess.DEVNULL, env=ctl.env(), cwd=ctl.base,
+        )
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        try:
+            capacity = fcntl.fcntl(reader.fileno(), fcntl.F_GETPIPE_SZ)
+
+            def full() -> bool:  # the reader has not read: the writer waits for it
+                held = fcntl.ioctl(reader.fileno(), termios.FIONREAD, b"\0" * 4)
+                return int(struct.unpack("i", held)[0]) >= capacity - 2 * 4096
+
+            eventually(full, 30, "a full stdout pipe")
+            proc.send_signal(sig)
+
+            def taken() -> bool:  # the write it stopped has returned: nothing read meanwhile
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+                pending = [line.split()[1] for line in status.splitlines()
+                           if line.startswith(("SigPnd:", "ShdPnd:"))]
+                return not any(int(mask, 16) & 1 << (sig - 1) for mask in pending)
+
+            eventually(taken, 30, "the signal taken")
+            data = reader.read()
+            assert proc.wait(timeout=30) == code
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    *lines, last = data.split(b"\n")
+    assert last == b""
+    documents = [json.loads(line) for line in lines]  # each one whole
+    assert [next(iter(document)) for document in documents][-2:] == ["result", "error"]
+    assert documents[-2]["result"]["status"] == "ok"
+    assert documents[-1]["error"]["code"] == -32095
 
 
 # -- 3. exit codes, one meaning each ----------------------------------------------------
