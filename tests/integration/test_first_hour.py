@@ -815,7 +815,7 @@ def test_a_workspace_variable_the_host_left_unexpanded_is_named(
     current folder joined with it) is no directory. Every face now names the variable
     and the fix: the pump, a command through the daemon, and one with no daemon."""
     hint = (
-        "It holds ${workspaceFolder}, a variable its host did not expand (Cursor and VS Code "
+        "It holds '${workspaceFolder}', a variable its host did not expand (Cursor and VS Code "
         "leave ${workspaceFolder} so when no folder is open): open a folder, or give the "
         "folder's own path."
     )
@@ -851,3 +851,19 @@ def test_a_workspace_variable_the_host_left_unexpanded_is_named(
     assert error["message"].endswith(f"got a relative path. {hint}")
     relative = first_hour.call("list", {"workspace": "ws"})["error"]["message"]
     assert relative.endswith("got a relative path.")
+
+
+def test_a_host_variable_named_in_the_hint_is_quoted_as_the_path_is(
+    first_hour: Daemon, tmp_path: Path
+) -> None:
+    """The hint named the variable bare: ``${...}`` holds anything but ``}`` and ``$``, so
+    one with an ESC in it and one with ``\\x1b`` typed there read alike (every face shows
+    the ESC as its escape), where the path beside it, quoted, tells them apart; and one
+    with a space ran into the sentence. It is quoted as the path is now."""
+    shown = {}
+    for variable in ("${my\x1bfolder}", "${my\\x1bfolder}", "${my folder}"):
+        r = ctl(first_hour, "--workspace", variable, "list")
+        assert r.returncode == 2, r.stdout + r.stderr
+        shown[variable] = r.stderr
+        assert f"It holds {variable!r}, a variable its host did not expand" in r.stderr
+    assert len(set(shown.values())) == 3
