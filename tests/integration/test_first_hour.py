@@ -79,6 +79,13 @@ def _fill(home: Path, workspace: Path) -> None:
         write_set(tools, name, runs, **{"run.sh": body})
     (tools / "noexec" / "run.sh").chmod(0o644)
     (tools / "interpnox" / "interp").write_text("#!/bin/sh\n")  # not executable
+    inner = tools / "nested" / "inner"
+    inner.write_text("#!/usr/bin/python9-not-installed\nprint(1)\n")
+    inner.chmod(0o755)
+    for level in range(1, 6):  # run.sh, then s1 to s5: six scripts
+        script = tools / "chain" / f"s{level}"
+        script.write_text(f"#!{tools / 'chain' / f's{level + 1}'}\n" if level < 5 else "#!/bin/sh\n")
+        script.chmod(0o755)
     write_set(project, "pcrlf", {**TOOL, "command": ["run.sh"]}, **{"run.sh": CRLF})
 
 
@@ -113,6 +120,33 @@ SCRIPTS = {
         "#!{folder}\necho hi\n",
         "names the interpreter {folder} on its #! line, which is a folder: name the program "
         "in it.",
+    ),
+    # The kernel reads the first 256 bytes: an interpreter's name that does not end there
+    # is refused ("Exec format error"), not cut and looked for: it was "does not exist".
+    "longbang": (
+        "#!{folder}/" + "i" * 300 + "\necho hi\n",
+        "has a #! line whose interpreter's name does not end within the first 256 bytes of "
+        "the file, all the system reads of it, so the system refuses to run it: name the "
+        "interpreter by a shorter path (a link to it).",
+    ),
+    "emptybang": (
+        "#!\necho hi\n",
+        "has a #! line that names no interpreter: name one, such as #!/bin/sh.",
+    ),
+    # An interpreter that is a script is run by its own interpreter: one missing there was
+    # "No such file or directory" for the tool's script, with no sentence at all.
+    "nested": (
+        "#!{folder}/inner\necho hi\n",
+        "names the interpreter {folder}/inner on its #! line, a script that names the "
+        "interpreter /usr/bin/python9-not-installed on its #! line, which does not exist: "
+        "install it, or name one that does.",
+    ),
+    # Six scripts in a chain: "Too many levels of symbolic links", of no link.
+    "chain": (
+        "#!{folder}/s1\necho hi\n",
+        "starts a chain of scripts, each the #! interpreter of the one before ({folder}/s1, "
+        "{folder}/s2, {folder}/s3, {folder}/s4, {folder}/s5), longer than the 5 the system "
+        "runs: name a program, not a script, on one of their #! lines.",
     ),
 }
 
