@@ -777,6 +777,8 @@ class Output:
         self.stdout = stdout
         self.stderr = stderr
         self._owed = memoryview(b"")  # the rest of a line a signal stopped (``_whole``)
+        #: Whether ``json``'s one document has been begun (a failure then goes to stderr).
+        self.documented = False
         self.width: int | None = output_width(stdout) if width is False else width or None
 
     @property
@@ -818,7 +820,13 @@ class Output:
         if self.format == "jsonl":
             self._whole(_json_text(value, separators=(",", ":")) + "\n")
         else:
+            self.documented = True  # begun: the one document, whatever stops it
             self._whole(_json_text(value, indent=2) + "\n")
+
+    def finish(self) -> None:
+        """Write what a signal left owed of the last JSON line or document (``_whole``)."""
+        if self._owed:
+            self._drain()
 
     def _whole(self, text: str) -> None:
         """Write ``text`` to stdout's descriptor so that no signal leaves part of it.

@@ -295,20 +295,22 @@ def test_cli_jsonl_error_is_one_line(ctl: Ctl) -> None:
     assert json.loads(line)["error"]["code"] == -32004
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "json"])
 @pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])
 def test_cli_jsonl_lines_stay_whole_when_a_signal_stops_a_blocked_write(
-    ctl: Ctl, sig: int, code: int
+    ctl: Ctl, sig: int, code: int, fmt: str
 ) -> None:
     """A consumer that lags (its pipe full in the middle of the 100 KB ``result`` line) and
     a SIGTERM or Ctrl-C then: the signal raised from inside Python's write, the rest of
     the line was dropped, and the ``{"error": ...}`` line saying "Interrupted" followed
     the part written, on the same line: the consumer's JSON parser failed on it. Each
-    line is whole now, the error one after it."""
+    line is whole now, the error one after it; ``json``'s one document is the result,
+    whole, and the interruption goes to stderr, as a second document would break it."""
     read_end, write_end = os.pipe()
     try:
         proc = subprocess.Popen(  # noqa: S603
-            ctl.argv("invoke", "c_big", "--format", "jsonl"), stdout=write_end,
-            stderr=subprocess.DEVNULL, env=ctl.env(), cwd=ctl.base,
+            ctl.argv("invoke", "c_big", "--format", fmt), stdout=write_end,
+            stderr=subprocess.PIPE, env=ctl.env(), cwd=ctl.base,
         )
     finally:
         os.close(write_end)
@@ -331,11 +333,16 @@ def test_cli_jsonl_lines_stay_whole_when_a_signal_stops_a_blocked_write(
 
             eventually(taken, 30, "the signal taken")
             data = reader.read()
-            assert proc.wait(timeout=30) == code
+            _, stderr = proc.communicate(timeout=30)
+            assert proc.returncode == code
         finally:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+    if fmt == "json":
+        assert json.loads(data)["status"] == "ok"  # one document, whole
+        assert stderr.decode().startswith("Interrupted")
+        return
     *lines, last = data.split(b"\n")
     assert last == b""
     documents = [json.loads(line) for line in lines]  # each one whole
