@@ -211,7 +211,9 @@ def _shebang(head: bytes) -> tuple[bytes, bytes | None] | None:
     return line[:stop], rest.split(b"\0", 1)[0] or None
 
 
-def interpreter_failure(path: str, *, without_line: bool = True) -> tuple[int, str]:
+def interpreter_failure(
+    path: str, *, without_line: bool = True, relative: bool = True
+) -> tuple[int, str]:
     """Why the executable regular file ``path`` cannot be run as it stands: the errno its
     start fails with and the sentence that names the fix, else ``(0, "")``.
 
@@ -231,6 +233,10 @@ def interpreter_failure(path: str, *, without_line: bool = True) -> tuple[int, s
         without_line: Whether a file that starts with neither ``#!`` nor an ELF header
             counts as a problem. bubblewrap's ``execvp`` runs such a file with
             ``/bin/sh``, so only unsandboxed starts fail for it.
+        relative: Whether an interpreter named by a relative path (``#!bash``) counts as
+            a problem. The kernel looks for it from the folder the tool starts in (the
+            workspace), never on ``PATH``: there is almost never one there, but a check
+            before a start, which cannot look there, must not refuse the call for it.
     """
     head = _head(path)
     subject, chain = f"Command file {path}", [path]
@@ -251,9 +257,15 @@ def interpreter_failure(path: str, *, without_line: bool = True) -> tuple[int, s
         if (name if argument is None else argument).endswith(b"\r"):
             return errno.ENOENT, _crlf(subject, chain[-1])
         interpreter = os.fsdecode(name)
-        if not interpreter.startswith("/"):
-            return 0, ""
         named = f"{subject} names the interpreter {interpreter} on its #! line, "
+        if not interpreter.startswith("/"):
+            if not relative or not interpreter:
+                return 0, ""
+            return errno.ENOENT, named + (
+                "a relative path, which the system looks for from the folder the tool runs "
+                "in (the workspace), not on PATH: name it by its full path, or through env "
+                f"(#!/usr/bin/env {interpreter})."
+            )
         if not os.path.exists(interpreter):
             return errno.ENOENT, named + "which does not exist: install it, or name one that does."
         if os.path.isdir(interpreter):

@@ -141,6 +141,13 @@ SCRIPTS = {
         "interpreter /usr/bin/python9-not-installed on its #! line, which does not exist: "
         "install it, or name one that does.",
     ),
+    # Looked for from the workspace, not on PATH: "No such file or directory", no sentence.
+    "relbang": (
+        "#!bash\necho hi\n",
+        "names the interpreter bash on its #! line, a relative path, which the system looks "
+        "for from the folder the tool runs in (the workspace), not on PATH: name it by its "
+        "full path, or through env (#!/usr/bin/env bash).",
+    ),
     # Six scripts in a chain: "Too many levels of symbolic links", of no link.
     "chain": (
         "#!{folder}/s1\necho hi\n",
