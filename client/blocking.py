@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import socket
-import sys
 import time
 from collections.abc import Callable, Mapping
 
@@ -43,7 +42,14 @@ TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["CALL_EVENTS", "MAX_LINE_BYTES", "BlockingClient", "RawJson", "json_number"]
+__all__ = [
+    "CALL_EVENTS",
+    "MAX_LINE_BYTES",
+    "BlockingClient",
+    "RawJson",
+    "WrittenNumber",
+    "json_number",
+]
 
 #: The longest line accepted from the daemon: the longest line the daemon sends
 #: (``protocol.codec.MAX_DAEMON_LINE``; a test holds the two equal), so every legal result,
@@ -58,38 +64,29 @@ _READ_CHUNK = 65536
 _LAST_WORDS_SECONDS = 1.0
 
 
-def json_number(text: str) -> float | int:
-    """A ``parse_float`` hook: a JSON number with a fraction or an exponent, as a float;
-    past the double range (``1e400``: every such number is a whole one) as its exact
-    integer, where a float would be infinity and print as ``Infinity``, which is no JSON.
+class WrittenNumber(float):
+    """A JSON number with a fraction or an exponent, and its text as written (``text``).
 
-    Raises:
-        ValueError: The integer would have more digits than Python prints (4300 unless
-            ``PYTHONINTMAXSTRDIGITS`` says otherwise), as for an integer written out; or
-            its exponent is past what ``decimal`` holds (``1e99999999999999999999999``).
+    The daemon echoes a number as the caller wrote it (``1.50``, ``1e4``, ``1e400``), and
+    ``toolsetctl`` prints it back so (``render.dumps``): as a float it would print as
+    ``1.5``, ``10000.0`` or ``Infinity`` (no JSON). Its value is the double it reads as
+    (infinity past the double range); nothing here computes the exact integer, whose
+    digits a ``1e2000000`` would have toolsetctl write out for a minute.
     """
-    value = float(text)
-    if value - value == 0:  # finite
-        return value
-    import decimal  # only for a number past the double range
 
-    limit = sys.get_int_max_str_digits()
-    try:
-        exact = decimal.Decimal(text)
-    except decimal.InvalidOperation:  # an ArithmeticError: it escaped every ValueError caught
-        raise ValueError(f"the number {text} has more than {decimal.MAX_EMAX} digits") from None
-    if limit and exact.adjusted() >= limit:
-        raise ValueError(f"the number {text} has more than {limit} digits")
-    # int(exact) converts the power of ten too, in time quadratic in its digits: 57 s for
-    # 1e1000000 (PYTHONINTMAXSTRDIGITS=0 lifts the limit above). Python's own power of
-    # ten takes 0.4 s, and the digits written are converted alone: the same integer
-    # (truncated toward zero, as int() truncates), for what the text costs to read.
-    sign, digits, exponent = exact.as_tuple()
-    assert isinstance(exponent, int)  # a finite number: float() above took it
-    coefficient = int(decimal.Decimal((0, digits, 0)))
-    scale: int = 10 ** abs(exponent)
-    whole = coefficient * scale if exponent >= 0 else coefficient // scale
-    return -whole if sign else whole
+    __slots__ = ("text",)
+    text: str
+
+    def __new__(cls, text: str) -> WrittenNumber:
+        number = super().__new__(cls, text)
+        number.text = text
+        return number
+
+
+def json_number(text: str) -> float:
+    """A ``parse_float`` hook: a JSON number with a fraction or an exponent, as a
+    ``WrittenNumber`` (its double, and its text to print back)."""
+    return WrittenNumber(text)
 
 
 class RawJson:

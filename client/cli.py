@@ -733,10 +733,13 @@ def _report(out: Output, failure: Failure) -> int:
     gets the message on stderr instead of a traceback.
     """
     try:
-        if out.is_json:
+        if out.is_json and not out.documented:
             out.json({"error": failure.error()})
             out.flush()
         else:
+            # json prints one document: after the result's (a signal while a reader lagged
+            # stopped its printing), the failure goes to stderr, the document whole first.
+            out.finish()
             out.error(failure.message)
             for line in failure.details:
                 out.error(line)

@@ -110,8 +110,8 @@ def read_arguments(spec: str | None, stdin: TextIO) -> tuple[dict[str, Any], str
         raise UsageError(f"{where} must be a JSON object.")
     try:
         # Half a surrogate pair can only come from a \u escape (the text itself encoded
-        # above); without one, no dump, which writes out every number in full, slowly for
-        # a 1e1000000 under PYTHONINTMAXSTRDIGITS=0 (28 s).
+        # above); without one, no dump, which writes out every integer in full, slowly for
+        # a long one under PYTHONINTMAXSTRDIGITS=0.
         if "\\u" in text:
             json.dumps(value, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:

@@ -24,12 +24,15 @@ by ``set_rows_from_list``, or from the files on disk by ``toolsetd.client.offlin
 from __future__ import annotations
 
 import json
+import os
 import re
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 
 from toolsetd.protocol.printable import inert_json, inert_line
 
-from .command import to_devnull
+from .blocking import WrittenNumber
+from .command import to_devnull, wait_ready
 from .table import (
     fields_lines,
     fits,
@@ -414,7 +417,47 @@ def _isatty(stream: TextIO) -> bool:
 
 
 def _compact(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    return dumps(value, separators=(",", ":"))
+
+
+class _WrittenEncoder(json.JSONEncoder):
+    """``json.JSONEncoder`` that writes a ``WrittenNumber`` as its text: the standard
+    library's C encoder writes every float with ``float.__repr__``, so this one takes
+    its Python form (the one it uses anyway with ``indent``) with its own float writer."""
+
+    def iterencode(self, o: Any, _one_shot: bool = False) -> Any:
+        def floatstr(number: float) -> str:
+            text = getattr(number, "text", None)  # a WrittenNumber, or jsontext's JsonNumber
+            if isinstance(text, str):
+                return text
+            if number - number == 0:  # finite
+                return float.__repr__(number)
+            return "NaN" if number != number else "Infinity" if number > 0 else "-Infinity"
+
+        encoder = (
+            json.encoder.encode_basestring_ascii
+            if self.ensure_ascii
+            else json.encoder.encode_basestring
+        )
+        return json.encoder._make_iterencode(  # type: ignore[attr-defined]
+            {} if self.check_circular else None,
+            self.default,
+            encoder,
+            self.indent,
+            floatstr,
+            self.key_separator,
+            self.item_separator,
+            self.sort_keys,
+            self.skipkeys,
+            _one_shot,
+        )(o, 0)
+
+
+def dumps(value: Any, **options: Any) -> str:
+    """``json.dumps(value, ensure_ascii=False, **options)``, every number the daemon sent
+    as it wrote it (``1.50``, ``1e4``, ``1e2000000``: ``blocking.WrittenNumber``), as the
+    daemon echoes arguments: bounded by what the caller wrote, and the same value."""
+    return json.dumps(value, ensure_ascii=False, cls=_WrittenEncoder, **options)
 
 
 def _approval_text(approval: Any) -> str:
@@ -486,7 +529,9 @@ def _uptime(uptime: Any) -> str:
     OverflowError, a traceback's exit 9), a float rounded, anything else ``-``."""
     if type(uptime) is int:
         return f"{uptime} s"
-    return f"{uptime:.0f} s" if type(uptime) is float else "-"
+    if isinstance(uptime, WrittenNumber) and uptime - uptime != 0:  # past the double range
+        return f"{uptime.text} s"
+    return f"{uptime:.0f} s" if isinstance(uptime, float) else "-"
 
 
 def _confinement_rows(confinement: Any) -> list[tuple[str, str]]:
@@ -698,7 +743,7 @@ _JSON_UNSAFE = re.compile(
 
 
 def _json_text(value: Any, **options: Any) -> str:
-    text = json.dumps(value, ensure_ascii=False, **options)
+    text = dumps(value, **options)
     return inert_json(_JSON_UNSAFE.sub(lambda match: f"\\u{ord(match.group()):04x}", text))
 
 
@@ -731,6 +776,9 @@ class Output:
         self.format = fmt
         self.stdout = stdout
         self.stderr = stderr
+        self._owed = memoryview(b"")  # the rest of a line a signal stopped (``_whole``)
+        #: Whether ``json``'s one document has been begun (a failure then goes to stderr).
+        self.documented = False
         self.width: int | None = output_width(stdout) if width is False else width or None
 
     @property
@@ -752,6 +800,8 @@ class Output:
         exit 1 of an uncaught error (which reads as "the tool failed").
         """
         try:
+            if self._owed and _same_file(self.stdout, self.stderr):  # 2>&1: finish the line
+                self._drain()
             self.stderr.write(inert_line(printable(text)) + "\n")
             self.stderr.flush()
         except OSError:
@@ -765,12 +815,65 @@ class Output:
         self.stdout.write(text)
 
     def json(self, value: Any) -> None:
-        """Print a JSON value: indented (``json``) or on one line (``jsonl``), UTF-8."""
+        """Print a JSON value: indented (``json``) or on one line (``jsonl``), UTF-8, whole
+        (``_whole``) even when a signal stops the command while a reader lags."""
         if self.format == "jsonl":
-            self.stdout.write(_json_text(value, separators=(",", ":")) + "\n")
-            self.stdout.flush()
+            self._whole(_json_text(value, separators=(",", ":")) + "\n")
         else:
-            self.stdout.write(_json_text(value, indent=2) + "\n")
+            self.documented = True  # begun: the one document, whatever stops it
+            self._whole(_json_text(value, indent=2) + "\n")
+
+    def finish(self) -> None:
+        """Write what a signal left owed of the last JSON line or document (``_whole``)."""
+        if self._owed:
+            self._drain()
+
+    def _whole(self, text: str) -> None:
+        """Write ``text`` to stdout's descriptor so that no signal leaves part of it.
+
+        Ctrl-C, SIGTERM or SIGHUP while a write waited for a lagging reader (a full pipe)
+        raised from the middle of it: Python's writer dropped the rest, and the ``error``
+        line that says "Interrupted" followed the part written, so a ``jsonl`` consumer's
+        parser failed on the joined line. Here each write is one a pipe takes at once
+        (``PIPE_BUF`` bytes, once it has room), with the three signals held only around
+        it, so what is left is known exactly; the signal is raised from the wait for room,
+        and what is left is owed (``_owed``): written, before anything else, by the next
+        line (the ``completed`` event of the cancelled call, the "Interrupted" error) or
+        the next line to stderr when it is the same pipe (``2>&1``).
+        """
+        try:
+            self.stdout.fileno()
+        except (AttributeError, OSError, ValueError):  # not a file (a test's StringIO)
+            self.stdout.write(text)
+            self.stdout.flush()
+            return
+        self.stdout.flush()  # nothing in json: everything it prints comes here
+        encoding = getattr(self.stdout, "encoding", None) or "utf-8"
+        self._drain()
+        self._owed = memoryview(
+            text.encode(encoding, getattr(self.stdout, "errors", None) or "strict")
+        )
+        self._drain()
+
+    def _drain(self) -> None:
+        """Write what is owed of the last line (see ``_whole``); a signal may raise from
+        the wait for room, never between a write and the count of what it took."""
+        if not self._owed:
+            return
+        import signal  # loaded already (termination): free
+
+        fd = self.stdout.fileno()
+        held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+        chunk = _PIPE_BUF if not stat.S_ISREG(os.fstat(fd).st_mode) else len(self._owed)
+        while self._owed:
+            wait_ready(fd, write=True)
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+            try:
+                self._owed = self._owed[os.write(fd, self._owed[:chunk]) :]
+            except BlockingIOError:  # a non-blocking descriptor another writer filled
+                pass
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def rows(
         self,
@@ -823,4 +926,18 @@ class Output:
         the interpreter's own at exit included, fails again (Python then prints "Exception
         ignored" and exits 120 instead of the command's code).
         """
+        self._owed = memoryview(b"")
         to_devnull(self.stdout)
+
+
+#: What a pipe takes in one write once it has room at all (Linux's ``PIPE_BUF``): a larger
+#: write waits for the reader part-way, where only a signal could end it.
+_PIPE_BUF = 4096
+
+
+def _same_file(one: TextIO, other: TextIO) -> bool:
+    """Whether two streams write to the same file (``2>&1``)."""
+    try:
+        return os.path.samestat(os.fstat(one.fileno()), os.fstat(other.fileno()))
+    except (AttributeError, OSError, ValueError):
+        return False

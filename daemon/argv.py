@@ -172,11 +172,48 @@ def build_argv(loaded: LoadedTool, arguments: Any) -> list[str]:
     return command + flags
 
 
-#: How much of a command file is read for its ``#!`` line (Linux reads at most 256 bytes).
+#: How much of a command file the kernel reads for its ``#!`` line: ``BINPRM_BUF_SIZE``,
+#: 256 bytes since Linux 5.1 (128 before). A line that ends past it is cut there; one whose
+#: interpreter's name does not end within it is refused (ENOEXEC, since Linux 5.0).
 _HEAD_BYTES = 256
 
+#: How many scripts the kernel runs in a chain of ``#!`` interpreters (a script whose
+#: interpreter is a script, ...): exec gives up at a sixth with ELOOP (``fs/exec.c``).
+_MAX_SCRIPTS = 5
 
-def interpreter_failure(path: str, *, without_line: bool = True) -> tuple[int, str]:
+
+def _shebang(head: bytes) -> tuple[bytes, bytes | None] | None:
+    """The interpreter and the optional argument the kernel reads from the ``#!`` line in
+    ``head`` (``fs/binfmt_script.c``); None when the kernel refuses the line (ENOEXEC):
+    it names no interpreter, or the name does not end (a space, a tab or a NUL) within
+    the bytes read.
+
+    The kernel's buffer holds NULs past a shorter file's end; the line ends at the first
+    line feed in it, else it is cut before the buffer's last byte; spaces and tabs around
+    it are dropped; the name ends at a space, a tab or a NUL, and the rest, from its first
+    character that is neither space nor tab, is one argument (none after a NUL).
+    """
+    buf = head[:_HEAD_BYTES].ljust(_HEAD_BYTES, b"\0")
+    end = buf.find(b"\n")
+    if end < 0:
+        body = buf[2 : _HEAD_BYTES - 1].lstrip(b" \t")
+        if not body or not any(c in body + buf[-1:] for c in (b" ", b"\t", b"\0")):
+            return None  # spaces only, or an interpreter's name the buffer cuts
+        end = _HEAD_BYTES - 1  # the argument is cut there
+    line = buf[2:end].strip(b" \t")
+    if not line:
+        return None
+    stops = [i for i in (line.find(b" "), line.find(b"\t"), line.find(b"\0")) if i >= 0]
+    if not stops:
+        return line, None
+    stop = min(stops)
+    rest = line[stop:].lstrip(b" \t") if line[stop : stop + 1] != b"\0" else b""
+    return line[:stop], rest.split(b"\0", 1)[0] or None
+
+
+def interpreter_failure(
+    path: str, *, without_line: bool = True, relative: bool = True
+) -> tuple[int, str]:
     """Why the executable regular file ``path`` cannot be run as it stands: the errno its
     start fails with and the sentence that names the fix, else ``(0, "")``.
 
@@ -184,47 +221,88 @@ def interpreter_failure(path: str, *, without_line: bool = True) -> tuple[int, s
     ``execve`` fails with words that point elsewhere: a ``#!/bin/sh`` line saved with
     Windows line endings names the interpreter ``/bin/sh\\r``, and an interpreter that
     is not installed, say ``/usr/bin/python9``, both fail as "No such file or directory"
-    for the script that is right there; a script with no ``#!`` line at all fails as
-    "Exec format error". These are the sentences that name the fix.
+    for the script that is right there; a script with no ``#!`` line at all, or a ``#!``
+    line that names no interpreter or one whose name runs past the 256 bytes the kernel
+    reads (not cut, as before Linux 5.0: refused), fails as "Exec format error". An
+    interpreter that is itself a script is read the same way, to the kernel's depth
+    (past it: "Too many levels of symbolic links"). These are the sentences that name
+    the fix.
 
     Args:
         path: The command file (an absolute path).
         without_line: Whether a file that starts with neither ``#!`` nor an ELF header
             counts as a problem. bubblewrap's ``execvp`` runs such a file with
             ``/bin/sh``, so only unsandboxed starts fail for it.
+        relative: Whether an interpreter named by a relative path (``#!bash``) counts as
+            a problem. The kernel looks for it from the folder the tool starts in (the
+            workspace), never on ``PATH``: there is almost never one there, but a check
+            before a start, which cannot look there, must not refuse the call for it.
     """
     head = _head(path)
-    if head.startswith(b"\x7fELF"):
-        return 0, ""
-    if not head.startswith(b"#!"):
-        if not without_line or not head:
+    subject, chain = f"Command file {path}", [path]
+    while True:
+        if head.startswith(b"\x7fELF"):
             return 0, ""
-        return errno.ENOEXEC, (
-            f"Command file {path} does not start with a #! line: make its first line one "
-            "that names its interpreter, such as #!/bin/sh."
-        )
-    line = head[2:].split(b"\n", 1)[0]
-    if line.endswith(b"\r"):
-        return errno.ENOENT, _crlf(path)
-    words = line.split()
-    interpreter = os.fsdecode(words[0]) if words else ""
-    if not interpreter.startswith("/"):
-        return 0, ""
-    named = f"Command file {path} names the interpreter {interpreter} on its #! line, "
-    if not os.path.exists(interpreter):
-        return errno.ENOENT, named + "which does not exist: install it, or name one that does."
-    if os.path.isdir(interpreter):
-        return errno.EACCES, named + "which is a folder: name the program in it."
-    if not os.access(interpreter, os.X_OK):
-        if _on_noexec(interpreter):
-            return errno.EACCES, named + (
-                "which is on a file system mounted noexec, from which the system starts no "
-                "program: name an interpreter on another file system."
+        if not head.startswith(b"#!"):
+            if not without_line or not head:
+                return 0, ""
+            return errno.ENOEXEC, (
+                f"{subject} does not start with a #! line: make its first line one that names "
+                "its interpreter, such as #!/bin/sh."
             )
-        return errno.EACCES, named + (
-            f"which is not executable: run chmod +x {interpreter}, or name another."
+        parsed = _shebang(head)
+        if parsed is None:
+            return errno.ENOEXEC, _unread_line(subject, head)
+        name, argument = parsed
+        if (name if argument is None else argument).endswith(b"\r"):
+            return errno.ENOENT, _crlf(subject, chain[-1])
+        interpreter = os.fsdecode(name)
+        named = f"{subject} names the interpreter {interpreter} on its #! line, "
+        if not interpreter.startswith("/"):
+            if not relative or not interpreter:
+                return 0, ""
+            return errno.ENOENT, named + (
+                "a relative path, which the system looks for from the folder the tool runs "
+                "in (the workspace), not on PATH: name it by its full path, or through env "
+                f"(#!/usr/bin/env {interpreter})."
+            )
+        if not os.path.exists(interpreter):
+            return errno.ENOENT, named + "which does not exist: install it, or name one that does."
+        if os.path.isdir(interpreter):
+            return errno.EACCES, named + "which is a folder: name the program in it."
+        if not os.access(interpreter, os.X_OK):
+            if _on_noexec(interpreter):
+                return errno.EACCES, named + (
+                    "which is on a file system mounted noexec, from which the system starts "
+                    "no program: name an interpreter on another file system."
+                )
+            return errno.EACCES, named + (
+                f"which is not executable: run chmod +x {interpreter}, or name another."
+            )
+        head = _head(interpreter)
+        if not head.startswith(b"#!"):
+            return 0, ""  # a program (or what the kernel's other formats run)
+        # A script: the kernel runs its interpreter in turn, a few levels deep.
+        chain.append(interpreter)
+        if len(chain) > _MAX_SCRIPTS:
+            return errno.ELOOP, (
+                f"Command file {path} starts a chain of scripts, each the #! interpreter of "
+                f"the one before ({', '.join(chain[1:])}), longer than the "
+                f"{_MAX_SCRIPTS} the system runs: name a program, not a script, on one of "
+                "their #! lines."
+            )
+        subject = named + "a script that"
+
+
+def _unread_line(subject: str, head: bytes) -> str:
+    """The sentence for a ``#!`` line the kernel refuses (``_shebang`` is None)."""
+    if head[2:_HEAD_BYTES].split(b"\n", 1)[0].strip(b" \t\r\0"):
+        return (
+            f"{subject} has a #! line whose interpreter's name does not end within the first "
+            f"{_HEAD_BYTES} bytes of the file, all the system reads of it, so the system "
+            "refuses to run it: name the interpreter by a shorter path (a link to it)."
         )
-    return 0, ""
+    return f"{subject} has a #! line that names no interpreter: name one, such as #!/bin/sh."
 
 
 def _head(path: str) -> bytes:
@@ -245,11 +323,11 @@ def _head(path: str) -> bytes:
         os.close(fd)
 
 
-def _crlf(path: str) -> str:
+def _crlf(subject: str, path: str) -> str:
     return (
-        f"Command file {path} has Windows (CRLF) line endings: its #! line ends in a "
-        f"carriage return, which the system reads as part of the interpreter's name; "
-        f"save it with LF line endings (dos2unix {path})."
+        f"{subject} has Windows (CRLF) line endings: its #! line ends in a carriage return, "
+        "which the system reads as part of the interpreter's name; save it with LF line "
+        f"endings (dos2unix {path})."
     )
 
 
@@ -273,15 +351,15 @@ def env_failure(path: str, search_path: str | None) -> str:
             system's default, ``os.defpath``).
     """
     head = _head(path)
-    if not head.startswith(b"#!"):
+    parsed = _shebang(head) if head.startswith(b"#!") else None
+    if parsed is None:
         return ""
-    line = head[2:].split(b"\n", 1)[0]
-    parts = line.strip(b" \t").split(None, 1)
-    if len(parts) != 2 or not parts[0].startswith(b"/") or os.path.basename(parts[0]) != b"env":
+    program, argument = parsed
+    if argument is None or not program.startswith(b"/") or os.path.basename(program) != b"env":
         return ""
-    env, rest = os.fsdecode(parts[0]), os.fsdecode(parts[1].strip(b" \t"))
+    env, rest = os.fsdecode(program), os.fsdecode(argument)
     if rest.endswith("\r"):
-        return _crlf(path)
+        return _crlf(f"Command file {path}", path)
     split = rest.startswith("-S")
     words = rest[2:].split() if split else [rest]
     if not words or words[0].startswith("-") or "=" in words[0]:

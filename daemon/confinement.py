@@ -236,7 +236,7 @@ def check_executable(name: str, search_path: str | None, set_dir: Path | None = 
             raise refuse(exc.errno or errno.ENOENT) from exc
         if stat.S_ISDIR(info.st_mode) or not os.access(name, os.X_OK):
             raise refuse(errno.EACCES)
-    code, problem = interpreter_failure(runs, without_line=False)
+    code, problem = interpreter_failure(runs, without_line=False, relative=False)
     if problem:
         raise ExecutableError(f"{os.strerror(code)}: {name}. {problem}")
 

@@ -297,14 +297,19 @@ def workspace_relative(path: str) -> str:
 
 
 def _unexpanded(path: str, message: str) -> str:
-    """``message``, and when ``path`` holds a host's variable, that it does and the fix."""
+    """``message``, and when ``path`` holds a host's variable, that it does and the fix.
+
+    The variable is quoted as the path is (``repr``): a ``${...}`` holds anything but
+    ``}`` and ``$``, and bare it ran into the sentence (``It holds ${my folder}, a``), and
+    every face shows a control character in it as its escape, the same text as a
+    backslash typed there; quoted, the two differ, as they do in the path."""
     import re  # a failure's path only: toolsetctl's start-up does not import it
 
     unexpanded = re.search(_UNEXPANDED, path)
     if unexpanded is None:
         return message
     return (
-        f"{message} It holds {unexpanded.group()}, a variable its host did not expand "
+        f"{message} It holds {unexpanded.group()!r}, a variable its host did not expand "
         "(Cursor and VS Code leave ${workspaceFolder} so when no folder is open): open a "
         "folder, or give the folder's own path."
     )

@@ -26,6 +26,7 @@ import termios
 import threading
 import time
 from collections.abc import Callable, Iterator
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -113,9 +114,11 @@ def ctl() -> Iterator[Ctl]:
                 {**TOOL, "name": "c_fail", "command": ["fail.sh"]},
                 {**TOOL, "name": "c_progress", "command": ["progress.sh"]},
                 {**TOOL, "name": "c_content", "command": ["content.sh"], "output": "content"},
+                {**TOOL, "name": "c_big", "command": ["big.sh"]},
             ],
         },
         **{
+            "big.sh": SH + "i=0\nwhile [ $i -lt 3000 ]; do printf '%099d\\n' $i; i=$((i+1)); done\n",
             "fail.sh": SH + "echo broken >&2\nexit 7\n",
             "progress.sh": PROGRESS,
             "content.sh": SH + "echo not content JSON\n",
@@ -292,6 +295,62 @@ def test_cli_jsonl_error_is_one_line(ctl: Ctl) -> None:
     assert json.loads(line)["error"]["code"] == -32004
 
 
+@pytest.mark.parametrize("fmt", ["jsonl", "json"])
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, -signal.SIGTERM), (signal.SIGINT, 130)])
+def test_cli_jsonl_lines_stay_whole_when_a_signal_stops_a_blocked_write(
+    ctl: Ctl, sig: int, code: int, fmt: str
+) -> None:
+    """A consumer that lags (its pipe full in the middle of the 100 KB ``result`` line) and
+    a SIGTERM or Ctrl-C then: the signal raised from inside Python's write, the rest of
+    the line was dropped, and the ``{"error": ...}`` line saying "Interrupted" followed
+    the part written, on the same line: the consumer's JSON parser failed on it. Each
+    line is whole now, the error one after it; ``json``'s one document is the result,
+    whole, and the interruption goes to stderr, as a second document would break it."""
+    read_end, write_end = os.pipe()
+    try:
+        proc = subprocess.Popen(  # noqa: S603
+            ctl.argv("invoke", "c_big", "--format", fmt), stdout=write_end,
+            stderr=subprocess.PIPE, env=ctl.env(), cwd=ctl.base,
+        )
+    finally:
+        os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        try:
+            capacity = fcntl.fcntl(reader.fileno(), fcntl.F_GETPIPE_SZ)
+
+            def full() -> bool:  # the reader has not read: the writer waits for it
+                held = fcntl.ioctl(reader.fileno(), termios.FIONREAD, b"\0" * 4)
+                return int(struct.unpack("i", held)[0]) >= capacity - 2 * 4096
+
+            eventually(full, 30, "a full stdout pipe")
+            proc.send_signal(sig)
+
+            def taken() -> bool:  # the write it stopped has returned: nothing read meanwhile
+                status = Path(f"/proc/{proc.pid}/status").read_text()
+                pending = [line.split()[1] for line in status.splitlines()
+                           if line.startswith(("SigPnd:", "ShdPnd:"))]
+                return not any(int(mask, 16) & 1 << (sig - 1) for mask in pending)
+
+            eventually(taken, 30, "the signal taken")
+            data = reader.read()
+            _, stderr = proc.communicate(timeout=30)
+            assert proc.returncode == code
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    if fmt == "json":
+        assert json.loads(data)["status"] == "ok"  # one document, whole
+        assert stderr.decode().startswith("Interrupted")
+        return
+    *lines, last = data.split(b"\n")
+    assert last == b""
+    documents = [json.loads(line) for line in lines]  # each one whole
+    assert [next(iter(document)) for document in documents][-2:] == ["result", "error"]
+    assert documents[-2]["result"]["status"] == "ok"
+    assert documents[-1]["error"]["code"] == -32095
+
+
 # -- 3. exit codes, one meaning each ----------------------------------------------------
 
 
@@ -326,34 +385,45 @@ def _strict_json(text: str) -> Any:
     def refuse(name: str) -> None:
         raise ValueError(f"{name} is not JSON")
 
-    return json.loads(text, parse_constant=refuse)
+    return json.loads(text, parse_constant=refuse, parse_float=Decimal)
 
 
 @pytest.mark.parametrize("fmt", ["json", "jsonl"])
 def test_cli_json_stays_json_for_a_number_past_the_double_range(ctl: Ctl, fmt: str) -> None:
     """``--args '{"n": 1e400}'`` is JSON, and the daemon sends it back as written (in the
     classification, and in a denial's ``data``). toolsetctl read it as a float, infinity,
-    and printed ``"n": Infinity``: a document no JSON reader takes. Such a number (a whole
-    one: everything past the double range is) now prints as its exact integer."""
+    and printed ``"n": Infinity``: a document no JSON reader takes. It prints every
+    number as the daemon wrote it: ``1e400``, and ``1.50`` (not ``1.5``)."""
     r = ctl.run("classify", "c_fail", "--args", '{"n": 1e400, "m": -2.5E+401, "k": 1.50}',
                 "--format", fmt)
     assert r.returncode == 0, r.stderr
     document = _strict_json(r.stdout)
     arguments = (document["result"] if fmt == "jsonl" else document)["arguments"]
-    assert arguments == {"n": 10**400, "m": -25 * 10**400, "k": 1.5}
+    assert arguments == {"n": Decimal("1e400"), "m": Decimal("-2.5E+401"), "k": Decimal("1.50")}
+    assert '1.50' in r.stdout
     denied = ctl.run("invoke", "notes_add", "--args", '{"text": "x", "n": 1e400}',
                      "--headless", "--format", fmt)
     assert denied.returncode == 3, denied.stderr
-    assert _strict_json(denied.stdout)["error"]["data"]["arguments"]["n"] == 10**400
+    assert _strict_json(denied.stdout)["error"]["data"]["arguments"]["n"] == Decimal("1e400")
 
 
-def test_cli_args_with_a_number_toolsetctl_cannot_print_are_usage(ctl: Ctl) -> None:
-    """A number of more than 4300 digits (``1e5000``): Python does not print such an
-    integer; it is refused as too large, exit 2, before anything is sent, as an integer
-    written out with that many digits already was."""
-    r = ctl.run("classify", "c_fail", "--args", '{"n": 1e5000}', "--format", "json")
-    assert r.returncode == 2, r.stdout + r.stderr
-    assert "1e5000" in _strict_json(r.stdout)["error"]["message"]
+@pytest.mark.parametrize("fmt", ["table", "json"])
+def test_cli_args_past_the_digit_limit_are_echoed_as_written(ctl: Ctl, fmt: str) -> None:
+    """``PYTHONINTMAXSTRDIGITS=0`` and ``classify --args '{"n": 1e200000}'``: the daemon
+    echoes the argument as written, as its messages echo a value bounded, but toolsetctl
+    wrote it back as its exact integer, 200,001 digits (two million for 1e2000000, in
+    50 s). It prints what the daemon sent, ``1e200000``; and with Python's limit in
+    place, ``1e5000`` (more digits than Python writes) is sent and echoed the same, no
+    longer refused as a number toolsetctl could not print."""
+    r = ctl.run("classify", "c_fail", "--args", '{"n": 1e200000, "m": 1e4}', "--format", fmt,
+                PYTHONINTMAXSTRDIGITS="0")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert len(r.stdout) < 2000, f"{len(r.stdout)} characters"
+    shown = r.stdout.replace(" ", "")
+    assert '"n":1e200000,' in shown and '"m":1e4' in shown
+    limited = ctl.run("classify", "c_fail", "--args", '{"n": 1e5000}', "--format", "json")
+    assert limited.returncode == 0, limited.stdout + limited.stderr
+    assert _strict_json(limited.stdout)["arguments"]["n"] == Decimal("1e5000")
 
 
 def test_cli_args_with_a_long_exponent_and_no_digit_limit_are_sent_at_once(ctl: Ctl) -> None:

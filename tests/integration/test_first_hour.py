@@ -79,6 +79,13 @@ def _fill(home: Path, workspace: Path) -> None:
         write_set(tools, name, runs, **{"run.sh": body})
     (tools / "noexec" / "run.sh").chmod(0o644)
     (tools / "interpnox" / "interp").write_text("#!/bin/sh\n")  # not executable
+    inner = tools / "nested" / "inner"
+    inner.write_text("#!/usr/bin/python9-not-installed\nprint(1)\n")
+    inner.chmod(0o755)
+    for level in range(1, 6):  # run.sh, then s1 to s5: six scripts
+        script = tools / "chain" / f"s{level}"
+        script.write_text(f"#!{tools / 'chain' / f's{level + 1}'}\n" if level < 5 else "#!/bin/sh\n")
+        script.chmod(0o755)
     write_set(project, "pcrlf", {**TOOL, "command": ["run.sh"]}, **{"run.sh": CRLF})
 
 
@@ -113,6 +120,40 @@ SCRIPTS = {
         "#!{folder}\necho hi\n",
         "names the interpreter {folder} on its #! line, which is a folder: name the program "
         "in it.",
+    ),
+    # The kernel reads the first 256 bytes: an interpreter's name that does not end there
+    # is refused ("Exec format error"), not cut and looked for: it was "does not exist".
+    "longbang": (
+        "#!{folder}/" + "i" * 300 + "\necho hi\n",
+        "has a #! line whose interpreter's name does not end within the first 256 bytes of "
+        "the file, all the system reads of it, so the system refuses to run it: name the "
+        "interpreter by a shorter path (a link to it).",
+    ),
+    "emptybang": (
+        "#!\necho hi\n",
+        "has a #! line that names no interpreter: name one, such as #!/bin/sh.",
+    ),
+    # An interpreter that is a script is run by its own interpreter: one missing there was
+    # "No such file or directory" for the tool's script, with no sentence at all.
+    "nested": (
+        "#!{folder}/inner\necho hi\n",
+        "names the interpreter {folder}/inner on its #! line, a script that names the "
+        "interpreter /usr/bin/python9-not-installed on its #! line, which does not exist: "
+        "install it, or name one that does.",
+    ),
+    # Looked for from the workspace, not on PATH: "No such file or directory", no sentence.
+    "relbang": (
+        "#!bash\necho hi\n",
+        "names the interpreter bash on its #! line, a relative path, which the system looks "
+        "for from the folder the tool runs in (the workspace), not on PATH: name it by its "
+        "full path, or through env (#!/usr/bin/env bash).",
+    ),
+    # Six scripts in a chain: "Too many levels of symbolic links", of no link.
+    "chain": (
+        "#!{folder}/s1\necho hi\n",
+        "starts a chain of scripts, each the #! interpreter of the one before ({folder}/s1, "
+        "{folder}/s2, {folder}/s3, {folder}/s4, {folder}/s5), longer than the 5 the system "
+        "runs: name a program, not a script, on one of their #! lines.",
     ),
 }
 
@@ -815,7 +856,7 @@ def test_a_workspace_variable_the_host_left_unexpanded_is_named(
     current folder joined with it) is no directory. Every face now names the variable
     and the fix: the pump, a command through the daemon, and one with no daemon."""
     hint = (
-        "It holds ${workspaceFolder}, a variable its host did not expand (Cursor and VS Code "
+        "It holds '${workspaceFolder}', a variable its host did not expand (Cursor and VS Code "
         "leave ${workspaceFolder} so when no folder is open): open a folder, or give the "
         "folder's own path."
     )
@@ -851,3 +892,19 @@ def test_a_workspace_variable_the_host_left_unexpanded_is_named(
     assert error["message"].endswith(f"got a relative path. {hint}")
     relative = first_hour.call("list", {"workspace": "ws"})["error"]["message"]
     assert relative.endswith("got a relative path.")
+
+
+def test_a_host_variable_named_in_the_hint_is_quoted_as_the_path_is(
+    first_hour: Daemon, tmp_path: Path
+) -> None:
+    """The hint named the variable bare: ``${...}`` holds anything but ``}`` and ``$``, so
+    one with an ESC in it and one with ``\\x1b`` typed there read alike (every face shows
+    the ESC as its escape), where the path beside it, quoted, tells them apart; and one
+    with a space ran into the sentence. It is quoted as the path is now."""
+    shown = {}
+    for variable in ("${my\x1bfolder}", "${my\\x1bfolder}", "${my folder}"):
+        r = ctl(first_hour, "--workspace", variable, "list")
+        assert r.returncode == 2, r.stdout + r.stderr
+        shown[variable] = r.stderr
+        assert f"It holds {variable!r}, a variable its host did not expand" in r.stderr
+    assert len(set(shown.values())) == 3
