@@ -405,6 +405,28 @@ def test_reload_a_symlink_loop_in_a_tools_root_drops_nothing_else(
     assert listed["notes"] == []
 
 
+def test_reload_a_manifest_linked_into_proc_is_refused_unread(
+    unwatched: Daemon, workspace: Path
+) -> None:
+    """A project tools.json linked to the daemon's /proc/self/environ is not read (as root,
+    a link to /proc/kmsg took the kernel's messages from whoever reads them): the set is
+    refused with a note that names it, its file system and the fix."""
+    d = unwatched
+    (workspace / ".crystal" / "tools" / "envy").mkdir(parents=True)
+    (workspace / ".crystal" / "tools" / "envy" / "tools.json").symlink_to("/proc/self/environ")
+    listed = d.call("list", {"workspace": str(workspace)})["result"]
+    assert listed["notes"] == [
+        {
+            "set": "envy",
+            "source": "project",
+            "message": "External tool set 'envy' was skipped: tools.json is in the kernel's "
+            "proc file system (a view of kernel state, not a file) and is not read: make "
+            "tools.json a regular file on a disk, or a link to one.",
+        }
+    ]
+    assert [s["state"] for s in listed["sets"] if s["directory"] == "envy"] == ["refused"]
+
+
 def test_reload_names_that_are_not_utf8_still_get_answers(tmp_base: Path) -> None:
     """A folder name that is not UTF-8 and a lone-surrogate escape never cost anyone an answer.
 
