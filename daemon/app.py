@@ -125,6 +125,7 @@ class DaemonOptions:
             if the daemon dies without cleaning up.
         workspace_idle_seconds: Workspaces unused this long are released.
         watch: Whether tool-set directories are watched for changes.
+        max_watches: The most directories the watch takes (``Watcher``'s ``max_watches``).
         allow_gid: The gid of ``allow-group``, whose members may call besides our own uid
             and root; looked up once, at start (``settings.resolve_allow_group``).
         user_home: The OS user's home, for ``~`` in path arguments.
@@ -154,6 +155,7 @@ class DaemonOptions:
     orphan_guard: bool = True
     workspace_idle_seconds: float = 3600.0
     watch: bool = True
+    max_watches: int = 8192
     allow_gid: int | None = None
     user_home: Path = field(default_factory=Path.home)
     metrics_listen: tuple[str, int] | None = None
@@ -775,6 +777,7 @@ async def _serve(
         extra={METHOD_MCP_BIND: mcp.bind},
         reload_config=reload_config,
         metrics_text=metrics.exposition,
+        watch_status=lambda: watcher.status() if watcher is not None else None,
     )
     server = Server(
         options.server,
@@ -791,7 +794,7 @@ async def _serve(
         # Imported here: a daemon run with --no-watch never loads watchfiles (~4 ms a start).
         from .watcher import Watcher
 
-        watcher = Watcher(options.home, on_change)
+        watcher = Watcher(options.home, on_change, max_watches=options.max_watches)
 
     try:
         async with anyio.create_task_group() as tg:
@@ -1202,6 +1205,7 @@ def options_from_settings(
         orphan_guard=not settings.no_orphan_guard,
         workspace_idle_seconds=settings.workspace_idle,
         watch=not settings.no_watch,
+        max_watches=settings.max_watches,
         cache_dir=None
         if settings.no_cache
         else Path(os.path.abspath(settings.cache_dir or default_cache_dir(os.environ))),

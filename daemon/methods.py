@@ -108,6 +108,22 @@ def _list_body(catalog: Catalog, wanted_name: str | None) -> dict[str, Any]:
     }
 
 
+#: ``status``'s ``watch`` under ``--no-watch``: neither a watch nor a poll runs (encoded
+#: once, as the confinement report is: no response shares a mutable dict).
+_NOT_WATCHING = orjson.Fragment(
+    json_dumps(
+        {
+            "state": "off",
+            "reason": "--no-watch: only SIGHUP, the reload method and toolsetctl reload",
+            "watched": 0,
+            "pastCap": 0,
+            "maxWatches": None,
+            "pollSeconds": None,
+        }
+    )
+)
+
+
 class Handlers:
     """The native method handlers over the service.
 
@@ -118,6 +134,8 @@ class Handlers:
         reload_config: Re-reads the config file on every ``reload``; returns the
             result's ``config`` member.
         metrics_text: Renders the metrics for ``metrics``: (text, content type).
+        watch_status: ``status``'s ``watch`` member (``Watcher.status``), or None when
+            the daemon does not watch (``--no-watch``).
     """
 
     def __init__(
@@ -127,8 +145,10 @@ class Handlers:
         extra: Mapping[str, Handler] | None = None,
         reload_config: Callable[[], dict[str, Any]] | None = None,
         metrics_text: Callable[[], tuple[str, str]] | None = None,
+        watch_status: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self.service = service
+        self._watch_status = watch_status
         self._connections = connections
         self._extra = dict(extra or {})
         self._reload_config = reload_config
@@ -192,6 +212,7 @@ class Handlers:
             "inFlight": len(service.calls),
             "connections": len(connections),
             "confinement": confinement,
+            "watch": (self._watch_status and self._watch_status()) or _NOT_WATCHING,
         }
 
     def _fixed_status(self) -> tuple[Any, Any, int, int, str, str, Any]:

@@ -1389,7 +1389,15 @@ def test_a_watch_restarted_where_no_thread_can_start_leaves_the_daemon_running(
                 what="watch_unavailable logged",
             )
             assert d.proc.poll() is None, f"the daemon ended: {d.log()[-300:]}"
-            assert "result" in conn.request("status")
+            # status says so, not only the log: an operator asking why edits come late.
+            watch = conn.request("status")["result"]["watch"]
+            assert watch["state"] == "polling", watch
+            assert watch["reason"] == (
+                "BlockingIOError: [Errno 11] the watch process could not start: Resource "
+                "temporarily unavailable"
+            ), watch
+            assert watch["watched"] == 0, watch
+            assert watch["pollSeconds"] >= 2, watch
         unavailable = [e for e in d.log_events() if e.get("event") == "watch_unavailable"]
         assert unavailable[0]["message"] == (
             "[Errno 11] the watch process could not start: Resource temporarily unavailable"
@@ -1415,6 +1423,9 @@ def test_a_watch_restarted_where_no_thread_can_start_leaves_the_daemon_running(
 
         eventually(started_again, what="the watch started again")
         assert d.proc.poll() is None
+        watch = conn.request("status")["result"]["watch"]
+        assert (watch["state"], watch["reason"]) == ("watching", None), watch
+        assert watch["watched"] > 0, watch
 
 
 #: A Watcher over ``home`` (argv[1]) whose watch factory, once told ``race`` on stdin, first
