@@ -361,6 +361,13 @@ class SnapshotCache(Generic[_V]):
         self._entries: dict[tuple[Path | None, str | None], tuple[weakref.ref[Catalog], _V]] = {}
         self._limit = limit
 
+    def cached(self, catalog: Catalog, wanted: str | None) -> _V | None:
+        """The value for ``catalog`` under filter ``wanted`` if it was built, else None."""
+        cached = self._entries.get((catalog.workspace, wanted))
+        if cached is not None and cached[0]() is catalog:
+            return cached[1]
+        return None
+
     def get(self, catalog: Catalog, wanted: str | None, build: Callable[[], _V]) -> _V:
         """The value for ``catalog`` under filter ``wanted``, built by ``build`` the first time."""
         key = (catalog.workspace, wanted)
