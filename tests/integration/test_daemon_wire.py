@@ -44,7 +44,7 @@ def test_daemon_status_reports_its_state(shared: Daemon) -> None:
     result = shared.call("status")["result"]
     assert set(result) == {
         "version", "pid", "uptimeSeconds", "socket", "home", "generation", "workspaces",
-        "inFlight", "connections", "confinement",
+        "inFlight", "connections", "confinement", "watch",
     }
     assert result["pid"] == shared.proc.pid
     assert result["socket"] == str(shared.socket)
