@@ -33,7 +33,7 @@ from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from . import threads
 from .catalog import note_info, set_info, tool_info
-from .model import Catalog, CatalogName, LoadedTool, SnapshotCache
+from .model import LARGE_CATALOG, Catalog, CatalogName, LoadedTool, SnapshotCache
 from .server import Connection, Handler, RequestContext
 from .service import Completion, InvokeRequest, ProgressReport, ReloadOutcome, Reported, Service
 
@@ -90,12 +90,6 @@ class _NativeSink:
                 },
             )
         )
-
-
-#: A catalog of more tools and sets than this has its ``list`` body built in a worker
-#: thread: 20,000 tools took 0.3-0.6 s to build, and every other client waited that long
-#: (a ``status`` beside it answered in 0.5 s). Smaller ones skip the thread hand-off.
-_LIST_INLINE_MAX = 2_000
 
 
 def _list_body(catalog: Catalog, wanted_name: str | None) -> dict[str, Any]:
@@ -259,9 +253,10 @@ class Handlers:
 
     async def _list_body(self, catalog: Catalog, wanted: str | None) -> dict[str, Any]:
         """``list``'s encoded body of a snapshot, from the cache, else built: on the loop
-        for a small catalog, else in a worker thread (``_LIST_INLINE_MAX``)."""
+        for a small catalog, else in a worker thread (``LARGE_CATALOG``: 20,000 tools took
+        0.3-0.6 s, and a ``status`` beside it waited as long)."""
         cache = self._list_cache
-        if len(catalog.tools) + len(catalog.sets) <= _LIST_INLINE_MAX:
+        if len(catalog.tools) + len(catalog.sets) <= LARGE_CATALOG:
             return cache.get(catalog, wanted, lambda: _list_body(catalog, wanted))
         body = cache.cached(catalog, wanted)
         if body is not None:  # not behind another snapshot's build

@@ -342,6 +342,13 @@ class Catalog:
 _V = TypeVar("_V")
 
 
+#: A catalog of more tools and sets than this has its listings (native ``list``'s body,
+#: MCP's ``tools/list`` entries) built in a worker thread, not on the event loop: 20,000
+#: tools took 0.15-0.6 s, which every other client waited out. Smaller ones skip the
+#: thread hand-off, which costs more than they do.
+LARGE_CATALOG = 2_000
+
+
 class SnapshotCache(Generic[_V]):
     """A value worked out once per catalog snapshot and filter (``list``'s bytes, MCP pages).
 
