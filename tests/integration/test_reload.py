@@ -431,14 +431,10 @@ def test_reload_a_manifest_linked_into_proc_is_refused_unread(
 def test_reload_status_says_nothing_watches_under_no_watch(unwatched: Daemon) -> None:
     """Under --no-watch, status says that edits wait for a reload (no watch, no poll)."""
     watch = unwatched.call("status")["result"]["watch"]
-    assert watch == {
-        "state": "off",
-        "reason": "--no-watch: only SIGHUP, the reload method and toolsetctl reload",
-        "watched": 0,
-        "pastCap": 0,
-        "maxWatches": None,
-        "pollSeconds": None,
-    }
+    assert watch["reason"] == "--no-watch: only SIGHUP, the reload method and toolsetctl reload"
+    assert (watch["state"], watch["pollSeconds"], watch["maxWatches"]) == ("off", None, None)
+    assert (watch["watched"], watch["pastCap"]) == (0, 0)
+    assert len(watch) == 6
 
 
 def _inotify_watches(pid: int) -> int:
