@@ -523,7 +523,10 @@ class Watcher:
             self._stop, self._watching = stop, dirs
             self._aliases = _aliases(dirs)
             if not dirs:
-                await stop.wait()  # nothing exists yet; the poller restarts us when it does
+                # Nothing exists yet (no home): nothing to watch or miss, so not "starting"
+                # for good in status; the poller restarts us when something appears.
+                self._established = True
+                await stop.wait()
                 continue
             # Events between the previous generation's end and this one's start are lost;
             # a probe shortly after the start turns them into signature changes.

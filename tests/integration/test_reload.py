@@ -437,6 +437,26 @@ def test_reload_status_says_nothing_watches_under_no_watch(unwatched: Daemon) ->
     assert len(watch) == 6
 
 
+def test_reload_status_of_a_home_not_made_yet_is_not_starting(
+    workspace: Path, tmp_base: Path
+) -> None:
+    """With no home folder yet there is nothing to watch, and nothing an event could miss:
+    status said the watch was starting for as long as the home did not exist. It says
+    watching 0 folders, and once the home is made, its folders."""
+    home = tmp_base / "later"
+    d = start_daemon(home, workspace, tmp_base)
+    try:
+        eventually(lambda: d.call("status")["result"]["watch"]["state"] != "starting",
+                   timeout=5, what="a state other than starting")
+        watch = d.call("status")["result"]["watch"]
+        assert (watch["state"], watch["watched"]) == ("watching", 0), watch
+        (home / "tools").mkdir(parents=True)
+        eventually(lambda: d.call("status")["result"]["watch"]["watched"] == 2,
+                   what="the home and its tools root watched")
+    finally:
+        d.stop()
+
+
 def _inotify_watches(pid: int) -> int:
     """The inotify watches held by ``pid``'s descendants (its watch process), as their
     ``/proc/<pid>/fdinfo`` lists them (one ``inotify wd:`` line a watch)."""
