@@ -1122,7 +1122,8 @@ async def _report_status(
 
 
 def _status_text(registry: Registry, handlers: Handlers, state: _State) -> str:
-    """The one-line load ``systemctl status`` shows: sets, workspaces, calls in flight."""
+    """The one-line load ``systemctl status`` shows: sets, workspaces, calls in flight, and
+    edits that reach the catalog by the poll alone (``status``'s ``watch``)."""
     calls = len(handlers.service.calls)
     if state.stopping:
         return f"Stopping; {calls} calls in flight"
@@ -1135,7 +1136,15 @@ def _status_text(registry: Registry, handlers: Handlers, state: _State) -> str:
             sets += sum(
                 1 for e in catalog.sets if e.source == Source.PROJECT and e.state == SetState.LOADED
             )
-    return f"Serving {sets} tool sets ({len(workspaces)} workspaces); {calls} calls in flight"
+    text = f"Serving {sets} tool sets ({len(workspaces)} workspaces); {calls} calls in flight"
+    watch = handlers.watch()
+    if watch is None:  # --no-watch: by choice
+        return text
+    if watch["state"] == "polling":
+        return f"{text}; the watch is unavailable, tool sets are polled"
+    if watch["pastCap"]:
+        return f"{text}; {watch['pastCap']} set folders past --max-watches are polled"
+    return text
 
 
 def _user_home() -> Path:

@@ -175,6 +175,10 @@ class Handlers:
             **self._extra,
         }
 
+    def watch(self) -> dict[str, Any] | None:
+        """``status``'s ``watch`` (``Watcher.status``), or None when nothing watches."""
+        return self._watch_status() if self._watch_status is not None else None
+
     @staticmethod
     def _named(params: Any) -> dict[str, Any]:
         if not isinstance(params, dict):
@@ -217,7 +221,7 @@ class Handlers:
             "inFlight": len(service.calls),
             "connections": len(connections),
             "confinement": confinement,
-            "watch": (self._watch_status and self._watch_status()) or _NOT_WATCHING,
+            "watch": self.watch() or _NOT_WATCHING,
         }
 
     def _fixed_status(self) -> tuple[Any, Any, int, int, str, str, Any]:
