@@ -222,7 +222,8 @@ class Watcher:
             tests).
         max_watches: The most directories watched (``--max-watches``), and never more
             than a quarter of ``fs.inotify.max_user_watches``; set folders past it are
-            followed by the poll alone. None: no bound.
+            followed by the poll alone. None: that quarter alone (no bound where the limit
+            cannot be read).
 
     Attributes:
         polls: How many polls ran (the baseline included).
