@@ -254,8 +254,9 @@ class Watcher:
         self._established = False
         #: Why the watch is unavailable, while it is (``watch_unavailable``'s words).
         self._unavailable = ""
-        #: What the last poll took in its thread: the poll's pace is twenty times that.
-        self._poll_cost = 0.0
+        #: Seconds between polls now (``status``): the recheck, or twenty times what the
+        #: last poll took in its thread if longer; worked out per poll, not per status.
+        self._poll_seconds = recheck_seconds
         #: Polls begun, and polls ended: a poll counts as begun while its probe is still
         #: in its thread, and as ended once what it found is taken in.
         self.polls = 0
@@ -334,7 +335,7 @@ class Watcher:
             "watched": 0 if self._degraded or watching is None else len(watching),
             "pastCap": self._past_cap,
             "maxWatches": self._cap,
-            "pollSeconds": round(max(self._recheck, _POLL_COST_FACTOR * self._poll_cost), 3),
+            "pollSeconds": self._poll_seconds,
         }
 
     def add_workspace(self, workspace: Path) -> None:
@@ -708,7 +709,7 @@ class Watcher:
             self._rewatch or _watched(probes, self._cap)[0] != self._watching
         ):
             self._stop_generation()
-        self._poll_cost = cost
+        self._poll_seconds = round(max(self._recheck, _POLL_COST_FACTOR * cost), 3)
         return cost
 
     def _probe_capped(
