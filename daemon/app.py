@@ -742,6 +742,7 @@ async def _serve(
                 c for c in (registry.cached(k) for k in (None, *registry.workspaces)) if c
             ],
             generation=lambda: registry.generation,
+            watch=lambda: watcher.status() if watcher is not None else None,
         )
     )
     observers: list[Observer] = [metrics]

@@ -1398,6 +1398,8 @@ def test_a_watch_restarted_where_no_thread_can_start_leaves_the_daemon_running(
             ), watch
             assert watch["watched"] == 0, watch
             assert watch["pollSeconds"] >= 2, watch
+            exposition = conn.request("metrics", {})["result"]["text"]
+            assert "toolsetd_watch_available 0.0\n" in exposition
         unavailable = [e for e in d.log_events() if e.get("event") == "watch_unavailable"]
         assert unavailable[0]["message"] == (
             "[Errno 11] the watch process could not start: Resource temporarily unavailable"

@@ -494,6 +494,10 @@ def test_reload_watches_are_bounded_and_the_rest_is_polled(
         # <home>, <home>/tools and two set folders; every other set folder is polled.
         assert (watch["watched"], watch["pastCap"], watch["maxWatches"]) == (4, sets - 2, 4)
         assert _inotify_watches(d.proc.pid) == 4
+        exposition = d.call("metrics", {})["result"]["text"]
+        assert 'toolsetd_watch_folders{state="watched"} 4.0\n' in exposition
+        assert f'toolsetd_watch_folders{{state="polled"}} {sets - 2}.0\n' in exposition
+        assert "toolsetd_watch_available 1.0\n" in exposition
         capped = [e for e in d.log_events() if e.get("event") == "watch_capped"]
         assert [(e["watched"], e["past_cap"], e["max_watches"]) for e in capped] == [
             (4, sets - 2, 4)
