@@ -521,7 +521,33 @@ def status_fields(status: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("In flight", str(status.get("inFlight", "-"))),
         ("Connections", str(status.get("connections", "-"))),
         *_confinement_rows(status.get("confinement")),
+        *_watch_rows(status.get("watch")),
     ]
+
+
+def _watch_rows(watch: Any) -> list[tuple[str, str]]:
+    """``Watch``: whether edits are seen at once (watching), at the next poll (polling, and
+    why), or only on a reload (``--no-watch``); and set folders left to the poll."""
+    if not isinstance(watch, Mapping):
+        return []
+    state = watch.get("state")
+    seconds = watch.get("pollSeconds")
+    poll = f"every {seconds:g} s" if type(seconds) in (int, float) else "-"
+    if state == "watching":
+        text = f"watching {watch.get('watched', '-')} folders, and a poll {poll}"
+        past = watch.get("pastCap")
+        if type(past) is int and past > 0:
+            text += (
+                f"; {past} set folders past the bound of {watch.get('maxWatches', '-')} "
+                "(--max-watches) are followed by the poll alone"
+            )
+    elif state == "polling":
+        text = f"polling {poll}: the watch is unavailable ({_dash(watch.get('reason'))})"
+    elif state == "starting":
+        text = f"starting, and a poll {poll}"
+    else:
+        text = f"off ({_dash(watch.get('reason'))})"
+    return [("Watch", text)]
 
 
 def _uptime(uptime: Any) -> str:

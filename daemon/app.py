@@ -132,6 +132,7 @@ class DaemonOptions:
             if the daemon dies without cleaning up.
         workspace_idle_seconds: Workspaces unused this long are released.
         watch: Whether tool-set directories are watched for changes.
+        max_watches: The most directories the watch takes (``Watcher``'s ``max_watches``).
         allow_gid: The gid of ``allow-group``, whose members may call besides our own uid
             and root; looked up once, at start (``settings.resolve_allow_group``).
         user_home: The OS user's home, for ``~`` in path arguments.
@@ -161,6 +162,7 @@ class DaemonOptions:
     orphan_guard: bool = True
     workspace_idle_seconds: float = 3600.0
     watch: bool = True
+    max_watches: int = 8192
     allow_gid: int | None = None
     user_home: Path = field(default_factory=Path.home)
     metrics_listen: tuple[str, int] | None = None
@@ -747,6 +749,7 @@ async def _serve(
                 c for c in (registry.cached(k) for k in (None, *registry.workspaces)) if c
             ],
             generation=lambda: registry.generation,
+            watch=lambda: watcher.status() if watcher is not None else None,
         )
     )
     observers: list[Observer] = [metrics]
@@ -782,6 +785,7 @@ async def _serve(
         extra={METHOD_MCP_BIND: mcp.bind},
         reload_config=reload_config,
         metrics_text=metrics.exposition,
+        watch_status=lambda: watcher.status() if watcher is not None else None,
     )
     server = Server(
         options.server,
@@ -798,7 +802,7 @@ async def _serve(
         # Imported here: a daemon run with --no-watch never loads watchfiles (~4 ms a start).
         from .watcher import Watcher
 
-        watcher = Watcher(options.home, on_change)
+        watcher = Watcher(options.home, on_change, max_watches=options.max_watches)
 
     try:
         async with anyio.create_task_group() as tg:
@@ -1134,7 +1138,8 @@ async def _report_status(
 
 
 def _status_text(registry: Registry, handlers: Handlers, state: _State) -> str:
-    """The one-line load ``systemctl status`` shows: sets, workspaces, calls in flight."""
+    """The one-line load ``systemctl status`` shows: sets, workspaces, calls in flight, and
+    edits that reach the catalog by the poll alone (``status``'s ``watch``)."""
     calls = len(handlers.service.calls)
     if state.stopping:
         return f"Stopping; {calls} calls in flight"
@@ -1147,7 +1152,15 @@ def _status_text(registry: Registry, handlers: Handlers, state: _State) -> str:
             sets += sum(
                 1 for e in catalog.sets if e.source == Source.PROJECT and e.state == SetState.LOADED
             )
-    return f"Serving {sets} tool sets ({len(workspaces)} workspaces); {calls} calls in flight"
+    text = f"Serving {sets} tool sets ({len(workspaces)} workspaces); {calls} calls in flight"
+    watch = handlers.watch()
+    if watch is None:  # --no-watch: by choice
+        return text
+    if watch["state"] == "polling":
+        return f"{text}; the watch is unavailable, tool sets are polled"
+    if watch["pastCap"]:
+        return f"{text}; {watch['pastCap']} set folders past --max-watches are polled"
+    return text
 
 
 def _user_home() -> Path:
@@ -1217,6 +1230,7 @@ def options_from_settings(
         orphan_guard=not settings.no_orphan_guard,
         workspace_idle_seconds=settings.workspace_idle,
         watch=not settings.no_watch,
+        max_watches=settings.max_watches,
         cache_dir=None
         if settings.no_cache
         else Path(os.path.abspath(settings.cache_dir or default_cache_dir(os.environ))),

@@ -4,7 +4,9 @@ Theory of operation: ``read_regular_file`` is the one way toolsetd reads a manif
 the config file. It never blocks and never reads without bound: it accepts only regular
 files (after following symlinks), checks the size before reading, opens with
 ``O_NONBLOCK`` so a FIFO swapped in after the ``stat`` cannot hang a worker thread,
-re-checks the opened descriptor, and stops reading past ``MAX_MANIFEST_BYTES``. Its last
+re-checks the opened descriptor, refuses unread a file of the kernel's own file systems
+(``/proc``, ``/sys``: regular files by their mode, kernel state by their reads), and stops
+reading past ``MAX_MANIFEST_BYTES``. Its last
 step, ``read_descriptor`` (read to the end, never past a bound), also serves the set cache,
 which opens and checks its files its own way (``setcache.py``).
 
@@ -17,9 +19,13 @@ parsed, turns discovery off; an approval source policy that cannot be read falls
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import platform
 import stat
+import struct
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +60,70 @@ class ManifestUnchecked(ManifestError):
 
 def _unreadable(path: str | Path) -> ManifestUnreadable:
     return ManifestUnreadable(f"{os.path.basename(path)} could not be read.")
+
+
+#: The kernel's own file systems (``statfs(2)``'s ``f_type``): their "regular files" are
+#: views of kernel state, not files. ``/proc/self/environ`` is the daemon's environment,
+#: ``/proc/kmsg`` a read that takes the kernel's messages from whoever else reads them (as
+#: root), and their stat says 0 bytes whatever a read returns.
+_KERNEL_FILE_SYSTEMS = {
+    0x9FA0: "proc",
+    0x62656572: "sysfs",
+    0x64626720: "debugfs",
+    0x74726163: "tracefs",
+    0x73636673: "securityfs",
+    0x62656570: "configfs",
+    0x27E0EB: "cgroup",
+    0x63677270: "cgroup2",
+    0xCAFE4A11: "bpf",
+    0x6165676C: "pstore",
+    0xDE5E81E4: "efivarfs",
+    0x42494E4D: "binfmt_misc",
+    0x65735543: "fusectl",
+    0xF97CFF8C: "selinuxfs",
+    0x43415D53: "smackfs",
+}
+#: ``struct statfs`` is 120 bytes on 64-bit Linux; room to spare for any other.
+_STATFS_SIZE = 256
+
+
+@functools.cache
+def _fstatfs() -> Callable[[int], int | None] | None:
+    """``fstatfs(2)``'s ``f_type`` of a descriptor (None when the call fails), or None
+    where libc cannot be reached: Python's ``os`` has ``statvfs``, which has no type."""
+    try:
+        import ctypes
+
+        call = ctypes.CDLL(None, use_errno=True).fstatfs
+    except (ImportError, OSError, AttributeError):
+        return None
+    # ``f_type`` comes first: a long, but an unsigned int on s390x (glibc's __fsword_t).
+    layout = "=I" if platform.machine() == "s390x" else "=l"
+
+    def f_type(fd: int) -> int | None:
+        buffer = ctypes.create_string_buffer(_STATFS_SIZE)
+        if call(fd, buffer) != 0:
+            return None
+        return int(struct.unpack_from(layout, buffer.raw)[0]) & 0xFFFFFFFF
+
+    return f_type
+
+
+def kernel_file_system(fd: int) -> str | None:
+    """The name of the kernel file system an open descriptor is on (``proc``, ``sysfs``,
+    ...), or None for a file system that holds files (a disk, tmpfs, NFS, FUSE)."""
+    f_type = _fstatfs()
+    if f_type is None:
+        return None
+    return _KERNEL_FILE_SYSTEMS.get(f_type(fd) or 0)
+
+
+def _kernel_file(path: str | Path, kind: str) -> ManifestUnreadable:
+    name = os.path.basename(path)
+    return ManifestUnreadable(
+        f"{name} is in the kernel's {kind} file system (a view of kernel state, not a file) "
+        f"and is not read: make {name} a regular file on a disk, or a link to one."
+    )
 
 
 def _too_large(path: str | Path) -> ManifestUnreadable:
@@ -113,7 +183,9 @@ def read_regular_file(
 
     Raises:
         ManifestUnreadable: ``<file name> could not be read.`` (caused by the OSError, if
-            any) or ``<file name> is larger than 1 MiB.``
+            any), ``<file name> is larger than 1 MiB.``, or, for a file of the kernel's
+            own file systems (``/proc``, ``/sys``: ``kernel_file_system``), a message that
+            names its file system and the fix.
     """
     try:
         if st is None:
@@ -127,6 +199,11 @@ def read_regular_file(
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise _unreadable(path)
+            # A link to /proc/self/environ or /proc/kmsg is a "regular file" of size 0
+            # whose read returns (or takes) kernel state: judged by its file system, unread.
+            kind = kernel_file_system(fd)
+            if kind is not None:
+                raise _kernel_file(path, kind)
             data = read_descriptor(fd, limit, st.st_size)
         finally:
             os.close(fd)

@@ -182,6 +182,21 @@ class ToolPages:
         ).hexdigest()[:16]
         return _Listing(tools, tag)
 
+    def listed(self, catalog: Catalog, wanted: str | None) -> bool:
+        """Whether the listing of ``catalog`` under ``wanted`` is built (``tag`` and
+        ``page`` then cost no more than a page's encoding)."""
+        return self._listings.cached(catalog, wanted) is not None
+
+    @classmethod
+    def listing(cls, catalog: Catalog, wanted: str | None) -> _Listing:
+        """Build the listing of ``catalog`` under ``wanted``; pure, so any thread may."""
+        return cls._listing(catalog, wanted)
+
+    def keep(self, catalog: Catalog, wanted: str | None, listing: _Listing) -> None:
+        """Keep ``listing`` (from ``listing``) as the one of ``catalog`` under ``wanted``,
+        unless one is kept already."""
+        self._listings.get(catalog, wanted, lambda: listing)
+
     def tag(self, catalog: Catalog, wanted: str | None) -> str:
         """What tells one ``tools/list`` of ``catalog`` under ``wanted`` from another: equal
         tags, equal lists (every entry's ``_meta`` hash covers the rest of it)."""

@@ -110,6 +110,8 @@ class MetricsSources:
     connections_accepted: Callable[[], int]
     catalogs: Callable[[], Sequence[Catalog]]
     generation: Callable[[], int]
+    #: ``status``'s ``watch`` (``Watcher.status``), or None under ``--no-watch``.
+    watch: Callable[[], Mapping[str, Any] | None] = lambda: None
 
 
 class _Histogram:
@@ -445,6 +447,20 @@ class Metrics:
         )
         yield gauge("toolsetd_catalog_workspaces", "Workspaces loaded.", value=workspaces)
         yield gauge("toolsetd_catalog_generation", "The catalog generation.", value=s.generation())
+        watch = s.watch()
+        if watch is not None:  # --no-watch: no watch to tell of
+            yield gauge(
+                "toolsetd_watch_available",
+                "1 while the watch works (or starts), 0 while edits are found by the poll alone.",
+                value=0 if watch["state"] == "polling" else 1,
+            )
+            yield labelled(
+                gauge,
+                "toolsetd_watch_folders",
+                "Folders followed: watched (inotify watches), or past --max-watches (polled).",
+                ["state"],
+                {"watched": watch["watched"], "polled": watch["pastCap"]},
+            )
 
 
 def _catalog_counts(

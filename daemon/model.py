@@ -342,6 +342,13 @@ class Catalog:
 _V = TypeVar("_V")
 
 
+#: A catalog of more tools and sets than this has its listings (native ``list``'s body,
+#: MCP's ``tools/list`` entries) built in a worker thread, not on the event loop: 20,000
+#: tools took 0.15-0.6 s, which every other client waited out. Smaller ones skip the
+#: thread hand-off, which costs more than they do.
+LARGE_CATALOG = 2_000
+
+
 class SnapshotCache(Generic[_V]):
     """A value worked out once per catalog snapshot and filter (``list``'s bytes, MCP pages).
 
@@ -360,6 +367,13 @@ class SnapshotCache(Generic[_V]):
     def __init__(self, limit: int = 64) -> None:
         self._entries: dict[tuple[Path | None, str | None], tuple[weakref.ref[Catalog], _V]] = {}
         self._limit = limit
+
+    def cached(self, catalog: Catalog, wanted: str | None) -> _V | None:
+        """The value for ``catalog`` under filter ``wanted`` if it was built, else None."""
+        cached = self._entries.get((catalog.workspace, wanted))
+        if cached is not None and cached[0]() is catalog:
+            return cached[1]
+        return None
 
     def get(self, catalog: Catalog, wanted: str | None, build: Callable[[], _V]) -> _V:
         """The value for ``catalog`` under filter ``wanted``, built by ``build`` the first time."""

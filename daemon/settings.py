@@ -163,6 +163,16 @@ OPTIONS: tuple[Option, ...] = (
         choices=("debug", "info", "warning", "error"),
     ),
     Option("no-watch", "bool", False, "do not watch tool-set folders"),
+    Option(
+        "max-watches",
+        "int",
+        8192,
+        "the most folders watched (inotify watches; never more than a quarter of "
+        "fs.inotify.max_user_watches); set folders past it are followed by the stat poll "
+        "alone (default 8192)",
+        check="count",
+        metavar="N",
+    ),
     Option("allow-group", "str", None, "also serve members of this group", metavar="GROUP"),
     Option(
         "max-running",
@@ -348,6 +358,7 @@ class Settings:
     log_format: str = "json"
     log_level: str = "info"
     no_watch: bool = False
+    max_watches: int = 8192
     allow_group: str | None = None
     max_running: int = 64
     output_limit: int = 100_000

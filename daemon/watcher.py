@@ -12,7 +12,11 @@ So the directories whose *direct* entries matter are few and known:
   vanishing), otherwise ``<ws>`` itself (``.crystal`` appearing).
 
 Each only if this process may read it and its path is UTF-8 (``_watch_id``): one awatch
-covers them all, and one directory it cannot watch fails the whole of it.
+covers them all, and one directory it cannot watch fails the whole of it. At most
+``max_watches`` of them (``_watched``): each is an inotify watch out of the user's
+``fs.inotify.max_user_watches``, which the user's other programs share; the set folders
+past the bound (the largest workspace's first) are followed by the poll alone, and
+``status()`` says so (``watch_capped`` in the log).
 
 The watcher runs **one** ``watchfiles.awatch(..., recursive=False)`` over exactly that
 set of directories. Nothing is ever watched recursively: not a workspace (``.git``,
@@ -107,9 +111,10 @@ import math
 import os
 import stat
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import anyio
 import structlog
@@ -150,6 +155,14 @@ _GONE_RESTARTS = 3
 #: poller spends at most about 1/20 of a core: a tools root of 100,000 subdirectories
 #: (a hostile checkout) costs ~2 s of stat calls a probe, which every 2 s was a core.
 _POLL_COST_FACTOR = 20
+#: The most directories one watch takes by default (``--max-watches``): inotify costs a
+#: watch per directory from the user's ``fs.inotify.max_user_watches``, shared with every
+#: other program of that user (an editor, a build's file watcher), and a tools root of
+#: 190,000 folders took all of it. Set folders past it are followed by the poll alone.
+DEFAULT_MAX_WATCHES = 8192
+#: Nor more than this share of the user's ``fs.inotify.max_user_watches``.
+_USER_WATCHES_SHARE = 4
+_MAX_USER_WATCHES = "/proc/sys/fs/inotify/max_user_watches"
 
 _StatSig = tuple[int, int, int, int] | None
 #: Path -> stat signature of everything a key's snapshot is built from.
@@ -182,10 +195,12 @@ _Watched = dict[Path, tuple[int, int]]
 
 @dataclass(frozen=True, slots=True)
 class _Probe:
-    """What one key looks like on disk: the directories to watch and a stat signature."""
+    """What one key looks like on disk: the directories to watch (its folders that may
+    hold a tools root, and the root), a stat signature, and its set folders to watch."""
 
     dirs: _Watched
     signature: _Signature
+    sets: _Watched = field(default_factory=dict)
 
 
 class Watcher:
@@ -205,6 +220,10 @@ class Watcher:
         clock: Measures what a poll cost, in the probing thread: the time it took there,
             waiting on a slow file system included (``time.monotonic``; injectable for
             tests).
+        max_watches: The most directories watched (``--max-watches``), and never more
+            than a quarter of ``fs.inotify.max_user_watches``; set folders past it are
+            followed by the poll alone. None: that quarter alone (no bound where the limit
+            cannot be read).
 
     Attributes:
         polls: How many polls ran (the baseline included).
@@ -221,9 +240,23 @@ class Watcher:
         retry_seconds: float = 30.0,
         watch_factory: WatchFactory = watch_in_process,
         clock: Callable[[], float] = time.monotonic,
+        max_watches: int | None = DEFAULT_MAX_WATCHES,
     ) -> None:
         self._home = home
         self._clock = clock
+        self._max_watches = max_watches
+        #: The bound of the current generation (``_watch_cap``), and how many set folders
+        #: it left to the poll alone.
+        self._cap: int | None = max_watches
+        self._past_cap = 0
+        #: A watch process watched once (``established``, or a first change reported): a
+        #: restart's few moments without one still say ``watching``, not ``starting``.
+        self._established = False
+        #: Why the watch is unavailable, while it is (``watch_unavailable``'s words).
+        self._unavailable = ""
+        #: Seconds between polls now (``status``): the recheck, or twenty times what the
+        #: last poll took in its thread if longer; worked out per poll, not per status.
+        self._poll_seconds = recheck_seconds
         #: Polls begun, and polls ended: a poll counts as begun while its probe is still
         #: in its thread, and as ended once what it found is taken in.
         self.polls = 0
@@ -282,6 +315,28 @@ class Watcher:
     def workspaces(self) -> frozenset[Path]:
         """The workspaces currently followed."""
         return frozenset(self._workspaces)
+
+    def status(self) -> dict[str, Any]:
+        """What ``status`` says of watching (``docs/protocol.md``): ``state`` (``starting``,
+        ``watching`` or ``polling``), ``reason`` (why it polls), ``watched`` (directories
+        watched), ``pastCap`` (set folders past ``maxWatches``, left to the poll),
+        ``maxWatches`` and ``pollSeconds`` (between polls now: at least ``recheck_seconds``,
+        and twenty times what the last poll took)."""
+        if self._degraded:
+            state = "polling"
+        elif self._established:
+            state = "watching"
+        else:
+            state = "starting"
+        watching = self._watching
+        return {
+            "state": state,
+            "reason": self._unavailable if self._degraded else None,
+            "watched": 0 if self._degraded or watching is None else len(watching),
+            "pastCap": self._past_cap,
+            "maxWatches": self._cap,
+            "pollSeconds": self._poll_seconds,
+        }
 
     def add_workspace(self, workspace: Path) -> None:
         """Start following ``<workspace>/.crystal/tools`` (created later or deleted included).
@@ -463,13 +518,17 @@ class Watcher:
     async def _supervise(self) -> None:
         while True:
             self._rewatch = False  # this probe is taken after any removal reported so far
-            probes = await threads.run_sync(_probe_all, self._home, tuple(self._workspaces))
-            dirs = _watched(probes.values())
+            probes, cap = await threads.run_sync(self._probe_capped, tuple(self._workspaces))
+            dirs, past = _watched(probes, cap)
+            self._note_cap(cap, past, len(dirs))
             stop = anyio.Event()
             self._stop, self._watching = stop, dirs
             self._aliases = _aliases(dirs)
             if not dirs:
-                await stop.wait()  # nothing exists yet; the poller restarts us when it does
+                # Nothing exists yet (no home): nothing to watch or miss, so not "starting"
+                # for good in status; the poller restarts us when something appears.
+                self._established = True
+                await stop.wait()
                 continue
             # Events between the previous generation's end and this one's start are lost;
             # a probe shortly after the start turns them into signature changes.
@@ -529,6 +588,7 @@ class Watcher:
                 else:
                     self._degraded = True
                     log.warning("watch_unavailable", error=type(cause).__name__, message=str(cause))
+                self._unavailable = f"{type(cause).__name__}: {cause}"
                 # What changed while it started was seen by no event, and the restart's
                 # probe may have come first (a watch process's start takes a while): a
                 # probe now takes it in, and restarts the watch if the folders moved (a
@@ -563,11 +623,13 @@ class Watcher:
                 # A restart costs a probe of its own already: this one at most doubles it.
                 self._schedule_poll(0.0, now=True)
                 self._gone_restarts = 0  # it watches: a folder gone later is a new race
+                self._established = True
                 if self._degraded and not stop.is_set():  # it watches: the retry worked
                     self._degraded = False
                     log.info("watch_started", paths=len(dirs))
             async for batch in changes:
                 self._gone_restarts = 0
+                self._established = True
                 if self._degraded:
                     self._degraded = False
                     log.info("watch_started", paths=len(dirs))
@@ -647,10 +709,34 @@ class Watcher:
             self._enqueue(dict.fromkeys(changed))
         # Another directory, or another one under a name watched (a link pointed elsewhere).
         if self._watching is not None and (
-            self._rewatch or _watched(probes.values()) != self._watching
+            self._rewatch or _watched(probes, self._cap)[0] != self._watching
         ):
             self._stop_generation()
+        self._poll_seconds = round(max(self._recheck, _POLL_COST_FACTOR * cost), 3)
         return cost
+
+    def _probe_capped(
+        self, workspaces: tuple[Path, ...]
+    ) -> tuple[dict[ReloadKey, _Probe], int | None]:
+        """``_probe_all`` and the bound on the directories to watch, in a worker thread."""
+        return _probe_all(self._home, workspaces), _watch_cap(self._max_watches)
+
+    def _note_cap(self, cap: int | None, past: int, watched: int) -> None:
+        """Take a generation's bound; log when set folders start or stop being left to the
+        poll by it (not at each restart that leaves the same folders out)."""
+        if past and (not self._past_cap or cap != self._cap):
+            log.warning(
+                "watch_capped",
+                watched=watched,
+                past_cap=past,
+                max_watches=cap,
+                message=f"{past} set folders are past the watch's bound of {cap} directories "
+                "(--max-watches, at most a quarter of fs.inotify.max_user_watches): edits in "
+                "them are seen by the stat poll alone",
+            )
+        elif not past and self._past_cap:
+            log.info("watch_cap_cleared", watched=watched, max_watches=cap)
+        self._cap, self._past_cap = cap, past
 
     def _timed_probe(self, workspaces: tuple[Path, ...]) -> tuple[dict[ReloadKey, _Probe], float]:
         """``_probe_all`` in a worker thread, with the time it took there: the time a poll
@@ -830,8 +916,9 @@ def _probe_set(set_dir: Path, signature: _Signature) -> None:
     signature[str(set_dir / _MANIFEST)] = _stat(set_dir / _MANIFEST)
 
 
-def _probe_root(root: Path, dirs: _Watched, signature: _Signature) -> None:
-    """Add a tools root, its set directories and their manifests to a probe."""
+def _probe_root(root: Path, dirs: _Watched, signature: _Signature, sets: _Watched) -> None:
+    """Add a tools root (to ``dirs``), its set directories (to ``sets``) and their
+    manifests to a probe."""
     try:
         st: os.stat_result | None = os.stat(root)
     except OSError:
@@ -852,7 +939,7 @@ def _probe_root(root: Path, dirs: _Watched, signature: _Signature) -> None:
         signature[str(set_dir)] = _signature(found)
         signature[str(set_dir / _MANIFEST)] = _stat(set_dir / _MANIFEST)
         if found is not None and (identity := _watch_id(set_dir, found)) is not None:
-            dirs[set_dir] = identity
+            sets[set_dir] = identity
 
 
 def _probe_home(home: Path) -> _Probe:
@@ -860,8 +947,9 @@ def _probe_home(home: Path) -> _Probe:
     signature: _Signature = {str(home / _CONFIG): _stat(home / _CONFIG)}
     if (identity := _watch_id(home)) is not None:
         dirs[home] = identity
-    _probe_root(home / _TOOLS, dirs, signature)
-    return _Probe(dirs, signature)
+    sets: _Watched = {}
+    _probe_root(home / _TOOLS, dirs, signature, sets)
+    return _Probe(dirs, signature, sets)
 
 
 def _probe_workspace(workspace: Path) -> _Probe:
@@ -874,16 +962,46 @@ def _probe_workspace(workspace: Path) -> _Probe:
         # Flat: only to see .crystal appear (or, unreadable, become readable); never
         # recursive.
         dirs[workspace] = identity
-    _probe_root(crystal / _TOOLS, dirs, signature)
-    return _Probe(dirs, signature)
+    sets: _Watched = {}
+    _probe_root(crystal / _TOOLS, dirs, signature, sets)
+    return _Probe(dirs, signature, sets)
 
 
-def _watched(probes: Iterable[_Probe]) -> _Watched:
-    """Every directory the probes list to watch, with its (device, inode)."""
+def _watched(probes: Mapping[ReloadKey, _Probe], cap: int | None) -> tuple[_Watched, int]:
+    """The directories the probes list to watch, with their (device, inode), at most
+    ``cap`` of them, and how many set folders that bound leaves out.
+
+    First every folder that may hold a tools root and every root (few: a key's own
+    structure), then set folders: the home's, then each workspace's, the workspace with
+    the fewest first, so one project of 190,000 folders gives up its watches before a
+    small one does. A set folder left out is followed by the poll alone.
+    """
     dirs: _Watched = {}
-    for probe in probes:
+    for probe in probes.values():
         dirs.update(probe.dirs)
-    return dirs
+    order = sorted(probes.items(), key=lambda item: (item[0] is not None, len(item[1].sets)))
+    past: set[Path] = set()
+    for _key, probe in order:
+        for path, identity in probe.sets.items():
+            if path in dirs:
+                continue
+            if cap is None or len(dirs) < cap:
+                dirs[path] = identity
+            else:
+                past.add(path)
+    return dirs, len(past)
+
+
+def _watch_cap(max_watches: int | None) -> int | None:
+    """The bound on the directories one watch takes: ``max_watches``, and never more than
+    a quarter of the user's ``fs.inotify.max_user_watches`` (read each time: an operator
+    may raise it)."""
+    try:
+        with open(_MAX_USER_WATCHES, "rb") as file:
+            share = int(file.read(32)) // _USER_WATCHES_SHARE
+    except (OSError, ValueError):
+        return max_watches
+    return share if max_watches is None else min(max_watches, share)
 
 
 def _aliases(dirs: _Watched) -> dict[Path, tuple[Path, ...]]:

@@ -268,6 +268,7 @@ class StatusResult(_Wire):
     in_flight: int
     connections: int
     confinement: dict[str, Any] | None = None  # cgroup and sandbox modes (docs/security.md)
+    watch: dict[str, Any] | None = None  # watching, polling, or None: --no-watch
 
 
 class ListParams(_Params):

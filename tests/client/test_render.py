@@ -133,6 +133,20 @@ def test_render_status_says_which_confinement_is_active() -> None:
     assert "Cgroups" not in dict(status_fields({}))  # an older daemon
 
 
+def test_render_status_says_how_edits_arrive() -> None:
+    """status shows whether the daemon watches, polls (and why), or neither."""
+    base = {"reason": None, "watched": 5, "pastCap": 0, "maxWatches": 8192, "pollSeconds": 2.0}
+    rows = dict(status_fields({"watch": {**base, "state": "watching"}}))
+    assert rows["Watch"] == "watching 5 folders, and a poll every 2 s"
+    rows = dict(status_fields({"watch": {**base, "state": "polling", "watched": 0,
+                                          "pollSeconds": 40.5, "reason": "OSError: limit"}}))
+    assert rows["Watch"] == "polling every 40.5 s: the watch is unavailable (OSError: limit)"
+    rows = dict(status_fields({"watch": {**base, "state": "off", "reason": "--no-watch",
+                                          "pollSeconds": None}}))
+    assert rows["Watch"] == "off (--no-watch)"
+    assert "Watch" not in dict(status_fields({}))  # an older daemon
+
+
 def test_render_classification_shows_the_sandbox() -> None:
     """classify shows the profile, the network, approved paths and a fail-closed reason."""
     confinement = {"sandbox": {"profile": "workspace-write", "network": False,

@@ -246,6 +246,46 @@ def test_build_catalog_fifo_manifest_does_not_hang(home: Path, workspace: Path) 
     assert states(catalog) == [("acme", "home", "hidden"), ("acme", "project", "refused")]
 
 
+@pytest.mark.parametrize(
+    ("target", "kind"),
+    [("/proc/self/environ", "proc"), ("/sys/devices/system/cpu/online", "sysfs")],
+    ids=["procfs", "sysfs"],
+)
+def test_build_catalog_manifest_in_a_kernel_file_system_is_refused_unread(
+    home: Path, workspace: Path, target: str, kind: str
+) -> None:
+    """A tools.json linked to a file of /proc or /sys is a regular file by its mode, but a
+    view of kernel state (the daemon's environment; as root, /proc/kmsg's messages, taken
+    from whoever else reads them): it is refused unread, with a note that names its file
+    system and the fix, and a project one still hides the home set. Before, it was read
+    and parsed (``tools.json is not valid JSON: ...``)."""
+    if not os.path.exists(target):
+        pytest.skip(f"{target} is not here")
+    write(home / "tools", "acme", manifest("deploy"))
+    (workspace / ".crystal" / "tools" / "acme").mkdir()
+    (workspace / ".crystal" / "tools" / "acme" / "tools.json").symlink_to(target)
+    catalog = build(home, workspace)
+    assert messages(catalog) == [
+        f"External tool set 'acme' was skipped: tools.json is in the kernel's {kind} file "
+        "system (a view of kernel state, not a file) and is not read: make tools.json a "
+        "regular file on a disk, or a link to one."
+    ]
+    assert states(catalog) == [("acme", "home", "hidden"), ("acme", "project", "refused")]
+
+
+def test_load_config_in_a_kernel_file_system_is_unusable(home: Path) -> None:
+    """A config.json linked into /proc is not read either: unusable, as a FIFO is."""
+    (home / "config.json").symlink_to("/proc/self/environ")
+    config, notes = load_config(home)
+    assert config == UNUSABLE
+    assert [n.message for n in notes] == [
+        "config.json is in the kernel's proc file system (a view of kernel state, not a file) "
+        "and is not read: make config.json a regular file on a disk, or a link to one. "
+        "External tool discovery is off, and the approval policy host for both sources, "
+        "until it is fixed."
+    ]
+
+
 @pytest.mark.parametrize("target", ["gone.json", "tools.json"], ids=["dangling", "loop"])
 def test_build_catalog_manifest_link_to_nowhere_is_unreadable_and_hides_home(
     home: Path, workspace: Path, target: str

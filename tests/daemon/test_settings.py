@@ -98,6 +98,7 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
             'mcp-token-file = "~/mcp-token"',
             'traces = "console"',
             "spawn-threads = 2",
+            "max-watches = 100",
             'cache-dir = "/tmp/toolsetd-cache"',
             "no-cache = true",
         ]
@@ -113,6 +114,7 @@ def test_settings_every_flag_has_its_key(tmp_path: Path) -> None:
     assert options.server.max_frame_size == 4096 and options.server.idle_timeout == 5.0
     assert {"deploy", "ship"} <= options.reserved and "bash" in options.reserved
     assert options.watch is False and options.orphan_guard is False
+    assert options.max_watches == 100
     assert [(a.host, a.port) for a in options.mcp_listen] == [("127.0.0.1", 8765), ("::1", 8765)]
     assert options.mcp_token_file == Path(os.path.expanduser("~/mcp-token"))
     assert options.runner.spawn_threads == 2 and options.cache_dir is None  # no-cache wins

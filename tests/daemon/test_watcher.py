@@ -1739,3 +1739,27 @@ async def test_a_daemon_installed_without_its_watch_code_starts_and_its_watch_sa
         f"(toolsetd.daemon.watchchild has no source file ({compiled})); reinstall toolsetd "
         "with its source files and restart it"
     )
+
+
+def test_the_bound_on_watches_leaves_the_largest_workspace_to_the_poll(tmp_path: Path) -> None:
+    """Past the bound, the home and every root stay watched, and the workspace with the
+    most set folders gives up its watches first: one project of 190,000 folders does not
+    leave a small project (or the home) without one."""
+    from toolsetd.daemon import watcher as watcher_module
+
+    home, big, small = tmp_path / "home", tmp_path / "big", tmp_path / "small"
+    for root, count in ((home / "tools", 2), (big / ".crystal" / "tools", 6),
+                        (small / ".crystal" / "tools", 1)):
+        for index in range(count):
+            (root / f"s{index}").mkdir(parents=True)
+    probes = watcher_module._probe_all(home, (big, small))
+    everything, none_past = watcher_module._watched(probes, None)
+    assert none_past == 0
+    assert len(everything) == 2 + 2 + 2 + 2 + 6 + 1  # home, 2 .crystal, 3 roots, sets
+    dirs, past = watcher_module._watched(probes, 10)
+    assert past == 5
+    assert set(dirs) == {
+        home, home / "tools", big / ".crystal", big / ".crystal" / "tools", small / ".crystal",
+        small / ".crystal" / "tools", home / "tools" / "s0", home / "tools" / "s1",
+        small / ".crystal" / "tools" / "s0", big / ".crystal" / "tools" / "s0",
+    }

@@ -11,6 +11,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -43,7 +44,7 @@ def test_daemon_status_reports_its_state(shared: Daemon) -> None:
     result = shared.call("status")["result"]
     assert set(result) == {
         "version", "pid", "uptimeSeconds", "socket", "home", "generation", "workspaces",
-        "inFlight", "connections", "confinement",
+        "inFlight", "connections", "confinement", "watch",
     }
     assert result["pid"] == shared.proc.pid
     assert result["socket"] == str(shared.socket)
@@ -643,3 +644,39 @@ def test_daemon_batch_answer_over_the_line_budget_keeps_its_array_and_ids(
         assert "response_too_large" in d.log()
     finally:
         assert d.stop() == 0
+
+
+def test_a_workspace_at_the_homes_parent_loads_the_home_sets_as_project_sets() -> None:
+    """A workspace whose .crystal/tools is the home's tools folder (the home's parent: ``~``
+    with the default home) has that folder scanned twice, as the reference host's
+    ``ToolSetDiscovery.Collect`` does: each set loads as a project set under the project
+    policy (host: ``approval: always`` does not count), its home copy hidden, each note
+    twice. The home-only catalog keeps them as home sets (docs/manifest.md)."""
+    base = Path(tempfile.mkdtemp(prefix="tsp-"))
+    try:
+        workspace = base / "user"
+        home = workspace / ".crystal"
+        write_set(home / "tools", "acme", {
+            "runner": "exec", "description": "d", "schema": {"type": "object"},
+            "command": ["true"], "approval": "always",
+        })
+        write_set(home / "tools", "bad", "{")
+        d = start_daemon(home, workspace, base, ["--no-watch"])
+        try:
+            project = d.call("list", {"workspace": str(workspace)})["result"]
+            home_only = d.call("list")["result"]
+        finally:
+            d.stop()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert [(s["directory"], s["source"], s["state"]) for s in project["sets"]] == [
+        ("acme", "home", "hidden"), ("acme", "project", "loaded"),
+        ("bad", "home", "hidden"), ("bad", "project", "refused"),
+    ]
+    [tool] = project["tools"]
+    assert (tool["source"], tool["approval"]["effective"]) == ("project", "inherit")
+    assert [(n["source"], n["set"]) for n in project["notes"]] == [
+        ("home", "bad"), ("project", "bad"),
+    ]
+    [tool] = home_only["tools"]
+    assert (tool["source"], tool["approval"]["effective"]) == ("home", "always")

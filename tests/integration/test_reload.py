@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -403,6 +404,126 @@ def test_reload_a_symlink_loop_in_a_tools_root_drops_nothing_else(
     assert {t["name"] for t in listed["tools"]} == before
     assert "proj" in before
     assert listed["notes"] == []
+
+
+def test_reload_a_manifest_linked_into_proc_is_refused_unread(
+    unwatched: Daemon, workspace: Path
+) -> None:
+    """A project tools.json linked to the daemon's /proc/self/environ is not read (as root,
+    a link to /proc/kmsg took the kernel's messages from whoever reads them): the set is
+    refused with a note that names it, its file system and the fix."""
+    d = unwatched
+    (workspace / ".crystal" / "tools" / "envy").mkdir(parents=True)
+    (workspace / ".crystal" / "tools" / "envy" / "tools.json").symlink_to("/proc/self/environ")
+    listed = d.call("list", {"workspace": str(workspace)})["result"]
+    assert listed["notes"] == [
+        {
+            "set": "envy",
+            "source": "project",
+            "message": "External tool set 'envy' was skipped: tools.json is in the kernel's "
+            "proc file system (a view of kernel state, not a file) and is not read: make "
+            "tools.json a regular file on a disk, or a link to one.",
+        }
+    ]
+    assert [s["state"] for s in listed["sets"] if s["directory"] == "envy"] == ["refused"]
+
+
+def test_reload_status_says_nothing_watches_under_no_watch(unwatched: Daemon) -> None:
+    """Under --no-watch, status says that edits wait for a reload (no watch, no poll)."""
+    watch = unwatched.call("status")["result"]["watch"]
+    assert watch["reason"] == "--no-watch: only SIGHUP, the reload method and toolsetctl reload"
+    assert (watch["state"], watch["pollSeconds"], watch["maxWatches"]) == ("off", None, None)
+    assert (watch["watched"], watch["pastCap"]) == (0, 0)
+    assert len(watch) == 6
+
+
+def test_reload_status_of_a_home_not_made_yet_is_not_starting(
+    workspace: Path, tmp_base: Path
+) -> None:
+    """With no home folder yet there is nothing to watch, and nothing an event could miss:
+    status said the watch was starting for as long as the home did not exist. It says
+    watching 0 folders, and once the home is made, its folders."""
+    home = tmp_base / "later"
+    d = start_daemon(home, workspace, tmp_base)
+    try:
+        eventually(lambda: d.call("status")["result"]["watch"]["state"] != "starting",
+                   timeout=5, what="a state other than starting")
+        watch = d.call("status")["result"]["watch"]
+        assert (watch["state"], watch["watched"]) == ("watching", 0), watch
+        (home / "tools").mkdir(parents=True)
+        eventually(lambda: d.call("status")["result"]["watch"]["watched"] == 2,
+                   what="the home and its tools root watched")
+    finally:
+        d.stop()
+
+
+def _inotify_watches(pid: int) -> int:
+    """The inotify watches held by ``pid``'s descendants (its watch process), as their
+    ``/proc/<pid>/fdinfo`` lists them (one ``inotify wd:`` line a watch)."""
+    pids, found = [pid], 0
+    while pids:
+        each = pids.pop()
+        try:
+            for task in os.listdir(f"/proc/{each}/task"):
+                with open(f"/proc/{each}/task/{task}/children") as children:
+                    pids += [int(c) for c in children.read().split()]
+            for fd in os.listdir(f"/proc/{each}/fd"):
+                if os.readlink(f"/proc/{each}/fd/{fd}") == "anon_inode:inotify":
+                    with open(f"/proc/{each}/fdinfo/{fd}") as info:
+                        found += sum(line.startswith("inotify") for line in info)
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # a process that ended meanwhile
+    return found
+
+
+def test_reload_watches_are_bounded_and_the_rest_is_polled(
+    home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """Each set folder took an inotify watch, with no bound: a project of 190,000 folders
+    took the user's whole fs.inotify.max_user_watches, and the user's other programs could
+    watch nothing. The watch takes at most --max-watches directories (the home and the
+    roots first); the set folders past it are followed by the stat poll, an edit in one
+    still reaches the catalog, and status and the log say so."""
+    for index in range(8):
+        write_set(home / "tools", f"zz{index}", {**SIMPLE, "description": "before"})
+    sets = len([p for p in (home / "tools").iterdir() if (p / "tools.json").exists()])
+    d = start_daemon(home, workspace, tmp_base, ["--max-watches", "4"])
+    try:
+        eventually(lambda: d.call("status")["result"]["watch"]["state"] == "watching")
+        watch = d.call("status")["result"]["watch"]
+        # <home>, <home>/tools and two set folders; every other set folder is polled.
+        assert (watch["watched"], watch["pastCap"], watch["maxWatches"]) == (4, sets - 2, 4)
+        assert _inotify_watches(d.proc.pid) == 4
+        exposition = d.call("metrics", {})["result"]["text"]
+        assert 'toolsetd_watch_folders{state="watched"} 4.0\n' in exposition
+        assert f'toolsetd_watch_folders{{state="polled"}} {sets - 2}.0\n' in exposition
+        assert "toolsetd_watch_available 1.0\n" in exposition
+        capped = [e for e in d.log_events() if e.get("event") == "watch_capped"]
+        assert [(e["watched"], e["past_cap"], e["max_watches"]) for e in capped] == [
+            (4, sets - 2, 4)
+        ]
+        manifest = home / "tools" / "zz7" / "tools.json"  # last in order: past the bound
+        manifest.write_text(manifest.read_text().replace('"before"', '"after"'))
+
+        def described() -> str:
+            tools = d.call("list")["result"]["tools"]
+            return str({t["name"]: t["description"] for t in tools}["zz7"])
+
+        eventually(lambda: described() == "after", what="the edit past the bound")
+        shown = subprocess.run(  # noqa: S603
+            [sys.executable, "-m", "toolsetd.client", "--socket", str(d.socket), "status",
+             "--format", "text"],
+            capture_output=True, text=True, timeout=60, check=True,
+        ).stdout
+        assert re.search(
+            r"^Watch +watching 4 folders, and a poll every [0-9.]+ s; "
+            f"{sets - 2} set folders past the bound of 4 \\(--max-watches\\) are followed by "
+            "the poll alone$",
+            shown,
+            re.MULTILINE,
+        ), shown
+    finally:
+        d.stop()
 
 
 def test_reload_names_that_are_not_utf8_still_get_answers(tmp_base: Path) -> None:

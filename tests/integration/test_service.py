@@ -948,3 +948,21 @@ def test_a_daemon_that_finds_the_path_served_leaves_no_lock_behind(
         assert not first.socket.exists()
     finally:
         first.stop()
+
+
+def test_notify_status_says_set_folders_past_the_watch_bound_are_polled(
+    svc_home: Path, workspace: Path, tmp_base: Path, notify_path: tuple[str, Notifications]
+) -> None:
+    """systemctl status shows when edits reach the catalog by the poll alone: set folders
+    past --max-watches are counted in the STATUS= line."""
+    address, notes = notify_path
+    folders = sum(1 for p in (svc_home / "tools").iterdir() if p.is_dir())
+    d = start_daemon(svc_home, workspace, tmp_base, ["--max-watches", "3", "--status-interval",
+                     "0.1"], env={"NOTIFY_SOCKET": address})
+    try:
+        status = notes.expect(lambda m: "polled" in m.get("STATUS", ""), what="a STATUS= line that says what is polled")
+        assert status["STATUS"].endswith(
+            f"0 calls in flight; {folders - 1} set folders past --max-watches are polled"
+        ), status
+    finally:
+        d.stop()
