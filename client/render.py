@@ -426,6 +426,12 @@ class _WrittenEncoder(json.JSONEncoder):
     its Python form (the one it uses anyway with ``indent``) with its own float writer."""
 
     def iterencode(self, o: Any, _one_shot: bool = False) -> Any:
+        make = getattr(json.encoder, "_make_iterencode", None)
+        if make is None:
+            # Private, but the same since Python 2.7 (json's own ``indent`` path). Should a
+            # later Python drop it, a number is printed as the float it is, never a crash.
+            return super().iterencode(o, _one_shot)
+
         def floatstr(number: float) -> str:
             text = getattr(number, "text", None)  # a WrittenNumber, or jsontext's JsonNumber
             if isinstance(text, str):
@@ -439,7 +445,7 @@ class _WrittenEncoder(json.JSONEncoder):
             if self.ensure_ascii
             else json.encoder.encode_basestring
         )
-        return json.encoder._make_iterencode(  # type: ignore[attr-defined]
+        return make(
             {} if self.check_circular else None,
             self.default,
             encoder,

@@ -230,3 +230,20 @@ def test_no_line_reads_as_a_ci_runners_command_and_escaping_twice_changes_nothin
         out.line(shown)
         assert stdout.getvalue() == f"{shown}\n{shown}\n"
         assert stderr.getvalue() == f"{shown}\n"
+
+
+def test_numbers_print_as_written_and_as_floats_where_python_has_no_encoder_hook(
+    monkeypatch: Any,
+) -> None:
+    """``dumps`` prints a number the daemon wrote ``1.50`` as ``1.50`` through json's
+    private ``_make_iterencode``. A Python without it (none yet) prints the float, never
+    raises the AttributeError that would end every ``--format json`` command."""
+    import json
+
+    from toolsetd.client.blocking import WrittenNumber
+    from toolsetd.client.render import dumps
+
+    value = {"n": WrittenNumber("1.50"), "m": [WrittenNumber("1e4")]}
+    assert dumps(value) == '{"n": 1.50, "m": [1e4]}'
+    monkeypatch.delattr(json.encoder, "_make_iterencode")
+    assert dumps(value) == '{"n": 1.5, "m": [10000.0]}'
