@@ -538,7 +538,9 @@ def _watch_rows(watch: Any) -> list[tuple[str, str]]:
         return []
     state = watch.get("state")
     seconds = watch.get("pollSeconds")
-    poll = f"every {seconds:g} s" if type(seconds) in (int, float) else "-"
+    # A float subclass too: toolsetctl reads ``2.0`` as a ``WrittenNumber``.
+    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    poll = f"every {seconds:g} s" if number else "-"
     if state == "watching":
         text = f"watching {watch.get('watched', '-')} folders, and a poll {poll}"
         past = watch.get("pastCap")
