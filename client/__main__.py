@@ -20,19 +20,13 @@ def main() -> None:
 
         sys.exit(mcp_main(sys.argv[1:]))
     from .cli import run
-    from .exits import EXIT_INTERRUPTED
     from .termination import Termination
 
     waiting_output()
     utf8_output()
-    termination = Termination()
-    termination.catch()
-    try:
-        code = run()
-    except KeyboardInterrupt:  # a signal after run's own handlers: its outcome is printed
-        code = EXIT_INTERRUPTED
-    termination.end()  # a SIGTERM or SIGHUP caught ends the process by that signal here
-    sys.exit(code)
+    # A SIGTERM or SIGHUP caught, even once run has returned, ends the process by that
+    # signal once run's outcome is printed.
+    sys.exit(Termination().run(run))
 
 
 if __name__ == "__main__":

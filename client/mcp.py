@@ -136,11 +136,9 @@ _HELD_LINE_MAX = 16 << 20
 #: own answers between the daemon's lines (``_Pump._long_line_end``), before the pump's
 #: random token (``_Pump.token``).
 _FLUSH_ID = "toolsetctl-mcp-flush-"
-#: ... of its ping sent behind a host line over ``_HELD_LINE_MAX`` that the pump read as a
-#: request, whose answer says whether the daemon parsed that line (``_Pump.verdict``).
+#: ... of its pings sent before and behind a host line over ``_HELD_LINE_MAX``, whose
+#: answers say whether the daemon parsed that line (``_Pump.verdict``).
 _VERDICT_ID = "toolsetctl-mcp-verdict-"
-#: The key of a host line the daemon answers with a parse error (id null).
-_UNPARSED = object()
 #: The bytes of a daemon line read for its id (more when the host's ids are long).
 _HEAD = 256
 _ID_HEAD = b'{"jsonrpc":"2.0","id":'
@@ -582,22 +580,26 @@ class _Pump:
         self.token = os.urandom(12).hex()
         self.flush_id = _FLUSH_ID + self.token
         self.verdict_id = _VERDICT_ID + self.token
+        self.mark_id = self.verdict_id + "-before"
         #: A host line over ``_HELD_LINE_MAX`` read as a request (key, entry) that went to
-        #: the daemon whole, with ``unparsed_sent`` then, until the pump's ping behind it
-        #: (``verdict_id``) is answered: the host's lines wait in the pipe (the stdin
-        #: thread reads no more until ``verdict_done``), so that the parse errors (id null)
-        #: up to that answer are those of the lines up to it. One more than the lines before
-        #: it had (the pump knows which the daemon refuses: ``_host_message``) is its own,
-        #: and it is no longer in flight. Python's json cannot read such a line as it
-        #: streams: a NaN, a lone surrogate or a stray comma within it was taken for a
-        #: request in flight, and a restart answered it, after the daemon's refusal.
-        self.verdict: tuple[object, _Entry, int] | None = None
+        #: the daemon whole, until the pump's ping behind it (``verdict_id``) is answered.
+        #: Before its first byte goes the pump sends a ping too (``mark_id``), and each
+        #: time the host's lines wait in the pipe (the stdin thread reads no more until
+        #: ``verdict_done``): the daemon answers a line's parse error (id null) as it reads
+        #: it, so the parse errors between the two answers are the long line's own, and
+        #: one there means it is no longer in flight. Python's json cannot read such a line
+        #: as it streams: a NaN, a lone surrogate or a stray comma within it was taken for a
+        #: request in flight, and a restart answered it, after the daemon's refusal. Nor is
+        #: the count of the parse errors before it guessed from the host's short lines: a
+        #: pump whose install went cannot tell whether the daemon reads a line nested past
+        #: Python's json, and a guess one too many kept a refused call in flight.
+        self.verdict: tuple[object, _Entry] | None = None
         self.verdict_done = threading.Event()
         self.verdict_done.set()
-        #: The host lines the daemon answers with a parse error sent to this daemon (the
-        #: stdin thread's count), and the parse errors it answered (the main thread's).
-        self.unparsed_sent = 0
+        #: The parse errors the daemon answered, and how many of them came before the
+        #: answer to the ``mark_id`` ping (the main thread's).
         self._unparsed_seen = 0
+        self._unparsed_mark = 0
         #: The host's requests sent to this daemon and not answered (key -> ``_Entry``):
         #: the pump answers them when the daemon goes away.
         self.in_flight: dict[object, _Entry] = {}
@@ -715,8 +717,10 @@ class _Pump:
                     streaming = _LongLine()
                     streaming.feed(partial)
                     with self.lock:  # not ahead of the lines that wait for the gate
-                        self._streaming_to = None if self.gated else self.sock
+                        self._streaming_to = to = None if self.gated else self.sock
                         head = self._long_answer(streaming, bytes(partial))
+                    if to is not None and not streaming.answer:
+                        self._ask(to, self.mark_id)  # the parse errors before it
                     self._send_raw(head)
                     partial.clear()
         with self.lock:
@@ -738,7 +742,7 @@ class _Pump:
         """One whole line of the host's: note it, then send it (or hold it)."""
         message = _host_message(line)
         entry: _Entry | None = None
-        key: object = _UNPARSED if message is _ABSENT and not line.isspace() else None
+        key: object = None
         answer = False
         cancel = False  # a notifications/cancelled: it never waits for a new daemon
         reaches = False  # it names a request the daemon has (``_host_notification``)
@@ -777,8 +781,6 @@ class _Pump:
                     self._wait(line, key, entry)
                 return
             first = entry is not None and self._sending(key, entry)
-            if key is _UNPARSED:
-                self.unparsed_sent += 1
             if entry is not None:
                 self._opening(key, entry)
                 self._keep_call(key, entry, line)
@@ -995,16 +997,13 @@ class _Pump:
                 if whole:
                     self._room_for(found[1][0])
                     self._in_flight(*found)
-                    self.verdict = (*found, self.unparsed_sent)
-                    self.verdict_done.clear()
+                    self.verdict = found
                 else:
                     self.replies.append(_gone_answer(found[1], "cut"))
         if whole and sock is not None:
             self._send(sock, tail)
             if found is not None:  # whether the daemon took it: no line goes before that
-                ping = {"jsonrpc": "2.0", "id": self.verdict_id, "method": "ping"}
-                self._send(sock, json.dumps(ping).encode() + b"\n")
-                self.verdict_done.wait()
+                self._ask(sock, self.verdict_id)
         elif asked is not None and sock is not None:
             failed = {
                 "jsonrpc": "2.0",
@@ -1021,6 +1020,18 @@ class _Pump:
             if sock is not None:  # one copying a daemon's lines: after the next
                 ping = {"jsonrpc": "2.0", "id": self.flush_id, "method": "ping"}
                 self._send(sock, json.dumps(ping).encode() + b"\n")
+
+    def _ask(self, sock: socket.socket, request_id: str) -> None:
+        """Ping the daemon (``mark_id``, ``verdict_id``) and wait for the main thread to
+        read its answer, or to see the daemon go (``verdict``): one gone already
+        (``sock`` is no longer the pump's) answers nothing."""
+        with self.lock:
+            if self.sock is not sock:
+                return
+            self.verdict_done.clear()  # set again when it goes (``_abandon``)
+        ping = {"jsonrpc": "2.0", "id": request_id, "method": "ping"}
+        self._send(sock, json.dumps(ping).encode() + b"\n")
+        self.verdict_done.wait()
 
     def _send_raw(self, data: bytes) -> None:
         """Part of a long line: to the daemon it began with, else nowhere (a new daemon
@@ -1238,11 +1249,15 @@ class _Pump:
                 self._too_large = True
             if value is None and after.startswith(',"error":{"code":-32700'):
                 self._unparsed_seen += 1
+            if value == self.mark_id:
+                self._unparsed_mark = self._unparsed_seen
+                self.verdict_done.set()
+                return b""
             if value == self.verdict_id:
                 with self.lock:
                     verdict, self.verdict = self.verdict, None
-                    if verdict is not None and self._unparsed_seen > verdict[2]:
-                        self._unsent(verdict[0], verdict[1])  # refused: no request
+                    if verdict is not None and self._unparsed_seen > self._unparsed_mark:
+                        self._unsent(*verdict)  # refused: no request
                 self.verdict_done.set()
                 return b""
             with self.lock:
@@ -1341,7 +1356,7 @@ class _Pump:
         self._mode, self._line_entry = 0, None
         self._head.clear()
         self._swallow = None
-        self._unparsed_seen = 0
+        self._unparsed_seen = self._unparsed_mark = 0
         with self.lock:
             self.verdict = None  # taken in flight: it may be
             self.verdict_done.set()
@@ -1498,7 +1513,6 @@ class _Pump:
             legacy = self.initialize is not None
             if not ended:
                 self.generation += 1
-                self.unparsed_sent = 0  # the lines below are this daemon's first
                 if self.initialize is not None:
                     replay_id = f"{_REPLAY_ID}{self.token}-{self.generation}"
                     self._swallow = replay_id
@@ -1547,8 +1561,6 @@ class _Pump:
         """The host's lines that waited, going to the daemon now (``lock`` held)."""
         lines = []
         for line, key, entry in self.waiting:
-            if key is _UNPARSED:
-                self.unparsed_sent += 1
             if entry is not None:
                 self._sending(key, entry)
                 self._opening(key, entry)

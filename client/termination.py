@@ -17,6 +17,11 @@ Only the first one counts: a second SIGTERM or SIGHUP is ignored (``timeout`` si
 command and then its process group, so one often comes twice), and the wait for the
 cancelled call is bounded anyway. A signal the parent left ignored (``nohup`` ignores
 SIGHUP) stays ignored.
+
+``Termination.run`` runs the command between ``catch`` and ``end``. A signal may come
+once the command has returned and before ``end`` has restored the default actions (the
+command's outcome printed, its handlers left): that ``Terminated`` is caught there too,
+and ``end`` ends the process by it, as it does for one the command handled.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from .exits import EXIT_HUNG_UP, EXIT_INTERRUPTED, EXIT_TERMINATED
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import FrameType
 
 __all__ = ["Terminated", "Termination", "interruption"]
@@ -69,6 +75,28 @@ class Termination:
         for signum in _CAUGHT:
             if signal.getsignal(signum) == signal.SIG_DFL:
                 signal.signal(signum, self._raise)
+
+    def run(self, command: Callable[[], int]) -> int:
+        """Run ``command`` with the handlers in place, then ``end``: return its exit code
+        (130 when a Ctrl-C or a signal got past its own handlers), unless a signal caught
+        ends the process first.
+
+        A ``Terminated`` raised once the command has returned (before ``end``, or in it
+        before the default actions are back) was raised outside every handler: a
+        traceback, and a process that did not end by the signal. Only the first signal
+        raises, so the one caught here is the only one, and ``end`` ends by it.
+        """
+        code = EXIT_INTERRUPTED
+        self.catch()
+        try:
+            try:
+                code = command()
+            except KeyboardInterrupt:  # a signal after the command's own handlers
+                code = EXIT_INTERRUPTED
+            self.end()
+        except Terminated:  # it came once the command had finished: it has printed all
+            self.end()
+        return code
 
     def _raise(self, signum: int, frame: FrameType | None) -> None:
         # Only the first: GNU timeout, and runners, signal the process and then its group,

@@ -46,6 +46,7 @@ __all__ = [
     "build_argv",
     "render_flags",
     "resolve_executable",
+    "shebang_interpreter",
 ]
 
 COMMAND_REQUIRED = "exec requires a command array."
@@ -292,6 +293,16 @@ def interpreter_failure(
                 "their #! lines."
             )
         subject = named + "a script that"
+
+
+def shebang_interpreter(path: str) -> str | None:
+    """The interpreter the ``#!`` line of the regular file ``path`` names as an absolute
+    path, else None (no such line, or one the kernel refuses, or a relative name)."""
+    head = _head(path)
+    parsed = _shebang(head) if head.startswith(b"#!") else None
+    if parsed is None or not parsed[0].startswith(b"/"):
+        return None
+    return os.fsdecode(parsed[0])
 
 
 def _unread_line(subject: str, head: bytes) -> str:

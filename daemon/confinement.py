@@ -71,7 +71,7 @@ from typing import Any
 import structlog
 
 from . import threads
-from .argv import executable_problem, found_on_path, interpreter_failure
+from .argv import executable_problem, found_on_path, interpreter_failure, shebang_interpreter
 from .cgroup import (
     JOIN_ARGV,
     JOIN_FAILED_EXIT,
@@ -96,6 +96,7 @@ from .sandbox import (
     binds_moved,
     bwrap_argv,
     call_binds,
+    exec_failure,
     hidden_below_writable,
     mount_aliases,
     prepare_writable,
@@ -118,6 +119,7 @@ __all__ = [
     "Prepared",
     "SetConfinement",
     "built_sandbox",
+    "command_failure",
     "parse_confinement",
     "setup_failure",
     "usage_text",
@@ -451,6 +453,9 @@ class Prepared:
     #: Each bind as checked: canonical name, device, inode, whether it is writable
     #: (``bind_identities``).
     binds: tuple[tuple[str, int, int, bool], ...] = ()
+    #: What bubblewrap executes in the sandbox (the tool's argv[0]): ``command_failure``
+    #: tells its failed exec from a sandbox that could not be set up.
+    command: str = ""
 
     def spawning(self) -> contextlib.AbstractContextManager[None]:
         """The context to spawn the child in (inside the cgroup when ``enter``)."""
@@ -1069,7 +1074,7 @@ class Confinement:
             )
             if not enter:
                 full = [*JOIN_ARGV, cgroup.procs, *full]
-        return Prepared(full, cgroup, sandboxed, conf.limits, enter, status, block, binds)
+        return Prepared(full, cgroup, sandboxed, conf.limits, enter, status, block, binds, argv[0])
 
 
 #: The result text of a call whose writable path was swapped while its sandbox was made.
@@ -1147,6 +1152,7 @@ def setup_failure(
         and returncode == 1
         and stderr.startswith(SETUP_FAILED_PREFIX)
         and not tool_ran(status)
+        and exec_failure(stderr, prepared.command) is None  # the sandbox was built
     ):
         # bubblewrap's own fork failed for want of tasks: its words name no limit either.
         said = stderr.decode(errors="replace").strip().splitlines()[0]
@@ -1154,6 +1160,54 @@ def setup_failure(
             out_of_tasks(said)
         )
     return None
+
+
+def command_failure(
+    prepared: Prepared,
+    returncode: int | None,
+    stderr: bytes,
+    status: bytes,
+    set_dir: Path,
+    search_path: str | None,
+) -> str | None:
+    """Why a sandboxed call's command could not be executed in its built sandbox, as an
+    unsandboxed start says it (the reason, the file, then the sentence that names the
+    fix), else None.
+
+    ``check_executable`` refuses what it can see before the sandbox is built; what only
+    the sandbox's exec meets (a ``#!bash`` line, looked for in the workspace; an
+    interpreter under the host's ``/tmp``, which the sandbox's own ``/tmp`` hides) is
+    bubblewrap's ``execvp`` failing (``sandbox.exec_failure``): the tool's command, not
+    the sandbox.
+    """
+    if not prepared.sandboxed or returncode != 1 or tool_ran(status):
+        return None
+    reason = exec_failure(stderr, prepared.command)
+    if reason is None:
+        return None
+    name = prepared.command
+    hint = _hidden_interpreter(name, set_dir, search_path) or executable_problem(
+        name, set_dir, search_path
+    )
+    return f"{reason}: {name}" + (f". {hint}" if hint else "")
+
+
+def _hidden_interpreter(name: str, set_dir: Path, search_path: str | None) -> str:
+    """The sentence for a command whose ``#!`` interpreter is under the host's ``/tmp``
+    (as named, or where it leads), which a sandboxed call does not see, else ""."""
+    runs = name if os.sep in name else shutil.which(name, path=search_path)
+    interpreter = shebang_interpreter(runs) if runs is not None else None
+    if interpreter is None:
+        return ""
+    tmp, own = Path("/tmp"), Path(os.path.realpath(set_dir))  # noqa: S108 -- a path compared
+    places = (Path(os.path.normpath(interpreter)), Path(os.path.realpath(interpreter)))
+    if not any(is_within(p, tmp) and not is_within(p, own) for p in places):
+        return ""
+    return (
+        f"Command file {runs} names the interpreter {interpreter} on its #! line, which is "
+        "under the host's /tmp: a sandboxed call has a /tmp of its own, without it; "
+        "install it elsewhere, or name one outside /tmp."
+    )
 
 
 def usage_text(usage: CallUsage, limits: Limits) -> str | None:

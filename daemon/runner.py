@@ -92,6 +92,7 @@ from .confinement import (
     ExecutableError,
     Prepared,
     built_sandbox,
+    command_failure,
     setup_failure,
     usage_text,
 )
@@ -637,7 +638,10 @@ class Runner:
             spill.discard()  # cancelled from outside while rendering (a no-op once finished)
             raise
         if prepared is not None:
-            outcome = self._confined(outcome, prepared, proc.returncode, call, usage, status)
+            outcome = self._confined(
+                outcome, prepared, proc.returncode, call, usage, status,
+                (toolset.path, env_path(env)),
+            )  # fmt: skip
         if outcome.exit_code == 127:  # what env exits with when it finds no interpreter
             outcome = _env_failure_said(outcome, command, env_path(env))
         return outcome
@@ -660,12 +664,26 @@ class Runner:
         call: CallState,
         usage: CallUsage,
         status: bytes = b"",
+        command: tuple[Path, str | None] = (Path(os.curdir), None),
     ) -> CallOutcome:
         """Say why a confined call failed to start or was OOM-killed (``outcome`` has its usage).
 
-        ``status`` is what bubblewrap wrote on the status pipe of a sandboxed call.
+        ``status`` is what bubblewrap wrote on the status pipe of a sandboxed call;
+        ``command`` the set's folder and the child's ``PATH``, which a command that could
+        not be executed in its sandbox is looked for in, as an unsandboxed start's is.
         """
-        failure = setup_failure(prepared, returncode, bytes(call.err.prefix[:4096]), status)
+        stderr = bytes(call.err.prefix[:4096])
+        failed = command_failure(prepared, returncode, stderr, status, *command)
+        if failed is not None:
+            return replace(
+                outcome,
+                status="error",
+                is_error=True,
+                exit_code=None,
+                spawn_failed=True,
+                content=({"type": "text", "text": start_failure_text(failed)},),
+            )
+        failure = setup_failure(prepared, returncode, stderr, status)
         if failure is not None:
             return replace(
                 outcome,

@@ -94,6 +94,7 @@ __all__ = [
     "binds_moved",
     "bwrap_argv",
     "call_binds",
+    "exec_failure",
     "hidden_below_writable",
     "mount_aliases",
     "prepare_writable",
@@ -626,6 +627,21 @@ def tool_ran(status: bytes) -> bool:
     lie) is not mistaken for a sandbox that could not be set up.
     """
     return b'"exit-code"' in status
+
+
+def exec_failure(stderr: bytes, command: str) -> str | None:
+    """The reason bubblewrap's ``execvp`` of the tool's ``command`` failed, else None.
+
+    Once the sandbox is built bubblewrap executes the command, and when that fails it
+    exits 1 with ``bwrap: execvp <command>: <strerror>`` (``die_with_error``) and, as for a
+    setup failure, no ``exit-code`` in its status (``tool_ran``). Every setup step's words
+    differ, so these are the command's own: a script whose ``#!`` interpreter is relative
+    or not in the sandbox, a file that may not be executed. The sandbox was fine.
+    """
+    prefix = SETUP_FAILED_PREFIX + b"execvp " + os.fsencode(command) + b": "
+    if not stderr.startswith(prefix):
+        return None
+    return stderr[len(prefix) :].split(b"\n", 1)[0].decode(errors="replace").strip() or None
 
 
 def call_binds(

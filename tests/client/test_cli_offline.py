@@ -11,6 +11,7 @@ import json
 import os
 import select
 import shutil
+import signal
 import socket
 import struct
 import subprocess
@@ -849,3 +850,38 @@ def test_enable_names_a_home_tools_folder_that_is_no_folder(env: Env, command: s
         "Tool set 'hello' was not found.",
         f"  The home's tools folder {env.home / 'tools'} is not a directory.",
     ]
+
+
+# A SIGTERM sent as ``Termination.end`` is entered: once the command has returned and
+# printed its outcome, before the default actions are back. A signal comes there only by
+# chance; the trace hook puts it there every time.
+_SIGTERM_AS_END_BEGINS = """\
+import os, signal, sys
+from toolsetd.client.termination import Termination
+
+def hook(frame, event, arg):
+    if event == "call" and frame.f_code is Termination.end.__code__:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+sys.argv = ["toolsetctl", *sys.argv[1:]]
+sys.settrace(hook)
+from toolsetd.client.__main__ import main
+main()
+"""
+
+
+def test_a_sigterm_once_the_command_has_finished_ends_toolsetctl_by_it(env: Env) -> None:
+    """A SIGTERM between the command's end and ``Termination.end`` raised ``Terminated``
+    outside every handler: a traceback on stderr and an exit status of 1 instead of death
+    by SIGTERM, which a CI runner or ``timeout`` reads. It ends by the signal now, the
+    command's output whole."""
+    path = env.home_set("acme", exec_set("fmt"))
+    clean = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_AS_END_BEGINS, "validate", str(path.parent),
+         "--home", str(env.home), "--socket", str(env.socket)],
+        capture_output=True, text=True, timeout=60, check=False, env=clean,
+    )
+    assert proc.stderr == "", proc.stderr
+    assert proc.stdout == "Tool set acme is valid: 1 tool (fmt).\n"
+    assert proc.returncode == -signal.SIGTERM

@@ -1328,6 +1328,45 @@ def test_confinement_tool_failing_like_bubblewrap_is_not_a_setup_failure(tree: T
     assert reply["result"]["exitCode"] == 1
 
 
+@pytest.mark.parametrize("how", ["relative", "hidden-interpreter"])
+def test_confinement_command_that_cannot_be_executed_is_not_blamed_on_the_sandbox(
+    tree: Tree, how: str
+) -> None:
+    """A sandboxed script whose ``#!`` interpreter cannot be run in the sandbox (``#!bash``,
+    looked for in the workspace; one under the host's ``/tmp``, which the sandbox's private
+    ``/tmp`` hides) made bubblewrap's ``execvp`` fail once the sandbox was built, and the
+    call said "the sandbox could not be set up". It is the command that could not be
+    executed: the text says so as an unsandboxed start does, and names the cause."""
+    _need_sandbox(tree)
+    workspace = tree.base / f"ws-exec-{uuid.uuid4().hex}"
+    host_tmp = Path(tempfile.mkdtemp(prefix="tsc-interp-"))  # the host's /tmp
+    try:
+        interpreter = host_tmp / "sh"
+        interpreter.symlink_to("/bin/sh")
+        line = "#!bash" if how == "relative" else f"#!{interpreter}"
+        manifest = {"runner": "exec", "tools": [
+            {"name": "x_run", "description": "d", "command": ["run.sh"], "schema": {"type": "object"}},
+        ]}
+        write_set(workspace / ".crystal" / "tools", "xp", manifest,
+                  **{"run.sh": f"{line}\necho ran\n"})
+        with tree.daemon.raw(timeout=60) as conn:
+            _, reply = conn.invoke({"tool": "x_run", "arguments": {}, "workspace": str(workspace),
+                                     "approved": True})
+        result = reply["result"]
+        text = result["content"][0]["text"]
+        assert result["isError"] is True, result
+        assert "could not be set up" not in text, text
+        script = workspace / ".crystal" / "tools" / "xp" / "run.sh"
+        assert text.startswith(
+            f"The external process failed to start: No such file or directory: {script}. "
+        ), text
+        named = "a relative path" if how == "relative" else "a sandboxed call has a /tmp of its own"
+        assert named in text, text
+    finally:
+        shutil.rmtree(workspace, ignore_errors=True)
+        shutil.rmtree(host_tmp, ignore_errors=True)
+
+
 @pytest.mark.parametrize("approved", [None, "/proc", "/proc/sys/kernel"])
 def test_confinement_sandbox_keeps_kernel_settings_read_only(
     tree: Tree, approved: str | None

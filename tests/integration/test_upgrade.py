@@ -745,3 +745,66 @@ def test_a_pump_whose_install_went_still_serves_a_line_nested_past_pythons_json(
         # The daemon's answer (it takes 64 levels of arguments): the line reached it.
         assert [json.loads(line)["id"] for line in out.splitlines()] == [2]
         assert (pump.returncode, err) == (0, b"")
+
+
+def test_a_pump_whose_install_went_counts_no_deep_line_it_cannot_read_as_refused(
+    tmp_base: Path,
+) -> None:
+    """Without the daemon's parser (its install went) the pump reads a line nested past
+    Python's json as a parse error, and counted it as one the daemon refuses, which the
+    daemon serves. The pump tells whether the daemon took a line over 16 MiB by the parse
+    errors it answered up to then: with that count one too many, a call the daemon refused
+    (a NaN in it) stayed in flight and was answered at a restart ("the tool may have
+    run"), after the daemon's refusal."""
+    args = ["--max-message-bytes", "40000000"]
+    daemon, package = _daemon_from_a_venv(tmp_base, args=args)
+    python = package.parents[3] / "bin" / "python"  # venv/lib/python3.x/site-packages/toolsetd
+    restarted: list[Daemon] = []
+    with subprocess.Popen(
+        [python, "-P", "-m", "toolsetd.client", "--socket", str(daemon.socket),
+         "--workspace", str(daemon.workspace), "mcp", "--mode", "full"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    ) as pump:
+        assert pump.stdin is not None and pump.stdout is not None
+        stdin, stdout = pump.stdin, pump.stdout
+
+        def send(line: bytes) -> None:
+            stdin.write(line)
+            stdin.flush()
+
+        def until(request_id: int) -> list[dict[str, object]]:
+            seen = []
+            while not seen or seen[-1].get("id") != request_id or "method" in seen[-1]:
+                seen.append(json.loads(stdout.readline()))
+            return seen
+
+        try:
+            send(json.dumps({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18", "capabilities": {},
+                "clientInfo": {"name": "upgrade-test", "version": "1"}}}).encode() + b"\n")
+            assert until(1)[-1]["result"]
+            shutil.rmtree(package.parents[3])  # the venv goes; the daemon stays
+            send(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+            deep = "[" * 1000 + "]" * 1000
+            send(b'{"jsonrpc": "2.0", "id": 2, "method": "ping", "params": {"deep": %s}}\n'
+                 % deep.encode())
+            assert until(2)[-1] == {"jsonrpc": "2.0", "id": 2, "result": {}}  # served
+            send(b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"short",'
+                 b'"arguments":{"pad":"%s","wrong":NaN}}}\n' % (b"x" * 17_000_000))
+            send(b'{"jsonrpc": "2.0", "id": 4, "method": "ping"}\n')
+            seen = until(4)
+            assert [(m["id"], m["error"]["code"]) for m in seen if "error" in m] == [  # type: ignore[index]
+                (None, -32700)
+            ]
+            daemon.proc.kill()
+            daemon.proc.wait()
+            restarted.append(start_daemon(daemon.home, daemon.workspace, tmp_base, ["--no-watch"]))
+            send(b'{"jsonrpc": "2.0", "id": 5, "method": "ping"}\n')
+            seen = until(5)
+            assert [m for m in seen if m.get("id") == 3] == [], str(seen)[:500]
+        finally:
+            if pump.poll() is None:
+                pump.kill()
+            shut_down(daemon)
+            for other in restarted:
+                shut_down(other)
