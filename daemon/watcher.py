@@ -685,7 +685,7 @@ class Watcher:
         """``_poll_once`` but for the count."""
         cap = self._cap
         try:
-            probes, cost, watched = await threads.run_sync(
+            probes, cost, (watched, past) = await threads.run_sync(
                 self._timed_probe, tuple(self._workspaces), cap
             )
         except Exception as exc:  # a probe must never stop the watcher
@@ -695,7 +695,7 @@ class Watcher:
         if len(kept) != len(probes) or cap != self._cap:
             # A workspace released, or a new bound taken, while it probed (rare): the
             # folders to watch are worked out again, here.
-            watched = _watched(kept, self._cap)[0]
+            watched, past = _watched(kept, self._cap)
         probes = kept
         changed = {
             key
@@ -717,6 +717,11 @@ class Watcher:
         # Another directory, or another one under a name watched (a link pointed elsewhere).
         if self._watching is not None and (self._rewatch or watched != self._watching):
             self._stop_generation()
+        elif self._watching is not None:
+            # The same folders watched, but set folders past the bound came or went (one
+            # that sorts after those watched, rm -rf of those polled): status, the metrics
+            # and STATUS= said the old count, 'N past --max-watches' with none left.
+            self._note_cap(self._cap, past, len(watched))
         self._poll_seconds = round(max(self._recheck, _POLL_COST_FACTOR * cost), 3)
         return cost
 
@@ -746,7 +751,7 @@ class Watcher:
 
     def _timed_probe(
         self, workspaces: tuple[Path, ...], cap: int | None
-    ) -> tuple[dict[ReloadKey, _Probe], float, _Watched]:
+    ) -> tuple[dict[ReloadKey, _Probe], float, tuple[_Watched, int]]:
         """``_probe_all`` in a worker thread, with the time it took there: the time a poll
         waited for a thread or the loop is not its cost. Not the thread's CPU time: a
         ``stat`` on a network or FUSE mount (what the poll is for) waits on a server or a
@@ -755,7 +760,7 @@ class Watcher:
         began = self._clock()
         probes = _probe_all(self._home, workspaces)
         cost = self._clock() - began
-        return probes, cost, _watched(probes, cap)[0]
+        return probes, cost, _watched(probes, cap)
 
     # -- delivery ---------------------------------------------------------------------
 
