@@ -158,6 +158,8 @@ def test_render_status_shows_the_poll_period_as_toolsetctl_reads_it() -> None:
         parse_float=json_number,
     )
     assert dict(status_fields(status))["Watch"] == "watching 4 folders, and a poll every 2 s"
+    status["watch"]["state"] = "starting"  # the fourth state, which no test rendered
+    assert dict(status_fields(status))["Watch"] == "starting, and a poll every 2 s"
 
 
 def test_render_classification_shows_the_sandbox() -> None:
