@@ -538,9 +538,10 @@ def _watch_rows(watch: Any) -> list[tuple[str, str]]:
         return []
     state = watch.get("state")
     seconds = watch.get("pollSeconds")
-    # A float subclass too: toolsetctl reads ``2.0`` as a ``WrittenNumber``.
-    number = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
-    poll = f"every {seconds:g} s" if number else "-"
+    # isinstance, not type(): the reader gives a number with a fraction as a float
+    # subclass that keeps its text (``blocking.WrittenNumber``), and ``2.0`` printed "-".
+    numeric = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+    poll = f"every {seconds:g} s" if numeric else "-"
     if state == "watching":
         text = f"watching {watch.get('watched', '-')} folders, and a poll {poll}"
         past = watch.get("pastCap")

@@ -37,6 +37,7 @@ from .paths import NET_WHITESPACE
 
 __all__ = [
     "MAX_MANIFEST_BYTES",
+    "KernelFile",
     "ManifestUnchecked",
     "ManifestUnreadable",
     "load_config",
@@ -122,12 +123,17 @@ def kernel_file_system(fd: int) -> str | None:
     return _KERNEL_FILE_SYSTEMS.get(f_type(fd) or 0)
 
 
-def _kernel_file(path: str | Path, kind: str) -> ManifestUnreadable:
-    name = os.path.basename(path)
-    return ManifestUnreadable(
-        f"{name} is in the kernel's {kind} file system (a view of kernel state, not a file) "
-        f"and is not read: make {name} a regular file on a disk, or a link to one."
-    )
+class KernelFile(ManifestUnreadable):
+    """A file of the kernel's own file systems (``kernel_file_system``), refused unread;
+    ``kind`` names its file system (``proc``, ``sysfs``, ...)."""
+
+    def __init__(self, path: str | Path, kind: str) -> None:
+        name = os.path.basename(path)
+        super().__init__(
+            f"{name} is in the kernel's {kind} file system (a view of kernel state, not a "
+            f"file) and is not read: make {name} a regular file on a disk, or a link to one."
+        )
+        self.kind = kind
 
 
 def _too_large(path: str | Path) -> ManifestUnreadable:
@@ -212,7 +218,7 @@ def read_regular_file(
             if not st.st_size & _PAGE_MULTIPLE:
                 kind = kernel_file_system(fd)
                 if kind is not None:
-                    raise _kernel_file(path, kind)
+                    raise KernelFile(path, kind)
             data = read_descriptor(fd, limit, st.st_size)
         finally:
             os.close(fd)

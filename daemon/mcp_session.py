@@ -1026,11 +1026,20 @@ class McpSession:
     ) -> None:
         if self._closed:
             return
-        catalog = self._service.registry.cached(self.binding.workspace)
-        if catalog is not None:
+        registry = self._service.registry
+        catalog = registry.cached(self.binding.workspace)
+        while catalog is not None:
             await self._server.listing_ready(catalog, self.binding.catalog)
             if self._closed:
                 return
+            # A reload that landed while this one's listing was built was checked first
+            # when its catalog needed no build: this older snapshot's list, noted after
+            # it, was taken for the one the host knew. The newest is compared instead.
+            newest = registry.cached(self.binding.workspace)
+            if newest is None or newest is catalog:
+                break
+            catalog = newest
+        if catalog is not None:
             listed = self._server.pages.tag(catalog, self.binding.catalog)
             unchanged = listed == self._listed
             self._listed = listed

@@ -250,10 +250,14 @@ class Handlers:
         p = params_check.list_args(self._named(params))
         workspace = self.service.workspace(p.workspace)
         catalog = await self.service.catalog(workspace)
+        # The generation of this snapshot, taken with it: a large body is built in a
+        # worker thread, and a reload landing meanwhile moved the generation, which then
+        # named a catalog this list does not hold ("seen N again: the same catalog").
+        generation = self.service.registry.generation
         if p.subscribe:
             ctx.connection.subscriptions.add(str(workspace) if workspace else None)
         body = await self._list_body(catalog, p.catalog)
-        return {"generation": self.service.registry.generation, **body}
+        return {"generation": generation, **body}
 
     async def _list_body(self, catalog: Catalog, wanted: str | None) -> dict[str, Any]:
         """``list``'s encoded body of a snapshot, from the cache, else built: on the loop

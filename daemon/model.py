@@ -342,10 +342,10 @@ class Catalog:
 _V = TypeVar("_V")
 
 
-#: A catalog of more tools and sets than this has its listings (native ``list``'s body,
-#: MCP's ``tools/list`` entries) built in a worker thread, not on the event loop: 20,000
-#: tools took 0.15-0.6 s, which every other client waited out. Smaller ones skip the
-#: thread hand-off, which costs more than they do.
+#: A catalog of more tools and sets than this has its native ``list`` body built in a
+#: worker thread, and one of more tools than this its MCP ``tools/list`` entries (which
+#: list no set), not on the event loop: 20,000 tools took 0.15-0.6 s, which every other
+#: client waited out. Smaller ones skip the thread hand-off, which costs more than they do.
 LARGE_CATALOG = 2_000
 
 

@@ -52,7 +52,7 @@ from typing import Any, Literal, NoReturn
 
 from toolsetd.protocol.printable import printable  # at load: ConfigError is made short of fds too
 
-from .config_file import read_regular_file
+from .config_file import KernelFile, read_regular_file
 from .confinement import ConfinementConfig, parse_confinement
 from .exhaustion import out_of_resources
 from .install import at_start, sources_id
@@ -600,7 +600,14 @@ def _read_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
                 path,
             ) from None
         reason = getattr(exc.__cause__, "strerror", None)
-        if reason is None:
+        if isinstance(exc, KernelFile):
+            # A regular file by its mode (``stat -L`` says so): "not a regular file" sent
+            # the operator looking for a FIFO or a folder.
+            reason = (
+                f"it is in the kernel's {exc.kind} file system (a view of kernel state, not a "
+                "file) and is not read: make it a regular file on a disk, or a link to one"
+            )
+        elif reason is None:
             reason = (
                 "it is larger than 1 MiB" if "larger" in exc.message else "it is not a regular file"
             )

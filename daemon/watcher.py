@@ -518,8 +518,7 @@ class Watcher:
     async def _supervise(self) -> None:
         while True:
             self._rewatch = False  # this probe is taken after any removal reported so far
-            probes, cap = await threads.run_sync(self._probe_capped, tuple(self._workspaces))
-            dirs, past = _watched(probes, cap)
+            cap, dirs, past = await threads.run_sync(self._probe_capped, tuple(self._workspaces))
             self._note_cap(cap, past, len(dirs))
             stop = anyio.Event()
             self._stop, self._watching = stop, dirs
@@ -684,12 +683,20 @@ class Watcher:
 
     async def _poll(self) -> float:
         """``_poll_once`` but for the count."""
+        cap = self._cap
         try:
-            probes, cost = await threads.run_sync(self._timed_probe, tuple(self._workspaces))
+            probes, cost, (watched, past) = await threads.run_sync(
+                self._timed_probe, tuple(self._workspaces), cap
+            )
         except Exception as exc:  # a probe must never stop the watcher
             log.warning("watch_poll_failed", error=type(exc).__name__, message=str(exc))
             return 0.0
-        probes = {k: p for k, p in probes.items() if k is None or k in self._workspaces}
+        kept = {k: p for k, p in probes.items() if k is None or k in self._workspaces}
+        if len(kept) != len(probes) or cap != self._cap:
+            # A workspace released, or a new bound taken, while it probed (rare): the
+            # folders to watch are worked out again, here.
+            watched, past = _watched(kept, self._cap)
+        probes = kept
         changed = {
             key
             for key, probe in probes.items()
@@ -708,18 +715,22 @@ class Watcher:
             log.info("watch_changed", keys=len(changed))
             self._enqueue(dict.fromkeys(changed))
         # Another directory, or another one under a name watched (a link pointed elsewhere).
-        if self._watching is not None and (
-            self._rewatch or _watched(probes, self._cap)[0] != self._watching
-        ):
+        if self._watching is not None and (self._rewatch or watched != self._watching):
             self._stop_generation()
+        elif self._watching is not None:
+            # The same folders watched, but set folders past the bound came or went (one
+            # that sorts after those watched, rm -rf of those polled): status, the metrics
+            # and STATUS= said the old count, 'N past --max-watches' with none left.
+            self._note_cap(self._cap, past, len(watched))
         self._poll_seconds = round(max(self._recheck, _POLL_COST_FACTOR * cost), 3)
         return cost
 
-    def _probe_capped(
-        self, workspaces: tuple[Path, ...]
-    ) -> tuple[dict[ReloadKey, _Probe], int | None]:
-        """``_probe_all`` and the bound on the directories to watch, in a worker thread."""
-        return _probe_all(self._home, workspaces), _watch_cap(self._max_watches)
+    def _probe_capped(self, workspaces: tuple[Path, ...]) -> tuple[int | None, _Watched, int]:
+        """In a worker thread: the bound on the directories to watch, those directories
+        and how many set folders are past it (``_watched``: a walk of every set folder,
+        ~0.1 s over 190,000, which every client waited out on the loop)."""
+        cap = _watch_cap(self._max_watches)
+        return cap, *_watched(_probe_all(self._home, workspaces), cap)
 
     def _note_cap(self, cap: int | None, past: int, watched: int) -> None:
         """Take a generation's bound; log when set folders start or stop being left to the
@@ -738,15 +749,18 @@ class Watcher:
             log.info("watch_cap_cleared", watched=watched, max_watches=cap)
         self._cap, self._past_cap = cap, past
 
-    def _timed_probe(self, workspaces: tuple[Path, ...]) -> tuple[dict[ReloadKey, _Probe], float]:
+    def _timed_probe(
+        self, workspaces: tuple[Path, ...], cap: int | None
+    ) -> tuple[dict[ReloadKey, _Probe], float, tuple[_Watched, int]]:
         """``_probe_all`` in a worker thread, with the time it took there: the time a poll
         waited for a thread or the loop is not its cost. Not the thread's CPU time: a
         ``stat`` on a network or FUSE mount (what the poll is for) waits on a server or a
         FUSE daemon, whose work that is, and a poll paced by its CPU time alone ran there
-        back to back."""
+        back to back. And the directories to watch under ``cap`` (``_probe_capped``)."""
         began = self._clock()
         probes = _probe_all(self._home, workspaces)
-        return probes, self._clock() - began
+        cost = self._clock() - began
+        return probes, cost, _watched(probes, cap)
 
     # -- delivery ---------------------------------------------------------------------
 

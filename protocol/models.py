@@ -268,7 +268,7 @@ class StatusResult(_Wire):
     in_flight: int
     connections: int
     confinement: dict[str, Any] | None = None  # cgroup and sandbox modes (docs/security.md)
-    watch: dict[str, Any] | None = None  # watching, polling, or None: --no-watch
+    watch: dict[str, Any] | None = None  # its state: watching, polling, starting, off
 
 
 class ListParams(_Params):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
+from toolsetd.client.blocking import json_number
 from toolsetd.client.render import (
     classification_fields,
     status_fields,
@@ -145,6 +147,19 @@ def test_render_status_says_how_edits_arrive() -> None:
                                           "pollSeconds": None}}))
     assert rows["Watch"] == "off (--no-watch)"
     assert "Watch" not in dict(status_fields({}))  # an older daemon
+
+
+def test_render_status_shows_the_poll_period_as_toolsetctl_reads_it() -> None:
+    """The reader gives pollSeconds (2.0 on the wire) as a WrittenNumber, a float subclass
+    keeping its text: the Watch row printed 'a poll -' for every daemon."""
+    status = json.loads(
+        '{"watch": {"state": "watching", "reason": null, "watched": 4, "pastCap": 0,'
+        ' "maxWatches": 4, "pollSeconds": 2.0}}',
+        parse_float=json_number,
+    )
+    assert dict(status_fields(status))["Watch"] == "watching 4 folders, and a poll every 2 s"
+    status["watch"]["state"] = "starting"  # the fourth state, which no test rendered
+    assert dict(status_fields(status))["Watch"] == "starting, and a poll every 2 s"
 
 
 def test_render_classification_shows_the_sandbox() -> None:

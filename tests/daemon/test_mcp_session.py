@@ -1,10 +1,15 @@
 """Unit tests for ``toolsetd.daemon.mcp_session``'s pure helpers (the session itself is
-driven through a real daemon in tests/integration/test_mcp.py)."""
+driven through a real daemon in tests/integration/test_mcp.py), and one session over a real
+service, where a test must hold a listing's build to order two reloads."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from pathlib import Path
 
+import anyio
 import pytest
 
 from toolsetd.daemon.mcp_session import _is_progress_token
@@ -46,3 +51,77 @@ def test_a_bind_names_its_first_unknown_field_as_sent(tmp_path: Path) -> None:
         Binding.from_params({"workspace": str(tmp_path), "zeta": 1, "alpha": 2})
     assert caught.value.data == {"field": "zeta"}
     assert "unknown field 'zeta'" in caught.value.message
+
+
+@pytest.mark.anyio
+async def test_a_listing_built_late_does_not_take_the_place_of_a_newer_one(
+    tmp_path: Path,
+) -> None:
+    """A reload's list_changed check of a large catalog waits for its listing's build (in a
+    worker thread, one at a time, 82358e7). A reload landing meanwhile, whose catalog was
+    small (no build to wait for), was told to the host first; the older check then resumed
+    and noted the older snapshot's list as the one the host knew. When a later reload
+    brought that list back, the host, which held the newer one, was told nothing."""
+    from toolsetd.daemon.mcp_session import Binding, McpServer, McpSession
+    from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, LARGE_CATALOG
+    from toolsetd.daemon.registry import Registry
+    from toolsetd.daemon.runner import Runner, RunnerSettings
+    from toolsetd.daemon.sdnotify import Notifier
+    from toolsetd.daemon.service import Service, ServiceSettings
+    from toolsetd.daemon.validation import ArgumentValidators
+
+    home, workspace, spare = tmp_path / "home", tmp_path / "ws", tmp_path / "spare"
+    workspace.mkdir()
+    spare.mkdir()
+
+    def write(folder: Path, index: int, description: str) -> None:
+        (folder / f"s{index:03d}").mkdir(parents=True, exist_ok=True)
+        tools = [{"name": f"t{index}_{n}", "description": description,
+                  "schema": {"type": "object"}} for n in range(20)]
+        manifest = {"runner": "exec", "command": ["true"], "tools": tools}
+        (folder / f"s{index:03d}" / "tools.json").write_text(json.dumps(manifest))
+
+    sets = LARGE_CATALOG // 20 + 5  # past LARGE_CATALOG tools, built in a worker thread
+    for index in range(sets):
+        write(home / "tools", index, "before")
+    registry = Registry(home, DEFAULT_RESERVED_NAMES)
+    runner = Runner(RunnerSettings(), anyio.CapacityLimiter(4), os.environ)
+    service = Service(
+        ServiceSettings(socket=str(tmp_path / "s"), home=home, user_home=Path.home()),
+        registry, runner, ArgumentValidators(), Notifier.from_environ({}),
+    )
+    server = McpServer(service)
+    told: list[dict[str, object]] = []
+
+    class Outbox:
+        def post(self, message: dict[str, object], *, droppable: bool = False) -> None:
+            told.append(message)
+
+        async def drained(self) -> None:
+            return None
+
+    session = McpSession(server, Binding(workspace), Outbox(), {}, 1)
+    initialize = {"protocolVersion": "2025-06-18", "capabilities": {},
+                  "clientInfo": {"name": "test", "version": "1"}}
+    answer = await session.receive(
+        {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize}
+    )
+    assert answer["result"]["protocolVersion"] == "2025-06-18"  # the host knows S0's list
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            async with server._building:  # another listing is being built
+                write(home / "tools", 0, "after")  # S1, large: its check waits for the build
+                tg.start_soon(service.reload_catalogs, None)
+                while server._building.statistics().tasks_waiting == 0:
+                    await anyio.sleep(0.01)
+                for index in range(1, sets):  # S2, small: told at once
+                    shutil.move(home / "tools" / f"s{index:03d}", spare)
+                await service.reload_catalogs(None)
+                assert len(told) == 1
+            # S1's check ends once the build is left to it, and with it the task group.
+        # S3: S1's list again, while the host holds S2's.
+        for index in range(1, sets):
+            shutil.move(spare / f"s{index:03d}", home / "tools")
+        told.clear()
+        await service.reload_catalogs(None)
+    assert [m["method"] for m in told] == ["notifications/tools/list_changed"]

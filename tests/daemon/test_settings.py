@@ -278,6 +278,20 @@ def test_settings_file_not_utf8_or_not_a_file(tmp_path: Path) -> None:
         _load(tmp_path / "missing.toml")
 
 
+def test_settings_file_in_a_kernel_file_system_says_so(tmp_path: Path) -> None:
+    """A toolsetd.toml linked into /proc is refused unread, as a manifest is (34e5a8a), but
+    its error said 'it is not a regular file', which stat -L contradicts: it names the
+    file system and the fix, as tools.json's note does."""
+    path = tmp_path / "toolsetd.toml"
+    path.symlink_to("/proc/self/environ")
+    with pytest.raises(ConfigError) as caught:
+        _load(path)
+    assert str(caught.value) == (
+        f"{path}: cannot be used: it is in the kernel's proc file system (a view of kernel "
+        "state, not a file) and is not read: make it a regular file on a disk, or a link to one"
+    )
+
+
 def test_settings_flag_and_env_errors() -> None:
     """A bad flag value names the flag; a bad environment value names its variable."""
     with pytest.raises(ConfigError, match="--max-running: must be at least 1, got 0"):

@@ -898,6 +898,72 @@ async def test_a_big_batch_is_mapped_off_the_event_loop(
     assert threads_seen == {3: {True}, 5000: {False}}
 
 
+async def test_the_folders_to_watch_are_worked_out_off_the_event_loop(
+    layout: Layout, fake: FakeWatch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Which folders to watch under the bound (``_watched``) is a walk of every set folder,
+    taken at each watch start and each poll: on the loop, 190,000 folders past the bound
+    held every client ~0.1 s a poll. It is worked out in the probe's worker thread."""
+    from toolsetd.daemon import watcher as watcher_module
+
+    home, workspace = layout
+    on_loop: list[bool] = []
+    real = watcher_module._watched
+
+    def spied(*args: Any) -> Any:
+        on_loop.append(threading.current_thread() is threading.main_thread())
+        return real(*args)
+
+    monkeypatch.setattr(watcher_module, "_watched", spied)
+    recorder = Recorder()
+    watcher = _fake_watcher(home, recorder, fake, max_watches=2)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await _started(tg, watcher, fake)
+            watcher.add_workspace(workspace)  # polls at once, and restarts the watch
+            await recorder.wait_for(workspace)
+            while watcher.polls_ended < 3:
+                await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+    assert len(on_loop) >= 3  # two watch starts and the polls
+    assert not any(on_loop), on_loop
+
+
+async def test_status_counts_the_set_folders_past_the_bound_as_they_come_and_go(
+    layout: Layout, fake: FakeWatch
+) -> None:
+    """Set folders past the bound that come or go leave the folders watched as they are
+    (those watched sort first), so no new watch starts: status (and with it the metrics
+    and systemd's STATUS= line) kept the count of the watch's start, 'past the bound' with
+    none left. The poll that finds them counts them again."""
+    home, workspace = layout
+    tools = home / "tools"
+    for name in ("b", "c"):
+        (tools / name).mkdir()
+    recorder = Recorder()
+    # The home, its tools root and "a"; a poll every 50 ms.
+    watcher = _fake_watcher(home, recorder, fake, max_watches=3, recheck_seconds=0.05)
+
+    async def polled() -> None:  # a poll begun after the folders changed has ended
+        ended = watcher.polls_ended
+        while watcher.polls_ended < ended + 2:
+            await anyio.sleep(0.01)
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await _started(tg, watcher, fake)
+            assert (watcher.status()["watched"], watcher.status()["pastCap"]) == (3, 2)
+            (tools / "d").mkdir()
+            await polled()
+            assert watcher.status()["pastCap"] == 3
+            for name in ("b", "c", "d"):
+                (tools / name).rmdir()
+            await polled()
+            assert (watcher.status()["watched"], watcher.status()["pastCap"]) == (3, 0)
+            assert len(fake.calls) == 1  # the same watch all along
+            tg.cancel_scope.cancel()
+
+
 async def test_a_change_no_event_reported_is_still_sent_by_the_poll(
     layout: Layout, fake: FakeWatch
 ) -> None:

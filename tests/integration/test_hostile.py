@@ -2042,6 +2042,32 @@ def test_a_list_of_twenty_thousand_tools_is_built_off_the_loop() -> None:
 
 
 @pytest.mark.timeout(180)  # 1,000 manifests written and parsed at start
+def test_a_large_list_answers_the_generation_of_the_catalog_it_lists() -> None:
+    """A large list's body is built in a worker thread (eaafc79), and the list took the
+    generation after the build: a reload landing meanwhile answered the old catalog under
+    the new generation, and a front end that saw that generation again (a status, a
+    reload that changed nothing) kept the old tools as current. Each list says the
+    generation of the catalog it lists, whichever of the two it is."""
+    with (daemon_in("tsl-", _many_tools, args=["--no-watch"]) as d,
+          d.raw(timeout=120) as first, d.raw(timeout=120) as second,
+          d.raw(timeout=120) as other):
+        before = other.request("status")["result"]["generation"]
+        # Two builds, one behind the other (one large build at a time), and a reload
+        # that changes one tool while they run.
+        first.send_bytes(b'{"jsonrpc":"2.0","id":1,"method":"list","params":{"catalog":"plan"}}\n')
+        second.send_bytes(b'{"jsonrpc":"2.0","id":2,"method":"list"}\n')
+        manifest = d.home / "tools" / "set0999" / "tools.json"
+        manifest.write_text(manifest.read_text().replace("tool 0 of set 999", "edited"))
+        assert other.request("reload")["result"]["generation"] == before + 1
+        for conn in (first, second):
+            listed = conn.receive()["result"]
+            (tool,) = [t for t in listed["tools"] if t["name"] == "t999_0"]
+            edited = tool["description"] == "edited"
+            assert listed["generation"] == (before + 1 if edited else before), (
+                listed["generation"], tool["description"])
+
+
+@pytest.mark.timeout(180)  # 1,000 manifests written and parsed at start
 def test_an_mcp_tools_list_of_twenty_thousand_tools_is_built_off_the_loop() -> None:
     """MCP's tools/list entries of a snapshot (each tool's schema as MCP hosts take it),
     built once per snapshot, were built on the event loop at a host's first tools/list
