@@ -102,8 +102,10 @@ def _fstatfs() -> Callable[[int], int | None] | None:
         call = ctypes.CDLL(None, use_errno=True).fstatfs
     except (ImportError, OSError, AttributeError):
         return None
-    # ``f_type`` comes first: a long, but an unsigned int on s390x (glibc's __fsword_t).
-    layout = "=I" if platform.machine() == "s390x" else "=l"
+    # ``f_type`` comes first: a long, but an unsigned int on s390x (glibc's __fsword_t),
+    # in the machine's own size and byte order ("=" read 4 bytes little or big, so on a
+    # 64-bit big-endian machine the high half of the long: no kernel file system known).
+    layout = "@I" if platform.machine() == "s390x" else "@l"
 
     def f_type(fd: int) -> int | None:
         buffer = ctypes.create_string_buffer(_STATFS_SIZE)
