@@ -583,19 +583,21 @@ class _Pump:
         self.flush_id = _FLUSH_ID + self.token
         self.verdict_id = _VERDICT_ID + self.token
         #: A host line over ``_HELD_LINE_MAX`` read as a request (key, entry) that went to
-        #: the daemon whole, with ``unparsed_sent`` then, until the pump's ping behind it
-        #: (``verdict_id``) is answered: the host's lines wait in the pipe (the stdin
-        #: thread reads no more until ``verdict_done``), so that the parse errors (id null)
-        #: up to that answer are those of the lines up to it. One more than the lines before
-        #: it had (the pump knows which the daemon refuses: ``_host_message``) is its own,
-        #: and it is no longer in flight. Python's json cannot read such a line as it
-        #: streams: a NaN, a lone surrogate or a stray comma within it was taken for a
-        #: request in flight, and a restart answered it, after the daemon's refusal.
-        self.verdict: tuple[object, _Entry, int] | None = None
+        #: the daemon whole, until the pump's ping behind it (``verdict_id``) is answered.
+        #: Every such line has that ping, request or not: the host's lines wait in the pipe
+        #: (the stdin thread reads no more until ``verdict_done``), so that the parse errors
+        #: (id null) up to that answer are those of the lines up to it. One more than
+        #: ``unparsed_sent`` (the lines the pump knows the daemon refuses:
+        #: ``_host_message``) is the long line's own: its request is no longer in flight,
+        #: and the count starts again from the daemon's. Python's json cannot read such a
+        #: line as it streams: a NaN, a lone surrogate or a stray comma within it was taken
+        #: for a request in flight, and a restart answered it, after the daemon's refusal.
+        self.verdict: tuple[object, _Entry] | None = None
         self.verdict_done = threading.Event()
         self.verdict_done.set()
         #: The host lines the daemon answers with a parse error sent to this daemon (the
-        #: stdin thread's count), and the parse errors it answered (the main thread's).
+        #: stdin thread's count; set to the daemon's own at each verdict), and the parse
+        #: errors it answered (the main thread's).
         self.unparsed_sent = 0
         self._unparsed_seen = 0
         #: The host's requests sent to this daemon and not answered (key -> ``_Entry``):
@@ -995,16 +997,20 @@ class _Pump:
                 if whole:
                     self._room_for(found[1][0])
                     self._in_flight(*found)
-                    self.verdict = (*found, self.unparsed_sent)
-                    self.verdict_done.clear()
                 else:
                     self.replies.append(_gone_answer(found[1], "cut"))
+            if whole:
+                # Whether the daemon took it, request or not: a parse error of one that is
+                # none (a notification, an answer) was counted as the next long request's,
+                # as was that of a refused request as every later one's, which were taken
+                # for refused and left unanswered at a restart.
+                self.verdict = found
+                self.verdict_done.clear()
         if whole and sock is not None:
             self._send(sock, tail)
-            if found is not None:  # whether the daemon took it: no line goes before that
-                ping = {"jsonrpc": "2.0", "id": self.verdict_id, "method": "ping"}
-                self._send(sock, json.dumps(ping).encode() + b"\n")
-                self.verdict_done.wait()
+            ping = {"jsonrpc": "2.0", "id": self.verdict_id, "method": "ping"}
+            self._send(sock, json.dumps(ping).encode() + b"\n")
+            self.verdict_done.wait()  # no line goes before it
         elif asked is not None and sock is not None:
             failed = {
                 "jsonrpc": "2.0",
@@ -1239,10 +1245,11 @@ class _Pump:
             if value is None and after.startswith(',"error":{"code":-32700'):
                 self._unparsed_seen += 1
             if value == self.verdict_id:
-                with self.lock:
+                with self.lock:  # the stdin thread waits: it sends nothing meanwhile
                     verdict, self.verdict = self.verdict, None
-                    if verdict is not None and self._unparsed_seen > verdict[2]:
-                        self._unsent(verdict[0], verdict[1])  # refused: no request
+                    if verdict is not None and self._unparsed_seen > self.unparsed_sent:
+                        self._unsent(*verdict)  # refused: no request
+                    self.unparsed_sent = self._unparsed_seen  # every line's is known
                 self.verdict_done.set()
                 return b""
             with self.lock:
