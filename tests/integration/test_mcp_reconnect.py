@@ -1484,14 +1484,17 @@ def test_a_listen_open_during_a_sigkill_goes_on_with_the_new_daemon(
 
 
 @pytest.mark.slow  # the stop waits for the sleeper's call to end
+@pytest.mark.parametrize("double", [False, True], ids=["alone", "then-one-under-its-id"])
 def test_a_call_sent_while_the_daemon_stops_goes_to_the_next_one(
-    sets: None, home: Path, workspace: Path, tmp_base: Path
+    double: bool, sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """A graceful stop waits for the calls that run (a sleeper, here); a call the host
     sends meanwhile is refused by the stopping daemon before it starts anything (-32010).
     It was passed on: a restart that should have kept the session failed the call. The
     pump sends it to the next daemon instead, as one sent a moment later, and the host
-    gets that daemon's answer."""
+    gets that daemon's answer. A second call the host sent under its id while it was in
+    flight (MCP forbids it; JSON-RPC leaves ids to the host) kept its line in the first's
+    place: the next daemon ran the second call as the first's retry."""
     pid_file = workspace / "sleeper.pid"
     with pumped(home, workspace, tmp_base) as (started, d, pump):
         initialize(pump)
@@ -1501,13 +1504,19 @@ def test_a_call_sent_while_the_daemon_stops_goes_to_the_next_one(
         eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
         d.proc.send_signal(signal.SIGTERM)
         seen = receive_until(pump, answer_to("sub"))  # ended: the daemon is stopping
-        pump.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": HELLO})
+        call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": HELLO}
+        second = {**call, "params": {**HELLO, "arguments": {"name": "the second"}}}
+        pump.send(json.dumps(call).encode() + b"\n" + (json.dumps(second).encode() + b"\n"
+                                                       if double else b""))
         seen += receive_until(pump, answer_to(2))  # the sleeper's, cancelled by the stop
         assert d.proc.wait(timeout=30) == 0
         restart(started, home, workspace, tmp_base)
-        if not [m for m in seen if answer_to(3)(m)]:  # the stopping daemon's refusal, else
-            seen += receive_until(pump, answer_to(3))
-        answers = [m for m in seen if answer_to(3)(m)]
+        def answered(m: Any) -> bool:  # not the second's refusal, when there is one
+            return bool(answer_to(3)(m)) and "result" in m
+
+        if not [m for m in seen if answered(m)]:  # the stopping daemon's refusal, else
+            seen += receive_until(pump, answered)
+        answers = [m for m in seen if answered(m)]
         assert len(answers) == 1, seen
         assert "again" in answers[0]["result"]["content"][0]["text"], answers
 
