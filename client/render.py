@@ -538,7 +538,13 @@ def _watch_rows(watch: Any) -> list[tuple[str, str]]:
         return []
     state = watch.get("state")
     seconds = watch.get("pollSeconds")
-    poll = f"every {seconds:g} s" if type(seconds) in (int, float) else "-"
+    # A float by kind, not by type: toolsetctl reads one as a ``WrittenNumber``, which the
+    # type test took for no number ("a poll -").
+    poll = (
+        f"every {seconds:g} s"
+        if isinstance(seconds, int | float) and type(seconds) is not bool
+        else "-"
+    )
     if state == "watching":
         text = f"watching {watch.get('watched', '-')} folders, and a poll {poll}"
         past = watch.get("pastCap")

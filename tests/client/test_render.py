@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import json
 from typing import Any
 
+from toolsetd.client.blocking import json_number
 from toolsetd.client.render import (
     classification_fields,
     status_fields,
@@ -134,17 +136,23 @@ def test_render_status_says_which_confinement_is_active() -> None:
 
 
 def test_render_status_says_how_edits_arrive() -> None:
-    """status shows whether the daemon watches, polls (and why), or neither."""
+    """status shows whether the daemon watches, polls (and why), or neither. The seconds
+    are read as toolsetctl reads the daemon's line (``json_number``: a ``WrittenNumber``,
+    no ``float`` by type), which showed them as ``a poll -``."""
+
+    def read(status: dict[str, Any]) -> list[tuple[str, str]]:
+        return status_fields(json.loads(json.dumps(status), parse_float=json_number))
+
     base = {"reason": None, "watched": 5, "pastCap": 0, "maxWatches": 8192, "pollSeconds": 2.0}
-    rows = dict(status_fields({"watch": {**base, "state": "watching"}}))
+    rows = dict(read({"watch": {**base, "state": "watching"}}))
     assert rows["Watch"] == "watching 5 folders, and a poll every 2 s"
-    rows = dict(status_fields({"watch": {**base, "state": "polling", "watched": 0,
-                                          "pollSeconds": 40.5, "reason": "OSError: limit"}}))
+    rows = dict(read({"watch": {**base, "state": "polling", "watched": 0,
+                                "pollSeconds": 40.5, "reason": "OSError: limit"}}))
     assert rows["Watch"] == "polling every 40.5 s: the watch is unavailable (OSError: limit)"
-    rows = dict(status_fields({"watch": {**base, "state": "off", "reason": "--no-watch",
-                                          "pollSeconds": None}}))
+    rows = dict(read({"watch": {**base, "state": "off", "reason": "--no-watch",
+                                "pollSeconds": None}}))
     assert rows["Watch"] == "off (--no-watch)"
-    assert "Watch" not in dict(status_fields({}))  # an older daemon
+    assert "Watch" not in dict(read({}))  # an older daemon
 
 
 def test_render_classification_shows_the_sandbox() -> None:
