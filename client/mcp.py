@@ -823,7 +823,12 @@ class _Pump:
 
     def _keep_call(self, key: object, entry: _Entry, line: bytes) -> None:
         """Keep the line of a ``tools/call`` going to the daemon (``lock`` held), room
-        allowing: a stopping daemon that refuses it sends it to the next."""
+        allowing: a stopping daemon that refuses it sends it to the next. Not one sent
+        under an id in flight already (``doubles``): its line took the first's place, and
+        when the stopping daemon refused the first, the next one ran the second in its
+        stead (the second's refusal, its own, goes on to the host)."""
+        if key in self.doubles:
+            return
         if entry[1] == "tools/call" and self.calls_bytes + len(line) <= _WAITING_MAX:
             self._drop_call(key)
             self.calls[key] = line
@@ -1254,7 +1259,7 @@ class _Pump:
                 self.verdict_done.set()
                 return b""
             if value == self.verdict_id:
-                with self.lock:
+                with self.lock:  # the stdin thread waits: it sends nothing meanwhile
                     verdict, self.verdict = self.verdict, None
                     if verdict is not None and self._unparsed_seen > self._unparsed_mark:
                         self._unsent(*verdict)  # refused: no request

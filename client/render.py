@@ -812,8 +812,10 @@ class Output:
         self.stdout = stdout
         self.stderr = stderr
         self._owed = memoryview(b"")  # the rest of a line a signal stopped (``_whole``)
-        #: Whether ``json``'s one document has been begun (a failure then goes to stderr).
+        #: Whether ``json``'s one document has begun on stdout, a byte of it written (a
+        #: failure then goes to stderr); ``_document``: whether what is owed is that one.
         self.documented = False
+        self._document = False
         self.width: int | None = output_width(stdout) if width is False else width or None
 
     @property
@@ -855,15 +857,17 @@ class Output:
         if self.format == "jsonl":
             self._whole(_json_text(value, separators=(",", ":")) + "\n")
         else:
-            self.documented = True  # begun: the one document, whatever stops it
-            self._whole(_json_text(value, indent=2) + "\n")
+            # Begun once a byte of it is written (``_drain``), whatever stops it then; a
+            # signal while it is encoded (a tenth of a second for 4 MB) leaves stdout empty
+            # for the error document, which counted it as begun and went to stderr.
+            self._whole(_json_text(value, indent=2) + "\n", document=True)
 
     def finish(self) -> None:
         """Write what a signal left owed of the last JSON line or document (``_whole``)."""
         if self._owed:
             self._drain()
 
-    def _whole(self, text: str) -> None:
+    def _whole(self, text: str, *, document: bool = False) -> None:
         """Write ``text`` to stdout's descriptor so that no signal leaves part of it.
 
         Ctrl-C, SIGTERM or SIGHUP while a write waited for a lagging reader (a full pipe)
@@ -880,6 +884,7 @@ class Output:
             self.stdout.fileno()
         except (AttributeError, OSError, ValueError):  # not a file (a test's StringIO)
             self.stdout.write(text)
+            self.documented = self.documented or document
             self.stdout.flush()
             return
         self.stdout.flush()  # nothing in json: everything it prints comes here
@@ -888,6 +893,7 @@ class Output:
         self._owed = memoryview(
             text.encode(encoding, getattr(self.stdout, "errors", None) or "strict")
         )
+        self._document = document
         self._drain()
 
     def _drain(self) -> None:
@@ -905,6 +911,7 @@ class Output:
             mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
             try:
                 self._owed = self._owed[os.write(fd, self._owed[:chunk]) :]
+                self.documented = self.documented or self._document
             except BlockingIOError:  # a non-blocking descriptor another writer filled
                 pass
             finally:

@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 from typing import Any
 
+import pytest
 from toolsetd.client.blocking import json_number
+from toolsetd.client.cli import _report
+from toolsetd.client.exits import CLI_ERROR_CODES, EXIT_INTERRUPTED, Failure
 from toolsetd.client.render import (
     classification_fields,
     status_fields,
@@ -136,17 +140,23 @@ def test_render_status_says_which_confinement_is_active() -> None:
 
 
 def test_render_status_says_how_edits_arrive() -> None:
-    """status shows whether the daemon watches, polls (and why), or neither."""
+    """status shows whether the daemon watches, polls (and why), or neither. The seconds
+    are read as toolsetctl reads the daemon's line (``json_number``: a ``WrittenNumber``,
+    no ``float`` by type), which showed them as ``a poll -``."""
+
+    def read(status: dict[str, Any]) -> list[tuple[str, str]]:
+        return status_fields(json.loads(json.dumps(status), parse_float=json_number))
+
     base = {"reason": None, "watched": 5, "pastCap": 0, "maxWatches": 8192, "pollSeconds": 2.0}
-    rows = dict(status_fields({"watch": {**base, "state": "watching"}}))
+    rows = dict(read({"watch": {**base, "state": "watching"}}))
     assert rows["Watch"] == "watching 5 folders, and a poll every 2 s"
-    rows = dict(status_fields({"watch": {**base, "state": "polling", "watched": 0,
-                                          "pollSeconds": 40.5, "reason": "OSError: limit"}}))
+    rows = dict(read({"watch": {**base, "state": "polling", "watched": 0,
+                                "pollSeconds": 40.5, "reason": "OSError: limit"}}))
     assert rows["Watch"] == "polling every 40.5 s: the watch is unavailable (OSError: limit)"
-    rows = dict(status_fields({"watch": {**base, "state": "off", "reason": "--no-watch",
-                                          "pollSeconds": None}}))
+    rows = dict(read({"watch": {**base, "state": "off", "reason": "--no-watch",
+                                "pollSeconds": None}}))
     assert rows["Watch"] == "off (--no-watch)"
-    assert "Watch" not in dict(status_fields({}))  # an older daemon
+    assert "Watch" not in dict(read({}))  # an older daemon
 
 
 def test_render_status_shows_the_poll_period_as_toolsetctl_reads_it() -> None:
@@ -262,3 +272,26 @@ def test_numbers_print_as_written_and_as_floats_where_python_has_no_encoder_hook
     assert dumps(value) == '{"n": 1.50, "m": [1e4]}'
     monkeypatch.delattr(json.encoder, "_make_iterencode")
     assert dumps(value) == '{"n": 1.5, "m": [10000.0]}'
+
+
+def test_a_signal_before_a_json_document_is_written_leaves_the_error_document(
+    tmp_path: Path,
+) -> None:
+    """``--format json`` prints one document: once it has begun, a failure (a signal)
+    goes to stderr, the document finished first. A signal while the document was still
+    being encoded (some 0.15 s for 4 MB) counted as begun: stdout held nothing at all,
+    no JSON for the consumer, where the error document should have been."""
+
+    class Stopped(float):  # a number whose text the signal interrupts, as any step may be
+        @property
+        def text(self) -> str:
+            raise KeyboardInterrupt
+
+    path = tmp_path / "out.json"
+    with path.open("w", encoding="utf-8") as stdout:
+        out = Output("json", stdout, io.StringIO())
+        with pytest.raises(KeyboardInterrupt):
+            out.json({"result": {"n": Stopped(1.5)}})
+        failure = Failure(EXIT_INTERRUPTED, CLI_ERROR_CODES["interrupted"], "Interrupted.", None)
+        assert _report(out, failure) == EXIT_INTERRUPTED
+    assert json.loads(path.read_text())["error"]["message"] == "Interrupted."

@@ -875,24 +875,39 @@ def test_a_long_line_while_the_replay_is_unanswered_does_not_jump_the_gate(
         assert "was not run" in long[0]["result"]["content"][0]["text"], str(long)[:500]
 
 
-@pytest.mark.parametrize("after_unparsed", [False, True], ids=["alone", "after-a-nan"])
+#: What goes before the long call: nothing, or a line the daemon answers as a parse error,
+#: short (the pump knows) or itself over 16 MiB (only the daemon knows), as a request or not.
+_REFUSED_BEFORE = {
+    "alone": b"",
+    "after-a-nan": b'{"jsonrpc":"2.0","id":5,"method":"ping","params":{"n":NaN}}\n',
+    "after-a-long-nan": b'{"jsonrpc":"2.0","id":5,"method":"ping","params":{"p":"'
+    + b"x" * 17_000_000
+    + b'","n":NaN}}\n',
+    "after-a-long-nan-notification": b'{"jsonrpc":"2.0","method":"notifications/progress",'
+    b'"params":{"p":"' + b"x" * 17_000_000 + b'","n":NaN}}\n',
+}
+
+
+@pytest.mark.parametrize("before", list(_REFUSED_BEFORE))
 def test_a_long_line_in_flight_when_its_daemon_dies_is_answered(
-    after_unparsed: bool, sets: None, home: Path, workspace: Path, tmp_base: Path
+    before: str, sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """A tools/call over 16 MiB that reached the daemon whole (it went on as it came, the
     pump holding none of it) is in flight like any other: when the daemon is killed under
     it, the pump answers it ("went away ... may have run"). It was never noted, and the
     host waited for ever. The pump tells whether the daemon took it by the parse errors
-    the daemon answered up to it: one of a short line before it (``NaN``, which the pump
-    knows the daemon refuses) is not its own."""
+    the daemon answered up to it: one of a line before it (``NaN``) is not its own,
+    whether the pump knows the daemon refuses it (a short line) or not (one over 16 MiB:
+    its parse error was counted as the call's, the call taken for refused, and the host
+    waited for ever)."""
     args = ["--max-message-bytes", "40000000"]
     call = {"name": "sleeper", "arguments": {"pad": "x" * 17_000_000}}
     pid_file = workspace / "sleeper.pid"
     with pumped(home, workspace, tmp_base, extra_args=args) as (started, d, pump):
         try:
             initialize(pump)
-            if after_unparsed:
-                pump.send(b'{"jsonrpc":"2.0","id":5,"method":"ping","params":{"n":NaN}}\n')
+            if _REFUSED_BEFORE[before]:
+                pump.send(_REFUSED_BEFORE[before])
             pump.send({"jsonrpc": "2.0", "method": "tools/call", "params": call, "id": 2})
             eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
             assert pump.request(4, "ping")["result"] == {}  # read after the pump's verdict
@@ -1469,14 +1484,17 @@ def test_a_listen_open_during_a_sigkill_goes_on_with_the_new_daemon(
 
 
 @pytest.mark.slow  # the stop waits for the sleeper's call to end
+@pytest.mark.parametrize("double", [False, True], ids=["alone", "then-one-under-its-id"])
 def test_a_call_sent_while_the_daemon_stops_goes_to_the_next_one(
-    sets: None, home: Path, workspace: Path, tmp_base: Path
+    double: bool, sets: None, home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """A graceful stop waits for the calls that run (a sleeper, here); a call the host
     sends meanwhile is refused by the stopping daemon before it starts anything (-32010).
     It was passed on: a restart that should have kept the session failed the call. The
     pump sends it to the next daemon instead, as one sent a moment later, and the host
-    gets that daemon's answer."""
+    gets that daemon's answer. A second call the host sent under its id while it was in
+    flight (MCP forbids it; JSON-RPC leaves ids to the host) kept its line in the first's
+    place: the next daemon ran the second call as the first's retry."""
     pid_file = workspace / "sleeper.pid"
     with pumped(home, workspace, tmp_base) as (started, d, pump):
         initialize(pump)
@@ -1486,13 +1504,19 @@ def test_a_call_sent_while_the_daemon_stops_goes_to_the_next_one(
         eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="sleeper")
         d.proc.send_signal(signal.SIGTERM)
         seen = receive_until(pump, answer_to("sub"))  # ended: the daemon is stopping
-        pump.send({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": HELLO})
+        call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": HELLO}
+        second = {**call, "params": {**HELLO, "arguments": {"name": "the second"}}}
+        pump.send(json.dumps(call).encode() + b"\n" + (json.dumps(second).encode() + b"\n"
+                                                       if double else b""))
         seen += receive_until(pump, answer_to(2))  # the sleeper's, cancelled by the stop
         assert d.proc.wait(timeout=30) == 0
         restart(started, home, workspace, tmp_base)
-        if not [m for m in seen if answer_to(3)(m)]:  # the stopping daemon's refusal, else
-            seen += receive_until(pump, answer_to(3))
-        answers = [m for m in seen if answer_to(3)(m)]
+        def answered(m: Any) -> bool:  # not the second's refusal, when there is one
+            return bool(answer_to(3)(m)) and "result" in m
+
+        if not [m for m in seen if answered(m)]:  # the stopping daemon's refusal, else
+            seen += receive_until(pump, answered)
+        answers = [m for m in seen if answered(m)]
         assert len(answers) == 1, seen
         assert "again" in answers[0]["result"]["content"][0]["text"], answers
 
