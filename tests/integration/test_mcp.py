@@ -717,6 +717,40 @@ async def test_mcp_progress_delivers_every_tool_line(mcp_host: Daemon, workspace
     assert all(a < b for a, b in zip(values, values[1:], strict=False))
 
 
+def test_mcp_progress_of_calls_side_by_side_precedes_each_answer(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """Over the pump, twelve ``progress3`` calls sent at once: each gets its three lines as
+    notifications on its own token, every one before its call's answer (MCP: progress
+    names only a request in flight; a host's SDK reports one after the answer as an
+    unknown token's). Read raw, in the order the host reads them."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.request(0, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {},
+                                       "clientInfo": {"name": "t", "version": "1"}})
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        calls = range(1, 13)
+        for n in calls:
+            pump.send({"jsonrpc": "2.0", "id": n, "method": "tools/call",
+                       "params": {"name": "progress3", "arguments": {},
+                                  "_meta": {"progressToken": f"t{n}"}}})
+        answered: set[int] = set()
+        lines: dict[str, list[str]] = {f"t{n}": [] for n in calls}
+        while len(answered) < len(calls):
+            message = pump.receive()
+            if message.get("method") == "notifications/progress":
+                token = message["params"]["progressToken"]
+                assert int(token[1:]) not in answered, f"progress after its answer: {message}"
+                if "total" in message["params"]:  # a line of the tool's (not a queued call's)
+                    lines[token].append(message["params"]["message"])
+            elif "method" not in message:
+                assert "counted" in message["result"]["content"][0]["text"], message
+                answered.add(message["id"])
+        assert lines == {f"t{n}": ["0/100", "50/100", "100/100"] for n in calls}
+    finally:
+        assert pump.close() == 0
+
+
 async def test_mcp_cancel_ends_the_call_and_its_child(mcp_host: Daemon, workspace: Path) -> None:
     """notifications/cancelled kills the tool's process group; the session carries on."""
     pid_file = workspace / "sleeper.pid"

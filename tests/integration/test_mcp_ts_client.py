@@ -201,6 +201,47 @@ def test_ts_client_initializes_pages_and_calls(
     assert report["stderr"] == ""
 
 
+#: A stdio server (its argv) whose progress notifications reach the host only with the
+#: next other line, in one write: what a host too busy to read sees (it reads them in one
+#: chunk), here every time.
+COALESCER = """\
+import subprocess, sys
+child = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE)
+held = b''
+for line in child.stdout:
+    held += line
+    if b'"method":"notifications/progress"' not in line:
+        sys.stdout.buffer.write(held)
+        sys.stdout.buffer.flush()
+        held = b''
+sys.stdout.buffer.write(held)
+sys.stdout.buffer.flush()
+sys.exit(child.wait())
+"""
+
+
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+def test_ts_client_takes_progress_read_in_one_chunk_with_its_response(
+    sdk: Path, ts_daemon: Daemon
+) -> None:
+    """Progress that toolsetd sent before its call's response, read by the host in the
+    same chunk as that response (a loaded host), reaches ``onprogress``, and the client
+    reports no "progress notification for an unknown token". The SDK (1.32.2) handles a
+    chunk's response at once but its notifications a microtask later, so the response
+    retired the token first (typescript-sdk#2580). The harness's host hands each response
+    on a microtask later (``client.mjs``), so an unknown token it still reports is
+    progress that came after its response on the wire: toolsetd's fault, not the SDK's."""
+    coalescer = ts_daemon.log_path.parent / "coalescer.py"
+    coalescer.write_text(COALESCER)
+    command = [PY, str(coalescer), PY, *pump_args(ts_daemon, ts_daemon.workspace)]
+    report = run_client(sdk, ts_daemon, "stdio", ["call", "parallel"], command=command)
+    assert "counted" in report["steps"]["call"]["progress3"]["text"]
+    messages = [p.get("message") for p in report["steps"]["call"]["progress3"]["progress"]]
+    assert messages == ["0/100", "50/100", "100/100"]
+    parallel = report["steps"]["parallel"]["results"]
+    assert [r["progress"] for r in parallel] == [["0/100", "50/100", "100/100"]] * 6
+
+
 @pytest.mark.timeout(900)  # a fresh machine installs from npm first
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_ts_client_lists_tools_whose_schemas_mcp_shapes_otherwise(

@@ -67,6 +67,17 @@ async function connect(state, sessionId, errors = state.errors) {
     transport.stderr?.on('data', (chunk) => { state.stderr += chunk.toString(); });
   }
   await client.connect(transport);
+  // The SDK handles a response as it is read, but a notification a microtask later: a
+  // call's progress read in one chunk with its response (a host too busy to read them one
+  // by one) found its token retired, and was reported as an unknown token's
+  // (typescript-sdk#2580). Each response waits one microtask here, behind the
+  // notifications read before it: what is still reported is progress that came after its
+  // response on the wire.
+  const dispatch = transport.onmessage;
+  transport.onmessage = (message, extra) => {
+    if ('id' in message && !('method' in message)) queueMicrotask(() => dispatch(message, extra));
+    else dispatch(message, extra);
+  };
   return { client, transport };
 }
 
