@@ -109,6 +109,7 @@ from .sandbox import (
     setup_done,
     tool_ran,
 )
+from .spawn import env_path
 
 __all__ = [
     "RETRY_SECONDS",
@@ -1168,7 +1169,7 @@ def command_failure(
     stderr: bytes,
     status: bytes,
     set_dir: Path,
-    search_path: str | None,
+    env: Sequence[bytes],
 ) -> str | None:
     """Why a sandboxed call's command could not be executed in its built sandbox, as an
     unsandboxed start says it (the reason, the file, then the sentence that names the
@@ -1186,6 +1187,7 @@ def command_failure(
     if reason is None:
         return None
     name = prepared.command
+    search_path = env_path(env)  # the child's PATH, read only once the exec failed
     hint = _hidden_interpreter(name, set_dir, search_path) or executable_problem(
         name, set_dir, search_path
     )

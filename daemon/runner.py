@@ -68,7 +68,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -640,7 +640,7 @@ class Runner:
         if prepared is not None:
             outcome = self._confined(
                 outcome, prepared, proc.returncode, call, usage, status,
-                (toolset.path, env_path(env)),
+                (toolset.path, env),
             )  # fmt: skip
         if outcome.exit_code == 127:  # what env exits with when it finds no interpreter
             outcome = _env_failure_said(outcome, command, env_path(env))
@@ -664,13 +664,14 @@ class Runner:
         call: CallState,
         usage: CallUsage,
         status: bytes = b"",
-        command: tuple[Path, str | None] = (Path(os.curdir), None),
+        command: tuple[Path, Sequence[bytes]] = (Path(os.curdir), ()),
     ) -> CallOutcome:
         """Say why a confined call failed to start or was OOM-killed (``outcome`` has its usage).
 
         ``status`` is what bubblewrap wrote on the status pipe of a sandboxed call;
-        ``command`` the set's folder and the child's ``PATH``, which a command that could
-        not be executed in its sandbox is looked for in, as an unsandboxed start's is.
+        ``command`` the set's folder and the child's environment, whose ``PATH`` a command
+        that could not be executed in its sandbox is looked for in, as an unsandboxed
+        start's is (read only then: ``command_failure``).
         """
         stderr = bytes(call.err.prefix[:4096])
         failed = command_failure(prepared, returncode, stderr, status, *command)

@@ -42,7 +42,7 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Protocol
 
 __all__ = ["Child", "Spawner", "env_path"]
@@ -252,7 +252,7 @@ class Spawner:
         return _Started(pid)
 
 
-def env_path(env: list[bytes]) -> str | None:
+def env_path(env: Sequence[bytes]) -> str | None:
     """The ``PATH`` of an environment in ``execve``'s form (None: it has none)."""
     path = next((e[5:] for e in env if e.startswith(b"PATH=")), None)
     return os.fsdecode(path) if path is not None else None
