@@ -36,6 +36,7 @@ values look in MCP (contract section 7, the table in ``docs/mcp.md``):
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import itertools
@@ -182,20 +183,13 @@ class ToolPages:
         ).hexdigest()[:16]
         return _Listing(tools, tag)
 
-    def listed(self, catalog: Catalog, wanted: str | None) -> bool:
-        """Whether the listing of ``catalog`` under ``wanted`` is built (``tag`` and
-        ``page`` then cost no more than a page's encoding)."""
-        return self._listings.cached(catalog, wanted) is not None
-
-    @classmethod
-    def listing(cls, catalog: Catalog, wanted: str | None) -> _Listing:
-        """Build the listing of ``catalog`` under ``wanted``; pure, so any thread may."""
-        return cls._listing(catalog, wanted)
-
-    def keep(self, catalog: Catalog, wanted: str | None, listing: _Listing) -> None:
-        """Keep ``listing`` (from ``listing``) as the one of ``catalog`` under ``wanted``,
-        unless one is kept already."""
-        self._listings.get(catalog, wanted, lambda: listing)
+    async def build_apart(self, catalog: Catalog, wanted: str | None, lock: Any) -> None:
+        """Build the listing of ``catalog`` under ``wanted`` in a worker thread, one at a
+        time under ``lock`` (``SnapshotCache.get_apart``): ``tag`` and ``page`` then cost
+        no more than a page's encoding."""
+        await self._listings.get_apart(
+            catalog, wanted, functools.partial(self._listing, catalog, wanted), lock
+        )
 
     def tag(self, catalog: Catalog, wanted: str | None) -> str:
         """What tells one ``tools/list`` of ``catalog`` under ``wanted`` from another: equal

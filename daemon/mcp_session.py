@@ -77,7 +77,6 @@ from toolsetd.protocol.jsontext import JsonNumber
 from toolsetd.protocol.params import check_arguments, check_traceparent
 
 from . import mcp_mapping as mapping
-from . import threads
 from .mcp_mapping import McpError
 from .model import LARGE_CATALOG, Catalog
 from .service import CatalogListener, InvokeRequest, Service, Unapproved, approval_digest
@@ -280,13 +279,8 @@ class McpServer:
         built in a worker thread (``LARGE_CATALOG``), one at a time, so its ``tag`` and
         ``page`` cost the loop no more than a page. 20,000 tools took 0.15-0.4 s there, at
         each host's first ``tools/list`` and at every reload any MCP session saw."""
-        pages = self.pages
-        if len(catalog.tools) <= LARGE_CATALOG or pages.listed(catalog, wanted):
-            return
-        async with self._building:
-            if not pages.listed(catalog, wanted):
-                built = await threads.run_sync(mapping.ToolPages.listing, catalog, wanted)
-                pages.keep(catalog, wanted, built)
+        if len(catalog.tools) > LARGE_CATALOG:
+            await self.pages.build_apart(catalog, wanted, self._building)
 
     def end_waits(self) -> None:
         """A graceful stop: answer every ``subscriptions/listen`` with its completion

@@ -16,6 +16,7 @@ The service's ``RpcError`` refusals go to the client as they are.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -31,7 +32,6 @@ from toolsetd.protocol import params as params_check
 from toolsetd.protocol.jsonrpc import notification_message
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
-from . import threads
 from .catalog import note_info, set_info, tool_info
 from .model import LARGE_CATALOG, Catalog, CatalogName, LoadedTool, SnapshotCache
 from .server import Connection, Handler, RequestContext
@@ -264,17 +264,10 @@ class Handlers:
         for a small catalog, else in a worker thread (``LARGE_CATALOG``: 20,000 tools took
         0.3-0.6 s, and a ``status`` beside it waited as long)."""
         cache = self._list_cache
+        build = functools.partial(_list_body, catalog, wanted)
         if len(catalog.tools) + len(catalog.sets) <= LARGE_CATALOG:
-            return cache.get(catalog, wanted, lambda: _list_body(catalog, wanted))
-        body = cache.cached(catalog, wanted)
-        if body is not None:  # not behind another snapshot's build
-            return body
-        async with self._list_building:
-            body = cache.cached(catalog, wanted)
-            if body is None:
-                built = await threads.run_sync(_list_body, catalog, wanted)
-                body = cache.get(catalog, wanted, lambda: built)
-        return body
+            return cache.get(catalog, wanted, build)
+        return await cache.get_apart(catalog, wanted, build, self._list_building)
 
     async def classify(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """Classify a prospective call: paths, scope, approval and the decision."""

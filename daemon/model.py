@@ -393,3 +393,23 @@ class SnapshotCache(Generic[_V]):
 
         entries[key] = (weakref.ref(catalog, dropped), value)
         return value
+
+    async def get_apart(
+        self, catalog: Catalog, wanted: str | None, build: Callable[[], _V], lock: Any
+    ) -> _V:
+        """``get``, with ``build`` run in a worker thread, one build at a time under
+        ``lock`` (an ``anyio.Lock``): for a large catalog (``LARGE_CATALOG``), whose value
+        held the event loop, and every client, for a large part of a second. A value
+        already built is taken without waiting behind another snapshot's build; a second
+        caller of the same snapshot takes the first's."""
+        value = self.cached(catalog, wanted)
+        if value is not None:
+            return value
+        from . import threads  # the daemon's only: the offline CLI imports this module
+
+        async with lock:
+            value = self.cached(catalog, wanted)
+            if value is None:
+                built = await threads.run_sync(build)
+                value = self.get(catalog, wanted, lambda: built)
+        return value
