@@ -560,15 +560,31 @@ def _ignore_to_the_exit() -> None:
     still winds down after that (the event loop's end, the last log lines, the spans): a
     SIGHUP then (a reload sent as it stopped), a stray SIGUSR1, a second SIGTERM or a
     Ctrl-C ended it by that signal instead of the stop's exit 0 (as process 1's child,
-    the container's code was 128 + N). Each is taken from the loop here, its default
-    action back for no more than the next call, and ignored; the receiver then finds
-    none to put back. Ignored, not handled: nothing is spawned from here on, so no tool
-    inherits it.
+    the container's code was 128 + N). Each is ignored here and then taken from the loop,
+    so the receiver finds none to put back. Ignored, not handled: nothing is spawned from
+    here on, so no tool inherits it.
+
+    Ignored first, and never at its default action on the way. The loop's own removal
+    (``remove_signal_handler``) sets the default before anyone can ignore the signal, and
+    a signal in that gap (two system calls, but a preempted daemon stays there a while:
+    a whole run of the tests on a loaded machine met it) ended the daemon by it. So the
+    loop is made to forget its handler without putting anything back. Its table of them
+    is private (a dict by signal number, as in CPython's asyncio since 3.4); a loop
+    without one (another implementation, a later Python) is given the public removal,
+    gap and all.
     """
     loop = asyncio.get_running_loop()
+    registered = getattr(loop, "_signal_handlers", None)
     for signum in _HANDLED_SIGNALS:
-        loop.remove_signal_handler(signum)
         signal.signal(signum, signal.SIG_IGN)
+        if isinstance(registered, dict):
+            registered.pop(signum, None)
+        else:
+            loop.remove_signal_handler(signum)
+            signal.signal(signum, signal.SIG_IGN)
+    if registered == {}:  # as the loop's removal of its last handler does
+        with contextlib.suppress(ValueError, OSError):
+            signal.set_wakeup_fd(-1)
 
 
 def _unblock_signals() -> list[str]:
