@@ -371,10 +371,20 @@ def parse_confinement(table: Mapping[str, Any], where: str = "confinement") -> C
             raise ValueError(
                 f'{where}.{key}: must be "auto", "off" or an absolute path; got {value!r}.'
             )
+        if "\x00" in value:
+            # No file has such a name: sandbox's ended the start in a traceback ("embedded
+            # null byte", from the probe's os.access), cgroup's was "not a folder".
+            raise ValueError(
+                f"{where}.{key}: must be a path without NUL characters; got {value!r}."
+            )
     hide = table.get("hide", [])
     if not isinstance(hide, list) or not all(isinstance(h, str) and h for h in hide):
         raise ValueError(f"{where}.hide: must be a list of paths; got {hide!r}.")
     for entry in hide:
+        if "\x00" in entry:  # it hid nothing, and the path's checks met "embedded null byte"
+            raise ValueError(
+                f"{where}.hide: each path must be without NUL characters; got {entry!r}."
+            )
         # Anything else named no path the sandbox could find ($HOME is not expanded, a
         # relative path would depend on the daemon's working folder): it hid nothing, silently.
         if not (entry == "~" or entry.startswith(("/", "~/"))):

@@ -777,9 +777,13 @@ def _check_value(option: Option, raw: Any, where: str, started: bool = False) ->
             raise ValueError(f"must be one of {', '.join(option.choices)}; got {_show(raw)}")
         return raw
     if kind == "path":
-        expanded = os.path.expanduser(raw)
-        if not raw or "\x00" in raw:
+        if not raw:
             raise ValueError("must be a path")
+        if "\x00" in raw:
+            # Before expanduser: "~\u0000x" looked up a user of that name, and its
+            # ValueError said only "embedded null byte", no word of what to change.
+            raise ValueError(f"must be a path without NUL characters (\\u0000), got {_show(raw)}")
+        expanded = os.path.expanduser(raw)
         if where == "file" and not os.path.isabs(expanded):
             if raw.startswith("~"):  # ~name of no user (expanduser leaves it as it is)
                 user = raw[1:].split("/", 1)[0]

@@ -252,6 +252,54 @@ def test_settings_file_errors_name_file_line_and_key(
     assert str(caught.value).startswith(str(path))
 
 
+@pytest.mark.parametrize("value", ["~\\u0000x", "~root\\u0000/x", "~/\\u0000s", "/srv/a\\u0000b"])
+@pytest.mark.parametrize("key", [o.key for o in OPTIONS if o.kind == "path"])
+def test_settings_a_path_with_a_nul_names_its_key_and_the_fix(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    """A path-valued key holding U+0000 (which no file name can) names the file, line and
+    key, and says what a path must be: "~\\u0000x" said only "embedded null byte", from the
+    user lookup of ``~`` before the check; "~/\\u0000s" only "must be a path"."""
+    path = _write(tmp_path, f'\n{key} = "{value}"\n')
+    with pytest.raises(ConfigError) as caught:
+        _load(path)
+    shown = value.replace("\\u0000", "\\x00")  # as ConfigError shows it
+    assert str(caught.value) == (
+        f'{path}:2: {key}: must be a path without NUL characters (\\u0000), got "{shown}"'
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            '[confinement]\nsandbox = "/usr/bin/bwrap\\u0000x"\n',
+            "toolsetd.toml:2: confinement.sandbox: must be a path without NUL characters; "
+            "got '/usr/bin/bwrap\\x00x'.",
+        ),
+        (
+            '[confinement]\ncgroup = "/sys/fs/cgroup/a\\u0000b"\n',
+            "toolsetd.toml:2: confinement.cgroup: must be a path without NUL characters; "
+            "got '/sys/fs/cgroup/a\\x00b'.",
+        ),
+        (
+            '[confinement]\nhide = ["~/.aws", "~/\\u0000x"]\n',
+            "toolsetd.toml:2: confinement.hide: each path must be without NUL characters; "
+            "got '~/\\x00x'.",
+        ),
+    ],
+)
+def test_settings_a_confinement_path_with_a_nul_names_its_key(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    """The paths of [confinement] too: a sandbox binary named with U+0000 ended the start
+    in a traceback (the probe's os.access: "embedded null byte"), a hide entry with one
+    was taken, and hid nothing."""
+    with pytest.raises(ConfigError) as caught:
+        _load(_write(tmp_path, text))
+    assert str(caught.value).endswith(message)
+
+
 def test_settings_key_lines_of_a_long_dotted_key_stay_few_and_short() -> None:
     """Each dotted prefix of a key is given its line, but only up to a depth and a length
     no setting passes: every prefix of a key of 400,000 parts, joined, was the square of
