@@ -70,6 +70,7 @@ from .logs import (
     finish_logging,
     holding,
     log_incident,
+    log_interpreter_reports,
     say,
 )
 from .methods import Handlers
@@ -1326,6 +1327,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         options.settings.log_format if options.settings else "json",
         options.settings.log_level if options.settings else "info",
     )
+    # A thread's crash, an "Exception ignored in", a warning: log lines, not bare text.
+    log_interpreter_reports(log)
     raised = raise_open_files_limit()
     if raised is not None:
         log.info("open_files_limit_raised", soft=raised[0], limit=raised[1])

@@ -27,6 +27,11 @@ the way out, which waits up to 2 s); past that they are dropped and counted, and
 (warning and up) take the same writer. Before, a reader that stopped reading
 froze every client once 64 KiB of log had piled up in the pipe. A terminal or a file is
 written as before, waiting.
+
+What the interpreter itself prints on stderr (an exception that ends a thread, an
+"Exception ignored in" of a ``__del__`` or a finalizer, a ``warnings.warn``) is taken into
+the log too, by ``log_interpreter_reports``: as ``thread_crashed``, ``exception_ignored``
+and ``warning_issued`` events, one line each, instead of bare multi-line text.
 """
 
 from __future__ import annotations
@@ -42,9 +47,11 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Literal
 
 import structlog
@@ -63,6 +70,7 @@ __all__ = [
     "finish_logging",
     "holding",
     "log_incident",
+    "log_interpreter_reports",
     "merge_request",
     "say",
     "stderr_is_journal",
@@ -341,7 +349,8 @@ def log_incident(logger: Any, event: str, **fields: Any) -> str:
     Args:
         logger: The structlog logger to log on.
         event: The event's name.
-        fields: More key-value pairs for the line.
+        fields: More key-value pairs for the line (``exc_info``: an exception other than
+            the one being handled, as a (type, value, traceback) tuple).
 
     Returns:
         The incident id (12 hex digits), for the caller's answer.
@@ -349,6 +358,107 @@ def log_incident(logger: Any, event: str, **fields: Any) -> str:
     incident = uuid.uuid4().hex[:12]
     logger.exception(event, incident=incident, **fields)
     return incident
+
+
+#: Set on a thread while it runs one of the hooks of ``log_interpreter_reports``.
+_REPORTING = threading.local()
+
+#: The most characters of an object's ``repr`` an ``exception_ignored`` line quotes.
+_MAX_OBJECT_REPR = 200
+
+
+def log_interpreter_reports(logger: Any) -> None:
+    """Log, on ``logger``, what the interpreter would print on stderr itself.
+
+    Each of these was multi-line text on stderr, outside the log: no JSON object in a JSON
+    log (journald, a log shipper), and a traceback or warning quoting a hostile set folder's
+    ``::add-mask::`` or ``##vso[`` reached a CI job's log as a command. Now each is one
+    event, rendered (and made inert) as every other:
+
+    * ``threading.excepthook``: an exception that ends a thread, ``thread_crashed`` with
+      an incident id (``log_incident``) and the traceback; ``SystemExit`` ends a thread
+      quietly, as before;
+    * ``sys.unraisablehook``: an exception Python cannot raise anywhere (a ``__del__``, a
+      generator's finalizer, a weak reference's callback, a thread of ``_thread``),
+      ``exception_ignored`` with an incident id, the object's ``repr`` (cut) and the
+      traceback;
+    * ``warnings.showwarning``: a warning the filters let through (a library's
+      ``FutureWarning``, a ``ResourceWarning`` under ``-X dev``), ``warning_issued``
+      with its category, message and where it was issued (the source line is not read).
+
+    For the process's own start (``app.main``), never a program embedding the daemon, whose
+    hooks are its own. A hook never raises and never recurses: a report made while one is
+    being logged on the same thread (a warning that logging itself issued) is dropped, and
+    so is one whose logging failed.
+    """
+    threading.excepthook = partial(_thread_crashed, logger)
+    sys.unraisablehook = partial(_exception_ignored, logger)
+    warnings.showwarning = partial(_warning_issued, logger)
+
+
+def _reporting(report: Callable[[], object]) -> None:
+    """Run ``report`` unless this thread is inside a report already; never raise."""
+    if getattr(_REPORTING, "active", False):
+        return
+    _REPORTING.active = True
+    try:
+        report()
+    except Exception:  # noqa: S110 -- nowhere left to say it: stderr is what this avoids
+        pass
+    finally:
+        _REPORTING.active = False
+
+
+def _thread_crashed(logger: Any, args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit:  # as threading's own hook: a thread's quiet end
+        return
+    thread = args.thread.name if args.thread is not None else None
+    exc_info = (args.exc_type, args.exc_value, args.exc_traceback)
+    _reporting(lambda: log_incident(logger, "thread_crashed", thread=thread, exc_info=exc_info))
+
+
+def _exception_ignored(logger: Any, unraisable: Any) -> None:
+    def report() -> None:
+        shown: str | None = None
+        if unraisable.object is not None:
+            try:
+                shown = repr(unraisable.object)
+            except Exception:
+                shown = f"<{type(unraisable.object).__name__} object: repr() failed>"
+            if len(shown) > _MAX_OBJECT_REPR:
+                shown = f"{shown[:_MAX_OBJECT_REPR]}... ({len(shown)} characters)"
+        fields: dict[str, Any] = {
+            "message": unraisable.err_msg or "Exception ignored in",
+            "object": shown,
+        }
+        if unraisable.exc_type is not None:
+            fields["exc_info"] = (
+                unraisable.exc_type,
+                unraisable.exc_value,
+                unraisable.exc_traceback,
+            )
+        log_incident(logger, "exception_ignored", **fields)
+
+    _reporting(report)
+
+
+def _warning_issued(
+    logger: Any,
+    message: Warning | str,
+    category: type[Warning],
+    filename: str,
+    lineno: int,
+    file: Any = None,
+    line: str | None = None,
+) -> None:
+    _reporting(
+        lambda: logger.warning(
+            "warning_issued",
+            category=category.__name__,
+            message=str(message),
+            where=f"{filename}:{lineno}",
+        )
+    )
 
 
 def _inert_lines(text: str) -> str:

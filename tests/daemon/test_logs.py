@@ -345,3 +345,49 @@ def test_logs_every_line_of_a_console_traceback_carries_its_priority(tmp_path: P
     lines = path.read_text().splitlines()
     assert sum("ZeroDivisionError: division by zero" in line for line in lines) == 2
     assert [line for line in lines if not line.startswith("<3>")] == []
+
+
+def test_logs_a_report_made_while_one_is_logged_neither_loops_nor_ends_the_process(
+    tmp_path: Path,
+) -> None:
+    """The interpreter's reports (``log_interpreter_reports``) never recurse: here the
+    ``repr`` of a weak reference's callback, which the report of its exception quotes, lets
+    another such callback raise, whose report would quote it again, until the stack ran
+    out. One line is written, the failing ``repr`` said as such; a warning issued while a
+    report is logged is dropped too; and the process goes on."""
+    import subprocess
+    import sys
+
+    code = (
+        "import structlog, warnings, weakref\n"
+        "from toolsetd.daemon.logs import configure_logging, log_interpreter_reports\n"
+        "configure_logging('json', 'info', journal=False)\n"
+        "log_interpreter_reports(structlog.get_logger('t'))\n"
+        "class Target:\n"
+        "    pass\n"
+        "def drop():\n"
+        "    target = Target()\n"
+        "    ref = weakref.ref(target, Loop())\n"
+        "    del target\n"
+        "class Loop:\n"
+        "    def __call__(self, ref):\n"
+        "        raise RuntimeError('from a weakref callback')\n"
+        "    def __repr__(self):\n"
+        "        drop()\n"
+        "        warnings.warn('from a repr')\n"
+        "        raise ValueError('no repr')\n"
+        "drop()\n"
+        "print('alive')\n"
+    )
+    path = tmp_path / "daemon.log"
+    with open(path, "w") as stderr:
+        done = subprocess.run(
+            [sys.executable, "-c", code], stderr=stderr, stdout=subprocess.PIPE,
+            check=True, timeout=60, text=True,
+        )
+    assert done.stdout == "alive\n"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(e["event"], e.get("object")) for e in lines] == [
+        ("exception_ignored", "<Loop object: repr() failed>")
+    ]
+    assert "RuntimeError: from a weakref callback" in lines[0]["exception"]

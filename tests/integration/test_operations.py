@@ -608,13 +608,6 @@ def test_every_logged_event_is_in_the_docs_table_with_its_level_and_fields(
     a bad frame, a reload and a stop has its row in docs/operations.md's Logs table, at the
     level the row gives, with no member the row does not name (beyond the context members
     every event may carry)."""
-    logs = (REPO / "docs" / "operations.md").read_text().split("\n## Logs\n", 1)[1]
-    logs = logs.split("\n## ", 1)[0]
-    rows = {
-        m.group(1): (m.group(2), set(re.findall(r"`(\w+)`", m.group(3))))
-        for m in re.finditer(r"^\| `(\w+)` \| (\w+) \|([^|]*)\|", logs, flags=re.M)
-    }
-    context = {"event", "level", "timestamp", "conn_id", "http_conn_id", "method", "request_id"}
     d = start_daemon(ops_home, workspace, tmp_base, ["--max-message-bytes", "1024"])
     try:
         base = {"workspace": str(workspace), "arguments": {}}
@@ -630,11 +623,130 @@ def test_every_logged_event_is_in_the_docs_table_with_its_level_and_fields(
     assert {"call_started", "call_finished", "call_refused", "daemon_stopped"} <= {
         e["event"] for e in events
     }
+    _assert_documented(events)
+
+
+def _assert_documented(events: list[dict[str, Any]]) -> None:
+    """Each event has its row in docs/operations.md's Logs table, at the row's level, with
+    no member the row does not name (beyond the context members every event may carry, and
+    ``exception`` where the row says "+ traceback")."""
+    logs = (REPO / "docs" / "operations.md").read_text().split("\n## Logs\n", 1)[1]
+    logs = logs.split("\n## ", 1)[0]
+    rows = {
+        # "+ traceback": the event's exception, as log.exception adds it.
+        m.group(1): (
+            m.group(2),
+            set(re.findall(r"`(\w+)`", m.group(3)))
+            | ({"exception"} if "+ traceback" in m.group(3) else set()),
+        )
+        for m in re.finditer(r"^\| `(\w+)` \| (\w+) \|([^|]*)\|", logs, flags=re.M)
+    }
+    context = {"event", "level", "timestamp", "conn_id", "http_conn_id", "method", "request_id"}
     for event in events:
         assert event["event"] in rows, event
         level, fields = rows[event["event"]]
         assert event["level"] == level, event
         assert set(event) - context <= fields, (event, fields)
+
+
+def _json_lines(log: str) -> list[dict[str, Any]]:
+    """Every line of a JSON log, parsed: one that is not a JSON object fails the test."""
+    events = []
+    for line in log.splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            raise AssertionError(f"not a JSON log line: {line!r}\n{log}") from None
+    return events
+
+
+def _shown_not_obeyed(log: str) -> None:
+    """No line of ``log`` is a CI runner's command (``::name::`` opening it, ``##vso[``)."""
+    assert "##vso[" not in log, log
+    assert not [line for line in log.splitlines() if line.lstrip().startswith("::")], log
+
+
+def test_a_warning_a_sets_schema_leads_to_is_one_log_event(
+    tmp_base: Path, workspace: Path
+) -> None:
+    """A set whose schema has the pattern "[[a]" makes jsonschema's regex format check
+    issue re's FutureWarning ("Possible nested set") while the set is parsed. The
+    interpreter printed it on stderr as two bare lines (the file and line, then the source
+    line): no JSON object in a JSON log. It is one warning_issued event, as documented."""
+    home = tmp_base / "home"
+    _set(home / "tools", "nested", "echo ok\n",
+         schema={"type": "object", "properties": {"x": {"type": "string", "pattern": "[[a]"}}})
+    d = start_daemon(home, workspace, tmp_base)
+    try:
+        listed = d.call("list", {"workspace": str(workspace)})["result"]
+        assert [t["name"] for t in listed["tools"]] == ["nested"]
+    finally:
+        assert d.stop() == 0
+    events = _json_lines(d.log())
+    warned = [e for e in events if e["event"] == "warning_issued"]
+    assert [(e["category"], e["message"]) for e in warned] == [
+        ("FutureWarning", "Possible nested set at position 1")
+    ]
+    assert re.fullmatch(r".*jsonschema.*\.py:\d+", warned[0]["where"]), warned
+    _assert_documented(warned)
+
+
+#: The daemon, with a SIGALRM handler standing in for a library: its thread crashes, and
+#: an object it drops raises in ``__del__`` (the daemon itself has no such path: its
+#: worker threads hand every exception to their caller, and no ``__del__`` of its raises).
+#: Each message holds a CI runner's commands, as a path from a hostile set folder would.
+_REPORTS_ON_ALARM = (
+    "import signal, sys, threading\n"
+    "from toolsetd.daemon.app import main\n"
+    "HOSTILE = 'quoted\\n::add-mask::secret\\n##vso[task.setvariable variable=x]y'\n"
+    "class Finalized:\n"
+    "    def __del__(self):\n"
+    "        raise RuntimeError('__del__ ' + HOSTILE)\n"
+    "def crash():\n"
+    "    raise RuntimeError('thread ' + HOSTILE)\n"
+    "def on_alarm(signum, frame):\n"
+    "    threading.Thread(target=crash, name='test-crash').start()\n"
+    "    Finalized()\n"
+    "signal.signal(signal.SIGALRM, on_alarm)\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.mark.parametrize("log_format", ["json", "console"])
+def test_a_threads_crash_and_an_exception_ignored_are_log_events_shown_not_obeyed(
+    ops_home: Path, workspace: Path, tmp_base: Path, log_format: str
+) -> None:
+    """An exception that ends a thread and one raised in a ``__del__`` were printed by the
+    interpreter itself: tracebacks of bare lines on stderr, outside the JSON log, and
+    their text raw, so "::add-mask::" at a line's start and "##vso[" reached a CI job's
+    log as commands. Each is one event with an incident id (thread_crashed,
+    exception_ignored), made inert as every line is, and the daemon serves on."""
+    d = start_daemon(ops_home, workspace, tmp_base, ["--log-format", log_format],
+                     launcher=[sys.executable, "-c", _REPORTS_ON_ALARM])
+    try:
+        d.proc.send_signal(signal.SIGALRM)
+        # Their messages, however they are written (logged, or printed raw).
+        eventually(lambda: "thread quoted" in d.log() and "__del__ quoted" in d.log(),
+                   what="both reports on stderr")
+        assert "result" in d.call("status")
+    finally:
+        assert d.stop() == 0
+    log = d.log()
+    _shown_not_obeyed(log)
+    if log_format == "console":
+        assert "\\x3a:add-mask::secret" in log  # the traceback's line, kept and shown
+        return
+    events = {e["event"]: e for e in _json_lines(log)}
+    crashed, ignored = events["thread_crashed"], events["exception_ignored"]
+    assert crashed["thread"] == "test-crash"
+    assert "RuntimeError: thread quoted\n::add-mask::secret" in crashed["exception"]
+    assert ignored["message"] == "Exception ignored in"
+    assert ignored["object"].startswith("<function Finalized.__del__ at 0x")
+    assert "RuntimeError: __del__ quoted\n::add-mask::secret" in ignored["exception"]
+    assert re.fullmatch(r"[0-9a-f]{12}", crashed["incident"])
+    assert re.fullmatch(r"[0-9a-f]{12}", ignored["incident"])
+    assert crashed["incident"] != ignored["incident"]
+    _assert_documented([crashed, ignored])
 
 
 def test_traceparent_reaches_the_child_and_nothing_optional_is_imported(
