@@ -1490,11 +1490,36 @@ def _exit_code(exc: BaseException) -> int:
         return 1
     if any(isinstance(e, KeyboardInterrupt) for e in leaves):
         return 130
+    exits = [e for e in leaves if isinstance(e, SystemExit)]
+    if exits and all(isinstance(e, SystemExit | _Stop) for e in leaves):
+        return _system_exit(exits[0])
     # Said, never raised for the interpreter to print: printed by it, the traceback would
     # wait for a stalled reader forever, and reached a terminal or a CI job's log raw (an
     # exception's message quotes paths and values: an ESC sequence, a "::set-output" line).
     say("".join(traceback.format_exception(exc)).rstrip("\n"))
     return 1
+
+
+def _system_exit(exc: SystemExit) -> int:
+    """The exit code of a ``SystemExit`` raised inside the run (a library's ``sys.exit``),
+    which the interpreter would have exited with: ``None`` 0, an integer itself, anything
+    else 1 (its text is the line's ``message``).
+
+    The run has ended as a stop does (the calls cancelled, the socket removed); the line
+    says where the exit came from. Before, it was a crash: a traceback said on stderr, and
+    exit 1 whatever code was asked for.
+    """
+    code = exc.code
+    fields: dict[str, Any] = {}
+    if code is None:
+        status = 0
+    elif isinstance(code, int):
+        status = code
+    else:
+        status = 1
+        fields["message"] = str(code)
+    log.error("system_exit_raised", code=status, exc_info=exc, **fields)
+    return status
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -749,6 +749,44 @@ def test_a_threads_crash_and_an_exception_ignored_are_log_events_shown_not_obeye
     _assert_documented([crashed, ignored])
 
 
+def _exit_on_alarm(code: str) -> str:
+    """The daemon, with a SIGALRM handler that raises ``SystemExit(code)`` wherever the
+    daemon is then, as a library's ``sys.exit`` would (no such library path is known)."""
+    return (
+        "import signal, sys\n"
+        "from toolsetd.daemon.app import main\n"
+        "def on_alarm(signum, frame):\n"
+        f"    raise SystemExit({code})\n"
+        "signal.signal(signal.SIGALRM, on_alarm)\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "message"),
+    [("3", 3, None), ("None", 0, None), ("'bye ##vso[x]y'", 1, "bye ##vso[x]y")],
+)
+def test_a_system_exit_inside_the_run_stops_the_daemon_with_its_code_and_a_log_line(
+    ops_home: Path, workspace: Path, tmp_base: Path, code: str, status: int, message: str | None
+) -> None:
+    """A SystemExit raised while the daemon serves was a crash: a traceback said on
+    stderr, bare lines in the JSON log, and exit 1 whatever code was asked for. The
+    daemon stops as a stop does (daemon_stopped, its socket removed) and exits with the
+    code Python would have (text: 1), saying so in one documented line."""
+    d = start_daemon(ops_home, workspace, tmp_base,
+                     launcher=[sys.executable, "-c", _exit_on_alarm(code)])
+    d.proc.send_signal(signal.SIGALRM)
+    assert d.proc.wait(timeout=30) == status, d.log()
+    events = _json_lines(d.log())
+    _shown_not_obeyed(d.log())
+    exited = [e for e in events if e["event"] == "system_exit_raised"]
+    assert [(e["code"], e.get("message")) for e in exited] == [(status, message)]
+    assert "SystemExit" in exited[0]["exception"]
+    assert "daemon_stopped" in {e["event"] for e in events}
+    assert not d.socket.exists()
+    _assert_documented(exited)
+
+
 def test_traceparent_reaches_the_child_and_nothing_optional_is_imported(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
