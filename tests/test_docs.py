@@ -335,7 +335,9 @@ def _logged_events() -> dict[str, tuple[set[str], set[str]]]:
                     # logs.log_incident(logger, "name", ...): an error, with its incident id
                     event = node.args[1]
                     if isinstance(event, ast.Constant) and isinstance(event.value, str):
-                        fields = {k.arg for k in node.keywords if k.arg}
+                        # exc_info: the traceback (another exception than the one
+                        # being handled), as for log.<level>; no field of its own.
+                        fields = {k.arg for k in node.keywords if k.arg and k.arg != "exc_info"}
                         add(event.value, "error", fields | {"incident"})
                     continue
                 if not (isinstance(first, ast.Constant) and isinstance(first.value, str)):
