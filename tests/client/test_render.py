@@ -12,14 +12,14 @@ from toolsetd.client.blocking import json_number
 from toolsetd.client.cli import _report
 from toolsetd.client.exits import CLI_ERROR_CODES, EXIT_INTERRUPTED, Failure
 from toolsetd.client.render import (
-    classification_fields,
-    status_fields,
     SET_HEADERS,
     Output,
     aligned_fields,
     aligned_rows,
+    classification_fields,
     content_lines,
     set_rows_from_list,
+    status_fields,
 )
 
 from .cells import cells

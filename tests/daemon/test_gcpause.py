@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from toolsetd.daemon import gcpause
 from toolsetd.daemon.catalog import ManifestCache, build_catalog
 from toolsetd.daemon.gcpause import GcPause

@@ -13,7 +13,6 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
-
 from toolsetd.daemon.httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
 from toolsetd.protocol import errors as rpc_errors
 

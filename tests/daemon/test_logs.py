@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import structlog
-
 from toolsetd.daemon.logs import (
     PRIORITIES,
     LineWriter,
@@ -262,7 +261,7 @@ def test_logs_the_standard_librarys_records_take_the_same_writer(
         for handler in logging.root.handlers[:]:
             if type(handler).__name__ == "_StdlibLines":
                 logging.root.removeHandler(handler)
-        logs._WRITER = None  # noqa: SLF001 - back to no writer for the other tests
+        logs._WRITER = None
         structlog.reset_defaults()
         os.close(read_fd)
         os.close(write_fd)

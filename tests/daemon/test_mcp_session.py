@@ -11,7 +11,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-
 from toolsetd.daemon.mcp_session import _is_progress_token
 from toolsetd.protocol.jsontext import loads
 

@@ -23,7 +23,7 @@ from toolsetd.daemon.output import (
     timeout_text,
     truncate,
 )
-from toolsetd.daemon.spill import Spill, prune, spill_name, open_folder_within
+from toolsetd.daemon.spill import Spill, open_folder_within, prune, spill_name
 
 PNG = b"\x89PNG\r\n\x1a\n" + b"\0" * 16
 GIF = b"GIF89a" + b"\0" * 10

@@ -8,7 +8,6 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from toolsetd.daemon.model import Approval, CatalogName, ToolDef
 from toolsetd.daemon.paths import (
     INVALID_PATH_MESSAGE,
@@ -613,8 +612,8 @@ def test_existing_directory_refuses_a_name_that_leads_elsewhere_here(tmp_path: P
     point = tmp_path / "mnt"
     point.mkdir()
     script = f"mount -t tmpfs none {point} && cd {point} && echo ready && exec sleep 30"
-    other = subprocess.Popen(  # noqa: S603
-        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],  # noqa: S607
+    other = subprocess.Popen(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", script],
         stdout=subprocess.PIPE,
     )
     try:

@@ -485,7 +485,7 @@ def test_settings_reload_splits_applied_and_restart(tmp_path: Path) -> None:
 
 
 def _toolsetd(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # noqa: TID251 - a short-lived CLI process in a test
+    return subprocess.run(
         [sys.executable, "-m", "toolsetd.daemon", *argv],
         capture_output=True,
         text=True,

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from toolsetd.daemon.spawn import Child, Spawner, env_path
 
 from tests.daemon.conftest import open_fds
-from toolsetd.daemon.spawn import Child, Spawner, env_path
 
 BASE = {"PATH": "/usr/bin:/bin", "TRACEPARENT": "old", "KEEP": "base", "CRYSTAL_SESSION": "stale"}
 FIXED = ("CRYSTAL_SESSION", "TOOLSETD_CALL_ID")

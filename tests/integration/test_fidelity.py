@@ -85,12 +85,12 @@ def _lines(conn: RawConn, text: bytes) -> Iterator[bytes]:
     """Send one raw line; yield each raw line received after it."""
     conn.send_bytes(text + b"\n")
     while True:
-        while b"\n" not in conn._buffer:  # noqa: SLF001 (the test's own helper)
+        while b"\n" not in conn._buffer:
             chunk = conn.sock.recv(1 << 20)
             if not chunk:
                 raise EOFError("connection closed")
-            conn._buffer += chunk  # noqa: SLF001
-        line, conn._buffer = conn._buffer.split(b"\n", 1)  # noqa: SLF001
+            conn._buffer += chunk
+        line, conn._buffer = conn._buffer.split(b"\n", 1)
         yield line
 
 

@@ -458,8 +458,8 @@ def _check_answered(d: Daemon) -> Any:
 
 def _unread_input(pid: int) -> int:
     """Bytes written to process ``pid``'s stdin (a pipe) that it has not read yet."""
-    import fcntl  # noqa: PLC0415 - Linux-only ioctl, as the daemon's platform
-    import termios  # noqa: PLC0415
+    import fcntl
+    import termios
 
     fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)  # the pipe, never read
     try:
@@ -1739,9 +1739,9 @@ def test_a_line_the_daemon_has_no_memory_to_parse_is_busy_not_a_parse_error(
 
 def _unread(sock: socket.socket) -> int:
     """Bytes this socket sent that its peer has not read yet (``SIOCOUTQ``)."""
-    import fcntl  # noqa: PLC0415 - Linux-only ioctl, as the daemon's platform
-    import struct  # noqa: PLC0415
-    import termios  # noqa: PLC0415
+    import fcntl
+    import struct
+    import termios
 
     return int(struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, b"\0" * 4))[0])
 

@@ -2470,7 +2470,7 @@ def test_mcp_a_failing_stderr_keeps_the_exit_code_and_the_autostart(
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
             "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     with open("/dev/full", "w") as full:
-        proc = subprocess.run(  # noqa: S603
+        proc = subprocess.run(
             [PY, "-m", "toolsetd.client", "--socket", str(sock), *options],
             input=json.dumps(init).encode() + b"\n",
             stdout=subprocess.PIPE,
@@ -2497,7 +2497,7 @@ def test_mcp_a_failing_stdout_is_said_as_such_not_a_lost_daemon(
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
             "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     with open("/dev/full", "w") as full:
-        proc = subprocess.Popen(  # noqa: S603
+        proc = subprocess.Popen(
             [PY, "-m", "toolsetd.client", "--socket", str(mcp_daemon.socket),
              "--workspace", str(workspace), "mcp", "--no-autostart"],
             stdin=subprocess.PIPE, stdout=full, stderr=subprocess.PIPE,
@@ -2530,14 +2530,14 @@ def test_mcp_help_into_a_failing_or_closed_stdout_is_no_traceback(
     argv = [PY, "-m", "toolsetd.client", "mcp", "--help"]
     if full:
         with open("/dev/full", "w") as out:
-            proc = subprocess.run(  # noqa: S603
+            proc = subprocess.run(
                 argv, stdout=out, stderr=subprocess.PIPE, timeout=30, check=False
             )
     else:
         read, write = os.pipe()
         os.close(read)  # nobody reads: the first write breaks the pipe
         try:
-            proc = subprocess.run(  # noqa: S603
+            proc = subprocess.run(
                 argv, stdout=write, stderr=subprocess.PIPE, timeout=30, check=False
             )
         finally:
@@ -2554,7 +2554,7 @@ def test_mcp_help_into_a_failing_or_closed_stdout_is_no_traceback(
 def test_mcp_an_empty_or_unknown_mode_is_refused(mcp_daemon: Daemon, mode: str) -> None:
     """``--mode "$UNSET"`` is refused at bind time (exit 2) as invoke's and classify's
     empty --mode are, never bound in the default mode without a word."""
-    proc = subprocess.run(  # noqa: S603
+    proc = subprocess.run(
         [PY, "-m", "toolsetd.client", "--socket", str(mcp_daemon.socket), "mcp", mode,
          "--no-autostart"],
         input=b"",

@@ -7,7 +7,6 @@ from typing import Any
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
-
 from toolsetd.protocol.codec import CLOSED, NEED_DATA, BadMessage, Codec, Event, Message, encode
 from toolsetd.protocol.errors import RemoteProtocolError
 

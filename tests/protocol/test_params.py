@@ -17,7 +17,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
-
 from toolsetd.protocol import models, params
 from toolsetd.protocol.errors import InvalidParams
 
