@@ -155,7 +155,7 @@ def test_cli_args_from_a_non_blocking_stdin_are_waited_for(tmp_path: Path) -> No
     except BrokenPipeError:  # it did not wait
         pass
     os.close(write_end)
-    out, err = proc.communicate(timeout=30)
+    _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 5, err
     assert b"toolsetd is not running" in err
 

@@ -12,7 +12,7 @@ from toolsetd.daemon.settings import ConfigError, build_parser
 
 def test_every_option_has_a_description() -> None:
     """``toolsetd --help`` says what each flag does (issue 11: six had no text)."""
-    actions = build_parser("0")._actions
+    actions = build_parser("0")._actions  # argparse has no public list
     missing = [a.option_strings for a in actions if a.option_strings and not a.help]
     assert missing == []
 
@@ -167,10 +167,9 @@ def test_a_crash_traceback_is_said_shown_not_obeyed(capfd: pytest.CaptureFixture
     said now, as through a pipe, each line shown and not obeyed, and the exit code is 1."""
     from toolsetd.daemon.app import _exit_code
 
-    try:
+    with pytest.raises(RuntimeError) as raised:
         raise RuntimeError("in /tmp/\x1b]0;pwned\x07x\n::set-output name=a::b ##vso[task.x]y")
-    except RuntimeError as exc:
-        assert _exit_code(exc) == 1
+    assert _exit_code(raised.value) == 1
     err = capfd.readouterr().err
     assert "Traceback (most recent call last):" in err
     assert "\x1b" not in err and "\x07" not in err

@@ -35,7 +35,7 @@ from toolsetd.daemon.policy import (
     decide,
 )
 
-from ..budget import examples
+from tests.budget import examples
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "policy.md"
 

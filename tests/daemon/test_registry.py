@@ -575,7 +575,7 @@ async def test_a_reload_failing_after_one_that_worked_is_logged_at_once(home: Pa
             with _descriptors_to_take() as take:
                 take()
                 for _ in range(2):
-                    with pytest.raises(OSError):
+                    with pytest.raises(OSError, match=os.strerror(errno.EMFILE)):
                         await registry.reload()
             await registry.reload()  # descriptors again: it works
     lines = [entry for entry in logs if entry["event"] == "catalog_reload_failed"]

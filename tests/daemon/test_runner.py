@@ -564,7 +564,7 @@ async def test_exited_within_answers_and_unwatches_the_pidfd() -> None:
     unreaped), and leaves the pidfd unwatched after each answer and after a cancellation."""
     selector = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
     watched = set(selector.get_map())
-    proc = subprocess.Popen(["sleep", "30"])
+    proc = subprocess.Popen(["sleep", "30"])  # reaped below
     pidfd = os.pidfd_open(proc.pid)
     try:
         assert await exited_within(proc.pid, pidfd, 0.01) is False

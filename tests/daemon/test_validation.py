@@ -32,7 +32,7 @@ from toolsetd.daemon.validation import (
 )
 from toolsetd.protocol.jsontext import JsonNumber
 
-from ..budget import examples
+from tests.budget import examples
 
 
 def loaded(schema: dict[str, Any]) -> LoadedTool:

@@ -277,7 +277,7 @@ async def test_watcher_restarts_on_workspace_add_and_remove(
 
 async def test_watcher_falls_back_to_polling_when_watch_unavailable(layout: Layout) -> None:
     """An awatch that raises is logged as watch_unavailable and polling still reports changes."""
-    home, workspace = layout
+    home, _workspace = layout
     attempts: list[int] = []
 
     async def broken(*paths: Path, **kwargs: Any) -> AsyncIterator[Batch]:
@@ -936,7 +936,7 @@ async def test_status_counts_the_set_folders_past_the_bound_as_they_come_and_go(
     (those watched sort first), so no new watch starts: status (and with it the metrics
     and systemd's STATUS= line) kept the count of the watch's start, 'past the bound' with
     none left. The poll that finds them counts them again."""
-    home, workspace = layout
+    home, _workspace = layout
     tools = home / "tools"
     for name in ("b", "c"):
         (tools / name).mkdir()

@@ -388,7 +388,7 @@ def ensure_bubblewrap() -> str | None:
         return "bubblewrap is not installed and cannot be (needs root and apt-get): install the 'bubblewrap' package"
     lock = Path(tempfile.gettempdir()) / "toolsetd-tests-bubblewrap.lock"
     with open(lock, "w") as f:
-        import fcntl
+        import fcntl  # only where an install may run
 
         fcntl.flock(f, fcntl.LOCK_EX)  # parallel workers: one apt-get at a time
         if shutil.which("bwrap"):

@@ -1261,7 +1261,7 @@ def test_cli_mcp_waits_for_a_non_blocking_stdin(ctl: Ctl) -> None:
         line = proc.stdout.readline() if ready else b""
     finally:
         os.close(write_end)
-        out, err = proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=30)
     assert json.loads(line or b"null") is not None, err
     assert json.loads(line)["id"] == 1
     assert proc.returncode == 0, err

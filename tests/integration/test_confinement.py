@@ -357,7 +357,7 @@ class Tree:
 
 def _make_tree(config: str = "", args: tuple[str, ...] = (),
                launcher: list[str] | None = None, **manifest: Any) -> Tree:
-    base = Path(tempfile.mkdtemp(prefix="tsc-", dir="/var/tmp"))
+    base = Path(tempfile.mkdtemp(prefix="tsc-", dir="/var/tmp"))  # see the docstring
     home = base / "home"
     workspace = base / "ws"
     user_home = base / "uh"
@@ -795,7 +795,7 @@ def test_confinement_sandbox_writes_the_workspace_and_its_tmp(tree: Tree) -> Non
     assert tree.probe({"action": "write", "target": str(target)})["ok"] is True
     assert target.read_text() == "written by the tool\n"
     assert tree.probe({"action": "write", "target": "/tmp/private"})["ok"] is True
-    assert not Path("/tmp/private").exists()
+    assert not Path("/tmp/private").exists()  # the sandbox's /tmp was private
     readable = tree.probe({"action": "read", "target": str(tree.user_home / ".bashrc")})
     assert readable["content"] == "# bashrc\n"
     # The home set runs unsandboxed by default: the same read of the key works there.
@@ -1773,7 +1773,7 @@ def test_confinement_sandbox_probe_short_of_tasks_at_start_fails_closed_then_rec
     sandboxed (the probe is tried again), as ``status`` says."""
     if ensure_bubblewrap() is not None:
         pytest.skip("bubblewrap is not installed")
-    base = Path(tempfile.mkdtemp(prefix="tsp-", dir="/var/tmp"))
+    base = Path(tempfile.mkdtemp(prefix="tsp-", dir="/var/tmp"))  # see _make_tree
     made: list[Tree] = []
 
     def classified() -> dict[str, Any]:

@@ -89,7 +89,7 @@ def test_install_wheel_into_a_fresh_venv_and_serve(tmp_base: Path) -> None:
     assert "max-running = 4" in printed and f"{config}:2" in printed
 
     log = (tmp_base / "daemon.log").open("wb")
-    proc = subprocess.Popen(
+    proc = subprocess.Popen(  # the installed daemon under test
         [toolsetd, "--config", config, "--socket", sock],
         cwd=tmp_base,
         stderr=log,

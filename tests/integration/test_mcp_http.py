@@ -1306,7 +1306,7 @@ def test_sdk_client_reads_why_a_body_is_too_large(
                 async with _sdk(endpoint(base, workspace)) as client:
                     try:
                         await client.call_tool("progress3", {"text": "x" * 200_000})
-                    except Exception as exc:
+                    except Exception as exc:  # what the client raises
                         return exc
             return None
 
@@ -2583,7 +2583,7 @@ def test_http_large_bodies_in_flight_are_bounded(http_daemon, workspace: Path) -
     Four bodies of 16 MiB being received hold the daemon's bound on large requests (four
     times the body limit): a fifth is refused with 503 at its head, and taken again once
     one of the four has gone."""
-    daemon, base = http_daemon
+    _daemon, base = http_daemon
     head = _post_head(base, workspace, _MAX_BODY)
     holders = [socket.create_connection(_address(base), timeout=30) for _ in range(4)]
     try:

@@ -153,7 +153,7 @@ def test_metrics_after_a_known_sequence_of_calls(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """3 ok, 1 timeout, 1 denied, 1 cancelled, a refused connection and a reload, as counted."""
-    d, config = _configured(tmp_base, "max-connections = 2\nkill-grace = 1\n", "--no-watch")
+    d, _config = _configured(tmp_base, "max-connections = 2\nkill-grace = 1\n", "--no-watch")
     try:
         for _ in range(3):
             assert _invoke(d, workspace, "quick")["result"]["status"] == "ok"
@@ -789,7 +789,7 @@ def _status_as(path: Path, uid: int, gid: int, groups: list[int]) -> int:
                 status = 0
             elif reply.get("error", {}).get("code") == -32009:
                 status = 3
-        except BaseException:
+        except BaseException:  # the child reports by its exit status
             status = 1
         finally:
             os._exit(status)
@@ -872,12 +872,11 @@ def test_metrics_listener_holds_few_connections_and_outlives_running_out(
         finally:
             for conn in idle:
                 conn.close()
-        with descriptors_limited(pid):
-            with socket.create_connection((host, int(port)), timeout=10):
-                eventually(
-                    lambda: any(e["event"] == "metrics_accept_retry" for e in d.log_events()),
-                    what="the accept retried",
-                )
+        with descriptors_limited(pid), socket.create_connection((host, int(port)), timeout=10):
+            eventually(
+                lambda: any(e["event"] == "metrics_accept_retry" for e in d.log_events()),
+                what="the accept retried",
+            )
         body = _scrape(address)  # the connection that waited in the backlog was served
         assert "toolsetd_build_info" in body
         assert d.proc.poll() is None
