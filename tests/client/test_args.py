@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from toolsetd.client.cli import UsageError, parse_arguments
 from toolsetd.client.context import read_arguments
 
@@ -141,7 +140,7 @@ def test_cli_args_from_a_non_blocking_stdin_are_waited_for(tmp_path: Path) -> No
     It waits for the text as on a blocking one, then goes on (here: no daemon, exit 5)."""
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
-    proc = subprocess.Popen(  # noqa: S603
+    proc = subprocess.Popen(
         [sys.executable, "-m", "toolsetd.client", "classify", "t", "--args", "-",
          "--socket", str(tmp_path / "none.sock")],
         stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -156,7 +155,7 @@ def test_cli_args_from_a_non_blocking_stdin_are_waited_for(tmp_path: Path) -> No
     except BrokenPipeError:  # it did not wait
         pass
     os.close(write_end)
-    out, err = proc.communicate(timeout=30)
+    _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 5, err
     assert b"toolsetd is not running" in err
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from toolsetd.client import cli, exits
+from toolsetd.client import exits
 
 DOC = (Path(__file__).resolve().parents[2] / "docs" / "cli.md").read_text()
 
@@ -86,7 +86,7 @@ def test_mcp_help_says_headless_as_the_docs_do() -> None:
     import subprocess
     import sys
 
-    out = subprocess.run(  # noqa: TID251 - the CLI's own help, no daemon
+    out = subprocess.run(
         [sys.executable, "-m", "toolsetd.client", "mcp", "--help"],
         capture_output=True,
         text=True,

@@ -794,7 +794,7 @@ def test_a_non_blocking_stdout_gets_the_whole_output(env: Env) -> None:
     os.set_blocking(write_end, False)
     size = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
     env_vars = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
-    proc = subprocess.Popen(  # noqa: S603
+    proc = subprocess.Popen(
         [sys.executable, "-m", "toolsetd.client", "--format", "json", "list",
          "--home", str(env.home), "--workspace", str(env.workspace), "--socket", str(env.socket)],
         stdout=write_end, stderr=subprocess.DEVNULL, env=env_vars,
@@ -829,7 +829,7 @@ def test_an_empty_home_is_the_passwd_entrys(env: Env) -> None:
 
     crystal = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".crystal"
     clean = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
-    proc = subprocess.run(  # noqa: S603
+    proc = subprocess.run(
         [sys.executable, "-m", "toolsetd.client", "--format", "json", "enable", "no-such-set",
          "--workspace", str(env.workspace), "--socket", str(env.socket)],
         capture_output=True, text=True, timeout=60, env={**clean, "HOME": ""},

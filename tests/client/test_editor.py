@@ -8,7 +8,6 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from toolsetd.client.editor import EditError, locate_set, set_enabled
 from toolsetd.daemon.paths import file_exists
 
@@ -214,7 +213,7 @@ def _unwritable_folder(folder: Path) -> bool:
     chattr = shutil.which("chattr")
     if chattr is None:
         return False
-    done = subprocess.run([chattr, "+i", str(folder)], capture_output=True, check=False)  # noqa: S603
+    done = subprocess.run([chattr, "+i", str(folder)], capture_output=True, check=False)
     return done.returncode == 0
 
 
@@ -233,7 +232,7 @@ def test_set_enabled_says_why_and_where_the_file_could_not_be_written(tmp_path: 
         with pytest.raises(EditError) as caught:
             set_enabled(path, False)
     finally:
-        subprocess.run(["chattr", "-i", str(folder)], capture_output=True, check=False)  # noqa: S603, S607
+        subprocess.run(["chattr", "-i", str(folder)], capture_output=True, check=False)
         folder.chmod(0o755)
     message = caught.value.message
     assert message.startswith("tools.json could not be written: ")

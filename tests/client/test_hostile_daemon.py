@@ -13,20 +13,18 @@ import io
 import json
 import os
 import socket
-import tempfile
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
-
 from toolsetd.client import blocking, context
 from toolsetd.client.blocking import BlockingClient
 from toolsetd.client.cli import run
-
 
 Reply = Callable[[socket.socket, dict[str, object]], None]
 
@@ -253,11 +251,10 @@ def test_a_listener_of_another_user_in_our_default_folder_is_sent_nothing(
 ) -> None:
     """The folder passed its check, but someone else listens (they swapped their folder in
     between the check and the connect): the connection is dropped before anything is sent."""
+    import shutil
     import signal
 
     from toolsetd.client import mcp
-
-    import shutil
 
     staging = Path(tempfile.mkdtemp(prefix="tsfl-"))  # in /tmp: pytest's tmp_path is 0700
     os.chmod(staging, 0o777)
@@ -292,11 +289,10 @@ def test_the_pump_names_a_listener_of_another_user_and_starts_no_daemon(
     """``toolsetctl mcp`` dropped such a connection as if nothing listened, started a daemon
     that found the path taken, and told the host "toolsetd is already running" (or, with
     --no-autostart, "toolsetd is not running"): now it says who listens, exit 5."""
+    import shutil
     import signal
 
     from toolsetd.client import mcp
-
-    import shutil
 
     staging = Path(tempfile.mkdtemp(prefix="tsfl-"))  # in /tmp: pytest's tmp_path is 0700
     os.chmod(staging, 0o777)

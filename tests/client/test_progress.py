@@ -6,7 +6,6 @@ import io
 import os
 
 import pytest
-
 from toolsetd.client import progress
 from toolsetd.client.progress import Progress
 

@@ -12,14 +12,14 @@ from toolsetd.client.blocking import json_number
 from toolsetd.client.cli import _report
 from toolsetd.client.exits import CLI_ERROR_CODES, EXIT_INTERRUPTED, Failure
 from toolsetd.client.render import (
-    classification_fields,
-    status_fields,
     SET_HEADERS,
     Output,
     aligned_fields,
     aligned_rows,
+    classification_fields,
     content_lines,
     set_rows_from_list,
+    status_fields,
 )
 
 from .cells import cells
@@ -201,7 +201,7 @@ def test_table_fits_wide_characters_to_the_terminal_by_cells() -> None:
     50 columns its lines took 84 cells, the terminal wrapped them again and the columns of
     a table no longer lined up. ``table`` counts cells; ``text`` (the reference host's
     form, nothing fitted) is unchanged."""
-    value = "这是一个非常长的中文描述，用来测试表格在终端中的换行和对齐是否正确处理宽字符。"
+    value = "这是一个非常长的中文描述，用来测试表格在终端中的换行和对齐是否正确处理宽字符。"  # noqa: RUF001 - Chinese text has its full-width comma
     out = io.StringIO()
     Output("table", out, io.StringIO(), width=50).fields([("Description", value), ("Set", "x")])
     lines = out.getvalue().splitlines()

@@ -17,7 +17,6 @@ from collections.abc import Iterator
 
 import anyio
 import pytest
-
 from toolsetd.daemon.activation import ActivationError, listen_fds
 
 # argv: fd-to-put-on-3 (or -1 for none), LISTEN_FDS, LISTEN_FDNAMES (or "-"), probe code.
@@ -239,7 +238,7 @@ def test_listen_fds_beyond_the_descriptor_limit_is_refused_before_any_list() -> 
         "except ActivationError as exc:\n"
         "    print(exc)\n"
     )
-    done = subprocess.run(  # noqa: S603
+    done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
     )
     assert done.returncode == 0, done.stderr[-500:]

@@ -6,14 +6,13 @@ import subprocess
 import sys
 
 import pytest
-
 from toolsetd.daemon.app import parse_args
 from toolsetd.daemon.settings import ConfigError, build_parser
 
 
 def test_every_option_has_a_description() -> None:
     """``toolsetd --help`` says what each flag does (issue 11: six had no text)."""
-    actions = build_parser("0")._actions  # noqa: SLF001 (argparse has no public list)
+    actions = build_parser("0")._actions  # argparse has no public list
     missing = [a.option_strings for a in actions if a.option_strings and not a.help]
     assert missing == []
 
@@ -76,7 +75,7 @@ def test_a_stdout_that_cannot_be_written_is_said_and_a_gone_reader_is_not(
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path)}
     env.pop("PYTHONUNBUFFERED", None)
     with open("/dev/full", "w") as full:
-        r = subprocess.run(  # noqa: S603
+        r = subprocess.run(
             argv, stdout=full, stderr=subprocess.PIPE, text=True, timeout=60, env=env,
             check=False,
         )
@@ -85,7 +84,7 @@ def test_a_stdout_that_cannot_be_written_is_said_and_a_gone_reader_is_not(
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader left before a byte was written
     try:
-        closed = subprocess.run(  # noqa: S603
+        closed = subprocess.run(
             argv, stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60, env=env,
             check=False,
         )
@@ -116,7 +115,7 @@ def test_print_config_is_utf8_in_any_locale(tmp_path, locale_env: dict[str, str]
     config.write_text('home = "/srv/Zoë ✓"\n', encoding="utf-8")
     env = {k: v for k, v in os.environ.items()
            if k not in ("LANG", "LC_ALL", "LC_CTYPE", "PYTHONUTF8", "PYTHONIOENCODING")}
-    r = subprocess.run(  # noqa: S603
+    r = subprocess.run(
         [sys.executable, "-m", "toolsetd.daemon", "--config", str(config), "--print-config"],
         capture_output=True, timeout=60, env={**env, **locale_env}, check=False,
     )
@@ -154,7 +153,7 @@ def test_an_embedded_daemon_leaves_its_host_programs_ignored_signals_alone() -> 
     import subprocess
     import sys
 
-    done = subprocess.run(  # noqa: S603
+    done = subprocess.run(
         [sys.executable, "-c", _EMBEDDED], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
@@ -168,10 +167,9 @@ def test_a_crash_traceback_is_said_shown_not_obeyed(capfd: pytest.CaptureFixture
     said now, as through a pipe, each line shown and not obeyed, and the exit code is 1."""
     from toolsetd.daemon.app import _exit_code
 
-    try:
+    with pytest.raises(RuntimeError) as raised:
         raise RuntimeError("in /tmp/\x1b]0;pwned\x07x\n::set-output name=a::b ##vso[task.x]y")
-    except RuntimeError as exc:
-        assert _exit_code(exc) == 1
+    assert _exit_code(raised.value) == 1
     err = capfd.readouterr().err
     assert "Traceback (most recent call last):" in err
     assert "\x1b" not in err and "\x07" not in err
@@ -214,7 +212,7 @@ def test_the_signals_are_never_at_their_default_actions_as_the_daemon_ends() -> 
     met it once). Every change of a signal's handler is watched here, and none of them
     leaves a daemon's signal at its default action; after the loop's end each is still
     ignored, and no wakeup descriptor is left behind."""
-    done = subprocess.run(  # noqa: S603
+    done = subprocess.run(
         [sys.executable, "-c", _WATCH_THE_HANDOVER],
         capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip

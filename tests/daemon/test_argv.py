@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from toolsetd.daemon.argv import ArgvError, build_argv, render_flags, resolve_executable
 
 from tests.daemon.conftest import make_tool
-from toolsetd.daemon.argv import ArgvError, build_argv, render_flags, resolve_executable
 
 FLAGS = (("name", "--name"), ("count", "-n"), ("verbose", "--verbose"), ("tags", "--tag"))
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from toolsetd.daemon.catalog import (
     RACY_NS,
     ManifestCache,

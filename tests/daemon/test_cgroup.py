@@ -17,7 +17,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-
 from toolsetd.daemon.cgroup import (
     JOIN_ARGV,
     JOIN_FAILED_EXIT,
@@ -52,7 +51,7 @@ def test_cgroup_join_shell_moves_the_child_before_exec(tree: CgroupTree) -> None
     """The joining shell puts itself in the cgroup and then runs the tool there."""
     call = tree.create(Limits(), "set 't'")
     argv = [*JOIN_ARGV, call.procs, "/bin/cat", "/proc/self/cgroup"]
-    out = subprocess.run(argv, capture_output=True, check=True).stdout.decode()  # noqa: S603
+    out = subprocess.run(argv, capture_output=True, check=True).stdout.decode()
     assert _cgroup_of(out).endswith("/" + Path(call.path).name)
     assert _cgroup_of(out).endswith(_relative(tree, call.path).split("/", 2)[-1])
     call.discard()
@@ -62,7 +61,7 @@ def test_cgroup_join_shell_refuses_to_run_outside(tmp_path: Path) -> None:
     """A cgroup that cannot be entered: the tool never runs; exit 125 and the marker."""
     marker = tmp_path / "ran"
     argv = [*JOIN_ARGV, str(tmp_path / "gone" / "cgroup.procs"), "/bin/touch", str(marker)]
-    done = subprocess.run(argv, capture_output=True, check=False)  # noqa: S603
+    done = subprocess.run(argv, capture_output=True, check=False)
     assert done.returncode == JOIN_FAILED_EXIT
     assert done.stderr.startswith(b"toolsetd-join: cannot enter the cgroup")
     assert not marker.exists()
@@ -74,7 +73,7 @@ def test_cgroup_entered_spawns_inside_and_returns(tree: CgroupTree) -> None:
     call = tree.create(Limits(), "set 't'")
     assert tree.can_enter
     with tree.entered(call):
-        child = subprocess.Popen(  # noqa: S603
+        child = subprocess.Popen(
             ["/bin/cat", "/proc/self/cgroup"], stdout=subprocess.PIPE
         )
     out = child.communicate()[0].decode()
@@ -113,7 +112,7 @@ async def test_cgroup_a_call_cgroup_removed_once_emptied_is_not_populated(
     call's id stayed recorded. A cgroup that is gone holds no process."""
     call = tree.create(Limits(), "set 't'")
     with tree.entered(call):
-        child = subprocess.Popen(["/bin/true"])  # noqa: S603
+        child = subprocess.Popen(["/bin/true"])
     assert child.wait(10) == 0
     with anyio.fail_after(10):  # its exit leaves the cgroup empty
         while Path(call.procs).read_text().strip():
@@ -130,7 +129,7 @@ async def test_cgroup_finish_kills_everything_and_removes_it(tree: CgroupTree) -
     """finish: cgroup.kill reaches a setsid'd process, then the cgroup is read and removed."""
     call = tree.create(Limits(), "set 't'")
     with tree.entered(call):
-        child = subprocess.Popen(  # noqa: S603
+        child = subprocess.Popen(
             ["/bin/sh", "-c", "setsid sleep 1000 & sleep 1000"], start_new_session=True
         )
     with anyio.fail_after(10):
@@ -148,7 +147,7 @@ async def test_cgroup_finish_kills_everything_and_removes_it(tree: CgroupTree) -
 
 def _spawn_in(tree: CgroupTree, call: CallCgroup, argv: list[str]) -> subprocess.Popen[bytes]:
     with tree.entered(call):
-        return subprocess.Popen(argv, start_new_session=True)  # noqa: S603
+        return subprocess.Popen(argv, start_new_session=True)
 
 
 def _fds_under(folder: str) -> list[str]:
@@ -207,8 +206,8 @@ async def test_cgroup_grace_signal_never_reaches_the_daemon_stuck_inside(tmp_pat
 
     from toolsetd.daemon.ending import terminate
 
-    leader = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)  # noqa: S603
-    member = subprocess.Popen(["/bin/sleep", "30"])  # noqa: S603
+    leader = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)
+    member = subprocess.Popen(["/bin/sleep", "30"])
     try:
         (tmp_path / "cgroup.procs").write_text(f"{leader.pid}\n{os.getpid()}\n{member.pid}\n")
         stuck = SimpleNamespace(daemon_inside=str(tmp_path))
@@ -240,9 +239,9 @@ async def test_cgroup_grace_signal_reaches_only_processes_still_listed(tmp_path:
 
     from toolsetd.daemon.ending import terminate
 
-    leader = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)  # noqa: S603
-    members = [subprocess.Popen(["/bin/sleep", "30"]) for _ in range(3)]  # noqa: S603
-    stranger = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)  # noqa: S603
+    leader = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)
+    members = [subprocess.Popen(["/bin/sleep", "30"]) for _ in range(3)]
+    stranger = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)
     procs = tmp_path / "cgroup.procs"
     try:
         ours = [leader.pid, *(m.pid for m in members)]
@@ -278,8 +277,8 @@ async def test_cgroup_grace_signal_without_pidfds_goes_by_pid_as_read(
     def refused(pid: int, flags: int = 0) -> int:
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
 
-    leader = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)  # noqa: S603
-    members = [subprocess.Popen(["/bin/sleep", "30"]) for _ in range(2)]  # noqa: S603
+    leader = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)
+    members = [subprocess.Popen(["/bin/sleep", "30"]) for _ in range(2)]
     try:
         pids = [leader.pid, *(m.pid for m in members)]
         (tmp_path / "cgroup.procs").write_text("".join(f"{pid}\n" for pid in pids))
@@ -306,8 +305,8 @@ def test_cgroup_grace_signal_reaches_every_process_when_descriptors_run_out(
 
     from toolsetd.daemon.pidsignal import signal_listed
 
-    leader = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)  # noqa: S603
-    members = [subprocess.Popen(["/bin/sleep", "30"]) for _ in range(6)]  # noqa: S603
+    leader = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)
+    members = [subprocess.Popen(["/bin/sleep", "30"]) for _ in range(6)]
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     fillers: list[int] = []
     try:
@@ -360,8 +359,8 @@ def test_cgroup_probe_sweeps_a_dead_daemons_folder(tree: CgroupTree) -> None:
     the orphan's move into it (the write failed, FileNotFoundError)."""
     base = tree.folder.parent / f"toolsetd-sweep-{os.getpid()}"  # no daemon's to sweep
     dead = base / "toolsetd-4194303"  # above any pid_max default: never a live process here
-    orphan = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True)  # noqa: S603
-    keeper = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True)  # noqa: S603
+    orphan = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True)
+    keeper = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True)
     live = base / f"toolsetd-{keeper.pid}"
     again = None
     try:
@@ -395,7 +394,7 @@ def test_cgroup_a_stale_folder_of_our_own_name_is_made_afresh(tree: CgroupTree) 
     again."""
     base = tree.folder.parent / f"toolsetd-stale-{os.getpid()}"  # no daemon's to sweep
     mine = base / f"toolsetd-{os.getpid()}"
-    orphan = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True)  # noqa: S603
+    orphan = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True)
     found = None
     try:
         (mine / "c1").mkdir(parents=True)
@@ -433,13 +432,13 @@ def test_cgroup_a_daemon_in_another_pid_namespace_leaves_ours_alone(tree: Cgroup
 
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare --pid")
-    sleeper = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True)  # noqa: S603
+    sleeper = subprocess.Popen(["/bin/sleep", "1000"], start_new_session=True)
     call = tree.folder / "c-namespace-test"
     call.mkdir()
     try:
         (call / "cgroup.procs").write_text(str(sleeper.pid))
-        done = subprocess.run(  # noqa: S603
-            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",  # noqa: S607
+        done = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c",
              _PROBE_IN_A_NAMESPACE],
             capture_output=True, text=True, timeout=60,
         )
@@ -620,7 +619,7 @@ def test_a_sandboxed_id_left_by_a_drain_that_timed_out_goes_with_its_cgroup(
     id left for good kept refusing MCP peers whose cgroup is unknown."""
     call = tree.create(Limits(), "set 't'")
     call.mark_sandboxed()
-    child = subprocess.Popen([*JOIN_ARGV, call.procs, "/bin/sleep", "30"])  # noqa: S603
+    child = subprocess.Popen([*JOIN_ARGV, call.procs, "/bin/sleep", "30"])
     try:
         assert _wait_populated(call)
         call._spend(emptied=False)  # as finish() does when the drain timed out

@@ -10,7 +10,6 @@ from typing import Any
 import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
-
 from toolsetd.daemon.checkworker import CheckWorker
 from toolsetd.daemon.large import LargeRequests
 from toolsetd.daemon.validation import ArgumentValidators
@@ -226,11 +225,10 @@ def test_the_arguments_are_encoded_for_the_process_in_the_worker_slot() -> None:
         worker = CheckWorker(0.1, large_requests=large)
         result: list[list[dict[str, str]] | None] = []
         try:
-            async with anyio.create_task_group() as tg:
-                async with large.slot:
-                    tg.start_soon(lambda: _append(result, worker.errors(tool, {"s": "a" * 70_000})))
-                    await wait_all_tasks_blocked()
-                    waiting = large.slot.statistics().tasks_waiting
+            async with anyio.create_task_group() as tg, large.slot:
+                tg.start_soon(lambda: _append(result, worker.errors(tool, {"s": "a" * 70_000})))
+                await wait_all_tasks_blocked()
+                waiting = large.slot.statistics().tasks_waiting
             return waiting, result[0]
         finally:
             await worker.aclose()

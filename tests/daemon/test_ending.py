@@ -12,7 +12,7 @@ from toolsetd.daemon import ending
 def test_children_and_the_proc_pass_find_a_child() -> None:
     """``_children`` reads the kernel's list; the pass over ``/proc`` it falls back on
     (a kernel without CONFIG_PROC_CHILDREN) finds the same child."""
-    child = subprocess.Popen(["/bin/sleep", "60"])  # noqa: S603
+    child = subprocess.Popen(["/bin/sleep", "60"])
     try:
         assert child.pid in ending._children(os.getpid())
         assert child.pid in ending._with_stat_field(ending._PPID, os.getpid())
@@ -23,7 +23,7 @@ def test_children_and_the_proc_pass_find_a_child() -> None:
 
 def test_members_but_leader_are_the_groups_others() -> None:
     """A group's members other than its leader, read from ``/proc``."""
-    leader = subprocess.Popen(  # noqa: S603
+    leader = subprocess.Popen(
         ["/bin/sh", "-c", "sleep 60 & echo $!; wait"],
         stdout=subprocess.PIPE, start_new_session=True, text=True,
     )

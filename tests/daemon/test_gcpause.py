@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from toolsetd.daemon import gcpause
 from toolsetd.daemon.catalog import ManifestCache, build_catalog
 from toolsetd.daemon.gcpause import GcPause
@@ -155,7 +154,7 @@ def test_a_promoting_pause_first_collects_the_young_garbage_made_before_it() -> 
 @promoting
 def test_a_pause_left_by_an_error_or_expired_promotes_nothing() -> None:
     gc.collect()
-    with pytest.raises(ValueError, match="boom"), GcPause(promote=True):
+    with pytest.raises(ValueError, match="boom"), GcPause(promote=True):  # noqa: PT012 - made in the pause the error ends
         failed = [[]]
         raise ValueError("boom")
     assert _generation_of(failed) == 0

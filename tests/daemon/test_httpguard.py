@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from toolsetd.daemon.httpguard import (
     ListenAddress,
     ListenError,
@@ -306,7 +305,7 @@ def test_tcp_peer_uid_of_another_user() -> None:
         code = ("import socket, sys, time\n"
                 "s = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
                 "s.recv(1)\n")
-        child = subprocess.Popen(  # noqa: S603
+        child = subprocess.Popen(
             ["/usr/bin/python3", "-S", "-c", code, str(port)], user=65534, group=65534,
             extra_groups=[], cwd="/", stdout=sys.stderr,
         )
@@ -334,7 +333,7 @@ def test_endpoint_modules_load_only_with_mcp_listen() -> None:
         "options = parse_args(['--home', '/tmp', '--mcp-listen', '127.0.0.1:0'])\n"
         "print(sorted(n for n in names if n in sys.modules), options.mcp_listen[0].host)\n"
     )
-    out = subprocess.run(  # noqa: S603
+    out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     without, with_listen = out.stdout.splitlines()

@@ -13,7 +13,6 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
-
 from toolsetd.daemon.httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
 from toolsetd.protocol import errors as rpc_errors
 
@@ -186,7 +185,7 @@ async def test_http_every_response_carries_a_date() -> None:
 
 async def test_http_chunked_body_is_assembled() -> None:
     """A chunked request body reaches the handler whole."""
-    async with served() as (port, handler):
+    async with served() as (port, _handler):
         data = await _exchange(port, b"POST /a HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
                                b"\r\n3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n", read_until_close=False)
         assert _body(data)["body"] == "abcde"
@@ -271,7 +270,7 @@ async def test_http_slowloris_head_is_cut_off() -> None:
 
 async def test_http_silent_connection_is_closed() -> None:
     """A connection that never sends a byte is closed after the head timeout."""
-    async with served() as (port, handler):
+    async with served() as (port, _handler):
         with anyio.fail_after(5):
             assert await _exchange(port, b"") == b""
 

@@ -17,7 +17,7 @@ def _modules_after(code: str) -> dict[str, bool]:
         "('rich', 'jsonschema', 'jsonrpcserver', 'pydantic', 'toolsetd.daemon.mcp_session', "
         "'watchfiles')}))"
     )
-    out = subprocess.run(  # noqa: TID251 - a fresh interpreter is the point of the test
+    out = subprocess.run(  # a fresh interpreter is the point of the test
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     result: dict[str, bool] = json.loads(out.stdout.strip().splitlines()[-1])
@@ -56,7 +56,7 @@ def test_console_logs_still_print_exceptions_without_rich() -> None:
         "try:\n    1 / 0\nexcept ZeroDivisionError:\n"
         "    structlog.get_logger('t').exception('boom')\n"
     )
-    out = subprocess.run(  # noqa: TID251 - a fresh interpreter is the point of the test
+    out = subprocess.run(  # a fresh interpreter is the point of the test
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert "boom" in out.stderr or "boom" in out.stdout

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 import structlog
-
 from toolsetd.daemon.logs import (
     PRIORITIES,
     LineWriter,
@@ -245,7 +244,7 @@ def test_logs_the_standard_librarys_records_take_the_same_writer(
         try:
             raise ValueError("boom")
         except ValueError:
-            logging.getLogger("asyncio").error("Exception in callback", exc_info=True)
+            logging.getLogger("asyncio").error("Exception in callback", exc_info=True)  # noqa: G201 - asyncio's own call
         line = _read_all(read_fd).decode().splitlines()[-1]
         record = json.loads(line)
         assert (record["event"], record["logger"], record["level"]) == (
@@ -262,7 +261,7 @@ def test_logs_the_standard_librarys_records_take_the_same_writer(
         for handler in logging.root.handlers[:]:
             if type(handler).__name__ == "_StdlibLines":
                 logging.root.removeHandler(handler)
-        logs._WRITER = None  # noqa: SLF001 - back to no writer for the other tests
+        logs._WRITER = None  # back to no writer for the other tests
         structlog.reset_defaults()
         os.close(read_fd)
         os.close(write_fd)

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from toolsetd.daemon.manifest import ManifestError, parse_manifest
 from toolsetd.daemon.mcpschema import is_unlisted
 from toolsetd.daemon.model import (

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 from jsonschema import Draft202012Validator
-
-from tests.daemon import test_manifest as corpus
 from toolsetd.daemon.manifest import ManifestError, parse_manifest
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Source
+
+from tests.daemon import test_manifest as corpus
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = json.loads((REPO / "schema" / "tools.schema.json").read_text())
@@ -28,26 +28,26 @@ SCHEMA = json.loads((REPO / "schema" / "tools.schema.json").read_text())
 #: Rejected manifests of the corpus whose rule a schema cannot state (the schema may still
 #: reject them for another reason). docs/manifest.md lists the same rules; LIMITS proves each.
 NOT_EXPRESSIBLE: dict[str, str] = {
-    **{
-        name: "the folder name is not in the file"
-        for name in ("dir-digit", "dir-space", "dir-dot", "dir-65", "dir-newline")
-    },
+    **dict.fromkeys(
+        ("dir-digit", "dir-space", "dir-dot", "dir-65", "dir-newline"),
+        "the folder name is not in the file",
+    ),
     "shorthand-dotted-dir": "shorthand needs a folder name that is a legal tool name",
     "shorthand-reserved-dir": "shorthand needs a folder name that is a legal tool name",
     "json-depth-65": "nesting deeper than 64",
     "timeout-1.0-literal": "JSON Schema sees 1.0 as an integer; the parser wants an integer literal",
     "timeout-exponent": "JSON Schema sees 1e2 as an integer; the parser wants an integer literal",
     "tool-duplicate": "tool names unique within the set (uniqueItems compares whole objects)",
-    **{
-        name: "a key named twice: a validator sees its last value only"
-        for name in (
+    **dict.fromkeys(
+        (
             "argv-duplicate-earlier-invalid",
             "argv-duplicate-escaped-key",
             "overlay-duplicate-earlier-invalid",
             "overlay-duplicate-earlier-output",
             "overlay-argv-duplicate",
-        )
-    },
+        ),
+        "a key named twice: a validator sees its last value only",
+    ),
 }
 
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import orjson
 import pytest
-
 from toolsetd.daemon.catalog import ManifestCache, build_catalog
 from toolsetd.daemon.mcp_mapping import (
     McpError,

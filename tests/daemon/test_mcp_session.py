@@ -11,7 +11,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-
 from toolsetd.daemon.mcp_session import _is_progress_token
 from toolsetd.protocol.jsontext import loads
 
@@ -108,7 +107,7 @@ async def test_a_listing_built_late_does_not_take_the_place_of_a_newer_one(
     )
     assert answer["result"]["protocolVersion"] == "2025-06-18"  # the host knows S0's list
     with anyio.fail_after(60):
-        async with anyio.create_task_group() as tg:
+        async with anyio.create_task_group() as tg:  # noqa: SIM117 - left one after the other, below
             async with server._building:  # another listing is being built
                 write(home / "tools", 0, "after")  # S1, large: its check waits for the build
                 tg.start_soon(service.reload_catalogs, None)

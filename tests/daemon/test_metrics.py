@@ -7,7 +7,6 @@ import contextlib
 import anyio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-
 from toolsetd.daemon.metrics import (
     MAX_SET_LABELS,
     OTHER_SETS,
@@ -26,7 +25,7 @@ def _metrics() -> Metrics:
             queued=lambda: 0,
             connections_open=lambda: 0,
             connections_accepted=lambda: 0,
-            catalogs=lambda: [],
+            catalogs=list,
             generation=lambda: 1,
         )
     )

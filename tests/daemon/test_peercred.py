@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from toolsetd.daemon.peercred import (
     PeerCred,
     PeerPolicy,
@@ -23,11 +22,11 @@ from toolsetd.daemon.peercred import (
 def listener() -> Iterator[tuple[socket.socket, str]]:
     """A listening Unix socket that any user may connect to, and its path."""
     with tempfile.TemporaryDirectory() as folder:
-        os.chmod(folder, 0o755)  # noqa: S103  # the test's "nobody" client must reach it
+        os.chmod(folder, 0o755)  # the test's "nobody" client must reach it
         path = os.path.join(folder, "toolsetd.sock")
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.bind(path)
-            os.chmod(path, 0o777)  # noqa: S103  # idem
+            os.chmod(path, 0o777)  # idem
             sock.listen()
             sock.setblocking(False)
             yield sock, path

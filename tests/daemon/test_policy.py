@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from toolsetd.daemon.model import (
     Approval,
     ApprovalSource,
@@ -34,10 +33,9 @@ from toolsetd.daemon.policy import (
     Rule,
     classify,
     decide,
-    parse_mode,
 )
 
-from ..budget import examples
+from tests.budget import examples
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "policy.md"
 
@@ -554,15 +552,15 @@ def test_classify_container_strings_into_another_mount_namespace_are_forbidden(
     the tool read the key."""
     keys = root / "keys"
     keys.mkdir()
-    holder = subprocess.Popen(  # noqa: S603
+    holder = subprocess.Popen(
         [
             "unshare",
             "-m",
             "--propagation",
             "private",
             "sh",
-            "-c",  # noqa: S607
-            f'mount --bind "$0" "$1" && echo ready && exec sleep 60',
+            "-c",
+            'mount --bind "$0" "$1" && echo ready && exec sleep 60',
             home / ".ssh",
             keys,
         ],

@@ -11,10 +11,10 @@ from pathlib import Path
 import anyio
 import pytest
 from structlog.testing import capture_logs
-
-from tests.daemon.conftest import Env, RecordingSink, sh_tool
 from toolsetd.daemon.reaper import OrphanGuard
 from toolsetd.daemon.runner import CallRequest, Runner, RunnerSettings
+
+from tests.daemon.conftest import Env, RecordingSink, sh_tool
 
 
 class Groups:
@@ -24,7 +24,7 @@ class Groups:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def spawn(self, *, inherit_all: bool = False) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(  # noqa: S603
+        proc = subprocess.Popen(
             ["sleep", "30"], start_new_session=True, close_fds=not inherit_all
         )
         self.procs.append(proc)

@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from structlog.testing import capture_logs
+from toolsetd.daemon import registry as registry_module
 from toolsetd.daemon.catalog import RACY_NS, ManifestCache
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, Source
-from toolsetd.daemon import registry as registry_module
 from toolsetd.daemon.registry import Registry, SetChange, diff_catalogs
 
 pytestmark = pytest.mark.anyio
@@ -514,7 +515,7 @@ async def test_a_reload_short_of_descriptors_part_way_swaps_no_snapshot(
 
         async def take_once_the_home_was_read() -> None:
             while registry.cache.reads == reads:
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
             take()
 
         async def reload() -> None:
@@ -574,7 +575,7 @@ async def test_a_reload_failing_after_one_that_worked_is_logged_at_once(home: Pa
             with _descriptors_to_take() as take:
                 take()
                 for _ in range(2):
-                    with pytest.raises(OSError):
+                    with pytest.raises(OSError, match=os.strerror(errno.EMFILE)):
                         await registry.reload()
             await registry.reload()  # descriptors again: it works
     lines = [entry for entry in logs if entry["event"] == "catalog_reload_failed"]

@@ -21,6 +21,11 @@ import anyio
 import anyio.lowlevel
 import orjson
 import pytest
+from toolsetd.daemon import threads
+from toolsetd.daemon.confinement import Confinement, parse_confinement
+from toolsetd.daemon.ending import exited_within
+from toolsetd.daemon.model import LoadedTool, OutputMode
+from toolsetd.daemon.runner import CallOutcome, CallRequest, Runner, RunnerSettings
 
 from tests.daemon.conftest import (
     Env,
@@ -30,11 +35,6 @@ from tests.daemon.conftest import (
     python_tool,
     sh_tool,
 )
-from toolsetd.daemon import threads
-from toolsetd.daemon.confinement import Confinement, parse_confinement
-from toolsetd.daemon.ending import exited_within
-from toolsetd.daemon.model import LoadedTool, OutputMode
-from toolsetd.daemon.runner import CallOutcome, CallRequest, Runner, RunnerSettings
 
 pytestmark = pytest.mark.anyio
 
@@ -403,7 +403,7 @@ async def test_a_running_call_keeps_the_kill_grace_it_started_with(env: Env) -> 
         tg.start_soon(call)
         with anyio.fail_after(20):
             while not sink.of("started"):
-                await anyio.sleep(0)
+                await anyio.lowlevel.checkpoint()
         # Within the first window (before the supervisor takes over), as a reload may be.
         runner.update_settings(replace(FAST, kill_grace_seconds=3600))
         cancel.set()
@@ -564,7 +564,7 @@ async def test_exited_within_answers_and_unwatches_the_pidfd() -> None:
     unreaped), and leaves the pidfd unwatched after each answer and after a cancellation."""
     selector = asyncio.get_running_loop()._selector  # type: ignore[attr-defined]
     watched = set(selector.get_map())
-    proc = subprocess.Popen(["sleep", "30"])  # noqa: TID251 - reaped below
+    proc = subprocess.Popen(["sleep", "30"])  # reaped below
     pidfd = os.pidfd_open(proc.pid)
     try:
         assert await exited_within(proc.pid, pidfd, 0.01) is False

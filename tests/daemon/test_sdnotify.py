@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from toolsetd.daemon.sdnotify import SYSTEMD_ENV_VARS, Notifier, scrub_environment
 
 
@@ -178,18 +177,18 @@ def test_notifier_watchdog_interval(env, expected) -> None:
 
 def test_scrub_environment_drops_systemd_variables() -> None:
     """scrub_environment drops the six systemd variables, keeps the rest, mutates nothing."""
-    env = {name: "1" for name in SYSTEMD_ENV_VARS} | {"HOME": "/root", "LISTEN": "keep"}
+    env = dict.fromkeys(SYSTEMD_ENV_VARS, "1") | {"HOME": "/root", "LISTEN": "keep"}
     original = dict(env)
     assert scrub_environment(env) == {"HOME": "/root", "LISTEN": "keep"}
     assert env == original
-    assert SYSTEMD_ENV_VARS == {
+    assert {
         "LISTEN_FDS",
         "LISTEN_PID",
         "LISTEN_FDNAMES",
         "NOTIFY_SOCKET",
         "WATCHDOG_USEC",
         "WATCHDOG_PID",
-    }
+    } == SYSTEMD_ENV_VARS
 
 
 def test_mcp_pump_scrubs_the_same_variables() -> None:

@@ -854,7 +854,7 @@ def test_setstore_concurrent_writers_leave_a_valid_file(tmp_path: Path) -> None:
         """
     )
     procs = [
-        subprocess.Popen(  # noqa: TID251 - the test starts separate processes, as daemons would be
+        subprocess.Popen(  # the test starts separate processes, as daemons would be
             [sys.executable, "-c", script, str(tmp_path / f"home{k}"), str(folder), f"w{k}x"]
         )
         for k in range(4)

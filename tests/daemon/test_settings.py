@@ -360,14 +360,14 @@ def test_settings_flag_and_env_errors() -> None:
     assert load_settings(_args("--workspace-idle", "1e300"), {}, uid=1000).workspace_idle == 1e300
     with pytest.raises(ConfigError, match="--metrics-listen: must be a loopback address"):
         load_settings(_args("--metrics-listen", "10.0.0.1:80"), {}, uid=1000)
-    with pytest.raises(ConfigError, match='--mcp-listen: "10.0.0.1:80": refusing to listen'):
+    with pytest.raises(ConfigError, match=r'--mcp-listen: "10\.0\.0\.1:80": refusing to listen'):
         load_settings(_args("--mcp-listen", "10.0.0.1:80"), {}, uid=1000)
     # A port is ASCII digits: "²" (str.isdigit() says yes) gave int()'s own message, and
     # Arabic-Indic "٩٠" was taken for port 90.
     for port in ("²", "٩٠"):
         with pytest.raises(ConfigError, match="--metrics-listen: must be HOST:PORT with a port"):
             load_settings(_args("--metrics-listen", f"127.0.0.1:{port}"), {}, uid=1000)
-        with pytest.raises(ConfigError, match="--mcp-listen: .*the port must be a number"):
+        with pytest.raises(ConfigError, match=r"--mcp-listen: .*the port must be a number"):
             load_settings(_args("--mcp-listen", f"127.0.0.1:{port}"), {}, uid=1000)
 
 
@@ -407,7 +407,7 @@ def test_settings_default_file_that_is_there_but_unusable_is_not_missing(
     folder.mkdir()
     (folder / "toolsetd.toml").symlink_to(tmp_path / "dotfiles" / "toolsetd.toml")
     environ = {"CONFIGURATION_DIRECTORY": str(folder)}  # whoever runs the test
-    with pytest.raises(ConfigError, match="toolsetd.toml: cannot be used: No such file"):
+    with pytest.raises(ConfigError, match=r"toolsetd\.toml: cannot be used: No such file"):
         load_settings(_args(), environ, uid=1000)
     (folder / "toolsetd.toml").unlink()
     (folder / "toolsetd.toml").write_text("max-running = 5\n")
@@ -528,12 +528,12 @@ def test_settings_reload_splits_applied_and_restart(tmp_path: Path) -> None:
     assert outcome.settings.allow_group == "a"  # still the running value
     assert outcome.settings.output_limit == 20  # the flag wins
     path.write_text("max-running = nine\n")
-    with pytest.raises(ConfigError, match="toolsetd.toml:1: is not valid TOML"):
+    with pytest.raises(ConfigError, match=r"toolsetd\.toml:1: is not valid TOML"):
         reload_settings(running, args, {})
 
 
 def _toolsetd(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # noqa: TID251 - a short-lived CLI process in a test
+    return subprocess.run(
         [sys.executable, "-m", "toolsetd.daemon", *argv],
         capture_output=True,
         text=True,

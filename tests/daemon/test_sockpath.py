@@ -14,7 +14,6 @@ from pathlib import Path
 
 import anyio
 import pytest
-
 from toolsetd.daemon.sockpath import (
     AlreadyRunning,
     InstanceLocked,
@@ -346,7 +345,7 @@ def test_binding_leaves_the_process_umask_alone(short_dir: Path) -> None:
     thread catching the moment; the socket is still 0600."""
     import subprocess
 
-    done = subprocess.run(  # noqa: S603
+    done = subprocess.run(
         [sys.executable, "-c", _UMASK_AT_BIND, str(short_dir)],
         capture_output=True, text=True, timeout=60,
     )
@@ -383,7 +382,7 @@ def test_a_socket_is_0600_from_its_bind_on_whatever_the_umask(short_dir: Path) -
     from the first instant, with the process's umask untouched."""
     import subprocess
 
-    done = subprocess.run(  # noqa: S603
+    done = subprocess.run(
         [sys.executable, "-c", _MODE_AT_BIND, str(short_dir)],
         capture_output=True, text=True, timeout=60,
     )

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from toolsetd.daemon.spawn import Child, Spawner, env_path
 
 from tests.daemon.conftest import open_fds
-from toolsetd.daemon.spawn import Child, Spawner, env_path
 
 BASE = {"PATH": "/usr/bin:/bin", "TRACEPARENT": "old", "KEEP": "base", "CRYSTAL_SESSION": "stale"}
 FIXED = ("CRYSTAL_SESSION", "TOOLSETD_CALL_ID")
@@ -230,12 +230,12 @@ def test_a_failure_before_the_exec_is_reported_as_popen_reports_it(tmp_path: Pat
     if not Spawner({}, ()).direct:
         pytest.skip(f"fork_exec's arguments are not known on Python {sys.version_info[:2]}")
     closed = 900
-    with pytest.raises(OSError):
+    with pytest.raises(OSError, match=os.strerror(errno.EBADF)):
         os.fstat(closed)
 
     def failure(direct: bool, stdin: int, cwd: str) -> tuple[type, int | None, str | None]:
         spawner = Spawner(BASE, FIXED, direct=direct)
-        with pytest.raises(OSError) as caught:
+        with pytest.raises(OSError) as caught:  # noqa: PT011 - any: the two spawners' are compared
             spawner.spawn(
                 ["/bin/true"], env=[], cwd=cwd, stdin=stdin, stdout=1, stderr=2, pass_fds=()
             )

@@ -27,7 +27,7 @@ def test_a_closed_standard_descriptor_is_dev_null_for_children_too(module: str) 
         "open_standard_streams()\n"
         f"sys.exit(subprocess.run([sys.executable, '-c', {_CHILD!r}]).returncode)\n"
     )
-    r = subprocess.run(  # noqa: S603
+    r = subprocess.run(
         ["/bin/sh", "-c", 'exec "$@" <&- 2>&-', "sh", sys.executable, "-c", code],
         stdout=subprocess.PIPE, timeout=60, check=False,
     )

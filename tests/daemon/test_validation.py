@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from toolsetd.daemon.catalog import tool_hash
 from toolsetd.daemon.model import (
     Approval,
@@ -31,10 +30,9 @@ from toolsetd.daemon.validation import (
     json_pointer,
     off_loop,
 )
-
 from toolsetd.protocol.jsontext import JsonNumber
 
-from ..budget import examples
+from tests.budget import examples
 
 
 def loaded(schema: dict[str, Any]) -> LoadedTool:
@@ -728,12 +726,9 @@ def test_canonical_json_is_order_independent_and_utf8() -> None:
 
 # -- the check_schema fast path ------------------------------------------------------
 
-from hypothesis import given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 from jsonschema import Draft202012Validator  # noqa: E402
 from jsonschema.exceptions import SchemaError  # noqa: E402
-
-from toolsetd.daemon.validation import SchemaChecker, _plainly_valid  # noqa: E402
+from toolsetd.daemon.validation import _plainly_valid  # noqa: E402
 
 _ANY_JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-5, 5) | st.floats(-2, 2, allow_nan=False)
@@ -882,7 +877,6 @@ JSON_VALUES = st.recursive(
 def test_argument_validators_plain_fast_path_agrees_with_jsonschema(schema: Any, value: Any) -> None:
     """For schemas of the plain subset, the fast check accepts exactly what jsonschema does."""
     from jsonschema import Draft202012Validator
-
     from toolsetd.daemon.validation import _plain_subset, _satisfies
 
     if not isinstance(schema, dict):

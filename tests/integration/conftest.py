@@ -166,7 +166,7 @@ class RawConn:
             while True:
                 if not self.sock.recv(65536):
                     return True
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return False
         except OSError:
             return True
@@ -229,8 +229,8 @@ def pid_namespaces() -> bool:
     """Whether a test may start a process as 1 of a new PID namespace (root, unshare)."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return False
-    done = subprocess.run(  # noqa: S603
-        ["unshare", "--pid", "--fork", "--mount-proc", "/bin/true"],  # noqa: S607
+    done = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", "/bin/true"],
         capture_output=True, timeout=30,
     )
     return done.returncode == 0
@@ -284,7 +284,7 @@ def start_daemon(
     full_env = {**os.environ, "XDG_CACHE_HOME": str(base / "cache"), **(env or {})}
     full_env.pop("TOOLSETD_SOCKET", None)
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(args, stderr=log_file, stdout=log_file, env=full_env)  # noqa: S603
+        proc = subprocess.Popen(args, stderr=log_file, stdout=log_file, env=full_env)
     daemon = Daemon(proc, sock, home, workspace, log_path, args)
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
@@ -388,17 +388,17 @@ def ensure_bubblewrap() -> str | None:
         return "bubblewrap is not installed and cannot be (needs root and apt-get): install the 'bubblewrap' package"
     lock = Path(tempfile.gettempdir()) / "toolsetd-tests-bubblewrap.lock"
     with open(lock, "w") as f:
-        import fcntl  # noqa: PLC0415 - only where an install may run
+        import fcntl  # only where an install may run
 
         fcntl.flock(f, fcntl.LOCK_EX)  # parallel workers: one apt-get at a time
         if shutil.which("bwrap"):
             return None
         env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
         install = ["apt-get", "install", "-y", "-q", "bubblewrap"]
-        done = subprocess.run(install, capture_output=True, env=env, check=False)  # noqa: S603
+        done = subprocess.run(install, capture_output=True, env=env, check=False)
         if done.returncode != 0:
-            subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env, check=False)  # noqa: S603
-            done = subprocess.run(install, capture_output=True, env=env, check=False)  # noqa: S603
+            subprocess.run(["apt-get", "update", "-q"], capture_output=True, env=env, check=False)
+            done = subprocess.run(install, capture_output=True, env=env, check=False)
     if shutil.which("bwrap") is None:
         tail = done.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
         return f"bubblewrap could not be installed with apt-get: {tail[0]}"

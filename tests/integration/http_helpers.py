@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from http.client import HTTPConnection
 import json
 import time
 from dataclasses import dataclass
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit

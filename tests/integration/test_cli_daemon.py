@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import CtlTarget, EXAMPLES, eventually, start_daemon, write_set
+from .conftest import EXAMPLES, CtlTarget, eventually, start_daemon, write_set
 
 HEADERS = ["Directory", "Source", "Enabled", "Effective", "Path", "Runner", "Catalogs",
            "Approval", "Tools"]

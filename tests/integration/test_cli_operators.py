@@ -32,7 +32,6 @@ from typing import Any
 
 import anyio
 import pytest
-
 from toolsetd.client import Client, ServerBusy
 from toolsetd.client.parser import COMMANDS
 
@@ -308,7 +307,7 @@ def test_cli_jsonl_lines_stay_whole_when_a_signal_stops_a_blocked_write(
     whole, and the interruption goes to stderr, as a second document would break it."""
     read_end, write_end = os.pipe()
     try:
-        proc = subprocess.Popen(  # noqa: S603
+        proc = subprocess.Popen(
             ctl.argv("invoke", "c_big", "--format", fmt), stdout=write_end,
             stderr=subprocess.PIPE, env=ctl.env(), cwd=ctl.base,
         )
@@ -508,7 +507,7 @@ def test_cli_json_interrupted_is_an_error_document(tmp_path: Path, fmt: str) -> 
     server.bind(str(path))
     server.listen()
     server.settimeout(30)
-    proc = subprocess.Popen(  # noqa: S603
+    proc = subprocess.Popen(
         [sys.executable, "-m", "toolsetd.client", "--socket", str(path), "--format", fmt,
          "status"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -1204,7 +1203,7 @@ def test_cli_validate_lists_every_schema_problem_and_a_missing_home(
 
 def _closed(ctl: Ctl, redirect: str, *args: str) -> subprocess.CompletedProcess[str]:
     """toolsetctl started with a standard descriptor closed (``>&-``, ``<&-``)."""
-    return subprocess.run(  # noqa: S603
+    return subprocess.run(
         ["/bin/sh", "-c", f'exec "$@" {redirect}', "sh", *ctl.argv(*args)],
         capture_output=redirect != "2>&-", text=True, timeout=30, env=ctl.env(), cwd=ctl.base,
     )
@@ -1238,7 +1237,7 @@ def test_cli_mcp_waits_for_a_non_blocking_stdin(ctl: Ctl) -> None:
     blocking stdin, and answers."""
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
-    proc = subprocess.Popen(  # noqa: S603
+    proc = subprocess.Popen(
         ctl.argv("mcp", "--no-autostart"), stdin=read_end, stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, env=ctl.env(), cwd=ctl.base,
     )
@@ -1262,7 +1261,7 @@ def test_cli_mcp_waits_for_a_non_blocking_stdin(ctl: Ctl) -> None:
         line = proc.stdout.readline() if ready else b""
     finally:
         os.close(write_end)
-        out, err = proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=30)
     assert json.loads(line or b"null") is not None, err
     assert json.loads(line)["id"] == 1
     assert proc.returncode == 0, err
@@ -1283,7 +1282,7 @@ def test_cli_mcp_waits_for_a_non_blocking_stdout(ctl: Ctl) -> None:
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
     size = fcntl.fcntl(write_end, fcntl.F_GETPIPE_SZ)
-    proc = subprocess.Popen(  # noqa: S603
+    proc = subprocess.Popen(
         ctl.argv("mcp", "--no-autostart"), stdin=subprocess.PIPE, stdout=write_end,
         stderr=subprocess.DEVNULL, env=ctl.env(), cwd=ctl.base,
     )
@@ -1321,7 +1320,7 @@ def test_cli_a_failing_stdout_is_said_without_a_traceback(ctl: Ctl, fmt: str) ->
     went to the same failing stdout and toolsetctl printed a traceback (docs/cli.md: no
     command does). Now the failure is one line on stderr, exit 9."""
     with open("/dev/full", "w") as full:
-        r = subprocess.run(  # noqa: S603
+        r = subprocess.run(
             ctl.argv("--format", fmt, "status"), stdout=full, stderr=subprocess.PIPE,
             text=True, timeout=30, env=ctl.env(), cwd=ctl.base,
         )
@@ -1340,7 +1339,7 @@ def test_cli_help_into_a_failing_stdout_is_said(ctl: Ctl, args: list[str]) -> No
     one line on stderr and exit 9 (``mcp --help`` included). A pipe whose reader left is
     no failure, and a failing stderr costs a usage error its line, not its code."""
     with open("/dev/full", "w") as full:
-        r = subprocess.run(  # noqa: S603
+        r = subprocess.run(
             ctl.argv(*args), stdout=full, stderr=subprocess.PIPE,
             text=True, timeout=30, env=ctl.env(), cwd=ctl.base,
         )
@@ -1352,7 +1351,7 @@ def test_cli_help_into_a_failing_stdout_is_said(ctl: Ctl, args: list[str]) -> No
     read_end, write_end = os.pipe()
     os.close(read_end)  # the reader left before a byte was written
     try:
-        closed = subprocess.run(  # noqa: S603
+        closed = subprocess.run(
             ctl.argv(*args), stdout=write_end, stderr=subprocess.PIPE,
             text=True, timeout=30, env=ctl.env(), cwd=ctl.base,
         )
@@ -1360,7 +1359,7 @@ def test_cli_help_into_a_failing_stdout_is_said(ctl: Ctl, args: list[str]) -> No
         os.close(write_end)
     assert closed.returncode == 0 and closed.stderr == "", closed.stderr
     with open("/dev/full", "w") as full:
-        usage = subprocess.run(  # noqa: S603
+        usage = subprocess.run(
             ctl.argv("--bogus"), stdout=full, stderr=full, timeout=30, env=ctl.env(), cwd=ctl.base,
         )
     assert usage.returncode == 2
@@ -1383,7 +1382,7 @@ def test_cli_prints_utf8_output_in_any_locale(ctl: Ctl, locale_env: dict[str, st
     env.pop("PYTHONIOENCODING", None)
     args = ctl.base / "zoe.json"
     args.write_bytes('{"name": "Zoë ✓"}'.encode())  # argv would be decoded by the locale
-    r = subprocess.run(  # noqa: S603
+    r = subprocess.run(
         ctl.argv("invoke", "hello", "--args", f"@{args}"),
         capture_output=True, timeout=60, env={**env, **locale_env}, cwd=ctl.base,
     )
@@ -1412,7 +1411,7 @@ def test_cli_takes_utf8_arguments_in_a_locale_that_is_not_utf8(ctl: Ctl) -> None
 
     def run(*args: str | bytes) -> subprocess.CompletedProcess[bytes]:
         argv = [a for a in ctl.argv() if a != str(ctl.workspace) and a != "--workspace"]
-        return subprocess.run(  # noqa: S603
+        return subprocess.run(
             [*argv, "--workspace", str(workspace), *args],
             capture_output=True, timeout=60, env=env, cwd=ctl.base,
         )
@@ -1440,7 +1439,7 @@ def test_cli_mcp_takes_a_utf8_workspace_in_a_locale_that_is_not_utf8(ctl: Ctl) -
     }
     lines = [initialize, {"jsonrpc": "2.0", "method": "notifications/initialized"},
              {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}]
-    r = subprocess.run(  # noqa: S603
+    r = subprocess.run(
         [*argv, "--workspace", str(workspace), "mcp", "--no-autostart"],
         input=b"".join(json.dumps(line).encode() + b"\n" for line in lines),
         capture_output=True, timeout=60, env=env, cwd=ctl.base,
@@ -1470,7 +1469,7 @@ def test_cli_in_a_removed_current_folder_is_a_usage_error(
     gone.mkdir()
     argv = [a for a in ctl.argv(*args) if a != str(ctl.workspace)]
     argv.remove("--workspace")
-    r = subprocess.run(  # noqa: S603
+    r = subprocess.run(
         ["/bin/sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(gone), *argv],
         capture_output=True, text=True, input="", timeout=30, env=ctl.env(), cwd=ctl.base,
     )
@@ -1494,7 +1493,7 @@ def test_cli_a_failing_stderr_keeps_the_exit_code(ctl: Ctl, args: list[str], cod
     be written either, the OSError escaped and Python exited 1 ("the tool reported an
     error") with a traceback nobody could read. The line is lost; the code stands."""
     with open("/dev/full", "w") as full:
-        r = subprocess.run(  # noqa: S603
+        r = subprocess.run(
             ctl.argv(*args), stdout=full, stderr=full, timeout=60, env=ctl.env(), cwd=ctl.base,
         )
     assert r.returncode == code
@@ -1511,7 +1510,7 @@ def test_cli_validate_a_relative_folder_in_a_removed_current_folder(ctl: Ctl) ->
         ("./some-set-folder", 2, "the current folder cannot be used"),
         ("c", 0, "is valid"),
     ):
-        r = subprocess.run(  # noqa: S603
+        r = subprocess.run(
             ["/bin/sh", "-c", script, "sh", str(gone), *ctl.argv("--home", str(ctl.daemon.home), "validate", target)],
             capture_output=True, text=True, timeout=30, env=ctl.env(), cwd=ctl.base,
         )

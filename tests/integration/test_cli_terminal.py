@@ -42,15 +42,15 @@ TOOL_OUTPUT = (
     "import json, os, sys, time\n"
     "mode = json.load(sys.stdin).get('mode')\n"
     "if mode == 'escapes':\n"
-    "    sys.stdout.write('out ' + {escapes!r} + ' line1\\rOVER\\r\\nnext\\n')\n"
+    f"    sys.stdout.write('out ' + {ESCAPES!r} + ' line1\\rOVER\\r\\nnext\\n')\n"
     "elif mode == 'colour':\n"
     "    sys.stdout.write('\\x1b[1;31mred\\x1b[0m plain \\x1b[2J\\n')\n"
     "elif mode == 'conceal':\n"
     "    sys.stdout.write('\\x1b[8mhidden\\n')\n"
     "elif mode == 'progress':\n"
     "    with os.fdopen(int(os.environ['TOOLSETD_PROGRESS_FD']), 'w') as p:\n"
-    "        p.write(json.dumps({{'message': 'prog ' + {escapes!r} + ' ##vso[task.setvariable "
-    "variable=x]y', 'fraction': 0.5}}) + '\\n')\n"
+    f"        p.write(json.dumps({{'message': 'prog ' + {ESCAPES!r} + ' ##vso[task.setvariable "
+    "variable=x]y', 'fraction': 0.5}) + '\\n')\n"
     "        p.flush()\n"
     "        time.sleep(2)\n"
     "elif mode == 'long':\n"
@@ -65,8 +65,8 @@ TOOL_OUTPUT = (
     "elif mode == 'brief':\n"
     "    time.sleep(0.3)\n"
     "elif mode == 'ci':\n"
-    "    sys.stdout.write({ci_output!r})\n"
-).format(escapes=ESCAPES, ci_output=CI_OUTPUT)
+    f"    sys.stdout.write({CI_OUTPUT!r})\n"
+)
 
 
 class Setup(CtlTarget):

@@ -17,9 +17,9 @@ import pwd
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
-import subprocess
 import textwrap
 import threading
 import time
@@ -37,8 +37,8 @@ from .conftest import (
     eventually,
     launched_at_the_limit,
     marked_processes,
-    tasks_limited,
     start_daemon,
+    tasks_limited,
     write_set,
 )
 from .http_helpers import endpoint, listening_urls
@@ -357,7 +357,7 @@ class Tree:
 
 def _make_tree(config: str = "", args: tuple[str, ...] = (),
                launcher: list[str] | None = None, **manifest: Any) -> Tree:
-    base = Path(tempfile.mkdtemp(prefix="tsc-", dir="/var/tmp"))  # noqa: S108 - see the docstring
+    base = Path(tempfile.mkdtemp(prefix="tsc-", dir="/var/tmp"))  # see the docstring
     home = base / "home"
     workspace = base / "ws"
     user_home = base / "uh"
@@ -673,7 +673,7 @@ def _passwd_home_elsewhere() -> tuple[Path, list[str]]:
     namespace whose ``/etc/passwd`` names it as its user's home (``HOME`` stays elsewhere)."""
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs root and unshare(1) to give the daemon a passwd file of its own")
-    passwd_home = Path(tempfile.mkdtemp(prefix="tsc-passwd-", dir="/var/tmp"))  # noqa: S108
+    passwd_home = Path(tempfile.mkdtemp(prefix="tsc-passwd-", dir="/var/tmp"))
     (passwd_home / ".ssh").mkdir()
     (passwd_home / ".ssh" / "id_ed25519").write_text("PASSWD HOME KEY\n")
     (passwd_home / ".gnupg").mkdir()
@@ -794,8 +794,8 @@ def test_confinement_sandbox_writes_the_workspace_and_its_tmp(tree: Tree) -> Non
     target = tree.workspace / "out.txt"
     assert tree.probe({"action": "write", "target": str(target)})["ok"] is True
     assert target.read_text() == "written by the tool\n"
-    assert tree.probe({"action": "write", "target": "/tmp/private"})["ok"] is True  # noqa: S108
-    assert not Path("/tmp/private").exists()  # noqa: S108 - the sandbox's /tmp was private
+    assert tree.probe({"action": "write", "target": "/tmp/private"})["ok"] is True
+    assert not Path("/tmp/private").exists()  # the sandbox's /tmp was private
     readable = tree.probe({"action": "read", "target": str(tree.user_home / ".bashrc")})
     assert readable["content"] == "# bashrc\n"
     # The home set runs unsandboxed by default: the same read of the key works there.
@@ -833,7 +833,7 @@ def test_confinement_sandboxed_call_cannot_call_the_mcp_http_endpoint() -> None:
     cgroup tells it apart; the call cannot leave its cgroup (cgroupfs is read-only in the
     sandbox). An unsandboxed call (the home set) still gets in, as over the Unix socket.
     """
-    token = Path(tempfile.mkdtemp(prefix="tsc-token-", dir="/var/tmp")) / "token"  # noqa: S108
+    token = Path(tempfile.mkdtemp(prefix="tsc-token-", dir="/var/tmp")) / "token"
     token.write_text("s3cret-token\n")
     token.chmod(0o600)
     try:
@@ -1196,7 +1196,7 @@ def test_confinement_network_and_mcp_http_without_disable_userns_fail_closed() -
     """A bubblewrap that cannot --disable-userns (before 0.8, or setuid) could not keep such
     a call in its cgroup: with --mcp-listen it does not run, and ``classify`` says so."""
     ensure_bubblewrap()
-    folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))  # noqa: S108
+    folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))
     older = folder / "bwrap"
     older.write_text(textwrap.dedent(f"""\
         #!/bin/sh
@@ -1560,7 +1560,7 @@ def test_confinement_spill_folder_swapped_for_a_link_deletes_nothing(
 def _bind_mounted(source: Path, target: Path) -> Iterator[None]:
     """``source`` bind-mounted at ``target`` (skipped where the test may not mount)."""
     target.mkdir() if source.is_dir() else target.touch()
-    done = subprocess.run(["mount", "--bind", str(source), str(target)],  # noqa: S607
+    done = subprocess.run(["mount", "--bind", str(source), str(target)],
                           capture_output=True, check=False)
     if done.returncode != 0:
         target.rmdir() if source.is_dir() else target.unlink()
@@ -1568,7 +1568,7 @@ def _bind_mounted(source: Path, target: Path) -> Iterator[None]:
     try:
         yield
     finally:
-        subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)  # noqa: S607
+        subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)
         target.rmdir() if source.is_dir() else target.unlink()
 
 
@@ -1773,7 +1773,7 @@ def test_confinement_sandbox_probe_short_of_tasks_at_start_fails_closed_then_rec
     sandboxed (the probe is tried again), as ``status`` says."""
     if ensure_bubblewrap() is not None:
         pytest.skip("bubblewrap is not installed")
-    base = Path(tempfile.mkdtemp(prefix="tsp-", dir="/var/tmp"))  # noqa: S108 - see _make_tree
+    base = Path(tempfile.mkdtemp(prefix="tsp-", dir="/var/tmp"))  # see _make_tree
     made: list[Tree] = []
 
     def classified() -> dict[str, Any]:
@@ -1834,7 +1834,7 @@ def test_confinement_option_probe_short_of_tasks_at_start_weakens_nothing(option
     (sharing the host's System V IPC) or without the check of its binds. Such a failure
     passes: sandboxed calls fail closed meanwhile, and once the probe runs they get both."""
     ensure_bubblewrap()
-    folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))  # noqa: S108
+    folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))
     flag = folder / "short"
     flag.touch()
     short = folder / "bwrap"
@@ -1923,7 +1923,7 @@ def test_confinement_bad_config_names_the_key(tmp_base: Path) -> None:
     """A wrong value in [confinement] stops the start with a message naming the key."""
     config = tmp_base / "bad.toml"
     config.write_text('[confinement.sets.lint]\nprofile = "strict"\n')
-    done = subprocess.run(  # noqa: S603
+    done = subprocess.run(
         [sys.executable, "-m", "toolsetd.daemon", "--config", str(config)],
         capture_output=True, timeout=30, check=False,
     )
@@ -1960,7 +1960,7 @@ def test_confinement_bubblewrap_failing_before_its_sandbox_says_why_at_once() ->
     call says bubblewrap's own error, as before the bind check, and does not wait for a
     sandbox that will never be built."""
     ensure_bubblewrap()
-    folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))  # noqa: S108
+    folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))
     flag = folder / "fail"
     failing = folder / "bwrap"
     failing.write_text(textwrap.dedent(f"""\
@@ -1992,7 +1992,7 @@ def test_confinement_sandbox_not_built_within_the_time_limit_times_out() -> None
     way) is bound by the set's time limit, timed from the spawn as any call's: the call
     says ``timeout`` then, not a minute later."""
     ensure_bubblewrap()
-    folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))  # noqa: S108
+    folder = Path(tempfile.mkdtemp(prefix="tsc-bwrap-", dir="/var/tmp"))
     flag = folder / "hang"
     hanging = folder / "bwrap"
     hanging.write_text(textwrap.dedent(f"""\
@@ -2025,7 +2025,7 @@ def test_confinement_approved_path_on_a_read_only_mount_runs_read_only() -> None
     if shutil.which("unshare") is None or os.geteuid() != 0:
         pytest.skip("needs root and unshare(1) to make a read-only mount for the daemon")
     t = _make_tree()  # only its files: the daemon below runs in a mount namespace of its own
-    base = Path(tempfile.mkdtemp(prefix="tsc-ro-", dir="/var/tmp"))  # noqa: S108
+    base = Path(tempfile.mkdtemp(prefix="tsc-ro-", dir="/var/tmp"))
     shutil.copytree(t.base, base, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.sock"))
     _close(t)
     read_only = base / "ro"

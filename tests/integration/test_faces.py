@@ -356,7 +356,7 @@ def test_a_workspace_through_a_link_and_dotdot_is_one_folder_on_every_face(
     finally:
         pump.close()
     assert "projtool" in [t["name"] for t in tools]
-    done = subprocess.run(  # noqa: TID251
+    done = subprocess.run(
         [
             sys.executable,
             "-m",
@@ -385,7 +385,7 @@ def test_a_workspace_under_tilde_is_one_folder_for_toolsetctl_and_its_mcp(
     env = {**os.environ, "HOME": str(workspace.parent)}
     argv = ["-m", "toolsetd.client", "--socket", str(faces.daemon.socket)]
     argv += ["--workspace", "~/project"]
-    done = subprocess.run(  # noqa: TID251
+    done = subprocess.run(
         [sys.executable, *argv, "--format", "json", "list"],
         capture_output=True,
         timeout=60,

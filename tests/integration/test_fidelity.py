@@ -85,12 +85,12 @@ def _lines(conn: RawConn, text: bytes) -> Iterator[bytes]:
     """Send one raw line; yield each raw line received after it."""
     conn.send_bytes(text + b"\n")
     while True:
-        while b"\n" not in conn._buffer:  # noqa: SLF001 (the test's own helper)
+        while b"\n" not in conn._buffer:  # the test's own helper
             chunk = conn.sock.recv(1 << 20)
             if not chunk:
                 raise EOFError("connection closed")
-            conn._buffer += chunk  # noqa: SLF001
-        line, conn._buffer = conn._buffer.split(b"\n", 1)  # noqa: SLF001
+            conn._buffer += chunk
+        line, conn._buffer = conn._buffer.split(b"\n", 1)
         yield line
 
 
@@ -171,7 +171,7 @@ def test_a_schema_with_a_wide_integer_is_listed_exactly(fid: Daemon) -> None:
     tool = next(t for t in json.loads(line)["result"]["tools"] if t["name"] == "wide")
     assert tool["inputSchema"]["properties"]["n"]["maximum"] == 123456789012345678901234567890
     with fid.raw() as conn:  # and the tool runs, its argument checked against that schema
-        events, reply = conn.invoke({"tool": "wide", "arguments": {"n": 2.5},
+        _events, reply = conn.invoke({"tool": "wide", "arguments": {"n": 2.5},
                                      "workspace": str(fid.workspace)})
     assert reply["result"]["status"] == "ok", reply
 

@@ -619,7 +619,7 @@ def test_the_ci_job_of_the_docs_fails_as_unreachable_when_its_daemon_dies() -> N
             daemon = _daemon_of(scratch)
             assert daemon is not None
             os.kill(daemon, signal.SIGKILL)
-            out, err = job.communicate(timeout=60)
+            _out, err = job.communicate(timeout=60)
         finally:
             if job.poll() is None:
                 job.kill()

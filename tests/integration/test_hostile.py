@@ -458,8 +458,8 @@ def _check_answered(d: Daemon) -> Any:
 
 def _unread_input(pid: int) -> int:
     """Bytes written to process ``pid``'s stdin (a pipe) that it has not read yet."""
-    import fcntl  # noqa: PLC0415 - Linux-only ioctl, as the daemon's platform
-    import termios  # noqa: PLC0415
+    import fcntl  # Linux-only ioctl, as the daemon's platform
+    import termios
 
     fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK)  # the pipe, never read
     try:
@@ -1081,26 +1081,29 @@ def test_a_connection_whose_large_line_is_being_parsed_does_not_make_room() -> N
     numbers) is in flight: its connection is not closed to make room for a newcomer while
     an idle one is there. It was: the request then ran on a closed connection, and an
     invoke was answered ``cancelled`` after the -32008, without running."""
-    with daemon_in("tsp-", _noop_set, args=["--no-watch", "--max-connections", "2"]) as d:
-        with d.raw(timeout=60) as parsing, d.raw() as idle:
-            assert "result" in idle.request("status")
-            numbers = ",".join(["1.5"] * 3_000_000)  # 12 MB: seconds to parse
-            parsing.send_bytes(
-                b'{"jsonrpc": "2.0", "id": "big", "method": "invoke", "params": {"tool": '
-                b'"noop", "workspace": "' + str(d.workspace).encode() + b'", "arguments": '
-                b'{"n": [' + numbers.encode() + b"]}}}\n"
-            )
-            # Read whole (a line still coming in is idle, and older than the other's
-            # status): its parse takes seconds more, and its request is in flight since.
-            eventually(lambda: _unread(parsing.sock) == 0, timeout=60, what="the line read")
-            with d.raw() as newcomer:
-                assert "result" in newcomer.request("status")
-            assert idle.closed_by_peer(), "the idle connection made room"
+    with (
+        daemon_in("tsp-", _noop_set, args=["--no-watch", "--max-connections", "2"]) as d,
+        d.raw(timeout=60) as parsing,
+        d.raw() as idle,
+    ):
+        assert "result" in idle.request("status")
+        numbers = ",".join(["1.5"] * 3_000_000)  # 12 MB: seconds to parse
+        parsing.send_bytes(
+            b'{"jsonrpc": "2.0", "id": "big", "method": "invoke", "params": {"tool": '
+            b'"noop", "workspace": "' + str(d.workspace).encode() + b'", "arguments": '
+            b'{"n": [' + numbers.encode() + b"]}}}\n"
+        )
+        # Read whole (a line still coming in is idle, and older than the other's
+        # status): its parse takes seconds more, and its request is in flight since.
+        eventually(lambda: _unread(parsing.sock) == 0, timeout=60, what="the line read")
+        with d.raw() as newcomer:
+            assert "result" in newcomer.request("status")
+        assert idle.closed_by_peer(), "the idle connection made room"
+        answer = parsing.receive()
+        while "method" in answer:  # started, progress, completed
             answer = parsing.receive()
-            while "method" in answer:  # started, progress, completed
-                answer = parsing.receive()
-            assert answer.get("id") == "big", answer
-            assert answer["result"]["status"] == "ok", answer
+        assert answer.get("id") == "big", answer
+        assert answer["result"]["status"] == "ok", answer
 
 
 def test_a_reload_announces_while_a_subscriber_is_being_closed() -> None:
@@ -1114,20 +1117,23 @@ def test_a_reload_announces_while_a_subscriber_is_being_closed() -> None:
             "command": ["/bin/true"], "approval": "always", "stdin": False,
         })
 
-    with daemon_in("tsr-", fill, args=["--no-watch", "--max-message-bytes", "200"]) as d:
-        with d.raw() as closing, d.raw() as other:
-            for conn in (closing, other):
-                assert "result" in conn.request("list", {"subscribe": True})
-            closing.send_bytes(b"x" * 300 + b"\n")
-            assert closing.receive()["error"]["code"] == -32007  # then it lingers, open
-            manifest = d.home / "tools" / "noop" / "tools.json"
-            manifest.write_text(manifest.read_text().replace('"one"', '"two"'))
-            other.send({"jsonrpc": "2.0", "id": "r", "method": "reload", "params": {}})
-            told = []
-            while "method" in (reload := other.receive()):
-                told.append(reload["method"])
-            assert reload["result"]["changed"], reload
-            assert told == ["catalogChanged"], told
+    with (
+        daemon_in("tsr-", fill, args=["--no-watch", "--max-message-bytes", "200"]) as d,
+        d.raw() as closing,
+        d.raw() as other,
+    ):
+        for conn in (closing, other):
+            assert "result" in conn.request("list", {"subscribe": True})
+        closing.send_bytes(b"x" * 300 + b"\n")
+        assert closing.receive()["error"]["code"] == -32007  # then it lingers, open
+        manifest = d.home / "tools" / "noop" / "tools.json"
+        manifest.write_text(manifest.read_text().replace('"one"', '"two"'))
+        other.send({"jsonrpc": "2.0", "id": "r", "method": "reload", "params": {}})
+        told = []
+        while "method" in (reload := other.receive()):
+            told.append(reload["method"])
+        assert reload["result"]["changed"], reload
+        assert told == ["catalogChanged"], told
 
 
 def test_past_the_in_flight_limit_each_frame_is_answered_as_itself() -> None:
@@ -1739,9 +1745,9 @@ def test_a_line_the_daemon_has_no_memory_to_parse_is_busy_not_a_parse_error(
 
 def _unread(sock: socket.socket) -> int:
     """Bytes this socket sent that its peer has not read yet (``SIOCOUTQ``)."""
-    import fcntl  # noqa: PLC0415 - Linux-only ioctl, as the daemon's platform
-    import struct  # noqa: PLC0415
-    import termios  # noqa: PLC0415
+    import fcntl  # Linux-only ioctl, as the daemon's platform
+    import struct
+    import termios
 
     return int(struct.unpack("i", fcntl.ioctl(sock, termios.TIOCOUTQ, b"\0" * 4))[0])
 

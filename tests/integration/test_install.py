@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def _run(*argv: str | Path, cwd: Path, timeout: float = 600) -> str:
-    result = subprocess.run(  # noqa: TID251 - building and installing, not the daemon
+    result = subprocess.run(
         [str(a) for a in argv],
         cwd=cwd,
         capture_output=True,
@@ -89,7 +89,7 @@ def test_install_wheel_into_a_fresh_venv_and_serve(tmp_base: Path) -> None:
     assert "max-running = 4" in printed and f"{config}:2" in printed
 
     log = (tmp_base / "daemon.log").open("wb")
-    proc = subprocess.Popen(  # noqa: TID251 - the installed daemon under test
+    proc = subprocess.Popen(  # the installed daemon under test
         [toolsetd, "--config", config, "--socket", sock],
         cwd=tmp_base,
         stderr=log,

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from .conftest import Daemon, EXAMPLES, RawConn, eventually, start_daemon, write_set
+from .conftest import EXAMPLES, Daemon, RawConn, eventually, start_daemon, write_set
 
 # -- the tools -------------------------------------------------------------------------
 

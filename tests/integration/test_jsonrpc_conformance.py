@@ -17,7 +17,6 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
-
 from toolsetd.daemon.peercred import PeerPolicy
 from toolsetd.daemon.server import RequestContext, Server, ServerSettings, bind_unix_socket
 

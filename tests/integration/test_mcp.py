@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -714,7 +715,7 @@ async def test_mcp_progress_delivers_every_tool_line(mcp_host: Daemon, workspace
     assert [s[2] for s in reported] == ["0/100", "50/100", "100/100"]
     assert [(s[0], s[1]) for s in reported] == [(0.0, 100), (50.0, 100), (100.0, 100)]
     values = [s[0] for s in seen]
-    assert all(a < b for a, b in zip(values, values[1:], strict=False))
+    assert all(a < b for a, b in itertools.pairwise(values))
 
 
 def test_mcp_progress_of_calls_side_by_side_precedes_each_answer(
@@ -876,11 +877,13 @@ def test_mcp_bind_says_the_connections_line_limit(tmp_base: Path) -> None:
     """The bind's answer says the longest line the connection takes (``maxMessageBytes``):
     the pump holds no longer line of its host's to parse, as the daemon refuses it
     unread."""
-    with daemon_in("tsm-", None, ["--no-watch", "--max-message-bytes", "100000"]) as d:
-        with d.raw() as conn:
-            conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind",
-                       "params": {"workspace": str(d.workspace)}})
-            assert conn.receive()["result"]["maxMessageBytes"] == 100000
+    with (
+        daemon_in("tsm-", None, ["--no-watch", "--max-message-bytes", "100000"]) as d,
+        d.raw() as conn,
+    ):
+        conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind",
+                   "params": {"workspace": str(d.workspace)}})
+        assert conn.receive()["result"]["maxMessageBytes"] == 100000
 
 
 def test_mcp_a_change_made_on_the_listens_acknowledgement_is_announced(tmp_base: Path) -> None:
@@ -1776,7 +1779,7 @@ async def test_mcp_two_hosts_and_a_native_client(
                 tg.start_soon(host, "b", b)
             events, response = results["native"]
             assert "Hello, N!" in response["result"]["content"][0]["text"]
-            assert [e["method"] for e in events][0] == "started"
+            assert events[0]["method"] == "started"
             assert "counted" in _text(results["a"])
             assert "counted" in _text(results["b"])
             write_set(
@@ -1948,13 +1951,12 @@ def test_mcp_a_busy_daemon_is_exit_8_not_a_usage_error(tmp_base: Path, workspace
     """The daemon refuses the bind's connection (-32008: every slot held by a subscriber):
     its sentence on stderr and exit 8, as every toolsetctl command says a busy daemon; exit
     2 is a bad option, workspace or mode ("each code means one thing")."""
-    with daemon_in("tsb-", args=["--no-watch", "--max-connections", "1"]) as d:
-        with d.raw() as holder:
-            assert "result" in holder.request("list", {"subscribe": True})
-            proc = subprocess.run(
-                [PY, *pump_args(d, workspace)], input=b"", capture_output=True, timeout=20,
-                check=False,
-            )
+    with daemon_in("tsb-", args=["--no-watch", "--max-connections", "1"]) as d, d.raw() as holder:
+        assert "result" in holder.request("list", {"subscribe": True})
+        proc = subprocess.run(
+            [PY, *pump_args(d, workspace)], input=b"", capture_output=True, timeout=20,
+            check=False,
+        )
     assert proc.returncode == 8, proc
     assert "Too many connections" in proc.stderr.decode()
     assert proc.stdout == b""
@@ -2470,7 +2472,7 @@ def test_mcp_a_failing_stderr_keeps_the_exit_code_and_the_autostart(
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
             "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     with open("/dev/full", "w") as full:
-        proc = subprocess.run(  # noqa: S603
+        proc = subprocess.run(
             [PY, "-m", "toolsetd.client", "--socket", str(sock), *options],
             input=json.dumps(init).encode() + b"\n",
             stdout=subprocess.PIPE,
@@ -2497,7 +2499,7 @@ def test_mcp_a_failing_stdout_is_said_as_such_not_a_lost_daemon(
     init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
             "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
     with open("/dev/full", "w") as full:
-        proc = subprocess.Popen(  # noqa: S603
+        proc = subprocess.Popen(
             [PY, "-m", "toolsetd.client", "--socket", str(mcp_daemon.socket),
              "--workspace", str(workspace), "mcp", "--no-autostart"],
             stdin=subprocess.PIPE, stdout=full, stderr=subprocess.PIPE,
@@ -2530,14 +2532,14 @@ def test_mcp_help_into_a_failing_or_closed_stdout_is_no_traceback(
     argv = [PY, "-m", "toolsetd.client", "mcp", "--help"]
     if full:
         with open("/dev/full", "w") as out:
-            proc = subprocess.run(  # noqa: S603
+            proc = subprocess.run(
                 argv, stdout=out, stderr=subprocess.PIPE, timeout=30, check=False
             )
     else:
         read, write = os.pipe()
         os.close(read)  # nobody reads: the first write breaks the pipe
         try:
-            proc = subprocess.run(  # noqa: S603
+            proc = subprocess.run(
                 argv, stdout=write, stderr=subprocess.PIPE, timeout=30, check=False
             )
         finally:
@@ -2554,7 +2556,7 @@ def test_mcp_help_into_a_failing_or_closed_stdout_is_no_traceback(
 def test_mcp_an_empty_or_unknown_mode_is_refused(mcp_daemon: Daemon, mode: str) -> None:
     """``--mode "$UNSET"`` is refused at bind time (exit 2) as invoke's and classify's
     empty --mode are, never bound in the default mode without a word."""
-    proc = subprocess.run(  # noqa: S603
+    proc = subprocess.run(
         [PY, "-m", "toolsetd.client", "--socket", str(mcp_daemon.socket), "mcp", mode,
          "--no-autostart"],
         input=b"",

@@ -35,7 +35,6 @@ import httpx2 as httpx
 import pytest
 from mcp import types
 from mcp.client.client import Client
-
 from toolsetd.daemon.app import parse_args
 from toolsetd.daemon.settings import ConfigError
 
@@ -1307,7 +1306,7 @@ def test_sdk_client_reads_why_a_body_is_too_large(
                 async with _sdk(endpoint(base, workspace)) as client:
                     try:
                         await client.call_tool("progress3", {"text": "x" * 200_000})
-                    except Exception as exc:  # noqa: BLE001 - what the client raises
+                    except Exception as exc:  # what the client raises
                         return exc
             return None
 
@@ -1415,7 +1414,7 @@ def test_http_non_loopback_bind_refused(tmp_base: Path) -> None:
         with pytest.raises(ConfigError, match="--mcp-listen"):
             parse_args(["--home", str(tmp_base), "--mcp-listen", value])
     # The real command line says so too, with exit status 2.
-    out = subprocess.run(  # noqa: S603
+    out = subprocess.run(
         [PY, "-m", "toolsetd.daemon", "--home", str(tmp_base), "--socket", str(tmp_base / "x.sock"),
          "--mcp-listen", "0.0.0.0:8765"], capture_output=True, text=True, timeout=60, check=False,
     )
@@ -2584,7 +2583,7 @@ def test_http_large_bodies_in_flight_are_bounded(http_daemon, workspace: Path) -
     Four bodies of 16 MiB being received hold the daemon's bound on large requests (four
     times the body limit): a fifth is refused with 503 at its head, and taken again once
     one of the four has gone."""
-    daemon, base = http_daemon
+    _daemon, base = http_daemon
     head = _post_head(base, workspace, _MAX_BODY)
     holders = [socket.create_connection(_address(base), timeout=30) for _ in range(4)]
     try:

@@ -623,7 +623,7 @@ def test_a_line_cut_short_by_the_daemons_death_is_ended_and_its_call_answered(
             head = _killed_within_a_big_answer(pump, d)
             assert pump.proc.stdout is not None
             cut = head + pump.proc.stdout.readline()
-            with pytest.raises(ValueError):
+            with pytest.raises(json.JSONDecodeError):
                 json.loads(cut)
             gone = pump.receive()
             assert gone["id"] == 2 and gone["result"]["isError"] is True, gone

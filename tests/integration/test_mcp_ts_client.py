@@ -201,6 +201,32 @@ def test_ts_client_initializes_pages_and_calls(
     assert report["stderr"] == ""
 
 
+@pytest.mark.timeout(900)  # a fresh machine installs from npm first
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_ts_client_2x_takes_progress_and_aborts_as_1x_does(
+    sdk2: Path, ts_daemon: Daemon, transport: str
+) -> None:
+    """The 2.x client gets each call's progress as ``onprogress`` (alone and six calls side
+    by side), and an AbortSignal ends a call and kills its tool, as the 1.x client does.
+    Its ``callTool`` takes the options second (1.x: third, after a result schema):
+    ``client.mjs`` passed them third, where the 2.x client drops them, so its calls saw no
+    progress and no abort (and no test ran its call steps to notice)."""
+    for name in ("sleeper.pid", "sleeper.call"):
+        (ts_daemon.workspace / name).unlink(missing_ok=True)
+    report = run_client(sdk2, ts_daemon, transport, ["call", "parallel", "cancel"],
+                        package="client")
+    call = report["steps"]["call"]
+    assert "counted" in call["progress3"]["text"]
+    messages = [p.get("message") for p in call["progress3"]["progress"] if p.get("message")]
+    assert messages == ["0/100", "50/100", "100/100"]
+    parallel = report["steps"]["parallel"]["results"]
+    assert [r["progress"] for r in parallel] == [["0/100", "50/100", "100/100"]] * 6
+    cancel = report["steps"]["cancel"]
+    assert "the host gave up" in cancel["error"]["message"], cancel
+    assert "Hello, B!" in cancel["after"]
+    eventually(lambda: not alive(cancel["pid"]), timeout=15, what="the sleeper killed")
+
+
 #: A stdio server (its argv) whose progress notifications reach the host only with the
 #: next other line, in one write: what a host too busy to read sees (it reads them in one
 #: chunk), here every time.

@@ -153,7 +153,7 @@ def test_metrics_after_a_known_sequence_of_calls(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
     """3 ok, 1 timeout, 1 denied, 1 cancelled, a refused connection and a reload, as counted."""
-    d, config = _configured(tmp_base, "max-connections = 2\nkill-grace = 1\n", "--no-watch")
+    d, _config = _configured(tmp_base, "max-connections = 2\nkill-grace = 1\n", "--no-watch")
     try:
         for _ in range(3):
             assert _invoke(d, workspace, "quick")["result"]["status"] == "ok"
@@ -441,7 +441,7 @@ def _exec_reload(unit: Path, socket: Path) -> list[str]:
 
 def _run_cli(command: list[str]) -> subprocess.CompletedProcess[str]:
     """Run it as systemd would: from /, waiting for it to exit."""
-    return subprocess.run(  # noqa: TID251 - the CLI under test, not the daemon
+    return subprocess.run(
         command, capture_output=True, text=True, timeout=30, cwd="/", check=False
     )
 
@@ -533,7 +533,7 @@ def test_journald_a_failed_start_says_why_at_error_priority(tmp_base: Path) -> N
                 env = {**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")}
                 env["JOURNAL_STREAM"] = f"{st.st_dev}:{st.st_ino}"
                 env.pop("TOOLSETD_SOCKET", None)
-                done = subprocess.run(  # noqa: S603
+                done = subprocess.run(
                     args, stdout=subprocess.DEVNULL, stderr=log_file, env=env, timeout=60
                 )
             assert done.returncode == code
@@ -838,7 +838,7 @@ def _start_fails(tmp_base: Path, *flags: str) -> subprocess.CompletedProcess[str
         args += ["--config", str(_config(tmp_base, ""))]
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")}
     env.pop("TOOLSETD_SOCKET", None)
-    return subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, check=False)  # noqa: S603
+    return subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, check=False)
 
 
 def test_an_unknown_allow_group_stops_the_start_plainly(tmp_base: Path) -> None:
@@ -875,7 +875,7 @@ def test_a_start_without_a_home_directory_says_so(
     ]
     tmp_base.chmod(0o755)  # uid 54321 reads the config file
     for env, prefix, why in cases:
-        done = subprocess.run(  # noqa: S603
+        done = subprocess.run(
             [*prefix, *daemon], capture_output=True, text=True, timeout=20, check=False,
             env={"PATH": os.environ["PATH"], "XDG_CACHE_HOME": str(tmp_base / "cache"), **env},
         )
@@ -911,7 +911,7 @@ def test_a_start_error_quoting_hostile_text_is_shown_not_obeyed(
         env = {**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")}
         err_path = tmp_base / "err.log"
         with open(err_path, "wb") as err_file:
-            done = subprocess.run(  # noqa: S603
+            done = subprocess.run(
                 argv, stdout=subprocess.DEVNULL, timeout=20, check=False, env=env,
                 stderr=subprocess.PIPE if stderr_kind == "pipe" else err_file,
             )
@@ -939,7 +939,7 @@ def _status_as(path: Path, uid: int, gid: int, groups: list[int]) -> int:
                 status = 0
             elif reply.get("error", {}).get("code") == -32009:
                 status = 3
-        except BaseException:  # noqa: BLE001 - the child reports by its exit status
+        except BaseException:  # the child reports by its exit status
             status = 1
         finally:
             os._exit(status)
@@ -995,7 +995,7 @@ def _descriptors(pid: int) -> int:
 
 
 def _scrape(address: str) -> str:
-    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:  # noqa: S310
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=10) as response:
         return str(response.read().decode())
 
 
@@ -1022,12 +1022,11 @@ def test_metrics_listener_holds_few_connections_and_outlives_running_out(
         finally:
             for conn in idle:
                 conn.close()
-        with descriptors_limited(pid):
-            with socket.create_connection((host, int(port)), timeout=10):
-                eventually(
-                    lambda: any(e["event"] == "metrics_accept_retry" for e in d.log_events()),
-                    what="the accept retried",
-                )
+        with descriptors_limited(pid), socket.create_connection((host, int(port)), timeout=10):
+            eventually(
+                lambda: any(e["event"] == "metrics_accept_retry" for e in d.log_events()),
+                what="the accept retried",
+            )
         body = _scrape(address)  # the connection that waited in the backlog was served
         assert "toolsetd_build_info" in body
         assert d.proc.poll() is None
@@ -1047,7 +1046,7 @@ def test_daemon_started_says_null_when_no_config_file_was_read(tmp_base: Path) -
     env.pop("TOOLSETD_SOCKET", None)
     log_path = tmp_base / "daemon.log"
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(args, stderr=log_file, env=env)  # noqa: S603
+        proc = subprocess.Popen(args, stderr=log_file, env=env)
     d = Daemon(proc, tmp_base / "s.sock", tmp_base / "home", tmp_base, log_path, args)
     try:
         eventually(lambda: "daemon_started" in d.log(), timeout=20, what="the start")
@@ -1073,19 +1072,19 @@ def test_a_tilde_in_toolsetd_socket_names_one_socket_for_daemon_and_clients(
     args += ["--no-watch", "--config", str(_config(tmp_base, ""))]
     log_path = tmp_base / "daemon.log"
     with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(args, stderr=log_file, env=env)  # noqa: S603
+        proc = subprocess.Popen(args, stderr=log_file, env=env)
     d = Daemon(proc, tmp_base / "t.sock", tmp_base / "home", workspace, log_path, args)
     try:
         eventually(lambda: "daemon_started" in d.log(), timeout=20, what="the start")
         assert "result" in d.call("status")
         ctl = [sys.executable, "-m", "toolsetd.client", "--workspace", str(workspace)]
         # cwd: where a relative "~/t.sock" would have been looked for.
-        status = subprocess.run([*ctl, "status"], capture_output=True, text=True, timeout=60,  # noqa: S603
+        status = subprocess.run([*ctl, "status"], capture_output=True, text=True, timeout=60,
                                 env=env, cwd=workspace, check=False)
         assert status.returncode == 0, status.stderr
         init = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
                 "params": {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
-        with subprocess.Popen([*ctl, "mcp", "--no-autostart"], stdin=subprocess.PIPE,  # noqa: S603
+        with subprocess.Popen([*ctl, "mcp", "--no-autostart"], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
                               cwd=workspace) as pump:
             assert pump.stdin is not None and pump.stdout is not None
@@ -1192,7 +1191,7 @@ def test_a_stalled_log_reader_stalls_no_client(
     reader = os.fdopen(read_end, "rb", buffering=0)
     sock = tmp_base / "stall.sock"
     config = _config(tmp_base, "")
-    proc = subprocess.Popen(  # noqa: S603
+    proc = subprocess.Popen(
         [sys.executable, "-m", "toolsetd.daemon", "--home", str(ops_home), "--socket",
          str(sock), "--log-level", "debug", "--config", str(config)],
         stdout=subprocess.DEVNULL, stderr=write_end,
@@ -1233,7 +1232,7 @@ def test_a_stalled_log_reader_stalls_no_client(
 def _daemon_on_a_pipe(ops_home: Path, tmp_base: Path) -> tuple[subprocess.Popen[bytes], Path]:
     """A daemon (debug logs: a line per request) whose stderr is a pipe we read, or not."""
     sock = tmp_base / "piped.sock"
-    proc = subprocess.Popen(  # noqa: S603
+    proc = subprocess.Popen(
         [sys.executable, "-m", "toolsetd.daemon", "--home", str(ops_home), "--socket",
          str(sock), "--log-level", "debug", "--config", str(_config(tmp_base, ""))],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
@@ -1329,7 +1328,7 @@ def test_a_stalled_log_reader_does_not_hold_a_failed_start(tmp_base: Path) -> No
     args += ["--config", str(_config(tmp_base, "")), "--metrics-listen", f"127.0.0.1:{port}"]
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")}
     env.pop("TOOLSETD_SOCKET", None)
-    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=write_end, env=env)  # noqa: S603
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=write_end, env=env)
     os.close(write_end)
     try:
         assert proc.wait(timeout=60) == 1
@@ -1353,10 +1352,10 @@ def test_the_daemon_raises_its_open_files_limit_to_the_hard_one(
     def low() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (256, 4096))
 
-    proc = subprocess.Popen(  # noqa: S603
+    proc = subprocess.Popen(
         [sys.executable, "-m", "toolsetd.daemon", "--home", str(ops_home), "--socket",
          str(sock), "--config", str(_config(tmp_base, ""))],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=low,  # noqa: PLW1509
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=low,
         env={**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")},
     )
     try:
@@ -1495,8 +1494,8 @@ def _private_mounts() -> bool:
     """Whether a test may run a command in a mount namespace of its own (root, unshare)."""
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         return False
-    done = subprocess.run(  # noqa: S603
-        ["unshare", "-m", "--propagation", "private", "/bin/true"],  # noqa: S607
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "/bin/true"],
         capture_output=True, timeout=30, check=False,
     )
     return done.returncode == 0
@@ -1545,7 +1544,7 @@ def test_a_daemon_started_without_its_standard_descriptors_serves(
     sock = tmp_base / "closed.sock"
     argv = [sys.executable, "-m", "toolsetd.daemon", "--home", str(ops_home), "--socket",
             str(sock), "--no-watch", "--config", str(_config(tmp_base, ""))]
-    proc = subprocess.Popen(  # noqa: S603
+    proc = subprocess.Popen(
         ["/bin/sh", "-c", 'exec "$@" <&- >&- 2>&-', "sh", *argv],
         env={**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")},
     )
@@ -1577,7 +1576,7 @@ def test_reload_into_a_closed_pipe_still_fails_on_an_unusable_config(
         argv = [sys.executable, "-m", "toolsetd.client", "--socket", str(d.socket), "reload"]
         for text, expected in (('max-running = "x"\n', 2), ("max-running = 3\n", 0)):
             config.write_text(text)
-            proc = subprocess.Popen(  # noqa: S603
+            proc = subprocess.Popen(
                 argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_base
             )
             assert proc.stdout is not None and proc.stderr is not None
@@ -1718,7 +1717,7 @@ def test_a_log_that_cannot_be_written_ends_no_daemon(
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_base / "cache")}
     env.pop("PYTHONUNBUFFERED", None)
     with open("/dev/full", "w") as full:
-        proc = subprocess.Popen(argv, stderr=full, stdout=full, env=env)  # noqa: S603
+        proc = subprocess.Popen(argv, stderr=full, stdout=full, env=env)
     try:
         def answers() -> bool:
             assert proc.poll() is None, f"toolsetd exited {proc.returncode}"

@@ -188,7 +188,7 @@ def test_policy_workspace_table(
 @pytest.mark.parametrize("approval", ["inherit", "always"])
 def test_policy_outside_workspace_path(tree: Tree, approval: str, mode: str, headless: bool) -> None:
     """An absolute /tmp path is outsideWorkspace: never automatic, one-time grants only."""
-    path = "/tmp/toolsetd-policy-outside/file"  # noqa: S108 - a path outside the workspace
+    path = "/tmp/toolsetd-policy-outside/file"  # a path outside the workspace
     decision = OUTSIDE_TABLE[headless][mode]
     c = _check_enforcement(tree, f"h_path_{approval}", {"path": path}, mode, headless, decision)
     assert c["scope"] == "outsideWorkspace"

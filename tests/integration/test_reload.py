@@ -307,7 +307,7 @@ def test_reload_disable_and_enable_through_the_cli(daemon: Daemon, workspace: Pa
     """toolsetctl disable edits the manifest and the running daemon drops the set at once."""
 
     def ctl(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(  # noqa: S603
+        return subprocess.run(
             [sys.executable, "-m", "toolsetd.client", "--socket", str(daemon.socket),
              "--home", str(daemon.home), "--workspace", str(workspace), *args],
             capture_output=True, text=True, timeout=30, check=False,
@@ -510,7 +510,7 @@ def test_reload_watches_are_bounded_and_the_rest_is_polled(
             return str({t["name"]: t["description"] for t in tools}["zz7"])
 
         eventually(lambda: described() == "after", what="the edit past the bound")
-        shown = subprocess.run(  # noqa: S603
+        shown = subprocess.run(
             [sys.executable, "-m", "toolsetd.client", "--socket", str(d.socket), "status",
              "--format", "text"],
             capture_output=True, text=True, timeout=60, check=True,

@@ -25,7 +25,6 @@ from typing import Any
 import anyio
 import anyio.abc
 import pytest
-
 from toolsetd.daemon.peercred import PeerPolicy
 from toolsetd.daemon.server import RequestContext, Server, ServerSettings, bind_unix_socket
 
@@ -142,7 +141,7 @@ def spawn_daemon(
     full_env = {**os.environ, **env}
     full_env.pop("TOOLSETD_SOCKET", None)
     with open(log_path, "wb") as log_file:
-        return subprocess.Popen(argv, stdout=log_file, stderr=log_file,  # noqa: S603
+        return subprocess.Popen(argv, stdout=log_file, stderr=log_file,
                                 env=full_env, **popen)
 
 
@@ -184,7 +183,7 @@ class Notifications:
         self.sock.settimeout(max(timeout, 0.001))
         try:
             data = self.sock.recv(65536)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return None
         fields = dict(line.split("=", 1) for line in data.decode().split("\n") if line)
         self.messages.append(fields)
@@ -934,7 +933,7 @@ def test_a_daemon_that_finds_the_path_served_leaves_no_lock_behind(
     lock = Path(f"{first.socket}.lock")
     try:
         lock.unlink()
-        second = subprocess.run(  # noqa: S603
+        second = subprocess.run(
             [*first.args, "--socket", str(first.socket)],
             capture_output=True, text=True, timeout=60, check=False,
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from toolsetd.protocol.codec import (
     CLOSED,
     DEFAULT_MAX_FRAME_SIZE,

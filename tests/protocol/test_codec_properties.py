@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import orjson
 from hypothesis import given
 from hypothesis import strategies as st
-
 from toolsetd.protocol.codec import CLOSED, NEED_DATA, BadMessage, Codec, Event, Message, encode
 from toolsetd.protocol.errors import RemoteProtocolError
 
@@ -49,7 +49,7 @@ def split(data: bytes, cuts: list[int]) -> list[bytes]:
     """Split data at the given (sorted, deduplicated) offsets."""
     points = sorted({c % (len(data) + 1) for c in cuts})
     bounds = [0, *points, len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    return [data[a:b] for a, b in itertools.pairwise(bounds) if b > a]
 
 
 @given(json_values)

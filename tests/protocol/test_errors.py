@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from toolsetd.protocol import errors
 from toolsetd.protocol.errors import (
     ERROR_CLASSES,
@@ -45,7 +44,7 @@ def test_errors_subclass_has_code_message_and_docstring(name: str, code: int) ->
     """Each subclass carries its code, a default message and a docstring saying when it is used."""
     cls = getattr(errors, name)
     assert issubclass(cls, RpcError)
-    assert cls.CODE == code
+    assert code == cls.CODE
     err = cls()
     assert (err.code, err.message, err.data) == (code, cls.MESSAGE, None)
     assert cls.MESSAGE

@@ -6,7 +6,6 @@ from typing import Any
 
 import orjson
 import pytest
-
 from toolsetd.protocol import codec, errors
 from toolsetd.protocol.jsonrpc import (
     ErrorResponse,

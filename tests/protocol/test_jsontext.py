@@ -10,7 +10,6 @@ import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
 from toolsetd.protocol.codec import Codec, Message, encode
 from toolsetd.protocol.jsontext import JsonNumber, dumps, loads
 
@@ -68,7 +67,7 @@ def test_a_huge_number_in_a_deep_or_wide_value() -> None:
     assert str(deep) == "1e999"
     wide = "1" + "0" * 400
     assert loads(f"[{wide}]".encode()) == [int(wide)]
-    assert loads('[1e999, "\\ud83d\\ude00", {"\\u00e9": 1}]'.encode())[1:] == ["\U0001f600", {"é": 1}]
+    assert loads(b'[1e999, "\\ud83d\\ude00", {"\\u00e9": 1}]')[1:] == ["\U0001f600", {"é": 1}]
     with pytest.raises(orjson.JSONDecodeError):  # a lone surrogate as a key, beside 1e999
         loads(b'{"a": 1e999, "\\udc00": 1}')  # (orjson meets the number first)
 

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, ValidationError
-
 from toolsetd import protocol
 from toolsetd.protocol import errors, models
 from toolsetd.protocol.models import (

@@ -17,11 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
-
 from toolsetd.protocol import models, params
 from toolsetd.protocol.errors import InvalidParams
 
-from ..budget import examples
+from tests.budget import examples
 
 CASES: dict[str, tuple[type[BaseModel], Callable[[dict[str, Any]], Any]]] = {
     "status": (models.StatusParams, params.no_args),

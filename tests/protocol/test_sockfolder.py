@@ -5,7 +5,6 @@ from __future__ import annotations
 import stat
 
 import pytest
-
 from toolsetd.protocol.sockfolder import folder_fault
 
 DIR, LINK, FILE = stat.S_IFDIR, stat.S_IFLNK, stat.S_IFREG

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from toolsetd.protocol.sockpath import default_socket_path, shared_tmp_folder, socket_path
 
 

@@ -31,6 +31,12 @@ const { ElicitRequestSchema, ToolListChangedNotificationSchema } = v2
   : await load('types.js');
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+// A call with request options (onprogress, signal): the 1.x client takes them after a
+// result schema, callTool(params, resultSchema, options); the 2.x client has no schema
+// argument, callTool(params, options), and ignored them in the third place.
+const callTool = (client, params, options) => (v2
+  ? client.callTool(params, options)
+  : client.callTool(params, undefined, options));
 const text = (result) => (result.content ?? []).filter((b) => b.type === 'text').map((b) => b.text).join('');
 const failure = (error) => ({ name: error?.constructor?.name, code: error?.code, message: String(error?.message ?? error) });
 
@@ -115,7 +121,7 @@ const stepsByName = {
     const hello = await ctx.client.callTool({ name: 'hello', arguments: { name: 'Ada' } });
     const fails = await ctx.client.callTool({ name: 'fails', arguments: {} });
     const progress = [];
-    const counted = await ctx.client.callTool({ name: 'progress3', arguments: {} }, undefined, {
+    const counted = await callTool(ctx.client, { name: 'progress3', arguments: {} }, {
       onprogress: (p) => progress.push(p),
     });
     let unknown = null;
@@ -135,7 +141,7 @@ const stepsByName = {
     // Hosts run a model's tool calls side by side: each keeps its own progress.
     const runs = Array.from({ length: 6 }, async () => {
       const progress = [];
-      const result = await ctx.client.callTool({ name: 'progress3', arguments: {} }, undefined, {
+      const result = await callTool(ctx.client, { name: 'progress3', arguments: {} }, {
         onprogress: (p) => progress.push(p.message ?? null),
       });
       return { isError: result.isError ?? false, text: text(result), progress: progress.filter((m) => m) };
@@ -154,7 +160,7 @@ const stepsByName = {
   async cancel(ctx) {
     const pidFile = join(config.workspace, 'sleeper.pid');
     const controller = new AbortController();
-    const call = ctx.client.callTool({ name: 'sleeper', arguments: {} }, undefined, { signal: controller.signal });
+    const call = callTool(ctx.client, { name: 'sleeper', arguments: {} }, { signal: controller.signal });
     const outcome = call.then(() => null, (error) => failure(error));
     while (!existsSync(pidFile) || !readFileSync(pidFile, 'utf8')) await sleep(20);
     controller.abort('the host gave up');
@@ -168,7 +174,7 @@ const stepsByName = {
     ctx.state.withdrawn = [];
     const asked = new Promise((resolve) => { ctx.state.waiting = resolve; });
     const controller = new AbortController();
-    const call = ctx.client.callTool({ name: config.asker ?? 'asker', arguments: {} }, undefined, { signal: controller.signal })
+    const call = callTool(ctx.client, { name: config.asker ?? 'asker', arguments: {} }, { signal: controller.signal })
       .then(() => null, (error) => failure(error));
     await asked;
     controller.abort('the host gave up');
