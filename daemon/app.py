@@ -1501,25 +1501,27 @@ def _exit_code(exc: BaseException) -> int:
 
 
 def _system_exit(exc: SystemExit) -> int:
-    """The exit code of a ``SystemExit`` raised inside the run (a library's ``sys.exit``),
-    which the interpreter would have exited with: ``None`` 0, an integer itself, anything
-    else 1 (its text is the line's ``message``).
+    """Exit 1 for a ``SystemExit`` raised inside the run (a library's ``sys.exit``), saying
+    in one line the code it asked for (``None`` 0, an integer itself, text 1 and its
+    ``message``) and where it came from.
 
-    The run has ended as a stop does (the calls cancelled, the socket removed); the line
-    says where the exit came from. Before, it was a crash: a traceback said on stderr, and
-    exit 1 whatever code was asked for.
+    The run has ended as a stop does (the calls cancelled, the socket removed), but no one
+    asked the daemon to stop: it is a failure, for a supervisor to restart. Not the code
+    asked for: 0 (or ``None``) would pass for an ordered stop, and 2 for a configuration
+    error, which the units' ``RestartPreventExitStatus=2`` never restarts. Before, it was
+    a crash with a traceback said on stderr.
     """
     code = exc.code
     fields: dict[str, Any] = {}
     if code is None:
-        status = 0
+        asked = 0
     elif isinstance(code, int):
-        status = code
+        asked = code
     else:
-        status = 1
+        asked = 1
         fields["message"] = str(code)
-    log.error("system_exit_raised", code=status, exc_info=exc, **fields)
-    return status
+    log.error("system_exit_raised", code=asked, exc_info=exc, **fields)
+    return 1
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:
