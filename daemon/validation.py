@@ -1371,6 +1371,30 @@ def _types_text(value: Any) -> str:
     )
 
 
+#: The longest integer (in digits) a message suggests sending instead of a number with a
+#: fraction or exponent.
+_SUGGESTED_DIGITS = 20
+
+
+def _not_integral(kinds: Any, instance: Any) -> str:
+    """Why a number with no fractional part fails ``"type": "integer"`` (else ""), which only
+    a schema of draft 3 or 4 makes it do: those drafts count a number written with a fraction
+    or an exponent (``1.0``, ``1e2``) as no integer. An MCP host cannot be told so (its
+    listing is 2020-12, where ``1.0`` is an integer, and a JavaScript host sends ``1``
+    anyway): the message says what to send."""
+    names = [kinds] if isinstance(kinds, str) else kinds
+    if "integer" not in names or not isinstance(instance, float) or not _integral(instance):
+        return ""
+    text = (
+        f" {_echo(instance)}, which the tool's schema counts as no integer: its $schema names "
+        "JSON Schema draft 3 or 4, where an integer is written without a fraction or exponent"
+    )
+    whole = _decimal(instance)
+    if whole.adjusted() < _SUGGESTED_DIGITS:
+        text += f"; send {int(whole)}"
+    return text
+
+
 def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> str:
     """The message text for keywords that describe the value itself."""
     got = f"got {_json_type(instance)}"
@@ -1380,7 +1404,7 @@ def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> 
         if error.schema.get(exclusive) is True:
             keyword = exclusive
     simple: dict[str, Callable[[], str]] = {
-        "type": lambda: f"expected {_types_text(value)}, {got}",
+        "type": lambda: f"expected {_types_text(value)}, {got}{_not_integral(value, instance)}",
         "enum": lambda: f"expected one of {_echo(value)}, got {_echo(instance)}",
         "const": lambda: f"expected {_echo(value)}, got {_echo(instance)}",
         "minimum": lambda: f"expected a number >= {value}, got {_echo(instance)}",

@@ -1006,3 +1006,21 @@ def test_argument_validators_2019_09_schema_valued_additional_properties_evaluat
     declared = {"$schema": _D2019, "type": "object", **schema}
     errors = ArgumentValidators().errors(loaded(declared), arguments)
     assert [e["path"] for e in errors] == expected, errors
+
+
+@pytest.mark.parametrize("dialect", [_DRAFT3, _DRAFT4])
+@pytest.mark.parametrize(("text", "sent"), [("1.0", "send 1"), ("-2e1", "send -20"), ("1e400", "")])
+def test_argument_validators_a_draft3_or_4_integer_refusal_says_why(
+    dialect: str, text: str, sent: str
+) -> None:
+    """A number with no fractional part refused as an integer under draft 3 or 4 is told
+    why and what to send: MCP hosts are shown the schema as 2020-12, where ``1.0`` is an
+    integer, and "expected integer, got number" left a model with a whole number nothing
+    to change."""
+    schema = {"$schema": dialect, "properties": {"n": {"type": ["integer", "null"]}}}
+    (error,) = ArgumentValidators().errors(loaded(schema), {"n": JsonNumber(text)})
+    assert error["message"].startswith(f"/n: expected integer or null, got number {text}, which"), error
+    assert "JSON Schema draft 3 or 4" in error["message"]
+    assert error["message"].endswith(f"; {sent}") == bool(sent), error
+    (plain,) = ArgumentValidators().errors(loaded(schema), {"n": JsonNumber("1.5")})
+    assert plain["message"] == "/n: expected integer or null, got number"
