@@ -221,6 +221,77 @@ def test_validate_says_a_tool_whose_header_marks_break_mcp_rules_is_listed_witho
         "into a header, nor checked in one."]
 
 
+#: In a user and mount namespace of its own (nothing outside sees it): mount binfmt_misc,
+#: register a format by extension and one by magic, each run by /bin/sh, run each command
+#: file as the system does, validate each set, and have a daemon run the first.
+_BINFMT_SCRIPT = """
+set -e
+mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+echo ':tsdx:E::tsdx::/bin/sh:' > /proc/sys/fs/binfmt_misc/register
+echo ':tsdm:M::TSDM::/bin/sh:' > /proc/sys/fs/binfmt_misc/register
+"$SETS/ext/run.tsdx"
+"$SETS/magic/run"
+for s in ext magic plain; do
+  "$PY" -m toolsetd.client validate "$SETS/$s" --format json --home "$HOME_DIR" \
+    --socket "$SOCK" > "$SOCKDIR/$s.json" || true
+done
+"$PY" -m toolsetd.daemon --socket "$SOCK" --home "$HOME_DIR" --config "$CONFIG" --no-watch \
+  --no-cache > "$SOCKDIR/log" 2>&1 &
+daemon=$!
+for i in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+"$PY" -m toolsetd.client invoke ext --socket "$SOCK" --home "$HOME_DIR" --headless || true
+kill "$daemon"
+wait "$daemon" || true
+"""
+
+
+def test_validate_takes_a_command_file_the_machine_runs_through_binfmt_misc(env: Env) -> None:
+    """A command file with neither a #! line nor an ELF header that a binfmt_misc format
+    of the machine matches (a .jar, an MZ program) runs, and the daemon runs it: validate
+    called it unrunnable ("does not start with a #! line"). One no format matches still
+    is. Run in a user namespace's own binfmt_misc (Linux 6.7 and later)."""
+    unshare = shutil.which("unshare")
+    probe = unshare and subprocess.run(
+        [unshare, "-Urm", "sh", "-c", "mount -t binfmt_misc b /proc/sys/fs/binfmt_misc"],
+        capture_output=True, check=False, timeout=30,
+    )
+    if not probe or probe.returncode != 0:
+        pytest.skip("no binfmt_misc of a user namespace's own here")
+    sets = env.home / "tools"
+    runs = {"runner": "exec", "description": "d", "schema": {"type": "object"}, "approval": "always"}
+    for name, command, body in (
+        ("ext", "run.tsdx", "echo ran-ext\n"),
+        ("magic", "run", "TSDM=1; echo ran-magic\n"),
+        ("plain", "run", "echo ran-plain\n"),
+    ):
+        folder = env.home_set(name, {**runs, "command": [command]}).parent
+        (folder / command).write_text(body)
+        (folder / command).chmod(0o755)
+    config = env.home / "empty.toml"
+    config.write_text("")
+    with tempfile.TemporaryDirectory(dir="/tmp") as sockdir:
+        environ = {
+            **{k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")},
+            "PY": sys.executable, "SETS": str(sets), "HOME_DIR": str(env.home),
+            "SOCK": f"{sockdir}/d.sock", "SOCKDIR": sockdir, "CONFIG": str(config),
+        }
+        proc = subprocess.run(
+            [unshare, "-Urm", "sh", "-c", _BINFMT_SCRIPT],
+            capture_output=True, text=True, timeout=60, check=False, env=environ,
+        )
+        log = Path(sockdir, "log").read_text() if Path(sockdir, "log").exists() else ""
+        reports = {
+            name: json.loads(Path(sockdir, f"{name}.json").read_text())
+            for name in ("ext", "magic", "plain")
+        }
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["ran-ext", "ran-magic"], (proc.stdout, proc.stderr)
+    assert {name: r["valid"] for name, r in reports.items()} == {
+        "ext": True, "magic": True, "plain": False}, reports
+    assert "does not start with a #! line" in reports["plain"]["problems"][0]
+    assert "ran-ext" in lines[2:], (proc.stdout, proc.stderr, log)
+
+
 def test_validate_json_format(env: Env) -> None:
     """``--format json`` prints the report object."""
     path = env.home_set("acme", exec_set("fmt"))
