@@ -221,6 +221,39 @@ def test_validate_says_a_tool_whose_header_marks_break_mcp_rules_is_listed_witho
         "into a header, nor checked in one."]
 
 
+@pytest.mark.parametrize(
+    ("schema", "valid"),
+    [
+        ({"$schema": "http://json-schema.org/draft-07/schema#",
+          "dependencies": {"mode": {"properties": {"file": {"type": "string"}}}}}, True),
+        ({"$schema": "http://json-schema.org/draft-04/schema#",
+          "dependencies": {"mode": {"properties": {"file": {"type": "string"}}}}}, True),
+        ({"$schema": "http://json-schema.org/draft-03/schema#",
+          "extends": {"properties": {"file": {"type": "string"}}}}, True),
+        ({"$schema": "http://json-schema.org/draft-03/schema#",
+          "type": [{"properties": {"file": {"type": "string"}}}]}, True),
+        # 2020-12 has no ``dependencies``: the daemon passes it by, and so does validate.
+        ({"dependencies": {"mode": {"properties": {"file": {"type": "string"}}}}}, False),
+    ],
+)
+def test_validate_reads_a_drafts_own_ways_to_add_properties(
+    env: Env, schema: dict[str, object], valid: bool
+) -> None:
+    """A ``pathArguments`` name that a draft's own keyword adds to the schema (draft 4 to
+    7's ``dependencies``, draft 3's ``extends`` or a schema in its ``type``) is one the
+    model may send: validate called such a set, which the daemon loads and fences, not
+    valid ("not among its schema's properties ... goes unfenced")."""
+    declared = {"type": "object", "properties": {"mode": {"type": "string"}}, **schema}
+    manifest = {"runner": "exec", "description": "d", "command": ["true"], "schema": declared,
+                "pathArguments": ["file"]}
+    path = env.home_set("paths", manifest)
+    proc = env.run("validate", str(path.parent), "--format", "json")
+    report = json.loads(proc.stdout)
+    assert (proc.returncode == 0, report["valid"]) == (valid, valid), report
+    if not valid:
+        assert "pathArguments names 'file'" in report["problems"][0]
+
+
 #: In a user and mount namespace of its own (nothing outside sees it): mount binfmt_misc,
 #: register a format by extension and one by magic, each run by /bin/sh, run each command
 #: file as the system does, validate each set, and have a daemon run the first.
