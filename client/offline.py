@@ -4,7 +4,8 @@ This is the one module of ``toolsetd.client`` that imports ``toolsetd.daemon`` (
 exception named in ``docs/architecture.md``): the pure, file-reading parts only, namely
 ``daemon.manifest`` (the parser), ``daemon.catalog`` (config, discovery, the wire
 helpers), ``daemon.validation`` (the schema checker), ``daemon.mcpschema`` (a schema as
-2020-12) and ``daemon.model`` (their values).
+2020-12), ``daemon.schemarefs`` (its ``$ref``s that lead nowhere) and ``daemon.model``
+(their values).
 Nothing here opens a socket, starts a process or logs.
 
 * ``inventory`` is the reference host's ``ToolSetInventory.List``: every immediate
@@ -51,6 +52,7 @@ from toolsetd.daemon.model import (
     ToolSet,
 )
 from toolsetd.daemon.paths import file_exists, os_user_home
+from toolsetd.daemon.schemarefs import ref_problems
 from toolsetd.daemon.validation import SchemaChecker
 from toolsetd.protocol.jsontext import dumps, is_utf8, loads
 
@@ -383,8 +385,12 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
         return report
     report.tools = [tool.name for tool in toolset.tools]
     for tool in toolset.tools:
-        for problem in SchemaChecker.problems(tool.schema):
+        invalid = SchemaChecker.problems(tool.schema)
+        for problem in invalid:
             report.problems.append(f"Tool '{tool.name}' has an invalid JSON Schema: {problem}")
+        for dangling in () if invalid else ref_problems(tool.schema):
+            said = report.problems if dangling.every_call else report.notes
+            said.append(dangling.message(tool.name))
         report.problems.extend(_unknown_properties(tool))
         report.notes.extend(tool.listing_notes)
     if toolset.runner is RunnerKind.EXEC:

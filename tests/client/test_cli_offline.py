@@ -254,6 +254,42 @@ def test_validate_reads_a_drafts_own_ways_to_add_properties(
         assert "pathArguments names 'file'" in report["problems"][0]
 
 
+@pytest.mark.parametrize(
+    ("schema", "problem", "note"),
+    [
+        ({"allOf": [{"$ref": "#/$defs/missing"}]},
+         "Tool 'refs' can take no call: its schema's $ref '#/$defs/missing' at /allOf/0/$ref "
+         "leads nowhere (the schema has nothing at that pointer), and every call's arguments "
+         "pass through it.", None),
+        ({"$ref": "#/$defs/a", "$defs": {"a": {"allOf": [{"$ref": "#"}]}}},
+         "Tool 'refs' can take no call: its schema's $ref '#' at /$defs/a/allOf/0/$ref leads "
+         "back to itself before checking anything, so no check of arguments ends.", None),
+        ({"properties": {"a": {"$ref": "https://example.invalid/a.json"}}}, None,
+         "Tool 'refs''s schema has a $ref 'https://example.invalid/a.json' at "
+         "/properties/a/$ref that leads nowhere (it is neither in the schema nor a standard "
+         "meta-schema, and toolsetd fetches nothing): a call whose arguments reach it is "
+         "refused."),
+        # Fine: a tree's $ref to its root, under a property, and one draft 7 passes by.
+        ({"properties": {"kids": {"items": {"$ref": "#"}}}}, None, None),
+        ({"$schema": "http://json-schema.org/draft-07/schema#", "$ref": "#/definitions/a",
+          "definitions": {"a": {}}, "properties": {"x": {"$ref": "#/nowhere"}}}, None, None),
+    ],
+)
+def test_validate_says_a_ref_that_leads_nowhere(
+    env: Env, schema: dict[str, object], problem: str | None, note: str | None
+) -> None:
+    """A ``$ref`` that names nothing, or leads back to itself, passes the meta-schema, so
+    the set loads and validate called it valid; every call that reaches it is refused
+    ("the tool's input schema cannot be used", "cannot be checked to its end"). One every
+    call reaches is a problem (the tool can take no call), any other a note."""
+    manifest = {"runner": "exec", "description": "d", "command": ["true"],
+                "schema": {"type": "object", **schema}}
+    path = env.home_set("refs", manifest)
+    report = json.loads(env.run("validate", str(path.parent), "--format", "json").stdout)
+    assert report["problems"] == ([problem] if problem else []), report
+    assert report["notes"] == ([note] if note else []), report
+
+
 #: In a user and mount namespace of its own (nothing outside sees it): mount binfmt_misc,
 #: register a format by extension and one by magic, each run by /bin/sh, run each command
 #: file as the system does, validate each set, and have a daemon run the first.
