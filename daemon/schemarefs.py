@@ -120,7 +120,10 @@ class _Walk:
             return
         from referencing.exceptions import Unresolvable
 
-        resolver = resolver.in_subresource(self._specification.create_resource(node))
+        try:
+            resolver = resolver.in_subresource(self._specification.create_resource(node))
+        except ValueError:  # an ``$id`` that is no URI: what it names is the daemon's to say
+            return
         through = (*through, id(node)) if always else ()
         ref = node.get("$ref")
         if isinstance(ref, str):

@@ -273,6 +273,8 @@ def test_validate_reads_a_drafts_own_ways_to_add_properties(
         ({"properties": {"kids": {"items": {"$ref": "#"}}}}, None, None),
         ({"$schema": "http://json-schema.org/draft-07/schema#", "$ref": "#/definitions/a",
           "definitions": {"a": {}}, "properties": {"x": {"$ref": "#/nowhere"}}}, None, None),
+        # An $id that is no URI: what it names is the daemon's to say, at a call.
+        ({"$id": "http://[x/", "properties": {"x": {"$ref": "#/nowhere"}}}, None, None),
     ],
 )
 def test_validate_says_a_ref_that_leads_nowhere(
