@@ -193,10 +193,12 @@ def _reason(exc: BaseException) -> str:
     """Why a ``$ref`` cannot be followed, in words (referencing's own quote the schema)."""
     from referencing.exceptions import NoSuchAnchor, PointerToNowhere
 
-    if isinstance(exc, PointerToNowhere):
-        return "the schema has nothing at that pointer"
-    if isinstance(exc, NoSuchAnchor):
-        return "the schema has no such anchor"
-    if isinstance(exc, ValueError):
-        return "it is no URI"
-    return "it is neither in the schema nor a standard meta-schema, and toolsetd fetches nothing"
+    said: tuple[tuple[type[BaseException], str], ...] = (
+        (PointerToNowhere, "the schema has nothing at that pointer"),
+        (NoSuchAnchor, "the schema has no such anchor"),
+        (ValueError, "it is no URI"),
+    )
+    words = next((words for kind, words in said if isinstance(exc, kind)), None)
+    return words or (
+        "it is neither in the schema nor a standard meta-schema, and toolsetd fetches nothing"
+    )
