@@ -3,7 +3,9 @@
 This is the one module of ``toolsetd.client`` that imports ``toolsetd.daemon`` (the
 exception named in ``docs/architecture.md``): the pure, file-reading parts only, namely
 ``daemon.manifest`` (the parser), ``daemon.catalog`` (config, discovery, the wire
-helpers), ``daemon.validation`` (the schema checker) and ``daemon.model`` (their values).
+helpers), ``daemon.validation`` (the schema checker), ``daemon.mcpschema`` (a schema as
+2020-12), ``daemon.schemarefs`` (its ``$ref``s that lead nowhere) and ``daemon.model``
+(their values).
 Nothing here opens a socket, starts a process or logs.
 
 * ``inventory`` is the reference host's ``ToolSetInventory.List``: every immediate
@@ -40,6 +42,7 @@ from toolsetd.daemon.catalog import (
 )
 from toolsetd.daemon.config_file import read_regular_file
 from toolsetd.daemon.manifest import ManifestError, is_directory_name, parse_manifest
+from toolsetd.daemon.mcpschema import as_2020_12
 from toolsetd.daemon.model import (
     DEFAULT_RESERVED_NAMES,
     Approval,
@@ -49,6 +52,7 @@ from toolsetd.daemon.model import (
     ToolSet,
 )
 from toolsetd.daemon.paths import file_exists, os_user_home
+from toolsetd.daemon.schemarefs import ref_problems
 from toolsetd.daemon.validation import SchemaChecker
 from toolsetd.protocol.jsontext import dumps, is_utf8, loads
 
@@ -381,8 +385,12 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
         return report
     report.tools = [tool.name for tool in toolset.tools]
     for tool in toolset.tools:
-        for problem in SchemaChecker.problems(tool.schema):
+        invalid = SchemaChecker.problems(tool.schema)
+        for problem in invalid:
             report.problems.append(f"Tool '{tool.name}' has an invalid JSON Schema: {problem}")
+        for dangling in () if invalid else ref_problems(tool.schema):
+            said = report.problems if dangling.every_call else report.notes
+            said.append(dangling.message(tool.name))
         report.problems.extend(_unknown_properties(tool))
         report.notes.extend(tool.listing_notes)
     if toolset.runner is RunnerKind.EXEC:
@@ -412,9 +420,14 @@ def _unknown_properties(tool: ToolDef) -> list[str]:
     Neither is checked against the schema (the reference host does not), so a
     ``pathArguments`` of ``file`` for a schema whose property is ``path`` loads, and the
     path the model sends is never fenced or rewritten; an ``argv`` key misspelt is a flag
-    that is never passed. Said only when the schema's ``properties`` are all there is.
+    that is never passed. Said only when the schema's ``properties`` are all there is,
+    read as the schema's own draft reads them: the schema is looked at as 2020-12
+    (``as_2020_12``, what MCP hosts are shown), so a draft's own way of adding properties
+    (draft 4 to 7's ``dependencies``, draft 3's ``extends`` or a schema in its ``type``) is
+    one of ``_MORE_PROPERTIES``, and ``properties`` beside a draft 7 ``$ref``, which the
+    draft passes by, are none.
     """
-    schema = tool.schema
+    schema = as_2020_12(tool.schema)
     properties = schema.get("properties")
     if not isinstance(properties, Mapping) or any(k in schema for k in _MORE_PROPERTIES):
         return []

@@ -38,6 +38,7 @@ from typing import Any
 import orjson
 from toolsetd.protocol.jsontext import JsonNumber
 
+from .binfmt import runs_through_binfmt
 from .model import LoadedTool
 from .paths import file_exists
 
@@ -233,7 +234,8 @@ def interpreter_failure(
         path: The command file (an absolute path).
         without_line: Whether a file that starts with neither ``#!`` nor an ELF header
             counts as a problem. bubblewrap's ``execvp`` runs such a file with
-            ``/bin/sh``, so only unsandboxed starts fail for it.
+            ``/bin/sh``, so only unsandboxed starts fail for it; and none does when a
+            binfmt_misc format of the machine matches it (``binfmt``).
         relative: Whether an interpreter named by a relative path (``#!bash``) counts as
             a problem. The kernel looks for it from the folder the tool starts in (the
             workspace), never on ``PATH``: there is almost never one there, but a check
@@ -245,8 +247,8 @@ def interpreter_failure(
         if head.startswith(b"\x7fELF"):
             return 0, ""
         if not head.startswith(b"#!"):
-            if not without_line or not head:
-                return 0, ""
+            if not without_line or not head or runs_through_binfmt(chain[-1], head):
+                return 0, ""  # a format binfmt_misc has registered (a .jar, an MZ program)
             return errno.ENOEXEC, (
                 f"{subject} does not start with a #! line: make its first line one that names "
                 "its interpreter, such as #!/bin/sh."

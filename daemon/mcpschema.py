@@ -163,15 +163,85 @@ def as_2020_12(schema: Mapping[str, Any]) -> Mapping[str, Any]:
         return {k: v for k, v in schema.items() if k != "$schema"}
     moves: _Moves = {}
     converted: Mapping[str, Any] = _converted(schema, draft, moves)
-    if moves and _may_refer(converted):
+    if _may_refer(converted):
+        converted = _kept_for_refs(schema, converted, draft, moves)
         # A pointer to a subschema that moved (``#/items/0``) follows it (``#/prefixItems/0``).
-        converted = _refs_moved(converted, moves.get)
+        converted = _refs_moved(converted, lambda path: _moved_to(moves, path))
     return converted
 
 
-#: Where a subschema moved on the way to 2020-12: its path from the root as declared (JSON
-#: Pointer tokens) to its path as listed. Only the ones that moved.
+#: Where each subschema is on the way to 2020-12: its path from the root as declared (JSON
+#: Pointer tokens) to its path as listed (the same path when it did not move).
 _Moves = dict[tuple[str, ...], tuple[str, ...]]
+#: The ``$defs`` name (then with ``_`` added till it is new) of a subschema kept for a
+#: ``$ref`` only (``_kept_for_refs``).
+_KEPT_FOR_REF = "ref"
+
+
+def _moved_to(moves: _Moves, path: tuple[str, ...]) -> tuple[str, ...] | None:
+    """Where the subschema at ``path`` as declared is listed, when it moved (else None)."""
+    to = moves.get(path)
+    return None if to == path else to
+
+
+def _kept_for_refs(
+    declared: Mapping[str, Any], converted: Mapping[str, Any], draft: int, moves: _Moves
+) -> Mapping[str, Any]:
+    """``converted`` with each subschema a ``$ref`` pointer leads to, which the listing left
+    out (a keyword its draft passes by, such as draft 7's ``dependentSchemas``, or one beside
+    a ``$ref`` in draft 7 and older), converted into the root's ``$defs``, where it applies
+    only through the ``$ref``; ``moves`` gets its move. jsonschema resolves such a pointer
+    into the document whatever keyword it passes through, and applies what it finds: a
+    listing without it led nowhere, and a host that resolves it refused the schema."""
+    defs = converted.get("$defs")
+    if defs is not None and not isinstance(defs, Mapping):
+        return converted  # a draft's unknown ``$defs`` of another shape (``_misfit``)
+    kept: dict[str, Any] = {}
+    pending = [converted]
+    while pending:
+        targets = sorted(
+            {path for node in pending for path in _pointers(node)}, key=lambda p: (len(p), p)
+        )
+        pending = []
+        for path in targets:
+            if path in moves:  # listed (maybe within one kept just now)
+                continue
+            found = _pointed(declared, path)
+            if not isinstance(found, (Mapping, bool)):
+                continue  # no schema there: it leads nowhere as declared too
+            name = _KEPT_FOR_REF
+            while name in kept or (defs is not None and name in defs):
+                name += "_"
+            kept[name] = _converted(found, draft, moves, path, ("$defs", name))
+            pending.append(kept[name])
+    if not kept:
+        return converted
+    return {**converted, "$defs": {**(defs or {}), **kept}}
+
+
+def _pointers(node: Any, root: bool = True) -> Iterator[tuple[str, ...]]:
+    """The paths (JSON Pointer tokens) each ``$ref`` pointer of ``node``'s own resource leads
+    to (none below a subschema with its own ``$id``, where ``#`` is that subschema)."""
+    if not isinstance(node, Mapping) or (not root and "$id" in node):
+        return
+    ref = node.get("$ref")
+    if isinstance(ref, str) and (tokens := _pointer_tokens(ref)) is not None:
+        yield tokens
+    for keyword, value in node.items():
+        for sub in _children(keyword, value):
+            yield from _pointers(sub, False)
+
+
+def _pointed(document: Any, path: tuple[str, ...]) -> Any:
+    """What ``path`` (JSON Pointer tokens) leads to in ``document``; None: nothing."""
+    for token in path:
+        if isinstance(document, Mapping):
+            document = document.get(token)
+        elif isinstance(document, list) and token.isdigit() and int(token) < len(document):
+            document = document[int(token)]
+        else:
+            return None
+    return document
 
 
 def _converted(
@@ -190,11 +260,11 @@ def _converted(
     ``$anchor``; 2019-09's ``$recursiveRef`` a ``$ref``. Keywords an older draft passes by
     (``_NEWER_THAN``; beside a ``$ref`` in draft 7 and older, ``_APPLYING``) are left out,
     as they would apply, and so are values 2020-12 refuses where the draft took any
-    (``_misfit``). ``moves`` gets each subschema's move (from its path as declared, ``at``,
-    to its path as listed, ``to``), which the pointers of ``$ref`` follow (``_refs_moved``).
+    (``_misfit``). ``moves`` gets each subschema's path as declared, ``at``, and as listed,
+    ``to``, which the pointers of ``$ref`` follow (``_refs_moved``), or, when it is not
+    listed, lead to a copy of (``_kept_for_refs``).
     """
-    if at != to:
-        moves[at] = to
+    moves[at] = to
     if not isinstance(node, Mapping):
         return node  # a boolean schema (draft 6 on) says the same in 2020-12
     dropped = _NEWER_THAN[draft] | {"$schema"}
@@ -401,17 +471,24 @@ def _rebuilt(keyword: str, value: Any, each: Callable[[Any], Any]) -> Any:
     return each(value) if keyword in _SUBSCHEMA else value
 
 
+def _pointer_tokens(ref: str) -> tuple[str, ...] | None:
+    """The tokens of ``ref``, a JSON Pointer into the document (``#/a/0``); None: another
+    kind of reference (an anchor, another document)."""
+    if ref in ("#", ""):
+        return ()
+    if not ref.startswith("#/"):
+        return None
+    return tuple(
+        token.replace("~1", "/").replace("~0", "~") for token in unquote(ref[2:]).split("/")
+    )
+
+
 def _moved_pointer(
     ref: str, moved: Callable[[tuple[str, ...]], tuple[str, ...] | None]
 ) -> str | None:
     """``ref`` pointing where its target moved (None: not a pointer, or not moved)."""
-    if ref in ("#", ""):
-        tokens: tuple[str, ...] = ()
-    elif ref.startswith("#/"):
-        tokens = tuple(
-            token.replace("~1", "/").replace("~0", "~") for token in unquote(ref[2:]).split("/")
-        )
-    else:
+    tokens = _pointer_tokens(ref)
+    if tokens is None:
         return None
     path = moved(tokens)
     if path is None:
@@ -570,9 +647,13 @@ def _root_refs_kept(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     """``schema``, whose root is about to take ``type: "object"``, with each ``$ref`` to
     its root (``#``) pointing instead to a copy of the root as it was, in ``$defs``: a
     tree's ``"items": {"$ref": "#"}`` takes what the root takes as declared, not objects
-    alone. ``schema`` itself when no ``$ref`` leads to the root, or when a subschema has
-    an ``$id`` (a copy of it would be a second resource of that name)."""
-    if _root_refs(schema, root=True) <= 0:
+    alone. ``schema`` itself when no ``$ref`` leads to the root.
+
+    The copy names nothing (``_unnamed``): a subschema with its own ``$id`` is a ``$ref`` to
+    it there (a second resource of that name is an error, and its pointers are into it),
+    and the copy's ``$anchor``s are left out (one name twice in a resource is an error too;
+    a ``$ref`` to one finds the root's, which is the same schema)."""
+    if _root_refs(schema, root=True) == 0:
         return schema
     defs = schema.get("$defs")
     defs = defs if isinstance(defs, Mapping) else {}
@@ -580,27 +661,39 @@ def _root_refs_kept(schema: Mapping[str, Any]) -> Mapping[str, Any]:
     while name in defs:
         name += "_"
     copy = {k: v for k, v in schema.items() if k not in _RESOURCE_KEYWORDS}
-    with_copy = {**schema, "$defs": {**defs, name: _unmarked(copy)}}
+    with_copy = {**schema, "$defs": {**defs, name: _unmarked(_unnamed(copy, root=True))}}
     moved: _Moves = {(): ("$defs", name)}
     kept: Mapping[str, Any] = _refs_moved(with_copy, moved.get)
     return kept
 
 
 def _root_refs(node: Any, root: bool = False) -> int:
-    """How many ``$ref`` below ``node`` lead to the document's root (``#``); -1 when a
-    subschema has its own ``$id``: the count is not made then."""
-    if not isinstance(node, Mapping):
+    """How many ``$ref`` below ``node`` lead to the document's root (``#``): none below a
+    subschema with its own ``$id``, whose ``#`` is that subschema."""
+    if not isinstance(node, Mapping) or (not root and "$id" in node):
         return 0
-    if not root and "$id" in node:
-        return -1
     count = 1 if node.get("$ref") in ("#", "") else 0
     for keyword, value in node.items():
         for sub in _children(keyword, value):
-            found = _root_refs(sub)
-            if found < 0:
-                return -1
-            count += found
+            count += _root_refs(sub)
     return count
+
+
+def _unnamed(node: Any, root: bool = False) -> Any:
+    """``node``, a copy of the root (``_root_refs_kept``), naming nothing: each subschema
+    with an ``$id`` as a ``$ref`` to that ``$id`` (read against the root's base, as the
+    ``$id`` was: no ``$id`` lies between), and without its ``$anchor``s and
+    ``$dynamicAnchor``s."""
+    if not isinstance(node, Mapping):
+        return node
+    named = node.get("$id")
+    if not root and isinstance(named, str):
+        return {"$ref": named}
+    return {
+        keyword: _rebuilt(keyword, value, _unnamed)
+        for keyword, value in node.items()
+        if keyword not in ("$anchor", "$dynamicAnchor")
+    }
 
 
 def unlisted_reason(name: str, schema: Mapping[str, Any]) -> str | None:

@@ -267,6 +267,47 @@ def _evaluated_item_indexes(original: Any) -> Any:
     return indexes
 
 
+#: The 2019-09 keywords whose subschema evaluates every member it is applied to (the
+#: annotation ``unevaluatedProperties`` reads), when it passes.
+_APPLIED_TO_MEMBERS = ("additionalProperties", "unevaluatedProperties")
+
+
+def _evaluated_property_keys(original: Any) -> Any:
+    """jsonschema's ``find_evaluated_property_keys_by_schema`` of 2019-09 (its
+    ``unevaluatedProperties``), with an ``additionalProperties`` or ``unevaluatedProperties``
+    whose value is a schema evaluating each member that passes it, as 2019-09 says (Core
+    9.3.2.3, 9.3.2.4) and as jsonschema's own 2020-12 finds (python-jsonschema/jsonschema
+    pull 1351 mended that one only). It took such a schema for a ``properties`` map: a member
+    named like one of its keywords (``"type"``) was evaluated, whatever its value, and any
+    other was not, so ``"additionalProperties": {"type": "string"}`` beside
+    ``"unevaluatedProperties": false`` refused every member it took, and
+    ``"unevaluatedProperties": {"type": "string"}`` took ``{"type": 5}``. The MCP listing,
+    2020-12, said otherwise."""
+
+    def keys(validator: Any, instance: Any, schema: Any) -> list[str]:
+        if not isinstance(schema, Mapping) or not any(
+            isinstance(schema.get(k), Mapping) for k in _APPLIED_TO_MEMBERS
+        ):
+            found: list[str] = original(validator, instance, schema)
+            return found
+        applied = [schema[k] for k in _APPLIED_TO_MEMBERS if isinstance(schema.get(k), Mapping)]
+        rest = {
+            k: v
+            for k, v in schema.items()
+            if not isinstance(v, Mapping) or k not in _APPLIED_TO_MEMBERS
+        }
+        found = original(validator, instance, rest)
+        for sub in applied:
+            found += [
+                key
+                for key, value in instance.items()
+                if next(iter(validator.descend(value, sub)), None) is None
+            ]
+        return found
+
+    return keys
+
+
 def _decimal(number: float) -> decimal.Decimal:
     """A JSON number as the decimal it was written as (a ``JsonNumber``'s own text; a plain
     float's shortest text, which is what a manifest or a client wrote for it)."""
@@ -520,6 +561,9 @@ def _patch_keywords() -> None:
     * ``additionalItems`` is passed by beside a boolean ``items`` (``_additional_items``),
       and 2019-09's ``unevaluatedItems`` takes one as evaluating every item
       (``_evaluated_item_indexes``): both raised ``TypeError`` on it;
+    * 2019-09's ``unevaluatedProperties`` takes each member that passes a schema-valued
+      ``additionalProperties`` or ``unevaluatedProperties`` as evaluated, and no other
+      (``_evaluated_property_keys``);
     * ``additionalProperties`` walks members in the instance's order
       (``_additional_properties_in_order``). A set's order follows the string hash seed,
       so without it the first problem found in a schema (``SchemaChecker.problem``), or in
@@ -565,6 +609,10 @@ def _patch_keywords() -> None:
     # Called by name from 2019-09's ``unevaluatedItems``, and by itself as it recurses.
     _legacy_keywords.find_evaluated_item_indexes_by_schema = _evaluated_item_indexes(
         _legacy_keywords.find_evaluated_item_indexes_by_schema
+    )
+    # Called by name from 2019-09's ``unevaluatedProperties``, and by itself as it recurses.
+    _legacy_keywords.find_evaluated_property_keys_by_schema = _evaluated_property_keys(
+        _legacy_keywords.find_evaluated_property_keys_by_schema
     )
     for cls in (
         validators.Draft3Validator,
@@ -1323,6 +1371,30 @@ def _types_text(value: Any) -> str:
     )
 
 
+#: The longest integer (in digits) a message suggests sending instead of a number with a
+#: fraction or exponent.
+_SUGGESTED_DIGITS = 20
+
+
+def _not_integral(kinds: Any, instance: Any) -> str:
+    """Why a number with no fractional part fails ``"type": "integer"`` (else ""), which only
+    a schema of draft 3 or 4 makes it do: those drafts count a number written with a fraction
+    or an exponent (``1.0``, ``1e2``) as no integer. An MCP host cannot be told so (its
+    listing is 2020-12, where ``1.0`` is an integer, and a JavaScript host sends ``1``
+    anyway): the message says what to send."""
+    names = [kinds] if isinstance(kinds, str) else kinds
+    if "integer" not in names or not isinstance(instance, float) or not _integral(instance):
+        return ""
+    text = (
+        f" {_echo(instance)}, which the tool's schema counts as no integer: its $schema names "
+        "JSON Schema draft 3 or 4, where an integer is written without a fraction or exponent"
+    )
+    whole = _decimal(instance)
+    if whole.adjusted() < _SUGGESTED_DIGITS:
+        text += f"; send {int(whole)}"
+    return text
+
+
 def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> str:
     """The message text for keywords that describe the value itself."""
     got = f"got {_json_type(instance)}"
@@ -1332,7 +1404,7 @@ def _detail(error: ValidationError, keyword: Any, value: Any, instance: Any) -> 
         if error.schema.get(exclusive) is True:
             keyword = exclusive
     simple: dict[str, Callable[[], str]] = {
-        "type": lambda: f"expected {_types_text(value)}, {got}",
+        "type": lambda: f"expected {_types_text(value)}, {got}{_not_integral(value, instance)}",
         "enum": lambda: f"expected one of {_echo(value)}, got {_echo(instance)}",
         "const": lambda: f"expected {_echo(value)}, got {_echo(instance)}",
         "minimum": lambda: f"expected a number >= {value}, got {_echo(instance)}",

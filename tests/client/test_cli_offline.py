@@ -221,6 +221,148 @@ def test_validate_says_a_tool_whose_header_marks_break_mcp_rules_is_listed_witho
         "into a header, nor checked in one."]
 
 
+@pytest.mark.parametrize(
+    ("schema", "valid"),
+    [
+        ({"$schema": "http://json-schema.org/draft-07/schema#",
+          "dependencies": {"mode": {"properties": {"file": {"type": "string"}}}}}, True),
+        ({"$schema": "http://json-schema.org/draft-04/schema#",
+          "dependencies": {"mode": {"properties": {"file": {"type": "string"}}}}}, True),
+        ({"$schema": "http://json-schema.org/draft-03/schema#",
+          "extends": {"properties": {"file": {"type": "string"}}}}, True),
+        ({"$schema": "http://json-schema.org/draft-03/schema#",
+          "type": [{"properties": {"file": {"type": "string"}}}]}, True),
+        # 2020-12 has no ``dependencies``: the daemon passes it by, and so does validate.
+        ({"dependencies": {"mode": {"properties": {"file": {"type": "string"}}}}}, False),
+    ],
+)
+def test_validate_reads_a_drafts_own_ways_to_add_properties(
+    env: Env, schema: dict[str, object], valid: bool
+) -> None:
+    """A ``pathArguments`` name that a draft's own keyword adds to the schema (draft 4 to
+    7's ``dependencies``, draft 3's ``extends`` or a schema in its ``type``) is one the
+    model may send: validate called such a set, which the daemon loads and fences, not
+    valid ("not among its schema's properties ... goes unfenced")."""
+    declared = {"type": "object", "properties": {"mode": {"type": "string"}}, **schema}
+    manifest = {"runner": "exec", "description": "d", "command": ["true"], "schema": declared,
+                "pathArguments": ["file"]}
+    path = env.home_set("paths", manifest)
+    proc = env.run("validate", str(path.parent), "--format", "json")
+    report = json.loads(proc.stdout)
+    assert (proc.returncode == 0, report["valid"]) == (valid, valid), report
+    if not valid:
+        assert "pathArguments names 'file'" in report["problems"][0]
+
+
+@pytest.mark.parametrize(
+    ("schema", "problem", "note"),
+    [
+        ({"allOf": [{"$ref": "#/$defs/missing"}]},
+         "Tool 'refs' can take no call: its schema's $ref '#/$defs/missing' at /allOf/0/$ref "
+         "leads nowhere (the schema has nothing at that pointer), and every call's arguments "
+         "pass through it.", None),
+        ({"$ref": "#/$defs/a", "$defs": {"a": {"allOf": [{"$ref": "#"}]}}},
+         "Tool 'refs' can take no call: its schema's $ref '#' at /$defs/a/allOf/0/$ref leads "
+         "back to itself before checking anything, so no check of arguments ends.", None),
+        ({"properties": {"a": {"$ref": "https://example.invalid/a.json"}}}, None,
+         "Tool 'refs''s schema has a $ref 'https://example.invalid/a.json' at "
+         "/properties/a/$ref that leads nowhere (it is neither in the schema nor a standard "
+         "meta-schema, and toolsetd fetches nothing): a call whose arguments reach it is "
+         "refused."),
+        # Fine: a tree's $ref to its root, under a property, and one draft 7 passes by.
+        ({"properties": {"kids": {"items": {"$ref": "#"}}}}, None, None),
+        ({"$schema": "http://json-schema.org/draft-07/schema#", "$ref": "#/definitions/a",
+          "definitions": {"a": {}}, "properties": {"x": {"$ref": "#/nowhere"}}}, None, None),
+        # An $id that is no URI: what it names is the daemon's to say, at a call.
+        ({"$id": "http://[x/", "properties": {"x": {"$ref": "#/nowhere"}}}, None, None),
+    ],
+)
+def test_validate_says_a_ref_that_leads_nowhere(
+    env: Env, schema: dict[str, object], problem: str | None, note: str | None
+) -> None:
+    """A ``$ref`` that names nothing, or leads back to itself, passes the meta-schema, so
+    the set loads and validate called it valid; every call that reaches it is refused
+    ("the tool's input schema cannot be used", "cannot be checked to its end"). One every
+    call reaches is a problem (the tool can take no call), any other a note."""
+    manifest = {"runner": "exec", "description": "d", "command": ["true"],
+                "schema": {"type": "object", **schema}}
+    path = env.home_set("refs", manifest)
+    report = json.loads(env.run("validate", str(path.parent), "--format", "json").stdout)
+    assert report["problems"] == ([problem] if problem else []), report
+    assert report["notes"] == ([note] if note else []), report
+
+
+#: In a user and mount namespace of its own (nothing outside sees it): mount binfmt_misc,
+#: register a format by extension and one by magic, each run by /bin/sh, run each command
+#: file as the system does, validate each set, and have a daemon run the first.
+_BINFMT_SCRIPT = """
+set -e
+mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+echo ':tsdx:E::tsdx::/bin/sh:' > /proc/sys/fs/binfmt_misc/register
+echo ':tsdm:M::TSDM::/bin/sh:' > /proc/sys/fs/binfmt_misc/register
+"$SETS/ext/run.tsdx"
+"$SETS/magic/run"
+for s in ext magic plain; do
+  "$PY" -m toolsetd.client validate "$SETS/$s" --format json --home "$HOME_DIR" \
+    --socket "$SOCK" > "$SOCKDIR/$s.json" || true
+done
+"$PY" -m toolsetd.daemon --socket "$SOCK" --home "$HOME_DIR" --config "$CONFIG" --no-watch \
+  --no-cache > "$SOCKDIR/log" 2>&1 &
+daemon=$!
+for i in $(seq 100); do [ -S "$SOCK" ] && break; sleep 0.1; done
+"$PY" -m toolsetd.client invoke ext --socket "$SOCK" --home "$HOME_DIR" --headless || true
+kill "$daemon"
+wait "$daemon" || true
+"""
+
+
+def test_validate_takes_a_command_file_the_machine_runs_through_binfmt_misc(env: Env) -> None:
+    """A command file with neither a #! line nor an ELF header that a binfmt_misc format
+    of the machine matches (a .jar, an MZ program) runs, and the daemon runs it: validate
+    called it unrunnable ("does not start with a #! line"). One no format matches still
+    is. Run in a user namespace's own binfmt_misc (Linux 6.7 and later)."""
+    unshare = shutil.which("unshare")
+    probe = unshare and subprocess.run(
+        [unshare, "-Urm", "sh", "-c", "mount -t binfmt_misc b /proc/sys/fs/binfmt_misc"],
+        capture_output=True, check=False, timeout=30,
+    )
+    if not probe or probe.returncode != 0:
+        pytest.skip("no binfmt_misc of a user namespace's own here")
+    sets = env.home / "tools"
+    runs = {"runner": "exec", "description": "d", "schema": {"type": "object"}, "approval": "always"}
+    for name, command, body in (
+        ("ext", "run.tsdx", "echo ran-ext\n"),
+        ("magic", "run", "TSDM=1; echo ran-magic\n"),
+        ("plain", "run", "echo ran-plain\n"),
+    ):
+        folder = env.home_set(name, {**runs, "command": [command]}).parent
+        (folder / command).write_text(body)
+        (folder / command).chmod(0o755)
+    config = env.home / "empty.toml"
+    config.write_text("")
+    with tempfile.TemporaryDirectory(dir="/tmp") as sockdir:
+        environ = {
+            **{k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")},
+            "PY": sys.executable, "SETS": str(sets), "HOME_DIR": str(env.home),
+            "SOCK": f"{sockdir}/d.sock", "SOCKDIR": sockdir, "CONFIG": str(config),
+        }
+        proc = subprocess.run(
+            [unshare, "-Urm", "sh", "-c", _BINFMT_SCRIPT],
+            capture_output=True, text=True, timeout=60, check=False, env=environ,
+        )
+        log = Path(sockdir, "log").read_text() if Path(sockdir, "log").exists() else ""
+        reports = {
+            name: json.loads(Path(sockdir, f"{name}.json").read_text())
+            for name in ("ext", "magic", "plain")
+        }
+    lines = proc.stdout.splitlines()
+    assert lines[:2] == ["ran-ext", "ran-magic"], (proc.stdout, proc.stderr)
+    assert {name: r["valid"] for name, r in reports.items()} == {
+        "ext": True, "magic": True, "plain": False}, reports
+    assert "does not start with a #! line" in reports["plain"]["problems"][0]
+    assert "ran-ext" in lines[2:], (proc.stdout, proc.stderr, log)
+
+
 def test_validate_json_format(env: Env) -> None:
     """``--format json`` prints the report object."""
     path = env.home_set("acme", exec_set("fmt"))

@@ -426,6 +426,43 @@ CASES: list[tuple[str, dict[str, Any], list[Any]]] = [
         },
         [{"t": [1]}, {"t": ["a"]}],
     ),
+    (
+        "draft 7 $ref into dependentSchemas, a keyword it does not know",
+        {
+            "$schema": D7,
+            "type": "object",
+            "properties": {"a": {"$ref": "#/dependentSchemas/x"}},
+            "dependentSchemas": {"x": {"type": "string"}},
+        },
+        [{"a": "s"}, {"a": 1}],
+    ),
+    (
+        "draft 4 $ref into then, and into what a $ref passes by, through a tuple",
+        {
+            "$schema": D4,
+            "type": "object",
+            "properties": {
+                "a": {"$ref": "#/then"},
+                "b": {"$ref": "#/definitions/o", "properties": {"c": {"items": [{"minimum": 2}]}}},
+                "d": {"$ref": "#/properties/b/properties/c/items/0"},
+            },
+            "definitions": {"o": {}},
+            "then": {"type": "string", "not": {"$ref": "#/else"}},
+            "else": {"maxLength": 1},
+        },
+        [{"a": "st", "d": 3}, {"a": 1}, {"a": "s"}, {"d": 1}, {"b": {"c": [1]}}],
+    ),
+    (
+        "a $ref to a root that takes arrays too, beside a subschema with its own $id",
+        {
+            "type": ["object", "array"],
+            "properties": {
+                "kids": {"$ref": "#"},
+                "name": {"$id": "name.json", "type": "string", "$anchor": "n"},
+            },
+        },
+        [{"kids": []}, {"kids": [1], "name": "a"}, {"kids": {"name": 1}}, {"name": 1}],
+    ),
 ]
 
 
@@ -518,6 +555,22 @@ def test_the_listing_moves_each_draft_7_item_it_changes() -> None:
         "if": True,
         "then": {"enum": [{"a": 1}]},
     }
+
+
+def test_the_copy_of_the_root_names_nothing() -> None:
+    """The copy of the root a ``$ref`` to it leads to holds no second resource of an
+    ``$id`` (a ``$ref`` to it instead) and no second ``$anchor`` of a name: either is an
+    error to a validator that checks it, and it was why no copy was made, so the ``$ref``
+    took only objects where the root took arrays too."""
+    listed = listed_schema(
+        {
+            "type": ["object", "array"],
+            "items": {"$ref": "#"},
+            "properties": {"n": {"$id": "n.json", "type": "string"}, "a": {"$anchor": "A"}},
+        }
+    )
+    assert listed["items"] == {"$ref": "#/$defs/root"}
+    assert listed["$defs"]["root"]["properties"] == {"n": {"$ref": "n.json"}, "a": {}}
 
 
 def test_marks_are_judged_on_the_schema_as_listed() -> None:

@@ -966,3 +966,55 @@ def test_a_listing_of_a_draft_7_schema_imports_no_jsonschema() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout == "False\n"
+
+
+_D2019 = "https://json-schema.org/draft/2019-09/schema"
+
+
+@pytest.mark.parametrize(
+    ("schema", "arguments", "expected"),
+    [
+        ({"additionalProperties": {"type": "string"}, "unevaluatedProperties": False}, {"x": "a"}, []),
+        (
+            {"allOf": [{"additionalProperties": {"type": "string"}}], "unevaluatedProperties": False},
+            {"x": "a"},
+            [],
+        ),
+        (
+            {"allOf": [{"unevaluatedProperties": {"type": "string"}}], "unevaluatedProperties": False},
+            {"x": "a"},
+            [],
+        ),
+        ({"unevaluatedProperties": {"type": "string"}}, {"type": 5}, [""]),
+        ({"unevaluatedProperties": {"minLength": 2}}, {"minLength": "a", "b": "cd"}, [""]),
+    ],
+)
+def test_argument_validators_2019_09_schema_valued_additional_properties_evaluate_members(
+    schema: dict[str, Any], arguments: Any, expected: list[str]
+) -> None:
+    """Under 2019-09, a schema-valued ``additionalProperties`` or ``unevaluatedProperties``
+    evaluates each member that passes it, and no other, as the spec says and the 2020-12
+    listing does: jsonschema read such a schema as a ``properties`` map, so it refused
+    members ``unevaluatedProperties: false`` should take, and took a member named like a
+    keyword of the schema (``"type"``) that fails it."""
+    declared = {"$schema": _D2019, "type": "object", **schema}
+    errors = ArgumentValidators().errors(loaded(declared), arguments)
+    assert [e["path"] for e in errors] == expected, errors
+
+
+@pytest.mark.parametrize("dialect", [_DRAFT3, _DRAFT4])
+@pytest.mark.parametrize(("text", "sent"), [("1.0", "send 1"), ("-2e1", "send -20"), ("1e400", "")])
+def test_argument_validators_a_draft3_or_4_integer_refusal_says_why(
+    dialect: str, text: str, sent: str
+) -> None:
+    """A number with no fractional part refused as an integer under draft 3 or 4 is told
+    why and what to send: MCP hosts are shown the schema as 2020-12, where ``1.0`` is an
+    integer, and "expected integer, got number" left a model with a whole number nothing
+    to change."""
+    schema = {"$schema": dialect, "properties": {"n": {"type": ["integer", "null"]}}}
+    (error,) = ArgumentValidators().errors(loaded(schema), {"n": JsonNumber(text)})
+    assert error["message"].startswith(f"/n: expected integer or null, got number {text}, which"), error
+    assert "JSON Schema draft 3 or 4" in error["message"]
+    assert error["message"].endswith(f"; {sent}") == bool(sent), error
+    (plain,) = ArgumentValidators().errors(loaded(schema), {"n": JsonNumber("1.5")})
+    assert plain["message"] == "/n: expected integer or null, got number"

@@ -1414,6 +1414,60 @@ async def test_mcp_lists_every_schema_as_json_schema_2020_12_and_checks_calls_as
     assert "MCP hosts send arguments as an object" in noted
 
 
+#: (set, schema as declared, arguments): the listing (2020-12) and the daemon's check (by
+#: the schema's own draft) must agree on each call.
+_AGREEING: list[tuple[str, dict[str, Any], list[dict[str, Any]]]] = [
+    (
+        "unevaluated",  # jsonschema's 2019-09 read the additionalProperties schema as a map
+        {"$schema": "https://json-schema.org/draft/2019-09/schema", "type": "object",
+         "additionalProperties": {"type": "string"}, "unevaluatedProperties": False},
+        [{"x": "a"}, {"x": 1}],
+    ),
+    (
+        "passedby",  # a draft 7 $ref into a keyword draft 7 does not know
+        {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object",
+         "properties": {"a": {"$ref": "#/dependentSchemas/x"}},
+         "dependentSchemas": {"x": {"type": "string"}}},
+        [{"a": "s"}, {"a": 1}],
+    ),
+    (
+        "rootref",  # a $ref to a root that takes arrays, beside a subschema with its own $id
+        {"type": ["object", "array"],
+         "properties": {"kids": {"$ref": "#"}, "n": {"$id": "n.json", "type": "string"}}},
+        [{"kids": [{"n": "a"}]}, {"kids": {"n": 1}}],
+    ),
+]
+
+
+async def test_mcp_a_listing_and_the_daemons_check_agree_on_each_call(
+    mcp_host: Daemon, workspace: Path
+) -> None:
+    """What a host that checks a tool's listed inputSchema lets through, the daemon takes,
+    and what it refuses the daemon refuses: a 2019-09 ``unevaluatedProperties`` beside a
+    schema-valued ``additionalProperties`` (the daemon refused what the listing took), a
+    draft 7 ``$ref`` into a keyword it does not know (the listing's ref led nowhere), and a
+    ``$ref`` to a root that takes arrays beside an ``$id`` (the listing took objects only)."""
+    sets = workspace / ".crystal" / "tools"
+    for name, schema, _ in _AGREEING:
+        write_set(sets, name, tool("t.py", schema=schema), **{"t.py": ASKER_OK})
+    with anyio.fail_after(30):
+        async with Client(server(mcp_host, workspace, "--mode", "full")) as client:
+            listed = {t.name: t.input_schema for t in (await client.list_tools()).tools}
+            ran = {
+                name: [not (await client.call_tool(name, args)).is_error for args in calls]
+                for name, _, calls in _AGREEING
+            }
+    verdicts = {}
+    for name, _, calls in _AGREEING:
+        Draft202012Validator.check_schema(listed[name])
+        try:
+            host: Any = [Draft202012Validator(listed[name]).is_valid(args) for args in calls]
+        except Exception as exc:  # a $ref of the listing that leads nowhere
+            host = type(exc).__name__
+        verdicts[name] = (host, ran[name])
+    assert verdicts == {name: ([True, False], [True, False]) for name, _, _ in _AGREEING}
+
+
 async def test_mcp_a_schema_whose_header_marks_break_mcp_rules_is_listed_without_them(
     mcp_host: Daemon, workspace: Path
 ) -> None:
