@@ -14,7 +14,8 @@ So the directories whose *direct* entries matter are few and known:
 Each only if this process may read it and its path is UTF-8 (``_watch_id``): one awatch
 covers them all, and one directory it cannot watch fails the whole of it. At most
 ``max_watches`` of them (``_watched``): each is an inotify watch out of the user's
-``fs.inotify.max_user_watches``, which the user's other programs share; the set folders
+``fs.inotify.max_user_watches``, which the user's other programs share (one per directory,
+however many paths reach it: they are counted so); the set folders
 past the bound (the largest workspace's first) are followed by the poll alone, and
 ``status()`` says so (``watch_capped`` in the log).
 
@@ -332,7 +333,7 @@ class Watcher:
         return {
             "state": state,
             "reason": self._unavailable if self._degraded else None,
-            "watched": 0 if self._degraded or watching is None else len(watching),
+            "watched": 0 if self._degraded or watching is None else _watches(watching),
             "pastCap": self._past_cap,
             "maxWatches": self._cap,
             "pollSeconds": self._poll_seconds,
@@ -519,7 +520,7 @@ class Watcher:
         while True:
             self._rewatch = False  # this probe is taken after any removal reported so far
             cap, dirs, past = await threads.run_sync(self._probe_capped, tuple(self._workspaces))
-            self._note_cap(cap, past, len(dirs))
+            self._note_cap(cap, past, _watches(dirs))
             stop = anyio.Event()
             self._stop, self._watching = stop, dirs
             self._aliases = _aliases(dirs)
@@ -721,7 +722,7 @@ class Watcher:
             # The same folders watched, but set folders past the bound came or went (one
             # that sorts after those watched, rm -rf of those polled): status, the metrics
             # and STATUS= said the old count, 'N past --max-watches' with none left.
-            self._note_cap(self._cap, past, len(watched))
+            self._note_cap(self._cap, past, _watches(watched))
         self._poll_seconds = round(max(self._recheck, _POLL_COST_FACTOR * cost), 3)
         return cost
 
@@ -983,27 +984,40 @@ def _probe_workspace(workspace: Path) -> _Probe:
 
 def _watched(probes: Mapping[ReloadKey, _Probe], cap: int | None) -> tuple[_Watched, int]:
     """The directories the probes list to watch, with their (device, inode), at most
-    ``cap`` of them, and how many set folders that bound leaves out.
+    ``cap`` watches of them, and how many set folders that bound leaves out.
 
     First every folder that may hold a tools root and every root (few: a key's own
     structure), then set folders: the home's, then each workspace's, the workspace with
     the fewest first, so one project of 190,000 folders gives up its watches before a
     small one does. A set folder left out is followed by the poll alone.
+
+    The bound counts directories, not paths: inotify holds one watch per directory however
+    many paths reach it (a project whose ``.crystal`` links to the home names the home's
+    root and sets again), so a path to a directory already watched is listed at no cost
+    (its events are told under each name, ``_aliases``), and one past the bound is counted
+    once.
     """
     dirs: _Watched = {}
     for probe in probes.values():
         dirs.update(probe.dirs)
+    held = set(dirs.values())
     order = sorted(probes.items(), key=lambda item: (item[0] is not None, len(item[1].sets)))
-    past: set[Path] = set()
+    past: set[tuple[int, int]] = set()
     for _key, probe in order:
         for path, identity in probe.sets.items():
-            if path in dirs:
-                continue
-            if cap is None or len(dirs) < cap:
+            if identity in held:
                 dirs[path] = identity
+            elif cap is None or len(held) < cap:
+                dirs[path] = identity
+                held.add(identity)
             else:
-                past.add(path)
+                past.add(identity)
     return dirs, len(past)
+
+
+def _watches(dirs: _Watched) -> int:
+    """The inotify watches ``dirs`` take: one per directory, however many paths reach it."""
+    return len(set(dirs.values()))
 
 
 def _watch_cap(max_watches: int | None) -> int | None:

@@ -964,6 +964,36 @@ async def test_status_counts_the_set_folders_past_the_bound_as_they_come_and_go(
             tg.cancel_scope.cancel()
 
 
+async def test_the_bound_counts_a_folder_reached_by_two_names_as_one_watch(
+    tmp_path: Path, fake: FakeWatch
+) -> None:
+    """inotify holds one watch per directory, however many paths reach it. A workspace
+    whose ``.crystal`` is a link to the home (the user's home as a project, its
+    ``~/.crystal`` linked to the daemon's home) names the home, its root and every set
+    folder twice: counted by path, the bound left half of them "past --max-watches" and
+    status said so, though each was watched under its other name."""
+    home, user = tmp_path / "home", tmp_path / "user"
+    for index in range(3):
+        (home / "tools" / f"s{index}").mkdir(parents=True)
+    user.mkdir()
+    (user / ".crystal").symlink_to(home)
+    recorder = Recorder()
+    # The home, its root and three set folders: five watches, under two names each.
+    watcher = _fake_watcher(home, recorder, fake, max_watches=5)
+    watcher.add_workspace(user)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await _started(tg, watcher, fake)
+            await fake.send.send({(Change.modified, str(home / "tools" / "s0" / "x"))})
+            while watcher.status()["state"] != "watching":
+                await anyio.sleep(0.01)
+            status = watcher.status()
+            tg.cancel_scope.cancel()
+    assert (status["watched"], status["pastCap"]) == (5, 0)
+    shared = user / ".crystal" / "tools"
+    assert set(fake.calls[0][0]) >= {shared / f"s{index}" for index in range(3)}
+
+
 async def test_a_change_no_event_reported_is_still_sent_by_the_poll(
     layout: Layout, fake: FakeWatch
 ) -> None:
