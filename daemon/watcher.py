@@ -255,6 +255,10 @@ class Watcher:
         self._established = False
         #: Why the watch is unavailable, while it is (``watch_unavailable``'s words).
         self._unavailable = ""
+        #: The inotify watches of the last watch that said it watches (``status``'s
+        #: ``watched``): none while the first one starts; through a restart, the replaced
+        #: watch's until the new one watches.
+        self._held = 0
         #: Seconds between polls now (``status``): the recheck, or twenty times what the
         #: last poll took in its thread if longer; worked out per poll, not per status.
         self._poll_seconds = recheck_seconds
@@ -319,8 +323,9 @@ class Watcher:
 
     def status(self) -> dict[str, Any]:
         """What ``status`` says of watching (``docs/protocol.md``): ``state`` (``starting``,
-        ``watching`` or ``polling``), ``reason`` (why it polls), ``watched`` (directories
-        watched), ``pastCap`` (set folders past ``maxWatches``, left to the poll),
+        ``watching`` or ``polling``), ``reason`` (why it polls), ``watched`` (the
+        directories of the watch that last said it watches: none while it starts or while
+        polling), ``pastCap`` (set folders past ``maxWatches``, left to the poll),
         ``maxWatches`` and ``pollSeconds`` (between polls now: at least ``recheck_seconds``,
         and twenty times what the last poll took)."""
         if self._degraded:
@@ -329,11 +334,10 @@ class Watcher:
             state = "watching"
         else:
             state = "starting"
-        watching = self._watching
         return {
             "state": state,
             "reason": self._unavailable if self._degraded else None,
-            "watched": 0 if self._degraded or watching is None else _watches(watching),
+            "watched": 0 if self._degraded else self._held,
             "pastCap": self._past_cap,
             "maxWatches": self._cap,
             "pollSeconds": self._poll_seconds,
@@ -520,7 +524,8 @@ class Watcher:
         while True:
             self._rewatch = False  # this probe is taken after any removal reported so far
             cap, dirs, past = await threads.run_sync(self._probe_capped, tuple(self._workspaces))
-            self._note_cap(cap, past, _watches(dirs))
+            watches = _watches(dirs)
+            self._note_cap(cap, past, watches)
             stop = anyio.Event()
             self._stop, self._watching = stop, dirs
             self._aliases = _aliases(dirs)
@@ -528,6 +533,7 @@ class Watcher:
                 # Nothing exists yet (no home): nothing to watch or miss, so not "starting"
                 # for good in status; the poller restarts us when something appears.
                 self._established = True
+                self._held = 0
                 await stop.wait()
                 continue
             # Events between the previous generation's end and this one's start are lost;
@@ -543,7 +549,7 @@ class Watcher:
                 log.info("watch_started", paths=len(dirs))
             self._restarting = False
             try:
-                await self._watch(dirs, stop)
+                await self._watch(dirs, stop, watches)
             except Exception as exc:  # any failure of the watch degrades to polling
                 cause = _cause(exc)
                 moved = _folder_gone(cause) and await threads.run_sync(_moved, dirs)
@@ -602,7 +608,7 @@ class Watcher:
                 with anyio.move_on_after(self._recheck):
                     await stop.wait()
 
-    async def _watch(self, dirs: _Watched, stop: anyio.Event) -> None:
+    async def _watch(self, dirs: _Watched, stop: anyio.Event, watches: int) -> None:
         changes = self._factory(
             *sorted(dirs),
             stop_event=stop,
@@ -623,13 +629,13 @@ class Watcher:
                 # A restart costs a probe of its own already: this one at most doubles it.
                 self._schedule_poll(0.0, now=True)
                 self._gone_restarts = 0  # it watches: a folder gone later is a new race
-                self._established = True
+                self._established, self._held = True, watches
                 if self._degraded and not stop.is_set():  # it watches: the retry worked
                     self._degraded = False
                     log.info("watch_started", paths=len(dirs))
             async for batch in changes:
                 self._gone_restarts = 0
-                self._established = True
+                self._established, self._held = True, watches
                 if self._degraded:
                     self._degraded = False
                     log.info("watch_started", paths=len(dirs))
