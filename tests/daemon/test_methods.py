@@ -1,0 +1,82 @@
+"""The native handlers over a real service (``toolsetd.daemon.methods``), where a test must
+hold a large ``list``'s build to order it against a reload or another list; the methods
+are driven through a real daemon in tests/integration."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+pytestmark = pytest.mark.anyio
+
+
+def _write(folder: Path, index: int) -> None:
+    """A set of 20 tools, ``s<index>``, in ``folder``."""
+    (folder / f"s{index:03d}").mkdir(parents=True, exist_ok=True)
+    tools = [{"name": f"t{index}_{n}", "description": "d", "schema": {"type": "object"}}
+             for n in range(20)]
+    manifest = {"runner": "exec", "command": ["true"], "tools": tools}
+    (folder / f"s{index:03d}" / "tools.json").write_text(json.dumps(manifest))
+
+
+def _large(folder: Path) -> int:
+    """Sets of more tools than ``LARGE_CATALOG`` in ``folder`` (a list built in a worker
+    thread); returns how many."""
+    from toolsetd.daemon.model import LARGE_CATALOG
+
+    sets = LARGE_CATALOG // 20 + 5
+    for index in range(sets):
+        _write(folder, index)
+    return sets
+
+
+def _handlers(tmp_path: Path, home: Path) -> Any:
+    """``Handlers`` over a real service of ``home``."""
+    from toolsetd.daemon.methods import Handlers
+    from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES
+    from toolsetd.daemon.registry import Registry
+    from toolsetd.daemon.runner import Runner, RunnerSettings
+    from toolsetd.daemon.sdnotify import Notifier
+    from toolsetd.daemon.service import Service, ServiceSettings
+    from toolsetd.daemon.validation import ArgumentValidators
+
+    registry = Registry(home, DEFAULT_RESERVED_NAMES)
+    runner = Runner(RunnerSettings(), anyio.CapacityLimiter(4), os.environ)
+    service = Service(
+        ServiceSettings(socket=str(tmp_path / "s"), home=home, user_home=Path.home()),
+        registry, runner, ArgumentValidators(), Notifier.from_environ({}),
+    )
+    return Handlers(service, lambda: ())
+
+
+async def test_a_large_list_built_late_leaves_a_newer_snapshots_body_cached(
+    tmp_path: Path,
+) -> None:
+    """A ``list`` of a large snapshot builds its body in a worker thread. A reload landing
+    meanwhile whose snapshot is small is listed at once, and cached; the older build, done
+    after it, took that entry, and every later ``list`` of the current snapshot built its
+    body again (and, large, in a thread, behind any other build)."""
+    home, spare = tmp_path / "home", tmp_path / "spare"
+    sets = _large(home / "tools")
+    spare.mkdir()
+    handlers = _handlers(tmp_path, home)
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            building = handlers._list_building
+            async with building:  # the large snapshot's build waits
+                tg.start_soon(handlers.list, None, {})
+                while building.statistics().tasks_waiting == 0:
+                    await anyio.sleep(0.01)
+                for index in range(1, sets):  # a small snapshot, listed on the loop
+                    shutil.move(home / "tools" / f"s{index:03d}", spare)
+                await handlers.service.reload_catalogs(None)
+                small = await handlers.list(None, {})
+            # The large build ends once the lock is left to it, and with it the task group.
+        again = await handlers.list(None, {})
+    assert again["tools"] is small["tools"], "the current snapshot's body was built again"
