@@ -44,6 +44,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -189,13 +190,17 @@ class ToolPages:
         time (a small catalog's: a thread hand-off costs more)."""
         return self._listings.get(catalog, wanted, lambda: self._listing(catalog, wanted))
 
-    async def listing_apart(self, catalog: Catalog, wanted: str | None, lock: Any) -> Listing:
-        """``listing``, built in a worker thread, one at a time under ``lock``
-        (``SnapshotCache.get_apart``). Its ``tag`` and ``page`` then cost no more than a
+    async def listing_apart(self, catalog: Catalog, wanted: str | None) -> Listing:
+        """``listing``, built in a worker thread (``SnapshotCache.get_apart``: one build at
+        a time per workspace and filter). Its ``tag`` and ``page`` then cost no more than a
         page's encoding, whether or not the cache kept it (a newer snapshot's stays)."""
         return await self._listings.get_apart(
-            catalog, wanted, functools.partial(self._listing, catalog, wanted), lock
+            catalog, wanted, functools.partial(self._listing, catalog, wanted)
         )
+
+    def building(self, workspace: Path | None, wanted: str | None) -> Any:
+        """The lock the builds of the listings of ``workspace`` under ``wanted`` take."""
+        return self._listings.building(workspace, wanted)
 
     def page(self, listing: Listing, cursor: Any, size: int) -> tuple[orjson.Fragment, str | None]:
         """One page of ``listing`` from ``cursor`` (None: the first), as JSON, and the next

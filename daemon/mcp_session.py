@@ -263,8 +263,6 @@ class McpServer:
         self.settings = settings or McpSettings()
         self.signer = mapping.StateSigner(ttl_seconds=self.settings.state_ttl_seconds)
         self.pages = mapping.ToolPages()
-        #: One large listing is built at a time (``listing``).
-        self._building = anyio.Lock()
         self._ids = itertools.count(1)
         #: The daemon is stopping: ``subscriptions/listen`` streams end with a result, and
         #: no approval is asked for.
@@ -276,14 +274,14 @@ class McpServer:
 
     async def listing(self, catalog: Catalog, wanted: str | None) -> mapping.Listing:
         """The listing of ``catalog`` under ``wanted`` from ``pages``: a large one is built
-        in a worker thread (``LARGE_CATALOG``), one at a time, so its ``tag`` and ``page``
-        cost the loop no more than a page. 20,000 tools took 0.15-0.4 s there, at each
-        host's first ``tools/list`` and at every reload any MCP session saw. The caller
-        pages the listing returned: the cache keeps only the newest snapshot's, and one
-        built for an older snapshot (a reload landed during its build) was built again on
-        the loop by ``page``."""
+        in a worker thread (``LARGE_CATALOG``), one at a time per workspace and filter, so
+        its ``tag`` and ``page`` cost the loop no more than a page. 20,000 tools took
+        0.15-0.4 s there, at each host's first ``tools/list`` and at every reload any MCP
+        session saw. The caller pages the listing returned: the cache keeps only the
+        newest snapshot's, and one built for an older snapshot (a reload landed during its
+        build) was built again on the loop by ``page``."""
         if len(catalog.tools) > LARGE_CATALOG:
-            return await self.pages.listing_apart(catalog, wanted, self._building)
+            return await self.pages.listing_apart(catalog, wanted)
         return self.pages.listing(catalog, wanted)
 
     def end_waits(self) -> None:

@@ -376,11 +376,14 @@ class SnapshotCache(Generic[_V]):
     set it loaded decoded and its ``list`` bytes beside them.
     """
 
-    __slots__ = ("_entries", "_limit")
+    __slots__ = ("_building", "_entries", "_limit")
 
     def __init__(self, limit: int = 64) -> None:
         self._entries: dict[_EntryKey, tuple[weakref.ref[Catalog], _V]] = {}
         self._limit = limit
+        #: Per entry, the lock its builds in a worker thread take (``get_apart``), while
+        #: one holds it or waits for it.
+        self._building: dict[_EntryKey, Any] = {}
 
     def cached(self, catalog: Catalog, wanted: str | None) -> _V | None:
         """The value for ``catalog`` under filter ``wanted`` if it was built, else None."""
@@ -413,25 +416,31 @@ class SnapshotCache(Generic[_V]):
         entries[key] = (weakref.ref(catalog, dropped), value)
         return value
 
-    async def get_apart(
-        self, catalog: Catalog, wanted: str | None, build: Callable[[], _V], lock: Any
-    ) -> _V:
-        """``get``, with ``build`` run in a worker thread, one build at a time under
-        ``lock`` (an ``anyio.Lock``): for a large catalog (``LARGE_CATALOG``), whose value
-        held the event loop, and every client, for a large part of a second. A value
-        already built is taken without waiting behind another snapshot's build; a second
-        caller of the same snapshot takes the first's."""
+    def building(self, workspace: Path | None, wanted: str | None) -> Any:
+        """The lock (an ``anyio.Lock``) the builds of the entry of ``workspace`` under
+        ``wanted`` take in ``get_apart``."""
+        key = (workspace, wanted)
+        lock = self._building.get(key)
+        if lock is None:
+            import anyio  # the daemon's only: the offline CLI imports this module
+
+            lock = self._building[key] = anyio.Lock()
+        return lock
+
+    async def get_apart(self, catalog: Catalog, wanted: str | None, build: Callable[[], _V]) -> _V:
+        """``get``, with ``build`` run in a worker thread: for a large catalog
+        (``LARGE_CATALOG``), whose value held the event loop, and every client, for a
+        large part of a second.
+
+        One build at a time per entry (``building``): a second caller of the same snapshot
+        waits for the first's and takes it. Builds of other entries (another workspace,
+        another filter) do not wait: with one lock for all, a ``list`` of a small project
+        waited out a build of another's 20,000 tools. A value already built is taken at
+        once.
+        """
         value = self.cached(catalog, wanted)
         if value is not None:
             return value
-        from . import threads  # the daemon's only: the offline CLI imports this module
-
-        async with lock:
-            value = self.cached(catalog, wanted)
-            if value is None:
-                built = await threads.run_sync(build)
-                value = self.get(catalog, wanted, lambda: built)
-        return value
         from . import threads  # the daemon's only: the offline CLI imports this module
 
         key = (catalog.workspace, wanted)

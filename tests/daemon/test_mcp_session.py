@@ -109,10 +109,12 @@ async def test_a_listing_built_late_does_not_take_the_place_of_a_newer_one(
     assert answer["result"]["protocolVersion"] == "2025-06-18"  # the host knows S0's list
     with anyio.fail_after(60):
         async with anyio.create_task_group() as tg:
-            async with server._building:  # another listing is being built
+            # Another listing of the workspace is being built.
+            building = server.pages.building(session.binding.workspace, None)
+            async with building:
                 write(home / "tools", 0, "after")  # S1, large: its check waits for the build
                 tg.start_soon(service.reload_catalogs, None)
-                while server._building.statistics().tasks_waiting == 0:
+                while building.statistics().tasks_waiting == 0:
                     await anyio.sleep(0.01)
                 for index in range(1, sets):  # S2, small: told at once
                     shutil.move(home / "tools" / f"s{index:03d}", spare)
