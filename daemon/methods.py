@@ -158,6 +158,8 @@ class Handlers:
         #: workspace and filter (a second list of the same snapshot takes the first's).
         self._list_cache: SnapshotCache[dict[str, Any]] = SnapshotCache()
         self._status_fixed: tuple[Any, ...] = (None, None, 0)
+        #: ``status``'s ``watch``: the watcher's last report, and it encoded once.
+        self._watch_said: tuple[dict[str, Any] | None, Any] = (None, _NOT_WATCHING)
         service.listen_all(self._announce)
 
     def methods(self) -> Mapping[str, Handler]:
@@ -219,8 +221,19 @@ class Handlers:
             "inFlight": len(service.calls),
             "connections": len(connections),
             "confinement": confinement,
-            "watch": self.watch() or _NOT_WATCHING,
+            "watch": self._watch_encoded(),
         }
+
+    def _watch_encoded(self) -> Any:
+        """``status``'s ``watch``, encoded once per report of the watcher (``Watcher.status``
+        is the same dict until what it says changes): building and encoding it at every
+        call was a quarter of a ``status``."""
+        watch = self.watch()
+        said, encoded = self._watch_said
+        if watch is not said:
+            encoded = _NOT_WATCHING if watch is None else orjson.Fragment(json_dumps(watch))
+            self._watch_said = (watch, encoded)
+        return encoded
 
     def _fixed_status(self) -> tuple[Any, Any, int, int, str, str, Any]:
         """The members of ``status`` that only new settings or confinement change (or a

@@ -262,6 +262,9 @@ class Watcher:
         #: Seconds between polls now (``status``): the recheck, or twenty times what the
         #: last poll took in its thread if longer; worked out per poll, not per status.
         self._poll_seconds = recheck_seconds
+        #: ``status()``: made again by ``_restate`` when what it says changed, and the
+        #: same dict until then, so a reader may keep what it made of it beside it.
+        self._status: dict[str, Any] = {}
         #: Polls begun, and polls ended: a poll counts as begun while its probe is still
         #: in its thread, and as ended once what it found is taken in.
         self.polls = 0
@@ -315,6 +318,7 @@ class Watcher:
         #: Keys whose last delivery failed: while any is, their failures are throttled;
         #: once each was reloaded, the throttle starts afresh (the next failure is news).
         self._failing: set[ReloadKey] = set()
+        self._restate()
 
     @property
     def workspaces(self) -> frozenset[Path]:
@@ -327,14 +331,22 @@ class Watcher:
         directories of the watch that last said it watches: none while it starts or while
         polling), ``pastCap`` (set folders past ``maxWatches``, left to the poll),
         ``maxWatches`` and ``pollSeconds`` (between polls now: at least ``recheck_seconds``,
-        and twenty times what the last poll took)."""
+        and twenty times what the last poll took).
+
+        The same dict until one of them changes (``status`` encodes it once per change, as
+        ``Handlers._fixed_status`` does the rest): read it, do not change it.
+        """
+        return self._status
+
+    def _restate(self) -> None:
+        """Make ``status()`` anew if what it says changed (call after changing any of it)."""
         if self._degraded:
             state = "polling"
         elif self._established:
             state = "watching"
         else:
             state = "starting"
-        return {
+        status = {
             "state": state,
             "reason": self._unavailable if self._degraded else None,
             "watched": 0 if self._degraded else self._held,
@@ -342,6 +354,8 @@ class Watcher:
             "maxWatches": self._cap,
             "pollSeconds": self._poll_seconds,
         }
+        if status != self._status:
+            self._status = status
 
     def add_workspace(self, workspace: Path) -> None:
         """Start following ``<workspace>/.crystal/tools`` (created later or deleted included).
@@ -534,6 +548,7 @@ class Watcher:
                 # for good in status; the poller restarts us when something appears.
                 self._established = True
                 self._held = 0
+                self._restate()
                 await stop.wait()
                 continue
             # Events between the previous generation's end and this one's start are lost;
@@ -595,6 +610,7 @@ class Watcher:
                     self._degraded = True
                     log.warning("watch_unavailable", error=type(cause).__name__, message=str(cause))
                 self._unavailable = f"{type(cause).__name__}: {cause}"
+                self._restate()
                 # What changed while it started was seen by no event, and the restart's
                 # probe may have come first (a watch process's start takes a while): a
                 # probe now takes it in, and restarts the watch if the folders moved (a
@@ -604,6 +620,7 @@ class Watcher:
                     await stop.wait()
                 continue
             self._degraded = False
+            self._restate()
             if not stop.is_set():  # the iterator ended by itself: do not spin
                 with anyio.move_on_after(self._recheck):
                     await stop.wait()
@@ -633,12 +650,14 @@ class Watcher:
                 if self._degraded and not stop.is_set():  # it watches: the retry worked
                     self._degraded = False
                     log.info("watch_started", paths=len(dirs))
+                self._restate()
             async for batch in changes:
                 self._gone_restarts = 0
                 self._established, self._held = True, watches
                 if self._degraded:
                     self._degraded = False
                     log.info("watch_started", paths=len(dirs))
+                self._restate()
                 await self._handle_batch(batch)
         finally:
             aclose = getattr(changes, "aclose", None)
@@ -730,6 +749,7 @@ class Watcher:
             # and STATUS= said the old count, 'N past --max-watches' with none left.
             self._note_cap(self._cap, past, _watches(watched))
         self._poll_seconds = round(max(self._recheck, _POLL_COST_FACTOR * cost), 3)
+        self._restate()
         return cost
 
     def _probe_capped(self, workspaces: tuple[Path, ...]) -> tuple[int | None, _Watched, int]:
@@ -755,6 +775,7 @@ class Watcher:
         elif not past and self._past_cap:
             log.info("watch_cap_cleared", watched=watched, max_watches=cap)
         self._cap, self._past_cap = cap, past
+        self._restate()
 
     def _timed_probe(
         self, workspaces: tuple[Path, ...], cap: int | None
