@@ -5,7 +5,6 @@ are driven through a real daemon in tests/integration."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -14,46 +13,16 @@ import anyio
 import orjson
 import pytest
 
+from .large_catalog import large_sets, real_service
+
 pytestmark = pytest.mark.anyio
-
-
-def _write(folder: Path, index: int) -> None:
-    """A set of 20 tools, ``s<index>``, in ``folder``."""
-    (folder / f"s{index:03d}").mkdir(parents=True, exist_ok=True)
-    tools = [{"name": f"t{index}_{n}", "description": "d", "schema": {"type": "object"}}
-             for n in range(20)]
-    manifest = {"runner": "exec", "command": ["true"], "tools": tools}
-    (folder / f"s{index:03d}" / "tools.json").write_text(json.dumps(manifest))
-
-
-def _large(folder: Path) -> int:
-    """Sets of more tools than ``LARGE_CATALOG`` in ``folder`` (a list built in a worker
-    thread); returns how many."""
-    from toolsetd.daemon.model import LARGE_CATALOG
-
-    sets = LARGE_CATALOG // 20 + 5
-    for index in range(sets):
-        _write(folder, index)
-    return sets
 
 
 def _handlers(tmp_path: Path, home: Path) -> Any:
     """``Handlers`` over a real service of ``home``."""
     from toolsetd.daemon.methods import Handlers
-    from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES
-    from toolsetd.daemon.registry import Registry
-    from toolsetd.daemon.runner import Runner, RunnerSettings
-    from toolsetd.daemon.sdnotify import Notifier
-    from toolsetd.daemon.service import Service, ServiceSettings
-    from toolsetd.daemon.validation import ArgumentValidators
 
-    registry = Registry(home, DEFAULT_RESERVED_NAMES)
-    runner = Runner(RunnerSettings(), anyio.CapacityLimiter(4), os.environ)
-    service = Service(
-        ServiceSettings(socket=str(tmp_path / "s"), home=home, user_home=Path.home()),
-        registry, runner, ArgumentValidators(), Notifier.from_environ({}),
-    )
-    return Handlers(service, lambda: ())
+    return Handlers(real_service(tmp_path, home), lambda: ())
 
 
 async def test_a_large_list_built_late_leaves_a_newer_snapshots_body_cached(
@@ -64,7 +33,7 @@ async def test_a_large_list_built_late_leaves_a_newer_snapshots_body_cached(
     after it, took that entry, and every later ``list`` of the current snapshot built its
     body again (and, large, in a thread, behind any other build)."""
     home, spare = tmp_path / "home", tmp_path / "spare"
-    sets = _large(home / "tools")
+    sets = large_sets(home / "tools")
     spare.mkdir()
     handlers = _handlers(tmp_path, home)
     with anyio.fail_after(60):
@@ -92,7 +61,7 @@ async def test_a_large_list_of_one_workspace_does_not_wait_for_anothers_build(
     from toolsetd.daemon.model import LARGE_CATALOG
 
     home, first, second = tmp_path / "home", tmp_path / "a", tmp_path / "b"
-    _large(home / "tools")
+    large_sets(home / "tools")
     for workspace in (first, second):
         workspace.mkdir()
     handlers = _handlers(tmp_path, home)
