@@ -44,6 +44,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -60,6 +61,7 @@ from .service import Completion, ProgressReport
 __all__ = [
     "APPROVAL_KEY",
     "Answer",
+    "Listing",
     "McpError",
     "ProgressSink",
     "StateSigner",
@@ -120,7 +122,7 @@ def error_response(request_id: Any, error: dict[str, Any]) -> dict[str, Any]:
 PAGE_BYTES = 16 << 20
 
 
-class _Listing:
+class Listing:
     """One snapshot's ``tools/list`` entries under one filter, and its pages as JSON."""
 
     __slots__ = ("handed", "pages", "tag", "tools")
@@ -152,11 +154,11 @@ class ToolPages:
     """
 
     def __init__(self, page_bytes: int = PAGE_BYTES) -> None:
-        self._listings: SnapshotCache[_Listing] = SnapshotCache()
+        self._listings: SnapshotCache[Listing] = SnapshotCache()
         self._page_bytes = page_bytes
 
     @staticmethod
-    def _listing(catalog: Catalog, wanted: str | None) -> _Listing:
+    def _listing(catalog: Catalog, wanted: str | None) -> Listing:
         want = CatalogName(wanted) if wanted else None
         tools: list[dict[str, Any]] = [
             {
@@ -181,30 +183,33 @@ class ToolPages:
         tag = hashlib.sha256(
             "\n".join(t["_meta"]["toolsetd/hash"] for t in tools).encode()
         ).hexdigest()[:16]
-        return _Listing(tools, tag)
+        return Listing(tools, tag)
 
-    async def build_apart(self, catalog: Catalog, wanted: str | None, lock: Any) -> None:
-        """Build the listing of ``catalog`` under ``wanted`` in a worker thread, one at a
-        time under ``lock`` (``SnapshotCache.get_apart``): ``tag`` and ``page`` then cost
-        no more than a page's encoding."""
-        await self._listings.get_apart(
-            catalog, wanted, functools.partial(self._listing, catalog, wanted), lock
+    def listing(self, catalog: Catalog, wanted: str | None) -> Listing:
+        """The listing of ``catalog`` under ``wanted``, built on the event loop the first
+        time (a small catalog's: a thread hand-off costs more)."""
+        return self._listings.get(catalog, wanted, lambda: self._listing(catalog, wanted))
+
+    async def listing_apart(self, catalog: Catalog, wanted: str | None) -> Listing:
+        """``listing``, built in a worker thread (``SnapshotCache.get_apart``: one build at
+        a time per workspace and filter). Its ``tag`` and ``page`` then cost no more than a
+        page's encoding, whether or not the cache kept it (a newer snapshot's stays)."""
+        return await self._listings.get_apart(
+            catalog, wanted, functools.partial(self._listing, catalog, wanted)
         )
 
-    def tag(self, catalog: Catalog, wanted: str | None) -> str:
-        """What tells one ``tools/list`` of ``catalog`` under ``wanted`` from another: equal
-        tags, equal lists (every entry's ``_meta`` hash covers the rest of it)."""
-        return self._listings.get(catalog, wanted, lambda: self._listing(catalog, wanted)).tag
+    def building(self, workspace: Path | None, wanted: str | None) -> Any:
+        """The lock the builds of the listings of ``workspace`` under ``wanted`` take."""
+        return self._listings.building(workspace, wanted)
 
-    def page(
-        self, catalog: Catalog, wanted: str | None, cursor: Any, size: int
-    ) -> tuple[orjson.Fragment, str | None]:
-        """One page from ``cursor`` (None: the first), as JSON, and the next page's cursor.
+    def page(self, listing: Listing, cursor: Any, size: int) -> tuple[orjson.Fragment, str | None]:
+        """One page of ``listing`` from ``cursor`` (None: the first), as JSON, and the next
+        page's cursor. An equal ``tag`` of two listings means equal lists (every entry's
+        ``_meta`` hash covers the rest of it).
 
         Raises:
             McpError: -32602 for a cursor that is not ours or of an older catalog.
         """
-        listing = self._listings.get(catalog, wanted, lambda: self._listing(catalog, wanted))
         start = 0
         if cursor is not None:
             start = _read_cursor(cursor, listing.tag)

@@ -263,8 +263,6 @@ class McpServer:
         self.settings = settings or McpSettings()
         self.signer = mapping.StateSigner(ttl_seconds=self.settings.state_ttl_seconds)
         self.pages = mapping.ToolPages()
-        #: One large listing is built at a time (``listing_ready``).
-        self._building = anyio.Lock()
         self._ids = itertools.count(1)
         #: The daemon is stopping: ``subscriptions/listen`` streams end with a result, and
         #: no approval is asked for.
@@ -274,13 +272,17 @@ class McpServer:
         #: Every ``tools/call`` waiting for the operator's answer to its approval request.
         self.asking: set[_InFlight] = set()
 
-    async def listing_ready(self, catalog: Catalog, wanted: str | None) -> None:
-        """Have ``pages`` hold the listing of ``catalog`` under ``wanted``: a large one is
-        built in a worker thread (``LARGE_CATALOG``), one at a time, so its ``tag`` and
-        ``page`` cost the loop no more than a page. 20,000 tools took 0.15-0.4 s there, at
-        each host's first ``tools/list`` and at every reload any MCP session saw."""
+    async def listing(self, catalog: Catalog, wanted: str | None) -> mapping.Listing:
+        """The listing of ``catalog`` under ``wanted`` from ``pages``: a large one is built
+        in a worker thread (``LARGE_CATALOG``), one at a time per workspace and filter, so
+        its ``tag`` and ``page`` cost the loop no more than a page. 20,000 tools took
+        0.15-0.4 s there, at each host's first ``tools/list`` and at every reload any MCP
+        session saw. The caller pages the listing returned: the cache keeps only the
+        newest snapshot's, and one built for an older snapshot (a reload landed during its
+        build) was built again on the loop by ``page``."""
         if len(catalog.tools) > LARGE_CATALOG:
-            await self.pages.build_apart(catalog, wanted, self._building)
+            return await self.pages.listing_apart(catalog, wanted)
+        return self.pages.listing(catalog, wanted)
 
     def end_waits(self) -> None:
         """A graceful stop: answer every ``subscriptions/listen`` with its completion
@@ -755,9 +757,9 @@ class McpSession:
 
     async def _tools_list(self, era: _Era, params: dict[str, Any]) -> dict[str, Any]:
         catalog = await self._service.catalog(self.binding.workspace)
-        await self._server.listing_ready(catalog, self.binding.catalog)
+        listing = await self._server.listing(catalog, self.binding.catalog)
         tools, cursor = self._server.pages.page(
-            catalog, self.binding.catalog, params.get("cursor"), self._server.settings.page_size
+            listing, params.get("cursor"), self._server.settings.page_size
         )
         result: dict[str, Any] = {"tools": tools}
         if cursor is not None:
@@ -1011,9 +1013,9 @@ class McpSession:
     async def _know_list(self, catalog: Catalog) -> None:
         """The host is served ``catalog`` from now on: the list a change differs from."""
         if self._listed is None:
-            await self._server.listing_ready(catalog, self.binding.catalog)
+            listing = await self._server.listing(catalog, self.binding.catalog)
             if self._listed is None:  # not taken by a change meanwhile
-                self._listed = self._server.pages.tag(catalog, self.binding.catalog)
+                self._listed = listing.tag
 
     async def _catalog_changed(
         self, key: Path | None, generation: int, changed: Sequence[dict[str, Any]]
@@ -1022,8 +1024,9 @@ class McpSession:
             return
         registry = self._service.registry
         catalog = registry.cached(self.binding.workspace)
+        listing: mapping.Listing | None = None
         while catalog is not None:
-            await self._server.listing_ready(catalog, self.binding.catalog)
+            listing = await self._server.listing(catalog, self.binding.catalog)
             if self._closed:
                 return
             # A reload that landed while this one's listing was built was checked first
@@ -1033,8 +1036,8 @@ class McpSession:
             if newest is None or newest is catalog:
                 break
             catalog = newest
-        if catalog is not None:
-            listed = self._server.pages.tag(catalog, self.binding.catalog)
+        if listing is not None:
+            listed = listing.tag
             unchanged = listed == self._listed
             self._listed = listed
             if unchanged:

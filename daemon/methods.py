@@ -23,7 +23,6 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import anyio
 import orjson
 from toolsetd.protocol import __version__
 from toolsetd.protocol import errors as rpc_errors
@@ -155,11 +154,12 @@ class Handlers:
         self._extra = dict(extra or {})
         self._reload_config = reload_config
         self._metrics_text = metrics_text
+        #: ``list``'s bodies: a large one is built in a worker thread, one at a time per
+        #: workspace and filter (a second list of the same snapshot takes the first's).
         self._list_cache: SnapshotCache[dict[str, Any]] = SnapshotCache()
-        #: One large ``list`` body is built at a time: a second list of the same snapshot
-        #: waits for the first's and takes it from the cache instead of building it again.
-        self._list_building = anyio.Lock()
         self._status_fixed: tuple[Any, ...] = (None, None, 0)
+        #: ``status``'s ``watch``: the watcher's last report, and it encoded once.
+        self._watch_said: tuple[dict[str, Any] | None, Any] = (None, _NOT_WATCHING)
         service.listen_all(self._announce)
 
     def methods(self) -> Mapping[str, Handler]:
@@ -221,8 +221,19 @@ class Handlers:
             "inFlight": len(service.calls),
             "connections": len(connections),
             "confinement": confinement,
-            "watch": self.watch() or _NOT_WATCHING,
+            "watch": self._watch_encoded(),
         }
+
+    def _watch_encoded(self) -> Any:
+        """``status``'s ``watch``, encoded once per report of the watcher (``Watcher.status``
+        is the same dict until what it says changes): building and encoding it at every
+        call was a quarter of a ``status``."""
+        watch = self.watch()
+        said, encoded = self._watch_said
+        if watch is not said:
+            encoded = _NOT_WATCHING if watch is None else orjson.Fragment(json_dumps(watch))
+            self._watch_said = (watch, encoded)
+        return encoded
 
     def _fixed_status(self) -> tuple[Any, Any, int, int, str, str, Any]:
         """The members of ``status`` that only new settings or confinement change (or a
@@ -267,7 +278,7 @@ class Handlers:
         build = functools.partial(_list_body, catalog, wanted)
         if len(catalog.tools) + len(catalog.sets) <= LARGE_CATALOG:
             return cache.get(catalog, wanted, build)
-        return await cache.get_apart(catalog, wanted, build, self._list_building)
+        return await cache.get_apart(catalog, wanted, build)
 
     async def classify(self, ctx: RequestContext, params: Any) -> dict[str, Any]:
         """Classify a prospective call: paths, scope, approval and the decision."""

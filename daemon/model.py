@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import inspect
+import itertools
 import sys
 import weakref
 from collections.abc import Callable, Mapping
@@ -320,6 +321,10 @@ class Config:
     project_policy: ApprovalSource = ApprovalSource.HOST
 
 
+#: ``Catalog.serial``: snapshots in the order they were made.
+_SERIALS = itertools.count()
+
+
 @dataclass(frozen=True, slots=True, weakref_slot=True)  # weakref: SnapshotCache
 class Catalog:
     """One immutable catalog snapshot for a home, or a home and a workspace.
@@ -330,6 +335,9 @@ class Catalog:
         sets: Every candidate set entry, sorted by directory then source.
         notes: Operator notes: discovery notes (home, then project), then load notes.
         config: The settings the snapshot was built with.
+        serial: The order the snapshot was made in: a later snapshot has a larger one (a
+            reload's, made from its files later, or a patch's, ``dataclasses.replace``).
+            Not compared: two snapshots of the same content are equal.
     """
 
     workspace: Path | None
@@ -337,9 +345,12 @@ class Catalog:
     sets: tuple[SetEntry, ...] = ()
     notes: tuple[Note, ...] = ()
     config: Config = field(default_factory=Config)
+    serial: int = field(default_factory=_SERIALS.__next__, init=False, compare=False, repr=False)
 
 
 _V = TypeVar("_V")
+#: A ``SnapshotCache`` entry: (workspace, filter).
+_EntryKey = tuple[Path | None, str | None]
 
 
 #: A catalog of more tools and sets than this has its native ``list`` body built in a
@@ -353,8 +364,11 @@ class SnapshotCache(Generic[_V]):
     """A value worked out once per catalog snapshot and filter (``list``'s bytes, MCP pages).
 
     One entry per workspace and filter: a new snapshot of a workspace replaces its entry
-    instead of keeping the old snapshot alive beside it. Past ``limit`` workspaces the
-    entries are dropped and built again on use.
+    instead of keeping the old snapshot alive beside it, and an older one never replaces
+    a newer one's (``Catalog.serial``): a large build of an older snapshot, finishing
+    after a reload's newer one was listed, took its place, and the next list of the
+    current snapshot built it again. Past ``limit`` workspaces the entries are dropped and
+    built again on use.
 
     The snapshot is held weakly: once nothing else holds it (the registry released its
     workspace, a reload replaced it) its entry goes with it. Held strongly, the last
@@ -362,11 +376,14 @@ class SnapshotCache(Generic[_V]):
     set it loaded decoded and its ``list`` bytes beside them.
     """
 
-    __slots__ = ("_entries", "_limit")
+    __slots__ = ("_building", "_entries", "_limit")
 
     def __init__(self, limit: int = 64) -> None:
-        self._entries: dict[tuple[Path | None, str | None], tuple[weakref.ref[Catalog], _V]] = {}
+        self._entries: dict[_EntryKey, tuple[weakref.ref[Catalog], _V]] = {}
         self._limit = limit
+        #: Per entry, the lock its builds in a worker thread take (``get_apart``), while
+        #: one holds it or waits for it.
+        self._building: dict[_EntryKey, Any] = {}
 
     def cached(self, catalog: Catalog, wanted: str | None) -> _V | None:
         """The value for ``catalog`` under filter ``wanted`` if it was built, else None."""
@@ -376,12 +393,17 @@ class SnapshotCache(Generic[_V]):
         return None
 
     def get(self, catalog: Catalog, wanted: str | None, build: Callable[[], _V]) -> _V:
-        """The value for ``catalog`` under filter ``wanted``, built by ``build`` the first time."""
+        """The value for ``catalog`` under filter ``wanted``, built by ``build`` the first
+        time; kept unless a newer snapshot's value is."""
         key = (catalog.workspace, wanted)
         cached = self._entries.get(key)
-        if cached is not None and cached[0]() is catalog:
+        held = cached[0]() if cached is not None else None
+        if held is catalog:
+            assert cached is not None
             return cached[1]
         value = build()
+        if held is not None and held.serial > catalog.serial:
+            return value  # built for a caller of an older snapshot: the newer one's stays
         if key not in self._entries and len(self._entries) > self._limit:
             self._entries.clear()
         entries = self._entries
@@ -394,17 +416,46 @@ class SnapshotCache(Generic[_V]):
         entries[key] = (weakref.ref(catalog, dropped), value)
         return value
 
-    async def get_apart(
-        self, catalog: Catalog, wanted: str | None, build: Callable[[], _V], lock: Any
-    ) -> _V:
-        """``get``, with ``build`` run in a worker thread, one build at a time under
-        ``lock`` (an ``anyio.Lock``): for a large catalog (``LARGE_CATALOG``), whose value
-        held the event loop, and every client, for a large part of a second. A value
-        already built is taken without waiting behind another snapshot's build; a second
-        caller of the same snapshot takes the first's."""
+    def building(self, workspace: Path | None, wanted: str | None) -> Any:
+        """The lock (an ``anyio.Lock``) the builds of the entry of ``workspace`` under
+        ``wanted`` take in ``get_apart``."""
+        key = (workspace, wanted)
+        lock = self._building.get(key)
+        if lock is None:
+            import anyio  # the daemon's only: the offline CLI imports this module
+
+            lock = self._building[key] = anyio.Lock()
+        return lock
+
+    async def get_apart(self, catalog: Catalog, wanted: str | None, build: Callable[[], _V]) -> _V:
+        """``get``, with ``build`` run in a worker thread: for a large catalog
+        (``LARGE_CATALOG``), whose value held the event loop, and every client, for a
+        large part of a second.
+
+        One build at a time per entry (``building``): a second caller of the same snapshot
+        waits for the first's and takes it. Builds of other entries (another workspace,
+        another filter) do not wait: with one lock for all, a ``list`` of a small project
+        waited out a build of another's 20,000 tools. A value already built is taken at
+        once.
+        """
         value = self.cached(catalog, wanted)
         if value is not None:
             return value
+        from . import threads  # the daemon's only: the offline CLI imports this module
+
+        key = (catalog.workspace, wanted)
+        lock = self.building(*key)
+        try:
+            async with lock:
+                value = self.cached(catalog, wanted)
+                if value is None:
+                    built = await threads.run_sync(build)
+                    value = self.get(catalog, wanted, lambda: built)
+        finally:
+            # Handed on to a waiter, the lock stays locked: dropped once nobody wants it.
+            if not lock.locked() and self._building.get(key) is lock:
+                del self._building[key]
+        return value
         from . import threads  # the daemon's only: the offline CLI imports this module
 
         async with lock:

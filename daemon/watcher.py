@@ -14,7 +14,8 @@ So the directories whose *direct* entries matter are few and known:
 Each only if this process may read it and its path is UTF-8 (``_watch_id``): one awatch
 covers them all, and one directory it cannot watch fails the whole of it. At most
 ``max_watches`` of them (``_watched``): each is an inotify watch out of the user's
-``fs.inotify.max_user_watches``, which the user's other programs share; the set folders
+``fs.inotify.max_user_watches``, which the user's other programs share (one per directory,
+however many paths reach it: they are counted so); the set folders
 past the bound (the largest workspace's first) are followed by the poll alone, and
 ``status()`` says so (``watch_capped`` in the log).
 
@@ -254,9 +255,16 @@ class Watcher:
         self._established = False
         #: Why the watch is unavailable, while it is (``watch_unavailable``'s words).
         self._unavailable = ""
+        #: The inotify watches of the last watch that said it watches (``status``'s
+        #: ``watched``): none while the first one starts; through a restart, the replaced
+        #: watch's until the new one watches.
+        self._held = 0
         #: Seconds between polls now (``status``): the recheck, or twenty times what the
         #: last poll took in its thread if longer; worked out per poll, not per status.
         self._poll_seconds = recheck_seconds
+        #: ``status()``: made again by ``_restate`` when what it says changed, and the
+        #: same dict until then, so a reader may keep what it made of it beside it.
+        self._status: dict[str, Any] = {}
         #: Polls begun, and polls ended: a poll counts as begun while its probe is still
         #: in its thread, and as ended once what it found is taken in.
         self.polls = 0
@@ -310,6 +318,7 @@ class Watcher:
         #: Keys whose last delivery failed: while any is, their failures are throttled;
         #: once each was reloaded, the throttle starts afresh (the next failure is news).
         self._failing: set[ReloadKey] = set()
+        self._restate()
 
     @property
     def workspaces(self) -> frozenset[Path]:
@@ -318,25 +327,35 @@ class Watcher:
 
     def status(self) -> dict[str, Any]:
         """What ``status`` says of watching (``docs/protocol.md``): ``state`` (``starting``,
-        ``watching`` or ``polling``), ``reason`` (why it polls), ``watched`` (directories
-        watched), ``pastCap`` (set folders past ``maxWatches``, left to the poll),
+        ``watching`` or ``polling``), ``reason`` (why it polls), ``watched`` (the
+        directories of the watch that last said it watches: none while it starts or while
+        polling), ``pastCap`` (set folders past ``maxWatches``, left to the poll),
         ``maxWatches`` and ``pollSeconds`` (between polls now: at least ``recheck_seconds``,
-        and twenty times what the last poll took)."""
+        and twenty times what the last poll took).
+
+        The same dict until one of them changes (``status`` encodes it once per change, as
+        ``Handlers._fixed_status`` does the rest): read it, do not change it.
+        """
+        return self._status
+
+    def _restate(self) -> None:
+        """Make ``status()`` anew if what it says changed (call after changing any of it)."""
         if self._degraded:
             state = "polling"
         elif self._established:
             state = "watching"
         else:
             state = "starting"
-        watching = self._watching
-        return {
+        status = {
             "state": state,
             "reason": self._unavailable if self._degraded else None,
-            "watched": 0 if self._degraded or watching is None else len(watching),
+            "watched": 0 if self._degraded else self._held,
             "pastCap": self._past_cap,
             "maxWatches": self._cap,
             "pollSeconds": self._poll_seconds,
         }
+        if status != self._status:
+            self._status = status
 
     def add_workspace(self, workspace: Path) -> None:
         """Start following ``<workspace>/.crystal/tools`` (created later or deleted included).
@@ -519,7 +538,8 @@ class Watcher:
         while True:
             self._rewatch = False  # this probe is taken after any removal reported so far
             cap, dirs, past = await threads.run_sync(self._probe_capped, tuple(self._workspaces))
-            self._note_cap(cap, past, len(dirs))
+            watches = _watches(dirs)
+            self._note_cap(cap, past, watches)
             stop = anyio.Event()
             self._stop, self._watching = stop, dirs
             self._aliases = _aliases(dirs)
@@ -527,6 +547,8 @@ class Watcher:
                 # Nothing exists yet (no home): nothing to watch or miss, so not "starting"
                 # for good in status; the poller restarts us when something appears.
                 self._established = True
+                self._held = 0
+                self._restate()
                 await stop.wait()
                 continue
             # Events between the previous generation's end and this one's start are lost;
@@ -542,7 +564,7 @@ class Watcher:
                 log.info("watch_started", paths=len(dirs))
             self._restarting = False
             try:
-                await self._watch(dirs, stop)
+                await self._watch(dirs, stop, watches)
             except Exception as exc:  # any failure of the watch degrades to polling
                 cause = _cause(exc)
                 moved = _folder_gone(cause) and await threads.run_sync(_moved, dirs)
@@ -588,6 +610,7 @@ class Watcher:
                     self._degraded = True
                     log.warning("watch_unavailable", error=type(cause).__name__, message=str(cause))
                 self._unavailable = f"{type(cause).__name__}: {cause}"
+                self._restate()
                 # What changed while it started was seen by no event, and the restart's
                 # probe may have come first (a watch process's start takes a while): a
                 # probe now takes it in, and restarts the watch if the folders moved (a
@@ -597,11 +620,12 @@ class Watcher:
                     await stop.wait()
                 continue
             self._degraded = False
+            self._restate()
             if not stop.is_set():  # the iterator ended by itself: do not spin
                 with anyio.move_on_after(self._recheck):
                     await stop.wait()
 
-    async def _watch(self, dirs: _Watched, stop: anyio.Event) -> None:
+    async def _watch(self, dirs: _Watched, stop: anyio.Event, watches: int) -> None:
         changes = self._factory(
             *sorted(dirs),
             stop_event=stop,
@@ -622,16 +646,18 @@ class Watcher:
                 # A restart costs a probe of its own already: this one at most doubles it.
                 self._schedule_poll(0.0, now=True)
                 self._gone_restarts = 0  # it watches: a folder gone later is a new race
-                self._established = True
+                self._established, self._held = True, watches
                 if self._degraded and not stop.is_set():  # it watches: the retry worked
                     self._degraded = False
                     log.info("watch_started", paths=len(dirs))
+                self._restate()
             async for batch in changes:
                 self._gone_restarts = 0
-                self._established = True
+                self._established, self._held = True, watches
                 if self._degraded:
                     self._degraded = False
                     log.info("watch_started", paths=len(dirs))
+                self._restate()
                 await self._handle_batch(batch)
         finally:
             aclose = getattr(changes, "aclose", None)
@@ -721,8 +747,9 @@ class Watcher:
             # The same folders watched, but set folders past the bound came or went (one
             # that sorts after those watched, rm -rf of those polled): status, the metrics
             # and STATUS= said the old count, 'N past --max-watches' with none left.
-            self._note_cap(self._cap, past, len(watched))
+            self._note_cap(self._cap, past, _watches(watched))
         self._poll_seconds = round(max(self._recheck, _POLL_COST_FACTOR * cost), 3)
+        self._restate()
         return cost
 
     def _probe_capped(self, workspaces: tuple[Path, ...]) -> tuple[int | None, _Watched, int]:
@@ -748,6 +775,7 @@ class Watcher:
         elif not past and self._past_cap:
             log.info("watch_cap_cleared", watched=watched, max_watches=cap)
         self._cap, self._past_cap = cap, past
+        self._restate()
 
     def _timed_probe(
         self, workspaces: tuple[Path, ...], cap: int | None
@@ -983,27 +1011,40 @@ def _probe_workspace(workspace: Path) -> _Probe:
 
 def _watched(probes: Mapping[ReloadKey, _Probe], cap: int | None) -> tuple[_Watched, int]:
     """The directories the probes list to watch, with their (device, inode), at most
-    ``cap`` of them, and how many set folders that bound leaves out.
+    ``cap`` watches of them, and how many set folders that bound leaves out.
 
     First every folder that may hold a tools root and every root (few: a key's own
     structure), then set folders: the home's, then each workspace's, the workspace with
     the fewest first, so one project of 190,000 folders gives up its watches before a
     small one does. A set folder left out is followed by the poll alone.
+
+    The bound counts directories, not paths: inotify holds one watch per directory however
+    many paths reach it (a project whose ``.crystal`` links to the home names the home's
+    root and sets again), so a path to a directory already watched is listed at no cost
+    (its events are told under each name, ``_aliases``), and one past the bound is counted
+    once.
     """
     dirs: _Watched = {}
     for probe in probes.values():
         dirs.update(probe.dirs)
+    held = set(dirs.values())
     order = sorted(probes.items(), key=lambda item: (item[0] is not None, len(item[1].sets)))
-    past: set[Path] = set()
+    past: set[tuple[int, int]] = set()
     for _key, probe in order:
         for path, identity in probe.sets.items():
-            if path in dirs:
-                continue
-            if cap is None or len(dirs) < cap:
+            if identity in held:
                 dirs[path] = identity
+            elif cap is None or len(held) < cap:
+                dirs[path] = identity
+                held.add(identity)
             else:
-                past.add(path)
+                past.add(identity)
     return dirs, len(past)
+
+
+def _watches(dirs: _Watched) -> int:
+    """The inotify watches ``dirs`` take: one per directory, however many paths reach it."""
+    return len(set(dirs.values()))
 
 
 def _watch_cap(max_watches: int | None) -> int | None:

@@ -56,12 +56,12 @@ def test_mcp_pages_walk_the_catalog_in_name_order(tmp_path: Path) -> None:
     seen: list[str] = []
     cursor = None
     for _ in range(5):
-        tools, cursor = pages.page(catalog, None, cursor, 2)
+        tools, cursor = pages.page(pages.listing(catalog, None), cursor, 2)
         seen += [t["name"] for t in _entries(tools)]
         if cursor is None:
             break
     assert seen == ["alpha", "bravo", "charlie", "delta", "echo"]
-    first = _entries(pages.page(catalog, None, None, 10)[0])[0]
+    first = _entries(pages.page(pages.listing(catalog, None), None, 10)[0])[0]
     assert first["annotations"] == {"readOnlyHint": False, "destructiveHint": True}
     assert first["_meta"]["toolsetd/set"] == "alpha"
     assert first["inputSchema"] == {"type": "object"}
@@ -69,7 +69,7 @@ def test_mcp_pages_walk_the_catalog_in_name_order(tmp_path: Path) -> None:
 
 def _cursor_at(pages: ToolPages, catalog: object, offset: int) -> str:
     """A cursor forged for ``offset`` (its tag read from one the class gave out)."""
-    _, given = pages.page(catalog, None, None, 1)  # type: ignore[arg-type]
+    _, given = pages.page(pages.listing(catalog, None), None, 1)  # type: ignore[arg-type]
     assert given is not None
     tag = base64.urlsafe_b64decode(given).decode().split(":")[0]
     return base64.urlsafe_b64encode(f"{tag}:{offset}".encode()).decode()
@@ -80,12 +80,12 @@ def test_mcp_pages_are_encoded_once(tmp_path: Path) -> None:
     names = [f"t{i:02d}" for i in range(7)]
     catalog = _catalog(_home(tmp_path, names))
     pages = ToolPages()
-    first, cursor = pages.page(catalog, None, None, 2)
-    assert pages.page(catalog, None, None, 2)[0] is first
+    first, cursor = pages.page(pages.listing(catalog, None), None, 2)
+    assert pages.page(pages.listing(catalog, None), None, 2)[0] is first
     walked = _entries(first)
     while cursor is not None:
-        page, following = pages.page(catalog, None, cursor, 2)
-        assert pages.page(catalog, None, cursor, 2)[0] is page
+        page, following = pages.page(pages.listing(catalog, None), cursor, 2)
+        assert pages.page(pages.listing(catalog, None), cursor, 2)[0] is page
         walked += _entries(page)
         cursor = following
     assert [t["name"] for t in walked] == names
@@ -95,14 +95,14 @@ def test_mcp_forged_cursors_are_answered_but_not_kept(tmp_path: Path) -> None:
     """Offsets we never hand out (mid-page, past the end) are encoded per request."""
     catalog = _catalog(_home(tmp_path, ["a", "b", "c", "d", "e"]))
     pages = ToolPages()
-    first = pages.page(catalog, None, None, 2)[0]
+    first = pages.page(pages.listing(catalog, None), None, 2)[0]
     for offset in (1, 3, 5, 9, 10**6):
         forged = _cursor_at(pages, catalog, offset)
-        page = pages.page(catalog, None, forged, 2)[0]
-        assert page is not pages.page(catalog, None, forged, 2)[0], offset
+        page = pages.page(pages.listing(catalog, None), forged, 2)[0]
+        assert page is not pages.page(pages.listing(catalog, None), forged, 2)[0], offset
         assert _entries(page) == _all(pages, catalog)[offset : offset + 2], offset
     # The pages we do hand out are still kept (forged ones took no room).
-    assert pages.page(catalog, None, None, 2)[0] is first
+    assert pages.page(pages.listing(catalog, None), None, 2)[0] is first
 
 
 def test_mcp_pages_are_cut_short_by_their_bytes(tmp_path: Path) -> None:
@@ -121,8 +121,8 @@ def test_mcp_pages_are_cut_short_by_their_bytes(tmp_path: Path) -> None:
     sizes: list[int] = []
     cursor = None
     for _ in range(20):
-        page, following = pages.page(catalog, None, cursor, 100)
-        assert pages.page(catalog, None, cursor, 100)[0] is page
+        page, following = pages.page(pages.listing(catalog, None), cursor, 100)
+        assert pages.page(pages.listing(catalog, None), cursor, 100)[0] is page
         entries = _entries(page)
         walked += [t["name"] for t in entries]
         sizes.append(len(entries))
@@ -134,17 +134,18 @@ def test_mcp_pages_are_cut_short_by_their_bytes(tmp_path: Path) -> None:
 
 
 def _all(pages: ToolPages, catalog: object) -> list[dict[str, object]]:
-    return _entries(pages.page(catalog, None, None, 100)[0])  # type: ignore[arg-type]
+    listing = pages.listing(catalog, None)  # type: ignore[arg-type]
+    return _entries(pages.page(listing, None, 100)[0])
 
 
 def test_mcp_a_new_snapshot_is_listed_fresh(tmp_path: Path) -> None:
     """A tool added since is in the next snapshot's pages, not an older snapshot's."""
     home = _home(tmp_path, ["alpha", "bravo"])
     pages = ToolPages()
-    before = pages.page(_catalog(home), None, None, 10)[0]
+    before = pages.page(pages.listing(_catalog(home), None), None, 10)[0]
     assert [t["name"] for t in _entries(before)] == ["alpha", "bravo"]
     _home(tmp_path, ["charlie"])
-    after = pages.page(_catalog(home), None, None, 10)[0]
+    after = pages.page(pages.listing(_catalog(home), None), None, 10)[0]
     assert [t["name"] for t in _entries(after)] == ["alpha", "bravo", "charlie"]
 
 
@@ -152,7 +153,8 @@ def test_mcp_page_writes_a_wide_integer_exactly(tmp_path: Path) -> None:
     """An integer wider than 64 bits in a schema reaches the host as written."""
     schema = {"type": "object", "properties": {"n": {"type": "integer", "maximum": 2**70}}}
     catalog = _catalog(_home(tmp_path, ["wide"], schema))
-    entry = _entries(ToolPages().page(catalog, None, None, 10)[0])[0]
+    pages = ToolPages()
+    entry = _entries(pages.page(pages.listing(catalog, None), None, 10)[0])[0]
     assert entry["inputSchema"] == schema
 
 
@@ -160,15 +162,15 @@ def test_mcp_cursor_of_a_changed_catalog_or_garbage_is_refused(tmp_path: Path) -
     """A cursor from before a change, or one we never gave out, is -32602."""
     home = _home(tmp_path, ["alpha", "bravo", "charlie"])
     pages = ToolPages()
-    _, cursor = pages.page(_catalog(home), None, None, 1)
+    _, cursor = pages.page(pages.listing(_catalog(home), None), None, 1)
     _home(tmp_path, ["delta"])
     with pytest.raises(McpError) as changed:
-        pages.page(_catalog(home), None, cursor, 1)
+        pages.page(pages.listing(_catalog(home), None), cursor, 1)
     assert changed.value.code == -32602
     assert "changed" in changed.value.message
     for junk in ("not-a-cursor", 7, "YWJj"):
         with pytest.raises(McpError) as bad:
-            pages.page(_catalog(home), None, junk, 1)
+            pages.page(pages.listing(_catalog(home), None), junk, 1)
         assert bad.value.code == -32602
 
 

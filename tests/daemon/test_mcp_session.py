@@ -4,15 +4,16 @@ service, where a test must hold a listing's build to order two reloads."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 from toolsetd.daemon.mcp_session import _is_progress_token
 from toolsetd.protocol.jsontext import loads
+
+from .large_catalog import large_sets, real_service, write_set
 
 
 @pytest.mark.parametrize(
@@ -52,45 +53,10 @@ def test_a_bind_names_its_first_unknown_field_as_sent(tmp_path: Path) -> None:
     assert "unknown field 'zeta'" in caught.value.message
 
 
-@pytest.mark.anyio
-async def test_a_listing_built_late_does_not_take_the_place_of_a_newer_one(
-    tmp_path: Path,
-) -> None:
-    """A reload's list_changed check of a large catalog waits for its listing's build (in a
-    worker thread, one at a time, 82358e7). A reload landing meanwhile, whose catalog was
-    small (no build to wait for), was told to the host first; the older check then resumed
-    and noted the older snapshot's list as the one the host knew. When a later reload
-    brought that list back, the host, which held the newer one, was told nothing."""
-    from toolsetd.daemon.mcp_session import Binding, McpServer, McpSession
-    from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES, LARGE_CATALOG
-    from toolsetd.daemon.registry import Registry
-    from toolsetd.daemon.runner import Runner, RunnerSettings
-    from toolsetd.daemon.sdnotify import Notifier
-    from toolsetd.daemon.service import Service, ServiceSettings
-    from toolsetd.daemon.validation import ArgumentValidators
-
-    home, workspace, spare = tmp_path / "home", tmp_path / "ws", tmp_path / "spare"
-    workspace.mkdir()
-    spare.mkdir()
-
-    def write(folder: Path, index: int, description: str) -> None:
-        (folder / f"s{index:03d}").mkdir(parents=True, exist_ok=True)
-        tools = [{"name": f"t{index}_{n}", "description": description,
-                  "schema": {"type": "object"}} for n in range(20)]
-        manifest = {"runner": "exec", "command": ["true"], "tools": tools}
-        (folder / f"s{index:03d}" / "tools.json").write_text(json.dumps(manifest))
-
-    sets = LARGE_CATALOG // 20 + 5  # past LARGE_CATALOG tools, built in a worker thread
-    for index in range(sets):
-        write(home / "tools", index, "before")
-    registry = Registry(home, DEFAULT_RESERVED_NAMES)
-    runner = Runner(RunnerSettings(), anyio.CapacityLimiter(4), os.environ)
-    service = Service(
-        ServiceSettings(socket=str(tmp_path / "s"), home=home, user_home=Path.home()),
-        registry, runner, ArgumentValidators(), Notifier.from_environ({}),
-    )
-    server = McpServer(service)
-    told: list[dict[str, object]] = []
+async def _session(server: Any, workspace: Path, told: list[dict[str, object]]) -> Any:
+    """A session of ``server`` bound to ``workspace`` whose host knows its list
+    (initialized), posting what it tells into ``told``."""
+    from toolsetd.daemon.mcp_session import Binding, McpSession
 
     class Outbox:
         def post(self, message: dict[str, object], *, droppable: bool = False) -> None:
@@ -105,13 +71,37 @@ async def test_a_listing_built_late_does_not_take_the_place_of_a_newer_one(
     answer = await session.receive(
         {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": initialize}
     )
-    assert answer["result"]["protocolVersion"] == "2025-06-18"  # the host knows S0's list
+    assert answer["result"]["protocolVersion"] == "2025-06-18"
+    return session
+
+
+@pytest.mark.anyio
+async def test_a_listing_built_late_does_not_take_the_place_of_a_newer_one(
+    tmp_path: Path,
+) -> None:
+    """A reload's list_changed check of a large catalog waits for its listing's build (in a
+    worker thread, one at a time, 82358e7). A reload landing meanwhile, whose catalog was
+    small (no build to wait for), was told to the host first; the older check then resumed
+    and noted the older snapshot's list as the one the host knew. When a later reload
+    brought that list back, the host, which held the newer one, was told nothing."""
+    from toolsetd.daemon.mcp_session import McpServer
+
+    home, workspace, spare = tmp_path / "home", tmp_path / "ws", tmp_path / "spare"
+    workspace.mkdir()
+    spare.mkdir()
+    sets = large_sets(home / "tools", "before")
+    service = real_service(tmp_path, home)
+    told: list[dict[str, object]] = []
+    server = McpServer(service)
+    session = await _session(server, workspace, told)
     with anyio.fail_after(60):
-        async with anyio.create_task_group() as tg:  # noqa: SIM117 - left one after the other, below
-            async with server._building:  # another listing is being built
-                write(home / "tools", 0, "after")  # S1, large: its check waits for the build
+        async with anyio.create_task_group() as tg:
+            # Another listing of the workspace is being built.
+            building = server.pages.building(session.binding.workspace, None)
+            async with building:
+                write_set(home / "tools", 0, "after")  # S1, large: its check waits for the build
                 tg.start_soon(service.reload_catalogs, None)
-                while server._building.statistics().tasks_waiting == 0:
+                while building.statistics().tasks_waiting == 0:
                     await anyio.sleep(0.01)
                 for index in range(1, sets):  # S2, small: told at once
                     shutil.move(home / "tools" / f"s{index:03d}", spare)
@@ -124,3 +114,45 @@ async def test_a_listing_built_late_does_not_take_the_place_of_a_newer_one(
         told.clear()
         await service.reload_catalogs(None)
     assert [m["method"] for m in told] == ["notifications/tools/list_changed"]
+
+
+@pytest.mark.anyio
+async def test_a_tools_list_built_late_leaves_a_newer_snapshots_listing_cached(
+    tmp_path: Path,
+) -> None:
+    """A ``tools/list`` of a large snapshot builds its listing in a worker thread. A reload
+    landing meanwhile whose snapshot is small is listed at once, and kept; the older
+    build, done after it, took its place (and ``page`` looked the listing up again), so
+    every later ``tools/list`` of the current snapshot built it again."""
+    from toolsetd.daemon.mcp_session import McpServer
+
+    home, workspace, spare = tmp_path / "home", tmp_path / "ws", tmp_path / "spare"
+    workspace.mkdir()
+    spare.mkdir()
+    sets = large_sets(home / "tools")
+    service = real_service(tmp_path, home)
+    server = McpServer(service)
+    # Two hosts: a session answers its requests one at a time.
+    first, second = [await _session(server, workspace, []) for _ in range(2)]
+
+    def tools_list(request_id: int) -> dict[str, Any]:
+        return {"jsonrpc": "2.0", "id": request_id, "method": "tools/list", "params": {}}
+
+    with anyio.fail_after(60):
+        async with anyio.create_task_group() as tg:
+            building = server.pages.building(workspace, None)
+            async with building:  # builds of the workspace's listings wait
+                write_set(home / "tools", 0, "after")  # S1, large: its checks wait
+                tg.start_soon(service.reload_catalogs, None)
+                while building.statistics().tasks_waiting < 1:  # the first host's check
+                    await anyio.sleep(0.01)
+                tg.start_soon(first.receive, tools_list(2))  # S1's list waits too
+                while building.statistics().tasks_waiting < 2:
+                    await anyio.sleep(0.01)
+                for index in range(1, sets):  # S2, small: listed on the loop
+                    shutil.move(home / "tools" / f"s{index:03d}", spare)
+                await service.reload_catalogs(None)
+                small = await second.receive(tools_list(3))
+            # S1's builds end once the lock is left to them, and with them the task group.
+        again = await second.receive(tools_list(4))
+    assert again["result"]["tools"] is small["result"]["tools"], "listed again"

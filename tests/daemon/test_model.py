@@ -169,7 +169,8 @@ def _twin_in_model(cls: type) -> type:
 
 def test_snapshot_cache_builds_once_per_snapshot_and_keeps_one_per_workspace() -> None:
     """Built once per snapshot and filter; a new snapshot of a workspace replaces the old
-    one's entry; past the limit every entry is dropped, and built again on use."""
+    one's entry, and an old one's build never replaces a newer one's; past the limit every
+    entry is dropped, and built again on use."""
     built: list[tuple[Path | None, str | None]] = []
     cache: SnapshotCache[int] = SnapshotCache(limit=2)
 
@@ -185,6 +186,7 @@ def test_snapshot_cache_builds_once_per_snapshot_and_keeps_one_per_workspace() -
     assert get(old, "plan") == 2  # another filter, another value
     assert get(new) == 3  # a new snapshot of the same workspace
     assert get(old) == 4, "the old snapshot's entry was replaced, not kept beside it"
+    assert get(new) == 3, "the old snapshot's value took the newer one's place"
     others = [Catalog(workspace=Path(f"/o{i}")) for i in range(2)]
     for catalog in others:  # /o0 is a third key; /o1 comes past the limit of 2
         get(catalog)

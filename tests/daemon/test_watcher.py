@@ -833,6 +833,15 @@ async def _started(tg: Any, watcher: Watcher, fake: FakeWatch) -> None:
         await anyio.sleep(0.01)
 
 
+async def _reported(watcher: Watcher, fake: FakeWatch) -> None:
+    """Have the fake awatch report a change that maps to nothing, and wait until status
+    says it watches: a factory that cannot tell when it watches is taken to from its first
+    change on."""
+    await fake.send.send({(Change.modified, str(watcher._home / "unrelated"))})
+    while watcher.status()["state"] != "watching":
+        await anyio.sleep(0.01)
+
+
 async def test_watcher_names_the_set_a_change_lies_in(layout: Layout, fake: FakeWatch) -> None:
     """A write inside a set folder is sent with that set named, so the reload stats it
     alone; but not on the key's first delivery (a workspace's scan predates the watcher's
@@ -972,6 +981,7 @@ async def test_status_counts_the_set_folders_past_the_bound_as_they_come_and_go(
     with anyio.fail_after(10):
         async with anyio.create_task_group() as tg:
             await _started(tg, watcher, fake)
+            await _reported(watcher, fake)
             assert (watcher.status()["watched"], watcher.status()["pastCap"]) == (3, 2)
             (tools / "d").mkdir()
             await polled()
@@ -982,6 +992,77 @@ async def test_status_counts_the_set_folders_past_the_bound_as_they_come_and_go(
             assert (watcher.status()["watched"], watcher.status()["pastCap"]) == (3, 0)
             assert len(fake.calls) == 1  # the same watch all along
             tg.cancel_scope.cancel()
+
+
+async def test_the_bound_counts_a_folder_reached_by_two_names_as_one_watch(
+    tmp_path: Path, fake: FakeWatch
+) -> None:
+    """inotify holds one watch per directory, however many paths reach it. A workspace
+    whose ``.crystal`` is a link to the home (the user's home as a project, its
+    ``~/.crystal`` linked to the daemon's home) names the home, its root and every set
+    folder twice: counted by path, the bound left half of them "past --max-watches" and
+    status said so, though each was watched under its other name."""
+    home, user = tmp_path / "home", tmp_path / "user"
+    for index in range(3):
+        (home / "tools" / f"s{index}").mkdir(parents=True)
+    user.mkdir()
+    (user / ".crystal").symlink_to(home)
+    recorder = Recorder()
+    # The home, its root and three set folders: five watches, under two names each.
+    watcher = _fake_watcher(home, recorder, fake, max_watches=5)
+    watcher.add_workspace(user)
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await _started(tg, watcher, fake)
+            await _reported(watcher, fake)
+            status = watcher.status()
+            tg.cancel_scope.cancel()
+    assert (status["watched"], status["pastCap"]) == (5, 0)
+    shared = user / ".crystal" / "tools"
+    assert set(fake.calls[0][0]) >= {shared / f"s{index}" for index in range(3)}
+
+
+class _HeldWatch(_StartingWatch):
+    """A watch process's iterator that says it watches only once ``go`` is set."""
+
+    def __init__(self, stop: anyio.Event, go: anyio.Event) -> None:
+        super().__init__(stop, lambda: None, _nothing)
+        self._go = go
+
+    async def established(self) -> None:
+        await self._go.wait()
+
+
+async def _nothing() -> None:
+    return None
+
+
+async def test_status_counts_no_folder_watched_while_the_watch_starts(layout: Layout) -> None:
+    """Until the watch process says it watches, no folder is watched: status said
+    ``starting`` with the folders it was about to watch as ``watched``, and the metrics'
+    ``toolsetd_watch_folders{state="watched"}`` counted inotify watches nobody held."""
+    home, _ = layout
+    go = anyio.Event()
+    recorder = Recorder()
+    watcher = Watcher(
+        home, recorder, settle_seconds=60.0, recheck_seconds=60.0,
+        watch_factory=lambda *paths, stop_event, **kwargs: _HeldWatch(stop_event, go),
+    )
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            await tg.start(watcher.run)
+            while watcher.polls_ended < 2:  # the baseline, and the probe after the start
+                await anyio.sleep(0.01)
+            starting = watcher.status()
+            # One dict until what it says changes (status encodes it once per change).
+            assert watcher.status() is starting
+            go.set()
+            while watcher.status()["state"] != "watching":
+                await anyio.sleep(0.01)
+            watching = watcher.status()
+            tg.cancel_scope.cancel()
+    assert (starting["state"], starting["watched"]) == ("starting", 0)  # not changed in place
+    assert watching["watched"] == 3  # the home, its root and its one set folder
 
 
 async def test_a_change_no_event_reported_is_still_sent_by_the_poll(
