@@ -456,11 +456,3 @@ class SnapshotCache(Generic[_V]):
             if not lock.locked() and self._building.get(key) is lock:
                 del self._building[key]
         return value
-        from . import threads  # the daemon's only: the offline CLI imports this module
-
-        async with lock:
-            value = self.cached(catalog, wanted)
-            if value is None:
-                built = await threads.run_sync(build)
-                value = self.get(catalog, wanted, lambda: built)
-        return value
