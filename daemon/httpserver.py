@@ -204,14 +204,18 @@ class HttpRequest:
         specific range that names the type (``text/event-stream``, then ``text/*``, then
         ``*/*``) decides, and one weighted ``q=0`` refuses it. A type that merely
         contains the name (``text/event-streams``) is another type; a member whose
-        weight is not a qvalue is skipped. No ``Accept`` admits nothing here: the
-        callers' protocols have the client send one.
+        weight is not a qvalue is skipped. No ``Accept`` at all admits every type: RFC
+        9110 12.5.1 has its absence mean the client takes any (MCP has its clients send
+        one, but says nothing of a server refusing a request without it); one sent empty
+        admits none.
         """
         ranks = {media_type: 2, media_type.split("/")[0] + "/*": 1, "*/*": 0}
         best: tuple[int, float] | None = None
+        sent = False
         for key, value in self.headers:
             if key != "accept":
                 continue
+            sent = True
             for member in value.split(","):
                 media_range, *params = member.split(";")
                 rank = ranks.get(media_range.strip(_HTTP_SPACE).lower())
@@ -225,6 +229,8 @@ class HttpRequest:
                         weight = float(text) if _QVALUE.fullmatch(text) else -1.0
                 if weight >= 0 and (best is None or (rank, weight) > best):
                     best = (rank, weight)
+        if not sent:
+            return True
         return best is not None and best[1] > 0
 
 

@@ -568,8 +568,10 @@ class McpHttpEndpoint:
             # A request's POST is answered with either (an event stream once the core has
             # more to say than the answer, or a call runs long), and the transport has the
             # client list both. One that refuses a stream (``application/json`` alone, or
-            # no Accept) was sent the stream anyway, which it cannot read; the SDKs'
-            # servers answer it 406, before anything is served.
+            # a ``q=0``) was sent the stream anyway, which it cannot read; the SDKs'
+            # servers answer it 406, before anything is served. One with no Accept at all
+            # takes any type (RFC 9110 12.5.1) and is served, though the SDKs' servers
+            # refuse it: 406 says the client refused every answer, which it did not.
             await _rpc_error(
                 exchange,
                 406,
@@ -664,6 +666,14 @@ class McpHttpEndpoint:
                 )
                 return
         elif message.get("method") == "initialize" and "id" in message:
+            # The version is being negotiated, so the header is not held to the body's;
+            # but one toolsetd does not know is 400 before a session is opened, as for
+            # every other request (the transport's MUST): served, it opened a session the
+            # client's header said was of a version the daemon does not serve.
+            refused = _unknown_version_header(request)
+            if refused is not None:
+                await _rpc_error(exchange, 400, message.get("id"), refused)
+                return
             opened = await self._open(request, exchange, message, stateless=False)
             if opened is None:
                 return
@@ -1094,10 +1104,11 @@ def _version_mismatch(
     official conformance suite sends ``2025-03-26``, the spec's fallback, in a
     ``2025-11-25`` session).
     """
+    refused = _unknown_version_header(request)
+    if refused is not None:
+        return refused
     header = request.header(_VERSION_HEADER)
     served = core.version_of(message)
-    if request.header_count(_VERSION_HEADER) > 1:
-        return _header_mismatch(f"{_VERSION_HEADER} is sent more than once; send it once")
     if header is None:
         if served in MODERN_VERSIONS:  # its POSTs MUST carry it
             return _header_mismatch(
@@ -1105,8 +1116,6 @@ def _version_mismatch(
                 f"must carry the MCP-Protocol-Version header; send {served!r}"
             )
         return None
-    if header not in SUPPORTED_VERSIONS and header != _ASSUMED_VERSION:
-        return unsupported_version(header)
     if served in MODERN_VERSIONS and served == header and isinstance(message, dict):
         return _standard_headers_mismatch(request, message)
     version = meta_version(message)
@@ -1135,6 +1144,19 @@ def _version_mismatch(
         f"version {served!r} (its _meta's, or the one initialize agreed on); send that one",
         {"header": header, "version": served},
     )
+
+
+def _unknown_version_header(request: HttpRequest) -> McpError | None:
+    """Why ``MCP-Protocol-Version`` refuses any request, ``initialize`` included, or None:
+    sent twice (which one?), or naming a version toolsetd does not know (the transport:
+    a server MUST answer an unsupported one 400; the SDK's server does so for
+    ``initialize`` too)."""
+    if request.header_count(_VERSION_HEADER) > 1:
+        return _header_mismatch(f"{_VERSION_HEADER} is sent more than once; send it once")
+    header = request.header(_VERSION_HEADER)
+    if header is not None and header not in SUPPORTED_VERSIONS and header != _ASSUMED_VERSION:
+        return unsupported_version(header)
+    return None
 
 
 def _header_mismatch(why: str, data: dict[str, Any] | None = None) -> McpError:

@@ -61,6 +61,7 @@ from .http_helpers import (
     initialize,
     listening_urls,
     rpc,
+    sdk_oracle,
     start_http_daemon,
 )
 from .mcp_helpers import PROGRESS3, script
@@ -862,6 +863,47 @@ def test_http_protocol_version_header_is_checked(http_daemon, workspace: Path) -
                 ).status == 204
 
 
+@pytest.fixture(scope="module")
+def sdk_server() -> Iterator[str]:
+    """The official SDK's Streamable HTTP server: the oracle beside the module's daemon."""
+    with sdk_oracle() as url:
+        yield url
+
+
+def test_http_initialize_with_an_unknown_protocol_version_is_400(
+    http_daemon, workspace: Path, sdk_server: str
+) -> None:
+    """An ``initialize`` whose MCP-Protocol-Version names a version toolsetd does not know
+    is 400 with -32022 and opens no session, as every other request with it is: the
+    transport has a server answer an unsupported version 400, and the SDK's server (asked
+    the same here) does. It was served, and opened a session. A known version is still
+    served whatever the body negotiates, and the header sent twice is 400 -32020."""
+    _, base = http_daemon
+    url = endpoint(base, workspace)
+    for server in (url, sdk_server):
+        reply = http(server, body=rpc(1, "initialize", INIT_PARAMS),
+                     headers={"mcp-protocol-version": "1999-01-01"})
+        assert reply.status == 400, (server, reply)
+        assert "mcp-session-id" not in reply.headers, (server, reply.headers)
+        assert reply.json()["id"] == 1, (server, reply.body)
+    refused = http(url, body=rpc(1, "initialize", INIT_PARAMS),
+                   headers={"mcp-protocol-version": "garbage"}).json()
+    assert refused["error"]["code"] == -32022, refused
+    assert refused["error"]["data"]["requested"] == "garbage"
+    for version in ("2025-06-18", "2025-03-26"):
+        served = http(url, body=rpc(1, "initialize", INIT_PARAMS),
+                      headers={"mcp-protocol-version": version})
+        assert served.status == 200 and "mcp-session-id" in served.headers, (version, served)
+        assert served.json()["result"]["protocolVersion"] == INIT_PARAMS["protocolVersion"]
+    body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
+    twice = _post_raw(base, url, ["Content-Type: application/json",
+                                  "Accept: application/json, text/event-stream",
+                                  "MCP-Protocol-Version: 2025-11-25",
+                                  "MCP-Protocol-Version: 1999-01-01"], body)
+    assert twice.status == 400 and "mcp-session-id" not in twice.headers, twice
+    assert twice.json()["error"]["code"] == -32020
+
+
 def test_http_post_rejects_bad_bodies(http_daemon, workspace: Path) -> None:
     """Not JSON, a batch, the wrong content type: 4xx with a JSON-RPC error saying why."""
     _, base = http_daemon
@@ -994,6 +1036,8 @@ def _get_status(base: str, url: str, session: str, accept: list[str]) -> int:
         (["*/*, text/event-stream;q=0"], 406),
         (["text/event-streams"], 406),
         (["application/text/event-stream"], 406),
+        ([], 200),
+        ([""], 406),
     ],
 )
 def test_http_get_accept_is_read_as_media_ranges(
@@ -1002,7 +1046,8 @@ def test_http_get_accept_is_read_as_media_ranges(
     """GET's Accept is a list of media ranges (RFC 9110 12.5.1), in any number of lines:
     ``text/*`` names the stream (the SDKs' servers take it), a range with ``q=0`` refuses
     it, the most specific range decides, and a longer type that merely contains
-    ``text/event-stream`` is another type."""
+    ``text/event-stream`` is another type. No Accept at all takes any type (12.5.1); an
+    empty one takes none."""
     _, base = http_daemon
     url = endpoint(base, workspace)
     session = initialize(url)
@@ -1037,7 +1082,8 @@ def _raw_reply(base: str, request: bytes) -> HttpReply:
 @pytest.mark.parametrize(
     ("accept", "status"),
     [
-        ([], 406),
+        ([], 200),
+        ([""], 406),
         (["application/json"], 406),
         (["text/event-stream"], 406),
         (["application/json, text/event-stream;q=0"], 406),
@@ -1051,10 +1097,12 @@ def test_http_post_accept_must_admit_json_and_the_stream(
     http_daemon, workspace: Path, accept: list[str], status: int
 ) -> None:
     """A request's POST is answered with JSON or an event stream, so the transport has the
-    client list both in ``Accept``. One that refuses either (none sent, JSON alone, or a
-    ``q=0``) is 406 with a JSON-RPC error, as the SDK's server answers it, and nothing is
-    served: it was served, and a call that ran long (or asked for approval) answered it
-    with the event stream it had refused."""
+    client list both in ``Accept``. One that refuses either (an empty Accept, JSON alone,
+    or a ``q=0``) is 406 with a JSON-RPC error, as the SDK's server answers it, and
+    nothing is served: it was served, and a call that ran long (or asked for approval)
+    answered it with the event stream it had refused. No Accept at all is served: HTTP
+    has its absence mean any type (RFC 9110 12.5.1), and it was 406, "not acceptable",
+    to a client that had refused nothing (a script on urllib, which sends none)."""
     _, base = http_daemon
     url = endpoint(base, workspace)
     body = json.dumps(rpc(1, "initialize", INIT_PARAMS)).encode()
