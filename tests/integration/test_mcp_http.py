@@ -905,6 +905,27 @@ def test_http_initialize_with_an_unknown_protocol_version_is_400(
     assert twice.json()["error"]["code"] == -32020
 
 
+def test_http_delete_answers_as_the_sdk_server(
+    http_daemon, workspace: Path, sdk_server: str
+) -> None:
+    """DELETE without a session id is 400, of an unknown or already ended session 404, and
+    an ended session's next request 404, from the daemon as from the SDK's server (asked the
+    same here); ending one is 2xx from both (204 here, the SDK's 200 with an empty body),
+    and a second DELETE of it is 404."""
+    _, base = http_daemon
+    for server in (endpoint(base, workspace), sdk_server):
+        reply = http(server, body=rpc(1, "initialize", INIT_PARAMS))
+        assert reply.status == 200, (server, reply)
+        session = {"mcp-session-id": reply.headers["mcp-session-id"]}
+        assert http(server, "DELETE").status == 400, server
+        assert http(server, "DELETE", headers={"mcp-session-id": "nope"}).status == 404, server
+        ended = http(server, "DELETE", headers=session)
+        assert ended.status in (200, 204), (server, ended)
+        assert ended.body == b"", (server, ended)
+        assert http(server, "DELETE", headers=session).status == 404, server
+        assert http(server, body=rpc(2, "tools/list"), headers=session).status == 404, server
+
+
 def test_http_post_rejects_bad_bodies(http_daemon, workspace: Path) -> None:
     """Not JSON, a batch, the wrong content type: 4xx with a JSON-RPC error saying why."""
     _, base = http_daemon
