@@ -65,7 +65,7 @@ from toolsetd.protocol.jsontext import is_utf8, is_utf8_bytes
 from toolsetd.protocol.jsontext import loads as json_loads
 
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
-from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
+from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal, Screen
 from .large import LARGE_TEXT, LargeRequests
 from .logs import Throttle
 from .mcp_mapping import McpError, error_response
@@ -440,7 +440,11 @@ class McpHttpEndpoint:
                 for address, sock in sockets:
                     port = sock.getsockname()[1]
                     server = HttpServer(
-                        self.http_settings, self._handler(address, port), self._admit, self._large
+                        self.http_settings,
+                        self._handler(address, port),
+                        self._admit,
+                        self._large,
+                        self._screen(address, port),
                     )
                     self._servers.append(server)
                     await tg.start(server.serve, [sock])
@@ -501,24 +505,25 @@ class McpHttpEndpoint:
 
         return handle
 
-    async def _handle(
-        self,
-        request: HttpRequest,
-        exchange: Exchange,
-        peer: Any,
-        address: ListenAddress,
-        port: int,
-    ) -> None:
+    def _screen(self, address: ListenAddress, port: int) -> Screen:
+        def screen(request: HttpRequest, peer: Any) -> Refusal | None:
+            return self._refusal(request, peer, address, port)
+
+        return screen
+
+    def _refusal(
+        self, request: HttpRequest, peer: Any, address: ListenAddress, port: int
+    ) -> Refusal | None:
+        """Why the request's head alone refuses it (a wrong path, Host, Origin, token or
+        method), or None. The server asks it before reading a large or chunked body
+        (``HttpServer``'s ``screen``); the handler asks it of every request."""
         if request.path != "/mcp":
-            await _rpc_error(
-                exchange,
+            return Refusal(
                 404,
-                None,
                 rpc_errors.InvalidRequest(
                     f"Not found: {request.path!r}; the MCP endpoint is /mcp."
                 ),
             )
-            return
         host = request.header("host")
         if not request.target.startswith("/"):
             # The absolute form (``POST http://name/mcp``): RFC 9112 3.2.2 has the server
@@ -542,24 +547,34 @@ class McpHttpEndpoint:
             if said is not None:
                 log.warning("mcp_http_refused", status=status, refused=said)
             headers = [("www-authenticate", "Bearer")] if status == 401 else []
-            await _rpc_error(exchange, status, None, rpc_errors.InvalidRequest(message), headers)
-            return
-        if request.method == "POST":
-            await self._post(request, exchange)
-        elif request.method == "GET":
-            await self._get(request, exchange)
-        elif request.method == "DELETE":
-            await self._delete(request, exchange)
-        else:
-            await _rpc_error(
-                exchange,
+            return Refusal(status, rpc_errors.InvalidRequest(message), headers)
+        if request.method not in ("POST", "GET", "DELETE"):
+            return Refusal(
                 405,
-                None,
                 rpc_errors.InvalidRequest(
                     f"Method not allowed: {request.method}; /mcp takes POST, GET and DELETE."
                 ),
                 [("allow", "GET, POST, DELETE")],
             )
+        return None
+
+    async def _handle(
+        self,
+        request: HttpRequest,
+        exchange: Exchange,
+        peer: Any,
+        address: ListenAddress,
+        port: int,
+    ) -> None:
+        refusal = self._refusal(request, peer, address, port)
+        if refusal is not None:
+            await _rpc_error(exchange, refusal.status, None, refusal.error, refusal.headers)
+        elif request.method == "POST":
+            await self._post(request, exchange)
+        elif request.method == "GET":
+            await self._get(request, exchange)
+        else:
+            await self._delete(request, exchange)
 
     # -- POST ----------------------------------------------------------------------------
 

@@ -2658,6 +2658,56 @@ def _reply_head(sock: socket.socket) -> bytes:
     return data
 
 
+@pytest.mark.parametrize(
+    ("change", "status"),
+    [
+        ({"Origin": "http://evil.example.com"}, 403),
+        ({"Host": "evil.example.com"}, 421),
+        ({"path": "/x"}, 404),
+        ({"method": "PUT"}, 405),
+    ],
+)
+@pytest.mark.parametrize("framing", ["length", "chunked"])
+def test_http_a_large_body_its_head_refuses_is_not_read(
+    http_daemon, workspace: Path, change: dict[str, str], status: int, framing: str
+) -> None:
+    """Any web page the operator's browser opens can POST to the endpoint (a no-cors
+    fetch needs no preflight) with a body of 16 MiB, or a chunked one, and its own Origin.
+    Such a request was refused only once its body had been read: a few pages' uploads held
+    the daemon's memory and its bound on large requests (four bodies of 16 MiB), and the
+    operator's own large requests, on every face, were 503 meanwhile. A request whose head
+    refuses it (a foreign Origin or Host, a wrong path or method) with a body over 64 KiB
+    or chunked is answered at its head, before any of the body is sent, and closed; the
+    four refused, a large request of the operator's is taken."""
+    _, base = http_daemon
+    target = urlsplit(endpoint(base, workspace))
+    fields = {"Host": target.netloc, "Content-Type": "application/json",
+              "Accept": "application/json, text/event-stream",
+              **{k: v for k, v in change.items() if k not in ("path", "method")}}
+    if framing == "chunked":
+        fields["Transfer-Encoding"] = "chunked"
+    else:
+        fields["Content-Length"] = str(_MAX_BODY)
+    head = (f"{change.get('method', 'POST')} {change.get('path', target.path)}?{target.query} "
+            "HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in fields.items()) + "\r\n")
+    refused = [socket.create_connection(_address(base), timeout=60) for _ in range(4)]
+    try:
+        for sock in refused:
+            sock.sendall(head.encode())  # the head alone: its body never comes
+            data = _reply_head(sock)
+            assert data.startswith(f"HTTP/1.1 {status} ".encode()), data[:300]
+            assert b"\r\nconnection: close\r\n" in data.lower(), data[:300]
+            assert data.rstrip().endswith(b"}"), data  # the JSON-RPC error
+        body = json.dumps(rpc(1, "ping", {"pad": "x" * 200_000})).encode()
+        with socket.create_connection(_address(base), timeout=60) as mine:
+            mine.sendall(_post_head(base, workspace, len(body)) + body)
+            data = mine.recv(65536)
+        assert data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 503"), data[:300]
+    finally:
+        for sock in refused:
+            sock.close()
+
+
 def test_http_large_bodies_in_flight_are_bounded(http_daemon, workspace: Path) -> None:
     """Each body up to 16 MiB is taken, but not any number of them at once: received and
     then parsed (up to twenty times its size), they are what exhausts the daemon's memory.
