@@ -86,6 +86,7 @@ __all__ = [
     "HttpServer",
     "HttpSettings",
     "Refusal",
+    "Screen",
     "error_body",
     "json_response_body",
 ]
@@ -204,14 +205,18 @@ class HttpRequest:
         specific range that names the type (``text/event-stream``, then ``text/*``, then
         ``*/*``) decides, and one weighted ``q=0`` refuses it. A type that merely
         contains the name (``text/event-streams``) is another type; a member whose
-        weight is not a qvalue is skipped. No ``Accept`` admits nothing here: the
-        callers' protocols have the client send one.
+        weight is not a qvalue is skipped. No ``Accept`` at all admits every type: RFC
+        9110 12.5.1 has its absence mean the client takes any (MCP has its clients send
+        one, but says nothing of a server refusing a request without it); one sent empty
+        admits none.
         """
         ranks = {media_type: 2, media_type.split("/")[0] + "/*": 1, "*/*": 0}
         best: tuple[int, float] | None = None
+        sent = False
         for key, value in self.headers:
             if key != "accept":
                 continue
+            sent = True
             for member in value.split(","):
                 media_range, *params = member.split(";")
                 rank = ranks.get(media_range.strip(_HTTP_SPACE).lower())
@@ -225,6 +230,8 @@ class HttpRequest:
                         weight = float(text) if _QVALUE.fullmatch(text) else -1.0
                 if weight >= 0 and (best is None or (rank, weight) > best):
                     best = (rank, weight)
+        if not sent:
+            return True
         return best is not None and best[1] > 0
 
 
@@ -377,6 +384,9 @@ class Exchange:
 Handler = Callable[[HttpRequest, Exchange, Any], Awaitable[None]]
 #: Decides whether a connection is served: (socket) -> (peer info, refusal or None).
 Admit = Callable[[socket.socket], tuple[Any, Refusal | None]]
+#: Judges a request by its head: (the request, its body left empty; the peer info) ->
+#: refusal or None.
+Screen = Callable[[HttpRequest, Any], Refusal | None]
 
 
 #: Seconds between looks for a peer's hang-up while reading is paused (see below).
@@ -605,6 +615,9 @@ class HttpServer:
             body over ``LARGE_TEXT`` is counted there from its head (or once it grows past
             that) until its request is answered, and refused with 503 when it would take
             them past ``LIMIT_TEXTS`` times ``max_body_bytes``.
+        screen: Judges a request by its head (the request without its body, the peer), for
+            one whose body is over ``LARGE_TEXT`` or chunked: a refusal is answered before
+            that body is read (or counted), and the connection closed.
     """
 
     def __init__(
@@ -613,10 +626,12 @@ class HttpServer:
         handler: Handler,
         admit: Admit,
         large_requests: LargeRequests | None = None,
+        screen: Screen | None = None,
     ) -> None:
         self.settings = settings
         self._handler = handler
         self._admit = admit
+        self._screen = screen
         self._large = large_requests if large_requests is not None else LargeRequests()
         self._ids = itertools.count(1)
         #: Connections being served (at most ``max_connections``).
@@ -841,6 +856,19 @@ class HttpServer:
                 # h11 checked it is a number: refuse now, not after waiting for the body.
                 await self._fail(conn, 413, _body_too_large(settings))
                 return
+            if self._screen is not None and (
+                chunked or (declared is not None and int(declared) > LARGE_TEXT)
+            ):
+                # A request its head refuses (a web page's foreign Origin, a wrong path)
+                # is not worth its body: read, a large one held memory and the daemon's
+                # bound on large requests (a few pages' uploads had the operator's own
+                # large requests 503, on every face) for an answer decided without it.
+                refusal = self._screen(_request(event, b""), peer)
+                if refusal is not None:
+                    await self._answer_and_close(
+                        conn, refusal.status, refusal.error, refusal.headers
+                    )
+                    return
             held = _Held()
             try:
                 if not await self._serve_one(conn, event, declared, peer, held):

@@ -65,7 +65,7 @@ from toolsetd.protocol.jsontext import is_utf8, is_utf8_bytes
 from toolsetd.protocol.jsontext import loads as json_loads
 
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
-from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal
+from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal, Screen
 from .large import LARGE_TEXT, LargeRequests
 from .logs import Throttle
 from .mcp_mapping import McpError, error_response
@@ -440,7 +440,11 @@ class McpHttpEndpoint:
                 for address, sock in sockets:
                     port = sock.getsockname()[1]
                     server = HttpServer(
-                        self.http_settings, self._handler(address, port), self._admit, self._large
+                        self.http_settings,
+                        self._handler(address, port),
+                        self._admit,
+                        self._large,
+                        self._screen(address, port),
                     )
                     self._servers.append(server)
                     await tg.start(server.serve, [sock])
@@ -501,24 +505,25 @@ class McpHttpEndpoint:
 
         return handle
 
-    async def _handle(
-        self,
-        request: HttpRequest,
-        exchange: Exchange,
-        peer: Any,
-        address: ListenAddress,
-        port: int,
-    ) -> None:
+    def _screen(self, address: ListenAddress, port: int) -> Screen:
+        def screen(request: HttpRequest, peer: Any) -> Refusal | None:
+            return self._refusal(request, peer, address, port)
+
+        return screen
+
+    def _refusal(
+        self, request: HttpRequest, peer: Any, address: ListenAddress, port: int
+    ) -> Refusal | None:
+        """Why the request's head alone refuses it (a wrong path, Host, Origin, token or
+        method), or None. The server asks it before reading a large or chunked body
+        (``HttpServer``'s ``screen``); the handler asks it of every request."""
         if request.path != "/mcp":
-            await _rpc_error(
-                exchange,
+            return Refusal(
                 404,
-                None,
                 rpc_errors.InvalidRequest(
                     f"Not found: {request.path!r}; the MCP endpoint is /mcp."
                 ),
             )
-            return
         host = request.header("host")
         if not request.target.startswith("/"):
             # The absolute form (``POST http://name/mcp``): RFC 9112 3.2.2 has the server
@@ -542,24 +547,34 @@ class McpHttpEndpoint:
             if said is not None:
                 log.warning("mcp_http_refused", status=status, refused=said)
             headers = [("www-authenticate", "Bearer")] if status == 401 else []
-            await _rpc_error(exchange, status, None, rpc_errors.InvalidRequest(message), headers)
-            return
-        if request.method == "POST":
-            await self._post(request, exchange)
-        elif request.method == "GET":
-            await self._get(request, exchange)
-        elif request.method == "DELETE":
-            await self._delete(request, exchange)
-        else:
-            await _rpc_error(
-                exchange,
+            return Refusal(status, rpc_errors.InvalidRequest(message), headers)
+        if request.method not in ("POST", "GET", "DELETE"):
+            return Refusal(
                 405,
-                None,
                 rpc_errors.InvalidRequest(
                     f"Method not allowed: {request.method}; /mcp takes POST, GET and DELETE."
                 ),
                 [("allow", "GET, POST, DELETE")],
             )
+        return None
+
+    async def _handle(
+        self,
+        request: HttpRequest,
+        exchange: Exchange,
+        peer: Any,
+        address: ListenAddress,
+        port: int,
+    ) -> None:
+        refusal = self._refusal(request, peer, address, port)
+        if refusal is not None:
+            await _rpc_error(exchange, refusal.status, None, refusal.error, refusal.headers)
+        elif request.method == "POST":
+            await self._post(request, exchange)
+        elif request.method == "GET":
+            await self._get(request, exchange)
+        else:
+            await self._delete(request, exchange)
 
     # -- POST ----------------------------------------------------------------------------
 
@@ -568,8 +583,10 @@ class McpHttpEndpoint:
             # A request's POST is answered with either (an event stream once the core has
             # more to say than the answer, or a call runs long), and the transport has the
             # client list both. One that refuses a stream (``application/json`` alone, or
-            # no Accept) was sent the stream anyway, which it cannot read; the SDKs'
-            # servers answer it 406, before anything is served.
+            # a ``q=0``) was sent the stream anyway, which it cannot read; the SDKs'
+            # servers answer it 406, before anything is served. One with no Accept at all
+            # takes any type (RFC 9110 12.5.1) and is served, though the SDKs' servers
+            # refuse it: 406 says the client refused every answer, which it did not.
             await _rpc_error(
                 exchange,
                 406,
@@ -664,6 +681,14 @@ class McpHttpEndpoint:
                 )
                 return
         elif message.get("method") == "initialize" and "id" in message:
+            # The version is being negotiated, so the header is not held to the body's;
+            # but one toolsetd does not know is 400 before a session is opened, as for
+            # every other request (the transport's MUST): served, it opened a session the
+            # client's header said was of a version the daemon does not serve.
+            refused = _unknown_version_header(request)
+            if refused is not None:
+                await _rpc_error(exchange, 400, message.get("id"), refused)
+                return
             opened = await self._open(request, exchange, message, stateless=False)
             if opened is None:
                 return
@@ -1094,10 +1119,11 @@ def _version_mismatch(
     official conformance suite sends ``2025-03-26``, the spec's fallback, in a
     ``2025-11-25`` session).
     """
+    refused = _unknown_version_header(request)
+    if refused is not None:
+        return refused
     header = request.header(_VERSION_HEADER)
     served = core.version_of(message)
-    if request.header_count(_VERSION_HEADER) > 1:
-        return _header_mismatch(f"{_VERSION_HEADER} is sent more than once; send it once")
     if header is None:
         if served in MODERN_VERSIONS:  # its POSTs MUST carry it
             return _header_mismatch(
@@ -1105,8 +1131,6 @@ def _version_mismatch(
                 f"must carry the MCP-Protocol-Version header; send {served!r}"
             )
         return None
-    if header not in SUPPORTED_VERSIONS and header != _ASSUMED_VERSION:
-        return unsupported_version(header)
     if served in MODERN_VERSIONS and served == header and isinstance(message, dict):
         return _standard_headers_mismatch(request, message)
     version = meta_version(message)
@@ -1135,6 +1159,19 @@ def _version_mismatch(
         f"version {served!r} (its _meta's, or the one initialize agreed on); send that one",
         {"header": header, "version": served},
     )
+
+
+def _unknown_version_header(request: HttpRequest) -> McpError | None:
+    """Why ``MCP-Protocol-Version`` refuses any request, ``initialize`` included, or None:
+    sent twice (which one?), or naming a version toolsetd does not know (the transport:
+    a server MUST answer an unsupported one 400; the SDK's server does so for
+    ``initialize`` too)."""
+    if request.header_count(_VERSION_HEADER) > 1:
+        return _header_mismatch(f"{_VERSION_HEADER} is sent more than once; send it once")
+    header = request.header(_VERSION_HEADER)
+    if header is not None and header not in SUPPORTED_VERSIONS and header != _ASSUMED_VERSION:
+        return unsupported_version(header)
+    return None
 
 
 def _header_mismatch(why: str, data: dict[str, Any] | None = None) -> McpError:

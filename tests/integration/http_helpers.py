@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from http.client import HTTPConnection
 from pathlib import Path
@@ -111,3 +115,24 @@ def initialize(url: str) -> str:
                 headers={"mcp-session-id": session})
     assert note.status == 202, note
     return session
+
+
+@contextmanager
+def sdk_oracle() -> Iterator[str]:
+    """The official SDK's Streamable HTTP server (``sdk_oracle_server.py``) on 127.0.0.1, as
+    the oracle for what the spec leaves loose; yields its endpoint URL, ends it after."""
+    script = Path(__file__).with_name("sdk_oracle_server.py")
+    proc = subprocess.Popen(  # noqa: S603
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert proc.stdout is not None
+        port = proc.stdout.readline().strip().decode()
+        assert port.isdigit(), f"the SDK's server printed no port ({proc.poll()})"
+        # Listening before it prints: a request made before uvicorn serves waits its turn.
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.kill()
+        proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
