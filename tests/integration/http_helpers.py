@@ -122,7 +122,7 @@ def sdk_oracle() -> Iterator[str]:
     """The official SDK's Streamable HTTP server (``sdk_oracle_server.py``) on 127.0.0.1, as
     the oracle for what the spec leaves loose; yields its endpoint URL, ends it after."""
     script = Path(__file__).with_name("sdk_oracle_server.py")
-    proc = subprocess.Popen(  # noqa: S603
+    proc = subprocess.Popen(
         [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )
     try:

@@ -22,7 +22,7 @@ def main() -> None:
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen(64)
-    print(sock.getsockname()[1], flush=True)
+    print(sock.getsockname()[1], flush=True)  # noqa: T201 - the port, for the test that started it
     config = uvicorn.Config(server.streamable_http_app(), log_level="warning")
     uvicorn.Server(config).run(sockets=[sock])
 

@@ -25,7 +25,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
