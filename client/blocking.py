@@ -70,7 +70,7 @@ class WrittenNumber(float):
     Python converts), and its text as written (``text``).
 
     The daemon echoes a number as the caller wrote it (``1.50``, ``1e4``, ``1e400``), and
-    ``toolsetctl`` prints it back so (``render.dumps``): as a float it would print as
+    ``toolsetctl`` prints it back so (``jsonout.dumps``): as a float it would print as
     ``1.5``, ``10000.0`` or ``Infinity`` (no JSON). Its value is the double it reads as
     (infinity past the double range); nothing here computes the exact integer, whose
     digits a ``1e2000000`` would have toolsetctl write out for a minute.
