@@ -885,3 +885,26 @@ def test_a_sigterm_once_the_command_has_finished_ends_toolsetctl_by_it(env: Env)
     assert proc.stderr == "", proc.stderr
     assert proc.stdout == "Tool set acme is valid: 1 tool (fmt).\n"
     assert proc.returncode == -signal.SIGTERM
+
+
+# A SIGINT sent as ``Termination.end`` is entered, as the SIGTERM above.
+_SIGINT_AS_END_BEGINS = _SIGTERM_AS_END_BEGINS.replace("signal.SIGTERM", "signal.SIGINT")
+
+
+def test_a_ctrl_c_once_the_command_has_finished_is_exit_130_without_a_traceback(
+    env: Env,
+) -> None:
+    """A Ctrl-C between the command's end and ``Termination.end`` raised Python's
+    ``KeyboardInterrupt`` outside every handler: a traceback on stderr and a death by
+    SIGINT, after an outcome already printed. It exits 130, as for a Ctrl-C the command
+    handled, with nothing more printed and the output whole."""
+    path = env.home_set("acme", exec_set("fmt"))
+    clean = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
+    proc = subprocess.run(
+        [sys.executable, "-c", _SIGINT_AS_END_BEGINS, "validate", str(path.parent),
+         "--home", str(env.home), "--socket", str(env.socket)],
+        capture_output=True, text=True, timeout=60, check=False, env=clean,
+    )
+    assert proc.stderr == "", proc.stderr
+    assert proc.stdout == "Tool set acme is valid: 1 tool (fmt).\n"
+    assert proc.returncode == 130
