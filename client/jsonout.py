@@ -8,7 +8,7 @@ into ``protocol.jsontext.JsonNumber``, the same idea). json's encoders write any
 limit (its text kept so by the reader; as a float it is ``Infinity`` too).
 
 Compact output (``jsonl``, the ``Input schema`` field) is json's C encoder's: ``dumps``
-first walks the value (one pass over the containers, nothing allocated) for a number
+first walks the value (one pass over the containers, nothing copied) for a number
 whose text is not its ``float.__repr__``. Most documents have none and go to
 ``json.dumps`` as they are. A document that has one is copied (only the containers on the
 way to such a number) with the number replaced by a marker string, a random token and an
@@ -182,7 +182,7 @@ def dumps(value: Any, **options: Any) -> str:
     """
     if options.get("indent") is not None and hasattr(json.encoder, "_make_iterencode"):
         # json takes its Python encoder for this anyway: one pass, with our float writer,
-        # costs what json.dumps does (a walk first would add a fifth).
+        # costs what json.dumps does (a walk first added about a sixth, measured).
         return json.dumps(value, ensure_ascii=False, cls=_IndentEncoder, **options)
     if not _needs_texts(value):
         return json.dumps(value, ensure_ascii=False, **options)
