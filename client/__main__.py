@@ -25,7 +25,7 @@ def main() -> None:
     waiting_output()
     utf8_output()
     # A SIGTERM or SIGHUP caught, even once run has returned, ends the process by that
-    # signal once run's outcome is printed.
+    # signal once run's outcome is printed; a Ctrl-C once it has returned is exit 130.
     sys.exit(Termination().run(run))
 
 

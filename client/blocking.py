@@ -49,6 +49,7 @@ __all__ = [
     "RawJson",
     "WrittenNumber",
     "json_number",
+    "read_json",
 ]
 
 #: The longest line accepted from the daemon: the longest line the daemon sends
@@ -65,10 +66,11 @@ _LAST_WORDS_SECONDS = 1.0
 
 
 class WrittenNumber(float):
-    """A JSON number with a fraction or an exponent, and its text as written (``text``).
+    """A JSON number with a fraction or an exponent (or an integer of more digits than
+    Python converts), and its text as written (``text``).
 
     The daemon echoes a number as the caller wrote it (``1.50``, ``1e4``, ``1e400``), and
-    ``toolsetctl`` prints it back so (``render.dumps``): as a float it would print as
+    ``toolsetctl`` prints it back so (``jsonout.dumps``): as a float it would print as
     ``1.5``, ``10000.0`` or ``Infinity`` (no JSON). Its value is the double it reads as
     (infinity past the double range); nothing here computes the exact integer, whose
     digits a ``1e2000000`` would have toolsetctl write out for a minute.
@@ -87,6 +89,41 @@ def json_number(text: str) -> float:
     """A ``parse_float`` hook: a JSON number with a fraction or an exponent, as a
     ``WrittenNumber`` (its double, and its text to print back)."""
     return WrittenNumber(text)
+
+
+def _json_int(text: str) -> int | float:
+    """A ``parse_int`` hook: the integer, or past the interpreter's digit limit (int()
+    refuses it) a ``WrittenNumber`` keeping its text, as for ``1e5000``."""
+    try:
+        return int(text)
+    except ValueError:
+        return WrittenNumber(text)
+
+
+def read_json(text: str | bytes) -> Any:
+    """Parse one JSON text as ``toolsetctl`` reads the daemon's lines.
+
+    A number with a fraction or an exponent is a ``WrittenNumber`` (``json_number``). An
+    integer of more digits than ``sys.get_int_max_str_digits`` (4,300 unless
+    ``PYTHONINTMAXSTRDIGITS`` says otherwise) is one too: a daemon whose limit is higher
+    (or none) echoes an argument or a schema's bound as written, and ``int()``'s refusal
+    made the whole answer an invalid message. Only a text that fails the first parse is
+    parsed again with the hook that keeps it, so no other line pays for it.
+
+    Args:
+        text: The JSON text.
+
+    Returns:
+        The value.
+
+    Raises:
+        ValueError: It is not JSON.
+        RecursionError: It is nested deeper than the standard library's decoder recurses.
+    """
+    try:
+        return json.loads(text, parse_float=json_number)
+    except ValueError:
+        return json.loads(text, parse_float=json_number, parse_int=_json_int)
 
 
 class RawJson:
@@ -305,7 +342,7 @@ class BlockingClient:
             self._scanned = 0
             if line.strip():
                 try:
-                    value = json.loads(line, parse_float=json_number)
+                    value = read_json(line)
                 except ValueError as exc:
                     raise RemoteProtocolError("a line that is not JSON") from exc
                 except RecursionError as exc:  # the stdlib decoder recurses per level

@@ -23,7 +23,6 @@ by ``set_rows_from_list``, or from the files on disk by ``toolsetd.client.offlin
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -33,6 +32,7 @@ from toolsetd.protocol.printable import inert_json, inert_line
 
 from .blocking import WrittenNumber
 from .command import to_devnull, wait_ready
+from .jsonout import dumps
 from .table import (
     fields_lines,
     fits,
@@ -418,52 +418,6 @@ def _isatty(stream: TextIO) -> bool:
 
 def _compact(value: Any) -> str:
     return dumps(value, separators=(",", ":"))
-
-
-class _WrittenEncoder(json.JSONEncoder):
-    """``json.JSONEncoder`` that writes a ``WrittenNumber`` as its text: the standard
-    library's C encoder writes every float with ``float.__repr__``, so this one takes
-    its Python form (the one it uses anyway with ``indent``) with its own float writer."""
-
-    def iterencode(self, o: Any, _one_shot: bool = False) -> Any:
-        make = getattr(json.encoder, "_make_iterencode", None)
-        if make is None:
-            # Private, but the same since Python 2.7 (json's own ``indent`` path). Should a
-            # later Python drop it, a number is printed as the float it is, never a crash.
-            return super().iterencode(o, _one_shot)
-
-        def floatstr(number: float) -> str:
-            text = getattr(number, "text", None)  # a WrittenNumber, or jsontext's JsonNumber
-            if isinstance(text, str):
-                return text
-            if number - number == 0:  # finite
-                return float.__repr__(number)
-            return "NaN" if number != number else "Infinity" if number > 0 else "-Infinity"
-
-        encoder = (
-            json.encoder.encode_basestring_ascii
-            if self.ensure_ascii
-            else json.encoder.encode_basestring
-        )
-        return make(
-            {} if self.check_circular else None,
-            self.default,
-            encoder,
-            self.indent,
-            floatstr,
-            self.key_separator,
-            self.item_separator,
-            self.sort_keys,
-            self.skipkeys,
-            _one_shot,
-        )(o, 0)
-
-
-def dumps(value: Any, **options: Any) -> str:
-    """``json.dumps(value, ensure_ascii=False, **options)``, every number the daemon sent
-    as it wrote it (``1.50``, ``1e4``, ``1e2000000``: ``blocking.WrittenNumber``), as the
-    daemon echoes arguments: bounded by what the caller wrote, and the same value."""
-    return json.dumps(value, ensure_ascii=False, cls=_WrittenEncoder, **options)
 
 
 def _approval_text(approval: Any) -> str:

@@ -22,6 +22,15 @@ SIGHUP) stays ignored.
 once the command has returned and before ``end`` has restored the default actions (the
 command's outcome printed, its handlers left): that ``Terminated`` is caught there too,
 and ``end`` ends the process by it, as it does for one the command handled.
+
+Ctrl-C raises ``KeyboardInterrupt`` while the command runs, as Python's own handler does
+(``invoke`` cancels its call on it, a second one stops the wait). Once the command has
+returned there is nothing left to stop, and Python's handler raised it outside every
+handler: a traceback, and a death by SIGINT. ``catch`` puts a handler of ours in its
+place that raises only until the command returns and then notes the signal: the process
+exits 130 (as for a Ctrl-C the command handled), nothing more printed. One raised in the
+few instructions between the command's return and that note is caught as ``Terminated``
+is. A SIGINT the parent left ignored (a background job of a script) stays ignored.
 """
 
 from __future__ import annotations
@@ -69,34 +78,54 @@ class Termination:
 
     def __init__(self) -> None:
         self.received: int | None = None
+        #: Whether the command has returned (a Ctrl-C then only sets ``interrupted``).
+        self.finished = False
+        self.interrupted = False
 
     def catch(self) -> None:
-        """Make SIGTERM and SIGHUP raise ``Terminated`` (those the parent did not ignore)."""
+        """Make SIGTERM and SIGHUP raise ``Terminated`` (those the parent did not ignore),
+        and SIGINT raise ``KeyboardInterrupt`` until the command has returned."""
         for signum in _CAUGHT:
             if signal.getsignal(signum) == signal.SIG_DFL:
                 signal.signal(signum, self._raise)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            signal.signal(signal.SIGINT, self._interrupt)
 
     def run(self, command: Callable[[], int]) -> int:
         """Run ``command`` with the handlers in place, then ``end``: return its exit code
-        (130 when a Ctrl-C or a signal got past its own handlers), unless a signal caught
-        ends the process first.
+        (130 when a Ctrl-C or a signal got past its own handlers, or a Ctrl-C came once it
+        had returned), unless a signal caught ends the process first.
 
         A ``Terminated`` raised once the command has returned (before ``end``, or in it
         before the default actions are back) was raised outside every handler: a
         traceback, and a process that did not end by the signal. Only the first signal
-        raises, so the one caught here is the only one, and ``end`` ends by it.
+        raises, so the one caught here is the only one, and ``end`` ends by it. A Ctrl-C
+        then raises nothing (``_interrupt``); only one in the instructions between the
+        command's return and ``finished`` could, and it is caught here the same way.
         """
         code = EXIT_INTERRUPTED
         self.catch()
         try:
             try:
                 code = command()
+                self.finished = True
             except KeyboardInterrupt:  # a signal after the command's own handlers
+                self.finished = True
                 code = EXIT_INTERRUPTED
             self.end()
-        except Terminated:  # it came once the command had finished: it has printed all
+        except KeyboardInterrupt as exc:  # it came once the command had finished
+            self.finished = True
+            if not isinstance(exc, Terminated):  # a Ctrl-C before ``finished`` was set
+                self.interrupted = True
             self.end()
-        return code
+        return EXIT_INTERRUPTED if self.interrupted else code
+
+    def _interrupt(self, signum: int, frame: FrameType | None) -> None:
+        # Python's default_int_handler while the command runs; once it has returned, the
+        # exit code says it (130), and nothing is raised where no handler is left.
+        if not self.finished:
+            raise KeyboardInterrupt
+        self.interrupted = True
 
     def _raise(self, signum: int, frame: FrameType | None) -> None:
         # Only the first: GNU timeout, and runners, signal the process and then its group,

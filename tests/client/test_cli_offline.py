@@ -994,16 +994,16 @@ def test_enable_names_a_home_tools_folder_that_is_no_folder(env: Env, command: s
     ]
 
 
-# A SIGTERM sent as ``Termination.end`` is entered: once the command has returned and
+# A signal sent as ``Termination.end`` is entered: once the command has returned and
 # printed its outcome, before the default actions are back. A signal comes there only by
 # chance; the trace hook puts it there every time.
-_SIGTERM_AS_END_BEGINS = """\
+_SIGNAL_AS_END_BEGINS = """\
 import os, signal, sys
 from toolsetd.client.termination import Termination
 
 def hook(frame, event, arg):
     if event == "call" and frame.f_code is Termination.end.__code__:
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.{name})
 
 sys.argv = ["toolsetctl", *sys.argv[1:]]
 sys.settrace(hook)
@@ -1012,18 +1012,36 @@ main()
 """
 
 
+def _validate_signalled_as_end_begins(env: Env, name: str) -> subprocess.CompletedProcess[str]:
+    """``toolsetctl validate`` of a valid set, signal ``name`` sent as ``end`` begins."""
+    path = env.home_set("acme", exec_set("fmt"))
+    clean = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
+    return subprocess.run(
+        [sys.executable, "-c", _SIGNAL_AS_END_BEGINS.format(name=name), "validate",
+         str(path.parent), "--home", str(env.home), "--socket", str(env.socket)],
+        capture_output=True, text=True, timeout=60, check=False, env=clean,
+    )
+
+
 def test_a_sigterm_once_the_command_has_finished_ends_toolsetctl_by_it(env: Env) -> None:
     """A SIGTERM between the command's end and ``Termination.end`` raised ``Terminated``
     outside every handler: a traceback on stderr and an exit status of 1 instead of death
     by SIGTERM, which a CI runner or ``timeout`` reads. It ends by the signal now, the
     command's output whole."""
-    path = env.home_set("acme", exec_set("fmt"))
-    clean = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
-    proc = subprocess.run(
-        [sys.executable, "-c", _SIGTERM_AS_END_BEGINS, "validate", str(path.parent),
-         "--home", str(env.home), "--socket", str(env.socket)],
-        capture_output=True, text=True, timeout=60, check=False, env=clean,
-    )
+    proc = _validate_signalled_as_end_begins(env, "SIGTERM")
     assert proc.stderr == "", proc.stderr
     assert proc.stdout == "Tool set acme is valid: 1 tool (fmt).\n"
     assert proc.returncode == -signal.SIGTERM
+
+
+def test_a_ctrl_c_once_the_command_has_finished_is_exit_130_without_a_traceback(
+    env: Env,
+) -> None:
+    """A Ctrl-C between the command's end and ``Termination.end`` raised Python's
+    ``KeyboardInterrupt`` outside every handler: a traceback on stderr and a death by
+    SIGINT, after an outcome already printed. It exits 130, as for a Ctrl-C the command
+    handled, with nothing more printed and the output whole."""
+    proc = _validate_signalled_as_end_begins(env, "SIGINT")
+    assert proc.stderr == "", proc.stderr
+    assert proc.stdout == "Tool set acme is valid: 1 tool (fmt).\n"
+    assert proc.returncode == 130

@@ -14,6 +14,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -335,6 +336,36 @@ def test_a_number_past_the_double_range_is_shown_as_written(
     code, out, err = ctl(daemon, "status")
     assert code == 0, err
     assert f"{number.decode()} s\n" in out
+
+
+@pytest.fixture
+def digit_limit() -> Iterator[int]:
+    """Python's lowest limit on integer digits, for this test only."""
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(640)
+    try:
+        yield 640
+    finally:
+        sys.set_int_max_str_digits(limit)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])  # text: one line per field, never wrapped
+def test_an_integer_past_the_digit_limit_is_shown_as_written(
+    fake: Callable[[Reply], FakeDaemon], digit_limit: int, fmt: str
+) -> None:
+    """An integer of more digits than this Python converts (a daemon whose limit is higher,
+    ``PYTHONINTMAXSTRDIGITS=0``, echoes one as written) made ``int()`` refuse the whole
+    answer: "toolsetd sent an invalid message", exit 5. It is kept as written, and shown
+    so, as a ``1e5000`` is."""
+    number = "-" + "7" * (digit_limit + 1)
+    line = '{"jsonrpc": "2.0", "id": %d, "result": {"version": "0", "uptimeSeconds": %s}}\n'
+    daemon = fake(lambda conn, request: conn.sendall((line % (request["id"], number)).encode()))
+    code, out, err = ctl(daemon, "status", fmt=fmt)
+    assert (code, err) == (0, "")
+    if fmt == "json":
+        assert f'"uptimeSeconds": {number}\n' in out
+    else:
+        assert f"{number} s\n" in out
 
 
 def test_answers_to_ids_never_sent_are_dropped() -> None:

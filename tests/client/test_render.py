@@ -257,21 +257,21 @@ def test_no_line_reads_as_a_ci_runners_command_and_escaping_twice_changes_nothin
         assert stderr.getvalue() == f"{shown}\n"
 
 
-def test_numbers_print_as_written_and_as_floats_where_python_has_no_encoder_hook(
-    monkeypatch: Any,
-) -> None:
-    """``dumps`` prints a number the daemon wrote ``1.50`` as ``1.50`` through json's
-    private ``_make_iterencode``. A Python without it (none yet) prints the float, never
-    raises the AttributeError that would end every ``--format json`` command."""
-    import json
+def test_numbers_print_as_written_where_python_has_no_encoder_hook(monkeypatch: Any) -> None:
+    """Without json's private ``_make_iterencode`` (no Python yet), ``dumps`` fell back to
+    json's own float writer: ``1.5``, and ``Infinity`` for ``1e400``, a line no JSON reader
+    takes. It prints every number as written, through json's public API alone.
 
-    from toolsetd.client.blocking import WrittenNumber
-    from toolsetd.client.render import dumps
+    Only ``jsonl`` can be run so: json's own ``indent`` path needs the function too (a
+    Python that dropped it would have another); ``dumps``' path for ``indent`` without it
+    (the markers) is held to the same text in ``test_jsonout``."""
+    from toolsetd.client.blocking import read_json
 
-    value = {"n": WrittenNumber("1.50"), "m": [WrittenNumber("1e4")]}
-    assert dumps(value) == '{"n": 1.50, "m": [1e4]}'
+    value = read_json('{"n": 1.50, "m": [1e4, 1e400, -2.5E+401], "k": 0.5}')
     monkeypatch.delattr(json.encoder, "_make_iterencode")
-    assert dumps(value) == '{"n": 1.5, "m": [10000.0]}'
+    stdout = io.StringIO()
+    Output("jsonl", stdout, io.StringIO()).json(value)
+    assert stdout.getvalue() == '{"n":1.50,"m":[1e4,1e400,-2.5E+401],"k":0.5}\n'
 
 
 def test_a_signal_before_a_json_document_is_written_leaves_the_error_document(

@@ -114,6 +114,7 @@ def ctl() -> Iterator[Ctl]:
                 {**TOOL, "name": "c_progress", "command": ["progress.sh"]},
                 {**TOOL, "name": "c_content", "command": ["content.sh"], "output": "content"},
                 {**TOOL, "name": "c_big", "command": ["big.sh"]},
+                {**TOOL, "name": "c_term", "command": ["term.sh"]},
             ],
         },
         **{
@@ -121,6 +122,7 @@ def ctl() -> Iterator[Ctl]:
             "fail.sh": SH + "echo broken >&2\nexit 7\n",
             "progress.sh": PROGRESS,
             "content.sh": SH + "echo not content JSON\n",
+            "term.sh": SH + "echo stopping\nkill -TERM $$\n",
         },
     )
     write_set(
@@ -447,6 +449,23 @@ def test_cli_tool_exit_code(ctl: Ctl) -> None:
         ctl.run("invoke", "notes_add", "--args", '{"text": "x"}', "--tool-exit-code").returncode
         == 3
     )
+
+
+def test_cli_a_tool_s_143_is_told_from_toolsetctl_s_own_sigterm(ctl: Ctl) -> None:
+    """``--tool-exit-code`` with a tool that a SIGTERM of its own ended (exit code 143, as
+    the daemon reports 128 + n): a shell's ``$?`` is 143, as when toolsetctl itself is
+    ended by SIGTERM. What docs/cli.md tells a CI job to read tells them apart: the wait
+    status is an exit with 143, not a death by the signal; stdout begins ``exit 143``,
+    stderr has no ``Interrupted by SIGTERM``; in ``jsonl`` the result is the tool's, status
+    ``error`` and exitCode 143, not ``cancelled``."""
+    r = ctl.run("invoke", "c_term", "--tool-exit-code")
+    assert r.returncode == 143, r.stderr  # subprocess: -15 for a death by SIGTERM
+    assert r.stdout.startswith("exit 143\n")
+    assert "Interrupted" not in r.stderr
+    r = ctl.run("invoke", "c_term", "--tool-exit-code", "--format", "jsonl")
+    assert r.returncode == 143, r.stderr
+    result = json.loads(r.stdout.splitlines()[-1])["result"]
+    assert (result["status"], result["exitCode"]) == ("error", 143)
 
 
 @pytest.mark.parametrize("flags", [[], ["--tool-exit-code"]])
