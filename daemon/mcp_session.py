@@ -553,7 +553,13 @@ class McpSession:
             # request that cannot be cancelled: it opens the session either way, and its
             # answer withheld left a host that sent it again refused "already initialized".
             if flight is not None and not flight.initialize:
-                log.info("mcp_request_cancelled", reason=str(params.get("reason", ""))[:200])
+                # MCP's reason is a string; anything else is not logged (str() of a list
+                # nested a thousand deep, which the parser takes, raised RecursionError
+                # and ended the host's connection, its calls and all).
+                reason = params.get("reason")
+                log.info(
+                    "mcp_request_cancelled", reason=reason[:200] if type(reason) is str else ""
+                )
                 self._cancel(flight)
         elif method == "notifications/initialized":
             # Counted whenever it comes (twice is once; one before initialize, a host's
