@@ -336,10 +336,11 @@ class _InFlight:
 
     @classmethod
     def of(cls, method: Any, *, announced: bool = False) -> _InFlight:
-        """The flight of a request for ``method`` (as sent: any JSON value)."""
-        return cls(
-            announced=announced, with_host=method in _WITH_HOST, initialize=method == "initialize"
-        )
+        """The flight of a request for ``method`` (as sent: any JSON value; an array or an
+        object, unhashable, raised TypeError in the set's lookup and ended the host's
+        connection where ``receive`` answers it -32600)."""
+        with_host = type(method) is str and method in _WITH_HOST
+        return cls(announced=announced, with_host=with_host, initialize=method == "initialize")
 
 
 @dataclass(slots=True)

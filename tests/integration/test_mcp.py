@@ -1571,6 +1571,28 @@ def test_mcp_odd_ids_and_params_keep_the_session(mcp_daemon: Daemon, workspace: 
     assert "connection_failed" not in {e.get("event") for e in mcp_daemon.log_events()}
 
 
+def test_mcp_a_method_that_is_no_string_is_invalid_and_keeps_the_session(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """A request whose ``method`` is an array or an object is -32600 under its id, and the
+    session goes on. Its flight was made with a set lookup of the method, which raised
+    TypeError for an unhashable one: the host's connection ended, its calls and all (the
+    pump answered the request as cut off by toolsetd going away, and bound again)."""
+    logged = len(mcp_daemon.log_events())
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+        for request_id, method in ((2, [1]), (3, {"a": "tools/call"})):
+            pump.send({"jsonrpc": "2.0", "id": request_id, "method": method})
+            reply = pump.receive()  # first, no list_changed of a pump that bound again
+            assert (reply.get("id"), reply.get("error", {}).get("code")) == (request_id, -32600), reply
+        assert pump.request(4, "ping")["result"] == {}
+    finally:
+        assert pump.close() == 0
+    errors = [e for e in mcp_daemon.log_events()[logged:] if e.get("level") == "error"]
+    assert not errors, errors
+
+
 def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> None:
     """After notifications/cancelled nothing more goes out for that request."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
