@@ -810,9 +810,11 @@ class Connection:
             # In flight from now: a cancel the reader takes next is served at once, before
             # the task serving this request has begun.
             route.announce(value)
-        elif type(value) is list and len(value) > 1:
+        elif type(value) is list and value:
             # Each item of a batch runs its method as a request of its own would, so each
             # counts: a batch must not carry more work past the limit than pipelining can.
+            # A batch of one item too: its invoke is announced here, as a single one is
+            # below (served as one, it was not, and a cancel right behind it was -32005).
             room = self._settings.max_calls_per_connection - self._in_flight
             if room <= 0:
                 self._refuse_busy(value)

@@ -239,7 +239,9 @@ def _cursor(tag: str, offset: int) -> str:
 
 def _read_cursor(cursor: Any, tag: str) -> int:
     try:
-        text = base64.urlsafe_b64decode(str(cursor).encode()).decode()
+        if type(cursor) is not str:  # str() of a list nested a thousand deep: RecursionError
+            raise ValueError("a cursor is a string")
+        text = base64.urlsafe_b64decode(cursor.encode()).decode()
         seen, offset = text.split(":")
         value = int(offset)
     except (ValueError, UnicodeDecodeError):
@@ -494,7 +496,9 @@ class StateSigner:
             McpError: -32602 when the state is not one we signed unchanged.
         """
         try:
-            body_text, mac_text = str(state).split(".")
+            if type(state) is not str:  # as a cursor (``_read_cursor``)
+                raise ValueError("a state is a string")
+            body_text, mac_text = state.split(".")
             body, mac = _unb64(body_text), _unb64(mac_text)
         except ValueError:
             body, mac = b"", b""

@@ -338,10 +338,11 @@ class _InFlight:
 
     @classmethod
     def of(cls, method: Any, *, announced: bool = False) -> _InFlight:
-        """The flight of a request for ``method`` (as sent: any JSON value)."""
-        return cls(
-            announced=announced, with_host=method in _WITH_HOST, initialize=method == "initialize"
-        )
+        """The flight of a request for ``method`` (as sent: any JSON value; an array or an
+        object, unhashable, raised TypeError in the set's lookup and ended the host's
+        connection where ``receive`` answers it -32600)."""
+        with_host = type(method) is str and method in _WITH_HOST
+        return cls(announced=announced, with_host=with_host, initialize=method == "initialize")
 
 
 @dataclass(slots=True)
@@ -555,7 +556,13 @@ class McpSession:
             # request that cannot be cancelled: it opens the session either way, and its
             # answer withheld left a host that sent it again refused "already initialized".
             if flight is not None and not flight.initialize:
-                log.info("mcp_request_cancelled", reason=str(params.get("reason", ""))[:200])
+                # MCP's reason is a string; anything else is not logged (str() of a list
+                # nested a thousand deep, which the parser takes, raised RecursionError
+                # and ended the host's connection, its calls and all).
+                reason = params.get("reason")
+                log.info(
+                    "mcp_request_cancelled", reason=reason[:200] if type(reason) is str else ""
+                )
                 self._cancel(flight)
         elif method == "notifications/initialized":
             # Counted whenever it comes (twice is once; one before initialize, a host's

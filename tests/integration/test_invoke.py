@@ -424,17 +424,19 @@ def test_invoke_cancel_from_another_connection_kills_the_group(env: Env) -> None
     assert env.status()["inFlight"] == 0
 
 
-@pytest.mark.parametrize("batch", [False, True], ids=["single", "in-a-batch"])
-def test_invoke_cancel_written_right_behind_it_cancels_it(env: Env, batch: bool) -> None:
+@pytest.mark.parametrize("batch", [0, 1, 2], ids=["single", "alone-in-a-batch", "in-a-batch"])
+def test_invoke_cancel_written_right_behind_it_cancels_it(env: Env, batch: int) -> None:
     """An invoke (alone, or in a batch) and a cancel of its id in one write (the cancel read
     before the invoke's task has begun, as when a client gives up at once, or the daemon
     was busy and both queued up): the invoke was read first, so the cancel reaches it and
-    the call ends cancelled, never -32005 with the tool left to run to its end."""
-    call_id = f"behind-{int(batch)}"
+    the call ends cancelled, never -32005 with the tool left to run to its end. A batch of
+    one item too, which was served as a single message and so never announced its call:
+    its cancel was -32005 and the tool ran its 30 s."""
+    call_id = f"behind-{batch}"
     invoke: Any = {"jsonrpc": "2.0", "id": 1, "method": "invoke",
                    "params": env.params("sleeper", {"secs": "30"}, callId=call_id)}
     if batch:
-        invoke = [invoke, {"jsonrpc": "2.0", "id": 3, "method": "status"}]
+        invoke = [invoke, {"jsonrpc": "2.0", "id": 3, "method": "status"}][:batch]
     cancel = {"jsonrpc": "2.0", "id": 2, "method": "cancel", "params": {"callId": call_id}}
     answers: dict[Any, dict[str, Any]] = {}
     with env.daemon.raw(timeout=30) as conn:

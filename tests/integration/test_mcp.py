@@ -1628,6 +1628,28 @@ def test_mcp_odd_ids_and_params_keep_the_session(mcp_daemon: Daemon, workspace: 
     assert "connection_failed" not in {e.get("event") for e in mcp_daemon.log_events()}
 
 
+def test_mcp_a_method_that_is_no_string_is_invalid_and_keeps_the_session(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """A request whose ``method`` is an array or an object is -32600 under its id, and the
+    session goes on. Its flight was made with a set lookup of the method, which raised
+    TypeError for an unhashable one: the host's connection ended, its calls and all (the
+    pump answered the request as cut off by toolsetd going away, and bound again)."""
+    logged = len(mcp_daemon.log_events())
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+        for request_id, method in ((2, [1]), (3, {"a": "tools/call"})):
+            pump.send({"jsonrpc": "2.0", "id": request_id, "method": method})
+            reply = pump.receive()  # first, no list_changed of a pump that bound again
+            assert (reply.get("id"), reply.get("error", {}).get("code")) == (request_id, -32600), reply
+        assert pump.request(4, "ping")["result"] == {}
+    finally:
+        assert pump.close() == 0
+    errors = [e for e in mcp_daemon.log_events()[logged:] if e.get("level") == "error"]
+    assert not errors, errors
+
+
 def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> None:
     """After notifications/cancelled nothing more goes out for that request."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
@@ -1660,6 +1682,74 @@ def test_mcp_no_response_after_cancel(mcp_daemon: Daemon, workspace: Path) -> No
             assert message.get("id") != 2, message
             if message.get("id") == 3:
                 break
+    finally:
+        assert pump.close() == 0
+
+
+#: A JSON value nested a thousand deep: within the daemon's parser (1,024 levels), past what
+#: Python's ``str`` of it can recurse through (RecursionError).
+_DEEP = b"[" * 1000 + b"]" * 1000
+
+
+def _reply_to(pump: RawPump, request_id: Any) -> Any:
+    """The pump's next answer under ``request_id``; none under another id comes first."""
+    while True:
+        message = pump.receive()
+        if "method" in message:
+            continue
+        assert message.get("id") == request_id, message
+        return message
+
+
+def test_mcp_a_cancel_whose_reason_is_no_string_cancels_and_keeps_the_session(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """MCP's ``reason`` is a string, and the daemon logged whatever came as ``str()`` of
+    it: a list nested a thousand deep (a line the parser takes) raised RecursionError
+    before the cancel was taken, and ended the host's connection, its calls and all (the
+    pump took that for a restart, bound again and told the host list_changed). The call is
+    cancelled (no answer for it), the session goes on, and the daemon logs no error (the
+    connection's end was "connection_failed", or asyncio's "Fatal error" when the line
+    came in a read of its own)."""
+    logged = len(mcp_daemon.log_events())
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+        pump.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                   "params": {"name": "sleeper", "arguments": {}}})
+        pid_file = workspace / "sleeper.pid"
+        eventually(lambda: pid_file.exists() and bool(pid_file.read_text()), what="the sleeper")
+        pid = int(pid_file.read_text())
+        pump.send(b'{"jsonrpc":"2.0","method":"notifications/cancelled",'
+                  b'"params":{"requestId":2,"reason":' + _DEEP + b"}}\n")
+        eventually(lambda: not alive(pid), timeout=15, what="the sleeper to be killed")
+        pump.send({"jsonrpc": "2.0", "id": 3, "method": "ping"})
+        assert pump.receive() == {"jsonrpc": "2.0", "id": 3, "result": {}}  # nothing before
+    finally:
+        assert pump.close() == 0
+    errors = [e for e in mcp_daemon.log_events()[logged:] if e.get("level") == "error"]
+    assert not errors, errors
+
+
+def test_mcp_a_cursor_or_request_state_that_is_no_string_is_invalid_params(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """A forged ``cursor`` or ``requestState`` is -32602 naming it, whatever JSON it is: the
+    daemon read each as ``str()`` of it, and one nested a thousand deep raised
+    RecursionError, answered -32603 with an incident, as the daemon's own fault."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    meta = json.dumps({"io.modelcontextprotocol/protocolVersion": MODERN,
+                       "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}).encode()
+    try:
+        pump.send(b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"_meta":' + meta
+                  + b',"cursor":' + _DEEP + b"}}\n")
+        listed = _reply_to(pump, 1)
+        assert (listed["error"]["code"], listed["error"]["data"]) == (-32602, {"field": "cursor"}), listed
+        pump.send(b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"_meta":' + meta
+                  + b',"name":"asker","arguments":{},"inputResponses":{"toolsetd_approval":'
+                  b'{"action":"accept"}},"requestState":' + _DEEP + b"}}\n")
+        called = _reply_to(pump, 2)
+        assert (called["error"]["code"], called["error"]["data"]) == (-32602, {"field": "requestState"}), called
     finally:
         assert pump.close() == 0
 
