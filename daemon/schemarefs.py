@@ -4,12 +4,14 @@ Theory of operation: the meta-schema takes any ``$ref`` text, and jsonschema res
 only when a check reaches it, so a schema whose ``$ref`` names nothing loads, and the
 daemon serves the tool: a call whose arguments reach that ``$ref`` is refused ("the tool's
 input schema cannot be used"), and so is every call when the ``$ref`` applies to whatever
-the arguments are, as one at the root, or in a root ``allOf``, does. A ``$ref`` that leads
-back to itself through such keywords alone (``{"$ref": "#"}``) never ends a check of any
-arguments, and each call is refused as well. ``toolsetctl validate`` says both before any
-call does: ``ref_problems`` walks the schema as jsonschema would resolve it (the
-``referencing`` library, with the bundled meta-schemas and nothing fetched, as the daemon
-has it), by the schema's own draft.
+the arguments are, as one at the root, in a root ``allOf``, or first in a root ``anyOf``
+or ``oneOf`` does. A ``$ref`` that leads back to itself through such keywords alone
+(``{"$ref": "#"}``) never ends a check of any arguments, and each call is refused as well.
+(Under ``not`` or ``if`` jsonschema checks a subschema only up to its first failing
+keyword, which the arguments decide: a ``$ref`` there is a note.) ``toolsetctl validate``
+says both before any call does: ``ref_problems`` walks the schema as jsonschema would
+resolve it (the ``referencing`` library, with the bundled meta-schemas and nothing
+fetched, as the daemon has it), by the schema's own draft.
 """
 
 from __future__ import annotations
@@ -157,17 +159,20 @@ class _Walk:
         self, node: Mapping[str, Any]
     ) -> Iterator[tuple[tuple[str | int, ...], Any, bool]]:
         """Each subschema of ``node`` by its draft (``referencing``'s), with its path below
-        ``node`` and whether it applies to the same arguments (an ``allOf`` member, draft 3's
-        ``extends``)."""
+        ``node`` and whether it applies to the same arguments, checked whole: an ``allOf``
+        member, draft 3's ``extends``, and the first member of an ``anyOf`` or ``oneOf``
+        (jsonschema checks that one whole before it looks at the next, whatever the
+        arguments; a later one only when those before it fail or, in a ``oneOf``, pass)."""
         subs = {id(sub) for sub in self._specification.subresources_of(node)}
         for keyword, value in node.items():
             applies = keyword in ("allOf", "extends")
             if id(value) in subs:
                 yield (keyword,), value, applies
             elif isinstance(value, list):
+                first = keyword in ("anyOf", "oneOf")
                 for index, sub in enumerate(value):
                     if id(sub) in subs:
-                        yield (keyword, index), sub, applies
+                        yield (keyword, index), sub, applies or (first and index == 0)
             elif isinstance(value, Mapping):
                 for key, sub in value.items():
                     if id(sub) in subs:

@@ -269,6 +269,20 @@ def test_validate_reads_a_drafts_own_ways_to_add_properties(
          "/properties/a/$ref that leads nowhere (it is neither in the schema nor a standard "
          "meta-schema, and toolsetd fetches nothing): a call whose arguments reach it is "
          "refused."),
+        # An anyOf's or a oneOf's first member is checked whole on every call (the daemon
+        # refused every call of these while validate said nothing, or only a note).
+        ({"anyOf": [{"$ref": "#/$defs/missing"}, {}]},
+         "Tool 'refs' can take no call: its schema's $ref '#/$defs/missing' at /anyOf/0/$ref "
+         "leads nowhere (the schema has nothing at that pointer), and every call's arguments "
+         "pass through it.", None),
+        ({"oneOf": [{"$ref": "#"}]},
+         "Tool 'refs' can take no call: its schema's $ref '#' at /oneOf/0/$ref leads "
+         "back to itself before checking anything, so no check of arguments ends.", None),
+        # A later member only when those before it fail: a note, as under a property.
+        ({"anyOf": [{}, {"$ref": "#/$defs/missing"}]}, None,
+         "Tool 'refs''s schema has a $ref '#/$defs/missing' at /anyOf/1/$ref that leads "
+         "nowhere (the schema has nothing at that pointer): a call whose arguments reach it "
+         "is refused."),
         # Fine: a tree's $ref to its root, under a property, and one draft 7 passes by.
         ({"properties": {"kids": {"items": {"$ref": "#"}}}}, None, None),
         ({"$schema": "http://json-schema.org/draft-07/schema#", "$ref": "#/definitions/a",
