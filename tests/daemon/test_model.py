@@ -5,11 +5,14 @@ from __future__ import annotations
 import dataclasses
 import gc
 import inspect
+import threading
 import typing
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 from toolsetd.daemon import model
 from toolsetd.daemon.model import (
@@ -194,6 +197,47 @@ def test_snapshot_cache_builds_once_per_snapshot_and_keeps_one_per_workspace() -
     assert get(others[1]) == 6, "the newcomer is kept"
     assert get(others[0]) == 7, "dropped when /o1 came past the limit, built again"
     assert get(old, "plan") == 8
+
+
+@pytest.mark.anyio
+async def test_snapshot_cache_a_build_lock_handed_on_stays_its_entrys_lock() -> None:
+    """A build's lock handed on to a waiter stays locked, so it stays the entry's until
+    that waiter's build is done: dropped there, a third caller of the waiter's snapshot made
+    a second lock for the entry and built the same value beside the waiter's build, which it
+    is to wait for and take. Once nobody holds or waits for it, the lock is dropped."""
+    cache: SnapshotCache[str] = SnapshotCache()
+    old, new = Catalog(workspace=Path("/w")), Catalog(workspace=Path("/w"))
+    gates = {"old": threading.Event(), "new": threading.Event()}
+    started: list[str] = []
+    got: dict[str, str] = {}
+
+    async def get(caller: str, catalog: Catalog, name: str) -> None:
+        def build() -> str:
+            started.append(name)
+            gates[name].wait(30)
+            return name
+
+        got[caller] = await cache.get_apart(catalog, None, build)
+
+    async def until(done: Callable[[], bool]) -> None:
+        while not done():
+            await anyio.sleep(0.01)
+
+    with anyio.fail_after(30):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(get, "a", old, "old")
+            await until(lambda: started == ["old"])
+            lock = cache.building(Path("/w"), None)
+            tg.start_soon(get, "b", new, "new")  # a newer snapshot: a's value is not its
+            await until(lambda: lock.statistics().tasks_waiting == 1)
+            gates["old"].set()  # a's build ends, and the lock goes to b, which builds
+            await until(lambda: started == ["old", "new"])
+            tg.start_soon(get, "c", new, "new")  # b's snapshot: waits for b's build
+            await until(lambda: lock.statistics().tasks_waiting == 1 or len(started) > 2)
+            gates["new"].set()
+    assert got == {"a": "old", "b": "new", "c": "new"}
+    assert started == ["old", "new"], "a second lock of the entry let c build beside b"
+    assert not cache._building, "a lock nobody holds or waits for was kept"
 
 
 def test_snapshot_cache_does_not_keep_a_dropped_snapshot_alive() -> None:
