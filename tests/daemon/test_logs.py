@@ -390,3 +390,56 @@ def test_logs_a_report_made_while_one_is_logged_neither_loops_nor_ends_the_proce
         ("exception_ignored", "<Loop object: repr() failed>")
     ]
     assert "RuntimeError: from a weakref callback" in lines[0]["exception"]
+
+
+@pytest.mark.parametrize("stderr_kind", ["pipe", "file"])
+def test_logs_a_line_logged_while_this_thread_writes_one_neither_waits_nor_is_lost(
+    stderr_kind: str, tmp_path: Path
+) -> None:
+    """A collection can run while a thread writes a line, the writer's lock held (a
+    ``BlockingIOError`` of a stalled reader is an allocation), and a finalizer it runs may
+    log: an "Exception ignored in" (``log_interpreter_reports``), asyncio's "Task was
+    destroyed". That line waited for the lock its own thread held: the daemon hung for
+    good at its next log line. Here a collection runs at the first ``os.write`` of a line
+    (a profile hook), on a pipe (the non-blocking writer) and on a file; both lines are
+    written, whole, and the process goes on."""
+    import subprocess
+    import sys
+
+    code = (
+        "import gc, os, sys, structlog\n"
+        "from toolsetd.daemon.logs import configure_logging, log_interpreter_reports\n"
+        "configure_logging('json', 'info', journal=False)\n"
+        "log = structlog.get_logger('t')\n"
+        "log_interpreter_reports(log)\n"
+        "class Cycle:\n"
+        "    def __init__(self):\n"
+        "        self.me = self  # only a collection frees it\n"
+        "    def __del__(self):\n"
+        "        raise RuntimeError('from a finalizer')\n"
+        "fired = []\n"
+        "def collect_there(frame, event, arg):\n"
+        "    if event == 'c_call' and arg is os.write and not fired:\n"
+        "        fired.append(True)\n"
+        "        Cycle()\n"
+        "        gc.collect()\n"
+        "sys.setprofile(collect_there)\n"
+        "log.info('first')\n"
+        "sys.setprofile(None)\n"
+        "log.info('second')\n"
+        "print('alive', fired)\n"
+    )
+    path = tmp_path / "daemon.log"
+    with open(path, "w") as log_file:
+        done = subprocess.run(
+            [sys.executable, "-c", code],
+            stderr=subprocess.PIPE if stderr_kind == "pipe" else log_file,
+            stdout=subprocess.PIPE, check=True, timeout=30,
+        )
+    assert done.stdout == b"alive [True]\n"
+    text = done.stderr if stderr_kind == "pipe" else path.read_bytes()
+    lines = [json.loads(line) for line in text.decode().splitlines()]
+    assert sorted(e["event"] for e in lines) == ["exception_ignored", "first", "second"]
+    assert lines[-1]["event"] == "second"
+    ignored = next(e for e in lines if e["event"] == "exception_ignored")
+    assert "RuntimeError: from a finalizer" in ignored["exception"]
