@@ -28,7 +28,8 @@ Ctrl-C raises ``KeyboardInterrupt`` while the command runs, as Python's own hand
 returned there is nothing left to stop, and Python's handler raised it outside every
 handler: a traceback, and a death by SIGINT. ``catch`` puts a handler of ours in its
 place that raises only until the command returns and then notes the signal: the process
-exits 130 (as for a Ctrl-C the command handled), nothing more printed. One raised in the
+exits 130 (as for a Ctrl-C the command handled; with the command's code once ``run`` has
+returned it), nothing more printed. One raised in the
 few instructions between the command's return and that note is caught as ``Terminated``
 is. A SIGINT the parent left ignored (a background job of a script) stays ignored.
 """

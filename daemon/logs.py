@@ -165,6 +165,44 @@ def stderr_is_journal(environ: Mapping[str, str] | None = None, fd: int = 2) -> 
 HELD_LOG_BYTES = 256 * 1024
 
 
+class _WriterLock:
+    """A lock that knows whether the calling thread is in it (``mine``), from before it
+    waits for it to after it has let it go.
+
+    A collection may run while a thread holds the ``LineWriter``'s lock (anything that
+    allocates can start one: the ``BlockingIOError`` of a stalled reader), and a finalizer
+    it runs may log (an "Exception ignored in" through ``log_interpreter_reports``,
+    asyncio's "Task was destroyed"). That line waited for the lock its own thread held:
+    the daemon hung at the line for good. ``LineWriter`` holds such a line instead.
+    """
+
+    __slots__ = ("_lock", "_mine")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mine = threading.local()
+
+    def mine(self) -> bool:
+        return getattr(self._mine, "inside", False)
+
+    def acquire(self, timeout: float = -1) -> bool:
+        self._mine.inside = True
+        if self._lock.acquire(timeout=timeout):
+            return True
+        self._mine.inside = False
+        return False
+
+    def release(self) -> None:
+        self._lock.release()
+        self._mine.inside = False
+
+    def __enter__(self) -> None:
+        self.acquire()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.release()
+
+
 class LineWriter:
     """Log lines for a stderr that is a pipe or a socket, never waiting for its reader.
 
@@ -177,7 +215,9 @@ class LineWriter:
     line kept is preceded by ``notice(count)``, where the gap is (``drain`` writes it
     once the held lines are out, if no line comes). ``finish`` writes what is
     held on the way out, waiting for the reader a bounded time. One lock guards it all:
-    structlog's loggers (``LineLogger``) and ``drain`` may run on any thread.
+    structlog's loggers (``LineLogger``) and ``drain`` may run on any thread. A line that
+    the thread holding it logs (a finalizer's, ``_WriterLock``) is held after the rest,
+    for the holder's writes, never dropped.
 
     Args:
         send: Writes bytes without blocking; returns how many went out, raises
@@ -198,7 +238,7 @@ class LineWriter:
         self._notice = notice
         self._limit = limit
         self._fileno = fileno
-        self._lock = threading.Lock()
+        self._lock = _WriterLock()
         # A bytearray: lines are appended and written-out bytes removed in place, not the
         # whole buffer copied per line (8 times a line's cost while a slow reader reads).
         self._held = bytearray()
@@ -207,6 +247,8 @@ class LineWriter:
     def line(self, text: str) -> None:
         """Write one line (``text`` without its newline), or hold or drop it."""
         data = (text + "\n").encode("utf-8", "backslashreplace")
+        if self._held_for_the_holder(data):
+            return
         with self._lock:
             if self._held:
                 self._drain()
@@ -218,8 +260,19 @@ class LineWriter:
     def last(self, text: str) -> None:
         """Hold ``text`` (without its newline) for ``finish`` past the limit, never dropped:
         the operator's message on the way out (a start-up error, a traceback)."""
+        data = (text + "\n").encode("utf-8", "backslashreplace")
+        if self._held_for_the_holder(data):
+            return
         with self._lock:
-            self._keep((text + "\n").encode("utf-8", "backslashreplace"))
+            self._keep(data)
+
+    def _held_for_the_holder(self, data: bytes) -> bool:
+        """Hold ``data`` if this thread is in the lock (a finalizer's line, ``_WriterLock``):
+        after what is held, which the holder's drain writes to the end (or the next one)."""
+        if not self._lock.mine():
+            return False
+        self._held += data
+        return True
 
     def _keep(self, data: bytes) -> None:
         """Hold ``data`` and write what the reader takes; the drop count goes first, where
@@ -680,7 +733,10 @@ class _StdlibLines(logging.Handler):
 
 
 #: One line at a time on a stderr that is a file or a terminal (any thread may log).
-_PRINT_LOCK = threading.Lock()
+#: Reentrant: a finalizer that a collection runs while a line is written may log, and that
+#: line waited for its own thread (see ``_WriterLock``). It is written there, whole: before
+#: the line, or inside it only where a terminal took part of a write.
+_PRINT_LOCK = threading.RLock()
 
 
 def _print_line(text: str) -> None:

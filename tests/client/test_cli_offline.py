@@ -1016,8 +1016,9 @@ import os, signal, sys
 from toolsetd.client.termination import Termination
 
 def hook(frame, event, arg):
-    if event == "call" and frame.f_code is Termination.end.__code__:
+    if event == "{event}" and frame.f_code is Termination.{method}.__code__:
         os.kill(os.getpid(), signal.{name})
+    return hook if frame.f_code is Termination.{method}.__code__ else None
 
 sys.argv = ["toolsetctl", *sys.argv[1:]]
 sys.settrace(hook)
@@ -1026,12 +1027,16 @@ main()
 """
 
 
-def _validate_signalled_as_end_begins(env: Env, name: str) -> subprocess.CompletedProcess[str]:
-    """``toolsetctl validate`` of a valid set, signal ``name`` sent as ``end`` begins."""
+def _validate_signalled_as_end_begins(
+    env: Env, name: str, event: str = "call", method: str = "end"
+) -> subprocess.CompletedProcess[str]:
+    """``toolsetctl validate`` of a valid set, signal ``name`` sent as ``end`` begins (or
+    at another ``event`` of another ``Termination`` method)."""
     path = env.home_set("acme", exec_set("fmt"))
     clean = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
+    script = _SIGNAL_AS_END_BEGINS.format(name=name, event=event, method=method)
     return subprocess.run(
-        [sys.executable, "-c", _SIGNAL_AS_END_BEGINS.format(name=name), "validate",
+        [sys.executable, "-c", script, "validate",
          str(path.parent), "--home", str(env.home), "--socket", str(env.socket)],
         capture_output=True, text=True, timeout=60, check=False, env=clean,
     )
@@ -1059,3 +1064,14 @@ def test_a_ctrl_c_once_the_command_has_finished_is_exit_130_without_a_traceback(
     assert proc.stderr == "", proc.stderr
     assert proc.stdout == "Tool set acme is valid: 1 tool (fmt).\n"
     assert proc.returncode == 130
+
+
+def test_a_ctrl_c_as_run_returns_prints_no_traceback(env: Env) -> None:
+    """``Termination.run`` has returned its code (the signal sent at its return): Python's
+    own SIGINT handler raised ``KeyboardInterrupt`` in ``main``, outside every handler, a
+    traceback after the outcome. ``catch``'s handler only notes it there; the exit code,
+    decided already, is the command's."""
+    proc = _validate_signalled_as_end_begins(env, "SIGINT", event="return", method="run")
+    assert proc.stderr == "", proc.stderr
+    assert proc.stdout == "Tool set acme is valid: 1 tool (fmt).\n"
+    assert proc.returncode == 0

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import structlog
@@ -277,9 +280,6 @@ def test_logs_the_standard_librarys_records_are_lines_on_a_file_too(
     JSON object in a JSON log (``jq`` stops there), unescaped in the console one. It is
     rendered as the daemon's own lines are, on any stderr. (In a process of its own: pytest's
     handlers on the root logger would stand in for the last-resort one.)"""
-    import subprocess
-    import sys
-
     code = (
         "import logging\n"
         "from toolsetd.daemon.logs import configure_logging\n"
@@ -304,9 +304,6 @@ def test_logs_the_standard_librarys_records_follow_the_log_level(tmp_path: Path)
     """``--log-level error`` left out the daemon's own warnings, but a standard-library
     warning (an OpenTelemetry exporter's, asyncio's) still came out: its handler took
     warning and up whatever the level said."""
-    import subprocess
-    import sys
-
     code = (
         "import logging\n"
         "from toolsetd.daemon.logs import configure_logging\n"
@@ -325,9 +322,6 @@ def test_logs_every_line_of_a_console_traceback_carries_its_priority(tmp_path: P
     standard-library record with one) is several lines, and only the first carried ``<3>``;
     journald files each line as an entry of its own, so the rest were info, and
     ``journalctl -p err`` showed the event without its traceback. Every line carries it."""
-    import subprocess
-    import sys
-
     code = (
         "import logging, structlog\n"
         "from toolsetd.daemon.logs import configure_logging\n"
@@ -346,6 +340,30 @@ def test_logs_every_line_of_a_console_traceback_carries_its_priority(tmp_path: P
     assert [line for line in lines if not line.startswith("<3>")] == []
 
 
+#: The start of a fresh interpreter whose own reports are log lines, on logger ``log``.
+_REPORTS_LOGGED = (
+    "import structlog\n"
+    "from toolsetd.daemon.logs import configure_logging, log_interpreter_reports\n"
+    "configure_logging('json', 'info', journal=False)\n"
+    "log = structlog.get_logger('t')\n"
+    "log_interpreter_reports(log)\n"
+)
+
+
+def _logged_run(code: str, tmp_path: Path, stderr: str = "file") -> tuple[str, list[Any]]:
+    """Run ``code`` after ``_REPORTS_LOGGED``, stderr a ``file`` or a ``pipe``: its stdout,
+    and its log lines (each a JSON object)."""
+    path = tmp_path / "daemon.log"
+    with open(path, "w") as log_file:
+        done = subprocess.run(
+            [sys.executable, "-c", _REPORTS_LOGGED + code],
+            stderr=subprocess.PIPE if stderr == "pipe" else log_file,
+            stdout=subprocess.PIPE, check=True, timeout=30,
+        )
+    text = done.stderr if stderr == "pipe" else path.read_bytes()
+    return done.stdout.decode(), [json.loads(line) for line in text.decode().splitlines()]
+
+
 def test_logs_a_report_made_while_one_is_logged_neither_loops_nor_ends_the_process(
     tmp_path: Path,
 ) -> None:
@@ -354,14 +372,8 @@ def test_logs_a_report_made_while_one_is_logged_neither_loops_nor_ends_the_proce
     another such callback raise, whose report would quote it again, until the stack ran
     out. One line is written, the failing ``repr`` said as such; a warning issued while a
     report is logged is dropped too; and the process goes on."""
-    import subprocess
-    import sys
-
     code = (
-        "import structlog, warnings, weakref\n"
-        "from toolsetd.daemon.logs import configure_logging, log_interpreter_reports\n"
-        "configure_logging('json', 'info', journal=False)\n"
-        "log_interpreter_reports(structlog.get_logger('t'))\n"
+        "import warnings, weakref\n"
         "class Target:\n"
         "    pass\n"
         "def drop():\n"
@@ -378,15 +390,47 @@ def test_logs_a_report_made_while_one_is_logged_neither_loops_nor_ends_the_proce
         "drop()\n"
         "print('alive')\n"
     )
-    path = tmp_path / "daemon.log"
-    with open(path, "w") as stderr:
-        done = subprocess.run(
-            [sys.executable, "-c", code], stderr=stderr, stdout=subprocess.PIPE,
-            check=True, timeout=60, text=True,
-        )
-    assert done.stdout == "alive\n"
-    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    out, lines = _logged_run(code, tmp_path)
+    assert out == "alive\n"
     assert [(e["event"], e.get("object")) for e in lines] == [
         ("exception_ignored", "<Loop object: repr() failed>")
     ]
     assert "RuntimeError: from a weakref callback" in lines[0]["exception"]
+
+
+@pytest.mark.parametrize("stderr", ["pipe", "file"])
+def test_logs_a_line_logged_while_this_thread_writes_one_neither_waits_nor_is_lost(
+    stderr: str, tmp_path: Path
+) -> None:
+    """A collection can run while a thread writes a line, the writer's lock held (a
+    ``BlockingIOError`` of a stalled reader is an allocation), and a finalizer it runs may
+    log: an "Exception ignored in" (``log_interpreter_reports``), asyncio's "Task was
+    destroyed". That line waited for the lock its own thread held: the daemon hung for
+    good at its next log line. Here a collection runs at the first ``os.write`` of a line
+    (a profile hook), on a pipe (the non-blocking writer) and on a file; both lines are
+    written, whole, and the process goes on."""
+    code = (
+        "import gc, os, sys\n"
+        "class Cycle:\n"
+        "    def __init__(self):\n"
+        "        self.me = self  # only a collection frees it\n"
+        "    def __del__(self):\n"
+        "        raise RuntimeError('from a finalizer')\n"
+        "fired = []\n"
+        "def collect_there(frame, event, arg):\n"
+        "    if event == 'c_call' and arg is os.write and not fired:\n"
+        "        fired.append(True)\n"
+        "        Cycle()\n"
+        "        gc.collect()\n"
+        "sys.setprofile(collect_there)\n"
+        "log.info('first')\n"
+        "sys.setprofile(None)\n"
+        "log.info('second')\n"
+        "print('alive', fired)\n"
+    )
+    out, lines = _logged_run(code, tmp_path, stderr)
+    assert out == "alive [True]\n"
+    assert sorted(e["event"] for e in lines) == ["exception_ignored", "first", "second"]
+    assert lines[-1]["event"] == "second"
+    ignored = next(e for e in lines if e["event"] == "exception_ignored")
+    assert "RuntimeError: from a finalizer" in ignored["exception"]
