@@ -332,7 +332,12 @@ def daemon_in(
         try:
             yield d
         finally:
-            d.stop()
+            try:
+                d.stop()
+            finally:  # a stop cut short (pytest-timeout) left it running, and unwaited
+                if d.proc.poll() is None:
+                    d.proc.kill()
+                    d.proc.wait()
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
