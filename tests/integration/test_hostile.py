@@ -14,6 +14,7 @@ import functools
 import itertools
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -692,22 +693,32 @@ def test_an_mcp_call_cancelled_while_its_question_is_made_puts_none_to_the_opera
     assert late == [], f"questions put after their call was cancelled: {late}"
 
 
-@pytest.mark.timeout(180)  # four batches of 12 MB, each parsed and checked (~6 s here)
+@pytest.mark.timeout(300)  # two batches of 12 MB parsed and checked (~6 s here): against a hang
 def test_a_connection_whose_large_batch_is_being_answered_is_not_evicted() -> None:
     """A full table makes room by closing the idlest connection that holds nothing, never
     one with a request in flight. The answer to a large batch is encoded in the worker slot
     (``_handle_batch``), after its items had left the in-flight count: during that encode
     (~0.4 s for three million fractions) the connection counted as idle, and a newcomer
-    had it closed to make room, its answer coming after the eviction notice. A newcomer
-    connects at several moments after the check process answered (some land in the
-    encode): the batch's client reads its answer first, every time."""
+    had it closed to make room, its answer coming after the eviction notice.
+
+    The newcomer comes in that encode, whatever the load: once the check process has
+    answered, the daemon's worker threads spend CPU on nothing but the answer's encode, so
+    the daemon is stopped (SIGSTOP) as soon as they spend some, while the answer is not
+    out yet; the newcomer connects and asks while it is stopped, and is taken when it goes
+    on, the encode still under way. (Landing there at delays after the check's answer, 0
+    to 0.3 s, took four rounds of this, past 180 s at a load of 11.) The batch's client
+    reads its answer first, for a round that landed in the encode, and one at least does.
+    """
     count = 3_000_000
-    with daemon_in("tsv-", _deep_sets, ["--no-watch", "--max-connections", "2"]) as d:
+    args = ["--no-watch", "--max-connections", "2"]
+    launcher = [sys.executable, "-c", _PATIENT_CHECKS]  # a check that passes, and an echo
+    with daemon_in("tsv-", _deep_sets, args, launcher=launcher) as d:
         line = (b'[{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
                 b'"workspace":' + json.dumps(str(d.workspace)).encode()
                 + b',"arguments":{"n":[' + b"0.5," * (count - 1) + b"0.5]}}},"
                 b'{"jsonrpc":"2.0","id":"small","method":"status"}]\n')
-        for delay in (0.0, 0.1, 0.2, 0.3):
+        landed = 0
+        for _ in range(2):
             answered = _check_answered(d)
             with d.raw(timeout=120) as big, d.raw(timeout=120) as subscriber:
                 # Only these two count (the check's connection is gone): the table is full.
@@ -715,14 +726,30 @@ def test_a_connection_whose_large_batch_is_being_answered_is_not_evicted() -> No
                     pass
                 assert "result" in subscriber.request("list", {"subscribe": True})
                 big.send_bytes(line)
-                eventually(answered, timeout=60, what="the check process's answer")
-                time.sleep(delay)
-                with d.raw(timeout=120) as newcomer:
+                eventually(answered, timeout=120, what="the check process's answer")
+                cpu = CpuByThread(d.proc.pid)
+                # A few ticks (of the ~35 the encode takes): a stray one is not the encode.
+                eventually(lambda: cpu.spent()[1] > 2 or _readable(big),  # noqa: B023
+                           timeout=120, what="the answer's encode under way")
+                os.kill(d.proc.pid, signal.SIGSTOP)
+                try:
+                    encoding = not _readable(big)
+                    newcomer = d.raw(timeout=120)
                     newcomer.send({"jsonrpc": "2.0", "id": 1, "method": "status"})
+                finally:
+                    os.kill(d.proc.pid, signal.SIGCONT)
+                with newcomer:
                     newcomer.receive()  # served (one was evicted to make room) or refused
                 first = big.receive()
-                assert isinstance(first, list), f"after {delay} s: {str(first)[:300]}"
+                landed += encoding
+                assert isinstance(first, list), str(first)[:300]
                 assert [answer["id"] for answer in first] == ["big", "small"]
+        assert landed, "no newcomer came while the answer was encoded"
+
+
+def _readable(conn: RawConn) -> bool:
+    """Whether ``conn`` has something to read now (an answer's first byte, at least)."""
+    return bool(select.select([conn.sock], [], [], 0)[0])
 
 
 def conn_result(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:
