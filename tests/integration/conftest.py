@@ -202,14 +202,21 @@ class CpuByThread:
         self._loop = Path(f"/proc/{pid}/task/{pid}/stat")
         self._process = Path(f"/proc/{pid}/stat")  # every thread's, ended ones too
         self._start = self._now()
+        self._end: tuple[int, int] | None = None
 
     def _now(self) -> tuple[int, int]:
         loop = _cpu_ticks(self._loop)
         return loop, _cpu_ticks(self._process) - loop
 
+    def stop(self) -> None:
+        """End the window now (what follows, the test's reading of an answer, say, is not
+        counted)."""
+        self._end = self._now()
+
     def spent(self) -> tuple[int, int]:
-        """The ticks spent since, on the loop's thread and on the others."""
-        loop, others = self._now()
+        """The ticks spent in the window (since, until ``stop``), on the loop's thread and on
+        the others."""
+        loop, others = self._end if self._end is not None else self._now()
         return loop - self._start[0], others - self._start[1]
 
     def assert_off_the_loop(self, what: str) -> None:
@@ -307,10 +314,12 @@ def daemon_in(
     fill: Callable[[Path, Path], None] | None = None,
     args: list[str] | None = None,
     env: dict[str, str] | None = None,
+    launcher: list[str] | None = None,
 ) -> Iterator[Daemon]:
     """A daemon over a fresh temporary home and workspace, removed afterwards.
 
-    ``fill(home, workspace)`` writes the sets first (``home/tools`` exists already).
+    ``fill(home, workspace)`` writes the sets first (``home/tools`` exists already);
+    ``launcher`` is ``start_daemon``'s.
     """
     base = Path(tempfile.mkdtemp(prefix=prefix))
     home, workspace = base / "home", base / "ws"
@@ -319,11 +328,16 @@ def daemon_in(
     try:
         if fill is not None:
             fill(home, workspace)
-        d = start_daemon(home, workspace, base, args, env=env)
+        d = start_daemon(home, workspace, base, args, env=env, launcher=launcher)
         try:
             yield d
         finally:
-            d.stop()
+            try:
+                d.stop()
+            finally:  # a stop cut short (pytest-timeout) left it running, and unwaited
+                if d.proc.poll() is None:
+                    d.proc.kill()
+                    d.proc.wait()
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

@@ -14,6 +14,7 @@ import functools
 import itertools
 import json
 import os
+import select
 import shutil
 import signal
 import socket
@@ -243,6 +244,31 @@ def _deep_sets(home: Path, _: Path) -> None:
 @pytest.fixture(scope="module")
 def echo_daemon() -> Iterator[Daemon]:
     with daemon_in("tsn-", _deep_sets, ["--no-watch"]) as d:
+        yield d
+
+
+#: The daemon, its large checks given an hour (``checkworker``'s limit and grace): a wall
+#: time, which a loaded machine passes on a valid 12 MB check (2.4 s of CPU to check,
+#: 3 s to parse, against 11.5 s and 21.5 s: at a fifth of a CPU the call was refused as
+#: "stopped after 12 s", and the window held no encode of its arguments).
+_PATIENT_CHECKS = """
+import runpy, sys
+from toolsetd.daemon import checkworker
+checkworker._GRACE = 3600.0
+_init = checkworker.CheckWorker.__init__
+def _patient(self, time_limit, *args, **kwargs):
+    _init(self, 3600.0, *args, **kwargs)
+checkworker.CheckWorker.__init__ = _patient
+runpy.run_module("toolsetd.daemon", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def patient_daemon() -> Iterator[Daemon]:
+    """A daemon for the tests whose large calls must pass their check however loaded the
+    machine is (``_PATIENT_CHECKS``); a pattern that backtracks is never stopped there."""
+    launcher = [sys.executable, "-c", _PATIENT_CHECKS]
+    with daemon_in("tsp-", _deep_sets, ["--no-watch"], launcher=launcher) as d:
         yield d
 
 
@@ -541,14 +567,19 @@ def _answered_off_the_loop(d: Daemon, conn: RawConn, line: bytes) -> Any:
         eventually(waiting, timeout=60, what="the daemon waiting for its check process")
         cpu = CpuByThread(d.proc.pid)
     conn.sock.recv(1, socket.MSG_PEEK)
+    cpu.stop()
+    first = conn.receive()
+    # An error (the check stopped, the process lost) encodes no arguments: not the case here.
+    assert all("error" not in m for m in (first if isinstance(first, list) else [first])), (
+        str(first)[:500])
     cpu.assert_off_the_loop("the checked arguments were encoded")
-    return conn.receive()
+    return first
 
 
 @pytest.mark.timeout(180)  # large arguments parsed, checked and echoed (~12 s in CI, 37 at a load of 10)
 @pytest.mark.parametrize("batch", [False, True], ids=["request", "batch"])
 def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
-    echo_daemon: Daemon, batch: bool
+    patient_daemon: Daemon, batch: bool
 ) -> None:
     """A ``classify`` answers with its arguments, and orjson calls back into Python for
     every fraction kept as written: three million of them took most of a second to encode,
@@ -559,12 +590,12 @@ def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
     held every other client as long until it went to the worker slot too."""
     count = 3_000_000
     request = (b'{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
-               b'"workspace":' + json.dumps(str(echo_daemon.workspace)).encode()
+               b'"workspace":' + json.dumps(str(patient_daemon.workspace)).encode()
                + b',"arguments":{"n":[' + b"0.5," * (count - 1) + b"0.5]}}}")
     small = b'{"jsonrpc":"2.0","id":"small","method":"status"}'
     line = (b"[" + request + b"," + small + b"]\n") if batch else request + b"\n"
-    with echo_daemon.raw(timeout=120) as big:
-        reply = _answered_off_the_loop(echo_daemon, big, line)
+    with patient_daemon.raw(timeout=120) as big:
+        reply = _answered_off_the_loop(patient_daemon, big, line)
     if batch:
         assert [answer["id"] for answer in reply] == ["big", "small"]
         reply = reply[0]
@@ -574,7 +605,7 @@ def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
 @pytest.mark.timeout(180)  # a 12 MB call encoded four times, and parsed by both ends (~20 s in CI, over 60 at a load of 10)
 @pytest.mark.parametrize("era", ["2025-11-25", "2026-07-28"])
 def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
-    echo_daemon: Daemon, era: str
+    patient_daemon: Daemon, era: str
 ) -> None:
     """An MCP call that needs the operator's approval encodes its arguments for the
     approval's digest, for the question put to the operator, and (2026-07-28) for the key
@@ -597,24 +628,24 @@ def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
         return (b'{"jsonrpc":"2.0","id":"' + request_id.encode() + b'","method":"tools/call",'
                 b'"params":' + params[:-1] + b',"arguments":' + arguments + b"}}\n")
 
-    with echo_daemon.raw(timeout=120) as conn:
+    with patient_daemon.raw(timeout=120) as conn:
         conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind",
-                   "params": {"workspace": str(echo_daemon.workspace)}})
+                   "params": {"workspace": str(patient_daemon.workspace)}})
         assert conn.receive()["result"]["bound"] is True
         if era == "2025-11-25":
             conn.send({"jsonrpc": "2.0", "id": "i", "method": "initialize",
                        "params": {"protocolVersion": era, "capabilities": {"elicitation": {}}, "clientInfo": {"name": "t", "version": "1"}}})
             assert "result" in conn.receive()
             conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-            asked = _answered_off_the_loop(echo_daemon, conn, call("c", {}))
+            asked = _answered_off_the_loop(patient_daemon, conn, call("c", {}))
             assert asked["method"] == "elicitation/create", asked
             return
-        first = _answered_off_the_loop(echo_daemon, conn, call("c", {}))
+        first = _answered_off_the_loop(patient_daemon, conn, call("c", {}))
         assert first["result"]["resultType"] == "input_required", first
         (key,) = first["result"]["inputRequests"]
         retry = {"requestState": first["result"]["requestState"],
                  "inputResponses": {key: {"action": "accept", "content": {}}}}
-        ran = _answered_off_the_loop(echo_daemon, conn, call("r", retry))
+        ran = _answered_off_the_loop(patient_daemon, conn, call("r", retry))
         assert ran["result"]["isError"] is False, ran
 
 
@@ -662,22 +693,32 @@ def test_an_mcp_call_cancelled_while_its_question_is_made_puts_none_to_the_opera
     assert late == [], f"questions put after their call was cancelled: {late}"
 
 
-@pytest.mark.timeout(180)  # four batches of 12 MB, each parsed and checked (~6 s here)
+@pytest.mark.timeout(300)  # two batches of 12 MB parsed and checked (~6 s here): against a hang
 def test_a_connection_whose_large_batch_is_being_answered_is_not_evicted() -> None:
     """A full table makes room by closing the idlest connection that holds nothing, never
     one with a request in flight. The answer to a large batch is encoded in the worker slot
     (``_handle_batch``), after its items had left the in-flight count: during that encode
     (~0.4 s for three million fractions) the connection counted as idle, and a newcomer
-    had it closed to make room, its answer coming after the eviction notice. A newcomer
-    connects at several moments after the check process answered (some land in the
-    encode): the batch's client reads its answer first, every time."""
+    had it closed to make room, its answer coming after the eviction notice.
+
+    The newcomer comes in that encode, whatever the load: once the check process has
+    answered, the daemon's worker threads spend CPU on nothing but the answer's encode, so
+    the daemon is stopped (SIGSTOP) as soon as they spend some, while the answer is not
+    out yet; the newcomer connects and asks while it is stopped, and is taken when it goes
+    on, the encode still under way. (Landing there at delays after the check's answer, 0
+    to 0.3 s, took four rounds of this, past 180 s at a load of 11.) The batch's client
+    reads its answer first, for a round that landed in the encode, and one at least does.
+    """
     count = 3_000_000
-    with daemon_in("tsv-", _deep_sets, ["--no-watch", "--max-connections", "2"]) as d:
+    args = ["--no-watch", "--max-connections", "2"]
+    launcher = [sys.executable, "-c", _PATIENT_CHECKS]  # a check that passes, and an echo
+    with daemon_in("tsv-", _deep_sets, args, launcher=launcher) as d:
         line = (b'[{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
                 b'"workspace":' + json.dumps(str(d.workspace)).encode()
                 + b',"arguments":{"n":[' + b"0.5," * (count - 1) + b"0.5]}}},"
                 b'{"jsonrpc":"2.0","id":"small","method":"status"}]\n')
-        for delay in (0.0, 0.1, 0.2, 0.3):
+        landed = 0
+        for _ in range(2):
             answered = _check_answered(d)
             with d.raw(timeout=120) as big, d.raw(timeout=120) as subscriber:
                 # Only these two count (the check's connection is gone): the table is full.
@@ -685,14 +726,30 @@ def test_a_connection_whose_large_batch_is_being_answered_is_not_evicted() -> No
                     pass
                 assert "result" in subscriber.request("list", {"subscribe": True})
                 big.send_bytes(line)
-                eventually(answered, timeout=60, what="the check process's answer")
-                time.sleep(delay)
-                with d.raw(timeout=120) as newcomer:
+                eventually(answered, timeout=120, what="the check process's answer")
+                cpu = CpuByThread(d.proc.pid)
+                # A few ticks (of the ~35 the encode takes): a stray one is not the encode.
+                eventually(lambda: cpu.spent()[1] > 2 or _readable(big),  # noqa: B023
+                           timeout=120, what="the answer's encode under way")
+                os.kill(d.proc.pid, signal.SIGSTOP)
+                try:
+                    encoding = not _readable(big)
+                    newcomer = d.raw(timeout=120)
                     newcomer.send({"jsonrpc": "2.0", "id": 1, "method": "status"})
+                finally:
+                    os.kill(d.proc.pid, signal.SIGCONT)
+                with newcomer:
                     newcomer.receive()  # served (one was evicted to make room) or refused
                 first = big.receive()
-                assert isinstance(first, list), f"after {delay} s: {str(first)[:300]}"
+                landed += encoding
+                assert isinstance(first, list), str(first)[:300]
                 assert [answer["id"] for answer in first] == ["big", "small"]
+        assert landed, "no newcomer came while the answer was encoded"
+
+
+def _readable(conn: RawConn) -> bool:
+    """Whether ``conn`` has something to read now (an answer's first byte, at least)."""
+    return bool(select.select([conn.sock], [], [], 0)[0])
 
 
 def conn_result(d: Daemon, request: dict[str, Any]) -> dict[str, Any]:

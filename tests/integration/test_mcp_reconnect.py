@@ -1407,9 +1407,16 @@ def test_a_full_backlog_during_the_reconnect_is_tried_again(
     """While the pump reconnects, the listener at the socket has a full backlog for longer
     than a first connect waits (5 s): a daemon starting or busy. The pump does not give up
     (it exited 5 at once): it tries again within its window, and the request that waited
-    is answered by the daemon that then comes."""
+    is answered by the daemon that then comes.
+
+    That daemon is started beforehand at a socket of its own, linked at the path once the
+    backlog is gone: started then, its start took what the full backlog had left of the
+    window (30 s) on a loaded machine, and the pump gave up as it should."""
     with daemons(home, workspace, tmp_base) as started:
         d = restart(started, home, workspace, tmp_base)
+        (tmp_base / "next").mkdir()
+        coming = start_daemon(home, workspace, tmp_base / "next")
+        started.append(coming)
         pump = RawPump(pump_args(d, workspace))
         try:
             initialize(pump)
@@ -1427,7 +1434,7 @@ def test_a_full_backlog_during_the_reconnect_is_tried_again(
                     pump.proc.wait(timeout=7)  # more than the 5 s a first connect waits
                 filler.close()
             d.socket.unlink()
-            restart(started, home, workspace, tmp_base)
+            os.link(coming.socket, d.socket)
             seen = receive_until(pump, answer_to(2))
             assert "again" in seen[-1]["result"]["content"][0]["text"], seen
         finally:
