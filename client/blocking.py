@@ -29,6 +29,7 @@ broken pipe.
 from __future__ import annotations
 
 import json
+import signal
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -37,6 +38,7 @@ from toolsetd.protocol.errors import RemoteProtocolError, RpcError
 
 from .errors import ConnectError, ConnectionClosed, RequestTimeout, map_connect_errors
 from .mcp import connect_within, shared_tmp_peer_refused, shared_tmp_squatted
+from .termination import HELD
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
@@ -337,17 +339,26 @@ class BlockingClient:
                 self._eof = not data
                 self._buffer += data
                 return
-            line = bytes(self._buffer[:newline])
-            del self._buffer[: newline + 1]
-            self._scanned = 0
-            if line.strip():
-                try:
-                    value = read_json(line)
-                except ValueError as exc:
-                    raise RemoteProtocolError("a line that is not JSON") from exc
-                except RecursionError as exc:  # the stdlib decoder recurses per level
-                    raise RemoteProtocolError("a line nested too deeply") from exc
-                self._route(value, on_event)
+            # From the line taken to its event delivered (a ``jsonl`` line owed to stdout),
+            # Ctrl-C, SIGTERM and SIGHUP are held: raised in between, they lost the event
+            # (a log that began at the cancelled call's ``completed``). One that came
+            # meanwhile is raised once it is delivered, or from a wait for a lagging
+            # reader of stdout (``Output._drain`` lets them in there).
+            mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+            try:
+                line = bytes(self._buffer[:newline])
+                del self._buffer[: newline + 1]
+                self._scanned = 0
+                if line.strip():
+                    try:
+                        value = read_json(line)
+                    except ValueError as exc:
+                        raise RemoteProtocolError("a line that is not JSON") from exc
+                    except RecursionError as exc:  # the stdlib decoder recurses per level
+                        raise RemoteProtocolError("a line nested too deeply") from exc
+                    self._route(value, on_event)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         except RemoteProtocolError as exc:
             self._end(ConnectionClosed(f"toolsetd sent an invalid message: {exc}", "protocol"))
 

@@ -147,13 +147,15 @@ class _WaitingWriter(io.RawIOBase):
                 wait_ready(self._fd, write=True)
 
 
-def wait_ready(fd: int, *, write: bool) -> None:
+def wait_ready(fd: int, *, write: bool, timeout: float | None = None) -> bool:
     """Wait until a non-blocking descriptor can be read (or, with ``write``, written): its
     EAGAIN is no end of input and no failed output (a CI runner or an MCP host may hand
-    us such a descriptor)."""
+    us such a descriptor). Returns whether it can, which only a ``timeout`` (seconds; 0:
+    not at all) makes False."""
     import select  # only for a non-blocking descriptor
 
-    select.select([] if write else [fd], [fd] if write else [], [])
+    read, written, _ = select.select([] if write else [fd], [fd] if write else [], [], timeout)
+    return bool(written if write else read)
 
 
 def absolute_path(path: str) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -43,6 +44,7 @@ from .table import (
     table_lines,
     terminal_text,
 )
+from .termination import HELD
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
@@ -766,10 +768,9 @@ class Output:
         self.stdout = stdout
         self.stderr = stderr
         self._owed = memoryview(b"")  # the rest of a line a signal stopped (``_whole``)
-        #: Whether ``json``'s one document has begun on stdout, a byte of it written (a
-        #: failure then goes to stderr); ``_document``: whether what is owed is that one.
+        #: Whether ``json``'s one document has begun on stdout: encoded whole and owed,
+        #: so written before anything else (a failure then goes to stderr).
         self.documented = False
-        self._document = False
         self.width: int | None = output_width(stdout) if width is False else width or None
 
     @property
@@ -807,14 +808,25 @@ class Output:
 
     def json(self, value: Any) -> None:
         """Print a JSON value: indented (``json``) or on one line (``jsonl``), UTF-8, whole
-        (``_whole``) even when a signal stops the command while a reader lags."""
-        if self.format == "jsonl":
-            self._whole(_json_text(value, separators=(",", ":")) + "\n")
-        else:
-            # Begun once a byte of it is written (``_drain``), whatever stops it then; a
-            # signal while it is encoded (a tenth of a second for 4 MB) leaves stdout empty
-            # for the error document, which counted it as begun and went to stderr.
-            self._whole(_json_text(value, indent=2) + "\n", document=True)
+        (``_whole``) even when a signal stops the command while a reader lags.
+
+        Ctrl-C, SIGTERM and SIGHUP are held from here until the text is owed (``_whole``):
+        one raised while the value was encoded lost it (a ``jsonl`` call event: the log
+        began at the cancelled call's ``completed``). One that came meanwhile is raised
+        from the wait for a lagging reader (``_drain``), or once the text is written.
+        """
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+        try:
+            if self.format == "jsonl":
+                self._whole(_json_text(value, separators=(",", ":")) + "\n")
+            else:
+                # Begun once a byte of it is written (``_drain``), whatever stops it then;
+                # a signal while it is encoded (a tenth of a second for 4 MB) left stdout
+                # empty for the error document, which counted it as begun and went to
+                # stderr.
+                self._whole(_json_text(value, indent=2) + "\n", document=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def finish(self) -> None:
         """Write what a signal left owed of the last JSON line or document (``_whole``)."""
@@ -843,33 +855,36 @@ class Output:
             return
         self.stdout.flush()  # nothing in json: everything it prints comes here
         encoding = getattr(self.stdout, "encoding", None) or "utf-8"
-        self._drain()
-        self._owed = memoryview(
-            text.encode(encoding, getattr(self.stdout, "errors", None) or "strict")
-        )
-        self._document = document
+        data = text.encode(encoding, getattr(self.stdout, "errors", None) or "strict")
+        # Owed behind what is still owed, before any wait: a signal raised from the wait
+        # for the earlier line's room must not lose this one. Owed, a document has begun:
+        # nothing is written before it.
+        self._owed = memoryview(bytes(self._owed) + data) if self._owed else memoryview(data)
+        self.documented = self.documented or document
         self._drain()
 
     def _drain(self) -> None:
         """Write what is owed of the last line (see ``_whole``); a signal may raise from
-        the wait for room, never between a write and the count of what it took."""
+        the wait for room (let in there even where a caller holds it: ``json``,
+        ``BlockingClient._read_once``), never between a write and the count of what it
+        took."""
         if not self._owed:
             return
-        import signal  # loaded already (termination): free
-
         fd = self.stdout.fileno()
-        held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
         chunk = _PIPE_BUF if not stat.S_ISREG(os.fstat(fd).st_mode) else len(self._owed)
-        while self._owed:
-            wait_ready(fd, write=True)
-            mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-            try:
-                self._owed = self._owed[os.write(fd, self._owed[:chunk]) :]
-                self.documented = self.documented or self._document
-            except BlockingIOError:  # a non-blocking descriptor another writer filled
-                pass
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+        try:
+            while self._owed:
+                if not wait_ready(fd, write=True, timeout=0):  # no room now: wait for it
+                    signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD)
+                    wait_ready(fd, write=True)
+                    signal.pthread_sigmask(signal.SIG_BLOCK, HELD)
+                try:
+                    self._owed = self._owed[os.write(fd, self._owed[:chunk]) :]
+                except BlockingIOError:  # a non-blocking descriptor another writer filled
+                    pass
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def rows(
         self,

@@ -47,11 +47,17 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from types import FrameType
 
-__all__ = ["Terminated", "Termination", "interruption"]
+__all__ = ["HELD", "Terminated", "Termination", "interruption"]
 
 #: The signals caught (what a CI runner or a closed terminal sends to stop a command), and
 #: the exit code of each: 128 + its number, what a shell reports for a process it ended.
 _CAUGHT: dict[int, int] = {signal.SIGTERM: EXIT_TERMINATED, signal.SIGHUP: EXIT_HUNG_UP}
+
+#: The signals that stop a command (``KeyboardInterrupt``, ``Terminated``), held (blocked)
+#: where one must not land: between a call event's line taken from what was read and that
+#: line owed to stdout (``BlockingClient._read_once``, ``Output.json``), and around each
+#: write of it (``Output._drain``), whose wait for a lagging reader lets them in.
+HELD = frozenset({signal.SIGINT, *_CAUGHT})
 
 
 class Terminated(KeyboardInterrupt):

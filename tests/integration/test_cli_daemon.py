@@ -304,6 +304,76 @@ def test_cli_invoke_args_from_file_and_stdin(setup: Setup, tmp_path: Path) -> No
     assert r.returncode == 2 and "missing.json" in r.stderr
 
 
+# A signal sent as the first event of the call (its ``started``) is handled: once the client
+# has taken its line from what it read, before the line is owed to stdout. A signal comes
+# there only by chance; the trace hook puts it there every time.
+_SIGNAL_AT_THE_FIRST_EVENT = """\
+import os, signal, sys
+from toolsetd.client.blocking import BlockingClient
+from toolsetd.client.render import Output, _json_text
+
+code = {where}.__code__
+sent = []
+
+def hook(frame, event, arg):
+    if event == "call" and frame.f_code is code and not sent:
+        sent.append(True)
+        os.kill(os.getpid(), signal.{name})
+    return None
+
+sys.argv = ["toolsetctl", *sys.argv[1:]]
+sys.settrace(hook)
+from toolsetd.client.__main__ import main
+main()
+"""
+
+
+@pytest.mark.parametrize("where", ["BlockingClient._route", "Output.json"])
+@pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", -signal.SIGTERM)])
+def test_cli_a_signal_as_an_event_is_handled_loses_no_event(
+    setup: Setup, where: str, name: str, code: int
+) -> None:
+    """A Ctrl-C or a SIGTERM that came as ``--format jsonl`` handled the call's first event
+    (its line taken from what was read, not yet printed) raised there, and the event was
+    lost: the log began at the cancelled call's ``completed``, with no ``started`` (a whole
+    run of the tests on a loaded machine met it once). The event is printed first, then
+    the call is cancelled."""
+    argv = setup.argv("invoke", "c_slow", "--format", "jsonl")
+    script = _SIGNAL_AT_THE_FIRST_EVENT.format(where=where, name=name)
+    env = {k: v for k, v in os.environ.items() if k != "TOOLSETD_SOCKET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *argv[3:]],
+        capture_output=True, timeout=60, check=False, env=env,
+    )
+    assert proc.returncode == code, proc.stderr
+    assert b"Traceback" not in proc.stderr, proc.stderr
+    lines = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [line.get("method") for line in lines[:1]] == ["started"], lines
+    assert lines[-1]["result"]["status"] == "cancelled", lines
+    assert lines[-1]["result"]["callId"] == lines[0]["params"]["callId"]
+    eventually(lambda: setup.daemon.call("status")["result"]["inFlight"] == 0, 10, "idle")
+
+
+@pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", -signal.SIGTERM)])
+def test_cli_a_signal_as_the_json_document_is_encoded_leaves_it_whole(
+    setup: Setup, name: str, code: int
+) -> None:
+    """``--format json``: a signal while the result's document was encoded (a tenth of a
+    second for 4 MB) threw the encoded call away, and the error document took its place.
+    The signal waits until the document is owed to stdout: the call's result is printed,
+    one document, and the exit code says the signal."""
+    argv = setup.argv("invoke", "hello", "--args", '{"name": "Sig"}', "--format", "json")
+    script = _SIGNAL_AT_THE_FIRST_EVENT.format(where="_json_text", name=name)
+    env = {k: v for k, v in os.environ.items() if k != "TOOLSETD_SOCKET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *argv[3:]],
+        capture_output=True, timeout=60, check=False, env=env,
+    )
+    assert proc.returncode == code, proc.stderr
+    assert b"Traceback" not in proc.stderr, proc.stderr
+    result = json.loads(proc.stdout)
+    assert (result["status"], result["content"][0]["text"]) == ("ok", "exit 0\nHello, Sig!\n")
+
 def test_cli_invoke_json_prints_the_result(setup: Setup) -> None:
     """--format json prints the call result object."""
     r = setup.ctl("invoke", "hello", "--args", '{"name":"J"}', "--format", "json")
