@@ -328,6 +328,23 @@ main()
 """
 
 
+def _signalled(
+    setup: Setup, where: str, name: str, code: int, *args: str
+) -> subprocess.CompletedProcess[bytes]:
+    """``toolsetctl *args`` with signal ``name`` sent at the first call of ``where``; checks
+    that it exits with ``code`` and no traceback."""
+    argv = setup.argv(*args)
+    script = _SIGNAL_AT_THE_FIRST_EVENT.format(where=where, name=name)
+    env = {k: v for k, v in os.environ.items() if k != "TOOLSETD_SOCKET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *argv[3:]],
+        capture_output=True, timeout=60, check=False, env=env,
+    )
+    assert proc.returncode == code, proc.stderr
+    assert b"Traceback" not in proc.stderr, proc.stderr
+    return proc
+
+
 @pytest.mark.parametrize("where", ["BlockingClient._route", "Output.json"])
 @pytest.mark.parametrize(("name", "code"), [("SIGINT", 130), ("SIGTERM", -signal.SIGTERM)])
 def test_cli_a_signal_as_an_event_is_handled_loses_no_event(
@@ -338,15 +355,7 @@ def test_cli_a_signal_as_an_event_is_handled_loses_no_event(
     lost: the log began at the cancelled call's ``completed``, with no ``started`` (a whole
     run of the tests on a loaded machine met it once). The event is printed first, then
     the call is cancelled."""
-    argv = setup.argv("invoke", "c_slow", "--format", "jsonl")
-    script = _SIGNAL_AT_THE_FIRST_EVENT.format(where=where, name=name)
-    env = {k: v for k, v in os.environ.items() if k != "TOOLSETD_SOCKET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *argv[3:]],
-        capture_output=True, timeout=60, check=False, env=env,
-    )
-    assert proc.returncode == code, proc.stderr
-    assert b"Traceback" not in proc.stderr, proc.stderr
+    proc = _signalled(setup, where, name, code, "invoke", "c_slow", "--format", "jsonl")
     lines = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [line.get("method") for line in lines[:1]] == ["started"], lines
     assert lines[-1]["result"]["status"] == "cancelled", lines
@@ -362,17 +371,11 @@ def test_cli_a_signal_as_the_json_document_is_encoded_leaves_it_whole(
     second for 4 MB) threw the encoded call away, and the error document took its place.
     The signal waits until the document is owed to stdout: the call's result is printed,
     one document, and the exit code says the signal."""
-    argv = setup.argv("invoke", "hello", "--args", '{"name": "Sig"}', "--format", "json")
-    script = _SIGNAL_AT_THE_FIRST_EVENT.format(where="_json_text", name=name)
-    env = {k: v for k, v in os.environ.items() if k != "TOOLSETD_SOCKET"}
-    proc = subprocess.run(
-        [sys.executable, "-c", script, *argv[3:]],
-        capture_output=True, timeout=60, check=False, env=env,
-    )
-    assert proc.returncode == code, proc.stderr
-    assert b"Traceback" not in proc.stderr, proc.stderr
+    proc = _signalled(setup, "_json_text", name, code,
+                      "invoke", "hello", "--args", '{"name": "Sig"}', "--format", "json")
     result = json.loads(proc.stdout)
     assert (result["status"], result["content"][0]["text"]) == ("ok", "exit 0\nHello, Sig!\n")
+
 
 def test_cli_invoke_json_prints_the_result(setup: Setup) -> None:
     """--format json prints the call result object."""
