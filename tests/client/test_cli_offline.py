@@ -1010,14 +1010,16 @@ def test_enable_names_a_home_tools_folder_that_is_no_folder(env: Env, command: s
 
 # A signal sent as ``Termination.end`` is entered: once the command has returned and
 # printed its outcome, before the default actions are back. A signal comes there only by
-# chance; the trace hook puts it there every time.
+# chance; the trace hook puts it there every time. To the main thread, which runs Python's
+# handlers: sent to the process, another thread of it may take the signal, and the handler
+# runs at the main thread's next check, which may come after ``end``.
 _SIGNAL_AS_END_BEGINS = """\
-import os, signal, sys
+import os, signal, sys, threading
 from toolsetd.client.termination import Termination
 
 def hook(frame, event, arg):
     if event == "{event}" and frame.f_code is Termination.{method}.__code__:
-        os.kill(os.getpid(), signal.{name})
+        signal.pthread_kill(threading.main_thread().ident, signal.{name})
     return hook if frame.f_code is Termination.{method}.__code__ else None
 
 sys.argv = ["toolsetctl", *sys.argv[1:]]

@@ -306,9 +306,10 @@ def test_cli_invoke_args_from_file_and_stdin(setup: Setup, tmp_path: Path) -> No
 
 # A signal sent as the first event of the call (its ``started``) is handled: once the client
 # has taken its line from what it read, before the line is owed to stdout. A signal comes
-# there only by chance; the trace hook puts it there every time.
+# there only by chance; the trace hook puts it there every time, to the main thread (see
+# tests/client/test_cli_offline.py's _SIGNAL_AS_END_BEGINS).
 _SIGNAL_AT_THE_FIRST_EVENT = """\
-import os, signal, sys
+import os, signal, sys, threading
 from toolsetd.client.blocking import BlockingClient
 from toolsetd.client.render import Output, _json_text
 
@@ -318,7 +319,7 @@ sent = []
 def hook(frame, event, arg):
     if event == "call" and frame.f_code is code and not sent:
         sent.append(True)
-        os.kill(os.getpid(), signal.{name})
+        signal.pthread_kill(threading.main_thread().ident, signal.{name})
     return None
 
 sys.argv = ["toolsetctl", *sys.argv[1:]]
