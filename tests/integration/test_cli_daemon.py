@@ -322,6 +322,7 @@ def hook(frame, event, arg):
         signal.pthread_kill(threading.main_thread().ident, signal.{name})
     return None
 
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal's command starts
 sys.argv = ["toolsetctl", *sys.argv[1:]]
 sys.settrace(hook)
 from toolsetd.client.__main__ import main
