@@ -820,10 +820,8 @@ class Output:
             if self.format == "jsonl":
                 self._whole(_json_text(value, separators=(",", ":")) + "\n")
             else:
-                # Begun once a byte of it is written (``_drain``), whatever stops it then;
-                # a signal while it is encoded (a tenth of a second for 4 MB) left stdout
-                # empty for the error document, which counted it as begun and went to
-                # stderr.
+                # Begun once it is owed (``_whole``): a failure after it goes to stderr. A
+                # signal while it is encoded (a tenth of a second for 4 MB) waits for that.
                 self._whole(_json_text(value, indent=2) + "\n", document=True)
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
