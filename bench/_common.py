@@ -563,6 +563,43 @@ class _Lines(asyncio.BufferedProtocol):
         return self._lines.popleft()
 
 
+class _Feed(asyncio.BufferedProtocol):
+    """A connection that reads into a buffer it keeps and feeds a ``StreamReader`` (for
+    ``open_kept_buffer``): asyncio's streams would read each chunk with ``recv(256 KiB)``
+    (``_Lines`` says why that is not what a benchmark's client should do)."""
+
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._reader = reader
+        self._buffer = memoryview(bytearray(1 << 16))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._buffer
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._reader.feed_data(bytes(self._buffer[:nbytes]))
+
+    def eof_received(self) -> bool:
+        self._reader.feed_eof()
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is None:
+            self._reader.feed_eof()
+        else:
+            self._reader.set_exception(exc)
+
+
+async def open_kept_buffer(
+    host: str, port: int, limit: int = 1 << 24
+) -> tuple[asyncio.StreamReader, asyncio.Transport]:
+    """A TCP connection read as asyncio's streams are (``readuntil``, ``readexactly``) but
+    into a buffer it keeps; written through the transport."""
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=limit)
+    transport, _ = await loop.create_connection(lambda: _Feed(reader), host, port)
+    return reader, transport
+
+
 async def _worker(
     sock: Path,
     method: str,

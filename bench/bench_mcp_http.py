@@ -28,7 +28,6 @@ if __package__ in (None, ""):
     __package__ = "bench"
 
 import asyncio
-import contextlib
 import socket
 import subprocess
 import time
@@ -45,6 +44,7 @@ from bench._common import (
     Section,
     make_home,
     median,
+    open_kept_buffer,
     paired,
     print_table,
     ratio_of_pairs,
@@ -80,10 +80,10 @@ class HttpMcp:
         self.session: str | None = None
         self._id = 0
         self._reader: asyncio.StreamReader | None = None
-        self._writer: asyncio.StreamWriter | None = None
+        self._writer: asyncio.Transport | None = None
 
     async def open(self) -> None:
-        self._reader, self._writer = await asyncio.open_connection("127.0.0.1", self.port)
+        self._reader, self._writer = await open_kept_buffer("127.0.0.1", self.port)
         _, headers = await self.post(
             {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": _INIT}
         )
@@ -93,8 +93,6 @@ class HttpMcp:
     async def close(self) -> None:
         if self._writer is not None:
             self._writer.close()
-            with contextlib.suppress(Exception):
-                await self._writer.wait_closed()
 
     async def post(self, message: dict[str, Any]) -> tuple[Any, dict[str, str]]:
         assert self._reader is not None
