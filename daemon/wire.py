@@ -21,6 +21,7 @@ import fcntl
 import socket
 import struct
 import termios
+import threading
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -42,7 +43,21 @@ _SOCKET_BUFFER_MAX = 1 << 20
 _READING_MIN = 64 * 1024
 
 
-class Wire(asyncio.Protocol):
+#: The most one read takes from a socket: what asyncio's transports read at once.
+_READ_SIZE = 256 * 1024
+_reads = threading.local()
+
+
+def _read_buffer() -> memoryview:
+    """The calling thread's read buffer, shared by its connections: a read is copied out
+    before the loop does anything else (``Wire.buffer_updated``)."""
+    buffer: memoryview | None = getattr(_reads, "buffer", None)
+    if buffer is None:
+        buffer = _reads.buffer = memoryview(bytearray(_READ_SIZE))
+    return buffer
+
+
+class Wire(asyncio.BufferedProtocol):
     """The asyncio end of one connection's socket: bytes in, frames out, flow control.
 
     The daemon runs on asyncio only (``app.py``), so a connection uses the loop's socket
@@ -51,6 +66,13 @@ class Wire(asyncio.Protocol):
     socket has room, and no receive or send passes through a checkpoint. Every wait here
     is a plain future, so anyio's cancel scopes (timeouts, ``abort``) still reach it.
 
+    * A read goes into a buffer kept for the loop's thread and is copied out at its size
+      (``get_buffer``, ``buffer_updated``). asyncio's plain protocols get each read from
+      ``recv(256 KiB)``: a fresh 256 KiB block cut down to the chunk, which glibc maps
+      and unmaps afresh in some states of the heap (two page faults, an ``munmap`` and a
+      TLB flush for every request, ~15 µs of system time; docs/benchmarks.md, thirty-
+      seventh pass). Whether a daemon was in that state depended on what its start-up had
+      allocated.
     * Received bytes wait as chunks until the reader takes them; past ``max_buffered``
       bytes the transport stops reading, so a peer cannot make us buffer without limit.
     * ``on_chunk``, when set, sees each chunk that arrives while the reader waits with
@@ -102,12 +124,19 @@ class Wire(asyncio.Protocol):
         self._eof_waiters: list[asyncio.Future[None]] = []
         #: The Unix socket's send buffer in bytes once looked at; None until a large frame.
         self._socket_buffer: int | None = None
+        self._read_into = _read_buffer()  # made on the loop's thread, as every read is
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._read_into
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.data_received(bytes(self._read_into[:nbytes]))
 
     def data_received(self, data: bytes) -> None:
         if self._discarding:
