@@ -126,7 +126,7 @@ class Wire(asyncio.BufferedProtocol):
         self._socket_buffer: int | None = None
         self._read_into = _read_buffer()  # made on the loop's thread, as every read is
 
-    # -- asyncio.Protocol ----------------------------------------------------------------
+    # -- asyncio.BufferedProtocol --------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
