@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import collections
 import contextlib
 import datetime as _dt
 import json
@@ -425,7 +424,7 @@ class BlockingConn:
         self._id = 0
         # Read into a buffer kept for the connection: ``recv(1 MiB)`` allocated 1 MiB for
         # each read, which glibc maps and unmaps afresh each time (16-18 µs a read against
-        # 2.5: ``_Lines`` below says more), paid by this client in every round trip.
+        # 2.5: ``_Feed`` below says more), paid by this client in every round trip.
         self._chunk = memoryview(bytearray(1 << 20))
 
     def __enter__(self) -> BlockingConn:
@@ -493,10 +492,11 @@ def _failure(reply: Any) -> Any:
     return None if "result" in reply else reply
 
 
-class _Lines(asyncio.BufferedProtocol):
-    """One client connection of ``throughput``: NDJSON lines read into one buffer it keeps.
+class _Feed(asyncio.BufferedProtocol):
+    """A client connection that reads into a buffer it keeps and feeds a ``StreamReader``
+    (``open_kept_buffer``).
 
-    Not asyncio's streams: their transport reads each chunk with ``recv(256 KiB)``, a
+    Not asyncio's own streams: their transport reads each chunk with ``recv(256 KiB)``, a
     fresh 256 KiB allocation cut down to the chunk, and whether glibc's ``malloc`` then maps
     and unmaps pages for it (a page fault, an ``munmap`` and a TLB flush, ~15 µs) depends on
     the state of the client's heap. A client in that state spent 15-20 µs of system time a
@@ -505,68 +505,6 @@ class _Lines(asyncio.BufferedProtocol):
     decided the 32-connection ``status`` ratio (2.4 or 1.1 from one round to the next), not
     the servers. ``recv_into`` this buffer allocates nothing per read.
     """
-
-    def __init__(self) -> None:
-        self._bytes = bytearray(1 << 16)
-        self._buffer = memoryview(self._bytes)
-        self._partial = bytearray()
-        self._lines: collections.deque[bytes] = collections.deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._ended = False
-        self.transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._buffer
-
-    def buffer_updated(self, nbytes: int) -> None:
-        chunk = self._buffer[:nbytes]
-        partial = self._partial
-        start = 0
-        while (end := self._bytes.find(b"\n", start, nbytes)) >= 0:
-            if partial:
-                partial += chunk[start : end + 1]
-                self._lines.append(bytes(partial))
-                partial.clear()
-            else:
-                self._lines.append(bytes(chunk[start : end + 1]))
-            start = end + 1
-        if start < nbytes:
-            partial += chunk[start:]
-        if self._lines:
-            self._wake()
-
-    def eof_received(self) -> bool:
-        self._ended = True
-        self._wake()
-        return False
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._ended = True
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    async def readline(self) -> bytes:
-        """The next line, or b"" once the server has closed the connection."""
-        while not self._lines:
-            if self._ended:
-                return b""
-            self._waiter = asyncio.get_running_loop().create_future()
-            await self._waiter
-        return self._lines.popleft()
-
-
-class _Feed(asyncio.BufferedProtocol):
-    """A connection that reads into a buffer it keeps and feeds a ``StreamReader`` (for
-    ``open_kept_buffer``): asyncio's streams would read each chunk with ``recv(256 KiB)``
-    (``_Lines`` says why that is not what a benchmark's client should do)."""
 
     def __init__(self, reader: asyncio.StreamReader) -> None:
         self._reader = reader
@@ -590,13 +528,17 @@ class _Feed(asyncio.BufferedProtocol):
 
 
 async def open_kept_buffer(
-    host: str, port: int, limit: int = 1 << 24
+    *, path: Path | None = None, host: str = "", port: int = 0, limit: int = 1 << 24
 ) -> tuple[asyncio.StreamReader, asyncio.Transport]:
-    """A TCP connection read as asyncio's streams are (``readuntil``, ``readexactly``) but
-    into a buffer it keeps; written through the transport."""
+    """A connection to the Unix socket ``path`` (or to ``host``:``port`` over TCP), read as
+    asyncio's streams are (``readline``, ``readuntil``, ``readexactly``) but into a buffer
+    it keeps (``_Feed``); written through the transport."""
     loop = asyncio.get_running_loop()
     reader = asyncio.StreamReader(limit=limit)
-    transport, _ = await loop.create_connection(lambda: _Feed(reader), host, port)
+    if path is not None:
+        transport, _ = await loop.create_unix_connection(lambda: _Feed(reader), str(path))
+    else:
+        transport, _ = await loop.create_connection(lambda: _Feed(reader), host, port)
     return reader, transport
 
 
@@ -609,12 +551,12 @@ async def _worker(
     idx: int,
     start: asyncio.Event,
 ) -> None:
-    loop = asyncio.get_running_loop()
-    transport, conn = await loop.create_unix_connection(_Lines, str(sock))
+    reader, transport = await open_kept_buffer(path=sock)
     try:
         rid = 0
         loads = orjson.loads
         await start.wait()
+        loop = asyncio.get_running_loop()
         while loop.time() < deadline[0]:
             rid += 1
             transport.write(
@@ -622,7 +564,7 @@ async def _worker(
                 + b"\n"
             )
             while True:
-                line = await conn.readline()
+                line = await reader.readline()
                 if not line:
                     raise EOFError("server closed the connection")
                 msg = loads(line)

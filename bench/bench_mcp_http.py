@@ -83,7 +83,7 @@ class HttpMcp:
         self._writer: asyncio.Transport | None = None
 
     async def open(self) -> None:
-        self._reader, self._writer = await open_kept_buffer("127.0.0.1", self.port)
+        self._reader, self._writer = await open_kept_buffer(host="127.0.0.1", port=self.port)
         _, headers = await self.post(
             {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": _INIT}
         )
