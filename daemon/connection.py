@@ -84,7 +84,7 @@ from toolsetd.protocol.codec import (
     LargeLine,
     Message,
     encode,
-    parse_line,
+    parse_large_line,
 )
 from toolsetd.protocol.jsonrpc import (
     InvalidEnvelope,
@@ -576,7 +576,9 @@ class Connection:
                         # wait, in order, as they wait for any await of the reader.
                         self._parsing = True
                         try:
-                            parsed = await self._server.large_requests.parse(parse_line, event.line)
+                            parsed = await self._server.large_requests.parse(
+                                parse_large_line, event.line
+                            )
                         except BaseException:
                             self._release(held)
                             raise

@@ -31,6 +31,7 @@ service; each makes its own when built alone, as in tests.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -46,6 +47,9 @@ V = TypeVar("V")
 
 #: Texts longer than this are large: parsed in a worker thread, and counted in ``held``.
 LARGE_TEXT = 64 * 1024
+#: The interpreter's recursion limit while a large text is parsed: orjson's 1,024 levels,
+#: and room for the worker thread's frames beneath the parse.
+_PARSE_RECURSION_LIMIT = 1024 + 200
 #: The bound a face passes to ``hold``: this many times the longest text it takes (its
 #: message size limit, ``--max-message-bytes``, for a line and an HTTP body alike).
 LIMIT_TEXTS = 4
@@ -107,7 +111,14 @@ def parse_large(parse: Callable[[bytes], T], text: bytes) -> T:
     at a time, longer as the heap grew (a 16 MB line of numbers: seventeen gaps of 35 to
     522 ms). Held off, and its objects promoted at the end (``GcPause``), the parse makes
     none of them.
+
+    The parse (``jsontext.loads_large``) is the standard library's, which spends a level of
+    the interpreter's recursion limit on each level of nesting: the limit is raised, once,
+    so that it reads every depth orjson reads (1,024 levels) on top of this thread's own
+    frames, and orjson is left only texts it refuses.
     """
+    if sys.getrecursionlimit() < _PARSE_RECURSION_LIMIT:
+        sys.setrecursionlimit(_PARSE_RECURSION_LIMIT)
     with GcPause(promote=True):
         return parse(text)
 

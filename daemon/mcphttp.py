@@ -63,6 +63,7 @@ from toolsetd.protocol.jsonrpc import is_request_id
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.jsontext import is_utf8, is_utf8_bytes
 from toolsetd.protocol.jsontext import loads as json_loads
+from toolsetd.protocol.jsontext import loads_large as json_loads_large
 
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
 from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal, Screen
@@ -613,7 +614,7 @@ class McpHttpEndpoint:
             message = (  # numbers as written, as on the socket; a large body off the loop
                 json_loads(request.body)
                 if len(request.body) <= LARGE_TEXT
-                else await self._large.parse(json_loads, request.body)
+                else await self._large.parse(json_loads_large, request.body)
             )
         except orjson.JSONDecodeError as exc:
             # As the socket says it (orjson's words would be of surrogates, at 0).

@@ -20,8 +20,8 @@ calls ``next_event`` until it returns ``NEED_DATA`` (or ``CLOSED``), the way h11
   consumed and the stream stays usable: the server answers -32700 and carries on.
   The message is ours and never echoes the input;
 * ``LargeLine(line)``, only with ``large_line`` set, for a line longer than that, not yet
-  parsed: ``parse_line`` parses it (a caller with threads does it off its event loop: a
-  16 MiB line of numbers takes seconds to parse with every number's text kept);
+  parsed: ``parse_large_line`` parses it (a caller with threads does it off its event
+  loop: a 16 MiB line of numbers takes seconds to parse with every number's text kept);
 * ``NEED_DATA`` when no complete line is buffered;
 * ``CLOSED`` after end of file once every buffered line has been returned.
 
@@ -45,13 +45,14 @@ Invariants:
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Final, Literal, TypeAlias
 
 import orjson
 
 from .errors import FrameTooLarge, LocalProtocolError, ParseError, RemoteProtocolError
-from .jsontext import dumps, is_utf8_bytes, loads
+from .jsontext import dumps, is_utf8_bytes, loads, loads_large
 
 __all__ = [
     "CLOSED",
@@ -65,6 +66,7 @@ __all__ = [
     "Message",
     "Sentinel",
     "encode",
+    "parse_large_line",
     "parse_line",
 ]
 
@@ -125,7 +127,7 @@ class BadMessage:
 
 
 class LargeLine:
-    """A line longer than the codec's ``large_line``, left for ``parse_line``.
+    """A line longer than the codec's ``large_line``, left for ``parse_large_line``.
 
     A plain class, not a dataclass like its siblings: building one more dataclass costs
     every daemon start ~0.35 ms, and this one is made only for a line over 64 KiB.
@@ -153,8 +155,20 @@ Event: TypeAlias = Message | BadMessage | LargeLine | Literal[Sentinel.NEED_DATA
 
 def parse_line(line: bytes | bytearray) -> Message | BadMessage | None:
     """Parse one line as ``next_event`` does: None for a blank line (skipped)."""
+    return _parse_line(line, loads)
+
+
+def parse_large_line(line: bytes | bytearray) -> Message | BadMessage | None:
+    """``parse_line`` for a ``LargeLine``: the same event, and a ``MemoryError`` when there
+    is no memory to parse it, never a crash (``jsontext.loads_large``)."""
+    return _parse_line(line, loads_large)
+
+
+def _parse_line(
+    line: bytes | bytearray, parse: Callable[[bytes | bytearray], Any]
+) -> Message | BadMessage | None:
     try:
-        return Message(loads(line))
+        return Message(parse(line))
     except orjson.JSONDecodeError as exc:
         if line.isspace() or not line:
             return None

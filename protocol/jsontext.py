@@ -42,6 +42,10 @@ Both functions raise only what orjson raises (``orjson.JSONDecodeError``, which 
 Out of memory, ``loads`` raises ``MemoryError``, whatever orjson said: a ``JSONDecodeError``
 ("Not enough memory to allocate buffer for parsing", for a text that may well be valid) or
 a ``SystemError`` caused by the ``MemoryError`` it met while making the value.
+
+A large text (a request over 64 KiB) is read by ``loads_large`` instead: the same value
+or error, from the standard library's parser, because orjson does not survive running
+out of memory while it makes a string (see there).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ __all__ = [
     "is_utf8",
     "is_utf8_bytes",
     "loads",
+    "loads_large",
     "nesting_exceeds",
 ]
 
@@ -70,6 +75,15 @@ _UINT64_MAX: Final = 2**64 - 1
 _DIGIT_LIMIT: Final = re.compile(r"limit \((\d+) digits\) for integer string conversion")
 #: How orjson's ``JSONDecodeError`` begins when it had no memory for its parse buffer.
 _NO_MEMORY: Final = "Not enough memory"
+#: The deepest nesting orjson parses (a deeper text is its "depth limit exceeded").
+_ORJSON_DEPTH: Final = 1024
+#: A ``\\u`` escape of a UTF-16 surrogate (``\\ud800``-``\\udfff``) and its four digits, or
+#: the same text after an escaped backslash (``\\\\ud800``), which is no escape.
+_SURROGATE_ESCAPE: Final = re.compile(rb"\\u([dD][89a-fA-F][0-9a-fA-F]{2})")
+#: A high surrogate's escape and a low one's: a pair.
+_SURROGATE_PAIR: Final = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+#: The text of a surrogate's escape after a backslash.
+_AFTER_BACKSLASH: Final = re.compile(rb"\\\\u[dD][89a-fA-F]")
 
 
 class JsonNumber(float):
@@ -230,6 +244,91 @@ def loads(line: bytes | bytearray | memoryview | str) -> Any:
         return value
 
 
+def loads_large(line: bytes | bytearray | memoryview | str) -> Any:
+    """``loads`` for a large text: the same value or the same error, and out of memory a
+    ``MemoryError``, never a crash.
+
+    orjson (3.13) does not check that Python gave it the memory for a string it makes: short
+    of it (an address-space limit, ``LimitAS=``), it copies the string to a null pointer and
+    the process dies of SIGSEGV, with every client's calls. So the standard library parses
+    it, which checks every allocation, with every number's text kept as ``loads`` keeps it.
+    It takes about half the address space ``loads`` takes at its peak, and 0.9 to 1.7
+    times its time, 11 times for a text of escaped emoji (``bench/bench_parse_large.py``).
+    orjson only gives the verdict on a text the standard library refuses, which it reaches
+    before it makes any value, in its own words as for any other text. Two things the
+    standard library takes and orjson does not are refused as orjson refuses them: a lone
+    surrogate escape, and ``NaN``/``Infinity`` (``reject_json_constant``).
+
+    orjson reads 1,024 levels of nesting and no more, so a deeper text goes to orjson for
+    its verdict too. So does one nested deeper than the interpreter's recursion limit
+    allows the standard library (1,000 levels by default, less the caller's frames): a
+    caller that parses texts nested 1,000 to 1,024 levels deep raises the limit past that
+    (``large.parse_large``), else those are parsed by orjson.
+
+    Raises:
+        orjson.JSONDecodeError: As ``loads``.
+        MemoryError: There was no memory to parse it (the text may be valid).
+    """
+    try:
+        value = _exact_loads(line)
+    except MemoryError:
+        raise
+    except (ValueError, RecursionError):
+        return loads(line)
+    # Looked for in the text, not the value: a duplicate key's later value replaces one.
+    if (isinstance(line, str) and not is_utf8(line)) or _has_lone_surrogate_escape(line):
+        return loads(line)  # orjson refuses it
+    if _may_nest_past(line, _ORJSON_DEPTH) and nesting_exceeds(value, _ORJSON_DEPTH):
+        return loads(line)  # and this
+    return value
+
+
+def _has_lone_surrogate_escape(text: bytes | bytearray | memoryview | str) -> bool:
+    """Whether a valid JSON text escapes a surrogate that is not half of a pair: a high
+    one (``\\ud800``-``\\udbff``) not followed at once by a low one, or a low one alone.
+
+    In a valid text every backslash is in a string, and a ``\\u`` is an escape when an
+    even run of backslashes comes before it (``\\\\ud800`` is a backslash and ``ud800``).
+    A text without a surrogate's escape costs one scan. Without one after a backslash
+    too, every candidate is an escape, and one is lone if any is left once the pairs are
+    taken out (the regular expression engine does it all: 12 MiB of escaped emoji, a
+    million pairs, in some 0.15 s). Otherwise (a string that holds ``\\\\ud800``) each
+    candidate is looked at in turn, and each backslash looked back over once.
+    """
+    if isinstance(text, str):  # its own lone surrogates are not escapes: kept as they are
+        text = text.encode("utf-8", "surrogatepass")
+    if _SURROGATE_ESCAPE.search(text) is None:
+        return False
+    if _AFTER_BACKSLASH.search(text) is None:
+        return _SURROGATE_ESCAPE.search(_SURROGATE_PAIR.sub(b"", text)) is not None
+    awaited = -1  # where the low half of the last high escape must start
+    for match in _SURROGATE_ESCAPE.finditer(text):
+        at = match.start()
+        before = at
+        while before > 0 and text[before - 1] == 0x5C:  # a backslash (bytes index as ints)
+            before -= 1
+        if (at - before) % 2:
+            continue  # an escaped backslash, then text
+        low = int(match[1], 16) >= 0xDC00
+        if awaited >= 0:
+            if not low or at != awaited:
+                return True
+            awaited = -1
+        elif low:
+            return True
+        else:
+            awaited = match.end()
+    return awaited >= 0
+
+
+def _may_nest_past(line: bytes | bytearray | memoryview | str, depth: int) -> bool:
+    """Whether ``line`` opens enough objects and arrays to nest them past ``depth``."""
+    if isinstance(line, memoryview):
+        line = line.tobytes()
+    brackets: Any = ("[", "{") if isinstance(line, str) else (b"[", b"{")
+    return line.count(brackets[0]) + line.count(brackets[1]) > depth
+
+
 def _exact_loads(line: bytes | bytearray | memoryview | str) -> Any:
     """The standard library's parse, with every number's text kept (and no ``NaN``)."""
     text = line if isinstance(line, str) else bytes(line).decode("utf-8")
@@ -270,25 +369,9 @@ def _beyond_doubles(
         raise error from None
     except RecursionError:
         raise error from None
-    if _has_lone_surrogate(value):  # which orjson never lets through
+    if _has_lone_surrogate_escape(line):  # which orjson never lets through
         raise error
     return value
-
-
-def _has_lone_surrogate(value: Any) -> bool:
-    """Whether a string (or key) anywhere in ``value`` holds a lone surrogate (iteratively:
-    orjson's own serialiser stops at 254 levels, the parser does not)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if type(item) is dict:
-            stack.extend(item.values())
-            stack.extend(item.keys())
-        elif type(item) is list:
-            stack.extend(item)
-        elif type(item) is str and not is_utf8(item):
-            return True
-    return False
 
 
 def is_utf8_bytes(data: bytes | bytearray) -> bool:

@@ -1800,6 +1800,43 @@ def test_a_line_the_daemon_has_no_memory_to_parse_is_busy_not_a_parse_error(
             assert big.receive()["error"]["code"] == -32602  # status takes no params
 
 
+#: A valid 15 MB line whose value holds one string of 15 MB.
+_STRING_LINE = b'{"jsonrpc":"2.0","id":"big","method":"status","params":{"s":"' + b"a" * (15 << 20)
+
+
+@pytest.mark.timeout(600)
+def test_a_large_line_at_any_memory_headroom_is_answered_and_the_daemon_lives(
+    tmp_path: Path,
+) -> None:
+    """A 15 MB line of one string, sent with the daemon's memory bounded (RLIMIT_AS) at
+    every headroom from 10 to 300 MiB, 2 MiB apart: each is answered, with its answer or
+    -32008 busy, and the daemon lives. orjson, given the memory for its parse buffer but
+    not for the string, copied the string to a null pointer: the daemon died of SIGSEGV
+    (here at 34 MiB of headroom), with every client's calls."""
+    with daemon_in("tsn-", _noop_set, args=_unconfined(tmp_path)) as d, \
+            d.raw(timeout=150) as other:
+        answers = set()
+        for headroom in range(10 << 20, 300 << 20, 2 << 20):
+            with memory_limited(d.proc.pid, headroom), d.raw(timeout=150) as big:
+                big.send_bytes(_STRING_LINE + b'"}}\n')
+                try:
+                    reply = big.receive()
+                except EOFError:
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        d.proc.wait(timeout=5)
+                    pytest.fail(f"no answer at {headroom >> 20} MiB of headroom; the "
+                                f"daemon's exit status: {d.proc.poll()}")
+            if reply["id"] is None:
+                assert reply["error"]["code"] == -32008, reply
+                answers.add("busy")
+            else:  # parsed: status takes no params
+                assert reply["id"] == "big" and reply["error"]["code"] == -32602, reply
+                answers.add("answered")
+        assert answers == {"busy", "answered"}, answers  # the sweep crossed the limit
+        assert "result" in other.request("status")
+        assert "connection_failed" not in [e.get("event") for e in d.log_events()]
+
+
 def _unread(sock: socket.socket) -> int:
     """Bytes this socket sent that its peer has not read yet (``SIOCOUTQ``)."""
     import fcntl  # Linux-only ioctl, as the daemon's platform

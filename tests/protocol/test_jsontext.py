@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import pickle
 import sys
+import threading
+from typing import Any
 
 import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from toolsetd.protocol.codec import Codec, Message, encode
-from toolsetd.protocol.jsontext import JsonNumber, dumps, loads
+from toolsetd.protocol.jsontext import JsonNumber, dumps, loads, loads_large
 
 # RFC 8259 number grammar: -? int frac? exp?
 _INT = st.one_of(st.just("0"), st.from_regex(r"[1-9][0-9]{0,40}", fullmatch=True))
@@ -70,6 +73,8 @@ def test_a_huge_number_in_a_deep_or_wide_value() -> None:
     assert loads(b'[1e999, "\\ud83d\\ude00", {"\\u00e9": 1}]')[1:] == ["\U0001f600", {"é": 1}]
     with pytest.raises(orjson.JSONDecodeError):  # a lone surrogate as a key, beside 1e999
         loads(b'{"a": 1e999, "\\udc00": 1}')  # (orjson meets the number first)
+    with pytest.raises(orjson.JSONDecodeError):  # or in a value a duplicate key replaced
+        loads(b'{"a": 1e999, "b": "\\ud800", "b": ""}')
 
 
 def test_plain_values_take_the_orjson_path_unchanged() -> None:
@@ -128,3 +133,124 @@ def test_an_integer_past_the_interpreters_digit_limit_is_refused_saying_so() -> 
     with pytest.raises(orjson.JSONDecodeError) as caught:
         loads(text)
     assert caught.value.pos == text.index(b"777")
+
+
+def _outcome(parse: Any, text: Any) -> tuple[Any, ...]:
+    """What a parse gives: its value, each item with its type and each scalar as written
+    back, or its error's words and position."""
+    try:
+        value = parse(text)
+    except orjson.JSONDecodeError as exc:
+        return ("error", exc.msg, exc.pos)
+    items: list[tuple[str, Any]] = []
+    stack = [value]
+    while stack:  # iteratively: the deepest texts below nest 1,024 levels
+        item = stack.pop()
+        if type(item) is dict:
+            items.append(("dict", len(item)))
+            for key, child in item.items():
+                items.append(("key", key))
+                stack.append(child)
+        elif type(item) is list:
+            items.append(("list", len(item)))
+            stack.extend(item)
+        else:
+            items.append((type(item).__name__, dumps(item)))
+    return ("value", items)
+
+
+#: Texts on which the standard library and orjson part ways, or might.
+_LARGE_CASES = [
+    b'{"a": [1, 2.50, -0, 1e3, 18446744073709551616, "x"], "b": null, "c": true}',
+    b'"\\\\ud800"',  # an escaped backslash, then text: no surrogate at all
+    b'["\\\\ud800"]',
+    b'["\\ud800"]',  # a lone surrogate escape
+    b'{"\\udc00": 1}',  # as a key
+    b'["\\ud83d\\ude02", "\\u00e9"]',  # a pair, and a plain escape
+    b'{"a": "\xff"}',  # not UTF-8
+    b'\xef\xbb\xbf[1]',  # a byte order mark
+    b"[NaN]",
+    b"[Infinity]",
+    b"[-Infinity]",
+    b"[1e999, 1.50, -1E+400]",
+    b"[01]",
+    b"[1,]",
+    b'{"a" 1}',
+    b"[1] [2]",
+    b"",
+    b"  ",
+    b" [1] ",
+    b"[\t1\r\n]",
+    b'["a\x01"]',  # a control character in a string
+    b"[" + b"7" * 5000 + b"]",  # past the interpreter's digit limit
+    b"[" * 1024 + b"]" * 1024,  # orjson's deepest
+    b"[" * 1025 + b"]" * 1025,
+    b'{"a":' * 1025 + b"1" + b"}" * 1025,
+    b"[" * 3000 + b"]" * 3000,
+    b"[" * 1100 + b"1," * 50 + b"]",  # deep, and not JSON either
+]
+
+
+@pytest.mark.parametrize("text", _LARGE_CASES)
+def test_loads_large_gives_what_loads_gives(text: bytes) -> None:
+    """The standard library's parse, with orjson's verdict where the two differ: the same
+    value (numbers as written, the same types) or the same error, word for word, for
+    bytes, a bytearray, a memoryview and (where it is one) a str. With the interpreter's
+    recursion limit raised as ``large.parse_large`` raises it, run in a thread as there."""
+    inputs: list[Any] = [text, bytearray(text), memoryview(text)]
+    with contextlib.suppress(UnicodeDecodeError):
+        inputs.append(text.decode())
+    results: list[tuple[Any, Any]] = []
+
+    def run() -> None:
+        results.extend((_outcome(loads, each), _outcome(loads_large, each)) for each in inputs)
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1024 + 200)
+    try:
+        worker = threading.Thread(target=run)
+        worker.start()
+        worker.join()
+    finally:
+        sys.setrecursionlimit(limit)
+    assert len(results) == len(inputs)
+    for expected, got in results:
+        assert got == expected
+
+
+def test_loads_large_refuses_a_str_with_a_lone_surrogate_as_loads() -> None:
+    """A str may hold a lone surrogate itself (no escape to look for): refused all the
+    same, as orjson refuses it."""
+    text = '["ok", {"k": "\ud800"}]'
+    with pytest.raises(orjson.JSONDecodeError) as large:
+        loads_large(text)
+    with pytest.raises(orjson.JSONDecodeError) as small:
+        loads(text)
+    assert (large.value.msg, large.value.pos) == (small.value.msg, small.value.pos)
+
+
+@given(
+    st.recursive(
+        st.one_of(
+            json_numbers,
+            st.text(max_size=8).map(lambda s: orjson.dumps(s).decode()),
+            st.sampled_from(
+                ["true", "false", "null", '"\\ud800"', '"\\udfff"', '"\\ud83d\\ude02"',
+                 '"\\\\ud800"', '"\\\\\\ud800"', '"a\\ud800\\\\udc00"']
+            ),
+        ),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4).map(lambda items: "[" + ",".join(items) + "]"),
+            st.lists(st.tuples(st.text(max_size=4), inner), max_size=4).map(
+                lambda pairs: "{"
+                + ",".join(orjson.dumps(k).decode() + ":" + v for k, v in pairs)
+                + "}"
+            ),
+        ),
+        max_leaves=20,
+    )
+)
+def test_loads_large_gives_what_loads_gives_for_any_text(text: str) -> None:
+    """Any text built of numbers written any legal way, strings, lone surrogate escapes
+    and nesting: the same value, or the same error."""
+    assert _outcome(loads_large, text.encode()) == _outcome(loads, text.encode())
