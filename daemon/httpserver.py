@@ -641,6 +641,7 @@ class HttpServer:
         self._refusing = 0
         self._limit_log = Throttle()
         self._bad_log = Throttle(1.0)
+        self._memory_log = Throttle()
         self._scopes: set[anyio.CancelScope] = set()
         self._accepting: anyio.CancelScope | None = None
 
@@ -901,7 +902,9 @@ class HttpServer:
                 h11.InformationalResponse(status_code=100, headers=[], reason=b"Continue")
             )
         try:
-            body = await self._read_body(conn, conn.loop.time() + settings.body_timeout, held)
+            body: bytes | None = await self._read_body(
+                conn, conn.loop.time() + settings.body_timeout, held
+            )
         except TimeoutError:
             await self._fail(
                 conn,
@@ -919,6 +922,16 @@ class HttpServer:
             return False
         except _LargeRefused as refused:
             await self._refuse_large(conn, refused.size)
+            return False
+        except MemoryError:
+            body = None  # answered below, once the traceback and the pieces it holds are gone
+        if body is None:
+            # The daemon's want, not the peer's (its memory is bounded, ``LimitAS=``): said
+            # as a parse without memory is, and the connection closed (its body is unread).
+            said = self._memory_log.count("body")
+            if said is not None:  # every client can cause it: one line a minute, counted
+                log.warning("http_out_of_memory", size=size, refused=said)
+            await self._answer_and_close(conn, 503, _no_memory_for_body())
             return False
         if event.method in _NO_CONTENT:
             # Dropped, and no longer counted: the handler never reads it, and a GET's
@@ -1125,6 +1138,15 @@ def _body_too_large(settings: HttpSettings) -> rpc_errors.RpcError:
     limit = settings.max_body_bytes
     return rpc_errors.MessageTooLarge(
         f"Request body too large: at most {limit} bytes.", {"limit": limit}
+    )
+
+
+def _no_memory_for_body() -> rpc_errors.RpcError:
+    """503, as the socket answers a line it had no memory for (``-32008``)."""
+    return rpc_errors.ServerBusy(
+        "Server busy: toolsetd had no memory to read the body; the connection is closed. "
+        "Send it again when some calls have finished.",
+        {"resource": "memory"},
     )
 
 

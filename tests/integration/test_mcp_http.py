@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from http.client import HTTPConnection
+from http.client import HTTPConnection, HTTPException
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -3105,6 +3105,55 @@ def test_http_a_body_the_daemon_has_no_memory_to_parse_is_503_busy(
         lines = 1 if time.monotonic() - started < 60 else len(said)
         assert 1 <= len(said) <= 2, said
         assert [(e["size"], e["refused"]) for e in said] == [(len(body), 1)] * lines, said
+
+
+@pytest.mark.timeout(600)
+def test_http_a_large_body_at_any_memory_headroom_is_answered_and_the_daemon_lives(
+    tmp_path: Path, home: Path, workspace: Path
+) -> None:
+    """A 15 MB body of one string, POSTed with the daemon's memory bounded (RLIMIT_AS) at
+    every headroom from 10 to 300 MiB, 2 MiB apart: each gets a response, 200 or 503
+    -32008 busy, and the daemon lives. Short of memory to join the body's pieces, the
+    connection was reset unanswered, with an error and its traceback in the log for each;
+    orjson, short of it for the string, killed the daemon (SIGSEGV)."""
+    request = {"jsonrpc": "2.0", "id": 1, "method": "ping", "params": {"s": "a" * (15 << 20)}}
+    body = json.dumps(request).encode()
+    with _unconfined_http_daemon(tmp_path, home, workspace) as (d, url, _):
+        target = urlsplit(endpoint(url, workspace))
+        statuses = set()
+        busy: list[str] = []
+        for headroom in range(10 << 20, 300 << 20, 2 << 20):
+            conn = HTTPConnection(target.hostname, target.port, timeout=150)
+            try:
+                with memory_limited(d.proc.pid, headroom):
+                    # Refused before the whole body is sent, the daemon drains the rest for
+                    # a second only: past it, the response is read as a browser reads it.
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                        conn.request("POST", f"{target.path}?{target.query}", body=body,
+                                     headers={"content-type": "application/json",
+                                              "accept": "application/json, text/event-stream"})
+                    reply = conn.getresponse()
+                    answer = json.loads(reply.read())
+            except (ConnectionError, HTTPException) as exc:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    d.proc.wait(timeout=5)
+                pytest.fail(f"no response at {headroom >> 20} MiB of headroom ({exc!r}); the "
+                            f"daemon's exit status: {d.proc.poll()}")
+            finally:
+                conn.close()
+            statuses.add(reply.status)
+            if reply.status == 503:
+                busy.append(answer["error"]["message"])
+                assert answer["error"]["code"] == -32008, answer
+                assert answer["error"]["data"] == {"resource": "memory"}, answer
+            else:  # parsed: a ping before initialize is answered without a session
+                assert reply.status == 200 and answer["id"] == 1, (reply.status, answer)
+        assert statuses == {200, 503}, statuses  # the sweep crossed the limit
+        assert initialize(endpoint(url, workspace))
+        events = [e.get("event") for e in d.log_events()]
+        assert "http_connection_failed" not in events
+        if any("no memory to read the body" in m for m in busy):
+            assert "http_out_of_memory" in events, events
 
 
 def test_http_an_accept_short_of_descriptors_is_said_once_per_episode(
