@@ -153,26 +153,24 @@ class LargeLine:
 Event: TypeAlias = Message | BadMessage | LargeLine | Literal[Sentinel.NEED_DATA, Sentinel.CLOSED]
 
 
-def parse_line(line: bytes | bytearray) -> Message | BadMessage | None:
-    """Parse one line as ``next_event`` does: None for a blank line (skipped)."""
-    return _parse_line(line, loads)
-
-
-def parse_large_line(line: bytes | bytearray) -> Message | BadMessage | None:
-    """``parse_line`` for a ``LargeLine``: the same event, and a ``MemoryError`` when there
-    is no memory to parse it, never a crash (``jsontext.loads_large``)."""
-    return _parse_line(line, loads_large)
-
-
-def _parse_line(
-    line: bytes | bytearray, parse: Callable[[bytes | bytearray], Any]
+def parse_line(
+    line: bytes | bytearray, parse: Callable[[bytes | bytearray], Any] = loads
 ) -> Message | BadMessage | None:
+    """Parse one line as ``next_event`` does: None for a blank line (skipped). ``parse``
+    is ``jsontext.loads`` (a default argument, not a wrapper: this is every small line's
+    path), or ``loads_large`` from ``parse_large_line``."""
     try:
         return Message(parse(line))
     except orjson.JSONDecodeError as exc:
         if line.isspace() or not line:
             return None
         return BadMessage(_describe_bad_line(line, exc))
+
+
+def parse_large_line(line: bytes | bytearray) -> Message | BadMessage | None:
+    """``parse_line`` for a ``LargeLine``: the same event, and a ``MemoryError`` when there
+    is no memory to parse it, never a crash (``jsontext.loads_large``)."""
+    return parse_line(line, loads_large)
 
 
 def encode(value: Any) -> bytes:
