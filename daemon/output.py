@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import os
 import re
@@ -33,6 +34,7 @@ import orjson
 from toolsetd.protocol.errors import reject_json_constant
 from toolsetd.protocol.jsontext import nesting_exceeds
 
+from .large import LARGE_TEXT
 from .paths import (
     NET_WHITESPACE,
     expand_user,
@@ -221,6 +223,10 @@ def _carries_surrogate(value: Mapping[str, Any]) -> bool:
     return any(isinstance(s, str) and _SURROGATE.search(s) is not None for s in strings)
 
 
+#: ``_content_json``'s mark for a body orjson has not read.
+_UNREAD: Any = object()
+
+
 def _content_json(body: str) -> Any:
     """The content object as the reference host's ``JsonDocument.Parse`` reads it, else None.
 
@@ -229,10 +235,17 @@ def _content_json(body: str) -> Any:
     when that string is read. Such a body is read again leniently (its numbers' values are
     never used), and refused only if a string the result would carry has a lone surrogate.
     System.Text.Json also refuses nesting deeper than 64 levels (orjson reads 1,024).
+
+    A body over ``LARGE_TEXT`` is read leniently at once: orjson does not survive running
+    out of memory while it makes a string (``jsontext.loads_large``), and the lenient
+    reading is what it gives wherever orjson would give a value (the depth past which the
+    standard library stops is far past the 64 levels allowed).
     """
-    try:
-        value = orjson.loads(body)
-    except orjson.JSONDecodeError:
+    value: Any = _UNREAD
+    if len(body) <= LARGE_TEXT:
+        with contextlib.suppress(orjson.JSONDecodeError):
+            value = orjson.loads(body)
+    if value is _UNREAD:
         try:
             value = json.loads(
                 body,

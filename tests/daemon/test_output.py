@@ -166,6 +166,40 @@ def test_parse_content_refuses_what_it_cannot_carry(body: str) -> None:
     assert info.value.message.startswith("Tool output is not valid content JSON.\n")
 
 
+@pytest.mark.parametrize(
+    "member",
+    [
+        '"T"',
+        '"a\\ud800"',
+        '"\\ud83d\\ude00"',
+        '"T", "x": 1e400',
+        '"T", "x": "\\ud800"',
+        '"T", "x": NaN',
+        '"T", "x": ' + "[" * 64 + "]" * 64,
+        '"T", "x": ' + "[" * 2000 + "]" * 2000,
+        '"T", "x": [1,]',
+        '"T", "text": "U"',
+        '"T", "images": [{"mimeType": "image/png", "base64": "eA=="}]',
+        '"T", "images": [{"mimeType": "image/png", "path": "\\udc00"}]',
+    ],
+)
+def test_parse_content_reads_a_large_body_as_a_small_one(member: str) -> None:
+    """A body over 64 KiB is read by the standard library alone (orjson does not survive
+    running out of memory while it makes a string): it gives what the same object gives
+    small, a content or the same refusal."""
+
+    def outcome(body: str) -> object:
+        try:
+            content = parse_content(body, 1_000_000)
+        except ContentError as exc:
+            return exc.message.split("\n")[0]
+        return (content.text, [(i.mime_type, i.base64, i.path) for i in content.images])
+
+    pad = '"' + "p" * (70 * 1024) + '"'
+    small = outcome('{"pad": 1, "text": ' + member + "}")
+    assert outcome('{"pad": ' + pad + ', "text": ' + member + "}") == small
+
+
 def test_parse_content_trims_as_the_reference_host_trims() -> None:
     """``TrimStart('\\uFEFF').Trim()``: every leading byte order mark, then .NET's white
     space, which does not hold the information separators U+001C..U+001F (Python's does)."""
