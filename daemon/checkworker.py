@@ -30,8 +30,13 @@ backtracks on them is stopped at 0.1 s and a little.
   read is always the request's own. A check whose caller goes away (cancelled) ends the
   process, which the next check starts again: an answer never outlives its request.
 * **Bounded.** The process stops a check at its time limit itself and says so, as the loop
-  would. Should it not answer within the limit and ``_GRACE`` more (a start delayed by a
-  busy machine included), it is killed and the call gets the same "was stopped" error.
+  would; its limit counts the process's CPU time (``run_limited(cpu=True)``), so a valid
+  call's verdict does not depend on the machine's load (in wall time, a 12 MB call that
+  takes 2.4 s of CPU to check was stopped at its 12 s on a fifth of a CPU). Should it not
+  answer within ``_WALL_PER_CPU`` times the limit and ``_GRACE`` more (wall time: a
+  process on a tenth of a CPU, its start and its parse included), it is killed and the
+  call gets the same "was stopped" error: a process stopped or stuck where no signal
+  reaches it (a stop signal, a C extension) holds its caller no longer.
   One that dies before answering (the OOM killer, whose first choice it makes itself:
   ``oom_score_adj`` 1000) gets an error that says so.
 * **When no process can be had** (out of processes or descriptors, or one that exits by
@@ -104,9 +109,13 @@ __all__ = ["CheckProcessFailed", "CheckWorker", "main"]
 
 log = structlog.get_logger("toolsetd.checkworker")
 
-#: Seconds past a check's own time limit before its process is killed: its start (~0.2 s
-#: here, seconds on a loaded machine) and the transfer and parse of up to 16 MiB.
+#: Seconds past ``_WALL_PER_CPU`` times a check's own time limit (CPU seconds) before its
+#: process is killed: its start (~0.2 s here, seconds on a loaded machine) and the
+#: transfer and parse of up to 16 MiB.
 _GRACE = 10.0
+#: Wall seconds a check process may take for each CPU second of its limit: one on a tenth
+#: of a CPU still answers.
+_WALL_PER_CPU = 10.0
 #: The longest answer line read (100 errors, each with a JSON Pointer into the arguments).
 _MAX_ANSWER = 64 * 1024 * 1024
 _TOO_LONG_MESSAGE = (
@@ -211,6 +220,7 @@ class CheckWorker:
             )
         )
         limit = time_limit_for(self._time_limit, len(text))
+        patience = limit * _WALL_PER_CPU + _GRACE
         del text
         async with self._lock:
             if self._closed or anyio.current_time() < self._down_until:
@@ -223,7 +233,7 @@ class CheckWorker:
                 self._down(str(exc), exc.errno in _NOT_INSTALLED)
                 return None
             try:
-                with anyio.fail_after(limit + _GRACE):
+                with anyio.fail_after(patience):
                     if self._answered and not await _alive(proc, stdout):
                         # It died idle since its last answer (the OOM killer's first choice,
                         # an operator's kill): not this call's doing, so another is started.
@@ -249,7 +259,7 @@ class CheckWorker:
                     answer = await stdout.receive_until(b"\n", _MAX_ANSWER)
             except TimeoutError:
                 await self._discard()
-                log.warning("argument_check_process_killed", seconds=round(limit + _GRACE, 1))
+                log.warning("argument_check_process_killed", seconds=round(patience, 1))
                 return [{"path": "", "message": stopped_message(limit, self._time_limit, schema)}]
             except anyio.DelimiterNotFound:
                 # Its answer goes on past the bound (error paths into keys of megabytes):
@@ -503,7 +513,7 @@ def main() -> None:
     _first_to_go()
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    validators = ArgumentValidators(time_limit=time_limit)
+    validators = ArgumentValidators(time_limit=time_limit, cpu_time=True)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     try:  # first, which code this is: the daemon uses only its own (see ``install``)
         stdout.write(json_dumps({"code": code_id()}) + b"\n")

@@ -1,4 +1,5 @@
-"""A time limit for CPU-bound work on a process's main thread, enforced with ``SIGALRM``.
+"""A time limit for CPU-bound work on a process's main thread, enforced with ``SIGALRM``
+(or ``SIGPROF``, counting CPU time).
 
 Theory of operation
 -------------------
@@ -21,7 +22,12 @@ such an alarm only disarms the timer. After the first alarm the timer fires agai
 that the garbage collector ran during ``fn`` is swallowed by Python, and the next alarm
 stops ``fn`` then. Arming and disarming is two ``setitimer`` calls (~1.5 µs together).
 
-While another ``ITIMER_REAL`` timer runs (a caller's own, or ``run_limited`` inside
+The check process counts its CPU time instead (``cpu=True``: ``ITIMER_PROF``, whose
+``SIGPROF`` the same handler takes): it does nothing else, and a limit in wall time there
+made the verdict on a valid call depend on the machine's load (a 12 MB call that takes
+2.4 s of CPU to check was stopped at its 12 s on a fifth of a CPU).
+
+While another timer of the same kind runs (a caller's own, or ``run_limited`` inside
 ``run_limited``), ``fn`` runs unlimited: one process has one such timer. Children never
 see the timer: an interval timer is not inherited across ``fork``, and ``exec`` resets the
 handler.
@@ -55,15 +61,19 @@ class TimeLimitExceeded(BaseException):
     """
 
 
-def run_limited(seconds: float, fn: Callable[[], T]) -> T:
+def run_limited(seconds: float, fn: Callable[[], T], *, cpu: bool = False) -> T:
     """Call ``fn``; stop it with ``TimeLimitExceeded`` once it has run ``seconds``.
 
     ``fn`` must not ``await`` or hand control to other work: the alarm interrupts
     whatever runs under this frame.
 
     Args:
-        seconds: The limit, wall time; 0 or less means none.
+        seconds: The limit; 0 or less means none.
         fn: The work.
+        cpu: Count the process's CPU time (``ITIMER_PROF``, ``SIGPROF``), not wall time:
+            for a process that does nothing else, whose verdict must not depend on how
+            loaded the machine is (the check process). The event loop's own checks count
+            wall time, which is what every other client waits.
 
     Returns:
         What ``fn`` returns.
@@ -75,18 +85,20 @@ def run_limited(seconds: float, fn: Callable[[], T]) -> T:
         raise RuntimeError("run_limited runs only on the main thread: no alarm reaches another")
     if seconds <= 0:
         return fn()
-    if signal.getitimer(signal.ITIMER_REAL)[0] > 0:
+    which, signum = (signal.ITIMER_PROF, signal.SIGPROF) if cpu else _WALL
+    if signal.getitimer(which)[0] > 0:
         return fn()
-    if signal.getsignal(signal.SIGALRM) is not _on_alarm:
-        signal.signal(signal.SIGALRM, _on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, seconds, _AGAIN)
+    if signal.getsignal(signum) is not _on_alarm:
+        signal.signal(signum, _on_alarm)
+    signal.setitimer(which, seconds, _AGAIN)
     try:
         return fn()
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.setitimer(which, 0)
 
 
 _LIMITED = run_limited.__code__
+_WALL = (signal.ITIMER_REAL, signal.SIGALRM)
 
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
@@ -94,4 +106,5 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
         if frame.f_code is _LIMITED:
             raise TimeLimitExceeded
         frame = frame.f_back
-    signal.setitimer(signal.ITIMER_REAL, 0)  # run_limited has returned: a late alarm
+    # run_limited has returned: a late alarm
+    signal.setitimer(signal.ITIMER_PROF if signum == signal.SIGPROF else signal.ITIMER_REAL, 0)

@@ -1100,7 +1100,12 @@ class ArgumentValidators:
     """
 
     def __init__(
-        self, max_entries: int = 4096, time_limit: float = TIME_LIMIT, libraries: str | None = None
+        self,
+        max_entries: int = 4096,
+        time_limit: float = TIME_LIMIT,
+        libraries: str | None = None,
+        *,
+        cpu_time: bool = False,
     ) -> None:
         """Create an empty cache.
 
@@ -1108,6 +1113,8 @@ class ArgumentValidators:
             max_entries: How many compiled validators to keep; the oldest goes first.
             time_limit: The most seconds one call's check may run before the allowance
                 for its size (``TIME_LIMIT_PER_MIB``); see ``timelimit``.
+            cpu_time: Count the process's CPU seconds, not wall ones (the check process,
+                whose verdict must not depend on the machine's load; ``run_limited``).
             libraries: The daemon's ``install.libraries_id()``, taken at its start:
                 jsonschema, imported at the first check that needs it (not at start: a
                 warm set cache parses nothing), is imported only while the versions
@@ -1115,6 +1122,7 @@ class ArgumentValidators:
                 process, whose code the daemon knows by ``install.code_id``).
         """
         self._time_limit = time_limit
+        self._cpu_time = cpu_time
         self._own_jsonschema = _OwnJsonschema(libraries)
         self._validators: dict[str, Validator] = {}
         self._plain: dict[str, bool] = {}
@@ -1196,9 +1204,10 @@ class ArgumentValidators:
         if size is None:
             size = len(json_dumps(arguments))
         limit = time_limit_for(self._time_limit, size)
-        started = time.monotonic()
+        cpu = self._cpu_time
+        started = time.process_time() if cpu else time.monotonic()
         try:
-            run_limited(limit, check)
+            run_limited(limit, check, cpu=cpu)
         except TimeLimitExceeded:
             found.add(("", stopped_message(limit, self._time_limit, schema)))
         except RecursionError:
@@ -1207,7 +1216,7 @@ class ArgumentValidators:
                 # a whole one of its own, a check ran up to twice its limit).
                 loops = not nesting_exceeds(arguments, MAX_ARGUMENT_DEPTH) and (
                     not nesting_exceeds(arguments, _SHALLOW)
-                    or _loops(validator, _cut(arguments, _SHALLOW), limit, started)
+                    or _loops(validator, _cut(arguments, _SHALLOW), limit, started, cpu=cpu)
                 )
             except TimeLimitExceeded:
                 return [{"path": "", "message": stopped_message(limit, self._time_limit, schema)}]
@@ -1267,10 +1276,10 @@ def _cut(value: Any, depth: int) -> Any:
     return [_cut(v, depth - 1) for v in value]
 
 
-def _loops(validator: Any, probe: Any, limit: float, started: float) -> bool:
+def _loops(validator: Any, probe: Any, limit: float, started: float, *, cpu: bool) -> bool:
     """Whether checking ``probe`` (shallow arguments) still exhausts the recursion, within
     what is left of the check's ``limit`` seconds, which began at ``started``
-    (``time.monotonic``).
+    (``time.monotonic``, or ``time.process_time`` when ``cpu`` counts CPU seconds).
 
     Arguments that exhaust it may do so by their depth alone, as a schema that recurses
     through them lets them: only when shallow ones do too is the schema the cause.
@@ -1283,11 +1292,12 @@ def _loops(validator: Any, probe: Any, limit: float, started: float) -> bool:
         for _ in validator.iter_errors(probe):
             pass
 
-    left = limit - (time.monotonic() - started) if limit > 0 else 0.0  # 0: no limit
+    now = time.process_time() if cpu else time.monotonic()
+    left = limit - (now - started) if limit > 0 else 0.0  # 0: no limit
     if limit > 0 and left <= 0:
         raise TimeLimitExceeded
     try:
-        run_limited(left, check)
+        run_limited(left, check, cpu=cpu)
     except RecursionError:
         return True
     except TimeLimitExceeded:

@@ -3,6 +3,7 @@ check's answer is never read as the next one's, and no process at all falls back
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from typing import Any
@@ -63,6 +64,48 @@ def test_the_check_process_answers_as_the_check_in_process(
             await worker.aclose()
 
     assert anyio.run(there) == here
+
+
+def test_a_check_starved_of_cpu_is_not_stopped_for_the_wall_time_it_waited() -> None:
+    """The process's limit counts its CPU time: a valid check that takes a fraction of its
+    limit in CPU passes however long the machine keeps it waiting. Here it runs 10 ms in
+    every 110 (stopped and continued, as a tenth of a CPU), so its wall time is several
+    times its limit; counted in wall time, it was "stopped after 0.57 s"."""
+    # A pattern: jsonschema's check, under the limit (a plain schema is checked without).
+    schema = {"type": "object", "properties": {"n": {"items": {"pattern": "^a+$"}}}}
+    tool = loaded(schema)
+    arguments = {"n": ["aaaa"] * 40_000}  # ~0.2 s of CPU to check; limit 0.3 s + 0.27 s
+
+    async def main() -> tuple[list[dict[str, str]] | None, float]:
+        worker = CheckWorker(0.3)
+        done = anyio.Event()
+        answer: list[list[dict[str, str]] | None] = []
+
+        async def check() -> None:
+            answer.append(await worker.errors(tool, arguments))
+            done.set()
+
+        try:
+            assert await worker.errors(tool, {"n": ["a"] * 5_000}) == []  # started, warm
+            pid = worker.pid
+            assert pid is not None
+            started = anyio.current_time()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(check)
+                while not done.is_set():
+                    os.kill(pid, signal.SIGSTOP)
+                    await anyio.sleep(0.1)
+                    os.kill(pid, signal.SIGCONT)
+                    await anyio.sleep(0.01)
+            return answer[0], anyio.current_time() - started
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+            await worker.aclose()
+
+    errors, took = anyio.run(main)
+    assert errors == [], errors
+    assert took > 0.57, f"took {took:.2f} s: not starved past its limit, so this tells nothing"
 
 
 def test_a_cancelled_check_leaves_no_answer_for_the_next() -> None:

@@ -101,3 +101,38 @@ def test_run_limited_refuses_to_run_off_the_main_thread() -> None:
     assert "main thread" in str(refused)
     assert ran == []
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_cpu_limit_stops_work_by_its_cpu_time_and_rearms() -> None:
+    """``cpu=True`` counts the process's CPU time (``ITIMER_PROF``): a runaway match is
+    stopped as by the wall clock, and nothing is left armed."""
+    for _ in range(2):
+        started = time.process_time()
+        with pytest.raises(TimeLimitExceeded):
+            run_limited(0.05, _runaway, cpu=True)
+        assert time.process_time() - started < 5
+    assert run_limited(0.05, lambda: 7, cpu=True) == 7
+    assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
+
+def test_a_cpu_limit_does_not_count_time_the_process_does_not_run() -> None:
+    """Wall time the process spends off the CPU (asleep here; on a loaded machine, waiting
+    for a CPU) does not count against a CPU limit: the work ends by itself. The same
+    work under a wall limit is stopped: so this test tells the two clocks apart."""
+    assert run_limited(0.05, lambda: time.sleep(0.3) or "done", cpu=True) == "done"
+    with pytest.raises(TimeLimitExceeded):
+        run_limited(0.05, lambda: time.sleep(0.3))
+
+
+def test_a_late_cpu_alarm_outside_the_call_only_disarms() -> None:
+    """A SIGPROF that lands after the limited call returned raises nothing, and stops."""
+    run_limited(1, lambda: None, cpu=True)  # installs the handler
+    signal.setitimer(signal.ITIMER_PROF, 0.01, 0.01)
+    try:
+        end = time.process_time() + 0.1
+        while time.process_time() < end:  # the handler runs here, on CPU time
+            pass
+        assert signal.getitimer(signal.ITIMER_PROF) == (0.0, 0.0)
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)

@@ -247,31 +247,6 @@ def echo_daemon() -> Iterator[Daemon]:
         yield d
 
 
-#: The daemon, its large checks given an hour (``checkworker``'s limit and grace): a wall
-#: time, which a loaded machine passes on a valid 12 MB check (2.4 s of CPU to check,
-#: 3 s to parse, against 11.5 s and 21.5 s: at a fifth of a CPU the call was refused as
-#: "stopped after 12 s", and the window held no encode of its arguments).
-_PATIENT_CHECKS = """
-import runpy, sys
-from toolsetd.daemon import checkworker
-checkworker._GRACE = 3600.0
-_init = checkworker.CheckWorker.__init__
-def _patient(self, time_limit, *args, **kwargs):
-    _init(self, 3600.0, *args, **kwargs)
-checkworker.CheckWorker.__init__ = _patient
-runpy.run_module("toolsetd.daemon", run_name="__main__", alter_sys=True)
-"""
-
-
-@pytest.fixture(scope="module")
-def patient_daemon() -> Iterator[Daemon]:
-    """A daemon for the tests whose large calls must pass their check however loaded the
-    machine is (``_PATIENT_CHECKS``); a pattern that backtracks is never stopped there."""
-    launcher = [sys.executable, "-c", _PATIENT_CHECKS]
-    with daemon_in("tsp-", _deep_sets, ["--no-watch"], launcher=launcher) as d:
-        yield d
-
-
 @pytest.mark.parametrize("depth", [65, 251, 300, 1000])
 @pytest.mark.parametrize(("method", "tool"), [("classify", "deep"), ("invoke", "deepask")])
 def test_arguments_nested_too_deep_get_32602_naming_the_limit(
@@ -579,7 +554,7 @@ def _answered_off_the_loop(d: Daemon, conn: RawConn, line: bytes) -> Any:
 @pytest.mark.timeout(180)  # large arguments parsed, checked and echoed (~12 s in CI, 37 at a load of 10)
 @pytest.mark.parametrize("batch", [False, True], ids=["request", "batch"])
 def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
-    patient_daemon: Daemon, batch: bool
+    echo_daemon: Daemon, batch: bool
 ) -> None:
     """A ``classify`` answers with its arguments, and orjson calls back into Python for
     every fraction kept as written: three million of them took most of a second to encode,
@@ -590,12 +565,12 @@ def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
     held every other client as long until it went to the worker slot too."""
     count = 3_000_000
     request = (b'{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
-               b'"workspace":' + json.dumps(str(patient_daemon.workspace)).encode()
+               b'"workspace":' + json.dumps(str(echo_daemon.workspace)).encode()
                + b',"arguments":{"n":[' + b"0.5," * (count - 1) + b"0.5]}}}")
     small = b'{"jsonrpc":"2.0","id":"small","method":"status"}'
     line = (b"[" + request + b"," + small + b"]\n") if batch else request + b"\n"
-    with patient_daemon.raw(timeout=120) as big:
-        reply = _answered_off_the_loop(patient_daemon, big, line)
+    with echo_daemon.raw(timeout=120) as big:
+        reply = _answered_off_the_loop(echo_daemon, big, line)
     if batch:
         assert [answer["id"] for answer in reply] == ["big", "small"]
         reply = reply[0]
@@ -605,7 +580,7 @@ def test_the_answer_that_echoes_large_arguments_is_encoded_off_the_loop(
 @pytest.mark.timeout(180)  # a 12 MB call encoded four times, and parsed by both ends (~20 s in CI, over 60 at a load of 10)
 @pytest.mark.parametrize("era", ["2025-11-25", "2026-07-28"])
 def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
-    patient_daemon: Daemon, era: str
+    echo_daemon: Daemon, era: str
 ) -> None:
     """An MCP call that needs the operator's approval encodes its arguments for the
     approval's digest, for the question put to the operator, and (2026-07-28) for the key
@@ -628,24 +603,24 @@ def test_an_mcp_approval_of_large_arguments_holds_no_other_client(
         return (b'{"jsonrpc":"2.0","id":"' + request_id.encode() + b'","method":"tools/call",'
                 b'"params":' + params[:-1] + b',"arguments":' + arguments + b"}}\n")
 
-    with patient_daemon.raw(timeout=120) as conn:
+    with echo_daemon.raw(timeout=120) as conn:
         conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind",
-                   "params": {"workspace": str(patient_daemon.workspace)}})
+                   "params": {"workspace": str(echo_daemon.workspace)}})
         assert conn.receive()["result"]["bound"] is True
         if era == "2025-11-25":
             conn.send({"jsonrpc": "2.0", "id": "i", "method": "initialize",
                        "params": {"protocolVersion": era, "capabilities": {"elicitation": {}}, "clientInfo": {"name": "t", "version": "1"}}})
             assert "result" in conn.receive()
             conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
-            asked = _answered_off_the_loop(patient_daemon, conn, call("c", {}))
+            asked = _answered_off_the_loop(echo_daemon, conn, call("c", {}))
             assert asked["method"] == "elicitation/create", asked
             return
-        first = _answered_off_the_loop(patient_daemon, conn, call("c", {}))
+        first = _answered_off_the_loop(echo_daemon, conn, call("c", {}))
         assert first["result"]["resultType"] == "input_required", first
         (key,) = first["result"]["inputRequests"]
         retry = {"requestState": first["result"]["requestState"],
                  "inputResponses": {key: {"action": "accept", "content": {}}}}
-        ran = _answered_off_the_loop(patient_daemon, conn, call("r", retry))
+        ran = _answered_off_the_loop(echo_daemon, conn, call("r", retry))
         assert ran["result"]["isError"] is False, ran
 
 
@@ -711,8 +686,7 @@ def test_a_connection_whose_large_batch_is_being_answered_is_not_evicted() -> No
     """
     count = 3_000_000
     args = ["--no-watch", "--max-connections", "2"]
-    launcher = [sys.executable, "-c", _PATIENT_CHECKS]  # a check that passes, and an echo
-    with daemon_in("tsv-", _deep_sets, args, launcher=launcher) as d:
+    with daemon_in("tsv-", _deep_sets, args) as d:
         line = (b'[{"jsonrpc":"2.0","id":"big","method":"classify","params":{"tool":"nums",'
                 b'"workspace":' + json.dumps(str(d.workspace)).encode()
                 + b',"arguments":{"n":[' + b"0.5," * (count - 1) + b"0.5]}}},"
