@@ -966,7 +966,11 @@ class McpSession:
                 return "stopping"
             return "timeout" if asked.posted else "uninitialized"
         result = response.get("result")
-        if isinstance(result, dict) and result.get("action") in ("accept", "decline", "cancel"):
+        if (
+            "error" not in response  # with both, not a response (JSON-RPC): not an accept
+            and isinstance(result, dict)
+            and result.get("action") in ("accept", "decline", "cancel")
+        ):
             return str(result["action"])
         return "error"
 

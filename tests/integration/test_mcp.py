@@ -1275,6 +1275,37 @@ def test_mcp_the_first_answer_to_an_approval_request_stands(
         assert pump.close() == 0
 
 
+def test_mcp_an_approval_answer_with_both_result_and_error_is_no_accept(
+    mcp_daemon: Daemon, workspace: Path
+) -> None:
+    """A JSON-RPC response holds a result or an error, never both: one that holds both is
+    not the operator's accept, whatever its result says. It ran the call; it is the host's
+    failure to ask now ("could not ask the operator"), and the call does not run."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        pump.request(1, "initialize", {**INIT_PARAMS, "capabilities": {"elicitation": {}}})
+        pump.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for n, answer in enumerate((
+            {"result": {"action": "accept"}, "error": {"code": -1, "message": "no"}},
+            {"result": {"action": "accept"}, "error": None},
+            {"result": {"action": "accept"}},  # the control: a plain accept runs it
+        )):
+            call = {"name": "asker", "arguments": {}}
+            pump.send({"jsonrpc": "2.0", "id": 2 + n, "method": "tools/call", "params": call})
+            asked = pump.receive()
+            assert asked["method"] == "elicitation/create", asked
+            pump.send({"jsonrpc": "2.0", "id": asked["id"], **answer})
+            done = pump.receive()
+            assert done["id"] == 2 + n, done
+            text = done["result"]["content"][0]["text"]
+            ran = "error" not in answer
+            assert ("asked and ran" in text) is ran, (answer, done)
+            if not ran:
+                assert "could not ask the operator" in text, done
+    finally:
+        assert pump.close() == 0
+
+
 def test_mcp_a_cancelled_call_withdraws_its_approval_request(
     mcp_daemon: Daemon, workspace: Path
 ) -> None:
