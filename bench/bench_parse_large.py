@@ -45,6 +45,7 @@ def _texts() -> dict[str, bytes]:
         "one ASCII string, 15 MiB": json.dumps({"s": "a" * (15 * MIB)}).encode(),
         "one string of é, 14 MiB": json.dumps({"s": "é" * (7 * MIB)}, ensure_ascii=False).encode(),
         "escaped emoji, 12 MiB": json.dumps({"s": "😀" * MIB}).encode(),
+        "backslash, emoji, 14 MiB": json.dumps({"s": "\\😀" * MIB}).encode(),
         "integers, 16 MiB": json.dumps(list(range(2_000_000))).encode(),
         "fractions, 14 MiB": json.dumps([i / 7 for i in range(800_000)]).encode(),
         "small objects, 15 MiB": json.dumps(objects).encode(),

@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import anyio
+from toolsetd.protocol import jsontext
 
 from . import threads
 from .gcpause import GcPause
@@ -45,8 +46,9 @@ __all__ = ["LARGE_TEXT", "LIMIT_TEXTS", "LargeRequests", "check_large", "parse_l
 T = TypeVar("T")
 V = TypeVar("V")
 
-#: Texts longer than this are large: parsed in a worker thread, and counted in ``held``.
-LARGE_TEXT = 64 * 1024
+#: Texts longer than this are large (``jsontext.LARGE_TEXT``): parsed in a worker thread,
+#: by ``jsontext.loads_large``, and counted in ``held``.
+LARGE_TEXT = jsontext.LARGE_TEXT
 #: The interpreter's recursion limit while a large text is parsed: orjson's 1,024 levels,
 #: and room for the worker thread's frames beneath the parse.
 _PARSE_RECURSION_LIMIT = 1024 + 200

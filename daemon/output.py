@@ -32,9 +32,8 @@ from typing import Any
 
 import orjson
 from toolsetd.protocol.errors import reject_json_constant
-from toolsetd.protocol.jsontext import nesting_exceeds
+from toolsetd.protocol.jsontext import LARGE_TEXT, nesting_exceeds
 
-from .large import LARGE_TEXT
 from .paths import (
     NET_WHITESPACE,
     expand_user,
@@ -236,13 +235,14 @@ def _content_json(body: str) -> Any:
     never used), and refused only if a string the result would carry has a lone surrogate.
     System.Text.Json also refuses nesting deeper than 64 levels (orjson reads 1,024).
 
-    A body over ``LARGE_TEXT`` is read leniently at once: orjson does not survive running
-    out of memory while it makes a string (``jsontext.loads_large``), and the lenient
-    reading is what it gives wherever orjson would give a value (the depth past which the
-    standard library stops is far past the 64 levels allowed).
+    A body that may be over ``LARGE_TEXT`` in UTF-8 (over a quarter of it in characters)
+    is read leniently at once: orjson does not survive running out of memory while it
+    makes a string (``jsontext.loads_large``), and the lenient reading is what it gives
+    wherever orjson would give a value (the depth past which the standard library stops is
+    far past the 64 levels allowed).
     """
     value: Any = _UNREAD
-    if len(body) <= LARGE_TEXT:
+    if len(body) <= LARGE_TEXT // 4:
         with contextlib.suppress(orjson.JSONDecodeError):
             value = orjson.loads(body)
     if value is _UNREAD:

@@ -168,8 +168,17 @@ def parse_line(
 
 
 def parse_large_line(line: bytes | bytearray) -> Message | BadMessage | None:
-    """``parse_line`` for a ``LargeLine``: the same event, and a ``MemoryError`` when there
-    is no memory to parse it, never a crash (``jsontext.loads_large``)."""
+    """``parse_line`` for a ``LargeLine``, by ``jsontext.loads_large``.
+
+    Args:
+        line: The line, without its newline.
+
+    Returns:
+        The event ``parse_line`` gives.
+
+    Raises:
+        MemoryError: There was no memory to parse it (never a crash).
+    """
     return parse_line(line, loads_large)
 
 

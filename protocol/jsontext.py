@@ -59,6 +59,7 @@ import orjson
 from .errors import reject_json_constant
 
 __all__ = [
+    "LARGE_TEXT",
     "JsonNumber",
     "decode_file_text",
     "dumps",
@@ -69,6 +70,8 @@ __all__ = [
     "nesting_exceeds",
 ]
 
+#: A text longer than this (64 KiB) is large: its reader uses ``loads_large``.
+LARGE_TEXT: Final = 64 * 1024
 _INT64_MIN: Final = -(2**63)
 _UINT64_MAX: Final = 2**64 - 1
 #: The standard library's refusal of an integer past ``sys.get_int_max_str_digits``.
@@ -77,13 +80,11 @@ _DIGIT_LIMIT: Final = re.compile(r"limit \((\d+) digits\) for integer string con
 _NO_MEMORY: Final = "Not enough memory"
 #: The deepest nesting orjson parses (a deeper text is its "depth limit exceeded").
 _ORJSON_DEPTH: Final = 1024
-#: A ``\\u`` escape of a UTF-16 surrogate (``\\ud800``-``\\udfff``) and its four digits, or
-#: the same text after an escaped backslash (``\\\\ud800``), which is no escape.
-_SURROGATE_ESCAPE: Final = re.compile(rb"\\u([dD][89a-fA-F][0-9a-fA-F]{2})")
+#: A ``\\u`` escape of a UTF-16 surrogate (``\\ud800``-``\\udfff``), or that text after an
+#: escaped backslash (``\\\\ud800``, which is no escape).
+_SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 #: A high surrogate's escape and a low one's: a pair.
 _SURROGATE_PAIR: Final = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
-#: The text of a surrogate's escape after a backslash.
-_AFTER_BACKSLASH: Final = re.compile(rb"\\\\u[dD][89a-fA-F]")
 
 
 class JsonNumber(float):
@@ -154,24 +155,25 @@ def nesting_exceeds(value: Any, limit: int) -> bool:
     Returns:
         True when some container sits deeper than ``limit``.
     """
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    pop = stack.pop
+    kind = type(value)
+    if kind is not dict and kind is not list:
+        return False
+    if limit < 1:
+        return True
+    # One iterator a level open: memory in proportion to the depth, not to the width (a
+    # list of five million lists pushed a tuple for each, some 300 MB).
+    stack: list[Any] = [iter(value.values() if kind is dict else value)]
     push = stack.append
     while stack:
-        item, level = pop()
-        kind = type(item)
-        if kind is dict:
-            children: Any = item.values()
-        elif kind is list:
-            children = item
-        else:
-            continue
-        if level > limit:
-            return True
-        for child in children:
+        for child in stack[-1]:
             kind = type(child)
             if kind is dict or kind is list:
-                push((child, level + 1))
+                if len(stack) >= limit:
+                    return True
+                push(iter(child.values() if kind is dict else child))
+                break
+        else:
+            stack.pop()
     return False
 
 
@@ -200,6 +202,8 @@ def _may_lose_text(value: Any, line: bytes | bytearray | memoryview | str) -> bo
                 zero = True
     if not zero:
         return False
+    if isinstance(line, memoryview):  # ``in`` looks for an item (an int) in one
+        line = line.tobytes()
     needle: Any = "-0" if isinstance(line, str) else b"-0"
     return needle in line
 
@@ -245,15 +249,16 @@ def loads(line: bytes | bytearray | memoryview | str) -> Any:
 
 
 def loads_large(line: bytes | bytearray | memoryview | str) -> Any:
-    """``loads`` for a large text: the same value or the same error, and out of memory a
-    ``MemoryError``, never a crash.
+    """``loads`` for a large text, which must not crash the process out of memory.
 
     orjson (3.13) does not check that Python gave it the memory for a string it makes: short
     of it (an address-space limit, ``LimitAS=``), it copies the string to a null pointer and
     the process dies of SIGSEGV, with every client's calls. So the standard library parses
     it, which checks every allocation, with every number's text kept as ``loads`` keeps it.
-    It takes about half the address space ``loads`` takes at its peak, and 0.9 to 1.7
-    times its time, 11 times for a text of escaped emoji (``bench/bench_parse_large.py``).
+    For a valid text it takes about half the address space ``loads`` takes at its peak,
+    and 0.9 to 1.7 times its time, 11 times for a text of escaped emoji
+    (``bench/bench_parse_large.py``); an invalid one costs more (the standard library
+    makes the value before it meets the error, which orjson then words).
     orjson only gives the verdict on a text the standard library refuses, which it reaches
     before it makes any value, in its own words as for any other text. Two things the
     standard library takes and orjson does not are refused as orjson refuses them: a lone
@@ -265,10 +270,18 @@ def loads_large(line: bytes | bytearray | memoryview | str) -> Any:
     caller that parses texts nested 1,000 to 1,024 levels deep raises the limit past that
     (``large.parse_large``), else those are parsed by orjson.
 
+    Args:
+        line: The JSON text (UTF-8 bytes or str).
+
+    Returns:
+        What ``loads`` returns for it.
+
     Raises:
-        orjson.JSONDecodeError: As ``loads``.
+        orjson.JSONDecodeError: As ``loads``, word for word.
         MemoryError: There was no memory to parse it (the text may be valid).
     """
+    if isinstance(line, memoryview):
+        line = line.tobytes()
     try:
         value = _exact_loads(line)
     except MemoryError:
@@ -287,38 +300,18 @@ def _has_lone_surrogate_escape(text: bytes | bytearray | memoryview | str) -> bo
     """Whether a valid JSON text escapes a surrogate that is not half of a pair: a high
     one (``\\ud800``-``\\udbff``) not followed at once by a low one, or a low one alone.
 
-    In a valid text every backslash is in a string, and a ``\\u`` is an escape when an
-    even run of backslashes comes before it (``\\\\ud800`` is a backslash and ``ud800``).
-    A text without a surrogate's escape costs one scan. Without one after a backslash
-    too, every candidate is an escape, and one is lone if any is left once the pairs are
-    taken out (the regular expression engine does it all: 12 MiB of escaped emoji, a
-    million pairs, in some 0.15 s). Otherwise (a string that holds ``\\\\ud800``) each
-    candidate is looked at in turn, and each backslash looked back over once.
+    In a valid text every backslash is in a string and begins an escape, so read from the
+    left, each ``\\\\`` is an escaped backslash: with those made ``__``, every ``\\u``
+    left is an escape, and one is lone if any is left once the pairs are taken out. The
+    regular expression engine does it all (12 MiB of escaped emoji, a million pairs, in
+    some 0.15 s); a text without a surrogate's escape costs one scan.
     """
     if isinstance(text, str):  # its own lone surrogates are not escapes: kept as they are
         text = text.encode("utf-8", "surrogatepass")
     if _SURROGATE_ESCAPE.search(text) is None:
         return False
-    if _AFTER_BACKSLASH.search(text) is None:
-        return _SURROGATE_ESCAPE.search(_SURROGATE_PAIR.sub(b"", text)) is not None
-    awaited = -1  # where the low half of the last high escape must start
-    for match in _SURROGATE_ESCAPE.finditer(text):
-        at = match.start()
-        before = at
-        while before > 0 and text[before - 1] == 0x5C:  # a backslash (bytes index as ints)
-            before -= 1
-        if (at - before) % 2:
-            continue  # an escaped backslash, then text
-        low = int(match[1], 16) >= 0xDC00
-        if awaited >= 0:
-            if not low or at != awaited:
-                return True
-            awaited = -1
-        elif low:
-            return True
-        else:
-            awaited = match.end()
-    return awaited >= 0
+    escapes = bytes(text).replace(b"\\\\", b"__")
+    return _SURROGATE_ESCAPE.search(_SURROGATE_PAIR.sub(b"", escapes)) is not None
 
 
 def _may_nest_past(line: bytes | bytearray | memoryview | str, depth: int) -> bool:

@@ -163,6 +163,9 @@ def _outcome(parse: Any, text: Any) -> tuple[Any, ...]:
 _LARGE_CASES = [
     b'{"a": [1, 2.50, -0, 1e3, 18446744073709551616, "x"], "b": null, "c": true}',
     b'"\\\\ud800"',  # an escaped backslash, then text: no surrogate at all
+    b'"\\\\\\ud800"',  # an escaped backslash, then a lone surrogate escape
+    b'"\\\\\\ud83d\\ude00"',  # an escaped backslash, then a pair
+    b'"\\ud83d\\\\ude00"',  # a high surrogate, an escaped backslash, text
     b'["\\\\ud800"]',
     b'["\\ud800"]',  # a lone surrogate escape
     b'{"\\udc00": 1}',  # as a key
@@ -173,6 +176,8 @@ _LARGE_CASES = [
     b"[Infinity]",
     b"[-Infinity]",
     b"[1e999, 1.50, -1E+400]",
+    b"[-0]",  # no float: orjson's value, then a second look for the sign
+    b'{"a": 0, "b": -0}',
     b"[01]",
     b"[1,]",
     b'{"a" 1}',
