@@ -282,15 +282,18 @@ def loads_large(line: bytes | bytearray | memoryview | str) -> Any:
     """
     if isinstance(line, memoryview):
         line = line.tobytes()
+    # Looked for in the text, not the value (a duplicate key's later value replaces one),
+    # and first: orjson refuses such a text before it makes a value, and so need not the
+    # standard library (on a text that is not JSON the look may be wrong, but orjson
+    # refuses that too).
+    if (isinstance(line, str) and not is_utf8(line)) or _has_lone_surrogate_escape(line):
+        return loads(line)
     try:
         value = _exact_loads(line)
     except MemoryError:
         raise
     except (ValueError, RecursionError):
         return loads(line)
-    # Looked for in the text, not the value: a duplicate key's later value replaces one.
-    if (isinstance(line, str) and not is_utf8(line)) or _has_lone_surrogate_escape(line):
-        return loads(line)  # orjson refuses it
     if _may_nest_past(line, _ORJSON_DEPTH) and nesting_exceeds(value, _ORJSON_DEPTH):
         return loads(line)  # and this
     return value
