@@ -94,8 +94,11 @@ def json_number(text: str) -> float:
 
 
 def _json_int(text: str) -> int | float:
-    """A ``parse_int`` hook: the integer, or past the interpreter's digit limit (int()
-    refuses it) a ``WrittenNumber`` keeping its text, as for ``1e5000``."""
+    """A ``parse_int`` hook: the integer, or a ``WrittenNumber`` keeping its text where an
+    ``int`` would not: ``-0`` (its sign), and past the interpreter's digit limit (int()
+    refuses it), as for ``1e5000``."""
+    if text == "-0":
+        return WrittenNumber(text)
     try:
         return int(text)
     except ValueError:
@@ -109,8 +112,9 @@ def read_json(text: str | bytes) -> Any:
     integer of more digits than ``sys.get_int_max_str_digits`` (4,300 unless
     ``PYTHONINTMAXSTRDIGITS`` says otherwise) is one too: a daemon whose limit is higher
     (or none) echoes an argument or a schema's bound as written, and ``int()``'s refusal
-    made the whole answer an invalid message. Only a text that fails the first parse is
-    parsed again with the hook that keeps it, so no other line pays for it.
+    made the whole answer an invalid message. So is an integer ``-0``, which an ``int``
+    would print as ``0``. Only a text that holds ``-0`` at all, or fails the first parse,
+    is parsed with the hook that keeps them, so no other line pays for it.
 
     Args:
         text: The JSON text.
@@ -122,10 +126,12 @@ def read_json(text: str | bytes) -> Any:
         ValueError: It is not JSON.
         RecursionError: It is nested deeper than the standard library's decoder recurses.
     """
-    try:
-        return json.loads(text, parse_float=json_number)
-    except ValueError:
-        return json.loads(text, parse_float=json_number, parse_int=_json_int)
+    if "-0" not in text if isinstance(text, str) else b"-0" not in text:
+        try:
+            return json.loads(text, parse_float=json_number)
+        except ValueError:
+            pass
+    return json.loads(text, parse_float=json_number, parse_int=_json_int)
 
 
 class RawJson:

@@ -32,6 +32,8 @@ CORPUS: list[tuple[str, bool]] = [
     ('{"a": 1.50}', True),
     ('[1e400, -1e400, 2.5E+401]', True),
     ('{"z": -0.0}', False),
+    ('[-0, {"n": -0}, 0]', True),  # an integer -0 keeps its sign
+    ('["2026-07-28", -1, -0.5e1, 0]', True),  # "-0" in a string, and in a fraction
     ('[1E+2]', True),
     ('[1e4, 1.0e4]', True),
     ('[0.1, 2.5, 1e+16, 1.5e-07]', False),
