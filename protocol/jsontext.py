@@ -50,8 +50,10 @@ out of memory while it makes a string (see there).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
+from collections.abc import Callable
 from typing import Any, Final
 
 import orjson
@@ -83,6 +85,12 @@ _ORJSON_DEPTH: Final = 1024
 #: A ``\\u`` escape of a UTF-16 surrogate (``\\ud800``-``\\udfff``), or that text after an
 #: escaped backslash (``\\\\ud800``, which is no escape).
 _SURROGATE_ESCAPE: Final = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+#: A JSON string in a text whose escaped backslashes were made ``__``.
+_STRING: Final = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+#: ``bytes.translate``'s table and deletions for ``_nests_past``: an opening bracket is 1, a
+#: closing one 255 (-1 as a signed byte), and every other byte goes.
+_BRACKET_STEPS: Final = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
+_NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[{]}")
 #: A high surrogate's escape and a low one's: a pair.
 _SURROGATE_PAIR: Final = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 
@@ -281,6 +289,8 @@ def loads_large(line: bytes | bytearray | memoryview | str) -> Any:
         MemoryError: There was no memory to parse it (the text may be valid).
     """
     if isinstance(line, memoryview):
+        if not line.c_contiguous:
+            return loads(line)  # orjson refuses such a view, as it refuses it small
         line = line.tobytes()
     # Looked for in the text, not the value (a duplicate key's later value replaces one),
     # and first: orjson refuses such a text before it makes a value, and so need not the
@@ -288,13 +298,26 @@ def loads_large(line: bytes | bytearray | memoryview | str) -> Any:
     # refuses that too).
     if (isinstance(line, str) and not is_utf8(line)) or _has_lone_surrogate_escape(line):
         return loads(line)
+    # Past orjson's depth it refuses the text: the value's depth tells, unless a key given
+    # twice replaced a deeper value; only then is the text read for it (a slower read).
+    deep = _brackets(line) > _ORJSON_DEPTH
+    replaced: list[bool] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        made = dict(items)
+        if len(made) != len(items):
+            replaced.append(True)
+        return made
+
     try:
-        value = _exact_loads(line)
+        value = _exact_loads(line, pairs if deep else None)
     except MemoryError:
         raise
     except (ValueError, RecursionError):
         return loads(line)
-    if _may_nest_past(line, _ORJSON_DEPTH) and nesting_exceeds(value, _ORJSON_DEPTH):
+    if deep and (
+        nesting_exceeds(value, _ORJSON_DEPTH) or (replaced and _nests_past(line, _ORJSON_DEPTH))
+    ):
         return loads(line)  # and this
     return value
 
@@ -317,19 +340,39 @@ def _has_lone_surrogate_escape(text: bytes | bytearray | memoryview | str) -> bo
     return _SURROGATE_ESCAPE.search(_SURROGATE_PAIR.sub(b"", escapes)) is not None
 
 
-def _may_nest_past(line: bytes | bytearray | memoryview | str, depth: int) -> bool:
-    """Whether ``line`` opens enough objects and arrays to nest them past ``depth``."""
-    if isinstance(line, memoryview):
-        line = line.tobytes()
-    brackets: Any = ("[", "{") if isinstance(line, str) else (b"[", b"{")
-    return line.count(brackets[0]) + line.count(brackets[1]) > depth
+def _brackets(line: bytes | bytearray | str) -> int:
+    """How many objects and arrays ``line`` opens (its strings' brackets counted too)."""
+    opening: Any = ("[", "{") if isinstance(line, str) else (b"[", b"{")
+    return int(line.count(opening[0]) + line.count(opening[1]))
 
 
-def _exact_loads(line: bytes | bytearray | memoryview | str) -> Any:
-    """The standard library's parse, with every number's text kept (and no ``NaN``)."""
+def _nests_past(line: bytes | bytearray | str, depth: int) -> bool:
+    """Whether a valid JSON text nests objects and arrays past ``depth`` levels.
+
+    Read from the text, as orjson reads it, not from the value: a duplicate key's later
+    value replaces a deeper one. The strings are taken out (escaped backslashes made
+    ``__`` first, as in ``_has_lone_surrogate_escape``), the brackets left as +1 and -1,
+    and their running sum's highest value is the depth: the regular expression engine,
+    ``bytes.translate`` and ``itertools.accumulate`` do it all, in C.
+    """
+    text = line.encode() if isinstance(line, str) else bytes(line)
+    text = _STRING.sub(b"", text.replace(b"\\\\", b"__")).translate(_BRACKET_STEPS, _NOT_BRACKETS)
+    return max(itertools.accumulate(memoryview(text).cast("b")), default=0) > depth
+
+
+def _exact_loads(
+    line: bytes | bytearray | memoryview | str,
+    pairs: Callable[[list[tuple[str, Any]]], dict[str, Any]] | None = None,
+) -> Any:
+    """The standard library's parse, with every number's text kept (and no ``NaN``);
+    ``pairs`` makes each object from its members, if given."""
     text = line if isinstance(line, str) else bytes(line).decode("utf-8")
     return json.loads(
-        text, parse_float=JsonNumber, parse_int=_parse_int, parse_constant=reject_json_constant
+        text,
+        parse_float=JsonNumber,
+        parse_int=_parse_int,
+        parse_constant=reject_json_constant,
+        object_pairs_hook=pairs,
     )
 
 

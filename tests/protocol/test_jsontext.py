@@ -193,6 +193,10 @@ _LARGE_CASES = [
     b'{"a":' * 1025 + b"1" + b"}" * 1025,
     b"[" * 3000 + b"]" * 3000,
     b"[" * 1100 + b"1," * 50 + b"]",  # deep, and not JSON either
+    b"[" * 1022 + b'{"a":[[]],"a":0}' + b"]" * 1022,  # too deep, under a replaced key
+    b"[" * 1022 + b'{"a":[],"a":0}' + b"]" * 1022,  # 1,024 deep, so not
+    b"[" * 1022 + b'{"a":[[]],"a":0,"s":"[["}' + b"]" * 1022,  # as many brackets in a string
+    b'["[[[[", {"\\\\": "]]"}, "\\"["]',  # brackets in strings count for nothing
 ]
 
 
@@ -221,6 +225,14 @@ def test_loads_large_gives_what_loads_gives(text: bytes) -> None:
     assert len(results) == len(inputs)
     for expected, got in results:
         assert got == expected
+
+
+def test_loads_large_takes_a_strided_memoryview_as_loads() -> None:
+    """orjson refuses a memoryview that is not contiguous: so does ``loads_large``, in the
+    same words, rather than parse the bytes the view shows."""
+    view = memoryview(b"[-0,  1 ]  ")[::2]
+    assert _outcome(loads_large, view) == _outcome(loads, view)
+    assert _outcome(loads, view)[0] == "error"
 
 
 def test_loads_large_refuses_a_str_with_a_lone_surrogate_as_loads() -> None:

@@ -224,9 +224,10 @@ def test_models_mode_defaults_and_wire_form() -> None:
     assert ClassifyParams(tool="t", arguments=None, workspace="/w").mode is Mode.DEFAULT
 
 
-# json: jsontext re-reads a line whose numbers orjson would change (pure, no I/O).
-ALLOWED_IMPORTS = {"__future__", "collections", "dataclasses", "enum", "json", "re", "types",
-                   "typing", "pydantic", "orjson"}
+# json: jsontext re-reads a line whose numbers orjson would change (pure, no I/O);
+# itertools: its depth of a large text (accumulate; pure).
+ALLOWED_IMPORTS = {"__future__", "collections", "dataclasses", "enum", "itertools", "json",
+                   "re", "types", "typing", "pydantic", "orjson"}
 
 
 @pytest.mark.parametrize("path", sorted(Path(protocol.__file__).parent.glob("*.py")),
