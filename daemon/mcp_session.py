@@ -967,7 +967,10 @@ class McpSession:
             return "timeout" if asked.posted else "uninitialized"
         result = response.get("result")
         if (
-            "error" not in response  # with both, not a response (JSON-RPC): not an accept
+            # A JSON-RPC 2.0 response, else not an accept: with both a result and an error,
+            # or another version (or none), it is no answer of the operator's.
+            response.get("jsonrpc") == "2.0"
+            and "error" not in response
             and isinstance(result, dict)
             and result.get("action") in ("accept", "decline", "cancel")
         ):

@@ -73,7 +73,10 @@ def run_limited(seconds: float, fn: Callable[[], T], *, cpu: bool = False) -> T:
         cpu: Count the process's CPU time (``ITIMER_PROF``, ``SIGPROF``), not wall time:
             for a process that does nothing else, whose verdict must not depend on how
             loaded the machine is (the check process). The event loop's own checks count
-            wall time, which is what every other client waits.
+            wall time, which is what every other client waits. Only for a process of one
+            thread: the kernel may give ``SIGPROF`` to another thread, and Python runs
+            the handler when the main thread next runs bytecode, late. A profiler's own
+            ``ITIMER_PROF`` already running leaves ``fn`` unlimited.
 
     Returns:
         What ``fn`` returns.

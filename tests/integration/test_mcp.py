@@ -1278,9 +1278,10 @@ def test_mcp_the_first_answer_to_an_approval_request_stands(
 def test_mcp_an_approval_answer_with_both_result_and_error_is_no_accept(
     mcp_daemon: Daemon, workspace: Path
 ) -> None:
-    """A JSON-RPC response holds a result or an error, never both: one that holds both is
-    not the operator's accept, whatever its result says. It ran the call; it is the host's
-    failure to ask now ("could not ask the operator"), and the call does not run."""
+    """A JSON-RPC 2.0 response holds a result or an error, never both, and says its
+    version: one that holds both, or says another version or none, is not the operator's
+    accept, whatever its result says. It ran the call; it is the host's failure to ask now
+    ("could not ask the operator"), and the call does not run."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
         pump.request(1, "initialize", {**INIT_PARAMS, "capabilities": {"elicitation": {}}})
@@ -1288,17 +1289,22 @@ def test_mcp_an_approval_answer_with_both_result_and_error_is_no_accept(
         for n, answer in enumerate((
             {"result": {"action": "accept"}, "error": {"code": -1, "message": "no"}},
             {"result": {"action": "accept"}, "error": None},
+            {"jsonrpc": "1.0", "result": {"action": "accept"}},
+            {"jsonrpc": None, "result": {"action": "accept"}},  # sent without "jsonrpc"
             {"result": {"action": "accept"}},  # the control: a plain accept runs it
         )):
             call = {"name": "asker", "arguments": {}}
             pump.send({"jsonrpc": "2.0", "id": 2 + n, "method": "tools/call", "params": call})
             asked = pump.receive()
             assert asked["method"] == "elicitation/create", asked
-            pump.send({"jsonrpc": "2.0", "id": asked["id"], **answer})
+            response = {"jsonrpc": "2.0", "id": asked["id"], **answer}
+            if response["jsonrpc"] is None:
+                del response["jsonrpc"]
+            pump.send(response)
             done = pump.receive()
             assert done["id"] == 2 + n, done
             text = done["result"]["content"][0]["text"]
-            ran = "error" not in answer
+            ran = answer == {"result": {"action": "accept"}}
             assert ("asked and ran" in text) is ran, (answer, done)
             if not ran:
                 assert "could not ask the operator" in text, done
