@@ -264,7 +264,8 @@ def loads_large(line: bytes | bytearray | memoryview | str) -> Any:
     the process dies of SIGSEGV, with every client's calls. So the standard library parses
     it, which checks every allocation, with every number's text kept as ``loads`` keeps it.
     For a valid text it takes about half the address space ``loads`` takes at its peak,
-    and 0.9 to 1.7 times its time, 11 times for a text of escaped emoji
+    and 0.9 to 2.5 times its time (objects the most: a hook watches for a key given
+    twice), 11 times for a text of escaped emoji
     (``bench/bench_parse_large.py``); an invalid one costs more (the standard library
     makes the value before it meets the error, which orjson then words).
     orjson only gives the verdict on a text the standard library refuses, which it reaches
