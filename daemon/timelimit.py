@@ -88,7 +88,8 @@ def run_limited(seconds: float, fn: Callable[[], T], *, cpu: bool = False) -> T:
         raise RuntimeError("run_limited runs only on the main thread: no alarm reaches another")
     if seconds <= 0:
         return fn()
-    which, signum = (signal.ITIMER_PROF, signal.SIGPROF) if cpu else _WALL
+    signum = signal.SIGPROF if cpu else signal.SIGALRM
+    which = _TIMER_OF[signum]
     if signal.getitimer(which)[0] > 0:
         return fn()
     if signal.getsignal(signum) is not _on_alarm:
@@ -101,7 +102,8 @@ def run_limited(seconds: float, fn: Callable[[], T], *, cpu: bool = False) -> T:
 
 
 _LIMITED = run_limited.__code__
-_WALL = (signal.ITIMER_REAL, signal.SIGALRM)
+#: The interval timer whose expiry each signal tells: wall time, and the process's CPU time.
+_TIMER_OF: dict[int, int] = {signal.SIGALRM: signal.ITIMER_REAL, signal.SIGPROF: signal.ITIMER_PROF}
 
 
 def _on_alarm(signum: int, frame: FrameType | None) -> None:
@@ -109,5 +111,4 @@ def _on_alarm(signum: int, frame: FrameType | None) -> None:
         if frame.f_code is _LIMITED:
             raise TimeLimitExceeded
         frame = frame.f_back
-    # run_limited has returned: a late alarm
-    signal.setitimer(signal.ITIMER_PROF if signum == signal.SIGPROF else signal.ITIMER_REAL, 0)
+    signal.setitimer(_TIMER_OF[signum], 0)  # run_limited has returned: a late alarm

@@ -1205,7 +1205,7 @@ class ArgumentValidators:
             size = len(json_dumps(arguments))
         limit = time_limit_for(self._time_limit, size)
         cpu = self._cpu_time
-        started = time.process_time() if cpu else time.monotonic()
+        started = _clock(cpu)
         try:
             run_limited(limit, check, cpu=cpu)
         except TimeLimitExceeded:
@@ -1292,8 +1292,7 @@ def _loops(validator: Any, probe: Any, limit: float, started: float, *, cpu: boo
         for _ in validator.iter_errors(probe):
             pass
 
-    now = time.process_time() if cpu else time.monotonic()
-    left = limit - (now - started) if limit > 0 else 0.0  # 0: no limit
+    left = limit - (_clock(cpu) - started) if limit > 0 else 0.0  # 0: no limit
     if limit > 0 and left <= 0:
         raise TimeLimitExceeded
     try:
@@ -1305,6 +1304,11 @@ def _loops(validator: Any, probe: Any, limit: float, started: float, *, cpu: boo
     except Exception:  # any other end: the schema does not loop
         return False
     return False
+
+
+def _clock(cpu: bool) -> float:
+    """The seconds a check's time limit counts: the process's CPU time, or wall time."""
+    return time.process_time() if cpu else time.monotonic()
 
 
 def time_limit_for(base: float, size: int) -> float:
