@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import anyio.abc
 import structlog
-from toolsetd.protocol import __version__
+from toolsetd.protocol import __version__, jsontext
 from toolsetd.protocol.errors import InternalError, ServerBusy
 from toolsetd.protocol.names import METHOD_MCP_BIND
 
@@ -61,9 +61,14 @@ from .catalog import ManifestCache
 from .checkworker import CheckWorker
 from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
-from .exhaustion import open_standard_streams, out_of_resources, raise_open_files_limit
+from .exhaustion import (
+    allocations_can_fail,
+    open_standard_streams,
+    out_of_resources,
+    raise_open_files_limit,
+)
 from .install import UPGRADED, at_start, sources_id
-from .large import LargeRequests
+from .large import PARSE_RECURSION_LIMIT, LargeRequests
 from .logs import (
     configure_logging,
     drain_logs,
@@ -732,7 +737,13 @@ async def _serve(
     # The code this daemon runs, as installed at its start (before its modules loaded,
     # when run as toolsetd): what it starts or imports from disk later must be the same.
     libraries, sources, code = at_start()
-    store = SetStore(options.cache_dir) if options.cache_dir is not None else None
+    # The cache's files are read and written by orjson, for speed: a daemon whose
+    # allocations can fail (``jsontext.check_allocations``) reads every set instead.
+    store = (
+        SetStore(options.cache_dir)
+        if options.cache_dir is not None and not jsontext.allocations_checked()
+        else None
+    )
     registry = Registry(
         options.home,
         options.reserved,
@@ -1332,6 +1343,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     raised = raise_open_files_limit()
     if raised is not None:
         log.info("open_files_limit_raised", soft=raised[0], limit=raised[1])
+    bounded = allocations_can_fail()
+    if bounded is not None:
+        jsontext.check_allocations()
+        # Every text parsed by the standard library, as deep as orjson parses
+        # (``large.parse_large``, which every large text already takes).
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), PARSE_RECURSION_LIMIT))
+        log.info("json_allocations_checked", reason=bounded)
     try:
         anyio.run(partial(run_daemon, options, process_exit=True), backend="asyncio")
     except BaseException as exc:

@@ -35,8 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-from toolsetd.protocol.jsontext import JsonNumber
+from toolsetd.protocol.jsontext import JsonNumber, strict_dumps
 
 from .binfmt import runs_through_binfmt
 from .model import LoadedTool
@@ -68,8 +67,8 @@ def _render_number(value: float) -> str:
     if type(value) is JsonNumber:
         return value.text
     try:
-        return orjson.dumps(value).decode()
-    except (TypeError, orjson.JSONEncodeError):  # nan/inf cannot come from JSON; be safe
+        return strict_dumps(value).decode()
+    except TypeError:  # nan/inf cannot come from JSON; be safe
         return repr(value)
 
 

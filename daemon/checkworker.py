@@ -89,15 +89,15 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
-import orjson
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
-from toolsetd.protocol.jsontext import JsonNumber
+from toolsetd.protocol.jsontext import JsonNumber, check_allocations
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.jsontext import loads as json_loads
 
+from .exhaustion import allocations_can_fail
 from .install import UPGRADED, code_id, interpreter_flags
-from .large import LargeRequests
+from .large import PARSE_RECURSION_LIMIT, LargeRequests
 from .logs import Throttle
 from .pdeath import die_with
 from .validation import ArgumentValidators, stopped_message, time_limit_for
@@ -211,7 +211,7 @@ class CheckWorker:
         request = b"".join(
             (
                 b'{"key":',
-                orjson.dumps(loaded.hash),
+                json_dumps(loaded.hash),
                 b',"size":%d,"schema":' % len(text),
                 json_dumps(schema),
                 b',"arguments":',
@@ -513,6 +513,9 @@ def main() -> None:
     _first_to_go()
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
+    if allocations_can_fail() is not None:  # the daemon's limits are this process's too
+        check_allocations()
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), PARSE_RECURSION_LIMIT))
     validators = ArgumentValidators(time_limit=time_limit, cpu_time=True)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     try:  # first, which code this is: the daemon uses only its own (see ``install``)

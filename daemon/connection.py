@@ -97,6 +97,7 @@ from toolsetd.protocol.jsonrpc import (
 from toolsetd.protocol.jsontext import loads
 from toolsetd.protocol.names import METHOD_MCP_BIND
 
+from .exhaustion import out_of_memory_frame, out_of_memory_in
 from .large import LARGE_TEXT, LIMIT_TEXTS, LargeRequests
 from .wire import Wire
 
@@ -473,6 +474,7 @@ class Connection:
         wire.on_chunk = self._answer_at_once
         self._clock = loop.time
         self._wire = wire
+        said_busy = False
         try:
             async with anyio.create_task_group() as handlers:
                 self._scope = handlers.cancel_scope
@@ -490,10 +492,19 @@ class Connection:
                     await wire.wait_drained()
                     await wire.linger(self._settings.linger_seconds)
                     await wire.wait_closed()
+        except Exception as exc:
+            if out_of_memory_in(exc) and not wire.lost:
+                # The reader ran out (the daemon's memory is bounded): said, as a line it
+                # had no memory to parse is, and closed after it (a reset would lose it).
+                with contextlib.suppress(Exception):
+                    transport.write(out_of_memory_frame(None))
+                    transport.close()
+                    said_busy = True
+            raise
         finally:
             self._closed = True
             self.cancel_calls()
-            if not wire.lost:
+            if not wire.lost and not said_busy:
                 transport.abort()
             # The wire's callbacks are this connection's methods: a reference cycle, which
             # would keep the connection (and the partial line its codec holds, up to the
@@ -1024,15 +1035,21 @@ class Connection:
         """The frame of the answer to a large line (a request's or a batch's), encoded in
         the large requests' worker slot; None when it cannot be (``_post_response`` says
         why)."""
-        with contextlib.suppress(rpc_errors.LocalProtocolError):
+        try:
             frame: bytes = await self._server.large_requests.check(encode, response)
-            return frame
-        return None
+        except rpc_errors.LocalProtocolError:
+            return None
+        except MemoryError:
+            return out_of_memory_frame(_answered_id(response))
+        return frame
 
     def _post_response(self, response: Any, frame: bytes | None = None) -> None:
         try:
             if frame is None:
                 frame = encode(response)
+        except MemoryError:
+            # No memory to write it (the daemon's memory is bounded): busy, under its id.
+            frame = out_of_memory_frame(_answered_id(response))
         except rpc_errors.LocalProtocolError:
             # A result we cannot serialise is our bug: answer it, keep the connection.
             incident = uuid.uuid4().hex[:12]
@@ -1055,6 +1072,11 @@ class Connection:
             request_id = response.get("id") if isinstance(response, dict) else None
             frame = fitted or encode(_too_large(request_id, len(frame)))
         self._commit(frame)
+
+
+def _answered_id(response: Any) -> Any:
+    """The id a response answers (None for a batch's array: its answers are lost)."""
+    return response.get("id") if isinstance(response, dict) else None
 
 
 def _too_large(request_id: Any, size: int) -> dict[str, Any]:

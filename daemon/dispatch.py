@@ -36,8 +36,10 @@ from toolsetd.protocol.jsonrpc import (
     error_message,
     parse_envelope,
 )
+from toolsetd.protocol.jsontext import allocations_checked
 
 from .connection import Connection, Handler, RequestContext
+from .exhaustion import out_of_memory_in, request_out_of_memory
 from .logs import REQUEST, Throttle, log_incident
 
 __all__ = ["Dispatcher"]
@@ -177,7 +179,10 @@ def _boundary(
             if said is not None:
                 log.info("request_refused", code=exc.code, ms=_ms(started), refused=said)
             return _Failure(exc.code, exc.message, _NO_DATA if exc.data is None else exc.data)
-        except Exception:
+        except Exception as exc:
+            if allocations_checked() and out_of_memory_in(exc):
+                busy = request_out_of_memory(name)
+                return _Failure(busy.code, busy.message, busy.data)
             incident = log_incident(log, "request_failed")
             return _Failure(
                 rpc_errors.InternalError.CODE,

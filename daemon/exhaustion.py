@@ -24,11 +24,17 @@ import contextlib
 import errno
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, TypeGuard
 
 import anyio
 import anyio.abc
+import structlog
+from toolsetd.protocol import jsontext
 from toolsetd.protocol.errors import ServerBusy
+from toolsetd.protocol.jsonrpc import is_request_id
+
+from .logs import Throttle
 
 __all__ = [
     "ACCEPT_RETRY_SECONDS",
@@ -39,11 +45,17 @@ __all__ = [
     "Acceptor",
     "ProbeShort",
     "Shortage",
+    "allocations_can_fail",
     "busy_when_short",
+    "out_of_memory_frame",
+    "out_of_memory_in",
     "out_of_resources",
     "out_of_tasks",
     "raise_open_files_limit",
+    "request_out_of_memory",
 ]
+
+log = structlog.get_logger("toolsetd.exhaustion")
 
 #: The ``errno`` values of a daemon short of file descriptors (its own, or the system's).
 OUT_OF_DESCRIPTORS = frozenset({errno.EMFILE, errno.ENFILE})
@@ -203,6 +215,80 @@ def raise_open_files_limit() -> tuple[int, int] | None:
     except (OSError, ValueError):
         return None
     return soft, hard
+
+
+#: ``request_out_of_memory``'s log lines: once a minute at most.
+_OUT_OF_MEMORY_LOG = Throttle()
+#: What a request the daemon ran out of memory serving is told.
+_NO_MEMORY = (
+    "Server busy: toolsetd ran out of memory serving this request (its memory is bounded); "
+    "a tool call's tool may have run. Send it again when some calls have finished."
+)
+#: The answer ``out_of_memory_frame`` sends, but for its id and end: made at import, so
+#: that it needs no memory when there is none.
+_BUSY_HEAD = (
+    b'{"jsonrpc":"2.0","error":'
+    + jsontext.dumps(
+        {"code": ServerBusy.CODE, "message": _NO_MEMORY, "data": {"resource": "memory"}}
+    )
+    + b',"id":'
+)
+
+
+def out_of_memory_in(exc: BaseException) -> bool:
+    """Whether ``exc`` is a ``MemoryError``, or a group (a task group's) that holds one."""
+    if isinstance(exc, MemoryError):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and exc.subgroup(MemoryError) is not None
+
+
+def request_out_of_memory(method: Any) -> ServerBusy:
+    """The answer to a request the daemon ran out of memory serving, on any face, when its
+    memory is bounded (``jsontext.allocations_checked``; elsewhere a ``MemoryError`` is an
+    impossible size, a bug, and the faces keep their incident): the daemon's want, not
+    the request's, as for a line it had no memory to parse, so busy (``-32008`` with
+    ``{"resource": "memory"}``). Logs ``request_out_of_memory`` once a minute at most,
+    ``refused`` counting, ``method`` the request's (the peer's text, cut)."""
+    said = _OUT_OF_MEMORY_LOG.count("memory")
+    if said is not None:
+        shown = method[:64] if isinstance(method, str) else None
+        log.warning("request_out_of_memory", method=shown, refused=said)
+    return ServerBusy(_NO_MEMORY, {"resource": "memory"})
+
+
+def out_of_memory_frame(request_id: Any) -> bytes:
+    """The line of ``request_out_of_memory``'s answer to ``request_id``, for an answer the
+    daemon had no memory to write (``-32008``, ``id`` null if even the id cannot be)."""
+    request_out_of_memory(None)
+    try:
+        shown = jsontext.dumps(request_id) if is_request_id(request_id) else b"null"
+    except MemoryError:
+        shown = b"null"
+    return _BUSY_HEAD + shown + b"}\n"
+
+
+#: Where the kernel says whether it refuses allocations past what it can back (``2``).
+OVERCOMMIT_SETTING = Path("/proc/sys/vm/overcommit_memory")
+
+
+def allocations_can_fail(overcommit: Path = OVERCOMMIT_SETTING) -> str | None:
+    """Why this process's memory allocations can fail, if they can: ``"RLIMIT_AS"`` or
+    ``"RLIMIT_DATA"`` (a soft limit set), or ``"vm.overcommit_memory=2"``; None when only
+    the OOM killer stops it (no limit, a cgroup's ``MemoryMax=``).
+
+    Read at start: a limit set on a running daemon (``prlimit --pid``) is not seen.
+    """
+    import resource  # once, at start
+
+    for name in ("RLIMIT_AS", "RLIMIT_DATA"):
+        soft, _ = resource.getrlimit(getattr(resource, name))
+        if soft != resource.RLIM_INFINITY:
+            return name
+    try:
+        strict = overcommit.read_bytes().strip() == b"2"
+    except OSError:  # no procfs: nothing says it
+        strict = False
+    return "vm.overcommit_memory=2" if strict else None
 
 
 def open_standard_streams() -> None:

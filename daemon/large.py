@@ -41,7 +41,14 @@ from toolsetd.protocol import jsontext
 from . import threads
 from .gcpause import GcPause
 
-__all__ = ["LARGE_TEXT", "LIMIT_TEXTS", "LargeRequests", "check_large", "parse_large"]
+__all__ = [
+    "LARGE_TEXT",
+    "LIMIT_TEXTS",
+    "PARSE_RECURSION_LIMIT",
+    "LargeRequests",
+    "check_large",
+    "parse_large",
+]
 
 T = TypeVar("T")
 V = TypeVar("V")
@@ -51,7 +58,7 @@ V = TypeVar("V")
 LARGE_TEXT = jsontext.LARGE_TEXT
 #: The interpreter's recursion limit while a large text is parsed: orjson's 1,024 levels,
 #: and room for the worker thread's frames beneath the parse.
-_PARSE_RECURSION_LIMIT = 1024 + 200
+PARSE_RECURSION_LIMIT = 1024 + 200
 #: The bound a face passes to ``hold``: this many times the longest text it takes (its
 #: message size limit, ``--max-message-bytes``, for a line and an HTTP body alike).
 LIMIT_TEXTS = 4
@@ -119,8 +126,8 @@ def parse_large(parse: Callable[[bytes], T], text: bytes) -> T:
     so that it reads every depth orjson reads (1,024 levels) on top of this thread's own
     frames, and orjson is left only texts it refuses.
     """
-    if sys.getrecursionlimit() < _PARSE_RECURSION_LIMIT:
-        sys.setrecursionlimit(_PARSE_RECURSION_LIMIT)
+    if sys.getrecursionlimit() < PARSE_RECURSION_LIMIT:
+        sys.setrecursionlimit(PARSE_RECURSION_LIMIT)
     with GcPause(promote=True):
         return parse(text)
 

@@ -50,7 +50,9 @@ from typing import Any
 import orjson
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol.jsonrpc import is_request_id
+from toolsetd.protocol.jsontext import RawJson
 from toolsetd.protocol.jsontext import dumps as json_dumps
+from toolsetd.protocol.jsontext import loads as json_loads
 from toolsetd.protocol.printable import printable
 
 from .mcpschema import is_unlisted, listed_schema
@@ -131,7 +133,7 @@ class Listing:
         self.tools = tools
         self.tag = tag
         #: (start, page size) -> the page from ``start``, encoded once, and its end.
-        self.pages: dict[tuple[int, int], tuple[orjson.Fragment, int]] = {}
+        self.pages: dict[tuple[int, int], tuple[RawJson, int]] = {}
         #: (start, page size) of the pages a cursor was given out for (all but the first).
         self.handed: set[tuple[int, int]] = set()
 
@@ -139,7 +141,7 @@ class Listing:
 class ToolPages:
     """``tools/list`` entries per catalog snapshot and filter, computed once each.
 
-    A page is encoded once as well (``orjson.Fragment``, embedded verbatim in the
+    A page is encoded once as well (``RawJson``, embedded verbatim in the
     response): a listing of 1,000 tools is ~0.5 MB of JSON, and encoding it again per
     request cost ~0.3 ms. Responses share no mutable value this way.
 
@@ -202,7 +204,7 @@ class ToolPages:
         """The lock the builds of the listings of ``workspace`` under ``wanted`` take."""
         return self._listings.building(workspace, wanted)
 
-    def page(self, listing: Listing, cursor: Any, size: int) -> tuple[orjson.Fragment, str | None]:
+    def page(self, listing: Listing, cursor: Any, size: int) -> tuple[RawJson, str | None]:
         """One page of ``listing`` from ``cursor`` (None: the first), as JSON, and the next
         page's cursor. An equal ``tag`` of two listings means equal lists (every entry's
         ``_meta`` hash covers the rest of it).
@@ -221,7 +223,7 @@ class ToolPages:
             while len(data) > self._page_bytes and end - start > 1:
                 end = start + (end - start) // 2
                 data = json_dumps(listing.tools[start:end])
-            kept = orjson.Fragment(data), end
+            kept = RawJson(data), end
             if start == 0 or (start, size) in listing.handed:
                 # A page of the walk from the first: kept, and its end is the next one's
                 # start. (A forged offset's page is neither: forged walks take no room.)
@@ -469,7 +471,7 @@ class StateSigner:
 
     def sign(self, payload: dict[str, Any]) -> str:
         """A state carrying ``payload``, a serial number and an expiry."""
-        body = orjson.dumps({**payload, "n": next(self._serials), "x": self._clock() + self._ttl})
+        body = json_dumps({**payload, "n": next(self._serials), "x": self._clock() + self._ttl})
         mac = hmac.new(self._key, body, hashlib.sha256).digest()
         return f"{_b64(body)}.{_b64(mac)}"
 
@@ -510,7 +512,7 @@ class StateSigner:
                 "out, or it was changed; call the tool again without it.",
                 {"field": "requestState"},
             )
-        payload: dict[str, Any] = orjson.loads(body)
+        payload: dict[str, Any] = json_loads(body)
         if float(payload["x"]) < self._clock() or int(payload["n"]) <= self._floor:
             return None
         return payload

@@ -73,10 +73,11 @@ import anyio
 import structlog
 from toolsetd.protocol import __version__
 from toolsetd.protocol import errors as rpc_errors
-from toolsetd.protocol.jsontext import JsonNumber
+from toolsetd.protocol.jsontext import JsonNumber, allocations_checked
 from toolsetd.protocol.params import check_arguments, check_traceparent
 
 from . import mcp_mapping as mapping
+from .exhaustion import out_of_memory_in, request_out_of_memory
 from .mcp_mapping import McpError
 from .model import LARGE_CATALOG, Catalog
 from .service import CatalogListener, InvokeRequest, Service, Unapproved, approval_digest
@@ -466,17 +467,21 @@ class McpSession:
             response = _error(request_id, McpError(exc.code, exc.message, exc.data))
         except anyio.get_cancelled_exc_class():
             raise
-        except Exception:
-            incident = uuid.uuid4().hex[:12]
-            log.exception("mcp_request_failed", incident=incident, method=message.get("method"))
-            response = _error(
-                request_id,
-                McpError(
-                    -32603,
-                    f"Internal error (incident {incident}); the daemon log has the details.",
-                    {"incident": incident},
-                ),
-            )
+        except Exception as exc:
+            if allocations_checked() and out_of_memory_in(exc):
+                busy = request_out_of_memory(message.get("method"))
+                response = _error(request_id, McpError(busy.code, busy.message, busy.data))
+            else:
+                incident = uuid.uuid4().hex[:12]
+                log.exception("mcp_request_failed", incident=incident, method=message.get("method"))
+                response = _error(
+                    request_id,
+                    McpError(
+                        -32603,
+                        f"Internal error (incident {incident}); the daemon log has the details.",
+                        {"incident": incident},
+                    ),
+                )
         else:
             response = (
                 None if result is None else {"jsonrpc": "2.0", "id": request_id, "result": result}

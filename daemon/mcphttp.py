@@ -65,6 +65,7 @@ from toolsetd.protocol.jsontext import is_utf8, is_utf8_bytes
 from toolsetd.protocol.jsontext import loads as json_loads
 from toolsetd.protocol.jsontext import loads_large as json_loads_large
 
+from .exhaustion import out_of_memory_frame
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
 from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal, Screen
 from .large import LARGE_TEXT, LargeRequests
@@ -192,7 +193,17 @@ def bind_listen(address: ListenAddress, backlog: int = 256) -> socket.socket:
 
 
 def _sse(message: Any) -> bytes:
-    return b"event: message\ndata: " + json_dumps(message) + b"\n\n"
+    return b"event: message\ndata: " + _json_body(message) + b"\n\n"
+
+
+def _json_body(message: Any) -> bytes:
+    """A message's JSON; with no memory to write it (the daemon's memory is bounded), the
+    busy answer to its id instead (``exhaustion.out_of_memory_frame``)."""
+    try:
+        return json_dumps(message)
+    except MemoryError:
+        request_id = message.get("id") if isinstance(message, dict) else None
+        return out_of_memory_frame(request_id)[:-1]
 
 
 class _PostOutbox:
@@ -905,7 +916,7 @@ class McpHttpEndpoint:
             await exchange.respond(
                 503 if busy else 400 if malformed else 200,
                 [("content-type", "application/json")],
-                json_dumps(response),
+                _json_body(response),
             )
             return
         if exchange.streaming:
@@ -942,7 +953,7 @@ class McpHttpEndpoint:
                 # has a server that needs one answer 400, as the SDKs' servers do.
                 status = 400
             await exchange.respond(
-                status, [("content-type", "application/json"), *headers], json_dumps(response)
+                status, [("content-type", "application/json"), *headers], _json_body(response)
             )
 
     def _cancel_request(self, core: CoreSession, request_id: Any, reason: str) -> None:

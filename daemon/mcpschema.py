@@ -39,7 +39,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import quote, unquote
 
-import orjson
+from toolsetd.protocol.jsontext import dumps as json_dumps
+from toolsetd.protocol.jsontext import strict_dumps
 
 from .validation import dialect, json_pointer
 
@@ -571,8 +572,8 @@ def _may_refer(schema: Mapping[str, Any]) -> bool:
     """Whether ``schema`` may hold a ``$ref`` or ``$dynamicRef`` (one C pass, as
     ``_may_be_marked``)."""
     try:
-        text = orjson.dumps(schema)
-    except orjson.JSONEncodeError:
+        text = strict_dumps(schema)
+    except TypeError:
         return True
     return b'"$ref"' in text or b'"$dynamicRef"' in text
 
@@ -580,10 +581,10 @@ def _may_refer(schema: Mapping[str, Any]) -> bool:
 def _may_be_marked(schema: Mapping[str, Any]) -> bool:
     """Whether ``schema`` may hold a mark: one C pass (~1 us) instead of a walk in Python
     (~6 us a tool, for every tool of a listing); an integer wider than 64 bits, which
-    orjson refuses, takes the walk."""
+    orjson refuses (``strict_dumps``), takes the walk."""
     try:
-        return HEADER_MARK.encode() in orjson.dumps(schema)
-    except orjson.JSONEncodeError:
+        return HEADER_MARK.encode() in strict_dumps(schema)
+    except TypeError:
         return True
 
 
@@ -710,15 +711,15 @@ def unlisted_reason(name: str, schema: Mapping[str, Any]) -> str | None:
     ):
         return (
             f"External tool '{name}' {_UNLISTED} its schema's root type is "
-            f"{orjson.dumps(kinds).decode()}, and MCP hosts send arguments as an object, "
+            f"{json_dumps(kinds).decode()}, and MCP hosts send arguments as an object, "
             'so no call of theirs could pass. Give the schema "type": "object" and the '
             "values as its properties; the native invoke still takes the tool as it is."
         )
     try:
         # orjson refuses any integer wider than 64 bits: one C pass clears almost every
         # schema (a walk in Python cost ~10 us a tool, at every catalog build).
-        orjson.dumps(schema)
-    except orjson.JSONEncodeError:
+        strict_dumps(schema)
+    except TypeError:
         return _huge_integer(name, schema)
     return None
 

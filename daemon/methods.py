@@ -23,12 +23,12 @@ from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
 from toolsetd.protocol import __version__
 from toolsetd.protocol import errors as rpc_errors
 from toolsetd.protocol import names as m
 from toolsetd.protocol import params as params_check
 from toolsetd.protocol.jsonrpc import notification_message
+from toolsetd.protocol.jsontext import RawJson
 from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .catalog import note_info, set_info, tool_info
@@ -103,15 +103,15 @@ def _list_body(catalog: Catalog, wanted_name: str | None) -> dict[str, Any]:
         tool_info(t) for t in catalog.tools.values() if wanted is None or wanted in t.tool.catalogs
     ]
     return {
-        "tools": orjson.Fragment(json_dumps(tools)),
-        "sets": orjson.Fragment(json_dumps([set_info(e) for e in catalog.sets])),
-        "notes": orjson.Fragment(json_dumps([note_info(n) for n in catalog.notes])),
+        "tools": RawJson(json_dumps(tools)),
+        "sets": RawJson(json_dumps([set_info(e) for e in catalog.sets])),
+        "notes": RawJson(json_dumps([note_info(n) for n in catalog.notes])),
     }
 
 
 #: ``status``'s ``watch`` under ``--no-watch``: neither a watch nor a poll runs (encoded
 #: once, as the confinement report is: no response shares a mutable dict).
-_NOT_WATCHING = orjson.Fragment(
+_NOT_WATCHING = RawJson(
     json_dumps(
         {
             "state": "off",
@@ -231,7 +231,7 @@ class Handlers:
         watch = self.watch()
         said, encoded = self._watch_said
         if watch is not said:
-            encoded = _NOT_WATCHING if watch is None else orjson.Fragment(json_dumps(watch))
+            encoded = _NOT_WATCHING if watch is None else RawJson(json_dumps(watch))
             self._watch_said = (watch, encoded)
         return encoded
 
@@ -241,7 +241,7 @@ class Handlers:
 
         Worked out once (they were most of a status call's cost) and kept beside the
         objects they came from. The confinement report is encoded once as well
-        (``orjson.Fragment``), so no response shares a mutable dict with another.
+        (``RawJson``), so no response shares a mutable dict with another.
         """
         service = self.service
         settings, confinement = service.settings, service.confinement
@@ -253,7 +253,7 @@ class Handlers:
             os.getpid(),  # the daemon never forks without exec
             settings.socket,
             str(settings.home),
-            orjson.Fragment(json_dumps(report)),
+            RawJson(json_dumps(report)),
         )
 
     async def list(self, ctx: RequestContext, params: Any) -> dict[str, Any]:

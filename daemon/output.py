@@ -32,7 +32,7 @@ from typing import Any
 
 import orjson
 from toolsetd.protocol.errors import reject_json_constant
-from toolsetd.protocol.jsontext import LARGE_TEXT, nesting_exceeds
+from toolsetd.protocol.jsontext import LARGE_TEXT, allocations_checked, nesting_exceeds
 
 from .paths import (
     NET_WHITESPACE,
@@ -239,10 +239,11 @@ def _content_json(body: str) -> Any:
     is read leniently at once: orjson does not survive running out of memory while it
     makes a string (``jsontext.loads_large``), and the lenient reading is what it gives
     wherever orjson would give a value (the depth past which the standard library stops is
-    far past the 64 levels allowed).
+    far past the 64 levels allowed). So is every body when allocations can fail
+    (``jsontext.check_allocations``).
     """
     value: Any = _UNREAD
-    if len(body) <= LARGE_TEXT // 4:
+    if len(body) <= LARGE_TEXT // 4 and not allocations_checked():
         with contextlib.suppress(orjson.JSONDecodeError):
             value = orjson.loads(body)
     if value is _UNREAD:

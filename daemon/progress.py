@@ -35,6 +35,7 @@ import time
 import anyio
 import anyio.lowlevel
 import orjson
+from toolsetd.protocol.jsontext import loads as json_loads
 
 from .call import CallState
 
@@ -54,8 +55,8 @@ def parse_progress(line: bytes) -> _Report | None:
         return None
     if text.startswith("{"):
         try:
-            value = orjson.loads(text)
-        except orjson.JSONDecodeError:
+            value = json_loads(text)
+        except (orjson.JSONDecodeError, MemoryError):
             value = None
         if isinstance(value, dict):
             raw_message = value.get("message")

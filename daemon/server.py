@@ -39,7 +39,7 @@ from toolsetd.protocol.jsonrpc import error_message
 
 from .connection import Connection, Handler, RequestContext, ServerSettings
 from .dispatch import Dispatcher
-from .exhaustion import Acceptor
+from .exhaustion import Acceptor, out_of_memory_in
 from .large import LargeRequests
 from .logs import Throttle
 from .observe import NO_OBSERVER, Observer
@@ -67,6 +67,16 @@ _REFUSAL_REASONS: dict[type[rpc_errors.RpcError], str] = {
 }
 #: What a refused peer may still send before it sees the error and closes (lingering close).
 _REFUSE_DRAIN_BYTES = 1024 * 1024
+
+
+def _no_memory() -> rpc_errors.ServerBusy:
+    """The refusal of a connection the daemon had no memory to open (its memory is
+    bounded): made when needed, as every refusal is."""
+    return rpc_errors.ServerBusy(
+        "Server busy: toolsetd had no memory to open this connection (its memory is "
+        "bounded); connect again when some calls have finished.",
+        {"resource": "memory"},
+    )
 
 
 class Server:
@@ -192,13 +202,24 @@ class Server:
                     ),
                 )
                 return
-            conn = Connection(conn_id, stream, self, cred)
+            try:
+                conn = Connection(conn_id, stream, self, cred)
+            except MemoryError:  # the daemon's memory is bounded, and none is left
+                log.warning("connection_out_of_memory", conn_id=conn_id)
+                try:
+                    await self._refuse(stream, _no_memory(), "memory")
+                except MemoryError:
+                    await stream.aclose()
+                return
             self.connections[conn_id] = conn
             log.info("connection_opened", pid=cred.pid, uid=cred.uid, gid=cred.gid)
             try:
                 await conn.serve()
-            except Exception:
-                log.exception("connection_failed")
+            except Exception as exc:
+                if out_of_memory_in(exc):  # the daemon's want: no bug
+                    log.warning("connection_out_of_memory", conn_id=conn_id)
+                else:
+                    log.exception("connection_failed")
             finally:
                 self.connections.pop(conn_id, None)
                 log.info("connection_closed")
@@ -227,7 +248,9 @@ class Server:
         self.connections.pop(victim.conn_id, None)
         return True
 
-    async def _refuse(self, stream: anyio.abc.SocketStream, error: rpc_errors.RpcError) -> None:
+    async def _refuse(
+        self, stream: anyio.abc.SocketStream, error: rpc_errors.RpcError, reason: str = ""
+    ) -> None:
         """Send one error line and close gracefully (a lingering close, as HTTP servers do).
 
         Closing with the peer's request still unread would make the kernel reset the
@@ -235,7 +258,7 @@ class Server:
         the error, shut down writing, drain what the peer sends (at most
         ``_REFUSE_DRAIN_BYTES``, for at most ``linger_seconds``) until its end of file, close.
         """
-        self._observer.connection_refused(_REFUSAL_REASONS.get(type(error), "other"))
+        self._observer.connection_refused(reason or _REFUSAL_REASONS.get(type(error), "other"))
         with anyio.CancelScope(shield=True):
             with anyio.move_on_after(1):
                 try:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import structlog
 from toolsetd.protocol.errors import InternalError
-from toolsetd.protocol.jsontext import JsonNumber, nesting_exceeds
+from toolsetd.protocol.jsontext import JsonNumber, nesting_exceeds, strict_dumps
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.params import MAX_ARGUMENT_DEPTH
 
@@ -114,8 +114,8 @@ def canonical_json(value: Any) -> bytes:
     """
     try:
         # orjson writes the same compact, sorted, UTF-8 form about ten times faster.
-        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
-    except (orjson.JSONEncodeError, TypeError):
+        return strict_dumps(value, orjson.OPT_SORT_KEYS)
+    except TypeError:
         # Lone surrogates (from \ud800 escapes) and integers beyond 64 bits.
         text = json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
         return text.encode("utf-8", "surrogatepass")

@@ -45,11 +45,18 @@ a ``SystemError`` caused by the ``MemoryError`` it met while making the value.
 
 A large text (a request over 64 KiB) is read by ``loads_large`` instead: the same value
 or error, from the standard library's parser, because orjson does not survive running
-out of memory while it makes a string (see there).
+out of memory while it makes a string (see there). Nor while it writes: a process whose
+allocations can fail at all (an address-space limit) turns ``check_allocations`` on,
+and then ``loads`` is ``loads_large`` for every text and ``dumps`` writes orjson's very
+bytes with code of its own on the standard library's string escaper. ``RawJson`` is a
+text embedded as it is, for both writers (``orjson.Fragment``'s bytes cannot be read
+back); ``strict_dumps`` gives what ``orjson.dumps`` gives (without ``dumps``' second
+pass), refusals and all, for callers that use them.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 import json
 import re
@@ -63,6 +70,9 @@ from .errors import reject_json_constant
 __all__ = [
     "LARGE_TEXT",
     "JsonNumber",
+    "RawJson",
+    "allocations_checked",
+    "check_allocations",
     "decode_file_text",
     "dumps",
     "is_utf8",
@@ -70,6 +80,7 @@ __all__ = [
     "loads",
     "loads_large",
     "nesting_exceeds",
+    "strict_dumps",
 ]
 
 #: A text longer than this (64 KiB) is large: its reader uses ``loads_large``.
@@ -95,6 +106,33 @@ _NOT_BRACKETS: Final = bytes(b for b in range(256) if b not in b"[{]}")
 _SURROGATE_PAIR: Final = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 
 
+#: Whether every text is parsed and written by the standard library (``check_allocations``).
+_checked = False
+
+
+def check_allocations(on: bool = True) -> None:
+    """Parse and write every JSON text with code that checks each allocation (or, with
+    ``on`` false, with orjson again).
+
+    orjson (3.13) does not check that Python gave it the memory for the string or bytes it
+    makes: short of it, it copies to a null pointer and the process dies of SIGSEGV. That
+    can only happen to a process whose allocations can fail (an address-space or data
+    limit, ``LimitAS=``, or strict overcommit), and does there for a text of a few KiB.
+    Such a process turns this on at start, before it parses anything: ``loads`` is then
+    ``loads_large`` (the standard library's parser, orjson only for a refusal it reaches
+    before it makes a value), and ``dumps`` writes the very bytes orjson writes with the
+    standard library's string escaper. Both raise ``MemoryError`` instead. It is
+    process-wide: the value is read on each call, so turn it on before any thread parses.
+    """
+    global _checked
+    _checked = bool(on)
+
+
+def allocations_checked() -> bool:
+    """Whether ``check_allocations`` is on."""
+    return _checked
+
+
 class JsonNumber(float):
     """A JSON number with a fraction or an exponent, kept with its exact text.
 
@@ -116,6 +154,26 @@ class JsonNumber(float):
         return self.text
 
     __str__ = __repr__
+
+
+class RawJson:
+    """A JSON text that ``dumps`` writes as it is, where the value holds this.
+
+    ``orjson.Fragment`` for both writers: orjson's writer gets ``fragment`` (through its
+    ``default``), ``check_allocations``' writer ``text``, which it can read (a Fragment's
+    bytes cannot be read back).
+    """
+
+    __slots__ = ("fragment", "text")
+
+    def __init__(self, text: bytes) -> None:
+        if type(text) is not bytes:  # UTF-8 JSON text: the checked writer decodes it
+            raise TypeError(f"RawJson holds bytes, not {type(text).__name__}")
+        self.text = text
+        self.fragment = orjson.Fragment(text)
+
+    def __repr__(self) -> str:
+        return f"RawJson({self.text!r})"
 
 
 #: Byte order marks, UTF-32 before UTF-16 (whose little-endian mark starts UTF-32's).
@@ -219,6 +277,8 @@ def _may_lose_text(value: Any, line: bytes | bytearray | memoryview | str) -> bo
 def loads(line: bytes | bytearray | memoryview | str) -> Any:
     """Parse one JSON text, keeping every number exactly (see the module docstring).
 
+    With ``check_allocations`` on, this is ``loads_large``: the same value or error.
+
     Args:
         line: The JSON text (UTF-8 bytes or str).
 
@@ -230,6 +290,13 @@ def loads(line: bytes | bytearray | memoryview | str) -> Any:
             past the double range is the one thing orjson refuses that this accepts).
         MemoryError: There was no memory to parse it (the text may be valid).
     """
+    if _checked:
+        return loads_large(line)
+    return _loads_orjson(line)
+
+
+def _loads_orjson(line: bytes | bytearray | memoryview | str) -> Any:
+    """``loads`` by orjson (its verdict on any text, and its value for most)."""
     try:
         value = orjson.loads(line)
     except orjson.JSONDecodeError as exc:
@@ -291,14 +358,14 @@ def loads_large(line: bytes | bytearray | memoryview | str) -> Any:
     """
     if isinstance(line, memoryview):
         if not line.c_contiguous:
-            return loads(line)  # orjson refuses such a view, as it refuses it small
+            return _loads_orjson(line)  # orjson refuses such a view, as it refuses it small
         line = line.tobytes()
     # Looked for in the text, not the value (a duplicate key's later value replaces one),
     # and first: orjson refuses such a text before it makes a value, and so need not the
     # standard library (on a text that is not JSON the look may be wrong, but orjson
     # refuses that too).
     if (isinstance(line, str) and not is_utf8(line)) or _has_lone_surrogate_escape(line):
-        return loads(line)
+        return _loads_orjson(line)
     # Past orjson's depth it refuses the text: the value's depth tells, unless a key given
     # twice replaced a deeper value; only then is the text read for it (a slower read).
     deep = _brackets(line) > _ORJSON_DEPTH
@@ -315,11 +382,11 @@ def loads_large(line: bytes | bytearray | memoryview | str) -> Any:
     except MemoryError:
         raise
     except (ValueError, RecursionError):
-        return loads(line)
+        return _loads_orjson(line)
     if deep and (
         nesting_exceeds(value, _ORJSON_DEPTH) or (replaced and _nests_past(line, _ORJSON_DEPTH))
     ):
-        return loads(line)  # and this
+        return _loads_orjson(line)  # and this
     return value
 
 
@@ -445,9 +512,12 @@ def is_utf8(text: str) -> bool:
 
 
 def _default(value: Any) -> Any:
-    if type(value) is JsonNumber:
+    kind = type(value)
+    if kind is JsonNumber:
         return orjson.Fragment(value.text)
-    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+    if kind is RawJson:
+        return value.fragment
+    raise TypeError(f"Type is not JSON serializable: {kind.__name__}")
 
 
 def _utf8_text(text: str) -> str:
@@ -460,25 +530,34 @@ def _utf8_text(text: str) -> str:
     return raw.decode("utf-8", "replace")
 
 
-def _encodable(value: Any) -> Any:
-    """A copy of ``value`` orjson can write: every integer beyond 64 bits as an
-    ``orjson.Fragment``, every string (and key) UTF-8 cannot carry through ``_utf8_text``."""
+def _encodable(value: Any, depth: int = 0) -> Any:
+    """A copy of ``value`` orjson can write: every integer beyond 64 bits as a ``RawJson``
+    of its digits, every string (and key) UTF-8 cannot carry through ``_utf8_text``. Past
+    the depth orjson writes, the rest is left as it is (orjson refuses it: no cycle is
+    followed for ever)."""
     kind = type(value)
     if kind is str:
         return value if value.isascii() else _utf8_text(value)
+    if depth > _ORJSON_WRITE_DEPTH:
+        return value
     if kind is dict:
         return {
-            (key if type(key) is not str or key.isascii() else _utf8_text(key)): _encodable(item)
+            (key if type(key) is not str or key.isascii() else _utf8_text(key)): _encodable(
+                item, depth + 1
+            )
             for key, item in value.items()
         }
     if kind is list or kind is tuple:
-        return [_encodable(item) for item in value]
+        return [_encodable(item, depth + 1) for item in value]
     if (
         isinstance(value, int)
         and not isinstance(value, bool)
         and not (_INT64_MIN <= value <= _UINT64_MAX)
     ):
-        return orjson.Fragment(str(int(value)))
+        return RawJson(int.__repr__(int.__int__(value)).encode())
+    if kind not in _KNOWN and isinstance(value, (enum.Enum, str, dict, list)):
+        # orjson writes these as their value or base type: so, then, is what they hold.
+        return _encodable(_as_orjson_takes(value), depth)
     return value
 
 
@@ -487,19 +566,200 @@ def dumps(value: Any, option: int = 0) -> bytes:
 
     Args:
         value: A JSON value; ``JsonNumber`` and integers of any width are allowed.
-        option: orjson options (e.g. ``orjson.OPT_APPEND_NEWLINE``).
+        option: orjson options: ``OPT_APPEND_NEWLINE`` and ``OPT_SORT_KEYS`` (the two
+            ``check_allocations``' writer knows).
 
     Returns:
-        The UTF-8 JSON text.
+        The UTF-8 JSON text. With ``check_allocations`` on, the same bytes, from the
+        standard library's string escaper.
 
     Raises:
         orjson.JSONEncodeError: The value is not JSON-serialisable. A string holding a lone
             surrogate is not such a value: it is written with U+FFFD (module docstring).
     """
     try:
+        if _checked:
+            return _dumps_checked(value, option, own=True)
         return orjson.dumps(value, default=_default, option=option)
     except orjson.JSONEncodeError as exc:
         reason = str(exc)
         if "64-bit" not in reason and "surrogates" not in reason:
             raise
-    return orjson.dumps(_encodable(value), default=_default, option=option)
+    encodable = _encodable(value)
+    if _checked:
+        return _dumps_checked(encodable, option, own=True)
+    return orjson.dumps(encodable, default=_default, option=option)
+
+
+def strict_dumps(value: Any, option: int = 0) -> bytes:
+    """``orjson.dumps(value, option=option)``, with no ``default``: its bytes, or its
+    ``TypeError`` for what it refuses (an integer past 64 bits, a lone surrogate, a
+    ``JsonNumber``). For callers that use that refusal (a schema's huge integer, the set
+    cache's exact round trip, a canonical hash). With ``check_allocations`` on, the same,
+    from ``dumps``' checked writer.
+    """
+    if _checked:
+        return _dumps_checked(value, option, own=False)
+    return orjson.dumps(value, option=option)
+
+
+#: The deepest nesting orjson writes (a deeper value is its "Recursion limit reached").
+_ORJSON_WRITE_DEPTH: Final = 254
+#: The options ``_dumps_checked`` knows.
+_CHECKED_OPTIONS: Final = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SORT_KEYS
+#: ``json.encoder``'s escaper for ``ensure_ascii=False`` (C when the interpreter has it):
+#: the same escapes orjson writes (``\"``, ``\\``, ``\b\f\n\r\t``, ``\u00XX``).
+_quote: Final[Callable[[str], str]] = json.encoder.encode_basestring
+_INFINITY: Final = float("inf")
+
+
+def _dumps_checked(value: Any, option: int, *, own: bool) -> bytes:
+    """``orjson.dumps(value, option=option)`` for ``check_allocations``, with ``default``
+    ``_default`` if ``own`` (``JsonNumber`` and ``RawJson`` written, as ``dumps``' first
+    pass has them): orjson's bytes and refusals, from code that checks every allocation
+    (``MemoryError``). As deep as orjson writes lists and objects, and no deeper, which
+    also ends a cycle; a tuple counts as a level here, not in orjson (whose own writer
+    corrupted its heap on a thousand nested tuples), where nothing of ours makes one."""
+    if option & ~_CHECKED_OPTIONS:
+        raise ValueError(f"check_allocations' writer does not know the option {option:#x}")
+    sort_keys = bool(option & orjson.OPT_SORT_KEYS)
+    #: The text written since the last ``RawJson``, whose bytes go to ``chunks`` as they
+    #: are (a listing's half megabyte is neither decoded nor encoded again).
+    parts: list[str] = []
+    chunks: list[bytes] = []
+    out = parts.append
+    quote = _quote
+
+    def write(item: Any, depth: int) -> None:
+        kind = type(item)
+        if kind is str:
+            out(quote(item) if item.isascii() else _scalar_text(item, own))
+        elif kind is RawJson and own:
+            chunks.append("".join(parts).encode("utf-8"))
+            parts.clear()
+            chunks.append(item.text)
+        elif kind is dict:
+            if depth >= _ORJSON_WRITE_DEPTH:
+                raise TypeError("Recursion limit reached")
+            members: Any = item.items()
+            if sort_keys:
+                for key in item:
+                    _check_key(key)
+                members = sorted(members, key=_first)
+            out("{")
+            first = True
+            for key, member in members:
+                if first:
+                    first = False
+                else:
+                    out(",")
+                if type(key) is not str or not (key.isascii() or is_utf8(key)):
+                    _check_key(key)
+                out(quote(key))
+                out(":")
+                write(member, depth + 1)
+            out("}")
+        elif kind is list or kind is tuple:
+            if depth >= _ORJSON_WRITE_DEPTH:
+                raise TypeError("Recursion limit reached")
+            out("[")
+            first = True
+            for member in item:
+                if first:
+                    first = False
+                else:
+                    out(",")
+                write(member, depth + 1)
+            out("]")
+        elif kind in _KNOWN:
+            out(_scalar_text(item, own))
+        else:
+            write(_as_orjson_takes(item), depth)
+
+    write(value, 0)
+    if option & orjson.OPT_APPEND_NEWLINE:
+        out("\n")
+    if not chunks:
+        return "".join(parts).encode("utf-8")
+    chunks.append("".join(parts).encode("utf-8"))
+    return b"".join(chunks)
+
+
+#: The types ``_dumps_checked`` writes as they are: containers, and what ``_scalar_text``
+#: writes.
+_KNOWN: Final = frozenset(
+    {dict, list, tuple, str, int, float, bool, type(None), JsonNumber, RawJson}
+)
+
+
+def _as_orjson_takes(value: Any) -> Any:
+    """A value of a type orjson writes through another one, as that one: an enum as its
+    value, a subclass of str, int, dict or list as that type; refused as orjson refuses
+    any other (a float or tuple subclass, a set, bytes)."""
+    if isinstance(value, enum.Enum):
+        value = value.value
+        return value if type(value) in _KNOWN else _as_orjson_takes(value)
+    # The value as the base type holds it, whatever the subclass's methods say.
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, dict):
+        return dict.copy(value)
+    if isinstance(value, list):
+        return list.copy(value)
+    raise TypeError(f"Type is not JSON serializable: {type(value).__name__}")
+
+
+def _scalar_text(value: Any, own: bool) -> str:
+    """A value of one of ``_KNOWN``'s scalar types as orjson writes it, or its refusal
+    (``JsonNumber`` and ``RawJson`` are written only if ``own``)."""
+    kind = type(value)
+    if kind is str:
+        if value.isascii() or is_utf8(value):
+            return _quote(value)
+        raise TypeError("str is not valid UTF-8: surrogates not allowed")
+    if value is None:
+        return "null"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    if kind is int:
+        if not (_INT64_MIN <= value <= _UINT64_MAX):
+            raise TypeError("Integer exceeds 64-bit range")
+        return int.__repr__(value)
+    if kind is float:
+        return _float_text(value)
+    if not own:
+        raise TypeError(f"Type is not JSON serializable: {kind.__name__}")
+    return str(value.text)  # JsonNumber (``_dumps_checked`` writes RawJson's bytes itself)
+
+
+def _float_text(value: float) -> str:
+    """A float as orjson writes it: ``null`` for NaN and the infinities, else Python's
+    shortest ``repr`` but for exponents -5 to -9, which orjson writes ``0.00001``
+    (-5) and ``1e-6`` (no zero before the digit)."""
+    if value != value or value in (_INFINITY, -_INFINITY):
+        return "null"
+    text = float.__repr__(value)
+    mantissa, mark, power = text.partition("e-0")
+    if not mark:
+        return text
+    if power != "5":
+        return f"{mantissa}e-{power}"
+    sign = "-" if mantissa.startswith("-") else ""
+    return f"{sign}0.0000{mantissa.lstrip('-').replace('.', '')}"
+
+
+def _first(pair: tuple[str, Any]) -> str:
+    return pair[0]
+
+
+def _check_key(key: Any) -> None:
+    """Refuse an object's key as orjson refuses it: any type but str (a str subclass
+    too), and a lone surrogate."""
+    if type(key) is not str:
+        raise TypeError("Dict key must be str")
+    if not is_utf8(key):
+        raise TypeError("str is not valid UTF-8: surrogates not allowed")

@@ -17,6 +17,7 @@ from toolsetd.daemon.mcp_mapping import (
     input_required_result,
 )
 from toolsetd.daemon.model import DEFAULT_RESERVED_NAMES
+from toolsetd.protocol.jsontext import RawJson
 
 
 def _home(tmp_path: Path, names: list[str], schema: object = None) -> Path:
@@ -37,9 +38,9 @@ def _home(tmp_path: Path, names: list[str], schema: object = None) -> Path:
     return tmp_path
 
 
-def _entries(page: object) -> list[dict[str, object]]:
+def _entries(page: RawJson) -> list[dict[str, object]]:
     """A page's entries as a client reads them (stdlib json: exact integers)."""
-    decoded = json.loads(orjson.dumps(page))
+    decoded = json.loads(page.text)
     assert isinstance(decoded, list)
     return decoded
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import orjson
 import pytest
+from toolsetd.protocol.jsontext import dumps as json_dumps
 
 from .large_catalog import large_sets, real_service
 
@@ -83,5 +83,5 @@ async def test_a_large_list_of_one_workspace_does_not_wait_for_anothers_build(
                     await anyio.sleep(0.01)
                 assert listed, "b's list waited for a's build"
                 assert building.statistics().tasks_waiting == 1  # a's still waits
-    assert len(json.loads(orjson.dumps(listed[0]["tools"]))) > LARGE_CATALOG
+    assert len(json.loads(json_dumps(listed[0]["tools"]))) > LARGE_CATALOG
     assert not handlers._list_cache._building, "a lock outlived its builds"

@@ -14,6 +14,7 @@ import functools
 import itertools
 import json
 import os
+import resource
 import select
 import shutil
 import signal
@@ -1809,6 +1810,113 @@ def test_a_large_line_at_any_memory_headroom_is_answered_and_the_daemon_lives(
         assert answers == {"busy", "answered"}, answers  # the sweep crossed the limit
         assert "result" in other.request("status")
         assert "connection_failed" not in [e.get("event") for e in d.log_events()]
+
+
+def _bounded() -> list[str]:
+    """``python -m toolsetd.daemon`` with its address space bounded from the start, as
+    ``LimitAS=`` bounds it: a soft limit of a terabyte (or the hard limit, if lower), so
+    that only ``memory_limited``, below it, binds. The hard limit is left as it is."""
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    soft = 1 << 40 if hard == resource.RLIM_INFINITY else min(1 << 40, hard)
+    return ["prlimit", f"--as={soft}:", "--", sys.executable, "-m", "toolsetd.daemon"]
+#: The bytes ``_printing_set``'s tool prints: its answer holds the first 100,000 or so
+#: (the rest is spilled to a file).
+_PRINTED = 900_000
+
+
+def _printing_set(home: Path, workspace: Path) -> None:
+    write_set(home / "tools", "print", {
+        "runner": "exec", "description": "prints", "schema": {"type": "object"},
+        "command": ["/bin/sh", "-c", f"head -c {_PRINTED} /dev/zero | tr '\\0' a"],
+        "approval": "always", "stdin": False,
+    })
+
+
+@pytest.mark.timeout(600)
+def test_a_daemon_bounded_from_start_writes_and_reads_at_any_headroom(tmp_path: Path) -> None:
+    """With its address space bounded from the start (``LimitAS=``), the daemon parses and
+    writes JSON with code that checks each allocation. orjson does not: short of memory
+    for the bytes of a 100 KB answer it wrote to a null pointer, and the daemon died of
+    SIGSEGV (here at 768 KiB of headroom), with every client's calls; a 60 KB line could
+    do the same as it was parsed. Swept from 64 KiB to 24 MiB of headroom, every call
+    is answered, with its result or -32008 busy (never -32603, an incident), on the
+    native face and the MCP one, every line too, and no tool is left behind. A
+    connection the daemon had no memory to open or to read is busy too (``id`` null),
+    and closed."""
+    with daemon_in("tsb-", _printing_set, args=_unconfined(tmp_path), launcher=_bounded()) as d, \
+            d.raw(timeout=150) as other:
+        events = [e.get("event") for e in d.log_events()]
+        assert "json_allocations_checked" in events, events
+        before = _children(d.proc.pid)  # the orphan guard's sentinel
+        call = {"tool": "print", "arguments": {}, "workspace": str(d.workspace)}
+        meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {}}
+        answers: Counter[tuple[str, str]] = Counter()
+        mcp: RawConn | None = None
+        steps = [*range(64 << 10, 4 << 20, 64 << 10), *range(4 << 20, 24 << 20, 256 << 10)]
+        try:
+            for step, headroom in enumerate(steps):
+                if mcp is None:  # bound with room to spare; again if it was closed busy
+                    mcp = d.raw(timeout=150)
+                    bound = mcp.request("mcp.bind", {"workspace": str(d.workspace)})
+                    assert bound["result"]["bound"], bound
+                with memory_limited(d.proc.pid, headroom), d.raw(timeout=150) as conn:
+                    try:
+                        called = _answer(conn, {"jsonrpc": "2.0", "id": 1, "method": "invoke",
+                                                "params": call})
+                        lined = (_answer(conn, {"jsonrpc": "2.0", "id": 2, "method": "status",
+                                                "params": {"s": "a" * 60_000}})
+                                 if called["id"] is not None else called)
+                        mcp_called = _answer(mcp, {
+                            "jsonrpc": "2.0", "id": step, "method": "tools/call",
+                            "params": {"_meta": meta, "name": "print", "arguments": {}}})
+                    except EOFError:
+                        with contextlib.suppress(subprocess.TimeoutExpired):
+                            d.proc.wait(timeout=5)
+                        pytest.fail(f"no answer at {headroom >> 10} KiB of headroom; the "
+                                    f"daemon's exit status: {d.proc.poll()}; its last lines: "
+                                    f"{d.log_events()[-6:]}")
+                if mcp_called["id"] is None:
+                    mcp.close()
+                    mcp = None
+                for face, answer in (("native", called), ("mcp", mcp_called)):
+                    if "error" in answer:
+                        assert answer["error"]["code"] == -32008, (answer, _failures(d))
+                        assert answer["error"]["data"] == {"resource": "memory"}, answer
+                        answers[face, "busy"] += 1
+                    else:
+                        result = answer["result"]
+                        assert result.get("status", "ok") == "ok" and not result.get("isError")
+                        assert "a" * 90_000 in result["content"][0]["text"]
+                        answers[face, "answered"] += 1
+                assert lined["error"]["code"] in (-32602, -32008), lined  # status takes none
+        finally:
+            if mcp is not None:
+                mcp.close()
+        # The sweep crossed the limit, on both faces.
+        assert {kind for _, kind in answers} == {"busy", "answered"}, answers
+        assert answers["mcp", "answered"] and answers["native", "answered"], answers
+        assert "result" in other.request("status")
+        events = [e.get("event") for e in d.log_events()]
+        assert "request_out_of_memory" in events
+        assert "request_failed" not in events and "connection_failed" not in events
+        eventually(lambda: _children(d.proc.pid) <= before, what="every call's tool gone")
+
+
+def _answer(conn: RawConn, message: dict[str, Any]) -> dict[str, Any]:
+    """The answer to ``message``, or the ``id`` null error of a connection the daemon had
+    no memory to open or read (then it closes it); notifications are skipped."""
+    conn.send(message)
+    while True:
+        reply = conn.receive()
+        if "method" not in reply and reply.get("id") in (message["id"], None):
+            return dict(reply)
+
+
+def _failures(d: Daemon) -> list[str]:
+    """The tracebacks of the daemon's internal errors, for a test's failure message."""
+    return [str(e.get("exception")) for e in d.log_events()
+            if e.get("event") in ("request_failed", "mcp_request_failed")]
 
 
 def _unread(sock: socket.socket) -> int:

@@ -4,17 +4,28 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import enum
 import pickle
 import sys
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from toolsetd.protocol import jsontext
 from toolsetd.protocol.codec import Codec, Message, encode
-from toolsetd.protocol.jsontext import JsonNumber, dumps, loads, loads_large
+from toolsetd.protocol.jsontext import (
+    JsonNumber,
+    RawJson,
+    check_allocations,
+    dumps,
+    loads,
+    loads_large,
+    strict_dumps,
+)
 
 # RFC 8259 number grammar: -? int frac? exp?
 _INT = st.one_of(st.just("0"), st.from_regex(r"[1-9][0-9]{0,40}", fullmatch=True))
@@ -271,3 +282,205 @@ def test_loads_large_gives_what_loads_gives_for_any_text(text: str) -> None:
     """Any text built of numbers written any legal way, strings, lone surrogate escapes
     and nesting: the same value, or the same error."""
     assert _outcome(loads_large, text.encode()) == _outcome(loads, text.encode())
+
+
+# -- check_allocations: the standard library's code, orjson's bytes ---------------------
+
+
+@contextlib.contextmanager
+def _checked() -> Iterator[None]:
+    """``check_allocations`` on inside (this worker process's tests run one at a time)."""
+    check_allocations()
+    try:
+        yield
+    finally:
+        check_allocations(False)
+
+
+class _Float(float):
+    pass
+
+
+class _Tuple(tuple):  # type: ignore[type-arg]
+    __slots__ = ()
+
+
+class _List(list):  # type: ignore[type-arg]
+    pass
+
+
+class _Dict(dict):  # type: ignore[type-arg]
+    pass
+
+
+class _Str(str):
+    __slots__ = ()
+
+    def __str__(self) -> str:
+        return "not the value"
+
+
+class _Int(int):
+    pass
+
+
+class _Kind(enum.Enum):
+    LIST = (1, "x", [2])
+    TEXT = "t\u00e9"
+
+
+class _Number(enum.IntEnum):
+    SEVEN = 7
+
+
+#: Strings orjson writes, escapes, or refuses (a lone surrogate: a file name's stray byte).
+_TEXTS = st.text(
+    st.sampled_from(["a", "\u00e9", '"', "\\", "\n", "\x00", "\x1f", "\x7f", "\u2028",
+                     "\U0001f600", "\ud800", "\udc80", "\udced", "\udca0", "/"]),
+    max_size=6,
+)
+_VALUES = st.recursive(
+    st.one_of(
+        st.none(), st.booleans(), _TEXTS,
+        st.integers(), st.integers(-(2**70), 2**70),
+        st.floats(),  # NaN and the infinities too: orjson writes null
+        st.floats(min_value=1e-10, max_value=1e-4),  # where orjson's form is not repr's
+        json_numbers.map(JsonNumber),
+        st.sampled_from([RawJson(b"[1,2]"), RawJson(b'{"a":"\xc3\xa9"}'), _Kind.TEXT,
+                         _Kind.LIST, _Number.SEVEN, _Str("s"), _Int(5)]),
+    ),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=3).map(tuple),
+        st.lists(inner, max_size=2).map(_List),
+        st.dictionaries(_TEXTS, inner, max_size=4),
+        st.dictionaries(_TEXTS, inner, max_size=2).map(_Dict),
+    ),
+    max_leaves=12,
+)
+_OPTIONS = [0, orjson.OPT_SORT_KEYS, orjson.OPT_APPEND_NEWLINE,
+            orjson.OPT_SORT_KEYS | orjson.OPT_APPEND_NEWLINE]
+
+
+def _written(write: Any, value: Any, option: int) -> tuple[Any, ...]:
+    try:
+        return ("bytes", write(value, option))
+    except TypeError as exc:  # orjson.JSONEncodeError is TypeError
+        return ("error", type(exc), str(exc))
+    except ValueError as exc:  # an integer past the interpreter's digit limit
+        return ("error", type(exc), str(exc).split(":")[0])
+
+
+@given(_VALUES)
+def test_the_checked_writer_writes_the_bytes_orjson_writes(value: Any) -> None:
+    """With allocations checked, ``dumps`` and ``strict_dumps`` give what they give with
+    orjson, byte for byte, or the same refusal in the same words, for every option they
+    take: numbers as orjson writes them, a lone surrogate as U+FFFD (or refused), keys
+    sorted after that, enums and subclasses as orjson takes them."""
+    for option in _OPTIONS:
+        plain = (_written(dumps, value, option), _written(strict_dumps, value, option))
+        with _checked():
+            checked = (_written(dumps, value, option), _written(strict_dumps, value, option))
+        assert checked == plain, (option, checked, plain)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        *[float(f"{m}e{e}") for e in range(-330, 310, 7) for m in ("1", "-2.5", "9.87654321")],
+        1e-5, -1e-5, 1.5e-05, 1e-6, 1e-9, 1e-10, 1e16, 1e15, 1e22, 5e-324, -0.0, 0.0,
+        float("nan"), float("inf"), -float("inf"), 1.7976931348623157e308,
+        _Float(2.5), _Tuple((1,)), {1, 2}, b"x", bytearray(b"x"), object(),
+        {1: "a"}, {_Str("k"): 1}, {"a": 1, 2: "b"}, {"\ud800": 1, "\udced\udca0\udc80": 2},
+        2**64, 2**64 - 1, -(2**63), -(2**63) - 1, 10**5000,
+        JsonNumber("1e999"), JsonNumber("-0"), RawJson(b"null"),
+        "\ud800", {"k": ["\udc80", {"\udc81": JsonNumber("1.50")}]},
+        # orjson meets the bad value before the key that its second pass makes the same.
+        {"\ufffd": {1: 2}, chr(0xDCE9): 0.5}, {"\ufffd": _Tuple((1,)), chr(0xDCE9): 1},
+    ],
+    ids=lambda value: _shown(value),
+)
+def test_the_checked_writer_agrees_with_orjson_at_its_edges(value: Any) -> None:
+    """The exponents where orjson's form differs from ``repr``, the types it refuses, keys
+    it refuses, the 64-bit range, and the two keys a file name's bytes make one."""
+    for option in _OPTIONS:
+        plain = (_written(dumps, value, option), _written(strict_dumps, value, option))
+        with _checked():
+            checked = (_written(dumps, value, option), _written(strict_dumps, value, option))
+        assert checked == plain, (option, checked, plain)
+
+
+def test_the_checked_writer_nests_as_deep_as_orjson_and_ends_a_cycle() -> None:
+    """orjson writes 254 levels and refuses the 255th ("Recursion limit reached"); a value
+    that holds itself is refused the same way, not written for ever."""
+    cycle: dict[str, Any] = {}
+    cycle["self"] = [cycle]
+    stray = {"\udce9": 1}  # a file name's byte: the second pass, which made a cycle's copy
+    stray["self"] = stray  # for ever (RecursionError)
+    for value in (_nested(254), _nested(255), cycle, stray):
+        plain = _written(dumps, value, 0)
+        with _checked():
+            assert _written(dumps, value, 0) == plain
+    for value in (_nested(255), cycle, stray):
+        assert _written(dumps, value, 0) == ("error", TypeError, "Recursion limit reached")
+
+
+def _shown(value: Any) -> str:
+    """A test id: the value's repr, short (an integer past the digit limit has none)."""
+    if type(value) is object:
+        return "an object"
+    try:
+        return repr(value)[:40]
+    except ValueError:
+        return f"a {type(value).__name__} of many digits"
+
+
+def _nested(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+class _NoOrjson:
+    """orjson's module with no parser and no writer: ``check_allocations`` needs neither."""
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("loads", "dumps"):
+            raise AssertionError(f"orjson.{name} was called")
+        return getattr(orjson, name)
+
+
+@pytest.mark.parametrize("text", [t for t in _LARGE_CASES if _outcome(loads, t)[0] == "value"])
+def test_with_allocations_checked_orjson_neither_parses_nor_writes(
+    text: bytes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The point of it: orjson, which dies of SIGSEGV when an allocation of its fails, does
+    not run for a valid text or for a value written (``loads`` is ``loads_large``, whose
+    refusals alone are orjson's words). The value is the one orjson's path gives."""
+    expected = _outcome(loads, text)
+    written = _written(dumps, loads(text), 0)  # or orjson's refusal past 254 levels
+    monkeypatch.setattr(jsontext, "orjson", _NoOrjson())
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1024 + 200)  # as the daemon raises it (``large.PARSE_RECURSION_LIMIT``)
+    try:
+        with _checked():
+            assert _outcome(loads, text) == expected
+            assert _written(dumps, loads(text), 0) == written
+            assert strict_dumps({"a": [1, 2.5, "b"]}) == b'{"a":[1,2.5,"b"]}'
+    finally:
+        sys.setrecursionlimit(limit)
+
+
+@pytest.mark.parametrize("text", _LARGE_CASES)
+def test_with_allocations_checked_loads_gives_what_it_gave(text: bytes) -> None:
+    """Every edge case of ``loads_large``, through ``loads`` with allocations checked:
+    the same value or the same error."""
+    expected = _outcome(loads, text)
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1024 + 200)
+    try:
+        with _checked():
+            assert _outcome(loads, text) == expected
+    finally:
+        sys.setrecursionlimit(limit)
