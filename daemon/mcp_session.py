@@ -667,6 +667,15 @@ class McpSession:
 
     def _era(self, method: str, params: dict[str, Any]) -> _Era:
         meta = params.get("_meta")
+        if meta is not None and not isinstance(meta, dict):
+            # MCP's schema: an object. One of another type was read as none, so the
+            # version, capabilities or progress token the host meant were lost unsaid (the
+            # SDK's server refuses it too; null it takes as none, and so do we).
+            raise McpError(
+                -32602,
+                "Invalid params: '_meta' must be an object (or left out).",
+                {"field": "_meta"},
+            )
         version = meta.get(PROTOCOL_VERSION_META) if isinstance(meta, dict) else None
         if version is not None:
             if not isinstance(version, str):

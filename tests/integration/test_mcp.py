@@ -433,6 +433,31 @@ def test_mcp_progress_token_of_another_type_is_refused_naming_it(
         assert pump.close() == 0
 
 
+@pytest.mark.parametrize("meta", [5, "progress", ["p"], True, 1.5], ids=repr)
+def test_mcp_a_meta_that_is_no_object_is_refused_naming_it(
+    mcp_daemon: Daemon, workspace: Path, meta: Any
+) -> None:
+    """MCP's ``_meta`` is an object. One of another type was read as none: the call ran,
+    and whatever the host meant by it (a progress token, a version) was lost unsaid. It
+    is -32602 naming '_meta', on any request, as the SDK's server refuses it; null is
+    taken as none, and the session carries on."""
+    pump = RawPump(pump_args(mcp_daemon, workspace))
+    try:
+        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+        assert "result" in init
+        call = {"name": "hello", "arguments": {"name": "Ada"}}
+        for request_id, (method, params) in enumerate(
+                (("tools/call", call), ("tools/list", {}), ("ping", {})), start=2):
+            reply = pump.request(request_id, method, {**params, "_meta": meta})
+            assert reply["error"]["code"] == -32602, reply
+            assert "'_meta' must be an object" in reply["error"]["message"]
+            assert reply["error"]["data"] == {"field": "_meta"}
+        answer = pump.request(9, "tools/call", {**call, "_meta": None})
+        assert answer["result"]["isError"] is False, answer
+    finally:
+        assert pump.close() == 0
+
+
 @pytest.mark.parametrize("token", [1.0, 1e3, -0.0], ids=repr)
 def test_mcp_progress_token_an_integer_written_with_a_fraction_is_taken_and_echoed(
     mcp_daemon: Daemon, workspace: Path, token: float
