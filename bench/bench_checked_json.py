@@ -1,6 +1,6 @@
 """What a daemon whose memory is bounded pays for JSON (``jsontext.check_allocations``).
 
-``python -m bench.bench_checked_json [--rounds 9] [--number N]``
+``python -m bench.bench_checked_json [--rounds 9] [--number N] [--memory]``
 
 Not a goal row. A daemon whose allocations can fail (``LimitAS=``, ``LimitDATA=``, strict
 overcommit) parses every text with the standard library's parser and writes every answer
@@ -10,7 +10,10 @@ messages the daemon reads and writes most, interleaved: each round times ``--num
 parses or writes of each shape both ways, and the ratio printed is the median of the
 per-round ratios (checked / orjson), with their range, and each way's median time per
 message in microseconds. The bytes and values are the same both ways
-(``tests/protocol/test_jsontext.py``), so only the time differs.
+(``tests/protocol/test_jsontext.py``), so only the time differs, and the memory:
+``--memory`` also prints, for each message written, the most memory the write held at
+once (``tracemalloc``'s peak, the output included) as a multiple of the output's size,
+each way: what a bounded daemon must have free to write it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import argparse
 import gc
 import statistics
 import time
+import tracemalloc
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -149,10 +153,34 @@ def _row(name: str, run: Callable[[], Any], rounds: int, number: int) -> str:
     )
 
 
+def _peak(value: Any) -> float:
+    """The most memory ``dumps(value)`` held at once, over its output's size."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        size = len(dumps(value, NEWLINE))
+        return tracemalloc.get_traced_memory()[1] / size
+    finally:
+        tracemalloc.stop()
+
+
+def _peaks(written: dict[str, Any]) -> None:
+    print(f"{'message written':34} {'orjson peak':>11} {'checked peak':>12}  (times its output)")
+    for name, value in written.items():
+        plain = _peak(value)
+        check_allocations(True)
+        try:
+            checked = _peak(value)
+        finally:
+            check_allocations(False)
+        print(f"{name:34} {plain:11.2f} {checked:12.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--number", type=int, default=2_000)
+    parser.add_argument("--memory", action="store_true", help="also each write's peak memory")
     args = parser.parse_args()
     written, read = _shapes()
     print(f"load at start: {load()}")
@@ -167,6 +195,8 @@ def main() -> None:
             print(_row(f"read {name}", partial(loads, text), args.rounds, number))
     finally:
         gc.enable()
+    if args.memory:
+        _peaks(written)
     print(f"load at end: {load()}")
 
 

@@ -396,7 +396,13 @@ class Connection:
         """``send_message`` without a coroutine: commit the frame (or drop it) now."""
         if self._closed or self._wire is None:
             return
-        self._commit(encode(message), droppable=droppable)
+        try:
+            frame = encode(message)
+        except MemoryError as exc:
+            if droppable and out_of_memory_in(exc):
+                return  # dropped, as when the client is behind (the daemon's memory is bounded)
+            raise
+        self._commit(frame, droppable=droppable)
 
     def post_with_next(self, message: Any) -> None:
         """``post``, but the frame shares one write with the next one committed now.
@@ -474,7 +480,6 @@ class Connection:
         wire.on_chunk = self._answer_at_once
         self._clock = loop.time
         self._wire = wire
-        said_busy = False
         try:
             async with anyio.create_task_group() as handlers:
                 self._scope = handlers.cancel_scope
@@ -493,18 +498,20 @@ class Connection:
                     await wire.linger(self._settings.linger_seconds)
                     await wire.wait_closed()
         except Exception as exc:
-            if out_of_memory_in(exc) and not wire.lost:
-                # The reader ran out (the daemon's memory is bounded): said, as a line it
-                # had no memory to parse is, and closed after it (a reset would lose it).
+            if out_of_memory_in(exc) and not wire.lost and not self._closed:
+                # The reader or a handler ran out (the daemon's memory is bounded): said
+                # after what is queued, as a line it had no memory to parse is, and closed
+                # once it is out, within the write timeout.
                 with contextlib.suppress(Exception):
-                    transport.write(out_of_memory_frame(None))
-                    transport.close()
-                    said_busy = True
+                    self._commit(out_of_memory_frame(None, said=False))
+                    with anyio.CancelScope(shield=True):
+                        with anyio.move_on_after(self._settings.write_timeout):
+                            await wire.wait_drained()
             raise
         finally:
             self._closed = True
             self.cancel_calls()
-            if not wire.lost and not said_busy:
+            if not wire.lost:
                 transport.abort()
             # The wire's callbacks are this connection's methods: a reference cycle, which
             # would keep the connection (and the partial line its codec holds, up to the
@@ -1039,17 +1046,30 @@ class Connection:
             frame: bytes = await self._server.large_requests.check(encode, response)
         except rpc_errors.LocalProtocolError:
             return None
-        except MemoryError:
-            return out_of_memory_frame(_answered_id(response))
+        except MemoryError as exc:
+            if not out_of_memory_in(exc):
+                raise
+            return self._unwritten(response)
         return frame
+
+    def _unwritten(self, response: Any) -> bytes:
+        """The frame that stands for an answer the daemon had no memory to encode (its
+        memory is bounded): busy under the request's id. A batch's answers are lost, ids
+        and all, and they may take megabytes again: busy with id null, and the connection
+        is closed after it, as for a line the daemon had no memory to parse."""
+        if isinstance(response, dict):
+            return out_of_memory_frame(response.get("id"))
+        self.close_gracefully()
+        return out_of_memory_frame(None)
 
     def _post_response(self, response: Any, frame: bytes | None = None) -> None:
         try:
             if frame is None:
                 frame = encode(response)
-        except MemoryError:
-            # No memory to write it (the daemon's memory is bounded): busy, under its id.
-            frame = out_of_memory_frame(_answered_id(response))
+        except MemoryError as exc:
+            if not out_of_memory_in(exc):
+                raise
+            frame = self._unwritten(response)
         except rpc_errors.LocalProtocolError:
             # A result we cannot serialise is our bug: answer it, keep the connection.
             incident = uuid.uuid4().hex[:12]
@@ -1072,11 +1092,6 @@ class Connection:
             request_id = response.get("id") if isinstance(response, dict) else None
             frame = fitted or encode(_too_large(request_id, len(frame)))
         self._commit(frame)
-
-
-def _answered_id(response: Any) -> Any:
-    """The id a response answers (None for a batch's array: its answers are lost)."""
-    return response.get("id") if isinstance(response, dict) else None
 
 
 def _too_large(request_id: Any, size: int) -> dict[str, Any]:

@@ -36,7 +36,6 @@ from toolsetd.protocol.jsonrpc import (
     error_message,
     parse_envelope,
 )
-from toolsetd.protocol.jsontext import allocations_checked
 
 from .connection import Connection, Handler, RequestContext
 from .exhaustion import out_of_memory_in, request_out_of_memory
@@ -180,7 +179,7 @@ def _boundary(
                 log.info("request_refused", code=exc.code, ms=_ms(started), refused=said)
             return _Failure(exc.code, exc.message, _NO_DATA if exc.data is None else exc.data)
         except Exception as exc:
-            if allocations_checked() and out_of_memory_in(exc):
+            if out_of_memory_in(exc):
                 busy = request_out_of_memory(name)
                 return _Failure(busy.code, busy.message, busy.data)
             incident = log_incident(log, "request_failed")

@@ -47,6 +47,7 @@ __all__ = [
     "Shortage",
     "allocations_can_fail",
     "busy_when_short",
+    "out_of_memory_answer",
     "out_of_memory_frame",
     "out_of_memory_in",
     "out_of_resources",
@@ -226,20 +227,24 @@ _NO_MEMORY = (
 )
 #: The answer ``out_of_memory_frame`` sends, but for its id and end: made at import, so
 #: that it needs no memory when there is none.
-_BUSY_HEAD = (
-    b'{"jsonrpc":"2.0","error":'
-    + jsontext.dumps(
-        {"code": ServerBusy.CODE, "message": _NO_MEMORY, "data": {"resource": "memory"}}
-    )
-    + b',"id":'
-)
+_BUSY_ERROR: dict[str, Any] = {
+    "code": ServerBusy.CODE,
+    "message": _NO_MEMORY,
+    "data": {"resource": "memory"},
+}
+_BUSY_HEAD = b'{"jsonrpc":"2.0","error":' + jsontext.dumps(_BUSY_ERROR) + b',"id":'
 
 
 def out_of_memory_in(exc: BaseException) -> bool:
-    """Whether ``exc`` is a ``MemoryError``, or a group (a task group's) that holds one."""
+    """Whether ``exc`` is a ``MemoryError`` of a daemon whose memory is bounded
+    (``jsontext.allocations_checked``), or a group (a task group's) of nothing else. In
+    any other daemon it is an impossible size, a bug, and so is a group that holds any
+    other error: those keep their incident."""
+    if not jsontext.allocations_checked():
+        return False
     if isinstance(exc, MemoryError):
         return True
-    return isinstance(exc, BaseExceptionGroup) and exc.subgroup(MemoryError) is not None
+    return isinstance(exc, BaseExceptionGroup) and exc.split(MemoryError)[1] is None
 
 
 def request_out_of_memory(method: Any) -> ServerBusy:
@@ -256,15 +261,27 @@ def request_out_of_memory(method: Any) -> ServerBusy:
     return ServerBusy(_NO_MEMORY, {"resource": "memory"})
 
 
-def out_of_memory_frame(request_id: Any) -> bytes:
+def out_of_memory_frame(request_id: Any, *, said: bool = True) -> bytes:
     """The line of ``request_out_of_memory``'s answer to ``request_id``, for an answer the
-    daemon had no memory to write (``-32008``, ``id`` null if even the id cannot be)."""
-    request_out_of_memory(None)
+    daemon had no memory to write (``-32008``, ``id`` null if even the id cannot be). Made
+    first, and only then said (``said``: logged as ``request_out_of_memory``), if the
+    memory is there to say it."""
     try:
         shown = jsontext.dumps(request_id) if is_request_id(request_id) else b"null"
     except MemoryError:
         shown = b"null"
-    return _BUSY_HEAD + shown + b"}\n"
+    frame = _BUSY_HEAD + shown + b"}\n"
+    if said:
+        with contextlib.suppress(MemoryError):
+            request_out_of_memory(None)
+    return frame
+
+
+def out_of_memory_answer(request_id: Any) -> tuple[dict[str, Any], bytes]:
+    """``out_of_memory_frame``'s answer as a message, and its JSON (no line end)."""
+    frame = out_of_memory_frame(request_id)
+    message = {"jsonrpc": "2.0", "error": _BUSY_ERROR, "id": request_id}
+    return message, frame[:-1]
 
 
 #: Where the kernel says whether it refuses allocations past what it can back (``2``).

@@ -73,7 +73,7 @@ import anyio
 import structlog
 from toolsetd.protocol import __version__
 from toolsetd.protocol import errors as rpc_errors
-from toolsetd.protocol.jsontext import JsonNumber, allocations_checked
+from toolsetd.protocol.jsontext import JsonNumber
 from toolsetd.protocol.params import check_arguments, check_traceparent
 
 from . import mcp_mapping as mapping
@@ -468,7 +468,7 @@ class McpSession:
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
-            if allocations_checked() and out_of_memory_in(exc):
+            if out_of_memory_in(exc):
                 busy = request_out_of_memory(message.get("method"))
                 response = _error(request_id, McpError(busy.code, busy.message, busy.data))
             else:
@@ -628,6 +628,7 @@ class McpSession:
             raise McpError(
                 -32602, f"Invalid params: {method} takes its params by name, as an object."
             )
+        _check_meta(params)
         if method == "initialize":
             return await self._initialize(message.get("params"))
         initializing = self._initializing
@@ -667,15 +668,6 @@ class McpSession:
 
     def _era(self, method: str, params: dict[str, Any]) -> _Era:
         meta = params.get("_meta")
-        if meta is not None and not isinstance(meta, dict):
-            # MCP's schema: an object. One of another type was read as none, so the
-            # version, capabilities or progress token the host meant were lost unsaid (the
-            # SDK's server refuses it too; null it takes as none, and so do we).
-            raise McpError(
-                -32602,
-                "Invalid params: '_meta' must be an object (or left out).",
-                {"field": "_meta"},
-            )
         version = meta.get(PROTOCOL_VERSION_META) if isinstance(meta, dict) else None
         if version is not None:
             if not isinstance(version, str):
@@ -1131,6 +1123,17 @@ def _check_initialize(params: Any) -> None:
                 "as a string.",
                 {"field": f"clientInfo.{name}"},
             )
+
+
+def _check_meta(params: dict[str, Any]) -> None:
+    """Refuse a request whose ``_meta`` is not an object (MCP's schema). One of another
+    type was read as none, so the version, capabilities or progress token the host meant
+    were lost unsaid (the SDK's server refuses it too; null it takes as none, as here)."""
+    meta = params.get("_meta")
+    if meta is not None and not isinstance(meta, dict):
+        raise McpError(
+            -32602, "Invalid params: '_meta' must be an object (or left out).", {"field": "_meta"}
+        )
 
 
 def meta_version(message: Any) -> Any:

@@ -65,7 +65,7 @@ from toolsetd.protocol.jsontext import is_utf8, is_utf8_bytes
 from toolsetd.protocol.jsontext import loads as json_loads
 from toolsetd.protocol.jsontext import loads_large as json_loads_large
 
-from .exhaustion import out_of_memory_frame
+from .exhaustion import out_of_memory_answer, out_of_memory_in
 from .httpguard import ListenAddress, check_host_origin, check_token, peer_refusal
 from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal, Screen
 from .large import LARGE_TEXT, LargeRequests
@@ -193,17 +193,31 @@ def bind_listen(address: ListenAddress, backlog: int = 256) -> socket.socket:
 
 
 def _sse(message: Any) -> bytes:
-    return b"event: message\ndata: " + _json_body(message) + b"\n\n"
-
-
-def _json_body(message: Any) -> bytes:
-    """A message's JSON; with no memory to write it (the daemon's memory is bounded), the
-    busy answer to its id instead (``exhaustion.out_of_memory_frame``)."""
+    """A server message (a notification, or a request to the host) as a stream's event; a
+    notification the daemon had no memory to write (its memory is bounded) is dropped, as
+    a progress notification is for a host that reads slowly (b"")."""
     try:
-        return json_dumps(message)
-    except MemoryError:
-        request_id = message.get("id") if isinstance(message, dict) else None
-        return out_of_memory_frame(request_id)[:-1]
+        return _event(json_dumps(message))
+    except MemoryError as exc:
+        if out_of_memory_in(exc) and "id" not in message:
+            return b""
+        raise  # a request to the host: the call that asks it ends busy
+
+
+def _event(data: bytes) -> bytes:
+    return b"event: message\ndata: " + data + b"\n\n"
+
+
+def _answer_body(response: Any) -> tuple[Any, bytes]:
+    """A request's answer and its JSON; with no memory to write it (the daemon's memory is
+    bounded), the busy answer to its id in its place (``exhaustion.out_of_memory_answer``),
+    which the caller then answers as the error it is."""
+    try:
+        return response, json_dumps(response)
+    except MemoryError as exc:
+        if not out_of_memory_in(exc):
+            raise
+        return out_of_memory_answer(response.get("id") if isinstance(response, dict) else None)
 
 
 class _PostOutbox:
@@ -245,8 +259,10 @@ class _PostOutbox:
             return
         if not exchange.streaming:
             self._begin()
-        exchange.send_now(_sse(message))
-        self._sent += 1
+        event = _sse(message)
+        if event:
+            exchange.send_now(event)
+            self._sent += 1
 
     def _begin(self) -> None:
         self._exchange.start_stream_now(200, [*_SSE_HEADERS, *self._headers])
@@ -907,6 +923,9 @@ class McpHttpEndpoint:
             exchange.on_disconnect = None
         if exchange.disconnected.is_set():
             return
+        body = b""
+        if response is not None:
+            response, body = _answer_body(response)
         if fresh and not exchange.streaming and isinstance(response, dict) and "error" in response:
             # The initialize failed (its catalog could not be read): no session was opened,
             # so none is kept (it held one of max_sessions, and its workspace, for the idle
@@ -916,12 +935,12 @@ class McpHttpEndpoint:
             await exchange.respond(
                 503 if busy else 400 if malformed else 200,
                 [("content-type", "application/json")],
-                _json_body(response),
+                body,
             )
             return
         if exchange.streaming:
             if response is not None:
-                exchange.send_now(_sse(response))
+                exchange.send_now(_event(body))
             await exchange.end()
         elif response is None:
             # No response (the request was cancelled), but a request's POST is answered
@@ -952,9 +971,7 @@ class McpHttpEndpoint:
                 # session it did not name (the core's "initialize first"). The transport
                 # has a server that needs one answer 400, as the SDKs' servers do.
                 status = 400
-            await exchange.respond(
-                status, [("content-type", "application/json"), *headers], _json_body(response)
-            )
+            await exchange.respond(status, [("content-type", "application/json"), *headers], body)
 
     def _cancel_request(self, core: CoreSession, request_id: Any, reason: str) -> None:
         """The connection ended before the answer: cancel the request through the core."""

@@ -414,7 +414,8 @@ class Metrics:
         yield labelled(
             counter,
             "toolsetd_connections_refused",
-            "Connections turned away: peer (SO_PEERCRED), limit (--max-connections), stopping.",
+            "Connections turned away: peer (SO_PEERCRED), limit (--max-connections), stopping, "
+            "memory (none to open it).",
             ["reason"],
             self.refusals,
         )

@@ -76,7 +76,7 @@ class Observer(Protocol):
         """Begin observing one call."""
 
     def connection_refused(self, reason: str) -> None:
-        """A connection was turned away: ``peer``, ``limit`` or ``stopping``."""
+        """A connection was turned away: ``peer``, ``limit``, ``stopping`` or ``memory``."""
 
     def reload_finished(self, seconds: float, failed: bool) -> None:
         """A catalog reload ended (``failed`` when it raised)."""

@@ -204,7 +204,9 @@ class Server:
                 return
             try:
                 conn = Connection(conn_id, stream, self, cred)
-            except MemoryError:  # the daemon's memory is bounded, and none is left
+            except MemoryError as exc:
+                if not out_of_memory_in(exc):  # the daemon's memory is bounded, none left
+                    raise
                 log.warning("connection_out_of_memory", conn_id=conn_id)
                 try:
                     await self._refuse(stream, _no_memory(), "memory")

@@ -1840,9 +1840,9 @@ def test_a_daemon_bounded_from_start_writes_and_reads_at_any_headroom(tmp_path: 
     SIGSEGV (here at 768 KiB of headroom), with every client's calls; a 60 KB line could
     do the same as it was parsed. Swept from 64 KiB to 24 MiB of headroom, every call
     is answered, with its result or -32008 busy (never -32603, an incident), on the
-    native face and the MCP one, every line too, and no tool is left behind. A
-    connection the daemon had no memory to open or to read is busy too (``id`` null),
-    and closed."""
+    native face (alone and in a batch) and the MCP one, every line too, and no tool is
+    left behind. A connection the daemon had no memory to open or to read, or a batch
+    whose answers it had no memory to write, is busy too (``id`` null), and closed."""
     with daemon_in("tsb-", _printing_set, args=_unconfined(tmp_path), launcher=_bounded()) as d, \
             d.raw(timeout=150) as other:
         events = [e.get("event") for e in d.log_events()]
@@ -1867,6 +1867,9 @@ def test_a_daemon_bounded_from_start_writes_and_reads_at_any_headroom(tmp_path: 
                         lined = (_answer(conn, {"jsonrpc": "2.0", "id": 2, "method": "status",
                                                 "params": {"s": "a" * 60_000}})
                                  if called["id"] is not None else called)
+                        batched = (_answer(conn, [{"jsonrpc": "2.0", "id": 3, "method": "invoke",
+                                                   "params": call}])
+                                   if lined["id"] is not None else lined)
                         mcp_called = _answer(mcp, {
                             "jsonrpc": "2.0", "id": step, "method": "tools/call",
                             "params": {"_meta": meta, "name": "print", "arguments": {}}})
@@ -1890,6 +1893,14 @@ def test_a_daemon_bounded_from_start_writes_and_reads_at_any_headroom(tmp_path: 
                         assert "a" * 90_000 in result["content"][0]["text"]
                         answers[face, "answered"] += 1
                 assert lined["error"]["code"] in (-32602, -32008), lined  # status takes none
+                # The batch's answer, or busy (id null) for all of it, and closed.
+                (item,) = batched if isinstance(batched, list) else [batched]
+                if "error" in item:
+                    assert item["error"]["code"] == -32008, (batched, _failures(d))
+                    answers["batch", "busy"] += 1
+                else:
+                    assert item["id"] == 3 and item["result"]["status"] == "ok", batched
+                    answers["batch", "answered"] += 1
         finally:
             if mcp is not None:
                 mcp.close()
@@ -1903,14 +1914,17 @@ def test_a_daemon_bounded_from_start_writes_and_reads_at_any_headroom(tmp_path: 
         eventually(lambda: _children(d.proc.pid) <= before, what="every call's tool gone")
 
 
-def _answer(conn: RawConn, message: dict[str, Any]) -> dict[str, Any]:
-    """The answer to ``message``, or the ``id`` null error of a connection the daemon had
-    no memory to open or read (then it closes it); notifications are skipped."""
+def _answer(conn: RawConn, message: Any) -> Any:
+    """The answer to ``message`` (a batch's array), or the ``id`` null error of a
+    connection the daemon had no memory to open or read, or of a batch whose answers it
+    had no memory to write (then it closes it); notifications are skipped."""
     conn.send(message)
     while True:
         reply = conn.receive()
-        if "method" not in reply and reply.get("id") in (message["id"], None):
-            return dict(reply)
+        if isinstance(reply, list):
+            return reply
+        if "method" not in reply and reply.get("id") in (message.get("id"), None):
+            return reply
 
 
 def _failures(d: Daemon) -> list[str]:

@@ -443,7 +443,10 @@ def test_mcp_a_meta_that_is_no_object_is_refused_naming_it(
     taken as none, and the session carries on."""
     pump = RawPump(pump_args(mcp_daemon, workspace))
     try:
-        init = pump.request(1, "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}})
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+        refused = pump.request(1, "initialize", {**hello, "_meta": meta})
+        assert refused["error"]["data"] == {"field": "_meta"}, refused
+        init = pump.request(1, "initialize", hello)
         assert "result" in init
         call = {"name": "hello", "arguments": {"name": "Ada"}}
         for request_id, (method, params) in enumerate(
