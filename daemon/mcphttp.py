@@ -204,6 +204,18 @@ def _sse(message: Any) -> bytes:
         raise  # a request to the host: the call that asks it ends busy
 
 
+def _stream_event(message: Any) -> bytes:
+    """``_sse`` for the GET stream, where no caller waits to be told: a message the daemon
+    had no memory to write (its memory is bounded) is dropped, a request to the host too
+    (the call that asked waits for its answer as long as it would for a host's)."""
+    try:
+        return _sse(message)
+    except MemoryError as exc:
+        if not out_of_memory_in(exc):
+            raise
+        return b""
+
+
 def _event(data: bytes) -> bytes:
     return b"event: message\ndata: " + data + b"\n\n"
 
@@ -1044,7 +1056,7 @@ class McpHttpEndpoint:
             while not outbox.closed:
                 items = outbox.take()
                 if items:
-                    await exchange.send(b"".join(_sse(item) for item in items))
+                    await exchange.send(b"".join(_stream_event(item) for item in items))
                     outbox.mark_sent()
                     continue
                 with anyio.move_on_after(self.settings.ping_seconds) as idle:
