@@ -62,13 +62,13 @@ from .checkworker import CheckWorker
 from .confinement import Confinement, ConfinementConfig
 from .connection import RequestContext
 from .exhaustion import (
-    allocations_can_fail,
+    check_allocations_if_they_can_fail,
     open_standard_streams,
     out_of_resources,
     raise_open_files_limit,
 )
 from .install import UPGRADED, at_start, sources_id
-from .large import PARSE_RECURSION_LIMIT, LargeRequests
+from .large import LargeRequests
 from .logs import (
     configure_logging,
     drain_logs,
@@ -1343,12 +1343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     raised = raise_open_files_limit()
     if raised is not None:
         log.info("open_files_limit_raised", soft=raised[0], limit=raised[1])
-    bounded = allocations_can_fail()
+    bounded = check_allocations_if_they_can_fail()
     if bounded is not None:
-        jsontext.check_allocations()
-        # Every text parsed by the standard library, as deep as orjson parses
-        # (``large.parse_large``, which every large text already takes).
-        sys.setrecursionlimit(max(sys.getrecursionlimit(), PARSE_RECURSION_LIMIT))
         log.info("json_allocations_checked", reason=bounded)
     try:
         anyio.run(partial(run_daemon, options, process_exit=True), backend="asyncio")

@@ -91,13 +91,13 @@ import anyio
 import anyio.abc
 import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
-from toolsetd.protocol.jsontext import JsonNumber, check_allocations
+from toolsetd.protocol.jsontext import JsonNumber
 from toolsetd.protocol.jsontext import dumps as json_dumps
 from toolsetd.protocol.jsontext import loads as json_loads
 
-from .exhaustion import allocations_can_fail
+from .exhaustion import check_allocations_if_they_can_fail
 from .install import UPGRADED, code_id, interpreter_flags
-from .large import PARSE_RECURSION_LIMIT, LargeRequests
+from .large import LargeRequests
 from .logs import Throttle
 from .pdeath import die_with
 from .validation import ArgumentValidators, stopped_message, time_limit_for
@@ -513,9 +513,7 @@ def main() -> None:
     _first_to_go()
     for signum in (signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, signal.SIG_IGN)
-    if allocations_can_fail() is not None:  # the daemon's limits are this process's too
-        check_allocations()
-        sys.setrecursionlimit(max(sys.getrecursionlimit(), PARSE_RECURSION_LIMIT))
+    check_allocations_if_they_can_fail()  # the daemon's limits are this process's too
     validators = ArgumentValidators(time_limit=time_limit, cpu_time=True)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     try:  # first, which code this is: the daemon uses only its own (see ``install``)

@@ -34,6 +34,7 @@ from toolsetd.protocol import jsontext
 from toolsetd.protocol.errors import ServerBusy
 from toolsetd.protocol.jsonrpc import is_request_id
 
+from .large import PARSE_RECURSION_LIMIT
 from .logs import Throttle
 
 __all__ = [
@@ -47,6 +48,7 @@ __all__ = [
     "Shortage",
     "allocations_can_fail",
     "busy_when_short",
+    "check_allocations_if_they_can_fail",
     "out_of_memory_answer",
     "out_of_memory_frame",
     "out_of_memory_in",
@@ -306,6 +308,24 @@ def allocations_can_fail(overcommit: Path = OVERCOMMIT_SETTING) -> str | None:
     except OSError:  # no procfs: nothing says it
         strict = False
     return "vm.overcommit_memory=2" if strict else None
+
+
+def check_allocations_if_they_can_fail() -> str | None:
+    """At a process's start, before it parses anything: if its allocations can fail
+    (``allocations_can_fail``), JSON is parsed and written by code that checks them
+    (``jsontext.check_allocations``), every text by the standard library's parser as deep
+    as orjson parses (the recursion limit raised as ``large.parse_large`` raises it).
+
+    Returns:
+        Why it was turned on (``allocations_can_fail``'s reason), or None.
+    """
+    import sys  # once, at start
+
+    bounded = allocations_can_fail()
+    if bounded is not None:
+        jsontext.check_allocations()
+        sys.setrecursionlimit(max(sys.getrecursionlimit(), PARSE_RECURSION_LIMIT))
+    return bounded
 
 
 def open_standard_streams() -> None:

@@ -192,28 +192,19 @@ def bind_listen(address: ListenAddress, backlog: int = 256) -> socket.socket:
     return sock
 
 
-def _sse(message: Any) -> bytes:
-    """A server message (a notification, or a request to the host) as a stream's event; a
-    notification the daemon had no memory to write (its memory is bounded) is dropped, as
-    a progress notification is for a host that reads slowly (b"")."""
+def _sse(message: Any, *, asked: bool = True) -> bytes:
+    """A server message (a notification, or a request to the host) as a stream's event. A
+    notification the daemon had no memory to write (its memory is bounded) is dropped
+    (b""), as a progress notification is for a host that reads slowly; a request to the
+    host raises, so that the call that asks it ends busy, unless no caller waits to be
+    told (``asked`` false: the GET stream), where it is dropped too (that call waits for
+    its answer as long as it would for a host's)."""
     try:
         return _event(json_dumps(message))
     except MemoryError as exc:
-        if out_of_memory_in(exc) and "id" not in message:
+        if out_of_memory_in(exc) and ("id" not in message or not asked):
             return b""
-        raise  # a request to the host: the call that asks it ends busy
-
-
-def _stream_event(message: Any) -> bytes:
-    """``_sse`` for the GET stream, where no caller waits to be told: a message the daemon
-    had no memory to write (its memory is bounded) is dropped, a request to the host too
-    (the call that asked waits for its answer as long as it would for a host's)."""
-    try:
-        return _sse(message)
-    except MemoryError as exc:
-        if not out_of_memory_in(exc):
-            raise
-        return b""
+        raise
 
 
 def _event(data: bytes) -> bytes:
@@ -1056,7 +1047,7 @@ class McpHttpEndpoint:
             while not outbox.closed:
                 items = outbox.take()
                 if items:
-                    await exchange.send(b"".join(_stream_event(item) for item in items))
+                    await exchange.send(b"".join(_sse(item, asked=False) for item in items))
                     outbox.mark_sent()
                     continue
                 with anyio.move_on_after(self.settings.ping_seconds) as idle:

@@ -167,7 +167,7 @@ class RawJson:
     __slots__ = ("fragment", "text")
 
     def __init__(self, text: bytes) -> None:
-        if type(text) is not bytes:  # UTF-8 JSON text: the checked writer decodes it
+        if type(text) is not bytes:  # as the checked writer passes it through
             raise TypeError(f"RawJson holds bytes, not {type(text).__name__}")
         self.text = text
         self.fragment = orjson.Fragment(text)
