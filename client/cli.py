@@ -17,6 +17,7 @@ daemon's home (or ``--home``) and ask it to reload; ``validate`` works on the fi
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Callable, Mapping, Sequence
@@ -123,6 +124,7 @@ def _offline_module() -> Any:
         from . import offline  # the one daemon import, lazily
     except ImportError as exc:
         raise usage(f"Reading tool sets from disk is unavailable: {exc}.") from exc
+    offline.check_allocations_if_they_can_fail()
     return offline
 
 
@@ -874,8 +876,19 @@ def run(
         return _report(out, _unexpected(exc))
 
 
+#: toolsetctl's own ``MemoryError`` (a limit it runs under: ``ulimit -v``, a CI job's
+#: unit), said as what it is and what to do, not as a bug.
+OUT_OF_MEMORY = (
+    "toolsetctl ran out of memory: raise the limit it runs under (ulimit -v, a unit's "
+    "LimitAS= or MemoryMax=), or give it less to read."
+)
+
+
 def _unexpected(exc: Exception) -> Failure:
-    """toolsetctl's own failure (exit 9): a bug, or a stdout that cannot be written."""
+    """toolsetctl's own failure (exit 9): a bug, a stdout that cannot be written, or no
+    memory left under its limit."""
+    if isinstance(exc, MemoryError) or getattr(exc, "errno", None) == errno.ENOMEM:
+        return Failure(EXIT_INTERNAL, CLI_ERROR_CODES["internal"], OUT_OF_MEMORY)
     return Failure(
         EXIT_INTERNAL,
         CLI_ERROR_CODES["internal"],

@@ -5,8 +5,14 @@ exception named in ``docs/architecture.md``): the pure, file-reading parts only,
 ``daemon.manifest`` (the parser), ``daemon.catalog`` (config, discovery, the wire
 helpers), ``daemon.validation`` (the schema checker), ``daemon.mcpschema`` (a schema as
 2020-12), ``daemon.schemarefs`` (its ``$ref``s that lead nowhere) and ``daemon.model``
-(their values).
+(their values), and ``daemon.exhaustion``'s start-up switch (below).
 Nothing here opens a socket, starts a process or logs.
+
+Before it reads a set, the CLI turns on ``check_allocations_if_they_can_fail`` as the
+daemon does at start: under a memory limit (``ulimit -v``, a CI job's unit) orjson, which
+reads a manifest's keys for ``validate`` and writes an edited one, died of SIGSEGV short
+of memory where the standard library's parser raises ``MemoryError`` (said as what it
+is: ``cli.OUT_OF_MEMORY``).
 
 * ``inventory`` is the reference host's ``ToolSetInventory.List``: every immediate
   subdirectory of ``<home>/tools`` and ``<workspace>/.crystal/tools`` that holds a
@@ -41,6 +47,7 @@ from toolsetd.daemon.catalog import (
     tool_info,
 )
 from toolsetd.daemon.config_file import read_regular_file
+from toolsetd.daemon.exhaustion import check_allocations_if_they_can_fail
 from toolsetd.daemon.manifest import ManifestError, is_directory_name, parse_manifest
 from toolsetd.daemon.mcpschema import as_2020_12
 from toolsetd.daemon.model import (
@@ -60,6 +67,7 @@ from .render import SetRow, catalogs_label
 
 __all__ = [
     "ValidationReport",
+    "check_allocations_if_they_can_fail",
     "discovery_enabled",
     "file_exists",
     "inventory",

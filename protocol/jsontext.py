@@ -566,8 +566,8 @@ def dumps(value: Any, option: int = 0) -> bytes:
 
     Args:
         value: A JSON value; ``JsonNumber`` and integers of any width are allowed.
-        option: orjson options: ``OPT_APPEND_NEWLINE`` and ``OPT_SORT_KEYS`` (the two
-            ``check_allocations``' writer knows).
+        option: orjson options: ``OPT_APPEND_NEWLINE``, ``OPT_SORT_KEYS`` and
+            ``OPT_INDENT_2`` (the three ``check_allocations``' writer knows).
 
     Returns:
         The UTF-8 JSON text. With ``check_allocations`` on, the same bytes, from the
@@ -606,7 +606,7 @@ def strict_dumps(value: Any, option: int = 0) -> bytes:
 #: The deepest nesting orjson writes (a deeper value is its "Recursion limit reached").
 _ORJSON_WRITE_DEPTH: Final = 254
 #: The options ``_dumps_checked`` knows.
-_CHECKED_OPTIONS: Final = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SORT_KEYS
+_CHECKED_OPTIONS: Final = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2
 #: ``json.encoder``'s escaper for ``ensure_ascii=False`` (C when the interpreter has it):
 #: the same escapes orjson writes (``\"``, ``\\``, ``\b\f\n\r\t``, ``\u00XX``).
 _quote: Final[Callable[[str], str]] = json.encoder.encode_basestring
@@ -623,6 +623,10 @@ def _dumps_checked(value: Any, option: int, *, own: bool) -> bytes:
     if option & ~_CHECKED_OPTIONS:
         raise ValueError(f"check_allocations' writer does not know the option {option:#x}")
     sort_keys = bool(option & orjson.OPT_SORT_KEYS)
+    # OPT_INDENT_2: each member on its own line, two spaces a level, ": " after a key; an
+    # empty list or object stays ``[]`` or ``{}``.
+    indent = bool(option & orjson.OPT_INDENT_2)
+    colon = ": " if indent else ":"
     #: The text written since the last ``RawJson``, whose bytes go to ``chunks`` as they
     #: are (a listing's half megabyte is neither decoded nor encoded again).
     parts: list[str] = []
@@ -647,29 +651,39 @@ def _dumps_checked(value: Any, option: int, *, own: bool) -> bytes:
                     _check_key(key)
                 members = sorted(members, key=_first)
             out("{")
+            between = ",\n" + "  " * (depth + 1) if indent else ","
             first = True
             for key, member in members:
                 if first:
                     first = False
+                    if indent:
+                        out(between[1:])
                 else:
-                    out(",")
+                    out(between)
                 if type(key) is not str or not (key.isascii() or is_utf8(key)):
                     _check_key(key)
                 out(quote(key))
-                out(":")
+                out(colon)
                 write(member, depth + 1)
+            if indent and not first:
+                out("\n" + "  " * depth)
             out("}")
         elif kind is list or kind is tuple:
             if depth >= _ORJSON_WRITE_DEPTH:
                 raise TypeError("Recursion limit reached")
             out("[")
+            between = ",\n" + "  " * (depth + 1) if indent else ","
             first = True
             for member in item:
                 if first:
                     first = False
+                    if indent:
+                        out(between[1:])
                 else:
-                    out(",")
+                    out(between)
                 write(member, depth + 1)
+            if indent and not first:
+                out("\n" + "  " * depth)
             out("]")
         elif kind in _KNOWN:
             out(_scalar_text(item, own))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import resource
 import select
 import shutil
 import signal
@@ -21,6 +22,7 @@ import termios
 from pathlib import Path
 
 import pytest
+from toolsetd.client.cli import OUT_OF_MEMORY
 
 NOT_RUNNING = "toolsetd is not running at {}; showing the tool sets on disk.\n"
 DISCOVERY_OFF = (
@@ -1078,3 +1080,81 @@ def test_a_ctrl_c_as_run_returns_prints_no_traceback(env: Env) -> None:
     assert proc.stderr == "", proc.stderr
     assert proc.stdout == "Tool set acme is valid: 1 tool (fmt).\n"
     assert proc.returncode == 0
+
+
+def _bounded_run(env: Env, soft: int, *args: str) -> subprocess.CompletedProcess[str]:
+    """``env.run`` under an address-space soft limit of ``soft`` bytes from the start (as
+    ``ulimit -v`` or a CI job's unit bounds it); the hard limit is left as it is."""
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    return subprocess.run(
+        ["prlimit", f"--as={soft}:", "--", sys.executable, "-m", "toolsetd.client", *args,
+         "--home", str(env.home), "--workspace", str(env.workspace), "--socket", str(env.socket)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )
+
+
+def _wide_set(tools: int) -> dict[str, object]:
+    """A valid exec set of ``tools`` tools with long descriptions: some 2 KB each."""
+    manifest = exec_set(*(f"t{i}" for i in range(tools)))
+    for tool in manifest["tools"]:  # type: ignore[attr-defined]
+        tool["description"] = "d" * 1_000
+        tool["schema"] = {"type": "object", "properties": {
+            f"p{j}": {"type": "string", "description": "p" * 100} for j in range(8)}}
+    return manifest
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux's prlimit")
+def test_validate_under_a_memory_limit_says_so_and_never_crashes(env: Env) -> None:
+    """Under an address-space limit, ``validate`` of a large set either passes or says it
+    ran out of memory and what to do (exit 9). orjson, which read the manifest's keys,
+    does not check its allocations: short of memory it wrote to a null pointer, and
+    toolsetctl died of SIGSEGV (here 5 steps of 21 between 37 and 38.5 MiB), with nothing
+    said. Swept in 128 KiB steps over the 4 MiB below the least limit it passes under."""
+    env.home_set("wide", _wide_set(400))
+    target = str(env.home / "tools" / "wide")
+    assert env.run("validate", target).returncode == 0
+
+    def passes(soft: int) -> bool:
+        return _bounded_run(env, soft, "validate", target).returncode == 0
+
+    low, high = 8 << 20, 1 << 30  # fails at low (the interpreter cannot start), passes at high
+    assert passes(high) and not passes(low)
+    while high - low > 128 << 10:
+        middle = (low + high) // 2
+        low, high = (low, middle) if passes(middle) else (middle, high)
+    said: list[str] = []
+    for soft in range(high - (4 << 20), high + (128 << 10), 128 << 10):
+        run = _bounded_run(env, soft, "validate", target)
+        # Killed by a signal is a negative code (prlimit execs the interpreter).
+        assert run.returncode >= 0, (soft >> 10, run.returncode, run.stderr[-2000:])
+        if run.returncode == 0:
+            assert "is valid" in run.stdout
+            continue
+        # Short of memory for a module's code, an import fails in the loader's words
+        # (exit 9, said too); the interpreter's own lack of it can end it with its
+        # traceback (exit 1: "SystemError: error return without exception set", seen here
+        # at one limit).
+        assert run.stderr.strip(), (soft >> 10, run.returncode)
+        said.append(run.stderr.strip().splitlines()[-1])
+    assert OUT_OF_MEMORY in said, said  # the sweep reached the manifest's reading
+
+
+@pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux's prlimit")
+def test_disable_under_a_memory_limit_writes_what_it_writes_unbounded(env: Env) -> None:
+    """Under a limit, the offline commands write JSON with the checked writer (orjson's
+    bytes, from code that checks its allocations); an edit's file is indented, which that
+    writer now writes too. The edited file is byte for byte the one an unbounded edit
+    writes, and ``enable`` restores it."""
+    manifest = env.home_set("wide", _wide_set(3) | {"extra": {"n": [1.5, 1e-7, {}, []]}})
+    unbounded = {}
+    for command in ("disable", "enable"):
+        assert env.run(command, "wide").returncode == 0
+        unbounded[command] = manifest.read_bytes()
+    assert b'\n  "enabled": true' in unbounded["enable"]
+    for command in ("disable", "enable"):
+        run = _bounded_run(env, 1 << 40, command, "wide")
+        assert run.returncode == 0, run.stderr
+        assert manifest.read_bytes() == unbounded[command], command
