@@ -43,6 +43,7 @@ from toolsetd.daemon.catalog import (
     load_config,
     note_info,
     set_info,
+    sort_by_directory,
     subdirectory_names,
     tool_info,
 )
@@ -209,7 +210,7 @@ def inventory(
         for d in home_dirs
     ]
     rows += [_row(d.name, Source.PROJECT, d, True, reserved, catalog) for d in project_dirs]
-    rows.sort(key=lambda row: (row.directory, row.source))
+    sort_by_directory(rows, lambda row: (row.directory, row.source))
     return rows
 
 

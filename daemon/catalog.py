@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from .config_file import (
     MAX_MANIFEST_BYTES,
@@ -80,7 +80,9 @@ __all__ = [
     "build_catalog",
     "load_config",
     "note_info",
+    "ordinal_key",
     "set_info",
+    "sort_by_directory",
     "subdirectory_names",
     "tool_hash",
     "tool_info",
@@ -732,6 +734,27 @@ def note_info(note: Note) -> dict[str, Any]:
 # --- discovery, overlay, load ----------------------------------------------------------
 
 
+def ordinal_key(name: str) -> str:
+    """A directory name's place in the reference host's order (``StringComparer.Ordinal``):
+    its UTF-16 code units, of the name as .NET reads it (a file name's bytes that are not
+    UTF-8 each U+FFFD, as the wire shows them), as a str that sorts by them. Python's own
+    order differs only for names that are not ASCII: a character past U+FFFF sorts below
+    U+E000 to U+FFFF in UTF-16, and a stray byte's lone surrogate sorts as U+FFFD."""
+    shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return shown.encode("utf-16-be").decode("latin-1")
+
+
+_Sorted = TypeVar("_Sorted")
+
+
+def sort_by_directory(items: list[_Sorted], key: Callable[[_Sorted], tuple[str, str]]) -> None:
+    """Sort ``items`` in place by ``key``'s (directory name, source), the name in the
+    reference host's ordinal order (``ordinal_key``), which is Python's for ASCII names."""
+    items.sort(key=key)
+    if not "".join(key(item)[0] for item in items).isascii():
+        items.sort(key=lambda item: (ordinal_key(key(item)[0]), key(item)[1]))
+
+
 def subdirectory_names(folder: int | str | Path) -> list[str]:
     """The names of a folder's subdirectories (symlinks followed), in ordinal order.
 
@@ -760,6 +783,8 @@ def subdirectory_names(folder: int | str | Path) -> list[str]:
                 if out_of_resources(exc):
                     raise
     names.sort()
+    if not "".join(names).isascii():  # the reference host's order (a stable sort: ties kept)
+        names.sort(key=ordinal_key)
     return names
 
 
@@ -980,7 +1005,7 @@ def build_catalog(
         tools = builder.load(config)
         entries = [candidate.freeze() for candidate in builder.candidates]
         if workspace is not None:  # one scan's candidates come in directory order already
-            entries.sort(key=lambda entry: (entry.directory, entry.source))
+            sort_by_directory(entries, lambda entry: (entry.directory, entry.source))
     return Catalog(
         workspace=workspace,
         tools=MappingProxyType(tools),

@@ -445,8 +445,16 @@ def _dotnet_overlays(
     catalogs: frozenset[CatalogName],
     approval: Approval,
     reserved: frozenset[str],
-) -> None:
-    """Validate dotnet overlays with every reference rule; toolsetd never runs them."""
+) -> tuple[ToolDef, ...]:
+    """Validate dotnet overlays with every reference rule; toolsetd never runs them.
+
+    Returns:
+        Each overlay as the reference host keeps it, in manifest order: a tool of its key's
+        name (also its description) with an empty schema, its catalogs, approval and
+        ``pathArguments``. Nothing loads them; the set's row names them, as the reference
+        host's inventory does (``name`` or ``name (always)``).
+    """
+    declared: list[ToolDef] = []
     for key, value in _members(overlays):  # a duplicate key's every value, as the reference host
         if not is_tool_name(key, reserved):
             _fail(f"Overlay '{key}' is reserved or invalid.")
@@ -454,15 +462,26 @@ def _dotnet_overlays(
             _fail(f"Overlay '{key}' must be a JSON object.")
         if "output" in value:
             _fail(f"Overlay '{key}' cannot set output.")
-        _catalogs(value, catalogs, f"Overlay '{key}' has invalid catalogs.")
+        overlay_catalogs = _catalogs(value, catalogs, f"Overlay '{key}' has invalid catalogs.")
         _argv(value)
-        _string_list(
+        path_arguments = _string_list(
             value, "pathArguments", f"Overlay '{key}' pathArguments must be an array of strings."
         )
         try:
-            _approval(value, approval)
+            overlay_approval = _approval(value, approval)
         except ManifestError as exc:
             _fail(f"Overlay '{key}' has invalid approval: {exc.message}")
+        declared.append(
+            ToolDef(
+                name=key,
+                description=key,
+                schema={},
+                catalogs=overlay_catalogs,
+                approval=overlay_approval,
+                path_arguments=path_arguments or (),
+            )
+        )
+    return tuple(declared)
 
 
 def parse_manifest(
@@ -483,7 +502,8 @@ def parse_manifest(
         schemas: The schema-check cache to use; a fresh one when None.
 
     Returns:
-        The parsed set. Dotnet sets come back with ``runner`` DOTNET and no tools.
+        The parsed set. Dotnet sets come back with ``runner`` DOTNET and their overlays
+        as ``tools`` (``_dotnet_overlays``), which nothing loads.
 
     Raises:
         ManifestError: With the reference host's message for the first rule that fails,
@@ -543,7 +563,10 @@ def parse_manifest(
         if tools:
             if duplicated is None:  # the overlays' members, duplicates included: parsed again
                 tools = _load_json(text, members=True)[0]["tools"]
-            _dotnet_overlays(tools, catalogs=catalogs, approval=approval, reserved=reserved)
+            overlays = _dotnet_overlays(
+                tools, catalogs=catalogs, approval=approval, reserved=reserved
+            )
+            return ToolSet(**common, tools=overlays)
         return ToolSet(**common)
 
     if isinstance(tools, dict):

@@ -229,7 +229,7 @@ class ToolSet:
         command: The set argv prefix.
         stdin: Whether the argument object is written to the child's stdin.
         timeout_seconds: The per-call timeout, or None for ``"unlimited"``.
-        tools: The exec tools in manifest order (empty for dotnet).
+        tools: The exec tools in manifest order; for dotnet, its overlays (never loaded).
         digest: ``sha256:`` of the manifest bytes, for change detection on reload.
     """
 

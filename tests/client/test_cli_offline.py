@@ -100,7 +100,8 @@ def test_validate_valid_set_exits_0(env: Env) -> None:
 
 def test_validate_a_valid_dotnet_set_says_toolsetd_skips_it(env: Env) -> None:
     """A valid dotnet set is valid (exit 0), and the daemon skips it: "valid: 0 tools"
-    alone read as if it were served."""
+    alone read as if it were served. Its tools are its overlays, as the reference host
+    declares them (it said 0 tools for any)."""
     path = env.home_set("net", {"runner": "dotnet", "assembly": "Net.dll", "tools": {}})
     proc = env.run("validate", str(path.parent))
     assert (proc.returncode, proc.stdout, proc.stderr) == (
@@ -109,6 +110,9 @@ def test_validate_a_valid_dotnet_set_says_toolsetd_skips_it(env: Env) -> None:
         "toolsetd skips it: the dotnet runner is not supported (no .NET runtime).\n",
         "",
     )
+    env.home_set("net", {"runner": "dotnet", "assembly": "Net.dll", "tools": {"a": {}, "b": {}}})
+    proc = env.run("validate", str(path.parent))
+    assert proc.stdout.startswith("Tool set net is valid: 2 tools (a, b).\n"), proc.stdout
 
 
 def test_validate_given_a_file_says_what_it_is(env: Env) -> None:

@@ -774,3 +774,23 @@ def test_load_config_fifo_is_unreadable(home: Path) -> None:
         "config.json could not be read. External tool discovery is off, and the approval policy "
         "host for both sources, until it is fixed."
     ]
+
+
+def test_sets_come_in_the_reference_hosts_ordinal_order(home: Path, workspace: Path) -> None:
+    """Set folders are taken and listed in .NET's ordinal order (``StringComparer.Ordinal``:
+    UTF-16 code units, a name's stray bytes read as U+FFFD), not Python's code points: a
+    character past U+FFFF sorts below U+E000 to U+FFFF there, and a stray byte sorted as its
+    lone surrogate (below U+F000) though the wire shows U+FFFD. Such names are invalid, so
+    only the rows' and notes' order changed; the offline inventory agrees."""
+    stray = os.fsdecode(b"caf\xe9")
+    for name in ("b", "\U0001f600x", "\uff21x", "\ue000x", stray, "caf\uf000"):
+        write(home / "tools", name, manifest("t"))
+    write(workspace / ".crystal" / "tools", "\uff21x", manifest("u"))
+    expected = [("b", "home"), ("caf\uf000", "home"), (stray, "home"), ("\U0001f600x", "home"),
+                ("\ue000x", "home"), ("\uff21x", "home"), ("\uff21x", "project")]
+    assert [(e.directory, e.source.value) for e in build(home, workspace).sets] == expected
+    assert [(e.directory, e.source.value) for e in build(home).sets] == expected[:-1]
+    from toolsetd.client.offline import inventory
+
+    shown = [("caf\ufffd" if name == stray else name, source) for name, source in expected]
+    assert [(row.directory, row.source) for row in inventory(home, workspace)] == shown

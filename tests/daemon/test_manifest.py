@@ -16,6 +16,7 @@ from toolsetd.daemon.model import (
     OutputMode,
     RunnerKind,
     Source,
+    ToolDef,
 )
 from toolsetd.daemon.validation import SchemaChecker
 from toolsetd.protocol.jsontext import dumps
@@ -398,12 +399,31 @@ def test_parse_manifest_non_object_schema_is_not_shorthand(tmp_path: Path) -> No
 
 
 def test_parse_manifest_dotnet_overlays(tmp_path: Path) -> None:
-    """A valid dotnet manifest parses to a dotnet set with no exec tools; root shorthand is ignored."""
+    """A valid dotnet manifest parses to a dotnet set whose tools are its overlays, as the
+    reference host's parser keeps them (its inventory names them): the key as name and
+    description, an empty schema, the overlay's catalogs, approval (else the set's) and
+    pathArguments; argv is thrown away, and root shorthand is ignored. A key given twice
+    is two overlays, as the reference host enumerates them."""
     toolset = parse(
-        dotnet(types=["Acme.Tool"], description=5, tools={"acme_x": {"catalogs": ["plan"], "argv": {"a": "-a"}}}),
+        dotnet(types=["Acme.Tool"], description=5, approval="always", tools={
+            "acme_x": {"catalogs": ["plan"], "argv": {"a": "-a"}, "pathArguments": [" p "]},
+            "acme_y": {"approval": "inherit"},
+        }),
         tmp_path,
     )
-    assert (toolset.runner, toolset.tools) == (RunnerKind.DOTNET, ())
+    assert toolset.runner is RunnerKind.DOTNET
+    assert toolset.tools == (
+        ToolDef("acme_x", "acme_x", {}, frozenset({CatalogName.PLAN}), Approval.ALWAYS,
+                path_arguments=("p",)),
+        ToolDef("acme_y", "acme_y", {}, frozenset(CatalogName), Approval.INHERIT),
+    )
+    twice = parse(
+        b'{"runner": "dotnet", "assembly": "a.dll", "tools": {"o": {}, "o": {"approval": "always"}}}',
+        tmp_path,
+    )
+    assert [(t.name, t.approval) for t in twice.tools] == [
+        ("o", Approval.INHERIT), ("o", Approval.ALWAYS)]
+    assert parse(dotnet(), tmp_path).tools == ()
 
 
 @pytest.mark.parametrize(

@@ -214,8 +214,8 @@ def _inventory_sets(home: Path, workspace: Path) -> None:
     write_set(tools, "broken", '{"runner": "exec", "tools": [')
     # A valid dotnet manifest: parsed, then skipped with a note (no .NET runtime). Its row
     # must not depend on whether a daemon answers.
-    write_set(tools, "dn", {"runner": "dotnet", "assembly": "a.dll",
-                            "tools": {"dn_x": {"catalogs": ["plan"]}}})
+    write_set(tools, "dn", {"runner": "dotnet", "assembly": "a.dll", "tools": {
+        "dn_x": {"catalogs": ["plan"]}, "dn_y": {"approval": "always"}}})
 
 
 @pytest.fixture(scope="module")
@@ -271,6 +271,16 @@ def test_inventory_tools_cells(inventory_daemon: Daemon) -> None:
     web_home = next(row for row in rows if row.startswith("web ") and "Home" in row)
     assert web_home.endswith(" web"), out
     assert "m_work" not in _ctl(d, "list", "--catalog", "plan").stdout
+    # A dotnet set's declared tools are its overlays, as the reference host lists them
+    # (they were "-", on the wire "declaredTools": []), though it never loads.
+    dn = next(row for row in rows if row.startswith("dn "))
+    assert dn.endswith("dn_x, dn_y (always)"), out
+    work = _ctl(d, "list", "--catalog", "work").stdout
+    assert next(r for r in work.splitlines() if r.startswith("dn ")).endswith(" dn_y (always)")
+    entry = next(s for s in d.call("list")["result"]["sets"] if s["directory"] == "dn")
+    assert (entry["state"], entry["tools"], entry["declaredTools"]) == ("refused", [], [
+        {"name": "dn_x", "approval": "inherit", "catalogs": ["plan"]},
+        {"name": "dn_y", "approval": "always", "catalogs": ["plan", "work"]}])
 
 
 def test_invalid_name_error_cell_on_the_wire(inventory_daemon: Daemon) -> None:
