@@ -7,9 +7,10 @@ cannot be examined (a symlink loop, a link into a folder we may not search) is n
 subdirectory, and costs nothing but itself. A project
 candidate hides the home set of the same directory name *before* its manifest is read,
 so a broken project manifest still hides the home set. The enabled sets that survive
-are loaded in ordinal directory order; each exec tool registers its name unless a
-reserved name or an earlier set already took it, in which case only that tool is
-omitted with a note. Dotnet sets are validated and then skipped (no .NET runtime).
+are loaded in ordinal directory order; each exec tool registers its name unless an
+earlier set already took it, in which case only that tool is omitted with a note (a
+reserved name anywhere in a set refuses the whole set: the parser's rule). Dotnet sets
+are validated and then skipped (no .NET runtime).
 Every candidate ends as one ``SetEntry`` (loaded, disabled, refused or hidden), and
 every problem as one English ``Note``: config notes first, then discovery notes (home
 scan, then project scan), then load notes in set order.

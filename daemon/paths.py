@@ -107,6 +107,7 @@ __all__ = [
     "file_exists",
     "is_credential_identity",
     "is_credential_path",
+    "is_crystal_credentials",
     "is_within",
     "opened_directory_name",
     "os_user_home",
@@ -662,6 +663,12 @@ def _crystal_credentials(crystal_home: Path) -> Path | None:
         return None
 
 
+def is_crystal_credentials(resolved: Path | str, crystal_home: Path | None) -> bool:
+    """Whether a resolved path is the Crystal home's ``credentials.json`` by its place (it
+    need not exist yet; the home need not be called ``.crystal``)."""
+    return crystal_home is not None and Path(resolved) == _crystal_credentials(crystal_home)
+
+
 def is_credential_identity(
     resolved: Path | str, user_home: Path, crystal_home: Path | None = None
 ) -> bool:
@@ -681,7 +688,7 @@ def is_credential_identity(
     Returns:
         True when the path or an ancestor is a credential file or folder.
     """
-    if crystal_home is not None and Path(resolved) == _crystal_credentials(crystal_home):
+    if is_crystal_credentials(resolved, crystal_home):
         return True
     mine: set[tuple[int, int]] = set()
     current = os.fspath(resolved)

@@ -62,6 +62,7 @@ from .paths import (
     canonical_workspace,
     is_credential_identity,
     is_credential_path,
+    is_crystal_credentials,
     resolve_path,
     rewrite_arguments,
     scope_of,
@@ -410,7 +411,10 @@ def _where(check: PathCheck, user_home: Path, crystal_home: Path | None) -> str:
     """Say where the culprit path lands, as the start of a sentence."""
     name = check.argument
     if check.scope is Scope.FORBIDDEN:
-        if check.resolved is not None and is_credential_path(check.resolved, user_home):
+        if check.resolved is not None and (
+            is_credential_path(check.resolved, user_home)
+            or is_crystal_credentials(check.resolved, crystal_home)
+        ):
             return f"Argument '{name}' resolves to {_show(check.resolved)}, a credential path"
         if check.resolved is not None and is_credential_identity(
             check.resolved, user_home, crystal_home

@@ -256,6 +256,10 @@ def test_policy_crystal_home_credentials_are_forbidden(
         c = _check_enforcement(tree, "h_path_always", {"path": value}, mode, headless, decision)
         assert c["scope"] == "forbidden"
         assert c["requirePrompt"] is True
+        # Named by its own path, it is no file "under another name" (it said so).
+        by_name = how != "hard-link"
+        assert ("a credential path:" in c["reason"]) is by_name, c["reason"]
+        assert ("under another name" in c["reason"]) is not by_name, c["reason"]
     finally:
         link.unlink(missing_ok=True)
         credentials.unlink(missing_ok=True)
