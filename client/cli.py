@@ -742,14 +742,14 @@ def _report(out: Output, failure: Failure) -> int:
             # json prints one document: after the result's (a signal while a reader lagged
             # stopped its printing), the failure goes to stderr, the document whole first.
             out.finish()
-            out.error(failure.message)
+            out.error(failure.said)
             for line in failure.details:
                 out.error(line)
     except BrokenPipeError:
         out.discard()
     except OSError:
         out.discard()
-        out.error(failure.message)
+        out.error(failure.said)
     return failure.exit_code
 
 

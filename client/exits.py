@@ -119,6 +119,7 @@ class Failure(Exception):
         message: str,
         data: Any = None,
         details: list[str] | None = None,
+        said: str | None = None,
     ) -> None:
         super().__init__(message)
         self.exit_code = exit_code
@@ -126,6 +127,8 @@ class Failure(Exception):
         self.message = message
         self.data = data
         self.details = details or []
+        #: The message as the text formats print it, above ``details`` (``message``).
+        self.said = message if said is None else said
 
     def error(self) -> dict[str, Any]:
         """The error object: ``{"code", "message", "data"}``."""
@@ -141,18 +144,28 @@ def rpc_failure(exc: RpcError) -> Failure:
     """The failure a daemon error means: its exit code, message and detail lines."""
     data = exc.data if isinstance(exc.data, dict) else {}
     message = exc.message
+    said: str | None = None  # the message
     details: list[str] = []
     if exc.code == -32002:  # InvalidArguments
-        for item in data.get("errors") or []:
-            # Each message names its field already (it starts with the JSON Pointer). The
-            # summary line carries the first one; do not print it twice.
+        errors = data.get("errors") or []
+        for item in errors:
+            # A schema error's message names its field already (it starts with the JSON
+            # Pointer); the arguments object's own does not. The summary line carries the
+            # first one; do not print it twice.
             text = str(item.get("message", "")) if isinstance(item, dict) else str(item)
             if text and text not in message:
+                path = item.get("path") if isinstance(item, dict) else None
+                if not (path and text.startswith(f"{path}: ")):
+                    text = f"{path or '(the arguments object)'}: {text}"
                 details.append(f"  {text}")
+        # The rest are printed below it, not "in data.errors" (the JSON document's).
+        counted = f" ({len(errors) - 1} more in data.errors)"
+        if details and message.endswith(counted):
+            said = f"{message.removesuffix(counted)} ({len(errors) - 1} more below)"
     elif exc.code == -32004 and isinstance(data.get("reason"), str):  # ApprovalRequired
         message = (
             f"Approval required: {data['reason']} If the operator agrees, run the command "
             "again with --approve."
         )
     exit_code = _RPC_EXITS.get(exc.code, EXIT_INTERNAL)
-    return Failure(exit_code, exc.code, message, exc.data, details)
+    return Failure(exit_code, exc.code, message, exc.data, details, said)

@@ -1552,3 +1552,25 @@ def test_cli_json_on_a_terminal_without_utf8_stays_json(ctl: Ctl) -> None:
     assert out.isascii()
     texts = [c["text"] for c in json.loads(out)["content"]]
     assert any("Hello, Zoë ✓ 😀" in text for text in texts), texts
+
+
+def test_cli_text_names_every_argument_error_by_its_pointer(ctl: Ctl) -> None:
+    """In text, every line of a schema refusal starts with its JSON Pointer, the arguments
+    object's own error too, and the summary counts the rest as printed below: it said
+    "(2 more in data.errors)", which only the JSON document carries. JSON keeps the
+    daemon's words and data."""
+    args = ("invoke", "hello", "--args", '{"name": 5, "shout": "x", "extra": 1}')
+    text = ctl.run(*args)
+    assert text.returncode == 2, text.stderr
+    summary, *details = text.stderr.splitlines()
+    assert summary.endswith(" (2 more below)"), text.stderr
+    assert "data.errors" not in text.stderr
+    error = one_document(ctl.run(*args, "--format", "json"))["error"]
+    assert error["message"].endswith(" (2 more in data.errors)"), error
+    firsts = [e for e in error["data"]["errors"] if e["message"] in summary]
+    assert len(firsts) == 1, (summary, error)
+    rest = [e for e in error["data"]["errors"] if e is not firsts[0]]
+    assert details == [f"  {e['path'] or '(the arguments object)'}: "
+                       f"{e['message'].removeprefix(e['path'] + ': ') if e['path'] else e['message']}"
+                       for e in rest], text.stderr
+    assert all(line.startswith(("  /", "  (the arguments object): ")) for line in details)
