@@ -51,7 +51,9 @@ requests pipelined one per line (one line may hold hundreds of thousands). On a 
 connection it is the requests alone: a response to a request of the daemon's (an
 elicitation's answer) or a notification (``notifications/cancelled``) frees a wait or a
 slot, so it is never counted nor refused; the check is two key lookups, on the routed path
-only.
+only. A routed request's slot (``_Slot``) is freed when its task ends, or before, when the
+route calls the ``release`` it was announced with: MCP answers a cancelled request with
+nothing, so its host counts it done while its tool is still being stopped.
 
 Why one module of this size: one connection's reader, ordered writer, stall timer and
 in-flight table share its state; the framing lives in ``wire.py`` and the request
@@ -267,8 +269,12 @@ class Dispatch(Protocol):
 class Route(Protocol):
     """Another protocol a connection was bound to (MCP): it takes every later message."""
 
-    def announce(self, message: Any) -> None:
-        """A request of the peer's was read and goes to a task that will ``receive`` it."""
+    def announce(self, message: Any, release: Callable[[], None]) -> None:
+        """A request of the peer's was read and goes to a task that will ``receive`` it.
+
+        ``release`` frees its in-flight slot before its task ends: for a request the peer
+        cancelled, which gets no response (MCP), while its tool is still being stopped.
+        """
         ...
 
     async def receive(self, message: Any) -> Any:
@@ -278,6 +284,28 @@ class Route(Protocol):
     def close(self) -> None:
         """The peer is gone (or the connection closes): cancel what it has in flight."""
         ...
+
+
+class _Slot:
+    """A routed request's in-flight slot: freed once, by its task's end or by ``release``
+    (the peer cancelled it: MCP sends no response, so the peer counts it done)."""
+
+    __slots__ = ("_connection", "released")
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self.released = False
+
+    def release(self) -> None:
+        self._connection._settle(self)
+
+
+@dataclass(frozen=True, slots=True)
+class _Routed:
+    """A request read on a routed connection, handed to a task with its slot."""
+
+    message: Any
+    slot: _Slot
 
 
 class Connection:
@@ -828,8 +856,10 @@ class Connection:
                 self._post_response(error_message(echo, self._busy()))
                 return False
             # In flight from now: a cancel the reader takes next is served at once, before
-            # the task serving this request has begun.
-            route.announce(value)
+            # the task serving this request has begun; and frees the request's slot.
+            slot = _Slot(self)
+            route.announce(value, slot.release)
+            value = _Routed(value, slot)
         elif type(value) is list and value:
             # Each item of a batch runs its method as a request of its own would, so each
             # counts: a batch must not carry more work past the limit than pipelining can.
@@ -981,6 +1011,9 @@ class Connection:
                 waiter.set_result(None)
 
     async def _handle_message(self, value: Any, held: int = 0) -> None:
+        slot: _Slot | None = None
+        if type(value) is _Routed:
+            value, slot = value.message, value.slot
         call_id = announced_call_id(value) if self.route is None else None
         try:
             try:
@@ -991,9 +1024,9 @@ class Connection:
                 else:
                     response = await self._server.dispatch_one(self, value)
             except BaseException:
-                self._in_flight -= 1
+                self._settle(slot)
                 raise
-            await self._send_response(response, large=held > 0)
+            await self._send_response(response, large=held > 0, slot=slot)
         finally:
             if call_id is not None:
                 self.calls.forget(call_id)
@@ -1025,7 +1058,17 @@ class Connection:
                     self.calls.forget(call_id)
             self._release(held)
 
-    async def _send_response(self, response: Any, *, large: bool = False) -> None:
+    def _settle(self, slot: _Slot | None) -> None:
+        """A request's in-flight slot is free (once for a routed one's ``slot``)."""
+        if slot is None:
+            self._in_flight -= 1
+        elif not slot.released:
+            slot.released = True
+            self._in_flight -= 1
+
+    async def _send_response(
+        self, response: Any, *, large: bool = False, slot: _Slot | None = None
+    ) -> None:
         """Send a response (of an in-flight call, which it ends).
 
         The response to a large line is encoded in the large requests' worker slot: a
@@ -1036,7 +1079,7 @@ class Connection:
             if response is not None:
                 self._post_response(response, await self._encode_large(response) if large else None)
         finally:
-            self._in_flight -= 1
+            self._settle(slot)
 
     async def _encode_large(self, response: Any) -> bytes | None:
         """The frame of the answer to a large line (a request's or a batch's), encoded in

@@ -75,6 +75,7 @@ __all__ = [
     "can_elicit",
     "changed_result",
     "declined_result",
+    "elicit_action",
     "elicitation_params",
     "error_response",
     "input_required_result",
@@ -310,6 +311,26 @@ def _problem(error: Any) -> str:
     if path and message.startswith(f"{path}: "):
         return message
     return f"{path or '(the arguments object)'}: {message}"
+
+
+#: The actions of an ``ElicitResult``.
+_ACTIONS = ("accept", "decline", "cancel")
+
+
+def elicit_action(answer: Any) -> str | None:
+    """The action of the host's answer to the approval question (an ``ElicitResult``, or
+    an ``inputResponses`` entry), or None for one that is not such an answer: not an
+    object, no known ``action``, or a ``content`` that is neither absent, null nor an
+    object (``{"action": "accept", "content": "x"}`` ran the call as an accept)."""
+    if type(answer) is not dict:
+        return None
+    action = answer.get("action")
+    if action not in _ACTIONS:
+        return None
+    content = answer.get("content")
+    if content is not None and type(content) is not dict:
+        return None
+    return str(action)
 
 
 def declined_result(action: str) -> dict[str, Any]:
@@ -614,14 +635,13 @@ def approval_answer(
             {"field": "requestState"},
         )
     responses = params.get("inputResponses")
-    answer = responses.get(APPROVAL_KEY) if isinstance(responses, dict) else None
-    action = answer.get("action") if isinstance(answer, dict) else None
+    action = elicit_action(responses.get(APPROVAL_KEY) if isinstance(responses, dict) else None)
     if action == "accept":
         if not signer.spend(payload):
             return Answer(None)  # spent by an earlier accept: ask again, never run twice
         return Answer(str(payload.get("d")), action="accept")
-    if action in ("decline", "cancel"):
-        return Answer(None, declined=True, action=str(action))
+    if action is not None:  # decline or cancel
+        return Answer(None, declined=True, action=action)
     return Answer(None)
 
 

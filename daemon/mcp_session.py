@@ -62,7 +62,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import uuid
-from collections.abc import Iterator, Mapping, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from functools import partial
@@ -336,6 +336,10 @@ class _InFlight:
     #: An ``initialize``: never cancelled (MCP: a client MUST NOT cancel it), as it opens
     #: the session whether or not its answer goes out.
     initialize: bool = False
+    #: Frees the request's slot in its transport's limit of requests in flight (the
+    #: socket's), called when the host cancels it: it gets no response, so the host
+    #: counts it done, while its tool may take up to the kill grace to end.
+    release: Callable[[], None] | None = None
 
     @classmethod
     def of(cls, method: Any, *, announced: bool = False) -> _InFlight:
@@ -492,11 +496,12 @@ class McpSession:
             return None  # no response for a cancelled request
         return response
 
-    def announce(self, message: Any) -> None:
+    def announce(self, message: Any, release: Callable[[], None] | None = None) -> None:
         """A request was read and handed to a task that will ``receive`` it: it is in
         flight from now on, so a ``notifications/cancelled`` read right behind it (served
-        at once, before that task has begun) finds it and cancels it. A request whose id is
-        in flight already is left to ``receive``, which refuses it."""
+        at once, before that task has begun) finds it and cancels it, and calls
+        ``release`` (its transport's in-flight slot). A request whose id is in flight
+        already is left to ``receive``, which refuses it."""
         if type(message) is not dict or "method" not in message:
             return
         request_id = message.get("id")
@@ -505,7 +510,9 @@ class McpSession:
             and mapping.is_request_id(request_id)
             and request_id not in self._in_flight
         ):
-            self._in_flight[request_id] = _InFlight.of(message.get("method"), announced=True)
+            flight = _InFlight.of(message.get("method"), announced=True)
+            flight.release = release
+            self._in_flight[request_id] = flight
 
     def close(self) -> None:
         """The host is gone: cancel its calls, end its waits and subscriptions. Its other
@@ -569,6 +576,12 @@ class McpSession:
                     "mcp_request_cancelled", reason=reason[:200] if type(reason) is str else ""
                 )
                 self._cancel(flight)
+                # It gets no response, so for the host it is over: its slot is free now,
+                # not once its tool has ended (up to the kill grace later), or the host's
+                # next requests, a ping too, were refused busy, told to wait for a
+                # response that never comes. ``--max-running`` still counts the tool.
+                if flight.release is not None:
+                    flight.release()
         elif method == "notifications/initialized":
             # Counted whenever it comes (twice is once; one before initialize, a host's
             # mistake, still says it is ready): the SDKs' servers take it so too.
@@ -971,17 +984,14 @@ class McpSession:
             if flight.ended:
                 return "stopping"
             return "timeout" if asked.posted else "uninitialized"
-        result = response.get("result")
-        if (
-            # A JSON-RPC 2.0 response, else not an accept: with both a result and an error,
-            # or another version (or none), it is no answer of the operator's.
-            response.get("jsonrpc") == "2.0"
-            and "error" not in response
-            and isinstance(result, dict)
-            and result.get("action") in ("accept", "decline", "cancel")
-        ):
-            return str(result["action"])
-        return "error"
+        # A JSON-RPC 2.0 response, else not an accept: with both a result and an error, or
+        # another version (or none), it is no answer of the operator's.
+        action = (
+            mapping.elicit_action(response.get("result"))
+            if response.get("jsonrpc") == "2.0" and "error" not in response
+            else None
+        )
+        return "error" if action is None else action
 
     # -- list_changed --------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ The bind answers ``{"bound": true, ...}``; the pump swallows that one response.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from toolsetd.protocol.errors import InvalidRequest
@@ -49,8 +50,8 @@ class _SessionRoute:
     def __init__(self, session: McpSession) -> None:
         self.session = session
 
-    def announce(self, message: Any) -> None:
-        self.session.announce(message)
+    def announce(self, message: Any, release: Callable[[], None]) -> None:
+        self.session.announce(message, release)
 
     async def receive(self, message: Any) -> Any:
         return await self.session.receive(message)
