@@ -53,7 +53,10 @@ elicitation's answer) or a notification (``notifications/cancelled``) frees a wa
 slot, so it is never counted nor refused; the check is two key lookups, on the routed path
 only. A routed request's slot (``_Slot``) is freed when its task ends, or before, when the
 route calls the ``release`` it was announced with: MCP answers a cancelled request with
-nothing, so its host counts it done while its tool is still being stopped.
+nothing, so its host counts it done while its tool is still being stopped. Until its task
+ends it counts among the connection's ending requests, of which there are at most as
+many as requests in flight: a host that sends calls and cancels them, over and over,
+cannot pile up tasks that wait for a worker slot or a catalog.
 
 Why one module of this size: one connection's reader, ordered writer, stall timer and
 in-flight table share its state; the framing lives in ``wire.py`` and the request
@@ -287,17 +290,20 @@ class Route(Protocol):
 
 
 class _Slot:
-    """A routed request's in-flight slot: freed once, by its task's end or by ``release``
-    (the peer cancelled it: MCP sends no response, so the peer counts it done)."""
+    """A routed request's in-flight slot: freed once, by its task's end or, before that,
+    by ``release`` (the peer cancelled it: MCP sends no response, so the peer counts it
+    done). A slot released early counts among the connection's ending requests until its
+    task ends."""
 
-    __slots__ = ("_connection", "released")
+    __slots__ = ("_connection", "ending", "released")
 
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self.released = False
+        self.ending = False
 
     def release(self) -> None:
-        self._connection._settle(self)
+        self._connection._release_early(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,6 +338,10 @@ class Connection:
         self._aborted = False
         self._stop_reading = False
         self._in_flight = 0
+        #: Routed requests the peer cancelled whose tasks have not ended (a tool being
+        #: stopped, a wait for the worker slot or a catalog): at most
+        #: ``max_calls_per_connection`` of them, besides as many in flight.
+        self._ending = 0
         #: The bytes of an incomplete line over ``LARGE_TEXT`` counted in the server's
         #: ``large_requests`` (a line being received holds memory too).
         self._partial = 0
@@ -850,10 +860,11 @@ class Connection:
             if type(value) is not dict or "method" not in value or "id" not in value:
                 self._deliver_at_once(route, value)
                 return False
-            if self._in_flight >= self._settings.max_calls_per_connection:
+            limit = self._settings.max_calls_per_connection
+            if self._in_flight >= limit or self._ending >= limit:
                 request_id = value["id"]
                 echo = request_id if is_request_id(request_id) else None
-                self._post_response(error_message(echo, self._busy()))
+                self._post_response(error_message(echo, self._busy(ending=self._ending)))
                 return False
             # In flight from now: a cancel the reader takes next is served at once, before
             # the task serving this request has begun; and frees the request's slot.
@@ -898,8 +909,14 @@ class Connection:
         tg.start_soon(self._serve_messages, value, held)
         return True
 
-    def _busy(self) -> rpc_errors.ServerBusy:
+    def _busy(self, ending: int = 0) -> rpc_errors.ServerBusy:
         limit = self._settings.max_calls_per_connection
+        if ending >= limit:
+            return rpc_errors.ServerBusy(
+                f"Too many cancelled requests still ending on this connection: at most "
+                f"{limit}; retry once they have ended.",
+                {"limit": limit},
+            )
         return rpc_errors.ServerBusy(
             f"Too many requests in flight on this connection: at most {limit}; "
             "wait for a response before sending more.",
@@ -1059,12 +1076,24 @@ class Connection:
             self._release(held)
 
     def _settle(self, slot: _Slot | None) -> None:
-        """A request's in-flight slot is free (once for a routed one's ``slot``)."""
+        """A request's task has ended: its in-flight slot is free, or it no longer counts
+        among the ending requests if its slot was released early."""
         if slot is None:
             self._in_flight -= 1
         elif not slot.released:
             slot.released = True
             self._in_flight -= 1
+        elif slot.ending:
+            slot.ending = False
+            self._ending -= 1
+
+    def _release_early(self, slot: _Slot) -> None:
+        """A routed request the peer cancelled: its slot is free now, and it counts among
+        the ending requests until its task ends (``_settle``)."""
+        if not slot.released:
+            slot.released = slot.ending = True
+            self._in_flight -= 1
+            self._ending += 1
 
     async def _send_response(
         self, response: Any, *, large: bool = False, slot: _Slot | None = None

@@ -1896,6 +1896,64 @@ def test_mcp_answers_and_cancels_pass_the_in_flight_limit() -> None:
         assert "declined" in replies[waiting]["result"]["content"][0]["text"], replies
 
 
+#: A tool that ignores SIGTERM: a call cancelled is stopped only at the kill grace.
+_STUBBORN = script(
+    "import os, signal, time\n"
+    "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+    "open(f'stubborn.{os.getpid()}', 'w').close()\n"
+    "time.sleep(60)\n"
+)
+
+
+def _stubborn_set(home: Path, workspace: Path) -> None:
+    write_set(home / "tools", "stubborn", tool("stubborn.py"), **{"stubborn.py": _STUBBORN})
+
+
+def test_mcp_cancelled_requests_still_ending_are_bounded_too() -> None:
+    """A cancelled request gives its slot back at once, but until its task ends it counts
+    among the connection's ending requests, at most as many as may be in flight: a host
+    that called and cancelled over and over piled up tasks without end (a reviewer's flood
+    of calls whose arguments wait for the worker slot: 890 MB after 20,000 pairs). Past
+    the bound a request is -32008 saying why, and once the tools have stopped (the kill
+    grace) requests are served again."""
+    args = ["--no-watch", "--max-calls-per-connection", "2", "--kill-grace", "2"]
+    with daemon_in("tse-", _stubborn_set, args) as d, d.raw() as conn:
+        conn.send({"jsonrpc": "2.0", "id": "b", "method": "mcp.bind",
+                   "params": {"workspace": str(d.workspace)}})
+        assert conn.receive()["result"]["bound"] is True
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {},
+                 "clientInfo": {"name": "t", "version": "1"}}
+        conn.send({"jsonrpc": "2.0", "id": "i", "method": "initialize", "params": hello})
+        assert "result" in conn.receive()
+        conn.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        for request_id in ("c0", "c1"):
+            conn.send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                       "params": {"name": "stubborn", "arguments": {}}})
+        eventually(lambda: len(list(d.workspace.glob("stubborn.*"))) == 2, what="two tools")
+        pids = [int(p.name.split(".")[1]) for p in d.workspace.glob("stubborn.*")]
+        cancels = b"".join(
+            json.dumps({"jsonrpc": "2.0", "method": "notifications/cancelled",
+                        "params": {"requestId": r}}).encode() + b"\n" for r in ("c0", "c1"))
+        ping = {"jsonrpc": "2.0", "id": "p0", "method": "ping"}
+        conn.send_bytes(cancels + json.dumps(ping).encode() + b"\n")
+        busy = conn.receive()
+        assert (busy["id"], busy["error"]["code"], busy["error"]["data"]) == (
+            "p0", -32008, {"limit": 2}), busy
+        assert "cancelled requests still ending" in busy["error"]["message"], busy
+        eventually(lambda: not any(alive(pid) for pid in pids), timeout=15,
+                   what="the tools killed at the grace")
+        pings = itertools.count(1)
+
+        def served() -> bool:
+            request_id = f"p{next(pings)}"
+            conn.send({"jsonrpc": "2.0", "id": request_id, "method": "ping"})
+            reply = conn.receive()
+            assert reply["id"] == request_id, reply
+            return "result" in reply
+
+        eventually(served, what="served again")
+
+
 async def test_mcp_headless_denies_an_ask(mcp_host: Daemon, workspace: Path) -> None:
     """--headless turns an ask into a deny: an isError with the reason, never a question."""
     seen: list[str] = []
