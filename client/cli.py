@@ -749,7 +749,7 @@ def _report(out: Output, failure: Failure) -> int:
         out.discard()
     except OSError:
         out.discard()
-        out.error(failure.said)
+        out.error(failure.message)  # nothing of the details can follow it
     return failure.exit_code
 
 

@@ -43,7 +43,6 @@ from toolsetd.daemon.catalog import (
     load_config,
     note_info,
     set_info,
-    sort_by_directory,
     subdirectory_names,
     tool_info,
 )
@@ -63,6 +62,7 @@ from toolsetd.daemon.paths import file_exists, os_user_home
 from toolsetd.daemon.schemarefs import ref_problems
 from toolsetd.daemon.validation import SchemaChecker
 from toolsetd.protocol.jsontext import dumps, is_utf8, loads
+from toolsetd.protocol.ordinal import sort_by_directory
 
 from .render import SetRow, catalogs_label
 

@@ -29,6 +29,7 @@ import signal
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 
+from toolsetd.protocol.ordinal import sort_by_directory
 from toolsetd.protocol.printable import inert_json, inert_line
 
 from .blocking import WrittenNumber
@@ -407,7 +408,9 @@ def set_rows_from_list(result: Mapping[str, Any], catalog: str | None = None) ->
                 error=error,
             )
         )
-    rows.sort(key=lambda row: (row.directory, row.source))
+    # The daemon's order already; sorted again as the offline rows are, in the reference
+    # host's ordinal order (Python's own put a name past U+FFFF after U+E000-U+FFFF).
+    sort_by_directory(rows, lambda row: (row.directory, row.source))
     return rows
 
 

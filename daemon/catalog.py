@@ -42,7 +42,9 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import Any
+
+from toolsetd.protocol.ordinal import ordinal_key, sort_by_directory
 
 from .config_file import (
     MAX_MANIFEST_BYTES,
@@ -81,9 +83,7 @@ __all__ = [
     "build_catalog",
     "load_config",
     "note_info",
-    "ordinal_key",
     "set_info",
-    "sort_by_directory",
     "subdirectory_names",
     "tool_hash",
     "tool_info",
@@ -733,27 +733,6 @@ def note_info(note: Note) -> dict[str, Any]:
 
 
 # --- discovery, overlay, load ----------------------------------------------------------
-
-
-def ordinal_key(name: str) -> str:
-    """A directory name's place in the reference host's order (``StringComparer.Ordinal``):
-    its UTF-16 code units, of the name as .NET reads it (a file name's bytes that are not
-    UTF-8 each U+FFFD, as the wire shows them), as a str that sorts by them. Python's own
-    order differs only for names that are not ASCII: a character past U+FFFF sorts below
-    U+E000 to U+FFFF in UTF-16, and a stray byte's lone surrogate sorts as U+FFFD."""
-    shown = name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
-    return shown.encode("utf-16-be").decode("latin-1")
-
-
-_Sorted = TypeVar("_Sorted")
-
-
-def sort_by_directory(items: list[_Sorted], key: Callable[[_Sorted], tuple[str, str]]) -> None:
-    """Sort ``items`` in place by ``key``'s (directory name, source), the name in the
-    reference host's ordinal order (``ordinal_key``), which is Python's for ASCII names."""
-    items.sort(key=key)
-    if not "".join(key(item)[0] for item in items).isascii():
-        items.sort(key=lambda item: (ordinal_key(key(item)[0]), key(item)[1]))
 
 
 def subdirectory_names(folder: int | str | Path) -> list[str]:

@@ -321,7 +321,14 @@ def elicit_action(answer: Any) -> str | None:
     """The action of the host's answer to the approval question (an ``ElicitResult``, or
     an ``inputResponses`` entry), or None for one that is not such an answer: not an
     object, no known ``action``, or a ``content`` that is neither absent, null nor an
-    object (``{"action": "accept", "content": "x"}`` ran the call as an accept)."""
+    object (``{"action": "accept", "content": "x"}`` ran the call as an accept).
+
+    Args:
+        answer: The ``result`` of the host's response, or its ``inputResponses`` entry.
+
+    Returns:
+        ``accept``, ``decline`` or ``cancel``; None for no such answer.
+    """
     if type(answer) is not dict:
         return None
     action = answer.get("action")

@@ -665,7 +665,15 @@ def _crystal_credentials(crystal_home: Path) -> Path | None:
 
 def is_crystal_credentials(resolved: Path | str, crystal_home: Path | None) -> bool:
     """Whether a resolved path is the Crystal home's ``credentials.json`` by its place (it
-    need not exist yet; the home need not be called ``.crystal``)."""
+    need not exist yet; the home need not be called ``.crystal``).
+
+    Args:
+        resolved: The canonical path (symlinks already resolved).
+        crystal_home: The Crystal home, or None (then no path is).
+
+    Returns:
+        True when it is that file's canonical path.
+    """
     return crystal_home is not None and Path(resolved) == _crystal_credentials(crystal_home)
 
 

@@ -1086,14 +1086,35 @@ def test_a_ctrl_c_as_run_returns_prints_no_traceback(env: Env) -> None:
     assert proc.returncode == 0
 
 
-def _bounded_run(env: Env, soft: int, *args: str) -> subprocess.CompletedProcess[str]:
+#: ``toolsetctl`` with orjson's parser and writer gone from ``jsontext`` (any call of them
+#: fails it, exit 9): what must hold once allocations are checked. ``exhaustion`` writes
+#: its constant frames at import, before any switch can be turned (a few hundred bytes).
+_WITHOUT_ORJSON = (
+    "import sys, orjson\n"
+    "import toolsetd.daemon.exhaustion\n"
+    "import toolsetd.protocol.jsontext as jsontext\n"
+    "class NoOrjson:\n"
+    "    def __getattr__(self, name):\n"
+    "        if name in ('loads', 'dumps'):\n"
+    "            raise AssertionError(f'orjson.{name} was called')\n"
+    "        return getattr(orjson, name)\n"
+    "jsontext.orjson = NoOrjson()\n"
+    "from toolsetd.client.__main__ import main\n"
+    "main()\n"
+)
+
+
+def _bounded_run(
+    env: Env, soft: int, *args: str, without_orjson: bool = False
+) -> subprocess.CompletedProcess[str]:
     """``env.run`` under an address-space soft limit of ``soft`` bytes from the start (as
     ``ulimit -v`` or a CI job's unit bounds it); the hard limit is left as it is."""
     hard = resource.getrlimit(resource.RLIMIT_AS)[1]
     if hard != resource.RLIM_INFINITY:
         soft = min(soft, hard)
+    program = ["-c", _WITHOUT_ORJSON] if without_orjson else ["-m", "toolsetd.client"]
     return subprocess.run(
-        ["prlimit", f"--as={soft}:", "--", sys.executable, "-m", "toolsetd.client", *args,
+        ["prlimit", f"--as={soft}:", "--", sys.executable, *program, *args,
          "--home", str(env.home), "--workspace", str(env.workspace), "--socket", str(env.socket)],
         capture_output=True, text=True, timeout=60, check=False,
     )
@@ -1148,10 +1169,10 @@ def test_validate_under_a_memory_limit_says_so_and_never_crashes(env: Env) -> No
 
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux's prlimit")
 def test_disable_under_a_memory_limit_writes_what_it_writes_unbounded(env: Env) -> None:
-    """Under a limit, the offline commands write JSON with the checked writer (orjson's
-    bytes, from code that checks its allocations); an edit's file is indented, which that
-    writer now writes too. The edited file is byte for byte the one an unbounded edit
-    writes, and ``enable`` restores it."""
+    """Under a limit, the offline commands read and write JSON with checked code (orjson's
+    bytes, from code that checks its allocations): run with orjson's parser and writer
+    gone, an edit still works, so neither ran. An edit's file is indented, which that
+    writer now writes too: byte for byte the one an unbounded edit writes."""
     manifest = env.home_set("wide", _wide_set(3) | {"extra": {"n": [1.5, 1e-7, {}, []]}})
     unbounded = {}
     for command in ("disable", "enable"):
@@ -1159,6 +1180,6 @@ def test_disable_under_a_memory_limit_writes_what_it_writes_unbounded(env: Env) 
         unbounded[command] = manifest.read_bytes()
     assert b'\n  "enabled": true' in unbounded["enable"]
     for command in ("disable", "enable"):
-        run = _bounded_run(env, 1 << 40, command, "wide")
+        run = _bounded_run(env, 1 << 40, command, "wide", without_orjson=True)
         assert run.returncode == 0, run.stderr
         assert manifest.read_bytes() == unbounded[command], command

@@ -212,6 +212,9 @@ def _inventory_sets(home: Path, workspace: Path) -> None:
         {**tool, "name": "m_plan", "catalogs": ["plan"]},
         {**tool, "name": "m_work", "catalogs": ["work"]}]})
     write_set(tools, "broken", '{"runner": "exec", "tools": [')
+    # Invalid names whose order is .NET's ordinal one (UTF-16), not Python's code points'.
+    for odd in ("\U0001f600x", "\ue000x"):
+        write_set(tools, odd, {"runner": "exec", "tools": [{**tool, "name": "odd"}]})
     # A valid dotnet manifest: parsed, then skipped with a note (no .NET runtime). Its row
     # must not depend on whether a daemon answers.
     write_set(tools, "dn", {"runner": "dotnet", "assembly": "a.dll", "tools": {
