@@ -66,9 +66,18 @@ def parse_progress(line: bytes) -> _Report | None:
             if (
                 isinstance(raw_fraction, int | float)
                 and not isinstance(raw_fraction, bool)
-                and math.isfinite(raw_fraction)
+                and raw_fraction == raw_fraction  # not NaN
             ):
-                fraction = min(1.0, max(0.0, float(raw_fraction)))
+                # Compared before it is made a float: an integer past the double range
+                # (400 digits) raised OverflowError in float() and failed the call as an
+                # incident, and 1e999 (infinity, kept as a ``JsonNumber``) was dropped.
+                # Both are numbers, clamped like 2 or -1.
+                if raw_fraction >= 1:
+                    fraction = 1.0
+                elif raw_fraction <= 0:
+                    fraction = 0.0
+                else:
+                    fraction = float(raw_fraction)
             if message is None and fraction is None:
                 return None
             return message, fraction

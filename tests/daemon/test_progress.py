@@ -29,6 +29,7 @@ _LINE_MAX = progress._PROGRESS_LINE_MAX
 _PIECES = [
     b"x", b"", b"   ", b"{}", b'{"other": 1}', b'{"fraction": 0.25}', b"\r", b"{broken",
     b'{"message": "m"}', b'{"message": "n", "fraction": 2}', b"y" * 5000, b"w" * 20_000,
+    b'{"fraction": 1e999}', b'{"fraction": -' + b"9" * 400 + b"}",
     b"z" * 70_000,
     b"\xff\xfe", b"caf\xc3\xa9",
 ]
@@ -141,3 +142,25 @@ async def test_a_json_line_with_a_message_of_the_longest_kind_is_read_whole(
     reports = await _read(line + b"\n" + line, every_line)
     assert reports
     assert set(reports) == {(message, 0.5)}
+
+
+@pytest.mark.parametrize(
+    ("line", "report"),
+    [
+        (b'{"fraction": 2}', (None, 1.0)),
+        (b'{"fraction": -1, "message": "m"}', ("m", 0.0)),
+        (b'{"fraction": 0.25}', (None, 0.25)),
+        (b'{"fraction": 1.50}', (None, 1.0)),
+        # Past the double range: numbers all the same, clamped. 1e999 (infinity) was
+        # dropped, a line of it alone was no report at all; a 400-digit integer raised
+        # OverflowError in float(), and the call failed as the daemon's incident.
+        (b'{"fraction": 1e999}', (None, 1.0)),
+        (b'{"fraction": -1e999, "message": "m"}', ("m", 0.0)),
+        (b'{"fraction": ' + b"9" * 400 + b"}", (None, 1.0)),
+        (b'{"fraction": -' + b"9" * 400 + b', "message": "m"}', ("m", 0.0)),
+        (b'{"fraction": true}', None),
+        (b'{"fraction": "0.5"}', None),
+    ],
+)
+def test_a_fraction_is_clamped_whatever_its_size(line: bytes, report: Any) -> None:
+    assert parse_progress(line) == report
