@@ -446,8 +446,11 @@ class McpHttpEndpoint:
         self.settings = settings or McpHttpSettings()
         self.http_settings = http or HttpSettings()
         self.sessions: dict[str, _Session] = {}
-        #: The POSTs of calls under way with nothing sent yet, by when they were read.
+        #: The POSTs of calls under way with nothing sent yet, by when they were read
+        #: (oldest first: entries are only added, at the time they are read, or removed).
         self._quiet_calls: dict[_PostOutbox, float] = {}
+        #: Set when a quiet call is added while none was (``_keep_calls_alive`` waits).
+        self._quiet_added: anyio.Event | None = None
         self._servers: list[HttpServer] = []
         self._refused_log = Throttle()
         self._refused_requests = Throttle()
@@ -908,6 +911,8 @@ class McpHttpEndpoint:
         outbox = _PostOutbox(exchange, headers, self.settings.ping_seconds, self._tg)
         if not malformed and message.get("method") == "tools/call":
             self._quiet_calls[outbox] = time.monotonic()
+            if self._quiet_added is not None:
+                self._quiet_added.set()
         # The request is answered by this task; a client that leaves does not cut it
         # off but has it cancelled through the core, which then ends it.
         exchange.cancel_on_disconnect = False
@@ -1115,15 +1120,25 @@ class McpHttpEndpoint:
 
     async def _keep_calls_alive(self) -> None:
         """Turn the POST of each call unanswered for the ping interval, nothing sent on
-        it (no progress token), into a kept-alive event stream (``keep_alive``)."""
+        it (no progress token), into a kept-alive event stream (``keep_alive``), when the
+        interval has passed: it woke every half interval, so the first comment line came
+        up to 30 s after the call began where mcp-http.md says 20, and a client or proxy
+        whose read timeout lies between them cut the call off (which cancels it)."""
         interval = self.settings.ping_seconds
+        quiet = self._quiet_calls
         while True:
-            await anyio.sleep(interval / 2)
+            if not quiet:
+                self._quiet_added = anyio.Event()
+                await self._quiet_added.wait()
+                continue
+            oldest = next(iter(quiet.values()))
+            await anyio.sleep(max(0.0, oldest + interval - time.monotonic()))
             cutoff = time.monotonic() - interval
-            for outbox, since in list(self._quiet_calls.items()):
-                if since <= cutoff:
-                    del self._quiet_calls[outbox]
-                    outbox.keep_alive()
+            for outbox, since in list(quiet.items()):
+                if since > cutoff:
+                    break  # and so are all after it
+                del quiet[outbox]
+                outbox.keep_alive()
 
     async def _expire_idle(self) -> None:
         """End sessions nobody used for ``session_idle_seconds`` (no request, no stream)."""
