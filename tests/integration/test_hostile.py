@@ -1919,11 +1919,12 @@ def _answer(conn: RawConn, message: Any) -> Any:
     connection the daemon had no memory to open or read, or of a batch whose answers it
     had no memory to write (then it closes it); notifications are skipped."""
     conn.send(message)
+    asked = message.get("id") if isinstance(message, dict) else None  # a batch: none
     while True:
         reply = conn.receive()
         if isinstance(reply, list):
             return reply
-        if "method" not in reply and reply.get("id") in (message.get("id"), None):
+        if "method" not in reply and reply.get("id") in (asked, None):
             return reply
 
 
