@@ -147,13 +147,15 @@ def rpc_failure(exc: RpcError) -> Failure:
     said: str | None = None  # the message
     details: list[str] = []
     if exc.code == -32002:  # InvalidArguments
-        errors = data.get("errors") or []
-        for item in errors:
+        errors = data.get("errors")
+        errors = errors if isinstance(errors, list) else []
+        for index, item in enumerate(errors):
             # A schema error's message names its field already (it starts with the JSON
             # Pointer); the arguments object's own does not. The summary line carries the
-            # first one; do not print it twice.
+            # first one; do not print it twice (a later one is printed whatever its words,
+            # so the lines below are as many as the summary counts).
             text = str(item.get("message", "")) if isinstance(item, dict) else str(item)
-            if text and text not in message:
+            if text and not (index == 0 and text in message):
                 path = item.get("path") if isinstance(item, dict) else None
                 if not (path and text.startswith(f"{path}: ")):
                     text = f"{path or '(the arguments object)'}: {text}"
