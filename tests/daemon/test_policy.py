@@ -481,6 +481,39 @@ def test_classify_container_strings_through_proc_self_are_forbidden(
     assert direct.arguments == {"path": f"/proc/{os.getpid()}/status"}
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        "./" * 2100 + "key",  # too long for the kernel; Python's resolve drops the ./
+        "x" * 300 + "/../key",  # a name too long, then ..: dropped before links are followed
+        "key\x00.txt",  # a C tool stops at the NUL byte
+        "loop/key",  # a link loop on the way
+    ],
+    ids=["too-long", "long-name", "nul", "loop"],
+)
+def test_classify_container_strings_that_cannot_be_resolved_are_forbidden(
+    ws: Path, home: Path, text: str
+) -> None:
+    """A string inside an array or object that the daemon cannot resolve cannot be judged
+    for the tool, which reads it its own way: Python's ``resolve`` (Node's too) drops
+    ``./`` and ``name/..`` before following links, and took both long strings to the
+    workspace's link ``key`` to ``~/.ssh/id_rsa``. They counted as outsideWorkspace, so a
+    reviewer's allow ran the call and the tool read the key. Now they are forbidden: only
+    the operator may pass them, and headless they are denied. The same string as a string
+    argument is refused at invoke instead (the tool would receive the daemon's resolution,
+    and there is none)."""
+    (ws / "key").symlink_to(home / ".ssh" / "id_rsa")
+    (ws / "loop").symlink_to("loop")
+    nested = run(loaded("path"), {"path": ["notes.txt", text]}, ws, home, Mode.REVIEW,
+                 headless=True)
+    assert nested.scope == Scope.FORBIDDEN
+    assert nested.decision == Decision.DENY
+    assert nested.require_prompt
+    assert "cannot be resolved" in nested.reason
+    direct = run(loaded("path"), {"path": text}, ws, home, Mode.REVIEW)
+    assert (direct.scope, direct.arguments_error) == (Scope.OUTSIDE, "Path is not valid.")
+
+
 def _free_pid() -> int:
     """A process id no process has now (the highest free one below ``pid_max``)."""
     pid = int(Path("/proc/sys/kernel/pid_max").read_text()) - 1
