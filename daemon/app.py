@@ -94,6 +94,7 @@ from .setcache import SetStore, default_cache_dir
 from .settings import (
     ConfigError,
     Settings,
+    SettingsReload,
     default_config_path,
     format_settings,
     load_settings,
@@ -927,6 +928,7 @@ def _reload_config(
     try:
         outcome = reload_settings(options.settings, options.args, os.environ)
         fresh = options_from_settings(outcome.settings, options.args)
+        _check_next_start(outcome, options.args)
     except ConfigError as exc:
         log.error("config_reload_failed", error=str(exc))
         return {"applied": [], "restartNeeded": [], "error": str(exc)}
@@ -973,6 +975,28 @@ def _reload_config(
         "restartNeeded": list(outcome.restart_needed),
         "error": None,
     }
+
+
+def _check_next_start(outcome: SettingsReload, args: argparse.Namespace) -> None:
+    """Refuse, with the start's own message, a file whose restart-only keys would stop
+    the next start: an ``allow-group`` no group has, ``traces`` whose exporter is not
+    installed, ``mcp-token-file`` without ``mcp-listen``, a listen address that does not
+    parse. Such a reload applied the file's other keys and succeeded (so did
+    ``systemctl reload``), and the next restart exited 2. Only a key the file changed is
+    looked up again: a group removed since the start must not fail every reload.
+
+    Raises:
+        ConfigError: The next start would refuse the file.
+    """
+    changed = set(outcome.restart_needed)
+    if not changed:
+        return
+    fresh = outcome.next_start
+    options_from_settings(fresh, args)  # the listen addresses, the token without them
+    if "allow-group" in changed:
+        resolve_allow_group(fresh)
+    if "traces" in changed and fresh.traces != "off":
+        _tracer_check(fresh.traces)
 
 
 async def _reload_on_signal(handlers: Handlers) -> None:
@@ -1481,15 +1505,24 @@ def _flush_spans(provider: Any, seconds: float = _SPAN_FLUSH_SECONDS) -> None:
 
 def _tracer_provider(kind: str) -> Any:
     """The OpenTelemetry tracer provider for ``traces = kind``, from the otel extra."""
+    _tracer_check(kind)
+    from .tracing import tracer_provider  # the otel extra: only when asked for
+
+    return tracer_provider(kind)
+
+
+def _tracer_check(kind: str) -> None:
+    """Refuse ``traces = kind`` when the otel extra (or, for ``otlp``, its exporter) is
+    not installed, as a start refuses it, without making a provider."""
     try:
-        from .tracing import tracer_provider  # the otel extra: only when asked for
+        from .tracing import check_exporter  # the otel extra: only when asked for
     except ImportError:
         raise ConfigError(
             f'{kind} needs OpenTelemetry: install the extra (pipx install "toolsetd[otel]", '
             'or /opt/toolsetd/bin/pip install "toolsetd[otel]"), or set traces = "off"',
             key="traces",
         ) from None
-    return tracer_provider(kind)
+    check_exporter(kind)
 
 
 def _exit_code(exc: BaseException) -> int:

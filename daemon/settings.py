@@ -423,11 +423,14 @@ class SettingsReload:
         settings: The settings to run with now (the running ones for restart-only keys).
         applied: Keys whose new value takes effect now.
         restart_needed: Keys whose new value waits for a restart.
+        next_start: The settings the next start would read: the file's values for every
+            key (a reload refuses a file that start would refuse).
     """
 
     settings: Settings
     applied: tuple[str, ...]
     restart_needed: tuple[str, ...]
+    next_start: Settings
 
 
 # -- the command line ------------------------------------------------------------------
@@ -1086,7 +1089,7 @@ def reload_settings(
             keep[key] = getattr(running, key)
             sources[key] = running.sources.get(key, "default")
     settings = replace(fresh, **keep, sources=sources)
-    return SettingsReload(settings, tuple(applied), tuple(restart))
+    return SettingsReload(settings, tuple(applied), tuple(restart), fresh)
 
 
 # -- printing ----------------------------------------------------------------------------

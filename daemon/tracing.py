@@ -43,7 +43,7 @@ from .settings import ConfigError
 if TYPE_CHECKING:
     from .call import CallOutcome
 
-__all__ = ["Tracing", "tracer_provider"]
+__all__ = ["Tracing", "check_exporter", "tracer_provider"]
 
 _PROPAGATOR = TraceContextTextMapPropagator()
 _REFUSALS = {
@@ -150,6 +150,24 @@ class Tracing:
         """Not traced."""
 
 
+def check_exporter(kind: str) -> None:
+    """Refuse ``traces = "otlp"`` when its exporter is not installed (a start, and a reload
+    that changes ``traces``, say so).
+
+    Raises:
+        ConfigError: The OTLP exporter is not installed.
+    """
+    if kind != "otlp":
+        return
+    try:
+        import opentelemetry.exporter.otlp.proto.http.trace_exporter  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "otlp needs opentelemetry-exporter-otlp-proto-http: install toolsetd[otel]",
+            key="traces",
+        ) from None
+
+
 def tracer_provider(kind: str) -> Any:
     """An SDK tracer provider exporting to ``otlp`` (the standard ``OTEL_*`` variables
     configure the endpoint) or to ``console`` (stdout).
@@ -165,13 +183,9 @@ def tracer_provider(kind: str) -> Any:
     if kind == "console":
         exporter = ConsoleSpanExporter()
     else:
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            raise ConfigError(
-                "otlp needs opentelemetry-exporter-otlp-proto-http: install toolsetd[otel]",
-                key="traces",
-            ) from None
+        check_exporter(kind)
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
         exporter = OTLPSpanExporter()
     attributes = {"service.version": __version__}
     if not os.environ.get("OTEL_SERVICE_NAME"):

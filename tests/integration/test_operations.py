@@ -384,6 +384,39 @@ def test_config_reload_applies_limits_and_names_restart_keys(
         d.stop()
 
 
+@pytest.mark.parametrize(
+    ("line", "said"),
+    [
+        ('allow-group = "no-such-group-here"', ':1: allow-group: no group is named'),
+        ('mcp-token-file = "/nonexistent/token"', "--mcp-token-file needs --mcp-listen"),
+        ('mcp-listen = "10.1.2.3:8765"', "mcp-listen"),
+    ],
+    ids=["allow-group", "token-without-listen", "listen-not-loopback"],
+)
+def test_config_reload_refuses_a_file_the_next_start_would_refuse(
+    ops_home: Path, workspace: Path, tmp_base: Path, line: str, said: str
+) -> None:
+    """A restart-only key the next start would refuse the file for makes the reload fail
+    as any unusable file does, with the start's message, and keeps every running setting.
+    It was named as needing a restart while the file's other keys applied, and the reload
+    (``systemctl reload`` too) succeeded; the next restart exited 2."""
+    d, config = _configured(tmp_base, "output-limit = 100\n", "--no-watch")
+    try:
+        config.write_text(f"{line}\noutput-limit = 100000\n")
+        result = d.call("reload", {})["result"]
+        assert result["config"]["applied"] == [] and result["config"]["restartNeeded"] == []
+        assert said in result["config"]["error"], result
+        assert _invoke(d, workspace, "big")["result"]["truncated"] is True  # 100 kept
+        start = subprocess.run(
+            [sys.executable, "-m", "toolsetd.daemon", "--config", str(config),
+             "--socket", str(tmp_base / "other.sock"), "--home", str(ops_home)],
+            capture_output=True, text=True, timeout=30, check=False,
+        )
+        assert start.returncode == 2 and said in start.stderr, start.stderr
+    finally:
+        d.stop()
+
+
 def test_config_sighup_with_seconds_past_a_doubles_range_keeps_the_daemon(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
