@@ -54,9 +54,10 @@ slot, so it is never counted nor refused; the check is two key lookups, on the r
 only. A routed request's slot (``_Slot``) is freed when its task ends, or before, when the
 route calls the ``release`` it was announced with: MCP answers a cancelled request with
 nothing, so its host counts it done while its tool is still being stopped. Until its task
-ends it counts among the connection's ending requests, of which there are at most as
-many as requests in flight: a host that sends calls and cancels them, over and over,
-cannot pile up tasks that wait for a worker slot or a catalog.
+ends it counts among the connection's ending requests; a request is admitted only while
+they are fewer than the in-flight limit, so a host that sends calls and cancels them, over
+and over, cannot pile up tasks that wait for a worker slot or a catalog (at most twice the
+limit less one in all).
 
 Why one module of this size: one connection's reader, ordered writer, stall timer and
 in-flight table share its state; the framing lives in ``wire.py`` and the request
@@ -339,8 +340,10 @@ class Connection:
         self._stop_reading = False
         self._in_flight = 0
         #: Routed requests the peer cancelled whose tasks have not ended (a tool being
-        #: stopped, a wait for the worker slot or a catalog): at most
-        #: ``max_calls_per_connection`` of them, besides as many in flight.
+        #: stopped, a wait for the worker slot or a catalog). A request is admitted only
+        #: below ``max_calls_per_connection`` of them (and in flight): requests admitted
+        #: and then cancelled may take them past it, so at most twice the limit less one
+        #: tasks in all.
         self._ending = 0
         #: The bytes of an incomplete line over ``LARGE_TEXT`` counted in the server's
         #: ``large_requests`` (a line being received holds memory too).
@@ -913,8 +916,8 @@ class Connection:
         limit = self._settings.max_calls_per_connection
         if ending >= limit:
             return rpc_errors.ServerBusy(
-                f"Too many cancelled requests still ending on this connection: at most "
-                f"{limit}; retry once they have ended.",
+                f"Too many cancelled requests still ending on this connection ({ending}; "
+                f"new requests wait below {limit}): retry once they have ended.",
                 {"limit": limit},
             )
         return rpc_errors.ServerBusy(

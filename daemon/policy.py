@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import enum
 import os
+import posixpath
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -343,8 +344,8 @@ def _check_container(
     The reference host passes such values through unchecked; the child would then
     receive paths nobody looked at. We pass them through too, but never as
     ``workspace``: at least ``outsideWorkspace``, and ``forbidden`` when any string
-    inside names (or resolves to) a credential path or cannot be resolved at all
-    (``_unjudged``), leads through ``/proc/self`` (the
+    inside names (or resolves to) a credential path (read as tools read it too, when the
+    kernel cannot resolve it: ``_forbidden_for_tool``), leads through ``/proc/self`` (the
     tool's own process when it follows the string: ``/proc/self/cwd`` is the workspace for
     it, whatever the daemon's is) or any ``/proc/<pid>`` (whose links take the tool to that
     process's own folders, in its namespaces), or there are too many to check. Each string is
@@ -367,7 +368,7 @@ def _check_container(
             else:
                 readings = (False,)
             if any(
-                _unjudged(_check_string(text, workspace, user_home, crystal_home, True, as_written))
+                _forbidden_for_tool(text, workspace, user_home, crystal_home, as_written)
                 for as_written in readings
             ):
                 scope = Scope.FORBIDDEN
@@ -375,18 +376,40 @@ def _check_container(
     return PathCheck(name, value, None, scope, "it is not a path string")
 
 
-def _unjudged(check: tuple[str | None, Scope, str | None]) -> bool:
-    """Whether a string inside an array or object is forbidden: it names or resolves to a
-    credential path (or through ``/proc/self``), or it cannot be resolved at all. The tool
-    receives such a string itself, and reads it in its own way: Python's ``resolve`` and
-    Node's ``path.resolve`` drop ``./`` and ``name/..`` before they follow links, so
-    ``"./" * 2100 + "key"`` (too long for the kernel) or a 300-byte name then ``/../key``
-    reached the workspace's link ``key`` to ``~/.ssh/id_rsa``, and a C tool stops at a
-    NUL byte, where the daemon saw a path it could not resolve (``outsideWorkspace``,
-    which a reviewer's allow runs). A string argument is refused instead (``Path is not
-    valid.``): the tool would receive the daemon's resolution of it, and there is none."""
-    resolved, scope, detail = check
-    return scope is Scope.FORBIDDEN or (resolved is None and detail is not None)
+def _forbidden_for_tool(
+    text: str, workspace: Path, user_home: Path, crystal_home: Path | None, as_written: bool
+) -> bool:
+    """Whether a string inside an array or object, which the tool follows itself, is
+    forbidden: it names or resolves to a credential path (or through ``/proc/self``), or,
+    when the kernel cannot resolve it, it does once read as tools read such a string.
+
+    Python's ``resolve`` and Node's ``path.resolve`` drop ``./`` and ``name/..`` before they
+    follow links, and a C tool stops at a NUL byte: ``"./" * 2100 + "key"`` (too long for
+    the kernel) and a 300-byte name then ``/../key`` reached the workspace's link ``key``
+    to ``~/.ssh/id_rsa``, where the daemon saw a path it could not resolve
+    (``outsideWorkspace``, which a reviewer's allow runs). So a string that cannot be
+    resolved is also read cut at its NUL byte and with those steps dropped
+    (``posixpath.normpath``); a long text that is no path stays ``outsideWorkspace``. A
+    string argument is refused instead (``Path is not valid.``): the tool would receive
+    the daemon's resolution of it, and there is none.
+    """
+    resolved, scope, detail = _check_string(
+        text, workspace, user_home, crystal_home, True, as_written
+    )
+    if scope is Scope.FORBIDDEN:
+        return True
+    if resolved is not None or detail is None:
+        return False
+    head = text.split("\x00", 1)[0]
+    for reading in dict.fromkeys((head, posixpath.normpath(head) if head else "")):
+        if not reading or reading == text:
+            continue
+        if is_credential_path(reading, user_home):
+            return True
+        check = _check_string(reading, workspace, user_home, crystal_home, True, as_written)
+        if check[1] is Scope.FORBIDDEN:
+            return True
+    return False
 
 
 def _inspect(
@@ -443,8 +466,7 @@ def _where(check: PathCheck, user_home: Path, crystal_home: Path | None) -> str:
         return (
             f"Argument '{name}' is not a path string and holds a credential path, a path "
             "through /proc/self or /proc/<pid> (the tool's own process, or a process's "
-            "own folders, when it follows it), a path that cannot be resolved, or too many "
-            "paths to check"
+            "own folders, when it follows it), or too many paths to check"
         )
     if check.resolved is not None:
         return f"Argument '{name}' resolves to {_show(check.resolved)}, outside the workspace"

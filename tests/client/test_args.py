@@ -208,3 +208,29 @@ def test_a_request_over_the_daemons_line_limit_exits_2() -> None:
 
     failure = rpc_failure(RpcError.from_error({"code": -32007, "message": "Message too large"}))
     assert failure.exit_code == EXIT_USAGE
+
+
+def test_a_schema_refusal_prints_each_error_after_the_first_below_it() -> None:
+    """The summary carries the first error; each later one is a line below, whatever its
+    words: two errors of the same words (at two pointers of one schema keyword), or one
+    whose words the first holds, printed fewer lines than "(N more below)" counts. An
+    error of the arguments object itself is named so; the JSON message is the daemon's."""
+    from toolsetd.client.exits import rpc_failure
+    from toolsetd.protocol.errors import RpcError
+
+    errors = [
+        {"path": "", "message": "property 'extra' is not allowed"},
+        {"path": "", "message": "property 'extra' is not allowed"},
+        {"path": "/a", "message": "/a: not allowed"},
+        {"path": "", "message": "not allowed"},
+    ]
+    message = "Invalid arguments for 't': property 'extra' is not allowed (3 more in data.errors)"
+    failure = rpc_failure(RpcError.from_error(
+        {"code": -32002, "message": message, "data": {"errors": errors}}))
+    assert failure.message == message
+    assert failure.said == message.replace("(3 more in data.errors)", "(3 more below)")
+    assert failure.details == [
+        "  (the arguments object): property 'extra' is not allowed",
+        "  /a: not allowed",
+        "  (the arguments object): not allowed",
+    ]

@@ -487,31 +487,35 @@ def test_classify_container_strings_through_proc_self_are_forbidden(
         "./" * 2100 + "key",  # too long for the kernel; Python's resolve drops the ./
         "x" * 300 + "/../key",  # a name too long, then ..: dropped before links are followed
         "key\x00.txt",  # a C tool stops at the NUL byte
-        "loop/key",  # a link loop on the way
     ],
-    ids=["too-long", "long-name", "nul", "loop"],
+    ids=["too-long", "long-name", "nul"],
 )
-def test_classify_container_strings_that_cannot_be_resolved_are_forbidden(
+def test_classify_container_strings_read_as_tools_read_them_are_judged(
     ws: Path, home: Path, text: str
 ) -> None:
-    """A string inside an array or object that the daemon cannot resolve cannot be judged
-    for the tool, which reads it its own way: Python's ``resolve`` (Node's too) drops
-    ``./`` and ``name/..`` before following links, and took both long strings to the
-    workspace's link ``key`` to ``~/.ssh/id_rsa``. They counted as outsideWorkspace, so a
+    """A string inside an array or object that the kernel cannot resolve is judged as tools
+    read it too: Python's ``resolve`` (Node's too) drops ``./`` and ``name/..`` before
+    following links, and took both long strings to the workspace's link ``key`` to
+    ``~/.ssh/id_rsa``; a C tool stops at a NUL byte. They counted as outsideWorkspace, so a
     reviewer's allow ran the call and the tool read the key. Now they are forbidden: only
     the operator may pass them, and headless they are denied. The same string as a string
-    argument is refused at invoke instead (the tool would receive the daemon's resolution,
-    and there is none)."""
+    argument is refused at invoke (the tool would receive the daemon's resolution, and
+    there is none). A long text that is no path, or leads nowhere forbidden read so,
+    stays outsideWorkspace: an edit tool's objects carry text beside their paths."""
     (ws / "key").symlink_to(home / ".ssh" / "id_rsa")
-    (ws / "loop").symlink_to("loop")
+    (ws / "notes").mkdir()
     nested = run(loaded("path"), {"path": ["notes.txt", text]}, ws, home, Mode.REVIEW,
                  headless=True)
     assert nested.scope == Scope.FORBIDDEN
     assert nested.decision == Decision.DENY
     assert nested.require_prompt
-    assert "cannot be resolved" in nested.reason
     direct = run(loaded("path"), {"path": text}, ws, home, Mode.REVIEW)
     assert (direct.scope, direct.arguments_error) == (Scope.OUTSIDE, "Path is not valid.")
+    harmless = text.replace("key", "notes")
+    for value in ([harmless], [{"path": "src/a.py", "new_text": "x = 1  # " + "a" * 300}],
+                  ["word " * 900]):
+        kept = run(loaded("path"), {"path": value}, ws, home, Mode.REVIEW)
+        assert (kept.scope, kept.decision) == (Scope.OUTSIDE, Decision.REVIEW), value
 
 
 def _free_pid() -> int:

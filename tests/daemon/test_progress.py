@@ -163,4 +163,6 @@ async def test_a_json_line_with_a_message_of_the_longest_kind_is_read_whole(
     ],
 )
 def test_a_fraction_is_clamped_whatever_its_size(line: bytes, report: Any) -> None:
+    """A fraction is any JSON number, clamped to 0..1, however far past the double range
+    (compared before it is made a float); a boolean or a string is no fraction."""
     assert parse_progress(line) == report
