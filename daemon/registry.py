@@ -33,6 +33,7 @@ their watches), so a daemon that served many projects does not keep them all.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -160,6 +161,8 @@ def diff_catalogs(old: Catalog | None, new: Catalog) -> tuple[SetChange, ...]:
 
 #: A scan value for a file too fresh to be judged by its stat signature.
 _FRESH = "fresh"
+#: The errors of a path that names nothing (``_signature_or_fresh``).
+_MISSING = frozenset({errno.ENOENT, errno.ENOTDIR})
 #: What the last scan holds for a name it did not see.
 _GONE = "gone"
 #: A scan value for a manifest that is a symlink leading nowhere (a candidate, unreadable).
@@ -215,10 +218,24 @@ def _patchable(entry: SetEntry) -> bool:
 
 
 def _signature_or_fresh(path: str, now_ns: int) -> object:
+    """A file's stat signature (``config.json``'s); None when there is none, ``_FRESH``
+    while too fresh to judge by it.
+
+    A file that is there but cannot be read (a link whose target is gone, a link loop, a
+    folder that may not be searched) is no missing one: ``config.json`` then turns
+    discovery off. Its stat failed as a missing file's does, so it read as None, no
+    change, and the catalogs already loaded kept discovery on; it is the link's own
+    signature (and why) now.
+    """
     try:
         st = os.stat(path)
-    except OSError:
-        return None
+    except OSError as exc:
+        try:
+            st = os.lstat(path)
+        except OSError:
+            return None if exc.errno in _MISSING else ("unreadable", exc.errno)
+        link = trusted_signature(st, now_ns)
+        return _FRESH if link is None else ("unreadable", exc.errno, link)
     signature = trusted_signature(st, now_ns)
     return _FRESH if signature is None else signature
 

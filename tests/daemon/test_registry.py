@@ -382,6 +382,14 @@ def _config(tools: Path, ws: Path) -> _Told:
     return {None: None}
 
 
+def _config_link_nowhere(tools: Path, ws: Path) -> _Told:
+    # Where there was no config.json: a link whose target is gone is a file that cannot be
+    # read (discovery off), not a missing one; its stat, like a missing file's, failed, so
+    # the reload saw no change and kept discovery on.
+    (tools.parent / "config.json").symlink_to(tools.parent / "nowhere" / "config.json")
+    return {None: None}
+
+
 @pytest.mark.parametrize("scan", ["on the loop", "in a thread", "told what changed"])
 @pytest.mark.parametrize(
     "change",
@@ -398,12 +406,14 @@ def _config(tools: Path, ws: Path) -> _Told:
         _project_gone,
         _project_came,
         _config,
+        _config_link_nowhere,
     ],
     ids=[
         "set added", "set removed", "set renamed", "manifest removed", "manifest added",
         "a manifest link to nowhere added", "manifest replaced by a link to nowhere",
         "a set beside a bare folder changed", "more sets changed than a patch takes",
         "project folder removed", "project folder created", "config.json changed",
+        "config.json a link to nowhere",
     ],
 )
 async def test_registry_reload_after_any_change_equals_a_rebuild(
