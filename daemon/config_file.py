@@ -43,7 +43,32 @@ __all__ = [
     "load_config",
     "read_descriptor",
     "read_regular_file",
+    "toml_shown",
 ]
+
+
+def toml_shown(value: Any) -> str:
+    """A TOML value as a config error message shows it: as the file writes it (``true``,
+    ``"text"``, ``5``), or what it is (``a table``, ``a list``, ``a date (1979-05-27)``),
+    never Python's ``repr`` (``True``, ``'text'``, ``datetime.date(1979, 5, 27)``)."""
+    import datetime  # only for a message
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return f'"{value}"'  # its control characters are made inert with the whole message
+    if isinstance(value, dict):
+        return "a table"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, datetime.datetime):
+        return f"a date and time ({value.isoformat()})"
+    if isinstance(value, datetime.date):
+        return f"a date ({value.isoformat()})"
+    if isinstance(value, datetime.time):
+        return f"a time ({value.isoformat()})"
+    return repr(value)
+
 
 #: Manifests and config.json larger than this are refused unread.
 MAX_MANIFEST_BYTES = 1 << 20

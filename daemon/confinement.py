@@ -84,6 +84,7 @@ from .cgroup import (
     daemon_cgroup,
     parse_limits,
 )
+from .config_file import toml_shown
 from .exhaustion import ProbeShort, out_of_resources, out_of_tasks
 from .manifest import is_directory_name
 from .model import Source, ToolSet
@@ -272,7 +273,7 @@ class ConfinementConfig:
 
 def _layer(table: Any, where: str) -> _Layer:
     if not isinstance(table, dict):
-        raise ValueError(f"{where}: must be a table; got {type(table).__name__}.")
+        raise ValueError(f"{where}: must be a table; got {toml_shown(table)}.")
     unknown = sorted(set(table) - _SET_KEYS)
     if unknown:
         raise ValueError(
@@ -284,10 +285,12 @@ def _layer(table: Any, where: str) -> _Layer:
             profile = Profile(profile)
         except ValueError:
             names = ", ".join(repr(p.value) for p in Profile)
-            raise ValueError(f"{where}.profile: must be one of {names}; got {profile!r}.") from None
+            raise ValueError(
+                f"{where}.profile: must be one of {names}; got {toml_shown(profile)}."
+            ) from None
     network = table.get("network")
     if network is not None and not isinstance(network, bool):
-        raise ValueError(f"{where}.network: must be true or false; got {network!r}.")
+        raise ValueError(f"{where}.network: must be true or false; got {toml_shown(network)}.")
     return _Layer(profile, network, parse_limits(table, where))
 
 
@@ -369,28 +372,29 @@ def parse_confinement(table: Mapping[str, Any], where: str = "confinement") -> C
         value = table.get(key, "auto")
         if not isinstance(value, str) or not (value in ("auto", "off") or value.startswith("/")):
             raise ValueError(
-                f'{where}.{key}: must be "auto", "off" or an absolute path; got {value!r}.'
+                f'{where}.{key}: must be "auto", "off" or an absolute path; '
+                f"got {toml_shown(value)}."
             )
         if "\x00" in value:
             # No file has such a name: sandbox's ended the start in a traceback ("embedded
             # null byte", from the probe's os.access), cgroup's was "not a folder".
             raise ValueError(
-                f"{where}.{key}: must be a path without NUL characters; got {value!r}."
+                f"{where}.{key}: must be a path without NUL characters; got {toml_shown(value)}."
             )
     hide = table.get("hide", [])
     if not isinstance(hide, list) or not all(isinstance(h, str) and h for h in hide):
-        raise ValueError(f"{where}.hide: must be a list of paths; got {hide!r}.")
+        raise ValueError(f"{where}.hide: must be a list of paths; got {toml_shown(hide)}.")
     for entry in hide:
         if "\x00" in entry:  # it hid nothing, and the path's checks met "embedded null byte"
             raise ValueError(
-                f"{where}.hide: each path must be without NUL characters; got {entry!r}."
+                f"{where}.hide: each path must be without NUL characters; got {toml_shown(entry)}."
             )
         # Anything else named no path the sandbox could find ($HOME is not expanded, a
         # relative path would depend on the daemon's working folder): it hid nothing, silently.
         if not (entry == "~" or entry.startswith(("/", "~/"))):
             raise ValueError(
                 f"{where}.hide: each path must be absolute or start with '~/' (variables are "
-                f"not expanded); got {entry!r}."
+                f"not expanded); got {toml_shown(entry)}."
             )
     sources = {
         source: _layer(table[source.value], f"{where}.{source.value}")

@@ -52,7 +52,7 @@ from typing import Any, Literal, NoReturn
 
 from toolsetd.protocol.printable import printable  # at load: ConfigError is made short of fds too
 
-from .config_file import KernelFile, read_regular_file
+from .config_file import KernelFile, read_regular_file, toml_shown
 from .confinement import ConfinementConfig, parse_confinement
 from .exhaustion import out_of_resources
 from .install import at_start, sources_id
@@ -891,15 +891,7 @@ def _parse_listen(raw: str, started: bool = False) -> tuple[str, int]:
 
 
 def _show(raw: Any) -> str:
-    if isinstance(raw, bool):
-        return "true" if raw else "false"
-    if isinstance(raw, str):
-        return f'"{raw}"'
-    if isinstance(raw, dict):
-        return "a table"
-    if isinstance(raw, list):
-        return "a list"
-    return repr(raw)
+    return toml_shown(raw)
 
 
 def _file_values(path: Path, started: bool = False) -> tuple[dict[str, Any], dict[str, str]]:

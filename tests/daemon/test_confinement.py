@@ -73,7 +73,7 @@ def _confinement(table: dict[str, object], bwrap: str | None = "/usr/bin/bwrap",
         ({"sets": {"9lint": {}}}, "confinement.sets.9lint: no set directory can be named"),
         ({"sets": {"a" * 65: {}}}, "64 characters at most"),
         ({"hide": ["$HOME/.aws"]}, "confinement.hide: each path must be absolute or start"),
-        ({"hide": ["~/.aws", "secrets/key"]}, "got 'secrets/key'"),
+        ({"hide": ["~/.aws", "secrets/key"]}, 'got "secrets/key"'),
         ({"hide": ["~user/.aws"]}, "confinement.hide: each path must be absolute or start"),
     ],
 )

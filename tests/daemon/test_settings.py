@@ -275,17 +275,17 @@ def test_settings_a_path_with_a_nul_names_its_key_and_the_fix(
         (
             '[confinement]\nsandbox = "/usr/bin/bwrap\\u0000x"\n',
             "toolsetd.toml:2: confinement.sandbox: must be a path without NUL characters; "
-            "got '/usr/bin/bwrap\\x00x'.",
+            'got "/usr/bin/bwrap\\x00x".',
         ),
         (
             '[confinement]\ncgroup = "/sys/fs/cgroup/a\\u0000b"\n',
             "toolsetd.toml:2: confinement.cgroup: must be a path without NUL characters; "
-            "got '/sys/fs/cgroup/a\\x00b'.",
+            'got "/sys/fs/cgroup/a\\x00b".',
         ),
         (
             '[confinement]\nhide = ["~/.aws", "~/\\u0000x"]\n',
             "toolsetd.toml:2: confinement.hide: each path must be without NUL characters; "
-            "got '~/\\x00x'.",
+            'got "~/\\x00x".',
         ),
     ],
 )
@@ -298,6 +298,26 @@ def test_settings_a_confinement_path_with_a_nul_names_its_key(
     with pytest.raises(ConfigError) as caught:
         _load(_write(tmp_path, text))
     assert str(caught.value).endswith(message)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("max-running = 1979-05-27\n", "got a date (1979-05-27)"),
+        ("kill-grace = 07:32:00\n", "got a time (07:32:00)"),
+        ("[confinement.sets]\nlint = 5\n", "must be a table; got 5."),
+        ('[confinement]\n[confinement.sets.lint]\nnetwork = "yes"\n', 'got "yes".'),
+    ],
+)
+def test_settings_a_bad_value_is_shown_as_toml_writes_it(
+    tmp_path: Path, text: str, shown: str
+) -> None:
+    """A value the file gives is shown as TOML writes it, or as what it is: it was Python's
+    repr (``datetime.date(1979, 5, 27)``, ``got int``, ``'yes'``)."""
+    with pytest.raises(ConfigError) as caught:
+        _load(_write(tmp_path, text))
+    assert shown in str(caught.value), str(caught.value)
+    assert "datetime" not in str(caught.value) and "got int" not in str(caught.value)
 
 
 def test_settings_key_lines_of_a_long_dotted_key_stay_few_and_short() -> None:
