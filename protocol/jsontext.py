@@ -611,6 +611,9 @@ _CHECKED_OPTIONS: Final = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SORT_KEYS | orj
 #: the same escapes orjson writes (``\"``, ``\\``, ``\b\f\n\r\t``, ``\u00XX``).
 _quote: Final[Callable[[str], str]] = json.encoder.encode_basestring
 _INFINITY: Final = float("inf")
+#: ``_dumps_checked``'s layout of a container without ``OPT_INDENT_2``: nothing before the
+#: first member, a comma between two, nothing after the last.
+_FLAT: Final = ("", ",", "")
 
 
 def _dumps_checked(value: Any, option: int, *, own: bool) -> bytes:
@@ -634,6 +637,12 @@ def _dumps_checked(value: Any, option: int, *, own: bool) -> bytes:
     out = parts.append
     quote = _quote
 
+    def layout(depth: int) -> tuple[str, str, str]:
+        """``_FLAT`` for a container at ``depth`` with ``OPT_INDENT_2``: each member on a
+        line of its own, two spaces a level."""
+        inner = "\n" + "  " * (depth + 1)
+        return inner, "," + inner, "\n" + "  " * depth
+
     def write(item: Any, depth: int) -> None:
         kind = type(item)
         if kind is str:
@@ -651,39 +660,31 @@ def _dumps_checked(value: Any, option: int, *, own: bool) -> bytes:
                     _check_key(key)
                 members = sorted(members, key=_first)
             out("{")
-            between = ",\n" + "  " * (depth + 1) if indent else ","
-            first = True
+            start, between, end = layout(depth) if indent else _FLAT
+            sep = start
             for key, member in members:
-                if first:
-                    first = False
-                    if indent:
-                        out(between[1:])
-                else:
-                    out(between)
+                out(sep)
+                sep = between
                 if type(key) is not str or not (key.isascii() or is_utf8(key)):
                     _check_key(key)
                 out(quote(key))
                 out(colon)
                 write(member, depth + 1)
-            if indent and not first:
-                out("\n" + "  " * depth)
+            if sep is between:
+                out(end)
             out("}")
         elif kind is list or kind is tuple:
             if depth >= _ORJSON_WRITE_DEPTH:
                 raise TypeError("Recursion limit reached")
             out("[")
-            between = ",\n" + "  " * (depth + 1) if indent else ","
-            first = True
+            start, between, end = layout(depth) if indent else _FLAT
+            sep = start
             for member in item:
-                if first:
-                    first = False
-                    if indent:
-                        out(between[1:])
-                else:
-                    out(between)
+                out(sep)
+                sep = between
                 write(member, depth + 1)
-            if indent and not first:
-                out("\n" + "  " * depth)
+            if sep is between:
+                out(end)
             out("]")
         elif kind in _KNOWN:
             out(_scalar_text(item, own))
