@@ -401,15 +401,12 @@ def _forbidden_for_tool(
     if resolved is not None or detail is None:
         return False
     head = text.split("\x00", 1)[0]
-    for reading in dict.fromkeys((head, posixpath.normpath(head) if head else "")):
-        if not reading or reading == text:
-            continue
-        if is_credential_path(reading, user_home):
-            return True
-        check = _check_string(reading, workspace, user_home, crystal_home, True, as_written)
-        if check[1] is Scope.FORBIDDEN:
-            return True
-    return False
+    return any(
+        _check_string(reading, workspace, user_home, crystal_home, True, as_written)[1]
+        is Scope.FORBIDDEN  # its text, as scope_of reads it first, or where it resolves
+        for reading in dict.fromkeys((head, posixpath.normpath(head) if head else ""))
+        if reading and reading != text
+    )
 
 
 def _inspect(
