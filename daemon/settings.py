@@ -890,8 +890,8 @@ def _parse_listen(raw: str, started: bool = False) -> tuple[str, int]:
     return str(address), port
 
 
-def _show(raw: Any) -> str:
-    return toml_shown(raw)
+#: A value as a message shows it (``config_file.toml_shown``).
+_show = toml_shown
 
 
 def _file_values(path: Path, started: bool = False) -> tuple[dict[str, Any], dict[str, str]]:
