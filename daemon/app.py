@@ -97,6 +97,7 @@ from .settings import (
     SettingsReload,
     default_config_path,
     format_settings,
+    key_fault,
     load_settings,
     parse_command_line,
     reload_settings,
@@ -996,7 +997,7 @@ def _check_next_start(outcome: SettingsReload, args: argparse.Namespace) -> None
     if "allow-group" in changed:
         resolve_allow_group(fresh)
     if "traces" in changed and fresh.traces != "off":
-        _tracer_check(fresh.traces)
+        _tracer_check(fresh)
 
 
 async def _reload_on_signal(handlers: Handlers) -> None:
@@ -1259,7 +1260,12 @@ def options_from_settings(
             except ListenError as exc:
                 raise ConfigError(str(exc)) from None
     elif settings.mcp_token_file is not None:
-        raise ConfigError("--mcp-token-file needs --mcp-listen: the token is for the HTTP endpoint")
+        raise key_fault(
+            settings,
+            "mcp-token-file",
+            "needs mcp-listen (the token is for the HTTP endpoint): set mcp-listen "
+            "(--mcp-listen) too, or no token file",
+        )
     return DaemonOptions(
         home=home,
         socket=settings.socket,
@@ -1320,7 +1326,12 @@ def _start_options(settings: Settings, args: argparse.Namespace) -> DaemonOption
     restart, so a group removed since (or a group database that cannot be asked then)
     must not fail every reload.
     """
-    return replace(options_from_settings(settings, args), allow_gid=resolve_allow_group(settings))
+    options = replace(
+        options_from_settings(settings, args), allow_gid=resolve_allow_group(settings)
+    )
+    if settings.traces != "off":
+        _tracer_check(settings)  # before --print-config too: it checks what a start would
+    return options
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -1342,6 +1353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "socket": str(default_socket_path(os.environ)),
                 "home": str(options.home),
             }
+            if options.cache_dir is not None:  # XDG_CACHE_HOME's, or ~/.cache's
+                resolved["cache-dir"] = str(options.cache_dir)
             text = format_settings(settings, resolved, default_config_path(os.environ))
             # UTF-8, the file's own encoding, whatever the locale (in LC_ALL=C a value
             # outside ASCII raised UnicodeEncodeError); a path's undecodable bytes as they were.
@@ -1504,25 +1517,31 @@ def _flush_spans(provider: Any, seconds: float = _SPAN_FLUSH_SECONDS) -> None:
 
 
 def _tracer_provider(kind: str) -> Any:
-    """The OpenTelemetry tracer provider for ``traces = kind``, from the otel extra."""
-    _tracer_check(kind)
+    """The OpenTelemetry tracer provider for ``traces = kind``, from the otel extra
+    (``_start_options`` checked that it is installed)."""
     from .tracing import tracer_provider  # the otel extra: only when asked for
 
     return tracer_provider(kind)
 
 
-def _tracer_check(kind: str) -> None:
-    """Refuse ``traces = kind`` when the otel extra (or, for ``otlp``, its exporter) is
-    not installed, as a start refuses it, without making a provider."""
+def _tracer_check(settings: Settings) -> None:
+    """Refuse ``settings.traces`` when the otel extra (or, for ``otlp``, its exporter) is
+    not installed, as a start refuses it, without making a provider; the error names
+    where ``traces`` was set."""
+    kind = settings.traces
     try:
         from .tracing import check_exporter  # the otel extra: only when asked for
     except ImportError:
-        raise ConfigError(
+        raise key_fault(
+            settings,
+            "traces",
             f'{kind} needs OpenTelemetry: install the extra (pipx install "toolsetd[otel]", '
             'or /opt/toolsetd/bin/pip install "toolsetd[otel]"), or set traces = "off"',
-            key="traces",
         ) from None
-    check_exporter(kind)
+    try:
+        check_exporter(kind)
+    except ConfigError as exc:
+        raise key_fault(settings, "traces", exc.reason) from None
 
 
 def _exit_code(exc: BaseException) -> int:

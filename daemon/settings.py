@@ -70,6 +70,7 @@ __all__ = [
     "build_parser",
     "default_config_path",
     "format_settings",
+    "key_fault",
     "load_settings",
     "reload_settings",
     "resolve_allow_group",
@@ -392,6 +393,7 @@ class ConfigError(Exception):
     """A setting that cannot be used; the message names the file, the line and the key.
 
     Attributes:
+        reason: The message alone, without where or the key (``key_fault`` places it).
         path: The config file, or None for a flag or the environment.
         line: The line in that file, when known.
         key: The key at fault, when there is one.
@@ -410,6 +412,7 @@ class ConfigError(Exception):
         # One line a terminal shows but cannot act on: keys and values come from the file
         # (toolsetd --config their.toml --print-config checks a file someone else wrote).
         super().__init__(printable(f"{where}{f'{key}: ' if key else ''}{message}"))
+        self.reason = message
         self.path = path
         self.line = line
         self.key = key
@@ -928,7 +931,9 @@ _TABLES: dict[str, Any] = {"confinement": parse_confinement}
 def _read_table(key: str, raw: Any, path: Path, lines: Mapping[str, int]) -> Any:
     """One table through its reader; its ``ValueError`` names the dotted key at fault."""
     if not isinstance(raw, dict):
-        raise ConfigError(f"must be a table ([{key}]), got {_show(raw)}", path, lines.get(key), key)
+        # [[confinement]] is an array of tables: its header is its line.
+        line = lines.get(key) or lines.get(f"[{key}]")
+        raise ConfigError(f"must be a table ([{key}]), got {_show(raw)}", path, line, key)
     try:
         return _TABLES[key](raw, key)
     except ValueError as exc:
@@ -1023,16 +1028,41 @@ def resolve_allow_group(settings: Settings) -> int | None:
         return grp.getgrnam(name).gr_gid
     except KeyError:
         pass
-    source = settings.sources.get("allow-group", "")
-    path = settings.config_path
-    message = (
+    raise key_fault(
+        settings,
+        "allow-group",
         f"no group is named {_show(name)} in the group database; "
-        "create it (groupadd --system NAME) or fix the name"
+        "create it (groupadd --system NAME) or fix the name",
     )
+
+
+def key_fault(settings: Settings, key: str, message: str) -> ConfigError:
+    """The error for ``key``'s value, named where that value came from.
+
+    For a check across keys, made after the settings were merged (``allow-group``'s
+    group, ``mcp-token-file`` without ``mcp-listen``, ``traces``' exporter): they named
+    a flag, or nothing, for a value the file gave.
+
+    Args:
+        settings: The merged settings; ``Settings.sources`` says where ``key`` came from.
+        key: The key at fault (``traces``).
+        message: What is wrong with its value, without where.
+
+    Returns:
+        The error naming the flag, the environment variable, or the config file and line.
+    """
+    source = settings.sources.get(key, "")
     if source.startswith("flag "):
-        raise ConfigError(message, key=source.removeprefix("flag "))
-    line = source.rpartition(":")[2]
-    raise ConfigError(message, path, int(line) if line.isdigit() else None, "allow-group")
+        return ConfigError(message, key=source.removeprefix("flag "))
+    if source.startswith("env "):
+        return ConfigError(f"(from {source.removeprefix('env ')}) {message}", key=key)
+    path = settings.config_path
+    if path is None or source in ("", "default"):
+        return ConfigError(message, key=key)
+    # "<path>:<line>", or the path alone when the key's line is not known: a line is read
+    # only after the path, whose own name may end in ":7".
+    line = source.removeprefix(f"{path}:") if source != str(path) else ""
+    return ConfigError(message, path, int(line) if line.isdigit() else None, key)
 
 
 def reload_settings(
@@ -1133,7 +1163,7 @@ def format_settings(
     Args:
         settings: The settings.
         resolved: Values shown for unset keys that the daemon fills in at start
-            (the default socket and home), by key.
+            (the default socket, home and cache folder), by key.
         looked_for: Where a config file was looked for, when none was found.
 
     Returns:

@@ -123,6 +123,31 @@ def test_print_config_is_utf8_in_any_locale(tmp_path, locale_env: dict[str, str]
     assert tomllib.loads(r.stdout.decode("utf-8"))["home"] == "/srv/Zoë ✓"
 
 
+def test_print_config_shows_the_cache_folder_a_start_would_use(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The cache folder, when no flag or file sets it, is XDG_CACHE_HOME's: the line read
+    ``# cache-dir =``, with no value, and the operator could not tell where the sets are
+    kept. With ``--no-cache`` there is none to show."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache ✓")}
+    env.pop("CONFIGURATION_DIRECTORY", None)
+
+    def shown(*flags: str) -> list[str]:
+        r = subprocess.run(
+            [sys.executable, "-m", "toolsetd.daemon", "--config", str(tmp_path / "t.toml"),
+             *flags, "--print-config"],
+            capture_output=True, timeout=60, env=env, check=False, encoding="utf-8",
+        )
+        assert r.returncode == 0, r.stderr
+        return [line.rpartition(" # ")[0].rstrip() for line in r.stdout.splitlines() if "cache-dir =" in line]
+
+    (tmp_path / "t.toml").write_text("")
+    assert shown() == [f'# cache-dir = "{tmp_path}/cache ✓/toolsetd"']
+    assert shown("--no-cache") == ["# cache-dir ="]
+
+
 _EMBEDDED = """
 import signal, sys, tempfile
 from pathlib import Path

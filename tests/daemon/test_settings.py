@@ -320,6 +320,33 @@ def test_settings_a_bad_value_is_shown_as_toml_writes_it(
     assert "datetime" not in str(caught.value) and "got int" not in str(caught.value)
 
 
+def test_settings_an_array_of_confinement_tables_names_its_line(tmp_path: Path) -> None:
+    """``[[confinement]]`` (an array of tables, one bracket too many) is refused at the line
+    of its header: the message named no line, so the file had to be searched for it."""
+    with pytest.raises(ConfigError) as caught:
+        _load(_write(tmp_path, 'log-level = "info"\n\n[[confinement]]\ncgroups = true\n'))
+    assert "toolsetd.toml:3: confinement: must be a table ([confinement]), got a list" in str(
+        caught.value
+    )
+
+
+def test_settings_a_check_across_keys_names_the_file_and_line_of_the_value(tmp_path: Path) -> None:
+    """``key_fault`` names the file and line the value came from, or the flag; and it
+    reads no line out of the file's own name when the key has none (an escaped key is
+    given no line): ``t.toml:7`` named line 7 of ``t.toml``."""
+    from toolsetd.daemon.settings import key_fault
+
+    path = _write(tmp_path, 'log-level = "info"\ntraces = "console"\n')
+    assert str(key_fault(_load(path), "traces", "m")) == f"{path}:2: traces: m"
+    assert str(key_fault(_load(path, "--traces", "off"), "traces", "m")) == "--traces: m"
+    folder = tmp_path / "a:1"
+    folder.mkdir()
+    odd = folder / "t.toml:7"
+    odd.write_text('log-level = "info"\n"tr\\u0061ces" = "console"\n')
+    fault = key_fault(_load(odd), "traces", "m")
+    assert fault.line is None and str(fault) == f"{odd}: traces: m"
+
+
 def test_settings_key_lines_of_a_long_dotted_key_stay_few_and_short() -> None:
     """Each dotted prefix of a key is given its line, but only up to a depth and a length
     no setting passes: every prefix of a key of 400,000 parts, joined, was the square of
