@@ -1047,26 +1047,30 @@ async def _handle_signals(
         notifier.stopping()
         tg.start_soon(_graceful_stop, state, server, handlers, listener, state.http)
         async for again in signals:
-            if again in _STOP_SIGNALS:
-                log.info(
-                    "stop_forced",
-                    signal=signal.Signals(again).name,
-                    in_flight=len(handlers.service.calls),
-                )
-                # SIGKILL every tool's group first: a call already in its shielded
-                # SIGTERM-then-wait (the grace ran out) must not hold the exit for the
-                # kill grace, and a child ignoring SIGTERM must not survive.
-                guard.kill_all()
-                for call in list(handlers.service.calls.values()):
-                    call.cancel.set()
-                # Close every connection now: a client that is not reading must not hold
-                # the exit while its answers wait for it.
-                for conn in list(server.connections.values()):
-                    conn.abort()
-                if state.http is not None:
-                    state.http.close()
-                tg.cancel_scope.cancel()
-                return
+            if again not in _STOP_SIGNALS:
+                # A SIGHUP (no reload now: the daemon is stopping) or a stray SIGUSR1 in
+                # the grace: said, as at any other time, not dropped unseen.
+                log.info("signal_ignored", signal=signal.Signals(again).name, stopping=True)
+                continue
+            log.info(
+                "stop_forced",
+                signal=signal.Signals(again).name,
+                in_flight=len(handlers.service.calls),
+            )
+            # SIGKILL every tool's group first: a call already in its shielded
+            # SIGTERM-then-wait (the grace ran out) must not hold the exit for the
+            # kill grace, and a child ignoring SIGTERM must not survive.
+            guard.kill_all()
+            for call in list(handlers.service.calls.values()):
+                call.cancel.set()
+            # Close every connection now: a client that is not reading must not hold
+            # the exit while its answers wait for it.
+            for conn in list(server.connections.values()):
+                conn.abort()
+            if state.http is not None:
+                state.http.close()
+            tg.cancel_scope.cancel()
+            return
         return
 
 

@@ -262,6 +262,24 @@ def test_sigusr1_and_sigusr2_are_logged_and_end_no_daemon(
         d.stop()
 
 
+def _start_sleepy(d: Daemon, conn: Any, workspace: Path) -> None:
+    """Send an ``invoke`` of ``sleepy`` (id 1) on ``conn`` and wait until it runs."""
+    conn.send({"jsonrpc": "2.0", "method": "invoke", "id": 1,
+               "params": {"tool": "sleepy", "arguments": {}, "workspace": str(workspace)}})
+    eventually(
+        lambda: any(e["event"] == "call_started" for e in d.log_events()),
+        what="the call started",
+    )
+
+
+def _answer_to(conn: Any, request_id: int) -> dict[str, Any]:
+    """The response to ``request_id`` on ``conn``, past the notifications before it."""
+    reply = conn.receive()
+    while reply.get("id") != request_id:
+        reply = conn.receive()
+    return reply
+
+
 def test_sigquit_stops_the_daemon_as_sigterm_does(
     ops_home: Path, workspace: Path, tmp_base: Path
 ) -> None:
@@ -273,21 +291,49 @@ def test_sigquit_stops_the_daemon_as_sigterm_does(
     d, _ = _configured(tmp_base, "shutdown-grace = 0.2\nkill-grace = 0.2\n", "--no-watch")
     try:
         with d.raw(timeout=30) as conn:
-            conn.send({"jsonrpc": "2.0", "method": "invoke", "id": 1,
-                       "params": {"tool": "sleepy", "arguments": {}, "workspace": str(workspace)}})
-            eventually(
-                lambda: any(e["event"] == "call_started" for e in d.log_events()),
-                what="the call started",
-            )
+            _start_sleepy(d, conn, workspace)
             d.proc.send_signal(signal.SIGQUIT)
-            reply = conn.receive()
-            while reply.get("id") != 1:
-                reply = conn.receive()
+            reply = _answer_to(conn, 1)
         assert reply["result"]["status"] == "cancelled", reply
         assert d.proc.wait(timeout=20) == 0, d.log()[-2000:]
         stops = [e for e in d.log_events() if e["event"] == "stop_requested"]
         assert [e["signal"] for e in stops] == ["SIGQUIT"]
         assert not d.socket.exists()
+    finally:
+        if d.proc.poll() is None:
+            d.proc.kill()
+            d.proc.wait()
+
+
+def test_a_sighup_in_a_graceful_stops_grace_is_logged_and_reloads_nothing(
+    ops_home: Path, workspace: Path, tmp_base: Path
+) -> None:
+    """A SIGHUP (or a stray SIGUSR1) while a stop waited for a call was dropped without a
+    word: an operator whose ``systemctl reload`` met a stopping daemon found nothing in the
+    journal. Each is logged as ignored, no reload starts, and the stop ends as it would."""
+    d, _ = _configured(tmp_base, "shutdown-grace = 3\nkill-grace = 0.2\n", "--no-watch")
+    try:
+        with d.raw(timeout=30) as conn:
+            _start_sleepy(d, conn, workspace)
+            d.proc.send_signal(signal.SIGTERM)
+            eventually(
+                lambda: any(e["event"] == "stop_requested" for e in d.log_events()),
+                what="the stop began",
+            )
+            for signum in (signal.SIGHUP, signal.SIGUSR1):
+                d.proc.send_signal(signum)
+                eventually(
+                    lambda signum=signum: any(
+                        e["event"] == "signal_ignored" and e["signal"] == signum.name
+                        and e.get("stopping") is True
+                        for e in d.log_events()
+                    ),
+                    what=f"{signum.name} in the grace logged",
+                )
+            reply = _answer_to(conn, 1)
+        assert reply["result"]["status"] == "cancelled", reply
+        assert d.proc.wait(timeout=20) == 0, d.log()[-2000:]
+        assert not any(e["event"] == "reload_requested" for e in d.log_events())
     finally:
         if d.proc.poll() is None:
             d.proc.kill()
