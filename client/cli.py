@@ -123,9 +123,19 @@ def _offline_module() -> Any:
     try:
         from . import offline  # the one daemon import, lazily
     except ImportError as exc:
+        if _out_of_memory_loading(exc):
+            raise MemoryError(str(exc)) from exc  # said as OUT_OF_MEMORY, exit 9
         raise usage(f"Reading tool sets from disk is unavailable: {exc}.") from exc
     offline.check_allocations_if_they_can_fail()
     return offline
+
+
+def _out_of_memory_loading(exc: ImportError) -> bool:
+    """Whether an import failed for want of memory: an extension module the loader could not
+    map (dlopen's "failed to map segment from shared object", or ENOMEM's words) under the
+    limit toolsetctl runs under, which is no missing module and no usage error."""
+    text = str(exc)
+    return "failed to map segment" in text or os.strerror(errno.ENOMEM) in text
 
 
 def _listing_discovery(listing: _Listing) -> bool:
@@ -455,7 +465,13 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
             raise failure from exc
         try:
             check = _manifest_check(offline, path.parent, source)
-            outcome = set_enabled(path, enabled, check=check, read=offline.read_for_edit)
+            outcome = set_enabled(
+                path,
+                enabled,
+                check=check,
+                read=offline.read_for_edit,
+                max_bytes=offline.MAX_MANIFEST_BYTES,
+            )
         except EditError as exc:
             raise Failure(
                 EXIT_USAGE, CLI_ERROR_CODES["invalid_set"], exc.message, {"path": str(path)}

@@ -1,6 +1,7 @@
 """Editing a tool set's ``enabled`` field in place (``toolsetctl enable|disable``).
 
-Theory of operation, the reference host's rules (``ToolSetInventory.TrySetEnabled``):
+Theory of operation, the reference host's rules (``ToolSetInventory.TrySetEnabled``) but for
+how the file is written:
 
 1. ``locate_set`` picks the manifest. The directory name is trimmed and must be a legal
    set directory name (``Directory name is invalid.``). With ``--source`` that copy must
@@ -10,15 +11,16 @@ Theory of operation, the reference host's rules (``ToolSetInventory.TrySetEnable
    ``tools.json`` that cannot be read is still the copy meant, and reports its error.
 2. ``set_enabled`` reads the bytes. A manifest that is not JSON, not an object, or (when
    the caller passes ``check``, the full manifest parser) fails to parse is left
-   byte-for-byte untouched and its parse error is raised. Bytes that are not UTF-8 (the
-   daemon reads them as U+FFFD) are refused, naming the first, only when the file must be
-   rewritten: the rewrite would replace them.
+   byte-for-byte untouched and its parse error is raised.
 3. When ``enabled`` (absent or null meaning true) already has the wanted value nothing is
-   written. Otherwise the key is set: an existing key keeps its position, a new one is
-   appended last. The file is rewritten as 2-space indented JSON (non-ASCII kept, each
-   number as written) plus a newline, through a temporary file in the same folder,
-   fsync, and ``os.replace``, keeping the file's permission bits (and, for root, its owner
-   and group). A symlinked
+   written. Otherwise only that value is written, and the rest of the file is left as it
+   was (the contract's rule; the reference host rewrites the whole file as 2-space
+   indented JSON): every top-level ``enabled`` has its value replaced where it stands, or
+   a new member is added after the last one, laid out as that one is. The byte order mark,
+   the encoding and UTF-8's undecodable bytes are kept (a UTF-16 or UTF-32 file that does
+   not decode is refused, naming the first bad byte: it could not be written back). The
+   new bytes go through a temporary file in the same folder, fsync, and ``os.replace``,
+   keeping the file's permission bits (and, for root, its owner and group). A symlinked
    ``tools.json`` is written through to its target, so the link survives.
 
 Nothing here talks to the daemon or imports it; the CLI asks a running daemon to reload
@@ -35,9 +37,9 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from toolsetd.protocol.errors import reject_json_constant
+from toolsetd.protocol.jsontext import decode_file_text, file_encoding
 from toolsetd.protocol.whitespace import NET_WHITESPACE
 
 from .render import is_directory_name
@@ -133,43 +135,113 @@ def locate_set(
     raise EditError(f"Tool set '{name}' was not found.")
 
 
-def _load_object(data: bytes) -> tuple[dict[str, Any], str | None]:
-    """Parse manifest bytes into an ordered object, or raise the parse error.
-
-    Each number keeps its text (``protocol.jsontext``), so writing the object back changes
-    no number: the reference host's ``JsonNode`` keeps a number's text too.
-
-    Returns:
-        The object, and why it may not be written back (bytes that are not UTF-8, which
-        the daemon reads as U+FFFD and a rewrite would replace), or None.
-    """
-    from toolsetd.protocol.jsontext import decode_file_text, loads  # orjson: for an edit only
-
-    unwritable: str | None = None
+def _load_object(data: bytes) -> None:
+    """Check that manifest bytes are a JSON object, or raise the parse error in the
+    standard library's words (as the daemon reads them: a byte order mark chooses the
+    encoding, what does not decode is U+FFFD)."""
+    text = decode_file_text(data, "replace")
     try:
-        text = decode_file_text(data, "strict")  # a byte order mark read as the daemon reads it
-    except UnicodeDecodeError as exc:
-        unwritable = _not_utf8(exc)
-        text = decode_file_text(data, "replace")  # as the daemon reads it
-    try:
-        json.loads(text, parse_constant=reject_json_constant)  # the parse error, in its words
-        value = loads(text)
+        value = json.loads(text, parse_constant=reject_json_constant)
     except (json.JSONDecodeError, ValueError) as exc:
         raise EditError(f"tools.json is not valid JSON: {exc}") from exc
     if not isinstance(value, dict):
         raise EditError("tools.json must be a JSON object.")
-    return value, unwritable
 
 
-def _not_utf8(exc: UnicodeDecodeError) -> str:
-    """The refusal of a manifest whose bytes do not decode, naming the first bad byte."""
-    before = exc.object[: exc.start]
-    line = before.count(b"\n") + 1
-    column = exc.start - (before.rfind(b"\n") + 1) + 1
+#: JSON's whitespace (RFC 8259; the standard library's parser and .NET's read no other).
+_SPACE = frozenset(" \t\n\r")
+#: The longest gap before a member that an added ``enabled`` copies; a longer one (a
+#: hostile file's run of spaces, which would double its size) is written as a line break
+#: and two spaces, or one space.
+_GAP_MAX = 80
+
+
+@dataclass(frozen=True, slots=True)
+class _Member:
+    """One member of the top-level object, by its offsets in the text."""
+
+    key: str  # escapes decoded: "en\u0061bled" is enabled, as every reader reads it
+    key_start: int  # its opening quote
+    key_end: int  # past its closing quote
+    value_start: int
+    value_end: int
+
+
+def _members(text: str) -> tuple[list[_Member], int]:
+    """The top-level object's members, and the offset of its closing brace. ``text`` is
+    JSON the standard library parsed (``_load_object``): its layout is not in doubt."""
+    decoder = json.JSONDecoder(parse_constant=reject_json_constant)
+    members: list[_Member] = []
+    at = _skip(text, _skip(text, 0) + 1)  # past "{"
+    while text[at] != "}":
+        key_start = at
+        key, key_end = decoder.raw_decode(text, at)  # a key is a JSON string
+        value_start = _skip(text, _skip(text, key_end) + 1)  # past ":"
+        _, value_end = decoder.raw_decode(text, value_start)
+        members.append(_Member(key, key_start, key_end, value_start, value_end))
+        at = _skip(text, value_end)
+        if text[at] == ",":
+            at = _skip(text, at + 1)
+    return members, at
+
+
+def _skip(text: str, at: int) -> int:
+    """The offset of the first character from ``at`` on that is not JSON whitespace."""
+    while text[at] in _SPACE:  # the text is an object: a "}" ends it before its end
+        at += 1
+    return at
+
+
+def _with_enabled(text: str, enabled: bool) -> str | None:
+    """``text`` with ``enabled`` set, the rest of it as it was; None when it already has
+    the value (absent or null meaning true, as the daemon reads it).
+
+    Every ``enabled`` member has its value replaced where it stands (a repeated key too:
+    then no reader, whichever copy it takes, sees the old value). Without one, a member is
+    added after the last, laid out as that one is: the same gap before it (a line break
+    and its indent, or a space) and around its colon, in the file's own line ends.
+    """
+    members, close = _members(text)
+    word = "true" if enabled else "false"
+    found = [m for m in members if m.key == "enabled"]
+    if found:
+        values = [text[m.value_start : m.value_end] for m in found]
+        if all(v == word or (enabled and v == "null") for v in values):
+            return None
+        pieces: list[str] = []  # one pass: 70,000 copies do not copy the text 70,000 times
+        done = 0
+        for m in found:
+            pieces += (text[done : m.value_start], word)
+            done = m.value_end
+        pieces.append(text[done:])
+        return "".join(pieces)
+    if enabled:
+        return None
+    if not members:
+        return text[:close] + f'"enabled": {word}' + text[close:]
+    last = members[-1]
+    # The comma before it (or the brace): what follows, to the key, is its gap.
+    before = text.index(",", members[-2].value_end) if len(members) > 1 else text.index("{")
+    gap = text[before + 1 : last.key_start]  # "\n  ", "\r\n\t", " " or ""
+    if len(gap) > _GAP_MAX:
+        gap = ("\r\n  " if "\r\n" in gap else "\n  ") if "\n" in gap else " "
+    colon = text[last.key_end : last.value_start]  # ": ", ":" or " : ", as written
+    if len(colon) > _GAP_MAX:
+        colon = ": "
+    return f'{text[: last.value_end]},{gap}"enabled"{colon}{word}{text[last.value_end :]}'
+
+
+def _undecodable(exc: UnicodeDecodeError) -> str:
+    """The refusal of a UTF-16 or UTF-32 manifest that does not decode, naming where (the
+    line and column in characters, as an editor shows them) and its code unit."""
+    before = exc.object[: exc.start].decode(exc.encoding)  # all that comes before decodes
+    line = before.count("\n") + 1
+    column = len(before) - (before.rfind("\n") + 1) + 1
+    unit = " ".join(f"{byte:02x}" for byte in exc.object[exc.start : exc.end])
     return (
-        f"tools.json is not valid {exc.encoding.upper()} (byte 0x{exc.object[exc.start]:02x} "
-        f"at line {line}, column {column}): writing enabled would replace what does not "
-        "decode (the daemon reads it as U+FFFD); save the file as UTF-8, or edit it by hand."
+        f"tools.json is not valid {exc.encoding.upper()} (bytes {unit} at line {line}, column "
+        f"{column}): writing enabled would replace what does not decode (the daemon reads it "
+        "as U+FFFD); save the file as UTF-8, or edit it by hand."
     )
 
 
@@ -179,6 +251,7 @@ def set_enabled(
     *,
     check: Callable[[bytes], str | None] | None = None,
     read: Callable[[Path], bytes] | None = None,
+    max_bytes: int | None = None,
 ) -> EditOutcome:
     """Write ``enabled`` into one manifest, leaving the rest of it as it was.
 
@@ -190,6 +263,9 @@ def set_enabled(
         read: Reads the manifest's bytes, raising ``EditError`` when it cannot (the CLI
             passes the daemon's reader: regular files only, never a blocking open).
             Without it the file is read as it is.
+        max_bytes: The largest manifest the daemon reads (1 MiB): an edit that would make
+            the file larger is refused, as the daemon would then skip the set and no
+            ``enable`` could read it again to undo it.
 
     Returns:
         The path and whether the file changed.
@@ -206,19 +282,29 @@ def set_enabled(
         problem = check(data)
         if problem is not None:
             raise EditError(problem)
-    document, unwritable = _load_object(data)
-    current = document.get("enabled")
-    current_value = True if current is None else current
-    if current_value is enabled:
+    _load_object(data)
+    bom, encoding = file_encoding(data)
+    # UTF-8's bytes that do not decode are carried through as they were (the daemon reads
+    # them as U+FFFD either way); UTF-16 and UTF-32 have no such carrier.
+    errors = "surrogateescape" if encoding == "utf-8" else "strict"
+    unwritable: str | None = None
+    try:
+        text = data[len(bom) :].decode(encoding, errors)
+    except UnicodeDecodeError as exc:
+        unwritable = _undecodable(exc)
+        text = decode_file_text(data, "replace")  # as the daemon reads it
+    edited = _with_enabled(text, enabled)
+    if edited is None:
         return EditOutcome(path, changed=False)
-    if unwritable is not None:
+    if unwritable is not None:  # what does not decode would be written as U+FFFD
         raise EditError(unwritable)
-    document["enabled"] = enabled
-    import orjson
-    from toolsetd.protocol.jsontext import dumps
-
-    # 2-space indented, non-ASCII kept, every number as written, a trailing newline.
-    data = dumps(document, orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE)
+    data = bom + edited.encode(encoding, errors)
+    if max_bytes is not None and len(data) > max_bytes:
+        raise EditError(
+            f"tools.json would be {len(data):,} bytes with enabled written, past the "
+            f"{max_bytes:,} the daemon reads (it would skip the set): nothing was written; "
+            "make the file smaller first."
+        )
     target = Path(os.path.realpath(path))
     try:
         _replace(target, data)

@@ -46,7 +46,7 @@ from toolsetd.daemon.catalog import (
     subdirectory_names,
     tool_info,
 )
-from toolsetd.daemon.config_file import read_regular_file
+from toolsetd.daemon.config_file import MAX_MANIFEST_BYTES, read_regular_file
 from toolsetd.daemon.exhaustion import check_allocations_if_they_can_fail
 from toolsetd.daemon.manifest import ManifestError, is_directory_name, parse_manifest
 from toolsetd.daemon.mcpschema import as_2020_12
@@ -67,6 +67,7 @@ from toolsetd.protocol.ordinal import sort_by_directory
 from .render import SetRow, catalogs_label
 
 __all__ = [
+    "MAX_MANIFEST_BYTES",
     "ValidationReport",
     "check_allocations_if_they_can_fail",
     "discovery_enabled",

@@ -75,6 +75,7 @@ __all__ = [
     "check_allocations",
     "decode_file_text",
     "dumps",
+    "file_encoding",
     "is_utf8",
     "is_utf8_bytes",
     "loads",
@@ -202,10 +203,17 @@ def decode_file_text(data: bytes, errors: str = "replace") -> str:
     Raises:
         UnicodeDecodeError: Only with ``errors="strict"``.
     """
+    bom, encoding = file_encoding(data)
+    return data[len(bom) :].decode(encoding, errors)
+
+
+def file_encoding(data: bytes) -> tuple[bytes, str]:
+    """The byte order mark a JSON file's bytes start with (``b""`` for none) and the
+    encoding it chooses (UTF-8 without one), as ``decode_file_text`` reads them."""
     for bom, encoding in _BOMS:
         if data.startswith(bom):
-            return data[len(bom) :].decode(encoding, errors)
-    return data.decode("utf-8", errors)
+            return bom, encoding
+    return b"", "utf-8"
 
 
 def nesting_exceeds(value: Any, limit: int) -> bool:
@@ -566,8 +574,8 @@ def dumps(value: Any, option: int = 0) -> bytes:
 
     Args:
         value: A JSON value; ``JsonNumber`` and integers of any width are allowed.
-        option: orjson options: ``OPT_APPEND_NEWLINE``, ``OPT_SORT_KEYS`` and
-            ``OPT_INDENT_2`` (the three ``check_allocations``' writer knows).
+        option: orjson options: ``OPT_APPEND_NEWLINE`` and ``OPT_SORT_KEYS`` (the two
+            ``check_allocations``' writer knows).
 
     Returns:
         The UTF-8 JSON text. With ``check_allocations`` on, the same bytes, from the
@@ -606,14 +614,11 @@ def strict_dumps(value: Any, option: int = 0) -> bytes:
 #: The deepest nesting orjson writes (a deeper value is its "Recursion limit reached").
 _ORJSON_WRITE_DEPTH: Final = 254
 #: The options ``_dumps_checked`` knows.
-_CHECKED_OPTIONS: Final = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SORT_KEYS | orjson.OPT_INDENT_2
+_CHECKED_OPTIONS: Final = orjson.OPT_APPEND_NEWLINE | orjson.OPT_SORT_KEYS
 #: ``json.encoder``'s escaper for ``ensure_ascii=False`` (C when the interpreter has it):
 #: the same escapes orjson writes (``\"``, ``\\``, ``\b\f\n\r\t``, ``\u00XX``).
 _quote: Final[Callable[[str], str]] = json.encoder.encode_basestring
 _INFINITY: Final = float("inf")
-#: ``_dumps_checked``'s layout of a container without ``OPT_INDENT_2``: nothing before the
-#: first member, a comma between two, nothing after the last.
-_FLAT: Final = ("", ",", "")
 
 
 def _dumps_checked(value: Any, option: int, *, own: bool) -> bytes:
@@ -626,22 +631,12 @@ def _dumps_checked(value: Any, option: int, *, own: bool) -> bytes:
     if option & ~_CHECKED_OPTIONS:
         raise ValueError(f"check_allocations' writer does not know the option {option:#x}")
     sort_keys = bool(option & orjson.OPT_SORT_KEYS)
-    # OPT_INDENT_2: each member on its own line, two spaces a level, ": " after a key; an
-    # empty list or object stays ``[]`` or ``{}``.
-    indent = bool(option & orjson.OPT_INDENT_2)
-    colon = ": " if indent else ":"
     #: The text written since the last ``RawJson``, whose bytes go to ``chunks`` as they
     #: are (a listing's half megabyte is neither decoded nor encoded again).
     parts: list[str] = []
     chunks: list[bytes] = []
     out = parts.append
     quote = _quote
-
-    def layout(depth: int) -> tuple[str, str, str]:
-        """``_FLAT`` for a container at ``depth`` with ``OPT_INDENT_2``: each member on a
-        line of its own, two spaces a level."""
-        inner = "\n" + "  " * (depth + 1)
-        return inner, "," + inner, "\n" + "  " * depth
 
     def write(item: Any, depth: int) -> None:
         kind = type(item)
@@ -660,31 +655,25 @@ def _dumps_checked(value: Any, option: int, *, own: bool) -> bytes:
                     _check_key(key)
                 members = sorted(members, key=_first)
             out("{")
-            start, between, end = layout(depth) if indent else _FLAT
-            sep = start
+            sep = ""
             for key, member in members:
                 out(sep)
-                sep = between
+                sep = ","
                 if type(key) is not str or not (key.isascii() or is_utf8(key)):
                     _check_key(key)
                 out(quote(key))
-                out(colon)
+                out(":")
                 write(member, depth + 1)
-            if sep is between:
-                out(end)
             out("}")
         elif kind is list or kind is tuple:
             if depth >= _ORJSON_WRITE_DEPTH:
                 raise TypeError("Recursion limit reached")
             out("[")
-            start, between, end = layout(depth) if indent else _FLAT
-            sep = start
+            sep = ""
             for member in item:
                 out(sep)
-                sep = between
+                sep = ","
                 write(member, depth + 1)
-            if sep is between:
-                out(end)
             out("]")
         elif kind in _KNOWN:
             out(_scalar_text(item, own))

@@ -628,6 +628,7 @@ def test_disable_then_enable_project_set(env: Env) -> None:
     """disable writes ``enabled: false`` in the project copy; enable then appends nothing new."""
     path = env.project_set("acme", exec_set("fmt"))
     env.home_set("acme", exec_set("other"))
+    written = path.read_text()
     proc = env.run("disable", "acme", "--format", "text")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "Tool set acme disabled."
@@ -636,11 +637,41 @@ def test_disable_then_enable_project_set(env: Env) -> None:
     assert "Enabled    No" in proc.stdout.splitlines()
     document = json.loads(path.read_text())
     assert list(document)[-1] == "enabled" and document["enabled"] is False
-    assert path.read_text().endswith("}\n")
+    assert path.read_text() == written[:-1] + ', "enabled": false}'  # the rest as it was
     proc = env.run("enable", "acme", "--format", "text")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "Tool set acme enabled."
-    assert json.loads(path.read_text())["enabled"] is True
+    assert path.read_text() == written[:-1] + ', "enabled": true}'
+
+
+def test_disable_refuses_to_grow_a_manifest_past_the_limit_the_daemon_reads(env: Env) -> None:
+    """A manifest of exactly 1 MiB that loads: ``disable`` (``true`` to ``false``, a byte
+    more) exited 0, and the set was then skipped as larger than 1 MiB, by the daemon and
+    by the ``enable`` that should have undone it. It is refused, exit 2, nothing written."""
+    head = '{"runner":"exec","command":["true"],"description":"d","schema":{},"x":"'
+    tail = '","enabled":true}'
+    path = env.home_set("big", head + "x" * ((1 << 20) - len(head) - len(tail)) + tail)
+    before = path.read_bytes()
+    assert len(before) == 1 << 20
+    proc = env.run("disable", "big")
+    assert proc.returncode == 2, proc.stderr
+    assert "tools.json would be 1,048,577 bytes with enabled written, past the 1,048,576" in (
+        proc.stderr
+    )
+    assert path.read_bytes() == before
+    assert env.run("show", "big").returncode == 0
+
+
+def test_an_import_that_fails_for_want_of_memory_is_said_as_such() -> None:
+    """Under a limit, the loader's mmap of an extension module can fail ("failed to map
+    segment from shared object"): that was said as a usage error, "Reading tool sets from
+    disk is unavailable" (exit 2), where any other want of memory is exit 9."""
+    from toolsetd.client.cli import _out_of_memory_loading
+
+    mapped = "/usr/lib/python3.11/lib-dynload/_struct.so: failed to map segment from shared object"
+    assert _out_of_memory_loading(ImportError(mapped))
+    assert _out_of_memory_loading(ImportError("libx.so: cannot open: Cannot allocate memory"))
+    assert not _out_of_memory_loading(ImportError("No module named 'toolsetd.daemon'"))
 
 
 def test_enable_already_enabled_message(env: Env) -> None:
@@ -1169,16 +1200,16 @@ def test_validate_under_a_memory_limit_says_so_and_never_crashes(env: Env) -> No
 
 @pytest.mark.skipif(shutil.which("prlimit") is None, reason="needs util-linux's prlimit")
 def test_disable_under_a_memory_limit_writes_what_it_writes_unbounded(env: Env) -> None:
-    """Under a limit, the offline commands read and write JSON with checked code (orjson's
-    bytes, from code that checks its allocations): run with orjson's parser and writer
-    gone, an edit still works, so neither ran. An edit's file is indented, which that
-    writer now writes too: byte for byte the one an unbounded edit writes."""
+    """Under a limit, the offline commands read JSON with checked code (orjson's values,
+    from code that checks its allocations): run with orjson's parser gone (its writer too,
+    which an edit no longer uses), an edit still works, so it did not run, and writes byte
+    for byte what an unbounded edit writes."""
     manifest = env.home_set("wide", _wide_set(3) | {"extra": {"n": [1.5, 1e-7, {}, []]}})
     unbounded = {}
     for command in ("disable", "enable"):
         assert env.run(command, "wide").returncode == 0
         unbounded[command] = manifest.read_bytes()
-    assert b'\n  "enabled": true' in unbounded["enable"]
+    assert unbounded["enable"].endswith(b', "enabled": true}')
     for command in ("disable", "enable"):
         run = _bounded_run(env, 1 << 40, command, "wide", without_orjson=True)
         assert run.returncode == 0, run.stderr
