@@ -491,7 +491,7 @@ class SetStore:
                     and hashlib.sha256(view[head:]).digest() == data[len(_MAGIC) : head]
                 )
             if not intact:
-                log.warning("set_cache_ignored", path=str(self.path), reason="truncated or altered")
+                self._warn_once("set_cache_ignored", self.path, reason="truncated or altered")
             else:
                 _merge(records, index, data, start=head, file=file)
                 self._snapshot_bytes = len(data) - head

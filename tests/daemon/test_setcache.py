@@ -143,7 +143,9 @@ def test_setstore_fresh_files_are_read_not_trusted_by_stat(home: Path, tmp_path:
 def test_setstore_damaged_file_is_ignored_and_rewritten(
     home: Path, tmp_path: Path, damage: str
 ) -> None:
-    """A truncated or altered cache file is ignored whole; the load parses, then rewrites it."""
+    """A truncated or altered cache file is ignored whole; the load parses, then rewrites it.
+    It is logged once: the compaction that rewrites it reads it again, and said so a
+    second time (in a folder it could not write, at every reload that parsed a set)."""
     folder = tmp_path / "cache"
     first, _ = _build(home, folder)
     path = SetStore(folder).path
@@ -156,7 +158,10 @@ def test_setstore_damaged_file_is_ignored_and_rewritten(
         "garbage": b"not a cache at all",
     }[damage]
     path.write_bytes(damaged)
-    catalog, cache = _build(home, folder)
+    with capture_logs() as logs:
+        catalog, cache = _build(home, folder)
+    ignored = [e for e in logs if e["event"] == "set_cache_ignored"]
+    assert len(ignored) == (0 if damage == "empty" else 1), ignored
     assert cache.parses == 8
     assert catalog == first
     assert path.read_bytes() != damaged  # rewritten whole
