@@ -6,6 +6,10 @@ import sys
 
 from .command import command_in, open_standard_streams, utf8_output, waiting_output
 
+TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 
 def main() -> None:
     """Run ``toolsetctl`` with ``sys.argv`` and exit with its code.
@@ -15,18 +19,35 @@ def main() -> None:
     handles SIGTERM and SIGHUP as Ctrl-C (``termination``), then ends by the signal.
     """
     open_standard_streams()
+    try:
+        command = _loaded()
+    except KeyboardInterrupt:
+        # Ctrl-C while the command's modules load (a CI job cancelled as it starts): before
+        # any handler of ours, it was Python's traceback and a death by SIGINT. Nothing was
+        # asked yet: exit 130, as for a Ctrl-C, with nothing to say.
+        from .exits import EXIT_INTERRUPTED  # here: the pump's start imports no more
+
+        sys.exit(EXIT_INTERRUPTED)
+    sys.exit(command())
+
+
+def _loaded() -> Callable[[], int]:
+    """The command to run, its modules imported."""
     if command_in(sys.argv[1:]) == "mcp":
         from .mcp import main as mcp_main
 
-        sys.exit(mcp_main(sys.argv[1:]))
+        return lambda: mcp_main(sys.argv[1:])
     from .cli import run
     from .termination import Termination
 
-    waiting_output()
-    utf8_output()
-    # A SIGTERM or SIGHUP caught, even once run has returned, ends the process by that
-    # signal once run's outcome is printed; a Ctrl-C once it has returned is exit 130.
-    sys.exit(Termination().run(run))
+    def command() -> int:
+        waiting_output()
+        utf8_output()
+        # A SIGTERM or SIGHUP caught, even once run has returned, ends the process by that
+        # signal once run's outcome is printed; a Ctrl-C once it has returned is exit 130.
+        return Termination().run(run)
+
+    return command
 
 
 if __name__ == "__main__":

@@ -826,6 +826,8 @@ def run(
         if isinstance(exc, BrokenPipeError):
             return EXIT_OK  # the reader went away (toolsetctl --help | head)
         return _report(out, _unexpected(exc))
+    except KeyboardInterrupt as exc:  # while the options were read: said as any other time
+        return _report_interrupted(Output(_requested_format(argv), stdout, stderr, width=None), exc)
     env = os.environ
     out = Output(getattr(args, "format", None) or "table", stdout, stderr)
     home_option = getattr(args, "home", None)
@@ -852,6 +854,8 @@ def run(
                 "existing folder, or pass absolute paths (--workspace DIR)"
             ),
         )
+    except KeyboardInterrupt as exc:
+        return _report_interrupted(out, exc)
     try:
         try:
             code = _COMMANDS[args.command](ctx, args)
@@ -880,16 +884,21 @@ def run(
         out.discard()  # so that the interpreter's own flush at exit stays quiet
         return EXIT_OK  # the reader went away (toolsetctl list | head)
     except KeyboardInterrupt as exc:
-        # A failure like any other: in json and jsonl the one document says so (a CI
-        # runner cancels a job with SIGINT or SIGTERM); a second signal stops even that.
-        reason, exit_code = interruption(exc)
-        interrupted = Failure(exit_code, CLI_ERROR_CODES["interrupted"], f"{reason}.", None)
-        try:
-            return _report(out, interrupted)
-        except KeyboardInterrupt:
-            return exit_code
+        return _report_interrupted(out, exc)
     except Exception as exc:
         return _report(out, _unexpected(exc))
+
+
+def _report_interrupted(out: Output, exc: KeyboardInterrupt) -> int:
+    """A Ctrl-C, SIGTERM or SIGHUP that stopped the command: a failure like any other, so in
+    json and jsonl the one document says so (a CI runner cancels a job with SIGINT or
+    SIGTERM); a second signal stops even that."""
+    reason, exit_code = interruption(exc)
+    interrupted = Failure(exit_code, CLI_ERROR_CODES["interrupted"], f"{reason}.", None)
+    try:
+        return _report(out, interrupted)
+    except KeyboardInterrupt:
+        return exit_code
 
 
 #: toolsetctl's own ``MemoryError`` (a limit it runs under: ``ulimit -v``, a CI job's
