@@ -313,18 +313,23 @@ def allocations_can_fail(overcommit: Path = OVERCOMMIT_SETTING) -> str | None:
 def check_allocations_if_they_can_fail() -> str | None:
     """At a process's start, before it parses anything: if its allocations can fail
     (``allocations_can_fail``), JSON is parsed and written by code that checks them
-    (``jsontext.check_allocations``), every text by the standard library's parser as deep
-    as orjson parses (the recursion limit raised as ``large.parse_large`` raises it).
+    (``jsontext.check_allocations``), every text by the standard library's parser.
+
+    In every case the recursion limit is raised here to what ``large.parse_large`` raises
+    it to (as deep as orjson parses), once, for the process's whole life. The limit is
+    the process's: the argument check spends it too. Raised by the first large text only,
+    the same deep arguments got "nested too deeply to validate" before it and the schema's
+    own answer after, and the check process (its own limit) a third.
 
     Returns:
-        Why it was turned on (``allocations_can_fail``'s reason), or None.
+        Why checking was turned on (``allocations_can_fail``'s reason), or None.
     """
     import sys  # once, at start
 
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), PARSE_RECURSION_LIMIT))
     bounded = allocations_can_fail()
     if bounded is not None:
         jsontext.check_allocations()
-        sys.setrecursionlimit(max(sys.getrecursionlimit(), PARSE_RECURSION_LIMIT))
     return bounded
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from toolsetd.daemon.catalog import tool_hash
+from toolsetd.daemon.large import PARSE_RECURSION_LIMIT
 from toolsetd.daemon.model import (
     Approval,
     ApprovalSource,
@@ -581,6 +583,19 @@ def test_argument_validators_blame_a_schema_that_refers_to_itself_without_end(
     assert "arguments are nested" not in errors[0]["message"]
 
 
+@pytest.fixture
+def daemon_recursion_limit() -> Iterator[None]:
+    """The recursion limit the daemon and its check process run with from their start
+    (``exhaustion.check_allocations_if_they_can_fail``), which the check spends."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(before, PARSE_RECURSION_LIMIT))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
+
+
+@pytest.mark.usefixtures("daemon_recursion_limit")
 def test_argument_validators_a_recursive_schema_is_not_blamed_for_deep_arguments() -> None:
     """A schema that recurses through the arguments (a tree), with several keywords on
     the way to each level, exhausts the check at a nesting the wire takes (63 here): that
@@ -588,7 +603,7 @@ def test_argument_validators_a_recursive_schema_is_not_blamed_for_deep_arguments
     schema takes shallow arguments), and the error must not send the caller to the set's
     author."""
     node: Any = {"type": "object", "properties": {"c": {"$ref": "#"}}}
-    for _ in range(6):
+    for _ in range(8):
         node = {"allOf": [node]}
     schema = node
     assert ArgumentValidators().errors(loaded(schema), {"c": {"c": {}}, "d": 1}) == []
@@ -625,13 +640,14 @@ def test_argument_validators_the_schema_loop_probe_runs_within_the_checks_time_l
     assert "was stopped after" in errors[0]["message"], errors
 
 
+@pytest.mark.usefixtures("daemon_recursion_limit")
 def test_argument_validators_arguments_too_deep_for_the_check_are_still_named() -> None:
     """Arguments deeper than the wire allows (a direct caller) that exhaust the check
     still get the arguments' message."""
     deep: Any = {}
     for _ in range(250):
         deep = {"c": deep}
-    schema = {"type": "object", "properties": {"c": {"$ref": "#"}}, "minProperties": 2}
+    schema = {"allOf": [{"type": "object", "properties": {"c": {"$ref": "#"}}, "minProperties": 2}]}
     errors = ArgumentValidators().errors(loaded(schema), deep)
     assert errors == [{"path": "", "message": "the arguments are nested too deeply to validate"}]
 

@@ -262,6 +262,35 @@ def test_sigusr1_and_sigusr2_are_logged_and_end_no_daemon(
         d.stop()
 
 
+def test_deep_arguments_get_the_same_answer_before_and_after_a_large_request(
+    tmp_base: Path, workspace: Path
+) -> None:
+    """The argument check spends the interpreter's recursion limit, which the first text
+    over 64 KiB raised (the large parser's) and nothing lowered: a tree of 63 levels
+    through a schema with six ``allOf`` a level was refused "nested too deeply to
+    validate" before any large request and ran after one. The daemon raises the limit at
+    its start, so the answer is the same from the first call."""
+    home = tmp_base / "home"
+    node: Any = {"type": "object", "properties": {"c": {"$ref": "#"}}}
+    for _ in range(6):
+        node = {"allOf": [node]}
+    _set(home / "tools", "nest", "echo ran\n", schema=node)
+    _set(home / "tools", "pad", "echo padded\n")
+    deep: Any = {}
+    for _ in range(63):
+        deep = {"c": deep}
+    d = start_daemon(home, workspace, tmp_base, ["--no-watch"])
+    try:
+        before = _invoke(d, workspace, "nest", arguments={**deep, "d": 1})
+        large = _invoke(d, workspace, "pad", arguments={"x": "x" * 100_000})
+        assert large["result"]["status"] == "ok", large
+        after = _invoke(d, workspace, "nest", arguments={**deep, "d": 1})
+        assert before.get("error") == after.get("error"), (before, after)
+        assert "result" in before and before["result"]["status"] == "ok", (before, after)
+    finally:
+        d.stop()
+
+
 def _start_sleepy(d: Daemon, conn: Any, workspace: Path) -> None:
     """Send an ``invoke`` of ``sleepy`` (id 1) on ``conn`` and wait until it runs."""
     conn.send({"jsonrpc": "2.0", "method": "invoke", "id": 1,
