@@ -68,7 +68,7 @@ from .exhaustion import (
     raise_open_files_limit,
 )
 from .install import UPGRADED, at_start, sources_id
-from .large import LargeRequests
+from .large import LargeRequests, raise_recursion_limit
 from .logs import (
     configure_logging,
     drain_logs,
@@ -464,6 +464,9 @@ async def run_daemon(
 ) -> None:
     """Run the daemon until SIGTERM, SIGINT or SIGQUIT (or cancellation).
 
+    It raises the interpreter's recursion limit first (``large.raise_recursion_limit``),
+    inside another program too, which the first large text raised before.
+
     Args:
         options: How to run.
         task_status: Receives the socket path once calls are accepted.
@@ -479,6 +482,7 @@ async def run_daemon(
             directory is unsafe).
         ActivationError: systemd passed an unusable descriptor.
     """
+    raise_recursion_limit()  # one limit for the argument check from the first call
     # Signals first: once the socket listens a client may connect, and a SIGHUP or
     # SIGTERM from then on must reach our handlers, not the default actions. SIGUSR1 and
     # SIGUSR2 too: their default action ends the daemon with no cleanup (a stray

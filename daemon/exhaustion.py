@@ -34,7 +34,7 @@ from toolsetd.protocol import jsontext
 from toolsetd.protocol.errors import ServerBusy
 from toolsetd.protocol.jsonrpc import is_request_id
 
-from .large import PARSE_RECURSION_LIMIT
+from .large import raise_recursion_limit
 from .logs import Throttle
 
 __all__ = [
@@ -315,18 +315,14 @@ def check_allocations_if_they_can_fail() -> str | None:
     (``allocations_can_fail``), JSON is parsed and written by code that checks them
     (``jsontext.check_allocations``), every text by the standard library's parser.
 
-    In every case the recursion limit is raised here to what ``large.parse_large`` raises
-    it to (as deep as orjson parses), once, for the process's whole life. The limit is
-    the process's: the argument check spends it too. Raised by the first large text only,
-    the same deep arguments got "nested too deeply to validate" before it and the schema's
-    own answer after, and the check process (its own limit) a third.
+    In every case the recursion limit is raised (``large.raise_recursion_limit``: as deep
+    as orjson parses, and one limit for the argument check from the first call): the check
+    process and toolsetctl's offline commands start here.
 
     Returns:
         Why checking was turned on (``allocations_can_fail``'s reason), or None.
     """
-    import sys  # once, at start
-
-    sys.setrecursionlimit(max(sys.getrecursionlimit(), PARSE_RECURSION_LIMIT))
+    raise_recursion_limit()
     bounded = allocations_can_fail()
     if bounded is not None:
         jsontext.check_allocations()

@@ -48,6 +48,7 @@ __all__ = [
     "LargeRequests",
     "check_large",
     "parse_large",
+    "raise_recursion_limit",
 ]
 
 T = TypeVar("T")
@@ -126,10 +127,23 @@ def parse_large(parse: Callable[[bytes], T], text: bytes) -> T:
     so that it reads every depth orjson reads (1,024 levels) on top of this thread's own
     frames, and orjson is left only texts it refuses.
     """
-    if sys.getrecursionlimit() < PARSE_RECURSION_LIMIT:
-        sys.setrecursionlimit(PARSE_RECURSION_LIMIT)
+    raise_recursion_limit()
     with GcPause(promote=True):
         return parse(text)
+
+
+def raise_recursion_limit() -> None:
+    """Raise the interpreter's recursion limit to ``PARSE_RECURSION_LIMIT`` (never lower
+    it), for the process's whole life.
+
+    The limit is the process's, and the argument check spends it too: raised only by the
+    first large text, the same deep arguments got "nested too deeply to validate" before
+    it and the schema's own answer after. So every daemon raises it as it starts
+    (``app.run_daemon``, and the check process through ``exhaustion``), and each parse
+    here again, for a parse made outside a daemon.
+    """
+    if sys.getrecursionlimit() < PARSE_RECURSION_LIMIT:
+        sys.setrecursionlimit(PARSE_RECURSION_LIMIT)
 
 
 def check_large(check: Callable[[V], T], value: V) -> T:

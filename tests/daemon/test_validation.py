@@ -586,7 +586,7 @@ def test_argument_validators_blame_a_schema_that_refers_to_itself_without_end(
 @pytest.fixture
 def daemon_recursion_limit() -> Iterator[None]:
     """The recursion limit the daemon and its check process run with from their start
-    (``exhaustion.check_allocations_if_they_can_fail``), which the check spends."""
+    (``large.raise_recursion_limit``), which the check spends."""
     before = sys.getrecursionlimit()
     sys.setrecursionlimit(max(before, PARSE_RECURSION_LIMIT))
     try:
