@@ -103,9 +103,9 @@ import os
 import stat
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any, NamedTuple, TypeAlias
 
 import orjson
 import structlog
@@ -880,6 +880,31 @@ class SetStore:
         new_index: dict[str, list[Any]],
         used: set[str],
     ) -> None:
+        # The snapshot's temporary file is made first. In a folder this process may not
+        # write (a read-only mount, another owner's, ``chattr +i``), it used to fail only
+        # at the end, after both files were read and hashed (up to 128 MiB), and again at
+        # every reload that parsed a set. Now that failure comes before any read, with the
+        # system's own words; a folder made writable again is written at the next flush.
+        with _replacing(folder, self.path) as file:
+            snapshot = self._compacted(folder, file, new, new_index, used)
+        with _replacing(folder, self.journal) as journal:
+            pass  # emptied
+        self._snapshot_bytes, self._journal_bytes = snapshot.size, 0
+        # Every record is now where the new snapshot holds it: the store holds no
+        # record's bytes, and the files read before close with their last record.
+        with self._lock:
+            self._records, self._index = snapshot.records, snapshot.entries
+            self._journal_file = journal
+
+    def _compacted(
+        self,
+        folder: int,
+        file: _File,
+        new: dict[str, bytes],
+        new_index: dict[str, list[Any]],
+        used: set[str],
+    ) -> _Compacted:
+        """Merge the files with what is new, bounded, and write the snapshot to ``file``."""
         records, index = self._read_in(folder)
         with self._lock:
             records.update(self._records or {})
@@ -903,37 +928,38 @@ class SetStore:
         room = self.max_bytes - len(_MAGIC) - _DIGEST_SIZE
         head, index = _fitted(raws, index, used, self.max_records, room)
         body = _join(head, raws)
-        snapshot = self._replace(folder, self.path, _MAGIC, hashlib.sha256(body).digest(), body)
+        with os.fdopen(file.fd, "wb", closefd=False) as f:
+            f.write(_MAGIC)
+            f.write(hashlib.sha256(body).digest())
+            f.write(body)
         size = len(body)
         del body
-        journal = self._replace(folder, self.journal)
-        self._snapshot_bytes, self._journal_bytes = size, 0
-        # Every record is now where the new snapshot holds it: the store holds no
-        # record's bytes, and the files read before close with their last record.
-        placed = _placed(raws, snapshot, len(_MAGIC) + _DIGEST_SIZE + len(head))
-        with self._lock:
-            self._records, self._index = placed, index
-            self._journal_file = journal
+        placed = _placed(raws, file, len(_MAGIC) + _DIGEST_SIZE + len(head))
+        return _Compacted(placed, index, size)
 
-    @staticmethod
-    def _replace(folder: int, path: Path, *chunks: bytes) -> _File:
-        """Write ``chunks`` to a private temporary file and rename it over ``path``'s name.
 
-        Returns:
-            The file, still open (records are read back from it).
-        """
-        tmp = f".sets-{os.urandom(8).hex()}.tmp"
-        file = _File(os.open(tmp, _CREATE_FLAGS, 0o600, dir_fd=folder))
-        try:
-            with os.fdopen(file.fd, "wb", closefd=False) as f:
-                for chunk in chunks:
-                    f.write(chunk)
-            os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp, dir_fd=folder)
-            raise
-        return file
+class _Compacted(NamedTuple):
+    """A snapshot a compaction wrote: where its records are, its index (each manifest
+    path's entry) and the size of its body."""
+
+    records: dict[str, _Held]
+    entries: dict[str, list[Any]]
+    size: int
+
+
+@contextlib.contextmanager
+def _replacing(folder: int, path: Path) -> Iterator[_File]:
+    """A new private file in ``folder``, renamed over ``path``'s name when the block ends
+    (and removed when it raises); the file stays open: records are read back from it."""
+    tmp = f".sets-{os.urandom(8).hex()}.tmp"
+    file = _File(os.open(tmp, _CREATE_FLAGS, 0o600, dir_fd=folder))
+    try:
+        yield file
+        os.replace(tmp, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=folder)
+        raise
 
 
 def _fitted(

@@ -1,5 +1,6 @@
-"""Shared fixtures: the anyio backend for every async test, a private cache folder, and
-``as_nobody`` (the command prefix that runs a program as uid 65534).
+"""Shared fixtures: the anyio backend for every async test, a private cache folder,
+``as_nobody`` (the command prefix that runs a program as uid 65534) and ``unwritable`` (a
+folder that refuses new files, root included).
 
 Under ``make test-fast`` the property tests run the ``fast`` profile (``budget.py``).
 """
@@ -11,7 +12,8 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -41,6 +43,35 @@ def _private_cache_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
             os.environ.pop("XDG_CACHE_HOME", None)
         else:
             os.environ["XDG_CACHE_HOME"] = old
+
+
+@pytest.fixture
+def unwritable() -> Iterator[Callable[[Path], None]]:
+    """Make a folder refuse new files, even to root (mode 0555, then ``chattr +i``), until
+    the test ends; the test is skipped where neither holds (no ``chattr``, a file system
+    without the flag)."""
+    made: list[Path] = []
+
+    def make(folder: Path) -> None:
+        made.append(folder)
+        folder.chmod(0o555)
+        probe = folder / ".probe"
+        try:
+            probe.touch()
+        except PermissionError:
+            return
+        probe.unlink()
+        chattr = shutil.which("chattr")
+        done = None if chattr is None else subprocess.run(
+            [chattr, "+i", str(folder)], capture_output=True, check=False
+        )
+        if done is None or done.returncode != 0:
+            pytest.skip("cannot make a folder unwritable here")
+
+    yield make
+    for folder in made:
+        subprocess.run(["chattr", "-i", str(folder)], capture_output=True, check=False)
+        folder.chmod(0o755)
 
 
 NOBODY = ("setpriv", "--reuid=65534", "--regid=65534", "--clear-groups")

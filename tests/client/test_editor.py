@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -346,42 +347,18 @@ def test_set_enabled_with_the_daemons_reader_refuses_a_fifo_at_once(tmp_path: Pa
     assert stat.S_ISFIFO(os.stat(path).st_mode)  # left as it was
 
 
-def _unwritable_folder(folder: Path) -> bool:
-    """Make ``folder`` refuse new files, even to root (``chattr +i``); False if it cannot."""
-    import shutil
-    import subprocess
-
-    folder.chmod(0o555)
-    probe = folder / ".probe"
-    try:
-        probe.touch()
-    except PermissionError:
-        return True
-    probe.unlink()
-    chattr = shutil.which("chattr")
-    if chattr is None:
-        return False
-    done = subprocess.run([chattr, "+i", str(folder)], capture_output=True, check=False)
-    return done.returncode == 0
-
-
-def test_set_enabled_says_why_and_where_the_file_could_not_be_written(tmp_path: Path) -> None:
+def test_set_enabled_says_why_and_where_the_file_could_not_be_written(
+    tmp_path: Path, unwritable: Callable[[Path], None]
+) -> None:
     """A folder the CI user may not write (a checkout owned by another user, a read-only
     mount): "tools.json could not be written." named neither the reason nor the path; the
     message now carries the operating system's words and the file."""
-    import subprocess
-
     folder = tmp_path / "set"
     folder.mkdir()
     path = write(folder / "tools.json", '{"runner":"exec"}')
-    if not _unwritable_folder(folder):
-        pytest.skip("cannot make a folder unwritable here")
-    try:
-        with pytest.raises(EditError) as caught:
-            set_enabled(path, False)
-    finally:
-        subprocess.run(["chattr", "-i", str(folder)], capture_output=True, check=False)
-        folder.chmod(0o755)
+    unwritable(folder)
+    with pytest.raises(EditError) as caught:
+        set_enabled(path, False)
     message = caught.value.message
     assert message.startswith("tools.json could not be written: ")
     assert str(folder) in message

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -608,6 +609,49 @@ def test_setstore_unwritable_folder_only_costs_speed(home: Path, tmp_path: Path)
     catalog, _ = _build(home, blocker / "cache")
     assert catalog == _build(home, None)[0]
     assert not SetStore(blocker / "cache").flush()
+
+
+def _bytes_read() -> int:
+    """What this process has read so far (``rchar``: every ``read``, cached or not)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+def test_setstore_unwritable_folder_is_not_read_again_to_compact(
+    home: Path, tmp_path: Path, unwritable: Callable[[Path], None]
+) -> None:
+    """A cache folder the daemon may not write (a read-only mount, another owner's): each
+    compaction read and hashed the snapshot and the journal (up to 128 MiB) before its
+    rename failed, at every reload that parsed a set. It now fails first, reading nothing,
+    and says why once."""
+    for i in range(200):
+        _write(home / "tools", f"more{i}", description="Padding for the snapshot. " * 8)
+    folder = tmp_path / "cache"
+    _build(home, folder)
+    snapshot = SetStore(folder).path
+    size = snapshot.stat().st_size
+    data = bytearray(snapshot.read_bytes())
+    data[-2] ^= 1  # altered: the next flush compacts, where a journal line would do
+    snapshot.write_bytes(bytes(data))
+    unwritable(folder)
+    clock = [0]
+    cache = ManifestCache(store=SetStore(folder), clock_ns=lambda: clock[0])
+    with capture_logs() as logs:
+        for i in range(2):  # a reload that parsed a set again: not warned again
+            _write(home / "tools", "set3", description=f"Changed {i}: a record to write.")
+            clock[0] = time.time_ns() + 10 * RACY_NS
+            catalog = build_catalog(home, None, reserved=DEFAULT_RESERVED_NAMES, cache=cache)
+            assert cache.parses == [208, 209][i]  # all (the snapshot is altered), then one
+            before = _bytes_read()
+            assert not cache.flush()
+            assert _bytes_read() - before < size // 4, size
+    assert catalog == _build(home, None)[0]
+    warned = [e for e in logs if e["event"] == "set_cache_unwritable"]
+    assert len(warned) == 1, logs
+    assert warned[0]["error"] in ("Permission denied", "Operation not permitted")
+    assert sorted(p.name for p in folder.iterdir()) == sorted([snapshot.name, SetStore(folder).journal.name])
 
 
 @pytest.mark.parametrize("where", ["folder", "above"])
