@@ -4,7 +4,8 @@
 stdlib-only pump), and ``parser`` asks it to build only the subcommand named. Before
 that, ``__main__`` opens the standard descriptors it was started without
 (``open_standard_streams``). ``to_devnull`` points a stream that cannot be written at
-``/dev/null`` (``render`` and ``progress`` use it).
+``/dev/null`` (``render`` and ``progress`` use it). ``option_meant`` is the hint for an
+option that is not one, for ``parser`` and the pump alike.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ __all__ = [
     "absolute_path",
     "command_in",
     "open_standard_streams",
+    "option_meant",
     "to_devnull",
     "utf8_output",
     "wait_ready",
@@ -238,3 +240,28 @@ def _escape(error: UnicodeError) -> tuple[str, int]:
         else:
             escapes.append(f"\\u{code:04x}")
     return "".join(escapes), error.end
+
+
+#: Output flags other tools have, and the ``--format`` that says the same here.
+FORMAT_FLAGS = {"--json": "json", "--jsonl": "jsonl", "--text": "text", "--table": "table"}
+
+
+def option_meant(word: str, known: frozenset[str] | set[str], *, formats: bool = True) -> str:
+    """The hint for ``word``, an option that is not among ``known``: "" when none fits.
+
+    Options are spelled in full, so an abbreviation (``--arg '{}'`` for ``--args``) and
+    another tool's flag (``--json``) were an "unrecognized argument" error that named no
+    way out. ``formats``: also point ``--json`` and the like at ``--format``.
+    """
+    flag = word.split("=", 1)[0]
+    if not flag.startswith("--") or flag in known:
+        return ""
+    if formats and flag in FORMAT_FLAGS:
+        return f"for {flag}, give --format {FORMAT_FLAGS[flag]}"
+    longer = sorted(k for k in known if k.startswith(flag))
+    if len(longer) == 1:
+        return f"did you mean {longer[0]}? (options are spelled in full)"
+    import difflib  # only on the way out
+
+    close = difflib.get_close_matches(flag, sorted(known), 1, 0.8)
+    return f"did you mean {close[0]}?" if close else ""

@@ -73,7 +73,7 @@ from toolsetd.protocol.sockpath import shared_tmp_folder
 from toolsetd.protocol.sockpath import socket_path as socket_path_rule
 
 # stdlib only, loaded already (``__main__``)
-from .command import absolute_path, wait_ready, wire_text
+from .command import absolute_path, option_meant, wait_ready, wire_text
 
 __all__ = ["default_socket_path", "main", "shared_tmp_peer_refused", "shared_tmp_squatted"]
 
@@ -312,6 +312,9 @@ class _Usage(Exception):
 
 #: The options naming a path: an empty one is a mistake, not "the default".
 _PATH_OPTIONS = frozenset({"--socket", "--workspace", "--home"})
+#: Every option ``_parse`` takes, for the hint at one it does not.
+_OPTIONS = _PATH_OPTIONS | {"--catalog", "--mode", "--format", "--wide", "--headless"}
+_OPTIONS |= {"--no-autostart", "--help"}
 
 
 def _parse(argv: Sequence[str]) -> dict[str, object]:
@@ -353,7 +356,8 @@ def _parse(argv: Sequence[str]) -> dict[str, object]:
         elif arg == "mcp" and not seen_mcp:
             seen_mcp = True
         else:
-            raise _Usage(f"unrecognized argument: {arg}")
+            hint = option_meant(arg, _OPTIONS, formats=False)
+            raise _Usage(f"unrecognized argument: {arg}{f'; {hint}' if hint else ''}")
         i += 1
     if options.get("catalog") not in (None, "plan", "work"):
         raise _Usage("--catalog must be plan or work")
@@ -2324,9 +2328,12 @@ def _main(argv: Sequence[str] | None) -> int:
         return EXIT_UNREACHABLE
     if sock is None:
         if not options["autostart"]:
+            import shlex  # only on the way out
+
             _say(
                 f"toolsetctl mcp: toolsetd is not running at {path} (--no-autostart is set): "
-                "start it with `toolsetd` or `systemctl --user start toolsetd.socket`\n"
+                f"start it (toolsetd --socket {shlex.quote(path)}), or give --socket (or "
+                "TOOLSETD_SOCKET) the socket a running toolsetd serves.\n"
             )
             return EXIT_UNREACHABLE
         try:

@@ -10,13 +10,12 @@ builds only the subcommand the command line names (``command_in``), and all of t
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 
 from toolsetd.protocol import __version__
 from toolsetd.protocol.whitespace import NET_WHITESPACE
 
-from .command import command_in
+from .command import command_in, option_meant
 
 TYPE_CHECKING = False  # not typing's: importing typing is a share of the start-up
 if TYPE_CHECKING:
@@ -84,10 +83,6 @@ class _Parser(argparse.ArgumentParser):
             (file or sys.stderr).write(message)
 
 
-#: Output flags other tools have, and the ``--format`` that says the same here.
-_FORMAT_FLAGS = {"--json": "json", "--jsonl": "jsonl", "--text": "text", "--table": "table"}
-
-
 def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
     """Every option the parser and the subcommand parsers it holds take."""
     found: set[str] = set()
@@ -116,21 +111,7 @@ def _meant(parser: argparse.ArgumentParser, message: str, argv: list[str]) -> st
     else:
         return ""
     known = _option_strings(parser)
-    hints: list[str] = []
-    for word in words:
-        flag = word.split("=", 1)[0]
-        if not flag.startswith("--") or flag in known:
-            continue
-        if flag in _FORMAT_FLAGS:
-            hints.append(f"for {flag}, give --format {_FORMAT_FLAGS[flag]}")
-            continue
-        longer = sorted(k for k in known if k.startswith(flag))
-        if len(longer) == 1:
-            hints.append(f"did you mean {longer[0]}? (options are spelled in full)")
-            continue
-        close = difflib.get_close_matches(flag, sorted(known), 1, 0.8)
-        if close:
-            hints.append(f"did you mean {close[0]}?")
+    hints = [hint for word in words if (hint := option_meant(word, known))]
     return f"; {'; '.join(hints)}" if hints else ""
 
 
@@ -208,8 +189,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         description="Operate toolsetd: list, check, edit and run operator tool sets.",
         epilog="Exit codes: 0 ok, 1 tool error, 2 usage, 3 denied or approval required, "
         "4 timeout, 5 daemon unreachable, 6 cancelled by the daemon, 7 not allowed, "
-        "8 daemon busy, 9 internal error, 130 interrupted, 141 invoke's stdout closed "
-        "(see docs/cli.md).",
+        "8 daemon busy, 9 internal error, 129 hung up, 130 interrupted, 141 invoke's "
+        "stdout closed, 143 terminated (see docs/cli.md).",
         parents=[common],
     )
     parser.add_argument(

@@ -23,6 +23,16 @@ def test_cli_docs_exit_code_table_matches_the_code() -> None:
     assert DOC.count("## Exit codes") == 1
 
 
+def test_cli_help_names_every_exit_code() -> None:
+    """``toolsetctl --help`` ends with the exit codes: it left out 129 and 143, which a CI
+    job's cancel gives."""
+    from toolsetd.client.parser import build_parser
+
+    epilog = build_parser().epilog or ""
+    codes = {value for name, value in vars(exits).items() if name.startswith("EXIT_")}
+    assert {int(n) for n in re.findall(r"(?<![\w.])(\d+) [a-z]", epilog)} == codes, epilog
+
+
 def test_cli_docs_error_code_table_matches_the_code() -> None:
     """The error.code table lists exactly toolsetctl's own codes."""
     assert sorted(_first_column("### `error.code`")) == sorted(exits.CLI_ERROR_CODES.values())

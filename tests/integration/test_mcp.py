@@ -2126,7 +2126,9 @@ def test_mcp_a_workspace_path_that_is_not_utf8_is_refused_before_anything(
 
 
 def test_mcp_no_autostart_fails_with_one_clear_line(tmp_base: Path, workspace: Path) -> None:
-    """With --no-autostart and no daemon, one stderr line and exit code 5."""
+    """With --no-autostart and no daemon, one stderr line and exit code 5; it says how to
+    start a daemon on that socket, as every other command does (it said `toolsetd` alone,
+    which serves the default socket, not the one given)."""
     missing = tmp_base / "none.sock"
     proc = subprocess.run(
         [PY, "-m", "toolsetd.client", "--socket", str(missing), "mcp", "--no-autostart"],
@@ -2140,6 +2142,7 @@ def test_mcp_no_autostart_fails_with_one_clear_line(tmp_base: Path, workspace: P
     assert len(lines) == 1
     assert str(missing) in lines[0]
     assert "--no-autostart" in lines[0]
+    assert f"start it (toolsetd --socket {missing})" in lines[0]
     assert proc.stdout == b""
 
 
@@ -2182,6 +2185,27 @@ def test_mcp_failure_lines_command_no_ci_runner(tmp_base: Path, socket_name: str
     assert "toolsetctl mcp: " in err
     assert "##vso[" not in err, err
     assert not any(line.lstrip().startswith("::") for line in err.splitlines()), err
+
+
+@pytest.mark.parametrize(
+    ("option", "hint"),
+    [
+        ("--sock=x", "; did you mean --socket? (options are spelled in full)"),
+        ("--cat", "; did you mean --catalog? (options are spelled in full)"),
+        ("--headles", "; did you mean --headless? (options are spelled in full)"),
+        ("--no-autostrat", "; did you mean --no-autostart?"),
+        ("--json", ""),  # --format is taken, but the pump's output is MCP whatever it says
+    ],
+)
+def test_mcp_unknown_option_names_the_one_meant(option: str, hint: str) -> None:
+    """docs/cli.md: an abbreviation is a usage error "as it is for mcp", and the error
+    names the option meant; the pump's own parser named none."""
+    argv = [PY, "-m", "toolsetd.client", "mcp", option]
+    proc = subprocess.run(argv, input=b"", capture_output=True, timeout=20, check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.decode().splitlines()[-1] == (
+        f"toolsetctl mcp: error: unrecognized argument: {option}{hint}"
+    ), proc.stderr
 
 
 @pytest.mark.parametrize(
