@@ -340,17 +340,26 @@ def elicit_action(answer: Any) -> str | None:
     return str(action)
 
 
+#: What the model is told when the operator declines (or dismisses) the approval request:
+#: the reference host's words for a denied prompt, verbatim (crystal-behaviour.md section
+#: 5), so an agent behaves as it does there.
+USER_DECLINED = (
+    "The user declined this action. Do not retry the same call. Change the approach or ask "
+    "the user."
+)
+
+
 def declined_result(action: str) -> dict[str, Any]:
     """The operator did not approve (declined, cancelled, no answer, or the daemon stopped
     waiting for the answer): the call did not run."""
+    if action in ("decline", "cancel"):
+        return _text_result(USER_DECLINED)
     if action == "stopping":
         return _text_result(
             "toolsetd is stopping, so it no longer waits for the operator's approval; the "
             "call did not run."
         )
     why = {
-        "decline": "The operator declined this call",
-        "cancel": "The operator cancelled the approval request",
         "timeout": "The operator did not answer the approval request in time",
         "uninitialized": "The host never sent notifications/initialized, so toolsetd could "
         "not put the approval request to the operator",

@@ -1064,13 +1064,17 @@ async def test_mcp_elicitation_accept_runs_the_call(
 async def test_mcp_elicitation_decline_refuses(
     mcp_host: Daemon, workspace: Path, mode: str, action: str
 ) -> None:
-    """Decline or cancel gives an isError result saying so; nothing ran."""
+    """Decline or cancel gives an isError result with the reference host's words for a
+    denied prompt (it said "The operator declined this call; ..."); nothing ran."""
     # An asker of its own: the shared log holds other tests' calls of ``asker``.
     name = _unique("asker")
     write_project_asker(workspace, name)
     result, seen = await _ask(mcp_host, workspace, mode, action, name)
     assert result.is_error is True
-    assert "declined" in _text(result) or "cancelled" in _text(result)
+    assert _text(result) == (
+        "The user declined this action. Do not retry the same call. Change the approach or "
+        "ask the user."
+    )
     assert len(seen) == 1
     assert name in seen[0]
     assert not [
