@@ -347,7 +347,8 @@ def load_config(home: Path) -> tuple[Config, list[Note]]:
                 note(
                     f"config.json: externalToolApproval.{source.value} must be author or host. "
                     f"External tool trust policy must be author or host. "
-                    f"Using host, so no manifest's approval counts, until it is fixed."
+                    f"Using host for {source.value} sets, so no {source.value} manifest's "
+                    "approval counts, until it is fixed."
                 )
                 policies[source] = ApprovalSource.HOST
     return (

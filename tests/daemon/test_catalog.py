@@ -642,13 +642,13 @@ def test_load_config_missing_file_defaults(home: Path) -> None:
         ('{"externalToolApproval": {"home": "maybe", "project": "AUTHOR"}}',
          Config(home_policy=ApprovalSource.HOST, project_policy=ApprovalSource.AUTHOR),
          "config.json: externalToolApproval.home must be author or host. External tool trust policy must be "
-         "author or host. Using host, so no manifest's approval counts, until it is fixed."),
+         "author or host. Using host for home sets, so no home manifest's approval counts, until it is fixed."),
         ('{"externalToolApproval": {"home": "author\\u001c"}}', Config(home_policy=ApprovalSource.HOST),
          "config.json: externalToolApproval.home must be author or host. External tool trust policy must be "
-         "author or host. Using host, so no manifest's approval counts, until it is fixed."),
+         "author or host. Using host for home sets, so no home manifest's approval counts, until it is fixed."),
         ('{"externalToolApproval": {"project": 1}}', Config(),
          "config.json: externalToolApproval.project must be author or host. External tool trust policy must be "
-         "author or host. Using host, so no manifest's approval counts, until it is fixed."),
+         "author or host. Using host for project sets, so no project manifest's approval counts, until it is fixed."),
     ],
 )
 def test_load_config_bad_parts_fall_back_with_note(home: Path, text: str, expected: Config, note: str) -> None:
