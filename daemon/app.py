@@ -1036,7 +1036,7 @@ async def _handle_signals(
 ) -> None:
     async for signum in signals:
         if signum in _IGNORED_SIGNALS:
-            log.info("signal_ignored", signal=signal.Signals(signum).name)
+            log.info("signal_ignored", signal=signal.Signals(signum).name, stopping=False)
             continue
         if signum == signal.SIGHUP:
             log.info("reload_requested", signal="SIGHUP")

@@ -253,6 +253,8 @@ def test_sigusr1_and_sigusr2_are_logged_and_end_no_daemon(
                 ),
                 what=f"{signum.name} logged",
             )
+        ignored = [e for e in d.log_events() if e.get("event") == "signal_ignored"]
+        assert [e.get("stopping") for e in ignored] == [False, False], ignored
         assert d.proc.poll() is None
         assert _invoke(d, workspace, "quick")["result"]["status"] == "ok"
         killed = _invoke(d, workspace, "usr1")["result"]
