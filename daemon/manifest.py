@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from toolsetd.protocol.errors import reject_json_constant
-from toolsetd.protocol.jsontext import decode_file_text
+from toolsetd.protocol.jsontext import decode_file_text, long_integer_at
 from toolsetd.protocol.whitespace import NET_WHITESPACE
 
 from .mcpschema import invalid_listing_note, is_unlisted, listed_schema, listing_notes
@@ -171,10 +171,11 @@ def _finite(text: str) -> float:
 
 
 def _too_many_digits(decoded: str) -> NoReturn:
-    """Refuse an integer longer than the interpreter converts (``sys.int_info``'s limit)."""
+    """Refuse an integer longer than the interpreter converts (``sys.int_info``'s limit),
+    at that integer: not the first run of as many digits, which may be in a string or in a
+    float's fraction (rule 3a)."""
     limit = sys.get_int_max_str_digits()
-    run = re.search(rf"(?<![0-9])[0-9]{{{limit + 1}}}", decoded)  # linear: runs only
-    where = str(json.JSONDecodeError("", decoded, run.start() if run else 0))
+    where = str(json.JSONDecodeError("", decoded, long_integer_at(decoded, limit) or 0))
     _fail(f"{_CANNOT_HOLD}an integer of more than {limit:,} digits{where}. Write a shorter number.")
 
 

@@ -80,6 +80,7 @@ __all__ = [
     "is_utf8_bytes",
     "loads",
     "loads_large",
+    "long_integer_at",
     "nesting_exceeds",
     "strict_dumps",
 ]
@@ -460,6 +461,36 @@ def _exact_loads(
     )
 
 
+def long_integer_at(text: str, digits: int) -> int | None:
+    """Where the first integer token of more than ``digits`` digits starts in a JSON text.
+
+    This is the integer the standard library's ``int()`` refused (it parses in text order,
+    and converts each integer as it meets it), so an error can point at it. The first run
+    of that many digits is not always it: a string may hold one, and so may a float's
+    fraction or exponent, which ``float()`` takes at any length. So the text is read as
+    JSON tokens up to it, in one anchored match that never backtracks (its repeats are
+    possessive): linear in the text, some 50 ms a MiB at worst (a list of one-digit
+    integers), less than the parse that failed took, and on its failure path only.
+
+    Args:
+        text: The text, valid JSON up to that integer (the parse got that far).
+        digits: The most digits an integer may have (at least 1).
+
+    Returns:
+        The index of the integer's first character (its ``-``, if it has one, as in
+        JSON's own grammar), or None when there is no such integer.
+    """
+    found = re.match(
+        r'(?:[^"0-9-]++'  # punctuation, white space, true, false, null
+        r'|"[^"\\]*+(?:\\.[^"\\]*+)*+"'  # a string: \" does not end it, \\" does
+        r"|-?+[0-9]++[.eE][0-9.eE+-]*+"  # a float, however many digits it has
+        rf"|-?+[0-9]{{1,{digits}}}+(?![0-9])"  # an integer int() converts
+        rf")*+(?=-?[0-9]{{{digits + 1}}})",
+        text,
+    )
+    return None if found is None else found.end()
+
+
 def _beyond_doubles(
     line: bytes | bytearray | memoryview | str, error: orjson.JSONDecodeError
 ) -> Any:
@@ -481,13 +512,13 @@ def _beyond_doubles(
         if (limit := _DIGIT_LIMIT.search(str(exc))) is not None:
             digits = int(limit[1])
             # orjson's position is its first number past the double range, which may be
-            # another one: point at the first run of that many digits instead.
-            run = re.search(rf"(?<![0-9])[0-9]{{{digits + 1}}}", error.doc)  # linear: runs only
+            # another one: point at the integer the standard library refused instead.
+            at = long_integer_at(error.doc, digits)
             raise orjson.JSONDecodeError(
                 f"an integer has more than {digits:,} digits, more than can be kept exactly "
                 "(send it as a string)",
                 error.doc,
-                error.pos if run is None else run.start(),
+                error.pos if at is None else at,
             ) from None
         raise error from None
     except RecursionError:

@@ -104,6 +104,26 @@ REJECTED: list[tuple[str, str, Any, str]] = [
     ("json-integer-too-long", "acme", b'{"x": "1234",\n "y": ' + b"9" * 5000 + b"}",
      "tools.json has a number toolsetd cannot hold: an integer of more than 4,300 digits: "
      "line 2 column 7 (char 20). Write a shorter number."),
+    # The place is the integer's token, not the first run of as many digits: not one in a
+    # string (an escaped quote does not end it, an escaped backslash before one does), nor
+    # a float's fraction or exponent, which may be of any length.
+    ("json-integer-too-long-after-digits-in-a-string", "acme",
+     b'{"d": "' + b"9" * 4301 + b'", "y": ' + b"9" * 4301 + b"}",
+     "tools.json has a number toolsetd cannot hold: an integer of more than 4,300 digits: "
+     "line 1 column 4317 (char 4316). Write a shorter number."),
+    ("json-integer-too-long-after-an-escaped-quote", "acme",
+     b'{"d": "say \\"' + b"9" * 4301 + b'\\"", "e": "\\\\", "y": ' + b"9" * 4301 + b"}",
+     "tools.json has a number toolsetd cannot hold: an integer of more than 4,300 digits: "
+     "line 1 column 4336 (char 4335). Write a shorter number."),
+    ("json-integer-too-long-after-a-long-fraction", "acme",
+     b'{"f": 0.' + b"9" * 5000 + b', "e": 1E+' + b"0" * 4400 + b'1, "y": ' + b"9" * 4301 + b"}",
+     "tools.json has a number toolsetd cannot hold: an integer of more than 4,300 digits: "
+     "line 1 column 9427 (char 9426). Write a shorter number."),
+    ("json-integer-too-long-negative-multi-line", "acme",
+     b'{\n  "d": "' + b"7" * 4301 + b'",\n  "f": -1.' + b"7" * 4301 + b',\n  "y":\n    -'
+     + b"7" * 4301 + b"\n}",
+     "tools.json has a number toolsetd cannot hold: an integer of more than 4,300 digits: "
+     "line 5 column 5 (char 8638). Write a shorter number."),
     ("root-array", "acme", [], "tools.json must be a JSON object."),
     ("root-string", "acme", "exec", "tools.json must be a JSON object."),
     # runner

@@ -146,6 +146,29 @@ def test_an_integer_past_the_interpreters_digit_limit_is_refused_saying_so() -> 
     assert caught.value.pos == text.index(b"777")
 
 
+@pytest.mark.parametrize(
+    "before",
+    [
+        b'"d": "%(long)s", ',  # a string's digits
+        b'"d": "say \\"%(long)s\\"", "e": "\\\\", ',  # after an escaped quote, and before one
+        b'"f": 0.%(long)s, "e": -1E+%(zeros)s1, ',  # a float's fraction and exponent
+        b'"d": "%(long)s",\n "f": [1.%(long)s],\n ',  # lines
+    ],
+    ids=["string", "escaped-quote", "fraction", "lines"],
+)
+def test_an_integer_past_the_digit_limit_is_placed_at_its_own_token(before: bytes) -> None:
+    """The error's position is the long integer's first character (its ``-``), not the
+    first run of as many digits, which may be in a string or a float."""
+    limit = sys.get_int_max_str_digits()
+    long = b"7" * (limit + 1)
+    head = b"{" + before % {b"long": long, b"zeros": b"0" * (limit + 1)} + b'"n": '
+    text = head + b"-" + long + b"}"
+    with pytest.raises(orjson.JSONDecodeError) as caught:
+        loads(text)
+    assert f"more than {limit:,} digits" in str(caught.value)
+    assert caught.value.pos == len(head)
+
+
 def _outcome(parse: Any, text: Any) -> tuple[Any, ...]:
     """What a parse gives: its value, each item with its type and each scalar as written
     back, or its error's words and position."""
