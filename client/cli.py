@@ -341,6 +341,14 @@ def _find_row(rows: Sequence[SetRow], name: str, source: str | None) -> SetRow |
     return matches[0] if matches else None
 
 
+def _set_entry(result: Mapping[str, Any], directory: str, source: str) -> Any:
+    """A set's ``sets[]`` entry in a ``list`` result (the daemon's, or ``offline_list``'s:
+    both ``daemon.catalog.set_info``), or None when it has none (discovery off)."""
+    key = (directory, source)
+    sets = result.get("sets") or []
+    return next((s for s in sets if (s.get("directory"), s.get("source")) == key), None)
+
+
 def _not_found(name: str, source: str | None) -> Failure:
     where = {"home": " in Home", "project": " in Project"}.get(source or "", "")
     return Failure(
@@ -382,10 +390,7 @@ def _cmd_show(ctx: Context, args: argparse.Namespace) -> int:
     if row is None:
         raise _not_found(name, args.source)
     if ctx.out.is_json:
-        raw_sets = {
-            (s.get("directory"), s.get("source")): s for s in listing.result.get("sets") or []
-        }
-        ctx.emit(raw_sets.get((row.directory, row.source)) or row.to_json())
+        ctx.emit(_set_entry(listing.result, row.directory, row.source) or row.to_json())
         return EXIT_OK
     ctx.out.fields(row.fields())
     if not _listing_discovery(listing):
@@ -483,6 +488,10 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
                 reloaded = True
             except Failure as failure:
                 ctx.out.error(f"toolsetd did not reload: {failure.message}")
+        # The daemon's view, when it took the edit in (or there was none to take): after a
+        # reload that failed it still holds the set as it was, and the files say better.
+        current = reloaded or not outcome.changed
+        listed = _served_list(ctx, client, home, home_from) if ctx.out.is_json and current else None
     finally:
         if client is not None:
             client.close()
@@ -510,7 +519,7 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
                 "enabled": enabled,
                 "changed": outcome.changed,
                 "reloaded": reloaded,
-                "entry": row.to_json() if row is not None else None,
+                "entry": _edited_entry(offline, listed, home, ctx.workspace, row),
                 "message": message,
             }
         )
@@ -528,6 +537,41 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
     if enabled and not _discovery_enabled(home):
         ctx.out.line(DISCOVERY_OFF)
     return EXIT_OK
+
+
+def _served_list(
+    ctx: Context, client: BlockingClient | None, home: Path, home_from: str
+) -> dict[str, Any] | None:
+    """The daemon's ``list`` after an edit, when it serves the home edited, else None.
+
+    ``show`` prints the daemon's view of a set when one answers (its state as loaded, a
+    project set under the workspace it resolved), so the edited set's ``entry`` is taken
+    from it too; a ``--home`` the daemon does not serve is read from the files. The file
+    is written by now: a daemon that fails to answer leaves the files to say it.
+    """
+    if client is None:
+        return None
+    try:
+        if home_from != "daemon" and _daemon_home(ctx, client) != home:
+            return None
+        listed: dict[str, Any] = call(ctx, client, "list", {"workspace": ctx.wire_workspace})
+    except Failure:
+        return None
+    return listed
+
+
+def _edited_entry(
+    offline: Any, listed: dict[str, Any] | None, home: Path, workspace: Path, row: SetRow | None
+) -> Any:
+    """The edited set as ``show --source <source> --format json`` prints it: its ``sets[]``
+    entry in the daemon's ``list`` (``listed``), else in the one the files make, else (with
+    discovery off neither has one) its inventory row, as ``show`` falls back to."""
+    if row is None:
+        return None
+    entry = _set_entry(listed, row.directory, row.source) if listed is not None else None
+    if entry is None:  # no daemon serves the home, or it scans nothing
+        entry = _set_entry(offline.offline_list(home, workspace), row.directory, row.source)
+    return entry or row.to_json()
 
 
 def _manifest_check(offline: Any, set_dir: Path, source: str) -> Callable[[bytes], str | None]:

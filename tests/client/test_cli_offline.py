@@ -743,6 +743,54 @@ def test_enable_with_discovery_off_prints_the_line(env: Env) -> None:
 
 
 @pytest.mark.parametrize(
+    ("args", "state"),
+    [
+        (("disable", "acme"), "disabled"),  # the project copy, which wins
+        (("enable", "acme", "--source", "project"), "loaded"),
+        (("disable", "acme", "--source", "home"), "hidden"),  # its project copy hides it
+        (("enable", "solo"), "loaded"),
+        (("disable", "net"), "disabled"),
+        (("enable", "net"), "refused"),  # valid, and skipped: a dotnet set
+        (("enable", "twin"), "refused"),  # its one tool's name is acme's: omitted
+    ],
+)
+def test_enable_json_entry_is_the_set_as_show_prints_it(
+    env: Env, args: tuple[str, ...], state: str
+) -> None:
+    """``--format json``'s ``entry`` is the set as ``show --format json`` prints it (its
+    ``sets[]`` entry: the folder as ``path``, ``state``, the registered ``tools``,
+    ``notes``, ``catalogs`` as an array, ``declaredTools``), not the inventory row
+    (``tools.json`` as ``path``, ``Plan+Work``, ``name (always)`` labels) it was, which a
+    script reading both the same way broke on; a set the edit leaves refused or hidden
+    too."""
+    env.project_set("acme", exec_set("fmt", approval="always"))
+    env.home_set("acme", exec_set("other"))
+    env.home_set("solo", exec_set("lint", enabled=False))
+    env.home_set("net", {"runner": "dotnet", "assembly": "Net.dll", "tools": {}})
+    env.home_set("twin", exec_set("fmt", enabled=False))
+    proc = env.run(*args, "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    done = json.loads(proc.stdout)
+    shown = env.run("show", done["directory"], "--source", done["source"], "--format", "json")
+    assert shown.returncode == 0, shown.stderr
+    assert done["entry"] == json.loads(shown.stdout)
+    assert done["entry"]["state"] == state
+    assert done["entry"]["path"] == str(Path(done["path"]).parent)
+
+
+def test_enable_json_entry_with_discovery_off_is_what_show_prints(env: Env) -> None:
+    """With discovery off no ``list`` has a ``sets[]`` entry: ``entry`` is then what
+    ``show --format json`` prints of the set, its inventory row."""
+    (env.home / "config.json").write_text('{"externalTools": false}')
+    env.home_set("acme", exec_set("fmt", enabled=False))
+    proc = env.run("enable", "acme", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    shown = env.run("show", "acme", "--source", "home", "--format", "json")
+    assert json.loads(proc.stdout)["entry"] == json.loads(shown.stdout)
+    assert json.loads(shown.stdout)["effective"] is True
+
+
+@pytest.mark.parametrize(
     ("args", "message"),
     [
         (("enable", "my tools"), "Directory name is invalid.\n"),

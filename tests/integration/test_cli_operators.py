@@ -1068,6 +1068,35 @@ def test_cli_disable_edits_the_daemons_home(ctl: Ctl) -> None:
         ctl.run("reload")
 
 
+@pytest.mark.parametrize(
+    ("set_dir", "args"),
+    [
+        ("home/tools/hello", ("disable", "hello")),
+        ("ws/.crystal/tools/proj", ("disable", "proj", "--source", "project")),
+        ("home/tools/hello", ("enable", "hello", "--home", "home")),  # already enabled
+    ],
+)
+def test_cli_enable_json_entry_is_the_set_as_show_prints_it(
+    ctl: Ctl, set_dir: str, args: tuple[str, ...]
+) -> None:
+    """With a daemon, ``entry`` is the set as ``show --format json`` prints it after the
+    edit: the daemon's ``sets[]`` entry, its state the reloaded one; it was the inventory
+    row (``tools.json`` as ``path``, ``Plan+Work``, ``name (always)`` labels, no ``state``)."""
+    manifest = ctl.base / set_dir / "tools.json"
+    before = manifest.read_bytes()
+    args = tuple(str(ctl.base / a) if a == "home" else a for a in args)
+    try:
+        done = one_document(ctl.run(*args, "--format", "json"))
+        shown = ctl.run("show", done["directory"], "--source", done["source"], "--format", "json")
+        assert shown.returncode == 0, shown.stderr
+        assert done["entry"] == one_document(shown)
+        assert done["entry"]["state"] == ("disabled" if args[0] == "disable" else "loaded")
+        assert done["entry"]["path"] == os.path.realpath(ctl.base / set_dir)
+    finally:
+        manifest.write_bytes(before)
+        ctl.run("reload")
+
+
 def test_cli_enable_with_home_option_and_a_missing_home(ctl: Ctl, tmp_path: Path) -> None:
     """--home wins over the daemon's home; a home that does not exist is named."""
     r = ctl.run("disable", "hello", "--home", str(tmp_path / "nowhere"), "--format", "json")
