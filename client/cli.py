@@ -399,14 +399,26 @@ def _cmd_show(ctx: Context, args: argparse.Namespace) -> int:
 
 
 def _edit_home(ctx: Context) -> tuple[Path, str, BlockingClient | None]:
-    """The home to edit and where it came from, and the daemon's connection if one answers."""
+    """The home to edit and where it came from, and the daemon's connection if one answers.
+
+    The contract's order (section 6): ``--home``, else ``$CRYSTAL_HOME``, else
+    ``~/.crystal``; with neither given, the home of the daemon at ``--socket`` comes
+    before ``~/.crystal``, so that a plain ``disable hello`` edits the sets that daemon
+    serves (issue 12). ``$CRYSTAL_HOME`` came after the daemon's home: a home the operator
+    named was passed over for another one, and left as it was.
+    """
+    named: tuple[Path, str] | None = None
+    if ctx.home_option is not None:
+        named = ctx.home_option, "option"
+    elif ctx.env.get("CRYSTAL_HOME"):
+        named = ctx.default_home, "environment"  # default_home is $CRYSTAL_HOME then
     try:
         client: BlockingClient | None = BlockingClient.connect(ctx.socket, timeout=CONNECT_TIMEOUT)
     except ConnectError as exc:
-        if not exc.absent and ctx.home_option is None:
-            # Something is there that could not be asked (a socket we may not open, a full
-            # backlog, a file named by mistake): its home is not known, and the default
-            # one may be a file that daemon does not serve.
+        if not exc.absent and not exc.not_socket and named is None:
+            # A socket is there that could not be asked (one we may not open, a full
+            # backlog): its home is not known, and the default one may be a home that
+            # daemon does not serve. (A file or folder there is no daemon: as none.)
             raise Failure(
                 EXIT_UNREACHABLE,
                 CLI_ERROR_CODES["unreachable"],
@@ -416,8 +428,8 @@ def _edit_home(ctx: Context) -> tuple[Path, str, BlockingClient | None]:
                 {"socket": ctx.socket},
             ) from exc
         client = None
-    if ctx.home_option is not None:
-        return ctx.home_option, "option", client
+    if named is not None:
+        return *named, client
     if client is not None:
         try:
             return _daemon_home(ctx, client), "daemon", client
@@ -488,10 +500,13 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
                 reloaded = True
             except Failure as failure:
                 ctx.out.error(f"toolsetd did not reload: {failure.message}")
+        served = home if home_from == "daemon" else _served_home(ctx, client)
         # The daemon's view, when it took the edit in (or there was none to take): after a
         # reload that failed it still holds the set as it was, and the files say better.
-        current = reloaded or not outcome.changed
-        listed = _served_list(ctx, client, home, home_from) if ctx.out.is_json and current else None
+        # A project set is the workspace's, whatever home the daemon serves.
+        ours = source == "project" or served == home
+        current = served is not None and ours and (reloaded or not outcome.changed)
+        listed = _served_list(ctx, client) if ctx.out.is_json and current else None
     finally:
         if client is not None:
             client.close()
@@ -506,8 +521,14 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
     where = {
         "daemon": f"the home of the toolsetd at {ctx.socket}",
         "option": "--home",
-        "default": "no toolsetd answered; CRYSTAL_HOME or ~/.crystal",
+        "environment": "CRYSTAL_HOME",
+        "default": "no toolsetd answered; ~/.crystal",
     }[home_from]
+    if source == "home" and served is not None and served != home:
+        ctx.out.error(
+            f"The toolsetd at {ctx.socket} serves the home {served}, not this one: what it "
+            f"serves is unchanged (give --home {served} to edit its sets)."
+        )
     if ctx.out.is_json:
         ctx.emit(
             {
@@ -539,21 +560,27 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _served_list(
-    ctx: Context, client: BlockingClient | None, home: Path, home_from: str
-) -> dict[str, Any] | None:
-    """The daemon's ``list`` after an edit, when it serves the home edited, else None.
+def _served_home(ctx: Context, client: BlockingClient | None) -> Path | None:
+    """The home the daemon serves, or None when none answers (the file is written by now:
+    a daemon that fails to answer leaves the files to say it)."""
+    if client is None:
+        return None
+    try:
+        return _daemon_home(ctx, client)
+    except Failure:
+        return None
+
+
+def _served_list(ctx: Context, client: BlockingClient | None) -> dict[str, Any] | None:
+    """The daemon's ``list`` after an edit of the home it serves, else None.
 
     ``show`` prints the daemon's view of a set when one answers (its state as loaded, a
     project set under the workspace it resolved), so the edited set's ``entry`` is taken
-    from it too; a ``--home`` the daemon does not serve is read from the files. The file
-    is written by now: a daemon that fails to answer leaves the files to say it.
+    from it too; a home the daemon does not serve is read from the files.
     """
     if client is None:
         return None
     try:
-        if home_from != "daemon" and _daemon_home(ctx, client) != home:
-            return None
         listed: dict[str, Any] = call(ctx, client, "list", {"workspace": ctx.wire_workspace})
     except Failure:
         return None

@@ -87,19 +87,25 @@ class ConnectError(ClientError):
         absent: Whether nothing listens there (no such socket, or the connection was
             refused); not when the socket may not be opened, did not answer in time, or
             is refused for another reason.
+        not_socket: Whether the path is something that cannot be a socket (a regular file
+            or a folder named by mistake): no daemon listens there either.
     """
 
-    def __init__(self, message: str, path: str, *, absent: bool = False) -> None:
+    def __init__(
+        self, message: str, path: str, *, absent: bool = False, not_socket: bool = False
+    ) -> None:
         """Create the error.
 
         Args:
             message: An English sentence naming the socket path.
             path: The socket path.
             absent: Whether nothing listens there.
+            not_socket: Whether the path is not a socket at all.
         """
         super().__init__(message)
         self.path = path
         self.absent = absent
+        self.not_socket = not_socket
 
 
 class ConnectionClosed(ClientError):
@@ -250,9 +256,12 @@ def map_connect_errors(path: str | Path, timeout: float) -> Iterator[None]:
         ) from exc
     except OSError as exc:
         absent = exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ECONNREFUSED)
-        if exc.errno == errno.ECONNREFUSED and _not_a_socket(where) is not None:
+        not_socket = exc.errno == errno.ECONNREFUSED and _not_a_socket(where) is not None
+        if not_socket:
             absent = False  # something else is there: say what (list's fallback too)
-        raise ConnectError(_connect_message(where, exc), where, absent=absent) from exc
+        raise ConnectError(
+            _connect_message(where, exc), where, absent=absent, not_socket=not_socket
+        ) from exc
 
 
 @contextmanager

@@ -745,39 +745,53 @@ def test_an_invoke_result_whose_status_is_none_of_the_four_is_a_protocol_failure
 def test_enable_never_edits_the_default_home_when_the_socket_could_not_be_asked(
     sockdir: Path, monkeypatch: pytest.MonkeyPatch, there: str, command: str
 ) -> None:
-    """``enable``/``disable`` edit the home of the daemon at ``--socket``. When something is
-    there that could not be asked (a socket the user may not open, a daemon whose backlog
-    stays full, a ``--socket`` naming a file by mistake), the default home was edited
-    instead and the command exited 0: a CI job changed a file the daemon it meant does not
-    serve. Only when no daemon is there (no socket, connection refused) is the default home
-    the one meant; otherwise nothing is written (exit 5) unless ``--home`` names the home."""
-    home = sockdir / "default-home"
-    manifest = home / "tools" / "s" / "tools.json"
+    """``enable``/``disable`` with no home named (``--home``, ``$CRYSTAL_HOME``) edit the
+    home of the daemon at ``--socket``. When a socket is there that could not be asked (a
+    socket the user may not open, a daemon whose backlog stays full), ``~/.crystal`` was
+    edited instead and the command exited 0: a CI job changed a file the daemon it meant
+    does not serve. Then nothing is written (exit 5), unless a home is named. A regular
+    file at ``--socket`` (named by mistake) is no daemon: the contract's "works when no
+    daemon runs", so ``~/.crystal`` is edited, as with no socket."""
+    user = sockdir / "user"
+    manifest = user / ".crystal" / "tools" / "s" / "tools.json"
     manifest.parent.mkdir(parents=True)
     manifest_object = {"enabled": command == "disable", "runner": "exec", "description": "d",
                        "schema": {"type": "object"}, "command": ["run.sh"]}
     text = json.dumps(manifest_object) + "\n"
     manifest.write_text(text)
-    monkeypatch.setenv("CRYSTAL_HOME", str(home))
+    monkeypatch.delenv("CRYSTAL_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(user))
     path = sockdir / "d.sock"
     server, waiting = None, []
     if there == "a regular file":
         path.write_text("")
     else:
         server, waiting = _full_backlog(path)
+    argv = ["--socket", str(path), "--workspace", str(sockdir)]
     try:
         out, err = io.StringIO(), io.StringIO()
-        code = run(["--socket", str(path), "--workspace", str(sockdir), command, "s"],
-                   stdout=out, stderr=err)
+        code = run([*argv, command, "s"], stdout=out, stderr=err)
+        if there == "a regular file":
+            assert code == 0, err.getvalue()
+            assert manifest.read_text() != text
+            return
         assert code == 5, err.getvalue()
         assert manifest.read_text() == text  # nothing written
         assert str(path) in err.getvalue()
         assert "--home" in err.getvalue()
-        out, err = io.StringIO(), io.StringIO()
-        code = run(["--socket", str(path), "--workspace", str(sockdir), "--home", str(home),
-                    command, "s"], stdout=out, stderr=err)
-        assert code == 0, err.getvalue()  # --home names the home: no need to ask
-        assert manifest.read_text() != text
+        named = (
+            ([*argv, "--home", str(user / ".crystal")], {}),  # --home names the home
+            (argv, {"CRYSTAL_HOME": str(user / ".crystal")}),  # so does $CRYSTAL_HOME
+        )
+        for options, environment in named:
+            manifest.write_text(text)
+            with monkeypatch.context() as patched:
+                for key, value in environment.items():
+                    patched.setenv(key, value)
+                out, err = io.StringIO(), io.StringIO()
+                code = run([*options, command, "s"], stdout=out, stderr=err)
+            assert code == 0, err.getvalue()  # a home named: no need to ask
+            assert manifest.read_text() != text
     finally:
         for sock in waiting:
             sock.close()

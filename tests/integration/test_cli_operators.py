@@ -1083,6 +1083,50 @@ def test_cli_disable_edits_the_daemons_home(ctl: Ctl) -> None:
         ctl.run("reload")
 
 
+def test_cli_disable_edits_the_home_crystal_home_names(ctl: Ctl, tmp_path: Path) -> None:
+    """Contract section 6: ``--home``, else ``$CRYSTAL_HOME``, else ``~/.crystal``. The
+    daemon's home came before ``$CRYSTAL_HOME``: the home the operator named was left as
+    it was, and another one edited. The named home is edited now, and stderr says that
+    the daemon serves another one (whose set stays as it was)."""
+    other = tmp_path / "other"
+    shutil.copytree(ctl.daemon.home / "tools" / "hello", other / "tools" / "hello")
+    served = ctl.daemon.home / "tools" / "hello" / "tools.json"
+    before = served.read_bytes()
+    r = ctl.run("disable", "hello", "--format", "json", CRYSTAL_HOME=str(other))
+    assert r.returncode == 0, r.stderr
+    done = one_document(r)
+    assert (done["homeFrom"], done["home"]) == ("environment", str(other))
+    assert json.loads((other / "tools" / "hello" / "tools.json").read_text())["enabled"] is False
+    assert served.read_bytes() == before
+    assert (
+        f"The toolsetd at {ctl.daemon.socket} serves the home {ctl.daemon.home}, not this one"
+    ) in r.stderr
+    assert done["entry"]["enabled"] is False  # the files' entry, not the daemon's
+
+
+def test_cli_enable_with_a_file_at_the_socket_edits_the_default_home(tmp_path: Path) -> None:
+    """Contract section 6: enable and disable work when no daemon runs. A regular file at
+    ``--socket`` (a path given by mistake) is no daemon, but the command refused it
+    ("Nothing was written"), exit 5; it now edits ``~/.crystal`` as with no socket."""
+    user = tmp_path / "user"
+    write_set(
+        user / ".crystal" / "tools", "off",
+        {"runner": "exec", **TOOL, "command": ["/bin/true"], "enabled": False},
+    )
+    stray = tmp_path / "stray.sock"
+    stray.write_text("not a socket\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TOOLSETD_SOCKET", "CRYSTAL_HOME")}
+    r = subprocess.run(
+        [sys.executable, "-m", "toolsetd.client", "--socket", str(stray), "--workspace",
+         str(tmp_path), "enable", "off"],
+        capture_output=True, text=True, timeout=60, env={**env, "HOME": str(user)},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "Tool set off enabled." in r.stdout
+    manifest = user / ".crystal" / "tools" / "off" / "tools.json"
+    assert json.loads(manifest.read_text())["enabled"] is True
+
+
 @pytest.mark.parametrize(
     ("set_dir", "args"),
     [
