@@ -951,6 +951,36 @@ async def test_runner_periodic_progress(runner: Runner, env: Env) -> None:
     assert (ticks[-1]["stdout_bytes"], ticks[-1]["stderr_bytes"]) == (3, 2)
 
 
+@pytest.mark.slow
+async def test_runner_periodic_progress_keeps_its_schedule_through_a_cancel(env: Env) -> None:
+    """Contract: progress "at least once a second while it runs". A cancel started a new
+    interval, so a tool that outlives it (SIGTERM ignored, in the kill grace) had a gap of
+    nearly two intervals around the cancel (1.47 s in the audit that found it): ticks at
+    1 s, then 2.5 s, for a cancel at 1.5 s. They keep one schedule now: 1 s, then 2 s."""
+    runner = Runner(
+        replace(FAST, progress_interval_seconds=1.0, kill_grace_seconds=2.0),
+        anyio.CapacityLimiter(4),
+        os.environ,
+    )
+    sink, cancel = RecordingSink(), anyio.Event()
+
+    async def cancel_later() -> None:
+        await anyio.sleep(1.5)
+        cancel.set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cancel_later)
+        outcome = await run(
+            runner, env, sh_tool(env.set_dir, "trap '' TERM; sleep 3"), sink=sink, cancel=cancel
+        )
+    assert outcome.status == "cancelled"
+    ticks = [t["elapsed_ms"] for t in sink.of("progress")]
+    after = [ms for ms in ticks if ms > 1500]
+    assert after, ticks
+    # 2,000 on the schedule (a loaded machine only makes it later), 2,500 before.
+    assert after[0] < 2300, ticks
+
+
 async def test_runner_queued_under_limiter(env: Env) -> None:
     """Calls beyond the limiter wait, reporting queued progress; a cancel while queued starts nothing."""
     runner = Runner(FAST, anyio.CapacityLimiter(1), os.environ)
