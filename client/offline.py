@@ -20,7 +20,8 @@ is: ``cli.OUT_OF_MEMORY``).
   *effective* when its name is valid and no project copy of the same name hides it.
 * ``offline_list`` is what the daemon's ``list`` would say, built by ``build_catalog``.
 * ``validate_set`` checks one directory and collects every problem it can: the
-  directory name, the first structural failure of the parser (which stops there), every
+  directory name, every structural failure (the parser stops at its first: the member
+  that failed is left out and the file parsed again, ``_parse_problems``), every
   schema problem of every tool, and the command files ``invoke`` would fail to start
   (missing, not a file, not executable, a bare name found neither in the set folder nor
   on ``PATH``).
@@ -30,7 +31,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -334,9 +335,9 @@ class _NoSchemaCheck(SchemaChecker):
 def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> ValidationReport:
     """Check one set directory as a home set and collect its problems.
 
-    The parser stops at its first failure, so the problems are: the directory name,
-    the first structural failure, and (when the structure is sound) the schema problem
-    of each tool.
+    The problems are: the directory name, each structural failure (``_parse_problems``),
+    the misspelt members, then for what parsed (every tool, or those left when failing
+    ones were left out) each tool's schema problems and the command files.
 
     Args:
         set_dir: The set directory (the one holding ``tools.json``).
@@ -377,24 +378,28 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
     except ManifestError as exc:
         report.problems.append(_no_manifest(set_dir) or exc.message)
         return report
-    try:
-        toolset: ToolSet = parse_manifest(
-            data, set_dir=parse_dir, source=Source.HOME, reserved=reserved, schemas=_NoSchemaCheck()
-        )
-    except ManifestError as exc:
-        if parse_dir is not set_dir and _PLACEHOLDER in exc.message:
+    found, toolset = _parse_problems(
+        data,
+        lambda text: parse_manifest(
+            text, set_dir=parse_dir, source=Source.HOME, reserved=reserved, schemas=_NoSchemaCheck()
+        ),
+    )
+    for message in found:
+        if parse_dir is not set_dir and _PLACEHOLDER in message:
             report.problems.append(_shorthand_problem(directory))
         else:
-            report.problems.append(exc.message)
-        report.problems.extend(misspelt_keys(data))
-        return report
+            report.problems.append(message)
     report.problems.extend(misspelt_keys(data))
-    report.runner = toolset.runner.value
+    if toolset is None:
+        return report
+    if not found:
+        report.runner = toolset.runner.value
     if parse_dir is not set_dir and [t.name for t in toolset.tools] == [_PLACEHOLDER]:
         report.problems.append(_shorthand_problem(directory))
         return report
-    report.tools = [tool.name for tool in toolset.tools]
-    for tool in toolset.tools:
+    if not found:
+        report.tools = [tool.name for tool in toolset.tools]
+    for tool in toolset.tools:  # what parsed, also with the members that did not left out
         invalid = SchemaChecker.problems(tool.schema)
         for problem in invalid:
             report.problems.append(f"Tool '{tool.name}' has an invalid JSON Schema: {problem}")
@@ -406,6 +411,78 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
     if toolset.runner is RunnerKind.EXEC:
         report.problems.extend(_command_problems(toolset, set_dir))
     return report
+
+
+#: The most times ``validate`` parses a manifest again, each without one member that
+#: failed: a manifest with more problems than this says its first ones.
+_MAX_PASSES = 100
+#: What a manifest says once ``validate`` has left out members it needs (a tool, a
+#: command): not the file's own problem (the file had them), so not said.
+_AFTER_LEAVING_OUT = {
+    "exec tools array must not be empty.": "tools",
+    "exec requires a command array.": "command",
+}
+
+
+def _parse_problems(
+    data: bytes, parse: Callable[[bytes], ToolSet]
+) -> tuple[list[str], ToolSet | None]:
+    """Every problem the parser finds in a manifest, not only its first.
+
+    The contract's ``validate`` prints every problem; the parser stops at its first, as
+    the daemon and the reference host do. When that one is in a member the rest does not
+    depend on (``ManifestError.member``: an optional member of the root or of a tool, one
+    tool or overlay), the member is left out and the manifest parsed again, at most
+    ``_MAX_PASSES`` times. A failure elsewhere (the runner, the JSON itself, a shorthand's
+    own fields) ends it.
+
+    Returns:
+        The problems, in the parser's order, and what parsed at last with the failing
+        members left out (None when nothing did).
+    """
+    problems: list[str] = []
+    root: Any = None
+    left_out: set[str | int] = set()  # the members' names (``tools``, ``command``, ...)
+    for _ in range(_MAX_PASSES):
+        try:
+            return problems, parse(data)
+        except ManifestError as exc:
+            if _AFTER_LEAVING_OUT.get(exc.message) in left_out:
+                return problems, None
+            problems.append(exc.message)
+            if exc.member is None:
+                return problems, None
+            if root is None:
+                try:  # UTF-8, as misspelt_keys reads it; another encoding says its first
+                    root = loads(data.removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
+                except ValueError:
+                    return problems, None
+            if not _leave_out(root, exc.member):
+                return problems, None
+            left_out.update(exc.member)
+            data = dumps(root)
+    return problems, None
+
+
+def _leave_out(root: Any, member: tuple[str | int, ...]) -> bool:
+    """Take ``member`` (a root member, one element of ``tools``, or a member of one) out of
+    ``root``."""
+    owner = root
+    for step in member[:-1]:
+        if isinstance(owner, dict) and isinstance(step, str):
+            owner = owner.get(step)
+        elif isinstance(owner, list) and isinstance(step, int) and 0 <= step < len(owner):
+            owner = owner[step]
+        else:
+            return False
+    key = member[-1]
+    if isinstance(owner, list) and isinstance(key, int) and 0 <= key < len(owner):
+        del owner[key]
+        return True
+    if isinstance(owner, dict) and key in owner:
+        del owner[key]
+        return True
+    return False
 
 
 #: Schema keywords that can admit a property the top-level ``properties`` do not list.

@@ -71,20 +71,34 @@ class ManifestError(Exception):
 
     Attributes:
         message: The reference host's message, e.g. ``stdin must be a boolean.``
+        member: The member it is about, when the rest of the manifest can be checked
+            without it: an optional member of the root or of a tool
+            (``("timeoutSeconds",)``, ``("tools", 2, "approval")``), or one element of
+            ``tools`` (``("tools", 2)``, ``("tools", "read")`` for a dotnet overlay); None
+            for anything else. ``toolsetctl validate`` leaves it out and parses again, to
+            say every problem; the daemon stops at the first, as the reference host does.
     """
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, member: tuple[str | int, ...] | None = None) -> None:
         """Create the error.
 
         Args:
             message: The operator-facing English text.
+            member: The member it is about (see above).
         """
         super().__init__(message)
         self.message = message
+        self.member = member
 
 
-def _fail(message: str) -> NoReturn:
-    raise ManifestError(message)
+def _fail(message: str, member: tuple[str | int, ...] | None = None) -> NoReturn:
+    raise ManifestError(message, member)
+
+
+def _in(element: str | int, exc: ManifestError) -> NoReturn:
+    """Raise ``exc`` again as about ``tools``' ``element`` (or a member of it)."""
+    exc.member = ("tools", element, *(exc.member or ()))
+    raise exc
 
 
 def is_directory_name(name: str) -> bool:
@@ -282,11 +296,11 @@ def _string_list(obj: Mapping[str, Any], key: str, message: str) -> tuple[str, .
     if value is None:
         return None
     if not isinstance(value, list):
-        _fail(message)
+        _fail(message, (key,))
     items: list[str] = []
     for item in value:
         if not isinstance(item, str) or _blank(item):
-            _fail(message)
+            _fail(message, (key,))
         items.append(item.strip(NET_WHITESPACE))
     return tuple(items)
 
@@ -299,7 +313,7 @@ def _catalogs(
         return default
     members = {value.lower() for value in values}
     if not values or not members <= {"plan", "work"}:
-        _fail(message)
+        _fail(message, ("catalogs",))
     return frozenset(CatalogName(member) for member in members)
 
 
@@ -313,7 +327,7 @@ def _approval(obj: Mapping[str, Any], default: Approval, prefix: str = "") -> Ap
         word = value.strip(NET_WHITESPACE).lower()
         if word in ("inherit", "always"):
             return Approval(word)
-    _fail(f"{prefix}approval must be inherit or always.")
+    _fail(f"{prefix}approval must be inherit or always.", ("approval",))
 
 
 def _optional_bool(obj: Mapping[str, Any], key: str) -> bool:
@@ -321,7 +335,7 @@ def _optional_bool(obj: Mapping[str, Any], key: str) -> bool:
     if value is None:
         return True
     if not isinstance(value, bool):
-        _fail(f"{key} must be a boolean.")
+        _fail(f"{key} must be a boolean.", (key,))
     return value
 
 
@@ -334,7 +348,7 @@ def _timeout(root: Mapping[str, Any]) -> int | None:
     # bool is an int subclass in Python; JSON true is not a number. 1.0 parses as float.
     if type(value) is int and 1 <= value <= _MAX_TIMEOUT_SECONDS:
         return value
-    _fail("timeoutSeconds must be a supported positive integer or unlimited.")
+    _fail("timeoutSeconds must be a supported positive integer or unlimited.", ("timeoutSeconds",))
 
 
 def _argv(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -342,10 +356,10 @@ def _argv(obj: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     if value is None:
         return ()
     if not isinstance(value, dict):
-        _fail("argv must be an object of flag strings.")
+        _fail("argv must be an object of flag strings.", ("argv",))
     for key, flag in _members(value):  # a duplicate key's every value, as the reference host
         if not isinstance(flag, str) or _blank(flag):
-            _fail(f"argv '{key}' must be a flag string.")
+            _fail(f"argv '{key}' must be a flag string.", ("argv",))
     return tuple((key, flag.strip(NET_WHITESPACE)) for key, flag in value.items())
 
 
@@ -355,7 +369,7 @@ def _output(obj: Mapping[str, Any], name: str) -> OutputMode:
         return OutputMode.TEXT
     if isinstance(value, str) and value.strip(NET_WHITESPACE).lower() in ("text", "content"):
         return OutputMode(value.strip(NET_WHITESPACE).lower())
-    _fail(f"Tool '{name}' has invalid output: output must be text or content.")
+    _fail(f"Tool '{name}' has invalid output: output must be text or content.", ("output",))
 
 
 def _exec_tool(
@@ -389,7 +403,7 @@ def _exec_tool(
     try:
         tool_approval = _approval(obj, approval)
     except ManifestError as exc:
-        _fail(f"Tool '{name}' has invalid approval: {exc.message}")
+        _fail(f"Tool '{name}' has invalid approval: {exc.message}", ("approval",))
     output = _output(obj, name)
     return ToolDef(
         name=name,
@@ -425,14 +439,17 @@ def _exec_tools(
         )
     result: list[ToolDef] = []
     names: set[str] = set()
-    for element in tools:
+    for index, element in enumerate(tools):
         if not isinstance(element, dict):
-            _fail("Each exec tool must be a JSON object.")
-        tool = _exec_tool(
-            element, name=None, catalogs=catalogs, approval=approval, reserved=reserved
-        )
+            _fail("Each exec tool must be a JSON object.", ("tools", index))
+        try:
+            tool = _exec_tool(
+                element, name=None, catalogs=catalogs, approval=approval, reserved=reserved
+            )
+        except ManifestError as exc:
+            _in(index, exc)
         if tool.name in names:
-            _fail(f"Duplicate tool name '{tool.name}'.")
+            _fail(f"Duplicate tool name '{tool.name}'.", ("tools", index))
         names.add(tool.name)
         result.append(tool)
     if not result:
@@ -457,32 +474,47 @@ def _dotnet_overlays(
     """
     declared: list[ToolDef] = []
     for key, value in _members(overlays):  # a duplicate key's every value, as the reference host
-        if not is_tool_name(key, reserved):
-            _fail(f"Overlay '{key}' is reserved or invalid.")
-        if not isinstance(value, dict):
-            _fail(f"Overlay '{key}' must be a JSON object.")
-        if "output" in value:
-            _fail(f"Overlay '{key}' cannot set output.")
-        overlay_catalogs = _catalogs(value, catalogs, f"Overlay '{key}' has invalid catalogs.")
-        _argv(value)
-        path_arguments = _string_list(
-            value, "pathArguments", f"Overlay '{key}' pathArguments must be an array of strings."
-        )
         try:
-            overlay_approval = _approval(value, approval)
-        except ManifestError as exc:
-            _fail(f"Overlay '{key}' has invalid approval: {exc.message}")
-        declared.append(
-            ToolDef(
-                name=key,
-                description=key,
-                schema={},
-                catalogs=overlay_catalogs,
-                approval=overlay_approval,
-                path_arguments=path_arguments or (),
+            declared.append(
+                _dotnet_overlay(key, value, catalogs=catalogs, approval=approval, reserved=reserved)
             )
-        )
+        except ManifestError as exc:
+            _in(key, exc)
     return tuple(declared)
+
+
+def _dotnet_overlay(
+    key: str,
+    value: Any,
+    *,
+    catalogs: frozenset[CatalogName],
+    approval: Approval,
+    reserved: frozenset[str],
+) -> ToolDef:
+    """One overlay of ``_dotnet_overlays``."""
+    if not is_tool_name(key, reserved):
+        _fail(f"Overlay '{key}' is reserved or invalid.")
+    if not isinstance(value, dict):
+        _fail(f"Overlay '{key}' must be a JSON object.")
+    if "output" in value:
+        _fail(f"Overlay '{key}' cannot set output.")
+    overlay_catalogs = _catalogs(value, catalogs, f"Overlay '{key}' has invalid catalogs.")
+    _argv(value)
+    path_arguments = _string_list(
+        value, "pathArguments", f"Overlay '{key}' pathArguments must be an array of strings."
+    )
+    try:
+        overlay_approval = _approval(value, approval)
+    except ManifestError as exc:
+        _fail(f"Overlay '{key}' has invalid approval: {exc.message}", ("approval",))
+    return ToolDef(
+        name=key,
+        description=key,
+        schema={},
+        catalogs=overlay_catalogs,
+        approval=overlay_approval,
+        path_arguments=path_arguments or (),
+    )
 
 
 def parse_manifest(
@@ -539,7 +571,7 @@ def parse_manifest(
         root.get("schema"), dict
     )
     if runner is RunnerKind.DOTNET and "output" in root:
-        _fail("output is only valid for exec.")
+        _fail("output is only valid for exec.", ("output",))
 
     common: dict[str, Any] = {
         "directory": directory,

@@ -172,6 +172,53 @@ def test_validate_reports_every_schema_problem(env: Env) -> None:
     assert problems[1].startswith("- Tool 'b' has an invalid JSON Schema: ")
 
 
+def test_validate_prints_every_problem_not_only_the_parsers_first(env: Env) -> None:
+    """Contract section 6: validate prints every problem. It printed the parser's first
+    (the daemon's note, which stops there as the reference host does), so a CI job fixed
+    one problem a run. Each member that failed is now left out and the file read again:
+    the root's optional members, each tool (or its optional member), each overlay; what is
+    left is checked as a valid set is (schemas, commands). A problem that only leaving
+    tools out makes (no tool, no command left) is not the file's, and is not said."""
+    path = env.home_set("multi", {
+        "runner": "exec", "command": ["nope.sh"], "timeoutSeconds": 0, "catalogs": ["x"],
+        "tools": [
+            {"name": "a", "description": "d", "schema": {"type": "object"},
+             "approval": "sometimes", "output": "html"},
+            {"name": "bad name!", "description": "d", "schema": {"type": "object"}},
+            {"name": "ok", "description": "d", "schema": {"type": "object", "minProperties": -1}},
+            {"name": "a", "description": "again", "schema": {"type": "object"}},
+        ],
+    })
+    proc = env.run("validate", str(path.parent))
+    assert proc.returncode == 2
+    problems = [line for line in proc.stdout.splitlines() if line.startswith("- ")]
+    assert problems[:6] == [
+        "- catalogs must be plan, work, or both.",
+        "- timeoutSeconds must be a supported positive integer or unlimited.",
+        "- Tool 'a' has invalid approval: approval must be inherit or always.",
+        "- Tool 'a' has invalid output: output must be text or content.",
+        "- Tool name 'bad name!' is reserved or invalid.",
+        "- Duplicate tool name 'a'.",
+    ]
+    assert problems[6].startswith("- Tool 'ok' has an invalid JSON Schema: ")
+    assert problems[7].startswith("- Command 'nope.sh' is neither a file in ")
+    assert len(problems) == 8, problems
+    # Every tool refused: the problems are theirs, not "exec tools array must not be empty".
+    path = env.home_set("none", {"runner": "exec", "command": ["true"], "tools": [
+        {"name": "read", "description": "d", "schema": {}}, {"description": "d"}]})
+    proc = env.run("validate", str(path.parent))
+    assert proc.stdout.splitlines()[1:] == [
+        "- Tool name 'read' is reserved or invalid.", "- Each exec tool requires name."]
+    # A dotnet set's overlays, each.
+    path = env.home_set("dn", {"runner": "dotnet", "assembly": "a.dll", "tools": {
+        "read": {}, "ok": {"approval": 1}, "fine": {}}})
+    proc = env.run("validate", str(path.parent))
+    assert proc.stdout.splitlines()[1:3] == [
+        "- Overlay 'read' is reserved or invalid.",
+        "- Overlay 'ok' has invalid approval: approval must be inherit or always.",
+    ]
+
+
 def test_validate_reports_directory_name_and_parse_error(env: Env) -> None:
     """An invalid directory name is reported along with the manifest's own problem."""
     path = env.home_set(
