@@ -62,7 +62,6 @@ from .service import Completion, ProgressReport
 
 __all__ = [
     "APPROVAL_KEY",
-    "MISSING_CAPABILITY",
     "Answer",
     "Listing",
     "McpError",
@@ -81,7 +80,6 @@ __all__ = [
     "error_response",
     "input_required_result",
     "is_request_id",
-    "missing_elicitation",
     "refusal_result",
 ]
 
@@ -377,32 +375,8 @@ def changed_result() -> dict[str, Any]:
     )
 
 
-#: MCP 2026-07-28's ``MissingRequiredClientCapabilityError``.
-MISSING_CAPABILITY = -32021
-
-
 def approval_unavailable_result(classification: dict[str, Any]) -> dict[str, Any]:
-    """An ask or review this host cannot put to the operator (no elicitation), on the
-    handshake revisions: an ``isError`` result, which the model reads."""
-    return _text_result(_approval_unavailable(classification, "This MCP host"))
-
-
-def missing_elicitation(classification: dict[str, Any]) -> McpError:
-    """An ask or review this request cannot put to the operator, on 2026-07-28.
-
-    That revision (basic/index.mdx) makes a request that needs a capability the client
-    did not declare a ``-32021`` error (400 over HTTP) whose ``data.requiredCapabilities``
-    names it: form elicitation here (a client that declared only URL mode has
-    ``elicitation`` and still cannot be asked). The message is the result's text.
-    """
-    return McpError(
-        MISSING_CAPABILITY,
-        _approval_unavailable(classification, "This request"),
-        {"requiredCapabilities": {"elicitation": {"form": {}}}},
-    )
-
-
-def _approval_unavailable(classification: dict[str, Any], who: str) -> str:
+    """An ask or review this host cannot put to the operator (no elicitation)."""
     tool = classification.get("tool", "?")
     reason = classification.get("reason", "")
     if classification.get("requirePrompt"):
@@ -419,9 +393,9 @@ def _approval_unavailable(classification: dict[str, Any], who: str) -> str:
             "endpoint, runs workspace calls unasked), or use "
             "an MCP host that supports elicitation, which asks the operator."
         )
-    return (
-        f"Approval required: {reason} {who} did not declare elicitation, so toolsetd cannot "
-        f"ask the operator; the call did not run. {how}"
+    return _text_result(
+        f"Approval required: {reason} This MCP host did not declare elicitation, so toolsetd "
+        f"cannot ask the operator; the call did not run. {how}"
     )
 
 

@@ -866,8 +866,6 @@ class McpSession:
         except Unapproved as exc:
             classification = exc.data if isinstance(exc.data, dict) else {}
             if not mapping.can_elicit(era.capabilities):
-                if era.modern:
-                    raise mapping.missing_elicitation(classification) from None
                 return self._complete(era, mapping.approval_unavailable_result(classification))
             # Each of these encodes the arguments: large ones in the worker slot, as their
             # checks were (three million fractions took the event loop 0.35 s an encode).

@@ -70,7 +70,7 @@ from .httpguard import ListenAddress, check_host_origin, check_token, peer_refus
 from .httpserver import Exchange, HttpRequest, HttpServer, HttpSettings, Refusal, Screen
 from .large import LARGE_TEXT, LargeRequests
 from .logs import Throttle
-from .mcp_mapping import MISSING_CAPABILITY, McpError, error_response
+from .mcp_mapping import McpError, error_response
 from .mcp_session import (
     CAPABILITIES_META,
     MODERN_VERSIONS,
@@ -966,14 +966,11 @@ class McpHttpEndpoint:
                 # 2026-07-28's transport: a method the server does not implement MUST be
                 # 404 with -32601 (the JSON-RPC body tells it from a legacy server's 404).
                 status = 404
-            elif code in (UNSUPPORTED_VERSION, MISSING_CAPABILITY) or malformed_envelope(
-                response.get("error")
-            ):
+            elif code == UNSUPPORTED_VERSION or malformed_envelope(response.get("error")):
                 # A version we do not serve MUST be 400, whether the header named it (the
                 # transport's check) or, with no header, the request's _meta (the core's);
                 # so MUST a request whose _meta lacks a required field (or holds one of
-                # another type), in a session too, and one that needs a capability the
-                # client did not declare (elicitation, for an approval).
+                # another type), in a session too.
                 status = 400
             elif (
                 code is not None and session.session_id is None and core.version_of(message) is None

@@ -318,22 +318,6 @@ def test_http_request_without_session_or_modern_meta(http_daemon, workspace: Pat
     assert unknown.json()["error"]["code"] == -32602
 
 
-def test_http_modern_ask_without_elicitation_is_400_32021(http_daemon, workspace: Path) -> None:
-    """2026-07-28: a request needing a capability the client did not declare is -32021 with
-    ``requiredCapabilities``, and on HTTP the status MUST be 400 (it was a 200 isError
-    result, the handshake revisions' answer)."""
-    _, base = http_daemon
-    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {}}
-    reply = http(endpoint(base, workspace), body=rpc(1, "tools/call", {
-        "_meta": meta, "name": "asker", "arguments": {}}), headers={
-        "mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call", "mcp-name": "asker"})
-    assert reply.status == 400, reply
-    error = reply.json()["error"]
-    assert (error["code"], error["data"]) == (
-        -32021, {"requiredCapabilities": {"elicitation": {"form": {}}}})
-
-
 def test_http_a_malformed_initialize_is_invalid_params_and_opens_no_session(
     http_daemon, workspace: Path
 ) -> None:
@@ -552,9 +536,8 @@ def test_http_2026_mcp_param_headers_must_mirror_the_body(
               _tool("routed.py", schema=schema, approval="inherit"),
               **{"routed.py": script("print('ran')\n")})
     url = endpoint(base, workspace)
-    # Elicitation declared: the call asks (an input_required 200), never -32021 (400).
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+            "io.modelcontextprotocol/clientCapabilities": {}}
     std = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
            "mcp-name": "routed"}
 
@@ -606,7 +589,7 @@ def test_http_2026_mcp_param_headers_follow_a_changed_schema(
     tools = workspace / ".crystal" / "tools"
     url = endpoint(base, workspace)
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+            "io.modelcontextprotocol/clientCapabilities": {}}
     std = {"mcp-protocol-version": "2026-07-28", "mcp-method": "tools/call",
            "mcp-name": "moved"}
     arguments = {"region": "us-west1", "zone": "b"}
@@ -662,7 +645,7 @@ def test_http_2026_mcp_param_headers_as_the_sdk_server_checks_them(
                   **{f"{name}.py": script("print('ran')\n")})
     url = endpoint(base, workspace)
     meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {"elicitation": {}}}
+            "io.modelcontextprotocol/clientCapabilities": {}}
 
     def call(tool: str, arguments: dict[str, Any] | None, headers: dict[str, str]) -> Any:
         body = rpc(1, "tools/call", {"_meta": meta, "name": tool, "arguments": arguments})
