@@ -501,10 +501,11 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
             except Failure as failure:
                 ctx.out.error(f"toolsetd did not reload: {failure.message}")
         served = home if home_from == "daemon" else _served_home(ctx, client)
+        serves_it = served is not None and _same_folder(served, home)
         # The daemon's view, when it took the edit in (or there was none to take): after a
         # reload that failed it still holds the set as it was, and the files say better.
         # A project set is the workspace's, whatever home the daemon serves.
-        ours = source == "project" or served == home
+        ours = source == "project" or serves_it
         current = served is not None and ours and (reloaded or not outcome.changed)
         listed = _served_list(ctx, client) if ctx.out.is_json and current else None
     finally:
@@ -524,7 +525,7 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
         "environment": "CRYSTAL_HOME",
         "default": "no toolsetd answered; ~/.crystal",
     }[home_from]
-    if source == "home" and served is not None and served != home:
+    if source == "home" and served is not None and not serves_it:
         ctx.out.error(
             f"The toolsetd at {ctx.socket} serves the home {served}, not this one: what it "
             f"serves is unchanged (give --home {served} to edit its sets)."
@@ -558,6 +559,15 @@ def _cmd_enable(ctx: Context, args: argparse.Namespace) -> int:
     if enabled and not _discovery_enabled(home):
         ctx.out.line(DISCOVERY_OFF)
     return EXIT_OK
+
+
+def _same_folder(one: Path, other: Path) -> bool:
+    """Whether two paths name one folder: a home named through a link to the one the
+    daemon serves is that home (compared as text when either cannot be looked at)."""
+    try:
+        return os.path.samefile(one, other)
+    except OSError:
+        return one == other
 
 
 def _served_home(ctx: Context, client: BlockingClient | None) -> Path | None:

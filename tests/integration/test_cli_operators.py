@@ -1102,6 +1102,17 @@ def test_cli_disable_edits_the_home_crystal_home_names(ctl: Ctl, tmp_path: Path)
         f"The toolsetd at {ctl.daemon.socket} serves the home {ctl.daemon.home}, not this one"
     ) in r.stderr
     assert done["entry"]["enabled"] is False  # the files' entry, not the daemon's
+    # A home named through a link to the daemon's is the daemon's: no such warning.
+    link = tmp_path / "link"
+    link.symlink_to(ctl.daemon.home)
+    try:
+        r = ctl.run("disable", "hello", CRYSTAL_HOME=str(link))
+        assert r.returncode == 0, r.stderr
+        assert "serves the home" not in r.stderr, r.stderr
+        assert json.loads(served.read_text())["enabled"] is False
+    finally:
+        served.write_bytes(before)
+        ctl.run("reload")
 
 
 def test_cli_enable_with_a_file_at_the_socket_edits_the_default_home(tmp_path: Path) -> None:
