@@ -30,6 +30,7 @@ is: ``cli.OUT_OF_MEMORY``).
 from __future__ import annotations
 
 import difflib
+import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -62,7 +63,7 @@ from toolsetd.daemon.model import (
 from toolsetd.daemon.paths import file_exists, os_user_home
 from toolsetd.daemon.schemarefs import ref_problems
 from toolsetd.daemon.validation import SchemaChecker
-from toolsetd.protocol.jsontext import dumps, is_utf8, loads
+from toolsetd.protocol.jsontext import decode_file_text, dumps, is_utf8, loads
 from toolsetd.protocol.ordinal import sort_by_directory
 
 from .render import SetRow, catalogs_label
@@ -378,26 +379,31 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
     except ManifestError as exc:
         report.problems.append(_no_manifest(set_dir) or exc.message)
         return report
-    found, toolset = _parse_problems(
+    parsed = _parse_problems(
         data,
         lambda text: parse_manifest(
             text, set_dir=parse_dir, source=Source.HOME, reserved=reserved, schemas=_NoSchemaCheck()
         ),
     )
-    for message in found:
-        if parse_dir is not set_dir and _PLACEHOLDER in message:
-            report.problems.append(_shorthand_problem(directory))
-        else:
-            report.problems.append(message)
+    for message in parsed.problems:
+        shown = (
+            _shorthand_problem(directory)
+            if parse_dir is not set_dir and _PLACEHOLDER in message
+            else message
+        )
+        if shown not in report.problems:
+            report.problems.append(shown)
     report.problems.extend(misspelt_keys(data))
+    toolset = parsed.toolset
     if toolset is None:
         return report
-    if not found:
+    if not parsed.problems:
         report.runner = toolset.runner.value
     if parse_dir is not set_dir and [t.name for t in toolset.tools] == [_PLACEHOLDER]:
-        report.problems.append(_shorthand_problem(directory))
+        if _shorthand_problem(directory) not in report.problems:
+            report.problems.append(_shorthand_problem(directory))
         return report
-    if not found:
+    if not parsed.problems:
         report.tools = [tool.name for tool in toolset.tools]
     for tool in toolset.tools:  # what parsed, also with the members that did not left out
         invalid = SchemaChecker.problems(tool.schema)
@@ -408,7 +414,7 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
             said.append(dangling.message(tool.name))
         report.problems.extend(_unknown_properties(tool))
         report.notes.extend(tool.listing_notes)
-    if toolset.runner is RunnerKind.EXEC:
+    if toolset.runner is RunnerKind.EXEC and parsed.commands:
         report.problems.extend(_command_problems(toolset, set_dir))
     return report
 
@@ -416,73 +422,131 @@ def validate_set(set_dir: Path, extra_reserved: Iterable[str] = ()) -> Validatio
 #: The most times ``validate`` parses a manifest again, each without one member that
 #: failed: a manifest with more problems than this says its first ones.
 _MAX_PASSES = 100
-#: What a manifest says once ``validate`` has left out members it needs (a tool, a
-#: command): not the file's own problem (the file had them), so not said.
-_AFTER_LEAVING_OUT = {
-    "exec tools array must not be empty.": "tools",
-    "exec requires a command array.": "command",
-}
+_NO_TOOLS = "exec tools array must not be empty."
+_NO_COMMAND = "exec requires a command array."
 
 
-def _parse_problems(
-    data: bytes, parse: Callable[[bytes], ToolSet]
-) -> tuple[list[str], ToolSet | None]:
+@dataclass
+class _Parsed:
+    """What ``_parse_problems`` found."""
+
+    #: The problems, in the parser's order.
+    problems: list[str] = field(default_factory=list)
+    #: What parsed at last, the failing members left out; None when nothing did.
+    toolset: ToolSet | None = None
+    #: False when a stand-in command let the rest parse: its command files are not the
+    #: file's, and are not checked.
+    commands: bool = True
+
+
+def _parse_problems(data: bytes, parse: Callable[[bytes], ToolSet]) -> _Parsed:
     """Every problem the parser finds in a manifest, not only its first.
 
     The contract's ``validate`` prints every problem; the parser stops at its first, as
     the daemon and the reference host do. When that one is in a member the rest does not
     depend on (``ManifestError.member``: an optional member of the root or of a tool, one
     tool or overlay), the member is left out and the manifest parsed again, at most
-    ``_MAX_PASSES`` times. A failure elsewhere (the runner, the JSON itself, a shorthand's
-    own fields) ends it.
+    ``_MAX_PASSES`` times; a failure elsewhere (the runner, the JSON itself, a shorthand's
+    own fields) ends it. The manifest is read again as the daemon reads it (its encoding,
+    every member of a key given twice, every number as written), so what is left is
+    checked as the file says it.
 
-    Returns:
-        The problems, in the parser's order, and what parsed at last with the failing
-        members left out (None when nothing did).
+    Leaving out is not the file: a problem it alone makes is not said. With every tool
+    left out there is nothing left to check. With every command left out (the root's, a
+    tool's, or a tool that had one), a stand-in command lets the rest be checked, and the
+    command files are not.
     """
-    problems: list[str] = []
+    found = _Parsed()
     root: Any = None
-    left_out: set[str | int] = set()  # the members' names (``tools``, ``command``, ...)
+    tools_out = commands_out = False
     for _ in range(_MAX_PASSES):
         try:
-            return problems, parse(data)
+            found.toolset = parse(data)
+            return found
         except ManifestError as exc:
-            if _AFTER_LEAVING_OUT.get(exc.message) in left_out:
-                return problems, None
-            problems.append(exc.message)
-            if exc.member is None:
-                return problems, None
-            if root is None:
-                try:  # UTF-8, as misspelt_keys reads it; another encoding says its first
-                    root = loads(data.removeprefix(b"\xef\xbb\xbf").decode("utf-8"))
-                except ValueError:
-                    return problems, None
-            if not _leave_out(root, exc.member):
-                return problems, None
-            left_out.update(exc.member)
-            data = dumps(root)
-    return problems, None
+            if exc.message == _NO_TOOLS and tools_out:
+                return found
+            if exc.message == _NO_COMMAND and commands_out and isinstance(root, _Members):
+                root.put("command", ["true"])  # a stand-in, never run
+                found.commands = False
+            else:
+                found.problems.append(exc.message)
+                if exc.member is None:
+                    return found
+                if root is None:
+                    try:
+                        root = json.loads(
+                            decode_file_text(data),
+                            object_pairs_hook=_Members,
+                            parse_int=_Number,
+                            parse_float=_Number,
+                        )
+                    except ValueError:
+                        return found
+                there, taken = _leave_out(root, exc.member)
+                if not there:
+                    return found
+                tools_out |= exc.member[0] == "tools"
+                commands_out |= exc.member[-1] == "command" or (
+                    isinstance(taken, _Members) and taken.has("command")
+                )
+            data = _json_text(root).encode()
+    return found
 
 
-def _leave_out(root: Any, member: tuple[str | int, ...]) -> bool:
+class _Members(list[tuple[str, Any]]):
+    """A JSON object as its members, in order, a key given twice kept twice (the daemon
+    checks every value of a repeated ``argv`` key or dotnet overlay; elsewhere it reads
+    the last)."""
+
+    def get(self, key: str) -> Any:
+        return next((value for name, value in reversed(self) if name == key), None)
+
+    def has(self, key: str) -> bool:
+        return any(name == key for name, _ in self)
+
+    def put(self, key: str, value: Any) -> None:
+        self[:] = [(name, v) for name, v in self if name != key]
+        self.append((key, value))
+
+
+class _Number(str):
+    """A number's text, written back as it was read."""
+
+
+def _json_text(value: Any) -> str:
+    """``value`` (as ``_parse_problems`` reads a manifest) as JSON text."""
+    if isinstance(value, _Members):
+        return "{" + ",".join(f"{json.dumps(k)}:{_json_text(v)}" for k, v in value) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_json_text(item) for item in value) + "]"
+    if isinstance(value, _Number):
+        return str(value)
+    return json.dumps(value)
+
+
+def _leave_out(root: Any, member: tuple[str | int, ...]) -> tuple[bool, Any]:
     """Take ``member`` (a root member, one element of ``tools``, or a member of one) out of
-    ``root``."""
+    ``root``: whether it was there, and what was taken out (the last of a key given
+    twice)."""
     owner = root
     for step in member[:-1]:
-        if isinstance(owner, dict) and isinstance(step, str):
+        if isinstance(owner, _Members) and isinstance(step, str):
             owner = owner.get(step)
         elif isinstance(owner, list) and isinstance(step, int) and 0 <= step < len(owner):
             owner = owner[step]
         else:
-            return False
+            return False, None
     key = member[-1]
+    if isinstance(owner, _Members):
+        if not isinstance(key, str) or not owner.has(key):
+            return False, None
+        taken = owner.get(key)
+        owner[:] = [(name, value) for name, value in owner if name != key]
+        return True, taken
     if isinstance(owner, list) and isinstance(key, int) and 0 <= key < len(owner):
-        del owner[key]
-        return True
-    if isinstance(owner, dict) and key in owner:
-        del owner[key]
-        return True
-    return False
+        return True, owner.pop(key)
+    return False, None
 
 
 #: Schema keywords that can admit a property the top-level ``properties`` do not list.

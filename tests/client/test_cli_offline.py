@@ -219,6 +219,73 @@ def test_validate_prints_every_problem_not_only_the_parsers_first(env: Env) -> N
     ]
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "said"),
+    [
+        (  # the only tool with a command left out: "no command" is not the file's
+            "cmdtool",
+            '{"runner":"exec","tools":[{"name":"bad name!","description":"d","schema":{},'
+            '"command":["true"]},{"name":"ok","description":"d","schema":{}}]}',
+            ["Tool name 'bad name!' is reserved or invalid."],
+        ),
+        (  # the root command left out: the tools are still checked, with a stand-in
+            "badcmd",
+            '{"runner":"exec","command":"run.sh","tools":[{"name":"a","description":"d",'
+            '"schema":{},"approval":"x"},{"name":"b","description":"d","schema":{"type":5}}]}',
+            ["command must be an array of strings.",
+             "Tool 'a' has invalid approval: approval must be inherit or always.",
+             "Tool 'b' has an invalid JSON Schema: 5 is not valid under any of the given "
+             "schemas (at /type)"],
+        ),
+        (  # a key given twice keeps both values, as the daemon checks both
+            "dupargv",
+            '{"runner":"exec","command":["true"],"tools":[{"name":"a","description":"d",'
+            '"schema":{},"approval":"sometimes"},{"name":"b","description":"d","schema":{},'
+            '"argv":{"x":5,"x":"--x"}}]}',
+            ["Tool 'a' has invalid approval: approval must be inherit or always.",
+             "argv 'x' must be a flag string."],
+        ),
+        (
+            "dndup",
+            '{"runner":"dotnet","assembly":"a.dll","tools":{"a":{"approval":1},'
+            '"b":{"approval":2},"b":{}}}',
+            ["Overlay 'a' has invalid approval: approval must be inherit or always.",
+             "Overlay 'b' has invalid approval: approval must be inherit or always."],
+        ),
+        (  # a shorthand set in a folder whose name is no tool name: said once
+            "1bad",
+            '{"runner":"exec","command":["true"],"description":"d","schema":{},"argv":5}',
+            ["Tool set directory '1bad' is not a valid name.",
+             "argv must be an object of flag strings.",
+             "Directory '1bad' is not a valid tool name for exec shorthand."],
+        ),
+    ],
+)
+def test_validate_leaves_out_only_what_the_file_says(
+    env: Env, name: str, text: str, said: list[str]
+) -> None:
+    """What leaving a member out makes is not said, what is left is still checked, and the
+    file is read again as the daemon reads it (from the review of the change above)."""
+    path = env.home_set(name, text)
+    proc = env.run("validate", str(path.parent))
+    assert proc.returncode == 2
+    assert [line[2:] for line in proc.stdout.splitlines() if line.startswith("- ")] == said
+
+
+def test_validate_reads_a_utf16_manifest_again_in_its_encoding(env: Env) -> None:
+    """A UTF-16 manifest (with its byte order mark) is read again as UTF-16."""
+    path = env.home_set("wide", "{}")
+    text = json.dumps({"runner": "exec", "command": ["true"], "timeoutSeconds": 0,
+                       "catalogs": ["x"], "tools": [{"name": "a", "description": "d",
+                                                     "schema": {}}]})
+    path.write_bytes(b"\xff\xfe" + text.encode("utf-16-le"))
+    proc = env.run("validate", str(path.parent))
+    assert proc.stdout.splitlines()[1:] == [
+        "- catalogs must be plan, work, or both.",
+        "- timeoutSeconds must be a supported positive integer or unlimited.",
+    ]
+
+
 def test_validate_reports_directory_name_and_parse_error(env: Env) -> None:
     """An invalid directory name is reported along with the manifest's own problem."""
     path = env.home_set(
