@@ -69,8 +69,10 @@ def unwritable() -> Iterator[Callable[[Path], None]]:
             pytest.skip("cannot make a folder unwritable here")
 
     yield make
+    chattr = shutil.which("chattr")
     for folder in made:
-        subprocess.run(["chattr", "-i", str(folder)], capture_output=True, check=False)
+        if chattr is not None:
+            subprocess.run([chattr, "-i", str(folder)], capture_output=True, check=False)
         folder.chmod(0o755)
 
 
