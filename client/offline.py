@@ -506,8 +506,14 @@ class _Members(list[tuple[str, Any]]):
         return any(name == key for name, _ in self)
 
     def put(self, key: str, value: Any) -> None:
-        self[:] = [(name, v) for name, v in self if name != key]
+        self.drop(key)
         self.append((key, value))
+
+    def drop(self, key: str) -> Any:
+        """Take out every member named ``key``; the value ``get`` gave."""
+        taken = self.get(key)
+        self[:] = [(name, value) for name, value in self if name != key]
+        return taken
 
 
 class _Number(str):
@@ -541,9 +547,7 @@ def _leave_out(root: Any, member: tuple[str | int, ...]) -> tuple[bool, Any]:
     if isinstance(owner, _Members):
         if not isinstance(key, str) or not owner.has(key):
             return False, None
-        taken = owner.get(key)
-        owner[:] = [(name, value) for name, value in owner if name != key]
-        return True, taken
+        return True, owner.drop(key)
     if isinstance(owner, list) and isinstance(key, int) and 0 <= key < len(owner):
         return True, owner.pop(key)
     return False, None

@@ -400,10 +400,7 @@ def _exec_tool(
     path_arguments = _string_list(
         obj, "pathArguments", f"Tool '{name}' pathArguments must be an array of strings."
     )
-    try:
-        tool_approval = _approval(obj, approval)
-    except ManifestError as exc:
-        _fail(f"Tool '{name}' has invalid approval: {exc.message}", ("approval",))
+    tool_approval = _approval(obj, approval, f"Tool '{name}' has invalid approval: ")
     output = _output(obj, name)
     return ToolDef(
         name=name,
@@ -503,10 +500,7 @@ def _dotnet_overlay(
     path_arguments = _string_list(
         value, "pathArguments", f"Overlay '{key}' pathArguments must be an array of strings."
     )
-    try:
-        overlay_approval = _approval(value, approval)
-    except ManifestError as exc:
-        _fail(f"Overlay '{key}' has invalid approval: {exc.message}", ("approval",))
+    overlay_approval = _approval(value, approval, f"Overlay '{key}' has invalid approval: ")
     return ToolDef(
         name=key,
         description=key,
